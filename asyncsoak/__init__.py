@@ -1,0 +1,38 @@
+"""asyncsoak: supervise long training runs and explain them afterwards.
+
+Imports are lazy so that ``import asyncsoak.trainer`` (used inside training scripts) pulls in
+neither anyio nor psutil.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._control import SoakControl as SoakControl
+    from ._errors import SoakFailureError as SoakFailureError
+    from ._soak import run_soak as run_soak
+
+__all__ = ["SoakControl", "SoakFailureError", "run_soak"]
+
+_LAZY = {
+    "SoakControl": "._control",
+    "SoakFailureError": "._errors",
+    "run_soak": "._soak",
+}
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'asyncsoak' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

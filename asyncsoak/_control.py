@@ -1,0 +1,34 @@
+"""A handle through which a caller (the job worker, an orchestrator) steers a running soak."""
+
+from __future__ import annotations
+
+import anyio
+
+
+class SoakControl:
+    """Pass one to ``run_soak(control=...)`` to watch and stop the soak from another task.
+
+    ``request_stop()`` ends the run the way the soak's stop mode says (SIGTERM to the group or
+    the leader, or closing the command's stdin), waits ``grace_seconds`` (default: the soak's
+    ``post_shutdown_grace_seconds``) for the tree, then kills what is left.  A requested stop is
+    not a failure: the soak returns its artifact with ``status: "cancelled"``.
+    """
+
+    def __init__(self) -> None:
+        self.started = anyio.Event()
+        self.stop_requested = anyio.Event()
+        self.pid: int | None = None
+        self.reason: str | None = None
+        self.grace_seconds: float | None = None
+
+    def request_stop(self, *, reason: str = "requested", grace_seconds: float | None = None) -> None:
+        """Ask the soak to stop; later calls do not change the first request."""
+        if self.stop_requested.is_set():
+            return
+        self.reason = reason
+        self.grace_seconds = grace_seconds
+        self.stop_requested.set()
+
+    def _set_started(self, pid: int) -> None:
+        self.pid = pid
+        self.started.set()

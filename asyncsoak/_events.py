@@ -1,0 +1,227 @@
+"""The events a soak's tasks send to the serializer, and their one JSON form.
+
+Every event is a frozen, slotted dataclass with a ``KIND`` tag and ``t``: seconds since the
+soak's start on the monitor's monotonic clock.  :func:`event_to_json` is the only place an
+event becomes JSON; :func:`event_from_json` is only needed by ``asyncsoak recover``, which
+reads journals back as plain dicts.
+
+Samples (``sample``, ``gpu_sample``) may be dropped when the serializer falls behind;
+every other kind is always delivered.  A sample feeds the artifact's bounded time series
+through :meth:`SeriesSource.series_points` and the summary's label sets through
+:meth:`SeriesSource.summary_labels`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+#: A series group (``"tree"``, ``"machine"``, ``"gpu0"``) to field name to value.
+SeriesPoints = Mapping[str, Mapping[str, float | None]]
+#: A summary group to label name to values seen (``{"gpu0": {"throttle_reasons": [...]}}``).
+SummaryLabels = Mapping[str, Mapping[str, list[str]]]
+
+
+@runtime_checkable
+class SeriesSource(Protocol):
+    """A sample that contributes to the artifact's ``series`` and ``summary``."""
+
+    t: float
+
+    def series_points(self) -> SeriesPoints: ...
+
+    def summary_labels(self) -> SummaryLabels: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Base of every event: ``t`` is seconds since the soak started."""
+
+    KIND: ClassVar[str] = "event"
+    #: Samples may be dropped under back-pressure; other events never are.
+    DROPPABLE: ClassVar[bool] = False
+
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
+class Header(Event):
+    """First journal line: everything needed to rebuild the artifact from the journal."""
+
+    KIND: ClassVar[str] = "header"
+
+    command: list[str]
+    cwd: str
+    config: dict[str, Any]
+    metadata: dict[str, Any]
+    started_at: str
+    snapshot: dict[str, Any]
+    journal_path: str
+    log_path: str
+    output_path: str
+    monitor_pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Started(Event):
+    """The command is running; ``pid`` leads its own session and process group."""
+
+    KIND: ClassVar[str] = "started"
+
+    pid: int
+    reaper_pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnFailed(Event):
+    KIND: ClassVar[str] = "spawn_failed"
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Exited(Event):
+    """The command itself ended.  ``returncode`` is negative for a signal, as in Python."""
+
+    KIND: ClassVar[str] = "exited"
+
+    pid: int
+    returncode: int
+    signal: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TreeGone(Event):
+    """Every process of the tree has been reaped."""
+
+    KIND: ClassVar[str] = "tree_gone"
+
+
+@dataclass(frozen=True, slots=True)
+class Progress(Event):
+    """One watchdog scan saw files created, grown or touched."""
+
+    KIND: ClassVar[str] = "progress"
+
+    changed: int
+    paths: list[str]
+    gap_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure(Event):
+    KIND: ClassVar[str] = "failure"
+
+    reason: str
+    message: str
+    at: str
+
+
+@dataclass(frozen=True, slots=True)
+class Warning(Event):  # noqa: A001 - the artifact's term; never used as a builtin here
+    KIND: ClassVar[str] = "warning"
+
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequested(Event):
+    """The monitor decided to end the run: ``cause`` is why."""
+
+    KIND: ClassVar[str] = "stop"
+
+    cause: str
+    mode: str
+    grace_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class SignalSent(Event):
+    KIND: ClassVar[str] = "signal"
+
+    signal: str
+    target: str
+    pids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class StdinClosed(Event):
+    KIND: ClassVar[str] = "stdin_closed"
+
+
+@dataclass(frozen=True, slots=True)
+class Leftover(Event):
+    """A process of the tree still alive when it should have been gone."""
+
+    KIND: ClassVar[str] = "leftover"
+
+    process: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Abandoned(Event):
+    """A process that would not die within the bounded wait (often stuck in ``D``)."""
+
+    KIND: ClassVar[str] = "abandoned"
+
+    process: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerDegraded(Event):
+    KIND: ClassVar[str] = "sampler_degraded"
+
+    sampler: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerRecovered(Event):
+    KIND: ClassVar[str] = "sampler_recovered"
+
+    sampler: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerNote(Event):
+    """Something a sampler records once (``nvidia-smi`` missing, an ECC counter rose...)."""
+
+    KIND: ClassVar[str] = "sampler_note"
+
+    sampler: str
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Finished(Event):
+    """Last journal line of a soak whose monitor lived to the end."""
+
+    KIND: ClassVar[str] = "finished"
+
+    status: str
+
+
+def event_to_json(event: Event) -> dict[str, Any]:
+    """The one JSON form of an event: ``{"t": ..., "kind": ..., **fields}``."""
+    out: dict[str, Any] = {"t": round(event.t, 6), "kind": event.KIND}
+    for f in dataclasses.fields(event):
+        if f.name != "t":
+            out[f.name] = _plain(getattr(event, f.name))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | frozenset | set):
+        items = [_plain(v) for v in value]
+        return sorted(items) if isinstance(value, frozenset | set) else items
+    if isinstance(value, float) and value != value:  # NaN: the artifact is allow_nan=False
+        return None
+    return value

@@ -1,0 +1,99 @@
+"""The soak's event queue: one bounded anyio memory object stream, a clone per producer.
+
+Producers never see the stream itself, only an :class:`EventSink`: ``await emit(event)``
+for events that must arrive (progress, failure, signals, exit), ``offer(sample)`` for samples,
+which are dropped and counted rather than stalling a producer when the serializer is behind.
+The serializer's ``async for`` ends when the last sink is closed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ._events import Event
+
+#: Events buffered between producers and the serializer before samples are dropped.
+EVENT_BUFFER = 1024
+
+
+@dataclass(slots=True)
+class SinkCounters:
+    """Shared by every clone of one sink."""
+
+    dropped_samples: int = 0
+    sampler_errors: int = 0
+
+
+class SoakClock:
+    """Seconds since the soak's start on anyio's monotonic clock."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.start = anyio.current_time() if start is None else start
+
+    def elapsed(self) -> float:
+        return anyio.current_time() - self.start
+
+
+class EventSink:
+    """One producer's end of the event queue."""
+
+    def __init__(
+        self,
+        send: MemoryObjectSendStream[Event],
+        clock: SoakClock,
+        counters: SinkCounters | None = None,
+    ) -> None:
+        self._send = send
+        self.clock = clock
+        self.counters = counters if counters is not None else SinkCounters()
+
+    def elapsed(self) -> float:
+        return self.clock.elapsed()
+
+    async def emit(self, event: Event) -> None:
+        """Deliver an event that must never be lost; waits when the buffer is full."""
+        try:
+            await self._send.send(event)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            # The serializer is gone (the soak is being torn down); nothing left to tell.
+            pass
+
+    def offer(self, event: Event) -> bool:
+        """Queue a sample if there is room; count it as dropped otherwise."""
+        try:
+            self._send.send_nowait(event)
+        except anyio.WouldBlock:
+            self.counters.dropped_samples += 1
+            return False
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return False
+        return True
+
+    def clone(self) -> EventSink:
+        return EventSink(self._send.clone(), self.clock, self.counters)
+
+    def close(self) -> None:
+        self._send.close()
+
+    async def __aenter__(self) -> EventSink:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def open_event_queue(
+    clock: SoakClock, buffer: int = EVENT_BUFFER
+) -> tuple[EventSink, MemoryObjectReceiveStream[Event]]:
+    """A sink for producers (clone it per producer, then close it) and the serializer's end."""
+    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=buffer)
+    return EventSink(send, clock), receive

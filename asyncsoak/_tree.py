@@ -1,0 +1,113 @@
+"""The supervised process tree as /proc shows it.
+
+The tree is every descendant of the soak's reaper (see ``_reaper``): the reaper is a child
+subreaper, so a descendant that double-forks and calls ``setsid`` is reparented to it and stays
+in the tree.  Walking ``/proc/PID/task/TID/children`` costs a read per process of the tree,
+not a scan of every process on the machine; ``psutil``'s full scan is the fallback on kernels
+built without ``CONFIG_PROC_CHILDREN``.
+
+A process that vanishes mid-read is normal here, never an error.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+_PROC = Path("/proc")
+
+
+def _children_files_supported() -> bool:
+    return Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
+
+
+_HAS_CHILDREN_FILES = _children_files_supported()
+
+
+def children(pid: int, proc: Path = _PROC) -> list[int]:
+    """Direct children of ``pid`` (empty when it is gone)."""
+    if not _HAS_CHILDREN_FILES or proc != _PROC:
+        try:
+            return [c.pid for c in psutil.Process(pid).children()]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return []
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(p) for p in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid``, parents before children; ``pid`` itself excluded."""
+    out: list[int] = []
+    seen = {pid}
+    stack = [pid]
+    while stack:
+        for child in children(stack.pop()):
+            if child not in seen:
+                seen.add(child)
+                out.append(child)
+                stack.append(child)
+    return out
+
+
+def start_time_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/PID/stat``: with the pid, a process identity that survives reuse."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def describe(pid: int, *, leader_pgid: int | None = None) -> dict[str, Any] | None:
+    """What the artifact says about a process of the tree; None when it is already gone."""
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            info: dict[str, Any] = {
+                "pid": pid,
+                "ppid": p.ppid(),
+                "name": p.name(),
+                "state": p.status(),
+                "pgid": os.getpgid(pid),
+                "sid": os.getsid(pid),
+                "create_time": p.create_time(),
+            }
+            try:
+                info["cmdline"] = p.cmdline()
+            except psutil.AccessDenied:
+                info["cmdline"] = None
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, ProcessLookupError):
+        return None
+    except psutil.AccessDenied:
+        return {"pid": pid, "name": None, "state": "unknown", "cmdline": None}
+    if leader_pgid is not None:
+        info["left_group"] = how_it_left(info, leader_pgid)
+    return info
+
+
+def how_it_left(info: dict[str, Any], leader_pgid: int) -> str:
+    """In words, how a process left the command's process group (or that it did not)."""
+    if info.get("pgid") == leader_pgid:
+        return "still in the command's process group"
+    if info.get("sid") == info.get("pid"):
+        return "started its own session (setsid / daemonised)"
+    return "moved to another process group (setpgid)"
