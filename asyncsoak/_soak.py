@@ -337,7 +337,9 @@ class _Soak:
         )
         try:
             if not await spawner.start(sink):
-                await self._fail("spawn_failed", f"could not start {cfg.command[0]!r}")
+                await self._fail(
+                    "spawn_failed", f"could not start {cfg.command[0]!r}: {spawner.spawn_error}"
+                )
                 return
             assert spawner.pid is not None
             self.control._set_started(spawner.pid)

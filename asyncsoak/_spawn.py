@@ -62,6 +62,7 @@ class Spawner:
         self._reports: BufferedByteReceiveStream | None = None
         self._stdin_w: int | None = None
         self.pid: int | None = None
+        self.spawn_error: str | None = None
         self.returncode: int | None = None
         self.exit_signal: str | None = None
         self.exited = anyio.Event()
@@ -116,6 +117,7 @@ class Spawner:
             message = "the reaper exited before starting the command"
             if first is not None:
                 message = str(first.get("message", message))
+            self.spawn_error = message
             await sink.emit(SpawnFailed(t=sink.elapsed(), message=message))
             return False
         self.pid = int(first["pid"])
