@@ -210,7 +210,13 @@ class _Soak:
             if not cfg.output_is_progress:
                 ignore.add(_file_key(log_fd))
             baseline = await anyio.to_thread.run_sync(
-                partial(scan_progress_dir, cfg.progress_dir, ignore), limiter=self._limiter
+                partial(
+                    scan_progress_dir,
+                    cfg.progress_dir,
+                    ignore,
+                    [cfg.log_path] if cfg.output_is_progress else [],
+                ),
+                limiter=self._limiter,
             )
             clock = SoakClock()
             started_at = _now()
@@ -227,8 +233,8 @@ class _Soak:
                     try:
                         await self._supervise(sink, log_fd, baseline.files, ignore)
                     except Exception as exc:
-                        error = exc
-                        await self._fail("monitor_error", f"{type(exc).__name__}: {exc}")
+                        error = _unwrap(exc)
+                        await self._fail("monitor_error", f"{type(error).__name__}: {error}")
                     status = self._status(error)
                     await sink.emit(Finished(t=sink.elapsed(), status=status))
             monitor = {
@@ -358,6 +364,8 @@ class _Soak:
                         progress_dir=cfg.progress_dir,
                         tracker=tracker,
                         ignore=lambda: ignore,
+                        # The log may live outside progress_dir: watch it by path when asked.
+                        also=[cfg.log_path] if cfg.output_is_progress else [],
                         scan_interval=cfg.sample_interval_seconds,
                         limiter=self._limiter,
                         on_failure=self._rule_fired,
@@ -516,6 +524,13 @@ class _Soak:
             info = _tree.describe(pid, leader_pgid=spawner.pid)
             if info is not None:
                 await sink.emit(Abandoned(t=sink.elapsed(), process=info))
+
+
+def _unwrap(exc: Exception) -> Exception:
+    """The one exception inside nested single-member groups (a task group's wrapping)."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _now() -> datetime:
