@@ -27,6 +27,9 @@ import psutil
 MAX_THREADS = 64
 #: Bytes kept of one py-spy dump.
 MAX_DUMP_BYTES = 32 * 1024
+#: Python processes dumped with py-spy at most (the first ones of the tree: the trainer and
+#: its nearest workers); a tree of hundreds of workers would spend the whole budget otherwise.
+MAX_PY_SPY = 16
 #: Bound on one py-spy call.
 PY_SPY_TIMEOUT = 5.0
 #: Records read from the kernel log at most.
@@ -104,6 +107,7 @@ def collect_forensics(
     py_spy = py_spy if py_spy is not None else find_py_spy()
     processes: list[dict[str, Any]] = []
     skipped = 0
+    dumped = 0
     for pid in pids:
         if time.monotonic() >= deadline:
             skipped += 1
@@ -136,7 +140,10 @@ def collect_forensics(
             left = deadline - time.monotonic()
             if py_spy is None:
                 info["python_stack"] = {"error": "py-spy is not installed (pip install py-spy)"}
+            elif dumped >= MAX_PY_SPY:
+                info["python_stack"] = {"error": f"only the first {MAX_PY_SPY} are dumped"}
             elif left > 0.5:
+                dumped += 1
                 info["python_stack"] = py_spy_dump(py_spy, pid, min(PY_SPY_TIMEOUT, left))
             else:
                 info["python_stack"] = {"error": "no time left in the forensics budget"}
