@@ -318,6 +318,7 @@ class _Soak:
             log_path=str(cfg.log_path),
             output_path=str(cfg.output_path),
             monitor_pid=os.getpid(),
+            monotonic_start=clock.start,
         )
 
     async def _snapshot(self) -> dict[str, Any]:
