@@ -40,6 +40,7 @@ from ._events import (
     SeriesPoints,
     SummaryLabels,
 )
+from ._redact import Masker
 from ._sink import EventSink
 
 SAMPLER_NAME = "proc"
@@ -255,12 +256,15 @@ class ProcSampler:
         detailed_memory: bool = False,
         proc: Path = PROC,
         clock: Callable[[], float] = boot_clock,
+        masker: Masker | None = None,
     ) -> None:
         self.root_pid = root_pid
         self.disk_paths = dict(disk_paths or {})
         self.detailed_memory = detailed_memory
         self._proc = str(proc)
         self._clock = clock
+        # Command lines carry tokens as often as environments do.
+        self._masker = masker if masker is not None else Masker()
         #: Count open files with one stat() of /proc/PID/fd rather than listing it.
         self.counts_fds_by_size = _FD_DIR_SIZE_IS_COUNT and proc == PROC
         self._lock = threading.Lock()
@@ -362,13 +366,7 @@ class ProcSampler:
                 walk.stack.extend(map(int, children))
             else:
                 walk.stack.extend(self._children(pid))
-            if walk.uss is not None and walk.pss is not None:
-                memory = self._read_memory(base)
-                if memory is None:
-                    walk.uss = walk.pss = None  # a partial total would mislead
-                else:
-                    walk.uss += memory[0]
-                    walk.pss += memory[1]
+            memory = self._read_memory(base) if walk.uss is not None else None
             cmdline = None
             if self._described.get(pid) != start_ticks:
                 cmdline = self._read_cmdline(base)
@@ -386,6 +384,12 @@ class ProcSampler:
             # Born since the previous walk: all of its CPU time counts in the tree's total,
             # but a percentage of its own needs two readings (a few ms of life say nothing).
             walk.cpu_ticks += cpu_ticks
+        if walk.uss is not None and walk.pss is not None:
+            if memory is None:
+                walk.uss = walk.pss = None  # unreadable smaps: a partial total would mislead
+            else:
+                walk.uss += memory[0]
+                walk.pss += memory[1]
         walk.history[pid] = (start_ticks, cpu_ticks, read_at)
         walk.described[pid] = start_ticks
 
@@ -444,7 +448,11 @@ class ProcSampler:
             data = read_proc_file(base + "cmdline")
         except PermissionError:
             return None
-        return [arg.decode(errors="replace") for arg in data.rstrip(b"\0").split(b"\0") if arg]
+        if not data:
+            return []  # a zombie's, or one that cleared its own
+        # Each argument ends with a NUL; an empty last argument is a NUL of its own.
+        args = data[:-1] if data.endswith(b"\0") else data
+        return self._masker.argv(arg.decode(errors="replace") for arg in args.split(b"\0"))
 
     def _read_machine(self) -> MachineFigures:
         cpu_line = read_proc_file(f"{self._proc}/stat", one_piece=True).split(b"\n", 1)[0]
@@ -539,6 +547,7 @@ async def run_proc_sampler(
     limiter: anyio.CapacityLimiter,
     detailed_memory: bool = False,
     on_tree: Callable[[frozenset[int]], None] | None = None,
+    masker: Masker | None = None,
     read_timeout: float = READ_TIMEOUT_SECONDS,
     proc: Path = PROC,
 ) -> None:
@@ -546,7 +555,8 @@ async def run_proc_sampler(
 
     The tree is every descendant of ``root_pid`` (the soak's reaper), found afresh each time;
     ``on_tree`` then gets its pids.  USS and PSS are read only with ``detailed_memory``:
-    ``smaps_rollup`` of a process holding a CUDA context can take long.  An error is counted
+    ``smaps_rollup`` of a process holding a CUDA context can take long.  Command lines go
+    through ``masker`` (URL passwords are redacted even without one).  An error is counted
     in ``sink.counters.sampler_errors`` and told once as a ``sampler_note``; a read that
     outlives ``read_timeout`` degrades the sampler until a read succeeds again.  Sampling
     goes on in every case.  The sampler owns ``sink`` (give it a clone) and closes it.
@@ -557,7 +567,11 @@ async def run_proc_sampler(
         if not read_timeout > 0:
             raise ValueError(f"read_timeout must be positive, got {read_timeout!r}")
         sampler = ProcSampler(
-            root_pid, disk_paths=disk_paths, detailed_memory=detailed_memory, proc=proc
+            root_pid,
+            disk_paths=disk_paths,
+            detailed_memory=detailed_memory,
+            proc=proc,
+            masker=masker,
         )
         error_told = degraded = False
         tick = anyio.current_time()

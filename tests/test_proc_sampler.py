@@ -37,6 +37,7 @@ from asyncsoak._proc_sampler import (
     read_proc_file,
     run_proc_sampler,
 )
+from asyncsoak._redact import Masker
 from asyncsoak._sink import SinkCounters, SoakClock, open_event_queue
 
 MIB = 1 << 20
@@ -550,6 +551,22 @@ def test_a_dropped_sample_gives_its_cmdlines_to_the_next_one(tmp_path: Path) -> 
     third = sampler.read(2.0)
     assert third is not None
     assert all(p.cmdline == ["worker", "--fast"] for p in third.processes)
+
+
+def test_command_lines_are_masked(tmp_path: Path) -> None:
+    """Secret values and URL passwords never leave the sampler in a command line."""
+    argv = ["train", "--token=s3cr3t-value", "--db=postgres://me:hunter22@db/x", ""]
+    fake_proc(tmp_path, 1, [FakeProcess(201, 1, cmdline=argv)])
+
+    sample = ProcSampler(1, proc=tmp_path, masker=Masker(["s3cr3t-value"])).read(0.0)
+
+    assert sample is not None
+    assert sample.processes[0].cmdline == [
+        "train",
+        "--token=[redacted]",
+        "--db=postgres://me:[redacted]@db/x",
+        "",
+    ]
 
 
 def test_read_proc_file_reads_files_larger_than_one_read(tmp_path: Path) -> None:
