@@ -120,7 +120,7 @@ class Failure(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Warning(Event):  # noqa: A001 - the artifact's term; never used as a builtin here
+class Warning(Event):
     KIND: ClassVar[str] = "warning"
 
     message: str
@@ -167,6 +167,27 @@ class Abandoned(Event):
     KIND: ClassVar[str] = "abandoned"
 
     process: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Forensics(Event):
+    """What every process of a stalled tree was doing, recorded before the first signal."""
+
+    KIND: ClassVar[str] = "forensics"
+
+    reason: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class OomKill(Event):
+    """The kernel's OOM killer ended a process of the tree."""
+
+    KIND: ClassVar[str] = "oom_kill"
+
+    pid: int
+    name: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
