@@ -53,18 +53,18 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 # psutil's words for the one-letter states of /proc/PID/stat.
 _STATES = {
-    "R": "running",
-    "S": "sleeping",
-    "D": "disk-sleep",
-    "T": "stopped",
-    "t": "tracing-stop",
-    "Z": "zombie",
-    "X": "dead",
-    "x": "dead",
-    "K": "wake-kill",
-    "W": "waking",
-    "I": "idle",
-    "P": "parked",
+    b"R": "running",
+    b"S": "sleeping",
+    b"D": "disk-sleep",
+    b"T": "stopped",
+    b"t": "tracing-stop",
+    b"Z": "zombie",
+    b"X": "dead",
+    b"x": "dead",
+    b"K": "wake-kill",
+    b"W": "waking",
+    b"I": "idle",
+    b"P": "parked",
 }
 # States worth a line in the artifact's summary: a process stuck on IO, unreaped or stopped.
 _NOTABLE_STATES = frozenset({"disk-sleep", "zombie", "stopped", "tracing-stop"})
@@ -226,6 +226,8 @@ class _Walk:
 
     previous_walk: float | None
     detailed_memory: InitVar[bool]
+    #: parent pid -> children, from a scan of /proc when there are no ``children`` files.
+    children_of: dict[int, list[int]] | None
     stack: list[int] = field(default_factory=list)
     processes: list[ProcessFigures] = field(default_factory=list)
     #: pid -> (start time, CPU ticks, when read): the next walk's history.
@@ -274,6 +276,12 @@ class ProcSampler:
         self._described: dict[int, int] = {}
         self._previous_walk: float | None = None
         self._previous_machine_cpu: tuple[int, int] | None = None
+        # /proc/PID/task/TID/children needs CONFIG_PROC_CHILDREN (on in common distribution
+        # kernels); without it each reading scans every process's parent, as psutil does.
+        root_task = f"{self._proc}/{root_pid}/task/{root_pid}"
+        self.has_children_files = not os.path.isdir(root_task) or os.path.exists(
+            f"{root_task}/children"
+        )
 
     def read(self, t: float) -> ProcSample | None:
         """One sample stamped ``t``; None when another read is still running."""
@@ -297,8 +305,9 @@ class ProcSampler:
 
     def _read(self, t: float) -> ProcSample:
         walk_started = self._clock()
-        walk = _Walk(self._previous_walk, self.detailed_memory)
-        walk.stack = self._children(self.root_pid)
+        children_of = None if self.has_children_files else self._scan_parents()
+        walk = _Walk(self._previous_walk, self.detailed_memory, children_of)
+        walk.stack = self._children(self.root_pid, walk)
         seen = {self.root_pid}
         while walk.stack:
             pid = walk.stack.pop()
@@ -361,11 +370,11 @@ class ProcSampler:
                     fds = len(os.listdir(base + "fd"))
             except PermissionError:
                 fds = None
-            if thread_count == 1:
+            if thread_count == 1 and walk.children_of is None:
                 children = read_proc_file(f"{base}task/{pid}/children").split()
                 walk.stack.extend(map(int, children))
             else:
-                walk.stack.extend(self._children(pid))
+                walk.stack.extend(self._children(pid, walk))
             memory = self._read_memory(base) if walk.uss is not None else None
             cmdline = None
             if self._described.get(pid) != start_ticks:
@@ -395,13 +404,12 @@ class ProcSampler:
 
         # Without CONFIG_TASK_IO_ACCOUNTING the file stops after syscw.
         has_io = len(io) > 11 and io[8] == b"read_bytes:"
-        state = fields[0].decode()
         walk.processes.append(
             ProcessFigures(  # positional, in field order: keywords cost more at this rate
                 pid,
                 int(fields[1]),  # ppid
                 stat[stat.find(b"(") + 1 : name_end].decode(errors="replace"),
-                _STATES.get(state, state),
+                _STATES.get(fields[0]) or fields[0].decode(errors="replace"),
                 cpu_percent,
                 int(fields[21]) * PAGE_SIZE,  # rss: field 24
                 thread_count,
@@ -412,9 +420,11 @@ class ProcSampler:
             )
         )
 
-    def _children(self, pid: int) -> list[int]:
+    def _children(self, pid: int, walk: _Walk) -> list[int]:
         """Children of ``pid`` from each thread's ``children`` file: a child belongs to the
         thread that forked it."""
+        if walk.children_of is not None:
+            return walk.children_of.get(pid, [])
         task = f"{self._proc}/{pid}/task/"
         try:
             tids = os.listdir(task)
@@ -427,6 +437,20 @@ class ProcSampler:
             except _VANISHED:
                 continue  # That thread has ended; its children moved to another thread.
         return out
+
+    def _scan_parents(self) -> dict[int, list[int]]:
+        """parent pid -> children, for every process on the machine."""
+        children_of: dict[int, list[int]] = {}
+        for name in os.listdir(self._proc):
+            if not name.isdigit():
+                continue
+            try:
+                stat = read_proc_file(f"{self._proc}/{name}/stat", one_piece=True)
+            except _VANISHED:
+                continue
+            ppid = int(stat[stat.rfind(b")") + 2 :].split(None, 2)[1])
+            children_of.setdefault(ppid, []).append(int(name))
+        return children_of
 
     def _read_memory(self, base: str) -> tuple[int, int] | None:
         """(USS, PSS) in bytes from ``smaps_rollup``, as psutil's ``memory_full_info``."""

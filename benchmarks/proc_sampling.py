@@ -101,6 +101,8 @@ def sleeping_tree(size: int) -> Iterator[int]:
 def floor_reader(sampler: ProcSampler, sample: ProcSample) -> Callable[[], None]:
     """A function that reads, unparsed, the files ``sampler.read`` reads for ``sample``,
     the same way (``one_piece`` files in one read, ``children`` files until EOF)."""
+    if not sampler.has_children_files:
+        raise SystemExit("this floor follows children files; this kernel has none")
     proc = str(PROC)
     root_task = f"{proc}/{sample.root_pid}/task"
     listings = [root_task]

@@ -520,6 +520,26 @@ def test_processes_vanishing_mid_read_are_left_out(tmp_path: Path) -> None:
     assert (sample.machine.load1, sample.machine.load15) == (0.5, 0.1)
 
 
+def test_without_children_files_the_tree_comes_from_parent_pids(tmp_path: Path) -> None:
+    """On a kernel without /proc/PID/task/TID/children every process's parent is scanned."""
+    processes = [
+        FakeProcess(201, 1, children=[202]),
+        FakeProcess(202, 1, ppid=201),
+        FakeProcess(301, 1, ppid=999),  # not in the tree
+    ]
+    fake_proc(tmp_path, 1, processes)
+    for children in tmp_path.glob("*/task/*/children"):
+        children.unlink()
+    sampler = ProcSampler(1, proc=tmp_path)
+
+    sample = sampler.read(0.0)
+
+    assert not sampler.has_children_files
+    assert sample is not None
+    assert sample.pids == {201, 202}
+    assert by_pid(sample)[202].ppid == 201
+
+
 def test_notable_process_states_become_summary_labels(tmp_path: Path) -> None:
     """Processes in D, Z or T show up in summary_labels; only running and sleeping: none."""
     processes = [
