@@ -125,6 +125,7 @@ class ProcessFigures:
     name: str
     state: str
     #: Over the time since the previous sample; None the first time a process is sampled.
+    #: The kernel counts CPU time in ticks (10 ms as a rule): coarse over short intervals.
     cpu_percent: float | None
     rss_bytes: int
     threads: int
