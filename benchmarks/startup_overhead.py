@@ -1,0 +1,112 @@
+"""Start-up overhead: ``asyncsoak run`` of a command that exits at once, against the command
+alone.
+
+    python -m benchmarks --only startup_overhead      (or: python -m benchmarks.startup_overhead)
+
+Wall time from ``exec`` to exit, median over runs taken in turns (the command alone, then
+under ``asyncsoak run``, and so on), as a user at a shell sees it.  The command is ``true``.
+``asyncsoak run`` is run the way a user runs it, with its defaults (GPU sampling on: without
+an ``nvidia-smi`` the sampler notes it and stops), ``python -m asyncsoak`` standing for the
+installed ``asyncsoak`` script.  For context: the interpreter starting and exiting
+(``python -c pass``), the cost every Python tool pays, and importing the soak core.
+
+Target: under 0.5 s of extra wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks._common import REPO, Figure, Section, median, percentile
+
+TARGET_EXTRA_SECONDS = 0.5
+
+
+def wall(argv: Sequence[str]) -> float:
+    started = time.monotonic()
+    subprocess.run(argv, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.monotonic() - started
+
+
+def run(quick: bool = False) -> Section:
+    runs = 5 if quick else 20
+    section = Section("startup_overhead", "7. Start-up overhead")
+    started = time.monotonic()
+    true = shutil.which("true") or "/bin/true"
+    times: dict[str, list[float]] = {"alone": [], "run": [], "python": [], "import": []}
+    with tempfile.TemporaryDirectory(prefix="asyncsoak-bench-") as tmp:
+        work = Path(tmp)
+        soak = [
+            sys.executable,
+            "-m",
+            "asyncsoak",
+            "run",
+            "--progress-dir",
+            str(work / "progress"),
+            "--output",
+            str(work / "soak.json"),
+            "--",
+            true,
+        ]
+        python = [sys.executable, "-c", "pass"]
+        imports = [sys.executable, "-c", "import asyncsoak._soak, asyncsoak.cli"]
+        wall(soak)  # the first run fills the page cache with the interpreter and the package
+        for _ in range(runs):
+            times["alone"].append(wall([true]))
+            times["run"].append(wall(soak))
+            times["python"].append(wall(python))
+            times["import"].append(wall(imports))
+    alone = median(times["alone"])
+    under = median(times["run"])
+    extra = under - alone
+    section.add(
+        Figure(
+            "asyncsoak run -- true: extra wall time (median)",
+            extra * 1e3,
+            "ms",
+            reference=f"true alone {alone * 1e3:.1f} ms",
+            ratio=under / alone,
+            target="< 500 ms extra",
+            met=extra < TARGET_EXTRA_SECONDS,
+        )
+    )
+    section.add(
+        Figure(
+            "asyncsoak run -- true: extra wall time (p95)",
+            (percentile(times["run"], 95) - alone) * 1e3,
+            "ms",
+        )
+    )
+    section.add(
+        Figure("python -c pass (the interpreter alone)", median(times["python"]) * 1e3, "ms")
+    )
+    section.add(
+        Figure(
+            "python -c 'import asyncsoak._soak, asyncsoak.cli'",
+            median(times["import"]) * 1e3,
+            "ms",
+        )
+    )
+    section.note(f"{runs} runs of each, in turns; the ratio is (asyncsoak run) / (true alone)")
+    section.seconds = time.monotonic() - started
+    return section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    from benchmarks.run import print_sections
+
+    print_sections([run(args.quick)])
+
+
+if __name__ == "__main__":
+    main()
