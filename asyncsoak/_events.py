@@ -232,20 +232,39 @@ class Finished(Event):
 def event_to_json(event: Event) -> dict[str, Any]:
     """The one JSON form of an event: ``{"t": ..., "kind": ..., **fields}``."""
     out: dict[str, Any] = {"t": round(event.t, 6), "kind": event.KIND}
-    for f in dataclasses.fields(event):
-        if f.name != "t":
-            out[f.name] = _plain(getattr(event, f.name))
+    for name in _field_names(type(event)):
+        if name != "t":
+            out[name] = _plain(getattr(event, name))
     return out
 
 
+#: Field names of each dataclass met: ``dataclasses.fields()`` builds a new tuple at every
+#: call, and a sample of a large tree holds a dataclass per process, every sample.
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+#: Types returned as they are, checked first: they are most of what a sample holds.
+_AS_IS = frozenset({int, str, bool, type(None)})
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
 def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    cls = type(value)
+    if cls in _AS_IS:
+        return value
+    if cls is float:
+        return None if value != value else value  # NaN: the artifact is allow_nan=False
+    if dataclasses.is_dataclass(cls):  # an instance: a class's type is never a dataclass
+        return {name: _plain(getattr(value, name)) for name in _field_names(cls)}
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple | frozenset | set):
         items = [_plain(v) for v in value]
         return sorted(items) if isinstance(value, frozenset | set) else items
-    if isinstance(value, float) and value != value:  # NaN: the artifact is allow_nan=False
+    if isinstance(value, float) and value != value:
         return None
     return value

@@ -1,20 +1,21 @@
 """The serializer: drains the event queue into the journal and the artifact builder.
 
-Every event is appended to the journal (JSON Lines) and flushed before the serializer waits
-for the next one, so the journal survives a crash of the monitor.  Events already queued are
-written as one batch: under load that is one write and one flush for many events.  A journal
-that cannot be written (full or read-only disk) is recorded and the soak goes on: the artifact
-is still built from the events in memory.
+Every event is appended to the journal (JSON Lines) before the serializer waits for the next
+one, so the journal survives a crash of the monitor: the file is unbuffered, and each batch is
+one ``write(2)`` in one trip to a worker thread.  Events already queued are written as one
+batch: under load that is one write for many events.  A journal that cannot be written (full
+or read-only disk) is recorded and the soak goes on: the artifact is still built from the
+events in memory.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeGuard
 
 import aiofiles
 import anyio
-from aiofiles.threadpool.binary import AsyncBufferedIOBase
+from aiofiles.threadpool.binary import AsyncFileIO
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ._artifact import ArtifactBuilder
@@ -24,10 +25,22 @@ from ._events import Event, SeriesSource, event_to_json
 BATCH = 256
 
 
+#: Whether each event class is a SeriesSource: a runtime protocol check walks the protocol's
+#: members at every call, and every sample passes here.
+_SERIES_SOURCE_TYPES: dict[type, bool] = {}
+
+
+def _is_series_source(event: Event) -> TypeGuard[SeriesSource]:
+    known = _SERIES_SOURCE_TYPES.get(type(event))
+    if known is None:
+        known = _SERIES_SOURCE_TYPES[type(event)] = isinstance(event, SeriesSource)
+    return known
+
+
 def journal_line(event: Event) -> tuple[str, dict[str, Any]]:
     """The journal line of an event and its JSON form (samples carry their series points)."""
     data = event_to_json(event)
-    if isinstance(event, SeriesSource):
+    if _is_series_source(event):
         data["points"] = {g: dict(v) for g, v in event.series_points().items()}
         labels = event.summary_labels()
         if labels:
@@ -44,7 +57,10 @@ class Serializer:
 
     async def run(self, receive: MemoryObjectReceiveStream[Event]) -> None:
         """Drain until the last producer closes its end of the queue."""
-        journal = await aiofiles.open(self._journal_fd, "wb")
+        # Unbuffered: one write per batch reaches the kernel at once, with no separate flush
+        # (each await here is a trip to a worker thread, and waking one is what costs most
+        # in an idle monitor: benchmarks/monitor_overhead.py).
+        journal = await aiofiles.open(self._journal_fd, "wb", buffering=0)
         try:
             await self._drain(receive, journal)
         finally:
@@ -54,9 +70,7 @@ class Serializer:
                 except OSError as exc:
                     self.journal_error = self.journal_error or f"journal close failed: {exc}"
 
-    async def _drain(
-        self, receive: MemoryObjectReceiveStream[Event], journal: AsyncBufferedIOBase
-    ) -> None:
+    async def _drain(self, receive: MemoryObjectReceiveStream[Event], journal: AsyncFileIO) -> None:
         async with receive:
             async for first in receive:
                 batch = [first]
@@ -73,7 +87,9 @@ class Serializer:
                 self.events += len(batch)
                 if self.journal_error is None:
                     try:
-                        await journal.write("".join(lines).encode())
-                        await journal.flush()
+                        pending = "".join(lines).encode()
+                        while pending:
+                            written = await journal.write(pending)
+                            pending = pending[written:]
                     except OSError as exc:
                         self.journal_error = f"journal write failed: {exc}"
