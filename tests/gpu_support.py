@@ -1,0 +1,144 @@
+"""Test support for the GPU side: the captured nvidia-smi fixtures and a fake ``nvidia-smi``."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FAKE_SCRIPT = Path(__file__).with_name("fake_nvidia_smi.py")
+#: Overrides where the captured nvidia-smi output is (default: ../shared next to the repo).
+FIXTURES_VARIABLE = "ASYNCSOAK_FIXTURES"
+
+#: The field lists the fixtures were captured with (fixtures README: F and A).
+FIXTURE_GPU_FIELDS: tuple[str, ...] = (
+    "index",
+    "uuid",
+    "name",
+    "driver_version",
+    "pci.bus_id",
+    "pstate",
+    "utilization.gpu",
+    "utilization.memory",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "temperature.gpu",
+    "temperature.memory",
+    "power.draw",
+    "power.limit",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "fan.speed",
+    "clocks_event_reasons.active",
+    "ecc.errors.uncorrected.volatile.total",
+    "ecc.errors.corrected.volatile.total",
+    "compute_mode",
+    "persistence_mode",
+    "mig.mode.current",
+    "display_active",
+)
+FIXTURE_APP_FIELDS: tuple[str, ...] = (
+    "pid",
+    "process_name",
+    "used_gpu_memory",
+    "gpu_uuid",
+    "gpu_bus_id",
+)
+#: The pid of the process in the "load" captures.
+CAPTURED_PID = 886
+
+
+def fixtures_dir() -> Path:
+    override = os.environ.get(FIXTURES_VARIABLE)
+    if override:
+        return Path(override)
+    repo = Path(__file__).resolve().parents[1]
+    return repo.parent / "shared" / "fixtures" / "nvidia-smi" / "h200"
+
+
+def fixture(name: str) -> str:
+    path = fixtures_dir() / name
+    if not path.exists():
+        raise FileNotFoundError(
+            f"nvidia-smi fixture {path} is missing: the tests expect ../shared next to the "
+            f"repository, or ${FIXTURES_VARIABLE} naming the h200 fixture directory"
+        )
+    return path.read_text()
+
+
+@dataclass(frozen=True)
+class FakeNvidiaSmi:
+    """An installed fake: pass ``path`` as ``nvidia_smi``, or run a command with ``env``."""
+
+    path: Path
+    #: PATH with the fake first, plus the fake's settings.
+    env: dict[str, str]
+    log: Path
+
+    def invocations(self) -> list[dict[str, Any]]:
+        """Every run of the fake so far: ``{"pid", "argv"}``."""
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
+    def loops(self) -> list[dict[str, Any]]:
+        return [i for i in self.invocations() if "-lms" in i["argv"]]
+
+    def calls(self) -> list[dict[str, Any]]:
+        return [
+            i
+            for i in self.invocations()
+            if "-lms" not in i["argv"] and any(a.startswith("--query") for a in i["argv"])
+        ]
+
+
+def install_fake_nvidia_smi(
+    directory: Path,
+    mode: str = "load",
+    *,
+    pid: int | None = None,
+    pid2: int | None = None,
+    gpus: int = 1,
+    hang_after: int = 0,
+    loop_iterations: int | None = None,
+    reject: tuple[str, ...] = (),
+) -> FakeNvidiaSmi:
+    """Write an executable ``nvidia-smi`` into ``directory/fake-bin`` with its settings baked in.
+
+    ``pid`` replaces the captured process's pid; see ``fake_nvidia_smi.py`` for the modes.
+    """
+    fixture("version.txt")  # fail here, clearly, when the fixtures cannot be found
+    bindir = directory / "fake-bin"
+    bindir.mkdir(parents=True, exist_ok=True)
+    log = directory / "fake-nvidia-smi.log"
+    settings = {
+        "FAKE_SMI_MODE": mode,
+        "FAKE_SMI_GPUS": str(gpus),
+        "FAKE_SMI_HANG_AFTER": str(hang_after),
+        "FAKE_SMI_LOG": str(log),
+        "FAKE_SMI_REJECT": ",".join(reject),
+        FIXTURES_VARIABLE: str(fixtures_dir()),
+    }
+    if pid is not None:
+        settings["FAKE_SMI_PID"] = str(pid)
+    if pid2 is not None:
+        settings["FAKE_SMI_PID2"] = str(pid2)
+    if loop_iterations is not None:
+        settings["FAKE_SMI_LOOP_ITERATIONS"] = str(loop_iterations)
+    path = bindir / "nvidia-smi"
+    # -S: the fake needs only the standard library, and starts faster without site.
+    path.write_text(
+        f"#!{sys.executable} -S\n"
+        "import os, runpy\n"
+        f"os.environ.update({settings!r})\n"
+        f"runpy.run_path({str(FAKE_SCRIPT)!r}, run_name='__main__')\n"
+    )
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    env = {**settings, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return FakeNvidiaSmi(path=path, env=env, log=log)
