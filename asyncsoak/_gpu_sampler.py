@@ -77,6 +77,9 @@ MAX_LOOP_RETRY = 600.0
 MAX_BACKOFF = 60.0
 #: How long to wait for the rest of a compute-apps iteration once its first line has arrived.
 APPS_SETTLE = 0.05
+#: How late the process loop's next iteration may be (scheduling, a busy machine) before its
+#: silence is taken to mean that no process holds a GPU any more.
+APPS_SLACK = 0.5
 #: Bound on recording a note while the sampler is being cancelled.
 NOTE_TIMEOUT = 1.0
 #: A line longer than this is not ``nvidia-smi`` CSV.
@@ -480,7 +483,7 @@ class _GpuSampler:
         if self._apps is None:
             return []
         at, processes = self._apps
-        if anyio.current_time() - at > 1.5 * self._interval + APPS_SETTLE:
+        if anyio.current_time() - at > self._interval + APPS_SETTLE + APPS_SLACK:
             return []
         return processes
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import stat
 import sys
 from dataclasses import dataclass
@@ -52,6 +53,18 @@ FIXTURE_APP_FIELDS: tuple[str, ...] = (
 )
 #: The pid of the process in the "load" captures.
 CAPTURED_PID = 886
+
+
+def exited(pid: int, timeout: float) -> bool:
+    """Whether ``pid`` has ended (a zombie counts) within ``timeout``: a pidfd, not polling."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
 
 
 def fixtures_dir() -> Path:
