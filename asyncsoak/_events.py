@@ -170,6 +170,27 @@ class Abandoned(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class Forensics(Event):
+    """What every process of a stalled tree was doing, recorded before the first signal."""
+
+    KIND: ClassVar[str] = "forensics"
+
+    reason: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class OomKill(Event):
+    """The kernel's OOM killer ended a process of the tree."""
+
+    KIND: ClassVar[str] = "oom_kill"
+
+    pid: int
+    name: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class SamplerDegraded(Event):
     KIND: ClassVar[str] = "sampler_degraded"
 

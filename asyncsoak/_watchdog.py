@@ -45,16 +45,27 @@ class ScanResult:
     errors: int = 0
 
 
-def scan_progress_dir(root: Path, ignore: Collection[FileKey] = ()) -> ScanResult:
-    """Every regular file below ``root`` by relative path; unreadable parts are counted."""
+def scan_progress_dir(
+    root: Path, ignore: Collection[FileKey] = (), also: Collection[Path] = ()
+) -> ScanResult:
+    """Every regular file below ``root`` by relative path, plus the files in ``also``.
+
+    Unreadable directories are counted, not raised: the scan goes on around them.
+    """
     result = ScanResult(files={})
+    for path in also:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        result.files[str(path)] = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if not root.is_dir():
         return result
     stack = [(str(root), "")]
     while stack:
-        path, rel = stack.pop()
+        directory, rel = stack.pop()
         try:
-            entries = os.scandir(path)
+            entries = os.scandir(directory)
         except OSError:
             result.errors += 1
             continue
@@ -139,6 +150,7 @@ async def run_watchdog(
     progress_dir: Path,
     tracker: ProgressTracker,
     ignore: Callable[[], Collection[FileKey]],
+    also: Collection[Path] = (),
     scan_interval: float,
     limiter: anyio.CapacityLimiter,
     on_failure: Callable[[str, str], Awaitable[None]],
@@ -153,7 +165,7 @@ async def run_watchdog(
         previous = tracker.last_change
         with anyio.move_on_after(scan_timeout) as scan_scope:
             result = await anyio.to_thread.run_sync(
-                partial(scan_progress_dir, progress_dir, ignore()),
+                partial(scan_progress_dir, progress_dir, ignore(), also),
                 limiter=limiter,
                 abandon_on_cancel=True,
             )
