@@ -12,9 +12,10 @@ import anyio
 import pytest
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
-from gpu_support import exited
 
 from asyncsoak._commands import process_state, run_command, run_command_sync, stop_process
+
+from .gpu_support import exited
 
 #: A child that says it is ready, then waits forever.
 SLEEPER = "import sys, time; print('ready', flush=True); time.sleep(3600)"

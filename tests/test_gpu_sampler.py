@@ -16,14 +16,6 @@ import anyio
 import pytest
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
-from gpu_support import (
-    CAPTURED_PID,
-    FIXTURE_GPU_FIELDS,
-    FakeNvidiaSmi,
-    exited,
-    fixture,
-    install_fake_nvidia_smi,
-)
 
 from asyncsoak._events import (
     Event,
@@ -36,6 +28,15 @@ from asyncsoak._events import (
 from asyncsoak._gpu_sampler import EccWatch, GpuSample, run_gpu_sampler
 from asyncsoak._nvidia_smi import GpuProcess, data_lines, parse_gpu_line
 from asyncsoak._sink import SinkCounters, SoakClock, open_event_queue
+
+from .gpu_support import (
+    CAPTURED_PID,
+    FIXTURE_GPU_FIELDS,
+    FakeNvidiaSmi,
+    exited,
+    fixture,
+    install_fake_nvidia_smi,
+)
 
 INTERVAL = 0.05
 #: Bound on stopping the sampler: SIGTERM grace + SIGKILL wait of the loops, plus margin.

@@ -6,13 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-from gpu_support import (
-    CAPTURED_PID,
-    FIXTURE_APP_FIELDS,
-    FIXTURE_GPU_FIELDS,
-    fixture,
-    install_fake_nvidia_smi,
-)
 
 from asyncsoak._commands import CommandResult
 from asyncsoak._nvidia_smi import (
@@ -38,6 +31,14 @@ from asyncsoak._nvidia_smi import (
     query_args,
     rejected_field,
     replace_rejected,
+)
+
+from .gpu_support import (
+    CAPTURED_PID,
+    FIXTURE_APP_FIELDS,
+    FIXTURE_GPU_FIELDS,
+    fixture,
+    install_fake_nvidia_smi,
 )
 
 H200_UUID = "GPU-ea9029a8-d08e-1132-08a6-ed0bbd671b49"
