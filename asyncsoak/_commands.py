@@ -218,24 +218,19 @@ def run_command_sync(
         )
     out = bytearray()
     err = bytearray()
-    timed_out = _read_until(proc, deadline, out, err, consume)
-    if not timed_out:
-        try:
+    timed_out = True
+    try:
+        if not _read_until(proc, deadline, out, err, consume):
             proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-    gone = True
-    if timed_out:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        try:
-            proc.wait(kill_wait)
-        except subprocess.TimeoutExpired:
-            gone = False
-            _abandoned_sync.append(proc)
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
+            timed_out = False
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        # Also reached when ``consume`` raises: the command never outlives this call.
+        gone = not timed_out or _kill_group(proc, kill_wait)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
     return CommandResult(
         argv,
         None if timed_out else proc.returncode,
@@ -273,6 +268,18 @@ def _read_until(
                 elif len(key.data) < MAX_OUTPUT:
                     key.data.extend(chunk)
     return False
+
+
+def _kill_group(proc: subprocess.Popen[bytes], kill_wait: float) -> bool:
+    """SIGKILL the command's process group; False when the command had to be abandoned."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(kill_wait)
+    except subprocess.TimeoutExpired:
+        _abandoned_sync.append(proc)
+        return False
+    return True
 
 
 def _reap_abandoned_sync() -> None:

@@ -241,7 +241,9 @@ def source_info(root: Path, timeout: float = 10.0) -> dict[str, Any]:
 def _git_error(result: CommandResult) -> str:
     if result.error is not None:
         return result.error
-    return result.stderr.strip().splitlines()[-1] if result.stderr.strip() else result.describe()
+    # git's own message comes first ("fatal: ..."); hints on how to fix it follow.
+    lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+    return lines[0] if lines else result.describe()
 
 
 def _count_status(porcelain: str) -> tuple[int, int]:

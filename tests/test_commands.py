@@ -143,3 +143,20 @@ async def test_stop_process_abandons_what_does_not_die_in_time() -> None:
         # It was sent SIGKILL and dies on its own; collect it so the test leaves nothing behind.
         assert await process.wait() == -9
     assert process_state(process.pid) is None
+
+
+def test_sync_command_is_killed_when_its_consumer_fails(tmp_path: Path) -> None:
+    """If handling the output fails, the command is killed before the error goes on."""
+    pidfile = tmp_path / "pid"
+    script = (
+        "import os, sys;"
+        f"open({str(pidfile)!r}, 'w').write(str(os.getpid()));"
+        "[sys.stdout.write('x' * 4096) for _ in iter(int, 1)]"
+    )
+
+    def broken(chunk: bytes) -> None:
+        raise RuntimeError("no space left")
+
+    with pytest.raises(RuntimeError, match="no space left"):
+        run_command_sync([sys.executable, "-c", script], timeout=30.0, consume=broken)
+    assert exited(int(pidfile.read_text()), 0)

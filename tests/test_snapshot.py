@@ -264,3 +264,14 @@ def test_cli_prints_the_snapshot_as_json(tmp_path: Path) -> None:
     snapshot = json.loads(done.stdout)
     assert snapshot["source"]["revision"] == git(repo, "rev-parse", "HEAD").strip()
     assert snapshot["gpus"]["driver_version"] == "580.159.04"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the repository away")
+def test_repository_of_another_user_is_refused_not_overridden(tmp_path: Path) -> None:
+    """git's "dubious ownership" refusal is recorded as the source's error, not bypassed."""
+    repo = make_repo(tmp_path / "repo")
+    for path in [repo, *repo.rglob("*")]:
+        os.lchown(path, 65534, 65534)
+    source = quiet_snapshot(repo)["source"]
+    assert source["repository"] is None
+    assert "dubious ownership" in source["error"]
