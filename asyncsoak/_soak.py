@@ -62,6 +62,8 @@ from ._watchdog import ProgressTracker, run_watchdog, scan_progress_dir
 THREADS = 4
 #: Bound on the runtime snapshot (each of its external calls has its own, shorter one).
 SNAPSHOT_TIMEOUT = 30.0
+#: Bound on writing the last queued events to the journal.
+DRAIN_TIMEOUT = 10.0
 #: Bound on waiting for the reaper to finish once the tree is gone.
 REAPER_CLOSE_TIMEOUT = 5.0
 #: Time given to the trainer to print what ``dump_signal`` asked for before forensics start.
@@ -268,6 +270,14 @@ class _Soak:
                         await self._fail("monitor_error", f"{type(error).__name__}: {error}")
                     status = self._status(error)
                     await sink.emit(Finished(t=sink.elapsed(), status=status))
+                # The last events are queued; a journal on a hung filesystem must not hold the
+                # soak forever: the drain gets a deadline, and the artifact is built regardless.
+                tg.cancel_scope.deadline = anyio.current_time() + DRAIN_TIMEOUT
+            if tg.cancel_scope.cancelled_caught:
+                serializer.journal_error = (
+                    serializer.journal_error
+                    or f"the journal did not drain within {DRAIN_TIMEOUT:g}s"
+                )
             monitor = {
                 "cpu_seconds": round(time.process_time() - cpu_start, 3),
                 "events": serializer.events,
