@@ -235,6 +235,7 @@ class ArtifactBuilder:
             "log": {"path": header.get("log_path"), "tail": log_tail},
             "monitor": {
                 "journal_path": header.get("journal_path"),
+                "monotonic_start": header.get("monotonic_start"),
                 "samples": dict(sorted(self.samples.items())),
                 "sampler_notes": self.sampler_notes,
                 **monitor,

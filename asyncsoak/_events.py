@@ -62,6 +62,9 @@ class Header(Event):
     log_path: str
     output_path: str
     monitor_pid: int
+    #: The monitor's monotonic clock at the start, to line ``t`` up with other processes'
+    #: ``time.monotonic()`` (CLOCK_MONOTONIC is system-wide).
+    monotonic_start: float
 
 
 @dataclass(frozen=True, slots=True)
