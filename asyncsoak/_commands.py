@@ -66,17 +66,6 @@ class CommandResult:
         return f"exit status {self.returncode}" + (f": {first}" if first else "")
 
 
-def process_state(pid: int) -> str | None:
-    """The one-letter state of a process from ``/proc`` (``D``, ``Z``...), None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    rest = stat[stat.rfind(b")") + 2 :].split()
-    return rest[0].decode() if rest else None
-
-
 def _start_error(argv: Sequence[str], exc: OSError) -> str:
     return f"could not run {argv[0]!r}: {exc.strerror or exc}"
 
@@ -129,6 +118,17 @@ async def _close_reaped_abandoned() -> None:
         await process.aclose()
 
 
+async def open_command(argv: Sequence[str]) -> Process:
+    """Start a command in its own session, stdout and stderr together on one pipe."""
+    return await anyio.open_process(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
 async def run_command(
     argv: Sequence[str], *, time_limit: float, kill_wait: float = KILL_WAIT
 ) -> CommandResult:
@@ -136,13 +136,7 @@ async def run_command(
     argv = list(argv)
     started = anyio.current_time()
     try:
-        process = await anyio.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        process = await open_command(argv)
     except OSError as exc:
         return CommandResult(
             argv, None, "", error=_start_error(argv, exc), missing=_is_missing(exc)

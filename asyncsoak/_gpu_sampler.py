@@ -28,16 +28,16 @@ processes are recorded as not in the tree, never guessed.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import anyio
+import psutil
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from ._commands import CommandResult, process_state, run_command, stop_process
+from ._commands import CommandResult, open_command, run_command, stop_process
 from ._events import (
     Event,
     SamplerDegraded,
@@ -188,6 +188,14 @@ class _LoopEnd:
     message: str
 
 
+def _state(pid: int) -> str | None:
+    """What /proc says a process is doing ("disk-sleep" for D), None when it is gone."""
+    try:
+        return str(psutil.Process(pid).status())
+    except psutil.Error:
+        return None
+
+
 class _LineReader:
     """One ``nvidia-smi -lms`` process, read line by line."""
 
@@ -228,20 +236,22 @@ async def run_gpu_sampler(
     (through ``limiter``, a private one-thread limiter when None), only when a process holds
     GPU memory.  ``call_timeout`` bounds every ``nvidia-smi`` call, and how late a loop's line
     may be.  Returns by itself only when there is no GPU data to be had (no ``nvidia-smi``, or
-    no GPU): that is recorded in a note, not raised.
+    no GPU): that is recorded in a note, not raised.  The sampler owns ``sink`` (give it a
+    clone) and closes it.
     """
     if not interval > 0:
         raise ValueError(f"interval must be positive, not {interval!r}")
     if not call_timeout > 0:
         raise ValueError(f"call_timeout must be positive, not {call_timeout!r}")
-    sampler = _GpuSampler(
-        sink,
-        interval=interval,
-        tree_pids=tree_pids,
-        call_timeout=call_timeout,
-        limiter=limiter if limiter is not None else anyio.CapacityLimiter(1),
-    )
-    await sampler.run(nvidia_smi)
+    async with sink:
+        sampler = _GpuSampler(
+            sink,
+            interval=interval,
+            tree_pids=tree_pids,
+            call_timeout=call_timeout,
+            limiter=limiter if limiter is not None else anyio.CapacityLimiter(1),
+        )
+        await sampler.run(nvidia_smi)
 
 
 class _GpuSampler:
@@ -377,13 +387,7 @@ class _GpuSampler:
             for query in (GPU_QUERY, APPS_QUERY):
                 argv = [self._executable, *query_args(query, self._fields[query]), "-lms", loop_ms]
                 try:
-                    process = await anyio.open_process(
-                        argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
+                    process = await open_command(argv)
                 except OSError as exc:
                     return _LoopEnd(False, f"could not start nvidia-smi: {exc.strerror or exc}")
                 readers.append(_LineReader(process))
@@ -573,7 +577,7 @@ class _GpuSampler:
         )
 
     async def _abandoned(self, pid: int) -> None:
-        state = await anyio.to_thread.run_sync(process_state, pid, limiter=self._limiter)
+        state = await anyio.to_thread.run_sync(_state, pid, limiter=self._limiter)
         await self._note(
             f"nvidia-smi (pid {pid}) did not exit after SIGKILL (state {state}); abandoned",
             {"pid": pid, "state": state},

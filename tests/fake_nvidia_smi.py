@@ -73,8 +73,12 @@ SEPARATOR = ", "
 GARBAGE = "Unable to determine the device handle for GPU0000:00:06.0: Unknown Error"
 
 
+FIXTURES_VARIABLE = "ASYNCSOAK_FIXTURES"
+
+
 def fixtures() -> Path:
-    override = os.environ.get("ASYNCSOAK_FIXTURES")
+    """The H200 captures: ``$ASYNCSOAK_FIXTURES``, else ``../shared`` next to the repository."""
+    override = os.environ.get(FIXTURES_VARIABLE)
     if override:
         return Path(override)
     return Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi" / "h200"

@@ -11,48 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-FAKE_SCRIPT = Path(__file__).with_name("fake_nvidia_smi.py")
-#: Overrides where the captured nvidia-smi output is (default: ../shared next to the repo).
-FIXTURES_VARIABLE = "ASYNCSOAK_FIXTURES"
+from . import fake_nvidia_smi
 
+FAKE_SCRIPT = Path(fake_nvidia_smi.__file__)
+FIXTURES_VARIABLE = fake_nvidia_smi.FIXTURES_VARIABLE
 #: The field lists the fixtures were captured with (fixtures README: F and A).
-FIXTURE_GPU_FIELDS: tuple[str, ...] = (
-    "index",
-    "uuid",
-    "name",
-    "driver_version",
-    "pci.bus_id",
-    "pstate",
-    "utilization.gpu",
-    "utilization.memory",
-    "memory.total",
-    "memory.used",
-    "memory.free",
-    "temperature.gpu",
-    "temperature.memory",
-    "power.draw",
-    "power.limit",
-    "clocks.sm",
-    "clocks.mem",
-    "clocks.max.sm",
-    "fan.speed",
-    "clocks_event_reasons.active",
-    "ecc.errors.uncorrected.volatile.total",
-    "ecc.errors.corrected.volatile.total",
-    "compute_mode",
-    "persistence_mode",
-    "mig.mode.current",
-    "display_active",
-)
-FIXTURE_APP_FIELDS: tuple[str, ...] = (
-    "pid",
-    "process_name",
-    "used_gpu_memory",
-    "gpu_uuid",
-    "gpu_bus_id",
-)
+FIXTURE_GPU_FIELDS: tuple[str, ...] = tuple(fake_nvidia_smi.GPU_FIELDS)
+FIXTURE_APP_FIELDS: tuple[str, ...] = tuple(fake_nvidia_smi.APP_FIELDS)
 #: The pid of the process in the "load" captures.
-CAPTURED_PID = 886
+CAPTURED_PID = int(fake_nvidia_smi.CAPTURED_PID)
 
 
 def exited(pid: int, timeout: float) -> bool:
@@ -67,16 +34,8 @@ def exited(pid: int, timeout: float) -> bool:
         os.close(fd)
 
 
-def fixtures_dir() -> Path:
-    override = os.environ.get(FIXTURES_VARIABLE)
-    if override:
-        return Path(override)
-    repo = Path(__file__).resolve().parents[1]
-    return repo.parent / "shared" / "fixtures" / "nvidia-smi" / "h200"
-
-
 def fixture(name: str) -> str:
-    path = fixtures_dir() / name
+    path = fake_nvidia_smi.fixtures() / name
     if not path.exists():
         raise FileNotFoundError(
             f"nvidia-smi fixture {path} is missing: the tests expect ../shared next to the "
@@ -136,7 +95,7 @@ def install_fake_nvidia_smi(
         "FAKE_SMI_HANG_AFTER": str(hang_after),
         "FAKE_SMI_LOG": str(log),
         "FAKE_SMI_REJECT": ",".join(reject),
-        FIXTURES_VARIABLE: str(fixtures_dir()),
+        FIXTURES_VARIABLE: str(fake_nvidia_smi.fixtures()),
     }
     if pid is not None:
         settings["FAKE_SMI_PID"] = str(pid)

@@ -13,7 +13,7 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from asyncsoak._commands import process_state, run_command, run_command_sync, stop_process
+from asyncsoak._commands import run_command, run_command_sync, stop_process
 
 from .gpu_support import exited
 
@@ -142,7 +142,7 @@ async def test_stop_process_abandons_what_does_not_die_in_time() -> None:
         assert not await stop_process(process, terminate_grace=0, kill_wait=0)
         # It was sent SIGKILL and dies on its own; collect it so the test leaves nothing behind.
         assert await process.wait() == -9
-    assert process_state(process.pid) is None
+    assert exited(process.pid, 0)
 
 
 def test_sync_command_is_killed_when_its_consumer_fails(tmp_path: Path) -> None:
