@@ -239,11 +239,11 @@ async def run_gpu_sampler(
     no GPU): that is recorded in a note, not raised.  The sampler owns ``sink`` (give it a
     clone) and closes it.
     """
-    if not interval > 0:
-        raise ValueError(f"interval must be positive, not {interval!r}")
-    if not call_timeout > 0:
-        raise ValueError(f"call_timeout must be positive, not {call_timeout!r}")
     async with sink:
+        if not interval > 0:
+            raise ValueError(f"interval must be positive, not {interval!r}")
+        if not call_timeout > 0:
+            raise ValueError(f"call_timeout must be positive, not {call_timeout!r}")
         sampler = _GpuSampler(
             sink,
             interval=interval,
