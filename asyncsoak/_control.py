@@ -21,7 +21,9 @@ class SoakControl:
         self.reason: str | None = None
         self.grace_seconds: float | None = None
 
-    def request_stop(self, *, reason: str = "requested", grace_seconds: float | None = None) -> None:
+    def request_stop(
+        self, *, reason: str = "requested", grace_seconds: float | None = None
+    ) -> None:
         """Ask the soak to stop; later calls do not change the first request."""
         if self.stop_requested.is_set():
             return

@@ -120,7 +120,7 @@ class Failure(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Warning(Event):  # noqa: A001 - the artifact's term; never used as a builtin here
+class Warning(Event):
     KIND: ClassVar[str] = "warning"
 
     message: str

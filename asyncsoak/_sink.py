@@ -8,6 +8,7 @@ The serializer's ``async for`` ends when the last sink is closed.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -56,11 +57,9 @@ class EventSink:
 
     async def emit(self, event: Event) -> None:
         """Deliver an event that must never be lost; waits when the buffer is full."""
-        try:
+        # A closed queue means the soak is being torn down: there is nobody left to tell.
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             await self._send.send(event)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            # The serializer is gone (the soak is being torn down); nothing left to tell.
-            pass
 
     def offer(self, event: Event) -> bool:
         """Queue a sample if there is room; count it as dropped otherwise."""

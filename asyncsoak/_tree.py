@@ -105,9 +105,12 @@ def describe(pid: int, *, leader_pgid: int | None = None) -> dict[str, Any] | No
 
 
 def how_it_left(info: dict[str, Any], leader_pgid: int) -> str:
-    """In words, how a process left the command's process group (or that it did not)."""
+    """In words, how a process left the command's process group (or that it did not).
+
+    The command leads its own session, so its pid is also its session id and group id.
+    """
     if info.get("pgid") == leader_pgid:
         return "still in the command's process group"
-    if info.get("sid") == info.get("pid"):
-        return "started its own session (setsid / daemonised)"
+    if info.get("sid") != leader_pgid:
+        return "left the command's session (setsid / daemonised)"
     return "moved to another process group (setpgid)"

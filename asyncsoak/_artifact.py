@@ -1,0 +1,268 @@
+"""The artifact: one JSON object that explains a soak after every process is gone.
+
+:class:`ArtifactBuilder` folds journal events (their JSON form) into bounded state: the same
+fold runs live in the serializer and offline in ``asyncsoak recover``, so an artifact rebuilt
+from a dead monitor's journal has the same shape as one written at the end of a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections import deque
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
+
+SCHEMA_VERSION = 1
+#: Events kept in the artifact (the journal keeps them all): the first and the last ones.
+EVENTS_HEAD = 500
+EVENTS_TAIL = 1500
+#: Event kinds that live only in the journal (their figures are in series and summary).
+SAMPLE_KINDS = frozenset({"sample", "gpu_sample"})
+#: Bytes of the captured output copied into the artifact.
+LOG_TAIL_BYTES = 16 * 1024
+#: Permissions of every file asyncsoak creates: the owner's only.
+FILE_MODE = 0o600
+
+
+def load_schema() -> dict[str, Any]:
+    """The JSON Schema of the artifact, shipped in the package."""
+    text = resources.files("asyncsoak").joinpath("artifact.schema.json").read_text()
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+def iso(dt: datetime) -> str:
+    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+class ArtifactBuilder:
+    """Folds events, in journal order, into everything the artifact needs."""
+
+    def __init__(self, max_points: int = SERIES_POINTS) -> None:
+        self._max_points = max_points
+        self.header: dict[str, Any] | None = None
+        self._events_head: list[dict[str, Any]] = []
+        self._events_tail: deque[dict[str, Any]] = deque(maxlen=EVENTS_TAIL)
+        self._events_seen = 0
+        self._series: dict[str, SeriesBuffer] = {}
+        self._stats: dict[str, dict[str, RunningStats]] = {}
+        self._labels: dict[str, dict[str, set[str]]] = {}
+        self.samples: dict[str, int] = {}
+        self.failures: list[dict[str, Any]] = []
+        self.warnings: list[str] = []
+        self.exit: dict[str, Any] = {"returncode": None, "signal": None, "pid": None}
+        self.exit_t: float | None = None
+        self.stop: dict[str, Any] = {
+            "cause": None,
+            "mode": None,
+            "grace_seconds": None,
+            "killed": False,
+            "signals": [],
+        }
+        self.leftovers: list[dict[str, Any]] = []
+        self.abandoned: list[dict[str, Any]] = []
+        self.sampler_notes: list[dict[str, Any]] = []
+        self.progress_changes = 0
+        self.progress_first: float | None = None
+        self.progress_last: float | None = None
+        self.longest_gap = 0.0
+        self.last_t = 0.0
+        self.status: str | None = None
+
+    # -- folding -------------------------------------------------------------------------
+
+    def add(self, event: dict[str, Any]) -> None:
+        kind = event.get("kind")
+        t = float(event.get("t", 0.0))
+        self.last_t = max(self.last_t, t)
+        if kind == "header":
+            self.header = event
+            return
+        if kind in SAMPLE_KINDS:
+            self._add_sample(str(kind), t, event)
+            return
+        self._keep_event(event)
+        if kind == "started":
+            self.exit["pid"] = event["pid"]
+        elif kind == "exited":
+            self.exit = {
+                "returncode": event["returncode"],
+                "signal": event["signal"],
+                "pid": event["pid"],
+            }
+            self.exit_t = t
+            if self.stop["cause"] is None:
+                self.stop["cause"] = "exited"
+        elif kind == "progress":
+            self.progress_changes += int(event["changed"])
+            if self.progress_first is None:
+                self.progress_first = t
+            elif self.progress_last is not None:
+                self.longest_gap = max(self.longest_gap, t - self.progress_last)
+            self.progress_last = t
+        elif kind == "failure":
+            self.failures.append(
+                {"reason": event["reason"], "message": event["message"], "at": event["at"]}
+            )
+        elif kind == "warning":
+            self.warnings.append(str(event["message"]))
+        elif kind == "stop":
+            self.stop.update(
+                cause=event["cause"], mode=event["mode"], grace_seconds=event["grace_seconds"]
+            )
+        elif kind == "signal":
+            self.stop["signals"].append(
+                {"t": t, "signal": event["signal"], "target": event["target"]}
+            )
+            if event["signal"] == "SIGKILL":
+                self.stop["killed"] = True
+        elif kind == "leftover":
+            self.leftovers.append(event["process"])
+        elif kind == "abandoned":
+            self.abandoned.append(event["process"])
+        elif kind in ("sampler_note", "sampler_degraded", "sampler_recovered"):
+            self.sampler_notes.append(event)
+        elif kind == "finished":
+            self.status = str(event["status"])
+
+    def _keep_event(self, event: dict[str, Any]) -> None:
+        self._events_seen += 1
+        if len(self._events_head) < EVENTS_HEAD:
+            self._events_head.append(event)
+        else:
+            self._events_tail.append(event)
+
+    def _add_sample(self, kind: str, t: float, event: dict[str, Any]) -> None:
+        self.samples[kind] = self.samples.get(kind, 0) + 1
+        for group, values in (event.get("points") or {}).items():
+            series = self._series.get(group)
+            if series is None:
+                series = self._series[group] = SeriesBuffer(self._max_points)
+            series.add(t, values)
+            stats = self._stats.setdefault(group, {})
+            for name, value in values.items():
+                stats.setdefault(name, RunningStats()).add(value)
+        for group, labels in (event.get("labels") or {}).items():
+            seen = self._labels.setdefault(group, {})
+            for name, values in labels.items():
+                seen.setdefault(name, set()).update(values)
+
+    # -- the artifact ----------------------------------------------------------------------
+
+    def wall(self, t: float | None) -> str | None:
+        """Seconds since the start as an ISO 8601 UTC time."""
+        if t is None or self.header is None:
+            return None
+        return iso(parse_iso(self.header["started_at"]) + timedelta(seconds=t))
+
+    def build(
+        self,
+        *,
+        status: str,
+        ended_t: float,
+        log_tail: str,
+        monitor: dict[str, Any],
+    ) -> dict[str, Any]:
+        header = self.header or {}
+        events = list(self._events_head) + list(self._events_tail)
+        dropped_events = self._events_seen - len(events)
+        trailing_gap = ended_t - self.progress_last if self.progress_last is not None else 0.0
+        summary: dict[str, Any] = {}
+        for group, stats in sorted(self._stats.items()):
+            summary[group] = {name: s.to_json() for name, s in sorted(stats.items())}
+        for group, labels in sorted(self._labels.items()):
+            summary.setdefault(group, {}).update(
+                {name: sorted(values) for name, values in sorted(labels.items())}
+            )
+        summary["samples"] = dict(sorted(self.samples.items()))
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "status": status,
+            "failures": self.failures,
+            "warnings": self.warnings,
+            "command": header.get("command", []),
+            "cwd": header.get("cwd", ""),
+            "config": header.get("config", {}),
+            "metadata": header.get("metadata", {}),
+            "started_at": header.get("started_at", iso(datetime.now(UTC))),
+            "ended_at": self.wall(ended_t) or iso(datetime.now(UTC)),
+            "duration_seconds": round(ended_t, 3),
+            "exit": self.exit,
+            "snapshot": header.get("snapshot", {}),
+            "progress": {
+                "dir": header.get("config", {}).get("progress_dir"),
+                "first_change_at": self.wall(self.progress_first),
+                "last_change_at": self.wall(self.progress_last),
+                "changes": self.progress_changes,
+                "longest_gap_seconds": round(max(self.longest_gap, trailing_gap), 3),
+            },
+            "series": {group: s.to_json() for group, s in sorted(self._series.items())},
+            "series_resolution": {
+                group: s.samples_per_point for group, s in sorted(self._series.items())
+            },
+            "summary": summary,
+            "events": events,
+            "events_dropped": dropped_events,
+            "leftover_processes": self.leftovers,
+            "abandoned_processes": self.abandoned,
+            "stop": self.stop,
+            "log": {"path": header.get("log_path"), "tail": log_tail},
+            "monitor": {
+                "journal_path": header.get("journal_path"),
+                "samples": dict(sorted(self.samples.items())),
+                "sampler_notes": self.sampler_notes,
+                **monitor,
+            },
+        }
+
+
+def create_private_file(path: Path) -> int:
+    """Create (or truncate) ``path`` readable by its owner only; return a writable fd."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+
+
+def write_artifact(artifact: dict[str, Any], path: Path) -> None:
+    """Write atomically: a temporary file in the same directory, fsync, then ``os.replace``.
+
+    ``mkstemp`` creates the file readable by its owner only, and ``os.replace`` keeps that.
+    """
+    data = json.dumps(artifact, indent=1, allow_nan=False, default=str).encode() + b"\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES) -> str:
+    """The last ``max_bytes`` of the captured output, decoded leniently."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    if size > max_bytes:
+        # Drop the partial first line.
+        text = text.partition("\n")[2]
+    return text

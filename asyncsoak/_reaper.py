@@ -1,0 +1,300 @@
+"""The per-soak reaper: a small single-threaded process between the monitor and the command.
+
+Why a separate process: a library must not make its host a child subreaper nor reap with
+``waitpid(-1)`` (that steals other code's exit statuses and adopts the host's orphans).  This
+process does both for the soak alone:
+
+* it marks itself a child subreaper, so a descendant that double-forks and ``setsid``\\ s is
+  reparented here instead of escaping to init;
+* it starts the command in a new session (its own process group) and reaps everything below it;
+* it copies the command's stdout and stderr into the log file, keeping the head and a bounded
+  tail when the output outgrows the cap (a chatty child can neither block on a full pipe nor
+  make anything grow without bound);
+* its stdin is the monitor's lifeline: the first line is the JSON configuration, then the pipe
+  stays open.  EOF means the monitor is done or dead; either way whatever is left of the tree
+  gets the configured graceful stop, then SIGKILL, then the reaper exits.  A trainer therefore
+  never runs on unsupervised, even if it ignores its stdin.
+
+It reports to the monitor on stdout, one JSON object per line:
+``{"event": "spawned", "pid": N}``, ``{"event": "spawn_failed", "message": ...}``,
+``{"event": "exited", "pid": N, "status": RAW_WAIT_STATUS}`` and ``{"event": "empty"}`` (the
+command has exited and no process is left below the reaper).
+
+Run as ``python -m asyncsoak._reaper``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from typing import Any
+
+from . import _tree
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_READ_CHUNK = 64 * 1024
+#: How often a capped log's tail is rewritten to disk while output keeps coming.
+_TAIL_FLUSH_SECONDS = 1.0
+#: After SIGKILL, how long the reaper keeps reaping before it gives up and exits.
+_KILL_WAIT_SECONDS = 5.0
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, value, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+class CappedLog:
+    """Writes output to a file, keeping the first and the last ``max_bytes / 2`` bytes.
+
+    Until the cap is reached every byte goes straight to the file.  After that the tail lives
+    in memory (bounded) and is rewritten after the head every ``_TAIL_FLUSH_SECONDS`` and at
+    exit, behind a marker saying how much was left out.
+    """
+
+    def __init__(self, fd: int, max_bytes: int) -> None:
+        self._fd = fd
+        self._head_cap = max_bytes // 2
+        self._tail_cap = max_bytes - self._head_cap
+        self._head_written = 0
+        self._tail: deque[bytes] = deque()
+        self._tail_size = 0
+        self._omitted = 0
+        self._dirty = False
+        self._last_flush = time.monotonic()
+
+    def write(self, data: bytes) -> None:
+        room = self._head_cap - self._head_written
+        if room > 0:
+            head, data = data[:room], data[room:]
+            os.write(self._fd, head)
+            self._head_written += len(head)
+        if not data:
+            return
+        self._tail.append(data)
+        self._tail_size += len(data)
+        while self._tail_size > self._tail_cap:
+            excess = self._tail_size - self._tail_cap
+            first = self._tail[0]
+            if len(first) <= excess:
+                self._tail.popleft()
+                self._tail_size -= len(first)
+                self._omitted += len(first)
+            else:
+                self._tail[0] = first[excess:]
+                self._tail_size -= excess
+                self._omitted += excess
+        self._dirty = True
+        if time.monotonic() - self._last_flush >= _TAIL_FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        if not self._dirty:
+            return
+        self._dirty = False
+        marker = f"\n[asyncsoak: {self._omitted} bytes of output omitted]\n".encode()
+        body = marker + b"".join(self._tail) if self._omitted else b"".join(self._tail)
+        os.lseek(self._fd, self._head_written, os.SEEK_SET)
+        os.write(self._fd, body)
+        os.ftruncate(self._fd, self._head_written + len(body))
+
+
+class Reaper:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.out = sys.stdout
+        self.pid: int | None = None
+        self.exited = False
+        self.empty_reported = False
+        self.lifeline_open = True
+        self.stop_deadline: float | None = None
+        self.kill_deadline: float | None = None
+        self.log = CappedLog(config["log_fd"], config["log_max_bytes"])
+
+    def report(self, **event: Any) -> None:
+        try:
+            self.out.write(json.dumps(event) + "\n")
+            self.out.flush()
+        except (BrokenPipeError, ValueError):
+            # The monitor is gone: nobody to tell, the lifeline will close too.
+            pass
+
+    def spawn(self, output_w: int) -> None:
+        cfg = self.config
+        stdin_fd = cfg.get("stdin_fd")
+
+        def in_child() -> None:
+            # If the reaper is SIGKILLed, the command's leader goes with it; the rest of the
+            # tree is in its process group and is reached by the monitor's group kill.
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+        try:
+            proc = subprocess.Popen(
+                cfg["argv"],
+                stdin=stdin_fd if stdin_fd is not None else subprocess.DEVNULL,
+                stdout=output_w,
+                stderr=output_w,
+                cwd=cfg.get("cwd"),
+                env=cfg["env"],
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=in_child,
+            )
+        except OSError as exc:
+            self.report(event="spawn_failed", message=f"{type(exc).__name__}: {exc}")
+            self.exited = True
+            return
+        finally:
+            if stdin_fd is not None:
+                os.close(stdin_fd)
+        # The Popen object never waits: this process reaps with waitpid(-1).
+        proc.returncode = 0
+        self.pid = proc.pid
+        self.report(event="spawned", pid=proc.pid)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                if self.exited and not self.empty_reported:
+                    self.empty_reported = True
+                    self.report(event="empty")
+                return
+            if pid == 0:
+                return
+            if pid == self.pid:
+                self.exited = True
+                self.report(event="exited", pid=pid, status=status)
+
+    def has_children(self) -> bool:
+        return bool(_tree.children(os.getpid()))
+
+    def lifeline_lost(self) -> None:
+        """The monitor closed our stdin (done, or dead): stop what is left of the tree."""
+        self.lifeline_open = False
+        now = time.monotonic()
+        if not self.has_children():
+            self.kill_deadline = now
+            return
+        mode = self.config["stop_mode"]
+        if not self.exited and self.pid is not None:
+            try:
+                if mode == "group":
+                    os.killpg(self.pid, signal.SIGTERM)
+                elif mode == "leader":
+                    os.kill(self.pid, signal.SIGTERM)
+                # "stdin": the kernel closed the command's stdin with the monitor's end.
+            except OSError:
+                pass
+        self.stop_deadline = now + float(self.config["grace_seconds"])
+        self.kill_deadline = self.stop_deadline + _KILL_WAIT_SECONDS
+
+    def kill_everything(self) -> None:
+        if self.pid is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.pid, signal.SIGKILL)
+        for pid in _tree.descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def run(self, lifeline: Any) -> int:
+        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+        # Ctrl-C and service-manager signals reach the monitor's whole process group; the
+        # monitor decides how the tree stops, and this process must outlive it to do so.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+        output_r, output_w = os.pipe2(os.O_CLOEXEC)
+        self.spawn(output_w)
+        os.close(output_w)
+
+        sel = selectors.DefaultSelector()
+        sel.register(wake_r, selectors.EVENT_READ, "wake")
+        sel.register(output_r, selectors.EVENT_READ, "output")
+        sel.register(lifeline, selectors.EVENT_READ, "lifeline")
+        self.reap()
+        output_open = True
+
+        while True:
+            now = time.monotonic()
+            if not self.lifeline_open:
+                if self.stop_deadline is not None and now >= self.stop_deadline:
+                    self.kill_everything()
+                if not self.has_children() or (
+                    self.kill_deadline is not None and now >= self.kill_deadline
+                ):
+                    break
+            timeout = _TAIL_FLUSH_SECONDS
+            if self.stop_deadline is not None:
+                timeout = min(timeout, max(0.0, self.stop_deadline - now))
+                if now >= self.stop_deadline:
+                    timeout = 0.05
+            for key, _ in sel.select(timeout):
+                if key.data == "wake":
+                    try:
+                        while os.read(wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    self.reap()
+                elif key.data == "output":
+                    chunk = os.read(output_r, _READ_CHUNK)
+                    if chunk:
+                        self.log.write(chunk)
+                    else:
+                        sel.unregister(output_r)
+                        output_open = False
+                elif key.data == "lifeline" and not os.read(lifeline, 4096):
+                    sel.unregister(lifeline)
+                    self.lifeline_lost()
+            self.log.flush()
+            self.reap()
+
+        # Whatever is still readable from processes that just died belongs in the log.
+        if output_open:
+            os.set_blocking(output_r, False)
+            try:
+                while chunk := os.read(output_r, _READ_CHUNK):
+                    self.log.write(chunk)
+            except BlockingIOError:
+                pass
+        self.log.flush()
+        self.reap()
+        return 0
+
+
+def main() -> int:
+    lifeline = sys.stdin.fileno()
+    # The monitor writes the configuration line and then nothing until it closes the pipe.
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(lifeline, 65536)
+        if not chunk:
+            return 2
+        line += chunk
+    config = json.loads(line)
+    return Reaper(config).run(lifeline)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,542 @@
+"""``run_soak``: supervise one command and always leave an artifact that explains it.
+
+Shape (see DESIGN.md): one task group per soak.  The spawner, samplers and watchdog are
+producers, each holding a clone of one bounded event queue; the serializer drains it into the
+journal and the artifact builder.  The supervisor waits for the first end cause (the command
+exits, a rule fires, ``max_duration_seconds`` passes, the caller asks to stop, the caller
+cancels), runs the stop sequence, then closes the producers so the serializer's drain ends.
+
+The whole soak runs inside a shielded cancel scope: a caller's cancellation is turned into a
+stop with cause ``cancelled``, so the tree is stopped and the artifact written (every step of
+that is bounded) before the cancellation propagates.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from . import _tree
+from ._artifact import (
+    ArtifactBuilder,
+    create_private_file,
+    iso,
+    read_log_tail,
+    write_artifact,
+)
+from ._config import LOG_MAX_BYTES, SoakConfig, StopMode, validate
+from ._control import SoakControl
+from ._errors import SoakFailureError
+from ._events import (
+    Abandoned,
+    Failure,
+    Finished,
+    Header,
+    Leftover,
+    SignalSent,
+    StdinClosed,
+    StopRequested,
+    Warning,
+)
+from ._redact import Masker, redact_mapping, secret_values
+from ._serializer import Serializer
+from ._sink import EventSink, SoakClock, open_event_queue
+from ._spawn import Spawner, SpawnRequest
+from ._watchdog import ProgressTracker, run_watchdog, scan_progress_dir
+
+#: Threads for blocking work (scans, /proc walks, git): asyncsoak's own, never the host's.
+THREADS = 4
+#: Bound on the runtime snapshot (each of its external calls has its own, shorter one).
+SNAPSHOT_TIMEOUT = 30.0
+#: Bound on waiting for the reaper to finish once the tree is gone.
+REAPER_CLOSE_TIMEOUT = 5.0
+#: Environment marker that lets the monitor recognise processes of this soak's tree.
+SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
+
+
+async def run_soak(
+    *,
+    command: Sequence[str],
+    progress_dir: Path | str,
+    output_path: Path | str,
+    sample_interval_seconds: float = 5.0,
+    startup_timeout_seconds: float = 600.0,
+    stale_progress_seconds: float = 120.0,
+    post_shutdown_grace_seconds: float = 5.0,
+    min_duration_seconds: float = 0.0,
+    cwd: Path | str | None = None,
+    env: Mapping[str, str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    max_duration_seconds: float | None = None,
+    stop_mode: StopMode = "group",
+    output_is_progress: bool = False,
+    control: SoakControl | None = None,
+    log_path: Path | str | None = None,
+    snapshot_root: Path | str | None = None,
+    nvidia_smi: str | None = "nvidia-smi",
+    kill_wait_seconds: float = 5.0,
+    log_max_bytes: int = LOG_MAX_BYTES,
+) -> dict[str, Any]:
+    """Run a command in its own process group and produce a soak artifact.
+
+    ``progress_dir`` is an owner-controlled training log directory.  File growth is used as a
+    backend-independent liveness signal; once progress is first observed, no file change for
+    ``stale_progress_seconds`` fails the soak rather than allowing a deadlocked worker to run
+    forever.
+
+    Returns the artifact (also written to ``output_path``) when the soak passed or was stopped
+    through ``control`` (``status: "cancelled"``).  Raises :class:`SoakFailureError` when a
+    rule fired, after writing the artifact.  On cancellation by the caller, the tree is stopped
+    and a ``cancelled`` artifact written before the cancellation propagates.
+    """
+    cfg = validate(
+        command=command,
+        progress_dir=progress_dir,
+        output_path=output_path,
+        sample_interval_seconds=sample_interval_seconds,
+        startup_timeout_seconds=startup_timeout_seconds,
+        stale_progress_seconds=stale_progress_seconds,
+        post_shutdown_grace_seconds=post_shutdown_grace_seconds,
+        min_duration_seconds=min_duration_seconds,
+        max_duration_seconds=max_duration_seconds,
+        cwd=cwd,
+        env=env,
+        metadata=metadata,
+        stop_mode=stop_mode,
+        output_is_progress=output_is_progress,
+        log_path=log_path,
+        snapshot_root=snapshot_root,
+        nvidia_smi=nvidia_smi,
+        kill_wait_seconds=kill_wait_seconds,
+        log_max_bytes=log_max_bytes,
+    )
+    if control is not None and not isinstance(control, SoakControl):
+        raise TypeError(f"control must be a SoakControl, not {type(control).__name__}")
+    soak = _Soak(cfg, control if control is not None else SoakControl())
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(soak.run)
+        try:
+            await soak.done.wait()
+        except anyio.get_cancelled_exc_class():
+            soak.end("cancelled")
+            raise
+    return soak.outcome()
+
+
+class _Soak:
+    """The state of one soak; :meth:`run` is its whole life."""
+
+    def __init__(self, cfg: SoakConfig, control: SoakControl) -> None:
+        self.cfg = cfg
+        self.control = control
+        self.done = anyio.Event()
+        self.cause: str | None = None
+        self._ended = anyio.Event()
+        self._limiter = anyio.CapacityLimiter(THREADS)
+        self._child_env = dict(os.environ if cfg.env is None else cfg.env)
+        self._masker = Masker(secret_values(self._child_env, cfg.metadata))
+        self._failures: list[str] = []
+        self._artifact: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._sink: EventSink | None = None
+        self._spawner: Spawner | None = None
+        self._progress_seen = False
+
+    # -- end causes ----------------------------------------------------------------------
+
+    def end(self, cause: str) -> None:
+        """The first end cause wins; later ones change nothing."""
+        if self.cause is None:
+            self.cause = cause
+            self._ended.set()
+
+    async def _rule_fired(self, reason: str, message: str) -> None:
+        if self.cause is not None:
+            return
+        self.cause = "failure"
+        await self._fail(reason, message)
+        self._ended.set()
+
+    async def _fail(self, reason: str, message: str) -> None:
+        assert self._sink is not None
+        self._failures.append(reason)
+        await self._sink.emit(
+            Failure(t=self._sink.elapsed(), reason=reason, message=message, at=iso(_now()))
+        )
+
+    # -- life ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._run()
+            except Exception as exc:
+                self._error = exc
+            finally:
+                self.done.set()
+
+    def outcome(self) -> dict[str, Any]:
+        if self._error is not None:
+            raise self._error
+        artifact = self._artifact
+        assert artifact is not None
+        if artifact["status"] == "failed":
+            raise SoakFailureError(artifact, self.cfg.output_path)
+        return artifact
+
+    async def _run(self) -> None:
+        cfg = self.cfg
+        cfg.output_path.parent.mkdir(parents=True, exist_ok=True)
+        cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
+        journal_fd = create_private_file(cfg.journal_path)
+        try:
+            log_fd = create_private_file(cfg.log_path)
+        except BaseException:
+            os.close(journal_fd)
+            raise
+        cpu_start = time.process_time()
+        try:
+            snapshot = await self._snapshot()
+            ignore = {_file_key(journal_fd)}
+            if not cfg.output_is_progress:
+                ignore.add(_file_key(log_fd))
+            baseline = await anyio.to_thread.run_sync(
+                partial(
+                    scan_progress_dir,
+                    cfg.progress_dir,
+                    ignore,
+                    [cfg.log_path] if cfg.output_is_progress else [],
+                ),
+                limiter=self._limiter,
+            )
+            clock = SoakClock()
+            started_at = _now()
+            sink, receive = open_event_queue(clock)
+            self._sink = sink
+            builder = ArtifactBuilder()
+            serializer = Serializer(journal_fd, builder)
+            journal_fd = -1  # the serializer owns and closes it now
+            error: Exception | None = None
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(serializer.run, receive)
+                async with sink:
+                    await sink.emit(self._header(clock, started_at, snapshot))
+                    try:
+                        await self._supervise(sink, log_fd, baseline.files, ignore)
+                    except Exception as exc:
+                        error = _unwrap(exc)
+                        await self._fail("monitor_error", f"{type(error).__name__}: {error}")
+                    status = self._status(error)
+                    await sink.emit(Finished(t=sink.elapsed(), status=status))
+            monitor = {
+                "cpu_seconds": round(time.process_time() - cpu_start, 3),
+                "events": serializer.events,
+                "dropped_samples": sink.counters.dropped_samples,
+                "sampler_errors": sink.counters.sampler_errors,
+                "journal_error": serializer.journal_error,
+                "reaper_pid": self._spawner.reaper_pid if self._spawner else None,
+                "pid": os.getpid(),
+            }
+            artifact = builder.build(
+                status=status,
+                ended_t=clock.elapsed(),
+                log_tail=self._masker(read_log_tail(cfg.log_path)),
+                monitor=monitor,
+            )
+            self._artifact = artifact
+            try:
+                await anyio.to_thread.run_sync(
+                    write_artifact, artifact, cfg.output_path, limiter=self._limiter
+                )
+            except OSError as exc:
+                raise OSError(
+                    exc.errno,
+                    f"could not write the soak artifact (the tree was stopped; the journal "
+                    f"is {cfg.journal_path}): {exc.strerror}",
+                    str(cfg.output_path),
+                ) from exc
+            if error is not None:
+                raise error
+        finally:
+            if journal_fd >= 0:
+                os.close(journal_fd)
+            os.close(log_fd)
+
+    def _status(self, error: Exception | None) -> str:
+        if error is not None:
+            return "error"
+        if self.cause in ("requested", "cancelled"):
+            return "cancelled"
+        return "failed" if self._failures else "passed"
+
+    def _header(self, clock: SoakClock, started_at: datetime, snapshot: dict[str, Any]) -> Header:
+        cfg = self.cfg
+        return Header(
+            t=clock.elapsed(),
+            command=self._masker.argv(cfg.command),
+            cwd=str(cfg.cwd or Path.cwd()),
+            config=cfg.effective(),
+            metadata=redact_mapping(cfg.metadata),
+            started_at=iso(started_at),
+            snapshot=snapshot,
+            journal_path=str(cfg.journal_path),
+            log_path=str(cfg.log_path),
+            output_path=str(cfg.output_path),
+            monitor_pid=os.getpid(),
+        )
+
+    async def _snapshot(self) -> dict[str, Any]:
+        cfg = self.cfg
+        with anyio.move_on_after(SNAPSHOT_TIMEOUT):
+            try:
+                from ._snapshot import collect_snapshot
+
+                snapshot: dict[str, Any] = await anyio.to_thread.run_sync(
+                    partial(
+                        collect_snapshot,
+                        cfg.snapshot_root,
+                        command=cfg.command,
+                        env=self._child_env,
+                        nvidia_smi=cfg.nvidia_smi or "nvidia-smi",
+                    ),
+                    limiter=self._limiter,
+                    abandon_on_cancel=True,
+                )
+            except Exception as exc:
+                return {"error": f"snapshot failed: {type(exc).__name__}: {exc}"}
+            return snapshot
+        return {"error": f"snapshot took longer than {SNAPSHOT_TIMEOUT:g}s"}
+
+    async def _supervise(
+        self,
+        sink: EventSink,
+        log_fd: int,
+        baseline: dict[str, Any],
+        ignore: set[tuple[int, int]],
+    ) -> None:
+        cfg = self.cfg
+        if self.cause is not None:
+            # Cancelled or asked to stop before the command started: nothing to start.
+            await sink.emit(Warning(t=sink.elapsed(), message=f"{self.cause} before start"))
+            return
+        child_env = dict(self._child_env)
+        child_env[SOAK_ID_VARIABLE] = f"{os.getpid()}-{time.time_ns()}"
+        spawner = self._spawner = Spawner(
+            SpawnRequest(
+                argv=cfg.command,
+                cwd=None if cfg.cwd is None else str(cfg.cwd),
+                env=child_env,
+                log_fd=log_fd,
+                log_max_bytes=cfg.log_max_bytes,
+                stop_mode=cfg.stop_mode,
+                grace_seconds=cfg.post_shutdown_grace_seconds,
+            )
+        )
+        try:
+            if not await spawner.start(sink):
+                await self._fail(
+                    "spawn_failed", f"could not start {cfg.command[0]!r}: {spawner.spawn_error}"
+                )
+                return
+            assert spawner.pid is not None
+            self.control._set_started(spawner.pid)
+            tracker = ProgressTracker(
+                baseline,
+                startup_timeout=cfg.startup_timeout_seconds,
+                stale_after=cfg.stale_progress_seconds,
+            )
+            async with anyio.create_task_group() as producers:
+                self._produce(producers, sink, spawner.watch)
+                self._produce(
+                    producers,
+                    sink,
+                    partial(
+                        run_watchdog,
+                        progress_dir=cfg.progress_dir,
+                        tracker=tracker,
+                        ignore=lambda: ignore,
+                        # The log may live outside progress_dir: watch it by path when asked.
+                        also=[cfg.log_path] if cfg.output_is_progress else [],
+                        scan_interval=cfg.sample_interval_seconds,
+                        limiter=self._limiter,
+                        on_failure=self._rule_fired,
+                    ),
+                )
+                producers.start_soon(self._end_when_set, spawner.exited, "exited")
+                producers.start_soon(self._end_when_set, self.control.stop_requested, "requested")
+                if cfg.max_duration_seconds is not None:
+                    producers.start_soon(self._end_after_max_duration, sink)
+                await self._ended.wait()
+                self._progress_seen = tracker.first_change is not None
+                if self.cause == "exited":
+                    await self._after_exit(sink, spawner)
+                else:
+                    await self._stop(sink, spawner)
+                producers.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                if not spawner.tree_gone.is_set() and spawner.pid is not None:
+                    # Only reached when the supervisor itself broke: leave nothing running.
+                    spawner.kill_tree()
+                await spawner.close(REAPER_CLOSE_TIMEOUT)
+
+    def _produce(
+        self,
+        tg: TaskGroup,
+        sink: EventSink,
+        producer: Callable[[EventSink], Awaitable[None]],
+    ) -> None:
+        """Run a producer with its own clone of the sink, closed when it returns."""
+
+        async def run(clone: EventSink) -> None:
+            async with clone:
+                await producer(clone)
+
+        tg.start_soon(run, sink.clone())
+
+    async def _end_when_set(self, event: anyio.Event, cause: str) -> None:
+        await event.wait()
+        self.end(cause)
+
+    async def _end_after_max_duration(self, sink: EventSink) -> None:
+        assert self.cfg.max_duration_seconds is not None
+        await anyio.sleep(max(0.0, self.cfg.max_duration_seconds - sink.elapsed()))
+        self.end("max_duration")
+
+    # -- endings -------------------------------------------------------------------------
+
+    async def _after_exit(self, sink: EventSink, spawner: Spawner) -> None:
+        """The command ended by itself: judge its exit, then give its tree the grace."""
+        cfg = self.cfg
+        rc = spawner.returncode
+        assert rc is not None
+        if rc < 0 and -rc not in spawner.signals_to_leader:
+            await self._fail("signaled", f"the command was killed by {spawner.exit_signal}")
+        elif rc > 0:
+            await self._fail("nonzero_exit", f"the command exited with status {rc}")
+        ran_for = sink.elapsed()
+        if ran_for < cfg.min_duration_seconds:
+            await self._fail(
+                "too_short",
+                f"the command ended after {ran_for:.1f}s, before "
+                f"min_duration_seconds={cfg.min_duration_seconds:g}",
+            )
+        with anyio.move_on_after(cfg.post_shutdown_grace_seconds):
+            await spawner.tree_gone.wait()
+        if not spawner.tree_gone.is_set():
+            leftovers = await self._record_leftovers(sink, spawner)
+            await self._kill(sink, spawner)
+            if leftovers:
+                await self._fail(
+                    "leftover_processes",
+                    f"{leftovers} process(es) outlived the command by "
+                    f"post_shutdown_grace_seconds={cfg.post_shutdown_grace_seconds:g} "
+                    "and were killed",
+                )
+        if rc == 0 and not self._progress_seen:
+            await sink.emit(
+                Warning(
+                    t=sink.elapsed(),
+                    message="the command exited cleanly without any progress in progress_dir",
+                )
+            )
+
+    async def _stop(self, sink: EventSink, spawner: Spawner) -> None:
+        """The monitor ends the run: graceful request, grace, SIGKILL, bounded reap."""
+        cfg = self.cfg
+        grace = cfg.post_shutdown_grace_seconds
+        if self.cause == "requested" and self.control.grace_seconds is not None:
+            grace = self.control.grace_seconds
+        assert self.cause is not None
+        await sink.emit(
+            StopRequested(
+                t=sink.elapsed(), cause=self.cause, mode=cfg.stop_mode, grace_seconds=grace
+            )
+        )
+        if not spawner.exited.is_set():
+            if cfg.stop_mode == "stdin":
+                if spawner.close_stdin():
+                    await sink.emit(StdinClosed(t=sink.elapsed()))
+            else:
+                sig = signal.SIGTERM
+                pids = spawner.tree_pids()
+                sent = (
+                    spawner.signal_group(sig)
+                    if cfg.stop_mode == "group"
+                    else spawner.signal_leader(sig)
+                )
+                if sent:
+                    await sink.emit(
+                        SignalSent(
+                            t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids
+                        )
+                    )
+        with anyio.move_on_after(grace):
+            await spawner.tree_gone.wait()
+        if spawner.tree_gone.is_set():
+            return
+        leftovers = 0
+        if spawner.exited.is_set():
+            # The command is gone but some of its tree outlived it by the grace.
+            leftovers = await self._record_leftovers(sink, spawner)
+        await self._kill(sink, spawner)
+        if leftovers and self.cause in ("failure", "max_duration"):
+            await self._fail(
+                "leftover_processes",
+                f"{leftovers} process(es) outlived the command by {grace:g}s and were killed",
+            )
+
+    async def _record_leftovers(self, sink: EventSink, spawner: Spawner) -> int:
+        leader_pgid = spawner.pid
+        count = 0
+        for pid in spawner.tree_pids():
+            info = _tree.describe(pid, leader_pgid=leader_pgid)
+            if info is not None:
+                info["cmdline"] = (
+                    None if info.get("cmdline") is None else self._masker.argv(info["cmdline"])
+                )
+                await sink.emit(Leftover(t=sink.elapsed(), process=info))
+                count += 1
+        return count
+
+    async def _kill(self, sink: EventSink, spawner: Spawner) -> None:
+        """SIGKILL everything left, again and again (a forking tree races us), within a bound."""
+        await sink.emit(
+            SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=spawner.tree_pids())
+        )
+        with anyio.move_on_after(self.cfg.kill_wait_seconds):
+            while not spawner.tree_gone.is_set():
+                spawner.kill_tree()
+                with anyio.move_on_after(0.05):
+                    await spawner.tree_gone.wait()
+        if spawner.tree_gone.is_set():
+            return
+        for pid in spawner.tree_pids():
+            info = _tree.describe(pid, leader_pgid=spawner.pid)
+            if info is not None:
+                await sink.emit(Abandoned(t=sink.elapsed(), process=info))
+
+
+def _unwrap(exc: Exception) -> Exception:
+    """The one exception inside nested single-member groups (a task group's wrapping)."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _file_key(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino)

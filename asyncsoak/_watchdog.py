@@ -1,0 +1,186 @@
+"""The watchdog: file growth in the progress directory is the run's sign of life.
+
+A regular file below ``progress_dir`` (recursively, symlinks not followed) that is created,
+grows, or whose mtime changes counts as progress; files present at the start are the baseline,
+so their later growth counts too.  The time of a change is the monitor's monotonic clock when a
+scan saw it, never the file's mtime.  asyncsoak's own files (journal, artifact, the captured
+log unless asked) never count, matched by device and inode.
+
+:class:`ProgressTracker` holds the rules and takes ``now`` as an argument, so tests drive it
+with any clock.  :func:`run_watchdog` sleeps until the next scan or the next deadline,
+whichever comes first, so a stall is caught when its deadline passes, not at the next tick.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import anyio
+
+from ._events import Progress
+from ._sink import EventSink
+
+#: How many changed paths a progress event names.
+PATHS_PER_EVENT = 5
+
+FileKey = tuple[int, int]  # (st_dev, st_ino)
+
+
+@dataclass(frozen=True, slots=True)
+class FileState:
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+
+
+@dataclass(slots=True)
+class ScanResult:
+    files: dict[str, FileState]
+    errors: int = 0
+
+
+def scan_progress_dir(
+    root: Path, ignore: Collection[FileKey] = (), also: Collection[Path] = ()
+) -> ScanResult:
+    """Every regular file below ``root`` by relative path, plus the files in ``also``.
+
+    Unreadable directories are counted, not raised: the scan goes on around them.
+    """
+    result = ScanResult(files={})
+    for path in also:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        result.files[str(path)] = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if not root.is_dir():
+        return result
+    stack = [(str(root), "")]
+    while stack:
+        directory, rel = stack.pop()
+        try:
+            entries = os.scandir(directory)
+        except OSError:
+            result.errors += 1
+            continue
+        with entries:
+            for entry in entries:
+                name = f"{rel}{entry.name}"
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append((entry.path, name + "/"))
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    # Vanished between listing and stat, or unreadable: not an error here.
+                    continue
+                if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in ignore:
+                    continue
+                result.files[name] = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return result
+
+
+class ProgressTracker:
+    """The startup and staleness rules over successive scans.
+
+    ``now`` is seconds since the soak's start.  Before the first change the deadline is
+    ``startup_timeout``; after it, the last change plus ``stale_after``.
+    """
+
+    def __init__(
+        self, baseline: dict[str, FileState], *, startup_timeout: float, stale_after: float
+    ) -> None:
+        self._files = baseline
+        self.startup_timeout = startup_timeout
+        self.stale_after = stale_after
+        self.first_change: float | None = None
+        self.last_change: float | None = None
+        self.longest_gap = 0.0
+
+    def observe(self, files: dict[str, FileState], now: float) -> list[str]:
+        """Record a scan; return the paths that changed since the previous one."""
+        changed = [
+            path
+            for path, state in files.items()
+            if (old := self._files.get(path)) is None
+            or old.ino != state.ino
+            or old.size != state.size
+            or old.mtime_ns != state.mtime_ns
+        ]
+        self._files = files
+        if changed:
+            if self.first_change is None:
+                self.first_change = now
+            else:
+                assert self.last_change is not None
+                self.longest_gap = max(self.longest_gap, now - self.last_change)
+            self.last_change = now
+        return sorted(changed)
+
+    def deadline(self) -> float:
+        if self.last_change is None:
+            return self.startup_timeout
+        return self.last_change + self.stale_after
+
+    def verdict(self, now: float) -> tuple[str, str] | None:
+        """The rule broken at ``now``, as (reason, message), if any."""
+        if now < self.deadline():
+            return None
+        if self.last_change is None:
+            return (
+                "startup_timeout",
+                f"no progress within startup_timeout_seconds={self.startup_timeout:g}",
+            )
+        return (
+            "stale_progress",
+            f"no progress for stale_progress_seconds={self.stale_after:g} "
+            f"(last change at {self.last_change:.1f}s)",
+        )
+
+
+async def run_watchdog(
+    sink: EventSink,
+    *,
+    progress_dir: Path,
+    tracker: ProgressTracker,
+    ignore: Callable[[], Collection[FileKey]],
+    also: Collection[Path] = (),
+    scan_interval: float,
+    limiter: anyio.CapacityLimiter,
+    on_failure: Callable[[str, str], Awaitable[None]],
+    scan_timeout: float = 60.0,
+) -> None:
+    """Scan until a rule fires (then call ``on_failure``) or the task is cancelled."""
+    next_scan = sink.elapsed() + scan_interval
+    while True:
+        wake = min(next_scan, tracker.deadline())
+        await anyio.sleep(max(0.0, wake - sink.elapsed()))
+        changed: list[str] = []
+        previous = tracker.last_change
+        with anyio.move_on_after(scan_timeout) as scan_scope:
+            result = await anyio.to_thread.run_sync(
+                partial(scan_progress_dir, progress_dir, ignore(), also),
+                limiter=limiter,
+                abandon_on_cancel=True,
+            )
+        now = sink.elapsed()
+        next_scan = now + scan_interval
+        # A scan that cannot finish (a hung network filesystem) sees no progress: fail closed.
+        if not scan_scope.cancelled_caught:
+            changed = tracker.observe(result.files, now)
+        if changed:
+            gap = None if previous is None else now - previous
+            await sink.emit(
+                Progress(
+                    t=now, changed=len(changed), paths=changed[:PATHS_PER_EVENT], gap_seconds=gap
+                )
+            )
+        elif (broken := tracker.verdict(now)) is not None:
+            await on_failure(*broken)
+            return

@@ -1,0 +1,212 @@
+"""``asyncsoak run`` and ``asyncsoak demo``: one supervised soak from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from .._config import STOP_MODES
+from .._errors import SoakFailureError
+from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+
+#: Exit status when the monitor itself is stopped by a signal: 128 + its number, as shells do.
+SIGNAL_EXIT_BASE = 128
+
+
+def parse_pairs(option: str, pairs: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` options into a dict; a malformed one is a usage error."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{option} expects KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def add_soak_limits(parser: argparse.ArgumentParser) -> None:
+    """The soak's limits, shared by ``run`` and the job queue's ``submit``."""
+    parser.add_argument("--sample-interval", type=float, default=5.0, metavar="S")
+    parser.add_argument("--startup-timeout", type=float, default=600.0, metavar="S")
+    parser.add_argument("--stale-progress", type=float, default=120.0, metavar="S")
+    parser.add_argument("--grace", type=float, default=5.0, metavar="S")
+    parser.add_argument("--min-duration", type=float, default=0.0, metavar="S")
+    parser.add_argument("--max-duration", type=float, default=None, metavar="S")
+
+
+def register(subparsers: Any) -> None:
+    run = subparsers.add_parser(
+        "run",
+        help="run a command under supervision and write its artifact",
+        usage="asyncsoak run --progress-dir DIR --output FILE [options] -- COMMAND [ARG...]",
+    )
+    run.add_argument("--progress-dir", type=Path, required=True, metavar="DIR")
+    run.add_argument("--output", type=Path, required=True, metavar="FILE")
+    add_soak_limits(run)
+    run.add_argument("--stop-mode", choices=STOP_MODES, default="group")
+    run.add_argument("--output-is-progress", action="store_true")
+    run.add_argument("--cwd", type=Path, default=None, metavar="DIR")
+    run.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
+    run.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
+    run.add_argument(
+        "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to sample GPUs with"
+    )
+    run.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
+    run.set_defaults(handler=run_command)
+
+    demo = subparsers.add_parser(
+        "demo", help="soak a small bundled training loop (about 15 seconds) and show the result"
+    )
+    demo.add_argument(
+        "--dir", type=Path, default=Path("asyncsoak-demo"), help="where the run and artifact go"
+    )
+    demo.add_argument("--seconds", type=float, default=15.0, help="how long the demo trains")
+    demo.set_defaults(handler=demo_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError("no command given: asyncsoak run [options] -- COMMAND [ARG...]")
+    env = dict(os.environ)
+    env.update(parse_pairs("--env", args.env))
+    return supervise(
+        command=command,
+        progress_dir=args.progress_dir,
+        output_path=args.output,
+        sample_interval_seconds=args.sample_interval,
+        startup_timeout_seconds=args.startup_timeout,
+        stale_progress_seconds=args.stale_progress,
+        post_shutdown_grace_seconds=args.grace,
+        min_duration_seconds=args.min_duration,
+        max_duration_seconds=args.max_duration,
+        stop_mode=args.stop_mode,
+        output_is_progress=args.output_is_progress,
+        cwd=args.cwd,
+        env=env,
+        metadata=parse_pairs("--metadata", args.metadata),
+        nvidia_smi=None if args.no_gpu else args.nvidia_smi,
+    )
+
+
+def supervise(*, report: Callable[[dict[str, Any]], None] | None = None, **soak: Any) -> int:
+    """Run one soak with SIGINT/SIGTERM stopping it; the exit status says how it ended."""
+    from .._soak import run_soak
+
+    received: list[int] = []
+    artifact: dict[str, Any] | None = None
+    output = Path(soak["output_path"])
+
+    async def main() -> None:
+        nonlocal artifact
+        error: Exception | None = None
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with anyio.create_task_group() as tg:
+                soak_scope = anyio.CancelScope()
+
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        received.append(signum)
+                        soak_scope.cancel()
+                        return
+
+                tg.start_soon(stop_on_signal)
+                with soak_scope:
+                    try:
+                        artifact = await run_soak(**soak)
+                    except Exception as exc:
+                        # Re-raised outside the task group, so it is never wrapped in a group.
+                        error = exc
+                tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
+
+    try:
+        anyio.run(main)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    except SoakFailureError as exc:
+        print(
+            f"asyncsoak: soak failed: {exc.reason}: {exc.failures[0]['message']}", file=sys.stderr
+        )
+        for failure in exc.failures[1:]:
+            print(f"asyncsoak:   also {failure['reason']}: {failure['message']}", file=sys.stderr)
+        print(f"asyncsoak: artifact: {exc.artifact_path}", file=sys.stderr)
+        if report is not None:
+            report(exc.artifact)
+        return EXIT_FAILED
+    if received:
+        name = signal.Signals(received[0]).name
+        print(f"asyncsoak: stopped by {name}; artifact: {output}", file=sys.stderr)
+        return SIGNAL_EXIT_BASE + received[0]
+    assert artifact is not None
+    print(f"asyncsoak: soak {artifact['status']}; artifact: {output}", file=sys.stderr)
+    if report is not None:
+        report(artifact)
+    return EXIT_OK
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    base: Path = args.dir
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the demo directory {base}: {exc.strerror}") from None
+    run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=base))
+    output = run_dir / "soak.json"
+    print(f"asyncsoak demo: training a small model for about {args.seconds:g}s under supervision")
+    print(f"  progress dir: {run_dir / 'train'}  (metrics.jsonl grows every epoch)")
+    status = supervise(
+        command=[
+            sys.executable,
+            "-m",
+            "asyncsoak._demo_trainer",
+            "--out",
+            str(run_dir / "train"),
+            "--seconds",
+            str(args.seconds),
+        ],
+        progress_dir=run_dir / "train",
+        output_path=output,
+        sample_interval_seconds=1.0,
+        startup_timeout_seconds=60.0,
+        stale_progress_seconds=15.0,
+        min_duration_seconds=min(5.0, args.seconds / 2),
+        metadata={"demo": "logistic regression, pure Python"},
+        report=print_demo_summary,
+    )
+    if status == EXIT_OK:
+        print(f"\nThe artifact explains the run: {output}")
+        print(f"The training loop's own output: {output.with_suffix('.log')}")
+    return status if status != EXIT_USAGE else EXIT_FAILED
+
+
+def print_demo_summary(artifact: dict[str, Any]) -> None:
+    progress = artifact["progress"]
+    tree = artifact["summary"].get("tree", {})
+    rss = (tree.get("rss_bytes") or {}).get("max")
+    cpu = (tree.get("cpu_percent") or {}).get("mean")
+    print(f"\nverdict: {artifact['status']}")
+    for failure in artifact["failures"]:
+        print(f"  {failure['reason']}: {failure['message']}")
+    returncode = artifact["exit"]["returncode"]
+    print(f"ran for: {artifact['duration_seconds']:.1f}s, exit status {returncode}")
+    print(
+        f"progress: {progress['changes']} file changes, "
+        f"longest gap {progress['longest_gap_seconds']:.1f}s"
+    )
+    if rss is not None:
+        print(f"peak memory of the tree: {rss / 2**20:.1f} MiB")
+    if cpu is not None:
+        print(f"mean CPU of the tree: {cpu:.0f}%")

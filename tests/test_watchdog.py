@@ -1,0 +1,95 @@
+"""The progress rules, driven by an injected clock, and the scanner over real files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from asyncsoak._watchdog import FileState, ProgressTracker, scan_progress_dir
+
+
+def state(size: int, mtime_ns: int = 0, ino: int = 1) -> FileState:
+    return FileState(dev=1, ino=ino, size=size, mtime_ns=mtime_ns)
+
+
+def test_startup_deadline_then_stale_deadline() -> None:
+    """Before any change the deadline is the startup limit; after, last change + stale limit."""
+    tracker = ProgressTracker({}, startup_timeout=10.0, stale_after=3.0)
+    assert tracker.deadline() == 10.0
+    assert tracker.verdict(9.99) is None
+    assert tracker.observe({"m": state(1)}, now=4.0) == ["m"]
+    assert tracker.deadline() == 7.0
+    assert tracker.verdict(6.9) is None
+    reason, message = tracker.verdict(7.0) or ("", "")
+    assert reason == "stale_progress"
+    assert "stale_progress_seconds=3" in message
+
+
+def test_no_change_by_the_startup_deadline_is_startup_timeout() -> None:
+    """Scans that see only the baseline never count as progress."""
+    tracker = ProgressTracker({"old": state(5)}, startup_timeout=2.0, stale_after=1.0)
+    assert tracker.observe({"old": state(5)}, now=1.0) == []
+    assert tracker.verdict(2.0) == (
+        "startup_timeout",
+        "no progress within startup_timeout_seconds=2",
+    )
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (state(5), state(6)),  # grew
+        (state(5, mtime_ns=1), state(5, mtime_ns=2)),  # touched
+        (state(5, ino=1), state(5, ino=2)),  # replaced atomically
+    ],
+    ids=["grew", "touched", "replaced"],
+)
+def test_every_kind_of_change_counts(before: FileState, after: FileState) -> None:
+    """Growth, a new mtime or a new inode of a baseline file are all progress."""
+    tracker = ProgressTracker({"m": before}, startup_timeout=9.0, stale_after=9.0)
+    assert tracker.observe({"m": after}, now=1.0) == ["m"]
+    assert tracker.first_change == 1.0
+
+
+def test_time_of_change_is_when_seen_and_gaps_are_tracked() -> None:
+    """The monitor's clock at the scan is the time of a change; the longest gap is kept."""
+    tracker = ProgressTracker({}, startup_timeout=9.0, stale_after=9.0)
+    tracker.observe({"a": state(1)}, now=1.0)
+    tracker.observe({"a": state(2)}, now=6.0)
+    tracker.observe({"a": state(3)}, now=7.5)
+    assert (tracker.first_change, tracker.last_change, tracker.longest_gap) == (1.0, 7.5, 5.0)
+
+
+def test_a_deleted_file_is_not_progress() -> None:
+    """Files disappearing (log rotation) is not a sign of life."""
+    tracker = ProgressTracker({"a": state(1)}, startup_timeout=9.0, stale_after=9.0)
+    assert tracker.observe({}, now=1.0) == []
+
+
+def test_scan_finds_nested_files_and_skips_symlinks_and_ignored(tmp_path: Path) -> None:
+    """The scan recurses, never follows symlinks (no loops), and skips asyncsoak's own files."""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "deep.txt").write_text("x")
+    (tmp_path / "top.txt").write_text("y")
+    (tmp_path / "own.jsonl").write_text("journal")
+    (tmp_path / "loop").symlink_to(tmp_path)
+    (tmp_path / "link.txt").symlink_to(tmp_path / "top.txt")
+    os.mkfifo(tmp_path / "fifo")
+    own = (tmp_path / "own.jsonl").stat()
+    result = scan_progress_dir(tmp_path, ignore={(own.st_dev, own.st_ino)})
+    assert sorted(result.files) == ["a/b/deep.txt", "top.txt"]
+
+
+def test_scan_of_a_missing_dir_is_empty(tmp_path: Path) -> None:
+    """A progress dir the trainer has not created yet is allowed."""
+    assert scan_progress_dir(tmp_path / "not-yet").files == {}
+
+
+def test_scan_watches_extra_files_by_path(tmp_path: Path) -> None:
+    """Files outside the progress dir (the log, when output is progress) are watched by path."""
+    log = tmp_path / "soak.log"
+    log.write_text("line\n")
+    result = scan_progress_dir(tmp_path / "progress", also=[log])
+    assert list(result.files) == [str(log)]
