@@ -32,7 +32,6 @@ from ..queue._status import (
 )
 from ..queue._store import (
     JOB_STATUSES,
-    SOAK_LIMITS,
     STOP_MODES,
     Attempt,
     Job,
@@ -41,6 +40,7 @@ from ..queue._store import (
     WorkerInfo,
 )
 from . import EXIT_OK, UsageError
+from ._run import add_soak_limits, parse_pairs
 
 _GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za-z-]+))*$")
 _FOLLOW_INTERVAL_S = 0.5
@@ -172,27 +172,32 @@ def register(subparsers: Any) -> None:
         help=f"time a job gets to save once asked to stop, before it is killed "
         f"(default {STOP_TIMEOUT_S:g})",
     )
+    p.add_argument(
+        "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to sample GPUs with"
+    )
+    p.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     p.set_defaults(handler=_worker)
 
 
 def _add_soak_limits(p: argparse.ArgumentParser) -> None:
-    group = p.add_argument_group("soak limits (as in asyncsoak run)")
-    for flag, key in (
-        ("--sample-interval", "sample_interval_seconds"),
-        ("--startup-timeout", "startup_timeout_seconds"),
-        ("--stale-progress", "stale_progress_seconds"),
-        ("--post-shutdown-grace", "post_shutdown_grace_seconds"),
-        ("--min-duration", "min_duration_seconds"),
-        ("--max-duration", "max_duration_seconds"),
-    ):
-        group.add_argument(flag, dest=key, type=float, default=None, metavar="S")
-    group.add_argument(
+    add_soak_limits(p)
+    p.add_argument(
         "--output-is-progress",
-        dest="output_is_progress",
         action="store_true",
-        default=None,
         help="count the job's printed output as progress",
     )
+
+
+def _soak_limits(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "sample_interval_seconds": args.sample_interval,
+        "startup_timeout_seconds": args.startup_timeout,
+        "stale_progress_seconds": args.stale_progress,
+        "post_shutdown_grace_seconds": args.grace,
+        "min_duration_seconds": args.min_duration,
+        "max_duration_seconds": args.max_duration,
+        "output_is_progress": args.output_is_progress,
+    }
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -310,12 +315,7 @@ def _submit(args: argparse.Namespace) -> int:
     command: list[str] = args.command
     if bool(command) == (args.config is not None):
         raise UsageError("give either a command after -- or --config FILE.json (one of them)")
-    env: dict[str, str] = {}
-    for item in args.env:
-        key, sep, value = item.partition("=")
-        if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise UsageError(f"malformed --env {item.split('=')[0]!r}: expected NAME=VALUE")
-        env[key] = value
+    env = parse_pairs("--env", args.env)
     config = None
     if args.config is not None:
         try:
@@ -331,7 +331,7 @@ def _submit(args: argparse.Namespace) -> int:
         raise UsageError(f"--cwd {cwd}: not a directory")
     if args.max_attempts is not None and args.max_attempts < 1:
         raise UsageError("--max-attempts must be at least 1")
-    soak = {k: getattr(args, k) for k in SOAK_LIMITS if getattr(args, k) is not None}
+    soak = _soak_limits(args)
     store = _open(args, create=True)
     with store:
         options: dict[str, Any] = {}
@@ -659,6 +659,7 @@ async def _work(
                     stale_after=args.stale_after,
                     cancel_grace=args.cancel_grace,
                     stop_timeout=args.stop_timeout,
+                    nvidia_smi=None if args.no_gpu else args.nvidia_smi,
                 )
         finally:
             tg.cancel_scope.cancel()

@@ -42,6 +42,8 @@ INTERRUPTED = "interrupted"
 
 #: Reason recorded when the stop killed the trainer before it could save.
 KILLED_BEFORE_SAVING = "killed_before_saving"
+#: Reason recorded when the attempt was stopped before its command started.
+NOT_STARTED = "stopped_before_start"
 #: Reason recorded when the outcome of an attempt is unknown (no exit status).
 OUTCOME_LOST = "outcome_lost"
 
@@ -159,6 +161,11 @@ def outcome_from_artifact(
         soak_reason = "monitor_error"
     soak_failed = artifact.get("status") in ("failed", "error")
 
+    if artifact.get("status") == "cancelled" and exit_info.get("pid") is None:
+        # Stopped before the command started: nothing ran, so nothing counts as a failure.
+        if cancel_requested:
+            return Outcome(CANCELLED, None, None, None)
+        return Outcome(INTERRUPTED, None, NOT_STARTED, None)
     if stop.get("cause") in ("failure", "max_duration"):
         status = (
             CANCELLED if cancel_requested and rc != 0 else (FAILED if soak_failed else SUCCEEDED)

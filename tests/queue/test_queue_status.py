@@ -63,7 +63,7 @@ def _artifact(rc: int | None, status: str, cause: str, killed: bool = False, **e
     failures = extra.get("failures", [])
     return {
         "status": status,
-        "exit": {"returncode": rc},
+        "exit": {"returncode": rc, "pid": 4242},
         "stop": {"cause": cause, "killed": killed},
         "failures": failures,
     }
@@ -140,3 +140,12 @@ def test_tail_reads_last_lines_of_a_big_file(tmp_path: Path) -> None:
     lines = tail(log, 3).splitlines()
     assert [line.split()[1] for line in lines] == ["4997", "4998", "4999"]
     assert tail(tmp_path / "missing.log") == ""
+
+
+def test_stop_before_start_is_not_a_failure() -> None:
+    """A worker stop that lands before the command started requeues without counting."""
+    never_started = {"status": "cancelled", "exit": {"returncode": None, "pid": None}}
+    outcome = outcome_from_artifact(
+        never_started, cancel_requested=False, stopping=True, log_tail=""
+    )
+    assert (outcome.status, outcome.reason) == ("interrupted", "stopped_before_start")

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import anyio
 import pytest
-from queue_testing import JOB_ENV, ChildSignals, write_script
 
 from asyncsoak import trainer
 from asyncsoak.queue import JobStore
+
+from ..conftest import ReadyFifo
+from .helpers import JOB_ENV, write_script
 
 RUNS = Path("/nonexistent/runs")
 
@@ -39,37 +41,37 @@ def test_trainer_imports_neither_anyio_nor_psutil() -> None:
 
 
 @pytest.mark.asyncio
-async def test_stop_requested_when_stdin_closes(tmp_path: Path, signals: ChildSignals) -> None:
+async def test_stop_requested_when_stdin_closes(tmp_path: Path, ready: ReadyFifo) -> None:
     """Under the stdin protocol, closing the child's stdin sets stop_requested()."""
     argv = write_script(tmp_path, "t.py", STOPPING_TRAINER)
-    env = {**os.environ, **JOB_ENV, "TEST_SIGNALS": str(signals.path)}
+    env = {**os.environ, **JOB_ENV, "TEST_SIGNALS": str(ready.path)}
     env["ASYNCSOAK_STOP_MODE"] = "stdin"
     async with await anyio.open_process(argv, stdin=subprocess.PIPE, env=env) as proc:
-        assert await signals.next() == "ready"
+        assert await ready.line() == "ready"
         assert proc.stdin is not None
         await proc.stdin.aclose()
-        assert await signals.next() == "stopped"
+        assert await ready.line() == "stopped"
         with anyio.fail_after(20):
             assert await proc.wait() == trainer.EXIT_INTERRUPTED
 
 
 @pytest.mark.asyncio
-async def test_stop_requested_on_sigterm(tmp_path: Path, signals: ChildSignals) -> None:
+async def test_stop_requested_on_sigterm(tmp_path: Path, ready: ReadyFifo) -> None:
     """With a signal stop mode, SIGTERM sets stop_requested() instead of killing the child."""
     argv = write_script(tmp_path, "t.py", STOPPING_TRAINER)
-    env = {**os.environ, **JOB_ENV, "TEST_SIGNALS": str(signals.path)}
+    env = {**os.environ, **JOB_ENV, "TEST_SIGNALS": str(ready.path)}
     env["ASYNCSOAK_STOP_MODE"] = "group"
     async with await anyio.open_process(argv, env=env) as proc:
-        assert await signals.next() == "ready"
+        assert await ready.line() == "ready"
         proc.send_signal(signal.SIGTERM)
-        assert await signals.next() == "stopped"
+        assert await ready.line() == "stopped"
         with anyio.fail_after(20):
             assert await proc.wait() == trainer.EXIT_INTERRUPTED
 
 
 @pytest.mark.asyncio
 async def test_cancel_requested_and_load_config(
-    tmp_path: Path, store: JobStore, signals: ChildSignals
+    tmp_path: Path, store: JobStore, ready: ReadyFifo
 ) -> None:
     """A child reads its config and sees its cancellation through the queue database."""
     job_id = store.submit(config={"lr": 3e-4, "steps": 10})
@@ -86,15 +88,15 @@ sys.stdin.readline()
 tell(str(trainer.cancel_requested(min_interval=0)))
 """,
     )
-    env = {**os.environ, **JOB_ENV, "TEST_SIGNALS": str(signals.path)}
+    env = {**os.environ, **JOB_ENV, "TEST_SIGNALS": str(ready.path)}
     env.update(ASYNCSOAK_DB=str(store.path), ASYNCSOAK_JOB_ID=str(job_id))
     async with await anyio.open_process(argv, stdin=subprocess.PIPE, env=env) as proc:
-        assert json.loads(await signals.next()) == {"lr": 3e-4, "steps": 10}
-        assert await signals.next() == "False"
+        assert json.loads(await ready.line()) == {"lr": 3e-4, "steps": 10}
+        assert await ready.line() == "False"
         store.cancel(job_id)
         assert proc.stdin is not None
         await proc.stdin.send(b"go\n")
-        assert await signals.next() == "True"
+        assert await ready.line() == "True"
         with anyio.fail_after(20):
             assert await proc.wait() == 0
 
