@@ -428,26 +428,32 @@ class JobStore:
         os.close(fd)
 
     def _migrate(self) -> None:
+        # An up-to-date database needs no write lock: opening one never waits on a writer.
+        if self._schema_state(self._conn) == SCHEMA_VERSION:
+            return
         with self._write() as conn:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise QueueDatabaseError(
-                    self.path,
-                    f"has schema version {version}, newer than this asyncsoak understands "
-                    f"({SCHEMA_VERSION}); upgrade asyncsoak",
-                )
-            application_id = conn.execute("PRAGMA application_id").fetchone()[0]
-            if version == 0:
-                tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-                if tables:
-                    raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
-            elif application_id != APPLICATION_ID:
-                raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
+            version = self._schema_state(conn)
             for statements in _MIGRATIONS[version:]:
                 for statement in statements:
                     conn.execute(statement)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _schema_state(self, conn: sqlite3.Connection) -> int:
+        """The schema version, after refusing databases this code must not touch."""
+        version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise QueueDatabaseError(
+                self.path,
+                f"has schema version {version}, newer than this asyncsoak understands "
+                f"({SCHEMA_VERSION}); upgrade asyncsoak",
+            )
+        if version == 0:
+            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
+        elif conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+            raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
+        return version
 
     def close(self) -> None:
         with self._lock:

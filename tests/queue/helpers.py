@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Environment for jobs whose scripts import asyncsoak from this checkout.
 JOB_ENV = {"PYTHONPATH": str(REPO_ROOT)}
 #: Soak limits that keep a test's soak fast.
-FAST_SOAK = {"sample_interval_seconds": 0.2, "post_shutdown_grace_seconds": 0.5}
+FAST_SOAK: dict[str, Any] = {"sample_interval_seconds": 0.2, "post_shutdown_grace_seconds": 0.5}
 
 #: Prepended to child scripts: ``tell("ready")`` writes one line to the test's FIFO.
 CHILD_PRELUDE = """\
