@@ -128,7 +128,7 @@ def cancel_requested(min_interval: float = 1.0) -> bool:
         return False
     try:
         row = _read_job_column(Path(db), ident, "cancel_requested")
-    except sqlite3.Error:
+    except (sqlite3.Error, RuntimeError):
         return False
     _cancel_seen = bool(row)
     return _cancel_seen

@@ -376,6 +376,7 @@ class JobStore:
     ) -> None:
         self.path = Path(path).expanduser().resolve()
         self.clock = clock
+        self.busy_timeout = busy_timeout
         self._lock = threading.RLock()
         self._check_location(create, mountinfo)
         try:

@@ -53,7 +53,7 @@ from ._status import (
     outcome_from_artifact,
     tail,
 )
-from ._store import BUSY_TIMEOUT_S, Job, JobStore, QueueError, WorkerInfo
+from ._store import Job, JobStore, QueueError, WorkerInfo
 
 #: Trainer command for jobs submitted with a config; the worker appends
 #: ``--job-id N --db PATH --watch-stdin``.
@@ -232,7 +232,7 @@ class _Worker:
                     ran += 1
                 tg.cancel_scope.cancel()
         finally:
-            with anyio.move_on_after(BUSY_TIMEOUT_S, shield=True):
+            with anyio.move_on_after(self.store.busy_timeout, shield=True):
                 try:
                     await self._call(self.store.worker_stopped, self.name)
                 except sqlite3.Error as exc:
@@ -259,14 +259,14 @@ class _Worker:
         while True:
             try:
                 await self._call(self.store.worker_heartbeat, self.name, self.current_job)
-            except sqlite3.OperationalError as exc:
+            except sqlite3.Error as exc:
                 _log.warning("worker %s: heartbeat not written: %s", self.name, exc)
             await anyio.sleep(self.settings.poll)
 
     async def _claim(self) -> Job | None:
         try:
             job = await self._call(self.store.claim, self.name, self.host, self.settings.runs_dir)
-        except sqlite3.OperationalError as exc:
+        except sqlite3.Error as exc:
             _log.warning("worker %s: could not claim a job: %s", self.name, exc)
             return None
         if job is not None:
@@ -406,7 +406,7 @@ class _Worker:
         while True:
             try:
                 cancel = await self._call(self.store.heartbeat, job.id, job.attempt, self.name)
-            except sqlite3.OperationalError as exc:
+            except sqlite3.Error as exc:
                 _log.warning("job %d: heartbeat not written: %s", job.id, exc)
                 cancel = False
             if cancel is None:
@@ -441,7 +441,7 @@ class _Worker:
                     await self.stop_event.wait()
 
     def _finish_bound(self) -> float:
-        per_try = BUSY_TIMEOUT_S + self.settings.finish_retry_wait
+        per_try = self.store.busy_timeout + self.settings.finish_retry_wait
         return self.settings.finish_retries * per_try + self.settings.kill_wait
 
     async def _finish(self, job: Job, outcome: Outcome) -> bool:
@@ -483,7 +483,7 @@ class _Worker:
     async def _sweep_orphans(self) -> None:
         try:
             running = await self._call(self.store.running)
-        except sqlite3.OperationalError as exc:
+        except sqlite3.Error as exc:
             _log.warning("worker %s: could not look for orphans: %s", self.name, exc)
             return
         now = self.store.clock()
@@ -505,7 +505,7 @@ class _Worker:
         try:
             if not await self._call(self.store.take_over, job, self.name):
                 return
-        except sqlite3.OperationalError as exc:
+        except sqlite3.Error as exc:
             _log.warning("job %d: could not take the orphan over: %s", job.id, exc)
             return
         _log.warning(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -97,6 +98,16 @@ def test_bad_input_exits_2_and_changes_nothing(tmp_path: Path) -> None:
     runs = cli(db, "worker", "--once", "--runs-dir", str(blocker / "runs"), expect=2)
     assert "runs directory" in runs.stderr
     assert "--gpus" in cli(db, "worker", "--gpus", "zero", expect=2).stderr
+    with JobStore(db) as store:
+        # This test process is alive on this host: the name is taken.
+        store.register_worker(
+            "taken",
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            pid_start=None,
+            alive=lambda w: True,
+        )
+    assert "already runs" in cli(db, "worker", "--once", "--name", "taken", expect=2).stderr
     assert [j["id"] for j in json.loads(cli(db, "jobs", "--json").stdout)] == [1]
 
     corrupt = tmp_path / "corrupt.db"

@@ -286,12 +286,13 @@ while True:
     assert artifact["stop"]["grace_seconds"] == 0.5
 
 
+@pytest.mark.parametrize("stop_mode", ["stdin", "group"])
 @pytest.mark.asyncio
 async def test_worker_stop_interrupts_and_the_job_resumes(
-    tmp_path: Path, store: JobStore, ready: ReadyFifo
+    tmp_path: Path, store: JobStore, ready: ReadyFifo, stop_mode: str
 ) -> None:
-    """A worker stop closes the trainer's stdin; it saves a checkpoint in its run dir and
-    exits 4; the job is requeued (not counted) and the next run resumes from the checkpoint."""
+    """A worker stop closes the trainer's stdin (or sends SIGTERM); it saves a checkpoint in
+    its run dir and exits 4; the job is requeued, not counted, and resumes from the checkpoint."""
     script = """
 from pathlib import Path
 from asyncsoak import trainer
@@ -307,7 +308,11 @@ sys.exit(trainer.EXIT_INTERRUPTED)
 """
     argv = write_script(tmp_path, "resumable.py", script)
     job_id = store.submit(
-        argv=argv, env={**JOB_ENV, "TEST_SIGNALS": str(ready.path)}, soak=FAST_SOAK, max_attempts=1
+        argv=argv,
+        env={**JOB_ENV, "TEST_SIGNALS": str(ready.path)},
+        soak=FAST_SOAK,
+        max_attempts=1,
+        stop_mode=stop_mode,
     )
     stop = anyio.Event()
     with anyio.fail_after(LIMIT_S):
