@@ -25,6 +25,7 @@ from .._redact import Masker, secret_values
 from ..queue._status import (
     CANCEL_GRACE_S,
     KILLED_BEFORE_SAVING,
+    LOG_TAIL_HEADER,
     POLL_S,
     STALE_AFTER_S,
     STOP_TIMEOUT_S,
@@ -45,7 +46,7 @@ from ._run import add_soak_limits, parse_pairs
 _GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za-z-]+))*$")
 _FOLLOW_INTERVAL_S = 0.5
 _NAME_WIDTH = 28
-_NOTE_WIDTH = 72
+_NOTE_WIDTH = 90
 
 
 def default_db() -> Path:
@@ -295,13 +296,22 @@ def _note(job: Job, now: float) -> str:
             return "requeued"
         return f"retrying after {job.reason} ({job.attempts}/{job.max_attempts} attempts used)"
     if job.status == "failed":
-        return f"{job.reason or 'failed'}: {describe_exit(job.returncode)}"
+        note = f"{job.reason or 'failed'}: {describe_exit(job.returncode)}"
+        if job.error and LOG_TAIL_HEADER in job.error:
+            note += "; log: " + job.error.rstrip().splitlines()[-1].strip()
+        return note
     if job.status == "cancelled":
         return "cancelled before it ran" if job.attempt == 0 else "cancelled while running"
+    notes = []
     if job.interruptions:
-        plural = "s" if job.interruptions > 1 else ""
-        return f"resumed after {job.interruptions} interruption{plural}"
-    return ""
+        notes.append(f"resumed after {_count(job.interruptions, 'interruption')}")
+    if job.attempts:
+        notes.append(f"after {_count(job.attempts, 'failed attempt')}")
+    return ", ".join(notes)
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" + ("s" if n != 1 else "")
 
 
 def _print_json(data: Any) -> None:
@@ -410,7 +420,7 @@ def _job(args: argparse.Namespace) -> int:
         ("attempts", f"{job.attempts} of {job.max_attempts} counted, {job.attempt} run(s)"),
         ("stop mode", job.stop_mode),
         ("progress dir", job.progress_dir or "(the run dir)"),
-        ("soak limits", " ".join(f"{k}={v}" for k, v in sorted(job.soak.items())) or "defaults"),
+        ("soak limits", _soak_text(job.soak)),
         ("submitted", _when(job.created_at, now)),
         ("started", _when(job.started_at, now)),
         ("finished", _when(job.finished_at, now)),
@@ -441,6 +451,17 @@ def _job(args: argparse.Namespace) -> int:
         headers = ["#", "WORKER", "STARTED", "TOOK", "OUTCOME", "REASON", "RC"]
         print("\n".join("  " + line for line in _table(headers, rows, right=(0,)).splitlines()))
     return EXIT_OK
+
+
+def _soak_text(soak: dict[str, Any]) -> str:
+    shown = [
+        f"{k.removesuffix('_seconds')}={v:g}s"
+        for k, v in sorted(soak.items())
+        if v is not None and not isinstance(v, bool)
+    ]
+    if soak.get("output_is_progress"):
+        shown.append("output_is_progress")
+    return " ".join(shown) or "defaults"
 
 
 def _attempt_dict(a: Attempt) -> dict[str, Any]:

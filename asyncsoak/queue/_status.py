@@ -42,6 +42,8 @@ INTERRUPTED = "interrupted"
 
 #: Reason recorded when the stop killed the trainer before it could save.
 KILLED_BEFORE_SAVING = "killed_before_saving"
+#: Heads the log tail in a failed job's error.
+LOG_TAIL_HEADER = "last lines of train.log:"
 #: Reason recorded when the attempt was stopped before its command started.
 NOT_STARTED = "stopped_before_start"
 #: Reason recorded when the outcome of an attempt is unknown (no exit status).
@@ -189,5 +191,5 @@ def failure_error(rc: int | None, reason: str, message: str | None, log_tail: st
     head = f"{reason}: {message}" if message else reason
     parts = [head, describe_exit(rc)]
     if log_tail:
-        parts.append("last lines of train.log:\n" + log_tail)
+        parts.append(f"{LOG_TAIL_HEADER}\n{log_tail}")
     return "\n".join(parts)
