@@ -139,7 +139,7 @@ def register(subparsers: Any) -> None:
         help="run queued jobs one at a time",
         description="Run queued jobs one at a time, each under the soak monitor.  SIGINT or "
         "SIGTERM stops the running job the graceful way (it is requeued) and then the worker; "
-        "a second signal stops it at once.",
+        "a second signal kills the running job at once.",
     )
     p.add_argument("--poll", type=float, default=POLL_S, metavar="S", help="poll/heartbeat period")
     p.add_argument("--once", action="store_true", help="drain what is queued, then exit")
@@ -646,20 +646,20 @@ async def _work(
     from ..queue._worker import run_worker
 
     stop = anyio.Event()
-    hard_stop = anyio.CancelScope()
+    kill = anyio.Event()
+    log = logging.getLogger("asyncsoak.queue")
 
     async def watch_signals() -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
+                name = signal.Signals(signum).name
                 if stop.is_set():
-                    logging.getLogger("asyncsoak.queue").warning(
-                        "%s again: stopping now", signal.Signals(signum).name
-                    )
-                    hard_stop.cancel()
+                    log.warning("%s again: killing the running job now", name)
+                    kill.set()
                     return
-                logging.getLogger("asyncsoak.queue").warning(
-                    "%s: stopping after the running job saves (up to %gs); again to stop now",
-                    signal.Signals(signum).name,
+                log.warning(
+                    "%s: stopping after the running job saves (up to %gs); again to kill it now",
+                    name,
                     args.stop_timeout,
                 )
                 stop.set()
@@ -667,20 +667,20 @@ async def _work(
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch_signals)
         try:
-            with hard_stop:
-                await run_worker(
-                    store,
-                    args.poll,
-                    args.once,
-                    train_cmd,
-                    stop,
-                    args.name,
-                    runs_dir=runs_dir,
-                    gpus=args.gpus,
-                    stale_after=args.stale_after,
-                    cancel_grace=args.cancel_grace,
-                    stop_timeout=args.stop_timeout,
-                    nvidia_smi=None if args.no_gpu else args.nvidia_smi,
-                )
+            await run_worker(
+                store,
+                args.poll,
+                args.once,
+                train_cmd,
+                stop,
+                args.name,
+                kill_event=kill,
+                runs_dir=runs_dir,
+                gpus=args.gpus,
+                stale_after=args.stale_after,
+                cancel_grace=args.cancel_grace,
+                stop_timeout=args.stop_timeout,
+                nvidia_smi=None if args.no_gpu else args.nvidia_smi,
+            )
         finally:
             tg.cancel_scope.cancel()

@@ -145,8 +145,12 @@ def outcome_from_artifact(
     cancel_requested: bool,
     stopping: bool,
     log_tail: str,
+    killed_by_worker: bool = False,
 ) -> Outcome:
     """An attempt's outcome from its soak artifact.
+
+    ``killed_by_worker`` says the worker killed the command's process group itself (a hard
+    stop), which the artifact cannot know.
 
     When the monitor itself ended the run (a rule fired, or ``max_duration_seconds`` passed),
     the trainer's exit status only answers the monitor's stop: the soak's verdict decides,
@@ -156,7 +160,7 @@ def outcome_from_artifact(
     exit_info = artifact.get("exit") or {}
     stop = artifact.get("stop") or {}
     rc: int | None = exit_info.get("returncode")
-    killed = bool(stop.get("killed"))
+    killed = bool(stop.get("killed")) or killed_by_worker
     failures = artifact.get("failures") or []
     soak_reason: str | None = failures[0].get("reason") if failures else None
     if artifact.get("status") == "error" and soak_reason is None:

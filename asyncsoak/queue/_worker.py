@@ -18,6 +18,7 @@ outcome: the artifact's verdict, or a failure that requeues the job while attemp
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -92,6 +93,7 @@ class _Settings:
 class _JobState:
     stopping: bool = False
     lost: bool = False
+    killed: bool = False
 
 
 def default_worker_name(gpus: str | None = None) -> str:
@@ -113,6 +115,7 @@ async def run_worker(
     stop_event: anyio.Event | None = None,
     name: str | None = None,
     *,
+    kill_event: anyio.Event | None = None,
     runs_dir: Path | None = None,
     gpus: str | None = None,
     stale_after: float = STALE_AFTER_S,
@@ -127,8 +130,10 @@ async def run_worker(
 
     ``once`` drains what is queued and returns.  Setting ``stop_event`` stops the running
     job the graceful way (it becomes ``interrupted`` and returns to the queue) and then the
-    worker.  ``cmd`` is the trainer command for config jobs (default :data:`TRAIN_CMD`);
-    ``gpus`` sets ``CUDA_VISIBLE_DEVICES`` for every job.  Raises :class:`QueueError` when
+    worker; setting ``kill_event`` too kills the job's process group at once instead of
+    waiting out ``stop_timeout`` (a second Ctrl-C).  ``cmd`` is the trainer command for
+    config jobs (default :data:`TRAIN_CMD`); ``gpus`` sets ``CUDA_VISIBLE_DEVICES`` for every
+    job.  Raises :class:`QueueError` when
     the runs directory is unusable or a live worker already has this name.
     """
     settings = _Settings(
@@ -145,7 +150,11 @@ async def run_worker(
         nvidia_smi=nvidia_smi,
     )
     worker = _Worker(
-        store, settings, stop_event or anyio.Event(), name or default_worker_name(gpus)
+        store,
+        settings,
+        stop_event or anyio.Event(),
+        kill_event or anyio.Event(),
+        name or default_worker_name(gpus),
     )
     return await worker.run(once)
 
@@ -186,17 +195,24 @@ async def run_job(
         finish_retry_wait=finish_retry_wait,
         nvidia_smi=nvidia_smi,
     )
-    worker = _Worker(store, settings, stop_event, name or job.worker or default_worker_name())
+    name = name or job.worker or default_worker_name()
+    worker = _Worker(store, settings, stop_event, anyio.Event(), name)
     return await worker.run_job(job)
 
 
 class _Worker:
     def __init__(
-        self, store: JobStore, settings: _Settings, stop_event: anyio.Event, name: str
+        self,
+        store: JobStore,
+        settings: _Settings,
+        stop_event: anyio.Event,
+        kill_event: anyio.Event,
+        name: str,
     ) -> None:
         self.store = store
         self.settings = settings
         self.stop_event = stop_event
+        self.kill_event = kill_event
         self.name = name
         self.host = socket.gethostname()
         # Store calls are short, but a heartbeat may wait out another writer's lock: two
@@ -323,7 +339,7 @@ class _Worker:
                 if not state.lost:
                     saved = await self._call(_read_artifact, output_path)
                     cancel = await self._cancel_requested(job)
-                    outcome = self._outcome(saved, None, True, cancel, masker, attempt_dir)
+                    outcome = self._outcome(saved, None, state, cancel, masker, attempt_dir)
                     await self._finish(job, outcome)
             raise
         if state.lost:
@@ -334,7 +350,7 @@ class _Worker:
             )
             return LOST
         cancel = await self._cancel_requested(job)
-        outcome = self._outcome(artifact, problem, state.stopping, cancel, masker, attempt_dir)
+        outcome = self._outcome(artifact, problem, state, cancel, masker, attempt_dir)
         with anyio.move_on_after(self._finish_bound(), shield=True):
             await self._finish(job, outcome)
         _log.info(
@@ -356,7 +372,7 @@ class _Worker:
     def _outcome(
         artifact: dict[str, Any] | None,
         problem: BaseException | None,
-        stopping: bool,
+        state: _JobState,
         cancel_requested: bool,
         masker: Masker,
         attempt_dir: Path,
@@ -372,7 +388,8 @@ class _Worker:
             outcome = outcome_from_artifact(
                 artifact,
                 cancel_requested=cancel_requested,
-                stopping=stopping,
+                stopping=state.stopping,
+                killed_by_worker=state.killed,
                 log_tail=tail(attempt_dir / "train.log"),
             )
         if outcome.error is None:
@@ -426,18 +443,25 @@ class _Worker:
                 control.request_stop(
                     reason="cancel requested", grace_seconds=self.settings.stop_timeout
                 )
-            if self.stop_event.is_set() and not state.stopping:
+            stop_now = self.kill_event.is_set()
+            if (self.stop_event.is_set() or stop_now) and not state.stopping:
                 state.stopping = True
                 control.request_stop(
                     reason="worker stopping", grace_seconds=self.settings.stop_timeout
                 )
+            if stop_now and not state.killed and control.pid is not None:
+                state.killed = True
+                _kill_group(control.pid)
+                _log.warning("job %d: killed its process group at once", job.id)
             wake = now + self.settings.poll
             if cancel_deadline is not None and not control.stop_requested.is_set():
                 wake = min(wake, cancel_deadline)
-            if state.stopping:
-                await anyio.sleep(wake - now)
-            else:
-                with anyio.move_on_after(wake - now):
+            with anyio.move_on_after(wake - now):
+                if state.killed:
+                    await anyio.sleep_forever()
+                elif state.stopping:
+                    await self.kill_event.wait()
+                else:
                     await self.stop_event.wait()
 
     def _finish_bound(self) -> float:
@@ -565,6 +589,13 @@ def _prepare_runs_dir(runs_dir: Path) -> None:
         raise QueueError(f"runs directory {runs_dir}: cannot create it: {exc.strerror}") from exc
     if not os.access(runs_dir, os.W_OK | os.X_OK):
         raise QueueError(f"runs directory {runs_dir} is not writable")
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the command's process group (the reaper starts it as a session leader); the
+    soak then sees it exit and stops whatever else is left of its tree."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _make_dirs(path: Path) -> None:

@@ -168,13 +168,18 @@ async def test_overnight_queue_end_to_end(tmp_path: Path, ready: ReadyFifo) -> N
     worker_argv = [sys.executable, "-m", "asyncsoak", "worker", "--db", str(db), "--no-gpu",
                    "--poll", "0.1", "--name", "gpu0"]  # fmt: skip
     with anyio.fail_after(LIMIT_S):
-        async with await anyio.open_process(worker_argv, cwd=REPO) as worker:
+        quiet = subprocess.DEVNULL
+        async with await anyio.open_process(
+            worker_argv, cwd=REPO, stdout=quiet, stderr=quiet
+        ) as worker:
             assert await ready.line() == "started at 0"
             worker.send_signal(signal.SIGTERM)
             assert await worker.wait() == 0
         interrupted = json.loads(cli(db, "jobs", "--json", "--status", "interrupted").stdout)
         assert [j["id"] for j in interrupted] == [1]
-        async with await anyio.open_process([*worker_argv, "--once"], cwd=REPO) as worker:
+        async with await anyio.open_process(
+            [*worker_argv, "--once"], cwd=REPO, stdout=quiet, stderr=quiet
+        ) as worker:
             assert await ready.line() == "started at 500"
             assert await worker.wait() == 0
 
@@ -201,3 +206,34 @@ async def test_overnight_queue_end_to_end(tmp_path: Path, ready: ReadyFifo) -> N
     assert "stopped" in workers[1]
     history = json.loads(cli(db, "job", "1", "--json").stdout)["attempts"]
     assert [a["outcome"] for a in history] == ["interrupted", "succeeded"]
+
+
+@pytest.mark.asyncio
+async def test_second_signal_kills_the_running_job(tmp_path: Path, ready: ReadyFifo) -> None:
+    """A second SIGTERM kills a job that does not save, without waiting out --stop-timeout."""
+    db = tmp_path / "q.db"
+    stuck = write_script(tmp_path, "stuck.py", 'tell("ready")\nwhile True:\n    time.sleep(0.1)\n')
+    env = ["--env", f"TEST_SIGNALS={ready.path}"]
+    cli(db, "submit", *env, "--sample-interval", "0.2", "--", *stuck)
+    worker_argv = [sys.executable, "-m", "asyncsoak", "worker", "--db", str(db), "--no-gpu",
+                   "--poll", "0.1", "--stop-timeout", "600"]  # fmt: skip
+    with anyio.fail_after(LIMIT_S):
+        async with await anyio.open_process(
+            worker_argv, cwd=REPO, stdout=subprocess.DEVNULL
+        ) as worker:
+            assert await ready.line() == "ready"
+            worker.send_signal(signal.SIGTERM)
+            # Two signals sent together may merge into one: wait for the first to be handled.
+            assert worker.stderr is not None
+            said = b""
+            while b"again to kill it now" not in said:
+                said += await worker.stderr.receive()
+            worker.send_signal(signal.SIGTERM)
+            assert await worker.wait() == 0
+    job = json.loads(cli(db, "job", "1", "--json").stdout)
+    assert (job["status"], job["reason"], job["last_outcome"]) == (
+        "queued",
+        "killed_before_saving",
+        "interrupted",
+    )
+    assert job["attempts"][0]["returncode"] == -signal.SIGKILL
