@@ -24,7 +24,7 @@ from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from . import _tree
-from ._events import Exited, SpawnFailed, Started, TreeGone
+from ._events import Exited, SpawnFailed, Started, TreeGone, Warning
 from ._sink import EventSink
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
@@ -147,6 +147,13 @@ class Spawner:
                     )
                 )
                 self.exited.set()
+            elif report["event"] == "log_error":
+                await sink.emit(
+                    Warning(
+                        t=sink.elapsed(),
+                        message=f"the output log could not be written: {report['message']}",
+                    )
+                )
             elif report["event"] == "empty":
                 self.exited.set()
                 await sink.emit(TreeGone(t=sink.elapsed()))

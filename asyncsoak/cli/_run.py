@@ -60,6 +60,13 @@ def register(subparsers: Any) -> None:
         "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to sample GPUs with"
     )
     run.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
+    run.add_argument(
+        "--dump-signal",
+        default=None,
+        metavar="SIG",
+        help="signal sent to the command when it stalls, before forensics (e.g. SIGUSR1 "
+        "for a trainer that registered faulthandler)",
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     run.set_defaults(handler=run_command)
 
@@ -97,6 +104,7 @@ def run_command(args: argparse.Namespace) -> int:
         env=env,
         metadata=parse_pairs("--metadata", args.metadata),
         nvidia_smi=None if args.no_gpu else args.nvidia_smi,
+        dump_signal=args.dump_signal,
     )
 
 
