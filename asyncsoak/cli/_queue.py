@@ -402,8 +402,6 @@ def _job(args: argparse.Namespace) -> int:
     masker = _masker(job)
     if args.json:
         data = job.to_public_dict()
-        if job.argv is not None:
-            data["argv"] = masker.argv(job.argv)
         data["attempts"] = [_attempt_dict(a) for a in attempts]
         _print_json(data)
         return EXIT_OK

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import AsyncsoakError
+from .._redact import Masker, redact_mapping, secret_values
 from ._status import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Outcome
 
 QUEUED = "queued"
@@ -223,9 +224,14 @@ class Job:
     last_outcome: str | None
 
     def to_public_dict(self) -> dict[str, Any]:
-        """The job for printing: environment values are never shown, only their names."""
+        """The job for printing: environment values are never shown, only their names, and
+        secrets are masked in the command and redacted in the config."""
         data = asdict(self)
         data["env"] = sorted(self.env)
+        if self.argv is not None:
+            data["argv"] = Masker(secret_values(os.environ, self.env)).argv(self.argv)
+        if self.config is not None:
+            data["config"] = redact_mapping(self.config)
         return data
 
 

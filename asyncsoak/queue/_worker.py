@@ -45,6 +45,7 @@ from ._status import (
     FAILED,
     FINISH_RETRIES,
     FINISH_RETRY_WAIT_S,
+    INTERRUPTED,
     KILL_WAIT_S,
     POLL_S,
     SLICE_S,
@@ -64,6 +65,8 @@ TRAIN_CMD = [sys.executable, "train.py"]
 ORPHANED = "orphaned"
 #: Reason of an attempt the monitor itself could not run.
 MONITOR_ERROR = "monitor_error"
+#: Reason of an attempt whose worker was cancelled before the soak wrote its artifact.
+WORKER_CANCELLED = "worker_cancelled"
 #: Reason of an attempt whose inputs ``run_soak`` refused (a missing cwd...).
 INVALID_JOB = "invalid_job"
 #: ``run_worker``'s and ``run_job``'s status for an attempt this worker lost to fencing.
@@ -233,7 +236,7 @@ class _Worker:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._beat)
-                while not self.stop_event.is_set():
+                while not (self.stop_event.is_set() or self.kill_event.is_set()):
                     await self._sweep_orphans()
                     job = await self._claim()
                     if job is None:
@@ -335,6 +338,7 @@ class _Worker:
         except anyio.get_cancelled_exc_class():
             # The worker itself is being cancelled: run_soak has stopped the tree and written
             # its artifact; record the attempt from it before the cancellation goes on.
+            state.stopping = True
             with anyio.move_on_after(self._finish_bound(), shield=True):
                 if not state.lost:
                     saved = await self._call(_read_artifact, output_path)
@@ -379,7 +383,11 @@ class _Worker:
     ) -> Outcome:
         if artifact is None:
             status = CANCELLED if cancel_requested else FAILED
-            if isinstance(problem, ValueError | TypeError):
+            if problem is None:
+                # The worker was cancelled before the soak could write its artifact.
+                status = CANCELLED if cancel_requested else INTERRUPTED
+                outcome = Outcome(status, None, WORKER_CANCELLED, None)
+            elif isinstance(problem, ValueError | TypeError):
                 outcome = Outcome(status, None, INVALID_JOB, f"the job cannot run: {problem}")
             else:
                 detail = f"the monitor could not run the attempt: {problem!r}"

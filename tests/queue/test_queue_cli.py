@@ -46,6 +46,7 @@ def test_submit_list_and_show(tmp_path: Path) -> None:
     out = cli(
         db, "submit", "--name", "lr-3e-4", "--priority", "2", "--env", f"HF_TOKEN={SECRET}",
         "--max-attempts", "2", "--stale-progress", "30", "--", "python", "train.py", "--lr", "3e-4",
+        "--hf-token", SECRET,
     )  # fmt: skip
     assert out.stdout == "1\n"
     table = cli(db, "jobs").stdout
@@ -57,7 +58,7 @@ def test_submit_list_and_show(tmp_path: Path) -> None:
     assert [(j["id"], j["status"], j["env"]) for j in listed] == [(1, "queued", ["HF_TOKEN"])]
     shown = cli(db, "job", "1", "--json").stdout
     job = json.loads(shown)
-    assert job["argv"] == ["python", "train.py", "--lr", "3e-4"]
+    assert job["argv"] == ["python", "train.py", "--lr", "3e-4", "--hf-token", "[redacted]"]
     assert job["cwd"] == str(REPO)
     assert job["soak"]["stale_progress_seconds"] == 30.0
     assert (job["max_attempts"], job["attempts"]) == (2, [])
@@ -123,13 +124,16 @@ def test_bad_input_exits_2_and_changes_nothing(tmp_path: Path) -> None:
 
 
 def test_config_job_submission(tmp_path: Path) -> None:
-    """--config stores the file's JSON object; malformed JSON is refused."""
+    """--config stores the file's JSON object (shown with secrets redacted); malformed JSON
+    is refused."""
     db = tmp_path / "q.db"
     config = tmp_path / "c.json"
-    config.write_text('{"lr": 0.0003, "layers": [4, 4]}')
+    config.write_text('{"lr": 0.0003, "layers": [4, 4], "wandb_api_key": "k-123456"}')
     cli(db, "submit", "--config", str(config))
     with JobStore(db) as store:
-        assert store.get(1).config == {"lr": 0.0003, "layers": [4, 4]}
+        assert store.get(1).config == {"lr": 0.0003, "layers": [4, 4], "wandb_api_key": "k-123456"}
+    shown = json.loads(cli(db, "jobs", "--json").stdout)[0]["config"]
+    assert shown == {"lr": 0.0003, "layers": [4, 4], "wandb_api_key": "[redacted]"}
     config.write_text("{nope")
     assert "not valid JSON" in cli(db, "submit", "--config", str(config), expect=2).stderr
 
