@@ -149,3 +149,13 @@ def test_stop_before_start_is_not_a_failure() -> None:
         never_started, cancel_requested=False, stopping=True, log_tail=""
     )
     assert (outcome.status, outcome.reason) == ("interrupted", "stopped_before_start")
+
+
+def test_public_names_resolve() -> None:
+    """Every name in asyncsoak.queue.__all__ and asyncsoak.trainer.__all__ exists."""
+    import asyncsoak.queue
+    import asyncsoak.trainer
+
+    for module in (asyncsoak.queue, asyncsoak.trainer):
+        for name in module.__all__:
+            assert getattr(module, name) is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -264,6 +265,7 @@ async def test_cancel_ignored_escalates_to_kill(
     """A trainer that ignores cancellation, stdin EOF and SIGTERM is killed after the limits."""
     script = """
 import signal
+import socket
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 tell("ready")
 while True:
@@ -463,3 +465,26 @@ tell(json.dumps({"argv": sys.argv[1:], "env": env, "config": config}))
     assert seen["argv"] == ["--job-id", str(config_job), "--db", str(store.path), "--watch-stdin"]
     assert seen["config"] == {"lr": 0.1}
     assert store.get(config_job).status == "succeeded"
+
+
+@pytest.mark.asyncio
+async def test_restarted_worker_takes_back_its_predecessors_job(
+    tmp_path: Path, store: JobStore, ready: ReadyFifo
+) -> None:
+    """A worker restarted under the same name requeues and reruns the job its dead
+    predecessor held, without waiting for the heartbeat to go stale."""
+    job_id = submit_trainer(store, tmp_path, ready, "exit0", max_attempts=2)
+    with anyio.fail_after(LIMIT_S):
+        gone = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
+    dead_pid = int(gone.stdout)
+    store.register_worker(
+        "gpu0", host=socket.gethostname(), pid=dead_pid, pid_start=None, alive=lambda w: False
+    )
+    assert store.claim("gpu0", socket.gethostname(), tmp_path / "runs") is not None
+    with anyio.fail_after(LIMIT_S):
+        assert (
+            await run_worker(store, name="gpu0", **worker_kwargs(tmp_path, stale_after=3600)) == 1
+        )
+    assert await ready.line() == "started 2"
+    history = store.attempts(job_id)
+    assert [(a.outcome, a.reason) for a in history] == [("failed", "orphaned"), ("succeeded", None)]
