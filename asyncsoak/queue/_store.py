@@ -677,6 +677,10 @@ class JobStore:
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (job_id, attempt, worker, host, now, str(artifact)),
             )
+            conn.execute(
+                "UPDATE workers SET job_id = ?, heartbeat_at = ? WHERE name = ?",
+                (job_id, now, worker),
+            )
             job = _job_from_row(
                 conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
             )
@@ -746,6 +750,9 @@ class JobStore:
                     job_id,
                     attempt,
                 ),
+            )
+            conn.execute(
+                "UPDATE workers SET job_id = NULL WHERE name = ? AND job_id = ?", (worker, job_id)
             )
         return True
 
