@@ -641,11 +641,11 @@ class JobStore:
                 (name, host, pid, pid_start, now, now),
             )
 
-    def worker_heartbeat(self, name: str, job_id: int | None) -> None:
+    def worker_heartbeat(self, name: str) -> None:
+        """Refresh a worker's heartbeat (its current job is set by claim and finish)."""
         with self._lock:
             self._conn.execute(
-                "UPDATE workers SET heartbeat_at = ?, job_id = ? WHERE name = ?",
-                (self.clock(), job_id, name),
+                "UPDATE workers SET heartbeat_at = ? WHERE name = ?", (self.clock(), name)
             )
 
     def worker_stopped(self, name: str) -> None:

@@ -277,7 +277,7 @@ class _Worker:
     async def _beat(self) -> None:
         while True:
             try:
-                await self._call(self.store.worker_heartbeat, self.name, self.current_job)
+                await self._call(self.store.worker_heartbeat, self.name)
             except sqlite3.Error as exc:
                 _log.warning("worker %s: heartbeat not written: %s", self.name, exc)
             await anyio.sleep(self.settings.poll)
