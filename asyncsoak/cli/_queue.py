@@ -9,6 +9,7 @@ Job environment values are never printed, only their names.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -463,19 +464,7 @@ def _soak_text(soak: dict[str, Any]) -> str:
 
 
 def _attempt_dict(a: Attempt) -> dict[str, Any]:
-    return {
-        "attempt": a.attempt,
-        "worker": a.worker,
-        "host": a.host,
-        "started_at": a.started_at,
-        "finished_at": a.finished_at,
-        "outcome": a.outcome,
-        "reason": a.reason,
-        "returncode": a.returncode,
-        "error": a.error,
-        "artifact": a.artifact,
-        "log": str(a.directory / "train.log"),
-    }
+    return {**dataclasses.asdict(a), "log": str(a.directory / "train.log")}
 
 
 def _cancel(args: argparse.Namespace) -> int:
@@ -591,16 +580,7 @@ def _worker_state(w: WorkerInfo, now: float) -> str:
 
 
 def _worker_dict(w: WorkerInfo) -> dict[str, Any]:
-    return {
-        "name": w.name,
-        "host": w.host,
-        "pid": w.pid,
-        "started_at": w.started_at,
-        "heartbeat_at": w.heartbeat_at,
-        "stopped_at": w.stopped_at,
-        "job_id": w.job_id,
-        "state": _worker_state(w, time.time()),
-    }
+    return {**dataclasses.asdict(w), "state": _worker_state(w, time.time())}
 
 
 def _worker(args: argparse.Namespace) -> int:

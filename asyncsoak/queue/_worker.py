@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
+import psutil
 
 from .._control import SoakControl
 from .._errors import SoakFailureError
@@ -621,15 +622,13 @@ def _read_artifact(path: Path) -> dict[str, Any] | None:
 
 def _process_alive(pid: int, start_ticks: int | None) -> bool:
     """Whether ``pid`` still runs and is the same process (start time), not a zombie."""
+    ticks = start_time_ticks(pid)
+    if ticks is None or (start_ticks is not None and ticks != start_ticks):
+        return False
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
         return False
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    if not fields or fields[0] in (b"Z", b"X"):
-        return False
-    return start_ticks is None or fields[19:20] == [str(start_ticks).encode()]
 
 
 def _kill_leftovers(db: Path, job_id: int, attempt: int, wait_s: float) -> list[int]:
