@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._config import STOP_MODES
 from .._redact import Masker, secret_values
 from ..queue._status import (
     CANCEL_GRACE_S,
@@ -34,7 +35,6 @@ from ..queue._status import (
 )
 from ..queue._store import (
     JOB_STATUSES,
-    STOP_MODES,
     Attempt,
     Job,
     JobStore,

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .._config import STOP_MODES, StopMode
 from .._errors import AsyncsoakError
 from .._redact import Masker, redact_mapping, secret_values
 from ._status import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Outcome
@@ -35,7 +36,6 @@ RUNNING = "running"
 #: Statuses a job can be in; ``interrupted`` is an attempt's outcome (the job returns to queued).
 JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 TERMINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED)
-STOP_MODES = ("stdin", "group", "leader")
 #: ``run_soak`` parameters a job may set.
 SOAK_LIMITS = (
     "sample_interval_seconds",
@@ -203,7 +203,7 @@ class Job:
     env: dict[str, str]
     progress_dir: str | None
     soak: dict[str, Any]
-    stop_mode: str
+    stop_mode: StopMode
     priority: int
     attempt: int
     attempts: int
@@ -505,7 +505,7 @@ class JobStore:
         env: Mapping[str, str] | None = None,
         progress_dir: str | os.PathLike[str] | None = None,
         soak: Mapping[str, Any] | None = None,
-        stop_mode: str = "stdin",
+        stop_mode: StopMode = "stdin",
         priority: int = 0,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     ) -> int:

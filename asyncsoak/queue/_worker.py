@@ -39,6 +39,7 @@ import psutil
 from .._control import SoakControl
 from .._errors import SoakFailureError
 from .._redact import Masker, secret_values
+from .._soak import run_soak
 from .._tree import start_time_ticks
 from ._status import (
     CANCEL_GRACE_S,
@@ -311,7 +312,7 @@ class _Worker:
                 tg.start_soon(self._supervise, job, control, state)
                 try:
                     await self._call(_make_dirs, attempt_dir)
-                    artifact = await _run_soak(
+                    artifact = await run_soak(
                         command=self._command(job, run_dir),
                         progress_dir=Path(job.progress_dir) if job.progress_dir else run_dir,
                         output_path=output_path,
@@ -566,6 +567,11 @@ class _Worker:
                 stopping=stop_cause in ("requested", "cancelled"),
                 log_tail=tail(output_path.parent / "train.log"),
             )
+            if outcome.error is not None:
+                env = self._environment(job, self.settings.runs_dir / str(job.id))
+                outcome = dataclasses.replace(
+                    outcome, error=Masker(secret_values(env))(outcome.error)
+                )
         else:
             heartbeat = (
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.heartbeat_at))
@@ -576,19 +582,11 @@ class _Worker:
                 CANCELLED if cancel else FAILED,
                 None,
                 ORPHANED,
-                f"worker {job.worker} stopped heartbeating (last heartbeat {heartbeat}) "
-                "before the attempt finished; its outcome is lost",
+                f"worker {job.worker} went silent (last heartbeat {heartbeat}) before the "
+                "attempt finished; its outcome is lost",
             )
         with anyio.move_on_after(self._finish_bound(), shield=True):
             await self._finish(job, outcome)
-
-
-async def _run_soak(**kwargs: Any) -> dict[str, Any]:
-    # Imported here so that the store and the command line load without the soak core.
-    from .._soak import run_soak
-
-    artifact: dict[str, Any] = await run_soak(**kwargs)
-    return artifact
 
 
 def _prepare_runs_dir(runs_dir: Path) -> None:

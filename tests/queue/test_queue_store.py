@@ -218,7 +218,7 @@ def test_invalid_submissions_are_refused(store: JobStore) -> None:
     with pytest.raises(ValueError, match="unknown soak limit"):
         store.submit(argv=["x"], soak={"nope": 1})
     with pytest.raises(ValueError, match="stop mode"):
-        store.submit(argv=["x"], stop_mode="kill")
+        store.submit(argv=["x"], stop_mode="kill")  # type: ignore[arg-type]  # refused at run time
     with pytest.raises(ValueError, match="bad environment entry"):
         store.submit(argv=["x"], env={"A=B": "c"})
     with pytest.raises(ValueError, match="max attempts"):

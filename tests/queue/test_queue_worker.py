@@ -18,6 +18,7 @@ import psutil
 import pytest
 from anyio.abc import Process
 
+from asyncsoak._config import StopMode
 from asyncsoak._soak import run_soak
 from asyncsoak.queue import JobStore, Outcome, run_job, run_worker
 
@@ -291,7 +292,7 @@ while True:
 @pytest.mark.parametrize("stop_mode", ["stdin", "group"])
 @pytest.mark.asyncio
 async def test_worker_stop_interrupts_and_the_job_resumes(
-    tmp_path: Path, store: JobStore, ready: ReadyFifo, stop_mode: str
+    tmp_path: Path, store: JobStore, ready: ReadyFifo, stop_mode: StopMode
 ) -> None:
     """A worker stop closes the trainer's stdin (or sends SIGTERM); it saves a checkpoint in
     its run dir and exits 4; the job is requeued, not counted, and resumes from the checkpoint."""
