@@ -45,6 +45,7 @@ class SoakConfig:
     log_max_bytes: int
     dump_signal: int | None
     forensics: bool
+    detailed_memory: bool
 
     def effective(self) -> dict[str, Any]:
         """Every effective parameter, as the artifact's ``config`` records it."""
@@ -145,6 +146,7 @@ def validate(
     log_max_bytes: object,
     dump_signal: object = None,
     forensics: object = True,
+    detailed_memory: object = False,
 ) -> SoakConfig:
     argv = _command(command)
     progress = _path("progress_dir", progress_dir)
@@ -176,8 +178,8 @@ def validate(
         raise TypeError("log_max_bytes must be an int")
     if log_max_bytes < 4096:
         raise ValueError("log_max_bytes must be at least 4096")
-    if not isinstance(forensics, bool):
-        raise TypeError("forensics must be a bool")
+    if not isinstance(forensics, bool) or not isinstance(detailed_memory, bool):
+        raise TypeError("forensics and detailed_memory must be bools")
     max_duration = (
         None
         if max_duration_seconds is None
@@ -213,6 +215,7 @@ def validate(
         log_max_bytes=log_max_bytes,
         dump_signal=_signal("dump_signal", dump_signal),
         forensics=forensics,
+        detailed_memory=detailed_memory,
     )
 
 

@@ -51,6 +51,7 @@ from ._events import (
     Warning,
 )
 from ._forensics import collect_forensics, oom_kills, seconds_since_boot
+from ._proc_sampler import run_proc_sampler
 from ._redact import Masker, redact_mapping, secret_values
 from ._serializer import Serializer
 from ._sink import EventSink, SoakClock, open_event_queue
@@ -61,6 +62,8 @@ from ._watchdog import ProgressTracker, run_watchdog, scan_progress_dir
 THREADS = 4
 #: Bound on the runtime snapshot (each of its external calls has its own, shorter one).
 SNAPSHOT_TIMEOUT = 30.0
+#: Bound on writing the last queued events to the journal.
+DRAIN_TIMEOUT = 10.0
 #: Bound on waiting for the reaper to finish once the tree is gone.
 REAPER_CLOSE_TIMEOUT = 5.0
 #: Time given to the trainer to print what ``dump_signal`` asked for before forensics start.
@@ -99,6 +102,7 @@ async def run_soak(
     log_max_bytes: int = LOG_MAX_BYTES,
     dump_signal: int | str | None = None,
     forensics: bool = True,
+    detailed_memory: bool = False,
 ) -> dict[str, Any]:
     """Run a command in its own process group and produce a soak artifact.
 
@@ -139,6 +143,7 @@ async def run_soak(
         log_max_bytes=log_max_bytes,
         dump_signal=dump_signal,
         forensics=forensics,
+        detailed_memory=detailed_memory,
     )
     if control is not None and not isinstance(control, SoakControl):
         raise TypeError(f"control must be a SoakControl, not {type(control).__name__}")
@@ -175,6 +180,8 @@ class _Soak:
         self._seen_pids: set[int] = set()
         self._oom_reported: set[int] = set()
         self._marker = ""
+        #: The tree as the proc sampler last saw it (for matching GPU processes).
+        self._tree_now: frozenset[int] = frozenset()
         self._boot_seconds_at_start = seconds_since_boot()
 
     # -- end causes ----------------------------------------------------------------------
@@ -263,6 +270,14 @@ class _Soak:
                         await self._fail("monitor_error", f"{type(error).__name__}: {error}")
                     status = self._status(error)
                     await sink.emit(Finished(t=sink.elapsed(), status=status))
+                # The last events are queued; a journal on a hung filesystem must not hold the
+                # soak forever: the drain gets a deadline, and the artifact is built regardless.
+                tg.cancel_scope.deadline = anyio.current_time() + DRAIN_TIMEOUT
+            if tg.cancel_scope.cancelled_caught:
+                serializer.journal_error = (
+                    serializer.journal_error
+                    or f"the journal did not drain within {DRAIN_TIMEOUT:g}s"
+                )
             monitor = {
                 "cpu_seconds": round(time.process_time() - cpu_start, 3),
                 "events": serializer.events,
@@ -399,6 +414,21 @@ class _Soak:
                         on_failure=self._rule_fired,
                     ),
                 )
+                assert spawner.reaper_pid is not None
+                self._produce(
+                    producers,
+                    sink,
+                    partial(
+                        run_proc_sampler,
+                        root_pid=spawner.reaper_pid,
+                        interval=cfg.sample_interval_seconds,
+                        disk_paths={"progress": cfg.progress_dir, "output": cfg.output_path.parent},
+                        limiter=self._limiter,
+                        detailed_memory=cfg.detailed_memory,
+                        on_tree=self._on_tree,
+                        masker=self._masker,
+                    ),
+                )
                 producers.start_soon(self._end_when_set, spawner.exited, "exited")
                 producers.start_soon(self._end_when_set, self.control.stop_requested, "requested")
                 if cfg.max_duration_seconds is not None:
@@ -417,6 +447,10 @@ class _Soak:
                     # Only reached when the supervisor itself broke: leave nothing running.
                     spawner.kill_tree()
                 await spawner.close(REAPER_CLOSE_TIMEOUT)
+
+    def _on_tree(self, pids: frozenset[int]) -> None:
+        self._tree_now = pids
+        self._seen_pids.update(pids)
 
     def _produce(
         self,

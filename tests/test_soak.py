@@ -561,3 +561,36 @@ async def test_cwd_is_the_childs_working_directory(tmp_path: Path) -> None:
         artifact = await run_soak(command=child(tmp_path, body), cwd=work, **fast_limits(tmp_path))
     assert f"cwd={work}" in artifact["log"]["tail"]
     assert artifact["cwd"] == str(work)
+
+
+async def test_whole_tree_is_sampled(tmp_path: Path, schema: Draft202012Validator) -> None:
+    """A tree of 25 processes is counted whole, and its memory adds up in the tree totals."""
+    body = """
+touch()
+workers = []
+for _ in range(24):
+    pid = os.fork()
+    if pid == 0:
+        ballast = bytearray(4 * 2**20)
+        for i in range(0, len(ballast), 4096):
+            ballast[i] = 1
+        time.sleep(60)
+        os._exit(0)
+    workers.append(pid)
+for _ in range(15):
+    touch(); time.sleep(0.1)
+for pid in workers:
+    os.kill(pid, signal.SIGTERM)
+    os.waitpid(pid, 0)
+"""
+    with anyio.fail_after(60):
+        artifact = await run_soak(command=child(tmp_path, body), **fast_limits(tmp_path))
+    tree = artifact["summary"]["tree"]
+    assert tree["processes"]["max"] == 25
+    assert tree["rss_bytes"]["max"] >= 24 * 4 * 2**20
+    assert artifact["summary"]["samples"]["sample"] >= 5
+    assert max(artifact["series"]["tree"]["processes"]) == 25
+    assert "memory_percent" in artifact["series"]["machine"]
+    assert_valid(artifact, schema)
+    samples = [e for e in journal(tmp_path / "out" / "soak.jsonl") if e["kind"] == "sample"]
+    assert max(len(s["processes"]) for s in samples) == 25

@@ -61,6 +61,11 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     run.add_argument(
+        "--detailed-memory",
+        action="store_true",
+        help="also read USS/PSS (reads smaps; can stall on a CUDA process)",
+    )
+    run.add_argument(
         "--dump-signal",
         default=None,
         metavar="SIG",
@@ -105,6 +110,7 @@ def run_command(args: argparse.Namespace) -> int:
         metadata=parse_pairs("--metadata", args.metadata),
         nvidia_smi=None if args.no_gpu else args.nvidia_smi,
         dump_signal=args.dump_signal,
+        detailed_memory=args.detailed_memory,
     )
 
 
