@@ -406,8 +406,10 @@ async def test_failed_job_error_holds_tail_exit_and_reason(
     with secret values masked; no write lock is held while its child runs."""
     script = """
 import sqlite3
-conn = sqlite3.connect(os.environ["ASYNCSOAK_DB"], timeout=0)
-conn.execute("BEGIN IMMEDIATE")  # fails if the worker held a write transaction
+# Heartbeats are brief writes; a write transaction held for the child's life would make
+# this fail after the timeout.
+conn = sqlite3.connect(os.environ["ASYNCSOAK_DB"], timeout=5)
+conn.execute("BEGIN IMMEDIATE")
 conn.execute("ROLLBACK")
 print("token is", os.environ["HF_TOKEN"])
 print("loss went NaN at step 7")
