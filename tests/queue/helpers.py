@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from ..conftest import REPO
+
 #: Environment for jobs whose scripts import asyncsoak from this checkout.
-JOB_ENV = {"PYTHONPATH": str(REPO_ROOT)}
+JOB_ENV = {"PYTHONPATH": str(REPO)}
 #: Soak limits that keep a test's soak fast.
 FAST_SOAK: dict[str, Any] = {"sample_interval_seconds": 0.2, "post_shutdown_grace_seconds": 0.5}
 
