@@ -1009,6 +1009,8 @@ var titles = Array.prototype.map.call(
 marker.dataset.subplots = String(plot.querySelectorAll(".cartesianlayer > .subplot").length);
 marker.dataset.traces = String(plot.querySelectorAll(".scatterlayer .trace").length);
 marker.dataset.titles = titles.join("|");
+marker.dataset.labels = Array.prototype.map.call(
+  plot.querySelectorAll(".textpoint"), function (e) { return e.textContent; }).join("|");
 marker.dataset.state = "rendered";
 """
 

@@ -6,7 +6,9 @@ report's header); :func:`format_summary` lays them out as text.
 
 from __future__ import annotations
 
+import shlex
 import signal
+import textwrap
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -317,7 +319,8 @@ def peaks(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
     for group, fields in sorted((artifact.get("summary") or {}).items(), key=_group_order):
         if not isinstance(fields, dict) or group_kind(group) == "gpu" or group == "samples":
             continue
-        for name, stats in fields.items():
+        for name in sorted(fields, key=_field_order):
+            stats = fields[name]
             if not isinstance(stats, dict) or "max" not in stats:
                 continue
             info = describe(group, name)
@@ -345,6 +348,14 @@ def peaks(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _group_order(item: tuple[str, Any]) -> tuple[int, str]:
     return ({"tree": 0, "machine": 1}.get(item[0], 2), item[0])
+
+
+#: Fields shown first among the peaks, in this order.
+PEAKS_FIRST = ("cpu_percent", "rss_bytes", "processes", "threads", "memory_used_bytes")
+
+
+def _field_order(name: str) -> tuple[int, str]:
+    return (PEAKS_FIRST.index(name) if name in PEAKS_FIRST else len(PEAKS_FIRST), name)
 
 
 def gpu_table(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -432,8 +443,10 @@ def _counted(names: Iterable[str]) -> str:
 # -- text ------------------------------------------------------------------------------------
 
 
-def format_summary(summary: Mapping[str, Any], *, artifact_path: str | None = None) -> str:
-    """The summary as about one screen of plain text."""
+def format_summary(
+    summary: Mapping[str, Any], *, artifact_path: str | None = None, width: int = 100
+) -> str:
+    """The summary as about one screen of plain text, sentences wrapped at ``width``."""
     lines: list[str] = []
     status = str(summary["status"]).upper()
     lines.append(f"{status}: {summary['headline']}")
@@ -447,7 +460,7 @@ def format_summary(summary: Mapping[str, Any], *, artifact_path: str | None = No
         f"{format_clock(summary.get('started_at'))} to {format_clock(summary.get('ended_at'))}; "
         f"{summary['exit']['text']}"
     )
-    lines.append("command: " + _shorten(" ".join(summary["command"]), 200))
+    lines.append("command: " + _shorten(shlex.join(summary["command"]).replace("\n", " "), 200))
     progress = summary["progress"]
     last = progress.get("last_change_t")
     lines.append(
@@ -456,11 +469,14 @@ def format_summary(summary: Mapping[str, Any], *, artifact_path: str | None = No
         + f", longest gap {format_duration(float(progress.get('longest_gap_seconds') or 0))}"
     )
     if summary["provenance"]:
-        lines.append(", ".join(f"{k} {v}" for k, v in summary["provenance"].items()))
+        lines.append("; ".join(f"{k}: {v}" for k, v in summary["provenance"].items()))
     if summary["look_first"]:
         lines.append("")
         lines.append("Look first:")
-        lines.extend(f"  - {hint}" for hint in summary["look_first"])
+        for hint in summary["look_first"]:
+            lines.extend(
+                textwrap.wrap(hint, width, initial_indent="  - ", subsequent_indent="    ")
+            )
     if summary["peaks"]:
         lines.append("")
         lines.append("Peaks:")

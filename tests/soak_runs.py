@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +221,31 @@ def with_samples(artifact_path: Path, out: Path, gpus: int = 2) -> Path:
     artifact["ended_at"] = original["ended_at"]
     out.write_text(json.dumps(artifact, indent=1))
     return out
+
+
+@dataclass(frozen=True)
+class Runs:
+    """One of each run the report, summary and live tests look at."""
+
+    passing: Path
+    stalled: Path
+    #: The stalled run with sampler lines added to its journal (tree, machine, two GPUs).
+    stalled_sampled: Path
+    #: The journal of a run whose monitor was killed (no artifact).
+    killed_journal: Path
+
+
+_RUNS: dict[str, Runs] = {}
+
+
+def make_runs(base: Path) -> Runs:
+    """The runs, made once per test session however many test modules ask."""
+    if "runs" not in _RUNS:
+        stalled = stalled_soak(base / "stalled")
+        _RUNS["runs"] = Runs(
+            passing=passing_soak(base / "passing"),
+            stalled=stalled,
+            stalled_sampled=with_samples(stalled, base / "stalled-sampled" / "soak.json"),
+            killed_journal=killed_monitor_journal(base / "killed"),
+        )
+    return _RUNS["runs"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,8 @@ def summary_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=1, default=str))
     else:
-        print(format_summary(summary, artifact_path=str(args.run)))
+        width = min(120, shutil.get_terminal_size().columns) - 1
+        print(format_summary(summary, artifact_path=str(args.run), width=width))
     return EXIT_OK
 
 
