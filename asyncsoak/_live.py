@@ -111,11 +111,13 @@ class Status:
     def plain(self) -> str:
         parts = [f"{format_duration(self.elapsed)} {self.phase}"]
         if self.quiet_for is not None and not self.finished:
-            what = "last progress" if self.limit_name == "stale" else "no progress yet, started"
             limit = (
                 f" ({self.limit_name} limit {format_duration(self.limit)})" if self.limit else ""
             )
-            parts.append(f"{what} {format_duration(self.quiet_for)} ago{limit}")
+            if self.limit_name == "stale":
+                parts.append(f"last progress {format_duration(self.quiet_for)} ago{limit}")
+            else:
+                parts.append(f"no progress yet after {format_duration(self.quiet_for)}{limit}")
         if self.tree_cpu_percent is not None or self.tree_rss_bytes is not None:
             parts.append(
                 f"tree CPU {format_value(self.tree_cpu_percent, '%')} "

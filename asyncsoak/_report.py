@@ -35,6 +35,7 @@ from ._fields import (
     gpu_index,
 )
 from ._summary import (
+    IDLE_THROTTLE,
     config_value,
     event_times,
     exit_text,
@@ -50,15 +51,13 @@ COMMAND_SHOWN = 240
 PROGRESS_CURVE_POINTS = 2000
 #: A liveness limit more than this many times the longest gap is not drawn to scale.
 LIMIT_HEADROOM = 4.0
-#: Throttle reasons that mean nothing is held back.
-IDLE_THROTTLE = frozenset({"gpu_idle", "none", "not_active"})
 
 COLORS = {
     "progress": "#2ca02c",
     "failure": "#d62728",
     "signal": "#ff7f0e",
     "exit": "#333333",
-    "stall": "rgba(214, 39, 40, 0.13)",
+    "stall": "rgba(214, 39, 40, 0.15)",
     "throttle": "rgba(255, 165, 0, 0.28)",
     "note": "#7f7f7f",
     "leftover": "#9467bd",
@@ -173,7 +172,7 @@ def render_report(
         _verdict_html(summary),
         _facts_html(artifact, summary),
         _look_first_html(summary),
-        "<section><h2>Timeline</h2>",
+        '<section id="timeline-section"><h2>Timeline</h2>',
         f'<p class="help">{timeline.help_text()}</p>',
         # Before the figure: its post-render script runs before the parser gets further.
         '<span id="render-status" hidden data-state="pending"></span>',
@@ -670,6 +669,19 @@ class _Timeline:
 
     def _draw_lanes(self, fig: Any, go: Any, lanes: list[str]) -> None:
         y_of = {lane: -i for i, lane in enumerate(lanes)}
+        window = stall_window(self.artifact)
+        if window is not None and window[0] > 0:
+            fig.add_annotation(
+                x=self.x(window[0]),
+                y=y_of["progress"],
+                xref="x",
+                yref="y",
+                xanchor="right" if window[0] > self.duration * 0.6 else "left",
+                text=f"last progress {format_duration(window[0])}",
+                showarrow=False,
+                xshift=-8 if window[0] > self.duration * 0.6 else 8,
+                font={"color": COLORS["progress"], "size": 12},
+            )
         if self.progress_times:
             xs = [self.x(t) for t in self.progress_times]
             fig.add_trace(
@@ -793,7 +805,8 @@ class _Timeline:
         limits = []
         if stale is not None and first is not None:
             limits.append((first, self.duration, stale, f"stale limit {format_duration(stale)}"))
-        if startup is not None:
+        if startup is not None and (first is None or startup <= max(peak, 1e-3) * LIMIT_HEADROOM):
+            # Once progress was seen the startup limit no longer matters: only drawn to scale.
             end = first if first is not None else self.duration
             limits.append((0.0, end, startup, f"startup limit {format_duration(startup)}"))
         for start, end, value, label in limits:
@@ -1084,7 +1097,7 @@ def _gpu_html(summary: Mapping[str, Any], timeline: _Timeline) -> str:
             throttled += " (when: in the journal)"
         cells = [
             g["gpu"],
-            g.get("name") or "?",
+            g.get("name") or "n/a",
             format_value(g["utilization_mean_percent"], "%"),
             format_value(g["utilization_max_percent"], "%"),
             format_value(g["memory_used_max_mib"], "MiB"),
@@ -1098,7 +1111,7 @@ def _gpu_html(summary: Mapping[str, Any], timeline: _Timeline) -> str:
         "<th>memory used max</th><th>power max</th><th>temperature max</th>"
         "<th>clocks held back by</th></tr>"
     )
-    return f"<section><h2>GPUs</h2><table>{head}{''.join(rows)}</table></section>"
+    return f'<section id="gpus"><h2>GPUs</h2><table>{head}{"".join(rows)}</table></section>'
 
 
 def _events_html(artifact: Mapping[str, Any]) -> str:
@@ -1157,7 +1170,7 @@ def _events_html(artifact: Mapping[str, Any]) -> str:
         return ""
     head = "<tr><th>since start</th><th>time (UTC)</th><th>event</th><th>details</th></tr>"
     return (
-        f'<section><h2>Events</h2><div class="scroll"><table>{head}{"".join(rows)}'
+        f'<section id="events"><h2>Events</h2><div class="scroll"><table>{head}{"".join(rows)}'
         "</table></div></section>"
     )
 
@@ -1227,11 +1240,11 @@ def _leftovers_html(artifact: Mapping[str, Any]) -> str:
         if leftovers
         else '<p class="empty">None: every process of the tree ended with the command.</p>'
     )
-    return f"<section><h2>Leftover processes</h2>{body}</section>"
+    return f'<section id="leftovers"><h2>Leftover processes</h2>{body}</section>'
 
 
 def _forensics_html(artifact: Mapping[str, Any]) -> str:
-    parts = ["<section><h2>Forensics</h2>"]
+    parts = ['<section id="forensics"><h2>Forensics</h2>']
     abandoned = artifact.get("abandoned_processes") or []
     if abandoned:
         parts.append("<h3>Processes that would not die (abandoned)</h3>")
@@ -1290,11 +1303,11 @@ def _log_html(artifact: Mapping[str, Any]) -> str:
     path = html.escape(str(log.get("path")))
     if not tail.strip():
         return (
-            '<section><h2>Log tail</h2><p class="empty">'
+            '<section id="log"><h2>Log tail</h2><p class="empty">'
             f"The command printed nothing ({path}).</p></section>"
         )
     return (
-        f'<section><h2>Log tail</h2><p class="help">The end of the command\'s output, '
+        f'<section id="log"><h2>Log tail</h2><p class="help">The end of the command\'s output, '
         f'from {path}.</p><pre class="log" id="log-tail">{html.escape(tail)}</pre></section>'
         "<script>var log = document.getElementById('log-tail');"
         " log.scrollTop = log.scrollHeight;</script>"

@@ -33,6 +33,8 @@ STATUS_HEADLINES = {
     "cancelled": "The soak was stopped on request",
     "error": "The monitor failed",
 }
+#: Throttle reasons that mean nothing is held back.
+IDLE_THROTTLE = frozenset({"gpu_idle", "none", "not_active"})
 #: Log lines shown by the summary.
 LOG_LINES = 12
 #: Tree CPU (percent of one core) below which a stalled tree is called idle, above which busy.
@@ -307,7 +309,7 @@ def _throttle_seen(artifact: Mapping[str, Any]) -> list[str]:
     out = []
     for group, values in sorted((artifact.get("summary") or {}).items()):
         reasons = values.get("throttle_reasons") if isinstance(values, dict) else None
-        active = [r for r in reasons or [] if r not in ("gpu_idle", "none", "not_active")]
+        active = [r for r in reasons or [] if r not in IDLE_THROTTLE]
         if active:
             out.append(f"{group}: {', '.join(active)}")
     return out
@@ -381,7 +383,9 @@ def gpu_table(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "memory_used_max_mib": stat("memory_used_mib", "max"),
                 "power_max_w": stat("power_draw_w", "max"),
                 "temperature_max_c": stat("temperature_gpu_c", "max"),
-                "throttle_reasons": list(fields.get("throttle_reasons") or []),
+                "throttle_reasons": [
+                    r for r in fields.get("throttle_reasons") or [] if r not in IDLE_THROTTLE
+                ],
             }
         )
     return rows
@@ -509,7 +513,7 @@ def _gpu_lines(gpus: list[dict[str, Any]]) -> str:
         rows.append(
             (
                 g["gpu"],
-                str(g.get("name") or "?"),
+                str(g.get("name") or "n/a"),
                 f"{format_value(g['utilization_mean_percent'], '%')}/"
                 f"{format_value(g['utilization_max_percent'], '%')}",
                 format_value(g["memory_used_max_mib"], "MiB"),
