@@ -73,6 +73,8 @@ class ArtifactBuilder:
         self.leftovers: list[dict[str, Any]] = []
         self.abandoned: list[dict[str, Any]] = []
         self.sampler_notes: list[dict[str, Any]] = []
+        self.forensics: dict[str, Any] | None = None
+        self.oom_kills: list[dict[str, Any]] = []
         self.progress_changes = 0
         self.progress_first: float | None = None
         self.progress_last: float | None = None
@@ -92,7 +94,12 @@ class ArtifactBuilder:
         if kind in SAMPLE_KINDS:
             self._add_sample(str(kind), t, event)
             return
-        self._keep_event(event)
+        # A forensics record is large: the artifact keeps it once, in its own section.
+        self._keep_event(
+            {"t": t, "kind": kind, "processes": len(event["data"].get("processes", []))}
+            if kind == "forensics"
+            else event
+        )
         if kind == "started":
             self.exit["pid"] = event["pid"]
         elif kind == "exited":
@@ -131,6 +138,12 @@ class ArtifactBuilder:
             self.leftovers.append(event["process"])
         elif kind == "abandoned":
             self.abandoned.append(event["process"])
+        elif kind == "forensics":
+            self.forensics = {"reason": event["reason"], "t": t, **event["data"]}
+        elif kind == "oom_kill":
+            self.oom_kills.append(
+                {"pid": event["pid"], "name": event["name"], "message": event["message"]}
+            )
         elif kind in ("sampler_note", "sampler_degraded", "sampler_recovered"):
             self.sampler_notes.append(event)
         elif kind == "finished":
@@ -216,10 +229,13 @@ class ArtifactBuilder:
             "events_dropped": dropped_events,
             "leftover_processes": self.leftovers,
             "abandoned_processes": self.abandoned,
+            "oom_kills": self.oom_kills,
+            "forensics": self.forensics,
             "stop": self.stop,
             "log": {"path": header.get("log_path"), "tail": log_tail},
             "monitor": {
                 "journal_path": header.get("journal_path"),
+                "monotonic_start": header.get("monotonic_start"),
                 "samples": dict(sorted(self.samples.items())),
                 "sampler_notes": self.sampler_notes,
                 **monitor,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +43,9 @@ class SoakConfig:
     nvidia_smi: str | None
     kill_wait_seconds: float
     log_max_bytes: int
+    dump_signal: int | None
+    forensics: bool
+    detailed_memory: bool
 
     def effective(self) -> dict[str, Any]:
         """Every effective parameter, as the artifact's ``config`` records it."""
@@ -140,6 +144,9 @@ def validate(
     nvidia_smi: object,
     kill_wait_seconds: object,
     log_max_bytes: object,
+    dump_signal: object = None,
+    forensics: object = True,
+    detailed_memory: object = False,
 ) -> SoakConfig:
     argv = _command(command)
     progress = _path("progress_dir", progress_dir)
@@ -171,6 +178,8 @@ def validate(
         raise TypeError("log_max_bytes must be an int")
     if log_max_bytes < 4096:
         raise ValueError("log_max_bytes must be at least 4096")
+    if not isinstance(forensics, bool) or not isinstance(detailed_memory, bool):
+        raise TypeError("forensics and detailed_memory must be bools")
     max_duration = (
         None
         if max_duration_seconds is None
@@ -204,4 +213,29 @@ def validate(
         nvidia_smi=nvidia_smi,
         kill_wait_seconds=_duration("kill_wait_seconds", kill_wait_seconds, allow_zero=False),
         log_max_bytes=log_max_bytes,
+        dump_signal=_signal("dump_signal", dump_signal),
+        forensics=forensics,
+        detailed_memory=detailed_memory,
     )
+
+
+def _signal(name: str, value: object) -> int | None:
+    """A signal given by number, ``signal.Signals`` member or name (``"SIGUSR1"``, ``"USR1"``)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.upper()
+        text = text if text.startswith("SIG") else "SIG" + text
+        try:
+            value = signal.Signals[text]
+        except KeyError:
+            raise ValueError(f"{name}: unknown signal {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a signal number or name, not {type(value).__name__}")
+    try:
+        sig = signal.Signals(value)
+    except ValueError:
+        raise ValueError(f"{name}: {value!r} is not a signal") from None
+    if sig in (signal.SIGKILL, signal.SIGSTOP):
+        raise ValueError(f"{name} cannot be {sig.name}: it would end or freeze the run")
+    return int(sig)

@@ -62,6 +62,9 @@ class Header(Event):
     log_path: str
     output_path: str
     monitor_pid: int
+    #: The monitor's monotonic clock at the start, to line ``t`` up with other processes'
+    #: ``time.monotonic()`` (CLOCK_MONOTONIC is system-wide).
+    monotonic_start: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,27 @@ class Abandoned(Event):
     KIND: ClassVar[str] = "abandoned"
 
     process: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Forensics(Event):
+    """What every process of a stalled tree was doing, recorded before the first signal."""
+
+    KIND: ClassVar[str] = "forensics"
+
+    reason: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class OomKill(Event):
+    """The kernel's OOM killer ended a process of the tree."""
+
+    KIND: ClassVar[str] = "oom_kill"
+
+    pid: int
+    name: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True)

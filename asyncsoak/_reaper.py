@@ -66,6 +66,9 @@ class CappedLog:
 
     def __init__(self, fd: int, max_bytes: int) -> None:
         self._fd = fd
+        #: Set when the file cannot be written (full or read-only disk): output is then
+        #: still read and dropped, so the command never blocks on a full pipe.
+        self.error: OSError | None = None
         self._head_cap = max_bytes // 2
         self._tail_cap = max_bytes - self._head_cap
         self._head_written = 0
@@ -76,11 +79,21 @@ class CappedLog:
         self._last_flush = time.monotonic()
 
     def write(self, data: bytes) -> None:
+        if self.error is not None:
+            return
+        try:
+            self._write(data)
+        except OSError as exc:
+            self.error = exc
+
+    def _write(self, data: bytes) -> None:
         room = self._head_cap - self._head_written
         if room > 0:
             head, data = data[:room], data[room:]
-            os.write(self._fd, head)
-            self._head_written += len(head)
+            written = os.write(self._fd, head)
+            self._head_written += written
+            if written < len(head):
+                raise OSError(28, "short write to the log (no space left?)")
         if not data:
             return
         self._tail.append(data)
@@ -102,14 +115,17 @@ class CappedLog:
 
     def flush(self) -> None:
         self._last_flush = time.monotonic()
-        if not self._dirty:
+        if not self._dirty or self.error is not None:
             return
         self._dirty = False
         marker = f"\n[asyncsoak: {self._omitted} bytes of output omitted]\n".encode()
         body = marker + b"".join(self._tail) if self._omitted else b"".join(self._tail)
-        os.lseek(self._fd, self._head_written, os.SEEK_SET)
-        os.write(self._fd, body)
-        os.ftruncate(self._fd, self._head_written + len(body))
+        try:
+            os.lseek(self._fd, self._head_written, os.SEEK_SET)
+            os.write(self._fd, body)
+            os.ftruncate(self._fd, self._head_written + len(body))
+        except OSError as exc:
+            self.error = exc
 
 
 class Reaper:
@@ -234,6 +250,7 @@ class Reaper:
         sel.register(lifeline, selectors.EVENT_READ, "lifeline")
         self.reap()
         output_open = True
+        log_error_reported = False
 
         while True:
             now = time.monotonic()
@@ -269,6 +286,9 @@ class Reaper:
                     self.lifeline_lost()
             self.log.flush()
             self.reap()
+            if self.log.error is not None and not log_error_reported:
+                log_error_reported = True
+                self.report(event="log_error", message=str(self.log.error))
 
         # Whatever is still readable from processes that just died belongs in the log.
         if output_open:

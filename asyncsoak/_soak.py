@@ -13,6 +13,7 @@ that is bounded) before the cancellation propagates.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -40,13 +41,17 @@ from ._events import (
     Abandoned,
     Failure,
     Finished,
+    Forensics,
     Header,
     Leftover,
+    OomKill,
     SignalSent,
     StdinClosed,
     StopRequested,
     Warning,
 )
+from ._forensics import collect_forensics, oom_kills, seconds_since_boot
+from ._proc_sampler import run_proc_sampler
 from ._redact import Masker, redact_mapping, secret_values
 from ._serializer import Serializer
 from ._sink import EventSink, SoakClock, open_event_queue
@@ -57,8 +62,18 @@ from ._watchdog import ProgressTracker, run_watchdog, scan_progress_dir
 THREADS = 4
 #: Bound on the runtime snapshot (each of its external calls has its own, shorter one).
 SNAPSHOT_TIMEOUT = 30.0
+#: Bound on writing the last queued events to the journal.
+DRAIN_TIMEOUT = 10.0
 #: Bound on waiting for the reaper to finish once the tree is gone.
 REAPER_CLOSE_TIMEOUT = 5.0
+#: Time given to the trainer to print what ``dump_signal`` asked for before forensics start.
+DUMP_WAIT_SECONDS = 1.0
+#: Bound on the hang forensics (py-spy of every Python process included).
+FORENSICS_SECONDS = 10.0
+#: The kernel log's clock and the monitor's may drift apart a little.
+KMSG_SLACK_SECONDS = 5.0
+#: Rules after which the tree is looked at before it is stopped.
+HANG_REASONS = frozenset({"stale_progress", "startup_timeout"})
 #: Environment marker that lets the monitor recognise processes of this soak's tree.
 SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
 
@@ -85,6 +100,9 @@ async def run_soak(
     nvidia_smi: str | None = "nvidia-smi",
     kill_wait_seconds: float = 5.0,
     log_max_bytes: int = LOG_MAX_BYTES,
+    dump_signal: int | str | None = None,
+    forensics: bool = True,
+    detailed_memory: bool = False,
 ) -> dict[str, Any]:
     """Run a command in its own process group and produce a soak artifact.
 
@@ -92,6 +110,11 @@ async def run_soak(
     backend-independent liveness signal; once progress is first observed, no file change for
     ``stale_progress_seconds`` fails the soak rather than allowing a deadlocked worker to run
     forever.
+
+    When a run stalls (``stale_progress``, ``startup_timeout``), what every process was doing is
+    recorded in the artifact's ``forensics`` section before the first signal (``forensics=False``
+    skips it); ``dump_signal`` (say ``"SIGUSR1"`` for a trainer that registered ``faulthandler``)
+    is sent to the command first, so what it prints lands in the log.
 
     Returns the artifact (also written to ``output_path``) when the soak passed or was stopped
     through ``control`` (``status: "cancelled"``).  Raises :class:`SoakFailureError` when a
@@ -118,6 +141,9 @@ async def run_soak(
         nvidia_smi=nvidia_smi,
         kill_wait_seconds=kill_wait_seconds,
         log_max_bytes=log_max_bytes,
+        dump_signal=dump_signal,
+        forensics=forensics,
+        detailed_memory=detailed_memory,
     )
     if control is not None and not isinstance(control, SoakControl):
         raise TypeError(f"control must be a SoakControl, not {type(control).__name__}")
@@ -150,6 +176,13 @@ class _Soak:
         self._sink: EventSink | None = None
         self._spawner: Spawner | None = None
         self._progress_seen = False
+        #: Every pid ever seen in the tree, to look up in the kernel's OOM records.
+        self._seen_pids: set[int] = set()
+        self._oom_reported: set[int] = set()
+        self._marker = ""
+        #: The tree as the proc sampler last saw it (for matching GPU processes).
+        self._tree_now: frozenset[int] = frozenset()
+        self._boot_seconds_at_start = seconds_since_boot()
 
     # -- end causes ----------------------------------------------------------------------
 
@@ -237,6 +270,14 @@ class _Soak:
                         await self._fail("monitor_error", f"{type(error).__name__}: {error}")
                     status = self._status(error)
                     await sink.emit(Finished(t=sink.elapsed(), status=status))
+                # The last events are queued; a journal on a hung filesystem must not hold the
+                # soak forever: the drain gets a deadline, and the artifact is built regardless.
+                tg.cancel_scope.deadline = anyio.current_time() + DRAIN_TIMEOUT
+            if tg.cancel_scope.cancelled_caught:
+                serializer.journal_error = (
+                    serializer.journal_error
+                    or f"the journal did not drain within {DRAIN_TIMEOUT:g}s"
+                )
             monitor = {
                 "cpu_seconds": round(time.process_time() - cpu_start, 3),
                 "events": serializer.events,
@@ -292,6 +333,7 @@ class _Soak:
             log_path=str(cfg.log_path),
             output_path=str(cfg.output_path),
             monitor_pid=os.getpid(),
+            monotonic_start=clock.start,
         )
 
     async def _snapshot(self) -> dict[str, Any]:
@@ -329,7 +371,7 @@ class _Soak:
             await sink.emit(Warning(t=sink.elapsed(), message=f"{self.cause} before start"))
             return
         child_env = dict(self._child_env)
-        child_env[SOAK_ID_VARIABLE] = f"{os.getpid()}-{time.time_ns()}"
+        self._marker = child_env[SOAK_ID_VARIABLE] = f"{os.getpid()}-{time.time_ns()}"
         spawner = self._spawner = Spawner(
             SpawnRequest(
                 argv=cfg.command,
@@ -349,6 +391,7 @@ class _Soak:
                 return
             assert spawner.pid is not None
             self.control._set_started(spawner.pid)
+            self._seen_pids.add(spawner.pid)
             tracker = ProgressTracker(
                 baseline,
                 startup_timeout=cfg.startup_timeout_seconds,
@@ -371,6 +414,21 @@ class _Soak:
                         on_failure=self._rule_fired,
                     ),
                 )
+                assert spawner.reaper_pid is not None
+                self._produce(
+                    producers,
+                    sink,
+                    partial(
+                        run_proc_sampler,
+                        root_pid=spawner.reaper_pid,
+                        interval=cfg.sample_interval_seconds,
+                        disk_paths={"progress": cfg.progress_dir, "output": cfg.output_path.parent},
+                        limiter=self._limiter,
+                        detailed_memory=cfg.detailed_memory,
+                        on_tree=self._on_tree,
+                        masker=self._masker,
+                    ),
+                )
                 producers.start_soon(self._end_when_set, spawner.exited, "exited")
                 producers.start_soon(self._end_when_set, self.control.stop_requested, "requested")
                 if cfg.max_duration_seconds is not None:
@@ -381,6 +439,7 @@ class _Soak:
                     await self._after_exit(sink, spawner)
                 else:
                     await self._stop(sink, spawner)
+                await self._report_oom_kills(sink)
                 producers.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -388,6 +447,10 @@ class _Soak:
                     # Only reached when the supervisor itself broke: leave nothing running.
                     spawner.kill_tree()
                 await spawner.close(REAPER_CLOSE_TIMEOUT)
+
+    def _on_tree(self, pids: frozenset[int]) -> None:
+        self._tree_now = pids
+        self._seen_pids.update(pids)
 
     def _produce(
         self,
@@ -420,7 +483,10 @@ class _Soak:
         rc = spawner.returncode
         assert rc is not None
         if rc < 0 and -rc not in spawner.signals_to_leader:
-            await self._fail("signaled", f"the command was killed by {spawner.exit_signal}")
+            message = f"the command was killed by {spawner.exit_signal}"
+            if rc == -signal.SIGKILL and spawner.pid in await self._report_oom_kills(sink):
+                message += " from the kernel's OOM killer (out of memory)"
+            await self._fail("signaled", message)
         elif rc > 0:
             await self._fail("nonzero_exit", f"the command exited with status {rc}")
         ran_for = sink.elapsed()
@@ -462,6 +528,8 @@ class _Soak:
                 t=sink.elapsed(), cause=self.cause, mode=cfg.stop_mode, grace_seconds=grace
             )
         )
+        if self.cause == "failure" and self._failures[0] in HANG_REASONS:
+            await self._hang_forensics(sink, spawner, self._failures[0])
         if not spawner.exited.is_set():
             if cfg.stop_mode == "stdin":
                 if spawner.close_stdin():
@@ -495,10 +563,20 @@ class _Soak:
                 f"{leftovers} process(es) outlived the command by {grace:g}s and were killed",
             )
 
+    async def _tree_pids(self, spawner: Spawner) -> list[int]:
+        """The tree below the reaper, plus marked processes that left it."""
+        pids = spawner.tree_pids()
+        marked = await anyio.to_thread.run_sync(
+            _tree.find_marked, SOAK_ID_VARIABLE, self._marker, limiter=self._limiter
+        )
+        pids += [pid for pid in marked if pid not in pids]
+        self._seen_pids.update(pids)
+        return pids
+
     async def _record_leftovers(self, sink: EventSink, spawner: Spawner) -> int:
         leader_pgid = spawner.pid
         count = 0
-        for pid in spawner.tree_pids():
+        for pid in await self._tree_pids(spawner):
             info = _tree.describe(pid, leader_pgid=leader_pgid)
             if info is not None:
                 info["cmdline"] = (
@@ -510,20 +588,64 @@ class _Soak:
 
     async def _kill(self, sink: EventSink, spawner: Spawner) -> None:
         """SIGKILL everything left, again and again (a forking tree races us), within a bound."""
-        await sink.emit(
-            SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=spawner.tree_pids())
-        )
+        pids = await self._tree_pids(spawner)
+        await sink.emit(SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids))
         with anyio.move_on_after(self.cfg.kill_wait_seconds):
-            while not spawner.tree_gone.is_set():
+            while True:
                 spawner.kill_tree()
+                # Marked processes outside the reaper's tree are not covered by kill_tree().
+                for pid in set(pids) - set(spawner.tree_pids()):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
                 with anyio.move_on_after(0.05):
                     await spawner.tree_gone.wait()
-        if spawner.tree_gone.is_set():
-            return
-        for pid in spawner.tree_pids():
+                pids = await self._tree_pids(spawner)
+                if spawner.tree_gone.is_set() and not pids:
+                    return
+        for pid in pids:
             info = _tree.describe(pid, leader_pgid=spawner.pid)
             if info is not None:
                 await sink.emit(Abandoned(t=sink.elapsed(), process=info))
+
+    async def _hang_forensics(self, sink: EventSink, spawner: Spawner, reason: str) -> None:
+        """Before the first signal: ask for a stack dump, then record what the tree is doing."""
+        cfg = self.cfg
+        if cfg.dump_signal is not None and spawner.signal_leader(cfg.dump_signal):
+            name = signal.Signals(cfg.dump_signal).name
+            await sink.emit(
+                SignalSent(t=sink.elapsed(), signal=name, target="leader", pids=[spawner.pid or 0])
+            )
+            await anyio.sleep(DUMP_WAIT_SECONDS)
+        if not cfg.forensics:
+            return
+        pids = await self._tree_pids(spawner)
+        data: dict[str, Any] = {"error": f"forensics took longer than {FORENSICS_SECONDS:g}s"}
+        with anyio.move_on_after(FORENSICS_SECONDS + 2.0):
+            data = await anyio.to_thread.run_sync(
+                partial(collect_forensics, pids, time_budget=FORENSICS_SECONDS),
+                limiter=self._limiter,
+                abandon_on_cancel=True,
+            )
+        await sink.emit(Forensics(t=sink.elapsed(), reason=reason, data=data))
+
+    async def _report_oom_kills(self, sink: EventSink) -> set[int]:
+        """Look up the tree's pids in the kernel's OOM records; report each kill once."""
+        found = None
+        with anyio.move_on_after(5.0):
+            found = await anyio.to_thread.run_sync(
+                partial(
+                    oom_kills,
+                    set(self._seen_pids),
+                    since_boot_seconds=self._boot_seconds_at_start - KMSG_SLACK_SECONDS,
+                ),
+                limiter=self._limiter,
+                abandon_on_cancel=True,
+            )
+        for kill in found or []:
+            if kill["pid"] not in self._oom_reported:
+                self._oom_reported.add(kill["pid"])
+                await sink.emit(OomKill(t=sink.elapsed(), **kill))
+        return self._oom_reported
 
 
 def _unwrap(exc: Exception) -> Exception:

@@ -24,11 +24,13 @@ from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from . import _tree
-from ._events import Exited, SpawnFailed, Started, TreeGone
+from ._events import Exited, SpawnFailed, Started, TreeGone, Warning
 from ._sink import EventSink
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 _REPORT_MAX_BYTES = 64 * 1024
+#: Bound on starting the command (exec from a hung network filesystem can block).
+SPAWN_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +114,16 @@ class Spawner:
         assert self._reaper.stdout is not None
         self._reports = BufferedByteReceiveStream(self._reaper.stdout)
         await self._reaper.stdin.send(json.dumps(config).encode() + b"\n")
-        first = await self._next_report()
+        first: dict[str, Any] | None = None
+        with anyio.move_on_after(SPAWN_TIMEOUT) as waited:
+            first = await self._next_report()
         if first is None or first.get("event") != "spawned":
-            message = "the reaper exited before starting the command"
-            if first is not None:
-                message = str(first.get("message", message))
+            if waited.cancelled_caught:
+                message = f"the command did not start within {SPAWN_TIMEOUT:g}s"
+            elif first is None:
+                message = "the reaper exited before starting the command"
+            else:
+                message = str(first.get("message", "unknown error"))
             self.spawn_error = message
             await sink.emit(SpawnFailed(t=sink.elapsed(), message=message))
             return False
@@ -147,6 +154,13 @@ class Spawner:
                     )
                 )
                 self.exited.set()
+            elif report["event"] == "log_error":
+                await sink.emit(
+                    Warning(
+                        t=sink.elapsed(),
+                        message=f"the output log could not be written: {report['message']}",
+                    )
+                )
             elif report["event"] == "empty":
                 self.exited.set()
                 await sink.emit(TreeGone(t=sink.elapsed()))

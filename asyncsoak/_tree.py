@@ -114,3 +114,25 @@ def how_it_left(info: dict[str, Any], leader_pgid: int) -> str:
     if info.get("sid") != leader_pgid:
         return "left the command's session (setsid / daemonised)"
     return "moved to another process group (setpgid)"
+
+
+def find_marked(variable: str, value: str) -> list[int]:
+    """Processes whose environment holds ``variable=value`` (the soak's marker).
+
+    This finds processes of the tree that are no longer below the reaper (re-parented to a
+    subreaper of their own, say).  It reads every process's environment, so it is used only
+    when the tree is being stopped, never on the sampling path.
+    """
+    needle = f"{variable}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry))
+    return found

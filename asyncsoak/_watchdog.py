@@ -2,13 +2,15 @@
 
 A regular file below ``progress_dir`` (recursively, symlinks not followed) that is created,
 grows, or whose mtime changes counts as progress; files present at the start are the baseline,
-so their later growth counts too.  The time of a change is the monitor's monotonic clock when a
-scan saw it, never the file's mtime.  asyncsoak's own files (journal, artifact, the captured
-log unless asked) never count, matched by device and inode.
+so their later growth counts too.  The time of a change is the monitor's monotonic clock when it
+saw the change (through inotify at once, or at the next scan), never the file's mtime.
+asyncsoak's own files (journal, artifact, the captured log unless asked) never count, matched
+by device and inode.
 
 :class:`ProgressTracker` holds the rules and takes ``now`` as an argument, so tests drive it
-with any clock.  :func:`run_watchdog` sleeps until the next scan or the next deadline,
-whichever comes first, so a stall is caught when its deadline passes, not at the next tick.
+with any clock.  :func:`run_watchdog` waits for inotify events until the next scan or the next
+deadline, whichever comes first, so a stall is caught when its deadline passes, not at the next
+tick.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import anyio
 
 from ._events import Progress
+from ._inotify import Inotify
 from ._sink import EventSink
 
 #: How many changed paths a progress event names.
@@ -104,16 +107,32 @@ class ProgressTracker:
         self.longest_gap = 0.0
 
     def observe(self, files: dict[str, FileState], now: float) -> list[str]:
-        """Record a scan; return the paths that changed since the previous one."""
-        changed = [
-            path
-            for path, state in files.items()
-            if (old := self._files.get(path)) is None
+        """Record a full scan; return the paths that changed since they were last seen."""
+        changed = [path for path, state in files.items() if self._differs(path, state)]
+        self._files = files
+        return self._record(changed, now)
+
+    def observe_some(self, updates: dict[str, FileState | None], now: float) -> list[str]:
+        """Record fresh states of a few paths (None: gone); return those that changed."""
+        changed = []
+        for path, state in updates.items():
+            if state is None:
+                self._files.pop(path, None)
+            elif self._differs(path, state):
+                changed.append(path)
+                self._files[path] = state
+        return self._record(sorted(changed), now)
+
+    def _differs(self, path: str, state: FileState) -> bool:
+        old = self._files.get(path)
+        return (
+            old is None
             or old.ino != state.ino
             or old.size != state.size
             or old.mtime_ns != state.mtime_ns
-        ]
-        self._files = files
+        )
+
+    def _record(self, changed: list[str], now: float) -> list[str]:
         if changed:
             if self.first_change is None:
                 self.first_change = now
@@ -144,6 +163,37 @@ class ProgressTracker:
         )
 
 
+def stat_keys(
+    root: Path, keys: Collection[str], ignore: Collection[FileKey]
+) -> dict[str, FileState | None]:
+    """Fresh states of files named by scan keys (relative to ``root``, or absolute)."""
+    out: dict[str, FileState | None] = {}
+    for key in keys:
+        try:
+            st = os.stat(root / key, follow_symlinks=False)
+        except OSError:
+            out[key] = None
+            continue
+        if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in ignore:
+            out[key] = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def open_inotify(progress_dir: Path, also: Collection[Path]) -> Inotify | None:
+    """Watches on the progress tree and the extra files, or None where inotify is unavailable."""
+    try:
+        watcher = Inotify()
+    except OSError:
+        return None
+    for path in also:
+        watcher.watch_file(path)
+    if progress_dir.is_dir():
+        watcher.watch_tree(progress_dir)
+    elif progress_dir.parent.is_dir():
+        watcher.watch_for_creation(progress_dir)
+    return watcher
+
+
 async def run_watchdog(
     sink: EventSink,
     *,
@@ -155,14 +205,65 @@ async def run_watchdog(
     limiter: anyio.CapacityLimiter,
     on_failure: Callable[[str, str], Awaitable[None]],
     scan_timeout: float = 60.0,
+    use_inotify: bool = True,
 ) -> None:
-    """Scan until a rule fires (then call ``on_failure``) or the task is cancelled."""
+    """Watch until a rule fires (then call ``on_failure``) or the task is cancelled.
+
+    Between scans it waits on inotify, so a change is dated when it happens; a scan runs every
+    ``scan_interval`` and at each deadline, and decides whether the deadline was met.
+    """
+    watcher = open_inotify(progress_dir, also) if use_inotify else None
+    try:
+        await _watch(
+            sink,
+            watcher,
+            progress_dir,
+            tracker,
+            ignore,
+            also,
+            scan_interval,
+            limiter,
+            on_failure,
+            scan_timeout,
+        )
+    finally:
+        if watcher is not None:
+            watcher.close()
+
+
+async def _watch(
+    sink: EventSink,
+    watcher: Inotify | None,
+    progress_dir: Path,
+    tracker: ProgressTracker,
+    ignore: Callable[[], Collection[FileKey]],
+    also: Collection[Path],
+    scan_interval: float,
+    limiter: anyio.CapacityLimiter,
+    on_failure: Callable[[str, str], Awaitable[None]],
+    scan_timeout: float,
+) -> None:
     next_scan = sink.elapsed() + scan_interval
+    root_watched = os.path.isdir(progress_dir)  # noqa: ASYNC240 - one stat, no thread hop
     while True:
         wake = min(next_scan, tracker.deadline())
-        await anyio.sleep(max(0.0, wake - sink.elapsed()))
-        changed: list[str] = []
+        with anyio.move_on_after(max(0.0, wake - sink.elapsed())):
+            if watcher is None:
+                await anyio.sleep_forever()
+            else:
+                await anyio.wait_readable(watcher.fd)
+                touched = watcher.read(progress_dir)
+                if watcher.overflowed:
+                    watcher.overflowed = False
+                    next_scan = sink.elapsed()
+                if touched:
+                    previous = tracker.last_change
+                    now = sink.elapsed()
+                    updates = stat_keys(progress_dir, touched, ignore())
+                    await _report(sink, tracker.observe_some(updates, now), now, previous)
+                continue
         previous = tracker.last_change
+        changed = []
         with anyio.move_on_after(scan_timeout) as scan_scope:
             result = await anyio.to_thread.run_sync(
                 partial(scan_progress_dir, progress_dir, ignore(), also),
@@ -175,12 +276,20 @@ async def run_watchdog(
         if not scan_scope.cancelled_caught:
             changed = tracker.observe(result.files, now)
         if changed:
-            gap = None if previous is None else now - previous
-            await sink.emit(
-                Progress(
-                    t=now, changed=len(changed), paths=changed[:PATHS_PER_EVENT], gap_seconds=gap
-                )
-            )
+            await _report(sink, changed, now, previous)
         elif (broken := tracker.verdict(now)) is not None:
             await on_failure(*broken)
             return
+        created = not root_watched and os.path.isdir(progress_dir)  # noqa: ASYNC240 - one stat
+        if watcher is not None and created:
+            # The trainer created the progress dir after the start: watch it from now on.
+            root_watched = True
+            watcher.watch_tree(progress_dir)
+
+
+async def _report(sink: EventSink, changed: list[str], now: float, previous: float | None) -> None:
+    if changed:
+        gap = None if previous is None else now - previous
+        await sink.emit(
+            Progress(t=now, changed=len(changed), paths=changed[:PATHS_PER_EVENT], gap_seconds=gap)
+        )

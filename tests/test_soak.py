@@ -125,6 +125,29 @@ async def test_stall_is_stale_progress(tmp_path: Path) -> None:
     assert 0.5 <= failure_t - progress_t < 4.0
 
 
+async def test_changes_are_dated_when_they_happen_not_at_the_next_scan(
+    tmp_path: Path, ready: ReadyFifo
+) -> None:
+    """With scans 30 s apart, a stall is still caught right after last write + stale limit."""
+    body = """
+touch(); time.sleep(0.2)
+(progress / "deeper").mkdir(); touch("deeper/more.txt"); time.sleep(0.2)
+touch()
+say(repr(time.monotonic()))
+time.sleep(60)
+"""
+    error = await soak_failure(
+        command=child(tmp_path, body, ready),
+        **fast_limits(tmp_path, sample_interval_seconds=30.0, stale_progress_seconds=0.5),
+    )
+    last_write = float(await ready.line())
+    failure_t = next(e["t"] for e in error.artifact["events"] if e["kind"] == "failure")
+    detected = error.artifact["monitor"]["monotonic_start"] + failure_t
+    assert error.reason == "stale_progress"
+    assert 0.5 <= detected - last_write < 2.0
+    assert error.artifact["progress"]["changes"] >= 3
+
+
 async def test_growth_of_a_file_present_at_start_counts(tmp_path: Path) -> None:
     """A resumed run that appends to an existing metrics file makes progress."""
     (tmp_path / "progress").mkdir()
@@ -153,14 +176,14 @@ async def test_stall_with_own_files_in_progress_dir_still_goes_stale(tmp_path: P
 
 async def test_output_counts_as_progress_only_when_asked(tmp_path: Path) -> None:
     """A trainer whose only sign of life is its output passes with output_is_progress."""
-    body = "for i in range(12):\n    print('loss', i, flush=True); time.sleep(0.1)"
-    limits = fast_limits(tmp_path, startup_timeout_seconds=0.6)
+    body = "for i in range(30):\n    print('loss', i, flush=True); time.sleep(0.1)"
+    limits = fast_limits(tmp_path, startup_timeout_seconds=2.0)
     with anyio.fail_after(60):
         artifact = await run_soak(command=child(tmp_path, body), output_is_progress=True, **limits)
     assert artifact["status"] == "passed"
     assert artifact["progress"]["changes"] >= 1
     error = await soak_failure(
-        command=child(tmp_path, body), **fast_limits(tmp_path, startup_timeout_seconds=0.6)
+        command=child(tmp_path, body), **fast_limits(tmp_path, startup_timeout_seconds=2.0)
     )
     assert error.reason == "startup_timeout"
 
@@ -538,3 +561,36 @@ async def test_cwd_is_the_childs_working_directory(tmp_path: Path) -> None:
         artifact = await run_soak(command=child(tmp_path, body), cwd=work, **fast_limits(tmp_path))
     assert f"cwd={work}" in artifact["log"]["tail"]
     assert artifact["cwd"] == str(work)
+
+
+async def test_whole_tree_is_sampled(tmp_path: Path, schema: Draft202012Validator) -> None:
+    """A tree of 25 processes is counted whole, and its memory adds up in the tree totals."""
+    body = """
+touch()
+workers = []
+for _ in range(24):
+    pid = os.fork()
+    if pid == 0:
+        ballast = bytearray(4 * 2**20)
+        for i in range(0, len(ballast), 4096):
+            ballast[i] = 1
+        time.sleep(60)
+        os._exit(0)
+    workers.append(pid)
+for _ in range(15):
+    touch(); time.sleep(0.1)
+for pid in workers:
+    os.kill(pid, signal.SIGTERM)
+    os.waitpid(pid, 0)
+"""
+    with anyio.fail_after(60):
+        artifact = await run_soak(command=child(tmp_path, body), **fast_limits(tmp_path))
+    tree = artifact["summary"]["tree"]
+    assert tree["processes"]["max"] == 25
+    assert tree["rss_bytes"]["max"] >= 24 * 4 * 2**20
+    assert artifact["summary"]["samples"]["sample"] >= 5
+    assert max(artifact["series"]["tree"]["processes"]) == 25
+    assert "memory_percent" in artifact["series"]["machine"]
+    assert_valid(artifact, schema)
+    samples = [e for e in journal(tmp_path / "out" / "soak.jsonl") if e["kind"] == "sample"]
+    assert max(len(s["processes"]) for s in samples) == 25

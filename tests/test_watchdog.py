@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,34 @@ def test_scan_watches_extra_files_by_path(tmp_path: Path) -> None:
     log.write_text("line\n")
     result = scan_progress_dir(tmp_path / "progress", also=[log])
     assert list(result.files) == [str(log)]
+
+
+def test_scanner_survives_loops_deep_trees_and_vanishing_files(tmp_path: Path) -> None:
+    """Symlink loops, a 200-deep tree and files deleted mid-scan never break a scan."""
+    deep = tmp_path
+    for i in range(200):
+        deep = deep / f"d{i}"
+    deep.mkdir(parents=True)
+    (deep / "bottom.txt").write_text("x")
+    (tmp_path / "loop").symlink_to(tmp_path, target_is_directory=True)
+    churn = tmp_path / "churn"
+    churn.mkdir()
+    stop = threading.Event()
+
+    def create_and_delete() -> None:
+        i = 0
+        while not stop.is_set():
+            path = churn / f"f{i % 500}"
+            path.write_text("x")
+            path.unlink()
+            i += 1
+
+    worker = threading.Thread(target=create_and_delete)
+    worker.start()
+    try:
+        for _ in range(20):
+            files = scan_progress_dir(tmp_path).files
+            assert any(name.endswith("bottom.txt") for name in files)
+    finally:
+        stop.set()
+        worker.join()

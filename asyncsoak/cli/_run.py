@@ -70,6 +70,18 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="seconds between status lines when stderr is not a terminal (default 60)",
     )
+    run.add_argument(
+        "--detailed-memory",
+        action="store_true",
+        help="also read USS/PSS (reads smaps; can stall on a CUDA process)",
+    )
+    run.add_argument(
+        "--dump-signal",
+        default=None,
+        metavar="SIG",
+        help="signal sent to the command when it stalls, before forensics (e.g. SIGUSR1 "
+        "for a trainer that registered faulthandler)",
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     run.set_defaults(handler=run_command)
 
@@ -107,6 +119,8 @@ def run_command(args: argparse.Namespace) -> int:
         env=env,
         metadata=parse_pairs("--metadata", args.metadata),
         nvidia_smi=None if args.no_gpu else args.nvidia_smi,
+        dump_signal=args.dump_signal,
+        detailed_memory=args.detailed_memory,
         status=None if args.quiet else live_status(status_interval=args.status_interval),
     )
 

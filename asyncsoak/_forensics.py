@@ -1,0 +1,204 @@
+"""Hang forensics and the kernel's word on why a process died.
+
+When a run stalls (``stale_progress``, ``startup_timeout``), the monitor records, before the
+first signal, what every process of the tree was doing: its state, the kernel function it
+sleeps in (``wchan``), its kernel stack when readable, its threads, and for Python processes
+a stack dump with ``py-spy`` when it is installed.  Everything is bounded in time: a process in
+``D`` state or a ``py-spy`` that hangs cannot hold up the stop sequence.
+
+:func:`oom_kills` reads the kernel log for processes of the tree that the OOM killer ended.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Collection, Iterable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+#: Threads listed per process.
+MAX_THREADS = 64
+#: Bytes kept of one py-spy dump.
+MAX_DUMP_BYTES = 32 * 1024
+#: Python processes dumped with py-spy at most (the first ones of the tree: the trainer and
+#: its nearest workers); a tree of hundreds of workers would spend the whole budget otherwise.
+MAX_PY_SPY = 16
+#: Bound on one py-spy call.
+PY_SPY_TIMEOUT = 5.0
+#: Records read from the kernel log at most.
+MAX_KMSG_RECORDS = 100_000
+
+
+def _read(path: str, limit: int = 64 * 1024) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", errors="replace")
+    except OSError as exc:
+        return None if exc.errno != 13 else "[permission denied]"
+
+
+def _thread_info(pid: int) -> list[dict[str, Any]]:
+    threads: list[dict[str, Any]] = []
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return threads
+    for tid in tids[:MAX_THREADS]:
+        stat = _read(f"/proc/{pid}/task/{tid}/stat") or ""
+        comm = stat[stat.find("(") + 1 : stat.rfind(")")] if "(" in stat else None
+        state = stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] if ")" in stat else None
+        threads.append(
+            {
+                "tid": tid,
+                "name": comm,
+                "state": state,
+                "wchan": _read(f"/proc/{pid}/task/{tid}/wchan"),
+            }
+        )
+    return threads
+
+
+def _looks_like_python(name: str, cmdline: list[str]) -> bool:
+    program = os.path.basename(cmdline[0]) if cmdline else ""
+    return "python" in name.lower() or "python" in program.lower()
+
+
+def find_py_spy() -> str | None:
+    """py-spy on PATH, or beside this interpreter (installed in a venv not activated)."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if os.access(beside, os.X_OK) else None)
+
+
+def py_spy_dump(py_spy: str, pid: int, timeout: float = PY_SPY_TIMEOUT) -> dict[str, Any]:
+    """``py-spy dump`` of one process, or why there is none (ptrace refused, timeout...)."""
+    try:
+        result = subprocess.run(
+            [py_spy, "dump", "--pid", str(pid)],
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"py-spy did not answer within {timeout:g}s"}
+    except OSError as exc:
+        return {"error": f"py-spy could not run: {exc}"}
+    out = result.stdout[:MAX_DUMP_BYTES].decode("utf-8", errors="replace")
+    if result.returncode != 0:
+        err = result.stderr.decode("utf-8", errors="replace").strip()
+        reason = err or out.strip() or f"exit status {result.returncode}"
+        if "ptrace" in reason.lower() or "permission" in reason.lower():
+            reason += " (ptrace is not allowed: run as the same user with ptrace permitted)"
+        return {"error": reason[:2000]}
+    return {"stack": out}
+
+
+def collect_forensics(
+    pids: Iterable[int], *, time_budget: float, py_spy: str | None = None
+) -> dict[str, Any]:
+    """What every process was doing, within ``time_budget`` seconds in all."""
+    deadline = time.monotonic() + time_budget
+    py_spy = py_spy if py_spy is not None else find_py_spy()
+    processes: list[dict[str, Any]] = []
+    skipped = 0
+    dumped = 0
+    for pid in pids:
+        if time.monotonic() >= deadline:
+            skipped += 1
+            continue
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                name = proc.name()
+                info: dict[str, Any] = {
+                    "pid": pid,
+                    "ppid": proc.ppid(),
+                    "name": name,
+                    "state": proc.status(),
+                    "num_threads": proc.num_threads(),
+                }
+                try:
+                    cmdline = proc.cmdline()
+                except psutil.AccessDenied:
+                    cmdline = []
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        except psutil.AccessDenied:
+            processes.append({"pid": pid, "error": "access denied"})
+            continue
+        info["cmdline"] = cmdline
+        info["wchan"] = _read(f"/proc/{pid}/wchan")
+        info["kernel_stack"] = _read(f"/proc/{pid}/stack")
+        info["threads"] = _thread_info(pid)
+        if _looks_like_python(name, cmdline):
+            left = deadline - time.monotonic()
+            if py_spy is None:
+                info["python_stack"] = {"error": "py-spy is not installed (pip install py-spy)"}
+            elif dumped >= MAX_PY_SPY:
+                info["python_stack"] = {"error": f"only the first {MAX_PY_SPY} are dumped"}
+            elif left > 0.5:
+                dumped += 1
+                info["python_stack"] = py_spy_dump(py_spy, pid, min(PY_SPY_TIMEOUT, left))
+            else:
+                info["python_stack"] = {"error": "no time left in the forensics budget"}
+        processes.append(info)
+    return {
+        "processes": processes,
+        "skipped_for_time": skipped,
+        "py_spy": py_spy,
+        "time_budget_seconds": time_budget,
+    }
+
+
+_KILLED = re.compile(r"Killed process (?P<pid>\d+) \((?P<name>[^)]*)\)")
+
+
+def oom_kills(
+    pids: Collection[int], *, since_boot_seconds: float, kmsg: Path = Path("/dev/kmsg")
+) -> list[dict[str, Any]] | None:
+    """OOM-killer records for ``pids`` logged after ``since_boot_seconds``; None if unreadable."""
+    if not pids:
+        return []
+    try:
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    found: list[dict[str, Any]] = []
+    try:
+        for _ in range(MAX_KMSG_RECORDS):
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError:
+                # EPIPE: records were overwritten while reading; the next read goes on.
+                continue
+            if not record:
+                break
+            head, _, message = record.decode("utf-8", errors="replace").partition(";")
+            fields = head.split(",")
+            if len(fields) < 3 or int(fields[2]) / 1e6 < since_boot_seconds:
+                continue
+            match = _KILLED.search(message)
+            if match and int(match["pid"]) in pids:
+                found.append(
+                    {
+                        "pid": int(match["pid"]),
+                        "name": match["name"],
+                        "message": message.strip().splitlines()[0][:500],
+                    }
+                )
+    finally:
+        os.close(fd)
+    return found
+
+
+def seconds_since_boot() -> float:
+    """The clock the kernel log stamps its records with."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)

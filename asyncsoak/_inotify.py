@@ -1,0 +1,135 @@
+"""Linux inotify through ctypes: the watchdog hears about a write when it happens.
+
+Periodic scans alone would see a change up to a scan interval late, and a late change moves
+the staleness deadline late by as much.  The kernel's notifications let the watchdog date a
+change to within milliseconds whatever the scan interval; the scans stay as the authority
+(they see what inotify cannot: writes through ``mmap``, writes by another machine to a network
+filesystem), so a missing or overflowing inotify only costs promptness, never correctness.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from pathlib import Path
+
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+IN_MODIFY = 0x002
+IN_ATTRIB = 0x004
+IN_CLOSE_WRITE = 0x008
+IN_MOVED_TO = 0x080
+IN_CREATE = 0x100
+IN_Q_OVERFLOW = 0x4000
+IN_ISDIR = 0x40000000
+IN_DONT_FOLLOW = 0x02000000
+IN_ONLYDIR = 0x01000000
+_MASK = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
+_HEADER = struct.Struct("iIII")
+#: Directories watched at most; beyond that the scans alone keep watch.
+MAX_WATCHES = 4096
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class Inotify:
+    """Watches a directory tree (and single files) for writes, creations and touches."""
+
+    def __init__(self) -> None:
+        fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        self.fd: int = fd
+        #: watch descriptor -> (key prefix for a directory, or the key of a watched file)
+        self._watches: dict[int, tuple[str, bool]] = {}
+        #: The watch on the parent of a progress dir that does not exist yet.
+        self._parent_wd: int | None = None
+        self.overflowed = False
+        self.full = False
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _add(self, path: str, key: str, is_dir: bool) -> int | None:
+        if len(self._watches) >= MAX_WATCHES:
+            self.full = True
+            return None
+        flags = _MASK | IN_DONT_FOLLOW | (IN_ONLYDIR if is_dir else 0)
+        wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), flags)
+        if wd < 0:
+            if ctypes.get_errno() == 28:  # ENOSPC: the user's watch limit
+                self.full = True
+            return None
+        self._watches[wd] = (key, is_dir)
+        return int(wd)
+
+    def watch_for_creation(self, root: Path) -> None:
+        """Watch the parent of a progress dir the trainer has not created yet."""
+        self._parent_wd = self._add(str(root.parent), "", is_dir=True)
+
+    def watch_file(self, path: Path) -> None:
+        """Watch one file; its events are reported under ``str(path)``."""
+        self._add(str(path), str(path), is_dir=False)
+
+    def watch_tree(self, root: Path, prefix: str = "") -> list[str]:
+        """Watch ``root`` and its subdirectories (symlinks not followed).
+
+        Returns the keys of the files found below, which may have been written before the
+        watches were in place.
+        """
+        found: list[str] = []
+        stack = [(str(root), prefix)]
+        while stack and not self.full:
+            directory, rel = stack.pop()
+            if self._add(directory, rel, is_dir=True) is None:
+                continue
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append((entry.path, f"{rel}{entry.name}/"))
+                    else:
+                        found.append(f"{rel}{entry.name}")
+                except OSError:
+                    continue
+        return found
+
+    def read(self, root: Path) -> set[str]:
+        """Keys of the files touched since the last read; new directories get watched."""
+        touched: set[str] = set()
+        while True:
+            try:
+                data = os.read(self.fd, 64 * 1024)
+            except BlockingIOError:
+                return touched
+            offset = 0
+            while offset < len(data):
+                wd, mask, _cookie, length = _HEADER.unpack_from(data, offset)
+                offset += _HEADER.size
+                name = data[offset : offset + length].rstrip(b"\0").decode(errors="surrogateescape")
+                offset += length
+                if mask & IN_Q_OVERFLOW:
+                    self.overflowed = True
+                    continue
+                if wd == self._parent_wd:
+                    if mask & IN_ISDIR and name == root.name:
+                        touched.update(self.watch_tree(root))
+                    continue
+                watch = self._watches.get(wd)
+                if watch is None:
+                    continue
+                key, is_dir = watch
+                if not is_dir:
+                    touched.add(key)
+                elif mask & IN_ISDIR:
+                    if mask & (IN_CREATE | IN_MOVED_TO):
+                        touched.update(self.watch_tree(root / f"{key}{name}", f"{key}{name}/"))
+                else:
+                    touched.add(f"{key}{name}")

@@ -1,0 +1,648 @@
+"""The proc sampler: the supervised process tree and the machine, read straight from /proc.
+
+Every ``interval`` the sampler walks the tree afresh from the soak's reaper (the reaper itself
+is not part of the tree) and reads, for each process, ``/proc/PID/stat`` (state, parent, CPU
+ticks, threads, start time, RSS), ``/proc/PID/io``, the size of ``/proc/PID/fd`` and the
+``children`` files that lead to the next level.  A single pass both discovers and measures
+the tree, a handful of system calls per process: psutil would cost several times that, and
+``psutil.Process.children`` scans every process on the machine.
+
+A process is known by its pid *and* its start time (field 22 of ``stat``): a pid reused
+between two samples is a new process with no CPU history, never a bogus delta.  A process
+that vanishes while it is being read is simply absent from the sample, like psutil's
+``NoSuchProcess``; one we may not read (``AccessDenied``) keeps the figures we could read.
+
+The reads run in a worker thread under a deadline: a stuck read (``/proc/PID/cmdline`` and
+``smaps_rollup`` wait for the process's memory map lock) degrades this sampler only, and no
+second read starts until the stuck one returns.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import InitVar, dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import anyio
+import anyio.to_thread
+
+from ._events import (
+    Event,
+    SamplerDegraded,
+    SamplerNote,
+    SamplerRecovered,
+    SeriesPoints,
+    SummaryLabels,
+)
+from ._redact import Masker
+from ._sink import EventSink
+
+SAMPLER_NAME = "proc"
+PROC = Path("/proc")
+#: How long one reading of the tree and the machine may take before the sampler is degraded.
+READ_TIMEOUT_SECONDS = 5.0
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+# psutil's words for the one-letter states of /proc/PID/stat.
+_STATES = {
+    b"R": "running",
+    b"S": "sleeping",
+    b"D": "disk-sleep",
+    b"T": "stopped",
+    b"t": "tracing-stop",
+    b"Z": "zombie",
+    b"X": "dead",
+    b"x": "dead",
+    b"K": "wake-kill",
+    b"W": "waking",
+    b"I": "idle",
+    b"P": "parked",
+}
+# States worth a line in the artifact's summary: a process stuck on IO, unreaped or stopped.
+_NOTABLE_STATES = frozenset({"disk-sleep", "zombie", "stopped", "tracing-stop"})
+
+_VANISHED = (FileNotFoundError, ProcessLookupError)
+_CHUNK = 8192
+
+
+def _fd_dir_size_is_count() -> bool:
+    # Since Linux 6.2 stat() of /proc/PID/fd reports the number of open files: one system
+    # call instead of listing the directory.  Older kernels report 0; this process has fds.
+    try:
+        return os.stat(f"/proc/{os.getpid()}/fd").st_size > 0
+    except OSError:
+        return False
+
+
+_FD_DIR_SIZE_IS_COUNT = _fd_dir_size_is_count()
+
+
+def _percent(part: float, whole: float) -> float:
+    # Two decimals are more than /proc's precision and keep the journal short.
+    return round(100.0 * part / whole, 2)
+
+
+#: Seconds since boot: the clock of the start times in ``/proc/PID/stat``.
+boot_clock: Callable[[], float] = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
+
+
+def read_proc_file(path: str, *, one_piece: bool = False) -> bytes:
+    """The whole content of a /proc file, with the fewest system calls.
+
+    ``one_piece``: procfs builds the file in one go (``single_open``: stat, io, meminfo...),
+    so a read shorter than the buffer is the end of it.  Other files (``children``) come a
+    page at a time and are read until a read returns nothing.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, _CHUNK)
+        if not data or (one_piece and len(data) < _CHUNK):
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, _CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+# Not frozen: one is built for every process at every sample, and a frozen dataclass's
+# __init__ costs several times as much (benchmarks/proc_sampling.py).
+@dataclass(slots=True)
+class ProcessFigures:
+    """One process of the tree.  ``cmdline`` only the first time the process is sampled."""
+
+    pid: int
+    ppid: int
+    name: str
+    state: str
+    #: Over the time since the previous sample; None the first time a process is sampled.
+    #: The kernel counts CPU time in ticks (10 ms as a rule): coarse over short intervals.
+    cpu_percent: float | None
+    rss_bytes: int
+    threads: int
+    fds: int | None
+    read_bytes: int | None
+    write_bytes: int | None
+    cmdline: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TreeFigures:
+    """The tree's totals.  ``cpu_percent`` may exceed 100 (one full core is 100)."""
+
+    processes: int
+    cpu_percent: float | None
+    rss_bytes: int
+    uss_bytes: int | None
+    pss_bytes: int | None
+    threads: int
+    fds: int
+    read_bytes: int
+    write_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MachineFigures:
+    """The whole machine.  ``cpu_percent`` is of all CPUs (100 means every core busy)."""
+
+    cpu_percent: float | None
+    memory_used_bytes: int | None
+    memory_available_bytes: int | None
+    memory_percent: float | None
+    swap_used_bytes: int | None
+    swap_percent: float | None
+    load1: float | None
+    load5: float | None
+    load15: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DiskFigures:
+    """The filesystem holding ``path`` (or its nearest existing parent)."""
+
+    path: str
+    free_bytes: int | None
+    percent_used: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcSample(Event):
+    """One reading of the supervised tree and the machine."""
+
+    KIND: ClassVar[str] = "sample"
+    DROPPABLE: ClassVar[bool] = True
+
+    root_pid: int
+    tree: TreeFigures
+    processes: list[ProcessFigures]
+    machine: MachineFigures
+    disks: dict[str, DiskFigures]
+
+    @property
+    def pids(self) -> frozenset[int]:
+        return frozenset(p.pid for p in self.processes)
+
+    def series_points(self) -> SeriesPoints:
+        tree = self.tree
+        machine = self.machine
+        machine_points: dict[str, float | None] = {
+            "cpu_percent": machine.cpu_percent,
+            "memory_used_bytes": machine.memory_used_bytes,
+            "memory_percent": machine.memory_percent,
+            "swap_percent": machine.swap_percent,
+            "load1": machine.load1,
+        }
+        for label, disk in self.disks.items():
+            machine_points[f"disk_free_bytes_{label}"] = disk.free_bytes
+        return {
+            "tree": {
+                "cpu_percent": tree.cpu_percent,
+                "rss_bytes": tree.rss_bytes,
+                "processes": tree.processes,
+                "threads": tree.threads,
+                "fds": tree.fds,
+                "read_bytes": tree.read_bytes,
+                "write_bytes": tree.write_bytes,
+            },
+            "machine": machine_points,
+        }
+
+    def summary_labels(self) -> SummaryLabels:
+        notable = sorted({p.state for p in self.processes} & _NOTABLE_STATES)
+        return {"tree": {"process_states": notable}} if notable else {}
+
+
+@dataclass(slots=True)
+class _Walk:
+    """What one reading gathers on its way down the tree."""
+
+    previous_walk: float | None
+    detailed_memory: InitVar[bool]
+    #: parent pid -> children, from a scan of /proc when there are no ``children`` files.
+    children_of: dict[int, list[int]] | None
+    stack: list[int] = field(default_factory=list)
+    processes: list[ProcessFigures] = field(default_factory=list)
+    #: pid -> (start time, CPU ticks, when read): the next walk's history.
+    history: dict[int, tuple[int, int, float]] = field(default_factory=dict)
+    described: dict[int, int] = field(default_factory=dict)
+    #: CPU ticks the tree used since the previous walk.
+    cpu_ticks: int = 0
+    uss: int | None = None
+    pss: int | None = None
+
+    def __post_init__(self, detailed_memory: bool) -> None:
+        if detailed_memory:
+            self.uss = self.pss = 0
+
+
+class ProcSampler:
+    """Reads the tree below ``root_pid`` and the machine; keeps what CPU deltas need.
+
+    :meth:`read` is blocking (call it in a worker thread) and never runs twice at once: a
+    call made while another is still running returns None at once.
+    """
+
+    def __init__(
+        self,
+        root_pid: int,
+        *,
+        disk_paths: Mapping[str, Path] | None = None,
+        detailed_memory: bool = False,
+        proc: Path = PROC,
+        clock: Callable[[], float] = boot_clock,
+        masker: Masker | None = None,
+    ) -> None:
+        self.root_pid = root_pid
+        self.disk_paths = dict(disk_paths or {})
+        self.detailed_memory = detailed_memory
+        self._proc = str(proc)
+        self._clock = clock
+        # Command lines carry tokens as often as environments do.
+        self._masker = masker if masker is not None else Masker()
+        #: Count open files with one stat() of /proc/PID/fd rather than listing it.
+        self.counts_fds_by_size = _FD_DIR_SIZE_IS_COUNT and proc == PROC
+        self._lock = threading.Lock()
+        #: pid -> (start time, CPU ticks, when read) at the previous sample.
+        self._history: dict[int, tuple[int, int, float]] = {}
+        #: pid -> start time of the processes whose cmdline has been handed out.
+        self._described: dict[int, int] = {}
+        self._previous_walk: float | None = None
+        self._previous_machine_cpu: tuple[int, int] | None = None
+        # /proc/PID/task/TID/children needs CONFIG_PROC_CHILDREN (on in common distribution
+        # kernels); without it each reading scans every process's parent, as psutil does.
+        root_task = f"{self._proc}/{root_pid}/task/{root_pid}"
+        self.has_children_files = not os.path.isdir(root_task) or os.path.exists(
+            f"{root_task}/children"
+        )
+
+    def read(self, t: float) -> ProcSample | None:
+        """One sample stamped ``t``; None when another read is still running."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._read(t)
+        finally:
+            self._lock.release()
+
+    def forget_descriptions(self, sample: ProcSample) -> None:
+        """The sample was never delivered: describe its new processes again next time."""
+        if not self._lock.acquire(blocking=False):
+            return  # A read is running; describing a process twice is harmless.
+        try:
+            for process in sample.processes:
+                if process.cmdline is not None:
+                    self._described.pop(process.pid, None)
+        finally:
+            self._lock.release()
+
+    def _read(self, t: float) -> ProcSample:
+        walk_started = self._clock()
+        children_of = None if self.has_children_files else self._scan_parents()
+        walk = _Walk(self._previous_walk, self.detailed_memory, children_of)
+        walk.stack = self._children(self.root_pid, walk)
+        seen = {self.root_pid}
+        while walk.stack:
+            pid = walk.stack.pop()
+            if pid not in seen:
+                seen.add(pid)
+                self._read_process(pid, walk)
+
+        processes = walk.processes
+        tree_cpu: float | None = None
+        if walk.previous_walk is not None and walk_started > walk.previous_walk:
+            seconds = walk.cpu_ticks / CLOCK_TICKS
+            tree_cpu = _percent(seconds, walk_started - walk.previous_walk)
+        self._history = walk.history
+        self._described = walk.described
+        self._previous_walk = walk_started
+        return ProcSample(
+            t=t,
+            root_pid=self.root_pid,
+            tree=TreeFigures(
+                processes=len(processes),
+                cpu_percent=tree_cpu,
+                rss_bytes=sum(p.rss_bytes for p in processes),
+                uss_bytes=walk.uss,
+                pss_bytes=walk.pss,
+                threads=sum(p.threads for p in processes),
+                fds=sum(p.fds or 0 for p in processes),
+                read_bytes=sum(p.read_bytes or 0 for p in processes),
+                write_bytes=sum(p.write_bytes or 0 for p in processes),
+            ),
+            processes=processes,
+            machine=self._read_machine(),
+            disks={label: _read_disk(path) for label, path in self.disk_paths.items()},
+        )
+
+    def _read_process(self, pid: int, walk: _Walk) -> None:
+        """Add one process to ``walk`` and its children to the walk's stack.
+
+        A process that vanishes while being read is left out.  This runs for every process
+        at every sample, so it is written for speed (benchmarks/proc_sampling.py).
+        """
+        base = f"{self._proc}/{pid}/"
+        try:
+            stat = read_proc_file(base + "stat", one_piece=True)
+            read_at = self._clock()
+            # comm (field 2) may hold spaces and parentheses: it ends at the last ')'.
+            name_end = stat.rfind(b")")
+            fields = stat[name_end + 2 :].split(None, 22)
+            start_ticks = int(fields[19])  # field 22
+            cpu_ticks = int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15)
+            thread_count = int(fields[17])  # field 20
+
+            try:
+                io = read_proc_file(base + "io", one_piece=True).split()
+            except PermissionError:
+                io = []
+            try:
+                if self.counts_fds_by_size:
+                    fds: int | None = os.stat(base + "fd").st_size
+                else:
+                    fds = len(os.listdir(base + "fd"))
+            except PermissionError:
+                fds = None
+            if thread_count == 1 and walk.children_of is None:
+                children = read_proc_file(f"{base}task/{pid}/children").split()
+                walk.stack.extend(map(int, children))
+            else:
+                walk.stack.extend(self._children(pid, walk))
+            memory = self._read_memory(base) if walk.uss is not None else None
+            cmdline = None
+            if self._described.get(pid) != start_ticks:
+                cmdline = self._read_cmdline(base)
+        except _VANISHED:
+            return
+
+        cpu_percent: float | None = None
+        previous = self._history.get(pid)
+        if previous is not None and previous[0] == start_ticks:
+            walk.cpu_ticks += cpu_ticks - previous[1]
+            if read_at > previous[2]:
+                seconds = (cpu_ticks - previous[1]) / CLOCK_TICKS
+                cpu_percent = _percent(seconds, read_at - previous[2])
+        elif walk.previous_walk is not None and start_ticks / CLOCK_TICKS >= walk.previous_walk:
+            # Born since the previous walk: all of its CPU time counts in the tree's total,
+            # but a percentage of its own needs two readings (a few ms of life say nothing).
+            walk.cpu_ticks += cpu_ticks
+        if walk.uss is not None and walk.pss is not None:
+            if memory is None:
+                walk.uss = walk.pss = None  # unreadable smaps: a partial total would mislead
+            else:
+                walk.uss += memory[0]
+                walk.pss += memory[1]
+        walk.history[pid] = (start_ticks, cpu_ticks, read_at)
+        walk.described[pid] = start_ticks
+
+        # Without CONFIG_TASK_IO_ACCOUNTING the file stops after syscw.
+        has_io = len(io) > 11 and io[8] == b"read_bytes:"
+        walk.processes.append(
+            ProcessFigures(  # positional, in field order: keywords cost more at this rate
+                pid,
+                int(fields[1]),  # ppid
+                stat[stat.find(b"(") + 1 : name_end].decode(errors="replace"),
+                _STATES.get(fields[0]) or fields[0].decode(errors="replace"),
+                cpu_percent,
+                int(fields[21]) * PAGE_SIZE,  # rss: field 24
+                thread_count,
+                fds,
+                int(io[9]) if has_io else None,
+                int(io[11]) if has_io else None,
+                cmdline,
+            )
+        )
+
+    def _children(self, pid: int, walk: _Walk) -> list[int]:
+        """Children of ``pid`` from each thread's ``children`` file: a child belongs to the
+        thread that forked it."""
+        if walk.children_of is not None:
+            return walk.children_of.get(pid, [])
+        task = f"{self._proc}/{pid}/task/"
+        try:
+            tids = os.listdir(task)
+        except _VANISHED:
+            return []
+        out: list[int] = []
+        for tid in tids:
+            try:
+                out.extend(map(int, read_proc_file(f"{task}{tid}/children").split()))
+            except _VANISHED:
+                continue  # That thread has ended; its children moved to another thread.
+        return out
+
+    def _scan_parents(self) -> dict[int, list[int]]:
+        """parent pid -> children, for every process on the machine."""
+        children_of: dict[int, list[int]] = {}
+        for name in os.listdir(self._proc):
+            if not name.isdigit():
+                continue
+            try:
+                stat = read_proc_file(f"{self._proc}/{name}/stat", one_piece=True)
+            except _VANISHED:
+                continue
+            ppid = int(stat[stat.rfind(b")") + 2 :].split(None, 2)[1])
+            children_of.setdefault(ppid, []).append(int(name))
+        return children_of
+
+    def _read_memory(self, base: str) -> tuple[int, int] | None:
+        """(USS, PSS) in bytes from ``smaps_rollup``, as psutil's ``memory_full_info``."""
+        try:
+            data = read_proc_file(base + "smaps_rollup", one_piece=True)
+        except PermissionError:
+            return None
+        uss = pss = 0
+        for line in data.splitlines():
+            key, _, rest = line.partition(b":")
+            if key in (b"Private_Clean", b"Private_Dirty", b"Private_Hugetlb"):
+                uss += int(rest.split()[0]) * 1024
+            elif key == b"Pss":
+                pss = int(rest.split()[0]) * 1024
+        return uss, pss
+
+    def _read_cmdline(self, base: str) -> list[str] | None:
+        try:
+            data = read_proc_file(base + "cmdline")
+        except PermissionError:
+            return None
+        if not data:
+            return []  # a zombie's, or one that cleared its own
+        # Each argument ends with a NUL; an empty last argument is a NUL of its own.
+        args = data[:-1] if data.endswith(b"\0") else data
+        return self._masker.argv(arg.decode(errors="replace") for arg in args.split(b"\0"))
+
+    def _read_machine(self) -> MachineFigures:
+        cpu_line = read_proc_file(f"{self._proc}/stat", one_piece=True).split(b"\n", 1)[0]
+        # user nice system idle iowait irq softirq steal (guest time is inside user and nice)
+        ticks = [int(v) for v in cpu_line.split()[1:9]]
+        total = sum(ticks)
+        busy = total - ticks[3] - ticks[4]
+        cpu: float | None = None
+        if self._previous_machine_cpu is not None:
+            previous_busy, previous_total = self._previous_machine_cpu
+            if total > previous_total:
+                cpu = _percent(busy - previous_busy, total - previous_total)
+        self._previous_machine_cpu = (busy, total)
+
+        # A leading newline lets every key be found as "\nKey:", the first one too.
+        meminfo = b"\n" + read_proc_file(f"{self._proc}/meminfo", one_piece=True)
+        mem_total = _meminfo_bytes(meminfo, b"MemTotal")
+        mem_available = _meminfo_bytes(meminfo, b"MemAvailable")
+        mem_used = mem_percent = None
+        if mem_total and mem_available is not None:
+            mem_used = mem_total - mem_available
+            mem_percent = _percent(mem_used, mem_total)
+        swap_total = _meminfo_bytes(meminfo, b"SwapTotal")
+        swap_free = _meminfo_bytes(meminfo, b"SwapFree")
+        swap_used = swap_percent = None
+        if swap_total is not None and swap_free is not None:
+            swap_used = swap_total - swap_free
+            swap_percent = _percent(swap_used, swap_total) if swap_total else 0.0
+
+        loads = read_proc_file(f"{self._proc}/loadavg", one_piece=True).split()
+        return MachineFigures(
+            cpu_percent=cpu,
+            memory_used_bytes=mem_used,
+            memory_available_bytes=mem_available,
+            memory_percent=mem_percent,
+            swap_used_bytes=swap_used,
+            swap_percent=swap_percent,
+            load1=float(loads[0]),
+            load5=float(loads[1]),
+            load15=float(loads[2]),
+        )
+
+
+def _meminfo_bytes(meminfo: bytes, key: bytes) -> int | None:
+    # Four lookups by name in ~50 lines: find() beats splitting every line.
+    at = meminfo.find(b"\n" + key + b":")
+    if at < 0:
+        return None
+    start = at + len(key) + 2
+    return int(meminfo[start : meminfo.index(b"kB", start)]) * 1024
+
+
+def _read_disk(path: Path) -> DiskFigures:
+    try:
+        st = os.statvfs(path)
+    except FileNotFoundError:
+        # The progress directory may not exist yet: its filesystem is its nearest parent's.
+        existing = path.absolute().parent
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        try:
+            st = os.statvfs(existing)
+        except OSError:
+            return DiskFigures(path=str(path), free_bytes=None, percent_used=None)
+    except OSError:
+        return DiskFigures(path=str(path), free_bytes=None, percent_used=None)
+    free = st.f_bavail * st.f_frsize
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    # As df and psutil: the share of what an unprivileged user could fill.
+    percent = _percent(used, used + free) if used + free else 0.0
+    return DiskFigures(path=str(path), free_bytes=free, percent_used=percent)
+
+
+def next_tick(previous: float, interval: float, now: float) -> float:
+    """The next tick on the grid ``previous + k * interval`` strictly after ``now``.
+
+    Ticks missed while a read ran long are skipped, not run in a burst, and the grid never
+    drifts with the time each read takes.
+    """
+    tick = previous + interval
+    if tick <= now:
+        tick += (math.floor((now - tick) / interval) + 1) * interval
+    return tick
+
+
+async def run_proc_sampler(
+    sink: EventSink,
+    *,
+    root_pid: int,
+    interval: float,
+    disk_paths: Mapping[str, Path],
+    limiter: anyio.CapacityLimiter,
+    detailed_memory: bool = False,
+    on_tree: Callable[[frozenset[int]], None] | None = None,
+    masker: Masker | None = None,
+    read_timeout: float = READ_TIMEOUT_SECONDS,
+    proc: Path = PROC,
+) -> None:
+    """Offer a :class:`ProcSample` every ``interval`` seconds until cancelled.
+
+    The tree is every descendant of ``root_pid`` (the soak's reaper), found afresh each time;
+    ``on_tree`` then gets its pids.  USS and PSS are read only with ``detailed_memory``:
+    ``smaps_rollup`` of a process holding a CUDA context can take long.  Command lines go
+    through ``masker`` (URL passwords are redacted even without one).  An error is counted
+    in ``sink.counters.sampler_errors`` and told once as a ``sampler_note``; a read that
+    outlives ``read_timeout`` degrades the sampler until a read succeeds again.  Sampling
+    goes on in every case.  The sampler owns ``sink`` (give it a clone) and closes it.
+    """
+    async with sink:
+        if not interval > 0:
+            raise ValueError(f"interval must be positive, got {interval!r}")
+        if not read_timeout > 0:
+            raise ValueError(f"read_timeout must be positive, got {read_timeout!r}")
+        sampler = ProcSampler(
+            root_pid,
+            disk_paths=disk_paths,
+            detailed_memory=detailed_memory,
+            proc=proc,
+            masker=masker,
+        )
+        error_told = degraded = False
+        tick = anyio.current_time()
+        while True:
+            sample: ProcSample | None = None
+            busy = False
+            try:
+                with anyio.move_on_after(read_timeout):
+                    sample = await anyio.to_thread.run_sync(
+                        sampler.read, sink.elapsed(), limiter=limiter, abandon_on_cancel=True
+                    )
+                    busy = sample is None
+                if sample is not None:
+                    if degraded:
+                        degraded = False
+                        await sink.emit(
+                            SamplerRecovered(sink.elapsed(), SAMPLER_NAME, "/proc reads are back")
+                        )
+                    if not sink.offer(sample):
+                        sampler.forget_descriptions(sample)
+                    if on_tree is not None:
+                        on_tree(sample.pids)
+                elif not busy and not degraded:
+                    # The thread is abandoned, not stopped: the next reads return None at once
+                    # until it comes back, so stuck threads never pile up.
+                    degraded = True
+                    sink.counters.sampler_errors += 1
+                    await sink.emit(
+                        SamplerDegraded(
+                            sink.elapsed(),
+                            SAMPLER_NAME,
+                            f"reading /proc took more than {read_timeout:g} s; "
+                            "skipping samples until it returns",
+                        )
+                    )
+            except Exception as exc:
+                sink.counters.sampler_errors += 1
+                if not error_told:
+                    error_told = True
+                    await sink.emit(
+                        SamplerNote(
+                            sink.elapsed(),
+                            SAMPLER_NAME,
+                            f"proc sampler error (later ones are only counted): {exc!r}",
+                            {"error": repr(exc), "type": type(exc).__name__},
+                        )
+                    )
+            tick = next_tick(tick, interval, anyio.current_time())
+            await anyio.sleep_until(tick)

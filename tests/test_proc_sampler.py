@@ -1,0 +1,729 @@
+"""The proc sampler against real process trees whose figures are known, and a fake /proc.
+
+Real trees come from a small root process that makes itself a child subreaper (as the soak's
+reaper does), forks workers that each write a known number of MiB, and reports every pid once
+all of them are ready.  The fake /proc covers what a real tree cannot show on demand: a pid
+reused between two samples, a process vanishing mid-read, a read that hangs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import pytest
+
+from asyncsoak._events import Event, SamplerDegraded, SamplerNote, SamplerRecovered
+from asyncsoak._proc_sampler import (
+    CLOCK_TICKS,
+    PAGE_SIZE,
+    ProcessFigures,
+    ProcSample,
+    ProcSampler,
+    next_tick,
+    read_proc_file,
+    run_proc_sampler,
+)
+from asyncsoak._redact import Masker
+from asyncsoak._sink import SinkCounters, SoakClock, open_event_queue
+
+MIB = 1 << 20
+
+# The tree's root.  argv[1] is a JSON spec: {"mib": k, "roles": [...]}.  Roles: "idle",
+# "burner" (spins), "parent" (forks a "leaf"), "renamed" (comm with spaces and parentheses),
+# "daemon" (double-forks and calls setsid), "churner" (forks short-lived children nonstop).
+# Every process writes k MiB, then reports "role pid"; the root prints all of them as JSON.
+# EOF on stdin ends the tree: each process blocks reading it, spinning ones are killed.
+TREE_ROOT = r"""
+import ctypes, json, os, signal, sys
+spec = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_CHILD_SUBREAPER = 1, 15, 36
+libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+ready_r, ready_w = os.pipe()
+
+def become(role):
+    try:
+        if role != "daemon":
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        for fd in (ready_r, 1):  # only the root reports, so only it holds stdout
+            try:
+                os.close(fd)
+            except OSError:  # a leaf's parent closed them already
+                pass
+        if role == "daemon":
+            os.setsid()
+        if role == "renamed":
+            libc.prctl(PR_SET_NAME, b"odd) (name x", 0, 0, 0)
+        memory = b"\x01" * (spec["mib"] << 20)
+        if role == "parent":
+            fork("leaf")
+        os.write(ready_w, f"{role} {os.getpid()}\n".encode())
+        if role == "burner":
+            while True:
+                pass
+        if role == "churner":
+            while True:
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0)
+                os.waitpid(pid, 0)
+        os.read(0, 1)
+    finally:
+        os._exit(0)
+
+def fork(role):
+    pid = os.fork()
+    if pid == 0:
+        become(role)
+    return pid
+
+spinning = []
+expected = 0
+for role in spec["roles"]:
+    expected += 2 if role == "parent" else 1
+    if role == "daemon":
+        middle = os.fork()
+        if middle == 0:
+            fork("daemon")
+            os._exit(0)
+        os.waitpid(middle, 0)
+    else:
+        pid = fork(role)
+        if role in ("burner", "churner"):
+            spinning.append(pid)
+os.close(ready_w)
+reports = b""
+while reports.count(b"\n") < expected:
+    chunk = os.read(ready_r, 65536)
+    if not chunk:
+        sys.exit("a process of the tree died before it was ready")
+    reports += chunk
+roles = {}
+for line in reports.decode().splitlines():
+    role, pid = line.split()
+    roles[pid] = role
+print(json.dumps(roles), flush=True)
+os.read(0, 1)
+for pid in spinning:
+    os.kill(pid, signal.SIGKILL)
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+"""
+
+
+@dataclass
+class Tree:
+    root: subprocess.Popen[bytes]
+    roles: dict[int, str]
+
+    @property
+    def pid(self) -> int:
+        return self.root.pid
+
+    def pids(self, role: str | None = None) -> set[int]:
+        return {pid for pid, r in self.roles.items() if role is None or r == role}
+
+
+def _read_line(stream: Any, timeout: float) -> bytes:
+    """One line from a pipe, or an error after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(stream, selectors.EVENT_READ)
+        while not data.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                raise TimeoutError(f"no line within {timeout} s (got {data!r})")
+            chunk = os.read(stream.fileno(), 65536)
+            if not chunk:
+                raise RuntimeError(f"the tree's root exited (got {data!r})")
+            data += chunk
+    return data
+
+
+@contextlib.contextmanager
+def real_tree(roles: list[str], mib: int = 1) -> Iterator[Tree]:
+    root = subprocess.Popen(
+        [sys.executable, "-c", TREE_ROOT, json.dumps({"roles": roles, "mib": mib})],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert root.stdin is not None
+    assert root.stdout is not None
+    members: list[psutil.Process] = []
+    try:
+        reported = json.loads(_read_line(root.stdout, timeout=10))
+        tree = Tree(root, {int(pid): role for pid, role in reported.items()})
+        members = [psutil.Process(pid) for pid in tree.roles]
+        yield tree
+    finally:
+        root.stdin.close()  # EOF: every process of the tree exits
+        try:
+            root.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(root.pid, signal.SIGKILL)
+            root.wait(timeout=10)
+        _, alive = psutil.wait_procs(members, timeout=5)
+        for process in alive:  # psutil checks the pid was not reused before killing
+            process.kill()
+        root.stdout.close()
+
+
+@pytest.fixture
+def spawn_tree() -> Iterator[Callable[..., Tree]]:
+    with contextlib.ExitStack() as stack:
+        yield lambda roles, mib=1: stack.enter_context(real_tree(roles, mib))
+
+
+@dataclass
+class Collected:
+    events: list[Event]
+    counters: SinkCounters
+
+    @property
+    def samples(self) -> list[ProcSample]:
+        return [e for e in self.events if isinstance(e, ProcSample)]
+
+    def of(self, kind: type[Event]) -> list[Event]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+async def collect(samples: int, **options: Any) -> Collected:
+    """Run the sampler until it has delivered ``samples`` samples, then cancel it."""
+    options.setdefault("interval", 0.05)
+    options.setdefault("disk_paths", {})
+    sink, receive = open_event_queue(SoakClock())
+    events: list[Event] = []
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                partial(run_proc_sampler, sink, limiter=anyio.CapacityLimiter(1), **options)
+            )
+            async with receive:
+                async for event in receive:
+                    events.append(event)
+                    if sum(isinstance(e, ProcSample) for e in events) == samples:
+                        tg.cancel_scope.cancel()
+                        break
+    return Collected(events, sink.counters)
+
+
+def by_pid(sample: ProcSample) -> dict[int, ProcessFigures]:
+    return {p.pid: p for p in sample.processes}
+
+
+# Real trees ------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_every_process_of_a_real_tree_is_counted_with_its_figures(
+    spawn_tree: Callable[..., Tree],
+) -> None:
+    """Every descendant is sampled (root excluded) and its figures match the real process."""
+    tree = spawn_tree(["idle"] * 20 + ["parent", "renamed", "daemon"], mib=8)
+    seen_trees: list[frozenset[int]] = []
+    got = await collect(2, root_pid=tree.pid, on_tree=seen_trees.append)
+    first, second = got.samples
+
+    assert first.pids == second.pids == tree.pids()
+    assert len(tree.pids()) == 24
+    assert tree.pid not in first.pids
+    assert first.tree.processes == 24
+    assert first.tree.threads == 24
+    assert seen_trees[:2] == [first.pids, second.pids]
+    assert got.counters.sampler_errors == 0
+
+    # Each process wrote 8 MiB of its own; a forked Python adds tens of MiB at most.
+    assert 24 * 8 * MIB <= second.tree.rss_bytes <= 24 * 72 * MIB
+    figures = by_pid(second)
+    for pid in tree.pids():
+        real = psutil.Process(pid)
+        with real.oneshot():
+            assert figures[pid].ppid == real.ppid()
+            assert figures[pid].name == real.name()
+            assert figures[pid].state == real.status() == "sleeping"
+            assert figures[pid].threads == 1
+            assert figures[pid].fds == real.num_fds()
+            assert abs(figures[pid].rss_bytes - real.memory_info().rss) <= MIB
+            assert figures[pid].rss_bytes >= 8 * MIB
+            io = real.io_counters()
+            assert (figures[pid].read_bytes, figures[pid].write_bytes) == (
+                io.read_bytes,
+                io.write_bytes,
+            )
+            assert by_pid(first)[pid].cmdline == real.cmdline()
+        assert figures[pid].cmdline is None  # told once, at the first sample
+    assert second.tree.fds == sum(p.fds or 0 for p in second.processes)
+    [renamed] = tree.pids("renamed")
+    assert figures[renamed].name == "odd) (name x"
+    [leaf] = tree.pids("leaf")
+    assert figures[leaf].ppid in tree.pids("parent")
+
+
+@pytest.mark.asyncio
+async def test_double_forked_setsid_process_stays_in_the_tree(
+    spawn_tree: Callable[..., Tree],
+) -> None:
+    """A process that double-forks and calls setsid is reparented to the root and sampled."""
+    tree = spawn_tree(["idle", "daemon"])
+    [daemon] = tree.pids("daemon")
+    assert os.getsid(daemon) == daemon != os.getsid(tree.pid)
+
+    [sample] = (await collect(1, root_pid=tree.pid)).samples
+
+    assert daemon in sample.pids
+    assert by_pid(sample)[daemon].ppid == tree.pid
+
+
+@pytest.mark.asyncio
+async def test_a_busy_process_shows_high_cpu_and_idle_ones_low(
+    spawn_tree: Callable[..., Tree],
+) -> None:
+    """cpu_percent is None without history, then high for a spinning process, ~0 for idle."""
+    tree = spawn_tree(["burner", "idle", "idle"])
+    got = await collect(3, root_pid=tree.pid, interval=0.2)
+    first, last = got.samples[0], got.samples[-1]
+
+    assert first.tree.cpu_percent is None
+    assert all(p.cpu_percent is None for p in first.processes)
+    [burner] = tree.pids("burner")
+    spinning = by_pid(last)[burner].cpu_percent
+    assert spinning is not None
+    # One thread spinning on a shared machine: well above idle, at most one core.
+    assert 20 <= spinning <= 105
+    for idle in tree.pids("idle"):
+        idle_cpu = by_pid(last)[idle].cpu_percent
+        assert idle_cpu is not None
+        assert idle_cpu < 5
+    assert last.tree.cpu_percent is not None
+    assert last.tree.cpu_percent >= 20
+
+
+@pytest.mark.asyncio
+async def test_detailed_memory_reports_private_and_proportional_memory(
+    spawn_tree: Callable[..., Tree],
+) -> None:
+    """With detailed_memory the tree's USS holds what each worker wrote; without, none."""
+    tree = spawn_tree(["idle"] * 4, mib=8)
+
+    [detailed] = (await collect(1, root_pid=tree.pid, detailed_memory=True)).samples
+    [plain] = (await collect(1, root_pid=tree.pid)).samples
+
+    uss, pss = detailed.tree.uss_bytes, detailed.tree.pss_bytes
+    assert uss is not None
+    assert pss is not None
+    assert 4 * 8 * MIB <= uss <= pss <= detailed.tree.rss_bytes
+    assert plain.tree.uss_bytes is None
+    assert plain.tree.pss_bytes is None
+
+
+@pytest.mark.asyncio
+async def test_a_tree_that_forks_and_reaps_nonstop_never_raises(
+    spawn_tree: Callable[..., Tree],
+) -> None:
+    """Processes exiting between listing and reading are left out, never errors."""
+    tree = spawn_tree(["churner", "idle"])
+
+    got = await collect(10, root_pid=tree.pid, interval=0.01)
+
+    assert got.counters.sampler_errors == 0
+    assert got.of(SamplerNote) == []
+    for sample in got.samples:
+        assert tree.pids() <= sample.pids
+
+
+@pytest.mark.asyncio
+async def test_machine_and_disk_figures(tmp_path: Path) -> None:
+    """Machine memory adds up to MemTotal; a missing path reports its parent's filesystem."""
+    disks = {"progress": tmp_path / "not" / "yet", "output": tmp_path}
+
+    first, second = (await collect(2, root_pid=os.getpid(), disk_paths=disks)).samples
+
+    machine = second.machine
+    assert machine.memory_used_bytes is not None
+    assert machine.memory_available_bytes is not None
+    total = machine.memory_used_bytes + machine.memory_available_bytes
+    assert total == psutil.virtual_memory().total
+    assert machine.memory_percent is not None
+    assert 0 < machine.memory_percent < 100
+    assert machine.swap_percent is not None
+    assert 0 <= machine.swap_percent <= 100
+    assert machine.load1 is not None
+    assert machine.load1 >= 0
+    assert first.machine.cpu_percent is None
+    assert machine.cpu_percent is not None
+    assert 0 <= machine.cpu_percent <= 100
+
+    st = os.statvfs(tmp_path)
+    for label, path in disks.items():
+        disk = second.disks[label]
+        assert disk.path == str(path)
+        assert disk.free_bytes is not None
+        assert abs(disk.free_bytes - st.f_bavail * st.f_frsize) < 256 * MIB
+        assert disk.percent_used is not None
+        assert 0 <= disk.percent_used <= 100
+
+    points = second.series_points()
+    assert set(points["tree"]) == {
+        "cpu_percent",
+        "rss_bytes",
+        "processes",
+        "threads",
+        "fds",
+        "read_bytes",
+        "write_bytes",
+    }
+    assert points["machine"]["disk_free_bytes_progress"] == second.disks["progress"].free_bytes
+    assert points["machine"]["memory_used_bytes"] == machine.memory_used_bytes
+    assert second.summary_labels() == {}
+
+
+# A fake /proc --------------------------------------------------------------------------
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    start_ticks: int
+    cpu_ticks: int = 0
+    ppid: int = 1
+    comm: str = "worker"
+    state: str = "S"
+    rss_pages: int = 256
+    fds: int = 3
+    children: list[int] = field(default_factory=list)
+    cmdline: list[str] = field(default_factory=lambda: ["worker", "--fast"])
+
+
+def fake_proc(proc: Path, root_pid: int, processes: list[FakeProcess]) -> None:
+    """Write (or rewrite) a /proc holding ``root_pid`` and ``processes``."""
+    proc.mkdir(exist_ok=True)
+    (proc / "stat").write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 100 0 50 800 50 0 0 0 0 0\n")
+    (proc / "meminfo").write_text(
+        "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    600 kB\n"
+        "SwapTotal:       200 kB\nSwapFree:        150 kB\n"
+    )
+    (proc / "loadavg").write_text("0.50 0.25 0.10 1/100 1234\n")
+    top = [p.pid for p in processes if p.ppid == root_pid]
+    children_file = proc / str(root_pid) / "task" / str(root_pid) / "children"
+    children_file.parent.mkdir(parents=True, exist_ok=True)
+    children_file.write_text(" ".join(map(str, top)) + " ")
+    for p in processes:
+        base = proc / str(p.pid)
+        (base / "task" / str(p.pid)).mkdir(parents=True, exist_ok=True)
+        (base / "fd").mkdir(exist_ok=True)
+        for fd in range(p.fds):
+            (base / "fd" / str(fd)).touch()
+        # utime = cpu_ticks, stime = 0; fields after comm, from 3 (state) to 24 (rss).
+        after = [p.state, p.ppid, p.pid, p.pid, 0, -1, 0, 0, 0, 0, 0, p.cpu_ticks, 0, 0, 0]
+        after += [20, 0, 1, 0, p.start_ticks, 4096 * p.rss_pages, p.rss_pages, 0, 0]
+        (base / "stat").write_text(f"{p.pid} ({p.comm}) " + " ".join(map(str, after)) + "\n")
+        (base / "io").write_text(
+            "rchar: 10\nwchar: 20\nsyscr: 1\nsyscw: 2\nread_bytes: 4096\n"
+            "write_bytes: 8192\ncancelled_write_bytes: 0\n"
+        )
+        (base / "cmdline").write_bytes(b"\0".join(a.encode() for a in p.cmdline) + b"\0")
+        (base / "task" / str(p.pid) / "children").write_text(" ".join(map(str, p.children)))
+
+
+class FakeClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_reused_pid_is_a_new_process_with_no_cpu_history(tmp_path: Path) -> None:
+    """Same pid, new start time: no CPU delta against the old process, none negative."""
+    clock = FakeClock(100.0)
+    fake_proc(tmp_path, 1, [FakeProcess(200, start_ticks=10 * CLOCK_TICKS, cpu_ticks=5000)])
+    sampler = ProcSampler(1, proc=tmp_path, clock=clock)
+    first = sampler.read(0.0)
+    assert first is not None
+
+    # pid 200 exits; a new process gets pid 200, born at 100.5 s, and has run 0.2 s since.
+    clock.now = 101.0
+    reborn = FakeProcess(200, start_ticks=int(100.5 * CLOCK_TICKS), cpu_ticks=CLOCK_TICKS // 5)
+    fake_proc(tmp_path, 1, [reborn])
+    second = sampler.read(1.0)
+    assert second is not None
+
+    [process] = second.processes
+    assert process.cpu_percent is None
+    assert process.cmdline == ["worker", "--fast"]  # a new process is described again
+    # All of the newcomer's 0.2 s fall in the 1 s window: the tree used 20 % of a core.
+    assert second.tree.cpu_percent == pytest.approx(20.0)
+
+    clock.now = 102.0
+    fake_proc(tmp_path, 1, [FakeProcess(200, reborn.start_ticks, cpu_ticks=CLOCK_TICKS)])
+    third = sampler.read(2.0)
+    assert third is not None
+    assert third.processes[0].cpu_percent == pytest.approx(80.0)
+    assert third.tree.cpu_percent == pytest.approx(80.0)
+
+
+def test_a_process_seen_late_gets_no_cpu_it_did_not_use_in_the_window(tmp_path: Path) -> None:
+    """A process first seen now but born before the previous sample adds nothing to the tree."""
+    clock = FakeClock(100.0)
+    fake_proc(tmp_path, 1, [])
+    sampler = ProcSampler(1, proc=tmp_path, clock=clock)
+    assert sampler.read(0.0) is not None
+
+    clock.now = 101.0
+    fake_proc(tmp_path, 1, [FakeProcess(300, start_ticks=50 * CLOCK_TICKS, cpu_ticks=9999)])
+    sample = sampler.read(1.0)
+
+    assert sample is not None
+    assert sample.processes[0].cpu_percent is None
+    assert sample.tree.cpu_percent == 0.0
+
+
+def test_processes_vanishing_mid_read_are_left_out(tmp_path: Path) -> None:
+    """Listed but gone before its stat, or gone between two of its files: absent, no error."""
+    whole = FakeProcess(203, start_ticks=1, children=[204], fds=2)  # 204 is listed, gone
+    fake_proc(
+        tmp_path, 1, [FakeProcess(201, start_ticks=1), FakeProcess(202, start_ticks=1), whole]
+    )
+    for name in ("stat", "io", "cmdline"):
+        (tmp_path / "201" / name).unlink()
+    (tmp_path / "202" / "io").unlink()
+
+    sample = ProcSampler(1, proc=tmp_path).read(0.0)
+
+    assert sample is not None
+    assert sample.pids == {203}
+    [process] = sample.processes
+    assert (process.name, process.state, process.fds) == ("worker", "sleeping", 2)
+    assert (process.read_bytes, process.write_bytes) == (4096, 8192)
+    assert process.rss_bytes == 256 * PAGE_SIZE
+    assert sample.machine.memory_used_bytes == 400 * 1024
+    assert sample.machine.swap_percent == 25.0
+    assert (sample.machine.load1, sample.machine.load15) == (0.5, 0.1)
+
+
+def test_without_children_files_the_tree_comes_from_parent_pids(tmp_path: Path) -> None:
+    """On a kernel without /proc/PID/task/TID/children every process's parent is scanned."""
+    processes = [
+        FakeProcess(201, 1, children=[202]),
+        FakeProcess(202, 1, ppid=201),
+        FakeProcess(301, 1, ppid=999),  # not in the tree
+    ]
+    fake_proc(tmp_path, 1, processes)
+    for children in tmp_path.glob("*/task/*/children"):
+        children.unlink()
+    sampler = ProcSampler(1, proc=tmp_path)
+
+    sample = sampler.read(0.0)
+
+    assert not sampler.has_children_files
+    assert sample is not None
+    assert sample.pids == {201, 202}
+    assert by_pid(sample)[202].ppid == 201
+
+
+def test_notable_process_states_become_summary_labels(tmp_path: Path) -> None:
+    """Processes in D, Z or T show up in summary_labels; only running and sleeping: none."""
+    processes = [
+        FakeProcess(201, 1, state="D"),
+        FakeProcess(202, 1, state="Z"),
+        FakeProcess(203, 1, state="R"),
+    ]
+    fake_proc(tmp_path, 1, processes)
+
+    sample = ProcSampler(1, proc=tmp_path).read(0.0)
+
+    assert sample is not None
+    assert sample.summary_labels() == {"tree": {"process_states": ["disk-sleep", "zombie"]}}
+
+
+def test_a_dropped_sample_gives_its_cmdlines_to_the_next_one(tmp_path: Path) -> None:
+    """cmdline is sent once per process, again only if the sample carrying it was dropped."""
+    fake_proc(tmp_path, 1, [FakeProcess(201, 1), FakeProcess(202, 1)])
+    sampler = ProcSampler(1, proc=tmp_path)
+
+    first = sampler.read(0.0)
+    second = sampler.read(1.0)
+    assert first is not None
+    assert second is not None
+    assert all(p.cmdline == ["worker", "--fast"] for p in first.processes)
+    assert all(p.cmdline is None for p in second.processes)
+
+    sampler.forget_descriptions(first)
+    third = sampler.read(2.0)
+    assert third is not None
+    assert all(p.cmdline == ["worker", "--fast"] for p in third.processes)
+
+
+def test_command_lines_are_masked(tmp_path: Path) -> None:
+    """Secret values and URL passwords never leave the sampler in a command line."""
+    argv = ["train", "--token=s3cr3t-value", "--db=postgres://me:hunter22@db/x", ""]
+    fake_proc(tmp_path, 1, [FakeProcess(201, 1, cmdline=argv)])
+
+    sample = ProcSampler(1, proc=tmp_path, masker=Masker(["s3cr3t-value"])).read(0.0)
+
+    assert sample is not None
+    assert sample.processes[0].cmdline == [
+        "train",
+        "--token=[redacted]",
+        "--db=postgres://me:[redacted]@db/x",
+        "",
+    ]
+
+
+def test_read_proc_file_reads_files_larger_than_one_read(tmp_path: Path) -> None:
+    """A file larger than the buffer comes back whole, even when procfs gives a page a time."""
+    content = b"1234 " * 5000
+    (tmp_path / "children").write_bytes(content)
+    assert read_proc_file(str(tmp_path / "children")) == content
+    assert read_proc_file(str(tmp_path / "children"), one_piece=True) == content
+
+    # Megabytes of small records, served a page per read(), like a long children file.
+    symbols = Path("/proc/kallsyms")
+    if not symbols.exists():
+        pytest.skip("kernel without kallsyms")
+    assert read_proc_file(str(symbols)) == symbols.read_bytes()
+
+
+def test_next_tick_keeps_the_grid_and_skips_missed_ticks() -> None:
+    """The next tick stays on start + k * interval, however long a read took."""
+    assert next_tick(10.0, 1.0, now=10.2) == 11.0
+    assert next_tick(10.0, 1.0, now=12.5) == 13.0
+    assert next_tick(10.0, 1.0, now=11.0) == 12.0
+
+
+@pytest.mark.asyncio
+async def test_an_error_is_counted_each_time_and_noted_once(tmp_path: Path) -> None:
+    """A failing step counts every time, is noted once, and sampling goes on."""
+    fake_proc(tmp_path, 1, [FakeProcess(201, 1)])
+
+    def broken(pids: frozenset[int]) -> None:
+        raise RuntimeError("no tree for you")
+
+    got = await collect(3, root_pid=1, proc=tmp_path, on_tree=broken)
+
+    assert got.counters.sampler_errors >= 3
+    [note] = got.of(SamplerNote)
+    assert isinstance(note, SamplerNote)
+    assert note.sampler == "proc"
+    assert note.data["type"] == "RuntimeError"
+    assert all(s.pids == {201} for s in got.samples)
+
+
+@pytest.mark.asyncio
+async def test_a_sample_dropped_by_a_full_queue_is_counted(tmp_path: Path) -> None:
+    """With no room in the queue the sample is dropped and its cmdlines go to the next one."""
+    fake_proc(tmp_path, 1, [FakeProcess(201, 1)])
+    sink, receive = open_event_queue(SoakClock(), buffer=0)
+    offered = anyio.Event()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                partial(
+                    run_proc_sampler,
+                    sink,
+                    root_pid=1,
+                    interval=0.05,
+                    disk_paths={},
+                    limiter=anyio.CapacityLimiter(1),
+                    on_tree=lambda pids: offered.set(),
+                    proc=tmp_path,
+                )
+            )
+            await offered.wait()  # nobody was receiving: that sample was dropped
+            async with receive:
+                delivered = await receive.receive()
+            tg.cancel_scope.cancel()
+
+    assert sink.counters.dropped_samples >= 1
+    assert isinstance(delivered, ProcSample)
+    assert delivered.processes[0].cmdline == ["worker", "--fast"]
+
+
+@pytest.mark.asyncio
+async def test_a_hung_read_degrades_the_sampler_until_it_returns(tmp_path: Path) -> None:
+    """A read past its deadline is abandoned (degraded); sampling resumes when it returns."""
+    fake_proc(tmp_path, 1, [FakeProcess(201, 1)])
+    stat = tmp_path / "201" / "stat"
+    good_stat = stat.read_bytes()
+    stat.unlink()
+    os.mkfifo(stat)  # opening it for reading blocks until a writer comes
+
+    def unblock() -> None:
+        if not stat.is_fifo():
+            return
+        replacement = tmp_path / "stat.new"
+        replacement.write_bytes(good_stat)
+        try:
+            writer = os.open(stat, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no reader waiting: nothing is stuck
+            os.replace(replacement, stat)
+            return
+        os.replace(replacement, stat)
+        os.write(writer, good_stat)
+        os.close(writer)
+
+    sink, receive = open_event_queue(SoakClock())
+    events: list[Event] = []
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    partial(
+                        run_proc_sampler,
+                        sink,
+                        root_pid=1,
+                        interval=0.05,
+                        disk_paths={},
+                        limiter=anyio.CapacityLimiter(1),
+                        read_timeout=0.2,
+                        proc=tmp_path,
+                    )
+                )
+                async with receive:
+                    async for event in receive:
+                        events.append(event)
+                        if isinstance(event, SamplerDegraded):
+                            assert sink.counters.sampler_errors == 1
+                            unblock()
+                        if isinstance(event, ProcSample):
+                            tg.cancel_scope.cancel()
+                            break
+    finally:
+        unblock()
+
+    kinds = [type(e) for e in events]
+    assert kinds == [SamplerDegraded, SamplerRecovered, ProcSample]
+    assert sink.counters.sampler_errors == 1
+    sample = events[-1]
+    assert isinstance(sample, ProcSample)
+    assert sample.pids == {201}
+
+
+@pytest.mark.asyncio
+async def test_interval_must_be_positive() -> None:
+    """A zero interval is refused before anything is read."""
+    sink, receive = open_event_queue(SoakClock())
+    with receive, pytest.raises(ValueError, match="interval"):
+        await run_proc_sampler(
+            sink, root_pid=1, interval=0, disk_paths={}, limiter=anyio.CapacityLimiter(1)
+        )
