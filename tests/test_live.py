@@ -96,6 +96,7 @@ def test_terminal_view_updates_in_place(tmp_path: Path) -> None:
     assert len(frames) >= 3, drawn
     assert any("running" in f and "progress" in f and "━" in f for f in frames), drawn
     assert "/ 5.0s stale limit" in drawn
+    assert any("CPU " in f and "RSS " in f for f in frames), drawn
     assert "finished: passed" in frames[-1]
     assert "asyncsoak: soak passed" in frames[-1]
     assert " | " not in drawn  # no plain status line
@@ -138,7 +139,8 @@ def test_plain_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
     assert any(
         "running | last progress" in line and "(stale limit 1.0s)" in line for line in status
     )
-    assert status[-1].endswith("finished: failed (stale_progress)")
+    assert "finished: failed (stale_progress) | tree CPU " in status[-1]
+    assert any(" RSS " in line for line in status)
     assert lines[-2].startswith("asyncsoak: soak failed: stale_progress")
 
 
