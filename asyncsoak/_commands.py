@@ -1,0 +1,281 @@
+"""Short external commands under a deadline: ``nvidia-smi``, ``git``, a command's interpreter.
+
+Every command gets a deadline.  One that overruns is killed; one that does not die within a
+bounded wait after SIGKILL (stuck in uninterruptible sleep, ``D``) is abandoned and reported,
+never awaited forever.  An abandoned process is kept referenced here so that neither Python
+nor asyncio warns about it, and is reaped by a later call once it has finally exited.
+
+Commands start in their own session, so a Ctrl-C at the monitor's terminal does not reach
+them: the monitor decides when they stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import Process
+
+#: Seconds a process gets to exit after SIGTERM before SIGKILL.
+TERMINATE_GRACE = 1.0
+#: Seconds to wait for a process to be reaped after SIGKILL before abandoning it.
+KILL_WAIT = 1.0
+#: Output kept from one command; the rest is read and discarded.
+MAX_OUTPUT = 4 * 1024 * 1024
+
+_READ_CHUNK = 65536
+
+_abandoned_async: list[Process] = []
+_abandoned_sync: list[subprocess.Popen[bytes]] = []
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What one command did.  ``error`` says why it gave no normal result."""
+
+    argv: list[str]
+    returncode: int | None
+    output: str
+    stderr: str = ""
+    error: str | None = None
+    #: The executable does not exist.
+    missing: bool = False
+    timed_out: bool = False
+    #: Pid of a process that would not die after SIGKILL.
+    abandoned_pid: int | None = None
+    duration: float = field(default=0.0, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.returncode == 0
+
+    def describe(self) -> str:
+        """One line for a human: the error, or the exit status and the first output line."""
+        if self.error is not None:
+            return self.error
+        first = next((line.strip() for line in self.output.splitlines() if line.strip()), "")
+        if not first:
+            first = next((line.strip() for line in self.stderr.splitlines() if line.strip()), "")
+        return f"exit status {self.returncode}" + (f": {first}" if first else "")
+
+
+def _start_error(argv: Sequence[str], exc: OSError) -> str:
+    return f"could not run {argv[0]!r}: {exc.strerror or exc}"
+
+
+def _timeout_error(timeout: float, abandoned: bool) -> str:
+    message = f"no answer within {timeout:g} s; killed"
+    if abandoned:
+        message += ", but it did not exit after SIGKILL (abandoned)"
+    return message
+
+
+# -- async (the samplers) ----------------------------------------------------------------------
+
+
+async def stop_process(
+    process: Process,
+    *,
+    terminate_grace: float = TERMINATE_GRACE,
+    kill_wait: float = KILL_WAIT,
+) -> bool:
+    """SIGTERM, bounded wait, SIGKILL, bounded wait; False when the process had to be abandoned.
+
+    Shielded, so it also runs to its (bounded) end when the caller is being cancelled.  anyio's
+    ``Process.aclose()`` waits without a bound when cancelled, so it is only called once the
+    process has been reaped, to close the pipes.
+    """
+    with anyio.CancelScope(shield=True):
+        await _close_reaped_abandoned()
+        if process.returncode is None and terminate_grace > 0:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+            with anyio.move_on_after(terminate_grace):
+                await process.wait()
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            with anyio.move_on_after(kill_wait):
+                await process.wait()
+        gone = process.returncode is not None
+        if gone:
+            await process.aclose()
+        else:
+            _abandoned_async.append(process)
+    return gone
+
+
+async def _close_reaped_abandoned() -> None:
+    for process in [p for p in _abandoned_async if p.returncode is not None]:
+        _abandoned_async.remove(process)
+        await process.aclose()
+
+
+async def open_command(argv: Sequence[str]) -> Process:
+    """Start a command in its own session, stdout and stderr together on one pipe."""
+    return await anyio.open_process(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+async def run_command(
+    argv: Sequence[str], *, time_limit: float, kill_wait: float = KILL_WAIT
+) -> CommandResult:
+    """Run a command to its end or its deadline; stdout and stderr together in ``output``."""
+    argv = list(argv)
+    started = anyio.current_time()
+    try:
+        process = await open_command(argv)
+    except OSError as exc:
+        return CommandResult(
+            argv, None, "", error=_start_error(argv, exc), missing=_is_missing(exc)
+        )
+    chunks: list[bytes] = []
+    kept = 0
+    timed_out = False
+    gone = True
+    try:
+        with anyio.fail_after(time_limit):
+            if process.stdout is not None:
+                async for chunk in process.stdout:
+                    if kept < MAX_OUTPUT:
+                        chunks.append(chunk)
+                        kept += len(chunk)
+            await process.wait()
+    except TimeoutError:
+        timed_out = True
+    finally:
+        # A one-shot query that overran is not asked politely: it gets SIGKILL at once.
+        gone = await stop_process(process, terminate_grace=0, kill_wait=kill_wait)
+    output = b"".join(chunks).decode(errors="replace")
+    return CommandResult(
+        argv,
+        None if timed_out else process.returncode,
+        output,
+        error=_timeout_error(time_limit, not gone) if timed_out else None,
+        timed_out=timed_out,
+        abandoned_pid=None if gone else process.pid,
+        duration=anyio.current_time() - started,
+    )
+
+
+def _is_missing(exc: OSError) -> bool:
+    return isinstance(exc, FileNotFoundError | NotADirectoryError)
+
+
+# -- sync (the snapshot, which runs in a worker thread) -----------------------------------------
+
+
+def run_command_sync(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    consume: Callable[[bytes], None] | None = None,
+    kill_wait: float = KILL_WAIT,
+) -> CommandResult:
+    """Run a command to its end or its deadline, reading its pipes without blocking.
+
+    ``consume`` receives stdout chunk by chunk instead of ``output`` keeping it (hashing a
+    large diff without holding it).  On the deadline the command's whole process group is
+    killed.
+    """
+    argv = list(argv)
+    started = time.monotonic()
+    deadline = started + timeout
+    _reap_abandoned_sync()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return CommandResult(
+            argv, None, "", error=_start_error(argv, exc), missing=_is_missing(exc)
+        )
+    out = bytearray()
+    err = bytearray()
+    timed_out = True
+    try:
+        if not _read_until(proc, deadline, out, err, consume):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+            timed_out = False
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        # Also reached when ``consume`` raises: the command never outlives this call.
+        gone = not timed_out or _kill_group(proc, kill_wait)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    return CommandResult(
+        argv,
+        None if timed_out else proc.returncode,
+        out.decode(errors="replace"),
+        stderr=err.decode(errors="replace"),
+        error=_timeout_error(timeout, not gone) if timed_out else None,
+        timed_out=timed_out,
+        abandoned_pid=None if gone else proc.pid,
+        duration=time.monotonic() - started,
+    )
+
+
+def _read_until(
+    proc: subprocess.Popen[bytes],
+    deadline: float,
+    out: bytearray,
+    err: bytearray,
+    consume: Callable[[bytes], None] | None,
+) -> bool:
+    """Read both pipes to EOF; True when the deadline came first."""
+    with selectors.DefaultSelector() as selector:
+        for pipe, buffer in ((proc.stdout, out), (proc.stderr, err)):
+            if pipe is not None:
+                selector.register(pipe, selectors.EVENT_READ, buffer)
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            for key, _ in selector.select(remaining):
+                chunk = os.read(key.fd, _READ_CHUNK)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                elif consume is not None and key.data is out:
+                    consume(chunk)
+                elif len(key.data) < MAX_OUTPUT:
+                    key.data.extend(chunk)
+    return False
+
+
+def _kill_group(proc: subprocess.Popen[bytes], kill_wait: float) -> bool:
+    """SIGKILL the command's process group; False when the command had to be abandoned."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(kill_wait)
+    except subprocess.TimeoutExpired:
+        _abandoned_sync.append(proc)
+        return False
+    return True
+
+
+def _reap_abandoned_sync() -> None:
+    for proc in [p for p in _abandoned_sync if p.poll() is not None]:
+        _abandoned_sync.remove(proc)

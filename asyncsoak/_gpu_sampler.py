@@ -1,0 +1,606 @@
+"""The GPU sampler task: ``nvidia-smi`` through long-lived loop processes, every read bounded.
+
+How it samples:
+
+1. One call of each query (GPU, compute apps) first.  It shows whether there is an
+   ``nvidia-smi`` and a GPU at all (if not: one note, and the task returns; that is not a
+   failure), how many lines one iteration has, and which fields this ``nvidia-smi`` knows.
+2. Then one ``-lms`` loop process per query, read line by line through pipes: on an H200 that
+   costs about 0.5 ms of CPU per sample against 44 ms for spawning both queries each time.
+3. A loop that ends: one call per sample, and the loops are tried again later (the wait
+   doubles each time they end again).
+
+The two loops are not alike.  The compute-apps loop prints nothing at all while no process
+holds a GPU, so its silence is normal and says nothing about ``nvidia-smi``'s health; its
+lines of one iteration share a timestamp, which is how they are grouped.  The GPU loop prints
+every period whatever happens: when it is silent for ``interval + call_timeout``, ``nvidia-smi``
+is hung (a GPU fallen off the bus, a wedged driver).  Then the sampler is degraded (one
+``SamplerDegraded`` per episode), the loops are killed (a process that will not die is
+abandoned and noted, never awaited), calls are retried with a growing backoff, and a
+``SamplerRecovered`` follows when data flows again.  None of this delays the soak's other
+tasks or its shutdown: every wait is bounded, and the stop path is shielded and bounded.
+
+Per-process GPU memory is matched to the supervised tree by pid only.  Inside a container
+without the host PID namespace, ``nvidia-smi`` reports host pids that match nothing here: those
+processes are recorded as not in the tree, never guessed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import anyio
+import psutil
+from anyio.abc import Process
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from ._commands import CommandResult, open_command, run_command, stop_process
+from ._events import (
+    Event,
+    SamplerDegraded,
+    SamplerNote,
+    SamplerRecovered,
+    SeriesPoints,
+    SummaryLabels,
+)
+from ._nvidia_smi import (
+    APP_FIELDS,
+    APPS_QUERY,
+    FIELD_FALLBACKS,
+    GPU_QUERY,
+    GPU_SAMPLE_FIELDS,
+    GpuProcess,
+    GpuReading,
+    SmiParseError,
+    data_lines,
+    is_error_value,
+    line_timestamp,
+    needs_attention,
+    no_devices,
+    parse_gpu_line,
+    parse_process_line,
+    query_args,
+    rejected_field,
+    replace_rejected,
+)
+from ._sink import EventSink
+
+SAMPLER = "gpu"
+#: After the loops end, how long (in sample intervals) to use calls before trying them again;
+#: doubled each time they end again, up to ``MAX_LOOP_RETRY`` seconds.
+LOOP_RETRY_INTERVALS = 10
+MAX_LOOP_RETRY = 600.0
+#: Longest wait between two attempts while ``nvidia-smi`` fails (unless the interval is longer).
+MAX_BACKOFF = 60.0
+#: How long to wait for the rest of a compute-apps iteration once its first line has arrived.
+APPS_SETTLE = 0.05
+#: How late the process loop's next iteration may be (scheduling, a busy machine) before its
+#: silence is taken to mean that no process holds a GPU any more.
+APPS_SLACK = 0.5
+#: Bound on recording a note while the sampler is being cancelled.
+NOTE_TIMEOUT = 1.0
+#: A line longer than this is not ``nvidia-smi`` CSV.
+MAX_LINE = 65536
+
+#: Per-GPU series fields (static ones, such as the total memory, stay in the samples).
+SERIES_FIELDS: tuple[str, ...] = (
+    "utilization_gpu_percent",
+    "utilization_memory_percent",
+    "memory_used_mib",
+    "memory_free_mib",
+    "temperature_gpu_c",
+    "temperature_memory_c",
+    "power_draw_w",
+    "power_limit_w",
+    "clocks_sm_mhz",
+    "clocks_mem_mhz",
+    "fan_speed_percent",
+    "ecc_uncorrected_volatile",
+    "ecc_corrected_volatile",
+)
+_ECC_COUNTERS = (
+    ("ecc.errors.uncorrected.volatile.total", "ecc_uncorrected_volatile"),
+    ("ecc.errors.corrected.volatile.total", "ecc_corrected_volatile"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample(Event):
+    """Every GPU and every GPU process of one iteration.
+
+    ``processes`` is None when the process list could not be read this time; ``source`` is
+    ``"loop"`` or ``"call"``.
+    """
+
+    KIND: ClassVar[str] = "gpu_sample"
+    DROPPABLE: ClassVar[bool] = True
+
+    gpus: list[GpuReading]
+    processes: list[GpuProcess] | None
+    source: str
+
+    def series_points(self) -> SeriesPoints:
+        points: dict[str, dict[str, float | None]] = {
+            f"gpu{g.index}": {name: getattr(g, name) for name in SERIES_FIELDS} for g in self.gpus
+        }
+        if self.processes is None:
+            points["gpu_tree"] = {
+                "tree_gpu_memory_mib": None,
+                "tree_gpu_processes": None,
+                "other_gpu_memory_mib": None,
+            }
+        else:
+            tree = [p for p in self.processes if p.in_tree]
+            other = [p for p in self.processes if not p.in_tree]
+            points["gpu_tree"] = {
+                "tree_gpu_memory_mib": sum(p.used_gpu_memory_mib or 0.0 for p in tree),
+                "tree_gpu_processes": float(len(tree)),
+                "other_gpu_memory_mib": sum(p.used_gpu_memory_mib or 0.0 for p in other),
+            }
+        return points
+
+    def summary_labels(self) -> SummaryLabels:
+        return {
+            f"gpu{g.index}": {"throttle_reasons": list(g.clock_event_reasons)}
+            for g in self.gpus
+            if g.clock_event_reasons is not None
+        }
+
+
+class EccWatch:
+    """Volatile ECC error counters per GPU: reports a counter that rose, or is not zero at first."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[int, str], int] = {}
+
+    def update(self, readings: Sequence[GpuReading]) -> list[tuple[str, dict[str, Any]]]:
+        """``(message, data)`` for each counter that rose since the last readings."""
+        changes = []
+        for reading in readings:
+            for counter, attr in _ECC_COUNTERS:
+                value = getattr(reading, attr)
+                if value is None:
+                    continue
+                before = self._last.get((reading.index, counter))
+                self._last[(reading.index, counter)] = value
+                if (before is None and value > 0) or (before is not None and value > before):
+                    was = "" if before is None else f" (was {before})"
+                    changes.append(
+                        (
+                            f"gpu{reading.index} {counter} is {value}{was}",
+                            {
+                                "gpu": reading.index,
+                                "counter": counter,
+                                "before": before,
+                                "after": value,
+                            },
+                        )
+                    )
+        return changes
+
+
+@dataclass(frozen=True, slots=True)
+class _LoopEnd:
+    hung: bool
+    message: str
+
+
+def _state(pid: int) -> str | None:
+    """What /proc says a process is doing ("disk-sleep" for D), None when it is gone."""
+    try:
+        return str(psutil.Process(pid).status())
+    except psutil.Error:
+        return None
+
+
+class _LineReader:
+    """One ``nvidia-smi -lms`` process, read line by line."""
+
+    def __init__(self, process: Process) -> None:
+        assert process.stdout is not None
+        self.process = process
+        self._stream = BufferedByteReceiveStream(process.stdout)
+
+    async def line(self) -> str | None:
+        """The next line; None at the end of the output."""
+        try:
+            data = await self._stream.receive_until(b"\n", MAX_LINE)
+        except (anyio.EndOfStream, anyio.IncompleteRead):
+            return None
+        except anyio.DelimiterNotFound as exc:
+            raise SmiParseError(f"a line longer than {MAX_LINE} bytes") from exc
+        return data.decode(errors="replace")
+
+    async def exit_status(self) -> str:
+        with anyio.move_on_after(1.0):
+            await self.process.wait()
+        code = self.process.returncode
+        return "still running" if code is None else f"exit status {code}"
+
+
+async def run_gpu_sampler(
+    sink: EventSink,
+    *,
+    interval: float,
+    tree_pids: Callable[[], Collection[int]],
+    nvidia_smi: str = "nvidia-smi",
+    call_timeout: float = 10.0,
+    limiter: anyio.CapacityLimiter | None = None,
+) -> None:
+    """Offer a :class:`GpuSample` every ``interval`` seconds until cancelled.
+
+    ``tree_pids`` gives the supervised tree's current pids; it is called in a worker thread
+    (through ``limiter``, a private one-thread limiter when None), only when a process holds
+    GPU memory.  ``call_timeout`` bounds every ``nvidia-smi`` call, and how late a loop's line
+    may be.  Returns by itself only when there is no GPU data to be had (no ``nvidia-smi``, or
+    no GPU): that is recorded in a note, not raised.  The sampler owns ``sink`` (give it a
+    clone) and closes it.
+    """
+    async with sink:
+        if not interval > 0:
+            raise ValueError(f"interval must be positive, not {interval!r}")
+        if not call_timeout > 0:
+            raise ValueError(f"call_timeout must be positive, not {call_timeout!r}")
+        sampler = _GpuSampler(
+            sink,
+            interval=interval,
+            tree_pids=tree_pids,
+            call_timeout=call_timeout,
+            limiter=limiter if limiter is not None else anyio.CapacityLimiter(1),
+        )
+        await sampler.run(nvidia_smi)
+
+
+class _GpuSampler:
+    def __init__(
+        self,
+        sink: EventSink,
+        *,
+        interval: float,
+        tree_pids: Callable[[], Collection[int]],
+        call_timeout: float,
+        limiter: anyio.CapacityLimiter,
+    ) -> None:
+        self._sink = sink
+        self._interval = interval
+        self._tree_pids = tree_pids
+        self._call_timeout = call_timeout
+        self._limiter = limiter
+        self._executable = ""
+        self._fields = {GPU_QUERY: list(GPU_SAMPLE_FIELDS), APPS_QUERY: list(APP_FIELDS)}
+        self._gpu_lines = 1
+        # The latest complete process list and when it arrived (monotonic).
+        self._apps: tuple[float, list[GpuProcess] | None] | None = None
+        self._degraded_since: float | None = None
+        self._failures = 0
+        self._loop_ends = 0
+        self._noted: set[str] = set()
+        self._ecc = EccWatch()
+
+    # -- the schedule ----------------------------------------------------------------------
+
+    async def run(self, nvidia_smi: str) -> None:
+        executable = await anyio.to_thread.run_sync(shutil.which, nvidia_smi, limiter=self._limiter)
+        if executable is None:
+            await self._note(f"no GPU data: {nvidia_smi!r} not found", {"nvidia_smi": nvidia_smi})
+            return
+        self._executable = executable
+        while True:
+            first = await self._sample_by_call(first=True)
+            if first is None:
+                return
+            if first:
+                break
+            await anyio.sleep(self._backoff())
+        loop_at = anyio.current_time()
+        next_call = loop_at + self._interval
+        while True:
+            if self._failures == 0 and anyio.current_time() >= loop_at:
+                started = anyio.current_time()
+                end = await self._run_loops()
+                now = anyio.current_time()
+                self._loop_ends = 1 if now - started >= MAX_LOOP_RETRY else self._loop_ends + 1
+                retry = min(
+                    MAX_LOOP_RETRY,
+                    LOOP_RETRY_INTERVALS * self._interval * 2.0 ** (self._loop_ends - 1),
+                )
+                loop_at = now + retry
+                if not end.hung:
+                    await self._note(
+                        f"{end.message}; one nvidia-smi call per sample until the loop is "
+                        f"tried again in {retry:.3g} s"
+                    )
+                next_call = now + (self._backoff() if end.hung else self._interval)
+                continue
+            await anyio.sleep(max(0.0, next_call - anyio.current_time()))
+            if await self._sample_by_call():
+                # A fixed schedule, not "interval after the call", without catching up bursts.
+                next_call = max(next_call + self._interval, anyio.current_time())
+            else:
+                next_call = anyio.current_time() + self._backoff()
+
+    def _backoff(self) -> float:
+        ceiling = max(MAX_BACKOFF, self._interval)
+        return min(ceiling, self._interval * 2.0 ** min(self._failures, 16))
+
+    # -- one call per sample -----------------------------------------------------------------
+
+    async def _sample_by_call(self, first: bool = False) -> bool | None:
+        """One sample from one call of each query: True, False (failed), None (no GPU here)."""
+        gpu = await self._query(GPU_QUERY)
+        if first and (gpu.missing or no_devices(gpu)):
+            await self._note(f"no GPU data: {gpu.describe()}", {"nvidia_smi": self._executable})
+            return None
+        if not gpu.ok:
+            await self._failed(f"nvidia-smi failed: {gpu.describe()}")
+            return False
+        lines = data_lines(gpu.output, self._fields[GPU_QUERY])
+        readings = await self._parse_gpus(lines)
+        if not readings:
+            await self._failed(f"no GPU reading in nvidia-smi's output: {gpu.describe()}")
+            return False
+        self._gpu_lines = len(lines)
+        apps = await self._query(APPS_QUERY)
+        processes = None
+        if apps.ok:
+            processes = await self._parse_processes(
+                data_lines(apps.output, self._fields[APPS_QUERY])
+            )
+            self._apps = (anyio.current_time(), processes)
+        else:
+            self._sink.counters.sampler_errors += 1
+            await self._note(
+                f"nvidia-smi could not list GPU processes: {apps.describe()}", once="apps-call"
+            )
+        await self._emit(readings, processes, "call")
+        return True
+
+    async def _query(self, query: str) -> CommandResult:
+        """One call of a query; a field this nvidia-smi rejects is dropped (or renamed)."""
+        while True:
+            fields = self._fields[query]
+            result = await run_command(
+                [self._executable, *query_args(query, fields)], time_limit=self._call_timeout
+            )
+            if result.abandoned_pid is not None:
+                await self._abandoned(result.abandoned_pid)
+            rejected = rejected_field(result)
+            narrower = None if rejected is None else replace_rejected(fields, rejected)
+            if narrower is None:
+                return result
+            self._fields[query] = narrower
+            fallback = FIELD_FALLBACKS.get(rejected or "")
+            instead = f"asking for {fallback!r} instead" if fallback else "it stays null"
+            await self._note(f"nvidia-smi does not know the field {rejected!r}; {instead}")
+
+    # -- loops ---------------------------------------------------------------------------------
+
+    async def _run_loops(self) -> _LoopEnd:
+        """Sample from the two loop processes until one ends or the GPU loop hangs."""
+        loop_ms = str(max(1, round(self._interval * 1000)))
+        readers: list[_LineReader] = []
+        ends: list[_LoopEnd] = []
+        try:
+            for query in (GPU_QUERY, APPS_QUERY):
+                argv = [self._executable, *query_args(query, self._fields[query]), "-lms", loop_ms]
+                try:
+                    process = await open_command(argv)
+                except OSError as exc:
+                    return _LoopEnd(False, f"could not start nvidia-smi: {exc.strerror or exc}")
+                readers.append(_LineReader(process))
+
+            async with anyio.create_task_group() as tg:
+
+                async def watch(
+                    read: Callable[[_LineReader], Awaitable[_LoopEnd]], reader: _LineReader
+                ) -> None:
+                    ends.append(await read(reader))
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch, self._read_gpu_loop, readers[0])
+                tg.start_soon(watch, self._read_apps_loop, readers[1])
+            return ends[0]
+        finally:
+            await self._stop_loops(readers)
+
+    async def _stop_loops(self, readers: list[_LineReader]) -> None:
+        with anyio.CancelScope(shield=True):
+            stuck: list[int] = []
+
+            async def stop(process: Process) -> None:
+                if not await stop_process(process):
+                    stuck.append(process.pid)
+
+            async with anyio.create_task_group() as tg:
+                for reader in readers:
+                    tg.start_soon(stop, reader.process)
+            for pid in stuck:
+                with anyio.move_on_after(NOTE_TIMEOUT):
+                    await self._abandoned(pid)
+
+    async def _read_gpu_loop(self, reader: _LineReader) -> _LoopEnd:
+        deadline = self._call_timeout
+        group: list[str] = []
+        while True:
+            try:
+                with anyio.fail_after(deadline):
+                    line = await reader.line()
+            except TimeoutError:
+                await self._failed(f"nvidia-smi printed nothing for {deadline:.3g} s; stopping it")
+                return _LoopEnd(True, "hung")
+            except SmiParseError as exc:
+                return _LoopEnd(False, f"the nvidia-smi GPU loop printed {exc}")
+            if line is None:
+                status = await reader.exit_status()
+                return _LoopEnd(False, f"the nvidia-smi GPU loop ended ({status})")
+            deadline = self._interval + self._call_timeout
+            if not line.strip():
+                continue
+            if group and line_timestamp(line) != line_timestamp(group[0]):
+                await self._gpu_iteration(group)
+                group = []
+            group.append(line)
+            if len(group) >= self._gpu_lines:
+                await self._gpu_iteration(group)
+                group = []
+
+    async def _read_apps_loop(self, reader: _LineReader) -> _LoopEnd:
+        settle = min(APPS_SETTLE, self._interval / 2)
+        group: list[str] = []
+        while True:
+            # Silence is normal here (no process holds a GPU): no deadline unless an
+            # iteration is under way.
+            with anyio.move_on_after(settle if group else None) as scope:
+                try:
+                    line = await reader.line()
+                except SmiParseError as exc:
+                    return _LoopEnd(False, f"the nvidia-smi process loop printed {exc}")
+            if scope.cancelled_caught:
+                await self._apps_iteration(group)
+                group = []
+                continue
+            if line is None:
+                status = await reader.exit_status()
+                return _LoopEnd(False, f"the nvidia-smi process loop ended ({status})")
+            if not line.strip():
+                continue
+            if group and line_timestamp(line) != line_timestamp(group[0]):
+                await self._apps_iteration(group)
+                group = []
+            group.append(line)
+
+    async def _gpu_iteration(self, lines: list[str]) -> None:
+        readings = await self._parse_gpus(lines)
+        if not readings:
+            await self._failed(f"no GPU reading in nvidia-smi's output: {lines[0].strip()!r}")
+            return
+        await self._emit(readings, self._current_processes(), "loop")
+
+    async def _apps_iteration(self, lines: list[str]) -> None:
+        self._apps = (anyio.current_time(), await self._parse_processes(lines))
+
+    def _current_processes(self) -> list[GpuProcess] | None:
+        """The latest process list, or none when the process loop has been silent a while."""
+        if self._apps is None:
+            return []
+        at, processes = self._apps
+        if anyio.current_time() - at > self._interval + APPS_SETTLE + APPS_SLACK:
+            return []
+        return processes
+
+    # -- readings ------------------------------------------------------------------------------
+
+    async def _parse_gpus(self, lines: list[str]) -> list[GpuReading]:
+        readings = []
+        for line in lines:
+            try:
+                readings.append(parse_gpu_line(line, self._fields[GPU_QUERY])[1])
+            except SmiParseError as exc:
+                await self._unparsable(exc)
+        return readings
+
+    async def _parse_processes(self, lines: list[str]) -> list[GpuProcess] | None:
+        """The processes of one iteration; None when a line could not be read."""
+        processes = []
+        for line in lines:
+            try:
+                processes.append(parse_process_line(line, self._fields[APPS_QUERY])[1])
+            except SmiParseError as exc:
+                await self._unparsable(exc)
+                return None
+        return processes
+
+    async def _unparsable(self, exc: SmiParseError) -> None:
+        self._sink.counters.sampler_errors += 1
+        await self._note(f"unreadable nvidia-smi output: {exc}", once="unparsable")
+
+    async def _emit(
+        self, readings: list[GpuReading], processes: list[GpuProcess] | None, source: str
+    ) -> None:
+        if processes:
+            tree = set(await anyio.to_thread.run_sync(self._tree_pids, limiter=self._limiter))
+            index_of: dict[str | None, int] = {r.uuid: r.index for r in readings if r.uuid}
+            processes = [
+                replace(p, in_tree=p.pid in tree, gpu_index=index_of.get(p.gpu_uuid))
+                for p in processes
+            ]
+        await self._recovered()
+        await self._note_readings(readings, processes)
+        self._sink.offer(
+            GpuSample(t=self._sink.elapsed(), gpus=readings, processes=processes, source=source)
+        )
+
+    async def _note_readings(
+        self, readings: list[GpuReading], processes: list[GpuProcess] | None
+    ) -> None:
+        for reading in readings:
+            for name, message in reading.errors.items():
+                if is_error_value(message):
+                    self._sink.counters.sampler_errors += 1
+                await self._note(
+                    f"gpu{reading.index} {name}: {message} (recorded as null)",
+                    once=f"value {reading.index} {name} {message}",
+                )
+            for reason in reading.clock_event_reasons or ():
+                if needs_attention(reason):
+                    await self._note(
+                        f"gpu{reading.index} clocks held back: {reason}",
+                        {"gpu": reading.index, "reason": reason},
+                        once=f"reason {reading.index} {reason}",
+                    )
+        for message, data in self._ecc.update(readings):
+            await self._note(message, data)
+        outside = sorted({p.pid for p in processes or () if not p.in_tree})
+        if outside:
+            await self._note(
+                "GPU processes outside the supervised tree (other work on the GPU, or pids "
+                "from another PID namespace, which cannot be matched): recorded as not in "
+                "the tree",
+                {"pids": outside},
+                once="outside",
+            )
+
+    # -- records -------------------------------------------------------------------------------
+
+    async def _note(
+        self, message: str, data: dict[str, Any] | None = None, *, once: str = ""
+    ) -> None:
+        if once:
+            if once in self._noted:
+                return
+            self._noted.add(once)
+        await self._sink.emit(
+            SamplerNote(t=self._sink.elapsed(), sampler=SAMPLER, message=message, data=data or {})
+        )
+
+    async def _abandoned(self, pid: int) -> None:
+        state = await anyio.to_thread.run_sync(_state, pid, limiter=self._limiter)
+        await self._note(
+            f"nvidia-smi (pid {pid}) did not exit after SIGKILL (state {state}); abandoned",
+            {"pid": pid, "state": state},
+        )
+
+    async def _failed(self, message: str) -> None:
+        self._failures += 1
+        self._sink.counters.sampler_errors += 1
+        if self._degraded_since is None:
+            self._degraded_since = anyio.current_time()
+            await self._sink.emit(
+                SamplerDegraded(t=self._sink.elapsed(), sampler=SAMPLER, message=message)
+            )
+
+    async def _recovered(self) -> None:
+        self._failures = 0
+        if self._degraded_since is not None:
+            gap = anyio.current_time() - self._degraded_since
+            self._degraded_since = None
+            await self._sink.emit(
+                SamplerRecovered(
+                    t=self._sink.elapsed(),
+                    sampler=SAMPLER,
+                    message=f"nvidia-smi answers again after {gap:.1f} s",
+                )
+            )

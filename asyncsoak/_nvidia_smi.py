@@ -1,0 +1,418 @@
+"""Talking to ``nvidia-smi`` and reading what it prints.
+
+Queries always use ``--format=csv,noheader,nounits`` and are read by position: the header
+names differ from the query names (``clocks.sm`` is headed ``clocks.current.sm [MHz]``).
+A value nvidia-smi cannot give (``[N/A]``, ``[Not Supported]``, ``[Unknown Error]``) or one
+that does not parse becomes ``None`` and an entry in the reading's ``errors``; nothing here
+raises on odd output except :class:`SmiParseError` for a line that is not a row at all.
+
+The clock event (throttle) reasons are decoded bit by bit from nvidia-smi's hex mask, with
+NVML's names for the bits.  Some are part of normal operation (an idle GPU drops its clocks,
+a GPU at full load sits at its power cap); the others mean the hardware or the temperature
+is holding the GPU back, and a user must see them.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._commands import CommandResult, run_command_sync
+
+GPU_FIELDS: tuple[str, ...] = (
+    "index",
+    "uuid",
+    "name",
+    "pci.bus_id",
+    "pstate",
+    "utilization.gpu",
+    "utilization.memory",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "temperature.gpu",
+    "temperature.memory",
+    "power.draw",
+    "power.limit",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "fan.speed",
+    "clocks_event_reasons.active",
+    "ecc.errors.uncorrected.volatile.total",
+    "ecc.errors.corrected.volatile.total",
+)
+#: The sampler's GPU query: ``timestamp`` first groups the lines of one loop iteration.
+GPU_SAMPLE_FIELDS: tuple[str, ...] = ("timestamp", *GPU_FIELDS)
+#: The sampler's compute-apps query.
+APP_FIELDS: tuple[str, ...] = ("timestamp", "pid", "process_name", "used_gpu_memory", "gpu_uuid")
+#: What the runtime snapshot records about each GPU.
+INVENTORY_FIELDS: tuple[str, ...] = (
+    "index",
+    "uuid",
+    "name",
+    "pci.bus_id",
+    "driver_version",
+    "memory.total",
+    "power.limit",
+    "clocks.max.sm",
+    "compute_mode",
+    "persistence_mode",
+    "mig.mode.current",
+)
+#: An older name to ask for when nvidia-smi rejects a field (drivers before the rename).
+FIELD_FALLBACKS: dict[str, str] = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}
+#: Fields without which a row means nothing: a rejection of one of them cannot be worked around.
+REQUIRED_FIELDS = frozenset({"timestamp", "index", "pid"})
+
+GPU_QUERY = "--query-gpu"
+APPS_QUERY = "--query-compute-apps"
+#: nvidia-smi's exit status when it sees no GPU.
+NO_DEVICES_EXIT = 6
+
+#: What nvidia-smi prints for a value that does not apply here: recorded, but not an error.
+UNAVAILABLE = frozenset({"[N/A]", "[Not Supported]", "N/A"})
+
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+#: Reasons that are part of normal operation: idle, clocks set by an administrator or an
+#: application, the power cap of a GPU working flat out, boost synchronised across GPUs.
+NORMAL_CLOCK_EVENT_REASONS = frozenset(
+    {
+        "gpu_idle",
+        "applications_clocks_setting",
+        "sw_power_cap",
+        "sync_boost",
+        "display_clock_setting",
+    }
+)
+#: Reasons a user must see: the hardware, the temperature or the power supply slows the GPU.
+ATTENTION_CLOCK_EVENT_REASONS = frozenset(
+    {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
+
+_REJECTED_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+_NUMBER = re.compile(r"^(-?\d+(?:\.\d+)?)(?: (?:%|MiB|W|MHz|C))?$")
+_SEPARATOR = ", "
+
+
+class SmiParseError(ValueError):
+    """A line that is not a row of the query (an error message, garbage, a torn line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU in one iteration.  ``errors`` maps a query field to why its value is None."""
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    bus_id: str | None = None
+    pstate: str | None = None
+    utilization_gpu_percent: float | None = None
+    utilization_memory_percent: float | None = None
+    memory_total_mib: float | None = None
+    memory_used_mib: float | None = None
+    memory_free_mib: float | None = None
+    temperature_gpu_c: float | None = None
+    temperature_memory_c: float | None = None
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None
+    clocks_sm_mhz: float | None = None
+    clocks_mem_mhz: float | None = None
+    clocks_max_sm_mhz: float | None = None
+    fan_speed_percent: float | None = None
+    clock_event_reasons: list[str] | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_volatile: int | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process holding GPU memory, as ``--query-compute-apps`` reports it.
+
+    ``pid`` is the pid nvidia-smi sees, which is the host's: inside a container without the
+    host PID namespace it matches nothing here, so ``in_tree`` is decided by pid only.
+    """
+
+    pid: int
+    name: str | None = None
+    used_gpu_memory_mib: float | None = None
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    in_tree: bool = False
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def _number(raw: str) -> float:
+    match = _NUMBER.match(raw)
+    if match is None:
+        raise ValueError(raw)
+    return float(match.group(1))
+
+
+def _integer(raw: str) -> int:
+    value = _number(raw)
+    if not value.is_integer():
+        raise ValueError(raw)
+    return int(value)
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _reasons(raw: str) -> list[str]:
+    return decode_clock_event_reasons(int(raw, 16))
+
+
+_Converter = Callable[[str], Any]
+
+_GPU_SPEC: dict[str, tuple[str, _Converter]] = {
+    "index": ("index", _integer),
+    "uuid": ("uuid", _text),
+    "name": ("name", _text),
+    "pci.bus_id": ("bus_id", _text),
+    "pstate": ("pstate", _text),
+    "utilization.gpu": ("utilization_gpu_percent", _number),
+    "utilization.memory": ("utilization_memory_percent", _number),
+    "memory.total": ("memory_total_mib", _number),
+    "memory.used": ("memory_used_mib", _number),
+    "memory.free": ("memory_free_mib", _number),
+    "temperature.gpu": ("temperature_gpu_c", _number),
+    "temperature.memory": ("temperature_memory_c", _number),
+    "power.draw": ("power_draw_w", _number),
+    "power.limit": ("power_limit_w", _number),
+    "clocks.sm": ("clocks_sm_mhz", _number),
+    "clocks.mem": ("clocks_mem_mhz", _number),
+    "clocks.max.sm": ("clocks_max_sm_mhz", _number),
+    "fan.speed": ("fan_speed_percent", _number),
+    "clocks_event_reasons.active": ("clock_event_reasons", _reasons),
+    "ecc.errors.uncorrected.volatile.total": ("ecc_uncorrected_volatile", _integer),
+    "ecc.errors.corrected.volatile.total": ("ecc_corrected_volatile", _integer),
+}
+_GPU_ALIASES = {
+    "clocks.current.sm": "clocks.sm",
+    "clocks.current.memory": "clocks.mem",
+    "clocks_throttle_reasons.active": "clocks_event_reasons.active",
+}
+_APP_SPEC: dict[str, tuple[str, _Converter]] = {
+    "pid": ("pid", _integer),
+    "process_name": ("name", _text),
+    "used_gpu_memory": ("used_gpu_memory_mib", _number),
+    "gpu_uuid": ("gpu_uuid", _text),
+}
+_APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
+
+
+def decode_clock_event_reasons(mask: int) -> list[str]:
+    """NVML's names for the bits set in a clock event reason mask (unknown bits by value)."""
+    names = []
+    bit = 1
+    while bit <= mask:
+        if mask & bit:
+            names.append(CLOCK_EVENT_REASONS.get(bit, f"unknown_0x{bit:x}"))
+        bit <<= 1
+    return names
+
+
+def needs_attention(reason: str) -> bool:
+    """Whether a clock event reason is one a user must see (an unknown bit is, to be safe)."""
+    return reason not in NORMAL_CLOCK_EVENT_REASONS
+
+
+def is_error_value(message: str) -> bool:
+    """Whether an ``errors`` entry is a real error rather than a value that does not apply."""
+    return message not in UNAVAILABLE
+
+
+def query_args(query: str, fields: Sequence[str], loop_ms: int | None = None) -> list[str]:
+    """Arguments for one query (``GPU_QUERY`` or ``APPS_QUERY``), looping every ``loop_ms``."""
+    args = [f"{query}={','.join(fields)}", "--format=csv,noheader,nounits"]
+    if loop_ms is not None:
+        args += ["-lms", str(loop_ms)]
+    return args
+
+
+def line_timestamp(line: str) -> str:
+    """The first column: the timestamp shared by every line of one loop iteration."""
+    return line.split(",", 1)[0].strip()
+
+
+def rejected_field(result: CommandResult) -> str | None:
+    """The field nvidia-smi refused (exit status 2, message on stdout), if that is the failure."""
+    if result.returncode == 0:
+        return None
+    match = _REJECTED_FIELD.search(result.output)
+    return match.group(1) if match else None
+
+
+def replace_rejected(fields: Sequence[str], rejected: str) -> list[str] | None:
+    """The field list without a rejected field (or with its older name); None when required."""
+    if rejected not in fields or rejected in REQUIRED_FIELDS:
+        return None
+    fallback = FIELD_FALLBACKS.get(rejected)
+    if fallback is not None:
+        return [fallback if f == rejected else f for f in fields]
+    return [f for f in fields if f != rejected]
+
+
+def no_devices(result: CommandResult) -> bool:
+    return result.returncode == NO_DEVICES_EXIT or "No devices were found" in result.output
+
+
+def _split(line: str, fields: Sequence[str], free_text: str | None) -> list[str]:
+    parts = [part.strip() for part in line.rstrip("\r\n").split(_SEPARATOR)]
+    extra = len(parts) - len(fields)
+    if extra > 0 and free_text is not None and free_text in fields:
+        # A process name may itself contain ", ": the other columns are fixed, so the surplus
+        # belongs to the free-text one.
+        i = fields.index(free_text)
+        parts = [*parts[:i], _SEPARATOR.join(parts[i : i + extra + 1]), *parts[i + extra + 1 :]]
+    if len(parts) != len(fields):
+        raise SmiParseError(f"expected {len(fields)} values, got {len(parts)}: {line.strip()!r}")
+    return parts
+
+
+def _convert(
+    line: str,
+    fields: Sequence[str],
+    spec: dict[str, tuple[str, _Converter]],
+    aliases: dict[str, str],
+    free_text: str | None = None,
+) -> tuple[str | None, dict[str, Any], dict[str, str]]:
+    canonical = [aliases.get(name, name) for name in fields]
+    values = _split(line, canonical, free_text)
+    timestamp = None
+    kwargs: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for name, raw in zip(canonical, values, strict=True):
+        if name == "timestamp":
+            timestamp = raw
+            continue
+        target = spec.get(name)
+        if target is None:
+            continue
+        attr, convert = target
+        kwargs[attr] = None
+        if raw in UNAVAILABLE or (raw.startswith("[") and raw.endswith("]")):
+            errors[name] = raw
+            continue
+        try:
+            kwargs[attr] = convert(raw)
+        except ValueError:
+            errors[name] = f"unparsable {raw!r}"
+    return timestamp, kwargs, errors
+
+
+def parse_gpu_line(line: str, fields: Sequence[str]) -> tuple[str | None, GpuReading]:
+    """One row of a GPU query asked with ``fields``: its timestamp (if asked) and reading."""
+    timestamp, kwargs, errors = _convert(line, fields, _GPU_SPEC, _GPU_ALIASES)
+    if kwargs.get("index") is None:
+        raise SmiParseError(f"no GPU index in {line.strip()!r}")
+    return timestamp, GpuReading(**kwargs, errors=errors)
+
+
+def parse_process_line(line: str, fields: Sequence[str]) -> tuple[str | None, GpuProcess]:
+    """One row of a compute-apps query asked with ``fields``."""
+    timestamp, kwargs, errors = _convert(line, fields, _APP_SPEC, _APP_ALIASES, "process_name")
+    if kwargs.get("pid") is None:
+        raise SmiParseError(f"no pid in {line.strip()!r}")
+    return timestamp, GpuProcess(**kwargs, errors=errors)
+
+
+def data_lines(output: str, fields: Sequence[str]) -> list[str]:
+    """The non-empty lines of an output, without a ``--format=csv`` header if there is one."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    if lines and lines[0].split(_SEPARATOR, 1)[0].split(" [", 1)[0].strip() == fields[0]:
+        return lines[1:]
+    return lines
+
+
+def parse_version(output: str) -> dict[str, str]:
+    """``nvidia-smi --version``: ``{"nvidia_smi_version", "nvml_version", "driver_version",
+    "cuda_version"}``."""
+    out: dict[str, str] = {}
+    for line in output.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip():
+            out[re.sub(r"[^a-z0-9]+", "_", key.strip().lower()).strip("_")] = value.strip()
+    return out
+
+
+def _inventory_entry(line: str, fields: Sequence[str]) -> dict[str, Any]:
+    _, reading = parse_gpu_line(line, fields)
+    values = dict(zip(fields, _split(line, fields, None), strict=True))
+
+    def text(name: str) -> str | None:
+        value = values.get(name)
+        return None if value is None or value in UNAVAILABLE else value
+
+    return {
+        "index": reading.index,
+        "uuid": reading.uuid,
+        "name": reading.name,
+        "bus_id": reading.bus_id,
+        "memory_total_mib": reading.memory_total_mib,
+        "power_limit_w": reading.power_limit_w,
+        "clocks_max_sm_mhz": reading.clocks_max_sm_mhz,
+        "driver_version": text("driver_version"),
+        "compute_mode": text("compute_mode"),
+        "persistence_mode": text("persistence_mode"),
+        "mig_mode": text("mig.mode.current"),
+    }
+
+
+def gpu_inventory(nvidia_smi: str = "nvidia-smi", timeout: float = 10.0) -> dict[str, Any]:
+    """The machine's GPUs and driver for the runtime snapshot; never raises for a bad GPU setup.
+
+    ``{"available": False, "error": ...}`` when there is no ``nvidia-smi`` or no GPU.
+    """
+    executable = shutil.which(nvidia_smi)
+    if executable is None:
+        return {"available": False, "error": f"{nvidia_smi!r} not found: no GPU data"}
+    fields = list(INVENTORY_FIELDS)
+    errors: list[str] = []
+    while True:
+        result = run_command_sync([executable, *query_args(GPU_QUERY, fields)], timeout=timeout)
+        rejected = rejected_field(result)
+        narrower = None if rejected is None else replace_rejected(fields, rejected)
+        if narrower is None:
+            break
+        errors.append(f"nvidia-smi does not know the field {rejected!r}")
+        fields = narrower
+    if not result.ok:
+        return {
+            "available": False,
+            "nvidia_smi": executable,
+            "error": "no GPU data: " + result.describe(),
+        }
+    gpus = []
+    for line in data_lines(result.output, fields):
+        try:
+            gpus.append(_inventory_entry(line, fields))
+        except SmiParseError as exc:
+            errors.append(str(exc))
+    inventory: dict[str, Any] = {"available": True, "nvidia_smi": executable}
+    version = run_command_sync([executable, "--version"], timeout=timeout)
+    if version.ok:
+        inventory.update(parse_version(version.output))
+    else:
+        errors.append("nvidia-smi --version: " + version.describe())
+    inventory.setdefault("driver_version", next((g["driver_version"] for g in gpus), None))
+    inventory["gpus"] = gpus
+    inventory["errors"] = errors
+    return inventory

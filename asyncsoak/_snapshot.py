@@ -1,0 +1,393 @@
+"""The runtime snapshot: where the code, the GPUs, the software and the environment stood.
+
+Synchronous: the soak runs it in a worker thread before the command starts.  Every external
+command (``git``, ``nvidia-smi``, the command's own Python interpreter) runs under a deadline,
+and a missing tool or a failed command is recorded in its section, never raised.
+
+``git`` must not run code from the repository under test.  A repository's config can name
+programs that ``git status`` and ``git diff`` would run: an fsmonitor hook, clean filters, an
+external diff, textconv drivers, hooks.  So every call turns ``core.fsmonitor`` off, points
+hooks nowhere, blanks each clean/smudge/process filter the repository configures, passes
+``--no-ext-diff --no-textconv`` to diffs, and ``--no-optional-locks`` keeps ``git status``
+from rewriting the index.  The caller's ``GIT_*`` variables (``GIT_DIR``,
+``GIT_EXTERNAL_DIFF``...) are not passed on.  A repository owned by another user is refused by
+``git`` itself ("dubious ownership"); that refusal is recorded, not overridden.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ._commands import CommandResult, run_command_sync
+from ._nvidia_smi import gpu_inventory
+from ._redact import redact_env
+
+#: Environment variables recorded by name...
+ENVIRONMENT_NAMES = frozenset(
+    {
+        "PATH",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "CONDA_DEFAULT_ENV",
+        "PYTHONPATH",
+        "PYTHONHASHSEED",
+        "PYTHONUNBUFFERED",
+        "LD_LIBRARY_PATH",
+        "LD_PRELOAD",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "TOKENIZERS_PARALLELISM",
+    }
+)
+#: ...and by prefix (then redacted: credential-looking names and URL passwords).
+ENVIRONMENT_PREFIXES: tuple[str, ...] = (
+    "ACCELERATE_",
+    "ASYNCSOAK_",
+    "CUBLAS_",
+    "CUDA_",
+    "CUDNN_",
+    "DEEPSPEED_",
+    "HF_",
+    "HUGGINGFACE_",
+    "JAX_",
+    "KMP_",
+    "MKL_",
+    "MLFLOW_",
+    "NCCL_",
+    "NVIDIA_",
+    "OMP_",
+    "OPENBLAS_",
+    "PYTORCH_",
+    "SLURM_",
+    "TF_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "TRANSFORMERS_",
+    "WANDB_",
+    "XLA_",
+)
+
+_PYTHON_NAME = re.compile(r"(python|pypy)[0-9.]*")
+# Run by the command's interpreter, which may be any Python 3.8+: standard library only.
+_INTERPRETER_PROBE = """\
+import importlib.metadata as m, json, platform, sys
+dists = {}
+for d in m.distributions():
+    name = d.metadata["Name"]
+    if name and name not in dists:
+        dists[name] = d.version
+print(json.dumps({
+    "executable": sys.executable,
+    "version": platform.python_version(),
+    "implementation": platform.python_implementation(),
+    "prefix": sys.prefix,
+    "distributions": dict(sorted(dists.items(), key=lambda kv: kv[0].lower())),
+}))
+"""
+
+
+def runtime_snapshot(root: Path) -> dict[str, Any]:
+    """Record source, GPU, software, and environment provenance."""
+    return collect_snapshot(root)
+
+
+def collect_snapshot(
+    root: Path,
+    *,
+    command: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    nvidia_smi: str = "nvidia-smi",
+    timeout: float = 10.0,
+) -> dict[str, Any]:
+    """The snapshot of ``root``'s source and of this machine for a run of ``command``.
+
+    ``env`` is the command's environment (default: this process's).  ``timeout`` bounds each
+    external command.  When ``command`` runs another Python interpreter than this one (directly
+    or through a script's ``#!`` line), that interpreter's packages are recorded too.
+    """
+    root = Path(root)
+    environ: Mapping[str, str] = os.environ if env is None else env
+    return {
+        "taken_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "root": str(root.absolute()),
+        "source": _section(lambda: source_info(root, timeout)),
+        "gpus": _section(lambda: gpu_inventory(nvidia_smi, timeout)),
+        "software": _section(lambda: software_info(command, environ, timeout)),
+        "host": _section(host_info),
+        "environment": _section(lambda: environment_info(environ)),
+    }
+
+
+def _section(build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    # Provenance is best effort: a section that breaks in an unforeseen way is recorded as
+    # such, and the other sections (and the soak) go on.
+    try:
+        return build()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+# -- source ------------------------------------------------------------------------------------
+
+
+class _Git:
+    """``git`` in one repository, configured so that the repository cannot run code."""
+
+    def __init__(self, executable: str, root: Path, timeout: float) -> None:
+        self._base = [
+            executable,
+            "--no-pager",
+            "--no-optional-locks",
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-C",
+            str(root),
+        ]
+        self._timeout = timeout
+        self._env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        self._env.update(GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", LC_ALL="C")
+
+    def __call__(self, *args: str, consume: Callable[[bytes], None] | None = None) -> CommandResult:
+        return run_command_sync(
+            [*self._base, *args], timeout=self._timeout, env=self._env, consume=consume
+        )
+
+    def disable_filters(self) -> None:
+        """Blank every filter driver the repository's config defines."""
+        listed = self("config", "--get-regexp", r"^filter\..*\.(clean|smudge|process)$")
+        names = set()
+        for line in listed.output.splitlines():
+            key = line.split(" ", 1)[0]
+            names.add(key[len("filter.") : key.rindex(".")])
+        for name in sorted(names):
+            for key in ("clean", "smudge", "process"):
+                self._base[1:1] = ["-c", f"filter.{name}.{key}="]
+            self._base[1:1] = ["-c", f"filter.{name}.required=false"]
+
+
+def source_info(root: Path, timeout: float = 10.0) -> dict[str, Any]:
+    """Revision, branch and dirtiness of the git repository containing ``root``."""
+    executable = shutil.which("git")
+    if executable is None:
+        return {"repository": None, "error": "git not found"}
+    git = _Git(executable, root, timeout)
+    top = git("rev-parse", "--show-toplevel")
+    if not top.ok:
+        if "not a git repository" in top.stderr:
+            return {"repository": None, "error": "not a git repository"}
+        return {"repository": None, "error": f"git rev-parse: {_git_error(top)}"}
+    git.disable_filters()
+    errors: list[str] = []
+    head = git("rev-parse", "--verify", "-q", "HEAD")
+    revision = head.output.strip() if head.ok else None
+    branch = git("symbolic-ref", "--short", "-q", "HEAD")
+    status = git(
+        "status", "--porcelain=v1", "-z", "--untracked-files=normal", "--ignore-submodules=dirty"
+    )
+    changed = untracked = None
+    if status.ok:
+        changed, untracked = _count_status(status.output)
+    else:
+        errors.append(f"git status: {_git_error(status)}")
+    diff_sha256 = None
+    if changed and revision is not None:
+        digest = hashlib.sha256()
+        diff = git(
+            "diff",
+            "HEAD",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--binary",
+            "--ignore-submodules=dirty",
+            consume=digest.update,
+        )
+        if diff.ok:
+            diff_sha256 = digest.hexdigest()
+        else:
+            errors.append(f"git diff: {_git_error(diff)}")
+    return {
+        "repository": top.output.strip(),
+        "revision": revision,
+        "branch": branch.output.strip() if branch.ok else None,
+        "dirty": None if changed is None else changed > 0,
+        "changed_files": changed,
+        "untracked_files": untracked,
+        "diff_sha256": diff_sha256,
+        "errors": errors,
+    }
+
+
+def _git_error(result: CommandResult) -> str:
+    if result.error is not None:
+        return result.error
+    # git's own message comes first ("fatal: ..."); hints on how to fix it follow.
+    lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+    return lines[0] if lines else result.describe()
+
+
+def _count_status(porcelain: str) -> tuple[int, int]:
+    """Tracked files changed (staged or not) and untracked files, from ``status -z``."""
+    changed = untracked = 0
+    entries = iter(porcelain.split("\0"))
+    for entry in entries:
+        if len(entry) < 4:
+            continue
+        code = entry[:2]
+        if code == "??":
+            untracked += 1
+            continue
+        changed += 1
+        if code[0] in "RC":
+            next(entries, None)  # a rename or copy is followed by its source path
+    return changed, untracked
+
+
+# -- software ----------------------------------------------------------------------------------
+
+
+def software_info(
+    command: Sequence[str] | None, environ: Mapping[str, str], timeout: float = 10.0
+) -> dict[str, Any]:
+    from . import __version__
+
+    info: dict[str, Any] = {
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+            "prefix": sys.prefix,
+        },
+        "platform": platform.platform(),
+        "asyncsoak": __version__,
+        "distributions": _distributions(),
+    }
+    interpreter = command_interpreter(command, environ)
+    if interpreter is not None:
+        info["command_python"] = _interpreter_info(interpreter, environ, timeout)
+    return info
+
+
+def _distributions() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and name not in found:  # the first on sys.path is the one imported
+            found[name] = dist.version
+    return dict(sorted(found.items(), key=lambda item: item[0].lower()))
+
+
+def command_interpreter(command: Sequence[str] | None, environ: Mapping[str, str]) -> str | None:
+    """The Python interpreter ``command`` runs, when it is not this one.
+
+    Either ``command[0]`` itself (``python3 train.py``) or the interpreter named by its
+    ``#!`` line (``torchrun``, ``accelerate`` and other console scripts).
+    """
+    if not command:
+        return None
+    path = environ.get("PATH", os.defpath)
+    executable = shutil.which(command[0], path=path)
+    if executable is None:
+        return None
+    if not _is_python(executable):
+        executable = _shebang_interpreter(executable, path)
+        if executable is None or not _is_python(executable):
+            return None
+    if os.path.abspath(executable) == os.path.abspath(sys.executable):
+        return None
+    return executable
+
+
+def _is_python(path: str) -> bool:
+    return _PYTHON_NAME.fullmatch(os.path.basename(path)) is not None
+
+
+def _shebang_interpreter(script: str, path: str) -> str | None:
+    try:
+        with open(script, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode(errors="replace").split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+        return shutil.which(words[0], path=path) if words else None
+    return words[0] if words else None
+
+
+def _interpreter_info(
+    interpreter: str, environ: Mapping[str, str], timeout: float
+) -> dict[str, Any]:
+    # cwd "/": with -c, the interpreter puts its working directory first on sys.path, and the
+    # repository's own files must not shadow the standard library here.
+    result = run_command_sync(
+        [interpreter, "-c", _INTERPRETER_PROBE], timeout=timeout, env=environ, cwd="/"
+    )
+    if not result.ok:
+        stderr = result.stderr.strip().splitlines()
+        return {"executable": interpreter, "error": stderr[-1] if stderr else result.describe()}
+    try:
+        info: dict[str, Any] = json.loads(result.output)
+    except ValueError:
+        return {"executable": interpreter, "error": f"unreadable answer: {result.output[:200]!r}"}
+    return info
+
+
+# -- host and environment ----------------------------------------------------------------------
+
+
+def host_info() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "kernel": platform.release(),
+        "kernel_version": platform.version(),
+        "machine": platform.machine(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "memory_total_bytes": psutil.virtual_memory().total,
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def environment_info(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that shape a training run, with credentials redacted."""
+    selected = {
+        name: value
+        for name, value in environ.items()
+        if name in ENVIRONMENT_NAMES or name.startswith(ENVIRONMENT_PREFIXES)
+    }
+    return dict(sorted(redact_env(selected).items()))

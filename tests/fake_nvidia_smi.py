@@ -1,0 +1,247 @@
+"""A stand-in for ``nvidia-smi`` that replays output captured on an NVIDIA H200.
+
+Standalone (standard library only); the tests install it as ``nvidia-smi`` through
+``tests/gpu_support.py``.  The values come from the unedited fixtures in
+``../shared/fixtures/nvidia-smi/h200`` next to the repository (or ``$ASYNCSOAK_FIXTURES``):
+each requested field is looked up by its column in the fixture's field list, so the fake
+answers the fields asked in the order asked, as nvidia-smi does, and rejects unknown ones
+with nvidia-smi's own message and exit status.
+
+Settings (environment):
+
+- ``FAKE_SMI_MODE``: ``idle`` (no process on the GPU), ``load`` (one process), ``two`` (the
+  capture of two processes coming and going), ``hang`` (stops answering), ``garbage`` (lines
+  that are not rows), ``no-devices`` (exit 6, "No devices were found").
+- ``FAKE_SMI_PID`` / ``FAKE_SMI_PID2``: pids put in place of the captured ones (886, or 417
+  and 447 in ``two`` mode).
+- ``FAKE_SMI_GPUS``: how many GPUs to report (the captured row, renumbered).
+- ``FAKE_SMI_HANG_AFTER``: in ``hang`` mode, lines each process prints before hanging.
+- ``FAKE_SMI_LOOP_ITERATIONS``: a ``-lms`` loop prints this many iterations, then exits.
+- ``FAKE_SMI_REJECT``: comma-separated fields to reject as an older driver would.
+- ``FAKE_SMI_LOG``: a file to which every invocation appends ``{"pid", "argv"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+# The field lists the fixtures were captured with (fixtures README: F and A).
+GPU_FIELDS = [
+    "index",
+    "uuid",
+    "name",
+    "driver_version",
+    "pci.bus_id",
+    "pstate",
+    "utilization.gpu",
+    "utilization.memory",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "temperature.gpu",
+    "temperature.memory",
+    "power.draw",
+    "power.limit",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "fan.speed",
+    "clocks_event_reasons.active",
+    "ecc.errors.uncorrected.volatile.total",
+    "ecc.errors.corrected.volatile.total",
+    "compute_mode",
+    "persistence_mode",
+    "mig.mode.current",
+    "display_active",
+]
+APP_FIELDS = ["pid", "process_name", "used_gpu_memory", "gpu_uuid", "gpu_bus_id"]
+TWO_FIELDS = ["timestamp", "pid", "process_name", "used_gpu_memory", "gpu_uuid"]
+GPU_ALIASES = {
+    "clocks.current.sm": "clocks.sm",
+    "clocks.current.memory": "clocks.mem",
+    "clocks_throttle_reasons.active": "clocks_event_reasons.active",
+}
+APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
+CAPTURED_PID = "886"
+TWO_CAPTURED_PIDS = ("417", "447")
+SEPARATOR = ", "
+GARBAGE = "Unable to determine the device handle for GPU0000:00:06.0: Unknown Error"
+
+
+FIXTURES_VARIABLE = "ASYNCSOAK_FIXTURES"
+
+
+def fixtures() -> Path:
+    """The H200 captures: ``$ASYNCSOAK_FIXTURES``, else ``../shared`` next to the repository."""
+    override = os.environ.get(FIXTURES_VARIABLE)
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi" / "h200"
+
+
+def read(name: str) -> str:
+    return (fixtures() / name).read_text()
+
+
+def rows(name: str, fields: list[str]) -> list[dict[str, str]]:
+    lines = [line for line in read(name).splitlines() if line.strip()]
+    return [dict(zip(fields, line.split(SEPARATOR), strict=True)) for line in lines]
+
+
+def units(header_file: str, fields: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Header names and units per field, from a ``--format=csv`` capture."""
+    header = read(header_file).splitlines()[0].split(SEPARATOR)
+    names, unit = {}, {}
+    for field, column in zip(fields, header, strict=True):
+        names[field] = column
+        if column.endswith("]") and " [" in column:
+            unit[field] = column[column.index(" [") + 2 : -1]
+    return names, unit
+
+
+class Fake:
+    def __init__(self) -> None:
+        self.mode = os.environ.get("FAKE_SMI_MODE", "load")
+        self.printed = 0
+        self.hang_after = int(os.environ.get("FAKE_SMI_HANG_AFTER", "0"))
+        self.rejected = {f for f in os.environ.get("FAKE_SMI_REJECT", "").split(",") if f}
+        self.pids = {
+            CAPTURED_PID: os.environ.get("FAKE_SMI_PID", CAPTURED_PID),
+            TWO_CAPTURED_PIDS[0]: os.environ.get("FAKE_SMI_PID", TWO_CAPTURED_PIDS[0]),
+            TWO_CAPTURED_PIDS[1]: os.environ.get("FAKE_SMI_PID2", TWO_CAPTURED_PIDS[1]),
+        }
+
+    # -- output ------------------------------------------------------------------------
+
+    def emit(self, line: str) -> None:
+        if self.mode == "hang" and self.printed >= self.hang_after:
+            sys.stdout.flush()
+            while True:
+                time.sleep(3600)
+        sys.stdout.write(line + "\n")
+        self.printed += 1
+
+    def fail(self, fixture: str, status: int, old: str = "", new: str = "") -> None:
+        text = read(fixture)
+        sys.stdout.write(text.replace(old, new) if old else text)
+        sys.stdout.flush()
+        sys.exit(status)
+
+    # -- data --------------------------------------------------------------------------
+
+    def gpu_rows(self) -> list[dict[str, str]]:
+        name = "gpu_idle_csv_nn.txt" if self.mode == "idle" else "gpu_load_csv_nn.txt"
+        captured = rows(name, GPU_FIELDS)[0]
+        out = []
+        for i in range(int(os.environ.get("FAKE_SMI_GPUS", "1"))):
+            row = dict(captured)
+            if i:
+                row["index"] = str(i)
+                row["uuid"] = f"{captured['uuid'][:-2]}{i:02x}"
+            out.append(row)
+        return out
+
+    def app_iterations(self) -> list[list[dict[str, str]]]:
+        """What each loop iteration reports (cycled); one-shot calls use the first."""
+        if self.mode == "idle":
+            return [[]]
+        if self.mode == "two":
+            groups: dict[str, list[dict[str, str]]] = {}
+            # That capture comes from another machine: its processes are put on this GPU.
+            first = self.gpu_rows()[0]
+            gpu = {"gpu_uuid": first["uuid"], "gpu_bus_id": first["pci.bus_id"]}
+            for row in rows("apps_loop_ts.txt", TWO_FIELDS):
+                groups.setdefault(row.pop("timestamp"), []).append({**row, **gpu})
+            iterations = list(groups.values())
+        else:
+            iterations = [rows("apps_load.txt", APP_FIELDS)]
+        return [[{**row, "pid": self.pids[row["pid"]]} for row in it] for it in iterations]
+
+    # -- queries -----------------------------------------------------------------------
+
+    def query(self, fields: list[str], fmt: str, loop_ms: int | None, gpu: bool) -> None:
+        aliases = GPU_ALIASES if gpu else APP_ALIASES
+        known = GPU_FIELDS if gpu else APP_FIELDS
+        wanted = [aliases.get(f, f) for f in fields]
+        for asked, field in zip(fields, wanted, strict=True):
+            if asked in self.rejected or (field not in known and field != "timestamp"):
+                self.fail("bogus_field.txt", 2, "not.a.field", asked)
+        if self.mode == "no-devices":
+            self.fail("bad_id.txt", 6)
+        header_file = "gpu_idle_csv.txt" if gpu else "apps_load_hdr.txt"
+        names, unit = units(header_file, GPU_FIELDS if gpu else APP_FIELDS)
+        options = fmt.split(",")
+        if "noheader" not in options:
+            self.emit(SEPARATOR.join(names.get(f, f) for f in wanted))
+        iterations = [self.gpu_rows()] if gpu else self.app_iterations()
+        limit = int(os.environ.get("FAKE_SMI_LOOP_ITERATIONS", "0")) if loop_ms else 1
+        start = time.monotonic()
+        count = 0
+        while not limit or count < limit:
+            stamp = time.strftime("%Y/%m/%d %H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+            for row in iterations[count % len(iterations)]:
+                if self.mode == "garbage":
+                    self.emit(GARBAGE)
+                    continue
+                values = []
+                for field in wanted:
+                    value = stamp if field == "timestamp" else row[field]
+                    if "nounits" not in options and field in unit and not value.startswith("["):
+                        value = f"{value} {unit[field]}"
+                    values.append(value)
+                self.emit(SEPARATOR.join(values))
+            sys.stdout.flush()
+            count += 1
+            if loop_ms is None:
+                return
+            time.sleep(max(0.0, start + count * loop_ms / 1000 - time.monotonic()))
+
+
+def main(argv: list[str]) -> int:
+    log = os.environ.get("FAKE_SMI_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "argv": argv}) + "\n")
+    fake = Fake()
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # A healthy nvidia-smi loop ends with status 0 on SIGTERM; a hung one does not react.
+    hung = fake.mode == "hang"
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if hung else lambda *_: os._exit(0))
+    query = fmt = None
+    gpu = True
+    loop_ms = None
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg.startswith(("--query-gpu=", "--query-compute-apps=")):
+            gpu = arg.startswith("--query-gpu=")
+            query = arg.split("=", 1)[1].split(",")
+        elif arg.startswith("--format="):
+            fmt = arg.split("=", 1)[1]
+        elif arg in ("-lms", "-l") and args:
+            loop_ms = int(args.pop(0)) * (1 if arg == "-lms" else 1000)
+        elif arg == "--version":
+            for line in read("version.txt").splitlines():
+                fake.emit(line)
+            return 0
+        elif arg == "-L":
+            for line in read("list.txt").splitlines():
+                fake.emit(line)
+            return 0
+        else:
+            print(f"Invalid combination of input arguments: {arg}")
+            return 2
+    if query is None or fmt is None:
+        print("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.")
+        return 2
+    fake.query(query, fmt, loop_ms, gpu)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
