@@ -39,6 +39,7 @@ from ._summary import (
     config_value,
     event_times,
     exit_text,
+    innermost_python_frame,
     stall_window,
     summarize,
 )
@@ -259,6 +260,8 @@ tr.exited td { background: #eef0f4; } tr.gap td { color: #5a6275; font-style: it
 pre.log { background: #14171f; color: #e3e6ed; padding: 10px 12px; max-height: 520px;
   overflow: auto; white-space: pre-wrap; }
 details { margin: 6px 0; } summary { cursor: pointer; color: #33508a; }
+h3 { font-size: 16px; margin: 16px 0 6px; } h4 { font-size: 14px; margin: 10px 0 4px; }
+#forensics pre { background: #f5f6f9; padding: 8px 10px; overflow: auto; }
 #page-errors { background: #fdd; color: #900; padding: 8px; }
 footer { color: #8a90a0; margin-top: 32px; font-size: 13px; }
 .empty { color: #8a90a0; }
@@ -560,6 +563,32 @@ class _Timeline:
                         COLORS["exit"],
                         "circle-open",
                         None,
+                    )
+                )
+            elif kind == "forensics":
+                marks.append(
+                    _Mark(
+                        t,
+                        "monitor",
+                        "",
+                        f"forensics of {event.get('processes')} process(es) at {when}"
+                        "<br>(see Forensics, below the plots)",
+                        COLORS["leftover"],
+                        "star",
+                        None,
+                    )
+                )
+            elif kind == "oom_kill":
+                marks.append(
+                    _Mark(
+                        t,
+                        "failure",
+                        "OOM kill",
+                        f"the kernel's OOM killer killed pid {event.get('pid')} "
+                        f"({html.escape(str(event.get('name')))}) at {when}",
+                        COLORS["failure"],
+                        "x-open",
+                        "dot",
                     )
                 )
             elif kind in ("leftover", "abandoned"):
@@ -1204,6 +1233,10 @@ def _event_text(artifact: Mapping[str, Any], event: Mapping[str, Any]) -> tuple[
         return "warning", str(event.get("message"))
     if kind == "finished":
         return "finished", f"status {event.get('status')}"
+    if kind == "forensics":
+        return "forensics", f"{event.get('processes')} process(es) recorded (see Forensics)"
+    if kind == "oom_kill":
+        return "OOM kill", f"pid {event.get('pid')} ({event.get('name')}): {event.get('message')}"
     rest = {k: v for k, v in event.items() if k not in ("t", "kind")}
     return kind, json.dumps(rest, default=str)[:300]
 
@@ -1249,9 +1282,17 @@ def _forensics_html(artifact: Mapping[str, Any]) -> str:
     if abandoned:
         parts.append("<h3>Processes that would not die (abandoned)</h3>")
         parts.append(_process_table(abandoned))
+    oom_kills = artifact.get("oom_kills") or []
+    if oom_kills:
+        items = "".join(
+            f"<li>pid {html.escape(str(k.get('pid')))} ({html.escape(str(k.get('name')))}): "
+            f'<span class="mono">{html.escape(str(k.get("message")))}</span></li>'
+            for k in oom_kills
+        )
+        parts.append(f"<h3>Killed by the kernel's OOM killer</h3><ul>{items}</ul>")
     forensics = artifact.get("forensics")
-    if forensics:
-        parts.append(f"<pre>{html.escape(json.dumps(forensics, indent=1, default=str))}</pre>")
+    if isinstance(forensics, dict):
+        parts.append(_stall_forensics_html(forensics))
     monitor = dict(artifact.get("monitor") or {})
     notes = monitor.pop("sampler_notes", []) or []
     if notes:
@@ -1272,7 +1313,10 @@ def _forensics_html(artifact: Mapping[str, Any]) -> str:
             )
             + "</p>"
         )
-    shown = {k: v for k, v in monitor.items() if v not in (None, {}, [], "")}
+    # The monotonic start only serves to date kernel records; it means nothing to a reader.
+    shown = {
+        k: v for k, v in monitor.items() if v not in (None, {}, [], "") and k != "monotonic_start"
+    }
     parts.append(
         "<p>Monitor: "
         + html.escape(", ".join(f"{k.replace('_', ' ')} {_plain(v)}" for k, v in shown.items()))
@@ -1284,9 +1328,78 @@ def _forensics_html(artifact: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _stall_forensics_html(forensics: Mapping[str, Any]) -> str:
+    t = forensics.get("t")
+    when = format_duration(float(t)) if isinstance(t, int | float) else "?"
+    processes = forensics.get("processes") or []
+    py_spy = forensics.get("py_spy") or "not installed (pip install py-spy for Python stacks)"
+    parts = [
+        f"<h3>What the tree was doing at {when} ({html.escape(str(forensics.get('reason')))}), "
+        "before the first signal</h3>",
+        f'<p class="help">{len(processes)} process(es); py-spy: {html.escape(str(py_spy))}'
+        + (
+            f"; {forensics['skipped_for_time']} skipped for lack of time"
+            if forensics.get("skipped_for_time")
+            else ""
+        )
+        + "</p>",
+    ]
+    for i, process in enumerate(processes):
+        if "error" in process and "name" not in process:
+            parts.append(
+                f"<p>pid {html.escape(str(process.get('pid')))}: "
+                f"{html.escape(str(process['error']))}</p>"
+            )
+            continue
+        wchan = process.get("wchan")
+        where = f" in <b>{html.escape(str(wchan))}</b>" if wchan not in (None, "", "0") else ""
+        frame = innermost_python_frame(process)
+        at = f", Python at <b>{html.escape(frame)}</b>" if frame else ""
+        summary = (
+            f"pid {html.escape(str(process.get('pid')))} {html.escape(str(process.get('name')))}"
+            f": {html.escape(str(process.get('state')))}{where}, "
+            f"{html.escape(str(process.get('num_threads')))} thread(s){at}"
+        )
+        body = [f'<p class="mono">{html.escape(_short_command(process.get("cmdline")))}</p>']
+        stack = process.get("python_stack") or {}
+        if stack.get("stack"):
+            body.append(f"<h4>Python stack (py-spy)</h4><pre>{html.escape(stack['stack'])}</pre>")
+        elif stack.get("error"):
+            body.append(f"<p>Python stack: {html.escape(str(stack['error']))}</p>")
+        if process.get("kernel_stack"):
+            body.append(
+                f"<h4>Kernel stack</h4><pre>{html.escape(str(process['kernel_stack']))}</pre>"
+            )
+        threads = process.get("threads") or []
+        if len(threads) > 1:
+            rows = "".join(
+                "<tr>"
+                + "".join(
+                    f"<td>{html.escape(str(th.get(k, '')))}</td>"
+                    for k in ("tid", "name", "state", "wchan")
+                )
+                + "</tr>"
+                for th in threads
+            )
+            body.append(
+                "<h4>Threads</h4><table><tr><th>tid</th><th>name</th><th>state</th>"
+                f"<th>waiting in</th></tr>{rows}</table>"
+            )
+        opened = " open" if i < 2 else ""
+        parts.append(f"<details{opened}><summary>{summary}</summary>{''.join(body)}</details>")
+    return "\n".join(parts)
+
+
+def _short_command(cmdline: object) -> str:
+    if not isinstance(cmdline, list) or not cmdline:
+        return ""
+    text = shlex.join(str(a) for a in cmdline).replace("\n", " ")
+    return text if len(text) <= COMMAND_SHOWN else text[: COMMAND_SHOWN - 3] + "..."
+
+
 def _plain(value: object) -> str:
     if isinstance(value, dict):
-        return ", ".join(f"{k} {v}" for k, v in value.items())
+        return ", ".join(f"{v} {k}" for k, v in value.items())
     return str(value)
 
 

@@ -181,6 +181,7 @@ def look_first(artifact: Mapping[str, Any]) -> list[str]:
     progress = artifact.get("progress") or {}
     if primary == "stale_progress":
         hints.extend(_stall_hints(artifact))
+        hints.extend(_forensics_hints(artifact))
     elif primary == "startup_timeout":
         limit = config_value(artifact, "startup_timeout_seconds") or 0.0
         hints.append(
@@ -189,11 +190,13 @@ def look_first(artifact: Mapping[str, Any]) -> list[str]:
             "or checkpoints there (or use --output-is-progress if it only prints)."
         )
         hints.extend(_stall_cpu_hints(artifact))
+        hints.extend(_forensics_hints(artifact))
     elif primary in ("nonzero_exit", "spawn_failed", "monitor_error"):
         hints.append("The last lines of the log, below, usually say why.")
     elif primary == "signaled":
         hints.append(f"The command was {exit_text(artifact)}.")
-        hints.extend(_memory_hints(artifact))
+        if not artifact.get("oom_kills"):
+            hints.extend(_memory_hints(artifact))
     elif primary == "too_short":
         hints.append(
             f"It ran {format_duration(float(artifact.get('duration_seconds') or 0))}, less than "
@@ -205,6 +208,11 @@ def look_first(artifact: Mapping[str, Any]) -> list[str]:
             "This artifact was rebuilt from the journal: the figures stop where the monitor "
             "died. Its reaper stops the command's tree when the monitor goes; look at the "
             "machine's logs (dmesg, the scheduler) for why the monitor was killed."
+        )
+    for kill in artifact.get("oom_kills") or []:
+        hints.append(
+            f"The kernel's OOM killer killed pid {kill.get('pid')} ({kill.get('name')}): "
+            f"{kill.get('message')}"
         )
     leftovers = artifact.get("leftover_processes") or []
     if leftovers:
@@ -285,6 +293,45 @@ def _stall_cpu_hints(artifact: Mapping[str, Any]) -> list[str]:
     if gpus:
         hints.append(f"GPU utilisation while stalled: {', '.join(gpus)}.")
     return hints
+
+
+def _forensics_hints(artifact: Mapping[str, Any]) -> list[str]:
+    forensics = artifact.get("forensics")
+    if not isinstance(forensics, dict):
+        return []
+    processes = [p for p in forensics.get("processes") or [] if "error" not in p]
+    if not processes:
+        return []
+    parts = []
+    for process in processes[:3]:
+        text = f"pid {process.get('pid')} {process.get('name')} {process.get('state')}"
+        if process.get("wchan") not in (None, "", "0"):
+            text += f" in {process['wchan']}"
+        frame = innermost_python_frame(process)
+        if frame:
+            text += f", Python at {frame}"
+        parts.append(text)
+    more = f"; and {len(processes) - 3} more" if len(processes) > 3 else ""
+    t = forensics.get("t")
+    when = f" at {format_duration(float(t))}" if isinstance(t, int | float) else ""
+    return [
+        f"What the tree was doing{when}, before the first signal: {'; '.join(parts)}{more}. "
+        "The full stacks are under Forensics."
+    ]
+
+
+def innermost_python_frame(process: Mapping[str, Any]) -> str | None:
+    """The innermost frame of the first thread in a py-spy dump (``func (file:line)``)."""
+    stack = (process.get("python_stack") or {}).get("stack")
+    if not stack:
+        return None
+    in_thread = False
+    for line in str(stack).splitlines():
+        if line.startswith("Thread "):
+            in_thread = True
+        elif in_thread and line.strip():
+            return line.strip()
+    return None
 
 
 def _memory_hints(artifact: Mapping[str, Any]) -> list[str]:

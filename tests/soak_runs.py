@@ -18,16 +18,20 @@ from .conftest import REPO, ReadyFifo, py
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
-#: A trainer that makes progress for a while, prints, then stops writing (a stall).
+#: A trainer that computes (busy CPU, growing memory) and logs each step for a while, then
+#: waits forever without writing (a stall: idle CPU, no progress).
 STALLING_TRAINER = """
 import pathlib, sys, time
 progress = pathlib.Path(sys.argv[1])
 progress.mkdir(exist_ok=True)
+activations = []
 for step in range(12):
+    until = time.monotonic() + 0.1
+    while time.monotonic() < until:
+        activations.append(bytearray(4096)) if len(activations) < 4000 else None
     with open(progress / "metrics.jsonl", "a") as f:
         f.write(f'{{"step": {step}, "loss": {1 / (step + 1):.3f}}}\\n')
     print(f"step {step} loss {1 / (step + 1):.3f}", flush=True)
-    time.sleep(0.1)
 print("waiting for the other ranks (all_reduce)...", flush=True)
 time.sleep(60)
 """
@@ -207,9 +211,12 @@ def with_samples(artifact_path: Path, out: Path, gpus: int = 2) -> Path:
     end = max(e["t"] for e in rest)
     last_progress = max((e["t"] for e in rest if e["kind"] == "progress"), default=None)
     stall = last_progress if original["failures"] else None
-    merged = sorted(
-        rest[1:] + sample_lines(end, stall, gpus), key=lambda e: (e["t"], e["kind"] == "sample")
-    )
+    # The proc sampler's real lines are kept; only what no sampler wrote here is added.
+    has_samples = any(e["kind"] == "sample" for e in rest)
+    added = [
+        e for e in sample_lines(end, stall, gpus) if not (has_samples and e["kind"] == "sample")
+    ]
+    merged = sorted(rest[1:] + added, key=lambda e: (e["t"], e["kind"] == "sample"))
     out.parent.mkdir(parents=True, exist_ok=True)
     journal = out.with_suffix(".jsonl")
     journal.write_text(

@@ -50,7 +50,8 @@ def test_summary_json_has_the_same_facts(runs: Runs) -> None:
     # Idle is not throttling: only the reasons that held clocks back.
     assert [g["throttle_reasons"] for g in summary["gpus"]] == [["hw_slowdown", "sw_thermal"], []]
     peaks = {(p["group"], p["field"]): p for p in summary["peaks"]}
-    assert peaks[("tree", "rss_bytes")]["max"] == pytest.approx(1.5 * 2**30)
+    artifact = json.loads(runs.stalled_sampled.read_text())
+    assert peaks[("tree", "rss_bytes")]["max"] == artifact["summary"]["tree"]["rss_bytes"]["max"]
     assert peaks[("machine", "disk_free_bytes_progress")]["worst"] == "min"
     assert summary["log"]["last_lines"][-1] == "waiting for the other ranks (all_reduce)..."
     assert summary["exit"]["text"] == "killed by SIGTERM (sent by the monitor)"
@@ -60,7 +61,7 @@ def test_passing_summary(runs: Runs) -> None:
     """A passing run: PASSED, its progress and longest gap against the limit."""
     text = summary_text(runs.passing)
     assert text.startswith("PASSED: The soak passed")
-    assert re.search(r"\b[1-5] progress changes; the longest quiet gap was", text)
+    assert re.search(r"\b\d+ progress changes; the longest quiet gap was", text)
     assert "exit status 0" in text
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -123,10 +124,16 @@ def summary_command(args: argparse.Namespace) -> int:
     artifact, _ = load_run(args.run)
     summary = summarize(artifact)
     if args.json:
-        print(json.dumps(summary, indent=1, default=str))
+        text = json.dumps(summary, indent=1, default=str)
     else:
         width = min(120, shutil.get_terminal_size().columns) - 1
-        print(format_summary(summary, artifact_path=str(args.run), width=width))
+        text = format_summary(summary, artifact_path=str(args.run), width=width)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Read through `head`: the reader has what it wanted.  Point stdout at /dev/null so
+        # the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_OK
 
 
