@@ -17,7 +17,7 @@ import fnmatch
 import html
 import json
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -791,22 +791,31 @@ class _Timeline:
         """A sawtooth: seconds since the last change (or the start), dropping at each change."""
         lost = None if self.detail is not None else self._events_lost()
         times = self.progress_times
-        if len(times) > PROGRESS_CURVE_POINTS:
-            times = _thin_keeping_gaps(times, PROGRESS_CURVE_POINTS)
+        # Each change's own gap, from the change before it; thinning keeps the true peaks.
+        gaps = [t - before for before, t in zip([0.0, *times], times, strict=False)]
+        kept = (
+            _thin_keeping_gaps(gaps, PROGRESS_CURVE_POINTS)
+            if len(times) > PROGRESS_CURVE_POINTS
+            else range(len(times))
+        )
         xs: list[float | None] = [0.0]
         ys: list[float | None] = [0.0]
         previous = 0.0
-        for t in times:
+        for i in kept:
+            t, gap = times[i], gaps[i]
             if lost is not None and previous <= lost[0] < t:
                 # The artifact kept no events here: break the curve instead of inventing a gap.
                 xs.extend([self.x(lost[0]), None, self.x(lost[1])])
                 ys.extend([lost[0] - previous, None, 0.0])
-                previous = lost[1]
+                gap = t - lost[1]
             xs.extend([self.x(t), self.x(t)])
-            ys.extend([round(t - previous, 3), 0.0])
+            ys.extend([round(gap, 3), 0.0])
             previous = t
-        xs.append(self.x(self.duration))
-        ys.append(round(self.duration - previous, 3))
+        # After the command's exit the time since progress means nothing: the curve ends there.
+        exits = event_times(self.artifact, "exited")
+        end = max(previous, min([self.duration, *exits]))
+        xs.append(self.x(end))
+        ys.append(round(end - previous, 3))
         return xs, ys
 
     def _draw_progress(self, fig: Any, go: Any) -> None:
@@ -1084,17 +1093,11 @@ def _thin(times: Sequence[float], limit: int) -> list[float]:
     return list(kept.values())
 
 
-def _thin_keeping_gaps(times: Sequence[float], limit: int) -> list[float]:
-    """Fewer times that keep every long gap: the change after each gap is kept."""
-    gaps = sorted(range(1, len(times)), key=lambda i: times[i] - times[i - 1], reverse=True)
-    keep = {0, len(times) - 1, *gaps[: limit // 2]}
-    keep.update(_thin_indices(len(times), limit // 2))
-    return [times[i] for i in sorted(keep)]
-
-
-def _thin_indices(n: int, limit: int) -> Iterable[int]:
-    step = max(1, n // max(limit, 1))
-    return range(0, n, step)
+def _thin_keeping_gaps(gaps: Sequence[float], limit: int) -> list[int]:
+    """About ``limit`` indices: the longest gaps, the first and last, and evenly spaced others."""
+    longest = sorted(range(len(gaps)), key=gaps.__getitem__, reverse=True)[: limit // 2]
+    step = max(1, len(gaps) // max(limit // 2, 1))
+    return sorted({0, len(gaps) - 1, *longest, *range(0, len(gaps), step)})
 
 
 def _pids(pids: object) -> str:

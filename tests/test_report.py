@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -273,3 +274,66 @@ def test_file_without_header_is_not_a_journal(tmp_path: Path) -> None:
     journal.write_text('{"t": 0.1, "kind": "started", "pid": 1, "reaper_pid": 2}\n')
     with pytest.raises(JournalError, match="no header"):
         artifact_from_journal(journal)
+
+
+def _long_run_journal(path: Path) -> Path:
+    """Five hours of progress every 6 s with one 100 s gap halfway, as journal lines."""
+    lines: list[dict[str, Any]] = [
+        {
+            "t": 0.0,
+            "kind": "header",
+            "command": ["train"],
+            "cwd": "/",
+            "config": {
+                "progress_dir": "/runs/1",
+                "output_path": "/runs/1/soak.json",
+                "sample_interval_seconds": 5.0,
+                "startup_timeout_seconds": 600.0,
+                "stale_progress_seconds": 120.0,
+                "post_shutdown_grace_seconds": 5.0,
+                "min_duration_seconds": 0.0,
+            },
+            "metadata": {},
+            "started_at": "2026-01-01T00:00:00.000Z",
+            "snapshot": {},
+            "journal_path": str(path),
+            "log_path": str(path.with_suffix(".log")),
+            "output_path": str(path.with_suffix(".json")),
+            "monitor_pid": 1,
+        },
+        {"t": 0.1, "kind": "started", "pid": 2, "reaper_pid": 3},
+    ]
+    t = 0.0
+    for i in range(3000):
+        t += 100.0 if i == 1500 else 6.0
+        lines.append({"t": t, "kind": "progress", "changed": 1, "paths": ["m"], "gap_seconds": 6})
+    lines.append({"t": t + 1, "kind": "exited", "pid": 2, "returncode": 0, "signal": None})
+    lines.append({"t": t + 1, "kind": "finished", "status": "passed"})
+    path.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in lines))
+    return path
+
+
+@needs_plotly
+def test_long_run_keeps_its_gaps_within_bounds(
+    tmp_path: Path, schema: Draft202012Validator
+) -> None:
+    """A long run: minutes on the axis; the journal restores the events the artifact dropped."""
+    from asyncsoak._report import PROGRESS_CURVE_POINTS, _Timeline
+
+    journal = _long_run_journal(tmp_path / "soak.jsonl")
+    artifact = artifact_from_journal(journal)
+    assert_valid(artifact, schema)
+    assert artifact["events_dropped"] > 0
+    # The artifact alone: the dropped stretch is a break in the curve, not an invented gap.
+    alone = _Timeline(artifact, None)
+    assert alone.x_unit == "minutes"
+    xs, ys = alone._progress_curve()
+    assert None in xs
+    assert max(y for y in ys if y is not None) < 100
+    # With the journal: every progress time, thinned, and the 100 s gap is still there.
+    full = _Timeline(artifact, read_journal_detail(journal))
+    xs, ys = full._progress_curve()
+    assert None not in xs
+    assert len(xs) <= 2 * PROGRESS_CURVE_POINTS + 2
+    assert max(y for y in ys if y is not None) == pytest.approx(100.0)
+    assert "Plotly.newPlot" in render_report(artifact, journal=journal)
