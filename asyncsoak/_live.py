@@ -380,10 +380,12 @@ async def watch_journal(
         return state.status(time.time())
 
     try:
-        view = await in_thread(partial(make_view, stream, status_interval))
         while True:
             status = await step()
             if status is not None:
+                if view is None:
+                    # Only once the soak has started: a run refused at once draws nothing.
+                    view = await in_thread(partial(make_view, stream, status_interval))
                 await in_thread(partial(view.show, status))
             await anyio.sleep(refresh)
     except Exception:
@@ -393,8 +395,11 @@ async def watch_journal(
     finally:
         with anyio.move_on_after(FINAL_FRAME_SECONDS, shield=True):
             with contextlib.suppress(Exception):
+                last = await step()
+                if view is None and last is not None:
+                    view = await in_thread(partial(make_view, stream, status_interval))
                 if view is not None:
-                    await in_thread(partial(view.close, await step()))
+                    await in_thread(partial(view.close, last))
 
 
 def live_status(
