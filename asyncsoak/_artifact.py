@@ -81,6 +81,7 @@ class ArtifactBuilder:
         self.longest_gap = 0.0
         self.last_t = 0.0
         self.status: str | None = None
+        self.snapshot: dict[str, Any] = {}
 
     # -- folding -------------------------------------------------------------------------
 
@@ -90,6 +91,9 @@ class ArtifactBuilder:
         self.last_t = max(self.last_t, t)
         if kind == "header":
             self.header = event
+            return
+        if kind == "snapshot":
+            self.snapshot = event["data"]
             return
         if kind in SAMPLE_KINDS:
             self._add_sample(str(kind), t, event)
@@ -212,7 +216,7 @@ class ArtifactBuilder:
             "ended_at": self.wall(ended_t) or iso(datetime.now(UTC)),
             "duration_seconds": round(ended_t, 3),
             "exit": self.exit,
-            "snapshot": header.get("snapshot", {}),
+            "snapshot": self.snapshot,
             "progress": {
                 "dir": header.get("config", {}).get("progress_dir"),
                 "first_change_at": self.wall(self.progress_first),

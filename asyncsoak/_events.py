@@ -57,7 +57,6 @@ class Header(Event):
     config: dict[str, Any]
     metadata: dict[str, Any]
     started_at: str
-    snapshot: dict[str, Any]
     journal_path: str
     log_path: str
     output_path: str
@@ -65,6 +64,15 @@ class Header(Event):
     #: The monitor's monotonic clock at the start, to line ``t`` up with other processes'
     #: ``time.monotonic()`` (CLOCK_MONOTONIC is system-wide).
     monotonic_start: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot(Event):
+    """Where the run came from: source, GPUs, software, host, environment (redacted)."""
+
+    KIND: ClassVar[str] = "snapshot"
+
+    data: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

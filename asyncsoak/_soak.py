@@ -46,11 +46,13 @@ from ._events import (
     Leftover,
     OomKill,
     SignalSent,
+    Snapshot,
     StdinClosed,
     StopRequested,
     Warning,
 )
 from ._forensics import collect_forensics, oom_kills, seconds_since_boot
+from ._gpu_sampler import run_gpu_sampler
 from ._proc_sampler import run_proc_sampler
 from ._redact import Masker, redact_mapping, secret_values
 from ._serializer import Serializer
@@ -60,7 +62,9 @@ from ._watchdog import ProgressTracker, run_watchdog, scan_progress_dir
 
 #: Threads for blocking work (scans, /proc walks, git): asyncsoak's own, never the host's.
 THREADS = 4
-#: Bound on the runtime snapshot (each of its external calls has its own, shorter one).
+#: Bound on each external call of the snapshot (git, nvidia-smi, another interpreter).
+SNAPSHOT_CALL_TIMEOUT = 5.0
+#: Bound on the runtime snapshot as a whole.
 SNAPSHOT_TIMEOUT = 30.0
 #: Bound on writing the last queued events to the journal.
 DRAIN_TIMEOUT = 10.0
@@ -238,7 +242,6 @@ class _Soak:
             raise
         cpu_start = time.process_time()
         try:
-            snapshot = await self._snapshot()
             ignore = {_file_key(journal_fd)}
             if not cfg.output_is_progress:
                 ignore.add(_file_key(log_fd))
@@ -262,12 +265,20 @@ class _Soak:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(serializer.run, receive)
                 async with sink:
-                    await sink.emit(self._header(clock, started_at, snapshot))
+                    await sink.emit(self._header(clock, started_at))
+                    # The snapshot runs beside the soak: a hung nvidia-smi or a slow git must
+                    # not delay the trainer's start.
+                    snapshot_scope = anyio.CancelScope()
+                    snapshot_done = anyio.Event()
+                    tg.start_soon(self._snapshot, sink.clone(), snapshot_scope, snapshot_done)
                     try:
                         await self._supervise(sink, log_fd, baseline.files, ignore)
                     except Exception as exc:
                         error = _unwrap(exc)
                         await self._fail("monitor_error", f"{type(error).__name__}: {error}")
+                    with anyio.move_on_after(SNAPSHOT_TIMEOUT):
+                        await snapshot_done.wait()
+                    snapshot_scope.cancel()
                     status = self._status(error)
                     await sink.emit(Finished(t=sink.elapsed(), status=status))
                 # The last events are queued; a journal on a hung filesystem must not hold the
@@ -319,7 +330,7 @@ class _Soak:
             return "cancelled"
         return "failed" if self._failures else "passed"
 
-    def _header(self, clock: SoakClock, started_at: datetime, snapshot: dict[str, Any]) -> Header:
+    def _header(self, clock: SoakClock, started_at: datetime) -> Header:
         cfg = self.cfg
         return Header(
             t=clock.elapsed(),
@@ -328,7 +339,6 @@ class _Soak:
             config=cfg.effective(),
             metadata=redact_mapping(cfg.metadata),
             started_at=iso(started_at),
-            snapshot=snapshot,
             journal_path=str(cfg.journal_path),
             log_path=str(cfg.log_path),
             output_path=str(cfg.output_path),
@@ -336,27 +346,33 @@ class _Soak:
             monotonic_start=clock.start,
         )
 
-    async def _snapshot(self) -> dict[str, Any]:
+    async def _snapshot(self, sink: EventSink, scope: anyio.CancelScope, done: anyio.Event) -> None:
+        """Take the runtime snapshot in a thread and send it as an event (bounded)."""
         cfg = self.cfg
-        with anyio.move_on_after(SNAPSHOT_TIMEOUT):
-            try:
-                from ._snapshot import collect_snapshot
+        data: dict[str, Any] = {"error": f"snapshot took longer than {SNAPSHOT_TIMEOUT:g}s"}
+        async with sink:
+            with scope, anyio.move_on_after(SNAPSHOT_TIMEOUT):
+                try:
+                    from ._snapshot import collect_snapshot
 
-                snapshot: dict[str, Any] = await anyio.to_thread.run_sync(
-                    partial(
-                        collect_snapshot,
-                        cfg.snapshot_root,
-                        command=cfg.command,
-                        env=self._child_env,
-                        nvidia_smi=cfg.nvidia_smi or "nvidia-smi",
-                    ),
-                    limiter=self._limiter,
-                    abandon_on_cancel=True,
-                )
-            except Exception as exc:
-                return {"error": f"snapshot failed: {type(exc).__name__}: {exc}"}
-            return snapshot
-        return {"error": f"snapshot took longer than {SNAPSHOT_TIMEOUT:g}s"}
+                    data = await anyio.to_thread.run_sync(
+                        partial(
+                            collect_snapshot,
+                            cfg.snapshot_root,
+                            command=cfg.command,
+                            env=self._child_env,
+                            nvidia_smi=cfg.nvidia_smi or "nvidia-smi",
+                            timeout=SNAPSHOT_CALL_TIMEOUT,
+                        ),
+                        limiter=self._limiter,
+                        abandon_on_cancel=True,
+                    )
+                except Exception as exc:
+                    data = {"error": f"snapshot failed: {type(exc).__name__}: {exc}"}
+            if scope.cancelled_caught:
+                data = {"error": "the soak ended before the snapshot was taken"}
+            await sink.emit(Snapshot(t=sink.elapsed(), data=data))
+            done.set()
 
     async def _supervise(
         self,
@@ -429,6 +445,19 @@ class _Soak:
                         masker=self._masker,
                     ),
                 )
+                if cfg.nvidia_smi is not None:
+                    self._produce(
+                        producers,
+                        sink,
+                        partial(
+                            run_gpu_sampler,
+                            interval=cfg.sample_interval_seconds,
+                            tree_pids=lambda: self._tree_now,
+                            nvidia_smi=cfg.nvidia_smi,
+                            call_timeout=gpu_call_timeout(cfg.sample_interval_seconds),
+                            limiter=self._limiter,
+                        ),
+                    )
                 producers.start_soon(self._end_when_set, spawner.exited, "exited")
                 producers.start_soon(self._end_when_set, self.control.stop_requested, "requested")
                 if cfg.max_duration_seconds is not None:
@@ -646,6 +675,15 @@ class _Soak:
                 self._oom_reported.add(kill["pid"])
                 await sink.emit(OomKill(t=sink.elapsed(), **kill))
         return self._oom_reported
+
+
+def gpu_call_timeout(interval: float) -> float:
+    """How long nvidia-smi may stay silent before the GPU sampler is degraded.
+
+    It answers in tens of milliseconds when healthy; a hang (a GPU off the bus) should show
+    within a few sampling periods, but never sooner than 2 s nor later than 10 s.
+    """
+    return min(10.0, max(2.0, 4 * interval))
 
 
 def _unwrap(exc: Exception) -> Exception:

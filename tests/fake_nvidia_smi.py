@@ -12,6 +12,9 @@ Settings (environment):
 - ``FAKE_SMI_MODE``: ``idle`` (no process on the GPU), ``load`` (one process), ``two`` (the
   capture of two processes coming and going), ``hang`` (stops answering), ``garbage`` (lines
   that are not rows), ``no-devices`` (exit 6, "No devices were found").
+- ``FAKE_SMI_PID_FILE``: a file holding the pid to put in place of 886, read at every
+  iteration; while it does not exist the GPU has no process (for a soak whose child writes its
+  own pid there once it runs).
 - ``FAKE_SMI_PID`` / ``FAKE_SMI_PID2``: pids put in place of the captured ones (886, or 417
   and 447 in ``two`` mode).
 - ``FAKE_SMI_GPUS``: how many GPUs to report (the captured row, renumbered).
@@ -182,7 +185,15 @@ class Fake:
         limit = int(os.environ.get("FAKE_SMI_LOOP_ITERATIONS", "0")) if loop_ms else 1
         start = time.monotonic()
         count = 0
+        pid_file = os.environ.get("FAKE_SMI_PID_FILE")
         while not limit or count < limit:
+            if pid_file and not gpu:
+                try:
+                    with open(pid_file) as f:
+                        self.pids[CAPTURED_PID] = f.read().strip()
+                    iterations = self.app_iterations()
+                except OSError:
+                    iterations = [[]]
             stamp = time.strftime("%Y/%m/%d %H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
             for row in iterations[count % len(iterations)]:
                 if self.mode == "garbage":

@@ -80,6 +80,7 @@ def install_fake_nvidia_smi(
     hang_after: int = 0,
     loop_iterations: int | None = None,
     reject: tuple[str, ...] = (),
+    pid_file: Path | None = None,
 ) -> FakeNvidiaSmi:
     """Write an executable ``nvidia-smi`` into ``directory/fake-bin`` with its settings baked in.
 
@@ -101,6 +102,8 @@ def install_fake_nvidia_smi(
         settings["FAKE_SMI_PID"] = str(pid)
     if pid2 is not None:
         settings["FAKE_SMI_PID2"] = str(pid2)
+    if pid_file is not None:
+        settings["FAKE_SMI_PID_FILE"] = str(pid_file)
     if loop_iterations is not None:
         settings["FAKE_SMI_LOOP_ITERATIONS"] = str(loop_iterations)
     path = bindir / "nvidia-smi"

@@ -155,8 +155,11 @@ def test_killed_monitor_does_not_leave_the_trainer_running(
         monitor.kill()
         monitor.wait()
     assert not alive(child)
-    lines = (tmp_path / "soak.jsonl").read_text().splitlines()
-    assert [json.loads(line)["kind"] for line in lines[:2]] == ["header", "started"]
+    kinds = [
+        json.loads(line)["kind"] for line in (tmp_path / "soak.jsonl").read_text().splitlines()
+    ]
+    assert kinds[0] == "header"
+    assert "started" in kinds
 
 
 def test_demo_passes_and_points_at_its_artifact(

@@ -17,6 +17,7 @@ import asyncsoak
 from asyncsoak import SoakControl, SoakFailureError, run_soak
 
 from .conftest import ReadyFifo, alive, assert_valid, fast_limits, journal, py
+from .gpu_support import install_fake_nvidia_smi
 
 pytestmark = pytest.mark.asyncio
 
@@ -79,9 +80,12 @@ async def test_journal_has_every_event(tmp_path: Path) -> None:
     lines = journal(tmp_path / "out" / "soak.jsonl")
     assert lines[0]["kind"] == "header"
     assert lines[-1] == {"t": lines[-1]["t"], "kind": "finished", "status": "passed"}
-    not_samples = [e for e in lines[1:] if e["kind"] not in ("sample", "gpu_sample")]
-    assert not_samples == artifact["events"]
-    kinds = [e["kind"] for e in not_samples]
+    [snapshot] = [e for e in lines if e["kind"] == "snapshot"]
+    assert snapshot["data"] == artifact["snapshot"]
+    # Samples and the snapshot have their own sections in the artifact; the rest are events.
+    kept = [e for e in lines[1:] if e["kind"] not in ("sample", "gpu_sample", "snapshot")]
+    assert kept == artifact["events"]
+    kinds = [e["kind"] for e in kept]
     assert kinds[0] == "started"
     assert {"progress", "exited", "tree_gone", "finished"} <= set(kinds)
 
@@ -594,3 +598,48 @@ for pid in workers:
     assert_valid(artifact, schema)
     samples = [e for e in journal(tmp_path / "out" / "soak.jsonl") if e["kind"] == "sample"]
     assert max(len(s["processes"]) for s in samples) == 25
+
+
+async def test_gpu_series_and_the_matched_process(
+    tmp_path: Path, schema: Draft202012Validator
+) -> None:
+    """nvidia-smi replaying the H200 load capture: GPU series and the child's GPU memory show."""
+    pid_file = tmp_path / "gpu-pid"
+    fake = install_fake_nvidia_smi(tmp_path, "load", pid_file=pid_file)
+    body = f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n" + (
+        "for _ in range(20):\n    touch(); time.sleep(0.1)"
+    )
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=child(tmp_path, body),
+            **fast_limits(tmp_path, nvidia_smi=str(fake.path)),
+        )
+    assert_valid(artifact, schema)
+    gpu = artifact["summary"]["gpu0"]
+    assert gpu["utilization_gpu_percent"]["max"] == 99
+    assert gpu["power_draw_w"]["max"] == pytest.approx(690.94)
+    assert gpu["throttle_reasons"] == ["sw_power_cap"]
+    assert artifact["summary"]["gpu_tree"]["tree_gpu_memory_mib"]["max"] == 21354
+    assert len(artifact["series"]["gpu0"]["t"]) >= 3
+    samples = [e for e in journal(tmp_path / "out" / "soak.jsonl") if e["kind"] == "gpu_sample"]
+    matched = [p for s in samples for p in s["processes"] or [] if p.get("in_tree")]
+    assert matched
+    assert matched[0]["pid"] == artifact["exit"]["pid"]
+
+
+async def test_hung_nvidia_smi_degrades_only_the_gpu_sampler(tmp_path: Path) -> None:
+    """A hung nvidia-smi marks the GPU sampler degraded; the soak's verdict and stop are on time."""
+    fake = install_fake_nvidia_smi(tmp_path, "hang")
+    body = "touch()\ntime.sleep(60)"
+    started = anyio.current_time()
+    error = await soak_failure(
+        command=child(tmp_path, body),
+        **fast_limits(tmp_path, nvidia_smi=str(fake.path), stale_progress_seconds=3.0),
+    )
+    assert error.reason == "stale_progress"
+    assert anyio.current_time() - started < 20
+    kinds = [e["kind"] for e in error.artifact["events"]]
+    assert "sampler_degraded" in kinds
+    assert error.artifact["summary"]["samples"]["sample"] >= 3
+    assert fake.loops() or fake.calls()
+    assert not any(alive(i["pid"]) for i in fake.invocations())

@@ -1,0 +1,664 @@
+"""The job queue's commands: submit, jobs, job, cancel, requeue, logs, workers, worker.
+
+``--db`` defaults to ``$ASYNCSOAK_DB``, else ``queue.db`` in the user's data directory; runs
+live beside the database (``queue.runs/``) unless ``asyncsoak worker --runs-dir`` says
+otherwise.  Tables are for people (aligned, ages like "3m ago"), ``--json`` is for scripts.
+Job environment values are never printed, only their names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import re
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .._config import STOP_MODES
+from .._redact import Masker, secret_values
+from ..queue._status import (
+    CANCEL_GRACE_S,
+    KILLED_BEFORE_SAVING,
+    LOG_TAIL_HEADER,
+    POLL_S,
+    STALE_AFTER_S,
+    STOP_TIMEOUT_S,
+    describe_exit,
+)
+from ..queue._store import (
+    JOB_STATUSES,
+    Attempt,
+    Job,
+    JobStore,
+    QueueError,
+    WorkerInfo,
+)
+from . import EXIT_OK, UsageError
+from ._run import add_soak_limits, parse_pairs
+
+_GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za-z-]+))*$")
+_FOLLOW_INTERVAL_S = 0.5
+_NAME_WIDTH = 28
+_NOTE_WIDTH = 90
+
+
+def default_db() -> Path:
+    """``$ASYNCSOAK_DB``, else ``asyncsoak/queue.db`` in ``$XDG_DATA_HOME`` (``~/.local/share``)."""
+    env = os.environ.get("ASYNCSOAK_DB")
+    if env:
+        return Path(env)
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "asyncsoak" / "queue.db"
+
+
+def register(subparsers: Any) -> None:
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        help="queue database (default: $ASYNCSOAK_DB, else ~/.local/share/asyncsoak/queue.db)",
+    )
+
+    p = subparsers.add_parser(
+        "submit",
+        parents=[db],
+        help="queue a training job",
+        description="Queue a training job and print its id.  The command may contain {job_id}, "
+        "{db} and {run_dir}; it runs in --cwd (default: the current directory).",
+    )
+    p.add_argument("--name", help="a name to recognise the job by")
+    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    p.add_argument(
+        "--max-attempts",
+        type=int,
+        default=None,
+        metavar="K",
+        help="runs that fail (or lose their worker) before the job is failed (default 3)",
+    )
+    p.add_argument("--cwd", type=Path, help="working directory (default: the current one)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="environment override for the job (repeatable; values are never printed)",
+    )
+    p.add_argument("--progress-dir", type=Path, help="liveness directory (default: the run dir)")
+    p.add_argument(
+        "--stop-mode",
+        choices=STOP_MODES,
+        default="stdin",
+        help="how the worker asks the job to stop: close its stdin (default), or SIGTERM "
+        "to its process group or to its leader",
+    )
+    _add_soak_limits(p)
+    p.add_argument("--config", type=Path, help="a JSON config for the worker's trainer command")
+    p.add_argument("command", nargs="*", help="after --: the command and its arguments")
+    p.set_defaults(handler=_submit)
+
+    p = subparsers.add_parser("jobs", parents=[db], help="list jobs")
+    p.add_argument("--status", choices=(*JOB_STATUSES, "interrupted"), help="only these jobs")
+    p.add_argument("--json", action="store_true", help="JSON for scripts")
+    p.set_defaults(handler=_jobs)
+
+    p = subparsers.add_parser("job", parents=[db], help="show one job and its attempts")
+    p.add_argument("id", type=int)
+    p.add_argument("--json", action="store_true", help="JSON for scripts")
+    p.set_defaults(handler=_job)
+
+    p = subparsers.add_parser("cancel", parents=[db], help="cancel a queued or running job")
+    p.add_argument("id", type=int)
+    p.set_defaults(handler=_cancel)
+
+    p = subparsers.add_parser("requeue", parents=[db], help="queue a finished job again")
+    p.add_argument("id", type=int)
+    p.set_defaults(handler=_requeue)
+
+    p = subparsers.add_parser("logs", parents=[db], help="print a job's train.log")
+    p.add_argument("id", type=int)
+    p.add_argument("--attempt", type=int, metavar="K", help="which attempt (default: the last)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
+    p.add_argument("--lines", "-n", type=int, metavar="N", help="only the last N lines")
+    p.set_defaults(handler=_logs)
+
+    p = subparsers.add_parser("workers", parents=[db], help="list workers")
+    p.add_argument("--json", action="store_true", help="JSON for scripts")
+    p.set_defaults(handler=_workers)
+
+    p = subparsers.add_parser(
+        "worker",
+        parents=[db],
+        help="run queued jobs one at a time",
+        description="Run queued jobs one at a time, each under the soak monitor.  SIGINT or "
+        "SIGTERM stops the running job the graceful way (it is requeued) and then the worker; "
+        "a second signal kills the running job at once.",
+    )
+    p.add_argument("--poll", type=float, default=POLL_S, metavar="S", help="poll/heartbeat period")
+    p.add_argument("--once", action="store_true", help="drain what is queued, then exit")
+    p.add_argument("--name", help="worker name (default: host:gpuN with --gpus, else host:pid)")
+    p.add_argument("--runs-dir", type=Path, help="where runs live (default: beside the database)")
+    p.add_argument("--gpus", help="CUDA_VISIBLE_DEVICES for its jobs, e.g. 0 or 2,3")
+    p.add_argument(
+        "--train-cmd",
+        help="trainer command for --config jobs, one shell-quoted string "
+        "(default: python train.py); --job-id N --db PATH --watch-stdin are appended",
+    )
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=STALE_AFTER_S,
+        metavar="S",
+        help=f"heartbeat age that makes a running job an orphan (default {STALE_AFTER_S:g})",
+    )
+    p.add_argument(
+        "--cancel-grace",
+        type=float,
+        default=CANCEL_GRACE_S,
+        metavar="S",
+        help=f"time a cancelled job gets to stop by itself (default {CANCEL_GRACE_S:g})",
+    )
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=STOP_TIMEOUT_S,
+        metavar="S",
+        help=f"time a job gets to save once asked to stop, before it is killed "
+        f"(default {STOP_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to sample GPUs with"
+    )
+    p.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
+    p.set_defaults(handler=_worker)
+
+
+def _add_soak_limits(p: argparse.ArgumentParser) -> None:
+    add_soak_limits(p)
+    p.add_argument(
+        "--output-is-progress",
+        action="store_true",
+        help="count the job's printed output as progress",
+    )
+
+
+def _soak_limits(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "sample_interval_seconds": args.sample_interval,
+        "startup_timeout_seconds": args.startup_timeout,
+        "stale_progress_seconds": args.stale_progress,
+        "post_shutdown_grace_seconds": args.grace,
+        "min_duration_seconds": args.min_duration,
+        "max_duration_seconds": args.max_duration,
+        "output_is_progress": args.output_is_progress,
+    }
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _open(args: argparse.Namespace, *, create: bool = False) -> JobStore:
+    try:
+        return JobStore(args.db or default_db(), create=create)
+    except QueueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _queue_call(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except QueueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _age(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "-"
+    seconds = max(0.0, now - ts)
+    if seconds < 60:
+        return f"{seconds:.0f}s ago"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m ago"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f}h ago"
+    return f"{seconds // 86400:.0f}d ago"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _when(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "-"
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ts))} ({_age(ts, now)})"
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    lines = []
+    for row in [headers, *rows]:
+        cells = [
+            str(cell).rjust(widths[i]) if i in right else str(cell).ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _masker(job: Job) -> Masker:
+    return Masker(secret_values(os.environ, job.env))
+
+
+def _label(job: Job) -> str:
+    if job.name:
+        return job.name
+    if job.argv is not None:
+        return _masker(job)(shlex.join(job.argv))
+    return "(config)"
+
+
+def _note(job: Job, now: float) -> str:
+    """One line saying what a person most needs to know about the job."""
+    if job.status == "running":
+        note = f"heartbeat {_age(job.heartbeat_at, now)}"
+        if job.cancel_requested:
+            note += ", cancel requested"
+        return note
+    if job.status == "queued":
+        if job.attempt == 0:
+            return ""
+        if job.last_outcome == "interrupted":
+            killed = job.reason == KILLED_BEFORE_SAVING
+            return "interrupted" + (", killed before saving" if killed else "") + "; resumes next"
+        if job.reason is None:
+            return "requeued"
+        return f"retrying after {job.reason} ({job.attempts}/{job.max_attempts} attempts used)"
+    if job.status == "failed":
+        note = f"{job.reason or 'failed'}: {describe_exit(job.returncode)}"
+        if job.error and LOG_TAIL_HEADER in job.error:
+            note += "; log: " + job.error.rstrip().splitlines()[-1].strip()
+        return note
+    if job.status == "cancelled":
+        return "cancelled before it ran" if job.attempt == 0 else "cancelled while running"
+    notes = []
+    if job.interruptions:
+        notes.append(f"resumed after {_count(job.interruptions, 'interruption')}")
+    if job.attempts:
+        notes.append(f"after {_count(job.attempts, 'failed attempt')}")
+    return ", ".join(notes)
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" + ("s" if n != 1 else "")
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True))
+
+
+# --- commands --------------------------------------------------------------------------
+
+
+def _submit(args: argparse.Namespace) -> int:
+    command: list[str] = args.command
+    if bool(command) == (args.config is not None):
+        raise UsageError("give either a command after -- or --config FILE.json (one of them)")
+    env = parse_pairs("--env", args.env)
+    config = None
+    if args.config is not None:
+        try:
+            config = json.loads(args.config.read_text())
+        except OSError as exc:
+            raise UsageError(f"--config {args.config}: {exc.strerror}") from exc
+        except ValueError as exc:
+            raise UsageError(f"--config {args.config}: not valid JSON ({exc})") from exc
+        if not isinstance(config, dict):
+            raise UsageError(f"--config {args.config}: must hold a JSON object")
+    cwd = (args.cwd or Path.cwd()).absolute()
+    if not cwd.is_dir():
+        raise UsageError(f"--cwd {cwd}: not a directory")
+    if args.max_attempts is not None and args.max_attempts < 1:
+        raise UsageError("--max-attempts must be at least 1")
+    soak = _soak_limits(args)
+    store = _open(args, create=True)
+    with store:
+        options: dict[str, Any] = {}
+        if args.max_attempts is not None:
+            options["max_attempts"] = args.max_attempts
+        try:
+            job_id = store.submit(
+                argv=command or None,
+                config=config,
+                name=args.name,
+                cwd=cwd,
+                env=env,
+                progress_dir=args.progress_dir.absolute() if args.progress_dir else None,
+                soak=soak,
+                stop_mode=args.stop_mode,
+                priority=args.priority,
+                **options,
+            )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    print(job_id)
+    return EXIT_OK
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        jobs = store.jobs(args.status)
+    if args.json:
+        _print_json([job.to_public_dict() for job in jobs])
+        return EXIT_OK
+    if not jobs:
+        print("no jobs" + (f" {args.status}" if args.status else ""))
+        return EXIT_OK
+    now = time.time()
+    rows = [
+        [
+            str(job.id),
+            _clip(_label(job), _NAME_WIDTH),
+            job.status,
+            str(job.priority),
+            str(job.attempt),
+            _age(job.created_at, now),
+            _age(job.finished_at, now) if job.finished_at else "-",
+            job.worker or "-",
+            _clip(_note(job, now), _NOTE_WIDTH),
+        ]
+        for job in jobs
+    ]
+    headers = ["ID", "NAME", "STATUS", "PRI", "RUNS", "SUBMITTED", "FINISHED", "WORKER", "NOTE"]
+    print(_table(headers, rows, right=(0, 3, 4)))
+    return EXIT_OK
+
+
+def _job(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        job = _queue_call(lambda: store.get(args.id))
+        attempts = store.attempts(args.id)
+    masker = _masker(job)
+    if args.json:
+        data = job.to_public_dict()
+        data["attempts"] = [_attempt_dict(a) for a in attempts]
+        _print_json(data)
+        return EXIT_OK
+    now = time.time()
+    status = job.status + (f" ({job.reason})" if job.reason else "")
+    if job.cancel_requested and job.status == "running":
+        status += ", cancel requested"
+    fields = [
+        ("status", status),
+        ("command", masker(shlex.join(job.argv)) if job.argv else "(trainer command, --config)"),
+        ("cwd", job.cwd or "-"),
+        ("env", ", ".join(sorted(job.env)) + " (values hidden)" if job.env else "-"),
+        ("priority", str(job.priority)),
+        ("attempts", f"{job.attempts} of {job.max_attempts} counted, {job.attempt} run(s)"),
+        ("stop mode", job.stop_mode),
+        ("progress dir", job.progress_dir or "(the run dir)"),
+        ("soak limits", _soak_text(job.soak)),
+        ("submitted", _when(job.created_at, now)),
+        ("started", _when(job.started_at, now)),
+        ("finished", _when(job.finished_at, now)),
+        ("worker", f"{job.worker} on {job.host}" if job.worker else "-"),
+        ("exit", describe_exit(job.returncode) if job.attempt and job.status != "running" else "-"),
+        ("artifact", job.artifact or "-"),
+    ]
+    print(f"job {job.id}" + (f"  {job.name}" if job.name else ""))
+    for key, value in fields:
+        print(f"  {key:<13} {value}")
+    if job.error:
+        print("\nerror:")
+        print("\n".join("  " + line for line in job.error.splitlines()))
+    if attempts:
+        print("\nattempts:")
+        rows = [
+            [
+                str(a.attempt),
+                a.worker,
+                _age(a.started_at, now),
+                _duration((a.finished_at or now) - a.started_at),
+                a.outcome or "running",
+                a.reason or "-",
+                "-" if a.returncode is None else str(a.returncode),
+            ]
+            for a in attempts
+        ]
+        headers = ["#", "WORKER", "STARTED", "TOOK", "OUTCOME", "REASON", "RC"]
+        print("\n".join("  " + line for line in _table(headers, rows, right=(0,)).splitlines()))
+    return EXIT_OK
+
+
+def _soak_text(soak: dict[str, Any]) -> str:
+    shown = [
+        f"{k.removesuffix('_seconds')}={v:g}s"
+        for k, v in sorted(soak.items())
+        if v is not None and not isinstance(v, bool)
+    ]
+    if soak.get("output_is_progress"):
+        shown.append("output_is_progress")
+    return " ".join(shown) or "defaults"
+
+
+def _attempt_dict(a: Attempt) -> dict[str, Any]:
+    return {**dataclasses.asdict(a), "log": str(a.directory / "train.log")}
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        job = _queue_call(lambda: store.cancel(args.id))
+    if job.status == "cancelled":
+        print(f"job {job.id} cancelled")
+    else:
+        print(
+            f"job {job.id}: cancel requested; it is running on {job.worker}, which stops it "
+            "(it may stop itself first)"
+        )
+    return EXIT_OK
+
+
+def _requeue(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        job = _queue_call(lambda: store.requeue(args.id))
+    print(f"job {job.id} queued again")
+    return EXIT_OK
+
+
+def _logs(args: argparse.Namespace) -> int:
+    if args.lines is not None and args.lines < 0:
+        raise UsageError("--lines must be at least 0")
+    with _open(args) as store:
+        job = _queue_call(lambda: store.get(args.id))
+        attempts = store.attempts(args.id)
+        if not attempts:
+            raise UsageError(f"job {job.id} has not run yet: no logs")
+        if args.attempt is None:
+            chosen = attempts[-1]
+        else:
+            matching = [a for a in attempts if a.attempt == args.attempt]
+            if not matching:
+                known = ", ".join(str(a.attempt) for a in attempts)
+                raise UsageError(f"job {job.id} has no attempt {args.attempt} (it has {known})")
+            chosen = matching[0]
+        masker = _masker(job)
+        path = chosen.directory / "train.log"
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+                text = data.decode("utf-8", errors="replace")
+                if args.lines is not None:
+                    lines = text.splitlines(keepends=True)
+                    text = "".join(lines[-args.lines :]) if args.lines else ""
+                sys.stdout.write(masker(text))
+                sys.stdout.flush()
+                if args.follow:
+                    _follow(f, masker, lambda: _attempt_running(store, chosen))
+        except FileNotFoundError:
+            if not args.follow:
+                raise UsageError(
+                    f"job {job.id} attempt {chosen.attempt}: no log at {path}"
+                ) from None
+        except KeyboardInterrupt:
+            pass
+    return EXIT_OK
+
+
+def _attempt_running(store: JobStore, attempt: Attempt) -> bool:
+    return any(
+        a.attempt == attempt.attempt and a.outcome is None for a in store.attempts(attempt.job_id)
+    )
+
+
+def _follow(f: Any, masker: Masker, running: Callable[[], bool]) -> None:
+    # The log grows by whole lines in practice; a line cut by a read is printed in two parts.
+    while True:
+        still_running = running()
+        chunk = f.read()
+        if chunk:
+            sys.stdout.write(masker(chunk.decode("utf-8", errors="replace")))
+            sys.stdout.flush()
+        elif not still_running:
+            return
+        else:
+            time.sleep(_FOLLOW_INTERVAL_S)
+
+
+def _workers(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        workers = store.workers()
+    if args.json:
+        _print_json([_worker_dict(w) for w in workers])
+        return EXIT_OK
+    if not workers:
+        print("no workers")
+        return EXIT_OK
+    now = time.time()
+    rows = [
+        [
+            w.name,
+            w.host,
+            str(w.pid),
+            _age(w.started_at, now),
+            _age(w.heartbeat_at, now),
+            _worker_state(w, now),
+            "-" if w.job_id is None else str(w.job_id),
+        ]
+        for w in workers
+    ]
+    headers = ["NAME", "HOST", "PID", "STARTED", "HEARTBEAT", "STATE", "JOB"]
+    print(_table(headers, rows, right=(2,)))
+    return EXIT_OK
+
+
+def _worker_state(w: WorkerInfo, now: float) -> str:
+    if w.stopped_at is not None:
+        return "stopped"
+    return "stale" if now - w.heartbeat_at > STALE_AFTER_S else "alive"
+
+
+def _worker_dict(w: WorkerInfo) -> dict[str, Any]:
+    return {**dataclasses.asdict(w), "state": _worker_state(w, time.time())}
+
+
+def _worker(args: argparse.Namespace) -> int:
+    if args.gpus is not None and not _GPU_LIST.match(args.gpus):
+        raise UsageError(f"--gpus {args.gpus!r}: expected a list such as 0 or 2,3 (or GPU UUIDs)")
+    for flag in ("poll", "stale_after", "cancel_grace", "stop_timeout"):
+        if getattr(args, flag) < 0 or (flag == "poll" and args.poll == 0):
+            raise UsageError(f"--{flag.replace('_', '-')} must be a positive number of seconds")
+    train_cmd = shlex.split(args.train_cmd) if args.train_cmd else None
+    if args.train_cmd is not None and not train_cmd:
+        raise UsageError("--train-cmd is empty")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
+    import anyio
+
+    from ..queue._worker import _prepare_runs_dir, default_runs_dir
+
+    with _open(args) as store:
+        runs_dir = (args.runs_dir or default_runs_dir(store)).absolute()
+        _queue_call(lambda: _prepare_runs_dir(runs_dir))
+        try:
+            anyio.run(_work, args, store, runs_dir, train_cmd)
+        except BaseExceptionGroup as group:
+            inner: BaseException = group
+            while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+                inner = inner.exceptions[0]
+            if isinstance(inner, QueueError):
+                raise UsageError(str(inner)) from inner
+            raise
+        except QueueError as exc:
+            raise UsageError(str(exc)) from exc
+    return EXIT_OK
+
+
+async def _work(
+    args: argparse.Namespace, store: JobStore, runs_dir: Path, train_cmd: list[str] | None
+) -> None:
+    import anyio
+
+    from ..queue._worker import run_worker
+
+    stop = anyio.Event()
+    kill = anyio.Event()
+    log = logging.getLogger("asyncsoak.queue")
+
+    async def watch_signals() -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if stop.is_set():
+                    log.warning("%s again: killing the running job now", name)
+                    kill.set()
+                    return
+                log.warning(
+                    "%s: stopping after the running job saves (up to %gs); again to kill it now",
+                    name,
+                    args.stop_timeout,
+                )
+                stop.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_signals)
+        try:
+            await run_worker(
+                store,
+                args.poll,
+                args.once,
+                train_cmd,
+                stop,
+                args.name,
+                kill_event=kill,
+                runs_dir=runs_dir,
+                gpus=args.gpus,
+                stale_after=args.stale_after,
+                cancel_grace=args.cancel_grace,
+                stop_timeout=args.stop_timeout,
+                nvidia_smi=None if args.no_gpu else args.nvidia_smi,
+            )
+        finally:
+            tg.cancel_scope.cancel()

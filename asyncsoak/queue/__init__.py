@@ -1,0 +1,87 @@
+"""The durable training-job queue: a SQLite store, a worker that runs each job under
+``run_soak``, and the final status rules.
+
+The worker's names load lazily, so the store and the command line's read-only commands do
+not import the soak core.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._status import CANCEL_GRACE_S as CANCEL_GRACE_S
+from ._status import ERROR_TAIL_LINES as ERROR_TAIL_LINES
+from ._status import FINISH_RETRIES as FINISH_RETRIES
+from ._status import FINISH_RETRY_WAIT_S as FINISH_RETRY_WAIT_S
+from ._status import KILL_WAIT_S as KILL_WAIT_S
+from ._status import POLL_S as POLL_S
+from ._status import SLICE_S as SLICE_S
+from ._status import STALE_AFTER_S as STALE_AFTER_S
+from ._status import STOP_TIMEOUT_S as STOP_TIMEOUT_S
+from ._status import TAIL_BYTES as TAIL_BYTES
+from ._status import Outcome as Outcome
+from ._status import describe_exit as describe_exit
+from ._status import final_status as final_status
+from ._status import tail as tail
+from ._status import with_soak_verdict as with_soak_verdict
+from ._store import Attempt as Attempt
+from ._store import Job as Job
+from ._store import JobNotFoundError as JobNotFoundError
+from ._store import JobStateError as JobStateError
+from ._store import JobStore as JobStore
+from ._store import QueueDatabaseError as QueueDatabaseError
+from ._store import QueueError as QueueError
+from ._store import WorkerInfo as WorkerInfo
+from ._store import WorkerNameInUseError as WorkerNameInUseError
+
+if TYPE_CHECKING:
+    from ._worker import TRAIN_CMD as TRAIN_CMD
+    from ._worker import main as main
+    from ._worker import run_job as run_job
+    from ._worker import run_worker as run_worker
+
+__all__ = [
+    "CANCEL_GRACE_S",
+    "ERROR_TAIL_LINES",
+    "FINISH_RETRIES",
+    "FINISH_RETRY_WAIT_S",
+    "KILL_WAIT_S",
+    "POLL_S",
+    "SLICE_S",
+    "STALE_AFTER_S",
+    "STOP_TIMEOUT_S",
+    "TAIL_BYTES",
+    "TRAIN_CMD",
+    "Attempt",
+    "Job",
+    "JobNotFoundError",
+    "JobStateError",
+    "JobStore",
+    "Outcome",
+    "QueueDatabaseError",
+    "QueueError",
+    "WorkerInfo",
+    "WorkerNameInUseError",
+    "describe_exit",
+    "final_status",
+    "main",
+    "run_job",
+    "run_worker",
+    "tail",
+    "with_soak_verdict",
+]
+
+_LAZY = frozenset({"TRAIN_CMD", "main", "run_job", "run_worker"})
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'asyncsoak.queue' has no attribute {name!r}")
+    value = getattr(importlib.import_module("._worker", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,5 @@
+import sys
+
+from ._worker import main
+
+sys.exit(main())

@@ -1,0 +1,199 @@
+"""A job's final status, from how its command ended and what the soak decided.
+
+Also the worker's constants (names and defaults of the job-worker reference) and the helpers
+that turn an attempt's end into words: the tail of ``train.log`` and the decoded exit status.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..trainer import EXIT_INTERRUPTED
+
+#: Period of polling and of heartbeats, in seconds.
+POLL_S = 5.0
+#: Heartbeat age beyond which a running job is an orphan.
+STALE_AFTER_S = 60.0
+#: Time the child gets to save after its stdin closes (or its stop signal) before its tree
+#: is killed.
+STOP_TIMEOUT_S = 60.0
+#: Time after which the worker itself closes the stdin of a job whose cancellation was requested.
+CANCEL_GRACE_S = 60.0
+#: Longest wait for the child to end after it is killed, in seconds.
+KILL_WAIT_S = 10.0
+#: Lines of ``train.log`` copied into a failed job's error.
+ERROR_TAIL_LINES = 20
+#: Bytes read at the end of ``train.log`` to find its last lines.
+TAIL_BYTES = 64 * 1024
+#: Longest step (seconds) between two checks of the child's end.
+SLICE_S = 0.25
+#: Attempts at writing the final status when the database is locked.
+FINISH_RETRIES = 5
+#: Wait (seconds) between two attempts at writing the final status.
+FINISH_RETRY_WAIT_S = 2.0
+
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+INTERRUPTED = "interrupted"
+
+#: Reason recorded when the stop killed the trainer before it could save.
+KILLED_BEFORE_SAVING = "killed_before_saving"
+#: Heads the log tail in a failed job's error.
+LOG_TAIL_HEADER = "last lines of train.log:"
+#: Reason recorded when the attempt was stopped before its command started.
+NOT_STARTED = "stopped_before_start"
+#: Reason recorded when the outcome of an attempt is unknown (no exit status).
+OUTCOME_LOST = "outcome_lost"
+
+
+def tail(path: Path, n: int = ERROR_TAIL_LINES) -> str:
+    """The last ``n`` lines of a text file (read from its last ``TAIL_BYTES``); "" when absent."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - TAIL_BYTES))
+            data = f.read(TAIL_BYTES)
+    except OSError:
+        return ""
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if size > TAIL_BYTES and lines:
+        # The first line read is probably cut.
+        lines = lines[1:]
+    return "\n".join(lines[-n:]) if n > 0 else ""
+
+
+def final_status(rc: int | None, cancel_requested: bool, stopping: bool, killed: bool) -> str:
+    """A job's final status from how its command ended.
+
+    ``rc`` is the child's status as Python reports it (negative for a signal, ``None`` when
+    unknown); ``stopping`` means the worker itself asked the child to stop (worker shutdown);
+    ``killed`` means its tree was killed after the stop timeout.
+
+    | rc | cancel_requested | stopping | killed | status |
+    | --- | --- | --- | --- | --- |
+    | 0 | any | any | any | `succeeded` |
+    | ≠ 0 or None | true | any | any | `cancelled` |
+    | 4 (`EXIT_INTERRUPTED`) | false | any | false | `interrupted` (saved; requeued) |
+    | any ≠ 0 | false | true | true | `interrupted` (killed before saving; requeued, noted) |
+    | None | false | false | any | `failed` (outcome lost) |
+    | other | false | false | any | `failed` |
+
+    A soak failure decided by the monitor then turns ``succeeded`` or ``failed`` into
+    ``failed`` with the soak's primary reason, and never turns ``cancelled`` or
+    ``interrupted`` into ``failed`` (:func:`with_soak_verdict`).
+    """
+    if rc == 0:
+        return SUCCEEDED
+    if cancel_requested:
+        return CANCELLED
+    if rc == EXIT_INTERRUPTED and not killed:
+        return INTERRUPTED
+    if rc is not None and stopping and killed:
+        return INTERRUPTED
+    return FAILED
+
+
+def with_soak_verdict(status: str, soak_failed: bool) -> str:
+    """Combine :func:`final_status` with the soak's verdict (see its docstring)."""
+    if soak_failed and status in (SUCCEEDED, FAILED):
+        return FAILED
+    return status
+
+
+def describe_exit(rc: int | None) -> str:
+    """An exit status in words: signals named, shell-wrapped signals guessed."""
+    if rc is None:
+        return "exit status unknown (outcome lost)"
+    if rc < 0:
+        name = _signal_name(-rc)
+        if -rc == signal.SIGKILL:
+            return f"killed by signal {-rc} ({name}; often the out-of-memory killer)"
+        return f"killed by signal {-rc} ({name})"
+    if rc == EXIT_INTERRUPTED:
+        return f"exit status {rc} (EXIT_INTERRUPTED: saved and stopped)"
+    if 128 < rc < 128 + signal.NSIG:
+        return (
+            f"exit status {rc} (probably signal {rc - 128}, {_signal_name(rc - 128)}, via a shell)"
+        )
+    return f"exit status {rc}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one attempt ended, as the store records it."""
+
+    status: str
+    returncode: int | None
+    reason: str | None
+    error: str | None
+
+
+def outcome_from_artifact(
+    artifact: dict[str, Any],
+    *,
+    cancel_requested: bool,
+    stopping: bool,
+    log_tail: str,
+    killed_by_worker: bool = False,
+) -> Outcome:
+    """An attempt's outcome from its soak artifact.
+
+    ``killed_by_worker`` says the worker killed the command's process group itself (a hard
+    stop), which the artifact cannot know.
+
+    When the monitor itself ended the run (a rule fired, or ``max_duration_seconds`` passed),
+    the trainer's exit status only answers the monitor's stop: the soak's verdict decides,
+    so a trainer that saves and exits 4 when its stale run is stopped is ``failed``, not
+    requeued forever as ``interrupted``.
+    """
+    exit_info = artifact.get("exit") or {}
+    stop = artifact.get("stop") or {}
+    rc: int | None = exit_info.get("returncode")
+    killed = bool(stop.get("killed")) or killed_by_worker
+    failures = artifact.get("failures") or []
+    soak_reason: str | None = failures[0].get("reason") if failures else None
+    if artifact.get("status") == "error" and soak_reason is None:
+        soak_reason = "monitor_error"
+    soak_failed = artifact.get("status") in ("failed", "error")
+
+    if artifact.get("status") == "cancelled" and exit_info.get("pid") is None:
+        # Stopped before the command started: nothing ran, so nothing counts as a failure.
+        if cancel_requested:
+            return Outcome(CANCELLED, None, None, None)
+        return Outcome(INTERRUPTED, None, NOT_STARTED, None)
+    if stop.get("cause") in ("failure", "max_duration"):
+        status = (
+            CANCELLED if cancel_requested and rc != 0 else (FAILED if soak_failed else SUCCEEDED)
+        )
+    else:
+        status = with_soak_verdict(
+            final_status(rc, cancel_requested, stopping, killed), soak_failed
+        )
+
+    if status == FAILED:
+        reason = soak_reason or (OUTCOME_LOST if rc is None else "nonzero_exit")
+        message = failures[0].get("message") if failures else None
+        return Outcome(status, rc, reason, failure_error(rc, reason, message, log_tail))
+    if status == INTERRUPTED and killed:
+        return Outcome(status, rc, KILLED_BEFORE_SAVING, describe_exit(rc))
+    return Outcome(status, rc, None, None)
+
+
+def failure_error(rc: int | None, reason: str, message: str | None, log_tail: str) -> str:
+    """A failed job's error: the soak's primary reason, the decoded exit status, the log tail."""
+    head = f"{reason}: {message}" if message else reason
+    parts = [head, describe_exit(rc)]
+    if log_tail:
+        parts.append(f"{LOG_TAIL_HEADER}\n{log_tail}")
+    return "\n".join(parts)

@@ -1,0 +1,776 @@
+"""The durable job queue: one SQLite file, shared by workers and the command line.
+
+WAL lets readers (``asyncsoak jobs``, trainers checking for cancellation) run beside a
+writer, but its shared memory only works on a local filesystem, so a database on a network
+filesystem is refused.  The connection is in autocommit mode (``isolation_level=None``) and
+every read-then-write runs inside an explicit ``BEGIN IMMEDIATE``: the write lock is taken
+before the read, so two workers can never both see a job as free.  No transaction outlives a
+method call, so none is held while a child runs.
+
+Fencing: each claim increments the job's ``attempt``; every later write by the worker names
+``(id, attempt, worker)`` and checks the row count, so a worker that lost its job (declared
+an orphan, taken over) can never overwrite a newer attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .._config import STOP_MODES, StopMode
+from .._errors import AsyncsoakError
+from .._redact import Masker, redact_mapping, secret_values
+from ._status import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Outcome
+
+QUEUED = "queued"
+RUNNING = "running"
+#: Statuses a job can be in; ``interrupted`` is an attempt's outcome (the job returns to queued).
+JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+TERMINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED)
+#: ``run_soak`` parameters a job may set.
+SOAK_LIMITS = (
+    "sample_interval_seconds",
+    "startup_timeout_seconds",
+    "stale_progress_seconds",
+    "post_shutdown_grace_seconds",
+    "min_duration_seconds",
+    "max_duration_seconds",
+    "output_is_progress",
+)
+DEFAULT_MAX_ATTEMPTS = 3
+#: How long a statement waits for another connection's write lock, in seconds.
+BUSY_TIMEOUT_S = 5.0
+#: ``PRAGMA application_id`` of a queue database ("asok").
+APPLICATION_ID = 0x61736F6B
+MOUNTINFO = Path("/proc/self/mountinfo")
+#: Filesystems on which SQLite's WAL (shared memory, POSIX locks) is unsafe.
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "9p",
+        "afs",
+        "beegfs",
+        "ceph",
+        "cifs",
+        "davfs",
+        "fuse.cephfs",
+        "fuse.gcsfuse",
+        "fuse.glusterfs",
+        "fuse.juicefs",
+        "fuse.rclone",
+        "fuse.s3fs",
+        "fuse.sshfs",
+        "glusterfs",
+        "gpfs",
+        "lustre",
+        "ncpfs",
+        "nfs",
+        "nfs4",
+        "smb3",
+        "smbfs",
+    }
+)
+
+# Each entry migrates the schema from version i to i + 1; statements run in one transaction.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        f"PRAGMA application_id = {APPLICATION_ID}",
+        """
+        CREATE TABLE jobs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            name TEXT,
+            status TEXT NOT NULL
+                CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
+            argv TEXT,
+            config TEXT,
+            cwd TEXT,
+            env TEXT NOT NULL DEFAULT '{}',
+            progress_dir TEXT,
+            soak TEXT NOT NULL DEFAULT '{}',
+            stop_mode TEXT NOT NULL DEFAULT 'stdin'
+                CHECK (stop_mode IN ('stdin', 'group', 'leader')),
+            priority INTEGER NOT NULL DEFAULT 0,
+            attempt INTEGER NOT NULL DEFAULT 0,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+            created_at REAL NOT NULL,
+            started_at REAL,
+            finished_at REAL,
+            heartbeat_at REAL,
+            worker TEXT,
+            host TEXT,
+            cancel_requested INTEGER NOT NULL DEFAULT 0,
+            returncode INTEGER,
+            reason TEXT,
+            error TEXT,
+            artifact TEXT,
+            CHECK ((argv IS NULL) != (config IS NULL))
+        )
+        """,
+        "CREATE INDEX jobs_by_claim_order ON jobs (status, priority DESC, id)",
+        """
+        CREATE TABLE attempts (
+            job_id INTEGER NOT NULL REFERENCES jobs (id),
+            attempt INTEGER NOT NULL,
+            worker TEXT NOT NULL,
+            host TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            finished_at REAL,
+            outcome TEXT
+                CHECK (outcome IN ('succeeded', 'failed', 'cancelled', 'interrupted')),
+            reason TEXT,
+            returncode INTEGER,
+            error TEXT,
+            artifact TEXT NOT NULL,
+            PRIMARY KEY (job_id, attempt)
+        )
+        """,
+        """
+        CREATE TABLE workers (
+            name TEXT PRIMARY KEY,
+            host TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            pid_start INTEGER,
+            started_at REAL NOT NULL,
+            heartbeat_at REAL NOT NULL,
+            stopped_at REAL,
+            job_id INTEGER
+        )
+        """,
+    ),
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+class QueueError(AsyncsoakError):
+    """Base of the job queue's errors: bad input or state, reported without changing anything."""
+
+
+class QueueDatabaseError(QueueError):
+    """The queue database cannot be used (missing, corrupt, too new, on a network filesystem)."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"queue database {path}: {problem}")
+
+
+class JobNotFoundError(QueueError):
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job {job_id}")
+
+
+class JobStateError(QueueError):
+    """The job's status does not allow the action (cancelling a finished job...)."""
+
+    def __init__(self, job_id: int, status: str, action: str, allowed: Sequence[str]) -> None:
+        self.job_id = job_id
+        self.status = status
+        super().__init__(
+            f"job {job_id} is {status}; only {' or '.join(allowed)} jobs can be {action}"
+        )
+
+
+class WorkerNameInUseError(QueueError):
+    def __init__(self, name: str, host: str, pid: int) -> None:
+        self.name = name
+        super().__init__(
+            f"a live worker named {name!r} already runs (pid {pid} on {host}); "
+            "choose another --name"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as the store holds it.  ``attempt`` counts every claim (it fences writes);
+    ``attempts`` counts the attempts that go against ``max_attempts`` (failures, orphans)."""
+
+    id: int
+    name: str | None
+    status: str
+    argv: list[str] | None
+    config: dict[str, Any] | None
+    cwd: str | None
+    env: dict[str, str]
+    progress_dir: str | None
+    soak: dict[str, Any]
+    stop_mode: StopMode
+    priority: int
+    attempt: int
+    attempts: int
+    max_attempts: int
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    heartbeat_at: float | None
+    worker: str | None
+    host: str | None
+    cancel_requested: bool
+    returncode: int | None
+    reason: str | None
+    error: str | None
+    artifact: str | None
+    #: Attempts that ended ``interrupted``, and how the latest attempt ended (None: running).
+    interruptions: int
+    last_outcome: str | None
+
+    def to_public_dict(self) -> dict[str, Any]:
+        """The job for printing: environment values are never shown, only their names, and
+        secrets are masked in the command and redacted in the config."""
+        data = asdict(self)
+        data["env"] = sorted(self.env)
+        if self.argv is not None:
+            data["argv"] = Masker(secret_values(os.environ, self.env)).argv(self.argv)
+        if self.config is not None:
+            data["config"] = redact_mapping(self.config)
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One run of a job; kept for ever, written once when it ends."""
+
+    job_id: int
+    attempt: int
+    worker: str
+    host: str
+    started_at: float
+    finished_at: float | None
+    outcome: str | None
+    reason: str | None
+    returncode: int | None
+    error: str | None
+    artifact: str
+
+    @property
+    def directory(self) -> Path:
+        """``<runs>/<id>/attempts/<k>/``: its ``train.log``, ``soak.json`` and journal."""
+        return Path(self.artifact).parent
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    name: str
+    host: str
+    pid: int
+    pid_start: int | None
+    started_at: float
+    heartbeat_at: float
+    stopped_at: float | None
+    job_id: int | None
+
+
+_JOB_COLUMNS = (
+    "id, name, status, argv, config, cwd, env, progress_dir, soak, stop_mode, priority, attempt, "
+    "attempts, max_attempts, created_at, started_at, finished_at, heartbeat_at, worker, host, "
+    "cancel_requested, returncode, reason, error, artifact, "
+    "(SELECT count(*) FROM attempts AS a WHERE a.job_id = jobs.id AND a.outcome = 'interrupted'), "
+    "(SELECT a.outcome FROM attempts AS a WHERE a.job_id = jobs.id AND a.attempt = jobs.attempt)"
+)
+
+
+def _job_from_row(row: Sequence[Any]) -> Job:
+    values = list(row)
+    for index in (3, 4, 6, 8):  # argv, config, env, soak
+        if values[index] is not None:
+            values[index] = json.loads(values[index])
+    values[20] = bool(values[20])
+    return Job(*values)
+
+
+def filesystem_type(path: Path, mountinfo: Path = MOUNTINFO) -> str | None:
+    """The type of the filesystem holding ``path`` (an existing directory), from mountinfo."""
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return None
+    target = str(path.resolve())
+    best: tuple[int, str] | None = None
+    for line in lines:
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        mount_point = _unescape_mount(fields[4])
+        inside = (
+            mount_point == "/"
+            or target == mount_point
+            or target.startswith(mount_point.rstrip("/") + "/")
+        )
+        # Among mounts on the same point, the last one listed is on top.
+        if inside and (best is None or len(mount_point) >= best[0]):
+            best = (len(mount_point), tail.split()[0])
+    return best[1] if best else None
+
+
+def _unescape_mount(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as octal escapes (\040...).
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and len(field[i + 1 : i + 4]) == 3:
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _validate_submission(
+    argv: Sequence[str] | None,
+    config: Mapping[str, Any] | None,
+    env: Mapping[str, str],
+    soak: Mapping[str, Any],
+    stop_mode: str,
+    max_attempts: int,
+) -> None:
+    if (argv is None) == (config is None):
+        raise ValueError("a job needs either a command or a config, not both")
+    if argv is not None and (
+        isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv)
+    ):
+        raise ValueError("the command must be a non-empty list of strings")
+    if config is not None and not isinstance(config, Mapping):
+        raise ValueError("a job's config must be a JSON object")
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or not isinstance(value, str) or "\0" in value:
+            raise ValueError(f"bad environment entry {key!r}: names are non-empty, without '='")
+    for key, value in soak.items():
+        if key not in SOAK_LIMITS:
+            raise ValueError(f"unknown soak limit {key!r} (known: {', '.join(SOAK_LIMITS)})")
+        if key == "output_is_progress":
+            if not isinstance(value, bool):
+                raise ValueError("output_is_progress must be true or false")
+        elif value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+            or (key == "sample_interval_seconds" and value == 0)
+        ):
+            raise ValueError(f"soak limit {key} must be a finite number of seconds >= 0")
+    if stop_mode not in STOP_MODES:
+        raise ValueError(f"stop mode must be one of {', '.join(STOP_MODES)}, not {stop_mode!r}")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ValueError("max attempts must be an integer >= 1")
+
+
+class JobStore:
+    """The queue database.  Methods are thread-safe and each is one short transaction.
+
+    ``create=False`` refuses a missing file instead of creating it.  ``clock`` (wall-clock
+    seconds; heartbeats are compared across processes) is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        busy_timeout: float = BUSY_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
+        mountinfo: Path = MOUNTINFO,
+    ) -> None:
+        self.path = Path(path).expanduser().resolve()
+        self.clock = clock
+        self.busy_timeout = busy_timeout
+        self._lock = threading.RLock()
+        self._check_location(create, mountinfo)
+        try:
+            self._conn = sqlite3.connect(
+                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise QueueDatabaseError(self.path, f"cannot open: {exc}") from exc
+        try:
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise QueueDatabaseError(self.path, f"cannot use WAL journaling (got {mode})")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise QueueDatabaseError(
+                self.path, f"cannot be used as a queue database ({exc})"
+            ) from exc
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _check_location(self, create: bool, mountinfo: Path) -> None:
+        if self.path.exists():
+            if not self.path.is_file():
+                raise QueueDatabaseError(self.path, "is not a file")
+        elif not create:
+            raise QueueDatabaseError(
+                self.path, "does not exist (submit a job first, or check --db)"
+            )
+        directory = self.path.parent
+        if directory.is_dir():
+            fstype = filesystem_type(directory, mountinfo)
+            if fstype in NETWORK_FILESYSTEMS:
+                raise QueueDatabaseError(
+                    self.path,
+                    f"is on a network filesystem ({fstype}); SQLite's WAL needs a local "
+                    "filesystem: put the database on a local disk (--db or ASYNCSOAK_DB)",
+                )
+        if self.path.exists():
+            return
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return
+        except OSError as exc:
+            raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
+        os.close(fd)
+
+    def _migrate(self) -> None:
+        # An up-to-date database needs no write lock: opening one never waits on a writer.
+        if self._schema_state(self._conn) == SCHEMA_VERSION:
+            return
+        with self._write() as conn:
+            version = self._schema_state(conn)
+            for statements in _MIGRATIONS[version:]:
+                for statement in statements:
+                    conn.execute(statement)
+            if version < SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _schema_state(self, conn: sqlite3.Connection) -> int:
+        """The schema version, after refusing databases this code must not touch."""
+        version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise QueueDatabaseError(
+                self.path,
+                f"has schema version {version}, newer than this asyncsoak understands "
+                f"({SCHEMA_VERSION}); upgrade asyncsoak",
+            )
+        if version == 0:
+            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
+        elif conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+            raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
+        return version
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> JobStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: the write lock is held from the first read."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            try:
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    # --- the command line's side ---------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        argv: Sequence[str] | None = None,
+        config: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        progress_dir: str | os.PathLike[str] | None = None,
+        soak: Mapping[str, Any] | None = None,
+        stop_mode: StopMode = "stdin",
+        priority: int = 0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> int:
+        """Queue a job; returns its id.
+
+        ``argv`` may contain ``{job_id}``, ``{db}`` and ``{run_dir}``, replaced when it runs.
+        """
+        env = dict(env or {})
+        soak = dict(soak or {})
+        _validate_submission(argv, config, env, soak, stop_mode, max_attempts)
+        with self._write() as conn:
+            cursor = conn.execute(
+                "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
+                "stop_mode, priority, max_attempts, created_at) "
+                "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    name,
+                    None if argv is None else json.dumps(list(argv)),
+                    None if config is None else json.dumps(config),
+                    None if cwd is None else os.fspath(cwd),
+                    json.dumps(env),
+                    None if progress_dir is None else os.fspath(progress_dir),
+                    json.dumps(soak),
+                    stop_mode,
+                    int(priority),
+                    max_attempts,
+                    self.clock(),
+                ),
+            )
+            job_id = cursor.lastrowid
+        assert job_id is not None
+        return job_id
+
+    def get(self, job_id: int) -> Job:
+        rows = self._read(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
+        if not rows:
+            raise JobNotFoundError(job_id)
+        return _job_from_row(rows[0])
+
+    def jobs(self, status: str | None = None) -> list[Job]:
+        """Jobs in id order; ``status`` may also be ``interrupted``: queued jobs whose last
+        attempt was interrupted, waiting to resume."""
+        if status is None:
+            rows = self._read(f"SELECT {_JOB_COLUMNS} FROM jobs ORDER BY id")
+        elif status == INTERRUPTED:
+            rows = self._read(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'queued' AND EXISTS ("
+                "SELECT 1 FROM attempts AS a WHERE a.job_id = jobs.id "
+                "AND a.attempt = jobs.attempt AND a.outcome = 'interrupted') ORDER BY id"
+            )
+        else:
+            rows = self._read(
+                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = ? ORDER BY id", (status,)
+            )
+        return [_job_from_row(row) for row in rows]
+
+    def attempts(self, job_id: int) -> list[Attempt]:
+        rows = self._read(
+            "SELECT job_id, attempt, worker, host, started_at, finished_at, outcome, reason, "
+            "returncode, error, artifact FROM attempts WHERE job_id = ? ORDER BY attempt",
+            (job_id,),
+        )
+        return [Attempt(*row) for row in rows]
+
+    def cancel(self, job_id: int) -> Job:
+        """Cancel a queued job at once, or ask a running one to stop (the worker enforces it)."""
+        with self._write() as conn:
+            row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFoundError(job_id)
+            if row[0] == QUEUED:
+                conn.execute(
+                    "UPDATE jobs SET status = 'cancelled', cancel_requested = 1, "
+                    "finished_at = ?, reason = 'cancelled' WHERE id = ?",
+                    (self.clock(), job_id),
+                )
+            elif row[0] == RUNNING:
+                conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+            else:
+                raise JobStateError(job_id, row[0], "cancelled", (QUEUED, RUNNING))
+        return self.get(job_id)
+
+    def requeue(self, job_id: int) -> Job:
+        """Queue a finished job again, with its attempts against ``max_attempts`` reset."""
+        with self._write() as conn:
+            row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFoundError(job_id)
+            if row[0] not in TERMINAL_STATUSES:
+                raise JobStateError(job_id, row[0], "requeued", TERMINAL_STATUSES)
+            conn.execute(
+                "UPDATE jobs SET status = 'queued', cancel_requested = 0, attempts = 0, "
+                "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "
+                "WHERE id = ?",
+                (job_id,),
+            )
+        return self.get(job_id)
+
+    def workers(self) -> list[WorkerInfo]:
+        rows = self._read(
+            "SELECT name, host, pid, pid_start, started_at, heartbeat_at, stopped_at, job_id "
+            "FROM workers ORDER BY name"
+        )
+        return [WorkerInfo(*row) for row in rows]
+
+    # --- the worker's side -----------------------------------------------------------------
+
+    def register_worker(
+        self,
+        name: str,
+        *,
+        host: str,
+        pid: int,
+        pid_start: int | None,
+        alive: Callable[[WorkerInfo], bool],
+    ) -> None:
+        """Record a starting worker; refuses a name held by a live worker (``alive`` decides)."""
+        now = self.clock()
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT name, host, pid, pid_start, started_at, heartbeat_at, stopped_at, job_id "
+                "FROM workers WHERE name = ?",
+                (name,),
+            ).fetchone()
+            if row is not None:
+                previous = WorkerInfo(*row)
+                if previous.stopped_at is None and alive(previous):
+                    raise WorkerNameInUseError(name, previous.host, previous.pid)
+            conn.execute(
+                "INSERT OR REPLACE INTO workers "
+                "(name, host, pid, pid_start, started_at, heartbeat_at, stopped_at, job_id) "
+                "VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)",
+                (name, host, pid, pid_start, now, now),
+            )
+
+    def worker_heartbeat(self, name: str) -> None:
+        """Refresh a worker's heartbeat (its current job is set by claim and finish)."""
+        with self._lock:
+            self._conn.execute(
+                "UPDATE workers SET heartbeat_at = ? WHERE name = ?", (self.clock(), name)
+            )
+
+    def worker_stopped(self, name: str) -> None:
+        with self._lock:
+            now = self.clock()
+            self._conn.execute(
+                "UPDATE workers SET heartbeat_at = ?, stopped_at = ?, job_id = NULL WHERE name = ?",
+                (now, now, name),
+            )
+
+    def claim(self, worker: str, host: str, runs_dir: Path) -> Job | None:
+        """Take the next queued job (highest priority, then lowest id), or None."""
+        now = self.clock()
+        with self._write() as conn:
+            row = conn.execute(
+                "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker = ?, host = ?, "
+                "started_at = ?, heartbeat_at = ?, finished_at = NULL "
+                "WHERE id = (SELECT id FROM jobs WHERE status = 'queued' "
+                "ORDER BY priority DESC, id LIMIT 1) RETURNING id, attempt",
+                (worker, host, now, now),
+            ).fetchone()
+            if row is None:
+                return None
+            job_id, attempt = row
+            artifact = runs_dir / str(int(job_id)) / "attempts" / str(int(attempt)) / "soak.json"
+            conn.execute("UPDATE jobs SET artifact = ? WHERE id = ?", (str(artifact), job_id))
+            conn.execute(
+                "INSERT INTO attempts (job_id, attempt, worker, host, started_at, artifact) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, attempt, worker, host, now, str(artifact)),
+            )
+            conn.execute(
+                "UPDATE workers SET job_id = ?, heartbeat_at = ? WHERE name = ?",
+                (job_id, now, worker),
+            )
+            job = _job_from_row(
+                conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            )
+        return job
+
+    def heartbeat(self, job_id: int, attempt: int, worker: str) -> bool | None:
+        """Refresh a running job's heartbeat; returns its cancel request, or None when this
+        worker no longer owns the attempt (fenced: stop the child, write nothing more)."""
+        with self._lock:
+            row = self._conn.execute(
+                "UPDATE jobs SET heartbeat_at = ? "
+                "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running' "
+                "RETURNING cancel_requested",
+                (self.clock(), job_id, attempt, worker),
+            ).fetchone()
+        return None if row is None else bool(row[0])
+
+    def cancel_requested(self, job_id: int) -> bool:
+        rows = self._read("SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,))
+        return bool(rows and rows[0][0])
+
+    def finish(self, job_id: int, attempt: int, worker: str, outcome: Outcome) -> bool:
+        """Record how an attempt ended; False (nothing written) when fenced.
+
+        A failure counts against ``max_attempts`` and requeues the job while attempts
+        remain; an interruption requeues it without counting.
+        """
+        now = self.clock()
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT attempts, max_attempts, cancel_requested FROM jobs "
+                "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running'",
+                (job_id, attempt, worker),
+            ).fetchone()
+            if row is None:
+                return False
+            attempts, max_attempts, cancel_requested = row
+            if outcome.status == FAILED:
+                attempts += 1
+                status = QUEUED if attempts < max_attempts and not cancel_requested else FAILED
+            elif outcome.status == INTERRUPTED:
+                status = CANCELLED if cancel_requested else QUEUED
+            else:
+                status = outcome.status
+            conn.execute(
+                "UPDATE jobs SET status = ?, attempts = ?, finished_at = ?, heartbeat_at = NULL, "
+                "returncode = ?, reason = ?, error = ? WHERE id = ?",
+                (
+                    status,
+                    attempts,
+                    now if status in TERMINAL_STATUSES else None,
+                    outcome.returncode,
+                    outcome.reason,
+                    outcome.error,
+                    job_id,
+                ),
+            )
+            conn.execute(
+                "UPDATE attempts SET finished_at = ?, outcome = ?, reason = ?, returncode = ?, "
+                "error = ? WHERE job_id = ? AND attempt = ? AND outcome IS NULL",
+                (
+                    now,
+                    outcome.status,
+                    outcome.reason,
+                    outcome.returncode,
+                    outcome.error,
+                    job_id,
+                    attempt,
+                ),
+            )
+            conn.execute(
+                "UPDATE workers SET job_id = NULL WHERE name = ? AND job_id = ?", (worker, job_id)
+            )
+        return True
+
+    def running(self) -> list[tuple[Job, WorkerInfo | None]]:
+        """Running jobs with the worker that holds each (for orphan detection)."""
+        rows = self._read(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY id")
+        by_name = {w.name: w for w in self.workers()}
+        jobs = [_job_from_row(row) for row in rows]
+        return [(job, by_name.get(job.worker or "")) for job in jobs]
+
+    def take_over(self, job: Job, worker: str) -> bool:
+        """Take an orphan from its silent worker, if its heartbeat has not moved since ``job``
+        was read (compare and swap); the silent worker is fenced out from then on."""
+        with self._lock:
+            row = self._conn.execute(
+                "UPDATE jobs SET worker = ?, heartbeat_at = ? "
+                "WHERE id = ? AND attempt = ? AND worker IS ? AND status = 'running' "
+                "AND heartbeat_at IS ? RETURNING id",
+                (worker, self.clock(), job.id, job.attempt, job.worker, job.heartbeat_at),
+            ).fetchone()
+        return row is not None

@@ -1,0 +1,674 @@
+"""The worker: takes queued jobs one at a time and runs each under ``run_soak``.
+
+The worker never trains itself.  Each attempt runs ``run_soak`` with the job's command in
+``<runs>/<id>/attempts/<k>/`` (``train.log``, ``soak.json``, its journal), with
+``<runs>/<id>/`` as the run directory kept across attempts.  Beside the soak, a supervisor
+task heartbeats the job every ``poll`` seconds (during the stop too), notices cancellation
+requests and the worker's own stop, and turns them into a stop request to the soak: the
+child's stdin is closed (or its stop signal sent), ``stop_timeout`` later its tree is killed.
+In stop mode ``stdin`` the monitor holds the child's stdin, so the kernel closes it when the
+worker dies and the trainer never runs on unsupervised.
+
+A running job whose heartbeat is older than ``stale_after`` (or whose worker process is gone,
+on this host) is an orphan.  A worker takes it over (compare and swap on the heartbeat, which
+fences the silent worker out), reads the attempt's artifact (the attempt may have finished
+and only lost its final write), kills what is left of its tree on this host, and writes the
+outcome: the artifact's verdict, or a failure that requeues the job while attempts remain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import psutil
+
+from .._control import SoakControl
+from .._errors import SoakFailureError
+from .._redact import Masker, secret_values
+from .._soak import run_soak
+from .._tree import start_time_ticks
+from ._status import (
+    CANCEL_GRACE_S,
+    CANCELLED,
+    FAILED,
+    FINISH_RETRIES,
+    FINISH_RETRY_WAIT_S,
+    INTERRUPTED,
+    KILL_WAIT_S,
+    POLL_S,
+    SLICE_S,
+    STALE_AFTER_S,
+    STOP_TIMEOUT_S,
+    Outcome,
+    outcome_from_artifact,
+    tail,
+)
+from ._store import Job, JobStore, QueueError, WorkerInfo
+
+#: Trainer command for jobs submitted with a config; the worker appends
+#: ``--job-id N --db PATH --watch-stdin``.
+TRAIN_CMD = [sys.executable, "train.py"]
+
+#: Reason of an attempt whose worker stopped heartbeating before writing its outcome.
+ORPHANED = "orphaned"
+#: Reason of an attempt the monitor itself could not run.
+MONITOR_ERROR = "monitor_error"
+#: Reason of an attempt whose worker was cancelled before the soak wrote its artifact.
+WORKER_CANCELLED = "worker_cancelled"
+#: Reason of an attempt whose inputs ``run_soak`` refused (a missing cwd...).
+INVALID_JOB = "invalid_job"
+#: ``run_worker``'s and ``run_job``'s status for an attempt this worker lost to fencing.
+LOST = "lost"
+
+_log = logging.getLogger("asyncsoak.queue")
+_PLACEHOLDER = re.compile(r"\{(job_id|db|run_dir)\}")
+_T = TypeVar("_T")
+
+
+@dataclasses.dataclass(slots=True)
+class _Settings:
+    runs_dir: Path
+    cmd: list[str]
+    poll: float
+    gpus: str | None
+    stale_after: float
+    cancel_grace: float
+    stop_timeout: float
+    kill_wait: float
+    finish_retries: int
+    finish_retry_wait: float
+    nvidia_smi: str | None
+
+
+@dataclasses.dataclass(slots=True)
+class _JobState:
+    stopping: bool = False
+    lost: bool = False
+    killed: bool = False
+
+
+def default_worker_name(gpus: str | None = None) -> str:
+    """``host:gpuN`` for a worker bound to GPUs (stable across restarts), else ``host:pid``."""
+    host = socket.gethostname()
+    return f"{host}:gpu{gpus}" if gpus else f"{host}:{os.getpid()}"
+
+
+def default_runs_dir(store: JobStore) -> Path:
+    """Runs live beside the database: ``queue.db`` keeps them in ``queue.runs/``."""
+    return store.path.with_suffix(".runs")
+
+
+async def run_worker(
+    store: JobStore,
+    poll: float = POLL_S,
+    once: bool = False,
+    cmd: Sequence[str] | None = None,
+    stop_event: anyio.Event | None = None,
+    name: str | None = None,
+    *,
+    kill_event: anyio.Event | None = None,
+    runs_dir: Path | None = None,
+    gpus: str | None = None,
+    stale_after: float = STALE_AFTER_S,
+    cancel_grace: float = CANCEL_GRACE_S,
+    stop_timeout: float = STOP_TIMEOUT_S,
+    kill_wait: float = KILL_WAIT_S,
+    finish_retries: int = FINISH_RETRIES,
+    finish_retry_wait: float = FINISH_RETRY_WAIT_S,
+    nvidia_smi: str | None = "nvidia-smi",
+) -> int:
+    """Take and run jobs one at a time until ``stop_event`` is set; returns how many ran.
+
+    ``once`` drains what is queued and returns.  Setting ``stop_event`` stops the running
+    job the graceful way (it becomes ``interrupted`` and returns to the queue) and then the
+    worker; setting ``kill_event`` too kills the job's process group at once instead of
+    waiting out ``stop_timeout`` (a second Ctrl-C).  ``cmd`` is the trainer command for
+    config jobs (default :data:`TRAIN_CMD`); ``gpus`` sets ``CUDA_VISIBLE_DEVICES`` for every
+    job.  Raises :class:`QueueError` when
+    the runs directory is unusable or a live worker already has this name.
+    """
+    settings = _Settings(
+        runs_dir=(runs_dir or default_runs_dir(store)).absolute(),
+        cmd=list(cmd or TRAIN_CMD),
+        poll=poll,
+        gpus=gpus,
+        stale_after=stale_after,
+        cancel_grace=cancel_grace,
+        stop_timeout=stop_timeout,
+        kill_wait=kill_wait,
+        finish_retries=finish_retries,
+        finish_retry_wait=finish_retry_wait,
+        nvidia_smi=nvidia_smi,
+    )
+    worker = _Worker(
+        store,
+        settings,
+        stop_event or anyio.Event(),
+        kill_event or anyio.Event(),
+        name or default_worker_name(gpus),
+    )
+    return await worker.run(once)
+
+
+async def run_job(
+    store: JobStore,
+    job: Job,
+    cmd: Sequence[str],
+    poll: float,
+    stop_event: anyio.Event,
+    name: str | None = None,
+    *,
+    runs_dir: Path | None = None,
+    gpus: str | None = None,
+    cancel_grace: float = CANCEL_GRACE_S,
+    stop_timeout: float = STOP_TIMEOUT_S,
+    kill_wait: float = KILL_WAIT_S,
+    finish_retries: int = FINISH_RETRIES,
+    finish_retry_wait: float = FINISH_RETRY_WAIT_S,
+    nvidia_smi: str | None = "nvidia-smi",
+) -> str:
+    """Run one claimed job under ``run_soak`` and write its final status.
+
+    ``name`` is the worker that claimed it (default: the job's ``worker``).  Returns the
+    attempt's outcome (``succeeded``, ``failed``, ``cancelled``, ``interrupted``), or
+    ``lost`` when another worker took the job over meanwhile (nothing is written then).
+    """
+    settings = _Settings(
+        runs_dir=(runs_dir or default_runs_dir(store)).absolute(),
+        cmd=list(cmd),
+        poll=poll,
+        gpus=gpus,
+        stale_after=STALE_AFTER_S,
+        cancel_grace=cancel_grace,
+        stop_timeout=stop_timeout,
+        kill_wait=kill_wait,
+        finish_retries=finish_retries,
+        finish_retry_wait=finish_retry_wait,
+        nvidia_smi=nvidia_smi,
+    )
+    name = name or job.worker or default_worker_name()
+    worker = _Worker(store, settings, stop_event, anyio.Event(), name)
+    return await worker.run_job(job)
+
+
+class _Worker:
+    def __init__(
+        self,
+        store: JobStore,
+        settings: _Settings,
+        stop_event: anyio.Event,
+        kill_event: anyio.Event,
+        name: str,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.stop_event = stop_event
+        self.kill_event = kill_event
+        self.name = name
+        self.host = socket.gethostname()
+        # Store calls are short, but a heartbeat may wait out another writer's lock: two
+        # threads let the job's heartbeat and the worker's run side by side.
+        self.limiter = anyio.CapacityLimiter(2)
+        self.current_job: int | None = None
+
+    async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    async def run(self, once: bool) -> int:
+        await self._call(_prepare_runs_dir, self.settings.runs_dir)
+        await self._call(self._register)
+        _log.info(
+            "worker %s started (pid %d, runs in %s)", self.name, os.getpid(), self.settings.runs_dir
+        )
+        ran = 0
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._beat)
+                while not (self.stop_event.is_set() or self.kill_event.is_set()):
+                    await self._sweep_orphans()
+                    job = await self._claim()
+                    if job is None:
+                        if once:
+                            break
+                        with anyio.move_on_after(self.settings.poll):
+                            await self.stop_event.wait()
+                        continue
+                    self.current_job = job.id
+                    await self.run_job(job)
+                    self.current_job = None
+                    ran += 1
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.move_on_after(self.store.busy_timeout, shield=True):
+                try:
+                    await self._call(self.store.worker_stopped, self.name)
+                except sqlite3.Error as exc:
+                    _log.warning("worker %s: could not record its stop: %s", self.name, exc)
+        _log.info("worker %s stopped after %d job(s)", self.name, ran)
+        return ran
+
+    def _register(self) -> None:
+        pid = os.getpid()
+        self.store.register_worker(
+            self.name,
+            host=self.host,
+            pid=pid,
+            pid_start=start_time_ticks(pid),
+            alive=self._worker_alive,
+        )
+
+    def _worker_alive(self, info: WorkerInfo) -> bool:
+        if info.host == self.host:
+            return _process_alive(info.pid, info.pid_start)
+        return self.store.clock() - info.heartbeat_at < self.settings.stale_after
+
+    async def _beat(self) -> None:
+        while True:
+            try:
+                await self._call(self.store.worker_heartbeat, self.name)
+            except sqlite3.Error as exc:
+                _log.warning("worker %s: heartbeat not written: %s", self.name, exc)
+            await anyio.sleep(self.settings.poll)
+
+    async def _claim(self) -> Job | None:
+        try:
+            job = await self._call(self.store.claim, self.name, self.host, self.settings.runs_dir)
+        except sqlite3.Error as exc:
+            _log.warning("worker %s: could not claim a job: %s", self.name, exc)
+            return None
+        if job is not None:
+            _log.info("job %d claimed (attempt %d)", job.id, job.attempt)
+        return job
+
+    # --- one attempt ---------------------------------------------------------------------
+
+    async def run_job(self, job: Job) -> str:
+        assert job.artifact is not None
+        output_path = Path(job.artifact)
+        attempt_dir = output_path.parent
+        run_dir = self.settings.runs_dir / str(job.id)
+        env = self._environment(job, run_dir)
+        masker = Masker(secret_values(env))
+        control = SoakControl()
+        state = _JobState()
+        artifact: dict[str, Any] | None = None
+        problem: BaseException | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._supervise, job, control, state)
+                try:
+                    await self._call(_make_dirs, attempt_dir)
+                    artifact = await run_soak(
+                        command=self._command(job, run_dir),
+                        progress_dir=Path(job.progress_dir) if job.progress_dir else run_dir,
+                        output_path=output_path,
+                        cwd=Path(job.cwd) if job.cwd else None,
+                        env=env,
+                        metadata={
+                            "job_id": job.id,
+                            "job_name": job.name,
+                            "attempt": job.attempt,
+                            "worker": self.name,
+                        },
+                        stop_mode=job.stop_mode,
+                        control=control,
+                        log_path=attempt_dir / "train.log",
+                        nvidia_smi=self.settings.nvidia_smi,
+                        kill_wait_seconds=self.settings.kill_wait,
+                        **job.soak,
+                    )
+                except SoakFailureError as exc:
+                    artifact = exc.artifact
+                except Exception as exc:  # the monitor failed, or refused the job's inputs
+                    problem = exc
+                finally:
+                    tg.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():
+            # The worker itself is being cancelled: run_soak has stopped the tree and written
+            # its artifact; record the attempt from it before the cancellation goes on.
+            state.stopping = True
+            with anyio.move_on_after(self._finish_bound(), shield=True):
+                if not state.lost:
+                    saved = await self._call(_read_artifact, output_path)
+                    cancel = await self._cancel_requested(job)
+                    outcome = self._outcome(saved, None, state, cancel, masker, attempt_dir)
+                    await self._finish(job, outcome)
+            raise
+        if state.lost:
+            _log.warning(
+                "job %d attempt %d: taken over by another worker; not recorded here",
+                job.id,
+                job.attempt,
+            )
+            return LOST
+        cancel = await self._cancel_requested(job)
+        outcome = self._outcome(artifact, problem, state, cancel, masker, attempt_dir)
+        with anyio.move_on_after(self._finish_bound(), shield=True):
+            await self._finish(job, outcome)
+        _log.info(
+            "job %d attempt %d: %s%s",
+            job.id,
+            job.attempt,
+            outcome.status,
+            f" ({outcome.reason})" if outcome.reason else "",
+        )
+        return outcome.status
+
+    async def _cancel_requested(self, job: Job) -> bool:
+        try:
+            return await self._call(self.store.cancel_requested, job.id)
+        except sqlite3.Error:
+            return job.cancel_requested
+
+    @staticmethod
+    def _outcome(
+        artifact: dict[str, Any] | None,
+        problem: BaseException | None,
+        state: _JobState,
+        cancel_requested: bool,
+        masker: Masker,
+        attempt_dir: Path,
+    ) -> Outcome:
+        if artifact is None:
+            status = CANCELLED if cancel_requested else FAILED
+            if problem is None:
+                # The worker was cancelled before the soak could write its artifact.
+                status = CANCELLED if cancel_requested else INTERRUPTED
+                outcome = Outcome(status, None, WORKER_CANCELLED, None)
+            elif isinstance(problem, ValueError | TypeError):
+                outcome = Outcome(status, None, INVALID_JOB, f"the job cannot run: {problem}")
+            else:
+                detail = f"the monitor could not run the attempt: {problem!r}"
+                outcome = Outcome(status, None, MONITOR_ERROR, detail)
+        else:
+            outcome = outcome_from_artifact(
+                artifact,
+                cancel_requested=cancel_requested,
+                stopping=state.stopping,
+                killed_by_worker=state.killed,
+                log_tail=tail(attempt_dir / "train.log"),
+            )
+        if outcome.error is None:
+            return outcome
+        return dataclasses.replace(outcome, error=masker(outcome.error))
+
+    def _command(self, job: Job, run_dir: Path) -> list[str]:
+        if job.argv is None:
+            db = str(self.store.path)
+            return [*self.settings.cmd, "--job-id", str(job.id), "--db", db, "--watch-stdin"]
+        values = {"job_id": str(job.id), "db": str(self.store.path), "run_dir": str(run_dir)}
+        return [_PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in job.argv]
+
+    def _environment(self, job: Job, run_dir: Path) -> dict[str, str]:
+        """The worker's environment, then the job's overrides, then what the worker owns."""
+        env = dict(os.environ)
+        env.update(job.env)
+        if self.settings.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.settings.gpus
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["ASYNCSOAK_JOB_ID"] = str(job.id)
+        env["ASYNCSOAK_DB"] = str(self.store.path)
+        env["ASYNCSOAK_RUN_DIR"] = str(run_dir)
+        env["ASYNCSOAK_ATTEMPT"] = str(job.attempt)
+        env["ASYNCSOAK_STOP_MODE"] = job.stop_mode
+        return env
+
+    async def _supervise(self, job: Job, control: SoakControl, state: _JobState) -> None:
+        """Heartbeat the job, and turn cancellation, fencing and worker stop into a stop."""
+        cancel_deadline: float | None = None
+        while True:
+            try:
+                cancel = await self._call(self.store.heartbeat, job.id, job.attempt, self.name)
+            except sqlite3.Error as exc:
+                _log.warning("job %d: heartbeat not written: %s", job.id, exc)
+                cancel = False
+            if cancel is None:
+                # Another worker took the job over: stop at once so it never runs twice.
+                state.lost = True
+                control.request_stop(reason="job taken over by another worker", grace_seconds=0)
+                return
+            now = anyio.current_time()
+            if cancel and cancel_deadline is None:
+                cancel_deadline = now + self.settings.cancel_grace
+                _log.info(
+                    "job %d: cancel requested; stopping it in %.0fs unless it stops itself",
+                    job.id,
+                    self.settings.cancel_grace,
+                )
+            if cancel_deadline is not None and now >= cancel_deadline:
+                control.request_stop(
+                    reason="cancel requested", grace_seconds=self.settings.stop_timeout
+                )
+            stop_now = self.kill_event.is_set()
+            if (self.stop_event.is_set() or stop_now) and not state.stopping:
+                state.stopping = True
+                control.request_stop(
+                    reason="worker stopping", grace_seconds=self.settings.stop_timeout
+                )
+            if stop_now and not state.killed and control.pid is not None:
+                state.killed = True
+                _kill_group(control.pid)
+                _log.warning("job %d: killed its process group at once", job.id)
+            wake = now + self.settings.poll
+            if cancel_deadline is not None and not control.stop_requested.is_set():
+                wake = min(wake, cancel_deadline)
+            with anyio.move_on_after(wake - now):
+                if state.killed:
+                    await anyio.sleep_forever()
+                elif state.stopping:
+                    await self.kill_event.wait()
+                else:
+                    await self.stop_event.wait()
+
+    def _finish_bound(self) -> float:
+        per_try = self.store.busy_timeout + self.settings.finish_retry_wait
+        return self.settings.finish_retries * per_try + self.settings.kill_wait
+
+    async def _finish(self, job: Job, outcome: Outcome) -> bool:
+        """Write the final status, retrying while the database is locked; warns, never raises."""
+        retries = self.settings.finish_retries
+        for attempt in range(1, retries + 1):
+            try:
+                written = await self._call(
+                    self.store.finish, job.id, job.attempt, self.name, outcome
+                )
+            except sqlite3.OperationalError as exc:
+                _log.warning(
+                    "job %d: final status not written (%s), try %d of %d",
+                    job.id,
+                    exc,
+                    attempt,
+                    retries,
+                )
+                if attempt < retries:
+                    await anyio.sleep(self.settings.finish_retry_wait)
+                continue
+            except Exception as exc:  # never raise from here: the job becomes an orphan instead
+                _log.warning("job %d: final status not written: %r", job.id, exc)
+                return False
+            if not written:
+                _log.warning(
+                    "job %d attempt %d: final status refused: another worker holds it now",
+                    job.id,
+                    job.attempt,
+                )
+            return written
+        _log.warning(
+            "job %d: gave up writing its final status; it will be handled as an orphan", job.id
+        )
+        return False
+
+    # --- orphans -------------------------------------------------------------------------
+
+    async def _sweep_orphans(self) -> None:
+        try:
+            running = await self._call(self.store.running)
+        except sqlite3.Error as exc:
+            _log.warning("worker %s: could not look for orphans: %s", self.name, exc)
+            return
+        now = self.store.clock()
+        for job, holder in running:
+            silent = job.heartbeat_at is None or now - job.heartbeat_at > self.settings.stale_after
+            # A worker's own name on a job it is not running: left by a dead worker of the
+            # same name (registration refuses the name while that one lives).
+            inherited = job.worker == self.name and job.id != self.current_job
+            gone = (
+                holder is not None
+                and holder.host == self.host
+                and holder.name != self.name
+                and not _process_alive(holder.pid, holder.pid_start)
+            )
+            if silent or inherited or gone:
+                await self._resolve_orphan(job)
+
+    async def _resolve_orphan(self, job: Job) -> None:
+        try:
+            if not await self._call(self.store.take_over, job, self.name):
+                return
+        except sqlite3.Error as exc:
+            _log.warning("job %d: could not take the orphan over: %s", job.id, exc)
+            return
+        _log.warning(
+            "job %d attempt %d: orphan of worker %s; taken over", job.id, job.attempt, job.worker
+        )
+        output_path = Path(job.artifact) if job.artifact else None
+        artifact = await self._call(_read_artifact, output_path) if output_path else None
+        if job.host == self.host:
+            killed = await self._call(
+                _kill_leftovers, self.store.path, job.id, job.attempt, self.settings.kill_wait
+            )
+            if killed:
+                _log.warning(
+                    "job %d: killed %d unsupervised process(es): %s", job.id, len(killed), killed
+                )
+        try:
+            cancel = await self._call(self.store.cancel_requested, job.id)
+        except sqlite3.Error:
+            cancel = job.cancel_requested
+        if artifact is not None and output_path is not None:
+            stop_cause = (artifact.get("stop") or {}).get("cause")
+            outcome = outcome_from_artifact(
+                artifact,
+                cancel_requested=cancel,
+                stopping=stop_cause in ("requested", "cancelled"),
+                log_tail=tail(output_path.parent / "train.log"),
+            )
+            if outcome.error is not None:
+                env = self._environment(job, self.settings.runs_dir / str(job.id))
+                outcome = dataclasses.replace(
+                    outcome, error=Masker(secret_values(env))(outcome.error)
+                )
+        else:
+            heartbeat = (
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.heartbeat_at))
+                if job.heartbeat_at
+                else "never"
+            )
+            outcome = Outcome(
+                CANCELLED if cancel else FAILED,
+                None,
+                ORPHANED,
+                f"worker {job.worker} went silent (last heartbeat {heartbeat}) before the "
+                "attempt finished; its outcome is lost",
+            )
+        with anyio.move_on_after(self._finish_bound(), shield=True):
+            await self._finish(job, outcome)
+
+
+def _prepare_runs_dir(runs_dir: Path) -> None:
+    try:
+        runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise QueueError(f"runs directory {runs_dir}: cannot create it: {exc.strerror}") from exc
+    if not os.access(runs_dir, os.W_OK | os.X_OK):
+        raise QueueError(f"runs directory {runs_dir} is not writable")
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the command's process group (the reaper starts it as a session leader); the
+    soak then sees it exit and stops whatever else is left of its tree."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _make_dirs(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _read_artifact(path: Path) -> dict[str, Any] | None:
+    """An attempt's ``soak.json`` if it was written (it is replaced atomically, so it is whole)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _process_alive(pid: int, start_ticks: int | None) -> bool:
+    """Whether ``pid`` still runs and is the same process (start time), not a zombie."""
+    ticks = start_time_ticks(pid)
+    if ticks is None or (start_ticks is not None and ticks != start_ticks):
+        return False
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
+
+
+def _kill_leftovers(db: Path, job_id: int, attempt: int, wait_s: float) -> list[int]:
+    """SIGKILL every process of this host that carries the attempt's environment markers.
+
+    The worker that ran the attempt is gone, so its reaper may be too: the markers the
+    worker put in the child's environment find the tree wherever it went (double forks,
+    new sessions).  Waits at most ``wait_s`` for them to disappear.
+    """
+    markers = {
+        f"ASYNCSOAK_DB={db}".encode(),
+        f"ASYNCSOAK_JOB_ID={job_id}".encode(),
+        f"ASYNCSOAK_ATTEMPT={attempt}".encode(),
+    }
+    targets: list[tuple[int, int | None]] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if markers <= environ:
+            pid = int(entry)
+            targets.append((pid, start_time_ticks(pid)))
+    killed = []
+    for pid, ticks in targets:
+        if _process_alive(pid, ticks):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                continue
+            killed.append(pid)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(_process_alive(p, t) for p, t in targets):
+        time.sleep(SLICE_S)
+    return killed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m asyncsoak.queue [--poll S] [--once] [--db PATH] ...``: ``asyncsoak worker``."""
+    from ..cli import main as cli_main
+
+    return cli_main(["worker", *(sys.argv[1:] if argv is None else argv)])

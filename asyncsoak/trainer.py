@@ -1,0 +1,163 @@
+"""The job queue's side of a training script: stop requests, cancellation, config.
+
+Standard library only, so a training script imports it without anyio or psutil.  A trainer
+adopts the protocol in three lines::
+
+    from asyncsoak import trainer
+
+    stop = trainer.stop_requested()
+    for step in range(start, steps):
+        ...
+        if stop.is_set() or trainer.cancel_requested():
+            save_checkpoint(step)
+            raise SystemExit(trainer.EXIT_INTERRUPTED)
+
+The worker holds the child's stdin open; closing it asks the child to save and exit with
+:data:`EXIT_INTERRUPTED`, and the kernel closes it too when the worker dies, so a trainer
+never runs on unsupervised.  A job submitted with a JSON config reads it with
+:func:`load_config`.  The worker sets ``ASYNCSOAK_JOB_ID``, ``ASYNCSOAK_DB``,
+``ASYNCSOAK_RUN_DIR`` (checkpoints belong there: it is kept across attempts),
+``ASYNCSOAK_ATTEMPT`` and ``ASYNCSOAK_STOP_MODE`` in the child's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "attempt",
+    "cancel_requested",
+    "job_id",
+    "load_config",
+    "run_dir",
+    "stop_requested",
+]
+
+#: Exit status of a trainer that saved its state and stopped because it was asked to.
+EXIT_INTERRUPTED = 4
+
+_DB_TIMEOUT_S = 5.0
+_stop_lock = threading.Lock()
+_stop_event: threading.Event | None = None
+_cancel_checked_at = float("-inf")
+_cancel_seen = False
+
+
+def job_id() -> int | None:
+    """The id of the job this process runs, or None outside the queue."""
+    value = os.environ.get("ASYNCSOAK_JOB_ID")
+    return int(value) if value else None
+
+
+def attempt() -> int | None:
+    """This attempt's number (1 for the first run, counting interrupted runs), or None."""
+    value = os.environ.get("ASYNCSOAK_ATTEMPT")
+    return int(value) if value else None
+
+
+def run_dir() -> Path | None:
+    """The job's run directory, kept across attempts (checkpoints go here), or None."""
+    value = os.environ.get("ASYNCSOAK_RUN_DIR")
+    return Path(value) if value else None
+
+
+def stop_requested() -> threading.Event:
+    """An event set when the worker asks this process to save and stop.
+
+    Under the queue's stdin protocol (``ASYNCSOAK_STOP_MODE=stdin`` or ``--watch-stdin`` on
+    the command line) it is set when stdin reaches end of file; otherwise when SIGTERM
+    arrives (stop modes ``group`` and ``leader``, and ``asyncsoak run``).  Every call returns
+    the same event.
+    """
+    global _stop_event
+    with _stop_lock:
+        if _stop_event is not None:
+            return _stop_event
+        event = threading.Event()
+        if os.environ.get("ASYNCSOAK_STOP_MODE") == "stdin" or "--watch-stdin" in sys.argv:
+            threading.Thread(
+                target=_watch_stdin, args=(event,), name="asyncsoak-stdin", daemon=True
+            ).start()
+        elif threading.current_thread() is threading.main_thread():
+
+            def on_sigterm(signum: int, frame: FrameType | None) -> None:
+                event.set()
+
+            signal.signal(signal.SIGTERM, on_sigterm)
+        _stop_event = event
+        return event
+
+
+def _watch_stdin(event: threading.Event) -> None:
+    # Whatever the worker writes is ignored: only end of file means something.
+    try:
+        while os.read(0, 65536):
+            pass
+    except OSError:
+        pass
+    event.set()
+
+
+def cancel_requested(min_interval: float = 1.0) -> bool:
+    """Whether this job's cancellation was requested (False outside the queue).
+
+    Reads the queue database at most once per ``min_interval`` seconds, so calling it on
+    every step costs nothing; once True it stays True.  An unreadable database reads as
+    False: the worker still enforces the cancellation after its grace period.
+    """
+    global _cancel_checked_at, _cancel_seen
+    if _cancel_seen:
+        return True
+    now = time.monotonic()
+    if now - _cancel_checked_at < min_interval:
+        return False
+    _cancel_checked_at = now
+    ident, db = job_id(), os.environ.get("ASYNCSOAK_DB")
+    if ident is None or not db:
+        return False
+    try:
+        row = _read_job_column(Path(db), ident, "cancel_requested")
+    except (sqlite3.Error, RuntimeError):
+        return False
+    _cancel_seen = bool(row)
+    return _cancel_seen
+
+
+def load_config(job: int | None = None, db: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The JSON config of a job submitted with ``--config`` (this process's job by default)."""
+    ident = job if job is not None else job_id()
+    path = db if db is not None else os.environ.get("ASYNCSOAK_DB")
+    if ident is None or not path:
+        raise RuntimeError(
+            "no job to read a config for: ASYNCSOAK_JOB_ID and ASYNCSOAK_DB are unset "
+            "(this process was not started by an asyncsoak worker)"
+        )
+    text = _read_job_column(Path(path), ident, "config")
+    if text is None:
+        raise RuntimeError(f"job {ident} was submitted with a command, not a config")
+    config: dict[str, Any] = json.loads(text)
+    return config
+
+
+def _read_job_column(db: Path, ident: int, column: str) -> Any:
+    uri = f"file:{urllib.parse.quote(str(db))}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, timeout=_DB_TIMEOUT_S)
+    try:
+        # ``column`` is one of this module's literals, never user input.
+        row = conn.execute(f"SELECT {column} FROM jobs WHERE id = ?", (ident,)).fetchone()
+    finally:
+        conn.close()
+    if row is None:
+        raise RuntimeError(f"job {ident} is not in the queue database {db}")
+    return row[0]
