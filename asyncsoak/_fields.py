@@ -49,6 +49,9 @@ _KNOWN_LABELS = {
     ("gpu", "clocks_sm_mhz"): "SM clock",
     ("gpu", "clocks_mem_mhz"): "memory clock",
     ("gpu", "fan_speed_percent"): "fan",
+    ("gpu", "ecc_corrected_volatile"): "ECC errors corrected",
+    ("gpu", "ecc_uncorrected_volatile"): "ECC errors uncorrected",
+    ("gpu_tree", "tree_gpu_processes"): "processes of the tree on a GPU",
     ("gpu_tree", "tree_gpu_memory_mib"): "GPU memory of the tree",
     ("gpu_tree", "other_gpu_memory_mib"): "GPU memory of other processes",
 }
@@ -84,7 +87,7 @@ def group_label(group: str) -> str:
     index = gpu_index(group)
     if index is not None:
         return f"GPU {index}"
-    return {"tree": "Process tree", "machine": "Machine", "gpu_tree": "GPUs"}.get(
+    return {"tree": "Process tree", "machine": "Machine", "gpu_tree": "GPU use"}.get(
         group, group.replace("_", " ")
     )
 

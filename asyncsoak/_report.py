@@ -386,7 +386,7 @@ PANELS = (
     _PanelSpec("gpu_temp", "GPU temperature", "°C", (("gpu", "temperature_gpu_c"),)),
 )
 #: Group kinds as panel titles name them.
-KIND_TITLES = {"tree": "Process tree", "machine": "Machine", "gpu": "GPU", "gpu_tree": "GPUs"}
+KIND_TITLES = {"tree": "Process tree", "machine": "Machine", "gpu": "GPU", "gpu_tree": "GPU use"}
 
 
 @dataclass(slots=True)

@@ -238,13 +238,14 @@ def look_first(artifact: Mapping[str, Any]) -> list[str]:
     for note in monitor.get("sampler_notes") or []:
         if note.get("kind") == "sampler_degraded":
             hints.append(f"The {note.get('sampler')} sampler degraded: {note.get('message')}.")
-    if artifact.get("status") == "passed" and not hints:
+    if artifact.get("status") == "passed":
         gap = progress.get("longest_gap_seconds") or 0.0
         stale = config_value(artifact, "stale_progress_seconds")
         against = f" (limit {format_duration(stale)})" if stale else ""
-        hints.append(
+        hints.insert(
+            0,
             f"{progress.get('changes', 0)} progress changes; the longest quiet gap was "
-            f"{format_duration(gap)}{against}."
+            f"{format_duration(gap)}{against}.",
         )
     hints.extend(f"Warning: {w}" for w in artifact.get("warnings") or [])
     return hints
@@ -380,6 +381,11 @@ def peaks(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "group": group,
                     "field": name,
                     "label": f"{info.label} {info.qualifier}".strip(),
+                    "name": (
+                        f"{info.label} {info.qualifier}".strip()
+                        if group == "gpu_tree"
+                        else f"{group} {info.label} {info.qualifier}".strip()
+                    ),
                     "unit": info.unit,
                     "worst": key,
                     key: stats.get(key),
@@ -531,9 +537,9 @@ def format_summary(
     if summary["peaks"]:
         lines.append("")
         lines.append("Peaks:")
-        width = max(len(f"{p['group']} {p['label']}") for p in summary["peaks"])
+        width = max(len(p["name"]) for p in summary["peaks"])
         for p in summary["peaks"]:
-            lines.append(f"  {(p['group'] + ' ' + p['label']).ljust(width)}  {p['text']}")
+            lines.append(f"  {p['name'].ljust(width)}  {p['text']}")
     if summary["gpus"]:
         lines.append("")
         lines.append(_gpu_lines(summary["gpus"]))

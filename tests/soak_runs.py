@@ -15,6 +15,7 @@ from typing import Any
 from asyncsoak._recover import artifact_from_journal
 
 from .conftest import REPO, ReadyFifo, py
+from .gpu_support import install_fake_nvidia_smi
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
@@ -76,10 +77,18 @@ def run_args(base: Path, *extra: str) -> list[str]:
 
 
 def passing_soak(base: Path) -> Path:
-    """A soak that passes; returns its artifact path."""
+    """A soak that passes, its two GPUs sampled through the fake nvidia-smi; the artifact path."""
     base.mkdir(parents=True, exist_ok=True)
+    fake = install_fake_nvidia_smi(base, mode="load", gpus=2)
+    args = [a for a in run_args(base) if a != "--no-gpu"]
     result = asyncsoak(
-        *run_args(base), "--", *py(PASSING_TRAINER), str(base / "progress"), cwd=base
+        *args,
+        "--nvidia-smi",
+        str(fake.path),
+        "--",
+        *py(PASSING_TRAINER),
+        str(base / "progress"),
+        cwd=base,
     )
     assert result.returncode == 0, result.stderr
     return base / "soak.json"

@@ -126,13 +126,31 @@ def test_stalled_soak_report_draws_every_plot(runs: Runs, tmp_path: Path) -> Non
 
 @needs_plotly
 @needs_chromium
-def test_passing_soak_without_samples_draws_its_timeline(runs: Runs, tmp_path: Path) -> None:
-    """A run without sampler figures still gets the lane and the progress panel, no stall."""
-    marker = rendered(report(runs.passing, tmp_path / "passing.html"))
+def test_passing_soak_draws_the_samplers_figures(runs: Runs, tmp_path: Path) -> None:
+    """A passing run sampled by the real samplers (GPUs through the fake nvidia-smi): every
+    known panel is drawn, the GPUs are named, and there is no stall."""
+    page = report(runs.passing, tmp_path / "passing.html")
+    marker = rendered(page)
     assert marker["state"] == "rendered"
     titles = marker["titles"].split("|")
-    assert titles[:2] == EXPECTED_TITLES[:2]
+    for title in EXPECTED_TITLES:
+        assert title in titles, titles
     assert not any(t.startswith("no progress for") for t in titles)
+    assert "NVIDIA H200" in page.read_text()
+
+
+@needs_plotly
+@needs_chromium
+def test_run_without_samples_draws_its_timeline(runs: Runs, tmp_path: Path) -> None:
+    """An artifact without any series still gets the lane and the progress panel."""
+    artifact = json.loads(runs.stalled.read_text())
+    artifact["series"] = {}
+    page = tmp_path / "bare.html"
+    page.write_text(render_report(artifact))
+    marker = rendered(page)
+    assert marker["state"] == "rendered"
+    assert marker["titles"].split("|")[:2] == EXPECTED_TITLES[:2]
+    assert marker["subplots"] == "2"
 
 
 @needs_plotly

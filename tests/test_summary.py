@@ -63,6 +63,8 @@ def test_passing_summary(runs: Runs) -> None:
     assert text.startswith("PASSED: The soak passed")
     assert re.search(r"\b\d+ progress changes; the longest quiet gap was", text)
     assert "exit status 0" in text
+    # Sampled through the fake nvidia-smi replaying an H200 held at its power cap.
+    assert re.search(r"gpu1\s+NVIDIA H200\s+99%/99%.*sw_power_cap", text)
 
 
 def test_killed_monitor_summary(runs: Runs) -> None:
