@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import signal
+import statistics
 import textwrap
 from collections.abc import Iterable, Mapping
 from datetime import datetime
@@ -160,17 +161,21 @@ def stall_window(artifact: Mapping[str, Any]) -> tuple[float, float] | None:
     return None
 
 
-def series_mean(
+def series_typical(
     artifact: Mapping[str, Any], group: str, name: str, start: float, end: float
 ) -> float | None:
-    """Mean of a series field between two times (points are bucket maxima: an upper bound)."""
+    """The median of a series field between two times.
+
+    The median, not the mean: the first sample after a stall begins still carries the work
+    just before it, and one such point would drag a short window's mean up.
+    """
     series = (artifact.get("series") or {}).get(group) or {}
     values = [
         v
         for t, v in zip(series.get("t") or [], series.get(name) or [], strict=False)
         if start <= t <= end and v is not None
     ]
-    return sum(values) / len(values) if values else None
+    return statistics.median(values) if values else None
 
 
 def look_first(artifact: Mapping[str, Any]) -> list[str]:
@@ -274,7 +279,7 @@ def _stall_cpu_hints(artifact: Mapping[str, Any]) -> list[str]:
         return []
     start, end = window
     hints = []
-    cpu = series_mean(artifact, "tree", "cpu_percent", start, end)
+    cpu = series_typical(artifact, "tree", "cpu_percent", start, end)
     if cpu is not None and cpu <= IDLE_CPU_PERCENT:
         hints.append(
             f"The process tree was idle while stalled (CPU about {cpu:.0f}%): it was waiting "
@@ -288,7 +293,7 @@ def _stall_cpu_hints(artifact: Mapping[str, Any]) -> list[str]:
     gpus = []
     for group in sorted(artifact.get("series") or {}, key=lambda g: (len(g), g)):
         if group_kind(group) == "gpu":
-            util = series_mean(artifact, group, "utilization_gpu_percent", start, end)
+            util = series_typical(artifact, group, "utilization_gpu_percent", start, end)
             if util is not None:
                 gpus.append(f"{group} about {util:.0f}%")
     if gpus:
