@@ -232,12 +232,13 @@ async def run_gpu_sampler(
 ) -> None:
     """Offer a :class:`GpuSample` every ``interval`` seconds until cancelled.
 
-    ``tree_pids`` gives the supervised tree's current pids; it is called in a worker thread
-    (through ``limiter``, a private one-thread limiter when None), only when a process holds
-    GPU memory.  ``call_timeout`` bounds every ``nvidia-smi`` call, and how late a loop's line
-    may be.  Returns by itself only when there is no GPU data to be had (no ``nvidia-smi``, or
-    no GPU): that is recorded in a note, not raised.  The sampler owns ``sink`` (give it a
-    clone) and closes it.
+    ``tree_pids`` gives the supervised tree's current pids; it is called on the event loop,
+    only when a process holds GPU memory, so it must not block (``run_soak`` passes the proc
+    sampler's latest tree).  Blocking reads go through ``limiter`` (a private one-thread
+    limiter when None).  ``call_timeout`` bounds every ``nvidia-smi`` call, and how late a
+    loop's line may be.  Returns by itself only when there is no GPU data to be had (no
+    ``nvidia-smi``, or no GPU): that is recorded in a note, not raised.  The sampler owns
+    ``sink`` (give it a clone) and closes it.
     """
     async with sink:
         if not interval > 0:
@@ -521,7 +522,9 @@ class _GpuSampler:
         self, readings: list[GpuReading], processes: list[GpuProcess] | None, source: str
     ) -> None:
         if processes:
-            tree = set(await anyio.to_thread.run_sync(self._tree_pids, limiter=self._limiter))
+            # No trip to a worker thread: waking one costs more than this call (see
+            # benchmarks/monitor_overhead.py), and this runs at every sample.
+            tree = set(self._tree_pids())
             index_of: dict[str | None, int] = {r.uuid: r.index for r in readings if r.uuid}
             processes = [
                 replace(p, in_tree=p.pid in tree, gpu_index=index_of.get(p.gpu_uuid))

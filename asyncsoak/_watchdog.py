@@ -15,6 +15,7 @@ tick.
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 from collections.abc import Awaitable, Callable, Collection
@@ -243,7 +244,7 @@ async def _watch(
     on_failure: Callable[[str, str], Awaitable[None]],
     scan_timeout: float,
 ) -> None:
-    next_scan = sink.elapsed() + scan_interval
+    next_scan = _next_on_grid(sink.elapsed(), scan_interval)
     root_watched = os.path.isdir(progress_dir)  # noqa: ASYNC240 - one stat, no thread hop
     while True:
         wake = min(next_scan, tracker.deadline())
@@ -271,7 +272,7 @@ async def _watch(
                 abandon_on_cancel=True,
             )
         now = sink.elapsed()
-        next_scan = now + scan_interval
+        next_scan = _next_on_grid(now, scan_interval)
         # A scan that cannot finish (a hung network filesystem) sees no progress: fail closed.
         if not scan_scope.cancelled_caught:
             changed = tracker.observe(result.files, now)
@@ -285,6 +286,15 @@ async def _watch(
             # The trainer created the progress dir after the start: watch it from now on.
             root_watched = True
             watcher.watch_tree(progress_dir)
+
+
+def _next_on_grid(now: float, interval: float) -> float:
+    """The first multiple of ``interval`` (seconds since the start) after ``now``.
+
+    The proc sampler ticks on the same grid, so a scan and a sample wake the event loop once,
+    not twice: in an idle monitor wake-ups are most of the cost.
+    """
+    return (math.floor(now / interval) + 1) * interval
 
 
 async def _report(sink: EventSink, changed: list[str], now: float, previous: float | None) -> None:
