@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -100,17 +99,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """CPU time of a whole process (every thread, living or ended), from ``/proc/PID/stat``.
-
-    Counted in clock ticks (10 ms as a rule): use it over windows long enough for that.
-    """
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 def parent_pid(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
@@ -118,9 +106,18 @@ def parent_pid(pid: int) -> int:
 
 
 def thread_cpu_seconds(pid: int) -> float:
-    """CPU time of a single-threaded process at nanosecond resolution (``schedstat``)."""
-    with open(f"/proc/{pid}/schedstat", "rb") as f:
-        return int(f.read().split()[0]) / 1e9
+    """CPU time of a living process's threads at nanosecond resolution (``schedstat``).
+
+    Threads that ended are not counted: use it for processes whose threads live on.
+    """
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:
+            continue
+    return total / 1e9
 
 
 def python_child(code: str, *args: str) -> list[str]:

@@ -1,6 +1,7 @@
 """CPU cost of one proc sample, against the floor and against psrecord, for growing trees.
 
-    PYTHONPATH=. /work/venv/bin/python benchmarks/proc_sampling.py [--sizes 10 100 1000]
+    python -m benchmarks.proc_sampling [--sizes 10 100 1000]
+    python -m benchmarks --only proc_sampling      (the runner's figures and ratios)
 
 For trees of 10, 100 and 1000 sleeping processes it measures the CPU time (user + system)
 of one sample, median over several runs in this one process:
@@ -48,6 +49,7 @@ from asyncsoak._proc_sampler import (
     run_proc_sampler,
 )
 from asyncsoak._sink import SoakClock, open_event_queue
+from benchmarks._common import Figure, Section
 
 # Forks n children that sleep in read(0): EOF on stdin ends all of them, PDEATHSIG backs it up.
 TREE_BUILDER = r"""
@@ -253,6 +255,74 @@ def measure(size: int, runs: int, psrecord_runs: int) -> dict[str, float]:
         "runner": runner,
         "psrecord": psrecord,
     }
+
+
+TARGET_FLOOR_RATIO = 2.0
+TARGET_PSRECORD_RATIO = 1 / 3
+SIZES = (10, 100, 1000)
+
+
+def run(quick: bool = False) -> Section:
+    """Item 1 for the runner (``python -m benchmarks``): every size, figures and ratios."""
+    section = Section("proc_sampling", "1. Process-tree sampling")
+    started = time.monotonic()
+    runs, psrecord_runs = (3, 1) if quick else (7, 3)
+    results = {size: measure(size, runs, psrecord_runs) for size in SIZES}
+    for size, r in results.items():
+        section.add(
+            Figure(
+                f"tree of {size}: sampler CPU per sample",
+                r["sampler"] * 1e6,
+                "us",
+                reference=f"floor {r['floor'] * 1e6:.0f} us",
+                ratio=r["sampler"] / r["floor"],
+                target="<= 2x floor",
+                met=r["sampler"] <= TARGET_FLOOR_RATIO * r["floor"],
+            )
+        )
+        section.add(
+            Figure(
+                f"tree of {size}: sampler against psrecord",
+                r["sampler"] * 1e6,
+                "us",
+                reference=f"psrecord {r['psrecord'] * 1e6:.0f} us",
+                ratio=r["sampler"] / r["psrecord"],
+                target="<= 1/3 of psrecord",
+                met=r["sampler"] <= TARGET_PSRECORD_RATIO * r["psrecord"],
+            )
+        )
+        section.add(
+            Figure(
+                f"tree of {size}: end to end (worker thread, event queue)",
+                r["runner"] * 1e6,
+                "us",
+                reference="sampler",
+                ratio=r["runner"] / r["sampler"],
+            )
+        )
+    small, middle, large = (results[size] for size in SIZES)
+    for key, label in (("sampler", "sampler"), ("floor", "floor")):
+        first = (middle[key] - small[key]) / (SIZES[1] - SIZES[0])
+        second = (large[key] - middle[key]) / (SIZES[2] - SIZES[1])
+        section.add(
+            Figure(
+                f"growth, {label}: cost per added process, 100-1000 against 10-100",
+                second * 1e6,
+                "us",
+                reference=f"10-100: {first * 1e6:.1f} us",
+                ratio=second / first,
+            )
+        )
+    section.note(
+        f"CPU per sample, medians of {runs} runs in this process (psrecord: {psrecord_runs} "
+        "pairs of runs, start-up cancelled out); growth ratio 1.0 is linear"
+    )
+    section.note(
+        "floor: the same /proc files read raw; psrecord reads less per process (CPU and "
+        "memory through psutil) but scans every process of the machine to find the children"
+    )
+    section.seconds = time.monotonic() - started
+    return section
 
 
 def main() -> None:

@@ -1,0 +1,226 @@
+"""A day of samples in flat memory: 86,400 samples through the serializer, then the artifact.
+
+    python -m benchmarks --only day_of_samples      (or: python -m benchmarks.day_of_samples)
+
+A soak of a day at a 1 s interval takes 86,400 process samples, as many GPU samples, and
+(for a trainer that writes every second) as many progress events.  Waiting a day is not
+needed: this drives the soak's real serializer (``Serializer``: journal on disk, artifact
+builder in memory) through the real event queue with events from the real samplers, stamped
+one second apart, as fast as they come:
+
+- process samples: ``ProcSampler.read`` of a live tree of 10 processes, every time afresh;
+- GPU samples: the GPU sampler's own parsing of the H200 captures
+  (``../shared/fixtures/nvidia-smi/h200/``), idle and under load in turns, when the GPU
+  sampler is there;
+- progress events, as the watchdog emits them.
+
+The monitor's RSS (this process's, from ``/proc/self/statm``) is read after a warm-up of
+2,000 seconds of soak and at the end; then the artifact is finalised as ``run_soak`` does
+(``ArtifactBuilder.build`` and ``write_artifact``: JSON, fsync, rename) and timed.
+
+Targets: RSS grows by under 10 MB after the warm-up; the artifact stays under 10 MB;
+finalising takes under 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from benchmarks._common import Figure, Section
+from benchmarks.proc_sampling import sleeping_tree
+
+DAY = 86_400
+WARMUP = 2_000
+TREE_SIZE = 10
+TARGET_RSS_GROWTH = 10 * 1024 * 1024
+TARGET_ARTIFACT_BYTES = 10 * 1024 * 1024
+TARGET_FINALISE_SECONDS = 2.0
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * PAGE_SIZE
+
+
+def gpu_samples() -> Callable[[float], Any] | None:
+    """A function making a real GPU sample for time ``t``, or None without the GPU sampler."""
+    try:
+        from benchmarks.gpu_sampling import fixture_gpu_sample_maker
+    except ImportError:
+        return None
+    maker: Callable[[float], Any] = fixture_gpu_sample_maker()
+    return maker
+
+
+async def drained(receive: MemoryObjectReceiveStream[Any]) -> None:
+    """Wait until the serializer has taken every queued event, so RSS readings compare."""
+    # The serializer has no event to wait on; a benchmark may poll.
+    while receive.statistics().current_buffer_used:  # noqa: ASYNC110
+        await anyio.sleep(0.001)
+
+
+async def drive(
+    work: Path, root_pid: int, samples: int, make_gpu_sample: Callable[[float], Any] | None
+) -> dict[str, Any]:
+    from asyncsoak._artifact import ArtifactBuilder, create_private_file, write_artifact
+    from asyncsoak._events import Header, Progress
+    from asyncsoak._proc_sampler import ProcSampler
+    from asyncsoak._serializer import Serializer
+    from asyncsoak._sink import SoakClock, open_event_queue
+
+    progress = work / "progress"
+    progress.mkdir()
+    journal = work / "soak.jsonl"
+    output = work / "soak.json"
+    sampler = ProcSampler(root_pid, disk_paths={"progress": progress, "output": work})
+    clock = SoakClock()
+    sink, receive = open_event_queue(clock)
+    builder = ArtifactBuilder()
+    serializer = Serializer(create_private_file(journal), builder)
+    measured: dict[str, Any] = {}
+
+    def events(t: float) -> Iterator[Any]:
+        sample = sampler.read(t)
+        assert sample is not None
+        yield sample
+        if make_gpu_sample is not None:
+            yield make_gpu_sample(t)
+        yield Progress(t=t + 0.5, changed=1, paths=["metrics.jsonl"], gap_seconds=1.0)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serializer.run, receive)
+        async with sink:
+            await sink.emit(
+                Header(
+                    t=0.0,
+                    command=["python", "train.py"],
+                    cwd=str(work),
+                    config={"progress_dir": str(progress), "sample_interval_seconds": 1.0},
+                    metadata={},
+                    started_at="2026-11-29T00:00:00.000Z",
+                    journal_path=str(journal),
+                    log_path=str(work / "soak.log"),
+                    output_path=str(output),
+                    monitor_pid=os.getpid(),
+                    monotonic_start=clock.start,
+                )
+            )
+            started = time.monotonic()
+            for second in range(samples):
+                for event in events(float(second)):
+                    await sink.emit(event)
+                if second == WARMUP:
+                    await drained(receive)
+                    measured["rss_warm"] = rss_bytes()
+            await drained(receive)
+            measured["rss_end"] = rss_bytes()
+            measured["drive_seconds"] = time.monotonic() - started
+    finalise_started = time.monotonic()
+    artifact = builder.build(status="passed", ended_t=float(samples), log_tail="", monitor={})
+    write_artifact(artifact, output)
+    measured["finalise_seconds"] = time.monotonic() - finalise_started
+    measured["rss_after_finalise"] = rss_bytes()
+    measured["artifact_bytes"] = output.stat().st_size
+    measured["journal_bytes"] = journal.stat().st_size
+    measured["events"] = serializer.events
+    measured["journal_error"] = serializer.journal_error
+    measured["samples"] = artifact["monitor"]["samples"]
+    measured["series_points"] = {g: len(s["t"]) for g, s in artifact["series"].items()}
+    measured["artifact_events"] = len(artifact["events"])
+    return measured
+
+
+def run(quick: bool = False) -> Section:
+    samples = 10_000 if quick else DAY
+    section = Section("day_of_samples", "5. A day of samples")
+    started = time.monotonic()
+    make_gpu_sample = gpu_samples()
+    with (
+        sleeping_tree(TREE_SIZE) as root,
+        tempfile.TemporaryDirectory(prefix="asyncsoak-bench-") as tmp,
+    ):
+        m = anyio.run(drive, Path(tmp), root, samples, make_gpu_sample)
+    growth = m["rss_end"] - m["rss_warm"]
+    mb = 1024 * 1024
+    section.add(
+        Figure(
+            f"RSS growth from {WARMUP:,} to {samples:,} s of soak",
+            growth / mb,
+            "MB",
+            reference=f"RSS after warm-up {m['rss_warm'] / mb:.1f} MB",
+            ratio=m["rss_end"] / m["rss_warm"],
+            target="< 10 MB",
+            met=growth < TARGET_RSS_GROWTH,
+        )
+    )
+    section.add(
+        Figure(
+            "artifact size",
+            m["artifact_bytes"] / mb,
+            "MB",
+            reference=f"journal {m['journal_bytes'] / mb:.0f} MB",
+            ratio=m["artifact_bytes"] / m["journal_bytes"],
+            target="< 10 MB",
+            met=m["artifact_bytes"] < TARGET_ARTIFACT_BYTES,
+        )
+    )
+    section.add(
+        Figure(
+            "finalising the artifact (build + write)",
+            m["finalise_seconds"],
+            "s",
+            reference=f"{samples:,} samples driven in {m['drive_seconds']:.0f} s",
+            ratio=m["finalise_seconds"] / m["drive_seconds"],
+            target="< 2 s",
+            met=m["finalise_seconds"] < TARGET_FINALISE_SECONDS,
+        )
+    )
+    section.add(
+        Figure(
+            "RSS after finalising, growth over the warm-up",
+            (m["rss_after_finalise"] - m["rss_warm"]) / mb,
+            "MB",
+        )
+    )
+    section.add(Figure(f"journal size for {samples:,} s of soak", m["journal_bytes"] / mb, "MB"))
+    section.note(
+        f"serializer and artifact builder driven directly (not run_soak at a tiny interval): "
+        f"{m['events']:,} events ({m['samples']}), one simulated second apart; "
+        f"series points per group: {m['series_points']}; events kept in the artifact: "
+        f"{m['artifact_events']}"
+    )
+    section.note(
+        f"process samples: real reads of a live tree of {TREE_SIZE} processes; "
+        + (
+            "GPU samples: the GPU sampler's parsing of the H200 captures"
+            if make_gpu_sample is not None
+            else "no GPU samples (the GPU sampler is not in this tree)"
+        )
+    )
+    if m["journal_error"]:
+        section.note(f"journal error: {m['journal_error']}")
+    section.seconds = time.monotonic() - started
+    return section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    from benchmarks.run import print_sections
+
+    print_sections([run(args.quick)])
+
+
+if __name__ == "__main__":
+    main()
