@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -114,8 +114,9 @@ def read_proc_file(path: str, *, one_piece: bool = False) -> bytes:
         os.close(fd)
 
 
-# Not frozen: one is built for every process at every sample, and a frozen dataclass's
-# __init__ costs several times as much (benchmarks/proc_sampling.py).
+# The figures are not frozen: one is built for every process (and the tree's, the machine's,
+# each disk's) at every sample, and a frozen dataclass's __init__ costs several times as much
+# (benchmarks/proc_sampling.py).  Nobody changes them once built.
 @dataclass(slots=True)
 class ProcessFigures:
     """One process of the tree.  ``cmdline`` only the first time the process is sampled."""
@@ -135,7 +136,7 @@ class ProcessFigures:
     cmdline: list[str] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TreeFigures:
     """The tree's totals.  ``cpu_percent`` may exceed 100 (one full core is 100)."""
 
@@ -150,7 +151,7 @@ class TreeFigures:
     write_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MachineFigures:
     """The whole machine.  ``cpu_percent`` is of all CPUs (100 means every core busy)."""
 
@@ -165,7 +166,7 @@ class MachineFigures:
     load15: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DiskFigures:
     """The filesystem holding ``path`` (or its nearest existing parent)."""
 
@@ -221,27 +222,54 @@ class ProcSample(Event):
         return {"tree": {"process_states": notable}} if notable else {}
 
 
-@dataclass(slots=True)
 class _Walk:
-    """What one reading gathers on its way down the tree."""
+    """What one reading gathers on its way down the tree.
 
-    previous_walk: float | None
-    detailed_memory: InitVar[bool]
-    #: parent pid -> children, from a scan of /proc when there are no ``children`` files.
-    children_of: dict[int, list[int]] | None
-    stack: list[int] = field(default_factory=list)
-    processes: list[ProcessFigures] = field(default_factory=list)
-    #: pid -> (start time, CPU ticks, when read): the next walk's history.
-    history: dict[int, tuple[int, int, float]] = field(default_factory=dict)
-    described: dict[int, int] = field(default_factory=dict)
-    #: CPU ticks the tree used since the previous walk.
-    cpu_ticks: int = 0
-    uss: int | None = None
-    pss: int | None = None
+    A plain class: built at every sample, and a dataclass with default factories and an
+    ``InitVar`` costs twice as much to build.
+    """
 
-    def __post_init__(self, detailed_memory: bool) -> None:
-        if detailed_memory:
-            self.uss = self.pss = 0
+    __slots__ = (
+        "children_of",
+        "cpu_ticks",
+        "described",
+        "fds",
+        "history",
+        "previous_walk",
+        "processes",
+        "pss",
+        "read_bytes",
+        "rss_bytes",
+        "stack",
+        "threads",
+        "uss",
+        "write_bytes",
+    )
+
+    def __init__(
+        self,
+        previous_walk: float | None,
+        detailed_memory: bool,
+        children_of: dict[int, list[int]] | None,
+    ) -> None:
+        self.previous_walk = previous_walk
+        #: parent pid -> children, from a scan of /proc when there are no ``children`` files.
+        self.children_of = children_of
+        self.stack: list[int] = []
+        self.processes: list[ProcessFigures] = []
+        #: pid -> (start time, CPU ticks, when read): the next walk's history.
+        self.history: dict[int, tuple[int, int, float]] = {}
+        self.described: dict[int, int] = {}
+        #: CPU ticks the tree used since the previous walk.
+        self.cpu_ticks = 0
+        #: The tree's totals, added up as the processes are read (cheaper than summing after).
+        self.rss_bytes = 0
+        self.threads = 0
+        self.fds = 0
+        self.read_bytes = 0
+        self.write_bytes = 0
+        self.uss: int | None = 0 if detailed_memory else None
+        self.pss: int | None = 0 if detailed_memory else None
 
 
 class ProcSampler:
@@ -330,13 +358,13 @@ class ProcSampler:
             tree=TreeFigures(
                 processes=len(processes),
                 cpu_percent=tree_cpu,
-                rss_bytes=sum(p.rss_bytes for p in processes),
+                rss_bytes=walk.rss_bytes,
                 uss_bytes=walk.uss,
                 pss_bytes=walk.pss,
-                threads=sum(p.threads for p in processes),
-                fds=sum(p.fds or 0 for p in processes),
-                read_bytes=sum(p.read_bytes or 0 for p in processes),
-                write_bytes=sum(p.write_bytes or 0 for p in processes),
+                threads=walk.threads,
+                fds=walk.fds,
+                read_bytes=walk.read_bytes,
+                write_bytes=walk.write_bytes,
             ),
             processes=processes,
             machine=self._read_machine(),
@@ -372,8 +400,9 @@ class ProcSampler:
             except PermissionError:
                 fds = None
             if thread_count == 1 and walk.children_of is None:
-                children = read_proc_file(f"{base}task/{pid}/children").split()
-                walk.stack.extend(map(int, children))
+                children = read_proc_file(f"{base}task/{pid}/children")
+                if children:  # most processes of a tree are leaves
+                    walk.stack.extend(map(int, children.split()))
             else:
                 walk.stack.extend(self._children(pid, walk))
             memory = self._read_memory(base) if walk.uss is not None else None
@@ -388,8 +417,10 @@ class ProcSampler:
         if previous is not None and previous[0] == start_ticks:
             walk.cpu_ticks += cpu_ticks - previous[1]
             if read_at > previous[2]:
-                seconds = (cpu_ticks - previous[1]) / CLOCK_TICKS
-                cpu_percent = _percent(seconds, read_at - previous[2])
+                # _percent inlined: one call fewer per process.
+                cpu_percent = round(
+                    100.0 * (cpu_ticks - previous[1]) / CLOCK_TICKS / (read_at - previous[2]), 2
+                )
         elif walk.previous_walk is not None and start_ticks / CLOCK_TICKS >= walk.previous_walk:
             # Born since the previous walk: all of its CPU time counts in the tree's total,
             # but a percentage of its own needs two readings (a few ms of life say nothing).
@@ -404,19 +435,30 @@ class ProcSampler:
         walk.described[pid] = start_ticks
 
         # Without CONFIG_TASK_IO_ACCOUNTING the file stops after syscw.
-        has_io = len(io) > 11 and io[8] == b"read_bytes:"
+        read_bytes = write_bytes = None
+        if len(io) > 11 and io[8] == b"read_bytes:":
+            read_bytes = int(io[9])
+            write_bytes = int(io[11])
+            walk.read_bytes += read_bytes
+            walk.write_bytes += write_bytes
+        rss = int(fields[21]) * PAGE_SIZE  # field 24
+        walk.rss_bytes += rss
+        walk.threads += thread_count
+        if fds is not None:
+            walk.fds += fds
         walk.processes.append(
             ProcessFigures(  # positional, in field order: keywords cost more at this rate
                 pid,
                 int(fields[1]),  # ppid
-                stat[stat.find(b"(") + 1 : name_end].decode(errors="replace"),
-                _STATES.get(fields[0]) or fields[0].decode(errors="replace"),
+                # Positional arguments: decode(errors=...) parses keywords, twice the cost.
+                stat[stat.find(b"(") + 1 : name_end].decode("utf-8", "replace"),
+                _STATES.get(fields[0]) or fields[0].decode("utf-8", "replace"),
                 cpu_percent,
-                int(fields[21]) * PAGE_SIZE,  # rss: field 24
+                rss,
                 thread_count,
                 fds,
-                int(io[9]) if has_io else None,
-                int(io[11]) if has_io else None,
+                read_bytes,
+                write_bytes,
                 cmdline,
             )
         )
@@ -480,9 +522,10 @@ class ProcSampler:
         return self._masker.argv(arg.decode(errors="replace") for arg in args.split(b"\0"))
 
     def _read_machine(self) -> MachineFigures:
-        cpu_line = read_proc_file(f"{self._proc}/stat", one_piece=True).split(b"\n", 1)[0]
+        machine_stat = read_proc_file(f"{self._proc}/stat", one_piece=True)
+        cpu_line = machine_stat[: machine_stat.find(b"\n")]
         # user nice system idle iowait irq softirq steal (guest time is inside user and nice)
-        ticks = [int(v) for v in cpu_line.split()[1:9]]
+        ticks = list(map(int, cpu_line.split()[1:9]))
         total = sum(ticks)
         busy = total - ticks[3] - ticks[4]
         cpu: float | None = None
