@@ -293,6 +293,9 @@ class ProcSampler:
         self.disk_paths = dict(disk_paths or {})
         self.detailed_memory = detailed_memory
         self._proc = str(proc)
+        self._machine_paths = tuple(
+            f"{self._proc}/{name}" for name in ("stat", "meminfo", "loadavg")
+        )
         self._clock = clock
         # Command lines carry tokens as often as environments do.
         self._masker = masker if masker is not None else Masker()
@@ -522,7 +525,7 @@ class ProcSampler:
         return self._masker.argv(arg.decode(errors="replace") for arg in args.split(b"\0"))
 
     def _read_machine(self) -> MachineFigures:
-        machine_stat = read_proc_file(f"{self._proc}/stat", one_piece=True)
+        machine_stat = read_proc_file(self._machine_paths[0], one_piece=True)
         cpu_line = machine_stat[: machine_stat.find(b"\n")]
         # user nice system idle iowait irq softirq steal (guest time is inside user and nice)
         ticks = list(map(int, cpu_line.split()[1:9]))
@@ -536,21 +539,21 @@ class ProcSampler:
         self._previous_machine_cpu = (busy, total)
 
         # A leading newline lets every key be found as "\nKey:", the first one too.
-        meminfo = b"\n" + read_proc_file(f"{self._proc}/meminfo", one_piece=True)
-        mem_total = _meminfo_bytes(meminfo, b"MemTotal")
-        mem_available = _meminfo_bytes(meminfo, b"MemAvailable")
+        meminfo = b"\n" + read_proc_file(self._machine_paths[1], one_piece=True)
+        mem_total = _meminfo_bytes(meminfo, b"\nMemTotal:")
+        mem_available = _meminfo_bytes(meminfo, b"\nMemAvailable:")
         mem_used = mem_percent = None
         if mem_total and mem_available is not None:
             mem_used = mem_total - mem_available
             mem_percent = _percent(mem_used, mem_total)
-        swap_total = _meminfo_bytes(meminfo, b"SwapTotal")
-        swap_free = _meminfo_bytes(meminfo, b"SwapFree")
+        swap_total = _meminfo_bytes(meminfo, b"\nSwapTotal:")
+        swap_free = _meminfo_bytes(meminfo, b"\nSwapFree:")
         swap_used = swap_percent = None
         if swap_total is not None and swap_free is not None:
             swap_used = swap_total - swap_free
             swap_percent = _percent(swap_used, swap_total) if swap_total else 0.0
 
-        loads = read_proc_file(f"{self._proc}/loadavg", one_piece=True).split()
+        loads = read_proc_file(self._machine_paths[2], one_piece=True).split()
         return MachineFigures(
             cpu_percent=cpu,
             memory_used_bytes=mem_used,
@@ -564,12 +567,13 @@ class ProcSampler:
         )
 
 
-def _meminfo_bytes(meminfo: bytes, key: bytes) -> int | None:
+def _meminfo_bytes(meminfo: bytes, needle: bytes) -> int | None:
+    """The value of ``needle`` (``b"\\nKey:"``) in kB, as bytes."""
     # Four lookups by name in ~50 lines: find() beats splitting every line.
-    at = meminfo.find(b"\n" + key + b":")
+    at = meminfo.find(needle)
     if at < 0:
         return None
-    start = at + len(key) + 2
+    start = at + len(needle)
     return int(meminfo[start : meminfo.index(b"kB", start)]) * 1024
 
 
