@@ -10,10 +10,11 @@ latencies are p50 and p95.  A full run (no ``--quick``, no ``--only``) writes RE
 the machine it ran on and its load average, which matters: timings on a shared machine are
 noisy.  ``--output`` writes the file for other runs too.
 
-The whole-monitor overhead (item 2) needs a minute of quiet sampling in a process of its own;
-it runs in the background while the benchmarks that measure CPU time (not wall time) run:
-GPU sampling cost, a day of samples, the progress scan.  The latency benchmarks and the
-process-tree sampling (whose psrecord reference scans every process on the machine) run alone.
+The whole-monitor overhead (item 2) needs a minute of sampling in a process of its own; it
+runs in the background beside the GPU sampling cost (item 6), which also needs a minute and
+is as light.  Nothing heavy runs beside them: on a virtual machine the CPU a sleeping process
+pays to wake up grows with the machine's load, and an idle monitor's CPU is mostly that.
+Everything else runs alone, one after the other.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ BENCHMARKS: dict[str, str] = {
     "queue_throughput": "8. Job queue",
     "progress_scan": "9. Progress scan",
 }
-#: Run alongside the background item: they measure CPU time, which other work does not skew.
-ALONGSIDE_BACKGROUND = ("gpu_sampling", "day_of_samples", "progress_scan")
+#: Run beside the background item: light, and as long.
+ALONGSIDE_BACKGROUND = ("gpu_sampling",)
 BACKGROUND = "monitor_overhead"
 
 
@@ -81,6 +82,15 @@ def machine_info() -> dict[str, str]:
     except OSError:
         pass
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    try:
+        flags = next(
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+        )
+        virtual = "yes (hypervisor CPU flag)" if " hypervisor" in flags else "no"
+    except (OSError, StopIteration):
+        virtual = "unknown"
     gpu = shutil.which("nvidia-smi")
     try:
         commit = subprocess.run(
@@ -96,6 +106,7 @@ def machine_info() -> dict[str, str]:
         "CPU": model,
         "cores": str(os.cpu_count()),
         "memory": memory,
+        "virtual machine": virtual,
         "kernel": f"{platform.system()} {platform.release()}",
         "Python": f"{platform.python_implementation()} {platform.python_version()}",
         "GPU": "nvidia-smi at " + gpu if gpu else "none (no nvidia-smi on PATH)",
@@ -268,6 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             sections[BACKGROUND].note(f"FAILED: {type(exc).__name__}: {exc}")
             traceback.print_exc()
         sections[BACKGROUND].seconds = time.monotonic() - background_started
+        print(
+            f"[{time.strftime('%H:%M:%S')}] {BENCHMARKS[BACKGROUND]}: "
+            f"{sections[BACKGROUND].seconds:.0f} s",
+            flush=True,
+        )
     for key in selected:
         if key not in sections:
             sections[key] = run_one(key, args.quick)
