@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,8 +35,9 @@ import anyio
 
 from asyncsoak._gpu_sampler import GpuSample
 from asyncsoak._nvidia_smi import GpuProcess, GpuReading, parse_gpu_line, parse_process_line
-from benchmarks._common import Figure, Section
+from benchmarks._common import REPO, Figure, Section, thread_cpu_seconds
 from benchmarks.gpu_check import TARGET_RATIO, measure_loop, measure_spawn
+from benchmarks.monitor_overhead import INTERVAL as IDLE_INTERVAL
 from tests.gpu_support import (
     FIXTURE_APP_FIELDS,
     FIXTURE_GPU_FIELDS,
@@ -84,7 +87,21 @@ def run(
     with tempfile.TemporaryDirectory(prefix="asyncsoak-bench-") as tmp:
         nvidia_smi = real if real is not None else str(install_fake_nvidia_smi(Path(tmp)).path)
         spawn, spawn_wall = anyio.run(measure_spawn, nvidia_smi, 5 if quick else spawns)
-        loop = anyio.run(measure_loop, nvidia_smi, period, window)
+        # Beside the loop: a process that wakes every second and does nothing, for the price
+        # of one wake-up here (an idle loop sampler pays little else).
+        idle = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.monitor_overhead", "--floor", "idle", "--root", "0"],
+            cwd=REPO,
+        )
+        try:
+            idle_cpu = thread_cpu_seconds(idle.pid)
+            idle_started = time.monotonic()
+            loop = anyio.run(measure_loop, nvidia_smi, period, window)
+            idle_cpu = thread_cpu_seconds(idle.pid) - idle_cpu
+            wakeup = idle_cpu / ((time.monotonic() - idle_started) / IDLE_INTERVAL)
+        finally:
+            idle.terminate()
+            idle.wait(timeout=30)
     which = "nvidia-smi" if real is not None else "fake nvidia-smi"
     ratio = loop.per_sample_ms / spawn.per_sample_ms
     section.add(
@@ -111,6 +128,14 @@ def run(
         )
     )
     section.add(Figure("one spawn per sample: wall time (median)", spawn_wall * 1e3, "ms"))
+    section.add(
+        Figure(
+            "loop mode, CPU per sample, in idle wake-ups",
+            loop.per_sample_ms / (wakeup * 1e3),
+            "wake-ups",
+            reference=f"one idle wake-up here, measured beside: {wakeup * 1e3:.2f} ms",
+        )
+    )
     if real is None:
         recorded = fixture_cost()
         section.add(
@@ -127,6 +152,12 @@ def run(
             "captures (a Python script: its start-up and its loop cost differ from the real "
             "one's); the real figure comes from benchmarks/gpu_check.py on a GPU machine"
         )
+    section.note(
+        "a sample in loop mode wakes the two nvidia-smi loop processes once each and the "
+        "monitor two or three times (the GPU line, the process line, the 50 ms settle): on a "
+        "virtual machine whose wake-ups cost milliseconds that is most of its price, while a "
+        "spawn's price is the program's start-up"
+    )
     section.note(
         f"loop: {loop.samples} samples over {loop.seconds:.0f} s at a {period:g} s period after "
         f"a 2 s warm-up; spawn: {spawn.samples} samples of both queries"

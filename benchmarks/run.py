@@ -189,7 +189,9 @@ def results_markdown(
         "process where both are ours; comparisons are ratios of medians over several runs, "
         "latencies are p50 and p95 over at least 20 runs. The machine is shared (see the load "
         "average): read medians, not single runs. How each figure is measured is in the "
-        "docstring of its module in `benchmarks/`.",
+        "docstring of its module in `benchmarks/`. The notes after the tables explain the "
+        "targets missed here (on this virtual machine a wake-up costs milliseconds of CPU) and "
+        "record the changes made in the code for the targets, with figures before and after.",
         "",
         "## Machine",
         "",
