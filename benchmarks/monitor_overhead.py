@@ -50,6 +50,10 @@ from benchmarks._common import (
 TREE_SIZE = 100
 INTERVAL = 1.0
 TARGET_SHARE = 0.01
+#: The fewest wake-ups a second any monitor doing this job needs: one for each thing that
+#: happens on a clock of its own (the sample timer, nvidia-smi's loop line, the trainer's
+#: write), if everything else (reads, the journal, the scan) rode on them.
+MIN_WAKEUPS = 3
 
 #: The trainer: 99 sleeping children, a line of progress every second.
 TRAINER = r"""
@@ -324,6 +328,17 @@ def section_from(m: dict[str, Any], fake_gpu: bool) -> Section:
             ratio=rate * per_wakeup / total,
         )
     )
+    job_floor = MIN_WAKEUPS * per_wakeup / INTERVAL + peers["floor_reads"] - peers["floor_idle"]
+    section.add(
+        Figure(
+            f"floor of the whole job: {MIN_WAKEUPS} wake-ups a second at the idle cost, "
+            "plus the raw reads",
+            100 * job_floor,
+            "%",
+            reference="monitor + reaper / this floor",
+            ratio=total / job_floor,
+        )
+    )
     section.add(
         Figure("monitor process CPU, share of one core", 100 * m["monitor_cpu"] / wall, "%")
     )
@@ -346,6 +361,12 @@ def section_from(m: dict[str, Any], fake_gpu: bool) -> Section:
     section.note(
         "psrecord and the floors ran beside the soak over the same window, on the same tree, "
         "so they saw the same load; each is a process of its own, its CPU from /proc"
+    )
+    section.note(
+        f"floor of the whole job: sampling every second, hearing nvidia-smi's lines and the "
+        f"trainer's writes as they come takes at least {MIN_WAKEUPS} wake-ups a second (three "
+        "clocks of their own), priced at the idle floor's wake-up, plus reading the tree's "
+        "/proc files (the raw-read floor less the idle one)"
     )
     if m["gpu_groups"]:
         source = "the fake nvidia-smi replaying the H200 captures" if fake_gpu else "nvidia-smi"
