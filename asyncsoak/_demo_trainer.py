@@ -28,7 +28,7 @@ def make_data(n: int, rng: random.Random) -> list[tuple[float, float, int]]:
 def train(out: Path, seconds: float, seed: int) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    data = make_data(4000, rng)
+    data = make_data(30_000, rng)
     w = [0.0, 0.0, 0.0]
     lr = 0.5
     started = time.monotonic()

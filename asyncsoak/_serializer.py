@@ -41,6 +41,8 @@ class Serializer:
         self.builder = builder
         self.events = 0
         self.journal_error: str | None = None
+        self.fold_errors = 0
+        self.fold_error: str | None = None
 
     async def run(self, receive: MemoryObjectReceiveStream[Event]) -> None:
         """Drain until the last producer closes its end of the queue."""
@@ -69,7 +71,12 @@ class Serializer:
                 for event in batch:
                     line, data = journal_line(event)
                     lines.append(line)
-                    self.builder.add(data)
+                    try:
+                        self.builder.add(data)
+                    except Exception as exc:
+                        # A bug folding one event must not cost the journal or the artifact.
+                        self.fold_errors += 1
+                        self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
                 self.events += len(batch)
                 if self.journal_error is None:
                     try:

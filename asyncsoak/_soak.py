@@ -295,6 +295,8 @@ class _Soak:
                 "dropped_samples": sink.counters.dropped_samples,
                 "sampler_errors": sink.counters.sampler_errors,
                 "journal_error": serializer.journal_error,
+                "events_not_folded": serializer.fold_errors,
+                "fold_error": serializer.fold_error,
                 "reaper_pid": self._spawner.reaper_pid if self._spawner else None,
                 "pid": os.getpid(),
             }

@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES = ("_run", "_snapshot", "_queue")
+COMMAND_MODULES = ("_run", "_snapshot", "_queue", "_report")
 
 #: Exit statuses shared by every subcommand.
 EXIT_OK = 0

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import anyio
 
 from .._config import STOP_MODES
 from .._errors import SoakFailureError
+from .._live import live_status
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 
 #: Exit status when the monitor itself is stopped by a signal: 128 + its number, as shells do.
@@ -60,6 +62,14 @@ def register(subparsers: Any) -> None:
         "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to sample GPUs with"
     )
     run.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
+    run.add_argument("--quiet", action="store_true", help="no live status on stderr")
+    run.add_argument(
+        "--status-interval",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds between status lines when stderr is not a terminal (default 60)",
+    )
     run.add_argument(
         "--detailed-memory",
         action="store_true",
@@ -111,11 +121,21 @@ def run_command(args: argparse.Namespace) -> int:
         nvidia_smi=None if args.no_gpu else args.nvidia_smi,
         dump_signal=args.dump_signal,
         detailed_memory=args.detailed_memory,
+        status=None if args.quiet else live_status(status_interval=args.status_interval),
     )
 
 
-def supervise(*, report: Callable[[dict[str, Any]], None] | None = None, **soak: Any) -> int:
-    """Run one soak with SIGINT/SIGTERM stopping it; the exit status says how it ended."""
+def supervise(
+    *,
+    report: Callable[[dict[str, Any]], None] | None = None,
+    status: Callable[[Path], Coroutine[Any, Any, None]] | None = None,
+    **soak: Any,
+) -> int:
+    """Run one soak with SIGINT/SIGTERM stopping it; the exit status says how it ended.
+
+    ``status`` runs beside the soak with its journal's path (the live view) and is cancelled
+    when the soak ends.
+    """
     from .._soak import run_soak
 
     received: list[int] = []
@@ -136,6 +156,8 @@ def supervise(*, report: Callable[[dict[str, Any]], None] | None = None, **soak:
                         return
 
                 tg.start_soon(stop_on_signal)
+                if status is not None:
+                    tg.start_soon(status, output.with_suffix(".jsonl"))
                 with soak_scope:
                     try:
                         artifact = await run_soak(**soak)
@@ -199,10 +221,13 @@ def demo_command(args: argparse.Namespace) -> int:
         min_duration_seconds=min(5.0, args.seconds / 2),
         metadata={"demo": "logistic regression, pure Python"},
         report=print_demo_summary,
+        status=live_status(),
     )
     if status == EXIT_OK:
         print(f"\nThe artifact explains the run: {output}")
         print(f"The training loop's own output: {output.with_suffix('.log')}")
+    if output.exists():
+        print_report_hint(output)
     return status if status != EXIT_USAGE else EXIT_FAILED
 
 
@@ -224,3 +249,25 @@ def print_demo_summary(artifact: dict[str, Any]) -> None:
         print(f"peak memory of the tree: {rss / 2**20:.1f} MiB")
     if cpu is not None:
         print(f"mean CPU of the tree: {cpu:.0f}%")
+
+
+def print_report_hint(artifact_path: Path) -> None:
+    """Write the HTML report when plotly is there; otherwise say how to get it."""
+    from .._report import ReportUnavailableError, write_report
+
+    html_path = artifact_path.with_suffix(".html")
+    try:
+        artifact = json.loads(artifact_path.read_text())
+        write_report(artifact, html_path, source=str(artifact_path))
+    except ReportUnavailableError:
+        print("\nSee it in plots: pip install 'asyncsoak[report]', then")
+        print(f"  asyncsoak report {artifact_path}")
+        print(f"and open {html_path} in a browser.")
+        return
+    except (OSError, ValueError) as exc:
+        print(f"\nThe report could not be written ({exc}); try: asyncsoak report {artifact_path}")
+        return
+    print(f"\nSee it in plots: open {html_path.absolute().as_uri()} in a browser")
+    print(
+        f"(made by: asyncsoak report {artifact_path}; in short: asyncsoak summary {artifact_path})"
+    )

@@ -1,0 +1,156 @@
+"""Names people read for the artifact's series fields, and their values with units.
+
+Samplers name a field ``<what>_<unit>[_<qualifier>]`` (``rss_bytes``, ``power_draw_w``,
+``disk_free_bytes_output``).  Known fields get hand-written labels; any other field is still
+labelled and formatted from its name, so the report, the summary and the live view show
+whatever a sampler records without knowing it in advance.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+#: The unit a name token stands for.
+UNIT_TOKENS = {
+    "bytes": "bytes",
+    "percent": "%",
+    "mib": "MiB",
+    "w": "W",
+    "c": "°C",
+    "mhz": "MHz",
+    "seconds": "s",
+}
+
+_KNOWN_LABELS = {
+    ("tree", "cpu_percent"): "CPU",
+    ("tree", "rss_bytes"): "RSS",
+    ("tree", "uss_bytes"): "USS",
+    ("tree", "pss_bytes"): "PSS",
+    ("tree", "processes"): "processes",
+    ("tree", "threads"): "threads",
+    ("tree", "fds"): "open files",
+    ("tree", "read_bytes"): "bytes read",
+    ("tree", "write_bytes"): "bytes written",
+    ("machine", "cpu_percent"): "CPU (all cores)",
+    ("machine", "memory_used_bytes"): "memory used",
+    ("machine", "memory_available_bytes"): "memory available",
+    ("machine", "load1"): "load (1 min)",
+    ("gpu", "utilization_gpu_percent"): "utilisation",
+    ("gpu", "utilization_memory_percent"): "memory bandwidth use",
+    ("gpu", "memory_used_mib"): "memory used",
+    ("gpu", "memory_free_mib"): "memory free",
+    ("gpu", "memory_total_mib"): "memory total",
+    ("gpu", "power_draw_w"): "power",
+    ("gpu", "power_limit_w"): "power limit",
+    ("gpu", "temperature_gpu_c"): "temperature",
+    ("gpu", "temperature_memory_c"): "memory temperature",
+    ("gpu", "clocks_sm_mhz"): "SM clock",
+    ("gpu", "clocks_mem_mhz"): "memory clock",
+    ("gpu", "fan_speed_percent"): "fan",
+    ("gpu", "ecc_corrected_volatile"): "ECC errors corrected",
+    ("gpu", "ecc_uncorrected_volatile"): "ECC errors uncorrected",
+    ("gpu_tree", "tree_gpu_processes"): "processes of the tree on a GPU",
+    ("gpu_tree", "tree_gpu_memory_mib"): "GPU memory of the tree",
+    ("gpu_tree", "other_gpu_memory_mib"): "GPU memory of other processes",
+}
+_WORDS = {"cpu": "CPU", "gpu": "GPU", "sm": "SM", "rss": "RSS", "mem": "memory", "fds": "files"}
+_GPU_GROUP = re.compile(r"^gpu(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One series field as people read it."""
+
+    group: str
+    name: str
+    #: ``"gpu"`` for every ``gpuN`` group, else the group itself.
+    kind: str
+    label: str
+    #: One of :data:`UNIT_TOKENS`' values, or ``""`` for a plain count.
+    unit: str
+    #: What follows the unit in the name (``output`` in ``disk_free_bytes_output``).
+    qualifier: str
+
+
+def group_kind(group: str) -> str:
+    return "gpu" if _GPU_GROUP.match(group) else group
+
+
+def gpu_index(group: str) -> int | None:
+    match = _GPU_GROUP.match(group)
+    return int(match.group(1)) if match else None
+
+
+def group_label(group: str) -> str:
+    index = gpu_index(group)
+    if index is not None:
+        return f"GPU {index}"
+    return {"tree": "Process tree", "machine": "Machine", "gpu_tree": "GPU use"}.get(
+        group, group.replace("_", " ")
+    )
+
+
+def describe(group: str, name: str) -> Field:
+    kind = group_kind(group)
+    tokens = name.split("_")
+    unit_at = next((i for i in range(len(tokens) - 1, -1, -1) if tokens[i] in UNIT_TOKENS), None)
+    if unit_at is None:
+        unit, words, qualifier = "", tokens, []
+    else:
+        unit, words, qualifier = (
+            UNIT_TOKENS[tokens[unit_at]],
+            tokens[:unit_at],
+            tokens[unit_at + 1 :],
+        )
+    label = _KNOWN_LABELS.get((kind, name)) or " ".join(_WORDS.get(w, w) for w in words) or name
+    return Field(group, name, kind, label, unit, " ".join(qualifier))
+
+
+def format_value(value: float | None, unit: str) -> str:
+    """``value`` with its unit, scaled for reading (bytes to MiB or GiB...)."""
+    if value is None:
+        return "n/a"
+    if unit == "bytes":
+        return format_bytes(value)
+    if unit == "MiB":
+        return format_bytes(value * 2**20)
+    if unit == "%":
+        return f"{value:.0f}%"
+    if unit == "s":
+        return format_duration(value)
+    number = f"{value:.0f}" if abs(value) >= 100 or float(value).is_integer() else f"{value:.2g}"
+    return f"{number} {unit}" if unit else number
+
+
+def format_bytes(value: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def format_duration(seconds: float) -> str:
+    """``12.3s``, ``4m05s``, ``2h03m``: short and unambiguous."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours >= 24:
+        return f"{hours // 24}d{hours % 24:02d}h{minutes:02d}m"
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s"
+
+
+def format_clock(iso_time: str | None) -> str:
+    """An artifact timestamp as ``2026-11-29 19:50:04 UTC``."""
+    if not iso_time:
+        return "n/a"
+    try:
+        moment = datetime.fromisoformat(iso_time.replace("Z", "+00:00"))
+    except ValueError:
+        return iso_time
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")

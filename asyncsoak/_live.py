@@ -1,0 +1,414 @@
+"""The live view of ``asyncsoak run``: how the soak is doing, while it runs.
+
+It reads the soak's journal as it grows (the serializer flushes it on every event), so it
+needs no hook inside ``run_soak``: it is one more task beside it.  On a terminal it keeps one
+compact status in place (with ``rich``, the ``live`` extra); anywhere else, or without
+``rich``, it prints a plain line when the phase changes and every ``status_interval`` seconds,
+so CI logs and ``nohup`` output stay readable.
+
+It must never delay or break the soak: file reads and terminal writes run in worker threads
+under its own limiter (a terminal paused with Ctrl-S blocks the write, not the event loop),
+its own errors end the view and nothing else, and its last frame is drawn under a short,
+shielded bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+import anyio
+
+from ._fields import format_duration, format_value, gpu_index
+
+#: Seconds between two reads of the journal (and two frames on a terminal).
+REFRESH_SECONDS = 0.5
+#: Bytes read from the journal at most per refresh; a backlog is caught up over later ones.
+READ_CHUNK = 4 * 1024 * 1024
+#: Bound on drawing the last frame once the soak is over.
+FINAL_FRAME_SECONDS = 1.0
+
+
+class JournalTail:
+    """Complete lines appended to a journal since the last read.
+
+    The journal of an earlier run may still sit at the same path until the monitor truncates
+    it, so lines are only taken once the first line is a header written by ``monitor_pid``.
+    """
+
+    def __init__(self, path: Path, monitor_pid: int | None = None) -> None:
+        self.path = path
+        self.monitor_pid = monitor_pid
+        self._offset = 0
+        self._ours = False
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            journal = open(self.path, "rb")  # noqa: SIM115 (closed by the with just below)
+        except FileNotFoundError:
+            return []
+        with journal:
+            size = os.fstat(journal.fileno()).st_size
+            if size < self._offset:
+                # Truncated: a new soak took the path over.
+                self._offset, self._ours = 0, False
+            if not self._ours:
+                first = journal.readline()
+                if not first.endswith(b"\n") or not self._is_our_header(first):
+                    return []
+                self._ours = True
+            journal.seek(self._offset)
+            data = journal.read(READ_CHUNK)
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        events = []
+        for line in complete.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+        return events
+
+    def _is_our_header(self, line: bytes) -> bool:
+        try:
+            header = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(header, dict) or header.get("kind") != "header":
+            return False
+        return self.monitor_pid is None or header.get("monitor_pid") == self.monitor_pid
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """One frame of the live view."""
+
+    elapsed: float
+    phase: str
+    #: Seconds since the last progress (since the start before the first one).
+    quiet_for: float | None
+    #: The limit ``quiet_for`` is held against, and its name.
+    limit: float | None
+    limit_name: str
+    changes: int
+    tree_cpu_percent: float | None
+    tree_rss_bytes: float | None
+    #: (group, utilisation percent, memory used MiB)
+    gpus: tuple[tuple[str, float | None, float | None], ...]
+    finished: bool
+
+    def plain(self) -> str:
+        parts = [f"{format_duration(self.elapsed)} {self.phase}"]
+        if self.quiet_for is not None and not self.finished:
+            limit = (
+                f" ({self.limit_name} limit {format_duration(self.limit)})" if self.limit else ""
+            )
+            if self.limit_name == "stale":
+                parts.append(f"last progress {format_duration(self.quiet_for)} ago{limit}")
+            else:
+                parts.append(f"no progress yet after {format_duration(self.quiet_for)}{limit}")
+        if self.tree_cpu_percent is not None or self.tree_rss_bytes is not None:
+            parts.append(
+                f"tree CPU {format_value(self.tree_cpu_percent, '%')} "
+                f"RSS {format_value(self.tree_rss_bytes, 'bytes')}"
+            )
+        for group, util, memory in self.gpus:
+            parts.append(f"{group} {format_value(util, '%')} {format_value(memory, 'MiB')}")
+        return "asyncsoak: " + " | ".join(parts)
+
+
+@dataclass(slots=True)
+class LiveState:
+    """What the journal said so far, folded."""
+
+    started_at: float | None = None
+    stale_limit: float | None = None
+    startup_limit: float | None = None
+    started: bool = False
+    exited: bool = False
+    stopping: str | None = None
+    failures: list[str] = field(default_factory=list)
+    finished: str | None = None
+    last_progress: float | None = None
+    changes: int = 0
+    last_t: float = 0.0
+    points: dict[str, Mapping[str, float | None]] = field(default_factory=dict)
+
+    def add(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("kind")
+        t = float(event.get("t", 0.0))
+        self.last_t = max(self.last_t, t)
+        if kind == "header":
+            self.started_at = _epoch(str(event.get("started_at", "")))
+            config = event.get("config") or {}
+            self.stale_limit = config.get("stale_progress_seconds")
+            self.startup_limit = config.get("startup_timeout_seconds")
+        elif kind == "started":
+            self.started = True
+        elif kind == "progress":
+            self.last_progress = t
+            self.changes += int(event.get("changed", 1))
+        elif kind in ("sample", "gpu_sample"):
+            self.points.update(event.get("points") or {})
+        elif kind == "failure":
+            self.failures.append(str(event.get("reason")))
+        elif kind == "stop":
+            self.stopping = str(event.get("cause"))
+        elif kind == "exited":
+            self.exited = True
+        elif kind == "finished":
+            self.finished = str(event.get("status"))
+
+    def phase(self) -> str:
+        if self.finished is not None:
+            reasons = f" ({', '.join(self.failures)})" if self.failures else ""
+            return f"finished: {self.finished}{reasons}"
+        if self.failures:
+            return f"stopping: {self.failures[0]}"
+        if self.stopping is not None:
+            return f"stopping: {self.stopping}"
+        if self.exited:
+            return "command exited, waiting for its tree"
+        if not self.started:
+            return "starting"
+        if self.last_progress is None:
+            return "waiting for the first progress"
+        return "running"
+
+    def status(self, now: float) -> Status:
+        finished = self.finished is not None
+        elapsed = self.last_t
+        if self.started_at is not None and not finished:
+            elapsed = max(self.last_t, now - self.started_at)
+        if self.last_progress is None:
+            quiet_for, limit, name = elapsed, self.startup_limit, "startup"
+        else:
+            quiet_for, limit, name = elapsed - self.last_progress, self.stale_limit, "stale"
+        tree = self.points.get("tree") or {}
+        gpus = tuple(
+            (
+                group,
+                values.get("utilization_gpu_percent"),
+                values.get("memory_used_mib"),
+            )
+            for group, values in sorted(
+                self.points.items(), key=lambda item: gpu_index(item[0]) or 0
+            )
+            if gpu_index(group) is not None
+        )
+        return Status(
+            elapsed=elapsed,
+            phase=self.phase(),
+            quiet_for=quiet_for if self.started else None,
+            limit=limit,
+            limit_name=name,
+            changes=self.changes,
+            tree_cpu_percent=tree.get("cpu_percent"),
+            tree_rss_bytes=tree.get("rss_bytes"),
+            gpus=gpus,
+            finished=finished,
+        )
+
+
+def _epoch(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+class _View(Protocol):
+    def show(self, status: Status) -> None: ...
+
+    def close(self, status: Status | None) -> None: ...
+
+
+class PlainView:
+    """A line when the phase changes, and every ``interval`` seconds."""
+
+    def __init__(self, stream: TextIO, interval: float) -> None:
+        self._stream = stream
+        self._interval = interval
+        self._phase: str | None = None
+        self._last_line = 0.0
+
+    def show(self, status: Status) -> None:
+        now = time.monotonic()
+        if status.phase != self._phase or now - self._last_line >= self._interval:
+            self._phase = status.phase
+            self._last_line = now
+            self._stream.write(status.plain() + "\n")
+            self._stream.flush()
+
+    def close(self, status: Status | None) -> None:
+        if status is not None and status.phase != self._phase:
+            self.show(status)
+
+
+class RichView:
+    """One status kept in place on the terminal with ``rich``."""
+
+    def __init__(self, stream: TextIO) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self._console = Console(file=stream)
+        # No refresh thread of its own and no redirection of sys.stdout/sys.stderr: frames are
+        # drawn only when this view is told to, from its worker thread.
+        self._live = Live(
+            console=self._console,
+            auto_refresh=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+            transient=False,
+        )
+        self._live.start()
+
+    def show(self, status: Status) -> None:
+        self._live.update(render_rich(status), refresh=True)
+
+    def close(self, status: Status | None) -> None:
+        if status is not None:
+            self._live.update(render_rich(status), refresh=True)
+        self._live.stop()
+
+
+def render_rich(status: Status) -> Any:
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table.grid(padding=(0, 1))
+    phase_style = "bold green"
+    if status.phase.startswith(("stopping", "finished: failed", "finished: error")):
+        phase_style = "bold red"
+    elif status.phase.startswith(("finished", "command exited")):
+        phase_style = "bold"
+    cells: list[Any] = [
+        Text(format_duration(status.elapsed), style="bold"),
+        Text(status.phase, style=phase_style),
+    ]
+    if status.quiet_for is not None and not status.finished:
+        label = "progress" if status.limit_name == "stale" else "first progress"
+        cells.append(Text(label, style="dim"))
+        if status.limit:
+            ratio = min(1.0, status.quiet_for / status.limit)
+            style = "green" if ratio < 0.5 else "yellow" if ratio < 0.8 else "red"
+            cells.append(
+                ProgressBar(
+                    total=status.limit,
+                    completed=min(status.quiet_for, status.limit),
+                    width=16,
+                    complete_style=style,
+                    finished_style="red",
+                )
+            )
+            cells.append(
+                Text(
+                    f"{format_duration(status.quiet_for)} / {format_duration(status.limit)}"
+                    f" {status.limit_name} limit"
+                )
+            )
+        else:
+            cells.append(Text(f"{format_duration(status.quiet_for)} ago"))
+    if status.tree_cpu_percent is not None or status.tree_rss_bytes is not None:
+        cells.append(
+            Text(
+                f"CPU {format_value(status.tree_cpu_percent, '%')} "
+                f"RSS {format_value(status.tree_rss_bytes, 'bytes')}"
+            )
+        )
+    for group, util, memory in status.gpus:
+        cells.append(Text(f"{group} {format_value(util, '%')} {format_value(memory, 'MiB')}"))
+    for _ in cells:
+        grid.add_column(no_wrap=True)
+    grid.add_row(*cells)
+    return grid
+
+
+def rich_available() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def make_view(stream: TextIO, status_interval: float) -> _View:
+    """``rich`` on a terminal when it is installed, plain lines otherwise."""
+    if stream.isatty() and rich_available():
+        return RichView(stream)
+    return PlainView(stream, status_interval)
+
+
+async def watch_journal(
+    journal_path: Path,
+    *,
+    stream: TextIO,
+    status_interval: float = 60.0,
+    monitor_pid: int | None = None,
+    refresh: float = REFRESH_SECONDS,
+) -> None:
+    """Show the soak whose journal is ``journal_path`` on ``stream`` until cancelled.
+
+    Returns early (silently) if the view itself fails; only cancellation propagates.
+    """
+    limiter = anyio.CapacityLimiter(1)
+    tail = JournalTail(journal_path, monitor_pid)
+    state = LiveState()
+    view: _View | None = None
+
+    async def in_thread(func: Callable[[], Any]) -> Any:
+        return await anyio.to_thread.run_sync(func, limiter=limiter, abandon_on_cancel=True)
+
+    async def step() -> Status | None:
+        for event in await in_thread(tail.read):
+            state.add(event)
+        if state.started_at is None:
+            return None
+        return state.status(time.time())
+
+    try:
+        while True:
+            status = await step()
+            if status is not None:
+                if view is None:
+                    # Only once the soak has started: a run refused at once draws nothing.
+                    view = await in_thread(partial(make_view, stream, status_interval))
+                await in_thread(partial(view.show, status))
+            await anyio.sleep(refresh)
+    except Exception:
+        # The view is a convenience: a broken terminal or an unreadable journal ends it, and
+        # the soak goes on untouched.
+        return
+    finally:
+        with anyio.move_on_after(FINAL_FRAME_SECONDS, shield=True):
+            with contextlib.suppress(Exception):
+                last = await step()
+                if view is None and last is not None:
+                    view = await in_thread(partial(make_view, stream, status_interval))
+                if view is not None:
+                    await in_thread(partial(view.close, last))
+
+
+def live_status(
+    *, stream: TextIO | None = None, status_interval: float = 60.0
+) -> Callable[[Path], Coroutine[Any, Any, None]]:
+    """The live view for a soak run by this process, as ``supervise(status=...)`` takes it."""
+    return partial(
+        watch_journal,
+        stream=stream if stream is not None else sys.stderr,
+        status_interval=status_interval,
+        monitor_pid=os.getpid(),
+    )

@@ -1,0 +1,1439 @@
+"""``asyncsoak report``: one self-contained HTML page that shows what happened, and when.
+
+The page opens offline: plotly's JavaScript is inlined and no font or script is fetched.
+At the top the verdict in plain words, the run's facts and provenance; then one plotly
+figure whose panels share a time axis: a lane of what happened (progress, signals, the
+failure, the exit, GPU throttling), the time since the last progress against its limit, and
+every series group the artifact holds, known fields with their own panels and any other
+field grouped by unit.  The moments that matter are drawn across every panel.  Then the
+events, leftover processes, forensics and the log tail.
+
+plotly is an optional extra (``pip install 'asyncsoak[report]'``), imported only here.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import html
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from ._artifact import EVENTS_HEAD, FILE_MODE
+from ._errors import AsyncsoakError
+from ._fields import (
+    Field,
+    describe,
+    format_clock,
+    format_duration,
+    format_value,
+    gpu_index,
+)
+from ._summary import (
+    IDLE_THROTTLE,
+    config_value,
+    event_times,
+    exit_text,
+    innermost_python_frame,
+    stall_window,
+    summarize,
+)
+
+#: Vertical lines drawn for progress changes at most (more are merged by time).
+PROGRESS_LINES = 300
+#: Characters of the command shown before it is folded.
+COMMAND_SHOWN = 240
+#: Points of the time-since-progress curve at most.
+PROGRESS_CURVE_POINTS = 2000
+#: A liveness limit more than this many times the longest gap is not drawn to scale.
+LIMIT_HEADROOM = 4.0
+
+COLORS = {
+    "progress": "#2ca02c",
+    "failure": "#d62728",
+    "signal": "#ff7f0e",
+    "exit": "#333333",
+    "stall": "rgba(214, 39, 40, 0.15)",
+    "throttle": "rgba(255, 165, 0, 0.28)",
+    "note": "#7f7f7f",
+    "leftover": "#9467bd",
+}
+PALETTE = (
+    "#1f77b4",
+    "#9467bd",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#7f7f7f",
+    "#ff7f0e",
+)
+
+
+class ReportUnavailableError(AsyncsoakError):
+    """plotly, which draws the report, is not installed."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the HTML report needs plotly: pip install 'asyncsoak[report]' (or pip install plotly)"
+        )
+
+
+# -- what the journal adds to the artifact -----------------------------------------------------
+
+
+@dataclass(slots=True)
+class JournalDetail:
+    """What only the journal has: every progress time, and GPU throttling over time."""
+
+    progress_times: list[float] = field(default_factory=list)
+    #: group -> [(start, end, reasons)]
+    throttle_spans: dict[str, list[tuple[float, float, list[str]]]] = field(default_factory=dict)
+
+
+def read_journal_detail(path: Path) -> JournalDetail:
+    """Progress times and throttle spans from a journal, skipping lines it cannot read."""
+    detail = JournalDetail()
+    open_spans: dict[str, tuple[float, set[str]]] = {}
+    last_t = 0.0
+    with open(path, "rb") as journal:
+        for raw in journal:
+            # Most lines are samples without labels: skip them without parsing.
+            if b"progress" not in raw and b"labels" not in raw:
+                continue
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            t = float(event.get("t", 0.0))
+            last_t = max(last_t, t)
+            if event.get("kind") == "progress":
+                detail.progress_times.append(t)
+                continue
+            for group, labels in (event.get("labels") or {}).items():
+                reasons = set(labels.get("throttle_reasons") or []) - IDLE_THROTTLE
+                current = open_spans.get(group)
+                if current is not None and current[1] != reasons:
+                    detail.throttle_spans.setdefault(group, []).append(
+                        (current[0], t, sorted(current[1]))
+                    )
+                    current = None
+                    del open_spans[group]
+                if reasons and current is None:
+                    open_spans[group] = (t, reasons)
+    for group, (start, reasons) in open_spans.items():
+        detail.throttle_spans.setdefault(group, []).append((start, last_t, sorted(reasons)))
+    return detail
+
+
+def journal_detail_for(artifact: Mapping[str, Any], journal: Path | None) -> JournalDetail | None:
+    path = journal
+    if path is None:
+        recorded = (artifact.get("monitor") or {}).get("journal_path")
+        path = Path(recorded) if recorded else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return read_journal_detail(path)
+    except OSError:
+        return None
+
+
+# -- the page ----------------------------------------------------------------------------------
+
+
+def render_report(
+    artifact: Mapping[str, Any],
+    *,
+    journal: Path | None = None,
+    source: str | None = None,
+) -> str:
+    """The report of one run as a self-contained HTML page.
+
+    ``journal`` adds what only the journal holds (throttle spans, progress events the
+    artifact did not keep); by default the journal the artifact names is used if it is there.
+    ``source`` names the file the report was made from.
+    """
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        raise ReportUnavailableError() from None
+    detail = journal_detail_for(artifact, journal)
+    summary = summarize(artifact)
+    timeline = _Timeline(artifact, detail)
+    figure_html = timeline.to_html()
+    body = [
+        _verdict_html(summary),
+        _facts_html(artifact, summary),
+        _look_first_html(summary),
+        '<section id="timeline-section"><h2>Timeline</h2>',
+        f'<p class="help">{timeline.help_text()}</p>',
+        # Before the figure: its post-render script runs before the parser gets further.
+        '<span id="render-status" hidden data-state="pending"></span>',
+        "<noscript><p>The plots need JavaScript.</p></noscript>",
+        figure_html,
+        "</section>",
+        _gpu_html(summary, timeline),
+        _events_html(artifact),
+        _leftovers_html(artifact),
+        _forensics_html(artifact),
+        _log_html(artifact),
+        _footer_html(artifact, source),
+    ]
+    title = f"{str(artifact.get('status', '?')).upper()}: {summary['headline']}"
+    return PAGE.format(
+        title=html.escape(title),
+        style=STYLE,
+        body="\n".join(part for part in body if part),
+    )
+
+
+def write_report(
+    artifact: Mapping[str, Any],
+    path: Path,
+    *,
+    journal: Path | None = None,
+    source: str | None = None,
+) -> None:
+    """Render and write the report, readable by its owner only (like the artifact)."""
+    text = render_report(artifact, journal=journal, source=source)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=FILE_MODE)
+    path.write_text(text, encoding="utf-8")
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>{style}</style>
+<script>
+window.addEventListener("error", function (e) {{
+  var box = document.getElementById("page-errors");
+  if (box) {{ box.hidden = false; box.textContent += (e.message || String(e)) + "\\n"; }}
+}});
+</script>
+</head><body>
+<pre id="page-errors" hidden></pre>
+{body}
+</body></html>
+"""
+
+STYLE = """
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+  margin: 0 auto; padding: 0 24px 48px; max-width: 1500px; color: #1d2330; }
+h1 { font-size: 26px; margin: 4px 0; }
+h2 { font-size: 19px; margin: 28px 0 8px; border-bottom: 1px solid #dde1e8;
+  padding-bottom: 4px; }
+code, pre, .mono { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace;
+  font-size: 13px; }
+.verdict { margin: 16px -24px 0; padding: 18px 24px; border-left: 10px solid; }
+.verdict.passed { background: #eaf6ea; border-color: #2ca02c; }
+.verdict.failed, .verdict.error { background: #fbeaea; border-color: #d62728; }
+.verdict.cancelled { background: #f0f0f0; border-color: #888; }
+.badge { display: inline-block; font-weight: 700; letter-spacing: .08em; padding: 2px 10px;
+  border-radius: 4px; color: #fff; font-size: 14px; }
+.passed .badge { background: #2ca02c; } .failed .badge, .error .badge { background: #d62728; }
+.cancelled .badge { background: #777; }
+.reason { font-size: 16px; margin: 6px 0 0; }
+.reason b { font-family: ui-monospace, monospace; }
+.facts { display: grid; grid-template-columns: max-content 1fr; gap: 3px 18px; margin: 14px 0; }
+.facts dt { color: #5a6275; } .facts dd { margin: 0; overflow-wrap: anywhere; }
+.look li { margin: 3px 0; }
+.help { color: #5a6275; margin: 4px 0 6px; }
+.key { display: inline-block; width: 18px; height: 10px; vertical-align: middle;
+  margin: 0 3px 0 8px; }
+table { border-collapse: collapse; width: 100%; font-size: 14px; }
+th, td { text-align: left; padding: 3px 8px; border-bottom: 1px solid #eceef2;
+  vertical-align: top; }
+th { background: #f5f6f9; position: sticky; top: 0; }
+tr.failure td { background: #fdecec; } tr.signal td, tr.stop td { background: #fff4e5; }
+tr.exited td { background: #eef0f4; } tr.gap td { color: #5a6275; font-style: italic; }
+.scroll { max-height: 480px; overflow: auto; border: 1px solid #eceef2; }
+pre.log { background: #14171f; color: #e3e6ed; padding: 10px 12px; max-height: 520px;
+  overflow: auto; white-space: pre-wrap; }
+details { margin: 6px 0; } summary { cursor: pointer; color: #33508a; }
+h3 { font-size: 16px; margin: 16px 0 6px; } h4 { font-size: 14px; margin: 10px 0 4px; }
+#forensics pre { background: #f5f6f9; padding: 8px 10px; overflow: auto; }
+#page-errors { background: #fdd; color: #900; padding: 8px; }
+footer { color: #8a90a0; margin-top: 32px; font-size: 13px; }
+.empty { color: #8a90a0; }
+"""
+
+
+def _verdict_html(summary: Mapping[str, Any]) -> str:
+    status = str(summary["status"])
+    parts = [
+        f'<header class="verdict {html.escape(status)}">',
+        f'<span class="badge">{html.escape(status.upper())}</span>',
+        f"<h1>{html.escape(summary['headline'])}</h1>",
+    ]
+    for i, reason in enumerate(summary["reasons"]):
+        at = f" at {format_duration(reason['t'])}" if reason.get("t") is not None else ""
+        lead = "" if i == 0 else "Also: "
+        parts.append(
+            f'<p class="reason">{lead}<b>{html.escape(reason["reason"])}</b>{at}: '
+            f"{html.escape(reason['message'])}</p>"
+        )
+    parts.append("</header>")
+    return "\n".join(parts)
+
+
+def _facts_html(artifact: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+    progress = summary["progress"]
+    last = progress.get("last_change_t")
+    stale = config_value(artifact, "stale_progress_seconds")
+    facts: list[tuple[str, str]] = [
+        ("Duration", format_duration(float(summary.get("duration_seconds") or 0))),
+        (
+            "When",
+            f"{format_clock(summary.get('started_at'))} to {format_clock(summary.get('ended_at'))}",
+        ),
+        ("Command", _command_html(summary["command"])),
+        ("Exit", html.escape(summary["exit"]["text"])),
+        (
+            "Progress",
+            html.escape(
+                f"{progress.get('changes', 0)} changes in {progress.get('dir')}"
+                + (f", last at {format_duration(last)}" if last is not None else ", none seen")
+                + f"; longest gap {format_duration(float(progress['longest_gap_seconds'] or 0))}"
+                + (f" (stale limit {format_duration(stale)})" if stale else "")
+            ),
+        ),
+    ]
+    for name, value in summary["provenance"].items():
+        facts.append((name[:1].upper() + name[1:], html.escape(value)))
+    if artifact.get("metadata"):
+        facts.append(
+            (
+                "Metadata",
+                html.escape(", ".join(f"{k}={v}" for k, v in artifact["metadata"].items())),
+            )
+        )
+    rows = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
+    return f'<dl class="facts">{rows}</dl>'
+
+
+def _command_html(command: Sequence[str]) -> str:
+    text = shlex.join(command)
+    if len(text) <= COMMAND_SHOWN:
+        return f'<span class="mono">{html.escape(text)}</span>'
+    return (
+        f'<details><summary class="mono">{html.escape(text[:COMMAND_SHOWN])}...</summary>'
+        f"<pre>{html.escape(text)}</pre></details>"
+    )
+
+
+def _look_first_html(summary: Mapping[str, Any]) -> str:
+    if not summary["look_first"]:
+        return ""
+    items = "".join(f"<li>{html.escape(hint)}</li>" for hint in summary["look_first"])
+    return f'<section class="look"><h2>What to look at first</h2><ul>{items}</ul></section>'
+
+
+# -- the figure --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _PanelSpec:
+    key: str
+    title: str
+    unit: str
+    #: (group kind, field name pattern)
+    fields: tuple[tuple[str, str], ...]
+
+
+PANELS = (
+    _PanelSpec("tree_cpu", "Process tree CPU (100% = one core)", "%", (("tree", "cpu_percent"),)),
+    _PanelSpec(
+        "tree_memory",
+        "Process tree memory",
+        "bytes",
+        (("tree", "rss_bytes"), ("tree", "pss_bytes"), ("tree", "uss_bytes")),
+    ),
+    _PanelSpec(
+        "tree_counts",
+        "Processes and threads in the tree",
+        "",
+        (("tree", "processes"), ("tree", "threads")),
+    ),
+    _PanelSpec(
+        "machine_memory",
+        "Machine memory",
+        "bytes",
+        (
+            ("machine", "memory_used_bytes"),
+            ("machine", "memory_available_bytes"),
+            ("machine", "swap_used_bytes"),
+        ),
+    ),
+    _PanelSpec("disk_free", "Disk free", "bytes", (("machine", "disk_free_bytes*"),)),
+    _PanelSpec("gpu_util", "GPU utilisation", "%", (("gpu", "utilization_gpu_percent"),)),
+    _PanelSpec(
+        "gpu_memory",
+        "GPU memory used",
+        "MiB",
+        (("gpu", "memory_used_mib"), ("gpu", "memory_total_mib")),
+    ),
+    _PanelSpec("gpu_power", "GPU power", "W", (("gpu", "power_draw_w"), ("gpu", "power_limit_w"))),
+    _PanelSpec("gpu_temp", "GPU temperature", "°C", (("gpu", "temperature_gpu_c"),)),
+)
+#: Group kinds as panel titles name them.
+KIND_TITLES = {"tree": "Process tree", "machine": "Machine", "gpu": "GPU", "gpu_tree": "GPU use"}
+
+
+@dataclass(slots=True)
+class _Panel:
+    key: str
+    title: str
+    unit: str
+    fields: list[Field] = field(default_factory=list)
+    is_gpu: bool = False
+
+
+def _plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[_Panel]:
+    """Every field of every group, placed in a known panel or one per (group kind, unit)."""
+    fields = [
+        describe(group, name)
+        for group in sorted(series, key=_group_sort_key)
+        for name in sorted(series[group])
+        if name != "t" and any(v is not None for v in series[group][name])
+    ]
+    panels: dict[str, _Panel] = {}
+    placed: set[tuple[str, str]] = set()
+    for spec in PANELS:
+        for kind, pattern in spec.fields:
+            for f in fields:
+                if f.kind == kind and fnmatch.fnmatchcase(f.name, pattern):
+                    panel = panels.setdefault(
+                        spec.key, _Panel(spec.key, spec.title, spec.unit, is_gpu=kind == "gpu")
+                    )
+                    panel.fields.append(f)
+                    placed.add((f.group, f.name))
+    ordered = [panels[spec.key] for spec in PANELS if spec.key in panels]
+    others: dict[tuple[str, str], _Panel] = {}
+    for f in fields:
+        if (f.group, f.name) in placed:
+            continue
+        key = (f.kind, f.unit)
+        if key not in others:
+            others[key] = _Panel(f"{f.kind}:{f.unit}", "", f.unit, is_gpu=f.kind == "gpu")
+        others[key].fields.append(f)
+    for (kind, unit), panel in others.items():
+        labels = list(dict.fromkeys(f"{f.label} {f.qualifier}".strip() for f in panel.fields))
+        what = ", ".join(labels[:4]) + (", ..." if len(labels) > 4 else "")
+        panel.title = f"{KIND_TITLES.get(kind, kind)}: {what}" + (f" ({unit})" if unit else "")
+        ordered.append(panel)
+    return ordered
+
+
+def _group_sort_key(group: str) -> tuple[int, int, str]:
+    index = gpu_index(group)
+    order = {"tree": 0, "machine": 1}.get(group, 3 if index is None else 2)
+    return (order, index or 0, group)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scale:
+    """How a panel's values are shown: divided by ``divisor`` and labelled ``unit``."""
+
+    divisor: float
+    unit: str
+
+
+def _scale_for(unit: str, peak: float) -> _Scale:
+    if unit == "bytes":
+        return _Scale(2**30, "GiB") if peak >= 2**30 else _Scale(2**20, "MiB")
+    if unit == "MiB":
+        return _Scale(1024, "GiB") if peak >= 1024 else _Scale(1, "MiB")
+    return _Scale(1, unit)
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """A moment drawn across every panel and in the lane."""
+
+    t: float
+    lane: str
+    label: str
+    hover: str
+    color: str
+    symbol: str
+    dash: str | None
+
+
+class _Timeline:
+    """One plotly figure: the lane, time since progress, and every series panel."""
+
+    def __init__(self, artifact: Mapping[str, Any], detail: JournalDetail | None) -> None:
+        self.artifact = artifact
+        self.detail = detail
+        self.duration = max(float(artifact.get("duration_seconds") or 0.0), 1e-3)
+        if self.duration <= 900:
+            self.x_divisor, self.x_unit = 1.0, "seconds"
+        elif self.duration <= 36_000:
+            self.x_divisor, self.x_unit = 60.0, "minutes"
+        else:
+            self.x_divisor, self.x_unit = 3600.0, "hours"
+        self.series: Mapping[str, Mapping[str, Sequence[Any]]] = artifact.get("series") or {}
+        self.panels = _plan_panels(self.series)
+        self.progress_times = self._progress_times()
+        self.marks = self._marks()
+        self.throttle = self._throttle_spans()
+        self.panel_titles: list[str] = []
+
+    # -- data ---------------------------------------------------------------------------
+
+    def x(self, t: float) -> float:
+        return round(t / self.x_divisor, 6)
+
+    def _events_lost(self) -> tuple[float, float] | None:
+        """The stretch whose events the artifact did not keep (head and tail are kept)."""
+        events = self.artifact.get("events") or []
+        if not self.artifact.get("events_dropped") or len(events) <= EVENTS_HEAD:
+            return None
+        return float(events[EVENTS_HEAD - 1]["t"]), float(events[EVENTS_HEAD]["t"])
+
+    def _progress_times(self) -> list[float]:
+        if self.detail is not None:
+            return sorted(self.detail.progress_times)
+        return event_times(self.artifact, "progress")
+
+    def _marks(self) -> list[_Mark]:
+        marks: list[_Mark] = []
+        artifact = self.artifact
+        for event in artifact.get("events") or []:
+            kind = event.get("kind")
+            t = float(event.get("t", 0.0))
+            when = f"{format_duration(t)} ({self._wall(t)})"
+            if kind == "failure":
+                marks.append(
+                    _Mark(
+                        t,
+                        "failure",
+                        str(event.get("reason")),
+                        f"failure {event.get('reason')} at {when}<br>"
+                        + html.escape(str(event.get("message"))),
+                        COLORS["failure"],
+                        "x",
+                        "solid",
+                    )
+                )
+            elif kind == "signal":
+                marks.append(
+                    _Mark(
+                        t,
+                        "monitor",
+                        str(event.get("signal")),
+                        f"{event.get('signal')} sent to the {event.get('target')} at {when}"
+                        f"<br>pids {_pids(event.get('pids'))}",
+                        COLORS["signal"],
+                        "triangle-down",
+                        "dash",
+                    )
+                )
+            elif kind in ("stop", "stdin_closed"):
+                text = (
+                    f"stop ({event.get('cause')}, grace {event.get('grace_seconds')}s)"
+                    if kind == "stop"
+                    else "stdin closed"
+                )
+                marks.append(
+                    _Mark(t, "monitor", "", f"{text} at {when}", COLORS["signal"], "square", None)
+                )
+            elif kind == "exited":
+                text = _exit_label(artifact)
+                marks.append(
+                    _Mark(t, "command", text, f"{text} at {when}", COLORS["exit"], "diamond", "dot")
+                )
+            elif kind == "started":
+                marks.append(
+                    _Mark(
+                        t,
+                        "command",
+                        "started",
+                        f"started pid {event.get('pid')} at {when}",
+                        COLORS["exit"],
+                        "circle-open",
+                        None,
+                    )
+                )
+            elif kind == "forensics":
+                marks.append(
+                    _Mark(
+                        t,
+                        "monitor",
+                        "",
+                        f"forensics of {event.get('processes')} process(es) at {when}"
+                        "<br>(see Forensics, below the plots)",
+                        COLORS["leftover"],
+                        "star",
+                        None,
+                    )
+                )
+            elif kind == "oom_kill":
+                marks.append(
+                    _Mark(
+                        t,
+                        "failure",
+                        "OOM kill",
+                        f"the kernel's OOM killer killed pid {event.get('pid')} "
+                        f"({html.escape(str(event.get('name')))}) at {when}",
+                        COLORS["failure"],
+                        "x-open",
+                        "dot",
+                    )
+                )
+            elif kind in ("leftover", "abandoned"):
+                process = event.get("process") or {}
+                marks.append(
+                    _Mark(
+                        t,
+                        "monitor",
+                        "",
+                        f"{kind}: pid {process.get('pid')} {html.escape(str(process.get('name')))}"
+                        f" at {when}",
+                        COLORS["leftover"],
+                        "circle",
+                        None,
+                    )
+                )
+            elif kind in ("warning", "sampler_degraded", "sampler_recovered", "sampler_note"):
+                who = event.get("sampler") or "monitor"
+                marks.append(
+                    _Mark(
+                        t,
+                        "notes",
+                        "",
+                        f"{kind} ({who}) at {when}<br>{html.escape(str(event.get('message')))}",
+                        COLORS["note"],
+                        "circle",
+                        None,
+                    )
+                )
+        if not event_times(artifact, "failure"):
+            # A monitor lost has no failure event: the journal just ends.
+            for failure in artifact.get("failures") or []:
+                if failure.get("reason") == "monitor_lost":
+                    marks.append(
+                        _Mark(
+                            self.duration,
+                            "failure",
+                            "monitor_lost",
+                            "the journal ends here: the monitor died<br>"
+                            + html.escape(str(failure.get("message"))),
+                            COLORS["failure"],
+                            "x",
+                            "solid",
+                        )
+                    )
+        return marks
+
+    def _throttle_spans(self) -> dict[str, list[tuple[float, float, list[str]]]]:
+        if self.detail is not None:
+            return self.detail.throttle_spans
+        return {}
+
+    def _wall(self, t: float) -> str:
+        started = self.artifact.get("started_at")
+        if not started:
+            return ""
+        moment = datetime.fromisoformat(str(started).replace("Z", "+00:00")) + timedelta(seconds=t)
+        return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
+
+    # -- figure -------------------------------------------------------------------------
+
+    def lanes(self) -> list[str]:
+        order = ["progress", "command", "monitor", "failure", "notes"]
+        used = {m.lane for m in self.marks} | {"progress", "command"}
+        lanes = [lane for lane in order if lane in used]
+        lanes.extend(f"{g} throttled" for g in sorted(self.throttle, key=_group_sort_key))
+        return lanes
+
+    def to_html(self) -> str:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        lanes = self.lanes()
+        lane_height = 36 + 24 * len(lanes)
+        titles = ["What happened", "Time since the last progress (seconds)"]
+        heights = [lane_height, 170]
+        titles.extend(panel.title for panel in self.panels)
+        heights.extend(190 for _ in self.panels)
+        gap = 62
+        top, bottom = 40, 50
+        plot_height = sum(heights) + gap * (len(heights) - 1)
+        fig = make_subplots(
+            rows=len(heights),
+            cols=1,
+            shared_xaxes=True,
+            row_heights=heights,
+            vertical_spacing=gap / plot_height,
+            subplot_titles=titles,
+        )
+        self.panel_titles = titles
+        self._draw_lanes(fig, go, lanes)
+        self._draw_progress(fig, go)
+        for row, panel in enumerate(self.panels, start=3):
+            self._draw_panel(fig, go, row, panel)
+        self._draw_marks_across(fig)
+        self._style(fig, len(heights), plot_height + top + bottom, top, bottom)
+        return str(
+            fig.to_html(
+                full_html=False,
+                include_plotlyjs=True,
+                div_id="timeline",
+                default_height=f"{plot_height + top + bottom}px",
+                config={"displaylogo": False, "responsive": True, "scrollZoom": False},
+                post_script=RENDERED_SCRIPT,
+            )
+        )
+
+    def _draw_lanes(self, fig: Any, go: Any, lanes: list[str]) -> None:
+        y_of = {lane: -i for i, lane in enumerate(lanes)}
+        window = stall_window(self.artifact)
+        if window is not None and window[0] > 0:
+            fig.add_annotation(
+                x=self.x(window[0]),
+                y=y_of["progress"],
+                xref="x",
+                yref="y",
+                xanchor="right" if window[0] > self.duration * 0.6 else "left",
+                text=f"last progress {format_duration(window[0])}",
+                showarrow=False,
+                xshift=-8 if window[0] > self.duration * 0.6 else 8,
+                font={"color": COLORS["progress"], "size": 12},
+            )
+        if self.progress_times:
+            xs = [self.x(t) for t in self.progress_times]
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=[y_of["progress"]] * len(xs),
+                    mode="markers",
+                    marker={"symbol": "line-ns-open", "size": 14, "color": COLORS["progress"]},
+                    name="progress",
+                    hovertemplate="progress at %{x:.2f} " + self.x_unit + "<extra></extra>",
+                    showlegend=False,
+                ),
+                row=1,
+                col=1,
+            )
+        for lane in lanes:
+            marks = [m for m in self.marks if m.lane == lane]
+            if not marks:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[self.x(m.t) for m in marks],
+                    y=[y_of[lane]] * len(marks),
+                    mode="markers+text",
+                    text=[m.label for m in marks],
+                    textposition=[
+                        "middle left" if m.t > self.duration * 0.6 else "middle right"
+                        for m in marks
+                    ],
+                    textfont={"size": 12, "color": [m.color for m in marks]},
+                    marker={
+                        "symbol": [m.symbol for m in marks],
+                        "size": 13,
+                        "color": [m.color for m in marks],
+                        "line": {"width": 2, "color": [m.color for m in marks]},
+                    },
+                    hovertext=[m.hover for m in marks],
+                    hovertemplate="%{hovertext}<extra></extra>",
+                    cliponaxis=False,
+                    showlegend=False,
+                ),
+                row=1,
+                col=1,
+            )
+        for group, spans in self.throttle.items():
+            span_xs: list[float | None] = []
+            span_ys: list[float | None] = []
+            texts: list[str | None] = []
+            for start, end, reasons in spans:
+                span_xs.extend([self.x(start), self.x(end), None])
+                span_ys.extend([y_of[f"{group} throttled"], y_of[f"{group} throttled"], None])
+                texts.extend([", ".join(reasons), ", ".join(reasons), None])
+            fig.add_trace(
+                go.Scatter(
+                    x=span_xs,
+                    y=span_ys,
+                    mode="lines",
+                    line={"width": 10, "color": "orange"},
+                    text=texts,
+                    hovertemplate=f"{group} throttled: %{{text}}<extra></extra>",
+                    showlegend=False,
+                ),
+                row=1,
+                col=1,
+            )
+        fig.update_yaxes(
+            row=1,
+            col=1,
+            tickvals=[y_of[lane] for lane in lanes],
+            ticktext=lanes,
+            range=[-len(lanes) + 0.4, 0.6],
+            showgrid=True,
+            zeroline=False,
+            fixedrange=True,
+        )
+
+    def _progress_curve(self) -> tuple[list[float | None], list[float | None]]:
+        """A sawtooth: seconds since the last change (or the start), dropping at each change."""
+        lost = None if self.detail is not None else self._events_lost()
+        times = self.progress_times
+        # Each change's own gap, from the change before it; thinning keeps the true peaks.
+        gaps = [t - before for before, t in zip([0.0, *times], times, strict=False)]
+        kept = (
+            _thin_keeping_gaps(gaps, PROGRESS_CURVE_POINTS)
+            if len(times) > PROGRESS_CURVE_POINTS
+            else range(len(times))
+        )
+        xs: list[float | None] = [0.0]
+        ys: list[float | None] = [0.0]
+        previous = 0.0
+        for i in kept:
+            t, gap = times[i], gaps[i]
+            if lost is not None and previous <= lost[0] < t:
+                # The artifact kept no events here: break the curve instead of inventing a gap.
+                xs.extend([self.x(lost[0]), None, self.x(lost[1])])
+                ys.extend([lost[0] - previous, None, 0.0])
+                gap = t - lost[1]
+            xs.extend([self.x(t), self.x(t)])
+            ys.extend([round(gap, 3), 0.0])
+            previous = t
+        # After the command's exit the time since progress means nothing: the curve ends there.
+        exits = event_times(self.artifact, "exited")
+        end = max(previous, min([self.duration, *exits]))
+        xs.append(self.x(end))
+        ys.append(round(end - previous, 3))
+        return xs, ys
+
+    def _draw_progress(self, fig: Any, go: Any) -> None:
+        xs, ys = self._progress_curve()
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines",
+                line={"color": COLORS["progress"], "width": 2},
+                fill="tozeroy",
+                fillcolor="rgba(44, 160, 44, 0.12)",
+                name="since last progress",
+                hovertemplate="%{y:.1f}s since the last progress<extra></extra>",
+                showlegend=False,
+                connectgaps=False,
+            ),
+            row=2,
+            col=1,
+        )
+        first = self.progress_times[0] if self.progress_times else None
+        startup = config_value(self.artifact, "startup_timeout_seconds")
+        stale = config_value(self.artifact, "stale_progress_seconds")
+        peak = max([y for y in ys if y is not None] + [0.0])
+        limits = []
+        if stale is not None and first is not None:
+            limits.append((first, self.duration, stale, f"stale limit {format_duration(stale)}"))
+        if startup is not None and (first is None or startup <= max(peak, 1e-3) * LIMIT_HEADROOM):
+            # Once progress was seen the startup limit no longer matters: only drawn to scale.
+            end = first if first is not None else self.duration
+            limits.append((0.0, end, startup, f"startup limit {format_duration(startup)}"))
+        for start, end, value, label in limits:
+            if value > max(peak, 1e-3) * LIMIT_HEADROOM:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[self.x(start), self.x(end)],
+                    y=[value, value],
+                    mode="lines+text",
+                    line={"color": COLORS["failure"], "dash": "dash", "width": 1.5},
+                    text=[label, ""],
+                    textposition="top right",
+                    textfont={"color": COLORS["failure"], "size": 12},
+                    hoverinfo="skip",
+                    showlegend=False,
+                ),
+                row=2,
+                col=1,
+            )
+        shown = [limit for limit in limits if limit[2] <= max(peak, 1e-3) * LIMIT_HEADROOM]
+        off_scale = [limit[3] for limit in limits if limit not in shown]
+        if off_scale:
+            # A limit far above every gap would flatten the curve: name it instead.
+            fig.add_annotation(
+                x=1,
+                y=1,
+                xref="x2 domain",
+                yref="y2 domain",
+                xanchor="right",
+                yanchor="top",
+                text=f"{' and '.join(off_scale)}: far above every gap",
+                showarrow=False,
+                font={"color": COLORS["failure"], "size": 12},
+            )
+        top = max([peak] + [limit[2] for limit in limits if limit in shown]) * 1.25 or 1.0
+        fig.update_yaxes(row=2, col=1, range=[0, top])
+
+    def _draw_panel(self, fig: Any, go: Any, row: int, panel: _Panel) -> None:
+        peak = 0.0
+        for f in panel.fields:
+            values = [v for v in self.series[f.group][f.name] if v is not None]
+            peak = max([peak, *values])
+        scale = _scale_for(panel.unit, peak)
+        legend = f"legend{row}"
+        gpu_colors = {
+            g: PALETTE[i % len(PALETTE)]
+            for i, g in enumerate(sorted({f.group for f in panel.fields}, key=_group_sort_key))
+        }
+        names_per_group = {f.group: 0 for f in panel.fields}
+        for f in panel.fields:
+            names_per_group[f.group] += 1
+        for i, f in enumerate(panel.fields):
+            series = self.series[f.group]
+            label = f"{f.label} {f.qualifier}".strip()
+            if panel.is_gpu:
+                color = gpu_colors[f.group]
+                name = f"GPU {gpu_index(f.group)}"
+                if names_per_group[f.group] > 1:
+                    name += f" {label}"
+            else:
+                color = PALETTE[i % len(PALETTE)]
+                name = label
+            dash = "dot" if any(w in f.name for w in ("limit", "total")) else "solid"
+            ys = [None if v is None else v / scale.divisor for v in series[f.name]]
+            fig.add_trace(
+                go.Scatter(
+                    x=[self.x(t) for t in series["t"]],
+                    y=ys,
+                    mode="lines",
+                    line={"color": color, "width": 1.8, "dash": dash},
+                    name=name,
+                    legend=legend,
+                    showlegend=len(panel.fields) > 1,
+                    hovertemplate=f"%{{y:.3g}} {scale.unit}<extra>{html.escape(name)}</extra>",
+                ),
+                row=row,
+                col=1,
+            )
+        axis: dict[str, Any] = {"title_text": scale.unit or "count", "rangemode": "tozero"}
+        if panel.unit == "%":
+            axis["range"] = [0, max(100.0, peak * 1.05)]
+        fig.update_yaxes(row=row, col=1, **axis)
+        if panel.is_gpu:
+            for group, spans in self.throttle.items():
+                if group in gpu_colors:
+                    for start, end, _ in spans:
+                        fig.add_vrect(
+                            x0=self.x(start),
+                            x1=self.x(end),
+                            fillcolor=COLORS["throttle"],
+                            line_width=0,
+                            layer="below",
+                            row=row,
+                            col=1,
+                        )
+
+    def _draw_marks_across(self, fig: Any) -> None:
+        shapes: list[dict[str, Any]] = []
+        window = stall_window(self.artifact)
+        if window is not None:
+            shapes.append(
+                {
+                    "type": "rect",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": self.x(window[0]),
+                    "x1": self.x(window[1]),
+                    "y0": 0,
+                    "y1": 1,
+                    "fillcolor": COLORS["stall"],
+                    "line": {"width": 0},
+                    "layer": "below",
+                }
+            )
+            fig.add_annotation(
+                x=self.x((window[0] + window[1]) / 2),
+                y=1,
+                xref="x",
+                yref="y2 domain",
+                yanchor="bottom",
+                text=f"<b>no progress for {format_duration(window[1] - window[0])}</b>",
+                showarrow=False,
+                font={"color": COLORS["failure"], "size": 13},
+            )
+        for t in _thin(self.progress_times, PROGRESS_LINES):
+            shapes.append(_vline(self.x(t), COLORS["progress"], "solid", 1, 0.35))
+        for mark in self.marks:
+            if mark.dash is not None:
+                shapes.append(_vline(self.x(mark.t), mark.color, mark.dash, 2, 0.9))
+        fig.update_layout(shapes=[*fig.layout.shapes, *shapes])
+
+    def _style(self, fig: Any, rows: int, height: int, top: int, bottom: int) -> None:
+        fig.update_layout(
+            template="simple_white",
+            height=height,
+            margin={"l": 80, "r": 30, "t": top, "b": bottom},
+            hovermode="closest",
+            font={"family": "system-ui, sans-serif", "size": 12},
+        )
+        end = self.x(self.duration)
+        fig.update_xaxes(
+            showticklabels=True,
+            showgrid=True,
+            gridcolor="#eef0f3",
+            range=[-end * 0.01, end * 1.01],
+            ticks="outside",
+            ticksuffix={"seconds": " s", "minutes": " min", "hours": " h"}[self.x_unit],
+        )
+        fig.update_xaxes(title_text=f"{self.x_unit} since the start", row=rows, col=1)
+        fig.update_yaxes(showgrid=True, gridcolor="#eef0f3")
+        for i, annotation in enumerate(fig.layout.annotations):
+            if i >= rows:
+                break
+            # Subplot titles: left-aligned above their panel, bold, like section headings.
+            annotation.update(
+                x=0, xanchor="left", font={"size": 14}, text=f"<b>{annotation.text}</b>"
+            )
+        for row in range(3, rows + 1):
+            domain = fig.get_subplot(row, 1).yaxis.domain
+            fig.update_layout(
+                {
+                    f"legend{row}": {
+                        "x": 1,
+                        "xanchor": "right",
+                        "y": domain[1],
+                        "yanchor": "bottom",
+                        "orientation": "h",
+                        "font": {"size": 12},
+                        "bgcolor": "rgba(255,255,255,0)",
+                    }
+                }
+            )
+
+    def help_text(self) -> str:
+        lanes = {m.lane for m in self.marks}
+        keys = []
+        if stall_window(self.artifact) is not None:
+            keys.append(("rgba(214, 39, 40, 0.3)", "no progress before the failure"))
+        if self.progress_times:
+            keys.append((COLORS["progress"], "a progress change"))
+        if "failure" in lanes:
+            keys.append((COLORS["failure"], "the failure"))
+        if any(m.lane == "monitor" and m.dash for m in self.marks):
+            keys.append((COLORS["signal"], "a signal sent by the monitor"))
+        if any(m.lane == "command" and m.dash for m in self.marks):
+            keys.append((COLORS["exit"], "the command's exit"))
+        if self.throttle:
+            keys.append((COLORS["throttle"], "GPU clocks held back (throttling)"))
+        legend = "".join(
+            f'<span class="key" style="background:{color}"></span>{html.escape(text)}'
+            for color, text in keys
+        )
+        lost = (
+            ""
+            if self.detail is not None or self._events_lost() is None
+            else (
+                " Some events in the middle of the run were not kept in the artifact: keep the "
+                "journal beside it to see them."
+            )
+        )
+        return (
+            "Every panel shares one time axis: drag to zoom (all panels follow), "
+            "double-click to reset, hover for values." + lost + "<br>" + legend
+        )
+
+
+RENDERED_SCRIPT = """
+var plot = document.getElementById("{plot_id}");
+var marker = document.getElementById("render-status");
+var titles = Array.prototype.map.call(
+  plot.querySelectorAll(".annotation-text"), function (e) { return e.textContent; });
+marker.dataset.subplots = String(plot.querySelectorAll(".cartesianlayer > .subplot").length);
+marker.dataset.traces = String(plot.querySelectorAll(".scatterlayer .trace").length);
+marker.dataset.titles = titles.join("|");
+marker.dataset.labels = Array.prototype.map.call(
+  plot.querySelectorAll(".textpoint"), function (e) { return e.textContent; }).join("|");
+marker.dataset.state = "rendered";
+"""
+
+
+def _vline(x: float, color: str, dash: str, width: float, opacity: float) -> dict[str, Any]:
+    return {
+        "type": "line",
+        "xref": "x",
+        "yref": "paper",
+        "x0": x,
+        "x1": x,
+        "y0": 0,
+        "y1": 1,
+        "line": {"color": color, "dash": dash, "width": width},
+        "opacity": opacity,
+        "layer": "above",
+    }
+
+
+def _thin(times: Sequence[float], limit: int) -> list[float]:
+    """At most ``limit`` times, one per equal slice of the run."""
+    if len(times) <= limit:
+        return list(times)
+    start, end = times[0], times[-1]
+    width = (end - start) / limit or 1.0
+    kept: dict[int, float] = {}
+    for t in times:
+        kept.setdefault(int((t - start) / width), t)
+    return list(kept.values())
+
+
+def _thin_keeping_gaps(gaps: Sequence[float], limit: int) -> list[int]:
+    """About ``limit`` indices: the longest gaps, the first and last, and evenly spaced others."""
+    longest = sorted(range(len(gaps)), key=gaps.__getitem__, reverse=True)[: limit // 2]
+    step = max(1, len(gaps) // max(limit // 2, 1))
+    return sorted({0, len(gaps) - 1, *longest, *range(0, len(gaps), step)})
+
+
+def _pids(pids: object) -> str:
+    if not isinstance(pids, list):
+        return "?"
+    shown = ", ".join(str(p) for p in pids[:10])
+    return shown + (f" and {len(pids) - 10} more" if len(pids) > 10 else "")
+
+
+def _exit_label(artifact: Mapping[str, Any]) -> str:
+    exit_ = artifact.get("exit") or {}
+    returncode = exit_.get("returncode")
+    if returncode is not None and returncode < 0:
+        return f"exit: {exit_.get('signal') or returncode}"
+    return f"exit {returncode}"
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+def _gpu_html(summary: Mapping[str, Any], timeline: _Timeline) -> str:
+    gpus = summary["gpus"]
+    if not gpus:
+        return ""
+    rows = []
+    for g in gpus:
+        throttled = ", ".join(g["throttle_reasons"]) or "-"
+        if g["throttle_reasons"] and g["gpu"] not in timeline.throttle:
+            throttled += " (when: in the journal)"
+        cells = [
+            g["gpu"],
+            g.get("name") or "n/a",
+            format_value(g["utilization_mean_percent"], "%"),
+            format_value(g["utilization_max_percent"], "%"),
+            format_value(g["memory_used_max_mib"], "MiB"),
+            format_value(g["power_max_w"], "W"),
+            format_value(g["temperature_max_c"], "°C"),
+            throttled,
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    head = (
+        "<tr><th>GPU</th><th>name</th><th>utilisation mean</th><th>max</th>"
+        "<th>memory used max</th><th>power max</th><th>temperature max</th>"
+        "<th>clocks held back by</th></tr>"
+    )
+    return f'<section id="gpus"><h2>GPUs</h2><table>{head}{"".join(rows)}</table></section>'
+
+
+def _events_html(artifact: Mapping[str, Any]) -> str:
+    events = list(artifact.get("events") or [])
+    started = artifact.get("started_at")
+    start = datetime.fromisoformat(str(started).replace("Z", "+00:00")) if started else None
+    dropped = int(artifact.get("events_dropped") or 0)
+    rows: list[str] = []
+
+    def wall(t: float) -> str:
+        if start is None:
+            return ""
+        return (start + timedelta(seconds=t)).astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
+
+    def row(kind: str, t: float, what: str, detail: str) -> None:
+        rows.append(
+            f'<tr class="{html.escape(kind)}"><td>{format_duration(t)}</td><td>{wall(t)}</td>'
+            f"<td>{html.escape(what)}</td><td>{html.escape(detail)}</td></tr>"
+        )
+
+    i = 0
+    while i < len(events):
+        if dropped and i == EVENTS_HEAD:
+            rows.append(
+                f'<tr class="gap"><td colspan="4">... {dropped} events not kept in the '
+                "artifact (the journal has them all) ...</td></tr>"
+            )
+        event = events[i]
+        if event.get("kind") == "progress":
+            j = i
+            paths: dict[str, None] = {}
+            while (
+                j < len(events)
+                and events[j].get("kind") == "progress"
+                and not (dropped and j == EVENTS_HEAD and j != i)
+            ):
+                paths.update(dict.fromkeys(events[j].get("paths") or []))
+                j += 1
+            run = events[i:j]
+            names = ", ".join(Path(p).name for p in list(paths)[:5])
+            more = ", ..." if len(paths) > 5 else ""
+            if len(run) == 1:
+                row("progress", float(event["t"]), "progress", f"{names}{more}")
+            else:
+                row(
+                    "progress",
+                    float(run[0]["t"]),
+                    f"progress x{len(run)}",
+                    f"until {format_duration(float(run[-1]['t']))}: {names}{more}",
+                )
+            i = j
+            continue
+        row(str(event.get("kind")), float(event.get("t", 0.0)), *_event_text(artifact, event))
+        i += 1
+    if not rows:
+        return ""
+    head = "<tr><th>since start</th><th>time (UTC)</th><th>event</th><th>details</th></tr>"
+    return (
+        f'<section id="events"><h2>Events</h2><div class="scroll"><table>{head}{"".join(rows)}'
+        "</table></div></section>"
+    )
+
+
+def _event_text(artifact: Mapping[str, Any], event: Mapping[str, Any]) -> tuple[str, str]:
+    kind = str(event.get("kind"))
+    if kind == "started":
+        return "started", f"pid {event.get('pid')} (reaper {event.get('reaper_pid')})"
+    if kind == "failure":
+        return f"failure: {event.get('reason')}", str(event.get("message"))
+    if kind == "stop":
+        return (
+            "stop",
+            f"cause {event.get('cause')}, mode {event.get('mode')}, "
+            f"grace {event.get('grace_seconds')}s",
+        )
+    if kind == "signal":
+        return (
+            f"{event.get('signal')} sent",
+            f"to the {event.get('target')}: pids {_pids(event.get('pids'))}",
+        )
+    if kind == "exited":
+        return "command exited", exit_text(artifact)
+    if kind == "tree_gone":
+        return "tree gone", "every process of the tree has exited"
+    if kind in ("leftover", "abandoned"):
+        return kind, _process_text(event.get("process") or {})
+    if kind in ("sampler_degraded", "sampler_recovered", "sampler_note"):
+        return kind.replace("_", " "), f"{event.get('sampler')}: {event.get('message')}"
+    if kind == "warning":
+        return "warning", str(event.get("message"))
+    if kind == "finished":
+        return "finished", f"status {event.get('status')}"
+    if kind == "forensics":
+        return "forensics", f"{event.get('processes')} process(es) recorded (see Forensics)"
+    if kind == "oom_kill":
+        return "OOM kill", f"pid {event.get('pid')} ({event.get('name')}): {event.get('message')}"
+    rest = {k: v for k, v in event.items() if k not in ("t", "kind")}
+    return kind, json.dumps(rest, default=str)[:300]
+
+
+def _process_text(process: Mapping[str, Any]) -> str:
+    cmdline = process.get("cmdline")
+    command = shlex.join(cmdline) if cmdline else str(process.get("name"))
+    return f"pid {process.get('pid')} ({process.get('state', '?')}): {command}" + (
+        f"; {process['left_group']}" if process.get("left_group") else ""
+    )
+
+
+def _process_table(processes: Sequence[Mapping[str, Any]]) -> str:
+    head = "<tr><th>pid</th><th>ppid</th><th>state</th><th>command</th><th>how it left</th></tr>"
+    rows = []
+    for p in processes:
+        cmdline = p.get("cmdline")
+        command = shlex.join(cmdline) if cmdline else str(p.get("name") or "?")
+        cells = [
+            p.get("pid"),
+            p.get("ppid", ""),
+            p.get("state", "?"),
+            command,
+            p.get("left_group", ""),
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _leftovers_html(artifact: Mapping[str, Any]) -> str:
+    leftovers = artifact.get("leftover_processes") or []
+    body = (
+        _process_table(leftovers)
+        if leftovers
+        else '<p class="empty">None: every process of the tree ended with the command.</p>'
+    )
+    return f'<section id="leftovers"><h2>Leftover processes</h2>{body}</section>'
+
+
+def _forensics_html(artifact: Mapping[str, Any]) -> str:
+    parts = ['<section id="forensics"><h2>Forensics</h2>']
+    abandoned = artifact.get("abandoned_processes") or []
+    if abandoned:
+        parts.append("<h3>Processes that would not die (abandoned)</h3>")
+        parts.append(_process_table(abandoned))
+    oom_kills = artifact.get("oom_kills") or []
+    if oom_kills:
+        items = "".join(
+            f"<li>pid {html.escape(str(k.get('pid')))} ({html.escape(str(k.get('name')))}): "
+            f'<span class="mono">{html.escape(str(k.get("message")))}</span></li>'
+            for k in oom_kills
+        )
+        parts.append(f"<h3>Killed by the kernel's OOM killer</h3><ul>{items}</ul>")
+    forensics = artifact.get("forensics")
+    if isinstance(forensics, dict):
+        parts.append(_stall_forensics_html(forensics))
+    monitor = dict(artifact.get("monitor") or {})
+    notes = monitor.pop("sampler_notes", []) or []
+    if notes:
+        items = "".join(
+            f"<li>{format_duration(float(n.get('t', 0)))}: {html.escape(str(n.get('kind')))} "
+            f"({html.escape(str(n.get('sampler')))}): {html.escape(str(n.get('message')))}</li>"
+            for n in notes
+        )
+        parts.append(f"<h3>Sampler notes</h3><ul>{items}</ul>")
+    stop = artifact.get("stop") or {}
+    if stop.get("cause"):
+        parts.append(
+            "<p>Stop: "
+            + html.escape(
+                f"cause {stop.get('cause')}, mode {stop.get('mode')}, "
+                f"grace {stop.get('grace_seconds')}s, SIGKILL needed: "
+                f"{'yes' if stop.get('killed') else 'no'}"
+            )
+            + "</p>"
+        )
+    # The monotonic start only serves to date kernel records; it means nothing to a reader.
+    shown = {
+        k: v for k, v in monitor.items() if v not in (None, {}, [], "") and k != "monotonic_start"
+    }
+    parts.append(
+        "<p>Monitor: "
+        + html.escape(", ".join(f"{k.replace('_', ' ')} {_plain(v)}" for k, v in shown.items()))
+        + "</p>"
+    )
+    parts.append(_json_details("Effective configuration", artifact.get("config")))
+    parts.append(_json_details("Runtime snapshot (provenance)", artifact.get("snapshot")))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _stall_forensics_html(forensics: Mapping[str, Any]) -> str:
+    t = forensics.get("t")
+    when = format_duration(float(t)) if isinstance(t, int | float) else "?"
+    processes = forensics.get("processes") or []
+    py_spy = forensics.get("py_spy") or "not installed (pip install py-spy for Python stacks)"
+    parts = [
+        f"<h3>What the tree was doing at {when} ({html.escape(str(forensics.get('reason')))}), "
+        "before the first signal</h3>",
+        f'<p class="help">{len(processes)} process(es); py-spy: {html.escape(str(py_spy))}'
+        + (
+            f"; {forensics['skipped_for_time']} skipped for lack of time"
+            if forensics.get("skipped_for_time")
+            else ""
+        )
+        + "</p>",
+    ]
+    for i, process in enumerate(processes):
+        if "error" in process and "name" not in process:
+            parts.append(
+                f"<p>pid {html.escape(str(process.get('pid')))}: "
+                f"{html.escape(str(process['error']))}</p>"
+            )
+            continue
+        wchan = process.get("wchan")
+        where = f" in <b>{html.escape(str(wchan))}</b>" if wchan not in (None, "", "0") else ""
+        frame = innermost_python_frame(process)
+        at = f", Python at <b>{html.escape(frame)}</b>" if frame else ""
+        summary = (
+            f"pid {html.escape(str(process.get('pid')))} {html.escape(str(process.get('name')))}"
+            f": {html.escape(str(process.get('state')))}{where}, "
+            f"{html.escape(str(process.get('num_threads')))} thread(s){at}"
+        )
+        body = [f'<p class="mono">{html.escape(_short_command(process.get("cmdline")))}</p>']
+        stack = process.get("python_stack") or {}
+        if stack.get("stack"):
+            body.append(f"<h4>Python stack (py-spy)</h4><pre>{html.escape(stack['stack'])}</pre>")
+        elif stack.get("error"):
+            body.append(f"<p>Python stack: {html.escape(str(stack['error']))}</p>")
+        if process.get("kernel_stack"):
+            body.append(
+                f"<h4>Kernel stack</h4><pre>{html.escape(str(process['kernel_stack']))}</pre>"
+            )
+        threads = process.get("threads") or []
+        if len(threads) > 1:
+            rows = "".join(
+                "<tr>"
+                + "".join(
+                    f"<td>{html.escape(str(th.get(k, '')))}</td>"
+                    for k in ("tid", "name", "state", "wchan")
+                )
+                + "</tr>"
+                for th in threads
+            )
+            body.append(
+                "<h4>Threads</h4><table><tr><th>tid</th><th>name</th><th>state</th>"
+                f"<th>waiting in</th></tr>{rows}</table>"
+            )
+        opened = " open" if i < 2 else ""
+        parts.append(f"<details{opened}><summary>{summary}</summary>{''.join(body)}</details>")
+    return "\n".join(parts)
+
+
+def _short_command(cmdline: object) -> str:
+    if not isinstance(cmdline, list) or not cmdline:
+        return ""
+    text = shlex.join(str(a) for a in cmdline).replace("\n", " ")
+    return text if len(text) <= COMMAND_SHOWN else text[: COMMAND_SHOWN - 3] + "..."
+
+
+def _plain(value: object) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{v} {k}" for k, v in value.items())
+    return str(value)
+
+
+def _json_details(title: str, value: object) -> str:
+    text = json.dumps(value, indent=1, default=str)
+    return (
+        f"<details><summary>{html.escape(title)}</summary><pre>{html.escape(text)}</pre></details>"
+    )
+
+
+def _log_html(artifact: Mapping[str, Any]) -> str:
+    log = artifact.get("log") or {}
+    tail = str(log.get("tail") or "")
+    path = html.escape(str(log.get("path")))
+    if not tail.strip():
+        return (
+            '<section id="log"><h2>Log tail</h2><p class="empty">'
+            f"The command printed nothing ({path}).</p></section>"
+        )
+    return (
+        f'<section id="log"><h2>Log tail</h2><p class="help">The end of the command\'s output, '
+        f'from {path}.</p><pre class="log" id="log-tail">{html.escape(tail)}</pre></section>'
+        "<script>var log = document.getElementById('log-tail');"
+        " log.scrollTop = log.scrollHeight;</script>"
+    )
+
+
+def _footer_html(artifact: Mapping[str, Any], source: str | None) -> str:
+    made_from = f" from {html.escape(source)}" if source else ""
+    journal = (artifact.get("monitor") or {}).get("journal_path")
+    return (
+        f"<footer>asyncsoak {__version__} report{made_from}; journal "
+        f"{html.escape(str(journal))}.</footer>"
+    )

@@ -1,0 +1,591 @@
+"""``asyncsoak summary``: the verdict and what to look at first, on one screen.
+
+:func:`summarize` reads an artifact into plain facts and sentences (also used by the HTML
+report's header); :func:`format_summary` lays them out as text.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import statistics
+import textwrap
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from ._fields import describe, format_clock, format_duration, format_value, group_kind
+
+#: The primary reason in plain words.
+REASON_TITLES = {
+    "spawn_failed": "The command could not be started",
+    "startup_timeout": "The training never showed progress",
+    "stale_progress": "The training stopped making progress",
+    "nonzero_exit": "The command failed (non-zero exit status)",
+    "signaled": "The command was killed by a signal",
+    "too_short": "The command ended too early",
+    "leftover_processes": "Processes outlived the command",
+    "monitor_lost": "The monitor died before the run finished",
+    "monitor_error": "The monitor itself failed",
+}
+STATUS_HEADLINES = {
+    "passed": "The soak passed",
+    "failed": "The soak failed",
+    "cancelled": "The soak was stopped on request",
+    "error": "The monitor failed",
+}
+#: Throttle reasons that mean nothing is held back.
+IDLE_THROTTLE = frozenset({"gpu_idle", "none", "not_active"})
+#: Log lines shown by the summary.
+LOG_LINES = 12
+#: Tree CPU (percent of one core) below which a stalled tree is called idle, above which busy.
+IDLE_CPU_PERCENT = 5.0
+BUSY_CPU_PERCENT = 50.0
+
+
+def summarize(artifact: Mapping[str, Any]) -> dict[str, Any]:
+    """The facts someone needs first about a run, as JSON-ready data."""
+    status = str(artifact.get("status"))
+    failures = list(artifact.get("failures") or [])
+    reasons = [
+        {
+            "reason": f["reason"],
+            "title": REASON_TITLES.get(f["reason"], f["reason"]),
+            "message": f["message"],
+            "at": f.get("at"),
+            "t": seconds_at(artifact, f.get("at")),
+        }
+        for f in failures
+    ]
+    progress = dict(artifact.get("progress") or {})
+    progress["last_change_t"] = seconds_at(artifact, progress.get("last_change_at"))
+    progress["first_change_t"] = seconds_at(artifact, progress.get("first_change_at"))
+    log = artifact.get("log") or {}
+    tail_lines = str(log.get("tail") or "").rstrip("\n").splitlines()[-LOG_LINES:]
+    return {
+        "status": status,
+        "headline": REASON_TITLES.get(reasons[0]["reason"], STATUS_HEADLINES.get(status, status))
+        if reasons
+        else STATUS_HEADLINES.get(status, status),
+        "reasons": reasons,
+        "warnings": list(artifact.get("warnings") or []),
+        "started_at": artifact.get("started_at"),
+        "ended_at": artifact.get("ended_at"),
+        "duration_seconds": artifact.get("duration_seconds"),
+        "command": list(artifact.get("command") or []),
+        "exit": {**(artifact.get("exit") or {}), "text": exit_text(artifact)},
+        "progress": progress,
+        "look_first": look_first(artifact),
+        "peaks": peaks(artifact),
+        "gpus": gpu_table(artifact),
+        "leftovers": list(artifact.get("leftover_processes") or []),
+        "abandoned": list(artifact.get("abandoned_processes") or []),
+        "provenance": provenance(artifact),
+        "log": {"path": log.get("path"), "last_lines": tail_lines},
+        "journal_path": (artifact.get("monitor") or {}).get("journal_path"),
+    }
+
+
+# -- facts -----------------------------------------------------------------------------------
+
+
+def seconds_at(artifact: Mapping[str, Any], iso_time: str | None) -> float | None:
+    """Seconds from the soak's start to an artifact timestamp."""
+    started = artifact.get("started_at")
+    if not iso_time or not started:
+        return None
+    try:
+        delta = _parse(iso_time) - _parse(started)
+    except ValueError:
+        return None
+    return round(delta.total_seconds(), 3)
+
+
+def _parse(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def config_value(artifact: Mapping[str, Any], name: str) -> float | None:
+    value = (artifact.get("config") or {}).get(name)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def signals_sent(artifact: Mapping[str, Any]) -> list[str]:
+    return [str(s.get("signal")) for s in (artifact.get("stop") or {}).get("signals") or []]
+
+
+def exit_text(artifact: Mapping[str, Any]) -> str:
+    """How the command ended, decoded: ``killed by SIGTERM (sent by the monitor)``."""
+    exit_ = artifact.get("exit") or {}
+    returncode = exit_.get("returncode")
+    if returncode is None:
+        if any(f.get("reason") == "spawn_failed" for f in artifact.get("failures") or []):
+            return "never started"
+        return "unknown (no exit was recorded)"
+    if returncode < 0:
+        name = exit_.get("signal") or _signal_name(-returncode)
+        by = "sent by the monitor" if name in signals_sent(artifact) else "not sent by the monitor"
+        text = f"killed by {name} ({by})"
+        if name == "SIGKILL" and by.startswith("not"):
+            text += "; often the kernel's OOM killer"
+        return text
+    if returncode == 0:
+        return "exit status 0"
+    if returncode > 128 and _signal_name(returncode - 128).startswith("SIG"):
+        name = _signal_name(returncode - 128)
+        return f"exit status {returncode} (128+{returncode - 128}: probably {name} through a shell)"
+    return f"exit status {returncode}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def event_times(artifact: Mapping[str, Any], kind: str) -> list[float]:
+    return [float(e["t"]) for e in artifact.get("events") or [] if e.get("kind") == kind]
+
+
+def stall_window(artifact: Mapping[str, Any]) -> tuple[float, float] | None:
+    """Where the run made no progress before a liveness rule fired: ``(start, end)`` seconds."""
+    reasons = [f.get("reason") for f in artifact.get("failures") or []]
+    failure_times = event_times(artifact, "failure")
+    end = failure_times[0] if failure_times else float(artifact.get("duration_seconds") or 0)
+    if "stale_progress" in reasons:
+        last = seconds_at(artifact, (artifact.get("progress") or {}).get("last_change_at"))
+        return (last, end) if last is not None else None
+    if "startup_timeout" in reasons:
+        return (0.0, end)
+    return None
+
+
+def series_typical(
+    artifact: Mapping[str, Any], group: str, name: str, start: float, end: float
+) -> float | None:
+    """The median of a series field between two times.
+
+    The median, not the mean: the first sample after a stall begins still carries the work
+    just before it, and one such point would drag a short window's mean up.
+    """
+    series = (artifact.get("series") or {}).get(group) or {}
+    values = [
+        v
+        for t, v in zip(series.get("t") or [], series.get(name) or [], strict=False)
+        if start <= t <= end and v is not None
+    ]
+    return statistics.median(values) if values else None
+
+
+def look_first(artifact: Mapping[str, Any]) -> list[str]:
+    """Plain sentences: what happened and where to look, most important first."""
+    hints: list[str] = []
+    failures = artifact.get("failures") or []
+    primary = failures[0]["reason"] if failures else None
+    progress = artifact.get("progress") or {}
+    if primary == "stale_progress":
+        hints.extend(_stall_hints(artifact))
+        hints.extend(_forensics_hints(artifact))
+    elif primary == "startup_timeout":
+        limit = config_value(artifact, "startup_timeout_seconds") or 0.0
+        hints.append(
+            f"No file in the progress dir {progress.get('dir')} changed within "
+            f"{format_duration(limit)} of the start. Check that the trainer writes its metrics "
+            "or checkpoints there (or use --output-is-progress if it only prints)."
+        )
+        hints.extend(_stall_cpu_hints(artifact))
+        hints.extend(_forensics_hints(artifact))
+    elif primary in ("nonzero_exit", "spawn_failed", "monitor_error"):
+        hints.append("The last lines of the log, below, usually say why.")
+    elif primary == "signaled":
+        hints.append(f"The command was {exit_text(artifact)}.")
+        if not artifact.get("oom_kills"):
+            hints.extend(_memory_hints(artifact))
+    elif primary == "too_short":
+        hints.append(
+            f"It ran {format_duration(float(artifact.get('duration_seconds') or 0))}, less than "
+            f"min_duration_seconds={config_value(artifact, 'min_duration_seconds') or 0:g}: "
+            "a crash early on, or a run configured to finish too soon."
+        )
+    elif primary == "monitor_lost":
+        hints.append(
+            "This artifact was rebuilt from the journal: the figures stop where the monitor "
+            "died. Its reaper stops the command's tree when the monitor goes; look at the "
+            "machine's logs (dmesg, the scheduler) for why the monitor was killed."
+        )
+    for kill in artifact.get("oom_kills") or []:
+        hints.append(
+            f"The kernel's OOM killer killed pid {kill.get('pid')} ({kill.get('name')}): "
+            f"{kill.get('message')}"
+        )
+    leftovers = artifact.get("leftover_processes") or []
+    if leftovers:
+        names = ", ".join(_process_name(p) for p in leftovers[:4])
+        more = f" and {len(leftovers) - 4} more" if len(leftovers) > 4 else ""
+        hints.append(
+            f"{len(leftovers)} process(es) outlived the command and were killed: {names}{more}."
+        )
+    if artifact.get("abandoned_processes"):
+        hints.append(
+            f"{len(artifact['abandoned_processes'])} process(es) would not die even after "
+            "SIGKILL (often stuck in uninterruptible sleep, D): they may still be running."
+        )
+    throttled = _throttle_seen(artifact)
+    if throttled:
+        hints.append("GPU clocks were held back: " + "; ".join(throttled) + ".")
+    monitor = artifact.get("monitor") or {}
+    if monitor.get("dropped_samples"):
+        hints.append(
+            f"{monitor['dropped_samples']} samples were dropped (the monitor fell behind): "
+            "the plots have gaps."
+        )
+    for note in monitor.get("sampler_notes") or []:
+        if note.get("kind") == "sampler_degraded":
+            hints.append(f"The {note.get('sampler')} sampler degraded: {note.get('message')}.")
+    if artifact.get("status") == "passed":
+        gap = progress.get("longest_gap_seconds") or 0.0
+        stale = config_value(artifact, "stale_progress_seconds")
+        against = f" (limit {format_duration(stale)})" if stale else ""
+        hints.insert(
+            0,
+            f"{progress.get('changes', 0)} progress changes; the longest quiet gap was "
+            f"{format_duration(gap)}{against}.",
+        )
+    hints.extend(f"Warning: {w}" for w in artifact.get("warnings") or [])
+    return hints
+
+
+def _stall_hints(artifact: Mapping[str, Any]) -> list[str]:
+    window = stall_window(artifact)
+    limit = config_value(artifact, "stale_progress_seconds") or 0.0
+    progress = artifact.get("progress") or {}
+    if window is None:
+        return []
+    start, end = window
+    hints = [
+        f"Progress stopped {format_duration(start)} into the run "
+        f"({format_clock(progress.get('last_change_at'))}): nothing in {progress.get('dir')} "
+        f"changed for {format_duration(limit)}, so the monitor stopped the run at "
+        f"{format_duration(end)}. Look at what the trainer was doing just after "
+        f"{format_duration(start)} (log tail below)."
+    ]
+    return hints + _stall_cpu_hints(artifact)
+
+
+def _stall_cpu_hints(artifact: Mapping[str, Any]) -> list[str]:
+    window = stall_window(artifact)
+    if window is None:
+        return []
+    start, end = window
+    hints = []
+    cpu = series_typical(artifact, "tree", "cpu_percent", start, end)
+    if cpu is not None and cpu <= IDLE_CPU_PERCENT:
+        hints.append(
+            f"The process tree was idle while stalled (CPU about {cpu:.0f}%): it was waiting "
+            "(a deadlock, a hung collective, blocked I/O), not computing."
+        )
+    elif cpu is not None and cpu >= BUSY_CPU_PERCENT:
+        hints.append(
+            f"The process tree kept busy while stalled (CPU about {cpu:.0f}%): a busy loop, "
+            "or work that no longer writes to the progress dir."
+        )
+    gpus = []
+    for group in sorted(artifact.get("series") or {}, key=lambda g: (len(g), g)):
+        if group_kind(group) == "gpu":
+            util = series_typical(artifact, group, "utilization_gpu_percent", start, end)
+            if util is not None:
+                gpus.append(f"{group} about {util:.0f}%")
+    if gpus:
+        hints.append(f"GPU utilisation while stalled: {', '.join(gpus)}.")
+    return hints
+
+
+def _forensics_hints(artifact: Mapping[str, Any]) -> list[str]:
+    forensics = artifact.get("forensics")
+    if not isinstance(forensics, dict):
+        return []
+    processes = [p for p in forensics.get("processes") or [] if "error" not in p]
+    if not processes:
+        return []
+    parts = []
+    for process in processes[:3]:
+        text = f"pid {process.get('pid')} {process.get('name')} {process.get('state')}"
+        if process.get("wchan") not in (None, "", "0"):
+            text += f" in {process['wchan']}"
+        frame = innermost_python_frame(process)
+        if frame:
+            text += f", Python at {frame}"
+        parts.append(text)
+    more = f"; and {len(processes) - 3} more" if len(processes) > 3 else ""
+    t = forensics.get("t")
+    when = f" at {format_duration(float(t))}" if isinstance(t, int | float) else ""
+    return [
+        f"What the tree was doing{when}, before the first signal: {'; '.join(parts)}{more}. "
+        "The full stacks are under Forensics."
+    ]
+
+
+def innermost_python_frame(process: Mapping[str, Any]) -> str | None:
+    """The innermost frame of the first thread in a py-spy dump (``func (file:line)``)."""
+    stack = (process.get("python_stack") or {}).get("stack")
+    if not stack:
+        return None
+    in_thread = False
+    for line in str(stack).splitlines():
+        if line.startswith("Thread "):
+            in_thread = True
+        elif in_thread and line.strip():
+            return line.strip()
+    return None
+
+
+def _memory_hints(artifact: Mapping[str, Any]) -> list[str]:
+    summary = artifact.get("summary") or {}
+    rss = ((summary.get("tree") or {}).get("rss_bytes") or {}).get("max")
+    if rss is None:
+        return ["Check the kernel log (dmesg) for the OOM killer."]
+    return [
+        f"Peak memory of the tree was {format_value(rss, 'bytes')}: check the kernel log "
+        "(dmesg) for the OOM killer."
+    ]
+
+
+def _process_name(process: Mapping[str, Any]) -> str:
+    cmdline = process.get("cmdline")
+    name = " ".join(cmdline) if cmdline else process.get("name") or "?"
+    name = name if len(name) <= 40 else name[:37] + "..."
+    return f"pid {process.get('pid')} ({name})"
+
+
+def _throttle_seen(artifact: Mapping[str, Any]) -> list[str]:
+    out = []
+    for group, values in sorted((artifact.get("summary") or {}).items()):
+        reasons = values.get("throttle_reasons") if isinstance(values, dict) else None
+        active = [r for r in reasons or [] if r not in IDLE_THROTTLE]
+        if active:
+            out.append(f"{group}: {', '.join(active)}")
+    return out
+
+
+def peaks(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Process tree and machine figures: peak (or lowest, for what is free), mean, last."""
+    rows = []
+    for group, fields in sorted((artifact.get("summary") or {}).items(), key=_group_order):
+        if not isinstance(fields, dict) or group_kind(group) == "gpu" or group == "samples":
+            continue
+        for name in sorted(fields, key=_field_order):
+            stats = fields[name]
+            if not isinstance(stats, dict) or "max" not in stats:
+                continue
+            info = describe(group, name)
+            lowest_matters = "free" in name or "available" in name
+            key = "min" if lowest_matters else "max"
+            rows.append(
+                {
+                    "group": group,
+                    "field": name,
+                    "label": f"{info.label} {info.qualifier}".strip(),
+                    "name": (
+                        f"{info.label} {info.qualifier}".strip()
+                        if group == "gpu_tree"
+                        else f"{group} {info.label} {info.qualifier}".strip()
+                    ),
+                    "unit": info.unit,
+                    "worst": key,
+                    key: stats.get(key),
+                    "mean": stats.get("mean"),
+                    "last": stats.get("last"),
+                    "text": (
+                        f"{'lowest' if lowest_matters else 'peak'} "
+                        f"{format_value(stats.get(key), info.unit)}, "
+                        f"mean {format_value(stats.get('mean'), info.unit)}"
+                    ),
+                }
+            )
+    return rows
+
+
+def _group_order(item: tuple[str, Any]) -> tuple[int, str]:
+    return ({"tree": 0, "machine": 1}.get(item[0], 2), item[0])
+
+
+#: Fields shown first among the peaks, in this order.
+PEAKS_FIRST = ("cpu_percent", "rss_bytes", "processes", "threads", "memory_used_bytes")
+
+
+def _field_order(name: str) -> tuple[int, str]:
+    return (PEAKS_FIRST.index(name) if name in PEAKS_FIRST else len(PEAKS_FIRST), name)
+
+
+def gpu_table(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per GPU: name, utilisation, memory, power, temperature, throttle reasons."""
+    summary = artifact.get("summary") or {}
+    names = {g.get("index"): g.get("name") for g in _snapshot_gpus(artifact)}
+    rows = []
+    for group in sorted(summary, key=lambda g: (len(g), g)):
+        if group_kind(group) != "gpu" or not isinstance(summary[group], dict):
+            continue
+        fields = summary[group]
+
+        def stat(name: str, key: str, fields: dict[str, Any] = fields) -> float | None:
+            value = (fields.get(name) or {}).get(key)
+            return float(value) if isinstance(value, int | float) else None
+
+        rows.append(
+            {
+                "gpu": group,
+                "name": names.get(int(group[3:])),
+                "utilization_mean_percent": stat("utilization_gpu_percent", "mean"),
+                "utilization_max_percent": stat("utilization_gpu_percent", "max"),
+                "memory_used_max_mib": stat("memory_used_mib", "max"),
+                "power_max_w": stat("power_draw_w", "max"),
+                "temperature_max_c": stat("temperature_gpu_c", "max"),
+                "throttle_reasons": [
+                    r for r in fields.get("throttle_reasons") or [] if r not in IDLE_THROTTLE
+                ],
+            }
+        )
+    return rows
+
+
+def _snapshot_gpus(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
+    gpus = (artifact.get("snapshot") or {}).get("gpus")
+    if isinstance(gpus, dict):
+        gpus = gpus.get("gpus")
+    return [g for g in gpus or [] if isinstance(g, dict)]
+
+
+def provenance(artifact: Mapping[str, Any]) -> dict[str, str]:
+    """Source revision, GPUs, driver, Python and host from the runtime snapshot."""
+    snapshot = artifact.get("snapshot") or {}
+    out: dict[str, str] = {}
+    source = snapshot.get("source") or {}
+    if source.get("revision"):
+        revision = str(source["revision"])[:12]
+        if source.get("branch"):
+            revision += f" ({source['branch']})"
+        if source.get("dirty"):
+            revision += f", {source.get('changed_files') or 'some'} uncommitted change(s)"
+        out["revision"] = revision
+    elif source.get("error"):
+        out["revision"] = f"unknown: {source['error']}"
+    gpu_section = snapshot.get("gpus") or {}
+    names = [str(g.get("name")) for g in _snapshot_gpus(artifact) if g.get("name")]
+    if names:
+        out["GPU"] = _counted(names)
+    elif isinstance(gpu_section, dict) and gpu_section.get("error"):
+        out["GPU"] = f"none recorded: {gpu_section['error']}"
+    if isinstance(gpu_section, dict) and gpu_section.get("driver_version"):
+        driver = str(gpu_section["driver_version"])
+        if gpu_section.get("cuda_version"):
+            driver += f" (CUDA {gpu_section['cuda_version']})"
+        out["driver"] = driver
+    software = snapshot.get("software") or {}
+    python = (software.get("command_python") or {}).get("version") or (
+        software.get("python") or {}
+    ).get("version")
+    if python:
+        out["Python"] = str(python)
+    host = (snapshot.get("host") or {}).get("hostname")
+    if host:
+        out["host"] = str(host)
+    if snapshot.get("error"):
+        out["snapshot"] = str(snapshot["error"])
+    return out
+
+
+def _counted(names: Iterable[str]) -> str:
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{n} x {name}" if n > 1 else name for name, n in counts.items())
+
+
+# -- text ------------------------------------------------------------------------------------
+
+
+def format_summary(
+    summary: Mapping[str, Any], *, artifact_path: str | None = None, width: int = 100
+) -> str:
+    """The summary as about one screen of plain text, sentences wrapped at ``width``."""
+    lines: list[str] = []
+    status = str(summary["status"]).upper()
+    lines.append(f"{status}: {summary['headline']}")
+    for i, reason in enumerate(summary["reasons"]):
+        at = f" at {format_duration(reason['t'])}" if reason.get("t") is not None else ""
+        lead = "  " if i == 0 else "  also "
+        lines.append(f"{lead}{reason['reason']}{at}: {reason['message']}")
+    duration = summary.get("duration_seconds")
+    lines.append(
+        f"ran {format_duration(float(duration or 0))}, "
+        f"{format_clock(summary.get('started_at'))} to {format_clock(summary.get('ended_at'))}; "
+        f"{summary['exit']['text']}"
+    )
+    lines.append("command: " + _shorten(shlex.join(summary["command"]).replace("\n", " "), 200))
+    progress = summary["progress"]
+    last = progress.get("last_change_t")
+    lines.append(
+        f"progress: {progress.get('changes', 0)} changes in {progress.get('dir')}"
+        + (f", last at {format_duration(last)}" if last is not None else ", none seen")
+        + f", longest gap {format_duration(float(progress.get('longest_gap_seconds') or 0))}"
+    )
+    if summary["provenance"]:
+        lines.append("; ".join(f"{k}: {v}" for k, v in summary["provenance"].items()))
+    if summary["look_first"]:
+        lines.append("")
+        lines.append("Look first:")
+        for hint in summary["look_first"]:
+            lines.extend(
+                textwrap.wrap(hint, width, initial_indent="  - ", subsequent_indent="    ")
+            )
+    if summary["peaks"]:
+        lines.append("")
+        lines.append("Peaks:")
+        width = max(len(p["name"]) for p in summary["peaks"])
+        for p in summary["peaks"]:
+            lines.append(f"  {p['name'].ljust(width)}  {p['text']}")
+    if summary["gpus"]:
+        lines.append("")
+        lines.append(_gpu_lines(summary["gpus"]))
+    if summary["leftovers"]:
+        lines.append("")
+        lines.append("Leftover processes (killed):")
+        for p in summary["leftovers"][:8]:
+            lines.append(f"  {_process_name(p)} state {p.get('state', '?')}")
+    log = summary["log"]
+    if log["last_lines"]:
+        lines.append("")
+        lines.append(f"Last log lines ({log.get('path')}):")
+        lines.extend("  " + _shorten(line, 160) for line in log["last_lines"])
+    if artifact_path:
+        lines.append("")
+        lines.append(f"Plots: asyncsoak report {artifact_path}")
+    return "\n".join(lines)
+
+
+def _gpu_lines(gpus: list[dict[str, Any]]) -> str:
+    header = ("GPU", "name", "util mean/max", "memory max", "power max", "temp max", "throttled")
+    rows = [header]
+    for g in gpus:
+        rows.append(
+            (
+                g["gpu"],
+                str(g.get("name") or "n/a"),
+                f"{format_value(g['utilization_mean_percent'], '%')}/"
+                f"{format_value(g['utilization_max_percent'], '%')}",
+                format_value(g["memory_used_max_mib"], "MiB"),
+                format_value(g["power_max_w"], "W"),
+                format_value(g["temperature_max_c"], "°C"),
+                ", ".join(g["throttle_reasons"]) or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

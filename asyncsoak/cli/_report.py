@@ -1,0 +1,162 @@
+"""``asyncsoak report``, ``summary`` and ``recover``: look at a run after it ended."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import EXIT_OK, UsageError
+
+
+def register(subparsers: Any) -> None:
+    report = subparsers.add_parser(
+        "report",
+        help="write a self-contained HTML report with plots (needs asyncsoak[report])",
+        description="Write one HTML file that opens offline: the verdict, provenance, "
+        "zoomable plots on one time axis, events, leftovers and the log tail.",
+    )
+    report.add_argument(
+        "run", type=Path, metavar="ARTIFACT", help="a run's artifact (soak.json) or journal"
+    )
+    report.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        metavar="REPORT.html",
+        help="where to write it (default: beside the artifact, ending in .html)",
+    )
+    report.set_defaults(handler=report_command)
+
+    summary = subparsers.add_parser(
+        "summary", help="the verdict and what to look at first, on one screen"
+    )
+    summary.add_argument(
+        "run", type=Path, metavar="ARTIFACT", help="a run's artifact (soak.json) or journal"
+    )
+    summary.add_argument("--json", action="store_true", help="print the summary as JSON")
+    summary.set_defaults(handler=summary_command)
+
+    recover = subparsers.add_parser(
+        "recover", help="rebuild the artifact of a run whose monitor died, from its journal"
+    )
+    recover.add_argument("journal", type=Path, metavar="JOURNAL", help="the run's soak.jsonl")
+    recover.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        metavar="ARTIFACT",
+        help="where to write it (default: the journal's path ending in .json, if free)",
+    )
+    recover.set_defaults(handler=recover_command)
+
+
+def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
+    """An artifact from an artifact or a journal file, and the journal when one was read.
+
+    A missing ``soak.json`` whose journal ``soak.jsonl`` is there (the monitor died before
+    writing it) is rebuilt from the journal.
+    """
+    from .._recover import JournalError, artifact_from_journal
+
+    if not path.exists():
+        journal = path.with_suffix(".jsonl")
+        if path.suffix == ".json" and journal.is_file():
+            print(
+                f"asyncsoak: {path} is missing (the monitor did not finish); "
+                f"reading its journal {journal}",
+                file=sys.stderr,
+            )
+            path = journal
+        else:
+            raise UsageError(f"{path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            first = f.readline()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    if _is_journal_header(first):
+        try:
+            return artifact_from_journal(path), path
+        except (OSError, JournalError) as exc:
+            raise UsageError(str(exc)) from None
+    try:
+        artifact = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path} is not an asyncsoak artifact or journal: {exc}") from None
+    if not isinstance(artifact, dict) or "schema_version" not in artifact:
+        raise UsageError(f"{path} is not an asyncsoak artifact or journal")
+    return artifact, None
+
+
+def _is_journal_header(line: bytes) -> bool:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(event, dict) and event.get("kind") == "header"
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from .._report import ReportUnavailableError, write_report
+
+    artifact, journal = load_run(args.run)
+    output: Path = args.output or args.run.with_suffix(".html")
+    try:
+        write_report(artifact, output, journal=journal, source=str(args.run))
+    except ReportUnavailableError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror}") from None
+    print(f"asyncsoak: report written; open it in a browser: {output.absolute().as_uri()}")
+    return EXIT_OK
+
+
+def summary_command(args: argparse.Namespace) -> int:
+    from .._summary import format_summary, summarize
+
+    artifact, _ = load_run(args.run)
+    summary = summarize(artifact)
+    if args.json:
+        text = json.dumps(summary, indent=1, default=str)
+    else:
+        width = min(120, shutil.get_terminal_size().columns) - 1
+        text = format_summary(summary, artifact_path=str(args.run), width=width)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Read through `head`: the reader has what it wanted.  Point stdout at /dev/null so
+        # the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OK
+
+
+def recover_command(args: argparse.Namespace) -> int:
+    from .._artifact import write_artifact
+    from .._recover import JournalError, artifact_from_journal
+
+    journal: Path = args.journal
+    output: Path = args.output or journal.with_suffix(".json")
+    if args.output is None and output.exists():
+        raise UsageError(f"{output} already exists: pass -o to choose where the rebuilt one goes")
+    try:
+        artifact = artifact_from_journal(journal)
+    except FileNotFoundError:
+        raise UsageError(f"{journal}: no such file") from None
+    except (OSError, JournalError) as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        write_artifact(artifact, output)
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror}") from None
+    reasons = ", ".join(f["reason"] for f in artifact["failures"]) or "none"
+    print(
+        f"asyncsoak: artifact rebuilt: {output} (status {artifact['status']}; reasons: {reasons})"
+    )
+    return EXIT_OK

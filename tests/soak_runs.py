@@ -1,0 +1,267 @@
+"""Real runs for the report, summary and live tests: soaks through the CLI, and journals with
+the sample lines the proc and GPU samplers write, added the way the samplers feed them."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncsoak._recover import artifact_from_journal
+
+from .conftest import REPO, ReadyFifo, py
+from .gpu_support import install_fake_nvidia_smi
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+#: A trainer that computes (busy CPU, growing memory) and logs each step for a while, then
+#: waits forever without writing (a stall: idle CPU, no progress).
+STALLING_TRAINER = """
+import pathlib, sys, time
+progress = pathlib.Path(sys.argv[1])
+progress.mkdir(exist_ok=True)
+activations = []
+for step in range(12):
+    until = time.monotonic() + 0.1
+    while time.monotonic() < until:
+        activations.append(bytearray(4096)) if len(activations) < 4000 else None
+    with open(progress / "metrics.jsonl", "a") as f:
+        f.write(f'{{"step": {step}, "loss": {1 / (step + 1):.3f}}}\\n')
+    print(f"step {step} loss {1 / (step + 1):.3f}", flush=True)
+print("waiting for the other ranks (all_reduce)...", flush=True)
+time.sleep(60)
+"""
+PASSING_TRAINER = """
+import pathlib, sys, time
+progress = pathlib.Path(sys.argv[1])
+progress.mkdir(exist_ok=True)
+for step in range(5):
+    (progress / "metrics.jsonl").open("a").write(f"step {step}\\n")
+    print(f"step {step}", flush=True)
+    time.sleep(0.1)
+print("done", flush=True)
+"""
+
+
+def asyncsoak(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "asyncsoak", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_args(base: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--progress-dir",
+        str(base / "progress"),
+        "--output",
+        str(base / "soak.json"),
+        "--sample-interval",
+        "0.1",
+        "--grace",
+        "1",
+        "--no-gpu",
+        "--quiet",
+        *extra,
+    ]
+
+
+def passing_soak(base: Path) -> Path:
+    """A soak that passes, its two GPUs sampled through the fake nvidia-smi; the artifact path."""
+    base.mkdir(parents=True, exist_ok=True)
+    fake = install_fake_nvidia_smi(base, mode="load", gpus=2)
+    args = [a for a in run_args(base) if a != "--no-gpu"]
+    result = asyncsoak(
+        *args,
+        "--nvidia-smi",
+        str(fake.path),
+        "--",
+        *py(PASSING_TRAINER),
+        str(base / "progress"),
+        cwd=base,
+    )
+    assert result.returncode == 0, result.stderr
+    return base / "soak.json"
+
+
+def stalled_soak(base: Path) -> Path:
+    """A soak whose trainer stops making progress: stale_progress; returns its artifact path."""
+    base.mkdir(parents=True, exist_ok=True)
+    result = asyncsoak(
+        *run_args(base, "--stale-progress", "1"),
+        "--",
+        *py(STALLING_TRAINER),
+        str(base / "progress"),
+        cwd=base,
+    )
+    assert result.returncode == 1, result.stderr
+    return base / "soak.json"
+
+
+def killed_monitor_journal(base: Path) -> Path:
+    """The journal of a soak whose monitor was SIGKILLed mid-run; returns the journal path."""
+    base.mkdir(parents=True, exist_ok=True)
+    fifo = ReadyFifo(base / "ready.fifo")
+    code = (
+        "import pathlib, sys, time\n"
+        "p = pathlib.Path(sys.argv[1]); p.mkdir(exist_ok=True)\n"
+        "for i in range(3):\n"
+        "    (p / 'm').open('a').write('x')\n"
+        "    print('step', i, flush=True)\n"
+        "    time.sleep(0.1)\n"
+        f"open({str(fifo.path)!r}, 'w').write('ready\\n')\n"
+        "time.sleep(60)\n"
+    )
+    monitor = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "asyncsoak",
+            *run_args(base),
+            "--",
+            *py(code),
+            str(base / "progress"),
+        ],
+        cwd=base,
+        env=ENV,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert fifo.line_sync() == "ready"
+        monitor.kill()
+        monitor.wait(timeout=10)
+    finally:
+        monitor.kill()
+        monitor.wait()
+        fifo.close()
+    journal = base / "soak.jsonl"
+    assert not (base / "soak.json").exists()
+    return journal
+
+
+def sample_lines(end: float, stall_at: float | None, gpus: int = 2) -> list[dict[str, Any]]:
+    """``sample`` and ``gpu_sample`` journal lines from 0 to ``end`` as the samplers write them.
+
+    Busy until ``stall_at``, idle after it (a stalled trainer); GPU 0's clocks are held back
+    (``hw_slowdown``) in the middle of the run.
+    """
+    lines: list[dict[str, Any]] = []
+    steps = 60
+    for i in range(steps + 1):
+        t = round(end * i / steps, 3)
+        busy = stall_at is None or t < stall_at
+        wave = math.sin(i / 3)
+        lines.append(
+            {
+                "t": t,
+                "kind": "sample",
+                "points": {
+                    "tree": {
+                        "cpu_percent": (96 + 4 * wave) if busy else 0.5,
+                        "rss_bytes": 2**30 * min(1.5, 0.4 + 0.05 * i),
+                        "processes": 3,
+                        "threads": 14 if busy else 12,
+                        "fds": 40,
+                    },
+                    "machine": {
+                        "cpu_percent": 30 + 10 * wave if busy else 4,
+                        "memory_used_bytes": 2**30 * (18 + 0.02 * i),
+                        "load1": 2.0,
+                        "disk_free_bytes_progress": 2**30 * (120 - 0.01 * i),
+                        "disk_free_bytes_output": 2**30 * 480,
+                    },
+                },
+            }
+        )
+        points = {}
+        labels = {}
+        for g in range(gpus):
+            points[f"gpu{g}"] = {
+                "utilization_gpu_percent": (88 + 8 * wave - 5 * g) if busy else 0.0,
+                "memory_used_mib": 40_000.0 + 2_000 * g,
+                "memory_free_mib": 100_000.0 - 2_000 * g,
+                "power_draw_w": (610 + 30 * wave) if busy else 118,
+                "power_limit_w": 700.0,
+                "temperature_gpu_c": (66 + 2 * wave) if busy else 47,
+                "clocks_sm_mhz": 1980.0 if busy else 345.0,
+            }
+            throttled = g == 0 and steps * 0.3 <= i <= steps * 0.4
+            labels[f"gpu{g}"] = {
+                "throttle_reasons": ["hw_slowdown", "sw_thermal"]
+                if throttled
+                else (["gpu_idle"] if not busy else [])
+            }
+        lines.append({"t": t, "kind": "gpu_sample", "points": points, "labels": labels})
+    return lines
+
+
+def with_samples(artifact_path: Path, out: Path, gpus: int = 2) -> Path:
+    """A copy of a real soak's journal and artifact with sampler lines added; the artifact path.
+
+    The lines go in time order before the ``finished`` line, and the artifact is rebuilt from
+    that journal with the real run's monitor record, as the serializer would have built it.
+    """
+    original = json.loads(artifact_path.read_text())
+    events = [
+        json.loads(line) for line in artifact_path.with_suffix(".jsonl").read_text().splitlines()
+    ]
+    finished = [e for e in events if e["kind"] == "finished"]
+    rest = [e for e in events if e["kind"] != "finished"]
+    end = max(e["t"] for e in rest)
+    last_progress = max((e["t"] for e in rest if e["kind"] == "progress"), default=None)
+    stall = last_progress if original["failures"] else None
+    # The proc sampler's real lines are kept; only what no sampler wrote here is added.
+    has_samples = any(e["kind"] == "sample" for e in rest)
+    added = [
+        e for e in sample_lines(end, stall, gpus) if not (has_samples and e["kind"] == "sample")
+    ]
+    merged = sorted(rest[1:] + added, key=lambda e: (e["t"], e["kind"] == "sample"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    journal = out.with_suffix(".jsonl")
+    journal.write_text(
+        "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in [rest[0], *merged, *finished])
+    )
+    artifact = artifact_from_journal(journal)
+    artifact["monitor"] = {**original["monitor"], "journal_path": str(journal)}
+    artifact["duration_seconds"] = original["duration_seconds"]
+    artifact["ended_at"] = original["ended_at"]
+    out.write_text(json.dumps(artifact, indent=1))
+    return out
+
+
+@dataclass(frozen=True)
+class Runs:
+    """One of each run the report, summary and live tests look at."""
+
+    passing: Path
+    stalled: Path
+    #: The stalled run with sampler lines added to its journal (tree, machine, two GPUs).
+    stalled_sampled: Path
+    #: The journal of a run whose monitor was killed (no artifact).
+    killed_journal: Path
+
+
+_RUNS: dict[str, Runs] = {}
+
+
+def make_runs(base: Path) -> Runs:
+    """The runs, made once per test session however many test modules ask."""
+    if "runs" not in _RUNS:
+        stalled = stalled_soak(base / "stalled")
+        _RUNS["runs"] = Runs(
+            passing=passing_soak(base / "passing"),
+            stalled=stalled,
+            stalled_sampled=with_samples(stalled, base / "stalled-sampled" / "soak.json"),
+            killed_journal=killed_monitor_journal(base / "killed"),
+        )
+    return _RUNS["runs"]

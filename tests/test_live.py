@@ -1,0 +1,266 @@
+"""The live view of `asyncsoak run`: read from a real pseudo-terminal, a pipe, and in-process."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncsoak._live import JournalTail, LiveState, render_rich, watch_journal
+from asyncsoak._soak import run_soak
+
+from .conftest import fast_limits, py
+from .soak_runs import ENV, run_args, sample_lines
+
+needs_rich = pytest.mark.skipif(
+    importlib.util.find_spec("rich") is None,
+    reason="the terminal view needs the live extra (pip install 'asyncsoak[live]')",
+)
+#: Makes progress for about 1.5 s, then exits 0.
+STEADY = """
+import pathlib, time
+p = pathlib.Path("progress"); p.mkdir(exist_ok=True)
+for i in range(15):
+    (p / "m").open("a").write("x")
+    time.sleep(0.1)
+"""
+#: Makes progress for about 0.5 s, then stalls.
+STALLS = """
+import pathlib, time
+p = pathlib.Path("progress"); p.mkdir(exist_ok=True)
+for i in range(5):
+    (p / "m").open("a").write("x")
+    time.sleep(0.1)
+time.sleep(30)
+"""
+
+
+def run_argv(tmp_path: Path, *extra: str) -> list[str]:
+    args = [a for a in run_args(tmp_path) if a != "--quiet"]
+    return [sys.executable, "-m", "asyncsoak", *args, *extra]
+
+
+def under_terminal(argv: list[str], cwd: Path) -> tuple[int, str]:
+    """Run with stderr on a pseudo-terminal 160 columns wide; everything drawn on it."""
+    import fcntl
+    import struct
+    import termios
+
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env={**ENV, "TERM": "xterm-256color", "COLUMNS": "160"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=secondary,
+    )
+    os.close(secondary)
+    drawn = b""
+    try:
+        while select.select([primary], [], [], 60)[0]:
+            try:
+                data = os.read(primary, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            drawn += data
+        returncode = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(primary)
+    return returncode, drawn.decode(errors="replace")
+
+
+@needs_rich
+def test_terminal_view_updates_in_place(tmp_path: Path) -> None:
+    """On a terminal: one status redrawn in place, with phase, bar and limit, then the verdict."""
+    returncode, drawn = under_terminal(
+        [*run_argv(tmp_path, "--stale-progress", "5"), "--", *py(STEADY)], tmp_path
+    )
+    assert returncode == 0, drawn
+    frames = drawn.split("\r\x1b[2K")
+    assert len(frames) >= 3, drawn
+    assert any("running" in f and "progress" in f and "━" in f for f in frames), drawn
+    assert "/ 5.0s stale limit" in drawn
+    assert any("CPU " in f and "RSS " in f for f in frames), drawn
+    assert "finished: passed" in frames[-1]
+    assert "asyncsoak: soak passed" in frames[-1]
+    assert " | " not in drawn  # no plain status line
+
+
+def test_terminal_without_rich_gets_plain_lines(tmp_path: Path) -> None:
+    """Without rich, a terminal gets the plain lines and no cursor movement."""
+    args = run_argv(tmp_path, "--stale-progress", "5", "--status-interval", "0.3")[3:]
+    code = (
+        "import sys; sys.modules['rich'] = None; from asyncsoak.cli import main; "
+        f"sys.exit(main({[*args, '--', *py(STEADY)]!r}))"
+    )
+    returncode, drawn = under_terminal([sys.executable, "-c", code], tmp_path)
+    assert returncode == 0, drawn
+    assert "\x1b[2K" not in drawn
+    assert "running | last progress" in drawn
+    assert "asyncsoak: 1" in drawn
+    assert "finished: passed" in drawn
+
+
+def test_plain_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+    """In a pipe (CI, nohup): whole lines, on each phase change and every --status-interval."""
+    result = subprocess.run(
+        [
+            *run_argv(tmp_path, "--stale-progress", "1", "--status-interval", "0.2"),
+            "--",
+            *py(STALLS),
+        ],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "\r" not in result.stderr
+    assert "\x1b[" not in result.stderr
+    lines = result.stderr.splitlines()
+    status = [line for line in lines if " | " in line or "finished:" in line]
+    assert any(
+        "running | last progress" in line and "(stale limit 1.0s)" in line for line in status
+    )
+    assert "finished: failed (stale_progress) | tree CPU " in status[-1]
+    assert any(" RSS " in line for line in status)
+    assert lines[-2].startswith("asyncsoak: soak failed: stale_progress")
+
+
+def test_quiet_turns_the_view_off(tmp_path: Path) -> None:
+    """--quiet: only the verdict line and the artifact path."""
+    result = subprocess.run(
+        [*run_argv(tmp_path, "--quiet", "--status-interval", "0.1"), "--", *py(STEADY)],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"asyncsoak: soak passed; artifact: {tmp_path / 'soak.json'}"
+    ]
+
+
+def test_journal_tail_takes_complete_lines_of_our_journal_only(tmp_path: Path) -> None:
+    """Half-written lines wait; another monitor's journal is ignored; truncation restarts."""
+    journal = tmp_path / "soak.jsonl"
+    tail = JournalTail(journal, monitor_pid=123)
+    assert tail.read() == []  # not there yet
+    journal.write_text(json.dumps({"t": 0, "kind": "header", "monitor_pid": 999}) + "\n")
+    assert tail.read() == []  # an earlier run's journal
+    header = json.dumps({"t": 0, "kind": "header", "monitor_pid": 123}) + "\n"
+    journal.write_text(header + '{"t": 0.1, "kind": "sta')
+    assert [e["kind"] for e in tail.read()] == ["header"]
+    with journal.open("a") as f:
+        f.write('rted", "pid": 5}\n')
+    assert tail.read() == [{"t": 0.1, "kind": "started", "pid": 5}]
+    assert tail.read() == []
+    journal.write_text(header)
+    assert [e["kind"] for e in tail.read()] == ["header"]
+
+
+def _state(*events: dict[str, Any]) -> LiveState:
+    state = LiveState()
+    for event in events:
+        state.add(event)
+    return state
+
+
+def test_status_shows_tree_and_gpus() -> None:
+    """The status carries the latest tree CPU/RSS and per-GPU utilisation and memory."""
+    header = {
+        "t": 0,
+        "kind": "header",
+        "started_at": "2026-01-01T00:00:00Z",
+        "config": {"stale_progress_seconds": 120.0, "startup_timeout_seconds": 600.0},
+    }
+    samples = sample_lines(end=10.0, stall_at=None, gpus=2)
+    state = _state(
+        header,
+        {"t": 0.1, "kind": "started", "pid": 1},
+        {"t": 2.0, "kind": "progress", "changed": 1},
+        *samples,
+    )
+    assert state.started_at is not None
+    status = state.status(now=state.started_at + 12.0)
+    assert status.phase == "running"
+    assert status.quiet_for == pytest.approx(10.0)
+    line = status.plain()
+    assert "12.0s running | last progress 10.0s ago (stale limit 2m00s)" in line
+    assert "tree CPU" in line
+    assert "RSS 1.5 GiB" in line
+    assert "gpu0 " in line
+    assert "gpu1 " in line
+
+
+@needs_rich
+def test_terminal_frame_shows_the_bar_against_the_limit() -> None:
+    """The rich frame: elapsed, phase, a bar of the quiet time against the limit, figures."""
+    from rich.console import Console
+
+    state = _state(
+        {
+            "t": 0,
+            "kind": "header",
+            "started_at": "2026-01-01T00:00:00Z",
+            "config": {"stale_progress_seconds": 120.0},
+        },
+        {"t": 0.1, "kind": "started", "pid": 1},
+        {"t": 2.0, "kind": "progress", "changed": 1},
+        *sample_lines(end=10.0, stall_at=None, gpus=1),
+    )
+    assert state.started_at is not None
+    console = Console(record=True, width=200, color_system=None)
+    console.print(render_rich(state.status(now=state.started_at + 92.0)))
+    text = console.export_text()
+    assert "1m32s running" in text
+    assert "1m30s / 2m00s stale limit" in text
+    assert "━" in text
+    assert "RSS 1.5 GiB" in text
+    assert "gpu0" in text
+
+
+class BrokenTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        raise OSError(5, "Input/output error")
+
+
+@pytest.mark.asyncio
+async def test_a_broken_view_does_not_touch_the_soak(tmp_path: Path) -> None:
+    """A view whose writes fail ends quietly; the soak beside it passes."""
+    kwargs = fast_limits(tmp_path)
+    journal = kwargs["output_path"].with_suffix(".jsonl")
+    view_ended = anyio.Event()
+
+    async def view() -> None:
+        await watch_journal(journal, stream=BrokenTerminal(), monitor_pid=os.getpid(), refresh=0.05)
+        view_ended.set()
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(view)
+            artifact = await run_soak(command=py(STEADY), cwd=tmp_path, **kwargs)
+            await view_ended.wait()
+    assert artifact["status"] == "passed"

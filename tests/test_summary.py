@@ -1,0 +1,121 @@
+"""`asyncsoak summary`: the verdict and what to look at first, from real runs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncsoak._summary import exit_text, summarize
+
+from .soak_runs import Runs, asyncsoak, make_runs
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return make_runs(tmp_path_factory.mktemp("runs"))
+
+
+def summary_text(run: Path) -> str:
+    result = asyncsoak("summary", str(run), cwd=run.parent)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_stalled_summary_says_what_to_look_at(runs: Runs) -> None:
+    """A stalled run: verdict, reason, when progress stopped, idle CPU, GPUs, last log line."""
+    text = summary_text(runs.stalled_sampled)
+    assert text.startswith("FAILED: The training stopped making progress")
+    assert "stale_progress at " in text
+    assert re.search(r"Progress stopped \d+\.\ds into the run", text)
+    assert "idle while stalled" in text
+    assert "GPU utilisation while stalled: gpu0 about 0%, gpu1 about 0%" in text
+    assert "hw_slowdown" in text
+    assert "tree RSS" in text
+    assert text.rstrip().splitlines()[-3].strip() == "waiting for the other ranks (all_reduce)..."
+    assert len(text.splitlines()) < 60
+
+
+def test_summary_json_has_the_same_facts(runs: Runs) -> None:
+    """--json gives reasons, peaks, one row per GPU, hints and the log's last lines."""
+    result = asyncsoak("summary", str(runs.stalled_sampled), "--json", cwd=runs.stalled.parent)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["status"] == "failed"
+    assert [r["reason"] for r in summary["reasons"]] == ["stale_progress"]
+    assert [g["gpu"] for g in summary["gpus"]] == ["gpu0", "gpu1"]
+    # Idle is not throttling: only the reasons that held clocks back.
+    assert [g["throttle_reasons"] for g in summary["gpus"]] == [["hw_slowdown", "sw_thermal"], []]
+    peaks = {(p["group"], p["field"]): p for p in summary["peaks"]}
+    artifact = json.loads(runs.stalled_sampled.read_text())
+    assert peaks[("tree", "rss_bytes")]["max"] == artifact["summary"]["tree"]["rss_bytes"]["max"]
+    assert peaks[("machine", "disk_free_bytes_progress")]["worst"] == "min"
+    assert summary["log"]["last_lines"][-1] == "waiting for the other ranks (all_reduce)..."
+    assert summary["exit"]["text"] == "killed by SIGTERM (sent by the monitor)"
+
+
+def test_passing_summary(runs: Runs) -> None:
+    """A passing run: PASSED, its progress and longest gap against the limit."""
+    text = summary_text(runs.passing)
+    assert text.startswith("PASSED: The soak passed")
+    assert re.search(r"\b\d+ progress changes; the longest quiet gap was", text)
+    assert "exit status 0" in text
+    # Sampled through the fake nvidia-smi replaying an H200 held at its power cap.
+    assert re.search(r"gpu1\s+NVIDIA H200\s+99%/99%.*sw_power_cap", text)
+
+
+def test_killed_monitor_summary(runs: Runs) -> None:
+    """A dead monitor's journal: monitor_lost, and that the figures stop there."""
+    text = summary_text(runs.killed_journal)
+    assert text.startswith("FAILED: The monitor died before the run finished")
+    assert "rebuilt from the journal" in text
+
+
+def _artifact(returncode: int | None, signal: str | None, sent: list[str]) -> dict[str, Any]:
+    return {
+        "exit": {"returncode": returncode, "signal": signal, "pid": 1},
+        "stop": {"signals": [{"t": 1.0, "signal": s, "target": "group"} for s in sent]},
+        "failures": [],
+    }
+
+
+@pytest.mark.parametrize(
+    ("returncode", "signal", "sent", "text"),
+    [
+        (0, None, [], "exit status 0"),
+        (3, None, [], "exit status 3"),
+        (-15, "SIGTERM", ["SIGTERM"], "killed by SIGTERM (sent by the monitor)"),
+        (
+            -9,
+            "SIGKILL",
+            [],
+            "killed by SIGKILL (not sent by the monitor); often the kernel's OOM killer",
+        ),
+        (137, None, [], "exit status 137 (128+9: probably SIGKILL through a shell)"),
+        (None, None, [], "unknown (no exit was recorded)"),
+    ],
+)
+def test_exit_statuses_are_decoded(
+    returncode: int | None, signal: str | None, sent: list[str], text: str
+) -> None:
+    """Exit statuses read as people say them: who sent the signal, 128+N from a shell."""
+    assert exit_text(_artifact(returncode, signal, sent)) == text
+
+
+def test_startup_timeout_points_at_the_progress_dir() -> None:
+    """No progress at all: the hint names the progress dir and --output-is-progress."""
+    artifact = {
+        "status": "failed",
+        "failures": [{"reason": "startup_timeout", "message": "no progress", "at": None}],
+        "progress": {"dir": "/runs/7", "changes": 0, "longest_gap_seconds": 600.0},
+        "config": {"startup_timeout_seconds": 600.0},
+        "duration_seconds": 600.0,
+        "events": [],
+    }
+    [hint, *_] = summarize(artifact)["look_first"]
+    assert "/runs/7" in hint
+    assert "10m00s" in hint
+    assert "--output-is-progress" in hint
