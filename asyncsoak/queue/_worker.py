@@ -40,6 +40,7 @@ from .._control import SoakControl
 from .._errors import SoakFailureError
 from .._redact import Masker, secret_values
 from .._soak import run_soak
+from .._spawn import REAPER_MODULE
 from .._tree import start_time_ticks
 from ._status import (
     CANCEL_GRACE_S,
@@ -75,7 +76,7 @@ INVALID_JOB = "invalid_job"
 LOST = "lost"
 
 #: In the reaper's command line (``_spawn`` starts it as ``python -m asyncsoak._reaper``).
-_REAPER_MODULE = b"asyncsoak._reaper"
+_REAPER_MODULE = REAPER_MODULE.encode()
 
 _log = logging.getLogger("asyncsoak.queue")
 _PLACEHOLDER = re.compile(r"\{(job_id|db|run_dir)\}")
