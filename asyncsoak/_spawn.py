@@ -28,6 +28,9 @@ from ._events import Exited, SpawnFailed, Started, TreeGone, Warning
 from ._sink import EventSink
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+#: The reaper runs as ``python -m REAPER_MODULE``: the job queue recognises an orphaned
+#: attempt's reaper by this argument.
+REAPER_MODULE = "asyncsoak._reaper"
 _REPORT_MAX_BYTES = 64 * 1024
 #: Bound on starting the command (exec from a hung network filesystem can block).
 SPAWN_TIMEOUT = 60.0
@@ -100,7 +103,7 @@ class Spawner:
         }
         try:
             self._reaper = await anyio.open_process(
-                [sys.executable, "-m", "asyncsoak._reaper"],
+                [sys.executable, "-m", REAPER_MODULE],
                 stdin=PIPE,
                 stdout=PIPE,
                 stderr=None,

@@ -40,6 +40,7 @@ from .._control import SoakControl
 from .._errors import SoakFailureError
 from .._redact import Masker, secret_values
 from .._soak import run_soak
+from .._spawn import REAPER_MODULE
 from .._tree import start_time_ticks
 from ._status import (
     CANCEL_GRACE_S,
@@ -73,6 +74,9 @@ WORKER_CANCELLED = "worker_cancelled"
 INVALID_JOB = "invalid_job"
 #: ``run_worker``'s and ``run_job``'s status for an attempt this worker lost to fencing.
 LOST = "lost"
+
+#: In the reaper's command line (``_spawn`` starts it as ``python -m asyncsoak._reaper``).
+_REAPER_MODULE = REAPER_MODULE.encode()
 
 _log = logging.getLogger("asyncsoak.queue")
 _PLACEHOLDER = re.compile(r"\{(job_id|db|run_dir)\}")
@@ -549,7 +553,12 @@ class _Worker:
         artifact = await self._call(_read_artifact, output_path) if output_path else None
         if job.host == self.host:
             killed = await self._call(
-                _kill_leftovers, self.store.path, job.id, job.attempt, self.settings.kill_wait
+                _kill_leftovers,
+                self.store.path,
+                job.id,
+                job.attempt,
+                Path(job.artifact).parent / "train.log" if job.artifact else None,
+                self.settings.kill_wait,
             )
             if killed:
                 _log.warning(
@@ -629,19 +638,59 @@ def _process_alive(pid: int, start_ticks: int | None) -> bool:
         return False
 
 
-def _kill_leftovers(db: Path, job_id: int, attempt: int, wait_s: float) -> list[int]:
-    """SIGKILL every process of this host that carries the attempt's environment markers.
+def _kill_leftovers(
+    db: Path, job_id: int, attempt: int, log: Path | None, wait_s: float
+) -> list[int]:
+    """SIGKILL what is left of an orphaned attempt on this host, scanning again until a scan
+    finds nothing alive (at most ``wait_s``).
 
-    The worker that ran the attempt is gone, so its reaper may be too: the markers the
-    worker put in the child's environment find the tree wherever it went (double forks,
-    new sessions).  Waits at most ``wait_s`` for them to disappear.
+    Two kinds of process belong to the attempt.  Its command's tree carries the markers the
+    worker put in the child's environment, which find it wherever it went (double forks, new
+    sessions).  Its reaper carries none and outlives a killed worker: one that had been handed
+    the command but had not started it yet would start it after this scan, beside the job's
+    next attempt.  It is found by the attempt's ``train.log``, which it holds, and killed, so
+    it starts nothing; a command it had just forked holds that log until its exec and carries
+    the markers after it, so the scan repeats until it finds nothing.
     """
     markers = {
         f"ASYNCSOAK_DB={db}".encode(),
         f"ASYNCSOAK_JOB_ID={job_id}".encode(),
         f"ASYNCSOAK_ATTEMPT={attempt}".encode(),
     }
-    targets: list[tuple[int, int | None]] = []
+    log_file: tuple[int, int] | None = None
+    if log is not None:
+        with contextlib.suppress(OSError):  # never created: no reaper was started
+            st = log.stat()
+            log_file = (st.st_dev, st.st_ino)
+    killed: list[int] = []
+    deadline = time.monotonic() + wait_s
+    quiet = False
+    while True:
+        targets = []
+        for pid in _attempt_processes(markers, log_file):
+            ticks = start_time_ticks(pid)
+            if _process_alive(pid, ticks):
+                targets.append((pid, ticks))
+        # After a kill, one more quiet scan: a command the killed reaper had just forked may
+        # have been between closing the fds it inherited and its exec.
+        if not targets and (quiet or not killed):
+            return killed
+        quiet = not targets
+        for pid, ticks in targets:
+            if _process_alive(pid, ticks):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    if pid not in killed:
+                        killed.append(pid)
+        if time.monotonic() >= deadline:
+            return killed
+        time.sleep(SLICE_S)
+
+
+def _attempt_processes(markers: set[bytes], log_file: tuple[int, int] | None) -> list[int]:
+    """Processes carrying all ``markers`` in their environment, and reapers (with the
+    commands they are forking) holding ``log_file`` (device, inode) open."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -650,21 +699,27 @@ def _kill_leftovers(db: Path, job_id: int, attempt: int, wait_s: float) -> list[
                 environ = set(f.read().split(b"\0"))
         except OSError:
             continue
-        if markers <= environ:
-            pid = int(entry)
-            targets.append((pid, start_time_ticks(pid)))
-    killed = []
-    for pid, ticks in targets:
-        if _process_alive(pid, ticks):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                continue
-            killed.append(pid)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and any(_process_alive(p, t) for p, t in targets):
-        time.sleep(SLICE_S)
-    return killed
+        if markers <= environ or (log_file is not None and _reaper_holding(entry, log_file)):
+            found.append(int(entry))
+    return found
+
+
+def _reaper_holding(pid: str, log_file: tuple[int, int]) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if _REAPER_MODULE not in f.read().split(b"\0"):
+                return False
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == log_file:
+            return True
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

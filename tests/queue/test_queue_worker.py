@@ -70,11 +70,14 @@ def worker_kwargs(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     return kwargs
 
 
-async def start_worker_process(store: JobStore, tmp_path: Path, name: str) -> Process:
-    """``asyncsoak worker`` in its own process, to be killed by the test."""
+async def start_worker_process(
+    store: JobStore, tmp_path: Path, name: str, *options: str
+) -> Process:
+    """``asyncsoak worker`` in its own process, to be killed by the test; ``options`` are
+    more of its command-line options."""
     return await anyio.open_process(
         [sys.executable, "-m", "asyncsoak", "worker", "--db", str(store.path), "--no-gpu",
-         "--poll", "0.1", "--name", name, "--runs-dir", str(tmp_path / "runs")],
+         "--poll", "0.1", "--name", name, "--runs-dir", str(tmp_path / "runs"), *options],
         cwd=REPO,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
