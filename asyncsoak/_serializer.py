@@ -1,22 +1,24 @@
 """The serializer: drains the event queue into the journal and the artifact builder.
 
-Every event is handed to the journal (JSON Lines) as soon as the serializer takes it, so the
-journal survives a crash of the monitor.  Events already queued go as one batch: under load
-that is one write for many events.  The writes themselves happen in a thread of the journal's
-own (:class:`JournalWriter`), in order, each batch one unbuffered ``write(2)``; the event loop
-never waits for them.  A journal that cannot be written (full, read-only or hung filesystem)
-is recorded and the soak goes on: the artifact is still built from the events in memory.
+Every event is appended to the journal (JSON Lines) through aiofiles before the serializer
+waits for the next one, so the journal survives a crash of the monitor.  Events already queued
+go as one batch: under load that is one write for many events.  The journal is opened
+unbuffered, so each batch is one ``write(2)`` and nothing waits in a user-space buffer.
+
+A journal that cannot be written (full or read-only disk) is recorded and the soak goes on:
+the artifact is still built from the events in memory.  A write that hangs (a dead network
+filesystem) is abandoned after ``JOURNAL_WRITE_TIMEOUT`` and writing stops, so a stuck disk
+can never back up the event queue and stall the watchdog.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import queue
-import threading
 from typing import Any, TypeGuard
 
+import aiofiles
 import anyio
+from aiofiles.threadpool.binary import AsyncFileIO
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ._artifact import ArtifactBuilder
@@ -24,8 +26,10 @@ from ._events import Event, SeriesSource, event_to_json
 
 #: Events written to the journal in one batch at most.
 BATCH = 256
-#: Journal bytes handed over and not yet written before writing stops (a hung filesystem).
-MAX_PENDING_BYTES = 64 * 1024 * 1024
+#: Bound on one journal write; past it the journal is given up for this soak.
+JOURNAL_WRITE_TIMEOUT = 5.0
+#: Journals given up with a write stuck in a thread, kept open on purpose (see ``run``).
+_ABANDONED_JOURNALS: list[AsyncFileIO] = []
 
 
 #: Whether each event class is a SeriesSource: a runtime protocol check walks the protocol's
@@ -51,67 +55,6 @@ def journal_line(event: Event) -> tuple[str, dict[str, Any]]:
     return json.dumps(data, allow_nan=False, separators=(",", ":"), default=str) + "\n", data
 
 
-class JournalWriter:
-    """Appends batches to the journal, in order, from a thread of its own; then closes it.
-
-    The event loop hands a batch over and goes on.  Awaiting each write would wake the loop
-    once more per batch, and in an idle monitor wake-ups are most of what it costs (about
-    half a millisecond each on a virtual machine: benchmarks/monitor_overhead.py).  The thread
-    is the journal's own, not a pool's: it owns the file descriptor and closes it after the
-    last batch, so a write stuck on a hung filesystem can never land in a reused descriptor.
-    Bounded: past ``max_pending`` bytes not yet written, writing stops and ``error`` says why.
-    """
-
-    def __init__(self, fd: int, max_pending: int = MAX_PENDING_BYTES) -> None:
-        self._fd = fd
-        self._max_pending = max_pending
-        self._batches: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._pending = 0
-        self.error: str | None = None
-        self._thread = threading.Thread(target=self._run, name="asyncsoak-journal", daemon=True)
-        self._thread.start()
-
-    def put(self, data: bytes) -> None:
-        with self._lock:
-            if self.error is not None:
-                return
-            if self._pending + len(data) > self._max_pending:
-                self.error = (
-                    f"journal writes fell {self._pending} bytes behind (a hung filesystem?); "
-                    "writing stopped"
-                )
-                return
-            self._pending += len(data)
-        self._batches.put(data)
-
-    def close(self) -> None:
-        """No more batches: the thread writes what it has, closes the file, and ends."""
-        self._batches.put(None)
-
-    def join(self) -> None:
-        """Block until the thread has ended (run it in a worker thread, under a deadline)."""
-        self._thread.join()
-
-    def _run(self) -> None:
-        try:
-            while (data := self._batches.get()) is not None:
-                if self.error is None:
-                    try:
-                        view = memoryview(data)
-                        while view:
-                            view = view[os.write(self._fd, view) :]
-                    except OSError as exc:
-                        self.error = f"journal write failed: {exc}"
-                with self._lock:
-                    self._pending -= len(data)
-        finally:
-            try:
-                os.close(self._fd)
-            except OSError as exc:
-                self.error = self.error or f"journal close failed: {exc}"
-
-
 class Serializer:
     def __init__(self, journal_fd: int, builder: ArtifactBuilder) -> None:
         self._journal_fd = journal_fd
@@ -120,30 +63,44 @@ class Serializer:
         self.journal_error: str | None = None
         self.fold_errors = 0
         self.fold_error: str | None = None
+        self._write_abandoned = False
 
     async def run(self, receive: MemoryObjectReceiveStream[Event]) -> None:
-        """Drain until the last producer closes its end of the queue.
-
-        Returns once the journal is written and closed; a cancellation (the soak's bound on
-        the final drain) leaves the writer thread to finish on its own.
-        """
-        writer = JournalWriter(self._journal_fd)
+        """Drain until the last producer closes its end of the queue, then close the journal."""
+        journal = await aiofiles.open(self._journal_fd, "wb", buffering=0)
         try:
-            await self._drain(receive, writer)
+            await self._drain(receive, journal)
         finally:
-            writer.close()
-            try:
-                # The caller's cancel scope bounds this wait; on cancellation the thread is
-                # left to finish (or to hang on a dead filesystem) on its own.
-                await anyio.to_thread.run_sync(
-                    writer.join, limiter=anyio.CapacityLimiter(1), abandon_on_cancel=True
-                )
-            finally:
-                self.journal_error = self.journal_error or writer.error
+            if self._write_abandoned:
+                # A write still stuck in its thread keeps the descriptor: closing it (or
+                # letting the file object be collected) could let that write land in a file
+                # opened later under the same number.  One descriptor per hung soak is kept.
+                _ABANDONED_JOURNALS.append(journal)
+            else:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await journal.close()
+                    except OSError as exc:
+                        self.journal_error = self.journal_error or f"journal close failed: {exc}"
 
-    async def _drain(
-        self, receive: MemoryObjectReceiveStream[Event], writer: JournalWriter
-    ) -> None:
+    async def _write(self, journal: AsyncFileIO, data: bytes) -> None:
+        if self.journal_error is not None:
+            return
+        view = memoryview(data)
+        with anyio.move_on_after(JOURNAL_WRITE_TIMEOUT) as scope:
+            try:
+                while view:
+                    view = view[await journal.write(view) :]
+            except OSError as exc:
+                self.journal_error = f"journal write failed: {exc}"
+        if scope.cancelled_caught:
+            self._write_abandoned = True
+            self.journal_error = (
+                f"a journal write took longer than {JOURNAL_WRITE_TIMEOUT:g}s "
+                "(a hung filesystem?); writing stopped"
+            )
+
+    async def _drain(self, receive: MemoryObjectReceiveStream[Event], journal: AsyncFileIO) -> None:
         async with receive:
             async for first in receive:
                 batch = [first]
@@ -163,4 +120,4 @@ class Serializer:
                         self.fold_errors += 1
                         self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
                 self.events += len(batch)
-                writer.put("".join(lines).encode())
+                await self._write(journal, "".join(lines).encode())

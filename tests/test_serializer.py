@@ -1,87 +1,85 @@
-"""The journal writer: batches in order from a thread of its own, bounded when the disk stalls."""
+"""The serializer: every event reaches the journal in order, and a bad disk never stalls it."""
 
 from __future__ import annotations
 
+import json
 import os
-import threading
 from pathlib import Path
 
+import anyio
 import pytest
 
-from asyncsoak._serializer import JournalWriter
+from asyncsoak import _serializer
+from asyncsoak._artifact import ArtifactBuilder
+from asyncsoak._events import Event, Warning
+from asyncsoak._serializer import Serializer
+
+pytestmark = pytest.mark.asyncio
 
 
-def join(writer: JournalWriter, timeout: float = 10.0) -> None:
-    done = threading.Thread(target=writer.join, daemon=True)
-    done.start()
-    done.join(timeout)
-    assert not done.is_alive(), "the journal writer did not finish"
+async def serialize(fd: int, events: list[Event]) -> Serializer:
+    """Run a serializer over ``events`` to the end of its queue, under a deadline."""
+    serializer = Serializer(fd, ArtifactBuilder())
+    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=len(events) + 1)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serializer.run, receive)
+            async with send:
+                for event in events:
+                    await send.send(event)
+    return serializer
 
 
-def test_batches_reach_the_journal_in_order(tmp_path: Path) -> None:
-    """Every batch handed over is written, in order, before the writer ends."""
+def warnings(n: int, size: int = 10) -> list[Event]:
+    return [Warning(t=float(i), message=f"{i:05d}" + "x" * size) for i in range(n)]
+
+
+async def test_every_event_reaches_the_journal_in_order(tmp_path: Path) -> None:
+    """Each event is one JSON line, in the order it was sent, and the builder saw them all."""
     path = tmp_path / "soak.jsonl"
-    writer = JournalWriter(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-    lines = [f'{{"n": {n}}}\n'.encode() for n in range(500)]
-    for line in lines:
-        writer.put(line)
-    writer.close()
-    join(writer)
-    assert path.read_bytes() == b"".join(lines)
-    assert writer.error is None
+    serializer = await serialize(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), warnings(700))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["message"][:5] for line in lines] == [f"{i:05d}" for i in range(700)]
+    assert serializer.events == 700
+    assert serializer.journal_error is None
+    assert len(serializer.builder.warnings) == 700
 
 
-def test_a_stalled_journal_stops_taking_batches_without_blocking() -> None:
-    """A journal that stops draining (a pipe nobody reads, as a hung disk) never blocks the
-    caller: past the bound, writing stops and the error says so."""
+async def test_a_hung_journal_is_given_up_without_stalling_the_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A journal that stops draining (a pipe nobody reads, as a dead disk) is abandoned after
+    the write bound; the queue keeps draining and the artifact still gets every event."""
+    monkeypatch.setattr(_serializer, "JOURNAL_WRITE_TIMEOUT", 0.3)
     read_end, write_end = os.pipe()
     try:
-        writer = JournalWriter(write_end, max_pending=64 * 1024)
-        batch = b"x" * 40 * 1024
-        for _ in range(4):
-            writer.put(batch)  # returns at once although the pipe is full
-        assert writer.error is not None
-        assert "writing stopped" in writer.error
-        writer.close()
-        received = 0
-        while chunk := os.read(read_end, 65536):  # EOF once the writer closed its end
-            received += len(chunk)
-        join(writer)
-        # What was taken before the bound was written whole; nothing after it.
-        assert received % len(batch) == 0
-        assert received < 4 * len(batch)
+        serializer = await serialize(write_end, warnings(300, size=2000))
+        assert serializer.journal_error is not None
+        assert "writing stopped" in serializer.journal_error
+        assert len(serializer.builder.warnings) == 300
     finally:
         os.close(read_end)
 
 
-def test_a_failing_journal_is_reported(tmp_path: Path) -> None:
-    """A write that fails (here: a read-only descriptor) is recorded, and later batches are
-    dropped quietly."""
+async def test_a_failing_journal_is_reported(tmp_path: Path) -> None:
+    """A write that fails (a read-only descriptor here) is recorded, and the fold goes on."""
     path = tmp_path / "soak.jsonl"
     path.write_bytes(b"")
-    writer = JournalWriter(os.open(path, os.O_RDONLY))
-    writer.put(b"line\n")
-    writer.put(b"line\n")
-    writer.close()
-    join(writer)
-    assert writer.error is not None
-    assert writer.error.startswith("journal write failed")
+    serializer = await serialize(os.open(path, os.O_RDONLY), warnings(5))
+    assert serializer.journal_error is not None
+    assert serializer.journal_error.startswith("journal write failed")
+    assert len(serializer.builder.warnings) == 5
     assert path.read_bytes() == b""
 
 
-@pytest.mark.parametrize("batches", [0, 1])
-def test_the_writer_closes_the_journal(tmp_path: Path, batches: int) -> None:
-    """The writer owns the descriptor: it is closed once the writer ends, batches or not."""
+async def test_the_journal_is_closed_at_the_end(tmp_path: Path) -> None:
+    """The serializer owns the descriptor: once it returns, the reader sees end of file."""
     read_end, write_end = os.pipe()
     try:
-        writer = JournalWriter(write_end)
-        for _ in range(batches):
-            writer.put(b"line\n")
-        writer.close()
-        join(writer)
+        await serialize(write_end, warnings(3))
         data = b""
-        while chunk := os.read(read_end, 65536):  # EOF: no write end is left open
+        while chunk := os.read(read_end, 65536):
             data += chunk
-        assert data == b"line\n" * batches
+        assert data.count(b"\n") == 3
     finally:
         os.close(read_end)
