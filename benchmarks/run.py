@@ -161,6 +161,13 @@ def rows(sections: Sequence[Section]) -> list[list[str]]:
 HEADER = ["item", "figure", "value", "reference", "ratio", "target", ""]
 
 
+def run_alone(run: Callable[[bool], Section], doc: str | None) -> None:
+    """``python -m benchmarks.NAME [--quick]``: one benchmark on its own, its table printed."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--quick", action="store_true")
+    print_sections([run(parser.parse_args().quick)])
+
+
 def print_sections(sections: Sequence[Section]) -> None:
     table = [HEADER, *rows(sections)]
     widths = [max(len(row[i]) for row in table) for i in range(len(HEADER))]

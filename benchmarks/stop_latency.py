@@ -25,7 +25,6 @@ that ignores it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import tempfile
@@ -228,14 +227,7 @@ def run(quick: bool = False) -> Section:
     return section
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    from benchmarks.run import print_sections
-
-    print_sections([run(args.quick)])
-
-
 if __name__ == "__main__":
-    main()
+    from benchmarks.run import run_alone
+
+    run_alone(run, __doc__)
