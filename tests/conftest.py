@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import select
+import subprocess
 import sys
 import textwrap
 import time
@@ -21,6 +22,20 @@ from jsonschema import Draft202012Validator
 from asyncsoak._artifact import load_schema
 
 REPO = Path(__file__).resolve().parent.parent
+#: The environment of a CLI run by a test: this checkout's asyncsoak first.
+CLI_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def asyncsoak_cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m asyncsoak ARGS`` as a user runs it, output captured, under a deadline."""
+    return subprocess.run(
+        [sys.executable, "-m", "asyncsoak", *args],
+        cwd=cwd,
+        env=CLI_ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def py(code: str) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -14,10 +13,8 @@ from typing import Any
 
 from asyncsoak._recover import artifact_from_journal
 
-from .conftest import REPO, ReadyFifo, py
+from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
 from .gpu_support import install_fake_nvidia_smi
-
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 #: A trainer that computes (busy CPU, growing memory) and logs each step for a while, then
 #: waits forever without writing (a stall: idle CPU, no progress).
@@ -48,17 +45,6 @@ print("done", flush=True)
 """
 
 
-def asyncsoak(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "asyncsoak", *args],
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def run_args(base: Path, *extra: str) -> list[str]:
     return [
         "run",
@@ -81,7 +67,7 @@ def passing_soak(base: Path) -> Path:
     base.mkdir(parents=True, exist_ok=True)
     fake = install_fake_nvidia_smi(base, mode="load", gpus=2)
     args = [a for a in run_args(base) if a != "--no-gpu"]
-    result = asyncsoak(
+    result = asyncsoak_cli(
         *args,
         "--nvidia-smi",
         str(fake.path),
@@ -97,7 +83,7 @@ def passing_soak(base: Path) -> Path:
 def stalled_soak(base: Path) -> Path:
     """A soak whose trainer stops making progress: stale_progress; returns its artifact path."""
     base.mkdir(parents=True, exist_ok=True)
-    result = asyncsoak(
+    result = asyncsoak_cli(
         *run_args(base, "--stale-progress", "1"),
         "--",
         *py(STALLING_TRAINER),
@@ -133,7 +119,7 @@ def killed_monitor_journal(base: Path) -> Path:
             str(base / "progress"),
         ],
         cwd=base,
-        env=ENV,
+        env=CLI_ENV,
         stderr=subprocess.DEVNULL,
     )
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,20 +12,7 @@ import psutil
 import pytest
 from jsonschema import Draft202012Validator
 
-from .conftest import REPO, ReadyFifo, alive, assert_valid, py
-
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-def asyncsoak(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "asyncsoak", *args],
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+from .conftest import CLI_ENV, ReadyFifo, alive, assert_valid, asyncsoak_cli, py
 
 
 def run_args(tmp_path: Path, *extra: str) -> list[str]:
@@ -53,7 +39,7 @@ TOUCH = (
 
 def test_passing_run_exits_0(tmp_path: Path, schema: Draft202012Validator) -> None:
     """A clean soak exits 0 and names its artifact on stderr."""
-    result = asyncsoak(*run_args(tmp_path), "--", *py(TOUCH), cwd=tmp_path)
+    result = asyncsoak_cli(*run_args(tmp_path), "--", *py(TOUCH), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "soak passed" in result.stderr
     assert_valid(json.loads((tmp_path / "soak.json").read_text()), schema)
@@ -62,7 +48,7 @@ def test_passing_run_exits_0(tmp_path: Path, schema: Draft202012Validator) -> No
 def test_failed_soak_exits_1_with_reason_and_artifact(tmp_path: Path) -> None:
     """A failed soak exits 1; the primary reason and the artifact path are on stderr."""
     code = TOUCH + "\nimport time; time.sleep(30)"
-    result = asyncsoak(
+    result = asyncsoak_cli(
         *run_args(tmp_path, "--stale-progress", "0.3"), "--", *py(code), cwd=tmp_path
     )
     assert result.returncode == 1
@@ -85,7 +71,7 @@ def test_failed_soak_exits_1_with_reason_and_artifact(tmp_path: Path) -> None:
 def test_bad_usage_exits_2_and_launches_nothing(tmp_path: Path, bad: list[str]) -> None:
     """Bad options exit 2 with a message; no artifact is written and nothing runs."""
     marker = tmp_path / "launched"
-    result = asyncsoak(
+    result = asyncsoak_cli(
         *run_args(tmp_path, *bad), "--", *py(f"open({str(marker)!r}, 'w')"), cwd=tmp_path
     )
     assert result.returncode == 2
@@ -96,7 +82,7 @@ def test_bad_usage_exits_2_and_launches_nothing(tmp_path: Path, bad: list[str]) 
 
 def test_missing_command_exits_2(tmp_path: Path) -> None:
     """`asyncsoak run` without a command is bad usage."""
-    result = asyncsoak(*run_args(tmp_path), cwd=tmp_path)
+    result = asyncsoak_cli(*run_args(tmp_path), cwd=tmp_path)
     assert result.returncode == 2
     assert "no command given" in result.stderr
 
@@ -111,7 +97,7 @@ def test_signal_to_the_monitor_stops_the_tree(
     monitor = subprocess.Popen(
         [sys.executable, "-m", "asyncsoak", *run_args(tmp_path), "--", *py(code)],
         cwd=tmp_path,
-        env=ENV,
+        env=CLI_ENV,
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -142,7 +128,7 @@ def test_killed_monitor_does_not_leave_the_trainer_running(
     monitor = subprocess.Popen(
         [sys.executable, "-m", "asyncsoak", *run_args(tmp_path), "--", *py(code)],
         cwd=tmp_path,
-        env=ENV,
+        env=CLI_ENV,
         stderr=subprocess.DEVNULL,
     )
     try:
@@ -166,7 +152,7 @@ def test_demo_passes_and_points_at_its_artifact(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
     """`asyncsoak demo` trains, passes, and says where the artifact is."""
-    result = asyncsoak("demo", "--seconds", "2", "--dir", str(tmp_path / "demo"), cwd=tmp_path)
+    result = asyncsoak_cli("demo", "--seconds", "2", "--dir", str(tmp_path / "demo"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "verdict: passed" in result.stdout
     [artifact_path] = (tmp_path / "demo").glob("run-*/soak.json")

@@ -19,8 +19,8 @@ import pytest
 from asyncsoak._live import JournalTail, LiveState, render_rich, watch_journal
 from asyncsoak._soak import run_soak
 
-from .conftest import fast_limits, py
-from .soak_runs import ENV, run_args, sample_lines
+from .conftest import CLI_ENV, fast_limits, py
+from .soak_runs import run_args, sample_lines
 
 needs_rich = pytest.mark.skipif(
     importlib.util.find_spec("rich") is None,
@@ -61,7 +61,7 @@ def under_terminal(argv: list[str], cwd: Path) -> tuple[int, str]:
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
-        env={**ENV, "TERM": "xterm-256color", "COLUMNS": "160"},
+        env={**CLI_ENV, "TERM": "xterm-256color", "COLUMNS": "160"},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=secondary,
@@ -126,7 +126,7 @@ def test_plain_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
             *py(STALLS),
         ],
         cwd=tmp_path,
-        env=ENV,
+        env=CLI_ENV,
         capture_output=True,
         text=True,
         timeout=60,
@@ -149,7 +149,7 @@ def test_quiet_turns_the_view_off(tmp_path: Path) -> None:
     result = subprocess.run(
         [*run_argv(tmp_path, "--quiet", "--status-interval", "0.1"), "--", *py(STEADY)],
         cwd=tmp_path,
-        env=ENV,
+        env=CLI_ENV,
         capture_output=True,
         text=True,
         timeout=60,

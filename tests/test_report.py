@@ -17,8 +17,8 @@ from jsonschema import Draft202012Validator
 from asyncsoak._recover import JournalError, artifact_from_journal
 from asyncsoak._report import _plan_panels, read_journal_detail, render_report
 
-from .conftest import assert_valid
-from .soak_runs import ENV, Runs, asyncsoak, make_runs
+from .conftest import CLI_ENV, assert_valid, asyncsoak_cli
+from .soak_runs import Runs, make_runs
 
 needs_plotly = pytest.mark.skipif(
     importlib.util.find_spec("plotly") is None,
@@ -60,7 +60,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 
 def report(run: Path, out: Path) -> Path:
-    result = asyncsoak("report", str(run), "-o", str(out), cwd=out.parent)
+    result = asyncsoak_cli("report", str(run), "-o", str(out), cwd=out.parent)
     assert result.returncode == 0, result.stderr
     assert out.as_uri() in result.stdout
     return out
@@ -168,7 +168,7 @@ def test_killed_monitor_journal_gets_a_report(runs: Runs, tmp_path: Path) -> Non
 def test_missing_artifact_is_rebuilt_from_its_journal(runs: Runs, tmp_path: Path) -> None:
     """`report soak.json` when only soak.jsonl exists reads the journal and says so."""
     missing = runs.killed_journal.with_suffix(".json")
-    result = asyncsoak("report", str(missing), "-o", str(tmp_path / "r.html"), cwd=tmp_path)
+    result = asyncsoak_cli("report", str(missing), "-o", str(tmp_path / "r.html"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "reading its journal" in result.stderr
     assert "monitor_lost" in (tmp_path / "r.html").read_text()
@@ -219,7 +219,7 @@ def test_report_without_plotly_says_how_to_get_it(runs: Runs, tmp_path: Path) ->
         f"sys.exit(main(['report', {str(runs.passing)!r}, '-o', {str(tmp_path / 'r.html')!r}]))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", hide_plotly], env=ENV, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", hide_plotly], env=CLI_ENV, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2
     assert "asyncsoak[report]" in result.stderr
@@ -230,7 +230,7 @@ def test_report_of_something_else_is_a_usage_error(tmp_path: Path) -> None:
     """A file that is neither an artifact nor a journal exits 2 with a message."""
     other = tmp_path / "other.json"
     other.write_text('{"hello": 1}')
-    result = asyncsoak("report", str(other), cwd=tmp_path)
+    result = asyncsoak_cli("report", str(other), cwd=tmp_path)
     assert result.returncode == 2
     assert "not an asyncsoak artifact or journal" in result.stderr
 
@@ -243,7 +243,7 @@ def test_recover_writes_a_valid_monitor_lost_artifact(
 ) -> None:
     """`recover` rebuilds a schema-valid artifact: failed, monitor_lost, the progress seen."""
     out = tmp_path / "rebuilt.json"
-    result = asyncsoak("recover", str(runs.killed_journal), "-o", str(out), cwd=tmp_path)
+    result = asyncsoak_cli("recover", str(runs.killed_journal), "-o", str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     artifact = json.loads(out.read_text())
     assert_valid(artifact, schema)
@@ -261,7 +261,7 @@ def test_recover_does_not_overwrite_an_artifact(runs: Runs, tmp_path: Path) -> N
     """Without -o, `recover` refuses to replace the artifact beside the journal."""
     journal = runs.stalled.with_suffix(".jsonl")
     before = runs.stalled.read_bytes()
-    result = asyncsoak("recover", str(journal), cwd=tmp_path)
+    result = asyncsoak_cli("recover", str(journal), cwd=tmp_path)
     assert result.returncode == 2
     assert "already exists" in result.stderr
     assert runs.stalled.read_bytes() == before

@@ -11,7 +11,8 @@ import pytest
 
 from asyncsoak._summary import exit_text, summarize
 
-from .soak_runs import Runs, asyncsoak, make_runs
+from .conftest import asyncsoak_cli
+from .soak_runs import Runs, make_runs
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +21,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 
 def summary_text(run: Path) -> str:
-    result = asyncsoak("summary", str(run), cwd=run.parent)
+    result = asyncsoak_cli("summary", str(run), cwd=run.parent)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -41,7 +42,7 @@ def test_stalled_summary_says_what_to_look_at(runs: Runs) -> None:
 
 def test_summary_json_has_the_same_facts(runs: Runs) -> None:
     """--json gives reasons, peaks, one row per GPU, hints and the log's last lines."""
-    result = asyncsoak("summary", str(runs.stalled_sampled), "--json", cwd=runs.stalled.parent)
+    result = asyncsoak_cli("summary", str(runs.stalled_sampled), "--json", cwd=runs.stalled.parent)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["status"] == "failed"
