@@ -10,7 +10,7 @@ one second apart, as fast as they come:
 
 - process samples: ``ProcSampler.read`` of a live tree of 10 processes, every time afresh;
 - GPU samples: the GPU sampler's own parsing of the H200 captures
-  (``../shared/fixtures/nvidia-smi/h200/``), idle and under load in turns, when the GPU
+  (``tests/fixtures/nvidia-smi/h200/``), idle and under load in turns, when the GPU
   sampler is there;
 - progress events, as the watchdog emits them.
 

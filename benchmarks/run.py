@@ -6,8 +6,8 @@
     python benchmarks/run.py [...]        # the same
 
 Items 2, 5 and 6 use the H200 ``nvidia-smi`` captures (the fake ``nvidia-smi`` where there is
-no GPU): ``../shared/fixtures/nvidia-smi/h200`` next to the repository, or the directory named
-by ``$ASYNCSOAK_FIXTURES``.  psrecord must be installed beside the interpreter (items 1, 2).
+no GPU), kept in ``tests/fixtures/nvidia-smi/h200``.  psrecord must be installed beside the
+interpreter (items 1, 2).
 
 Every figure is measured in this one run, next to its reference; ratios are of medians and
 latencies are p50 and p95.  A full run (no ``--quick``, no ``--only``) writes RESULTS.md with

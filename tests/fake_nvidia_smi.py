@@ -1,8 +1,8 @@
 """A stand-in for ``nvidia-smi`` that replays output captured on an NVIDIA H200.
 
 Standalone (standard library only); the tests install it as ``nvidia-smi`` through
-``tests/gpu_support.py``.  The values come from the unedited fixtures in
-``../shared/fixtures/nvidia-smi/h200`` next to the repository (or ``$ASYNCSOAK_FIXTURES``):
+``tests/gpu_support.py``.  The values come from the unedited captures in
+``tests/fixtures/nvidia-smi/h200`` (described by ``tests/fixtures/nvidia-smi/README.md``):
 each requested field is looked up by its column in the fixture's field list, so the fake
 answers the fields asked in the order asked, as nvidia-smi does, and rejects unknown ones
 with nvidia-smi's own message and exit status.
@@ -76,15 +76,9 @@ SEPARATOR = ", "
 GARBAGE = "Unable to determine the device handle for GPU0000:00:06.0: Unknown Error"
 
 
-FIXTURES_VARIABLE = "ASYNCSOAK_FIXTURES"
-
-
 def fixtures() -> Path:
-    """The H200 captures: ``$ASYNCSOAK_FIXTURES``, else ``../shared`` next to the repository."""
-    override = os.environ.get(FIXTURES_VARIABLE)
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "nvidia-smi" / "h200"
+    """The H200 captures, kept in the repository beside this file."""
+    return Path(__file__).resolve().parent / "fixtures" / "nvidia-smi" / "h200"
 
 
 def read(name: str) -> str:

@@ -14,7 +14,6 @@ from typing import Any
 from . import fake_nvidia_smi
 
 FAKE_SCRIPT = Path(fake_nvidia_smi.__file__)
-FIXTURES_VARIABLE = fake_nvidia_smi.FIXTURES_VARIABLE
 #: The field lists the fixtures were captured with (fixtures README: F and A).
 FIXTURE_GPU_FIELDS: tuple[str, ...] = tuple(fake_nvidia_smi.GPU_FIELDS)
 FIXTURE_APP_FIELDS: tuple[str, ...] = tuple(fake_nvidia_smi.APP_FIELDS)
@@ -38,8 +37,8 @@ def fixture(name: str) -> str:
     path = fake_nvidia_smi.fixtures() / name
     if not path.exists():
         raise FileNotFoundError(
-            f"nvidia-smi fixture {path} is missing: the tests expect ../shared next to the "
-            f"repository, or ${FIXTURES_VARIABLE} naming the h200 fixture directory"
+            f"nvidia-smi fixture {path} is missing: the captures belong in "
+            "tests/fixtures/nvidia-smi/h200"
         )
     return path.read_text()
 
@@ -96,7 +95,6 @@ def install_fake_nvidia_smi(
         "FAKE_SMI_HANG_AFTER": str(hang_after),
         "FAKE_SMI_LOG": str(log),
         "FAKE_SMI_REJECT": ",".join(reject),
-        FIXTURES_VARIABLE: str(fake_nvidia_smi.fixtures()),
     }
     if pid is not None:
         settings["FAKE_SMI_PID"] = str(pid)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -315,3 +319,37 @@ def test_inventory_of_a_hung_nvidia_smi_is_bounded(tmp_path: Path) -> None:
     assert time.monotonic() - started < 5.0
     assert inventory["available"] is False
     assert "no answer within 0.5 s" in inventory["error"]
+
+
+def test_fake_answers_from_a_copy_of_the_repository_alone(tmp_path: Path) -> None:
+    """The captures travel with the repository: a copy of tests/ with nothing beside it works."""
+    tests_dir = Path(__file__).resolve().parent
+    copy = tmp_path / "clone" / "tests"
+    shutil.copytree(tests_dir, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PATH": os.environ.get("PATH", ""), "FAKE_SMI_MODE": "load"}
+    query = "--query-gpu=index,name,memory.total"
+    result = subprocess.run(
+        [sys.executable, "-S", str(copy / "fake_nvidia_smi.py"), query, "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0, NVIDIA H200, 143771 MiB"
+
+
+def test_no_test_or_benchmark_reads_outside_the_repository() -> None:
+    """Tests and benchmarks name no path above the repository (they must pass on a fresh clone)."""
+    root = Path(__file__).resolve().parents[1]
+    # Spelled in pieces so that this file does not match itself.
+    needles = (".." + "/shared", '"' + 'shared" /', "parents" + "[2]")
+    offenders = [
+        f"{path.relative_to(root)}: {needle}"
+        for folder in ("tests", "benchmarks")
+        for path in sorted((root / folder).rglob("*.py"))
+        for needle in needles
+        if needle in path.read_text()
+    ]
+    assert offenders == []
