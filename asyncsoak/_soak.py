@@ -27,6 +27,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from . import _tree
+from ._blocking import abandoned_calls
 from ._artifact import (
     ArtifactBuilder,
     create_private_file,
@@ -241,6 +242,7 @@ class _Soak:
             os.close(journal_fd)
             raise
         cpu_start = time.process_time()
+        abandoned_at_start = abandoned_calls()
         try:
             ignore = {_file_key(journal_fd)}
             if not cfg.output_is_progress:
@@ -299,6 +301,8 @@ class _Soak:
                 "fold_error": serializer.fold_error,
                 "reaper_pid": self._spawner.reaper_pid if self._spawner else None,
                 "pid": os.getpid(),
+                # Blocking calls given up at their deadline (a hung disk, a wedged process).
+                "abandoned_calls": abandoned_calls() - abandoned_at_start,
             }
             artifact = builder.build(
                 status=status,

@@ -1,0 +1,193 @@
+"""The one way asyncsoak runs blocking work: always under a deadline, in its own daemon threads.
+
+Blocking calls (filesystem walks, ``/proc`` reads, ``git``, SQLite, the journal's writes) never
+run on the event loop and never wait without a bound.  They run on :data:`EXECUTOR`, a small
+pool of asyncsoak's own threads:
+
+* the threads are daemon threads and the pool registers nothing at exit, so a call stuck for
+  good (a dead NFS mount, a ``/proc/PID/environ`` read behind a wedged process's mmap lock) never
+  keeps the process from exiting, unlike anyio's worker threads and asyncio's default executor
+  (whose shutdown has no timeout on Python 3.11);
+* the pool holds at most :data:`MAX_THREADS` threads, stuck ones included, so abandoned calls
+  cannot make threads grow without bound: once every thread is stuck, new calls wait in the
+  queue until their own deadline and fail, the soak goes on degraded;
+* a call whose caller stops waiting (its deadline passed, or the caller was cancelled) while it
+  runs is *abandoned*: it is left to finish in its thread and counted (:func:`abandoned_calls`,
+  reported in ``artifact.monitor``).  A call still in the queue is simply dropped.
+
+aiofiles takes the same executor (``aiofiles.open(..., executor=EXECUTOR)``), so the journal's
+writes share the bound on threads and the count of abandoned calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from functools import partial
+from typing import Any, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+
+#: Threads of the pool at most, stuck ones included.
+MAX_THREADS = 16
+#: An idle thread exits after this long without work.
+IDLE_SECONDS = 30.0
+
+
+class BlockingCallTimeout(TimeoutError):
+    """A blocking call did not return within its deadline and was abandoned."""
+
+    def __init__(self, what: str, timeout: float) -> None:
+        self.what = what
+        self.timeout = timeout
+        super().__init__(f"{what} did not finish within {timeout:g}s (abandoned)")
+
+
+class _Call(Future[Any]):
+    """A queued call; cancelling it once it runs abandons it (and counts it)."""
+
+    def __init__(self, pool: BlockingExecutor) -> None:
+        super().__init__()
+        self._pool = pool
+
+    def cancel(self) -> bool:
+        if super().cancel():
+            return True
+        if self.running():
+            self._pool._abandoned(self)
+        return False
+
+
+class BlockingExecutor(Executor):
+    """A bounded pool of daemon threads (see the module docstring)."""
+
+    def __init__(self, max_threads: int = MAX_THREADS, idle_seconds: float = IDLE_SECONDS) -> None:
+        self._max_threads = max_threads
+        self._idle_seconds = idle_seconds
+        self._queue: queue.SimpleQueue[tuple[_Call, Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._queued = 0
+        self._abandoned_total = 0
+        self._abandoned_now: set[_Call] = set()
+
+    # -- Executor ------------------------------------------------------------------------
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        call = _Call(self)
+        with self._lock:
+            self._queued += 1
+            self._queue.put((call, partial(fn, *args, **kwargs)))
+            if self._idle < self._queued and self._threads < self._max_threads:
+                self._threads += 1
+                threading.Thread(target=self._work, name="asyncsoak-blocking", daemon=True).start()
+        return call
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        # The pool is process-wide and its threads are daemons: there is nothing to wait for,
+        # and a stuck call must never hold up whoever shuts down.
+        return None
+
+    # -- accounting ----------------------------------------------------------------------
+
+    @property
+    def abandoned_total(self) -> int:
+        """Calls abandoned since the process started."""
+        with self._lock:
+            return self._abandoned_total
+
+    @property
+    def stuck(self) -> int:
+        """Abandoned calls still running in their thread now."""
+        with self._lock:
+            return len(self._abandoned_now)
+
+    @property
+    def threads(self) -> int:
+        with self._lock:
+            return self._threads
+
+    def _abandoned(self, call: _Call) -> None:
+        with self._lock:
+            if call in self._abandoned_now or call.done():
+                return
+            self._abandoned_total += 1
+            self._abandoned_now.add(call)
+
+    # -- the threads ---------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            try:
+                item = self._queue.get(timeout=self._idle_seconds)
+            except queue.Empty:
+                item = None
+            with self._lock:
+                self._idle -= 1
+                if item is None:
+                    self._threads -= 1
+                    return
+                self._queued -= 1
+            call, fn = item
+            if not call.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn()
+            except BaseException as exc:
+                call.set_exception(exc)
+            else:
+                call.set_result(result)
+            with self._lock:
+                self._abandoned_now.discard(call)
+            del call, fn, item
+
+
+#: The process-wide pool every blocking call of asyncsoak runs on.
+EXECUTOR = BlockingExecutor()
+
+
+def abandoned_calls() -> int:
+    """Blocking calls abandoned (deadline passed or caller cancelled) since the process started."""
+    return EXECUTOR.abandoned_total
+
+
+async def run_blocking(
+    func: Callable[..., T],
+    *args: Any,
+    timeout: float,  # noqa: ASYNC109 (the deadline is the point: it is never optional)
+    what: str,
+    limiter: anyio.CapacityLimiter | None = None,
+) -> T:
+    """Run ``func(*args)`` in asyncsoak's own daemon threads, waiting at most ``timeout`` seconds.
+
+    Past the deadline the call is abandoned (left running in its thread, counted) and
+    :class:`BlockingCallTimeout` naming ``what`` is raised.  Cancelling the caller abandons the
+    call at once.  ``limiter``, when given, bounds how many calls of one caller run at a time;
+    the pool bounds the threads of all callers together.
+    """
+    with anyio.move_on_after(timeout):
+        if limiter is None:
+            return await _wait(func, args)
+        async with limiter:
+            return await _wait(func, args)
+    raise BlockingCallTimeout(what, timeout)
+
+
+async def _wait(func: Callable[..., T], args: tuple[Any, ...]) -> T:
+    call = EXECUTOR.submit(func, *args)
+    try:
+        # asyncsoak runs on asyncio (aiofiles is asyncio-only): the pool's thread wakes the
+        # loop through the wrapper future.
+        return await asyncio.wrap_future(call)
+    finally:
+        # Deadline or cancellation: drop the call if it is still queued, count it as
+        # abandoned if it runs; now, not on a later turn of the loop.
+        call.cancel()

@@ -1,0 +1,131 @@
+"""The blocking-call helper: a deadline always, daemon threads, abandoned calls counted.
+
+Blocking for real: a thread opening a FIFO that nobody opens for writing stays in the kernel
+until the test opens the other end (or forever).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from asyncsoak import _blocking
+from asyncsoak._blocking import BlockingCallTimeout, BlockingExecutor, abandoned_calls, run_blocking
+
+from .conftest import REPO
+
+
+def _read_fifo(path: Path) -> bytes:
+    with open(path, "rb") as f:  # blocks in open(2) until a writer comes
+        return f.read()
+
+
+def _release(path: Path) -> None:
+    """Open the FIFO's writing end, which lets a reader blocked in open(2) go."""
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    os.close(fd)
+
+
+@pytest.mark.asyncio
+async def test_result_and_exception_come_back() -> None:
+    """A call that returns gives its value; one that raises gives its exception."""
+    assert await run_blocking(sum, [1, 2, 3], timeout=5, what="sum") == 6
+    with pytest.raises(ZeroDivisionError):
+        await run_blocking(divmod, 1, 0, timeout=5, what="divmod")
+
+
+@pytest.mark.asyncio
+async def test_a_hung_call_is_abandoned_at_its_deadline(tmp_path: Path) -> None:
+    """A call stuck in the kernel raises BlockingCallTimeout at the deadline and is counted."""
+    fifo = tmp_path / "never-written.fifo"
+    os.mkfifo(fifo)
+    before = abandoned_calls()
+    started = time.monotonic()
+    with pytest.raises(BlockingCallTimeout, match=r"reading the fifo did not finish within 0\.3s"):
+        await run_blocking(_read_fifo, fifo, timeout=0.3, what="reading the fifo")
+    assert time.monotonic() - started < 2.0
+    assert abandoned_calls() == before + 1
+    assert isinstance(BlockingCallTimeout("x", 1), TimeoutError)
+    _release(fifo)
+
+
+@pytest.mark.asyncio
+async def test_cancelling_the_caller_abandons_the_call_at_once(tmp_path: Path) -> None:
+    """A caller's cancel scope gets control back at once, whatever the thread is doing."""
+    fifo = tmp_path / "never-written.fifo"
+    os.mkfifo(fifo)
+    before = abandoned_calls()
+    started = time.monotonic()
+    with anyio.move_on_after(0.2):
+        await run_blocking(_read_fifo, fifo, timeout=60, what="reading the fifo")
+    assert time.monotonic() - started < 2.0
+    assert abandoned_calls() == before + 1
+    _release(fifo)
+
+
+def test_threads_are_daemons_and_bounded() -> None:
+    """Stuck calls never make more than max_threads threads; queued calls still time out."""
+    pool = BlockingExecutor(max_threads=2, idle_seconds=1)
+    gate = threading.Event()
+    calls = [pool.submit(gate.wait) for _ in range(5)]
+    for _ in range(200):
+        if sum(c.running() for c in calls) == 2:
+            break
+        time.sleep(0.01)  # polling the pool's own state, bounded
+    assert pool.threads == 2
+    assert all(t.daemon for t in threading.enumerate() if t.name == "asyncsoak-blocking"), (
+        "pool threads must be daemon threads"
+    )
+    assert calls[4].cancel(), "a queued call is dropped, not run"
+    gate.set()
+    assert all(c.result(timeout=5) for c in calls[:4])
+
+
+def test_a_stuck_call_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    """A process whose blocking call hangs for good exits as soon as its main code returns."""
+    fifo = tmp_path / "never-written.fifo"
+    os.mkfifo(fifo)
+    code = textwrap.dedent(
+        f"""
+        import anyio
+        from asyncsoak._blocking import BlockingCallTimeout, run_blocking
+
+        def hang():
+            open({str(fifo)!r}, "rb")
+
+        async def main():
+            try:
+                await run_blocking(hang, timeout=0.2, what="hang")
+            except BlockingCallTimeout:
+                print("abandoned", flush=True)
+
+        anyio.run(main)
+        """
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    assert done.stdout.strip() == "abandoned", done.stderr
+    assert done.returncode == 0, done.stderr
+    assert elapsed < 10, f"the process took {elapsed:.1f}s to exit with a stuck call"
+
+
+def test_executor_is_process_wide() -> None:
+    """One pool for the process: the accounting in artifact.monitor covers every call."""
+    assert isinstance(_blocking.EXECUTOR, BlockingExecutor)
+    assert _blocking.EXECUTOR.threads <= _blocking.MAX_THREADS
