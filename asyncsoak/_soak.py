@@ -27,7 +27,6 @@ import anyio
 from anyio.abc import TaskGroup
 
 from . import _tree
-from ._blocking import abandoned_calls
 from ._artifact import (
     ArtifactBuilder,
     create_private_file,
@@ -35,6 +34,7 @@ from ._artifact import (
     read_log_tail,
     write_artifact,
 )
+from ._blocking import abandoned_calls
 from ._config import LOG_MAX_BYTES, SoakConfig, StopMode, validate
 from ._control import SoakControl
 from ._errors import SoakFailureError
