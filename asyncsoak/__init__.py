@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._control import SoakControl as SoakControl
     from ._errors import SoakFailureError as SoakFailureError
+    from ._errors import ValidationError as ValidationError
     from ._snapshot import runtime_snapshot as runtime_snapshot
     from ._soak import run_soak as run_soak
 
-__all__ = ["SoakControl", "SoakFailureError", "run_soak", "runtime_snapshot"]
+__all__ = ["SoakControl", "SoakFailureError", "ValidationError", "run_soak", "runtime_snapshot"]
 
 _LAZY = {
     "SoakControl": "._control",
     "SoakFailureError": "._errors",
+    "ValidationError": "._errors",
     "run_soak": "._soak",
     "runtime_snapshot": "._snapshot",
 }

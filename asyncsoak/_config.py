@@ -1,7 +1,9 @@
 """Validate ``run_soak``'s arguments into one :class:`SoakConfig`, before anything happens.
 
-Every check raises ``TypeError`` or ``ValueError`` with a message naming the argument; nothing
-is launched or written until all of them pass.
+Every check raises :class:`ValidationError` (a ``ValueError``) or :class:`ValidationTypeError`
+(also a ``TypeError``) with a message naming the argument; nothing is launched or written until
+all of them pass.  The same checks serve the job queue (:func:`validate_job`), so a job that
+``run_soak`` would refuse is refused when it is submitted, not hours later by a worker.
 """
 
 from __future__ import annotations
@@ -15,10 +17,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from ._errors import ValidationError, ValidationTypeError
+
 StopMode = Literal["group", "leader", "stdin"]
 STOP_MODES: tuple[StopMode, ...] = ("group", "leader", "stdin")
 #: Default cap of the captured output log: the first and the last half are kept.
 LOG_MAX_BYTES = 16 * 1024 * 1024
+#: ``run_soak`` parameters a queued job may set, each with its rule: (may be zero, may be None);
+#: ``output_is_progress`` is a bool.
+SOAK_LIMIT_RULES: dict[str, tuple[bool, bool]] = {
+    "sample_interval_seconds": (False, False),
+    "startup_timeout_seconds": (True, False),
+    "stale_progress_seconds": (True, False),
+    "post_shutdown_grace_seconds": (True, False),
+    "min_duration_seconds": (True, False),
+    "max_duration_seconds": (False, True),
+}
+SOAK_LIMITS: tuple[str, ...] = (*SOAK_LIMIT_RULES, "output_is_progress")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,44 +70,87 @@ class SoakConfig:
         return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
 
 
-def _duration(name: str, value: object, *, allow_zero: bool = True) -> float:
+def seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
+    """A finite duration, ``>= 0`` (``> 0`` unless ``allow_zero``); also for CLI flags."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValidationTypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    out = float(value)
+    if math.isnan(out) or math.isinf(out):
+        raise ValidationError(f"{name} must be a finite number of seconds, got {value!r}")
+    if out < 0 or (out == 0 and not allow_zero):
         bound = "positive" if not allow_zero else "zero or more"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
-    return seconds
+        raise ValidationError(f"{name} must be {bound}, got {value!r}")
+    return out
+
+
+def validate_limits(limits: Mapping[str, object]) -> dict[str, Any]:
+    """The soak limits a job carries (a subset of :data:`SOAK_LIMITS`), checked as run_soak does."""
+    out: dict[str, Any] = {}
+    for key, value in limits.items():
+        if key == "output_is_progress":
+            if not isinstance(value, bool):
+                raise ValidationTypeError("output_is_progress must be a bool")
+            out[key] = value
+            continue
+        if key not in SOAK_LIMIT_RULES:
+            raise ValidationError(f"unknown soak limit {key!r} (known: {', '.join(SOAK_LIMITS)})")
+        allow_zero, optional = SOAK_LIMIT_RULES[key]
+        out[key] = (
+            None if value is None and optional else seconds(key, value, allow_zero=allow_zero)
+        )
+    return out
 
 
 def _path(name: str, value: object) -> Path:
     if not isinstance(value, str | os.PathLike):
-        raise TypeError(f"{name} must be a path, not {type(value).__name__}")
+        raise ValidationTypeError(f"{name} must be a path, not {type(value).__name__}")
     text = os.fspath(value)
     if not isinstance(text, str) or not text:
-        raise ValueError(f"{name} must be a non-empty path")
+        raise ValidationError(f"{name} must be a non-empty path")
+    if "\0" in text:
+        raise ValidationError(f"{name} contains a NUL byte")
     return Path(text).absolute()
+
+
+def _progress_dir(value: object) -> Path:
+    progress = _path("progress_dir", value)
+    if progress.exists() and not progress.is_dir():
+        raise ValidationError(f"progress_dir exists but is not a directory: {progress}")
+    return progress
+
+
+def _cwd(value: object) -> Path | None:
+    work_dir = None if value is None else _path("cwd", value)
+    if work_dir is not None and not work_dir.is_dir():
+        raise ValidationError(f"cwd is not a directory: {work_dir}")
+    return work_dir
+
+
+def _stop_mode(value: object) -> StopMode:
+    if value not in STOP_MODES:
+        raise ValidationError(f"stop_mode must be one of {', '.join(STOP_MODES)}, got {value!r}")
+    return value
 
 
 def _command(command: object) -> tuple[str, ...]:
     if isinstance(command, str | bytes):
-        raise TypeError(
+        raise ValidationTypeError(
             "command must be a sequence of arguments (argv), not a string: "
             "asyncsoak never runs commands through a shell"
         )
     if not isinstance(command, Sequence):
-        raise TypeError(f"command must be a sequence of strings, not {type(command).__name__}")
+        raise ValidationTypeError(
+            f"command must be a sequence of strings, not {type(command).__name__}"
+        )
     if not command:
-        raise ValueError("command must not be empty")
+        raise ValidationError("command must not be empty")
     for i, arg in enumerate(command):
         if not isinstance(arg, str):
-            raise TypeError(f"command[{i}] must be a string, not {type(arg).__name__}")
+            raise ValidationTypeError(f"command[{i}] must be a string, not {type(arg).__name__}")
         if "\0" in arg:
-            raise ValueError(f"command[{i}] contains a NUL byte")
+            raise ValidationError(f"command[{i}] contains a NUL byte")
     if not command[0]:
-        raise ValueError("command[0] (the program) must not be empty")
+        raise ValidationError("command[0] (the program) must not be empty")
     return tuple(command)
 
 
@@ -100,13 +158,14 @@ def _env(env: object) -> dict[str, str] | None:
     if env is None:
         return None
     if not isinstance(env, Mapping):
-        raise TypeError(f"env must be a mapping of strings, not {type(env).__name__}")
+        raise ValidationTypeError(f"env must be a mapping of strings, not {type(env).__name__}")
     out: dict[str, str] = {}
     for key, value in env.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"env keys and values must be strings, got {key!r}: {value!r}")
+            # The value is not shown: it may be a secret.
+            raise ValidationTypeError(f"env keys and values must be strings (variable {key!r})")
         if not key or "=" in key or "\0" in key or "\0" in value:
-            raise ValueError(f"env has an invalid variable name or value: {key!r}")
+            raise ValidationError(f"env has an invalid variable name or value: {key!r}")
         out[key] = value
     return out
 
@@ -115,11 +174,11 @@ def _metadata(metadata: object) -> dict[str, Any]:
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
-        raise TypeError(f"metadata must be a mapping, not {type(metadata).__name__}")
+        raise ValidationTypeError(f"metadata must be a mapping, not {type(metadata).__name__}")
     try:
         data = json.loads(json.dumps(dict(metadata), allow_nan=False))
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"metadata must be JSON-serialisable: {exc}") from None
+        raise ValidationError(f"metadata must be JSON-serialisable: {exc}") from None
     return cast(dict[str, Any], data)
 
 
@@ -149,42 +208,43 @@ def validate(
     detailed_memory: object = False,
 ) -> SoakConfig:
     argv = _command(command)
-    progress = _path("progress_dir", progress_dir)
-    if progress.exists() and not progress.is_dir():
-        raise ValueError(f"progress_dir exists but is not a directory: {progress}")
+    progress = _progress_dir(progress_dir)
     output = _path("output_path", output_path)
     if output.is_dir():
-        raise ValueError(f"output_path is a directory: {output}")
+        raise ValidationError(f"output_path is a directory: {output}")
     if output.suffix in (".jsonl", ".log"):
-        raise ValueError(
+        raise ValidationError(
             f"output_path must not end in {output.suffix}: the journal and the log "
             "are written beside it with those suffixes"
         )
     if output.parent.exists() and not output.parent.is_dir():
-        raise ValueError(f"output_path's parent is not a directory: {output.parent}")
+        raise ValidationError(f"output_path's parent is not a directory: {output.parent}")
     log = output.with_suffix(".log") if log_path is None else _path("log_path", log_path)
     if log.is_dir():
-        raise ValueError(f"log_path is a directory: {log}")
-    work_dir = None if cwd is None else _path("cwd", cwd)
-    if work_dir is not None and not work_dir.is_dir():
-        raise ValueError(f"cwd is not a directory: {work_dir}")
-    if stop_mode not in STOP_MODES:
-        raise ValueError(f"stop_mode must be one of {', '.join(STOP_MODES)}, got {stop_mode!r}")
-    if not isinstance(output_is_progress, bool):
-        raise TypeError("output_is_progress must be a bool")
-    if nvidia_smi is not None and (not isinstance(nvidia_smi, str) or not nvidia_smi):
-        raise TypeError("nvidia_smi must be a command name or path, or None to disable GPUs")
-    if isinstance(log_max_bytes, bool) or not isinstance(log_max_bytes, int):
-        raise TypeError("log_max_bytes must be an int")
-    if log_max_bytes < 4096:
-        raise ValueError("log_max_bytes must be at least 4096")
-    if not isinstance(forensics, bool) or not isinstance(detailed_memory, bool):
-        raise TypeError("forensics and detailed_memory must be bools")
-    max_duration = (
-        None
-        if max_duration_seconds is None
-        else _duration("max_duration_seconds", max_duration_seconds, allow_zero=False)
+        raise ValidationError(f"log_path is a directory: {log}")
+    work_dir = _cwd(cwd)
+    mode = _stop_mode(stop_mode)
+    limits = validate_limits(
+        {
+            "sample_interval_seconds": sample_interval_seconds,
+            "startup_timeout_seconds": startup_timeout_seconds,
+            "stale_progress_seconds": stale_progress_seconds,
+            "post_shutdown_grace_seconds": post_shutdown_grace_seconds,
+            "min_duration_seconds": min_duration_seconds,
+            "max_duration_seconds": max_duration_seconds,
+            "output_is_progress": output_is_progress,
+        }
     )
+    if nvidia_smi is not None and (not isinstance(nvidia_smi, str) or not nvidia_smi):
+        raise ValidationTypeError(
+            "nvidia_smi must be a command name or path, or None to disable GPUs"
+        )
+    if isinstance(log_max_bytes, bool) or not isinstance(log_max_bytes, int):
+        raise ValidationTypeError("log_max_bytes must be an int")
+    if log_max_bytes < 4096:
+        raise ValidationError("log_max_bytes must be at least 4096")
+    if not isinstance(forensics, bool) or not isinstance(detailed_memory, bool):
+        raise ValidationTypeError("forensics and detailed_memory must be bools")
     root = work_dir or Path.cwd()
     if snapshot_root is not None:
         root = _path("snapshot_root", snapshot_root)
@@ -194,48 +254,67 @@ def validate(
         output_path=output,
         journal_path=output.with_suffix(".jsonl"),
         log_path=log,
-        sample_interval_seconds=_duration(
-            "sample_interval_seconds", sample_interval_seconds, allow_zero=False
-        ),
-        startup_timeout_seconds=_duration("startup_timeout_seconds", startup_timeout_seconds),
-        stale_progress_seconds=_duration("stale_progress_seconds", stale_progress_seconds),
-        post_shutdown_grace_seconds=_duration(
-            "post_shutdown_grace_seconds", post_shutdown_grace_seconds
-        ),
-        min_duration_seconds=_duration("min_duration_seconds", min_duration_seconds),
-        max_duration_seconds=max_duration,
         cwd=work_dir,
         env=_env(env),
         metadata=_metadata(metadata),
-        stop_mode=stop_mode,
-        output_is_progress=output_is_progress,
+        stop_mode=mode,
         snapshot_root=root,
         nvidia_smi=nvidia_smi,
-        kill_wait_seconds=_duration("kill_wait_seconds", kill_wait_seconds, allow_zero=False),
+        kill_wait_seconds=seconds("kill_wait_seconds", kill_wait_seconds, allow_zero=False),
         log_max_bytes=log_max_bytes,
         dump_signal=_signal("dump_signal", dump_signal),
         forensics=forensics,
         detailed_memory=detailed_memory,
+        **limits,
     )
 
 
+def validate_job(
+    *,
+    command: object,
+    progress_dir: object,
+    cwd: object,
+    env: object,
+    stop_mode: object,
+    limits: Mapping[str, object],
+) -> dict[str, Any]:
+    """What a queued job gives ``run_soak``, checked with ``run_soak``'s own rules.
+
+    ``command`` is None for a job run through the worker's trainer command (``--config``);
+    ``progress_dir`` None means the run directory.  Returns the checked soak limits.
+    """
+    if command is not None:
+        _command(command)
+    if progress_dir is not None:
+        _progress_dir(progress_dir)
+    _cwd(cwd)
+    _env(env)
+    _stop_mode(stop_mode)
+    return validate_limits(limits)
+
+
 def _signal(name: str, value: object) -> int | None:
-    """A signal given by number, ``signal.Signals`` member or name (``"SIGUSR1"``, ``"USR1"``)."""
+    """A signal given by number (also as text, ``"10"``, as the command line gives it),
+    ``signal.Signals`` member or name (``"SIGUSR1"``, ``"USR1"``)."""
     if value is None:
         return None
+    if isinstance(value, str) and value.strip().isdecimal():
+        value = int(value)
     if isinstance(value, str):
         text = value.upper()
         text = text if text.startswith("SIG") else "SIG" + text
         try:
             value = signal.Signals[text]
         except KeyError:
-            raise ValueError(f"{name}: unknown signal {value!r}") from None
+            raise ValidationError(f"{name}: unknown signal {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a signal number or name, not {type(value).__name__}")
+        raise ValidationTypeError(
+            f"{name} must be a signal number or name, not {type(value).__name__}"
+        )
     try:
         sig = signal.Signals(value)
     except ValueError:
-        raise ValueError(f"{name}: {value!r} is not a signal") from None
+        raise ValidationError(f"{name}: {value!r} is not a signal") from None
     if sig in (signal.SIGKILL, signal.SIGSTOP):
-        raise ValueError(f"{name} cannot be {sig.name}: it would end or freeze the run")
+        raise ValidationError(f"{name} cannot be {sig.name}: it would end or freeze the run")
     return int(sig)

@@ -10,6 +10,20 @@ class AsyncsoakError(Exception):
     """Base of asyncsoak's own errors."""
 
 
+class ValidationError(AsyncsoakError, ValueError):
+    """Bad input from the caller, refused before anything is launched or written.
+
+    The only error the command line reports as a usage error (exit status 2) and the worker
+    records as ``invalid_job``: any other exception, a ``ValueError`` from a bug inside the
+    monitor included, is a monitor error.  A ``ValueError``, so ``except ValueError`` keeps
+    working for callers of ``run_soak``.
+    """
+
+
+class ValidationTypeError(ValidationError, TypeError):
+    """Bad input of the wrong type (a string where argv is expected...): also a ``TypeError``."""
+
+
 class SoakFailureError(RuntimeError, AsyncsoakError):
     """Raised when a supervised soak violates a fail-closed condition.
 

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._config import STOP_MODES
+from .._config import STOP_MODES, seconds
+from .._errors import ValidationError
 from .._redact import Masker, secret_values
 from ..queue._status import (
     CANCEL_GRACE_S,
@@ -34,12 +35,14 @@ from ..queue._status import (
     describe_exit,
 )
 from ..queue._store import (
+    INTEGER_MAX,
     JOB_STATUSES,
     Attempt,
     Job,
     JobStore,
     QueueError,
     WorkerInfo,
+    validate_submission,
 )
 from . import EXIT_OK, UsageError
 from ._run import add_soak_limits, parse_pairs
@@ -59,6 +62,25 @@ def default_db() -> Path:
     return Path(data) / "asyncsoak" / "queue.db"
 
 
+def _integer(text: str, *, minimum: int = -INTEGER_MAX) -> int:
+    """An argparse type: an integer the database can hold (SQLite's are 64-bit)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not minimum <= value <= INTEGER_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is out of range ({minimum} to {INTEGER_MAX})")
+    return value
+
+
+def _job_id(text: str) -> int:
+    return _integer(text, minimum=1)
+
+
+def _count_arg(text: str) -> int:
+    return _integer(text, minimum=0)
+
+
 def register(subparsers: Any) -> None:
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument(
@@ -76,10 +98,10 @@ def register(subparsers: Any) -> None:
         "{db} and {run_dir}; it runs in --cwd (default: the current directory).",
     )
     p.add_argument("--name", help="a name to recognise the job by")
-    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+    p.add_argument("--priority", type=_integer, default=0, help="higher runs first (default 0)")
     p.add_argument(
         "--max-attempts",
-        type=int,
+        type=_count_arg,
         default=None,
         metavar="K",
         help="runs that fail (or lose their worker) before the job is failed (default 3)",
@@ -111,23 +133,23 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=_jobs)
 
     p = subparsers.add_parser("job", parents=[db], help="show one job and its attempts")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=_job_id)
     p.add_argument("--json", action="store_true", help="JSON for scripts")
     p.set_defaults(handler=_job)
 
     p = subparsers.add_parser("cancel", parents=[db], help="cancel a queued or running job")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=_job_id)
     p.set_defaults(handler=_cancel)
 
     p = subparsers.add_parser("requeue", parents=[db], help="queue a finished job again")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=_job_id)
     p.set_defaults(handler=_requeue)
 
     p = subparsers.add_parser("logs", parents=[db], help="print a job's train.log")
-    p.add_argument("id", type=int)
-    p.add_argument("--attempt", type=int, metavar="K", help="which attempt (default: the last)")
+    p.add_argument("id", type=_job_id)
+    p.add_argument("--attempt", type=_job_id, metavar="K", help="which attempt (default: the last)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
-    p.add_argument("--lines", "-n", type=int, metavar="N", help="only the last N lines")
+    p.add_argument("--lines", "-n", type=_count_arg, metavar="N", help="only the last N lines")
     p.set_defaults(handler=_logs)
 
     p = subparsers.add_parser("workers", parents=[db], help="list workers")
@@ -342,27 +364,25 @@ def _submit(args: argparse.Namespace) -> int:
         raise UsageError(f"--cwd {cwd}: not a directory")
     if args.max_attempts is not None and args.max_attempts < 1:
         raise UsageError("--max-attempts must be at least 1")
-    soak = _soak_limits(args)
-    store = _open(args, create=True)
-    with store:
-        options: dict[str, Any] = {}
-        if args.max_attempts is not None:
-            options["max_attempts"] = args.max_attempts
-        try:
-            job_id = store.submit(
-                argv=command or None,
-                config=config,
-                name=args.name,
-                cwd=cwd,
-                env=env,
-                progress_dir=args.progress_dir.absolute() if args.progress_dir else None,
-                soak=soak,
-                stop_mode=args.stop_mode,
-                priority=args.priority,
-                **options,
-            )
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
+    job: dict[str, Any] = {
+        "argv": command or None,
+        "config": config,
+        "cwd": cwd,
+        "env": env,
+        "progress_dir": args.progress_dir.absolute() if args.progress_dir else None,
+        "soak": _soak_limits(args),
+        "stop_mode": args.stop_mode,
+        "priority": args.priority,
+    }
+    if args.max_attempts is not None:
+        job["max_attempts"] = args.max_attempts
+    try:
+        # Before the database is opened (or created): a refused job changes nothing.
+        validate_submission(**job)
+        with _open(args, create=True) as store:
+            job_id = store.submit(name=args.name, **job)
+    except ValidationError as exc:
+        raise UsageError(str(exc)) from exc
     print(job_id)
     return EXIT_OK
 
@@ -587,8 +607,10 @@ def _worker(args: argparse.Namespace) -> int:
     if args.gpus is not None and not _GPU_LIST.match(args.gpus):
         raise UsageError(f"--gpus {args.gpus!r}: expected a list such as 0 or 2,3 (or GPU UUIDs)")
     for flag in ("poll", "stale_after", "cancel_grace", "stop_timeout"):
-        if getattr(args, flag) < 0 or (flag == "poll" and args.poll == 0):
-            raise UsageError(f"--{flag.replace('_', '-')} must be a positive number of seconds")
+        try:
+            seconds(f"--{flag.replace('_', '-')}", getattr(args, flag), allow_zero=flag != "poll")
+        except ValidationError as exc:
+            raise UsageError(str(exc)) from None
     train_cmd = shlex.split(args.train_cmd) if args.train_cmd else None
     if args.train_cmd is not None and not train_cmd:
         raise UsageError("--train-cmd is empty")

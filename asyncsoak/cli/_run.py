@@ -8,14 +8,15 @@ import os
 import signal
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from .._config import STOP_MODES
-from .._errors import SoakFailureError
+from .._config import STOP_MODES, seconds
+from .._errors import SoakFailureError, ValidationError
 from .._live import live_status
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 
@@ -103,6 +104,10 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError("no command given: asyncsoak run [options] -- COMMAND [ARG...]")
     env = dict(os.environ)
     env.update(parse_pairs("--env", args.env))
+    try:
+        status_interval = seconds("--status-interval", args.status_interval, allow_zero=False)
+    except ValidationError as exc:
+        raise UsageError(str(exc)) from None
     return supervise(
         command=command,
         progress_dir=args.progress_dir,
@@ -121,7 +126,7 @@ def run_command(args: argparse.Namespace) -> int:
         nvidia_smi=None if args.no_gpu else args.nvidia_smi,
         dump_signal=args.dump_signal,
         detailed_memory=args.detailed_memory,
-        status=None if args.quiet else live_status(status_interval=args.status_interval),
+        status=None if args.quiet else live_status(status_interval=status_interval),
     )
 
 
@@ -170,7 +175,7 @@ def supervise(
 
     try:
         anyio.run(main)
-    except (TypeError, ValueError) as exc:
+    except ValidationError as exc:
         raise UsageError(str(exc)) from None
     except SoakFailureError as exc:
         print(
@@ -181,6 +186,13 @@ def supervise(
         print(f"asyncsoak: artifact: {exc.artifact_path}", file=sys.stderr)
         if report is not None:
             report(exc.artifact)
+        return EXIT_FAILED
+    except Exception as exc:
+        # Not the input: the monitor itself broke.  Its artifact says ``error``.
+        traceback.print_exc()
+        print(f"asyncsoak: monitor error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if output.exists():
+            print(f"asyncsoak: artifact: {output}", file=sys.stderr)
         return EXIT_FAILED
     if received:
         name = signal.Signals(received[0]).name

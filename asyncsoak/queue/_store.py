@@ -14,10 +14,11 @@ an orphan, taken over) can never overwrite a newer attempt.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import os
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,8 +27,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._config import STOP_MODES, StopMode
-from .._errors import AsyncsoakError
+from .._config import SOAK_LIMITS as SOAK_LIMITS  # the run_soak parameters a job may set
+from .._config import StopMode, validate_job
+from .._errors import AsyncsoakError, ValidationError
 from .._redact import Masker, redact_mapping, secret_values
 from ._status import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Outcome
 
@@ -36,17 +38,9 @@ RUNNING = "running"
 #: Statuses a job can be in; ``interrupted`` is an attempt's outcome (the job returns to queued).
 JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 TERMINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED)
-#: ``run_soak`` parameters a job may set.
-SOAK_LIMITS = (
-    "sample_interval_seconds",
-    "startup_timeout_seconds",
-    "stale_progress_seconds",
-    "post_shutdown_grace_seconds",
-    "min_duration_seconds",
-    "max_duration_seconds",
-    "output_is_progress",
-)
 DEFAULT_MAX_ATTEMPTS = 3
+#: Priorities and job ids are SQLite INTEGERs: signed 64-bit.
+INTEGER_MAX = 2**63 - 1
 #: How long a statement waits for another connection's write lock, in seconds.
 BUSY_TIMEOUT_S = 5.0
 #: ``PRAGMA application_id`` of a queue database ("asok").
@@ -325,43 +319,41 @@ def _unescape_mount(field: str) -> str:
     return "".join(out)
 
 
-def _validate_submission(
-    argv: Sequence[str] | None,
-    config: Mapping[str, Any] | None,
-    env: Mapping[str, str],
-    soak: Mapping[str, Any],
-    stop_mode: str,
-    max_attempts: int,
-) -> None:
+def validate_submission(
+    *,
+    argv: Sequence[str] | None = None,
+    config: Mapping[str, Any] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    progress_dir: str | os.PathLike[str] | None = None,
+    soak: Mapping[str, Any] | None = None,
+    stop_mode: str = "stdin",
+    priority: int = 0,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> dict[str, Any]:
+    """Refuse, at submit time, what ``run_soak`` would refuse when the job runs (the same
+    checks); returns the checked soak limits."""
     if (argv is None) == (config is None):
-        raise ValueError("a job needs either a command or a config, not both")
-    if argv is not None and (
-        isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv)
-    ):
-        raise ValueError("the command must be a non-empty list of strings")
+        raise ValidationError("a job needs either a command or a config, not both")
     if config is not None and not isinstance(config, Mapping):
-        raise ValueError("a job's config must be a JSON object")
-    for key, value in env.items():
-        if not key or "=" in key or "\0" in key or not isinstance(value, str) or "\0" in value:
-            raise ValueError(f"bad environment entry {key!r}: names are non-empty, without '='")
-    for key, value in soak.items():
-        if key not in SOAK_LIMITS:
-            raise ValueError(f"unknown soak limit {key!r} (known: {', '.join(SOAK_LIMITS)})")
-        if key == "output_is_progress":
-            if not isinstance(value, bool):
-                raise ValueError("output_is_progress must be true or false")
-        elif value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < 0
-            or (key == "sample_interval_seconds" and value == 0)
-        ):
-            raise ValueError(f"soak limit {key} must be a finite number of seconds >= 0")
-    if stop_mode not in STOP_MODES:
-        raise ValueError(f"stop mode must be one of {', '.join(STOP_MODES)}, not {stop_mode!r}")
+        raise ValidationError("a job's config must be a JSON object")
+    limits = validate_job(
+        command=argv,
+        progress_dir=progress_dir,
+        cwd=cwd,
+        env=env,
+        stop_mode=stop_mode,
+        limits=soak or {},
+    )
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValidationError("the priority must be an integer")
+    if not -INTEGER_MAX <= priority <= INTEGER_MAX:
+        raise ValidationError(f"the priority must be between {-INTEGER_MAX} and {INTEGER_MAX}")
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError("max attempts must be an integer >= 1")
+        raise ValidationError("max attempts must be an integer >= 1")
+    if max_attempts > INTEGER_MAX:
+        raise ValidationError(f"max attempts must be at most {INTEGER_MAX}")
+    return limits
 
 
 class JobStore:
@@ -384,32 +376,82 @@ class JobStore:
         self.clock = clock
         self.busy_timeout = busy_timeout
         self._lock = threading.RLock()
-        self._check_location(create, mountinfo)
+        if self._check_location(create, mountinfo):
+            self._create()
+        self._conn = self._connect(self.path)
+
+    def _connect(self, path: Path) -> sqlite3.Connection:
+        """Open ``path``, refuse it unless it is a sound queue database, bring its schema up."""
         try:
-            self._conn = sqlite3.connect(
-                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            conn = sqlite3.connect(
+                path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
             )
         except sqlite3.Error as exc:
             raise QueueDatabaseError(self.path, f"cannot open: {exc}") from exc
+        self._conn = conn
         try:
-            self._conn.execute("PRAGMA foreign_keys = ON")
-            mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            # Before anything writes (the WAL switch, a migration, a worker's registration):
+            # a damaged file is refused as it is, never written to.
+            problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
+            if problems != ["ok"]:
+                raise QueueDatabaseError(
+                    self.path,
+                    f"is corrupt ({'; '.join(map(str, problems))}); restore it from a backup, "
+                    "or recover what it holds with: sqlite3 FILE .recover",
+                )
+            conn.execute("PRAGMA foreign_keys = ON")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise QueueDatabaseError(self.path, f"cannot use WAL journaling (got {mode})")
             self._migrate()
         except sqlite3.DatabaseError as exc:
-            self._conn.close()
+            conn.close()
             raise QueueDatabaseError(
                 self.path, f"cannot be used as a queue database ({exc})"
             ) from exc
         except BaseException:
-            self._conn.close()
+            conn.close()
             raise
+        return conn
 
-    def _check_location(self, create: bool, mountinfo: Path) -> None:
+    def _create(self) -> None:
+        """Build the schema in a temporary file beside the database, then link it into place.
+
+        The database never exists half-made, so a zero-byte file at its path was not made by
+        asyncsoak and is refused.  Two processes creating it at once: the first link wins.
+        """
+        try:
+            fd, name = tempfile.mkstemp(
+                prefix=f".{self.path.name}.", suffix=".new", dir=self.path.parent
+            )
+        except OSError as exc:
+            raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            self._connect(tmp).close()
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
+        finally:
+            for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+
+    def _check_location(self, create: bool, mountinfo: Path) -> bool:
+        """Refuse an unusable path; True when the database must be created."""
         if self.path.exists():
             if not self.path.is_file():
                 raise QueueDatabaseError(self.path, "is not a file")
+            if self.path.stat().st_size == 0:
+                raise QueueDatabaseError(
+                    self.path,
+                    "is an empty file, not a queue database (asyncsoak never leaves one "
+                    "empty); check --db, or remove the file to start a new queue",
+                )
         elif not create:
             raise QueueDatabaseError(
                 self.path, "does not exist (submit a job first, or check --db)"
@@ -424,15 +466,12 @@ class JobStore:
                     "filesystem: put the database on a local disk (--db or ASYNCSOAK_DB)",
                 )
         if self.path.exists():
-            return
+            return False
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return
         except OSError as exc:
             raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
-        os.close(fd)
+        return True
 
     def _migrate(self) -> None:
         # An up-to-date database needs no write lock: opening one never waits on a writer.
@@ -514,8 +553,17 @@ class JobStore:
         ``argv`` may contain ``{job_id}``, ``{db}`` and ``{run_dir}``, replaced when it runs.
         """
         env = dict(env or {})
-        soak = dict(soak or {})
-        _validate_submission(argv, config, env, soak, stop_mode, max_attempts)
+        soak = validate_submission(
+            argv=argv,
+            config=config,
+            cwd=cwd,
+            env=env,
+            progress_dir=progress_dir,
+            soak=soak,
+            stop_mode=stop_mode,
+            priority=priority,
+            max_attempts=max_attempts,
+        )
         with self._write() as conn:
             cursor = conn.execute(
                 "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
@@ -530,7 +578,7 @@ class JobStore:
                     None if progress_dir is None else os.fspath(progress_dir),
                     json.dumps(soak),
                     stop_mode,
-                    int(priority),
+                    priority,
                     max_attempts,
                     self.clock(),
                 ),

@@ -36,8 +36,9 @@ from typing import Any, TypeVar
 import anyio
 import psutil
 
+from .._config import seconds
 from .._control import SoakControl
-from .._errors import SoakFailureError
+from .._errors import SoakFailureError, ValidationError
 from .._redact import Masker, secret_values
 from .._soak import run_soak
 from .._spawn import REAPER_MODULE
@@ -143,19 +144,20 @@ async def run_worker(
     waiting out ``stop_timeout`` (a second Ctrl-C).  ``cmd`` is the trainer command for
     config jobs (default :data:`TRAIN_CMD`); ``gpus`` sets ``CUDA_VISIBLE_DEVICES`` for every
     job.  Raises :class:`QueueError` when
-    the runs directory is unusable or a live worker already has this name.
+    the runs directory is unusable or a live worker already has this name, and
+    :class:`ValidationError` for a bad period (NaN, negative) before any job is claimed.
     """
     settings = _Settings(
         runs_dir=(runs_dir or default_runs_dir(store)).absolute(),
         cmd=list(cmd or TRAIN_CMD),
-        poll=poll,
+        poll=seconds("poll", poll, allow_zero=False),
         gpus=gpus,
-        stale_after=stale_after,
-        cancel_grace=cancel_grace,
-        stop_timeout=stop_timeout,
-        kill_wait=kill_wait,
+        stale_after=seconds("stale_after", stale_after),
+        cancel_grace=seconds("cancel_grace", cancel_grace),
+        stop_timeout=seconds("stop_timeout", stop_timeout),
+        kill_wait=seconds("kill_wait", kill_wait, allow_zero=False),
         finish_retries=finish_retries,
-        finish_retry_wait=finish_retry_wait,
+        finish_retry_wait=seconds("finish_retry_wait", finish_retry_wait),
         nvidia_smi=nvidia_smi,
     )
     worker = _Worker(
@@ -393,7 +395,7 @@ class _Worker:
                 # The worker was cancelled before the soak could write its artifact.
                 status = CANCELLED if cancel_requested else INTERRUPTED
                 outcome = Outcome(status, None, WORKER_CANCELLED, None)
-            elif isinstance(problem, ValueError | TypeError):
+            elif isinstance(problem, ValidationError):
                 outcome = Outcome(status, None, INVALID_JOB, f"the job cannot run: {problem}")
             else:
                 detail = f"the monitor could not run the attempt: {problem!r}"

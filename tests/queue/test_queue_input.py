@@ -1,0 +1,220 @@
+"""Bad input to the queue, refused at the door: at submit time with ``run_soak``'s own rules,
+bad flags and damaged databases with exit status 2 and nothing changed."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncsoak import ValidationError
+from asyncsoak.queue import JobStore, run_worker
+
+from ..conftest import asyncsoak_cli
+from .helpers import FAST_SOAK, JOB_ENV
+
+LIMIT_S = 60.0
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+#: Submissions ``asyncsoak run`` refuses; ``submit`` used to queue them, to fail hours later.
+REFUSED_SUBMISSIONS = [
+    pytest.param(["--max-duration", "0"], ["true"], "max_duration_seconds", id="max-duration-0"),
+    pytest.param(["--sample-interval", "nan"], ["true"], "finite", id="sample-interval-nan"),
+    pytest.param(["--progress-dir", "{file}"], ["true"], "not a directory", id="progress-dir-file"),
+    pytest.param([], [""], r"command\[0\]", id="empty-program"),
+]
+
+
+@pytest.mark.parametrize(("options", "command", "message"), REFUSED_SUBMISSIONS)
+def test_submit_refuses_what_run_refuses(
+    tmp_path: Path, options: list[str], command: list[str], message: str
+) -> None:
+    """`submit` refuses what `run` refuses, with the same message; nothing is created."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    options = [o.replace("{file}", str(a_file)) for o in options]
+    db = tmp_path / "queue.db"
+    submitted = asyncsoak_cli("submit", "--db", str(db), *options, "--", *command, cwd=tmp_path)
+    assert submitted.returncode == 2, submitted.stderr
+    assert "Traceback" not in submitted.stderr
+    assert not db.exists()
+    run_options = ["--progress-dir", str(tmp_path / "p"), *options]
+    ran = asyncsoak_cli(
+        "run", "--output", str(tmp_path / "o.json"), *run_options, "--", *command, cwd=tmp_path
+    )
+    assert ran.returncode == 2, ran.stderr
+    assert submitted.stderr.splitlines()[-1] == ran.stderr.splitlines()[-1]
+    assert re.search(message, submitted.stderr)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"soak": {"max_duration_seconds": 0}},
+        {"soak": {"stale_progress_seconds": float("nan")}},
+        {"argv": [""]},
+        {"progress_dir": "{file}"},
+        {"cwd": "{file}"},
+        {"priority": 10**23},
+    ],
+)
+def test_store_submit_refuses_what_run_soak_refuses(
+    store: JobStore, tmp_path: Path, change: dict[str, Any]
+) -> None:
+    """JobStore.submit raises ValidationError (a ValueError) for any input run_soak refuses."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    kwargs: dict[str, Any] = {"argv": ["true"]}
+    kwargs.update({k: str(a_file) if v == "{file}" else v for k, v in change.items()})
+    with pytest.raises(ValidationError):
+        store.submit(**kwargs)
+    assert store.jobs() == []
+
+
+@pytest.mark.parametrize(
+    "flag", ["--poll=nan", "--cancel-grace=nan", "--stale-after=-1", "--stop-timeout=inf"]
+)
+def test_worker_bad_period_is_refused_before_a_job_is_claimed(tmp_path: Path, flag: str) -> None:
+    """A NaN/negative/infinite worker period: exit status 2 and the job is still queued."""
+    db = tmp_path / "queue.db"
+    with JobStore(db) as store:
+        job_id = store.submit(argv=[sys.executable, "-c", "pass"], env=JOB_ENV, soak=FAST_SOAK)
+    worker = asyncsoak_cli(
+        "worker", "--db", str(db), "--once", "--no-gpu", flag, cwd=tmp_path, timeout=LIMIT_S
+    )
+    assert worker.returncode == 2, worker.stderr
+    assert "Traceback" not in worker.stderr
+    assert flag.split("=")[0] in worker.stderr
+    with JobStore(db) as store:
+        assert store.get(job_id).status == "queued"
+        assert store.get(job_id).attempt == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["submit", "--priority", "1e23", "--", "true"],
+        ["submit", "--priority", str(10**23), "--", "true"],
+        ["job", str(10**23)],
+        ["cancel", str(10**23)],
+        ["requeue", "99999999999999999999999"],
+        ["logs", "99999999999999999999999"],
+    ],
+)
+def test_out_of_range_numbers_are_usage_errors(tmp_path: Path, args: list[str]) -> None:
+    """Numbers SQLite cannot hold: a one-line error, exit status 2, no traceback."""
+    db = tmp_path / "queue.db"
+    with JobStore(db) as store:
+        store.submit(argv=["true"])
+    before = digest(db)
+    result = asyncsoak_cli(args[0], "--db", str(db), *args[1:], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert digest(db) == before
+
+
+def corrupt_interior_pages(db: Path) -> int:
+    """Overwrite every interior b-tree page of the jobs table; returns how many."""
+    data = bytearray(db.read_bytes())
+    page_size = int.from_bytes(data[16:18], "big")
+    damaged = 0
+    for start in range(page_size, len(data), page_size):  # page 1 holds the header
+        if data[start] == 0x05:  # an interior table b-tree page
+            data[start + 12 : start + page_size] = b"\xa5" * (page_size - 12)
+            damaged += 1
+    db.write_bytes(bytes(data))
+    return damaged
+
+
+@pytest.fixture
+def corrupt_db(tmp_path: Path) -> Path:
+    db = tmp_path / "queue.db"
+    with JobStore(db) as store:
+        for i in range(400):
+            store.submit(argv=["echo", "x" * 200, str(i)], name=f"job-{i}")
+    with sqlite3.connect(db) as conn:  # the WAL back into the file before it is damaged
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert corrupt_interior_pages(db) >= 1
+    return db
+
+
+QUEUE_COMMANDS = [
+    ["jobs"],
+    ["job", "1"],
+    ["workers"],
+    ["cancel", "3"],
+    ["submit", "--", "true"],
+    ["worker", "--once", "--no-gpu", "--poll", "0.1"],
+]
+
+
+@pytest.mark.parametrize("args", QUEUE_COMMANDS, ids=lambda a: a[0])
+def test_corrupt_database_is_refused_and_left_as_it_is(corrupt_db: Path, args: list[str]) -> None:
+    """Corrupt interior pages: every command says so (exit status 2) and writes nothing."""
+    before = digest(corrupt_db)
+    result = asyncsoak_cli(
+        args[0], "--db", str(corrupt_db), *args[1:], cwd=corrupt_db.parent, timeout=LIMIT_S
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "corrupt" in result.stderr
+    assert digest(corrupt_db) == before
+
+
+@pytest.mark.parametrize("args", QUEUE_COMMANDS, ids=lambda a: a[0])
+def test_zero_byte_database_is_refused_not_given_a_schema(tmp_path: Path, args: list[str]) -> None:
+    """An empty file at --db is not a queue: exit status 2, and it stays empty."""
+    db = tmp_path / "queue.db"
+    db.touch()
+    result = asyncsoak_cli(args[0], "--db", str(db), *args[1:], cwd=tmp_path, timeout=LIMIT_S)
+    assert result.returncode == 2, result.stderr
+    assert "empty" in result.stderr
+    assert db.stat().st_size == 0
+
+
+def test_a_new_database_is_never_seen_half_made(tmp_path: Path) -> None:
+    """Creating the queue leaves no empty file behind for the zero-byte refusal to trip on,
+    even with several processes creating it at once."""
+    db = tmp_path / "queue.db"
+    results = [
+        asyncsoak_cli("submit", "--db", str(db), "--", "true", str(i), cwd=tmp_path)
+        for i in range(3)
+    ]
+    assert [r.returncode for r in results] == [0, 0, 0]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".new")) == []
+    with JobStore(db) as store:
+        assert len(store.jobs()) == 3
+
+
+@pytest.mark.asyncio
+async def test_internal_value_error_is_a_monitor_error_not_invalid_job(
+    store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ValueError from a bug inside the monitor is `monitor_error`, not `invalid_job`."""
+    import asyncsoak._soak
+
+    async def broken_sampler(*args: Any, **kwargs: Any) -> None:
+        raise ValueError("an internal bug of the monitor")
+
+    monkeypatch.setattr(asyncsoak._soak, "run_proc_sampler", broken_sampler)
+    job_id = store.submit(
+        argv=[sys.executable, "-c", "import time; time.sleep(60)"],
+        env=JOB_ENV,
+        soak=FAST_SOAK,
+        max_attempts=1,
+    )
+    with anyio.fail_after(LIMIT_S):
+        await run_worker(store, poll=0.1, once=True, runs_dir=tmp_path / "runs", nvidia_smi=None)
+    job = store.get(job_id)
+    assert (job.status, job.reason) == ("failed", "monitor_error")
+    assert "an internal bug" in (job.error or "")
