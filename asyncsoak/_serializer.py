@@ -8,13 +8,30 @@ unbuffered, so each batch is one ``write(2)`` and nothing waits in a user-space 
 A journal that cannot be written (full or read-only disk) is recorded and the soak goes on:
 the artifact is still built from the events in memory.  A write that hangs (a dead network
 filesystem) is abandoned after ``JOURNAL_WRITE_TIMEOUT`` and writing stops, so a stuck disk
-can never back up the event queue and stall the watchdog.
+can never back up the event queue and stall the watchdog; closing the journal is bounded too
+(an NFS flush on close can hang as well).
+
+aiofiles runs the journal's calls on asyncsoak's own pool (``_blocking.EXECUTOR``), never on
+asyncio's default executor: a write stuck for good then holds one of asyncsoak's daemon
+threads, which neither keeps the process from exiting nor makes threads grow without bound.
+
+An event that cannot be encoded (a NaN or an infinity from a sampler, a bug in one event's
+JSON form) is written with its non-finite numbers as null, or dropped and counted: one bad
+value never costs the artifact.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from typing import Any, TypeGuard
+import math
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from functools import partial
+from typing import Any, TypeGuard, TypeVar
 
 import aiofiles
 import anyio
@@ -22,14 +39,17 @@ from aiofiles.threadpool.binary import AsyncFileIO
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from ._artifact import ArtifactBuilder
+from ._blocking import EXECUTOR
 from ._events import Event, SeriesSource, event_to_json
 
 #: Events written to the journal in one batch at most.
 BATCH = 256
 #: Bound on one journal write; past it the journal is given up for this soak.
 JOURNAL_WRITE_TIMEOUT = 5.0
-#: Journals given up with a write stuck in a thread, kept open on purpose (see ``run``).
-_ABANDONED_JOURNALS: list[AsyncFileIO] = []
+#: Bound on opening and on closing the journal (a flush on close can hang on NFS).
+JOURNAL_CLOSE_TIMEOUT = 5.0
+
+T = TypeVar("T")
 
 
 #: Whether each event class is a SeriesSource: a runtime protocol check walks the protocol's
@@ -46,13 +66,75 @@ def _is_series_source(event: Event) -> TypeGuard[SeriesSource]:
 
 def journal_line(event: Event) -> tuple[str, dict[str, Any]]:
     """The journal line of an event and its JSON form (samples carry their series points)."""
+    data = journal_line_data(event)
+    return json.dumps(data, allow_nan=False, separators=(",", ":"), default=str) + "\n", data
+
+
+def journal_line_data(event: Event) -> dict[str, Any]:
+    """The JSON form of an event as the journal holds it (samples carry their series points)."""
     data = event_to_json(event)
     if _is_series_source(event):
         data["points"] = {g: dict(v) for g, v in event.series_points().items()}
         labels = event.summary_labels()
         if labels:
             data["labels"] = {g: {k: list(v) for k, v in ls.items()} for g, ls in labels.items()}
-    return json.dumps(data, allow_nan=False, separators=(",", ":"), default=str) + "\n", data
+    return data
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN and infinity replaced by None (JSON has no such numbers)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+class _JournalExecutor(Executor):
+    """The shared pool, remembering which of this journal's calls are still running.
+
+    When a write is abandoned, the descriptor must stay open until that write returns:
+    closed earlier, its number could be reused by a file opened later, and a write still on
+    its way to the kernel would land there.  :meth:`when_idle` closes it then (and never,
+    if the write never returns: one descriptor per thread stuck for good, a bounded number).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[Future[Any]] = set()
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future = EXECUTOR.submit(fn, *args, **kwargs)
+        with self._lock:
+            self._running.add(future)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._running.discard(future)
+
+    def when_idle(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (in a pool thread, or now) once no call of this journal runs."""
+        with self._lock:
+            pending = [f for f in self._running if not f.done()]
+        if not pending:
+            callback()
+            return
+        left = [len(pending)]
+        lock = threading.Lock()
+
+        def one_done(_: Future[Any]) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                callback()
+
+        for future in pending:
+            future.add_done_callback(one_done)
 
 
 class Serializer:
@@ -63,28 +145,63 @@ class Serializer:
         self.journal_error: str | None = None
         self.fold_errors = 0
         self.fold_error: str | None = None
+        #: Events whose non-finite numbers were written as null.
+        self.nonfinite_events = 0
         self._write_abandoned = False
+        self._executor = _JournalExecutor()
+        #: When closing the journal must be given up (``run_soak`` sets its drain deadline).
+        self.close_deadline: float | None = None
 
     async def run(self, receive: MemoryObjectReceiveStream[Event]) -> None:
         """Drain until the last producer closes its end of the queue, then close the journal."""
-        journal = await aiofiles.open(self._journal_fd, "wb", buffering=0)
+        journal: AsyncFileIO | None = None
         try:
+            with anyio.move_on_after(JOURNAL_CLOSE_TIMEOUT):
+                # closefd=False: the descriptor is closed here, once no call of ours can still
+                # be using it (see _JournalExecutor), never by the file object's collection.
+                journal = await aiofiles.open(
+                    self._journal_fd, "wb", buffering=0, closefd=False, executor=self._executor
+                )
+            if journal is None:
+                self.journal_error = (
+                    f"the journal could not be opened within {JOURNAL_CLOSE_TIMEOUT:g}s"
+                )
             await self._drain(receive, journal)
         finally:
-            if self._write_abandoned:
-                # A write still stuck in its thread keeps the descriptor: closing it (or
-                # letting the file object be collected) could let that write land in a file
-                # opened later under the same number.  One descriptor per hung soak is kept.
-                _ABANDONED_JOURNALS.append(journal)
-            else:
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await journal.close()
-                    except OSError as exc:
-                        self.journal_error = self.journal_error or f"journal close failed: {exc}"
+            with anyio.CancelScope(shield=True):
+                await self._close(journal)
 
-    async def _write(self, journal: AsyncFileIO, data: bytes) -> None:
-        if self.journal_error is not None:
+    async def _close(self, journal: AsyncFileIO | None) -> None:
+        """Close the journal, within the close bound and the soak's drain deadline."""
+        fd = self._journal_fd
+        if journal is None or self._write_abandoned:
+            # A call is still stuck in its thread: close once it returns.
+            self._executor.when_idle(partial(_close_fd, fd))
+            return
+        deadline = anyio.current_time() + JOURNAL_CLOSE_TIMEOUT
+        if self.close_deadline is not None:
+            deadline = min(deadline, self.close_deadline)
+        close_call: Future[None] | None = None
+        with anyio.CancelScope(deadline=deadline) as scope:
+            try:
+                await journal.close()
+                # close(2) is where a network filesystem flushes: it runs in the pool too.
+                close_call = self._executor.submit(os.close, fd)
+                await asyncio.wrap_future(close_call)
+            except OSError as exc:
+                self.journal_error = self.journal_error or f"journal close failed: {exc}"
+        if scope.cancelled_caught:
+            self.journal_error = self.journal_error or (
+                "closing the journal did not finish in time (a hung filesystem?); abandoned"
+            )
+        if close_call is not None and not close_call.done():
+            close_call.cancel()  # now: a queued close is dropped, a running one abandoned
+        if close_call is None or close_call.cancelled():
+            # close(2) never ran: run it once the call in the way (a stuck flush) returns.
+            self._executor.when_idle(partial(_close_fd, fd))
+
+    async def _write(self, journal: AsyncFileIO | None, data: bytes) -> None:
+        if self.journal_error is not None or journal is None:
             return
         view = memoryview(data)
         with anyio.move_on_after(JOURNAL_WRITE_TIMEOUT) as scope:
@@ -100,7 +217,9 @@ class Serializer:
                 "(a hung filesystem?); writing stopped"
             )
 
-    async def _drain(self, receive: MemoryObjectReceiveStream[Event], journal: AsyncFileIO) -> None:
+    async def _drain(
+        self, receive: MemoryObjectReceiveStream[Event], journal: AsyncFileIO | None
+    ) -> None:
         async with receive:
             async for first in receive:
                 batch = [first]
@@ -111,7 +230,10 @@ class Serializer:
                         break
                 lines = []
                 for event in batch:
-                    line, data = journal_line(event)
+                    encoded = self._encode(event)
+                    if encoded is None:
+                        continue
+                    line, data = encoded
                     lines.append(line)
                     try:
                         self.builder.add(data)
@@ -121,3 +243,30 @@ class Serializer:
                         self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
                 self.events += len(batch)
                 await self._write(journal, "".join(lines).encode())
+
+    def _encode(self, event: Event) -> tuple[str, dict[str, Any]] | None:
+        """The event's journal line and JSON form; None (counted) if it cannot be encoded."""
+        try:
+            return journal_line(event)
+        except ValueError:
+            pass  # a NaN or an infinity: retried below with those numbers as null
+        except Exception as exc:
+            self._fold_failed(exc)
+            return None
+        try:
+            data = _finite(journal_line_data(event))
+            line = json.dumps(data, allow_nan=False, separators=(",", ":"), default=str)
+        except Exception as exc:
+            self._fold_failed(exc)
+            return None
+        self.nonfinite_events += 1
+        return line + "\n", data
+
+    def _fold_failed(self, exc: Exception) -> None:
+        self.fold_errors += 1
+        self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
+
+
+def _close_fd(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)

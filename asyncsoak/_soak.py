@@ -286,6 +286,8 @@ class _Soak:
                 # The last events are queued; a journal on a hung filesystem must not hold the
                 # soak forever: the drain gets a deadline, and the artifact is built regardless.
                 tg.cancel_scope.deadline = anyio.current_time() + DRAIN_TIMEOUT
+                # Closing the journal is shielded (it must happen), but not past this bound.
+                serializer.close_deadline = tg.cancel_scope.deadline
             if tg.cancel_scope.cancelled_caught:
                 serializer.journal_error = (
                     serializer.journal_error
@@ -299,6 +301,7 @@ class _Soak:
                 "journal_error": serializer.journal_error,
                 "events_not_folded": serializer.fold_errors,
                 "fold_error": serializer.fold_error,
+                "events_with_nonfinite_numbers": serializer.nonfinite_events,
                 "reaper_pid": self._spawner.reaper_pid if self._spawner else None,
                 "pid": os.getpid(),
                 # Blocking calls given up at their deadline (a hung disk, a wedged process).

@@ -1,0 +1,219 @@
+"""Every wait bounded: hung disks, hung closes, bad values and a caller's stop, produced for real.
+
+A "hung disk" here is the journal's descriptor turned into a pipe whose buffer is full and
+that nobody reads: the journal's write blocks in the kernel exactly as on a dead NFS mount.
+A hung close is a close that waits in its thread on a lock the test holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from aiofiles.threadpool.binary import AsyncFileIO
+
+from asyncsoak import _serializer, _soak, run_soak
+from asyncsoak._gpu_sampler import GpuSample
+from asyncsoak._nvidia_smi import GpuProcess
+from asyncsoak._sink import EventSink
+
+from .conftest import REPO, fast_limits
+from .test_soak import child
+
+
+def full_pipe() -> tuple[int, int]:
+    """A pipe whose buffer is full: the next blocking write to its write end hangs."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        while True:
+            os.write(write_end, b"x" * 65536)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_end, True)
+    return read_end, write_end
+
+
+def drain(read_end: int) -> None:
+    """Read what the pipe holds, so a write stuck on it can go on."""
+    os.set_blocking(read_end, False)
+    try:
+        while os.read(read_end, 1 << 20):
+            pass
+    except BlockingIOError:
+        pass
+
+
+@pytest.fixture
+def hung_journal(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """The soak's journal descriptor becomes a full pipe; yields the pipe's read end."""
+    read_end, write_end = full_pipe()
+    real = _soak.create_private_file
+
+    def create(path: Path) -> int:
+        fd = real(path)
+        if path.suffix == ".jsonl":
+            os.dup2(write_end, fd)
+        return fd
+
+    monkeypatch.setattr(_soak, "create_private_file", create)
+    monkeypatch.setattr(_serializer, "JOURNAL_WRITE_TIMEOUT", 0.5)
+    yield read_end
+    drain(read_end)
+    os.close(read_end)
+    os.close(write_end)
+
+
+def fds_on(read_end: int) -> int:
+    """Descriptors of this process open on the pipe whose read end is ``read_end``."""
+    target = os.readlink(f"/proc/self/fd/{read_end}")
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == target:
+                count += 1
+        except OSError:
+            continue
+    return count - 1  # the read end itself
+
+
+def quick_child(tmp_path: Path) -> list[str]:
+    return child(tmp_path, "for i in range(3):\n    touch(); time.sleep(0.05)")
+
+
+@pytest.mark.asyncio
+async def test_a_hung_journal_close_is_bounded_by_the_drain_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 7: a journal close that hangs (an NFS flush) is abandoned at the drain limit."""
+    gate = threading.Event()
+    release = threading.Timer(20.0, gate.set)  # lets the old, unbounded code finish at last
+    release.start()
+    real_close = AsyncFileIO.close
+
+    async def hanging_close(self: AsyncFileIO) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, gate.wait)
+        await real_close(self)
+
+    monkeypatch.setattr(AsyncFileIO, "close", hanging_close)
+    monkeypatch.setattr(_soak, "DRAIN_TIMEOUT", 2.0)
+    started = time.monotonic()
+    try:
+        with anyio.fail_after(60):
+            artifact = await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path))
+    finally:
+        gate.set()
+        release.cancel()
+    elapsed = time.monotonic() - started
+    print(f"item 7: run_soak returned after {elapsed:.1f}s (drain limit 2s)")
+    assert elapsed < 10, f"run_soak returned after {elapsed:.1f}s"
+    assert artifact["status"] == "passed"
+    assert "closing the journal" in artifact["monitor"]["journal_error"]
+    assert artifact["monitor"]["abandoned_calls"] >= 1
+
+
+@pytest.mark.asyncio
+async def test_a_nan_in_a_sample_still_gives_an_artifact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 12: a sampler's NaN is written as null; the soak passes with its artifact."""
+
+    async def nan_gpu(sink: EventSink, **_: Any) -> None:
+        nan = GpuProcess(pid=1, used_gpu_memory_mib=float("nan"), in_tree=True)
+        await sink.emit(GpuSample(t=sink.elapsed(), gpus=[], processes=[nan], source="call"))
+
+    monkeypatch.setattr(_soak, "run_gpu_sampler", nan_gpu)
+    output = tmp_path / "out" / "soak.json"
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=quick_child(tmp_path), **fast_limits(tmp_path, nvidia_smi="nvidia-smi")
+        )
+    assert artifact["status"] == "passed"
+    assert artifact["monitor"]["events_with_nonfinite_numbers"] == 1
+    assert json.loads(output.read_text())["status"] == "passed"
+    journal = [json.loads(line) for line in output.with_suffix(".jsonl").read_text().splitlines()]
+    gpu = next(e for e in journal if e["kind"] == "gpu_sample")
+    assert gpu["processes"][0]["used_gpu_memory_mib"] is None
+
+
+@pytest.mark.asyncio
+async def test_a_hung_journal_write_leaks_no_descriptor(tmp_path: Path, hung_journal: int) -> None:
+    """Item 11: the descriptor of a journal whose write hung is closed once the write returns."""
+    with anyio.fail_after(60):
+        artifact = await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path))
+    assert "writing stopped" in artifact["monitor"]["journal_error"]
+    assert fds_on(hung_journal) == 2, "the pipe's write end and the journal's stuck descriptor"
+    drain(hung_journal)  # the disk comes back: the stuck write returns
+    deadline = time.monotonic() + 10
+    while fds_on(hung_journal) > 1 and time.monotonic() < deadline:
+        await anyio.sleep(0.05)  # polling /proc for a descriptor to close, bounded
+    assert fds_on(hung_journal) == 1, "the journal's descriptor was kept after its write ended"
+
+
+def test_a_hung_journal_write_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    """Item 11: with a journal write stuck for good, the process exits as soon as run_soak
+    returns (no non-daemon thread, nothing on asyncio's default executor to join)."""
+    read_end, write_end = full_pipe()
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time, anyio
+        from pathlib import Path
+        from asyncsoak import _serializer, _soak, run_soak
+        _serializer.JOURNAL_WRITE_TIMEOUT = 0.5
+        real = _soak.create_private_file
+        def create(path):
+            fd = real(path)
+            if path.suffix == ".jsonl":
+                os.dup2({write_end}, fd)
+            return fd
+        _soak.create_private_file = create
+        tmp = Path({str(tmp_path)!r})
+        command = {json.dumps(quick_child(tmp_path))}
+        async def main():
+            await run_soak(command=command, progress_dir=tmp / "progress",
+                           output_path=tmp / "out" / "soak.json", sample_interval_seconds=0.1,
+                           nvidia_smi=None)
+            print("returned", flush=True)
+        anyio.run(main)
+        """
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        pass_fds=[write_end],
+    ) as proc:
+        os.close(write_end)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            returned = time.monotonic()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            lingered = time.monotonic() - returned
+            still_running = proc.returncode is None
+        finally:
+            # The disk comes back (the stuck write fails with EPIPE): an old process can end.
+            os.close(read_end)
+            try:
+                proc.wait(timeout=30)
+            finally:
+                proc.kill()
+    print(f"item 11: the process exited {lingered:.2f}s after run_soak returned")
+    assert line, "run_soak did not return"
+    assert not still_running, f"the process still ran {lingered:.1f}s after run_soak returned"
+    assert lingered < 5, f"the process exited {lingered:.1f}s after run_soak returned"
