@@ -108,14 +108,18 @@ def describe(group: str, name: str) -> Field:
     return Field(group, name, kind, label, unit, " ".join(qualifier))
 
 
-def format_value(value: float | None, unit: str) -> str:
-    """``value`` with its unit, scaled for reading (bytes to MiB or GiB...)."""
+def format_value(value: float | None, unit: str, *, like: float | None = None) -> str:
+    """``value`` with its unit, scaled for reading (bytes to MiB or GiB...).
+
+    ``like``: scale as that value would be, so figures shown together share one unit
+    (``peak 1.1 GiB, mean 1.0 GiB``, not ``mean 1007.5 MiB``).
+    """
     if value is None:
         return "n/a"
     if unit == "bytes":
-        return format_bytes(value)
+        return format_bytes(value, like=like)
     if unit == "MiB":
-        return format_bytes(value * 2**20)
+        return format_bytes(value * 2**20, like=None if like is None else like * 2**20)
     if unit == "%":
         return f"{value:.0f}%"
     if unit == "s":
@@ -124,9 +128,11 @@ def format_value(value: float | None, unit: str) -> str:
     return f"{number} {unit}" if unit else number
 
 
-def format_bytes(value: float) -> str:
+def format_bytes(value: float, *, like: float | None = None) -> str:
+    """``1.5 GiB``; with ``like``, in the unit ``like`` would be shown in."""
+    reference = abs(value if like is None else like)
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= scale:
+        if reference >= scale:
             return f"{value / scale:.1f} {unit}"
     return f"{value:.0f} B"
 

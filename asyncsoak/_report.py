@@ -34,15 +34,8 @@ from ._fields import (
     format_value,
     gpu_index,
 )
-from ._summary import (
-    IDLE_THROTTLE,
-    config_value,
-    event_times,
-    exit_text,
-    innermost_python_frame,
-    stall_window,
-    summarize,
-)
+from ._evidence import config_value, event_times, innermost_python_frame, stall_window
+from ._summary import IDLE_THROTTLE, exit_text, summarize
 
 #: Vertical lines drawn for progress changes at most (more are merged by time).
 PROGRESS_LINES = 300

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import shlex
 import signal
-import statistics
 import textwrap
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import Any
 
+from ._evidence import (
+    config_value,
+    gather,
+    innermost_python_frame,
+    leaking_series,
+    seconds_at,
+    series_typical,
+    stall_window,
+    trend_text,
+)
 from ._fields import describe, format_clock, format_duration, format_value, group_kind
 
 #: The primary reason in plain words.
@@ -27,6 +35,9 @@ REASON_TITLES = {
     "leftover_processes": "Processes outlived the command",
     "monitor_lost": "The monitor died before the run finished",
     "monitor_error": "The monitor itself failed",
+    "memory_leak": "The training leaks memory",
+    "memory_budget": "The training went over its memory budget",
+    "disk_low": "The disk is almost full",
 }
 STATUS_HEADLINES = {
     "passed": "The soak passed",
@@ -36,8 +47,6 @@ STATUS_HEADLINES = {
 }
 #: Throttle reasons that mean nothing is held back.
 IDLE_THROTTLE = frozenset({"gpu_idle", "none", "not_active"})
-#: Log lines shown by the summary.
-LOG_LINES = 12
 #: Tree CPU (percent of one core) below which a stalled tree is called idle, above which busy.
 IDLE_CPU_PERCENT = 5.0
 BUSY_CPU_PERCENT = 50.0
@@ -61,12 +70,11 @@ def summarize(artifact: Mapping[str, Any]) -> dict[str, Any]:
     progress["last_change_t"] = seconds_at(artifact, progress.get("last_change_at"))
     progress["first_change_t"] = seconds_at(artifact, progress.get("first_change_at"))
     log = artifact.get("log") or {}
-    tail_lines = str(log.get("tail") or "").rstrip("\n").splitlines()[-LOG_LINES:]
+    evidence = gather(artifact)
     return {
         "status": status,
-        "headline": REASON_TITLES.get(reasons[0]["reason"], STATUS_HEADLINES.get(status, status))
-        if reasons
-        else STATUS_HEADLINES.get(status, status),
+        "headline": headline(artifact, reasons),
+        "evidence": evidence.as_json(),
         "reasons": reasons,
         "warnings": list(artifact.get("warnings") or []),
         "started_at": artifact.get("started_at"),
@@ -81,33 +89,24 @@ def summarize(artifact: Mapping[str, Any]) -> dict[str, Any]:
         "leftovers": list(artifact.get("leftover_processes") or []),
         "abandoned": list(artifact.get("abandoned_processes") or []),
         "provenance": provenance(artifact),
-        "log": {"path": log.get("path"), "last_lines": tail_lines},
+        "log": {"path": log.get("path"), "last_lines": evidence.log_lines},
         "journal_path": (artifact.get("monitor") or {}).get("journal_path"),
     }
 
 
+def headline(artifact: Mapping[str, Any], reasons: list[dict[str, Any]]) -> str:
+    """The verdict in plain words; a pass with warnings says how many."""
+    status = str(artifact.get("status"))
+    if reasons:
+        return REASON_TITLES.get(reasons[0]["reason"], STATUS_HEADLINES.get(status, status))
+    text = STATUS_HEADLINES.get(status, status)
+    warnings = len(artifact.get("warnings") or [])
+    if status == "passed" and warnings:
+        text += f", with {warnings} warning{'s' if warnings > 1 else ''}"
+    return text
+
+
 # -- facts -----------------------------------------------------------------------------------
-
-
-def seconds_at(artifact: Mapping[str, Any], iso_time: str | None) -> float | None:
-    """Seconds from the soak's start to an artifact timestamp."""
-    started = artifact.get("started_at")
-    if not iso_time or not started:
-        return None
-    try:
-        delta = _parse(iso_time) - _parse(started)
-    except ValueError:
-        return None
-    return round(delta.total_seconds(), 3)
-
-
-def _parse(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def config_value(artifact: Mapping[str, Any], name: str) -> float | None:
-    value = (artifact.get("config") or {}).get(name)
-    return float(value) if isinstance(value, int | float) else None
 
 
 def signals_sent(artifact: Mapping[str, Any]) -> list[str]:
@@ -142,40 +141,6 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
-
-
-def event_times(artifact: Mapping[str, Any], kind: str) -> list[float]:
-    return [float(e["t"]) for e in artifact.get("events") or [] if e.get("kind") == kind]
-
-
-def stall_window(artifact: Mapping[str, Any]) -> tuple[float, float] | None:
-    """Where the run made no progress before a liveness rule fired: ``(start, end)`` seconds."""
-    reasons = [f.get("reason") for f in artifact.get("failures") or []]
-    failure_times = event_times(artifact, "failure")
-    end = failure_times[0] if failure_times else float(artifact.get("duration_seconds") or 0)
-    if "stale_progress" in reasons:
-        last = seconds_at(artifact, (artifact.get("progress") or {}).get("last_change_at"))
-        return (last, end) if last is not None else None
-    if "startup_timeout" in reasons:
-        return (0.0, end)
-    return None
-
-
-def series_typical(
-    artifact: Mapping[str, Any], group: str, name: str, start: float, end: float
-) -> float | None:
-    """The median of a series field between two times.
-
-    The median, not the mean: the first sample after a stall begins still carries the work
-    just before it, and one such point would drag a short window's mean up.
-    """
-    series = (artifact.get("series") or {}).get(group) or {}
-    values = [
-        v
-        for t, v in zip(series.get("t") or [], series.get(name) or [], strict=False)
-        if start <= t <= end and v is not None
-    ]
-    return statistics.median(values) if values else None
 
 
 def look_first(artifact: Mapping[str, Any]) -> list[str]:
@@ -253,7 +218,8 @@ def look_first(artifact: Mapping[str, Any]) -> list[str]:
             f"{format_duration(gap)}{against}.",
         )
     hints.extend(f"Warning: {w}" for w in artifact.get("warnings") or [])
-    return hints
+    # A leak is what a soak exists to catch: it leads, whatever else happened.
+    return [f"Memory leak: {trend_text(leak)}." for leak in leaking_series(artifact)] + hints
 
 
 def _stall_hints(artifact: Mapping[str, Any]) -> list[str]:
@@ -326,20 +292,6 @@ def _forensics_hints(artifact: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def innermost_python_frame(process: Mapping[str, Any]) -> str | None:
-    """The innermost frame of the first thread in a py-spy dump (``func (file:line)``)."""
-    stack = (process.get("python_stack") or {}).get("stack")
-    if not stack:
-        return None
-    in_thread = False
-    for line in str(stack).splitlines():
-        if line.startswith("Thread "):
-            in_thread = True
-        elif in_thread and line.strip():
-            return line.strip()
-    return None
-
-
 def _memory_hints(artifact: Mapping[str, Any]) -> list[str]:
     summary = artifact.get("summary") or {}
     rss = ((summary.get("tree") or {}).get("rss_bytes") or {}).get("max")
@@ -368,42 +320,67 @@ def _throttle_seen(artifact: Mapping[str, Any]) -> list[str]:
     return out
 
 
+#: Fields that count up from the start: their last value is a total, their mean means nothing.
+CUMULATIVE_FIELDS = frozenset({"read_bytes", "write_bytes"})
+#: Fields dropped from the peaks when the field named beside them is there (the same fact).
+SAME_AS = {"memory_percent": "memory_used_bytes"}
+
+
 def peaks(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Process tree and machine figures: peak (or lowest, for what is free), mean, last."""
-    rows = []
+    """Process tree and machine figures: peak (or lowest, for what is free), mean, last.
+
+    Counters (bytes read and written) are given as totals; two disk series with the same
+    figures (the progress and output dirs on one filesystem) as one row.
+    """
+    rows: list[dict[str, Any]] = []
     for group, fields in sorted((artifact.get("summary") or {}).items(), key=_group_order):
         if not isinstance(fields, dict) or group_kind(group) == "gpu" or group == "samples":
             continue
+        seen_stats: dict[str, dict[str, Any]] = {}
         for name in sorted(fields, key=_field_order):
             stats = fields[name]
             if not isinstance(stats, dict) or "max" not in stats:
                 continue
+            if SAME_AS.get(name) in fields:
+                continue
             info = describe(group, name)
+            label = f"{info.label} {info.qualifier}".strip()
+            if info.qualifier:
+                twin = seen_stats.get(f"{info.label}:{_stats_key(stats)}")
+                if twin is not None:
+                    twin["label"] += f", {info.qualifier}"
+                    twin["name"] += f", {info.qualifier}"
+                    continue
             lowest_matters = "free" in name or "available" in name
             key = "min" if lowest_matters else "max"
-            rows.append(
-                {
-                    "group": group,
-                    "field": name,
-                    "label": f"{info.label} {info.qualifier}".strip(),
-                    "name": (
-                        f"{info.label} {info.qualifier}".strip()
-                        if group == "gpu_tree"
-                        else f"{group} {info.label} {info.qualifier}".strip()
-                    ),
-                    "unit": info.unit,
-                    "worst": key,
-                    key: stats.get(key),
-                    "mean": stats.get("mean"),
-                    "last": stats.get("last"),
-                    "text": (
-                        f"{'lowest' if lowest_matters else 'peak'} "
-                        f"{format_value(stats.get(key), info.unit)}, "
-                        f"mean {format_value(stats.get('mean'), info.unit)}"
-                    ),
-                }
-            )
+            if name in CUMULATIVE_FIELDS:
+                text = f"total {format_value(stats.get('last'), info.unit)}"
+            else:
+                worst = stats.get(key)
+                text = (
+                    f"{'lowest' if lowest_matters else 'peak'} {format_value(worst, info.unit)}, "
+                    f"mean {format_value(stats.get('mean'), info.unit, like=worst)}"
+                )
+            row = {
+                "group": group,
+                "field": name,
+                "label": label,
+                "name": label if group == "gpu_tree" else f"{group} {label}",
+                "unit": info.unit,
+                "worst": key,
+                key: stats.get(key),
+                "mean": stats.get("mean"),
+                "last": stats.get("last"),
+                "text": text,
+            }
+            rows.append(row)
+            if info.qualifier:
+                seen_stats[f"{info.label}:{_stats_key(stats)}"] = row
     return rows
+
+
+def _stats_key(stats: Mapping[str, Any]) -> str:
+    return repr(sorted(stats.items()))
 
 
 def _group_order(item: tuple[str, Any]) -> tuple[int, str]:
@@ -516,6 +493,7 @@ def format_summary(
         at = f" at {format_duration(reason['t'])}" if reason.get("t") is not None else ""
         lead = "  " if i == 0 else "  also "
         lines.append(f"{lead}{reason['reason']}{at}: {reason['message']}")
+    lines.extend(evidence_lines(summary, width))
     duration = summary.get("duration_seconds")
     lines.append(
         f"ran {format_duration(float(duration or 0))}, "
@@ -562,6 +540,45 @@ def format_summary(
         lines.append("")
         lines.append(f"Plots: asyncsoak report {artifact_path}")
     return "\n".join(lines)
+
+
+def evidence_lines(summary: Mapping[str, Any], width: int = 100) -> list[str]:
+    """The cause, its source line, the last progress and the next steps: the first screen."""
+    evidence = summary["evidence"]
+    lines: list[str] = []
+
+    def add(label: str, text: str) -> None:
+        lines.extend(
+            textwrap.wrap(
+                text,
+                max(width, 40),
+                initial_indent=f"  {label}: ",
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+            )
+        )
+
+    if evidence["cause"]:
+        where = evidence["where"]
+        cause = evidence["cause"]
+        add(
+            "warning" if summary["status"] == "passed" else "cause",
+            cause + (f" ({where})" if where and where not in cause else ""),
+        )
+        if evidence["source_line"]:
+            lines.append(f"    > {_shorten(evidence['source_line'], max(width, 40) - 6)}")
+    last = evidence["last_progress"]
+    if last is not None:
+        files = ", ".join(last["paths"][:3]) + (", ..." if len(last["paths"]) > 3 else "")
+        end = "the failure" if summary["reasons"] else "the end"
+        add(
+            "last progress",
+            f"{format_duration(last['t'])}, {format_duration(last['before_end'])} before {end}"
+            + (f": {files}" if files else ""),
+        )
+    for step in evidence["next_steps"]:
+        add("next", step)
+    return lines
 
 
 def _gpu_lines(gpus: list[dict[str, Any]]) -> str:

@@ -53,7 +53,15 @@ def test_summary_json_has_the_same_facts(runs: Runs) -> None:
     peaks = {(p["group"], p["field"]): p for p in summary["peaks"]}
     artifact = json.loads(runs.stalled_sampled.read_text())
     assert peaks[("tree", "rss_bytes")]["max"] == artifact["summary"]["tree"]["rss_bytes"]["max"]
-    assert peaks[("machine", "disk_free_bytes_progress")]["worst"] == "min"
+    # The progress and output dirs share one filesystem: one row, the lowest free space.
+    disk = peaks[("machine", "disk_free_bytes_output")]
+    assert disk["worst"] == "min"
+    assert disk["label"] == "disk free output, progress"
+    assert ("machine", "disk_free_bytes_progress") not in peaks
+    # Counters are totals, and a peak and its mean share one unit.
+    assert peaks[("tree", "write_bytes")]["text"].startswith("total ")
+    rss = peaks[("tree", "rss_bytes")]["text"]
+    assert rss.count("MiB") == 2 or rss.count("GiB") == 2, rss
     assert summary["log"]["last_lines"][-1] == "waiting for the other ranks (all_reduce)..."
     assert summary["exit"]["text"] == "killed by SIGTERM (sent by the monitor)"
 

@@ -1,0 +1,464 @@
+"""What decides a run, gathered once for the summary, the report and ``compare``.
+
+:func:`gather` reads an artifact into the few facts a person needs on the first screen: the
+cause in one line (the exception and its frame, the stalled frame with its source line, the
+leaking process with its slope), the last file that changed and when, a next step per reason,
+and the end of the log with the traceback marked.  The summary prints them first; the report
+puts them right under its verdict.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path, PurePath
+from typing import Any
+
+from ._fields import format_bytes, format_duration, format_value
+
+#: Log lines shown at most (a traceback longer than this keeps its end).
+LOG_LINES = 14
+#: Names that make a changed path a checkpoint to resume from.
+CHECKPOINT_WORDS = ("checkpoint", "ckpt")
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".pkl")
+#: Tree CPU (percent of one core) above which a stalled tree counts as busy.
+BUSY_CPU_PERCENT = 50.0
+
+_TRACEBACK = "Traceback (most recent call last):"
+_FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+_FRAME = re.compile(r"^(?P<func>.+) \((?P<file>[^()]+):(?P<line>\d+)\)$")
+
+
+@dataclass(frozen=True, slots=True)
+class LastProgress:
+    """The last progress change: when, and which files."""
+
+    t: float
+    paths: list[str]
+    #: Seconds from that change to the end of the run.
+    before_end: float
+    #: The newest checkpoint among the changed files (absolute when the progress dir is known).
+    checkpoint: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """The facts that decide a run, in the order a person reads them."""
+
+    #: The cause in one line, or None for a clean pass.
+    cause: str | None
+    #: Where the cause is (``trainer.py:17 in train_step``) and that source line, when known.
+    where: str | None
+    source_line: str | None
+    last_progress: LastProgress | None
+    next_steps: list[str]
+    #: The end of the log; ``traceback`` is the (start, end) slice of it that is a traceback.
+    log_lines: list[str]
+    traceback: tuple[int, int] | None
+    #: The ``trends`` entries judged leaks, the worst first.
+    leaks: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gather(artifact: Mapping[str, Any]) -> Evidence:
+    failures = artifact.get("failures") or []
+    primary = str(failures[0]["reason"]) if failures else None
+    log_lines, traceback = log_end(str((artifact.get("log") or {}).get("tail") or ""))
+    leaks = leaking_series(artifact)
+    last = last_progress(artifact)
+    cause, where, source = _cause(artifact, primary, failures, leaks, log_lines, traceback)
+    return Evidence(
+        cause=cause,
+        where=where,
+        source_line=source,
+        last_progress=last,
+        next_steps=_next_steps(artifact, primary, where, last, leaks),
+        log_lines=log_lines,
+        traceback=traceback,
+        leaks=leaks,
+    )
+
+
+# -- shared readings -----------------------------------------------------------------------
+
+
+def seconds_at(artifact: Mapping[str, Any], iso_time: str | None) -> float | None:
+    """Seconds from the soak's start to an artifact timestamp."""
+    started = artifact.get("started_at")
+    if not iso_time or not started:
+        return None
+    try:
+        delta = _parse(iso_time) - _parse(started)
+    except ValueError:
+        return None
+    return round(delta.total_seconds(), 3)
+
+
+def _parse(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def config_value(artifact: Mapping[str, Any], name: str) -> float | None:
+    value = (artifact.get("config") or {}).get(name)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def event_times(artifact: Mapping[str, Any], kind: str) -> list[float]:
+    return [float(e["t"]) for e in artifact.get("events") or [] if e.get("kind") == kind]
+
+
+def stall_window(artifact: Mapping[str, Any]) -> tuple[float, float] | None:
+    """Where the run made no progress before a liveness rule fired: ``(start, end)`` seconds."""
+    reasons = [f.get("reason") for f in artifact.get("failures") or []]
+    failure_times = event_times(artifact, "failure")
+    end = failure_times[0] if failure_times else float(artifact.get("duration_seconds") or 0)
+    if "stale_progress" in reasons:
+        last = seconds_at(artifact, (artifact.get("progress") or {}).get("last_change_at"))
+        return (last, end) if last is not None else None
+    if "startup_timeout" in reasons:
+        return (0.0, end)
+    return None
+
+
+def series_typical(
+    artifact: Mapping[str, Any], group: str, name: str, start: float, end: float
+) -> float | None:
+    """The median of a series field between two times.
+
+    The median, not the mean: the first sample after a stall begins still carries the work
+    just before it, and one such point would drag a short window's mean up.
+    """
+    series = (artifact.get("series") or {}).get(group) or {}
+    values = [
+        v
+        for t, v in zip(series.get("t") or [], series.get(name) or [], strict=False)
+        if start <= t <= end and v is not None
+    ]
+    return statistics.median(values) if values else None
+
+
+def innermost_python_frame(process: Mapping[str, Any]) -> str | None:
+    """The innermost frame of the first thread in a py-spy dump (``func (file:line)``)."""
+    stack = (process.get("python_stack") or {}).get("stack")
+    if not stack:
+        return None
+    in_thread = False
+    for line in str(stack).splitlines():
+        if line.startswith("Thread "):
+            in_thread = True
+        elif in_thread and line.strip():
+            return line.strip()
+    return None
+
+
+# -- the log ---------------------------------------------------------------------------------
+
+
+def log_end(tail: str, lines: int = LOG_LINES) -> tuple[list[str], tuple[int, int] | None]:
+    """The last ``lines`` lines of the log, and where in them the last Python traceback is.
+
+    A traceback that ends before the last lines is still shown whole (its end kept when it is
+    longer than ``lines``): it is what a person looks for.
+    """
+    every = tail.rstrip("\n").splitlines()
+    span = _last_traceback(every)
+    start = max(0, len(every) - lines)
+    if span is not None and span[0] < start:
+        start = max(span[0], span[1] - lines)
+    shown = every[start:]
+    if span is None:
+        return shown, None
+    return shown, (max(0, span[0] - start), span[1] - start)
+
+
+def _last_traceback(lines: Sequence[str]) -> tuple[int, int] | None:
+    """(first line, one past the exception line) of the last traceback in ``lines``."""
+    begin = next(
+        (i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(_TRACEBACK)), None
+    )
+    if begin is None:
+        return None
+    end = begin + 1
+    # The frames are indented; the exception line is the first one that is not.
+    while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end].strip()):
+        end += 1
+    return begin, min(end + 1, len(lines))
+
+
+def _traceback_exception(
+    log_lines: Sequence[str], span: tuple[int, int] | None
+) -> tuple[str, str | None] | None:
+    """The exception line of a traceback and its raising frame (``file:line in func``)."""
+    if span is None:
+        return None
+    frames = [m for m in map(_FILE_LINE.match, log_lines[span[0] : span[1]]) if m]
+    exception = log_lines[span[1] - 1].strip()
+    if not exception or exception.startswith(("File ", _TRACEBACK)):
+        return None
+    where = None
+    if frames:
+        last = frames[-1]
+        where = f"{PurePath(last['file']).name}:{last['line']} in {last['func']}"
+    return exception, where
+
+
+# -- progress --------------------------------------------------------------------------------
+
+
+def last_progress(artifact: Mapping[str, Any]) -> LastProgress | None:
+    progress_events = [e for e in artifact.get("events") or [] if e.get("kind") == "progress"]
+    if not progress_events:
+        return None
+    last = progress_events[-1]
+    checkpoint = None
+    for event in reversed(progress_events):
+        found = [p for p in event.get("paths") or [] if _is_checkpoint(str(p))]
+        if found:
+            checkpoint = _checkpoint_root(artifact, str(found[0]))
+            break
+    t = float(last.get("t", 0.0))
+    return LastProgress(
+        t=t,
+        paths=[str(p) for p in last.get("paths") or []],
+        before_end=max(0.0, _end_of_command(artifact) - t),
+        checkpoint=checkpoint,
+    )
+
+
+def _is_checkpoint(path: str) -> bool:
+    lowered = path.lower()
+    return any(w in lowered for w in CHECKPOINT_WORDS) or lowered.endswith(CHECKPOINT_SUFFIXES)
+
+
+def _checkpoint_root(artifact: Mapping[str, Any], path: str) -> str:
+    """``checkpoint-280`` for ``checkpoint-280/trainer_state.json``, under the progress dir."""
+    parts = PurePath(path).parts
+    root = next(
+        (
+            PurePath(*parts[: i + 1])
+            for i, part in enumerate(parts)
+            if any(w in part.lower() for w in CHECKPOINT_WORDS)
+        ),
+        PurePath(path),
+    )
+    progress_dir = (artifact.get("progress") or {}).get("dir")
+    return (
+        str(PurePath(progress_dir) / root) if progress_dir and not root.is_absolute() else str(root)
+    )
+
+
+def _end_of_command(artifact: Mapping[str, Any]) -> float:
+    for event in artifact.get("events") or []:
+        if event.get("kind") in ("failure", "exited"):
+            return float(event.get("t", 0.0))
+    return float(artifact.get("duration_seconds") or 0.0)
+
+
+# -- trends ----------------------------------------------------------------------------------
+
+
+def leaking_series(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ``trends`` entries judged leaks, with their key; processes first, by growth."""
+    trends = artifact.get("trends") or {}
+    leaks = [
+        {"series": key, **entry}
+        for key, entry in trends.items()
+        if isinstance(entry, dict) and entry.get("verdict") == "leak"
+    ]
+    return sorted(
+        leaks,
+        key=lambda e: (
+            not str(e["series"]).startswith("process."),
+            -abs(float(e.get("growth") or 0.0)),
+        ),
+    )
+
+
+def trend_text(entry: Mapping[str, Any]) -> str:
+    """``memory of pid 29987 (python) grew 1.0 GiB in 1m10s (+0.9 GiB/min)``, and the limit."""
+    unit = str(entry.get("unit") or "")
+    key = str(entry.get("series") or "")
+    pid, name = entry.get("pid"), entry.get("name")
+    if pid is not None:
+        what = f"{'GPU memory' if 'gpu' in key else 'memory'} of pid {pid}" + (
+            f" ({name})" if name else ""
+        )
+    else:
+        what = str(entry.get("label") or key)
+    span = float(entry.get("span_seconds") or 0.0)
+    text = f"{what} grew {_amount(entry.get('growth'), unit)} in {format_duration(span)}"
+    slope = entry.get("slope_per_hour")
+    if isinstance(slope, int | float):
+        text += f" ({rate_text(float(slope), unit, span)})"
+    to_limit = entry.get("projected_seconds_to_limit")
+    if isinstance(to_limit, int | float):
+        source = entry.get("limit_source") or "its limit"
+        text += f"; at this rate it reaches {source} in {format_duration(float(to_limit))}"
+    return text
+
+
+def rate_text(slope_per_hour: float, unit: str, span_seconds: float) -> str:
+    """A slope per minute for a short run, per hour for a long one: ``+0.9 GiB/min``."""
+    per, divisor = ("min", 60.0) if span_seconds < 3 * 3600 else ("h", 1.0)
+    value = slope_per_hour / divisor
+    return f"{'+' if value >= 0 else '-'}{_amount(abs(value), unit)}/{per}"
+
+
+def _amount(value: object, unit: str) -> str:
+    if not isinstance(value, int | float):
+        return "?"
+    return format_bytes(float(value)) if unit == "bytes" else format_value(float(value), unit)
+
+
+# -- the cause -------------------------------------------------------------------------------
+
+
+def _cause(
+    artifact: Mapping[str, Any],
+    primary: str | None,
+    failures: Sequence[Mapping[str, Any]],
+    leaks: Sequence[Mapping[str, Any]],
+    log_lines: Sequence[str],
+    traceback: tuple[int, int] | None,
+) -> tuple[str | None, str | None, str | None]:
+    """(the cause in one line, where, the source line there)."""
+    if primary in ("nonzero_exit", "signaled", "too_short"):
+        exception = (artifact.get("exit") or {}).get("exception")
+        if isinstance(exception, dict) and exception.get("type"):
+            text = f"{exception['type']}: {exception.get('message') or ''}".rstrip(": ")
+            where = exception.get("where")
+            return text, where, _source_line(artifact, where)
+        found = _traceback_exception(log_lines, traceback)
+        if found is not None:
+            return found[0], found[1], _source_line(artifact, found[1])
+        return str(failures[0]["message"]), None, None
+    if primary in ("stale_progress", "startup_timeout"):
+        return _stall_cause(artifact, failures)
+    if primary in ("memory_leak", "memory_budget") and leaks:
+        return trend_text(leaks[0]), None, None
+    if primary is not None:
+        return str(failures[0]["message"]), None, None
+    if leaks:
+        return trend_text(leaks[0]), None, None
+    return None, None, None
+
+
+def _stall_cause(
+    artifact: Mapping[str, Any], failures: Sequence[Mapping[str, Any]]
+) -> tuple[str, str | None, str | None]:
+    forensics = artifact.get("forensics")
+    processes = forensics.get("processes") or [] if isinstance(forensics, dict) else []
+    for process in processes:
+        frame = innermost_python_frame(process)
+        if not frame:
+            continue
+        match = _FRAME.match(frame)
+        where = f"{match['file']}:{match['line']} in {match['func']}" if match else frame
+        state = (
+            "idle"
+            if "(idle)" in str((process.get("python_stack") or {}).get("stack"))
+            else (str(process.get("state") or "?"))
+        )
+        text = f"pid {process.get('pid')} ({process.get('name')}) {state} at {where}"
+        return text, where, _source_line(artifact, where, process)
+    return str(failures[0]["message"]), None, None
+
+
+def _source_line(
+    artifact: Mapping[str, Any], where: str | None, process: Mapping[str, Any] | None = None
+) -> str | None:
+    """The line ``file:line`` names, read from the file when it is on this machine."""
+    if not where:
+        return None
+    match = re.match(r"^(?P<file>[^:]+):(?P<line>\d+)", where)
+    if match is None:
+        return None
+    name, number = match["file"], int(match["line"])
+    candidates = [Path(name)]
+    # py-spy and tracebacks may name a script by its base name: find it on the command line.
+    argv = [*((process or {}).get("cmdline") or []), *(artifact.get("command") or [])]
+    candidates.extend(Path(a) for a in argv if isinstance(a, str) and Path(a).name == name)
+    cwd = artifact.get("cwd")
+    if cwd:
+        candidates.append(Path(str(cwd)) / name)
+    for path in candidates:
+        if path.is_file():
+            text = linecache.getline(str(path), number).strip()
+            if text:
+                return text
+    return None
+
+
+# -- next steps ------------------------------------------------------------------------------
+
+
+def _next_steps(
+    artifact: Mapping[str, Any],
+    primary: str | None,
+    where: str | None,
+    last: LastProgress | None,
+    leaks: Sequence[Mapping[str, Any]],
+) -> list[str]:
+    config = artifact.get("config") or {}
+    resume = f"resume from {last.checkpoint}" if last and last.checkpoint else None
+    steps: list[str] = []
+    if primary in ("stale_progress", "startup_timeout"):
+        if resume:
+            steps.append(resume[:1].upper() + resume[1:] + ".")
+        if not config.get("dump_signal"):
+            steps.append(
+                "Rerun with --dump-signal SIGUSR1 for every thread's stack, native frames too "
+                "(the trainer calls faulthandler.register(signal.SIGUSR1))."
+            )
+        window = stall_window(artifact)
+        cpu = (
+            series_typical(artifact, "tree", "cpu_percent", *window) if window is not None else None
+        )
+        option = "--stale-progress" if primary == "stale_progress" else "--startup-timeout"
+        name = (
+            "stale_progress_seconds" if primary == "stale_progress" else "startup_timeout_seconds"
+        )
+        limit = config_value(artifact, name)
+        if cpu is not None and cpu >= BUSY_CPU_PERCENT:
+            steps.append(
+                f"The tree was busy (CPU about {cpu:.0f}%): if it was only slow, raise {option}"
+                + (f" (now {format_duration(limit)})." if limit else ".")
+            )
+    elif primary in ("nonzero_exit", "signaled"):
+        fix = f"Fix the error at {where}" if where else "Read the log's end below for the error"
+        steps.append(fix + (f", then {resume}." if resume else "."))
+        exit_ = artifact.get("exit") or {}
+        if exit_.get("signal") == "SIGKILL" and not artifact.get("oom_kills"):
+            steps.append("Check the kernel log (dmesg) for the OOM killer.")
+    elif primary == "memory_budget":
+        budget = config.get("max_rss_bytes") or config.get("max_gpu_memory_bytes")
+        crossed = f" {format_bytes(float(budget))}" if isinstance(budget, int | float) else ""
+        steps.append(
+            f"The memory budget{crossed} was crossed: raise --max-rss / --max-gpu-memory if "
+            "the run needs more, or find what grew in the per-process table."
+        )
+    elif primary == "disk_low":
+        floor = config.get("min_disk_free_bytes")
+        steps.append(
+            "Free disk space fell below --min-disk-free"
+            + (f" {format_bytes(float(floor))}" if isinstance(floor, int | float) else "")
+            + ": clear old checkpoints, or write them elsewhere."
+        )
+    elif primary == "too_short":
+        steps.append("Read the log's end below: the command ended before min_duration_seconds.")
+    elif primary == "leftover_processes":
+        steps.append("Make the trainer wait for (join) the processes it starts before it exits.")
+    if leaks and primary in (None, "memory_leak", "memory_budget"):
+        leak = leaks[0]
+        who = f"pid {leak['pid']}" if leak.get("pid") is not None else "the tree"
+        steps.append(
+            f"Find what {who} keeps alive (tracemalloc snapshots a few steps apart show it)"
+            + ("; rerun with --leak-check fail to stop on it." if primary is None else ".")
+        )
+    return steps
