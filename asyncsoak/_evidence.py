@@ -295,7 +295,9 @@ def trend_text(entry: Mapping[str, Any]) -> str:
     text = f"{what} grew {_amount(entry.get('growth'), unit)} in {format_duration(span)}"
     slope = entry.get("slope_per_hour")
     if isinstance(slope, int | float):
-        text += f" ({rate_text(float(slope), unit, span)})"
+        growth = entry.get("growth")
+        like = float(growth) if isinstance(growth, int | float) else None
+        text += f" ({rate_text(float(slope), unit, span, like=like)})"
     to_limit = entry.get("projected_seconds_to_limit")
     if isinstance(to_limit, int | float):
         source = entry.get("limit_source") or "its limit"
@@ -303,17 +305,22 @@ def trend_text(entry: Mapping[str, Any]) -> str:
     return text
 
 
-def rate_text(slope_per_hour: float, unit: str, span_seconds: float) -> str:
-    """A slope per minute for a short run, per hour for a long one: ``+0.9 GiB/min``."""
+def rate_text(
+    slope_per_hour: float, unit: str, span_seconds: float, *, like: float | None = None
+) -> str:
+    """A slope per minute for a short run, per hour for a long one: ``+0.9 GiB/min``.
+
+    ``like``: scale as that value (the growth) is shown, so the two read in one unit.
+    """
     per, divisor = ("min", 60.0) if span_seconds < 3 * 3600 else ("h", 1.0)
     value = slope_per_hour / divisor
-    return f"{'+' if value >= 0 else '-'}{_amount(abs(value), unit)}/{per}"
+    return f"{'+' if value >= 0 else '-'}{_amount(abs(value), unit, like=like)}/{per}"
 
 
-def _amount(value: object, unit: str) -> str:
+def _amount(value: object, unit: str, *, like: float | None = None) -> str:
     if not isinstance(value, int | float):
         return "?"
-    return format_bytes(float(value)) if unit == "bytes" else format_value(float(value), unit)
+    return format_value(float(value), unit, like=like)
 
 
 # -- the cause -------------------------------------------------------------------------------

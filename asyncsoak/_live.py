@@ -19,7 +19,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -107,25 +108,95 @@ class Status:
     #: (group, utilisation percent, memory used MiB)
     gpus: tuple[tuple[str, float | None, float | None], ...]
     finished: bool
+    #: The tree's memory trend so far (``+12.0 MiB/min``), when one is known.
+    memory_trend: str | None = None
+    #: What the trends said during the run: a leak, a projected breach (short texts).
+    alerts: tuple[str, ...] = ()
+    #: Peaks over the run: tree CPU and RSS, and (group, utilisation, memory MiB) per GPU.
+    peak_cpu_percent: float | None = None
+    peak_rss_bytes: float | None = None
+    peak_gpus: tuple[tuple[str, float | None, float | None], ...] = ()
 
-    def plain(self) -> str:
+    def parts(self, *, compact: bool = False) -> list[str]:
+        """The line's pieces, most important first: the verdict, then the figures.
+
+        ``compact`` (the terminal line, which must fit its width): shorter wording, and the
+        progress piece holds the quiet time only while it is not the elapsed time already.
+        """
         parts = [f"{format_duration(self.elapsed)} {self.phase}"]
-        if self.quiet_for is not None and not self.finished:
-            limit = (
-                f" ({self.limit_name} limit {format_duration(self.limit)})" if self.limit else ""
-            )
-            if self.limit_name == "stale":
-                parts.append(f"last progress {format_duration(self.quiet_for)} ago{limit}")
+        if self.finished:
+            # The last line sums the run up: its peaks, not the last sample of an idle tree.
+            if self.peak_cpu_percent is not None or self.peak_rss_bytes is not None:
+                parts.append(
+                    f"peak CPU {format_value(self.peak_cpu_percent, '%')} "
+                    f"RSS {format_value(self.peak_rss_bytes, 'bytes')}"
+                )
+            parts.extend(self.alerts)
+            for group, util, memory in self.peak_gpus:
+                parts.append(
+                    f"{group} peak {format_value(util, '%')} {format_value(memory, 'MiB')}"
+                )
+            return parts
+        # A leak or a projected breach matters more than any figure: it comes first.
+        parts.extend(self.alerts)
+        if self.quiet_for is not None:
+            limit = format_duration(self.limit) if self.limit else None
+            quiet = format_duration(self.quiet_for)
+            if compact and self.limit_name == "stale":
+                parts.append(f"no progress {quiet}" + (f"/{limit}" if limit else ""))
+            elif compact:
+                # The phase already says it waits for the first progress, since the start.
+                parts.append(f"startup limit {limit}" if limit else "")
+            elif self.limit_name == "stale":
+                parts.append(
+                    f"last progress {quiet} ago" + (f" (stale limit {limit})" if limit else "")
+                )
             else:
-                parts.append(f"no progress yet after {format_duration(self.quiet_for)}{limit}")
+                parts.append(quiet + (f" (startup limit {limit})" if limit else ""))
         if self.tree_cpu_percent is not None or self.tree_rss_bytes is not None:
+            trend = self.memory_trend
             parts.append(
-                f"tree CPU {format_value(self.tree_cpu_percent, '%')} "
+                f"CPU {format_value(self.tree_cpu_percent, '%')} "
                 f"RSS {format_value(self.tree_rss_bytes, 'bytes')}"
+                + ((f" {trend}" if compact else f" ({trend})") if trend else "")
             )
         for group, util, memory in self.gpus:
             parts.append(f"{group} {format_value(util, '%')} {format_value(memory, 'MiB')}")
-        return "asyncsoak: " + " | ".join(parts)
+        return [part for part in parts if part]
+
+    def plain(self) -> str:
+        return "asyncsoak: " + " | ".join(self.parts())
+
+
+def fit(parts: Sequence[str], width: int, separator: str = " | ") -> list[str]:
+    """The parts that fit in ``width`` columns, whole and in order: a part that does not fit
+    is left out rather than cut mid-word (a shorter one after it may still fit); the first is
+    shortened at a word only if it alone is too wide."""
+    kept: list[str] = []
+    used = 0
+    for part in parts:
+        extra = len(part) + (len(separator) if kept else 0)
+        if not kept and extra > width:
+            part = _shorten_words(part, width)
+            extra = len(part)
+        if used + extra <= width:
+            kept.append(part)
+            used += extra
+    return kept
+
+
+def _shorten_words(text: str, width: int) -> str:
+    """``text`` cut at a word boundary to fit ``width`` with an ellipsis."""
+    if len(text) <= width:
+        return text
+    cut = text[: max(0, width - 1)].rsplit(" ", 1)[0]
+    return cut + "…"
+
+
+#: Samples of the tree's memory kept for its live trend (the last ones; about 10 minutes at 1 s).
+TREND_POINTS = 600
+#: Samples needed before a trend is shown.
+TREND_MIN_POINTS = 10
 
 
 @dataclass(slots=True)
@@ -144,6 +215,12 @@ class LiveState:
     changes: int = 0
     last_t: float = 0.0
     points: dict[str, Mapping[str, float | None]] = field(default_factory=dict)
+    #: Peak of each (group, field) shown at the end.
+    peaks: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (t, tree RSS) of the last samples, for the memory trend.
+    rss: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
+    #: (series key, verdict) -> the ``trend`` event that said it.
+    trends: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
 
     def add(self, event: Mapping[str, Any]) -> None:
         kind = event.get("kind")
@@ -160,7 +237,11 @@ class LiveState:
             self.last_progress = t
             self.changes += int(event.get("changed", 1))
         elif kind in ("sample", "gpu_sample"):
-            self.points.update(event.get("points") or {})
+            points = event.get("points") or {}
+            self.points.update(points)
+            self._fold_peaks(t, points)
+        elif kind == "trend":
+            self.trends[(str(event.get("series")), str(event.get("verdict")))] = event
         elif kind == "failure":
             self.failures.append(str(event.get("reason")))
         elif kind == "stop":
@@ -169,6 +250,61 @@ class LiveState:
             self.exited = True
         elif kind == "finished":
             self.finished = str(event.get("status"))
+
+    def _fold_peaks(self, t: float, points: Mapping[str, Any]) -> None:
+        for group, values in points.items():
+            for name in ("cpu_percent", "rss_bytes", "utilization_gpu_percent", "memory_used_mib"):
+                value = (values or {}).get(name)
+                if isinstance(value, int | float):
+                    key = (group, name)
+                    self.peaks[key] = max(self.peaks.get(key, value), value)
+        rss = (points.get("tree") or {}).get("rss_bytes")
+        if isinstance(rss, int | float):
+            self.rss.append((t, float(rss)))
+
+    def memory_trend(self) -> str | None:
+        """The tree's RSS per minute over the recent samples: the lowest of the first third
+        against the lowest of the last third, so a cache filling and emptying reads flat."""
+        if len(self.rss) < TREND_MIN_POINTS:
+            return None
+        samples = list(self.rss)
+        third = len(samples) // 3
+        early, late = samples[:third], samples[-third:]
+        t0 = sum(t for t, _ in early) / len(early)
+        t1 = sum(t for t, _ in late) / len(late)
+        if t1 - t0 <= 0:
+            return None
+        change = min(v for _, v in late) - min(v for _, v in early)
+        per_minute = change / (t1 - t0) * 60.0
+        if abs(per_minute) < 2**20:
+            return "steady"
+        sign = "+" if per_minute > 0 else "-"
+        return f"{sign}{format_value(abs(per_minute), 'bytes')}/min"
+
+    def alerts(self, now_epoch: float | None) -> tuple[str, ...]:
+        """Short texts for the leaks and projected breaches the trends reported, one per
+        series: ``LEAK pid 29987 +921.6 MiB/min, limit in 41m00s``."""
+        out = []
+        for series in dict.fromkeys(key for key, _ in self.trends):
+            leak = self.trends.get((series, "leak"))
+            breach = self.trends.get((series, "breach_projected"))
+            if leak is None and breach is None:
+                continue
+            who = f"pid {series.split('.')[1]}" if series.startswith("process.") else series
+            text = f"LEAK {who}" if leak is not None else f"{who}:"
+            slope = (leak or {}).get("slope_per_hour")
+            if isinstance(slope, int | float) and series.endswith("_bytes"):
+                text += f" +{format_value(slope / 60.0, 'bytes')}/min"
+            if breach is not None:
+                at = _epoch(str(breach.get("projected_limit_at") or ""))
+                when = (
+                    f"limit in {format_duration(max(0.0, at - now_epoch))}"
+                    if at is not None and now_epoch is not None
+                    else "limit breach projected"
+                )
+                text += f", {when}" if leak is not None else f" {when}"
+            out.append(text)
+        return tuple(out)
 
     def phase(self) -> str:
         if self.finished is not None:
@@ -196,16 +332,17 @@ class LiveState:
         else:
             quiet_for, limit, name = elapsed - self.last_progress, self.stale_limit, "stale"
         tree = self.points.get("tree") or {}
+        gpu_groups = sorted(
+            (group for group in self.points if gpu_index(group) is not None),
+            key=lambda group: gpu_index(group) or 0,
+        )
         gpus = tuple(
             (
                 group,
-                values.get("utilization_gpu_percent"),
-                values.get("memory_used_mib"),
+                self.points[group].get("utilization_gpu_percent"),
+                self.points[group].get("memory_used_mib"),
             )
-            for group, values in sorted(
-                self.points.items(), key=lambda item: gpu_index(item[0]) or 0
-            )
-            if gpu_index(group) is not None
+            for group in gpu_groups
         )
         return Status(
             elapsed=elapsed,
@@ -218,6 +355,18 @@ class LiveState:
             tree_rss_bytes=tree.get("rss_bytes"),
             gpus=gpus,
             finished=finished,
+            memory_trend=self.memory_trend(),
+            alerts=self.alerts(now),
+            peak_cpu_percent=self.peaks.get(("tree", "cpu_percent")),
+            peak_rss_bytes=self.peaks.get(("tree", "rss_bytes")),
+            peak_gpus=tuple(
+                (
+                    group,
+                    self.peaks.get((group, "utilization_gpu_percent")),
+                    self.peaks.get((group, "memory_used_mib")),
+                )
+                for group in gpu_groups
+            ),
         )
 
 
@@ -276,61 +425,60 @@ class RichView:
         self._live.start()
 
     def show(self, status: Status) -> None:
-        self._live.update(render_rich(status), refresh=True)
+        self._live.update(render_rich(status, self._console.width), refresh=True)
 
     def close(self, status: Status | None) -> None:
         if status is not None:
-            self._live.update(render_rich(status), refresh=True)
+            self._live.update(render_rich(status, self._console.width), refresh=True)
         self._live.stop()
 
 
-def render_rich(status: Status) -> Any:
+#: Columns of the bar of the quiet time against its limit.
+BAR_WIDTH = 16
+#: Between two pieces of the terminal line.
+SEPARATOR = "  "
+
+
+def render_rich(status: Status, width: int = 80) -> Any:
+    """One line of at most ``width`` columns: whole pieces only, the bar dropped first."""
     from rich.progress_bar import ProgressBar
     from rich.table import Table
     from rich.text import Text
 
-    grid = Table.grid(padding=(0, 1))
     phase_style = "bold green"
     if status.phase.startswith(("stopping", "finished: failed", "finished: error")):
         phase_style = "bold red"
     elif status.phase.startswith(("finished", "command exited")):
         phase_style = "bold"
-    cells: list[Any] = [
-        Text(format_duration(status.elapsed), style="bold"),
-        Text(status.phase, style=phase_style),
-    ]
-    if status.quiet_for is not None and not status.finished:
-        label = "progress" if status.limit_name == "stale" else "first progress"
-        cells.append(Text(label, style="dim"))
-        if status.limit:
-            ratio = min(1.0, status.quiet_for / status.limit)
-            style = "green" if ratio < 0.5 else "yellow" if ratio < 0.8 else "red"
-            cells.append(
-                ProgressBar(
-                    total=status.limit,
-                    completed=min(status.quiet_for, status.limit),
-                    width=16,
-                    complete_style=style,
-                    finished_style="red",
-                )
-            )
-            cells.append(
-                Text(
-                    f"{format_duration(status.quiet_for)} / {format_duration(status.limit)}"
-                    f" {status.limit_name} limit"
-                )
-            )
-        else:
-            cells.append(Text(f"{format_duration(status.quiet_for)} ago"))
-    if status.tree_cpu_percent is not None or status.tree_rss_bytes is not None:
-        cells.append(
-            Text(
-                f"CPU {format_value(status.tree_cpu_percent, '%')} "
-                f"RSS {format_value(status.tree_rss_bytes, 'bytes')}"
-            )
+    parts = status.parts(compact=True)
+    quiet, limit = status.quiet_for, status.limit
+    bar: ProgressBar | None = None
+    if not status.finished and quiet is not None and limit:
+        ratio = min(1.0, quiet / limit)
+        bar = ProgressBar(
+            total=limit,
+            completed=min(quiet, limit),
+            width=BAR_WIDTH,
+            complete_style="green" if ratio < 0.5 else "yellow" if ratio < 0.8 else "red",
+            finished_style="red",
         )
-    for group, util, memory in status.gpus:
-        cells.append(Text(f"{group} {format_value(util, '%')} {format_value(memory, 'MiB')}"))
+    kept = fit(parts, width - BAR_WIDTH - 1, separator=SEPARATOR) if bar is not None else []
+    if len(kept) < len(parts):
+        # The line does not fit with the bar: the bar goes before any figure does.
+        bar = None
+        kept = fit(parts, width, separator=SEPARATOR)
+    cells: list[Any] = []
+    for i, part in enumerate(kept):
+        if i == 0:
+            elapsed, _, phase = part.partition(" ")
+            cells.append(Text.assemble((elapsed, "bold"), " ", (phase, phase_style)))
+            continue
+        cells.append(Text(SEPARATOR))
+        if bar is not None and part.startswith(("no progress", "startup limit")):
+            cells.extend([bar, Text(" " + part)])
+        else:
+            cells.append(Text(part, style="bold red" if part in status.alerts else ""))
+    grid = Table.grid()
     for _ in cells:
         grid.add_column(no_wrap=True)
     grid.add_row(*cells)

@@ -26,6 +26,13 @@ from typing import Any
 from . import __version__
 from ._artifact import EVENTS_HEAD, FILE_MODE
 from ._errors import AsyncsoakError
+from ._evidence import (
+    config_value,
+    event_times,
+    innermost_python_frame,
+    rate_text,
+    stall_window,
+)
 from ._fields import (
     Field,
     describe,
@@ -34,7 +41,6 @@ from ._fields import (
     format_value,
     gpu_index,
 )
-from ._evidence import config_value, event_times, innermost_python_frame, stall_window
 from ._summary import IDLE_THROTTLE, exit_text, summarize
 
 #: Vertical lines drawn for progress changes at most (more are merged by time).
@@ -164,8 +170,10 @@ def render_report(
     figure_html = timeline.to_html()
     body = [
         _verdict_html(summary),
+        _evidence_html(artifact, summary),
         _facts_html(artifact, summary),
         _look_first_html(summary),
+        _processes_html(artifact),
         '<section id="timeline-section"><h2>Timeline</h2>',
         f'<p class="help">{timeline.help_text()}</p>',
         # Before the figure: its post-render script runs before the parser gets further.
@@ -227,7 +235,7 @@ h2 { font-size: 19px; margin: 28px 0 8px; border-bottom: 1px solid #dde1e8;
   padding-bottom: 4px; }
 code, pre, .mono { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace;
   font-size: 13px; }
-.verdict { margin: 16px -24px 0; padding: 18px 24px; border-left: 10px solid; }
+.verdict { margin: 16px -24px 0; padding: 12px 24px; border-left: 10px solid; }
 .verdict.passed { background: #eaf6ea; border-color: #2ca02c; }
 .verdict.failed, .verdict.error { background: #fbeaea; border-color: #d62728; }
 .verdict.cancelled { background: #f0f0f0; border-color: #888; }
@@ -256,6 +264,19 @@ details { margin: 6px 0; } summary { cursor: pointer; color: #33508a; }
 h3 { font-size: 16px; margin: 16px 0 6px; } h4 { font-size: 14px; margin: 10px 0 4px; }
 #forensics pre { background: #f5f6f9; padding: 8px 10px; overflow: auto; }
 #page-errors { background: #fdd; color: #900; padding: 8px; }
+.evidence { display: grid; grid-template-columns: minmax(0, 5fr) minmax(0, 6fr); gap: 18px;
+  margin: 0 -24px; padding: 12px 24px; background: #f7f8fb; border-bottom: 1px solid #dde1e8; }
+.evidence dl { display: grid; grid-template-columns: max-content 1fr; gap: 4px 14px; margin: 0; }
+.evidence dt { color: #5a6275; font-weight: 600; } .evidence dd { margin: 0; }
+.evidence pre.source { margin: 4px 0 0; padding: 4px 8px; background: #fff;
+  border-left: 3px solid #d62728; white-space: pre-wrap; }
+.evidence .help { margin: 0 0 4px; }
+pre.log.excerpt { max-height: 300px; margin: 0; }
+pre.log .tb { color: #ffb4a8; } pre.log .tb-exc { color: #fff; background: #a3201b;
+  font-weight: 700; }
+.evidence code { white-space: nowrap; }
+.jump { margin-top: 10px; font-size: 14px; } .jump a { color: #33508a; }
+table.processes tr.leak td { background: #fdecec; }
 footer { color: #8a90a0; margin-top: 32px; font-size: 13px; }
 .empty { color: #8a90a0; }
 """
@@ -264,7 +285,7 @@ footer { color: #8a90a0; margin-top: 32px; font-size: 13px; }
 def _verdict_html(summary: Mapping[str, Any]) -> str:
     status = str(summary["status"])
     parts = [
-        f'<header class="verdict {html.escape(status)}">',
+        f'<header id="verdict" class="verdict {html.escape(status)}">',
         f'<span class="badge">{html.escape(status.upper())}</span>',
         f"<h1>{html.escape(summary['headline'])}</h1>",
     ]
@@ -277,6 +298,165 @@ def _verdict_html(summary: Mapping[str, Any]) -> str:
         )
     parts.append("</header>")
     return "\n".join(parts)
+
+
+#: Sections the evidence block links to, when the page has them.
+ANCHORS = (
+    ("log", "Log"),
+    ("forensics", "Forensics"),
+    ("processes", "Processes"),
+    ("timeline-section", "Timeline"),
+    ("events", "Events"),
+)
+
+
+def _evidence_html(artifact: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+    """The cause, the last progress, the next step and the log's end: what decides the run."""
+    evidence = summary["evidence"]
+    rows: list[str] = []
+    if evidence["cause"]:
+        label = "Warning" if summary["status"] == "passed" else "Cause"
+        where = evidence["where"]
+        text = f"<b>{html.escape(evidence['cause'])}</b>"
+        if where and where not in evidence["cause"]:
+            text += f" at <code>{html.escape(where)}</code>"
+        if evidence["source_line"]:
+            text += f'<pre class="source">{html.escape(evidence["source_line"])}</pre>'
+        rows.append(f'<dt>{label}</dt><dd id="cause">{text}</dd>')
+    last = evidence["last_progress"]
+    if last is not None:
+        end = "the failure" if summary["reasons"] else "the end"
+        files = ", ".join(f"<code>{html.escape(p)}</code>" for p in last["paths"][:4])
+        rows.append(
+            f"<dt>Last progress</dt><dd>{format_duration(last['t'])} "
+            f"({html.escape(_wall_clock(artifact, last['t']))}), "
+            f"{format_duration(last['before_end'])} before {end}"
+            + (f": {files}" if files else "")
+            + "</dd>"
+        )
+    elif artifact.get("status") != "passed":
+        rows.append("<dt>Last progress</dt><dd>none: no file in the progress dir changed</dd>")
+    for i, step in enumerate(evidence["next_steps"]):
+        rows.append(f"<dt>{'Next step' if i == 0 else ''}</dt><dd>{html.escape(step)}</dd>")
+    log = _log_excerpt_html(evidence["log_lines"], evidence["traceback"])
+    present = {
+        "processes": bool(artifact.get("processes")),
+        "events": bool(artifact.get("events")),
+        "forensics": bool(artifact.get("forensics") or artifact.get("abandoned_processes")),
+    }
+    links = " · ".join(
+        f'<a href="#{anchor}">{name}</a>' for anchor, name in ANCHORS if present.get(anchor, True)
+    )
+    return (
+        '<section id="evidence" class="evidence">'
+        f'<div class="evidence-facts"><dl>{"".join(rows)}</dl>'
+        f'<nav class="jump">Jump to: {links}</nav></div>'
+        f'<div class="evidence-log">{log}</div></section>'
+    )
+
+
+def _log_excerpt_html(lines: Sequence[str], traceback: Sequence[int] | None) -> str:
+    if not lines:
+        return '<p class="empty">The command printed nothing.</p>'
+    start, end = traceback if traceback is not None else (len(lines), len(lines))
+    shown = []
+    for i, line in enumerate(lines):
+        text = html.escape(line)
+        if start <= i < end:
+            cls = "tb-exc" if i == end - 1 else "tb"
+            text = f'<span class="{cls}">{text}</span>'
+        shown.append(text)
+    return (
+        '<p class="help">The end of the log'
+        + (", the traceback marked" if traceback is not None else "")
+        + ' (<a href="#log">all of it</a>):</p>'
+        + f'<pre class="log excerpt">{chr(10).join(shown)}</pre>'
+    )
+
+
+def _wall_clock(artifact: Mapping[str, Any], t: float) -> str:
+    started = artifact.get("started_at")
+    if not started:
+        return "?"
+    moment = datetime.fromisoformat(str(started).replace("Z", "+00:00")) + timedelta(seconds=t)
+    return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
+
+
+def _processes_html(artifact: Mapping[str, Any]) -> str:
+    """The top processes by peak memory: who grew, and who used the CPU and GPU."""
+    processes = [p for p in artifact.get("processes") or [] if isinstance(p, dict)]
+    if not processes:
+        return ""
+    trends = artifact.get("trends") or {}
+    rows = []
+    for p in processes:
+        trend = trends.get(f"process.{p.get('pid')}.rss_bytes") or {}
+        first, peak, last = (
+            p.get("first_rss_bytes"),
+            p.get("peak_rss_bytes"),
+            p.get("last_rss_bytes"),
+        )
+        rss = " → ".join(format_value(v, "bytes", like=peak) for v in (first, peak, last))
+        slope = trend.get("slope_per_hour")
+        verdict = str(trend.get("verdict") or "")
+        growth = (
+            rate_text(float(slope), "bytes", float(trend.get("span_seconds") or 0), like=peak)
+            if isinstance(slope, int | float)
+            else ""
+        )
+        cls = ' class="leak"' if verdict == "leak" else ""
+        cells = [
+            p.get("pid"),
+            p.get("name") or "?",
+            rss,
+            f"{growth} ({verdict})" if growth else verdict or "-",
+            format_value(p.get("mean_cpu_percent"), "%"),
+            format_value(p.get("peak_gpu_memory_bytes"), "bytes")
+            if p.get("peak_gpu_memory_bytes")
+            else "-",
+            p.get("peak_threads", "?"),
+        ]
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells))
+    head = (
+        "<tr><th>pid</th><th>name</th><th>RSS first → peak → last</th><th>trend</th>"
+        "<th>CPU mean</th><th>GPU memory peak</th><th>threads</th></tr>"
+    )
+    notes = [
+        "The tree's RSS adds up each process's resident memory: pages that forked workers "
+        "share are counted once per process, so it can exceed the machine's used memory."
+    ]
+    competing = _cpu_competition(artifact)
+    if competing:
+        notes.append(competing)
+    return (
+        '<section id="processes"><h2>Processes</h2>'
+        f'<table class="processes">{head}{"".join(rows)}</table>'
+        + "".join(f'<p class="help">{html.escape(n)}</p>' for n in notes)
+        + "</section>"
+    )
+
+
+def _cpu_competition(artifact: Mapping[str, Any]) -> str | None:
+    """A note when the machine's CPU was far above the tree's: something else competed."""
+    summary = artifact.get("summary") or {}
+    machine = ((summary.get("machine") or {}).get("cpu_percent") or {}).get("mean")
+    tree = ((summary.get("tree") or {}).get("cpu_percent") or {}).get("mean")
+    cores = ((artifact.get("snapshot") or {}).get("host") or {}).get("usable_cpus")
+    if not (
+        isinstance(machine, int | float)
+        and isinstance(tree, int | float)
+        and isinstance(cores, int | float)
+    ):
+        return None
+    # The machine's figure is a share of every core; the tree's, of one core.
+    machine_cores = machine * cores / 100.0
+    tree_cores = tree / 100.0
+    if machine_cores - tree_cores < max(0.5, tree_cores):
+        return None
+    return (
+        f"The machine used about {machine_cores:.1f} core(s) on average against the tree's "
+        f"{tree_cores:.1f}: something outside the tree competed for the CPU."
+    )
 
 
 def _facts_html(artifact: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
@@ -1055,6 +1235,12 @@ marker.dataset.traces = String(plot.querySelectorAll(".scatterlayer .trace").len
 marker.dataset.titles = titles.join("|");
 marker.dataset.labels = Array.prototype.map.call(
   plot.querySelectorAll(".textpoint"), function (e) { return e.textContent; }).join("|");
+// Where the verdict and the evidence end on the page: a reader must see them without scrolling.
+["verdict", "evidence", "cause"].forEach(function (id) {
+  var box = document.getElementById(id);
+  if (box) { marker.dataset[id + "Bottom"] = String(Math.round(
+    box.getBoundingClientRect().bottom + window.scrollY)); }
+});
 marker.dataset.state = "rendered";
 """
 
@@ -1178,14 +1364,17 @@ def _events_html(artifact: Mapping[str, Any]) -> str:
             run = events[i:j]
             names = ", ".join(Path(p).name for p in list(paths)[:5])
             more = ", ..." if len(paths) > 5 else ""
+            changed = sum(int(e.get("changed", 1)) for e in run)
             if len(run) == 1:
                 row("progress", float(event["t"]), "progress", f"{names}{more}")
             else:
+                # The header counts changed files; say both so the figures agree.
                 row(
                     "progress",
                     float(run[0]["t"]),
                     f"progress x{len(run)}",
-                    f"until {format_duration(float(run[-1]['t']))}: {names}{more}",
+                    f"{changed} changes until {format_duration(float(run[-1]['t']))}: "
+                    f"{names}{more}",
                 )
             i = j
             continue
@@ -1207,11 +1396,7 @@ def _event_text(artifact: Mapping[str, Any], event: Mapping[str, Any]) -> tuple[
     if kind == "failure":
         return f"failure: {event.get('reason')}", str(event.get("message"))
     if kind == "stop":
-        return (
-            "stop",
-            f"cause {event.get('cause')}, mode {event.get('mode')}, "
-            f"grace {event.get('grace_seconds')}s",
-        )
+        return "stop", _stop_text(event)
     if kind == "signal":
         return (
             f"{event.get('signal')} sent",
@@ -1235,6 +1420,17 @@ def _event_text(artifact: Mapping[str, Any], event: Mapping[str, Any]) -> tuple[
         return "OOM kill", f"pid {event.get('pid')} ({event.get('name')}): {event.get('message')}"
     rest = {k: v for k, v in event.items() if k not in ("t", "kind")}
     return kind, json.dumps(rest, default=str)[:300]
+
+
+def _stop_text(stop: Mapping[str, Any]) -> str:
+    """``cause failure, mode group, grace 5.0s``, leaving out what was not recorded."""
+    parts = [f"cause {stop.get('cause')}"]
+    if stop.get("mode") is not None:
+        parts.append(f"mode {stop['mode']}")
+    grace = stop.get("grace_seconds")
+    if isinstance(grace, int | float):
+        parts.append(f"grace {format_duration(float(grace))}")
+    return ", ".join(parts)
 
 
 def _process_text(process: Mapping[str, Any]) -> str:
@@ -1303,9 +1499,7 @@ def _forensics_html(artifact: Mapping[str, Any]) -> str:
         parts.append(
             "<p>Stop: "
             + html.escape(
-                f"cause {stop.get('cause')}, mode {stop.get('mode')}, "
-                f"grace {stop.get('grace_seconds')}s, SIGKILL needed: "
-                f"{'yes' if stop.get('killed') else 'no'}"
+                f"{_stop_text(stop)}, SIGKILL needed: {'yes' if stop.get('killed') else 'no'}"
             )
             + "</p>"
         )
@@ -1395,7 +1589,7 @@ def _short_command(cmdline: object) -> str:
 
 def _plain(value: object) -> str:
     if isinstance(value, dict):
-        return ", ".join(f"{v} {k}" for k, v in value.items())
+        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in value.items())
     return str(value)
 
 

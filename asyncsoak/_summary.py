@@ -162,7 +162,8 @@ def look_first(artifact: Mapping[str, Any]) -> list[str]:
         hints.extend(_stall_cpu_hints(artifact))
         hints.extend(_forensics_hints(artifact))
     elif primary in ("nonzero_exit", "spawn_failed", "monitor_error"):
-        hints.append("The last lines of the log, below, usually say why.")
+        if gather(artifact).traceback is None:
+            hints.append("The last lines of the log, below, usually say why.")
     elif primary == "signaled":
         hints.append(f"The command was {exit_text(artifact)}.")
         if not artifact.get("oom_kills"):

@@ -45,6 +45,63 @@ print("done", flush=True)
 """
 
 
+#: A trainer, run from a file (so tracebacks and py-spy name real lines), that checkpoints
+#: every 4 steps into ``checkpoint-N/`` and then, by mode: passes, stalls waiting forever,
+#: crashes with a traceback, or keeps 4 MiB alive per step (a leak).
+TRAINER = """
+import json, pathlib, sys, time
+mode, out, steps = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3])
+out.mkdir(parents=True, exist_ok=True)
+kept = []
+
+
+def train_step(step):
+    if mode == "leak":
+        kept.append(bytearray(b"x" * (4 * 2**20)))
+    if mode == "crash" and step == steps // 2:
+        raise RuntimeError(f"injected crash at step {step}")
+
+
+def wait_for_ranks():
+    time.sleep(60)
+
+
+for step in range(steps):
+    train_step(step)
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step}) + "\\n")
+    if step % 4 == 0:
+        checkpoint = out / f"checkpoint-{step}"
+        checkpoint.mkdir(exist_ok=True)
+        (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    print(f"step {step}", flush=True)
+    time.sleep(0.05)
+    if mode == "stall" and step == steps // 2:
+        print("waiting for the other ranks (all_reduce)...", flush=True)
+        wait_for_ranks()
+print("done", flush=True)
+"""
+
+
+def trainer_soak(base: Path, mode: str, steps: int = 16) -> Path:
+    """A soak of :data:`TRAINER` in ``mode`` (pass, stall, crash, leak); the artifact path."""
+    base.mkdir(parents=True, exist_ok=True)
+    script = base / "train.py"
+    script.write_text(TRAINER)
+    result = asyncsoak_cli(
+        *run_args(base, "--stale-progress", "1.5"),
+        "--",
+        sys.executable,
+        str(script),
+        mode,
+        str(base / "progress"),
+        str(steps),
+        cwd=base,
+    )
+    assert result.returncode == (0 if mode in ("pass", "leak") else 1), result.stderr
+    return base / "soak.json"
+
+
 def run_args(base: Path, *extra: str) -> list[str]:
     return [
         "run",

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncsoak._live import JournalTail, LiveState, render_rich, watch_journal
+from asyncsoak._live import JournalTail, LiveState, Status, render_rich, watch_journal
 from asyncsoak._soak import run_soak
 
 from .conftest import CLI_ENV, fast_limits, py
@@ -50,18 +51,18 @@ def run_argv(tmp_path: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "asyncsoak", *args, *extra]
 
 
-def under_terminal(argv: list[str], cwd: Path) -> tuple[int, str]:
-    """Run with stderr on a pseudo-terminal 160 columns wide; everything drawn on it."""
+def under_terminal(argv: list[str], cwd: Path, columns: int = 160) -> tuple[int, str]:
+    """Run with stderr on a pseudo-terminal ``columns`` wide; everything drawn on it."""
     import fcntl
     import struct
     import termios
 
     primary, secondary = pty.openpty()
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
-        env={**CLI_ENV, "TERM": "xterm-256color", "COLUMNS": "160"},
+        env={**CLI_ENV, "TERM": "xterm-256color", "COLUMNS": str(columns)},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=secondary,
@@ -95,7 +96,7 @@ def test_terminal_view_updates_in_place(tmp_path: Path) -> None:
     frames = drawn.split("\r\x1b[2K")
     assert len(frames) >= 3, drawn
     assert any("running" in f and "progress" in f and "━" in f for f in frames), drawn
-    assert "/ 5.0s stale limit" in drawn
+    assert "/5.0s" in drawn
     assert any("CPU " in f and "RSS " in f for f in frames), drawn
     assert "finished: passed" in frames[-1]
     assert "asyncsoak: soak passed" in frames[-1]
@@ -139,7 +140,8 @@ def test_plain_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
     assert any(
         "running | last progress" in line and "(stale limit 1.0s)" in line for line in status
     )
-    assert "finished: failed (stale_progress) | tree CPU " in status[-1]
+    # The last line sums the run up with its peaks.
+    assert "finished: failed (stale_progress) | peak CPU " in status[-1]
     assert any(" RSS " in line for line in status)
     assert lines[-2].startswith("asyncsoak: soak failed: stale_progress")
 
@@ -206,8 +208,8 @@ def test_status_shows_tree_and_gpus() -> None:
     assert status.quiet_for == pytest.approx(10.0)
     line = status.plain()
     assert "12.0s running | last progress 10.0s ago (stale limit 2m00s)" in line
-    assert "tree CPU" in line
-    assert "RSS 1.5 GiB" in line
+    assert "| CPU " in line
+    assert "RSS 1.5 GiB (+" in line  # the memory trend of the sampled ramp
     assert "gpu0 " in line
     assert "gpu1 " in line
 
@@ -230,10 +232,10 @@ def test_terminal_frame_shows_the_bar_against_the_limit() -> None:
     )
     assert state.started_at is not None
     console = Console(record=True, width=200, color_system=None)
-    console.print(render_rich(state.status(now=state.started_at + 92.0)))
+    console.print(render_rich(state.status(now=state.started_at + 92.0), 200))
     text = console.export_text()
     assert "1m32s running" in text
-    assert "1m30s / 2m00s stale limit" in text
+    assert "no progress 1m30s/2m00s" in text
     assert "━" in text
     assert "RSS 1.5 GiB" in text
     assert "gpu0" in text
@@ -264,3 +266,98 @@ async def test_a_broken_view_does_not_touch_the_soak(tmp_path: Path) -> None:
             artifact = await run_soak(command=py(STEADY), cwd=tmp_path, **kwargs)
             await view_ended.wait()
     assert artifact["status"] == "passed"
+
+
+#: A journal header with the usual limits.
+HEADER = {
+    "t": 0,
+    "kind": "header",
+    "started_at": "2026-01-01T00:00:00Z",
+    "config": {"stale_progress_seconds": 120.0, "startup_timeout_seconds": 600.0},
+}
+LEAK_EVENTS = [
+    {"t": 9.0, "kind": "trend", "series": "process.29987.rss_bytes", "verdict": "leak"}
+    | {"slope_per_hour": 54 * 2**30, "growth": 2**30, "projected_limit_at": None},
+    {"t": 9.5, "kind": "trend", "series": "process.29987.rss_bytes"}
+    | {"verdict": "breach_projected", "slope_per_hour": 54 * 2**30, "growth": 2**30}
+    | {"projected_limit_at": "2026-01-01T00:41:00Z"},
+]
+
+
+def _terminal_text(status: Status, width: int) -> str:
+    from rich.console import Console
+
+    console = Console(record=True, width=width, color_system=None)
+    console.print(render_rich(status, width))
+    return console.export_text()
+
+
+@needs_rich
+@pytest.mark.parametrize(
+    "events",
+    [
+        pytest.param([], id="waiting-for-progress"),
+        pytest.param([{"t": 2.0, "kind": "progress", "changed": 1}], id="running"),
+        pytest.param(
+            [{"t": 2.0, "kind": "progress", "changed": 1}, *LEAK_EVENTS], id="leak-and-breach"
+        ),
+        pytest.param(
+            [{"t": 2.0, "kind": "progress", "changed": 1}, {"t": 11, "kind": "finished"}],
+            id="finished",
+        ),
+    ],
+)
+def test_terminal_line_fits_80_columns_with_whole_words(events: list[dict[str, Any]]) -> None:
+    """At 80 columns: one line, no piece cut (each shown piece is whole), the bar dropped
+    before any figure, and no label said twice."""
+    state = _state(HEADER, {"t": 0.1, "kind": "started", "pid": 1})
+    for event in [*events[:1], *sample_lines(end=10.0, stall_at=None, gpus=2), *events[1:]]:
+        state.add({"status": "passed", **event} if event["kind"] == "finished" else event)
+    assert state.started_at is not None
+    status = state.status(now=state.started_at + 92.0)
+    text = _terminal_text(status, 80)
+    lines = text.rstrip("\n").splitlines()
+    assert len(lines) == 1, text
+    assert len(lines[0].rstrip()) <= 80
+    assert "…" not in text
+    pieces = status.parts(compact=True)
+    shown = [p for p in pieces if p in text]
+    assert shown
+    assert shown[0] == pieces[0]
+    rest = text
+    for piece in shown:
+        rest = rest.replace(piece, "")
+    assert set(rest.strip()) <= {" ", "━", "╸", "╺"}, rest  # only separators and the bar
+    assert text.count("first progress") <= 1
+    if events and events[-1].get("kind") == "trend":
+        assert "LEAK pid 29987 +921.6 MiB/min, limit in " in text
+    if events and events[-1].get("kind") == "finished":
+        assert "peak CPU " in text
+
+
+def test_final_line_has_the_peaks_not_the_last_sample() -> None:
+    """Once finished, the line gives the run's peaks: a tree idle at the end reads busy."""
+    samples = sample_lines(end=10.0, stall_at=5.0, gpus=1)
+    state = _state(HEADER, {"t": 0.1, "kind": "started", "pid": 1}, *samples)
+    state.add({"t": 11.0, "kind": "finished", "status": "passed"})
+    assert state.started_at is not None
+    line = state.status(now=state.started_at + 11.0).plain()
+    peak_cpu = max(s["points"]["tree"]["cpu_percent"] for s in samples if s["kind"] == "sample")
+    assert f"peak CPU {peak_cpu:.0f}%" in line
+    assert "CPU 0%" not in line
+    assert "gpu0 peak " in line
+
+
+@needs_rich
+def test_real_terminal_80_columns_never_cuts_a_word(tmp_path: Path) -> None:
+    """A real soak on an 80-column pseudo-terminal: every frame fits, nothing is cut."""
+    returncode, drawn = under_terminal(
+        [*run_argv(tmp_path, "--stale-progress", "5"), "--", *py(STEADY)], tmp_path, columns=80
+    )
+    assert returncode == 0, drawn
+    frames = [f for f in drawn.split("\r\x1b[2K") if "running" in f or "finished" in f]
+    assert frames, drawn
+    for frame in frames:
+        visible = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", frame).splitlines()[0]
+        assert len(visible.rstrip()) <= 80, visible
+        assert "…" not in visible
