@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import selectors
@@ -34,16 +35,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from typing import Any
 
 from . import _tree
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_READ_CHUNK = 64 * 1024
-#: How often a capped log's tail is rewritten to disk while output keeps coming.
-_TAIL_FLUSH_SECONDS = 1.0
+#: The output pipe's capacity asked for (Linux's default ceiling for unprivileged users): a
+#: chatty command runs ahead of the copy instead of blocking at every 64 KiB.
+_PIPE_SIZE = 1 << 20
+#: The most read at once: small enough that the buffer stays in the CPU cache between the
+#: copy out of the pipe and the copy into the log (a megabyte at a time is twice as slow).
+_READ_CHUNK = 128 * 1024
 #: After SIGKILL, how long the reaper keeps reaping before it gives up and exits.
 _KILL_WAIT_SECONDS = 5.0
 
@@ -57,11 +60,17 @@ def _prctl(option: int, value: int) -> None:
 
 
 class CappedLog:
-    """Writes output to a file, keeping the first and the last ``max_bytes / 2`` bytes.
+    """Writes output to a file, keeping the first ``max_bytes / 2`` bytes and a recent tail.
 
-    Until the cap is reached every byte goes straight to the file.  After that the tail lives
-    in memory (bounded) and is rewritten after the head every ``_TAIL_FLUSH_SECONDS`` and at
-    exit, behind a marker saying how much was left out.
+    Until the cap is reached every byte goes straight to the file.  After that the output is
+    still appended as it comes, after the head, until the tail region is full (the other half
+    of the cap); then the region is compacted: its latest quarter is read back and rewritten
+    right after the head, behind a marker saying how many bytes were left out, and appending
+    goes on.  A compaction copies a quarter of the region for every three quarters printed,
+    so the log costs little more than the copy itself (rewriting the whole tail at every
+    read cost a hundred times that), the file never exceeds the cap (plus the marker), the
+    tail kept is never less than an eighth of the cap, and what is on disk is the latest
+    output, with an exact count of what was left out.
     """
 
     def __init__(self, fd: int, max_bytes: int) -> None:
@@ -71,61 +80,66 @@ class CappedLog:
         self.error: OSError | None = None
         self._head_cap = max_bytes // 2
         self._tail_cap = max_bytes - self._head_cap
+        #: What a compaction keeps of the tail region.
+        self._keep = self._tail_cap // 4
         self._head_written = 0
-        self._tail: deque[bytes] = deque()
-        self._tail_size = 0
+        #: After the head: the marker (once output was left out), then this much output.
+        self._marker_size = 0
+        self._content = 0
         self._omitted = 0
-        self._dirty = False
-        self._last_flush = time.monotonic()
+        #: The log opened again for reading (the descriptor handed down is write-only).
+        self._reader: int | None = None
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         if self.error is not None:
             return
         try:
-            self._write(data)
+            self._write(memoryview(data))
         except OSError as exc:
             self.error = exc
 
-    def _write(self, data: bytes) -> None:
-        room = self._head_cap - self._head_written
-        if room > 0:
-            head, data = data[:room], data[room:]
-            written = os.write(self._fd, head)
-            self._head_written += written
-            if written < len(head):
-                raise OSError(28, "short write to the log (no space left?)")
-        if not data:
-            return
-        self._tail.append(data)
-        self._tail_size += len(data)
-        while self._tail_size > self._tail_cap:
-            excess = self._tail_size - self._tail_cap
-            first = self._tail[0]
-            if len(first) <= excess:
-                self._tail.popleft()
-                self._tail_size -= len(first)
-                self._omitted += len(first)
+    def _write(self, data: memoryview) -> None:
+        while data:
+            if self._head_written < self._head_cap:
+                part = data[: self._head_cap - self._head_written]
+                self._write_all([part])
+                self._head_written += len(part)
             else:
-                self._tail[0] = first[excess:]
-                self._tail_size -= excess
-                self._omitted += excess
-        self._dirty = True
-        if time.monotonic() - self._last_flush >= _TAIL_FLUSH_SECONDS:
-            self.flush()
+                room = self._tail_cap - self._marker_size - self._content
+                if room <= 0:
+                    self._compact()
+                    continue
+                part = data[:room]
+                self._write_all([part])
+                self._content += len(part)
+            data = data[len(part) :]
 
-    def flush(self) -> None:
-        self._last_flush = time.monotonic()
-        if not self._dirty or self.error is not None:
-            return
-        self._dirty = False
+    def _compact(self) -> None:
+        """Rewrite the tail region as the marker and its latest ``_keep`` bytes."""
+        if self._reader is None:
+            self._reader = os.open(f"/proc/self/fd/{self._fd}", os.O_RDONLY | os.O_CLOEXEC)
+        region = self._head_written + self._marker_size
+        kept = os.pread(self._reader, self._keep, region + self._content - self._keep)
+        if len(kept) != self._keep:
+            raise OSError(5, "the log file changed under the reaper (truncated?)")
+        self._omitted += self._content - len(kept)
         marker = f"\n[asyncsoak: {self._omitted} bytes of output omitted]\n".encode()
-        body = marker + b"".join(self._tail) if self._omitted else b"".join(self._tail)
-        try:
-            os.lseek(self._fd, self._head_written, os.SEEK_SET)
-            os.write(self._fd, body)
-            os.ftruncate(self._fd, self._head_written + len(body))
-        except OSError as exc:
-            self.error = exc
+        os.lseek(self._fd, self._head_written, os.SEEK_SET)
+        self._write_all([memoryview(marker), memoryview(kept)])
+        os.ftruncate(self._fd, self._head_written + len(marker) + len(kept))
+        self._marker_size = len(marker)
+        self._content = len(kept)
+
+    def _write_all(self, parts: list[memoryview]) -> None:
+        parts = [part for part in parts if part]
+        while parts:
+            written = os.writev(self._fd, parts)
+            if written == 0:
+                raise OSError(28, "short write to the log (no space left?)")
+            while parts and written >= len(parts[0]):
+                written -= len(parts.pop(0))
+            if parts:
+                parts[0] = parts[0][written:]
 
 
 class Reaper:
@@ -241,6 +255,9 @@ class Reaper:
         signal.signal(signal.SIGCHLD, lambda *_: None)
 
         output_r, output_w = os.pipe2(os.O_CLOEXEC)
+        with contextlib.suppress(OSError):
+            # EPERM past the user's pipe quota: the default size only costs more wake-ups.
+            fcntl.fcntl(output_r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
         self.spawn(output_w)
         os.close(output_w)
 
@@ -251,6 +268,9 @@ class Reaper:
         self.reap()
         output_open = True
         log_error_reported = False
+        # One buffer for every read: a fresh megabyte per read would be fresh pages each time.
+        read_buffer = bytearray(_READ_CHUNK)
+        read_view = memoryview(read_buffer)
 
         while True:
             now = time.monotonic()
@@ -261,11 +281,14 @@ class Reaper:
                     self.kill_deadline is not None and now >= self.kill_deadline
                 ):
                     break
-            timeout = _TAIL_FLUSH_SECONDS
-            if self.stop_deadline is not None:
-                timeout = min(timeout, max(0.0, self.stop_deadline - now))
-                if now >= self.stop_deadline:
-                    timeout = 0.05
+            # Every wake-up has a cause: output, a child's exit (SIGCHLD through the wake-up
+            # pipe), the lifeline, or a stop deadline.  Until the lifeline closes nothing is
+            # due, so the reaper sleeps without a timer.
+            timeout: float | None = None
+            if not self.lifeline_open:
+                timeout = 0.05
+                if self.stop_deadline is not None and now < self.stop_deadline:
+                    timeout = max(timeout, self.stop_deadline - now)
             for key, _ in sel.select(timeout):
                 if key.data == "wake":
                     try:
@@ -275,16 +298,15 @@ class Reaper:
                         pass
                     self.reap()
                 elif key.data == "output":
-                    chunk = os.read(output_r, _READ_CHUNK)
-                    if chunk:
-                        self.log.write(chunk)
+                    got = os.readv(output_r, [read_buffer])
+                    if got:
+                        self.log.write(read_view[:got])
                     else:
                         sel.unregister(output_r)
                         output_open = False
                 elif key.data == "lifeline" and not os.read(lifeline, 4096):
                     sel.unregister(lifeline)
                     self.lifeline_lost()
-            self.log.flush()
             self.reap()
             if self.log.error is not None and not log_error_reported:
                 log_error_reported = True
@@ -294,11 +316,10 @@ class Reaper:
         if output_open:
             os.set_blocking(output_r, False)
             try:
-                while chunk := os.read(output_r, _READ_CHUNK):
-                    self.log.write(chunk)
+                while got := os.readv(output_r, [read_buffer]):
+                    self.log.write(read_view[:got])
             except BlockingIOError:
                 pass
-        self.log.flush()
         self.reap()
         return 0
 

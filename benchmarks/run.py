@@ -58,6 +58,7 @@ BENCHMARKS: dict[str, str] = {
     "startup_overhead": "7. Start-up overhead",
     "queue_throughput": "8. Job queue",
     "progress_scan": "9. Progress scan",
+    "log_capture": "10. Log capture",
 }
 #: Run beside the background item: light, and as long.
 ALONGSIDE_BACKGROUND = ("gpu_sampling",)
