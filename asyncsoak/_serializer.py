@@ -28,7 +28,7 @@ import json
 import math
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from functools import partial
 from typing import Any, TypeGuard, TypeVar
@@ -137,10 +137,17 @@ class _JournalExecutor(Executor):
             future.add_done_callback(one_done)
 
 
+#: Told of every event in its JSON form once it is folded (the live metrics are one).
+Observer = Callable[[dict[str, Any]], None]
+
+
 class Serializer:
-    def __init__(self, journal_fd: int, builder: ArtifactBuilder) -> None:
+    def __init__(
+        self, journal_fd: int, builder: ArtifactBuilder, observers: Sequence[Observer] = ()
+    ) -> None:
         self._journal_fd = journal_fd
         self.builder = builder
+        self.observers = list(observers)
         self.events = 0
         self.journal_error: str | None = None
         self.fold_errors = 0
@@ -237,6 +244,8 @@ class Serializer:
                     lines.append(line)
                     try:
                         self.builder.add(data)
+                        for observe in self.observers:
+                            observe(data)
                     except Exception as exc:
                         # A bug folding one event must not cost the journal or the artifact.
                         self.fold_errors += 1

@@ -54,6 +54,7 @@ from ._events import (
 )
 from ._forensics import collect_forensics, oom_kills, seconds_since_boot
 from ._gpu_sampler import run_gpu_sampler
+from ._metrics import Metrics, validate_metrics
 from ._proc_sampler import run_proc_sampler
 from ._redact import Masker, redact_mapping, secret_values
 from ._serializer import Serializer
@@ -108,6 +109,7 @@ async def run_soak(
     dump_signal: int | str | None = None,
     forensics: bool = True,
     detailed_memory: bool = False,
+    metrics: Metrics | None = None,
 ) -> dict[str, Any]:
     """Run a command in its own process group and produce a soak artifact.
 
@@ -120,6 +122,9 @@ async def run_soak(
     recorded in the artifact's ``forensics`` section before the first signal (``forensics=False``
     skips it); ``dump_signal`` (say ``"SIGUSR1"`` for a trainer that registered ``faulthandler``)
     is sent to the command first, so what it prints lands in the log.
+
+    ``metrics`` (an :class:`asyncsoak.Metrics`) exposes the soak's live metrics to Prometheus:
+    an HTTP endpoint, a node_exporter textfile, or a ``prometheus_client`` registry.
 
     Returns the artifact (also written to ``output_path``) when the soak passed or was stopped
     through ``control`` (``status: "cancelled"``).  Raises :class:`SoakFailureError` when a
@@ -150,16 +155,35 @@ async def run_soak(
         forensics=forensics,
         detailed_memory=detailed_memory,
     )
+    metrics_config = validate_metrics(metrics)
     if control is not None and not isinstance(control, SoakControl):
         raise TypeError(f"control must be a SoakControl, not {type(control).__name__}")
     soak = _Soak(cfg, control if control is not None else SoakControl())
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(soak.run)
-        try:
-            await soak.done.wait()
-        except anyio.get_cancelled_exc_class():
-            soak.end("cancelled")
-            raise
+    live = None
+    if metrics_config is not None:
+        from ._metrics_server import open_soak_metrics
+
+        # Bound before anything starts: a port in use is refused with nothing launched.
+        live = await open_soak_metrics(metrics_config, soak.soak_id, soak.limiter)
+        soak.observers.append(live.soak.observe)
+    cancelled = True
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(soak.run)
+            if live is not None:
+                tg.start_soon(live.run)
+            try:
+                await soak.done.wait()
+            except anyio.get_cancelled_exc_class():
+                soak.end("cancelled")
+                raise
+            cancelled = False
+            if live is not None:
+                await live.finish(linger=True)
+                tg.cancel_scope.cancel()
+    finally:
+        if live is not None and cancelled:
+            await live.finish(linger=False)
     return soak.outcome()
 
 
@@ -172,7 +196,11 @@ class _Soak:
         self.done = anyio.Event()
         self.cause: str | None = None
         self._ended = anyio.Event()
-        self._limiter = anyio.CapacityLimiter(THREADS)
+        self.limiter = self._limiter = anyio.CapacityLimiter(THREADS)
+        #: Shared with the soak's tree (``ASYNCSOAK_SOAK_ID``) and its metrics' ``soak_id``.
+        self.soak_id = f"{os.getpid()}-{time.time_ns()}"
+        #: Called with the JSON form of every event, after the journal and the artifact.
+        self.observers: list[Callable[[dict[str, Any]], None]] = []
         self._child_env = dict(os.environ if cfg.env is None else cfg.env)
         self._masker = Masker(secret_values(self._child_env, cfg.metadata))
         self._failures: list[str] = []
@@ -184,7 +212,7 @@ class _Soak:
         #: Every pid ever seen in the tree, to look up in the kernel's OOM records.
         self._seen_pids: set[int] = set()
         self._oom_reported: set[int] = set()
-        self._marker = ""
+        self._marker = self.soak_id
         #: The tree as the proc sampler last saw it (for matching GPU processes).
         self._tree_now: frozenset[int] = frozenset()
         self._boot_seconds_at_start = seconds_since_boot()
@@ -261,7 +289,7 @@ class _Soak:
             sink, receive = open_event_queue(clock)
             self._sink = sink
             builder = ArtifactBuilder()
-            serializer = Serializer(journal_fd, builder)
+            serializer = Serializer(journal_fd, builder, self.observers)
             journal_fd = -1  # the serializer owns and closes it now
             error: Exception | None = None
             async with anyio.create_task_group() as tg:
@@ -396,7 +424,7 @@ class _Soak:
             await sink.emit(Warning(t=sink.elapsed(), message=f"{self.cause} before start"))
             return
         child_env = dict(self._child_env)
-        self._marker = child_env[SOAK_ID_VARIABLE] = f"{os.getpid()}-{time.time_ns()}"
+        child_env[SOAK_ID_VARIABLE] = self._marker
         spawner = self._spawner = Spawner(
             SpawnRequest(
                 argv=cfg.command,

@@ -45,6 +45,44 @@ def add_soak_limits(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-duration", type=float, default=None, metavar="S")
 
 
+def add_metrics_flags(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port`` and ``--metrics-address``, shared by ``run`` and ``worker``."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://ADDR:PORT/metrics",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the metrics are served on (default 127.0.0.1: this host only)",
+    )
+
+
+def metrics_from_args(args: argparse.Namespace, textfile: Path | None = None) -> Any:
+    """The ``Metrics`` the flags ask for, or None; refused at once when they make no sense."""
+    if args.metrics_port is None and textfile is None:
+        if args.metrics_address != "127.0.0.1":
+            raise UsageError("--metrics-address needs --metrics-port")
+        return None
+    from .._metrics import Metrics, validate_metrics
+
+    try:
+        return validate_metrics(
+            Metrics(
+                port=args.metrics_port,
+                address=args.metrics_address,
+                textfile_dir=textfile,
+                linger_seconds=getattr(args, "metrics_linger", 0.0),
+            )
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
 def register(subparsers: Any) -> None:
     run = subparsers.add_parser(
         "run",
@@ -82,6 +120,22 @@ def register(subparsers: Any) -> None:
         metavar="SIG",
         help="signal sent to the command when it stalls, before forensics (e.g. SIGUSR1 "
         "for a trainer that registered faulthandler)",
+    )
+    add_metrics_flags(run)
+    run.add_argument(
+        "--metrics-textfile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write asyncsoak_<soak id>.prom there for node_exporter's textfile collector",
+    )
+    run.add_argument(
+        "--metrics-linger",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="after the soak, keep serving metrics until one scrape read the final status, "
+        "at most S seconds (default 0)",
     )
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     run.set_defaults(handler=run_command)
@@ -126,6 +180,7 @@ def run_command(args: argparse.Namespace) -> int:
         nvidia_smi=None if args.no_gpu else args.nvidia_smi,
         dump_signal=args.dump_signal,
         detailed_memory=args.detailed_memory,
+        metrics=metrics_from_args(args, args.metrics_textfile),
         status=None if args.quiet else live_status(status_interval=status_interval),
     )
 

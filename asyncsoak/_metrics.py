@@ -1,0 +1,605 @@
+"""Live metrics of a soak (and of a queue worker) in Prometheus' exposition formats.
+
+A soak's metrics are folded from its own event stream: :class:`SoakMetrics` is one more
+observer of the serializer, fed the same JSON form of each event that the journal and the
+artifact get, so nothing is sampled twice.  At each scrape (or textfile write) it turns what
+it folded into metric families with ``prometheus_client`` (the ``metrics`` extra), which also
+writes the text and OpenMetrics formats.
+
+Every soak metric carries a ``soak_id`` label: several soaks on one node write their textfiles
+into one node_exporter directory, and their series must not collide.  Label sets are bounded:
+one soak, a few GPUs, the known phases, statuses, samplers and clock event reasons; never a pid.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._nvidia_smi import CLOCK_EVENT_REASONS
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import CollectorRegistry
+
+#: The soak's phases, exported one-hot as ``asyncsoak_soak_phase{phase}``.
+PHASES = ("starting", "waiting_for_progress", "running", "stopping", "finished")
+#: The artifact's statuses, exported one-hot as ``asyncsoak_soak_status{status}`` at the end.
+SOAK_STATUSES = ("passed", "failed", "cancelled", "error")
+#: The samplers that may be degraded (``SamplerDegraded.sampler``).
+SAMPLERS = ("proc", "gpu")
+#: ``asyncsoak_soak_info``'s ``command`` label is cut to this many characters.
+COMMAND_LABEL_MAX = 200
+MIB = 1024 * 1024
+#: Seconds in an hour: the trends give slopes per hour, Prometheus wants base units.
+HOUR = 3600.0
+#: The trend series whose slope and projection become the memory metrics.
+TREE_RSS_SERIES = "tree.rss_bytes"
+
+INSTALL_HINT = "live metrics need prometheus_client: pip install 'asyncsoak[metrics]'"
+
+
+class MetricsUnavailableError(ValueError):
+    """Metrics were asked for but ``prometheus_client`` is not installed."""
+
+    def __init__(self) -> None:
+        super().__init__(INSTALL_HINT)
+
+
+def require_prometheus_client() -> None:
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise MetricsUnavailableError() from None
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """Where a soak's live metrics go (``run_soak(metrics=...)``).
+
+    ``port``: serve ``/metrics`` over HTTP on ``address`` (loopback unless told otherwise) while
+    the soak runs, and up to ``linger_seconds`` after it ends, until one scrape has read the
+    final status.  ``textfile_dir``: write ``asyncsoak_<soak id>.prom`` there for
+    node_exporter's textfile collector at every sample; at the end it holds the final status.
+    ``registry``: also register the soak's metrics in this ``prometheus_client`` registry
+    while the soak runs (a program that serves its own metrics, the queue worker).
+    """
+
+    port: int | None = None
+    address: str = "127.0.0.1"
+    textfile_dir: Path | None = None
+    linger_seconds: float = 0.0
+    registry: CollectorRegistry | None = field(default=None, compare=False)
+
+
+def validate_metrics(metrics: object) -> Metrics | None:
+    """Check ``run_soak``'s ``metrics`` argument; raises before anything starts."""
+    if metrics is None:
+        return None
+    if not isinstance(metrics, Metrics):
+        raise TypeError(f"metrics must be an asyncsoak Metrics, not {type(metrics).__name__}")
+    port = metrics.port
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
+        raise TypeError("metrics port must be an int")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"metrics port must be between 1 and 65535, got {port}")
+    if not isinstance(metrics.address, str) or not metrics.address:
+        raise ValueError("metrics address must be a host name or IP address")
+    linger = metrics.linger_seconds
+    if isinstance(linger, bool) or not isinstance(linger, int | float) or not linger >= 0:
+        raise ValueError(f"metrics linger_seconds must be zero or more, got {linger!r}")
+    if math.isinf(linger):
+        raise ValueError("metrics linger_seconds must be finite")
+    textfile_dir = metrics.textfile_dir
+    if textfile_dir is not None:
+        if not isinstance(textfile_dir, str | os.PathLike):
+            raise TypeError("metrics textfile_dir must be a path")
+        textfile_dir = Path(textfile_dir).absolute()
+        if not textfile_dir.is_dir():
+            raise ValueError(f"metrics textfile directory is not a directory: {textfile_dir}")
+        if not os.access(textfile_dir, os.W_OK | os.X_OK):
+            raise ValueError(f"metrics textfile directory is not writable: {textfile_dir}")
+    if port is None and textfile_dir is None and metrics.registry is None:
+        raise ValueError("metrics needs a port, a textfile directory or a registry")
+    require_prometheus_client()
+    return Metrics(
+        port=port,
+        address=metrics.address,
+        textfile_dir=textfile_dir,
+        linger_seconds=float(linger),
+        registry=metrics.registry,
+    )
+
+
+@dataclass(slots=True)
+class _Gpu:
+    uuid: str
+    utilization_ratio: float | None = None
+    memory_used_bytes: float | None = None
+    power_watts: float | None = None
+    temperature_celsius: float | None = None
+    throttle_reasons: list[str] | None = None
+    tree_memory_bytes: float | None = None
+
+
+class SoakMetrics:
+    """One soak's metrics, folded from its events (an observer of the serializer).
+
+    ``now`` is the monotonic clock the events' ``t`` is measured on (the header's
+    ``monotonic_start`` lines them up); ``wall`` is the clock of the timestamps.
+    """
+
+    def __init__(
+        self,
+        soak_id: str,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        host: str | None = None,
+    ) -> None:
+        self.soak_id = soak_id
+        self._now = now
+        self._wall = wall
+        self.host = host if host is not None else socket.gethostname()
+        self.command = ""
+        self.job_id = ""
+        self.monotonic_start: float | None = None
+        self.started_epoch: float | None = None
+        self.stale_limit: float | None = None
+        self.startup_limit: float | None = None
+        self.started_t: float | None = None
+        self.exited = False
+        self.stopping = False
+        self.status: str | None = None
+        self.finished_t: float | None = None
+        self.changes = 0
+        self.last_progress_t: float | None = None
+        self.tree: dict[str, float | None] = {}
+        self.gpus: dict[str, _Gpu] = {}
+        self.degraded: dict[str, bool] = dict.fromkeys(SAMPLERS, False)
+        self.growth_bytes_per_second: float | None = None
+        self.projected_exhaustion: float | None = None
+        #: Called after each event that changes what a textfile should say.
+        self.on_change: Callable[[], None] | None = None
+
+    # -- folding -------------------------------------------------------------------------
+
+    def observe(self, event: Mapping[str, Any]) -> None:
+        """Fold one event in its JSON form (as the journal holds it)."""
+        kind = event.get("kind")
+        t = float(event.get("t") or 0.0)
+        if kind == "header":
+            self.monotonic_start = _number(event.get("monotonic_start"))
+            self.started_epoch = _epoch(event.get("started_at"))
+            config = event.get("config") or {}
+            self.stale_limit = _number(config.get("stale_progress_seconds"))
+            self.startup_limit = _number(config.get("startup_timeout_seconds"))
+            command = event.get("command") or []
+            # One line: an inline script's newlines make a label no dashboard can show.
+            self.command = " ".join(" ".join(str(a).split()) for a in command)
+            self.command = self.command[:COMMAND_LABEL_MAX]
+            job_id = (event.get("metadata") or {}).get("job_id")
+            self.job_id = "" if job_id is None else str(job_id)
+        elif kind == "started":
+            self.started_t = t
+        elif kind == "progress":
+            self.changes += int(event.get("changed") or 0)
+            self.last_progress_t = t
+        elif kind == "sample":
+            self.tree = dict((event.get("points") or {}).get("tree") or {})
+        elif kind == "gpu_sample":
+            self._fold_gpus(event)
+        elif kind == "sampler_degraded":
+            self.degraded[str(event.get("sampler"))] = True
+        elif kind == "sampler_recovered":
+            self.degraded[str(event.get("sampler"))] = False
+        elif kind in ("failure", "stop"):
+            self.stopping = True
+        elif kind == "exited":
+            self.exited = True
+        elif kind == "trend":
+            self._fold_trend(event)
+        elif kind == "finished":
+            self.status = str(event.get("status"))
+            self.finished_t = t
+        else:
+            return
+        if self.on_change is not None and kind in ("sample", "started", "finished", "failure"):
+            self.on_change()
+
+    def _fold_gpus(self, event: Mapping[str, Any]) -> None:
+        gpus: dict[str, _Gpu] = {}
+        by_uuid: dict[str, _Gpu] = {}
+        for reading in event.get("gpus") or []:
+            index = str(reading.get("index"))
+            gpu = _Gpu(uuid=str(reading.get("uuid") or ""))
+            gpu.utilization_ratio = _scaled(reading.get("utilization_gpu_percent"), 0.01)
+            gpu.memory_used_bytes = _scaled(reading.get("memory_used_mib"), MIB)
+            gpu.power_watts = _number(reading.get("power_draw_w"))
+            gpu.temperature_celsius = _number(reading.get("temperature_gpu_c"))
+            reasons = reading.get("clock_event_reasons")
+            gpu.throttle_reasons = None if reasons is None else [str(r) for r in reasons]
+            gpus[index] = gpu
+            by_uuid[gpu.uuid] = gpu
+        processes = event.get("processes")
+        if processes is not None:
+            for gpu in gpus.values():
+                gpu.tree_memory_bytes = 0.0
+            for process in processes:
+                if not process.get("in_tree"):
+                    continue
+                index = process.get("gpu_index")
+                holder = gpus.get(str(index)) if index is not None else None
+                holder = holder or by_uuid.get(str(process.get("gpu_uuid")))
+                used = _scaled(process.get("used_gpu_memory_mib"), MIB)
+                if holder is not None and used is not None:
+                    holder.tree_memory_bytes = (holder.tree_memory_bytes or 0.0) + used
+        self.gpus = gpus
+
+    def _fold_trend(self, event: Mapping[str, Any]) -> None:
+        if event.get("series") != TREE_RSS_SERIES:
+            return
+        slope = _number(event.get("slope_per_hour"))
+        if slope is not None:
+            self.growth_bytes_per_second = slope / HOUR
+        self.projected_exhaustion = _epoch(event.get("projected_limit_at"))
+
+    # -- what it says --------------------------------------------------------------------
+
+    def elapsed(self) -> float | None:
+        """Seconds since the soak started on the events' clock; frozen once it finished."""
+        if self.finished_t is not None:
+            return self.finished_t
+        if self.monotonic_start is None:
+            return None
+        return self._now() - self.monotonic_start
+
+    def phase(self) -> str:
+        if self.status is not None:
+            return "finished"
+        if self.stopping or self.exited:
+            return "stopping"
+        if self.started_t is None:
+            return "starting"
+        if self.last_progress_t is None:
+            return "waiting_for_progress"
+        return "running"
+
+    def seconds_since_progress(self) -> float | None:
+        """Since the last progress (since the command started, before the first one).
+
+        None before the start and after the end: a finished soak is not stalled.
+        """
+        elapsed = self.elapsed()
+        if self.status is not None or self.started_t is None or elapsed is None:
+            return None
+        since = self.last_progress_t if self.last_progress_t is not None else self.started_t
+        return max(0.0, elapsed - since)
+
+    def stale_limit_seconds(self) -> float | None:
+        """The limit ``seconds_since_progress`` is held against (startup's before progress)."""
+        return self.startup_limit if self.last_progress_t is None else self.stale_limit
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            InfoMetricFamily,
+        )
+
+        soak = [self.soak_id]
+        info = InfoMetricFamily(
+            "asyncsoak_soak",
+            "The supervised soak.",
+            labels=["soak_id", "command", "host", "job_id"],
+        )
+        info.add_metric([self.soak_id, self.command, self.host, self.job_id], {})
+        yield info
+
+        phase = self.phase()
+        family = GaugeMetricFamily(
+            "asyncsoak_soak_phase", "The soak's phase (one-hot).", labels=["soak_id", "phase"]
+        )
+        for name in PHASES:
+            family.add_metric([self.soak_id, name], 1.0 if name == phase else 0.0)
+        yield family
+
+        if self.status is not None:
+            family = GaugeMetricFamily(
+                "asyncsoak_soak_status",
+                "The soak's verdict once it ended (one-hot).",
+                labels=["soak_id", "status"],
+            )
+            for name in SOAK_STATUSES:
+                family.add_metric([self.soak_id, name], 1.0 if name == self.status else 0.0)
+            yield family
+
+        counter = CounterMetricFamily(
+            "asyncsoak_progress_changes",
+            "File changes seen in the progress directory.",
+            labels=["soak_id"],
+        )
+        counter.add_metric(soak, float(self.changes))
+        yield counter
+
+        if self.last_progress_t is not None and self.started_epoch is not None:
+            yield _gauge(
+                "asyncsoak_progress_last_change_timestamp_seconds",
+                "When progress was last seen (Unix time).",
+                soak,
+                self.started_epoch + self.last_progress_t,
+            )
+        since = self.seconds_since_progress()
+        if since is not None:
+            yield _gauge(
+                "asyncsoak_seconds_since_progress",
+                "Seconds since the last progress (since the start before the first one); "
+                "absent once the soak ended.",
+                soak,
+                since,
+            )
+        limit = self.stale_limit_seconds()
+        if limit is not None:
+            yield _gauge(
+                "asyncsoak_stale_limit_seconds",
+                "The limit asyncsoak_seconds_since_progress is held against (the startup "
+                "timeout before the first progress, 0 for none).",
+                soak,
+                limit,
+            )
+
+        tree = self.tree
+        for name, key, scale, help_text in _TREE_METRICS:
+            value = _scaled(tree.get(key), scale)
+            if value is not None:
+                yield _gauge(name, help_text, soak, value)
+        if self.growth_bytes_per_second is not None:
+            yield _gauge(
+                "asyncsoak_tree_memory_growth_bytes_per_second",
+                "The tree's resident memory trend (from the soak's trend estimate).",
+                soak,
+                self.growth_bytes_per_second,
+            )
+        if self.projected_exhaustion is not None:
+            yield _gauge(
+                "asyncsoak_memory_projected_exhaustion_timestamp_seconds",
+                "When the tree's memory is projected to reach its limit (Unix time).",
+                soak,
+                self.projected_exhaustion,
+            )
+
+        yield from self._collect_gpus()
+
+        family = GaugeMetricFamily(
+            "asyncsoak_sampler_degraded",
+            "1 while a sampler is degraded (its readings missing or late).",
+            labels=["soak_id", "sampler"],
+        )
+        for name, degraded in sorted(self.degraded.items()):
+            family.add_metric([self.soak_id, name], 1.0 if degraded else 0.0)
+        yield family
+
+    def _collect_gpus(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ["soak_id", "gpu", "uuid"]
+        families = {
+            name: GaugeMetricFamily(name, help_text, labels=labels)
+            for name, help_text in _GPU_HELP.items()
+        }
+        throttle = GaugeMetricFamily(
+            "asyncsoak_gpu_throttle",
+            "1 for each clock event reason active on the GPU (NVML's names).",
+            labels=[*labels, "reason"],
+        )
+        for index, gpu in sorted(self.gpus.items()):
+            key = [self.soak_id, index, gpu.uuid]
+            for name, value in (
+                ("asyncsoak_gpu_utilization_ratio", gpu.utilization_ratio),
+                ("asyncsoak_gpu_memory_used_bytes", gpu.memory_used_bytes),
+                ("asyncsoak_gpu_power_watts", gpu.power_watts),
+                ("asyncsoak_gpu_temperature_celsius", gpu.temperature_celsius),
+                ("asyncsoak_tree_gpu_memory_bytes", gpu.tree_memory_bytes),
+            ):
+                if value is not None:
+                    families[name].add_metric(key, value)
+            if gpu.throttle_reasons is not None:
+                active = set(gpu.throttle_reasons)
+                for reason in sorted(set(CLOCK_EVENT_REASONS.values()) | active):
+                    throttle.add_metric([*key, reason], 1.0 if reason in active else 0.0)
+        for family in (*families.values(), throttle):
+            if family.samples:
+                yield family
+
+
+_TREE_METRICS = (
+    ("asyncsoak_tree_processes", "processes", 1.0, "Processes in the supervised tree."),
+    ("asyncsoak_tree_threads", "threads", 1.0, "Threads of the supervised tree."),
+    ("asyncsoak_tree_open_fds", "fds", 1.0, "Open file descriptors of the supervised tree."),
+    ("asyncsoak_tree_cpu_cores", "cpu_percent", 0.01, "CPU the tree uses, in cores."),
+    (
+        "asyncsoak_tree_resident_memory_bytes",
+        "rss_bytes",
+        1.0,
+        "Resident memory of the supervised tree.",
+    ),
+)
+_GPU_HELP = {
+    "asyncsoak_gpu_utilization_ratio": "GPU utilisation (0 to 1).",
+    "asyncsoak_gpu_memory_used_bytes": "GPU memory used (by every process).",
+    "asyncsoak_gpu_power_watts": "GPU power draw.",
+    "asyncsoak_gpu_temperature_celsius": "GPU temperature.",
+    "asyncsoak_tree_gpu_memory_bytes": "GPU memory held by the supervised tree's processes.",
+}
+
+#: Every metric name asyncsoak exports (as a scrape shows them), for the shipped rules.
+SOAK_METRIC_NAMES = frozenset(
+    {
+        "asyncsoak_soak_info",
+        "asyncsoak_soak_phase",
+        "asyncsoak_soak_status",
+        "asyncsoak_progress_changes_total",
+        "asyncsoak_progress_last_change_timestamp_seconds",
+        "asyncsoak_seconds_since_progress",
+        "asyncsoak_stale_limit_seconds",
+        *(name for name, *_ in _TREE_METRICS),
+        "asyncsoak_tree_memory_growth_bytes_per_second",
+        "asyncsoak_memory_projected_exhaustion_timestamp_seconds",
+        *_GPU_HELP,
+        "asyncsoak_gpu_throttle",
+        "asyncsoak_sampler_degraded",
+    }
+)
+
+
+@dataclass(slots=True)
+class WorkerMetrics:
+    """A queue worker's metrics; the worker sets the fields as it goes."""
+
+    worker: str
+    host: str = field(default_factory=socket.gethostname)
+    heartbeat_at: float | None = None
+    current_job: int | None = None
+    current_attempt: int | None = None
+    #: Jobs by status, as the worker last counted them.
+    queue_jobs: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def outcome(self, status: str, reason: str | None) -> None:
+        key = (status, reason or "")
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            InfoMetricFamily,
+        )
+
+        yield InfoMetricFamily(
+            "asyncsoak_worker",
+            "The queue worker.",
+            value={"worker": self.worker, "host": self.host},
+        )
+        if self.heartbeat_at is not None:
+            yield GaugeMetricFamily(
+                "asyncsoak_worker_heartbeat_timestamp_seconds",
+                "When the worker last wrote its heartbeat (Unix time).",
+                value=self.heartbeat_at,
+            )
+        if self.current_job is not None:
+            yield GaugeMetricFamily(
+                "asyncsoak_worker_current_job_id",
+                "The id of the job the worker runs (absent while idle).",
+                value=float(self.current_job),
+            )
+            yield GaugeMetricFamily(
+                "asyncsoak_worker_current_job_attempt",
+                "The attempt of the job the worker runs (absent while idle).",
+                value=float(self.current_attempt or 0),
+            )
+        if self.queue_jobs:
+            family = GaugeMetricFamily(
+                "asyncsoak_queue_jobs", "Jobs in the queue by status.", labels=["status"]
+            )
+            for status, count in sorted(self.queue_jobs.items()):
+                family.add_metric([status], float(count))
+            yield family
+        counter = CounterMetricFamily(
+            "asyncsoak_worker_job_outcomes",
+            "Attempts this worker ended, by final status and reason.",
+            labels=["status", "reason"],
+        )
+        for (status, reason), count in sorted(self.outcomes.items()):
+            counter.add_metric([status, reason], float(count))
+        yield counter
+
+
+WORKER_METRIC_NAMES = frozenset(
+    {
+        "asyncsoak_worker_info",
+        "asyncsoak_worker_heartbeat_timestamp_seconds",
+        "asyncsoak_worker_current_job_id",
+        "asyncsoak_worker_current_job_attempt",
+        "asyncsoak_queue_jobs",
+        "asyncsoak_worker_job_outcomes_total",
+    }
+)
+METRIC_NAMES = SOAK_METRIC_NAMES | WORKER_METRIC_NAMES
+
+
+def new_registry(*collectors: Any) -> CollectorRegistry:
+    from prometheus_client.registry import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in collectors:
+        registry.register(collector)
+    return registry
+
+
+def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
+    """The body and content type of a scrape: OpenMetrics when ``accept`` asks for it."""
+    from prometheus_client.exposition import choose_encoder
+
+    encoder, content_type = choose_encoder(accept)
+    return encoder(registry), content_type
+
+
+def render_text(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text format (what the textfile collector reads)."""
+    from prometheus_client.exposition import generate_latest
+
+    return generate_latest(registry)
+
+
+def textfile_path(directory: Path, soak_id: str) -> Path:
+    return directory / f"asyncsoak_{soak_id}.prom"
+
+
+def write_textfile(path: Path, data: bytes) -> None:
+    """Replace ``path`` at once: node_exporter reads only ``*.prom``, never the temp name."""
+    temp = path.with_name(f".{path.name}.tmp")
+    with open(temp, "wb") as f:
+        f.write(data)
+    os.replace(temp, path)
+
+
+def _gauge(name: str, help_text: str, labels: list[str], value: float) -> Metric:
+    from prometheus_client.core import GaugeMetricFamily
+
+    family = GaugeMetricFamily(name, help_text, labels=["soak_id"])
+    family.add_metric(labels, value)
+    return family
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _scaled(value: object, scale: float) -> float | None:
+    number = _number(value)
+    return None if number is None else number * scale
+
+
+def _epoch(text: object) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def metric_names(families: Iterable[Metric]) -> set[str]:
+    """The sample names a list of families shows (``_total``, ``_info`` included)."""
+    return {sample.name for family in families for sample in family.samples}
