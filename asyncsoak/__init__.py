@@ -13,12 +13,21 @@ if TYPE_CHECKING:
     from ._control import SoakControl as SoakControl
     from ._errors import SoakFailureError as SoakFailureError
     from ._errors import ValidationError as ValidationError
+    from ._metrics import Metrics as Metrics
     from ._snapshot import runtime_snapshot as runtime_snapshot
     from ._soak import run_soak as run_soak
 
-__all__ = ["SoakControl", "SoakFailureError", "ValidationError", "run_soak", "runtime_snapshot"]
+__all__ = [
+    "Metrics",
+    "SoakControl",
+    "SoakFailureError",
+    "ValidationError",
+    "run_soak",
+    "runtime_snapshot",
+]
 
 _LAZY = {
+    "Metrics": "._metrics",
     "SoakControl": "._control",
     "SoakFailureError": "._errors",
     "ValidationError": "._errors",

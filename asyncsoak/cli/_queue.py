@@ -45,7 +45,7 @@ from ..queue._store import (
     validate_submission,
 )
 from . import EXIT_OK, UsageError
-from ._run import add_soak_limits, parse_pairs
+from ._run import add_metrics_flags, add_soak_limits, metrics_from_args, parse_pairs
 
 _GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za-z-]+))*$")
 _FOLLOW_INTERVAL_S = 0.5
@@ -200,6 +200,7 @@ def register(subparsers: Any) -> None:
         "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to sample GPUs with"
     )
     p.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
+    add_metrics_flags(p)
     p.set_defaults(handler=_worker)
 
 
@@ -611,6 +612,7 @@ def _worker(args: argparse.Namespace) -> int:
             seconds(f"--{flag.replace('_', '-')}", getattr(args, flag), allow_zero=flag != "poll")
         except ValidationError as exc:
             raise UsageError(str(exc)) from None
+    metrics_from_args(args)  # refused before the database is opened
     train_cmd = shlex.split(args.train_cmd) if args.train_cmd else None
     if args.train_cmd is not None and not train_cmd:
         raise UsageError("--train-cmd is empty")
@@ -681,6 +683,7 @@ async def _work(
                 cancel_grace=args.cancel_grace,
                 stop_timeout=args.stop_timeout,
                 nvidia_smi=None if args.no_gpu else args.nvidia_smi,
+                metrics=metrics_from_args(args),
             )
         finally:
             tg.cancel_scope.cancel()

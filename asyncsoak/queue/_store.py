@@ -610,6 +610,13 @@ class JobStore:
             )
         return [_job_from_row(row) for row in rows]
 
+    def count_by_status(self) -> dict[str, int]:
+        """How many jobs are in each status (every status present, 0 when none)."""
+        counts = dict.fromkeys(JOB_STATUSES, 0)
+        for status, count in self._read("SELECT status, count(*) FROM jobs GROUP BY status"):
+            counts[str(status)] = int(count)
+        return counts
+
     def attempts(self, job_id: int) -> list[Attempt]:
         rows = self._read(
             "SELECT job_id, attempt, worker, host, started_at, finished_at, outcome, reason, "

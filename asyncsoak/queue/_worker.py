@@ -30,15 +30,21 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import psutil
 
 from .._config import seconds
 from .._control import SoakControl
+<<<<<<< HEAD
 from .._errors import SoakFailureError, ValidationError
+=======
+from .._errors import SoakFailureError
+from .._metrics import Metrics, WorkerMetrics, new_registry, render, validate_metrics
+>>>>>>> 5609f61 (Live metrics for the queue worker (asyncsoak worker --metrics-port); tests: real scrapes, textfile, promtool, bad and slow clients, GPU metrics)
 from .._redact import Masker, secret_values
 from .._soak import run_soak
 from .._spawn import REAPER_MODULE
@@ -78,6 +84,9 @@ LOST = "lost"
 
 #: In the reaper's command line (``_spawn`` starts it as ``python -m asyncsoak._reaper``).
 _REAPER_MODULE = REAPER_MODULE.encode()
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
 
 _log = logging.getLogger("asyncsoak.queue")
 _PLACEHOLDER = re.compile(r"\{(job_id|db|run_dir)\}")
@@ -135,6 +144,7 @@ async def run_worker(
     finish_retries: int = FINISH_RETRIES,
     finish_retry_wait: float = FINISH_RETRY_WAIT_S,
     nvidia_smi: str | None = "nvidia-smi",
+    metrics: Metrics | None = None,
 ) -> int:
     """Take and run jobs one at a time until ``stop_event`` is set; returns how many ran.
 
@@ -143,9 +153,16 @@ async def run_worker(
     worker; setting ``kill_event`` too kills the job's process group at once instead of
     waiting out ``stop_timeout`` (a second Ctrl-C).  ``cmd`` is the trainer command for
     config jobs (default :data:`TRAIN_CMD`); ``gpus`` sets ``CUDA_VISIBLE_DEVICES`` for every
+<<<<<<< HEAD
     job.  Raises :class:`QueueError` when
     the runs directory is unusable or a live worker already has this name, and
     :class:`ValidationError` for a bad period (NaN, negative) before any job is claimed.
+=======
+    job.  ``metrics`` (an :class:`asyncsoak.Metrics` with a port) serves the worker's and the
+    queue's metrics, with the running soak's, while the worker runs.  Raises
+    :class:`QueueError` when the runs directory is unusable, a live worker already has this
+    name or the metrics cannot be served.
+>>>>>>> 5609f61 (Live metrics for the queue worker (asyncsoak worker --metrics-port); tests: real scrapes, textfile, promtool, bad and slow clients, GPU metrics)
     """
     settings = _Settings(
         runs_dir=(runs_dir or default_runs_dir(store)).absolute(),
@@ -167,7 +184,28 @@ async def run_worker(
         kill_event or anyio.Event(),
         name or default_worker_name(gpus),
     )
-    return await worker.run(once)
+    config = validate_metrics(metrics)
+    if config is None:
+        return await worker.run(once)
+    from .._metrics_server import MetricsServer, open_listener
+
+    worker.metrics = WorkerMetrics(worker.name, host=worker.host)
+    worker.registry = new_registry(worker.metrics)
+    server = None
+    if config.port is not None:
+        try:
+            listener = await open_listener(config.address, config.port)
+        except ValueError as exc:
+            raise QueueError(str(exc)) from None
+        server = MetricsServer(listener, partial(render, worker.registry))
+    async with anyio.create_task_group() as tg:
+        if server is not None:
+            tg.start_soon(server.serve)
+        try:
+            ran = await worker.run(once)
+        finally:
+            tg.cancel_scope.cancel()
+    return ran
 
 
 async def run_job(
@@ -230,6 +268,9 @@ class _Worker:
         # threads let the job's heartbeat and the worker's run side by side.
         self.limiter = anyio.CapacityLimiter(2)
         self.current_job: int | None = None
+        #: Set by ``run_worker`` when the worker serves metrics.
+        self.metrics: WorkerMetrics | None = None
+        self.registry: CollectorRegistry | None = None
 
     async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
@@ -254,8 +295,12 @@ class _Worker:
                             await self.stop_event.wait()
                         continue
                     self.current_job = job.id
+                    if self.metrics is not None:
+                        self.metrics.current_job, self.metrics.current_attempt = job.id, job.attempt
                     await self.run_job(job)
                     self.current_job = None
+                    if self.metrics is not None:
+                        self.metrics.current_job = self.metrics.current_attempt = None
                     ran += 1
                 tg.cancel_scope.cancel()
         finally:
@@ -286,6 +331,9 @@ class _Worker:
         while True:
             try:
                 await self._call(self.store.worker_heartbeat, self.name)
+                if self.metrics is not None:
+                    self.metrics.heartbeat_at = time.time()
+                    self.metrics.queue_jobs = await self._call(self.store.count_by_status)
             except sqlite3.Error as exc:
                 _log.warning("worker %s: heartbeat not written: %s", self.name, exc)
             await anyio.sleep(self.settings.poll)
@@ -336,6 +384,7 @@ class _Worker:
                         nvidia_smi=self.settings.nvidia_smi,
                         kill_wait_seconds=self.settings.kill_wait,
                         **job.soak,
+                        metrics=None if self.registry is None else Metrics(registry=self.registry),
                     )
                 except SoakFailureError as exc:
                     artifact = exc.artifact
@@ -492,6 +541,8 @@ class _Worker:
                 written = await self._call(
                     self.store.finish, job.id, job.attempt, self.name, outcome
                 )
+                if written and self.metrics is not None:
+                    self.metrics.outcome(outcome.status, outcome.reason)
             except sqlite3.OperationalError as exc:
                 _log.warning(
                     "job %d: final status not written (%s), try %d of %d",
