@@ -459,7 +459,7 @@ SOAK_METRIC_NAMES = frozenset(
 )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # eq=False: hashable by identity, as a registry needs
 class WorkerMetrics:
     """A queue worker's metrics; the worker sets the fields as it goes."""
 

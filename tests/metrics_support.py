@@ -133,10 +133,9 @@ def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout: float) -> N
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"{process.args!r} exited with status {process.returncode}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as answer:
+            if answer.status == 200:
+                return
         if time.monotonic() > deadline:
             raise TimeoutError(f"{url} not ready within {timeout}s")
         time.sleep(0.1)

@@ -1,0 +1,95 @@
+"""The worker's metrics, scraped for real while it runs jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from asyncsoak import Metrics
+from asyncsoak.queue import JobStore, run_worker
+
+from ..conftest import ReadyFifo
+from ..metrics_support import free_port, samples, scrape_until, value
+from .helpers import FAST_SOAK, JOB_ENV, write_script
+from .test_queue_worker import worker_kwargs
+
+LIMIT_S = 60.0
+
+JOB = """
+from pathlib import Path
+from asyncsoak import trainer
+Path(os.environ["ASYNCSOAK_RUN_DIR"], "step").write_text("1")
+tell(f"running {trainer.job_id()}")
+while not Path(sys.argv[1]).exists():
+    time.sleep(0.02)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.asyncio
+async def test_worker_metrics_follow_its_jobs(
+    tmp_path: Path, store: JobStore, ready: ReadyFifo
+) -> None:
+    """Jobs by status, the current job, the heartbeat, the running soak, outcome counters."""
+    argv = write_script(tmp_path, "job.py", JOB)
+    env = {**JOB_ENV, "TEST_SIGNALS": str(ready.path)}
+    first = store.submit(argv=[*argv, str(tmp_path / "end1"), "0"], env=env, soak=FAST_SOAK)
+    second = store.submit(
+        argv=[*argv, str(tmp_path / "end2"), "3"], env=env, soak=FAST_SOAK, max_attempts=1
+    )
+    port = free_port()
+    stop = anyio.Event()
+    with anyio.fail_after(LIMIT_S):
+        async with anyio.create_task_group() as tg:
+            kwargs = worker_kwargs(tmp_path, once=False, stop_event=stop)
+            tg.start_soon(lambda: run_worker(store, metrics=Metrics(port=port), **kwargs))
+            assert await ready.line() == f"running {first}"
+            running = await scrape_until(
+                port,
+                lambda t: (
+                    value(t, "asyncsoak_queue_jobs", status="running") == 1
+                    and value(t, "asyncsoak_tree_resident_memory_bytes") is not None
+                ),
+            )
+            assert value(running, "asyncsoak_queue_jobs", status="queued") == 1
+            assert value(running, "asyncsoak_queue_jobs", status="succeeded") == 0
+            assert value(running, "asyncsoak_worker_current_job_id") == first
+            assert value(running, "asyncsoak_worker_current_job_attempt") == 1
+            beat = value(running, "asyncsoak_worker_heartbeat_timestamp_seconds")
+            assert beat is not None
+            (info,) = samples(running)["asyncsoak_soak_info"]
+            assert info[0]["job_id"] == str(first)
+            assert value(running, "asyncsoak_soak_phase", phase="running") == 1
+
+            (tmp_path / "end1").touch()
+            assert await ready.line() == f"running {second}"
+            later = await scrape_until(
+                port,
+                lambda t: (
+                    value(t, "asyncsoak_worker_job_outcomes_total", status="succeeded") == 1
+                    and value(t, "asyncsoak_worker_current_job_id") == second
+                ),
+            )
+            assert value(later, "asyncsoak_queue_jobs", status="succeeded") in (0, 1)
+            (info,) = samples(later)["asyncsoak_soak_info"]
+            assert info[0]["job_id"] == str(second)
+            later_beat = value(later, "asyncsoak_worker_heartbeat_timestamp_seconds")
+            assert later_beat is not None
+            assert later_beat >= beat
+
+            (tmp_path / "end2").touch()
+            final = await scrape_until(
+                port,
+                lambda t: (
+                    value(t, "asyncsoak_worker_job_outcomes_total", status="failed") == 1
+                    and value(t, "asyncsoak_queue_jobs", status="failed") == 1
+                ),
+            )
+            stop.set()
+    assert value(final, "asyncsoak_worker_job_outcomes_total", reason="nonzero_exit") == 1
+    assert value(final, "asyncsoak_queue_jobs", status="succeeded") == 1
+    # Between jobs the worker shows no soak, and no current job.
+    assert "asyncsoak_soak_info" not in samples(final)
+    assert value(final, "asyncsoak_worker_current_job_id") is None
