@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import SocketAttribute, SocketListener, SocketStream
 
+from ._blocking import BlockingCallTimeout, run_blocking
 from ._metrics import (
     Metrics,
     SoakMetrics,
@@ -262,17 +263,22 @@ class SoakMetricsRuntime:
             return
         async with self._write_lock:
             data = render_text(self.registry)
-            with anyio.move_on_after(TEXTFILE_TIMEOUT) as scope:
-                try:
-                    await anyio.to_thread.run_sync(
-                        write_textfile, path, data, limiter=self._limiter, abandon_on_cancel=True
-                    )
-                    self.textfile_writes += 1
-                except OSError as exc:
-                    _log.warning("metrics textfile %s not written: %s", path, exc)
-            if scope.cancelled_caught:
-                self.textfile_error = f"a write of {path} took longer than {TEXTFILE_TIMEOUT:g}s"
-                _log.warning("metrics textfile: %s; writing stopped", self.textfile_error)
+            try:
+                await run_blocking(
+                    write_textfile,
+                    path,
+                    data,
+                    timeout=TEXTFILE_TIMEOUT,
+                    what=f"writing the metrics textfile {path}",
+                    limiter=self._limiter,
+                )
+                self.textfile_writes += 1
+            except BlockingCallTimeout as exc:
+                # A hung filesystem: one abandoned write, then no more for this soak.
+                self.textfile_error = str(exc)
+                _log.warning("metrics textfile: %s; writing stopped", exc)
+            except OSError as exc:
+                _log.warning("metrics textfile %s not written: %s", path, exc)
 
     async def finish(self, *, linger: bool) -> None:
         """After the soak: the final textfile, the linger, and out of the caller's registry."""

@@ -21,6 +21,8 @@ import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from asyncsoak._blocking import run_blocking
+
 #: Bound on one HTTP exchange of a test.
 HTTP_TIMEOUT = 10.0
 #: How long Prometheus may take to hold a first sample (about 6 s measured at a 1 s scrape).
@@ -158,7 +160,9 @@ class Prometheus:
         """Poll the query API (in a thread) until ``expr`` returns something; bounded."""
         with anyio.fail_after(timeout):
             while True:
-                result = await anyio.to_thread.run_sync(self.query, expr)
+                result = await run_blocking(
+                    self.query, expr, timeout=10.0, what="a Prometheus query"
+                )
                 if result:
                     return result
                 await anyio.sleep(0.25)
