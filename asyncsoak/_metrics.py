@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._errors import ValidationError, ValidationTypeError
 from ._nvidia_smi import CLOCK_EVENT_REASONS
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ TREE_RSS_SERIES = "tree.rss_bytes"
 INSTALL_HINT = "live metrics need prometheus_client: pip install 'asyncsoak[metrics]'"
 
 
-class MetricsUnavailableError(ValueError):
+class MetricsUnavailableError(ValidationError):
     """Metrics were asked for but ``prometheus_client`` is not installed."""
 
     def __init__(self) -> None:
@@ -84,30 +85,32 @@ def validate_metrics(metrics: object) -> Metrics | None:
     if metrics is None:
         return None
     if not isinstance(metrics, Metrics):
-        raise TypeError(f"metrics must be an asyncsoak Metrics, not {type(metrics).__name__}")
+        raise ValidationTypeError(
+            f"metrics must be an asyncsoak Metrics, not {type(metrics).__name__}"
+        )
     port = metrics.port
     if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
-        raise TypeError("metrics port must be an int")
+        raise ValidationTypeError("metrics port must be an int")
     if port is not None and not 1 <= port <= 65535:
-        raise ValueError(f"metrics port must be between 1 and 65535, got {port}")
+        raise ValidationError(f"metrics port must be between 1 and 65535, got {port}")
     if not isinstance(metrics.address, str) or not metrics.address:
-        raise ValueError("metrics address must be a host name or IP address")
+        raise ValidationError("metrics address must be a host name or IP address")
     linger = metrics.linger_seconds
     if isinstance(linger, bool) or not isinstance(linger, int | float) or not linger >= 0:
-        raise ValueError(f"metrics linger_seconds must be zero or more, got {linger!r}")
+        raise ValidationError(f"metrics linger_seconds must be zero or more, got {linger!r}")
     if math.isinf(linger):
-        raise ValueError("metrics linger_seconds must be finite")
+        raise ValidationError("metrics linger_seconds must be finite")
     textfile_dir = metrics.textfile_dir
     if textfile_dir is not None:
         if not isinstance(textfile_dir, str | os.PathLike):
-            raise TypeError("metrics textfile_dir must be a path")
+            raise ValidationTypeError("metrics textfile_dir must be a path")
         textfile_dir = Path(textfile_dir).absolute()
         if not textfile_dir.is_dir():
-            raise ValueError(f"metrics textfile directory is not a directory: {textfile_dir}")
+            raise ValidationError(f"metrics textfile directory is not a directory: {textfile_dir}")
         if not os.access(textfile_dir, os.W_OK | os.X_OK):
-            raise ValueError(f"metrics textfile directory is not writable: {textfile_dir}")
+            raise ValidationError(f"metrics textfile directory is not writable: {textfile_dir}")
     if port is None and textfile_dir is None and metrics.registry is None:
-        raise ValueError("metrics needs a port, a textfile directory or a registry")
+        raise ValidationError("metrics needs a port, a textfile directory or a registry")
     require_prometheus_client()
     return Metrics(
         port=port,

@@ -22,6 +22,7 @@ import anyio
 from anyio.abc import SocketAttribute, SocketListener, SocketStream
 
 from ._blocking import BlockingCallTimeout, run_blocking
+from ._errors import ValidationError
 from ._metrics import (
     Metrics,
     SoakMetrics,
@@ -181,12 +182,12 @@ def _response(
 
 
 async def open_listener(address: str, port: int) -> SocketListener:
-    """Listen on ``address:port``; a clear ``ValueError`` when that is impossible."""
+    """Listen on ``address:port``; a clear :class:`ValidationError` when that is impossible."""
     try:
         listener = await anyio.create_tcp_listener(local_host=address, local_port=port)
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        raise ValueError(f"cannot serve metrics on {address}:{port}: {reason}") from None
+        raise ValidationError(f"cannot serve metrics on {address}:{port}: {reason}") from None
     listeners = getattr(listener, "listeners", [listener])
     if len(listeners) > 1:
         # A name resolving to several addresses: serve the first, close the others.

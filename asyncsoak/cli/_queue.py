@@ -632,10 +632,11 @@ def _worker(args: argparse.Namespace) -> int:
             inner: BaseException = group
             while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
                 inner = inner.exceptions[0]
-            if isinstance(inner, QueueError):
+            # A metrics port already taken is found once the worker starts: still exit 2.
+            if isinstance(inner, QueueError | ValidationError):
                 raise UsageError(str(inner)) from inner
             raise
-        except QueueError as exc:
+        except (QueueError, ValidationError) as exc:
             raise UsageError(str(exc)) from exc
     return EXIT_OK
 

@@ -79,7 +79,7 @@ def metrics_from_args(args: argparse.Namespace, textfile: Path | None = None) ->
                 linger_seconds=getattr(args, "metrics_linger", 0.0),
             )
         )
-    except (TypeError, ValueError) as exc:
+    except ValidationError as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -39,12 +39,8 @@ import psutil
 
 from .._config import seconds
 from .._control import SoakControl
-<<<<<<< HEAD
 from .._errors import SoakFailureError, ValidationError
-=======
-from .._errors import SoakFailureError
 from .._metrics import Metrics, WorkerMetrics, new_registry, render, validate_metrics
->>>>>>> 5609f61 (Live metrics for the queue worker (asyncsoak worker --metrics-port); tests: real scrapes, textfile, promtool, bad and slow clients, GPU metrics)
 from .._redact import Masker, secret_values
 from .._soak import run_soak
 from .._spawn import REAPER_MODULE
@@ -153,16 +149,11 @@ async def run_worker(
     worker; setting ``kill_event`` too kills the job's process group at once instead of
     waiting out ``stop_timeout`` (a second Ctrl-C).  ``cmd`` is the trainer command for
     config jobs (default :data:`TRAIN_CMD`); ``gpus`` sets ``CUDA_VISIBLE_DEVICES`` for every
-<<<<<<< HEAD
-    job.  Raises :class:`QueueError` when
-    the runs directory is unusable or a live worker already has this name, and
-    :class:`ValidationError` for a bad period (NaN, negative) before any job is claimed.
-=======
     job.  ``metrics`` (an :class:`asyncsoak.Metrics` with a port) serves the worker's and the
     queue's metrics, with the running soak's, while the worker runs.  Raises
-    :class:`QueueError` when the runs directory is unusable, a live worker already has this
-    name or the metrics cannot be served.
->>>>>>> 5609f61 (Live metrics for the queue worker (asyncsoak worker --metrics-port); tests: real scrapes, textfile, promtool, bad and slow clients, GPU metrics)
+    :class:`QueueError` when the runs directory is unusable or a live worker already has this
+    name, and :class:`ValidationError` for a bad period (NaN, negative), bad metrics settings
+    or a metrics port that cannot be served, before any job is claimed.
     """
     settings = _Settings(
         runs_dir=(runs_dir or default_runs_dir(store)).absolute(),
@@ -193,10 +184,7 @@ async def run_worker(
     worker.registry = new_registry(worker.metrics)
     server = None
     if config.port is not None:
-        try:
-            listener = await open_listener(config.address, config.port)
-        except ValueError as exc:
-            raise QueueError(str(exc)) from None
+        listener = await open_listener(config.address, config.port)
         server = MetricsServer(listener, partial(render, worker.registry))
     async with anyio.create_task_group() as tg:
         if server is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import anyio
@@ -10,7 +11,7 @@ import pytest
 from asyncsoak import Metrics
 from asyncsoak.queue import JobStore, run_worker
 
-from ..conftest import ReadyFifo
+from ..conftest import ReadyFifo, asyncsoak_cli
 from ..metrics_support import free_port, samples, scrape_until, value
 from .helpers import FAST_SOAK, JOB_ENV, write_script
 from .test_queue_worker import worker_kwargs
@@ -93,3 +94,20 @@ async def test_worker_metrics_follow_its_jobs(
     # Between jobs the worker shows no soak, and no current job.
     assert "asyncsoak_soak_info" not in samples(final)
     assert value(final, "asyncsoak_worker_current_job_id") is None
+
+
+def test_worker_metrics_port_in_use_is_refused(tmp_path: Path, store: JobStore) -> None:
+    """``asyncsoak worker --metrics-port`` on a taken port: exit 2 naming it, no job claimed."""
+    job = store.submit(argv=["true"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = asyncsoak_cli(
+            "worker", "--db", str(store.path), "--once", "--no-gpu",
+            "--runs-dir", str(tmp_path / "runs"), "--metrics-port", str(port),
+            cwd=tmp_path,
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert f"127.0.0.1:{port}" in result.stderr
+    assert store.get(job).status == "queued"
