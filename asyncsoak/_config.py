@@ -222,6 +222,8 @@ def validate(
     log = output.with_suffix(".log") if log_path is None else _path("log_path", log_path)
     if log.is_dir():
         raise ValidationError(f"log_path is a directory: {log}")
+    if log in (output, output.with_suffix(".jsonl")):
+        raise ValidationError(f"log_path must not be the artifact's or the journal's path: {log}")
     work_dir = _cwd(cwd)
     mode = _stop_mode(stop_mode)
     limits = validate_limits(

@@ -3,7 +3,10 @@
 An environment variable whose name looks like a credential is redacted wherever the
 environment is recorded, a password inside a URL is redacted whatever the variable's name,
 and the values of those variables are masked wherever they appear in free text (argv, the
-log tail, a failed job's error).
+log tail, a failed job's error, hang forensics).  In argv, the value of an option named like a
+credential (``--token=VALUE``, ``--password VALUE``) is redacted too, and masked wherever else
+it appears.  Values shaped like well-known credentials (``hf_...``, ``AKIA...``, ``ghp_...``,
+``sk-...``, ``Bearer ...``) are masked in free text whatever printed them.
 """
 
 from __future__ import annotations
@@ -19,8 +22,16 @@ _SECRET_NAME = re.compile(
     r"(^|_)KEY($|_)|CREDENTIAL|(^|_)AUTH($|_)|COOKIE|SESSION|(^|_)PAT($|_)|DSN|WEBHOOK",
     re.IGNORECASE,
 )
-# scheme://user:password@host -> scheme://user:[redacted]@host
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s/]+)(?=@)")
+# scheme://user:password@host -> scheme://user:[redacted]@host; a password may hold a raw "/"
+# (it should be percent-encoded, but people paste what they have).
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]+)(?=@)")
+# Tokens recognisable by their shape alone: Hugging Face, AWS access key ids, GitHub, OpenAI-style
+# and Slack keys; and whatever follows "Bearer" in an Authorization header.
+_CREDENTIAL_SHAPED = re.compile(
+    r"\b(?:hf_[A-Za-z0-9]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{30,}"
+    r"|github_pat_[A-Za-z0-9_]{20,}|sk-[A-Za-z0-9_-]{20,}|xox[abposr]-[A-Za-z0-9-]{10,})"
+    r"|(?P<bearer>\b[Bb]earer\s+)[A-Za-z0-9._~+/=-]{8,}"
+)
 # Values this short would mask unrelated text everywhere ("1", "true").
 _MIN_MASKED_LEN = 4
 
@@ -32,6 +43,39 @@ def is_secret_name(name: str) -> bool:
 
 def redact_url_passwords(text: str) -> str:
     return _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
+
+
+def mask_credential_shapes(text: str) -> str:
+    """Mask tokens recognisable by their shape (``hf_...``, ``AKIA...``, ``Bearer ...``)."""
+    return _CREDENTIAL_SHAPED.sub(lambda m: (m.group("bearer") or "") + REDACTED, text)
+
+
+def _secret_option(arg: str) -> tuple[str, str | None] | None:
+    """``("--token", "VALUE")`` for ``--token=VALUE``, ``("--token", None)`` for ``--token``;
+    None when ``arg`` is not an option named like a credential."""
+    if not arg.startswith("-") or arg in ("-", "--"):
+        return None
+    name, eq, value = arg.partition("=")
+    if not is_secret_name(name.lstrip("-").replace("-", "_")):
+        return None
+    return name, (value if eq else None)
+
+
+def argv_secrets(argv: Iterable[str]) -> frozenset[str]:
+    """The values of credential-named options in ``argv`` (``--token=V``, ``--password V``)."""
+    values: set[str] = set()
+    hide_next = False
+    for arg in argv:
+        if hide_next and not arg.startswith("-"):
+            values.add(arg)
+        hide_next = False
+        option = _secret_option(arg)
+        if option is not None:
+            if option[1] is None:
+                hide_next = True
+            else:
+                values.add(option[1])
+    return frozenset(v for v in values if len(v) >= _MIN_MASKED_LEN)
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -82,7 +126,37 @@ class Masker:
     def __call__(self, text: str) -> str:
         if self._pattern is not None:
             text = self._pattern.sub(REDACTED, text)
-        return redact_url_passwords(text)
+        return mask_credential_shapes(redact_url_passwords(text))
 
     def argv(self, argv: Iterable[str]) -> list[str]:
-        return [self(arg) for arg in argv]
+        """``argv`` with secrets masked, and the values of credential-named options redacted."""
+        out: list[str] = []
+        hide_next = False
+        for arg in argv:
+            if hide_next and not arg.startswith("-"):
+                out.append(REDACTED)
+                hide_next = False
+                continue
+            hide_next = False
+            option = _secret_option(arg)
+            if option is not None and option[1] is not None:
+                out.append(f"{option[0]}={REDACTED}")
+                continue
+            hide_next = option is not None
+            out.append(self(arg))
+        return out
+
+    def data(self, value: Any) -> Any:
+        """A JSON-like value with every string masked (``cmdline`` lists as argv)."""
+        if isinstance(value, str):
+            return self(value)
+        if isinstance(value, Mapping):
+            return {
+                key: self.argv(item)
+                if key == "cmdline" and isinstance(item, list)
+                else self.data(item)
+                for key, item in value.items()
+            }
+        if isinstance(value, list | tuple):
+            return [self.data(item) for item in value]
+        return value

@@ -34,10 +34,10 @@ from ._artifact import (
     read_log_tail,
     write_artifact,
 )
-from ._blocking import abandoned_calls
+from ._blocking import abandoned_calls, run_blocking
 from ._config import LOG_MAX_BYTES, SoakConfig, StopMode, validate
 from ._control import SoakControl
-from ._errors import SoakFailureError
+from ._errors import SoakFailureError, ValidationTypeError
 from ._events import (
     Abandoned,
     Failure,
@@ -55,8 +55,9 @@ from ._events import (
 from ._forensics import collect_forensics, oom_kills, seconds_since_boot
 from ._gpu_sampler import run_gpu_sampler
 from ._metrics import Metrics, validate_metrics
+from ._outputs import CHECK_TIMEOUT, check_outputs, lock_journal
 from ._proc_sampler import run_proc_sampler
-from ._redact import Masker, redact_mapping, secret_values
+from ._redact import Masker, argv_secrets, redact_mapping, secret_values
 from ._serializer import Serializer
 from ._sink import EventSink, SoakClock, open_event_queue
 from ._spawn import Spawner, SpawnRequest
@@ -157,7 +158,10 @@ async def run_soak(
     )
     metrics_config = validate_metrics(metrics)
     if control is not None and not isinstance(control, SoakControl):
-        raise TypeError(f"control must be a SoakControl, not {type(control).__name__}")
+        raise ValidationTypeError(f"control must be a SoakControl, not {type(control).__name__}")
+    await run_blocking(
+        check_outputs, cfg, timeout=CHECK_TIMEOUT, what="reading the files at the output paths"
+    )
     soak = _Soak(cfg, control if control is not None else SoakControl())
     live = None
     if metrics_config is not None:
@@ -202,7 +206,9 @@ class _Soak:
         #: Called with the JSON form of every event, after the journal and the artifact.
         self.observers: list[Callable[[dict[str, Any]], None]] = []
         self._child_env = dict(os.environ if cfg.env is None else cfg.env)
-        self._masker = Masker(secret_values(self._child_env, cfg.metadata))
+        self._masker = Masker(
+            secret_values(self._child_env, cfg.metadata) | argv_secrets(cfg.command)
+        )
         self._failures: list[str] = []
         self._artifact: dict[str, Any] | None = None
         self._error: BaseException | None = None
@@ -263,11 +269,17 @@ class _Soak:
         cfg = self.cfg
         cfg.output_path.parent.mkdir(parents=True, exist_ok=True)
         cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
-        journal_fd = create_private_file(cfg.journal_path)
+        # Held until the soak ends: a second soak over the same output is refused.
+        lock_fd = lock_journal(cfg.journal_path)
         try:
-            log_fd = create_private_file(cfg.log_path)
+            journal_fd = create_private_file(cfg.journal_path)
+            try:
+                log_fd = create_private_file(cfg.log_path)
+            except BaseException:
+                os.close(journal_fd)
+                raise
         except BaseException:
-            os.close(journal_fd)
+            os.close(lock_fd)
             raise
         cpu_start = time.process_time()
         abandoned_at_start = abandoned_calls()
@@ -359,6 +371,7 @@ class _Soak:
             if journal_fd >= 0:
                 os.close(journal_fd)
             os.close(log_fd)
+            os.close(lock_fd)
 
     def _status(self, error: Exception | None) -> str:
         if error is not None:
@@ -671,7 +684,7 @@ class _Soak:
         for pid in pids:
             info = _tree.describe(pid, leader_pgid=spawner.pid)
             if info is not None:
-                await sink.emit(Abandoned(t=sink.elapsed(), process=info))
+                await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
 
     async def _hang_forensics(self, sink: EventSink, spawner: Spawner, reason: str) -> None:
         """Before the first signal: ask for a stack dump, then record what the tree is doing."""
@@ -692,7 +705,8 @@ class _Soak:
                 limiter=self._limiter,
                 abandon_on_cancel=True,
             )
-        await sink.emit(Forensics(t=sink.elapsed(), reason=reason, data=data))
+        # Command lines and py-spy's headers carry argv: masked like argv everywhere else.
+        await sink.emit(Forensics(t=sink.elapsed(), reason=reason, data=self._masker.data(data)))
 
     async def _report_oom_kills(self, sink: EventSink) -> set[int]:
         """Look up the tree's pids in the kernel's OOM records; report each kill once."""

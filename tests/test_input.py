@@ -8,9 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import anyio
 import pytest
 
-from .conftest import CLI_ENV, asyncsoak_cli
+from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, fast_limits, py
 
 LIMIT_S = 60.0
 
@@ -74,3 +75,118 @@ def test_dump_signal_is_accepted_by_number(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "soak.json").read_text())["config"]["dump_signal"] == 10
+
+
+# --- item: existing files are never overwritten --------------------------------------------
+
+#: A trainer that writes its own metrics.jsonl at once, then every 0.1 s.
+METRICS_TRAINER = """
+import pathlib, sys, time
+out = pathlib.Path(sys.argv[1])
+with open(out / "metrics.jsonl", "a") as f:
+    for step in range(30):
+        f.write('{"step": %d}\\n' % step)
+        f.flush()
+        time.sleep(0.1)
+"""
+
+
+def test_trainers_own_file_at_the_journal_path_is_refused(tmp_path: Path) -> None:
+    """`--progress-dir runs/42 --output runs/42/metrics.json` beside the trainer's own
+    metrics.jsonl: exit status 2 naming it, the file untouched, nothing started."""
+    run = tmp_path / "runs" / "42"
+    run.mkdir(parents=True)
+    metrics = run / "metrics.jsonl"
+    metrics.write_text('{"step": -1, "from": "an earlier run"}\n')
+    before = metrics.read_bytes()
+    result = asyncsoak_cli(
+        "run", "--quiet", "--no-gpu", "--progress-dir", str(run),
+        "--output", str(run / "metrics.json"), "--startup-timeout", "3",
+        "--", sys.executable, "-c", METRICS_TRAINER, str(run), cwd=tmp_path, timeout=LIMIT_S,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert str(metrics) in result.stderr
+    assert metrics.read_bytes() == before
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+
+
+@pytest.mark.asyncio
+async def test_foreign_file_at_the_log_path_is_refused(tmp_path: Path) -> None:
+    """A file at the log path that no soak wrote: ValidationError naming it, left as it was."""
+    from asyncsoak import ValidationError, run_soak
+
+    (tmp_path / "out").mkdir()
+    log = tmp_path / "out" / "soak.log"
+    log.write_text("the trainer's own notes\n")
+    with pytest.raises(ValidationError, match=r"soak\.log"):
+        await run_soak(command=[sys.executable, "-c", "pass"], **fast_limits(tmp_path))
+    assert log.read_text() == "the trainer's own notes\n"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["soak.log"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("target", ["soak.json", "soak.jsonl"])
+async def test_log_path_equal_to_the_artifact_or_journal_is_refused(
+    tmp_path: Path, target: str
+) -> None:
+    """`run_soak(log_path=...)` naming the artifact or the journal is refused, nothing written."""
+    from asyncsoak import ValidationError, run_soak
+
+    kwargs = fast_limits(tmp_path)
+    with pytest.raises(ValidationError, match="log_path"):
+        await run_soak(
+            command=[sys.executable, "-c", "pass"], log_path=tmp_path / "out" / target, **kwargs
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.asyncio
+async def test_a_rerun_over_an_earlier_soaks_files_is_allowed(tmp_path: Path) -> None:
+    """The same output again: the earlier soak's artifact, journal and log are replaced."""
+    from asyncsoak import run_soak
+
+    kwargs = fast_limits(tmp_path)
+    progress = kwargs["progress_dir"]
+    argv = [sys.executable, "-c", f"import os; os.makedirs({str(progress)!r}, exist_ok=True); "
+            f"open(os.path.join({str(progress)!r}, 'm'), 'a').write('x')"]  # fmt: skip
+    with anyio.fail_after(LIMIT_S):
+        first = await run_soak(command=argv, **kwargs)
+        second = await run_soak(command=argv, **kwargs)
+    assert (first["status"], second["status"]) == ("passed", "passed")
+    assert second["started_at"] != first["started_at"]
+
+
+@pytest.mark.asyncio
+async def test_a_second_soak_over_the_same_output_is_refused(
+    tmp_path: Path, ready: ReadyFifo
+) -> None:
+    """While a soak runs, another given the same output is refused; the first one's files and
+    run are untouched."""
+    from asyncsoak import SoakControl, ValidationError, run_soak
+
+    kwargs = fast_limits(tmp_path)
+    progress = kwargs["progress_dir"]
+    body = f"""
+        import os, sys, time
+        os.makedirs({str(progress)!r}, exist_ok=True)
+        open(os.path.join({str(progress)!r}, "m"), "a").write("x")
+        fd = os.open({str(ready.path)!r}, os.O_WRONLY); os.write(fd, b"ready\\n"); os.close(fd)
+        time.sleep(60)
+    """
+    control = SoakControl()
+    journal = tmp_path / "out" / "soak.jsonl"
+    async with anyio.create_task_group() as tg:
+        results: list[dict[str, object]] = []
+
+        async def first() -> None:
+            results.append(await run_soak(command=py(body), control=control, **kwargs))
+
+        tg.start_soon(first)
+        assert await ready.line(LIMIT_S) == "ready"
+        held = journal.read_bytes()
+        with anyio.fail_after(LIMIT_S), pytest.raises(ValidationError, match="another soak"):
+            await run_soak(command=[sys.executable, "-c", "pass"], **kwargs)
+        assert journal.read_bytes()[: len(held)] == held
+        control.request_stop(reason="test done")
+    assert results[0]["status"] == "cancelled"
+    assert journal.read_bytes()[: len(held)] == held

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._config import STOP_MODES, seconds
 from .._errors import ValidationError
-from .._redact import Masker, secret_values
+from .._redact import Masker, argv_secrets, secret_values
 from ..queue._status import (
     CANCEL_GRACE_S,
     KILLED_BEFORE_SAVING,
@@ -292,14 +292,14 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequenc
 
 
 def _masker(job: Job) -> Masker:
-    return Masker(secret_values(os.environ, job.env))
+    return Masker(secret_values(os.environ, job.env) | argv_secrets(job.argv or ()))
 
 
 def _label(job: Job) -> str:
     if job.name:
         return job.name
     if job.argv is not None:
-        return _masker(job)(shlex.join(job.argv))
+        return shlex.join(_masker(job).argv(job.argv))
     return "(config)"
 
 
@@ -433,7 +433,10 @@ def _job(args: argparse.Namespace) -> int:
         status += ", cancel requested"
     fields = [
         ("status", status),
-        ("command", masker(shlex.join(job.argv)) if job.argv else "(trainer command, --config)"),
+        (
+            "command",
+            shlex.join(masker.argv(job.argv)) if job.argv else "(trainer command, --config)",
+        ),
         ("cwd", job.cwd or "-"),
         ("env", ", ".join(sorted(job.env)) + " (values hidden)" if job.env else "-"),
         ("priority", str(job.priority)),

@@ -30,7 +30,7 @@ from typing import Any
 from .._config import SOAK_LIMITS as SOAK_LIMITS  # the run_soak parameters a job may set
 from .._config import StopMode, validate_job
 from .._errors import AsyncsoakError, ValidationError
-from .._redact import Masker, redact_mapping, secret_values
+from .._redact import Masker, argv_secrets, redact_mapping, secret_values
 from ._status import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Outcome
 
 QUEUED = "queued"
@@ -223,7 +223,8 @@ class Job:
         data = asdict(self)
         data["env"] = sorted(self.env)
         if self.argv is not None:
-            data["argv"] = Masker(secret_values(os.environ, self.env)).argv(self.argv)
+            secrets = secret_values(os.environ, self.env) | argv_secrets(self.argv)
+            data["argv"] = Masker(secrets).argv(self.argv)
         if self.config is not None:
             data["config"] = redact_mapping(self.config)
         return data

@@ -41,7 +41,7 @@ from .._config import seconds
 from .._control import SoakControl
 from .._errors import SoakFailureError, ValidationError
 from .._metrics import Metrics, WorkerMetrics, new_registry, render, validate_metrics
-from .._redact import Masker, secret_values
+from .._redact import Masker, argv_secrets, secret_values
 from .._soak import run_soak
 from .._spawn import REAPER_MODULE
 from .._tree import start_time_ticks
@@ -344,7 +344,7 @@ class _Worker:
         attempt_dir = output_path.parent
         run_dir = self.settings.runs_dir / str(job.id)
         env = self._environment(job, run_dir)
-        masker = Masker(secret_values(env))
+        masker = Masker(secret_values(env) | argv_secrets(job.argv or ()))
         control = SoakControl()
         state = _JobState()
         artifact: dict[str, Any] | None = None

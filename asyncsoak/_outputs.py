@@ -1,0 +1,116 @@
+"""The soak's own files (artifact, journal, log): never someone else's, never two soaks' at once.
+
+A soak truncates its journal and its log when it starts and replaces its artifact when it ends.
+A file already at one of those paths is overwritten only when an earlier soak wrote it: the
+journal starts with asyncsoak's ``header`` event, the artifact is an asyncsoak artifact, and
+either of them names the log.  Anything else (a trainer's ``metrics.jsonl`` beside
+``--output metrics.json``) is refused before anything starts.  A soak holds an exclusive
+``flock`` on its journal for its whole life, so a second soak given the same output is refused
+instead of truncating the first one's files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ._artifact import FILE_MODE
+from ._config import SoakConfig
+from ._errors import ValidationError
+
+#: An artifact is bounded in size (summaries and bounded series); a bigger file is not one.
+MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
+#: The journal's first line, its header, is a few KiB.
+MAX_HEADER_BYTES = 1024 * 1024
+#: Bound on reading what is already at the output paths (a dead mount must not hang the start).
+CHECK_TIMEOUT = 10.0
+
+
+def _journal_header(path: Path) -> dict[str, Any] | None:
+    """The header of the asyncsoak journal at ``path``, or None when it is not one."""
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(MAX_HEADER_BYTES)
+        header = json.loads(line)
+    except (OSError, ValueError):
+        return None
+    if isinstance(header, dict) and header.get("kind") == "header":
+        return header
+    return None
+
+
+def _artifact(path: Path) -> dict[str, Any] | None:
+    """The asyncsoak artifact at ``path``, or None when it is not one."""
+    try:
+        if os.stat(path).st_size > MAX_ARTIFACT_BYTES:
+            return None
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and "schema_version" in data and "status" in data:
+        return data
+    return None
+
+
+def _named(record: dict[str, Any], *sections: str) -> set[Path]:
+    """The paths of the soak's files that a journal header or an artifact names."""
+    found: set[Path] = set()
+    for section in (record, *(record.get(s) for s in sections)):
+        if not isinstance(section, dict):
+            continue
+        for key in ("output_path", "journal_path", "log_path", "path"):
+            value = section.get(key)
+            if isinstance(value, str) and value:
+                found.add(Path(value))
+    return found
+
+
+def check_outputs(cfg: SoakConfig) -> None:
+    """Refuse files at the soak's paths that no earlier soak wrote (blocking: run in a thread).
+
+    Raises :class:`ValidationError` naming the first such path; reads, never writes.
+    """
+    owned: set[Path] = set()
+    header = _journal_header(cfg.journal_path)
+    if header is not None:
+        owned |= {cfg.journal_path, *_named(header, "config")}
+    artifact = _artifact(cfg.output_path)
+    if artifact is not None:
+        owned |= {cfg.output_path, *_named(artifact, "config", "log")}
+    for path, role in (
+        (cfg.journal_path, "journal"),
+        (cfg.log_path, "captured output"),
+        (cfg.output_path, "artifact"),
+    ):
+        if path not in owned and os.path.lexists(path):
+            raise ValidationError(
+                f"{path} already exists and was not written by an earlier soak; the soak's "
+                f"{role} goes there and would overwrite it: choose another output path "
+                "(or remove the file)"
+            )
+
+
+def lock_journal(path: Path) -> int:
+    """Take the soak's exclusive lock on its journal; returns the lock's fd (close to release).
+
+    Raises :class:`ValidationError` when another soak holds it (the same output path).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ValidationError(
+            f"another soak is running with the journal {path} (the same output path); "
+            "refusing to start a second one over it"
+        ) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+    return fd
