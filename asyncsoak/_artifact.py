@@ -138,6 +138,10 @@ class ArtifactBuilder:
             )
             if event["signal"] == "SIGKILL":
                 self.stop["killed"] = True
+        elif kind == "requeue":
+            self.stop["requeue"] = {
+                k: event[k] for k in ("job_id", "ok", "returncode", "message", "t")
+            }
         elif kind == "leftover":
             self.leftovers.append(event["process"])
         elif kind == "abandoned":

@@ -61,6 +61,8 @@ class SoakConfig:
     dump_signal: int | None
     forensics: bool
     detailed_memory: bool
+    forward_signals: tuple[int, ...] = ()
+    requeue_on: int | None = None
 
     def effective(self) -> dict[str, Any]:
         """Every effective parameter, as the artifact's ``config`` records it."""
@@ -206,6 +208,8 @@ def validate(
     dump_signal: object = None,
     forensics: object = True,
     detailed_memory: object = False,
+    forward_signals: object = (),
+    requeue_on: object = None,
 ) -> SoakConfig:
     argv = _command(command)
     progress = _progress_dir(progress_dir)
@@ -268,6 +272,8 @@ def validate(
         forensics=forensics,
         detailed_memory=detailed_memory,
         **limits,
+        forward_signals=_signals("forward_signals", forward_signals),
+        requeue_on=_own_signal("requeue_on", requeue_on),
     )
 
 
@@ -293,6 +299,29 @@ def validate_job(
     _env(env)
     _stop_mode(stop_mode)
     return validate_limits(limits)
+
+
+def _signals(name: str, values: object) -> tuple[int, ...]:
+    """Signals to pass on to the command; SIGINT/SIGTERM stay the monitor's own stop."""
+    if isinstance(values, str | int) or not isinstance(values, Sequence | frozenset | set):
+        raise ValidationTypeError(f"{name} must be a list of signal numbers or names")
+    out: list[int] = []
+    for i, value in enumerate(values):
+        if value is None:
+            raise ValidationTypeError(f"{name}[{i}] must be a signal number or name, not None")
+        sig = _own_signal(f"{name}[{i}]", value)
+        if sig is not None and sig not in out:
+            out.append(sig)
+    return tuple(out)
+
+
+def _own_signal(name: str, value: object) -> int | None:
+    sig = _signal(name, value)
+    if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        raise ValidationError(
+            f"{name} cannot be {signal.Signals(sig).name}: the monitor handles it itself"
+        )
+    return sig
 
 
 def _signal(name: str, value: object) -> int | None:

@@ -11,7 +11,9 @@ class SoakControl:
     ``request_stop()`` ends the run the way the soak's stop mode says (SIGTERM to the group or
     the leader, or closing the command's stdin), waits ``grace_seconds`` (default: the soak's
     ``post_shutdown_grace_seconds``) for the tree, then kills what is left.  A requested stop is
-    not a failure: the soak returns its artifact with ``status: "cancelled"``.
+    not a failure: the soak returns its artifact with ``status: "cancelled"``.  ``cause`` is
+    the artifact's ``stop.cause`` (``"scheduler"`` for a scheduler's SIGTERM, whose grace is
+    kept under the scheduler's own kill deadline).
     """
 
     def __init__(self) -> None:
@@ -20,14 +22,20 @@ class SoakControl:
         self.pid: int | None = None
         self.reason: str | None = None
         self.grace_seconds: float | None = None
+        self.cause = "requested"
 
     def request_stop(
-        self, *, reason: str = "requested", grace_seconds: float | None = None
+        self,
+        *,
+        reason: str = "requested",
+        grace_seconds: float | None = None,
+        cause: str = "requested",
     ) -> None:
         """Ask the soak to stop; later calls do not change the first request."""
         if self.stop_requested.is_set():
             return
         self.reason = reason
+        self.cause = cause
         self.grace_seconds = grace_seconds
         self.stop_requested.set()
 

@@ -158,6 +158,30 @@ class SignalSent(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class SignalForwarded(Event):
+    """A signal the monitor received (``--forward-signal``), passed on to the command."""
+
+    KIND: ClassVar[str] = "forwarded"
+
+    signal: str
+    target: str
+    pids: list[int]
+    sent: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued(Event):
+    """The scheduler was asked to requeue the job (``--requeue-on``): its answer."""
+
+    KIND: ClassVar[str] = "requeue"
+
+    job_id: str
+    ok: bool
+    returncode: int | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class StdinClosed(Event):
     KIND: ClassVar[str] = "stdin_closed"
 

@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from . import _tree
+from . import _slurm, _tree
 from ._artifact import (
     ArtifactBuilder,
     create_private_file,
@@ -111,6 +111,8 @@ async def run_soak(
     forensics: bool = True,
     detailed_memory: bool = False,
     metrics: Metrics | None = None,
+    forward_signals: Sequence[int | str] = (),
+    requeue_on: int | str | None = None,
 ) -> dict[str, Any]:
     """Run a command in its own process group and produce a soak artifact.
 
@@ -126,6 +128,11 @@ async def run_soak(
 
     ``metrics`` (an :class:`asyncsoak.Metrics`) exposes the soak's live metrics to Prometheus:
     an HTTP endpoint, a node_exporter textfile, or a ``prometheus_client`` registry.
+
+    ``forward_signals`` (say ``["SIGUSR1"]``, SLURM's early warning) are passed on to the
+    command when the monitor receives them; ``requeue_on`` is forwarded too, and then the soak
+    waits for the command's exit and requeues its SLURM job (``stop.cause: "requeued"``).
+    Both install signal handlers: the soak must run in the main thread.
 
     Returns the artifact (also written to ``output_path``) when the soak passed or was stopped
     through ``control`` (``status: "cancelled"``).  Raises :class:`SoakFailureError` when a
@@ -155,6 +162,8 @@ async def run_soak(
         dump_signal=dump_signal,
         forensics=forensics,
         detailed_memory=detailed_memory,
+        forward_signals=forward_signals,
+        requeue_on=requeue_on,
     )
     metrics_config = validate_metrics(metrics)
     if control is not None and not isinstance(control, SoakControl):
@@ -222,6 +231,9 @@ class _Soak:
         #: The tree as the proc sampler last saw it (for matching GPU processes).
         self._tree_now: frozenset[int] = frozenset()
         self._boot_seconds_at_start = seconds_since_boot()
+        #: ``snapshot.scheduler`` once known (None outside a scheduler's job).
+        self._scheduler: dict[str, Any] | None = None
+        self._scheduler_known = anyio.Event()
 
     # -- end causes ----------------------------------------------------------------------
 
@@ -376,7 +388,7 @@ class _Soak:
     def _status(self, error: Exception | None) -> str:
         if error is not None:
             return "error"
-        if self.cause in ("requested", "cancelled"):
+        if self.cause in ("requested", "cancelled", _slurm.CAUSE_SCHEDULER, _slurm.CAUSE_REQUEUED):
             return "cancelled"
         return "failed" if self._failures else "passed"
 
@@ -405,6 +417,7 @@ class _Soak:
                 try:
                     from ._snapshot import collect_snapshot
 
+                    await self._query_scheduler()
                     data = await anyio.to_thread.run_sync(
                         partial(
                             collect_snapshot,
@@ -421,8 +434,19 @@ class _Soak:
                     data = {"error": f"snapshot failed: {type(exc).__name__}: {exc}"}
             if scope.cancelled_caught:
                 data = {"error": "the soak ended before the snapshot was taken"}
+            data["scheduler"] = self._scheduler
+            self._scheduler_known.set()
             await sink.emit(Snapshot(t=sink.elapsed(), data=data))
             done.set()
+
+    async def _query_scheduler(self) -> None:
+        """The scheduler's job (identity, KillWait, end time), before the rest of the snapshot:
+        the stop needs it."""
+        if _slurm.in_job():
+            self._scheduler = await anyio.to_thread.run_sync(
+                _slurm.scheduler_snapshot, limiter=self._limiter, abandon_on_cancel=True
+            )
+        self._scheduler_known.set()
 
     async def _supervise(
         self,
@@ -509,15 +533,22 @@ class _Soak:
                         ),
                     )
                 producers.start_soon(self._end_when_set, spawner.exited, "exited")
-                producers.start_soon(self._end_when_set, self.control.stop_requested, "requested")
+                producers.start_soon(self._end_when_requested)
+                self._scheduler_tasks(producers, sink, spawner)
                 if cfg.max_duration_seconds is not None:
                     producers.start_soon(self._end_after_max_duration, sink)
                 await self._ended.wait()
+                if self.cause == "exited" and self.control.stop_requested.is_set():
+                    # The stop request and the exit crossed (a scheduler that signals every
+                    # process of the job: the trainer saved and exited on the same SIGTERM).
+                    self.cause = self.control.cause
                 self._progress_seen = tracker.first_change is not None
                 if self.cause == "exited":
                     await self._after_exit(sink, spawner)
                 else:
                     await self._stop(sink, spawner)
+                if self.cause == _slurm.CAUSE_REQUEUED:
+                    await _slurm.requeue_job(sink, self._scheduler)
                 await self._report_oom_kills(sink)
                 producers.cancel_scope.cancel()
         finally:
@@ -548,6 +579,34 @@ class _Soak:
     async def _end_when_set(self, event: anyio.Event, cause: str) -> None:
         await event.wait()
         self.end(cause)
+
+    async def _end_when_requested(self) -> None:
+        await self.control.stop_requested.wait()
+        self.end(self.control.cause)
+
+    def _scheduler_tasks(self, tg: TaskGroup, sink: EventSink, spawner: Spawner) -> None:
+        """Signal forwarding, and the stop before a scheduler's job runs out of time."""
+        cfg = self.cfg
+        if cfg.forward_signals or cfg.requeue_on is not None:
+            tg.start_soon(
+                partial(
+                    _slurm.relay_signals,
+                    sink,
+                    spawner,
+                    signals=cfg.forward_signals,
+                    stop_mode=cfg.stop_mode,
+                    requeue_on=cfg.requeue_on,
+                    on_requeue=partial(self.end, _slurm.CAUSE_REQUEUED),
+                )
+            )
+        if _slurm.in_job():
+            tg.start_soon(
+                _slurm.end_before_job_end,
+                self._scheduler_known,
+                lambda: self._scheduler,
+                cfg.post_shutdown_grace_seconds,
+                partial(self.end, _slurm.CAUSE_SCHEDULER),
+            )
 
     async def _end_after_max_duration(self, sink: EventSink) -> None:
         assert self.cfg.max_duration_seconds is not None
@@ -599,8 +658,11 @@ class _Soak:
         """The monitor ends the run: graceful request, grace, SIGKILL, bounded reap."""
         cfg = self.cfg
         grace = cfg.post_shutdown_grace_seconds
-        if self.cause == "requested" and self.control.grace_seconds is not None:
+        if self.control.stop_requested.is_set() and self.control.grace_seconds is not None:
             grace = self.control.grace_seconds
+        if self.cause == _slurm.CAUSE_SCHEDULER and self.control.stop_requested.is_set():
+            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.
+            grace = _slurm.stop_grace(grace, self._scheduler)
         assert self.cause is not None
         await sink.emit(
             StopRequested(
@@ -609,7 +671,9 @@ class _Soak:
         )
         if self.cause == "failure" and self._failures[0] in HANG_REASONS:
             await self._hang_forensics(sink, spawner, self._failures[0])
-        if not spawner.exited.is_set():
+        if self.cause == _slurm.CAUSE_REQUEUED:
+            pass  # the graceful request was the forwarded signal: the trainer is saving
+        elif not spawner.exited.is_set():
             if cfg.stop_mode == "stdin":
                 if spawner.close_stdin():
                     await sink.emit(StdinClosed(t=sink.elapsed()))

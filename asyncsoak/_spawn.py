@@ -174,24 +174,28 @@ class Spawner:
         reaper = self.reaper_pid
         return _tree.descendants(reaper) if reaper is not None else []
 
-    def signal_group(self, sig: int) -> bool:
+    def signal_group(self, sig: int, *, stopping: bool = True) -> bool:
+        """Signal the command's group; ``stopping=False`` for a signal passed on that is not
+        the monitor's stop (the command dying of it is then its own failure)."""
         if self.pid is None:
             return False
         try:
             os.killpg(self.pid, sig)
         except OSError:
             return False
-        self.signals_to_leader.add(sig)
+        if stopping:
+            self.signals_to_leader.add(sig)
         return True
 
-    def signal_leader(self, sig: int) -> bool:
+    def signal_leader(self, sig: int, *, stopping: bool = True) -> bool:
         if self.pid is None or self.exited.is_set():
             return False
         try:
             os.kill(self.pid, sig)
         except OSError:
             return False
-        self.signals_to_leader.add(sig)
+        if stopping:
+            self.signals_to_leader.add(sig)
         return True
 
     def close_stdin(self) -> bool:

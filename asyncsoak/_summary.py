@@ -23,6 +23,7 @@ from ._evidence import (
     trend_text,
 )
 from ._fields import describe, format_clock, format_duration, format_value, group_kind
+from ._job_view import scheduler_line
 
 #: The primary reason in plain words.
 REASON_TITLES = {
@@ -468,6 +469,9 @@ def provenance(artifact: Mapping[str, Any]) -> dict[str, str]:
     host = (snapshot.get("host") or {}).get("hostname")
     if host:
         out["host"] = str(host)
+    job = scheduler_line(artifact)
+    if job:
+        out["slurm job"] = job
     if snapshot.get("error"):
         out["snapshot"] = str(snapshot["error"])
     return out

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import EXIT_OK, UsageError
+from ._job_view import job_report, job_summary
 
 
 def register(subparsers: Any) -> None:
@@ -21,7 +22,11 @@ def register(subparsers: Any) -> None:
         "zoomable plots on one time axis, events, leftovers and the log tail.",
     )
     report.add_argument(
-        "run", type=Path, metavar="ARTIFACT", help="a run's artifact (soak.json) or journal"
+        "run",
+        type=Path,
+        nargs="+",
+        metavar="ARTIFACT",
+        help="a run's artifact (soak.json) or journal; several of one SLURM job are shown as one",
     )
     report.add_argument(
         "-o",
@@ -37,7 +42,11 @@ def register(subparsers: Any) -> None:
         "summary", help="the verdict and what to look at first, on one screen"
     )
     summary.add_argument(
-        "run", type=Path, metavar="ARTIFACT", help="a run's artifact (soak.json) or journal"
+        "run",
+        type=Path,
+        nargs="+",
+        metavar="ARTIFACT",
+        help="a run's artifact (soak.json) or journal; several of one SLURM job are shown as one",
     )
     summary.add_argument("--json", action="store_true", help="print the summary as JSON")
     summary.set_defaults(handler=summary_command)
@@ -106,6 +115,9 @@ def _is_journal_header(line: bytes) -> bool:
 def report_command(args: argparse.Namespace) -> int:
     from .._report import ReportUnavailableError, write_report
 
+    if len(args.run) > 1:
+        return job_report(args)
+    args.run = args.run[0]
     artifact, journal = load_run(args.run)
     output: Path = args.output or args.run.with_suffix(".html")
     try:
@@ -121,6 +133,9 @@ def report_command(args: argparse.Namespace) -> int:
 def summary_command(args: argparse.Namespace) -> int:
     from .._summary import format_summary, summarize
 
+    if len(args.run) > 1:
+        return job_summary(args)
+    args.run = args.run[0]
     artifact, _ = load_run(args.run)
     summary = summarize(artifact)
     if args.json:
@@ -128,13 +143,17 @@ def summary_command(args: argparse.Namespace) -> int:
     else:
         width = min(120, shutil.get_terminal_size().columns) - 1
         text = format_summary(summary, artifact_path=str(args.run), width=width)
+    print_text(text)
+    return EXIT_OK
+
+
+def print_text(text: str) -> None:
     try:
         print(text, flush=True)
     except BrokenPipeError:
         # Read through `head`: the reader has what it wanted.  Point stdout at /dev/null so
         # the interpreter's final flush does not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return EXIT_OK
 
 
 def recover_command(args: argparse.Namespace) -> int:

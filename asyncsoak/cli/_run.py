@@ -19,6 +19,12 @@ from .._config import STOP_MODES, seconds
 from .._errors import SoakFailureError, ValidationError
 from .._live import live_status
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from ._slurm import (
+    add_scheduler_options,
+    hold_forwarded_signals,
+    scheduler_paths,
+    stop_by_scheduler,
+)
 
 #: Exit status when the monitor itself is stopped by a signal: 128 + its number, as shells do.
 SIGNAL_EXIT_BASE = 128
@@ -137,6 +143,7 @@ def register(subparsers: Any) -> None:
         help="after the soak, keep serving metrics until one scrape read the final status, "
         "at most S seconds (default 0)",
     )
+    add_scheduler_options(run)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     run.set_defaults(handler=run_command)
 
@@ -162,10 +169,12 @@ def run_command(args: argparse.Namespace) -> int:
         status_interval = seconds("--status-interval", args.status_interval, allow_zero=False)
     except ValidationError as exc:
         raise UsageError(str(exc)) from None
+    progress_dir, output = scheduler_paths(args.progress_dir, args.output)
+    hold_forwarded_signals(args)
     return supervise(
         command=command,
-        progress_dir=args.progress_dir,
-        output_path=args.output,
+        progress_dir=progress_dir,
+        output_path=output,
         sample_interval_seconds=args.sample_interval,
         startup_timeout_seconds=args.startup_timeout,
         stale_progress_seconds=args.stale_progress,
@@ -181,6 +190,8 @@ def run_command(args: argparse.Namespace) -> int:
         dump_signal=args.dump_signal,
         detailed_memory=args.detailed_memory,
         metrics=metrics_from_args(args, args.metrics_textfile),
+        forward_signals=args.forward_signal,
+        requeue_on=args.requeue_on,
         status=None if args.quiet else live_status(status_interval=status_interval),
     )
 
@@ -196,8 +207,10 @@ def supervise(
     ``status`` runs beside the soak with its journal's path (the live view) and is cancelled
     when the soak ends.
     """
+    from .._control import SoakControl
     from .._soak import run_soak
 
+    control = soak.setdefault("control", SoakControl())
     received: list[int] = []
     artifact: dict[str, Any] | None = None
     output = Path(soak["output_path"])
@@ -212,7 +225,8 @@ def supervise(
                 async def stop_on_signal() -> None:
                     async for signum in signals:
                         received.append(signum)
-                        soak_scope.cancel()
+                        if not stop_by_scheduler(signum, control):
+                            soak_scope.cancel()
                         return
 
                 tg.start_soon(stop_on_signal)

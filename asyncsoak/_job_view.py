@@ -1,0 +1,300 @@
+"""Several artifacts of one scheduler job (one soak per node or task, and per restart) as one.
+
+``srun asyncsoak run ...`` leaves one artifact per task; a requeued job leaves one per run.
+:func:`combine` checks that they belong to one job and puts them on one wall-clock time axis:
+each soak's verdict, which failed first and why, and when each ran relative to the first
+start.  ``asyncsoak summary`` and ``asyncsoak report`` call it when given several artifacts.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+#: Width of the text timeline's bars, in characters.
+TIMELINE_WIDTH = 48
+#: Statuses from worst to best: the job's verdict is the worst of its latest run.
+_SEVERITY = ("error", "failed", "cancelled", "passed")
+
+
+class NotOneJobError(ValueError):
+    """The artifacts given together are not all soaks of one scheduler job."""
+
+
+def scheduler_of(artifact: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    scheduler = (artifact.get("snapshot") or {}).get("scheduler")
+    return scheduler if isinstance(scheduler, Mapping) and scheduler.get("job_id") else None
+
+
+def scheduler_line(artifact: Mapping[str, Any]) -> str | None:
+    """``12 on node1 (rank 0 of 2, restart 1)`` for a soak that ran in a SLURM job."""
+    s = scheduler_of(artifact)
+    if s is None:
+        return None
+    job = str(s["job_id"])
+    if s.get("array_job_id") is not None:
+        job += f" (array {s['array_job_id']}_{s.get('array_task_id')})"
+    details = []
+    if s.get("rank") is not None:
+        of = f" of {s['num_tasks']}" if s.get("num_tasks") else ""
+        details.append(f"rank {s['rank']}{of}")
+    if s.get("restart_count"):
+        details.append(f"restart {s['restart_count']}")
+    if s.get("partition"):
+        details.append(f"partition {s['partition']}")
+    return f"{job} on {s.get('node') or '?'}" + (f" ({', '.join(details)})" if details else "")
+
+
+def _parse(text: object) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def combine(artifacts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """One job's artifacts (``(path, artifact)`` pairs) as one JSON-ready view.
+
+    Raises :class:`NotOneJobError` when one of them did not run in a scheduler's job, or
+    they come from different jobs.
+    """
+    keys = set()
+    for path, artifact in artifacts:
+        s = scheduler_of(artifact)
+        if s is None:
+            raise NotOneJobError(f"{path} did not run inside a SLURM job: summarise it alone")
+        keys.add((s.get("cluster"), str(s["job_id"])))
+    if len(keys) != 1:
+        jobs = ", ".join(sorted(job for _, job in keys))
+        raise NotOneJobError(f"the artifacts come from different jobs ({jobs}): give one job's")
+    cluster, job_id = keys.pop()
+    starts = [_parse(a.get("started_at")) for _, a in artifacts]
+    origin = min((t for t in starts if t is not None), default=None)
+
+    def offset(text: object) -> float | None:
+        moment = _parse(text)
+        if moment is None or origin is None:
+            return None
+        return round((moment - origin).total_seconds(), 3)
+
+    soaks: list[dict[str, Any]] = []
+    for path, artifact in artifacts:
+        s = scheduler_of(artifact) or {}
+        failures = list(artifact.get("failures") or [])
+        first = failures[0] if failures else None
+        soaks.append(
+            {
+                "path": path,
+                "node": s.get("node"),
+                "rank": s.get("rank"),
+                "local_rank": s.get("local_rank"),
+                "step_id": s.get("step_id"),
+                "restart_count": s.get("restart_count") or 0,
+                "status": artifact.get("status"),
+                "stop_cause": (artifact.get("stop") or {}).get("cause"),
+                "reasons": [f["reason"] for f in failures],
+                "first_failure": None
+                if first is None
+                else {
+                    "reason": first["reason"],
+                    "message": first["message"],
+                    "at": first.get("at"),
+                    "offset_seconds": offset(first.get("at")),
+                },
+                "started_at": artifact.get("started_at"),
+                "ended_at": artifact.get("ended_at"),
+                "start_offset_seconds": offset(artifact.get("started_at")),
+                "end_offset_seconds": offset(artifact.get("ended_at")),
+                "duration_seconds": artifact.get("duration_seconds"),
+                "returncode": (artifact.get("exit") or {}).get("returncode"),
+            }
+        )
+    soaks.sort(key=lambda x: (x["restart_count"], _rank_key(x["rank"]), x["path"]))
+    failed = [x for x in soaks if x["first_failure"] is not None]
+    first_failure = None
+    if failed:
+        earliest = min(failed, key=lambda x: _sort_time(x["first_failure"]["offset_seconds"]))
+        first_failure = {
+            "rank": earliest["rank"],
+            "node": earliest["node"],
+            "restart_count": earliest["restart_count"],
+            "path": earliest["path"],
+            **earliest["first_failure"],
+        }
+    latest = max(x["restart_count"] for x in soaks)
+    statuses = [str(x["status"]) for x in soaks if x["restart_count"] == latest]
+    status = min(statuses, key=lambda st: _SEVERITY.index(st) if st in _SEVERITY else 0)
+    if any(x["status"] in ("failed", "error") for x in soaks) and status == "passed":
+        status = "failed"
+    return {
+        "kind": "slurm",
+        "cluster": cluster,
+        "job_id": int(job_id) if job_id.isdigit() else job_id,
+        "status": status,
+        "started_at": None if origin is None else origin.isoformat(),
+        "soaks": soaks,
+        "first_failure": first_failure,
+        "nodes": sorted({str(x["node"]) for x in soaks if x["node"]}),
+        "restarts": latest,
+    }
+
+
+def _rank_key(rank: object) -> tuple[int, str]:
+    return (rank, "") if isinstance(rank, int) else (1 << 30, str(rank))
+
+
+def _sort_time(value: float | None) -> float:
+    return float("inf") if value is None else value
+
+
+def soak_label(soak: Mapping[str, Any]) -> str:
+    label = f"rank {soak['rank']}" if soak["rank"] is not None else "task ?"
+    if soak["restart_count"]:
+        label += f" restart {soak['restart_count']}"
+    return label
+
+
+def _seconds(value: float | None) -> str:
+    return "?" if value is None else f"+{value:.1f}s"
+
+
+def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH) -> str:
+    """The combined view as plain text: verdicts, the first failure, a wall-clock timeline."""
+    soaks = combined["soaks"]
+    lines = [
+        f"slurm job {combined['job_id']}: {len(soaks)} soaks, {combined['status']} "
+        f"(nodes: {', '.join(combined['nodes']) or '?'}"
+        + (f"; {combined['restarts']} restart(s)" if combined["restarts"] else "")
+        + ")"
+    ]
+    first = combined["first_failure"]
+    if first is not None:
+        label = soak_label(first)
+        lines.append(
+            f"  first failure: {label} on {first['node']} at {first.get('at')} "
+            f"({_seconds(first['offset_seconds'])}): {first['reason']}: {first['message']}"
+        )
+    labels = [soak_label(x) for x in soaks]
+    pad = max(len(label) for label in labels)
+    for label, soak in zip(labels, soaks, strict=True):
+        why = ", ".join(soak["reasons"]) or f"stop: {soak['stop_cause']}"
+        lines.append(
+            f"  {label.ljust(pad)}  {soak['node']!s:<12} {str(soak['status']).upper():<9} "
+            f"started {_seconds(soak['start_offset_seconds'])}, "
+            f"ran {float(soak['duration_seconds'] or 0):.1f}s, exit {soak['returncode']}; {why}"
+        )
+    ends = [x["end_offset_seconds"] for x in soaks if x["end_offset_seconds"] is not None]
+    span = max(ends, default=0.0)
+    if span > 0:
+        lines.append(f"timeline (wall clock, from {combined['started_at']}, {span:.1f}s across):")
+        for label, soak in zip(labels, soaks, strict=True):
+            lines.append(f"  {label.ljust(pad)}  |{_bar(soak, span, width)}|")
+    for soak in soaks:
+        lines.append(f"  {soak_label(soak)}: asyncsoak summary {soak['path']}")
+    return "\n".join(lines)
+
+
+def _bar(soak: Mapping[str, Any], span: float, width: int) -> str:
+    """``   =====X`` : when the soak ran on the job's time axis, X where it first failed."""
+    start = soak["start_offset_seconds"] or 0.0
+    end = soak["end_offset_seconds"] if soak["end_offset_seconds"] is not None else start
+    cells = [" "] * width
+
+    def cell(t: float) -> int:
+        return min(width - 1, max(0, int(t / span * (width - 1))))
+
+    for i in range(cell(start), cell(end) + 1):
+        cells[i] = "="
+    failure = soak["first_failure"]
+    if failure is not None and failure["offset_seconds"] is not None:
+        cells[cell(failure["offset_seconds"])] = "X"
+    return "".join(cells)
+
+
+def render_job_report(
+    combined: Mapping[str, Any], artifacts: Sequence[tuple[str, Mapping[str, Any]]]
+) -> str:
+    """One HTML page for the job: the verdicts, and each soak's tree CPU and memory on one
+    wall-clock axis with its first failure marked (needs plotly, as every report does)."""
+    from datetime import timedelta
+
+    from ._report import PAGE, STYLE, ReportUnavailableError
+
+    try:
+        from plotly.subplots import make_subplots
+    except ImportError:
+        raise ReportUnavailableError() from None
+    figure = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        subplot_titles=("tree RSS (MiB)", "tree CPU (% of one core)"),
+    )
+    by_path = dict(artifacts)
+    for soak in combined["soaks"]:
+        artifact = by_path[soak["path"]]
+        start = _parse(artifact.get("started_at"))
+        tree = (artifact.get("series") or {}).get("tree") or {}
+        if start is None or not tree.get("t"):
+            continue
+        xs = [start + timedelta(seconds=float(t)) for t in tree["t"]]
+        label = f"{soak_label(soak)} ({soak['node']})"
+        rss = [None if v is None else v / 2**20 for v in tree.get("rss_bytes") or []]
+        figure.add_scatter(x=xs, y=rss, name=label, legendgroup=label, row=1, col=1)
+        figure.add_scatter(
+            x=xs,
+            y=tree.get("cpu_percent") or [],
+            name=label,
+            legendgroup=label,
+            showlegend=False,
+            row=2,
+            col=1,
+        )
+        failure = soak["first_failure"]
+        moment = None if failure is None else _parse(failure.get("at"))
+        if moment is not None:
+            figure.add_vline(x=moment.timestamp() * 1000, line_dash="dot", line_color="#d62728")
+    figure.update_layout(height=560, margin={"t": 40, "l": 60, "r": 20, "b": 40})
+    rows = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(str(v))}</td>"
+            for v in (
+                soak_label(soak),
+                soak["node"],
+                soak["status"],
+                ", ".join(soak["reasons"]) or soak["stop_cause"],
+                _seconds(soak["start_offset_seconds"]),
+                f"{float(soak['duration_seconds'] or 0):.1f}s",
+                soak["path"],
+            )
+        )
+        + "</tr>"
+        for soak in combined["soaks"]
+    )
+    first = combined["first_failure"]
+    first_html = (
+        ""
+        if first is None
+        else f"<p>First failure: <b>{html.escape(soak_label(first))}</b> on "
+        f"{html.escape(str(first['node']))} at {html.escape(str(first.get('at')))}: "
+        f"<code>{html.escape(first['reason'])}</code> {html.escape(first['message'])}</p>"
+    )
+    status = str(combined["status"])
+    body = (
+        f'<div class="verdict {html.escape(status)}"><h1>{html.escape(status.upper())}: '
+        f"SLURM job {html.escape(str(combined['job_id']))}, {len(combined['soaks'])} soaks</h1>"
+        f"{first_html}</div>"
+        "<h2>Soaks</h2><table><tr><th>soak</th><th>node</th><th>status</th><th>why</th>"
+        f"<th>started</th><th>ran</th><th>artifact</th></tr>{rows}</table>"
+        "<h2>Timeline (wall clock)</h2>" + figure.to_html(include_plotlyjs=True, full_html=False)
+    )
+    return PAGE.format(
+        title=html.escape(f"{status.upper()}: SLURM job {combined['job_id']}"),
+        style=STYLE,
+        body=body,
+    )

@@ -1,0 +1,347 @@
+"""Soaks inside a SLURM job: who the job is, how the scheduler stops it, and requeues.
+
+SLURM ends a job by sending SIGTERM (to the batch shell, or to every process of the job with
+``proctrack/linuxproc``), waiting ``KillWait`` (30 s by default), then sending SIGKILL.  A soak
+that knows this keeps the trainer's grace under ``KillWait`` so that asyncsoak, not SLURM,
+kills what is left and the artifact is written before SLURM's SIGKILL; it also stops before
+the job's end time, and never lets a requeued run (``SLURM_RESTART_COUNT`` > 0) overwrite the
+artifact of the run before it.
+
+Everything here reads the environment SLURM gives a job's processes; the two facts it does
+not give (``KillWait`` and the end time) come from ``scontrol``, under a deadline, and may be
+missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from ._commands import run_command, run_command_sync
+from ._events import Requeued, SignalForwarded
+from ._sink import EventSink
+from ._spawn import Spawner
+
+#: Set in every process of a SLURM job: the sign that the soak runs inside one.
+JOB_VARIABLE = "SLURM_JOB_ID"
+#: SLURM's default ``KillWait``, assumed when ``scontrol`` cannot say.
+DEFAULT_KILL_WAIT_SECONDS = 30.0
+#: Bound on each ``scontrol`` query (it answers in milliseconds from a healthy controller).
+SCONTROL_TIMEOUT_SECONDS = 5.0
+#: Bound on ``scontrol requeue``.
+REQUEUE_TIMEOUT_SECONDS = 10.0
+#: Kept free below ``KillWait`` for the SIGKILL, the reap and the artifact: this much plus a
+#: tenth of ``KillWait``.
+KILL_WAIT_MARGIN_SECONDS = 3.0
+#: How long before the job's end time, on top of the grace, the soak stops by itself.
+END_TIME_MARGIN_SECONDS = 10.0
+#: ``stop.cause`` of a stop by the scheduler (SIGTERM, the end time) and of a requeue.
+CAUSE_SCHEDULER = "scheduler"
+CAUSE_REQUEUED = "requeued"
+
+#: ``snapshot.scheduler`` key → the variable SLURM sets; integers where SLURM's are.
+_IDENTITY: tuple[tuple[str, str, bool], ...] = (
+    ("job_id", "SLURM_JOB_ID", True),
+    ("array_job_id", "SLURM_ARRAY_JOB_ID", True),
+    ("array_task_id", "SLURM_ARRAY_TASK_ID", True),
+    ("step_id", "SLURM_STEP_ID", True),
+    ("job_name", "SLURM_JOB_NAME", False),
+    ("node", "SLURMD_NODENAME", False),
+    ("node_list", "SLURM_JOB_NODELIST", False),
+    ("num_nodes", "SLURM_JOB_NUM_NODES", True),
+    ("num_tasks", "SLURM_NTASKS", True),
+    ("rank", "SLURM_PROCID", True),
+    ("local_rank", "SLURM_LOCALID", True),
+    ("node_rank", "SLURM_NODEID", True),
+    ("restart_count", "SLURM_RESTART_COUNT", True),
+    ("partition", "SLURM_JOB_PARTITION", False),
+    ("account", "SLURM_JOB_ACCOUNT", False),
+    ("qos", "SLURM_JOB_QOS", False),
+    ("cluster", "SLURM_CLUSTER_NAME", False),
+    ("gpus", "SLURM_JOB_GPUS", False),
+)
+
+
+def in_job(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process (or one with ``env``) runs inside a SLURM job."""
+    return bool((os.environ if env is None else env).get(JOB_VARIABLE))
+
+
+def job_identity(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The job as its environment describes it, or None outside a SLURM job."""
+    environ = os.environ if env is None else env
+    if not in_job(environ):
+        return None
+    out: dict[str, Any] = {"kind": "slurm"}
+    for key, variable, integer in _IDENTITY:
+        value = environ.get(variable)
+        if value is None or value == "":
+            out[key] = 0 if key == "restart_count" else None
+        elif integer:
+            out[key] = int(value) if value.isdigit() else value
+        else:
+            out[key] = value
+    return out
+
+
+def scheduler_snapshot(
+    env: Mapping[str, str] | None = None,
+    *,
+    timeout: float = SCONTROL_TIMEOUT_SECONDS,
+    scontrol: str = "scontrol",
+) -> dict[str, Any] | None:
+    """``snapshot.scheduler``: the identity plus ``KillWait`` and the job's end time.
+
+    Blocking (two ``scontrol`` calls, each under ``timeout``); what they cannot tell is None
+    and the reason is in ``errors``.  None outside a SLURM job.
+    """
+    environ = os.environ if env is None else env
+    identity = job_identity(environ)
+    if identity is None:
+        return None
+    errors: list[str] = []
+    identity.update(kill_wait_seconds=None, end_time=None, end_time_epoch=None, time_limit=None)
+    query_env = dict(environ)
+    config = run_command_sync([scontrol, "show", "config"], timeout=timeout, env=query_env)
+    if config.ok:
+        identity["kill_wait_seconds"] = parse_kill_wait(config.output)
+    else:
+        errors.append(f"scontrol show config: {config.describe()}")
+    job = run_command_sync(
+        [scontrol, "-o", "show", "job", str(identity["job_id"])], timeout=timeout, env=query_env
+    )
+    if job.ok:
+        fields = parse_fields(job.output)
+        identity["time_limit"] = fields.get("TimeLimit")
+        end = parse_time(fields.get("EndTime"))
+        if end is not None:
+            identity["end_time"] = end.isoformat()
+            identity["end_time_epoch"] = end.timestamp()
+        for key, name in (("partition", "Partition"), ("account", "Account"), ("qos", "QOS")):
+            value = fields.get(name)
+            if identity[key] is None and value and value != "(null)":
+                identity[key] = value
+    else:
+        errors.append(f"scontrol show job: {job.describe()}")
+    identity["errors"] = errors
+    return identity
+
+
+def parse_kill_wait(config_text: str) -> float | None:
+    """``KillWait = 30 sec`` from ``scontrol show config``."""
+    match = re.search(r"^KillWait\s*=\s*(\d+)", config_text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+def parse_fields(text: str) -> dict[str, str]:
+    """``Key=Value`` pairs of ``scontrol -o show job`` (values never hold spaces there)."""
+    fields: dict[str, str] = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+def parse_time(text: str | None) -> datetime | None:
+    """SLURM's local ``2026-12-01T07:43:56`` (``Unknown``/``None`` for none), made aware."""
+    if not text or not text[:1].isdigit():
+        return None
+    try:
+        return datetime.fromisoformat(text).astimezone()
+    except ValueError:
+        return None
+
+
+# -- the scheduler's stop ------------------------------------------------------------------
+
+
+def kill_wait_of(scheduler: Mapping[str, Any] | None) -> float:
+    """``KillWait`` of the job's cluster, or SLURM's default when it is not known."""
+    value = None if scheduler is None else scheduler.get("kill_wait_seconds")
+    return float(value) if isinstance(value, int | float) else DEFAULT_KILL_WAIT_SECONDS
+
+
+def stop_grace(grace: float, scheduler: Mapping[str, Any] | None) -> float:
+    """The grace after the scheduler's SIGTERM: short enough that asyncsoak, not SLURM's
+    SIGKILL, ends the tree, and the artifact is written before that SIGKILL."""
+    kill_wait = kill_wait_of(scheduler)
+    margin = KILL_WAIT_MARGIN_SECONDS + kill_wait / 10
+    return max(0.0, min(grace, kill_wait - margin))
+
+
+def seconds_until_end_stop(
+    scheduler: Mapping[str, Any] | None, grace: float, now: float | None = None
+) -> float | None:
+    """Seconds from ``now`` (wall clock) until the soak should stop before the job's end
+    time, leaving the grace and a margin; None when the end time is not known."""
+    end = None if scheduler is None else scheduler.get("end_time_epoch")
+    if not isinstance(end, int | float) or not math.isfinite(end):
+        return None
+    current = time.time() if now is None else now
+    return max(0.0, end - (grace + END_TIME_MARGIN_SECONDS) - current)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+# -- file names ----------------------------------------------------------------------------
+
+_PATTERN = re.compile(r"%(.)")
+
+
+class PatternError(ValueError):
+    """A ``%`` pattern in a path that SLURM's environment cannot fill."""
+
+
+def expand_path(
+    path: Path, env: Mapping[str, str] | None = None, *, restart_suffix: bool = False
+) -> Path:
+    """SLURM's filename patterns in ``path``: ``%j`` job id, ``%A`` array job id (the job id
+    outside an array), ``%a`` array task id (0 outside an array), ``%N`` node name, ``%t``
+    task rank, ``%r`` restart count, ``%%`` a percent sign.
+
+    Outside a SLURM job the path is taken as written.  With ``restart_suffix``, a requeued
+    run's path without ``%r`` gets ``.restartN`` before its suffix (``soak.restart1.json``),
+    so the artifact of the run before it is kept.
+    """
+    environ = os.environ if env is None else env
+    if not in_job(environ):
+        return path
+    job = environ[JOB_VARIABLE]
+    values = {
+        "j": job,
+        "A": environ.get("SLURM_ARRAY_JOB_ID") or job,
+        "a": environ.get("SLURM_ARRAY_TASK_ID") or "0",
+        "N": environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0],
+        "t": environ.get("SLURM_PROCID") or "0",
+        "r": environ.get("SLURM_RESTART_COUNT") or "0",
+        "%": "%",
+    }
+    text = str(path)
+
+    def fill(match: re.Match[str]) -> str:
+        letter = match.group(1)
+        if letter not in values:
+            raise PatternError(
+                f"{path}: unknown pattern %{letter} (known: %j %A %a %N %t %r, %% for a %)"
+            )
+        return values[letter]
+
+    expanded = Path(_PATTERN.sub(fill, text))
+    restarts = int(values["r"]) if values["r"].isdigit() else 0
+    if restart_suffix and restarts > 0 and "%r" not in text:
+        expanded = expanded.with_name(f"{expanded.stem}.restart{restarts}{expanded.suffix}")
+    return expanded
+
+
+# -- inside the soak -----------------------------------------------------------------------
+
+
+async def relay_signals(
+    sink: EventSink,
+    spawner: Spawner,
+    *,
+    signals: Sequence[int],
+    stop_mode: str,
+    requeue_on: int | None,
+    on_requeue: Callable[[], None],
+) -> None:
+    """Pass each of ``signals`` the monitor receives on to the command (its process group, or
+    its leader in stop modes ``leader`` and ``stdin``), recorded as a ``forwarded`` event; the
+    ``requeue_on`` signal then ends the soak with cause ``requeued`` (see :func:`requeue`).
+
+    Signal handlers belong to the main thread: run the soak there to forward signals.
+    """
+    numbers = [*signals, *([] if requeue_on is None else [requeue_on])]
+    wanted = [signal.Signals(n) for n in dict.fromkeys(numbers)]
+
+    async def relay(signum: int) -> None:
+        pids = spawner.tree_pids()
+        # The requeue signal is the monitor's graceful request; a forwarded warning is not a
+        # stop, and a trainer that dies of it has failed.
+        stopping = signum == requeue_on
+        if stop_mode == "group":
+            sent, target = spawner.signal_group(signum, stopping=stopping), "group"
+        else:
+            sent, target = spawner.signal_leader(signum, stopping=stopping), "leader"
+        await sink.emit(
+            SignalForwarded(
+                t=sink.elapsed(), signal=signal_name(signum), target=target, pids=pids, sent=sent
+            )
+        )
+        if signum == requeue_on:
+            on_requeue()
+
+    with anyio.open_signal_receiver(*wanted) as received:
+        while _early_signals:
+            signum = _early_signals.pop(0)
+            if signum in wanted:
+                await relay(signum)
+        async for signum in received:
+            await relay(signum)
+
+
+#: Signals that arrived before the soak could pass them on (see :func:`catch_early`).
+_early_signals: list[int] = []
+
+
+def catch_early(signals: Sequence[int | str]) -> None:
+    """Hold the signals to forward from now on (main thread), so that one arriving while
+    the monitor starts does not end it (SIGUSR1's default action); the soak forwards them
+    once the command runs.  A handled signal is reset to its default in the command at
+    exec, so the command is not affected."""
+
+    def hold(signum: int, frame: object) -> None:
+        _early_signals.append(signum)
+
+    for value in signals:
+        name = value.upper() if isinstance(value, str) else value
+        if isinstance(name, str) and not name.startswith("SIG"):
+            name = "SIG" + name
+        with contextlib.suppress(KeyError, ValueError, TypeError):
+            sig = signal.Signals[name] if isinstance(name, str) else signal.Signals(name)
+            signal.signal(sig, hold)
+
+
+async def end_before_job_end(
+    known: anyio.Event,
+    scheduler: Callable[[], Mapping[str, Any] | None],
+    grace: float,
+    on_end: Callable[[], None],
+) -> None:
+    """Once the job's end time is known, stop the soak that long before it that the trainer
+    gets its grace and the artifact is written while the job still runs."""
+    await known.wait()
+    delay = seconds_until_end_stop(scheduler(), grace)
+    if delay is None:
+        return
+    await anyio.sleep(delay)
+    on_end()
+
+
+async def requeue_job(sink: EventSink, scheduler: Mapping[str, Any] | None) -> None:
+    """``scontrol requeue JOB`` under a deadline; SLURM's answer becomes a ``requeue`` event
+    (the artifact's ``stop.requeue``)."""
+    job_id = str((scheduler or {}).get("job_id") or os.environ.get(JOB_VARIABLE, ""))
+    ok, returncode, message = False, None, "not inside a SLURM job: nothing to requeue"
+    if job_id:
+        result = await run_command(
+            ["scontrol", "requeue", job_id], time_limit=REQUEUE_TIMEOUT_SECONDS
+        )
+        ok, returncode = result.ok, result.returncode
+        message = result.output.strip()[-500:] if result.ok else result.describe()
+    await sink.emit(
+        Requeued(t=sink.elapsed(), job_id=job_id, ok=ok, returncode=returncode, message=message)
+    )

@@ -1,0 +1,57 @@
+"""``asyncsoak run`` inside a SLURM job: its flags, file name patterns and the scheduler's stop."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+from .. import _slurm
+from .._control import SoakControl
+from . import UsageError
+
+
+def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--forward-signal",
+        action="append",
+        default=[],
+        metavar="SIG",
+        help="pass this signal on to the command when the monitor receives it (repeatable; "
+        "e.g. USR1 from sbatch --signal=B:USR1@90, so the trainer checkpoints)",
+    )
+    parser.add_argument(
+        "--requeue-on",
+        default=None,
+        metavar="SIG",
+        help="forward this signal, wait for the command to exit, then requeue the SLURM job "
+        "(scontrol requeue); the artifact says cancelled, cause requeued",
+    )
+
+
+def hold_forwarded_signals(args: argparse.Namespace) -> None:
+    """Signals to forward are held from the start: one arriving before the command runs is
+    forwarded once it does, instead of ending the monitor."""
+    _slurm.catch_early([*args.forward_signal, *([args.requeue_on] if args.requeue_on else [])])
+
+
+def scheduler_paths(progress_dir: Path, output: Path) -> tuple[Path, Path]:
+    """The paths with SLURM's patterns filled in (%j %A %a %N %t %r); a requeued run's
+    artifact gets its restart count in its name unless ``output`` says where with %r."""
+    try:
+        return (
+            _slurm.expand_path(progress_dir),
+            _slurm.expand_path(output, restart_suffix=True),
+        )
+    except _slurm.PatternError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def stop_by_scheduler(signum: int, control: SoakControl) -> bool:
+    """Inside a SLURM job, SIGTERM is the scheduler's stop (scancel, time limit, preemption):
+    a graceful stop with cause ``scheduler``, its grace kept under ``KillWait``.  False when
+    the signal is an ordinary stop (the caller cancels the soak)."""
+    if signum != signal.SIGTERM or not _slurm.in_job():
+        return False
+    control.request_stop(reason="stopped by the scheduler", cause=_slurm.CAUSE_SCHEDULER)
+    return True
