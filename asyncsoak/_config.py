@@ -301,6 +301,13 @@ def validate_job(
     return validate_limits(limits)
 
 
+def forwarded_signals(forward_signals: object, requeue_on: object) -> tuple[int, ...]:
+    """Every signal a soak passes on to its command, checked as ``run_soak`` checks them."""
+    requeue = _own_signal("requeue_on", requeue_on)
+    forward = _signals("forward_signals", forward_signals)
+    return forward + ((requeue,) if requeue is not None and requeue not in forward else ())
+
+
 def _signals(name: str, values: object) -> tuple[int, ...]:
     """Signals to pass on to the command; SIGINT/SIGTERM stay the monitor's own stop."""
     if isinstance(values, str | int) or not isinstance(values, Sequence | frozenset | set):

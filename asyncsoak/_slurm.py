@@ -14,7 +14,6 @@ missing.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
@@ -38,6 +37,8 @@ JOB_VARIABLE = "SLURM_JOB_ID"
 DEFAULT_KILL_WAIT_SECONDS = 30.0
 #: Bound on each ``scontrol`` query (it answers in milliseconds from a healthy controller).
 SCONTROL_TIMEOUT_SECONDS = 5.0
+#: Bound on the two queries of :func:`scheduler_snapshot` together.
+SNAPSHOT_TIMEOUT_SECONDS = 2 * SCONTROL_TIMEOUT_SECONDS + 1.0
 #: Bound on ``scontrol requeue``.
 REQUEUE_TIMEOUT_SECONDS = 10.0
 #: Kept free below ``KillWait`` for the SIGKILL, the reap and the artifact: this much plus a
@@ -297,7 +298,7 @@ async def relay_signals(
 _early_signals: list[int] = []
 
 
-def catch_early(signals: Sequence[int | str]) -> None:
+def catch_early(signals: Sequence[int]) -> None:
     """Hold the signals to forward from now on (main thread), so that one arriving while
     the monitor starts does not end it (SIGUSR1's default action); the soak forwards them
     once the command runs.  A handled signal is reset to its default in the command at
@@ -306,13 +307,8 @@ def catch_early(signals: Sequence[int | str]) -> None:
     def hold(signum: int, frame: object) -> None:
         _early_signals.append(signum)
 
-    for value in signals:
-        name = value.upper() if isinstance(value, str) else value
-        if isinstance(name, str) and not name.startswith("SIG"):
-            name = "SIG" + name
-        with contextlib.suppress(KeyError, ValueError, TypeError):
-            sig = signal.Signals[name] if isinstance(name, str) else signal.Signals(name)
-            signal.signal(sig, hold)
+    for sig in signals:
+        signal.signal(sig, hold)
 
 
 async def end_before_job_end(
@@ -345,3 +341,36 @@ async def requeue_job(sink: EventSink, scheduler: Mapping[str, Any] | None) -> N
     await sink.emit(
         Requeued(t=sink.elapsed(), job_id=job_id, ok=ok, returncode=returncode, message=message)
     )
+
+
+# -- the queue's worker as a SLURM job -------------------------------------------------------
+
+
+def allocation_gpus(env: Mapping[str, str] | None = None) -> str | None:
+    """The GPUs SLURM gave the job: what it put in ``CUDA_VISIBLE_DEVICES``, else the step's
+    or the job's GPU indices; None without GPUs."""
+    environ = os.environ if env is None else env
+    for variable in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        value = environ.get(variable, "").strip()
+        if value and value != "NoDevFiles":
+            return value
+    return None
+
+
+def worker_name(identity: Mapping[str, Any], host: str) -> str:
+    """``host:slurm<job>`` (``.<rank>`` when the job runs several tasks)."""
+    name = f"{host}:slurm{identity['job_id']}"
+    if isinstance(identity.get("num_tasks"), int) and identity["num_tasks"] > 1:
+        name += f".{identity.get('rank') or 0}"
+    return name
+
+
+def seconds_left_for_jobs(
+    until: float | None, stop_timeout: float, now: float | None = None
+) -> float | None:
+    """How long a job the worker takes now may run before the allocation ends, leaving it
+    ``stop_timeout`` to save and a margin; None when the end is not known."""
+    if until is None:
+        return None
+    current = time.time() if now is None else now
+    return until - current - stop_timeout - END_TIME_MARGIN_SECONDS

@@ -34,7 +34,7 @@ from ._artifact import (
     read_log_tail,
     write_artifact,
 )
-from ._blocking import abandoned_calls, run_blocking
+from ._blocking import BlockingCallTimeout, abandoned_calls, run_blocking
 from ._config import LOG_MAX_BYTES, SoakConfig, StopMode, validate
 from ._control import SoakControl
 from ._errors import SoakFailureError, ValidationTypeError
@@ -443,9 +443,14 @@ class _Soak:
         """The scheduler's job (identity, KillWait, end time), before the rest of the snapshot:
         the stop needs it."""
         if _slurm.in_job():
-            self._scheduler = await anyio.to_thread.run_sync(
-                _slurm.scheduler_snapshot, limiter=self._limiter, abandon_on_cancel=True
-            )
+            try:
+                self._scheduler = await run_blocking(
+                    _slurm.scheduler_snapshot,
+                    timeout=_slurm.SNAPSHOT_TIMEOUT_SECONDS,
+                    what="scontrol (the SLURM job's facts)",
+                )
+            except BlockingCallTimeout as exc:
+                self._scheduler = {**(_slurm.job_identity() or {}), "errors": [str(exc)]}
         self._scheduler_known.set()
 
     async def _supervise(

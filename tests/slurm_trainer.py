@@ -3,8 +3,9 @@
 ``python slurm_trainer.py DIR --steps N [--resume-steps N] [--usr1-exit CODE]
 [--fail-at STEP [--fail-rank RANK]] [--ready FIFO]``.
 Every step appends to ``DIR/metrics.jsonl`` (progress); ``DIR/checkpoint.json`` holds the last
-saved step, and a run resumes from it.  SIGTERM saves and exits 0 (as Lightning does); SIGUSR1
-saves and exits ``--usr1-exit`` (4, the reference protocol's "saved, requeue me", by default).
+saved step, and a run resumes from it.  SIGTERM saves and exits ``--term-exit`` (0 by default, as
+Lightning does); SIGUSR1 saves and exits ``--usr1-exit`` (4 by default, the reference protocol's
+"saved, requeue me").
 ``DIR/trainer.log`` records what happened, one line per fact, for the test to read.
 """
 
@@ -27,6 +28,7 @@ def main() -> int:
     parser.add_argument("dir", type=Path)
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--usr1-exit", type=int, default=4)
+    parser.add_argument("--term-exit", type=int, default=0)
     parser.add_argument("--resume-steps", type=int, default=None)
     parser.add_argument("--fail-at", type=int, default=None)
     parser.add_argument("--fail-rank", default=None)
@@ -55,9 +57,13 @@ def main() -> int:
         note(f"saved step={step} on={why}")
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        # SLURM with proctrack/linuxproc signals every process and the monitor passes its
+        # stop on too: the second SIGTERM must not kill the exit the first one started.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         name = signal.Signals(signum).name
         save(name)
-        sys.exit(0 if signum == signal.SIGTERM else args.usr1_exit)
+        sys.exit(args.term_exit if signum == signal.SIGTERM else args.usr1_exit)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGUSR1, on_signal)

@@ -46,6 +46,7 @@ from ..queue._store import (
 )
 from . import EXIT_OK, UsageError
 from ._run import add_metrics_flags, add_soak_limits, metrics_from_args, parse_pairs
+from ._slurm import worker_in_allocation
 
 _GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za-z-]+))*$")
 _FOLLOW_INTERVAL_S = 0.5
@@ -608,14 +609,15 @@ def _worker_dict(w: WorkerInfo) -> dict[str, Any]:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    if args.gpus is not None and not _GPU_LIST.match(args.gpus):
-        raise UsageError(f"--gpus {args.gpus!r}: expected a list such as 0 or 2,3 (or GPU UUIDs)")
     for flag in ("poll", "stale_after", "cancel_grace", "stop_timeout"):
         try:
             seconds(f"--{flag.replace('_', '-')}", getattr(args, flag), allow_zero=flag != "poll")
         except ValidationError as exc:
             raise UsageError(str(exc)) from None
     metrics_from_args(args)  # refused before the database is opened
+    args.until = worker_in_allocation(args)
+    if args.gpus is not None and not _GPU_LIST.match(args.gpus):
+        raise UsageError(f"--gpus {args.gpus!r}: expected a list such as 0 or 2,3 (or GPU UUIDs)")
     train_cmd = shlex.split(args.train_cmd) if args.train_cmd else None
     if args.train_cmd is not None and not train_cmd:
         raise UsageError("--train-cmd is empty")
@@ -688,6 +690,7 @@ async def _work(
                 stop_timeout=args.stop_timeout,
                 nvidia_smi=None if args.no_gpu else args.nvidia_smi,
                 metrics=metrics_from_args(args),
+                until=args.until,
             )
         finally:
             tg.cancel_scope.cancel()

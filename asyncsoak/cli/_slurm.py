@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 from pathlib import Path
 
 from .. import _slurm
+from .._config import forwarded_signals
 from .._control import SoakControl
+from .._errors import ValidationError
 from . import UsageError
 
 
@@ -32,7 +35,11 @@ def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
 def hold_forwarded_signals(args: argparse.Namespace) -> None:
     """Signals to forward are held from the start: one arriving before the command runs is
     forwarded once it does, instead of ending the monitor."""
-    _slurm.catch_early([*args.forward_signal, *([args.requeue_on] if args.requeue_on else [])])
+    try:
+        signals = forwarded_signals(args.forward_signal, args.requeue_on)
+    except ValidationError as exc:
+        raise UsageError(str(exc)) from None
+    _slurm.catch_early(signals)
 
 
 def scheduler_paths(progress_dir: Path, output: Path) -> tuple[Path, Path]:
@@ -55,3 +62,21 @@ def stop_by_scheduler(signum: int, control: SoakControl) -> bool:
         return False
     control.request_stop(reason="stopped by the scheduler", cause=_slurm.CAUSE_SCHEDULER)
     return True
+
+
+def worker_in_allocation(args: argparse.Namespace) -> float | None:
+    """``asyncsoak worker`` inside a SLURM job: GPUs from the allocation and a name with the
+    job id unless given, a stop timeout under ``KillWait`` (the scheduler's SIGTERM
+    interrupts the running job the graceful way, so it is requeued, not failed).  Returns
+    the allocation's end (wall clock) when known: no job is taken that would not fit."""
+    if not _slurm.in_job():
+        return None
+    # Before the event loop starts: two scontrol queries, each under its deadline.
+    info = _slurm.scheduler_snapshot() or {}
+    if args.gpus is None:
+        args.gpus = _slurm.allocation_gpus()
+    if args.name is None:
+        args.name = _slurm.worker_name(info, socket.gethostname())
+    args.stop_timeout = _slurm.stop_grace(args.stop_timeout, info)
+    end = info.get("end_time_epoch")
+    return float(end) if isinstance(end, int | float) else None

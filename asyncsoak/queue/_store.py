@@ -712,16 +712,24 @@ class JobStore:
                 (now, now, name),
             )
 
-    def claim(self, worker: str, host: str, runs_dir: Path) -> Job | None:
-        """Take the next queued job (highest priority, then lowest id), or None."""
+    def claim(
+        self, worker: str, host: str, runs_dir: Path, *, max_duration: float | None = None
+    ) -> Job | None:
+        """Take the next queued job (highest priority, then lowest id), or None.
+
+        ``max_duration``: only a job whose ``max_duration_seconds`` is at most this (or that
+        sets none); the others are left for a worker with more time (a SLURM allocation
+        that ends soon)."""
         now = self.clock()
         with self._write() as conn:
             row = conn.execute(
                 "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker = ?, host = ?, "
                 "started_at = ?, heartbeat_at = ?, finished_at = NULL "
                 "WHERE id = (SELECT id FROM jobs WHERE status = 'queued' "
+                "AND (? IS NULL OR json_extract(soak, '$.max_duration_seconds') IS NULL "
+                "OR json_extract(soak, '$.max_duration_seconds') <= ?) "
                 "ORDER BY priority DESC, id LIMIT 1) RETURNING id, attempt",
-                (worker, host, now, now),
+                (worker, host, now, now, max_duration, max_duration),
             ).fetchone()
             if row is None:
                 return None

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 import psutil
 
+from .. import _slurm
 from .._config import seconds
 from .._control import SoakControl
 from .._errors import SoakFailureError, ValidationError
@@ -102,6 +103,8 @@ class _Settings:
     finish_retries: int
     finish_retry_wait: float
     nvidia_smi: str | None
+    #: Wall-clock end of the worker's allocation (a SLURM job), or None.
+    until: float | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -141,6 +144,7 @@ async def run_worker(
     finish_retry_wait: float = FINISH_RETRY_WAIT_S,
     nvidia_smi: str | None = "nvidia-smi",
     metrics: Metrics | None = None,
+    until: float | None = None,
 ) -> int:
     """Take and run jobs one at a time until ``stop_event`` is set; returns how many ran.
 
@@ -167,6 +171,7 @@ async def run_worker(
         finish_retries=finish_retries,
         finish_retry_wait=seconds("finish_retry_wait", finish_retry_wait),
         nvidia_smi=nvidia_smi,
+        until=until,
     )
     worker = _Worker(
         store,
@@ -275,7 +280,13 @@ class _Worker:
                 tg.start_soon(self._beat)
                 while not (self.stop_event.is_set() or self.kill_event.is_set()):
                     await self._sweep_orphans()
-                    job = await self._claim()
+                    fits = _slurm.seconds_left_for_jobs(
+                        self.settings.until, self.settings.stop_timeout
+                    )
+                    if fits is not None and fits <= 0:
+                        _log.info("worker %s: its allocation ends soon; no more jobs", self.name)
+                        break
+                    job = await self._claim(fits)
                     if job is None:
                         if once:
                             break
@@ -326,9 +337,14 @@ class _Worker:
                 _log.warning("worker %s: heartbeat not written: %s", self.name, exc)
             await anyio.sleep(self.settings.poll)
 
-    async def _claim(self) -> Job | None:
+    async def _claim(self, fits: float | None = None) -> Job | None:
         try:
-            job = await self._call(self.store.claim, self.name, self.host, self.settings.runs_dir)
+            job = await self._call(
+                partial(self.store.claim, max_duration=fits),
+                self.name,
+                self.host,
+                self.settings.runs_dir,
+            )
         except sqlite3.Error as exc:
             _log.warning("worker %s: could not claim a job: %s", self.name, exc)
             return None

@@ -1,0 +1,170 @@
+"""The SLURM logic that needs no cluster: file name patterns, the grace under KillWait, the
+end-time stop, scontrol's output, bad flags, and combining one job's artifacts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncsoak import _slurm
+from asyncsoak._job_view import NotOneJobError, combine, format_combined
+
+from .conftest import asyncsoak_cli
+
+JOB = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "gpu7", "SLURM_PROCID": "3"}
+
+
+def test_patterns_are_filled_from_the_jobs_environment() -> None:
+    """%j %A %a %N %t %r and %% take the job's values; outside an array %A is the job id."""
+    env = {**JOB, "SLURM_RESTART_COUNT": "2"}
+    path = Path("/runs/%j/%A_%a/%N-%t-r%r-100%%.json")
+    assert _slurm.expand_path(path, env) == Path("/runs/42/42_0/gpu7-3-r2-100%.json")
+    array = {**JOB, "SLURM_ARRAY_JOB_ID": "40", "SLURM_ARRAY_TASK_ID": "2"}
+    assert _slurm.expand_path(Path("/r/%A_%a.json"), array) == Path("/r/40_2.json")
+
+
+def test_a_requeued_run_gets_its_restart_count_in_the_artifact_name() -> None:
+    """Without %r, restart 1 writes soak.restart1.json beside the first run's soak.json."""
+    first = _slurm.expand_path(Path("/o/soak-%j.json"), JOB, restart_suffix=True)
+    again = {**JOB, "SLURM_RESTART_COUNT": "1"}
+    second = _slurm.expand_path(Path("/o/soak-%j.json"), again, restart_suffix=True)
+    assert first == Path("/o/soak-42.json")
+    assert second == Path("/o/soak-42.restart1.json")
+    # The progress dir (checkpoints) stays the same, so the rerun resumes.
+    assert _slurm.expand_path(Path("/o/train-%j"), again) == Path("/o/train-42")
+    # With %r the caller chose the name: no suffix on top.
+    assert _slurm.expand_path(Path("/o/s-%r.json"), again, restart_suffix=True) == Path(
+        "/o/s-1.json"
+    )
+
+
+def test_outside_a_job_paths_are_taken_as_written() -> None:
+    assert _slurm.expand_path(Path("/o/100%j.json"), {}) == Path("/o/100%j.json")
+
+
+def test_an_unknown_pattern_is_an_error() -> None:
+    with pytest.raises(_slurm.PatternError, match="%q"):
+        _slurm.expand_path(Path("/o/%q.json"), JOB)
+
+
+def test_the_grace_after_the_schedulers_sigterm_stays_under_kill_wait() -> None:
+    """The tree is killed by asyncsoak, with time for the artifact, before SLURM's SIGKILL."""
+    assert _slurm.stop_grace(5.0, {"kill_wait_seconds": 30}) == 5.0
+    assert _slurm.stop_grace(60.0, {"kill_wait_seconds": 30}) == 24.0
+    assert _slurm.stop_grace(60.0, {"kill_wait_seconds": 2}) == 0.0
+    # KillWait unknown: SLURM's default, 30 s.
+    assert _slurm.stop_grace(60.0, None) == 24.0
+
+
+def test_the_end_time_stop_leaves_the_grace_and_a_margin() -> None:
+    scheduler = {"end_time_epoch": 1000.0}
+    margin = _slurm.END_TIME_MARGIN_SECONDS
+    assert _slurm.seconds_until_end_stop(scheduler, 5.0, now=900.0) == 100.0 - 5.0 - margin
+    assert _slurm.seconds_until_end_stop(scheduler, 500.0, now=900.0) == 0.0
+    assert _slurm.seconds_until_end_stop({"end_time_epoch": None}, 5.0, now=900.0) is None
+
+
+def test_scontrol_output_is_read() -> None:
+    config = "Configuration data as of ...\nJobRequeue = 1\nKillWait                = 8 sec\n"
+    assert _slurm.parse_kill_wait(config) == 8.0
+    assert _slurm.parse_kill_wait("nothing") is None
+    fields = _slurm.parse_fields("JobId=7 JobName=a Restarts=1 EndTime=2026-12-01T07:43:56")
+    assert fields["Restarts"] == "1"
+    end = _slurm.parse_time(fields["EndTime"])
+    assert end is not None
+    assert end.tzinfo is not None
+    assert _slurm.parse_time("Unknown") is None
+
+
+def test_the_identity_comes_from_the_environment() -> None:
+    identity = _slurm.job_identity({**JOB, "SLURM_JOB_PARTITION": "gpu", "SLURM_LOCALID": "1"})
+    assert identity is not None
+    assert identity["kind"] == "slurm"
+    assert identity["job_id"] == 42
+    assert identity["rank"] == 3
+    assert identity["local_rank"] == 1
+    assert identity["restart_count"] == 0
+    assert identity["partition"] == "gpu"
+    assert _slurm.job_identity({}) is None
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--requeue-on", "TERM"], ["--forward-signal", "NOPE"], ["--forward-signal", "SIGKILL"]],
+)
+def test_bad_signal_flags_are_usage_errors(tmp_path: Path, flags: list[str]) -> None:
+    """Exit status 2, nothing launched or written."""
+    result = asyncsoak_cli(
+        "run",
+        "--progress-dir",
+        str(tmp_path / "p"),
+        "--output",
+        str(tmp_path / "o" / "soak.json"),
+        *flags,
+        "--",
+        "true",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def _artifact(job: int, rank: int, status: str, started: str, failure_at: str | None) -> Any:
+    failures = (
+        []
+        if failure_at is None
+        else [{"reason": "stale_progress", "message": "no progress for 60s", "at": failure_at}]
+    )
+    return {
+        "status": status,
+        "failures": failures,
+        "started_at": started,
+        "ended_at": failure_at or started,
+        "duration_seconds": 1.0,
+        "exit": {"returncode": None},
+        "stop": {"cause": "failure" if failures else "exited"},
+        "snapshot": {
+            "scheduler": {"kind": "slurm", "job_id": job, "rank": rank, "node": f"n{rank}"}
+        },
+    }
+
+
+def test_combine_finds_the_first_failure_on_the_wall_clock() -> None:
+    """Rank 2 started later but failed first: the wall clock, not each soak's own t, decides."""
+    artifacts = [
+        (
+            "a.json",
+            _artifact(9, 0, "failed", "2026-01-01T00:00:00+00:00", "2026-01-01T00:10:00+00:00"),
+        ),
+        ("b.json", _artifact(9, 1, "passed", "2026-01-01T00:00:01+00:00", None)),
+        (
+            "c.json",
+            _artifact(9, 2, "failed", "2026-01-01T00:05:00+00:00", "2026-01-01T00:06:00+00:00"),
+        ),
+    ]
+    combined = combine(artifacts)
+    assert combined["status"] == "failed"
+    assert combined["first_failure"]["rank"] == 2
+    assert combined["first_failure"]["offset_seconds"] == 360.0
+    assert [s["start_offset_seconds"] for s in combined["soaks"]] == [0.0, 1.0, 300.0]
+    text = format_combined(combined)
+    assert "first failure: rank 2 on n2" in text
+    json.dumps(combined, allow_nan=False)
+
+
+def test_artifacts_of_different_jobs_are_refused(tmp_path: Path) -> None:
+    a = _artifact(1, 0, "passed", "2026-01-01T00:00:00+00:00", None)
+    b = _artifact(2, 0, "passed", "2026-01-01T00:00:00+00:00", None)
+    with pytest.raises(NotOneJobError, match="different jobs"):
+        combine([("a", a), ("b", b)])
+    paths = []
+    for name, artifact in (("a.json", a), ("b.json", b)):
+        path = tmp_path / name
+        path.write_text(json.dumps({"schema_version": 1, **artifact}))
+        paths.append(str(path))
+    result = asyncsoak_cli("summary", *paths, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "different jobs" in result.stderr
