@@ -18,8 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
+from ._trendwatch import TrendWatch
 
-SCHEMA_VERSION = 1
+#: Version 2 added ``trends``, ``processes``, ``limits``, ``exit.exception`` and
+#: ``series.progress_rate``; readers still take version 1 artifacts.
+SCHEMA_VERSION = 2
+SCHEMA_VERSIONS = frozenset({1, 2})
 #: Events kept in the artifact (the journal keeps them all): the first and the last ones.
 EVENTS_HEAD = 500
 EVENTS_TAIL = 1500
@@ -61,7 +65,14 @@ class ArtifactBuilder:
         self.samples: dict[str, int] = {}
         self.failures: list[dict[str, Any]] = []
         self.warnings: list[str] = []
-        self.exit: dict[str, Any] = {"returncode": None, "signal": None, "pid": None}
+        self.exit: dict[str, Any] = {
+            "returncode": None,
+            "signal": None,
+            "pid": None,
+            "exception": None,
+        }
+        #: Trends, per-process records and the progress rate (bounded).
+        self.trends = TrendWatch()
         self.exit_t: float | None = None
         self.stop: dict[str, Any] = {
             "cause": None,
@@ -91,6 +102,7 @@ class ArtifactBuilder:
         self.last_t = max(self.last_t, t)
         if kind == "header":
             self.header = event
+            self.trends.configure(event.get("config") or {})
             return
         if kind == "snapshot":
             self.snapshot = event["data"]
@@ -107,12 +119,11 @@ class ArtifactBuilder:
         if kind == "started":
             self.exit["pid"] = event["pid"]
         elif kind == "exited":
-            self.exit = {
-                "returncode": event["returncode"],
-                "signal": event["signal"],
-                "pid": event["pid"],
-            }
+            self.exit.update(
+                returncode=event["returncode"], signal=event["signal"], pid=event["pid"]
+            )
             self.exit_t = t
+            self.trends.end(t)
             if self.stop["cause"] is None:
                 self.stop["cause"] = "exited"
         elif kind == "progress":
@@ -122,6 +133,16 @@ class ArtifactBuilder:
             elif self.progress_last is not None:
                 self.longest_gap = max(self.longest_gap, t - self.progress_last)
             self.progress_last = t
+            self.trends.add_progress(t, event)
+        elif kind == "exception":
+            self.exit["exception"] = {
+                "type": event["type"],
+                "message": event["message"],
+                "where": event["where"],
+                "kind": event["exception_kind"],
+            }
+        elif kind == "limits":
+            self.trends.add_limits(event)
         elif kind == "failure":
             self.failures.append(
                 {"reason": event["reason"], "message": event["message"], "at": event["at"]}
@@ -129,6 +150,7 @@ class ArtifactBuilder:
         elif kind == "warning":
             self.warnings.append(str(event["message"]))
         elif kind == "stop":
+            self.trends.end(t)
             self.stop.update(
                 cause=event["cause"], mode=event["mode"], grace_seconds=event["grace_seconds"]
             )
@@ -166,6 +188,10 @@ class ArtifactBuilder:
 
     def _add_sample(self, kind: str, t: float, event: dict[str, Any]) -> None:
         self.samples[kind] = self.samples.get(kind, 0) + 1
+        if kind == "sample":
+            self.trends.add_sample(t, event)
+        else:
+            self.trends.add_gpu_sample(t, event)
         for group, values in (event.get("points") or {}).items():
             series = self._series.get(group)
             if series is None:
@@ -207,6 +233,9 @@ class ArtifactBuilder:
                 {name: sorted(values) for name, values in sorted(labels.items())}
             )
         summary["samples"] = dict(sorted(self.samples.items()))
+        series = {group: s.to_json() for group, s in sorted(self._series.items())}
+        if self.trends.rate.times:
+            series["progress_rate"] = self.trends.rate.to_json()
         return {
             "schema_version": SCHEMA_VERSION,
             "status": status,
@@ -228,7 +257,7 @@ class ArtifactBuilder:
                 "changes": self.progress_changes,
                 "longest_gap_seconds": round(max(self.longest_gap, trailing_gap), 3),
             },
-            "series": {group: s.to_json() for group, s in sorted(self._series.items())},
+            "series": series,
             "series_resolution": {
                 group: s.samples_per_point for group, s in sorted(self._series.items())
             },
@@ -238,6 +267,9 @@ class ArtifactBuilder:
             "leftover_processes": self.leftovers,
             "abandoned_processes": self.abandoned,
             "oom_kills": self.oom_kills,
+            "trends": self.trends.evaluate(self.wall),
+            "processes": self.trends.top_processes(),
+            "limits": self.trends.limits,
             "forensics": self.forensics,
             "stop": self.stop,
             "log": {"path": header.get("log_path"), "tail": log_tail},

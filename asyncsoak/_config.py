@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from ._errors import ValidationError, ValidationTypeError
+from ._units import check_size
 
 StopMode = Literal["group", "leader", "stdin"]
 STOP_MODES: tuple[StopMode, ...] = ("group", "leader", "stdin")
+LeakCheck = Literal["warn", "fail", "off"]
+LEAK_CHECKS: tuple[LeakCheck, ...] = ("warn", "fail", "off")
 #: Default cap of the captured output log: the first and the last half are kept.
 LOG_MAX_BYTES = 16 * 1024 * 1024
 #: ``run_soak`` parameters a queued job may set, each with its rule: (may be zero, may be None);
@@ -63,6 +66,11 @@ class SoakConfig:
     detailed_memory: bool
     forward_signals: tuple[int, ...] = ()
     requeue_on: int | None = None
+    warm_up_seconds: float | None = None
+    leak_check: LeakCheck = "warn"
+    max_rss_bytes: int | None = None
+    max_gpu_memory_bytes: int | None = None
+    min_disk_free_bytes: int | None = None
 
     def effective(self) -> dict[str, Any]:
         """Every effective parameter, as the artifact's ``config`` records it."""
@@ -210,6 +218,11 @@ def validate(
     detailed_memory: object = False,
     forward_signals: object = (),
     requeue_on: object = None,
+    warm_up_seconds: object = None,
+    leak_check: object = "warn",
+    max_rss_bytes: object = None,
+    max_gpu_memory_bytes: object = None,
+    min_disk_free_bytes: object = None,
 ) -> SoakConfig:
     argv = _command(command)
     progress = _progress_dir(progress_dir)
@@ -274,6 +287,13 @@ def validate(
         **limits,
         forward_signals=_signals("forward_signals", forward_signals),
         requeue_on=_own_signal("requeue_on", requeue_on),
+        **_trend_settings(
+            warm_up_seconds=warm_up_seconds,
+            leak_check=leak_check,
+            max_rss_bytes=max_rss_bytes,
+            max_gpu_memory_bytes=max_gpu_memory_bytes,
+            min_disk_free_bytes=min_disk_free_bytes,
+        ),
     )
 
 
@@ -329,6 +349,30 @@ def _own_signal(name: str, value: object) -> int | None:
             f"{name} cannot be {signal.Signals(sig).name}: the monitor handles it itself"
         )
     return sig
+
+
+def _trend_settings(
+    *,
+    warm_up_seconds: object,
+    leak_check: object,
+    max_rss_bytes: object,
+    max_gpu_memory_bytes: object,
+    min_disk_free_bytes: object,
+) -> dict[str, Any]:
+    """The trend rules and budgets (see ``_trends.py``): sizes as bytes or ``"2GiB"``."""
+    if leak_check not in LEAK_CHECKS:
+        raise ValidationError(
+            f"leak_check must be one of {', '.join(LEAK_CHECKS)}, got {leak_check!r}"
+        )
+    return {
+        "warm_up_seconds": (
+            None if warm_up_seconds is None else seconds("warm_up_seconds", warm_up_seconds)
+        ),
+        "leak_check": leak_check,
+        "max_rss_bytes": check_size("max_rss_bytes", max_rss_bytes),
+        "max_gpu_memory_bytes": check_size("max_gpu_memory_bytes", max_gpu_memory_bytes),
+        "min_disk_free_bytes": check_size("min_disk_free_bytes", min_disk_free_bytes),
+    }
 
 
 def _signal(name: str, value: object) -> int | None:

@@ -119,6 +119,8 @@ class Progress(Event):
     changed: int
     paths: list[str]
     gap_seconds: float | None
+    #: Bytes the changed files grew by (a new file counts its size).
+    grown_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +252,45 @@ class SamplerNote(Event):
     sampler: str
     message: str
     data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TrendFound(Event):
+    """A series' trend became confident: a leak, a projected breach, progress slowing."""
+
+    KIND: ClassVar[str] = "trend"
+
+    series: str
+    verdict: str
+    slope_per_hour: float | None
+    growth: float | None
+    projected_limit_at: str | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class CrashCause(Event):
+    """What the end of a failed command's log says killed it (``exit.exception``)."""
+
+    KIND: ClassVar[str] = "exception"
+
+    type: str
+    message: str
+    where: str | None
+    #: ``python`` (a traceback), ``cuda_oom``, ``nccl``, ``killed`` (a shell's "Killed").
+    exception_kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Limits(Event):
+    """What the run's resources cannot exceed: projections are made against these."""
+
+    KIND: ClassVar[str] = "limits"
+
+    memory_total_bytes: int | None
+    cgroup_memory_max_bytes: int | None
+    #: Size of the progress and output filesystems.
+    disk_total_bytes: dict[str, int | None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,18 +204,19 @@ class ProcSample(Event):
         }
         for label, disk in self.disks.items():
             machine_points[f"disk_free_bytes_{label}"] = disk.free_bytes
-        return {
-            "tree": {
-                "cpu_percent": tree.cpu_percent,
-                "rss_bytes": tree.rss_bytes,
-                "processes": tree.processes,
-                "threads": tree.threads,
-                "fds": tree.fds,
-                "read_bytes": tree.read_bytes,
-                "write_bytes": tree.write_bytes,
-            },
-            "machine": machine_points,
+        tree_points: dict[str, float | None] = {
+            "cpu_percent": tree.cpu_percent,
+            "rss_bytes": tree.rss_bytes,
+            "processes": tree.processes,
+            "threads": tree.threads,
+            "fds": tree.fds,
+            "read_bytes": tree.read_bytes,
+            "write_bytes": tree.write_bytes,
         }
+        if tree.pss_bytes is not None:
+            # --detailed-memory: shared pages counted once, the tree's honest figure.
+            tree_points["pss_bytes"] = tree.pss_bytes
+        return {"tree": tree_points, "machine": machine_points}
 
     def summary_labels(self) -> SummaryLabels:
         notable = sorted({p.state for p in self.processes} & _NOTABLE_STATES)

@@ -9,7 +9,7 @@ its value is the bucket's maximum, so a short spike is never averaged away.  Mea
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +25,29 @@ def _max(a: float | None, b: float | None) -> float | None:
     return a if a >= b else b
 
 
-class SeriesBuffer:
-    """One group's series (several fields sharing a time axis), bounded in points."""
+def _min(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if a <= b else b
 
-    def __init__(self, max_points: int = SERIES_POINTS) -> None:
+
+Combine = Callable[[float | None, float | None], float | None]
+
+
+class SeriesBuffer:
+    """One group's series (several fields sharing a time axis), bounded in points.
+
+    ``keep="min"`` merges a bucket into its minimum instead: the trend rules want floors.
+    """
+
+    def __init__(self, max_points: int = SERIES_POINTS, *, keep: str = "max") -> None:
         if max_points < 2:
             raise ValueError("max_points must be at least 2")
+        if keep not in ("max", "min"):
+            raise ValueError("keep must be 'max' or 'min'")
+        self._combine: Combine = _max if keep == "max" else _min
         self._max_points = max_points
         self._t: list[float] = []
         self._values: dict[str, list[float | None]] = {}
@@ -42,7 +59,7 @@ class SeriesBuffer:
             self._values[name] = [None] * len(self._t)
         if self._t and self._in_last < self.samples_per_point:
             for name, column in self._values.items():
-                column[-1] = _max(column[-1], values.get(name))
+                column[-1] = self._combine(column[-1], values.get(name))
             self._in_last += 1
             return
         if len(self._t) == self._max_points:
@@ -56,14 +73,23 @@ class SeriesBuffer:
 
     def _halve(self) -> None:
         n = len(self._t)
+        combine = self._combine
         self._t = self._t[::2]
         for name, column in self._values.items():
             self._values[name] = [
-                _max(column[i], column[i + 1] if i + 1 < n else None) for i in range(0, n, 2)
+                combine(column[i], column[i + 1] if i + 1 < n else None) for i in range(0, n, 2)
             ]
         # The merged last point may still have room for more samples.
         self._in_last = self.samples_per_point * (2 if n % 2 == 0 else 1)
         self.samples_per_point *= 2
+
+    @property
+    def times(self) -> list[float]:
+        return self._t
+
+    def column(self, name: str) -> list[float | None]:
+        """One field's values, aligned with :attr:`times` (empty when never seen)."""
+        return self._values.get(name, [])
 
     def to_json(self) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {"t": [round(t, 3) for t in self._t]}

@@ -14,6 +14,7 @@ that is bounded) before the cancellation propagates.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import signal
 import time
@@ -35,25 +36,31 @@ from ._artifact import (
     write_artifact,
 )
 from ._blocking import BlockingCallTimeout, abandoned_calls, run_blocking
-from ._config import LOG_MAX_BYTES, SoakConfig, StopMode, validate
+from ._config import LOG_MAX_BYTES, LeakCheck, SoakConfig, StopMode, validate
 from ._control import SoakControl
+from ._crash import describe as describe_crash
+from ._crash import find_exception
 from ._errors import SoakFailureError, ValidationTypeError
 from ._events import (
     Abandoned,
+    CrashCause,
     Failure,
     Finished,
     Forensics,
     Header,
     Leftover,
+    Limits,
     OomKill,
     SignalSent,
     Snapshot,
     StdinClosed,
     StopRequested,
+    TrendFound,
     Warning,
 )
 from ._forensics import collect_forensics, oom_kills, seconds_since_boot
 from ._gpu_sampler import run_gpu_sampler
+from ._limits import read_limits
 from ._metrics import Metrics, validate_metrics
 from ._outputs import CHECK_TIMEOUT, check_outputs, lock_journal
 from ._proc_sampler import run_proc_sampler
@@ -61,6 +68,7 @@ from ._redact import Masker, argv_secrets, redact_mapping, secret_values
 from ._serializer import Serializer
 from ._sink import EventSink, SoakClock, open_event_queue
 from ._spawn import Spawner, SpawnRequest
+from ._trends import describe_growth, format_amount, format_bytes, format_seconds
 from ._watchdog import ProgressTracker, run_watchdog, scan_progress_dir
 
 #: Threads for blocking work (scans, /proc walks, git): asyncsoak's own, never the host's.
@@ -83,6 +91,22 @@ KMSG_SLACK_SECONDS = 5.0
 HANG_REASONS = frozenset({"stale_progress", "startup_timeout"})
 #: Environment marker that lets the monitor recognise processes of this soak's tree.
 SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
+#: Trends are judged every this many sample intervals (at least every ``TREND_MIN_PERIOD``
+#: seconds apart): the estimator is cheap, but not free at 1 s over a day.
+TREND_EVERY_INTERVALS = 5
+TREND_MIN_PERIOD = 1.0
+#: A leak projected to reach a limit within this long (or ``stale_progress_seconds`` x 10,
+#: whichever is longer) is a warning at once.
+BREACH_HORIZON_SECONDS = 3600.0
+#: Series whose confident rise is a leak, in the order their warnings are preferred: a
+#: process's own series names the culprit, so the tree's is only reported without one.
+LEAK_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("process.*.rss_bytes", "tree.pss_bytes", "tree.rss_bytes"),
+    ("process.*.gpu_memory_bytes", "tree.gpu_memory_bytes", "gpu*.memory_used_bytes"),
+    ("tree.fds",),
+    ("tree.threads",),
+    ("tree.processes",),
+)
 
 
 async def run_soak(
@@ -113,6 +137,11 @@ async def run_soak(
     metrics: Metrics | None = None,
     forward_signals: Sequence[int | str] = (),
     requeue_on: int | str | None = None,
+    warm_up_seconds: float | None = None,
+    leak_check: LeakCheck = "warn",
+    max_rss_bytes: int | str | None = None,
+    max_gpu_memory_bytes: int | str | None = None,
+    min_disk_free_bytes: int | str | None = None,
 ) -> dict[str, Any]:
     """Run a command in its own process group and produce a soak artifact.
 
@@ -164,6 +193,11 @@ async def run_soak(
         detailed_memory=detailed_memory,
         forward_signals=forward_signals,
         requeue_on=requeue_on,
+        warm_up_seconds=warm_up_seconds,
+        leak_check=leak_check,
+        max_rss_bytes=max_rss_bytes,
+        max_gpu_memory_bytes=max_gpu_memory_bytes,
+        min_disk_free_bytes=min_disk_free_bytes,
     )
     metrics_config = validate_metrics(metrics)
     if control is not None and not isinstance(control, SoakControl):
@@ -234,6 +268,9 @@ class _Soak:
         #: ``snapshot.scheduler`` once known (None outside a scheduler's job).
         self._scheduler: dict[str, Any] | None = None
         self._scheduler_known = anyio.Event()
+        self._builder = ArtifactBuilder()
+        #: (series key, verdict) already reported by a ``trend`` event.
+        self._trends_reported: set[tuple[str, str]] = set()
 
     # -- end causes ----------------------------------------------------------------------
 
@@ -312,7 +349,7 @@ class _Soak:
             started_at = _now()
             sink, receive = open_event_queue(clock)
             self._sink = sink
-            builder = ArtifactBuilder()
+            builder = self._builder = ArtifactBuilder()
             serializer = Serializer(journal_fd, builder, self.observers)
             journal_fd = -1  # the serializer owns and closes it now
             error: Exception | None = None
@@ -506,7 +543,7 @@ class _Soak:
                         also=[cfg.log_path] if cfg.output_is_progress else [],
                         scan_interval=cfg.sample_interval_seconds,
                         limiter=self._limiter,
-                        on_failure=self._rule_fired,
+                        on_failure=self._watchdog_rule,
                     ),
                 )
                 assert spawner.reaper_pid is not None
@@ -537,6 +574,8 @@ class _Soak:
                             limiter=self._limiter,
                         ),
                     )
+                await self._emit_limits(sink)
+                self._produce(producers, sink, self._judge)
                 producers.start_soon(self._end_when_set, spawner.exited, "exited")
                 producers.start_soon(self._end_when_requested)
                 self._scheduler_tasks(producers, sink, spawner)
@@ -556,6 +595,7 @@ class _Soak:
                     await _slurm.requeue_job(sink, self._scheduler)
                 await self._report_oom_kills(sink)
                 producers.cancel_scope.cancel()
+            await self._judge_trends(sink, final=True)
         finally:
             with anyio.CancelScope(shield=True):
                 if not spawner.tree_gone.is_set() and spawner.pid is not None:
@@ -625,22 +665,31 @@ class _Soak:
         cfg = self.cfg
         rc = spawner.returncode
         assert rc is not None
+        ran_for = sink.elapsed()
+        exit_failure: tuple[str, str] | None = None
         if rc < 0 and -rc not in spawner.signals_to_leader:
             message = f"the command was killed by {spawner.exit_signal}"
             if rc == -signal.SIGKILL and spawner.pid in await self._report_oom_kills(sink):
                 message += " from the kernel's OOM killer (out of memory)"
-            await self._fail("signaled", message)
+            exit_failure = ("signaled", message)
         elif rc > 0:
-            await self._fail("nonzero_exit", f"the command exited with status {rc}")
-        ran_for = sink.elapsed()
+            exit_failure = ("nonzero_exit", f"the command exited with status {rc}")
+        # The rest of the tree gets its grace first: by then the reaper has copied the last of
+        # the output (the traceback) into the log, so the failure message can quote it.
+        with anyio.move_on_after(cfg.post_shutdown_grace_seconds):
+            await spawner.tree_gone.wait()
+        if exit_failure is not None:
+            reason, message = exit_failure
+            cause = await self._crash_cause(sink)
+            if cause is not None:
+                message += f": {cause}"
+            await self._fail(reason, message)
         if ran_for < cfg.min_duration_seconds:
             await self._fail(
                 "too_short",
                 f"the command ended after {ran_for:.1f}s, before "
                 f"min_duration_seconds={cfg.min_duration_seconds:g}",
             )
-        with anyio.move_on_after(cfg.post_shutdown_grace_seconds):
-            await spawner.tree_gone.wait()
         if not spawner.tree_gone.is_set():
             leftovers = await self._record_leftovers(sink, spawner)
             await self._kill(sink, spawner)
@@ -658,6 +707,28 @@ class _Soak:
                     message="the command exited cleanly without any progress in progress_dir",
                 )
             )
+
+    async def _crash_cause(self, sink: EventSink) -> str | None:
+        """Lift the cause of a crash from the end of the log into ``exit.exception``."""
+        try:
+            text = await run_blocking(
+                read_log_tail, self.cfg.log_path, timeout=5.0, what="reading the log's tail"
+            )
+        except BlockingCallTimeout:
+            return None
+        cause = find_exception(text)
+        if cause is None:
+            return None
+        await sink.emit(
+            CrashCause(
+                t=sink.elapsed(),
+                type=self._masker(cause.type),
+                message=self._masker(cause.message),
+                where=cause.where,
+                exception_kind=cause.kind,
+            )
+        )
+        return self._masker(describe_crash(cause))
 
     async def _stop(self, sink: EventSink, spawner: Spawner) -> None:
         """The monitor ends the run: graceful request, grace, SIGKILL, bounded reap."""
@@ -795,6 +866,147 @@ class _Soak:
                 self._oom_reported.add(kill["pid"])
                 await sink.emit(OomKill(t=sink.elapsed(), **kill))
         return self._oom_reported
+
+    # -- trends and budgets ----------------------------------------------------------------
+
+    async def _watchdog_rule(self, reason: str, message: str) -> None:
+        """A stall's failure message says what the tree was doing when it stalled."""
+        if reason in HANG_REASONS:
+            message += f"; the tree was {self._builder.trends.activity()}"
+        await self._rule_fired(reason, message)
+
+    async def _emit_limits(self, sink: EventSink) -> None:
+        paths = {"progress": self.cfg.progress_dir, "output": self.cfg.output_path.parent}
+        try:
+            limits = await run_blocking(read_limits, paths, timeout=5.0, what="reading the limits")
+        except BlockingCallTimeout:
+            limits = {
+                "memory_total_bytes": None,
+                "cgroup_memory_max_bytes": None,
+                "disk_total_bytes": {},
+            }
+        await sink.emit(Limits(t=sink.elapsed(), **limits))
+
+    async def _judge(self, sink: EventSink) -> None:
+        """Budgets at every sample interval; trends every few (see ``TREND_EVERY_INTERVALS``)."""
+        interval = self.cfg.sample_interval_seconds
+        period = max(TREND_MIN_PERIOD, TREND_EVERY_INTERVALS * interval)
+        next_trends = period
+        while self.cause is None:
+            await anyio.sleep(interval)
+            await self._check_budgets()
+            if self.cause is None and sink.elapsed() >= next_trends:
+                next_trends = sink.elapsed() + period
+                await self._judge_trends(sink, final=False)
+
+    async def _check_budgets(self) -> None:
+        cfg = self.cfg
+        watch = self._builder.trends
+        if cfg.max_rss_bytes is not None and watch.tree_memory is not None:
+            figure, used = watch.tree_memory
+            if used > cfg.max_rss_bytes:
+                await self._rule_fired(
+                    "memory_budget",
+                    f"tree {figure} {format_bytes(used)} is above max_rss_bytes "
+                    f"({format_bytes(cfg.max_rss_bytes)})",
+                )
+                return
+        gpu = watch.tree_gpu_bytes
+        if (
+            cfg.max_gpu_memory_bytes is not None
+            and gpu is not None
+            and gpu > cfg.max_gpu_memory_bytes
+        ):
+            await self._rule_fired(
+                "memory_budget",
+                f"the tree's GPU memory {format_bytes(gpu)} is above max_gpu_memory_bytes "
+                f"({format_bytes(cfg.max_gpu_memory_bytes)})",
+            )
+            return
+        if cfg.min_disk_free_bytes is not None:
+            for label, (path, free) in sorted(watch.disk_free.items()):
+                if free < cfg.min_disk_free_bytes:
+                    await self._rule_fired(
+                        "disk_low",
+                        f"free space of the {label} filesystem ({path}) is {format_bytes(free)}, "
+                        f"below min_disk_free_bytes ({format_bytes(cfg.min_disk_free_bytes)})",
+                    )
+                    return
+
+    async def _judge_trends(self, sink: EventSink, *, final: bool) -> None:
+        """Report what became confident: leaks, projected breaches, progress slowing."""
+        cfg = self.cfg
+        trends = self._builder.trends.evaluate(self._builder.wall)
+        findings: list[tuple[str, str, dict[str, Any], str]] = []
+        if cfg.leak_check != "off":
+            for key in leaking(trends):
+                entry = trends[key]
+                message = describe_growth(
+                    entry["label"],
+                    entry["unit"],
+                    entry["growth"],
+                    entry["span_seconds"],
+                    entry["slope_per_hour"],
+                )
+                findings.append((key, "leak", entry, message))
+        horizon = max(BREACH_HORIZON_SECONDS, cfg.stale_progress_seconds * 10)
+        disks = [key for key in trends if key.startswith("disk.")]
+        for key in leaking(trends) + sorted(disks):
+            entry = trends[key]
+            seconds = entry.get("projected_seconds_to_limit")
+            if entry["verdict"] == "leak" and seconds is not None and seconds <= horizon:
+                limit = format_amount(entry["limit"], entry["unit"])
+                message = (
+                    f"{entry['label']} will reach {entry['limit_source']} ({limit}) "
+                    f"in about {format_seconds(seconds)}"
+                )
+                findings.append((key, "breach_projected", entry, message))
+        rate = trends.get("progress.changes_per_minute")
+        if rate is not None and rate["verdict"] == "slowing":
+            message = (
+                f"progress slowing: {rate['last']:.1f} changes/min in the last quarter "
+                f"against {rate['first']:.1f} in the first"
+            )
+            findings.append(("progress.changes_per_minute", "slowing", rate, message))
+        for key, verdict, entry, message in findings:
+            if (key, verdict) in self._trends_reported:
+                continue
+            self._trends_reported.add((key, verdict))
+            await sink.emit(
+                TrendFound(
+                    t=sink.elapsed(),
+                    series=key,
+                    verdict=verdict,
+                    slope_per_hour=entry["slope_per_hour"],
+                    growth=entry["growth"],
+                    projected_limit_at=entry["projected_limit_at"],
+                    message=message,
+                )
+            )
+            if verdict == "leak" and cfg.leak_check == "fail":
+                message += " (leak_check=fail)"
+                if final:
+                    await self._fail("memory_leak", message)
+                else:
+                    await self._rule_fired("memory_leak", message)
+            else:
+                await sink.emit(Warning(t=sink.elapsed(), message=message))
+
+
+def leaking(trends: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The leaking series worth a warning: per group, the most specific ones (a process)."""
+    out: list[str] = []
+    for group in LEAK_GROUPS:
+        for pattern in group:
+            keys = sorted(
+                key
+                for key, entry in trends.items()
+                if entry["verdict"] == "leak" and fnmatch.fnmatchcase(key, pattern)
+            )
+            if keys:
+                out.extend(keys)
+                break
+    return out
 
 
 def gpu_call_timeout(interval: float) -> float:

@@ -106,21 +106,26 @@ class ProgressTracker:
         self.first_change: float | None = None
         self.last_change: float | None = None
         self.longest_gap = 0.0
+        #: Bytes the files changed by the last observation grew by.
+        self.grown_bytes = 0
 
     def observe(self, files: dict[str, FileState], now: float) -> list[str]:
         """Record a full scan; return the paths that changed since they were last seen."""
         changed = [path for path, state in files.items() if self._differs(path, state)]
+        self.grown_bytes = sum(self._growth(path, files[path]) for path in changed)
         self._files = files
         return self._record(changed, now)
 
     def observe_some(self, updates: dict[str, FileState | None], now: float) -> list[str]:
         """Record fresh states of a few paths (None: gone); return those that changed."""
         changed = []
+        self.grown_bytes = 0
         for path, state in updates.items():
             if state is None:
                 self._files.pop(path, None)
             elif self._differs(path, state):
                 changed.append(path)
+                self.grown_bytes += self._growth(path, state)
                 self._files[path] = state
         return self._record(sorted(changed), now)
 
@@ -132,6 +137,12 @@ class ProgressTracker:
             or old.size != state.size
             or old.mtime_ns != state.mtime_ns
         )
+
+    def _growth(self, path: str, state: FileState) -> int:
+        old = self._files.get(path)
+        if old is None or old.ino != state.ino:
+            return state.size
+        return max(0, state.size - old.size)
 
     def _record(self, changed: list[str], now: float) -> list[str]:
         if changed:
@@ -261,7 +272,8 @@ async def _watch(
                     previous = tracker.last_change
                     now = sink.elapsed()
                     updates = stat_keys(progress_dir, touched, ignore())
-                    await _report(sink, tracker.observe_some(updates, now), now, previous)
+                    changed = tracker.observe_some(updates, now)
+                    await _report(sink, changed, now, previous, tracker.grown_bytes)
                 continue
         previous = tracker.last_change
         changed = []
@@ -277,7 +289,7 @@ async def _watch(
         if not scan_scope.cancelled_caught:
             changed = tracker.observe(result.files, now)
         if changed:
-            await _report(sink, changed, now, previous)
+            await _report(sink, changed, now, previous, tracker.grown_bytes)
         elif (broken := tracker.verdict(now)) is not None:
             await on_failure(*broken)
             return
@@ -297,9 +309,17 @@ def _next_on_grid(now: float, interval: float) -> float:
     return (math.floor(now / interval) + 1) * interval
 
 
-async def _report(sink: EventSink, changed: list[str], now: float, previous: float | None) -> None:
+async def _report(
+    sink: EventSink, changed: list[str], now: float, previous: float | None, grown: int
+) -> None:
     if changed:
         gap = None if previous is None else now - previous
         await sink.emit(
-            Progress(t=now, changed=len(changed), paths=changed[:PATHS_PER_EVENT], gap_seconds=gap)
+            Progress(
+                t=now,
+                changed=len(changed),
+                paths=changed[:PATHS_PER_EVENT],
+                gap_seconds=gap,
+                grown_bytes=grown,
+            )
         )

@@ -22,6 +22,9 @@ Settings (environment):
 - ``FAKE_SMI_LOOP_ITERATIONS``: a ``-lms`` loop prints this many iterations, then exits.
 - ``FAKE_SMI_REJECT``: comma-separated fields to reject as an older driver would.
 - ``FAKE_SMI_LOG``: a file to which every invocation appends ``{"pid", "argv"}``.
+- ``FAKE_SMI_GROW_MIB_PER_S``: the processes' GPU memory (and the GPU's used memory) grows
+  this many MiB per second since ``FAKE_SMI_GROW_SINCE`` (a ``time.time()``; default: when
+  this invocation started), as a leaking trainer's would.
 """
 
 from __future__ import annotations
@@ -107,6 +110,8 @@ class Fake:
         self.printed = 0
         self.hang_after = int(os.environ.get("FAKE_SMI_HANG_AFTER", "0"))
         self.rejected = {f for f in os.environ.get("FAKE_SMI_REJECT", "").split(",") if f}
+        self.grow = float(os.environ.get("FAKE_SMI_GROW_MIB_PER_S", "0"))
+        self.grow_since = float(os.environ.get("FAKE_SMI_GROW_SINCE", time.time()))
         self.pids = {
             CAPTURED_PID: os.environ.get("FAKE_SMI_PID", CAPTURED_PID),
             TWO_CAPTURED_PIDS[0]: os.environ.get("FAKE_SMI_PID", TWO_CAPTURED_PIDS[0]),
@@ -130,6 +135,18 @@ class Fake:
         sys.exit(status)
 
     # -- data --------------------------------------------------------------------------
+
+    def grown(self, row: dict[str, str], fields: tuple[str, ...]) -> dict[str, str]:
+        """``row`` with the memory fields grown by FAKE_SMI_GROW_MIB_PER_S since the start."""
+        if not self.grow:
+            return row
+        extra = int(self.grow * (time.time() - self.grow_since))
+        out = dict(row)
+        for field in fields:
+            if out.get(field, "").strip().isdigit():
+                delta = -extra if field == "memory.free" else extra
+                out[field] = str(max(0, int(out[field]) + delta))
+        return out
 
     def gpu_rows(self) -> list[dict[str, str]]:
         name = "gpu_idle_csv_nn.txt" if self.mode == "idle" else "gpu_load_csv_nn.txt"
@@ -190,6 +207,8 @@ class Fake:
                     iterations = [[]]
             stamp = time.strftime("%Y/%m/%d %H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
             for row in iterations[count % len(iterations)]:
+                memory = ("memory.used", "memory.free") if gpu else ("used_gpu_memory",)
+                row = self.grown(row, memory)
                 if self.mode == "garbage":
                     self.emit(GARBAGE)
                     continue

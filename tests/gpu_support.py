@@ -7,6 +7,7 @@ import os
 import select
 import stat
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,7 @@ def install_fake_nvidia_smi(
     loop_iterations: int | None = None,
     reject: tuple[str, ...] = (),
     pid_file: Path | None = None,
+    grow_mib_per_s: float | None = None,
 ) -> FakeNvidiaSmi:
     """Write an executable ``nvidia-smi`` into ``directory/fake-bin`` with its settings baked in.
 
@@ -104,6 +106,9 @@ def install_fake_nvidia_smi(
         settings["FAKE_SMI_PID_FILE"] = str(pid_file)
     if loop_iterations is not None:
         settings["FAKE_SMI_LOOP_ITERATIONS"] = str(loop_iterations)
+    if grow_mib_per_s is not None:
+        settings["FAKE_SMI_GROW_MIB_PER_S"] = str(grow_mib_per_s)
+        settings["FAKE_SMI_GROW_SINCE"] = str(time.time())
     path = bindir / "nvidia-smi"
     # -S: the fake needs only the standard library, and starts faster without site.
     path.write_text(

@@ -212,6 +212,7 @@ async def test_killed_by_a_foreign_signal_is_signaled(tmp_path: Path) -> None:
         "returncode": -9,
         "signal": "SIGKILL",
         "pid": error.artifact["exit"]["pid"],
+        "exception": None,
     }
 
 

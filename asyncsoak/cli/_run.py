@@ -15,9 +15,10 @@ from typing import Any
 
 import anyio
 
-from .._config import STOP_MODES, seconds
+from .._config import LEAK_CHECKS, STOP_MODES, seconds
 from .._errors import SoakFailureError, ValidationError
 from .._live import live_status
+from .._units import parse_size
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from ._slurm import (
     add_scheduler_options,
@@ -89,6 +90,59 @@ def metrics_from_args(args: argparse.Namespace, textfile: Path | None = None) ->
         raise UsageError(str(exc)) from None
 
 
+def add_trend_options(parser: argparse.ArgumentParser) -> None:
+    """Trend rules and budgets (sizes such as 512MiB, 2GiB, 1.5G or plain bytes)."""
+    parser.add_argument(
+        "--warm-up",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds of the run not judged for trends (default: 10%% of it, at most 600)",
+    )
+    parser.add_argument(
+        "--leak-check",
+        choices=LEAK_CHECKS,
+        default="warn",
+        help="a confident leak is a warning (default), fails the soak, or is not checked",
+    )
+    parser.add_argument(
+        "--max-rss", default=None, metavar="SIZE", help="fail when the tree's RSS exceeds SIZE"
+    )
+    parser.add_argument(
+        "--max-gpu-memory",
+        default=None,
+        metavar="SIZE",
+        help="fail when the tree's GPU memory exceeds SIZE",
+    )
+    parser.add_argument(
+        "--min-disk-free",
+        default=None,
+        metavar="SIZE",
+        help="fail when the progress or output filesystem has less than SIZE free",
+    )
+
+
+def trend_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """run_soak's trend keywords from the options; a malformed size is a usage error."""
+    return {
+        "warm_up_seconds": args.warm_up,
+        "leak_check": args.leak_check,
+        "max_rss_bytes": None
+        if args.max_rss is None
+        else parse_size(args.max_rss, name="--max-rss"),
+        "max_gpu_memory_bytes": (
+            None
+            if args.max_gpu_memory is None
+            else parse_size(args.max_gpu_memory, name="--max-gpu-memory")
+        ),
+        "min_disk_free_bytes": (
+            None
+            if args.min_disk_free is None
+            else parse_size(args.min_disk_free, name="--min-disk-free")
+        ),
+    }
+
+
 def register(subparsers: Any) -> None:
     run = subparsers.add_parser(
         "run",
@@ -144,6 +198,7 @@ def register(subparsers: Any) -> None:
         "at most S seconds (default 0)",
     )
     add_scheduler_options(run)
+    add_trend_options(run)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     run.set_defaults(handler=run_command)
 
@@ -167,6 +222,7 @@ def run_command(args: argparse.Namespace) -> int:
     env.update(parse_pairs("--env", args.env))
     try:
         status_interval = seconds("--status-interval", args.status_interval, allow_zero=False)
+        trends = trend_settings(args)
     except ValidationError as exc:
         raise UsageError(str(exc)) from None
     progress_dir, output = scheduler_paths(args.progress_dir, args.output)
@@ -193,6 +249,7 @@ def run_command(args: argparse.Namespace) -> int:
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
         status=None if args.quiet else live_status(status_interval=status_interval),
+        **trends,
     )
 
 
@@ -268,10 +325,20 @@ def supervise(
         print(f"asyncsoak: stopped by {name}; artifact: {output}", file=sys.stderr)
         return SIGNAL_EXIT_BASE + received[0]
     assert artifact is not None
-    print(f"asyncsoak: soak {artifact['status']}; artifact: {output}", file=sys.stderr)
+    print(verdict_line(artifact, output), file=sys.stderr)
     if report is not None:
         report(artifact)
     return EXIT_OK
+
+
+def verdict_line(artifact: dict[str, Any], output: Path) -> str:
+    """The last line on stderr: the verdict, and the warnings when a passed soak had some."""
+    warnings = artifact.get("warnings") or []
+    status = artifact["status"]
+    if warnings:
+        count = f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}"
+        return f"asyncsoak: soak {status} with {count}: {'; '.join(warnings)}; artifact: {output}"
+    return f"asyncsoak: soak {status}; artifact: {output}"
 
 
 def demo_command(args: argparse.Namespace) -> int:

@@ -1,0 +1,557 @@
+"""What the trend rules and the artifact's ``trends`` and ``processes`` need, folded from events.
+
+:class:`TrendWatch` lives inside the artifact builder, so the same fold runs live (the soak's
+rules read it) and offline (``asyncsoak recover`` rebuilds the same ``trends`` from a journal).
+Everything it keeps is bounded however long the soak runs: each series is a
+:class:`~asyncsoak._series.SeriesBuffer` of window *minima* (free disk: maxima), which is all the
+estimator looks at, and at most ``MAX_TRACKED_PROCESSES`` processes are followed.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._series import SeriesBuffer
+from ._trends import (
+    FLOORS,
+    Direction,
+    Trend,
+    default_warm_up,
+    describe_growth,
+    estimate_trend,
+    format_amount,
+    format_seconds,
+    progress_slowing,
+)
+
+MiB = 2**20
+#: Points kept per series for the estimator (window minima of the samples).
+TRACK_POINTS = 512
+#: Points per process in the artifact's ``processes`` series.
+PROCESS_POINTS = 200
+#: Processes followed at most (a run that spawns a worker per step must not grow the monitor).
+MAX_TRACKED_PROCESSES = 64
+#: Processes in the artifact's ``processes`` (the top ones by peak RSS).
+TOP_PROCESSES = 8
+#: Processes whose own memory trend is judged (the top ones by peak RSS).
+JUDGED_PROCESSES = 8
+#: A process is judged when it lived through this fraction of the analysed span.
+PROCESS_COVERAGE = 0.8
+#: Left out of the final judgement: the shutdown before the end (samples, or seconds).
+SHUTDOWN_SAMPLES = 2
+SHUTDOWN_SECONDS = 0.5
+#: Progress-rate buckets: this many sample intervals, within these bounds (seconds).
+RATE_BUCKET_INTERVALS = 5
+RATE_BUCKET_BOUNDS = (0.5, 60.0)
+#: A tree is busy, not waiting, above these (percent of one core; GPU utilisation).
+BUSY_CPU_PERCENT = 50.0
+BUSY_GPU_PERCENT = 10.0
+#: Growth floors of series in "per_minute" (the progress rate is judged by progress_slowing).
+SERIES_UNITS = {"bytes": FLOORS["bytes"], "count": FLOORS["count"]}
+
+
+@dataclass(slots=True)
+class Track:
+    """One judged series: its floors over time and how to name it."""
+
+    unit: str
+    label: str
+    direction: Direction = "up"
+    pid: int | None = None
+    name: str | None = None
+    floors: SeriesBuffer = field(default_factory=lambda: SeriesBuffer(TRACK_POINTS, keep="min"))
+    last: float | None = None
+
+    def add(self, t: float, value: float | None) -> None:
+        if value is None:
+            return
+        self.floors.add(t, {"v": value})
+        self.last = value
+
+
+@dataclass(slots=True)
+class ProcessRecord:
+    pid: int
+    name: str
+    first_t: float
+    last_t: float
+    first_rss: int
+    peak_rss: int
+    last_rss: int
+    cpu_total: float = 0.0
+    cpu_count: int = 0
+    peak_threads: int = 0
+    peak_gpu: int | None = None
+    gpu_now: int | None = None
+    series: SeriesBuffer = field(default_factory=lambda: SeriesBuffer(PROCESS_POINTS))
+    rss: Track | None = None
+    gpu: Track | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "name": self.name,
+            "first_rss_bytes": self.first_rss,
+            "peak_rss_bytes": self.peak_rss,
+            "last_rss_bytes": self.last_rss,
+            "mean_cpu_percent": (
+                round(self.cpu_total / self.cpu_count, 2) if self.cpu_count else None
+            ),
+            "peak_gpu_memory_bytes": self.peak_gpu,
+            "peak_threads": self.peak_threads,
+            "first_t": round(self.first_t, 3),
+            "last_t": round(self.last_t, 3),
+            "series": self.series.to_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """The caller's budgets (None: no budget) and what projections are judged against."""
+
+    max_rss_bytes: int | None = None
+    max_gpu_memory_bytes: int | None = None
+    min_disk_free_bytes: int | None = None
+
+
+class TrendWatch:
+    """Folds samples, GPU samples, progress and limits into bounded trend state."""
+
+    def __init__(self) -> None:
+        self.tracks: dict[str, Track] = {}
+        self.processes: dict[int, ProcessRecord] = {}
+        self.processes_not_followed = 0
+        self.limits: dict[str, Any] = {
+            "memory_total_bytes": None,
+            "cgroup_memory_max_bytes": None,
+            "disk_total_bytes": {},
+        }
+        #: Per GPU index: total memory in bytes.
+        self.gpu_total: dict[int, int] = {}
+        self.interval: float | None = None
+        self.detailed_memory = False
+        self.warm_up_seconds: float | None = None
+        self.budgets = Budgets()
+        self.first_t: float | None = None
+        self.last_t = 0.0
+        self.end_t: float | None = None
+        # The newest figures, for the budgets and the stall message.
+        self.tree_memory: tuple[str, int] | None = None  # ("RSS" | "PSS", bytes)
+        self.tree_gpu_bytes: int | None = None
+        self.disk_free: dict[str, tuple[str, int]] = {}  # label -> (path, free bytes)
+        self.tree_cpu: float | None = None
+        self.tree_gpu_util: float | None = None
+        self.uninterruptible: list[str] = []
+        self.peak_tree_rss: int | None = None
+        self.peak_machine_used: int | None = None
+        # Progress rate.
+        self.rate = SeriesBuffer()
+        self._rate_start: float | None = None
+        self._rate_changes = 0
+        self._rate_bytes = 0
+
+    # -- folding -------------------------------------------------------------------------
+
+    def configure(self, config: dict[str, Any]) -> None:
+        """Take the soak's settings from the journal header's ``config``."""
+        interval = config.get("sample_interval_seconds")
+        self.interval = float(interval) if isinstance(interval, int | float) else None
+        self.detailed_memory = bool(config.get("detailed_memory"))
+        warm_up = config.get("warm_up_seconds")
+        self.warm_up_seconds = float(warm_up) if isinstance(warm_up, int | float) else None
+        self.budgets = Budgets(
+            max_rss_bytes=config.get("max_rss_bytes"),
+            max_gpu_memory_bytes=config.get("max_gpu_memory_bytes"),
+            min_disk_free_bytes=config.get("min_disk_free_bytes"),
+        )
+
+    def add_limits(self, event: dict[str, Any]) -> None:
+        for key in ("memory_total_bytes", "cgroup_memory_max_bytes"):
+            if event.get(key) is not None:
+                self.limits[key] = int(event[key])
+        self.limits["disk_total_bytes"].update(event.get("disk_total_bytes") or {})
+
+    def end(self, t: float) -> None:
+        """The command exited or is being stopped: what follows is shutdown, not the run."""
+        if self.end_t is None:
+            self.end_t = t
+
+    def add_sample(self, t: float, event: dict[str, Any]) -> None:
+        if self.end_t is not None and t > self.end_t:
+            return
+        if self.first_t is None:
+            self.first_t = t
+            if self._rate_start is None:
+                self._rate_start = t
+        self.last_t = max(self.last_t, t)
+        tree = event.get("tree") or {}
+        if not tree.get("processes"):
+            return  # the tree is gone (or not started): nothing of the run to judge
+        rss = tree.get("rss_bytes")
+        pss = tree.get("pss_bytes")
+        if pss is not None:
+            self._track("tree.pss_bytes", "bytes", "tree memory (PSS)").add(t, pss)
+            self.tree_memory = ("PSS", int(pss))
+        elif rss is not None:
+            self.tree_memory = ("RSS", int(rss))
+        if rss is not None:
+            self._track("tree.rss_bytes", "bytes", "tree memory").add(t, rss)
+            self.peak_tree_rss = max(self.peak_tree_rss or 0, int(rss))
+        self._track("tree.fds", "count", "open files of the tree").add(t, tree.get("fds"))
+        self._track("tree.threads", "count", "threads of the tree").add(t, tree.get("threads"))
+        self._track("tree.processes", "count", "processes of the tree").add(
+            t, tree.get("processes")
+        )
+        self.tree_cpu = tree.get("cpu_percent")
+        used = (event.get("machine") or {}).get("memory_used_bytes")
+        if used is not None:
+            self.peak_machine_used = max(self.peak_machine_used or 0, int(used))
+        for label, disk in (event.get("disks") or {}).items():
+            free = disk.get("free_bytes")
+            if free is None:
+                continue
+            self.disk_free[label] = (str(disk.get("path")), int(free))
+            self._track(
+                f"disk.{label}.free_bytes", "bytes", f"free space of the {label} filesystem", "down"
+            ).add(t, free)
+        uninterruptible = []
+        for proc in event.get("processes") or []:
+            self._add_process(t, proc)
+            if proc.get("state") == "disk-sleep":
+                uninterruptible.append(f"pid {proc.get('pid')} ({proc.get('name')})")
+        self.uninterruptible = uninterruptible
+        self._close_rate_bucket(t)
+
+    def _track(
+        self,
+        key: str,
+        unit: str,
+        label: str,
+        direction: Direction = "up",
+        pid: int | None = None,
+        name: str | None = None,
+    ) -> Track:
+        track = self.tracks.get(key)
+        if track is None:
+            track = self.tracks[key] = Track(unit, label, direction, pid, name)
+        return track
+
+    def _add_process(self, t: float, proc: dict[str, Any]) -> None:
+        pid = int(proc["pid"])
+        rss = int(proc.get("rss_bytes") or 0)
+        record = self.processes.get(pid)
+        if record is None:
+            if len(self.processes) >= MAX_TRACKED_PROCESSES and not self._evict(t):
+                self.processes_not_followed += 1
+                return
+            record = self.processes[pid] = ProcessRecord(
+                pid=pid,
+                name=str(proc.get("name") or "?"),
+                first_t=t,
+                last_t=t,
+                first_rss=rss,
+                peak_rss=rss,
+                last_rss=rss,
+            )
+        record.last_t = t
+        record.last_rss = rss
+        name = proc.get("name")
+        if name and name != record.name:
+            # exec() renamed it (a launcher's shim becomes python): name what runs now.
+            record.name = str(name)
+            for track, what in ((record.rss, "memory"), (record.gpu, "GPU memory")):
+                if track is not None:
+                    track.name = record.name
+                    track.label = f"{what} of pid {pid} ({record.name})"
+        record.peak_rss = max(record.peak_rss, rss)
+        threads = proc.get("threads")
+        if threads is not None:
+            record.peak_threads = max(record.peak_threads, int(threads))
+        cpu = proc.get("cpu_percent")
+        if cpu is not None:
+            record.cpu_total += float(cpu)
+            record.cpu_count += 1
+        record.series.add(
+            t, {"rss_bytes": rss, "cpu_percent": cpu, "gpu_memory_bytes": record.gpu_now}
+        )
+        if record.rss is None:
+            record.rss = Track(
+                "bytes", f"memory of pid {pid} ({record.name})", pid=pid, name=record.name
+            )
+        record.rss.add(t, rss)
+
+    def _evict(self, t: float) -> bool:
+        """Forget the smallest process that is gone, to make room; False when all are alive."""
+        gone = [r for r in self.processes.values() if r.last_t < t]
+        if not gone:
+            return False
+        smallest = min(gone, key=lambda r: r.peak_rss)
+        del self.processes[smallest.pid]
+        return True
+
+    def add_gpu_sample(self, t: float, event: dict[str, Any]) -> None:
+        if self.end_t is not None and t > self.end_t:
+            return
+        for gpu in event.get("gpus") or []:
+            index = gpu.get("index")
+            if index is None:
+                continue
+            total = gpu.get("memory_total_mib")
+            if total is not None:
+                self.gpu_total[int(index)] = int(total * MiB)
+            used = gpu.get("memory_used_mib")
+            self._track(f"gpu{index}.memory_used_bytes", "bytes", f"memory of GPU {index}").add(
+                t, None if used is None else used * MiB
+            )
+        processes = event.get("processes")
+        if processes is None:
+            return
+        tree_total = 0
+        utilisation: list[float] = []
+        gpus_of_tree = set()
+        for proc in processes:
+            if not proc.get("in_tree"):
+                continue
+            used = proc.get("used_gpu_memory_mib")
+            value = None if used is None else int(used * MiB)
+            tree_total += value or 0
+            if proc.get("gpu_index") is not None:
+                gpus_of_tree.add(proc["gpu_index"])
+            record = self.processes.get(int(proc["pid"]))
+            if record is not None and value is not None:
+                record.gpu_now = value
+                record.peak_gpu = max(record.peak_gpu or 0, value)
+                if record.gpu is None:
+                    record.gpu = Track(
+                        "bytes",
+                        f"GPU memory of pid {record.pid} ({record.name})",
+                        pid=record.pid,
+                        name=record.name,
+                    )
+                record.gpu.add(t, value)
+        for gpu in event.get("gpus") or []:
+            if gpu.get("index") in gpus_of_tree and gpu.get("utilization_gpu_percent") is not None:
+                utilisation.append(float(gpu["utilization_gpu_percent"]))
+        self.tree_gpu_util = max(utilisation) if utilisation else None
+        self.tree_gpu_bytes = tree_total
+        self._track("tree.gpu_memory_bytes", "bytes", "GPU memory of the tree").add(t, tree_total)
+
+    def add_progress(self, t: float, event: dict[str, Any]) -> None:
+        if self._rate_start is None:
+            self._rate_start = t
+        self._rate_changes += int(event.get("changed") or 0)
+        self._rate_bytes += int(event.get("grown_bytes") or 0)
+
+    def _close_rate_bucket(self, t: float) -> None:
+        start = self._rate_start
+        if start is None:
+            return
+        low, high = RATE_BUCKET_BOUNDS
+        width = min(high, max(low, RATE_BUCKET_INTERVALS * (self.interval or 1.0)))
+        if t - start < width:
+            return
+        minutes = (t - start) / 60
+        self.rate.add(
+            t,
+            {
+                "changes_per_minute": round(self._rate_changes / minutes, 3),
+                "bytes_per_minute": round(self._rate_bytes / minutes, 1),
+            },
+        )
+        self._rate_start = t
+        self._rate_changes = 0
+        self._rate_bytes = 0
+
+    # -- judging -------------------------------------------------------------------------
+
+    def analysed_from(self, warm_up_seconds: float | None) -> float:
+        """Start of the analysed span: the same for every series."""
+        first = self.first_t or 0.0
+        if warm_up_seconds is not None:
+            return first + warm_up_seconds
+        track = self.tracks.get("tree.rss_bytes")
+        times = track.floors.times if track is not None else []
+        return first + default_warm_up(times)
+
+    def judged(self) -> Iterable[tuple[str, Track]]:
+        """Every judged series with its key: the tree's and machine's, then the top processes."""
+        yield from self.tracks.items()
+        top = sorted(self.processes.values(), key=lambda r: -r.peak_rss)[:JUDGED_PROCESSES]
+        with_gpu = [r for r in self.processes.values() if r.gpu is not None]
+        for record in top:
+            if record.rss is not None:
+                yield f"process.{record.pid}.rss_bytes", record.rss
+        for record in with_gpu:
+            assert record.gpu is not None
+            yield f"process.{record.pid}.gpu_memory_bytes", record.gpu
+
+    def evaluate(self, wall: Callable[[float], str | None]) -> dict[str, dict[str, Any]]:
+        """The ``trends`` object: every series judged over the same analysed span.
+
+        ``wall`` turns seconds since the start into an ISO time (for projections).
+        """
+        start = self.analysed_from(self.warm_up_seconds)
+        stop = self.last_t
+        if self.end_t is not None:
+            # A process frees its memory while it exits (Python tears its objects down over
+            # several samples at a short interval): the last moments are no floor of the run.
+            stop = self.end_t - max(SHUTDOWN_SAMPLES * (self.interval or 0.0), SHUTDOWN_SECONDS)
+        span = max(0.0, stop - start)
+        out: dict[str, dict[str, Any]] = {}
+        for key, track in self.judged():
+            times = track.floors.times
+            cut = bisect.bisect_right(times, stop)
+            times = times[:cut]
+            if not times:
+                continue
+            if track.pid is not None and (times[-1] - max(times[0], start)) < PROCESS_COVERAGE * (
+                span
+            ):
+                continue  # lived through too little of the span to be judged
+            min_growth, min_ratio = SERIES_UNITS[track.unit]
+            trend = estimate_trend(
+                times,
+                track.floors.column("v")[:cut],
+                min_growth=min_growth,
+                min_ratio=min_ratio,
+                warm_up_seconds=max(0.0, start - times[0]),
+                direction=track.direction,
+            )
+            out[key] = self._entry(key, track, trend, wall)
+        rate = self._rate_entry(start)
+        if rate is not None:
+            out["progress.changes_per_minute"] = rate
+        return out
+
+    def _entry(
+        self,
+        key: str,
+        track: Track,
+        trend: Trend,
+        wall: Callable[[float], str | None],
+    ) -> dict[str, Any]:
+        limit, source = self._limit(key, track)
+        seconds = None
+        if trend.verdict == "leak" and limit is not None:
+            seconds = trend.seconds_to(limit)
+        interval = trend.slope_interval_per_hour
+        note = None
+        if key == "tree.rss_bytes" and (self.peak_tree_rss or 0) > (self.peak_machine_used or 0):
+            note = (
+                "the tree's summed RSS counts pages shared between processes (forked workers) "
+                "once per process, so it can exceed the machine's used memory; "
+                "--detailed-memory uses PSS instead"
+            )
+        return {
+            "verdict": trend.verdict,
+            "unit": track.unit,
+            "label": track.label,
+            "pid": track.pid,
+            "name": track.name,
+            "slope_per_hour": _round(trend.slope_per_hour),
+            "slope_interval_per_hour": (
+                None if interval is None else [_round(interval[0]), _round(interval[1])]
+            ),
+            "growth": _round(trend.growth),
+            "span_seconds": round(trend.span_seconds, 3),
+            "analysed_from": _round(trend.analysed_from),
+            "samples": trend.samples,
+            "first": _round(trend.first),
+            "last": _round(trend.last),
+            "limit": limit,
+            "limit_source": source,
+            "projected_seconds_to_limit": _round(seconds),
+            "projected_limit_at": None if seconds is None else wall(self.last_t + seconds),
+            "reason": trend.reason,
+            "note": note,
+        }
+
+    def _limit(self, key: str, track: Track) -> tuple[int | None, str | None]:
+        """The nearest known limit of a series, and what it is."""
+        budgets = self.budgets
+        candidates: list[tuple[int | None, str]] = []
+        if key.endswith((".rss_bytes", ".pss_bytes")):
+            candidates = [
+                (self.limits["memory_total_bytes"], "machine memory"),
+                (self.limits["cgroup_memory_max_bytes"], "cgroup memory.max"),
+                (budgets.max_rss_bytes, "max_rss_bytes"),
+            ]
+        elif key.startswith("gpu") and key.endswith(".memory_used_bytes"):
+            index = int(key[3 : key.index(".")])
+            candidates = [(self.gpu_total.get(index), "GPU memory")]
+        elif key.endswith("gpu_memory_bytes"):
+            total = max(self.gpu_total.values()) if self.gpu_total else None
+            if key.startswith("tree."):
+                total = sum(self.gpu_total.values()) if self.gpu_total else None
+            candidates = [
+                (total, "GPU memory"),
+                (budgets.max_gpu_memory_bytes, "max_gpu_memory_bytes"),
+            ]
+        elif track.direction == "down":
+            if budgets.min_disk_free_bytes is not None:
+                return budgets.min_disk_free_bytes, "min_disk_free_bytes"
+            return 0, "filesystem"
+        known = [(value, source) for value, source in candidates if value is not None]
+        if not known:
+            return None, None
+        return min(known)
+
+    def _rate_entry(self, start: float) -> dict[str, Any] | None:
+        times = self.rate.times
+        rates = self.rate.column("changes_per_minute")
+        if len(times) < 2:
+            return None
+        slowing = progress_slowing(times, rates, analysed_from=start)
+        analysed = [r for ti, r in zip(times, rates, strict=True) if ti >= start and r is not None]
+        return {
+            "verdict": "slowing"
+            if slowing
+            else ("stable" if len(analysed) >= 8 else "inconclusive"),
+            "unit": "per_minute",
+            "label": "progress rate",
+            "pid": None,
+            "name": None,
+            "slope_per_hour": None,
+            "slope_interval_per_hour": None,
+            "growth": None,
+            "span_seconds": round(max(0.0, times[-1] - start), 3),
+            "analysed_from": round(start, 3),
+            "samples": len(analysed),
+            "first": None if slowing is None else round(slowing[0], 3),
+            "last": None if slowing is None else round(slowing[1], 3),
+            "limit": None,
+            "limit_source": None,
+            "projected_seconds_to_limit": None,
+            "projected_limit_at": None,
+            "reason": "progress fell below half its early rate" if slowing else "",
+            "note": None,
+        }
+
+    def top_processes(self) -> list[dict[str, Any]]:
+        top = sorted(self.processes.values(), key=lambda r: -r.peak_rss)[:TOP_PROCESSES]
+        return [r.to_json() for r in top]
+
+    def activity(self) -> str:
+        """What a stalled tree is doing: busy, idle (waiting) or in uninterruptible sleep."""
+        if self.uninterruptible:
+            return "in uninterruptible sleep (I/O): " + ", ".join(self.uninterruptible[:4])
+        cpu = self.tree_cpu
+        gpu = self.tree_gpu_util
+        figures = f"CPU {cpu:.0f}%" if cpu is not None else "CPU unknown"
+        if gpu is not None:
+            figures += f", GPU {gpu:.0f}%"
+        if (cpu or 0) >= BUSY_CPU_PERCENT or (gpu or 0) >= BUSY_GPU_PERCENT:
+            return f"busy ({figures}): slow or spinning"
+        if cpu is None and gpu is None:
+            return "of unknown activity (no sample yet)"
+        return f"idle ({figures}): waiting, a deadlock or a hung collective"
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+__all__ = ["Budgets", "TrendWatch", "describe_growth", "format_amount", "format_seconds"]

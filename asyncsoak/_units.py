@@ -1,0 +1,61 @@
+"""Sizes as people write them: ``512MiB``, ``2GiB``, ``1.5G``, ``1048576``."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from ._errors import ValidationError, ValidationTypeError
+
+#: Binary multiples; the SI spellings (``G``, ``GB``) are taken as binary too, as ``free -h``,
+#: ``ls -h`` and Slurm's ``--mem`` do: nobody budgets memory in powers of ten.
+_MULTIPLES = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+    "p": 2**50,
+}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(text: str, *, name: str = "size") -> int:
+    """Bytes from ``text``; a :class:`ValidationError` naming ``name`` when it is not a size.
+
+    Accepted: a plain number of bytes, or a number followed by ``B``, ``K``/``KB``/``KiB``,
+    ``M``/``MB``/``MiB``, ``G``/``GB``/``GiB``, ``T``..., ``P``... (case-insensitive).
+    """
+    match = _SIZE.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValidationError(f"{name}: {text!r} is not a size (say 512MiB, 2GiB, 1.5G or bytes)")
+    number, unit = match.groups()
+    key = unit.lower()
+    if key.endswith("ib"):
+        key = key[:-2]
+    elif len(key) == 2 and key.endswith("b"):
+        key = key[:-1]
+    if key not in _MULTIPLES:
+        raise ValidationError(
+            f"{name}: unknown unit {unit!r} in {text!r} (use B, KiB, MiB, GiB, TiB)"
+        )
+    value = float(number) * _MULTIPLES[key]
+    if not math.isfinite(value):
+        raise ValidationError(f"{name}: {text!r} is too large")
+    return round(value)
+
+
+def check_size(name: str, value: object) -> int | None:
+    """A size keyword argument: None, or a non-negative int of bytes (a size string is parsed)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_size(value, name=name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationTypeError(f"{name} must be a number of bytes, not {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValidationError(f"{name} must be finite, got {value!r}")
+    if value < 0:
+        raise ValidationError(f"{name} must be zero or more, got {value!r}")
+    return int(value)

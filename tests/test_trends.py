@@ -1,0 +1,245 @@
+"""The trend estimator over synthetic series of known ground truth (no clock, no processes)."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+
+from asyncsoak._crash import describe, find_exception
+from asyncsoak._trends import (
+    FLOORS,
+    Trend,
+    default_warm_up,
+    describe_growth,
+    estimate_trend,
+    format_bytes,
+    progress_slowing,
+    theil_sen,
+    windowed_minima,
+)
+from asyncsoak._units import check_size, parse_size
+
+from .trend_shapes import BASE, STABLE, GiB, MiB, detection_time, leak, times
+
+MIN_GROWTH, MIN_RATIO = FLOORS["bytes"]
+
+
+def judge(t: list[float], values: list[float], **options: Any) -> Trend:
+    """The estimator with the memory floors."""
+    return estimate_trend(t, values, min_growth=MIN_GROWTH, min_ratio=MIN_RATIO, **options)
+
+
+def test_theil_sen_finds_a_line_through_outliers() -> None:
+    """The median of pairwise slopes ignores a few wild points; the interval holds the truth."""
+    t = [float(i) for i in range(30)]
+    values = [3.0 * ti + 10 for ti in t]
+    values[5] = 1e6
+    values[20] = -1e6
+    slope, lo, hi = theil_sen(t, values)
+    assert slope == pytest.approx(3.0)
+    assert lo <= 3.0 <= hi
+
+
+def test_windowed_minima_keep_each_windows_floor() -> None:
+    """A sawtooth's windows all share the same floor; missing values are skipped."""
+    t = [float(i) for i in range(40)]
+    values: list[float | None] = [float(i % 10) for i in range(40)]
+    values[3] = None
+    wt, wv = windowed_minima(t, values, windows=4)
+    assert wv == [0.0, 0.0, 0.0, 0.0]
+    assert len(wt) == 4
+    assert wt == sorted(wt)
+
+
+def test_a_steady_leak_is_a_leak_with_its_slope() -> None:
+    """1 MiB/s for ten minutes: a leak, the interval holds 1 MiB/s, the growth is ~9 min of it."""
+    rng = random.Random(1)
+    t = times(600)
+    trend = judge(t, leak(rng, t, MiB))
+    assert trend.verdict == "leak"
+    assert trend.slope_interval_per_hour is not None
+    lo, hi = trend.slope_interval_per_hour
+    assert lo <= 3600 * MiB <= hi
+    assert trend.growth == pytest.approx(540 * MiB, rel=0.1)
+    assert trend.analysed_from == pytest.approx(60.0, abs=1)  # 10 % warm-up
+    seconds = trend.seconds_to(64 * GiB)
+    assert seconds is not None
+    assert trend.last is not None
+    assert seconds == pytest.approx((64 * GiB - trend.last) / MiB, rel=0.1)
+
+
+@pytest.mark.parametrize("shape", sorted(STABLE))
+def test_stable_shapes_are_never_a_leak(shape: str) -> None:
+    """100 seeded series of each stable shape, of several lengths: no leak at all."""
+    leaks = 0
+    for seed in range(100):
+        rng = random.Random(seed)
+        t = times(rng.choice([60, 200, 600, 1800]))
+        trend = judge(t, STABLE[shape](rng, t))
+        leaks += trend.verdict == "leak"
+    assert leaks == 0
+
+
+def test_a_leak_of_1_mib_per_second_is_caught_within_three_minutes() -> None:
+    """At 1 s samples, judged every 5 s on the run so far: flagged well before 180 s."""
+    found = [detection_time(random.Random(seed), MiB) for seed in range(10)]
+    assert all(f is not None and f <= 180 for f in found), found
+
+
+def test_a_leak_below_the_floors_is_stable() -> None:
+    """10 MiB over ten minutes is a confident rise but below 64 MiB: not a leak."""
+    t = times(600)
+    trend = judge(t, [BASE + 10 * MiB * ti / 600 for ti in t])
+    assert trend.verdict == "stable"
+
+
+def test_too_few_samples_are_inconclusive() -> None:
+    trend = judge([0.0, 1.0, 2.0], [1.0, 2.0, 3.0])
+    assert trend.verdict == "inconclusive"
+    assert trend.slope_per_hour is None
+
+
+def test_an_explicit_warm_up_hides_a_long_ramp() -> None:
+    """A ramp over the first 300 s of 600: without a warm-up it may look like growth; with
+    warm_up_seconds=300 only the plateau is judged."""
+    t = times(600)
+    values = [BASE + 500 * MiB * min(1.0, ti / 300) for ti in t]
+    assert judge(t, values, warm_up_seconds=300).verdict == "stable"
+
+
+def test_free_disk_falling_is_judged_downwards() -> None:
+    """direction="down": a filling disk is a confident fall with a projected time to zero."""
+    t = times(300)
+    free = [10 * GiB - 10 * MiB * ti for ti in t]
+    trend = judge(t, free, direction="down")
+    assert trend.verdict == "leak"
+    assert trend.slope_per_hour == pytest.approx(-36000 * MiB, rel=0.01)
+    seconds = trend.seconds_to(0)
+    assert trend.last is not None
+    assert seconds == pytest.approx(trend.last / (10 * MiB), rel=0.01)
+
+
+def test_default_warm_up_is_a_tenth_at_most_ten_minutes_at_least_three_samples() -> None:
+    assert default_warm_up(times(1000)) == pytest.approx(99.9)
+    assert default_warm_up(times(100_000)) == 600.0
+    assert default_warm_up(times(10)) == 3.0
+
+
+def test_progress_slowing_compares_the_last_quarter_with_the_first() -> None:
+    t = [float(i) for i in range(40)]
+    assert progress_slowing(t, [60.0] * 20 + [10.0] * 20) == (60.0, 10.0)
+    assert progress_slowing(t, [60.0] * 40) is None
+    assert progress_slowing(t[:4], [60.0, 60.0, 1.0, 1.0]) is None  # too few points
+
+
+def test_the_leak_sentence_reads_as_people_say_it() -> None:
+    """The exact form of the warning on stderr."""
+    text = describe_growth("memory of pid 29987 (python)", "bytes", GiB, 70, GiB / 70 * 3600)
+    assert text == "memory of pid 29987 (python) grew 1.0 GiB in 70 s (+0.9 GiB/min)"
+    assert format_bytes(512 * MiB) == "512.0 MiB"
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("512MiB", 512 * MiB),
+        ("2GiB", 2 * GiB),
+        ("1.5G", int(1.5 * GiB)),
+        ("1048576", 1048576),
+        ("64 mb", 64 * MiB),
+        ("3k", 3072),
+        ("10B", 10),
+    ],
+)
+def test_sizes_parse_as_written(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["-1G", "nan", "NaN", "5XB", "", "1.5.2G", "GiB", "inf", "1e400"])
+def test_bad_sizes_are_refused_with_the_text(text: str) -> None:
+    with pytest.raises(ValueError, match="max_rss") as info:
+        parse_size(text, name="max_rss")
+    assert repr(text) in str(info.value)
+
+
+def test_size_keywords_take_ints_and_strings_and_refuse_the_rest() -> None:
+    assert check_size("m", None) is None
+    assert check_size("m", 5) == 5
+    assert check_size("m", "1KiB") == 1024
+    with pytest.raises(ValueError, match="zero or more"):
+        check_size("m", -1)
+    with pytest.raises(ValueError, match="finite"):
+        check_size("m", math.nan)
+    with pytest.raises(TypeError):
+        check_size("m", True)
+
+
+TRACEBACK = """\
+step 199
+Traceback (most recent call last):
+  File "/work/hf_train.py", line 40, in <module>
+    main()
+  File "/work/hf_train.py", line 28, in on_step_end
+    raise RuntimeError(f"injected crash at step {step}")
+RuntimeError: injected crash at step 200
+"""
+
+
+def test_the_last_traceback_gives_type_message_and_raising_frame() -> None:
+    cause = find_exception(TRACEBACK)
+    assert cause is not None
+    assert (cause.type, cause.message, cause.where, cause.kind) == (
+        "RuntimeError",
+        "injected crash at step 200",
+        "hf_train.py:28",
+        "python",
+    )
+    assert describe(cause) == "RuntimeError: injected crash at step 200 (hf_train.py:28)"
+
+
+def test_a_chained_traceback_reports_the_last_exception() -> None:
+    text = (
+        TRACEBACK
+        + "\nDuring handling of the above exception, another exception occurred:\n\n"
+        + 'Traceback (most recent call last):\n  File "x.py", line 3, in f\n    g()\n'
+        + "KeyError: 'lr'\n"
+    )
+    cause = find_exception(text)
+    assert cause is not None
+    assert (cause.type, cause.where) == ("KeyError", "x.py:3")
+
+
+def test_launcher_prefixes_and_cuda_out_of_memory() -> None:
+    """torchrun prefixes each rank's lines; another rank's lines interleave."""
+    text = (
+        "[rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "/t/train.py", line 12, in step\n'
+        "[rank0]:     loss.backward()\n"
+        "[rank1]: step 7\n"
+        "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    )
+    cause = find_exception(text)
+    assert cause is not None
+    assert (cause.type, cause.where, cause.kind) == (
+        "torch.OutOfMemoryError",
+        "train.py:12",
+        "cuda_oom",
+    )
+
+
+def test_nccl_errors_and_a_shells_killed_without_a_traceback() -> None:
+    nccl = find_exception("x\nNCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error\n")
+    assert nccl is not None
+    assert nccl.kind == "nccl"
+    killed = find_exception("epoch 3\nbash: line 1: 4242 Killed    python train.py\n")
+    assert killed is not None
+    assert killed.kind == "killed"
+    assert describe(killed).startswith("Killed")
+    for line in ("Killed", 'bash: 24430 Killed                  python3 -c "..."'):
+        cause = find_exception(f"epoch 3\n{line}\n")
+        assert cause is not None
+        assert cause.kind == "killed"
+    assert find_exception("all good\nbye\n") is None
