@@ -37,6 +37,7 @@ import psutil
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from ._blocking import BlockingCallTimeout, run_blocking
 from ._commands import CommandResult, open_command, run_command, stop_process
 from ._events import (
     Event,
@@ -284,7 +285,17 @@ class _GpuSampler:
     # -- the schedule ----------------------------------------------------------------------
 
     async def run(self, nvidia_smi: str) -> None:
-        executable = await anyio.to_thread.run_sync(shutil.which, nvidia_smi, limiter=self._limiter)
+        try:
+            executable = await run_blocking(
+                shutil.which,
+                nvidia_smi,
+                timeout=self._call_timeout,
+                what=f"looking up {nvidia_smi!r}",
+                limiter=self._limiter,
+            )
+        except BlockingCallTimeout as exc:
+            await self._note(f"no GPU data: {exc}", {"nvidia_smi": nvidia_smi})
+            return
         if executable is None:
             await self._note(f"no GPU data: {nvidia_smi!r} not found", {"nvidia_smi": nvidia_smi})
             return
@@ -580,7 +591,12 @@ class _GpuSampler:
         )
 
     async def _abandoned(self, pid: int) -> None:
-        state = await anyio.to_thread.run_sync(_state, pid, limiter=self._limiter)
+        try:
+            state = await run_blocking(
+                _state, pid, timeout=self._call_timeout, what="reading a process state"
+            )
+        except BlockingCallTimeout:
+            state = "unknown"
         await self._note(
             f"nvidia-smi (pid {pid}) did not exit after SIGKILL (state {state}); abandoned",
             {"pid": pid, "state": state},

@@ -29,6 +29,7 @@ from typing import Any, Protocol, TextIO
 
 import anyio
 
+from ._blocking import run_blocking
 from ._fields import format_duration, format_value, gpu_index
 
 #: Seconds between two reads of the journal (and two frames on a terminal).
@@ -37,6 +38,8 @@ REFRESH_SECONDS = 0.5
 READ_CHUNK = 4 * 1024 * 1024
 #: Bound on drawing the last frame once the soak is over.
 FINAL_FRAME_SECONDS = 1.0
+#: Bound on one read of the journal or one frame drawn (a hung disk, a blocked terminal).
+VIEW_CALL_TIMEOUT = 10.0
 
 
 class JournalTail:
@@ -510,7 +513,8 @@ async def watch_journal(
 ) -> None:
     """Show the soak whose journal is ``journal_path`` on ``stream`` until cancelled.
 
-    Returns early (silently) if the view itself fails; only cancellation propagates.
+    Returns early if the view itself fails, after one line on ``stream`` saying why; only
+    cancellation propagates.
     """
     limiter = anyio.CapacityLimiter(1)
     tail = JournalTail(journal_path, monitor_pid)
@@ -518,7 +522,9 @@ async def watch_journal(
     view: _View | None = None
 
     async def in_thread(func: Callable[[], Any]) -> Any:
-        return await anyio.to_thread.run_sync(func, limiter=limiter, abandon_on_cancel=True)
+        return await run_blocking(
+            func, timeout=VIEW_CALL_TIMEOUT, what="the live view", limiter=limiter
+        )
 
     async def step() -> Status | None:
         for event in await in_thread(tail.read):
@@ -536,9 +542,12 @@ async def watch_journal(
                     view = await in_thread(partial(make_view, stream, status_interval))
                 await in_thread(partial(view.show, status))
             await anyio.sleep(refresh)
-    except Exception:
+    except Exception as exc:
         # The view is a convenience: a broken terminal or an unreadable journal ends it, and
-        # the soak goes on untouched.
+        # the soak goes on untouched; the user is told why the view went away.
+        line = f"asyncsoak: the live view stopped: {type(exc).__name__}: {exc}\n"
+        with contextlib.suppress(Exception):
+            await in_thread(partial(_say, stream, line))
         return
     finally:
         with anyio.move_on_after(FINAL_FRAME_SECONDS, shield=True):
@@ -548,6 +557,11 @@ async def watch_journal(
                     view = await in_thread(partial(make_view, stream, status_interval))
                 if view is not None:
                     await in_thread(partial(view.close, last))
+
+
+def _say(stream: TextIO, line: str) -> None:
+    stream.write(line)
+    stream.flush()
 
 
 def live_status(

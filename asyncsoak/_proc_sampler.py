@@ -19,6 +19,7 @@ second read starts until the stuck one returns.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -30,8 +31,8 @@ from pathlib import Path
 from typing import ClassVar
 
 import anyio
-import anyio.to_thread
 
+from ._blocking import BlockingCallTimeout, run_blocking
 from ._events import (
     Event,
     SamplerDegraded,
@@ -654,9 +655,13 @@ async def run_proc_sampler(
             sample: ProcSample | None = None
             busy = False
             try:
-                with anyio.move_on_after(read_timeout):
-                    sample = await anyio.to_thread.run_sync(
-                        sampler.read, sink.elapsed(), limiter=limiter, abandon_on_cancel=True
+                with contextlib.suppress(BlockingCallTimeout):
+                    sample = await run_blocking(
+                        sampler.read,
+                        sink.elapsed(),
+                        timeout=read_timeout,
+                        what="reading /proc",
+                        limiter=limiter,
                     )
                     busy = sample is None
                 if sample is not None:

@@ -14,11 +14,12 @@ that is bounded) before the cancellation propagates.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -69,7 +70,7 @@ from ._serializer import Serializer
 from ._sink import EventSink, SoakClock, open_event_queue
 from ._spawn import Spawner, SpawnRequest
 from ._trends import describe_growth, format_amount, format_bytes, format_seconds
-from ._watchdog import ProgressTracker, run_watchdog, scan_progress_dir
+from ._watchdog import ProgressTracker, ScanResult, run_watchdog, scan_progress_dir
 
 #: Threads for blocking work (scans, /proc walks, git): asyncsoak's own, never the host's.
 THREADS = 4
@@ -79,6 +80,13 @@ SNAPSHOT_CALL_TIMEOUT = 5.0
 SNAPSHOT_TIMEOUT = 30.0
 #: Bound on writing the last queued events to the journal.
 DRAIN_TIMEOUT = 10.0
+#: Bound on the scan of the progress dir taken before the start (its baseline).
+BASELINE_TIMEOUT = 60.0
+#: Bound on writing the artifact (and on reading the log's tail for it).
+ARTIFACT_WRITE_TIMEOUT = 10.0
+#: Bound on one look at the tree during the stop (the environment-marker scan reads every
+#: process's environ, which waits on each target's mmap lock: a wedged CUDA process holds it).
+TREE_LOOK_TIMEOUT = 1.0
 #: Bound on waiting for the reaper to finish once the tree is gone.
 REAPER_CLOSE_TIMEOUT = 5.0
 #: Time given to the trainer to print what ``dump_signal`` asked for before forensics start.
@@ -244,6 +252,12 @@ class _Soak:
         self.cause: str | None = None
         self._ended = anyio.Event()
         self.limiter = self._limiter = anyio.CapacityLimiter(THREADS)
+        #: Set when the caller stops the soak (cancellation or a stop request), whatever the
+        #: phase: every wait of the stop path that is not needed to stop the tree ends at once.
+        self._caller_stop = anyio.Event()
+        #: Cancel scopes of waits given up when the caller stops the soak.
+        self._stop_scopes: set[anyio.CancelScope] = set()
+        self._marker_scan_hung = False
         #: Shared with the soak's tree (``ASYNCSOAK_SOAK_ID``) and its metrics' ``soak_id``.
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
         #: Called with the JSON form of every event, after the journal and the artifact.
@@ -275,10 +289,39 @@ class _Soak:
     # -- end causes ----------------------------------------------------------------------
 
     def end(self, cause: str) -> None:
-        """The first end cause wins; later ones change nothing."""
+        """The first end cause wins; a caller's stop also cuts short the phase under way."""
         if self.cause is None:
             self.cause = cause
             self._ended.set()
+        if cause in ("cancelled", "requested") and not self._caller_stop.is_set():
+            self._caller_stop.set()
+            for scope in list(self._stop_scopes):
+                scope.cancel()
+
+    @contextlib.contextmanager
+    def _given_up_on_caller_stop(self) -> Iterator[anyio.CancelScope]:
+        """A scope cancelled as soon as the caller stops the soak (at once if it already has)."""
+        with anyio.CancelScope() as scope:
+            if self._caller_stop.is_set():
+                scope.cancel()
+            self._stop_scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                self._stop_scopes.discard(scope)
+
+    async def _wait_tree_gone(self, spawner: Spawner, seconds: float) -> None:
+        """Wait up to ``seconds`` for the tree to be gone.
+
+        A caller's stop that comes during the wait ends it at once; when the caller's stop is
+        what started this stop, the wait is its graceful period and is kept.
+        """
+        if self.cause in ("requested", "cancelled"):
+            with anyio.move_on_after(seconds):
+                await spawner.tree_gone.wait()
+            return
+        with self._given_up_on_caller_stop(), anyio.move_on_after(seconds):
+            await spawner.tree_gone.wait()
 
     async def _rule_fired(self, reason: str, message: str) -> None:
         if self.cause is not None:
@@ -336,15 +379,25 @@ class _Soak:
             ignore = {_file_key(journal_fd)}
             if not cfg.output_is_progress:
                 ignore.add(_file_key(log_fd))
-            baseline = await anyio.to_thread.run_sync(
-                partial(
-                    scan_progress_dir,
-                    cfg.progress_dir,
-                    ignore,
-                    [cfg.log_path] if cfg.output_is_progress else [],
-                ),
-                limiter=self._limiter,
-            )
+            baseline = ScanResult(files={})
+            baseline_error = None
+            with self._given_up_on_caller_stop():
+                try:
+                    baseline = await run_blocking(
+                        partial(
+                            scan_progress_dir,
+                            cfg.progress_dir,
+                            ignore,
+                            [cfg.log_path] if cfg.output_is_progress else [],
+                        ),
+                        timeout=BASELINE_TIMEOUT,
+                        what=f"the first scan of {cfg.progress_dir}",
+                        limiter=self._limiter,
+                    )
+                except BlockingCallTimeout as exc:
+                    # Every file will then count as new: the watchdog's own scans, bounded
+                    # too, decide whether the run makes progress.
+                    baseline_error = str(exc)
             clock = SoakClock()
             started_at = _now()
             sink, receive = open_event_queue(clock)
@@ -357,6 +410,8 @@ class _Soak:
                 tg.start_soon(serializer.run, receive)
                 async with sink:
                     await sink.emit(self._header(clock, started_at))
+                    if baseline_error is not None:
+                        await sink.emit(Warning(t=sink.elapsed(), message=baseline_error))
                     # The snapshot runs beside the soak: a hung nvidia-smi or a slow git must
                     # not delay the trainer's start.
                     snapshot_scope = anyio.CancelScope()
@@ -396,17 +451,37 @@ class _Soak:
                 # Blocking calls given up at their deadline (a hung disk, a wedged process).
                 "abandoned_calls": abandoned_calls() - abandoned_at_start,
             }
+            log_tail = ""
+            with contextlib.suppress(BlockingCallTimeout):
+                log_tail = await run_blocking(
+                    read_log_tail,
+                    cfg.log_path,
+                    timeout=ARTIFACT_WRITE_TIMEOUT,
+                    what="reading the log's tail",
+                )
             artifact = builder.build(
                 status=status,
                 ended_t=clock.elapsed(),
-                log_tail=self._masker(read_log_tail(cfg.log_path)),
+                log_tail=self._masker(log_tail),
                 monitor=monitor,
             )
             self._artifact = artifact
             try:
-                await anyio.to_thread.run_sync(
-                    write_artifact, artifact, cfg.output_path, limiter=self._limiter
+                await run_blocking(
+                    write_artifact,
+                    artifact,
+                    cfg.output_path,
+                    timeout=ARTIFACT_WRITE_TIMEOUT,
+                    what=f"writing the artifact {cfg.output_path}",
                 )
+            except BlockingCallTimeout as exc:
+                raise OSError(
+                    errno.ETIMEDOUT,
+                    f"could not write the soak artifact within {ARTIFACT_WRITE_TIMEOUT:g}s "
+                    f"(a hung filesystem? the tree was stopped; the journal is "
+                    f"{cfg.journal_path})",
+                    str(cfg.output_path),
+                ) from exc
             except OSError as exc:
                 raise OSError(
                     exc.errno,
@@ -426,6 +501,9 @@ class _Soak:
         if error is not None:
             return "error"
         if self.cause in ("requested", "cancelled", _slurm.CAUSE_SCHEDULER, _slurm.CAUSE_REQUEUED):
+            return "cancelled"
+        if self._caller_stop.is_set() and not self._failures:
+            # The command had exited and its tree was in its grace when the caller stopped.
             return "cancelled"
         return "failed" if self._failures else "passed"
 
@@ -455,7 +533,7 @@ class _Soak:
                     from ._snapshot import collect_snapshot
 
                     await self._query_scheduler()
-                    data = await anyio.to_thread.run_sync(
+                    data = await run_blocking(
                         partial(
                             collect_snapshot,
                             cfg.snapshot_root,
@@ -464,8 +542,9 @@ class _Soak:
                             nvidia_smi=cfg.nvidia_smi or "nvidia-smi",
                             timeout=SNAPSHOT_CALL_TIMEOUT,
                         ),
+                        timeout=SNAPSHOT_TIMEOUT,
+                        what="the runtime snapshot",
                         limiter=self._limiter,
-                        abandon_on_cancel=True,
                     )
                 except Exception as exc:
                     data = {"error": f"snapshot failed: {type(exc).__name__}: {exc}"}
@@ -676,8 +755,7 @@ class _Soak:
             exit_failure = ("nonzero_exit", f"the command exited with status {rc}")
         # The rest of the tree gets its grace first: by then the reaper has copied the last of
         # the output (the traceback) into the log, so the failure message can quote it.
-        with anyio.move_on_after(cfg.post_shutdown_grace_seconds):
-            await spawner.tree_gone.wait()
+        await self._wait_tree_gone(spawner, cfg.post_shutdown_grace_seconds)
         if exit_failure is not None:
             reason, message = exit_failure
             cause = await self._crash_cause(sink)
@@ -693,7 +771,8 @@ class _Soak:
         if not spawner.tree_gone.is_set():
             leftovers = await self._record_leftovers(sink, spawner)
             await self._kill(sink, spawner)
-            if leftovers:
+            # The caller stopped the soak during the grace: its stop, not a leftover failure.
+            if leftovers and not self._caller_stop.is_set():
                 await self._fail(
                     "leftover_processes",
                     f"{leftovers} process(es) outlived the command by "
@@ -767,8 +846,7 @@ class _Soak:
                             t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids
                         )
                     )
-        with anyio.move_on_after(grace):
-            await spawner.tree_gone.wait()
+        await self._wait_tree_gone(spawner, grace)
         if spawner.tree_gone.is_set():
             return
         leftovers = 0
@@ -783,20 +861,46 @@ class _Soak:
             )
 
     async def _tree_pids(self, spawner: Spawner) -> list[int]:
-        """The tree below the reaper, plus marked processes that left it."""
-        pids = spawner.tree_pids()
-        marked = await anyio.to_thread.run_sync(
-            _tree.find_marked, SOAK_ID_VARIABLE, self._marker, limiter=self._limiter
-        )
-        pids += [pid for pid in marked if pid not in pids]
+        """The tree below the reaper, plus marked processes that left it (bounded)."""
+        pids: list[int] = []
+        with contextlib.suppress(BlockingCallTimeout):
+            pids = await run_blocking(
+                spawner.tree_pids, timeout=TREE_LOOK_TIMEOUT, what="walking the tree"
+            )
+        if not self._marker_scan_hung:
+            try:
+                marked = await run_blocking(
+                    _tree.find_marked,
+                    SOAK_ID_VARIABLE,
+                    self._marker,
+                    timeout=TREE_LOOK_TIMEOUT,
+                    what="the scan for the soak's environment marker",
+                )
+            except BlockingCallTimeout:
+                # Stuck behind a wedged process's mmap lock: not tried again in this soak,
+                # so a stop never piles up threads on it.
+                self._marker_scan_hung = True
+            else:
+                pids += [pid for pid in marked if pid not in pids]
         self._seen_pids.update(pids)
         return pids
 
+    async def _describe(self, pids: list[int], leader_pgid: int | None) -> list[dict[str, Any]]:
+        """What the artifact says about each live pid; psutil's reads run off the loop."""
+        try:
+            return await run_blocking(
+                _describe_all,
+                pids,
+                leader_pgid,
+                timeout=TREE_LOOK_TIMEOUT,
+                what="describing the processes of the tree",
+            )
+        except BlockingCallTimeout:
+            return [{"pid": pid, "name": None, "state": "unknown", "cmdline": None} for pid in pids]
+
     async def _record_leftovers(self, sink: EventSink, spawner: Spawner) -> int:
-        leader_pgid = spawner.pid
         count = 0
-        for pid in await self._tree_pids(spawner):
-            info = _tree.describe(pid, leader_pgid=leader_pgid)
+        for info in await self._describe(await self._tree_pids(spawner), spawner.pid):
             if info is not None:
                 info["cmdline"] = (
                     None if info.get("cmdline") is None else self._masker.argv(info["cmdline"])
@@ -821,10 +925,8 @@ class _Soak:
                 pids = await self._tree_pids(spawner)
                 if spawner.tree_gone.is_set() and not pids:
                     return
-        for pid in pids:
-            info = _tree.describe(pid, leader_pgid=spawner.pid)
-            if info is not None:
-                await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
+        for info in await self._describe(pids, spawner.pid):
+            await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
 
     async def _hang_forensics(self, sink: EventSink, spawner: Spawner, reason: str) -> None:
         """Before the first signal: ask for a stack dump, then record what the tree is doing."""
@@ -834,32 +936,37 @@ class _Soak:
             await sink.emit(
                 SignalSent(t=sink.elapsed(), signal=name, target="leader", pids=[spawner.pid or 0])
             )
-            await anyio.sleep(DUMP_WAIT_SECONDS)
+            with self._given_up_on_caller_stop():
+                await anyio.sleep(DUMP_WAIT_SECONDS)
         if not cfg.forensics:
             return
         pids = await self._tree_pids(spawner)
         data: dict[str, Any] = {"error": f"forensics took longer than {FORENSICS_SECONDS:g}s"}
-        with anyio.move_on_after(FORENSICS_SECONDS + 2.0):
-            data = await anyio.to_thread.run_sync(
+        with self._given_up_on_caller_stop() as scope, contextlib.suppress(BlockingCallTimeout):
+            data = await run_blocking(
                 partial(collect_forensics, pids, time_budget=FORENSICS_SECONDS),
+                timeout=FORENSICS_SECONDS + 2.0,
+                what="the hang forensics",
                 limiter=self._limiter,
-                abandon_on_cancel=True,
             )
+        if scope.cancelled_caught:
+            data = {"error": "the caller stopped the soak during the forensics"}
         # Command lines and py-spy's headers carry argv: masked like argv everywhere else.
         await sink.emit(Forensics(t=sink.elapsed(), reason=reason, data=self._masker.data(data)))
 
     async def _report_oom_kills(self, sink: EventSink) -> set[int]:
         """Look up the tree's pids in the kernel's OOM records; report each kill once."""
         found = None
-        with anyio.move_on_after(5.0):
-            found = await anyio.to_thread.run_sync(
+        with contextlib.suppress(BlockingCallTimeout):
+            found = await run_blocking(
                 partial(
                     oom_kills,
                     set(self._seen_pids),
                     since_boot_seconds=self._boot_seconds_at_start - KMSG_SLACK_SECONDS,
                 ),
+                timeout=5.0,
+                what="reading the kernel's OOM records",
                 limiter=self._limiter,
-                abandon_on_cancel=True,
             )
         for kill in found or []:
             if kill["pid"] not in self._oom_reported:
@@ -1007,6 +1114,11 @@ def leaking(trends: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 out.extend(keys)
                 break
     return out
+
+
+def _describe_all(pids: list[int], leader_pgid: int | None) -> list[dict[str, Any]]:
+    described = (_tree.describe(pid, leader_pgid=leader_pgid) for pid in pids)
+    return [info for info in described if info is not None]
 
 
 def gpu_call_timeout(interval: float) -> float:

@@ -361,3 +361,14 @@ def test_real_terminal_80_columns_never_cuts_a_word(tmp_path: Path) -> None:
         visible = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", frame).splitlines()[0]
         assert len(visible.rstrip()) <= 80, visible
         assert "…" not in visible
+
+
+@pytest.mark.asyncio
+async def test_a_view_that_fails_says_why(tmp_path: Path) -> None:
+    """A view that cannot go on (its journal is a directory here) says so in one line."""
+    journal = tmp_path / "soak.jsonl"
+    journal.mkdir()
+    stream = io.StringIO()
+    with anyio.fail_after(30):
+        await watch_journal(journal, stream=stream, monitor_pid=os.getpid(), refresh=0.05)
+    assert stream.getvalue().startswith("asyncsoak: the live view stopped: IsADirectoryError")

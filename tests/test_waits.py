@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psutil
 import pytest
 from aiofiles.threadpool.binary import AsyncFileIO
 
-from asyncsoak import _artifact, _serializer, _soak, run_soak
+from asyncsoak import SoakFailureError, _artifact, _serializer, _soak, _tree, _watchdog, run_soak
 from asyncsoak._gpu_sampler import GpuSample
 from asyncsoak._nvidia_smi import GpuProcess
 from asyncsoak._sink import EventSink
 
-from .conftest import REPO, fast_limits
+from .conftest import REPO, ReadyFifo, fast_limits
 from .test_soak import child
 
 
@@ -220,3 +221,156 @@ def test_a_hung_journal_write_does_not_keep_the_process_alive(tmp_path: Path) ->
     assert line, "run_soak did not return"
     assert not still_running, f"the process still ran {lingered:.1f}s after run_soak returned"
     assert lingered < 5, f"the process exited {lingered:.1f}s after run_soak returned"
+
+
+class StuckFifo:
+    """A FIFO nobody writes to: ``block()`` waits in open(2) until ``release()``.
+
+    ``release`` also runs by itself after ``release_after`` seconds, so that code which
+    waits without a bound (the faults under test) ends at last and can be measured.
+    """
+
+    def __init__(self, path: Path, release_after: float = 20.0) -> None:
+        self.path = path
+        os.mkfifo(path)
+        self._timer = threading.Timer(release_after, self.release)
+        self._timer.start()
+        self._fd: int | None = None
+
+    def block(self) -> None:
+        with open(self.path, "rb"):
+            pass
+
+    def release(self) -> None:
+        self._timer.cancel()
+        if self._fd is None:
+            # A writer opening the FIFO lets every reader blocked in open(2) go; it stays
+            # open so that later readers never block again.
+            self._fd = os.open(self.path, os.O_RDWR)
+
+    def close(self) -> None:
+        self.release()
+        assert self._fd is not None
+        os.close(self._fd)
+
+
+@pytest.fixture
+def stuck(tmp_path: Path) -> Iterator[StuckFifo]:
+    fifo = StuckFifo(tmp_path / "stuck.fifo")
+    yield fifo
+    fifo.close()
+
+
+def blocked(fifo: StuckFifo, real: Any) -> Any:
+    """``real``, made to wait on the stuck FIFO first (a hung disk, a wedged process)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        fifo.block()
+        return real(*args, **kwargs)
+
+    return call
+
+
+@pytest.mark.asyncio
+async def test_a_callers_cancel_during_the_post_exit_grace_acts_at_once(
+    tmp_path: Path, ready: ReadyFifo
+) -> None:
+    """Item 4: the command exited, a child lingers in the grace, the caller cancels: the tree
+    is stopped at once and the artifact says cancelled, not leftover_processes."""
+    body = """
+touch()
+if os.fork() == 0:
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(0.01)  # until the command has exited and this child was reparented
+    say("lingering")
+    time.sleep(60)
+    os._exit(0)
+"""
+    kwargs = fast_limits(tmp_path, post_shutdown_grace_seconds=20.0, kill_wait_seconds=2.0)
+    cancelled_at = 0.0
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_when_lingering() -> None:
+                nonlocal cancelled_at
+                await ready.line()
+                cancelled_at = time.monotonic()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(cancel_when_lingering)
+            await run_soak(command=child(tmp_path, body, ready), **kwargs)
+    took = time.monotonic() - cancelled_at
+    print(f"item 4: control came back {took:.1f}s after the cancel (grace 20s)")
+    artifact = json.loads(kwargs["output_path"].read_text())
+    assert took < 5, f"control came back {took:.1f}s after the cancel"
+    assert artifact["status"] == "cancelled"
+    assert artifact["failures"] == []
+
+
+@pytest.mark.asyncio
+async def test_a_hung_baseline_scan_gives_way_to_the_callers_cancel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
+) -> None:
+    """Item 8: the first scan of the progress dir hangs; the caller's move_on_after(1) gets
+    control back at once, with a cancelled artifact."""
+    monkeypatch.setattr(_soak, "scan_progress_dir", blocked(stuck, _watchdog.scan_progress_dir))
+    kwargs = fast_limits(tmp_path)
+    started = time.monotonic()
+    with anyio.fail_after(60), anyio.move_on_after(1):
+        await run_soak(command=quick_child(tmp_path), **kwargs)
+    took = time.monotonic() - started
+    print(f"item 8 (baseline): move_on_after(1) got control back after {took:.1f}s")
+    assert took < 4, f"move_on_after(1) got control back after {took:.1f}s"
+    assert json.loads(kwargs["output_path"].read_text())["status"] == "cancelled"
+
+
+@pytest.mark.asyncio
+async def test_a_hung_artifact_write_gives_way_to_the_callers_cancel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
+) -> None:
+    """Item 8: the artifact write hangs (a dead disk): the caller still gets control back
+    within the write bound, and without a caller's cancel it is an OSError naming the path."""
+    monkeypatch.setattr(_soak, "write_artifact", blocked(stuck, _artifact.write_artifact))
+    monkeypatch.setattr(_soak, "ARTIFACT_WRITE_TIMEOUT", 1.0)
+    sleeper = child(tmp_path, "touch()\ntime.sleep(60)")
+    started = time.monotonic()
+    with anyio.fail_after(60), anyio.move_on_after(1):
+        await run_soak(command=sleeper, **fast_limits(tmp_path))
+    took = time.monotonic() - started
+    print(f"item 8 (artifact): move_on_after(1) got control back after {took:.1f}s")
+    assert took < 5, f"move_on_after(1) got control back after {took:.1f}s"
+    output = tmp_path / "again" / "soak.json"
+    with anyio.fail_after(60), pytest.raises(OSError, match="within 1s") as info:
+        await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path, output_path=output))
+    assert info.value.filename == str(output)
+
+
+@pytest.mark.asyncio
+async def test_a_wedged_process_does_not_hold_the_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
+) -> None:
+    """Item 9: reading a wedged process's environ and cmdline hangs (its mmap lock is held);
+    the stop still ends within a few seconds of kill_wait_seconds=1."""
+    monkeypatch.setattr(_tree, "find_marked", blocked(stuck, _tree.find_marked))
+    monkeypatch.setattr(psutil.Process, "cmdline", blocked(stuck, psutil.Process.cmdline))
+    body = """
+touch()
+if os.fork() == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+    kwargs = fast_limits(
+        tmp_path, max_duration_seconds=1.0, post_shutdown_grace_seconds=0.5, kill_wait_seconds=1
+    )
+    with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
+        await run_soak(command=child(tmp_path, body), **kwargs)
+    artifact = info.value.artifact
+    events = artifact["events"]
+    stop = next(e["t"] for e in events if e["kind"] == "stop")
+    took = next(e["t"] for e in events if e["kind"] == "finished") - stop
+    print(f"item 9: the stop took {took:.1f}s (kill_wait_seconds=1)")
+    assert took < 5, f"the stop took {took:.1f}s"
+    assert info.value.reason == "leftover_processes", "the lingering child is reported"

@@ -38,6 +38,7 @@ import anyio
 import psutil
 
 from .. import _slurm
+from .._blocking import run_blocking
 from .._config import seconds
 from .._control import SoakControl
 from .._errors import SoakFailureError, ValidationError
@@ -87,6 +88,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("asyncsoak.queue")
 _PLACEHOLDER = re.compile(r"\{(job_id|db|run_dir)\}")
+#: A store call is abandoned past this many busy timeouts (plus 10 s): its disk is hung.
+STORE_CALL_TIMEOUT_FACTOR = 4
 _T = TypeVar("_T")
 
 
@@ -266,7 +269,15 @@ class _Worker:
         self.registry: CollectorRegistry | None = None
 
     async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        # A store call waits at most the busy timeout for a lock; past a generous multiple of
+        # it the database's disk is hung, and the call is abandoned rather than awaited.
+        return await run_blocking(
+            fn,
+            *args,
+            timeout=STORE_CALL_TIMEOUT_FACTOR * self.store.busy_timeout + 10.0,
+            what=f"the queue store call {getattr(fn, '__name__', 'call')}",
+            limiter=self.limiter,
+        )
 
     async def run(self, once: bool) -> int:
         await self._call(_prepare_runs_dir, self.settings.runs_dir)
