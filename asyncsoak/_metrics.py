@@ -290,120 +290,115 @@ class SoakMetrics:
         """The limit ``seconds_since_progress`` is held against (startup's before progress)."""
         return self.startup_limit if self.last_progress_t is None else self.stale_limit
 
-    def collect(self) -> Iterator[Metric]:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            InfoMetricFamily,
-        )
+    def rows(self) -> list[Row]:
+        """Every family as plain rows: what both :meth:`collect` and :func:`encode_rows` show."""
+        soak = (("soak_id", self.soak_id),)
+        rows: list[Row] = []
 
-        soak = [self.soak_id]
-        info = InfoMetricFamily(
-            "asyncsoak_soak",
-            "The supervised soak.",
-            labels=["soak_id", "command", "host", "job_id"],
-        )
-        info.add_metric([self.soak_id, self.command, self.host, self.job_id], {})
-        yield info
+        def gauge(name: str, help_text: str, value: float) -> None:
+            rows.append((name, "gauge", help_text, [(name, soak, value)]))
 
+        info = (
+            ("command", self.command),
+            ("host", self.host),
+            ("job_id", self.job_id),
+            ("soak_id", self.soak_id),
+        )
+        rows.append(("asyncsoak_soak", "info", "The supervised soak.", [(_SOAK_INFO, info, 1.0)]))
         phase = self.phase()
-        family = GaugeMetricFamily(
-            "asyncsoak_soak_phase", "The soak's phase (one-hot).", labels=["soak_id", "phase"]
-        )
-        for name in PHASES:
-            family.add_metric([self.soak_id, name], 1.0 if name == phase else 0.0)
-        yield family
-
-        if self.status is not None:
-            family = GaugeMetricFamily(
-                "asyncsoak_soak_status",
-                "The soak's verdict once it ended (one-hot).",
-                labels=["soak_id", "status"],
+        rows.append(
+            (
+                "asyncsoak_soak_phase",
+                "gauge",
+                "The soak's phase (one-hot).",
+                [
+                    ("asyncsoak_soak_phase", (("phase", name), *soak), float(name == phase))
+                    for name in PHASES
+                ],
             )
-            for name in SOAK_STATUSES:
-                family.add_metric([self.soak_id, name], 1.0 if name == self.status else 0.0)
-            yield family
-
-        counter = CounterMetricFamily(
-            "asyncsoak_progress_changes",
-            "File changes seen in the progress directory.",
-            labels=["soak_id"],
         )
-        counter.add_metric(soak, float(self.changes))
-        yield counter
-
+        if self.status is not None:
+            rows.append(
+                (
+                    "asyncsoak_soak_status",
+                    "gauge",
+                    "The soak's verdict once it ended (one-hot).",
+                    [
+                        (
+                            "asyncsoak_soak_status",
+                            (*soak, ("status", name)),
+                            float(name == self.status),
+                        )
+                        for name in SOAK_STATUSES
+                    ],
+                )
+            )
+        rows.append(
+            (
+                "asyncsoak_progress_changes",
+                "counter",
+                "File changes seen in the progress directory.",
+                [("asyncsoak_progress_changes_total", soak, float(self.changes))],
+            )
+        )
         if self.last_progress_t is not None and self.started_epoch is not None:
-            yield _gauge(
+            gauge(
                 "asyncsoak_progress_last_change_timestamp_seconds",
                 "When progress was last seen (Unix time).",
-                soak,
                 self.started_epoch + self.last_progress_t,
             )
         since = self.seconds_since_progress()
         if since is not None:
-            yield _gauge(
+            gauge(
                 "asyncsoak_seconds_since_progress",
                 "Seconds since the last progress (since the start before the first one); "
                 "absent once the soak ended.",
-                soak,
                 since,
             )
         limit = self.stale_limit_seconds()
         if limit is not None:
-            yield _gauge(
+            gauge(
                 "asyncsoak_stale_limit_seconds",
                 "The limit asyncsoak_seconds_since_progress is held against (the startup "
                 "timeout before the first progress, 0 for none).",
-                soak,
                 limit,
             )
-
         tree = self.tree
         for name, key, scale, help_text in _TREE_METRICS:
             value = _scaled(tree.get(key), scale)
             if value is not None:
-                yield _gauge(name, help_text, soak, value)
+                gauge(name, help_text, value)
         if self.growth_bytes_per_second is not None:
-            yield _gauge(
+            gauge(
                 "asyncsoak_tree_memory_growth_bytes_per_second",
                 "The tree's resident memory trend (from the soak's trend estimate).",
-                soak,
                 self.growth_bytes_per_second,
             )
         if self.projected_exhaustion is not None:
-            yield _gauge(
+            gauge(
                 "asyncsoak_memory_projected_exhaustion_timestamp_seconds",
                 "When the tree's memory is projected to reach its limit (Unix time).",
-                soak,
                 self.projected_exhaustion,
             )
-
-        yield from self._collect_gpus()
-
-        family = GaugeMetricFamily(
-            "asyncsoak_sampler_degraded",
-            "1 while a sampler is degraded (its readings missing or late).",
-            labels=["soak_id", "sampler"],
+        rows.extend(self._gpu_rows())
+        rows.append(
+            (
+                "asyncsoak_sampler_degraded",
+                "gauge",
+                "1 while a sampler is degraded (its readings missing or late).",
+                [
+                    ("asyncsoak_sampler_degraded", (("sampler", name), *soak), float(degraded))
+                    for name, degraded in sorted(self.degraded.items())
+                ],
+            )
         )
-        for name, degraded in sorted(self.degraded.items()):
-            family.add_metric([self.soak_id, name], 1.0 if degraded else 0.0)
-        yield family
+        return rows
 
-    def _collect_gpus(self) -> Iterator[Metric]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        labels = ["soak_id", "gpu", "uuid"]
-        families = {
-            name: GaugeMetricFamily(name, help_text, labels=labels)
-            for name, help_text in _GPU_HELP.items()
-        }
-        throttle = GaugeMetricFamily(
-            "asyncsoak_gpu_throttle",
-            "1 for each clock event reason active on the GPU (NVML's names).",
-            labels=[*labels, "reason"],
-        )
+    def _gpu_rows(self) -> list[Row]:
+        samples: dict[str, list[Sample]] = {name: [] for name in _GPU_HELP}
+        throttle: list[Sample] = []
         for index, gpu in sorted(self.gpus.items()):
-            key = [self.soak_id, index, gpu.uuid]
+            key = (("gpu", index), ("soak_id", self.soak_id), ("uuid", gpu.uuid))
             for name, value in (
                 ("asyncsoak_gpu_utilization_ratio", gpu.utilization_ratio),
                 ("asyncsoak_gpu_memory_used_bytes", gpu.memory_used_bytes),
@@ -412,14 +407,47 @@ class SoakMetrics:
                 ("asyncsoak_tree_gpu_memory_bytes", gpu.tree_memory_bytes),
             ):
                 if value is not None:
-                    families[name].add_metric(key, value)
+                    samples[name].append((name, key, value))
             if gpu.throttle_reasons is not None:
                 active = set(gpu.throttle_reasons)
                 for reason in sorted(set(CLOCK_EVENT_REASONS.values()) | active):
-                    throttle.add_metric([*key, reason], 1.0 if reason in active else 0.0)
-        for family in (*families.values(), throttle):
-            if family.samples:
-                yield family
+                    labels = (key[0], ("reason", reason), key[1], key[2])
+                    throttle.append(("asyncsoak_gpu_throttle", labels, float(reason in active)))
+        rows: list[Row] = [
+            (name, "gauge", _GPU_HELP[name], found) for name, found in samples.items() if found
+        ]
+        if throttle:
+            rows.append(
+                (
+                    "asyncsoak_gpu_throttle",
+                    "gauge",
+                    "1 for each clock event reason active on the GPU (NVML's names).",
+                    throttle,
+                )
+            )
+        return rows
+
+    def collect(self) -> Iterator[Metric]:
+        """The families for a ``prometheus_client`` registry."""
+        return families(self.rows())
+
+
+#: A sample: its name, its labels sorted by name, its value.
+Sample = tuple[str, tuple[tuple[str, str], ...], float]
+#: A family: its name, type and help, and its samples.
+Row = tuple[str, str, str, list[Sample]]
+_SOAK_INFO = "asyncsoak_soak_info"
+
+
+def families(rows: Iterable[Row]) -> Iterator[Metric]:
+    """Rows as ``prometheus_client`` metric families."""
+    from prometheus_client.metrics_core import Metric
+
+    for name, kind, help_text, samples in rows:
+        family = Metric(name, help_text, kind)
+        for sample_name, labels, value in samples:
+            family.add_sample(sample_name, dict(labels), value)
+        yield family
 
 
 _TREE_METRICS = (
@@ -547,19 +575,124 @@ def new_registry(*collectors: Any) -> CollectorRegistry:
     return registry
 
 
+#: The media types of the two formats (OpenMetrics 1.0.0, Prometheus text 0.0.4).
+OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def wants_openmetrics(accept: str) -> bool:
+    """Whether an ``Accept`` header asks for OpenMetrics (Prometheus' does, first)."""
+    for media in accept.split(","):
+        kind, _, params = media.partition(";")
+        if kind.strip() == "application/openmetrics-text":
+            version = next(
+                (p.split("=", 1)[1].strip() for p in params.split(";") if "version=" in p), ""
+            )
+            if version in ("", "1.0.0", "0.0.1"):
+                return True
+    return False
+
+
 def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
-    """The body and content type of a scrape: OpenMetrics when ``accept`` asks for it."""
-    from prometheus_client.exposition import choose_encoder
-
-    encoder, content_type = choose_encoder(accept)
-    return encoder(registry), content_type
+    """A registry's scrape: the body and content type, OpenMetrics when ``accept`` asks."""
+    return render_rows(rows_of(registry.collect()), accept)
 
 
-def render_text(registry: CollectorRegistry) -> bytes:
-    """The Prometheus text format (what the textfile collector reads)."""
-    from prometheus_client.exposition import generate_latest
+def render_rows(rows: Iterable[Row], accept: str = "") -> tuple[bytes, str]:
+    """Rows' scrape: the body and content type, OpenMetrics when ``accept`` asks."""
+    if wants_openmetrics(accept):
+        return encode_rows(rows, openmetrics=True), OPENMETRICS_TYPE
+    return encode_rows(rows, openmetrics=False), TEXT_TYPE
 
-    return generate_latest(registry)
+
+def rows_of(families: Iterable[Metric]) -> Iterator[Row]:
+    """``prometheus_client`` families (any collector's) as rows."""
+    for family in families:
+        samples = [(s.name, tuple(sorted(s.labels.items())), s.value) for s in family.samples]
+        yield family.name, family.type, family.documentation, samples
+
+
+def encode_rows(rows: Iterable[Row], *, openmetrics: bool) -> bytes:
+    """Rows in either format, exactly as ``prometheus_client``'s ``generate_latest`` writes them.
+
+    A writer of its own because a scrape every second is paid from the monitor's budget:
+    ``generate_latest`` validates and escapes every metric and label name at every sample
+    (names asyncsoak chose once, valid by construction), several times the cost of the rest.
+    The lines but their values barely change from one scrape to the next, so each family's
+    header and each sample's name and labels are formatted once and kept (label sets are
+    bounded, and so is the cache).  A test holds the output byte for byte to
+    ``generate_latest``'s.
+    """
+    if len(_LINE_CACHE) > _LINE_CACHE_MAX:
+        _LINE_CACHE.clear()
+    out: list[str] = []
+    for name, kind, help_text, samples in rows:
+        key = (name, kind, help_text, openmetrics)
+        header = _LINE_CACHE.get(key)
+        if header is None:
+            header = _LINE_CACHE[key] = _header(name, kind, help_text, openmetrics)
+        out.append(header)
+        for sample_name, labels, value in samples:
+            line = (sample_name, labels)
+            prefix = _LINE_CACHE.get(line)
+            if prefix is None:
+                prefix = _LINE_CACHE[line] = _prefix(sample_name, labels)
+            out.append(prefix)
+            out.append(_go_float(value))
+            out.append("\n")
+    if openmetrics:
+        out.append("# EOF\n")
+    return "".join(out).encode()
+
+
+#: Formatted headers and sample prefixes (see ``encode_rows``), cleared past its bound.
+_LINE_CACHE: dict[tuple[Any, ...], str] = {}
+_LINE_CACHE_MAX = 4096
+
+
+def _header(name: str, kind: str, help_text: str, openmetrics: bool) -> str:
+    if not openmetrics:
+        if kind == "counter":
+            name += "_total"
+        elif kind == "info":
+            name, kind = name + "_info", "gauge"
+        elif kind == "unknown":
+            kind = "untyped"
+    return f"# HELP {name} {_escape_help(help_text, openmetrics)}\n# TYPE {name} {kind}\n"
+
+
+def _prefix(sample_name: str, labels: tuple[tuple[str, str], ...]) -> str:
+    if not labels:
+        return sample_name + " "
+    pairs = ",".join(f'{key}="{_escape_label(text)}"' for key, text in labels)
+    return f"{sample_name}{{{pairs}}} "
+
+
+def _go_float(value: float) -> str:
+    """A value as Go (and ``prometheus_client``) writes it: ``+Inf``, ``1.5e+09``."""
+    number = float(value)
+    if math.isinf(number):
+        return "+Inf" if number > 0 else "-Inf"
+    if math.isnan(number):
+        return "NaN"
+    text = repr(number)
+    dot = text.find(".")
+    # Go switches to exponents sooner than Python.
+    if number > 0 and dot > 6:
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return text
+
+
+def _escape_label(text: str) -> str:
+    if "\\" in text or "\n" in text or '"' in text:
+        return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return text
+
+
+def _escape_help(text: str, openmetrics: bool) -> str:
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text.replace('"', '\\"') if openmetrics else text
 
 
 def textfile_path(directory: Path, soak_id: str) -> Path:
@@ -572,14 +705,6 @@ def write_textfile(path: Path, data: bytes) -> None:
     with open(temp, "wb") as f:
         f.write(data)
     os.replace(temp, path)
-
-
-def _gauge(name: str, help_text: str, labels: list[str], value: float) -> Metric:
-    from prometheus_client.core import GaugeMetricFamily
-
-    family = GaugeMetricFamily(name, help_text, labels=["soak_id"])
-    family.add_metric(labels, value)
-    return family
 
 
 def _number(value: object) -> float | None:

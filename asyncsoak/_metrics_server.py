@@ -7,28 +7,33 @@ is bounded in time (``REQUEST_TIMEOUT``) and in number (``MAX_CONNECTIONS``; mor
 at once), so a slow, silent or malformed client costs a few bytes and one task, never the
 soak's time: the page is rendered from memory, with no I/O but the socket.
 
+The server works on plain non-blocking sockets: a scrape every second is paid from the
+monitor's budget, and a stream object per connection (an asyncio transport and protocol, a
+task, several turns of the loop) costs several times what answering does.  A scrape whose
+request has arrived by the time it is accepted (the usual case) is answered at once, in the
+loop's reader callback; only a slow or partial one gets a task of its own, under its deadline.
+
 A broken server (an accept that keeps failing) ends itself and leaves the soak alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import errno
 import logging
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
-from anyio.abc import SocketAttribute, SocketListener, SocketStream
 
 from ._blocking import BlockingCallTimeout, run_blocking
 from ._errors import ValidationError
 from ._metrics import (
     Metrics,
     SoakMetrics,
-    new_registry,
-    render,
-    render_text,
+    encode_rows,
+    render_rows,
     textfile_path,
     write_textfile,
 )
@@ -39,10 +44,10 @@ REQUEST_TIMEOUT = 5.0
 MAX_CONNECTIONS = 16
 #: Largest request head read.
 MAX_HEAD = 8192
-#: Pause after a failed accept (out of file descriptors) before trying again.
-ACCEPT_RETRY = 0.1
 #: Failed accepts in a row after which the server gives up.
 MAX_ACCEPT_FAILURES = 50
+#: Connections waiting to be accepted.
+BACKLOG = 64
 
 _log = logging.getLogger("asyncsoak.metrics")
 
@@ -58,95 +63,166 @@ class ServerStats:
     refused: int = 0
 
 
-class MetricsServer:
-    """Serve ``render``'s page at ``/metrics`` on ``listener`` until cancelled."""
+class _NotYet(Exception):
+    """The request head has not all arrived."""
 
-    def __init__(self, listener: SocketListener, render: Render) -> None:
+
+class MetricsServer:
+    """Serve ``render``'s page at ``/metrics`` on the listening socket until cancelled."""
+
+    def __init__(self, listener: socket.socket, render: Render) -> None:
         self.listener = listener
         self.render = render
         self.stats = ServerStats()
         self._active = 0
+        self._failures = 0
+        self._tg: anyio.abc.TaskGroup
+        self._stopped: anyio.Event
 
     @property
     def port(self) -> int:
-        return int(self.listener.extra(SocketAttribute.local_port))
+        return int(self.listener.getsockname()[1])
 
     async def serve(self) -> None:
-        failures = 0
-        async with self.listener, anyio.create_task_group() as tg:
-            while True:
+        """Answer until cancelled; the listening socket is closed at the end."""
+        # A reader callback on asyncio's loop, not a task waiting on the socket: a scrape
+        # then costs one wake-up and a few system calls, with no task, future or epoll
+        # registration made and unmade each time.
+        loop = asyncio.get_running_loop()
+        with self.listener:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                self._stopped = anyio.Event()
+                loop.add_reader(self.listener, self._on_readable)
                 try:
-                    stream = await self.listener.accept()
-                except OSError as exc:
-                    failures += 1
-                    if failures >= MAX_ACCEPT_FAILURES:
-                        _log.warning("metrics server stopped: accept failed: %s", exc)
-                        return
-                    await anyio.sleep(ACCEPT_RETRY)
-                    continue
-                failures = 0
-                if self._active >= MAX_CONNECTIONS:
-                    self.stats.refused += 1
-                    await anyio.aclose_forcefully(stream)
-                    continue
-                self._active += 1
-                tg.start_soon(self._connection, stream)
+                    await self._stopped.wait()
+                finally:
+                    loop.remove_reader(self.listener)
+                    tg.cancel_scope.cancel()
 
-    async def _connection(self, stream: SocketStream) -> None:
+    def _on_readable(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                # Out of descriptors, say: the pending connection stays queued; a server that
+                # keeps failing gives up and leaves the soak alone.
+                self._failures += 1
+                if self._failures >= MAX_ACCEPT_FAILURES:
+                    _log.warning("metrics server stopped: accept failed: %s", exc)
+                    self._stopped.set()
+                return
+            self._failures = 0
+            self._accepted(conn, self._tg)
+
+    def _accepted(self, conn: socket.socket, tg: anyio.abc.TaskGroup) -> None:
+        """Answer at once if the request is there; else hand the connection to a task."""
+        conn.setblocking(False)
+        if self._active >= MAX_CONNECTIONS:
+            self.stats.refused += 1
+            conn.close()
+            return
+        rest = b""
+        try:
+            head = _read_head(conn, b"")
+            response = self._answer(head)
+            rest = response[conn.send(response) :]
+        except _NotYet as partial:
+            # Not all there yet (or a slow client): its own task, under the deadline.
+            self._active += 1
+            tg.start_soon(self._connection, conn, partial.args[0])
+            return
+        except OSError:
+            pass  # the client went away
+        except Exception as exc:  # a bug answering one request must not end the server
+            _log.warning("metrics request failed: %r", exc)
+        if rest:
+            # The kernel took less than the page (a small send buffer): the rest in a task.
+            self._active += 1
+            tg.start_soon(self._send_rest, conn, rest)
+            return
+        conn.close()
+
+    async def _connection(self, conn: socket.socket, data: bytes) -> None:
         try:
             with anyio.move_on_after(REQUEST_TIMEOUT) as scope:
                 try:
-                    await self._answer(stream)
-                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass
-                except OSError as exc:
-                    # A client that reset the connection; anything else is worth a line.
-                    if exc.errno not in (errno.ECONNRESET, errno.EPIPE):
-                        _log.warning("metrics request failed: %s", exc)
+                    while True:
+                        await anyio.wait_readable(conn)
+                        try:
+                            head = _read_head(conn, data)
+                            break
+                        except _NotYet as partial:
+                            data = partial.args[0]
+                    await _send_all(conn, self._answer(head))
+                except OSError:
+                    pass  # the client went away
             if scope.cancelled_caught:
                 self.stats.timeouts += 1
         except Exception as exc:  # a bug answering one request must not end the server
             _log.warning("metrics request failed: %r", exc)
         finally:
             self._active -= 1
-            await anyio.aclose_forcefully(stream)
+            conn.close()
 
-    async def _answer(self, stream: SocketStream) -> None:
-        head = await _read_head(stream)
+    async def _send_rest(self, conn: socket.socket, data: bytes) -> None:
+        try:
+            with anyio.move_on_after(REQUEST_TIMEOUT), contextlib.suppress(OSError):
+                await _send_all(conn, data)
+        finally:
+            self._active -= 1
+            conn.close()
+
+    def _answer(self, head: bytes | None) -> bytes:
         if head is None:
             self.stats.bad_requests += 1
-            await stream.send(_response(431, b"request head too large\n"))
-            return
+            return _response(431, b"request head too large\n")
         request_line, headers = _parse_head(head)
         parts = request_line.split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             self.stats.bad_requests += 1
-            await stream.send(_response(400, b"bad request\n"))
-            return
+            return _response(400, b"bad request\n")
         method, target, _version = parts
         path = target.split("?", 1)[0]
         if method not in ("GET", "HEAD"):
-            await stream.send(_response(405, b"only GET\n", extra=b"Allow: GET, HEAD\r\n"))
-            return
+            return _response(405, b"only GET\n", extra=b"Allow: GET, HEAD\r\n")
         if path == "/":
-            await stream.send(_response(200, b"asyncsoak metrics: /metrics\n", head_only=method))
-            return
+            return _response(200, b"asyncsoak metrics: /metrics\n", head_only=method)
         if path != "/metrics":
-            await stream.send(_response(404, b"not found; try /metrics\n"))
-            return
+            return _response(404, b"not found; try /metrics\n")
         body, content_type = self.render(headers.get("accept", ""))
         self.stats.scrapes += 1
-        await stream.send(_response(200, body, content_type=content_type, head_only=method))
+        return _response(200, body, content_type=content_type, head_only=method)
 
 
-async def _read_head(stream: SocketStream) -> bytes | None:
-    """Bytes up to the blank line ending the head; None when it is too long."""
-    data = b""
+def _read_head(conn: socket.socket, data: bytes) -> bytes | None:
+    """The request head up to its blank line, with what was read before; None when too long.
+
+    Raises :class:`_NotYet` (with the bytes so far) when the head has not all arrived, and
+    ``ConnectionError`` when the client closed before sending it.
+    """
     while b"\r\n\r\n" not in data and b"\n\n" not in data:
         if len(data) > MAX_HEAD:
             return None
-        data += await stream.receive(4096)
+        try:
+            chunk = conn.recv(4096)
+        except BlockingIOError:
+            raise _NotYet(data) from None
+        if not chunk:
+            raise ConnectionResetError("the client closed before its request")
+        data += chunk
     return data
+
+
+async def _send_all(conn: socket.socket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[conn.send(view) :]
+        except BlockingIOError:
+            await anyio.wait_writable(conn)
 
 
 def _parse_head(head: bytes) -> tuple[str, dict[str, str]]:
@@ -181,21 +257,17 @@ def _response(
     return head + b"\r\n" + (b"" if head_only == "HEAD" else body)
 
 
-async def open_listener(address: str, port: int) -> SocketListener:
-    """Listen on ``address:port``; a clear :class:`ValidationError` when that is impossible."""
+async def open_listener(address: str, port: int) -> socket.socket:
+    """A non-blocking socket listening on ``address:port``; :class:`ValidationError` if not."""
     try:
-        listener = await anyio.create_tcp_listener(local_host=address, local_port=port)
+        infos = await anyio.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+        family, _, _, _, sockaddr = infos[0]
+        listener = socket.create_server(sockaddr[:2], family=family, backlog=BACKLOG)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise ValidationError(f"cannot serve metrics on {address}:{port}: {reason}") from None
-    listeners = getattr(listener, "listeners", [listener])
-    if len(listeners) > 1:
-        # A name resolving to several addresses: serve the first, close the others.
-        for extra in listeners[1:]:
-            with contextlib.suppress(OSError):
-                await extra.aclose()
-    first: SocketListener = listeners[0]
-    return first
+    listener.setblocking(False)
+    return listener
 
 
 #: Bound on one textfile write; past it (a hung filesystem) writing stops for this soak.
@@ -212,14 +284,13 @@ class SoakMetricsRuntime:
     def __init__(
         self,
         config: Metrics,
-        listener: SocketListener | None,
+        listener: socket.socket | None,
         soak: SoakMetrics,
         limiter: anyio.CapacityLimiter,
     ) -> None:
         self.config = config
         self.soak = soak
         self._limiter = limiter
-        self.registry = new_registry(soak)
         self.server = None if listener is None else MetricsServer(listener, self._render)
         self.textfile = (
             None
@@ -237,7 +308,7 @@ class SoakMetricsRuntime:
         self._dirty.set()
 
     def _render(self, accept: str) -> tuple[bytes, str]:
-        page = render(self.registry, accept)
+        page = render_rows(self.soak.rows(), accept)
         if self.soak.status is not None:
             self._final_scraped.set()
         return page
@@ -263,7 +334,7 @@ class SoakMetricsRuntime:
         if path is None or self.textfile_error is not None:
             return
         async with self._write_lock:
-            data = render_text(self.registry)
+            data = encode_rows(self.soak.rows(), openmetrics=False)
             try:
                 await run_blocking(
                     write_textfile,

@@ -59,6 +59,7 @@ BENCHMARKS: dict[str, str] = {
     "queue_throughput": "8. Job queue",
     "progress_scan": "9. Progress scan",
     "log_capture": "10. Log capture",
+    "metrics_serving": "11. Live metrics",
 }
 #: Run beside the background item: light, and as long.
 ALONGSIDE_BACKGROUND = ("gpu_sampling",)

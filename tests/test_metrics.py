@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from asyncsoak import Metrics, run_soak
-from asyncsoak._metrics import SoakMetrics, new_registry, render_text
+from asyncsoak._metrics import SoakMetrics, WorkerMetrics, encode_rows, new_registry
 
 from .conftest import ReadyFifo, asyncsoak_cli, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi
@@ -296,7 +296,7 @@ def test_trend_events_become_the_memory_trend_metrics() -> None:
             "message": "leak",
         }
     )
-    text = render_text(new_registry(metrics)).decode()
+    text = encode_rows(metrics.rows(), openmetrics=False).decode()
     assert value(text, "asyncsoak_tree_memory_growth_bytes_per_second") == 2**20
     projected = value(text, "asyncsoak_memory_projected_exhaustion_timestamp_seconds")
     assert projected == 1767232800.0
@@ -365,3 +365,54 @@ def test_cli_serves_metrics_and_writes_the_textfile(tmp_path: Path) -> None:
     assert value(text, "asyncsoak_soak_status", status="passed") == 1
     artifact = json.loads((tmp_path / "soak.json").read_text())
     assert artifact["status"] == "passed"
+
+
+def test_own_writer_matches_prometheus_clients_byte_for_byte() -> None:
+    """Both formats, soak and worker, escaped labels included: as ``generate_latest`` writes."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+
+    from asyncsoak._metrics import render, rows_of
+
+    soak = SoakMetrics("1-2", now=lambda: 5.0, host='a "quoted" host')
+    for event in [
+        {
+            "t": 0.0,
+            "kind": "header",
+            "monotonic_start": 1.0,
+            "started_at": "2026-01-01T00:00:00Z",
+            "config": {"stale_progress_seconds": 60, "startup_timeout_seconds": 600},
+            "command": ["train", "back\\slash", "new\nline"],
+        },
+        {"t": 0.5, "kind": "started"},
+        {"t": 1.0, "kind": "progress", "changed": 3},
+        {"t": 1.0, "kind": "sample", "points": {"tree": {"rss_bytes": 1.5e9, "cpu_percent": 250}}},
+        {
+            "t": 1.0,
+            "kind": "gpu_sample",
+            "gpus": [
+                {
+                    "index": 0,
+                    "uuid": "GPU-a",
+                    "utilization_gpu_percent": 97,
+                    "memory_used_mib": 1,
+                    "power_draw_w": 650.5,
+                    "temperature_gpu_c": 61,
+                    "clock_event_reasons": ["x"],
+                },
+            ],
+            "processes": [{"in_tree": True, "gpu_index": 0, "used_gpu_memory_mib": 2.5}],
+        },
+        {"t": 2.0, "kind": "sampler_degraded", "sampler": "gpu"},
+    ]:
+        soak.observe(event)
+    worker = WorkerMetrics("w", host="h", heartbeat_at=1e9, current_job=4, current_attempt=2)
+    worker.queue_jobs = {"queued": 2, "running": 1}
+    worker.outcome("failed", "nonzero_exit")
+    registry = new_registry(soak, worker)
+    assert encode_rows(soak.rows(), openmetrics=False) == generate_latest(new_registry(soak))
+    assert render(registry)[0] == generate_latest(registry)
+    openmetrics = render(registry, "application/openmetrics-text; version=1.0.0")[0]
+    # prometheus_client's OpenMetrics writer has no annotations.
+    assert openmetrics == openmetrics_latest(registry)  # type: ignore[no-untyped-call]
+    assert list(rows_of(soak.collect())) == soak.rows()
