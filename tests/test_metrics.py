@@ -416,3 +416,43 @@ def test_own_writer_matches_prometheus_clients_byte_for_byte() -> None:
     # prometheus_client's OpenMetrics writer has no annotations.
     assert openmetrics == openmetrics_latest(registry)  # type: ignore[no-untyped-call]
     assert list(rows_of(soak.collect())) == soak.rows()
+
+
+@pytest.mark.asyncio
+async def test_silent_clients_are_cut_off_and_their_number_bounded(
+    tmp_path: Path, ready: ReadyFifo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that never sends is closed at the request deadline; past the connection bound
+    a new one is closed at once; afterwards scrapes are answered again."""
+    from asyncsoak import _metrics_server
+
+    monkeypatch.setattr(_metrics_server, "REQUEST_TIMEOUT", 0.5)
+    port = free_port()
+    command = trainer(tmp_path, ready)
+    with anyio.fail_after(LIMIT_S):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: run_soak(
+                    command=command, metrics=Metrics(port=port), **fast_limits(tmp_path)
+                )
+            )
+            assert await ready.line() == "ready"
+            await scrape_until(port, lambda t: "asyncsoak_soak_phase" in t)
+            silent = [
+                await anyio.connect_tcp("127.0.0.1", port)
+                for _ in range(_metrics_server.MAX_CONNECTIONS)
+            ]
+            # Accepted in order: by the time this one is, the silent ones all hold a slot.
+            extra = await anyio.connect_tcp("127.0.0.1", port)
+            with anyio.fail_after(0.4):  # closed at once, well before the request deadline
+                with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError, OSError)):
+                    await extra.receive()
+            for stream in silent:
+                with anyio.fail_after(5):  # each is closed at the deadline, never held
+                    with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError, OSError)):
+                        await stream.receive()
+                await stream.aclose()
+            await extra.aclose()
+            assert (await http_get(port)).status == 200
+            (tmp_path / "control" / "grow").touch()
+            (tmp_path / "control" / "end").touch()
