@@ -207,8 +207,6 @@ class SoakMetrics:
             self.stopping = True
         elif kind == "exited":
             self.exited = True
-        elif kind == "trend":
-            self._fold_trend(event)
         elif kind == "finished":
             self.status = str(event.get("status"))
             self.finished_t = t
@@ -246,13 +244,19 @@ class SoakMetrics:
                     holder.tree_memory_bytes = (holder.tree_memory_bytes or 0.0) + used
         self.gpus = gpus
 
-    def _fold_trend(self, event: Mapping[str, Any]) -> None:
-        if event.get("series") != TREE_RSS_SERIES:
+    def observe_trends(self, trends: Mapping[str, Mapping[str, Any]]) -> None:
+        """Take the tree's memory trend from an evaluation of the soak's trends.
+
+        Read from every evaluation (every few samples), not from ``trend`` events: those
+        come once, when a leak or a breach becomes confident, and name a process's series
+        rather than the tree's when one process leaks.
+        """
+        entry = trends.get(TREE_RSS_SERIES)
+        if entry is None:
             return
-        slope = _number(event.get("slope_per_hour"))
-        if slope is not None:
-            self.growth_bytes_per_second = slope / HOUR
-        self.projected_exhaustion = _epoch(event.get("projected_limit_at"))
+        slope = _number(entry.get("slope_per_hour"))
+        self.growth_bytes_per_second = None if slope is None else slope / HOUR
+        self.projected_exhaustion = _epoch(entry.get("projected_limit_at"))
 
     # -- what it says --------------------------------------------------------------------
 
@@ -371,7 +375,7 @@ class SoakMetrics:
         if self.growth_bytes_per_second is not None:
             gauge(
                 "asyncsoak_tree_memory_growth_bytes_per_second",
-                "The tree's resident memory trend (from the soak's trend estimate).",
+                "The tree's resident memory trend (the soak's trend estimate, after its warm-up).",
                 self.growth_bytes_per_second,
             )
         if self.projected_exhaustion is not None:

@@ -221,6 +221,7 @@ async def run_soak(
         # Bound before anything starts: a port in use is refused with nothing launched.
         live = await open_soak_metrics(metrics_config, soak.soak_id, soak.limiter)
         soak.observers.append(live.soak.observe)
+        soak.trend_observers.append(live.soak.observe_trends)
     cancelled = True
     try:
         async with anyio.create_task_group() as tg:
@@ -262,6 +263,8 @@ class _Soak:
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
         #: Called with the JSON form of every event, after the journal and the artifact.
         self.observers: list[Callable[[dict[str, Any]], None]] = []
+        #: Called with every evaluation of the trends (the artifact's ``trends`` shape).
+        self.trend_observers: list[Callable[[Mapping[str, Mapping[str, Any]]], None]] = []
         self._child_env = dict(os.environ if cfg.env is None else cfg.env)
         self._masker = Masker(
             secret_values(self._child_env, cfg.metadata) | argv_secrets(cfg.command)
@@ -1044,6 +1047,8 @@ class _Soak:
         """Report what became confident: leaks, projected breaches, progress slowing."""
         cfg = self.cfg
         trends = self._builder.trends.evaluate(self._builder.wall)
+        for observe in self.trend_observers:
+            observe(trends)
         findings: list[tuple[str, str, dict[str, Any], str]] = []
         if cfg.leak_check != "off":
             for key in leaking(trends):

@@ -83,13 +83,15 @@ print("done", flush=True)
 """
 
 
-def trainer_soak(base: Path, mode: str, steps: int = 16) -> Path:
-    """A soak of :data:`TRAINER` in ``mode`` (pass, stall, crash, leak); the artifact path."""
+def trainer_soak(base: Path, mode: str, steps: int = 16, extra: tuple[str, ...] = ()) -> Path:
+    """A soak of :data:`TRAINER` in ``mode`` (pass, stall, crash, leak); the artifact path.
+
+    ``extra``: more options of ``asyncsoak run``."""
     base.mkdir(parents=True, exist_ok=True)
     script = base / "train.py"
     script.write_text(TRAINER)
     result = asyncsoak_cli(
-        *run_args(base, "--stale-progress", "1.5"),
+        *run_args(base, "--stale-progress", "1.5", *extra),
         "--",
         sys.executable,
         str(script),

@@ -18,6 +18,7 @@ from asyncsoak._metrics import SoakMetrics, WorkerMetrics, encode_rows, new_regi
 from .conftest import ReadyFifo, asyncsoak_cli, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi
 from .metrics_support import free_port, http_get, promtool, samples, scrape_until, value
+from .soak_runs import trainer_soak
 
 LIMIT_S = 60.0
 
@@ -270,37 +271,25 @@ async def test_gpu_metrics_from_the_sampler(tmp_path: Path, ready: ReadyFifo) ->
     }
 
 
-def test_trend_events_become_the_memory_trend_metrics() -> None:
-    """A ``trend`` event of the tree's RSS gives its growth per second and the projection."""
-    metrics = SoakMetrics("1-2", now=lambda: 110.0, host="h")
-    metrics.observe(
-        {
-            "t": 0.0,
-            "kind": "header",
-            "monotonic_start": 100.0,
-            "started_at": "2026-01-01T00:00:00Z",
-            "config": {"stale_progress_seconds": 60, "startup_timeout_seconds": 600},
-            "command": ["train"],
-            "metadata": {"job_id": 7},
-        }
+def test_a_leak_shows_as_memory_growth_and_a_projected_exhaustion(tmp_path: Path) -> None:
+    """A trainer keeping 4 MiB a step: the final textfile holds the tree's growth per second
+    and when memory runs out, as the artifact's trend estimate has them."""
+    textfiles = tmp_path / "textfiles"
+    textfiles.mkdir()
+    artifact_path = trainer_soak(
+        tmp_path / "leak", "leak", steps=60, extra=("--metrics-textfile", str(textfiles))
     )
-    metrics.observe(
-        {
-            "t": 9.0,
-            "kind": "trend",
-            "series": "tree.rss_bytes",
-            "verdict": "leak",
-            "slope_per_hour": 3600.0 * 2**20,
-            "growth": 0.5,
-            "projected_limit_at": "2026-01-01T02:00:00Z",
-            "message": "leak",
-        }
-    )
-    text = encode_rows(metrics.rows(), openmetrics=False).decode()
-    assert value(text, "asyncsoak_tree_memory_growth_bytes_per_second") == 2**20
+    (prom,) = textfiles.glob("*.prom")
+    text = prom.read_text()
+    trend = json.loads(artifact_path.read_text())["trends"]["tree.rss_bytes"]
+    growth = value(text, "asyncsoak_tree_memory_growth_bytes_per_second")
+    assert growth is not None
+    assert growth > 1 * 2**20  # 4 MiB a step of about 0.05 s
+    assert growth == pytest.approx(trend["slope_per_hour"] / 3600, rel=0.25)
     projected = value(text, "asyncsoak_memory_projected_exhaustion_timestamp_seconds")
-    assert projected == 1767232800.0
-    assert value(text, "asyncsoak_soak_info", job_id="7", host="h") == 1
+    assert trend["projected_limit_at"] is not None
+    assert projected is not None
+    assert projected > time.time()
 
 
 @pytest.mark.parametrize(
