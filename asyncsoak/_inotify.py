@@ -5,6 +5,13 @@ the staleness deadline late by as much.  The kernel's notifications let the watc
 change to within milliseconds whatever the scan interval; the scans stay as the authority
 (they see what inotify cannot: writes through ``mmap``, writes by another machine to a network
 filesystem), so a missing or overflowing inotify only costs promptness, never correctness.
+
+Walking a tree and adding watches touches the filesystem (a hung mount blocks both), so the
+watchdog runs :meth:`Inotify.watch_tree` and :meth:`Inotify.watch_pending` in asyncsoak's
+threads; :meth:`Inotify.read` only reads the inotify descriptor, which never blocks, and queues
+new directories for :meth:`Inotify.watch_pending` instead of walking them.  :meth:`Inotify.close`
+may be called while a thread is still adding watches: the descriptor is closed once no watch is
+being added, so a late ``inotify_add_watch`` never reaches a descriptor number reused since.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import threading
 from pathlib import Path
 
 _IN_NONBLOCK = os.O_NONBLOCK
@@ -48,23 +56,48 @@ class Inotify:
         self._parent_wd: int | None = None
         self.overflowed = False
         self.full = False
+        #: New directories seen by :meth:`read`, to watch with :meth:`watch_pending`.
+        self.pending: list[tuple[Path, str]] = []
+        self._lock = threading.Lock()
+        self._adding = 0
+        self._closing = False
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Close now, or as soon as the watch being added in a thread is in place."""
+        with self._lock:
+            self._closing = True
+            if self._adding:
+                return
+            fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def _add(self, path: str, key: str, is_dir: bool) -> int | None:
-        if len(self._watches) >= MAX_WATCHES:
-            self.full = True
-            return None
+        with self._lock:
+            if self._closing:
+                return None
+            if len(self._watches) >= MAX_WATCHES:
+                self.full = True
+                return None
+            self._adding += 1
         flags = _MASK | IN_DONT_FOLLOW | (IN_ONLYDIR if is_dir else 0)
-        wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), flags)
+        try:
+            wd = _libc.inotify_add_watch(self.fd, os.fsencode(path), flags)
+            errno = ctypes.get_errno()
+        finally:
+            with self._lock:
+                self._adding -= 1
+                close_now = self._closing and not self._adding and self.fd >= 0
+                if close_now:
+                    fd, self.fd = self.fd, -1
+            if close_now:
+                os.close(fd)
         if wd < 0:
-            if ctypes.get_errno() == 28:  # ENOSPC: the user's watch limit
+            if errno == 28:  # ENOSPC: the user's watch limit
                 self.full = True
             return None
-        self._watches[wd] = (key, is_dir)
+        with self._lock:
+            self._watches[wd] = (key, is_dir)
         return int(wd)
 
     def watch_for_creation(self, root: Path) -> None:
@@ -83,7 +116,7 @@ class Inotify:
         """
         found: list[str] = []
         stack = [(str(root), prefix)]
-        while stack and not self.full:
+        while stack and not self.full and not self._closing:
             directory, rel = stack.pop()
             if self._add(directory, rel, is_dir=True) is None:
                 continue
@@ -101,8 +134,17 @@ class Inotify:
                     continue
         return found
 
+    def watch_pending(self) -> list[str]:
+        """Watch the directories :meth:`read` saw created; the keys of the files inside."""
+        found: list[str] = []
+        while self.pending:
+            root, prefix = self.pending.pop()
+            found.extend(self.watch_tree(root, prefix))
+        return found
+
     def read(self, root: Path) -> set[str]:
-        """Keys of the files touched since the last read; new directories get watched."""
+        """Keys of the files touched since the last read; new directories are queued in
+        :attr:`pending`, to be watched by :meth:`watch_pending` in a thread."""
         touched: set[str] = set()
         while True:
             try:
@@ -120,9 +162,10 @@ class Inotify:
                     continue
                 if wd == self._parent_wd:
                     if mask & IN_ISDIR and name == root.name:
-                        touched.update(self.watch_tree(root))
+                        self.pending.append((root, ""))
                     continue
-                watch = self._watches.get(wd)
+                with self._lock:
+                    watch = self._watches.get(wd)
                 if watch is None:
                     continue
                 key, is_dir = watch
@@ -130,6 +173,6 @@ class Inotify:
                     touched.add(key)
                 elif mask & IN_ISDIR:
                     if mask & (IN_CREATE | IN_MOVED_TO):
-                        touched.update(self.watch_tree(root / f"{key}{name}", f"{key}{name}/"))
+                        self.pending.append((root / f"{key}{name}", f"{key}{name}/"))
                 else:
                     touched.add(f"{key}{name}")

@@ -15,6 +15,7 @@ tick.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import stat
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import anyio
 
+from ._blocking import BlockingCallTimeout, run_blocking
 from ._events import Progress
 from ._inotify import Inotify
 from ._sink import EventSink
@@ -191,19 +193,27 @@ def stat_keys(
     return out
 
 
-def open_inotify(progress_dir: Path, also: Collection[Path]) -> Inotify | None:
-    """Watches on the progress tree and the extra files, or None where inotify is unavailable."""
+def open_inotify() -> Inotify | None:
+    """An inotify instance without watches, or None where inotify is unavailable."""
     try:
-        watcher = Inotify()
+        return Inotify()
     except OSError:
         return None
+
+
+def watch_progress(watcher: Inotify, progress_dir: Path, also: Collection[Path]) -> bool:
+    """Watch the progress tree and the extra files (a walk: run it in a thread).
+
+    Returns whether the progress dir itself exists (and is now watched).
+    """
     for path in also:
         watcher.watch_file(path)
     if progress_dir.is_dir():
         watcher.watch_tree(progress_dir)
-    elif progress_dir.parent.is_dir():
+        return True
+    if progress_dir.parent.is_dir():
         watcher.watch_for_creation(progress_dir)
-    return watcher
+    return False
 
 
 async def run_watchdog(
@@ -224,23 +234,43 @@ async def run_watchdog(
     Between scans it waits on inotify, so a change is dated when it happens; a scan runs every
     ``scan_interval`` and at each deadline, and decides whether the deadline was met.
     """
-    watcher = open_inotify(progress_dir, also) if use_inotify else None
+    watcher = open_inotify() if use_inotify else None
     try:
-        await _watch(
-            sink,
-            watcher,
-            progress_dir,
-            tracker,
-            ignore,
-            also,
-            scan_interval,
-            limiter,
-            on_failure,
-            scan_timeout,
-        )
+        async with anyio.create_task_group() as tg:
+            if watcher is not None:
+                # The first walk of a big (or hung) tree must not hold up the scans, which
+                # are the authority: the watches are put in place beside them.
+                tg.start_soon(_first_watches, watcher, progress_dir, also, scan_timeout)
+            await _watch(
+                sink,
+                watcher,
+                progress_dir,
+                tracker,
+                ignore,
+                also,
+                scan_interval,
+                limiter,
+                on_failure,
+                scan_timeout,
+            )
+            tg.cancel_scope.cancel()
     finally:
         if watcher is not None:
             watcher.close()
+
+
+async def _first_watches(
+    watcher: Inotify, progress_dir: Path, also: Collection[Path], bound: float
+) -> None:
+    with contextlib.suppress(BlockingCallTimeout):
+        await run_blocking(
+            watch_progress,
+            watcher,
+            progress_dir,
+            also,
+            timeout=bound,
+            what=f"watching {progress_dir} with inotify",
+        )
 
 
 async def _watch(
@@ -256,7 +286,11 @@ async def _watch(
     scan_timeout: float,
 ) -> None:
     next_scan = _next_on_grid(sink.elapsed(), scan_interval)
-    root_watched = os.path.isdir(progress_dir)  # noqa: ASYNC240 - one stat, no thread hop
+    root_watched = False
+    with contextlib.suppress(BlockingCallTimeout):
+        root_watched = await run_blocking(
+            os.path.isdir, progress_dir, timeout=scan_timeout, what=f"a stat of {progress_dir}"
+        )
     while True:
         wake = min(next_scan, tracker.deadline())
         with anyio.move_on_after(max(0.0, wake - sink.elapsed())):
@@ -268,36 +302,62 @@ async def _watch(
                 if watcher.overflowed:
                     watcher.overflowed = False
                     next_scan = sink.elapsed()
-                if touched:
-                    previous = tracker.last_change
-                    now = sink.elapsed()
-                    updates = stat_keys(progress_dir, touched, ignore())
-                    changed = tracker.observe_some(updates, now)
-                    await _report(sink, changed, now, previous, tracker.grown_bytes)
+                now = sink.elapsed()  # the change is dated when it was heard of
+                with contextlib.suppress(BlockingCallTimeout):
+                    if watcher.pending:
+                        touched.update(
+                            await run_blocking(
+                                watcher.watch_pending,
+                                timeout=scan_timeout,
+                                what="watching new directories with inotify",
+                            )
+                        )
+                    if touched:
+                        previous = tracker.last_change
+                        updates = await run_blocking(
+                            stat_keys,
+                            progress_dir,
+                            touched,
+                            ignore(),
+                            timeout=scan_timeout,
+                            what="a stat of the files that changed",
+                        )
+                        changed = tracker.observe_some(updates, now)
+                        await _report(sink, changed, now, previous, tracker.grown_bytes)
                 continue
         previous = tracker.last_change
         changed = []
-        with anyio.move_on_after(scan_timeout) as scan_scope:
-            result = await anyio.to_thread.run_sync(
+        result: ScanResult | None = None
+        with contextlib.suppress(BlockingCallTimeout):
+            result = await run_blocking(
                 partial(scan_progress_dir, progress_dir, ignore(), also),
+                timeout=scan_timeout,
+                what=f"the scan of {progress_dir}",
                 limiter=limiter,
-                abandon_on_cancel=True,
             )
         now = sink.elapsed()
         next_scan = _next_on_grid(now, scan_interval)
         # A scan that cannot finish (a hung network filesystem) sees no progress: fail closed.
-        if not scan_scope.cancelled_caught:
+        if result is not None:
             changed = tracker.observe(result.files, now)
         if changed:
             await _report(sink, changed, now, previous, tracker.grown_bytes)
         elif (broken := tracker.verdict(now)) is not None:
             await on_failure(*broken)
             return
-        created = not root_watched and os.path.isdir(progress_dir)  # noqa: ASYNC240 - one stat
-        if watcher is not None and created:
-            # The trainer created the progress dir after the start: watch it from now on.
-            root_watched = True
-            watcher.watch_tree(progress_dir)
+        if watcher is not None and not root_watched:
+            with contextlib.suppress(BlockingCallTimeout):
+                root_watched = await run_blocking(
+                    os.path.isdir, progress_dir, timeout=scan_timeout, what="a stat"
+                )
+            if root_watched:
+                # The trainer created the progress dir after the start: watch it from now on
+                # (what is already in it was seen by the scan).
+                watcher.pending.append((progress_dir, ""))
+                with contextlib.suppress(BlockingCallTimeout):
+                    await run_blocking(
+                        watcher.watch_pending, timeout=scan_timeout, what="inotify watches"
+                    )
 
 
 def _next_on_grid(now: float, interval: float) -> float:

@@ -6,6 +6,8 @@ until the test opens the other end (or forever).
 
 from __future__ import annotations
 
+import ast
+import asyncio
 import os
 import subprocess
 import sys
@@ -129,3 +131,85 @@ def test_executor_is_process_wide() -> None:
     """One pool for the process: the accounting in artifact.monitor covers every call."""
     assert isinstance(_blocking.EXECUTOR, BlockingExecutor)
     assert _blocking.EXECUTOR.threads <= _blocking.MAX_THREADS
+
+
+#: Ways to run blocking work that bypass run_blocking's deadline, daemon threads and count.
+BYPASSES = {
+    "to_thread": "anyio.to_thread / asyncio.to_thread (non-daemon threads, no deadline)",
+    "run_in_executor": "loop.run_in_executor (asyncio's default executor unless told)",
+    "ThreadPoolExecutor": "concurrent.futures.ThreadPoolExecutor (joined at exit)",
+}
+#: Modules allowed their own threads: the helper itself, and the trainer-side helper,
+#: which runs inside the user's training process, not in the monitor.
+OWN_THREADS = {"_blocking.py", "trainer.py"}
+
+
+def bypasses(path: Path) -> list[str]:
+    """Every blocking call in ``path`` that does not go through run_blocking."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        where = f"{path.name}:{getattr(node, 'lineno', 0)}"
+        name = None
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.Name):
+            name = node.id
+        if name in BYPASSES:
+            found.append(f"{where}: {BYPASSES[name]}")
+        if name == "Thread" and path.name not in OWN_THREADS:
+            found.append(f"{where}: a thread of its own")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "open"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "aiofiles"
+            and not any(k.arg == "executor" for k in node.keywords)
+        ):
+            found.append(f"{where}: aiofiles.open on asyncio's default executor")
+    return found
+
+
+def test_no_blocking_call_bypasses_the_helper() -> None:
+    """Every thread hop of the package goes through run_blocking (or its EXECUTOR)."""
+    package = REPO / "asyncsoak"
+    found = [
+        hit
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "_blocking.py"
+        for hit in bypasses(path)
+    ]
+    assert not found, "blocking calls that bypass asyncsoak._blocking:\n" + "\n".join(found)
+
+
+def test_the_bypass_check_sees_a_bypass(tmp_path: Path) -> None:
+    """The check above can fail: each kind of bypass is found."""
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import anyio, aiofiles, asyncio\n"
+        "async def f(loop):\n"
+        "    await anyio.to_thread.run_sync(print)\n"
+        "    await loop.run_in_executor(None, print)\n"
+        "    await aiofiles.open('x')\n"
+    )
+    assert len(bypasses(sample)) == 3
+
+
+@pytest.mark.asyncio
+async def test_a_soak_never_uses_asyncios_default_executor(tmp_path: Path) -> None:
+    """A whole soak (journal through aiofiles, scans, /proc, snapshot) leaves asyncio's
+    default executor uncreated: nothing of asyncsoak can hold up the loop's shutdown."""
+    from asyncsoak import run_soak
+
+    from .conftest import fast_limits, py
+
+    loop = asyncio.get_running_loop()
+    assert loop._default_executor is None  # type: ignore[attr-defined]
+    command = py(
+        f"import pathlib; p = pathlib.Path({str(tmp_path / 'progress')!r}); "
+        "p.mkdir(); (p / 'm').write_text('x')"
+    )
+    with anyio.fail_after(60):
+        artifact = await run_soak(command=command, **fast_limits(tmp_path))
+    assert artifact["status"] == "passed"
+    assert loop._default_executor is None, "something ran on asyncio's default executor"  # type: ignore[attr-defined]

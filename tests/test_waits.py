@@ -27,6 +27,7 @@ from aiofiles.threadpool.binary import AsyncFileIO
 
 from asyncsoak import SoakFailureError, _artifact, _serializer, _soak, _tree, _watchdog, run_soak
 from asyncsoak._gpu_sampler import GpuSample
+from asyncsoak._inotify import Inotify
 from asyncsoak._nvidia_smi import GpuProcess
 from asyncsoak._sink import EventSink
 
@@ -374,3 +375,21 @@ time.sleep(60)
     print(f"item 9: the stop took {took:.1f}s (kill_wait_seconds=1)")
     assert took < 5, f"the stop took {took:.1f}s"
     assert info.value.reason == "leftover_processes", "the lingering child is reported"
+
+
+@pytest.mark.asyncio
+async def test_a_hung_inotify_walk_does_not_freeze_the_soak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
+) -> None:
+    """Item 10: the inotify walk of the progress tree hangs (a dead mount below it): the
+    scans still see the progress and the soak ends on time."""
+    monkeypatch.setattr(Inotify, "watch_tree", blocked(stuck, Inotify.watch_tree))
+    (tmp_path / "progress").mkdir()
+    started = time.monotonic()
+    with anyio.fail_after(60):
+        artifact = await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path))
+    took = time.monotonic() - started
+    print(f"item 10: run_soak returned after {took:.1f}s with the inotify walk hung")
+    assert took < 8, f"run_soak returned after {took:.1f}s"
+    assert artifact["status"] == "passed"
+    assert artifact["progress"]["changes"] >= 1
