@@ -1,6 +1,7 @@
 """The job queue's side of a training script: stop requests, cancellation, config.
 
-Standard library only, so a training script imports it without anyio or psutil.  A trainer
+Standard library only (psycopg for a queue on PostgreSQL), so a training script imports it
+without anyio or psutil.  A trainer
 adopts the protocol in three lines::
 
     from asyncsoak import trainer
@@ -127,8 +128,8 @@ def cancel_requested(min_interval: float = 1.0) -> bool:
     if ident is None or not db:
         return False
     try:
-        row = _read_job_column(Path(db), ident, "cancel_requested")
-    except (sqlite3.Error, RuntimeError):
+        row = _read_job_column(db, ident, "cancel_requested")
+    except Exception:  # sqlite3 or psycopg: unreadable for now; the worker still enforces it
         return False
     _cancel_seen = bool(row)
     return _cancel_seen
@@ -143,14 +144,16 @@ def load_config(job: int | None = None, db: str | os.PathLike[str] | None = None
             "no job to read a config for: ASYNCSOAK_JOB_ID and ASYNCSOAK_DB are unset "
             "(this process was not started by an asyncsoak worker)"
         )
-    text = _read_job_column(Path(path), ident, "config")
+    text = _read_job_column(os.fspath(path), ident, "config")
     if text is None:
         raise RuntimeError(f"job {ident} was submitted with a command, not a config")
-    config: dict[str, Any] = json.loads(text)
+    config: dict[str, Any] = json.loads(text) if isinstance(text, str) else text
     return config
 
 
-def _read_job_column(db: Path, ident: int, column: str) -> Any:
+def _read_job_column(db: str, ident: int, column: str) -> Any:
+    if db.startswith(("postgresql:", "postgres:")):
+        return _read_postgres_column(db, ident, column)
     uri = f"file:{urllib.parse.quote(str(db))}?mode=ro"
     conn = sqlite3.connect(uri, uri=True, timeout=_DB_TIMEOUT_S)
     try:
@@ -158,6 +161,20 @@ def _read_job_column(db: Path, ident: int, column: str) -> Any:
         row = conn.execute(f"SELECT {column} FROM jobs WHERE id = ?", (ident,)).fetchone()
     finally:
         conn.close()
+    if row is None:
+        raise RuntimeError(f"job {ident} is not in the queue database {db}")
+    return row[0]
+
+
+def _read_postgres_column(db: str, ident: int, column: str) -> Any:
+    import psycopg
+
+    # The worker put the URL without its password here, and the password in PGPASSWORD.
+    conninfo = "" if db.rstrip("/") in ("postgresql:", "postgres:") else db
+    with psycopg.connect(conninfo, connect_timeout=int(_DB_TIMEOUT_S), autocommit=True) as conn:
+        row = conn.execute(
+            f"SELECT {column} FROM asyncsoak.jobs WHERE id = %s", (ident,)
+        ).fetchone()
     if row is None:
         raise RuntimeError(f"job {ident} is not in the queue database {db}")
     return row[0]

@@ -18,7 +18,7 @@ import pytest
 
 from asyncsoak import Metrics, run_soak
 from asyncsoak._metrics import METRIC_NAMES
-from asyncsoak.queue import JobStore
+from asyncsoak.queue import SqliteStore
 
 from .conftest import CLI_ENV, REPO, ReadyFifo, fast_limits
 from .metrics_support import free_port, node_exporter, prometheus, promtool, scrape_until, value
@@ -71,7 +71,7 @@ async def test_prometheus_scrapes_a_soak_a_worker_and_the_textfile(
     hold = write_script(tmp_path, "hold.py", HOLD)
     env = {"TEST_SIGNALS": str(ready.path)}
     db = tmp_path / "queue.db"
-    with JobStore(db) as store:
+    with SqliteStore(db) as store:
         job = store.submit(
             argv=[*hold, str(tmp_path), str(end)], env={**JOB_ENV, **env}, soak=FAST_SOAK
         )

@@ -1,8 +1,10 @@
 """The job queue's commands: submit, jobs, job, cancel, requeue, logs, workers, worker.
 
-``--db`` defaults to ``$ASYNCSOAK_DB``, else ``queue.db`` in the user's data directory; runs
-live beside the database (``queue.runs/``) unless ``asyncsoak worker --runs-dir`` says
-otherwise.  Tables are for people (aligned, ages like "3m ago"), ``--json`` is for scripts.
+``--db`` defaults to ``$ASYNCSOAK_DB``, else ``queue.db`` in the user's data directory; a
+``postgresql://`` URL (or ``postgresql:`` with libpq's ``PG*`` variables) is a PostgreSQL
+queue shared by many hosts.  Runs live beside an SQLite database (``queue.runs/``), or in the
+user's data directory for PostgreSQL, unless ``asyncsoak worker --runs-dir`` says otherwise.
+Tables are for people (aligned, ages like "3m ago"), ``--json`` is for scripts.
 Job environment values are never printed, only their names.
 """
 
@@ -16,6 +18,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +28,15 @@ from typing import Any
 from .._config import STOP_MODES, seconds
 from .._errors import ValidationError
 from .._redact import Masker, argv_secrets, secret_values
+from ..queue._models import (
+    INTEGER_MAX,
+    JOB_STATUSES,
+    Attempt,
+    Job,
+    QueueError,
+    WorkerInfo,
+    validate_submission,
+)
 from ..queue._status import (
     CANCEL_GRACE_S,
     KILLED_BEFORE_SAVING,
@@ -34,16 +46,7 @@ from ..queue._status import (
     STOP_TIMEOUT_S,
     describe_exit,
 )
-from ..queue._store import (
-    INTEGER_MAX,
-    JOB_STATUSES,
-    Attempt,
-    Job,
-    JobStore,
-    QueueError,
-    WorkerInfo,
-    validate_submission,
-)
+from ..queue._store import JobStore, default_data_dir, open_store
 from . import EXIT_OK, UsageError
 from ._run import add_metrics_flags, add_soak_limits, metrics_from_args, parse_pairs
 from ._slurm import worker_in_allocation
@@ -54,13 +57,9 @@ _NAME_WIDTH = 28
 _NOTE_WIDTH = 90
 
 
-def default_db() -> Path:
+def default_db() -> str:
     """``$ASYNCSOAK_DB``, else ``asyncsoak/queue.db`` in ``$XDG_DATA_HOME`` (``~/.local/share``)."""
-    env = os.environ.get("ASYNCSOAK_DB")
-    if env:
-        return Path(env)
-    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data) / "asyncsoak" / "queue.db"
+    return os.environ.get("ASYNCSOAK_DB") or str(default_data_dir() / "queue.db")
 
 
 def _integer(text: str, *, minimum: int = -INTEGER_MAX) -> int:
@@ -86,9 +85,10 @@ def register(subparsers: Any) -> None:
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument(
         "--db",
-        type=Path,
         default=None,
-        help="queue database (default: $ASYNCSOAK_DB, else ~/.local/share/asyncsoak/queue.db)",
+        metavar="PATH|URL",
+        help="queue database: an SQLite file, or postgresql://... for a queue shared by many "
+        "hosts (default: $ASYNCSOAK_DB, else ~/.local/share/asyncsoak/queue.db)",
     )
 
     p = subparsers.add_parser(
@@ -231,7 +231,7 @@ def _soak_limits(args: argparse.Namespace) -> dict[str, Any]:
 
 def _open(args: argparse.Namespace, *, create: bool = False) -> JobStore:
     try:
-        return JobStore(args.db or default_db(), create=create)
+        return open_store(args.db or default_db(), create=create)
     except QueueError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -391,14 +391,15 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _jobs(args: argparse.Namespace) -> int:
     with _open(args) as store:
-        jobs = store.jobs(args.status)
+        jobs = _queue_call(lambda: store.jobs(args.status))
+        # Ages against the queue's clock (the database's on PostgreSQL), not this host's.
+        now = _queue_call(store.now)
     if args.json:
         _print_json([job.to_public_dict() for job in jobs])
         return EXIT_OK
     if not jobs:
         print("no jobs" + (f" {args.status}" if args.status else ""))
         return EXIT_OK
-    now = time.time()
     rows = [
         [
             str(job.id),
@@ -421,14 +422,14 @@ def _jobs(args: argparse.Namespace) -> int:
 def _job(args: argparse.Namespace) -> int:
     with _open(args) as store:
         job = _queue_call(lambda: store.get(args.id))
-        attempts = store.attempts(args.id)
+        attempts = _queue_call(lambda: store.attempts(args.id))
+        now = _queue_call(store.now)
     masker = _masker(job)
     if args.json:
         data = job.to_public_dict()
         data["attempts"] = [_attempt_dict(a) for a in attempts]
         _print_json(data)
         return EXIT_OK
-    now = time.time()
     status = job.status + (f" ({job.reason})" if job.reason else "")
     if job.cancel_requested and job.status == "running":
         status += ", cancel requested"
@@ -464,6 +465,7 @@ def _job(args: argparse.Namespace) -> int:
             [
                 str(a.attempt),
                 a.worker,
+                a.host,
                 _age(a.started_at, now),
                 _duration((a.finished_at or now) - a.started_at),
                 a.outcome or "running",
@@ -472,9 +474,37 @@ def _job(args: argparse.Namespace) -> int:
             ]
             for a in attempts
         ]
-        headers = ["#", "WORKER", "STARTED", "TOOK", "OUTCOME", "REASON", "RC"]
+        headers = ["#", "WORKER", "HOST", "STARTED", "TOOK", "OUTCOME", "REASON", "RC"]
         print("\n".join("  " + line for line in _table(headers, rows, right=(0,)).splitlines()))
+        for a in attempts:
+            lines = _attempt_details(a, masker)
+            if lines:
+                print(f"\nattempt {a.attempt}:")
+                print("\n".join("  " + line for line in lines))
     return EXIT_OK
+
+
+def _attempt_details(a: Attempt, masker: Masker) -> list[str]:
+    """What the attempt's artifact said, as the database keeps it (any host can read it)."""
+    lines = []
+    summary = a.summary or {}
+    if summary.get("verdict"):
+        lines.append(f"soak verdict  {summary['verdict']}")
+    for failure in summary.get("failures") or []:
+        lines.append(
+            f"failure       {failure.get('reason')}: {masker(str(failure.get('message')))}"
+        )
+    for warning in summary.get("warnings") or []:
+        lines.append(f"warning       {masker(str(warning))}")
+    for key, trend in sorted((summary.get("trends") or {}).items()):
+        if trend.get("verdict") == "leak":
+            slope = trend.get("slope_per_hour")
+            unit = trend.get("unit") or ""
+            rate = f" (+{slope:.3g} {unit}/h)" if isinstance(slope, int | float) else ""
+            lines.append(f"trend         {key}: leak{rate}")
+    if a.note:
+        lines.append(f"note          {a.note}")
+    return lines
 
 
 def _soak_text(soak: dict[str, Any]) -> str:
@@ -490,6 +520,17 @@ def _soak_text(soak: dict[str, Any]) -> str:
 
 def _attempt_dict(a: Attempt) -> dict[str, Any]:
     return {**dataclasses.asdict(a), "log": str(a.directory / "train.log")}
+
+
+def _log_elsewhere(job: Job, a: Attempt, path: Path) -> str:
+    """Why ``path`` is not here: on which host it is, when the attempt ran on another."""
+    if a.host != socket.gethostname():
+        return (
+            f"job {job.id} attempt {a.attempt} ran on host {a.host}: its log is there, at "
+            f"{a.host}:{path} (run asyncsoak logs on {a.host}, or keep --runs-dir on shared "
+            "storage)"
+        )
+    return f"job {job.id} attempt {a.attempt}: no log at {path}"
 
 
 def _cancel(args: argparse.Namespace) -> int:
@@ -542,10 +583,8 @@ def _logs(args: argparse.Namespace) -> int:
                 if args.follow:
                     _follow(f, masker, lambda: _attempt_running(store, chosen))
         except FileNotFoundError:
-            if not args.follow:
-                raise UsageError(
-                    f"job {job.id} attempt {chosen.attempt}: no log at {path}"
-                ) from None
+            if not args.follow or chosen.host != socket.gethostname():
+                raise UsageError(_log_elsewhere(job, chosen, path)) from None
         except KeyboardInterrupt:
             pass
     return EXIT_OK
@@ -573,14 +612,14 @@ def _follow(f: Any, masker: Masker, running: Callable[[], bool]) -> None:
 
 def _workers(args: argparse.Namespace) -> int:
     with _open(args) as store:
-        workers = store.workers()
+        workers = _queue_call(store.workers)
+        now = _queue_call(store.now)
     if args.json:
-        _print_json([_worker_dict(w) for w in workers])
+        _print_json([_worker_dict(w, now) for w in workers])
         return EXIT_OK
     if not workers:
         print("no workers")
         return EXIT_OK
-    now = time.time()
     rows = [
         [
             w.name,
@@ -604,8 +643,8 @@ def _worker_state(w: WorkerInfo, now: float) -> str:
     return "stale" if now - w.heartbeat_at > STALE_AFTER_S else "alive"
 
 
-def _worker_dict(w: WorkerInfo) -> dict[str, Any]:
-    return {**dataclasses.asdict(w), "state": _worker_state(w, time.time())}
+def _worker_dict(w: WorkerInfo, now: float) -> dict[str, Any]:
+    return {**dataclasses.asdict(w), "state": _worker_state(w, now)}
 
 
 def _worker(args: argparse.Namespace) -> int:

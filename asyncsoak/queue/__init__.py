@@ -1,5 +1,5 @@
-"""The durable training-job queue: a SQLite store, a worker that runs each job under
-``run_soak``, and the final status rules.
+"""The durable training-job queue: a store (SQLite on one host, PostgreSQL for many), a
+worker that runs each job under ``run_soak``, and the final status rules.
 
 The worker's names load lazily, so the store and the command line's read-only commands do
 not import the soak core.
@@ -10,6 +10,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._models import Attempt as Attempt
+from ._models import Job as Job
+from ._models import JobNotFoundError as JobNotFoundError
+from ._models import JobStateError as JobStateError
+from ._models import QueueDatabaseError as QueueDatabaseError
+from ._models import QueueError as QueueError
+from ._models import QueueUnavailableError as QueueUnavailableError
+from ._models import WorkerInfo as WorkerInfo
+from ._models import WorkerNameInUseError as WorkerNameInUseError
+from ._postgres import PostgresStore as PostgresStore
+from ._sqlite import SqliteStore as SqliteStore
 from ._status import CANCEL_GRACE_S as CANCEL_GRACE_S
 from ._status import ERROR_TAIL_LINES as ERROR_TAIL_LINES
 from ._status import FINISH_RETRIES as FINISH_RETRIES
@@ -25,15 +36,8 @@ from ._status import describe_exit as describe_exit
 from ._status import final_status as final_status
 from ._status import tail as tail
 from ._status import with_soak_verdict as with_soak_verdict
-from ._store import Attempt as Attempt
-from ._store import Job as Job
-from ._store import JobNotFoundError as JobNotFoundError
-from ._store import JobStateError as JobStateError
 from ._store import JobStore as JobStore
-from ._store import QueueDatabaseError as QueueDatabaseError
-from ._store import QueueError as QueueError
-from ._store import WorkerInfo as WorkerInfo
-from ._store import WorkerNameInUseError as WorkerNameInUseError
+from ._store import open_store as open_store
 
 if TYPE_CHECKING:
     from ._worker import TRAIN_CMD as TRAIN_CMD
@@ -59,13 +63,17 @@ __all__ = [
     "JobStateError",
     "JobStore",
     "Outcome",
+    "PostgresStore",
     "QueueDatabaseError",
     "QueueError",
+    "QueueUnavailableError",
+    "SqliteStore",
     "WorkerInfo",
     "WorkerNameInUseError",
     "describe_exit",
     "final_status",
     "main",
+    "open_store",
     "run_job",
     "run_worker",
     "tail",

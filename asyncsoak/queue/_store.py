@@ -1,510 +1,83 @@
-"""The durable job queue: one SQLite file, shared by workers and the command line.
+"""The queue's store: the one interface the worker and the command line use, two backends.
 
-WAL lets readers (``asyncsoak jobs``, trainers checking for cancellation) run beside a
-writer, but its shared memory only works on a local filesystem, so a database on a network
-filesystem is refused.  The connection is in autocommit mode (``isolation_level=None``) and
-every read-then-write runs inside an explicit ``BEGIN IMMEDIATE``: the write lock is taken
-before the read, so two workers can never both see a job as free.  No transaction outlives a
-method call, so none is held while a child runs.
+:class:`SqliteStore` (``_sqlite.py``) keeps the queue in one file on one host, the embedded
+default.  :class:`PostgresStore` (``_postgres.py``) keeps it in a PostgreSQL database shared
+by workers on many hosts.  Both keep the same records (``_models.py``) under the same rules:
+every method is one short transaction, none is held while a child runs, and every write a
+worker makes about an attempt is fenced on ``(id, attempt, worker)`` with its row count
+checked, so a worker that lost its job can never overwrite a newer attempt.
 
-Fencing: each claim increments the job's ``attempt``; every later write by the worker names
-``(id, attempt, worker)`` and checks the row count, so a worker that lost its job (declared
-an orphan, taken over) can never overwrite a newer attempt.
+``JobStore(db)`` (or :func:`open_store`) opens the backend ``db`` names: a
+``postgresql://`` / ``postgres://`` URL, or ``postgresql:`` for libpq's ``PG*`` variables,
+is PostgreSQL; anything else is the path of an SQLite file.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import abc
 import os
-import sqlite3
-import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._config import SOAK_LIMITS as SOAK_LIMITS  # the run_soak parameters a job may set
-from .._config import StopMode, validate_job
-from .._errors import AsyncsoakError, ValidationError
-from .._redact import Masker, argv_secrets, redact_mapping, secret_values
-from ._status import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Outcome
+import anyio
+import anyio.abc
 
-QUEUED = "queued"
-RUNNING = "running"
-#: Statuses a job can be in; ``interrupted`` is an attempt's outcome (the job returns to queued).
-JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
-TERMINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED)
-DEFAULT_MAX_ATTEMPTS = 3
-#: Priorities and job ids are SQLite INTEGERs: signed 64-bit.
-INTEGER_MAX = 2**63 - 1
-#: How long a statement waits for another connection's write lock, in seconds.
-BUSY_TIMEOUT_S = 5.0
-#: ``PRAGMA application_id`` of a queue database ("asok").
-APPLICATION_ID = 0x61736F6B
-MOUNTINFO = Path("/proc/self/mountinfo")
-#: Filesystems on which SQLite's WAL (shared memory, POSIX locks) is unsafe.
-NETWORK_FILESYSTEMS = frozenset(
-    {
-        "9p",
-        "afs",
-        "beegfs",
-        "ceph",
-        "cifs",
-        "davfs",
-        "fuse.cephfs",
-        "fuse.gcsfuse",
-        "fuse.glusterfs",
-        "fuse.juicefs",
-        "fuse.rclone",
-        "fuse.s3fs",
-        "fuse.sshfs",
-        "glusterfs",
-        "gpfs",
-        "lustre",
-        "ncpfs",
-        "nfs",
-        "nfs4",
-        "smb3",
-        "smbfs",
-    }
-)
-
-# Each entry migrates the schema from version i to i + 1; statements run in one transaction.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        f"PRAGMA application_id = {APPLICATION_ID}",
-        """
-        CREATE TABLE jobs (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            name TEXT,
-            status TEXT NOT NULL
-                CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
-            argv TEXT,
-            config TEXT,
-            cwd TEXT,
-            env TEXT NOT NULL DEFAULT '{}',
-            progress_dir TEXT,
-            soak TEXT NOT NULL DEFAULT '{}',
-            stop_mode TEXT NOT NULL DEFAULT 'stdin'
-                CHECK (stop_mode IN ('stdin', 'group', 'leader')),
-            priority INTEGER NOT NULL DEFAULT 0,
-            attempt INTEGER NOT NULL DEFAULT 0,
-            attempts INTEGER NOT NULL DEFAULT 0,
-            max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
-            created_at REAL NOT NULL,
-            started_at REAL,
-            finished_at REAL,
-            heartbeat_at REAL,
-            worker TEXT,
-            host TEXT,
-            cancel_requested INTEGER NOT NULL DEFAULT 0,
-            returncode INTEGER,
-            reason TEXT,
-            error TEXT,
-            artifact TEXT,
-            CHECK ((argv IS NULL) != (config IS NULL))
-        )
-        """,
-        "CREATE INDEX jobs_by_claim_order ON jobs (status, priority DESC, id)",
-        """
-        CREATE TABLE attempts (
-            job_id INTEGER NOT NULL REFERENCES jobs (id),
-            attempt INTEGER NOT NULL,
-            worker TEXT NOT NULL,
-            host TEXT NOT NULL,
-            started_at REAL NOT NULL,
-            finished_at REAL,
-            outcome TEXT
-                CHECK (outcome IN ('succeeded', 'failed', 'cancelled', 'interrupted')),
-            reason TEXT,
-            returncode INTEGER,
-            error TEXT,
-            artifact TEXT NOT NULL,
-            PRIMARY KEY (job_id, attempt)
-        )
-        """,
-        """
-        CREATE TABLE workers (
-            name TEXT PRIMARY KEY,
-            host TEXT NOT NULL,
-            pid INTEGER NOT NULL,
-            pid_start INTEGER,
-            started_at REAL NOT NULL,
-            heartbeat_at REAL NOT NULL,
-            stopped_at REAL,
-            job_id INTEGER
-        )
-        """,
-    ),
-)
-SCHEMA_VERSION = len(_MIGRATIONS)
+from .._config import StopMode
+from ._models import BUSY_TIMEOUT_S, DEFAULT_MAX_ATTEMPTS, Attempt, Job, WorkerInfo
+from ._status import Outcome
 
 
-class QueueError(AsyncsoakError):
-    """Base of the job queue's errors: bad input or state, reported without changing anything."""
+def is_postgres(db: str | os.PathLike[str]) -> bool:
+    """Whether ``db`` names a PostgreSQL database rather than an SQLite file."""
+    return isinstance(db, str) and db.startswith(("postgresql:", "postgres:"))
 
 
-class QueueDatabaseError(QueueError):
-    """The queue database cannot be used (missing, corrupt, too new, on a network filesystem)."""
-
-    def __init__(self, path: Path, problem: str) -> None:
-        self.path = path
-        self.problem = problem
-        super().__init__(f"queue database {path}: {problem}")
+def default_data_dir() -> Path:
+    """``asyncsoak`` in ``$XDG_DATA_HOME`` (``~/.local/share``)."""
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "asyncsoak"
 
 
-class JobNotFoundError(QueueError):
-    def __init__(self, job_id: int) -> None:
-        self.job_id = job_id
-        super().__init__(f"no job {job_id}")
+def backend(db: str | os.PathLike[str]) -> type[JobStore]:
+    """The store class for ``db`` (see the module docstring)."""
+    if is_postgres(db):
+        from ._postgres import PostgresStore
+
+        return PostgresStore
+    from ._sqlite import SqliteStore
+
+    return SqliteStore
 
 
-class JobStateError(QueueError):
-    """The job's status does not allow the action (cancelling a finished job...)."""
-
-    def __init__(self, job_id: int, status: str, action: str, allowed: Sequence[str]) -> None:
-        self.job_id = job_id
-        self.status = status
-        super().__init__(
-            f"job {job_id} is {status}; only {' or '.join(allowed)} jobs can be {action}"
-        )
+def open_store(db: str | os.PathLike[str], **options: Any) -> JobStore:
+    """The store ``db`` names; ``options`` (``create``, ``busy_timeout``...) go to it."""
+    return backend(db)(db, **options)
 
 
-class WorkerNameInUseError(QueueError):
-    def __init__(self, name: str, host: str, pid: int) -> None:
-        self.name = name
-        super().__init__(
-            f"a live worker named {name!r} already runs (pid {pid} on {host}); "
-            "choose another --name"
-        )
+class JobStore(abc.ABC):
+    """The queue database.  Methods are thread-safe; each is one short transaction.
 
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A job as the store holds it.  ``attempt`` counts every claim (it fences writes);
-    ``attempts`` counts the attempts that go against ``max_attempts`` (failures, orphans)."""
-
-    id: int
-    name: str | None
-    status: str
-    argv: list[str] | None
-    config: dict[str, Any] | None
-    cwd: str | None
-    env: dict[str, str]
-    progress_dir: str | None
-    soak: dict[str, Any]
-    stop_mode: StopMode
-    priority: int
-    attempt: int
-    attempts: int
-    max_attempts: int
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    heartbeat_at: float | None
-    worker: str | None
-    host: str | None
-    cancel_requested: bool
-    returncode: int | None
-    reason: str | None
-    error: str | None
-    artifact: str | None
-    #: Attempts that ended ``interrupted``, and how the latest attempt ended (None: running).
-    interruptions: int
-    last_outcome: str | None
-
-    def to_public_dict(self) -> dict[str, Any]:
-        """The job for printing: environment values are never shown, only their names, and
-        secrets are masked in the command and redacted in the config."""
-        data = asdict(self)
-        data["env"] = sorted(self.env)
-        if self.argv is not None:
-            secrets = secret_values(os.environ, self.env) | argv_secrets(self.argv)
-            data["argv"] = Masker(secrets).argv(self.argv)
-        if self.config is not None:
-            data["config"] = redact_mapping(self.config)
-        return data
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One run of a job; kept for ever, written once when it ends."""
-
-    job_id: int
-    attempt: int
-    worker: str
-    host: str
-    started_at: float
-    finished_at: float | None
-    outcome: str | None
-    reason: str | None
-    returncode: int | None
-    error: str | None
-    artifact: str
-
-    @property
-    def directory(self) -> Path:
-        """``<runs>/<id>/attempts/<k>/``: its ``train.log``, ``soak.json`` and journal."""
-        return Path(self.artifact).parent
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    name: str
-    host: str
-    pid: int
-    pid_start: int | None
-    started_at: float
-    heartbeat_at: float
-    stopped_at: float | None
-    job_id: int | None
-
-
-_JOB_COLUMNS = (
-    "id, name, status, argv, config, cwd, env, progress_dir, soak, stop_mode, priority, attempt, "
-    "attempts, max_attempts, created_at, started_at, finished_at, heartbeat_at, worker, host, "
-    "cancel_requested, returncode, reason, error, artifact, "
-    "(SELECT count(*) FROM attempts AS a WHERE a.job_id = jobs.id AND a.outcome = 'interrupted'), "
-    "(SELECT a.outcome FROM attempts AS a WHERE a.job_id = jobs.id AND a.attempt = jobs.attempt)"
-)
-
-
-def _job_from_row(row: Sequence[Any]) -> Job:
-    values = list(row)
-    for index in (3, 4, 6, 8):  # argv, config, env, soak
-        if values[index] is not None:
-            values[index] = json.loads(values[index])
-    values[20] = bool(values[20])
-    return Job(*values)
-
-
-def filesystem_type(path: Path, mountinfo: Path = MOUNTINFO) -> str | None:
-    """The type of the filesystem holding ``path`` (an existing directory), from mountinfo."""
-    try:
-        lines = mountinfo.read_text().splitlines()
-    except OSError:
-        return None
-    target = str(path.resolve())
-    best: tuple[int, str] | None = None
-    for line in lines:
-        head, sep, tail = line.partition(" - ")
-        fields = head.split()
-        if not sep or len(fields) < 5 or not tail:
-            continue
-        mount_point = _unescape_mount(fields[4])
-        inside = (
-            mount_point == "/"
-            or target == mount_point
-            or target.startswith(mount_point.rstrip("/") + "/")
-        )
-        # Among mounts on the same point, the last one listed is on top.
-        if inside and (best is None or len(mount_point) >= best[0]):
-            best = (len(mount_point), tail.split()[0])
-    return best[1] if best else None
-
-
-def _unescape_mount(field: str) -> str:
-    # mountinfo writes space, tab, newline and backslash as octal escapes (\040...).
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and len(field[i + 1 : i + 4]) == 3:
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def validate_submission(
-    *,
-    argv: Sequence[str] | None = None,
-    config: Mapping[str, Any] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    progress_dir: str | os.PathLike[str] | None = None,
-    soak: Mapping[str, Any] | None = None,
-    stop_mode: str = "stdin",
-    priority: int = 0,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-) -> dict[str, Any]:
-    """Refuse, at submit time, what ``run_soak`` would refuse when the job runs (the same
-    checks); returns the checked soak limits."""
-    if (argv is None) == (config is None):
-        raise ValidationError("a job needs either a command or a config, not both")
-    if config is not None and not isinstance(config, Mapping):
-        raise ValidationError("a job's config must be a JSON object")
-    limits = validate_job(
-        command=argv,
-        progress_dir=progress_dir,
-        cwd=cwd,
-        env=env,
-        stop_mode=stop_mode,
-        limits=soak or {},
-    )
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise ValidationError("the priority must be an integer")
-    if not -INTEGER_MAX <= priority <= INTEGER_MAX:
-        raise ValidationError(f"the priority must be between {-INTEGER_MAX} and {INTEGER_MAX}")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValidationError("max attempts must be an integer >= 1")
-    if max_attempts > INTEGER_MAX:
-        raise ValidationError(f"max attempts must be at most {INTEGER_MAX}")
-    return limits
-
-
-class JobStore:
-    """The queue database.  Methods are thread-safe and each is one short transaction.
-
-    ``create=False`` refuses a missing file instead of creating it.  ``clock`` (wall-clock
-    seconds; heartbeats are compared across processes) is injectable for tests.
+    Driver errors never escape: a database that cannot be reached or is locked too long
+    raises :class:`~asyncsoak.queue.QueueUnavailableError` (nothing was changed; try again),
+    bad input or state the other :class:`~asyncsoak.queue.QueueError` subclasses.
     """
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        create: bool = True,
-        busy_timeout: float = BUSY_TIMEOUT_S,
-        clock: Callable[[], float] = time.time,
-        mountinfo: Path = MOUNTINFO,
-    ) -> None:
-        self.path = Path(path).expanduser().resolve()
-        self.clock = clock
-        self.busy_timeout = busy_timeout
-        self._lock = threading.RLock()
-        if self._check_location(create, mountinfo):
-            self._create()
-        self._conn = self._connect(self.path)
+    #: How long a statement waits for another connection's lock, in seconds.
+    busy_timeout: float = BUSY_TIMEOUT_S
+    #: How child processes and messages name this database (never with a password).
+    location: str
 
-    def _connect(self, path: Path) -> sqlite3.Connection:
-        """Open ``path``, refuse it unless it is a sound queue database, bring its schema up."""
-        try:
-            conn = sqlite3.connect(
-                path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as exc:
-            raise QueueDatabaseError(self.path, f"cannot open: {exc}") from exc
-        self._conn = conn
-        try:
-            # Before anything writes (the WAL switch, a migration, a worker's registration):
-            # a damaged file is refused as it is, never written to.
-            problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
-            if problems != ["ok"]:
-                raise QueueDatabaseError(
-                    self.path,
-                    f"is corrupt ({'; '.join(map(str, problems))}); restore it from a backup, "
-                    "or recover what it holds with: sqlite3 FILE .recover",
-                )
-            conn.execute("PRAGMA foreign_keys = ON")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise QueueDatabaseError(self.path, f"cannot use WAL journaling (got {mode})")
-            self._migrate()
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            raise QueueDatabaseError(
-                self.path, f"cannot be used as a queue database ({exc})"
-            ) from exc
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+    def __new__(cls, *args: Any, **kwargs: Any) -> JobStore:
+        # ``JobStore(db)`` opens the backend ``db`` names; the backends construct normally.
+        # Python then runs the chosen class's ``__init__`` with the same arguments.
+        if cls is JobStore:
+            cls = backend(args[0] if args else kwargs.get("db", kwargs.get("path", "")))
+        return super().__new__(cls)
 
-    def _create(self) -> None:
-        """Build the schema in a temporary file beside the database, then link it into place.
-
-        The database never exists half-made, so a zero-byte file at its path was not made by
-        asyncsoak and is refused.  Two processes creating it at once: the first link wins.
-        """
-        try:
-            fd, name = tempfile.mkstemp(
-                prefix=f".{self.path.name}.", suffix=".new", dir=self.path.parent
-            )
-        except OSError as exc:
-            raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
-        os.close(fd)
-        tmp = Path(name)
-        try:
-            self._connect(tmp).close()
-            try:
-                os.link(tmp, self.path)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
-        finally:
-            for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
-                with contextlib.suppress(OSError):
-                    leftover.unlink()
-
-    def _check_location(self, create: bool, mountinfo: Path) -> bool:
-        """Refuse an unusable path; True when the database must be created."""
-        if self.path.exists():
-            if not self.path.is_file():
-                raise QueueDatabaseError(self.path, "is not a file")
-            if self.path.stat().st_size == 0:
-                raise QueueDatabaseError(
-                    self.path,
-                    "is an empty file, not a queue database (asyncsoak never leaves one "
-                    "empty); check --db, or remove the file to start a new queue",
-                )
-        elif not create:
-            raise QueueDatabaseError(
-                self.path, "does not exist (submit a job first, or check --db)"
-            )
-        directory = self.path.parent
-        if directory.is_dir():
-            fstype = filesystem_type(directory, mountinfo)
-            if fstype in NETWORK_FILESYSTEMS:
-                raise QueueDatabaseError(
-                    self.path,
-                    f"is on a network filesystem ({fstype}); SQLite's WAL needs a local "
-                    "filesystem: put the database on a local disk (--db or ASYNCSOAK_DB)",
-                )
-        if self.path.exists():
-            return False
-        try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
-        return True
-
-    def _migrate(self) -> None:
-        # An up-to-date database needs no write lock: opening one never waits on a writer.
-        if self._schema_state(self._conn) == SCHEMA_VERSION:
-            return
-        with self._write() as conn:
-            version = self._schema_state(conn)
-            for statements in _MIGRATIONS[version:]:
-                for statement in statements:
-                    conn.execute(statement)
-            if version < SCHEMA_VERSION:
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    def _schema_state(self, conn: sqlite3.Connection) -> int:
-        """The schema version, after refusing databases this code must not touch."""
-        version: int = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise QueueDatabaseError(
-                self.path,
-                f"has schema version {version}, newer than this asyncsoak understands "
-                f"({SCHEMA_VERSION}); upgrade asyncsoak",
-            )
-        if version == 0:
-            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-                raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
-        elif conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
-            raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
-        return version
-
+    @abc.abstractmethod
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        """Release the connection; the store cannot be used afterwards."""
 
     def __enter__(self) -> JobStore:
         return self
@@ -512,29 +85,35 @@ class JobStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction: the write lock is held from the first read."""
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            try:
-                self._conn.execute("COMMIT")
-            except BaseException:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                raise
+    # --- where things are --------------------------------------------------------------
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._lock:
-            return self._conn.execute(sql, params).fetchall()
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The queue's current time (epoch seconds), the clock its heartbeats are written
+        with: the database's own on PostgreSQL, so hosts' clocks never matter."""
+
+    @abc.abstractmethod
+    def default_runs_dir(self) -> Path:
+        """Where a worker keeps its runs unless told (``--runs-dir``)."""
+
+    def child_environment(self) -> dict[str, str]:
+        """What a job's processes need to reach this database (``ASYNCSOAK_DB``...)."""
+        return {"ASYNCSOAK_DB": self.location}
+
+    async def listen(
+        self,
+        wake: Callable[[str], None],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call ``wake(what)`` whenever a job may be waiting (submitted, cancelled,
+        requeued), until cancelled.  A backend without notifications returns at once: its
+        workers find new jobs by polling."""
+        task_status.started()
 
     # --- the command line's side ---------------------------------------------------------
 
+    @abc.abstractmethod
     def submit(
         self,
         *,
@@ -553,122 +132,39 @@ class JobStore:
 
         ``argv`` may contain ``{job_id}``, ``{db}`` and ``{run_dir}``, replaced when it runs.
         """
-        env = dict(env or {})
-        soak = validate_submission(
-            argv=argv,
-            config=config,
-            cwd=cwd,
-            env=env,
-            progress_dir=progress_dir,
-            soak=soak,
-            stop_mode=stop_mode,
-            priority=priority,
-            max_attempts=max_attempts,
-        )
-        with self._write() as conn:
-            cursor = conn.execute(
-                "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
-                "stop_mode, priority, max_attempts, created_at) "
-                "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    name,
-                    None if argv is None else json.dumps(list(argv)),
-                    None if config is None else json.dumps(config),
-                    None if cwd is None else os.fspath(cwd),
-                    json.dumps(env),
-                    None if progress_dir is None else os.fspath(progress_dir),
-                    json.dumps(soak),
-                    stop_mode,
-                    priority,
-                    max_attempts,
-                    self.clock(),
-                ),
-            )
-            job_id = cursor.lastrowid
-        assert job_id is not None
-        return job_id
 
+    @abc.abstractmethod
     def get(self, job_id: int) -> Job:
-        rows = self._read(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
-        if not rows:
-            raise JobNotFoundError(job_id)
-        return _job_from_row(rows[0])
+        """One job; :class:`JobNotFoundError` when there is none."""
 
+    @abc.abstractmethod
     def jobs(self, status: str | None = None) -> list[Job]:
         """Jobs in id order; ``status`` may also be ``interrupted``: queued jobs whose last
         attempt was interrupted, waiting to resume."""
-        if status is None:
-            rows = self._read(f"SELECT {_JOB_COLUMNS} FROM jobs ORDER BY id")
-        elif status == INTERRUPTED:
-            rows = self._read(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'queued' AND EXISTS ("
-                "SELECT 1 FROM attempts AS a WHERE a.job_id = jobs.id "
-                "AND a.attempt = jobs.attempt AND a.outcome = 'interrupted') ORDER BY id"
-            )
-        else:
-            rows = self._read(
-                f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = ? ORDER BY id", (status,)
-            )
-        return [_job_from_row(row) for row in rows]
 
+    @abc.abstractmethod
     def count_by_status(self) -> dict[str, int]:
         """How many jobs are in each status (every status present, 0 when none)."""
-        counts = dict.fromkeys(JOB_STATUSES, 0)
-        for status, count in self._read("SELECT status, count(*) FROM jobs GROUP BY status"):
-            counts[str(status)] = int(count)
-        return counts
 
+    @abc.abstractmethod
     def attempts(self, job_id: int) -> list[Attempt]:
-        rows = self._read(
-            "SELECT job_id, attempt, worker, host, started_at, finished_at, outcome, reason, "
-            "returncode, error, artifact FROM attempts WHERE job_id = ? ORDER BY attempt",
-            (job_id,),
-        )
-        return [Attempt(*row) for row in rows]
+        """A job's attempts, first first."""
 
+    @abc.abstractmethod
     def cancel(self, job_id: int) -> Job:
         """Cancel a queued job at once, or ask a running one to stop (the worker enforces it)."""
-        with self._write() as conn:
-            row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise JobNotFoundError(job_id)
-            if row[0] == QUEUED:
-                conn.execute(
-                    "UPDATE jobs SET status = 'cancelled', cancel_requested = 1, "
-                    "finished_at = ?, reason = 'cancelled' WHERE id = ?",
-                    (self.clock(), job_id),
-                )
-            elif row[0] == RUNNING:
-                conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
-            else:
-                raise JobStateError(job_id, row[0], "cancelled", (QUEUED, RUNNING))
-        return self.get(job_id)
 
+    @abc.abstractmethod
     def requeue(self, job_id: int) -> Job:
         """Queue a finished job again, with its attempts against ``max_attempts`` reset."""
-        with self._write() as conn:
-            row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise JobNotFoundError(job_id)
-            if row[0] not in TERMINAL_STATUSES:
-                raise JobStateError(job_id, row[0], "requeued", TERMINAL_STATUSES)
-            conn.execute(
-                "UPDATE jobs SET status = 'queued', cancel_requested = 0, attempts = 0, "
-                "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "
-                "WHERE id = ?",
-                (job_id,),
-            )
-        return self.get(job_id)
 
+    @abc.abstractmethod
     def workers(self) -> list[WorkerInfo]:
-        rows = self._read(
-            "SELECT name, host, pid, pid_start, started_at, heartbeat_at, stopped_at, job_id "
-            "FROM workers ORDER BY name"
-        )
-        return [WorkerInfo(*row) for row in rows]
+        """Every worker that ever registered, by name."""
 
     # --- the worker's side -----------------------------------------------------------------
 
+    @abc.abstractmethod
     def register_worker(
         self,
         name: str,
@@ -679,162 +175,54 @@ class JobStore:
         alive: Callable[[WorkerInfo], bool],
     ) -> None:
         """Record a starting worker; refuses a name held by a live worker (``alive`` decides)."""
-        now = self.clock()
-        with self._write() as conn:
-            row = conn.execute(
-                "SELECT name, host, pid, pid_start, started_at, heartbeat_at, stopped_at, job_id "
-                "FROM workers WHERE name = ?",
-                (name,),
-            ).fetchone()
-            if row is not None:
-                previous = WorkerInfo(*row)
-                if previous.stopped_at is None and alive(previous):
-                    raise WorkerNameInUseError(name, previous.host, previous.pid)
-            conn.execute(
-                "INSERT OR REPLACE INTO workers "
-                "(name, host, pid, pid_start, started_at, heartbeat_at, stopped_at, job_id) "
-                "VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)",
-                (name, host, pid, pid_start, now, now),
-            )
 
+    @abc.abstractmethod
     def worker_heartbeat(self, name: str) -> None:
         """Refresh a worker's heartbeat (its current job is set by claim and finish)."""
-        with self._lock:
-            self._conn.execute(
-                "UPDATE workers SET heartbeat_at = ? WHERE name = ?", (self.clock(), name)
-            )
 
+    @abc.abstractmethod
     def worker_stopped(self, name: str) -> None:
-        with self._lock:
-            now = self.clock()
-            self._conn.execute(
-                "UPDATE workers SET heartbeat_at = ?, stopped_at = ?, job_id = NULL WHERE name = ?",
-                (now, now, name),
-            )
+        """Record a worker's clean stop."""
 
+    @abc.abstractmethod
     def claim(
         self, worker: str, host: str, runs_dir: Path, *, max_duration: float | None = None
     ) -> Job | None:
-        """Take the next queued job (highest priority, then lowest id), or None.
+        """Take the next queued job (highest priority, then lowest id), or None; the attempt
+        number is incremented in the same statement.
 
         ``max_duration``: only a job whose ``max_duration_seconds`` is at most this (or that
         sets none); the others are left for a worker with more time (a SLURM allocation
         that ends soon)."""
-        now = self.clock()
-        with self._write() as conn:
-            row = conn.execute(
-                "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker = ?, host = ?, "
-                "started_at = ?, heartbeat_at = ?, finished_at = NULL "
-                "WHERE id = (SELECT id FROM jobs WHERE status = 'queued' "
-                "AND (? IS NULL OR json_extract(soak, '$.max_duration_seconds') IS NULL "
-                "OR json_extract(soak, '$.max_duration_seconds') <= ?) "
-                "ORDER BY priority DESC, id LIMIT 1) RETURNING id, attempt",
-                (worker, host, now, now, max_duration, max_duration),
-            ).fetchone()
-            if row is None:
-                return None
-            job_id, attempt = row
-            artifact = runs_dir / str(int(job_id)) / "attempts" / str(int(attempt)) / "soak.json"
-            conn.execute("UPDATE jobs SET artifact = ? WHERE id = ?", (str(artifact), job_id))
-            conn.execute(
-                "INSERT INTO attempts (job_id, attempt, worker, host, started_at, artifact) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (job_id, attempt, worker, host, now, str(artifact)),
-            )
-            conn.execute(
-                "UPDATE workers SET job_id = ?, heartbeat_at = ? WHERE name = ?",
-                (job_id, now, worker),
-            )
-            job = _job_from_row(
-                conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            )
-        return job
 
+    @abc.abstractmethod
     def heartbeat(self, job_id: int, attempt: int, worker: str) -> bool | None:
         """Refresh a running job's heartbeat; returns its cancel request, or None when this
         worker no longer owns the attempt (fenced: stop the child, write nothing more)."""
-        with self._lock:
-            row = self._conn.execute(
-                "UPDATE jobs SET heartbeat_at = ? "
-                "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running' "
-                "RETURNING cancel_requested",
-                (self.clock(), job_id, attempt, worker),
-            ).fetchone()
-        return None if row is None else bool(row[0])
 
+    @abc.abstractmethod
     def cancel_requested(self, job_id: int) -> bool:
-        rows = self._read("SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,))
-        return bool(rows and rows[0][0])
+        """Whether the job's cancellation was asked for."""
 
-    def finish(self, job_id: int, attempt: int, worker: str, outcome: Outcome) -> bool:
-        """Record how an attempt ended; False (nothing written) when fenced.
+    @abc.abstractmethod
+    def finish(
+        self,
+        job_id: int,
+        attempt: int,
+        worker: str,
+        outcome: Outcome,
+        summary: Mapping[str, Any] | None = None,
+        note: str | None = None,
+    ) -> bool:
+        """Record how an attempt ended (with its artifact's ``summary`` and a ``note``);
+        False (nothing written) when fenced.  The job's next status follows
+        :func:`~asyncsoak.queue._models.attempt_outcome`."""
 
-        A failure counts against ``max_attempts`` and requeues the job while attempts
-        remain; an interruption requeues it without counting.
-        """
-        now = self.clock()
-        with self._write() as conn:
-            row = conn.execute(
-                "SELECT attempts, max_attempts, cancel_requested FROM jobs "
-                "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running'",
-                (job_id, attempt, worker),
-            ).fetchone()
-            if row is None:
-                return False
-            attempts, max_attempts, cancel_requested = row
-            if outcome.status == FAILED:
-                attempts += 1
-                status = QUEUED if attempts < max_attempts and not cancel_requested else FAILED
-            elif outcome.status == INTERRUPTED:
-                status = CANCELLED if cancel_requested else QUEUED
-            else:
-                status = outcome.status
-            conn.execute(
-                "UPDATE jobs SET status = ?, attempts = ?, finished_at = ?, heartbeat_at = NULL, "
-                "returncode = ?, reason = ?, error = ? WHERE id = ?",
-                (
-                    status,
-                    attempts,
-                    now if status in TERMINAL_STATUSES else None,
-                    outcome.returncode,
-                    outcome.reason,
-                    outcome.error,
-                    job_id,
-                ),
-            )
-            conn.execute(
-                "UPDATE attempts SET finished_at = ?, outcome = ?, reason = ?, returncode = ?, "
-                "error = ? WHERE job_id = ? AND attempt = ? AND outcome IS NULL",
-                (
-                    now,
-                    outcome.status,
-                    outcome.reason,
-                    outcome.returncode,
-                    outcome.error,
-                    job_id,
-                    attempt,
-                ),
-            )
-            conn.execute(
-                "UPDATE workers SET job_id = NULL WHERE name = ? AND job_id = ?", (worker, job_id)
-            )
-        return True
-
+    @abc.abstractmethod
     def running(self) -> list[tuple[Job, WorkerInfo | None]]:
         """Running jobs with the worker that holds each (for orphan detection)."""
-        rows = self._read(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY id")
-        by_name = {w.name: w for w in self.workers()}
-        jobs = [_job_from_row(row) for row in rows]
-        return [(job, by_name.get(job.worker or "")) for job in jobs]
 
+    @abc.abstractmethod
     def take_over(self, job: Job, worker: str) -> bool:
         """Take an orphan from its silent worker, if its heartbeat has not moved since ``job``
         was read (compare and swap); the silent worker is fenced out from then on."""
-        with self._lock:
-            row = self._conn.execute(
-                "UPDATE jobs SET worker = ?, heartbeat_at = ? "
-                "WHERE id = ? AND attempt = ? AND worker IS ? AND status = 'running' "
-                "AND heartbeat_at IS ? RETURNING id",
-                (worker, self.clock(), job.id, job.attempt, job.worker, job.heartbeat_at),
-            ).fetchone()
-        return row is not None

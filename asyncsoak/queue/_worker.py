@@ -26,7 +26,6 @@ import os
 import re
 import signal
 import socket
-import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -35,18 +34,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
-import psutil
 
 from .. import _slurm
-from .._blocking import run_blocking
+from .._blocking import BlockingCallTimeout, run_blocking
 from .._config import seconds
 from .._control import SoakControl
 from .._errors import SoakFailureError, ValidationError
 from .._metrics import Metrics, WorkerMetrics, new_registry, render, validate_metrics
 from .._redact import Masker, argv_secrets, secret_values
 from .._soak import run_soak
-from .._spawn import REAPER_MODULE
 from .._tree import start_time_ticks
+from ._models import Job, QueueError, QueueUnavailableError, WorkerInfo, artifact_summary
+from ._orphans import kill_leftovers, process_alive
+from ._spool import Spool
 from ._status import (
     CANCEL_GRACE_S,
     CANCELLED,
@@ -56,14 +56,16 @@ from ._status import (
     INTERRUPTED,
     KILL_WAIT_S,
     POLL_S,
-    SLICE_S,
     STALE_AFTER_S,
     STOP_TIMEOUT_S,
     Outcome,
     outcome_from_artifact,
     tail,
 )
-from ._store import Job, JobStore, QueueError, WorkerInfo
+from ._store import JobStore
+
+#: A store call that failed for now (database away, lock held too long, call abandoned).
+_UNAVAILABLE = (QueueUnavailableError, BlockingCallTimeout)
 
 #: Trainer command for jobs submitted with a config; the worker appends
 #: ``--job-id N --db PATH --watch-stdin``.
@@ -79,9 +81,6 @@ WORKER_CANCELLED = "worker_cancelled"
 INVALID_JOB = "invalid_job"
 #: ``run_worker``'s and ``run_job``'s status for an attempt this worker lost to fencing.
 LOST = "lost"
-
-#: In the reaper's command line (``_spawn`` starts it as ``python -m asyncsoak._reaper``).
-_REAPER_MODULE = REAPER_MODULE.encode()
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
@@ -124,8 +123,8 @@ def default_worker_name(gpus: str | None = None) -> str:
 
 
 def default_runs_dir(store: JobStore) -> Path:
-    """Runs live beside the database: ``queue.db`` keeps them in ``queue.runs/``."""
-    return store.path.with_suffix(".runs")
+    """Where the store keeps runs unless told: beside an SQLite file (``queue.runs/``)."""
+    return store.default_runs_dir()
 
 
 async def run_worker(
@@ -267,29 +266,68 @@ class _Worker:
         #: Set by ``run_worker`` when the worker serves metrics.
         self.metrics: WorkerMetrics | None = None
         self.registry: CollectorRegistry | None = None
+        # Set by the store's notifications (PostgreSQL): a job may be waiting.
+        self.wake = anyio.Event()
+        self.spool = Spool(settings.runs_dir)
+        self._unreachable = False
 
     async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
-        # A store call waits at most the busy timeout for a lock; past a generous multiple of
-        # it the database's disk is hung, and the call is abandoned rather than awaited.
+        # A store call waits at most the busy timeout for a lock (or a connection attempt);
+        # past a generous multiple of it the database's disk or network is hung, and the call
+        # is abandoned rather than awaited: the caller treats the database as unavailable.
         return await run_blocking(
             fn,
             *args,
-            timeout=STORE_CALL_TIMEOUT_FACTOR * self.store.busy_timeout + 10.0,
+            timeout=self._call_timeout(),
             what=f"the queue store call {getattr(fn, '__name__', 'call')}",
             limiter=self.limiter,
         )
+
+    def _call_timeout(self) -> float:
+        return STORE_CALL_TIMEOUT_FACTOR * self.store.busy_timeout + 10.0
+
+    def _lost_database(self, doing: str, exc: BaseException) -> None:
+        """Log a failed store call: a warning when the database goes away, then quiet."""
+        if not self._unreachable:
+            self._unreachable = True
+            _log.warning(
+                "worker %s: the queue database is unavailable (%s: %s); running jobs stay "
+                "supervised, retrying with backoff",
+                self.name,
+                doing,
+                exc,
+            )
+        else:
+            _log.debug("worker %s: %s: %s", self.name, doing, exc)
+
+    def _reached_database(self) -> None:
+        if self._unreachable:
+            self._unreachable = False
+            _log.warning("worker %s: the queue database is back", self.name)
+
+    def _on_notify(self, payload: str) -> None:
+        self.wake.set()
 
     async def run(self, once: bool) -> int:
         await self._call(_prepare_runs_dir, self.settings.runs_dir)
         await self._call(self._register)
         _log.info(
-            "worker %s started (pid %d, runs in %s)", self.name, os.getpid(), self.settings.runs_dir
+            "worker %s started on %s (pid %d, runs in %s)",
+            self.name,
+            self.host,
+            os.getpid(),
+            self.settings.runs_dir,
         )
         ran = 0
         try:
             async with anyio.create_task_group() as tg:
+                await tg.start(self.store.listen, self._on_notify)
                 tg.start_soon(self._beat)
                 while not (self.stop_event.is_set() or self.kill_event.is_set()):
+                    # A fresh event before the claim: a job submitted after the claim found
+                    # nothing wakes the wait below.
+                    self.wake = anyio.Event()
+                    await self._deliver_spool()
                     await self._sweep_orphans()
                     fits = _slurm.seconds_left_for_jobs(
                         self.settings.until, self.settings.stop_timeout
@@ -302,7 +340,9 @@ class _Worker:
                         if once:
                             break
                         with anyio.move_on_after(self.settings.poll):
-                            await self.stop_event.wait()
+                            async with anyio.create_task_group() as waits:
+                                for event in (self.stop_event, self.wake):
+                                    waits.start_soon(_set_then_cancel, event, waits.cancel_scope)
                         continue
                     self.current_job = job.id
                     if self.metrics is not None:
@@ -317,7 +357,7 @@ class _Worker:
             with anyio.move_on_after(self.store.busy_timeout, shield=True):
                 try:
                     await self._call(self.store.worker_stopped, self.name)
-                except sqlite3.Error as exc:
+                except _UNAVAILABLE as exc:
                     _log.warning("worker %s: could not record its stop: %s", self.name, exc)
         _log.info("worker %s stopped after %d job(s)", self.name, ran)
         return ran
@@ -334,8 +374,8 @@ class _Worker:
 
     def _worker_alive(self, info: WorkerInfo) -> bool:
         if info.host == self.host:
-            return _process_alive(info.pid, info.pid_start)
-        return self.store.clock() - info.heartbeat_at < self.settings.stale_after
+            return process_alive(info.pid, info.pid_start)
+        return self.store.now() - info.heartbeat_at < self.settings.stale_after
 
     async def _beat(self) -> None:
         while True:
@@ -344,8 +384,10 @@ class _Worker:
                 if self.metrics is not None:
                     self.metrics.heartbeat_at = time.time()
                     self.metrics.queue_jobs = await self._call(self.store.count_by_status)
-            except sqlite3.Error as exc:
-                _log.warning("worker %s: heartbeat not written: %s", self.name, exc)
+            except _UNAVAILABLE as exc:
+                self._lost_database("worker heartbeat", exc)
+            else:
+                self._reached_database()
             await anyio.sleep(self.settings.poll)
 
     async def _claim(self, fits: float | None = None) -> Job | None:
@@ -356,12 +398,43 @@ class _Worker:
                 self.host,
                 self.settings.runs_dir,
             )
-        except sqlite3.Error as exc:
-            _log.warning("worker %s: could not claim a job: %s", self.name, exc)
+        except _UNAVAILABLE as exc:
+            self._lost_database("claim", exc)
             return None
         if job is not None:
             _log.info("job %d claimed (attempt %d)", job.id, job.attempt)
         return job
+
+    async def _deliver_spool(self) -> None:
+        """Deliver final writes kept while the database was away (fenced like any other)."""
+        for entry in await self._call(self.spool.pending):
+            try:
+                written = await self._call(
+                    self.store.finish,
+                    entry.job_id,
+                    entry.attempt,
+                    entry.worker,
+                    entry.outcome,
+                    entry.summary,
+                    entry.note,
+                )
+            except _UNAVAILABLE as exc:
+                self._lost_database("delivering a spooled outcome", exc)
+                return
+            await self._call(self.spool.remove, entry)
+            if written:
+                _log.warning(
+                    "job %d attempt %d: outcome %s delivered from the spool",
+                    entry.job_id,
+                    entry.attempt,
+                    entry.outcome.status,
+                )
+            else:
+                _log.warning(
+                    "job %d attempt %d: spooled outcome dropped: the job was taken over meanwhile",
+                    entry.job_id,
+                    entry.attempt,
+                )
 
     # --- one attempt ---------------------------------------------------------------------
 
@@ -392,6 +465,7 @@ class _Worker:
                             "job_name": job.name,
                             "attempt": job.attempt,
                             "worker": self.name,
+                            "host": self.host,
                         },
                         stop_mode=job.stop_mode,
                         control=control,
@@ -416,7 +490,7 @@ class _Worker:
                     saved = await self._call(_read_artifact, output_path)
                     cancel = await self._cancel_requested(job)
                     outcome = self._outcome(saved, None, state, cancel, masker, attempt_dir)
-                    await self._finish(job, outcome)
+                    await self._finish(job, outcome, _summary(saved))
             raise
         if state.lost:
             _log.warning(
@@ -428,7 +502,7 @@ class _Worker:
         cancel = await self._cancel_requested(job)
         outcome = self._outcome(artifact, problem, state, cancel, masker, attempt_dir)
         with anyio.move_on_after(self._finish_bound(), shield=True):
-            await self._finish(job, outcome)
+            await self._finish(job, outcome, _summary(artifact))
         _log.info(
             "job %d attempt %d: %s%s",
             job.id,
@@ -441,7 +515,7 @@ class _Worker:
     async def _cancel_requested(self, job: Job) -> bool:
         try:
             return await self._call(self.store.cancel_requested, job.id)
-        except sqlite3.Error:
+        except _UNAVAILABLE:
             return job.cancel_requested
 
     @staticmethod
@@ -477,10 +551,10 @@ class _Worker:
         return dataclasses.replace(outcome, error=masker(outcome.error))
 
     def _command(self, job: Job, run_dir: Path) -> list[str]:
+        db = self.store.location
         if job.argv is None:
-            db = str(self.store.path)
             return [*self.settings.cmd, "--job-id", str(job.id), "--db", db, "--watch-stdin"]
-        values = {"job_id": str(job.id), "db": str(self.store.path), "run_dir": str(run_dir)}
+        values = {"job_id": str(job.id), "db": db, "run_dir": str(run_dir)}
         return [_PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in job.argv]
 
     def _environment(self, job: Job, run_dir: Path) -> dict[str, str]:
@@ -491,7 +565,7 @@ class _Worker:
             env["CUDA_VISIBLE_DEVICES"] = self.settings.gpus
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["ASYNCSOAK_JOB_ID"] = str(job.id)
-        env["ASYNCSOAK_DB"] = str(self.store.path)
+        env.update(self.store.child_environment())
         env["ASYNCSOAK_RUN_DIR"] = str(run_dir)
         env["ASYNCSOAK_ATTEMPT"] = str(job.attempt)
         env["ASYNCSOAK_STOP_MODE"] = job.stop_mode
@@ -503,11 +577,16 @@ class _Worker:
         while True:
             try:
                 cancel = await self._call(self.store.heartbeat, job.id, job.attempt, self.name)
-            except sqlite3.Error as exc:
-                _log.warning("job %d: heartbeat not written: %s", job.id, exc)
+            except _UNAVAILABLE as exc:
+                # The soak does not need the database: it goes on, and the first heartbeat
+                # that gets through again checks the fence below.
+                self._lost_database(f"job {job.id} heartbeat", exc)
                 cancel = False
+            else:
+                self._reached_database()
             if cancel is None:
-                # Another worker took the job over: stop at once so it never runs twice.
+                # Another worker took the job over (perhaps while this one was cut off from
+                # the database): stop at once so it never runs twice.
                 state.lost = True
                 control.request_stop(reason="job taken over by another worker", grace_seconds=0)
                 return
@@ -545,20 +624,27 @@ class _Worker:
                     await self.stop_event.wait()
 
     def _finish_bound(self) -> float:
-        per_try = self.store.busy_timeout + self.settings.finish_retry_wait
+        per_try = self._call_timeout() + self.settings.finish_retry_wait
         return self.settings.finish_retries * per_try + self.settings.kill_wait
 
-    async def _finish(self, job: Job, outcome: Outcome) -> bool:
-        """Write the final status, retrying while the database is locked; warns, never raises."""
+    async def _finish(
+        self,
+        job: Job,
+        outcome: Outcome,
+        summary: dict[str, Any] | None = None,
+        note: str | None = None,
+    ) -> bool:
+        """Write the final status, retrying while the database is unavailable, then keeping
+        it in the spool for later delivery; warns, never raises."""
         retries = self.settings.finish_retries
         for attempt in range(1, retries + 1):
             try:
                 written = await self._call(
-                    self.store.finish, job.id, job.attempt, self.name, outcome
+                    self.store.finish, job.id, job.attempt, self.name, outcome, summary, note
                 )
                 if written and self.metrics is not None:
                     self.metrics.outcome(outcome.status, outcome.reason)
-            except sqlite3.OperationalError as exc:
+            except _UNAVAILABLE as exc:
                 _log.warning(
                     "job %d: final status not written (%s), try %d of %d",
                     job.id,
@@ -579,9 +665,24 @@ class _Worker:
                     job.attempt,
                 )
             return written
-        _log.warning(
-            "job %d: gave up writing its final status; it will be handled as an orphan", job.id
-        )
+        try:
+            path = await self._call(
+                self.spool.keep, job.id, job.attempt, self.name, outcome, summary, note
+            )
+        except OSError as exc:
+            _log.warning(
+                "job %d: final status neither written nor spooled (%s); it will be handled as "
+                "an orphan",
+                job.id,
+                exc,
+            )
+        else:
+            _log.warning(
+                "job %d: final status kept in %s; a worker on this host delivers it when the "
+                "database is back",
+                job.id,
+                path,
+            )
         return False
 
     # --- orphans -------------------------------------------------------------------------
@@ -589,10 +690,10 @@ class _Worker:
     async def _sweep_orphans(self) -> None:
         try:
             running = await self._call(self.store.running)
-        except sqlite3.Error as exc:
-            _log.warning("worker %s: could not look for orphans: %s", self.name, exc)
+            now = await self._call(self.store.now)
+        except _UNAVAILABLE as exc:
+            self._lost_database("looking for orphans", exc)
             return
-        now = self.store.clock()
         for job, holder in running:
             silent = job.heartbeat_at is None or now - job.heartbeat_at > self.settings.stale_after
             # A worker's own name on a job it is not running: left by a dead worker of the
@@ -602,7 +703,7 @@ class _Worker:
                 holder is not None
                 and holder.host == self.host
                 and holder.name != self.name
-                and not _process_alive(holder.pid, holder.pid_start)
+                and not process_alive(holder.pid, holder.pid_start)
             )
             if silent or inherited or gone:
                 await self._resolve_orphan(job)
@@ -611,7 +712,7 @@ class _Worker:
         try:
             if not await self._call(self.store.take_over, job, self.name):
                 return
-        except sqlite3.Error as exc:
+        except _UNAVAILABLE as exc:
             _log.warning("job %d: could not take the orphan over: %s", job.id, exc)
             return
         _log.warning(
@@ -619,10 +720,11 @@ class _Worker:
         )
         output_path = Path(job.artifact) if job.artifact else None
         artifact = await self._call(_read_artifact, output_path) if output_path else None
+        note = None
         if job.host == self.host:
             killed = await self._call(
-                _kill_leftovers,
-                self.store.path,
+                kill_leftovers,
+                self.store.location,
                 job.id,
                 job.attempt,
                 Path(job.artifact).parent / "train.log" if job.artifact else None,
@@ -632,9 +734,17 @@ class _Worker:
                 _log.warning(
                     "job %d: killed %d unsupervised process(es): %s", job.id, len(killed), killed
                 )
+        else:
+            # Process ids mean nothing on another host: what is left there is its own
+            # worker's to kill (in stop mode stdin the trainer saw its stdin close already).
+            note = (
+                f"orphan taken over by worker {self.name} on {self.host}; the attempt ran on "
+                f"{job.host}, whose processes were not touched from {self.host}"
+            )
+            _log.warning("job %d: %s", job.id, note)
         try:
             cancel = await self._call(self.store.cancel_requested, job.id)
-        except sqlite3.Error:
+        except _UNAVAILABLE:
             cancel = job.cancel_requested
         if artifact is not None and output_path is not None:
             stop_cause = (artifact.get("stop") or {}).get("cause")
@@ -663,7 +773,16 @@ class _Worker:
                 "attempt finished; its outcome is lost",
             )
         with anyio.move_on_after(self._finish_bound(), shield=True):
-            await self._finish(job, outcome)
+            await self._finish(job, outcome, _summary(artifact), note)
+
+
+def _summary(artifact: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if artifact is None else artifact_summary(artifact)
+
+
+async def _set_then_cancel(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
 
 
 def _prepare_runs_dir(runs_dir: Path) -> None:
@@ -693,101 +812,6 @@ def _read_artifact(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _process_alive(pid: int, start_ticks: int | None) -> bool:
-    """Whether ``pid`` still runs and is the same process (start time), not a zombie."""
-    ticks = start_time_ticks(pid)
-    if ticks is None or (start_ticks is not None and ticks != start_ticks):
-        return False
-    try:
-        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except psutil.Error:
-        return False
-
-
-def _kill_leftovers(
-    db: Path, job_id: int, attempt: int, log: Path | None, wait_s: float
-) -> list[int]:
-    """SIGKILL what is left of an orphaned attempt on this host, scanning again until a scan
-    finds nothing alive (at most ``wait_s``).
-
-    Two kinds of process belong to the attempt.  Its command's tree carries the markers the
-    worker put in the child's environment, which find it wherever it went (double forks, new
-    sessions).  Its reaper carries none and outlives a killed worker: one that had been handed
-    the command but had not started it yet would start it after this scan, beside the job's
-    next attempt.  It is found by the attempt's ``train.log``, which it holds, and killed, so
-    it starts nothing; a command it had just forked holds that log until its exec and carries
-    the markers after it, so the scan repeats until it finds nothing.
-    """
-    markers = {
-        f"ASYNCSOAK_DB={db}".encode(),
-        f"ASYNCSOAK_JOB_ID={job_id}".encode(),
-        f"ASYNCSOAK_ATTEMPT={attempt}".encode(),
-    }
-    log_file: tuple[int, int] | None = None
-    if log is not None:
-        with contextlib.suppress(OSError):  # never created: no reaper was started
-            st = log.stat()
-            log_file = (st.st_dev, st.st_ino)
-    killed: list[int] = []
-    deadline = time.monotonic() + wait_s
-    quiet = False
-    while True:
-        targets = []
-        for pid in _attempt_processes(markers, log_file):
-            ticks = start_time_ticks(pid)
-            if _process_alive(pid, ticks):
-                targets.append((pid, ticks))
-        # After a kill, one more quiet scan: a command the killed reaper had just forked may
-        # have been between closing the fds it inherited and its exec.
-        if not targets and (quiet or not killed):
-            return killed
-        quiet = not targets
-        for pid, ticks in targets:
-            if _process_alive(pid, ticks):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-                    if pid not in killed:
-                        killed.append(pid)
-        if time.monotonic() >= deadline:
-            return killed
-        time.sleep(SLICE_S)
-
-
-def _attempt_processes(markers: set[bytes], log_file: tuple[int, int] | None) -> list[int]:
-    """Processes carrying all ``markers`` in their environment, and reapers (with the
-    commands they are forking) holding ``log_file`` (device, inode) open."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = set(f.read().split(b"\0"))
-        except OSError:
-            continue
-        if markers <= environ or (log_file is not None and _reaper_holding(entry, log_file)):
-            found.append(int(entry))
-    return found
-
-
-def _reaper_holding(pid: str, log_file: tuple[int, int]) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if _REAPER_MODULE not in f.read().split(b"\0"):
-                return False
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            st = os.stat(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == log_file:
-            return True
-    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

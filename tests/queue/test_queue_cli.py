@@ -15,8 +15,8 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncsoak.queue import JobStore
-from asyncsoak.queue._store import SCHEMA_VERSION
+from asyncsoak.queue import SqliteStore
+from asyncsoak.queue._models import SCHEMA_VERSION
 
 from ..conftest import REPO, ReadyFifo
 from .helpers import JOB_ENV, write_script
@@ -99,7 +99,7 @@ def test_bad_input_exits_2_and_changes_nothing(tmp_path: Path) -> None:
     runs = cli(db, "worker", "--once", "--runs-dir", str(blocker / "runs"), expect=2)
     assert "runs directory" in runs.stderr
     assert "--gpus" in cli(db, "worker", "--gpus", "zero", expect=2).stderr
-    with JobStore(db) as store:
+    with SqliteStore(db) as store:
         # This test process is alive on this host: the name is taken.
         store.register_worker(
             "taken",
@@ -130,7 +130,7 @@ def test_config_job_submission(tmp_path: Path) -> None:
     config = tmp_path / "c.json"
     config.write_text('{"lr": 0.0003, "layers": [4, 4], "wandb_api_key": "k-123456"}')
     cli(db, "submit", "--config", str(config))
-    with JobStore(db) as store:
+    with SqliteStore(db) as store:
         assert store.get(1).config == {"lr": 0.0003, "layers": [4, 4], "wandb_api_key": "k-123456"}
     shown = json.loads(cli(db, "jobs", "--json").stdout)[0]["config"]
     assert shown == {"lr": 0.0003, "layers": [4, 4], "wandb_api_key": "[redacted]"}

@@ -27,8 +27,9 @@ import anyio
 import pytest
 from anyio.abc import Process
 
-from asyncsoak.queue import Attempt, Job, JobStore
-from asyncsoak.queue._store import TERMINAL_STATUSES
+from asyncsoak.queue import Attempt, Job, JobStore, open_store
+from asyncsoak.queue._models import TERMINAL_STATUSES
+from asyncsoak.queue._store import is_postgres
 
 from ..conftest import REPO, ReadyFifo, alive
 from .helpers import FAST_SOAK
@@ -42,6 +43,8 @@ WORKERS = 4
 #: Jobs that exit 3 on every attempt (the failure path).
 FAILING_JOBS = 8
 KILLS = 40
+#: The same chaos on PostgreSQL, smaller: the suite's time is shared.
+PG_JOBS, PG_FAILING_JOBS, PG_KILLS = 24, 3, 12
 #: What a killed worker may be doing: claimed a job whose child has not started yet, runs it
 #: (heartbeats), saw it end but has not written its outcome yet, or is between jobs.
 PHASES = ("claim", "running", "final", "idle")
@@ -166,10 +169,10 @@ class Step:
     rename: bool  # whether the replacement gets a new name (else it takes over by name)
 
 
-def kill_plan(rng: random.Random) -> list[Step]:
+def kill_plan(rng: random.Random, kills: int = KILLS) -> list[Step]:
     """The chaos's choices, all drawn from the seed up front: only the moments they land on
     depend on the machine."""
-    aims = [aim for _ in range(KILLS // 4) for aim in rng.sample(PHASES, len(PHASES))]
+    aims = [aim for _ in range(kills // 4) for aim in rng.sample(PHASES, len(PHASES))]
     return [Step(rng.uniform(0.05, 0.3), aim, rng.random(), rng.random() < 0.5) for aim in aims]
 
 
@@ -259,14 +262,20 @@ class Chaos:
         self.workers.clear()
 
 
-def submit_jobs(store: JobStore, tmp_path: Path, rng: random.Random) -> dict[int, bool]:
+def submit_jobs(
+    store: JobStore,
+    tmp_path: Path,
+    rng: random.Random,
+    jobs: int = JOBS,
+    failing_jobs: int = FAILING_JOBS,
+) -> dict[int, bool]:
     """The jobs; returns whether each is meant to succeed."""
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     ledger = tmp_path / "ledger.txt"
-    failing = set(rng.sample(range(JOBS), FAILING_JOBS))
+    failing = set(rng.sample(range(jobs), failing_jobs))
     meant: dict[int, bool] = {}
-    for index in range(JOBS):
+    for index in range(jobs):
         status = 3 if index in failing else 0
         seconds = f"{rng.uniform(0.02, 0.3):.3f}"
         job_id = store.submit(
@@ -281,7 +290,7 @@ def submit_jobs(store: JobStore, tmp_path: Path, rng: random.Random) -> dict[int
 def drain_command(store: JobStore, tmp_path: Path) -> list[str]:
     """A clean worker that resolves what dead workers left, runs what is queued, and exits."""
     return [
-        sys.executable, "-m", "asyncsoak", "worker", "--db", str(store.path), "--once",
+        sys.executable, "-m", "asyncsoak", "worker", "--db", store.location, "--once",
         "--no-gpu", "--poll", "0.1", "--stale-after", str(STALE_AFTER_S),
         "--runs-dir", str(tmp_path / "runs"),
     ]  # fmt: skip
@@ -289,7 +298,7 @@ def drain_command(store: JobStore, tmp_path: Path) -> list[str]:
 
 def trainers_alive(store: JobStore) -> list[int]:
     """Processes of this host that carry this queue's job markers."""
-    marker = f"ASYNCSOAK_DB={store.path}".encode()
+    marker = f"ASYNCSOAK_DB={store.location}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -342,22 +351,28 @@ def check_no_overlap(job_id: int, runs: list[Run]) -> None:
 
 
 @pytest.mark.asyncio
-async def test_random_worker_kills_leave_every_job_consistent(tmp_path: Path) -> None:
-    """Dozens of SIGKILLs of four workers over 100 jobs: afterwards every job is terminal,
-    no two runs of a job overlapped, and every attempt that ran is in the history."""
+async def test_random_worker_kills_leave_every_job_consistent(tmp_path: Path, db: str) -> None:
+    """Dozens of SIGKILLs of four workers over 100 jobs (40 on PostgreSQL): afterwards every
+    job is terminal, no two runs of a job overlapped, and every attempt that ran is in the
+    history."""
     seed = int(os.environ.get("ASYNCSOAK_CHAOS_SEED", DEFAULT_SEED))
     print(f"chaos seed {seed}")
     rng = random.Random(seed)
     ledger_path = tmp_path / "ledger.txt"
-    with JobStore(tmp_path / "queue.db") as store:
-        meant = submit_jobs(store, tmp_path, rng)
+    postgres = is_postgres(db)
+    kills = PG_KILLS if postgres else KILLS
+    with open_store(db) as store:
+        if postgres:
+            meant = submit_jobs(store, tmp_path, rng, PG_JOBS, PG_FAILING_JOBS)
+        else:
+            meant = submit_jobs(store, tmp_path, rng)
         chaos = Chaos(store, tmp_path)
         started = time.monotonic()
         try:
             with anyio.fail_after(CHAOS_BOUND_S + 10):
                 for slot in range(WORKERS):
                     await chaos.start(slot, f"w{slot}")
-                await chaos.run(kill_plan(rng), ledger_path, started + CHAOS_BOUND_S)
+                await chaos.run(kill_plan(rng, kills), ledger_path, started + CHAOS_BOUND_S)
         finally:
             await chaos.stop_all()
         chaos_s = time.monotonic() - started
@@ -376,7 +391,7 @@ async def test_random_worker_kills_leave_every_job_consistent(tmp_path: Path) ->
             check_no_overlap(job.id, runs_by_job[job.id])
             check_history(job, store.attempts(job.id), runs_by_job[job.id], meant[job.id])
         assert trainers_alive(store) == []
-        assert len(chaos.kills) >= KILLS * 3 // 4, f"only {len(chaos.kills)} kills (seed {seed})"
+        assert len(chaos.kills) >= kills * 3 // 4, f"only {len(chaos.kills)} kills (seed {seed})"
         assert {"claim", "running", "final"} <= set(phases), f"{phases} (seed {seed})"
 
 
@@ -420,7 +435,7 @@ def test_orphan_sweep_kills_a_reaper_that_has_not_started_the_command(
             **os.environ,
             **ghost.env,
             "ASYNCSOAK_JOB_ID": str(job_id),
-            "ASYNCSOAK_DB": str(store.path),
+            "ASYNCSOAK_DB": store.location,
             "ASYNCSOAK_ATTEMPT": "1",
         }
         config = {
@@ -436,13 +451,14 @@ def test_orphan_sweep_kills_a_reaper_that_has_not_started_the_command(
         assert reaper.stdin is not None
         reaper.stdin.write(json.dumps(config).encode() + b"\n")
         reaper.stdin.close()  # the lifeline of a dead worker
-        subprocess.run(
+        drained = subprocess.run(
             drain_command(store, tmp_path),
             cwd=REPO,
-            check=True,
             capture_output=True,
+            text=True,
             timeout=LIMIT_S,
         )
+        assert drained.returncode == 0, drained.stderr
         assert not alive(reaper.pid)
     finally:
         if reaper.poll() is None:

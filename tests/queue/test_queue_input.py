@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from asyncsoak import ValidationError
-from asyncsoak.queue import JobStore, run_worker
+from asyncsoak.queue import JobStore, SqliteStore, run_worker
 
 from ..conftest import asyncsoak_cli
 from .helpers import FAST_SOAK, JOB_ENV
@@ -87,7 +87,7 @@ def test_store_submit_refuses_what_run_soak_refuses(
 def test_worker_bad_period_is_refused_before_a_job_is_claimed(tmp_path: Path, flag: str) -> None:
     """A NaN/negative/infinite worker period: exit status 2 and the job is still queued."""
     db = tmp_path / "queue.db"
-    with JobStore(db) as store:
+    with SqliteStore(db) as store:
         job_id = store.submit(argv=[sys.executable, "-c", "pass"], env=JOB_ENV, soak=FAST_SOAK)
     worker = asyncsoak_cli(
         "worker", "--db", str(db), "--once", "--no-gpu", flag, cwd=tmp_path, timeout=LIMIT_S
@@ -95,7 +95,7 @@ def test_worker_bad_period_is_refused_before_a_job_is_claimed(tmp_path: Path, fl
     assert worker.returncode == 2, worker.stderr
     assert "Traceback" not in worker.stderr
     assert flag.split("=")[0] in worker.stderr
-    with JobStore(db) as store:
+    with SqliteStore(db) as store:
         assert store.get(job_id).status == "queued"
         assert store.get(job_id).attempt == 0
 
@@ -114,7 +114,7 @@ def test_worker_bad_period_is_refused_before_a_job_is_claimed(tmp_path: Path, fl
 def test_out_of_range_numbers_are_usage_errors(tmp_path: Path, args: list[str]) -> None:
     """Numbers SQLite cannot hold: a one-line error, exit status 2, no traceback."""
     db = tmp_path / "queue.db"
-    with JobStore(db) as store:
+    with SqliteStore(db) as store:
         store.submit(argv=["true"])
     before = digest(db)
     result = asyncsoak_cli(args[0], "--db", str(db), *args[1:], cwd=tmp_path)
@@ -139,7 +139,7 @@ def corrupt_interior_pages(db: Path) -> int:
 @pytest.fixture
 def corrupt_db(tmp_path: Path) -> Path:
     db = tmp_path / "queue.db"
-    with JobStore(db) as store:
+    with SqliteStore(db) as store:
         for i in range(400):
             store.submit(argv=["echo", "x" * 200, str(i)], name=f"job-{i}")
     with sqlite3.connect(db) as conn:  # the WAL back into the file before it is damaged
@@ -192,7 +192,7 @@ def test_a_new_database_is_never_seen_half_made(tmp_path: Path) -> None:
     ]
     assert [r.returncode for r in results] == [0, 0, 0]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".new")) == []
-    with JobStore(db) as store:
+    with SqliteStore(db) as store:
         assert len(store.jobs()) == 3
 
 

@@ -104,7 +104,7 @@ def test_worker_metrics_port_in_use_is_refused(tmp_path: Path, store: JobStore) 
         taken.listen()
         port = taken.getsockname()[1]
         result = asyncsoak_cli(
-            "worker", "--db", str(store.path), "--once", "--no-gpu",
+            "worker", "--db", store.location, "--once", "--no-gpu",
             "--runs-dir", str(tmp_path / "runs"), "--metrics-port", str(port),
             cwd=tmp_path,
         )  # fmt: skip

@@ -15,9 +15,11 @@ from asyncsoak.queue import (
     JobStore,
     Outcome,
     QueueDatabaseError,
+    SqliteStore,
     WorkerNameInUseError,
 )
-from asyncsoak.queue._store import SCHEMA_VERSION, filesystem_type
+from asyncsoak.queue._models import SCHEMA_VERSION
+from asyncsoak.queue._sqlite import filesystem_type
 
 RUNS = Path("/nonexistent/runs")
 
@@ -61,13 +63,13 @@ def test_submit_round_trip(store: JobStore) -> None:
 def test_database_is_owner_only_wal_and_versioned(tmp_path: Path) -> None:
     """A new database file is created 0600, in WAL mode, at the current schema version."""
     path = tmp_path / "sub" / "q.db"
-    JobStore(path).close()
+    SqliteStore(path).close()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     conn.close()
-    JobStore(path).close()  # reopening an up-to-date database migrates nothing
+    SqliteStore(path).close()  # reopening an up-to-date database migrates nothing
 
 
 def test_claim_order_priority_then_id(store: JobStore) -> None:
@@ -95,13 +97,13 @@ def test_interrupted_job_keeps_its_place(store: JobStore) -> None:
 def test_concurrent_claims_take_each_job_once(tmp_path: Path) -> None:
     """Four connections claiming at once from 200 jobs take every job exactly once."""
     path = tmp_path / "q.db"
-    with JobStore(path) as setup:
+    with SqliteStore(path) as setup:
         ids = [setup.submit(argv=["x"]) for _ in range(200)]
     claimed: list[list[int]] = [[] for _ in range(4)]
     start = threading.Barrier(4)
 
     def claimer(index: int) -> None:
-        with JobStore(path, busy_timeout=30.0) as mine:
+        with SqliteStore(path, busy_timeout=30.0) as mine:
             start.wait()
             while (job := mine.claim(f"w{index}", "host-a", RUNS)) is not None:
                 claimed[index].append(job.id)
@@ -161,7 +163,8 @@ def test_take_over_refused_when_heartbeat_moved(store: JobStore) -> None:
     claimed = store.claim("w1", "h", RUNS)
     assert claimed is not None
     seen = store.get(job_id)
-    store.clock = lambda: seen.heartbeat_at + 1.0  # type: ignore[operator]
+    if isinstance(store, SqliteStore):  # PostgreSQL's clock moves by itself
+        store.clock = lambda: seen.heartbeat_at + 1.0  # type: ignore[operator]
     store.heartbeat(job_id, claimed.attempt, "w1")
     assert not store.take_over(seen, "sweeper")
     assert store.get(job_id).worker == "w1"
@@ -229,7 +232,7 @@ def test_invalid_submissions_are_refused(store: JobStore) -> None:
 def test_missing_database_refused_without_create(tmp_path: Path) -> None:
     """Opening a missing database with create=False fails clearly and creates nothing."""
     with pytest.raises(QueueDatabaseError, match="does not exist"):
-        JobStore(tmp_path / "nope.db", create=False)
+        SqliteStore(tmp_path / "nope.db", create=False)
     assert not (tmp_path / "nope.db").exists()
 
 
@@ -238,7 +241,7 @@ def test_corrupt_and_foreign_databases_refused(tmp_path: Path) -> None:
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"definitely not sqlite" * 100)
     with pytest.raises(QueueDatabaseError, match="cannot be used"):
-        JobStore(junk)
+        SqliteStore(junk)
     assert junk.read_bytes() == b"definitely not sqlite" * 100
     foreign = tmp_path / "foreign.db"
     conn = sqlite3.connect(foreign)
@@ -246,19 +249,19 @@ def test_corrupt_and_foreign_databases_refused(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     with pytest.raises(QueueDatabaseError, match="not a job queue"):
-        JobStore(foreign)
+        SqliteStore(foreign)
 
 
 def test_newer_schema_refused(tmp_path: Path) -> None:
     """A database from a newer schema is refused and left as it was."""
     path = tmp_path / "q.db"
-    JobStore(path).close()
+    SqliteStore(path).close()
     conn = sqlite3.connect(path)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.commit()
     conn.close()
     with pytest.raises(QueueDatabaseError, match="newer than this asyncsoak"):
-        JobStore(path)
+        SqliteStore(path)
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
     conn.close()
@@ -275,5 +278,5 @@ def test_network_filesystem_refused(tmp_path: Path) -> None:
     shared.mkdir()
     assert filesystem_type(tmp_path, mountinfo) == "ext4"
     with pytest.raises(QueueDatabaseError, match=r"network filesystem \(nfs4\)"):
-        JobStore(shared / "q.db", mountinfo=mountinfo)
+        SqliteStore(shared / "q.db", mountinfo=mountinfo)
     assert list(shared.iterdir()) == []

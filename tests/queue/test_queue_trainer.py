@@ -89,7 +89,7 @@ tell(str(trainer.cancel_requested(min_interval=0)))
 """,
     )
     env = {**os.environ, **JOB_ENV, "TEST_SIGNALS": str(ready.path)}
-    env.update(ASYNCSOAK_DB=str(store.path), ASYNCSOAK_JOB_ID=str(job_id))
+    env.update(ASYNCSOAK_DB=store.location, ASYNCSOAK_JOB_ID=str(job_id))
     async with await anyio.open_process(argv, stdin=subprocess.PIPE, env=env) as proc:
         assert json.loads(await ready.line()) == {"lr": 3e-4, "steps": 10}
         assert await ready.line() == "False"
@@ -109,5 +109,5 @@ def test_load_config_outside_the_queue(monkeypatch: pytest.MonkeyPatch, store: J
         trainer.load_config()
     job_id = store.submit(argv=["python", "train.py"])
     with pytest.raises(RuntimeError, match="submitted with a command"):
-        trainer.load_config(job_id, store.path)
+        trainer.load_config(job_id, store.location)
     assert trainer.cancel_requested(min_interval=0) is False

@@ -9,7 +9,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from anyio.abc import Process
 
 from asyncsoak._config import StopMode
 from asyncsoak._soak import run_soak
-from asyncsoak.queue import JobStore, Outcome, run_job, run_worker
+from asyncsoak.queue import JobStore, Outcome, SqliteStore, open_store, run_job, run_worker
 
 from ..conftest import REPO, ReadyFifo, alive
 from .helpers import FAST_SOAK, JOB_ENV, write_script
@@ -76,7 +75,7 @@ async def start_worker_process(
     """``asyncsoak worker`` in its own process, to be killed by the test; ``options`` are
     more of its command-line options."""
     return await anyio.open_process(
-        [sys.executable, "-m", "asyncsoak", "worker", "--db", str(store.path), "--no-gpu",
+        [sys.executable, "-m", "asyncsoak", "worker", "--db", store.location, "--no-gpu",
          "--poll", "0.1", "--name", name, "--runs-dir", str(tmp_path / "runs"), *options],
         cwd=REPO,
         stderr=subprocess.DEVNULL,
@@ -111,7 +110,7 @@ def test_four_workers_run_each_of_40_jobs_once(tmp_path: Path) -> None:
     """Four worker processes draining 40 jobs run each job exactly once (counted by the jobs)."""
     runs = tmp_path / "runs.txt"
     append = "import sys; open(sys.argv[1], 'a').write(sys.argv[2] + '\\n')"
-    with JobStore(tmp_path / "q.db") as store:
+    with SqliteStore(tmp_path / "q.db") as store:
         ids = [
             store.submit(argv=[sys.executable, "-c", append, str(runs), "{job_id}"], soak=FAST_SOAK)
             for _ in range(40)
@@ -134,7 +133,7 @@ def test_four_workers_run_each_of_40_jobs_once(tmp_path: Path) -> None:
                 proc.kill()
                 proc.wait()
     assert sorted(int(line) for line in runs.read_text().splitlines()) == ids
-    with JobStore(tmp_path / "q.db") as store:
+    with SqliteStore(tmp_path / "q.db") as store:
         jobs = store.jobs()
     assert {(job.status, job.attempt) for job in jobs} == {("succeeded", 1)}
 
@@ -204,9 +203,9 @@ async def test_orphan_whose_attempt_finished_is_not_rerun(tmp_path: Path, store:
             nvidia_smi=None,
             **FAST_SOAK,
         )
-    an_hour_later = JobStore(store.path, clock=lambda: time.time() + 3600)
-    with an_hour_later, anyio.fail_after(LIMIT_S):
-        assert await run_worker(an_hour_later, **worker_kwargs(tmp_path)) == 0
+    # Any heartbeat is older than a staleness limit of 0: the ghost's job is an orphan now.
+    with anyio.fail_after(LIMIT_S):
+        assert await run_worker(store, stale_after=0, **worker_kwargs(tmp_path)) == 0
     job = store.get(job_id)
     assert (job.status, job.attempt, job.returncode) == ("succeeded", 1, 0)
     assert [a.outcome for a in store.attempts(job_id)] == ["succeeded"]
@@ -220,9 +219,8 @@ async def test_stale_orphan_from_another_host_is_requeued(
     """A job whose worker on another host went silent is requeued after the staleness limit."""
     job_id = submit_trainer(store, tmp_path, ready, "exit0", max_attempts=2)
     assert store.claim("ghost", "elsewhere", tmp_path / "runs") is not None
-    an_hour_later = JobStore(store.path, clock=lambda: time.time() + 3600)
-    with an_hour_later, anyio.fail_after(LIMIT_S):
-        assert await run_worker(an_hour_later, **worker_kwargs(tmp_path)) == 1
+    with anyio.fail_after(LIMIT_S):
+        assert await run_worker(store, stale_after=0, **worker_kwargs(tmp_path)) == 1
     assert await ready.line() == "started 2"
     history = store.attempts(job_id)
     assert (history[0].worker, history[0].outcome, history[0].reason) == (
@@ -304,10 +302,11 @@ from pathlib import Path
 from asyncsoak import trainer
 checkpoint = trainer.run_dir() / "checkpoint"
 step = int(checkpoint.read_text()) if checkpoint.exists() else 0
+stop = trainer.stop_requested()  # before saying it started: the stop may come at once
 tell(f"started at {step}")
 if step:
     sys.exit(0)
-trainer.stop_requested().wait(60)
+stop.wait(60)
 checkpoint.write_text("5")
 tell("saved")
 sys.exit(trainer.EXIT_INTERRUPTED)
@@ -353,7 +352,7 @@ async def test_stale_worker_late_final_write_is_refused(
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: run_worker(store, name="stale", **slow))
             assert await ready.line() == "started 1"
-            sweeper = JobStore(store.path, clock=lambda: time.time() + 3600)
+            sweeper = open_store(store.location)
             with sweeper:
                 assert sweeper.take_over(sweeper.get(job_id), "sweeper")
                 assert sweeper.finish(
@@ -369,13 +368,13 @@ async def test_stale_worker_late_final_write_is_refused(
 
 @pytest.mark.asyncio
 async def test_final_status_written_after_the_lock_is_released(
-    tmp_path: Path, store: JobStore
+    tmp_path: Path, sqlite_store: SqliteStore
 ) -> None:
     """The final write retries while another connection holds the write lock."""
-    job_id = store.submit(argv=[sys.executable, "-c", "pass"], soak=FAST_SOAK)
-    job = store.claim("w1", "host", tmp_path / "runs")
+    job_id = sqlite_store.submit(argv=[sys.executable, "-c", "pass"], soak=FAST_SOAK)
+    job = sqlite_store.claim("w1", "host", tmp_path / "runs")
     assert job is not None
-    blocker = sqlite3.connect(store.path, isolation_level=None, check_same_thread=False)
+    blocker = sqlite3.connect(sqlite_store.path, isolation_level=None, check_same_thread=False)
     blocker.execute("BEGIN IMMEDIATE")
 
     class ReleaseOnFinishFailure(logging.Handler):
@@ -385,7 +384,7 @@ async def test_final_status_written_after_the_lock_is_released(
 
     handler = ReleaseOnFinishFailure()
     logging.getLogger("asyncsoak.queue").addHandler(handler)
-    impatient = JobStore(store.path, busy_timeout=0.1)
+    impatient = SqliteStore(sqlite_store.path, busy_timeout=0.1)
     try:
         with impatient, anyio.fail_after(LIMIT_S):
             status = await run_job(
@@ -398,7 +397,7 @@ async def test_final_status_written_after_the_lock_is_released(
             blocker.execute("ROLLBACK")
         blocker.close()
     assert status == "succeeded"
-    assert store.get(job_id).status == "succeeded"
+    assert sqlite_store.get(job_id).status == "succeeded"
 
 
 @pytest.mark.asyncio
@@ -408,12 +407,18 @@ async def test_failed_job_error_holds_tail_exit_and_reason(
     """A failed job's error has the soak's reason, the decoded exit status and the log tail,
     with secret values masked; no write lock is held while its child runs."""
     script = """
-import sqlite3
 # Heartbeats are brief writes; a write transaction held for the child's life would make
-# this fail after the timeout.
-conn = sqlite3.connect(os.environ["ASYNCSOAK_DB"], timeout=5)
-conn.execute("BEGIN IMMEDIATE")
-conn.execute("ROLLBACK")
+# this fail (after SQLite's timeout; at once on PostgreSQL, NOWAIT).
+db = os.environ["ASYNCSOAK_DB"]
+if db.startswith("postgresql:"):
+    import psycopg
+    with psycopg.connect(db) as conn:
+        conn.execute("SELECT id FROM asyncsoak.jobs FOR UPDATE NOWAIT").fetchall()
+else:
+    import sqlite3
+    conn = sqlite3.connect(db, timeout=5)
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("ROLLBACK")
 print("token is", os.environ["HF_TOKEN"])
 print("loss went NaN at step 7")
 sys.exit(3)
@@ -457,10 +462,10 @@ tell(json.dumps({"argv": sys.argv[1:], "env": env, "config": config}))
         assert await run_worker(store, **worker_kwargs(tmp_path, gpus="3", cmd=argv)) == 2
     run_dir = str((tmp_path / "runs" / str(command_job)).absolute())
     seen = json.loads(await ready.line())
-    assert seen["argv"] == [str(command_job), f"{run_dir}/ckpt", str(store.path)]
+    assert seen["argv"] == [str(command_job), f"{run_dir}/ckpt", store.location]
     assert seen["env"] == {
         "ASYNCSOAK_JOB_ID": str(command_job),
-        "ASYNCSOAK_DB": str(store.path),
+        "ASYNCSOAK_DB": store.location,
         "ASYNCSOAK_RUN_DIR": run_dir,
         "ASYNCSOAK_ATTEMPT": "1",
         "CUDA_VISIBLE_DEVICES": "3",
@@ -468,7 +473,7 @@ tell(json.dumps({"argv": sys.argv[1:], "env": env, "config": config}))
         "MY_SETTING": "on",
     }
     seen = json.loads(await ready.line())
-    assert seen["argv"] == ["--job-id", str(config_job), "--db", str(store.path), "--watch-stdin"]
+    assert seen["argv"] == ["--job-id", str(config_job), "--db", store.location, "--watch-stdin"]
     assert seen["config"] == {"lr": 0.1}
     assert store.get(config_job).status == "succeeded"
 

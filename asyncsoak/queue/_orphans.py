@@ -1,0 +1,116 @@
+"""What is left of an orphaned attempt on this host: finding its processes and killing them.
+
+Only a worker on the host the attempt ran on may do this: process ids mean nothing elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from .._spawn import REAPER_MODULE
+from .._tree import start_time_ticks
+from ._status import SLICE_S
+
+#: In the reaper's command line (``_spawn`` starts it as ``python -m asyncsoak._reaper``).
+_REAPER_MODULE = REAPER_MODULE.encode()
+
+
+def process_alive(pid: int, start_ticks: int | None) -> bool:
+    """Whether ``pid`` still runs and is the same process (start time), not a zombie."""
+    ticks = start_time_ticks(pid)
+    if ticks is None or (start_ticks is not None and ticks != start_ticks):
+        return False
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False
+
+
+def kill_leftovers(
+    db: str, job_id: int, attempt: int, log: Path | None, wait_s: float
+) -> list[int]:
+    """SIGKILL what is left of an orphaned attempt on this host, scanning again until a scan
+    finds nothing alive (at most ``wait_s``).
+
+    Two kinds of process belong to the attempt.  Its command's tree carries the markers the
+    worker put in the child's environment, which find it wherever it went (double forks, new
+    sessions).  Its reaper carries none and outlives a killed worker: one that had been handed
+    the command but had not started it yet would start it after this scan, beside the job's
+    next attempt.  It is found by the attempt's ``train.log``, which it holds, and killed, so
+    it starts nothing; a command it had just forked holds that log until its exec and carries
+    the markers after it, so the scan repeats until it finds nothing.
+    """
+    markers = {
+        f"ASYNCSOAK_DB={db}".encode(),
+        f"ASYNCSOAK_JOB_ID={job_id}".encode(),
+        f"ASYNCSOAK_ATTEMPT={attempt}".encode(),
+    }
+    log_file: tuple[int, int] | None = None
+    if log is not None:
+        with contextlib.suppress(OSError):  # never created: no reaper was started
+            st = log.stat()
+            log_file = (st.st_dev, st.st_ino)
+    killed: list[int] = []
+    deadline = time.monotonic() + wait_s
+    quiet = False
+    while True:
+        targets = []
+        for pid in _attempt_processes(markers, log_file):
+            ticks = start_time_ticks(pid)
+            if process_alive(pid, ticks):
+                targets.append((pid, ticks))
+        # After a kill, one more quiet scan: a command the killed reaper had just forked may
+        # have been between closing the fds it inherited and its exec.
+        if not targets and (quiet or not killed):
+            return killed
+        quiet = not targets
+        for pid, ticks in targets:
+            if process_alive(pid, ticks):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    if pid not in killed:
+                        killed.append(pid)
+        if time.monotonic() >= deadline:
+            return killed
+        time.sleep(SLICE_S)
+
+
+def _attempt_processes(markers: set[bytes], log_file: tuple[int, int] | None) -> list[int]:
+    """Processes carrying all ``markers`` in their environment, and reapers (with the
+    commands they are forking) holding ``log_file`` (device, inode) open."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = set(f.read().split(b"\0"))
+        except OSError:
+            continue
+        if markers <= environ or (log_file is not None and _reaper_holding(entry, log_file)):
+            found.append(int(entry))
+    return found
+
+
+def _reaper_holding(pid: str, log_file: tuple[int, int]) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if _REAPER_MODULE not in f.read().split(b"\0"):
+                return False
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == log_file:
+            return True
+    return False

@@ -1,0 +1,660 @@
+"""The job queue in one SQLite file, shared by the workers and the command line of one host.
+
+WAL lets readers (``asyncsoak jobs``, trainers checking for cancellation) run beside a
+writer, but its shared memory only works on a local filesystem, so a database on a network
+filesystem is refused.  The connection is in autocommit mode (``isolation_level=None``) and
+every read-then-write runs inside an explicit ``BEGIN IMMEDIATE``: the write lock is taken
+before the read, so two workers can never both see a job as free.  No transaction outlives a
+method call, so none is held while a child runs.
+
+Fencing: each claim increments the job's ``attempt``; every later write by the worker names
+``(id, attempt, worker)`` and checks the row count, so a worker that lost its job (declared
+an orphan, taken over) can never overwrite a newer attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .._config import StopMode
+from ._models import (
+    ATTEMPT_COLUMNS,
+    BUSY_TIMEOUT_S,
+    DEFAULT_MAX_ATTEMPTS,
+    JOB_COLUMNS,
+    JOB_STATUSES,
+    QUEUED,
+    RUNNING,
+    SCHEMA_VERSION,
+    TERMINAL_STATUSES,
+    WORKER_COLUMNS,
+    Attempt,
+    Job,
+    JobNotFoundError,
+    JobStateError,
+    QueueDatabaseError,
+    QueueUnavailableError,
+    WorkerInfo,
+    WorkerNameInUseError,
+    attempt_from_row,
+    attempt_outcome,
+    job_from_row,
+    validate_submission,
+)
+from ._status import INTERRUPTED, Outcome
+from ._store import JobStore
+
+#: ``PRAGMA application_id`` of a queue database ("asok").
+APPLICATION_ID = 0x61736F6B
+MOUNTINFO = Path("/proc/self/mountinfo")
+#: Filesystems on which SQLite's WAL (shared memory, POSIX locks) is unsafe.
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "9p",
+        "afs",
+        "beegfs",
+        "ceph",
+        "cifs",
+        "davfs",
+        "fuse.cephfs",
+        "fuse.gcsfuse",
+        "fuse.glusterfs",
+        "fuse.juicefs",
+        "fuse.rclone",
+        "fuse.s3fs",
+        "fuse.sshfs",
+        "glusterfs",
+        "gpfs",
+        "lustre",
+        "ncpfs",
+        "nfs",
+        "nfs4",
+        "smb3",
+        "smbfs",
+    }
+)
+
+# Each entry migrates the schema from version i to i + 1; statements run in one transaction.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        f"PRAGMA application_id = {APPLICATION_ID}",
+        """
+        CREATE TABLE jobs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            name TEXT,
+            status TEXT NOT NULL
+                CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
+            argv TEXT,
+            config TEXT,
+            cwd TEXT,
+            env TEXT NOT NULL DEFAULT '{}',
+            progress_dir TEXT,
+            soak TEXT NOT NULL DEFAULT '{}',
+            stop_mode TEXT NOT NULL DEFAULT 'stdin'
+                CHECK (stop_mode IN ('stdin', 'group', 'leader')),
+            priority INTEGER NOT NULL DEFAULT 0,
+            attempt INTEGER NOT NULL DEFAULT 0,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+            created_at REAL NOT NULL,
+            started_at REAL,
+            finished_at REAL,
+            heartbeat_at REAL,
+            worker TEXT,
+            host TEXT,
+            cancel_requested INTEGER NOT NULL DEFAULT 0,
+            returncode INTEGER,
+            reason TEXT,
+            error TEXT,
+            artifact TEXT,
+            CHECK ((argv IS NULL) != (config IS NULL))
+        )
+        """,
+        "CREATE INDEX jobs_by_claim_order ON jobs (status, priority DESC, id)",
+        """
+        CREATE TABLE attempts (
+            job_id INTEGER NOT NULL REFERENCES jobs (id),
+            attempt INTEGER NOT NULL,
+            worker TEXT NOT NULL,
+            host TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            finished_at REAL,
+            outcome TEXT
+                CHECK (outcome IN ('succeeded', 'failed', 'cancelled', 'interrupted')),
+            reason TEXT,
+            returncode INTEGER,
+            error TEXT,
+            artifact TEXT NOT NULL,
+            PRIMARY KEY (job_id, attempt)
+        )
+        """,
+        """
+        CREATE TABLE workers (
+            name TEXT PRIMARY KEY,
+            host TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            pid_start INTEGER,
+            started_at REAL NOT NULL,
+            heartbeat_at REAL NOT NULL,
+            stopped_at REAL,
+            job_id INTEGER
+        )
+        """,
+    ),
+    (
+        "ALTER TABLE attempts ADD COLUMN summary TEXT",
+        "ALTER TABLE attempts ADD COLUMN note TEXT",
+    ),
+)
+assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+
+def filesystem_type(path: Path, mountinfo: Path = MOUNTINFO) -> str | None:
+    """The type of the filesystem holding ``path`` (an existing directory), from mountinfo."""
+    try:
+        lines = mountinfo.read_text().splitlines()
+    except OSError:
+        return None
+    target = str(path.resolve())
+    best: tuple[int, str] | None = None
+    for line in lines:
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if not sep or len(fields) < 5 or not tail:
+            continue
+        mount_point = _unescape_mount(fields[4])
+        inside = (
+            mount_point == "/"
+            or target == mount_point
+            or target.startswith(mount_point.rstrip("/") + "/")
+        )
+        # Among mounts on the same point, the last one listed is on top.
+        if inside and (best is None or len(mount_point) >= best[0]):
+            best = (len(mount_point), tail.split()[0])
+    return best[1] if best else None
+
+
+def _unescape_mount(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as octal escapes (\040...).
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and len(field[i + 1 : i + 4]) == 3:
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+class SqliteStore(JobStore):
+    """The queue in an SQLite file.
+
+    ``create=False`` refuses a missing file instead of creating it.  ``clock`` (wall-clock
+    seconds; heartbeats are compared across processes of this host) is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        busy_timeout: float = BUSY_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
+        mountinfo: Path = MOUNTINFO,
+    ) -> None:
+        self.path = Path(path).expanduser().resolve()
+        self.location = str(self.path)
+        self.clock = clock
+        self.busy_timeout = busy_timeout
+        self._lock = threading.RLock()
+        if self._check_location(create, mountinfo):
+            self._create()
+        self._conn = self._connect(self.path)
+
+    def _connect(self, path: Path) -> sqlite3.Connection:
+        """Open ``path``, refuse it unless it is a sound queue database, bring its schema up."""
+        try:
+            conn = sqlite3.connect(
+                path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise QueueDatabaseError(self.path, f"cannot open: {exc}") from exc
+        self._conn = conn
+        try:
+            # Before anything writes (the WAL switch, a migration, a worker's registration):
+            # a damaged file is refused as it is, never written to.
+            problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
+            if problems != ["ok"]:
+                raise QueueDatabaseError(
+                    self.path,
+                    f"is corrupt ({'; '.join(map(str, problems))}); restore it from a backup, "
+                    "or recover what it holds with: sqlite3 FILE .recover",
+                )
+            conn.execute("PRAGMA foreign_keys = ON")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise QueueDatabaseError(self.path, f"cannot use WAL journaling (got {mode})")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise QueueDatabaseError(
+                self.path, f"cannot be used as a queue database ({exc})"
+            ) from exc
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _create(self) -> None:
+        """Build the schema in a temporary file beside the database, then link it into place.
+
+        The database never exists half-made, so a zero-byte file at its path was not made by
+        asyncsoak and is refused.  Two processes creating it at once: the first link wins.
+        """
+        try:
+            fd, name = tempfile.mkstemp(
+                prefix=f".{self.path.name}.", suffix=".new", dir=self.path.parent
+            )
+        except OSError as exc:
+            raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            self._connect(tmp).close()
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
+        finally:
+            for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
+
+    def _check_location(self, create: bool, mountinfo: Path) -> bool:
+        """Refuse an unusable path; True when the database must be created."""
+        if self.path.exists():
+            if not self.path.is_file():
+                raise QueueDatabaseError(self.path, "is not a file")
+            if self.path.stat().st_size == 0:
+                raise QueueDatabaseError(
+                    self.path,
+                    "is an empty file, not a queue database (asyncsoak never leaves one "
+                    "empty); check --db, or remove the file to start a new queue",
+                )
+        elif not create:
+            raise QueueDatabaseError(
+                self.path, "does not exist (submit a job first, or check --db)"
+            )
+        directory = self.path.parent
+        if directory.is_dir():
+            fstype = filesystem_type(directory, mountinfo)
+            if fstype in NETWORK_FILESYSTEMS:
+                raise QueueDatabaseError(
+                    self.path,
+                    f"is on a network filesystem ({fstype}); SQLite's WAL needs a local "
+                    "filesystem: put the database on a local disk (--db or ASYNCSOAK_DB)",
+                )
+        if self.path.exists():
+            return False
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
+        return True
+
+    def _migrate(self) -> None:
+        # An up-to-date database needs no write lock: opening one never waits on a writer.
+        if self._schema_state(self._conn) == SCHEMA_VERSION:
+            return
+        with self._write() as conn:
+            version = self._schema_state(conn)
+            for statements in _MIGRATIONS[version:]:
+                for statement in statements:
+                    conn.execute(statement)
+            if version < SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _schema_state(self, conn: sqlite3.Connection) -> int:
+        """The schema version, after refusing databases this code must not touch."""
+        version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise QueueDatabaseError(
+                self.path,
+                f"has schema version {version}, newer than this asyncsoak understands "
+                f"({SCHEMA_VERSION}); upgrade asyncsoak",
+            )
+        if version == 0:
+            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
+        elif conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+            raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
+        return version
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def now(self) -> float:
+        return self.clock()
+
+    def default_runs_dir(self) -> Path:
+        """Runs live beside the database: ``queue.db`` keeps them in ``queue.runs/``."""
+        return self.path.with_suffix(".runs")
+
+    @contextmanager
+    def _unavailable(self) -> Iterator[None]:
+        """A lock held past ``busy_timeout`` (or a failing disk) as QueueUnavailableError."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            raise QueueUnavailableError(self.path, str(exc)) from exc
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: the write lock is held from the first read."""
+        with self._lock, self._unavailable():
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            try:
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        with self._lock, self._unavailable():
+            return self._conn.execute(sql, params).fetchall()
+
+    def _one(self, sql: str, params: Sequence[Any]) -> Any:
+        """One statement outside a transaction (an UPDATE ... RETURNING): its first row."""
+        with self._lock, self._unavailable():
+            return self._conn.execute(sql, params).fetchone()
+
+    # --- the command line's side ---------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        argv: Sequence[str] | None = None,
+        config: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        progress_dir: str | os.PathLike[str] | None = None,
+        soak: Mapping[str, Any] | None = None,
+        stop_mode: StopMode = "stdin",
+        priority: int = 0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> int:
+        env = dict(env or {})
+        soak = validate_submission(
+            argv=argv,
+            config=config,
+            cwd=cwd,
+            env=env,
+            progress_dir=progress_dir,
+            soak=soak,
+            stop_mode=stop_mode,
+            priority=priority,
+            max_attempts=max_attempts,
+        )
+        with self._write() as conn:
+            cursor = conn.execute(
+                "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
+                "stop_mode, priority, max_attempts, created_at) "
+                "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    name,
+                    None if argv is None else json.dumps(list(argv)),
+                    None if config is None else json.dumps(config),
+                    None if cwd is None else os.fspath(cwd),
+                    json.dumps(env),
+                    None if progress_dir is None else os.fspath(progress_dir),
+                    json.dumps(soak),
+                    stop_mode,
+                    priority,
+                    max_attempts,
+                    self.clock(),
+                ),
+            )
+            job_id = cursor.lastrowid
+        assert job_id is not None
+        return job_id
+
+    def get(self, job_id: int) -> Job:
+        rows = self._read(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
+        if not rows:
+            raise JobNotFoundError(job_id)
+        return job_from_row(rows[0])
+
+    def jobs(self, status: str | None = None) -> list[Job]:
+        if status is None:
+            rows = self._read(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY id")
+        elif status == INTERRUPTED:
+            rows = self._read(
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'queued' AND EXISTS ("
+                "SELECT 1 FROM attempts AS a WHERE a.job_id = jobs.id "
+                "AND a.attempt = jobs.attempt AND a.outcome = 'interrupted') ORDER BY id"
+            )
+        else:
+            rows = self._read(
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = ? ORDER BY id", (status,)
+            )
+        return [job_from_row(row) for row in rows]
+
+    def count_by_status(self) -> dict[str, int]:
+        counts = dict.fromkeys(JOB_STATUSES, 0)
+        for status, count in self._read("SELECT status, count(*) FROM jobs GROUP BY status"):
+            counts[str(status)] = int(count)
+        return counts
+
+    def attempts(self, job_id: int) -> list[Attempt]:
+        rows = self._read(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
+        )
+        return [attempt_from_row(row) for row in rows]
+
+    def cancel(self, job_id: int) -> Job:
+        with self._write() as conn:
+            row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFoundError(job_id)
+            if row[0] == QUEUED:
+                conn.execute(
+                    "UPDATE jobs SET status = 'cancelled', cancel_requested = 1, "
+                    "finished_at = ?, reason = 'cancelled' WHERE id = ?",
+                    (self.clock(), job_id),
+                )
+            elif row[0] == RUNNING:
+                conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+            else:
+                raise JobStateError(job_id, row[0], "cancelled", (QUEUED, RUNNING))
+        return self.get(job_id)
+
+    def requeue(self, job_id: int) -> Job:
+        with self._write() as conn:
+            row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                raise JobNotFoundError(job_id)
+            if row[0] not in TERMINAL_STATUSES:
+                raise JobStateError(job_id, row[0], "requeued", TERMINAL_STATUSES)
+            conn.execute(
+                "UPDATE jobs SET status = 'queued', cancel_requested = 0, attempts = 0, "
+                "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "
+                "WHERE id = ?",
+                (job_id,),
+            )
+        return self.get(job_id)
+
+    def workers(self) -> list[WorkerInfo]:
+        rows = self._read(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY name")
+        return [WorkerInfo(*row) for row in rows]
+
+    # --- the worker's side -----------------------------------------------------------------
+
+    def register_worker(
+        self,
+        name: str,
+        *,
+        host: str,
+        pid: int,
+        pid_start: int | None,
+        alive: Callable[[WorkerInfo], bool],
+    ) -> None:
+        now = self.clock()
+        with self._write() as conn:
+            row = conn.execute(
+                f"SELECT {WORKER_COLUMNS} FROM workers WHERE name = ?", (name,)
+            ).fetchone()
+            if row is not None:
+                previous = WorkerInfo(*row)
+                if previous.stopped_at is None and alive(previous):
+                    raise WorkerNameInUseError(name, previous.host, previous.pid)
+            conn.execute(
+                "INSERT OR REPLACE INTO workers "
+                "(name, host, pid, pid_start, started_at, heartbeat_at, stopped_at, job_id) "
+                "VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)",
+                (name, host, pid, pid_start, now, now),
+            )
+
+    def worker_heartbeat(self, name: str) -> None:
+        self._one("UPDATE workers SET heartbeat_at = ? WHERE name = ?", (self.clock(), name))
+
+    def worker_stopped(self, name: str) -> None:
+        now = self.clock()
+        self._one(
+            "UPDATE workers SET heartbeat_at = ?, stopped_at = ?, job_id = NULL WHERE name = ?",
+            (now, now, name),
+        )
+
+    def claim(
+        self, worker: str, host: str, runs_dir: Path, *, max_duration: float | None = None
+    ) -> Job | None:
+        now = self.clock()
+        with self._write() as conn:
+            row = conn.execute(
+                "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker = ?, host = ?, "
+                "started_at = ?, heartbeat_at = ?, finished_at = NULL "
+                "WHERE id = (SELECT id FROM jobs WHERE status = 'queued' "
+                "AND (? IS NULL OR json_extract(soak, '$.max_duration_seconds') IS NULL "
+                "OR json_extract(soak, '$.max_duration_seconds') <= ?) "
+                "ORDER BY priority DESC, id LIMIT 1) RETURNING id, attempt",
+                (worker, host, now, now, max_duration, max_duration),
+            ).fetchone()
+            if row is None:
+                return None
+            job_id, attempt = row
+            artifact = runs_dir / str(int(job_id)) / "attempts" / str(int(attempt)) / "soak.json"
+            conn.execute("UPDATE jobs SET artifact = ? WHERE id = ?", (str(artifact), job_id))
+            conn.execute(
+                "INSERT INTO attempts (job_id, attempt, worker, host, started_at, artifact) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, attempt, worker, host, now, str(artifact)),
+            )
+            conn.execute(
+                "UPDATE workers SET job_id = ?, heartbeat_at = ? WHERE name = ?",
+                (job_id, now, worker),
+            )
+            job = job_from_row(
+                conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            )
+        return job
+
+    def heartbeat(self, job_id: int, attempt: int, worker: str) -> bool | None:
+        row = self._one(
+            "UPDATE jobs SET heartbeat_at = ? "
+            "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running' "
+            "RETURNING cancel_requested",
+            (self.clock(), job_id, attempt, worker),
+        )
+        return None if row is None else bool(row[0])
+
+    def cancel_requested(self, job_id: int) -> bool:
+        rows = self._read("SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,))
+        return bool(rows and rows[0][0])
+
+    def finish(
+        self,
+        job_id: int,
+        attempt: int,
+        worker: str,
+        outcome: Outcome,
+        summary: Mapping[str, Any] | None = None,
+        note: str | None = None,
+    ) -> bool:
+        now = self.clock()
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT attempts, max_attempts, cancel_requested FROM jobs "
+                "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running'",
+                (job_id, attempt, worker),
+            ).fetchone()
+            if row is None:
+                return False
+            status, attempts = attempt_outcome(outcome, row[0], row[1], bool(row[2]))
+            conn.execute(
+                "UPDATE jobs SET status = ?, attempts = ?, finished_at = ?, heartbeat_at = NULL, "
+                "returncode = ?, reason = ?, error = ? WHERE id = ?",
+                (
+                    status,
+                    attempts,
+                    now if status in TERMINAL_STATUSES else None,
+                    outcome.returncode,
+                    outcome.reason,
+                    outcome.error,
+                    job_id,
+                ),
+            )
+            conn.execute(
+                "UPDATE attempts SET finished_at = ?, outcome = ?, reason = ?, returncode = ?, "
+                "error = ?, summary = ?, note = ? WHERE job_id = ? AND attempt = ? "
+                "AND outcome IS NULL",
+                (
+                    now,
+                    outcome.status,
+                    outcome.reason,
+                    outcome.returncode,
+                    outcome.error,
+                    None if summary is None else json.dumps(summary),
+                    note,
+                    job_id,
+                    attempt,
+                ),
+            )
+            conn.execute(
+                "UPDATE workers SET job_id = NULL WHERE name = ? AND job_id = ?", (worker, job_id)
+            )
+        return True
+
+    def running(self) -> list[tuple[Job, WorkerInfo | None]]:
+        rows = self._read(f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY id")
+        by_name = {w.name: w for w in self.workers()}
+        jobs = [job_from_row(row) for row in rows]
+        return [(job, by_name.get(job.worker or "")) for job in jobs]
+
+    def take_over(self, job: Job, worker: str) -> bool:
+        row = self._one(
+            "UPDATE jobs SET worker = ?, heartbeat_at = ? "
+            "WHERE id = ? AND attempt = ? AND worker IS ? AND status = 'running' "
+            "AND heartbeat_at IS ? RETURNING id",
+            (worker, self.clock(), job.id, job.attempt, job.worker, job.heartbeat_at),
+        )
+        return row is not None
