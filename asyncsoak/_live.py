@@ -15,7 +15,6 @@ shielded bound.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -25,12 +24,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, BinaryIO, Protocol, TextIO
 
 import anyio
 
 from ._blocking import run_blocking
 from ._fields import format_duration, format_value, gpu_index
+from ._journal import JournalDecoder
 
 #: Seconds between two reads of the journal (and two frames on a terminal).
 REFRESH_SECONDS = 0.5
@@ -43,53 +43,85 @@ VIEW_CALL_TIMEOUT = 10.0
 
 
 class JournalTail:
-    """Complete lines appended to a journal since the last read.
+    """Complete events appended to a journal since the last read.
 
     The journal of an earlier run may still sit at the same path until the monitor truncates
     it, so lines are only taken once the first line is a header written by ``monitor_pid``.
+    The open segment is held open between reads: when the serializer closes it (renames it
+    aside and starts a new one at the path, see ``_journal``), its last lines are still read
+    from the file held, then the tail moves on to the new segment.  Call :meth:`close` at
+    the end.
     """
 
     def __init__(self, path: Path, monitor_pid: int | None = None) -> None:
         self.path = path
         self.monitor_pid = monitor_pid
+        self._file: BinaryIO | None = None
         self._offset = 0
         self._ours = False
+        self._decoder = JournalDecoder()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def read(self) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if self._file is not None and os.fstat(self._file.fileno()).st_size < self._offset:
+            # Truncated: a new soak took the path over.
+            self.close()
+            self._ours = False
+        if self._file is None and not self._open():
+            return events
+        assert self._file is not None
+        if not self._ours:
+            self._decoder = JournalDecoder()
+            self._file.seek(0)
+            first = self._file.readline()
+            if not first.endswith(b"\n") or not self._is_our_header(first):
+                self.close()  # not ours (yet): look again at the path next time
+                return events
+            self._ours = True
+        events += self._read_on()
         try:
-            journal = open(self.path, "rb")  # noqa: SIM115 (closed by the with just below)
+            current = os.stat(self.path)
         except FileNotFoundError:
-            return []
-        with journal:
-            size = os.fstat(journal.fileno()).st_size
-            if size < self._offset:
-                # Truncated: a new soak took the path over.
-                self._offset, self._ours = 0, False
-            if not self._ours:
-                first = journal.readline()
-                if not first.endswith(b"\n") or not self._is_our_header(first):
-                    return []
-                self._ours = True
-            journal.seek(self._offset)
-            data = journal.read(READ_CHUNK)
+            return events
+        held = os.fstat(self._file.fileno())
+        if (current.st_dev, current.st_ino) != (held.st_dev, held.st_ino):
+            # The segment was closed: its writes were all done before it was renamed.
+            events += self._read_on()
+            self.close()
+            if self._open():
+                self._decoder.reset()
+                events += self._read_on()
+        return events
+
+    def _open(self) -> bool:
+        try:
+            self._file = open(self.path, "rb")  # noqa: SIM115 (held until close())
+        except FileNotFoundError:
+            return False
+        self._offset = 0
+        return True
+
+    def _read_on(self) -> list[dict[str, Any]]:
+        assert self._file is not None
+        self._file.seek(self._offset)
+        data = self._file.read(READ_CHUNK)
         complete = data[: data.rfind(b"\n") + 1]
         self._offset += len(complete)
         events = []
         for line in complete.splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
+            event = self._decoder.decode(line)
+            if event is not None:
                 events.append(event)
         return events
 
     def _is_our_header(self, line: bytes) -> bool:
-        try:
-            header = json.loads(line)
-        except ValueError:
-            return False
-        if not isinstance(header, dict) or header.get("kind") != "header":
+        header = JournalDecoder().decode(line)
+        if header is None or header.get("kind") != "header":
             return False
         return self.monitor_pid is None or header.get("monitor_pid") == self.monitor_pid
 
@@ -557,6 +589,7 @@ async def watch_journal(
                     view = await in_thread(partial(make_view, stream, status_interval))
                 if view is not None:
                     await in_thread(partial(view.close, last))
+            tail.close()
 
 
 def _say(stream: TextIO, line: str) -> None:

@@ -1,19 +1,19 @@
 """Rebuild an artifact from a soak's journal: the record a dead monitor leaves behind.
 
-The journal is flushed on every event, so it holds everything up to the moment the monitor
-died.  Folding it through the same :class:`ArtifactBuilder` the serializer uses gives an
+The journal is flushed on every batch, so it holds everything up to the moment the monitor
+died; it is read through ``_journal`` (segments, compressed or not, full and compact lines).  Folding it through the same :class:`ArtifactBuilder` the serializer uses gives an
 artifact of the same shape; a journal without a ``finished`` line means the monitor never
 finished, which is the ``monitor_lost`` failure.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from ._artifact import ArtifactBuilder, read_log_tail
+from ._journal import JournalReader
 from ._redact import Masker, secret_values
 
 
@@ -29,19 +29,11 @@ def artifact_from_journal(path: Path) -> dict[str, Any]:
     """
     builder = ArtifactBuilder()
     events = 0
-    unreadable = 0
-    with open(path, "rb") as journal:
-        for raw in journal:
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                unreadable += 1
-                continue
-            if not isinstance(event, dict) or "kind" not in event:
-                unreadable += 1
-                continue
-            builder.add(event)
-            events += 1
+    reader = JournalReader(path)
+    for event in reader:
+        builder.add(event)
+        events += 1
+    unreadable = reader.unreadable
     header = builder.header
     if header is None:
         raise JournalError(f"{path} is not an asyncsoak journal: it has no header line")

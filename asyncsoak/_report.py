@@ -41,6 +41,7 @@ from ._fields import (
     format_value,
     gpu_index,
 )
+from ._journal import read_journal
 from ._summary import IDLE_THROTTLE, exit_text, summarize
 
 #: Vertical lines drawn for progress changes at most (more are merged by time).
@@ -100,33 +101,23 @@ def read_journal_detail(path: Path) -> JournalDetail:
     detail = JournalDetail()
     open_spans: dict[str, tuple[float, set[str]]] = {}
     last_t = 0.0
-    with open(path, "rb") as journal:
-        for raw in journal:
-            # Most lines are samples without labels: skip them without parsing.
-            if b"progress" not in raw and b"labels" not in raw:
-                continue
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                continue
-            if not isinstance(event, dict):
-                continue
-            t = float(event.get("t", 0.0))
-            last_t = max(last_t, t)
-            if event.get("kind") == "progress":
-                detail.progress_times.append(t)
-                continue
-            for group, labels in (event.get("labels") or {}).items():
-                reasons = set(labels.get("throttle_reasons") or []) - IDLE_THROTTLE
-                current = open_spans.get(group)
-                if current is not None and current[1] != reasons:
-                    detail.throttle_spans.setdefault(group, []).append(
-                        (current[0], t, sorted(current[1]))
-                    )
-                    current = None
-                    del open_spans[group]
-                if reasons and current is None:
-                    open_spans[group] = (t, reasons)
+    for event in read_journal(path):
+        t = float(event.get("t", 0.0))
+        last_t = max(last_t, t)
+        if event.get("kind") == "progress":
+            detail.progress_times.append(t)
+            continue
+        for group, labels in (event.get("labels") or {}).items():
+            reasons = set(labels.get("throttle_reasons") or []) - IDLE_THROTTLE
+            current = open_spans.get(group)
+            if current is not None and current[1] != reasons:
+                detail.throttle_spans.setdefault(group, []).append(
+                    (current[0], t, sorted(current[1]))
+                )
+                current = None
+                del open_spans[group]
+            if reasons and current is None:
+                open_spans[group] = (t, reasons)
     for group, (start, reasons) in open_spans.items():
         detail.throttle_spans.setdefault(group, []).append((start, last_t, sorted(reasons)))
     return detail

@@ -178,6 +178,7 @@ def test_journal_tail_takes_complete_lines_of_our_journal_only(tmp_path: Path) -
     assert tail.read() == []
     journal.write_text(header)
     assert [e["kind"] for e in tail.read()] == ["header"]
+    tail.close()
 
 
 def _state(*events: dict[str, Any]) -> LiveState:

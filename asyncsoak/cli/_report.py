@@ -72,6 +72,7 @@ def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
     A missing ``soak.json`` whose journal ``soak.jsonl`` is there (the monitor died before
     writing it) is rebuilt from the journal.
     """
+    from .._journal import is_journal
     from .._recover import JournalError, artifact_from_journal
 
     if not path.exists():
@@ -86,11 +87,11 @@ def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
         else:
             raise UsageError(f"{path}: no such file")
     try:
-        with open(path, "rb") as f:
-            first = f.readline()
+        with open(path, "rb"):
+            pass
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    if _is_journal_header(first):
+    if is_journal(path):
         try:
             return artifact_from_journal(path), path
         except (OSError, JournalError) as exc:
@@ -102,14 +103,6 @@ def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
     if not isinstance(artifact, dict) or "schema_version" not in artifact:
         raise UsageError(f"{path} is not an asyncsoak artifact or journal")
     return artifact, None
-
-
-def _is_journal_header(line: bytes) -> bool:
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return False
-    return isinstance(event, dict) and event.get("kind") == "header"
 
 
 def report_command(args: argparse.Namespace) -> int:

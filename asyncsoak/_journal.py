@@ -1,0 +1,317 @@
+"""The journal's format: how the serializer writes it and how every reader reads it back.
+
+A journal is JSON Lines in one or more *segments*.  The open segment is the journal's own
+path (``soak.jsonl``), plain text flushed on every batch, so a crash of the monitor loses
+nothing written.  When it outgrows :data:`SEGMENT_BYTES` it is closed: renamed to
+``soak.jsonl.000001`` (then ``.000002``...) and compressed to ``soak.jsonl.000001.gz``
+beside it, and a new open segment starts.  A closed segment whose compression did not
+finish (the monitor died meanwhile) stays plain and is read as it is.
+
+Each line is one event, in one of two forms:
+
+- full: the event's JSON form, ``{"t": ..., "kind": ..., ...fields}`` (every journal before
+  the compact form was introduced has only these, and reads as it always did);
+- compact: ``{"t": T, "kind": K, "~": PATCH}``: the event is the previous event of the same
+  kind in the same segment, patched with ``PATCH`` and stamped ``T``.  A sample of a tree
+  whose figures barely move is a few dozen bytes instead of several kilobytes.
+
+``PATCH`` is generic JSON, so any event kind round-trips, including kinds added later:
+
+- a scalar (``null``, a boolean, a number, a string) replaces the value;
+- ``{"=": V}`` replaces the value with ``V`` (any JSON value);
+- ``{"{": {KEY: PATCH, ...}, "-": [KEY, ...]}`` patches an object: the keys listed under
+  ``"{"`` are patched (a key the object did not have is patched from null), those under
+  ``"-"`` removed (either part may be absent);
+- ``{"[": [[INDEX, PATCH], ...], "n": LENGTH}`` patches a list: it is cut or padded (with
+  null) to ``LENGTH``, then the items listed are patched.
+
+Every segment starts afresh (its first event of each kind is full), so each segment is
+readable on its own.  An event read back is the dict the serializer folded into the artifact
+(a number that changes keeps its type; one that stays equal keeps the type it had).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+#: An open segment larger than this is closed (and compressed) after the batch that crossed it.
+SEGMENT_BYTES = 4 * 1024 * 1024
+#: ``soak.jsonl.000001`` and ``soak.jsonl.000001.gz``: the closed segments' suffixes.
+_SEGMENT_SUFFIX = re.compile(r"\.(\d{6})(\.gz)?$")
+_PATCH_KEY = "~"
+
+
+def segment_path(journal: Path, index: int, *, compressed: bool = False) -> Path:
+    """The path of closed segment ``index`` (1, 2, ...) of ``journal``."""
+    return journal.with_name(f"{journal.name}.{index:06d}{'.gz' if compressed else ''}")
+
+
+def journal_segments(path: Path) -> list[Path]:
+    """The journal's segments in order: the closed ones, then the open one (if it exists).
+
+    A closed segment present both plain and compressed is read plain: the compressed file is
+    only complete once the plain one is gone.
+    """
+    path = Path(path)
+    closed: dict[int, Path] = {}
+    try:
+        names = os.listdir(path.parent or ".")
+    except OSError:
+        names = []
+    prefix = path.name
+    for name in names:
+        if not name.startswith(prefix) or name == prefix:
+            continue
+        match = _SEGMENT_SUFFIX.fullmatch(name[len(prefix) :])
+        if match is None:
+            continue
+        index = int(match.group(1))
+        if match.group(2) is None or index not in closed:
+            closed[index] = path.with_name(name)
+    segments = [closed[i] for i in sorted(closed)]
+    if path.exists() or not segments:
+        segments.append(path)
+    return segments
+
+
+# -- encoding ---------------------------------------------------------------------------------
+
+
+def make_patch(old: Any, new: Any) -> Any:
+    """A patch turning ``old`` into ``new``; ``_UNCHANGED`` when they are the same."""
+    if type(old) is not type(new):
+        return _literal(new)
+    # One comparison in C settles most of a sample (processes whose figures did not move).
+    # Inside it 1 == 1.0: a field would have to flip between the two while equal to lose its
+    # type, which no sampler does.
+    if old == new:
+        return _UNCHANGED
+    if isinstance(new, dict):
+        changed: dict[str, Any] = {}
+        for key, value in new.items():
+            if key in old:
+                patch = make_patch(old[key], value)
+                if patch is not _UNCHANGED:
+                    changed[key] = patch
+            else:
+                changed[key] = _literal(value)
+        removed = [key for key in old if key not in new]
+        out: dict[str, Any] = {}
+        if changed:
+            out["{"] = changed
+        if removed:
+            out["-"] = removed
+        return out
+    if isinstance(new, list):
+        items = []
+        for index, value in enumerate(new):
+            if index < len(old):
+                patch = make_patch(old[index], value)
+                if patch is not _UNCHANGED:
+                    items.append([index, patch])
+            else:
+                items.append([index, _literal(value)])
+        return {"[": items, "n": len(new)}
+    return new
+
+
+def _literal(value: Any) -> Any:
+    return {"=": value} if isinstance(value, dict | list) else value
+
+
+class _Unchanged:
+    __slots__ = ()
+
+
+_UNCHANGED: Any = _Unchanged()
+
+
+def apply_patch(old: Any, patch: Any) -> Any:
+    """``old`` patched (a new value: ``old`` itself is left as it is)."""
+    if not isinstance(patch, dict):
+        return patch
+    if "=" in patch:
+        return patch["="]
+    if "[" in patch:
+        base = list(old) if isinstance(old, list) else []
+        length = patch["n"]
+        if len(base) > length:
+            del base[length:]
+        else:
+            base.extend([None] * (length - len(base)))
+        for index, item in patch["["]:
+            base[index] = apply_patch(base[index], item)
+        return base
+    out = dict(old) if isinstance(old, dict) else {}
+    for key, item in patch.get("{", {}).items():
+        out[key] = apply_patch(out.get(key), item)
+    for key in patch.get("-", ()):
+        out.pop(key, None)
+    return out
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, allow_nan=False, separators=(",", ":"), default=str)
+
+
+class JournalEncoder:
+    """Turns events' JSON forms into journal lines, compact where that is shorter.
+
+    Only kinds that come again and again (``compact_kinds``: samples) are patched; other
+    events stay full, so a reader skimming the journal for them (progress, failures) finds
+    them whole.
+    """
+
+    def __init__(self, compact_kinds: frozenset[str] = frozenset({"sample", "gpu_sample"})) -> None:
+        self._compact_kinds = compact_kinds
+        #: The previous event of each kind, as it was encoded (its JSON-native form).
+        self._previous: dict[str, dict[str, Any]] = {}
+
+    def reset(self) -> None:
+        """A new segment starts: its first event of each kind is written full."""
+        self._previous.clear()
+
+    def encode(self, data: dict[str, Any]) -> str:
+        """The journal line (ending in a newline) of an event's JSON form."""
+        kind = data.get("kind")
+        if not isinstance(kind, str) or kind not in self._compact_kinds:
+            return _dumps(data) + "\n"
+        # ``data`` is the event's JSON form (``event_to_json``: plain dicts, lists, strings
+        # and numbers), kept as the next base; nobody changes it once folded.
+        body = {k: v for k, v in data.items() if k != "t" and k != "kind"}
+        previous = self._previous.get(kind)
+        self._previous[kind] = body
+        if previous is None:
+            return _dumps(data) + "\n"
+        patch = make_patch(previous, body)
+        line = {"t": data.get("t"), "kind": kind, _PATCH_KEY: {} if patch is _UNCHANGED else patch}
+        return _dumps(line) + "\n"
+
+
+# -- decoding ---------------------------------------------------------------------------------
+
+
+class JournalDecoder:
+    """Turns journal lines back into events, full or compact; keeps what patches need."""
+
+    def __init__(self) -> None:
+        self._previous: dict[str, dict[str, Any]] = {}
+
+    def reset(self) -> None:
+        """A new segment starts."""
+        self._previous.clear()
+
+    def decode(self, line: bytes | str) -> dict[str, Any] | None:
+        """The event on ``line``; None for a line that is not one (truncated, garbage)."""
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
+            return None
+        kind = event["kind"]
+        if _PATCH_KEY in event:
+            previous = self._previous.get(kind)
+            if previous is None:
+                return None  # the line it patches is lost
+            try:
+                body = apply_patch(previous, event[_PATCH_KEY])
+            except (KeyError, IndexError, TypeError, ValueError):
+                return None
+            if not isinstance(body, dict):
+                return None
+            event = {"t": event.get("t"), "kind": kind, **body}
+        body = {k: v for k, v in event.items() if k not in ("t", "kind")}
+        self._previous[kind] = body
+        return event
+
+
+class JournalReader:
+    """Every event of a journal, in order, across its segments.
+
+    Lines that cannot be read (a truncated last line, garbage, a compressed segment cut
+    short) are skipped and counted in :attr:`unreadable`.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.unreadable = 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        decoder = JournalDecoder()
+        for segment in journal_segments(self.path):
+            decoder.reset()
+            try:
+                stream = _open_segment(segment)
+            except FileNotFoundError:
+                continue  # compressed and removed meanwhile: the .gz is listed next time
+            with stream:
+                try:
+                    for line in stream:
+                        event = decoder.decode(line)
+                        if event is None:
+                            self.unreadable += 1
+                            continue
+                        yield event
+                except (EOFError, OSError, zlib.error):
+                    # A compressed segment cut short (the disk filled while it was written).
+                    self.unreadable += 1
+
+
+def _open_segment(path: Path) -> BinaryIO:
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+
+
+def read_journal(path: Path | str) -> Iterator[dict[str, Any]]:
+    """Every event of the soak journal at ``path``, as plain dicts, in order.
+
+    Reads every form asyncsoak has written: closed segments (compressed or not) and the
+    open one, full and compact lines.  Lines that cannot be read are skipped.
+    """
+    return iter(JournalReader(path))
+
+
+def first_line(path: Path | str) -> bytes:
+    """The first line of the journal's first segment (empty if there is none)."""
+    segments = journal_segments(Path(path))
+    with _open_segment(segments[0]) as stream:
+        return stream.readline()
+
+
+def is_journal(path: Path | str) -> bool:
+    """Whether ``path`` is a soak journal: its first segment starts with a header line."""
+    try:
+        line = first_line(path)
+    except (OSError, EOFError, zlib.error):
+        return False
+    event = JournalDecoder().decode(line)
+    return event is not None and event.get("kind") == "header"
+
+
+def compress_segment(plain: Path) -> Path:
+    """Compress a closed segment beside itself, then remove the plain file (blocking).
+
+    The compressed file is written under a temporary name and renamed once complete and
+    flushed, so at any moment one complete copy exists.
+    """
+    target = plain.with_name(plain.name + ".gz")
+    partial = plain.with_name(plain.name + ".gz.tmp")
+    with open(plain, "rb") as source, open(partial, "wb") as raw:
+        os.fchmod(raw.fileno(), 0o600)
+        with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as out:
+            while chunk := source.read(1 << 20):
+                out.write(chunk)
+        raw.flush()
+        os.fsync(raw.fileno())
+    os.replace(partial, target)
+    os.unlink(plain)
+    return target
