@@ -39,7 +39,7 @@ import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 #: An open segment larger than this is closed (and compressed) after the batch that crossed it.
 SEGMENT_BYTES = 4 * 1024 * 1024
@@ -265,10 +265,10 @@ class JournalReader:
                     self.unreadable += 1
 
 
-def _open_segment(path: Path) -> BinaryIO:
+def _open_segment(path: Path) -> IO[bytes]:
     if path.name.endswith(".gz"):
         return gzip.open(path, "rb")
-    return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+    return open(path, "rb")
 
 
 def read_journal(path: Path | str) -> Iterator[dict[str, Any]]:

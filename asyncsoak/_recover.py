@@ -1,7 +1,8 @@
 """Rebuild an artifact from a soak's journal: the record a dead monitor leaves behind.
 
 The journal is flushed on every batch, so it holds everything up to the moment the monitor
-died; it is read through ``_journal`` (segments, compressed or not, full and compact lines).  Folding it through the same :class:`ArtifactBuilder` the serializer uses gives an
+died; it is read through ``_journal`` (its segments, compressed or not, full and compact
+lines).  Folding it through the same :class:`ArtifactBuilder` the serializer uses gives an
 artifact of the same shape; a journal without a ``finished`` line means the monitor never
 finished, which is the ``monitor_lost`` failure.
 """
