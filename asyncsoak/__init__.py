@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ._control import SoakControl as SoakControl
     from ._errors import SoakFailureError as SoakFailureError
     from ._errors import ValidationError as ValidationError
+    from ._journal import read_journal as read_journal
     from ._metrics import Metrics as Metrics
     from ._snapshot import runtime_snapshot as runtime_snapshot
     from ._soak import run_soak as run_soak
@@ -22,6 +23,7 @@ __all__ = [
     "SoakControl",
     "SoakFailureError",
     "ValidationError",
+    "read_journal",
     "run_soak",
     "runtime_snapshot",
 ]
@@ -30,6 +32,7 @@ _LAZY = {
     "Metrics": "._metrics",
     "SoakControl": "._control",
     "SoakFailureError": "._errors",
+    "read_journal": "._journal",
     "ValidationError": "._errors",
     "run_soak": "._soak",
     "runtime_snapshot": "._snapshot",

@@ -12,8 +12,9 @@ Each line is one event, in one of two forms:
 - full: the event's JSON form, ``{"t": ..., "kind": ..., ...fields}`` (every journal before
   the compact form was introduced has only these, and reads as it always did);
 - compact: ``{"t": T, "kind": K, "~": PATCH}``: the event is the previous event of the same
-  kind in the same segment, patched with ``PATCH`` and stamped ``T``.  A sample of a tree
-  whose figures barely move is a few dozen bytes instead of several kilobytes.
+  kind in the same segment, patched with ``PATCH`` and stamped ``T`` (an event with a field
+  named ``~`` of its own is written this way too, its patch a ``{"=": ...}`` of the whole).
+  A sample of a tree whose figures barely move is a few dozen bytes instead of kilobytes.
 
 ``PATCH`` is generic JSON, so any event kind round-trips, including kinds added later:
 
@@ -32,14 +33,15 @@ readable on its own.  An event read back is the dict the serializer folded into 
 
 from __future__ import annotations
 
+import glob
 import gzip
 import json
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 #: An open segment larger than this is closed (and compressed) after the batch that crossed it.
 SEGMENT_BYTES = 4 * 1024 * 1024
@@ -181,18 +183,32 @@ class JournalEncoder:
     def encode(self, data: dict[str, Any]) -> str:
         """The journal line (ending in a newline) of an event's JSON form."""
         kind = data.get("kind")
+        if _PATCH_KEY in data:
+            # A field of that name would read as a patch: written as a patch of the whole.
+            body = {k: v for k, v in data.items() if k != "t" and k != "kind"}
+            text = _dumps({"t": data.get("t"), "kind": kind, _PATCH_KEY: {"=": body}})
+            if isinstance(kind, str) and kind in self._compact_kinds:
+                self._previous[kind] = body
+            return text + "\n"
         if not isinstance(kind, str) or kind not in self._compact_kinds:
             return _dumps(data) + "\n"
         # ``data`` is the event's JSON form (``event_to_json``: plain dicts, lists, strings
         # and numbers), kept as the next base; nobody changes it once folded.
         body = {k: v for k, v in data.items() if k != "t" and k != "kind"}
         previous = self._previous.get(kind)
-        self._previous[kind] = body
         if previous is None:
-            return _dumps(data) + "\n"
-        patch = make_patch(previous, body)
-        line = {"t": data.get("t"), "kind": kind, _PATCH_KEY: {} if patch is _UNCHANGED else patch}
-        return _dumps(line) + "\n"
+            text = _dumps(data)
+        else:
+            patch = make_patch(previous, body)
+            line = {
+                "t": data.get("t"),
+                "kind": kind,
+                _PATCH_KEY: {} if patch is _UNCHANGED else patch,
+            }
+            text = _dumps(line)
+        # Only once written (a NaN makes dumps raise): the next line patches what was written.
+        self._previous[kind] = body
+        return text + "\n"
 
 
 # -- decoding ---------------------------------------------------------------------------------
@@ -219,10 +235,11 @@ class JournalDecoder:
         kind = event["kind"]
         if _PATCH_KEY in event:
             previous = self._previous.get(kind)
-            if previous is None:
+            patch = event[_PATCH_KEY]
+            if previous is None and not (isinstance(patch, dict) and "=" in patch):
                 return None  # the line it patches is lost
             try:
-                body = apply_patch(previous, event[_PATCH_KEY])
+                body = apply_patch(previous, patch)
             except (KeyError, IndexError, TypeError, ValueError):
                 return None
             if not isinstance(body, dict):
@@ -267,7 +284,8 @@ class JournalReader:
 
 def _open_segment(path: Path) -> IO[bytes]:
     if path.name.endswith(".gz"):
-        return gzip.open(path, "rb")
+        # GzipFile is a BufferedIOBase: every IO[bytes] method the readers use.
+        return cast(IO[bytes], gzip.open(path, "rb"))
     return open(path, "rb")
 
 
@@ -297,16 +315,29 @@ def is_journal(path: Path | str) -> bool:
     return event is not None and event.get("kind") == "header"
 
 
-def compress_segment(plain: Path) -> Path:
+def remove_closed_segments(path: Path) -> None:
+    """Remove the closed segments an earlier soak left at this journal path (a rerun)."""
+    for segment in journal_segments(path)[:-1]:
+        if segment != path:
+            segment.unlink(missing_ok=True)
+    for leftover in path.parent.glob(f"{glob.escape(path.name)}.*.gz.tmp"):
+        leftover.unlink(missing_ok=True)
+
+
+def compress_segment(plain: Path, created: Callable[[tuple[int, int]], None] | None = None) -> Path:
     """Compress a closed segment beside itself, then remove the plain file (blocking).
 
     The compressed file is written under a temporary name and renamed once complete and
-    flushed, so at any moment one complete copy exists.
+    flushed, so at any moment one complete copy exists.  ``created`` is told its (device,
+    inode) as soon as it exists (a file asyncsoak writes is never progress).
     """
     target = plain.with_name(plain.name + ".gz")
     partial = plain.with_name(plain.name + ".gz.tmp")
-    with open(plain, "rb") as source, open(partial, "wb") as raw:
-        os.fchmod(raw.fileno(), 0o600)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    if created is not None:
+        st = os.fstat(fd)
+        created((st.st_dev, st.st_ino))
+    with open(plain, "rb") as source, open(fd, "wb") as raw:
         with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as out:
             while chunk := source.read(1 << 20):
                 out.write(chunk)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeGuard, TypeVar
 
 import aiofiles
@@ -38,9 +40,10 @@ import anyio
 from aiofiles.threadpool.binary import AsyncFileIO
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from ._artifact import ArtifactBuilder
-from ._blocking import EXECUTOR
+from ._artifact import ArtifactBuilder, create_private_file
+from ._blocking import EXECUTOR, BlockingCallTimeout, run_blocking
 from ._events import Event, SeriesSource, event_to_json
+from ._journal import SEGMENT_BYTES, JournalEncoder, compress_segment, segment_path
 
 #: Events written to the journal in one batch at most.
 BATCH = 256
@@ -143,9 +146,34 @@ Observer = Callable[[dict[str, Any]], None]
 
 class Serializer:
     def __init__(
-        self, journal_fd: int, builder: ArtifactBuilder, observers: Sequence[Observer] = ()
+        self,
+        journal_fd: int,
+        builder: ArtifactBuilder,
+        observers: Sequence[Observer] = (),
+        *,
+        journal_path: Path | None = None,
+        flush_interval: float | None = None,
+        own_files: set[tuple[int, int]] | None = None,
+        segment_bytes: int = SEGMENT_BYTES,
+        lock_fds: list[int] | None = None,
     ) -> None:
         self._journal_fd = journal_fd
+        #: With a path, the journal is rotated into compressed segments (see ``_journal``).
+        self._journal_path = journal_path
+        #: Samples wait at most this long for the write that carries them (None: no wait);
+        #: every other event is written at once, with whatever samples are waiting.
+        self._flush_interval = flush_interval
+        #: (device, inode) of the files the serializer creates: never progress.
+        self.own_files = own_files if own_files is not None else set()
+        self._segment_bytes = segment_bytes
+        self._segment_size = 0
+        self.segments = 0
+        self._encoder = JournalEncoder()
+        self._journal: AsyncFileIO | None = None
+        #: Locks held on the journal's later segments (the soak's own lock is on the first).
+        self.lock_fds: list[int] = lock_fds if lock_fds is not None else []
+        self.rotation_error: str | None = None
+        self._compressions: list[Future[Path]] = []
         self.builder = builder
         self.observers = list(observers)
         self.events = 0
@@ -161,22 +189,25 @@ class Serializer:
 
     async def run(self, receive: MemoryObjectReceiveStream[Event]) -> None:
         """Drain until the last producer closes its end of the queue, then close the journal."""
-        journal: AsyncFileIO | None = None
         try:
-            with anyio.move_on_after(JOURNAL_CLOSE_TIMEOUT):
-                # closefd=False: the descriptor is closed here, once no call of ours can still
-                # be using it (see _JournalExecutor), never by the file object's collection.
-                journal = await aiofiles.open(
-                    self._journal_fd, "wb", buffering=0, closefd=False, executor=self._executor
-                )
-            if journal is None:
+            self._journal = await self._open(self._journal_fd)
+            if self._journal is None:
                 self.journal_error = (
                     f"the journal could not be opened within {JOURNAL_CLOSE_TIMEOUT:g}s"
                 )
-            await self._drain(receive, journal)
+            await self._drain(receive)
         finally:
             with anyio.CancelScope(shield=True):
-                await self._close(journal)
+                await self._close(self._journal)
+
+    async def _open(self, fd: int) -> AsyncFileIO | None:
+        with anyio.move_on_after(JOURNAL_CLOSE_TIMEOUT):
+            # closefd=False: the descriptor is closed here, once no call of ours can still
+            # be using it (see _JournalExecutor), never by the file object's collection.
+            return await aiofiles.open(
+                fd, "wb", buffering=0, closefd=False, executor=self._executor
+            )
+        return None
 
     async def _close(self, journal: AsyncFileIO | None) -> None:
         """Close the journal, within the close bound and the soak's drain deadline."""
@@ -224,24 +255,41 @@ class Serializer:
                 "(a hung filesystem?); writing stopped"
             )
 
-    async def _drain(
-        self, receive: MemoryObjectReceiveStream[Event], journal: AsyncFileIO | None
-    ) -> None:
+    async def _drain(self, receive: MemoryObjectReceiveStream[Event]) -> None:
+        pending: list[str] = []
+        #: When the oldest waiting line must be written (samples wait one interval at most).
+        due: float | None = None
         async with receive:
-            async for first in receive:
-                batch = [first]
+            while True:
+                try:
+                    if due is None:
+                        first = await receive.receive()
+                    else:
+                        received: Event | None = None
+                        with anyio.move_on_after(max(0.0, due - anyio.current_time())):
+                            received = await receive.receive()
+                        if received is None:
+                            # The waiting samples' interval is up: no later than now.
+                            await self._write_lines(pending)
+                            due = None
+                            continue
+                        first = received
+                except anyio.EndOfStream:
+                    break
+                batch: list[Event] = [first]
                 while len(batch) < BATCH:
                     try:
                         batch.append(receive.receive_nowait())
                     except (anyio.WouldBlock, anyio.EndOfStream):
                         break
-                lines = []
+                urgent = self._flush_interval is None
                 for event in batch:
                     encoded = self._encode(event)
                     if encoded is None:
                         continue
                     line, data = encoded
-                    lines.append(line)
+                    pending.append(line)
+                    urgent = urgent or not event.DROPPABLE
                     try:
                         self.builder.add(data)
                         for observe in self.observers:
@@ -251,12 +299,73 @@ class Serializer:
                         self.fold_errors += 1
                         self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
                 self.events += len(batch)
-                await self._write(journal, "".join(lines).encode())
+                if urgent:
+                    await self._write_lines(pending)
+                    due = None
+                elif due is None and pending and self._flush_interval is not None:
+                    due = anyio.current_time() + self._flush_interval
+        await self._write_lines(pending)
+
+    async def _write_lines(self, pending: list[str]) -> None:
+        """Write the waiting lines as one batch, then close the segment if it is full."""
+        if not pending:
+            return
+        data = "".join(pending).encode()
+        pending.clear()
+        await self._write(self._journal, data)
+        self._segment_size += len(data)
+        if self._journal_path is not None and self._segment_size >= self._segment_bytes:
+            await self._rotate(self._journal_path)
+
+    async def _rotate(self, path: Path) -> None:
+        """Close the open segment under its segment name, go on in a new one, compress the old.
+
+        The new file is created and locked under a temporary name, the full segment gets its
+        own name by a hard link, then the new file replaces the journal's path in one rename:
+        at no moment is the path missing or unlocked (a second soak over the same output is
+        still refused).  Anything failing leaves the journal as it was: writing goes on in
+        the same segment, and rotation is off for this soak.
+        """
+        if self.journal_error is not None or self._journal is None:
+            return
+        index = self.segments + 1
+        closed = segment_path(path, index)
+        try:
+            fd, lock_fd = await run_blocking(
+                _start_segment,
+                path,
+                closed,
+                timeout=JOURNAL_CLOSE_TIMEOUT,
+                what="rotating the journal",
+            )
+        except (OSError, BlockingCallTimeout) as exc:
+            self._segment_bytes = 1 << 62
+            self.rotation_error = f"journal rotation failed: {exc}"
+            return
+        journal = await self._open(fd)
+        if journal is None:
+            self._segment_bytes = 1 << 62
+            self.rotation_error = "journal rotation failed: the new segment did not open in time"
+            return
+        old, old_fd = self._journal, self._journal_fd
+        self._journal, self._journal_fd = journal, fd
+        self.lock_fds.append(lock_fd)
+        self.own_files.add(_file_key(fd))
+        self.segments = index
+        self._segment_size = 0
+        self._encoder.reset()
+        await old.close()
+        self._executor.when_idle(partial(_close_fd, old_fd))
+        # Compressing takes a fraction of a second per segment; it runs in the pool without
+        # holding the queue, and a segment left plain (a hung disk, the monitor gone) is read
+        # as it is.
+        self._compressions.append(EXECUTOR.submit(compress_segment, closed, self.own_files.add))
 
     def _encode(self, event: Event) -> tuple[str, dict[str, Any]] | None:
         """The event's journal line and JSON form; None (counted) if it cannot be encoded."""
         try:
-            return journal_line(event)
+            data = journal_line_data(event)
+            return self._encoder.encode(data), data
         except ValueError:
             pass  # a NaN or an infinity: retried below with those numbers as null
         except Exception as exc:
@@ -264,16 +373,45 @@ class Serializer:
             return None
         try:
             data = _finite(journal_line_data(event))
-            line = json.dumps(data, allow_nan=False, separators=(",", ":"), default=str)
+            line = self._encoder.encode(data)
         except Exception as exc:
             self._fold_failed(exc)
             return None
         self.nonfinite_events += 1
-        return line + "\n", data
+        return line, data
 
     def _fold_failed(self, exc: Exception) -> None:
         self.fold_errors += 1
         self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
+
+
+def _file_key(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _start_segment(path: Path, closed: Path) -> tuple[int, int]:
+    """Blocking: a new, locked open segment at ``path``; the full one renamed ``closed``."""
+    fresh = path.with_name(path.name + ".new")
+    fd = create_private_file(fresh)
+    try:
+        lock_fd = os.open(fresh, os.O_RDONLY | os.O_CLOEXEC)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            os.link(path, closed)
+        except OSError:
+            # No hard links here (some network and FUSE filesystems): a rename, with a
+            # moment where the path is missing.
+            os.rename(path, closed)
+        os.rename(fresh, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.close(lock_fd)
+        with contextlib.suppress(OSError):
+            os.unlink(fresh)
+        raise
+    return fd, lock_fd
 
 
 def _close_fd(fd: int) -> None:

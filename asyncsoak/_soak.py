@@ -61,6 +61,7 @@ from ._events import (
 )
 from ._forensics import collect_forensics, oom_kills, seconds_since_boot
 from ._gpu_sampler import run_gpu_sampler
+from ._journal import remove_closed_segments
 from ._limits import read_limits
 from ._metrics import Metrics, validate_metrics
 from ._outputs import CHECK_TIMEOUT, check_outputs, lock_journal
@@ -368,6 +369,8 @@ class _Soak:
         lock_fd = lock_journal(cfg.journal_path)
         try:
             journal_fd = create_private_file(cfg.journal_path)
+            # An earlier soak's closed segments would read as the start of this journal.
+            remove_closed_segments(cfg.journal_path)
             try:
                 log_fd = create_private_file(cfg.log_path)
             except BaseException:
@@ -378,6 +381,8 @@ class _Soak:
             raise
         cpu_start = time.process_time()
         abandoned_at_start = abandoned_calls()
+        #: Locks on the journal's later segments, held like ``lock_fd`` until the soak ends.
+        segment_locks: list[int] = []
         try:
             ignore = {_file_key(journal_fd)}
             if not cfg.output_is_progress:
@@ -406,7 +411,15 @@ class _Soak:
             sink, receive = open_event_queue(clock)
             self._sink = sink
             builder = self._builder = ArtifactBuilder()
-            serializer = Serializer(journal_fd, builder, self.observers)
+            serializer = Serializer(
+                journal_fd,
+                builder,
+                self.observers,
+                journal_path=cfg.journal_path,
+                flush_interval=cfg.sample_interval_seconds,
+                own_files=ignore,
+                lock_fds=segment_locks,
+            )
             journal_fd = -1  # the serializer owns and closes it now
             error: Exception | None = None
             async with anyio.create_task_group() as tg:
@@ -446,6 +459,8 @@ class _Soak:
                 "dropped_samples": sink.counters.dropped_samples,
                 "sampler_errors": sink.counters.sampler_errors,
                 "journal_error": serializer.journal_error,
+                "journal_segments": serializer.segments + 1,
+                "journal_rotation_error": serializer.rotation_error,
                 "events_not_folded": serializer.fold_errors,
                 "fold_error": serializer.fold_error,
                 "events_with_nonfinite_numbers": serializer.nonfinite_events,
@@ -498,6 +513,8 @@ class _Soak:
             if journal_fd >= 0:
                 os.close(journal_fd)
             os.close(log_fd)
+            for fd in segment_locks:
+                os.close(fd)
             os.close(lock_fd)
 
     def _status(self, error: Exception | None) -> str:

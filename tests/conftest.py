@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import subprocess
@@ -19,6 +18,7 @@ import psutil
 import pytest
 from jsonschema import Draft202012Validator
 
+from asyncsoak import read_journal
 from asyncsoak._artifact import load_schema
 
 REPO = Path(__file__).resolve().parent.parent
@@ -119,7 +119,8 @@ def fast_limits(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
 
 
 def journal(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """Every event of a soak's journal, read as users read it (``asyncsoak.read_journal``)."""
+    return list(read_journal(path))
 
 
 def alive(pid: int) -> bool:

@@ -1,0 +1,284 @@
+"""The journal's format: compact lines, segments compressed when closed, one reader for all."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncsoak import read_journal
+from asyncsoak._artifact import ArtifactBuilder, create_private_file
+from asyncsoak._events import Event, Header, Progress
+from asyncsoak._journal import (
+    JournalDecoder,
+    JournalEncoder,
+    JournalReader,
+    is_journal,
+    journal_segments,
+)
+from asyncsoak._live import JournalTail
+from asyncsoak._proc_sampler import ProcSampler
+from asyncsoak._recover import artifact_from_journal
+from asyncsoak._serializer import Serializer
+
+from .conftest import py
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53), 2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+bodies = st.dictionaries(
+    st.sampled_from(["a", "b", "c", "~", "=", "{", "n"]), json_values, max_size=5
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["sample", "gpu_sample", "trend", "x"]), bodies), max_size=12
+    )
+)
+def test_any_event_of_any_kind_round_trips(events: list[tuple[str, dict[str, Any]]]) -> None:
+    """Whatever the fields (even ones named like the patch's own keys), decoding gives them back."""
+    encoder = JournalEncoder(frozenset({"sample", "gpu_sample", "trend"}))
+    decoder = JournalDecoder()
+    for i, (kind, body) in enumerate(events):
+        event = {"t": float(i), "kind": kind, **body}
+        line = encoder.encode(event)
+        assert line.endswith("\n")
+        assert "\n" not in line[:-1]
+        assert decoder.decode(line.encode()) == event
+
+
+@pytest.fixture
+def tree() -> Any:
+    proc = subprocess.Popen(py("import sys; sys.stdin.read()"), stdin=subprocess.PIPE)
+    yield proc.pid
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=30)
+
+
+def header(journal: Path) -> Header:
+    return Header(
+        t=0.0,
+        command=["train"],
+        cwd=str(journal.parent),
+        config={"progress_dir": str(journal.parent), "sample_interval_seconds": 1.0},
+        metadata={},
+        started_at="2026-01-01T00:00:00.000Z",
+        journal_path=str(journal),
+        log_path=str(journal.with_suffix(".log")),
+        output_path=str(journal.with_suffix(".json")),
+        monitor_pid=os.getpid(),
+        monotonic_start=0.0,
+    )
+
+
+async def serialize(journal: Path, events: list[Event], segment_bytes: int) -> Serializer:
+    own: set[tuple[int, int]] = set()
+    serializer = Serializer(
+        create_private_file(journal),
+        ArtifactBuilder(),
+        journal_path=journal,
+        flush_interval=1.0,
+        own_files=own,
+        segment_bytes=segment_bytes,
+    )
+    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=len(events) + 1)
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serializer.run, receive)
+            async with send:
+                for event in events:
+                    await send.send(event)
+    for future in serializer._compressions:
+        future.result(timeout=30)
+    for fd in serializer.lock_fds:
+        os.close(fd)
+    return serializer
+
+
+def real_events(root: int, journal: Path, seconds: int) -> list[Event]:
+    sampler = ProcSampler(root, disk_paths={"output": journal.parent})
+    events: list[Event] = [header(journal)]
+    for second in range(1, seconds + 1):
+        sample = sampler.read(float(second))
+        assert sample is not None
+        events.append(sample)
+        events.append(Progress(t=second + 0.5, changed=1, paths=["m.jsonl"], gap_seconds=1.0))
+    return events
+
+
+@pytest.mark.asyncio
+async def test_segments_are_compressed_and_read_back_as_one_journal(
+    tmp_path: Path, tree: int
+) -> None:
+    """Closed segments are gzip files, the open one plain; every reader sees every event."""
+    journal = tmp_path / "soak.jsonl"
+    events = real_events(tree, journal, 200)
+    serializer = await serialize(journal, events, segment_bytes=4096)
+    segments = journal_segments(journal)
+    assert len(segments) >= 3
+    assert all(s.name.endswith(".gz") for s in segments[:-1])
+    assert segments[-1] == journal
+    gzip.decompress(segments[0].read_bytes())  # a complete gzip file
+    assert is_journal(journal)
+    read_back = list(read_journal(journal))
+    assert [e["kind"] for e in read_back] == [e.KIND for e in events]
+    # The dicts read back are exactly the ones the serializer folded.
+    folded = ArtifactBuilder()
+    for event in read_back:
+        folded.add(event)
+    clean = serializer.builder.build(status="passed", ended_t=200.0, log_tail="", monitor={})
+    recovered = folded.build(status="passed", ended_t=200.0, log_tail="", monitor={})
+    assert recovered == clean
+    # Sample lines are compact: most are far shorter than the first, full one.
+    text = b"".join(gzip.decompress(s.read_bytes()) for s in segments[:-1])
+    sample_lines = [line for line in text.splitlines() if b'"kind":"sample"' in line]
+    assert sum(b'"~"' in line for line in sample_lines) > len(sample_lines) // 2
+
+
+@pytest.mark.asyncio
+async def test_recover_reads_a_segmented_journal_and_an_old_plain_one(
+    tmp_path: Path, tree: int
+) -> None:
+    """``recover`` rebuilds the same artifact from a rotated journal as from one plain file."""
+    rotated = tmp_path / "a" / "soak.jsonl"
+    plain = tmp_path / "b" / "soak.jsonl"
+    rotated.parent.mkdir()
+    plain.parent.mkdir()
+    events = real_events(tree, rotated, 60)
+    await serialize(rotated, events, segment_bytes=4096)
+    # Today's journals have full lines only: the same events, written the old way.
+    plain.write_text("".join(json.dumps(e) + "\n" for e in read_journal(rotated)))
+    a, b = artifact_from_journal(rotated), artifact_from_journal(plain)
+    for artifact in (a, b):
+        artifact["monitor"].pop("recovered_from_journal")
+    assert a == b
+    assert a["monitor"]["unreadable_journal_lines"] == 0
+    assert a["failures"][0]["reason"] == "monitor_lost"
+
+
+def test_a_segment_left_plain_and_a_truncated_line_are_read(tmp_path: Path) -> None:
+    """A closed segment whose compression never finished is read plain; a cut line is skipped."""
+    journal = tmp_path / "soak.jsonl"
+    encoder = JournalEncoder()
+    first = [{"t": 0.0, "kind": "header", "monitor_pid": 1}] + [
+        {"t": float(i), "kind": "sample", "tree": {"rss_bytes": 100 + i % 3}} for i in range(1, 5)
+    ]
+    (tmp_path / "soak.jsonl.000001").write_text("".join(encoder.encode(e) for e in first))
+    # Its compressed copy was being written when the monitor died: never complete, ignored.
+    (tmp_path / "soak.jsonl.000001.gz.tmp").write_bytes(b"\x1f\x8b")
+    encoder.reset()
+    second = [{"t": float(i), "kind": "sample", "tree": {"rss_bytes": 7}} for i in range(5, 8)]
+    journal.write_text("".join(encoder.encode(e) for e in second) + '{"t": 8.0, "ki')
+    reader = JournalReader(journal)
+    assert list(reader) == first + second
+    assert reader.unreadable == 1
+
+
+def test_live_tail_follows_the_journal_across_a_rotation(tmp_path: Path) -> None:
+    """The live view reads a closed segment's last lines, then goes on in the new one."""
+    journal = tmp_path / "soak.jsonl"
+    encoder = JournalEncoder()
+    lines = [encoder.encode({"t": 0.0, "kind": "header", "monitor_pid": 7})]
+    lines += [encoder.encode({"t": 1.0, "kind": "sample", "v": [1, 2]})]
+    journal.write_text("".join(lines))
+    tail = JournalTail(journal, monitor_pid=7)
+    try:
+        assert [e["kind"] for e in tail.read()] == ["header", "sample"]
+        with journal.open("a") as f:
+            f.write(encoder.encode({"t": 2.0, "kind": "sample", "v": [1, 3]}))
+        os.link(journal, tmp_path / "soak.jsonl.000001")
+        fresh = tmp_path / "soak.jsonl.new"
+        encoder.reset()
+        fresh.write_text(encoder.encode({"t": 3.0, "kind": "sample", "v": [4]}))
+        os.rename(fresh, journal)
+        assert tail.read() == [
+            {"t": 2.0, "kind": "sample", "v": [1, 3]},
+            {"t": 3.0, "kind": "sample", "v": [4]},
+        ]
+    finally:
+        tail.close()
+
+
+SERIALIZER_CHILD = r"""
+import anyio, os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from asyncsoak._artifact import ArtifactBuilder, create_private_file
+from asyncsoak._events import Event, Header, Progress
+from asyncsoak._proc_sampler import ProcSampler
+from asyncsoak._serializer import Serializer
+from tests.test_journal import header
+
+journal, root = Path(sys.argv[1]), int(sys.argv[2])
+
+async def main():
+    serializer = Serializer(create_private_file(journal), ArtifactBuilder(),
+                            journal_path=journal, flush_interval=0.05, segment_bytes=16384)
+    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=100)
+    sampler = ProcSampler(root)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serializer.run, receive)
+        await send.send(header(journal))
+        for i in range(1, 100000):
+            await send.send(sampler.read(i * 0.05))
+            if i % 20 == 0:
+                await send.send(Progress(t=i * 0.05, changed=1, paths=["x"], gap_seconds=1.0))
+            if i == 60:
+                # Longer than the flush interval: sample 60 is due on disk by now.
+                await anyio.sleep(0.2)
+                print("ready", flush=True)
+            await anyio.sleep(0.01)
+
+anyio.run(main)
+"""
+
+
+def test_a_monitor_killed_at_any_moment_loses_at_most_the_last_interval(
+    tmp_path: Path, tree: int
+) -> None:
+    """SIGKILL mid-run: the journal reads back whole up to the last interval, and recovers."""
+    journal = tmp_path / "soak.jsonl"
+    repo = str(Path(__file__).resolve().parents[1])
+    child = subprocess.Popen(
+        [sys.executable, "-c", SERIALIZER_CHILD, str(journal), str(tree), repo],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+        if child.stdout is not None:
+            child.stdout.close()
+    reader = JournalReader(journal)
+    events = list(reader)
+    assert reader.unreadable <= 1  # at most the line being written
+    samples = [e for e in events if e["kind"] == "sample"]
+    assert len(samples) >= 60
+    # No gap: every sample up to the last one written is there, in order.
+    assert [round(e["t"] / 0.05) for e in samples] == list(range(1, len(samples) + 1))
+    artifact = artifact_from_journal(journal)
+    assert artifact["monitor"]["samples"]["sample"] == len(samples)
+    assert artifact["failures"][0]["reason"] == "monitor_lost"
