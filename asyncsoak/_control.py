@@ -13,12 +13,14 @@ class SoakControl:
     ``post_shutdown_grace_seconds``) for the tree, then kills what is left.  A requested stop is
     not a failure: the soak returns its artifact with ``status: "cancelled"``.  ``cause`` is
     the artifact's ``stop.cause`` (``"scheduler"`` for a scheduler's SIGTERM, whose grace is
-    kept under the scheduler's own kill deadline).
+    kept under the scheduler's own kill deadline).  ``kill_now()`` (a second Ctrl-C) ends
+    whatever grace the stop is in and kills the tree at once.
     """
 
     def __init__(self) -> None:
         self.started = anyio.Event()
         self.stop_requested = anyio.Event()
+        self.kill_requested = anyio.Event()
         self.pid: int | None = None
         self.reason: str | None = None
         self.grace_seconds: float | None = None
@@ -38,6 +40,11 @@ class SoakControl:
         self.cause = cause
         self.grace_seconds = grace_seconds
         self.stop_requested.set()
+
+    def kill_now(self) -> None:
+        """Stop the soak (if it is not stopping yet) and kill its tree without any grace."""
+        self.request_stop(reason="killed")
+        self.kill_requested.set()
 
     def _set_started(self, pid: int) -> None:
         self.pid = pid

@@ -259,6 +259,8 @@ class _Soak:
         self._caller_stop = anyio.Event()
         #: Cancel scopes of waits given up when the caller stops the soak.
         self._stop_scopes: set[anyio.CancelScope] = set()
+        #: Cancel scopes of the graceful waits, given up when the caller asks to kill now.
+        self._grace_scopes: set[anyio.CancelScope] = set()
         self._marker_scan_hung = False
         #: Shared with the soak's tree (``ASYNCSOAK_SOAK_ID``) and its metrics' ``soak_id``.
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
@@ -302,17 +304,28 @@ class _Soak:
             for scope in list(self._stop_scopes):
                 scope.cancel()
 
+    def kill_now(self) -> None:
+        """The caller wants the tree killed at once: every graceful wait ends now."""
+        self.end("requested")
+        for scope in list(self._grace_scopes | self._stop_scopes):
+            scope.cancel()
+
     @contextlib.contextmanager
-    def _given_up_on_caller_stop(self) -> Iterator[anyio.CancelScope]:
-        """A scope cancelled as soon as the caller stops the soak (at once if it already has)."""
+    def _given_up_on_caller_stop(self, *, grace: bool = False) -> Iterator[anyio.CancelScope]:
+        """A scope cancelled as soon as the caller stops the soak (at once if it already has).
+
+        With ``grace``, the wait is the graceful period of the caller's own stop: it is given up
+        only when the caller asks to kill now.
+        """
+        scopes = self._grace_scopes if grace else self._stop_scopes
         with anyio.CancelScope() as scope:
-            if self._caller_stop.is_set():
+            if self.control.kill_requested.is_set() or (not grace and self._caller_stop.is_set()):
                 scope.cancel()
-            self._stop_scopes.add(scope)
+            scopes.add(scope)
             try:
                 yield scope
             finally:
-                self._stop_scopes.discard(scope)
+                scopes.discard(scope)
 
     async def _wait_tree_gone(self, spawner: Spawner, seconds: float) -> None:
         """Wait up to ``seconds`` for the tree to be gone.
@@ -320,11 +333,10 @@ class _Soak:
         A caller's stop that comes during the wait ends it at once; when the caller's stop is
         what started this stop, the wait is its graceful period and is kept.
         """
-        if self.cause in ("requested", "cancelled"):
-            with anyio.move_on_after(seconds):
-                await spawner.tree_gone.wait()
-            return
-        with self._given_up_on_caller_stop(), anyio.move_on_after(seconds):
+        # A stop from outside (the caller, a scheduler) keeps its grace; the monitor's own
+        # (an exit, a rule, max_duration) gives way to the caller's stop.
+        own_stop = self.cause not in ("exited", "failure", "max_duration")
+        with self._given_up_on_caller_stop(grace=own_stop), anyio.move_on_after(seconds):
             await spawner.tree_gone.wait()
 
     async def _rule_fired(self, reason: str, message: str) -> None:
@@ -677,6 +689,7 @@ class _Soak:
                 self._produce(producers, sink, self._judge)
                 producers.start_soon(self._end_when_set, spawner.exited, "exited")
                 producers.start_soon(self._end_when_requested)
+                producers.start_soon(self._kill_when_asked)
                 self._scheduler_tasks(producers, sink, spawner)
                 if cfg.max_duration_seconds is not None:
                     producers.start_soon(self._end_after_max_duration, sink)
@@ -723,6 +736,10 @@ class _Soak:
     async def _end_when_set(self, event: anyio.Event, cause: str) -> None:
         await event.wait()
         self.end(cause)
+
+    async def _kill_when_asked(self) -> None:
+        await self.control.kill_requested.wait()
+        self.kill_now()
 
     async def _end_when_requested(self) -> None:
         await self.control.stop_requested.wait()

@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -87,11 +88,14 @@ def test_missing_command_exits_2(tmp_path: Path) -> None:
     assert "no command given" in result.stderr
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)
 def test_signal_to_the_monitor_stops_the_tree(
     tmp_path: Path, ready: ReadyFifo, signum: int, status: int
 ) -> None:
-    """SIGINT/SIGTERM to the monitor: tree stopped, cancelled artifact, exit 130/143."""
+    """SIGINT/SIGTERM/SIGHUP (a closed terminal) to the monitor: tree stopped, cancelled
+    artifact, exit 130/143/129."""
     say_pid = f"open({str(ready.path)!r}, 'w').write(f'{{os.getpid()}}\\n')"
     code = f"{TOUCH}\nimport os, time\n{say_pid}\ntime.sleep(60)"
     monitor = subprocess.Popen(
@@ -114,6 +118,43 @@ def test_signal_to_the_monitor_stops_the_tree(
     artifact = json.loads((tmp_path / "soak.json").read_text())
     assert artifact["status"] == "cancelled"
     assert artifact["stop"]["cause"] == "cancelled"
+
+
+def test_a_second_signal_kills_the_tree_at_once(tmp_path: Path, ready: ReadyFifo) -> None:
+    """A second Ctrl-C kills a trainer that ignores SIGTERM without waiting out --grace."""
+    code = (
+        TOUCH
+        + "\nimport os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)"
+        + f"\nopen({str(ready.path)!r}, 'w').write(f'{{os.getpid()}}\\n')\ntime.sleep(60)"
+    )
+    monitor = subprocess.Popen(
+        [sys.executable, "-m", "asyncsoak", *run_args(tmp_path, "--grace", "30"), "--", *py(code)],
+        cwd=tmp_path,
+        env=CLI_ENV,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = int(ready.line_sync())
+        monitor.send_signal(signal.SIGINT)
+        assert monitor.stderr is not None
+        # Two signals sent together may merge into one: wait for the first to be handled.
+        while "again to kill it now" not in monitor.stderr.readline():
+            pass
+        started = time.monotonic()
+        monitor.send_signal(signal.SIGINT)
+        monitor.communicate(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        monitor.kill()
+        monitor.wait()
+    print(f"item 5: the second SIGINT ended the run after {took:.1f}s (--grace 30)")
+    assert took < 10, f"the second SIGINT ended the run after {took:.1f}s"
+    assert monitor.returncode == 130
+    assert not alive(child)
+    artifact = json.loads((tmp_path / "soak.json").read_text())
+    assert artifact["status"] == "cancelled"
+    assert artifact["stop"]["killed"] is True
 
 
 def test_killed_monitor_does_not_leave_the_trainer_running(

@@ -161,9 +161,9 @@ def register(subparsers: Any) -> None:
         "worker",
         parents=[db],
         help="run queued jobs one at a time",
-        description="Run queued jobs one at a time, each under the soak monitor.  SIGINT or "
-        "SIGTERM stops the running job the graceful way (it is requeued) and then the worker; "
-        "a second signal kills the running job at once.",
+        description="Run queued jobs one at a time, each under the soak monitor.  SIGINT, "
+        "SIGTERM or SIGHUP stops the running job the graceful way (it is requeued) and then the "
+        "worker; a second signal kills the running job at once.",
     )
     p.add_argument("--poll", type=float, default=POLL_S, metavar="S", help="poll/heartbeat period")
     p.add_argument("--once", action="store_true", help="drain what is queued, then exit")
@@ -697,7 +697,9 @@ async def _work(
     log = logging.getLogger("asyncsoak.queue")
 
     async def watch_signals() -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        # SIGHUP (a closed terminal, a dropped ssh session) is a stop like SIGTERM: the job is
+        # requeued as interrupted, never left to be found orphaned later.
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async for signum in signals:
                 name = signal.Signals(signum).name
                 if stop.is_set():

@@ -27,6 +27,8 @@ from ._slurm import (
     stop_by_scheduler,
 )
 
+#: Signals that stop the soak: Ctrl-C, a service manager, and a closed terminal or ssh session.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: Exit status when the monitor itself is stopped by a signal: 128 + its number, as shells do.
 SIGNAL_EXIT_BASE = 128
 
@@ -259,7 +261,10 @@ def supervise(
     status: Callable[[Path], Coroutine[Any, Any, None]] | None = None,
     **soak: Any,
 ) -> int:
-    """Run one soak with SIGINT/SIGTERM stopping it; the exit status says how it ended.
+    """Run one soak with SIGINT/SIGTERM/SIGHUP stopping it; the exit status says how it ended.
+
+    SIGHUP (a closed terminal, a dropped ssh session) is a stop like SIGTERM.  A second signal
+    kills the tree at once instead of waiting out the grace.
 
     ``status`` runs beside the soak with its journal's path (the live view) and is cancelled
     when the soak ends.
@@ -275,16 +280,25 @@ def supervise(
     async def main() -> None:
         nonlocal artifact
         error: Exception | None = None
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
             async with anyio.create_task_group() as tg:
                 soak_scope = anyio.CancelScope()
 
                 async def stop_on_signal() -> None:
                     async for signum in signals:
                         received.append(signum)
+                        if len(received) > 1:
+                            name = signal.Signals(signum).name
+                            print(f"asyncsoak: {name} again: killing the tree now", file=sys.stderr)
+                            control.kill_now()
+                            return
                         if not stop_by_scheduler(signum, control):
                             soak_scope.cancel()
-                        return
+                        print(
+                            f"asyncsoak: {signal.Signals(signum).name}: stopping the command "
+                            "(again to kill it now)",
+                            file=sys.stderr,
+                        )
 
                 tg.start_soon(stop_on_signal)
                 if status is not None:

@@ -148,7 +148,7 @@ if step == 0:
     trainer.stop_requested().wait(60)
     checkpoint.write_text("500")
     print("saved step 500", flush=True)
-    sys.exit(trainer.EXIT_INTERRUPTED)
+    sys.exit(4)
 print("finished", flush=True)
 """
 
@@ -241,3 +241,28 @@ async def test_second_signal_kills_the_running_job(tmp_path: Path, ready: ReadyF
         "interrupted",
     )
     assert job["attempts"][0]["returncode"] == -signal.SIGKILL
+
+
+@pytest.mark.asyncio
+async def test_sighup_to_the_worker_requeues_its_job(tmp_path: Path, ready: ReadyFifo) -> None:
+    """SIGHUP (the worker's terminal closed) stops the running job the graceful way: it is
+    requeued as interrupted, not left running to be found orphaned later."""
+    db = tmp_path / "q.db"
+    saver = write_script(
+        tmp_path,
+        "saver.py",
+        'tell("ready")\nsys.stdin.read()\nsys.exit(4)\n',
+    )
+    env = ["--env", f"TEST_SIGNALS={ready.path}", "--env", f"PYTHONPATH={JOB_ENV['PYTHONPATH']}"]
+    cli(db, "submit", *env, "--sample-interval", "0.2", "--", *saver)
+    worker_argv = [sys.executable, "-m", "asyncsoak", "worker", "--db", str(db), "--no-gpu",
+                   "--poll", "0.1"]  # fmt: skip
+    with anyio.fail_after(LIMIT_S):
+        async with await anyio.open_process(
+            worker_argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        ) as worker:
+            assert await ready.line() == "ready"
+            worker.send_signal(signal.SIGHUP)
+            assert await worker.wait() == 0
+    job = json.loads(cli(db, "job", "1", "--json").stdout)
+    assert (job["status"], job["last_outcome"]) == ("queued", "interrupted")
