@@ -18,6 +18,7 @@ import math
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -26,7 +27,8 @@ from typing import Any
 
 import anyio
 
-from ._commands import run_command, run_command_sync
+from ._blocking import BlockingCallTimeout, run_blocking
+from ._commands import run_command_sync
 from ._events import Requeued, SignalForwarded
 from ._sink import EventSink
 from ._spawn import Spawner
@@ -333,14 +335,45 @@ async def requeue_job(sink: EventSink, scheduler: Mapping[str, Any] | None) -> N
     job_id = str((scheduler or {}).get("job_id") or os.environ.get(JOB_VARIABLE, ""))
     ok, returncode, message = False, None, "not inside a SLURM job: nothing to requeue"
     if job_id:
-        result = await run_command(
-            ["scontrol", "requeue", job_id], time_limit=REQUEUE_TIMEOUT_SECONDS
-        )
-        ok, returncode = result.ok, result.returncode
-        message = result.output.strip()[-500:] if result.ok else result.describe()
+        try:
+            result = await run_blocking(
+                _requeue, job_id, timeout=REQUEUE_TIMEOUT_SECONDS + 2, what="scontrol requeue"
+            )
+        except BlockingCallTimeout as exc:
+            message = str(exc)
+        else:
+            ok, returncode = result.returncode == 0, result.returncode
+            message = (result.stdout + result.stderr).strip()[-500:]
+            if not ok and not message:
+                message = f"scontrol requeue exited with status {returncode}"
     await sink.emit(
         Requeued(t=sink.elapsed(), job_id=job_id, ok=ok, returncode=returncode, message=message)
     )
+
+
+def _requeue(job_id: str) -> subprocess.CompletedProcess[str]:
+    """``scontrol requeue`` is a process of the job it requeues: SLURM's SIGTERM to the job's
+    processes (``proctrack/linuxproc``) would kill it before it says that the requeue was
+    done, so it ignores SIGTERM (an ignored signal stays ignored across exec)."""
+    try:
+        return subprocess.run(
+            ["scontrol", "requeue", job_id],
+            capture_output=True,
+            text=True,
+            timeout=REQUEUE_TIMEOUT_SECONDS,
+            preexec_fn=_ignore_sigterm,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(
+            ["scontrol"], -1, "", f"no answer within {REQUEUE_TIMEOUT_SECONDS:g}s"
+        )
+    except OSError as exc:
+        return subprocess.CompletedProcess(["scontrol"], -1, "", f"cannot run scontrol: {exc}")
+
+
+def _ignore_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 # -- the queue's worker as a SLURM job -------------------------------------------------------

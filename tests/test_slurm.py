@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from asyncsoak import _slurm
 
-from .conftest import REPO, ReadyFifo, alive, asyncsoak_cli
+from .conftest import REPO, ReadyFifo, alive, assert_valid, asyncsoak_cli
 from .slurm_cluster import KILL_WAIT_S, SlurmCluster, missing
 
 TRAINER = Path(__file__).with_name("slurm_trainer.py")
@@ -117,7 +118,7 @@ def test_a_soak_in_a_batch_job_passes_and_knows_its_job(
 
 
 def test_scancel_is_a_stop_by_the_scheduler(
-    cluster: SlurmCluster, tmp_path: Path, ready: ReadyFifo
+    cluster: SlurmCluster, tmp_path: Path, ready: ReadyFifo, schema: Draft202012Validator
 ) -> None:
     """scancel: cancelled with cause scheduler, the trainer saved on its graceful request within
     a grace under KillWait, the artifact written, nothing left running."""
@@ -131,6 +132,7 @@ def test_scancel_is_a_stop_by_the_scheduler(
     cluster.run("scancel", str(job))
     fields = cluster.wait_state(job, {"CANCELLED"}, STATE_TIMEOUT_S, seen=seen)
     artifact = wait_file(tmp_path / f"soak-{job}.json")
+    assert_valid(artifact, schema)
     assert artifact["status"] == "cancelled", artifact["failures"]
     assert artifact["failures"] == []
     assert artifact["stop"]["cause"] == "scheduler"
@@ -160,7 +162,7 @@ def test_the_soak_stops_before_the_jobs_end_time(cluster: SlurmCluster, tmp_path
 
 
 def test_early_warning_is_forwarded_and_the_job_requeued(
-    cluster: SlurmCluster, tmp_path: Path
+    cluster: SlurmCluster, tmp_path: Path, schema: Draft202012Validator
 ) -> None:
     """--signal=B:USR1@N: the trainer gets USR1 and checkpoints; --requeue-on USR1 requeues
     the job; the rerun resumes from the checkpoint and both runs' artifacts exist."""
@@ -178,6 +180,8 @@ def test_early_warning_is_forwarded_and_the_job_requeued(
     first = wait_file(tmp_path / f"soak-{job}.json")
     fields = cluster.wait_state(job, {"COMPLETED", "FAILED"}, 2 * STATE_TIMEOUT_S, seen=seen)
     second = wait_file(tmp_path / f"soak-{job}.restart1.json")
+    assert_valid(first, schema)
+    assert_valid(second, schema)
     assert first["status"] == "cancelled", first["failures"]
     assert first["stop"]["cause"] == "requeued"
     assert first["stop"]["requeue"]["ok"] is True, first["stop"]["requeue"]
@@ -228,6 +232,14 @@ def test_two_tasks_of_one_job_are_summarised_as_one(cluster: SlurmCluster, tmp_p
     assert combined["job_id"] == job
     assert [s["rank"] for s in combined["soaks"]] == [0, 1]
     assert combined["first_failure"]["rank"] == 1
+    report = asyncsoak_cli(
+        "report", *map(str, paths), "-o", str(tmp_path / "job.html"), cwd=tmp_path
+    )
+    assert report.returncode == 0, report.stderr
+    page = (tmp_path / "job.html").read_text()
+    assert f"SLURM job {job}, 2 soaks" in page
+    assert "rank 0 (" in page
+    assert "rank 1 (" in page
 
 
 def test_the_queues_worker_as_a_slurm_job(

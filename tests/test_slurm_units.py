@@ -168,3 +168,37 @@ def test_artifacts_of_different_jobs_are_refused(tmp_path: Path) -> None:
     result = asyncsoak_cli("summary", *paths, cwd=tmp_path)
     assert result.returncode == 2
     assert "different jobs" in result.stderr
+
+
+def test_a_worker_in_an_allocation_takes_its_gpus_and_name_from_it() -> None:
+    assert _slurm.allocation_gpus({"CUDA_VISIBLE_DEVICES": "2,3", "SLURM_JOB_GPUS": "6,7"}) == "2,3"
+    assert _slurm.allocation_gpus({"SLURM_JOB_GPUS": "6,7"}) == "6,7"
+    assert _slurm.allocation_gpus({}) is None
+    assert _slurm.worker_name({"job_id": 12, "num_tasks": 1}, "n1") == "n1:slurm12"
+    assert _slurm.worker_name({"job_id": 12, "num_tasks": 4, "rank": 2}, "n1") == "n1:slurm12.2"
+    # No job that would not end, stop timeout and margin included, before the allocation.
+    left = _slurm.seconds_left_for_jobs(1000.0, 20.0, now=900.0)
+    assert left == 100.0 - 20.0 - _slurm.END_TIME_MARGIN_SECONDS
+    assert _slurm.seconds_left_for_jobs(None, 20.0) is None
+
+
+@pytest.mark.asyncio
+async def test_a_worker_near_the_end_of_its_allocation_takes_only_jobs_that_fit(
+    tmp_path: Path,
+) -> None:
+    """A job whose max_duration ends after the allocation stays queued for another worker; one
+    that fits runs; with no time left the worker takes nothing and stops."""
+    import time
+
+    from asyncsoak.queue import JobStore, run_worker
+
+    with JobStore(tmp_path / "queue.db") as store:
+        too_long = store.submit(argv=["true"], soak={"max_duration_seconds": 3600.0})
+        fits = store.submit(argv=["true"], soak={"max_duration_seconds": 30.0})
+        ran = await run_worker(store, poll=0.2, once=True, until=time.time() + 120, nvidia_smi=None)
+        assert ran == 1
+        assert store.get(fits).status == "succeeded"
+        assert store.get(too_long).status == "queued"
+        assert store.get(too_long).attempt == 0
+        assert await run_worker(store, poll=0.2, until=time.time() + 5, nvidia_smi=None) == 0
+        assert store.get(too_long).status == "queued"
