@@ -29,6 +29,7 @@ import anyio
 
 from ._blocking import BlockingCallTimeout, run_blocking
 from ._commands import run_command_sync
+from ._errors import ValidationError
 from ._events import Requeued, SignalForwarded
 from ._sink import EventSink
 from ._spawn import Spawner
@@ -204,7 +205,7 @@ def signal_name(signum: int) -> str:
 _PATTERN = re.compile(r"%(.)")
 
 
-class PatternError(ValueError):
+class PatternError(ValidationError):
     """A ``%`` pattern in a path that SLURM's environment cannot fill."""
 
 
