@@ -596,6 +596,7 @@ class _Soak:
                     _slurm.scheduler_snapshot,
                     timeout=_slurm.SNAPSHOT_TIMEOUT_SECONDS,
                     what="scontrol (the SLURM job's facts)",
+                    limiter=self._limiter,
                 )
             except BlockingCallTimeout as exc:
                 self._scheduler = {**(_slurm.job_identity() or {}), "errors": [str(exc)]}
