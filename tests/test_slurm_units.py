@@ -180,25 +180,3 @@ def test_a_worker_in_an_allocation_takes_its_gpus_and_name_from_it() -> None:
     left = _slurm.seconds_left_for_jobs(1000.0, 20.0, now=900.0)
     assert left == 100.0 - 20.0 - _slurm.END_TIME_MARGIN_SECONDS
     assert _slurm.seconds_left_for_jobs(None, 20.0) is None
-
-
-@pytest.mark.asyncio
-async def test_a_worker_near_the_end_of_its_allocation_takes_only_jobs_that_fit(
-    tmp_path: Path,
-) -> None:
-    """A job whose max_duration ends after the allocation stays queued for another worker; one
-    that fits runs; with no time left the worker takes nothing and stops."""
-    import time
-
-    from asyncsoak.queue import JobStore, run_worker
-
-    with JobStore(tmp_path / "queue.db") as store:
-        too_long = store.submit(argv=["true"], soak={"max_duration_seconds": 3600.0})
-        fits = store.submit(argv=["true"], soak={"max_duration_seconds": 30.0})
-        ran = await run_worker(store, poll=0.2, once=True, until=time.time() + 120, nvidia_smi=None)
-        assert ran == 1
-        assert store.get(fits).status == "succeeded"
-        assert store.get(too_long).status == "queued"
-        assert store.get(too_long).attempt == 0
-        assert await run_worker(store, poll=0.2, until=time.time() + 5, nvidia_smi=None) == 0
-        assert store.get(too_long).status == "queued"
