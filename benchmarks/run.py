@@ -60,6 +60,7 @@ BENCHMARKS: dict[str, str] = {
     "progress_scan": "9. Progress scan",
     "log_capture": "10. Log capture",
     "metrics_serving": "11. Live metrics",
+    "queue_backends": "12. Queue backends",
 }
 #: Run beside the background item: light, and as long.
 ALONGSIDE_BACKGROUND = ("gpu_sampling",)

@@ -416,7 +416,11 @@ class _Worker:
                     entry.worker,
                     entry.outcome,
                     entry.summary,
-                    entry.note,
+                    _joined(
+                        entry.note,
+                        f"final status delivered late, from the spool on {self.host}: the "
+                        "database was unavailable when the attempt ended",
+                    ),
                 )
             except _UNAVAILABLE as exc:
                 self._lost_database("delivering a spooled outcome", exc)
@@ -774,6 +778,10 @@ class _Worker:
             )
         with anyio.move_on_after(self._finish_bound(), shield=True):
             await self._finish(job, outcome, _summary(artifact), note)
+
+
+def _joined(*notes: str | None) -> str:
+    return "; ".join(n for n in notes if n)
 
 
 def _summary(artifact: dict[str, Any] | None) -> dict[str, Any] | None:

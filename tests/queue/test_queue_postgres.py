@@ -263,6 +263,8 @@ async def test_cut_longer_than_stale_after_spools_the_outcome_and_delivers_it(
         assert (attempt.outcome, attempt.worker) == ("succeeded", "w")
         assert attempt.summary is not None
         assert attempt.summary["verdict"] == "passed"
+        assert attempt.note is not None
+        assert "delivered late, from the spool" in attempt.note
         assert list((tmp_path / "runs" / ".spool").iterdir()) == []
         assert runs_of(tmp_path) == [f"{job_id} 1"]
 
