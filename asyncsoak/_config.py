@@ -71,6 +71,7 @@ class SoakConfig:
     max_rss_bytes: int | None = None
     max_gpu_memory_bytes: int | None = None
     min_disk_free_bytes: int | None = None
+    progress_exclude: tuple[Path, ...] = ()
 
     def effective(self) -> dict[str, Any]:
         """Every effective parameter, as the artifact's ``config`` records it."""
@@ -223,6 +224,7 @@ def validate(
     max_rss_bytes: object = None,
     max_gpu_memory_bytes: object = None,
     min_disk_free_bytes: object = None,
+    progress_exclude: object = (),
 ) -> SoakConfig:
     argv = _command(command)
     progress = _progress_dir(progress_dir)
@@ -284,6 +286,7 @@ def validate(
         dump_signal=_signal("dump_signal", dump_signal),
         forensics=forensics,
         detailed_memory=detailed_memory,
+        progress_exclude=_excluded(progress_exclude),
         **limits,
         forward_signals=_signals("forward_signals", forward_signals),
         requeue_on=_own_signal("requeue_on", requeue_on),
@@ -295,6 +298,12 @@ def validate(
             min_disk_free_bytes=min_disk_free_bytes,
         ),
     )
+
+
+def _excluded(value: object) -> tuple[Path, ...]:
+    if isinstance(value, str | bytes | os.PathLike) or not isinstance(value, Sequence):
+        raise ValidationTypeError("progress_exclude must be a sequence of directory paths")
+    return tuple(_path(f"progress_exclude[{i}]", item) for i, item in enumerate(value))
 
 
 def validate_job(

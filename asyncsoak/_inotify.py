@@ -61,6 +61,8 @@ class Inotify:
         self._lock = threading.Lock()
         self._adding = 0
         self._closing = False
+        #: (device, inode) of directories never watched (the queue's ``attempts/``).
+        self.skip: frozenset[tuple[int, int]] = frozenset()
 
     def close(self) -> None:
         """Close now, or as soon as the watch being added in a thread is in place."""
@@ -127,7 +129,8 @@ class Inotify:
             for entry in entries:
                 try:
                     if entry.is_dir(follow_symlinks=False):
-                        stack.append((entry.path, f"{rel}{entry.name}/"))
+                        if not self._skipped(entry):
+                            stack.append((entry.path, f"{rel}{entry.name}/"))
                     else:
                         found.append(f"{rel}{entry.name}")
                 except OSError:
@@ -141,6 +144,12 @@ class Inotify:
             root, prefix = self.pending.pop()
             found.extend(self.watch_tree(root, prefix))
         return found
+
+    def _skipped(self, entry: os.DirEntry[str]) -> bool:
+        if not self.skip or all(entry.inode() != ino for _dev, ino in self.skip):
+            return False
+        st = entry.stat(follow_symlinks=False)
+        return (st.st_dev, st.st_ino) in self.skip
 
     def read(self, root: Path) -> set[str]:
         """Keys of the files touched since the last read; new directories are queued in

@@ -28,6 +28,9 @@ MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
 MAX_HEADER_BYTES = 1024 * 1024
 #: Bound on reading what is already at the output paths (a dead mount must not hang the start).
 CHECK_TIMEOUT = 10.0
+#: Free space below which the output filesystem counts as full before the start: room for the
+#: journal's first events and a small artifact.
+MIN_FREE_BYTES = 64 * 1024
 
 
 def _journal_header(path: Path) -> dict[str, Any] | None:
@@ -70,11 +73,37 @@ def _named(record: dict[str, Any], *sections: str) -> set[Path]:
     return found
 
 
-def check_outputs(cfg: SoakConfig) -> None:
-    """Refuse files at the soak's paths that no earlier soak wrote (blocking: run in a thread).
+def _check_writable(path: Path) -> None:
+    """Refuse a file that cannot be created: its directory (or the first existing one above,
+    which the soak would create it in) read-only, not writable, or its filesystem full."""
+    directory = path.parent
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    try:
+        fs = os.statvfs(directory)
+    except OSError as exc:
+        raise ValidationError(f"cannot write {path}: {directory}: {exc.strerror}") from None
+    if fs.f_flag & os.ST_RDONLY:
+        raise ValidationError(f"cannot write {path}: {directory} is on a read-only filesystem")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValidationError(f"cannot write {path}: {directory} is not writable")
+    free = fs.f_bavail * fs.f_frsize
+    if free < MIN_FREE_BYTES or (fs.f_files and not fs.f_favail):
+        raise ValidationError(
+            f"cannot write {path}: the filesystem of {directory} is full "
+            f"({free} bytes{'' if fs.f_favail else ' and no inodes'} free)"
+        )
 
-    Raises :class:`ValidationError` naming the first such path; reads, never writes.
+
+def check_outputs(cfg: SoakConfig) -> None:
+    """Refuse, before anything starts, output paths the soak cannot or must not write
+    (blocking: run in a thread).
+
+    Raises :class:`ValidationError` naming the path: a file there that no earlier soak wrote,
+    a read-only or full filesystem.  Reads, never writes.
     """
+    for path in (cfg.output_path, cfg.log_path):
+        _check_writable(path)
     owned: set[Path] = set()
     header = _journal_header(cfg.journal_path)
     if header is not None:

@@ -18,6 +18,7 @@ import errno
 import fnmatch
 import os
 import signal
+import stat
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -71,7 +72,14 @@ from ._serializer import Serializer
 from ._sink import EventSink, SoakClock, open_event_queue
 from ._spawn import Spawner, SpawnRequest
 from ._trends import describe_growth, format_amount, format_bytes, format_seconds
-from ._watchdog import ProgressTracker, ScanResult, run_watchdog, scan_progress_dir
+from ._watchdog import (
+    ProgressTracker,
+    ScanResult,
+    final_scan,
+    run_watchdog,
+    scan_progress_dir,
+    skipped_message,
+)
 
 #: Threads for blocking work (scans, /proc walks, git): asyncsoak's own, never the host's.
 THREADS = 4
@@ -79,6 +87,8 @@ THREADS = 4
 SNAPSHOT_CALL_TIMEOUT = 5.0
 #: Bound on the runtime snapshot as a whole.
 SNAPSHOT_TIMEOUT = 30.0
+#: Bound on the scan of the progress dir once the command has exited.
+FINAL_SCAN_TIMEOUT = 10.0
 #: Bound on writing the last queued events to the journal.
 DRAIN_TIMEOUT = 10.0
 #: Bound on the scan of the progress dir taken before the start (its baseline).
@@ -151,6 +161,7 @@ async def run_soak(
     max_rss_bytes: int | str | None = None,
     max_gpu_memory_bytes: int | str | None = None,
     min_disk_free_bytes: int | str | None = None,
+    progress_exclude: Sequence[Path | str] = (),
 ) -> dict[str, Any]:
     """Run a command in its own process group and produce a soak artifact.
 
@@ -163,6 +174,10 @@ async def run_soak(
     recorded in the artifact's ``forensics`` section before the first signal (``forensics=False``
     skips it); ``dump_signal`` (say ``"SIGUSR1"`` for a trainer that registered ``faulthandler``)
     is sent to the command first, so what it prints lands in the log.
+
+    Nothing in the directories of ``progress_exclude`` (below ``progress_dir``, existing at the
+    start) counts as progress: the job queue excludes the run directory's ``attempts/``, where
+    other attempts' monitors write.
 
     ``metrics`` (an :class:`asyncsoak.Metrics`) exposes the soak's live metrics to Prometheus:
     an HTTP endpoint, a node_exporter textfile, or a ``prometheus_client`` registry.
@@ -207,6 +222,7 @@ async def run_soak(
         max_rss_bytes=max_rss_bytes,
         max_gpu_memory_bytes=max_gpu_memory_bytes,
         min_disk_free_bytes=min_disk_free_bytes,
+        progress_exclude=progress_exclude,
     )
     metrics_config = validate_metrics(metrics)
     if control is not None and not isinstance(control, SoakControl):
@@ -399,6 +415,8 @@ class _Soak:
             ignore = {_file_key(journal_fd)}
             if not cfg.output_is_progress:
                 ignore.add(_file_key(log_fd))
+            # Directories are matched by (device, inode) too: the scans skip them whole.
+            ignore |= _dir_keys(cfg.progress_exclude)
             baseline = ScanResult(files={})
             baseline_error = None
             with self._given_up_on_caller_stop():
@@ -446,7 +464,7 @@ class _Soak:
                     snapshot_done = anyio.Event()
                     tg.start_soon(self._snapshot, sink.clone(), snapshot_scope, snapshot_done)
                     try:
-                        await self._supervise(sink, log_fd, baseline.files, ignore)
+                        await self._supervise(sink, log_fd, baseline, ignore)
                     except Exception as exc:
                         error = _unwrap(exc)
                         await self._fail("monitor_error", f"{type(error).__name__}: {error}")
@@ -606,7 +624,7 @@ class _Soak:
         self,
         sink: EventSink,
         log_fd: int,
-        baseline: dict[str, Any],
+        baseline: ScanResult,
         ignore: set[tuple[int, int]],
     ) -> None:
         cfg = self.cfg
@@ -614,6 +632,9 @@ class _Soak:
             # Cancelled or asked to stop before the command started: nothing to start.
             await sink.emit(Warning(t=sink.elapsed(), message=f"{self.cause} before start"))
             return
+        if baseline.errors:
+            message = skipped_message(cfg.progress_dir, baseline)
+            await sink.emit(Warning(t=sink.elapsed(), message=message))
         child_env = dict(self._child_env)
         child_env[SOAK_ID_VARIABLE] = self._marker
         spawner = self._spawner = Spawner(
@@ -637,10 +658,11 @@ class _Soak:
             self.control._set_started(spawner.pid)
             self._seen_pids.add(spawner.pid)
             tracker = ProgressTracker(
-                baseline,
+                baseline.files,
                 startup_timeout=cfg.startup_timeout_seconds,
                 stale_after=cfg.stale_progress_seconds,
             )
+            tracker.skipped_dirs = baseline.errors
             async with anyio.create_task_group() as producers:
                 self._produce(producers, sink, spawner.watch)
                 self._produce(
@@ -699,6 +721,17 @@ class _Soak:
                     # The stop request and the exit crossed (a scheduler that signals every
                     # process of the job: the trainer saved and exited on the same SIGTERM).
                     self.cause = self.control.cause
+                if self.cause == "exited":
+                    # A command shorter than one scan interval: what it wrote still counts.
+                    await final_scan(
+                        sink,
+                        progress_dir=cfg.progress_dir,
+                        tracker=tracker,
+                        ignore=ignore,
+                        also=[cfg.log_path] if cfg.output_is_progress else [],
+                        limiter=self._limiter,
+                        scan_timeout=FINAL_SCAN_TIMEOUT,
+                    )
                 self._progress_seen = tracker.first_change is not None
                 if self.cause == "exited":
                     await self._after_exit(sink, spawner)
@@ -1179,6 +1212,16 @@ def _unwrap(exc: Exception) -> Exception:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _dir_keys(paths: Sequence[Path]) -> set[tuple[int, int]]:
+    keys = set()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            if stat.S_ISDIR(st.st_mode):
+                keys.add((st.st_dev, st.st_ino))
+    return keys
 
 
 def _file_key(fd: int) -> tuple[int, int]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import anyio
 
 from ._blocking import BlockingCallTimeout, run_blocking
-from ._events import Progress
+from ._events import Progress, Warning
 from ._inotify import Inotify
 from ._sink import EventSink
 
@@ -56,7 +56,9 @@ def scan_progress_dir(
 ) -> ScanResult:
     """Every regular file below ``root`` by relative path, plus the files in ``also``.
 
-    Unreadable directories are counted, not raised: the scan goes on around them.
+    ``ignore`` holds the (device, inode) keys of files that never count and of directories
+    skipped whole.  A directory that cannot be opened or listed to the end (``/proc/1/map_files``
+    below ``--progress-dir /``) is counted in ``errors``, never raised: the scan goes on around it.
     """
     result = ScanResult(files={})
     for path in also:
@@ -67,6 +69,8 @@ def scan_progress_dir(
         result.files[str(path)] = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if not root.is_dir():
         return result
+    # Inodes come free with each directory entry: a directory is stat'ed only on a match.
+    ignored_inodes = {ino for _dev, ino in ignore}
     stack = [(str(root), "")]
     while stack:
         directory, rel = stack.pop()
@@ -76,10 +80,20 @@ def scan_progress_dir(
             result.errors += 1
             continue
         with entries:
-            for entry in entries:
+            while True:
+                try:
+                    entry = next(entries)
+                except StopIteration:
+                    break
+                except OSError:
+                    # Listing failed half-way (EACCES from /proc, EIO): skip the rest.
+                    result.errors += 1
+                    break
                 name = f"{rel}{entry.name}"
                 try:
                     if entry.is_dir(follow_symlinks=False):
+                        if entry.inode() in ignored_inodes and _key(entry) in ignore:
+                            continue
                         stack.append((entry.path, name + "/"))
                         continue
                     st = entry.stat(follow_symlinks=False)
@@ -90,6 +104,11 @@ def scan_progress_dir(
                     continue
                 result.files[name] = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     return result
+
+
+def _key(entry: os.DirEntry[str]) -> FileKey:
+    st = entry.stat(follow_symlinks=False)
+    return (st.st_dev, st.st_ino)
 
 
 class ProgressTracker:
@@ -110,6 +129,8 @@ class ProgressTracker:
         self.longest_gap = 0.0
         #: Bytes the files changed by the last observation grew by.
         self.grown_bytes = 0
+        #: Directories a scan could not read, as last reported in a warning.
+        self.skipped_dirs = 0
 
     def observe(self, files: dict[str, FileState], now: float) -> list[str]:
         """Record a full scan; return the paths that changed since they were last seen."""
@@ -201,19 +222,23 @@ def open_inotify() -> Inotify | None:
         return None
 
 
-def watch_progress(watcher: Inotify, progress_dir: Path, also: Collection[Path]) -> bool:
-    """Watch the progress tree and the extra files (a walk: run it in a thread).
+def watch_progress(
+    watcher: Inotify, progress_dir: Path, also: Collection[Path], ignore: Collection[FileKey] = ()
+) -> list[str]:
+    """Watch the progress tree and the extra files (a walk: run it in a thread), never the
+    directories in ``ignore``.
 
-    Returns whether the progress dir itself exists (and is now watched).
+    Returns the keys of the files found below: they may have been written after the baseline
+    scan but before their watch was in place (a trainer that writes at once).
     """
+    watcher.skip = frozenset(ignore)
     for path in also:
         watcher.watch_file(path)
     if progress_dir.is_dir():
-        watcher.watch_tree(progress_dir)
-        return True
+        return watcher.watch_tree(progress_dir)
     if progress_dir.parent.is_dir():
         watcher.watch_for_creation(progress_dir)
-    return False
+    return []
 
 
 async def run_watchdog(
@@ -240,7 +265,9 @@ async def run_watchdog(
             if watcher is not None:
                 # The first walk of a big (or hung) tree must not hold up the scans, which
                 # are the authority: the watches are put in place beside them.
-                tg.start_soon(_first_watches, watcher, progress_dir, also, scan_timeout)
+                tg.start_soon(
+                    _first_watches, sink, watcher, progress_dir, tracker, ignore, also, scan_timeout
+                )
             await _watch(
                 sink,
                 watcher,
@@ -260,17 +287,44 @@ async def run_watchdog(
 
 
 async def _first_watches(
-    watcher: Inotify, progress_dir: Path, also: Collection[Path], bound: float
+    sink: EventSink,
+    watcher: Inotify,
+    progress_dir: Path,
+    tracker: ProgressTracker,
+    ignore: Callable[[], Collection[FileKey]],
+    also: Collection[Path],
+    bound: float,
 ) -> None:
     with contextlib.suppress(BlockingCallTimeout):
-        await run_blocking(
+        found = await run_blocking(
             watch_progress,
             watcher,
             progress_dir,
             also,
+            ignore(),
             timeout=bound,
             what=f"watching {progress_dir} with inotify",
         )
+        await _seed(sink, progress_dir, tracker, ignore(), found, bound)
+
+
+async def _seed(
+    sink: EventSink,
+    progress_dir: Path,
+    tracker: ProgressTracker,
+    ignore: Collection[FileKey],
+    found: Collection[str],
+    bound: float,
+) -> None:
+    """Look once at the files found while placing watches: written before their watch."""
+    if not found:
+        return
+    now = sink.elapsed()
+    previous = tracker.last_change
+    updates = await run_blocking(
+        stat_keys, progress_dir, found, ignore, timeout=bound, what="a stat of the files found"
+    )
+    await _report(sink, tracker.observe_some(updates, now), now, previous, tracker.grown_bytes)
 
 
 async def _watch(
@@ -340,6 +394,9 @@ async def _watch(
         # A scan that cannot finish (a hung network filesystem) sees no progress: fail closed.
         if result is not None:
             changed = tracker.observe(result.files, now)
+            if result.errors > tracker.skipped_dirs:
+                tracker.skipped_dirs = result.errors
+                await sink.emit(Warning(t=now, message=skipped_message(progress_dir, result)))
         if changed:
             await _report(sink, changed, now, previous, tracker.grown_bytes)
         elif (broken := tracker.verdict(now)) is not None:
@@ -352,12 +409,46 @@ async def _watch(
                 )
             if root_watched:
                 # The trainer created the progress dir after the start: watch it from now on
-                # (what is already in it was seen by the scan).
+                # (what is already in it was seen by the scan; what came between, seen now).
                 watcher.pending.append((progress_dir, ""))
                 with contextlib.suppress(BlockingCallTimeout):
-                    await run_blocking(
+                    found = await run_blocking(
                         watcher.watch_pending, timeout=scan_timeout, what="inotify watches"
                     )
+                    await _seed(sink, progress_dir, tracker, ignore(), found, scan_timeout)
+
+
+def skipped_message(progress_dir: Path, result: ScanResult) -> str:
+    return (
+        f"{result.errors} director{'y' if result.errors == 1 else 'ies'} below {progress_dir} "
+        "could not be read and were skipped (their files are not watched for progress)"
+    )
+
+
+async def final_scan(
+    sink: EventSink,
+    *,
+    progress_dir: Path,
+    tracker: ProgressTracker,
+    ignore: Collection[FileKey],
+    also: Collection[Path] = (),
+    limiter: anyio.CapacityLimiter,
+    scan_timeout: float,
+) -> None:
+    """One last scan when the command has exited: what it wrote since the last scan counts,
+    even when it lived less than one scan interval."""
+    previous = tracker.last_change
+    try:
+        result = await run_blocking(
+            partial(scan_progress_dir, progress_dir, ignore, also),
+            timeout=scan_timeout,
+            what="the final scan of the progress dir",
+            limiter=limiter,
+        )
+    except BlockingCallTimeout:
+        return
+    now = sink.elapsed()
+    await _report(sink, tracker.observe(result.files, now), now, previous, tracker.grown_bytes)
 
 
 def _next_on_grid(now: float, interval: float) -> float:

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,6 +15,7 @@ import anyio
 import pytest
 
 from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, fast_limits, py
+from .test_faults import tmpfs
 
 LIMIT_S = 60.0
 
@@ -34,8 +38,6 @@ BROKEN_MONITOR = textwrap.dedent(
 def test_internal_value_error_is_a_monitor_error_not_a_usage_error(tmp_path: Path) -> None:
     """A ValueError from inside the monitor: exit status 1, `monitor_error` in an `error`
     artifact; exit status 2 is for bad input only."""
-    import subprocess
-
     output = tmp_path / "soak.json"
     result = subprocess.run(
         [sys.executable, "-c", BROKEN_MONITOR, "run", "--quiet", "--no-gpu",
@@ -190,3 +192,97 @@ async def test_a_second_soak_over_the_same_output_is_refused(
         control.request_stop(reason="test done")
     assert results[0]["status"] == "cancelled"
     assert journal.read_bytes()[: len(held)] == held
+
+
+# --- item: directories that cannot be read, progress in the first seconds ------------------
+
+
+def iteration_fault_dir() -> Path | None:
+    """A directory that opens but fails while it is listed (``/proc/1/map_files`` for whoever
+    lacks CAP_SYS_ADMIN), or None where this kernel and user give no such fault."""
+    candidate = Path("/proc/1/map_files")
+    try:
+        entries = os.scandir(candidate)
+    except OSError:
+        return None
+    with entries:
+        try:
+            for _ in entries:
+                pass
+        except PermissionError:
+            return candidate
+    return None
+
+
+def test_progress_dir_holding_an_unlistable_directory_is_skipped_and_counted(
+    tmp_path: Path,
+) -> None:
+    """`--progress-dir /proc/1` (its map_files cannot be listed): no traceback, the artifact
+    is written, the skipped directory is named in a warning."""
+    if iteration_fault_dir() is None:
+        pytest.skip("this kernel lets this user list /proc/1/map_files: no fault to produce")
+    output = tmp_path / "soak.json"
+    result = asyncsoak_cli(
+        "run", "--quiet", "--no-gpu", "--progress-dir", "/proc/1", "--output", str(output),
+        "--", sys.executable, "-c", "pass", cwd=tmp_path, timeout=LIMIT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    artifact = json.loads(output.read_text())
+    assert any("could not be read and were skipped" in w for w in artifact["warnings"])
+
+
+@pytest.mark.asyncio
+async def test_progress_written_at_once_by_a_short_run_is_seen(tmp_path: Path) -> None:
+    """A trainer that writes at once and exits before the first scan (default 5 s interval):
+    its progress counts, no "without any progress" warning."""
+    from asyncsoak import run_soak
+
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    argv = ["sh", "-c", f"echo step > {progress}/metrics.txt; sleep 1.5"]
+    kwargs = fast_limits(tmp_path, sample_interval_seconds=5.0)
+    with anyio.fail_after(LIMIT_S):
+        artifact = await run_soak(command=argv, **kwargs)
+    assert artifact["progress"]["changes"] >= 1
+    assert not any("without any progress" in w for w in artifact["warnings"])
+
+
+# --- item: an output location that cannot be written ---------------------------------------
+
+
+def run_into(output: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return asyncsoak_cli(
+        "run", "--quiet", "--no-gpu", "--progress-dir", str(tmp_path / "p"),
+        "--output", str(output), "--", sys.executable, "-c",
+        f"open({str(tmp_path / 'started')!r}, 'w').close()", cwd=tmp_path, timeout=LIMIT_S,
+    )  # fmt: skip
+
+
+def test_read_only_output_directory_is_a_one_line_usage_error(tmp_path: Path) -> None:
+    """Output on a read-only filesystem: one line naming it, exit status 2, nothing started."""
+    with tmpfs(tmp_path / "ro", "64k") as ro:
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        result = run_into(ro / "soak.json", tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"asyncsoak: error: cannot write {ro / 'soak.json'}: {ro} is on a read-only filesystem"
+    ]
+    assert not (tmp_path / "started").exists()
+
+
+def test_full_output_filesystem_before_the_start_is_a_one_line_usage_error(
+    tmp_path: Path,
+) -> None:
+    """Output on a filesystem that is already full: one line, exit status 2, nothing started."""
+    with tmpfs(tmp_path / "full", "64k") as full:
+        with open(full / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+            while True:
+                filler.write(b"\0" * 4096)
+        result = run_into(full / "out" / "soak.json", tmp_path)
+        left = sorted(p.name for p in full.iterdir())
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    assert "is full" in result.stderr
+    assert left == ["filler"]
+    assert not (tmp_path / "started").exists()

@@ -327,6 +327,11 @@ def supervise(
         if report is not None:
             report(exc.artifact)
         return EXIT_FAILED
+    except OSError as exc:
+        # The artifact could not be written (the disk filled up during the run): the tree was
+        # stopped and the message says where the journal is.
+        print(f"asyncsoak: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except Exception as exc:
         # Not the input: the monitor itself broke.  Its artifact says ``error``.
         traceback.print_exc()

@@ -461,6 +461,8 @@ class _Worker:
                     artifact = await run_soak(
                         command=self._command(job, run_dir),
                         progress_dir=Path(job.progress_dir) if job.progress_dir else run_dir,
+                        # Every attempt's monitor writes there: none of it is this one's progress.
+                        progress_exclude=[run_dir / "attempts"],
                         output_path=output_path,
                         cwd=Path(job.cwd) if job.cwd else None,
                         env=env,

@@ -4,6 +4,7 @@ bad flags and damaged databases with exit status 2 and nothing changed."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import sqlite3
 import sys
@@ -218,3 +219,56 @@ async def test_internal_value_error_is_a_monitor_error_not_invalid_job(
     job = store.get(job_id)
     assert (job.status, job.reason) == ("failed", "monitor_error")
     assert "an internal bug" in (job.error or "")
+
+
+#: Attempt 1 fails at once; attempt 2 saves a checkpoint in the run dir, then stalls.
+STALLING_TRAINER = """
+import os, pathlib, sys, time
+from asyncsoak import trainer
+if trainer.attempt() == 1:
+    sys.exit(3)
+(pathlib.Path(os.environ["ASYNCSOAK_RUN_DIR"]) / "ckpt").write_text("saved")
+time.sleep(60)
+"""
+#: Another monitor's writes into attempt 1's directory (a report refreshed, a journal grown),
+#: from the moment attempt 1 has ended until it is killed.
+OTHER_MONITOR = """
+import pathlib, sys, time
+attempt = pathlib.Path(sys.argv[1])
+while not (attempt / "soak.json").exists():
+    time.sleep(0.05)
+while True:
+    (attempt / "soak.html").write_text(str(time.time()))
+    with open(attempt / "soak.jsonl", "a") as f:
+        f.write('{"kind": "sample"}\\n')
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.asyncio
+async def test_other_attempts_files_are_not_progress(store: JobStore, tmp_path: Path) -> None:
+    """Writes below the run dir's attempts/ (another attempt's report and journal) never count:
+    attempt 2 stalls and is caught at stale_progress_seconds."""
+    script = tmp_path / "train.py"
+    script.write_text(STALLING_TRAINER)
+    soak = {**FAST_SOAK, "stale_progress_seconds": 2.0, "max_duration_seconds": 20.0}
+    job_id = store.submit(
+        argv=[sys.executable, str(script)], env=JOB_ENV, soak=soak, max_attempts=2
+    )
+    runs = tmp_path / "runs"
+    attempt_1 = runs / str(job_id) / "attempts" / "1"
+    attempt_1.mkdir(parents=True)
+    other = await anyio.open_process([sys.executable, "-c", OTHER_MONITOR, str(attempt_1)])
+    try:
+        with anyio.fail_after(LIMIT_S):
+            await run_worker(store, poll=0.1, once=True, runs_dir=runs, nvidia_smi=None)
+    finally:
+        other.kill()
+        await other.wait()
+    attempt_2 = runs / str(job_id) / "attempts" / "2"
+    artifact = json.loads((attempt_2 / "soak.json").read_text())
+    assert artifact["failures"][0]["reason"] == "stale_progress"
+    journal = [json.loads(line) for line in (attempt_2 / "soak.jsonl").read_text().splitlines()]
+    progress = [e for e in journal if e["kind"] == "progress"]
+    assert [p for e in progress for p in e["paths"] if p.startswith("attempts/")] == []
+    assert artifact["progress"]["changes"] <= 2
