@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ._errors import ValidationError
 from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
 from ._trendwatch import TrendWatch
 
@@ -40,6 +41,81 @@ def load_schema() -> dict[str, Any]:
     text = resources.files("asyncsoak").joinpath("artifact.schema.json").read_text()
     schema: dict[str, Any] = json.loads(text)
     return schema
+
+
+#: Schema versions of the artifacts this asyncsoak reads.
+KNOWN_SCHEMA_VERSIONS = tuple(range(1, SCHEMA_VERSION + 1))
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+}
+
+
+class ArtifactError(ValidationError):
+    """A file that is not a whole artifact of a schema version this asyncsoak reads."""
+
+
+def check_artifact(data: object) -> dict[str, Any]:
+    """``data`` when it is an artifact of a known schema version holding every field the
+    shipped schema requires, with the types it gives; else :class:`ArtifactError` saying what
+    is wrong.  The views (report, summary) load through it, so a truncated or foreign file is
+    a clear error, never a ``KeyError`` half-way through a report."""
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise ArtifactError("not an asyncsoak artifact (no schema_version)")
+    version = data["schema_version"]
+    if isinstance(version, bool) or version not in KNOWN_SCHEMA_VERSIONS:
+        known = ", ".join(map(str, KNOWN_SCHEMA_VERSIONS))
+        raise ArtifactError(
+            f"artifact schema version {version!r} is not one this asyncsoak reads ({known}); "
+            "it may come from a newer asyncsoak: upgrade asyncsoak"
+        )
+    schema = load_schema()
+    problem = _problem(data, schema, "", schema.get("$defs", {}))
+    if problem is not None:
+        raise ArtifactError(f"incomplete or damaged artifact: {problem}")
+    return data
+
+
+def _problem(value: Any, schema: dict[str, Any], where: str, defs: dict[str, Any]) -> str | None:
+    """The first way ``value`` breaks ``schema`` (the subset the artifact's schema uses:
+    ``$ref``, ``anyOf``, ``type``, ``enum``, ``required``, ``properties``, ``items``)."""
+    if "$ref" in schema:
+        return _problem(value, defs[schema["$ref"].rsplit("/", 1)[-1]], where, defs)
+    if "anyOf" in schema:
+        problems = [_problem(value, option, where, defs) for option in schema["anyOf"]]
+        return None if None in problems else problems[0]
+    name = where or "the artifact"
+    types = schema.get("type")
+    if types is not None:
+        allowed = [types] if isinstance(types, str) else types
+        if not any(
+            isinstance(value, _JSON_TYPES[t]) and not (isinstance(value, bool) and t != "boolean")
+            for t in allowed
+        ):
+            return f"{name} is {type(value).__name__}, not {' or '.join(allowed)}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{name} is {value!r}, not one of {', '.join(map(repr, schema['enum']))}"
+    if isinstance(value, dict):
+        for key in schema.get("required", ()):
+            if key not in value:
+                return f"{name} has no {key!r}"
+        for key, sub in schema.get("properties", {}).items():
+            if key in value and key != "schema_version":
+                found = _problem(value[key], sub, f"{where}.{key}".lstrip("."), defs)
+                if found is not None:
+                    return found
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            found = _problem(item, schema["items"], f"{where}[{i}]", defs)
+            if found is not None:
+                return found
+    return None
 
 
 def iso(dt: datetime) -> str:

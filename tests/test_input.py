@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -286,3 +287,62 @@ def test_full_output_filesystem_before_the_start_is_a_one_line_usage_error(
     assert "is full" in result.stderr
     assert left == ["filler"]
     assert not (tmp_path / "started").exists()
+
+
+# --- item: files that are not a whole artifact of a known schema version -------------------
+
+
+@pytest.fixture(scope="module")
+def real_artifact(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("artifact")
+    progress = base / "p"
+    result = asyncsoak_cli(
+        "run", "--quiet", "--no-gpu", "--progress-dir", str(progress),
+        "--output", str(base / "soak.json"), "--", sys.executable, "-c",
+        f"import os; os.makedirs({str(progress)!r}); open({str(progress / 'm')!r}, 'w').close()",
+        cwd=base, timeout=LIMIT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads((base / "soak.json").read_text())
+    return data
+
+
+def damaged(artifact: dict[str, Any], damage: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(json.dumps(artifact))
+    if damage == "schema_version 99":
+        data["schema_version"] = 99
+    elif damage == "no progress":
+        del data["progress"]
+    elif damage == "no exit status":
+        del data["exit"]["returncode"]
+    elif damage == "changes is text":
+        data["progress"]["changes"] = "many"
+    return data
+
+
+@pytest.mark.parametrize("command", ["report", "summary"])
+@pytest.mark.parametrize(
+    "damage", ["schema_version 99", "no progress", "no exit status", "changes is text"]
+)
+def test_view_of_a_file_that_is_not_a_whole_known_artifact_is_refused(
+    tmp_path: Path, real_artifact: dict[str, Any], command: str, damage: str
+) -> None:
+    """report and summary on an incomplete artifact or an unknown schema version: exit
+    status 2 with a message saying what is wrong, no traceback, no report written."""
+    path = tmp_path / "soak.json"
+    path.write_text(json.dumps(damaged(real_artifact, damage)))
+    result = asyncsoak_cli(command, str(path), cwd=tmp_path, timeout=LIMIT_S)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert str(path) in result.stderr
+    assert not (tmp_path / "soak.html").exists()
+
+
+def test_view_of_a_whole_artifact_still_works(
+    tmp_path: Path, real_artifact: dict[str, Any]
+) -> None:
+    """The check refuses nothing a soak wrote."""
+    path = tmp_path / "soak.json"
+    path.write_text(json.dumps(real_artifact))
+    result = asyncsoak_cli("summary", str(path), cwd=tmp_path, timeout=LIMIT_S)
+    assert result.returncode == 0, result.stderr

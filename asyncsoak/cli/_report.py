@@ -96,13 +96,16 @@ def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
             return artifact_from_journal(path), path
         except (OSError, JournalError) as exc:
             raise UsageError(str(exc)) from None
+    from .._artifact import ArtifactError, check_artifact
+
     try:
-        artifact = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path} is not an asyncsoak artifact or journal: {exc}") from None
-    if not isinstance(artifact, dict) or "schema_version" not in artifact:
-        raise UsageError(f"{path} is not an asyncsoak artifact or journal")
-    return artifact, None
+    try:
+        return check_artifact(data), None
+    except ArtifactError as exc:
+        raise UsageError(f"{path}: {exc}") from None
 
 
 def report_command(args: argparse.Namespace) -> int:

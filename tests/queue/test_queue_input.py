@@ -272,3 +272,21 @@ async def test_other_attempts_files_are_not_progress(store: JobStore, tmp_path: 
     progress = [e for e in journal if e["kind"] == "progress"]
     assert [p for e in progress for p in e["paths"] if p.startswith("attempts/")] == []
     assert artifact["progress"]["changes"] <= 2
+
+
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[1A\r"
+
+
+def test_escape_sequences_in_job_fields_are_spelled_out(tmp_path: Path) -> None:
+    """A job name (and command) holding terminal escape sequences: jobs, job and workers print
+    them spelled out (\\x1b), never raw; --json keeps them JSON-escaped."""
+    db = tmp_path / "queue.db"
+    with JobStore(db) as store:
+        job_id = store.submit(argv=["echo", f"x{ESCAPES}"], name=f"evil{ESCAPES}")
+        store.submit(argv=["echo", f"y{ESCAPES}"])
+    for args in (["jobs"], ["job", str(job_id)], ["job", "2"], ["jobs", "--json"]):
+        result = asyncsoak_cli(args[0], "--db", str(db), *args[1:], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", result.stdout), args
+    shown = asyncsoak_cli("job", "--db", str(db), str(job_id), cwd=tmp_path).stdout
+    assert "evil\\x1b]0;pwned\\x07" in shown
