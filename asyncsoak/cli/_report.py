@@ -102,6 +102,8 @@ def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path} is not an asyncsoak artifact or journal: {exc}") from None
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise UsageError(f"{path} is not an asyncsoak artifact or journal")
     try:
         return check_artifact(data), None
     except ArtifactError as exc:
