@@ -281,7 +281,7 @@ def test_escape_sequences_in_job_fields_are_spelled_out(tmp_path: Path) -> None:
     """A job name (and command) holding terminal escape sequences: jobs, job and workers print
     them spelled out (\\x1b), never raw; --json keeps them JSON-escaped."""
     db = tmp_path / "queue.db"
-    with JobStore(db) as store:
+    with SqliteStore(db) as store:
         job_id = store.submit(argv=["echo", f"x{ESCAPES}"], name=f"evil{ESCAPES}")
         store.submit(argv=["echo", f"y{ESCAPES}"])
     for args in (["jobs"], ["job", str(job_id)], ["job", "2"], ["jobs", "--json"]):
