@@ -18,7 +18,7 @@ import html
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from ._evidence import (
     config_value,
     event_times,
     innermost_python_frame,
+    leaking_series,
     rate_text,
     stall_window,
 )
@@ -40,6 +41,7 @@ from ._fields import (
     format_duration,
     format_value,
     gpu_index,
+    group_label,
 )
 from ._journal import read_journal
 from ._summary import IDLE_THROTTLE, exit_text, summarize
@@ -50,6 +52,8 @@ PROGRESS_LINES = 300
 COMMAND_SHOWN = 240
 #: Points of the time-since-progress curve at most.
 PROGRESS_CURVE_POINTS = 2000
+#: Per-process memory lines drawn on the memory panel at most.
+PROCESS_LINES = 4
 #: A liveness limit more than this many times the longest gap is not drawn to scale.
 LIMIT_HEADROOM = 4.0
 
@@ -92,6 +96,8 @@ class JournalDetail:
     """What only the journal has: every progress time, and GPU throttling over time."""
 
     progress_times: list[float] = field(default_factory=list)
+    #: The files each progress change touched (names, parallel to ``progress_times``).
+    progress_files: list[str] = field(default_factory=list)
     #: group -> [(start, end, reasons)]
     throttle_spans: dict[str, list[tuple[float, float, list[str]]]] = field(default_factory=dict)
 
@@ -106,6 +112,7 @@ def read_journal_detail(path: Path) -> JournalDetail:
         last_t = max(last_t, t)
         if event.get("kind") == "progress":
             detail.progress_times.append(t)
+            detail.progress_files.append(_file_names(event.get("paths")))
             continue
         for group, labels in (event.get("labels") or {}).items():
             reasons = set(labels.get("throttle_reasons") or []) - IDLE_THROTTLE
@@ -144,12 +151,15 @@ def render_report(
     *,
     journal: Path | None = None,
     source: str | None = None,
+    baseline: Mapping[str, Any] | None = None,
+    baseline_source: str | None = None,
 ) -> str:
     """The report of one run as a self-contained HTML page.
 
     ``journal`` adds what only the journal holds (throttle spans, progress events the
     artifact did not keep); by default the journal the artifact names is used if it is there.
-    ``source`` names the file the report was made from.
+    ``source`` names the file the report was made from.  ``baseline``: an earlier run of the
+    same training, drawn beneath this one's panels and compared figure by figure.
     """
     try:
         import plotly  # noqa: F401
@@ -157,19 +167,22 @@ def render_report(
         raise ReportUnavailableError() from None
     detail = journal_detail_for(artifact, journal)
     summary = summarize(artifact)
-    timeline = _Timeline(artifact, detail)
+    timeline = _Timeline(artifact, detail, baseline)
     figure_html = timeline.to_html()
     body = [
         _verdict_html(summary),
         _evidence_html(artifact, summary),
+        _compare_html(artifact, baseline, baseline_source),
         _facts_html(artifact, summary),
         _look_first_html(summary),
         _processes_html(artifact),
         '<section id="timeline-section"><h2>Timeline</h2>',
         f'<p class="help">{timeline.help_text()}</p>',
+        _steady_html(timeline),
         # Before the figure: its post-render script runs before the parser gets further.
         '<span id="render-status" hidden data-state="pending"></span>',
         "<noscript><p>The plots need JavaScript.</p></noscript>",
+        '<div id="readout" class="readout" hidden></div>',
         figure_html,
         "</section>",
         _gpu_html(summary, timeline),
@@ -193,9 +206,17 @@ def write_report(
     *,
     journal: Path | None = None,
     source: str | None = None,
+    baseline: Mapping[str, Any] | None = None,
+    baseline_source: str | None = None,
 ) -> None:
     """Render and write the report, readable by its owner only (like the artifact)."""
-    text = render_report(artifact, journal=journal, source=source)
+    text = render_report(
+        artifact,
+        journal=journal,
+        source=source,
+        baseline=baseline,
+        baseline_source=baseline_source,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=FILE_MODE)
     path.write_text(text, encoding="utf-8")
@@ -267,7 +288,15 @@ pre.log .tb { color: #ffb4a8; } pre.log .tb-exc { color: #fff; background: #a320
   font-weight: 700; }
 .evidence code { white-space: nowrap; }
 .jump { margin-top: 10px; font-size: 14px; } .jump a { color: #33508a; }
-table.processes tr.leak td { background: #fdecec; }
+table.processes tr.leak td, table.compare tr.regressed td { background: #fdecec; }
+.readout { position: fixed; top: 8px; right: 8px; z-index: 10; background: rgba(255,255,255,.95);
+  border: 1px solid #c9ced8; border-radius: 4px; padding: 6px 10px; font-size: 12px;
+  max-height: 90vh; overflow: auto; box-shadow: 0 2px 8px rgba(0,0,0,.12); }
+.readout dl { margin: 4px 0 0; } .readout dt { font-weight: 600; margin-top: 3px; }
+.readout dd { margin: 0 0 0 8px; } .readout dd span { color: #5a6275; }
+.crosshair { position: absolute; top: 0; bottom: 0; width: 0; border-left: 1px solid #555;
+  pointer-events: none; display: none; z-index: 5; }
+.steady { background: #f5f6f9; padding: 6px 10px; margin: 6px 0; }
 footer { color: #8a90a0; margin-top: 32px; font-size: 13px; }
 .empty { color: #8a90a0; }
 """
@@ -450,6 +479,49 @@ def _cpu_competition(artifact: Mapping[str, Any]) -> str | None:
     )
 
 
+def _compare_html(
+    artifact: Mapping[str, Any], baseline: Mapping[str, Any] | None, name: str | None
+) -> str:
+    """The figures of this run beside the baseline's, regressions marked."""
+    if baseline is None:
+        return ""
+    from ._compare import compare
+
+    comparison = compare(baseline, artifact, baseline_name=name or "baseline")
+    rows = []
+    for row in comparison.rows:
+        change = f"{row.change:+.0%}" if row.change is not None else ""
+        cls = ' class="regressed"' if row.regressed else ""
+        cells = [
+            row.label,
+            row.text(row.baseline),
+            row.text(row.candidate),
+            change,
+            "regressed" if row.regressed else "",
+        ]
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    regressions = comparison.regressions
+    verdict = (
+        f"{len(regressions)} regression(s): " + "; ".join(r.note for r in regressions)
+        if regressions
+        else "no regression against the baseline"
+    )
+    head = "<tr><th></th><th>baseline</th><th>this run</th><th>change</th><th></th></tr>"
+    notes = "".join(f'<p class="help">{html.escape(n)}</p>' for n in comparison.notes)
+    return (
+        f'<section id="compare"><h2>Against the baseline {html.escape(name or "")}</h2>'
+        f"<p><b>{html.escape(verdict)}</b>. Its lines are dashed beneath this run's.</p>"
+        f'<table class="compare">{head}{"".join(rows)}</table>{notes}</section>'
+    )
+
+
+def _steady_html(timeline: _Timeline) -> str:
+    text = timeline.steady_text()
+    if not text:
+        return ""
+    return f'<p class="steady"><b>Steady throughout</b> (not plotted): {html.escape(text)}</p>'
+
+
 def _facts_html(artifact: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
     progress = summary["progress"]
     last = progress.get("last_change_t")
@@ -538,6 +610,18 @@ PANELS = (
             ("machine", "swap_used_bytes"),
         ),
     ),
+    _PanelSpec(
+        "tree_io",
+        "Process tree I/O (MiB/s)",
+        "MiB/s",
+        (("tree", "read_bytes"), ("tree", "write_bytes")),
+    ),
+    _PanelSpec(
+        "progress_rate",
+        "Progress rate (changes per minute)",
+        "",
+        (("progress_rate", "changes_per_minute"),),
+    ),
     _PanelSpec("disk_free", "Disk free", "bytes", (("machine", "disk_free_bytes*"),)),
     _PanelSpec("gpu_util", "GPU utilisation", "%", (("gpu", "utilization_gpu_percent"),)),
     _PanelSpec(
@@ -553,6 +637,16 @@ PANELS = (
 KIND_TITLES = {"tree": "Process tree", "machine": "Machine", "gpu": "GPU", "gpu_tree": "GPU use"}
 
 
+#: Counters that count up from the start: drawn as rates (their panel's unit per second).
+COUNTERS = frozenset({("tree", "read_bytes"), ("tree", "write_bytes")})
+#: Fields left out when the field beside them is there: the same fact in another unit.
+SAME_AS = {("machine", "memory_percent"): ("machine", "memory_used_bytes")}
+#: A line that stays within this share of its peak is "steady": folded out of its panel.
+STEADY_SHARE = 0.01
+#: Panels drawn even when flat: flat CPU or memory is itself a finding.
+ALWAYS_DRAWN = frozenset({"tree_cpu", "tree_memory", "machine_memory", "progress_rate"})
+
+
 @dataclass(slots=True)
 class _Panel:
     key: str
@@ -563,13 +657,29 @@ class _Panel:
 
 
 def _plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[_Panel]:
-    """Every field of every group, placed in a known panel or one per (group kind, unit)."""
-    fields = [
-        describe(group, name)
-        for group in sorted(series, key=_group_sort_key)
-        for name in sorted(series[group])
-        if name != "t" and any(v is not None for v in series[group][name])
-    ]
+    """Every field of every group, placed in a known panel or one per (group kind, unit).
+
+    A field with the same values as one before it in its group (the progress and output
+    dirs on one filesystem) is one line named for both.
+    """
+    fields: list[Field] = []
+    seen: dict[tuple[str, str, str], int] = {}
+    for group in sorted(series, key=_group_sort_key):
+        for name in sorted(series[group]):
+            values = series[group][name]
+            if name == "t" or not any(v is not None for v in values):
+                continue
+            same = SAME_AS.get((group, name))
+            if same is not None and same[1] in series.get(same[0], {}):
+                continue
+            f = describe(group, name)
+            twin = (group, f.label, repr(list(values)))
+            if f.qualifier and twin in seen:
+                i = seen[twin]
+                fields[i] = replace(fields[i], qualifier=f"{fields[i].qualifier}, {f.qualifier}")
+                continue
+            seen[twin] = len(fields)
+            fields.append(f)
     panels: dict[str, _Panel] = {}
     placed: set[tuple[str, str]] = set()
     for spec in PANELS:
@@ -590,12 +700,18 @@ def _plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[_Pan
         if key not in others:
             others[key] = _Panel(f"{f.kind}:{f.unit}", "", f.unit, is_gpu=f.kind == "gpu")
         others[key].fields.append(f)
-    for (kind, unit), panel in others.items():
-        labels = list(dict.fromkeys(f"{f.label} {f.qualifier}".strip() for f in panel.fields))
-        what = ", ".join(labels[:4]) + (", ..." if len(labels) > 4 else "")
-        panel.title = f"{KIND_TITLES.get(kind, kind)}: {what}" + (f" ({unit})" if unit else "")
+    for panel in others.values():
+        panel.title = _other_title(panel)
         ordered.append(panel)
     return ordered
+
+
+def _other_title(panel: _Panel) -> str:
+    """``Machine: CPU (all cores), swap (%)``: the group kind, the fields and the unit."""
+    kind = panel.fields[0].kind
+    labels = list(dict.fromkeys(f"{f.label} {f.qualifier}".strip() for f in panel.fields))
+    what = ", ".join(labels[:4]) + (", ..." if len(labels) > 4 else "")
+    return f"{KIND_TITLES.get(kind, kind)}: {what}" + (f" ({panel.unit})" if panel.unit else "")
 
 
 def _group_sort_key(group: str) -> tuple[int, int, str]:
@@ -636,9 +752,17 @@ class _Mark:
 class _Timeline:
     """One plotly figure: the lane, time since progress, and every series panel."""
 
-    def __init__(self, artifact: Mapping[str, Any], detail: JournalDetail | None) -> None:
+    def __init__(
+        self,
+        artifact: Mapping[str, Any],
+        detail: JournalDetail | None,
+        baseline: Mapping[str, Any] | None = None,
+    ) -> None:
         self.artifact = artifact
         self.detail = detail
+        self.baseline_series: Mapping[str, Mapping[str, Sequence[Any]]] = (
+            (baseline.get("series") or {}) if baseline is not None else {}
+        )
         self.duration = max(float(artifact.get("duration_seconds") or 0.0), 1e-3)
         if self.duration <= 900:
             self.x_divisor, self.x_unit = 1.0, "seconds"
@@ -647,13 +771,58 @@ class _Timeline:
         else:
             self.x_divisor, self.x_unit = 3600.0, "hours"
         self.series: Mapping[str, Mapping[str, Sequence[Any]]] = artifact.get("series") or {}
-        self.panels = _plan_panels(self.series)
+        self.steady: list[Field] = []
+        self.panels = self._fold_steady(_plan_panels(self.series))
         self.progress_times = self._progress_times()
         self.marks = self._marks()
         self.throttle = self._throttle_spans()
         self.panel_titles: list[str] = []
 
     # -- data ---------------------------------------------------------------------------
+
+    def values(self, f: Field) -> list[float | None]:
+        """A field's values as drawn: counters as rates per second, in their panel's unit."""
+        series = self.series[f.group]
+        if (f.group, f.name) in COUNTERS:
+            return _rates(series["t"], series[f.name], 2**20)
+        return list(series[f.name])
+
+    def _is_steady(self, f: Field) -> bool:
+        """Whether a line stays flat: within STEADY_SHARE of its peak all along."""
+        values = [v for v in self.values(f) if v is not None]
+        return not values or max(values) - min(values) <= STEADY_SHARE * max(abs(max(values)), 1e-9)
+
+    def _fold_steady(self, planned: list[_Panel]) -> list[_Panel]:
+        """The panels with their flat lines taken out (into ``steady``); a panel left with
+        none is not drawn.  ALWAYS_DRAWN and the GPU panels are drawn whole."""
+        panels = []
+        for panel in planned:
+            if panel.key in ALWAYS_DRAWN or panel.is_gpu:
+                panels.append(panel)
+                continue
+            moving = [f for f in panel.fields if not self._is_steady(f)]
+            self.steady.extend(f for f in panel.fields if f not in moving)
+            if moving:
+                known = panel.title and moving == panel.fields
+                panel.fields = moving
+                if ":" in panel.key and not known:
+                    panel.title = _other_title(panel)
+                panels.append(panel)
+        return panels
+
+    def steady_text(self) -> str:
+        """The folded panels in one line: ``open files 3 · disk free 78.8 GiB``."""
+        items = []
+        for f in self.steady:
+            values = [v for v in self.values(f) if v is not None]
+            if not values:
+                continue
+            unit = "MiB/s" if (f.group, f.name) in COUNTERS else f.unit
+            value = values[-1]
+            shown = f"{value:.2g} MiB/s" if unit == "MiB/s" else format_value(value, unit)
+            who = "" if f.group == "tree" else f"{group_label(f.group).lower()} "
+            items.append(f"{who}{f.label} {f.qualifier}".strip() + f" {shown}")
+        return " · ".join(items)
 
     def x(self, t: float) -> float:
         return round(t / self.x_divisor, 6)
@@ -666,9 +835,17 @@ class _Timeline:
         return float(events[EVENTS_HEAD - 1]["t"]), float(events[EVENTS_HEAD]["t"])
 
     def _progress_times(self) -> list[float]:
+        """Every progress time (the journal's when there is one); sets ``progress_files``."""
         if self.detail is not None:
-            return sorted(self.detail.progress_times)
-        return event_times(self.artifact, "progress")
+            pairs = sorted(zip(self.detail.progress_times, self.detail.progress_files, strict=True))
+        else:
+            pairs = [
+                (float(e["t"]), _file_names(e.get("paths")))
+                for e in self.artifact.get("events") or []
+                if e.get("kind") == "progress"
+            ]
+        self.progress_files = [files for _, files in pairs]
+        return [t for t, _ in pairs]
 
     def _marks(self) -> list[_Mark]:
         marks: list[_Mark] = []
@@ -769,13 +946,26 @@ class _Timeline:
                         None,
                     )
                 )
+            elif kind == "trend":
+                marks.append(
+                    _Mark(
+                        t,
+                        "notes",
+                        "leak" if event.get("verdict") == "leak" else "breach ahead",
+                        f"{event.get('verdict')} ({event.get('series')}) at {when}<br>"
+                        + html.escape(str(event.get("message"))),
+                        COLORS["failure"],
+                        "triangle-up",
+                        None,
+                    )
+                )
             elif kind in ("warning", "sampler_degraded", "sampler_recovered", "sampler_note"):
                 who = event.get("sampler") or "monitor"
                 marks.append(
                     _Mark(
                         t,
                         "notes",
-                        "",
+                        "warning" if kind == "warning" else "sampler",
                         f"{kind} ({who}) at {when}<br>{html.escape(str(event.get('message')))}",
                         COLORS["note"],
                         "circle",
@@ -856,7 +1046,7 @@ class _Timeline:
                 div_id="timeline",
                 default_height=f"{plot_height + top + bottom}px",
                 config={"displaylogo": False, "responsive": True, "scrollZoom": False},
-                post_script=RENDERED_SCRIPT,
+                post_script=[self._readout_script(), RENDERED_SCRIPT],
             )
         )
 
@@ -877,6 +1067,11 @@ class _Timeline:
             )
         if self.progress_times:
             xs = [self.x(t) for t in self.progress_times]
+            tick_texts = [
+                f"progress at {format_duration(t)} ({self._wall(t)})"
+                + (f"<br>{html.escape(files)}" if files else "")
+                for t, files in zip(self.progress_times, self.progress_files, strict=True)
+            ]
             fig.add_trace(
                 go.Scatter(
                     x=xs,
@@ -884,7 +1079,8 @@ class _Timeline:
                     mode="markers",
                     marker={"symbol": "line-ns-open", "size": 14, "color": COLORS["progress"]},
                     name="progress",
-                    hovertemplate="progress at %{x:.2f} " + self.x_unit + "<extra></extra>",
+                    hovertext=tick_texts,
+                    hovertemplate="%{hovertext}<extra></extra>",
                     showlegend=False,
                 ),
                 row=1,
@@ -993,7 +1189,8 @@ class _Timeline:
                 fill="tozeroy",
                 fillcolor="rgba(44, 160, 44, 0.12)",
                 name="since last progress",
-                hovertemplate="%{y:.1f}s since the last progress<extra></extra>",
+                meta=["Time since the last progress", "since the last progress", "s"],
+                hoverinfo="none",
                 showlegend=False,
                 connectgaps=False,
             ),
@@ -1048,10 +1245,13 @@ class _Timeline:
         fig.update_yaxes(row=2, col=1, range=[0, top])
 
     def _draw_panel(self, fig: Any, go: Any, row: int, panel: _Panel) -> None:
+        processes = self._process_lines() if panel.key == "tree_memory" else []
         peak = 0.0
         for f in panel.fields:
-            values = [v for v in self.series[f.group][f.name] if v is not None]
+            values = [v for v in self.values(f) if v is not None]
             peak = max([peak, *values])
+        for _, _, ys in processes:
+            peak = max([peak, *(v for v in ys if v is not None)])
         scale = _scale_for(panel.unit, peak)
         legend = f"legend{row}"
         gpu_colors = {
@@ -1073,7 +1273,7 @@ class _Timeline:
                 color = PALETTE[i % len(PALETTE)]
                 name = label
             dash = "dot" if any(w in f.name for w in ("limit", "total")) else "solid"
-            ys = [None if v is None else v / scale.divisor for v in series[f.name]]
+            ys = [None if v is None else v / scale.divisor for v in self.values(f)]
             fig.add_trace(
                 go.Scatter(
                     x=[self.x(t) for t in series["t"]],
@@ -1082,12 +1282,31 @@ class _Timeline:
                     line={"color": color, "width": 1.8, "dash": dash},
                     name=name,
                     legend=legend,
-                    showlegend=len(panel.fields) > 1,
-                    hovertemplate=f"%{{y:.3g}} {scale.unit}<extra>{html.escape(name)}</extra>",
+                    showlegend=len(panel.fields) > 1 or bool(processes) or self._has_baseline(f),
+                    meta=[panel.title, name, scale.unit],
+                    hoverinfo="none",
                 ),
                 row=row,
                 col=1,
             )
+            self._draw_baseline(fig, go, row, f, name, color, scale, legend, panel.title)
+        for j, (pid_name, ts, ys) in enumerate(processes):
+            fig.add_trace(
+                go.Scatter(
+                    x=[self.x(t) for t in ts],
+                    y=[None if v is None else v / scale.divisor for v in ys],
+                    mode="lines",
+                    line={"color": PALETTE[(j + 2) % len(PALETTE)], "width": 1.1},
+                    name=pid_name,
+                    legend=legend,
+                    meta=[panel.title, pid_name, scale.unit],
+                    hoverinfo="none",
+                ),
+                row=row,
+                col=1,
+            )
+        if panel.key == "tree_memory":
+            self._annotate_slopes(fig, row)
         axis: dict[str, Any] = {"title_text": scale.unit or "count", "rangemode": "tozero"}
         if panel.unit == "%":
             axis["range"] = [0, max(100.0, peak * 1.05)]
@@ -1105,6 +1324,105 @@ class _Timeline:
                             row=row,
                             col=1,
                         )
+
+    def _process_lines(self) -> list[tuple[str, list[float], list[float | None]]]:
+        """(name, t, RSS) of the top processes the artifact kept, at most PROCESS_LINES."""
+        lines = []
+        for p in (self.artifact.get("processes") or [])[:PROCESS_LINES]:
+            series = p.get("series") or {} if isinstance(p, dict) else {}
+            if series.get("t") and series.get("rss_bytes"):
+                lines.append(
+                    (
+                        f"pid {p.get('pid')} {p.get('name') or ''}".strip(),
+                        series["t"],
+                        series["rss_bytes"],
+                    )
+                )
+        return lines
+
+    def _has_baseline(self, f: Field) -> bool:
+        return bool((self.baseline_series.get(f.group) or {}).get(f.name))
+
+    def _draw_baseline(
+        self,
+        fig: Any,
+        go: Any,
+        row: int,
+        f: Field,
+        name: str,
+        color: str,
+        scale: _Scale,
+        legend: str,
+        title: str,
+    ) -> None:
+        """The baseline run's line for the same field, faint and dashed beneath."""
+        if not self._has_baseline(f):
+            return
+        base = self.baseline_series[f.group]
+        values: Sequence[float | None] = base[f.name]
+        if (f.group, f.name) in COUNTERS:
+            values = _rates(base["t"], values, 2**20)
+        fig.add_trace(
+            go.Scatter(
+                x=[self.x(t) for t in base["t"]],
+                y=[None if v is None else v / scale.divisor for v in values],
+                mode="lines",
+                line={"color": color, "width": 1.2, "dash": "dash"},
+                opacity=0.55,
+                name=f"{name} (baseline)",
+                legend=legend,
+                meta=[title, f"{name} (baseline)", scale.unit],
+                hoverinfo="none",
+            ),
+            row=row,
+            col=1,
+        )
+
+    def _annotate_slopes(self, fig: Any, row: int) -> None:
+        """The memory trends on the memory panel: the tree's, and each leaking process's."""
+        trends = self.artifact.get("trends") or {}
+        lines = []
+        for key in ("tree.rss_bytes", "tree.pss_bytes"):
+            entry = trends.get(key)
+            if isinstance(entry, dict) and isinstance(entry.get("slope_per_hour"), int | float):
+                lines.append(
+                    f"tree {key.split('.')[1].split('_')[0].upper()} "
+                    + rate_text(
+                        float(entry["slope_per_hour"]),
+                        "bytes",
+                        float(entry.get("span_seconds") or 0.0),
+                    )
+                    + f" ({entry.get('verdict')})"
+                )
+        for leak in leaking_series(self.artifact):
+            slope = leak.get("slope_per_hour")
+            if str(leak["series"]).startswith("process.") and isinstance(slope, int | float):
+                growth = leak.get("growth")
+                rate = rate_text(
+                    float(slope),
+                    "bytes",
+                    float(leak.get("span_seconds") or 0.0),
+                    like=float(growth) if isinstance(growth, int | float) else None,
+                )
+                lines.append(f"{leak.get('label') or leak['series']}: {rate} (leak)")
+        if not lines:
+            return
+        fig.add_annotation(
+            x=0.01,
+            y=0.98,
+            xref=f"x{row} domain",
+            yref=f"y{row} domain",
+            xanchor="left",
+            yanchor="top",
+            align="left",
+            text="<br>".join(html.escape(line) for line in lines),
+            showarrow=False,
+            bgcolor="rgba(255,255,255,0.8)",
+            font={
+                "color": COLORS["failure"] if leaking_series(self.artifact) else "#333",
+                "size": 12,
+            },
+        )
 
     def _draw_marks_across(self, fig: Any) -> None:
         shapes: list[dict[str, Any]] = []
@@ -1146,7 +1464,11 @@ class _Timeline:
             template="simple_white",
             height=height,
             margin={"l": 80, "r": 30, "t": top, "b": bottom},
-            hovermode="closest",
+            # Hovering a panel reports its time to the page's script, which shows every
+            # panel's values there (series traces draw no label of their own).
+            hovermode="x",
+            hoverdistance=-1,
+            spikedistance=-1,
             font={"family": "system-ui, sans-serif", "size": 12},
         )
         end = self.x(self.duration)
@@ -1183,6 +1505,19 @@ class _Timeline:
                 }
             )
 
+    def _readout_script(self) -> str:
+        started = self.artifact.get("started_at")
+        start_ms = (
+            datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp() * 1000
+            if started
+            else "null"
+        )
+        return (
+            READOUT_SCRIPT.replace("__START_MS__", str(start_ms))
+            .replace("__X_SECONDS__", str(self.x_divisor))
+            .replace("__X_UNIT__", json.dumps(self.x_unit))
+        )
+
     def help_text(self) -> str:
         lanes = {m.lane for m in self.marks}
         keys = []
@@ -1215,6 +1550,93 @@ class _Timeline:
             "double-click to reset, hover for values." + lost + "<br>" + legend
         )
 
+
+#: One readout for every panel at the pointer's time, a line across all panels there, and
+#: y axes that follow a zoom on the shared time axis.  Plain DOM, offline, after the plot.
+READOUT_SCRIPT = r"""
+(function () {
+var plot = document.getElementById("{plot_id}");
+var startMs = __START_MS__, xSeconds = __X_SECONDS__, xUnit = __X_UNIT__;
+var box = document.getElementById("readout");
+var line = document.createElement("div");
+line.className = "crosshair";
+plot.style.position = "relative";
+plot.appendChild(line);
+function nearest(xs, x) {
+  var lo = 0, hi = xs.length - 1;
+  if (hi < 0 || x < xs[0]) { return -1; }
+  while (lo < hi) {
+    var mid = (lo + hi + 1) >> 1;
+    if (xs[mid] <= x) { lo = mid; } else { hi = mid - 1; }
+  }
+  return lo;
+}
+function fmt(v, unit) {
+  if (v === null || v === undefined) { return "n/a"; }
+  var a = Math.abs(v), text = a >= 100 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : v.toPrecision(3);
+  return text + (unit ? " " + unit : "");
+}
+function clock(x) {
+  var seconds = x * xSeconds, rel = seconds < 60 ? seconds.toFixed(1) + " s" :
+    Math.floor(seconds / 60) + " min " + Math.round(seconds % 60) + " s";
+  if (startMs === null) { return rel; }
+  var wall = new Date(startMs + seconds * 1000).toISOString().slice(11, 19);
+  return rel + " since the start · " + wall + " UTC";
+}
+function show(x) {
+  var rows = [], panel = null;
+  plot.data.forEach(function (trace) {
+    if (!trace.meta || trace.visible === "legendonly") { return; }
+    var i = nearest(trace.x, x);
+    if (i < 0) { return; }
+    if (trace.meta[0] !== panel) { panel = trace.meta[0]; rows.push("<dt>" + panel + "</dt>"); }
+    rows.push("<dd><span>" + trace.meta[1] + "</span> " + fmt(trace.y[i], trace.meta[2]) + "</dd>");
+  });
+  box.innerHTML = "<b>" + clock(x) + "</b><dl>" + rows.join("") + "</dl>";
+  box.hidden = false;
+  var axis = plot._fullLayout.xaxis;
+  line.style.left = (axis._offset + axis.l2p(x)) + "px";
+  line.style.display = "block";
+}
+plot.on("plotly_hover", function (e) {
+  if (e.points && e.points.length) { show(e.points[0].x); }
+});
+plot.on("plotly_unhover", function () { line.style.display = "none"; box.hidden = true; });
+var rescaling = false;
+plot.on("plotly_relayout", function (change) {
+  if (rescaling) { return; }
+  var range = null, reset = false;
+  Object.keys(change).forEach(function (key) {
+    var m = key.match(/^xaxis\d*\.range\[0\]$/);
+    if (m) { range = [change[key], change[key.replace("[0]", "[1]")]]; }
+    if (/^xaxis\d*\.range$/.test(key)) { range = change[key]; }
+    if (/^xaxis\d*\.autorange$/.test(key)) { reset = true; }
+  });
+  if (!range && !reset) { return; }
+  var spans = {};
+  plot.data.forEach(function (trace) {
+    if (!trace.meta || trace.meta[0] === "Time since the last progress") { return; }
+    var axis = "yaxis" + (trace.yaxis || "y").slice(1);
+    var s = spans[axis] || (spans[axis] = [Infinity, -Infinity]);
+    if (reset) { return; }
+    for (var i = 0; i < trace.x.length; i++) {
+      var v = trace.y[i];
+      if (v === null || trace.x[i] < range[0] || trace.x[i] > range[1]) { continue; }
+      if (v < s[0]) { s[0] = v; } if (v > s[1]) { s[1] = v; }
+    }
+  });
+  var update = {};
+  Object.keys(spans).forEach(function (axis) {
+    var s = spans[axis];
+    if (reset || !isFinite(s[0])) { update[axis + ".autorange"] = true; return; }
+    var pad = (s[1] - s[0]) * 0.08 || Math.abs(s[1]) * 0.05 || 1;
+    update[axis + ".range"] = [s[0] - pad, s[1] + pad];
+  });
+  rescaling = true;
+  Plotly.relayout(plot, update).then(function () { rescaling = false; });
+});
+})();
+"""
 
 RENDERED_SCRIPT = """
 var plot = document.getElementById("{plot_id}");
@@ -1249,6 +1671,30 @@ def _vline(x: float, color: str, dash: str, width: float, opacity: float) -> dic
         "opacity": opacity,
         "layer": "above",
     }
+
+
+def _file_names(paths: object, shown: int = 3) -> str:
+    """``checkpoint-30/trainer_state.json, metrics.jsonl`` (and how many more)."""
+    if not isinstance(paths, list) or not paths:
+        return ""
+    names = ", ".join(str(p) for p in paths[:shown])
+    return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+
+
+def _rates(
+    times: Sequence[float], counter: Sequence[float | None], divisor: float
+) -> list[float | None]:
+    """A counter's rate per second between samples (divided by ``divisor``); a counter that
+    went down (a process left the tree, taking its count) gives no rate there."""
+    out: list[float | None] = [None]
+    for i in range(1, len(counter)):
+        before, after = counter[i - 1], counter[i]
+        dt = times[i] - times[i - 1]
+        if before is None or after is None or dt <= 0 or after < before:
+            out.append(None)
+        else:
+            out.append((after - before) / dt / divisor)
+    return out
 
 
 def _thin(times: Sequence[float], limit: int) -> list[float]:
@@ -1353,7 +1799,7 @@ def _events_html(artifact: Mapping[str, Any]) -> str:
                 paths.update(dict.fromkeys(events[j].get("paths") or []))
                 j += 1
             run = events[i:j]
-            names = ", ".join(Path(p).name for p in list(paths)[:5])
+            names = ", ".join(str(p) for p in list(paths)[:5])
             more = ", ..." if len(paths) > 5 else ""
             changed = sum(int(e.get("changed", 1)) for e in run)
             if len(run) == 1:
@@ -1475,7 +1921,7 @@ def _forensics_html(artifact: Mapping[str, Any]) -> str:
         parts.append(f"<h3>Killed by the kernel's OOM killer</h3><ul>{items}</ul>")
     forensics = artifact.get("forensics")
     if isinstance(forensics, dict):
-        parts.append(_stall_forensics_html(forensics))
+        parts.append(_stall_forensics_html(forensics, (artifact.get("exit") or {}).get("pid")))
     monitor = dict(artifact.get("monitor") or {})
     notes = monitor.pop("sampler_notes", []) or []
     if notes:
@@ -1509,10 +1955,12 @@ def _forensics_html(artifact: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def _stall_forensics_html(forensics: Mapping[str, Any]) -> str:
+def _stall_forensics_html(forensics: Mapping[str, Any], main_pid: object = None) -> str:
+    """The processes as forensics saw them: the command's own first and open, its main thread
+    first; idle workers folded together."""
     t = forensics.get("t")
     when = format_duration(float(t)) if isinstance(t, int | float) else "?"
-    processes = forensics.get("processes") or []
+    processes = list(forensics.get("processes") or [])
     py_spy = forensics.get("py_spy") or "not installed (pip install py-spy for Python stacks)"
     parts = [
         f"<h3>What the tree was doing at {when} ({html.escape(str(forensics.get('reason')))}), "
@@ -1525,6 +1973,46 @@ def _stall_forensics_html(forensics: Mapping[str, Any]) -> str:
         )
         + "</p>",
     ]
+    processes.sort(key=lambda p: p.get("pid") != main_pid)
+    idle = [p for p in processes[1:] if _all_idle(p)]
+    if len(idle) < 2:
+        idle = []
+    parts.append(_process_details([p for p in processes if p not in idle], open_first=True))
+    if idle:
+        # Idle workers (dataloaders waiting on their queue) say little: folded, one line.
+        names = ", ".join(f"{p.get('pid')} {p.get('name')}" for p in idle[:8])
+        parts.append(
+            f"<details><summary>{len(idle)} idle process(es): {html.escape(names)}"
+            + (" ..." if len(idle) > 8 else "")
+            + "</summary>"
+            + _process_details(idle, open_first=False)
+            + "</details>"
+        )
+    return "\n".join(parts)
+
+
+def _all_idle(process: Mapping[str, Any]) -> bool:
+    """Whether py-spy saw every thread of a process idle."""
+    stack = str((process.get("python_stack") or {}).get("stack") or "")
+    threads = [line for line in stack.splitlines() if line.startswith("Thread ")]
+    return bool(threads) and all("(idle)" in line for line in threads)
+
+
+def _split_threads(dump: str) -> tuple[str, str]:
+    """A py-spy dump as (its header and main thread, every other thread)."""
+    lines = dump.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Thread ")]
+    if len(starts) < 2:
+        return dump, ""
+    main = next((i for i in starts if "MainThread" in lines[i]), starts[0])
+    end = next((i for i in starts if i > main), len(lines))
+    head = lines[: starts[0]]
+    rest = [line for i, line in enumerate(lines) if i >= starts[0] and not main <= i < end]
+    return "\n".join(head + lines[main:end]), "\n".join(rest)
+
+
+def _process_details(processes: Sequence[Mapping[str, Any]], *, open_first: bool) -> str:
+    parts: list[str] = []
     for i, process in enumerate(processes):
         if "error" in process and "name" not in process:
             parts.append(
@@ -1544,7 +2032,13 @@ def _stall_forensics_html(forensics: Mapping[str, Any]) -> str:
         body = [f'<p class="mono">{html.escape(_short_command(process.get("cmdline")))}</p>']
         stack = process.get("python_stack") or {}
         if stack.get("stack"):
-            body.append(f"<h4>Python stack (py-spy)</h4><pre>{html.escape(stack['stack'])}</pre>")
+            main, rest = _split_threads(str(stack["stack"]))
+            body.append(f"<h4>Python stack (py-spy)</h4><pre>{html.escape(main)}</pre>")
+            if rest:
+                body.append(
+                    f"<details><summary>{rest.count('Thread ')} other thread(s)</summary>"
+                    f"<pre>{html.escape(rest)}</pre></details>"
+                )
         elif stack.get("error"):
             body.append(f"<p>Python stack: {html.escape(str(stack['error']))}</p>")
         if process.get("kernel_stack"):
@@ -1566,7 +2060,7 @@ def _stall_forensics_html(forensics: Mapping[str, Any]) -> str:
                 "<h4>Threads</h4><table><tr><th>tid</th><th>name</th><th>state</th>"
                 f"<th>waiting in</th></tr>{rows}</table>"
             )
-        opened = " open" if i < 2 else ""
+        opened = " open" if i == 0 and open_first else ""
         parts.append(f"<details{opened}><summary>{summary}</summary>{''.join(body)}</details>")
     return "\n".join(parts)
 

@@ -47,17 +47,18 @@ print("done", flush=True)
 
 #: A trainer, run from a file (so tracebacks and py-spy name real lines), that checkpoints
 #: every 4 steps into ``checkpoint-N/`` and then, by mode: passes, stalls waiting forever,
-#: crashes with a traceback, or keeps 4 MiB alive per step (a leak).
+#: crashes with a traceback, or keeps 4 MiB alive per step (a leak; $LEAK_MIB in any mode).
 TRAINER = """
-import json, pathlib, sys, time
+import json, os, pathlib, sys, time
 mode, out, steps = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3])
 out.mkdir(parents=True, exist_ok=True)
+leak_mib = int(os.environ.get("LEAK_MIB", "4" if mode == "leak" else "0"))
 kept = []
 
 
 def train_step(step):
-    if mode == "leak":
-        kept.append(bytearray(b"x" * (4 * 2**20)))
+    if leak_mib:
+        kept.append(bytearray(b"x" * (leak_mib * 2**20)))
     if mode == "crash" and step == steps // 2:
         raise RuntimeError(f"injected crash at step {step}")
 
@@ -83,20 +84,30 @@ print("done", flush=True)
 """
 
 
-def trainer_soak(base: Path, mode: str, steps: int = 16, extra: tuple[str, ...] = ()) -> Path:
+def trainer_soak(
+    base: Path,
+    mode: str,
+    steps: int = 16,
+    extra: tuple[str, ...] = (),
+    *,
+    script: Path | None = None,
+    env: str = "",
+) -> Path:
     """A soak of :data:`TRAINER` in ``mode`` (pass, stall, crash, leak); the artifact path.
 
-    ``extra``: more options of ``asyncsoak run``."""
+    ``extra``: more options of ``asyncsoak run``; ``script``: where the trainer is (two runs
+    of one script have the same command); ``env``: ``KEY=VALUE`` for the trainer.
+    """
     base.mkdir(parents=True, exist_ok=True)
-    script = base / "train.py"
+    script = script or base / "train.py"
     script.write_text(TRAINER)
     result = asyncsoak_cli(
-        *run_args(base, "--stale-progress", "1.5", *extra),
+        *run_args(base, "--stale-progress", "1.5", *extra, *(["--env", env] if env else [])),
         "--",
         sys.executable,
         str(script),
         mode,
-        str(base / "progress"),
+        "progress",
         str(steps),
         cwd=base,
     )

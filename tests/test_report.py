@@ -15,7 +15,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak._recover import JournalError, artifact_from_journal
-from asyncsoak._report import _plan_panels, read_journal_detail, render_report
+from asyncsoak._report import _plan_panels, _Timeline, read_journal_detail, render_report
 
 from .conftest import CLI_ENV, assert_valid, asyncsoak_cli
 from .soak_runs import Runs, make_runs
@@ -38,15 +38,14 @@ OFFLINE = [
     "--enable-logging=stderr",
     "--v=0",
 ]
-#: Panels the sampled stalled run must show (the samplers' known fields).
+#: Panels the sampled stalled run must show (the samplers' known fields that move; the flat
+#: ones, such as the tree's one process and thread, fold into the "steady" line).
 EXPECTED_TITLES = [
     "What happened",
     "Time since the last progress (seconds)",
     "Process tree CPU (100% = one core)",
     "Process tree memory",
-    "Processes and threads in the tree",
     "Machine memory",
-    "Disk free",
     "GPU utilisation",
     "GPU memory used",
     "GPU power",
@@ -112,8 +111,11 @@ def test_stalled_soak_report_draws_every_plot(runs: Runs, tmp_path: Path) -> Non
     for title in EXPECTED_TITLES:
         assert title in titles, titles
     artifact = json.loads(runs.stalled_sampled.read_text())
-    panels = 2 + len(_plan_panels(artifact["series"]))
+    panels = 2 + len(_Timeline(artifact, None).panels)
     assert int(marker["subplots"]) == panels
+    steady = re.search(r'<p class="steady">(.*?)</p>', page.read_text())
+    assert steady is not None
+    assert "processes 1" in steady.group(1)
     assert any(t.startswith("no progress for") for t in titles), titles
     assert {"started", "SIGTERM", "stale_progress", "exit: SIGTERM"} <= set(
         marker["labels"].split("|")
@@ -336,7 +338,7 @@ def test_long_run_keeps_its_gaps_within_bounds(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
     """A long run: minutes on the axis; the journal restores the events the artifact dropped."""
-    from asyncsoak._report import PROGRESS_CURVE_POINTS, _Timeline
+    from asyncsoak._report import PROGRESS_CURVE_POINTS
 
     journal = _long_run_journal(tmp_path / "soak.jsonl")
     artifact = artifact_from_journal(journal)

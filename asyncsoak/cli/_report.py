@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from . import EXIT_OK, UsageError
+from . import EXIT_FAILED, EXIT_OK, UsageError
 from ._job_view import job_report, job_summary
 
 
@@ -36,7 +37,39 @@ def register(subparsers: Any) -> None:
         metavar="REPORT.html",
         help="where to write it (default: beside the artifact, ending in .html)",
     )
+    report.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        metavar="BASELINE",
+        help="draw this earlier run's series beneath the run's own, and its figures beside",
+    )
     report.set_defaults(handler=report_command)
+
+    compare = subparsers.add_parser(
+        "compare",
+        help="two runs of the same training side by side, and what regressed",
+        description="Compare a candidate run with a baseline (a nightly against last week's, "
+        "a commit against main): duration, verdict, peak and final tree memory, leak slope, "
+        "progress rate, GPU utilisation and memory, each with its change; a figure worse by "
+        "more than the threshold is flagged as a regression.",
+    )
+    compare.add_argument("baseline", type=Path, metavar="BASELINE", help="the reference run")
+    compare.add_argument("candidate", type=Path, metavar="CANDIDATE", help="the run to judge")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    compare.add_argument(
+        "--threshold",
+        type=str,
+        default="10",
+        metavar="PERCENT",
+        help="how much worse a figure must be to regress (default 10)",
+    )
+    compare.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit with status 1 when something regressed",
+    )
+    compare.set_defaults(handler=compare_command)
 
     summary = subparsers.add_parser(
         "summary", help="the verdict and what to look at first, on one screen"
@@ -117,15 +150,48 @@ def report_command(args: argparse.Namespace) -> int:
         return job_report(args)
     args.run = args.run[0]
     artifact, journal = load_run(args.run)
+    baseline = load_run(args.compare)[0] if args.compare is not None else None
     output: Path = args.output or args.run.with_suffix(".html")
     try:
-        write_report(artifact, output, journal=journal, source=str(args.run))
+        write_report(
+            artifact,
+            output,
+            journal=journal,
+            source=str(args.run),
+            baseline=baseline,
+            baseline_source=str(args.compare) if args.compare is not None else None,
+        )
     except ReportUnavailableError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"cannot write {output}: {exc.strerror}") from None
     print(f"asyncsoak: report written; open it in a browser: {output.absolute().as_uri()}")
     return EXIT_OK
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    from .._compare import compare, format_comparison
+
+    try:
+        threshold = float(args.threshold)
+    except ValueError:
+        threshold = math.nan
+    if not math.isfinite(threshold) or threshold < 0:
+        raise UsageError(f"--threshold must be a percentage of 0 or more, not {args.threshold!r}")
+    baseline, _ = load_run(args.baseline)
+    candidate, _ = load_run(args.candidate)
+    comparison = compare(
+        baseline,
+        candidate,
+        baseline_name=str(args.baseline),
+        candidate_name=str(args.candidate),
+        threshold=threshold / 100.0,
+    )
+    if args.json:
+        print(json.dumps(comparison.as_json(), indent=1))
+    else:
+        print(format_comparison(comparison))
+    return EXIT_FAILED if args.fail_on_regression and comparison.regressions else EXIT_OK
 
 
 def summary_command(args: argparse.Namespace) -> int:

@@ -1,0 +1,288 @@
+"""``asyncsoak compare``: two runs of the same training side by side, and what regressed.
+
+A nightly against last week's, a new commit against main: :func:`compare` reads the figures
+both artifacts hold (duration, verdict, peak and final tree memory, leak slopes, progress
+rate, GPU utilisation and memory), gives each its difference, and flags a regression when the
+candidate is worse by more than the threshold (and, for memory, by more than a floor too, so
+noise in a small process is not a regression).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from ._evidence import leaking_series, rate_text
+from ._fields import format_duration, format_value, gpu_index
+
+#: Relative change (fraction) beyond which a worse figure is a regression.
+DEFAULT_THRESHOLD = 0.10
+#: Memory must also grow by at least this much to regress (bytes).
+MEMORY_FLOOR_BYTES = 64 * 2**20
+#: Statuses from the best to the worst.
+STATUS_RANK = {"passed": 0, "cancelled": 1, "failed": 2, "error": 3}
+
+Better = Literal["lower", "higher", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One figure of both runs."""
+
+    key: str
+    label: str
+    unit: str
+    baseline: float | str | None
+    candidate: float | str | None
+    #: Relative change (candidate / baseline - 1), when both are numbers and baseline is not 0.
+    change: float | None
+    regressed: bool
+    #: Why it regressed, in words (empty when it did not).
+    note: str
+
+    def text(self, value: float | str | None) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, str):
+            return value
+        if self.unit == "s":
+            return format_duration(value)
+        if self.unit == "per_minute":
+            return f"{value:.1f}/min"
+        if self.unit == "slope_bytes":
+            return rate_text(value, "bytes", 0.0)
+        return format_value(value, self.unit)
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    baseline: str
+    candidate: str
+    rows: list[Row]
+    #: Notes about the pair itself (different commands, for one).
+    notes: list[str]
+
+    @property
+    def regressions(self) -> list[Row]:
+        return [row for row in self.rows if row.regressed]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "rows": [asdict(row) for row in self.rows],
+            "regressions": [row.key for row in self.regressions],
+            "notes": self.notes,
+        }
+
+
+def compare(
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    baseline_name: str = "baseline",
+    candidate_name: str = "candidate",
+    threshold: float = DEFAULT_THRESHOLD,
+) -> Comparison:
+    """The figures of two artifacts side by side; ``threshold`` is a fraction (0.1 = 10 %)."""
+    rows: list[Row] = []
+
+    def figure(
+        key: str,
+        label: str,
+        unit: str,
+        read: Callable[[Mapping[str, Any]], float | None],
+        better: Better,
+        floor: float = 0.0,
+    ) -> None:
+        rows.append(
+            _row(key, label, unit, read(baseline), read(candidate), better, threshold, floor)
+        )
+
+    rows.append(_status_row(baseline, candidate))
+    figure("duration", "duration", "s", _duration, "none")
+    figure("warnings", "warnings", "", lambda a: float(len(a.get("warnings") or [])), "lower")
+    figure(
+        "tree.rss.peak",
+        "peak tree RSS",
+        "bytes",
+        _stat("tree", "rss_bytes", "max"),
+        "lower",
+        MEMORY_FLOOR_BYTES,
+    )
+    figure(
+        "tree.rss.final",
+        "final tree RSS",
+        "bytes",
+        _stat("tree", "rss_bytes", "last"),
+        "lower",
+        MEMORY_FLOOR_BYTES,
+    )
+    rows.append(_leak_row(baseline, candidate, threshold))
+    figure("progress.rate", "progress rate", "per_minute", _progress_rate, "higher")
+    for group in sorted(
+        _gpu_groups(baseline) | _gpu_groups(candidate), key=lambda g: gpu_index(g) or 0
+    ):
+        figure(
+            f"{group}.utilization.mean",
+            f"{group} utilisation mean",
+            "%",
+            _stat(group, "utilization_gpu_percent", "mean"),
+            "higher",
+        )
+        figure(
+            f"{group}.memory.peak",
+            f"{group} memory peak",
+            "MiB",
+            _stat(group, "memory_used_mib", "max"),
+            "lower",
+            MEMORY_FLOOR_BYTES / 2**20,
+        )
+    notes = []
+    if list(baseline.get("command") or []) != list(candidate.get("command") or []):
+        notes.append(
+            "the commands differ: "
+            f"{shlex.join(baseline.get('command') or [])} | "
+            f"{shlex.join(candidate.get('command') or [])}"
+        )
+    return Comparison(baseline_name, candidate_name, [r for r in rows if _shown(r)], notes)
+
+
+def _shown(row: Row) -> bool:
+    return row.baseline is not None or row.candidate is not None
+
+
+def _row(
+    key: str,
+    label: str,
+    unit: str,
+    before: float | None,
+    after: float | None,
+    better: Better,
+    threshold: float,
+    floor: float,
+) -> Row:
+    change = None
+    if before is not None and after is not None and before != 0:
+        change = after / before - 1.0
+    regressed = False
+    note = ""
+    if before is not None and after is not None and better != "none":
+        worse_by = (after - before) if better == "lower" else (before - after)
+        relative = worse_by / abs(before) if before else (1.0 if worse_by > 0 else 0.0)
+        if worse_by > floor and relative > threshold:
+            regressed = True
+            note = f"{label} {'rose' if after > before else 'fell'} by {abs(relative):.0%}"
+    return Row(key, label, unit, before, after, change, regressed, note)
+
+
+def _status_row(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> Row:
+    def verdict(artifact: Mapping[str, Any]) -> str:
+        reasons = [str(f.get("reason")) for f in artifact.get("failures") or []]
+        return str(artifact.get("status")) + (f" ({', '.join(reasons)})" if reasons else "")
+
+    before, after = str(baseline.get("status")), str(candidate.get("status"))
+    regressed = STATUS_RANK.get(after, 3) > STATUS_RANK.get(before, 3)
+    note = f"the verdict went from {verdict(baseline)} to {verdict(candidate)}" if regressed else ""
+    return Row(
+        "verdict", "verdict", "", verdict(baseline), verdict(candidate), None, regressed, note
+    )
+
+
+def _leak_row(baseline: Mapping[str, Any], candidate: Mapping[str, Any], threshold: float) -> Row:
+    """The tree's memory slope; a regression when the candidate leaks and the baseline did not,
+    or leaks faster by more than the threshold."""
+
+    def slope(artifact: Mapping[str, Any]) -> tuple[float | None, bool]:
+        trend = (artifact.get("trends") or {}).get("tree.rss_bytes") or {}
+        leaks = leaking_series(artifact)
+        value = trend.get("slope_per_hour")
+        return (float(value) if isinstance(value, int | float) else None), bool(leaks)
+
+    (before, before_leaks), (after, after_leaks) = slope(baseline), slope(candidate)
+    change = after / before - 1.0 if before and after is not None else None
+    regressed = after_leaks and (
+        not before_leaks
+        or (before is not None and after is not None and after > before * (1 + threshold))
+    )
+    note = ""
+    if regressed:
+        who = leaking_series(candidate)[0]
+        what = who.get("label") or who.get("series")
+        than = "leaked less" if before_leaks else "did not leak"
+        note = f"memory leak: {what} (the baseline {than})"
+    return Row(
+        "tree.rss.slope", "tree RSS slope", "slope_bytes", before, after, change, regressed, note
+    )
+
+
+def _duration(artifact: Mapping[str, Any]) -> float | None:
+    value = artifact.get("duration_seconds")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _stat(group: str, name: str, key: str) -> Callable[[Mapping[str, Any]], float | None]:
+    def read(artifact: Mapping[str, Any]) -> float | None:
+        value = (((artifact.get("summary") or {}).get(group) or {}).get(name) or {}).get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    return read
+
+
+def _progress_rate(artifact: Mapping[str, Any]) -> float | None:
+    """Progress changes per minute over the run (from the first change to the last)."""
+    series = (artifact.get("series") or {}).get("progress_rate") or {}
+    rates = [v for v in series.get("changes_per_minute") or [] if isinstance(v, int | float)]
+    if rates:
+        return sum(rates) / len(rates)
+    changes = (artifact.get("progress") or {}).get("changes")
+    duration = _duration(artifact)
+    if not isinstance(changes, int) or not duration:
+        return None
+    return changes / duration * 60.0
+
+
+def _gpu_groups(artifact: Mapping[str, Any]) -> set[str]:
+    return {g for g in artifact.get("summary") or {} if gpu_index(g) is not None}
+
+
+def format_comparison(comparison: Comparison) -> str:
+    """A table: each figure, both values, the change, and REGRESSED where it is worse."""
+    header = ("", "baseline", "candidate", "change", "")
+    table = [header]
+    for row in comparison.rows:
+        change = f"{row.change:+.0%}" if row.change is not None else ""
+        table.append(
+            (
+                row.label,
+                row.text(row.baseline),
+                row.text(row.candidate),
+                change,
+                "REGRESSED" if row.regressed else "",
+            )
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = [
+        f"baseline:  {comparison.baseline}",
+        f"candidate: {comparison.candidate}",
+        "",
+    ]
+    lines.extend(
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table
+    )
+    lines.extend(f"note: {note}" for note in comparison.notes)
+    regressions = comparison.regressions
+    lines.append("")
+    if regressions:
+        lines.append(
+            f"{len(regressions)} regression{'s' if len(regressions) > 1 else ''}: "
+            + "; ".join(
+                f"{row.note} ({row.text(row.baseline)} -> {row.text(row.candidate)})"
+                for row in regressions
+            )
+        )
+    else:
+        lines.append("no regression")
+    return "\n".join(lines)
