@@ -295,9 +295,7 @@ def trend_text(entry: Mapping[str, Any]) -> str:
     text = f"{what} grew {_amount(entry.get('growth'), unit)} in {format_duration(span)}"
     slope = entry.get("slope_per_hour")
     if isinstance(slope, int | float):
-        growth = entry.get("growth")
-        like = float(growth) if isinstance(growth, int | float) else None
-        text += f" ({rate_text(float(slope), unit, span, like=like)})"
+        text += f" ({rate_text(float(slope), unit, span, like=entry.get('growth'))})"
     to_limit = entry.get("projected_seconds_to_limit")
     if isinstance(to_limit, int | float):
         source = entry.get("limit_source") or "its limit"
@@ -305,16 +303,17 @@ def trend_text(entry: Mapping[str, Any]) -> str:
     return text
 
 
-def rate_text(
-    slope_per_hour: float, unit: str, span_seconds: float, *, like: float | None = None
-) -> str:
+def rate_text(slope_per_hour: float, unit: str, span_seconds: float, *, like: object = None) -> str:
     """A slope per minute for a short run, per hour for a long one: ``+0.9 GiB/min``.
 
     ``like``: scale as that value (the growth) is shown, so the two read in one unit.
     """
     per, divisor = ("min", 60.0) if span_seconds < 3 * 3600 else ("h", 1.0)
     value = slope_per_hour / divisor
-    return f"{'+' if value >= 0 else '-'}{_amount(abs(value), unit, like=like)}/{per}"
+    # In the larger of the two units: 0.9 GiB/min beside a 1.0 GiB growth, 3.2 GiB/min
+    # beside 140 MiB, never 3319.2 MiB/min.
+    scale = max(abs(value), abs(float(like))) if isinstance(like, int | float) else None
+    return f"{'+' if value >= 0 else '-'}{_amount(abs(value), unit, like=scale)}/{per}"
 
 
 def _amount(value: object, unit: str, *, like: float | None = None) -> str:

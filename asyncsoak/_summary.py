@@ -219,9 +219,25 @@ def look_first(artifact: Mapping[str, Any]) -> list[str]:
             f"{progress.get('changes', 0)} progress changes; the longest quiet gap was "
             f"{format_duration(gap)}{against}.",
         )
-    hints.extend(f"Warning: {w}" for w in artifact.get("warnings") or [])
+    leaks = leaking_series(artifact)
+    # The leak's own warnings (when it became confident, its projection) are said better by
+    # its hint: the final figures.
+    labels = tuple(str(leak["label"]) for leak in leaks if leak.get("label"))
+    hints.extend(
+        f"Warning: {w}"
+        for w in artifact.get("warnings") or []
+        if not w.startswith(labels or ("\0",))
+    )
     # A leak is what a soak exists to catch: it leads, whatever else happened.
-    return [f"Memory leak: {trend_text(leak)}." for leak in leaking_series(artifact)] + hints
+    return [f"Memory leak: {trend_text(leak)}." for leak in _worth_saying(leaks)] + hints
+
+
+def _worth_saying(leaks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The leaks to name: a process's leak says more than the tree's, which it explains."""
+    processes = [leak for leak in leaks if str(leak["series"]).startswith("process.")]
+    if not processes:
+        return leaks
+    return [leak for leak in leaks if not str(leak["series"]).startswith("tree.")]
 
 
 def _stall_hints(artifact: Mapping[str, Any]) -> list[str]:

@@ -16,7 +16,7 @@ from asyncsoak._report import render_report
 from asyncsoak._summary import format_summary, summarize
 
 from .conftest import asyncsoak_cli
-from .soak_runs import trainer_soak
+from .soak_runs import TRAINER, trainer_soak
 from .test_report import chromium, needs_chromium, needs_plotly
 
 #: What a 1400x900 window shows without scrolling.
@@ -27,6 +27,20 @@ FIRST_SCREEN_PX = 900
 def trainer_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("trainer")
     return {mode: trainer_soak(base / mode, mode) for mode in ("pass", "stall", "crash")}
+
+
+def _line_of(text: str) -> int:
+    """The line of the trainer script that holds ``text``."""
+    return next(i for i, line in enumerate(TRAINER.splitlines(), 1) if text in line)
+
+
+def _assert_resumes_from_a_checkpoint(text: str, artifact: Path, before_step: int) -> None:
+    """The next step names a checkpoint directory the trainer wrote before ``before_step``."""
+    progress = artifact.parent / "progress"
+    found = re.search(rf"[Rr]esume from {re.escape(str(progress))}/checkpoint-(\d+)\.", text)
+    assert found is not None, text
+    assert int(found.group(1)) < before_step
+    assert (progress / f"checkpoint-{found.group(1)}" / "trainer_state.json").is_file()
 
 
 def first_lines(artifact: Path, count: int = 6) -> list[str]:
@@ -40,11 +54,13 @@ def test_crash_summary_leads_with_the_exception(trainer_runs: dict[str, Path]) -
     lines = first_lines(trainer_runs["crash"], 8)
     text = "\n".join(lines)
     assert lines[0] == "FAILED: The command failed (non-zero exit status)"
-    assert "cause: RuntimeError: injected crash at step 8 (train.py:12 in train_step)" in text
+    raising = _line_of("raise RuntimeError")
+    assert re.search(rf"cause: RuntimeError: injected crash at step 8 \(train.py:{raising}\b", text)
     assert '> raise RuntimeError(f"injected crash at step {step}")' in text
-    # Step 8 raised before its checkpoint was written: the one to resume from is step 4's.
-    progress = trainer_runs["crash"].parent / "progress"
-    assert f"resume from {progress / 'checkpoint-4'}" in text.replace("\n    ", " ")
+    # Step 8 raised before its checkpoint was written: resume from the newest one seen.
+    _assert_resumes_from_a_checkpoint(
+        text.replace("\n    ", " "), trainer_runs["crash"], before_step=8
+    )
 
 
 def test_stall_summary_names_the_stalled_frame(trainer_runs: dict[str, Path]) -> None:
@@ -55,13 +71,14 @@ def test_stall_summary_names_the_stalled_frame(trainer_runs: dict[str, Path]) ->
     forensics = json.loads(trainer_runs["stall"].read_text())["forensics"]
     if forensics["py_spy"] is not None:  # py-spy installed: the Python frame is known
         assert re.search(
-            r"cause: pid \d+ \(python\S*\) idle at train.py:16 in wait_for_ranks", text
+            rf"cause: pid \d+ \(python\S*\) idle at train.py:{_line_of('time.sleep(60)')} "
+            "in wait_for_ranks",
+            text,
         )
         assert "> time.sleep(60)" in text
     assert "last progress:" in text
-    assert "checkpoint-8/trainer_state.json" in text
-    progress = trainer_runs["stall"].parent / "progress"
-    assert f"next: Resume from {progress / 'checkpoint-8'}." in text
+    assert re.search(r"checkpoint-\d+/trainer_state.json", text)
+    _assert_resumes_from_a_checkpoint(text, trainer_runs["stall"], before_step=9)
     assert "--dump-signal SIGUSR1" in text
 
 
