@@ -10,6 +10,7 @@ noise in a small process is not a regression).
 from __future__ import annotations
 
 import shlex
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -229,6 +230,24 @@ def _stat(group: str, name: str, key: str) -> Callable[[Mapping[str, Any]], floa
         return float(value) if isinstance(value, int | float) else None
 
     return read
+
+
+def _final_rss(artifact: Mapping[str, Any]) -> float | None:
+    """The tree's memory at the end of its work: the trend's last window minimum when there is
+    one, else the median of the last samples (the very last may be a process that frees
+    everything as it exits)."""
+    trend = (artifact.get("trends") or {}).get("tree.rss_bytes") or {}
+    last = trend.get("last")
+    if isinstance(last, int | float):
+        return float(last)
+    values = [
+        v
+        for v in ((artifact.get("series") or {}).get("tree") or {}).get("rss_bytes") or []
+        if isinstance(v, int | float)
+    ]
+    if not values:
+        return _stat("tree", "rss_bytes", "last")(artifact)
+    return float(statistics.median(values[-max(3, len(values) // 10) :]))
 
 
 def _progress_rate(artifact: Mapping[str, Any]) -> float | None:

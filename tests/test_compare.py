@@ -18,11 +18,11 @@ from .test_report import chromium, needs_chromium, needs_plotly
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(clean, leaking): the same command, the second keeping 8 MiB alive per step."""
+    """(clean, leaking): the same command, the second keeping 8 MiB alive per step (40)."""
     base = tmp_path_factory.mktemp("compare")
     script = base / "train.py"
-    clean = trainer_soak(base / "clean", "pass", script=script)
-    leaking = trainer_soak(base / "leaking", "pass", script=script, env="LEAK_MIB=8")
+    clean = trainer_soak(base / "clean", "pass", 40, script=script)
+    leaking = trainer_soak(base / "leaking", "pass", 40, script=script, env="LEAK_MIB=8")
     return clean, leaking
 
 
