@@ -622,36 +622,42 @@ def encode_rows(rows: Iterable[Row], *, openmetrics: bool) -> bytes:
     A writer of its own because a scrape every second is paid from the monitor's budget:
     ``generate_latest`` validates and escapes every metric and label name at every sample
     (names asyncsoak chose once, valid by construction), several times the cost of the rest.
-    The lines but their values barely change from one scrape to the next, so each family's
-    header and each sample's name and labels are formatted once and kept (label sets are
-    bounded, and so is the cache).  A test holds the output byte for byte to
-    ``generate_latest``'s.
+    From one scrape to the next most families say the same (the phase, the limits, the
+    throttle reasons) and the others change only their values, so each family's text is kept
+    with the samples it was written from and reused while they are equal, and each sample's
+    name and labels are formatted once (label sets are bounded, and so are the caches).  A
+    test holds the output byte for byte to ``generate_latest``'s.
     """
-    if len(_LINE_CACHE) > _LINE_CACHE_MAX:
+    if len(_LINE_CACHE) > _CACHE_MAX:
         _LINE_CACHE.clear()
+    if len(_FAMILY_CACHE) > _CACHE_MAX:
+        _FAMILY_CACHE.clear()
     out: list[str] = []
     for name, kind, help_text, samples in rows:
         key = (name, kind, help_text, openmetrics)
-        header = _LINE_CACHE.get(key)
-        if header is None:
-            header = _LINE_CACHE[key] = _header(name, kind, help_text, openmetrics)
-        out.append(header)
+        cached = _FAMILY_CACHE.get(key)
+        if cached is not None and cached[0] == samples:
+            out.append(cached[1])
+            continue
+        lines = [_header(name, kind, help_text, openmetrics)]
         for sample_name, labels, value in samples:
             line = (sample_name, labels)
             prefix = _LINE_CACHE.get(line)
             if prefix is None:
                 prefix = _LINE_CACHE[line] = _prefix(sample_name, labels)
-            out.append(prefix)
-            out.append(_go_float(value))
-            out.append("\n")
+            lines.append(f"{prefix}{_go_float(value)}\n")
+        text = "".join(lines)
+        _FAMILY_CACHE[key] = (list(samples), text)
+        out.append(text)
     if openmetrics:
         out.append("# EOF\n")
     return "".join(out).encode()
 
 
-#: Formatted headers and sample prefixes (see ``encode_rows``), cleared past its bound.
-_LINE_CACHE: dict[tuple[Any, ...], str] = {}
-_LINE_CACHE_MAX = 4096
+#: See ``encode_rows``; each is cleared past ``_CACHE_MAX`` entries.
+_LINE_CACHE: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+_FAMILY_CACHE: dict[tuple[str, str, str, bool], tuple[list[Sample], str]] = {}
+_CACHE_MAX = 4096
 
 
 def _header(name: str, kind: str, help_text: str, openmetrics: bool) -> str:
