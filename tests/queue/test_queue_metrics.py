@@ -71,6 +71,8 @@ async def test_worker_metrics_follow_its_jobs(
                 lambda t: (
                     value(t, "asyncsoak_worker_job_outcomes_total", status="succeeded") == 1
                     and value(t, "asyncsoak_worker_current_job_id") == second
+                    # The job is claimed a moment before its soak starts and shows.
+                    and value(t, "asyncsoak_soak_info", job_id=str(second)) == 1
                 ),
             )
             assert value(later, "asyncsoak_queue_jobs", status="succeeded") in (0, 1)
@@ -86,6 +88,8 @@ async def test_worker_metrics_follow_its_jobs(
                 lambda t: (
                     value(t, "asyncsoak_worker_job_outcomes_total", status="failed") == 1
                     and value(t, "asyncsoak_queue_jobs", status="failed") == 1
+                    # The outcome is written a moment before the worker lets the job go.
+                    and value(t, "asyncsoak_worker_current_job_id") is None
                 ),
             )
             stop.set()
