@@ -15,17 +15,17 @@ import contextlib
 import fcntl
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
 from ._artifact import FILE_MODE
 from ._config import SoakConfig
 from ._errors import ValidationError
+from ._journal import JournalDecoder, first_line
 
 #: An artifact is bounded in size (summaries and bounded series); a bigger file is not one.
 MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
-#: The journal's first line, its header, is a few KiB.
-MAX_HEADER_BYTES = 1024 * 1024
 #: Bound on reading what is already at the output paths (a dead mount must not hang the start).
 CHECK_TIMEOUT = 10.0
 #: Free space below which the output filesystem counts as full before the start: room for the
@@ -34,12 +34,13 @@ MIN_FREE_BYTES = 64 * 1024
 
 
 def _journal_header(path: Path) -> dict[str, Any] | None:
-    """The header of the asyncsoak journal at ``path``, or None when it is not one."""
+    """The header of the asyncsoak journal at ``path`` (its first segment's first line: a
+    long journal's open segment starts elsewhere), or None when it is not one."""
+    if not os.path.lexists(path):
+        return None
     try:
-        with open(path, "rb") as f:
-            line = f.readline(MAX_HEADER_BYTES)
-        header = json.loads(line)
-    except (OSError, ValueError):
+        header = JournalDecoder().decode(first_line(path))
+    except (OSError, EOFError, IndexError, ValueError, zlib.error):
         return None
     if isinstance(header, dict) and header.get("kind") == "header":
         return header

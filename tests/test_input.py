@@ -346,3 +346,24 @@ def test_view_of_a_whole_artifact_still_works(
     path.write_text(json.dumps(real_artifact))
     result = asyncsoak_cli("summary", str(path), cwd=tmp_path, timeout=LIMIT_S)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.asyncio
+async def test_a_rerun_over_a_crashed_soaks_rotated_journal_is_allowed(tmp_path: Path) -> None:
+    """A long soak that died left a rotated journal (its header in the first closed segment)
+    and no artifact: the journal is still recognised as a soak's, and a rerun replaces it."""
+    from asyncsoak import run_soak
+
+    kwargs = fast_limits(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    header = {"t": 0.0, "kind": "header", "config": {"log_path": str(out / "soak.log")}}
+    (out / "soak.jsonl.000001").write_text(json.dumps(header) + "\n")
+    (out / "soak.jsonl").write_text('{"t": 9.0, "kind": "sample"}\n')
+    (out / "soak.log").write_text("the earlier run's output\n")
+    progress = kwargs["progress_dir"]
+    argv = [sys.executable, "-c", f"import os; os.makedirs({str(progress)!r})"]
+    with anyio.fail_after(LIMIT_S):
+        artifact = await run_soak(command=argv, **kwargs)
+    assert artifact["status"] == "passed"
+    assert "the earlier run's output" not in (out / "soak.log").read_text()
