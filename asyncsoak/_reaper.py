@@ -166,7 +166,21 @@ class Reaper:
         cfg = self.config
         stdin_fd = cfg.get("stdin_fd")
 
+        cgroup_procs = None if cfg.get("cgroup") is None else f"{cfg['cgroup']}/cgroup.procs"
+
         def in_child() -> None:
+            # The command joins the soak's cgroup before exec, so every descendant is born in
+            # it and the reaper stays outside (killing the group never kills the reaper).  A
+            # refused join only costs the monitor its membership check: it falls back.
+            if cgroup_procs is not None:
+                try:
+                    fd = os.open(cgroup_procs, os.O_WRONLY)
+                    try:
+                        os.write(fd, b"0")  # "0": the writing process itself
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    pass
             # If the reaper is SIGKILLed, the command's leader goes with it; the rest of the
             # tree is in its process group and is reached by the monitor's group kill.
             _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from . import _slurm, _tree
+from . import _cgroup, _slurm, _tree
 from ._artifact import (
     ArtifactBuilder,
     create_private_file,
@@ -108,6 +108,8 @@ FORENSICS_SECONDS = 10.0
 KMSG_SLACK_SECONDS = 5.0
 #: Rules after which the tree is looked at before it is stopped.
 HANG_REASONS = frozenset({"stale_progress", "startup_timeout"})
+#: Give each soak's tree a cgroup where the kernel allows it (membership, not markers).
+USE_CGROUP = True
 #: Environment marker that lets the monitor recognise processes of this soak's tree.
 SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
 #: Trends are judged every this many sample intervals (at least every ``TREND_MIN_PERIOD``
@@ -278,6 +280,9 @@ class _Soak:
         #: Cancel scopes of the graceful waits, given up when the caller asks to kill now.
         self._grace_scopes: set[anyio.CancelScope] = set()
         self._marker_scan_hung = False
+        #: Whether the tree gets a cgroup where the kernel allows one (tests turn it off to
+        #: exercise the environment-marker fallback).
+        self.use_cgroup = USE_CGROUP
         #: Shared with the soak's tree (``ASYNCSOAK_SOAK_ID``) and its metrics' ``soak_id``.
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
         #: Called with the JSON form of every event, after the journal and the artifact.
@@ -385,7 +390,7 @@ class _Soak:
             raise self._error
         artifact = self._artifact
         assert artifact is not None
-        if artifact["status"] == "failed":
+        if artifact["status"] in ("failed", "error"):
             raise SoakFailureError(artifact, self.cfg.output_path)
         return artifact
 
@@ -552,6 +557,8 @@ class _Soak:
             return "error"
         if self.cause in ("requested", "cancelled", _slurm.CAUSE_SCHEDULER, _slurm.CAUSE_REQUEUED):
             return "cancelled"
+        if "monitor_error" in self._failures:
+            return "error"  # the reaper was lost
         if self._caller_stop.is_set() and not self._failures:
             # The command had exited and its tree was in its grace when the caller stopped.
             return "cancelled"
@@ -637,6 +644,15 @@ class _Soak:
             await sink.emit(Warning(t=sink.elapsed(), message=message))
         child_env = dict(self._child_env)
         child_env[SOAK_ID_VARIABLE] = self._marker
+        cgroup = None
+        if self.use_cgroup:
+            with contextlib.suppress(BlockingCallTimeout):
+                cgroup = await run_blocking(
+                    _cgroup.create,
+                    f"asyncsoak-{self.soak_id}",
+                    timeout=TREE_LOOK_TIMEOUT,
+                    what="creating the tree's cgroup",
+                )
         spawner = self._spawner = Spawner(
             SpawnRequest(
                 argv=cfg.command,
@@ -646,10 +662,19 @@ class _Soak:
                 log_max_bytes=cfg.log_max_bytes,
                 stop_mode=cfg.stop_mode,
                 grace_seconds=cfg.post_shutdown_grace_seconds,
+                cgroup=None if cgroup is None else str(cgroup.path),
             )
         )
         try:
-            if not await spawner.start(sink):
+            started = await spawner.start(sink)
+            if started and cgroup is not None and spawner.pid is not None:
+                # Membership decides only if the command really joined the group.
+                with contextlib.suppress(BlockingCallTimeout):
+                    if await run_blocking(
+                        cgroup.holds, spawner.pid, timeout=TREE_LOOK_TIMEOUT, what="a cgroup"
+                    ):
+                        spawner.cgroup = cgroup
+            if not started:
                 await self._fail(
                     "spawn_failed", f"could not start {cfg.command[0]!r}: {spawner.spawn_error}"
                 )
@@ -711,6 +736,7 @@ class _Soak:
                 await self._emit_limits(sink)
                 self._produce(producers, sink, self._judge)
                 producers.start_soon(self._end_when_set, spawner.exited, "exited")
+                producers.start_soon(self._end_when_set, spawner.reaper_lost, "reaper_lost")
                 producers.start_soon(self._end_when_requested)
                 producers.start_soon(self._kill_when_asked)
                 self._scheduler_tasks(producers, sink, spawner)
@@ -735,6 +761,8 @@ class _Soak:
                 self._progress_seen = tracker.first_change is not None
                 if self.cause == "exited":
                     await self._after_exit(sink, spawner)
+                elif self.cause == "reaper_lost":
+                    await self._after_reaper_lost(sink, spawner)
                 else:
                     await self._stop(sink, spawner)
                 if self.cause == _slurm.CAUSE_REQUEUED:
@@ -748,6 +776,11 @@ class _Soak:
                     # Only reached when the supervisor itself broke: leave nothing running.
                     spawner.kill_tree()
                 await spawner.close(REAPER_CLOSE_TIMEOUT)
+                if cgroup is not None:
+                    with contextlib.suppress(BlockingCallTimeout):
+                        await run_blocking(
+                            cgroup.remove, timeout=TREE_LOOK_TIMEOUT, what="removing a cgroup"
+                        )
 
     def _on_tree(self, pids: frozenset[int]) -> None:
         self._tree_now = pids
@@ -880,6 +913,28 @@ class _Soak:
         )
         return self._masker(describe_crash(cause))
 
+    async def _after_reaper_lost(self, sink: EventSink, spawner: Spawner) -> None:
+        """The reaper died (the trainer killed its parent, say): nothing reports the tree any
+        more, so it is stopped at once, every member found by cgroup (or marker) killed."""
+        how = await spawner.reaper_exit(1.0)
+        await self._fail(
+            "monitor_error",
+            f"the reaper (pid {spawner.reaper_pid}) was lost: {how}; the tree was stopped",
+        )
+        pids = await self._tree_pids(spawner)
+        await sink.emit(SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids))
+        with anyio.move_on_after(self.cfg.kill_wait_seconds):
+            while pids:
+                await run_blocking(
+                    _kill_all, spawner, pids, timeout=TREE_LOOK_TIMEOUT, what="killing the tree"
+                )
+                await anyio.sleep(0.05)
+                pids = await self._tree_pids(spawner)
+        for info in await self._describe(pids, spawner.pid):
+            await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
+        # Nothing is left to say the tree is gone: it is, or it is reported abandoned.
+        spawner.tree_gone.set()
+
     async def _stop(self, sink: EventSink, spawner: Spawner) -> None:
         """The monitor ends the run: graceful request, grace, SIGKILL, bounded reap."""
         cfg = self.cfg
@@ -938,7 +993,8 @@ class _Soak:
             pids = await run_blocking(
                 spawner.tree_pids, timeout=TREE_LOOK_TIMEOUT, what="walking the tree"
             )
-        if not self._marker_scan_hung:
+        if not self._marker_scan_hung and spawner.cgroup is None:
+            # Without a cgroup, the environment marker finds what left the reaper's tree.
             try:
                 marked = await run_blocking(
                     _tree.find_marked,
@@ -1187,6 +1243,13 @@ def leaking(trends: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 out.extend(keys)
                 break
     return out
+
+
+def _kill_all(spawner: Spawner, pids: list[int]) -> None:
+    spawner.kill_tree()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _describe_all(pids: list[int], leader_pgid: int | None) -> list[dict[str, Any]]:

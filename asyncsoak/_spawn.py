@@ -24,6 +24,7 @@ from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from . import _tree
+from ._cgroup import TreeCgroup
 from ._events import Exited, SpawnFailed, Started, TreeGone, Warning
 from ._sink import EventSink
 
@@ -45,6 +46,8 @@ class SpawnRequest:
     log_max_bytes: int
     stop_mode: str
     grace_seconds: float
+    #: The soak's cgroup (``cgroup.procs`` is joined by the command before exec), if any.
+    cgroup: str | None = None
 
 
 def decode_wait_status(status: int) -> tuple[int, str | None]:
@@ -72,6 +75,12 @@ class Spawner:
         self.exit_signal: str | None = None
         self.exited = anyio.Event()
         self.tree_gone = anyio.Event()
+        #: Set when the reaper's reports end before the monitor closed the lifeline: the
+        #: reaper died (a trainer that killed its parent), and the tree runs unsupervised.
+        self.reaper_lost = anyio.Event()
+        #: The tree's cgroup once the command is known to be in it (membership decides).
+        self.cgroup: TreeCgroup | None = None
+        self._closing = False
         #: Signals sent to the command's leader (directly or through its group).
         self.signals_to_leader: set[int] = set()
 
@@ -100,6 +109,7 @@ class Spawner:
             "log_max_bytes": req.log_max_bytes,
             "stop_mode": req.stop_mode,
             "grace_seconds": req.grace_seconds,
+            "cgroup": req.cgroup,
         }
         try:
             self._reaper = await anyio.open_process(
@@ -168,11 +178,34 @@ class Spawner:
                 self.exited.set()
                 await sink.emit(TreeGone(t=sink.elapsed()))
                 self.tree_gone.set()
+        if not self._closing and not self.tree_gone.is_set():
+            self.reaper_lost.set()
+
+    async def reaper_exit(self, wait_seconds: float) -> str:
+        """How the reaper ended, in words (waited for at most ``wait_seconds``)."""
+        reaper = self._reaper
+        if reaper is None:
+            return "it never started"
+        with anyio.move_on_after(wait_seconds):
+            await reaper.wait()
+        rc = reaper.returncode
+        if rc is None:
+            return "its reports stopped"
+        if rc < 0:
+            try:
+                return f"it was killed by {signal.Signals(-rc).name}"
+            except ValueError:
+                return f"it was killed by signal {-rc}"
+        return f"it exited with status {rc}"
 
     def tree_pids(self) -> list[int]:
-        """Every live process of the tree (the reaper itself excluded)."""
+        """Every live process of the tree (the reaper itself excluded): the reaper's
+        descendants, and every member of the tree's cgroup (which nothing can leave)."""
         reaper = self.reaper_pid
-        return _tree.descendants(reaper) if reaper is not None else []
+        pids = _tree.descendants(reaper) if reaper is not None else []
+        if self.cgroup is not None:
+            pids += [pid for pid in self.cgroup.pids() if pid not in pids and pid != reaper]
+        return pids
 
     def signal_group(self, sig: int, *, stopping: bool = True) -> bool:
         """Signal the command's group; ``stopping=False`` for a signal passed on that is not
@@ -212,6 +245,8 @@ class Spawner:
         if self.pid is not None:
             with contextlib.suppress(OSError):
                 os.killpg(self.pid, signal.SIGKILL)
+        if self.cgroup is not None:
+            self.cgroup.kill()
         killed = []
         for pid in self.tree_pids():
             try:
@@ -223,6 +258,7 @@ class Spawner:
 
     async def close(self, wait_seconds: float) -> None:
         """Close the lifeline and wait (bounded, shielded) for the reaper to finish."""
+        self._closing = True
         self.close_stdin()
         reaper = self._reaper
         if reaper is None:

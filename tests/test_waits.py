@@ -25,13 +25,22 @@ import psutil
 import pytest
 from aiofiles.threadpool.binary import AsyncFileIO
 
-from asyncsoak import SoakFailureError, _artifact, _serializer, _soak, _tree, _watchdog, run_soak
+from asyncsoak import (
+    SoakFailureError,
+    _artifact,
+    _cgroup,
+    _serializer,
+    _soak,
+    _tree,
+    _watchdog,
+    run_soak,
+)
 from asyncsoak._gpu_sampler import GpuSample
 from asyncsoak._inotify import Inotify
 from asyncsoak._nvidia_smi import GpuProcess
 from asyncsoak._sink import EventSink
 
-from .conftest import REPO, ReadyFifo, fast_limits
+from .conftest import REPO, ReadyFifo, alive, fast_limits
 from .test_soak import child
 
 
@@ -393,3 +402,55 @@ async def test_a_hung_inotify_walk_does_not_freeze_the_soak(
     assert took < 8, f"run_soak returned after {took:.1f}s"
     assert artifact["status"] == "passed"
     assert artifact["progress"]["changes"] >= 1
+
+
+#: A trainer that starts a helper which scrubs the ASYNCSOAK_* variables and calls setsid,
+#: then kills its parent, the reaper.
+KILLS_ITS_REAPER = """
+touch()
+helper = (
+    "import os, sys, time\\n"
+    "os.setsid()\\n"
+    "open(sys.argv[1], 'w').write(f'{os.getpid()}\\\\n')\\n"
+    "time.sleep(60)\\n"
+)
+env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCSOAK_")}
+if os.fork() == 0:
+    os.execve(sys.executable, [sys.executable, "-c", helper, fifo], env)
+time.sleep(0.5)
+os.kill(os.getppid(), signal.SIGKILL)
+time.sleep(60)
+"""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("membership", ["cgroup", "marker"])
+async def test_the_reapers_death_is_noticed_at_once(
+    tmp_path: Path, ready: ReadyFifo, monkeypatch: pytest.MonkeyPatch, membership: str
+) -> None:
+    """Item 6: a trainer kills the reaper: the monitor sees it at once (monitor_error, "the
+    reaper was lost") and stops the tree; with a cgroup, even a helper that scrubbed the
+    ASYNCSOAK_* variables and called setsid."""
+    probe = _cgroup.create(f"asyncsoak-probe-{os.getpid()}")
+    if probe is not None:
+        probe.remove()
+    elif membership == "cgroup":
+        pytest.skip("no cgroup can be made here (needs cgroup v2 delegation, or root on v1)")
+    monkeypatch.setattr(_soak, "USE_CGROUP", membership == "cgroup")
+    kwargs = fast_limits(tmp_path, startup_timeout_seconds=30, stale_progress_seconds=30)
+    started = time.monotonic()
+    with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
+        await run_soak(command=child(tmp_path, KILLS_ITS_REAPER, ready), **kwargs)
+    took = time.monotonic() - started
+    helper = int(await ready.line())
+    print(f"item 6 ({membership}): run_soak ended after {took:.1f}s; helper alive: {alive(helper)}")
+    artifact = info.value.artifact
+    assert took < 10, f"run_soak ended after {took:.1f}s"
+    assert artifact["status"] == "error"
+    assert info.value.reason == "monitor_error"
+    assert "the reaper" in artifact["failures"][0]["message"]
+    assert "was lost" in artifact["failures"][0]["message"]
+    if membership == "cgroup":
+        assert not alive(helper), "the setsid helper with a scrubbed environment survived"
+    elif alive(helper):
+        os.kill(helper, 9)  # the marker fallback cannot see a scrubbed helper: say so, clean up

@@ -1,0 +1,150 @@
+"""A cgroup for the soak's tree, where the kernel lets us make one: membership decides.
+
+Environment markers (``ASYNCSOAK_SOAK_ID``) and the reaper's parentage find most of a tree,
+but a process that scrubs its environment and calls ``setsid`` after the reaper is gone (the
+trainer killed it) has neither.  A cgroup holds every descendant whatever it does to its
+environment, session or parent: only a write to another cgroup's ``cgroup.procs`` (root, or a
+delegated owner) takes a process out.
+
+Preferred: a child of this process's own cgroup v2 (``cgroup.kill`` kills every member at once,
+race-free against a forking tree).  Otherwise, as root on a v1 system, a group in the
+``freezer`` hierarchy (the tree is frozen, every member SIGKILLed, then thawed, so nothing can
+fork in between).  Otherwise None: the environment marker stays as the fallback.
+
+The command joins the group itself, between fork and exec (see ``_reaper``), so the reaper is
+never a member: killing the group never kills the process that reports the tree's end.
+All of this is filesystem work on cgroupfs: callers run it through ``run_blocking``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+#: Where cgroup filesystems are looked for.
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: Bound on waiting for a v1 freezer to report the group frozen.
+FREEZE_WAIT_SECONDS = 1.0
+
+
+class TreeCgroup:
+    """One soak's cgroup (``version`` 2, or 1 for the v1 freezer)."""
+
+    def __init__(self, path: Path, version: int) -> None:
+        self.path = path
+        self.version = version
+
+    @property
+    def procs_file(self) -> str:
+        return str(self.path / "cgroup.procs")
+
+    def pids(self) -> list[int]:
+        """Every process in the group now (empty once the group is gone)."""
+        try:
+            with open(self.procs_file) as f:
+                return [int(line) for line in f.read().split()]
+        except OSError:
+            return []
+
+    def holds(self, pid: int) -> bool:
+        return pid in self.pids()
+
+    def kill(self) -> None:
+        """SIGKILL every member at once, so that a forking tree cannot outrun the kill."""
+        if self.version == 2:
+            with contextlib.suppress(OSError):
+                (self.path / "cgroup.kill").write_text("1")
+                return
+        state = self.path / "freezer.state"
+        frozen = False
+        with contextlib.suppress(OSError):
+            state.write_text("FROZEN")
+            deadline = time.monotonic() + FREEZE_WAIT_SECONDS
+            while state.read_text().strip() != "FROZEN" and time.monotonic() < deadline:
+                time.sleep(0.01)  # the kernel freezes the members asynchronously
+            frozen = True
+        try:
+            for pid in self.pids():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            if frozen:
+                # Killed frozen tasks die once thawed.
+                with contextlib.suppress(OSError):
+                    state.write_text("THAWED")
+
+    def remove(self, wait_seconds: float = 0.5) -> bool:
+        """Remove the group once it is empty (killed members take a moment to be reaped);
+        False if it is still there after ``wait_seconds`` (a member stuck in ``D``)."""
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                self.path.rmdir()
+            except FileNotFoundError:
+                return True
+            except OSError:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.02)  # the last members are being reaped
+            else:
+                return True
+
+
+def create(name: str, root: Path = CGROUP_ROOT) -> TreeCgroup | None:
+    """A new empty cgroup called ``name`` for a soak's tree, or None where none can be made."""
+    for version, parent in _candidates(root):
+        path = parent / name
+        try:
+            path.mkdir()
+        except OSError:
+            continue
+        # A v2 group must offer cgroup.kill (Linux 5.14+); the root group never has one.
+        if (path / ("cgroup.kill" if version == 2 else "cgroup.procs")).exists():
+            return TreeCgroup(path, version)
+        with contextlib.suppress(OSError):
+            path.rmdir()
+    return None
+
+
+def _candidates(root: Path) -> list[tuple[int, Path]]:
+    """Where a child group may go: this process's own v2 cgroup, then the v1 freezer's root."""
+    out: list[tuple[int, Path]] = []
+    own = _own_v2_path()
+    mount = _v2_mount(root)
+    if own is not None and mount is not None:
+        parent = mount / own.lstrip("/")
+        if (parent / "cgroup.procs").exists() and os.access(parent, os.W_OK):
+            out.append((2, parent))
+    freezer = root / "freezer"
+    if (freezer / "cgroup.procs").exists() and os.access(freezer, os.W_OK):
+        out.append((1, freezer))
+    return out
+
+
+def _own_v2_path() -> str | None:
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _v2_mount(root: Path) -> Path | None:
+    """The mount point of the cgroup v2 hierarchy (``root`` itself, or its ``unified``)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                if right.split(" ", 1)[0] == "cgroup2":
+                    mount = Path(left.split()[4])
+                    if mount == root or root in mount.parents:
+                        return mount
+    except OSError:
+        pass
+    return None
