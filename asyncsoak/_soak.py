@@ -1170,7 +1170,7 @@ class _Soak:
     async def _judge_trends(self, sink: EventSink, *, final: bool) -> None:
         """Report what became confident: leaks, projected breaches, progress slowing."""
         cfg = self.cfg
-        trends = self._builder.trends.evaluate(self._builder.wall)
+        trends = self._builder.trends.evaluate(self._builder.wall, live=not final)
         for observe in self.trend_observers:
             observe(trends)
         findings: list[tuple[str, str, dict[str, Any], str]] = []

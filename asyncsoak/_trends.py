@@ -16,8 +16,7 @@ draws a sawtooth, one large allocation makes a step.  None of these is a leak.  
 4. Call it a leak only when the interval's lower bound is above zero, the growth over the
    analysed span (fitted, and from the first window's minimum to the last's) exceeds both an
    absolute floor and a fraction of the starting value, and
-   both halves of the span rise (a ramp that then plateaus, or a one-time step, rises in one
-   half only).
+   every third of the span rises (a ramp that then plateaus, or a one-time step, does not).
 """
 
 from __future__ import annotations
@@ -50,8 +49,8 @@ MAX_WINDOWS = 24
 #: verdict is ``inconclusive``.
 MIN_WINDOWS = 6
 SAMPLES_PER_WINDOW = 2
-#: Each half of the span must rise at least this fraction of the whole span's slope.
-HALF_SLOPE_RATIO = 0.5
+#: Each third of the span must rise at least this fraction of the whole span's slope.
+PART_SLOPE_RATIO = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,15 +192,19 @@ def estimate_trend(
     slope, lo, hi = theil_sen(wt, wv)
     growth = slope * span
     first, last = wv[0], wv[-1]
-    mid = len(wt) // 2
-    first_half = theil_sen(wt[: mid + 1], wv[: mid + 1])[0]
-    second_half = theil_sen(wt[mid:], wv[mid:])[0]
+    # Each third of the span must rise too: a warm-up ramp, or a one-time allocation that
+    # takes a few samples, rises in one or two thirds, never in all three.
+    third = len(wt) / 3
+    cuts = [0, round(third), round(2 * third), len(wt)]
+    part_slopes = [
+        theil_sen(wt[a : b + 1], wv[a : b + 1])[0] for a, b in zip(cuts, cuts[1:], strict=False)
+    ]
     floor = max(min_growth, min_ratio * abs(first))
     verdict: Verdict
     # The fitted growth and the observed rise of the floor must both clear the floors: a slow
     # wander (autocorrelated noise) can fit a confident slope over a short span.
     if lo > 0 and min(growth, last - first) >= floor:
-        if min(first_half, second_half) >= HALF_SLOPE_RATIO * slope:
+        if min(part_slopes) >= PART_SLOPE_RATIO * slope:
             verdict, reason = "leak", "the floor rose steadily through the analysed span"
         else:
             verdict, reason = "stable", "the rise is confined to part of the span (a step or ramp)"

@@ -10,6 +10,7 @@ estimator looks at, and at most ``MAX_TRACKED_PROCESSES`` processes are followed
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from ._series import SeriesBuffer
 from ._trends import (
     FLOORS,
+    WARM_UP_MAX_SECONDS,
     Direction,
     Trend,
     default_warm_up,
@@ -40,15 +42,20 @@ TOP_PROCESSES = 8
 JUDGED_PROCESSES = 8
 #: A process is judged when it lived through this fraction of the analysed span.
 PROCESS_COVERAGE = 0.8
+#: During the run, the warm-up is at least this many sample intervals.
+LIVE_WARM_UP_INTERVALS = 30
 #: Left out of the final judgement: the shutdown before the end (samples, or seconds).
 SHUTDOWN_SAMPLES = 2
 SHUTDOWN_SECONDS = 0.5
 #: Progress-rate buckets: this many sample intervals, within these bounds (seconds).
 RATE_BUCKET_INTERVALS = 5
 RATE_BUCKET_BOUNDS = (0.5, 60.0)
-#: A tree is busy, not waiting, above these (percent of one core; GPU utilisation).
-BUSY_CPU_PERCENT = 50.0
+#: A tree is busy, not waiting, above these (percent of one core; GPU utilisation), as a
+#: mean over the last ``ACTIVITY_SAMPLES`` samples: a waiting tree uses next to nothing, and a
+#: spinning one on a loaded machine gets a share of a core, not all of it.
+BUSY_CPU_PERCENT = 15.0
 BUSY_GPU_PERCENT = 10.0
+ACTIVITY_SAMPLES = 10
 #: Growth floors of series in "per_minute" (the progress rate is judged by progress_slowing).
 SERIES_UNITS = {"bytes": FLOORS["bytes"], "count": FLOORS["count"]}
 
@@ -142,8 +149,8 @@ class TrendWatch:
         self.tree_memory: tuple[str, int] | None = None  # ("RSS" | "PSS", bytes)
         self.tree_gpu_bytes: int | None = None
         self.disk_free: dict[str, tuple[str, int]] = {}  # label -> (path, free bytes)
-        self.tree_cpu: float | None = None
-        self.tree_gpu_util: float | None = None
+        self.recent_cpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
+        self.recent_gpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
         self.uninterruptible: list[str] = []
         self.peak_tree_rss: int | None = None
         self.peak_machine_used: int | None = None
@@ -205,7 +212,9 @@ class TrendWatch:
         self._track("tree.processes", "count", "processes of the tree").add(
             t, tree.get("processes")
         )
-        self.tree_cpu = tree.get("cpu_percent")
+        cpu = tree.get("cpu_percent")
+        if cpu is not None:
+            self.recent_cpu.append(float(cpu))
         used = (event.get("machine") or {}).get("memory_used_bytes")
         if used is not None:
             self.peak_machine_used = max(self.peak_machine_used or 0, int(used))
@@ -335,7 +344,8 @@ class TrendWatch:
         for gpu in event.get("gpus") or []:
             if gpu.get("index") in gpus_of_tree and gpu.get("utilization_gpu_percent") is not None:
                 utilisation.append(float(gpu["utilization_gpu_percent"]))
-        self.tree_gpu_util = max(utilisation) if utilisation else None
+        if utilisation:
+            self.recent_gpu.append(max(utilisation))
         self.tree_gpu_bytes = tree_total
         self._track("tree.gpu_memory_bytes", "bytes", "GPU memory of the tree").add(t, tree_total)
 
@@ -367,14 +377,22 @@ class TrendWatch:
 
     # -- judging -------------------------------------------------------------------------
 
-    def analysed_from(self, warm_up_seconds: float | None) -> float:
-        """Start of the analysed span: the same for every series."""
+    def analysed_from(self, *, live: bool = False) -> float:
+        """Start of the analysed span: the same for every series.
+
+        At the end the default warm-up is 10 % of the run.  During the run it is also at least
+        ``LIVE_WARM_UP_INTERVALS`` samples (at most ``WARM_UP_MAX_SECONDS``): early on, a
+        warm-up ramp is all there is to see, and it rises exactly like a leak until it ends.
+        """
         first = self.first_t or 0.0
-        if warm_up_seconds is not None:
-            return first + warm_up_seconds
+        if self.warm_up_seconds is not None:
+            return first + self.warm_up_seconds
         track = self.tracks.get("tree.rss_bytes")
-        times = track.floors.times if track is not None else []
-        return first + default_warm_up(times)
+        warm_up = default_warm_up(track.floors.times if track is not None else [])
+        if live:
+            floor = LIVE_WARM_UP_INTERVALS * (self.interval or 1.0)
+            warm_up = max(warm_up, min(WARM_UP_MAX_SECONDS, floor))
+        return first + warm_up
 
     def judged(self) -> Iterable[tuple[str, Track]]:
         """Every judged series with its key: the tree's and machine's, then the top processes."""
@@ -388,12 +406,15 @@ class TrendWatch:
             assert record.gpu is not None
             yield f"process.{record.pid}.gpu_memory_bytes", record.gpu
 
-    def evaluate(self, wall: Callable[[float], str | None]) -> dict[str, dict[str, Any]]:
+    def evaluate(
+        self, wall: Callable[[float], str | None], *, live: bool = False
+    ) -> dict[str, dict[str, Any]]:
         """The ``trends`` object: every series judged over the same analysed span.
 
-        ``wall`` turns seconds since the start into an ISO time (for projections).
+        ``wall`` turns seconds since the start into an ISO time (for projections); ``live``:
+        judged during the run (see :meth:`analysed_from`).
         """
-        start = self.analysed_from(self.warm_up_seconds)
+        start = self.analysed_from(live=live)
         stop = self.last_t
         if self.end_t is not None:
             # A process frees its memory while it exits (Python tears its objects down over
@@ -538,8 +559,8 @@ class TrendWatch:
         """What a stalled tree is doing: busy, idle (waiting) or in uninterruptible sleep."""
         if self.uninterruptible:
             return "in uninterruptible sleep (I/O): " + ", ".join(self.uninterruptible[:4])
-        cpu = self.tree_cpu
-        gpu = self.tree_gpu_util
+        cpu = sum(self.recent_cpu) / len(self.recent_cpu) if self.recent_cpu else None
+        gpu = sum(self.recent_gpu) / len(self.recent_gpu) if self.recent_gpu else None
         figures = f"CPU {cpu:.0f}%" if cpu is not None else "CPU unknown"
         if gpu is not None:
             figures += f", GPU {gpu:.0f}%"

@@ -1,0 +1,468 @@
+"""Trends and budgets on real children of known ground truth: leaks, ramps, sawtooths, steps,
+shared pages, open files, a GPU whose per-process memory grows, budgets, crash causes, stalls.
+
+Every child is short (a few seconds at a 0.05 s interval) and allocates with ``bytearray``, whose
+pages are written at once, so its RSS is what it keeps.  Chunks of 40 MiB are above glibc's
+largest mmap threshold, so freeing one really returns it to the kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from jsonschema import Draft202012Validator
+
+from asyncsoak import SoakFailureError, run_soak
+from asyncsoak._artifact import SCHEMA_VERSIONS, ArtifactBuilder
+
+from .conftest import assert_valid, asyncsoak_cli, fast_limits, journal, py
+from .gpu_support import install_fake_nvidia_smi
+
+MiB = 2**20
+
+PRELUDE = """
+import os, pathlib, sys, time
+progress = pathlib.Path(sys.argv[1])
+progress.mkdir(parents=True, exist_ok=True)
+keep = []
+def tick(n=1, pause=0.05):
+    for _ in range(n):
+        with open(progress / "metrics.txt", "a") as f:
+            f.write("step\\n")
+        time.sleep(pause)
+def chunk(mib):
+    return bytearray(mib * 2**20)
+"""
+
+
+def child(tmp_path: Path, body: str) -> list[str]:
+    return [*py(PRELUDE + body), str(tmp_path / "progress")]
+
+
+def limits(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
+    return fast_limits(tmp_path, sample_interval_seconds=0.05, **overrides)
+
+
+async def soak(**kwargs: Any) -> dict[str, Any]:
+    with anyio.fail_after(60):
+        return await run_soak(**kwargs)
+
+
+async def soak_failure(**kwargs: Any) -> SoakFailureError:
+    with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
+        await run_soak(**kwargs)
+    return info.value
+
+
+def memory_warnings(artifact: dict[str, Any]) -> list[str]:
+    return [w for w in artifact["warnings"] if "memory" in w]
+
+
+LEAKER = "keep.append(chunk(100))\nfor i in range(60):\n    keep.append(chunk(6)); tick()\n"
+
+
+@pytest.mark.asyncio
+async def test_a_leaking_process_is_named_with_its_slope(
+    tmp_path: Path, schema: Draft202012Validator
+) -> None:
+    """6 MiB per 50 ms tick: a warning naming the child's pid, a trend event, a leak verdict."""
+    artifact = await soak(command=child(tmp_path, LEAKER), **limits(tmp_path))
+    assert_valid(artifact, schema)
+    assert artifact["status"] == "passed"
+    pid = artifact["exit"]["pid"]
+    entry = artifact["trends"][f"process.{pid}.rss_bytes"]
+    assert entry["verdict"] == "leak", entry
+    assert entry["pid"] == pid
+    assert entry["name"].startswith("python")
+    # At most 6 MiB per 50 ms (the ticks take longer than their sleep), and clearly rising.
+    lo, hi = entry["slope_interval_per_hour"]
+    assert 10 * MiB * 3600 < lo <= entry["slope_per_hour"] <= hi
+    assert entry["slope_per_hour"] < 120 * MiB * 3600
+    assert entry["growth"] > 64 * MiB
+    assert entry["limit_source"] in ("machine memory", "cgroup memory.max")
+    assert entry["projected_seconds_to_limit"] > 0
+    warnings = memory_warnings(artifact)
+    assert warnings
+    assert warnings[0].startswith(f"memory of pid {pid} (python")
+    assert " grew " in warnings[0]
+    # The process explains the tree's growth: no second warning for the tree itself.
+    assert not any(w.startswith("tree memory grew") for w in artifact["warnings"])
+    events = [e for e in journal(tmp_path / "out" / "soak.jsonl") if e["kind"] == "trend"]
+    assert events[0]["series"] == f"process.{pid}.rss_bytes"
+    assert events[0]["verdict"] == "leak"
+    assert events[0]["t"] < artifact["duration_seconds"]
+    top = artifact["processes"][0]
+    assert top["pid"] == pid
+    assert top["first_rss_bytes"] < top["peak_rss_bytes"]
+    assert top["peak_rss_bytes"] > 300 * MiB
+    # The trends are a fold of the journal: a dead monitor's journal gives the same verdicts.
+    builder = ArtifactBuilder()
+    for event in journal(tmp_path / "out" / "soak.jsonl"):
+        builder.add(event)
+    rebuilt = builder.build(
+        status="passed", ended_t=artifact["duration_seconds"], log_tail="", monitor={}
+    )
+    assert {k: v["verdict"] for k, v in rebuilt["trends"].items()} == {
+        k: v["verdict"] for k, v in artifact["trends"].items()
+    }
+
+
+@pytest.mark.asyncio
+async def test_leak_check_fail_stops_the_tree_as_soon_as_it_is_confident(tmp_path: Path) -> None:
+    """The leaker would run 15 s; leak_check="fail" stops it within seconds: memory_leak."""
+    body = "keep.append(chunk(100))\nfor i in range(300):\n    keep.append(chunk(6)); tick()\n"
+    error = await soak_failure(command=child(tmp_path, body), leak_check="fail", **limits(tmp_path))
+    assert error.reason == "memory_leak"
+    assert "(leak_check=fail)" in error.failures[0]["message"]
+    assert error.artifact["stop"]["cause"] == "failure"
+    assert error.artifact["duration_seconds"] < 12
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("shape", "body"),
+    [
+        (
+            "warm-up ramp that plateaus",
+            "for i in range(8):\n    keep.append(chunk(40)); tick()\ntick(60)\n",
+        ),
+        (
+            "sawtooth that frees what it allocates",
+            "for cycle in range(6):\n"
+            "    for i in range(4):\n        keep.append(chunk(40)); tick()\n"
+            "    keep.clear(); tick(4)\n",
+        ),
+        (
+            "one-time large allocation",
+            "tick(40)\nkeep.append(chunk(400))\ntick(40)\n",
+        ),
+    ],
+)
+async def test_stable_shapes_raise_no_leak(tmp_path: Path, shape: str, body: str) -> None:
+    """What training does without leaking gives no leak warning and no leak verdict."""
+    artifact = await soak(command=child(tmp_path, body), **limits(tmp_path))
+    assert memory_warnings(artifact) == [], shape
+    pid = artifact["exit"]["pid"]
+    verdicts = {k: v["verdict"] for k, v in artifact["trends"].items() if "rss" in k}
+    assert verdicts[f"process.{pid}.rss_bytes"] != "leak", (shape, artifact["trends"])
+    assert "leak" not in verdicts.values(), shape
+
+
+FORKED = """
+keep.append(chunk(300))
+pids = []
+for _ in range(3):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(3.0)
+        os._exit(0)
+    pids.append(pid)
+tick(50)
+for pid in pids:
+    os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.asyncio
+async def test_forked_workers_sharing_pages_count_once_with_detailed_memory(
+    tmp_path: Path,
+) -> None:
+    """Four processes share 300 MiB: summed RSS is ~1.2 GiB, PSS ~300 MiB.  A 700 MiB budget
+    fails on RSS and passes on PSS (--detailed-memory); the per-process table lists all four."""
+    error = await soak_failure(
+        command=child(tmp_path, FORKED), max_rss_bytes="700MiB", **limits(tmp_path)
+    )
+    assert error.reason == "memory_budget"
+    assert error.failures[0]["message"].startswith("tree RSS ")
+    assert "above max_rss_bytes (700.0 MiB)" in error.failures[0]["message"]
+
+    other = tmp_path / "pss"
+    artifact = await soak(
+        command=child(other, FORKED),
+        max_rss_bytes="700MiB",
+        detailed_memory=True,
+        **limits(other),
+    )
+    assert artifact["status"] == "passed"
+    assert "tree.pss_bytes" in artifact["trends"]
+    tree = artifact["series"]["tree"]
+    assert max(v for v in tree["pss_bytes"] if v) < 0.6 * max(v for v in tree["rss_bytes"] if v)
+    big = [p for p in artifact["processes"] if p["peak_rss_bytes"] > 250 * MiB]
+    assert len(big) == 4
+
+
+@pytest.mark.asyncio
+async def test_a_growing_number_of_open_files_is_a_leak(tmp_path: Path) -> None:
+    body = "files = []\nfor i in range(70):\n    files += [open(os.devnull) for _ in 'abcd']\n    tick()\n"
+    artifact = await soak(command=child(tmp_path, body), **limits(tmp_path))
+    assert artifact["trends"]["tree.fds"]["verdict"] == "leak"
+    assert any(w.startswith("open files of the tree grew ") for w in artifact["warnings"])
+
+
+@pytest.mark.asyncio
+async def test_a_gpu_process_whose_memory_grows_is_named(tmp_path: Path) -> None:
+    """The fake nvidia-smi's process memory grows 2 GiB/s: the child's GPU memory leaks."""
+    pid_file = tmp_path / "gpu.pid"
+    fake = install_fake_nvidia_smi(tmp_path, pid_file=pid_file, grow_mib_per_s=2048)
+    body = f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\ntick(70)\n"
+    artifact = await soak(
+        command=child(tmp_path, body), **limits(tmp_path, nvidia_smi=str(fake.path))
+    )
+    pid = artifact["exit"]["pid"]
+    entry = artifact["trends"][f"process.{pid}.gpu_memory_bytes"]
+    assert entry["verdict"] == "leak", entry
+    assert entry["limit_source"] == "GPU memory"
+    assert artifact["trends"]["gpu0.memory_used_bytes"]["verdict"] == "leak"
+    assert any(w.startswith(f"GPU memory of pid {pid} (") for w in artifact["warnings"])
+    assert artifact["processes"][0]["peak_gpu_memory_bytes"] > 21000 * MiB
+
+
+@pytest.mark.asyncio
+async def test_a_gpu_memory_budget_stops_the_tree(tmp_path: Path) -> None:
+    """The captured process holds 21354 MiB; a 20 GiB budget fails the soak: memory_budget."""
+    pid_file = tmp_path / "gpu.pid"
+    fake = install_fake_nvidia_smi(tmp_path, pid_file=pid_file)
+    body = f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\ntick(400)\n"
+    error = await soak_failure(
+        command=child(tmp_path, body),
+        max_gpu_memory_bytes="20GiB",
+        **limits(tmp_path, nvidia_smi=str(fake.path)),
+    )
+    assert error.reason == "memory_budget"
+    assert "GPU memory 20.9 GiB is above max_gpu_memory_bytes (20.0 GiB)" in str(error)
+    assert error.artifact["duration_seconds"] < 15
+
+
+@pytest.mark.asyncio
+async def test_too_little_free_disk_fails_disk_low(tmp_path: Path) -> None:
+    error = await soak_failure(
+        command=child(tmp_path, "tick(400)\n"), min_disk_free_bytes="1000TiB", **limits(tmp_path)
+    )
+    assert error.reason == "disk_low"
+    assert "below min_disk_free_bytes (1000.0 TiB)" in error.failures[0]["message"]
+    assert error.artifact["duration_seconds"] < 15
+
+
+CRASHER = """\
+import pathlib, sys
+progress = pathlib.Path(sys.argv[1])
+progress.mkdir(parents=True, exist_ok=True)
+
+def on_step_end(step):
+    (progress / "metrics.txt").write_text(str(step))
+    if step == 200:
+        raise RuntimeError(f"injected crash at step {step}")
+
+for step in range(1000):
+    on_step_end(step)
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_crash_names_its_exception_and_raising_frame(
+    tmp_path: Path, schema: Draft202012Validator
+) -> None:
+    script = tmp_path / "hf_train.py"
+    script.write_text(CRASHER)
+    error = await soak_failure(
+        command=[py("")[0], str(script), str(tmp_path / "progress")], **limits(tmp_path)
+    )
+    assert error.reason == "nonzero_exit"
+    assert error.failures[0]["message"] == (
+        "the command exited with status 1: RuntimeError: injected crash at step 200 (hf_train.py:8)"
+    )
+    assert error.artifact["exit"]["exception"] == {
+        "type": "RuntimeError",
+        "message": "injected crash at step 200",
+        "where": "hf_train.py:8",
+        "kind": "python",
+    }
+    assert_valid(error.artifact, schema)
+
+
+@pytest.mark.asyncio
+async def test_a_shells_killed_is_the_cause(tmp_path: Path) -> None:
+    """A wrapper script whose trainer was SIGKILLed (the OOM killer's signal) says Killed."""
+    inner = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    command = ["sh", "-c", f'{py("")[0]} -c "{inner}"; exit 137']
+    error = await soak_failure(command=command, **limits(tmp_path))
+    assert error.reason == "nonzero_exit"
+    assert error.artifact["exit"]["exception"]["kind"] == "killed"
+    assert "status 137: Killed" in error.failures[0]["message"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("body", "activity"),
+    [
+        ("tick()\ntime.sleep(30)\n", "idle ("),
+        (
+            "tick()\nend = time.monotonic() + 30\nwhile time.monotonic() < end:\n    pass\n",
+            "busy (",
+        ),
+    ],
+)
+async def test_a_stall_says_whether_the_tree_was_busy_or_idle(
+    tmp_path: Path, body: str, activity: str
+) -> None:
+    error = await soak_failure(
+        command=child(tmp_path, body),
+        **limits(tmp_path, stale_progress_seconds=1.5, forensics=False),
+    )
+    assert error.reason == "stale_progress"
+    assert f"; the tree was {activity}" in error.failures[0]["message"]
+
+
+@pytest.mark.asyncio
+async def test_progress_that_slows_down_is_a_warning(tmp_path: Path) -> None:
+    """Fast for 2 s, then an eighth of the pace for 2 s: "progress slowing", with the figures."""
+    body = "tick(40)\ntick(5, pause=0.4)\n"
+    artifact = await soak(command=child(tmp_path, body), **limits(tmp_path))
+    assert artifact["trends"]["progress.changes_per_minute"]["verdict"] == "slowing"
+    assert any(w.startswith("progress slowing: ") for w in artifact["warnings"])
+    rate = artifact["series"]["progress_rate"]
+    assert max(rate["changes_per_minute"]) > 5 * min(rate["changes_per_minute"])
+    assert max(rate["bytes_per_minute"]) > 0
+
+
+def test_version_1_artifacts_still_validate(schema: Draft202012Validator) -> None:
+    """Schema 2 requires trends and processes; an artifact written as version 1 needs neither."""
+    assert {1, 2} == SCHEMA_VERSIONS
+    v1 = {
+        "schema_version": 1,
+        "status": "passed",
+        "failures": [],
+        "warnings": [],
+        "command": ["x"],
+        "cwd": "/",
+        "config": {
+            "progress_dir": "/p",
+            "output_path": "/o.json",
+            "sample_interval_seconds": 1,
+            "startup_timeout_seconds": 1,
+            "stale_progress_seconds": 1,
+            "post_shutdown_grace_seconds": 1,
+            "min_duration_seconds": 0,
+        },
+        "metadata": {},
+        "started_at": "2026-01-01T00:00:00Z",
+        "ended_at": "2026-01-01T00:00:01Z",
+        "duration_seconds": 1,
+        "exit": {"returncode": 0, "signal": None, "pid": 1},
+        "snapshot": {},
+        "progress": {
+            "dir": "/p",
+            "first_change_at": None,
+            "last_change_at": None,
+            "changes": 0,
+            "longest_gap_seconds": 0,
+        },
+        "series": {},
+        "summary": {},
+        "events": [],
+        "leftover_processes": [],
+        "log": {"path": None, "tail": ""},
+        "monitor": {"journal_path": None},
+    }
+    assert_valid(v1, schema)
+    assert list(schema.iter_errors({**v1, "schema_version": 2}))
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+def run_args(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--progress-dir",
+        str(tmp_path / "progress"),
+        "--output",
+        str(tmp_path / "soak.json"),
+        "--sample-interval",
+        "0.05",
+        "--no-gpu",
+        "--quiet",
+        *extra,
+    ]
+
+
+def test_a_passed_soak_with_a_leak_ends_with_the_warning(tmp_path: Path) -> None:
+    result = asyncsoak_cli(*run_args(tmp_path), "--", *child(tmp_path, LEAKER), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    last = result.stderr.splitlines()[-1]
+    artifact = json.loads((tmp_path / "soak.json").read_text())
+    pid = artifact["exit"]["pid"]
+    count = len(artifact["warnings"])
+    plural = "s" if count != 1 else ""
+    assert last.startswith(
+        f"asyncsoak: soak passed with {count} warning{plural}: memory of pid {pid} (python"
+    )
+    assert last.endswith(f"; artifact: {tmp_path / 'soak.json'}")
+
+
+def test_a_crash_shows_on_stderr(tmp_path: Path) -> None:
+    script = tmp_path / "hf_train.py"
+    script.write_text(CRASHER)
+    result = asyncsoak_cli(
+        *run_args(tmp_path), "--", py("")[0], str(script), str(tmp_path / "progress"), cwd=tmp_path
+    )
+    assert result.returncode == 1
+    assert (
+        "asyncsoak: soak failed: nonzero_exit: the command exited with status 1: "
+        "RuntimeError: injected crash at step 200 (hf_train.py:8)"
+    ) in result.stderr.splitlines()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--max-rss", "-1G"],
+        ["--max-rss", "nan"],
+        ["--max-rss", "5XB"],
+        ["--max-gpu-memory", "lots"],
+        ["--min-disk-free", "-5"],
+        ["--warm-up", "-1"],
+        ["--warm-up", "nan"],
+        ["--leak-check", "maybe"],
+    ],
+)
+def test_bad_trend_flags_exit_2_and_launch_nothing(tmp_path: Path, bad: list[str]) -> None:
+    marker = tmp_path / "launched"
+    argv = py(f"open({str(marker)!r}, 'w')")
+    result = asyncsoak_cli(*run_args(tmp_path, *bad), "--", *argv, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert bad[0].lstrip("-").split("-")[0] in result.stderr.lower().replace("_", "-")
+    assert not marker.exists()
+    assert not (tmp_path / "soak.json").exists()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_rss_bytes": -1},
+        {"max_rss_bytes": float("nan")},
+        {"max_rss_bytes": "2 furlongs"},
+        {"max_gpu_memory_bytes": "-3GiB"},
+        {"min_disk_free_bytes": True},
+        {"warm_up_seconds": -5},
+        {"warm_up_seconds": float("nan")},
+        {"leak_check": "maybe"},
+    ],
+)
+async def test_bad_trend_keywords_raise_before_anything_starts(
+    tmp_path: Path, bad: dict[str, Any]
+) -> None:
+    from asyncsoak._errors import ValidationError
+
+    marker = tmp_path / "launched"
+    with pytest.raises(ValidationError):
+        await run_soak(command=py(f"open({str(marker)!r}, 'w')"), **limits(tmp_path), **bad)
+    assert not marker.exists()
+    assert not (tmp_path / "out" / "soak.json").exists()
+    assert not os.path.exists(tmp_path / "out" / "soak.jsonl")
