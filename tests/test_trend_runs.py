@@ -198,7 +198,10 @@ async def test_forked_workers_sharing_pages_count_once_with_detailed_memory(
 
 @pytest.mark.asyncio
 async def test_a_growing_number_of_open_files_is_a_leak(tmp_path: Path) -> None:
-    body = "files = []\nfor i in range(70):\n    files += [open(os.devnull) for _ in 'abcd']\n    tick()\n"
+    body = (
+        "files = []\n"
+        "for i in range(70):\n    files += [open(os.devnull) for _ in range(4)]\n    tick()\n"
+    )
     artifact = await soak(command=child(tmp_path, body), **limits(tmp_path))
     assert artifact["trends"]["tree.fds"]["verdict"] == "leak"
     assert any(w.startswith("open files of the tree grew ") for w in artifact["warnings"])
