@@ -21,6 +21,7 @@ draws a sawtooth, one large allocation makes a step.  None of these is a leak.  
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -196,9 +197,7 @@ def estimate_trend(
     # takes a few samples, rises in one or two thirds, never in all three.
     third = len(wt) / 3
     cuts = [0, round(third), round(2 * third), len(wt)]
-    part_slopes = [
-        theil_sen(wt[a : b + 1], wv[a : b + 1])[0] for a, b in zip(cuts, cuts[1:], strict=False)
-    ]
+    part_slopes = [theil_sen(wt[a : b + 1], wv[a : b + 1])[0] for a, b in itertools.pairwise(cuts)]
     floor = max(min_growth, min_ratio * abs(first))
     verdict: Verdict
     # The fitted growth and the observed rise of the floor must both clear the floors: a slow
