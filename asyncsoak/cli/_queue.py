@@ -44,6 +44,7 @@ from ..queue._status import (
     POLL_S,
     STALE_AFTER_S,
     STOP_TIMEOUT_S,
+    WARNINGS_HEADER,
     describe_exit,
 )
 from ..queue._store import JobStore, default_data_dir, open_store
@@ -341,6 +342,11 @@ def _note(job: Job, now: float) -> str:
     if job.status == "cancelled":
         return "cancelled before it ran" if job.attempt == 0 else "cancelled while running"
     notes = []
+    if job.error and job.error.startswith(WARNINGS_HEADER):
+        # A leak or a slowdown in a job that succeeded: what a person most needs to see.
+        warnings = job.error.splitlines()[1:]
+        more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
+        notes.append(f"warning: {warnings[0]}{more}")
     if job.interruptions:
         notes.append(f"resumed after {_count(job.interruptions, 'interruption')}")
     if job.attempts:
@@ -469,7 +475,8 @@ def _job(args: argparse.Namespace) -> int:
     print(f"job {job.id}" + (f"  {_shown(job.name)}" if job.name else ""))
     for key, value in fields:
         print(f"  {key:<13} {_shown(value)}")
-    if job.error:
+    # A succeeded job's warnings are listed with its attempts, below.
+    if job.error and not job.error.startswith(WARNINGS_HEADER):
         print("\nerror:")
         print("\n".join("  " + line for line in _shown(job.error, one_line=False).splitlines()))
     if attempts:

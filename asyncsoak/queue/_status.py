@@ -44,6 +44,9 @@ INTERRUPTED = "interrupted"
 KILLED_BEFORE_SAVING = "killed_before_saving"
 #: Heads the log tail in a failed job's error.
 LOG_TAIL_HEADER = "last lines of train.log:"
+#: First line of a succeeded job's ``error``: the soak passed, but with these warnings (a
+#: leak, a projected breach, progress slowing), one per line.
+WARNINGS_HEADER = "the soak passed with warnings:"
 #: Reason recorded when the attempt was stopped before its command started.
 NOT_STARTED = "stopped_before_start"
 #: Reason recorded when the outcome of an attempt is unknown (no exit status).
@@ -187,6 +190,9 @@ def outcome_from_artifact(
         return Outcome(status, rc, reason, failure_error(rc, reason, message, log_tail))
     if status == INTERRUPTED and killed:
         return Outcome(status, rc, KILLED_BEFORE_SAVING, describe_exit(rc))
+    warnings = [str(w) for w in artifact.get("warnings") or []]
+    if status == SUCCEEDED and warnings:
+        return Outcome(status, rc, None, "\n".join([WARNINGS_HEADER, *warnings]))
     return Outcome(status, rc, None, None)
 
 
