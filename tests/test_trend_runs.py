@@ -323,8 +323,8 @@ async def test_a_stall_says_whether_the_tree_was_busy_or_idle(
 
 @pytest.mark.asyncio
 async def test_progress_that_slows_down_is_a_warning(tmp_path: Path) -> None:
-    """Fast for 2 s, then an eighth of the pace for 2 s: "progress slowing", with the figures."""
-    body = "tick(40)\ntick(5, pause=0.4)\n"
+    """Fast for 1.5 s, then an eighth of the pace for 3 s: "progress slowing", with figures."""
+    body = "tick(30)\ntick(8, pause=0.4)\n"
     artifact = await soak(command=child(tmp_path, body), **limits(tmp_path))
     assert artifact["trends"]["progress.changes_per_minute"]["verdict"] == "slowing"
     assert any(w.startswith("progress slowing: ") for w in artifact["warnings"])
