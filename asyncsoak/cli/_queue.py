@@ -342,15 +342,15 @@ def _note(job: Job, now: float) -> str:
     if job.status == "cancelled":
         return "cancelled before it ran" if job.attempt == 0 else "cancelled while running"
     notes = []
-    if job.error and job.error.startswith(WARNINGS_HEADER):
-        # A leak or a slowdown in a job that succeeded: what a person most needs to see.
-        warnings = job.error.splitlines()[1:]
-        more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
-        notes.append(f"warning: {warnings[0]}{more}")
     if job.interruptions:
         notes.append(f"resumed after {_count(job.interruptions, 'interruption')}")
     if job.attempts:
         notes.append(f"after {_count(job.attempts, 'failed attempt')}")
+    if job.error and job.error.startswith(WARNINGS_HEADER):
+        # A leak or a slowdown in a job that succeeded (the whole list: `asyncsoak job ID`).
+        warnings = job.error.splitlines()[1:]
+        more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
+        notes.append(f"warning: {warnings[0]}{more}")
     return ", ".join(notes)
 
 
