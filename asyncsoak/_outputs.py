@@ -74,6 +74,14 @@ def _named(record: dict[str, Any], *sections: str) -> set[Path]:
     return found
 
 
+class OutputLocationError(ValidationError):
+    """The output location cannot take the soak's files (read-only, not writable, full).
+
+    Bad input for ``asyncsoak run`` (exit status 2: the user chose the path); for the job
+    queue's worker, whose runs directory it is, a problem of the worker, not of the job.
+    """
+
+
 def _check_writable(path: Path) -> None:
     """Refuse a file that cannot be created: its directory (or the first existing one above,
     which the soak would create it in) read-only, not writable, or its filesystem full."""
@@ -83,14 +91,14 @@ def _check_writable(path: Path) -> None:
     try:
         fs = os.statvfs(directory)
     except OSError as exc:
-        raise ValidationError(f"cannot write {path}: {directory}: {exc.strerror}") from None
+        raise OutputLocationError(f"cannot write {path}: {directory}: {exc.strerror}") from None
     if fs.f_flag & os.ST_RDONLY:
-        raise ValidationError(f"cannot write {path}: {directory} is on a read-only filesystem")
+        raise OutputLocationError(f"cannot write {path}: {directory} is on a read-only filesystem")
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise ValidationError(f"cannot write {path}: {directory} is not writable")
+        raise OutputLocationError(f"cannot write {path}: {directory} is not writable")
     free = fs.f_bavail * fs.f_frsize
     if free < MIN_FREE_BYTES or (fs.f_files and not fs.f_favail):
-        raise ValidationError(
+        raise OutputLocationError(
             f"cannot write {path}: the filesystem of {directory} is full "
             f"({free} bytes{'' if fs.f_favail else ' and no inodes'} free)"
         )

@@ -252,6 +252,13 @@ async def test_progress_written_at_once_by_a_short_run_is_seen(tmp_path: Path) -
 # --- item: an output location that cannot be written ---------------------------------------
 
 
+def fill_up(directory: Path) -> None:
+    """Fill the filesystem of ``directory`` to the last block, for real."""
+    with open(directory / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(b"\0" * 4096)
+
+
 def run_into(output: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return asyncsoak_cli(
         "run", "--quiet", "--no-gpu", "--progress-dir", str(tmp_path / "p"),
@@ -277,9 +284,7 @@ def test_full_output_filesystem_before_the_start_is_a_one_line_usage_error(
 ) -> None:
     """Output on a filesystem that is already full: one line, exit status 2, nothing started."""
     with tmpfs(tmp_path / "full", "64k") as full:
-        with open(full / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
-            while True:
-                filler.write(b"\0" * 4096)
+        fill_up(full)
         result = run_into(full / "out" / "soak.json", tmp_path)
         left = sorted(p.name for p in full.iterdir())
     assert result.returncode == 2, result.stderr

@@ -41,6 +41,7 @@ from .._config import seconds
 from .._control import SoakControl
 from .._errors import SoakFailureError, ValidationError
 from .._metrics import Metrics, WorkerMetrics, new_registry, render, validate_metrics
+from .._outputs import OutputLocationError
 from .._redact import Masker, argv_secrets, secret_values
 from .._soak import run_soak
 from .._tree import start_time_ticks
@@ -539,7 +540,9 @@ class _Worker:
                 # The worker was cancelled before the soak could write its artifact.
                 status = CANCELLED if cancel_requested else INTERRUPTED
                 outcome = Outcome(status, None, WORKER_CANCELLED, None)
-            elif isinstance(problem, ValidationError):
+            elif isinstance(problem, ValidationError) and not isinstance(
+                problem, OutputLocationError
+            ):
                 outcome = Outcome(status, None, INVALID_JOB, f"the job cannot run: {problem}")
             else:
                 detail = f"the monitor could not run the attempt: {problem!r}"

@@ -290,3 +290,22 @@ def test_escape_sequences_in_job_fields_are_spelled_out(tmp_path: Path) -> None:
         assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", result.stdout), args
     shown = asyncsoak_cli("job", "--db", str(db), str(job_id), cwd=tmp_path).stdout
     assert "evil\\x1b]0;pwned\\x07" in shown
+
+
+@pytest.mark.asyncio
+async def test_full_runs_filesystem_is_the_workers_problem_not_an_invalid_job(
+    tmp_path: Path,
+) -> None:
+    """The worker's runs directory on a full filesystem: the attempt is `monitor_error` (the
+    worker's environment), never `invalid_job` (the job's input)."""
+    from ..test_faults import tmpfs
+    from ..test_input import fill_up
+
+    with SqliteStore(tmp_path / "queue.db") as store, tmpfs(tmp_path / "runs", "64k") as runs:
+        fill_up(runs)
+        job_id = store.submit(argv=[sys.executable, "-c", "pass"], soak=FAST_SOAK, max_attempts=1)
+        with anyio.fail_after(LIMIT_S):
+            await run_worker(store, poll=0.1, once=True, runs_dir=runs, nvidia_smi=None)
+        job = store.get(job_id)
+    assert (job.status, job.reason) == ("failed", "monitor_error")
+    assert "is full" in (job.error or "")
