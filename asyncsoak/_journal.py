@@ -339,7 +339,7 @@ def compress_segment(plain: Path, created: Callable[[tuple[int, int]], None] | N
         created((st.st_dev, st.st_ino))
     with open(plain, "rb") as source, open(fd, "wb") as raw:
         with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as out:
-            while chunk := source.read(1 << 20):
+            while chunk := source.read(64 * 1024):
                 out.write(chunk)
         raw.flush()
         os.fsync(raw.fileno())

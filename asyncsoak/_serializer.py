@@ -1,9 +1,12 @@
 """The serializer: drains the event queue into the journal and the artifact builder.
 
-Every event is appended to the journal (JSON Lines) through aiofiles before the serializer
-waits for the next one, so the journal survives a crash of the monitor.  Events already queued
-go as one batch: under load that is one write for many events.  The journal is opened
-unbuffered, so each batch is one ``write(2)`` and nothing waits in a user-space buffer.
+Every event is appended to the journal (JSON Lines, in the format of ``_journal``) through
+aiofiles.  Samples and progress events wait for at most one sample interval, so an interval's
+events go out in one write (one thread hop instead of one per event) and a SIGKILL of the
+monitor loses at most the last interval; every other event (exit, failure, stop, finished...)
+is written at once, with whatever is waiting.  The journal is opened unbuffered, so each batch
+is one ``write(2)`` and nothing waits in a user-space buffer.  Past ``SEGMENT_BYTES`` the
+open segment is closed and compressed in the background (``_journal``).
 
 A journal that cannot be written (full or read-only disk) is recorded and the soak goes on:
 the artifact is still built from the events in memory.  A write that hangs (a dead network
@@ -49,6 +52,9 @@ from ._journal import SEGMENT_BYTES, JournalEncoder, compress_segment, segment_p
 BATCH = 256
 #: Bound on one journal write; past it the journal is given up for this soak.
 JOURNAL_WRITE_TIMEOUT = 5.0
+#: Events that wait for the interval's write like samples do: they come every second from a
+#: busy trainer, and losing the last interval of them to a SIGKILL loses nothing of note.
+_BATCHED_KINDS = frozenset({"progress"})
 #: Bound on opening and on closing the journal (a flush on close can hang on NFS).
 JOURNAL_CLOSE_TIMEOUT = 5.0
 
@@ -160,8 +166,8 @@ class Serializer:
         self._journal_fd = journal_fd
         #: With a path, the journal is rotated into compressed segments (see ``_journal``).
         self._journal_path = journal_path
-        #: Samples wait at most this long for the write that carries them (None: no wait);
-        #: every other event is written at once, with whatever samples are waiting.
+        #: Samples and progress events wait at most this long for the write that carries them
+        #: (None: no wait); every other event is written at once, with whatever is waiting.
         self._flush_interval = flush_interval
         #: (device, inode) of the files the serializer creates: never progress.
         self.own_files = own_files if own_files is not None else set()
@@ -289,7 +295,7 @@ class Serializer:
                         continue
                     line, data = encoded
                     pending.append(line)
-                    urgent = urgent or not event.DROPPABLE
+                    urgent = urgent or not (event.DROPPABLE or event.KIND in _BATCHED_KINDS)
                     try:
                         self.builder.add(data)
                         for observe in self.observers:

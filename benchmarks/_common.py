@@ -13,12 +13,14 @@ import os
 import statistics
 import sys
 import textwrap
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -118,6 +120,35 @@ def thread_cpu_seconds(pid: int) -> float:
         except FileNotFoundError:
             continue
     return total / 1e9
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time of a whole process by the scheduler's clock (nanoseconds, every thread,
+    threads that already ended included): the process's CPU-time clock, readable for any
+    process (``clock_getcpuclockid``'s clock id, built as glibc builds it)."""
+    return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the process
+
+
+def tick_cpu_seconds(pid: int) -> float:
+    """``utime + stime`` of ``/proc/PID/stat``: the tick-based figure, kept for comparison
+    (a short wake-up that meets a tick is charged a whole tick, one that does not, nothing)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def voluntary_switches(pid: int) -> int:
+    """Times the process's live threads went to sleep and were woken (wake-ups)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+        except OSError:
+            continue  # a thread that just ended
+    return total
 
 
 def python_child(code: str, *args: str) -> list[str]:

@@ -4,11 +4,13 @@ Runs with the Python packages already on such a machine plus asyncsoak (standard
 anyio, psutil; torch or cupy only if installed, to hold GPU memory in the soak).
 
 1. CPU per sample of the GPU sampler in loop mode (one ``-lms`` process per query, steady
-   state: start-up excluded by a warm-up), against one spawn of both queries per sample.
-   CPU is the nvidia-smi processes' (from /proc, at nanosecond resolution where the kernel
-   has schedstat) plus the monitor's own (parsing, building samples).
-2. If ``asyncsoak.run_soak`` exists: a short soak of a process that allocates GPU memory,
-   printing the GPU series and the per-process GPU memory matched to the tree.
+   state: start-up excluded by a warm-up), over 60 s, against one spawn of both queries per
+   sample.  CPU is by the scheduler's clock (each process's CPU-time clock: nanoseconds,
+   every thread, ended threads included): the nvidia-smi processes' plus the monitor's own
+   (parsing, building samples).
+2. If ``asyncsoak.run_soak`` exists: a short soak of a process that allocates 8 GiB of GPU
+   memory (torch or cupy), printing the GPU series and the per-process GPU memory matched
+   to the tree (read through ``asyncsoak.read_journal`` where it exists).
 
     python benchmarks/gpu_check.py [--duration 60] [--period 1.0] [--nvidia-smi PATH]
 
@@ -77,7 +79,13 @@ class Cost:
 
 
 def task_cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of a process: schedstat (ns) where there is one, else ticks."""
+    """CPU time of a whole process by the scheduler's clock: its CPU-time clock (nanoseconds,
+    every thread, ended threads included), else the sum of its threads' schedstat, else ticks.
+    """
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the process
+    except OSError:
+        pass
     total = 0.0
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -190,18 +198,19 @@ async def compare(nvidia_smi: str, period: float, duration: float, spawns: int) 
 
 ALLOCATOR = """\
 import pathlib, sys, time
+HELD_BYTES = 8 * 1024**3
 progress = pathlib.Path(sys.argv[1])
 seconds = float(sys.argv[2])
 held = None
 try:
     import torch
-    held = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
-    print("holding 2 GiB through torch", flush=True)
+    held = torch.empty(HELD_BYTES, dtype=torch.uint8, device="cuda")
+    print("holding 8 GiB through torch", flush=True)
 except ImportError:
     try:
         import cupy
-        held = cupy.empty(2 * 1024**3, dtype=cupy.uint8)
-        print("holding 2 GiB through cupy", flush=True)
+        held = cupy.empty(HELD_BYTES, dtype=cupy.uint8)
+        print("holding 8 GiB through cupy", flush=True)
     except ImportError:
         print("no allocator (neither torch nor cupy): no GPU memory held", flush=True)
 end = time.monotonic() + seconds
@@ -260,11 +269,12 @@ async def soak_check(nvidia_smi: str, seconds: float) -> None:
         for note in notes:
             print(f"event {note['kind']}: {note.get('message')}")
         journal = output.with_suffix(".jsonl")
-        gpu_samples = [
-            line
-            for line in (json.loads(text) for text in journal.read_text().splitlines() if text)
-            if line.get("kind") == "gpu_sample"
-        ]
+        read_journal = getattr(asyncsoak, "read_journal", None)
+        if read_journal is not None:
+            events = list(read_journal(journal))  # compact lines and segments decoded
+        else:
+            events = [json.loads(text) for text in journal.read_text().splitlines() if text]
+        gpu_samples = [e for e in events if e.get("kind") == "gpu_sample"]
         print(f"journal: {len(gpu_samples)} GPU samples")
         if not gpu_samples:
             print("  none: this run_soak does not sample GPUs (or nvidia-smi gave nothing)")
@@ -278,6 +288,13 @@ async def soak_check(nvidia_smi: str, seconds: float) -> None:
                     f"  pid {proc['pid']} {proc['name']}: {proc['used_gpu_memory_mib']} MiB "
                     f"on gpu{proc['gpu_index']}, in the tree: {proc['in_tree']}"
                 )
+            in_tree = [p for p in peak["processes"] or [] if p.get("in_tree")]
+            held = max((p["used_gpu_memory_mib"] or 0 for p in in_tree), default=0)
+            print(
+                f"per-process GPU memory of the allocating process (in the tree): {held} MiB "
+                f"(8192 MiB allocated, plus the CUDA context): "
+                f"{'matched' if held >= 8192 else 'NOT matched'}"
+            )
 
 
 def main(argv: Collection[str] | None = None) -> int:

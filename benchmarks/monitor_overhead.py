@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -43,8 +44,10 @@ from benchmarks._common import (
     Figure,
     Section,
     parent_pid,
+    process_cpu_seconds,
     python_child,
-    thread_cpu_seconds,
+    tick_cpu_seconds,
+    voluntary_switches,
 )
 
 TREE_SIZE = 100
@@ -91,21 +94,7 @@ def nvidia_smi_pids(monitor_pid: int) -> list[int]:
     return out
 
 
-def wakeups() -> int:
-    """Times this process's threads went to sleep and were woken (voluntary switches)."""
-    total = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"voluntary_ctxt_switches:"):
-                        total += int(line.split()[1])
-        except OSError:
-            continue  # a worker thread that just ended
-    return total
-
-
-async def floor_loop(root_pid: int, reads: bool) -> None:
+async def floor_loop(root_pid: int, reads: bool, interval: float) -> None:
     """An anyio program that wakes every interval and, with ``reads``, reads the tree's /proc
     files raw (the floor of item 1): what sampling at this interval costs at the least."""
     import anyio
@@ -123,19 +112,19 @@ async def floor_loop(root_pid: int, reads: bool) -> None:
     while True:
         if read_all is not None:
             read_all()
-        tick += INTERVAL
+        tick += interval
         await anyio.sleep_until(tick)
 
 
-def psrecord_command(pid: int) -> list[str]:
+def psrecord_command(pid: int, interval: float) -> list[str]:
     psrecord = shutil.which("psrecord", path=str(Path(sys.executable).parent))
     if psrecord is None:
         raise RuntimeError("psrecord is missing: pip install psrecord")
-    return [psrecord, str(pid), "--include-children", "--interval", str(INTERVAL)]
+    return [psrecord, str(pid), "--include-children", "--interval", str(interval)]
 
 
 async def soak_and_measure(
-    work: Path, warmup: float, window: float, nvidia_smi: str | None
+    work: Path, warmup: float, window: float, nvidia_smi: str | None, interval: float
 ) -> dict[str, Any]:
     """Run the soak; over the window, measure it and, beside it on the same tree, psrecord
     and the two floors (all under the same load)."""
@@ -162,30 +151,52 @@ async def soak_and_measure(
         me = [sys.executable, "-m", "benchmarks.monitor_overhead", "--root", str(reaper)]
         peers: dict[str, Process] = {
             "psrecord": await anyio.open_process(
-                psrecord_command(control.pid), stdout=subprocess.DEVNULL
+                psrecord_command(control.pid, interval), stdout=subprocess.DEVNULL
             ),
-            "floor_reads": await anyio.open_process([*me, "--floor", "reads"], cwd=REPO),
-            "floor_idle": await anyio.open_process([*me, "--floor", "idle"], cwd=REPO),
+            "floor_reads": await anyio.open_process(
+                [*me, "--floor", "reads", "--interval", str(interval)], cwd=REPO
+            ),
+            "floor_idle": await anyio.open_process(
+                [*me, "--floor", "idle", "--interval", str(interval)], cwd=REPO
+            ),
         }
         try:
             await anyio.sleep(warmup)
             smi = nvidia_smi_pids(os.getpid())
+            watched: dict[str, list[int]] = {
+                "monitor": [os.getpid()],
+                "reaper": [reaper],
+                "nvidia_smi": smi,
+            }
+            watched.update({name: [p.pid] for name, p in peers.items()})
+
+            def clocks() -> dict[str, tuple[float, float, int]]:
+                # Scheduler's clock, ticks, wake-ups; the monitor's wake-ups from getrusage
+                # (every thread, ended ones included).
+                out: dict[str, tuple[float, float, int]] = {}
+                for name, pids in watched.items():
+                    out[name] = (
+                        sum(process_cpu_seconds(p) for p in pids),
+                        sum(tick_cpu_seconds(p) for p in pids),
+                        sum(voluntary_switches(p) for p in pids),
+                    )
+                cpu, ticks, _ = out["monitor"]
+                out["monitor"] = (cpu, ticks, resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw)
+                return out
+
             wall0 = time.monotonic()
-            cpu0 = time.process_time()
-            wakeups0 = wakeups()
-            reaper0 = thread_cpu_seconds(reaper)
-            smi0 = sum(thread_cpu_seconds(p) for p in smi)
-            peers0 = {name: thread_cpu_seconds(p.pid) for name, p in peers.items()}
+            before = clocks()
             await anyio.sleep(window)
+            after = clocks()
             wall = time.monotonic() - wall0
             measured.update(
                 wall=wall,
-                monitor_cpu=time.process_time() - cpu0,
-                monitor_wakeups=wakeups() - wakeups0,
-                reaper_cpu=thread_cpu_seconds(reaper) - reaper0,
-                nvidia_smi_cpu=sum(thread_cpu_seconds(p) for p in smi) - smi0,
+                interval=interval,
                 nvidia_smi_processes=len(smi),
-                peers={name: thread_cpu_seconds(p.pid) - peers0[name] for name, p in peers.items()},
+                clocks={
+                    name: [a - b for a, b in zip(after[name], before[name], strict=True)]
+                    for name in watched
+                },
             )
         finally:
             for process in peers.values():
@@ -200,7 +211,7 @@ async def soak_and_measure(
             command=python_child(TRAINER, str(progress / "metrics.jsonl"), str(TREE_SIZE)),
             progress_dir=progress,
             output_path=work / "soak.json",
-            sample_interval_seconds=INTERVAL,
+            sample_interval_seconds=interval,
             startup_timeout_seconds=60.0,
             stale_progress_seconds=60.0,
             post_shutdown_grace_seconds=5.0,
@@ -222,28 +233,45 @@ def child_main(args: argparse.Namespace) -> None:
     import anyio
 
     with tempfile.TemporaryDirectory(prefix="asyncsoak-bench-") as tmp:
-        result = anyio.run(soak_and_measure, Path(tmp), args.warmup, args.window, args.nvidia_smi)
+        result = anyio.run(
+            soak_and_measure, Path(tmp), args.warmup, args.window, args.nvidia_smi, args.interval
+        )
     print(json.dumps(result))
+
+
+INTERVALS = (0.5, 1.0)
+TARGET_PSRECORD_RATIO = 0.25
+TARGET_WAKEUPS_PER_SAMPLE = 4.0
 
 
 @dataclass
 class Running:
-    """The measurement running in its own process."""
+    """The measurements running in processes of their own, one interval after the other."""
 
+    command: list[str]
     child: subprocess.Popen[str]
     window: float
     fake_gpu: bool
     fake_dir: tempfile.TemporaryDirectory[str] | None
 
+    def _wait(self, child: subprocess.Popen[str]) -> dict[str, Any]:
+        out, _ = child.communicate(timeout=self.window + 120)
+        if child.returncode != 0:
+            raise RuntimeError(f"the monitor process exited with {child.returncode}")
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        return result
+
     def finish(self) -> Section:
         try:
-            out, _ = self.child.communicate(timeout=self.window + 120)
+            results = [self._wait(self.child)]
+            for interval in INTERVALS[1:]:
+                command = [*self.command, "--interval", str(interval)]
+                child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
+                results.append(self._wait(child))
         finally:
             if self.fake_dir is not None:
                 self.fake_dir.cleanup()
-        if self.child.returncode != 0:
-            raise RuntimeError(f"the monitor process exited with {self.child.returncode}")
-        return section_from(json.loads(out.strip().splitlines()[-1]), self.fake_gpu)
+        return section_from(results, self.fake_gpu)
 
 
 def start(quick: bool = False) -> Running:
@@ -251,7 +279,7 @@ def start(quick: bool = False) -> Running:
 
     The GPU sampler runs on ``nvidia-smi`` when there is one, else on the fake one.
     """
-    window = 10.0 if quick else 60.0
+    window = 10.0 if quick else 30.0
     command = [
         sys.executable,
         "-m",
@@ -270,109 +298,86 @@ def start(quick: bool = False) -> Running:
         fake_dir = tempfile.TemporaryDirectory(prefix="asyncsoak-bench-")
         nvidia_smi = str(install_fake_nvidia_smi(Path(fake_dir.name)).path)
     command += ["--nvidia-smi", nvidia_smi]
-    child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
-    return Running(child, window, fake_dir is not None, fake_dir)
+    first = [*command, "--interval", str(INTERVALS[0])]
+    child = subprocess.Popen(first, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    return Running(command, child, window, fake_dir is not None, fake_dir)
 
 
-def section_from(m: dict[str, Any], fake_gpu: bool) -> Section:
+def section_from(results: list[dict[str, Any]], fake_gpu: bool) -> Section:
     section = Section("monitor_overhead", "2. Whole-monitor overhead")
-    wall = float(m["wall"])
-    total = (m["monitor_cpu"] + m["reaper_cpu"]) / wall
-    peers = {name: cpu / wall for name, cpu in m["peers"].items()}
-    section.add(
-        Figure(
-            "monitor + reaper CPU, share of one core",
-            100 * total,
-            "%",
-            reference="one core",
-            ratio=total,
-            target="< 1% of one core",
-            met=total < TARGET_SHARE,
-        )
-    )
-    section.add(
-        Figure(
-            "psrecord on the same tree at the same interval, share of one core",
-            100 * peers["psrecord"],
-            "%",
-            reference="monitor + reaper / psrecord",
-            ratio=total / peers["psrecord"],
-        )
-    )
-    section.add(
-        Figure(
-            "floor: wake every second and read the tree's /proc files raw",
-            100 * peers["floor_reads"],
-            "%",
-            reference="monitor + reaper / floor",
-            ratio=total / peers["floor_reads"],
-        )
-    )
-    section.add(Figure("floor: wake every second, nothing else", 100 * peers["floor_idle"], "%"))
-    per_wakeup = peers["floor_idle"] * wall / (wall / INTERVAL)
-    rate = m["monitor_wakeups"] / wall
-    section.add(
-        Figure(
-            "monitor wake-ups per second (all threads)",
-            rate,
-            "/s",
-            reference=f"one idle wake-up costs {per_wakeup * 1e3:.2f} ms here",
-        )
-    )
-    section.add(
-        Figure(
-            "those wake-ups alone, at the idle cost, share of one core",
-            100 * rate * per_wakeup,
-            "%",
-            reference="monitor + reaper",
-            ratio=rate * per_wakeup / total,
-        )
-    )
-    job_floor = MIN_WAKEUPS * per_wakeup / INTERVAL + peers["floor_reads"] - peers["floor_idle"]
-    section.add(
-        Figure(
-            f"floor of the whole job: {MIN_WAKEUPS} wake-ups a second at the idle cost, "
-            "plus the raw reads",
-            100 * job_floor,
-            "%",
-            reference="monitor + reaper / this floor",
-            ratio=total / job_floor,
-        )
-    )
-    section.add(
-        Figure("monitor process CPU, share of one core", 100 * m["monitor_cpu"] / wall, "%")
-    )
-    section.add(Figure("reaper CPU, share of one core", 100 * m["reaper_cpu"] / wall, "%"))
-    if m["nvidia_smi_processes"]:
+    for m in results:
+        interval = float(m["interval"])
+        samples = float(m["wall"]) / interval
+        clocks = m["clocks"]
+
+        def per_sample(
+            name: str, which: int = 0, clocks: dict[str, Any] = clocks, samples: float = samples
+        ) -> float:
+            return float(clocks[name][which]) / samples
+
+        whole = per_sample("monitor") + per_sample("reaper") + per_sample("nvidia_smi")
+        whole_ticks = per_sample("monitor", 1) + per_sample("reaper", 1)
+        whole_ticks += per_sample("nvidia_smi", 1)
+        psrecord = per_sample("psrecord")
+        at = f"at {interval:g} s"
         section.add(
             Figure(
-                "nvidia-smi loops' own CPU (fake nvidia-smi)"
-                if fake_gpu
-                else "nvidia-smi loops' own CPU",
-                100 * m["nvidia_smi_cpu"] / wall,
-                "% of one core",
+                f"{at}: whole monitor CPU per sample (scheduler's clock)",
+                whole * 1e3,
+                "ms",
+                reference=f"psrecord {psrecord * 1e3:.2f} ms",
+                ratio=whole / psrecord,
+                target="<= 1/4 of psrecord",
+                met=whole / psrecord <= TARGET_PSRECORD_RATIO,
             )
         )
+        wakeups = (clocks["monitor"][2] + clocks["reaper"][2]) / samples
+        section.add(
+            Figure(
+                f"{at}: monitor + reaper wake-ups per sample",
+                wakeups,
+                "",
+                reference=f"psrecord {per_sample('psrecord', 2):.1f}",
+                ratio=wakeups / max(per_sample("psrecord", 2), 1e-9),
+                target="<= 4",
+                met=wakeups <= TARGET_WAKEUPS_PER_SAMPLE,
+            )
+        )
+        section.add(
+            Figure(
+                f"{at}: the same CPU by ticks (utime + stime, for comparison)",
+                whole_ticks * 1e3,
+                "ms",
+                reference=f"psrecord {per_sample('psrecord', 1) * 1e3:.2f} ms",
+                ratio=whole_ticks / max(per_sample("psrecord", 1), 1e-9),
+            )
+        )
+        for name, label in (
+            ("monitor", "monitor process"),
+            ("reaper", "reaper"),
+            ("nvidia_smi", "nvidia-smi loops (fake)" if fake_gpu else "nvidia-smi loops"),
+            ("floor_reads", "floor: wake and read the tree's /proc files raw"),
+            ("floor_idle", "floor: wake, nothing else"),
+        ):
+            section.add(Figure(f"{at}: {label}, CPU per sample", per_sample(name) * 1e3, "ms"))
+        share = whole / interval
+        section.add(Figure(f"{at}: whole monitor, share of one core", 100 * share, "%"))
+        section.note(
+            f"at {interval:g} s: {m['wall']:.0f} s window after a warm-up, tree of "
+            f"{m['tree_processes']} processes, {m['samples']} samples in the soak, "
+            f"{m['dropped']} dropped, status {m['status']}, "
+            f"{m['nvidia_smi_processes']} nvidia-smi loops"
+        )
     section.note(
-        f"{wall:.0f} s window after a warm-up; tree of {m['tree_processes']} processes sampled "
-        f"every {INTERVAL:g} s, a line of progress every second; samples in the whole soak: "
-        f"{m['samples']}, dropped: {m['dropped']}; status {m['status']}"
+        "CPU by the scheduler's clock: each process's CPU-time clock (clock_gettime on "
+        "its CPUCLOCK_SCHED: nanoseconds, every thread, ended threads included); ticks "
+        "(utime + stime of /proc/PID/stat, 4 ms at HZ=250) beside it. Wake-ups: voluntary "
+        "context switches (the monitor's from getrusage, ended threads included)"
     )
     section.note(
         "psrecord and the floors ran beside the soak over the same window, on the same tree, "
-        "so they saw the same load; each is a process of its own, its CPU from /proc"
+        "so they saw the same load"
     )
-    section.note(
-        f"floor of the whole job: sampling every second, hearing nvidia-smi's lines and the "
-        f"trainer's writes as they come takes at least {MIN_WAKEUPS} wake-ups a second (three "
-        "clocks of their own), priced at the idle floor's wake-up, plus reading the tree's "
-        "/proc files (the raw-read floor less the idle one)"
-    )
-    if m["gpu_groups"]:
-        source = "the fake nvidia-smi replaying the H200 captures" if fake_gpu else "nvidia-smi"
-        section.note(f"GPU sampler on ({source}): {', '.join(m['gpu_groups'])}")
-    else:
-        section.note("GPU sampler off (no nvidia-smi)")
     return section
 
 
@@ -387,6 +392,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--nvidia-smi", default=None)
+    parser.add_argument("--interval", type=float, default=INTERVAL)
     parser.add_argument("--floor", choices=("reads", "idle"), help=argparse.SUPPRESS)
     parser.add_argument("--root", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -396,7 +402,7 @@ def main() -> None:
     if args.floor is not None:
         import anyio
 
-        anyio.run(floor_loop, args.root, args.floor == "reads")
+        anyio.run(floor_loop, args.root, args.floor == "reads", args.interval)
         return
     from benchmarks.run import print_sections
 
