@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncsoak import read_journal
 from asyncsoak._recover import artifact_from_journal
 
 from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
@@ -268,9 +269,7 @@ def with_samples(artifact_path: Path, out: Path, gpus: int = 2) -> Path:
     that journal with the real run's monitor record, as the serializer would have built it.
     """
     original = json.loads(artifact_path.read_text())
-    events = [
-        json.loads(line) for line in artifact_path.with_suffix(".jsonl").read_text().splitlines()
-    ]
+    events = list(read_journal(artifact_path.with_suffix(".jsonl")))
     finished = [e for e in events if e["kind"] == "finished"]
     rest = [e for e in events if e["kind"] != "finished"]
     end = max(e["t"] for e in rest)

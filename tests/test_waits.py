@@ -33,6 +33,7 @@ from asyncsoak import (
     _soak,
     _tree,
     _watchdog,
+    read_journal,
     run_soak,
 )
 from asyncsoak._gpu_sampler import GpuSample
@@ -157,7 +158,7 @@ async def test_a_nan_in_a_sample_still_gives_an_artifact(
     assert artifact["status"] == "passed"
     assert artifact["monitor"]["events_with_nonfinite_numbers"] == 1
     assert json.loads(output.read_text())["status"] == "passed"
-    journal = [json.loads(line) for line in output.with_suffix(".jsonl").read_text().splitlines()]
+    journal = list(read_journal(output.with_suffix(".jsonl")))
     gpu = next(e for e in journal if e["kind"] == "gpu_sample")
     assert gpu["processes"][0]["used_gpu_memory_mib"] is None
 
