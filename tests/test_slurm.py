@@ -8,6 +8,7 @@ whole stop sequence and a requeue take seconds.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -27,14 +28,17 @@ TRAINER = Path(__file__).with_name("slurm_trainer.py")
 #: Bound on a job reaching a state: generous for a loaded 2-core CI machine.
 STATE_TIMEOUT_S = 60.0
 
-pytestmark = [
-    pytest.mark.skipif(missing() is not None, reason=str(missing())),
-    pytest.mark.timeout(180),
-]
+pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    why = missing()
+    if why is not None:
+        # CI installs slurm-wlm (.ci/run): there these tests must run, not skip.
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as running:
         yield running
 
