@@ -156,18 +156,39 @@ def test_combine_finds_the_first_failure_on_the_wall_clock() -> None:
 
 
 def test_artifacts_of_different_jobs_are_refused(tmp_path: Path) -> None:
+    """summary of several artifacts: of two jobs, or one that ran outside SLURM, is exit 2."""
     a = _artifact(1, 0, "passed", "2026-01-01T00:00:00+00:00", None)
     b = _artifact(2, 0, "passed", "2026-01-01T00:00:00+00:00", None)
     with pytest.raises(NotOneJobError, match="different jobs"):
         combine([("a", a), ("b", b)])
-    paths = []
-    for name, artifact in (("a.json", a), ("b.json", b)):
-        path = tmp_path / name
-        path.write_text(json.dumps({"schema_version": 1, **artifact}))
+    run = asyncsoak_cli(
+        "run",
+        "--quiet",
+        "--no-gpu",
+        "--progress-dir",
+        str(tmp_path / "p"),
+        "--output",
+        str(tmp_path / "plain.json"),
+        "--",
+        "true",
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    assert plain["snapshot"]["scheduler"] is None
+    paths = [str(tmp_path / "plain.json")]
+    for job in (1, 2):
+        path = tmp_path / f"job{job}.json"
+        path.write_text(
+            json.dumps({**plain, "snapshot": a["snapshot"] if job == 1 else b["snapshot"]})
+        )
         paths.append(str(path))
-    result = asyncsoak_cli("summary", *paths, cwd=tmp_path)
-    assert result.returncode == 2
+    result = asyncsoak_cli("summary", *paths[1:], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
     assert "different jobs" in result.stderr
+    result = asyncsoak_cli("summary", *paths[:2], cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "did not run inside a SLURM job" in result.stderr
 
 
 def test_a_worker_in_an_allocation_takes_its_gpus_and_name_from_it() -> None:
