@@ -16,6 +16,7 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ _READ_CHUNK = 65536
 
 _abandoned_async: list[Process] = []
 _abandoned_sync: list[subprocess.Popen[bytes]] = []
+#: ``run_command_sync`` runs in several of asyncsoak's threads at once.
+_abandoned_sync_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,11 +274,13 @@ def _kill_group(proc: subprocess.Popen[bytes], kill_wait: float) -> bool:
     try:
         proc.wait(kill_wait)
     except subprocess.TimeoutExpired:
-        _abandoned_sync.append(proc)
+        with _abandoned_sync_lock:
+            _abandoned_sync.append(proc)
         return False
     return True
 
 
 def _reap_abandoned_sync() -> None:
-    for proc in [p for p in _abandoned_sync if p.poll() is not None]:
-        _abandoned_sync.remove(proc)
+    with _abandoned_sync_lock:
+        for proc in [p for p in _abandoned_sync if p.poll() is not None]:
+            _abandoned_sync.remove(proc)

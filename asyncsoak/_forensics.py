@@ -76,6 +76,10 @@ def find_py_spy() -> str | None:
     return shutil.which("py-spy") or (str(beside) if os.access(beside, os.X_OK) else None)
 
 
+#: How py-spy (and the kernel under it) says that ptrace was refused.
+PTRACE_REFUSALS = ("operation not permitted", "permission denied", "os error 1)", "eperm")
+
+
 def py_spy_dump(py_spy: str, pid: int, timeout: float = PY_SPY_TIMEOUT) -> dict[str, Any]:
     """``py-spy dump`` of one process, or why there is none (ptrace refused, timeout...)."""
     try:
@@ -93,7 +97,9 @@ def py_spy_dump(py_spy: str, pid: int, timeout: float = PY_SPY_TIMEOUT) -> dict[
     if result.returncode != 0:
         err = result.stderr.decode("utf-8", errors="replace").strip()
         reason = err or out.strip() or f"exit status {result.returncode}"
-        if "ptrace" in reason.lower() or "permission" in reason.lower():
+        # Only a refusal is a permission problem: py-spy's other ptrace errors ("PtraceEvent",
+        # a process that exited or stopped mid-dump) are not fixed by any permission.
+        if any(refusal in reason.lower() for refusal in PTRACE_REFUSALS):
             reason += " (ptrace is not allowed: run as the same user with ptrace permitted)"
         return {"error": reason[:2000]}
     return {"stack": out}

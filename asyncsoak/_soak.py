@@ -774,7 +774,10 @@ class _Soak:
             with anyio.CancelScope(shield=True):
                 if not spawner.tree_gone.is_set() and spawner.pid is not None:
                     # Only reached when the supervisor itself broke: leave nothing running.
-                    spawner.kill_tree()
+                    with contextlib.suppress(BlockingCallTimeout):
+                        await run_blocking(
+                            spawner.kill_tree, timeout=TREE_LOOK_TIMEOUT, what="killing the tree"
+                        )
                 await spawner.close(REAPER_CLOSE_TIMEOUT)
                 if cgroup is not None:
                     with contextlib.suppress(BlockingCallTimeout):
@@ -960,7 +963,11 @@ class _Soak:
                     await sink.emit(StdinClosed(t=sink.elapsed()))
             else:
                 sig = signal.SIGTERM
-                pids = spawner.tree_pids()
+                pids = []
+                with contextlib.suppress(BlockingCallTimeout):
+                    pids = await run_blocking(
+                        spawner.tree_pids, timeout=TREE_LOOK_TIMEOUT, what="walking the tree"
+                    )
                 sent = (
                     spawner.signal_group(sig)
                     if cfg.stop_mode == "group"
@@ -1042,11 +1049,11 @@ class _Soak:
         await sink.emit(SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids))
         with anyio.move_on_after(self.cfg.kill_wait_seconds):
             while True:
-                spawner.kill_tree()
                 # Marked processes outside the reaper's tree are not covered by kill_tree().
-                for pid in set(pids) - set(spawner.tree_pids()):
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(BlockingCallTimeout):
+                    await run_blocking(
+                        _kill_all, spawner, pids, timeout=TREE_LOOK_TIMEOUT, what="the kill"
+                    )
                 with anyio.move_on_after(0.05):
                     await spawner.tree_gone.wait()
                 pids = await self._tree_pids(spawner)
@@ -1246,6 +1253,7 @@ def leaking(trends: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def _kill_all(spawner: Spawner, pids: list[int]) -> None:
+    """SIGKILL the tree (group, cgroup, reaper's descendants) and the given pids (in a thread)."""
     spawner.kill_tree()
     for pid in pids:
         with contextlib.suppress(OSError):

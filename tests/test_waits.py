@@ -29,6 +29,7 @@ from asyncsoak import (
     SoakFailureError,
     _artifact,
     _cgroup,
+    _forensics,
     _serializer,
     _soak,
     _tree,
@@ -455,3 +456,23 @@ async def test_the_reapers_death_is_noticed_at_once(
         assert not alive(helper), "the setsid helper with a scrubbed environment survived"
     elif alive(helper):
         os.kill(helper, 9)  # the marker fallback cannot see a scrubbed helper: say so, clean up
+
+
+@pytest.mark.parametrize(
+    ("stderr", "permission"),
+    [
+        ("Error: Failed to suspend process: PtraceEvent", False),
+        ("Error: Operation not permitted (os error 1)", True),
+        ("Error: Permission Denied: Try running again with elevated permissions", True),
+    ],
+)
+def test_py_spy_errors_are_labelled_for_what_they_are(
+    tmp_path: Path, stderr: str, permission: bool
+) -> None:
+    """Only a refused ptrace is called a permission problem ("PtraceEvent" is not one)."""
+    fake = tmp_path / "py-spy"
+    fake.write_text(f"#!/bin/sh\necho {stderr!r} >&2\nexit 1\n")
+    fake.chmod(0o755)
+    error = _forensics.py_spy_dump(str(fake), os.getpid())["error"]
+    assert error.startswith(stderr)
+    assert ("ptrace is not allowed" in error) is permission
