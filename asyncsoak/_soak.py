@@ -98,6 +98,9 @@ ARTIFACT_WRITE_TIMEOUT = 10.0
 #: Bound on one look at the tree during the stop (the environment-marker scan reads every
 #: process's environ, which waits on each target's mmap lock: a wedged CUDA process holds it).
 TREE_LOOK_TIMEOUT = 1.0
+#: Bound on one walk of the tree below the reaper (no cgroup): a read per process, so a big
+#: tree (a fork bomb) takes a while, but it never waits on another process's locks.
+TREE_WALK_TIMEOUT = 5.0
 #: Bound on waiting for the reaper to finish once the tree is gone.
 REAPER_CLOSE_TIMEOUT = 5.0
 #: Time given to the trainer to print what ``dump_signal`` asked for before forensics start.
@@ -776,7 +779,7 @@ class _Soak:
                     # Only reached when the supervisor itself broke: leave nothing running.
                     with contextlib.suppress(BlockingCallTimeout):
                         await run_blocking(
-                            spawner.kill_tree, timeout=TREE_LOOK_TIMEOUT, what="killing the tree"
+                            spawner.kill_tree, timeout=TREE_WALK_TIMEOUT, what="killing the tree"
                         )
                 await spawner.close(REAPER_CLOSE_TIMEOUT)
                 if cgroup is not None:
@@ -929,7 +932,7 @@ class _Soak:
         with anyio.move_on_after(self.cfg.kill_wait_seconds):
             while pids:
                 await run_blocking(
-                    _kill_all, spawner, pids, timeout=TREE_LOOK_TIMEOUT, what="killing the tree"
+                    _kill_all, spawner, pids, timeout=TREE_WALK_TIMEOUT, what="killing the tree"
                 )
                 await anyio.sleep(0.05)
                 pids = await self._tree_pids(spawner)
@@ -966,7 +969,7 @@ class _Soak:
                 pids = []
                 with contextlib.suppress(BlockingCallTimeout):
                     pids = await run_blocking(
-                        spawner.tree_pids, timeout=TREE_LOOK_TIMEOUT, what="walking the tree"
+                        spawner.tree_pids, timeout=TREE_WALK_TIMEOUT, what="walking the tree"
                     )
                 sent = (
                     spawner.signal_group(sig)
@@ -998,7 +1001,7 @@ class _Soak:
         pids: list[int] = []
         with contextlib.suppress(BlockingCallTimeout):
             pids = await run_blocking(
-                spawner.tree_pids, timeout=TREE_LOOK_TIMEOUT, what="walking the tree"
+                spawner.tree_pids, timeout=TREE_WALK_TIMEOUT, what="walking the tree"
             )
         if not self._marker_scan_hung and spawner.cgroup is None:
             # Without a cgroup, the environment marker finds what left the reaper's tree.
@@ -1052,7 +1055,7 @@ class _Soak:
                 # Marked processes outside the reaper's tree are not covered by kill_tree().
                 with contextlib.suppress(BlockingCallTimeout):
                     await run_blocking(
-                        _kill_all, spawner, pids, timeout=TREE_LOOK_TIMEOUT, what="the kill"
+                        _kill_all, spawner, pids, timeout=TREE_WALK_TIMEOUT, what="the kill"
                     )
                 with anyio.move_on_after(0.05):
                     await spawner.tree_gone.wait()

@@ -202,10 +202,10 @@ class Spawner:
         """Every live process of the tree (the reaper itself excluded): the reaper's
         descendants, and every member of the tree's cgroup (which nothing can leave)."""
         reaper = self.reaper_pid
-        pids = _tree.descendants(reaper) if reaper is not None else []
         if self.cgroup is not None:
-            pids += [pid for pid in self.cgroup.pids() if pid not in pids and pid != reaper]
-        return pids
+            # One read, whatever the tree's size or shape.
+            return [pid for pid in self.cgroup.pids() if pid != reaper]
+        return _tree.descendants(reaper) if reaper is not None else []
 
     def signal_group(self, sig: int, *, stopping: bool = True) -> bool:
         """Signal the command's group; ``stopping=False`` for a signal passed on that is not

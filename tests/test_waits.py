@@ -414,12 +414,15 @@ helper = (
     "import os, sys, time\\n"
     "os.setsid()\\n"
     "open(sys.argv[1], 'w').write(f'{os.getpid()}\\\\n')\\n"
+    "os.write(int(sys.argv[2]), b'x')\\n"
     "time.sleep(60)\\n"
 )
 env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCSOAK_")}
+started_r, started_w = os.pipe()
+os.set_inheritable(started_w, True)
 if os.fork() == 0:
-    os.execve(sys.executable, [sys.executable, "-c", helper, fifo], env)
-time.sleep(0.5)
+    os.execve(sys.executable, [sys.executable, "-c", helper, fifo, str(started_w)], env)
+os.read(started_r, 1)  # the helper runs, in its own session, without the marker
 os.kill(os.getppid(), signal.SIGKILL)
 time.sleep(60)
 """
