@@ -44,7 +44,9 @@ REQUEST_TIMEOUT = 5.0
 MAX_CONNECTIONS = 16
 #: Largest request head read.
 MAX_HEAD = 8192
-#: Failed accepts in a row after which the server gives up.
+#: Pause after a failed accept (out of file descriptors) before accepting again.
+ACCEPT_RETRY = 0.1
+#: Failed accepts in a row after which the server gives up (5 s of them).
 MAX_ACCEPT_FAILURES = 50
 #: Connections waiting to be accepted.
 BACKLOG = 64
@@ -78,6 +80,7 @@ class MetricsServer:
         self._failures = 0
         self._tg: anyio.abc.TaskGroup
         self._stopped: anyio.Event
+        self._loop: asyncio.AbstractEventLoop
 
     @property
     def port(self) -> int:
@@ -88,16 +91,17 @@ class MetricsServer:
         # A reader callback on asyncio's loop, not a task waiting on the socket: a scrape
         # then costs one wake-up and a few system calls, with no task, future or epoll
         # registration made and unmade each time.
-        loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         with self.listener:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._stopped = anyio.Event()
-                loop.add_reader(self.listener, self._on_readable)
+                self._loop.add_reader(self.listener, self._on_readable)
                 try:
                     await self._stopped.wait()
                 finally:
-                    loop.remove_reader(self.listener)
+                    self._stopped.set()
+                    self._loop.remove_reader(self.listener)
                     tg.cancel_scope.cancel()
 
     def _on_readable(self) -> None:
@@ -107,15 +111,23 @@ class MetricsServer:
             except BlockingIOError:
                 return
             except OSError as exc:
-                # Out of descriptors, say: the pending connection stays queued; a server that
-                # keeps failing gives up and leaves the soak alone.
+                # Out of descriptors, say: the connection stays queued, and accepting pauses
+                # (the socket would be readable again at once); a server that keeps failing
+                # gives up and leaves the soak alone.
                 self._failures += 1
                 if self._failures >= MAX_ACCEPT_FAILURES:
                     _log.warning("metrics server stopped: accept failed: %s", exc)
                     self._stopped.set()
+                    return
+                self._loop.remove_reader(self.listener)
+                self._loop.call_later(ACCEPT_RETRY, self._resume)
                 return
             self._failures = 0
             self._accepted(conn, self._tg)
+
+    def _resume(self) -> None:
+        if not self._stopped.is_set():
+            self._loop.add_reader(self.listener, self._on_readable)
 
     def _accepted(self, conn: socket.socket, tg: anyio.abc.TaskGroup) -> None:
         """Answer at once if the request is there; else hand the connection to a task."""
