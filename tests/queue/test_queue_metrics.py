@@ -52,6 +52,8 @@ async def test_worker_metrics_follow_its_jobs(
                 lambda t: (
                     value(t, "asyncsoak_queue_jobs", status="running") == 1
                     and value(t, "asyncsoak_tree_resident_memory_bytes") is not None
+                    # The job's first progress reaches the soak a moment after it says so.
+                    and value(t, "asyncsoak_soak_phase", phase="running") == 1
                 ),
             )
             assert value(running, "asyncsoak_queue_jobs", status="queued") == 1
