@@ -6,8 +6,8 @@
     python benchmarks/run.py [...]        # the same
 
 Items 2, 5 and 6 use the H200 ``nvidia-smi`` captures (the fake ``nvidia-smi`` where there is
-no GPU), kept in ``tests/fixtures/nvidia-smi/h200``.  psrecord must be installed beside the
-interpreter (items 1, 2).
+no GPU), kept in ``tests/fixtures/nvidia-smi/h200``.  psrecord (the ``bench`` extra) must be
+installed beside the interpreter (items 1, 2).
 
 Every figure is measured in this one run, next to its reference; ratios are of medians and
 latencies are p50 and p95.  A full run (no ``--quick``, no ``--only``) writes RESULTS.md with
