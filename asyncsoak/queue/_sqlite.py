@@ -234,11 +234,14 @@ class SqliteStore(JobStore):
         try:
             # Before anything writes (the WAL switch, a migration, a worker's registration):
             # a damaged file is refused as it is, never written to.
-            problems = [row[0] for row in conn.execute("PRAGMA quick_check(5)").fetchall()]
+            problems = [row[0] for row in conn.execute("PRAGMA quick_check(3)").fetchall()]
             if problems != ["ok"]:
+                # SQLite's findings span lines ("*** in database main ***\nOn tree page..."):
+                # one line of them, the first few.
+                found = "; ".join(" ".join(str(p).split()) for p in problems)
                 raise QueueDatabaseError(
                     self.path,
-                    f"is corrupt ({'; '.join(map(str, problems))}); restore it from a backup, "
+                    f"is corrupt ({found}); restore it from a backup, "
                     "or recover what it holds with: sqlite3 FILE .recover",
                 )
             conn.execute("PRAGMA foreign_keys = ON")

@@ -169,6 +169,7 @@ def test_corrupt_database_is_refused_and_left_as_it_is(corrupt_db: Path, args: l
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "corrupt" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
     assert digest(corrupt_db) == before
 
 
