@@ -119,6 +119,7 @@ SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
 #: seconds apart): the estimator is cheap, but not free at 1 s over a day.
 TREND_EVERY_INTERVALS = 5
 TREND_MIN_PERIOD = 1.0
+TREND_LAG_FRACTION = 0.01
 #: A leak projected to reach a limit within this long (or ``stale_progress_seconds`` x 10,
 #: whichever is longer) is a warning at once.
 BREACH_HORIZON_SECONDS = 3600.0
@@ -1139,8 +1140,11 @@ class _Soak:
         while self.cause is None:
             await anyio.sleep(interval)
             await self._check_budgets()
-            if self.cause is None and sink.elapsed() >= next_trends:
-                next_trends = sink.elapsed() + period
+            now = sink.elapsed()
+            if self.cause is None and now >= next_trends:
+                # Judged more rarely as the run grows (at most 1 % of its age late): a day
+                # of samples makes an evaluation cost a few milliseconds.
+                next_trends = now + max(period, now * TREND_LAG_FRACTION)
                 await self._judge_trends(sink, final=False)
 
     async def _check_budgets(self) -> None:
@@ -1215,27 +1219,33 @@ class _Soak:
             )
             findings.append(("progress.changes_per_minute", "slowing", rate, message))
         for key, verdict, entry, message in findings:
-            if (key, verdict) in self._trends_reported:
-                continue
-            self._trends_reported.add((key, verdict))
-            await sink.emit(
-                TrendFound(
-                    t=sink.elapsed(),
-                    series=key,
-                    verdict=verdict,
-                    slope_per_hour=entry["slope_per_hour"],
-                    growth=entry["growth"],
-                    projected_limit_at=entry["projected_limit_at"],
-                    message=message,
+            first_time = (key, verdict) not in self._trends_reported
+            if first_time:
+                self._trends_reported.add((key, verdict))
+                await sink.emit(
+                    TrendFound(
+                        t=sink.elapsed(),
+                        series=key,
+                        verdict=verdict,
+                        slope_per_hour=entry["slope_per_hour"],
+                        growth=entry["growth"],
+                        projected_limit_at=entry["projected_limit_at"],
+                        message=message,
+                    )
                 )
-            )
-            if verdict == "leak" and cfg.leak_check == "fail":
-                message += " (leak_check=fail)"
-                if final:
-                    await self._fail("memory_leak", message)
-                else:
-                    await self._rule_fired("memory_leak", message)
-            else:
+            if verdict != "leak":
+                if first_time:
+                    await sink.emit(Warning(t=sink.elapsed(), message=message))
+            elif cfg.leak_check == "fail":
+                if first_time:
+                    message += " (leak_check=fail)"
+                    if final:
+                        await self._fail("memory_leak", message)
+                    else:
+                        await self._rule_fired("memory_leak", message)
+            elif final:
+                # The warning is the whole run's verdict: a rise seen during the run (the
+                # ``trend`` event marks when) that turned out to be a long cycle is no leak.
                 await sink.emit(Warning(t=sink.elapsed(), message=message))
 
 

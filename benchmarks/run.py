@@ -61,6 +61,7 @@ BENCHMARKS: dict[str, str] = {
     "log_capture": "10. Log capture",
     "metrics_serving": "11. Live metrics",
     "queue_backends": "12. Queue backends",
+    "trends": "13. Trends",
 }
 #: Run beside the background item: light, and as long.
 ALONGSIDE_BACKGROUND = ("gpu_sampling",)
