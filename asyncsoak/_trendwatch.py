@@ -53,7 +53,7 @@ RATE_BUCKET_BOUNDS = (0.5, 60.0)
 #: A tree is busy, not waiting, above these (percent of one core; GPU utilisation), as a
 #: mean over the last ``ACTIVITY_SAMPLES`` samples: a waiting tree uses next to nothing, and a
 #: spinning one on a loaded machine gets a share of a core, not all of it.
-BUSY_CPU_PERCENT = 15.0
+BUSY_CPU_PERCENT = 5.0
 BUSY_GPU_PERCENT = 10.0
 ACTIVITY_SAMPLES = 10
 #: Growth floors of series in "per_minute" (the progress rate is judged by progress_slowing).
