@@ -17,6 +17,7 @@ Same tables and rules as the SQLite store (``_sqlite.py``), in their own schema
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -55,6 +56,8 @@ from ._models import (
 )
 from ._status import Outcome
 from ._store import JobStore, default_data_dir
+
+_log = logging.getLogger("asyncsoak.queue")
 
 #: The channel of the queue's wake-ups.
 CHANNEL = "asyncsoak_queue"
@@ -693,6 +696,7 @@ class PostgresStore(JobStore):
                         await conn.execute(f"LISTEN {CHANNEL}")
                     backoff = BACKOFF_MIN_S
                     if started:
+                        _log.info("queue database %s: listening for new jobs again", self.location)
                         wake("reconnected")
                     else:
                         started = True

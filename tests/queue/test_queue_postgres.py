@@ -125,6 +125,30 @@ async def test_idle_worker_starts_a_new_job_on_notify(
         assert store.get(job_id).status == "succeeded"
 
 
+@pytest.mark.asyncio
+async def test_lost_listening_connection_reconnects(
+    tmp_path: Path, own_pg_cluster: PgCluster, ready: ReadyFifo, log_events: LogEvents
+) -> None:
+    """After a server restart the idle worker listens again (with backoff) and a job
+    submitted then still starts at once, long before its 10-minute poll."""
+    url = own_pg_cluster.create_database()
+    idle = log_events.event("started on")
+    again = log_events.event("listening for new jobs again")
+    stop = anyio.Event()
+    with open_store(url) as store, anyio.fail_after(LIMIT_S):
+        async with anyio.create_task_group() as tg:
+            kwargs = worker_kwargs(tmp_path, poll=600.0, once=False, stop_event=stop)
+            tg.start_soon(lambda: run_worker(store, **kwargs))
+            await idle.wait()
+            await anyio.to_thread.run_sync(own_pg_cluster.restart)
+            await again.wait()
+            with open_store(url) as submitter:  # the worker's connection was cut: its own
+                job_id = submit_trainer(submitter, tmp_path, ready, "exit0")
+            assert await ready.line() == "started 1"
+            stop.set()
+        assert store.get(job_id).status == "succeeded"
+
+
 # --- two hosts -------------------------------------------------------------------------------
 
 
@@ -290,11 +314,16 @@ async def test_job_taken_over_during_a_cut_is_stopped_on_reconnect(
                     # Another host's worker reaches the database first and takes the stale
                     # job over (a compare and swap on the heartbeat: read again if it moved).
                     assert any(other.take_over(other.get(job_id), "other") for _ in range(50))
-                assert await ready.line() == "eof"
                 await taken.wait()
         job = store.get(job_id)
         assert (job.status, job.worker, job.attempt) == ("running", "other", 1)
         assert [a.outcome for a in store.attempts(job_id)] == [None]
+        # The soak stopped the trainer at once (no grace) and recorded why.
+        artifact = json.loads(
+            (tmp_path / "runs" / str(job_id) / "attempts" / "1" / "soak.json").read_text()
+        )
+        assert artifact["stop"]["grace_seconds"] == 0
+        assert not alive(artifact["exit"]["pid"])
 
 
 def test_calls_fail_fast_while_the_server_is_away(own_pg_cluster: PgCluster) -> None:
