@@ -271,12 +271,18 @@ class PostgresStore(JobStore):
         return self._conn
 
     def _failed(self) -> None:
+        """A connection attempt failed: the next waits out a backoff that doubles."""
+        self._lost()
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+
+    def _lost(self) -> None:
+        """An open connection broke (the server restarted...): the next call reconnects at
+        once, and backs off only if that fails."""
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 self._conn.close()
         self._conn = None
-        self._retry_at = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
 
     @contextlib.contextmanager
     def _session(self, transaction: bool = False) -> Iterator[Any]:
@@ -294,7 +300,7 @@ class PostgresStore(JobStore):
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 if isinstance(exc, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled):
                     raise QueueUnavailableError(self.location, _first_line(exc)) from exc
-                self._failed()
+                self._lost()
                 raise QueueUnavailableError(self.location, _first_line(exc)) from exc
 
     def close(self) -> None:

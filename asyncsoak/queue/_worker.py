@@ -65,6 +65,8 @@ from ._status import (
 )
 from ._store import JobStore
 
+#: How soon an idle worker looks at the queue again while the database is unavailable.
+_UNAVAILABLE_RETRY_S = 1.0
 #: A store call that failed for now (database away, lock held too long, call abandoned).
 _UNAVAILABLE = (QueueUnavailableError, BlockingCallTimeout)
 
@@ -340,7 +342,12 @@ class _Worker:
                     if job is None:
                         if once:
                             break
-                        with anyio.move_on_after(self.settings.poll):
+                        # While the database is away, look again soon (the store's own
+                        # backoff spaces the connection attempts): a job may be waiting.
+                        wait = self.settings.poll
+                        if self._unreachable:
+                            wait = min(wait, _UNAVAILABLE_RETRY_S)
+                        with anyio.move_on_after(wait):
                             async with anyio.create_task_group() as waits:
                                 for event in (self.stop_event, self.wake):
                                     waits.start_soon(_set_then_cancel, event, waits.cancel_scope)
@@ -402,6 +409,7 @@ class _Worker:
         except _UNAVAILABLE as exc:
             self._lost_database("claim", exc)
             return None
+        self._reached_database()
         if job is not None:
             _log.info("job %d claimed (attempt %d)", job.id, job.attempt)
         return job
