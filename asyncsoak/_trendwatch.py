@@ -249,6 +249,8 @@ class TrendWatch:
         return track
 
     def _add_process(self, t: float, proc: dict[str, Any]) -> None:
+        if proc.get("state") == "zombie":
+            return  # exited, not yet reaped: its RSS of 0 is no figure of its run
         pid = int(proc["pid"])
         rss = int(proc.get("rss_bytes") or 0)
         record = self.processes.get(pid)

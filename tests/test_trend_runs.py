@@ -406,6 +406,7 @@ def test_a_passed_soak_with_a_leak_ends_with_the_warning(tmp_path: Path) -> None
     assert last.startswith(
         f"asyncsoak: soak passed with {count} warning{plural}: memory of pid {pid} (python"
     )
+    assert " grew " in last.split(";")[0]  # the leak first, then the projected breach
     assert last.endswith(f"; artifact: {tmp_path / 'soak.json'}")
 
 

@@ -352,7 +352,8 @@ def supervise(
 
 def verdict_line(artifact: dict[str, Any], output: Path) -> str:
     """The last line on stderr: the verdict, and the warnings when a passed soak had some."""
-    warnings = artifact.get("warnings") or []
+    # A leak first: it is what the soak exists to catch (the artifact keeps the event order).
+    warnings = sorted(artifact.get("warnings") or [], key=lambda w: " grew " not in w)
     status = artifact["status"]
     if warnings:
         count = f"{len(warnings)} warning{'s' if len(warnings) != 1 else ''}"
