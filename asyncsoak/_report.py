@@ -48,6 +48,8 @@ from ._summary import IDLE_THROTTLE, exit_text, summarize
 
 #: Vertical lines drawn for progress changes at most (more are merged by time).
 PROGRESS_LINES = 300
+#: Progress ticks in the lane at most (more are merged by time, their count in the hover).
+PROGRESS_TICKS = 1500
 #: Characters of the command shown before it is folded.
 COMMAND_SHOWN = 240
 #: Points of the time-since-progress curve at most.
@@ -1066,12 +1068,9 @@ class _Timeline:
                 font={"color": COLORS["progress"], "size": 12},
             )
         if self.progress_times:
-            xs = [self.x(t) for t in self.progress_times]
-            tick_texts = [
-                f"progress at {format_duration(t)} ({self._wall(t)})"
-                + (f"<br>{html.escape(files)}" if files else "")
-                for t, files in zip(self.progress_times, self.progress_files, strict=True)
-            ]
+            ticks = self._progress_ticks()
+            xs = [self.x(t) for t, _ in ticks]
+            tick_texts = [text for _, text in ticks]
             fig.add_trace(
                 go.Scatter(
                     x=xs,
@@ -1146,6 +1145,36 @@ class _Timeline:
             zeroline=False,
             fixedrange=True,
         )
+
+    def _progress_ticks(self) -> list[tuple[float, str]]:
+        """(time, hover text) of the lane's progress ticks: one per change, or, past
+        PROGRESS_TICKS, one per slice of the run naming how many changes it holds and the
+        files of its last one (a day of changes every second would not draw in time)."""
+        times, files = self.progress_times, self.progress_files
+        if len(times) <= PROGRESS_TICKS:
+            return [
+                (
+                    t,
+                    f"progress at {format_duration(t)} ({self._wall(t)})"
+                    + (f"<br>{html.escape(f)}" if f else ""),
+                )
+                for t, f in zip(times, files, strict=True)
+            ]
+        width = (times[-1] - times[0]) / PROGRESS_TICKS or 1.0
+        slices: dict[int, list[int]] = {}
+        for i, t in enumerate(times):
+            slices.setdefault(int((t - times[0]) / width), []).append(i)
+        ticks = []
+        for members in slices.values():
+            first, last = times[members[0]], times[members[-1]]
+            text = (
+                f"{len(members)} progress changes, {format_duration(first)} to "
+                f"{format_duration(last)} ({self._wall(last)})"
+            )
+            if files[members[-1]]:
+                text += f"<br>last: {html.escape(files[members[-1]])}"
+            ticks.append((last, text))
+        return ticks
 
     def _progress_curve(self) -> tuple[list[float | None], list[float | None]]:
         """A sawtooth: seconds since the last change (or the start), dropping at each change."""
@@ -1654,6 +1683,8 @@ marker.dataset.labels = Array.prototype.map.call(
   if (box) { marker.dataset[id + "Bottom"] = String(Math.round(
     box.getBoundingClientRect().bottom + window.scrollY)); }
 });
+// Milliseconds from the start of navigation to the figure drawn: the report's load-and-draw.
+marker.dataset.drawnMs = String(Math.round(performance.now()));
 marker.dataset.state = "rendered";
 """
 

@@ -62,6 +62,7 @@ BENCHMARKS: dict[str, str] = {
     "metrics_serving": "11. Live metrics",
     "queue_backends": "12. Queue backends",
     "trends": "13. Trends",
+    "report_render": "14. Report load and draw",
 }
 #: Run beside the background item: light, and as long.
 ALONGSIDE_BACKGROUND = ("gpu_sampling",)
