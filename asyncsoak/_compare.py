@@ -117,7 +117,7 @@ def compare(
         "tree.rss.final",
         "final tree RSS",
         "bytes",
-        _stat("tree", "rss_bytes", "last"),
+        _final_rss,
         "lower",
         MEMORY_FLOOR_BYTES,
     )
@@ -175,7 +175,11 @@ def _row(
         relative = worse_by / abs(before) if before else (1.0 if worse_by > 0 else 0.0)
         if worse_by > floor and relative > threshold:
             regressed = True
-            note = f"{label} {'rose' if after > before else 'fell'} by {abs(relative):.0%}"
+            note = (
+                f"{label}: none in the baseline"
+                if before == 0
+                else f"{label} {'rose' if after > before else 'fell'} by {abs(relative):.0%}"
+            )
     return Row(key, label, unit, before, after, change, regressed, note)
 
 
@@ -233,13 +237,9 @@ def _stat(group: str, name: str, key: str) -> Callable[[Mapping[str, Any]], floa
 
 
 def _final_rss(artifact: Mapping[str, Any]) -> float | None:
-    """The tree's memory at the end of its work: the trend's last window minimum when there is
-    one, else the median of the last samples (the very last may be a process that frees
-    everything as it exits)."""
-    trend = (artifact.get("trends") or {}).get("tree.rss_bytes") or {}
-    last = trend.get("last")
-    if isinstance(last, int | float):
-        return float(last)
+    """The tree's memory as the run ended: the median of its last quarter of samples (the
+    very last ones may be a process freeing everything as it exits, in the trend's last
+    window too)."""
     values = [
         v
         for v in ((artifact.get("series") or {}).get("tree") or {}).get("rss_bytes") or []
@@ -247,7 +247,7 @@ def _final_rss(artifact: Mapping[str, Any]) -> float | None:
     ]
     if not values:
         return _stat("tree", "rss_bytes", "last")(artifact)
-    return float(statistics.median(values[-max(3, len(values) // 10) :]))
+    return float(statistics.median(values[-max(3, len(values) // 4) :]))
 
 
 def _progress_rate(artifact: Mapping[str, Any]) -> float | None:
