@@ -96,6 +96,7 @@ class TreeCgroup:
 def create(name: str, root: Path = CGROUP_ROOT) -> TreeCgroup | None:
     """A new empty cgroup called ``name`` for a soak's tree, or None where none can be made."""
     for version, parent in _candidates(root):
+        _sweep(parent)
         path = parent / name
         try:
             path.mkdir()
@@ -107,6 +108,22 @@ def create(name: str, root: Path = CGROUP_ROOT) -> TreeCgroup | None:
         with contextlib.suppress(OSError):
             path.rmdir()
     return None
+
+
+def _sweep(parent: Path) -> None:
+    """Remove the empty groups of soaks whose monitor is gone (killed with its reaper, the
+    group could not be removed by either).  A group still in use is never empty, and rmdir
+    refuses a populated one."""
+    try:
+        entries = list(parent.glob("asyncsoak-*-*"))
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name.split("-")[1]
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        with contextlib.suppress(OSError):
+            entry.rmdir()
 
 
 def _candidates(root: Path) -> list[tuple[int, Path]]:

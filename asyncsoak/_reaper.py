@@ -348,7 +348,26 @@ def main() -> int:
             return 2
         line += chunk
     config = json.loads(line)
-    return Reaper(config).run(lifeline)
+    status = Reaper(config).run(lifeline)
+    if config.get("cgroup"):
+        # The monitor removes the tree's cgroup too, but it may be the one that died.
+        _remove_cgroup(config["cgroup"])
+    return status
+
+
+def _remove_cgroup(path: str, wait_seconds: float = 1.0) -> None:
+    """Remove the (now empty) cgroup of the tree; the last members may still be exiting."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
 
 
 if __name__ == "__main__":

@@ -479,3 +479,20 @@ def test_py_spy_errors_are_labelled_for_what_they_are(
     error = _forensics.py_spy_dump(str(fake), os.getpid())["error"]
     assert error.startswith(stderr)
     assert ("ptrace is not allowed" in error) is permission
+
+
+def test_a_dead_monitors_empty_cgroup_is_swept() -> None:
+    """The empty cgroup of a soak whose monitor and reaper were both killed is removed by
+    the next soak's: killed workers do not leave groups behind."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                          capture_output=True, text=True)  # fmt: skip
+    stale = _cgroup.create(f"asyncsoak-{int(gone.stdout)}-1")
+    if stale is None:
+        pytest.skip("no cgroup can be made here (needs cgroup v2 delegation, or root on v1)")
+    fresh = _cgroup.create(f"asyncsoak-{os.getpid()}-2")
+    assert fresh is not None
+    try:
+        assert not stale.path.exists()
+    finally:
+        fresh.remove()
+        stale.remove()
