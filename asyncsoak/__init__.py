@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._control import SoakControl as SoakControl
+    from ._errors import AsyncsoakError as AsyncsoakError
     from ._errors import SoakFailureError as SoakFailureError
     from ._errors import ValidationError as ValidationError
     from ._journal import read_journal as read_journal
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from ._soak import run_soak as run_soak
 
 __all__ = [
+    "AsyncsoakError",
     "Metrics",
     "SoakControl",
     "SoakFailureError",
@@ -29,6 +31,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "AsyncsoakError": "._errors",
     "Metrics": "._metrics",
     "SoakControl": "._control",
     "SoakFailureError": "._errors",
@@ -46,6 +49,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'asyncsoak' has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)
+    # Shown, pickled and documented as asyncsoak.NAME, as anyio and httpcore do.
+    value.__module__ = __name__
     globals()[name] = value
     return value
 

@@ -42,3 +42,10 @@ class SoakFailureError(RuntimeError, AsyncsoakError):
 
 class MonitorError(AsyncsoakError):
     """The monitor itself broke (a bug or an environment problem), not the supervised run."""
+
+
+# The public errors show (in tracebacks, reprs, pickles) under their public path, asyncsoak.NAME,
+# whichever module raised them, as anyio and httpcore do.
+for _error in (AsyncsoakError, ValidationError, SoakFailureError):
+    _error.__module__ = "asyncsoak"
+del _error

@@ -106,7 +106,6 @@ def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
     writing it) is rebuilt from the journal.
     """
     from .._journal import is_journal
-    from .._recover import JournalError, artifact_from_journal
 
     if not path.exists():
         journal = path.with_suffix(".jsonl")
@@ -124,23 +123,14 @@ def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
             pass
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    if is_journal(path):
-        try:
-            return artifact_from_journal(path), path
-        except (OSError, JournalError) as exc:
-            raise UsageError(str(exc)) from None
-    from .._artifact import ArtifactError, check_artifact
+    from ..artifact import ArtifactError, load
 
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path} is not an asyncsoak artifact or journal: {exc}") from None
-    if not isinstance(data, dict) or "schema_version" not in data:
-        raise UsageError(f"{path} is not an asyncsoak artifact or journal")
-    try:
-        return check_artifact(data), None
+        return load(path), path if is_journal(path) else None
     except ArtifactError as exc:
-        raise UsageError(f"{path}: {exc}") from None
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def report_command(args: argparse.Namespace) -> int:

@@ -1,0 +1,80 @@
+"""Read what a soak wrote: its artifact, or its journal when the monitor never wrote one.
+
+::
+
+    from asyncsoak import artifact
+
+    run = artifact.load("runs/7/soak.json")     # or soak.jsonl: rebuilt, as `asyncsoak recover` does
+    facts = artifact.summarize(run)              # what `asyncsoak summary --json` prints
+    if run["status"] != artifact.SoakStatus.PASSED:
+        print([f["reason"] for f in run["failures"]])
+
+The artifact's shape is the JSON Schema :func:`schema` returns (``artifact.schema.json`` in
+the package); its statuses, failure reasons, stop causes and event kinds are the enums here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ._artifact import KNOWN_SCHEMA_VERSIONS, SCHEMA_VERSION, ArtifactError, check_artifact
+from ._artifact import load_schema as _load_schema
+from ._journal import is_journal
+from ._recover import JournalError, artifact_from_journal
+from ._summary import summarize
+from ._vocabulary import EventKind, FailureReason, SoakStatus, StopCause
+
+__all__ = [
+    "KNOWN_SCHEMA_VERSIONS",
+    "SCHEMA_VERSION",
+    "ArtifactError",
+    "EventKind",
+    "FailureReason",
+    "SoakStatus",
+    "StopCause",
+    "load",
+    "schema",
+    "summarize",
+]
+
+
+def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The artifact at ``path``: a ``soak.json``, or a soak journal (``soak.jsonl``).
+
+    A journal is folded into an artifact as ``asyncsoak recover`` does: a journal without its
+    ``finished`` line (the monitor died) gives status ``failed`` with reason ``monitor_lost``.
+    An artifact is checked against the schema of its version.  Raises :class:`ArtifactError`
+    (a ``ValueError``) for a file that is neither, and ``OSError`` when it cannot be read.
+    """
+    path = Path(path)
+    if is_journal(path):
+        try:
+            return artifact_from_journal(path)
+        except JournalError as exc:
+            raise ArtifactError(str(exc)) from exc
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ArtifactError(f"{path} is not an asyncsoak artifact or journal: {exc}") from exc
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise ArtifactError(f"{path} is not an asyncsoak artifact or journal")
+    try:
+        return check_artifact(data)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{path}: {exc}") from exc
+
+
+def schema() -> dict[str, Any]:
+    """The artifact's JSON Schema (draft 2020-12), a fresh copy on each call."""
+    return _load_schema()
+
+
+# Shown, pickled and documented under the public path, as anyio and httpcore do.
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type) or callable(_value):
+        _value.__module__ = __name__
+del _name, _value

@@ -1,0 +1,115 @@
+"""`asyncsoak.artifact`: the public read side, on real soaks' artifacts and journals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from asyncsoak import ValidationError, artifact
+
+from .conftest import asyncsoak_cli, assert_valid
+from .soak_runs import Runs, make_runs
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return make_runs(tmp_path_factory.mktemp("runs"))
+
+
+def test_load_reads_a_soaks_artifact(runs: Runs) -> None:
+    """load() of a soak.json is the artifact the soak wrote, as written."""
+    loaded = artifact.load(runs.stalled)
+    assert loaded == json.loads(runs.stalled.read_text())
+    assert loaded["status"] == artifact.SoakStatus.FAILED
+    assert [f["reason"] for f in loaded["failures"]] == [artifact.FailureReason.STALE_PROGRESS]
+
+
+def test_load_takes_a_string_path(runs: Runs) -> None:
+    """A path given as a string reads the same artifact."""
+    assert artifact.load(str(runs.passing)) == artifact.load(runs.passing)
+
+
+def test_load_rebuilds_a_dead_monitors_journal_as_recover_does(
+    runs: Runs, tmp_path: Path, schema: Draft202012Validator
+) -> None:
+    """load() of a killed monitor's journal is monitor_lost, the artifact `recover` writes."""
+    loaded = artifact.load(runs.killed_journal)
+    assert loaded["status"] == artifact.SoakStatus.FAILED
+    assert [f["reason"] for f in loaded["failures"]] == [artifact.FailureReason.MONITOR_LOST]
+    assert loaded["monitor"]["recovered_from_journal"] == str(runs.killed_journal)
+    assert_valid(loaded, schema)
+    out = tmp_path / "recovered.json"
+    result = asyncsoak_cli("recover", str(runs.killed_journal), "-o", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    recovered = json.loads(out.read_text())
+    # Built twice, so the time it was built differs; everything the run left is the same.
+    for rebuilt in (loaded, recovered):
+        rebuilt["monitor"].pop("artifact_written_at", None)
+    assert loaded == recovered
+
+
+def test_load_of_a_finished_journal_keeps_the_monitors_verdict(runs: Runs) -> None:
+    """A journal that ends with its finished line gives the monitor's own status and reasons."""
+    journal = runs.stalled.with_suffix(".jsonl")
+    loaded = artifact.load(journal)
+    written = artifact.load(runs.stalled)
+    assert loaded["status"] == written["status"] == artifact.SoakStatus.FAILED
+    assert loaded["failures"] == written["failures"]
+    assert loaded["stop"]["cause"] == written["stop"]["cause"] == artifact.StopCause.FAILURE
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("not json at all", "is not an asyncsoak artifact or journal"),
+        ('["a list"]', "is not an asyncsoak artifact or journal"),
+        ('{"schema_version": 99}', "schema version 99"),
+        ('{"schema_version": 2, "status": "passed"}', "failures"),
+    ],
+)
+def test_load_refuses_what_is_not_an_artifact(tmp_path: Path, content: str, says: str) -> None:
+    """A file that is neither an artifact nor a journal is an ArtifactError naming the file."""
+    path = tmp_path / "soak.json"
+    path.write_text(content)
+    with pytest.raises(artifact.ArtifactError, match=says) as caught:
+        artifact.load(path)
+    assert str(path) in str(caught.value)
+    assert isinstance(caught.value, ValidationError)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_load_of_a_missing_file_is_an_os_error(tmp_path: Path) -> None:
+    """A path that does not exist raises FileNotFoundError, not an artifact error."""
+    with pytest.raises(FileNotFoundError):
+        artifact.load(tmp_path / "soak.json")
+
+
+def test_summarize_is_what_summary_json_prints(runs: Runs) -> None:
+    """summarize(load(path)) equals `asyncsoak summary --json` of the same run."""
+    result = asyncsoak_cli("summary", str(runs.stalled), "--json", cwd=runs.stalled.parent)
+    assert result.returncode == 0, result.stderr
+    facts = artifact.summarize(artifact.load(runs.stalled))
+    assert json.loads(json.dumps(facts, default=str)) == json.loads(result.stdout)
+    assert facts["status"] == "failed"
+    assert facts["reasons"][0]["reason"] == "stale_progress"
+
+
+def test_schema_is_the_shipped_schema_and_validates_real_artifacts(runs: Runs) -> None:
+    """schema() is artifact.schema.json, and a real soak's artifact is valid against it."""
+    shipped = Path(artifact.__file__).with_name("artifact.schema.json")
+    assert artifact.schema() == json.loads(shipped.read_text())
+    validator = Draft202012Validator(artifact.schema())
+    for path in (runs.passing, runs.stalled):
+        assert_valid(artifact.load(path), validator)
+    assert artifact.load(runs.passing)["schema_version"] == artifact.SCHEMA_VERSION
+
+
+def test_schema_is_a_fresh_copy(runs: Runs) -> None:
+    """Changing the returned schema changes neither later calls nor how load() checks."""
+    mine = artifact.schema()
+    mine["required"].append("no_such_key")
+    assert "no_such_key" not in artifact.schema()["required"]
+    assert artifact.load(runs.passing)["status"] == "passed"
