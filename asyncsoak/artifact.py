@@ -4,8 +4,8 @@
 
     from asyncsoak import artifact
 
-    run = artifact.load("runs/7/soak.json")     # or soak.jsonl: rebuilt, as `asyncsoak recover` does
-    facts = artifact.summarize(run)              # what `asyncsoak summary --json` prints
+    run = artifact.load("runs/7/soak.json")  # or soak.jsonl, rebuilt as `asyncsoak recover` does
+    facts = artifact.summarize(run)  # what `asyncsoak summary --json` prints
     if run["status"] != artifact.SoakStatus.PASSED:
         print([f["reason"] for f in run["failures"]])
 
@@ -20,10 +20,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._artifact import KNOWN_SCHEMA_VERSIONS, SCHEMA_VERSION, ArtifactError, check_artifact
+from ._artifact import KNOWN_SCHEMA_VERSIONS, SCHEMA_VERSION, ArtifactError
+from ._artifact import check_artifact as _check_artifact
 from ._artifact import load_schema as _load_schema
-from ._journal import is_journal
-from ._recover import JournalError, artifact_from_journal
+from ._journal import is_journal as _is_journal
+from ._recover import JournalError as _JournalError
+from ._recover import artifact_from_journal as _artifact_from_journal
 from ._summary import summarize
 from ._vocabulary import EventKind, FailureReason, SoakStatus, StopCause
 
@@ -50,10 +52,10 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     (a ``ValueError``) for a file that is neither, and ``OSError`` when it cannot be read.
     """
     path = Path(path)
-    if is_journal(path):
+    if _is_journal(path):
         try:
-            return artifact_from_journal(path)
-        except JournalError as exc:
+            return _artifact_from_journal(path)
+        except _JournalError as exc:
             raise ArtifactError(str(exc)) from exc
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -62,7 +64,7 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, dict) or "schema_version" not in data:
         raise ArtifactError(f"{path} is not an asyncsoak artifact or journal")
     try:
-        return check_artifact(data)
+        return _check_artifact(data)
     except ArtifactError as exc:
         raise ArtifactError(f"{path}: {exc}") from exc
 

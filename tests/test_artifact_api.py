@@ -10,7 +10,7 @@ from jsonschema import Draft202012Validator
 
 from asyncsoak import ValidationError, artifact
 
-from .conftest import asyncsoak_cli, assert_valid
+from .conftest import assert_valid, asyncsoak_cli
 from .soak_runs import Runs, make_runs
 
 
