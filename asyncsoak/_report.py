@@ -20,6 +20,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +225,20 @@ def write_report(
     path.write_text(text, encoding="utf-8")
 
 
+def _asset(name: str) -> str:
+    """A file of the page (its stylesheet, its scripts), shipped in ``_report_assets``."""
+    return (resources.files("asyncsoak") / "_report_assets" / name).read_text(encoding="utf-8")
+
+
+#: The page's stylesheet.
+STYLE = _asset("report.css")
+#: One readout for every panel at the pointer's time, a line across all panels there, and
+#: y axes that follow a zoom on the shared time axis.  Plain DOM, offline, after the plot.
+READOUT_SCRIPT = _asset("readout.js")
+#: After the figure is drawn: what it holds, where the verdict and evidence end, and when,
+#: in the render marker (for the tests and the benchmark).
+RENDERED_SCRIPT = _asset("rendered.js")
+
 PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -239,68 +254,6 @@ window.addEventListener("error", function (e) {{
 <pre id="page-errors" hidden></pre>
 {body}
 </body></html>
-"""
-
-STYLE = """
-body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
-  margin: 0 auto; padding: 0 24px 48px; max-width: 1500px; color: #1d2330; }
-h1 { font-size: 26px; margin: 4px 0; }
-h2 { font-size: 19px; margin: 28px 0 8px; border-bottom: 1px solid #dde1e8;
-  padding-bottom: 4px; }
-code, pre, .mono { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace;
-  font-size: 13px; }
-.verdict { margin: 16px -24px 0; padding: 12px 24px; border-left: 10px solid; }
-.verdict.passed { background: #eaf6ea; border-color: #2ca02c; }
-.verdict.failed, .verdict.error { background: #fbeaea; border-color: #d62728; }
-.verdict.cancelled { background: #f0f0f0; border-color: #888; }
-.badge { display: inline-block; font-weight: 700; letter-spacing: .08em; padding: 2px 10px;
-  border-radius: 4px; color: #fff; font-size: 14px; }
-.passed .badge { background: #2ca02c; } .failed .badge, .error .badge { background: #d62728; }
-.cancelled .badge { background: #777; }
-.reason { font-size: 16px; margin: 6px 0 0; }
-.reason b { font-family: ui-monospace, monospace; }
-.facts { display: grid; grid-template-columns: max-content 1fr; gap: 3px 18px; margin: 14px 0; }
-.facts dt { color: #5a6275; } .facts dd { margin: 0; overflow-wrap: anywhere; }
-.look li { margin: 3px 0; }
-.help { color: #5a6275; margin: 4px 0 6px; }
-.key { display: inline-block; width: 18px; height: 10px; vertical-align: middle;
-  margin: 0 3px 0 8px; }
-table { border-collapse: collapse; width: 100%; font-size: 14px; }
-th, td { text-align: left; padding: 3px 8px; border-bottom: 1px solid #eceef2;
-  vertical-align: top; }
-th { background: #f5f6f9; position: sticky; top: 0; }
-tr.failure td { background: #fdecec; } tr.signal td, tr.stop td { background: #fff4e5; }
-tr.exited td { background: #eef0f4; } tr.gap td { color: #5a6275; font-style: italic; }
-.scroll { max-height: 480px; overflow: auto; border: 1px solid #eceef2; }
-pre.log { background: #14171f; color: #e3e6ed; padding: 10px 12px; max-height: 520px;
-  overflow: auto; white-space: pre-wrap; }
-details { margin: 6px 0; } summary { cursor: pointer; color: #33508a; }
-h3 { font-size: 16px; margin: 16px 0 6px; } h4 { font-size: 14px; margin: 10px 0 4px; }
-#forensics pre { background: #f5f6f9; padding: 8px 10px; overflow: auto; }
-#page-errors { background: #fdd; color: #900; padding: 8px; }
-.evidence { display: grid; grid-template-columns: minmax(0, 5fr) minmax(0, 6fr); gap: 18px;
-  margin: 0 -24px; padding: 12px 24px; background: #f7f8fb; border-bottom: 1px solid #dde1e8; }
-.evidence dl { display: grid; grid-template-columns: max-content 1fr; gap: 4px 14px; margin: 0; }
-.evidence dt { color: #5a6275; font-weight: 600; } .evidence dd { margin: 0; }
-.evidence pre.source { margin: 4px 0 0; padding: 4px 8px; background: #fff;
-  border-left: 3px solid #d62728; white-space: pre-wrap; }
-.evidence .help { margin: 0 0 4px; }
-pre.log.excerpt { max-height: 300px; margin: 0; }
-pre.log .tb { color: #ffb4a8; } pre.log .tb-exc { color: #fff; background: #a3201b;
-  font-weight: 700; }
-.evidence code { white-space: nowrap; }
-.jump { margin-top: 10px; font-size: 14px; } .jump a { color: #33508a; }
-table.processes tr.leak td, table.compare tr.regressed td { background: #fdecec; }
-.readout { position: fixed; top: 8px; right: 8px; z-index: 10; background: rgba(255,255,255,.95);
-  border: 1px solid #c9ced8; border-radius: 4px; padding: 6px 10px; font-size: 12px;
-  max-height: 90vh; overflow: auto; box-shadow: 0 2px 8px rgba(0,0,0,.12); }
-.readout dl { margin: 4px 0 0; } .readout dt { font-weight: 600; margin-top: 3px; }
-.readout dd { margin: 0 0 0 8px; } .readout dd span { color: #5a6275; }
-.crosshair { position: absolute; top: 0; bottom: 0; width: 0; border-left: 1px solid #555;
-  pointer-events: none; display: none; z-index: 5; }
-.steady { background: #f5f6f9; padding: 6px 10px; margin: 6px 0; }
-footer { color: #8a90a0; margin-top: 32px; font-size: 13px; }
-.empty { color: #8a90a0; }
 """
 
 
@@ -1578,115 +1531,6 @@ class _Timeline:
             "Every panel shares one time axis: drag to zoom (all panels follow), "
             "double-click to reset, hover for values." + lost + "<br>" + legend
         )
-
-
-#: One readout for every panel at the pointer's time, a line across all panels there, and
-#: y axes that follow a zoom on the shared time axis.  Plain DOM, offline, after the plot.
-READOUT_SCRIPT = r"""
-(function () {
-var plot = document.getElementById("{plot_id}");
-var startMs = __START_MS__, xSeconds = __X_SECONDS__, xUnit = __X_UNIT__;
-var box = document.getElementById("readout");
-var line = document.createElement("div");
-line.className = "crosshair";
-plot.style.position = "relative";
-plot.appendChild(line);
-function nearest(xs, x) {
-  var lo = 0, hi = xs.length - 1;
-  if (hi < 0 || x < xs[0]) { return -1; }
-  while (lo < hi) {
-    var mid = (lo + hi + 1) >> 1;
-    if (xs[mid] <= x) { lo = mid; } else { hi = mid - 1; }
-  }
-  return lo;
-}
-function fmt(v, unit) {
-  if (v === null || v === undefined) { return "n/a"; }
-  var a = Math.abs(v), text = a >= 100 ? v.toFixed(0) : a >= 10 ? v.toFixed(1) : v.toPrecision(3);
-  return text + (unit ? " " + unit : "");
-}
-function clock(x) {
-  var seconds = x * xSeconds, rel = seconds < 60 ? seconds.toFixed(1) + " s" :
-    Math.floor(seconds / 60) + " min " + Math.round(seconds % 60) + " s";
-  if (startMs === null) { return rel; }
-  var wall = new Date(startMs + seconds * 1000).toISOString().slice(11, 19);
-  return rel + " since the start · " + wall + " UTC";
-}
-function show(x) {
-  var rows = [], panel = null;
-  plot.data.forEach(function (trace) {
-    if (!trace.meta || trace.visible === "legendonly") { return; }
-    var i = nearest(trace.x, x);
-    if (i < 0) { return; }
-    if (trace.meta[0] !== panel) { panel = trace.meta[0]; rows.push("<dt>" + panel + "</dt>"); }
-    rows.push("<dd><span>" + trace.meta[1] + "</span> " + fmt(trace.y[i], trace.meta[2]) + "</dd>");
-  });
-  box.innerHTML = "<b>" + clock(x) + "</b><dl>" + rows.join("") + "</dl>";
-  box.hidden = false;
-  var axis = plot._fullLayout.xaxis;
-  line.style.left = (axis._offset + axis.l2p(x)) + "px";
-  line.style.display = "block";
-}
-plot.on("plotly_hover", function (e) {
-  if (e.points && e.points.length) { show(e.points[0].x); }
-});
-plot.on("plotly_unhover", function () { line.style.display = "none"; box.hidden = true; });
-var rescaling = false;
-plot.on("plotly_relayout", function (change) {
-  if (rescaling) { return; }
-  var range = null, reset = false;
-  Object.keys(change).forEach(function (key) {
-    var m = key.match(/^xaxis\d*\.range\[0\]$/);
-    if (m) { range = [change[key], change[key.replace("[0]", "[1]")]]; }
-    if (/^xaxis\d*\.range$/.test(key)) { range = change[key]; }
-    if (/^xaxis\d*\.autorange$/.test(key)) { reset = true; }
-  });
-  if (!range && !reset) { return; }
-  var spans = {};
-  plot.data.forEach(function (trace) {
-    if (!trace.meta || trace.meta[0] === "Time since the last progress") { return; }
-    var axis = "yaxis" + (trace.yaxis || "y").slice(1);
-    var s = spans[axis] || (spans[axis] = [Infinity, -Infinity]);
-    if (reset) { return; }
-    for (var i = 0; i < trace.x.length; i++) {
-      var v = trace.y[i];
-      if (v === null || trace.x[i] < range[0] || trace.x[i] > range[1]) { continue; }
-      if (v < s[0]) { s[0] = v; } if (v > s[1]) { s[1] = v; }
-    }
-  });
-  var update = {};
-  Object.keys(spans).forEach(function (axis) {
-    var s = spans[axis];
-    if (reset || !isFinite(s[0])) { update[axis + ".autorange"] = true; return; }
-    var pad = (s[1] - s[0]) * 0.08 || Math.abs(s[1]) * 0.05 || 1;
-    update[axis + ".range"] = [s[0] - pad, s[1] + pad];
-  });
-  rescaling = true;
-  Plotly.relayout(plot, update).then(function () { rescaling = false; });
-});
-})();
-"""
-
-RENDERED_SCRIPT = """
-var plot = document.getElementById("{plot_id}");
-var marker = document.getElementById("render-status");
-var titles = Array.prototype.map.call(
-  plot.querySelectorAll(".annotation-text"), function (e) { return e.textContent; });
-marker.dataset.subplots = String(plot.querySelectorAll(".cartesianlayer > .subplot").length);
-marker.dataset.traces = String(plot.querySelectorAll(".scatterlayer .trace").length);
-marker.dataset.titles = titles.join("|");
-marker.dataset.labels = Array.prototype.map.call(
-  plot.querySelectorAll(".textpoint"), function (e) { return e.textContent; }).join("|");
-// Where the verdict and the evidence end on the page: a reader must see them without scrolling.
-["verdict", "evidence", "cause"].forEach(function (id) {
-  var box = document.getElementById(id);
-  if (box) { marker.dataset[id + "Bottom"] = String(Math.round(
-    box.getBoundingClientRect().bottom + window.scrollY)); }
-});
-// Milliseconds from the start of navigation to the figure drawn: the report's load-and-draw.
-marker.dataset.drawnMs = String(Math.round(performance.now()));
-marker.dataset.state = "rendered";
-"""
 
 
 def _vline(x: float, color: str, dash: str, width: float, opacity: float) -> dict[str, Any]:
