@@ -20,6 +20,7 @@ from typing import Any
 from ._errors import ValidationError
 from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
 from ._trendwatch import TrendWatch
+from ._vocabulary import EventKind
 
 #: Version 2 added ``trends``, ``processes``, ``limits``, ``exit.exception`` and
 #: ``series.progress_rate``; readers still take version 1 artifacts.
@@ -29,7 +30,7 @@ SCHEMA_VERSIONS = frozenset({1, 2})
 EVENTS_HEAD = 500
 EVENTS_TAIL = 1500
 #: Event kinds that live only in the journal (their figures are in series and summary).
-SAMPLE_KINDS = frozenset({"sample", "gpu_sample"})
+SAMPLE_KINDS = frozenset({EventKind.SAMPLE, EventKind.GPU_SAMPLE})
 #: Bytes of the captured output copied into the artifact.
 LOG_TAIL_BYTES = 16 * 1024
 #: Permissions of every file asyncsoak creates: the owner's only.
@@ -176,11 +177,11 @@ class ArtifactBuilder:
         kind = event.get("kind")
         t = float(event.get("t", 0.0))
         self.last_t = max(self.last_t, t)
-        if kind == "header":
+        if kind == EventKind.HEADER:
             self.header = event
             self.trends.configure(event.get("config") or {})
             return
-        if kind == "snapshot":
+        if kind == EventKind.SNAPSHOT:
             self.snapshot = event["data"]
             return
         if kind in SAMPLE_KINDS:
@@ -189,12 +190,12 @@ class ArtifactBuilder:
         # A forensics record is large: the artifact keeps it once, in its own section.
         self._keep_event(
             {"t": t, "kind": kind, "processes": len(event["data"].get("processes", []))}
-            if kind == "forensics"
+            if kind == EventKind.FORENSICS
             else event
         )
-        if kind == "started":
+        if kind == EventKind.STARTED:
             self.exit["pid"] = event["pid"]
-        elif kind == "exited":
+        elif kind == EventKind.EXITED:
             self.exit.update(
                 returncode=event["returncode"], signal=event["signal"], pid=event["pid"]
             )
@@ -202,7 +203,7 @@ class ArtifactBuilder:
             self.trends.end(t)
             if self.stop["cause"] is None:
                 self.stop["cause"] = "exited"
-        elif kind == "progress":
+        elif kind == EventKind.PROGRESS:
             self.progress_changes += int(event["changed"])
             if self.progress_first is None:
                 self.progress_first = t
@@ -210,49 +211,53 @@ class ArtifactBuilder:
                 self.longest_gap = max(self.longest_gap, t - self.progress_last)
             self.progress_last = t
             self.trends.add_progress(t, event)
-        elif kind == "exception":
+        elif kind == EventKind.EXCEPTION:
             self.exit["exception"] = {
                 "type": event["type"],
                 "message": event["message"],
                 "where": event["where"],
                 "kind": event["exception_kind"],
             }
-        elif kind == "limits":
+        elif kind == EventKind.LIMITS:
             self.trends.add_limits(event)
-        elif kind == "failure":
+        elif kind == EventKind.FAILURE:
             self.failures.append(
                 {"reason": event["reason"], "message": event["message"], "at": event["at"]}
             )
-        elif kind == "warning":
+        elif kind == EventKind.WARNING:
             self.warnings.append(str(event["message"]))
-        elif kind == "stop":
+        elif kind == EventKind.STOP:
             self.trends.end(t)
             self.stop.update(
                 cause=event["cause"], mode=event["mode"], grace_seconds=event["grace_seconds"]
             )
-        elif kind == "signal":
+        elif kind == EventKind.SIGNAL:
             self.stop["signals"].append(
                 {"t": t, "signal": event["signal"], "target": event["target"]}
             )
             if event["signal"] == "SIGKILL":
                 self.stop["killed"] = True
-        elif kind == "requeue":
+        elif kind == EventKind.REQUEUE:
             self.stop["requeue"] = {
                 k: event[k] for k in ("job_id", "ok", "returncode", "message", "t")
             }
-        elif kind == "leftover":
+        elif kind == EventKind.LEFTOVER:
             self.leftovers.append(event["process"])
-        elif kind == "abandoned":
+        elif kind == EventKind.ABANDONED:
             self.abandoned.append(event["process"])
-        elif kind == "forensics":
+        elif kind == EventKind.FORENSICS:
             self.forensics = {"reason": event["reason"], "t": t, **event["data"]}
-        elif kind == "oom_kill":
+        elif kind == EventKind.OOM_KILL:
             self.oom_kills.append(
                 {"pid": event["pid"], "name": event["name"], "message": event["message"]}
             )
-        elif kind in ("sampler_note", "sampler_degraded", "sampler_recovered"):
+        elif kind in (
+            EventKind.SAMPLER_NOTE,
+            EventKind.SAMPLER_DEGRADED,
+            EventKind.SAMPLER_RECOVERED,
+        ):
             self.sampler_notes.append(event)
-        elif kind == "finished":
+        elif kind == EventKind.FINISHED:
             self.status = str(event["status"])
 
     def _keep_event(self, event: dict[str, Any]) -> None:
@@ -264,7 +269,7 @@ class ArtifactBuilder:
 
     def _add_sample(self, kind: str, t: float, event: dict[str, Any]) -> None:
         self.samples[kind] = self.samples.get(kind, 0) + 1
-        if kind == "sample":
+        if kind == EventKind.SAMPLE:
             self.trends.add_sample(t, event)
         else:
             self.trends.add_gpu_sample(t, event)

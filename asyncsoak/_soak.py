@@ -72,6 +72,7 @@ from ._serializer import Serializer
 from ._sink import EventSink, SoakClock, open_event_queue
 from ._spawn import Spawner, SpawnRequest
 from ._trends import describe_growth, format_amount, format_bytes, format_seconds
+from ._vocabulary import SoakStatus, StopCause
 from ._watchdog import (
     ProgressTracker,
     ScanResult,
@@ -324,7 +325,7 @@ class _Soak:
         if self.cause is None:
             self.cause = cause
             self._ended.set()
-        if cause in ("cancelled", "requested") and not self._caller_stop.is_set():
+        if cause in (StopCause.CANCELLED, StopCause.REQUESTED) and not self._caller_stop.is_set():
             self._caller_stop.set()
             for scope in list(self._stop_scopes):
                 scope.cancel()
@@ -360,7 +361,7 @@ class _Soak:
         """
         # A stop from outside (the caller, a scheduler) keeps its grace; the monitor's own
         # (an exit, a rule, max_duration) gives way to the caller's stop.
-        own_stop = self.cause not in ("exited", "failure", "max_duration")
+        own_stop = self.cause not in (StopCause.EXITED, StopCause.FAILURE, StopCause.MAX_DURATION)
         with self._given_up_on_caller_stop(grace=own_stop), anyio.move_on_after(seconds):
             await spawner.tree_gone.wait()
 
@@ -394,7 +395,7 @@ class _Soak:
             raise self._error
         artifact = self._artifact
         assert artifact is not None
-        if artifact["status"] in ("failed", "error"):
+        if artifact["status"] in (SoakStatus.FAILED, SoakStatus.ERROR):
             raise SoakFailureError(artifact, self.cfg.output_path)
         return artifact
 
@@ -559,7 +560,12 @@ class _Soak:
     def _status(self, error: Exception | None) -> str:
         if error is not None:
             return "error"
-        if self.cause in ("requested", "cancelled", _slurm.CAUSE_SCHEDULER, _slurm.CAUSE_REQUEUED):
+        if self.cause in (
+            StopCause.REQUESTED,
+            StopCause.CANCELLED,
+            _slurm.CAUSE_SCHEDULER,
+            _slurm.CAUSE_REQUEUED,
+        ):
             return "cancelled"
         if "monitor_error" in self._failures:
             return "error"  # the reaper was lost
@@ -747,11 +753,11 @@ class _Soak:
                 if cfg.max_duration_seconds is not None:
                     producers.start_soon(self._end_after_max_duration, sink)
                 await self._ended.wait()
-                if self.cause == "exited" and self.control.stop_requested.is_set():
+                if self.cause == StopCause.EXITED and self.control.stop_requested.is_set():
                     # The stop request and the exit crossed (a scheduler that signals every
                     # process of the job: the trainer saved and exited on the same SIGTERM).
                     self.cause = self.control.cause
-                if self.cause == "exited":
+                if self.cause == StopCause.EXITED:
                     # A command shorter than one scan interval: what it wrote still counts.
                     await final_scan(
                         sink,
@@ -763,7 +769,7 @@ class _Soak:
                         scan_timeout=FINAL_SCAN_TIMEOUT,
                     )
                 self._progress_seen = tracker.first_change is not None
-                if self.cause == "exited":
+                if self.cause == StopCause.EXITED:
                     await self._after_exit(sink, spawner)
                 elif self.cause == "reaper_lost":
                     await self._after_reaper_lost(sink, spawner)
@@ -957,7 +963,7 @@ class _Soak:
                 t=sink.elapsed(), cause=self.cause, mode=cfg.stop_mode, grace_seconds=grace
             )
         )
-        if self.cause == "failure" and self._failures[0] in HANG_REASONS:
+        if self.cause == StopCause.FAILURE and self._failures[0] in HANG_REASONS:
             await self._hang_forensics(sink, spawner, self._failures[0])
         if self.cause == _slurm.CAUSE_REQUEUED:
             pass  # the graceful request was the forwarded signal: the trainer is saving
@@ -991,7 +997,7 @@ class _Soak:
             # The command is gone but some of its tree outlived it by the grace.
             leftovers = await self._record_leftovers(sink, spawner)
         await self._kill(sink, spawner)
-        if leftovers and self.cause in ("failure", "max_duration"):
+        if leftovers and self.cause in (StopCause.FAILURE, StopCause.MAX_DURATION):
             await self._fail(
                 "leftover_processes",
                 f"{leftovers} process(es) outlived the command by {grace:g}s and were killed",
