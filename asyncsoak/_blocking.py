@@ -27,9 +27,10 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 T = TypeVar("T")
 
@@ -191,3 +192,87 @@ async def _wait(func: Callable[..., T], args: tuple[Any, ...]) -> T:
         # Deadline or cancellation: drop the call if it is still queued, count it as
         # abandoned if it runs; now, not on a later turn of the loop.
         call.cancel()
+
+
+class Ride(Generic[T]):
+    """A blocking call that runs in the thread hop of another caller (see :class:`Rides`)."""
+
+    def __init__(self, func: Callable[[], T], timeout: float) -> None:
+        self.func = func
+        self.timeout = timeout
+        self.taken = False
+        #: Set on the event loop by the caller that took the ride, once it has run.
+        self.done = anyio.Event()
+        self.finished = False
+        self._result: T | None = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        """Run the call (in the taker's thread), keeping its result or its exception."""
+        try:
+            self._result = self.func()
+        except Exception as exc:
+            self._error = exc
+        self.finished = True
+
+    def outcome(self) -> T:
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+
+class Rides:
+    """Blocking calls waiting to ride on the next hop of a caller that makes one anyway.
+
+    Each trip to a pool thread and back wakes two threads; at every sample interval the proc
+    sampler makes one, so the watchdog's scan on the same grid rides on it instead of making
+    its own (:func:`ride_or_run`).  The taker runs the rides after its own call, in the same
+    :func:`run_blocking` (its deadline grows by theirs), and sets each ride's ``done``.
+    """
+
+    def __init__(self) -> None:
+        self._posted: list[Ride[Any]] = []
+
+    def post(self, func: Callable[[], T], timeout: float) -> Ride[T]:
+        ride = Ride(func, timeout)
+        self._posted.append(ride)
+        return ride
+
+    def withdraw(self, ride: Ride[Any]) -> bool:
+        """Take back a ride nobody took yet (True), or leave it (False: it is under way)."""
+        if ride.taken:
+            return False
+        self._posted.remove(ride)
+        return True
+
+    def take(self) -> list[Ride[Any]]:
+        rides, self._posted = self._posted, []
+        for ride in rides:
+            ride.taken = True
+        return rides
+
+
+#: Turns of the event loop a rider waits for its taker when both woke on the same tick.
+RIDE_TURNS = 3
+
+
+async def ride_or_run(
+    rides: Rides,
+    ride: Ride[T],
+    *,
+    what: str,
+    limiter: anyio.CapacityLimiter | None = None,
+) -> T:
+    """The outcome of a posted ride, within its deadline; run by the caller itself (through
+    :func:`run_blocking`) when no taker came within a few turns of the loop."""
+    for _ in range(RIDE_TURNS):
+        if ride.taken:
+            break
+        # No wake-up: the loop polls without sleeping while tasks are ready.
+        await anyio.lowlevel.checkpoint()
+    if rides.withdraw(ride):
+        return await run_blocking(ride.func, timeout=ride.timeout, what=what, limiter=limiter)
+    with anyio.move_on_after(ride.timeout):
+        await ride.done.wait()
+        return ride.outcome()
+    raise BlockingCallTimeout(what, ride.timeout)

@@ -76,8 +76,6 @@ LOOP_RETRY_INTERVALS = 10
 MAX_LOOP_RETRY = 600.0
 #: Longest wait between two attempts while ``nvidia-smi`` fails (unless the interval is longer).
 MAX_BACKOFF = 60.0
-#: How long to wait for the rest of a compute-apps iteration once its first line has arrived.
-APPS_SETTLE = 0.05
 #: How late the process loop's next iteration may be (scheduling, a busy machine) before its
 #: silence is taken to mean that no process holds a GPU any more.
 APPS_SLACK = 0.5
@@ -214,6 +212,10 @@ class _LineReader:
         except anyio.DelimiterNotFound as exc:
             raise SmiParseError(f"a line longer than {MAX_LINE} bytes") from exc
         return data.decode(errors="replace")
+
+    def more_buffered(self) -> bool:
+        """Whether a whole line is already read from the pipe and waiting."""
+        return b"\n" in self._stream.buffer
 
     async def exit_status(self) -> str:
         with anyio.move_on_after(1.0):
@@ -460,29 +462,26 @@ class _GpuSampler:
                 group = []
 
     async def _read_apps_loop(self, reader: _LineReader) -> _LoopEnd:
-        settle = min(APPS_SETTLE, self._interval / 2)
         group: list[str] = []
         while True:
-            # Silence is normal here (no process holds a GPU): no deadline unless an
-            # iteration is under way.
-            with anyio.move_on_after(settle if group else None) as scope:
-                try:
-                    line = await reader.line()
-                except SmiParseError as exc:
-                    return _LoopEnd(False, f"the nvidia-smi process loop printed {exc}")
-            if scope.cancelled_caught:
-                await self._apps_iteration(group)
-                group = []
-                continue
+            # Silence is normal here (no process holds a GPU): no deadline.
+            try:
+                line = await reader.line()
+            except SmiParseError as exc:
+                return _LoopEnd(False, f"the nvidia-smi process loop printed {exc}")
             if line is None:
                 status = await reader.exit_status()
                 return _LoopEnd(False, f"the nvidia-smi process loop ended ({status})")
             if not line.strip():
                 continue
             if group and line_timestamp(line) != line_timestamp(group[0]):
-                await self._apps_iteration(group)
                 group = []
             group.append(line)
+            if not reader.more_buffered():
+                # nvidia-smi prints an iteration at once: with nothing more buffered it is
+                # whole, and no timer waits for the rest.  A straggler of the same iteration
+                # extends it and it is read again.
+                await self._apps_iteration(group)
 
     async def _gpu_iteration(self, lines: list[str]) -> None:
         readings = await self._parse_gpus(lines)
@@ -499,7 +498,7 @@ class _GpuSampler:
         if self._apps is None:
             return []
         at, processes = self._apps
-        if anyio.current_time() - at > self._interval + APPS_SETTLE + APPS_SLACK:
+        if anyio.current_time() - at > self._interval + APPS_SLACK:
             return []
         return processes
 

@@ -19,7 +19,6 @@ second read starts until the stuck one returns.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -28,11 +27,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import anyio
+import anyio.lowlevel
 
-from ._blocking import BlockingCallTimeout, run_blocking
+from ._blocking import BlockingCallTimeout, Ride, Rides, run_blocking
 from ._events import (
     Event,
     SamplerDegraded,
@@ -600,6 +600,21 @@ def _read_disk(path: Path) -> DiskFigures:
     return DiskFigures(path=str(path), free_bytes=free, percent_used=percent)
 
 
+def _read_and_ride(
+    read: Callable[[float], ProcSample | None],
+    t: float,
+    rides: list[Ride[Any]],
+    out: list[ProcSample | None],
+) -> None:
+    """The sample (into ``out`` at once: a ride that hangs after it does not lose it), then
+    the rides, even when the read failed."""
+    try:
+        out.append(read(t))
+    finally:
+        for ride in rides:
+            ride.run()
+
+
 def next_tick(previous: float, interval: float, now: float) -> float:
     """The next tick on the grid ``previous + k * interval`` strictly after ``now``.
 
@@ -624,6 +639,7 @@ async def run_proc_sampler(
     masker: Masker | None = None,
     read_timeout: float = READ_TIMEOUT_SECONDS,
     proc: Path = PROC,
+    rides: Rides | None = None,
 ) -> None:
     """Offer a :class:`ProcSample` every ``interval`` seconds until cancelled.
 
@@ -634,6 +650,9 @@ async def run_proc_sampler(
     in ``sink.counters.sampler_errors`` and told once as a ``sampler_note``; a read that
     outlives ``read_timeout`` degrades the sampler until a read succeeds again.  Sampling
     goes on in every case.  The sampler owns ``sink`` (give it a clone) and closes it.
+
+    The blocking calls posted to ``rides`` (the watchdog's scan on the same grid) run in the
+    same thread hop as each read, after it: one trip to a thread per sample for everything.
     """
     async with sink:
         if not interval > 0:
@@ -655,14 +674,31 @@ async def run_proc_sampler(
             sample: ProcSample | None = None
             busy = False
             try:
-                with contextlib.suppress(BlockingCallTimeout):
-                    sample = await run_blocking(
+                taken: list[Ride[Any]] = []
+                if rides is not None:
+                    # A rider woken by the same tick gets one turn of the loop to post.
+                    await anyio.lowlevel.checkpoint()
+                    taken = rides.take()
+                read: list[ProcSample | None] = []
+                try:
+                    await run_blocking(
+                        _read_and_ride,
                         sampler.read,
                         sink.elapsed(),
-                        timeout=read_timeout,
+                        taken,
+                        read,
+                        timeout=read_timeout + sum(ride.timeout for ride in taken),
                         what="reading /proc",
                         limiter=limiter,
                     )
+                except BlockingCallTimeout:
+                    pass  # unless the read itself came back, a ride hung (its rider is told)
+                finally:
+                    for ride in taken:
+                        if ride.finished:
+                            ride.done.set()
+                if read:
+                    sample = read[0]
                     busy = sample is None
                 if sample is not None:
                     if degraded:

@@ -37,7 +37,7 @@ from ._artifact import (
     read_log_tail,
     write_artifact,
 )
-from ._blocking import BlockingCallTimeout, abandoned_calls, run_blocking
+from ._blocking import BlockingCallTimeout, Rides, abandoned_calls, run_blocking
 from ._config import LOG_MAX_BYTES, LeakCheck, SoakConfig, StopMode, validate
 from ._control import SoakControl
 from ._crash import describe as describe_crash
@@ -698,6 +698,8 @@ class _Soak:
                 stale_after=cfg.stale_progress_seconds,
             )
             tracker.skipped_dirs = baseline.errors
+            # The watchdog's scans ride on the proc sampler's thread hop (same grid).
+            rides = Rides()
             async with anyio.create_task_group() as producers:
                 self._produce(producers, sink, spawner.watch)
                 self._produce(
@@ -713,6 +715,7 @@ class _Soak:
                         scan_interval=cfg.sample_interval_seconds,
                         limiter=self._limiter,
                         on_failure=self._watchdog_rule,
+                        rides=rides,
                     ),
                 )
                 assert spawner.reaper_pid is not None
@@ -728,6 +731,7 @@ class _Soak:
                         detailed_memory=cfg.detailed_memory,
                         on_tree=self._on_tree,
                         masker=self._masker,
+                        rides=rides,
                     ),
                 )
                 if cfg.nvidia_smi is not None:

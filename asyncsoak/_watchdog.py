@@ -26,7 +26,7 @@ from pathlib import Path
 
 import anyio
 
-from ._blocking import BlockingCallTimeout, run_blocking
+from ._blocking import BlockingCallTimeout, Ride, Rides, ride_or_run, run_blocking
 from ._events import Progress, Warning
 from ._inotify import Inotify
 from ._sink import EventSink
@@ -253,11 +253,13 @@ async def run_watchdog(
     on_failure: Callable[[str, str], Awaitable[None]],
     scan_timeout: float = 60.0,
     use_inotify: bool = True,
+    rides: Rides | None = None,
 ) -> None:
     """Watch until a rule fires (then call ``on_failure``) or the task is cancelled.
 
     Between scans it waits on inotify, so a change is dated when it happens; a scan runs every
-    ``scan_interval`` and at each deadline, and decides whether the deadline was met.
+    ``scan_interval`` and at each deadline, and decides whether the deadline was met.  With
+    ``rides`` (the proc sampler's, on the same grid) the scans ride on the sampler's thread hop.
     """
     watcher = open_inotify() if use_inotify else None
     try:
@@ -279,6 +281,7 @@ async def run_watchdog(
                 limiter,
                 on_failure,
                 scan_timeout,
+                rides,
             )
             tg.cancel_scope.cancel()
     finally:
@@ -338,6 +341,7 @@ async def _watch(
     limiter: anyio.CapacityLimiter,
     on_failure: Callable[[str, str], Awaitable[None]],
     scan_timeout: float,
+    rides: Rides | None = None,
 ) -> None:
     next_scan = _next_on_grid(sink.elapsed(), scan_interval)
     root_watched = False
@@ -345,7 +349,13 @@ async def _watch(
         root_watched = await run_blocking(
             os.path.isdir, progress_dir, timeout=scan_timeout, what=f"a stat of {progress_dir}"
         )
+    ride: Ride[ScanResult] | None = None
     while True:
+        if rides is not None and ride is None:
+            # Posted ahead, so the sampler's hop at the next tick takes it.
+            ride = rides.post(
+                partial(scan_progress_dir, progress_dir, ignore(), also), scan_timeout
+            )
         wake = min(next_scan, tracker.deadline())
         with anyio.move_on_after(max(0.0, wake - sink.elapsed())):
             if watcher is None:
@@ -383,12 +393,18 @@ async def _watch(
         changed = []
         result: ScanResult | None = None
         with contextlib.suppress(BlockingCallTimeout):
-            result = await run_blocking(
-                partial(scan_progress_dir, progress_dir, ignore(), also),
-                timeout=scan_timeout,
-                what=f"the scan of {progress_dir}",
-                limiter=limiter,
-            )
+            if rides is not None and ride is not None:
+                taking, ride = ride, None
+                result = await ride_or_run(
+                    rides, taking, what=f"the scan of {progress_dir}", limiter=limiter
+                )
+            else:
+                result = await run_blocking(
+                    partial(scan_progress_dir, progress_dir, ignore(), also),
+                    timeout=scan_timeout,
+                    what=f"the scan of {progress_dir}",
+                    limiter=limiter,
+                )
         now = sink.elapsed()
         next_scan = _next_on_grid(now, scan_interval)
         # A scan that cannot finish (a hung network filesystem) sees no progress: fail closed.
