@@ -213,3 +213,72 @@ async def test_a_soak_never_uses_asyncios_default_executor(tmp_path: Path) -> No
         artifact = await run_soak(command=command, **fast_limits(tmp_path))
     assert artifact["status"] == "passed"
     assert loop._default_executor is None, "something ran on asyncio's default executor"  # type: ignore[attr-defined]
+
+
+@pytest.mark.asyncio
+async def test_a_ride_runs_in_the_takers_hop_and_one_without_taker_runs_itself() -> None:
+    """A posted call rides on another caller's thread hop (one trip for both); with no taker
+    within a few turns of the loop, the rider runs it itself, still under run_blocking."""
+    rides = _blocking.Rides()
+    ride = rides.post(threading.get_ident, timeout=5.0)
+
+    async def taker() -> int:
+        taken = rides.take()
+
+        def both() -> int:
+            for r in taken:
+                r.run()
+            return threading.get_ident()
+
+        thread = await run_blocking(both, timeout=5.0, what="the taker")
+        for r in taken:
+            r.done.set()
+        return thread
+
+    async with anyio.create_task_group() as tg:
+        got: dict[str, int] = {}
+
+        async def rider() -> None:
+            got["rider"] = await _blocking.ride_or_run(rides, ride, what="the rider")
+
+        async def take() -> None:
+            got["taker"] = await taker()
+
+        tg.start_soon(rider)
+        tg.start_soon(take)
+    assert got["rider"] == got["taker"] != threading.get_ident()
+
+    alone = rides.post(threading.get_ident, timeout=5.0)
+    thread = await _blocking.ride_or_run(rides, alone, what="nobody takes it")
+    assert thread != threading.get_ident()
+    assert rides.take() == []
+
+
+@pytest.mark.asyncio
+async def test_a_ride_that_hangs_is_bounded_by_its_deadline(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    rides = _blocking.Rides()
+    ride = rides.post(lambda: _read_fifo(fifo), timeout=0.3)
+    (taken,) = rides.take()
+    thread = threading.Thread(target=taken.run, daemon=True)
+    thread.start()
+    try:
+        start = time.monotonic()
+        with pytest.raises(BlockingCallTimeout, match="the hung ride"):
+            await _blocking.ride_or_run(rides, ride, what="the hung ride")
+        assert time.monotonic() - start < 3.0
+    finally:
+        _release(fifo)
+        thread.join(5)
+
+
+@pytest.mark.asyncio
+async def test_a_rides_exception_reaches_its_rider() -> None:
+    rides = _blocking.Rides()
+    ride = rides.post(lambda: int("x"), timeout=5.0)
+    (taken,) = rides.take()
+    taken.run()
+    taken.done.set()
+    with pytest.raises(ValueError, match="invalid literal"):
+        await _blocking.ride_or_run(rides, ride, what="a failing ride")
