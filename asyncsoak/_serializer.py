@@ -1,9 +1,10 @@
 """The serializer: drains the event queue into the journal and the artifact builder.
 
 Every event is appended to the journal (JSON Lines, in the format of ``_journal``) through
-aiofiles.  Samples and progress events wait for at most one sample interval, so an interval's
-events go out in one write (one thread hop instead of one per event) and a SIGKILL of the
-monitor loses at most the last interval; every other event (exit, failure, stop, finished...)
+aiofiles.  GPU samples and progress events wait for at most one sample interval, and each
+proc sample writes what waits with it, so an interval's events go out in one write (one
+thread hop instead of one per event, no timer in a steady soak) and a SIGKILL of the monitor
+loses at most the last interval; every other event (exit, failure, stop, finished...)
 is written at once, with whatever is waiting.  The journal is opened unbuffered, so each batch
 is one ``write(2)`` and nothing waits in a user-space buffer.  Past ``SEGMENT_BYTES`` the
 open segment is closed and compressed in the background (``_journal``).
@@ -55,6 +56,10 @@ JOURNAL_WRITE_TIMEOUT = 5.0
 #: Events that wait for the interval's write like samples do: they come every second from a
 #: busy trainer, and losing the last interval of them to a SIGKILL loses nothing of note.
 _BATCHED_KINDS = frozenset({"progress"})
+#: The proc sampler's samples set the interval's clock: each one writes what waits with it at
+#: once, so in a steady soak what waits (a GPU sample, progress) goes out with the next sample,
+#: within one interval, and no timer of the journal's own wakes the monitor.
+_FLUSHING_KINDS = frozenset({"sample"})
 #: Bound on opening and on closing the journal (a flush on close can hang on NFS).
 JOURNAL_CLOSE_TIMEOUT = 5.0
 
@@ -295,7 +300,11 @@ class Serializer:
                         continue
                     line, data = encoded
                     pending.append(line)
-                    urgent = urgent or not (event.DROPPABLE or event.KIND in _BATCHED_KINDS)
+                    urgent = (
+                        urgent
+                        or event.KIND in _FLUSHING_KINDS
+                        or not (event.DROPPABLE or event.KIND in _BATCHED_KINDS)
+                    )
                     try:
                         self.builder.add(data)
                         for observe in self.observers:

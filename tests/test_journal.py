@@ -282,3 +282,38 @@ def test_a_monitor_killed_at_any_moment_loses_at_most_the_last_interval(
     artifact = artifact_from_journal(journal)
     assert artifact["monitor"]["samples"]["sample"] == len(samples)
     assert artifact["failures"][0]["reason"] == "monitor_lost"
+
+
+async def lines_written(journal: Path, n: int) -> None:
+    """Until the journal holds ``n`` lines (a bounded poll: the writes are the serializer's)."""
+    with anyio.fail_after(10):
+        for _ in range(100_000):
+            if journal.read_bytes().count(b"\n") >= n:
+                return
+            await anyio.sleep(0.01)
+
+
+@pytest.mark.asyncio
+async def test_a_proc_sample_writes_what_waits_at_once(tmp_path: Path, tree: int) -> None:
+    """Progress waits for the interval's write; the next proc sample takes it out at once, so
+    a steady soak needs no journal timer (the flush interval here is a minute)."""
+    journal = tmp_path / "soak.jsonl"
+    serializer = Serializer(
+        create_private_file(journal), ArtifactBuilder(), journal_path=journal, flush_interval=60.0
+    )
+    sample = ProcSampler(tree, disk_paths={"output": tmp_path}).read(1.0)
+    assert sample is not None
+    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=8)
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serializer.run, receive)
+            async with send:
+                await send.send(header(journal))  # written at once
+                await lines_written(journal, 1)
+                await send.send(Progress(t=0.5, changed=1, paths=["m.jsonl"], gap_seconds=None))
+                await send.send(sample)
+                await lines_written(journal, 3)
+    kinds = [event["kind"] for event in read_journal(journal)]
+    assert kinds[-2:] == ["progress", "sample"]
+    for fd in serializer.lock_fds:
+        os.close(fd)
