@@ -120,7 +120,7 @@ SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
 #: seconds apart): the estimator is cheap, but not free at 1 s over a day.
 TREND_EVERY_INTERVALS = 5
 TREND_MIN_PERIOD = 1.0
-TREND_LAG_FRACTION = 0.01
+TREND_LAG_FRACTION = 0.02
 #: A leak projected to reach a limit within this long (or ``stale_progress_seconds`` x 10,
 #: whichever is longer) is a warning at once.
 BREACH_HORIZON_SECONDS = 3600.0
@@ -1152,7 +1152,7 @@ class _Soak:
             await self._check_budgets()
             now = sink.elapsed()
             if self.cause is None and now >= next_trends:
-                # Judged more rarely as the run grows (at most 1 % of its age late): a day
+                # Judged more rarely as the run grows (at most 2 % of its age late): a day
                 # of samples makes an evaluation cost a few milliseconds.
                 next_trends = now + max(period, now * TREND_LAG_FRACTION)
                 await self._judge_trends(sink, final=False)

@@ -31,7 +31,7 @@ from ._trends import (
 
 MiB = 2**20
 #: Points kept per series for the estimator (window minima of the samples).
-TRACK_POINTS = 512
+TRACK_POINTS = 256
 #: Points per process in the artifact's ``processes`` series.
 PROCESS_POINTS = 200
 #: Processes followed at most (a run that spawns a worker per step must not grow the monitor).

@@ -228,7 +228,7 @@ def run(quick: bool = False) -> Section:
             )
         )
     per_evaluation, fold, reference = evaluation_cost(quick)
-    # At the end of a day the soak judges every 1 % of its age (864 s); over the whole day,
+    # At the end of a day the soak judges every 2 % of its age (29 min); over the whole day,
     # the evaluations are spread evenly in log time: sum over judgements / the day.
     judgements = day_judgements()
     evaluations_per_second = judgements / DAY
