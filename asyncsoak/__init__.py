@@ -10,14 +10,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._control import SoakControl as SoakControl
     from ._errors import AsyncsoakError as AsyncsoakError
     from ._errors import SoakFailureError as SoakFailureError
     from ._errors import ValidationError as ValidationError
-    from ._journal import read_journal as read_journal
-    from ._metrics import Metrics as Metrics
-    from ._snapshot import runtime_snapshot as runtime_snapshot
-    from ._soak import run_soak as run_soak
+    from ._export._metrics import Metrics as Metrics
+    from ._record._journal import read_journal as read_journal
+    from ._record._snapshot import runtime_snapshot as runtime_snapshot
+    from ._supervisor._control import SoakControl as SoakControl
+    from ._supervisor._soak import run_soak as run_soak
 
 __all__ = [
     "AsyncsoakError",
@@ -32,13 +32,13 @@ __all__ = [
 
 _LAZY = {
     "AsyncsoakError": "._errors",
-    "Metrics": "._metrics",
-    "SoakControl": "._control",
+    "Metrics": "._export._metrics",
+    "SoakControl": "._supervisor._control",
     "SoakFailureError": "._errors",
-    "read_journal": "._journal",
+    "read_journal": "._record._journal",
     "ValidationError": "._errors",
-    "run_soak": "._soak",
-    "runtime_snapshot": "._snapshot",
+    "run_soak": "._supervisor._soak",
+    "runtime_snapshot": "._record._snapshot",
 }
 
 __version__ = "0.1.0"

@@ -20,14 +20,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._artifact import KNOWN_SCHEMA_VERSIONS, SCHEMA_VERSION, ArtifactError
-from ._artifact import check_artifact as _check_artifact
-from ._artifact import load_schema as _load_schema
-from ._journal import is_journal as _is_journal
-from ._recover import JournalError as _JournalError
-from ._recover import artifact_from_journal as _artifact_from_journal
-from ._summary import summarize
-from ._vocabulary import EventKind, FailureReason, SoakStatus, StopCause
+from ._record._artifact import KNOWN_SCHEMA_VERSIONS, SCHEMA_VERSION, ArtifactError
+from ._record._artifact import check_artifact as _check_artifact
+from ._record._artifact import load_schema as _load_schema
+from ._record._journal import is_journal as _is_journal
+from ._record._recover import JournalError as _JournalError
+from ._record._recover import artifact_from_journal as _artifact_from_journal
+from ._record._vocabulary import EventKind, FailureReason, SoakStatus, StopCause
+from ._view._summary import summarize
 
 __all__ = [
     "KNOWN_SCHEMA_VERSIONS",

@@ -38,9 +38,10 @@ from typing import Any
 import anyio
 import psutil
 
-from asyncsoak._commands import run_command
-from asyncsoak._gpu_sampler import GpuSample, run_gpu_sampler
-from asyncsoak._nvidia_smi import (
+from asyncsoak._process._commands import run_command
+from asyncsoak._record._sink import SoakClock, open_event_queue
+from asyncsoak._sampling._gpu_sampler import GpuSample, run_gpu_sampler
+from asyncsoak._sampling._nvidia_smi import (
     APP_FIELDS,
     APPS_QUERY,
     GPU_QUERY,
@@ -50,7 +51,6 @@ from asyncsoak._nvidia_smi import (
     parse_process_line,
     query_args,
 )
-from asyncsoak._sink import SoakClock, open_event_queue
 
 #: The target: loop mode costs at most this share of one spawn per sample.
 TARGET_RATIO = 0.1

@@ -33,8 +33,13 @@ from pathlib import Path
 
 import anyio
 
-from asyncsoak._gpu_sampler import GpuSample
-from asyncsoak._nvidia_smi import GpuProcess, GpuReading, parse_gpu_line, parse_process_line
+from asyncsoak._sampling._gpu_sampler import GpuSample
+from asyncsoak._sampling._nvidia_smi import (
+    GpuProcess,
+    GpuReading,
+    parse_gpu_line,
+    parse_process_line,
+)
 from benchmarks._common import REPO, Figure, Section, thread_cpu_seconds
 from benchmarks.gpu_check import TARGET_RATIO, measure_loop, measure_spawn
 from benchmarks.monitor_overhead import INTERVAL as IDLE_INTERVAL

@@ -78,7 +78,7 @@ def child_main(args: argparse.Namespace) -> None:
     import anyio
 
     from asyncsoak import Metrics, SoakControl, run_soak
-    from asyncsoak._tree import descendants
+    from asyncsoak._process._tree import descendants
     from benchmarks._common import parent_pid
 
     async def main(work: Path) -> None:

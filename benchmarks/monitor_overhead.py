@@ -99,7 +99,7 @@ async def floor_loop(root_pid: int, reads: bool, interval: float) -> None:
     files raw (the floor of item 1): what sampling at this interval costs at the least."""
     import anyio
 
-    from asyncsoak._proc_sampler import ProcSampler
+    from asyncsoak._sampling._proc_sampler import ProcSampler
     from benchmarks.proc_sampling import floor_reader
 
     read_all = None
@@ -132,7 +132,7 @@ async def soak_and_measure(
     from anyio.abc import Process
 
     from asyncsoak import SoakControl, run_soak
-    from asyncsoak._tree import descendants
+    from asyncsoak._process._tree import descendants
 
     progress = work / "progress"
     progress.mkdir()

@@ -41,14 +41,14 @@ from pathlib import Path
 
 import anyio
 
-from asyncsoak._proc_sampler import (
+from asyncsoak._record._sink import SoakClock, open_event_queue
+from asyncsoak._sampling._proc_sampler import (
     PROC,
     ProcSample,
     ProcSampler,
     read_proc_file,
     run_proc_sampler,
 )
-from asyncsoak._sink import SoakClock, open_event_queue
 from benchmarks._common import Figure, Section
 
 # Forks n children that sleep in read(0): EOF on stdin ends all of them, PDEATHSIG backs it up.

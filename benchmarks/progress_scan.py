@@ -85,7 +85,7 @@ def find_cpu(root: Path, runs: int) -> float:
 
 
 def run(quick: bool = False) -> Section:
-    from asyncsoak._watchdog import ProgressTracker, scan_progress_dir
+    from asyncsoak._sampling._watchdog import ProgressTracker, scan_progress_dir
 
     section = Section("progress_scan", "9. Progress scan")
     started = time.monotonic()

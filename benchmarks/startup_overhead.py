@@ -55,7 +55,7 @@ def run(quick: bool = False) -> Section:
             true,
         ]
         python = [sys.executable, "-c", "pass"]
-        imports = [sys.executable, "-c", "import asyncsoak._soak, asyncsoak.cli"]
+        imports = [sys.executable, "-c", "import asyncsoak._supervisor._soak, asyncsoak.cli"]
         wall(soak)  # the first run fills the page cache with the interpreter and the package
         for _ in range(runs):
             times["alone"].append(wall([true]))
@@ -88,7 +88,7 @@ def run(quick: bool = False) -> Section:
     )
     section.add(
         Figure(
-            "python -c 'import asyncsoak._soak, asyncsoak.cli'",
+            "python -c 'import asyncsoak._supervisor._soak, asyncsoak.cli'",
             median(times["import"]) * 1e3,
             "ms",
         )

@@ -19,7 +19,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import read_journal
-from asyncsoak._artifact import load_schema
+from asyncsoak._record._artifact import load_schema
 
 REPO = Path(__file__).resolve().parent.parent
 #: The environment of a CLI run by a test: this checkout's asyncsoak first.

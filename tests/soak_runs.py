@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncsoak import read_journal
-from asyncsoak._recover import artifact_from_journal
+from asyncsoak._record._recover import artifact_from_journal
 
 from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
 from .gpu_support import install_fake_nvidia_smi

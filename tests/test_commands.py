@@ -13,7 +13,7 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from asyncsoak._commands import run_command, run_command_sync, stop_process
+from asyncsoak._process._commands import run_command, run_command_sync, stop_process
 
 from .gpu_support import exited
 

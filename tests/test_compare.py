@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncsoak._compare import compare
-from asyncsoak._report import render_report
+from asyncsoak._view._compare import compare
+from asyncsoak._view._report import render_report
 
 from .conftest import asyncsoak_cli
 from .soak_runs import trainer_soak

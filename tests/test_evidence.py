@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from asyncsoak._evidence import gather, log_end, trend_text
-from asyncsoak._report import render_report
-from asyncsoak._summary import format_summary, summarize
+from asyncsoak._view._evidence import gather, log_end, trend_text
+from asyncsoak._view._report import render_report
+from asyncsoak._view._summary import format_summary, summarize
 
 from .conftest import asyncsoak_cli
 from .soak_runs import TRAINER, trainer_soak

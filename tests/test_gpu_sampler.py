@@ -17,7 +17,7 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from asyncsoak._events import (
+from asyncsoak._record._events import (
     Event,
     SamplerDegraded,
     SamplerNote,
@@ -25,9 +25,9 @@ from asyncsoak._events import (
     SeriesSource,
     event_to_json,
 )
-from asyncsoak._gpu_sampler import EccWatch, GpuSample, run_gpu_sampler
-from asyncsoak._nvidia_smi import GpuProcess, data_lines, parse_gpu_line
-from asyncsoak._sink import SinkCounters, SoakClock, open_event_queue
+from asyncsoak._record._sink import SinkCounters, SoakClock, open_event_queue
+from asyncsoak._sampling._gpu_sampler import EccWatch, GpuSample, run_gpu_sampler
+from asyncsoak._sampling._nvidia_smi import GpuProcess, data_lines, parse_gpu_line
 
 from .gpu_support import (
     CAPTURED_PID,

@@ -24,12 +24,12 @@ LIMIT_S = 60.0
 BROKEN_MONITOR = textwrap.dedent(
     """
     import sys
-    import asyncsoak._soak
+    import asyncsoak._supervisor._soak
 
     async def broken_sampler(*args, **kwargs):
         raise ValueError("an internal bug of the monitor")
 
-    asyncsoak._soak.run_proc_sampler = broken_sampler
+    asyncsoak._supervisor._soak.run_proc_sampler = broken_sampler
     from asyncsoak.cli import main
     sys.exit(main(sys.argv[1:]))
     """

@@ -16,19 +16,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncsoak import read_journal
-from asyncsoak._artifact import ArtifactBuilder, create_private_file
-from asyncsoak._events import Event, Header, Progress
-from asyncsoak._journal import (
+from asyncsoak._record._artifact import ArtifactBuilder, create_private_file
+from asyncsoak._record._events import Event, Header, Progress
+from asyncsoak._record._journal import (
     JournalDecoder,
     JournalEncoder,
     JournalReader,
     is_journal,
     journal_segments,
 )
-from asyncsoak._live import JournalTail
-from asyncsoak._proc_sampler import ProcSampler
-from asyncsoak._recover import artifact_from_journal
-from asyncsoak._serializer import Serializer
+from asyncsoak._record._recover import artifact_from_journal
+from asyncsoak._record._serializer import Serializer
+from asyncsoak._sampling._proc_sampler import ProcSampler
+from asyncsoak._view._live import JournalTail
 
 from .conftest import py
 
@@ -223,10 +223,10 @@ SERIALIZER_CHILD = r"""
 import anyio, os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
-from asyncsoak._artifact import ArtifactBuilder, create_private_file
-from asyncsoak._events import Event, Header, Progress
-from asyncsoak._proc_sampler import ProcSampler
-from asyncsoak._serializer import Serializer
+from asyncsoak._record._artifact import ArtifactBuilder, create_private_file
+from asyncsoak._record._events import Event, Header, Progress
+from asyncsoak._sampling._proc_sampler import ProcSampler
+from asyncsoak._record._serializer import Serializer
 from tests.test_journal import header
 
 journal, root = Path(sys.argv[1]), int(sys.argv[2])

@@ -17,8 +17,8 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncsoak._live import JournalTail, LiveState, Status, render_rich, watch_journal
-from asyncsoak._soak import run_soak
+from asyncsoak._supervisor._soak import run_soak
+from asyncsoak._view._live import JournalTail, LiveState, Status, render_rich, watch_journal
 
 from .conftest import CLI_ENV, fast_limits, py
 from .soak_runs import run_args, sample_lines

@@ -1,6 +1,6 @@
 """The reaper's capture of the command's output: a bounded log whose cost follows the output.
 
-These drive the real reaper process (``python -m asyncsoak._reaper``) the way the spawner
+These drive the real reaper process (``python -m asyncsoak._process._reaper``) the way the spawner
 does: the configuration line on its stdin (the lifeline), the log file's descriptor passed
 down, its reports read from its stdout.
 """
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from asyncsoak._spawn import REAPER_MODULE
+from asyncsoak._process._spawn import REAPER_MODULE
 
 from .conftest import CLI_ENV
 

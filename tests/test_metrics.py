@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from asyncsoak import Metrics, run_soak
-from asyncsoak._metrics import SoakMetrics, WorkerMetrics, encode_rows, new_registry
+from asyncsoak._export._metrics import SoakMetrics, WorkerMetrics, encode_rows, new_registry
 
 from .conftest import ReadyFifo, asyncsoak_cli, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi
@@ -391,7 +391,7 @@ def test_own_writer_matches_prometheus_clients_byte_for_byte() -> None:
     from prometheus_client.exposition import generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-    from asyncsoak._metrics import render, rows_of
+    from asyncsoak._export._metrics import render, rows_of
 
     soak = SoakMetrics("1-2", now=lambda: 5.0, host='a "quoted" host')
     for event in [
@@ -443,7 +443,7 @@ async def test_silent_clients_are_cut_off_and_their_number_bounded(
 ) -> None:
     """A client that never sends is closed at the request deadline; past the connection bound
     a new one is closed at once; afterwards scrapes are answered again."""
-    from asyncsoak import _metrics_server
+    from asyncsoak._export import _metrics_server
 
     monkeypatch.setattr(_metrics_server, "REQUEST_TIMEOUT", 0.5)
     port = free_port()

@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from asyncsoak import Metrics, run_soak
-from asyncsoak._metrics import METRIC_NAMES
+from asyncsoak._export._metrics import METRIC_NAMES
 from asyncsoak.queue import SqliteStore
 
 from .conftest import CLI_ENV, REPO, ReadyFifo, fast_limits

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncsoak._commands import CommandResult
-from asyncsoak._nvidia_smi import (
+from asyncsoak._process._commands import CommandResult
+from asyncsoak._sampling._nvidia_smi import (
     APP_FIELDS,
     ATTENTION_CLOCK_EVENT_REASONS,
     CLOCK_EVENT_REASONS,

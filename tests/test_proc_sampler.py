@@ -26,8 +26,10 @@ import anyio
 import psutil
 import pytest
 
-from asyncsoak._events import Event, SamplerDegraded, SamplerNote, SamplerRecovered
-from asyncsoak._proc_sampler import (
+from asyncsoak._record._events import Event, SamplerDegraded, SamplerNote, SamplerRecovered
+from asyncsoak._record._sink import SinkCounters, SoakClock, open_event_queue
+from asyncsoak._redact import Masker
+from asyncsoak._sampling._proc_sampler import (
     CLOCK_TICKS,
     PAGE_SIZE,
     ProcessFigures,
@@ -37,8 +39,6 @@ from asyncsoak._proc_sampler import (
     read_proc_file,
     run_proc_sampler,
 )
-from asyncsoak._redact import Masker
-from asyncsoak._sink import SinkCounters, SoakClock, open_event_queue
 
 MIB = 1 << 20
 

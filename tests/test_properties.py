@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncsoak import run_soak
-from asyncsoak._watchdog import ProgressTracker, scan_progress_dir
+from asyncsoak._sampling._watchdog import ProgressTracker, scan_progress_dir
 
 DURATIONS = [
     "sample_interval_seconds",

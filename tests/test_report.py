@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from asyncsoak._recover import JournalError, artifact_from_journal
-from asyncsoak._report import _plan_panels, _Timeline, read_journal_detail, render_report
+from asyncsoak._record._recover import JournalError, artifact_from_journal
+from asyncsoak._view._report import _plan_panels, _Timeline, read_journal_detail, render_report
 
 from .conftest import CLI_ENV, assert_valid, asyncsoak_cli
 from .soak_runs import Runs, make_runs
@@ -338,7 +338,7 @@ def test_long_run_keeps_its_gaps_within_bounds(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
     """A long run: minutes on the axis; the journal restores the events the artifact dropped."""
-    from asyncsoak._report import PROGRESS_CURVE_POINTS
+    from asyncsoak._view._report import PROGRESS_CURVE_POINTS
 
     journal = _long_run_journal(tmp_path / "soak.jsonl")
     artifact = artifact_from_journal(journal)

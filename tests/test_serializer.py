@@ -9,10 +9,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from asyncsoak import _serializer
-from asyncsoak._artifact import ArtifactBuilder
-from asyncsoak._events import Event, Warning
-from asyncsoak._serializer import Serializer
+from asyncsoak._record import _serializer
+from asyncsoak._record._artifact import ArtifactBuilder
+from asyncsoak._record._events import Event, Warning
+from asyncsoak._record._serializer import Serializer
 
 pytestmark = pytest.mark.asyncio
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from asyncsoak import _slurm
+from asyncsoak._supervisor import _slurm
 
 from .conftest import REPO, ReadyFifo, alive, assert_valid, asyncsoak_cli
 from .slurm_cluster import KILL_WAIT_S, SlurmCluster, missing

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from asyncsoak import _slurm
-from asyncsoak._job_view import NotOneJobError, combine, format_combined
+from asyncsoak._supervisor import _slurm
+from asyncsoak._view._job_view import NotOneJobError, combine, format_combined
 
 from .conftest import asyncsoak_cli
 

@@ -466,7 +466,7 @@ async def test_monitor_error_writes_an_error_artifact_and_reraises(
         await ready.line()
         raise RuntimeError("watchdog exploded")
 
-    monkeypatch.setattr(asyncsoak._soak, "run_watchdog", broken_watchdog)
+    monkeypatch.setattr(asyncsoak._supervisor._soak, "run_watchdog", broken_watchdog)
     body = "say(str(os.getpid()))\ntime.sleep(60)"
     with anyio.fail_after(60), pytest.raises(RuntimeError, match="watchdog exploded"):
         await run_soak(command=child(tmp_path, body, ready), **fast_limits(tmp_path))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from asyncsoak._summary import exit_text, summarize
+from asyncsoak._view._summary import exit_text, summarize
 
 from .conftest import asyncsoak_cli
 from .soak_runs import Runs, make_runs

@@ -18,7 +18,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import SoakFailureError, run_soak
-from asyncsoak._artifact import SCHEMA_VERSIONS, ArtifactBuilder
+from asyncsoak._record._artifact import SCHEMA_VERSIONS, ArtifactBuilder
 
 from .conftest import assert_valid, asyncsoak_cli, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from asyncsoak._crash import describe, find_exception
-from asyncsoak._trends import (
+from asyncsoak._analysis._trends import (
     FLOORS,
     Trend,
     default_warm_up,
@@ -20,6 +19,7 @@ from asyncsoak._trends import (
     theil_sen,
     windowed_minima,
 )
+from asyncsoak._process._crash import describe, find_exception
 from asyncsoak._units import check_size, parse_size
 
 from .trend_shapes import BASE, STABLE, GiB, MiB, detection_time, leak, times

@@ -13,9 +13,9 @@ import pytest
 
 import asyncsoak
 from asyncsoak import read_journal
-from asyncsoak._artifact import load_schema
-from asyncsoak._events import Event
-from asyncsoak._vocabulary import EventKind, FailureReason, SoakStatus, StopCause
+from asyncsoak._record._artifact import load_schema
+from asyncsoak._record._events import Event
+from asyncsoak._record._vocabulary import EventKind, FailureReason, SoakStatus, StopCause
 
 from .soak_runs import Runs, make_runs
 

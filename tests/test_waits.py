@@ -25,22 +25,15 @@ import psutil
 import pytest
 from aiofiles.threadpool.binary import AsyncFileIO
 
-from asyncsoak import (
-    SoakFailureError,
-    _artifact,
-    _cgroup,
-    _forensics,
-    _serializer,
-    _soak,
-    _tree,
-    _watchdog,
-    read_journal,
-    run_soak,
-)
-from asyncsoak._gpu_sampler import GpuSample
-from asyncsoak._inotify import Inotify
-from asyncsoak._nvidia_smi import GpuProcess
-from asyncsoak._sink import EventSink
+from asyncsoak import SoakFailureError, read_journal, run_soak
+from asyncsoak._process import _cgroup, _forensics, _tree
+from asyncsoak._record import _artifact, _serializer
+from asyncsoak._record._sink import EventSink
+from asyncsoak._sampling import _watchdog
+from asyncsoak._sampling._gpu_sampler import GpuSample
+from asyncsoak._sampling._inotify import Inotify
+from asyncsoak._sampling._nvidia_smi import GpuProcess
+from asyncsoak._supervisor import _soak
 
 from .conftest import REPO, ReadyFifo, alive, fast_limits
 from .test_soak import child
@@ -187,7 +180,9 @@ def test_a_hung_journal_write_does_not_keep_the_process_alive(tmp_path: Path) ->
         f"""
         import os, sys, time, anyio
         from pathlib import Path
-        from asyncsoak import _serializer, _soak, run_soak
+        from asyncsoak import run_soak
+        from asyncsoak._record import _serializer
+        from asyncsoak._supervisor import _soak
         _serializer.JOURNAL_WRITE_TIMEOUT = 0.5
         real = _soak.create_private_file
         def create(path):

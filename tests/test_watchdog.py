@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncsoak._watchdog import FileState, ProgressTracker, scan_progress_dir
+from asyncsoak._sampling._watchdog import FileState, ProgressTracker, scan_progress_dir
 
 
 def state(size: int, mtime_ns: int = 0, ino: int = 1) -> FileState:

@@ -103,7 +103,7 @@ def detection_time(
     every: float = 5.0,
 ) -> float | None:
     """Seconds until the estimator, run every ``every`` seconds on the run so far, says leak."""
-    from asyncsoak._trends import FLOORS, estimate_trend
+    from asyncsoak._analysis._trends import FLOORS, estimate_trend
 
     t = times(int(horizon / interval) + 1, interval)
     values = leak(rng, t, bytes_per_second)

@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._config import STOP_MODES, seconds
 from .._errors import ValidationError
 from .._redact import Masker, argv_secrets, secret_values
+from .._supervisor._config import STOP_MODES, seconds
 from ..queue._models import (
     INTEGER_MAX,
     JOB_STATUSES,

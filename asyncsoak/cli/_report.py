@@ -105,7 +105,7 @@ def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
     A missing ``soak.json`` whose journal ``soak.jsonl`` is there (the monitor died before
     writing it) is rebuilt from the journal.
     """
-    from .._journal import is_journal
+    from .._record._journal import is_journal
 
     if not path.exists():
         journal = path.with_suffix(".jsonl")
@@ -134,7 +134,7 @@ def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from .._report import ReportUnavailableError, write_report
+    from .._view._report import ReportUnavailableError, write_report
 
     if len(args.run) > 1:
         return job_report(args)
@@ -160,7 +160,7 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    from .._compare import compare, format_comparison
+    from .._view._compare import compare, format_comparison
 
     try:
         threshold = float(args.threshold)
@@ -185,7 +185,7 @@ def compare_command(args: argparse.Namespace) -> int:
 
 
 def summary_command(args: argparse.Namespace) -> int:
-    from .._summary import format_summary, summarize
+    from .._view._summary import format_summary, summarize
 
     if len(args.run) > 1:
         return job_summary(args)
@@ -211,8 +211,8 @@ def print_text(text: str) -> None:
 
 
 def recover_command(args: argparse.Namespace) -> int:
-    from .._artifact import write_artifact
-    from .._recover import JournalError, artifact_from_journal
+    from .._record._artifact import write_artifact
+    from .._record._recover import JournalError, artifact_from_journal
 
     journal: Path = args.journal
     output: Path = args.output or journal.with_suffix(".json")

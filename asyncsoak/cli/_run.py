@@ -15,10 +15,10 @@ from typing import Any
 
 import anyio
 
-from .._config import LEAK_CHECKS, STOP_MODES, seconds
 from .._errors import SoakFailureError, ValidationError
-from .._live import live_status
+from .._supervisor._config import LEAK_CHECKS, STOP_MODES, seconds
 from .._units import parse_size
+from .._view._live import live_status
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from ._slurm import (
     add_scheduler_options,
@@ -77,7 +77,7 @@ def metrics_from_args(args: argparse.Namespace, textfile: Path | None = None) ->
         if args.metrics_address != "127.0.0.1":
             raise UsageError("--metrics-address needs --metrics-port")
         return None
-    from .._metrics import Metrics, validate_metrics
+    from .._export._metrics import Metrics, validate_metrics
 
     try:
         return validate_metrics(
@@ -269,8 +269,8 @@ def supervise(
     ``status`` runs beside the soak with its journal's path (the live view) and is cancelled
     when the soak ends.
     """
-    from .._control import SoakControl
-    from .._soak import run_soak
+    from .._supervisor._control import SoakControl
+    from .._supervisor._soak import run_soak
 
     control = soak.setdefault("control", SoakControl())
     received: list[int] = []
@@ -421,7 +421,7 @@ def print_demo_summary(artifact: dict[str, Any]) -> None:
 
 def print_report_hint(artifact_path: Path) -> None:
     """Write the HTML report when plotly is there; otherwise say how to get it."""
-    from .._report import ReportUnavailableError, write_report
+    from .._view._report import ReportUnavailableError, write_report
 
     html_path = artifact_path.with_suffix(".html")
     try:

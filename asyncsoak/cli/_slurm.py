@@ -7,10 +7,10 @@ import signal
 import socket
 from pathlib import Path
 
-from .. import _slurm
-from .._config import forwarded_signals
-from .._control import SoakControl
 from .._errors import ValidationError
+from .._supervisor import _slurm
+from .._supervisor._config import forwarded_signals
+from .._supervisor._control import SoakControl
 from . import UsageError
 
 

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import psutil
 
-from .._spawn import REAPER_MODULE
-from .._tree import start_time_ticks
+from .._process._spawn import REAPER_MODULE
+from .._process._tree import start_time_ticks
 from ._status import SLICE_S
 
-#: In the reaper's command line (``_spawn`` starts it as ``python -m asyncsoak._reaper``).
-_REAPER_MODULE = REAPER_MODULE.encode()
+#: In the reaper's command line (``_spawn`` starts it as ``python -m REAPER_MODULE``).  The
+#: module's name before the package was split into layers is matched too, for one release,
+#: so a worker upgraded while an older one's reaper outlived it still recognises that reaper.
+_REAPER_MODULES = frozenset({REAPER_MODULE.encode(), b"asyncsoak._reaper"})
 
 
 def process_alive(pid: int, start_ticks: int | None) -> bool:
@@ -101,7 +103,7 @@ def _attempt_processes(markers: set[bytes], log_file: tuple[int, int] | None) ->
 def _reaper_holding(pid: str, log_file: tuple[int, int]) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if _REAPER_MODULE not in f.read().split(b"\0"):
+            if _REAPER_MODULES.isdisjoint(f.read().split(b"\0")):
                 return False
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:

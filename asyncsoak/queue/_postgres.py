@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 
-from .._config import StopMode
+from .._supervisor._config import StopMode
 from ._models import (
     ATTEMPT_COLUMNS,
     BACKOFF_MAX_S,

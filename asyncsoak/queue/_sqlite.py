@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .._config import StopMode
+from .._supervisor._config import StopMode
 from ._models import (
     ATTEMPT_COLUMNS,
     BUSY_TIMEOUT_S,

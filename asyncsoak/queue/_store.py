@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._config import StopMode
+from .._supervisor._config import StopMode
 from ._models import BUSY_TIMEOUT_S, DEFAULT_MAX_ATTEMPTS, Attempt, Job, WorkerInfo
 from ._status import Outcome
 

@@ -35,16 +35,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from .. import _slurm
 from .._blocking import BlockingCallTimeout, run_blocking
-from .._config import seconds
-from .._control import SoakControl
 from .._errors import SoakFailureError, ValidationError
-from .._metrics import Metrics, WorkerMetrics, new_registry, render, validate_metrics
-from .._outputs import OutputLocationError
+from .._export._metrics import Metrics, WorkerMetrics, new_registry, render, validate_metrics
+from .._process._tree import start_time_ticks
 from .._redact import Masker, argv_secrets, secret_values
-from .._soak import run_soak
-from .._tree import start_time_ticks
+from .._supervisor import _slurm
+from .._supervisor._config import seconds
+from .._supervisor._control import SoakControl
+from .._supervisor._outputs import OutputLocationError
+from .._supervisor._soak import run_soak
 from ._models import Job, QueueError, QueueUnavailableError, WorkerInfo, artifact_summary
 from ._orphans import kill_leftovers, process_alive
 from ._spool import Spool
@@ -188,7 +188,7 @@ async def run_worker(
     config = validate_metrics(metrics)
     if config is None:
         return await worker.run(once)
-    from .._metrics_server import MetricsServer, open_listener
+    from .._export._metrics_server import MetricsServer, open_listener
 
     worker.metrics = WorkerMetrics(worker.name, host=worker.host)
     worker.registry = new_registry(worker.metrics)

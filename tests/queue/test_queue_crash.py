@@ -421,7 +421,7 @@ def test_orphan_sweep_kills_a_reaper_that_has_not_started_the_command(
     attempt_dir.mkdir(parents=True)
     log_fd = os.open(attempt_dir / "train.log", os.O_WRONLY | os.O_CREAT, 0o600)
     reaper = subprocess.Popen(
-        [sys.executable, "-m", "asyncsoak._reaper"],
+        [sys.executable, "-m", "asyncsoak._process._reaper"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         pass_fds=[log_fd],

@@ -17,8 +17,8 @@ import psutil
 import pytest
 from anyio.abc import Process
 
-from asyncsoak._config import StopMode
-from asyncsoak._soak import run_soak
+from asyncsoak._supervisor._config import StopMode
+from asyncsoak._supervisor._soak import run_soak
 from asyncsoak.queue import JobStore, Outcome, SqliteStore, open_store, run_job, run_worker
 
 from ..conftest import REPO, ReadyFifo, alive

@@ -29,21 +29,23 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from . import _cgroup, _slurm, _tree
-from ._artifact import (
+from .._analysis._trends import describe_growth, format_amount, format_bytes, format_seconds
+from .._blocking import BlockingCallTimeout, Rides, abandoned_calls, run_blocking
+from .._errors import SoakFailureError, ValidationTypeError
+from .._export._metrics import Metrics, validate_metrics
+from .._process import _cgroup, _tree
+from .._process._crash import describe as describe_crash
+from .._process._crash import find_exception
+from .._process._forensics import collect_forensics, oom_kills, seconds_since_boot
+from .._process._spawn import Spawner, SpawnRequest
+from .._record._artifact import (
     ArtifactBuilder,
     create_private_file,
     iso,
     read_log_tail,
     write_artifact,
 )
-from ._blocking import BlockingCallTimeout, Rides, abandoned_calls, run_blocking
-from ._config import LOG_MAX_BYTES, LeakCheck, SoakConfig, StopMode, validate
-from ._control import SoakControl
-from ._crash import describe as describe_crash
-from ._crash import find_exception
-from ._errors import SoakFailureError, ValidationTypeError
-from ._events import (
+from .._record._events import (
     Abandoned,
     CrashCause,
     Failure,
@@ -60,20 +62,15 @@ from ._events import (
     TrendFound,
     Warning,
 )
-from ._forensics import collect_forensics, oom_kills, seconds_since_boot
-from ._gpu_sampler import run_gpu_sampler
-from ._journal import remove_closed_segments
-from ._limits import read_limits
-from ._metrics import Metrics, validate_metrics
-from ._outputs import CHECK_TIMEOUT, check_outputs, lock_journal
-from ._proc_sampler import run_proc_sampler
-from ._redact import Masker, argv_secrets, redact_mapping, secret_values
-from ._serializer import Serializer
-from ._sink import EventSink, SoakClock, open_event_queue
-from ._spawn import Spawner, SpawnRequest
-from ._trends import describe_growth, format_amount, format_bytes, format_seconds
-from ._vocabulary import SoakStatus, StopCause
-from ._watchdog import (
+from .._record._journal import remove_closed_segments
+from .._record._serializer import Serializer
+from .._record._sink import EventSink, SoakClock, open_event_queue
+from .._record._vocabulary import SoakStatus, StopCause
+from .._redact import Masker, argv_secrets, redact_mapping, secret_values
+from .._sampling._gpu_sampler import run_gpu_sampler
+from .._sampling._limits import read_limits
+from .._sampling._proc_sampler import run_proc_sampler
+from .._sampling._watchdog import (
     ProgressTracker,
     ScanResult,
     final_scan,
@@ -81,6 +78,10 @@ from ._watchdog import (
     scan_progress_dir,
     skipped_message,
 )
+from . import _slurm
+from ._config import LOG_MAX_BYTES, LeakCheck, SoakConfig, StopMode, validate
+from ._control import SoakControl
+from ._outputs import CHECK_TIMEOUT, check_outputs, lock_journal
 
 #: Threads for blocking work (scans, /proc walks, git): asyncsoak's own, never the host's.
 THREADS = 4
@@ -240,7 +241,7 @@ async def run_soak(
     soak = _Soak(cfg, control if control is not None else SoakControl())
     live = None
     if metrics_config is not None:
-        from ._metrics_server import open_soak_metrics
+        from .._export._metrics_server import open_soak_metrics
 
         # Bound before anything starts: a port in use is refused with nothing launched.
         live = await open_soak_metrics(metrics_config, soak.soak_id, soak.limiter)
@@ -597,7 +598,7 @@ class _Soak:
         async with sink:
             with scope, anyio.move_on_after(SNAPSHOT_TIMEOUT):
                 try:
-                    from ._snapshot import collect_snapshot
+                    from .._record._snapshot import collect_snapshot
 
                     await self._query_scheduler()
                     data = await run_blocking(

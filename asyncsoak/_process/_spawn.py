@@ -23,15 +23,15 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from .._record._events import Exited, SpawnFailed, Started, TreeGone, Warning
+from .._record._sink import EventSink
 from . import _tree
 from ._cgroup import TreeCgroup
-from ._events import Exited, SpawnFailed, Started, TreeGone, Warning
-from ._sink import EventSink
 
-_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 #: The reaper runs as ``python -m REAPER_MODULE``: the job queue recognises an orphaned
 #: attempt's reaper by this argument.
-REAPER_MODULE = "asyncsoak._reaper"
+REAPER_MODULE = "asyncsoak._process._reaper"
 _REPORT_MAX_BYTES = 64 * 1024
 #: Bound on starting the command (exec from a hung network filesystem can block).
 SPAWN_TIMEOUT = 60.0

@@ -27,12 +27,12 @@ from typing import Any
 
 import anyio
 
-from ._blocking import BlockingCallTimeout, run_blocking
-from ._commands import run_command_sync
-from ._errors import ValidationError
-from ._events import Requeued, SignalForwarded
-from ._sink import EventSink
-from ._spawn import Spawner
+from .._blocking import BlockingCallTimeout, run_blocking
+from .._errors import ValidationError
+from .._process._commands import run_command_sync
+from .._process._spawn import Spawner
+from .._record._events import Requeued, SignalForwarded
+from .._record._sink import EventSink
 
 #: Set in every process of a SLURM job: the sign that the soak runs inside one.
 JOB_VARIABLE = "SLURM_JOB_ID"

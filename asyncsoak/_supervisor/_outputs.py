@@ -19,10 +19,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from ._artifact import FILE_MODE
+from .._errors import ValidationError
+from .._record._artifact import FILE_MODE
+from .._record._journal import JournalDecoder, first_line
 from ._config import SoakConfig
-from ._errors import ValidationError
-from ._journal import JournalDecoder, first_line
 
 #: An artifact is bounded in size (summaries and bounded series); a bigger file is not one.
 MAX_ARTIFACT_BYTES = 256 * 1024 * 1024

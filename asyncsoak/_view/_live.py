@@ -28,9 +28,9 @@ from typing import Any, BinaryIO, Protocol, TextIO
 
 import anyio
 
-from ._blocking import run_blocking
-from ._fields import format_duration, format_value, gpu_index
-from ._journal import JournalDecoder
+from .._blocking import run_blocking
+from .._record._journal import JournalDecoder
+from .._sampling._fields import format_duration, format_value, gpu_index
 
 #: Seconds between two reads of the journal (and two frames on a terminal).
 REFRESH_SECONDS = 0.5

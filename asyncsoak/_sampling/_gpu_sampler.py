@@ -37,9 +37,9 @@ import psutil
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from ._blocking import BlockingCallTimeout, run_blocking
-from ._commands import CommandResult, open_command, run_command, stop_process
-from ._events import (
+from .._blocking import BlockingCallTimeout, run_blocking
+from .._process._commands import CommandResult, open_command, run_command, stop_process
+from .._record._events import (
     Event,
     SamplerDegraded,
     SamplerNote,
@@ -47,6 +47,7 @@ from ._events import (
     SeriesPoints,
     SummaryLabels,
 )
+from .._record._sink import EventSink
 from ._nvidia_smi import (
     APP_FIELDS,
     APPS_QUERY,
@@ -67,7 +68,6 @@ from ._nvidia_smi import (
     rejected_field,
     replace_rejected,
 )
-from ._sink import EventSink
 
 SAMPLER = "gpu"
 #: After the loops end, how long (in sample intervals) to use calls before trying them again;

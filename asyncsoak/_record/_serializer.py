@@ -44,8 +44,8 @@ import anyio
 from aiofiles.threadpool.binary import AsyncFileIO
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from .._blocking import EXECUTOR, BlockingCallTimeout, run_blocking
 from ._artifact import ArtifactBuilder, create_private_file
-from ._blocking import EXECUTOR, BlockingCallTimeout, run_blocking
 from ._events import Event, SeriesSource, event_to_json
 from ._journal import SEGMENT_BYTES, JournalEncoder, compress_segment, segment_path
 

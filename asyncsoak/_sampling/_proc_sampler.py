@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 import anyio
 import anyio.lowlevel
 
-from ._blocking import BlockingCallTimeout, Ride, Rides, run_blocking
-from ._events import (
+from .._blocking import BlockingCallTimeout, Ride, Rides, run_blocking
+from .._record._events import (
     Event,
     SamplerDegraded,
     SamplerNote,
@@ -41,8 +41,8 @@ from ._events import (
     SeriesPoints,
     SummaryLabels,
 )
-from ._redact import Masker
-from ._sink import EventSink
+from .._record._sink import EventSink
+from .._redact import Masker
 
 SAMPLER_NAME = "proc"
 PROC = Path("/proc")

@@ -23,8 +23,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ValidationError, ValidationTypeError
-from ._nvidia_smi import CLOCK_EVENT_REASONS
+from .._errors import ValidationError, ValidationTypeError
+from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .._sampling._fields import describe, format_clock, format_duration, format_value, group_kind
 from ._evidence import (
     config_value,
     gather,
@@ -22,7 +23,6 @@ from ._evidence import (
     stall_window,
     trend_text,
 )
-from ._fields import describe, format_clock, format_duration, format_value, group_kind
 from ._job_view import scheduler_line
 
 #: The primary reason in plain words.

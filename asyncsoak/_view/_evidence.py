@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path, PurePath
 from typing import Any
 
-from ._fields import format_bytes, format_duration, format_value
+from .._sampling._fields import format_bytes, format_duration, format_value
 
 #: Log lines shown at most (a traceback longer than this keeps its end).
 LOG_LINES = 14

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from .._sampling._fields import format_duration, format_value, gpu_index
 from ._evidence import leaking_series, rate_text
-from ._fields import format_duration, format_value, gpu_index
 
 #: Relative change (fraction) beyond which a worse figure is a regression.
 DEFAULT_THRESHOLD = 0.10

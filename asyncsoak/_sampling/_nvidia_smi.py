@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._commands import CommandResult, run_command_sync
+from .._process._commands import CommandResult, run_command_sync
 
 GPU_FIELDS: tuple[str, ...] = (
     "index",

@@ -20,7 +20,7 @@ It reports to the monitor on stdout, one JSON object per line:
 ``{"event": "exited", "pid": N, "status": RAW_WAIT_STATUS}`` and ``{"event": "empty"}`` (the
 command has exited and no process is left below the reaper).
 
-Run as ``python -m asyncsoak._reaper``.
+Run as ``python -m asyncsoak._process._reaper``.
 """
 
 from __future__ import annotations

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import anyio
 
-from ._blocking import BlockingCallTimeout, Ride, Rides, ride_or_run, run_blocking
-from ._events import Progress, Warning
+from .._blocking import BlockingCallTimeout, Ride, Rides, ride_or_run, run_blocking
+from .._record._events import Progress, Warning
+from .._record._sink import EventSink
 from ._inotify import Inotify
-from ._sink import EventSink
 
 #: How many changed paths a progress event names.
 PATHS_PER_EVENT = 5

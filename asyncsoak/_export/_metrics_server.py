@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import anyio
 
-from ._blocking import BlockingCallTimeout, run_blocking
-from ._errors import ValidationError
+from .._blocking import BlockingCallTimeout, run_blocking
+from .._errors import ValidationError
 from ._metrics import (
     Metrics,
     SoakMetrics,

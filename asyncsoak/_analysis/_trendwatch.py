@@ -3,8 +3,8 @@
 :class:`TrendWatch` lives inside the artifact builder, so the same fold runs live (the soak's
 rules read it) and offline (``asyncsoak recover`` rebuilds the same ``trends`` from a journal).
 Everything it keeps is bounded however long the soak runs: each series is a
-:class:`~asyncsoak._series.SeriesBuffer` of window *minima* (free disk: maxima), which is all the
-estimator looks at, and at most ``MAX_TRACKED_PROCESSES`` processes are followed.
+:class:`~asyncsoak._record._series.SeriesBuffer` of window *minima* (free disk: maxima), which
+is all the estimator looks at, and at most ``MAX_TRACKED_PROCESSES`` processes are followed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._series import SeriesBuffer
+from .._record._series import SeriesBuffer
 from ._trends import (
     FLOORS,
     WARM_UP_MAX_SECONDS,

@@ -17,9 +17,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ._errors import ValidationError
+from .._analysis._trendwatch import TrendWatch
+from .._errors import ValidationError
 from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
-from ._trendwatch import TrendWatch
 from ._vocabulary import EventKind
 
 #: Version 2 added ``trends``, ``processes``, ``limits``, ``exit.exception`` and

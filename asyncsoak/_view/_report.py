@@ -24,18 +24,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from ._artifact import EVENTS_HEAD, FILE_MODE
-from ._errors import AsyncsoakError
-from ._evidence import (
-    config_value,
-    event_times,
-    innermost_python_frame,
-    leaking_series,
-    rate_text,
-    stall_window,
-)
-from ._fields import (
+from .. import __version__
+from .._errors import AsyncsoakError
+from .._record._artifact import EVENTS_HEAD, FILE_MODE
+from .._record._journal import read_journal
+from .._sampling._fields import (
     Field,
     describe,
     format_clock,
@@ -44,7 +37,14 @@ from ._fields import (
     gpu_index,
     group_label,
 )
-from ._journal import read_journal
+from ._evidence import (
+    config_value,
+    event_times,
+    innermost_python_frame,
+    leaking_series,
+    rate_text,
+    stall_window,
+)
 from ._summary import IDLE_THROTTLE, exit_text, summarize
 
 #: Vertical lines drawn for progress changes at most (more are merged by time).
@@ -227,7 +227,8 @@ def write_report(
 
 def _asset(name: str) -> str:
     """A file of the page (its stylesheet, its scripts), shipped in ``_report_assets``."""
-    return (resources.files("asyncsoak") / "_report_assets" / name).read_text(encoding="utf-8")
+    assets = resources.files("asyncsoak._view") / "_report_assets"
+    return (assets / name).read_text(encoding="utf-8")
 
 
 #: The page's stylesheet.

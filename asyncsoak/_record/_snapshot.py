@@ -32,9 +32,9 @@ from typing import Any
 
 import psutil
 
-from ._commands import CommandResult, run_command_sync
-from ._nvidia_smi import gpu_inventory
-from ._redact import redact_env
+from .._process._commands import CommandResult, run_command_sync
+from .._redact import redact_env
+from .._sampling._nvidia_smi import gpu_inventory
 
 #: Environment variables recorded by name...
 ENVIRONMENT_NAMES = frozenset(
@@ -269,7 +269,7 @@ def _count_status(porcelain: str) -> tuple[int, int]:
 def software_info(
     command: Sequence[str] | None, environ: Mapping[str, str], timeout: float = 10.0
 ) -> dict[str, Any]:
-    from . import __version__
+    from .. import __version__
 
     info: dict[str, Any] = {
         "python": {

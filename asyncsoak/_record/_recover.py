@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._redact import Masker, secret_values
 from ._artifact import ArtifactBuilder, read_log_tail
 from ._journal import JournalReader
-from ._redact import Masker, secret_values
 
 
 class JournalError(ValueError):

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from ._errors import ValidationError, ValidationTypeError
-from ._units import check_size
+from .._errors import ValidationError, ValidationTypeError
+from .._units import check_size
 
 StopMode = Literal["group", "leader", "stdin"]
 STOP_MODES: tuple[StopMode, ...] = ("group", "leader", "stdin")

@@ -1,0 +1,4 @@
+"""Live metrics for Prometheus.
+
+The soak's and the worker's metrics, the bounded HTTP endpoint and the textfile.
+"""
