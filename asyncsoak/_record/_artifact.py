@@ -20,7 +20,7 @@ from typing import Any
 from .._analysis._trendwatch import TrendWatch
 from .._errors import ValidationError
 from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
-from ._vocabulary import EventKind
+from ._vocabulary import EventKind, StopCause
 
 #: Version 2 added ``trends``, ``processes``, ``limits``, ``exit.exception`` and
 #: ``series.progress_rate``; readers still take version 1 artifacts.
@@ -31,6 +31,9 @@ EVENTS_HEAD = 500
 EVENTS_TAIL = 1500
 #: Event kinds that live only in the journal (their figures are in series and summary).
 SAMPLE_KINDS = frozenset({EventKind.SAMPLE, EventKind.GPU_SAMPLE})
+#: Event kinds left out of ``artifact.events``: the samples, and the header and snapshot,
+#: which have sections of their own.
+_NOT_KEPT = SAMPLE_KINDS | {EventKind.HEADER, EventKind.SNAPSHOT}
 #: Bytes of the captured output copied into the artifact.
 LOG_TAIL_BYTES = 16 * 1024
 #: Permissions of every file asyncsoak creates: the owner's only.
@@ -177,88 +180,83 @@ class ArtifactBuilder:
         kind = event.get("kind")
         t = float(event.get("t", 0.0))
         self.last_t = max(self.last_t, t)
-        if kind == EventKind.HEADER:
-            self.header = event
-            self.trends.configure(event.get("config") or {})
-            return
-        if kind == EventKind.SNAPSHOT:
-            self.snapshot = event["data"]
-            return
-        if kind in SAMPLE_KINDS:
-            self._add_sample(str(kind), t, event)
-            return
-        # A forensics record is large: the artifact keeps it once, in its own section.
-        self._keep_event(
-            {"t": t, "kind": kind, "processes": len(event["data"].get("processes", []))}
-            if kind == EventKind.FORENSICS
-            else event
-        )
-        if kind == EventKind.STARTED:
-            self.exit["pid"] = event["pid"]
-        elif kind == EventKind.EXITED:
-            self.exit.update(
-                returncode=event["returncode"], signal=event["signal"], pid=event["pid"]
+        if kind not in _NOT_KEPT:
+            # A forensics record is large: the artifact keeps it once, in its own section.
+            self._keep_event(
+                {"t": t, "kind": kind, "processes": len(event["data"].get("processes", []))}
+                if kind == EventKind.FORENSICS
+                else event
             )
-            self.exit_t = t
-            self.trends.end(t)
-            if self.stop["cause"] is None:
-                self.stop["cause"] = "exited"
-        elif kind == EventKind.PROGRESS:
-            self.progress_changes += int(event["changed"])
-            if self.progress_first is None:
-                self.progress_first = t
-            elif self.progress_last is not None:
-                self.longest_gap = max(self.longest_gap, t - self.progress_last)
-            self.progress_last = t
-            self.trends.add_progress(t, event)
-        elif kind == EventKind.EXCEPTION:
-            self.exit["exception"] = {
-                "type": event["type"],
-                "message": event["message"],
-                "where": event["where"],
-                "kind": event["exception_kind"],
-            }
-        elif kind == EventKind.LIMITS:
-            self.trends.add_limits(event)
-        elif kind == EventKind.FAILURE:
-            self.failures.append(
-                {"reason": event["reason"], "message": event["message"], "at": event["at"]}
-            )
-        elif kind == EventKind.WARNING:
-            self.warnings.append(str(event["message"]))
-        elif kind == EventKind.STOP:
-            self.trends.end(t)
-            self.stop.update(
-                cause=event["cause"], mode=event["mode"], grace_seconds=event["grace_seconds"]
-            )
-        elif kind == EventKind.SIGNAL:
-            self.stop["signals"].append(
-                {"t": t, "signal": event["signal"], "target": event["target"]}
-            )
-            if event["signal"] == "SIGKILL":
-                self.stop["killed"] = True
-        elif kind == EventKind.REQUEUE:
-            self.stop["requeue"] = {
-                k: event[k] for k in ("job_id", "ok", "returncode", "message", "t")
-            }
-        elif kind == EventKind.LEFTOVER:
-            self.leftovers.append(event["process"])
-        elif kind == EventKind.ABANDONED:
-            self.abandoned.append(event["process"])
-        elif kind == EventKind.FORENSICS:
-            self.forensics = {"reason": event["reason"], "t": t, **event["data"]}
-        elif kind == EventKind.OOM_KILL:
-            self.oom_kills.append(
-                {"pid": event["pid"], "name": event["name"], "message": event["message"]}
-            )
-        elif kind in (
-            EventKind.SAMPLER_NOTE,
-            EventKind.SAMPLER_DEGRADED,
-            EventKind.SAMPLER_RECOVERED,
-        ):
-            self.sampler_notes.append(event)
-        elif kind == EventKind.FINISHED:
-            self.status = str(event["status"])
+        match kind:
+            case EventKind.HEADER:
+                self.header = event
+                self.trends.configure(event.get("config") or {})
+            case EventKind.SNAPSHOT:
+                self.snapshot = event["data"]
+            case EventKind.SAMPLE | EventKind.GPU_SAMPLE:
+                self._add_sample(str(kind), t, event)
+            case EventKind.STARTED:
+                self.exit["pid"] = event["pid"]
+            case EventKind.EXITED:
+                self.exit.update(
+                    returncode=event["returncode"], signal=event["signal"], pid=event["pid"]
+                )
+                self.exit_t = t
+                self.trends.end(t)
+                if self.stop["cause"] is None:
+                    self.stop["cause"] = StopCause.EXITED
+            case EventKind.PROGRESS:
+                self.progress_changes += int(event["changed"])
+                if self.progress_first is None:
+                    self.progress_first = t
+                elif self.progress_last is not None:
+                    self.longest_gap = max(self.longest_gap, t - self.progress_last)
+                self.progress_last = t
+                self.trends.add_progress(t, event)
+            case EventKind.EXCEPTION:
+                self.exit["exception"] = {
+                    "type": event["type"],
+                    "message": event["message"],
+                    "where": event["where"],
+                    "kind": event["exception_kind"],
+                }
+            case EventKind.LIMITS:
+                self.trends.add_limits(event)
+            case EventKind.FAILURE:
+                self.failures.append(
+                    {"reason": event["reason"], "message": event["message"], "at": event["at"]}
+                )
+            case EventKind.WARNING:
+                self.warnings.append(str(event["message"]))
+            case EventKind.STOP:
+                self.trends.end(t)
+                self.stop.update(
+                    cause=event["cause"], mode=event["mode"], grace_seconds=event["grace_seconds"]
+                )
+            case EventKind.SIGNAL:
+                self.stop["signals"].append(
+                    {"t": t, "signal": event["signal"], "target": event["target"]}
+                )
+                if event["signal"] == "SIGKILL":
+                    self.stop["killed"] = True
+            case EventKind.REQUEUE:
+                self.stop["requeue"] = {
+                    k: event[k] for k in ("job_id", "ok", "returncode", "message", "t")
+                }
+            case EventKind.LEFTOVER:
+                self.leftovers.append(event["process"])
+            case EventKind.ABANDONED:
+                self.abandoned.append(event["process"])
+            case EventKind.FORENSICS:
+                self.forensics = {"reason": event["reason"], "t": t, **event["data"]}
+            case EventKind.OOM_KILL:
+                self.oom_kills.append(
+                    {"pid": event["pid"], "name": event["name"], "message": event["message"]}
+                )
+            case EventKind.SAMPLER_NOTE | EventKind.SAMPLER_DEGRADED | EventKind.SAMPLER_RECOVERED:
+                self.sampler_notes.append(event)
+            case EventKind.FINISHED:
+                self.status = str(event["status"])
 
     def _keep_event(self, event: dict[str, Any]) -> None:
         self._events_seen += 1

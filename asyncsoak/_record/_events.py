@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from ._vocabulary import EventKind
+
 #: A series group (``"tree"``, ``"machine"``, ``"gpu0"``) to field name to value.
 SeriesPoints = Mapping[str, Mapping[str, float | None]]
 #: A summary group to label name to values seen (``{"gpu0": {"throttle_reasons": [...]}}``).
@@ -50,7 +52,7 @@ class Event:
 class Header(Event):
     """First journal line: everything needed to rebuild the artifact from the journal."""
 
-    KIND: ClassVar[str] = "header"
+    KIND: ClassVar[str] = EventKind.HEADER
 
     command: list[str]
     cwd: str
@@ -70,7 +72,7 @@ class Header(Event):
 class Snapshot(Event):
     """Where the run came from: source, GPUs, software, host, environment (redacted)."""
 
-    KIND: ClassVar[str] = "snapshot"
+    KIND: ClassVar[str] = EventKind.SNAPSHOT
 
     data: dict[str, Any]
 
@@ -79,7 +81,7 @@ class Snapshot(Event):
 class Started(Event):
     """The command is running; ``pid`` leads its own session and process group."""
 
-    KIND: ClassVar[str] = "started"
+    KIND: ClassVar[str] = EventKind.STARTED
 
     pid: int
     reaper_pid: int
@@ -87,7 +89,7 @@ class Started(Event):
 
 @dataclass(frozen=True, slots=True)
 class SpawnFailed(Event):
-    KIND: ClassVar[str] = "spawn_failed"
+    KIND: ClassVar[str] = EventKind.SPAWN_FAILED
 
     message: str
 
@@ -96,7 +98,7 @@ class SpawnFailed(Event):
 class Exited(Event):
     """The command itself ended.  ``returncode`` is negative for a signal, as in Python."""
 
-    KIND: ClassVar[str] = "exited"
+    KIND: ClassVar[str] = EventKind.EXITED
 
     pid: int
     returncode: int
@@ -107,14 +109,14 @@ class Exited(Event):
 class TreeGone(Event):
     """Every process of the tree has been reaped."""
 
-    KIND: ClassVar[str] = "tree_gone"
+    KIND: ClassVar[str] = EventKind.TREE_GONE
 
 
 @dataclass(frozen=True, slots=True)
 class Progress(Event):
     """One watchdog scan saw files created, grown or touched."""
 
-    KIND: ClassVar[str] = "progress"
+    KIND: ClassVar[str] = EventKind.PROGRESS
 
     changed: int
     paths: list[str]
@@ -125,7 +127,7 @@ class Progress(Event):
 
 @dataclass(frozen=True, slots=True)
 class Failure(Event):
-    KIND: ClassVar[str] = "failure"
+    KIND: ClassVar[str] = EventKind.FAILURE
 
     reason: str
     message: str
@@ -134,7 +136,7 @@ class Failure(Event):
 
 @dataclass(frozen=True, slots=True)
 class Warning(Event):
-    KIND: ClassVar[str] = "warning"
+    KIND: ClassVar[str] = EventKind.WARNING
 
     message: str
 
@@ -143,7 +145,7 @@ class Warning(Event):
 class StopRequested(Event):
     """The monitor decided to end the run: ``cause`` is why."""
 
-    KIND: ClassVar[str] = "stop"
+    KIND: ClassVar[str] = EventKind.STOP
 
     cause: str
     mode: str
@@ -152,7 +154,7 @@ class StopRequested(Event):
 
 @dataclass(frozen=True, slots=True)
 class SignalSent(Event):
-    KIND: ClassVar[str] = "signal"
+    KIND: ClassVar[str] = EventKind.SIGNAL
 
     signal: str
     target: str
@@ -163,7 +165,7 @@ class SignalSent(Event):
 class SignalForwarded(Event):
     """A signal the monitor received (``--forward-signal``), passed on to the command."""
 
-    KIND: ClassVar[str] = "forwarded"
+    KIND: ClassVar[str] = EventKind.FORWARDED
 
     signal: str
     target: str
@@ -175,7 +177,7 @@ class SignalForwarded(Event):
 class Requeued(Event):
     """The scheduler was asked to requeue the job (``--requeue-on``): its answer."""
 
-    KIND: ClassVar[str] = "requeue"
+    KIND: ClassVar[str] = EventKind.REQUEUE
 
     job_id: str
     ok: bool
@@ -185,14 +187,14 @@ class Requeued(Event):
 
 @dataclass(frozen=True, slots=True)
 class StdinClosed(Event):
-    KIND: ClassVar[str] = "stdin_closed"
+    KIND: ClassVar[str] = EventKind.STDIN_CLOSED
 
 
 @dataclass(frozen=True, slots=True)
 class Leftover(Event):
     """A process of the tree still alive when it should have been gone."""
 
-    KIND: ClassVar[str] = "leftover"
+    KIND: ClassVar[str] = EventKind.LEFTOVER
 
     process: dict[str, Any]
 
@@ -201,7 +203,7 @@ class Leftover(Event):
 class Abandoned(Event):
     """A process that would not die within the bounded wait (often stuck in ``D``)."""
 
-    KIND: ClassVar[str] = "abandoned"
+    KIND: ClassVar[str] = EventKind.ABANDONED
 
     process: dict[str, Any]
 
@@ -210,7 +212,7 @@ class Abandoned(Event):
 class Forensics(Event):
     """What every process of a stalled tree was doing, recorded before the first signal."""
 
-    KIND: ClassVar[str] = "forensics"
+    KIND: ClassVar[str] = EventKind.FORENSICS
 
     reason: str
     data: dict[str, Any]
@@ -220,7 +222,7 @@ class Forensics(Event):
 class OomKill(Event):
     """The kernel's OOM killer ended a process of the tree."""
 
-    KIND: ClassVar[str] = "oom_kill"
+    KIND: ClassVar[str] = EventKind.OOM_KILL
 
     pid: int
     name: str
@@ -229,7 +231,7 @@ class OomKill(Event):
 
 @dataclass(frozen=True, slots=True)
 class SamplerDegraded(Event):
-    KIND: ClassVar[str] = "sampler_degraded"
+    KIND: ClassVar[str] = EventKind.SAMPLER_DEGRADED
 
     sampler: str
     message: str
@@ -237,7 +239,7 @@ class SamplerDegraded(Event):
 
 @dataclass(frozen=True, slots=True)
 class SamplerRecovered(Event):
-    KIND: ClassVar[str] = "sampler_recovered"
+    KIND: ClassVar[str] = EventKind.SAMPLER_RECOVERED
 
     sampler: str
     message: str
@@ -247,7 +249,7 @@ class SamplerRecovered(Event):
 class SamplerNote(Event):
     """Something a sampler records once (``nvidia-smi`` missing, an ECC counter rose...)."""
 
-    KIND: ClassVar[str] = "sampler_note"
+    KIND: ClassVar[str] = EventKind.SAMPLER_NOTE
 
     sampler: str
     message: str
@@ -258,7 +260,7 @@ class SamplerNote(Event):
 class TrendFound(Event):
     """A series' trend became confident: a leak, a projected breach, progress slowing."""
 
-    KIND: ClassVar[str] = "trend"
+    KIND: ClassVar[str] = EventKind.TREND
 
     series: str
     verdict: str
@@ -272,7 +274,7 @@ class TrendFound(Event):
 class CrashCause(Event):
     """What the end of a failed command's log says killed it (``exit.exception``)."""
 
-    KIND: ClassVar[str] = "exception"
+    KIND: ClassVar[str] = EventKind.EXCEPTION
 
     type: str
     message: str
@@ -285,7 +287,7 @@ class CrashCause(Event):
 class Limits(Event):
     """What the run's resources cannot exceed: projections are made against these."""
 
-    KIND: ClassVar[str] = "limits"
+    KIND: ClassVar[str] = EventKind.LIMITS
 
     memory_total_bytes: int | None
     cgroup_memory_max_bytes: int | None
@@ -297,7 +299,7 @@ class Limits(Event):
 class Finished(Event):
     """Last journal line of a soak whose monitor lived to the end."""
 
-    KIND: ClassVar[str] = "finished"
+    KIND: ClassVar[str] = EventKind.FINISHED
 
     status: str
 

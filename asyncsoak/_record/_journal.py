@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, cast
 
+from ._vocabulary import EventKind
+
 #: An open segment larger than this is closed (and compressed) after the batch that crossed it.
 SEGMENT_BYTES = 4 * 1024 * 1024
 #: ``soak.jsonl.000001`` and ``soak.jsonl.000001.gz``: the closed segments' suffixes.
@@ -312,7 +314,7 @@ def is_journal(path: Path | str) -> bool:
     except (OSError, EOFError, zlib.error):
         return False
     event = JournalDecoder().decode(line)
-    return event is not None and event.get("kind") == "header"
+    return event is not None and event.get("kind") == EventKind.HEADER
 
 
 def remove_closed_segments(path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from .._redact import Masker, secret_values
 from ._artifact import ArtifactBuilder, read_log_tail
 from ._journal import JournalReader
+from ._vocabulary import FailureReason, SoakStatus
 
 
 class JournalError(ValueError):
@@ -40,10 +41,10 @@ def artifact_from_journal(path: Path) -> dict[str, Any]:
         raise JournalError(f"{path} is not an asyncsoak journal: it has no header line")
     status = builder.status
     if status is None:
-        status = "failed"
+        status = SoakStatus.FAILED
         builder.failures.append(
             {
-                "reason": "monitor_lost",
+                "reason": FailureReason.MONITOR_LOST,
                 "message": _lost_message(builder),
                 "at": builder.wall(builder.last_t),
             }

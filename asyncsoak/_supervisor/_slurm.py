@@ -33,6 +33,7 @@ from .._process._commands import run_command_sync
 from .._process._spawn import Spawner
 from .._record._events import Requeued, SignalForwarded
 from .._record._sink import EventSink
+from .._record._vocabulary import StopCause
 
 #: Set in every process of a SLURM job: the sign that the soak runs inside one.
 JOB_VARIABLE = "SLURM_JOB_ID"
@@ -49,9 +50,10 @@ REQUEUE_TIMEOUT_SECONDS = 10.0
 KILL_WAIT_MARGIN_SECONDS = 3.0
 #: How long before the job's end time, on top of the grace, the soak stops by itself.
 END_TIME_MARGIN_SECONDS = 10.0
-#: ``stop.cause`` of a stop by the scheduler (SIGTERM, the end time) and of a requeue.
-CAUSE_SCHEDULER = "scheduler"
-CAUSE_REQUEUED = "requeued"
+#: ``stop.cause`` of a stop by the scheduler (SIGTERM, the end time) and of a requeue; names
+#: kept for the callers that spell them so, the values are the vocabulary's.
+CAUSE_SCHEDULER = StopCause.SCHEDULER
+CAUSE_REQUEUED = StopCause.REQUEUED
 
 #: ``snapshot.scheduler`` key → the variable SLURM sets; integers where SLURM's are.
 _IDENTITY: tuple[tuple[str, str, bool], ...] = (

@@ -30,6 +30,7 @@ import anyio
 
 from .._blocking import run_blocking
 from .._record._journal import JournalDecoder
+from .._record._vocabulary import EventKind
 from .._sampling._fields import format_duration, format_value, gpu_index
 
 #: Seconds between two reads of the journal (and two frames on a terminal).
@@ -121,7 +122,7 @@ class JournalTail:
 
     def _is_our_header(self, line: bytes) -> bool:
         header = JournalDecoder().decode(line)
-        if header is None or header.get("kind") != "header":
+        if header is None or header.get("kind") != EventKind.HEADER:
             return False
         return self.monitor_pid is None or header.get("monitor_pid") == self.monitor_pid
 
@@ -261,30 +262,31 @@ class LiveState:
         kind = event.get("kind")
         t = float(event.get("t", 0.0))
         self.last_t = max(self.last_t, t)
-        if kind == "header":
-            self.started_at = _epoch(str(event.get("started_at", "")))
-            config = event.get("config") or {}
-            self.stale_limit = config.get("stale_progress_seconds")
-            self.startup_limit = config.get("startup_timeout_seconds")
-        elif kind == "started":
-            self.started = True
-        elif kind == "progress":
-            self.last_progress = t
-            self.changes += int(event.get("changed", 1))
-        elif kind in ("sample", "gpu_sample"):
-            points = event.get("points") or {}
-            self.points.update(points)
-            self._fold_peaks(t, points)
-        elif kind == "trend":
-            self.trends[(str(event.get("series")), str(event.get("verdict")))] = event
-        elif kind == "failure":
-            self.failures.append(str(event.get("reason")))
-        elif kind == "stop":
-            self.stopping = str(event.get("cause"))
-        elif kind == "exited":
-            self.exited = True
-        elif kind == "finished":
-            self.finished = str(event.get("status"))
+        match kind:
+            case EventKind.HEADER:
+                self.started_at = _epoch(str(event.get("started_at", "")))
+                config = event.get("config") or {}
+                self.stale_limit = config.get("stale_progress_seconds")
+                self.startup_limit = config.get("startup_timeout_seconds")
+            case EventKind.STARTED:
+                self.started = True
+            case EventKind.PROGRESS:
+                self.last_progress = t
+                self.changes += int(event.get("changed", 1))
+            case EventKind.SAMPLE | EventKind.GPU_SAMPLE:
+                points = event.get("points") or {}
+                self.points.update(points)
+                self._fold_peaks(t, points)
+            case EventKind.TREND:
+                self.trends[(str(event.get("series")), str(event.get("verdict")))] = event
+            case EventKind.FAILURE:
+                self.failures.append(str(event.get("reason")))
+            case EventKind.STOP:
+                self.stopping = str(event.get("cause"))
+            case EventKind.EXITED:
+                self.exited = True
+            case EventKind.FINISHED:
+                self.finished = str(event.get("status"))
 
     def _fold_peaks(self, t: float, points: Mapping[str, Any]) -> None:
         for group, values in points.items():
