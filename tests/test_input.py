@@ -372,3 +372,31 @@ async def test_a_rerun_over_a_crashed_soaks_rotated_journal_is_allowed(tmp_path:
         artifact = await run_soak(command=argv, **kwargs)
     assert artifact["status"] == "passed"
     assert "the earlier run's output" not in (out / "soak.log").read_text()
+
+
+def test_soak_limits_are_spelled_once() -> None:
+    """The job-settable limits have run_soak's defaults, and `run` and `submit` offer one
+    flag per limit with that default: the CLI, the queue and run_soak cannot drift apart."""
+    import argparse
+    import inspect
+    from dataclasses import fields
+
+    from asyncsoak import run_soak
+    from asyncsoak._supervisor._config import SoakLimits
+    from asyncsoak.cli._run import add_soak_limits, soak_limits
+
+    signature = inspect.signature(run_soak).parameters
+    for spec in fields(SoakLimits):
+        assert spec.default == signature[spec.name].default, spec.name
+    parser = argparse.ArgumentParser()
+    add_soak_limits(parser)
+    assert soak_limits(parser.parse_args([])) == {
+        spec.name: spec.default for spec in fields(SoakLimits)
+    }
+    given = parser.parse_args(["--grace", "2", "--max-duration", "9", "--output-is-progress"])
+    assert soak_limits(given) == {
+        **{spec.name: spec.default for spec in fields(SoakLimits)},
+        "post_shutdown_grace_seconds": 2.0,
+        "max_duration_seconds": 9.0,
+        "output_is_progress": True,
+    }

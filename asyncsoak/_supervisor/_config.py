@@ -13,7 +13,7 @@ import math
 import os
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -26,17 +26,60 @@ LeakCheck = Literal["warn", "fail", "off"]
 LEAK_CHECKS: tuple[LeakCheck, ...] = ("warn", "fail", "off")
 #: Default cap of the captured output log: the first and the last half are kept.
 LOG_MAX_BYTES = 16 * 1024 * 1024
-#: ``run_soak`` parameters a queued job may set, each with its rule: (may be zero, may be None);
-#: ``output_is_progress`` is a bool.
-SOAK_LIMIT_RULES: dict[str, tuple[bool, bool]] = {
-    "sample_interval_seconds": (False, False),
-    "startup_timeout_seconds": (True, False),
-    "stale_progress_seconds": (True, False),
-    "post_shutdown_grace_seconds": (True, False),
-    "min_duration_seconds": (True, False),
-    "max_duration_seconds": (False, True),
-}
-SOAK_LIMITS: tuple[str, ...] = (*SOAK_LIMIT_RULES, "output_is_progress")
+
+
+def _limit(default: float | bool | None, flag: str, help: str, *, allow_zero: bool = True) -> Any:
+    """A job-settable soak limit: its default (``run_soak``'s), its CLI flag and help, and
+    whether zero is allowed (None is allowed where the default is None)."""
+    return field(default=default, metadata={"flag": flag, "help": help, "allow_zero": allow_zero})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SoakLimits:
+    """The ``run_soak`` parameters a queued job may set: the one place they are spelled.
+
+    The queue checks a job's limits against it at submit time, ``run_soak`` checks its own
+    arguments with it, and the CLI derives its flags (name, help, default) from its fields.
+    """
+
+    sample_interval_seconds: float = _limit(
+        5.0, "--sample-interval", "seconds between two samples", allow_zero=False
+    )
+    startup_timeout_seconds: float = _limit(
+        600.0, "--startup-timeout", "seconds the command may take to show its first progress"
+    )
+    stale_progress_seconds: float = _limit(
+        120.0, "--stale-progress", "seconds without progress before the soak fails"
+    )
+    post_shutdown_grace_seconds: float = _limit(
+        5.0, "--grace", "seconds the command may take to exit once asked to stop"
+    )
+    min_duration_seconds: float = _limit(
+        0.0, "--min-duration", "seconds the command must run for the soak to pass"
+    )
+    max_duration_seconds: float | None = _limit(
+        None,
+        "--max-duration",
+        "seconds after which the soak stops the command (default: none)",
+        allow_zero=False,
+    )
+    output_is_progress: bool = _limit(
+        False, "--output-is-progress", "count the command's printed output as progress"
+    )
+
+    def __post_init__(self) -> None:
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if spec.name == "output_is_progress":
+                if not isinstance(value, bool):
+                    raise ValidationTypeError("output_is_progress must be a bool")
+            elif value is not None or spec.default is not None:
+                checked = seconds(spec.name, value, allow_zero=spec.metadata["allow_zero"])
+                object.__setattr__(self, spec.name, checked)
+
+
+#: The names of :class:`SoakLimits`' fields, in their order.
+SOAK_LIMITS: tuple[str, ...] = tuple(spec.name for spec in fields(SoakLimits))
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,21 +138,13 @@ def seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
 
 
 def validate_limits(limits: Mapping[str, object]) -> dict[str, Any]:
-    """The soak limits a job carries (a subset of :data:`SOAK_LIMITS`), checked as run_soak does."""
-    out: dict[str, Any] = {}
-    for key, value in limits.items():
-        if key == "output_is_progress":
-            if not isinstance(value, bool):
-                raise ValidationTypeError("output_is_progress must be a bool")
-            out[key] = value
-            continue
-        if key not in SOAK_LIMIT_RULES:
+    """The soak limits a job carries (a subset of :data:`SOAK_LIMITS`), checked as run_soak
+    does; returns the given ones, normalised (durations as floats)."""
+    for key in limits:
+        if key not in SOAK_LIMITS:
             raise ValidationError(f"unknown soak limit {key!r} (known: {', '.join(SOAK_LIMITS)})")
-        allow_zero, optional = SOAK_LIMIT_RULES[key]
-        out[key] = (
-            None if value is None and optional else seconds(key, value, allow_zero=allow_zero)
-        )
-    return out
+    checked = SoakLimits(**limits)  # type: ignore[arg-type]  # checked in __post_init__
+    return {key: getattr(checked, key) for key in limits}
 
 
 def _path(name: str, value: object) -> Path:

@@ -49,7 +49,7 @@ from ..queue._status import (
 )
 from ..queue._store import JobStore, default_data_dir, open_store
 from . import EXIT_OK, UsageError
-from ._run import add_metrics_flags, add_soak_limits, metrics_from_args, parse_pairs
+from ._run import add_metrics_flags, add_soak_limits, metrics_from_args, parse_pairs, soak_limits
 from ._slurm import worker_in_allocation
 
 _GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za-z-]+))*$")
@@ -124,7 +124,7 @@ def register(subparsers: Any) -> None:
         help="how the worker asks the job to stop: close its stdin (default), or SIGTERM "
         "to its process group or to its leader",
     )
-    _add_soak_limits(p)
+    add_soak_limits(p)
     p.add_argument("--config", type=Path, help="a JSON config for the worker's trainer command")
     p.add_argument("command", nargs="*", help="after --: the command and its arguments")
     p.set_defaults(handler=_submit)
@@ -204,27 +204,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     add_metrics_flags(p)
     p.set_defaults(handler=_worker)
-
-
-def _add_soak_limits(p: argparse.ArgumentParser) -> None:
-    add_soak_limits(p)
-    p.add_argument(
-        "--output-is-progress",
-        action="store_true",
-        help="count the job's printed output as progress",
-    )
-
-
-def _soak_limits(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "sample_interval_seconds": args.sample_interval,
-        "startup_timeout_seconds": args.startup_timeout,
-        "stale_progress_seconds": args.stale_progress,
-        "post_shutdown_grace_seconds": args.grace,
-        "min_duration_seconds": args.min_duration,
-        "max_duration_seconds": args.max_duration,
-        "output_is_progress": args.output_is_progress,
-    }
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -391,7 +370,7 @@ def _submit(args: argparse.Namespace) -> int:
         "cwd": cwd,
         "env": env,
         "progress_dir": args.progress_dir.absolute() if args.progress_dir else None,
-        "soak": _soak_limits(args),
+        "soak": soak_limits(args),
         "stop_mode": args.stop_mode,
         "priority": args.priority,
     }

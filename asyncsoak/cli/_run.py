@@ -10,13 +10,14 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Coroutine
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from .._errors import SoakFailureError, ValidationError
-from .._supervisor._config import LEAK_CHECKS, STOP_MODES, seconds
+from .._supervisor._config import LEAK_CHECKS, STOP_MODES, SoakLimits, seconds
 from .._units import parse_size
 from .._view._live import live_status
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
@@ -45,13 +46,25 @@ def parse_pairs(option: str, pairs: list[str]) -> dict[str, str]:
 
 
 def add_soak_limits(parser: argparse.ArgumentParser) -> None:
-    """The soak's limits, shared by ``run`` and the job queue's ``submit``."""
-    parser.add_argument("--sample-interval", type=float, default=5.0, metavar="S")
-    parser.add_argument("--startup-timeout", type=float, default=600.0, metavar="S")
-    parser.add_argument("--stale-progress", type=float, default=120.0, metavar="S")
-    parser.add_argument("--grace", type=float, default=5.0, metavar="S")
-    parser.add_argument("--min-duration", type=float, default=0.0, metavar="S")
-    parser.add_argument("--max-duration", type=float, default=None, metavar="S")
+    """The soak's limits, shared by ``run`` and the job queue's ``submit``: one flag per
+    field of :class:`SoakLimits`, with its help and default."""
+    for spec in fields(SoakLimits):
+        flag, help = spec.metadata["flag"], spec.metadata["help"]
+        if isinstance(spec.default, bool):
+            parser.add_argument(flag, action="store_true", help=help)
+        else:
+            shown = "" if spec.default is None else f" (default {spec.default:g})"
+            parser.add_argument(
+                flag, type=float, default=spec.default, metavar="S", help=help + shown
+            )
+
+
+def soak_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The soak limits the flags of :func:`add_soak_limits` gave, as ``run_soak`` names them."""
+    return {
+        spec.name: getattr(args, spec.metadata["flag"].removeprefix("--").replace("-", "_"))
+        for spec in fields(SoakLimits)
+    }
 
 
 def add_metrics_flags(parser: argparse.ArgumentParser) -> None:
@@ -155,7 +168,6 @@ def register(subparsers: Any) -> None:
     run.add_argument("--output", type=Path, required=True, metavar="FILE")
     add_soak_limits(run)
     run.add_argument("--stop-mode", choices=STOP_MODES, default="group")
-    run.add_argument("--output-is-progress", action="store_true")
     run.add_argument("--cwd", type=Path, default=None, metavar="DIR")
     run.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     run.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
@@ -233,14 +245,8 @@ def run_command(args: argparse.Namespace) -> int:
         command=command,
         progress_dir=progress_dir,
         output_path=output,
-        sample_interval_seconds=args.sample_interval,
-        startup_timeout_seconds=args.startup_timeout,
-        stale_progress_seconds=args.stale_progress,
-        post_shutdown_grace_seconds=args.grace,
-        min_duration_seconds=args.min_duration,
-        max_duration_seconds=args.max_duration,
+        **soak_limits(args),
         stop_mode=args.stop_mode,
-        output_is_progress=args.output_is_progress,
         cwd=args.cwd,
         env=env,
         metadata=parse_pairs("--metadata", args.metadata),
