@@ -19,12 +19,12 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import ValidationError, ValidationTypeError
 from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
+from .._timestamps import epoch
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -180,7 +180,7 @@ class SoakMetrics:
         t = float(event.get("t") or 0.0)
         if kind == "header":
             self.monotonic_start = _number(event.get("monotonic_start"))
-            self.started_epoch = _epoch(event.get("started_at"))
+            self.started_epoch = epoch(event.get("started_at"))
             config = event.get("config") or {}
             self.stale_limit = _number(config.get("stale_progress_seconds"))
             self.startup_limit = _number(config.get("startup_timeout_seconds"))
@@ -256,7 +256,7 @@ class SoakMetrics:
             return
         slope = _number(entry.get("slope_per_hour"))
         self.growth_bytes_per_second = None if slope is None else slope / HOUR
-        self.projected_exhaustion = _epoch(entry.get("projected_limit_at"))
+        self.projected_exhaustion = epoch(entry.get("projected_limit_at"))
 
     # -- what it says --------------------------------------------------------------------
 
@@ -727,15 +727,6 @@ def _number(value: object) -> float | None:
 def _scaled(value: object, scale: float) -> float | None:
     number = _number(value)
     return None if number is None else number * scale
-
-
-def _epoch(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def metric_names(families: Iterable[Metric]) -> set[str]:

@@ -19,6 +19,10 @@ from typing import Any
 
 from .._analysis._trendwatch import TrendWatch
 from .._errors import ValidationError
+
+# Re-exported: the supervisor writes its times through the artifact module.
+from .._timestamps import iso as iso
+from .._timestamps import parse_iso
 from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
 from ._vocabulary import EventKind, StopCause
 
@@ -120,14 +124,6 @@ def _problem(value: Any, schema: dict[str, Any], where: str, defs: dict[str, Any
             if found is not None:
                 return found
     return None
-
-
-def iso(dt: datetime) -> str:
-    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_iso(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 class ArtifactBuilder:

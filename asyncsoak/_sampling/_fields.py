@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+
+from .._timestamps import parse_iso
 
 #: The unit a name token stands for.
 UNIT_TOKENS = {
@@ -156,7 +157,7 @@ def format_clock(iso_time: str | None) -> str:
     if not iso_time:
         return "n/a"
     try:
-        moment = datetime.fromisoformat(iso_time.replace("Z", "+00:00"))
+        moment = parse_iso(iso_time)
     except ValueError:
         return iso_time
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -34,6 +34,7 @@ from .._process._spawn import Spawner
 from .._record._events import Requeued, SignalForwarded
 from .._record._sink import EventSink
 from .._record._vocabulary import StopCause
+from .._timestamps import parse_iso
 
 #: Set in every process of a SLURM job: the sign that the soak runs inside one.
 JOB_VARIABLE = "SLURM_JOB_ID"
@@ -164,7 +165,7 @@ def parse_time(text: str | None) -> datetime | None:
     if not text or not text[:1].isdigit():
         return None
     try:
-        return datetime.fromisoformat(text).astimezone()
+        return parse_iso(text).astimezone()
     except ValueError:
         return None
 

@@ -14,11 +14,11 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path, PurePath
 from typing import Any
 
 from .._sampling._fields import format_bytes, format_duration, format_value
+from .._timestamps import parse_iso
 
 #: Log lines shown at most (a traceback longer than this keeps its end).
 LOG_LINES = 14
@@ -94,14 +94,10 @@ def seconds_at(artifact: Mapping[str, Any], iso_time: str | None) -> float | Non
     if not iso_time or not started:
         return None
     try:
-        delta = _parse(iso_time) - _parse(started)
+        delta = parse_iso(iso_time) - parse_iso(started)
     except ValueError:
         return None
     return round(delta.total_seconds(), 3)
-
-
-def _parse(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def config_value(artifact: Mapping[str, Any], name: str) -> float | None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
+
+from .._timestamps import parse_iso_or_none
 
 #: Width of the text timeline's bars, in characters.
 TIMELINE_WIDTH = 48
@@ -47,15 +48,6 @@ def scheduler_line(artifact: Mapping[str, Any]) -> str | None:
     return f"{job} on {s.get('node') or '?'}" + (f" ({', '.join(details)})" if details else "")
 
 
-def _parse(text: object) -> datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        return None
-
-
 def combine(artifacts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
     """One job's artifacts (``(path, artifact)`` pairs) as one JSON-ready view.
 
@@ -72,11 +64,11 @@ def combine(artifacts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any
         jobs = ", ".join(sorted(job for _, job in keys))
         raise NotOneJobError(f"the artifacts come from different jobs ({jobs}): give one job's")
     cluster, job_id = keys.pop()
-    starts = [_parse(a.get("started_at")) for _, a in artifacts]
+    starts = [parse_iso_or_none(a.get("started_at")) for _, a in artifacts]
     origin = min((t for t in starts if t is not None), default=None)
 
     def offset(text: object) -> float | None:
-        moment = _parse(text)
+        moment = parse_iso_or_none(text)
         if moment is None or origin is None:
             return None
         return round((moment - origin).total_seconds(), 3)
@@ -237,7 +229,7 @@ def render_job_report(
     by_path = dict(artifacts)
     for soak in combined["soaks"]:
         artifact = by_path[soak["path"]]
-        start = _parse(artifact.get("started_at"))
+        start = parse_iso_or_none(artifact.get("started_at"))
         tree = (artifact.get("series") or {}).get("tree") or {}
         if start is None or not tree.get("t"):
             continue
@@ -255,7 +247,7 @@ def render_job_report(
             col=1,
         )
         failure = soak["first_failure"]
-        moment = None if failure is None else _parse(failure.get("at"))
+        moment = None if failure is None else parse_iso_or_none(failure.get("at"))
         if moment is not None:
             figure.add_vline(x=moment.timestamp() * 1000, line_dash="dot", line_color="#d62728")
     figure.update_layout(height=560, margin={"t": 40, "l": 60, "r": 20, "b": 40})

@@ -21,7 +21,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TextIO
@@ -32,6 +31,7 @@ from .._blocking import run_blocking
 from .._record._journal import JournalDecoder
 from .._record._vocabulary import EventKind
 from .._sampling._fields import format_duration, format_value, gpu_index
+from .._timestamps import epoch
 
 #: Seconds between two reads of the journal (and two frames on a terminal).
 REFRESH_SECONDS = 0.5
@@ -264,7 +264,7 @@ class LiveState:
         self.last_t = max(self.last_t, t)
         match kind:
             case EventKind.HEADER:
-                self.started_at = _epoch(str(event.get("started_at", "")))
+                self.started_at = epoch(event.get("started_at"))
                 config = event.get("config") or {}
                 self.stale_limit = config.get("stale_progress_seconds")
                 self.startup_limit = config.get("startup_timeout_seconds")
@@ -333,7 +333,7 @@ class LiveState:
             if isinstance(slope, int | float) and series.endswith("_bytes"):
                 text += f" +{format_value(slope / 60.0, 'bytes')}/min"
             if breach is not None:
-                at = _epoch(str(breach.get("projected_limit_at") or ""))
+                at = epoch(breach.get("projected_limit_at"))
                 when = (
                     f"limit in {format_duration(max(0.0, at - now_epoch))}"
                     if at is not None and now_epoch is not None
@@ -405,13 +405,6 @@ class LiveState:
                 for group in gpu_groups
             ),
         )
-
-
-def _epoch(text: str) -> float | None:
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 class _View(Protocol):
