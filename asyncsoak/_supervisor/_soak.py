@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fnmatch
 import os
 import signal
 import stat
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -29,14 +28,13 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .._analysis._trends import describe_growth, format_amount, format_bytes, format_seconds
 from .._blocking import BlockingCallTimeout, Rides, abandoned_calls, run_blocking
 from .._errors import SoakFailureError, ValidationTypeError
 from .._export._metrics import Metrics, validate_metrics
-from .._process import _cgroup, _tree
+from .._process import _cgroup
 from .._process._crash import describe as describe_crash
 from .._process._crash import find_exception
-from .._process._forensics import collect_forensics, oom_kills, seconds_since_boot
+from .._process._forensics import oom_kills, seconds_since_boot
 from .._process._spawn import Spawner, SpawnRequest
 from .._record._artifact import (
     ArtifactBuilder,
@@ -46,19 +44,13 @@ from .._record._artifact import (
     write_artifact,
 )
 from .._record._events import (
-    Abandoned,
     CrashCause,
     Failure,
     Finished,
-    Forensics,
     Header,
-    Leftover,
     Limits,
     OomKill,
-    SignalSent,
     Snapshot,
-    StdinClosed,
-    StopRequested,
     TrendFound,
     Warning,
 )
@@ -82,6 +74,14 @@ from . import _slurm
 from ._config import LOG_MAX_BYTES, LeakCheck, SoakConfig, StopMode, validate
 from ._control import SoakControl
 from ._outputs import CHECK_TIMEOUT, check_outputs, lock_journal
+from ._rules import (
+    TREND_EVERY_INTERVALS,
+    TREND_LAG_FRACTION,
+    TREND_MIN_PERIOD,
+    budget_breach,
+    trend_findings,
+)
+from ._stop import HANG_REASONS, SOAK_ID_VARIABLE, TREE_LOOK_TIMEOUT, TREE_WALK_TIMEOUT, TreeStop
 
 #: Threads for blocking work (scans, /proc walks, git): asyncsoak's own, never the host's.
 THREADS = 4
@@ -97,43 +97,12 @@ DRAIN_TIMEOUT = 10.0
 BASELINE_TIMEOUT = 60.0
 #: Bound on writing the artifact (and on reading the log's tail for it).
 ARTIFACT_WRITE_TIMEOUT = 10.0
-#: Bound on one look at the tree during the stop (the environment-marker scan reads every
-#: process's environ, which waits on each target's mmap lock: a wedged CUDA process holds it).
-TREE_LOOK_TIMEOUT = 1.0
-#: Bound on one walk of the tree below the reaper (no cgroup): a read per process, so a big
-#: tree (a fork bomb) takes a while, but it never waits on another process's locks.
-TREE_WALK_TIMEOUT = 5.0
 #: Bound on waiting for the reaper to finish once the tree is gone.
 REAPER_CLOSE_TIMEOUT = 5.0
-#: Time given to the trainer to print what ``dump_signal`` asked for before forensics start.
-DUMP_WAIT_SECONDS = 1.0
-#: Bound on the hang forensics (py-spy of every Python process included).
-FORENSICS_SECONDS = 10.0
 #: The kernel log's clock and the monitor's may drift apart a little.
 KMSG_SLACK_SECONDS = 5.0
-#: Rules after which the tree is looked at before it is stopped.
-HANG_REASONS = frozenset({"stale_progress", "startup_timeout"})
 #: Give each soak's tree a cgroup where the kernel allows it (membership, not markers).
 USE_CGROUP = True
-#: Environment marker that lets the monitor recognise processes of this soak's tree.
-SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
-#: Trends are judged every this many sample intervals (at least every ``TREND_MIN_PERIOD``
-#: seconds apart): the estimator is cheap, but not free at 1 s over a day.
-TREND_EVERY_INTERVALS = 5
-TREND_MIN_PERIOD = 1.0
-TREND_LAG_FRACTION = 0.02
-#: A leak projected to reach a limit within this long (or ``stale_progress_seconds`` x 10,
-#: whichever is longer) is a warning at once.
-BREACH_HORIZON_SECONDS = 3600.0
-#: Series whose confident rise is a leak, in the order their warnings are preferred: a
-#: process's own series names the culprit, so the tree's is only reported without one.
-LEAK_GROUPS: tuple[tuple[str, ...], ...] = (
-    ("process.*.rss_bytes", "tree.pss_bytes", "tree.rss_bytes"),
-    ("process.*.gpu_memory_bytes", "tree.gpu_memory_bytes", "gpu*.memory_used_bytes"),
-    ("tree.fds",),
-    ("tree.threads",),
-    ("tree.processes",),
-)
 
 
 async def run_soak(
@@ -278,14 +247,6 @@ class _Soak:
         self.cause: str | None = None
         self._ended = anyio.Event()
         self.limiter = self._limiter = anyio.CapacityLimiter(THREADS)
-        #: Set when the caller stops the soak (cancellation or a stop request), whatever the
-        #: phase: every wait of the stop path that is not needed to stop the tree ends at once.
-        self._caller_stop = anyio.Event()
-        #: Cancel scopes of waits given up when the caller stops the soak.
-        self._stop_scopes: set[anyio.CancelScope] = set()
-        #: Cancel scopes of the graceful waits, given up when the caller asks to kill now.
-        self._grace_scopes: set[anyio.CancelScope] = set()
-        self._marker_scan_hung = False
         #: Whether the tree gets a cgroup where the kernel allows one (tests turn it off to
         #: exercise the environment-marker fallback).
         self.use_cgroup = USE_CGROUP
@@ -305,10 +266,18 @@ class _Soak:
         self._sink: EventSink | None = None
         self._spawner: Spawner | None = None
         self._progress_seen = False
-        #: Every pid ever seen in the tree, to look up in the kernel's OOM records.
-        self._seen_pids: set[int] = set()
         self._oom_reported: set[int] = set()
         self._marker = self.soak_id
+        self._tree_stop = TreeStop(
+            cfg,
+            control,
+            masker=self._masker,
+            marker=self._marker,
+            limiter=self._limiter,
+            fail=self._fail,
+        )
+        #: Every pid ever seen in the tree, to look up in the kernel's OOM records.
+        self._seen_pids = self._tree_stop.seen_pids
         #: The tree as the proc sampler last saw it (for matching GPU processes).
         self._tree_now: frozenset[int] = frozenset()
         self._boot_seconds_at_start = seconds_since_boot()
@@ -326,45 +295,13 @@ class _Soak:
         if self.cause is None:
             self.cause = cause
             self._ended.set()
-        if cause in (StopCause.CANCELLED, StopCause.REQUESTED) and not self._caller_stop.is_set():
-            self._caller_stop.set()
-            for scope in list(self._stop_scopes):
-                scope.cancel()
+        if cause in (StopCause.CANCELLED, StopCause.REQUESTED):
+            self._tree_stop.caller_stopped()
 
     def kill_now(self) -> None:
         """The caller wants the tree killed at once: every graceful wait ends now."""
         self.end("requested")
-        for scope in list(self._grace_scopes | self._stop_scopes):
-            scope.cancel()
-
-    @contextlib.contextmanager
-    def _given_up_on_caller_stop(self, *, grace: bool = False) -> Iterator[anyio.CancelScope]:
-        """A scope cancelled as soon as the caller stops the soak (at once if it already has).
-
-        With ``grace``, the wait is the graceful period of the caller's own stop: it is given up
-        only when the caller asks to kill now.
-        """
-        scopes = self._grace_scopes if grace else self._stop_scopes
-        with anyio.CancelScope() as scope:
-            if self.control.kill_requested.is_set() or (not grace and self._caller_stop.is_set()):
-                scope.cancel()
-            scopes.add(scope)
-            try:
-                yield scope
-            finally:
-                scopes.discard(scope)
-
-    async def _wait_tree_gone(self, spawner: Spawner, seconds: float) -> None:
-        """Wait up to ``seconds`` for the tree to be gone.
-
-        A caller's stop that comes during the wait ends it at once; when the caller's stop is
-        what started this stop, the wait is its graceful period and is kept.
-        """
-        # A stop from outside (the caller, a scheduler) keeps its grace; the monitor's own
-        # (an exit, a rule, max_duration) gives way to the caller's stop.
-        own_stop = self.cause not in (StopCause.EXITED, StopCause.FAILURE, StopCause.MAX_DURATION)
-        with self._given_up_on_caller_stop(grace=own_stop), anyio.move_on_after(seconds):
-            await spawner.tree_gone.wait()
+        self._tree_stop.kill_now()
 
     async def _rule_fired(self, reason: str, message: str) -> None:
         if self.cause is not None:
@@ -430,7 +367,7 @@ class _Soak:
             ignore |= _dir_keys(cfg.progress_exclude)
             baseline = ScanResult(files={})
             baseline_error = None
-            with self._given_up_on_caller_stop():
+            with self._tree_stop.given_up_on_caller_stop():
                 try:
                     baseline = await run_blocking(
                         partial(
@@ -570,7 +507,7 @@ class _Soak:
             return "cancelled"
         if "monitor_error" in self._failures:
             return "error"  # the reaper was lost
-        if self._caller_stop.is_set() and not self._failures:
+        if self._tree_stop.caller_stop.is_set() and not self._failures:
             # The command had exited and its tree was in its grace when the caller stopped.
             return "cancelled"
         return "failed" if self._failures else "passed"
@@ -777,9 +714,16 @@ class _Soak:
                 if self.cause == StopCause.EXITED:
                     await self._after_exit(sink, spawner)
                 elif self.cause == "reaper_lost":
-                    await self._after_reaper_lost(sink, spawner)
+                    await self._tree_stop.after_reaper_lost(sink, spawner)
                 else:
-                    await self._stop(sink, spawner)
+                    assert self.cause is not None
+                    await self._tree_stop.stop(
+                        sink,
+                        spawner,
+                        self.cause,
+                        first_failure=self._failures[0] if self._failures else None,
+                        scheduler=self._scheduler,
+                    )
                 if self.cause == _slurm.CAUSE_REQUEUED:
                     await _slurm.requeue_job(sink, self._scheduler)
                 await self._report_oom_kills(sink)
@@ -877,7 +821,7 @@ class _Soak:
             exit_failure = ("nonzero_exit", f"the command exited with status {rc}")
         # The rest of the tree gets its grace first: by then the reaper has copied the last of
         # the output (the traceback) into the log, so the failure message can quote it.
-        await self._wait_tree_gone(spawner, cfg.post_shutdown_grace_seconds)
+        await self._tree_stop.wait_tree_gone(spawner, cfg.post_shutdown_grace_seconds, self.cause)
         if exit_failure is not None:
             reason, message = exit_failure
             cause = await self._crash_cause(sink)
@@ -891,10 +835,10 @@ class _Soak:
                 f"min_duration_seconds={cfg.min_duration_seconds:g}",
             )
         if not spawner.tree_gone.is_set():
-            leftovers = await self._record_leftovers(sink, spawner)
-            await self._kill(sink, spawner)
+            leftovers = await self._tree_stop.record_leftovers(sink, spawner)
+            await self._tree_stop.kill(sink, spawner)
             # The caller stopped the soak during the grace: its stop, not a leftover failure.
-            if leftovers and not self._caller_stop.is_set():
+            if leftovers and not self._tree_stop.caller_stop.is_set():
                 await self._fail(
                     "leftover_processes",
                     f"{leftovers} process(es) outlived the command by "
@@ -930,178 +874,6 @@ class _Soak:
             )
         )
         return self._masker(describe_crash(cause))
-
-    async def _after_reaper_lost(self, sink: EventSink, spawner: Spawner) -> None:
-        """The reaper died (the trainer killed its parent, say): nothing reports the tree any
-        more, so it is stopped at once, every member found by cgroup (or marker) killed."""
-        how = await spawner.reaper_exit(1.0)
-        await self._fail(
-            "monitor_error",
-            f"the reaper (pid {spawner.reaper_pid}) was lost: {how}; the tree was stopped",
-        )
-        pids = await self._tree_pids(spawner)
-        await sink.emit(SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids))
-        with anyio.move_on_after(self.cfg.kill_wait_seconds):
-            while pids:
-                await run_blocking(
-                    _kill_all, spawner, pids, timeout=TREE_WALK_TIMEOUT, what="killing the tree"
-                )
-                await anyio.sleep(0.05)
-                pids = await self._tree_pids(spawner)
-        for info in await self._describe(pids, spawner.pid):
-            await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
-        # Nothing is left to say the tree is gone: it is, or it is reported abandoned.
-        spawner.tree_gone.set()
-
-    async def _stop(self, sink: EventSink, spawner: Spawner) -> None:
-        """The monitor ends the run: graceful request, grace, SIGKILL, bounded reap."""
-        cfg = self.cfg
-        grace = cfg.post_shutdown_grace_seconds
-        if self.control.stop_requested.is_set() and self.control.grace_seconds is not None:
-            grace = self.control.grace_seconds
-        if self.cause == _slurm.CAUSE_SCHEDULER and self.control.stop_requested.is_set():
-            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.
-            grace = _slurm.stop_grace(grace, self._scheduler)
-        assert self.cause is not None
-        await sink.emit(
-            StopRequested(
-                t=sink.elapsed(), cause=self.cause, mode=cfg.stop_mode, grace_seconds=grace
-            )
-        )
-        if self.cause == StopCause.FAILURE and self._failures[0] in HANG_REASONS:
-            await self._hang_forensics(sink, spawner, self._failures[0])
-        if self.cause == _slurm.CAUSE_REQUEUED:
-            pass  # the graceful request was the forwarded signal: the trainer is saving
-        elif not spawner.exited.is_set():
-            if cfg.stop_mode == "stdin":
-                if spawner.close_stdin():
-                    await sink.emit(StdinClosed(t=sink.elapsed()))
-            else:
-                sig = signal.SIGTERM
-                pids = []
-                with contextlib.suppress(BlockingCallTimeout):
-                    pids = await run_blocking(
-                        spawner.tree_pids, timeout=TREE_WALK_TIMEOUT, what="walking the tree"
-                    )
-                sent = (
-                    spawner.signal_group(sig)
-                    if cfg.stop_mode == "group"
-                    else spawner.signal_leader(sig)
-                )
-                if sent:
-                    await sink.emit(
-                        SignalSent(
-                            t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids
-                        )
-                    )
-        await self._wait_tree_gone(spawner, grace)
-        if spawner.tree_gone.is_set():
-            return
-        leftovers = 0
-        if spawner.exited.is_set():
-            # The command is gone but some of its tree outlived it by the grace.
-            leftovers = await self._record_leftovers(sink, spawner)
-        await self._kill(sink, spawner)
-        if leftovers and self.cause in (StopCause.FAILURE, StopCause.MAX_DURATION):
-            await self._fail(
-                "leftover_processes",
-                f"{leftovers} process(es) outlived the command by {grace:g}s and were killed",
-            )
-
-    async def _tree_pids(self, spawner: Spawner) -> list[int]:
-        """The tree below the reaper, plus marked processes that left it (bounded)."""
-        pids: list[int] = []
-        with contextlib.suppress(BlockingCallTimeout):
-            pids = await run_blocking(
-                spawner.tree_pids, timeout=TREE_WALK_TIMEOUT, what="walking the tree"
-            )
-        if not self._marker_scan_hung and spawner.cgroup is None:
-            # Without a cgroup, the environment marker finds what left the reaper's tree.
-            try:
-                marked = await run_blocking(
-                    _tree.find_marked,
-                    SOAK_ID_VARIABLE,
-                    self._marker,
-                    timeout=TREE_LOOK_TIMEOUT,
-                    what="the scan for the soak's environment marker",
-                )
-            except BlockingCallTimeout:
-                # Stuck behind a wedged process's mmap lock: not tried again in this soak,
-                # so a stop never piles up threads on it.
-                self._marker_scan_hung = True
-            else:
-                pids += [pid for pid in marked if pid not in pids]
-        self._seen_pids.update(pids)
-        return pids
-
-    async def _describe(self, pids: list[int], leader_pgid: int | None) -> list[dict[str, Any]]:
-        """What the artifact says about each live pid; psutil's reads run off the loop."""
-        try:
-            return await run_blocking(
-                _describe_all,
-                pids,
-                leader_pgid,
-                timeout=TREE_LOOK_TIMEOUT,
-                what="describing the processes of the tree",
-            )
-        except BlockingCallTimeout:
-            return [{"pid": pid, "name": None, "state": "unknown", "cmdline": None} for pid in pids]
-
-    async def _record_leftovers(self, sink: EventSink, spawner: Spawner) -> int:
-        count = 0
-        for info in await self._describe(await self._tree_pids(spawner), spawner.pid):
-            if info is not None:
-                info["cmdline"] = (
-                    None if info.get("cmdline") is None else self._masker.argv(info["cmdline"])
-                )
-                await sink.emit(Leftover(t=sink.elapsed(), process=info))
-                count += 1
-        return count
-
-    async def _kill(self, sink: EventSink, spawner: Spawner) -> None:
-        """SIGKILL everything left, again and again (a forking tree races us), within a bound."""
-        pids = await self._tree_pids(spawner)
-        await sink.emit(SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids))
-        with anyio.move_on_after(self.cfg.kill_wait_seconds):
-            while True:
-                # Marked processes outside the reaper's tree are not covered by kill_tree().
-                with contextlib.suppress(BlockingCallTimeout):
-                    await run_blocking(
-                        _kill_all, spawner, pids, timeout=TREE_WALK_TIMEOUT, what="the kill"
-                    )
-                with anyio.move_on_after(0.05):
-                    await spawner.tree_gone.wait()
-                pids = await self._tree_pids(spawner)
-                if spawner.tree_gone.is_set() and not pids:
-                    return
-        for info in await self._describe(pids, spawner.pid):
-            await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
-
-    async def _hang_forensics(self, sink: EventSink, spawner: Spawner, reason: str) -> None:
-        """Before the first signal: ask for a stack dump, then record what the tree is doing."""
-        cfg = self.cfg
-        if cfg.dump_signal is not None and spawner.signal_leader(cfg.dump_signal):
-            name = signal.Signals(cfg.dump_signal).name
-            await sink.emit(
-                SignalSent(t=sink.elapsed(), signal=name, target="leader", pids=[spawner.pid or 0])
-            )
-            with self._given_up_on_caller_stop():
-                await anyio.sleep(DUMP_WAIT_SECONDS)
-        if not cfg.forensics:
-            return
-        pids = await self._tree_pids(spawner)
-        data: dict[str, Any] = {"error": f"forensics took longer than {FORENSICS_SECONDS:g}s"}
-        with self._given_up_on_caller_stop() as scope, contextlib.suppress(BlockingCallTimeout):
-            data = await run_blocking(
-                partial(collect_forensics, pids, time_budget=FORENSICS_SECONDS),
-                timeout=FORENSICS_SECONDS + 2.0,
-                what="the hang forensics",
-                limiter=self._limiter,
-            )
-        if scope.cancelled_caught:
-            data = {"error": "the caller stopped the soak during the forensics"}
-        # Command lines and py-spy's headers carry argv: masked like argv everywhere else.
-        await sink.emit(Forensics(t=sink.elapsed(), reason=reason, data=self._masker.data(data)))
 
     async def _report_oom_kills(self, sink: EventSink) -> set[int]:
         """Look up the tree's pids in the kernel's OOM records; report each kill once."""
@@ -1159,38 +931,9 @@ class _Soak:
                 await self._judge_trends(sink, final=False)
 
     async def _check_budgets(self) -> None:
-        cfg = self.cfg
-        watch = self._builder.trends
-        if cfg.max_rss_bytes is not None and watch.tree_memory is not None:
-            figure, used = watch.tree_memory
-            if used > cfg.max_rss_bytes:
-                await self._rule_fired(
-                    "memory_budget",
-                    f"tree {figure} {format_bytes(used)} is above max_rss_bytes "
-                    f"({format_bytes(cfg.max_rss_bytes)})",
-                )
-                return
-        gpu = watch.tree_gpu_bytes
-        if (
-            cfg.max_gpu_memory_bytes is not None
-            and gpu is not None
-            and gpu > cfg.max_gpu_memory_bytes
-        ):
-            await self._rule_fired(
-                "memory_budget",
-                f"the tree's GPU memory {format_bytes(gpu)} is above max_gpu_memory_bytes "
-                f"({format_bytes(cfg.max_gpu_memory_bytes)})",
-            )
-            return
-        if cfg.min_disk_free_bytes is not None:
-            for label, (path, free) in sorted(watch.disk_free.items()):
-                if free < cfg.min_disk_free_bytes:
-                    await self._rule_fired(
-                        "disk_low",
-                        f"free space of the {label} filesystem ({path}) is {format_bytes(free)}, "
-                        f"below min_disk_free_bytes ({format_bytes(cfg.min_disk_free_bytes)})",
-                    )
-                    return
+        breach = budget_breach(self.cfg, self._builder.trends)
+        if breach is not None:
+            await self._rule_fired(*breach)
 
     async def _judge_trends(self, sink: EventSink, *, final: bool) -> None:
         """Report what became confident: leaks, projected breaches, progress slowing."""
@@ -1198,37 +941,7 @@ class _Soak:
         trends = self._builder.trends.evaluate(self._builder.wall, live=not final)
         for observe in self.trend_observers:
             observe(trends)
-        findings: list[tuple[str, str, dict[str, Any], str]] = []
-        if cfg.leak_check != "off":
-            for key in leaking(trends):
-                entry = trends[key]
-                message = describe_growth(
-                    entry["label"],
-                    entry["unit"],
-                    entry["growth"],
-                    entry["span_seconds"],
-                    entry["slope_per_hour"],
-                )
-                findings.append((key, "leak", entry, message))
-        horizon = max(BREACH_HORIZON_SECONDS, cfg.stale_progress_seconds * 10)
-        disks = [key for key in trends if key.startswith("disk.")]
-        for key in leaking(trends) + sorted(disks):
-            entry = trends[key]
-            seconds = entry.get("projected_seconds_to_limit")
-            if entry["verdict"] == "leak" and seconds is not None and seconds <= horizon:
-                limit = format_amount(entry["limit"], entry["unit"])
-                message = (
-                    f"{entry['label']} will reach {entry['limit_source']} ({limit}) "
-                    f"in about {format_seconds(seconds)}"
-                )
-                findings.append((key, "breach_projected", entry, message))
-        rate = trends.get("progress.changes_per_minute")
-        if rate is not None and rate["verdict"] == "slowing":
-            message = (
-                f"progress slowing: {rate['last']:.1f} changes/min in the last quarter "
-                f"against {rate['first']:.1f} in the first"
-            )
-            findings.append(("progress.changes_per_minute", "slowing", rate, message))
+        findings = trend_findings(cfg, trends)
         for key, verdict, entry, message in findings:
             first_time = (key, verdict) not in self._trends_reported
             if first_time:
@@ -1258,35 +971,6 @@ class _Soak:
                 # The warning is the whole run's verdict: a rise seen during the run (the
                 # ``trend`` event marks when) that turned out to be a long cycle is no leak.
                 await sink.emit(Warning(t=sink.elapsed(), message=message))
-
-
-def leaking(trends: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The leaking series worth a warning: per group, the most specific ones (a process)."""
-    out: list[str] = []
-    for group in LEAK_GROUPS:
-        for pattern in group:
-            keys = sorted(
-                key
-                for key, entry in trends.items()
-                if entry["verdict"] == "leak" and fnmatch.fnmatchcase(key, pattern)
-            )
-            if keys:
-                out.extend(keys)
-                break
-    return out
-
-
-def _kill_all(spawner: Spawner, pids: list[int]) -> None:
-    """SIGKILL the tree (group, cgroup, reaper's descendants) and the given pids (in a thread)."""
-    spawner.kill_tree()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _describe_all(pids: list[int], leader_pgid: int | None) -> list[dict[str, Any]]:
-    described = (_tree.describe(pid, leader_pgid=leader_pgid) for pid in pids)
-    return [info for info in described if info is not None]
 
 
 def gpu_call_timeout(interval: float) -> float:

@@ -1,0 +1,315 @@
+"""The stop sequence of a soak's tree: graceful request, bounded grace, SIGKILL, leftovers.
+
+It follows trio's ``_subprocess.py``: ask, wait under a bounded scope, kill, wait under a
+bounded scope.  Every wait here ends: the graceful ones when the caller asks to kill now, the
+monitor's own ones as soon as the caller stops the soak.  A stalled run's forensics are taken
+here too, before the first signal, since the signal changes what the tree is doing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
+from typing import Any
+
+import anyio
+
+from .._blocking import BlockingCallTimeout, run_blocking
+from .._process import _tree
+from .._process._forensics import collect_forensics
+from .._process._spawn import Spawner
+from .._record._events import Abandoned, Forensics, Leftover, SignalSent, StdinClosed, StopRequested
+from .._record._sink import EventSink
+from .._record._vocabulary import StopCause
+from .._redact import Masker
+from . import _slurm
+from ._config import SoakConfig
+from ._control import SoakControl
+
+#: Bound on one look at the tree during the stop (the environment-marker scan reads every
+#: process's environ, which waits on each target's mmap lock: a wedged CUDA process holds it).
+TREE_LOOK_TIMEOUT = 1.0
+#: Bound on one walk of the tree below the reaper (no cgroup): a read per process, so a big
+#: tree (a fork bomb) takes a while, but it never waits on another process's locks.
+TREE_WALK_TIMEOUT = 5.0
+#: Time given to the trainer to print what ``dump_signal`` asked for before forensics start.
+DUMP_WAIT_SECONDS = 1.0
+#: Bound on the hang forensics (py-spy of every Python process included).
+FORENSICS_SECONDS = 10.0
+#: Rules after which the tree is looked at before it is stopped.
+HANG_REASONS = frozenset({"stale_progress", "startup_timeout"})
+#: Environment marker that lets the monitor recognise processes of this soak's tree.
+SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
+
+#: Records a failure (reason, message) in the soak's artifact.
+Fail = Callable[[str, str], Awaitable[None]]
+
+
+class TreeStop:
+    """Stops one soak's tree and says in the journal what was left and what was killed."""
+
+    def __init__(
+        self,
+        cfg: SoakConfig,
+        control: SoakControl,
+        *,
+        masker: Masker,
+        marker: str,
+        limiter: anyio.CapacityLimiter,
+        fail: Fail,
+    ) -> None:
+        self.cfg = cfg
+        self.control = control
+        self._masker = masker
+        self._marker = marker
+        self._limiter = limiter
+        self._fail = fail
+        #: Set when the caller stops the soak (cancellation or a stop request), whatever the
+        #: phase: every wait of the stop path that is not needed to stop the tree ends at once.
+        self.caller_stop = anyio.Event()
+        #: Cancel scopes of waits given up when the caller stops the soak.
+        self._stop_scopes: set[anyio.CancelScope] = set()
+        #: Cancel scopes of the graceful waits, given up when the caller asks to kill now.
+        self._grace_scopes: set[anyio.CancelScope] = set()
+        self._marker_scan_hung = False
+        #: Every pid ever seen in the tree, to look up in the kernel's OOM records.
+        self.seen_pids: set[int] = set()
+
+    # -- the caller's stop -------------------------------------------------------------
+
+    def caller_stopped(self) -> None:
+        """The caller stopped the soak: the waits not needed to stop the tree end now."""
+        if not self.caller_stop.is_set():
+            self.caller_stop.set()
+            for scope in list(self._stop_scopes):
+                scope.cancel()
+
+    def kill_now(self) -> None:
+        """The caller wants the tree killed at once: every graceful wait ends now."""
+        for scope in list(self._grace_scopes | self._stop_scopes):
+            scope.cancel()
+
+    @contextlib.contextmanager
+    def given_up_on_caller_stop(self, *, grace: bool = False) -> Iterator[anyio.CancelScope]:
+        """A scope cancelled as soon as the caller stops the soak (at once if it already has).
+
+        With ``grace``, the wait is the graceful period of the caller's own stop: it is given up
+        only when the caller asks to kill now.
+        """
+        scopes = self._grace_scopes if grace else self._stop_scopes
+        with anyio.CancelScope() as scope:
+            if self.control.kill_requested.is_set() or (not grace and self.caller_stop.is_set()):
+                scope.cancel()
+            scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                scopes.discard(scope)
+
+    async def wait_tree_gone(self, spawner: Spawner, seconds: float, cause: str | None) -> None:
+        """Wait up to ``seconds`` for the tree to be gone.
+
+        A caller's stop that comes during the wait ends it at once; when the caller's stop is
+        what started this stop, the wait is its graceful period and is kept.
+        """
+        # A stop from outside (the caller, a scheduler) keeps its grace; the monitor's own
+        # (an exit, a rule, max_duration) gives way to the caller's stop.
+        own_stop = cause not in (StopCause.EXITED, StopCause.FAILURE, StopCause.MAX_DURATION)
+        with self.given_up_on_caller_stop(grace=own_stop), anyio.move_on_after(seconds):
+            await spawner.tree_gone.wait()
+
+    # -- the stop ------------------------------------------------------------------------
+
+    async def stop(
+        self,
+        sink: EventSink,
+        spawner: Spawner,
+        cause: str,
+        *,
+        first_failure: str | None,
+        scheduler: dict[str, Any] | None,
+    ) -> None:
+        """The monitor ends the run: graceful request, grace, SIGKILL, bounded reap."""
+        cfg = self.cfg
+        grace = cfg.post_shutdown_grace_seconds
+        if self.control.stop_requested.is_set() and self.control.grace_seconds is not None:
+            grace = self.control.grace_seconds
+        if cause == _slurm.CAUSE_SCHEDULER and self.control.stop_requested.is_set():
+            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.
+            grace = _slurm.stop_grace(grace, scheduler)
+        await sink.emit(
+            StopRequested(t=sink.elapsed(), cause=cause, mode=cfg.stop_mode, grace_seconds=grace)
+        )
+        if cause == StopCause.FAILURE and first_failure in HANG_REASONS:
+            await self.hang_forensics(sink, spawner, first_failure)
+        if cause == _slurm.CAUSE_REQUEUED:
+            pass  # the graceful request was the forwarded signal: the trainer is saving
+        elif not spawner.exited.is_set():
+            if cfg.stop_mode == "stdin":
+                if spawner.close_stdin():
+                    await sink.emit(StdinClosed(t=sink.elapsed()))
+            else:
+                sig = signal.SIGTERM
+                pids = []
+                with contextlib.suppress(BlockingCallTimeout):
+                    pids = await run_blocking(
+                        spawner.tree_pids, timeout=TREE_WALK_TIMEOUT, what="walking the tree"
+                    )
+                sent = (
+                    spawner.signal_group(sig)
+                    if cfg.stop_mode == "group"
+                    else spawner.signal_leader(sig)
+                )
+                if sent:
+                    await sink.emit(
+                        SignalSent(
+                            t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids
+                        )
+                    )
+        await self.wait_tree_gone(spawner, grace, cause)
+        if spawner.tree_gone.is_set():
+            return
+        leftovers = 0
+        if spawner.exited.is_set():
+            # The command is gone but some of its tree outlived it by the grace.
+            leftovers = await self.record_leftovers(sink, spawner)
+        await self.kill(sink, spawner)
+        if leftovers and cause in (StopCause.FAILURE, StopCause.MAX_DURATION):
+            await self._fail(
+                "leftover_processes",
+                f"{leftovers} process(es) outlived the command by {grace:g}s and were killed",
+            )
+
+    async def after_reaper_lost(self, sink: EventSink, spawner: Spawner) -> None:
+        """The reaper died (the trainer killed its parent, say): nothing reports the tree any
+        more, so it is stopped at once, every member found by cgroup (or marker) killed."""
+        how = await spawner.reaper_exit(1.0)
+        await self._fail(
+            "monitor_error",
+            f"the reaper (pid {spawner.reaper_pid}) was lost: {how}; the tree was stopped",
+        )
+        pids = await self.tree_pids(spawner)
+        await sink.emit(SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids))
+        with anyio.move_on_after(self.cfg.kill_wait_seconds):
+            while pids:
+                await run_blocking(
+                    _kill_all, spawner, pids, timeout=TREE_WALK_TIMEOUT, what="killing the tree"
+                )
+                await anyio.sleep(0.05)
+                pids = await self.tree_pids(spawner)
+        for info in await self._describe(pids, spawner.pid):
+            await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
+        # Nothing is left to say the tree is gone: it is, or it is reported abandoned.
+        spawner.tree_gone.set()
+
+    async def tree_pids(self, spawner: Spawner) -> list[int]:
+        """The tree below the reaper, plus marked processes that left it (bounded)."""
+        pids: list[int] = []
+        with contextlib.suppress(BlockingCallTimeout):
+            pids = await run_blocking(
+                spawner.tree_pids, timeout=TREE_WALK_TIMEOUT, what="walking the tree"
+            )
+        if not self._marker_scan_hung and spawner.cgroup is None:
+            # Without a cgroup, the environment marker finds what left the reaper's tree.
+            try:
+                marked = await run_blocking(
+                    _tree.find_marked,
+                    SOAK_ID_VARIABLE,
+                    self._marker,
+                    timeout=TREE_LOOK_TIMEOUT,
+                    what="the scan for the soak's environment marker",
+                )
+            except BlockingCallTimeout:
+                # Stuck behind a wedged process's mmap lock: not tried again in this soak,
+                # so a stop never piles up threads on it.
+                self._marker_scan_hung = True
+            else:
+                pids += [pid for pid in marked if pid not in pids]
+        self.seen_pids.update(pids)
+        return pids
+
+    async def _describe(self, pids: list[int], leader_pgid: int | None) -> list[dict[str, Any]]:
+        """What the artifact says about each live pid; psutil's reads run off the loop."""
+        try:
+            return await run_blocking(
+                _describe_all,
+                pids,
+                leader_pgid,
+                timeout=TREE_LOOK_TIMEOUT,
+                what="describing the processes of the tree",
+            )
+        except BlockingCallTimeout:
+            return [{"pid": pid, "name": None, "state": "unknown", "cmdline": None} for pid in pids]
+
+    async def record_leftovers(self, sink: EventSink, spawner: Spawner) -> int:
+        """Record each process still alive after the grace; the count of them."""
+        count = 0
+        for info in await self._describe(await self.tree_pids(spawner), spawner.pid):
+            if info is not None:
+                info["cmdline"] = (
+                    None if info.get("cmdline") is None else self._masker.argv(info["cmdline"])
+                )
+                await sink.emit(Leftover(t=sink.elapsed(), process=info))
+                count += 1
+        return count
+
+    async def kill(self, sink: EventSink, spawner: Spawner) -> None:
+        """SIGKILL everything left, again and again (a forking tree races us), within a bound."""
+        pids = await self.tree_pids(spawner)
+        await sink.emit(SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids))
+        with anyio.move_on_after(self.cfg.kill_wait_seconds):
+            while True:
+                # Marked processes outside the reaper's tree are not covered by kill_tree().
+                with contextlib.suppress(BlockingCallTimeout):
+                    await run_blocking(
+                        _kill_all, spawner, pids, timeout=TREE_WALK_TIMEOUT, what="the kill"
+                    )
+                with anyio.move_on_after(0.05):
+                    await spawner.tree_gone.wait()
+                pids = await self.tree_pids(spawner)
+                if spawner.tree_gone.is_set() and not pids:
+                    return
+        for info in await self._describe(pids, spawner.pid):
+            await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
+
+    async def hang_forensics(self, sink: EventSink, spawner: Spawner, reason: str) -> None:
+        """Before the first signal: ask for a stack dump, then record what the tree is doing."""
+        cfg = self.cfg
+        if cfg.dump_signal is not None and spawner.signal_leader(cfg.dump_signal):
+            name = signal.Signals(cfg.dump_signal).name
+            await sink.emit(
+                SignalSent(t=sink.elapsed(), signal=name, target="leader", pids=[spawner.pid or 0])
+            )
+            with self.given_up_on_caller_stop():
+                await anyio.sleep(DUMP_WAIT_SECONDS)
+        if not cfg.forensics:
+            return
+        pids = await self.tree_pids(spawner)
+        data: dict[str, Any] = {"error": f"forensics took longer than {FORENSICS_SECONDS:g}s"}
+        with self.given_up_on_caller_stop() as scope, contextlib.suppress(BlockingCallTimeout):
+            data = await run_blocking(
+                partial(collect_forensics, pids, time_budget=FORENSICS_SECONDS),
+                timeout=FORENSICS_SECONDS + 2.0,
+                what="the hang forensics",
+                limiter=self._limiter,
+            )
+        if scope.cancelled_caught:
+            data = {"error": "the caller stopped the soak during the forensics"}
+        # Command lines and py-spy's headers carry argv: masked like argv everywhere else.
+        await sink.emit(Forensics(t=sink.elapsed(), reason=reason, data=self._masker.data(data)))
+
+
+def _kill_all(spawner: Spawner, pids: list[int]) -> None:
+    """SIGKILL the tree (group, cgroup, reaper's descendants) and the given pids (in a thread)."""
+    spawner.kill_tree()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _describe_all(pids: list[int], leader_pgid: int | None) -> list[dict[str, Any]]:
+    described = (_tree.describe(pid, leader_pgid=leader_pgid) for pid in pids)
+    return [info for info in described if info is not None]
