@@ -27,6 +27,7 @@ from .._record._events import Exited, SpawnFailed, Started, TreeGone, Warning
 from .._record._sink import EventSink
 from . import _tree
 from ._cgroup import TreeCgroup
+from ._exits import decode, signal_name
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 #: The reaper runs as ``python -m REAPER_MODULE``: the job queue recognises an orphaned
@@ -48,17 +49,6 @@ class SpawnRequest:
     grace_seconds: float
     #: The soak's cgroup (``cgroup.procs`` is joined by the command before exec), if any.
     cgroup: str | None = None
-
-
-def decode_wait_status(status: int) -> tuple[int, str | None]:
-    """A raw wait status as Python reports it (negative for a signal) and the signal's name."""
-    returncode = os.waitstatus_to_exitcode(status)
-    if returncode < 0:
-        try:
-            return returncode, signal.Signals(-returncode).name
-        except ValueError:
-            return returncode, f"signal {-returncode}"
-    return returncode, None
 
 
 class Spawner:
@@ -157,7 +147,8 @@ class Spawner:
         """Report the command's exit and the end of its tree until the reaper goes quiet."""
         while (report := await self._next_report()) is not None:
             if report["event"] == "exited":
-                self.returncode, self.exit_signal = decode_wait_status(int(report["status"]))
+                self.returncode = os.waitstatus_to_exitcode(int(report["status"]))
+                self.exit_signal = decode(self.returncode).signal_name
                 await sink.emit(
                     Exited(
                         t=sink.elapsed(),
@@ -192,10 +183,7 @@ class Spawner:
         if rc is None:
             return "its reports stopped"
         if rc < 0:
-            try:
-                return f"it was killed by {signal.Signals(-rc).name}"
-            except ValueError:
-                return f"it was killed by signal {-rc}"
+            return f"it was killed by {signal_name(-rc)}"
         return f"it exited with status {rc}"
 
     def tree_pids(self) -> list[int]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
 import stat
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -34,6 +33,7 @@ from .._export._metrics import Metrics, validate_metrics
 from .._process import _cgroup
 from .._process._crash import describe as describe_crash
 from .._process._crash import find_exception
+from .._process._exits import decode as decode_exit
 from .._process._forensics import oom_kills, seconds_since_boot
 from .._process._spawn import Spawner, SpawnRequest
 from .._record._artifact import (
@@ -812,9 +812,10 @@ class _Soak:
         assert rc is not None
         ran_for = sink.elapsed()
         exit_failure: tuple[str, str] | None = None
-        if rc < 0 and -rc not in spawner.signals_to_leader:
+        ended = decode_exit(rc)
+        if ended.signal is not None and ended.signal not in spawner.signals_to_leader:
             message = f"the command was killed by {spawner.exit_signal}"
-            if rc == -signal.SIGKILL and spawner.pid in await self._report_oom_kills(sink):
+            if ended.maybe_oom and spawner.pid in await self._report_oom_kills(sink):
                 message += " from the kernel's OOM killer (out of memory)"
             exit_failure = ("signaled", message)
         elif rc > 0:

@@ -7,11 +7,11 @@ report's header); :func:`format_summary` lays them out as text.
 from __future__ import annotations
 
 import shlex
-import signal
 import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .._process._exits import decode, signal_name
 from .._sampling._fields import describe, format_clock, format_duration, format_value, group_kind
 from ._evidence import (
     config_value,
@@ -122,8 +122,9 @@ def exit_text(artifact: Mapping[str, Any]) -> str:
         if any(f.get("reason") == "spawn_failed" for f in artifact.get("failures") or []):
             return "never started"
         return "unknown (no exit was recorded)"
-    if returncode < 0:
-        name = exit_.get("signal") or _signal_name(-returncode)
+    status = decode(returncode)
+    if status.signal is not None:
+        name = exit_.get("signal") or signal_name(status.signal)
         by = "sent by the monitor" if name in signals_sent(artifact) else "not sent by the monitor"
         text = f"killed by {name} ({by})"
         if name == "SIGKILL" and by.startswith("not"):
@@ -131,17 +132,12 @@ def exit_text(artifact: Mapping[str, Any]) -> str:
         return text
     if returncode == 0:
         return "exit status 0"
-    if returncode > 128 and _signal_name(returncode - 128).startswith("SIG"):
-        name = _signal_name(returncode - 128)
-        return f"exit status {returncode} (128+{returncode - 128}: probably {name} through a shell)"
+    if status.shell_signal is not None:
+        name = signal_name(status.shell_signal)
+        return (
+            f"exit status {returncode} (128+{status.shell_signal}: probably {name} through a shell)"
+        )
     return f"exit status {returncode}"
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def look_first(artifact: Mapping[str, Any]) -> list[str]:

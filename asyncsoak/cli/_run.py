@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from .._errors import SoakFailureError, ValidationError
+from .._process._exits import describe as describe_exit
 from .._supervisor._config import LEAK_CHECKS, STOP_MODES, SoakLimits, seconds
 from .._units import parse_size
 from .._view._live import live_status
@@ -413,8 +414,8 @@ def print_demo_summary(artifact: dict[str, Any]) -> None:
     print(f"\nverdict: {artifact['status']}")
     for failure in artifact["failures"]:
         print(f"  {failure['reason']}: {failure['message']}")
-    returncode = artifact["exit"]["returncode"]
-    print(f"ran for: {artifact['duration_seconds']:.1f}s, exit status {returncode}")
+    ended = describe_exit(artifact["exit"]["returncode"])
+    print(f"ran for: {artifact['duration_seconds']:.1f}s, {ended}")
     print(
         f"progress: {progress['changes']} file changes, "
         f"longest gap {progress['longest_gap_seconds']:.1f}s"

@@ -6,11 +6,11 @@ that turn an attempt's end into words: the tail of ``train.log`` and the decoded
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._process._exits import describe
 from ..trainer import EXIT_INTERRUPTED
 
 #: Period of polling and of heartbeats, in seconds.
@@ -109,27 +109,9 @@ def with_soak_verdict(status: str, soak_failed: bool) -> str:
 
 def describe_exit(rc: int | None) -> str:
     """An exit status in words: signals named, shell-wrapped signals guessed."""
-    if rc is None:
-        return "exit status unknown (outcome lost)"
-    if rc < 0:
-        name = _signal_name(-rc)
-        if -rc == signal.SIGKILL:
-            return f"killed by signal {-rc} ({name}; often the out-of-memory killer)"
-        return f"killed by signal {-rc} ({name})"
     if rc == EXIT_INTERRUPTED:
         return f"exit status {rc} (EXIT_INTERRUPTED: saved and stopped)"
-    if 128 < rc < 128 + signal.NSIG:
-        return (
-            f"exit status {rc} (probably signal {rc - 128}, {_signal_name(rc - 128)}, via a shell)"
-        )
-    return f"exit status {rc}"
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
+    return describe(rc)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,71 @@
+"""Exit statuses decoded in one place, and said in one set of words.
+
+Python reports a child killed by signal N as returncode ``-N``; a shell wrapper (``bash -c``,
+a job script) that lost its child to signal N exits ``128 + N`` instead.  ``-9`` is SIGKILL,
+which on a training node is often the kernel's OOM killer.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+#: A shell reports a child killed by signal N as exit status ``SHELL_SIGNAL_BASE + N``.
+SHELL_SIGNAL_BASE = 128
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """What a returncode says: the signal that ended the process, or the one a shell saw."""
+
+    returncode: int | None
+    #: The signal that killed the process itself (a negative returncode).
+    signal: int | None
+    #: The signal a shell wrapper probably reported as ``128 + N``.
+    shell_signal: int | None
+
+    @property
+    def signal_name(self) -> str | None:
+        return None if self.signal is None else signal_name(self.signal)
+
+    @property
+    def maybe_oom(self) -> bool:
+        """SIGKILL, directly or through a shell: often the kernel's OOM killer."""
+        return signal.SIGKILL in (self.signal, self.shell_signal)
+
+
+def decode(returncode: int | None) -> ExitStatus:
+    """Decode a returncode as Python reports it (negative for a signal)."""
+    if returncode is None or returncode >= 0:
+        shell = None
+        if returncode is not None and 0 < returncode - SHELL_SIGNAL_BASE < signal.NSIG:
+            shell = returncode - SHELL_SIGNAL_BASE
+        return ExitStatus(returncode, None, shell)
+    return ExitStatus(returncode, -returncode, None)
+
+
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``signal 65`` for a number without a name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe(returncode: int | None) -> str:
+    """An exit status in words: signals named, SIGKILL's usual cause, shell-wrapped signals."""
+    status = decode(returncode)
+    if status.returncode is None:
+        return "exit status unknown (outcome lost)"
+    if status.signal is not None:
+        name = signal_name(status.signal)
+        if status.maybe_oom:
+            return f"killed by signal {status.signal} ({name}; often the out-of-memory killer)"
+        return f"killed by signal {status.signal} ({name})"
+    if status.shell_signal is not None:
+        name = signal_name(status.shell_signal)
+        return (
+            f"exit status {status.returncode} "
+            f"(probably signal {status.shell_signal}, {name}, via a shell)"
+        )
+    return f"exit status {status.returncode}"
