@@ -12,6 +12,7 @@ A process that vanishes mid-read is normal here, never an error.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,15 +125,46 @@ def find_marked(variable: str, value: str) -> list[int]:
     when the tree is being stopped, never on the sampling path.
     """
     needle = f"{variable}={value}".encode()
-    found = []
+    return [pid for pid, environ in environments() if needle in environ]
+
+
+def environments(*, skip: int | None = None) -> Iterator[tuple[int, list[bytes]]]:
+    """Every process's pid and its environment's ``NAME=value`` entries, from ``/proc``.
+
+    A process that vanished or whose environment may not be read (another user's) is left
+    out.  Each read waits on the target's mmap lock, so callers bound the whole scan.
+    """
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == skip:
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 environ = f.read()
         except OSError:
             continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry))
-    return found
+        yield int(entry), environ.split(b"\0")
+
+
+def cmdline(pid: int) -> list[bytes] | None:
+    """The raw arguments of ``pid`` (None when it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return None
+
+
+def holds_open(pid: int, file_key: tuple[int, int]) -> bool:
+    """Whether ``pid`` has the file (device, inode) ``file_key`` open."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == file_key:
+            return True
+    return False

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from .._process._spawn import REAPER_MODULE
-from .._process._tree import start_time_ticks
+from .._process._tree import cmdline, environments, holds_open, start_time_ticks
 from ._status import SLICE_S
 
 #: In the reaper's command line (``_spawn`` starts it as ``python -m REAPER_MODULE``).  The
@@ -86,33 +86,15 @@ def kill_leftovers(
 def _attempt_processes(markers: set[bytes], log_file: tuple[int, int] | None) -> list[int]:
     """Processes carrying all ``markers`` in their environment, and reapers (with the
     commands they are forking) holding ``log_file`` (device, inode) open."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = set(f.read().split(b"\0"))
-        except OSError:
-            continue
-        if markers <= environ or (log_file is not None and _reaper_holding(entry, log_file)):
-            found.append(int(entry))
-    return found
+    return [
+        pid
+        for pid, environ in environments(skip=os.getpid())
+        if markers <= set(environ) or (log_file is not None and _reaper_holding(pid, log_file))
+    ]
 
 
-def _reaper_holding(pid: str, log_file: tuple[int, int]) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if _REAPER_MODULES.isdisjoint(f.read().split(b"\0")):
-                return False
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
+def _reaper_holding(pid: int, log_file: tuple[int, int]) -> bool:
+    args = cmdline(pid)
+    if args is None or _REAPER_MODULES.isdisjoint(args):
         return False
-    for fd in fds:
-        try:
-            st = os.stat(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == log_file:
-            return True
-    return False
+    return holds_open(pid, log_file)
