@@ -13,6 +13,7 @@ import pytest
 
 import asyncsoak
 from asyncsoak import read_journal
+from asyncsoak._record import _schema
 from asyncsoak._record._artifact import load_schema
 from asyncsoak._record._events import Event
 from asyncsoak._record._vocabulary import EventKind, FailureReason, SoakStatus, StopCause
@@ -106,3 +107,31 @@ def test_real_journals_hold_only_known_kinds_and_statuses(runs: Runs) -> None:
     assert seen <= set(EventKind), seen - set(EventKind)
     # The runs exercise the kinds every soak writes, the GPU sampler's and the failure path's.
     assert {"header", "started", "exited", "sample", "gpu_sample", "failure", "finished"} <= seen
+
+
+@pytest.mark.parametrize(
+    ("typed", "where"),
+    [
+        (_schema.Artifact, ()),
+        (_schema.Failure, ("properties", "failures", "items")),
+        (_schema.Exit, ("properties", "exit")),
+        (_schema.ExceptionInfo, ("properties", "exit", "properties", "exception", "anyOf", 1)),
+        (_schema.Config, ("properties", "config")),
+        (_schema.Trend, ("properties", "trends", "additionalProperties")),
+        (_schema.ProcessEntry, ("properties", "processes", "items")),
+        (_schema.Progress, ("properties", "progress")),
+        (_schema.Stop, ("properties", "stop")),
+        (_schema.Log, ("properties", "log")),
+        (_schema.Monitor, ("properties", "monitor")),
+    ],
+)
+def test_typed_sections_require_what_the_schema_requires(
+    typed: Any, where: tuple[str | int, ...]
+) -> None:
+    """A key a reader may index (required in the TypedDict) is one the schema requires, and
+    every key the schema requires is a required key of the TypedDict."""
+    node: Any = load_schema()
+    for key in where:
+        node = node[key]
+    assert set(typed.__required_keys__) == set(node["required"])
+    assert set(node.get("properties", {})) <= set(typed.__annotations__)

@@ -1,0 +1,183 @@
+"""The artifact's sections as types: what the package writes and what its readers may index.
+
+These :class:`~typing.TypedDict` s follow ``artifact.schema.json``: a key the schema requires
+is a plain key (an artifact is checked against the schema when it is loaded, so a reader
+indexes it), a key it does not require (added in schema version 2, or written only by some
+paths) is ``NotRequired`` and read with ``.get``.  Fields holding one of the vocabulary's
+words (:mod:`._vocabulary`) are typed ``str``: read back from JSON they are plain strings,
+which compare equal to the enum members.  Sections whose keys are data (series groups,
+summary groups, the snapshot's probes) stay ``dict[str, Any]``.
+"""
+
+# No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` from evaluated
+# annotations only, and ``__required_keys__`` is what the schema test compares.
+from typing import Any, NotRequired, TypedDict
+
+#: ``series`` (and a process's ``series``): field name to values, ``t`` first.
+Series = dict[str, list[float | None]]
+
+
+class Failure(TypedDict):
+    """``failures[]``: a fail-closed rule that fired."""
+
+    reason: str  # a FailureReason
+    message: str
+    at: str | None
+
+
+class ExceptionInfo(TypedDict):
+    """``exit.exception``: the command's last words, when it died of an exception."""
+
+    type: str
+    message: str
+    where: str | None
+    kind: NotRequired[str]  # "python", "cuda_oom", "nccl" or "killed"
+
+
+class Exit(TypedDict):
+    """``exit``: how the command ended (all null when it never started)."""
+
+    returncode: int | None
+    signal: str | None
+    pid: int | None
+    exception: NotRequired[ExceptionInfo | None]  # schema version 2
+
+
+class Progress(TypedDict):
+    """``progress``: what the watched directory said about the run's progress."""
+
+    dir: str | None
+    first_change_at: str | None
+    last_change_at: str | None
+    changes: int
+    longest_gap_seconds: float
+
+
+class StopSignal(TypedDict):
+    """``stop.signals[]``: a signal the stop sequence sent."""
+
+    t: float
+    signal: str
+    target: str
+
+
+class Requeue(TypedDict):
+    """``stop.requeue``: the scheduler's answer to a requeue."""
+
+    job_id: str | int | None
+    ok: bool
+    returncode: int | None
+    message: str
+    t: float
+
+
+class Stop(TypedDict):
+    """``stop``: why and how the stop sequence ran."""
+
+    cause: str | None  # a StopCause, or null when the sequence never ran
+    mode: str | None
+    killed: bool
+    grace_seconds: NotRequired[float | None]
+    signals: NotRequired[list[StopSignal]]
+    requeue: NotRequired[Requeue]
+
+
+class Log(TypedDict):
+    """``log``: where the captured output is and its last lines."""
+
+    path: str | None
+    tail: str
+
+
+class Monitor(TypedDict):
+    """``monitor``: the supervisor's account of itself."""
+
+    journal_path: str | None
+    monotonic_start: NotRequired[float | None]
+    samples: NotRequired[dict[str, int]]
+    sampler_notes: NotRequired[list[dict[str, Any]]]
+    recovered_from_journal: NotRequired[str]
+    events: NotRequired[int]
+    unreadable_journal_lines: NotRequired[int]
+
+
+class Config(TypedDict):
+    """``config``: the settings of the run; the schema requires these, the rest are read
+    with ``.get`` (a version 1 artifact, or a setting added since)."""
+
+    progress_dir: str | None
+    output_path: str
+    sample_interval_seconds: float
+    startup_timeout_seconds: float | None
+    stale_progress_seconds: float | None
+    post_shutdown_grace_seconds: float
+    min_duration_seconds: float | None
+
+
+class Trend(TypedDict):
+    """``trends[key]``: the verdict on one series' growth."""
+
+    verdict: str  # "leak", "stable", "inconclusive" or "slowing"
+    unit: str  # "bytes", "count" or "per_minute"
+    label: str
+    pid: NotRequired[int | None]
+    name: NotRequired[str | None]
+    slope_per_hour: float | None
+    slope_interval_per_hour: list[float] | None
+    growth: float | None
+    span_seconds: float
+    first: float | None
+    last: float | None
+    limit: float | None
+    limit_source: str | None
+    projected_seconds_to_limit: float | None
+    projected_limit_at: str | None
+
+
+class ProcessEntry(TypedDict):
+    """``processes[]``: one of the largest processes of the tree, over the run."""
+
+    pid: int
+    name: str
+    first_rss_bytes: int
+    peak_rss_bytes: int
+    last_rss_bytes: int
+    mean_cpu_percent: float | None
+    peak_gpu_memory_bytes: int | None
+    peak_threads: int
+    series: Series
+
+
+class Artifact(TypedDict):
+    """The whole artifact (``artifact.schema.json``)."""
+
+    schema_version: int
+    status: str  # a SoakStatus
+    failures: list[Failure]
+    warnings: list[str]
+    command: list[str]
+    cwd: str
+    config: Config
+    metadata: dict[str, Any]
+    started_at: str
+    ended_at: str
+    duration_seconds: float
+    exit: Exit
+    snapshot: dict[str, Any]
+    progress: Progress
+    series: dict[str, Series]
+    summary: dict[str, Any]
+    events: list[dict[str, Any]]
+    leftover_processes: list[dict[str, Any]]
+    log: Log
+    monitor: Monitor
+    # Not required by the schema: version 2 additions and sections older writers lacked.
+    trends: NotRequired[dict[str, Trend]]
+    processes: NotRequired[list[ProcessEntry]]
+    limits: NotRequired[dict[str, Any]]
+    series_resolution: NotRequired[dict[str, int]]
+    events_dropped: NotRequired[int]
+    abandoned_processes: NotRequired[list[dict[str, Any]]]
+    oom_kills: NotRequired[list[dict[str, Any]]]
+    forensics: NotRequired[dict[str, Any] | None]
+    stop: NotRequired[Stop]
