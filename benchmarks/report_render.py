@@ -224,7 +224,7 @@ def plotly_alone(path: Path) -> Path:
 
 
 def run(quick: bool = False) -> Section:
-    from asyncsoak._view._report import render_report
+    from asyncsoak._view.report import render_report
 
     section = Section("report_render", "14. Report load and draw")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asyncsoak._view._compare import compare
-from asyncsoak._view._report import render_report
+from asyncsoak._view.report import render_report
 
 from .conftest import asyncsoak_cli
 from .soak_runs import trainer_soak

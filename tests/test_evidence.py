@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from asyncsoak._view._evidence import gather, log_end, trend_text
-from asyncsoak._view._report import render_report
 from asyncsoak._view._summary import format_summary, summarize
+from asyncsoak._view.report import render_report
 
 from .conftest import asyncsoak_cli
 from .soak_runs import TRAINER, trainer_soak

@@ -15,7 +15,9 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak._record._recover import JournalError, artifact_from_journal
-from asyncsoak._view._report import _plan_panels, _Timeline, read_journal_detail, render_report
+from asyncsoak._view.report import read_journal_detail, render_report
+from asyncsoak._view.report._figure import Timeline
+from asyncsoak._view.report._panels import plan_panels
 
 from .conftest import CLI_ENV, assert_valid, asyncsoak_cli
 from .soak_runs import Runs, make_runs
@@ -111,7 +113,7 @@ def test_stalled_soak_report_draws_every_plot(runs: Runs, tmp_path: Path) -> Non
     for title in EXPECTED_TITLES:
         assert title in titles, titles
     artifact = json.loads(runs.stalled_sampled.read_text())
-    panels = 2 + len(_Timeline(artifact, None).panels)
+    panels = 2 + len(Timeline(artifact, None).panels)
     assert int(marker["subplots"]) == panels
     steady = re.search(r'<p class="steady">(.*?)</p>', page.read_text())
     assert steady is not None
@@ -200,7 +202,7 @@ def test_throttle_spans_come_from_the_journal(runs: Runs) -> None:
 
 def test_unknown_series_get_their_own_panels() -> None:
     """Fields no panel knows are still drawn, one panel per group and unit."""
-    panels = _plan_panels(
+    panels = plan_panels(
         {
             "tree": {"t": [0, 1], "cpu_percent": [1, 2], "io_wait_seconds": [0, 1]},
             "net": {"t": [0, 1], "rx_bytes": [1, 2], "tx_bytes": [1, None], "empty": [None, None]},
@@ -338,20 +340,20 @@ def test_long_run_keeps_its_gaps_within_bounds(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
     """A long run: minutes on the axis; the journal restores the events the artifact dropped."""
-    from asyncsoak._view._report import PROGRESS_CURVE_POINTS
+    from asyncsoak._view.report._figure import PROGRESS_CURVE_POINTS
 
     journal = _long_run_journal(tmp_path / "soak.jsonl")
     artifact = artifact_from_journal(journal)
     assert_valid(artifact, schema)
     assert artifact["events_dropped"] > 0
     # The artifact alone: the dropped stretch is a break in the curve, not an invented gap.
-    alone = _Timeline(artifact, None)
+    alone = Timeline(artifact, None)
     assert alone.x_unit == "minutes"
     xs, ys = alone._progress_curve()
     assert None in xs
     assert max(y for y in ys if y is not None) < 100
     # With the journal: every progress time, thinned, and the 100 s gap is still there.
-    full = _Timeline(artifact, read_journal_detail(journal))
+    full = Timeline(artifact, read_journal_detail(journal))
     xs, ys = full._progress_curve()
     assert None not in xs
     assert len(xs) <= 2 * PROGRESS_CURVE_POINTS + 2

@@ -158,7 +158,7 @@ def assert_none_of(values: list[str], text: str, where: str) -> None:
 async def test_hang_forensics_and_printed_tokens_never_hold_a_secret(tmp_path: Path) -> None:
     """A stalled trainer with credentials in argv that prints token-shaped values: forensics
     (cmdline, py-spy), the journal, the artifact, the summary and the report hold none."""
-    from asyncsoak._view._report import write_report
+    from asyncsoak._view.report import write_report
 
     tokens = PRINTED_TOKENS[:-1]
     stdin = tmp_path / "stdin.txt"

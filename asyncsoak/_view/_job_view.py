@@ -214,7 +214,7 @@ def render_job_report(
     wall-clock axis with its first failure marked (needs plotly, as every report does)."""
     from datetime import timedelta
 
-    from ._report import PAGE, STYLE, ReportUnavailableError
+    from .report import PAGE, STYLE, ReportUnavailableError
 
     try:
         from plotly.subplots import make_subplots

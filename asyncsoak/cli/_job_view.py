@@ -36,7 +36,7 @@ def job_summary(args: argparse.Namespace) -> int:
 def job_report(args: argparse.Namespace) -> int:
     from .._record._artifact import FILE_MODE
     from .._view._job_view import render_job_report
-    from .._view._report import ReportUnavailableError
+    from .._view.report import ReportUnavailableError
 
     combined, artifacts = _combined(args)
     output: Path = args.output or Path(args.run[0]).with_name(f"job-{combined['job_id']}.html")

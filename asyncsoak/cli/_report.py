@@ -134,7 +134,7 @@ def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from .._view._report import ReportUnavailableError, write_report
+    from .._view.report import ReportUnavailableError, write_report
 
     if len(args.run) > 1:
         return job_report(args)

@@ -428,7 +428,7 @@ def print_demo_summary(artifact: dict[str, Any]) -> None:
 
 def print_report_hint(artifact_path: Path) -> None:
     """Write the HTML report when plotly is there; otherwise say how to get it."""
-    from .._view._report import ReportUnavailableError, write_report
+    from .._view.report import ReportUnavailableError, write_report
 
     html_path = artifact_path.with_suffix(".html")
     try:

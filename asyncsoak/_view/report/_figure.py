@@ -1,0 +1,974 @@
+"""The plotly figure: a lane of what happened, time since progress, one panel per series group.
+
+Its panels share one time axis; the moments that matter are drawn across every panel.
+plotly is an optional extra, imported only when a figure is drawn.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ..._record._artifact import EVENTS_HEAD
+from ..._sampling._fields import (
+    Field,
+    format_duration,
+    format_value,
+    gpu_index,
+    group_label,
+)
+from .._evidence import (
+    config_value,
+    event_times,
+    leaking_series,
+    rate_text,
+    stall_window,
+)
+from ._assets import READOUT_SCRIPT, RENDERED_SCRIPT
+from ._detail import JournalDetail, file_names
+from ._panels import (
+    ALWAYS_DRAWN,
+    COUNTERS,
+    STEADY_SHARE,
+    Panel,
+    Scale,
+    group_sort_key,
+    other_title,
+    plan_panels,
+    scale_for,
+)
+from ._tables import exit_label, pids
+
+#: Vertical lines drawn for progress changes at most (more are merged by time).
+PROGRESS_LINES = 300
+
+#: Progress ticks in the lane at most (more are merged by time, their count in the hover).
+PROGRESS_TICKS = 1500
+
+#: Points of the time-since-progress curve at most.
+PROGRESS_CURVE_POINTS = 2000
+
+#: Per-process memory lines drawn on the memory panel at most.
+PROCESS_LINES = 4
+
+#: A liveness limit more than this many times the longest gap is not drawn to scale.
+LIMIT_HEADROOM = 4.0
+
+COLORS = {
+    "progress": "#2ca02c",
+    "failure": "#d62728",
+    "signal": "#ff7f0e",
+    "exit": "#333333",
+    "stall": "rgba(214, 39, 40, 0.15)",
+    "throttle": "rgba(255, 165, 0, 0.28)",
+    "note": "#7f7f7f",
+    "leftover": "#9467bd",
+}
+
+
+PALETTE = (
+    "#1f77b4",
+    "#9467bd",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#7f7f7f",
+    "#ff7f0e",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """A moment drawn across every panel and in the lane."""
+
+    t: float
+    lane: str
+    label: str
+    hover: str
+    color: str
+    symbol: str
+    dash: str | None
+
+
+class Timeline:
+    """One plotly figure: the lane, time since progress, and every series panel."""
+
+    def __init__(
+        self,
+        artifact: Mapping[str, Any],
+        detail: JournalDetail | None,
+        baseline: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.artifact = artifact
+        self.detail = detail
+        self.baseline_series: Mapping[str, Mapping[str, Sequence[Any]]] = (
+            (baseline.get("series") or {}) if baseline is not None else {}
+        )
+        self.duration = max(float(artifact.get("duration_seconds") or 0.0), 1e-3)
+        if self.duration <= 900:
+            self.x_divisor, self.x_unit = 1.0, "seconds"
+        elif self.duration <= 36_000:
+            self.x_divisor, self.x_unit = 60.0, "minutes"
+        else:
+            self.x_divisor, self.x_unit = 3600.0, "hours"
+        self.series: Mapping[str, Mapping[str, Sequence[Any]]] = artifact.get("series") or {}
+        self.steady: list[Field] = []
+        self.panels = self._fold_steady(plan_panels(self.series))
+        self.progress_times = self._progress_times()
+        self.marks = self._marks()
+        self.throttle = self._throttle_spans()
+        self.panel_titles: list[str] = []
+
+    # -- data ---------------------------------------------------------------------------
+
+    def values(self, f: Field) -> list[float | None]:
+        """A field's values as drawn: counters as rates per second, in their panel's unit."""
+        series = self.series[f.group]
+        if (f.group, f.name) in COUNTERS:
+            return _rates(series["t"], series[f.name], 2**20)
+        return list(series[f.name])
+
+    def _is_steady(self, f: Field) -> bool:
+        """Whether a line stays flat: within STEADY_SHARE of its peak all along."""
+        values = [v for v in self.values(f) if v is not None]
+        return not values or max(values) - min(values) <= STEADY_SHARE * max(abs(max(values)), 1e-9)
+
+    def _fold_steady(self, planned: list[Panel]) -> list[Panel]:
+        """The panels with their flat lines taken out (into ``steady``); a panel left with
+        none is not drawn.  ALWAYS_DRAWN and the GPU panels are drawn whole."""
+        panels = []
+        for panel in planned:
+            if panel.key in ALWAYS_DRAWN or panel.is_gpu:
+                panels.append(panel)
+                continue
+            moving = [f for f in panel.fields if not self._is_steady(f)]
+            self.steady.extend(f for f in panel.fields if f not in moving)
+            if moving:
+                known = panel.title and moving == panel.fields
+                panel.fields = moving
+                if ":" in panel.key and not known:
+                    panel.title = other_title(panel)
+                panels.append(panel)
+        return panels
+
+    def steady_text(self) -> str:
+        """The folded panels in one line: ``open files 3 · disk free 78.8 GiB``."""
+        items = []
+        for f in self.steady:
+            values = [v for v in self.values(f) if v is not None]
+            if not values:
+                continue
+            unit = "MiB/s" if (f.group, f.name) in COUNTERS else f.unit
+            value = values[-1]
+            shown = f"{value:.2g} MiB/s" if unit == "MiB/s" else format_value(value, unit)
+            who = "" if f.group == "tree" else f"{group_label(f.group).lower()} "
+            items.append(f"{who}{f.label} {f.qualifier}".strip() + f" {shown}")
+        return " · ".join(items)
+
+    def x(self, t: float) -> float:
+        return round(t / self.x_divisor, 6)
+
+    def _events_lost(self) -> tuple[float, float] | None:
+        """The stretch whose events the artifact did not keep (head and tail are kept)."""
+        events = self.artifact.get("events") or []
+        if not self.artifact.get("events_dropped") or len(events) <= EVENTS_HEAD:
+            return None
+        return float(events[EVENTS_HEAD - 1]["t"]), float(events[EVENTS_HEAD]["t"])
+
+    def _progress_times(self) -> list[float]:
+        """Every progress time (the journal's when there is one); sets ``progress_files``."""
+        if self.detail is not None:
+            pairs = sorted(zip(self.detail.progress_times, self.detail.progress_files, strict=True))
+        else:
+            pairs = [
+                (float(e["t"]), file_names(e.get("paths")))
+                for e in self.artifact.get("events") or []
+                if e.get("kind") == "progress"
+            ]
+        self.progress_files = [files for _, files in pairs]
+        return [t for t, _ in pairs]
+
+    def _marks(self) -> list[_Mark]:
+        marks: list[_Mark] = []
+        artifact = self.artifact
+        for event in artifact.get("events") or []:
+            kind = event.get("kind")
+            t = float(event.get("t", 0.0))
+            when = f"{format_duration(t)} ({self._wall(t)})"
+            if kind == "failure":
+                marks.append(
+                    _Mark(
+                        t,
+                        "failure",
+                        str(event.get("reason")),
+                        f"failure {event.get('reason')} at {when}<br>"
+                        + html.escape(str(event.get("message"))),
+                        COLORS["failure"],
+                        "x",
+                        "solid",
+                    )
+                )
+            elif kind == "signal":
+                marks.append(
+                    _Mark(
+                        t,
+                        "monitor",
+                        str(event.get("signal")),
+                        f"{event.get('signal')} sent to the {event.get('target')} at {when}"
+                        f"<br>pids {pids(event.get('pids'))}",
+                        COLORS["signal"],
+                        "triangle-down",
+                        "dash",
+                    )
+                )
+            elif kind in ("stop", "stdin_closed"):
+                text = (
+                    f"stop ({event.get('cause')}, grace {event.get('grace_seconds')}s)"
+                    if kind == "stop"
+                    else "stdin closed"
+                )
+                marks.append(
+                    _Mark(t, "monitor", "", f"{text} at {when}", COLORS["signal"], "square", None)
+                )
+            elif kind == "exited":
+                text = exit_label(artifact)
+                marks.append(
+                    _Mark(t, "command", text, f"{text} at {when}", COLORS["exit"], "diamond", "dot")
+                )
+            elif kind == "started":
+                marks.append(
+                    _Mark(
+                        t,
+                        "command",
+                        "started",
+                        f"started pid {event.get('pid')} at {when}",
+                        COLORS["exit"],
+                        "circle-open",
+                        None,
+                    )
+                )
+            elif kind == "forensics":
+                marks.append(
+                    _Mark(
+                        t,
+                        "monitor",
+                        "",
+                        f"forensics of {event.get('processes')} process(es) at {when}"
+                        "<br>(see Forensics, below the plots)",
+                        COLORS["leftover"],
+                        "star",
+                        None,
+                    )
+                )
+            elif kind == "oom_kill":
+                marks.append(
+                    _Mark(
+                        t,
+                        "failure",
+                        "OOM kill",
+                        f"the kernel's OOM killer killed pid {event.get('pid')} "
+                        f"({html.escape(str(event.get('name')))}) at {when}",
+                        COLORS["failure"],
+                        "x-open",
+                        "dot",
+                    )
+                )
+            elif kind in ("leftover", "abandoned"):
+                process = event.get("process") or {}
+                marks.append(
+                    _Mark(
+                        t,
+                        "monitor",
+                        "",
+                        f"{kind}: pid {process.get('pid')} {html.escape(str(process.get('name')))}"
+                        f" at {when}",
+                        COLORS["leftover"],
+                        "circle",
+                        None,
+                    )
+                )
+            elif kind == "trend":
+                marks.append(
+                    _Mark(
+                        t,
+                        "notes",
+                        "leak" if event.get("verdict") == "leak" else "breach ahead",
+                        f"{event.get('verdict')} ({event.get('series')}) at {when}<br>"
+                        + html.escape(str(event.get("message"))),
+                        COLORS["failure"],
+                        "triangle-up",
+                        None,
+                    )
+                )
+            elif kind in ("warning", "sampler_degraded", "sampler_recovered", "sampler_note"):
+                who = event.get("sampler") or "monitor"
+                marks.append(
+                    _Mark(
+                        t,
+                        "notes",
+                        "warning" if kind == "warning" else "sampler",
+                        f"{kind} ({who}) at {when}<br>{html.escape(str(event.get('message')))}",
+                        COLORS["note"],
+                        "circle",
+                        None,
+                    )
+                )
+        if not event_times(artifact, "failure"):
+            # A monitor lost has no failure event: the journal just ends.
+            for failure in artifact.get("failures") or []:
+                if failure.get("reason") == "monitor_lost":
+                    marks.append(
+                        _Mark(
+                            self.duration,
+                            "failure",
+                            "monitor_lost",
+                            "the journal ends here: the monitor died<br>"
+                            + html.escape(str(failure.get("message"))),
+                            COLORS["failure"],
+                            "x",
+                            "solid",
+                        )
+                    )
+        return marks
+
+    def _throttle_spans(self) -> dict[str, list[tuple[float, float, list[str]]]]:
+        if self.detail is not None:
+            return self.detail.throttle_spans
+        return {}
+
+    def _wall(self, t: float) -> str:
+        started = self.artifact.get("started_at")
+        if not started:
+            return ""
+        moment = datetime.fromisoformat(str(started).replace("Z", "+00:00")) + timedelta(seconds=t)
+        return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
+
+    # -- figure -------------------------------------------------------------------------
+
+    def lanes(self) -> list[str]:
+        order = ["progress", "command", "monitor", "failure", "notes"]
+        used = {m.lane for m in self.marks} | {"progress", "command"}
+        lanes = [lane for lane in order if lane in used]
+        lanes.extend(f"{g} throttled" for g in sorted(self.throttle, key=group_sort_key))
+        return lanes
+
+    def to_html(self) -> str:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        lanes = self.lanes()
+        lane_height = 36 + 24 * len(lanes)
+        titles = ["What happened", "Time since the last progress (seconds)"]
+        heights = [lane_height, 170]
+        titles.extend(panel.title for panel in self.panels)
+        heights.extend(190 for _ in self.panels)
+        gap = 62
+        top, bottom = 40, 50
+        plot_height = sum(heights) + gap * (len(heights) - 1)
+        fig = make_subplots(
+            rows=len(heights),
+            cols=1,
+            shared_xaxes=True,
+            row_heights=heights,
+            vertical_spacing=gap / plot_height,
+            subplot_titles=titles,
+        )
+        self.panel_titles = titles
+        self._draw_lanes(fig, go, lanes)
+        self._draw_progress(fig, go)
+        for row, panel in enumerate(self.panels, start=3):
+            self._draw_panel(fig, go, row, panel)
+        self._draw_marks_across(fig)
+        self._style(fig, len(heights), plot_height + top + bottom, top, bottom)
+        return str(
+            fig.to_html(
+                full_html=False,
+                include_plotlyjs=True,
+                div_id="timeline",
+                default_height=f"{plot_height + top + bottom}px",
+                config={"displaylogo": False, "responsive": True, "scrollZoom": False},
+                post_script=[self._readout_script(), RENDERED_SCRIPT],
+            )
+        )
+
+    def _draw_lanes(self, fig: Any, go: Any, lanes: list[str]) -> None:
+        y_of = {lane: -i for i, lane in enumerate(lanes)}
+        window = stall_window(self.artifact)
+        if window is not None and window[0] > 0:
+            fig.add_annotation(
+                x=self.x(window[0]),
+                y=y_of["progress"],
+                xref="x",
+                yref="y",
+                xanchor="right" if window[0] > self.duration * 0.6 else "left",
+                text=f"last progress {format_duration(window[0])}",
+                showarrow=False,
+                xshift=-8 if window[0] > self.duration * 0.6 else 8,
+                font={"color": COLORS["progress"], "size": 12},
+            )
+        if self.progress_times:
+            ticks = self._progress_ticks()
+            xs = [self.x(t) for t, _ in ticks]
+            tick_texts = [text for _, text in ticks]
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=[y_of["progress"]] * len(xs),
+                    mode="markers",
+                    marker={"symbol": "line-ns-open", "size": 14, "color": COLORS["progress"]},
+                    name="progress",
+                    hovertext=tick_texts,
+                    hovertemplate="%{hovertext}<extra></extra>",
+                    showlegend=False,
+                ),
+                row=1,
+                col=1,
+            )
+        for lane in lanes:
+            marks = [m for m in self.marks if m.lane == lane]
+            if not marks:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[self.x(m.t) for m in marks],
+                    y=[y_of[lane]] * len(marks),
+                    mode="markers+text",
+                    text=[m.label for m in marks],
+                    textposition=[
+                        "middle left" if m.t > self.duration * 0.6 else "middle right"
+                        for m in marks
+                    ],
+                    textfont={"size": 12, "color": [m.color for m in marks]},
+                    marker={
+                        "symbol": [m.symbol for m in marks],
+                        "size": 13,
+                        "color": [m.color for m in marks],
+                        "line": {"width": 2, "color": [m.color for m in marks]},
+                    },
+                    hovertext=[m.hover for m in marks],
+                    hovertemplate="%{hovertext}<extra></extra>",
+                    cliponaxis=False,
+                    showlegend=False,
+                ),
+                row=1,
+                col=1,
+            )
+        for group, spans in self.throttle.items():
+            span_xs: list[float | None] = []
+            span_ys: list[float | None] = []
+            texts: list[str | None] = []
+            for start, end, reasons in spans:
+                span_xs.extend([self.x(start), self.x(end), None])
+                span_ys.extend([y_of[f"{group} throttled"], y_of[f"{group} throttled"], None])
+                texts.extend([", ".join(reasons), ", ".join(reasons), None])
+            fig.add_trace(
+                go.Scatter(
+                    x=span_xs,
+                    y=span_ys,
+                    mode="lines",
+                    line={"width": 10, "color": "orange"},
+                    text=texts,
+                    hovertemplate=f"{group} throttled: %{{text}}<extra></extra>",
+                    showlegend=False,
+                ),
+                row=1,
+                col=1,
+            )
+        fig.update_yaxes(
+            row=1,
+            col=1,
+            tickvals=[y_of[lane] for lane in lanes],
+            ticktext=lanes,
+            range=[-len(lanes) + 0.4, 0.6],
+            showgrid=True,
+            zeroline=False,
+            fixedrange=True,
+        )
+
+    def _progress_ticks(self) -> list[tuple[float, str]]:
+        """(time, hover text) of the lane's progress ticks: one per change, or, past
+        PROGRESS_TICKS, one per slice of the run naming how many changes it holds and the
+        files of its last one (a day of changes every second would not draw in time)."""
+        times, files = self.progress_times, self.progress_files
+        if len(times) <= PROGRESS_TICKS:
+            return [
+                (
+                    t,
+                    f"progress at {format_duration(t)} ({self._wall(t)})"
+                    + (f"<br>{html.escape(f)}" if f else ""),
+                )
+                for t, f in zip(times, files, strict=True)
+            ]
+        width = (times[-1] - times[0]) / PROGRESS_TICKS or 1.0
+        slices: dict[int, list[int]] = {}
+        for i, t in enumerate(times):
+            slices.setdefault(int((t - times[0]) / width), []).append(i)
+        ticks = []
+        for members in slices.values():
+            first, last = times[members[0]], times[members[-1]]
+            text = (
+                f"{len(members)} progress changes, {format_duration(first)} to "
+                f"{format_duration(last)} ({self._wall(last)})"
+            )
+            if files[members[-1]]:
+                text += f"<br>last: {html.escape(files[members[-1]])}"
+            ticks.append((last, text))
+        return ticks
+
+    def _progress_curve(self) -> tuple[list[float | None], list[float | None]]:
+        """A sawtooth: seconds since the last change (or the start), dropping at each change."""
+        lost = None if self.detail is not None else self._events_lost()
+        times = self.progress_times
+        # Each change's own gap, from the change before it; thinning keeps the true peaks.
+        gaps = [t - before for before, t in zip([0.0, *times], times, strict=False)]
+        kept = (
+            _thin_keeping_gaps(gaps, PROGRESS_CURVE_POINTS)
+            if len(times) > PROGRESS_CURVE_POINTS
+            else range(len(times))
+        )
+        xs: list[float | None] = [0.0]
+        ys: list[float | None] = [0.0]
+        previous = 0.0
+        for i in kept:
+            t, gap = times[i], gaps[i]
+            if lost is not None and previous <= lost[0] < t:
+                # The artifact kept no events here: break the curve instead of inventing a gap.
+                xs.extend([self.x(lost[0]), None, self.x(lost[1])])
+                ys.extend([lost[0] - previous, None, 0.0])
+                gap = t - lost[1]
+            xs.extend([self.x(t), self.x(t)])
+            ys.extend([round(gap, 3), 0.0])
+            previous = t
+        # After the command's exit the time since progress means nothing: the curve ends there.
+        exits = event_times(self.artifact, "exited")
+        end = max(previous, min([self.duration, *exits]))
+        xs.append(self.x(end))
+        ys.append(round(end - previous, 3))
+        return xs, ys
+
+    def _draw_progress(self, fig: Any, go: Any) -> None:
+        xs, ys = self._progress_curve()
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines",
+                line={"color": COLORS["progress"], "width": 2},
+                fill="tozeroy",
+                fillcolor="rgba(44, 160, 44, 0.12)",
+                name="since last progress",
+                meta=["Time since the last progress", "since the last progress", "s"],
+                hoverinfo="none",
+                showlegend=False,
+                connectgaps=False,
+            ),
+            row=2,
+            col=1,
+        )
+        first = self.progress_times[0] if self.progress_times else None
+        startup = config_value(self.artifact, "startup_timeout_seconds")
+        stale = config_value(self.artifact, "stale_progress_seconds")
+        peak = max([y for y in ys if y is not None] + [0.0])
+        limits = []
+        if stale is not None and first is not None:
+            limits.append((first, self.duration, stale, f"stale limit {format_duration(stale)}"))
+        if startup is not None and (first is None or startup <= max(peak, 1e-3) * LIMIT_HEADROOM):
+            # Once progress was seen the startup limit no longer matters: only drawn to scale.
+            end = first if first is not None else self.duration
+            limits.append((0.0, end, startup, f"startup limit {format_duration(startup)}"))
+        for start, end, value, label in limits:
+            if value > max(peak, 1e-3) * LIMIT_HEADROOM:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=[self.x(start), self.x(end)],
+                    y=[value, value],
+                    mode="lines+text",
+                    line={"color": COLORS["failure"], "dash": "dash", "width": 1.5},
+                    text=[label, ""],
+                    textposition="top right",
+                    textfont={"color": COLORS["failure"], "size": 12},
+                    hoverinfo="skip",
+                    showlegend=False,
+                ),
+                row=2,
+                col=1,
+            )
+        shown = [limit for limit in limits if limit[2] <= max(peak, 1e-3) * LIMIT_HEADROOM]
+        off_scale = [limit[3] for limit in limits if limit not in shown]
+        if off_scale:
+            # A limit far above every gap would flatten the curve: name it instead.
+            fig.add_annotation(
+                x=1,
+                y=1,
+                xref="x2 domain",
+                yref="y2 domain",
+                xanchor="right",
+                yanchor="top",
+                text=f"{' and '.join(off_scale)}: far above every gap",
+                showarrow=False,
+                font={"color": COLORS["failure"], "size": 12},
+            )
+        top = max([peak] + [limit[2] for limit in limits if limit in shown]) * 1.25 or 1.0
+        fig.update_yaxes(row=2, col=1, range=[0, top])
+
+    def _draw_panel(self, fig: Any, go: Any, row: int, panel: Panel) -> None:
+        processes = self._process_lines() if panel.key == "tree_memory" else []
+        peak = 0.0
+        for f in panel.fields:
+            values = [v for v in self.values(f) if v is not None]
+            peak = max([peak, *values])
+        for _, _, ys in processes:
+            peak = max([peak, *(v for v in ys if v is not None)])
+        scale = scale_for(panel.unit, peak)
+        legend = f"legend{row}"
+        gpu_colors = {
+            g: PALETTE[i % len(PALETTE)]
+            for i, g in enumerate(sorted({f.group for f in panel.fields}, key=group_sort_key))
+        }
+        names_per_group = {f.group: 0 for f in panel.fields}
+        for f in panel.fields:
+            names_per_group[f.group] += 1
+        for i, f in enumerate(panel.fields):
+            series = self.series[f.group]
+            label = f"{f.label} {f.qualifier}".strip()
+            if panel.is_gpu:
+                color = gpu_colors[f.group]
+                name = f"GPU {gpu_index(f.group)}"
+                if names_per_group[f.group] > 1:
+                    name += f" {label}"
+            else:
+                color = PALETTE[i % len(PALETTE)]
+                name = label
+            dash = "dot" if any(w in f.name for w in ("limit", "total")) else "solid"
+            ys = [None if v is None else v / scale.divisor for v in self.values(f)]
+            fig.add_trace(
+                go.Scatter(
+                    x=[self.x(t) for t in series["t"]],
+                    y=ys,
+                    mode="lines",
+                    line={"color": color, "width": 1.8, "dash": dash},
+                    name=name,
+                    legend=legend,
+                    showlegend=len(panel.fields) > 1 or bool(processes) or self._has_baseline(f),
+                    meta=[panel.title, name, scale.unit],
+                    hoverinfo="none",
+                ),
+                row=row,
+                col=1,
+            )
+            self._draw_baseline(fig, go, row, f, name, color, scale, legend, panel.title)
+        for j, (pid_name, ts, ys) in enumerate(processes):
+            fig.add_trace(
+                go.Scatter(
+                    x=[self.x(t) for t in ts],
+                    y=[None if v is None else v / scale.divisor for v in ys],
+                    mode="lines",
+                    line={"color": PALETTE[(j + 2) % len(PALETTE)], "width": 1.1},
+                    name=pid_name,
+                    legend=legend,
+                    meta=[panel.title, pid_name, scale.unit],
+                    hoverinfo="none",
+                ),
+                row=row,
+                col=1,
+            )
+        if panel.key == "tree_memory":
+            self._annotate_slopes(fig, row)
+        axis: dict[str, Any] = {"title_text": scale.unit or "count", "rangemode": "tozero"}
+        if panel.unit == "%":
+            axis["range"] = [0, max(100.0, peak * 1.05)]
+        fig.update_yaxes(row=row, col=1, **axis)
+        if panel.is_gpu:
+            for group, spans in self.throttle.items():
+                if group in gpu_colors:
+                    for start, end, _ in spans:
+                        fig.add_vrect(
+                            x0=self.x(start),
+                            x1=self.x(end),
+                            fillcolor=COLORS["throttle"],
+                            line_width=0,
+                            layer="below",
+                            row=row,
+                            col=1,
+                        )
+
+    def _process_lines(self) -> list[tuple[str, list[float], list[float | None]]]:
+        """(name, t, RSS) of the top processes the artifact kept, at most PROCESS_LINES."""
+        lines = []
+        for p in (self.artifact.get("processes") or [])[:PROCESS_LINES]:
+            series = p.get("series") or {} if isinstance(p, dict) else {}
+            if series.get("t") and series.get("rss_bytes"):
+                lines.append(
+                    (
+                        f"pid {p.get('pid')} {p.get('name') or ''}".strip(),
+                        series["t"],
+                        series["rss_bytes"],
+                    )
+                )
+        return lines
+
+    def _has_baseline(self, f: Field) -> bool:
+        return bool((self.baseline_series.get(f.group) or {}).get(f.name))
+
+    def _draw_baseline(
+        self,
+        fig: Any,
+        go: Any,
+        row: int,
+        f: Field,
+        name: str,
+        color: str,
+        scale: Scale,
+        legend: str,
+        title: str,
+    ) -> None:
+        """The baseline run's line for the same field, faint and dashed beneath."""
+        if not self._has_baseline(f):
+            return
+        base = self.baseline_series[f.group]
+        values: Sequence[float | None] = base[f.name]
+        if (f.group, f.name) in COUNTERS:
+            values = _rates(base["t"], values, 2**20)
+        fig.add_trace(
+            go.Scatter(
+                x=[self.x(t) for t in base["t"]],
+                y=[None if v is None else v / scale.divisor for v in values],
+                mode="lines",
+                line={"color": color, "width": 1.2, "dash": "dash"},
+                opacity=0.55,
+                name=f"{name} (baseline)",
+                legend=legend,
+                meta=[title, f"{name} (baseline)", scale.unit],
+                hoverinfo="none",
+            ),
+            row=row,
+            col=1,
+        )
+
+    def _annotate_slopes(self, fig: Any, row: int) -> None:
+        """The memory trends on the memory panel: the tree's, and each leaking process's."""
+        trends = self.artifact.get("trends") or {}
+        lines = []
+        for key in ("tree.rss_bytes", "tree.pss_bytes"):
+            entry = trends.get(key)
+            if isinstance(entry, dict) and isinstance(entry.get("slope_per_hour"), int | float):
+                lines.append(
+                    f"tree {key.split('.')[1].split('_')[0].upper()} "
+                    + rate_text(
+                        float(entry["slope_per_hour"]),
+                        "bytes",
+                        float(entry.get("span_seconds") or 0.0),
+                    )
+                    + f" ({entry.get('verdict')})"
+                )
+        for leak in leaking_series(self.artifact):
+            slope = leak.get("slope_per_hour")
+            if str(leak["series"]).startswith("process.") and isinstance(slope, int | float):
+                growth = leak.get("growth")
+                rate = rate_text(
+                    float(slope),
+                    "bytes",
+                    float(leak.get("span_seconds") or 0.0),
+                    like=float(growth) if isinstance(growth, int | float) else None,
+                )
+                lines.append(f"{leak.get('label') or leak['series']}: {rate} (leak)")
+        if not lines:
+            return
+        fig.add_annotation(
+            x=0.01,
+            y=0.98,
+            xref=f"x{row} domain",
+            yref=f"y{row} domain",
+            xanchor="left",
+            yanchor="top",
+            align="left",
+            text="<br>".join(html.escape(line) for line in lines),
+            showarrow=False,
+            bgcolor="rgba(255,255,255,0.8)",
+            font={
+                "color": COLORS["failure"] if leaking_series(self.artifact) else "#333",
+                "size": 12,
+            },
+        )
+
+    def _draw_marks_across(self, fig: Any) -> None:
+        shapes: list[dict[str, Any]] = []
+        window = stall_window(self.artifact)
+        if window is not None:
+            shapes.append(
+                {
+                    "type": "rect",
+                    "xref": "x",
+                    "yref": "paper",
+                    "x0": self.x(window[0]),
+                    "x1": self.x(window[1]),
+                    "y0": 0,
+                    "y1": 1,
+                    "fillcolor": COLORS["stall"],
+                    "line": {"width": 0},
+                    "layer": "below",
+                }
+            )
+            fig.add_annotation(
+                x=self.x((window[0] + window[1]) / 2),
+                y=1,
+                xref="x",
+                yref="y2 domain",
+                yanchor="bottom",
+                text=f"<b>no progress for {format_duration(window[1] - window[0])}</b>",
+                showarrow=False,
+                font={"color": COLORS["failure"], "size": 13},
+            )
+        for t in _thin(self.progress_times, PROGRESS_LINES):
+            shapes.append(_vline(self.x(t), COLORS["progress"], "solid", 1, 0.35))
+        for mark in self.marks:
+            if mark.dash is not None:
+                shapes.append(_vline(self.x(mark.t), mark.color, mark.dash, 2, 0.9))
+        fig.update_layout(shapes=[*fig.layout.shapes, *shapes])
+
+    def _style(self, fig: Any, rows: int, height: int, top: int, bottom: int) -> None:
+        fig.update_layout(
+            template="simple_white",
+            height=height,
+            margin={"l": 80, "r": 30, "t": top, "b": bottom},
+            # Hovering a panel reports its time to the page's script, which shows every
+            # panel's values there (series traces draw no label of their own).
+            hovermode="x",
+            hoverdistance=-1,
+            spikedistance=-1,
+            font={"family": "system-ui, sans-serif", "size": 12},
+        )
+        end = self.x(self.duration)
+        fig.update_xaxes(
+            showticklabels=True,
+            showgrid=True,
+            gridcolor="#eef0f3",
+            range=[-end * 0.01, end * 1.01],
+            ticks="outside",
+            ticksuffix={"seconds": " s", "minutes": " min", "hours": " h"}[self.x_unit],
+        )
+        fig.update_xaxes(title_text=f"{self.x_unit} since the start", row=rows, col=1)
+        fig.update_yaxes(showgrid=True, gridcolor="#eef0f3")
+        for i, annotation in enumerate(fig.layout.annotations):
+            if i >= rows:
+                break
+            # Subplot titles: left-aligned above their panel, bold, like section headings.
+            annotation.update(
+                x=0, xanchor="left", font={"size": 14}, text=f"<b>{annotation.text}</b>"
+            )
+        for row in range(3, rows + 1):
+            domain = fig.get_subplot(row, 1).yaxis.domain
+            fig.update_layout(
+                {
+                    f"legend{row}": {
+                        "x": 1,
+                        "xanchor": "right",
+                        "y": domain[1],
+                        "yanchor": "bottom",
+                        "orientation": "h",
+                        "font": {"size": 12},
+                        "bgcolor": "rgba(255,255,255,0)",
+                    }
+                }
+            )
+
+    def _readout_script(self) -> str:
+        started = self.artifact.get("started_at")
+        start_ms = (
+            datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp() * 1000
+            if started
+            else "null"
+        )
+        return (
+            READOUT_SCRIPT.replace("__START_MS__", str(start_ms))
+            .replace("__X_SECONDS__", str(self.x_divisor))
+            .replace("__X_UNIT__", json.dumps(self.x_unit))
+        )
+
+    def help_text(self) -> str:
+        lanes = {m.lane for m in self.marks}
+        keys = []
+        if stall_window(self.artifact) is not None:
+            keys.append(("rgba(214, 39, 40, 0.3)", "no progress before the failure"))
+        if self.progress_times:
+            keys.append((COLORS["progress"], "a progress change"))
+        if "failure" in lanes:
+            keys.append((COLORS["failure"], "the failure"))
+        if any(m.lane == "monitor" and m.dash for m in self.marks):
+            keys.append((COLORS["signal"], "a signal sent by the monitor"))
+        if any(m.lane == "command" and m.dash for m in self.marks):
+            keys.append((COLORS["exit"], "the command's exit"))
+        if self.throttle:
+            keys.append((COLORS["throttle"], "GPU clocks held back (throttling)"))
+        legend = "".join(
+            f'<span class="key" style="background:{color}"></span>{html.escape(text)}'
+            for color, text in keys
+        )
+        lost = (
+            ""
+            if self.detail is not None or self._events_lost() is None
+            else (
+                " Some events in the middle of the run were not kept in the artifact: keep the "
+                "journal beside it to see them."
+            )
+        )
+        return (
+            "Every panel shares one time axis: drag to zoom (all panels follow), "
+            "double-click to reset, hover for values." + lost + "<br>" + legend
+        )
+
+
+def _vline(x: float, color: str, dash: str, width: float, opacity: float) -> dict[str, Any]:
+    return {
+        "type": "line",
+        "xref": "x",
+        "yref": "paper",
+        "x0": x,
+        "x1": x,
+        "y0": 0,
+        "y1": 1,
+        "line": {"color": color, "dash": dash, "width": width},
+        "opacity": opacity,
+        "layer": "above",
+    }
+
+
+def _rates(
+    times: Sequence[float], counter: Sequence[float | None], divisor: float
+) -> list[float | None]:
+    """A counter's rate per second between samples (divided by ``divisor``); a counter that
+    went down (a process left the tree, taking its count) gives no rate there."""
+    out: list[float | None] = [None]
+    for i in range(1, len(counter)):
+        before, after = counter[i - 1], counter[i]
+        dt = times[i] - times[i - 1]
+        if before is None or after is None or dt <= 0 or after < before:
+            out.append(None)
+        else:
+            out.append((after - before) / dt / divisor)
+    return out
+
+
+def _thin(times: Sequence[float], limit: int) -> list[float]:
+    """At most ``limit`` times, one per equal slice of the run."""
+    if len(times) <= limit:
+        return list(times)
+    start, end = times[0], times[-1]
+    width = (end - start) / limit or 1.0
+    kept: dict[int, float] = {}
+    for t in times:
+        kept.setdefault(int((t - start) / width), t)
+    return list(kept.values())
+
+
+def _thin_keeping_gaps(gaps: Sequence[float], limit: int) -> list[int]:
+    """About ``limit`` indices: the longest gaps, the first and last, and evenly spaced others."""
+    longest = sorted(range(len(gaps)), key=gaps.__getitem__, reverse=True)[: limit // 2]
+    step = max(1, len(gaps) // max(limit // 2, 1))
+    return sorted({0, len(gaps) - 1, *longest, *range(0, len(gaps), step)})

@@ -1,0 +1,177 @@
+"""Which panels the figure has: every series field placed in a known panel or grouped by unit."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..._sampling._fields import (
+    Field,
+    describe,
+    gpu_index,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _PanelSpec:
+    key: str
+    title: str
+    unit: str
+    #: (group kind, field name pattern)
+    fields: tuple[tuple[str, str], ...]
+
+
+PANELS = (
+    _PanelSpec("tree_cpu", "Process tree CPU (100% = one core)", "%", (("tree", "cpu_percent"),)),
+    _PanelSpec(
+        "tree_memory",
+        "Process tree memory",
+        "bytes",
+        (("tree", "rss_bytes"), ("tree", "pss_bytes"), ("tree", "uss_bytes")),
+    ),
+    _PanelSpec(
+        "tree_counts",
+        "Processes and threads in the tree",
+        "",
+        (("tree", "processes"), ("tree", "threads")),
+    ),
+    _PanelSpec(
+        "machine_memory",
+        "Machine memory",
+        "bytes",
+        (
+            ("machine", "memory_used_bytes"),
+            ("machine", "memory_available_bytes"),
+            ("machine", "swap_used_bytes"),
+        ),
+    ),
+    _PanelSpec(
+        "tree_io",
+        "Process tree I/O (MiB/s)",
+        "MiB/s",
+        (("tree", "read_bytes"), ("tree", "write_bytes")),
+    ),
+    _PanelSpec(
+        "progress_rate",
+        "Progress rate (changes per minute)",
+        "",
+        (("progress_rate", "changes_per_minute"),),
+    ),
+    _PanelSpec("disk_free", "Disk free", "bytes", (("machine", "disk_free_bytes*"),)),
+    _PanelSpec("gpu_util", "GPU utilisation", "%", (("gpu", "utilization_gpu_percent"),)),
+    _PanelSpec(
+        "gpu_memory",
+        "GPU memory used",
+        "MiB",
+        (("gpu", "memory_used_mib"), ("gpu", "memory_total_mib")),
+    ),
+    _PanelSpec("gpu_power", "GPU power", "W", (("gpu", "power_draw_w"), ("gpu", "power_limit_w"))),
+    _PanelSpec("gpu_temp", "GPU temperature", "°C", (("gpu", "temperature_gpu_c"),)),
+)
+
+
+#: Group kinds as panel titles name them.
+KIND_TITLES = {"tree": "Process tree", "machine": "Machine", "gpu": "GPU", "gpu_tree": "GPU use"}
+
+#: Counters that count up from the start: drawn as rates (their panel's unit per second).
+COUNTERS = frozenset({("tree", "read_bytes"), ("tree", "write_bytes")})
+
+#: Fields left out when the field beside them is there: the same fact in another unit.
+SAME_AS = {("machine", "memory_percent"): ("machine", "memory_used_bytes")}
+
+#: A line that stays within this share of its peak is "steady": folded out of its panel.
+STEADY_SHARE = 0.01
+
+#: Panels drawn even when flat: flat CPU or memory is itself a finding.
+ALWAYS_DRAWN = frozenset({"tree_cpu", "tree_memory", "machine_memory", "progress_rate"})
+
+
+@dataclass(slots=True)
+class Panel:
+    key: str
+    title: str
+    unit: str
+    fields: list[Field] = field(default_factory=list)
+    is_gpu: bool = False
+
+
+def plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[Panel]:
+    """Every field of every group, placed in a known panel or one per (group kind, unit).
+
+    A field with the same values as one before it in its group (the progress and output
+    dirs on one filesystem) is one line named for both.
+    """
+    fields: list[Field] = []
+    seen: dict[tuple[str, str, str], int] = {}
+    for group in sorted(series, key=group_sort_key):
+        for name in sorted(series[group]):
+            values = series[group][name]
+            if name == "t" or not any(v is not None for v in values):
+                continue
+            same = SAME_AS.get((group, name))
+            if same is not None and same[1] in series.get(same[0], {}):
+                continue
+            f = describe(group, name)
+            twin = (group, f.label, repr(list(values)))
+            if f.qualifier and twin in seen:
+                i = seen[twin]
+                fields[i] = replace(fields[i], qualifier=f"{fields[i].qualifier}, {f.qualifier}")
+                continue
+            seen[twin] = len(fields)
+            fields.append(f)
+    panels: dict[str, Panel] = {}
+    placed: set[tuple[str, str]] = set()
+    for spec in PANELS:
+        for kind, pattern in spec.fields:
+            for f in fields:
+                if f.kind == kind and fnmatch.fnmatchcase(f.name, pattern):
+                    panel = panels.setdefault(
+                        spec.key, Panel(spec.key, spec.title, spec.unit, is_gpu=kind == "gpu")
+                    )
+                    panel.fields.append(f)
+                    placed.add((f.group, f.name))
+    ordered = [panels[spec.key] for spec in PANELS if spec.key in panels]
+    others: dict[tuple[str, str], Panel] = {}
+    for f in fields:
+        if (f.group, f.name) in placed:
+            continue
+        key = (f.kind, f.unit)
+        if key not in others:
+            others[key] = Panel(f"{f.kind}:{f.unit}", "", f.unit, is_gpu=f.kind == "gpu")
+        others[key].fields.append(f)
+    for panel in others.values():
+        panel.title = other_title(panel)
+        ordered.append(panel)
+    return ordered
+
+
+def other_title(panel: Panel) -> str:
+    """``Machine: CPU (all cores), swap (%)``: the group kind, the fields and the unit."""
+    kind = panel.fields[0].kind
+    labels = list(dict.fromkeys(f"{f.label} {f.qualifier}".strip() for f in panel.fields))
+    what = ", ".join(labels[:4]) + (", ..." if len(labels) > 4 else "")
+    return f"{KIND_TITLES.get(kind, kind)}: {what}" + (f" ({panel.unit})" if panel.unit else "")
+
+
+def group_sort_key(group: str) -> tuple[int, int, str]:
+    index = gpu_index(group)
+    order = {"tree": 0, "machine": 1}.get(group, 3 if index is None else 2)
+    return (order, index or 0, group)
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """How a panel's values are shown: divided by ``divisor`` and labelled ``unit``."""
+
+    divisor: float
+    unit: str
+
+
+def scale_for(unit: str, peak: float) -> Scale:
+    if unit == "bytes":
+        return Scale(2**30, "GiB") if peak >= 2**30 else Scale(2**20, "MiB")
+    if unit == "MiB":
+        return Scale(1024, "GiB") if peak >= 1024 else Scale(1, "MiB")
+    return Scale(1, unit)

@@ -1,0 +1,685 @@
+"""The page's HTML sections besides the figure: verdict, evidence, facts, tables, the log."""
+
+from __future__ import annotations
+
+import html
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..._record._artifact import EVENTS_HEAD
+from ..._sampling._fields import (
+    format_clock,
+    format_duration,
+    format_value,
+)
+from .._evidence import (
+    config_value,
+    innermost_python_frame,
+    rate_text,
+)
+from .._summary import exit_text
+
+if TYPE_CHECKING:
+    from ._figure import Timeline
+
+
+#: Characters of the command shown before it is folded.
+COMMAND_SHOWN = 240
+
+
+def verdict_html(summary: Mapping[str, Any]) -> str:
+    status = str(summary["status"])
+    parts = [
+        f'<header id="verdict" class="verdict {html.escape(status)}">',
+        f'<span class="badge">{html.escape(status.upper())}</span>',
+        f"<h1>{html.escape(summary['headline'])}</h1>",
+    ]
+    for i, reason in enumerate(summary["reasons"]):
+        at = f" at {format_duration(reason['t'])}" if reason.get("t") is not None else ""
+        lead = "" if i == 0 else "Also: "
+        parts.append(
+            f'<p class="reason">{lead}<b>{html.escape(reason["reason"])}</b>{at}: '
+            f"{html.escape(reason['message'])}</p>"
+        )
+    parts.append("</header>")
+    return "\n".join(parts)
+
+
+#: Sections the evidence block links to, when the page has them.
+ANCHORS = (
+    ("log", "Log"),
+    ("forensics", "Forensics"),
+    ("processes", "Processes"),
+    ("timeline-section", "Timeline"),
+    ("events", "Events"),
+)
+
+
+def evidence_html(artifact: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+    """The cause, the last progress, the next step and the log's end: what decides the run."""
+    evidence = summary["evidence"]
+    rows: list[str] = []
+    if evidence["cause"]:
+        label = "Warning" if summary["status"] == "passed" else "Cause"
+        where = evidence["where"]
+        text = f"<b>{html.escape(evidence['cause'])}</b>"
+        if where and where not in evidence["cause"]:
+            text += f" at <code>{html.escape(where)}</code>"
+        if evidence["source_line"]:
+            text += f'<pre class="source">{html.escape(evidence["source_line"])}</pre>'
+        rows.append(f'<dt>{label}</dt><dd id="cause">{text}</dd>')
+    last = evidence["last_progress"]
+    if last is not None:
+        end = "the failure" if summary["reasons"] else "the end"
+        files = ", ".join(f"<code>{html.escape(p)}</code>" for p in last["paths"][:4])
+        rows.append(
+            f"<dt>Last progress</dt><dd>{format_duration(last['t'])} "
+            f"({html.escape(_wall_clock(artifact, last['t']))}), "
+            f"{format_duration(last['before_end'])} before {end}"
+            + (f": {files}" if files else "")
+            + "</dd>"
+        )
+    elif artifact.get("status") != "passed":
+        rows.append("<dt>Last progress</dt><dd>none: no file in the progress dir changed</dd>")
+    for i, step in enumerate(evidence["next_steps"]):
+        rows.append(f"<dt>{'Next step' if i == 0 else ''}</dt><dd>{html.escape(step)}</dd>")
+    log = _log_excerpt_html(evidence["log_lines"], evidence["traceback"])
+    present = {
+        "processes": bool(artifact.get("processes")),
+        "events": bool(artifact.get("events")),
+        "forensics": bool(artifact.get("forensics") or artifact.get("abandoned_processes")),
+    }
+    links = " · ".join(
+        f'<a href="#{anchor}">{name}</a>' for anchor, name in ANCHORS if present.get(anchor, True)
+    )
+    return (
+        '<section id="evidence" class="evidence">'
+        f'<div class="evidence-facts"><dl>{"".join(rows)}</dl>'
+        f'<nav class="jump">Jump to: {links}</nav></div>'
+        f'<div class="evidence-log">{log}</div></section>'
+    )
+
+
+def _log_excerpt_html(lines: Sequence[str], traceback: Sequence[int] | None) -> str:
+    if not lines:
+        return '<p class="empty">The command printed nothing.</p>'
+    start, end = traceback if traceback is not None else (len(lines), len(lines))
+    shown = []
+    for i, line in enumerate(lines):
+        text = html.escape(line)
+        if start <= i < end:
+            cls = "tb-exc" if i == end - 1 else "tb"
+            text = f'<span class="{cls}">{text}</span>'
+        shown.append(text)
+    return (
+        '<p class="help">The end of the log'
+        + (", the traceback marked" if traceback is not None else "")
+        + ' (<a href="#log">all of it</a>):</p>'
+        + f'<pre class="log excerpt">{chr(10).join(shown)}</pre>'
+    )
+
+
+def _wall_clock(artifact: Mapping[str, Any], t: float) -> str:
+    started = artifact.get("started_at")
+    if not started:
+        return "?"
+    moment = datetime.fromisoformat(str(started).replace("Z", "+00:00")) + timedelta(seconds=t)
+    return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
+
+
+def processes_html(artifact: Mapping[str, Any]) -> str:
+    """The top processes by peak memory: who grew, and who used the CPU and GPU."""
+    processes = [p for p in artifact.get("processes") or [] if isinstance(p, dict)]
+    if not processes:
+        return ""
+    trends = artifact.get("trends") or {}
+    rows = []
+    for p in processes:
+        trend = trends.get(f"process.{p.get('pid')}.rss_bytes") or {}
+        first, peak, last = (
+            p.get("first_rss_bytes"),
+            p.get("peak_rss_bytes"),
+            p.get("last_rss_bytes"),
+        )
+        rss = " → ".join(format_value(v, "bytes", like=peak) for v in (first, peak, last))
+        slope = trend.get("slope_per_hour")
+        verdict = str(trend.get("verdict") or "")
+        growth = (
+            rate_text(float(slope), "bytes", float(trend.get("span_seconds") or 0), like=peak)
+            if isinstance(slope, int | float)
+            else ""
+        )
+        cls = ' class="leak"' if verdict == "leak" else ""
+        cells = [
+            p.get("pid"),
+            p.get("name") or "?",
+            rss,
+            f"{growth} ({verdict})" if growth else verdict or "-",
+            format_value(p.get("mean_cpu_percent"), "%"),
+            format_value(p.get("peak_gpu_memory_bytes"), "bytes")
+            if p.get("peak_gpu_memory_bytes")
+            else "-",
+            p.get("peak_threads", "?"),
+        ]
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells))
+    head = (
+        "<tr><th>pid</th><th>name</th><th>RSS first → peak → last</th><th>trend</th>"
+        "<th>CPU mean</th><th>GPU memory peak</th><th>threads</th></tr>"
+    )
+    notes = [
+        "The tree's RSS adds up each process's resident memory: pages that forked workers "
+        "share are counted once per process, so it can exceed the machine's used memory."
+    ]
+    competing = _cpu_competition(artifact)
+    if competing:
+        notes.append(competing)
+    return (
+        '<section id="processes"><h2>Processes</h2>'
+        f'<table class="processes">{head}{"".join(rows)}</table>'
+        + "".join(f'<p class="help">{html.escape(n)}</p>' for n in notes)
+        + "</section>"
+    )
+
+
+def _cpu_competition(artifact: Mapping[str, Any]) -> str | None:
+    """A note when the machine's CPU was far above the tree's: something else competed."""
+    summary = artifact.get("summary") or {}
+    machine = ((summary.get("machine") or {}).get("cpu_percent") or {}).get("mean")
+    tree = ((summary.get("tree") or {}).get("cpu_percent") or {}).get("mean")
+    cores = ((artifact.get("snapshot") or {}).get("host") or {}).get("usable_cpus")
+    if not (
+        isinstance(machine, int | float)
+        and isinstance(tree, int | float)
+        and isinstance(cores, int | float)
+    ):
+        return None
+    # The machine's figure is a share of every core; the tree's, of one core.
+    machine_cores = machine * cores / 100.0
+    tree_cores = tree / 100.0
+    if machine_cores - tree_cores < max(0.5, tree_cores):
+        return None
+    return (
+        f"The machine used about {machine_cores:.1f} core(s) on average against the tree's "
+        f"{tree_cores:.1f}: something outside the tree competed for the CPU."
+    )
+
+
+def compare_html(
+    artifact: Mapping[str, Any], baseline: Mapping[str, Any] | None, name: str | None
+) -> str:
+    """The figures of this run beside the baseline's, regressions marked."""
+    if baseline is None:
+        return ""
+    from .._compare import compare
+
+    comparison = compare(baseline, artifact, baseline_name=name or "baseline")
+    rows = []
+    for row in comparison.rows:
+        change = f"{row.change:+.0%}" if row.change is not None else ""
+        cls = ' class="regressed"' if row.regressed else ""
+        cells = [
+            row.label,
+            row.text(row.baseline),
+            row.text(row.candidate),
+            change,
+            "regressed" if row.regressed else "",
+        ]
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+    regressions = comparison.regressions
+    verdict = (
+        f"{len(regressions)} regression(s): " + "; ".join(r.note for r in regressions)
+        if regressions
+        else "no regression against the baseline"
+    )
+    head = "<tr><th></th><th>baseline</th><th>this run</th><th>change</th><th></th></tr>"
+    notes = "".join(f'<p class="help">{html.escape(n)}</p>' for n in comparison.notes)
+    return (
+        f'<section id="compare"><h2>Against the baseline {html.escape(name or "")}</h2>'
+        f"<p><b>{html.escape(verdict)}</b>. Its lines are dashed beneath this run's.</p>"
+        f'<table class="compare">{head}{"".join(rows)}</table>{notes}</section>'
+    )
+
+
+def steady_html(timeline: Timeline) -> str:
+    text = timeline.steady_text()
+    if not text:
+        return ""
+    return f'<p class="steady"><b>Steady throughout</b> (not plotted): {html.escape(text)}</p>'
+
+
+def facts_html(artifact: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+    progress = summary["progress"]
+    last = progress.get("last_change_t")
+    stale = config_value(artifact, "stale_progress_seconds")
+    facts: list[tuple[str, str]] = [
+        ("Duration", format_duration(float(summary.get("duration_seconds") or 0))),
+        (
+            "When",
+            f"{format_clock(summary.get('started_at'))} to {format_clock(summary.get('ended_at'))}",
+        ),
+        ("Command", _command_html(summary["command"])),
+        ("Exit", html.escape(summary["exit"]["text"])),
+        (
+            "Progress",
+            html.escape(
+                f"{progress.get('changes', 0)} changes in {progress.get('dir')}"
+                + (f", last at {format_duration(last)}" if last is not None else ", none seen")
+                + f"; longest gap {format_duration(float(progress['longest_gap_seconds'] or 0))}"
+                + (f" (stale limit {format_duration(stale)})" if stale else "")
+            ),
+        ),
+    ]
+    for name, value in summary["provenance"].items():
+        facts.append((name[:1].upper() + name[1:], html.escape(value)))
+    if artifact.get("metadata"):
+        facts.append(
+            (
+                "Metadata",
+                html.escape(", ".join(f"{k}={v}" for k, v in artifact["metadata"].items())),
+            )
+        )
+    rows = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
+    return f'<dl class="facts">{rows}</dl>'
+
+
+def _command_html(command: Sequence[str]) -> str:
+    text = shlex.join(command)
+    if len(text) <= COMMAND_SHOWN:
+        return f'<span class="mono">{html.escape(text)}</span>'
+    return (
+        f'<details><summary class="mono">{html.escape(text[:COMMAND_SHOWN])}...</summary>'
+        f"<pre>{html.escape(text)}</pre></details>"
+    )
+
+
+def look_first_html(summary: Mapping[str, Any]) -> str:
+    if not summary["look_first"]:
+        return ""
+    items = "".join(f"<li>{html.escape(hint)}</li>" for hint in summary["look_first"])
+    return f'<section class="look"><h2>What to look at first</h2><ul>{items}</ul></section>'
+
+
+def pids(pids: object) -> str:
+    if not isinstance(pids, list):
+        return "?"
+    shown = ", ".join(str(p) for p in pids[:10])
+    return shown + (f" and {len(pids) - 10} more" if len(pids) > 10 else "")
+
+
+def exit_label(artifact: Mapping[str, Any]) -> str:
+    exit_ = artifact.get("exit") or {}
+    returncode = exit_.get("returncode")
+    if returncode is not None and returncode < 0:
+        return f"exit: {exit_.get('signal') or returncode}"
+    return f"exit {returncode}"
+
+
+def gpu_html(summary: Mapping[str, Any], timeline: Timeline) -> str:
+    gpus = summary["gpus"]
+    if not gpus:
+        return ""
+    rows = []
+    for g in gpus:
+        throttled = ", ".join(g["throttle_reasons"]) or "-"
+        if g["throttle_reasons"] and g["gpu"] not in timeline.throttle:
+            throttled += " (when: in the journal)"
+        cells = [
+            g["gpu"],
+            g.get("name") or "n/a",
+            format_value(g["utilization_mean_percent"], "%"),
+            format_value(g["utilization_max_percent"], "%"),
+            format_value(g["memory_used_max_mib"], "MiB"),
+            format_value(g["power_max_w"], "W"),
+            format_value(g["temperature_max_c"], "°C"),
+            throttled,
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    head = (
+        "<tr><th>GPU</th><th>name</th><th>utilisation mean</th><th>max</th>"
+        "<th>memory used max</th><th>power max</th><th>temperature max</th>"
+        "<th>clocks held back by</th></tr>"
+    )
+    return f'<section id="gpus"><h2>GPUs</h2><table>{head}{"".join(rows)}</table></section>'
+
+
+def events_html(artifact: Mapping[str, Any]) -> str:
+    events = list(artifact.get("events") or [])
+    started = artifact.get("started_at")
+    start = datetime.fromisoformat(str(started).replace("Z", "+00:00")) if started else None
+    dropped = int(artifact.get("events_dropped") or 0)
+    rows: list[str] = []
+
+    def wall(t: float) -> str:
+        if start is None:
+            return ""
+        return (start + timedelta(seconds=t)).astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
+
+    def row(kind: str, t: float, what: str, detail: str) -> None:
+        rows.append(
+            f'<tr class="{html.escape(kind)}"><td>{format_duration(t)}</td><td>{wall(t)}</td>'
+            f"<td>{html.escape(what)}</td><td>{html.escape(detail)}</td></tr>"
+        )
+
+    i = 0
+    while i < len(events):
+        if dropped and i == EVENTS_HEAD:
+            rows.append(
+                f'<tr class="gap"><td colspan="4">... {dropped} events not kept in the '
+                "artifact (the journal has them all) ...</td></tr>"
+            )
+        event = events[i]
+        if event.get("kind") == "progress":
+            j = i
+            paths: dict[str, None] = {}
+            while (
+                j < len(events)
+                and events[j].get("kind") == "progress"
+                and not (dropped and j == EVENTS_HEAD and j != i)
+            ):
+                paths.update(dict.fromkeys(events[j].get("paths") or []))
+                j += 1
+            run = events[i:j]
+            names = ", ".join(str(p) for p in list(paths)[:5])
+            more = ", ..." if len(paths) > 5 else ""
+            changed = sum(int(e.get("changed", 1)) for e in run)
+            if len(run) == 1:
+                row("progress", float(event["t"]), "progress", f"{names}{more}")
+            else:
+                # The header counts changed files; say both so the figures agree.
+                row(
+                    "progress",
+                    float(run[0]["t"]),
+                    f"progress x{len(run)}",
+                    f"{changed} changes until {format_duration(float(run[-1]['t']))}: "
+                    f"{names}{more}",
+                )
+            i = j
+            continue
+        row(str(event.get("kind")), float(event.get("t", 0.0)), *_event_text(artifact, event))
+        i += 1
+    if not rows:
+        return ""
+    head = "<tr><th>since start</th><th>time (UTC)</th><th>event</th><th>details</th></tr>"
+    return (
+        f'<section id="events"><h2>Events</h2><div class="scroll"><table>{head}{"".join(rows)}'
+        "</table></div></section>"
+    )
+
+
+def _event_text(artifact: Mapping[str, Any], event: Mapping[str, Any]) -> tuple[str, str]:
+    kind = str(event.get("kind"))
+    if kind == "started":
+        return "started", f"pid {event.get('pid')} (reaper {event.get('reaper_pid')})"
+    if kind == "failure":
+        return f"failure: {event.get('reason')}", str(event.get("message"))
+    if kind == "stop":
+        return "stop", _stop_text(event)
+    if kind == "signal":
+        return (
+            f"{event.get('signal')} sent",
+            f"to the {event.get('target')}: pids {pids(event.get('pids'))}",
+        )
+    if kind == "exited":
+        return "command exited", exit_text(artifact)
+    if kind == "tree_gone":
+        return "tree gone", "every process of the tree has exited"
+    if kind in ("leftover", "abandoned"):
+        return kind, _process_text(event.get("process") or {})
+    if kind in ("sampler_degraded", "sampler_recovered", "sampler_note"):
+        return kind.replace("_", " "), f"{event.get('sampler')}: {event.get('message')}"
+    if kind == "warning":
+        return "warning", str(event.get("message"))
+    if kind == "finished":
+        return "finished", f"status {event.get('status')}"
+    if kind == "forensics":
+        return "forensics", f"{event.get('processes')} process(es) recorded (see Forensics)"
+    if kind == "oom_kill":
+        return "OOM kill", f"pid {event.get('pid')} ({event.get('name')}): {event.get('message')}"
+    rest = {k: v for k, v in event.items() if k not in ("t", "kind")}
+    return kind, json.dumps(rest, default=str)[:300]
+
+
+def _stop_text(stop: Mapping[str, Any]) -> str:
+    """``cause failure, mode group, grace 5.0s``, leaving out what was not recorded."""
+    parts = [f"cause {stop.get('cause')}"]
+    if stop.get("mode") is not None:
+        parts.append(f"mode {stop['mode']}")
+    grace = stop.get("grace_seconds")
+    if isinstance(grace, int | float):
+        parts.append(f"grace {format_duration(float(grace))}")
+    return ", ".join(parts)
+
+
+def _process_text(process: Mapping[str, Any]) -> str:
+    cmdline = process.get("cmdline")
+    command = shlex.join(cmdline) if cmdline else str(process.get("name"))
+    return f"pid {process.get('pid')} ({process.get('state', '?')}): {command}" + (
+        f"; {process['left_group']}" if process.get("left_group") else ""
+    )
+
+
+def _process_table(processes: Sequence[Mapping[str, Any]]) -> str:
+    head = "<tr><th>pid</th><th>ppid</th><th>state</th><th>command</th><th>how it left</th></tr>"
+    rows = []
+    for p in processes:
+        cmdline = p.get("cmdline")
+        command = shlex.join(cmdline) if cmdline else str(p.get("name") or "?")
+        cells = [
+            p.get("pid"),
+            p.get("ppid", ""),
+            p.get("state", "?"),
+            command,
+            p.get("left_group", ""),
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def leftovers_html(artifact: Mapping[str, Any]) -> str:
+    leftovers = artifact.get("leftover_processes") or []
+    body = (
+        _process_table(leftovers)
+        if leftovers
+        else '<p class="empty">None: every process of the tree ended with the command.</p>'
+    )
+    return f'<section id="leftovers"><h2>Leftover processes</h2>{body}</section>'
+
+
+def forensics_html(artifact: Mapping[str, Any]) -> str:
+    parts = ['<section id="forensics"><h2>Forensics</h2>']
+    abandoned = artifact.get("abandoned_processes") or []
+    if abandoned:
+        parts.append("<h3>Processes that would not die (abandoned)</h3>")
+        parts.append(_process_table(abandoned))
+    oom_kills = artifact.get("oom_kills") or []
+    if oom_kills:
+        items = "".join(
+            f"<li>pid {html.escape(str(k.get('pid')))} ({html.escape(str(k.get('name')))}): "
+            f'<span class="mono">{html.escape(str(k.get("message")))}</span></li>'
+            for k in oom_kills
+        )
+        parts.append(f"<h3>Killed by the kernel's OOM killer</h3><ul>{items}</ul>")
+    forensics = artifact.get("forensics")
+    if isinstance(forensics, dict):
+        parts.append(_stall_forensics_html(forensics, (artifact.get("exit") or {}).get("pid")))
+    monitor = dict(artifact.get("monitor") or {})
+    notes = monitor.pop("sampler_notes", []) or []
+    if notes:
+        items = "".join(
+            f"<li>{format_duration(float(n.get('t', 0)))}: {html.escape(str(n.get('kind')))} "
+            f"({html.escape(str(n.get('sampler')))}): {html.escape(str(n.get('message')))}</li>"
+            for n in notes
+        )
+        parts.append(f"<h3>Sampler notes</h3><ul>{items}</ul>")
+    stop = artifact.get("stop") or {}
+    if stop.get("cause"):
+        parts.append(
+            "<p>Stop: "
+            + html.escape(
+                f"{_stop_text(stop)}, SIGKILL needed: {'yes' if stop.get('killed') else 'no'}"
+            )
+            + "</p>"
+        )
+    # The monotonic start only serves to date kernel records; it means nothing to a reader.
+    shown = {
+        k: v for k, v in monitor.items() if v not in (None, {}, [], "") and k != "monotonic_start"
+    }
+    parts.append(
+        "<p>Monitor: "
+        + html.escape(", ".join(f"{k.replace('_', ' ')} {_plain(v)}" for k, v in shown.items()))
+        + "</p>"
+    )
+    parts.append(_json_details("Effective configuration", artifact.get("config")))
+    parts.append(_json_details("Runtime snapshot (provenance)", artifact.get("snapshot")))
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _stall_forensics_html(forensics: Mapping[str, Any], main_pid: object = None) -> str:
+    """The processes as forensics saw them: the command's own first and open, its main thread
+    first; idle workers folded together."""
+    t = forensics.get("t")
+    when = format_duration(float(t)) if isinstance(t, int | float) else "?"
+    processes = list(forensics.get("processes") or [])
+    py_spy = forensics.get("py_spy") or "not installed (pip install py-spy for Python stacks)"
+    parts = [
+        f"<h3>What the tree was doing at {when} ({html.escape(str(forensics.get('reason')))}), "
+        "before the first signal</h3>",
+        f'<p class="help">{len(processes)} process(es); py-spy: {html.escape(str(py_spy))}'
+        + (
+            f"; {forensics['skipped_for_time']} skipped for lack of time"
+            if forensics.get("skipped_for_time")
+            else ""
+        )
+        + "</p>",
+    ]
+    processes.sort(key=lambda p: p.get("pid") != main_pid)
+    idle = [p for p in processes[1:] if _all_idle(p)]
+    if len(idle) < 2:
+        idle = []
+    parts.append(_process_details([p for p in processes if p not in idle], open_first=True))
+    if idle:
+        # Idle workers (dataloaders waiting on their queue) say little: folded, one line.
+        names = ", ".join(f"{p.get('pid')} {p.get('name')}" for p in idle[:8])
+        parts.append(
+            f"<details><summary>{len(idle)} idle process(es): {html.escape(names)}"
+            + (" ..." if len(idle) > 8 else "")
+            + "</summary>"
+            + _process_details(idle, open_first=False)
+            + "</details>"
+        )
+    return "\n".join(parts)
+
+
+def _all_idle(process: Mapping[str, Any]) -> bool:
+    """Whether py-spy saw every thread of a process idle."""
+    stack = str((process.get("python_stack") or {}).get("stack") or "")
+    threads = [line for line in stack.splitlines() if line.startswith("Thread ")]
+    return bool(threads) and all("(idle)" in line for line in threads)
+
+
+def _split_threads(dump: str) -> tuple[str, str]:
+    """A py-spy dump as (its header and main thread, every other thread)."""
+    lines = dump.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Thread ")]
+    if len(starts) < 2:
+        return dump, ""
+    main = next((i for i in starts if "MainThread" in lines[i]), starts[0])
+    end = next((i for i in starts if i > main), len(lines))
+    head = lines[: starts[0]]
+    rest = [line for i, line in enumerate(lines) if i >= starts[0] and not main <= i < end]
+    return "\n".join(head + lines[main:end]), "\n".join(rest)
+
+
+def _process_details(processes: Sequence[Mapping[str, Any]], *, open_first: bool) -> str:
+    parts: list[str] = []
+    for i, process in enumerate(processes):
+        if "error" in process and "name" not in process:
+            parts.append(
+                f"<p>pid {html.escape(str(process.get('pid')))}: "
+                f"{html.escape(str(process['error']))}</p>"
+            )
+            continue
+        wchan = process.get("wchan")
+        where = f" in <b>{html.escape(str(wchan))}</b>" if wchan not in (None, "", "0") else ""
+        frame = innermost_python_frame(process)
+        at = f", Python at <b>{html.escape(frame)}</b>" if frame else ""
+        summary = (
+            f"pid {html.escape(str(process.get('pid')))} {html.escape(str(process.get('name')))}"
+            f": {html.escape(str(process.get('state')))}{where}, "
+            f"{html.escape(str(process.get('num_threads')))} thread(s){at}"
+        )
+        body = [f'<p class="mono">{html.escape(_short_command(process.get("cmdline")))}</p>']
+        stack = process.get("python_stack") or {}
+        if stack.get("stack"):
+            main, rest = _split_threads(str(stack["stack"]))
+            body.append(f"<h4>Python stack (py-spy)</h4><pre>{html.escape(main)}</pre>")
+            if rest:
+                body.append(
+                    f"<details><summary>{rest.count('Thread ')} other thread(s)</summary>"
+                    f"<pre>{html.escape(rest)}</pre></details>"
+                )
+        elif stack.get("error"):
+            body.append(f"<p>Python stack: {html.escape(str(stack['error']))}</p>")
+        if process.get("kernel_stack"):
+            body.append(
+                f"<h4>Kernel stack</h4><pre>{html.escape(str(process['kernel_stack']))}</pre>"
+            )
+        threads = process.get("threads") or []
+        if len(threads) > 1:
+            rows = "".join(
+                "<tr>"
+                + "".join(
+                    f"<td>{html.escape(str(th.get(k, '')))}</td>"
+                    for k in ("tid", "name", "state", "wchan")
+                )
+                + "</tr>"
+                for th in threads
+            )
+            body.append(
+                "<h4>Threads</h4><table><tr><th>tid</th><th>name</th><th>state</th>"
+                f"<th>waiting in</th></tr>{rows}</table>"
+            )
+        opened = " open" if i == 0 and open_first else ""
+        parts.append(f"<details{opened}><summary>{summary}</summary>{''.join(body)}</details>")
+    return "\n".join(parts)
+
+
+def _short_command(cmdline: object) -> str:
+    if not isinstance(cmdline, list) or not cmdline:
+        return ""
+    text = shlex.join(str(a) for a in cmdline).replace("\n", " ")
+    return text if len(text) <= COMMAND_SHOWN else text[: COMMAND_SHOWN - 3] + "..."
+
+
+def _plain(value: object) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in value.items())
+    return str(value)
+
+
+def _json_details(title: str, value: object) -> str:
+    text = json.dumps(value, indent=1, default=str)
+    return (
+        f"<details><summary>{html.escape(title)}</summary><pre>{html.escape(text)}</pre></details>"
+    )
+
+
+def log_html(artifact: Mapping[str, Any]) -> str:
+    log = artifact.get("log") or {}
+    tail = str(log.get("tail") or "")
+    path = html.escape(str(log.get("path")))
+    if not tail.strip():
+        return (
+            '<section id="log"><h2>Log tail</h2><p class="empty">'
+            f"The command printed nothing ({path}).</p></section>"
+        )
+    return (
+        f'<section id="log"><h2>Log tail</h2><p class="help">The end of the command\'s output, '
+        f'from {path}.</p><pre class="log" id="log-tail">{html.escape(tail)}</pre></section>'
+        "<script>var log = document.getElementById('log-tail');"
+        " log.scrollTop = log.scrollHeight;</script>"
+    )
