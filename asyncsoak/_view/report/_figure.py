@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from ..._record._artifact import EVENTS_HEAD
 from ..._sampling._fields import (
@@ -80,6 +80,25 @@ PALETTE = (
     "#7f7f7f",
     "#ff7f0e",
 )
+
+
+class Figure(Protocol):
+    """What the drawing uses of a plotly ``go.Figure`` (plotly ships no type information)."""
+
+    @property
+    def layout(self) -> Any: ...
+    def add_trace(self, trace: object, *, row: int, col: int) -> object: ...
+    def add_annotation(self, **options: Any) -> object: ...
+    def add_vrect(self, **options: Any) -> object: ...
+    def update_layout(self, changes: Mapping[str, Any] | None = None, **options: Any) -> object: ...
+    def update_xaxes(self, **options: Any) -> object: ...
+    def update_yaxes(self, **options: Any) -> object: ...
+    def get_subplot(self, row: int, col: int) -> Any: ...
+    def to_html(self, **options: Any) -> str: ...
+
+
+#: ``go.Scatter``: the one trace type the figure draws.
+Scatter = Callable[..., object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,7 +389,7 @@ class Timeline:
         gap = 62
         top, bottom = 40, 50
         plot_height = sum(heights) + gap * (len(heights) - 1)
-        fig = make_subplots(
+        fig: Figure = make_subplots(
             rows=len(heights),
             cols=1,
             shared_xaxes=True,
@@ -379,10 +398,10 @@ class Timeline:
             subplot_titles=titles,
         )
         self.panel_titles = titles
-        self._draw_lanes(fig, go, lanes)
-        self._draw_progress(fig, go)
+        self._draw_lanes(fig, go.Scatter, lanes)
+        self._draw_progress(fig, go.Scatter)
         for row, panel in enumerate(self.panels, start=3):
-            self._draw_panel(fig, go, row, panel)
+            self._draw_panel(fig, go.Scatter, row, panel)
         self._draw_marks_across(fig)
         self._style(fig, len(heights), plot_height + top + bottom, top, bottom)
         return str(
@@ -396,7 +415,7 @@ class Timeline:
             )
         )
 
-    def _draw_lanes(self, fig: Any, go: Any, lanes: list[str]) -> None:
+    def _draw_lanes(self, fig: Figure, scatter: Scatter, lanes: list[str]) -> None:
         y_of = {lane: -i for i, lane in enumerate(lanes)}
         window = stall_window(self.artifact)
         if window is not None and window[0] > 0:
@@ -416,7 +435,7 @@ class Timeline:
             xs = [self.x(t) for t, _ in ticks]
             tick_texts = [text for _, text in ticks]
             fig.add_trace(
-                go.Scatter(
+                scatter(
                     x=xs,
                     y=[y_of["progress"]] * len(xs),
                     mode="markers",
@@ -434,7 +453,7 @@ class Timeline:
             if not marks:
                 continue
             fig.add_trace(
-                go.Scatter(
+                scatter(
                     x=[self.x(m.t) for m in marks],
                     y=[y_of[lane]] * len(marks),
                     mode="markers+text",
@@ -467,7 +486,7 @@ class Timeline:
                 span_ys.extend([y_of[f"{group} throttled"], y_of[f"{group} throttled"], None])
                 texts.extend([", ".join(reasons), ", ".join(reasons), None])
             fig.add_trace(
-                go.Scatter(
+                scatter(
                     x=span_xs,
                     y=span_ys,
                     mode="lines",
@@ -551,10 +570,10 @@ class Timeline:
         ys.append(round(end - previous, 3))
         return xs, ys
 
-    def _draw_progress(self, fig: Any, go: Any) -> None:
+    def _draw_progress(self, fig: Figure, scatter: Scatter) -> None:
         xs, ys = self._progress_curve()
         fig.add_trace(
-            go.Scatter(
+            scatter(
                 x=xs,
                 y=ys,
                 mode="lines",
@@ -585,7 +604,7 @@ class Timeline:
             if value > max(peak, 1e-3) * LIMIT_HEADROOM:
                 continue
             fig.add_trace(
-                go.Scatter(
+                scatter(
                     x=[self.x(start), self.x(end)],
                     y=[value, value],
                     mode="lines+text",
@@ -617,7 +636,7 @@ class Timeline:
         top = max([peak] + [limit[2] for limit in limits if limit in shown]) * 1.25 or 1.0
         fig.update_yaxes(row=2, col=1, range=[0, top])
 
-    def _draw_panel(self, fig: Any, go: Any, row: int, panel: Panel) -> None:
+    def _draw_panel(self, fig: Figure, scatter: Scatter, row: int, panel: Panel) -> None:
         processes = self._process_lines() if panel.key == "tree_memory" else []
         peak = 0.0
         for f in panel.fields:
@@ -648,7 +667,7 @@ class Timeline:
             dash = "dot" if any(w in f.name for w in ("limit", "total")) else "solid"
             ys = [None if v is None else v / scale.divisor for v in self.values(f)]
             fig.add_trace(
-                go.Scatter(
+                scatter(
                     x=[self.x(t) for t in series["t"]],
                     y=ys,
                     mode="lines",
@@ -662,10 +681,10 @@ class Timeline:
                 row=row,
                 col=1,
             )
-            self._draw_baseline(fig, go, row, f, name, color, scale, legend, panel.title)
+            self._draw_baseline(fig, scatter, row, f, name, color, scale, legend, panel.title)
         for j, (pid_name, ts, ys) in enumerate(processes):
             fig.add_trace(
-                go.Scatter(
+                scatter(
                     x=[self.x(t) for t in ts],
                     y=[None if v is None else v / scale.divisor for v in ys],
                     mode="lines",
@@ -718,8 +737,8 @@ class Timeline:
 
     def _draw_baseline(
         self,
-        fig: Any,
-        go: Any,
+        fig: Figure,
+        scatter: Scatter,
         row: int,
         f: Field,
         name: str,
@@ -736,7 +755,7 @@ class Timeline:
         if (f.group, f.name) in COUNTERS:
             values = _rates(base["t"], values, 2**20)
         fig.add_trace(
-            go.Scatter(
+            scatter(
                 x=[self.x(t) for t in base["t"]],
                 y=[None if v is None else v / scale.divisor for v in values],
                 mode="lines",
@@ -751,7 +770,7 @@ class Timeline:
             col=1,
         )
 
-    def _annotate_slopes(self, fig: Any, row: int) -> None:
+    def _annotate_slopes(self, fig: Figure, row: int) -> None:
         """The memory trends on the memory panel: the tree's, and each leaking process's."""
         trends = self.artifact.get("trends") or {}
         lines = []
@@ -797,7 +816,7 @@ class Timeline:
             },
         )
 
-    def _draw_marks_across(self, fig: Any) -> None:
+    def _draw_marks_across(self, fig: Figure) -> None:
         shapes: list[dict[str, Any]] = []
         window = stall_window(self.artifact)
         if window is not None:
@@ -832,7 +851,7 @@ class Timeline:
                 shapes.append(_vline(self.x(mark.t), mark.color, mark.dash, 2, 0.9))
         fig.update_layout(shapes=[*fig.layout.shapes, *shapes])
 
-    def _style(self, fig: Any, rows: int, height: int, top: int, bottom: int) -> None:
+    def _style(self, fig: Figure, rows: int, height: int, top: int, bottom: int) -> None:
         fig.update_layout(
             template="simple_white",
             height=height,
