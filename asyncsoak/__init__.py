@@ -16,12 +16,14 @@ if TYPE_CHECKING:
     from ._export._metrics import Metrics as Metrics
     from ._record._journal import read_journal as read_journal
     from ._record._snapshot import runtime_snapshot as runtime_snapshot
+    from ._supervisor._config import SoakConfig as SoakConfig
     from ._supervisor._control import SoakControl as SoakControl
     from ._supervisor._soak import run_soak as run_soak
 
 __all__ = [
     "AsyncsoakError",
     "Metrics",
+    "SoakConfig",
     "SoakControl",
     "SoakFailureError",
     "ValidationError",
@@ -33,6 +35,7 @@ __all__ = [
 _LAZY = {
     "AsyncsoakError": "._errors",
     "Metrics": "._export._metrics",
+    "SoakConfig": "._supervisor._config",
     "SoakControl": "._supervisor._control",
     "SoakFailureError": "._errors",
     "read_journal": "._record._journal",

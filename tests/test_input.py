@@ -400,3 +400,41 @@ def test_soak_limits_are_spelled_once() -> None:
         "max_duration_seconds": 9.0,
         "output_is_progress": True,
     }
+
+
+def test_soak_config_checks_itself_when_made(tmp_path: Path) -> None:
+    """The public SoakConfig refuses what run_soak refuses, with the same message, and holds
+    the normalised values (absolute paths, the derived journal and log)."""
+    import dataclasses
+
+    from asyncsoak import SoakConfig, ValidationError
+
+    given: dict[str, Any] = {
+        "command": ["true"],
+        "progress_dir": tmp_path / "p",
+        "output_path": tmp_path / "soak.json",
+        "log_path": None,
+        "cwd": None,
+        "env": None,
+        "metadata": None,
+        "stop_mode": "group",
+        "snapshot_root": None,
+        "nvidia_smi": None,
+        "kill_wait_seconds": 5,
+        "log_max_bytes": 1 << 20,
+        "dump_signal": None,
+        "forensics": True,
+        "detailed_memory": False,
+    }
+    cfg = SoakConfig(**given)
+    assert cfg.command == ("true",)
+    assert cfg.journal_path == tmp_path / "soak.jsonl"
+    assert cfg.log_path == tmp_path / "soak.log"
+    assert cfg.kill_wait_seconds == 5.0
+    assert cfg.sample_interval_seconds == 5.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.stop_mode = "leader"  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="stale_progress_seconds must be zero or more"):
+        SoakConfig(**given, stale_progress_seconds=-1)
+    with pytest.raises(ValidationError, match="command must not be empty"):
+        SoakConfig(**{**given, "command": []})

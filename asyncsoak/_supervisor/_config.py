@@ -14,6 +14,7 @@ import os
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -68,7 +69,7 @@ class SoakLimits:
     )
 
     def __post_init__(self) -> None:
-        for spec in fields(self):
+        for spec in fields(SoakLimits):  # not the subclass's fields: SoakConfig checks those
             value = getattr(self, spec.name)
             if spec.name == "output_is_progress":
                 if not isinstance(value, bool):
@@ -82,24 +83,26 @@ class SoakLimits:
 SOAK_LIMITS: tuple[str, ...] = tuple(spec.name for spec in fields(SoakLimits))
 
 
-@dataclass(frozen=True, slots=True)
-class SoakConfig:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SoakConfig(SoakLimits):
+    """Everything one soak runs with, checked when it is made: :func:`asyncsoak.run_soak`
+    builds it from its keyword arguments, whose documentation says what each one means.
+
+    Construction raises :class:`asyncsoak.ValidationError` naming the first bad argument;
+    paths become absolute, durations floats, signals numbers and sizes bytes, ``log_path``
+    None means beside the artifact and ``snapshot_root`` None the working directory.
+    """
+
     command: tuple[str, ...]
     progress_dir: Path
     output_path: Path
-    journal_path: Path
+    #: Derived: the artifact's path with ``.jsonl``.
+    journal_path: Path = field(init=False)
     log_path: Path
-    sample_interval_seconds: float
-    startup_timeout_seconds: float
-    stale_progress_seconds: float
-    post_shutdown_grace_seconds: float
-    min_duration_seconds: float
-    max_duration_seconds: float | None
     cwd: Path | None
     env: dict[str, str] | None
     metadata: dict[str, Any]
     stop_mode: StopMode
-    output_is_progress: bool
     snapshot_root: Path
     nvidia_smi: str | None
     kill_wait_seconds: float
@@ -115,6 +118,76 @@ class SoakConfig:
     max_gpu_memory_bytes: int | None = None
     min_disk_free_bytes: int | None = None
     progress_exclude: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The checks run in the order of run_soak's documentation, so the first bad argument
+        # is the one named; each normalised value replaces the given one.
+        given: Any = self
+        norm = partial(object.__setattr__, self)
+        norm("command", _command(given.command))
+        norm("progress_dir", _progress_dir(given.progress_dir))
+        output = _path("output_path", given.output_path)
+        if output.is_dir():
+            raise ValidationError(f"output_path is a directory: {output}")
+        if output.suffix in (".jsonl", ".log"):
+            raise ValidationError(
+                f"output_path must not end in {output.suffix}: the journal and the log "
+                "are written beside it with those suffixes"
+            )
+        if output.parent.exists() and not output.parent.is_dir():
+            raise ValidationError(f"output_path's parent is not a directory: {output.parent}")
+        norm("output_path", output)
+        norm("journal_path", output.with_suffix(".jsonl"))
+        log_path = given.log_path
+        log = output.with_suffix(".log") if log_path is None else _path("log_path", log_path)
+        if log.is_dir():
+            raise ValidationError(f"log_path is a directory: {log}")
+        if log in (output, output.with_suffix(".jsonl")):
+            raise ValidationError(
+                f"log_path must not be the artifact's or the journal's path: {log}"
+            )
+        norm("log_path", log)
+        work_dir = _cwd(given.cwd)
+        norm("cwd", work_dir)
+        norm("stop_mode", _stop_mode(given.stop_mode))
+        SoakLimits.__post_init__(self)
+        nvidia_smi = given.nvidia_smi
+        if nvidia_smi is not None and (not isinstance(nvidia_smi, str) or not nvidia_smi):
+            raise ValidationTypeError(
+                "nvidia_smi must be a command name or path, or None to disable GPUs"
+            )
+        log_max_bytes = given.log_max_bytes
+        if isinstance(log_max_bytes, bool) or not isinstance(log_max_bytes, int):
+            raise ValidationTypeError("log_max_bytes must be an int")
+        if log_max_bytes < 4096:
+            raise ValidationError("log_max_bytes must be at least 4096")
+        if not isinstance(given.forensics, bool) or not isinstance(given.detailed_memory, bool):
+            raise ValidationTypeError("forensics and detailed_memory must be bools")
+        snapshot_root = given.snapshot_root
+        root = work_dir or Path.cwd()
+        norm(
+            "snapshot_root",
+            root if snapshot_root is None else _path("snapshot_root", snapshot_root),
+        )
+        norm("env", _env(given.env))
+        norm("metadata", _metadata(given.metadata))
+        norm(
+            "kill_wait_seconds",
+            seconds("kill_wait_seconds", given.kill_wait_seconds, allow_zero=False),
+        )
+        norm("dump_signal", _signal("dump_signal", given.dump_signal))
+        norm("progress_exclude", _excluded(given.progress_exclude))
+        norm("forward_signals", _signals("forward_signals", given.forward_signals))
+        norm("requeue_on", _own_signal("requeue_on", given.requeue_on))
+        trends = _trend_settings(
+            warm_up_seconds=given.warm_up_seconds,
+            leak_check=given.leak_check,
+            max_rss_bytes=given.max_rss_bytes,
+            max_gpu_memory_bytes=given.max_gpu_memory_bytes,
+            min_disk_free_bytes=given.min_disk_free_bytes,
+        )
+        for key, value in trends.items():
+            norm(key, value)
 
     def effective(self) -> dict[str, Any]:
         """Every effective parameter, as the artifact's ``config`` records it."""
@@ -226,113 +299,6 @@ def _metadata(metadata: object) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise ValidationError(f"metadata must be JSON-serialisable: {exc}") from None
     return cast(dict[str, Any], data)
-
-
-def validate(
-    *,
-    command: object,
-    progress_dir: object,
-    output_path: object,
-    sample_interval_seconds: object,
-    startup_timeout_seconds: object,
-    stale_progress_seconds: object,
-    post_shutdown_grace_seconds: object,
-    min_duration_seconds: object,
-    max_duration_seconds: object,
-    cwd: object,
-    env: object,
-    metadata: object,
-    stop_mode: object,
-    output_is_progress: object,
-    log_path: object,
-    snapshot_root: object,
-    nvidia_smi: object,
-    kill_wait_seconds: object,
-    log_max_bytes: object,
-    dump_signal: object = None,
-    forensics: object = True,
-    detailed_memory: object = False,
-    forward_signals: object = (),
-    requeue_on: object = None,
-    warm_up_seconds: object = None,
-    leak_check: object = "warn",
-    max_rss_bytes: object = None,
-    max_gpu_memory_bytes: object = None,
-    min_disk_free_bytes: object = None,
-    progress_exclude: object = (),
-) -> SoakConfig:
-    argv = _command(command)
-    progress = _progress_dir(progress_dir)
-    output = _path("output_path", output_path)
-    if output.is_dir():
-        raise ValidationError(f"output_path is a directory: {output}")
-    if output.suffix in (".jsonl", ".log"):
-        raise ValidationError(
-            f"output_path must not end in {output.suffix}: the journal and the log "
-            "are written beside it with those suffixes"
-        )
-    if output.parent.exists() and not output.parent.is_dir():
-        raise ValidationError(f"output_path's parent is not a directory: {output.parent}")
-    log = output.with_suffix(".log") if log_path is None else _path("log_path", log_path)
-    if log.is_dir():
-        raise ValidationError(f"log_path is a directory: {log}")
-    if log in (output, output.with_suffix(".jsonl")):
-        raise ValidationError(f"log_path must not be the artifact's or the journal's path: {log}")
-    work_dir = _cwd(cwd)
-    mode = _stop_mode(stop_mode)
-    limits = validate_limits(
-        {
-            "sample_interval_seconds": sample_interval_seconds,
-            "startup_timeout_seconds": startup_timeout_seconds,
-            "stale_progress_seconds": stale_progress_seconds,
-            "post_shutdown_grace_seconds": post_shutdown_grace_seconds,
-            "min_duration_seconds": min_duration_seconds,
-            "max_duration_seconds": max_duration_seconds,
-            "output_is_progress": output_is_progress,
-        }
-    )
-    if nvidia_smi is not None and (not isinstance(nvidia_smi, str) or not nvidia_smi):
-        raise ValidationTypeError(
-            "nvidia_smi must be a command name or path, or None to disable GPUs"
-        )
-    if isinstance(log_max_bytes, bool) or not isinstance(log_max_bytes, int):
-        raise ValidationTypeError("log_max_bytes must be an int")
-    if log_max_bytes < 4096:
-        raise ValidationError("log_max_bytes must be at least 4096")
-    if not isinstance(forensics, bool) or not isinstance(detailed_memory, bool):
-        raise ValidationTypeError("forensics and detailed_memory must be bools")
-    root = work_dir or Path.cwd()
-    if snapshot_root is not None:
-        root = _path("snapshot_root", snapshot_root)
-    return SoakConfig(
-        command=argv,
-        progress_dir=progress,
-        output_path=output,
-        journal_path=output.with_suffix(".jsonl"),
-        log_path=log,
-        cwd=work_dir,
-        env=_env(env),
-        metadata=_metadata(metadata),
-        stop_mode=mode,
-        snapshot_root=root,
-        nvidia_smi=nvidia_smi,
-        kill_wait_seconds=seconds("kill_wait_seconds", kill_wait_seconds, allow_zero=False),
-        log_max_bytes=log_max_bytes,
-        dump_signal=_signal("dump_signal", dump_signal),
-        forensics=forensics,
-        detailed_memory=detailed_memory,
-        progress_exclude=_excluded(progress_exclude),
-        **limits,
-        forward_signals=_signals("forward_signals", forward_signals),
-        requeue_on=_own_signal("requeue_on", requeue_on),
-        **_trend_settings(
-            warm_up_seconds=warm_up_seconds,
-            leak_check=leak_check,
-            max_rss_bytes=max_rss_bytes,
-            max_gpu_memory_bytes=max_gpu_memory_bytes,
-            min_disk_free_bytes=min_disk_free_bytes,
-        ),
-    )
 
 
 def _excluded(value: object) -> tuple[Path, ...]:

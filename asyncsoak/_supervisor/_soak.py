@@ -71,7 +71,7 @@ from .._sampling._watchdog import (
     skipped_message,
 )
 from . import _slurm
-from ._config import LOG_MAX_BYTES, LeakCheck, SoakConfig, StopMode, validate
+from ._config import LOG_MAX_BYTES, LeakCheck, SoakConfig, StopMode
 from ._control import SoakControl
 from ._outputs import CHECK_TIMEOUT, check_outputs, lock_journal
 from ._rules import (
@@ -169,38 +169,9 @@ async def run_soak(
     rule fired, after writing the artifact.  On cancellation by the caller, the tree is stopped
     and a ``cancelled`` artifact written before the cancellation propagates.
     """
-    cfg = validate(
-        command=command,
-        progress_dir=progress_dir,
-        output_path=output_path,
-        sample_interval_seconds=sample_interval_seconds,
-        startup_timeout_seconds=startup_timeout_seconds,
-        stale_progress_seconds=stale_progress_seconds,
-        post_shutdown_grace_seconds=post_shutdown_grace_seconds,
-        min_duration_seconds=min_duration_seconds,
-        max_duration_seconds=max_duration_seconds,
-        cwd=cwd,
-        env=env,
-        metadata=metadata,
-        stop_mode=stop_mode,
-        output_is_progress=output_is_progress,
-        log_path=log_path,
-        snapshot_root=snapshot_root,
-        nvidia_smi=nvidia_smi,
-        kill_wait_seconds=kill_wait_seconds,
-        log_max_bytes=log_max_bytes,
-        dump_signal=dump_signal,
-        forensics=forensics,
-        detailed_memory=detailed_memory,
-        forward_signals=forward_signals,
-        requeue_on=requeue_on,
-        warm_up_seconds=warm_up_seconds,
-        leak_check=leak_check,
-        max_rss_bytes=max_rss_bytes,
-        max_gpu_memory_bytes=max_gpu_memory_bytes,
-        min_disk_free_bytes=min_disk_free_bytes,
-        progress_exclude=progress_exclude,
-    )
+    arguments = dict(locals())  # first: the keyword arguments alone
+    # Every keyword argument but the two live objects is a SoakConfig field, checked there.
+    cfg = SoakConfig(**{k: v for k, v in arguments.items() if k not in ("control", "metrics")})
     metrics_config = validate_metrics(metrics)
     if control is not None and not isinstance(control, SoakControl):
         raise ValidationTypeError(f"control must be a SoakControl, not {type(control).__name__}")
