@@ -114,13 +114,22 @@ def test_exit_statuses_are_decoded(
     assert exit_text(_artifact(returncode, signal, sent)) == text
 
 
-def test_startup_timeout_points_at_the_progress_dir() -> None:
+def test_startup_timeout_points_at_the_progress_dir(runs: Runs) -> None:
     """No progress at all: the hint names the progress dir and --output-is-progress."""
+    # A whole artifact (summarize reads what the schema requires), made a startup timeout.
+    base = json.loads(runs.stalled_sampled.read_text())
     artifact = {
+        **base,
         "status": "failed",
         "failures": [{"reason": "startup_timeout", "message": "no progress", "at": None}],
-        "progress": {"dir": "/runs/7", "changes": 0, "longest_gap_seconds": 600.0},
-        "config": {"startup_timeout_seconds": 600.0},
+        "progress": {
+            "dir": "/runs/7",
+            "first_change_at": None,
+            "last_change_at": None,
+            "changes": 0,
+            "longest_gap_seconds": 600.0,
+        },
+        "config": {**base["config"], "startup_timeout_seconds": 600.0},
         "duration_seconds": 600.0,
         "events": [],
     }

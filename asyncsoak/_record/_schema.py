@@ -11,7 +11,8 @@ summary groups, the snapshot's probes) stay ``dict[str, Any]``.
 
 # No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` from evaluated
 # annotations only, and ``__required_keys__`` is what the schema test compares.
-from typing import Any, NotRequired, TypedDict
+from collections.abc import Mapping
+from typing import Any, NotRequired, TypedDict, cast
 
 #: ``series`` (and a process's ``series``): field name to values, ``t`` first.
 Series = dict[str, list[float | None]]
@@ -181,3 +182,9 @@ class Artifact(TypedDict):
     oom_kills: NotRequired[list[dict[str, Any]]]
     forensics: NotRequired[dict[str, Any] | None]
     stop: NotRequired[Stop]
+
+
+def typed(artifact: Mapping[str, Any]) -> Artifact:
+    """``artifact`` seen through its schema type, for a reader to index what the schema
+    requires: an artifact the package built, or one loaded through ``check_artifact``."""
+    return cast(Artifact, artifact)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from .._record._schema import Artifact, typed
 from .._sampling._fields import format_duration, format_value, gpu_index
 from ._evidence import leaking_series, rate_text
 
@@ -88,13 +89,15 @@ def compare(
     threshold: float = DEFAULT_THRESHOLD,
 ) -> Comparison:
     """The figures of two artifacts side by side; ``threshold`` is a fraction (0.1 = 10 %)."""
+    # Both come checked against the schema (loaded, or built by this package).
+    baseline, candidate = typed(baseline), typed(candidate)
     rows: list[Row] = []
 
     def figure(
         key: str,
         label: str,
         unit: str,
-        read: Callable[[Mapping[str, Any]], float | None],
+        read: Callable[[Artifact], float | None],
         better: Better,
         floor: float = 0.0,
     ) -> None:
@@ -104,7 +107,7 @@ def compare(
 
     rows.append(_status_row(baseline, candidate))
     figure("duration", "duration", "s", _duration, "none")
-    figure("warnings", "warnings", "", lambda a: float(len(a.get("warnings") or [])), "lower")
+    figure("warnings", "warnings", "", lambda a: float(len(a["warnings"])), "lower")
     figure(
         "tree.rss.peak",
         "peak tree RSS",
@@ -142,11 +145,10 @@ def compare(
             MEMORY_FLOOR_BYTES / 2**20,
         )
     notes = []
-    if list(baseline.get("command") or []) != list(candidate.get("command") or []):
+    if baseline["command"] != candidate["command"]:
         notes.append(
             "the commands differ: "
-            f"{shlex.join(baseline.get('command') or [])} | "
-            f"{shlex.join(candidate.get('command') or [])}"
+            f"{shlex.join(baseline['command'])} | {shlex.join(candidate['command'])}"
         )
     return Comparison(baseline_name, candidate_name, [r for r in rows if _shown(r)], notes)
 
@@ -183,12 +185,12 @@ def _row(
     return Row(key, label, unit, before, after, change, regressed, note)
 
 
-def _status_row(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> Row:
-    def verdict(artifact: Mapping[str, Any]) -> str:
-        reasons = [str(f.get("reason")) for f in artifact.get("failures") or []]
-        return str(artifact.get("status")) + (f" ({', '.join(reasons)})" if reasons else "")
+def _status_row(baseline: Artifact, candidate: Artifact) -> Row:
+    def verdict(artifact: Artifact) -> str:
+        reasons = [f["reason"] for f in artifact["failures"]]
+        return artifact["status"] + (f" ({', '.join(reasons)})" if reasons else "")
 
-    before, after = str(baseline.get("status")), str(candidate.get("status"))
+    before, after = baseline["status"], candidate["status"]
     regressed = STATUS_RANK.get(after, 3) > STATUS_RANK.get(before, 3)
     note = f"the verdict went from {verdict(baseline)} to {verdict(candidate)}" if regressed else ""
     return Row(
@@ -196,14 +198,15 @@ def _status_row(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> Ro
     )
 
 
-def _leak_row(baseline: Mapping[str, Any], candidate: Mapping[str, Any], threshold: float) -> Row:
+def _leak_row(baseline: Artifact, candidate: Artifact, threshold: float) -> Row:
     """The tree's memory slope; a regression when the candidate leaks and the baseline did not,
     or leaks faster by more than the threshold."""
 
-    def slope(artifact: Mapping[str, Any]) -> tuple[float | None, bool]:
-        trend = (artifact.get("trends") or {}).get("tree.rss_bytes") or {}
+    def slope(artifact: Artifact) -> tuple[float | None, bool]:
+        # Trends are a version 2 section; a series judged too short has no entry.
+        trend = artifact.get("trends", {}).get("tree.rss_bytes")
         leaks = leaking_series(artifact)
-        value = trend.get("slope_per_hour")
+        value = None if trend is None else trend["slope_per_hour"]
         return (float(value) if isinstance(value, int | float) else None), bool(leaks)
 
     (before, before_leaks), (after, after_leaks) = slope(baseline), slope(candidate)
@@ -223,26 +226,26 @@ def _leak_row(baseline: Mapping[str, Any], candidate: Mapping[str, Any], thresho
     )
 
 
-def _duration(artifact: Mapping[str, Any]) -> float | None:
-    value = artifact.get("duration_seconds")
-    return float(value) if isinstance(value, int | float) else None
+def _duration(artifact: Artifact) -> float | None:
+    return float(artifact["duration_seconds"])
 
 
-def _stat(group: str, name: str, key: str) -> Callable[[Mapping[str, Any]], float | None]:
-    def read(artifact: Mapping[str, Any]) -> float | None:
-        value = (((artifact.get("summary") or {}).get(group) or {}).get(name) or {}).get(key)
+def _stat(group: str, name: str, key: str) -> Callable[[Artifact], float | None]:
+    def read(artifact: Artifact) -> float | None:
+        # Summary groups and fields are data: a run without a GPU has no gpu0.
+        value = ((artifact["summary"].get(group) or {}).get(name) or {}).get(key)
         return float(value) if isinstance(value, int | float) else None
 
     return read
 
 
-def _final_rss(artifact: Mapping[str, Any]) -> float | None:
+def _final_rss(artifact: Artifact) -> float | None:
     """The tree's memory as the run ended: the median of its last quarter of samples (the
     very last ones may be a process freeing everything as it exits, in the trend's last
     window too)."""
     values = [
         v
-        for v in ((artifact.get("series") or {}).get("tree") or {}).get("rss_bytes") or []
+        for v in artifact["series"].get("tree", {}).get("rss_bytes", [])
         if isinstance(v, int | float)
     ]
     if not values:
@@ -250,21 +253,21 @@ def _final_rss(artifact: Mapping[str, Any]) -> float | None:
     return float(statistics.median(values[-max(3, len(values) // 4) :]))
 
 
-def _progress_rate(artifact: Mapping[str, Any]) -> float | None:
+def _progress_rate(artifact: Artifact) -> float | None:
     """Progress changes per minute over the run (from the first change to the last)."""
-    series = (artifact.get("series") or {}).get("progress_rate") or {}
-    rates = [v for v in series.get("changes_per_minute") or [] if isinstance(v, int | float)]
+    series = artifact["series"].get("progress_rate", {})
+    rates = [v for v in series.get("changes_per_minute", []) if isinstance(v, int | float)]
     if rates:
         return sum(rates) / len(rates)
-    changes = (artifact.get("progress") or {}).get("changes")
+    changes = artifact["progress"]["changes"]
     duration = _duration(artifact)
-    if not isinstance(changes, int) or not duration:
+    if not duration:
         return None
     return changes / duration * 60.0
 
 
-def _gpu_groups(artifact: Mapping[str, Any]) -> set[str]:
-    return {g for g in artifact.get("summary") or {} if gpu_index(g) is not None}
+def _gpu_groups(artifact: Artifact) -> set[str]:
+    return {g for g in artifact["summary"] if gpu_index(g) is not None}
 
 
 def format_comparison(comparison: Comparison) -> str:

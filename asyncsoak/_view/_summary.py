@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._process._exits import decode, signal_name
+from .._record._schema import typed
+from .._record._vocabulary import FailureReason, SoakStatus
 from .._sampling._fields import describe, format_clock, format_duration, format_value, group_kind
 from ._evidence import (
     config_value,
@@ -54,35 +56,36 @@ BUSY_CPU_PERCENT = 50.0
 
 
 def summarize(artifact: Mapping[str, Any]) -> dict[str, Any]:
-    """The facts someone needs first about a run, as JSON-ready data."""
-    status = str(artifact.get("status"))
-    failures = list(artifact.get("failures") or [])
+    """The facts someone needs first about a run, as JSON-ready data (``artifact`` checked
+    against the schema: loaded through ``check_artifact`` or built by this package)."""
+    a = typed(artifact)
     reasons = [
         {
             "reason": f["reason"],
             "title": REASON_TITLES.get(f["reason"], f["reason"]),
             "message": f["message"],
-            "at": f.get("at"),
-            "t": seconds_at(artifact, f.get("at")),
+            "at": f["at"],
+            "t": seconds_at(a, f["at"]),
         }
-        for f in failures
+        for f in a["failures"]
     ]
-    progress = dict(artifact.get("progress") or {})
-    progress["last_change_t"] = seconds_at(artifact, progress.get("last_change_at"))
-    progress["first_change_t"] = seconds_at(artifact, progress.get("first_change_at"))
-    log = artifact.get("log") or {}
-    evidence = gather(artifact)
+    progress: dict[str, Any] = {
+        **a["progress"],
+        "last_change_t": seconds_at(a, a["progress"]["last_change_at"]),
+        "first_change_t": seconds_at(a, a["progress"]["first_change_at"]),
+    }
+    evidence = gather(a)
     return {
-        "status": status,
-        "headline": headline(artifact, reasons),
+        "status": a["status"],
+        "headline": headline(a, reasons),
         "evidence": evidence.as_json(),
         "reasons": reasons,
-        "warnings": list(artifact.get("warnings") or []),
-        "started_at": artifact.get("started_at"),
-        "ended_at": artifact.get("ended_at"),
-        "duration_seconds": artifact.get("duration_seconds"),
-        "command": list(artifact.get("command") or []),
-        "exit": {**(artifact.get("exit") or {}), "text": exit_text(artifact)},
+        "warnings": list(a["warnings"]),
+        "started_at": a["started_at"],
+        "ended_at": a["ended_at"],
+        "duration_seconds": a["duration_seconds"],
+        "command": list(a["command"]),
+        "exit": {**a["exit"], "text": exit_text(a)},
         "progress": progress,
         "look_first": look_first(artifact),
         "peaks": peaks(artifact),
@@ -90,19 +93,19 @@ def summarize(artifact: Mapping[str, Any]) -> dict[str, Any]:
         "leftovers": list(artifact.get("leftover_processes") or []),
         "abandoned": list(artifact.get("abandoned_processes") or []),
         "provenance": provenance(artifact),
-        "log": {"path": log.get("path"), "last_lines": evidence.log_lines},
-        "journal_path": (artifact.get("monitor") or {}).get("journal_path"),
+        "log": {"path": a["log"]["path"], "last_lines": evidence.log_lines},
+        "journal_path": a["monitor"]["journal_path"],
     }
 
 
 def headline(artifact: Mapping[str, Any], reasons: list[dict[str, Any]]) -> str:
     """The verdict in plain words; a pass with warnings says how many."""
-    status = str(artifact.get("status"))
+    status = typed(artifact)["status"]
     if reasons:
         return REASON_TITLES.get(reasons[0]["reason"], STATUS_HEADLINES.get(status, status))
     text = STATUS_HEADLINES.get(status, status)
-    warnings = len(artifact.get("warnings") or [])
-    if status == "passed" and warnings:
+    warnings = len(typed(artifact)["warnings"])
+    if status == SoakStatus.PASSED and warnings:
         text += f", with {warnings} warning{'s' if warnings > 1 else ''}"
     return text
 
@@ -111,20 +114,22 @@ def headline(artifact: Mapping[str, Any], reasons: list[dict[str, Any]]) -> str:
 
 
 def signals_sent(artifact: Mapping[str, Any]) -> list[str]:
-    return [str(s.get("signal")) for s in (artifact.get("stop") or {}).get("signals") or []]
+    stop = typed(artifact).get("stop")  # no stop section: written before the stop sequence
+    return [] if stop is None else [s["signal"] for s in stop.get("signals", [])]
 
 
 def exit_text(artifact: Mapping[str, Any]) -> str:
     """How the command ended, decoded: ``killed by SIGTERM (sent by the monitor)``."""
-    exit_ = artifact.get("exit") or {}
-    returncode = exit_.get("returncode")
+    a = typed(artifact)
+    exit_ = a["exit"]
+    returncode = exit_["returncode"]
     if returncode is None:
-        if any(f.get("reason") == "spawn_failed" for f in artifact.get("failures") or []):
+        if any(f["reason"] == FailureReason.SPAWN_FAILED for f in a["failures"]):
             return "never started"
         return "unknown (no exit was recorded)"
     status = decode(returncode)
     if status.signal is not None:
-        name = exit_.get("signal") or signal_name(status.signal)
+        name = exit_["signal"] or signal_name(status.signal)
         by = "sent by the monitor" if name in signals_sent(artifact) else "not sent by the monitor"
         text = f"killed by {name} ({by})"
         if name == "SIGKILL" and by.startswith("not"):
