@@ -317,6 +317,22 @@ def catch_early(signals: Sequence[int]) -> None:
         signal.signal(sig, hold)
 
 
+async def query_scheduler(limiter: anyio.CapacityLimiter) -> dict[str, Any] | None:
+    """The job's facts (identity, ``KillWait``, end time) under a deadline: None outside a
+    job, the identity and the error when ``scontrol`` does not answer in time."""
+    if not in_job():
+        return None
+    try:
+        return await run_blocking(
+            scheduler_snapshot,
+            timeout=SNAPSHOT_TIMEOUT_SECONDS,
+            what="scontrol (the SLURM job's facts)",
+            limiter=limiter,
+        )
+    except BlockingCallTimeout as exc:
+        return {**(job_identity() or {}), "errors": [str(exc)]}
+
+
 async def end_before_job_end(
     known: anyio.Event,
     scheduler: Callable[[], Mapping[str, Any] | None],

@@ -534,16 +534,7 @@ class _Soak:
     async def _query_scheduler(self) -> None:
         """The scheduler's job (identity, KillWait, end time), before the rest of the snapshot:
         the stop needs it."""
-        if _slurm.in_job():
-            try:
-                self._scheduler = await run_blocking(
-                    _slurm.scheduler_snapshot,
-                    timeout=_slurm.SNAPSHOT_TIMEOUT_SECONDS,
-                    what="scontrol (the SLURM job's facts)",
-                    limiter=self._limiter,
-                )
-            except BlockingCallTimeout as exc:
-                self._scheduler = {**(_slurm.job_identity() or {}), "errors": [str(exc)]}
+        self._scheduler = await _slurm.query_scheduler(self._limiter)
         self._scheduler_known.set()
 
     async def _supervise(
