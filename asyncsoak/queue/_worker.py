@@ -95,21 +95,33 @@ STORE_CALL_TIMEOUT_FACTOR = 4
 _T = TypeVar("_T")
 
 
-@dataclasses.dataclass(slots=True)
-class _Settings:
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    """How a worker runs its jobs: the one set of settings behind :func:`run_worker` and
+    :func:`run_job`, checked when it is made (a bad period raises ``ValidationError``)."""
+
     runs_dir: Path
     cmd: list[str]
-    poll: float
-    gpus: str | None
-    stale_after: float
-    cancel_grace: float
-    stop_timeout: float
-    kill_wait: float
-    finish_retries: int
-    finish_retry_wait: float
-    nvidia_smi: str | None
+    poll: float = POLL_S
+    gpus: str | None = None
+    stale_after: float = STALE_AFTER_S
+    cancel_grace: float = CANCEL_GRACE_S
+    stop_timeout: float = STOP_TIMEOUT_S
+    kill_wait: float = KILL_WAIT_S
+    finish_retries: int = FINISH_RETRIES
+    finish_retry_wait: float = FINISH_RETRY_WAIT_S
+    nvidia_smi: str | None = "nvidia-smi"
     #: Wall-clock end of the worker's allocation (a SLURM job), or None.
     until: float | None = None
+
+    def __post_init__(self) -> None:
+        norm = partial(object.__setattr__, self)
+        norm("runs_dir", Path(self.runs_dir).absolute())
+        norm("cmd", list(self.cmd))
+        norm("poll", seconds("poll", self.poll, allow_zero=False))
+        for name in ("stale_after", "cancel_grace", "stop_timeout", "finish_retry_wait"):
+            norm(name, seconds(name, getattr(self, name)))
+        norm("kill_wait", seconds("kill_wait", self.kill_wait, allow_zero=False))
 
 
 @dataclasses.dataclass(slots=True)
@@ -164,17 +176,17 @@ async def run_worker(
     name, and :class:`ValidationError` for a bad period (NaN, negative), bad metrics settings
     or a metrics port that cannot be served, before any job is claimed.
     """
-    settings = _Settings(
-        runs_dir=(runs_dir or default_runs_dir(store)).absolute(),
+    settings = WorkerConfig(
+        runs_dir=runs_dir or default_runs_dir(store),
         cmd=list(cmd or TRAIN_CMD),
-        poll=seconds("poll", poll, allow_zero=False),
+        poll=poll,
         gpus=gpus,
-        stale_after=seconds("stale_after", stale_after),
-        cancel_grace=seconds("cancel_grace", cancel_grace),
-        stop_timeout=seconds("stop_timeout", stop_timeout),
-        kill_wait=seconds("kill_wait", kill_wait, allow_zero=False),
+        stale_after=stale_after,
+        cancel_grace=cancel_grace,
+        stop_timeout=stop_timeout,
+        kill_wait=kill_wait,
         finish_retries=finish_retries,
-        finish_retry_wait=seconds("finish_retry_wait", finish_retry_wait),
+        finish_retry_wait=finish_retry_wait,
         nvidia_smi=nvidia_smi,
         until=until,
     )
@@ -229,12 +241,11 @@ async def run_job(
     attempt's outcome (``succeeded``, ``failed``, ``cancelled``, ``interrupted``), or
     ``lost`` when another worker took the job over meanwhile (nothing is written then).
     """
-    settings = _Settings(
-        runs_dir=(runs_dir or default_runs_dir(store)).absolute(),
+    settings = WorkerConfig(
+        runs_dir=runs_dir or default_runs_dir(store),
         cmd=list(cmd),
         poll=poll,
         gpus=gpus,
-        stale_after=STALE_AFTER_S,
         cancel_grace=cancel_grace,
         stop_timeout=stop_timeout,
         kill_wait=kill_wait,
@@ -251,7 +262,7 @@ class _Worker:
     def __init__(
         self,
         store: JobStore,
-        settings: _Settings,
+        settings: WorkerConfig,
         stop_event: anyio.Event,
         kill_event: anyio.Event,
         name: str,

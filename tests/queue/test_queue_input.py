@@ -310,3 +310,25 @@ async def test_full_runs_filesystem_is_the_workers_problem_not_an_invalid_job(
         job = store.get(job_id)
     assert (job.status, job.reason) == ("failed", "monitor_error")
     assert "is full" in (job.error or "")
+
+
+def test_worker_settings_are_spelled_once() -> None:
+    """run_worker's and run_job's settings have WorkerConfig's defaults, and WorkerConfig
+    refuses a bad period with the message run_worker gives."""
+    import dataclasses
+    import inspect
+
+    from asyncsoak.queue import run_job, run_worker
+    from asyncsoak.queue._worker import WorkerConfig
+
+    defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(WorkerConfig)
+        if f.default is not dataclasses.MISSING
+    }
+    for function in (run_worker, run_job):
+        for name, parameter in inspect.signature(function).parameters.items():
+            if name in defaults and parameter.default is not inspect.Parameter.empty:
+                assert parameter.default == defaults[name], (function.__name__, name)
+    with pytest.raises(ValidationError, match="kill_wait must be positive"):
+        WorkerConfig(runs_dir=Path("runs"), cmd=["true"], kill_wait=0)
