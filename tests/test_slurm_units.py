@@ -155,6 +155,19 @@ def test_combine_finds_the_first_failure_on_the_wall_clock() -> None:
     json.dumps(combined, allow_nan=False)
 
 
+def test_combined_view_spells_durations_like_the_other_views() -> None:
+    """Offsets and run times in the combined view read like the summary's: 6m00s, 1h00m00s."""
+    failing = _artifact(9, 0, "failed", "2026-01-01T00:00:00+00:00", "2026-01-01T01:00:00+00:00")
+    failing["duration_seconds"] = 3600.0
+    late = _artifact(9, 1, "passed", "2026-01-01T00:06:00+00:00", None)
+    combined = combine([("a.json", failing), ("b.json", late)])
+    text = format_combined(combined)
+    assert "started +6m00s, ran 1.0s" in text
+    assert "ran 1h00m00s," in text
+    assert "(+1h00m00s): stale_progress" in text
+    assert "1h00m00s across" in text
+
+
 def test_artifacts_of_different_jobs_are_refused(tmp_path: Path) -> None:
     """summary of several artifacts: of two jobs, or one that ran outside SLURM, is exit 2."""
     a = _artifact(1, 0, "passed", "2026-01-01T00:00:00+00:00", None)

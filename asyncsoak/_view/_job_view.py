@@ -12,6 +12,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._sampling._fields import format_duration
 from .._timestamps import parse_iso_or_none
 
 #: Width of the text timeline's bars, in characters.
@@ -150,8 +151,8 @@ def soak_label(soak: Mapping[str, Any]) -> str:
     return label
 
 
-def _seconds(value: float | None) -> str:
-    return "?" if value is None else f"+{value:.1f}s"
+def _offset(value: float | None) -> str:
+    return "?" if value is None else f"+{format_duration(value)}"
 
 
 def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH) -> str:
@@ -168,7 +169,7 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
         label = soak_label(first)
         lines.append(
             f"  first failure: {label} on {first['node']} at {first.get('at')} "
-            f"({_seconds(first['offset_seconds'])}): {first['reason']}: {first['message']}"
+            f"({_offset(first['offset_seconds'])}): {first['reason']}: {first['message']}"
         )
     labels = [soak_label(x) for x in soaks]
     pad = max(len(label) for label in labels)
@@ -176,13 +177,16 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
         why = ", ".join(soak["reasons"]) or f"stop: {soak['stop_cause']}"
         lines.append(
             f"  {label.ljust(pad)}  {soak['node']!s:<12} {str(soak['status']).upper():<9} "
-            f"started {_seconds(soak['start_offset_seconds'])}, "
-            f"ran {float(soak['duration_seconds'] or 0):.1f}s, exit {soak['returncode']}; {why}"
+            f"started {_offset(soak['start_offset_seconds'])}, "
+            f"ran {format_duration(float(soak['duration_seconds'] or 0))}, "
+            f"exit {soak['returncode']}; {why}"
         )
     ends = [x["end_offset_seconds"] for x in soaks if x["end_offset_seconds"] is not None]
     span = max(ends, default=0.0)
     if span > 0:
-        lines.append(f"timeline (wall clock, from {combined['started_at']}, {span:.1f}s across):")
+        lines.append(
+            f"timeline (wall clock, from {combined['started_at']}, {format_duration(span)} across):"
+        )
         for label, soak in zip(labels, soaks, strict=True):
             lines.append(f"  {label.ljust(pad)}  |{_bar(soak, span, width)}|")
     for soak in soaks:
@@ -260,8 +264,8 @@ def render_job_report(
                 soak["node"],
                 soak["status"],
                 ", ".join(soak["reasons"]) or soak["stop_cause"],
-                _seconds(soak["start_offset_seconds"]),
-                f"{float(soak['duration_seconds'] or 0):.1f}s",
+                _offset(soak["start_offset_seconds"]),
+                format_duration(float(soak["duration_seconds"] or 0)),
                 soak["path"],
             )
         )
