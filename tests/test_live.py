@@ -373,3 +373,19 @@ async def test_a_view_that_fails_says_why(tmp_path: Path) -> None:
     with anyio.fail_after(30):
         await watch_journal(journal, stream=stream, monitor_pid=os.getpid(), refresh=0.05)
     assert stream.getvalue().startswith("asyncsoak: the live view stopped: IsADirectoryError")
+
+
+@pytest.mark.parametrize(
+    ("rise_per_minute", "expected"),
+    [(0.0, "steady"), (10 * 2**20, "+10.0 MiB/min"), (-10 * 2**20, "-10.0 MiB/min")],
+)
+def test_memory_trend_follows_the_floor_of_the_tree_rss(
+    rise_per_minute: float, expected: str
+) -> None:
+    """A cache filling and emptying every 10 s reads steady; the floor under it moving
+    10 MiB a minute reads as that rate."""
+    state = LiveState()
+    for i in range(300):
+        rss = 2**30 + (i % 10) * 10 * 2**20 + rise_per_minute / 60 * i
+        state.add({"t": float(i), "kind": "sample", "points": {"tree": {"rss_bytes": rss}}})
+    assert state.memory_trend() == expected

@@ -27,6 +27,7 @@ from typing import Any, BinaryIO, Protocol, TextIO
 
 import anyio
 
+from .._analysis._trends import MAX_WINDOWS, SAMPLES_PER_WINDOW, theil_sen, windowed_minima
 from .._blocking import run_blocking
 from .._record._journal import JournalDecoder
 from .._record._vocabulary import EventKind
@@ -300,19 +301,16 @@ class LiveState:
             self.rss.append((t, float(rss)))
 
     def memory_trend(self) -> str | None:
-        """The tree's RSS per minute over the recent samples: the lowest of the first third
-        against the lowest of the last third, so a cache filling and emptying reads flat."""
+        """The tree's RSS per minute over the recent samples: the trends' estimator (the
+        Theil-Sen slope of windowed minima), so a cache filling and emptying reads flat."""
         if len(self.rss) < TREND_MIN_POINTS:
             return None
-        samples = list(self.rss)
-        third = len(samples) // 3
-        early, late = samples[:third], samples[-third:]
-        t0 = sum(t for t, _ in early) / len(early)
-        t1 = sum(t for t, _ in late) / len(late)
-        if t1 - t0 <= 0:
+        t = [t for t, _ in self.rss]
+        windows = min(MAX_WINDOWS, len(t) // SAMPLES_PER_WINDOW)
+        wt, wv = windowed_minima(t, [v for _, v in self.rss], windows=windows)
+        if len(wt) < 2 or wt[-1] <= wt[0]:
             return None
-        change = min(v for _, v in late) - min(v for _, v in early)
-        per_minute = change / (t1 - t0) * 60.0
+        per_minute = theil_sen(wt, wv)[0] * 60.0
         if abs(per_minute) < 2**20:
             return "steady"
         sign = "+" if per_minute > 0 else "-"
