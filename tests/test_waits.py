@@ -302,6 +302,14 @@ if os.fork() == 0:
             async def cancel_when_lingering() -> None:
                 nonlocal cancelled_at
                 await ready.line()
+                # The child is reparented when the command exits; the monitor learns of the
+                # exit a moment later, through the reaper.  Cancel once it has (the exit is in
+                # the journal), so the cancel lands in the post-exit grace, not before it.
+                journal_path = kwargs["output_path"].with_suffix(".jsonl")
+                for _ in range(500):  # 10 s at most
+                    if any(e["kind"] == "exited" for e in read_journal(journal_path)):
+                        break
+                    await anyio.sleep(0.02)
                 cancelled_at = time.monotonic()
                 tg.cancel_scope.cancel()
 
