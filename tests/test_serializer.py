@@ -11,7 +11,7 @@ import pytest
 
 from asyncsoak._record import _serializer
 from asyncsoak._record._artifact import ArtifactBuilder
-from asyncsoak._record._events import Event, Warning
+from asyncsoak._record._events import Event, WarningEvent
 from asyncsoak._record._serializer import Serializer
 
 pytestmark = pytest.mark.asyncio
@@ -31,7 +31,7 @@ async def serialize(fd: int, events: list[Event]) -> Serializer:
 
 
 def warnings(n: int, size: int = 10) -> list[Event]:
-    return [Warning(t=float(i), message=f"{i:05d}" + "x" * size) for i in range(n)]
+    return [WarningEvent(t=float(i), message=f"{i:05d}" + "x" * size) for i in range(n)]
 
 
 async def test_every_event_reaches_the_journal_in_order(tmp_path: Path) -> None:

@@ -25,9 +25,9 @@ import anyio
 from anyio.abc import Process
 
 #: Seconds a process gets to exit after SIGTERM before SIGKILL.
-TERMINATE_GRACE = 1.0
+TERMINATE_GRACE_SECONDS = 1.0
 #: Seconds to wait for a process to be reaped after SIGKILL before abandoning it.
-KILL_WAIT = 1.0
+KILL_WAIT_SECONDS = 1.0
 #: Output kept from one command; the rest is read and discarded.
 MAX_OUTPUT = 4 * 1024 * 1024
 
@@ -86,8 +86,8 @@ def _timeout_error(timeout: float, abandoned: bool) -> str:
 async def stop_process(
     process: Process,
     *,
-    terminate_grace: float = TERMINATE_GRACE,
-    kill_wait: float = KILL_WAIT,
+    terminate_grace: float = TERMINATE_GRACE_SECONDS,
+    kill_wait: float = KILL_WAIT_SECONDS,
 ) -> bool:
     """SIGTERM, bounded wait, SIGKILL, bounded wait; False when the process had to be abandoned.
 
@@ -133,7 +133,7 @@ async def open_command(argv: Sequence[str]) -> Process:
 
 
 async def run_command(
-    argv: Sequence[str], *, time_limit: float, kill_wait: float = KILL_WAIT
+    argv: Sequence[str], *, time_limit: float, kill_wait: float = KILL_WAIT_SECONDS
 ) -> CommandResult:
     """Run a command to its end or its deadline; stdout and stderr together in ``output``."""
     argv = list(argv)
@@ -187,7 +187,7 @@ def run_command_sync(
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     consume: Callable[[bytes], None] | None = None,
-    kill_wait: float = KILL_WAIT,
+    kill_wait: float = KILL_WAIT_SECONDS,
 ) -> CommandResult:
     """Run a command to its end or its deadline, reading its pipes without blocking.
 

@@ -23,7 +23,7 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from .._record._events import Exited, SpawnFailed, Started, TreeGone, Warning
+from .._record._events import Exited, SpawnFailed, Started, TreeGone, WarningEvent
 from .._record._sink import EventSink
 from . import _tree
 from ._cgroup import TreeCgroup
@@ -160,7 +160,7 @@ class Spawner:
                 self.exited.set()
             elif report["event"] == "log_error":
                 await sink.emit(
-                    Warning(
+                    WarningEvent(
                         t=sink.elapsed(),
                         message=f"the output log could not be written: {report['message']}",
                     )

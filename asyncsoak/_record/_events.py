@@ -135,10 +135,16 @@ class Failure(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Warning(Event):
+class WarningEvent(Event):
+    """Something worth knowing that is no failure (a skipped directory, a late start)."""
+
     KIND: ClassVar[str] = EventKind.WARNING
 
     message: str
+
+
+#: The former name, which shadowed the builtin; only the soak module still imports it.
+Warning = WarningEvent
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 import anyio
 
 from .._blocking import BlockingCallTimeout, Ride, Rides, ride_or_run, run_blocking
-from .._record._events import Progress, Warning
+from .._record._events import Progress, WarningEvent
 from .._record._sink import EventSink
 from ._inotify import Inotify
 
@@ -412,7 +412,7 @@ async def _watch(
             changed = tracker.observe(result.files, now)
             if result.errors > tracker.skipped_dirs:
                 tracker.skipped_dirs = result.errors
-                await sink.emit(Warning(t=now, message=skipped_message(progress_dir, result)))
+                await sink.emit(WarningEvent(t=now, message=skipped_message(progress_dir, result)))
         if changed:
             await _report(sink, changed, now, previous, tracker.grown_bytes)
         elif (broken := tracker.verdict(now)) is not None:
