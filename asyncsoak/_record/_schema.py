@@ -97,6 +97,7 @@ class Monitor(TypedDict):
     monotonic_start: NotRequired[float | None]
     samples: NotRequired[dict[str, int]]
     sampler_notes: NotRequired[list[dict[str, Any]]]
+    dropped_samples: NotRequired[int]
     recovered_from_journal: NotRequired[str]
     events: NotRequired[int]
     unreadable_journal_lines: NotRequired[int]

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._process._exits import decode, signal_name
 from .._record._schema import typed
-from .._record._vocabulary import FailureReason, SoakStatus
+from .._record._vocabulary import EventKind, FailureReason, SoakStatus
 from .._sampling._fields import describe, format_clock, format_duration, format_value, group_kind
 from ._evidence import (
     config_value,
@@ -148,87 +148,89 @@ def exit_text(artifact: Mapping[str, Any]) -> str:
 def look_first(artifact: Mapping[str, Any]) -> list[str]:
     """Plain sentences: what happened and where to look, most important first."""
     hints: list[str] = []
-    failures = artifact.get("failures") or []
+    a = typed(artifact)
+    failures = a["failures"]
     primary = failures[0]["reason"] if failures else None
-    progress = artifact.get("progress") or {}
-    if primary == "stale_progress":
+    progress = a["progress"]
+    if primary == FailureReason.STALE_PROGRESS:
         hints.extend(_stall_hints(artifact))
         hints.extend(_forensics_hints(artifact))
-    elif primary == "startup_timeout":
+    elif primary == FailureReason.STARTUP_TIMEOUT:
         limit = config_value(artifact, "startup_timeout_seconds") or 0.0
         hints.append(
-            f"No file in the progress dir {progress.get('dir')} changed within "
+            f"No file in the progress dir {progress['dir']} changed within "
             f"{format_duration(limit)} of the start. Check that the trainer writes its metrics "
             "or checkpoints there (or use --output-is-progress if it only prints)."
         )
         hints.extend(_stall_cpu_hints(artifact))
         hints.extend(_forensics_hints(artifact))
-    elif primary in ("nonzero_exit", "spawn_failed", "monitor_error"):
+    elif primary in (
+        FailureReason.NONZERO_EXIT,
+        FailureReason.SPAWN_FAILED,
+        FailureReason.MONITOR_ERROR,
+    ):
         if gather(artifact).traceback is None:
             hints.append("The last lines of the log, below, usually say why.")
-    elif primary == "signaled":
+    elif primary == FailureReason.SIGNALED:
         hints.append(f"The command was {exit_text(artifact)}.")
-        if not artifact.get("oom_kills"):
+        if not a.get("oom_kills"):
             hints.extend(_memory_hints(artifact))
-    elif primary == "too_short":
+    elif primary == FailureReason.TOO_SHORT:
         hints.append(
-            f"It ran {format_duration(float(artifact.get('duration_seconds') or 0))}, less than "
+            f"It ran {format_duration(float(a['duration_seconds']))}, less than "
             f"min_duration_seconds={config_value(artifact, 'min_duration_seconds') or 0:g}: "
             "a crash early on, or a run configured to finish too soon."
         )
-    elif primary == "monitor_lost":
+    elif primary == FailureReason.MONITOR_LOST:
         hints.append(
             "This artifact was rebuilt from the journal: the figures stop where the monitor "
             "died. Its reaper stops the command's tree when the monitor goes; look at the "
             "machine's logs (dmesg, the scheduler) for why the monitor was killed."
         )
-    for kill in artifact.get("oom_kills") or []:
+    for kill in a.get("oom_kills") or []:
         hints.append(
             f"The kernel's OOM killer killed pid {kill.get('pid')} ({kill.get('name')}): "
             f"{kill.get('message')}"
         )
-    leftovers = artifact.get("leftover_processes") or []
+    leftovers = a["leftover_processes"]
     if leftovers:
         names = ", ".join(_process_name(p) for p in leftovers[:4])
         more = f" and {len(leftovers) - 4} more" if len(leftovers) > 4 else ""
         hints.append(
             f"{len(leftovers)} process(es) outlived the command and were killed: {names}{more}."
         )
-    if artifact.get("abandoned_processes"):
+    abandoned = a.get("abandoned_processes") or []
+    if abandoned:
         hints.append(
-            f"{len(artifact['abandoned_processes'])} process(es) would not die even after "
+            f"{len(abandoned)} process(es) would not die even after "
             "SIGKILL (often stuck in uninterruptible sleep, D): they may still be running."
         )
     throttled = _throttle_seen(artifact)
     if throttled:
         hints.append("GPU clocks were held back: " + "; ".join(throttled) + ".")
-    monitor = artifact.get("monitor") or {}
+    monitor = a["monitor"]
     if monitor.get("dropped_samples"):
         hints.append(
             f"{monitor['dropped_samples']} samples were dropped (the monitor fell behind): "
             "the plots have gaps."
         )
-    for note in monitor.get("sampler_notes") or []:
-        if note.get("kind") == "sampler_degraded":
+    for note in monitor.get("sampler_notes", []):
+        if note["kind"] == EventKind.SAMPLER_DEGRADED:
             hints.append(f"The {note.get('sampler')} sampler degraded: {note.get('message')}.")
-    if artifact.get("status") == "passed":
-        gap = progress.get("longest_gap_seconds") or 0.0
+    if a["status"] == SoakStatus.PASSED:
+        gap = progress["longest_gap_seconds"]
         stale = config_value(artifact, "stale_progress_seconds")
         against = f" (limit {format_duration(stale)})" if stale else ""
         hints.insert(
             0,
-            f"{progress.get('changes', 0)} progress changes; the longest quiet gap was "
+            f"{progress['changes']} progress changes; the longest quiet gap was "
             f"{format_duration(gap)}{against}.",
         )
     leaks = leaking_series(artifact)
     # The leak's own warnings (when it became confident, its projection) are said better by
     # its hint: the final figures.
     labels = tuple(str(leak["label"]) for leak in leaks if leak.get("label"))
-    hints.extend(
-        f"Warning: {w}"
-        for w in artifact.get("warnings") or []
-        if not w.startswith(labels or ("\0",))
-    )
+    hints.extend(f"Warning: {w}" for w in a["warnings"] if not w.startswith(labels or ("\0",)))
     # A leak is what a soak exists to catch: it leads, whatever else happened.
     return [f"Memory leak: {trend_text(leak)}." for leak in _worth_saying(leaks)] + hints
 
