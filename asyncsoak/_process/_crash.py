@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 _TRACEBACK = re.compile(r"^(?P<prefix>.*?)Traceback \(most recent call last\):\s*$")
@@ -40,16 +41,24 @@ class CrashCause:
     kind: str
 
 
-def find_exception(text: str) -> CrashCause | None:
-    """The last crash cause in ``text`` (the tail of a log), or None."""
-    lines = text.splitlines()
-    found: tuple[int, CrashCause] | None = None  # (index of its exception line, cause)
+def last_traceback(lines: Sequence[str]) -> tuple[int, int, CrashCause] | None:
+    """The last whole Python traceback in ``lines``: (its ``Traceback`` line, one past its
+    exception line, the cause), or None."""
+    found: tuple[int, int, CrashCause] | None = None
     for index, line in enumerate(lines):
         match = _TRACEBACK.match(line)
         if match is not None:
             parsed = _traceback(lines, index + 1, match["prefix"])
             if parsed is not None:
-                found = parsed
+                found = (index, parsed[0] + 1, parsed[1])
+    return found
+
+
+def find_exception(text: str) -> CrashCause | None:
+    """The last crash cause in ``text`` (the tail of a log), or None."""
+    lines = text.splitlines()
+    traceback = last_traceback(lines)
+    found = None if traceback is None else (traceback[1] - 1, traceback[2])
     for index in range(len(lines) - 1, found[0] if found else -1, -1):
         # Lines after the last traceback: a raw NCCL or CUDA error, or a shell's "Killed".
         line = lines[index].strip()
@@ -62,7 +71,7 @@ def find_exception(text: str) -> CrashCause | None:
     return None if found is None else found[1]
 
 
-def _traceback(lines: list[str], start: int, prefix: str) -> tuple[int, CrashCause] | None:
+def _traceback(lines: Sequence[str], start: int, prefix: str) -> tuple[int, CrashCause] | None:
     where: str | None = None
     for index in range(start, len(lines)):
         raw = lines[index]

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
+from .._process._crash import last_traceback
 from .._sampling._fields import format_bytes, format_duration, format_value
 from .._timestamps import parse_iso
 
@@ -163,7 +164,8 @@ def log_end(tail: str, lines: int = LOG_LINES) -> tuple[list[str], tuple[int, in
     longer than ``lines``): it is what a person looks for.
     """
     every = tail.rstrip("\n").splitlines()
-    span = _last_traceback(every)
+    found = last_traceback(every)
+    span = None if found is None else found[:2]
     start = max(0, len(every) - lines)
     if span is not None and span[0] < start:
         start = max(span[0], span[1] - lines)
@@ -171,20 +173,6 @@ def log_end(tail: str, lines: int = LOG_LINES) -> tuple[list[str], tuple[int, in
     if span is None:
         return shown, None
     return shown, (max(0, span[0] - start), span[1] - start)
-
-
-def _last_traceback(lines: Sequence[str]) -> tuple[int, int] | None:
-    """(first line, one past the exception line) of the last traceback in ``lines``."""
-    begin = next(
-        (i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(_TRACEBACK)), None
-    )
-    if begin is None:
-        return None
-    end = begin + 1
-    # The frames are indented; the exception line is the first one that is not.
-    while end < len(lines) and (lines[end].startswith((" ", "\t")) or not lines[end].strip()):
-        end += 1
-    return begin, min(end + 1, len(lines))
 
 
 def _traceback_exception(
