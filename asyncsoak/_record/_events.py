@@ -143,10 +143,6 @@ class WarningEvent(Event):
     message: str
 
 
-#: The former name, which shadowed the builtin; only the soak module still imports it.
-Warning = WarningEvent
-
-
 @dataclass(frozen=True, slots=True)
 class StopRequested(Event):
     """The monitor decided to end the run: ``cause`` is why."""

@@ -52,7 +52,7 @@ from .._record._events import (
     OomKill,
     Snapshot,
     TrendFound,
-    Warning,
+    WarningEvent,
 )
 from .._record._journal import remove_closed_segments
 from .._record._serializer import Serializer
@@ -376,7 +376,7 @@ class _Soak:
                 async with sink:
                     await sink.emit(self._header(clock, started_at))
                     if baseline_error is not None:
-                        await sink.emit(Warning(t=sink.elapsed(), message=baseline_error))
+                        await sink.emit(WarningEvent(t=sink.elapsed(), message=baseline_error))
                     # The snapshot runs beside the soak: a hung nvidia-smi or a slow git must
                     # not delay the trainer's start.
                     snapshot_scope = anyio.CancelScope()
@@ -547,11 +547,11 @@ class _Soak:
         cfg = self.cfg
         if self.cause is not None:
             # Cancelled or asked to stop before the command started: nothing to start.
-            await sink.emit(Warning(t=sink.elapsed(), message=f"{self.cause} before start"))
+            await sink.emit(WarningEvent(t=sink.elapsed(), message=f"{self.cause} before start"))
             return
         if baseline.errors:
             message = skipped_message(cfg.progress_dir, baseline)
-            await sink.emit(Warning(t=sink.elapsed(), message=message))
+            await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
         child_env = dict(self._child_env)
         child_env[SOAK_ID_VARIABLE] = self._marker
         cgroup = None
@@ -810,7 +810,7 @@ class _Soak:
                 )
         if rc == 0 and not self._progress_seen:
             await sink.emit(
-                Warning(
+                WarningEvent(
                     t=sink.elapsed(),
                     message="the command exited cleanly without any progress in progress_dir",
                 )
@@ -922,7 +922,7 @@ class _Soak:
                 )
             if verdict != "leak":
                 if first_time:
-                    await sink.emit(Warning(t=sink.elapsed(), message=message))
+                    await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
             elif cfg.leak_check == "fail":
                 if first_time:
                     message += " (leak_check=fail)"
@@ -933,7 +933,7 @@ class _Soak:
             elif final:
                 # The warning is the whole run's verdict: a rise seen during the run (the
                 # ``trend`` event marks when) that turned out to be a long cycle is no leak.
-                await sink.emit(Warning(t=sink.elapsed(), message=message))
+                await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
 
 
 def gpu_call_timeout(interval: float) -> float:
