@@ -244,6 +244,22 @@ def artifact_summary(artifact: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """A job as checked at submit time, ready for a backend to insert."""
+
+    name: str | None
+    argv: list[str] | None
+    config: dict[str, Any] | None
+    cwd: str | None
+    env: dict[str, str]
+    progress_dir: str | None
+    soak: dict[str, Any]
+    stop_mode: str
+    priority: int
+    max_attempts: int
+
+
 def validate_submission(
     *,
     argv: Sequence[str] | None = None,

@@ -18,22 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from .._supervisor._config import StopMode
 from ._models import (
     ATTEMPT_COLUMNS,
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
     BUSY_TIMEOUT_S,
-    DEFAULT_MAX_ATTEMPTS,
     JOB_COLUMNS,
     JOB_STATUSES,
     QUEUED,
@@ -47,12 +44,12 @@ from ._models import (
     JobStateError,
     QueueDatabaseError,
     QueueUnavailableError,
+    Submission,
     WorkerInfo,
     WorkerNameInUseError,
     attempt_from_row,
     attempt_outcome,
     job_from_row,
-    validate_submission,
 )
 from ._status import Outcome
 from ._store import JobStore, default_data_dir
@@ -371,32 +368,7 @@ class PostgresStore(JobStore):
 
     # --- the command line's side ---------------------------------------------------------
 
-    def submit(
-        self,
-        *,
-        argv: Sequence[str] | None = None,
-        config: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        cwd: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        progress_dir: str | os.PathLike[str] | None = None,
-        soak: Mapping[str, Any] | None = None,
-        stop_mode: StopMode = "stdin",
-        priority: int = 0,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    ) -> int:
-        env = dict(env or {})
-        soak = validate_submission(
-            argv=argv,
-            config=config,
-            cwd=cwd,
-            env=env,
-            progress_dir=progress_dir,
-            soak=soak,
-            stop_mode=stop_mode,
-            priority=priority,
-            max_attempts=max_attempts,
-        )
+    def _insert(self, job: Submission) -> int:
         jsonb = _jsonb_type()
         with self._session(transaction=True) as conn:
             job_id: int = conn.execute(
@@ -404,16 +376,16 @@ class PostgresStore(JobStore):
                 "stop_mode, priority, max_attempts, created_at) "
                 f"VALUES (%s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s, %s, {_NOW}) RETURNING id",
                 (
-                    name,
-                    None if argv is None else jsonb(list(argv)),
-                    None if config is None else jsonb(dict(config)),
-                    None if cwd is None else os.fspath(cwd),
-                    jsonb(env),
-                    None if progress_dir is None else os.fspath(progress_dir),
-                    jsonb(soak),
-                    stop_mode,
-                    priority,
-                    max_attempts,
+                    job.name,
+                    None if job.argv is None else jsonb(job.argv),
+                    None if job.config is None else jsonb(job.config),
+                    job.cwd,
+                    jsonb(job.env),
+                    job.progress_dir,
+                    jsonb(job.soak),
+                    job.stop_mode,
+                    job.priority,
+                    job.max_attempts,
                 ),
             ).fetchone()[0]
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"submit {job_id}"))

@@ -26,11 +26,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .._supervisor._config import StopMode
 from ._models import (
     ATTEMPT_COLUMNS,
     BUSY_TIMEOUT_S,
-    DEFAULT_MAX_ATTEMPTS,
     JOB_COLUMNS,
     JOB_STATUSES,
     QUEUED,
@@ -44,12 +42,12 @@ from ._models import (
     JobStateError,
     QueueDatabaseError,
     QueueUnavailableError,
+    Submission,
     WorkerInfo,
     WorkerNameInUseError,
     attempt_from_row,
     attempt_outcome,
     job_from_row,
-    validate_submission,
 )
 from ._status import INTERRUPTED, Outcome
 from ._store import JobStore
@@ -393,48 +391,23 @@ class SqliteStore(JobStore):
 
     # --- the command line's side ---------------------------------------------------------
 
-    def submit(
-        self,
-        *,
-        argv: Sequence[str] | None = None,
-        config: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        cwd: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        progress_dir: str | os.PathLike[str] | None = None,
-        soak: Mapping[str, Any] | None = None,
-        stop_mode: StopMode = "stdin",
-        priority: int = 0,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    ) -> int:
-        env = dict(env or {})
-        soak = validate_submission(
-            argv=argv,
-            config=config,
-            cwd=cwd,
-            env=env,
-            progress_dir=progress_dir,
-            soak=soak,
-            stop_mode=stop_mode,
-            priority=priority,
-            max_attempts=max_attempts,
-        )
+    def _insert(self, job: Submission) -> int:
         with self._write() as conn:
             cursor = conn.execute(
                 "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
                 "stop_mode, priority, max_attempts, created_at) "
                 "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    name,
-                    None if argv is None else json.dumps(list(argv)),
-                    None if config is None else json.dumps(config),
-                    None if cwd is None else os.fspath(cwd),
-                    json.dumps(env),
-                    None if progress_dir is None else os.fspath(progress_dir),
-                    json.dumps(soak),
-                    stop_mode,
-                    priority,
-                    max_attempts,
+                    job.name,
+                    None if job.argv is None else json.dumps(job.argv),
+                    None if job.config is None else json.dumps(job.config),
+                    job.cwd,
+                    json.dumps(job.env),
+                    job.progress_dir,
+                    json.dumps(job.soak),
+                    job.stop_mode,
+                    job.priority,
+                    job.max_attempts,
                     self.clock(),
                 ),
             )

@@ -24,7 +24,15 @@ import anyio
 import anyio.abc
 
 from .._supervisor._config import StopMode
-from ._models import BUSY_TIMEOUT_S, DEFAULT_MAX_ATTEMPTS, Attempt, Job, WorkerInfo
+from ._models import (
+    BUSY_TIMEOUT_S,
+    DEFAULT_MAX_ATTEMPTS,
+    Attempt,
+    Job,
+    Submission,
+    WorkerInfo,
+    validate_submission,
+)
 from ._status import Outcome
 
 
@@ -113,7 +121,6 @@ class JobStore(abc.ABC):
 
     # --- the command line's side ---------------------------------------------------------
 
-    @abc.abstractmethod
     def submit(
         self,
         *,
@@ -132,6 +139,36 @@ class JobStore(abc.ABC):
 
         ``argv`` may contain ``{job_id}``, ``{db}`` and ``{run_dir}``, replaced when it runs.
         """
+        env = dict(env or {})
+        limits = validate_submission(
+            argv=argv,
+            config=config,
+            cwd=cwd,
+            env=env,
+            progress_dir=progress_dir,
+            soak=soak,
+            stop_mode=stop_mode,
+            priority=priority,
+            max_attempts=max_attempts,
+        )
+        return self._insert(
+            Submission(
+                name=name,
+                argv=None if argv is None else list(argv),
+                config=None if config is None else dict(config),
+                cwd=None if cwd is None else os.fspath(cwd),
+                env=env,
+                progress_dir=None if progress_dir is None else os.fspath(progress_dir),
+                soak=limits,
+                stop_mode=stop_mode,
+                priority=priority,
+                max_attempts=max_attempts,
+            )
+        )
+
+    @abc.abstractmethod
+    def _insert(self, job: Submission) -> int:
+        """Insert a checked job as ``queued`` (and wake idle workers); returns its id."""
 
     @abc.abstractmethod
     def get(self, job_id: int) -> Job:
