@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .._process._exits import describe
+from .._record._artifact import read_log_tail
 from ..trainer import EXIT_INTERRUPTED
 
 #: Period of polling and of heartbeats, in seconds.
@@ -55,17 +56,7 @@ OUTCOME_LOST = "outcome_lost"
 
 def tail(path: Path, n: int = ERROR_TAIL_LINES) -> str:
     """The last ``n`` lines of a text file (read from its last ``TAIL_BYTES``); "" when absent."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - TAIL_BYTES))
-            data = f.read(TAIL_BYTES)
-    except OSError:
-        return ""
-    lines = data.decode("utf-8", errors="replace").splitlines()
-    if size > TAIL_BYTES and lines:
-        # The first line read is probably cut.
-        lines = lines[1:]
+    lines = read_log_tail(path, TAIL_BYTES).splitlines()
     return "\n".join(lines[-n:]) if n > 0 else ""
 
 

@@ -21,6 +21,7 @@ from ..._sampling._fields import (
     gpu_index,
     group_label,
 )
+from ..._timestamps import parse_iso
 from .._evidence import (
     config_value,
     event_times,
@@ -364,7 +365,7 @@ class Timeline:
         started = self.artifact.get("started_at")
         if not started:
             return ""
-        moment = datetime.fromisoformat(str(started).replace("Z", "+00:00")) + timedelta(seconds=t)
+        moment = parse_iso(str(started)) + timedelta(seconds=t)
         return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
 
     # -- figure -------------------------------------------------------------------------
