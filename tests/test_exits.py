@@ -30,14 +30,32 @@ def test_decode(rc: int | None, sig: int | None, shell: int | None, oom: bool) -
     assert (status.signal, status.shell_signal, status.maybe_oom) == (sig, shell, oom)
 
 
-def test_the_words_name_the_signal_and_its_usual_cause() -> None:
-    """The description names the signal, says SIGKILL is often the OOM killer, and reads a
-    shell's 128+N as probably signal N."""
-    assert describe(-9) == "killed by signal 9 (SIGKILL; often the out-of-memory killer)"
-    assert describe(-15) == "killed by signal 15 (SIGTERM)"
-    assert describe(137) == "exit status 137 (probably signal 9, SIGKILL, via a shell)"
-    assert describe(1) == "exit status 1"
-    assert describe(None) == "exit status unknown (outcome lost)"
+OOM = "; often the kernel's out-of-memory killer"
+
+
+@pytest.mark.parametrize(
+    ("rc", "sent", "words"),
+    [
+        (-9, None, f"killed by SIGKILL (signal 9{OOM})"),
+        (-9, [], f"killed by SIGKILL (signal 9, not sent by the monitor{OOM})"),
+        (-9, ["SIGTERM", "SIGKILL"], "killed by SIGKILL (signal 9, sent by the monitor)"),
+        (-15, None, "killed by SIGTERM (signal 15)"),
+        (-15, ["SIGTERM"], "killed by SIGTERM (signal 15, sent by the monitor)"),
+        (137, None, f"exit status 137 (128+9: probably SIGKILL through a shell{OOM})"),
+        (137, ["SIGKILL"], "exit status 137 (128+9: probably SIGKILL through a shell)"),
+        (143, [], "exit status 143 (128+15: probably SIGTERM through a shell)"),
+        (1, None, "exit status 1"),
+        (0, [], "exit status 0"),
+        (None, None, "exit status unknown (no exit was recorded)"),
+    ],
+)
+def test_the_words_name_the_signal_who_sent_it_and_its_usual_cause(
+    rc: int | None, sent: list[str] | None, words: str
+) -> None:
+    """One wording: the signal's name and number, whether the monitor sent it when that is
+    known, SIGKILL the monitor did not send is often the OOM killer, a shell's 128+N is
+    probably signal N."""
+    assert describe(rc, sent=sent) == words
 
 
 def test_an_unnamed_signal_is_given_by_number() -> None:

@@ -63,7 +63,7 @@ def test_summary_json_has_the_same_facts(runs: Runs) -> None:
     rss = peaks[("tree", "rss_bytes")]["text"]
     assert rss.count("MiB") == 2 or rss.count("GiB") == 2, rss
     assert summary["log"]["last_lines"][-1] == "waiting for the other ranks (all_reduce)..."
-    assert summary["exit"]["text"] == "killed by SIGTERM (sent by the monitor)"
+    assert summary["exit"]["text"] == "killed by SIGTERM (signal 15, sent by the monitor)"
 
 
 def test_passing_summary(runs: Runs) -> None:
@@ -96,15 +96,22 @@ def _artifact(returncode: int | None, signal: str | None, sent: list[str]) -> di
     [
         (0, None, [], "exit status 0"),
         (3, None, [], "exit status 3"),
-        (-15, "SIGTERM", ["SIGTERM"], "killed by SIGTERM (sent by the monitor)"),
+        (-15, "SIGTERM", ["SIGTERM"], "killed by SIGTERM (signal 15, sent by the monitor)"),
         (
             -9,
             "SIGKILL",
             [],
-            "killed by SIGKILL (not sent by the monitor); often the kernel's OOM killer",
+            "killed by SIGKILL (signal 9, not sent by the monitor; "
+            "often the kernel's out-of-memory killer)",
         ),
-        (137, None, [], "exit status 137 (128+9: probably SIGKILL through a shell)"),
-        (None, None, [], "unknown (no exit was recorded)"),
+        (
+            137,
+            None,
+            [],
+            "exit status 137 (128+9: probably SIGKILL through a shell; "
+            "often the kernel's out-of-memory killer)",
+        ),
+        (None, None, [], "exit status unknown (no exit was recorded)"),
     ],
 )
 def test_exit_statuses_are_decoded(

@@ -8,6 +8,7 @@ which on a training node is often the kernel's OOM killer.
 from __future__ import annotations
 
 import signal
+from collections.abc import Collection
 from dataclasses import dataclass
 
 #: A shell reports a child killed by signal N as exit status ``SHELL_SIGNAL_BASE + N``.
@@ -52,20 +53,25 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def describe(returncode: int | None) -> str:
-    """An exit status in words: signals named, SIGKILL's usual cause, shell-wrapped signals."""
+def describe(returncode: int | None, *, sent: Collection[str] | None = None) -> str:
+    """An exit status in words, the one wording every view and error uses.
+
+    ``sent`` is the names of the signals the monitor sent (``["SIGTERM"]``), when known: the
+    words then say whether the killing signal was the monitor's.  SIGKILL that the monitor did
+    not send (or may not have) is often the kernel's OOM killer, directly or through a shell.
+    """
     status = decode(returncode)
     if status.returncode is None:
-        return "exit status unknown (outcome lost)"
-    if status.signal is not None:
-        name = signal_name(status.signal)
-        if status.maybe_oom:
-            return f"killed by signal {status.signal} ({name}; often the out-of-memory killer)"
-        return f"killed by signal {status.signal} ({name})"
-    if status.shell_signal is not None:
-        name = signal_name(status.shell_signal)
+        return "exit status unknown (no exit was recorded)"
+    number = status.signal if status.signal is not None else status.shell_signal
+    if number is None:
+        return f"exit status {status.returncode}"
+    name = signal_name(number)
+    by_monitor = None if sent is None else name in sent
+    oom = "; often the kernel's out-of-memory killer" if status.maybe_oom and not by_monitor else ""
+    if status.signal is None:
         return (
-            f"exit status {status.returncode} "
-            f"(probably signal {status.shell_signal}, {name}, via a shell)"
+            f"exit status {status.returncode} (128+{number}: probably {name} through a shell{oom})"
         )
-    return f"exit status {status.returncode}"
+    who = {None: "", True: ", sent by the monitor", False: ", not sent by the monitor"}
+    return f"killed by {name} (signal {number}{who[by_monitor]}{oom})"

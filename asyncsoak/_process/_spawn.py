@@ -27,7 +27,7 @@ from .._record._events import Exited, SpawnFailed, Started, TreeGone, WarningEve
 from .._record._sink import EventSink
 from . import _tree
 from ._cgroup import TreeCgroup
-from ._exits import decode, signal_name
+from ._exits import decode
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 #: The reaper runs as ``python -m REAPER_MODULE``: the job queue recognises an orphaned
@@ -179,12 +179,12 @@ class Spawner:
             return "it never started"
         with anyio.move_on_after(wait_seconds):
             await reaper.wait()
-        rc = reaper.returncode
-        if rc is None:
+        status = decode(reaper.returncode)
+        if status.returncode is None:
             return "its reports stopped"
-        if rc < 0:
-            return f"it was killed by {signal_name(-rc)}"
-        return f"it exited with status {rc}"
+        if status.signal_name is not None:
+            return f"it was killed by {status.signal_name}"
+        return f"it exited with status {status.returncode}"
 
     def tree_pids(self) -> list[int]:
         """Every live process of the tree (the reaper itself excluded): the reaper's

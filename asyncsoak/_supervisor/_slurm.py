@@ -30,6 +30,7 @@ import anyio
 from .._blocking import BlockingCallTimeout, run_blocking
 from .._errors import ValidationError
 from .._process._commands import run_command_sync
+from .._process._exits import signal_name
 from .._process._spawn import Spawner
 from .._record._events import Requeued, SignalForwarded
 from .._record._sink import EventSink
@@ -197,10 +198,6 @@ def seconds_until_end_stop(
         return None
     current = time.time() if now is None else now
     return max(0.0, end - (grace + END_TIME_MARGIN_SECONDS) - current)
-
-
-def signal_name(signum: int) -> str:
-    return signal.Signals(signum).name
 
 
 # -- file names ----------------------------------------------------------------------------

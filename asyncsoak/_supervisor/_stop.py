@@ -19,6 +19,7 @@ import anyio
 
 from .._blocking import BlockingCallTimeout, run_blocking
 from .._process import _tree
+from .._process._exits import signal_name
 from .._process._forensics import collect_forensics
 from .._process._spawn import Spawner
 from .._record._events import Abandoned, Forensics, Leftover, SignalSent, StdinClosed, StopRequested
@@ -279,7 +280,7 @@ class TreeStop:
         """Before the first signal: ask for a stack dump, then record what the tree is doing."""
         cfg = self.cfg
         if cfg.dump_signal is not None and spawner.signal_leader(cfg.dump_signal):
-            name = signal.Signals(cfg.dump_signal).name
+            name = signal_name(cfg.dump_signal)
             await sink.emit(
                 SignalSent(t=sink.elapsed(), signal=name, target="leader", pids=[spawner.pid or 0])
             )

@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._process._exits import decode, signal_name
+from .._process._exits import describe as describe_exit
 from .._record._schema import typed
 from .._record._vocabulary import EventKind, FailureReason, SoakStatus
 from .._sampling._fields import describe, format_clock, format_duration, format_value, group_kind
@@ -119,30 +119,13 @@ def signals_sent(artifact: Mapping[str, Any]) -> list[str]:
 
 
 def exit_text(artifact: Mapping[str, Any]) -> str:
-    """How the command ended, decoded: ``killed by SIGTERM (sent by the monitor)``."""
+    """How the command ended, decoded: ``killed by SIGTERM (signal 15, sent by the monitor)``."""
     a = typed(artifact)
-    exit_ = a["exit"]
-    returncode = exit_["returncode"]
-    if returncode is None:
-        if any(f["reason"] == FailureReason.SPAWN_FAILED for f in a["failures"]):
-            return "never started"
-        return "unknown (no exit was recorded)"
-    status = decode(returncode)
-    if status.signal is not None:
-        name = exit_["signal"] or signal_name(status.signal)
-        by = "sent by the monitor" if name in signals_sent(artifact) else "not sent by the monitor"
-        text = f"killed by {name} ({by})"
-        if name == "SIGKILL" and by.startswith("not"):
-            text += "; often the kernel's OOM killer"
-        return text
-    if returncode == 0:
-        return "exit status 0"
-    if status.shell_signal is not None:
-        name = signal_name(status.shell_signal)
-        return (
-            f"exit status {returncode} (128+{status.shell_signal}: probably {name} through a shell)"
-        )
-    return f"exit status {returncode}"
+    if a["exit"]["returncode"] is None and any(
+        f["reason"] == FailureReason.SPAWN_FAILED for f in a["failures"]
+    ):
+        return "never started"
+    return describe_exit(a["exit"]["returncode"], sent=signals_sent(artifact))
 
 
 def look_first(artifact: Mapping[str, Any]) -> list[str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ValidationError
+from .._process._exits import signal_name
 from .._redact import Masker, argv_secrets, secret_values
 from .._supervisor._config import STOP_MODES, seconds
 from ..queue._models import (
@@ -701,7 +702,7 @@ async def _work(
         # requeued as interrupted, never left to be found orphaned later.
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async for signum in signals:
-                name = signal.Signals(signum).name
+                name = signal_name(signum)
                 if stop.is_set():
                     log.warning("%s again: killing the running job now", name)
                     kill.set()

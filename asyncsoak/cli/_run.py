@@ -17,10 +17,11 @@ from typing import Any
 import anyio
 
 from .._errors import SoakFailureError, ValidationError
-from .._process._exits import describe as describe_exit
+from .._process._exits import SHELL_SIGNAL_BASE, signal_name
 from .._supervisor._config import LEAK_CHECKS, STOP_MODES, SoakLimits, seconds
 from .._units import parse_size
 from .._view._live import live_status
+from .._view._summary import exit_text
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from ._slurm import (
     add_scheduler_options,
@@ -31,8 +32,6 @@ from ._slurm import (
 
 #: Signals that stop the soak: Ctrl-C, a service manager, and a closed terminal or ssh session.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-#: Exit status when the monitor itself is stopped by a signal: 128 + its number, as shells do.
-SIGNAL_EXIT_BASE = 128
 
 
 def parse_pairs(option: str, pairs: list[str]) -> dict[str, str]:
@@ -295,14 +294,14 @@ def supervise(
                     async for signum in signals:
                         received.append(signum)
                         if len(received) > 1:
-                            name = signal.Signals(signum).name
+                            name = signal_name(signum)
                             print(f"asyncsoak: {name} again: killing the tree now", file=sys.stderr)
                             control.kill_now()
                             return
                         if not stop_by_scheduler(signum, control):
                             soak_scope.cancel()
                         print(
-                            f"asyncsoak: {signal.Signals(signum).name}: stopping the command "
+                            f"asyncsoak: {signal_name(signum)}: stopping the command "
                             "(again to kill it now)",
                             file=sys.stderr,
                         )
@@ -347,9 +346,10 @@ def supervise(
             print(f"asyncsoak: artifact: {output}", file=sys.stderr)
         return EXIT_FAILED
     if received:
-        name = signal.Signals(received[0]).name
+        name = signal_name(received[0])
         print(f"asyncsoak: stopped by {name}; artifact: {output}", file=sys.stderr)
-        return SIGNAL_EXIT_BASE + received[0]
+        # 128 + its number, as shells report a process a signal stopped.
+        return SHELL_SIGNAL_BASE + received[0]
     assert artifact is not None
     print(verdict_line(artifact, output), file=sys.stderr)
     if report is not None:
@@ -414,7 +414,7 @@ def print_demo_summary(artifact: dict[str, Any]) -> None:
     print(f"\nverdict: {artifact['status']}")
     for failure in artifact["failures"]:
         print(f"  {failure['reason']}: {failure['message']}")
-    ended = describe_exit(artifact["exit"]["returncode"])
+    ended = exit_text(artifact)
     print(f"ran for: {artifact['duration_seconds']:.1f}s, {ended}")
     print(
         f"progress: {progress['changes']} file changes, "

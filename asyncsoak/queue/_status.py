@@ -6,6 +6,7 @@ that turn an attempt's end into words: the tail of ``train.log`` and the decoded
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,11 +99,24 @@ def with_soak_verdict(status: str, soak_failed: bool) -> str:
     return status
 
 
-def describe_exit(rc: int | None) -> str:
-    """An exit status in words: signals named, shell-wrapped signals guessed."""
+def describe_exit(rc: int | None, *, sent: Collection[str] | None = None) -> str:
+    """An exit status in words (:func:`asyncsoak._process._exits.describe`, which see for
+    ``sent``), and the trainer's own ``EXIT_INTERRUPTED`` said as such."""
     if rc == EXIT_INTERRUPTED:
         return f"exit status {rc} (EXIT_INTERRUPTED: saved and stopped)"
-    return describe(rc)
+    return describe(rc, sent=sent)
+
+
+def signals_sent(
+    artifact: Mapping[str, Any], *, killed_by_worker: bool = False
+) -> list[str] | None:
+    """The signals the monitor (or the worker, killing the tree itself) sent, or None when the
+    artifact does not say."""
+    stop = artifact.get("stop") or {}
+    if "signals" not in stop and not killed_by_worker:
+        return None
+    sent = [str(s.get("signal")) for s in stop.get("signals") or []]
+    return [*sent, "SIGKILL"] if killed_by_worker else sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +151,7 @@ def outcome_from_artifact(
     stop = artifact.get("stop") or {}
     rc: int | None = exit_info.get("returncode")
     killed = bool(stop.get("killed")) or killed_by_worker
+    sent = signals_sent(artifact, killed_by_worker=killed_by_worker)
     failures = artifact.get("failures") or []
     soak_reason: str | None = failures[0].get("reason") if failures else None
     if artifact.get("status") == "error" and soak_reason is None:
@@ -160,19 +175,27 @@ def outcome_from_artifact(
     if status == FAILED:
         reason = soak_reason or (OUTCOME_LOST if rc is None else "nonzero_exit")
         message = failures[0].get("message") if failures else None
-        return Outcome(status, rc, reason, failure_error(rc, reason, message, log_tail))
+        error = failure_error(rc, reason, message, log_tail, sent=sent)
+        return Outcome(status, rc, reason, error)
     if status == INTERRUPTED and killed:
-        return Outcome(status, rc, KILLED_BEFORE_SAVING, describe_exit(rc))
+        return Outcome(status, rc, KILLED_BEFORE_SAVING, describe_exit(rc, sent=sent))
     warnings = [str(w) for w in artifact.get("warnings") or []]
     if status == SUCCEEDED and warnings:
         return Outcome(status, rc, None, "\n".join([WARNINGS_HEADER, *warnings]))
     return Outcome(status, rc, None, None)
 
 
-def failure_error(rc: int | None, reason: str, message: str | None, log_tail: str) -> str:
+def failure_error(
+    rc: int | None,
+    reason: str,
+    message: str | None,
+    log_tail: str,
+    *,
+    sent: Collection[str] | None = None,
+) -> str:
     """A failed job's error: the soak's primary reason, the decoded exit status, the log tail."""
     head = f"{reason}: {message}" if message else reason
-    parts = [head, describe_exit(rc)]
+    parts = [head, describe_exit(rc, sent=sent)]
     if log_tail:
         parts.append(f"{LOG_TAIL_HEADER}\n{log_tail}")
     return "\n".join(parts)

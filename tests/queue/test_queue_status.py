@@ -119,17 +119,34 @@ def test_killed_before_saving_is_noted() -> None:
 @pytest.mark.parametrize(
     ("rc", "words"),
     [
-        (-9, "signal 9 (SIGKILL; often the out-of-memory killer)"),
-        (-15, "signal 15 (SIGTERM)"),
-        (137, "probably signal 9, SIGKILL, via a shell"),
+        (-9, "killed by SIGKILL (signal 9; often the kernel's out-of-memory killer)"),
+        (-15, "killed by SIGTERM (signal 15)"),
+        (137, "probably SIGKILL through a shell"),
         (4, "EXIT_INTERRUPTED"),
         (3, "exit status 3"),
-        (None, "outcome lost"),
+        (None, "exit status unknown"),
     ],
 )
 def test_describe_exit(rc: int | None, words: str) -> None:
     """Exit statuses are decoded into words."""
     assert words in describe_exit(rc)
+
+
+def test_a_failed_jobs_error_says_who_sent_the_signal() -> None:
+    """A SIGKILL nobody on the monitor's side sent reads as the OOM killer's; one the stop
+    sequence (or the worker) sent reads as the monitor's."""
+    signaled = [{"reason": "signaled", "message": "the command was killed by SIGKILL"}]
+    oom = _artifact(-9, "failed", "exited", failures=signaled)
+    oom["stop"]["signals"] = []
+    error = outcome_from_artifact(oom, cancel_requested=False, stopping=False, log_tail="").error
+    assert error is not None
+    assert "killed by SIGKILL (signal 9, not sent by the monitor; often the kernel's" in error
+    stale = [{"reason": "stale_progress", "message": "no change for 120s"}]
+    killed = _artifact(-9, "failed", "failure", killed=True, failures=stale)
+    killed["stop"]["signals"] = [{"signal": "SIGTERM"}, {"signal": "SIGKILL"}]
+    error = outcome_from_artifact(killed, cancel_requested=False, stopping=False, log_tail="").error
+    assert error is not None
+    assert "killed by SIGKILL (signal 9, sent by the monitor)" in error
 
 
 def test_tail_reads_last_lines_of_a_big_file(tmp_path: Path) -> None:
