@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._errors import AsyncsoakError as AsyncsoakError
+    from ._errors import MonitorError as MonitorError
     from ._errors import SoakFailureError as SoakFailureError
     from ._errors import ValidationError as ValidationError
+    from ._errors import ValidationTypeError as ValidationTypeError
     from ._export._metrics import Metrics as Metrics
     from ._record._journal import read_journal as read_journal
     from ._record._snapshot import runtime_snapshot as runtime_snapshot
@@ -23,10 +25,12 @@ if TYPE_CHECKING:
 __all__ = [
     "AsyncsoakError",
     "Metrics",
+    "MonitorError",
     "SoakConfig",
     "SoakControl",
     "SoakFailureError",
     "ValidationError",
+    "ValidationTypeError",
     "read_journal",
     "run_soak",
     "runtime_snapshot",
@@ -35,11 +39,13 @@ __all__ = [
 _LAZY = {
     "AsyncsoakError": "._errors",
     "Metrics": "._export._metrics",
+    "MonitorError": "._errors",
     "SoakConfig": "._supervisor._config",
     "SoakControl": "._supervisor._control",
     "SoakFailureError": "._errors",
     "read_journal": "._record._journal",
     "ValidationError": "._errors",
+    "ValidationTypeError": "._errors",
     "run_soak": "._supervisor._soak",
     "runtime_snapshot": "._record._snapshot",
 }

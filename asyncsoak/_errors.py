@@ -46,6 +46,12 @@ class MonitorError(AsyncsoakError):
 
 # The public errors show (in tracebacks, reprs, pickles) under their public path, asyncsoak.NAME,
 # whichever module raised them, as anyio and httpcore do.
-for _error in (AsyncsoakError, ValidationError, SoakFailureError):
+for _error in (
+    AsyncsoakError,
+    ValidationError,
+    ValidationTypeError,
+    SoakFailureError,
+    MonitorError,
+):
     _error.__module__ = "asyncsoak"
 del _error

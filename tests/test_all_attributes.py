@@ -6,14 +6,25 @@ import inspect
 import pickle
 import subprocess
 import sys
+from functools import partial
+from pathlib import Path
 from types import ModuleType
 
+import anyio
 import pytest
 
 import asyncsoak
 from asyncsoak import artifact
 
 PUBLIC = [asyncsoak, artifact]
+#: The exceptions the package exports.
+ERRORS = (
+    "AsyncsoakError",
+    "MonitorError",
+    "SoakFailureError",
+    "ValidationError",
+    "ValidationTypeError",
+)
 
 
 def _defined_in_asyncsoak(value: object) -> bool:
@@ -67,12 +78,10 @@ def test_the_package_lazily_offers_exactly_all() -> None:
 
 def test_errors_show_their_public_path_before_the_package_resolves_them() -> None:
     """An error raised by a private module is shown as asyncsoak.NAME in a fresh interpreter."""
-    code = (
-        "from asyncsoak._errors import AsyncsoakError, SoakFailureError, ValidationError\n"
-        "print(AsyncsoakError.__module__, ValidationError.__module__, SoakFailureError.__module__)"
-    )
+    names = ", ".join(ERRORS)
+    code = f"from asyncsoak._errors import {names}\nprint(*(e.__module__ for e in ({names},)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["asyncsoak"] * 3
+    assert out.stdout.split() == ["asyncsoak"] * len(ERRORS)
 
 
 def test_public_errors_and_enums_pickle_by_their_public_path() -> None:
@@ -88,9 +97,23 @@ def test_public_errors_and_enums_pickle_by_their_public_path() -> None:
     assert pickle.loads(status) is artifact.SoakStatus.PASSED
 
 
-def test_the_error_hierarchy_is_exported() -> None:
-    """AsyncsoakError is the base of the exported errors; ValidationError is a ValueError."""
-    assert issubclass(asyncsoak.ValidationError, asyncsoak.AsyncsoakError)
+def test_the_error_hierarchy_is_exported(tmp_path: Path) -> None:
+    """AsyncsoakError is the base of the exported errors; ValidationError is a ValueError, and
+    its type flavour also a TypeError, so callers catch bad input either way."""
+    for name in ERRORS:
+        assert name in asyncsoak.__all__, name
+        assert issubclass(getattr(asyncsoak, name), asyncsoak.AsyncsoakError), name
     assert issubclass(asyncsoak.ValidationError, ValueError)
+    assert issubclass(asyncsoak.ValidationTypeError, asyncsoak.ValidationError)
+    assert issubclass(asyncsoak.ValidationTypeError, TypeError)
+    soak = partial(
+        asyncsoak.run_soak,
+        command="python train.py",  # a string, not argv: refused as a type error
+        progress_dir=tmp_path,
+        output_path=tmp_path / "soak.json",
+    )
+    with pytest.raises(asyncsoak.ValidationTypeError, match="argv"):
+        anyio.run(soak)
+    assert list(tmp_path.iterdir()) == []
     assert issubclass(asyncsoak.SoakFailureError, asyncsoak.AsyncsoakError)
     assert issubclass(artifact.ArtifactError, asyncsoak.ValidationError)
