@@ -1,4 +1,5 @@
-"""Sizes as people write them: ``512MiB``, ``2GiB``, ``1.5G``, ``1048576``."""
+"""Units as people write and read them: sizes (``512MiB``, ``2GiB``, ``1.5G``, ``1048576``)
+and durations (``12.3s``, ``4m05s``, ``2h03m05s``)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,18 @@ def check_size(name: str, value: object) -> int | None:
     if value < 0:
         raise ValidationError(f"{name} must be zero or more, got {value!r}")
     return int(value)
+
+
+def format_duration(seconds: float) -> str:
+    """``12.3s``, ``4m05s``, ``2h03m05s``, ``1d02h03m``: short, unambiguous, and the same in
+    every view, table and message."""
+    if seconds < 60:
+        return f"{max(0.0, seconds):.1f}s"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours >= 24:
+        return f"{hours // 24}d{hours % 24:02d}h{minutes:02d}m"
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s"

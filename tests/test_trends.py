@@ -20,7 +20,7 @@ from asyncsoak._analysis._trends import (
     windowed_minima,
 )
 from asyncsoak._process._crash import describe, find_exception
-from asyncsoak._units import check_size, parse_size
+from asyncsoak._units import check_size, format_duration, parse_size
 
 from .trend_shapes import BASE, STABLE, GiB, MiB, detection_time, leak, times
 
@@ -138,7 +138,7 @@ def test_progress_slowing_compares_the_last_quarter_with_the_first() -> None:
 def test_the_leak_sentence_reads_as_people_say_it() -> None:
     """The exact form of the warning on stderr."""
     text = describe_growth("memory of pid 29987 (python)", "bytes", GiB, 70, GiB / 70 * 3600)
-    assert text == "memory of pid 29987 (python) grew 1.0 GiB in 70 s (+0.9 GiB/min)"
+    assert text == "memory of pid 29987 (python) grew 1.0 GiB in 1m10s (+0.9 GiB/min)"
     assert format_bytes(512 * MiB) == "512.0 MiB"
 
 
@@ -156,6 +156,24 @@ def test_the_leak_sentence_reads_as_people_say_it() -> None:
 )
 def test_sizes_parse_as_written(text: str, size: int) -> None:
     assert parse_size(text) == size
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (-0.2, "0.0s"),
+        (12.34, "12.3s"),
+        (70, "1m10s"),
+        (600, "10m00s"),
+        (3600, "1h00m00s"),
+        (7385, "2h03m05s"),
+        (93784, "1d02h03m"),
+    ],
+)
+def test_durations_read_the_same_everywhere(seconds: float, text: str) -> None:
+    """One duration format for views, tables and messages: tenths under a minute, then
+    minutes and seconds, hours, days."""
+    assert format_duration(seconds) == text
 
 
 @pytest.mark.parametrize("text", ["-1G", "nan", "NaN", "5XB", "", "1.5.2G", "GiB", "inf", "1e400"])

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from .._units import format_duration
+
 Verdict = Literal["leak", "stable", "inconclusive"]
 Direction = Literal["up", "down"]
 
@@ -286,17 +288,6 @@ def format_amount(n: float, unit: str) -> str:
     return f"{n:.0f}" if float(n).is_integer() else f"{n:.1f}"
 
 
-def format_seconds(seconds: float) -> str:
-    """``70 s``, ``41 min``, ``3.5 h``, ``2.1 days``."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
-
-
 def format_rate(per_hour: float, unit: str) -> str:
     """A slope as people read it: ``+0.9 GiB/min``, ``+2.0/min``, ``+12.0 MiB/h``."""
     sign = "+" if per_hour >= 0 else "-"
@@ -314,6 +305,6 @@ def describe_growth(label: str, unit: str, growth: float, span: float, per_hour:
     """``memory of pid 29987 (python) grew 1.0 GiB in 70 s (+0.9 GiB/min)``."""
     verb = "grew" if growth >= 0 else "fell"
     return (
-        f"{label} {verb} {format_amount(abs(growth), unit)} in {format_seconds(span)} "
+        f"{label} {verb} {format_amount(abs(growth), unit)} in {format_duration(span)} "
         f"({format_rate(per_hour, unit)})"
     )

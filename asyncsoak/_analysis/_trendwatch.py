@@ -25,7 +25,6 @@ from ._trends import (
     describe_growth,
     estimate_trend,
     format_amount,
-    format_seconds,
     progress_slowing,
 )
 
@@ -577,4 +576,4 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-__all__ = ["Budgets", "TrendWatch", "describe_growth", "format_amount", "format_seconds"]
+__all__ = ["Budgets", "TrendWatch", "describe_growth", "format_amount"]

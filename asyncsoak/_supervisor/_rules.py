@@ -10,8 +10,9 @@ import fnmatch
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from .._analysis._trends import describe_growth, format_amount, format_bytes, format_seconds
+from .._analysis._trends import describe_growth, format_amount, format_bytes
 from .._analysis._trendwatch import TrendWatch
+from .._units import format_duration
 from ._config import SoakConfig
 
 #: Trends are judged every this many sample intervals (at least every ``TREND_MIN_PERIOD``
@@ -93,7 +94,7 @@ def trend_findings(cfg: SoakConfig, trends: Mapping[str, Mapping[str, Any]]) -> 
             limit = format_amount(entry["limit"], entry["unit"])
             message = (
                 f"{entry['label']} will reach {entry['limit_source']} ({limit}) "
-                f"in about {format_seconds(seconds)}"
+                f"in about {format_duration(seconds)}"
             )
             findings.append(Finding(key, "breach_projected", entry, message))
     rate = trends.get("progress.changes_per_minute")

@@ -29,6 +29,7 @@ from .._errors import ValidationError
 from .._process._exits import signal_name
 from .._redact import Masker, argv_secrets, secret_values
 from .._supervisor._config import STOP_MODES, seconds
+from .._units import format_duration
 from ..queue._models import (
     INTEGER_MAX,
     JOB_STATUSES,
@@ -235,19 +236,6 @@ def _age(ts: float | None, now: float) -> str:
     if seconds < 86400:
         return f"{seconds // 3600:.0f}h ago"
     return f"{seconds // 86400:.0f}d ago"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = max(0, round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
 
 
 def _when(ts: float | None, now: float) -> str:
@@ -467,7 +455,7 @@ def _job(args: argparse.Namespace) -> int:
                 a.worker,
                 a.host,
                 _age(a.started_at, now),
-                _duration((a.finished_at or now) - a.started_at),
+                format_duration((a.finished_at or now) - a.started_at),
                 a.outcome or "running",
                 a.reason or "-",
                 "-" if a.returncode is None else str(a.returncode),
