@@ -13,7 +13,7 @@ import math
 import os
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import Field, asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -29,10 +29,25 @@ LEAK_CHECKS: tuple[LeakCheck, ...] = ("warn", "fail", "off")
 LOG_MAX_BYTES = 16 * 1024 * 1024
 
 
-def _limit(default: float | bool | None, flag: str, help: str, *, allow_zero: bool = True) -> Any:
-    """A job-settable soak limit: its default (``run_soak``'s), its CLI flag and help, and
-    whether zero is allowed (None is allowed where the default is None)."""
-    return field(default=default, metadata={"flag": flag, "help": help, "allow_zero": allow_zero})
+#: What a job-settable limit holds, which says how it is checked and how its flag parses:
+#: seconds (``--grace 5``), a switch (``--output-is-progress``), one of ``choices``
+#: (``--leak-check fail``) or a size (``--max-rss 2GiB``).
+LimitKind = Literal["seconds", "switch", "choice", "size"]
+
+
+def _limit(
+    default: float | bool | str | None,
+    flag: str,
+    help: str,
+    *,
+    kind: LimitKind = "seconds",
+    allow_zero: bool = True,
+    choices: tuple[str, ...] = (),
+) -> Any:
+    """A job-settable soak limit: its default (``run_soak``'s), its CLI flag and help, its
+    kind, and for seconds whether zero is allowed (None is allowed where the default is None)."""
+    metadata = {"flag": flag, "help": help, "kind": kind, "allow_zero": allow_zero}
+    return field(default=default, metadata={**metadata, "choices": choices})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,18 +80,58 @@ class SoakLimits:
         allow_zero=False,
     )
     output_is_progress: bool = _limit(
-        False, "--output-is-progress", "count the command's printed output as progress"
+        False,
+        "--output-is-progress",
+        "count the command's printed output as progress",
+        kind="switch",
+    )
+    warm_up_seconds: float | None = _limit(
+        None,
+        "--warm-up",
+        "seconds of the run not judged for trends (default: 10% of it, at most 600)",
+    )
+    leak_check: LeakCheck = _limit(
+        "warn",
+        "--leak-check",
+        "a confident leak is a warning (default), fails the soak, or is not checked",
+        kind="choice",
+        choices=LEAK_CHECKS,
+    )
+    max_rss_bytes: int | None = _limit(
+        None, "--max-rss", "fail when the tree's RSS exceeds SIZE", kind="size"
+    )
+    max_gpu_memory_bytes: int | None = _limit(
+        None, "--max-gpu-memory", "fail when the tree's GPU memory exceeds SIZE", kind="size"
+    )
+    min_disk_free_bytes: int | None = _limit(
+        None,
+        "--min-disk-free",
+        "fail when the progress or output filesystem has less than SIZE free",
+        kind="size",
     )
 
     def __post_init__(self) -> None:
         for spec in fields(SoakLimits):  # not the subclass's fields: SoakConfig checks those
-            value = getattr(self, spec.name)
-            if spec.name == "output_is_progress":
-                if not isinstance(value, bool):
-                    raise ValidationTypeError("output_is_progress must be a bool")
-            elif value is not None or spec.default is not None:
-                checked = seconds(spec.name, value, allow_zero=spec.metadata["allow_zero"])
-                object.__setattr__(self, spec.name, checked)
+            object.__setattr__(self, spec.name, _check_limit(spec, getattr(self, spec.name)))
+
+
+def _check_limit(spec: Field[Any], value: object) -> object:
+    """One job-settable limit checked as its kind says; sizes become bytes (``"2GiB"`` too)."""
+    kind = spec.metadata["kind"]
+    if kind == "switch":
+        if not isinstance(value, bool):
+            raise ValidationTypeError(f"{spec.name} must be a bool")
+        return value
+    if kind == "choice":
+        choices = spec.metadata["choices"]
+        if value not in choices:
+            raise ValidationError(f"{spec.name} must be one of {', '.join(choices)}, got {value!r}")
+        return value
+    if kind == "size":
+        return check_size(spec.name, value)
+    if value is None and spec.default is None:
+        return None
+    return seconds(spec.name, value, allow_zero=spec.metadata["allow_zero"])
 
 
 #: The names of :class:`SoakLimits`' fields, in their order.
@@ -112,11 +167,6 @@ class SoakConfig(SoakLimits):
     detailed_memory: bool
     forward_signals: tuple[int, ...] = ()
     requeue_on: int | None = None
-    warm_up_seconds: float | None = None
-    leak_check: LeakCheck = "warn"
-    max_rss_bytes: int | None = None
-    max_gpu_memory_bytes: int | None = None
-    min_disk_free_bytes: int | None = None
     progress_exclude: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
@@ -179,15 +229,6 @@ class SoakConfig(SoakLimits):
         norm("progress_exclude", _excluded(given.progress_exclude))
         norm("forward_signals", _signals("forward_signals", given.forward_signals))
         norm("requeue_on", _own_signal("requeue_on", given.requeue_on))
-        trends = _trend_settings(
-            warm_up_seconds=given.warm_up_seconds,
-            leak_check=given.leak_check,
-            max_rss_bytes=given.max_rss_bytes,
-            max_gpu_memory_bytes=given.max_gpu_memory_bytes,
-            min_disk_free_bytes=given.min_disk_free_bytes,
-        )
-        for key, value in trends.items():
-            norm(key, value)
 
     def effective(self) -> dict[str, Any]:
         """Every effective parameter, as the artifact's ``config`` records it."""
@@ -359,30 +400,6 @@ def _own_signal(name: str, value: object) -> int | None:
             f"{name} cannot be {signal.Signals(sig).name}: the monitor handles it itself"
         )
     return sig
-
-
-def _trend_settings(
-    *,
-    warm_up_seconds: object,
-    leak_check: object,
-    max_rss_bytes: object,
-    max_gpu_memory_bytes: object,
-    min_disk_free_bytes: object,
-) -> dict[str, Any]:
-    """The trend rules and budgets (see ``_trends.py``): sizes as bytes or ``"2GiB"``."""
-    if leak_check not in LEAK_CHECKS:
-        raise ValidationError(
-            f"leak_check must be one of {', '.join(LEAK_CHECKS)}, got {leak_check!r}"
-        )
-    return {
-        "warm_up_seconds": (
-            None if warm_up_seconds is None else seconds("warm_up_seconds", warm_up_seconds)
-        ),
-        "leak_check": leak_check,
-        "max_rss_bytes": check_size("max_rss_bytes", max_rss_bytes),
-        "max_gpu_memory_bytes": check_size("max_gpu_memory_bytes", max_gpu_memory_bytes),
-        "min_disk_free_bytes": check_size("min_disk_free_bytes", min_disk_free_bytes),
-    }
 
 
 def _signal(name: str, value: object) -> int | None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._analysis._trends import format_bytes
 from .._errors import ValidationError
 from .._process._exits import signal_name
 from .._redact import Masker, argv_secrets, secret_values
@@ -353,13 +354,17 @@ def _submit(args: argparse.Namespace) -> int:
         raise UsageError(f"--cwd {cwd}: not a directory")
     if args.max_attempts is not None and args.max_attempts < 1:
         raise UsageError("--max-attempts must be at least 1")
+    try:
+        soak = soak_limits(args)
+    except ValidationError as exc:
+        raise UsageError(str(exc)) from exc
     job: dict[str, Any] = {
         "argv": command or None,
         "config": config,
         "cwd": cwd,
         "env": env,
         "progress_dir": args.progress_dir.absolute() if args.progress_dir else None,
-        "soak": soak_limits(args),
+        "soak": soak,
         "stop_mode": args.stop_mode,
         "priority": args.priority,
     }
@@ -496,13 +501,20 @@ def _attempt_details(a: Attempt, masker: Masker) -> list[str]:
 
 
 def _soak_text(soak: dict[str, Any]) -> str:
-    shown = [
-        f"{k.removesuffix('_seconds')}={v:g}s"
-        for k, v in sorted(soak.items())
-        if v is not None and not isinstance(v, bool)
-    ]
-    if soak.get("output_is_progress"):
-        shown.append("output_is_progress")
+    """``grace=5s leak_check=fail max_rss=1.0 GiB output_is_progress``: the limits a job set."""
+    shown = []
+    for key, value in sorted(soak.items()):
+        if value is None or value is False:
+            continue
+        if value is True:
+            shown.append(key)
+        elif key.endswith("_seconds"):
+            shown.append(f"{key.removesuffix('_seconds')}={value:g}s")
+        elif key.endswith("_bytes"):
+            size = format_bytes(value).replace(" ", "")
+            shown.append(f"{key.removesuffix('_bytes')}={size}")
+        else:
+            shown.append(f"{key}={value}")
     return " ".join(shown) or "defaults"
 
 

@@ -18,7 +18,7 @@ import anyio
 
 from .._errors import SoakFailureError, ValidationError
 from .._process._exits import SHELL_SIGNAL_BASE, signal_name
-from .._supervisor._config import LEAK_CHECKS, STOP_MODES, SoakLimits, seconds
+from .._supervisor._config import STOP_MODES, SoakLimits, seconds
 from .._units import parse_size
 from .._view._live import live_status
 from .._view._summary import exit_text
@@ -47,11 +47,19 @@ def parse_pairs(option: str, pairs: list[str]) -> dict[str, str]:
 
 def add_soak_limits(parser: argparse.ArgumentParser) -> None:
     """The soak's limits, shared by ``run`` and the job queue's ``submit``: one flag per
-    field of :class:`SoakLimits`, with its help and default."""
+    field of :class:`SoakLimits` (durations, trend rules, budgets), with its help and default."""
     for spec in fields(SoakLimits):
-        flag, help = spec.metadata["flag"], spec.metadata["help"]
-        if isinstance(spec.default, bool):
+        flag, kind = spec.metadata["flag"], spec.metadata["kind"]
+        help = spec.metadata["help"].replace("%", "%%")  # argparse formats help with %
+        if kind == "switch":
             parser.add_argument(flag, action="store_true", help=help)
+        elif kind == "choice":
+            parser.add_argument(
+                flag, choices=spec.metadata["choices"], default=spec.default, help=help
+            )
+        elif kind == "size":
+            # Parsed by soak_limits, so a bad size is refused naming the flag.
+            parser.add_argument(flag, default=None, metavar="SIZE", help=help)
         else:
             shown = "" if spec.default is None else f" (default {spec.default:g})"
             parser.add_argument(
@@ -60,11 +68,16 @@ def add_soak_limits(parser: argparse.ArgumentParser) -> None:
 
 
 def soak_limits(args: argparse.Namespace) -> dict[str, Any]:
-    """The soak limits the flags of :func:`add_soak_limits` gave, as ``run_soak`` names them."""
-    return {
-        spec.name: getattr(args, spec.metadata["flag"].removeprefix("--").replace("-", "_"))
-        for spec in fields(SoakLimits)
-    }
+    """The soak limits the flags of :func:`add_soak_limits` gave, as ``run_soak`` names them;
+    sizes in bytes (a malformed one is a :class:`ValidationError` naming its flag)."""
+    limits: dict[str, Any] = {}
+    for spec in fields(SoakLimits):
+        flag = spec.metadata["flag"]
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if spec.metadata["kind"] == "size" and value is not None:
+            value = parse_size(value, name=flag)
+        limits[spec.name] = value
+    return limits
 
 
 def add_metrics_flags(parser: argparse.ArgumentParser) -> None:
@@ -103,59 +116,6 @@ def metrics_from_args(args: argparse.Namespace, textfile: Path | None = None) ->
         )
     except ValidationError as exc:
         raise UsageError(str(exc)) from None
-
-
-def add_trend_options(parser: argparse.ArgumentParser) -> None:
-    """Trend rules and budgets (sizes such as 512MiB, 2GiB, 1.5G or plain bytes)."""
-    parser.add_argument(
-        "--warm-up",
-        type=float,
-        default=None,
-        metavar="S",
-        help="seconds of the run not judged for trends (default: 10%% of it, at most 600)",
-    )
-    parser.add_argument(
-        "--leak-check",
-        choices=LEAK_CHECKS,
-        default="warn",
-        help="a confident leak is a warning (default), fails the soak, or is not checked",
-    )
-    parser.add_argument(
-        "--max-rss", default=None, metavar="SIZE", help="fail when the tree's RSS exceeds SIZE"
-    )
-    parser.add_argument(
-        "--max-gpu-memory",
-        default=None,
-        metavar="SIZE",
-        help="fail when the tree's GPU memory exceeds SIZE",
-    )
-    parser.add_argument(
-        "--min-disk-free",
-        default=None,
-        metavar="SIZE",
-        help="fail when the progress or output filesystem has less than SIZE free",
-    )
-
-
-def trend_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """run_soak's trend keywords from the options; a malformed size is a usage error."""
-    return {
-        "warm_up_seconds": args.warm_up,
-        "leak_check": args.leak_check,
-        "max_rss_bytes": None
-        if args.max_rss is None
-        else parse_size(args.max_rss, name="--max-rss"),
-        "max_gpu_memory_bytes": (
-            None
-            if args.max_gpu_memory is None
-            else parse_size(args.max_gpu_memory, name="--max-gpu-memory")
-        ),
-        "min_disk_free_bytes": (
-            None
-            if args.min_disk_free is None
-            else parse_size(args.min_disk_free, name="--min-disk-free")
-        ),
-    }
 
 
 def register(subparsers: Any) -> None:
@@ -212,7 +172,6 @@ def register(subparsers: Any) -> None:
         "at most S seconds (default 0)",
     )
     add_scheduler_options(run)
-    add_trend_options(run)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     run.set_defaults(handler=run_command)
 
@@ -236,7 +195,7 @@ def run_command(args: argparse.Namespace) -> int:
     env.update(parse_pairs("--env", args.env))
     try:
         status_interval = seconds("--status-interval", args.status_interval, allow_zero=False)
-        trends = trend_settings(args)
+        limits = soak_limits(args)
     except ValidationError as exc:
         raise UsageError(str(exc)) from None
     progress_dir, output = scheduler_paths(args.progress_dir, args.output)
@@ -245,7 +204,7 @@ def run_command(args: argparse.Namespace) -> int:
         command=command,
         progress_dir=progress_dir,
         output_path=output,
-        **soak_limits(args),
+        **limits,
         stop_mode=args.stop_mode,
         cwd=args.cwd,
         env=env,
@@ -257,7 +216,6 @@ def run_command(args: argparse.Namespace) -> int:
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
         status=None if args.quiet else live_status(status_interval=status_interval),
-        **trends,
     )
 
 

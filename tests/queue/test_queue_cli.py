@@ -25,7 +25,7 @@ SECRET = "hf_not_to_be_printed_42"
 LIMIT_S = 60.0
 
 
-def cli(db: Path, *args: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
+def cli(db: Path | str, *args: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "ASYNCSOAK_DB"}
     env["ASYNCSOAK_DB"] = str(db)
     done = subprocess.run(
