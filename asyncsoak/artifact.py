@@ -11,6 +11,8 @@
 
 The artifact's shape is the JSON Schema :func:`schema` returns (``artifact.schema.json`` in
 the package); its statuses, failure reasons, stop causes and event kinds are the enums here.
+:class:`Artifact` is that shape as a ``TypedDict``, so ``mypy --strict`` checks what a script
+indexes: ``load`` returns one.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from ._record._artifact import load_schema as _load_schema
 from ._record._journal import is_journal as _is_journal
 from ._record._recover import JournalError as _JournalError
 from ._record._recover import artifact_from_journal as _artifact_from_journal
+from ._record._schema import Artifact
 from ._record._vocabulary import EventKind, FailureReason, SoakStatus, StopCause
 from ._view._summary import summarize
 
 __all__ = [
     "KNOWN_SCHEMA_VERSIONS",
     "SCHEMA_VERSION",
+    "Artifact",
     "ArtifactError",
     "EventKind",
     "FailureReason",
@@ -43,7 +47,7 @@ __all__ = [
 ]
 
 
-def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load(path: str | os.PathLike[str]) -> Artifact:
     """The artifact at ``path``: a ``soak.json``, or a soak journal (``soak.jsonl``).
 
     A journal is folded into an artifact as ``asyncsoak recover`` does: a journal without its

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ def schema() -> Draft202012Validator:
     return Draft202012Validator(load_schema())
 
 
-def assert_valid(artifact: dict[str, Any], schema: Draft202012Validator) -> None:
+def assert_valid(artifact: Mapping[str, Any], schema: Draft202012Validator) -> None:
     errors = sorted(schema.iter_errors(artifact), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
 

@@ -9,10 +9,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from asyncsoak import read_journal
 from asyncsoak._record._recover import artifact_from_journal
+from asyncsoak._record._schema import Monitor
 
 from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
 from .gpu_support import install_fake_nvidia_smi
@@ -287,7 +288,8 @@ def with_samples(artifact_path: Path, out: Path, gpus: int = 2) -> Path:
         "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in [rest[0], *merged, *finished])
     )
     artifact = artifact_from_journal(journal)
-    artifact["monitor"] = {**original["monitor"], "journal_path": str(journal)}
+    # The written run's own monitor figures, in place of the rebuilt ones.
+    artifact["monitor"] = cast(Monitor, {**original["monitor"], "journal_path": str(journal)})
     artifact["duration_seconds"] = original["duration_seconds"]
     artifact["ended_at"] = original["ended_at"]
     out.write_text(json.dumps(artifact, indent=1))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -46,8 +47,8 @@ def test_load_rebuilds_a_dead_monitors_journal_as_recover_does(
     assert result.returncode == 0, result.stderr
     recovered = json.loads(out.read_text())
     # Built twice, so the time it was built differs; everything the run left is the same.
-    for rebuilt in (loaded, recovered):
-        rebuilt["monitor"].pop("artifact_written_at", None)
+    for monitor in (cast("dict[str, Any]", loaded["monitor"]), recovered["monitor"]):
+        monitor.pop("artifact_written_at", None)
     assert loaded == recovered
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 from collections import deque
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -70,7 +71,7 @@ class ArtifactError(ValidationError):
     """A file that is not a whole artifact of a schema version this asyncsoak reads."""
 
 
-def check_artifact(data: object) -> dict[str, Any]:
+def check_artifact(data: object) -> Artifact:
     """``data`` when it is an artifact of a known schema version holding every field the
     shipped schema requires, with the types it gives; else :class:`ArtifactError` saying what
     is wrong.  The views (report, summary) load through it, so a truncated or foreign file is
@@ -88,7 +89,10 @@ def check_artifact(data: object) -> dict[str, Any]:
     problem = _problem(data, schema, "", schema.get("$defs", {}))
     if problem is not None:
         raise ArtifactError(f"incomplete or damaged artifact: {problem}")
-    return data
+    # The one cast from JSON to the typed artifact, and a sound one: ``data`` has every key
+    # the schema requires, with the schema's types, and the TypedDicts in ``_schema`` mirror
+    # that schema (``tests/test_vocabulary.py`` compares their required keys).
+    return cast(Artifact, data)
 
 
 def _problem(value: Any, schema: dict[str, Any], where: str, defs: dict[str, Any]) -> str | None:
@@ -301,6 +305,21 @@ class ArtifactBuilder:
         log_tail: str,
         monitor: dict[str, Any],
     ) -> dict[str, Any]:
+        """The artifact as the plain dict ``run_soak`` returns (see :meth:`build_typed`)."""
+        artifact = self.build_typed(
+            status=status, ended_t=ended_t, log_tail=log_tail, monitor=monitor
+        )
+        return cast("dict[str, Any]", artifact)
+
+    def build_typed(
+        self,
+        *,
+        status: str,
+        ended_t: float,
+        log_tail: str,
+        monitor: dict[str, Any],
+    ) -> Artifact:
+        """The artifact of the events folded so far, typed as the schema's ``Artifact``."""
         header = self.header or {}
         events = list(self._events_head) + list(self._events_tail)
         dropped_events = self._events_seen - len(events)
@@ -317,7 +336,7 @@ class ArtifactBuilder:
         if self.trends.rate.times:
             series["progress_rate"] = self.trends.rate.to_json()
         # Typed as the schema's ``Artifact``, so mypy checks what is written against what the
-        # readers index; handed back as the plain dict ``run_soak`` returns.
+        # readers index.
         artifact: Artifact = {
             "schema_version": SCHEMA_VERSION,
             "status": status,
@@ -365,7 +384,7 @@ class ArtifactBuilder:
                 **monitor,  # type: ignore[typeddict-item]
             },
         }
-        return cast("dict[str, Any]", artifact)
+        return artifact
 
 
 def create_private_file(path: Path) -> int:
@@ -373,7 +392,7 @@ def create_private_file(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
 
 
-def write_artifact(artifact: dict[str, Any], path: Path) -> None:
+def write_artifact(artifact: Mapping[str, Any], path: Path) -> None:
     """Write atomically: a temporary file in the same directory, fsync, then ``os.replace``.
 
     ``mkstemp`` creates the file readable by its owner only, and ``os.replace`` keeps that.

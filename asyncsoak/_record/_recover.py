@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from .._redact import Masker, secret_values
 from ._artifact import ArtifactBuilder, read_log_tail
 from ._journal import JournalReader
+from ._schema import Artifact
 from ._vocabulary import FailureReason, SoakStatus
 
 
@@ -23,7 +23,7 @@ class JournalError(ValueError):
     """The file is not a soak journal (no header line)."""
 
 
-def artifact_from_journal(path: Path) -> dict[str, Any]:
+def artifact_from_journal(path: Path) -> Artifact:
     """The artifact of the soak whose journal is ``path``, valid against the schema.
 
     A truncated last line (the monitor died mid-write) and any other unreadable line are
@@ -56,7 +56,7 @@ def artifact_from_journal(path: Path) -> dict[str, Any]:
         # so mask those of the environment recovering it (usually the same shell or worker).
         masker = Masker(secret_values(os.environ, header.get("metadata") or {}))
         log_tail = masker(read_log_tail(Path(log_path)))
-    artifact = builder.build(
+    artifact = builder.build_typed(
         status=status,
         ended_t=builder.last_t,
         log_tail=log_tail,

@@ -9,10 +9,13 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import EXIT_FAILED, EXIT_OK, UsageError
 from ._job_view import job_report, job_summary
+
+if TYPE_CHECKING:
+    from .._record._schema import Artifact
 
 
 def register(subparsers: Any) -> None:
@@ -99,7 +102,7 @@ def register(subparsers: Any) -> None:
     recover.set_defaults(handler=recover_command)
 
 
-def load_run(path: Path) -> tuple[dict[str, Any], Path | None]:
+def load_run(path: Path) -> tuple[Artifact, Path | None]:
     """An artifact from an artifact or a journal file, and the journal when one was read.
 
     A missing ``soak.json`` whose journal ``soak.jsonl`` is there (the monitor died before
