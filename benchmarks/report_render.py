@@ -224,6 +224,7 @@ def plotly_alone(path: Path) -> Path:
 
 
 def run(quick: bool = False) -> Section:
+    from asyncsoak._record._artifact import check_artifact
     from asyncsoak._view.report import render_report
 
     section = Section("report_render", "14. Report load and draw")
@@ -234,7 +235,7 @@ def run(quick: bool = False) -> Section:
     with tempfile.TemporaryDirectory() as tmp:
         journal = Path(tmp) / "soak.jsonl"
         day_journal(journal)
-        artifact = day_artifact(journal)
+        artifact = check_artifact(day_artifact(journal))
         started = time.monotonic()
         page = Path(tmp) / "day.html"
         page.write_text(render_report(artifact, journal=journal))

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from asyncsoak._record._artifact import check_artifact
+from asyncsoak._record._schema import Artifact
 from asyncsoak._view._evidence import gather, log_end, trend_text
 from asyncsoak._view._summary import format_summary, summarize
 from asyncsoak._view.report import render_report
@@ -104,7 +106,7 @@ def test_traceback_before_the_last_lines_is_kept() -> None:
     assert len(lines) <= 25
 
 
-def _leaking_artifact(base: dict[str, Any]) -> dict[str, Any]:
+def _leaking_artifact(base: dict[str, Any]) -> Artifact:
     """A real passing artifact with the trends and processes a leaking trainer gives."""
     artifact = {**base, "warnings": ["memory of pid 4242 (python) grew 1.0 GiB in 1m10s"]}
     entry = {
@@ -152,7 +154,7 @@ def _leaking_artifact(base: dict[str, Any]) -> dict[str, Any]:
             "series": {"t": [0, 70], "rss_bytes": [419 * 2**20, 419 * 2**20]},
         },
     ]
-    return artifact
+    return check_artifact(artifact)
 
 
 def test_leak_leads_the_summary(trainer_runs: dict[str, Path]) -> None:

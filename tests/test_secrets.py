@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from asyncsoak import SoakFailureError, run_soak
+from asyncsoak._record._artifact import check_artifact
 
 from .conftest import CLI_ENV, fast_limits, py
 from .queue.test_queue_cli import cli
@@ -184,7 +185,7 @@ async def test_hang_forensics_and_printed_tokens_never_hold_a_secret(tmp_path: P
     out = tmp_path / "out"
     assert_none_of(secrets, (out / "soak.json").read_text(), "the artifact")
     assert_none_of(secrets, (out / "soak.jsonl").read_text(), "the journal")
-    write_report(artifact, out / "soak.html", source=str(out / "soak.json"))
+    write_report(check_artifact(artifact), out / "soak.html", source=str(out / "soak.json"))
     assert_none_of(secrets, (out / "soak.html").read_text(), "the report")
     summary = await anyio.run_process(
         [sys.executable, "-m", "asyncsoak", "summary", str(out / "soak.json")],

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import pytest
 
+from asyncsoak._record._artifact import check_artifact
+from asyncsoak._record._schema import Artifact
 from asyncsoak._view._summary import exit_text, summarize
 
 from .conftest import asyncsoak_cli
@@ -83,12 +85,14 @@ def test_killed_monitor_summary(runs: Runs) -> None:
     assert "rebuilt from the journal" in text
 
 
-def _artifact(returncode: int | None, signal: str | None, sent: list[str]) -> dict[str, Any]:
-    return {
+def _artifact(returncode: int | None, signal: str | None, sent: list[str]) -> Artifact:
+    # Only the sections exit_text reads: not a whole artifact, so cast rather than checked.
+    part = {
         "exit": {"returncode": returncode, "signal": signal, "pid": 1},
         "stop": {"signals": [{"t": 1.0, "signal": s, "target": "group"} for s in sent]},
         "failures": [],
     }
+    return cast(Artifact, part)
 
 
 @pytest.mark.parametrize(
@@ -140,7 +144,7 @@ def test_startup_timeout_points_at_the_progress_dir(runs: Runs) -> None:
         "duration_seconds": 600.0,
         "events": [],
     }
-    [hint, *_] = summarize(artifact)["look_first"]
+    [hint, *_] = summarize(check_artifact(artifact))["look_first"]
     assert "/runs/7" in hint
     assert "10m00s" in hint
     assert "--output-is-progress" in hint

@@ -11,7 +11,6 @@ summary groups, the snapshot's probes) stay ``dict[str, Any]``.
 
 # No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` from evaluated
 # annotations only, and ``__required_keys__`` is what the schema test compares.
-from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict, cast
 
 #: ``series`` (and a process's ``series``): field name to values, ``t`` first.
@@ -185,7 +184,8 @@ class Artifact(TypedDict):
     stop: NotRequired[Stop]
 
 
-def typed(artifact: Mapping[str, Any]) -> Artifact:
-    """``artifact`` seen through its schema type, for a reader to index what the schema
-    requires: an artifact the package built, or one loaded through ``check_artifact``."""
-    return cast(Artifact, artifact)
+def series_times(series: Series) -> list[float]:
+    """A series' ``t``: the schema allows null in every column alike, but the package writes
+    a time in every slot of ``t`` (``SeriesBuffer.to_json``), where the other columns hold
+    null for a sample that lacked the field."""
+    return cast("list[float]", series["t"])

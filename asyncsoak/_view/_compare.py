@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import shlex
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from .._record._schema import Artifact, typed
+from .._record._schema import Artifact
 from .._sampling._fields import format_duration, format_value, gpu_index
 from ._evidence import leaking_series, rate_text
 
@@ -81,16 +81,14 @@ class Comparison:
 
 
 def compare(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: Artifact,
+    candidate: Artifact,
     *,
     baseline_name: str = "baseline",
     candidate_name: str = "candidate",
     threshold: float = DEFAULT_THRESHOLD,
 ) -> Comparison:
     """The figures of two artifacts side by side; ``threshold`` is a fraction (0.1 = 10 %)."""
-    # Both come checked against the schema (loaded, or built by this package).
-    baseline, candidate = typed(baseline), typed(candidate)
     rows: list[Row] = []
 
     def figure(

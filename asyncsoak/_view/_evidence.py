@@ -18,6 +18,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from .._process._crash import last_traceback
+from .._record._schema import Artifact, Failure
 from .._sampling._fields import format_bytes, format_duration, format_value
 from .._timestamps import parse_iso
 
@@ -67,10 +68,10 @@ class Evidence:
         return asdict(self)
 
 
-def gather(artifact: Mapping[str, Any]) -> Evidence:
-    failures = artifact.get("failures") or []
-    primary = str(failures[0]["reason"]) if failures else None
-    log_lines, traceback = log_end(str((artifact.get("log") or {}).get("tail") or ""))
+def gather(artifact: Artifact) -> Evidence:
+    failures = artifact["failures"]
+    primary = failures[0]["reason"] if failures else None
+    log_lines, traceback = log_end(artifact["log"]["tail"])
     leaks = leaking_series(artifact)
     last = last_progress(artifact)
     cause, where, source = _cause(artifact, primary, failures, leaks, log_lines, traceback)
@@ -89,9 +90,9 @@ def gather(artifact: Mapping[str, Any]) -> Evidence:
 # -- shared readings -----------------------------------------------------------------------
 
 
-def seconds_at(artifact: Mapping[str, Any], iso_time: str | None) -> float | None:
+def seconds_at(artifact: Artifact, iso_time: str | None) -> float | None:
     """Seconds from the soak's start to an artifact timestamp."""
-    started = artifact.get("started_at")
+    started = artifact["started_at"]
     if not iso_time or not started:
         return None
     try:
@@ -101,22 +102,24 @@ def seconds_at(artifact: Mapping[str, Any], iso_time: str | None) -> float | Non
     return round(delta.total_seconds(), 3)
 
 
-def config_value(artifact: Mapping[str, Any], name: str) -> float | None:
-    value = (artifact.get("config") or {}).get(name)
+def config_value(artifact: Artifact, name: str) -> float | None:
+    # A setting the schema does not require (added since version 1) may be absent.
+    settings: Mapping[str, Any] = artifact["config"]
+    value = settings.get(name)
     return float(value) if isinstance(value, int | float) else None
 
 
-def event_times(artifact: Mapping[str, Any], kind: str) -> list[float]:
-    return [float(e["t"]) for e in artifact.get("events") or [] if e.get("kind") == kind]
+def event_times(artifact: Artifact, kind: str) -> list[float]:
+    return [float(e["t"]) for e in artifact["events"] if e["kind"] == kind]
 
 
-def stall_window(artifact: Mapping[str, Any]) -> tuple[float, float] | None:
+def stall_window(artifact: Artifact) -> tuple[float, float] | None:
     """Where the run made no progress before a liveness rule fired: ``(start, end)`` seconds."""
-    reasons = [f.get("reason") for f in artifact.get("failures") or []]
+    reasons = [f["reason"] for f in artifact["failures"]]
     failure_times = event_times(artifact, "failure")
-    end = failure_times[0] if failure_times else float(artifact.get("duration_seconds") or 0)
+    end = failure_times[0] if failure_times else float(artifact["duration_seconds"])
     if "stale_progress" in reasons:
-        last = seconds_at(artifact, (artifact.get("progress") or {}).get("last_change_at"))
+        last = seconds_at(artifact, artifact["progress"]["last_change_at"])
         return (last, end) if last is not None else None
     if "startup_timeout" in reasons:
         return (0.0, end)
@@ -124,18 +127,18 @@ def stall_window(artifact: Mapping[str, Any]) -> tuple[float, float] | None:
 
 
 def series_typical(
-    artifact: Mapping[str, Any], group: str, name: str, start: float, end: float
+    artifact: Artifact, group: str, name: str, start: float, end: float
 ) -> float | None:
     """The median of a series field between two times.
 
     The median, not the mean: the first sample after a stall begins still carries the work
     just before it, and one such point would drag a short window's mean up.
     """
-    series = (artifact.get("series") or {}).get(group) or {}
+    series = artifact["series"].get(group) or {}
     values = [
         v
         for t, v in zip(series.get("t") or [], series.get(name) or [], strict=False)
-        if start <= t <= end and v is not None
+        if t is not None and start <= t <= end and v is not None
     ]
     return statistics.median(values) if values else None
 
@@ -195,8 +198,8 @@ def _traceback_exception(
 # -- progress --------------------------------------------------------------------------------
 
 
-def last_progress(artifact: Mapping[str, Any]) -> LastProgress | None:
-    progress_events = [e for e in artifact.get("events") or [] if e.get("kind") == "progress"]
+def last_progress(artifact: Artifact) -> LastProgress | None:
+    progress_events = [e for e in artifact["events"] if e["kind"] == "progress"]
     if not progress_events:
         return None
     last = progress_events[-1]
@@ -206,7 +209,7 @@ def last_progress(artifact: Mapping[str, Any]) -> LastProgress | None:
         if found:
             checkpoint = _checkpoint_root(artifact, str(found[0]))
             break
-    t = float(last.get("t", 0.0))
+    t = float(last["t"])
     return LastProgress(
         t=t,
         paths=[str(p) for p in last.get("paths") or []],
@@ -220,7 +223,7 @@ def _is_checkpoint(path: str) -> bool:
     return any(w in lowered for w in CHECKPOINT_WORDS) or lowered.endswith(CHECKPOINT_SUFFIXES)
 
 
-def _checkpoint_root(artifact: Mapping[str, Any], path: str) -> str:
+def _checkpoint_root(artifact: Artifact, path: str) -> str:
     """``checkpoint-280`` for ``checkpoint-280/trainer_state.json``, under the progress dir."""
     parts = PurePath(path).parts
     root = next(
@@ -231,29 +234,27 @@ def _checkpoint_root(artifact: Mapping[str, Any], path: str) -> str:
         ),
         PurePath(path),
     )
-    progress_dir = (artifact.get("progress") or {}).get("dir")
+    progress_dir = artifact["progress"]["dir"]
     return (
         str(PurePath(progress_dir) / root) if progress_dir and not root.is_absolute() else str(root)
     )
 
 
-def _end_of_command(artifact: Mapping[str, Any]) -> float:
-    for event in artifact.get("events") or []:
-        if event.get("kind") in ("failure", "exited"):
-            return float(event.get("t", 0.0))
-    return float(artifact.get("duration_seconds") or 0.0)
+def _end_of_command(artifact: Artifact) -> float:
+    for event in artifact["events"]:
+        if event["kind"] in ("failure", "exited"):
+            return float(event["t"])
+    return float(artifact["duration_seconds"])
 
 
 # -- trends ----------------------------------------------------------------------------------
 
 
-def leaking_series(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
+def leaking_series(artifact: Artifact) -> list[dict[str, Any]]:
     """The ``trends`` entries judged leaks, with their key; processes first, by growth."""
-    trends = artifact.get("trends") or {}
+    trends = artifact.get("trends") or {}  # a version 2 section
     leaks = [
-        {"series": key, **entry}
-        for key, entry in trends.items()
-        if isinstance(entry, dict) and entry.get("verdict") == "leak"
+        {"series": key, **entry} for key, entry in trends.items() if entry["verdict"] == "leak"
     ]
     return sorted(
         leaks,
@@ -310,37 +311,37 @@ def _amount(value: object, unit: str, *, like: float | None = None) -> str:
 
 
 def _cause(
-    artifact: Mapping[str, Any],
+    artifact: Artifact,
     primary: str | None,
-    failures: Sequence[Mapping[str, Any]],
+    failures: Sequence[Failure],
     leaks: Sequence[Mapping[str, Any]],
     log_lines: Sequence[str],
     traceback: tuple[int, int] | None,
 ) -> tuple[str | None, str | None, str | None]:
     """(the cause in one line, where, the source line there)."""
     if primary in ("nonzero_exit", "signaled", "too_short"):
-        exception = (artifact.get("exit") or {}).get("exception")
-        if isinstance(exception, dict) and exception.get("type"):
-            text = f"{exception['type']}: {exception.get('message') or ''}".rstrip(": ")
-            where = exception.get("where")
+        exception = artifact["exit"].get("exception")  # a version 2 key
+        if exception is not None and exception["type"]:
+            text = f"{exception['type']}: {exception['message']}".rstrip(": ")
+            where = exception["where"]
             return text, where, _source_line(artifact, where)
         found = _traceback_exception(log_lines, traceback)
         if found is not None:
             return found[0], found[1], _source_line(artifact, found[1])
-        return str(failures[0]["message"]), None, None
+        return failures[0]["message"], None, None
     if primary in ("stale_progress", "startup_timeout"):
         return _stall_cause(artifact, failures)
     if primary in ("memory_leak", "memory_budget") and leaks:
         return trend_text(leaks[0]), None, None
     if primary is not None:
-        return str(failures[0]["message"]), None, None
+        return failures[0]["message"], None, None
     if leaks:
         return trend_text(leaks[0]), None, None
     return None, None, None
 
 
 def _stall_cause(
-    artifact: Mapping[str, Any], failures: Sequence[Mapping[str, Any]]
+    artifact: Artifact, failures: Sequence[Failure]
 ) -> tuple[str, str | None, str | None]:
     forensics = artifact.get("forensics")
     processes = forensics.get("processes") or [] if isinstance(forensics, dict) else []
@@ -357,11 +358,11 @@ def _stall_cause(
         )
         text = f"pid {process.get('pid')} ({process.get('name')}) {state} at {where}"
         return text, where, _source_line(artifact, where, process)
-    return str(failures[0]["message"]), None, None
+    return failures[0]["message"], None, None
 
 
 def _source_line(
-    artifact: Mapping[str, Any], where: str | None, process: Mapping[str, Any] | None = None
+    artifact: Artifact, where: str | None, process: Mapping[str, Any] | None = None
 ) -> str | None:
     """The line ``file:line`` names, read from the file when it is on this machine."""
     if not where:
@@ -372,9 +373,9 @@ def _source_line(
     name, number = match["file"], int(match["line"])
     candidates = [Path(name)]
     # py-spy and tracebacks may name a script by its base name: find it on the command line.
-    argv = [*((process or {}).get("cmdline") or []), *(artifact.get("command") or [])]
+    argv = [*((process or {}).get("cmdline") or []), *artifact["command"]]
     candidates.extend(Path(a) for a in argv if isinstance(a, str) and Path(a).name == name)
-    cwd = artifact.get("cwd")
+    cwd = artifact["cwd"]
     if cwd:
         candidates.append(Path(str(cwd)) / name)
     for path in candidates:
@@ -389,13 +390,15 @@ def _source_line(
 
 
 def _next_steps(
-    artifact: Mapping[str, Any],
+    artifact: Artifact,
     primary: str | None,
     where: str | None,
     last: LastProgress | None,
     leaks: Sequence[Mapping[str, Any]],
 ) -> list[str]:
-    config = artifact.get("config") or {}
+    # Settings beyond those the schema requires are read with ``.get``: a version 1 artifact,
+    # or a setting added since, lacks them.
+    config: Mapping[str, Any] = artifact["config"]
     resume = f"resume from {last.checkpoint}" if last and last.checkpoint else None
     steps: list[str] = []
     if primary in ("stale_progress", "startup_timeout"):
@@ -423,8 +426,7 @@ def _next_steps(
     elif primary in ("nonzero_exit", "signaled"):
         fix = f"Fix the error at {where}" if where else "Read the log's end below for the error"
         steps.append(fix + (f", then {resume}." if resume else "."))
-        exit_ = artifact.get("exit") or {}
-        if exit_.get("signal") == "SIGKILL" and not artifact.get("oom_kills"):
+        if artifact["exit"]["signal"] == "SIGKILL" and not artifact.get("oom_kills"):
             steps.append("Check the kernel log (dmesg) for the OOM killer.")
     elif primary == "memory_budget":
         budget = config.get("max_rss_bytes") or config.get("max_gpu_memory_bytes")

@@ -12,6 +12,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._record._schema import Artifact, series_times
 from .._sampling._fields import format_duration
 from .._timestamps import parse_iso_or_none
 
@@ -25,12 +26,12 @@ class NotOneJobError(ValueError):
     """The artifacts given together are not all soaks of one scheduler job."""
 
 
-def scheduler_of(artifact: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    scheduler = (artifact.get("snapshot") or {}).get("scheduler")
+def scheduler_of(artifact: Artifact) -> Mapping[str, Any] | None:
+    scheduler = artifact["snapshot"].get("scheduler")
     return scheduler if isinstance(scheduler, Mapping) and scheduler.get("job_id") else None
 
 
-def scheduler_line(artifact: Mapping[str, Any]) -> str | None:
+def scheduler_line(artifact: Artifact) -> str | None:
     """``12 on node1 (rank 0 of 2, restart 1)`` for a soak that ran in a SLURM job."""
     s = scheduler_of(artifact)
     if s is None:
@@ -49,7 +50,7 @@ def scheduler_line(artifact: Mapping[str, Any]) -> str | None:
     return f"{job} on {s.get('node') or '?'}" + (f" ({', '.join(details)})" if details else "")
 
 
-def combine(artifacts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     """One job's artifacts (``(path, artifact)`` pairs) as one JSON-ready view.
 
     Raises :class:`NotOneJobError` when one of them did not run in a scheduler's job, or
@@ -65,7 +66,7 @@ def combine(artifacts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any
         jobs = ", ".join(sorted(job for _, job in keys))
         raise NotOneJobError(f"the artifacts come from different jobs ({jobs}): give one job's")
     cluster, job_id = keys.pop()
-    starts = [parse_iso_or_none(a.get("started_at")) for _, a in artifacts]
+    starts = [parse_iso_or_none(a["started_at"]) for _, a in artifacts]
     origin = min((t for t in starts if t is not None), default=None)
 
     def offset(text: object) -> float | None:
@@ -77,8 +78,9 @@ def combine(artifacts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any
     soaks: list[dict[str, Any]] = []
     for path, artifact in artifacts:
         s = scheduler_of(artifact) or {}
-        failures = list(artifact.get("failures") or [])
+        failures = artifact["failures"]
         first = failures[0] if failures else None
+        stop = artifact.get("stop")  # no stop section: written before the stop sequence
         soaks.append(
             {
                 "path": path,
@@ -87,23 +89,23 @@ def combine(artifacts: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any
                 "local_rank": s.get("local_rank"),
                 "step_id": s.get("step_id"),
                 "restart_count": s.get("restart_count") or 0,
-                "status": artifact.get("status"),
-                "stop_cause": (artifact.get("stop") or {}).get("cause"),
+                "status": artifact["status"],
+                "stop_cause": None if stop is None else stop["cause"],
                 "reasons": [f["reason"] for f in failures],
                 "first_failure": None
                 if first is None
                 else {
                     "reason": first["reason"],
                     "message": first["message"],
-                    "at": first.get("at"),
-                    "offset_seconds": offset(first.get("at")),
+                    "at": first["at"],
+                    "offset_seconds": offset(first["at"]),
                 },
-                "started_at": artifact.get("started_at"),
-                "ended_at": artifact.get("ended_at"),
-                "start_offset_seconds": offset(artifact.get("started_at")),
-                "end_offset_seconds": offset(artifact.get("ended_at")),
-                "duration_seconds": artifact.get("duration_seconds"),
-                "returncode": (artifact.get("exit") or {}).get("returncode"),
+                "started_at": artifact["started_at"],
+                "ended_at": artifact["ended_at"],
+                "start_offset_seconds": offset(artifact["started_at"]),
+                "end_offset_seconds": offset(artifact["ended_at"]),
+                "duration_seconds": artifact["duration_seconds"],
+                "returncode": artifact["exit"]["returncode"],
             }
         )
     soaks.sort(key=lambda x: (x["restart_count"], _rank_key(x["rank"]), x["path"]))
@@ -212,7 +214,7 @@ def _bar(soak: Mapping[str, Any], span: float, width: int) -> str:
 
 
 def render_job_report(
-    combined: Mapping[str, Any], artifacts: Sequence[tuple[str, Mapping[str, Any]]]
+    combined: Mapping[str, Any], artifacts: Sequence[tuple[str, Artifact]]
 ) -> str:
     """One HTML page for the job: the verdicts, and each soak's tree CPU and memory on one
     wall-clock axis with its first failure marked (needs plotly, as every report does)."""
@@ -233,11 +235,11 @@ def render_job_report(
     by_path = dict(artifacts)
     for soak in combined["soaks"]:
         artifact = by_path[soak["path"]]
-        start = parse_iso_or_none(artifact.get("started_at"))
-        tree = (artifact.get("series") or {}).get("tree") or {}
+        start = parse_iso_or_none(artifact["started_at"])
+        tree = artifact["series"].get("tree") or {}
         if start is None or not tree.get("t"):
             continue
-        xs = [start + timedelta(seconds=float(t)) for t in tree["t"]]
+        xs = [start + timedelta(seconds=float(t)) for t in series_times(tree)]
         label = f"{soak_label(soak)} ({soak['node']})"
         rss = [None if v is None else v / 2**20 for v in tree.get("rss_bytes") or []]
         figure.add_scatter(x=xs, y=rss, name=label, legendgroup=label, row=1, col=1)

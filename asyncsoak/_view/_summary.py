@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._process._exits import describe as describe_exit
-from .._record._schema import typed
+from .._record._schema import Artifact
 from .._record._vocabulary import EventKind, FailureReason, SoakStatus
 from .._sampling._fields import describe, format_clock, format_duration, format_value, group_kind
 from ._evidence import (
@@ -55,10 +55,10 @@ IDLE_CPU_PERCENT = 5.0
 BUSY_CPU_PERCENT = 50.0
 
 
-def summarize(artifact: Mapping[str, Any]) -> dict[str, Any]:
+def summarize(artifact: Artifact) -> dict[str, Any]:
     """The facts someone needs first about a run, as JSON-ready data (``artifact`` checked
     against the schema: loaded through ``check_artifact`` or built by this package)."""
-    a = typed(artifact)
+    a = artifact
     reasons = [
         {
             "reason": f["reason"],
@@ -90,21 +90,21 @@ def summarize(artifact: Mapping[str, Any]) -> dict[str, Any]:
         "look_first": look_first(artifact),
         "peaks": peaks(artifact),
         "gpus": gpu_table(artifact),
-        "leftovers": list(artifact.get("leftover_processes") or []),
-        "abandoned": list(artifact.get("abandoned_processes") or []),
+        "leftovers": list(a["leftover_processes"]),
+        "abandoned": list(a.get("abandoned_processes") or []),
         "provenance": provenance(artifact),
         "log": {"path": a["log"]["path"], "last_lines": evidence.log_lines},
         "journal_path": a["monitor"]["journal_path"],
     }
 
 
-def headline(artifact: Mapping[str, Any], reasons: list[dict[str, Any]]) -> str:
+def headline(artifact: Artifact, reasons: list[dict[str, Any]]) -> str:
     """The verdict in plain words; a pass with warnings says how many."""
-    status = typed(artifact)["status"]
+    status = artifact["status"]
     if reasons:
         return REASON_TITLES.get(reasons[0]["reason"], STATUS_HEADLINES.get(status, status))
     text = STATUS_HEADLINES.get(status, status)
-    warnings = len(typed(artifact)["warnings"])
+    warnings = len(artifact["warnings"])
     if status == SoakStatus.PASSED and warnings:
         text += f", with {warnings} warning{'s' if warnings > 1 else ''}"
     return text
@@ -113,14 +113,14 @@ def headline(artifact: Mapping[str, Any], reasons: list[dict[str, Any]]) -> str:
 # -- facts -----------------------------------------------------------------------------------
 
 
-def signals_sent(artifact: Mapping[str, Any]) -> list[str]:
-    stop = typed(artifact).get("stop")  # no stop section: written before the stop sequence
+def signals_sent(artifact: Artifact) -> list[str]:
+    stop = artifact.get("stop")  # no stop section: written before the stop sequence
     return [] if stop is None else [s["signal"] for s in stop.get("signals", [])]
 
 
-def exit_text(artifact: Mapping[str, Any]) -> str:
+def exit_text(artifact: Artifact) -> str:
     """How the command ended, decoded: ``killed by SIGTERM (signal 15, sent by the monitor)``."""
-    a = typed(artifact)
+    a = artifact
     if a["exit"]["returncode"] is None and any(
         f["reason"] == FailureReason.SPAWN_FAILED for f in a["failures"]
     ):
@@ -128,10 +128,10 @@ def exit_text(artifact: Mapping[str, Any]) -> str:
     return describe_exit(a["exit"]["returncode"], sent=signals_sent(artifact))
 
 
-def look_first(artifact: Mapping[str, Any]) -> list[str]:
+def look_first(artifact: Artifact) -> list[str]:
     """Plain sentences: what happened and where to look, most important first."""
     hints: list[str] = []
-    a = typed(artifact)
+    a = artifact
     failures = a["failures"]
     primary = failures[0]["reason"] if failures else None
     progress = a["progress"]
@@ -226,16 +226,16 @@ def _worth_saying(leaks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [leak for leak in leaks if not str(leak["series"]).startswith("tree.")]
 
 
-def _stall_hints(artifact: Mapping[str, Any]) -> list[str]:
+def _stall_hints(artifact: Artifact) -> list[str]:
     window = stall_window(artifact)
     limit = config_value(artifact, "stale_progress_seconds") or 0.0
-    progress = artifact.get("progress") or {}
+    progress = artifact["progress"]
     if window is None:
         return []
     start, end = window
     hints = [
         f"Progress stopped {format_duration(start)} into the run "
-        f"({format_clock(progress.get('last_change_at'))}): nothing in {progress.get('dir')} "
+        f"({format_clock(progress['last_change_at'])}): nothing in {progress['dir']} "
         f"changed for {format_duration(limit)}, so the monitor stopped the run at "
         f"{format_duration(end)}. Look at what the trainer was doing just after "
         f"{format_duration(start)} (log tail below)."
@@ -243,7 +243,7 @@ def _stall_hints(artifact: Mapping[str, Any]) -> list[str]:
     return hints + _stall_cpu_hints(artifact)
 
 
-def _stall_cpu_hints(artifact: Mapping[str, Any]) -> list[str]:
+def _stall_cpu_hints(artifact: Artifact) -> list[str]:
     window = stall_window(artifact)
     if window is None:
         return []
@@ -261,7 +261,7 @@ def _stall_cpu_hints(artifact: Mapping[str, Any]) -> list[str]:
             "or work that no longer writes to the progress dir."
         )
     gpus = []
-    for group in sorted(artifact.get("series") or {}, key=lambda g: (len(g), g)):
+    for group in sorted(artifact["series"], key=lambda g: (len(g), g)):
         if group_kind(group) == "gpu":
             util = series_typical(artifact, group, "utilization_gpu_percent", start, end)
             if util is not None:
@@ -271,7 +271,7 @@ def _stall_cpu_hints(artifact: Mapping[str, Any]) -> list[str]:
     return hints
 
 
-def _forensics_hints(artifact: Mapping[str, Any]) -> list[str]:
+def _forensics_hints(artifact: Artifact) -> list[str]:
     forensics = artifact.get("forensics")
     if not isinstance(forensics, dict):
         return []
@@ -296,8 +296,8 @@ def _forensics_hints(artifact: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _memory_hints(artifact: Mapping[str, Any]) -> list[str]:
-    summary = artifact.get("summary") or {}
+def _memory_hints(artifact: Artifact) -> list[str]:
+    summary = artifact["summary"]
     rss = ((summary.get("tree") or {}).get("rss_bytes") or {}).get("max")
     if rss is None:
         return ["Check the kernel log (dmesg) for the OOM killer."]
@@ -314,9 +314,9 @@ def _process_name(process: Mapping[str, Any]) -> str:
     return f"pid {process.get('pid')} ({name})"
 
 
-def _throttle_seen(artifact: Mapping[str, Any]) -> list[str]:
+def _throttle_seen(artifact: Artifact) -> list[str]:
     out = []
-    for group, values in sorted((artifact.get("summary") or {}).items()):
+    for group, values in sorted(artifact["summary"].items()):
         reasons = values.get("throttle_reasons") if isinstance(values, dict) else None
         active = [r for r in reasons or [] if r not in IDLE_THROTTLE]
         if active:
@@ -330,14 +330,14 @@ CUMULATIVE_FIELDS = frozenset({"read_bytes", "write_bytes"})
 SAME_AS = {"memory_percent": "memory_used_bytes"}
 
 
-def peaks(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
+def peaks(artifact: Artifact) -> list[dict[str, Any]]:
     """Process tree and machine figures: peak (or lowest, for what is free), mean, last.
 
     Counters (bytes read and written) are given as totals; two disk series with the same
     figures (the progress and output dirs on one filesystem) as one row.
     """
     rows: list[dict[str, Any]] = []
-    for group, fields in sorted((artifact.get("summary") or {}).items(), key=_group_order):
+    for group, fields in sorted(artifact["summary"].items(), key=_group_order):
         if not isinstance(fields, dict) or group_kind(group) == "gpu" or group == "samples":
             continue
         seen_stats: dict[str, dict[str, Any]] = {}
@@ -399,9 +399,9 @@ def _field_order(name: str) -> tuple[int, str]:
     return (PEAKS_FIRST.index(name) if name in PEAKS_FIRST else len(PEAKS_FIRST), name)
 
 
-def gpu_table(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
+def gpu_table(artifact: Artifact) -> list[dict[str, Any]]:
     """One row per GPU: name, utilisation, memory, power, temperature, throttle reasons."""
-    summary = artifact.get("summary") or {}
+    summary = artifact["summary"]
     names = {g.get("index"): g.get("name") for g in _snapshot_gpus(artifact)}
     rows = []
     for group in sorted(summary, key=lambda g: (len(g), g)):
@@ -430,16 +430,16 @@ def gpu_table(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _snapshot_gpus(artifact: Mapping[str, Any]) -> list[dict[str, Any]]:
-    gpus = (artifact.get("snapshot") or {}).get("gpus")
+def _snapshot_gpus(artifact: Artifact) -> list[dict[str, Any]]:
+    gpus = artifact["snapshot"].get("gpus")
     if isinstance(gpus, dict):
         gpus = gpus.get("gpus")
     return [g for g in gpus or [] if isinstance(g, dict)]
 
 
-def provenance(artifact: Mapping[str, Any]) -> dict[str, str]:
+def provenance(artifact: Artifact) -> dict[str, str]:
     """Source revision, GPUs, driver, Python and host from the runtime snapshot."""
-    snapshot = artifact.get("snapshot") or {}
+    snapshot = artifact["snapshot"]
     out: dict[str, str] = {}
     source = snapshot.get("source") or {}
     if source.get("revision"):

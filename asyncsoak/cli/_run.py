@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
@@ -29,6 +29,9 @@ from ._slurm import (
     scheduler_paths,
     stop_by_scheduler,
 )
+
+if TYPE_CHECKING:
+    from .._record._schema import Artifact
 
 #: Signals that stop the soak: Ctrl-C, a service manager, and a closed terminal or ssh session.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -372,7 +375,8 @@ def print_demo_summary(artifact: dict[str, Any]) -> None:
     print(f"\nverdict: {artifact['status']}")
     for failure in artifact["failures"]:
         print(f"  {failure['reason']}: {failure['message']}")
-    ended = exit_text(artifact)
+    # run_soak's artifact, which the package built in the shape ``Artifact`` gives.
+    ended = exit_text(cast("Artifact", artifact))
     print(f"ran for: {artifact['duration_seconds']:.1f}s, {ended}")
     print(
         f"progress: {progress['changes']} file changes, "

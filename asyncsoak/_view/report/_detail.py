@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..._record._journal import read_journal
+from ..._record._schema import Artifact
 from .._summary import IDLE_THROTTLE
 
 
@@ -50,10 +49,10 @@ def read_journal_detail(path: Path) -> JournalDetail:
     return detail
 
 
-def journal_detail_for(artifact: Mapping[str, Any], journal: Path | None) -> JournalDetail | None:
+def journal_detail_for(artifact: Artifact, journal: Path | None) -> JournalDetail | None:
     path = journal
     if path is None:
-        recorded = (artifact.get("monitor") or {}).get("journal_path")
+        recorded = artifact["monitor"]["journal_path"]
         path = Path(recorded) if recorded else None
     if path is None or not path.is_file():
         return None

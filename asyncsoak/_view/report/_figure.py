@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from ..._record._artifact import EVENTS_HEAD
+from ..._record._schema import Artifact, series_times
 from ..._sampling._fields import (
     Field,
     format_duration,
@@ -120,23 +121,23 @@ class Timeline:
 
     def __init__(
         self,
-        artifact: Mapping[str, Any],
+        artifact: Artifact,
         detail: JournalDetail | None,
-        baseline: Mapping[str, Any] | None = None,
+        baseline: Artifact | None = None,
     ) -> None:
         self.artifact = artifact
         self.detail = detail
         self.baseline_series: Mapping[str, Mapping[str, Sequence[Any]]] = (
-            (baseline.get("series") or {}) if baseline is not None else {}
+            baseline["series"] if baseline is not None else {}
         )
-        self.duration = max(float(artifact.get("duration_seconds") or 0.0), 1e-3)
+        self.duration = max(float(artifact["duration_seconds"]), 1e-3)
         if self.duration <= 900:
             self.x_divisor, self.x_unit = 1.0, "seconds"
         elif self.duration <= 36_000:
             self.x_divisor, self.x_unit = 60.0, "minutes"
         else:
             self.x_divisor, self.x_unit = 3600.0, "hours"
-        self.series: Mapping[str, Mapping[str, Sequence[Any]]] = artifact.get("series") or {}
+        self.series: Mapping[str, Mapping[str, Sequence[Any]]] = artifact["series"]
         self.steady: list[Field] = []
         self.panels = self._fold_steady(plan_panels(self.series))
         self.progress_times = self._progress_times()
@@ -195,7 +196,7 @@ class Timeline:
 
     def _events_lost(self) -> tuple[float, float] | None:
         """The stretch whose events the artifact did not keep (head and tail are kept)."""
-        events = self.artifact.get("events") or []
+        events = self.artifact["events"]
         if not self.artifact.get("events_dropped") or len(events) <= EVENTS_HEAD:
             return None
         return float(events[EVENTS_HEAD - 1]["t"]), float(events[EVENTS_HEAD]["t"])
@@ -207,8 +208,8 @@ class Timeline:
         else:
             pairs = [
                 (float(e["t"]), file_names(e.get("paths")))
-                for e in self.artifact.get("events") or []
-                if e.get("kind") == "progress"
+                for e in self.artifact["events"]
+                if e["kind"] == "progress"
             ]
         self.progress_files = [files for _, files in pairs]
         return [t for t, _ in pairs]
@@ -216,9 +217,9 @@ class Timeline:
     def _marks(self) -> list[_Mark]:
         marks: list[_Mark] = []
         artifact = self.artifact
-        for event in artifact.get("events") or []:
-            kind = event.get("kind")
-            t = float(event.get("t", 0.0))
+        for event in artifact["events"]:
+            kind = event["kind"]
+            t = float(event["t"])
             when = f"{format_duration(t)} ({self._wall(t)})"
             if kind == "failure":
                 marks.append(
@@ -340,15 +341,15 @@ class Timeline:
                 )
         if not event_times(artifact, "failure"):
             # A monitor lost has no failure event: the journal just ends.
-            for failure in artifact.get("failures") or []:
-                if failure.get("reason") == "monitor_lost":
+            for failure in artifact["failures"]:
+                if failure["reason"] == "monitor_lost":
                     marks.append(
                         _Mark(
                             self.duration,
                             "failure",
                             "monitor_lost",
                             "the journal ends here: the monitor died<br>"
-                            + html.escape(str(failure.get("message"))),
+                            + html.escape(failure["message"]),
                             COLORS["failure"],
                             "x",
                             "solid",
@@ -362,10 +363,10 @@ class Timeline:
         return {}
 
     def _wall(self, t: float) -> str:
-        started = self.artifact.get("started_at")
+        started = self.artifact["started_at"]
         if not started:
             return ""
-        moment = parse_iso(str(started)) + timedelta(seconds=t)
+        moment = parse_iso(started) + timedelta(seconds=t)
         return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
 
     # -- figure -------------------------------------------------------------------------
@@ -721,13 +722,13 @@ class Timeline:
     def _process_lines(self) -> list[tuple[str, list[float], list[float | None]]]:
         """(name, t, RSS) of the top processes the artifact kept, at most PROCESS_LINES."""
         lines = []
-        for p in (self.artifact.get("processes") or [])[:PROCESS_LINES]:
-            series = p.get("series") or {} if isinstance(p, dict) else {}
+        for p in (self.artifact.get("processes") or [])[:PROCESS_LINES]:  # a version 2 section
+            series = p["series"]
             if series.get("t") and series.get("rss_bytes"):
                 lines.append(
                     (
-                        f"pid {p.get('pid')} {p.get('name') or ''}".strip(),
-                        series["t"],
+                        f"pid {p['pid']} {p['name'] or ''}".strip(),
+                        series_times(series),
                         series["rss_bytes"],
                     )
                 )
@@ -777,15 +778,15 @@ class Timeline:
         lines = []
         for key in ("tree.rss_bytes", "tree.pss_bytes"):
             entry = trends.get(key)
-            if isinstance(entry, dict) and isinstance(entry.get("slope_per_hour"), int | float):
+            if entry is not None and isinstance(entry["slope_per_hour"], int | float):
                 lines.append(
                     f"tree {key.split('.')[1].split('_')[0].upper()} "
                     + rate_text(
                         float(entry["slope_per_hour"]),
                         "bytes",
-                        float(entry.get("span_seconds") or 0.0),
+                        float(entry["span_seconds"]),
                     )
-                    + f" ({entry.get('verdict')})"
+                    + f" ({entry['verdict']})"
                 )
         for leak in leaking_series(self.artifact):
             slope = leak.get("slope_per_hour")
@@ -899,9 +900,9 @@ class Timeline:
             )
 
     def _readout_script(self) -> str:
-        started = self.artifact.get("started_at")
+        started = self.artifact["started_at"]
         start_ms = (
-            datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp() * 1000
+            datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp() * 1000
             if started
             else "null"
         )

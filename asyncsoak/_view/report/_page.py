@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ... import __version__
 from ..._errors import AsyncsoakError
 from ..._record._artifact import FILE_MODE
+from ..._record._schema import Artifact
 from .._summary import summarize
 from ._assets import STYLE
 from ._detail import journal_detail_for
@@ -40,11 +39,11 @@ class ReportUnavailableError(AsyncsoakError):
 
 
 def render_report(
-    artifact: Mapping[str, Any],
+    artifact: Artifact,
     *,
     journal: Path | None = None,
     source: str | None = None,
-    baseline: Mapping[str, Any] | None = None,
+    baseline: Artifact | None = None,
     baseline_source: str | None = None,
 ) -> str:
     """The report of one run as a self-contained HTML page.
@@ -85,7 +84,7 @@ def render_report(
         log_html(artifact),
         _footer_html(artifact, source),
     ]
-    title = f"{str(artifact.get('status', '?')).upper()}: {summary['headline']}"
+    title = f"{artifact['status'].upper()}: {summary['headline']}"
     return PAGE.format(
         title=html.escape(title),
         style=STYLE,
@@ -94,12 +93,12 @@ def render_report(
 
 
 def write_report(
-    artifact: Mapping[str, Any],
+    artifact: Artifact,
     path: Path,
     *,
     journal: Path | None = None,
     source: str | None = None,
-    baseline: Mapping[str, Any] | None = None,
+    baseline: Artifact | None = None,
     baseline_source: str | None = None,
 ) -> None:
     """Render and write the report, readable by its owner only (like the artifact)."""
@@ -133,9 +132,9 @@ window.addEventListener("error", function (e) {{
 """
 
 
-def _footer_html(artifact: Mapping[str, Any], source: str | None) -> str:
+def _footer_html(artifact: Artifact, source: str | None) -> str:
     made_from = f" from {html.escape(source)}" if source else ""
-    journal = (artifact.get("monitor") or {}).get("journal_path")
+    journal = artifact["monitor"]["journal_path"]
     return (
         f"<footer>asyncsoak {__version__} report{made_from}; journal "
         f"{html.escape(str(journal))}.</footer>"

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..._record._artifact import EVENTS_HEAD
+from ..._record._schema import Artifact
 from ..._sampling._fields import (
     format_clock,
     format_duration,
@@ -58,7 +59,7 @@ ANCHORS = (
 )
 
 
-def evidence_html(artifact: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
     """The cause, the last progress, the next step and the log's end: what decides the run."""
     evidence = summary["evidence"]
     rows: list[str] = []
@@ -82,14 +83,14 @@ def evidence_html(artifact: Mapping[str, Any], summary: Mapping[str, Any]) -> st
             + (f": {files}" if files else "")
             + "</dd>"
         )
-    elif artifact.get("status") != "passed":
+    elif artifact["status"] != "passed":
         rows.append("<dt>Last progress</dt><dd>none: no file in the progress dir changed</dd>")
     for i, step in enumerate(evidence["next_steps"]):
         rows.append(f"<dt>{'Next step' if i == 0 else ''}</dt><dd>{html.escape(step)}</dd>")
     log = _log_excerpt_html(evidence["log_lines"], evidence["traceback"])
     present = {
         "processes": bool(artifact.get("processes")),
-        "events": bool(artifact.get("events")),
+        "events": bool(artifact["events"]),
         "forensics": bool(artifact.get("forensics") or artifact.get("abandoned_processes")),
     }
     links = " · ".join(
@@ -122,47 +123,44 @@ def _log_excerpt_html(lines: Sequence[str], traceback: Sequence[int] | None) -> 
     )
 
 
-def _wall_clock(artifact: Mapping[str, Any], t: float) -> str:
-    started = artifact.get("started_at")
+def _wall_clock(artifact: Artifact, t: float) -> str:
+    started = artifact["started_at"]
     if not started:
         return "?"
-    moment = datetime.fromisoformat(str(started).replace("Z", "+00:00")) + timedelta(seconds=t)
+    moment = datetime.fromisoformat(started.replace("Z", "+00:00")) + timedelta(seconds=t)
     return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
 
 
-def processes_html(artifact: Mapping[str, Any]) -> str:
+def processes_html(artifact: Artifact) -> str:
     """The top processes by peak memory: who grew, and who used the CPU and GPU."""
-    processes = [p for p in artifact.get("processes") or [] if isinstance(p, dict)]
+    processes = artifact.get("processes") or []  # a version 2 section
     if not processes:
         return ""
     trends = artifact.get("trends") or {}
     rows = []
     for p in processes:
-        trend = trends.get(f"process.{p.get('pid')}.rss_bytes") or {}
-        first, peak, last = (
-            p.get("first_rss_bytes"),
-            p.get("peak_rss_bytes"),
-            p.get("last_rss_bytes"),
-        )
+        # A series judged too short has no trend.
+        trend = trends.get(f"process.{p['pid']}.rss_bytes")
+        first, peak, last = p["first_rss_bytes"], p["peak_rss_bytes"], p["last_rss_bytes"]
         rss = " → ".join(format_value(v, "bytes", like=peak) for v in (first, peak, last))
-        slope = trend.get("slope_per_hour")
-        verdict = str(trend.get("verdict") or "")
+        slope = None if trend is None else trend["slope_per_hour"]
+        verdict = "" if trend is None else trend["verdict"]
         growth = (
-            rate_text(float(slope), "bytes", float(trend.get("span_seconds") or 0), like=peak)
-            if isinstance(slope, int | float)
+            rate_text(float(slope), "bytes", float(trend["span_seconds"]), like=peak)
+            if trend is not None and isinstance(slope, int | float)
             else ""
         )
         cls = ' class="leak"' if verdict == "leak" else ""
         cells = [
-            p.get("pid"),
-            p.get("name") or "?",
+            p["pid"],
+            p["name"] or "?",
             rss,
             f"{growth} ({verdict})" if growth else verdict or "-",
-            format_value(p.get("mean_cpu_percent"), "%"),
-            format_value(p.get("peak_gpu_memory_bytes"), "bytes")
-            if p.get("peak_gpu_memory_bytes")
+            format_value(p["mean_cpu_percent"], "%"),
+            format_value(p["peak_gpu_memory_bytes"], "bytes")
+            if p["peak_gpu_memory_bytes"]
             else "-",
-            p.get("peak_threads", "?"),
+            p["peak_threads"],
         ]
         rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells))
     head = (
@@ -184,12 +182,12 @@ def processes_html(artifact: Mapping[str, Any]) -> str:
     )
 
 
-def _cpu_competition(artifact: Mapping[str, Any]) -> str | None:
+def _cpu_competition(artifact: Artifact) -> str | None:
     """A note when the machine's CPU was far above the tree's: something else competed."""
-    summary = artifact.get("summary") or {}
+    summary = artifact["summary"]
     machine = ((summary.get("machine") or {}).get("cpu_percent") or {}).get("mean")
     tree = ((summary.get("tree") or {}).get("cpu_percent") or {}).get("mean")
-    cores = ((artifact.get("snapshot") or {}).get("host") or {}).get("usable_cpus")
+    cores = (artifact["snapshot"].get("host") or {}).get("usable_cpus")
     if not (
         isinstance(machine, int | float)
         and isinstance(tree, int | float)
@@ -207,9 +205,7 @@ def _cpu_competition(artifact: Mapping[str, Any]) -> str | None:
     )
 
 
-def compare_html(
-    artifact: Mapping[str, Any], baseline: Mapping[str, Any] | None, name: str | None
-) -> str:
+def compare_html(artifact: Artifact, baseline: Artifact | None, name: str | None) -> str:
     """The figures of this run beside the baseline's, regressions marked."""
     if baseline is None:
         return ""
@@ -250,7 +246,7 @@ def steady_html(timeline: Timeline) -> str:
     return f'<p class="steady"><b>Steady throughout</b> (not plotted): {html.escape(text)}</p>'
 
 
-def facts_html(artifact: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+def facts_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
     progress = summary["progress"]
     last = progress.get("last_change_t")
     stale = config_value(artifact, "stale_progress_seconds")
@@ -274,7 +270,7 @@ def facts_html(artifact: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
     ]
     for name, value in summary["provenance"].items():
         facts.append((name[:1].upper() + name[1:], html.escape(value)))
-    if artifact.get("metadata"):
+    if artifact["metadata"]:
         facts.append(
             (
                 "Metadata",
@@ -309,11 +305,11 @@ def pids(pids: object) -> str:
     return shown + (f" and {len(pids) - 10} more" if len(pids) > 10 else "")
 
 
-def exit_label(artifact: Mapping[str, Any]) -> str:
-    exit_ = artifact.get("exit") or {}
-    returncode = exit_.get("returncode")
+def exit_label(artifact: Artifact) -> str:
+    exit_ = artifact["exit"]
+    returncode = exit_["returncode"]
     if returncode is not None and returncode < 0:
-        return f"exit: {exit_.get('signal') or returncode}"
+        return f"exit: {exit_['signal'] or returncode}"
     return f"exit {returncode}"
 
 
@@ -345,10 +341,10 @@ def gpu_html(summary: Mapping[str, Any], timeline: Timeline) -> str:
     return f'<section id="gpus"><h2>GPUs</h2><table>{head}{"".join(rows)}</table></section>'
 
 
-def events_html(artifact: Mapping[str, Any]) -> str:
-    events = list(artifact.get("events") or [])
-    started = artifact.get("started_at")
-    start = datetime.fromisoformat(str(started).replace("Z", "+00:00")) if started else None
+def events_html(artifact: Artifact) -> str:
+    events = artifact["events"]
+    started = artifact["started_at"]
+    start = datetime.fromisoformat(started.replace("Z", "+00:00")) if started else None
     dropped = int(artifact.get("events_dropped") or 0)
     rows: list[str] = []
 
@@ -371,12 +367,12 @@ def events_html(artifact: Mapping[str, Any]) -> str:
                 "artifact (the journal has them all) ...</td></tr>"
             )
         event = events[i]
-        if event.get("kind") == "progress":
+        if event["kind"] == "progress":
             j = i
             paths: dict[str, None] = {}
             while (
                 j < len(events)
-                and events[j].get("kind") == "progress"
+                and events[j]["kind"] == "progress"
                 and not (dropped and j == EVENTS_HEAD and j != i)
             ):
                 paths.update(dict.fromkeys(events[j].get("paths") or []))
@@ -398,7 +394,7 @@ def events_html(artifact: Mapping[str, Any]) -> str:
                 )
             i = j
             continue
-        row(str(event.get("kind")), float(event.get("t", 0.0)), *_event_text(artifact, event))
+        row(event["kind"], float(event["t"]), *_event_text(artifact, event))
         i += 1
     if not rows:
         return ""
@@ -409,8 +405,8 @@ def events_html(artifact: Mapping[str, Any]) -> str:
     )
 
 
-def _event_text(artifact: Mapping[str, Any], event: Mapping[str, Any]) -> tuple[str, str]:
-    kind = str(event.get("kind"))
+def _event_text(artifact: Artifact, event: Mapping[str, Any]) -> tuple[str, str]:
+    kind = str(event["kind"])
     if kind == "started":
         return "started", f"pid {event.get('pid')} (reaper {event.get('reaper_pid')})"
     if kind == "failure":
@@ -478,8 +474,8 @@ def _process_table(processes: Sequence[Mapping[str, Any]]) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
-def leftovers_html(artifact: Mapping[str, Any]) -> str:
-    leftovers = artifact.get("leftover_processes") or []
+def leftovers_html(artifact: Artifact) -> str:
+    leftovers = artifact["leftover_processes"]
     body = (
         _process_table(leftovers)
         if leftovers
@@ -488,7 +484,7 @@ def leftovers_html(artifact: Mapping[str, Any]) -> str:
     return f'<section id="leftovers"><h2>Leftover processes</h2>{body}</section>'
 
 
-def forensics_html(artifact: Mapping[str, Any]) -> str:
+def forensics_html(artifact: Artifact) -> str:
     parts = ['<section id="forensics"><h2>Forensics</h2>']
     abandoned = artifact.get("abandoned_processes") or []
     if abandoned:
@@ -504,8 +500,8 @@ def forensics_html(artifact: Mapping[str, Any]) -> str:
         parts.append(f"<h3>Killed by the kernel's OOM killer</h3><ul>{items}</ul>")
     forensics = artifact.get("forensics")
     if isinstance(forensics, dict):
-        parts.append(_stall_forensics_html(forensics, (artifact.get("exit") or {}).get("pid")))
-    monitor = dict(artifact.get("monitor") or {})
+        parts.append(_stall_forensics_html(forensics, artifact["exit"]["pid"]))
+    monitor: dict[str, Any] = dict(artifact["monitor"])
     notes = monitor.pop("sampler_notes", []) or []
     if notes:
         items = "".join(
@@ -514,12 +510,12 @@ def forensics_html(artifact: Mapping[str, Any]) -> str:
             for n in notes
         )
         parts.append(f"<h3>Sampler notes</h3><ul>{items}</ul>")
-    stop = artifact.get("stop") or {}
-    if stop.get("cause"):
+    stop = artifact.get("stop")  # no stop section: written before the stop sequence
+    if stop is not None and stop["cause"]:
         parts.append(
             "<p>Stop: "
             + html.escape(
-                f"{_stop_text(stop)}, SIGKILL needed: {'yes' if stop.get('killed') else 'no'}"
+                f"{_stop_text(stop)}, SIGKILL needed: {'yes' if stop['killed'] else 'no'}"
             )
             + "</p>"
         )
@@ -532,8 +528,8 @@ def forensics_html(artifact: Mapping[str, Any]) -> str:
         + html.escape(", ".join(f"{k.replace('_', ' ')} {_plain(v)}" for k, v in shown.items()))
         + "</p>"
     )
-    parts.append(_json_details("Effective configuration", artifact.get("config")))
-    parts.append(_json_details("Runtime snapshot (provenance)", artifact.get("snapshot")))
+    parts.append(_json_details("Effective configuration", artifact["config"]))
+    parts.append(_json_details("Runtime snapshot (provenance)", artifact["snapshot"]))
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -668,10 +664,10 @@ def _json_details(title: str, value: object) -> str:
     )
 
 
-def log_html(artifact: Mapping[str, Any]) -> str:
-    log = artifact.get("log") or {}
-    tail = str(log.get("tail") or "")
-    path = html.escape(str(log.get("path")))
+def log_html(artifact: Artifact) -> str:
+    log = artifact["log"]
+    tail = log["tail"]
+    path = html.escape(str(log["path"]))
     if not tail.strip():
         return (
             '<section id="log"><h2>Log tail</h2><p class="empty">'
