@@ -97,7 +97,8 @@ def check_artifact(data: object) -> Artifact:
 
 def _problem(value: Any, schema: dict[str, Any], where: str, defs: dict[str, Any]) -> str | None:
     """The first way ``value`` breaks ``schema`` (the subset the artifact's schema uses:
-    ``$ref``, ``anyOf``, ``type``, ``enum``, ``required``, ``properties``, ``items``)."""
+    ``$ref``, ``anyOf``, ``type``, ``enum``, ``required``, ``properties``,
+    ``additionalProperties``, ``items``)."""
     if "$ref" in schema:
         return _problem(value, defs[schema["$ref"].rsplit("/", 1)[-1]], where, defs)
     if "anyOf" in schema:
@@ -118,11 +119,20 @@ def _problem(value: Any, schema: dict[str, Any], where: str, defs: dict[str, Any
         for key in schema.get("required", ()):
             if key not in value:
                 return f"{name} has no {key!r}"
-        for key, sub in schema.get("properties", {}).items():
+        properties = schema.get("properties", {})
+        for key, sub in properties.items():
             if key in value and key != "schema_version":
                 found = _problem(value[key], sub, f"{where}.{key}".lstrip("."), defs)
                 if found is not None:
                     return found
+        # The sections keyed by data (trends, series groups): each entry has the schema's shape.
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key, item in value.items():
+                if key not in properties:
+                    found = _problem(item, extra, f"{where}.{key}".lstrip("."), defs)
+                    if found is not None:
+                        return found
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             found = _problem(item, schema["items"], f"{where}[{i}]", defs)
