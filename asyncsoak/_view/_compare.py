@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from .._record._schema import Artifact
+from .._record._vocabulary import SoakStatus
 from .._sampling._fields import format_duration, format_value, gpu_index
 from ._evidence import leaking_series, rate_text
 
@@ -24,7 +25,12 @@ DEFAULT_THRESHOLD = 0.10
 #: Memory must also grow by at least this much to regress (bytes).
 MEMORY_FLOOR_BYTES = 64 * 2**20
 #: Statuses from the best to the worst.
-STATUS_RANK = {"passed": 0, "cancelled": 1, "failed": 2, "error": 3}
+STATUS_RANK: dict[str, int] = {
+    SoakStatus.PASSED: 0,
+    SoakStatus.CANCELLED: 1,
+    SoakStatus.FAILED: 2,
+    SoakStatus.ERROR: 3,
+}
 
 Better = Literal["lower", "higher", "none"]
 
@@ -216,7 +222,7 @@ def _leak_row(baseline: Artifact, candidate: Artifact, threshold: float) -> Row:
     note = ""
     if regressed:
         who = leaking_series(candidate)[0]
-        what = who.get("label") or who.get("series")
+        what = who["label"] or who["series"]
         than = "leaked less" if before_leaks else "did not leak"
         note = f"memory leak: {what} (the baseline {than})"
     return Row(

@@ -18,7 +18,8 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from .._process._crash import last_traceback
-from .._record._schema import Artifact, Failure
+from .._record._schema import Artifact, Failure, Trend
+from .._record._vocabulary import EventKind, FailureReason
 from .._sampling._fields import format_bytes, format_duration, format_value
 from .._timestamps import parse_iso
 
@@ -33,6 +34,12 @@ BUSY_CPU_PERCENT = 50.0
 _TRACEBACK = "Traceback (most recent call last):"
 _FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 _FRAME = re.compile(r"^(?P<func>.+) \((?P<file>[^()]+):(?P<line>\d+)\)$")
+
+
+class Leak(Trend):
+    """A ``trends`` entry judged a leak, with its key in ``trends`` (``process.4242.rss_bytes``)."""
+
+    series: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +69,7 @@ class Evidence:
     log_lines: list[str]
     traceback: tuple[int, int] | None
     #: The ``trends`` entries judged leaks, the worst first.
-    leaks: list[dict[str, Any]] = field(default_factory=list)
+    leaks: list[Leak] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,12 +123,12 @@ def event_times(artifact: Artifact, kind: str) -> list[float]:
 def stall_window(artifact: Artifact) -> tuple[float, float] | None:
     """Where the run made no progress before a liveness rule fired: ``(start, end)`` seconds."""
     reasons = [f["reason"] for f in artifact["failures"]]
-    failure_times = event_times(artifact, "failure")
+    failure_times = event_times(artifact, EventKind.FAILURE)
     end = failure_times[0] if failure_times else float(artifact["duration_seconds"])
-    if "stale_progress" in reasons:
+    if FailureReason.STALE_PROGRESS in reasons:
         last = seconds_at(artifact, artifact["progress"]["last_change_at"])
         return (last, end) if last is not None else None
-    if "startup_timeout" in reasons:
+    if FailureReason.STARTUP_TIMEOUT in reasons:
         return (0.0, end)
     return None
 
@@ -199,7 +206,7 @@ def _traceback_exception(
 
 
 def last_progress(artifact: Artifact) -> LastProgress | None:
-    progress_events = [e for e in artifact["events"] if e["kind"] == "progress"]
+    progress_events = [e for e in artifact["events"] if e["kind"] == EventKind.PROGRESS]
     if not progress_events:
         return None
     last = progress_events[-1]
@@ -242,7 +249,7 @@ def _checkpoint_root(artifact: Artifact, path: str) -> str:
 
 def _end_of_command(artifact: Artifact) -> float:
     for event in artifact["events"]:
-        if event["kind"] in ("failure", "exited"):
+        if event["kind"] in (EventKind.FAILURE, EventKind.EXITED):
             return float(event["t"])
     return float(artifact["duration_seconds"])
 
@@ -250,40 +257,37 @@ def _end_of_command(artifact: Artifact) -> float:
 # -- trends ----------------------------------------------------------------------------------
 
 
-def leaking_series(artifact: Artifact) -> list[dict[str, Any]]:
+def leaking_series(artifact: Artifact) -> list[Leak]:
     """The ``trends`` entries judged leaks, with their key; processes first, by growth."""
     trends = artifact.get("trends") or {}  # a version 2 section
     leaks = [
-        {"series": key, **entry} for key, entry in trends.items() if entry["verdict"] == "leak"
+        Leak(series=key, **entry) for key, entry in trends.items() if entry["verdict"] == "leak"
     ]
     return sorted(
         leaks,
-        key=lambda e: (
-            not str(e["series"]).startswith("process."),
-            -abs(float(e.get("growth") or 0.0)),
-        ),
+        key=lambda e: (not e["series"].startswith("process."), -abs(float(e["growth"] or 0.0))),
     )
 
 
-def trend_text(entry: Mapping[str, Any]) -> str:
+def trend_text(entry: Leak) -> str:
     """``memory of pid 29987 (python) grew 1.0 GiB in 1m10s (+0.9 GiB/min)``, and the limit."""
-    unit = str(entry.get("unit") or "")
-    key = str(entry.get("series") or "")
-    pid, name = entry.get("pid"), entry.get("name")
+    unit = entry["unit"]
+    key = entry["series"]
+    pid, name = entry.get("pid"), entry.get("name")  # a process's trend only
     if pid is not None:
         what = f"{'GPU memory' if 'gpu' in key else 'memory'} of pid {pid}" + (
             f" ({name})" if name else ""
         )
     else:
-        what = str(entry.get("label") or key)
-    span = float(entry.get("span_seconds") or 0.0)
-    text = f"{what} grew {_amount(entry.get('growth'), unit)} in {format_duration(span)}"
-    slope = entry.get("slope_per_hour")
+        what = entry["label"] or key
+    span = float(entry["span_seconds"])
+    text = f"{what} grew {_amount(entry['growth'], unit)} in {format_duration(span)}"
+    slope = entry["slope_per_hour"]
     if isinstance(slope, int | float):
-        text += f" ({rate_text(float(slope), unit, span, like=entry.get('growth'))})"
-    to_limit = entry.get("projected_seconds_to_limit")
+        text += f" ({rate_text(float(slope), unit, span, like=entry['growth'])})"
+    to_limit = entry["projected_seconds_to_limit"]
     if isinstance(to_limit, int | float):
-        source = entry.get("limit_source") or "its limit"
+        source = entry["limit_source"] or "its limit"
         text += f"; at this rate it reaches {source} in {format_duration(float(to_limit))}"
     return text
 
@@ -314,12 +318,12 @@ def _cause(
     artifact: Artifact,
     primary: str | None,
     failures: Sequence[Failure],
-    leaks: Sequence[Mapping[str, Any]],
+    leaks: Sequence[Leak],
     log_lines: Sequence[str],
     traceback: tuple[int, int] | None,
 ) -> tuple[str | None, str | None, str | None]:
     """(the cause in one line, where, the source line there)."""
-    if primary in ("nonzero_exit", "signaled", "too_short"):
+    if primary in (FailureReason.NONZERO_EXIT, FailureReason.SIGNALED, FailureReason.TOO_SHORT):
         exception = artifact["exit"].get("exception")  # a version 2 key
         if exception is not None and exception["type"]:
             text = f"{exception['type']}: {exception['message']}".rstrip(": ")
@@ -329,9 +333,9 @@ def _cause(
         if found is not None:
             return found[0], found[1], _source_line(artifact, found[1])
         return failures[0]["message"], None, None
-    if primary in ("stale_progress", "startup_timeout"):
+    if primary in (FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT):
         return _stall_cause(artifact, failures)
-    if primary in ("memory_leak", "memory_budget") and leaks:
+    if primary in (FailureReason.MEMORY_LEAK, FailureReason.MEMORY_BUDGET) and leaks:
         return trend_text(leaks[0]), None, None
     if primary is not None:
         return failures[0]["message"], None, None
@@ -394,14 +398,14 @@ def _next_steps(
     primary: str | None,
     where: str | None,
     last: LastProgress | None,
-    leaks: Sequence[Mapping[str, Any]],
+    leaks: Sequence[Leak],
 ) -> list[str]:
     # Settings beyond those the schema requires are read with ``.get``: a version 1 artifact,
     # or a setting added since, lacks them.
     config: Mapping[str, Any] = artifact["config"]
     resume = f"resume from {last.checkpoint}" if last and last.checkpoint else None
     steps: list[str] = []
-    if primary in ("stale_progress", "startup_timeout"):
+    if primary in (FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT):
         if resume:
             steps.append(resume[:1].upper() + resume[1:] + ".")
         if not config.get("dump_signal"):
@@ -413,9 +417,13 @@ def _next_steps(
         cpu = (
             series_typical(artifact, "tree", "cpu_percent", *window) if window is not None else None
         )
-        option = "--stale-progress" if primary == "stale_progress" else "--startup-timeout"
+        option = (
+            "--stale-progress" if primary == FailureReason.STALE_PROGRESS else "--startup-timeout"
+        )
         name = (
-            "stale_progress_seconds" if primary == "stale_progress" else "startup_timeout_seconds"
+            "stale_progress_seconds"
+            if primary == FailureReason.STALE_PROGRESS
+            else "startup_timeout_seconds"
         )
         limit = config_value(artifact, name)
         if cpu is not None and cpu >= BUSY_CPU_PERCENT:
@@ -423,30 +431,30 @@ def _next_steps(
                 f"The tree was busy (CPU about {cpu:.0f}%): if it was only slow, raise {option}"
                 + (f" (now {format_duration(limit)})." if limit else ".")
             )
-    elif primary in ("nonzero_exit", "signaled"):
+    elif primary in (FailureReason.NONZERO_EXIT, FailureReason.SIGNALED):
         fix = f"Fix the error at {where}" if where else "Read the log's end below for the error"
         steps.append(fix + (f", then {resume}." if resume else "."))
         if artifact["exit"]["signal"] == "SIGKILL" and not artifact.get("oom_kills"):
             steps.append("Check the kernel log (dmesg) for the OOM killer.")
-    elif primary == "memory_budget":
+    elif primary == FailureReason.MEMORY_BUDGET:
         budget = config.get("max_rss_bytes") or config.get("max_gpu_memory_bytes")
         crossed = f" {format_bytes(float(budget))}" if isinstance(budget, int | float) else ""
         steps.append(
             f"The memory budget{crossed} was crossed: raise --max-rss / --max-gpu-memory if "
             "the run needs more, or find what grew in the per-process table."
         )
-    elif primary == "disk_low":
+    elif primary == FailureReason.DISK_LOW:
         floor = config.get("min_disk_free_bytes")
         steps.append(
             "Free disk space fell below --min-disk-free"
             + (f" {format_bytes(float(floor))}" if isinstance(floor, int | float) else "")
             + ": clear old checkpoints, or write them elsewhere."
         )
-    elif primary == "too_short":
+    elif primary == FailureReason.TOO_SHORT:
         steps.append("Read the log's end below: the command ended before min_duration_seconds.")
-    elif primary == "leftover_processes":
+    elif primary == FailureReason.LEFTOVER_PROCESSES:
         steps.append("Make the trainer wait for (join) the processes it starts before it exits.")
-    if leaks and primary in (None, "memory_leak", "memory_budget"):
+    if leaks and primary in (None, FailureReason.MEMORY_LEAK, FailureReason.MEMORY_BUDGET):
         leak = leaks[0]
         who = f"pid {leak['pid']}" if leak.get("pid") is not None else "the tree"
         steps.append(

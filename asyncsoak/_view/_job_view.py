@@ -13,13 +13,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._record._schema import Artifact, series_times
+from .._record._vocabulary import SoakStatus
 from .._sampling._fields import format_duration
 from .._timestamps import parse_iso_or_none
 
 #: Width of the text timeline's bars, in characters.
 TIMELINE_WIDTH = 48
 #: Statuses from worst to best: the job's verdict is the worst of its latest run.
-_SEVERITY = ("error", "failed", "cancelled", "passed")
+_SEVERITY = (SoakStatus.ERROR, SoakStatus.FAILED, SoakStatus.CANCELLED, SoakStatus.PASSED)
 
 
 class NotOneJobError(ValueError):
@@ -123,8 +124,11 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     latest = max(x["restart_count"] for x in soaks)
     statuses = [str(x["status"]) for x in soaks if x["restart_count"] == latest]
     status = min(statuses, key=lambda st: _SEVERITY.index(st) if st in _SEVERITY else 0)
-    if any(x["status"] in ("failed", "error") for x in soaks) and status == "passed":
-        status = "failed"
+    if (
+        any(x["status"] in (SoakStatus.FAILED, SoakStatus.ERROR) for x in soaks)
+        and status == SoakStatus.PASSED
+    ):
+        status = SoakStatus.FAILED
     return {
         "kind": "slurm",
         "cluster": cluster,

@@ -16,6 +16,7 @@ from .._record._schema import Artifact
 from .._record._vocabulary import EventKind, FailureReason, SoakStatus
 from .._sampling._fields import describe, format_clock, format_duration, format_value, group_kind
 from ._evidence import (
+    Leak,
     config_value,
     gather,
     innermost_python_frame,
@@ -28,25 +29,25 @@ from ._evidence import (
 from ._job_view import scheduler_line
 
 #: The primary reason in plain words.
-REASON_TITLES = {
-    "spawn_failed": "The command could not be started",
-    "startup_timeout": "The training never showed progress",
-    "stale_progress": "The training stopped making progress",
-    "nonzero_exit": "The command failed (non-zero exit status)",
-    "signaled": "The command was killed by a signal",
-    "too_short": "The command ended too early",
-    "leftover_processes": "Processes outlived the command",
-    "monitor_lost": "The monitor died before the run finished",
-    "monitor_error": "The monitor itself failed",
-    "memory_leak": "The training leaks memory",
-    "memory_budget": "The training went over its memory budget",
-    "disk_low": "The disk is almost full",
+REASON_TITLES: dict[str, str] = {
+    FailureReason.SPAWN_FAILED: "The command could not be started",
+    FailureReason.STARTUP_TIMEOUT: "The training never showed progress",
+    FailureReason.STALE_PROGRESS: "The training stopped making progress",
+    FailureReason.NONZERO_EXIT: "The command failed (non-zero exit status)",
+    FailureReason.SIGNALED: "The command was killed by a signal",
+    FailureReason.TOO_SHORT: "The command ended too early",
+    FailureReason.LEFTOVER_PROCESSES: "Processes outlived the command",
+    FailureReason.MONITOR_LOST: "The monitor died before the run finished",
+    FailureReason.MONITOR_ERROR: "The monitor itself failed",
+    FailureReason.MEMORY_LEAK: "The training leaks memory",
+    FailureReason.MEMORY_BUDGET: "The training went over its memory budget",
+    FailureReason.DISK_LOW: "The disk is almost full",
 }
-STATUS_HEADLINES = {
-    "passed": "The soak passed",
-    "failed": "The soak failed",
-    "cancelled": "The soak was stopped on request",
-    "error": "The monitor failed",
+STATUS_HEADLINES: dict[str, str] = {
+    SoakStatus.PASSED: "The soak passed",
+    SoakStatus.FAILED: "The soak failed",
+    SoakStatus.CANCELLED: "The soak was stopped on request",
+    SoakStatus.ERROR: "The monitor failed",
 }
 #: Throttle reasons that mean nothing is held back.
 IDLE_THROTTLE = frozenset({"gpu_idle", "none", "not_active"})
@@ -212,18 +213,18 @@ def look_first(artifact: Artifact) -> list[str]:
     leaks = leaking_series(artifact)
     # The leak's own warnings (when it became confident, its projection) are said better by
     # its hint: the final figures.
-    labels = tuple(str(leak["label"]) for leak in leaks if leak.get("label"))
+    labels = tuple(leak["label"] for leak in leaks if leak["label"])
     hints.extend(f"Warning: {w}" for w in a["warnings"] if not w.startswith(labels or ("\0",)))
     # A leak is what a soak exists to catch: it leads, whatever else happened.
     return [f"Memory leak: {trend_text(leak)}." for leak in _worth_saying(leaks)] + hints
 
 
-def _worth_saying(leaks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _worth_saying(leaks: list[Leak]) -> list[Leak]:
     """The leaks to name: a process's leak says more than the tree's, which it explains."""
-    processes = [leak for leak in leaks if str(leak["series"]).startswith("process.")]
+    processes = [leak for leak in leaks if leak["series"].startswith("process.")]
     if not processes:
         return leaks
-    return [leak for leak in leaks if not str(leak["series"]).startswith("tree.")]
+    return [leak for leak in leaks if not leak["series"].startswith("tree.")]
 
 
 def _stall_hints(artifact: Artifact) -> list[str]:
@@ -569,7 +570,7 @@ def evidence_lines(summary: Mapping[str, Any], width: int = 100) -> list[str]:
         where = evidence["where"]
         cause = evidence["cause"]
         add(
-            "warning" if summary["status"] == "passed" else "cause",
+            "warning" if summary["status"] == SoakStatus.PASSED else "cause",
             cause + (f" ({where})" if where and where not in cause else ""),
         )
         if evidence["source_line"]:

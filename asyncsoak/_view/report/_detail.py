@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..._record._journal import read_journal
 from ..._record._schema import Artifact
+from ..._record._vocabulary import EventKind
 from .._summary import IDLE_THROTTLE
 
 
@@ -29,7 +30,7 @@ def read_journal_detail(path: Path) -> JournalDetail:
     for event in read_journal(path):
         t = float(event.get("t", 0.0))
         last_t = max(last_t, t)
-        if event.get("kind") == "progress":
+        if event.get("kind") == EventKind.PROGRESS:
             detail.progress_times.append(t)
             detail.progress_files.append(file_names(event.get("paths")))
             continue

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from ..._record._artifact import EVENTS_HEAD
 from ..._record._schema import Artifact, series_times
+from ..._record._vocabulary import EventKind, FailureReason
 from ..._sampling._fields import (
     Field,
     format_duration,
@@ -209,7 +210,7 @@ class Timeline:
             pairs = [
                 (float(e["t"]), file_names(e.get("paths")))
                 for e in self.artifact["events"]
-                if e["kind"] == "progress"
+                if e["kind"] == EventKind.PROGRESS
             ]
         self.progress_files = [files for _, files in pairs]
         return [t for t, _ in pairs]
@@ -221,7 +222,7 @@ class Timeline:
             kind = event["kind"]
             t = float(event["t"])
             when = f"{format_duration(t)} ({self._wall(t)})"
-            if kind == "failure":
+            if kind == EventKind.FAILURE:
                 marks.append(
                     _Mark(
                         t,
@@ -234,7 +235,7 @@ class Timeline:
                         "solid",
                     )
                 )
-            elif kind == "signal":
+            elif kind == EventKind.SIGNAL:
                 marks.append(
                     _Mark(
                         t,
@@ -247,21 +248,21 @@ class Timeline:
                         "dash",
                     )
                 )
-            elif kind in ("stop", "stdin_closed"):
+            elif kind in (EventKind.STOP, EventKind.STDIN_CLOSED):
                 text = (
                     f"stop ({event.get('cause')}, grace {event.get('grace_seconds')}s)"
-                    if kind == "stop"
+                    if kind == EventKind.STOP
                     else "stdin closed"
                 )
                 marks.append(
                     _Mark(t, "monitor", "", f"{text} at {when}", COLORS["signal"], "square", None)
                 )
-            elif kind == "exited":
+            elif kind == EventKind.EXITED:
                 text = exit_label(artifact)
                 marks.append(
                     _Mark(t, "command", text, f"{text} at {when}", COLORS["exit"], "diamond", "dot")
                 )
-            elif kind == "started":
+            elif kind == EventKind.STARTED:
                 marks.append(
                     _Mark(
                         t,
@@ -273,7 +274,7 @@ class Timeline:
                         None,
                     )
                 )
-            elif kind == "forensics":
+            elif kind == EventKind.FORENSICS:
                 marks.append(
                     _Mark(
                         t,
@@ -286,7 +287,7 @@ class Timeline:
                         None,
                     )
                 )
-            elif kind == "oom_kill":
+            elif kind == EventKind.OOM_KILL:
                 marks.append(
                     _Mark(
                         t,
@@ -299,7 +300,7 @@ class Timeline:
                         "dot",
                     )
                 )
-            elif kind in ("leftover", "abandoned"):
+            elif kind in (EventKind.LEFTOVER, EventKind.ABANDONED):
                 process = event.get("process") or {}
                 marks.append(
                     _Mark(
@@ -313,7 +314,7 @@ class Timeline:
                         None,
                     )
                 )
-            elif kind == "trend":
+            elif kind == EventKind.TREND:
                 marks.append(
                     _Mark(
                         t,
@@ -326,28 +327,33 @@ class Timeline:
                         None,
                     )
                 )
-            elif kind in ("warning", "sampler_degraded", "sampler_recovered", "sampler_note"):
+            elif kind in (
+                EventKind.WARNING,
+                EventKind.SAMPLER_DEGRADED,
+                EventKind.SAMPLER_RECOVERED,
+                EventKind.SAMPLER_NOTE,
+            ):
                 who = event.get("sampler") or "monitor"
                 marks.append(
                     _Mark(
                         t,
                         "notes",
-                        "warning" if kind == "warning" else "sampler",
+                        "warning" if kind == EventKind.WARNING else "sampler",
                         f"{kind} ({who}) at {when}<br>{html.escape(str(event.get('message')))}",
                         COLORS["note"],
                         "circle",
                         None,
                     )
                 )
-        if not event_times(artifact, "failure"):
+        if not event_times(artifact, EventKind.FAILURE):
             # A monitor lost has no failure event: the journal just ends.
             for failure in artifact["failures"]:
-                if failure["reason"] == "monitor_lost":
+                if failure["reason"] == FailureReason.MONITOR_LOST:
                     marks.append(
                         _Mark(
                             self.duration,
                             "failure",
-                            "monitor_lost",
+                            FailureReason.MONITOR_LOST,
                             "the journal ends here: the monitor died<br>"
                             + html.escape(failure["message"]),
                             COLORS["failure"],
@@ -566,7 +572,7 @@ class Timeline:
             ys.extend([round(gap, 3), 0.0])
             previous = t
         # After the command's exit the time since progress means nothing: the curve ends there.
-        exits = event_times(self.artifact, "exited")
+        exits = event_times(self.artifact, EventKind.EXITED)
         end = max(previous, min([self.duration, *exits]))
         xs.append(self.x(end))
         ys.append(round(end - previous, 3))
@@ -789,16 +795,16 @@ class Timeline:
                     + f" ({entry['verdict']})"
                 )
         for leak in leaking_series(self.artifact):
-            slope = leak.get("slope_per_hour")
-            if str(leak["series"]).startswith("process.") and isinstance(slope, int | float):
-                growth = leak.get("growth")
+            slope = leak["slope_per_hour"]
+            if leak["series"].startswith("process.") and isinstance(slope, int | float):
+                growth = leak["growth"]
                 rate = rate_text(
                     float(slope),
                     "bytes",
-                    float(leak.get("span_seconds") or 0.0),
+                    float(leak["span_seconds"]),
                     like=float(growth) if isinstance(growth, int | float) else None,
                 )
-                lines.append(f"{leak.get('label') or leak['series']}: {rate} (leak)")
+                lines.append(f"{leak['label'] or leak['series']}: {rate} (leak)")
         if not lines:
             return
         fig.add_annotation(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._record._artifact import EVENTS_HEAD
 from ..._record._schema import Artifact
+from ..._record._vocabulary import EventKind, SoakStatus
 from ..._sampling._fields import (
     format_clock,
     format_duration,
@@ -64,7 +65,7 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
     evidence = summary["evidence"]
     rows: list[str] = []
     if evidence["cause"]:
-        label = "Warning" if summary["status"] == "passed" else "Cause"
+        label = "Warning" if summary["status"] == SoakStatus.PASSED else "Cause"
         where = evidence["where"]
         text = f"<b>{html.escape(evidence['cause'])}</b>"
         if where and where not in evidence["cause"]:
@@ -83,7 +84,7 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
             + (f": {files}" if files else "")
             + "</dd>"
         )
-    elif artifact["status"] != "passed":
+    elif artifact["status"] != SoakStatus.PASSED:
         rows.append("<dt>Last progress</dt><dd>none: no file in the progress dir changed</dd>")
     for i, step in enumerate(evidence["next_steps"]):
         rows.append(f"<dt>{'Next step' if i == 0 else ''}</dt><dd>{html.escape(step)}</dd>")
@@ -367,12 +368,12 @@ def events_html(artifact: Artifact) -> str:
                 "artifact (the journal has them all) ...</td></tr>"
             )
         event = events[i]
-        if event["kind"] == "progress":
+        if event["kind"] == EventKind.PROGRESS:
             j = i
             paths: dict[str, None] = {}
             while (
                 j < len(events)
-                and events[j]["kind"] == "progress"
+                and events[j]["kind"] == EventKind.PROGRESS
                 and not (dropped and j == EVENTS_HEAD and j != i)
             ):
                 paths.update(dict.fromkeys(events[j].get("paths") or []))
@@ -407,32 +408,32 @@ def events_html(artifact: Artifact) -> str:
 
 def _event_text(artifact: Artifact, event: Mapping[str, Any]) -> tuple[str, str]:
     kind = str(event["kind"])
-    if kind == "started":
+    if kind == EventKind.STARTED:
         return "started", f"pid {event.get('pid')} (reaper {event.get('reaper_pid')})"
-    if kind == "failure":
+    if kind == EventKind.FAILURE:
         return f"failure: {event.get('reason')}", str(event.get("message"))
-    if kind == "stop":
+    if kind == EventKind.STOP:
         return "stop", _stop_text(event)
-    if kind == "signal":
+    if kind == EventKind.SIGNAL:
         return (
             f"{event.get('signal')} sent",
             f"to the {event.get('target')}: pids {pids(event.get('pids'))}",
         )
-    if kind == "exited":
+    if kind == EventKind.EXITED:
         return "command exited", exit_text(artifact)
-    if kind == "tree_gone":
+    if kind == EventKind.TREE_GONE:
         return "tree gone", "every process of the tree has exited"
-    if kind in ("leftover", "abandoned"):
+    if kind in (EventKind.LEFTOVER, EventKind.ABANDONED):
         return kind, _process_text(event.get("process") or {})
-    if kind in ("sampler_degraded", "sampler_recovered", "sampler_note"):
+    if kind in (EventKind.SAMPLER_DEGRADED, EventKind.SAMPLER_RECOVERED, EventKind.SAMPLER_NOTE):
         return kind.replace("_", " "), f"{event.get('sampler')}: {event.get('message')}"
-    if kind == "warning":
+    if kind == EventKind.WARNING:
         return "warning", str(event.get("message"))
-    if kind == "finished":
+    if kind == EventKind.FINISHED:
         return "finished", f"status {event.get('status')}"
-    if kind == "forensics":
+    if kind == EventKind.FORENSICS:
         return "forensics", f"{event.get('processes')} process(es) recorded (see Forensics)"
-    if kind == "oom_kill":
+    if kind == EventKind.OOM_KILL:
         return "OOM kill", f"pid {event.get('pid')} ({event.get('name')}): {event.get('message')}"
     rest = {k: v for k, v in event.items() if k not in ("t", "kind")}
     return kind, json.dumps(rest, default=str)[:300]
