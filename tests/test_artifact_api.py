@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -80,6 +81,26 @@ def test_load_refuses_what_is_not_an_artifact(tmp_path: Path, content: str, says
     assert str(path) in str(caught.value)
     assert isinstance(caught.value, ValidationError)
     assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda a: a["trends"]["tree.rss_bytes"].pop("verdict"), "trends.tree.rss_bytes has no"),
+        (lambda a: a["series"]["tree"].pop("t"), "series.tree has no 't'"),
+        (lambda a: a["series"]["tree"].update(rss_bytes="big"), "series.tree.rss_bytes is str"),
+    ],
+)
+def test_load_checks_the_entries_of_sections_keyed_by_data(
+    runs: Runs, tmp_path: Path, damage: Callable[[dict[str, Any]], object], says: str
+) -> None:
+    """A damaged trend entry or series group is an ArtifactError, not a KeyError in a view."""
+    data = json.loads(runs.passing.read_text())
+    damage(data)
+    path = tmp_path / "soak.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(artifact.ArtifactError, match=says):
+        artifact.load(path)
 
 
 def test_load_of_a_missing_file_is_an_os_error(tmp_path: Path) -> None:
