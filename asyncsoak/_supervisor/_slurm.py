@@ -22,10 +22,12 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 
 from .._blocking import BlockingCallTimeout, run_blocking
 from .._errors import ValidationError
@@ -36,6 +38,7 @@ from .._record._events import Requeued, SignalForwarded
 from .._record._sink import EventSink
 from .._record._vocabulary import StopCause
 from .._timestamps import parse_iso
+from ._config import SoakConfig
 
 #: Set in every process of a SLURM job: the sign that the soak runs inside one.
 JOB_VARIABLE = "SLURM_JOB_ID"
@@ -391,6 +394,55 @@ def _requeue(job_id: str) -> subprocess.CompletedProcess[str]:
 
 def _ignore_sigterm() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+class SoakJob:
+    """One soak's view of the scheduler's job it runs in: the job's facts once queried, and
+    the tasks that act on them (signal forwarding, the stop before the job's end, the requeue)."""
+
+    def __init__(self, cfg: SoakConfig, limiter: anyio.CapacityLimiter) -> None:
+        self.cfg = cfg
+        self._limiter = limiter
+        #: ``snapshot.scheduler`` once known (None outside a scheduler's job).
+        self.facts: dict[str, Any] | None = None
+        #: Set once ``facts`` is known, or known to stay missing.
+        self.known = anyio.Event()
+
+    async def query(self) -> None:
+        """The scheduler's job (identity, KillWait, end time), before the rest of the snapshot:
+        the stop needs it."""
+        self.facts = await query_scheduler(self._limiter)
+        self.known.set()
+
+    def start_tasks(
+        self, tg: TaskGroup, sink: EventSink, spawner: Spawner, end: Callable[[str], None]
+    ) -> None:
+        """Signal forwarding, and the stop before a scheduler's job runs out of time."""
+        cfg = self.cfg
+        if cfg.forward_signals or cfg.requeue_on is not None:
+            tg.start_soon(
+                partial(
+                    relay_signals,
+                    sink,
+                    spawner,
+                    signals=cfg.forward_signals,
+                    stop_mode=cfg.stop_mode,
+                    requeue_on=cfg.requeue_on,
+                    on_requeue=partial(end, CAUSE_REQUEUED),
+                )
+            )
+        if in_job():
+            tg.start_soon(
+                end_before_job_end,
+                self.known,
+                lambda: self.facts,
+                cfg.post_shutdown_grace_seconds,
+                partial(end, CAUSE_SCHEDULER),
+            )
+
+    async def requeue(self, sink: EventSink) -> None:
+        """Requeue the job (see :func:`requeue_job`)."""
+        await requeue_job(sink, self.facts)
 
 
 # -- the queue's worker as a SLURM job -------------------------------------------------------

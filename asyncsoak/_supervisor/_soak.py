@@ -252,9 +252,8 @@ class _Soak:
         #: The tree as the proc sampler last saw it (for matching GPU processes).
         self._tree_now: frozenset[int] = frozenset()
         self._boot_seconds_at_start = seconds_since_boot()
-        #: ``snapshot.scheduler`` once known (None outside a scheduler's job).
-        self._scheduler: dict[str, Any] | None = None
-        self._scheduler_known = anyio.Event()
+        #: The scheduler's job the soak runs in, if any.
+        self._job = _slurm.SoakJob(cfg, self._limiter)
         self._builder = ArtifactBuilder()
         #: (series key, verdict) already reported by a ``trend`` event.
         self._trends_reported: set[tuple[str, str]] = set()
@@ -508,7 +507,7 @@ class _Soak:
                 try:
                     from .._record._snapshot import collect_snapshot
 
-                    await self._query_scheduler()
+                    await self._job.query()
                     data = await run_blocking(
                         partial(
                             collect_snapshot,
@@ -526,16 +525,10 @@ class _Soak:
                     data = {"error": f"snapshot failed: {type(exc).__name__}: {exc}"}
             if scope.cancelled_caught:
                 data = {"error": "the soak ended before the snapshot was taken"}
-            data["scheduler"] = self._scheduler
-            self._scheduler_known.set()
+            data["scheduler"] = self._job.facts
+            self._job.known.set()
             await sink.emit(Snapshot(t=sink.elapsed(), data=data))
             done.set()
-
-    async def _query_scheduler(self) -> None:
-        """The scheduler's job (identity, KillWait, end time), before the rest of the snapshot:
-        the stop needs it."""
-        self._scheduler = await _slurm.query_scheduler(self._limiter)
-        self._scheduler_known.set()
 
     async def _supervise(
         self,
@@ -653,7 +646,7 @@ class _Soak:
                 producers.start_soon(self._end_when_set, spawner.reaper_lost, "reaper_lost")
                 producers.start_soon(self._end_when_requested)
                 producers.start_soon(self._kill_when_asked)
-                self._scheduler_tasks(producers, sink, spawner)
+                self._job.start_tasks(producers, sink, spawner, self.end)
                 if cfg.max_duration_seconds is not None:
                     producers.start_soon(self._end_after_max_duration, sink)
                 await self._ended.wait()
@@ -684,10 +677,10 @@ class _Soak:
                         spawner,
                         self.cause,
                         first_failure=self._failures[0] if self._failures else None,
-                        scheduler=self._scheduler,
+                        scheduler=self._job.facts,
                     )
                 if self.cause == _slurm.CAUSE_REQUEUED:
-                    await _slurm.requeue_job(sink, self._scheduler)
+                    await self._job.requeue(sink)
                 await self._report_oom_kills(sink)
                 producers.cancel_scope.cancel()
             await self._judge_trends(sink, final=True)
@@ -735,30 +728,6 @@ class _Soak:
     async def _end_when_requested(self) -> None:
         await self.control.stop_requested.wait()
         self.end(self.control.cause)
-
-    def _scheduler_tasks(self, tg: TaskGroup, sink: EventSink, spawner: Spawner) -> None:
-        """Signal forwarding, and the stop before a scheduler's job runs out of time."""
-        cfg = self.cfg
-        if cfg.forward_signals or cfg.requeue_on is not None:
-            tg.start_soon(
-                partial(
-                    _slurm.relay_signals,
-                    sink,
-                    spawner,
-                    signals=cfg.forward_signals,
-                    stop_mode=cfg.stop_mode,
-                    requeue_on=cfg.requeue_on,
-                    on_requeue=partial(self.end, _slurm.CAUSE_REQUEUED),
-                )
-            )
-        if _slurm.in_job():
-            tg.start_soon(
-                _slurm.end_before_job_end,
-                self._scheduler_known,
-                lambda: self._scheduler,
-                cfg.post_shutdown_grace_seconds,
-                partial(self.end, _slurm.CAUSE_SCHEDULER),
-            )
 
     async def _end_after_max_duration(self, sink: EventSink) -> None:
         assert self.cfg.max_duration_seconds is not None
