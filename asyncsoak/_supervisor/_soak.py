@@ -50,7 +50,6 @@ from .._record._events import (
     Header,
     Limits,
     OomKill,
-    Snapshot,
     TrendFound,
     WarningEvent,
 )
@@ -81,14 +80,11 @@ from ._rules import (
     budget_breach,
     trend_findings,
 )
+from ._snapshot_task import SNAPSHOT_TIMEOUT_SECONDS, take_snapshot
 from ._stop import HANG_REASONS, SOAK_ID_VARIABLE, TREE_LOOK_TIMEOUT, TREE_WALK_TIMEOUT, TreeStop
 
 #: Threads for blocking work (scans, /proc walks, git): asyncsoak's own, never the host's.
 THREADS = 4
-#: Bound on each external call of the snapshot (git, nvidia-smi, another interpreter).
-SNAPSHOT_CALL_TIMEOUT = 5.0
-#: Bound on the runtime snapshot as a whole.
-SNAPSHOT_TIMEOUT = 30.0
 #: Bound on the scan of the progress dir once the command has exited.
 FINAL_SCAN_TIMEOUT = 10.0
 #: Bound on writing the last queued events to the journal.
@@ -380,13 +376,24 @@ class _Soak:
                     # not delay the trainer's start.
                     snapshot_scope = anyio.CancelScope()
                     snapshot_done = anyio.Event()
-                    tg.start_soon(self._snapshot, sink.clone(), snapshot_scope, snapshot_done)
+                    tg.start_soon(
+                        partial(
+                            take_snapshot,
+                            sink.clone(),
+                            snapshot_scope,
+                            snapshot_done,
+                            cfg=cfg,
+                            env=self._child_env,
+                            job=self._job,
+                            limiter=self._limiter,
+                        )
+                    )
                     try:
                         await self._supervise(sink, log_fd, baseline, ignore)
                     except Exception as exc:
                         error = _unwrap(exc)
                         await self._fail("monitor_error", f"{type(error).__name__}: {error}")
-                    with anyio.move_on_after(SNAPSHOT_TIMEOUT):
+                    with anyio.move_on_after(SNAPSHOT_TIMEOUT_SECONDS):
                         await snapshot_done.wait()
                     snapshot_scope.cancel()
                     status = self._status(error)
@@ -497,38 +504,6 @@ class _Soak:
             monitor_pid=os.getpid(),
             monotonic_start=clock.start,
         )
-
-    async def _snapshot(self, sink: EventSink, scope: anyio.CancelScope, done: anyio.Event) -> None:
-        """Take the runtime snapshot in a thread and send it as an event (bounded)."""
-        cfg = self.cfg
-        data: dict[str, Any] = {"error": f"snapshot took longer than {SNAPSHOT_TIMEOUT:g}s"}
-        async with sink:
-            with scope, anyio.move_on_after(SNAPSHOT_TIMEOUT):
-                try:
-                    from .._record._snapshot import collect_snapshot
-
-                    await self._job.query()
-                    data = await run_blocking(
-                        partial(
-                            collect_snapshot,
-                            cfg.snapshot_root,
-                            command=cfg.command,
-                            env=self._child_env,
-                            nvidia_smi=cfg.nvidia_smi or "nvidia-smi",
-                            timeout=SNAPSHOT_CALL_TIMEOUT,
-                        ),
-                        timeout=SNAPSHOT_TIMEOUT,
-                        what="the runtime snapshot",
-                        limiter=self._limiter,
-                    )
-                except Exception as exc:
-                    data = {"error": f"snapshot failed: {type(exc).__name__}: {exc}"}
-            if scope.cancelled_caught:
-                data = {"error": "the soak ended before the snapshot was taken"}
-            data["scheduler"] = self._job.facts
-            self._job.known.set()
-            await sink.emit(Snapshot(t=sink.elapsed(), data=data))
-            done.set()
 
     async def _supervise(
         self,

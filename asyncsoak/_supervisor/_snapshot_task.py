@@ -1,0 +1,66 @@
+"""The runtime snapshot task: what the soak ran on, taken beside the soak and sent as an event.
+
+It runs beside the trainer rather than before it, so that a hung nvidia-smi or a slow git
+cannot delay the trainer's start; every call in it is bounded, and so is the whole.  The
+scheduler's job is queried first: the stop sequence needs its facts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+import anyio
+
+from .._blocking import run_blocking
+from .._record._events import Snapshot
+from .._record._sink import EventSink
+from ._config import SoakConfig
+from ._slurm import SoakJob
+
+#: Bound on each external call of the snapshot (git, nvidia-smi, another interpreter).
+SNAPSHOT_CALL_TIMEOUT_SECONDS = 5.0
+#: Bound on the runtime snapshot as a whole.
+SNAPSHOT_TIMEOUT_SECONDS = 30.0
+
+
+async def take_snapshot(
+    sink: EventSink,
+    scope: anyio.CancelScope,
+    done: anyio.Event,
+    *,
+    cfg: SoakConfig,
+    env: Mapping[str, str],
+    job: SoakJob,
+    limiter: anyio.CapacityLimiter,
+) -> None:
+    """Take the runtime snapshot in a thread and send it as an event (bounded)."""
+    data: dict[str, Any] = {"error": f"snapshot took longer than {SNAPSHOT_TIMEOUT_SECONDS:g}s"}
+    async with sink:
+        with scope, anyio.move_on_after(SNAPSHOT_TIMEOUT_SECONDS):
+            try:
+                from .._record._snapshot import collect_snapshot
+
+                await job.query()
+                data = await run_blocking(
+                    partial(
+                        collect_snapshot,
+                        cfg.snapshot_root,
+                        command=cfg.command,
+                        env=env,
+                        nvidia_smi=cfg.nvidia_smi or "nvidia-smi",
+                        timeout=SNAPSHOT_CALL_TIMEOUT_SECONDS,
+                    ),
+                    timeout=SNAPSHOT_TIMEOUT_SECONDS,
+                    what="the runtime snapshot",
+                    limiter=limiter,
+                )
+            except Exception as exc:
+                data = {"error": f"snapshot failed: {type(exc).__name__}: {exc}"}
+        if scope.cancelled_caught:
+            data = {"error": "the soak ended before the snapshot was taken"}
+        data["scheduler"] = job.facts
+        job.known.set()
+        await sink.emit(Snapshot(t=sink.elapsed(), data=data))
+        done.set()
