@@ -31,10 +31,6 @@ from .._blocking import BlockingCallTimeout, Rides, abandoned_calls, run_blockin
 from .._errors import SoakFailureError, ValidationTypeError
 from .._export._metrics import Metrics, validate_metrics
 from .._process import _cgroup
-from .._process._crash import describe as describe_crash
-from .._process._crash import find_exception
-from .._process._exits import decode as decode_exit
-from .._process._forensics import oom_kills, seconds_since_boot
 from .._process._spawn import Spawner, SpawnRequest
 from .._record._artifact import (
     ArtifactBuilder,
@@ -44,12 +40,10 @@ from .._record._artifact import (
     write_artifact,
 )
 from .._record._events import (
-    CrashCause,
     Failure,
     Finished,
     Header,
     Limits,
-    OomKill,
     TrendFound,
     WarningEvent,
 )
@@ -82,6 +76,7 @@ from ._rules import (
 )
 from ._snapshot_task import SNAPSHOT_TIMEOUT_SECONDS, take_snapshot
 from ._stop import HANG_REASONS, SOAK_ID_VARIABLE, TREE_LOOK_TIMEOUT, TREE_WALK_TIMEOUT, TreeStop
+from ._verdict import ExitJudge, soak_status
 
 #: Threads for blocking work (scans, /proc walks, git): asyncsoak's own, never the host's.
 THREADS = 4
@@ -95,8 +90,6 @@ BASELINE_TIMEOUT = 60.0
 ARTIFACT_WRITE_TIMEOUT = 10.0
 #: Bound on waiting for the reaper to finish once the tree is gone.
 REAPER_CLOSE_TIMEOUT = 5.0
-#: The kernel log's clock and the monitor's may drift apart a little.
-KMSG_SLACK_SECONDS = 5.0
 #: Give each soak's tree a cgroup where the kernel allows it (membership, not markers).
 USE_CGROUP = True
 
@@ -233,7 +226,6 @@ class _Soak:
         self._sink: EventSink | None = None
         self._spawner: Spawner | None = None
         self._progress_seen = False
-        self._oom_reported: set[int] = set()
         self._marker = self.soak_id
         self._tree_stop = TreeStop(
             cfg,
@@ -245,9 +237,15 @@ class _Soak:
         )
         #: Every pid ever seen in the tree, to look up in the kernel's OOM records.
         self._seen_pids = self._tree_stop.seen_pids
+        self._exit_judge = ExitJudge(
+            cfg,
+            masker=self._masker,
+            limiter=self._limiter,
+            tree_stop=self._tree_stop,
+            fail=self._fail,
+        )
         #: The tree as the proc sampler last saw it (for matching GPU processes).
         self._tree_now: frozenset[int] = frozenset()
-        self._boot_seconds_at_start = seconds_since_boot()
         #: The scheduler's job the soak runs in, if any.
         self._job = _slurm.SoakJob(cfg, self._limiter)
         self._builder = ArtifactBuilder()
@@ -396,7 +394,12 @@ class _Soak:
                     with anyio.move_on_after(SNAPSHOT_TIMEOUT_SECONDS):
                         await snapshot_done.wait()
                     snapshot_scope.cancel()
-                    status = self._status(error)
+                    status = soak_status(
+                        error,
+                        self.cause,
+                        self._failures,
+                        caller_stopped=self._tree_stop.caller_stop.is_set(),
+                    )
                     await sink.emit(Finished(t=sink.elapsed(), status=status))
                 # The last events are queued; a journal on a hung filesystem must not hold the
                 # soak forever: the drain gets a deadline, and the artifact is built regardless.
@@ -471,23 +474,6 @@ class _Soak:
             for fd in segment_locks:
                 os.close(fd)
             os.close(lock_fd)
-
-    def _status(self, error: Exception | None) -> str:
-        if error is not None:
-            return "error"
-        if self.cause in (
-            StopCause.REQUESTED,
-            StopCause.CANCELLED,
-            _slurm.CAUSE_SCHEDULER,
-            _slurm.CAUSE_REQUEUED,
-        ):
-            return "cancelled"
-        if "monitor_error" in self._failures:
-            return "error"  # the reaper was lost
-        if self._tree_stop.caller_stop.is_set() and not self._failures:
-            # The command had exited and its tree was in its grace when the caller stopped.
-            return "cancelled"
-        return "failed" if self._failures else "passed"
 
     def _header(self, clock: SoakClock, started_at: datetime) -> Header:
         cfg = self.cfg
@@ -642,7 +628,9 @@ class _Soak:
                     )
                 self._progress_seen = tracker.first_change is not None
                 if self.cause == StopCause.EXITED:
-                    await self._after_exit(sink, spawner)
+                    await self._exit_judge.after_exit(
+                        sink, spawner, self.cause, progress_seen=self._progress_seen
+                    )
                 elif self.cause == "reaper_lost":
                     await self._tree_stop.after_reaper_lost(sink, spawner)
                 else:
@@ -656,7 +644,7 @@ class _Soak:
                     )
                 if self.cause == _slurm.CAUSE_REQUEUED:
                     await self._job.requeue(sink)
-                await self._report_oom_kills(sink)
+                await self._exit_judge.report_oom_kills(sink)
                 producers.cancel_scope.cancel()
             await self._judge_trends(sink, final=True)
         finally:
@@ -708,99 +696,6 @@ class _Soak:
         assert self.cfg.max_duration_seconds is not None
         await anyio.sleep(max(0.0, self.cfg.max_duration_seconds - sink.elapsed()))
         self.end("max_duration")
-
-    # -- endings -------------------------------------------------------------------------
-
-    async def _after_exit(self, sink: EventSink, spawner: Spawner) -> None:
-        """The command ended by itself: judge its exit, then give its tree the grace."""
-        cfg = self.cfg
-        rc = spawner.returncode
-        assert rc is not None
-        ran_for = sink.elapsed()
-        exit_failure: tuple[str, str] | None = None
-        ended = decode_exit(rc)
-        if ended.signal is not None and ended.signal not in spawner.signals_to_leader:
-            message = f"the command was killed by {spawner.exit_signal}"
-            if ended.maybe_oom and spawner.pid in await self._report_oom_kills(sink):
-                message += " from the kernel's OOM killer (out of memory)"
-            exit_failure = ("signaled", message)
-        elif rc > 0:
-            exit_failure = ("nonzero_exit", f"the command exited with status {rc}")
-        # The rest of the tree gets its grace first: by then the reaper has copied the last of
-        # the output (the traceback) into the log, so the failure message can quote it.
-        await self._tree_stop.wait_tree_gone(spawner, cfg.post_shutdown_grace_seconds, self.cause)
-        if exit_failure is not None:
-            reason, message = exit_failure
-            cause = await self._crash_cause(sink)
-            if cause is not None:
-                message += f": {cause}"
-            await self._fail(reason, message)
-        if ran_for < cfg.min_duration_seconds:
-            await self._fail(
-                "too_short",
-                f"the command ended after {ran_for:.1f}s, before "
-                f"min_duration_seconds={cfg.min_duration_seconds:g}",
-            )
-        if not spawner.tree_gone.is_set():
-            leftovers = await self._tree_stop.record_leftovers(sink, spawner)
-            await self._tree_stop.kill(sink, spawner)
-            # The caller stopped the soak during the grace: its stop, not a leftover failure.
-            if leftovers and not self._tree_stop.caller_stop.is_set():
-                await self._fail(
-                    "leftover_processes",
-                    f"{leftovers} process(es) outlived the command by "
-                    f"post_shutdown_grace_seconds={cfg.post_shutdown_grace_seconds:g} "
-                    "and were killed",
-                )
-        if rc == 0 and not self._progress_seen:
-            await sink.emit(
-                WarningEvent(
-                    t=sink.elapsed(),
-                    message="the command exited cleanly without any progress in progress_dir",
-                )
-            )
-
-    async def _crash_cause(self, sink: EventSink) -> str | None:
-        """Lift the cause of a crash from the end of the log into ``exit.exception``."""
-        try:
-            text = await run_blocking(
-                read_log_tail, self.cfg.log_path, timeout=5.0, what="reading the log's tail"
-            )
-        except BlockingCallTimeout:
-            return None
-        cause = find_exception(text)
-        if cause is None:
-            return None
-        await sink.emit(
-            CrashCause(
-                t=sink.elapsed(),
-                type=self._masker(cause.type),
-                message=self._masker(cause.message),
-                where=cause.where,
-                exception_kind=cause.kind,
-            )
-        )
-        return self._masker(describe_crash(cause))
-
-    async def _report_oom_kills(self, sink: EventSink) -> set[int]:
-        """Look up the tree's pids in the kernel's OOM records; report each kill once."""
-        found = None
-        with contextlib.suppress(BlockingCallTimeout):
-            found = await run_blocking(
-                partial(
-                    oom_kills,
-                    set(self._seen_pids),
-                    since_boot_seconds=self._boot_seconds_at_start - KMSG_SLACK_SECONDS,
-                ),
-                timeout=5.0,
-                what="reading the kernel's OOM records",
-                limiter=self._limiter,
-            )
-        for kill in found or []:
-            if kill["pid"] not in self._oom_reported:
-                self._oom_reported.add(kill["pid"])
-                await sink.emit(OomKill(t=sink.elapsed(), **kill))
-        return self._oom_reported
 
     # -- trends and budgets ----------------------------------------------------------------
 
