@@ -33,7 +33,7 @@ from asyncsoak._sampling import _watchdog
 from asyncsoak._sampling._gpu_sampler import GpuSample
 from asyncsoak._sampling._inotify import Inotify
 from asyncsoak._sampling._nvidia_smi import GpuProcess
-from asyncsoak._supervisor import _soak
+from asyncsoak._supervisor import _finish, _soak
 
 from .conftest import REPO, ReadyFifo, alive, fast_limits
 from .test_soak import child
@@ -117,7 +117,7 @@ async def test_a_hung_journal_close_is_bounded_by_the_drain_limit(
         await real_close(self)
 
     monkeypatch.setattr(AsyncFileIO, "close", hanging_close)
-    monkeypatch.setattr(_soak, "DRAIN_TIMEOUT", 2.0)
+    monkeypatch.setattr(_finish, "DRAIN_TIMEOUT_SECONDS", 2.0)
     started = time.monotonic()
     try:
         with anyio.fail_after(60):
@@ -346,8 +346,8 @@ async def test_a_hung_artifact_write_gives_way_to_the_callers_cancel(
 ) -> None:
     """Item 8: the artifact write hangs (a dead disk): the caller still gets control back
     within the write bound, and without a caller's cancel it is an OSError naming the path."""
-    monkeypatch.setattr(_soak, "write_artifact", blocked(stuck, _artifact.write_artifact))
-    monkeypatch.setattr(_soak, "ARTIFACT_WRITE_TIMEOUT", 1.0)
+    monkeypatch.setattr(_finish, "write_artifact", blocked(stuck, _artifact.write_artifact))
+    monkeypatch.setattr(_finish, "ARTIFACT_WRITE_TIMEOUT_SECONDS", 1.0)
     sleeper = child(tmp_path, "touch()\ntime.sleep(60)")
     started = time.monotonic()
     with anyio.fail_after(60), anyio.move_on_after(1):

@@ -14,7 +14,6 @@ that is bounded) before the cancellation propagates.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
 import time
@@ -36,8 +35,6 @@ from .._record._artifact import (
     ArtifactBuilder,
     create_private_file,
     iso,
-    read_log_tail,
-    write_artifact,
 )
 from .._record._events import (
     Failure,
@@ -66,6 +63,13 @@ from .._sampling._watchdog import (
 from . import _slurm
 from ._config import LOG_MAX_BYTES, LeakCheck, SoakConfig, StopMode
 from ._control import SoakControl
+from ._finish import (
+    bound_drain,
+    build_artifact,
+    monitor_section,
+    note_drain,
+    write_soak_artifact,
+)
 from ._outputs import CHECK_TIMEOUT, check_outputs, lock_journal
 from ._rules import (
     TREND_EVERY_INTERVALS,
@@ -82,12 +86,8 @@ from ._verdict import ExitJudge, soak_status
 THREADS = 4
 #: Bound on the scan of the progress dir once the command has exited.
 FINAL_SCAN_TIMEOUT = 10.0
-#: Bound on writing the last queued events to the journal.
-DRAIN_TIMEOUT = 10.0
 #: Bound on the scan of the progress dir taken before the start (its baseline).
 BASELINE_TIMEOUT = 60.0
-#: Bound on writing the artifact (and on reading the log's tail for it).
-ARTIFACT_WRITE_TIMEOUT = 10.0
 #: Bound on waiting for the reaper to finish once the tree is gone.
 REAPER_CLOSE_TIMEOUT = 5.0
 #: Give each soak's tree a cgroup where the kernel allows it (membership, not markers).
@@ -403,68 +403,25 @@ class _Soak:
                     await sink.emit(Finished(t=sink.elapsed(), status=status))
                 # The last events are queued; a journal on a hung filesystem must not hold the
                 # soak forever: the drain gets a deadline, and the artifact is built regardless.
-                tg.cancel_scope.deadline = anyio.current_time() + DRAIN_TIMEOUT
-                # Closing the journal is shielded (it must happen), but not past this bound.
-                serializer.close_deadline = tg.cancel_scope.deadline
-            if tg.cancel_scope.cancelled_caught:
-                serializer.journal_error = (
-                    serializer.journal_error
-                    or f"the journal did not drain within {DRAIN_TIMEOUT:g}s"
-                )
-            monitor = {
-                "cpu_seconds": round(time.process_time() - cpu_start, 3),
-                "events": serializer.events,
-                "dropped_samples": sink.counters.dropped_samples,
-                "sampler_errors": sink.counters.sampler_errors,
-                "journal_error": serializer.journal_error,
-                "journal_segments": serializer.segments + 1,
-                "journal_rotation_error": serializer.rotation_error,
-                "events_not_folded": serializer.fold_errors,
-                "fold_error": serializer.fold_error,
-                "events_with_nonfinite_numbers": serializer.nonfinite_events,
-                "reaper_pid": self._spawner.reaper_pid if self._spawner else None,
-                "pid": os.getpid(),
-                # Blocking calls given up at their deadline (a hung disk, a wedged process).
-                "abandoned_calls": abandoned_calls() - abandoned_at_start,
-            }
-            log_tail = ""
-            with contextlib.suppress(BlockingCallTimeout):
-                log_tail = await run_blocking(
-                    read_log_tail,
-                    cfg.log_path,
-                    timeout=ARTIFACT_WRITE_TIMEOUT,
-                    what="reading the log's tail",
-                )
-            artifact = builder.build(
+                bound_drain(tg.cancel_scope, serializer)
+            note_drain(tg.cancel_scope, serializer)
+            monitor = monitor_section(
+                serializer,
+                sink.counters,
+                cpu_start=cpu_start,
+                abandoned_at_start=abandoned_at_start,
+                reaper_pid=self._spawner.reaper_pid if self._spawner else None,
+            )
+            artifact = await build_artifact(
+                builder,
+                cfg,
+                self._masker,
                 status=status,
-                ended_t=clock.elapsed(),
-                log_tail=self._masker(log_tail),
+                clock=clock,
                 monitor=monitor,
             )
             self._artifact = artifact
-            try:
-                await run_blocking(
-                    write_artifact,
-                    artifact,
-                    cfg.output_path,
-                    timeout=ARTIFACT_WRITE_TIMEOUT,
-                    what=f"writing the artifact {cfg.output_path}",
-                )
-            except BlockingCallTimeout as exc:
-                raise OSError(
-                    errno.ETIMEDOUT,
-                    f"could not write the soak artifact within {ARTIFACT_WRITE_TIMEOUT:g}s "
-                    f"(a hung filesystem? the tree was stopped; the journal is "
-                    f"{cfg.journal_path})",
-                    str(cfg.output_path),
-                ) from exc
-            except OSError as exc:
-                raise OSError(
-                    exc.errno,
-                    f"could not write the soak artifact (the tree was stopped; the journal "
-                    f"is {cfg.journal_path}): {exc.strerror}",
-                    str(cfg.output_path),
-                ) from exc
+            await write_soak_artifact(artifact, cfg)
             if error is not None:
                 raise error
         finally:

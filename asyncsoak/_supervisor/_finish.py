@@ -1,0 +1,125 @@
+"""The soak's last step: drain the journal, build the artifact and write it, each bounded.
+
+A journal or an output on a hung filesystem must not hold the soak forever: the drain has a
+deadline and the artifact is built regardless; a write that does not finish in time is an
+``OSError`` naming the path and the journal that still holds the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import time
+from typing import Any
+
+import anyio
+
+from .._blocking import BlockingCallTimeout, abandoned_calls, run_blocking
+from .._record._artifact import ArtifactBuilder, read_log_tail, write_artifact
+from .._record._serializer import Serializer
+from .._record._sink import SinkCounters, SoakClock
+from .._redact import Masker
+from ._config import SoakConfig
+
+#: Bound on writing the last queued events to the journal.
+DRAIN_TIMEOUT_SECONDS = 10.0
+#: Bound on writing the artifact (and on reading the log's tail for it).
+ARTIFACT_WRITE_TIMEOUT_SECONDS = 10.0
+
+
+def bound_drain(scope: anyio.CancelScope, serializer: Serializer) -> None:
+    """Give the drain of the last queued events (under ``scope``) its deadline."""
+    scope.deadline = anyio.current_time() + DRAIN_TIMEOUT_SECONDS
+    # Closing the journal is shielded (it must happen), but not past this bound.
+    serializer.close_deadline = scope.deadline
+
+
+def note_drain(scope: anyio.CancelScope, serializer: Serializer) -> None:
+    """A drain cut short at its deadline is the journal's error in the artifact."""
+    if scope.cancelled_caught:
+        serializer.journal_error = (
+            serializer.journal_error
+            or f"the journal did not drain within {DRAIN_TIMEOUT_SECONDS:g}s"
+        )
+
+
+def monitor_section(
+    serializer: Serializer,
+    counters: SinkCounters,
+    *,
+    cpu_start: float,
+    abandoned_at_start: int,
+    reaper_pid: int | None,
+) -> dict[str, Any]:
+    """The artifact's ``monitor`` section: what the monitor itself cost and lost."""
+    return {
+        "cpu_seconds": round(time.process_time() - cpu_start, 3),
+        "events": serializer.events,
+        "dropped_samples": counters.dropped_samples,
+        "sampler_errors": counters.sampler_errors,
+        "journal_error": serializer.journal_error,
+        "journal_segments": serializer.segments + 1,
+        "journal_rotation_error": serializer.rotation_error,
+        "events_not_folded": serializer.fold_errors,
+        "fold_error": serializer.fold_error,
+        "events_with_nonfinite_numbers": serializer.nonfinite_events,
+        "reaper_pid": reaper_pid,
+        "pid": os.getpid(),
+        # Blocking calls given up at their deadline (a hung disk, a wedged process).
+        "abandoned_calls": abandoned_calls() - abandoned_at_start,
+    }
+
+
+async def build_artifact(
+    builder: ArtifactBuilder,
+    cfg: SoakConfig,
+    masker: Masker,
+    *,
+    status: str,
+    clock: SoakClock,
+    monitor: dict[str, Any],
+) -> dict[str, Any]:
+    """The artifact, with the log's tail (bounded; empty when the read does not finish),
+    ending now on the soak's ``clock``."""
+    log_tail = ""
+    with contextlib.suppress(BlockingCallTimeout):
+        log_tail = await run_blocking(
+            read_log_tail,
+            cfg.log_path,
+            timeout=ARTIFACT_WRITE_TIMEOUT_SECONDS,
+            what="reading the log's tail",
+        )
+    return builder.build(
+        status=status,
+        ended_t=clock.elapsed(),
+        log_tail=masker(log_tail),
+        monitor=monitor,
+    )
+
+
+async def write_soak_artifact(artifact: dict[str, Any], cfg: SoakConfig) -> None:
+    """Write the artifact to ``cfg.output_path``; an ``OSError`` naming the journal if not."""
+    try:
+        await run_blocking(
+            write_artifact,
+            artifact,
+            cfg.output_path,
+            timeout=ARTIFACT_WRITE_TIMEOUT_SECONDS,
+            what=f"writing the artifact {cfg.output_path}",
+        )
+    except BlockingCallTimeout as exc:
+        raise OSError(
+            errno.ETIMEDOUT,
+            f"could not write the soak artifact within {ARTIFACT_WRITE_TIMEOUT_SECONDS:g}s "
+            f"(a hung filesystem? the tree was stopped; the journal is "
+            f"{cfg.journal_path})",
+            str(cfg.output_path),
+        ) from exc
+    except OSError as exc:
+        raise OSError(
+            exc.errno,
+            f"could not write the soak artifact (the tree was stopped; the journal "
+            f"is {cfg.journal_path}): {exc.strerror}",
+            str(cfg.output_path),
+        ) from exc
