@@ -1,5 +1,6 @@
 """The supervisor.
 
-``run_soak``, its validated configuration, the caller's control handle, the soak's own files and
-the scheduler it may run under.
+``run_soak`` and its task group, its validated configuration, the caller's control handle, the
+stop sequence, the verdict on the command's exit, the runtime snapshot task, the soak's own
+files and the artifact's write, and the scheduler it may run under.
 """
