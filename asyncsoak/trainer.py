@@ -48,7 +48,7 @@ __all__ = [
 #: Exit status of a trainer that saved its state and stopped because it was asked to.
 EXIT_INTERRUPTED = 4
 
-_DB_TIMEOUT_S = 5.0
+_DB_TIMEOUT_SECONDS = 5.0
 _stop_lock = threading.Lock()
 _stop_event: threading.Event | None = None
 _cancel_checked_at = float("-inf")
@@ -155,7 +155,7 @@ def _read_job_column(db: str, ident: int, column: str) -> Any:
     if db.startswith(("postgresql:", "postgres:")):
         return _read_postgres_column(db, ident, column)
     uri = f"file:{urllib.parse.quote(str(db))}?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, timeout=_DB_TIMEOUT_S)
+    conn = sqlite3.connect(uri, uri=True, timeout=_DB_TIMEOUT_SECONDS)
     try:
         # ``column`` is one of this module's literals, never user input.
         row = conn.execute(f"SELECT {column} FROM jobs WHERE id = ?", (ident,)).fetchone()
@@ -171,7 +171,9 @@ def _read_postgres_column(db: str, ident: int, column: str) -> Any:
 
     # The worker put the URL without its password here, and the password in PGPASSWORD.
     conninfo = "" if db.rstrip("/") in ("postgresql:", "postgres:") else db
-    with psycopg.connect(conninfo, connect_timeout=int(_DB_TIMEOUT_S), autocommit=True) as conn:
+    with psycopg.connect(
+        conninfo, connect_timeout=int(_DB_TIMEOUT_SECONDS), autocommit=True
+    ) as conn:
         row = conn.execute(
             f"SELECT {column} FROM asyncsoak.jobs WHERE id = %s", (ident,)
         ).fetchone()

@@ -127,7 +127,7 @@ async def test_stop_process_escalates_to_sigkill() -> None:
             [sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE, stderr=None
         )
         await read_ready(process)
-        assert await stop_process(process, terminate_grace=0.2, kill_wait=2.0)
+        assert await stop_process(process, terminate_grace_seconds=0.2, kill_wait_seconds=2.0)
     assert process.returncode == -9
 
 
@@ -139,7 +139,7 @@ async def test_stop_process_abandons_what_does_not_die_in_time() -> None:
             [sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE, stderr=None
         )
         await read_ready(process)
-        assert not await stop_process(process, terminate_grace=0, kill_wait=0)
+        assert not await stop_process(process, terminate_grace_seconds=0, kill_wait_seconds=0)
         # It was sent SIGKILL and dies on its own; collect it so the test leaves nothing behind.
         assert await process.wait() == -9
     assert exited(process.pid, 0)

@@ -445,7 +445,7 @@ async def test_silent_clients_are_cut_off_and_their_number_bounded(
     a new one is closed at once; afterwards scrapes are answered again."""
     from asyncsoak._export import _metrics_server
 
-    monkeypatch.setattr(_metrics_server, "REQUEST_TIMEOUT", 0.5)
+    monkeypatch.setattr(_metrics_server, "REQUEST_TIMEOUT_SECONDS", 0.5)
     port = free_port()
     command = trainer(tmp_path, ready)
     with anyio.fail_after(LIMIT_S):

@@ -3,7 +3,7 @@ loop, and the node_exporter textfile.
 
 Prometheus asks ``GET /metrics`` and reads one short answer: the server reads one request
 head (at most ``MAX_HEAD`` bytes), answers it and closes the connection.  Every connection
-is bounded in time (``REQUEST_TIMEOUT``) and in number (``MAX_CONNECTIONS``; more are closed
+is bounded in time (``REQUEST_TIMEOUT_SECONDS``) and in number (``MAX_CONNECTIONS``; more are closed
 at once), so a slow, silent or malformed client costs a few bytes and one task, never the
 soak's time: the page is rendered from memory, with no I/O but the socket.
 
@@ -39,7 +39,7 @@ from ._metrics import (
 )
 
 #: Bound on one connection, from accept to the last byte of the answer.
-REQUEST_TIMEOUT = 5.0
+REQUEST_TIMEOUT_SECONDS = 5.0
 #: Connections served at once; more are closed at once.
 MAX_CONNECTIONS = 16
 #: Largest request head read.
@@ -159,7 +159,7 @@ class MetricsServer:
 
     async def _connection(self, conn: socket.socket, data: bytes) -> None:
         try:
-            with anyio.move_on_after(REQUEST_TIMEOUT) as scope:
+            with anyio.move_on_after(REQUEST_TIMEOUT_SECONDS) as scope:
                 try:
                     while True:
                         await anyio.wait_readable(conn)
@@ -181,7 +181,7 @@ class MetricsServer:
 
     async def _send_rest(self, conn: socket.socket, data: bytes) -> None:
         try:
-            with anyio.move_on_after(REQUEST_TIMEOUT), contextlib.suppress(OSError):
+            with anyio.move_on_after(REQUEST_TIMEOUT_SECONDS), contextlib.suppress(OSError):
                 await _send_all(conn, data)
         finally:
             self._active -= 1
@@ -283,7 +283,7 @@ async def open_listener(address: str, port: int) -> socket.socket:
 
 
 #: Bound on one textfile write; past it (a hung filesystem) writing stops for this soak.
-TEXTFILE_TIMEOUT = 5.0
+TEXTFILE_TIMEOUT_SECONDS = 5.0
 
 
 class SoakMetricsRuntime:
@@ -352,7 +352,7 @@ class SoakMetricsRuntime:
                     write_textfile,
                     path,
                     data,
-                    timeout=TEXTFILE_TIMEOUT,
+                    timeout=TEXTFILE_TIMEOUT_SECONDS,
                     what=f"writing the metrics textfile {path}",
                     limiter=self._limiter,
                 )

@@ -76,10 +76,10 @@ class TreeCgroup:
                 with contextlib.suppress(OSError):
                     state.write_text("THAWED")
 
-    def remove(self, wait_seconds: float = 0.5) -> bool:
+    def remove(self, timeout: float = 0.5) -> bool:
         """Remove the group once it is empty (killed members take a moment to be reaped);
-        False if it is still there after ``wait_seconds`` (a member stuck in ``D``)."""
-        deadline = time.monotonic() + wait_seconds
+        False if it is still there after ``timeout`` (a member stuck in ``D``)."""
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 self.path.rmdir()

@@ -25,9 +25,9 @@ import anyio
 from anyio.abc import Process
 
 #: Seconds a process gets to exit after SIGTERM before SIGKILL.
-TERMINATE_GRACE_SECONDS = 1.0
+COMMAND_TERMINATE_GRACE_SECONDS = 1.0
 #: Seconds to wait for a process to be reaped after SIGKILL before abandoning it.
-KILL_WAIT_SECONDS = 1.0
+COMMAND_KILL_WAIT_SECONDS = 1.0
 #: Output kept from one command; the rest is read and discarded.
 MAX_OUTPUT = 4 * 1024 * 1024
 
@@ -86,8 +86,8 @@ def _timeout_error(timeout: float, abandoned: bool) -> str:
 async def stop_process(
     process: Process,
     *,
-    terminate_grace: float = TERMINATE_GRACE_SECONDS,
-    kill_wait: float = KILL_WAIT_SECONDS,
+    terminate_grace_seconds: float = COMMAND_TERMINATE_GRACE_SECONDS,
+    kill_wait_seconds: float = COMMAND_KILL_WAIT_SECONDS,
 ) -> bool:
     """SIGTERM, bounded wait, SIGKILL, bounded wait; False when the process had to be abandoned.
 
@@ -97,15 +97,15 @@ async def stop_process(
     """
     with anyio.CancelScope(shield=True):
         await _close_reaped_abandoned()
-        if process.returncode is None and terminate_grace > 0:
+        if process.returncode is None and terminate_grace_seconds > 0:
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
-            with anyio.move_on_after(terminate_grace):
+            with anyio.move_on_after(terminate_grace_seconds):
                 await process.wait()
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
-            with anyio.move_on_after(kill_wait):
+            with anyio.move_on_after(kill_wait_seconds):
                 await process.wait()
         gone = process.returncode is not None
         if gone:
@@ -133,7 +133,7 @@ async def open_command(argv: Sequence[str]) -> Process:
 
 
 async def run_command(
-    argv: Sequence[str], *, time_limit: float, kill_wait: float = KILL_WAIT_SECONDS
+    argv: Sequence[str], *, time_limit: float, kill_wait_seconds: float = COMMAND_KILL_WAIT_SECONDS
 ) -> CommandResult:
     """Run a command to its end or its deadline; stdout and stderr together in ``output``."""
     argv = list(argv)
@@ -160,7 +160,9 @@ async def run_command(
         timed_out = True
     finally:
         # A one-shot query that overran is not asked politely: it gets SIGKILL at once.
-        gone = await stop_process(process, terminate_grace=0, kill_wait=kill_wait)
+        gone = await stop_process(
+            process, terminate_grace_seconds=0, kill_wait_seconds=kill_wait_seconds
+        )
     output = b"".join(chunks).decode(errors="replace")
     return CommandResult(
         argv,
@@ -187,7 +189,7 @@ def run_command_sync(
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     consume: Callable[[bytes], None] | None = None,
-    kill_wait: float = KILL_WAIT_SECONDS,
+    kill_wait_seconds: float = COMMAND_KILL_WAIT_SECONDS,
 ) -> CommandResult:
     """Run a command to its end or its deadline, reading its pipes without blocking.
 
@@ -224,7 +226,7 @@ def run_command_sync(
         pass
     finally:
         # Also reached when ``consume`` raises: the command never outlives this call.
-        gone = not timed_out or _kill_group(proc, kill_wait)
+        gone = not timed_out or _kill_group(proc, kill_wait_seconds)
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
@@ -267,12 +269,12 @@ def _read_until(
     return False
 
 
-def _kill_group(proc: subprocess.Popen[bytes], kill_wait: float) -> bool:
+def _kill_group(proc: subprocess.Popen[bytes], kill_wait_seconds: float) -> bool:
     """SIGKILL the command's process group; False when the command had to be abandoned."""
     with contextlib.suppress(OSError):
         os.killpg(proc.pid, signal.SIGKILL)
     try:
-        proc.wait(kill_wait)
+        proc.wait(kill_wait_seconds)
     except subprocess.TimeoutExpired:
         with _abandoned_sync_lock:
             _abandoned_sync.append(proc)

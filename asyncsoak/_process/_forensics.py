@@ -31,7 +31,7 @@ MAX_DUMP_BYTES = 32 * 1024
 #: its nearest workers); a tree of hundreds of workers would spend the whole budget otherwise.
 MAX_PY_SPY = 16
 #: Bound on one py-spy call.
-PY_SPY_TIMEOUT = 5.0
+PY_SPY_TIMEOUT_SECONDS = 5.0
 #: Records read from the kernel log at most.
 MAX_KMSG_RECORDS = 100_000
 
@@ -80,7 +80,7 @@ def find_py_spy() -> str | None:
 PTRACE_REFUSALS = ("operation not permitted", "permission denied", "os error 1)", "eperm")
 
 
-def py_spy_dump(py_spy: str, pid: int, timeout: float = PY_SPY_TIMEOUT) -> dict[str, Any]:
+def py_spy_dump(py_spy: str, pid: int, timeout: float = PY_SPY_TIMEOUT_SECONDS) -> dict[str, Any]:
     """``py-spy dump`` of one process, or why there is none (ptrace refused, timeout...)."""
     try:
         result = subprocess.run(
@@ -106,10 +106,10 @@ def py_spy_dump(py_spy: str, pid: int, timeout: float = PY_SPY_TIMEOUT) -> dict[
 
 
 def collect_forensics(
-    pids: Iterable[int], *, time_budget: float, py_spy: str | None = None
+    pids: Iterable[int], *, timeout: float, py_spy: str | None = None
 ) -> dict[str, Any]:
-    """What every process was doing, within ``time_budget`` seconds in all."""
-    deadline = time.monotonic() + time_budget
+    """What every process was doing, within ``timeout`` seconds in all."""
+    deadline = time.monotonic() + timeout
     py_spy = py_spy if py_spy is not None else find_py_spy()
     processes: list[dict[str, Any]] = []
     skipped = 0
@@ -150,7 +150,7 @@ def collect_forensics(
                 info["python_stack"] = {"error": f"only the first {MAX_PY_SPY} are dumped"}
             elif left > 0.5:
                 dumped += 1
-                info["python_stack"] = py_spy_dump(py_spy, pid, min(PY_SPY_TIMEOUT, left))
+                info["python_stack"] = py_spy_dump(py_spy, pid, min(PY_SPY_TIMEOUT_SECONDS, left))
             else:
                 info["python_stack"] = {"error": "no time left in the forensics budget"}
         processes.append(info)
@@ -158,7 +158,7 @@ def collect_forensics(
         "processes": processes,
         "skipped_for_time": skipped,
         "py_spy": py_spy,
-        "time_budget_seconds": time_budget,
+        "time_budget_seconds": timeout,
     }
 
 

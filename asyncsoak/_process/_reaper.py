@@ -48,7 +48,7 @@ _PIPE_SIZE = 1 << 20
 #: copy out of the pipe and the copy into the log (a megabyte at a time is twice as slow).
 _READ_CHUNK = 128 * 1024
 #: After SIGKILL, how long the reaper keeps reaping before it gives up and exits.
-_KILL_WAIT_SECONDS = 5.0
+_LIFELINE_KILL_WAIT_SECONDS = 5.0
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -248,7 +248,7 @@ class Reaper:
             except OSError:
                 pass
         self.stop_deadline = now + float(self.config["grace_seconds"])
-        self.kill_deadline = self.stop_deadline + _KILL_WAIT_SECONDS
+        self.kill_deadline = self.stop_deadline + _LIFELINE_KILL_WAIT_SECONDS
 
     def kill_everything(self) -> None:
         if self.pid is not None:
@@ -355,9 +355,9 @@ def main() -> int:
     return status
 
 
-def _remove_cgroup(path: str, wait_seconds: float = 1.0) -> None:
+def _remove_cgroup(path: str, timeout: float = 1.0) -> None:
     """Remove the (now empty) cgroup of the tree; the last members may still be exiting."""
-    deadline = time.monotonic() + wait_seconds
+    deadline = time.monotonic() + timeout
     while True:
         try:
             os.rmdir(path)

@@ -35,7 +35,7 @@ _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 REAPER_MODULE = "asyncsoak._process._reaper"
 _REPORT_MAX_BYTES = 64 * 1024
 #: Bound on starting the command (exec from a hung network filesystem can block).
-SPAWN_TIMEOUT = 60.0
+SPAWN_TIMEOUT_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +118,11 @@ class Spawner:
         self._reports = BufferedByteReceiveStream(self._reaper.stdout)
         await self._reaper.stdin.send(json.dumps(config).encode() + b"\n")
         first: dict[str, Any] | None = None
-        with anyio.move_on_after(SPAWN_TIMEOUT) as waited:
+        with anyio.move_on_after(SPAWN_TIMEOUT_SECONDS) as waited:
             first = await self._next_report()
         if first is None or first.get("event") != "spawned":
             if waited.cancelled_caught:
-                message = f"the command did not start within {SPAWN_TIMEOUT:g}s"
+                message = f"the command did not start within {SPAWN_TIMEOUT_SECONDS:g}s"
             elif first is None:
                 message = "the reaper exited before starting the command"
             else:

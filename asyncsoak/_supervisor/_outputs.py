@@ -27,7 +27,7 @@ from ._config import SoakConfig
 #: An artifact is bounded in size (summaries and bounded series); a bigger file is not one.
 MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
 #: Bound on reading what is already at the output paths (a dead mount must not hang the start).
-CHECK_TIMEOUT = 10.0
+CHECK_TIMEOUT_SECONDS = 10.0
 #: Free space below which the output filesystem counts as full before the start: room for the
 #: journal's first events and a small artifact.
 MIN_FREE_BYTES = 64 * 1024

@@ -43,7 +43,7 @@ from ._config import SoakConfig
 #: Set in every process of a SLURM job: the sign that the soak runs inside one.
 JOB_VARIABLE = "SLURM_JOB_ID"
 #: SLURM's default ``KillWait``, assumed when ``scontrol`` cannot say.
-DEFAULT_KILL_WAIT_SECONDS = 30.0
+SLURM_DEFAULT_KILL_WAIT_SECONDS = 30.0
 #: Bound on each ``scontrol`` query (it answers in milliseconds from a healthy controller).
 SCONTROL_TIMEOUT_SECONDS = 5.0
 #: Bound on the two queries of :func:`scheduler_snapshot` together.
@@ -180,7 +180,7 @@ def parse_time(text: str | None) -> datetime | None:
 def kill_wait_of(scheduler: Mapping[str, Any] | None) -> float:
     """``KillWait`` of the job's cluster, or SLURM's default when it is not known."""
     value = None if scheduler is None else scheduler.get("kill_wait_seconds")
-    return float(value) if isinstance(value, int | float) else DEFAULT_KILL_WAIT_SECONDS
+    return float(value) if isinstance(value, int | float) else SLURM_DEFAULT_KILL_WAIT_SECONDS
 
 
 def stop_grace(grace: float, scheduler: Mapping[str, Any] | None) -> float:

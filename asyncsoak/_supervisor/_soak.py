@@ -70,7 +70,7 @@ from ._finish import (
     note_drain,
     write_soak_artifact,
 )
-from ._outputs import CHECK_TIMEOUT, check_outputs, lock_journal
+from ._outputs import CHECK_TIMEOUT_SECONDS, check_outputs, lock_journal
 from ._rules import (
     TREND_EVERY_INTERVALS,
     TREND_LAG_FRACTION,
@@ -79,7 +79,13 @@ from ._rules import (
     trend_findings,
 )
 from ._snapshot_task import SNAPSHOT_TIMEOUT_SECONDS, take_snapshot
-from ._stop import HANG_REASONS, SOAK_ID_VARIABLE, TREE_LOOK_TIMEOUT, TREE_WALK_TIMEOUT, TreeStop
+from ._stop import (
+    HANG_REASONS,
+    SOAK_ID_VARIABLE,
+    TREE_LOOK_TIMEOUT_SECONDS,
+    TREE_WALK_TIMEOUT_SECONDS,
+    TreeStop,
+)
 from ._verdict import ExitJudge, soak_status
 
 #: Threads for blocking work (scans, /proc walks, git): asyncsoak's own, never the host's.
@@ -165,7 +171,10 @@ async def run_soak(
     if control is not None and not isinstance(control, SoakControl):
         raise ValidationTypeError(f"control must be a SoakControl, not {type(control).__name__}")
     await run_blocking(
-        check_outputs, cfg, timeout=CHECK_TIMEOUT, what="reading the files at the output paths"
+        check_outputs,
+        cfg,
+        timeout=CHECK_TIMEOUT_SECONDS,
+        what="reading the files at the output paths",
     )
     soak = _Soak(cfg, control if control is not None else SoakControl())
     live = None
@@ -471,7 +480,7 @@ class _Soak:
                 cgroup = await run_blocking(
                     _cgroup.create,
                     f"asyncsoak-{self.soak_id}",
-                    timeout=TREE_LOOK_TIMEOUT,
+                    timeout=TREE_LOOK_TIMEOUT_SECONDS,
                     what="creating the tree's cgroup",
                 )
         spawner = self._spawner = Spawner(
@@ -492,7 +501,10 @@ class _Soak:
                 # Membership decides only if the command really joined the group.
                 with contextlib.suppress(BlockingCallTimeout):
                     if await run_blocking(
-                        cgroup.holds, spawner.pid, timeout=TREE_LOOK_TIMEOUT, what="a cgroup"
+                        cgroup.holds,
+                        spawner.pid,
+                        timeout=TREE_LOOK_TIMEOUT_SECONDS,
+                        what="a cgroup",
                     ):
                         spawner.cgroup = cgroup
             if not started:
@@ -610,13 +622,17 @@ class _Soak:
                     # Only reached when the supervisor itself broke: leave nothing running.
                     with contextlib.suppress(BlockingCallTimeout):
                         await run_blocking(
-                            spawner.kill_tree, timeout=TREE_WALK_TIMEOUT, what="killing the tree"
+                            spawner.kill_tree,
+                            timeout=TREE_WALK_TIMEOUT_SECONDS,
+                            what="killing the tree",
                         )
                 await spawner.close(REAPER_CLOSE_TIMEOUT)
                 if cgroup is not None:
                     with contextlib.suppress(BlockingCallTimeout):
                         await run_blocking(
-                            cgroup.remove, timeout=TREE_LOOK_TIMEOUT, what="removing a cgroup"
+                            cgroup.remove,
+                            timeout=TREE_LOOK_TIMEOUT_SECONDS,
+                            what="removing a cgroup",
                         )
 
     def _on_tree(self, pids: frozenset[int]) -> None:

@@ -32,10 +32,10 @@ from ._control import SoakControl
 
 #: Bound on one look at the tree during the stop (the environment-marker scan reads every
 #: process's environ, which waits on each target's mmap lock: a wedged CUDA process holds it).
-TREE_LOOK_TIMEOUT = 1.0
+TREE_LOOK_TIMEOUT_SECONDS = 1.0
 #: Bound on one walk of the tree below the reaper (no cgroup): a read per process, so a big
 #: tree (a fork bomb) takes a while, but it never waits on another process's locks.
-TREE_WALK_TIMEOUT = 5.0
+TREE_WALK_TIMEOUT_SECONDS = 5.0
 #: Time given to the trainer to print what ``dump_signal`` asked for before forensics start.
 DUMP_WAIT_SECONDS = 1.0
 #: Bound on the hang forensics (py-spy of every Python process included).
@@ -157,7 +157,9 @@ class TreeStop:
                 pids = []
                 with contextlib.suppress(BlockingCallTimeout):
                     pids = await run_blocking(
-                        spawner.tree_pids, timeout=TREE_WALK_TIMEOUT, what="walking the tree"
+                        spawner.tree_pids,
+                        timeout=TREE_WALK_TIMEOUT_SECONDS,
+                        what="walking the tree",
                     )
                 sent = (
                     spawner.signal_group(sig)
@@ -197,7 +199,11 @@ class TreeStop:
         with anyio.move_on_after(self.cfg.kill_wait_seconds):
             while pids:
                 await run_blocking(
-                    _kill_all, spawner, pids, timeout=TREE_WALK_TIMEOUT, what="killing the tree"
+                    _kill_all,
+                    spawner,
+                    pids,
+                    timeout=TREE_WALK_TIMEOUT_SECONDS,
+                    what="killing the tree",
                 )
                 await anyio.sleep(0.05)
                 pids = await self.tree_pids(spawner)
@@ -211,7 +217,7 @@ class TreeStop:
         pids: list[int] = []
         with contextlib.suppress(BlockingCallTimeout):
             pids = await run_blocking(
-                spawner.tree_pids, timeout=TREE_WALK_TIMEOUT, what="walking the tree"
+                spawner.tree_pids, timeout=TREE_WALK_TIMEOUT_SECONDS, what="walking the tree"
             )
         if not self._marker_scan_hung and spawner.cgroup is None:
             # Without a cgroup, the environment marker finds what left the reaper's tree.
@@ -220,7 +226,7 @@ class TreeStop:
                     _tree.find_marked,
                     SOAK_ID_VARIABLE,
                     self._marker,
-                    timeout=TREE_LOOK_TIMEOUT,
+                    timeout=TREE_LOOK_TIMEOUT_SECONDS,
                     what="the scan for the soak's environment marker",
                 )
             except BlockingCallTimeout:
@@ -239,7 +245,7 @@ class TreeStop:
                 _describe_all,
                 pids,
                 leader_pgid,
-                timeout=TREE_LOOK_TIMEOUT,
+                timeout=TREE_LOOK_TIMEOUT_SECONDS,
                 what="describing the processes of the tree",
             )
         except BlockingCallTimeout:
@@ -266,7 +272,7 @@ class TreeStop:
                 # Marked processes outside the reaper's tree are not covered by kill_tree().
                 with contextlib.suppress(BlockingCallTimeout):
                     await run_blocking(
-                        _kill_all, spawner, pids, timeout=TREE_WALK_TIMEOUT, what="the kill"
+                        _kill_all, spawner, pids, timeout=TREE_WALK_TIMEOUT_SECONDS, what="the kill"
                     )
                 with anyio.move_on_after(0.05):
                     await spawner.tree_gone.wait()
@@ -292,7 +298,7 @@ class TreeStop:
         data: dict[str, Any] = {"error": f"forensics took longer than {FORENSICS_SECONDS:g}s"}
         with self.given_up_on_caller_stop() as scope, contextlib.suppress(BlockingCallTimeout):
             data = await run_blocking(
-                partial(collect_forensics, pids, time_budget=FORENSICS_SECONDS),
+                partial(collect_forensics, pids, timeout=FORENSICS_SECONDS),
                 timeout=FORENSICS_SECONDS + 2.0,
                 what="the hang forensics",
                 limiter=self._limiter,

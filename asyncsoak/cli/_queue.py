@@ -56,7 +56,7 @@ from ._run import add_metrics_flags, add_soak_limits, metrics_from_args, parse_p
 from ._slurm import worker_in_allocation
 
 _GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za-z-]+))*$")
-_FOLLOW_INTERVAL_S = 0.5
+_FOLLOW_INTERVAL_SECONDS = 0.5
 _NAME_WIDTH = 28
 _NOTE_WIDTH = 90
 
@@ -608,7 +608,7 @@ def _follow(f: Any, masker: Masker, running: Callable[[], bool]) -> None:
         elif not still_running:
             return
         else:
-            time.sleep(_FOLLOW_INTERVAL_S)
+            time.sleep(_FOLLOW_INTERVAL_SECONDS)
 
 
 def _workers(args: argparse.Namespace) -> int:

@@ -28,12 +28,12 @@ DEFAULT_MAX_ATTEMPTS = 3
 #: Priorities and job ids are SQLite INTEGERs: signed 64-bit (PostgreSQL's bigint too).
 INTEGER_MAX = 2**63 - 1
 #: How long a statement waits for another connection's write lock, in seconds.
-BUSY_TIMEOUT_S = 5.0
+BUSY_TIMEOUT_SECONDS = 5.0
 #: The version of the queue's schema this code reads and writes (every backend has it).
 SCHEMA_VERSION = 2
 #: First and longest wait before reconnecting to a database that went away, in seconds.
-BACKOFF_MIN_S = 0.5
-BACKOFF_MAX_S = 10.0
+BACKOFF_MIN_SECONDS = 0.5
+BACKOFF_MAX_SECONDS = 10.0
 
 
 class QueueError(AsyncsoakError):

@@ -28,9 +28,9 @@ import anyio
 
 from ._models import (
     ATTEMPT_COLUMNS,
-    BACKOFF_MAX_S,
-    BACKOFF_MIN_S,
-    BUSY_TIMEOUT_S,
+    BACKOFF_MAX_SECONDS,
+    BACKOFF_MIN_SECONDS,
+    BUSY_TIMEOUT_SECONDS,
     JOB_COLUMNS,
     JOB_STATUSES,
     QUEUED,
@@ -59,7 +59,7 @@ _log = logging.getLogger("asyncsoak.queue")
 #: The channel of the queue's wake-ups.
 CHANNEL = "asyncsoak_queue"
 #: Seconds a connection attempt may take.
-CONNECT_TIMEOUT_S = 10
+CONNECT_TIMEOUT_SECONDS = 10
 #: Longest a statement may run, in milliseconds (none of the queue's take more than a few).
 STATEMENT_TIMEOUT_MS = 30_000
 #: The schema holding the queue's tables.
@@ -184,7 +184,7 @@ class PostgresStore(JobStore):
         db: str,
         *,
         create: bool = True,
-        busy_timeout: float = BUSY_TIMEOUT_S,
+        busy_timeout: float = BUSY_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         try:
@@ -203,7 +203,7 @@ class PostgresStore(JobStore):
         self._params = params
         self._lock = threading.RLock()
         self._conn: Any = None
-        self._backoff = BACKOFF_MIN_S
+        self._backoff = BACKOFF_MIN_SECONDS
         self._retry_at = 0.0
         self._closed = False
         try:
@@ -234,7 +234,7 @@ class PostgresStore(JobStore):
             )
         )
         kwargs: dict[str, Any] = {
-            "connect_timeout": CONNECT_TIMEOUT_S,
+            "connect_timeout": CONNECT_TIMEOUT_SECONDS,
             "application_name": "asyncsoak",
             # A server that vanished without closing the connection (a cut network) is
             # noticed within seconds instead of at TCP's default of many minutes.
@@ -264,14 +264,14 @@ class PostgresStore(JobStore):
         except self._psycopg.Error as exc:
             self._failed()
             raise QueueUnavailableError(self.location, _first_line(exc)) from exc
-        self._backoff = BACKOFF_MIN_S
+        self._backoff = BACKOFF_MIN_SECONDS
         return self._conn
 
     def _failed(self) -> None:
         """A connection attempt failed: the next waits out a backoff that doubles."""
         self._lost()
         self._retry_at = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_SECONDS)
 
     def _lost(self) -> None:
         """An open connection broke (the server restarted...): the next call reconnects at
@@ -653,11 +653,11 @@ class PostgresStore(JobStore):
         ever.  A lost connection is reopened after a growing backoff; ``wake("reconnected")``
         then says notifications may have been missed meanwhile."""
         psycopg = self._psycopg
-        backoff = BACKOFF_MIN_S
+        backoff = BACKOFF_MIN_SECONDS
         started = False
         while True:
             try:
-                with anyio.fail_after(CONNECT_TIMEOUT_S + 1):
+                with anyio.fail_after(CONNECT_TIMEOUT_SECONDS + 1):
                     conn = await psycopg.AsyncConnection.connect(
                         autocommit=True, **self._connect_kwargs()
                     )
@@ -666,13 +666,13 @@ class PostgresStore(JobStore):
                     started = True
                     task_status.started()
                 await anyio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
                 continue
             try:
                 async with conn:
                     with anyio.fail_after(self.busy_timeout + 1):
                         await conn.execute(f"LISTEN {CHANNEL}")
-                    backoff = BACKOFF_MIN_S
+                    backoff = BACKOFF_MIN_SECONDS
                     if started:
                         _log.info("queue database %s: listening for new jobs again", self.location)
                         wake("reconnected")
@@ -684,7 +684,7 @@ class PostgresStore(JobStore):
             except (psycopg.Error, TimeoutError):
                 pass
             await anyio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
 
 
 def _jsonb_type() -> Any:

@@ -28,7 +28,7 @@ from typing import Any
 
 from ._models import (
     ATTEMPT_COLUMNS,
-    BUSY_TIMEOUT_S,
+    BUSY_TIMEOUT_SECONDS,
     JOB_COLUMNS,
     JOB_STATUSES,
     QUEUED,
@@ -207,7 +207,7 @@ class SqliteStore(JobStore):
         path: str | os.PathLike[str],
         *,
         create: bool = True,
-        busy_timeout: float = BUSY_TIMEOUT_S,
+        busy_timeout: float = BUSY_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.time,
         mountinfo: Path = MOUNTINFO,
     ) -> None:

@@ -25,7 +25,7 @@ import anyio.abc
 
 from .._supervisor._config import StopMode
 from ._models import (
-    BUSY_TIMEOUT_S,
+    BUSY_TIMEOUT_SECONDS,
     DEFAULT_MAX_ATTEMPTS,
     Attempt,
     Job,
@@ -72,7 +72,7 @@ class JobStore(abc.ABC):
     """
 
     #: How long a statement waits for another connection's lock, in seconds.
-    busy_timeout: float = BUSY_TIMEOUT_S
+    busy_timeout: float = BUSY_TIMEOUT_SECONDS
     #: How child processes and messages name this database (never with a password).
     location: str
 

@@ -66,7 +66,7 @@ from ._status import (
 from ._store import JobStore
 
 #: How soon an idle worker looks at the queue again while the database is unavailable.
-_UNAVAILABLE_RETRY_S = 1.0
+_UNAVAILABLE_RETRY_SECONDS = 1.0
 #: A store call that failed for now (database away, lock held too long, call abandoned).
 _UNAVAILABLE = (QueueUnavailableError, BlockingCallTimeout)
 
@@ -357,7 +357,7 @@ class _Worker:
                         # backoff spaces the connection attempts): a job may be waiting.
                         wait = self.settings.poll
                         if self._unreachable:
-                            wait = min(wait, _UNAVAILABLE_RETRY_S)
+                            wait = min(wait, _UNAVAILABLE_RETRY_SECONDS)
                         with anyio.move_on_after(wait):
                             async with anyio.create_task_group() as waits:
                                 for event in (self.stop_event, self.wake):
