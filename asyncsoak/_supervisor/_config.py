@@ -31,8 +31,8 @@ LOG_MAX_BYTES = 16 * 1024 * 1024
 
 #: What a job-settable limit holds, which says how it is checked and how its flag parses:
 #: seconds (``--grace 5``), a switch (``--output-is-progress``), one of ``choices``
-#: (``--leak-check fail``) or a size (``--max-rss 2GiB``).
-LimitKind = Literal["seconds", "switch", "choice", "size"]
+#: (``--leak-check fail``), a size (``--max-rss 2GiB``) or a signal (``--dump-signal USR1``).
+LimitKind = Literal["seconds", "switch", "choice", "size", "signal"]
 
 
 def _limit(
@@ -109,6 +109,19 @@ class SoakLimits:
         "fail when the progress or output filesystem has less than SIZE free",
         kind="size",
     )
+    detailed_memory: bool = _limit(
+        False,
+        "--detailed-memory",
+        "also read USS/PSS (reads smaps; can stall on a CUDA process)",
+        kind="switch",
+    )
+    dump_signal: int | None = _limit(
+        None,
+        "--dump-signal",
+        "signal sent to the command when it stalls, before forensics (e.g. SIGUSR1 for a "
+        "trainer that registered faulthandler)",
+        kind="signal",
+    )
 
     def __post_init__(self) -> None:
         for spec in fields(SoakLimits):  # not the subclass's fields: SoakConfig checks those
@@ -129,6 +142,8 @@ def _check_limit(spec: Field[Any], value: object) -> object:
         return value
     if kind == "size":
         return check_size(spec.name, value)
+    if kind == "signal":
+        return _signal(spec.name, value)
     if value is None and spec.default is None:
         return None
     return seconds(spec.name, value, allow_zero=spec.metadata["allow_zero"])
@@ -162,9 +177,7 @@ class SoakConfig(SoakLimits):
     nvidia_smi: str | None
     kill_wait_seconds: float
     log_max_bytes: int
-    dump_signal: int | None
     forensics: bool
-    detailed_memory: bool
     forward_signals: tuple[int, ...] = ()
     requeue_on: int | None = None
     progress_exclude: tuple[Path, ...] = ()
@@ -211,8 +224,8 @@ class SoakConfig(SoakLimits):
             raise ValidationTypeError("log_max_bytes must be an int")
         if log_max_bytes < 4096:
             raise ValidationError("log_max_bytes must be at least 4096")
-        if not isinstance(given.forensics, bool) or not isinstance(given.detailed_memory, bool):
-            raise ValidationTypeError("forensics and detailed_memory must be bools")
+        if not isinstance(given.forensics, bool):
+            raise ValidationTypeError("forensics must be a bool")
         snapshot_root = given.snapshot_root
         root = work_dir or Path.cwd()
         norm(
@@ -225,7 +238,6 @@ class SoakConfig(SoakLimits):
             "kill_wait_seconds",
             seconds("kill_wait_seconds", given.kill_wait_seconds, allow_zero=False),
         )
-        norm("dump_signal", _signal("dump_signal", given.dump_signal))
         norm("progress_exclude", _excluded(given.progress_exclude))
         norm("forward_signals", _signals("forward_signals", given.forward_signals))
         norm("requeue_on", _own_signal("requeue_on", given.requeue_on))

@@ -501,7 +501,7 @@ def _attempt_details(a: Attempt, masker: Masker) -> list[str]:
 
 
 def _soak_text(soak: dict[str, Any]) -> str:
-    """``grace=5s leak_check=fail max_rss=1.0 GiB output_is_progress``: the limits a job set."""
+    """``leak_check=fail max_rss=1.0GiB ... stale_progress=300s``: the limits a job carries."""
     shown = []
     for key, value in sorted(soak.items()):
         if value is None or value is False:
@@ -510,6 +510,8 @@ def _soak_text(soak: dict[str, Any]) -> str:
             shown.append(key)
         elif key.endswith("_seconds"):
             shown.append(f"{key.removesuffix('_seconds')}={value:g}s")
+        elif key.endswith("_signal"):
+            shown.append(f"{key}={signal_name(value)}")
         elif key.endswith("_bytes"):
             size = format_bytes(value).replace(" ", "")
             shown.append(f"{key.removesuffix('_bytes')}={size}")

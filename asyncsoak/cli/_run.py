@@ -63,6 +63,8 @@ def add_soak_limits(parser: argparse.ArgumentParser) -> None:
         elif kind == "size":
             # Parsed by soak_limits, so a bad size is refused naming the flag.
             parser.add_argument(flag, default=None, metavar="SIZE", help=help)
+        elif kind == "signal":
+            parser.add_argument(flag, default=None, metavar="SIG", help=help)
         else:
             shown = "" if spec.default is None else f" (default {spec.default:g})"
             parser.add_argument(
@@ -146,18 +148,6 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="seconds between status lines when stderr is not a terminal (default 60)",
     )
-    run.add_argument(
-        "--detailed-memory",
-        action="store_true",
-        help="also read USS/PSS (reads smaps; can stall on a CUDA process)",
-    )
-    run.add_argument(
-        "--dump-signal",
-        default=None,
-        metavar="SIG",
-        help="signal sent to the command when it stalls, before forensics (e.g. SIGUSR1 "
-        "for a trainer that registered faulthandler)",
-    )
     add_metrics_flags(run)
     run.add_argument(
         "--metrics-textfile",
@@ -213,8 +203,6 @@ def run_command(args: argparse.Namespace) -> int:
         env=env,
         metadata=parse_pairs("--metadata", args.metadata),
         nvidia_smi=None if args.no_gpu else args.nvidia_smi,
-        dump_signal=args.dump_signal,
-        detailed_memory=args.detailed_memory,
         metrics=metrics_from_args(args, args.metrics_textfile),
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
