@@ -396,6 +396,123 @@ async def test_machine_and_disk_figures(tmp_path: Path) -> None:
     assert second.summary_labels() == {}
 
 
+def proc_files_open_for(pids: set[int]) -> set[str]:
+    """This process's descriptors open on the /proc files of ``pids``."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            parts = target.split("/")
+            if (
+                len(parts) > 2
+                and parts[1] == "proc"
+                and parts[2].isdigit()
+                and int(parts[2]) in pids
+            ):
+                found.add(target)
+    return found
+
+
+def test_files_kept_open_give_the_same_figures_and_close_with_the_tree(
+    spawn_tree: Callable[..., Tree],
+) -> None:
+    """The second reading (from files kept open) matches a plain reading by path; the files
+    of processes that leave the tree, and all of them at close, are closed."""
+    tree = spawn_tree(["idle"] * 6 + ["parent"])
+    pids = tree.pids()
+    sampler = ProcSampler(tree.pid)
+    plain = ProcSampler(tree.pid)
+    plain._open_files = None  # read by path, as on a fake /proc
+    assert sampler.read(0.0) is not None
+    assert proc_files_open_for(pids)  # kept open for the next reading
+
+    kept, by_path = sampler.read(1.0), plain.read(1.0)
+    assert kept is not None
+    assert by_path is not None
+    for figures in (kept, by_path):
+        assert figures.pids == pids
+    for pid, process in by_pid(kept).items():
+        other = by_pid(by_path)[pid]
+        assert (process.ppid, process.name, process.state, process.threads, process.fds) == (
+            other.ppid,
+            other.name,
+            other.state,
+            other.threads,
+            other.fds,
+        )
+        assert (process.read_bytes, process.write_bytes) == (other.read_bytes, other.write_bytes)
+        assert abs(process.rss_bytes - other.rss_bytes) <= MIB
+    assert not proc_files_open_for({tree.pid})  # the root is not in the tree
+
+    sampler.close()
+    assert not proc_files_open_for(pids)
+    assert sampler.read(2.0) is None  # closed: nothing is opened again
+    assert not proc_files_open_for(pids)
+
+
+def test_files_of_processes_that_leave_the_tree_are_closed() -> None:
+    with real_tree(["idle", "idle"]) as tree:
+        outer = ProcSampler(tree.pid)
+        assert outer.read(0.0) is not None
+        assert len(proc_files_open_for(tree.pids())) >= 2
+    # The tree has exited: the next reading finds nobody and keeps nothing open.
+    assert outer.read(1.0) is not None
+    assert not proc_files_open_for(tree.pids())
+    outer.close()
+
+
+def test_files_of_a_gone_process_are_never_read_as_the_pids_next_owner(
+    spawn_tree: Callable[..., Tree],
+) -> None:
+    """A pid's kept files belong to the process they were opened for: once it is gone (its
+    pid taken by another), reading them fails and the pid's files are opened afresh."""
+    tree = spawn_tree(["idle", "idle"])
+    sampler = ProcSampler(tree.pid)
+    assert sampler.read(0.0) is not None
+    open_files = sampler._open_files
+    assert open_files is not None
+    # A real pid reuse cannot be had on demand: give one member the files of a process that
+    # has exited and been reaped, as its pid's files would be after the pid was reused.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    files = [
+        os.open(f"/proc/{gone.pid}/{name}", os.O_RDONLY)
+        for name in ("stat", "io", "fd", f"task/{gone.pid}/children")
+    ]
+    gone.wait(timeout=10)
+    member = min(tree.pids())
+    open_files.drop(member)
+    open_files.by_pid[member] = files
+
+    sample = sampler.read(1.0)
+    assert sample is not None
+    assert sample.pids == tree.pids()
+    figures = by_pid(sample)[member]
+    assert figures.ppid == tree.pid
+    assert figures.fds == psutil.Process(member).num_fds()
+    assert not proc_files_open_for({gone.pid})  # the stale files were closed
+    for fd in (fd for fd in open_files.by_pid[member] if fd >= 0):
+        assert os.readlink(f"/proc/self/fd/{fd}").startswith(f"/proc/{member}/")
+    sampler.close()
+
+
+def test_processes_past_the_descriptor_budget_are_read_by_path(
+    spawn_tree: Callable[..., Tree],
+) -> None:
+    """A budget of descriptors for two processes: the others are read the plain way."""
+    from asyncsoak._sampling._proc_sampler import _OpenFiles
+
+    tree = spawn_tree(["idle"] * 5)
+    sampler = ProcSampler(tree.pid)
+    sampler._open_files = _OpenFiles("/proc", budget=8)
+    for t in (0.0, 1.0):
+        sample = sampler.read(t)
+        assert sample is not None
+        assert sample.pids == tree.pids()
+        assert all(p.fds == psutil.Process(p.pid).num_fds() for p in sample.processes)
+    assert len(proc_files_open_for(tree.pids())) <= 8
+    sampler.close()
+
+
 # A fake /proc --------------------------------------------------------------------------
 
 
