@@ -121,12 +121,13 @@ async def _close_reaped_abandoned() -> None:
         await process.aclose()
 
 
-async def open_command(argv: Sequence[str]) -> Process:
-    """Start a command in its own session, stdout and stderr together on one pipe."""
+async def open_command(argv: Sequence[str], *, stdout: int = subprocess.PIPE) -> Process:
+    """Start a command in its own session, stdout and stderr together on one pipe (a new one,
+    or the descriptor ``stdout``)."""
     return await anyio.open_process(
         list(argv),
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
+        stdout=stdout,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )

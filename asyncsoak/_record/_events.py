@@ -335,12 +335,18 @@ def _plain(value: Any) -> Any:
         return value
     if cls is float:
         return None if value != value else value  # NaN: the artifact is allow_nan=False
+    # Inside containers, values of the types kept as they are skip the call: a sample holds a
+    # dataclass per process, and most of their fields are ints and strings.
     if dataclasses.is_dataclass(cls):  # an instance: a class's type is never a dataclass
-        return {name: _plain(getattr(value, name)) for name in _field_names(cls)}
+        out = {}
+        for name in _field_names(cls):
+            field = getattr(value, name)
+            out[name] = field if type(field) in _AS_IS else _plain(field)
+        return out
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): v if type(v) in _AS_IS else _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple | frozenset | set):
-        items = [_plain(v) for v in value]
+        items = [v if type(v) in _AS_IS else _plain(v) for v in value]
         return sorted(items) if isinstance(value, frozenset | set) else items
     if isinstance(value, float) and value != value:
         return None

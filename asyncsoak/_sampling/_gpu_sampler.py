@@ -27,15 +27,15 @@ processes are recorded as not in the tree, never guessed.
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import anyio
 import psutil
 from anyio.abc import Process
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .._blocking import BlockingCallTimeout, run_blocking
 from .._process._commands import CommandResult, open_command, run_command, stop_process
@@ -68,6 +68,7 @@ from ._nvidia_smi import (
     rejected_field,
     replace_rejected,
 )
+from ._proc_sampler import next_tick
 
 SAMPLER = "gpu"
 #: After the loops end, how long (in sample intervals) to use calls before trying them again;
@@ -196,32 +197,65 @@ def _state(pid: int) -> str | None:
 
 
 class _LineReader:
-    """One ``nvidia-smi -lms`` process, read line by line."""
+    """One ``nvidia-smi -lms`` process, its output taken at the soak's ticks.
 
-    def __init__(self, process: Process) -> None:
-        assert process.stdout is not None
+    The loop prints into a pipe of asyncsoak's own whose read end is non-blocking; at each tick
+    the sampler takes the lines that came since the previous one (an iteration per period), so
+    the loop's lines never wake the event loop on their own: the tick that wakes it for the
+    proc sampler serves both.
+    """
+
+    def __init__(self, process: Process, fd: int) -> None:
         self.process = process
-        self._stream = BufferedByteReceiveStream(process.stdout)
+        self._fd = fd
+        self._buffer = b""
+        #: The lines of the iteration being gathered (kept across ticks).
+        self.group: list[str] = []
+        #: The pipe reached its end: the loop process has exited.
+        self.ended = False
 
-    async def line(self) -> str | None:
-        """The next line; None at the end of the output."""
-        try:
-            data = await self._stream.receive_until(b"\n", MAX_LINE)
-        except (anyio.EndOfStream, anyio.IncompleteRead):
-            return None
-        except anyio.DelimiterNotFound as exc:
-            raise SmiParseError(f"a line longer than {MAX_LINE} bytes") from exc
-        return data.decode(errors="replace")
+    def lines(self) -> list[str]:
+        """The whole lines printed since the previous call (a pipe read never blocks)."""
+        for _ in range(_MAX_READS_PER_TICK):
+            try:
+                chunk = os.read(self._fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self.ended = True
+                break
+            self._buffer += chunk
+        *whole, self._buffer = self._buffer.split(b"\n")
+        if len(self._buffer) > MAX_LINE:
+            raise SmiParseError(f"a line longer than {MAX_LINE} bytes")
+        return [line.decode(errors="replace") for line in whole]
 
-    def more_buffered(self) -> bool:
-        """Whether a whole line is already read from the pipe and waiting."""
-        return b"\n" in self._stream.buffer
+    def close(self) -> None:
+        os.close(self._fd)
 
     async def exit_status(self) -> str:
         with anyio.move_on_after(1.0):
             await self.process.wait()
         code = self.process.returncode
         return "still running" if code is None else f"exit status {code}"
+
+
+#: Reads of one loop's pipe at most per tick (64 KiB each): a loop printing without end is
+#: read a bounded amount at a time.
+_MAX_READS_PER_TICK = 16
+
+
+async def _open_loop(argv: Sequence[str]) -> _LineReader:
+    """Start a loop process printing into a non-blocking pipe of our own."""
+    read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        process = await open_command(argv, stdout=write_fd)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)  # the child holds its copy: the pipe ends when the loop does
+    return _LineReader(process, read_fd)
 
 
 async def run_gpu_sampler(
@@ -393,30 +427,46 @@ class _GpuSampler:
     # -- loops ---------------------------------------------------------------------------------
 
     async def _run_loops(self) -> _LoopEnd:
-        """Sample from the two loop processes until one ends or the GPU loop hangs."""
+        """Sample from the two loop processes until one ends or the GPU loop hangs.
+
+        Their output is taken at the soak's ticks (the proc sampler's grid), the process
+        list first, so that each GPU sample carries the freshest one.
+        """
         loop_ms = str(max(1, round(self._interval * 1000)))
         readers: list[_LineReader] = []
-        ends: list[_LoopEnd] = []
         try:
             for query in (GPU_QUERY, APPS_QUERY):
                 argv = [self._executable, *query_args(query, self._fields[query]), "-lms", loop_ms]
                 try:
-                    process = await open_command(argv)
+                    readers.append(await _open_loop(argv))
                 except OSError as exc:
                     return _LoopEnd(False, f"could not start nvidia-smi: {exc.strerror or exc}")
-                readers.append(_LineReader(process))
-
-            async with anyio.create_task_group() as tg:
-
-                async def watch(
-                    read: Callable[[_LineReader], Awaitable[_LoopEnd]], reader: _LineReader
-                ) -> None:
-                    ends.append(await read(reader))
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(watch, self._read_gpu_loop, readers[0])
-                tg.start_soon(watch, self._read_apps_loop, readers[1])
-            return ends[0]
+            gpu, apps = readers
+            heard = anyio.current_time()
+            deadline = self._call_timeout  # the first line may take as long as a call
+            tick = self._sink.clock.start
+            while True:
+                tick = next_tick(tick, self._interval, anyio.current_time())
+                await anyio.sleep_until(tick)
+                end = await self._take_apps(apps)
+                if end is not None:
+                    return end
+                try:
+                    got = await self._take_gpus(gpu)
+                except SmiParseError as exc:
+                    return _LoopEnd(False, f"the nvidia-smi GPU loop printed {exc}")
+                now = anyio.current_time()
+                if got:
+                    heard = now
+                    deadline = self._interval + self._call_timeout
+                elif gpu.ended:
+                    status = await gpu.exit_status()
+                    return _LoopEnd(False, f"the nvidia-smi GPU loop ended ({status})")
+                elif now - heard > deadline:
+                    await self._failed(
+                        f"nvidia-smi printed nothing for {deadline:.3g} s; stopping it"
+                    )
+                    return _LoopEnd(True, "hung")
         finally:
             await self._stop_loops(readers)
 
@@ -424,64 +474,56 @@ class _GpuSampler:
         with anyio.CancelScope(shield=True):
             stuck: list[int] = []
 
-            async def stop(process: Process) -> None:
-                if not await stop_process(process):
-                    stuck.append(process.pid)
+            async def stop(reader: _LineReader) -> None:
+                if not await stop_process(reader.process):
+                    stuck.append(reader.process.pid)
+                reader.close()
 
             async with anyio.create_task_group() as tg:
                 for reader in readers:
-                    tg.start_soon(stop, reader.process)
+                    tg.start_soon(stop, reader)
             for pid in stuck:
                 with anyio.move_on_after(NOTE_TIMEOUT):
                     await self._abandoned(pid)
 
-    async def _read_gpu_loop(self, reader: _LineReader) -> _LoopEnd:
-        deadline = self._call_timeout
-        group: list[str] = []
-        while True:
-            try:
-                with anyio.fail_after(deadline):
-                    line = await reader.line()
-            except TimeoutError:
-                await self._failed(f"nvidia-smi printed nothing for {deadline:.3g} s; stopping it")
-                return _LoopEnd(True, "hung")
-            except SmiParseError as exc:
-                return _LoopEnd(False, f"the nvidia-smi GPU loop printed {exc}")
-            if line is None:
-                status = await reader.exit_status()
-                return _LoopEnd(False, f"the nvidia-smi GPU loop ended ({status})")
-            deadline = self._interval + self._call_timeout
+    async def _take_gpus(self, reader: _LineReader) -> bool:
+        """The GPU loop's lines since the previous tick, each whole iteration emitted; whether
+        any line came."""
+        lines = reader.lines()
+        for line in lines:
             if not line.strip():
                 continue
+            group = reader.group
             if group and line_timestamp(line) != line_timestamp(group[0]):
                 await self._gpu_iteration(group)
-                group = []
+                group = reader.group = []
             group.append(line)
             if len(group) >= self._gpu_lines:
                 await self._gpu_iteration(group)
-                group = []
+                reader.group = []
+        return bool(lines)
 
-    async def _read_apps_loop(self, reader: _LineReader) -> _LoopEnd:
-        group: list[str] = []
-        while True:
-            # Silence is normal here (no process holds a GPU): no deadline.
-            try:
-                line = await reader.line()
-            except SmiParseError as exc:
-                return _LoopEnd(False, f"the nvidia-smi process loop printed {exc}")
-            if line is None:
-                status = await reader.exit_status()
-                return _LoopEnd(False, f"the nvidia-smi process loop ended ({status})")
-            if not line.strip():
-                continue
-            if group and line_timestamp(line) != line_timestamp(group[0]):
-                group = []
-            group.append(line)
-            if not reader.more_buffered():
-                # nvidia-smi prints an iteration at once: with nothing more buffered it is
-                # whole, and no timer waits for the rest.  A straggler of the same iteration
-                # extends it and it is read again.
-                await self._apps_iteration(group)
+    async def _take_apps(self, reader: _LineReader) -> _LoopEnd | None:
+        """The process loop's lines since the previous tick; its end, if it ended.
+
+        Silence is normal here (no process holds a GPU): no deadline.  nvidia-smi prints an
+        iteration at once, so what has come is taken as whole; a straggler of the same
+        iteration (same timestamp) at the next tick extends it and it is read again.
+        """
+        try:
+            lines = [line for line in reader.lines() if line.strip()]
+        except SmiParseError as exc:
+            return _LoopEnd(False, f"the nvidia-smi process loop printed {exc}")
+        for line in lines:
+            if reader.group and line_timestamp(line) != line_timestamp(reader.group[0]):
+                reader.group = []
+            reader.group.append(line)
+        if lines:
+            await self._apps_iteration(reader.group)
+        elif reader.ended:
+            status = await reader.exit_status()
+            return _LoopEnd(False, f"the nvidia-smi process loop ended ({status})")
+        return None
 
     async def _gpu_iteration(self, lines: list[str]) -> None:
         readings = await self._parse_gpus(lines)

@@ -350,6 +350,8 @@ async def _watch(
             os.path.isdir, progress_dir, timeout=scan_timeout, what=f"a stat of {progress_dir}"
         )
     ride: Ride[ScanResult] | None = None
+    #: Scan key -> when inotify last told of a change to it, since the last scan.
+    heard: dict[str, float] = {}
     while True:
         if rides is not None and ride is None:
             # Posted ahead, so the sampler's hop at the next tick takes it.
@@ -367,8 +369,8 @@ async def _watch(
                     watcher.overflowed = False
                     next_scan = sink.elapsed()
                 now = sink.elapsed()  # the change is dated when it was heard of
-                with contextlib.suppress(BlockingCallTimeout):
-                    if watcher.pending:
+                if watcher.pending:
+                    with contextlib.suppress(BlockingCallTimeout):
                         touched.update(
                             await run_blocking(
                                 watcher.watch_pending,
@@ -376,7 +378,13 @@ async def _watch(
                                 what="watching new directories with inotify",
                             )
                         )
-                    if touched:
+                if next_scan - now <= HEARD_WAIT_SECONDS:
+                    # Looked at by the next scan (on the sampler's hop at the next tick), not
+                    # by a thread hop of its own for every write of the trainer's.
+                    for key in touched:
+                        heard[key] = now
+                elif touched:
+                    with contextlib.suppress(BlockingCallTimeout):
                         previous = tracker.last_change
                         updates = await run_blocking(
                             stat_keys,
@@ -409,6 +417,14 @@ async def _watch(
         next_scan = _next_on_grid(now, scan_interval)
         # A scan that cannot finish (a hung network filesystem) sees no progress: fail closed.
         if result is not None:
+            # What inotify heard of is dated (and reported) when it was heard, in that order;
+            # the rest of what changed, now.
+            for key, at in sorted(heard.items(), key=lambda item: item[1]):
+                previous = tracker.last_change
+                some = tracker.observe_some({key: result.files.get(key)}, at)
+                await _report(sink, some, at, previous, tracker.grown_bytes)
+            heard.clear()
+            previous = tracker.last_change
             changed = tracker.observe(result.files, now)
             if result.errors > tracker.skipped_dirs:
                 tracker.skipped_dirs = result.errors
@@ -432,6 +448,12 @@ async def _watch(
                         watcher.watch_pending, timeout=scan_timeout, what="inotify watches"
                     )
                     await _seed(sink, progress_dir, tracker, ignore(), found, scan_timeout)
+
+
+#: A change inotify hears of this close to the next scan waits for it (which rides on the proc
+#: sampler's thread hop); one further off is looked at at once, so that the progress events of
+#: a soak sampled rarely come when the changes do.
+HEARD_WAIT_SECONDS = 1.0
 
 
 def skipped_message(progress_dir: Path, result: ScanResult) -> str:

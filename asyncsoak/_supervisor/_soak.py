@@ -47,7 +47,7 @@ from .._record._events import (
 from .._record._journal import remove_closed_segments
 from .._record._serializer import Serializer
 from .._record._sink import EventSink, SoakClock, open_event_queue
-from .._record._vocabulary import SoakStatus, StopCause
+from .._record._vocabulary import EventKind, SoakStatus, StopCause
 from .._redact import Masker, argv_secrets, redact_mapping, secret_values
 from .._sampling._gpu_sampler import run_gpu_sampler
 from .._sampling._limits import read_limits
@@ -225,6 +225,8 @@ class _Soak:
         self.observers: list[Callable[[dict[str, Any]], None]] = []
         #: Called with every evaluation of the trends (the artifact's ``trends`` shape).
         self.trend_observers: list[Callable[[Mapping[str, Mapping[str, Any]]], None]] = []
+        #: Set each time a proc sample has been folded into the artifact (see ``_judge``).
+        self._sample_folded = anyio.Event()
         self._child_env = dict(os.environ if cfg.env is None else cfg.env)
         self._masker = Masker(
             secret_values(self._child_env, cfg.metadata) | argv_secrets(cfg.command)
@@ -365,7 +367,7 @@ class _Soak:
             serializer = Serializer(
                 journal_fd,
                 builder,
-                self.observers,
+                [*self.observers, self._note_fold],
                 journal_path=cfg.journal_path,
                 flush_interval=cfg.sample_interval_seconds,
                 own_files=ignore,
@@ -696,7 +698,10 @@ class _Soak:
         period = max(TREND_MIN_PERIOD, TREND_EVERY_INTERVALS * interval)
         next_trends = period
         while self.cause is None:
-            await anyio.sleep(interval)
+            # Woken by each sample once it is folded, not by a clock of its own: the budgets
+            # see the newest figures, and the monitor wakes once per interval, not twice.
+            await self._sample_folded.wait()
+            self._sample_folded = anyio.Event()
             await self._check_budgets()
             now = sink.elapsed()
             if self.cause is None and now >= next_trends:
@@ -704,6 +709,10 @@ class _Soak:
                 # of samples makes an evaluation cost a few milliseconds.
                 next_trends = now + max(period, now * TREND_LAG_FRACTION)
                 await self._judge_trends(sink, final=False)
+
+    def _note_fold(self, data: dict[str, Any]) -> None:
+        if data["kind"] == EventKind.SAMPLE:
+            self._sample_folded.set()
 
     async def _check_budgets(self) -> None:
         breach = budget_breach(self.cfg, self._builder.trends)
