@@ -794,6 +794,10 @@ def _read_and_ride(
             ride.run()
 
 
+#: Turns of the event loop the sampler gives the other tasks woken by its tick.
+TICK_TURNS = 3
+
+
 def next_tick(previous: float, interval: float, now: float) -> float:
     """The next tick on the grid ``previous + k * interval`` strictly after ``now``.
 
@@ -856,9 +860,12 @@ async def run_proc_sampler(
                 busy = False
                 try:
                     taken: list[Ride[Any]] = []
-                    if rides is not None:
-                        # A rider woken by the same tick gets one turn of the loop to post.
+                    # What else woke on this tick (the GPU sampler, a rider posting its scan)
+                    # runs first: the thread then reads while the loop sleeps, without the two
+                    # passing the GIL back and forth at every system call of the read.
+                    for _ in range(TICK_TURNS):
                         await anyio.lowlevel.checkpoint()
+                    if rides is not None:
                         taken = rides.take()
                     read: list[ProcSample | None] = []
                     try:
