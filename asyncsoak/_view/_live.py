@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, TextIO
+from typing import Any, BinaryIO, Protocol, TextIO, TypedDict, cast
 
 import anyio
 
@@ -230,6 +230,45 @@ def _shorten_words(text: str, width: int) -> str:
     return cut + "…"
 
 
+# The journal lines the live view reads, as the events write them (``_record/_events.py``).
+# Every key may be missing: a journal is not checked against a schema as an artifact is, and
+# it may come from another asyncsoak, so each field is read with ``.get``.
+
+
+class _HeaderLine(TypedDict, total=False):
+    started_at: str
+    config: dict[str, Any]
+    monitor_pid: int
+
+
+class _ProgressLine(TypedDict, total=False):
+    changed: int
+
+
+class _SampleLine(TypedDict, total=False):
+    #: Group (``tree``, ``machine``, ``gpu0``...) to field to value.
+    points: dict[str, dict[str, float | None]]
+
+
+class _TrendLine(TypedDict, total=False):
+    series: str
+    verdict: str  # "leak" or "breach_projected"
+    slope_per_hour: float | None
+    projected_limit_at: str | None
+
+
+class _FailureLine(TypedDict, total=False):
+    reason: str
+
+
+class _StopLine(TypedDict, total=False):
+    cause: str
+
+
+class _FinishedLine(TypedDict, total=False):
+    status: str
+
+
 #: Samples of the tree's memory kept for its live trend (the last ones; about 10 minutes at 1 s).
 TREND_POINTS = 600
 #: Samples needed before a trend is shown.
@@ -257,39 +296,43 @@ class LiveState:
     #: (t, tree RSS) of the last samples, for the memory trend.
     rss: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
     #: (series key, verdict) -> the ``trend`` event that said it.
-    trends: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    trends: dict[tuple[str, str], _TrendLine] = field(default_factory=dict)
 
     def add(self, event: Mapping[str, Any]) -> None:
+        """Fold one journal line (as ``JournalDecoder`` gives it) in."""
         kind = event.get("kind")
         t = float(event.get("t", 0.0))
         self.last_t = max(self.last_t, t)
+        # Each case reads the line as the event of its kind (the casts only name its fields).
         match kind:
             case EventKind.HEADER:
-                self.started_at = epoch(event.get("started_at"))
-                config = event.get("config") or {}
+                header = cast(_HeaderLine, event)
+                self.started_at = epoch(header.get("started_at"))
+                config = header.get("config") or {}
                 self.stale_limit = config.get("stale_progress_seconds")
                 self.startup_limit = config.get("startup_timeout_seconds")
             case EventKind.STARTED:
                 self.started = True
             case EventKind.PROGRESS:
                 self.last_progress = t
-                self.changes += int(event.get("changed", 1))
+                self.changes += int(cast(_ProgressLine, event).get("changed", 1))
             case EventKind.SAMPLE | EventKind.GPU_SAMPLE:
-                points = event.get("points") or {}
+                points = cast(_SampleLine, event).get("points") or {}
                 self.points.update(points)
                 self._fold_peaks(t, points)
             case EventKind.TREND:
-                self.trends[(str(event.get("series")), str(event.get("verdict")))] = event
+                trend = cast(_TrendLine, event)
+                self.trends[(str(trend.get("series")), str(trend.get("verdict")))] = trend
             case EventKind.FAILURE:
-                self.failures.append(str(event.get("reason")))
+                self.failures.append(str(cast(_FailureLine, event).get("reason")))
             case EventKind.STOP:
-                self.stopping = str(event.get("cause"))
+                self.stopping = str(cast(_StopLine, event).get("cause"))
             case EventKind.EXITED:
                 self.exited = True
             case EventKind.FINISHED:
-                self.finished = str(event.get("status"))
+                self.finished = str(cast(_FinishedLine, event).get("status"))
 
-    def _fold_peaks(self, t: float, points: Mapping[str, Any]) -> None:
+    def _fold_peaks(self, t: float, points: Mapping[str, Mapping[str, float | None]]) -> None:
         for group, values in points.items():
             for name in ("cpu_percent", "rss_bytes", "utilization_gpu_percent", "memory_used_mib"):
                 value = (values or {}).get(name)
@@ -327,7 +370,7 @@ class LiveState:
                 continue
             who = f"pid {series.split('.')[1]}" if series.startswith("process.") else series
             text = f"LEAK {who}" if leak is not None else f"{who}:"
-            slope = (leak or {}).get("slope_per_hour")
+            slope = None if leak is None else leak.get("slope_per_hour")
             if isinstance(slope, int | float) and series.endswith("_bytes"):
                 text += f" +{format_value(slope / 60.0, 'bytes')}/min"
             if breach is not None:
