@@ -35,10 +35,10 @@ def process_alive(pid: int, start_ticks: int | None) -> bool:
 
 
 def kill_leftovers(
-    db: str, job_id: int, attempt: int, log: Path | None, wait_s: float
+    db: str, job_id: int, attempt: int, log: Path | None, timeout: float
 ) -> list[int]:
     """SIGKILL what is left of an orphaned attempt on this host, scanning again until a scan
-    finds nothing alive (at most ``wait_s``).
+    finds nothing alive (at most ``timeout``).
 
     Two kinds of process belong to the attempt.  Its command's tree carries the markers the
     worker put in the child's environment, which find it wherever it went (double forks, new
@@ -59,7 +59,7 @@ def kill_leftovers(
             st = log.stat()
             log_file = (st.st_dev, st.st_ino)
     killed: list[int] = []
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + timeout
     quiet = False
     while True:
         targets = []
