@@ -50,7 +50,7 @@ async def test_a_hung_journal_is_given_up_without_stalling_the_queue(
 ) -> None:
     """A journal that stops draining (a pipe nobody reads, as a dead disk) is abandoned after
     the write bound; the queue keeps draining and the artifact still gets every event."""
-    monkeypatch.setattr(_serializer, "JOURNAL_WRITE_TIMEOUT", 0.3)
+    monkeypatch.setattr(_serializer, "JOURNAL_WRITE_TIMEOUT_SECONDS", 0.3)
     read_end, write_end = os.pipe()
     try:
         serializer = await serialize(write_end, warnings(300, size=2000))

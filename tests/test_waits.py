@@ -75,7 +75,7 @@ def hung_journal(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
         return fd
 
     monkeypatch.setattr(_soak, "create_private_file", create)
-    monkeypatch.setattr(_serializer, "JOURNAL_WRITE_TIMEOUT", 0.5)
+    monkeypatch.setattr(_serializer, "JOURNAL_WRITE_TIMEOUT_SECONDS", 0.5)
     yield read_end
     drain(read_end)
     os.close(read_end)
@@ -183,7 +183,7 @@ def test_a_hung_journal_write_does_not_keep_the_process_alive(tmp_path: Path) ->
         from asyncsoak import run_soak
         from asyncsoak._record import _serializer
         from asyncsoak._supervisor import _soak
-        _serializer.JOURNAL_WRITE_TIMEOUT = 0.5
+        _serializer.JOURNAL_WRITE_TIMEOUT_SECONDS = 0.5
         real = _soak.create_private_file
         def create(path):
             fd = real(path)

@@ -11,7 +11,7 @@ open segment is closed and compressed in the background (``_journal``).
 
 A journal that cannot be written (full or read-only disk) is recorded and the soak goes on:
 the artifact is still built from the events in memory.  A write that hangs (a dead network
-filesystem) is abandoned after ``JOURNAL_WRITE_TIMEOUT`` and writing stops, so a stuck disk
+filesystem) is abandoned after ``JOURNAL_WRITE_TIMEOUT_SECONDS`` and writing stops, so a stuck disk
 can never back up the event queue and stall the watchdog; closing the journal is bounded too
 (an NFS flush on close can hang as well).
 
@@ -52,7 +52,7 @@ from ._journal import SEGMENT_BYTES, JournalEncoder, compress_segment, segment_p
 #: Events written to the journal in one batch at most.
 BATCH = 256
 #: Bound on one journal write; past it the journal is given up for this soak.
-JOURNAL_WRITE_TIMEOUT = 5.0
+JOURNAL_WRITE_TIMEOUT_SECONDS = 5.0
 #: Events that wait for the interval's write like samples do: they come every second from a
 #: busy trainer, and losing the last interval of them to a SIGKILL loses nothing of note.
 _BATCHED_KINDS = frozenset({"progress"})
@@ -61,7 +61,7 @@ _BATCHED_KINDS = frozenset({"progress"})
 #: within one interval, and no timer of the journal's own wakes the monitor.
 _FLUSHING_KINDS = frozenset({"sample"})
 #: Bound on opening and on closing the journal (a flush on close can hang on NFS).
-JOURNAL_CLOSE_TIMEOUT = 5.0
+JOURNAL_CLOSE_TIMEOUT_SECONDS = 5.0
 
 T = TypeVar("T")
 
@@ -204,7 +204,7 @@ class Serializer:
             self._journal = await self._open(self._journal_fd)
             if self._journal is None:
                 self.journal_error = (
-                    f"the journal could not be opened within {JOURNAL_CLOSE_TIMEOUT:g}s"
+                    f"the journal could not be opened within {JOURNAL_CLOSE_TIMEOUT_SECONDS:g}s"
                 )
             await self._drain(receive)
         finally:
@@ -212,7 +212,7 @@ class Serializer:
                 await self._close(self._journal)
 
     async def _open(self, fd: int) -> AsyncFileIO | None:
-        with anyio.move_on_after(JOURNAL_CLOSE_TIMEOUT):
+        with anyio.move_on_after(JOURNAL_CLOSE_TIMEOUT_SECONDS):
             # closefd=False: the descriptor is closed here, once no call of ours can still
             # be using it (see _JournalExecutor), never by the file object's collection.
             return await aiofiles.open(
@@ -227,7 +227,7 @@ class Serializer:
             # A call is still stuck in its thread: close once it returns.
             self._executor.when_idle(partial(_close_fd, fd))
             return
-        deadline = anyio.current_time() + JOURNAL_CLOSE_TIMEOUT
+        deadline = anyio.current_time() + JOURNAL_CLOSE_TIMEOUT_SECONDS
         if self.close_deadline is not None:
             deadline = min(deadline, self.close_deadline)
         close_call: Future[None] | None = None
@@ -253,7 +253,7 @@ class Serializer:
         if self.journal_error is not None or journal is None:
             return
         view = memoryview(data)
-        with anyio.move_on_after(JOURNAL_WRITE_TIMEOUT) as scope:
+        with anyio.move_on_after(JOURNAL_WRITE_TIMEOUT_SECONDS) as scope:
             try:
                 while view:
                     view = view[await journal.write(view) :]
@@ -262,7 +262,7 @@ class Serializer:
         if scope.cancelled_caught:
             self._write_abandoned = True
             self.journal_error = (
-                f"a journal write took longer than {JOURNAL_WRITE_TIMEOUT:g}s "
+                f"a journal write took longer than {JOURNAL_WRITE_TIMEOUT_SECONDS:g}s "
                 "(a hung filesystem?); writing stopped"
             )
 
@@ -350,7 +350,7 @@ class Serializer:
                 _start_segment,
                 path,
                 closed,
-                timeout=JOURNAL_CLOSE_TIMEOUT,
+                timeout=JOURNAL_CLOSE_TIMEOUT_SECONDS,
                 what="rotating the journal",
             )
         except (OSError, BlockingCallTimeout) as exc:

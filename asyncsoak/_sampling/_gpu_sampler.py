@@ -81,7 +81,7 @@ MAX_BACKOFF = 60.0
 #: silence is taken to mean that no process holds a GPU any more.
 APPS_SLACK = 0.5
 #: Bound on recording a note while the sampler is being cancelled.
-NOTE_TIMEOUT = 1.0
+NOTE_TIMEOUT_SECONDS = 1.0
 #: A line longer than this is not ``nvidia-smi`` CSV.
 MAX_LINE = 65536
 
@@ -483,7 +483,7 @@ class _GpuSampler:
                 for reader in readers:
                     tg.start_soon(stop, reader)
             for pid in stuck:
-                with anyio.move_on_after(NOTE_TIMEOUT):
+                with anyio.move_on_after(NOTE_TIMEOUT_SECONDS):
                     await self._abandoned(pid)
 
     async def _take_gpus(self, reader: _LineReader) -> bool:

@@ -91,11 +91,11 @@ from ._verdict import ExitJudge, soak_status
 #: Threads for blocking work (scans, /proc walks, git): asyncsoak's own, never the host's.
 THREADS = 4
 #: Bound on the scan of the progress dir once the command has exited.
-FINAL_SCAN_TIMEOUT = 10.0
+FINAL_SCAN_TIMEOUT_SECONDS = 10.0
 #: Bound on the scan of the progress dir taken before the start (its baseline).
-BASELINE_TIMEOUT = 60.0
+BASELINE_TIMEOUT_SECONDS = 60.0
 #: Bound on waiting for the reaper to finish once the tree is gone.
-REAPER_CLOSE_TIMEOUT = 5.0
+REAPER_CLOSE_TIMEOUT_SECONDS = 5.0
 #: Give each soak's tree a cgroup where the kernel allows it (membership, not markers).
 USE_CGROUP = True
 
@@ -351,7 +351,7 @@ class _Soak:
                             ignore,
                             [cfg.log_path] if cfg.output_is_progress else [],
                         ),
-                        timeout=BASELINE_TIMEOUT,
+                        timeout=BASELINE_TIMEOUT_SECONDS,
                         what=f"the first scan of {cfg.progress_dir}",
                         limiter=self._limiter,
                     )
@@ -595,7 +595,7 @@ class _Soak:
                         ignore=ignore,
                         also=[cfg.log_path] if cfg.output_is_progress else [],
                         limiter=self._limiter,
-                        scan_timeout=FINAL_SCAN_TIMEOUT,
+                        scan_timeout=FINAL_SCAN_TIMEOUT_SECONDS,
                     )
                 self._progress_seen = tracker.first_change is not None
                 if self.cause == StopCause.EXITED:
@@ -628,7 +628,7 @@ class _Soak:
                             timeout=TREE_WALK_TIMEOUT_SECONDS,
                             what="killing the tree",
                         )
-                await spawner.close(REAPER_CLOSE_TIMEOUT)
+                await spawner.close(REAPER_CLOSE_TIMEOUT_SECONDS)
                 if cgroup is not None:
                     with contextlib.suppress(BlockingCallTimeout):
                         await run_blocking(

@@ -41,7 +41,7 @@ READ_CHUNK = 4 * 1024 * 1024
 #: Bound on drawing the last frame once the soak is over.
 FINAL_FRAME_SECONDS = 1.0
 #: Bound on one read of the journal or one frame drawn (a hung disk, a blocked terminal).
-VIEW_CALL_TIMEOUT = 10.0
+VIEW_CALL_TIMEOUT_SECONDS = 10.0
 
 
 class JournalTail:
@@ -591,7 +591,7 @@ async def watch_journal(
 
     async def in_thread(func: Callable[[], Any]) -> Any:
         return await run_blocking(
-            func, timeout=VIEW_CALL_TIMEOUT, what="the live view", limiter=limiter
+            func, timeout=VIEW_CALL_TIMEOUT_SECONDS, what="the live view", limiter=limiter
         )
 
     async def step() -> Status | None:
