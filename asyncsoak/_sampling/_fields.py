@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from .._timestamps import parse_iso
+from .._units import format_duration
 
 #: The unit a name token stands for.
 UNIT_TOKENS = {
@@ -136,20 +137,6 @@ def format_bytes(value: float, *, like: float | None = None) -> str:
         if reference >= scale:
             return f"{value / scale:.1f} {unit}"
     return f"{value:.0f} B"
-
-
-def format_duration(seconds: float) -> str:
-    """``12.3s``, ``4m05s``, ``2h03m``: short and unambiguous."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    whole = round(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours >= 24:
-        return f"{hours // 24}d{hours % 24:02d}h{minutes:02d}m"
-    if hours:
-        return f"{hours}h{minutes:02d}m{secs:02d}s"
-    return f"{minutes}m{secs:02d}s"
 
 
 def format_clock(iso_time: str | None) -> str:

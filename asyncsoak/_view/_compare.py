@@ -17,7 +17,8 @@ from typing import Any, Literal
 
 from .._record._schema import Artifact
 from .._record._vocabulary import SoakStatus
-from .._sampling._fields import format_duration, format_value, gpu_index
+from .._sampling._fields import format_value, gpu_index
+from .._units import format_duration
 from ._evidence import leaking_series, rate_text
 
 #: Relative change (fraction) beyond which a worse figure is a regression.

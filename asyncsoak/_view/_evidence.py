@@ -20,8 +20,9 @@ from typing import Any
 from .._process._crash import last_traceback
 from .._record._schema import Artifact, Failure, Trend
 from .._record._vocabulary import EventKind, FailureReason
-from .._sampling._fields import format_bytes, format_duration, format_value
+from .._sampling._fields import format_bytes, format_value
 from .._timestamps import parse_iso
+from .._units import format_duration
 
 #: Log lines shown at most (a traceback longer than this keeps its end).
 LOG_LINES = 14

@@ -14,8 +14,8 @@ from typing import Any
 
 from .._record._schema import Artifact, series_times
 from .._record._vocabulary import SoakStatus
-from .._sampling._fields import format_duration
 from .._timestamps import parse_iso_or_none
+from .._units import format_duration
 
 #: Width of the text timeline's bars, in characters.
 TIMELINE_WIDTH = 48

@@ -31,8 +31,9 @@ from .._analysis._trends import MAX_WINDOWS, SAMPLES_PER_WINDOW, theil_sen, wind
 from .._blocking import run_blocking
 from .._record._journal import JournalDecoder
 from .._record._vocabulary import EventKind
-from .._sampling._fields import format_duration, format_value, gpu_index
+from .._sampling._fields import format_value, gpu_index
 from .._timestamps import epoch
+from .._units import format_duration
 
 #: Seconds between two reads of the journal (and two frames on a terminal).
 REFRESH_SECONDS = 0.5

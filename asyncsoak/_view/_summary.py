@@ -14,7 +14,8 @@ from typing import Any
 from .._process._exits import describe as describe_exit
 from .._record._schema import Artifact
 from .._record._vocabulary import EventKind, FailureReason, SoakStatus
-from .._sampling._fields import describe, format_clock, format_duration, format_value, group_kind
+from .._sampling._fields import describe, format_clock, format_value, group_kind
+from .._units import format_duration
 from ._evidence import (
     Leak,
     config_value,

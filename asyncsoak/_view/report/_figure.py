@@ -16,14 +16,9 @@ from typing import Any, Protocol
 from ..._record._artifact import EVENTS_HEAD
 from ..._record._schema import Artifact, series_times
 from ..._record._vocabulary import EventKind, FailureReason
-from ..._sampling._fields import (
-    Field,
-    format_duration,
-    format_value,
-    gpu_index,
-    group_label,
-)
+from ..._sampling._fields import Field, format_value, gpu_index, group_label
 from ..._timestamps import parse_iso
+from ..._units import format_duration
 from .._evidence import (
     config_value,
     event_times,

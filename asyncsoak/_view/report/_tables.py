@@ -12,11 +12,8 @@ from typing import TYPE_CHECKING, Any
 from ..._record._artifact import EVENTS_HEAD
 from ..._record._schema import Artifact
 from ..._record._vocabulary import EventKind, SoakStatus
-from ..._sampling._fields import (
-    format_clock,
-    format_duration,
-    format_value,
-)
+from ..._sampling._fields import format_clock, format_value
+from ..._units import format_duration
 from .._evidence import (
     config_value,
     innermost_python_frame,
