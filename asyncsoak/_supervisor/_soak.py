@@ -40,17 +40,14 @@ from .._record._events import (
     Failure,
     Finished,
     Header,
-    Limits,
-    TrendFound,
     WarningEvent,
 )
 from .._record._journal import remove_closed_segments
 from .._record._serializer import Serializer
 from .._record._sink import EventSink, SoakClock, open_event_queue
-from .._record._vocabulary import EventKind, SoakStatus, StopCause
+from .._record._vocabulary import SoakStatus, StopCause
 from .._redact import Masker, argv_secrets, redact_mapping, secret_values
 from .._sampling._gpu_sampler import run_gpu_sampler
-from .._sampling._limits import read_limits
 from .._sampling._proc_sampler import run_proc_sampler
 from .._sampling._watchdog import (
     ProgressTracker,
@@ -70,17 +67,10 @@ from ._finish import (
     note_drain,
     write_soak_artifact,
 )
+from ._judge import RunJudge
 from ._outputs import CHECK_TIMEOUT_SECONDS, check_outputs, lock_journal
-from ._rules import (
-    TREND_EVERY_INTERVALS,
-    TREND_LAG_FRACTION,
-    TREND_MIN_PERIOD,
-    budget_breach,
-    trend_findings,
-)
 from ._snapshot_task import SNAPSHOT_TIMEOUT_SECONDS, take_snapshot
 from ._stop import (
-    HANG_REASONS,
     SOAK_ID_VARIABLE,
     TREE_LOOK_TIMEOUT_SECONDS,
     TREE_WALK_TIMEOUT_SECONDS,
@@ -223,10 +213,6 @@ class _Soak:
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
         #: Called with the JSON form of every event, after the journal and the artifact.
         self.observers: list[Callable[[dict[str, Any]], None]] = []
-        #: Called with every evaluation of the trends (the artifact's ``trends`` shape).
-        self.trend_observers: list[Callable[[Mapping[str, Mapping[str, Any]]], None]] = []
-        #: Set each time a proc sample has been folded into the artifact (see ``_judge``).
-        self._sample_folded = anyio.Event()
         self._child_env = dict(os.environ if cfg.env is None else cfg.env)
         self._masker = Masker(
             secret_values(self._child_env, cfg.metadata) | argv_secrets(cfg.command)
@@ -260,8 +246,15 @@ class _Soak:
         #: The scheduler's job the soak runs in, if any.
         self._job = _slurm.SoakJob(cfg, self._limiter)
         self._builder = ArtifactBuilder()
-        #: (series key, verdict) already reported by a ``trend`` event.
-        self._trends_reported: set[tuple[str, str]] = set()
+        self._run_judge = RunJudge(
+            cfg,
+            self._builder,
+            rule_fired=self._rule_fired,
+            fail=self._fail,
+            ended=lambda: self.cause is not None,
+        )
+        #: Called with every evaluation of the trends (the artifact's ``trends`` shape).
+        self.trend_observers = self._run_judge.trend_observers
 
     # -- end causes ----------------------------------------------------------------------
 
@@ -363,11 +356,11 @@ class _Soak:
             started_at = _now()
             sink, receive = open_event_queue(clock)
             self._sink = sink
-            builder = self._builder = ArtifactBuilder()
+            builder = self._builder
             serializer = Serializer(
                 journal_fd,
                 builder,
-                [*self.observers, self._note_fold],
+                [*self.observers, self._run_judge.note_fold],
                 journal_path=cfg.journal_path,
                 flush_interval=cfg.sample_interval_seconds,
                 own_files=ignore,
@@ -539,7 +532,7 @@ class _Soak:
                         also=[cfg.log_path] if cfg.output_is_progress else [],
                         scan_interval=cfg.sample_interval_seconds,
                         limiter=self._limiter,
-                        on_failure=self._watchdog_rule,
+                        on_failure=self._run_judge.watchdog_rule,
                         rides=rides,
                     ),
                 )
@@ -572,8 +565,8 @@ class _Soak:
                             limiter=self._limiter,
                         ),
                     )
-                await self._emit_limits(sink)
-                self._produce(producers, sink, self._judge)
+                await self._run_judge.emit_limits(sink)
+                self._produce(producers, sink, self._run_judge.run)
                 producers.start_soon(self._end_when_set, spawner.exited, "exited")
                 producers.start_soon(self._end_when_set, spawner.reaper_lost, "reaper_lost")
                 producers.start_soon(self._end_when_requested)
@@ -617,7 +610,7 @@ class _Soak:
                     await self._job.requeue(sink)
                 await self._exit_judge.report_oom_kills(sink)
                 producers.cancel_scope.cancel()
-            await self._judge_trends(sink, final=True)
+            await self._run_judge.judge_trends(sink, final=True)
         finally:
             with anyio.CancelScope(shield=True):
                 if not spawner.tree_gone.is_set() and spawner.pid is not None:
@@ -671,90 +664,6 @@ class _Soak:
         assert self.cfg.max_duration_seconds is not None
         await anyio.sleep(max(0.0, self.cfg.max_duration_seconds - sink.elapsed()))
         self.end("max_duration")
-
-    # -- trends and budgets ----------------------------------------------------------------
-
-    async def _watchdog_rule(self, reason: str, message: str) -> None:
-        """A stall's failure message says what the tree was doing when it stalled."""
-        if reason in HANG_REASONS:
-            message += f"; the tree was {self._builder.trends.activity()}"
-        await self._rule_fired(reason, message)
-
-    async def _emit_limits(self, sink: EventSink) -> None:
-        paths = {"progress": self.cfg.progress_dir, "output": self.cfg.output_path.parent}
-        try:
-            limits = await run_blocking(read_limits, paths, timeout=5.0, what="reading the limits")
-        except BlockingCallTimeout:
-            limits = {
-                "memory_total_bytes": None,
-                "cgroup_memory_max_bytes": None,
-                "disk_total_bytes": {},
-            }
-        await sink.emit(Limits(t=sink.elapsed(), **limits))
-
-    async def _judge(self, sink: EventSink) -> None:
-        """Budgets at every sample interval; trends every few (see ``TREND_EVERY_INTERVALS``)."""
-        interval = self.cfg.sample_interval_seconds
-        period = max(TREND_MIN_PERIOD, TREND_EVERY_INTERVALS * interval)
-        next_trends = period
-        while self.cause is None:
-            # Woken by each sample once it is folded, not by a clock of its own: the budgets
-            # see the newest figures, and the monitor wakes once per interval, not twice.
-            await self._sample_folded.wait()
-            self._sample_folded = anyio.Event()
-            await self._check_budgets()
-            now = sink.elapsed()
-            if self.cause is None and now >= next_trends:
-                # Judged more rarely as the run grows (at most 2 % of its age late): a day
-                # of samples makes an evaluation cost a few milliseconds.
-                next_trends = now + max(period, now * TREND_LAG_FRACTION)
-                await self._judge_trends(sink, final=False)
-
-    def _note_fold(self, data: dict[str, Any]) -> None:
-        if data["kind"] == EventKind.SAMPLE:
-            self._sample_folded.set()
-
-    async def _check_budgets(self) -> None:
-        breach = budget_breach(self.cfg, self._builder.trends)
-        if breach is not None:
-            await self._rule_fired(*breach)
-
-    async def _judge_trends(self, sink: EventSink, *, final: bool) -> None:
-        """Report what became confident: leaks, projected breaches, progress slowing."""
-        cfg = self.cfg
-        trends = self._builder.trends.evaluate(self._builder.wall, live=not final)
-        for observe in self.trend_observers:
-            observe(trends)
-        findings = trend_findings(cfg, trends)
-        for key, verdict, entry, message in findings:
-            first_time = (key, verdict) not in self._trends_reported
-            if first_time:
-                self._trends_reported.add((key, verdict))
-                await sink.emit(
-                    TrendFound(
-                        t=sink.elapsed(),
-                        series=key,
-                        verdict=verdict,
-                        slope_per_hour=entry["slope_per_hour"],
-                        growth=entry["growth"],
-                        projected_limit_at=entry["projected_limit_at"],
-                        message=message,
-                    )
-                )
-            if verdict != "leak":
-                if first_time:
-                    await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
-            elif cfg.leak_check == "fail":
-                if first_time:
-                    message += " (leak_check=fail)"
-                    if final:
-                        await self._fail("memory_leak", message)
-                    else:
-                        await self._rule_fired("memory_leak", message)
-            elif final:
-                # The warning is the whole run's verdict: a rise seen during the run (the
-                # ``trend`` event marks when) that turned out to be a long cycle is no leak.
-                await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
 
 
 def gpu_call_timeout(interval: float) -> float:

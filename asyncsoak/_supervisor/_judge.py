@@ -1,0 +1,143 @@
+"""Judging the run while it runs: the budgets at every folded sample, the trends every few.
+
+The rules themselves are pure (:mod:`._rules`); this is their caller during the soak: it reads
+the artifact builder's trends, emits what became confident (``trend`` events, warnings) and
+ends the soak when a budget or ``leak_check="fail"`` says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+
+from .._blocking import BlockingCallTimeout, run_blocking
+from .._record._artifact import ArtifactBuilder
+from .._record._events import Limits, TrendFound, WarningEvent
+from .._record._sink import EventSink
+from .._record._vocabulary import EventKind
+from .._sampling._limits import read_limits
+from ._config import SoakConfig
+from ._rules import (
+    TREND_EVERY_INTERVALS,
+    TREND_LAG_FRACTION,
+    TREND_MIN_PERIOD,
+    budget_breach,
+    trend_findings,
+)
+from ._stop import HANG_REASONS, Fail
+
+
+class RunJudge:
+    """The budgets and trends of one soak, judged as its samples are folded.
+
+    ``rule_fired`` ends the soak with a failure; ``fail`` records one without ending it (the
+    final judgement, once the soak is ending anyway); ``ended`` says whether the soak has an
+    end cause already.
+    """
+
+    def __init__(
+        self,
+        cfg: SoakConfig,
+        builder: ArtifactBuilder,
+        *,
+        rule_fired: Fail,
+        fail: Fail,
+        ended: Callable[[], bool],
+    ) -> None:
+        self.cfg = cfg
+        self._builder = builder
+        self._rule_fired = rule_fired
+        self._fail = fail
+        self._ended = ended
+        #: Called with every evaluation of the trends (the artifact's ``trends`` shape).
+        self.trend_observers: list[Callable[[Mapping[str, Mapping[str, Any]]], None]] = []
+        #: Set each time a proc sample has been folded into the artifact (see :meth:`run`).
+        self._sample_folded = anyio.Event()
+        #: (series key, verdict) already reported by a ``trend`` event.
+        self._trends_reported: set[tuple[str, str]] = set()
+
+    async def watchdog_rule(self, reason: str, message: str) -> None:
+        """A stall's failure message says what the tree was doing when it stalled."""
+        if reason in HANG_REASONS:
+            message += f"; the tree was {self._builder.trends.activity()}"
+        await self._rule_fired(reason, message)
+
+    async def emit_limits(self, sink: EventSink) -> None:
+        """The limits the run is judged against (memory, cgroup, disks), as one event."""
+        paths = {"progress": self.cfg.progress_dir, "output": self.cfg.output_path.parent}
+        try:
+            limits = await run_blocking(read_limits, paths, timeout=5.0, what="reading the limits")
+        except BlockingCallTimeout:
+            limits = {
+                "memory_total_bytes": None,
+                "cgroup_memory_max_bytes": None,
+                "disk_total_bytes": {},
+            }
+        await sink.emit(Limits(t=sink.elapsed(), **limits))
+
+    async def run(self, sink: EventSink) -> None:
+        """Budgets at every sample interval; trends every few (see ``TREND_EVERY_INTERVALS``)."""
+        interval = self.cfg.sample_interval_seconds
+        period = max(TREND_MIN_PERIOD, TREND_EVERY_INTERVALS * interval)
+        next_trends = period
+        while not self._ended():
+            # Woken by each sample once it is folded, not by a clock of its own: the budgets
+            # see the newest figures, and the monitor wakes once per interval, not twice.
+            await self._sample_folded.wait()
+            self._sample_folded = anyio.Event()
+            await self._check_budgets()
+            now = sink.elapsed()
+            if not self._ended() and now >= next_trends:
+                # Judged more rarely as the run grows (at most 2 % of its age late): a day
+                # of samples makes an evaluation cost a few milliseconds.
+                next_trends = now + max(period, now * TREND_LAG_FRACTION)
+                await self.judge_trends(sink, final=False)
+
+    def note_fold(self, data: dict[str, Any]) -> None:
+        """The serializer's observer: a folded sample wakes :meth:`run`."""
+        if data["kind"] == EventKind.SAMPLE:
+            self._sample_folded.set()
+
+    async def _check_budgets(self) -> None:
+        breach = budget_breach(self.cfg, self._builder.trends)
+        if breach is not None:
+            await self._rule_fired(*breach)
+
+    async def judge_trends(self, sink: EventSink, *, final: bool) -> None:
+        """Report what became confident: leaks, projected breaches, progress slowing."""
+        cfg = self.cfg
+        trends = self._builder.trends.evaluate(self._builder.wall, live=not final)
+        for observe in self.trend_observers:
+            observe(trends)
+        findings = trend_findings(cfg, trends)
+        for key, verdict, entry, message in findings:
+            first_time = (key, verdict) not in self._trends_reported
+            if first_time:
+                self._trends_reported.add((key, verdict))
+                await sink.emit(
+                    TrendFound(
+                        t=sink.elapsed(),
+                        series=key,
+                        verdict=verdict,
+                        slope_per_hour=entry["slope_per_hour"],
+                        growth=entry["growth"],
+                        projected_limit_at=entry["projected_limit_at"],
+                        message=message,
+                    )
+                )
+            if verdict != "leak":
+                if first_time:
+                    await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
+            elif cfg.leak_check == "fail":
+                if first_time:
+                    message += " (leak_check=fail)"
+                    if final:
+                        await self._fail("memory_leak", message)
+                    else:
+                        await self._rule_fired("memory_leak", message)
+            elif final:
+                # The warning is the whole run's verdict: a rise seen during the run (the
+                # ``trend`` event marks when) that turned out to be a long cycle is no leak.
+                await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
