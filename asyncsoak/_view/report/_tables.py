@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from ..._process._exits import decode as decode_exit
 from ..._record._artifact import EVENTS_HEAD
 from ..._record._schema import Artifact
 from ..._record._vocabulary import EventKind, SoakStatus
@@ -304,11 +305,11 @@ def pids(pids: object) -> str:
 
 
 def exit_label(artifact: Artifact) -> str:
-    exit_ = artifact["exit"]
-    returncode = exit_["returncode"]
-    if returncode is not None and returncode < 0:
-        return f"exit: {exit_['signal'] or returncode}"
-    return f"exit {returncode}"
+    """The exit's short mark on the timeline: ``exit: SIGTERM``, ``exit 1``."""
+    status = decode_exit(artifact["exit"]["returncode"])
+    if status.signal_name is not None:
+        return f"exit: {status.signal_name}"
+    return f"exit {status.returncode}"
 
 
 def gpu_html(summary: Mapping[str, Any], timeline: Timeline) -> str:
