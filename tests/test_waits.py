@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import textwrap
@@ -27,6 +30,7 @@ from aiofiles.threadpool.binary import AsyncFileIO
 
 from asyncsoak import SoakFailureError, read_journal, run_soak
 from asyncsoak._process import _cgroup, _forensics, _tree
+from asyncsoak._process._spawn import REAPER_MODULE
 from asyncsoak._record import _artifact, _serializer
 from asyncsoak._record._sink import EventSink
 from asyncsoak._sampling import _watchdog
@@ -499,3 +503,69 @@ def test_a_dead_monitors_empty_cgroup_is_swept() -> None:
     finally:
         fresh.remove()
         stale.remove()
+
+
+#: ptrace(2) requests and waitpid's flag for a tracee that is not the tracer's child.
+PTRACE_SEIZE = 0x4206
+WALL = 0x40000000
+
+#: A monitor the test can SIGKILL: run_soak with a short kill wait, in a process of its own.
+SHORT_KILL_WAIT_MONITOR = """
+import sys, anyio
+from asyncsoak import run_soak
+base, fifo, kill_wait = sys.argv[1], sys.argv[2], float(sys.argv[3])
+command = [sys.executable, "-c",
+           "import os, sys, time; open(sys.argv[1], 'w').write(f'{os.getpid()}\\\\n'); "
+           "time.sleep(60)", fifo]
+anyio.run(lambda: run_soak(
+    command=command, progress_dir=f"{base}/progress", output_path=f"{base}/soak.json",
+    sample_interval_seconds=0.1, post_shutdown_grace_seconds=0.5, nvidia_smi=None,
+    kill_wait_seconds=kill_wait))
+"""
+
+
+def test_the_reaper_waits_the_soaks_kill_wait_after_its_sigkill(
+    tmp_path: Path, ready: ReadyFifo
+) -> None:
+    """The monitor is SIGKILLed: the reaper stops the tree itself and, after its SIGKILL,
+    waits the soak's kill_wait_seconds (not a wait of its own) for a process that cannot be
+    reaped yet before it gives up.  The test traces the command, so its corpse stays
+    unreapable until the test lets it go: the reaper's wait is seen whole."""
+    (tmp_path / "progress").mkdir()
+    kill_wait = 1.0
+    monitor = subprocess.Popen(
+        [sys.executable, "-c", SHORT_KILL_WAIT_MONITOR, tmp_path, ready.path, str(kill_wait)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stderr=subprocess.DEVNULL,
+    )
+    libc = ctypes.CDLL(None, use_errno=True)
+    command = int(ready.line_sync())
+    traced = False
+    fds: list[int] = []
+    try:
+        reaper = psutil.Process(command).ppid()
+        assert REAPER_MODULE in psutil.Process(reaper).cmdline()
+        if libc.ptrace(PTRACE_SEIZE, command, None, None) != 0:
+            pytest.skip(f"ptrace is not permitted here: {os.strerror(ctypes.get_errno())}")
+        traced = True
+        fds = [os.pidfd_open(command), os.pidfd_open(reaper)]
+        monitor.kill()
+        monitor.wait(timeout=10)
+        # The reaper's SIGTERM only stops a tracee; its SIGKILL, after the grace, kills it.
+        assert select.select([fds[0]], [], [], 15)[0], "the reaper never killed the command"
+        killed = time.monotonic()
+        assert select.select([fds[1]], [], [], 15)[0], "the reaper never exited"
+        waited = time.monotonic() - killed
+    finally:
+        monitor.kill()
+        monitor.wait()
+        for fd in fds:
+            os.close(fd)
+        if traced:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(command, signal.SIGKILL)
+            # The tracer's wait releases the corpse to its parent.
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(command, WALL)
+    print(f"the reaper gave up {waited:.2f}s after its SIGKILL (kill_wait_seconds={kill_wait:g})")
+    assert kill_wait * 0.8 <= waited < 4.0, f"the reaper waited {waited:.2f}s"

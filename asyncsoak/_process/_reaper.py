@@ -47,7 +47,8 @@ _PIPE_SIZE = 1 << 20
 #: The most read at once: small enough that the buffer stays in the CPU cache between the
 #: copy out of the pipe and the copy into the log (a megabyte at a time is twice as slow).
 _READ_CHUNK = 128 * 1024
-#: After SIGKILL, how long the reaper keeps reaping before it gives up and exits.
+#: After SIGKILL, how long the reaper keeps reaping before it gives up and exits, unless the
+#: configuration says (``kill_wait_seconds``: the soak's own kill wait).
 _LIFELINE_KILL_WAIT_SECONDS = 5.0
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -248,7 +249,10 @@ class Reaper:
             except OSError:
                 pass
         self.stop_deadline = now + float(self.config["grace_seconds"])
-        self.kill_deadline = self.stop_deadline + _LIFELINE_KILL_WAIT_SECONDS
+        kill_wait = self.config.get("kill_wait_seconds")
+        if kill_wait is None:
+            kill_wait = _LIFELINE_KILL_WAIT_SECONDS
+        self.kill_deadline = self.stop_deadline + float(kill_wait)
 
     def kill_everything(self) -> None:
         if self.pid is not None:

@@ -49,6 +49,9 @@ class SpawnRequest:
     grace_seconds: float
     #: The soak's cgroup (``cgroup.procs`` is joined by the command before exec), if any.
     cgroup: str | None = None
+    #: How long the reaper waits for the tree after its SIGKILL once the lifeline is lost
+    #: (the soak's ``kill_wait_seconds``); ``None``: the reaper's default.
+    kill_wait_seconds: float | None = None
 
 
 class Spawner:
@@ -100,6 +103,7 @@ class Spawner:
             "stop_mode": req.stop_mode,
             "grace_seconds": req.grace_seconds,
             "cgroup": req.cgroup,
+            "kill_wait_seconds": req.kill_wait_seconds,
         }
         try:
             self._reaper = await anyio.open_process(

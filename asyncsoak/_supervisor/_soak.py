@@ -488,6 +488,7 @@ class _Soak:
                 stop_mode=cfg.stop_mode,
                 grace_seconds=cfg.post_shutdown_grace_seconds,
                 cgroup=None if cgroup is None else str(cgroup.path),
+                kill_wait_seconds=cfg.kill_wait_seconds,
             )
         )
         try:
