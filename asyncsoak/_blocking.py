@@ -22,8 +22,10 @@ writes share the bound on threads and the count of abandoned calls.
 from __future__ import annotations
 
 import asyncio
+import math
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from functools import partial
@@ -201,6 +203,8 @@ class Ride(Generic[T]):
         self.func = func
         self.timeout = timeout
         self.taken = False
+        #: Runs after the rides that are not ``last`` (see :class:`Rides`).
+        self.last = False
         #: Set on the event loop by the caller that took the ride, once it has run.
         self.done = anyio.Event()
         self.finished = False
@@ -225,31 +229,44 @@ class Rides:
     """Blocking calls waiting to ride on the next hop of a caller that makes one anyway.
 
     Each trip to a pool thread and back wakes two threads; at every sample interval the proc
-    sampler makes one, so the watchdog's scan on the same grid rides on it instead of making
-    its own (:func:`ride_or_run`).  The taker runs the rides after its own call, in the same
-    :func:`run_blocking` (its deadline grows by theirs), and sets each ride's ``done``.
+    sampler makes one, so the watchdog's scan and the journal's batched write ride on it
+    instead of making their own (:func:`ride_or_run`).  The taker runs the rides after its own
+    call, in the same thread (its deadline grows by theirs), and sets each ride's ``done`` on
+    the event loop.  Riders post and withdraw on the event loop; the taker may take in its
+    thread (:class:`Ticker`), hence the lock.  Rides posted ``last`` run after the others:
+    a journal write that hangs then holds up nothing that rode with it.
     """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._posted: list[Ride[Any]] = []
 
-    def post(self, func: Callable[[], T], timeout: float) -> Ride[T]:
+    def post(self, func: Callable[[], T], timeout: float, *, last: bool = False) -> Ride[T]:
         ride = Ride(func, timeout)
-        self._posted.append(ride)
+        ride.last = last
+        with self._lock:
+            self._posted.append(ride)
         return ride
 
     def withdraw(self, ride: Ride[Any]) -> bool:
         """Take back a ride nobody took yet (True), or leave it (False: it is under way)."""
-        if ride.taken:
-            return False
-        self._posted.remove(ride)
-        return True
+        with self._lock:
+            if ride.taken:
+                return False
+            self._posted.remove(ride)
+            return True
 
     def take(self) -> list[Ride[Any]]:
-        rides, self._posted = self._posted, []
-        for ride in rides:
-            ride.taken = True
-        return rides
+        with self._lock:
+            rides, self._posted = self._posted, []
+            for ride in rides:
+                ride.taken = True
+        return sorted(rides, key=lambda ride: ride.last)
+
+    def waiting_timeout(self) -> float:
+        """The deadlines of the rides waiting now, added up (what taking them adds)."""
+        with self._lock:
+            return sum(ride.timeout for ride in self._posted)
 
 
 #: Turns of the event loop a rider waits for its taker when both woke on the same tick.
@@ -276,3 +293,156 @@ async def ride_or_run(
         await ride.done.wait()
         return ride.outcome()
     raise BlockingCallTimeout(what, ride.timeout)
+
+
+class Ticker(Generic[T]):
+    """A job run at every tick of a grid in one of the pool's threads, each result handed to
+    the event loop: the soak's sampling clock.
+
+    A trip to a pool thread per tick (:func:`run_blocking`) wakes the event loop for the timer,
+    the thread for the call and the loop again for the result, and whenever the loop has work
+    while the thread reads, the two pass the GIL back and forth at each system call of the
+    read.  The ticker's thread sleeps until each tick on its own, runs the job while the loop
+    sleeps, and wakes the loop once with the result: one wake-up of each per tick.
+
+    The thread is one long call on :data:`EXECUTOR` (a daemon thread, within its bound).  A job
+    that outlives its deadline (:meth:`next`) abandons that call (it is counted) and the next
+    tick runs in a new one; the stuck thread, when its job returns, sees that it was replaced
+    and ends.  ``job(tick, partial)`` gets the tick's time and a dict for what it has so far,
+    which :meth:`next` hands back when the job itself does not come back in time.
+    """
+
+    def __init__(
+        self, job: Callable[[float, dict[str, Any]], T], *, start: float, interval: float
+    ) -> None:
+        self._job = job
+        self._tick = start
+        self._interval = interval
+        self._stop = threading.Event()
+        self._generation = 0
+        self._call: _Call | None = None
+        self._loop = asyncio.get_running_loop()
+        self._results: list[tuple[int, T | None, BaseException | None]] = []
+        self._arrived = anyio.Event()
+        self._partial: dict[str, Any] = {}
+        #: Whether the thread is running a job (not waiting for a tick).
+        self._in_job = False
+
+    async def __aenter__(self) -> Ticker[T]:
+        self._start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop ticking: the thread wakes from its wait and ends (nobody waits for it)."""
+        self._stop.set()
+        if self._call is not None and self._in_job:
+            self._call.cancel()  # a job under way is abandoned (and counted)
+
+    def _start(self) -> None:
+        generation = self._generation
+        partial_outcome: dict[str, Any] = {}
+        self._partial = partial_outcome
+        call = EXECUTOR.submit(self._run, generation, partial_outcome)
+        assert isinstance(call, _Call)
+        self._call = call
+
+    def _run(self, generation: int, partial_outcome: dict[str, Any]) -> None:
+        """The thread: sleep until the tick, run the job, hand its outcome to the loop."""
+        tick = self._tick
+        while True:
+            tick = next_tick(tick, self._interval, time.monotonic())
+            if self._stop.wait(max(0.0, tick - time.monotonic())):
+                return
+            if generation != self._generation:
+                return
+            if len(self._results) >= _MAX_WAITING_RESULTS:
+                continue  # the loop is behind: skip this tick rather than pile results up
+            partial_outcome.clear()
+            value: T | None = None
+            error: BaseException | None = None
+            self._in_job = True
+            try:
+                value = self._job(tick, partial_outcome)
+            except Exception as exc:
+                error = exc
+            finally:
+                self._in_job = False
+            if generation != self._generation or self._stop.is_set():
+                return  # replaced (or stopped) while the job ran: its outcome is nobody's
+            try:
+                self._loop.call_soon_threadsafe(self._deliver, generation, value, error)
+            except RuntimeError:
+                return  # the event loop is closed
+
+    def _deliver(self, generation: int, value: T | None, error: BaseException | None) -> None:
+        if generation == self._generation:
+            self._results.append((generation, value, error))
+            self._arrived.set()
+
+    async def next(self, timeout: float) -> T:  # noqa: ASYNC109 (the deadline is the point)
+        """The next tick's result, waiting at most one interval plus ``timeout``.
+
+        Past that the job under way is abandoned, the ticker goes on in a new thread, and
+        :class:`TickTimeout` carries what the job had so far.
+        """
+        with anyio.move_on_after(self._interval + timeout):
+            while not self._results:
+                await self._arrived.wait()
+                self._arrived = anyio.Event()
+            _, value, error = self._results.pop(0)
+            if error is not None:
+                raise error
+            return value  # type: ignore[return-value]
+        partial_outcome = self._partial
+        self._generation += 1
+        if self._call is not None:
+            self._call.cancel()
+        if not self._stop.is_set():
+            self._start()  # on the same grid
+        raise TickTimeout("a tick's job", timeout, dict(partial_outcome))
+
+
+#: Results a ticker keeps for the loop at most; ticks beyond are skipped.
+_MAX_WAITING_RESULTS = 2
+
+
+class TickTimeout(BlockingCallTimeout):
+    """A ticker's job outlived its deadline; ``partial`` is what it had so far."""
+
+    def __init__(self, what: str, timeout: float, partial: dict[str, Any]) -> None:
+        super().__init__(what, timeout)
+        self.partial = partial
+
+
+def next_tick(previous: float, interval: float, now: float) -> float:
+    """The next tick on the grid ``previous + k * interval`` strictly after ``now``.
+
+    Ticks missed while a job ran long are skipped, not run in a burst, and the grid never
+    drifts with the time each job takes.
+    """
+    tick = previous + interval
+    if tick <= now:
+        tick += (math.floor((now - tick) / interval) + 1) * interval
+    return tick
+
+
+class TickSignal:
+    """Tells the tasks that wait for the soak's ticks that one has been handled, on the event
+    loop, so that they do their share on the same wake-up instead of a timer of their own."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def notify(self) -> None:
+        event, self._event = self._event, anyio.Event()
+        event.set()
+
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 (a fallback, never a hang)
+        """Whether a tick came within ``timeout`` seconds."""
+        with anyio.move_on_after(timeout):
+            await self._event.wait()
+            return True
+        return False

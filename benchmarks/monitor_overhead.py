@@ -145,15 +145,20 @@ async def soak_and_measure(
                 break
             await anyio.sleep(0.05)
         me = [sys.executable, "-m", "benchmarks.monitor_overhead", "--root", str(reaper)]
+        # No pipes to them: what they print would wake the monitor's event loop, in this
+        # process, and count as the monitor's.
+        quiet: dict[str, Any] = {
+            "stdin": subprocess.DEVNULL,
+            "stdout": subprocess.DEVNULL,
+            "stderr": subprocess.DEVNULL,
+        }
         peers: dict[str, Process] = {
-            "psrecord": await anyio.open_process(
-                psrecord_command(control.pid, interval), stdout=subprocess.DEVNULL
-            ),
+            "psrecord": await anyio.open_process(psrecord_command(control.pid, interval), **quiet),
             "floor_reads": await anyio.open_process(
-                [*me, "--floor", "reads", "--interval", str(interval)], cwd=REPO
+                [*me, "--floor", "reads", "--interval", str(interval)], cwd=REPO, **quiet
             ),
             "floor_idle": await anyio.open_process(
-                [*me, "--floor", "idle", "--interval", str(interval)], cwd=REPO
+                [*me, "--floor", "idle", "--interval", str(interval)], cwd=REPO, **quiet
             ),
         }
         try:

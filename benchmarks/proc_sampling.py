@@ -158,7 +158,6 @@ def runner_cpu_per_sample(root_pid: int, disk_paths: dict[str, Path], samples: i
 
     async def main() -> float:
         sink, receive = open_event_queue(SoakClock())
-        limiter = anyio.CapacityLimiter(1)
         seen = 0
         started = 0.0
         async with anyio.create_task_group() as tg:
@@ -168,7 +167,6 @@ def runner_cpu_per_sample(root_pid: int, disk_paths: dict[str, Path], samples: i
                     root_pid=root_pid,
                     interval=1e-4,
                     disk_paths=disk_paths,
-                    limiter=limiter,
                 )
             )
             async with receive:

@@ -26,6 +26,7 @@ import anyio
 import psutil
 import pytest
 
+from asyncsoak._blocking import next_tick
 from asyncsoak._record._events import Event, SamplerDegraded, SamplerNote, SamplerRecovered
 from asyncsoak._record._sink import SinkCounters, SoakClock, open_event_queue
 from asyncsoak._redact import Masker
@@ -35,7 +36,6 @@ from asyncsoak._sampling._proc_sampler import (
     ProcessFigures,
     ProcSample,
     ProcSampler,
-    next_tick,
     read_proc_file,
     run_proc_sampler,
 )
@@ -214,9 +214,7 @@ async def collect(samples: int, **options: Any) -> Collected:
     events: list[Event] = []
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(
-                partial(run_proc_sampler, sink, limiter=anyio.CapacityLimiter(1), **options)
-            )
+            tg.start_soon(partial(run_proc_sampler, sink, **options))
             async with receive:
                 async for event in receive:
                     events.append(event)
@@ -761,7 +759,6 @@ async def test_a_sample_dropped_by_a_full_queue_is_counted(tmp_path: Path) -> No
                     root_pid=1,
                     interval=0.05,
                     disk_paths={},
-                    limiter=anyio.CapacityLimiter(1),
                     on_tree=lambda pids: offered.set(),
                     proc=tmp_path,
                 )
@@ -811,7 +808,6 @@ async def test_a_hung_read_degrades_the_sampler_until_it_returns(tmp_path: Path)
                         root_pid=1,
                         interval=0.05,
                         disk_paths={},
-                        limiter=anyio.CapacityLimiter(1),
                         read_timeout=0.2,
                         proc=tmp_path,
                     )
@@ -841,6 +837,4 @@ async def test_interval_must_be_positive() -> None:
     """A zero interval is refused before anything is read."""
     sink, receive = open_event_queue(SoakClock())
     with receive, pytest.raises(ValueError, match="interval"):
-        await run_proc_sampler(
-            sink, root_pid=1, interval=0, disk_paths={}, limiter=anyio.CapacityLimiter(1)
-        )
+        await run_proc_sampler(sink, root_pid=1, interval=0, disk_paths={})

@@ -44,7 +44,7 @@ import anyio
 from aiofiles.threadpool.binary import AsyncFileIO
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from .._blocking import EXECUTOR, BlockingCallTimeout, run_blocking
+from .._blocking import EXECUTOR, BlockingCallTimeout, Ride, Rides, run_blocking
 from ._artifact import ArtifactBuilder, create_private_file
 from ._events import Event, SeriesSource, event_to_json
 from ._journal import SEGMENT_BYTES, JournalEncoder, compress_segment, segment_path
@@ -167,8 +167,16 @@ class Serializer:
         own_files: set[tuple[int, int]] | None = None,
         segment_bytes: int = SEGMENT_BYTES,
         lock_fds: list[int] | None = None,
+        rides: Rides | None = None,
     ) -> None:
         self._journal_fd = journal_fd
+        #: With the proc sampler's rides, each sample's batch rides on its next tick's thread
+        #: (see ``_write_lines``); without, every batch is written through aiofiles at once.
+        self._rides = rides
+        self._riding: Ride[None] | None = None
+        self._riding_data = b""
+        #: A riding write was taken and never came back: the descriptor stays open for good.
+        self._riding_stuck = False
         #: With a path, the journal is rotated into compressed segments (see ``_journal``).
         self._journal_path = journal_path
         #: Samples and progress events wait at most this long for the write that carries them
@@ -209,6 +217,12 @@ class Serializer:
             await self._drain(receive)
         finally:
             with anyio.CancelScope(shield=True):
+                if self._riding is not None:
+                    deadline = anyio.current_time() + JOURNAL_CLOSE_TIMEOUT_SECONDS
+                    if self.close_deadline is not None:
+                        deadline = min(deadline, self.close_deadline)
+                    with anyio.CancelScope(deadline=deadline):
+                        await self._write(self._journal, await self._settle(b""))
                 await self._close(self._journal)
 
     async def _open(self, fd: int) -> AsyncFileIO | None:
@@ -223,6 +237,8 @@ class Serializer:
     async def _close(self, journal: AsyncFileIO | None) -> None:
         """Close the journal, within the close bound and the soak's drain deadline."""
         fd = self._journal_fd
+        if self._riding_stuck:
+            return  # a write still on its way to the descriptor: it stays open (one, for good)
         if journal is None or self._write_abandoned:
             # A call is still stuck in its thread: close once it returns.
             self._executor.when_idle(partial(_close_fd, fd))
@@ -294,17 +310,15 @@ class Serializer:
                     except (anyio.WouldBlock, anyio.EndOfStream):
                         break
                 urgent = self._flush_interval is None
+                by_sample = False
                 for event in batch:
                     encoded = self._encode(event)
                     if encoded is None:
                         continue
                     line, data = encoded
                     pending.append(line)
-                    urgent = (
-                        urgent
-                        or event.KIND in _FLUSHING_KINDS
-                        or not (event.DROPPABLE or event.KIND in _BATCHED_KINDS)
-                    )
+                    by_sample = by_sample or event.KIND in _FLUSHING_KINDS
+                    urgent = urgent or not (event.DROPPABLE or event.KIND in _BATCHED_KINDS)
                     try:
                         self.builder.add(data)
                         for observe in self.observers:
@@ -314,23 +328,78 @@ class Serializer:
                         self.fold_errors += 1
                         self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
                 self.events += len(batch)
-                if urgent:
-                    await self._write_lines(pending)
+                if urgent or by_sample:
+                    # A sample's batch rides on the next tick; anything else goes out now.
+                    await self._write_lines(pending, ride=not urgent)
                     due = None
                 elif due is None and pending and self._flush_interval is not None:
-                    due = anyio.current_time() + self._flush_interval
+                    # Riding, the next sample carries them (within an interval, a few ms
+                    # after its tick): the timer is then only for a sampler that stalls.
+                    wait = self._flush_interval * (2 if self._rides is not None else 1)
+                    due = anyio.current_time() + wait
         await self._write_lines(pending)
 
-    async def _write_lines(self, pending: list[str]) -> None:
-        """Write the waiting lines as one batch, then close the segment if it is full."""
+    async def _write_lines(self, pending: list[str], *, ride: bool = False) -> None:
+        """Write the waiting lines as one batch, then close the segment if it is full.
+
+        With ``ride``, the batch rides on the proc sampler's next tick (its thread writes it
+        after the tick's read, so the monitor makes no thread hop of its own for the journal
+        in a steady soak, and the journal is never more than one interval behind); a batch
+        that would fill the segment is written now, so that rotation never runs with a write
+        in flight.  Every other write goes through aiofiles on asyncsoak's pool.
+        """
         if not pending:
             return
-        data = "".join(pending).encode()
+        data = await self._settle("".join(pending).encode())
         pending.clear()
+        if (
+            ride
+            and self._rides is not None
+            and self._journal is not None
+            and self.journal_error is None
+            and self._segment_size + len(data) < self._segment_bytes
+        ):
+            self._riding = self._rides.post(
+                partial(_write_all, self._journal_fd, data),
+                JOURNAL_WRITE_TIMEOUT_SECONDS,
+                last=True,
+            )
+            self._riding_data = data
+            self._segment_size += len(data)
+            return
         await self._write(self._journal, data)
         self._segment_size += len(data)
         if self._journal_path is not None and self._segment_size >= self._segment_bytes:
             await self._rotate(self._journal_path)
+
+    async def _settle(self, data: bytes) -> bytes:
+        """Make way for ``data``: the write riding on the next tick, if nobody took it yet, is
+        taken back and put before ``data`` (one write for both, in order); one under way is
+        waited for, within its bound."""
+        ride = self._riding
+        if ride is None:
+            return data
+        self._riding = None
+        assert self._rides is not None
+        if self._rides.withdraw(ride):
+            self._segment_size -= len(self._riding_data)
+            return self._riding_data + data
+        with anyio.move_on_after(ride.timeout):
+            await ride.done.wait()
+        if not ride.done.is_set():
+            # The tick's thread is stuck in the write (or was abandoned with it): the journal
+            # stops as when an aiofiles write hangs; the artifact keeps every event.
+            self._riding_stuck = self._write_abandoned = True
+            self.journal_error = (
+                f"a journal write took longer than {JOURNAL_WRITE_TIMEOUT_SECONDS:g}s "
+                "(a hung filesystem?); writing stopped"
+            )
+            return b""
+        try:
+            ride.outcome()
+        except OSError as exc:
+            self.journal_error = f"journal write failed: {exc}"
+        return data
 
     async def _rotate(self, path: Path) -> None:
         """Close the open segment under its segment name, go on in a new one, compress the old.
@@ -427,6 +496,13 @@ def _start_segment(path: Path, closed: Path) -> tuple[int, int]:
             os.unlink(fresh)
         raise
     return fd, lock_fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` (in the thread of the tick it rides on)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _close_fd(fd: int) -> None:

@@ -37,7 +37,7 @@ import anyio
 import psutil
 from anyio.abc import Process
 
-from .._blocking import BlockingCallTimeout, run_blocking
+from .._blocking import BlockingCallTimeout, TickSignal, next_tick, run_blocking
 from .._process._commands import CommandResult, open_command, run_command, stop_process
 from .._record._events import (
     Event,
@@ -68,7 +68,6 @@ from ._nvidia_smi import (
     rejected_field,
     replace_rejected,
 )
-from ._proc_sampler import next_tick
 
 SAMPLER = "gpu"
 #: After the loops end, how long (in sample intervals) to use calls before trying them again;
@@ -266,6 +265,7 @@ async def run_gpu_sampler(
     nvidia_smi: str = "nvidia-smi",
     call_timeout: float = 10.0,
     limiter: anyio.CapacityLimiter | None = None,
+    ticks: TickSignal | None = None,
 ) -> None:
     """Offer a :class:`GpuSample` every ``interval`` seconds until cancelled.
 
@@ -273,8 +273,10 @@ async def run_gpu_sampler(
     only when a process holds GPU memory, so it must not block (``run_soak`` passes the proc
     sampler's latest tree).  Blocking reads go through ``limiter`` (a private one-thread
     limiter when None).  ``call_timeout`` bounds every ``nvidia-smi`` call, and how late a
-    loop's line may be.  Returns by itself only when there is no GPU data to be had (no
-    ``nvidia-smi``, or no GPU): that is recorded in a note, not raised.  The sampler owns
+    loop's line may be.  With ``ticks`` (the proc sampler's), the loops' output is taken each
+    time a proc sample has been handled, on the same wake-up.  Returns by itself only when
+    there is no GPU data to be had (no ``nvidia-smi``, or no GPU): that is recorded in a note,
+    not raised.  The sampler owns
     ``sink`` (give it a clone) and closes it.
     """
     async with sink:
@@ -288,6 +290,7 @@ async def run_gpu_sampler(
             tree_pids=tree_pids,
             call_timeout=call_timeout,
             limiter=limiter if limiter is not None else anyio.CapacityLimiter(1),
+            ticks=ticks,
         )
         await sampler.run(nvidia_smi)
 
@@ -301,8 +304,10 @@ class _GpuSampler:
         tree_pids: Callable[[], Collection[int]],
         call_timeout: float,
         limiter: anyio.CapacityLimiter,
+        ticks: TickSignal | None = None,
     ) -> None:
         self._sink = sink
+        self._ticks = ticks
         self._interval = interval
         self._tree_pids = tree_pids
         self._call_timeout = call_timeout
@@ -446,8 +451,11 @@ class _GpuSampler:
             deadline = self._call_timeout  # the first line may take as long as a call
             tick = self._sink.clock.start
             while True:
-                tick = next_tick(tick, self._interval, anyio.current_time())
-                await anyio.sleep_until(tick)
+                # On the proc sampler's wake-up when it runs (a tick missed twice, a degraded
+                # proc sampler, falls back to the grid), else on the grid.
+                if self._ticks is None or not await self._ticks.wait(2 * self._interval):
+                    tick = next_tick(tick, self._interval, anyio.current_time())
+                    await anyio.sleep_until(tick)
                 end = await self._take_apps(apps)
                 if end is not None:
                     return end

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import resource
 import threading
@@ -39,10 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import anyio
-import anyio.lowlevel
-
-from .._blocking import BlockingCallTimeout, Ride, Rides, run_blocking
+from .._blocking import Ride, Rides, Ticker, TickSignal, TickTimeout
 from .._record._events import (
     Event,
     SamplerDegraded,
@@ -779,35 +775,36 @@ def _read_disk(path: Path) -> DiskFigures:
     return DiskFigures(path=str(path), free_bytes=free, percent_used=percent)
 
 
-def _read_and_ride(
-    read: Callable[[float], ProcSample | None],
-    t: float,
-    rides: list[Ride[Any]],
-    out: list[ProcSample | None],
-) -> None:
-    """The sample (into ``out`` at once: a ride that hangs after it does not lose it), then
-    the rides, even when the read failed."""
-    try:
-        out.append(read(t))
-    finally:
-        for ride in rides:
-            ride.run()
+@dataclass(slots=True)
+class _TickOutcome:
+    """What one tick's job did, filled in as it goes (a job that hangs leaves it half done)."""
+
+    rides: list[Ride[Any]]
+    #: Whether the read returned (with a sample, or None when another read was under way).
+    read: bool = False
+    sample: ProcSample | None = None
+    error: Exception | None = None
 
 
-#: Turns of the event loop the sampler gives the other tasks woken by its tick.
-TICK_TURNS = 3
+def _tick_job(
+    sampler: ProcSampler, rides: Rides | None, start: float
+) -> Callable[[float, dict[str, Any]], _TickOutcome]:
+    """The job of each tick, in the ticker's thread: the rides posted by then are taken, the
+    tree is read, then the rides run (the journal's write last)."""
 
+    def job(_tick: float, partial: dict[str, Any]) -> _TickOutcome:
+        outcome = partial["outcome"] = _TickOutcome(rides.take() if rides is not None else [])
+        try:
+            outcome.sample = sampler.read(time.monotonic() - start)
+            outcome.read = True
+        except Exception as exc:
+            outcome.error = exc
+        finally:
+            for ride in outcome.rides:
+                ride.run()
+        return outcome
 
-def next_tick(previous: float, interval: float, now: float) -> float:
-    """The next tick on the grid ``previous + k * interval`` strictly after ``now``.
-
-    Ticks missed while a read ran long are skipped, not run in a burst, and the grid never
-    drifts with the time each read takes.
-    """
-    tick = previous + interval
-    if tick <= now:
-        tick += (math.floor((now - tick) / interval) + 1) * interval
-    return tick
+    return job
 
 
 async def run_proc_sampler(
@@ -816,13 +813,13 @@ async def run_proc_sampler(
     root_pid: int,
     interval: float,
     disk_paths: Mapping[str, Path],
-    limiter: anyio.CapacityLimiter,
     detailed_memory: bool = False,
     on_tree: Callable[[frozenset[int]], None] | None = None,
     masker: Masker | None = None,
     read_timeout: float = READ_TIMEOUT_SECONDS,
     proc: Path = PROC,
     rides: Rides | None = None,
+    ticks: TickSignal | None = None,
 ) -> None:
     """Offer a :class:`ProcSample` every ``interval`` seconds until cancelled.
 
@@ -834,8 +831,11 @@ async def run_proc_sampler(
     outlives ``read_timeout`` degrades the sampler until a read succeeds again.  Sampling
     goes on in every case.  The sampler owns ``sink`` (give it a clone) and closes it.
 
-    The blocking calls posted to ``rides`` (the watchdog's scan on the same grid) run in the
-    same thread hop as each read, after it: one trip to a thread per sample for everything.
+    The reads run on the soak's grid (start + k * interval) in a :class:`Ticker`'s thread,
+    which wakes the event loop once per sample.  The blocking calls posted to ``rides`` (the
+    watchdog's scan, the journal's batched write) run in that thread after each read: one
+    thread's wake-up per sample for everything.  ``ticks`` is told once each sample has been
+    handled (the GPU sampler reads its loops then, on the same wake-up).
     """
     async with sink:
         if not interval > 0:
@@ -849,81 +849,64 @@ async def run_proc_sampler(
             proc=proc,
             masker=masker,
         )
+        job = _tick_job(sampler, rides, sink.clock.start)
         # The files kept open are closed however the sampler ends.
         with contextlib.closing(sampler):
-            error_told = degraded = False
-            # On the soak's grid (start + k * interval), where the watchdog scans too: one
-            # wake-up of the event loop for both.
-            tick = sink.clock.start
-            while True:
-                sample: ProcSample | None = None
-                busy = False
-                try:
-                    taken: list[Ride[Any]] = []
-                    # What else woke on this tick (the GPU sampler, a rider posting its scan)
-                    # runs first: the thread then reads while the loop sleeps, without the two
-                    # passing the GIL back and forth at every system call of the read.
-                    for _ in range(TICK_TURNS):
-                        await anyio.lowlevel.checkpoint()
-                    if rides is not None:
-                        taken = rides.take()
-                    read: list[ProcSample | None] = []
+            async with Ticker(job, start=sink.clock.start, interval=interval) as ticker:
+                error_told = degraded = False
+                while True:
+                    outcome: _TickOutcome | None = None
+                    waiting = rides.waiting_timeout() if rides is not None else 0.0
                     try:
-                        await run_blocking(
-                            _read_and_ride,
-                            sampler.read,
-                            sink.elapsed(),
-                            taken,
-                            read,
-                            timeout=read_timeout + sum(ride.timeout for ride in taken),
-                            what="reading /proc",
-                            limiter=limiter,
-                        )
-                    except BlockingCallTimeout:
-                        pass  # unless the read itself came back, a ride hung (its rider is told)
-                    finally:
-                        for ride in taken:
-                            if ride.finished:
-                                ride.done.set()
-                    if read:
-                        sample = read[0]
-                        busy = sample is None
-                    if sample is not None:
-                        if degraded:
-                            degraded = False
+                        outcome = await ticker.next(timeout=read_timeout + waiting)
+                    except TickTimeout as exc:
+                        # Unless the read itself came back, a ride hung (its rider is told).
+                        outcome = exc.partial.get("outcome")
+                    try:
+                        if outcome is not None:
+                            for ride in outcome.rides:
+                                if ride.finished:
+                                    ride.done.set()
+                            if outcome.error is not None:
+                                raise outcome.error
+                        sample = outcome.sample if outcome is not None else None
+                        busy = outcome is not None and outcome.read and sample is None
+                        if sample is not None:
+                            if degraded:
+                                degraded = False
+                                await sink.emit(
+                                    SamplerRecovered(
+                                        sink.elapsed(), SAMPLER_NAME, "/proc reads are back"
+                                    )
+                                )
+                            if not sink.offer(sample):
+                                sampler.forget_descriptions(sample)
+                            if on_tree is not None:
+                                on_tree(sample.pids)
+                        elif not busy and not degraded:
+                            # The thread is abandoned, not stopped: the next reads return None
+                            # at once until it comes back, so stuck threads never pile up.
+                            degraded = True
+                            sink.counters.sampler_errors += 1
                             await sink.emit(
-                                SamplerRecovered(
-                                    sink.elapsed(), SAMPLER_NAME, "/proc reads are back"
+                                SamplerDegraded(
+                                    sink.elapsed(),
+                                    SAMPLER_NAME,
+                                    f"reading /proc took more than {read_timeout:g} s; "
+                                    "skipping samples until it returns",
                                 )
                             )
-                        if not sink.offer(sample):
-                            sampler.forget_descriptions(sample)
-                        if on_tree is not None:
-                            on_tree(sample.pids)
-                    elif not busy and not degraded:
-                        # The thread is abandoned, not stopped: the next reads return None at once
-                        # until it comes back, so stuck threads never pile up.
-                        degraded = True
+                    except Exception as exc:
                         sink.counters.sampler_errors += 1
-                        await sink.emit(
-                            SamplerDegraded(
-                                sink.elapsed(),
-                                SAMPLER_NAME,
-                                f"reading /proc took more than {read_timeout:g} s; "
-                                "skipping samples until it returns",
+                        if not error_told:
+                            error_told = True
+                            await sink.emit(
+                                SamplerNote(
+                                    sink.elapsed(),
+                                    SAMPLER_NAME,
+                                    f"proc sampler error (later ones are only counted): {exc!r}",
+                                    {"error": repr(exc), "type": type(exc).__name__},
+                                )
                             )
-                        )
-                except Exception as exc:
-                    sink.counters.sampler_errors += 1
-                    if not error_told:
-                        error_told = True
-                        await sink.emit(
-                            SamplerNote(
-                                sink.elapsed(),
-                                SAMPLER_NAME,
-                                f"proc sampler error (later ones are only counted): {exc!r}",
-                                {"error": repr(exc), "type": type(exc).__name__},
-                            )
-                        )
-                tick = next_tick(tick, interval, anyio.current_time())
-                await anyio.sleep_until(tick)
+                    if ticks is not None:
+                        ticks.notify()

@@ -352,22 +352,27 @@ async def _watch(
     ride: Ride[ScanResult] | None = None
     #: Scan key -> when inotify last told of a change to it, since the last scan.
     heard: dict[str, float] = {}
+    #: inotify lost events: scan at once rather than at the next tick.
+    rescan = False
     while True:
         if rides is not None and ride is None:
             # Posted ahead, so the sampler's hop at the next tick takes it.
             ride = rides.post(
                 partial(scan_progress_dir, progress_dir, ignore(), also), scan_timeout
             )
-        wake = min(next_scan, tracker.deadline())
+        # A riding scan comes back with the sampler's tick: no timer of the watchdog's own
+        # wakes the loop for it, only the deadline (or an overflow, which wants a scan now).
+        wake = tracker.deadline()
+        if ride is None or rescan:
+            wake = min(next_scan, wake)
         with anyio.move_on_after(max(0.0, wake - sink.elapsed())):
-            if watcher is None:
-                await anyio.sleep_forever()
-            else:
-                await anyio.wait_readable(watcher.fd)
+            if await _inotify_or_scan(watcher, ride):
+                assert watcher is not None
                 touched = watcher.read(progress_dir)
                 if watcher.overflowed:
                     watcher.overflowed = False
                     next_scan = sink.elapsed()
+                    rescan = True
                 now = sink.elapsed()  # the change is dated when it was heard of
                 if watcher.pending:
                     with contextlib.suppress(BlockingCallTimeout):
@@ -415,6 +420,7 @@ async def _watch(
                 )
         now = sink.elapsed()
         next_scan = _next_on_grid(now, scan_interval)
+        rescan = False
         # A scan that cannot finish (a hung network filesystem) sees no progress: fail closed.
         if result is not None:
             # What inotify heard of is dated (and reported) when it was heard, in that order;
@@ -454,6 +460,35 @@ async def _watch(
 #: sampler's thread hop); one further off is looked at at once, so that the progress events of
 #: a soak sampled rarely come when the changes do.
 HEARD_WAIT_SECONDS = 1.0
+
+
+async def _inotify_or_scan(watcher: Inotify | None, ride: Ride[ScanResult] | None) -> bool:
+    """Wait until inotify has news (True) or the riding scan is done (False)."""
+    if ride is None:
+        if watcher is None:
+            await anyio.sleep_forever()
+        assert watcher is not None
+        await anyio.wait_readable(watcher.fd)
+        return True
+    if watcher is None or ride.done.is_set():
+        await ride.done.wait()
+        return False
+    heard = False
+    async with anyio.create_task_group() as tg:
+
+        async def readable() -> None:
+            nonlocal heard
+            await anyio.wait_readable(watcher.fd)
+            heard = True
+            tg.cancel_scope.cancel()
+
+        async def scanned() -> None:
+            await ride.done.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(readable)
+        tg.start_soon(scanned)
+    return heard
 
 
 def skipped_message(progress_dir: Path, result: ScanResult) -> str:

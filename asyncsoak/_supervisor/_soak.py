@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .._blocking import BlockingCallTimeout, Rides, abandoned_calls, run_blocking
+from .._blocking import BlockingCallTimeout, Rides, TickSignal, abandoned_calls, run_blocking
 from .._errors import SoakFailureError, ValidationTypeError
 from .._export._metrics import Metrics, validate_metrics
 from .._process import _cgroup
@@ -213,6 +213,8 @@ class _Soak:
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
         #: Called with the JSON form of every event, after the journal and the artifact.
         self.observers: list[Callable[[dict[str, Any]], None]] = []
+        #: Blocking calls riding on the proc sampler's ticks (made with the serializer).
+        self._rides = Rides()
         self._child_env = dict(os.environ if cfg.env is None else cfg.env)
         self._masker = Masker(
             secret_values(self._child_env, cfg.metadata) | argv_secrets(cfg.command)
@@ -357,6 +359,9 @@ class _Soak:
             sink, receive = open_event_queue(clock)
             self._sink = sink
             builder = self._builder
+            # The watchdog's scans and the journal's batched writes ride on the proc sampler's
+            # thread, at its ticks (one thread wake-up per sample for all of them).
+            rides = self._rides
             serializer = Serializer(
                 journal_fd,
                 builder,
@@ -365,6 +370,7 @@ class _Soak:
                 flush_interval=cfg.sample_interval_seconds,
                 own_files=ignore,
                 lock_fds=segment_locks,
+                rides=rides,
             )
             journal_fd = -1  # the serializer owns and closes it now
             error: Exception | None = None
@@ -517,8 +523,8 @@ class _Soak:
                 stale_after=cfg.stale_progress_seconds,
             )
             tracker.skipped_dirs = baseline.errors
-            # The watchdog's scans ride on the proc sampler's thread hop (same grid).
-            rides = Rides()
+            # The proc sampler's tick, on which the GPU sampler takes its loops' output.
+            ticks = TickSignal()
             async with anyio.create_task_group() as producers:
                 self._produce(producers, sink, spawner.watch)
                 self._produce(
@@ -534,7 +540,7 @@ class _Soak:
                         scan_interval=cfg.sample_interval_seconds,
                         limiter=self._limiter,
                         on_failure=self._run_judge.watchdog_rule,
-                        rides=rides,
+                        rides=self._rides,
                     ),
                 )
                 assert spawner.reaper_pid is not None
@@ -546,11 +552,11 @@ class _Soak:
                         root_pid=spawner.reaper_pid,
                         interval=cfg.sample_interval_seconds,
                         disk_paths={"progress": cfg.progress_dir, "output": cfg.output_path.parent},
-                        limiter=self._limiter,
                         detailed_memory=cfg.detailed_memory,
                         on_tree=self._on_tree,
                         masker=self._masker,
-                        rides=rides,
+                        rides=self._rides,
+                        ticks=ticks,
                     ),
                 )
                 if cfg.nvidia_smi is not None:
@@ -564,6 +570,7 @@ class _Soak:
                             nvidia_smi=cfg.nvidia_smi,
                             call_timeout=gpu_call_timeout(cfg.sample_interval_seconds),
                             limiter=self._limiter,
+                            ticks=ticks,
                         ),
                     )
                 await self._run_judge.emit_limits(sink)
