@@ -323,6 +323,7 @@ class _Walk:
     """
 
     __slots__ = (
+        "by_membership",
         "children_of",
         "cpu_ticks",
         "described",
@@ -348,6 +349,8 @@ class _Walk:
         self.previous_walk = previous_walk
         #: parent pid -> children, from a scan of /proc when there are no ``children`` files.
         self.children_of = children_of
+        #: The stack holds every member of the tree's cgroup: no children to look for.
+        self.by_membership = False
         self.stack: list[int] = []
         self.processes: list[ProcessFigures] = []
         #: pid -> (start time, CPU ticks, when read): the next walk's history.
@@ -381,8 +384,13 @@ class ProcSampler:
         proc: Path = PROC,
         clock: Callable[[], float] = boot_clock,
         masker: Masker | None = None,
+        members_file: str | None = None,
     ) -> None:
         self.root_pid = root_pid
+        #: The ``cgroup.procs`` of a cgroup that holds the tree (the reaper outside it): one
+        #: read gives every member, instead of a ``children`` file per process.
+        self.members_file = members_file
+        self._members_fd: int | None = None
         self.disk_paths = dict(disk_paths or {})
         self.detailed_memory = detailed_memory
         self._proc = str(proc)
@@ -443,6 +451,9 @@ class ProcSampler:
             for fd in self._machine_fds:
                 os.close(fd)
             self._machine_fds = None
+        if self._members_fd is not None:
+            os.close(self._members_fd)
+            self._members_fd = None
 
     def forget_descriptions(self, sample: ProcSample) -> None:
         """The sample was never delivered: describe its new processes again next time."""
@@ -459,7 +470,13 @@ class ProcSampler:
         walk_started = self._clock()
         children_of = None if self.has_children_files else self._scan_parents()
         walk = _Walk(self._previous_walk, self.detailed_memory, children_of)
-        walk.stack = self._children(self.root_pid, walk)
+        members = self._members()
+        if members is not None:
+            # Every member at once: the walk reads no children files (see _read_process).
+            walk.by_membership = True
+            walk.stack = members
+        else:
+            walk.stack = self._children(self.root_pid, walk)
         seen = {self.root_pid}
         while walk.stack:
             pid = walk.stack.pop()
@@ -551,7 +568,9 @@ class ProcSampler:
                 except PermissionError:
                     io = []
                 fds = self._count_fds(base)
-            if thread_count == 1 and walk.children_of is None:
+            if walk.by_membership:
+                pass  # every member is on the stack already
+            elif thread_count == 1 and walk.children_of is None:
                 if files is not None and open_files is not None:
                     fd = open_files.open(files, 3, f"{base}task/{pid}/children")
                     children = _pread_all(fd) if fd >= 0 else b""
@@ -620,6 +639,22 @@ class ProcSampler:
                 cmdline,
             )
         )
+
+    def _members(self) -> list[int] | None:
+        """The pids in the tree's cgroup, newest list; None when there is none to read (no
+        cgroup, or it is gone: the walk by ``children`` files takes over)."""
+        if self.members_file is None:
+            return None
+        try:
+            if self._members_fd is None:
+                self._members_fd = os.open(self.members_file, os.O_RDONLY | os.O_CLOEXEC)
+            return [int(pid) for pid in _pread_all(self._members_fd).split()]
+        except OSError:
+            self.members_file = None
+            if self._members_fd is not None:
+                os.close(self._members_fd)
+                self._members_fd = None
+            return None
 
     def _count_fds(self, base: str) -> int | None:
         try:
@@ -820,6 +855,7 @@ async def run_proc_sampler(
     proc: Path = PROC,
     rides: Rides | None = None,
     ticks: TickSignal | None = None,
+    members_file: str | None = None,
 ) -> None:
     """Offer a :class:`ProcSample` every ``interval`` seconds until cancelled.
 
@@ -835,7 +871,8 @@ async def run_proc_sampler(
     which wakes the event loop once per sample.  The blocking calls posted to ``rides`` (the
     watchdog's scan, the journal's batched write) run in that thread after each read: one
     thread's wake-up per sample for everything.  ``ticks`` is told once each sample has been
-    handled (the GPU sampler reads its loops then, on the same wake-up).
+    handled (the GPU sampler reads its loops then, on the same wake-up).  ``members_file``
+    gives the ``cgroup.procs`` of the tree's cgroup once there is one (see :class:`ProcSampler`).
     """
     async with sink:
         if not interval > 0:
@@ -848,6 +885,7 @@ async def run_proc_sampler(
             detailed_memory=detailed_memory,
             proc=proc,
             masker=masker,
+            members_file=members_file,
         )
         job = _tick_job(sampler, rides, sink.clock.start)
         # The files kept open are closed however the sampler ends.

@@ -557,6 +557,7 @@ class _Soak:
                         masker=self._masker,
                         rides=self._rides,
                         ticks=ticks,
+                        members_file=None if spawner.cgroup is None else spawner.cgroup.procs_file,
                     ),
                 )
                 if cfg.nvidia_smi is not None:
