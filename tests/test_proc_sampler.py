@@ -511,6 +511,29 @@ def test_processes_past_the_descriptor_budget_are_read_by_path(
     sampler.close()
 
 
+def test_with_a_members_file_the_tree_is_its_members(
+    spawn_tree: Callable[..., Tree], tmp_path: Path
+) -> None:
+    """Given the tree's cgroup.procs, the sampler reads exactly its members (no children
+    files); once that file is gone (the cgroup removed), the walk by children takes over."""
+    tree = spawn_tree(["idle"] * 4 + ["parent"])
+    members = sorted(tree.pids())[:3]
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("".join(f"{pid}\n" for pid in members))
+    sampler = ProcSampler(tree.pid, members_file=str(procs))
+    sample = sampler.read(0.0)
+    assert sample is not None
+    assert sample.pids == set(members)
+    sampler.close()
+
+    gone = ProcSampler(tree.pid, members_file=str(tmp_path / "removed" / "cgroup.procs"))
+    sample = gone.read(0.0)
+    assert sample is not None
+    assert sample.pids == tree.pids()
+    assert gone.members_file is None
+    gone.close()
+
+
 # A fake /proc --------------------------------------------------------------------------
 
 

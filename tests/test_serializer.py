@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
+from asyncsoak._blocking import Rides
 from asyncsoak._record import _serializer
 from asyncsoak._record._artifact import ArtifactBuilder
 from asyncsoak._record._events import Event, WarningEvent
@@ -83,3 +86,94 @@ async def test_the_journal_is_closed_at_the_end(tmp_path: Path) -> None:
         assert data.count(b"\n") == 3
     finally:
         os.close(read_end)
+
+
+# Riding on the proc sampler's ticks ------------------------------------------------------
+
+
+def a_sample(t: float) -> Event:
+    """A real proc sample (of this process's children: none), stamped ``t``."""
+    from asyncsoak._sampling._proc_sampler import ProcSampler
+
+    sample = ProcSampler(os.getpid()).read(t)
+    assert sample is not None
+    return sample
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Give the serializer turns of the loop until ``condition`` holds (no timer involved)."""
+    while not condition():
+        await anyio.lowlevel.checkpoint()
+
+
+def kinds(path: Path) -> list[str]:
+    return [json.loads(line)["kind"] for line in path.read_text().splitlines()]
+
+
+async def test_a_samples_batch_rides_on_the_next_tick_and_an_urgent_event_takes_it_back(
+    tmp_path: Path,
+) -> None:
+    """A sample's batch waits for the next tick's thread (nothing is written until a taker
+    runs it); an event that must go out at once takes a ride nobody took yet back and writes
+    both, in order, in one write."""
+    path = tmp_path / "soak.jsonl"
+    rides = Rides()
+    serializer = Serializer(
+        os.open(path, os.O_WRONLY | os.O_CREAT, 0o600),
+        ArtifactBuilder(),
+        flush_interval=60.0,
+        rides=rides,
+    )
+    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=10)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serializer.run, receive)
+            async with send:
+                await send.send(a_sample(1.0))
+                await until(lambda: rides.waiting_timeout() > 0)
+                assert path.read_bytes() == b""  # riding: not written yet
+                for ride in rides.take():  # the tick's thread, here on the loop
+                    ride.run()
+                    ride.done.set()
+                assert kinds(path) == ["sample"]
+
+                await send.send(a_sample(2.0))
+                await until(lambda: rides.waiting_timeout() > 0)
+                await send.send(WarningEvent(t=2.5, message="now"))
+                await until(lambda: len(kinds(path)) == 3)
+                assert rides.take() == []  # taken back: the warning's write carried it
+    assert kinds(path) == ["sample", "sample", "warning"]
+    assert serializer.journal_error is None
+
+
+async def test_a_riding_write_that_never_comes_back_stops_the_journal_not_the_fold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tick's thread took the write and hangs: the next write waits the write bound, then
+    the journal is given up as for a hung aiofiles write; every event still reaches the
+    artifact."""
+    monkeypatch.setattr(_serializer, "JOURNAL_WRITE_TIMEOUT_SECONDS", 0.3)
+    path = tmp_path / "soak.jsonl"
+    rides = Rides()
+    serializer = Serializer(
+        os.open(path, os.O_WRONLY | os.O_CREAT, 0o600),
+        ArtifactBuilder(),
+        flush_interval=60.0,
+        rides=rides,
+    )
+    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=10)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serializer.run, receive)
+            async with send:
+                await send.send(a_sample(1.0))
+                await until(lambda: rides.waiting_timeout() > 0)
+                assert len(rides.take()) == 1  # taken, and never run
+                started = anyio.current_time()
+                await send.send(WarningEvent(t=1.5, message="after the stuck write"))
+                await until(lambda: serializer.journal_error is not None)
+                assert anyio.current_time() - started < 5.0
+    assert serializer.journal_error is not None
+    assert "writing stopped" in serializer.journal_error
+    assert len(serializer.builder.warnings) == 1
+    assert path.read_bytes() == b""

@@ -647,3 +647,29 @@ async def test_hung_nvidia_smi_degrades_only_the_gpu_sampler(tmp_path: Path) -> 
     assert error.artifact["summary"]["samples"]["sample"] >= 3
     assert fake.loops() or fake.calls()
     assert not any(alive(i["pid"]) for i in fake.invocations())
+
+
+async def test_a_steady_soak_makes_no_thread_hop_per_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once running, the samples, the scans of the progress dir and the journal's writes all
+    ride on the proc sampler's ticker thread: the pool gets far fewer calls than there are
+    samples (a trip per read and per journal write would be two or more per sample)."""
+    from asyncsoak import _blocking
+
+    calls: list[str] = []
+    submit = _blocking.EXECUTOR.submit
+
+    def counting(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        calls.append(getattr(fn, "__qualname__", type(fn).__name__))
+        return submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(_blocking.EXECUTOR, "submit", counting)
+    command = child(tmp_path, "for i in range(50):\n    touch(); time.sleep(0.1)")
+    with anyio.fail_after(60):
+        artifact = await run_soak(command=command, **fast_limits(tmp_path))
+    samples = artifact["monitor"]["samples"]["sample"]
+    assert samples >= 20
+    # Start-up and the end (spawn, snapshot, baseline and final scans, the artifact) make a
+    # fixed number of calls; the steady part, none per sample.
+    assert len(calls) < samples, calls
