@@ -17,6 +17,13 @@ pool of asyncsoak's own threads:
 
 aiofiles takes the same executor (``aiofiles.open(..., executor=EXECUTOR)``), so the journal's
 writes share the bound on threads and the count of abandoned calls.
+
+The soak's periodic work runs on a :class:`Ticker`: one long call on the pool that sleeps until
+each tick of the sample grid, runs the tick's job (the proc read, then the :class:`Rides`
+posted for it: the watchdog's scan, the journal's batch) while the event loop sleeps, and
+wakes the loop once with the result.  A trip to a thread per call costs more than one
+wake-up: the loop's timer, the thread, the loop again for the result, and the GIL passed
+back and forth at each system call whenever the loop has work meanwhile.
 """
 
 from __future__ import annotations
@@ -210,6 +217,8 @@ class Ride(Generic[T]):
         self.finished = False
         self._result: T | None = None
         self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._then: Callable[[], None] | None = None
 
     def run(self) -> None:
         """Run the call (in the taker's thread), keeping its result or its exception."""
@@ -217,7 +226,19 @@ class Ride(Generic[T]):
             self._result = self.func()
         except Exception as exc:
             self._error = exc
-        self.finished = True
+        with self._lock:
+            self.finished = True
+            then = self._then
+        if then is not None:
+            then()
+
+    def when_finished(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the call has returned: now, or in the taker's thread."""
+        with self._lock:
+            if not self.finished:
+                self._then = callback
+                return
+        callback()
 
     def outcome(self) -> T:
         if self._error is not None:

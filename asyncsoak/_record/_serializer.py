@@ -1,13 +1,17 @@
 """The serializer: drains the event queue into the journal and the artifact builder.
 
-Every event is appended to the journal (JSON Lines, in the format of ``_journal``) through
-aiofiles.  GPU samples and progress events wait for at most one sample interval, and each
-proc sample writes what waits with it, so an interval's events go out in one write (one
-thread hop instead of one per event, no timer in a steady soak) and a SIGKILL of the monitor
-loses at most the last interval; every other event (exit, failure, stop, finished...)
-is written at once, with whatever is waiting.  The journal is opened unbuffered, so each batch
-is one ``write(2)`` and nothing waits in a user-space buffer.  Past ``SEGMENT_BYTES`` the
-open segment is closed and compressed in the background (``_journal``).
+Every event is appended to the journal (JSON Lines, in the format of ``_journal``).  GPU
+samples and progress events wait for the next proc sample, and each proc sample's batch (what
+waited, and the sample) rides on the proc sampler's next tick (``Rides`` of ``_blocking``):
+the ticker's thread writes it after the tick's read, so a steady soak makes no thread hop of
+its own for the journal and a SIGKILL of the monitor loses at most the last interval.  Every
+other event (exit, failure, stop, finished...) is written at once through aiofiles, with
+whatever waits, a ride nobody took yet included (taken back, so that the order holds).
+Without a sampler's rides (a soak's last events, tests) every batch goes through aiofiles.
+The journal is opened unbuffered, so each batch is one ``write(2)`` and nothing waits in a
+user-space buffer.  Past ``SEGMENT_BYTES`` the open segment is closed and compressed in the
+background (``_journal``); a batch that would fill it is written at once, so that rotation
+never runs with a write in flight.
 
 A journal that cannot be written (full or read-only disk) is recorded and the soak goes on:
 the artifact is still built from the events in memory.  A write that hangs (a dead network
@@ -16,8 +20,11 @@ can never back up the event queue and stall the watchdog; closing the journal is
 (an NFS flush on close can hang as well).
 
 aiofiles runs the journal's calls on asyncsoak's own pool (``_blocking.EXECUTOR``), never on
-asyncio's default executor: a write stuck for good then holds one of asyncsoak's daemon
-threads, which neither keeps the process from exiting nor makes threads grow without bound.
+asyncio's default executor, and the riding writes run in the ticker's thread, itself a call
+on that pool: a write stuck for good then holds one of asyncsoak's daemon threads, which
+neither keeps the process from exiting nor makes threads grow without bound.  A riding write
+that does not come back within the write bound stops the journal as a hung aiofiles write
+does, and its descriptor is closed once that write returns.
 
 An event that cannot be encoded (a NaN or an infinity from a sampler, a bug in one event's
 JSON form) is written with its non-finite numbers as null, or dropped and counted: one bad
@@ -175,8 +182,9 @@ class Serializer:
         self._rides = rides
         self._riding: Ride[None] | None = None
         self._riding_data = b""
-        #: A riding write was taken and never came back: the descriptor stays open for good.
-        self._riding_stuck = False
+        #: A riding write that was taken and did not come back in time: the descriptor is
+        #: closed once it returns (a write may still land on it until then).
+        self._stuck_ride: Ride[None] | None = None
         #: With a path, the journal is rotated into compressed segments (see ``_journal``).
         self._journal_path = journal_path
         #: Samples and progress events wait at most this long for the write that carries them
@@ -237,8 +245,11 @@ class Serializer:
     async def _close(self, journal: AsyncFileIO | None) -> None:
         """Close the journal, within the close bound and the soak's drain deadline."""
         fd = self._journal_fd
-        if self._riding_stuck:
-            return  # a write still on its way to the descriptor: it stays open (one, for good)
+        if self._stuck_ride is not None:
+            # A write still on its way to the descriptor: closed when it returns (never, if
+            # it never does: one descriptor for good).
+            self._stuck_ride.when_finished(partial(_close_fd, fd))
+            return
         if journal is None or self._write_abandoned:
             # A call is still stuck in its thread: close once it returns.
             self._executor.when_idle(partial(_close_fd, fd))
@@ -389,7 +400,8 @@ class Serializer:
         if not ride.done.is_set():
             # The tick's thread is stuck in the write (or was abandoned with it): the journal
             # stops as when an aiofiles write hangs; the artifact keeps every event.
-            self._riding_stuck = self._write_abandoned = True
+            self._stuck_ride = ride
+            self._write_abandoned = True
             self.journal_error = (
                 f"a journal write took longer than {JOURNAL_WRITE_TIMEOUT_SECONDS:g}s "
                 "(a hung filesystem?); writing stopped"

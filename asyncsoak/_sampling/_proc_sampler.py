@@ -20,6 +20,9 @@ less CPU for the whole tree (benchmarks/proc_sampling.py).  An open file keeps t
 was opened for, never a later one with the same pid: once that process is gone, reading it
 fails (``ESRCH``) and the pid is opened afresh.
 
+When the tree has a cgroup of its own (``run_soak`` makes one where the kernel allows), one
+read of its ``cgroup.procs`` names every member, and no ``children`` file is read.
+
 The reads run in a worker thread under a deadline: a stuck read (``/proc/PID/cmdline`` and
 ``smaps_rollup`` wait for the process's memory map lock) degrades this sampler only, and no
 second read starts until the stuck one returns.

@@ -10,7 +10,9 @@ by device and inode.
 :class:`ProgressTracker` holds the rules and takes ``now`` as an argument, so tests drive it
 with any clock.  :func:`run_watchdog` waits for inotify events until the next scan or the next
 deadline, whichever comes first, so a stall is caught when its deadline passes, not at the next
-tick.
+tick.  In a soak the scan every interval rides on the proc sampler's tick (no timer of the
+watchdog's own), and a change inotify hears of just before it is dated when heard and looked at
+by that scan, not by a thread hop of its own.
 """
 
 from __future__ import annotations
