@@ -474,7 +474,7 @@ def test_files_of_a_gone_process_are_never_read_as_the_pids_next_owner(
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     files = [
         os.open(f"/proc/{gone.pid}/{name}", os.O_RDONLY)
-        for name in ("stat", "io", "fd", f"task/{gone.pid}/children")
+        for name in ("stat", "io", "fd", f"task/{gone.pid}/children", "schedstat")
     ]
     gone.wait(timeout=10)
     member = min(tree.pids())

@@ -130,6 +130,8 @@ class TrendWatch:
         self.tracks: dict[str, Track] = {}
         self.processes: dict[int, ProcessRecord] = {}
         self.processes_not_followed = 0
+        #: The sample time at which no tracked process could be evicted (all were alive).
+        self._no_room_at: float | None = None
         self.limits: dict[str, Any] = {
             "memory_total_bytes": None,
             "cgroup_memory_max_bytes": None,
@@ -295,8 +297,11 @@ class TrendWatch:
 
     def _evict(self, t: float) -> bool:
         """Forget the smallest process that is gone, to make room; False when all are alive."""
+        if self._no_room_at == t:
+            return False  # every tracked process was seen at t: asking again finds none gone
         gone = [r for r in self.processes.values() if r.last_t < t]
         if not gone:
+            self._no_room_at = t
             return False
         smallest = min(gone, key=lambda r: r.peak_rss)
         del self.processes[smallest.pid]

@@ -341,7 +341,13 @@ def _plain(value: Any) -> Any:
         out = {}
         for name in _field_names(cls):
             field = getattr(value, name)
-            out[name] = field if type(field) in _AS_IS else _plain(field)
+            kind = type(field)
+            if kind in _AS_IS:
+                out[name] = field
+            elif kind is float:
+                out[name] = None if field != field else field
+            else:
+                out[name] = _plain(field)
         return out
     if isinstance(value, Mapping):
         return {str(k): v if type(v) in _AS_IS else _plain(v) for k, v in value.items()}

@@ -136,8 +136,9 @@ def _descriptor_budget() -> int:
     return min(soft // 4, 4096)
 
 
-#: The files of one process kept open: stat, io, the fd directory, the main thread's children.
-_FILES_PER_PROCESS = 4
+#: The files of one process kept open: stat, io, the fd directory, the main thread's children
+#: and its schedstat.
+_FILES_PER_PROCESS = 5
 #: A file that could not be opened for want of permission (``io`` of another user's process).
 _DENIED = -1
 #: A file not opened (yet).
@@ -154,7 +155,8 @@ class _OpenFiles:
     def __init__(self, proc: str, budget: int) -> None:
         self._proc = proc
         self._max_processes = budget // _FILES_PER_PROCESS
-        #: pid -> [stat, io, fd directory, children] descriptors (or _DENIED, _CLOSED).
+        #: pid -> [stat, io, fd directory, children, schedstat] descriptors (or _DENIED,
+        #: _CLOSED).
         self.by_pid: dict[int, list[int]] = {}
 
     def get(self, pid: int) -> list[int] | None:
@@ -164,7 +166,7 @@ class _OpenFiles:
             if len(self.by_pid) >= self._max_processes:
                 return None
             stat = os.open(f"{self._proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-            files = self.by_pid[pid] = [stat, _CLOSED, _CLOSED, _CLOSED]
+            files = self.by_pid[pid] = [stat, _CLOSED, _CLOSED, _CLOSED, _CLOSED]
         return files
 
     def open(self, files: list[int], which: int, path: str, flags: int = 0) -> int:
@@ -335,6 +337,7 @@ class _Walk:
         "previous_walk",
         "processes",
         "pss",
+        "ran",
         "read_bytes",
         "rss_bytes",
         "stack",
@@ -358,6 +361,7 @@ class _Walk:
         self.processes: list[ProcessFigures] = []
         #: pid -> (start time, CPU ticks, when read): the next walk's history.
         self.history: dict[int, tuple[int, int, float]] = {}
+        self.ran: dict[int, tuple[bytes, int, list[bytes], int | None]] = {}
         self.described: dict[int, int] = {}
         #: CPU ticks the tree used since the previous walk.
         self.cpu_ticks = 0
@@ -413,6 +417,9 @@ class ProcSampler:
         self._closed = False
         #: pid -> (start time, CPU ticks, when read) at the previous sample.
         self._history: dict[int, tuple[int, int, float]] = {}
+        #: pid -> (run time, start time, io fields, open files) of single-threaded processes
+        #: at the previous sample (see _read_process).
+        self._ran: dict[int, tuple[bytes, int, list[bytes], int | None]] = {}
         #: pid -> start time of the processes whose cmdline has been handed out.
         self._described: dict[int, int] = {}
         self._previous_walk: float | None = None
@@ -495,6 +502,7 @@ class ProcSampler:
             seconds = walk.cpu_ticks / CLOCK_TICKS
             tree_cpu = _percent(seconds, walk_started - walk.previous_walk)
         self._history = walk.history
+        self._ran = walk.ran
         self._described = walk.described
         self._previous_walk = walk_started
         return ProcSample(
@@ -553,7 +561,22 @@ class ProcSampler:
             thread_count = int(fields[17])  # field 20
 
             fds: int | None
-            if files is not None and open_files is not None:
+            ran: bytes | None = None
+            unchanged = None
+            if files is not None and open_files is not None and thread_count == 1:
+                # A process that has not run since the previous sample has done no IO and
+                # opened or closed no file: its figures of both stand (its schedstat's run
+                # time is its one thread's, exact to the nanosecond).
+                fd = open_files.open(files, 4, base + "schedstat")
+                if fd >= 0:
+                    ran = os.pread(fd, 128, 0).split(None, 1)[0]
+                    kept = self._ran.get(pid)
+                    if kept is not None and kept[0] == ran and kept[1] == start_ticks:
+                        unchanged = kept
+            if unchanged is not None:
+                io = unchanged[2]
+                fds = unchanged[3]
+            elif files is not None and open_files is not None:
                 fd = open_files.open(files, 1, base + "io")
                 try:
                     io = os.pread(fd, _CHUNK, 0).split() if fd >= 0 else []
@@ -613,6 +636,8 @@ class ProcSampler:
                 walk.pss += memory[1]
         walk.history[pid] = (start_ticks, cpu_ticks, read_at)
         walk.described[pid] = start_ticks
+        if ran is not None:
+            walk.ran[pid] = (ran, start_ticks, io, fds)
 
         # Without CONFIG_TASK_IO_ACCOUNTING the file stops after syscw.
         read_bytes = write_bytes = None
