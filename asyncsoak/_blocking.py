@@ -324,7 +324,8 @@ class Ticker(Generic[T]):
     the thread for the call and the loop again for the result, and whenever the loop has work
     while the thread reads, the two pass the GIL back and forth at each system call of the
     read.  The ticker's thread sleeps until each tick on its own, runs the job while the loop
-    sleeps, and wakes the loop once with the result: one wake-up of each per tick.
+    sleeps, and wakes the loop once with the result: one wake-up of each per tick.  The first
+    job runs at once (a soak's first sample is its start), the next ones on the grid.
 
     The thread is one long call on :data:`EXECUTOR` (a daemon thread, within its bound).  A job
     that outlives its deadline (:meth:`next`) abandons that call (it is counted) and the next
@@ -373,11 +374,14 @@ class Ticker(Generic[T]):
     def _run(self, generation: int, partial_outcome: dict[str, Any]) -> None:
         """The thread: sleep until the tick, run the job, hand its outcome to the loop."""
         tick = self._tick
+        at_once = True  # the first job runs as soon as the thread does, then on the grid
         while True:
-            tick = next_tick(tick, self._interval, time.monotonic())
-            if self._stop.wait(max(0.0, tick - time.monotonic())):
-                return
-            if generation != self._generation:
+            if not at_once:
+                tick = next_tick(tick, self._interval, time.monotonic())
+                if self._stop.wait(max(0.0, tick - time.monotonic())):
+                    return
+            at_once = False
+            if generation != self._generation or self._stop.is_set():
                 return
             if len(self._results) >= _MAX_WAITING_RESULTS:
                 continue  # the loop is behind: skip this tick rather than pile results up
