@@ -42,13 +42,8 @@ from pathlib import Path
 import anyio
 
 from asyncsoak._record._sink import SoakClock, open_event_queue
-from asyncsoak._sampling._proc_sampler import (
-    PROC,
-    ProcSample,
-    ProcSampler,
-    read_proc_file,
-    run_proc_sampler,
-)
+from asyncsoak._sampling._proc_sampler import ProcSample, ProcSampler, run_proc_sampler
+from asyncsoak._sampling._procfs import PROC, read_proc_file
 from benchmarks._common import Figure, Section
 
 # Forks n children that sleep in read(0): EOF on stdin ends all of them, PDEATHSIG backs it up.

@@ -36,9 +36,9 @@ from asyncsoak._sampling._proc_sampler import (
     ProcessFigures,
     ProcSample,
     ProcSampler,
-    read_proc_file,
     run_proc_sampler,
 )
+from asyncsoak._sampling._procfs import OpenFiles, read_proc_file
 
 MIB = 1 << 20
 
@@ -497,11 +497,9 @@ def test_processes_past_the_descriptor_budget_are_read_by_path(
     spawn_tree: Callable[..., Tree],
 ) -> None:
     """A budget of descriptors for two processes: the others are read the plain way."""
-    from asyncsoak._sampling._proc_sampler import _OpenFiles
-
     tree = spawn_tree(["idle"] * 5)
     sampler = ProcSampler(tree.pid)
-    sampler._open_files = _OpenFiles("/proc", budget=8)
+    sampler._open_files = OpenFiles("/proc", budget=8)
     for t in (0.0, 1.0):
         sample = sampler.read(t)
         assert sample is not None

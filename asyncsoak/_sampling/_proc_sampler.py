@@ -12,13 +12,10 @@ between two samples is a new process with no CPU history, never a bogus delta.  
 that vanishes while it is being read is simply absent from the sample, like psutil's
 ``NoSuchProcess``; one we may not read (``AccessDenied``) keeps the figures we could read.
 
-Between samples the sampler keeps each process's files open (up to a share of the descriptor
-limit, :class:`_OpenFiles`): ``pread(2)`` of an open procfs file makes the kernel build it
-afresh and ``fstat(2)`` of an open ``fd`` directory counts the open files, so a process costs
-one system call per file instead of a path walk, an open, a read and a close: about five times
-less CPU for the whole tree (benchmarks/proc_sampling.py).  An open file keeps the process it
-was opened for, never a later one with the same pid: once that process is gone, reading it
-fails (``ESRCH``) and the pid is opened afresh.
+Between samples the sampler keeps each process's files open (:class:`._procfs.OpenFiles`):
+one system call per file instead of a path walk, an open, a read and a close.  A
+single-threaded process that has not run since the previous sample (its ``schedstat`` run
+time unchanged) can have done no IO and opened no file: its figures of both stand unread.
 
 When the tree has a cgroup of its own (``run_soak`` makes one where the kernel allows), one
 read of its ``cgroup.procs`` names every member, and no ``children`` file is read.
@@ -33,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import resource
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -52,9 +48,19 @@ from .._record._events import (
 )
 from .._record._sink import EventSink
 from .._redact import Masker
+from ._procfs import (
+    CHUNK,
+    DENIED,
+    FD_DIR_SIZE_IS_COUNT,
+    PROC,
+    VANISHED,
+    OpenFiles,
+    descriptor_budget,
+    pread_all,
+    read_proc_file,
+)
 
 SAMPLER_NAME = "proc"
-PROC = Path("/proc")
 #: How long one reading of the tree and the machine may take before the sampler is degraded.
 READ_TIMEOUT_SECONDS = 5.0
 
@@ -79,21 +85,6 @@ _STATES = {
 # States worth a line in the artifact's summary: a process stuck on IO, unreaped or stopped.
 _NOTABLE_STATES = frozenset({"disk-sleep", "zombie", "stopped", "tracing-stop"})
 
-_VANISHED = (FileNotFoundError, ProcessLookupError)
-_CHUNK = 8192
-
-
-def _fd_dir_size_is_count() -> bool:
-    # Since Linux 6.2 stat() of /proc/PID/fd reports the number of open files: one system
-    # call instead of listing the directory.  Older kernels report 0; this process has fds.
-    try:
-        return os.stat(f"/proc/{os.getpid()}/fd").st_size > 0
-    except OSError:
-        return False
-
-
-_FD_DIR_SIZE_IS_COUNT = _fd_dir_size_is_count()
-
 
 def _percent(part: float, whole: float) -> float:
     # Two decimals are more than /proc's precision and keep the journal short.
@@ -102,113 +93,6 @@ def _percent(part: float, whole: float) -> float:
 
 #: Seconds since boot: the clock of the start times in ``/proc/PID/stat``.
 boot_clock: Callable[[], float] = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
-
-
-def read_proc_file(path: str, *, one_piece: bool = False) -> bytes:
-    """The whole content of a /proc file, with the fewest system calls.
-
-    ``one_piece``: procfs builds the file in one go (``single_open``: stat, io, meminfo...),
-    so a read shorter than the buffer is the end of it.  Other files (``children``) come a
-    page at a time and are read until a read returns nothing.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = os.read(fd, _CHUNK)
-        if not data or (one_piece and len(data) < _CHUNK):
-            return data
-        chunks = [data]
-        while chunk := os.read(fd, _CHUNK):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _descriptor_budget() -> int:
-    """Descriptors the sampler may keep open: a quarter of the soft limit, 4096 at most (the
-    rest is the host application's)."""
-    try:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (OSError, ValueError):
-        return 0
-    if soft == resource.RLIM_INFINITY:
-        return 4096
-    return min(soft // 4, 4096)
-
-
-#: The files of one process kept open: stat, io, the fd directory, the main thread's children
-#: and its schedstat.
-_FILES_PER_PROCESS = 5
-#: A file that could not be opened for want of permission (``io`` of another user's process).
-_DENIED = -1
-#: A file not opened (yet).
-_CLOSED = -2
-
-
-class _OpenFiles:
-    """The tree's ``/proc`` files kept open between samples (see the module docstring).
-
-    Only the reading thread touches it, under the sampler's lock.  Processes past the budget
-    of descriptors are read the plain way, by path.
-    """
-
-    def __init__(self, proc: str, budget: int) -> None:
-        self._proc = proc
-        self._max_processes = budget // _FILES_PER_PROCESS
-        #: pid -> [stat, io, fd directory, children, schedstat] descriptors (or _DENIED,
-        #: _CLOSED).
-        self.by_pid: dict[int, list[int]] = {}
-
-    def get(self, pid: int) -> list[int] | None:
-        """The descriptors of ``pid``, opening ``stat`` if new; None past the budget."""
-        files = self.by_pid.get(pid)
-        if files is None:
-            if len(self.by_pid) >= self._max_processes:
-                return None
-            stat = os.open(f"{self._proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-            files = self.by_pid[pid] = [stat, _CLOSED, _CLOSED, _CLOSED, _CLOSED]
-        return files
-
-    def open(self, files: list[int], which: int, path: str, flags: int = 0) -> int:
-        """The descriptor ``which`` of ``files``, opened from ``path`` on first use."""
-        fd = files[which]
-        if fd == _CLOSED:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
-            except PermissionError:
-                fd = _DENIED
-            files[which] = fd
-        return fd
-
-    def drop(self, pid: int) -> None:
-        for fd in self.by_pid.pop(pid, ()):
-            if fd >= 0:
-                os.close(fd)
-
-    def keep_only(self, pids: set[int]) -> None:
-        """Close the files of every process not in ``pids`` (gone, or out of the tree)."""
-        for pid in [pid for pid in self.by_pid if pid not in pids]:
-            self.drop(pid)
-
-    def close(self) -> None:
-        self.keep_only(set())
-
-
-def _pread_all(fd: int) -> bytes:
-    """The whole of an open procfs file, read again from its start.
-
-    Like :func:`read_proc_file` without ``one_piece``: a ``children`` file comes a page at a
-    time, so it is read until a read returns nothing (at once for a leaf).
-    """
-    data = os.pread(fd, _CHUNK, 0)
-    if not data:
-        return data
-    chunks = [data]
-    offset = len(data)
-    while chunk := os.pread(fd, _CHUNK, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
 
 
 # The figures are not frozen: one is built for every process (and the tree's, the machine's,
@@ -408,11 +292,11 @@ class ProcSampler:
         # Command lines carry tokens as often as environments do.
         self._masker = masker if masker is not None else Masker()
         #: Count open files with one stat() of /proc/PID/fd rather than listing it.
-        self.counts_fds_by_size = _FD_DIR_SIZE_IS_COUNT and proc == PROC
+        self.counts_fds_by_size = FD_DIR_SIZE_IS_COUNT and proc == PROC
         self._lock = threading.Lock()
         #: Files kept open between samples; only on the real /proc (a test's fake tree may
         #: replace its files, and an open file would keep reading the replaced one).
-        self._open_files = _OpenFiles(self._proc, _descriptor_budget()) if proc == PROC else None
+        self._open_files = OpenFiles(self._proc, descriptor_budget()) if proc == PROC else None
         self._machine_fds: list[int] | None = None
         self._closed = False
         #: pid -> (start time, CPU ticks, when read) at the previous sample.
@@ -541,7 +425,7 @@ class ProcSampler:
                 stat = read_proc_file(base + "stat", one_piece=True)
             else:
                 try:
-                    stat = os.pread(files[0], _CHUNK, 0)
+                    stat = os.pread(files[0], CHUNK, 0)
                 except ProcessLookupError:
                     if not known:
                         raise
@@ -551,7 +435,7 @@ class ProcSampler:
                     open_files.drop(pid)
                     files = open_files.get(pid)
                     assert files is not None
-                    stat = os.pread(files[0], _CHUNK, 0)
+                    stat = os.pread(files[0], CHUNK, 0)
             read_at = self._clock()
             # comm (field 2) may hold spaces and parentheses: it ends at the last ')'.
             name_end = stat.rfind(b")")
@@ -579,13 +463,13 @@ class ProcSampler:
             elif files is not None and open_files is not None:
                 fd = open_files.open(files, 1, base + "io")
                 try:
-                    io = os.pread(fd, _CHUNK, 0).split() if fd >= 0 else []
+                    io = os.pread(fd, CHUNK, 0).split() if fd >= 0 else []
                 except PermissionError:
                     io = []
                 fd = (
                     open_files.open(files, 2, base + "fd", os.O_DIRECTORY)
                     if self.counts_fds_by_size
-                    else _DENIED
+                    else DENIED
                 )
                 fds = os.fstat(fd).st_size if fd >= 0 else self._count_fds(base)
             else:
@@ -599,7 +483,7 @@ class ProcSampler:
             elif thread_count == 1 and walk.children_of is None:
                 if files is not None and open_files is not None:
                     fd = open_files.open(files, 3, f"{base}task/{pid}/children")
-                    children = _pread_all(fd) if fd >= 0 else b""
+                    children = pread_all(fd) if fd >= 0 else b""
                 else:
                     children = read_proc_file(f"{base}task/{pid}/children")
                 if children:  # most processes of a tree are leaves
@@ -610,7 +494,7 @@ class ProcSampler:
             cmdline = None
             if self._described.get(pid) != start_ticks:
                 cmdline = self._read_cmdline(base)
-        except _VANISHED:
+        except VANISHED:
             if files is not None and open_files is not None:
                 open_files.drop(pid)
             return
@@ -676,7 +560,7 @@ class ProcSampler:
         try:
             if self._members_fd is None:
                 self._members_fd = os.open(self.members_file, os.O_RDONLY | os.O_CLOEXEC)
-            return [int(pid) for pid in _pread_all(self._members_fd).split()]
+            return [int(pid) for pid in pread_all(self._members_fd).split()]
         except OSError:
             self.members_file = None
             if self._members_fd is not None:
@@ -700,13 +584,13 @@ class ProcSampler:
         task = f"{self._proc}/{pid}/task/"
         try:
             tids = os.listdir(task)
-        except _VANISHED:
+        except VANISHED:
             return []
         out: list[int] = []
         for tid in tids:
             try:
                 out.extend(map(int, read_proc_file(f"{task}{tid}/children").split()))
-            except _VANISHED:
+            except VANISHED:
                 continue  # That thread has ended; its children moved to another thread.
         return out
 
@@ -718,7 +602,7 @@ class ProcSampler:
                 continue
             try:
                 stat = read_proc_file(f"{self._proc}/{name}/stat", one_piece=True)
-            except _VANISHED:
+            except VANISHED:
                 continue
             ppid = int(stat[stat.rfind(b")") + 2 :].split(None, 2)[1])
             children_of.setdefault(ppid, []).append(int(name))
@@ -761,7 +645,7 @@ class ProcSampler:
             self._machine_fds = [
                 os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in self._machine_paths
             ]
-        stat, meminfo, loadavg = (_pread_all(fd) for fd in self._machine_fds)
+        stat, meminfo, loadavg = (pread_all(fd) for fd in self._machine_fds)
         return stat, meminfo, loadavg
 
     def _read_machine(self) -> MachineFigures:
