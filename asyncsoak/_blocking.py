@@ -212,8 +212,10 @@ class Ride(Generic[T]):
         self.taken = False
         #: Runs after the rides that are not ``last`` (see :class:`Rides`).
         self.last = False
-        #: Set on the event loop by the caller that took the ride, once it has run.
+        #: Set on the event loop by the caller that took the ride, once it has run
+        #: (:meth:`mark_done`), which then calls ``on_done``, a rider's way to be woken.
         self.done = anyio.Event()
+        self.on_done: Callable[[], None] | None = None
         self.finished = False
         self._result: T | None = None
         self._error: BaseException | None = None
@@ -231,6 +233,12 @@ class Ride(Generic[T]):
             then = self._then
         if then is not None:
             then()
+
+    def mark_done(self) -> None:
+        """On the event loop, once the ride has run: its rider may read the outcome."""
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done()
 
     def when_finished(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the call has returned: now, or in the taker's thread."""

@@ -816,7 +816,7 @@ async def run_proc_sampler(
                         if outcome is not None:
                             for ride in outcome.rides:
                                 if ride.finished:
-                                    ride.done.set()
+                                    ride.mark_done()
                             if outcome.error is not None:
                                 raise outcome.error
                         sample = outcome.sample if outcome is not None else None

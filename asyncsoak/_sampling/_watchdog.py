@@ -17,6 +17,7 @@ by that scan, not by a thread hop of its own.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
@@ -465,7 +466,11 @@ HEARD_WAIT_SECONDS = 1.0
 
 
 async def _inotify_or_scan(watcher: Inotify | None, ride: Ride[ScanResult] | None) -> bool:
-    """Wait until inotify has news (True) or the riding scan is done (False)."""
+    """Wait until inotify has news (True) or the riding scan is done (False).
+
+    One wait on one event that either sets (inotify through the event loop's reader, the scan
+    through the ride's ``on_done``): no task group per tick.
+    """
     if ride is None:
         if watcher is None:
             await anyio.sleep_forever()
@@ -475,22 +480,22 @@ async def _inotify_or_scan(watcher: Inotify | None, ride: Ride[ScanResult] | Non
     if watcher is None or ride.done.is_set():
         await ride.done.wait()
         return False
-    heard = False
-    async with anyio.create_task_group() as tg:
+    woken = anyio.Event()
+    heard: list[bool] = []
 
-        async def readable() -> None:
-            nonlocal heard
-            await anyio.wait_readable(watcher.fd)
-            heard = True
-            tg.cancel_scope.cancel()
+    def readable() -> None:
+        heard.append(True)
+        woken.set()
 
-        async def scanned() -> None:
-            await ride.done.wait()
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(readable)
-        tg.start_soon(scanned)
-    return heard
+    loop = asyncio.get_running_loop()
+    loop.add_reader(watcher.fd, readable)
+    ride.on_done = woken.set
+    try:
+        await woken.wait()
+    finally:
+        ride.on_done = None
+        loop.remove_reader(watcher.fd)
+    return bool(heard)
 
 
 def skipped_message(progress_dir: Path, result: ScanResult) -> str:
