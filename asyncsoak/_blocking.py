@@ -18,12 +18,9 @@ pool of asyncsoak's own threads:
 aiofiles takes the same executor (``aiofiles.open(..., executor=EXECUTOR)``), so the journal's
 writes share the bound on threads and the count of abandoned calls.
 
-The soak's periodic work runs on a :class:`Ticker`: one long call on the pool that sleeps until
-each tick of the sample grid, runs the tick's job (the proc read, then the :class:`Rides`
-posted for it: the watchdog's scan, the journal's batch) while the event loop sleeps, and
-wakes the loop once with the result.  A trip to a thread per call costs more than one
-wake-up: the loop's timer, the thread, the loop again for the result, and the GIL passed
-back and forth at each system call whenever the loop has work meanwhile.
+At every tick the proc sampler makes one trip to the pool for its read, and the blocking calls
+posted as :class:`Rides` (the watchdog's scan, the journal's batch) run in that trip after
+the read: one trip per sample for all of them.
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ import asyncio
 import math
 import queue
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from functools import partial
@@ -262,7 +258,7 @@ class Rides:
     instead of making their own (:func:`ride_or_run`).  The taker runs the rides after its own
     call, in the same thread (its deadline grows by theirs), and sets each ride's ``done`` on
     the event loop.  Riders post and withdraw on the event loop; the taker may take in its
-    thread (:class:`Ticker`), hence the lock.  Rides posted ``last`` run after the others:
+    thread, hence the lock.  Rides posted ``last`` run after the others:
     a journal write that hangs then holds up nothing that rode with it.
     """
 
@@ -322,132 +318,6 @@ async def ride_or_run(
         await ride.done.wait()
         return ride.outcome()
     raise BlockingCallTimeout(what, ride.timeout)
-
-
-class Ticker(Generic[T]):
-    """A job run at every tick of a grid in one of the pool's threads, each result handed to
-    the event loop: the soak's sampling clock.
-
-    A trip to a pool thread per tick (:func:`run_blocking`) wakes the event loop for the timer,
-    the thread for the call and the loop again for the result, and whenever the loop has work
-    while the thread reads, the two pass the GIL back and forth at each system call of the
-    read.  The ticker's thread sleeps until each tick on its own, runs the job while the loop
-    sleeps, and wakes the loop once with the result: one wake-up of each per tick.  The first
-    job runs at once (a soak's first sample is its start), the next ones on the grid.
-
-    The thread is one long call on :data:`EXECUTOR` (a daemon thread, within its bound).  A job
-    that outlives its deadline (:meth:`next`) abandons that call (it is counted) and the next
-    tick runs in a new one; the stuck thread, when its job returns, sees that it was replaced
-    and ends.  ``job(tick, partial)`` gets the tick's time and a dict for what it has so far,
-    which :meth:`next` hands back when the job itself does not come back in time.
-    """
-
-    def __init__(
-        self, job: Callable[[float, dict[str, Any]], T], *, start: float, interval: float
-    ) -> None:
-        self._job = job
-        self._tick = start
-        self._interval = interval
-        self._stop = threading.Event()
-        self._generation = 0
-        self._call: _Call | None = None
-        self._loop = asyncio.get_running_loop()
-        self._results: list[tuple[int, T | None, BaseException | None]] = []
-        self._arrived = anyio.Event()
-        self._partial: dict[str, Any] = {}
-        #: Whether the thread is running a job (not waiting for a tick).
-        self._in_job = False
-
-    async def __aenter__(self) -> Ticker[T]:
-        self._start()
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop ticking: the thread wakes from its wait and ends (nobody waits for it)."""
-        self._stop.set()
-        if self._call is not None and self._in_job:
-            self._call.cancel()  # a job under way is abandoned (and counted)
-
-    def _start(self) -> None:
-        generation = self._generation
-        partial_outcome: dict[str, Any] = {}
-        self._partial = partial_outcome
-        call = EXECUTOR.submit(self._run, generation, partial_outcome)
-        assert isinstance(call, _Call)
-        self._call = call
-
-    def _run(self, generation: int, partial_outcome: dict[str, Any]) -> None:
-        """The thread: sleep until the tick, run the job, hand its outcome to the loop."""
-        tick = self._tick
-        at_once = True  # the first job runs as soon as the thread does, then on the grid
-        while True:
-            if not at_once:
-                tick = next_tick(tick, self._interval, time.monotonic())
-                if self._stop.wait(max(0.0, tick - time.monotonic())):
-                    return
-            at_once = False
-            if generation != self._generation or self._stop.is_set():
-                return
-            if len(self._results) >= _MAX_WAITING_RESULTS:
-                continue  # the loop is behind: skip this tick rather than pile results up
-            partial_outcome.clear()
-            value: T | None = None
-            error: BaseException | None = None
-            self._in_job = True
-            try:
-                value = self._job(tick, partial_outcome)
-            except Exception as exc:
-                error = exc
-            finally:
-                self._in_job = False
-            if generation != self._generation or self._stop.is_set():
-                return  # replaced (or stopped) while the job ran: its outcome is nobody's
-            try:
-                self._loop.call_soon_threadsafe(self._deliver, generation, value, error)
-            except RuntimeError:
-                return  # the event loop is closed
-
-    def _deliver(self, generation: int, value: T | None, error: BaseException | None) -> None:
-        if generation == self._generation:
-            self._results.append((generation, value, error))
-            self._arrived.set()
-
-    async def next(self, timeout: float) -> T:  # noqa: ASYNC109 (the deadline is the point)
-        """The next tick's result, waiting at most one interval plus ``timeout``.
-
-        Past that the job under way is abandoned, the ticker goes on in a new thread, and
-        :class:`TickTimeout` carries what the job had so far.
-        """
-        with anyio.move_on_after(self._interval + timeout):
-            while not self._results:
-                await self._arrived.wait()
-                self._arrived = anyio.Event()
-            _, value, error = self._results.pop(0)
-            if error is not None:
-                raise error
-            return value  # type: ignore[return-value]
-        partial_outcome = self._partial
-        self._generation += 1
-        if self._call is not None:
-            self._call.cancel()
-        if not self._stop.is_set():
-            self._start()  # on the same grid
-        raise TickTimeout("a tick's job", timeout, dict(partial_outcome))
-
-
-#: Results a ticker keeps for the loop at most; ticks beyond are skipped.
-_MAX_WAITING_RESULTS = 2
-
-
-class TickTimeout(BlockingCallTimeout):
-    """A ticker's job outlived its deadline; ``partial`` is what it had so far."""
-
-    def __init__(self, what: str, timeout: float, partial: dict[str, Any]) -> None:
-        super().__init__(what, timeout)
-        self.partial = partial
 
 
 def next_tick(previous: float, interval: float, now: float) -> float:

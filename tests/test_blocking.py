@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import itertools
 import os
 import subprocess
 import sys
@@ -283,62 +282,3 @@ async def test_a_rides_exception_reaches_its_rider() -> None:
     taken.done.set()
     with pytest.raises(ValueError, match="invalid literal"):
         await _blocking.ride_or_run(rides, ride, what="a failing ride")
-
-
-# The ticker: the soak's clock in a thread -----------------------------------------------
-
-
-@pytest.mark.asyncio
-async def test_a_ticker_runs_its_job_on_the_grid_in_one_thread() -> None:
-    """Each tick's job runs at (or just after) its grid time, always in the same thread, and
-    its results come back in order; closing it ends the thread without an abandoned call."""
-    start = anyio.current_time()
-    seen: list[tuple[float, int]] = []
-
-    def job(tick: float, partial: dict[str, object]) -> float:
-        seen.append((tick, threading.get_ident()))
-        return time.monotonic()
-
-    before = abandoned_calls()
-    async with _blocking.Ticker(job, start=start, interval=0.05) as ticker:
-        ran_at = [await ticker.next(timeout=5.0) for _ in range(5)]
-    ticks = [tick for tick, _ in seen[:5]]
-    assert {thread for _, thread in seen} - {threading.get_ident()} == {seen[0][1]}
-    # On the grid: a tick missed under load is skipped, never run late off the grid.
-    steps = [(b - a) / 0.05 for a, b in itertools.pairwise(ticks)]
-    assert all(round(step) >= 1 and step == pytest.approx(round(step), abs=1e-6) for step in steps)
-    assert all(tick <= at for tick, at in zip(ticks, ran_at, strict=True))
-    assert ran_at == sorted(ran_at)
-    assert abandoned_calls() == before
-
-
-@pytest.mark.asyncio
-async def test_a_tick_whose_job_hangs_is_abandoned_and_the_next_runs_in_a_new_thread(
-    tmp_path: Path,
-) -> None:
-    """A job stuck in the kernel: ``next`` gives up at its deadline with what the job had so
-    far (counted as abandoned), and the ticks after it run in another thread."""
-    fifo = tmp_path / "stuck.fifo"
-    os.mkfifo(fifo)
-    calls: list[int] = []
-
-    def job(tick: float, partial: dict[str, object]) -> int:
-        calls.append(threading.get_ident())
-        partial["started"] = True
-        if len(calls) == 1:
-            _read_fifo(fifo)  # the first tick hangs until released
-        return threading.get_ident()
-
-    before = abandoned_calls()
-    try:
-        async with _blocking.Ticker(job, start=anyio.current_time(), interval=0.05) as ticker:
-            started = time.monotonic()
-            with pytest.raises(_blocking.TickTimeout) as caught:
-                await ticker.next(timeout=0.3)
-            assert time.monotonic() - started < 3.0
-            assert caught.value.partial == {"started": True}
-            assert abandoned_calls() == before + 1
-            second = await ticker.next(timeout=5.0)
-            assert second != calls[0]  # a new thread: the stuck one still holds the first
-    finally:
-        _release(fifo)

@@ -3,7 +3,7 @@
 Every event is appended to the journal (JSON Lines, in the format of ``_journal``).  GPU
 samples and progress events wait for the next proc sample, and each proc sample's batch (what
 waited, and the sample) rides on the proc sampler's next tick (``Rides`` of ``_blocking``):
-the ticker's thread writes it after the tick's read, so a steady soak makes no thread hop of
+the proc sampler's thread writes it after the tick's read, so a steady soak makes no thread hop of
 its own for the journal and a SIGKILL of the monitor loses at most the last interval.  Every
 other event (exit, failure, stop, finished...) is written at once through aiofiles, with
 whatever waits, a ride nobody took yet included (taken back, so that the order holds).
@@ -20,7 +20,7 @@ can never back up the event queue and stall the watchdog; closing the journal is
 (an NFS flush on close can hang as well).
 
 aiofiles runs the journal's calls on asyncsoak's own pool (``_blocking.EXECUTOR``), never on
-asyncio's default executor, and the riding writes run in the ticker's thread, itself a call
+asyncio's default executor, and the riding writes run in the proc sampler's trip, itself a call
 on that pool: a write stuck for good then holds one of asyncsoak's daemon threads, which
 neither keeps the process from exiting nor makes threads grow without bound.  A riding write
 that does not come back within the write bound stops the journal as a hung aiofiles write

@@ -72,6 +72,10 @@ class EventSink:
             return False
         return True
 
+    def waiting(self) -> int:
+        """Events in the queue that the serializer has not taken yet."""
+        return self._send.statistics().current_buffer_used
+
     def clone(self) -> EventSink:
         return EventSink(self._send.clone(), self.clock, self.counters)
 

@@ -37,7 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .._blocking import Ride, Rides, Ticker, TickSignal, TickTimeout
+import anyio
+
+from .._blocking import BlockingCallTimeout, Ride, Rides, TickSignal, next_tick, run_blocking
 from .._record._events import (
     Event,
     SamplerDegraded,
@@ -61,6 +63,9 @@ from ._procfs import (
 )
 
 SAMPLER_NAME = "proc"
+#: Events waiting for the serializer past which a new sample is dropped (counted) rather than
+#: queued: the soak's figures stay current and a backlog never grows behind a slow fold.
+SAMPLES_BEHIND = 2
 #: How long one reading of the tree and the machine may take before the sampler is degraded.
 READ_TIMEOUT_SECONDS = 5.0
 
@@ -736,7 +741,7 @@ class _TickOutcome:
 def _tick_job(
     sampler: ProcSampler, rides: Rides | None, start: float
 ) -> Callable[[float, dict[str, Any]], _TickOutcome]:
-    """The job of each tick, in the ticker's thread: the rides posted by then are taken, the
+    """The job of each tick, in a pool thread: the rides posted by then are taken, the
     tree is read, then the rides run (the journal's write last)."""
 
     def job(_tick: float, partial: dict[str, Any]) -> _TickOutcome:
@@ -779,10 +784,11 @@ async def run_proc_sampler(
     outlives ``read_timeout`` degrades the sampler until a read succeeds again.  Sampling
     goes on in every case.  The sampler owns ``sink`` (give it a clone) and closes it.
 
-    The reads run on the soak's grid (start + k * interval) in a :class:`Ticker`'s thread,
-    which wakes the event loop once per sample.  The blocking calls posted to ``rides`` (the
-    watchdog's scan, the journal's batched write) run in that thread after each read: one
-    thread's wake-up per sample for everything.  ``ticks`` is told once each sample has been
+    The reads run on the soak's grid (start + k * interval), one trip to a pool thread per
+    tick, the next tick taken once this one is handled (a loop that falls behind skips ticks
+    rather than queueing them).  The blocking calls posted to ``rides`` (the watchdog's scan,
+    the journal's batched write) run in that trip after each read: one trip per sample for
+    everything.  ``ticks`` is told once each sample has been
     handled (the GPU sampler reads its loops then, on the same wake-up).  ``members_file``
     gives the ``cgroup.procs`` of the tree's cgroup once there is one (see :class:`ProcSampler`).
     """
@@ -802,61 +808,78 @@ async def run_proc_sampler(
         job = _tick_job(sampler, rides, sink.clock.start)
         # The files kept open are closed however the sampler ends.
         with contextlib.closing(sampler):
-            async with Ticker(job, start=sink.clock.start, interval=interval) as ticker:
-                error_told = degraded = False
-                while True:
-                    outcome: _TickOutcome | None = None
-                    waiting = rides.waiting_timeout() if rides is not None else 0.0
-                    try:
-                        outcome = await ticker.next(timeout=read_timeout + waiting)
-                    except TickTimeout as exc:
-                        # Unless the read itself came back, a ride hung (its rider is told).
-                        outcome = exc.partial.get("outcome")
-                    try:
-                        if outcome is not None:
-                            for ride in outcome.rides:
-                                if ride.finished:
-                                    ride.mark_done()
-                            if outcome.error is not None:
-                                raise outcome.error
-                        sample = outcome.sample if outcome is not None else None
-                        busy = outcome is not None and outcome.read and sample is None
-                        if sample is not None:
-                            if degraded:
-                                degraded = False
-                                await sink.emit(
-                                    SamplerRecovered(
-                                        sink.elapsed(), SAMPLER_NAME, "/proc reads are back"
-                                    )
-                                )
-                            if not sink.offer(sample):
-                                sampler.forget_descriptions(sample)
-                            if on_tree is not None:
-                                on_tree(sample.pids)
-                        elif not busy and not degraded:
-                            # The thread is abandoned, not stopped: the next reads return None
-                            # at once until it comes back, so stuck threads never pile up.
-                            degraded = True
-                            sink.counters.sampler_errors += 1
+            error_told = degraded = False
+            tick = sink.clock.start
+            while True:
+                outcome: _TickOutcome | None = None
+                waiting = rides.waiting_timeout() if rides is not None else 0.0
+                partial: dict[str, Any] = {}
+                try:
+                    outcome = await run_blocking(
+                        job,
+                        tick,
+                        partial,
+                        timeout=read_timeout + waiting,
+                        what="reading /proc",
+                    )
+                except BlockingCallTimeout:
+                    # Unless the read itself came back, a ride hung (its rider is told).
+                    outcome = partial.get("outcome")
+                try:
+                    if outcome is not None:
+                        for ride in outcome.rides:
+                            if ride.finished:
+                                ride.mark_done()
+                        if outcome.error is not None:
+                            raise outcome.error
+                    sample = outcome.sample if outcome is not None else None
+                    busy = outcome is not None and outcome.read and sample is None
+                    if sample is not None:
+                        if degraded:
+                            degraded = False
                             await sink.emit(
-                                SamplerDegraded(
-                                    sink.elapsed(),
-                                    SAMPLER_NAME,
-                                    f"reading /proc took more than {read_timeout:g} s; "
-                                    "skipping samples until it returns",
+                                SamplerRecovered(
+                                    sink.elapsed(), SAMPLER_NAME, "/proc reads are back"
                                 )
                             )
-                    except Exception as exc:
+                        if sink.waiting() >= SAMPLES_BEHIND:
+                            # The ticks come on their own clock: while the serializer is
+                            # behind (a huge tree, a starved machine), a sample older than
+                            # the next is dropped and counted, never queued up behind it.
+                            sink.counters.dropped_samples += 1
+                            sampler.forget_descriptions(sample)
+                        elif not sink.offer(sample):
+                            sampler.forget_descriptions(sample)
+                        if on_tree is not None:
+                            on_tree(sample.pids)
+                    elif not busy and not degraded:
+                        # The thread is abandoned, not stopped: the next reads return None
+                        # at once until it comes back, so stuck threads never pile up.
+                        degraded = True
                         sink.counters.sampler_errors += 1
-                        if not error_told:
-                            error_told = True
-                            await sink.emit(
-                                SamplerNote(
-                                    sink.elapsed(),
-                                    SAMPLER_NAME,
-                                    f"proc sampler error (later ones are only counted): {exc!r}",
-                                    {"error": repr(exc), "type": type(exc).__name__},
-                                )
+                        await sink.emit(
+                            SamplerDegraded(
+                                sink.elapsed(),
+                                SAMPLER_NAME,
+                                f"reading /proc took more than {read_timeout:g} s; "
+                                "skipping samples until it returns",
                             )
-                    if ticks is not None:
-                        ticks.notify()
+                        )
+                except Exception as exc:
+                    sink.counters.sampler_errors += 1
+                    if not error_told:
+                        error_told = True
+                        await sink.emit(
+                            SamplerNote(
+                                sink.elapsed(),
+                                SAMPLER_NAME,
+                                f"proc sampler error (later ones are only counted): {exc!r}",
+                                {"error": repr(exc), "type": type(exc).__name__},
+                            )
+                        )
+                if ticks is not None:
+                    ticks.notify()
+                # The next tick on the grid, once this one is handled: a loop that falls
+                # behind (a huge tree, a starved machine) skips ticks instead of queueing.
+                tick = next_tick(tick, interval, anyio.current_time())
+                await anyio.sleep_until(tick)

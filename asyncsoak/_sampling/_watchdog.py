@@ -426,11 +426,14 @@ async def _watch(
         rescan = False
         # A scan that cannot finish (a hung network filesystem) sees no progress: fail closed.
         if result is not None:
-            # What inotify heard of is dated (and reported) when it was heard, in that order;
-            # the rest of what changed, now.
-            for key, at in sorted(heard.items(), key=lambda item: item[1]):
+            # What inotify heard of is dated (and reported) when it was heard, one event per
+            # hearing as when each was looked at on its own; the rest of what changed, now.
+            by_time: dict[float, list[str]] = {}
+            for key, at in heard.items():
+                by_time.setdefault(at, []).append(key)
+            for at in sorted(by_time):
                 previous = tracker.last_change
-                some = tracker.observe_some({key: result.files.get(key)}, at)
+                some = tracker.observe_some({k: result.files.get(k) for k in by_time[at]}, at)
                 await _report(sink, some, at, previous, tracker.grown_bytes)
             heard.clear()
             previous = tracker.last_change
