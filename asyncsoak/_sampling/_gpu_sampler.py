@@ -276,8 +276,7 @@ async def run_gpu_sampler(
     loop's line may be.  With ``ticks`` (the proc sampler's), the loops' output is taken each
     time a proc sample has been handled, on the same wake-up.  Returns by itself only when
     there is no GPU data to be had (no ``nvidia-smi``, or no GPU): that is recorded in a note,
-    not raised.  The sampler owns
-    ``sink`` (give it a clone) and closes it.
+    not raised.  The sampler owns ``sink`` (give it a clone) and closes it.
     """
     async with sink:
         if not interval > 0:

@@ -788,8 +788,8 @@ async def run_proc_sampler(
     tick, the next tick taken once this one is handled (a loop that falls behind skips ticks
     rather than queueing them).  The blocking calls posted to ``rides`` (the watchdog's scan,
     the journal's batched write) run in that trip after each read: one trip per sample for
-    everything.  ``ticks`` is told once each sample has been
-    handled (the GPU sampler reads its loops then, on the same wake-up).  ``members_file``
+    everything.  ``ticks`` is told once each sample has been handled (the GPU sampler reads
+    its loops then, on the same wake-up).  ``members_file``
     gives the ``cgroup.procs`` of the tree's cgroup once there is one (see :class:`ProcSampler`).
     """
     async with sink:
