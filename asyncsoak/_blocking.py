@@ -18,21 +18,25 @@ pool of asyncsoak's own threads:
 aiofiles takes the same executor (``aiofiles.open(..., executor=EXECUTOR)``), so the journal's
 writes share the bound on threads and the count of abandoned calls.
 
-At every tick the proc sampler makes one trip to the pool for its read, and the blocking calls
-posted as :class:`Rides` (the watchdog's scan, the journal's batch) run in that trip after
-the read: one trip per sample for all of them.
+The proc sampler reads on a :class:`Ticker`: one long call on the pool that sleeps until each
+tick of the sample grid, runs the tick's job (the blocking calls posted as :class:`Rides`, the
+watchdog's scan and the journal's batch, then the read) and wakes the loop once with the
+outcome.  The loop paces it: the next job waits until the loop has handled the last outcome,
+so a loop that falls behind skips ticks and is never handed a backlog.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -232,9 +236,22 @@ class Ride(Generic[T]):
 
     def mark_done(self) -> None:
         """On the event loop, once the ride has run: its rider may read the outcome."""
+        if self.done.is_set():
+            return
         self.done.set()
         if self.on_done is not None:
             self.on_done()
+
+    def hurry(self) -> None:
+        """The rider cannot wait for its taker to come back (a slow read of a huge tree on a
+        starved machine): ``done`` is set on the event loop as soon as the call returns."""
+        loop = asyncio.get_running_loop()
+
+        def tell() -> None:
+            with contextlib.suppress(RuntimeError):  # the event loop is closed
+                loop.call_soon_threadsafe(self.mark_done)
+
+        self.when_finished(tell)
 
     def when_finished(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the call has returned: now, or in the taker's thread."""
@@ -253,13 +270,15 @@ class Ride(Generic[T]):
 class Rides:
     """Blocking calls waiting to ride on the next hop of a caller that makes one anyway.
 
-    Each trip to a pool thread and back wakes two threads; at every sample interval the proc
-    sampler makes one, so the watchdog's scan and the journal's batched write ride on it
-    instead of making their own (:func:`ride_or_run`).  The taker runs the rides after its own
-    call, in the same thread (its deadline grows by theirs), and sets each ride's ``done`` on
-    the event loop.  Riders post and withdraw on the event loop; the taker may take in its
-    thread, hence the lock.  Rides posted ``last`` run after the others:
-    a journal write that hangs then holds up nothing that rode with it.
+    Each trip to a pool thread and back wakes two threads or more; at every sample interval the
+    proc sampler's ticker runs a job in its thread anyway, so the watchdog's scan and the
+    journal's batched write ride on it instead of making their own (:func:`ride_or_run`).  The
+    taker runs the rides before its own call, in the same thread (its deadline grows by theirs),
+    those posted ``last`` after the others, and sets each ride's ``done`` on the event loop once
+    it is back.  So no ride waits behind a slow call of the taker's (and a rider that cannot
+    wait for the taker's return asks to be told as soon as its own call is: :meth:`Ride.hurry`),
+    and a journal write that hangs holds up no ride posted before it.  Riders post and withdraw
+    on the event loop; the taker may take in its thread, hence the lock.
     """
 
     def __init__(self) -> None:
@@ -314,6 +333,7 @@ async def ride_or_run(
         await anyio.lowlevel.checkpoint()
     if rides.withdraw(ride):
         return await run_blocking(ride.func, timeout=ride.timeout, what=what, limiter=limiter)
+    ride.hurry()
     with anyio.move_on_after(ride.timeout):
         await ride.done.wait()
         return ride.outcome()
@@ -330,6 +350,193 @@ def next_tick(previous: float, interval: float, now: float) -> float:
     if tick <= now:
         tick += (math.floor((now - tick) / interval) + 1) * interval
     return tick
+
+
+class TickTimeout(BlockingCallTimeout):
+    """A ticker's job outlived its deadline; ``partial`` is what it had so far."""
+
+    def __init__(self, what: str, timeout: float, partial: dict[str, Any]) -> None:
+        super().__init__(what, timeout)
+        self.partial = partial
+
+
+class Ticker(Generic[T]):
+    """A job run at the ticks of a grid in a thread of the pool, each outcome handed to the
+    event loop, the next job not before the loop has asked for it: the soak's sampling clock.
+
+    A trip to a pool thread per tick (:func:`run_blocking`) wakes the loop for its timer, a
+    thread for the call (and, with several idle threads on the pool's queue, often a second
+    one), the loop again for the result, and passes the GIL back and forth whenever both want
+    it.  The ticker's thread sleeps until each tick on its own, runs the job and wakes the
+    loop once with the outcome: one wake-up of each per tick.
+
+    The loop keeps the pace: the job runs only once the loop has asked for its outcome
+    (:meth:`next`, called when the loop is done with the last one), at the first tick on the
+    grid after the ask; the ticks before it are skipped.  So the thread never reads while the
+    loop is still busy with the last sample nor hands it a backlog, exactly as one trip per
+    tick paced by the loop.  The first job runs at once (a soak's first sample is its start).
+
+    The thread is one long call on :data:`EXECUTOR` (a daemon thread, within the pool's
+    bound).  A job that outlives its deadline (:meth:`next`) abandons that call (it is
+    counted) and the ticks go on, on the same grid, in a new one; the stuck thread, when its
+    job returns, sees it was replaced and ends.  ``job(tick, partial)`` gets the tick's time
+    and a dict for what it has so far, which :meth:`next` hands back in :class:`TickTimeout`
+    when the job does not come back in time.
+    """
+
+    def __init__(
+        self,
+        job: Callable[[float, dict[str, Any]], T],
+        *,
+        start: float,
+        interval: float,
+        more_time: Callable[[dict[str, Any]], float] | None = None,
+    ) -> None:
+        self._job = job
+        #: How much longer than its ``timeout`` the job under way may take, from what it has
+        #: so far (the rides it took, each with its own bound).
+        self._more_time = more_time
+        self._tick = start
+        self._interval = interval
+        self._loop = asyncio.get_running_loop()
+        self._stop = threading.Event()
+        #: Outcomes the loop has asked for, and jobs started, since the start (the first job
+        #: is asked for from the start); a job starts only while ``_asked > _started``.
+        self._asked = 1
+        self._started = 0
+        #: Set when the loop asks, for a thread that waits for the ask.
+        self._ask = threading.Event()
+        self._taken = 0
+        self._generation = 0
+        self._call: _Call | None = None
+        self._partial: dict[str, Any] = {}
+        self._outcome: tuple[T | None, BaseException | None] | None = None
+        self._arrived = anyio.Event()
+        #: (generation, when) the job under way started; None between jobs.
+        self._job_started: tuple[int, float] | None = None
+        self._submitted = 0.0
+
+    async def __aenter__(self) -> Ticker[T]:
+        self._start(at_once=True)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop ticking: the thread wakes from its wait and ends (nobody waits for it)."""
+        self._stop.set()
+        self._ask.set()
+        job = self._job_started
+        if self._call is not None and job is not None and job[0] == self._generation:
+            self._call.cancel()  # a job under way is abandoned (and counted)
+
+    async def next(self, timeout: float) -> T:  # noqa: ASYNC109 (the deadline is the point)
+        """The next outcome: the loop is done with the last one, the next tick may run.
+
+        The job gets ``timeout`` seconds from when it starts, and what ``more_time`` grants
+        it (a call the pool has not started gets one interval more).  Past that it is
+        abandoned, the ticks go on in a new thread, and :class:`TickTimeout` carries what the
+        job had so far.
+        """
+        self._asked = self._taken + 1
+        self._ask.set()
+        while self._outcome is None:
+            now = time.monotonic()
+            job = self._job_started
+            if job is not None and job[0] == self._generation:
+                more = self._more_time(self._partial) if self._more_time is not None else 0.0
+                deadline = job[1] + timeout + more
+            elif self._call is not None and not self._call.running():
+                deadline = self._submitted + self._interval + timeout
+            else:  # the thread waits for the tick: a deadline after it, never a busy wait
+                deadline = next_tick(self._tick, self._interval, now) + timeout
+            if now >= deadline:
+                self._taken += 1
+                self._replace(timeout)
+            with anyio.move_on_after(deadline - now):
+                await self._arrived.wait()
+                self._arrived = anyio.Event()
+        value, error = self._outcome
+        self._outcome = None
+        self._taken += 1
+        if error is not None:
+            raise error
+        return value  # type: ignore[return-value]
+
+    def _replace(self, timeout: float) -> NoReturn:
+        """Abandon the job under way (or the call not started) and tick on in a new thread."""
+        partial_outcome = self._partial
+        self._generation += 1
+        self._started = self._taken  # the abandoned job counts as run
+        if self._call is not None:
+            self._call.cancel()
+        if not self._stop.is_set():
+            self._start(at_once=False)  # on the same grid
+        raise TickTimeout("a tick's job", timeout, dict(partial_outcome))
+
+    def _start(self, *, at_once: bool) -> None:
+        partial_outcome: dict[str, Any] = {}
+        self._partial = partial_outcome
+        self._submitted = time.monotonic()
+        call = EXECUTOR.submit(self._run, self._generation, partial_outcome, at_once)
+        assert isinstance(call, _Call)
+        self._call = call
+
+    def _current(self, generation: int) -> bool:
+        return generation == self._generation and not self._stop.is_set()
+
+    def _wait_for_ask(self, generation: int) -> bool:
+        """Whether the loop has asked for the next outcome, waiting (bounded, again and
+        again) until it has; False once this thread is no longer the ticker's."""
+        while True:
+            self._ask.clear()
+            if not self._current(generation):
+                return False
+            if self._asked > self._started:
+                return True
+            self._ask.wait(self._interval)
+
+    def _run(self, generation: int, partial_outcome: dict[str, Any], at_once: bool) -> None:
+        """The thread: sleep until the tick, run the job if the loop has asked for it, hand
+        the outcome to the loop."""
+        tick = self._tick
+        while True:
+            if not at_once:
+                tick = next_tick(tick, self._interval, time.monotonic())
+                if self._stop.wait(max(0.0, tick - time.monotonic())):
+                    return
+            at_once = False
+            if self._asked <= self._started:
+                # The loop is still busy with the last outcome: skip this tick, and once it
+                # asks, take the next tick on the grid.
+                if not self._wait_for_ask(generation):
+                    return
+                continue
+            if not self._current(generation):
+                return
+            self._started += 1
+            self._tick = tick
+            partial_outcome.clear()
+            value: T | None = None
+            error: BaseException | None = None
+            self._job_started = (generation, time.monotonic())
+            try:
+                value = self._job(tick, partial_outcome)
+            except Exception as exc:
+                error = exc
+            if not self._current(generation):
+                return  # replaced (or stopped) while the job ran: its outcome is nobody's
+            self._job_started = None
+            try:
+                self._loop.call_soon_threadsafe(self._deliver, generation, value, error)
+            except RuntimeError:
+                return  # the event loop is closed
+
+    def _deliver(self, generation: int, value: T | None, error: BaseException | None) -> None:
+        if generation == self._generation:
+            self._outcome = (value, error)
+            self._arrived.set()
 
 
 class TickSignal:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -282,3 +283,110 @@ async def test_a_rides_exception_reaches_its_rider() -> None:
     taken.done.set()
     with pytest.raises(ValueError, match="invalid literal"):
         await _blocking.ride_or_run(rides, ride, what="a failing ride")
+
+
+# The ticker: the soak's clock in a thread -----------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_ticker_runs_its_job_on_the_grid_in_one_thread() -> None:
+    """Each tick's job runs at (or just after) its grid time, always in the same thread, and
+    its outcomes come back in order; closing it ends the thread without an abandoned call."""
+    start = anyio.current_time()
+    seen: list[tuple[float, int]] = []
+
+    def job(tick: float, partial: dict[str, object]) -> float:
+        seen.append((tick, threading.get_ident()))
+        return time.monotonic()
+
+    before = abandoned_calls()
+    async with _blocking.Ticker(job, start=start, interval=0.05) as ticker:
+        ran_at = [await ticker.next(timeout=5.0) for _ in range(5)]
+    ticks = [tick for tick, _ in seen[:5]]
+    assert {thread for _, thread in seen} - {threading.get_ident()} == {seen[0][1]}
+    # On the grid: a tick missed under load is skipped, never run late off the grid.
+    steps = [(b - a) / 0.05 for a, b in itertools.pairwise(ticks)]
+    assert all(round(step) >= 1 and step == pytest.approx(round(step), abs=1e-6) for step in steps)
+    assert all(tick <= at for tick, at in zip(ticks, ran_at, strict=True))
+    assert ran_at == sorted(ran_at)
+    assert abandoned_calls() == before
+
+
+@pytest.mark.asyncio
+async def test_a_ticker_runs_no_job_until_the_loop_asks_for_it() -> None:
+    """The loop keeps the pace: while it is busy with an outcome, the ticks are skipped (no
+    job runs, nothing piles up), and the next job runs at the first tick after it asks."""
+    seen: list[float] = []
+
+    def job(tick: float, partial: dict[str, object]) -> float:
+        seen.append(tick)
+        return tick
+
+    async with _blocking.Ticker(job, start=anyio.current_time(), interval=0.02) as ticker:
+        await ticker.next(timeout=5.0)
+        # Busy for ten intervals, without asking: the thread must not read meanwhile.
+        await anyio.sleep(0.2)
+        assert len(seen) == 1, f"jobs ran while the loop was busy: {seen}"
+        asked = time.monotonic()
+        tick = await ticker.next(timeout=5.0)
+    assert len(seen) == 2
+    assert asked < tick <= asked + 0.02 + 1e-6  # the first tick after the ask, on the grid
+
+
+@pytest.mark.asyncio
+async def test_a_tick_whose_job_hangs_is_abandoned_and_the_next_runs_in_a_new_thread(
+    tmp_path: Path,
+) -> None:
+    """A job stuck in the kernel: ``next`` gives up at its deadline with what the job had so
+    far (counted as abandoned), and the ticks after it run in another thread."""
+    fifo = tmp_path / "stuck.fifo"
+    os.mkfifo(fifo)
+    calls: list[int] = []
+
+    def job(tick: float, partial: dict[str, object]) -> int:
+        calls.append(threading.get_ident())
+        partial["started"] = True
+        if len(calls) == 1:
+            _read_fifo(fifo)  # the first tick hangs until released
+        return threading.get_ident()
+
+    before = abandoned_calls()
+    try:
+        async with _blocking.Ticker(job, start=anyio.current_time(), interval=0.05) as ticker:
+            started = time.monotonic()
+            with pytest.raises(_blocking.TickTimeout) as caught:
+                await ticker.next(timeout=0.3)
+            assert time.monotonic() - started < 3.0
+            assert caught.value.partial == {"started": True}
+            assert abandoned_calls() == before + 1
+            second = await ticker.next(timeout=5.0)
+            assert second != calls[0]  # a new thread: the stuck one still holds the first
+    finally:
+        _release(fifo)
+
+
+@pytest.mark.asyncio
+async def test_a_hurried_ride_is_told_when_its_call_returns_not_when_its_taker_does() -> None:
+    """A rider whose ride was taken by a caller that then blocks for long (a read of a huge
+    tree) gets its outcome as soon as its own call has run, not once the taker is back."""
+    rides = _blocking.Rides()
+    ride = rides.post(lambda: "scanned", timeout=5.0)
+    rode = threading.Event()
+    taker_back = threading.Event()
+
+    def taker() -> None:
+        for taken in rides.take():
+            taken.run()
+        rode.set()
+        taker_back.wait(10)  # the taker's own slow call; it never marks the ride done
+
+    thread = threading.Thread(target=taker, daemon=True)
+    thread.start()
+    try:
+        with anyio.fail_after(3):
+            assert await run_blocking(rode.wait, 5.0, timeout=5.0, what="the taker's ride")
+            assert await _blocking.ride_or_run(rides, ride, what="the scan") == "scanned"
+        assert not taker_back.is_set()
+    finally:
+        taker_back.set()
+        thread.join(5)

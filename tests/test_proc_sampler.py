@@ -28,7 +28,7 @@ import pytest
 
 from asyncsoak._blocking import next_tick
 from asyncsoak._record._events import Event, SamplerDegraded, SamplerNote, SamplerRecovered
-from asyncsoak._record._sink import SinkCounters, SoakClock, open_event_queue
+from asyncsoak._record._sink import EventSink, SinkCounters, SoakClock, open_event_queue
 from asyncsoak._redact import Masker
 from asyncsoak._sampling._proc_sampler import (
     CLOCK_TICKS,
@@ -859,3 +859,158 @@ async def test_interval_must_be_positive() -> None:
     sink, receive = open_event_queue(SoakClock())
     with receive, pytest.raises(ValueError, match="interval"):
         await run_proc_sampler(sink, root_pid=1, interval=0, disk_paths={})
+
+
+@pytest.mark.asyncio
+async def test_a_stall_is_called_at_its_deadline_while_the_ticks_read_hangs(
+    tmp_path: Path,
+) -> None:
+    """The watchdog's scan rides on the sampler's tick, but a read of the tree that takes
+    long (a fork bomb on a starved machine) must not hold up the stall rules: the trainer
+    that makes no progress is failed at its deadline while the read is still stuck."""
+    from asyncsoak._blocking import Rides
+    from asyncsoak._sampling._watchdog import ProgressTracker, run_watchdog
+
+    proc = tmp_path / "proc"
+    fake_proc(proc, 1, [FakeProcess(201, 1)])
+    stat = proc / "201" / "stat"
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    sink, receive = open_event_queue(SoakClock())
+    rides = Rides()
+    tracker = ProgressTracker({}, startup_timeout=1.0, stale_after=0.5)
+    failed: list[tuple[str, float]] = []
+    samples: list[ProcSample] = []
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+
+                async def on_failure(reason: str, message: str) -> None:
+                    failed.append((reason, sink.elapsed()))
+                    tg.cancel_scope.cancel()
+
+                async def drain() -> None:
+                    async with receive:
+                        async for event in receive:
+                            if isinstance(event, ProcSample):
+                                samples.append(event)
+                                if len(samples) == 1:
+                                    # From the next tick on, the read blocks in open(2)
+                                    # until a writer comes; the scan is posted by then.
+                                    stat.unlink()
+                                    os.mkfifo(stat)
+
+                async def watch(clone: EventSink) -> None:
+                    async with clone:
+                        await run_watchdog(
+                            clone,
+                            progress_dir=progress,
+                            tracker=tracker,
+                            ignore=frozenset,
+                            scan_interval=0.1,
+                            limiter=anyio.CapacityLimiter(1),
+                            on_failure=on_failure,
+                            rides=rides,
+                        )
+
+                tg.start_soon(drain)
+                tg.start_soon(watch, sink.clone())
+                tg.start_soon(
+                    partial(
+                        run_proc_sampler,
+                        sink,
+                        root_pid=1,
+                        interval=0.1,
+                        disk_paths={},
+                        read_timeout=30.0,
+                        proc=proc,
+                        rides=rides,
+                    )
+                )
+    finally:
+        # Let the stuck read go (ENXIO when nothing waits on the FIFO).
+        with contextlib.suppress(OSError):
+            os.close(os.open(stat, os.O_WRONLY | os.O_NONBLOCK))
+    assert len(samples) == 1  # the reads after the first never came back
+    [(reason, at)] = failed
+    assert reason == "startup_timeout"
+    assert at < 1.0 + 1.0, f"the stall was called at {at:.2f}s, its deadline was 1.0s"
+
+
+@pytest.mark.asyncio
+async def test_once_the_tree_is_gone_an_empty_tree_is_not_a_sample(tmp_path: Path) -> None:
+    """A tick that comes after the reaper's last child went finds an empty tree: it is not
+    offered as a sample (its 0 processes would end every series of the run) and the sampler
+    ends; before the tree is gone, an empty tree is sampled as it is."""
+    fake_proc(tmp_path, 1, [])
+    for gone in (False, True):
+        tree_gone = anyio.Event()
+        if gone:
+            tree_gone.set()
+        sink, receive = open_event_queue(SoakClock())
+        samples: list[ProcSample] = []
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    partial(
+                        run_proc_sampler,
+                        sink,
+                        root_pid=1,
+                        interval=0.05,
+                        disk_paths={},
+                        proc=tmp_path,
+                        tree_gone=tree_gone,
+                    )
+                )
+                async with receive:
+                    async for event in receive:
+                        if isinstance(event, ProcSample):
+                            samples.append(event)
+                            tg.cancel_scope.cancel()
+        # Without a sample, the loop above ends only because the sampler ended on its own.
+        assert [len(s.processes) for s in samples] == ([] if gone else [0])
+
+
+@pytest.mark.asyncio
+async def test_a_ride_that_hangs_holds_up_neither_the_samples_nor_the_sampler(
+    tmp_path: Path,
+) -> None:
+    """A blocking call riding on the tick that never returns (a journal write on a dead
+    filesystem) is its rider's to tell: the ticks go on in a new thread and the samples keep
+    coming, with no "reading /proc" degradation, since the read was never slow."""
+    from asyncsoak._blocking import Rides
+
+    fake_proc(tmp_path, 1, [FakeProcess(201, 1)])
+    fifo = tmp_path / "hung.fifo"
+    os.mkfifo(fifo)
+    rides = Rides()
+    ride = rides.post(lambda: fifo.read_bytes(), timeout=0.3)  # blocks in open(2)
+    sink, receive = open_event_queue(SoakClock())
+    events: list[Event] = []
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    partial(
+                        run_proc_sampler,
+                        sink,
+                        root_pid=1,
+                        interval=0.05,
+                        disk_paths={},
+                        read_timeout=0.2,
+                        proc=tmp_path,
+                        rides=rides,
+                    )
+                )
+                async with receive:
+                    async for event in receive:
+                        events.append(event)
+                        if sum(isinstance(e, ProcSample) for e in events) == 3:
+                            tg.cancel_scope.cancel()
+        assert ride.taken
+        assert not ride.finished  # still stuck in its thread
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert [type(e) for e in events] == [ProcSample] * 3
+    assert sink.counters.sampler_errors == 0

@@ -1,17 +1,17 @@
 """The serializer: drains the event queue into the journal and the artifact builder.
 
-Every event is appended to the journal (JSON Lines, in the format of ``_journal``).  GPU
-samples and progress events wait for the next proc sample, and each proc sample's batch (what
-waited, and the sample) rides on the proc sampler's next tick (``Rides`` of ``_blocking``):
-the proc sampler's thread writes it after the tick's read, so a steady soak makes no thread hop of
-its own for the journal and a SIGKILL of the monitor loses at most the last interval.  Every
+Every event is appended to the journal (JSON Lines, in the format of ``_journal``).  GPU samples
+and progress events wait for the next proc sample, and each proc sample's batch (what waited,
+and the sample) rides on the proc sampler's next tick (``Rides`` of ``_blocking``): the proc
+sampler's ticker thread writes it before the tick's read, so a steady soak makes no thread hop
+of its own for the journal and a SIGKILL of the monitor loses at most the last interval.  Every
 other event (exit, failure, stop, finished...) is written at once through aiofiles, with
-whatever waits, a ride nobody took yet included (taken back, so that the order holds).
-Without a sampler's rides (a soak's last events, tests) every batch goes through aiofiles.
-The journal is opened unbuffered, so each batch is one ``write(2)`` and nothing waits in a
-user-space buffer.  Past ``SEGMENT_BYTES`` the open segment is closed and compressed in the
-background (``_journal``); a batch that would fill it is written at once, so that rotation
-never runs with a write in flight.
+whatever waits, a ride nobody took yet included (taken back, so that the order holds). Without a
+sampler's rides (a soak's last events, tests) every batch goes through aiofiles. The journal is
+opened unbuffered, so each batch is one ``write(2)`` and nothing waits in a user-space buffer.
+Past ``SEGMENT_BYTES`` the open segment is closed and compressed in the background
+(``_journal``); a batch that would fill it is written at once, so that rotation never runs with
+a write in flight.
 
 A journal that cannot be written (full or read-only disk) is recorded and the soak goes on:
 the artifact is still built from the events in memory.  A write that hangs (a dead network
@@ -20,10 +20,10 @@ can never back up the event queue and stall the watchdog; closing the journal is
 (an NFS flush on close can hang as well).
 
 aiofiles runs the journal's calls on asyncsoak's own pool (``_blocking.EXECUTOR``), never on
-asyncio's default executor, and the riding writes run in the proc sampler's trip, itself a call
-on that pool: a write stuck for good then holds one of asyncsoak's daemon threads, which
-neither keeps the process from exiting nor makes threads grow without bound.  A riding write
-that does not come back within the write bound stops the journal as a hung aiofiles write
+asyncio's default executor, and the riding writes run in the proc sampler's ticker thread,
+itself a call on that pool: a write stuck for good then holds one of asyncsoak's daemon threads,
+which neither keeps the process from exiting nor makes threads grow without bound.  A riding
+write that does not come back within the write bound stops the journal as a hung aiofiles write
 does, and its descriptor is closed once that write returns.
 
 An event that cannot be encoded (a NaN or an infinity from a sampler, a bug in one event's
@@ -354,7 +354,7 @@ class Serializer:
         """Write the waiting lines as one batch, then close the segment if it is full.
 
         With ``ride``, the batch rides on the proc sampler's next tick (its thread writes it
-        after the tick's read, so the monitor makes no thread hop of its own for the journal
+        before the tick's read, so the monitor makes no thread hop of its own for the journal
         in a steady soak, and the journal is never more than one interval behind); a batch
         that would fill the segment is written now, so that rotation never runs with a write
         in flight.  Every other write goes through aiofiles on asyncsoak's pool.
@@ -395,6 +395,7 @@ class Serializer:
         if self._rides.withdraw(ride):
             self._segment_size -= len(self._riding_data)
             return self._riding_data + data
+        ride.hurry()
         with anyio.move_on_after(ride.timeout):
             await ride.done.wait()
         if not ride.done.is_set():

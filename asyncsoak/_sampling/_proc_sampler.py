@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 import anyio
 
-from .._blocking import BlockingCallTimeout, Ride, Rides, TickSignal, next_tick, run_blocking
+from .._blocking import Ride, Rides, Ticker, TickSignal, TickTimeout
 from .._record._events import (
     Event,
     SamplerDegraded,
@@ -741,19 +741,20 @@ class _TickOutcome:
 def _tick_job(
     sampler: ProcSampler, rides: Rides | None, start: float
 ) -> Callable[[float, dict[str, Any]], _TickOutcome]:
-    """The job of each tick, in a pool thread: the rides posted by then are taken, the
-    tree is read, then the rides run (the journal's write last)."""
+    """The job of each tick, in the ticker's thread: the rides posted by then are taken and
+    run (the watchdog's scan, then the journal's write), then the tree is read.  The rides go
+    first: a read of a huge tree on a starved machine can take seconds, and neither the scan
+    (the stall rules) nor the journal may wait behind it."""
 
     def job(_tick: float, partial: dict[str, Any]) -> _TickOutcome:
         outcome = partial["outcome"] = _TickOutcome(rides.take() if rides is not None else [])
+        for ride in outcome.rides:
+            ride.run()
         try:
             outcome.sample = sampler.read(time.monotonic() - start)
             outcome.read = True
         except Exception as exc:
             outcome.error = exc
-        finally:
-            for ride in outcome.rides:
-                ride.run()
         return outcome
 
     return job
@@ -773,8 +774,10 @@ async def run_proc_sampler(
     rides: Rides | None = None,
     ticks: TickSignal | None = None,
     members_file: str | None = None,
+    tree_gone: anyio.Event | None = None,
 ) -> None:
-    """Offer a :class:`ProcSample` every ``interval`` seconds until cancelled.
+    """Offer a :class:`ProcSample` every ``interval`` seconds until cancelled, or until the
+    tree is gone (``tree_gone`` set, and a read finds it empty).
 
     The tree is every descendant of ``root_pid`` (the soak's reaper), found afresh each time;
     ``on_tree`` then gets its pids.  USS and PSS are read only with ``detailed_memory``:
@@ -784,12 +787,13 @@ async def run_proc_sampler(
     outlives ``read_timeout`` degrades the sampler until a read succeeds again.  Sampling
     goes on in every case.  The sampler owns ``sink`` (give it a clone) and closes it.
 
-    The reads run on the soak's grid (start + k * interval), one trip to a pool thread per
-    tick, the next tick taken once this one is handled (a loop that falls behind skips ticks
-    rather than queueing them).  The blocking calls posted to ``rides`` (the watchdog's scan,
-    the journal's batched write) run in that trip after each read: one trip per sample for
-    everything.  ``ticks`` is told once each sample has been handled (the GPU sampler reads
-    its loops then, on the same wake-up).  ``members_file``
+    The reads run on the soak's grid (start + k * interval) in the thread of a
+    :class:`~asyncsoak._blocking.Ticker`, which wakes the loop once per sample, and only once
+    the loop has handled the last sample (a loop that falls behind skips ticks rather than
+    queueing them).  The blocking calls posted to ``rides`` (the watchdog's scan, the
+    journal's batched write) run in that thread before each read: no thread hop of their own,
+    and none of them waits behind a slow read.  ``ticks`` is told once each sample has been
+    handled (the GPU sampler reads its loops then, on the same wake-up).  ``members_file``
     gives the ``cgroup.procs`` of the tree's cgroup once there is one (see :class:`ProcSampler`).
     """
     async with sink:
@@ -808,78 +812,104 @@ async def run_proc_sampler(
         job = _tick_job(sampler, rides, sink.clock.start)
         # The files kept open are closed however the sampler ends.
         with contextlib.closing(sampler):
-            error_told = degraded = False
-            tick = sink.clock.start
-            while True:
-                outcome: _TickOutcome | None = None
-                waiting = rides.waiting_timeout() if rides is not None else 0.0
-                partial: dict[str, Any] = {}
-                try:
-                    outcome = await run_blocking(
-                        job,
-                        tick,
-                        partial,
-                        timeout=read_timeout + waiting,
-                        what="reading /proc",
+            ticker = Ticker(job, start=sink.clock.start, interval=interval, more_time=_rides_time)
+            async with ticker:
+                await _sample_on_ticks(
+                    sink,
+                    ticker,
+                    sampler,
+                    rides,
+                    ticks,
+                    on_tree=on_tree,
+                    read_timeout=read_timeout,
+                    tree_gone=tree_gone,
+                )
+
+
+def _rides_time(partial: dict[str, Any]) -> float:
+    """The bounds of the rides a tick's job took: its deadline grows by them."""
+    outcome: _TickOutcome | None = partial.get("outcome")
+    return sum(ride.timeout for ride in outcome.rides) if outcome is not None else 0.0
+
+
+async def _sample_on_ticks(
+    sink: EventSink,
+    ticker: Ticker[_TickOutcome],
+    sampler: ProcSampler,
+    rides: Rides | None,
+    ticks: TickSignal | None,
+    *,
+    on_tree: Callable[[frozenset[int]], None] | None,
+    read_timeout: float,
+    tree_gone: anyio.Event | None,
+) -> None:
+    """Hand each tick's sample to the sink, telling what goes wrong, until cancelled or the
+    tree is gone."""
+    error_told = degraded = False
+    while True:
+        outcome: _TickOutcome | None = None
+        ride_hung = False
+        try:
+            outcome = await ticker.next(timeout=read_timeout)
+        except TickTimeout as exc:
+            outcome = exc.partial.get("outcome")
+            # A ride that hung (the rides run before the read) is its rider's to tell; the
+            # next tick's read, in a new thread, is not held up by it.
+            ride_hung = outcome is not None and not all(ride.finished for ride in outcome.rides)
+        try:
+            if outcome is not None:
+                for ride in outcome.rides:
+                    if ride.finished:
+                        ride.mark_done()
+                if outcome.error is not None:
+                    raise outcome.error
+            sample = outcome.sample if outcome is not None else None
+            gone = tree_gone is not None and tree_gone.is_set()
+            if sample is not None and not sample.processes and gone:
+                # Read after the reaper's last child went: an empty tree, not a sample of the
+                # run (its "0 processes" would end every series), and the last there is.
+                return
+            busy = outcome is not None and outcome.read and sample is None
+            if sample is not None:
+                if degraded:
+                    degraded = False
+                    await sink.emit(
+                        SamplerRecovered(sink.elapsed(), SAMPLER_NAME, "/proc reads are back")
                     )
-                except BlockingCallTimeout:
-                    # Unless the read itself came back, a ride hung (its rider is told).
-                    outcome = partial.get("outcome")
-                try:
-                    if outcome is not None:
-                        for ride in outcome.rides:
-                            if ride.finished:
-                                ride.mark_done()
-                        if outcome.error is not None:
-                            raise outcome.error
-                    sample = outcome.sample if outcome is not None else None
-                    busy = outcome is not None and outcome.read and sample is None
-                    if sample is not None:
-                        if degraded:
-                            degraded = False
-                            await sink.emit(
-                                SamplerRecovered(
-                                    sink.elapsed(), SAMPLER_NAME, "/proc reads are back"
-                                )
-                            )
-                        if sink.waiting() >= SAMPLES_BEHIND:
-                            # The ticks come on their own clock: while the serializer is
-                            # behind (a huge tree, a starved machine), a sample older than
-                            # the next is dropped and counted, never queued up behind it.
-                            sink.counters.dropped_samples += 1
-                            sampler.forget_descriptions(sample)
-                        elif not sink.offer(sample):
-                            sampler.forget_descriptions(sample)
-                        if on_tree is not None:
-                            on_tree(sample.pids)
-                    elif not busy and not degraded:
-                        # The thread is abandoned, not stopped: the next reads return None
-                        # at once until it comes back, so stuck threads never pile up.
-                        degraded = True
-                        sink.counters.sampler_errors += 1
-                        await sink.emit(
-                            SamplerDegraded(
-                                sink.elapsed(),
-                                SAMPLER_NAME,
-                                f"reading /proc took more than {read_timeout:g} s; "
-                                "skipping samples until it returns",
-                            )
-                        )
-                except Exception as exc:
-                    sink.counters.sampler_errors += 1
-                    if not error_told:
-                        error_told = True
-                        await sink.emit(
-                            SamplerNote(
-                                sink.elapsed(),
-                                SAMPLER_NAME,
-                                f"proc sampler error (later ones are only counted): {exc!r}",
-                                {"error": repr(exc), "type": type(exc).__name__},
-                            )
-                        )
-                if ticks is not None:
-                    ticks.notify()
-                # The next tick on the grid, once this one is handled: a loop that falls
-                # behind (a huge tree, a starved machine) skips ticks instead of queueing.
-                tick = next_tick(tick, interval, anyio.current_time())
-                await anyio.sleep_until(tick)
+                if sink.waiting() >= SAMPLES_BEHIND:
+                    # The ticks come on their own clock: while the serializer is
+                    # behind (a huge tree, a starved machine), a sample older than
+                    # the next is dropped and counted, never queued up behind it.
+                    sink.counters.dropped_samples += 1
+                    sampler.forget_descriptions(sample)
+                elif not sink.offer(sample):
+                    sampler.forget_descriptions(sample)
+                if on_tree is not None:
+                    on_tree(sample.pids)
+            elif not busy and not degraded and not ride_hung:
+                # The thread is abandoned, not stopped: the next reads return None
+                # at once until it comes back, so stuck threads never pile up.
+                degraded = True
+                sink.counters.sampler_errors += 1
+                await sink.emit(
+                    SamplerDegraded(
+                        sink.elapsed(),
+                        SAMPLER_NAME,
+                        f"reading /proc took more than {read_timeout:g} s; "
+                        "skipping samples until it returns",
+                    )
+                )
+        except Exception as exc:
+            sink.counters.sampler_errors += 1
+            if not error_told:
+                error_told = True
+                await sink.emit(
+                    SamplerNote(
+                        sink.elapsed(),
+                        SAMPLER_NAME,
+                        f"proc sampler error (later ones are only counted): {exc!r}",
+                        {"error": repr(exc), "type": type(exc).__name__},
+                    )
+                )
+        if ticks is not None:
+            ticks.notify()

@@ -368,6 +368,10 @@ async def _watch(
         wake = tracker.deadline()
         if ride is None or rescan:
             wake = min(next_scan, wake)
+        else:
+            # A riding scan that has not come back one interval after its tick (the tick's
+            # thread held up by a read of a huge tree on a starved machine) is hurried.
+            wake = min(next_scan + scan_interval, wake)
         with anyio.move_on_after(max(0.0, wake - sink.elapsed())):
             if await _inotify_or_scan(watcher, ride):
                 assert watcher is not None

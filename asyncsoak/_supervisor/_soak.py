@@ -558,6 +558,7 @@ class _Soak:
                         rides=self._rides,
                         ticks=ticks,
                         members_file=None if spawner.cgroup is None else spawner.cgroup.procs_file,
+                        tree_gone=spawner.tree_gone,
                     ),
                 )
                 if cfg.nvidia_smi is not None:
