@@ -155,6 +155,32 @@ time.sleep(60)
     assert error.artifact["progress"]["changes"] >= 3
 
 
+async def test_with_scans_a_second_apart_a_write_is_dated_when_written(
+    tmp_path: Path, ready: ReadyFifo
+) -> None:
+    """Scans every 0.8 s, the trainer's writes not listened to between them (they would wake
+    the monitor at each): the change the next scan finds is dated by its file's mtime, when
+    it was written, not when the scan came."""
+    body = """
+time.sleep(0.3)
+stamp = time.monotonic()
+touch()
+say(repr(stamp))
+time.sleep(60)
+"""
+    error = await soak_failure(
+        command=child(tmp_path, body, ready),
+        **fast_limits(tmp_path, sample_interval_seconds=0.8, stale_progress_seconds=2.0),
+    )
+    written = float(await ready.line())
+    start = error.artifact["monitor"]["monotonic_start"]
+    progress = [e for e in error.artifact["events"] if e["kind"] == "progress"]
+    dated = start + progress[-1]["t"]
+    assert -0.002 <= dated - written < 0.1
+    failure_t = next(e["t"] for e in error.artifact["events"] if e["kind"] == "failure")
+    assert 2.0 <= start + failure_t - written < 3.0
+
+
 async def test_growth_of_a_file_present_at_start_counts(tmp_path: Path) -> None:
     """A resumed run that appends to an existing metrics file makes progress."""
     (tmp_path / "progress").mkdir()

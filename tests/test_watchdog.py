@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from asyncsoak._sampling._watchdog import FileState, ProgressTracker, scan_progress_dir
+from asyncsoak._record._sink import SoakClock
+from asyncsoak._sampling._watchdog import (
+    MTIME_LATENESS_SECONDS,
+    FileState,
+    ProgressTracker,
+    changed_at,
+    scan_progress_dir,
+)
 
 
 def state(size: int, mtime_ns: int = 0, ino: int = 1) -> FileState:
@@ -61,6 +69,33 @@ def test_time_of_change_is_when_seen_and_gaps_are_tracked() -> None:
     tracker.observe({"a": state(2)}, now=6.0)
     tracker.observe({"a": state(3)}, now=7.5)
     assert (tracker.first_change, tracker.last_change, tracker.longest_gap) == (1.0, 7.5, 5.0)
+
+
+def test_a_change_a_scan_finds_is_dated_by_its_mtime_within_the_scans() -> None:
+    """Between two scans, a change is dated when its file was written (its mtime, late by the
+    kernel's coarse clock at most, never early); an mtime outside the two scans (a wall clock
+    that jumped, a file server's clock that lies) is not believed: the scan's time is."""
+    clock = SoakClock(start=time.monotonic() - 10.0)
+    tracker = ProgressTracker({"a": state(1), "b": state(1)}, startup_timeout=9.0, stale_after=9.0)
+    now = time.monotonic() - clock.start
+    since = now - 0.8
+
+    def wall_ns(soak_seconds: float) -> int:
+        return int((time.time() - time.monotonic() + clock.start + soak_seconds) * 1e9)
+
+    written = now - 0.3
+    files = {"a": state(2, mtime_ns=wall_ns(written)), "b": state(1)}
+    at = changed_at(tracker, files, since=since, now=now, clock=clock)
+    assert at == pytest.approx(written + MTIME_LATENESS_SECONDS, abs=0.002)
+    assert written <= at <= now
+    # An mtime from before the last scan (or from a server behind), one from the future:
+    old = {"a": state(2, mtime_ns=wall_ns(since - 60.0))}
+    assert changed_at(tracker, old, since=since, now=now, clock=clock) == now
+    ahead = {"a": state(2, mtime_ns=wall_ns(now + 60.0))}
+    assert changed_at(tracker, ahead, since=since, now=now, clock=clock) == now
+    # Nothing changed: the scan's own time.
+    same = {"a": state(1), "b": state(1)}
+    assert changed_at(tracker, same, since=since, now=now, clock=clock) == now
 
 
 def test_a_deleted_file_is_not_progress() -> None:

@@ -2,17 +2,22 @@
 
 A regular file below ``progress_dir`` (recursively, symlinks not followed) that is created,
 grows, or whose mtime changes counts as progress; files present at the start are the baseline,
-so their later growth counts too.  The time of a change is the monitor's monotonic clock when it
-saw the change (through inotify at once, or at the next scan), never the file's mtime.
-asyncsoak's own files (journal, artifact, the captured log unless asked) never count, matched
-by device and inode.
+so their later growth counts too.  asyncsoak's own files (journal, artifact, the captured log
+unless asked) never count, matched by device and inode.
+
+The time of a change is on the monitor's monotonic clock: when inotify told of it, or, for a
+change a scan finds, its file's mtime if that falls between the scan and the one before (the
+window in which the monitor saw the change happen), else the scan's own time: a wall clock
+that jumps, or a file server's clock that lies, never dates a change outside what the
+monitor saw, nor before it happened.
 
 :class:`ProgressTracker` holds the rules and takes ``now`` as an argument, so tests drive it
-with any clock.  :func:`run_watchdog` waits for inotify events until the next scan or the next
-deadline, whichever comes first, so a stall is caught when its deadline passes, not at the next
-tick.  In a soak the scan every interval rides on the proc sampler's tick (no timer of the
-watchdog's own), and a change inotify hears of just before it is dated when heard and looked at
-by that scan, not by a thread hop of its own.
+with any clock.  :func:`run_watchdog` sleeps until the next scan or the next deadline,
+whichever comes first, so a stall is caught when its deadline passes, not at the next tick.  In
+a soak the scan every interval rides on the proc sampler's tick (no timer of the watchdog's
+own).  With scans a second apart or less, inotify is not listened to between them (a trainer
+that writes often would wake the monitor at each write): its queue is read when the scan comes
+back.  With scans further apart, inotify is listened to and a change is looked at when told.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import contextlib
 import math
 import os
 import stat
+import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from functools import partial
@@ -31,7 +37,7 @@ import anyio
 
 from .._blocking import BlockingCallTimeout, Ride, Rides, ride_or_run, run_blocking
 from .._record._events import Progress, WarningEvent
-from .._record._sink import EventSink
+from .._record._sink import EventSink, SoakClock
 from ._inotify import Inotify
 
 #: How many changed paths a progress event names.
@@ -135,9 +141,13 @@ class ProgressTracker:
         #: Directories a scan could not read, as last reported in a warning.
         self.skipped_dirs = 0
 
+    def changed(self, files: dict[str, FileState]) -> list[str]:
+        """The paths of ``files`` that differ from when they were last seen (nothing recorded)."""
+        return [path for path, state in files.items() if self._differs(path, state)]
+
     def observe(self, files: dict[str, FileState], now: float) -> list[str]:
         """Record a full scan; return the paths that changed since they were last seen."""
-        changed = [path for path, state in files.items() if self._differs(path, state)]
+        changed = self.changed(files)
         self.grown_bytes = sum(self._growth(path, files[path]) for path in changed)
         self._files = files
         return self._record(changed, now)
@@ -357,6 +367,8 @@ async def _watch(
     heard: dict[str, float] = {}
     #: inotify lost events: scan at once rather than at the next tick.
     rescan = False
+    #: When the last scan came back: a change a scan finds happened after it.
+    scanned_at = sink.elapsed()
     while True:
         if rides is not None and ride is None:
             # Posted ahead, so the sampler's hop at the next tick takes it.
@@ -372,8 +384,14 @@ async def _watch(
             # A riding scan that has not come back one interval after its tick (the tick's
             # thread held up by a read of a huge tree on a starved machine) is hurried.
             wake = min(next_scan + scan_interval, wake)
+        # With the next scan near (an interval of a second or less), inotify is not listened
+        # to: what it has is read when the scan comes back, and a change is dated by its
+        # file's mtime, so a trainer's every write does not wake the monitor.
+        listening = watcher is not None and (
+            ride is None or rescan or next_scan - sink.elapsed() > HEARD_WAIT_SECONDS
+        )
         with anyio.move_on_after(max(0.0, wake - sink.elapsed())):
-            if await _inotify_or_scan(watcher, ride):
+            if await _inotify_or_scan(watcher if listening else None, ride):
                 assert watcher is not None
                 touched = watcher.read(progress_dir)
                 if watcher.overflowed:
@@ -428,6 +446,20 @@ async def _watch(
         now = sink.elapsed()
         next_scan = _next_on_grid(now, scan_interval)
         rescan = False
+        if watcher is not None:
+            # What inotify told meanwhile, unheard: new directories to watch, lost events.
+            watcher.read(progress_dir)
+            if watcher.overflowed:
+                watcher.overflowed = False
+                next_scan = now
+                rescan = True
+            if watcher.pending:
+                with contextlib.suppress(BlockingCallTimeout):
+                    await run_blocking(
+                        watcher.watch_pending,
+                        timeout=scan_timeout,
+                        what="watching new directories with inotify",
+                    )
         # A scan that cannot finish (a hung network filesystem) sees no progress: fail closed.
         if result is not None:
             # What inotify heard of is dated (and reported) when it was heard, one event per
@@ -441,12 +473,14 @@ async def _watch(
                 await _report(sink, some, at, previous, tracker.grown_bytes)
             heard.clear()
             previous = tracker.last_change
-            changed = tracker.observe(result.files, now)
+            at = changed_at(tracker, result.files, since=scanned_at, now=now, clock=sink.clock)
+            changed = tracker.observe(result.files, at)
+            scanned_at = now
             if result.errors > tracker.skipped_dirs:
                 tracker.skipped_dirs = result.errors
                 await sink.emit(WarningEvent(t=now, message=skipped_message(progress_dir, result)))
         if changed:
-            await _report(sink, changed, now, previous, tracker.grown_bytes)
+            await _report(sink, changed, at, previous, tracker.grown_bytes)
         elif (broken := tracker.verdict(now)) is not None:
             await on_failure(*broken)
             return
@@ -464,6 +498,40 @@ async def _watch(
                         watcher.watch_pending, timeout=scan_timeout, what="inotify watches"
                     )
                     await _seed(sink, progress_dir, tracker, ignore(), found, scan_timeout)
+
+
+def changed_at(
+    tracker: ProgressTracker,
+    files: dict[str, FileState],
+    *,
+    since: float,
+    now: float,
+    clock: SoakClock,
+) -> float:
+    """When the newest of the changes a scan found happened, in the soak's seconds: its file's
+    mtime (late by the kernel's coarse clock at most, so never early) if it falls between the
+    previous scan (``since``) and this one (``now``), when the monitor saw the change happen;
+    else (a wall clock that jumped, a file server's clock that lies) when the scan saw it."""
+    newest = max((files[key].mtime_ns for key in tracker.changed(files)), default=None)
+    if newest is None:
+        return now
+    wall_to_soak = time.time() - time.monotonic() + clock.start
+    at = newest / 1e9 + MTIME_LATENESS_SECONDS - wall_to_soak
+    return at if since <= at <= now else now
+
+
+def _coarse_clock_resolution() -> float:
+    try:
+        return time.clock_getres(_CLOCK_REALTIME_COARSE)
+    except OSError:
+        return 0.01
+
+
+#: ``CLOCK_REALTIME_COARSE`` of <linux/time.h>, which Python's time module does not name.
+_CLOCK_REALTIME_COARSE = 5
+#: How far behind a file's mtime may be (the kernel dates writes with its coarse clock, one
+#: scheduler tick at most): added, so that a change is never dated before it happened.
+MTIME_LATENESS_SECONDS = _coarse_clock_resolution()
 
 
 #: A change inotify hears of this close to the next scan waits for it (which rides on the proc
