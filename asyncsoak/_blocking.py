@@ -220,7 +220,7 @@ class Ride(Generic[T]):
         self._result: T | None = None
         self._error: BaseException | None = None
         self._lock = threading.Lock()
-        self._then: Callable[[], None] | None = None
+        self._then: list[Callable[[], None]] = []
 
     def run(self) -> None:
         """Run the call (in the taker's thread), keeping its result or its exception."""
@@ -230,9 +230,9 @@ class Ride(Generic[T]):
             self._error = exc
         with self._lock:
             self.finished = True
-            then = self._then
-        if then is not None:
-            then()
+            then, self._then = self._then, []
+        for callback in then:
+            callback()
 
     def mark_done(self) -> None:
         """On the event loop, once the ride has run: its rider may read the outcome."""
@@ -244,20 +244,27 @@ class Ride(Generic[T]):
 
     def hurry(self) -> None:
         """The rider cannot wait for its taker to come back (a slow read of a huge tree on a
-        starved machine): ``done`` is set on the event loop as soon as the call returns."""
+        starved machine): ``done`` is set on the event loop as soon as the call returns (at
+        once if it has, with no wake-up of the loop)."""
+        if self.done.is_set():
+            return
         loop = asyncio.get_running_loop()
 
         def tell() -> None:
             with contextlib.suppress(RuntimeError):  # the event loop is closed
                 loop.call_soon_threadsafe(self.mark_done)
 
-        self.when_finished(tell)
+        with self._lock:
+            if not self.finished:
+                self._then.append(tell)
+                return
+        self.mark_done()
 
     def when_finished(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the call has returned: now, or in the taker's thread."""
         with self._lock:
             if not self.finished:
-                self._then = callback
+                self._then.append(callback)
                 return
         callback()
 

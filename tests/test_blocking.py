@@ -390,3 +390,19 @@ async def test_a_hurried_ride_is_told_when_its_call_returns_not_when_its_taker_d
     finally:
         taker_back.set()
         thread.join(5)
+
+
+def test_every_callback_waiting_for_a_ride_runs_once_it_returns() -> None:
+    """A ride's rider may ask twice to hear when it is back (to be hurried, then to close a
+    descriptor it gave up on): both are called, in order, once the call returns, and a late
+    ask is answered at once."""
+    rides = _blocking.Rides()
+    ride = rides.post(lambda: "written", timeout=5.0)
+    heard: list[str] = []
+    ride.when_finished(lambda: heard.append("first"))
+    ride.when_finished(lambda: heard.append("second"))
+    (taken,) = rides.take()
+    taken.run()
+    assert heard == ["first", "second"]
+    ride.when_finished(lambda: heard.append("late"))
+    assert heard == ["first", "second", "late"]

@@ -32,6 +32,7 @@ from asyncsoak._record._sink import EventSink, SinkCounters, SoakClock, open_eve
 from asyncsoak._redact import Masker
 from asyncsoak._sampling._proc_sampler import (
     CLOCK_TICKS,
+    FULL_READ_EVERY,
     PAGE_SIZE,
     ProcessFigures,
     ProcSample,
@@ -1014,3 +1015,57 @@ async def test_a_ride_that_hangs_holds_up_neither_the_samples_nor_the_sampler(
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     assert [type(e) for e in events] == [ProcSample] * 3
     assert sink.counters.sampler_errors == 0
+
+
+#: A subreaper whose child ("middle") forks a leaf that sleeps for good and never runs again;
+#: it prints "middle leaf" and reaps whatever comes.
+REPARENTING_ROOT = r"""
+import ctypes, os, signal
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+middle = os.fork()
+if middle == 0:
+    leaf = os.fork()
+    if leaf == 0:
+        signal.pause()
+        os._exit(0)
+    print(os.getpid(), leaf, flush=True)
+    signal.pause()
+    os._exit(0)
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+"""
+
+
+def test_a_sleeping_process_shows_its_new_parent_within_a_full_read() -> None:
+    """A process that has not run keeps what was read of it (one read instead of four), but
+    what changes while it sleeps, its parent when that one dies, shows within
+    FULL_READ_EVERY samples."""
+    root = subprocess.Popen([sys.executable, "-c", REPARENTING_ROOT], stdout=subprocess.PIPE)
+    try:
+        assert root.stdout is not None
+        middle, leaf = map(int, _read_line(root.stdout, 30).split())
+        sampler = ProcSampler(root.pid)
+        for t in range(3):
+            sample = sampler.read(float(t))
+            assert sample is not None
+            assert by_pid(sample)[leaf].ppid == middle
+        os.kill(middle, signal.SIGKILL)
+        psutil.Process(middle).wait(timeout=10)  # reaped by the root: the leaf is its child
+        ppids = []
+        for t in range(FULL_READ_EVERY):
+            sample = sampler.read(10.0 + t)
+            assert sample is not None
+            assert sample.pids == {leaf}
+            ppids.append(by_pid(sample)[leaf].ppid)
+        assert ppids[-1] == root.pid, ppids
+        sampler.close()
+    finally:
+        root.kill()
+        root.wait(10)
+        assert root.stdout is not None
+        root.stdout.close()
+        with contextlib.suppress(ProcessLookupError, UnboundLocalError):
+            os.kill(leaf, signal.SIGKILL)
