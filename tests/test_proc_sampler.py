@@ -1053,7 +1053,8 @@ def test_a_sleeping_process_shows_its_new_parent_within_a_full_read() -> None:
             assert sample is not None
             assert by_pid(sample)[leaf].ppid == middle
         os.kill(middle, signal.SIGKILL)
-        psutil.Process(middle).wait(timeout=10)  # reaped by the root: the leaf is its child
+        with contextlib.suppress(psutil.NoSuchProcess):  # reaped already
+            psutil.Process(middle).wait(timeout=10)  # by the root: the leaf is its child now
         ppids = []
         for t in range(FULL_READ_EVERY):
             sample = sampler.read(10.0 + t)
