@@ -948,27 +948,8 @@ async def test_once_the_tree_is_gone_an_empty_tree_is_not_a_sample(tmp_path: Pat
         tree_gone = anyio.Event()
         if gone:
             tree_gone.set()
-        sink, receive = open_event_queue(SoakClock())
-        samples: list[ProcSample] = []
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(
-                    partial(
-                        run_proc_sampler,
-                        sink,
-                        root_pid=1,
-                        interval=0.05,
-                        disk_paths={},
-                        proc=tmp_path,
-                        tree_gone=tree_gone,
-                    )
-                )
-                async with receive:
-                    async for event in receive:
-                        if isinstance(event, ProcSample):
-                            samples.append(event)
-                            tg.cancel_scope.cancel()
-        # Without a sample, the loop above ends only because the sampler ended on its own.
+        # Without a sample, collect returns only because the sampler ended on its own.
+        samples = (await collect(1, root_pid=1, proc=tmp_path, tree_gone=tree_gone)).samples
         assert [len(s.processes) for s in samples] == ([] if gone else [0])
 
 
@@ -986,35 +967,15 @@ async def test_a_ride_that_hangs_holds_up_neither_the_samples_nor_the_sampler(
     os.mkfifo(fifo)
     rides = Rides()
     ride = rides.post(lambda: fifo.read_bytes(), timeout=0.3)  # blocks in open(2)
-    sink, receive = open_event_queue(SoakClock())
-    events: list[Event] = []
     try:
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(
-                    partial(
-                        run_proc_sampler,
-                        sink,
-                        root_pid=1,
-                        interval=0.05,
-                        disk_paths={},
-                        read_timeout=0.2,
-                        proc=tmp_path,
-                        rides=rides,
-                    )
-                )
-                async with receive:
-                    async for event in receive:
-                        events.append(event)
-                        if sum(isinstance(e, ProcSample) for e in events) == 3:
-                            tg.cancel_scope.cancel()
+        got = await collect(3, root_pid=1, read_timeout=0.2, proc=tmp_path, rides=rides)
         assert ride.taken
         assert not ride.finished  # still stuck in its thread
     finally:
         with contextlib.suppress(OSError):
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-    assert [type(e) for e in events] == [ProcSample] * 3
-    assert sink.counters.sampler_errors == 0
+    assert [type(e) for e in got.events] == [ProcSample] * 3
+    assert got.counters.sampler_errors == 0
 
 
 #: A subreaper whose child ("middle") forks a leaf that sleeps for good and never runs again;
