@@ -913,9 +913,9 @@ async def _sample_on_ticks(
                         SamplerRecovered(sink.elapsed(), SAMPLER_NAME, "/proc reads are back")
                     )
                 if sink.waiting() >= SAMPLES_BEHIND:
-                    # The ticks come on their own clock: while the serializer is
-                    # behind (a huge tree, a starved machine), a sample older than
-                    # the next is dropped and counted, never queued up behind it.
+                    # The ticker waits for this task, not for the serializer: while
+                    # the serializer is behind (a huge tree, a starved machine), a new
+                    # sample is dropped and counted, never queued up behind it.
                     sink.counters.dropped_samples += 1
                     sampler.forget_descriptions(sample)
                 elif not sink.offer(sample):
