@@ -384,6 +384,7 @@ async def test_machine_and_disk_figures(tmp_path: Path) -> None:
     assert set(points["tree"]) == {
         "cpu_percent",
         "rss_bytes",
+        "anon_bytes",
         "processes",
         "threads",
         "fds",
@@ -545,6 +546,10 @@ class FakeProcess:
     comm: str = "worker"
     state: str = "S"
     rss_pages: int = 256
+    #: Of ``rss_pages``: file-backed and shared-memory pages (statm's "shared"), and of those
+    #: the shared memory (status's RssShmem).
+    shared_pages: int = 64
+    shmem_pages: int = 0
     fds: int = 3
     children: list[int] = field(default_factory=list)
     cmdline: list[str] = field(default_factory=lambda: ["worker", "--fast"])
@@ -576,6 +581,12 @@ def fake_proc(proc: Path, root_pid: int, processes: list[FakeProcess]) -> None:
         (base / "io").write_text(
             "rchar: 10\nwchar: 20\nsyscr: 1\nsyscw: 2\nread_bytes: 4096\n"
             "write_bytes: 8192\ncancelled_write_bytes: 0\n"
+        )
+        (base / "statm").write_text(f"1000 {p.rss_pages} {p.shared_pages} 10 0 500 0\n")
+        (base / "status").write_text(
+            f"Name:\t{p.comm}\nRssAnon:\t{4 * (p.rss_pages - p.shared_pages)} kB\n"
+            f"RssFile:\t{4 * (p.shared_pages - p.shmem_pages)} kB\n"
+            f"RssShmem:\t{4 * p.shmem_pages} kB\n"
         )
         (base / "cmdline").write_bytes(b"\0".join(a.encode() for a in p.cmdline) + b"\0")
         (base / "task" / str(p.pid) / "children").write_text(" ".join(map(str, p.children)))
@@ -1031,3 +1042,85 @@ def test_a_sleeping_process_shows_its_new_parent_within_a_full_read() -> None:
         root.stdout.close()
         with contextlib.suppress(ProcessLookupError, UnboundLocalError):
             os.kill(leaf, signal.SIGKILL)
+
+
+# Memory that can run out ---------------------------------------------------------------
+
+# argv[1]: a file to map; argv[2]: its size in MiB.  Maps the file and reads every page (the
+# page cache, file-backed: what an mmap'd dataset costs), allocates and writes 96 MiB of
+# anonymous memory and maps 32 MiB of /dev/shm (shared memory), then says "ready".
+MEMORY_KINDS = r"""
+import mmap, os, sys
+path, mib = sys.argv[1], int(sys.argv[2])
+with open(path, "rb") as f:
+    mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+total = sum(mapped[i] for i in range(0, len(mapped), 4096))
+anonymous = bytearray(96 << 20)
+anonymous[::4096] = b"\x01" * len(anonymous[::4096])
+shm = f"/dev/shm/asyncsoak-test-{os.getpid()}"
+fd = os.open(shm, os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 32 << 20)
+shared = mmap.mmap(fd, 32 << 20)
+os.unlink(shm)
+shared[::4096] = b"\x01" * len(shared[::4096])
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_anonymous_and_shared_memory_is_told_from_file_backed_pages(tmp_path: Path) -> None:
+    """A process that maps and reads a 256 MiB file has that much RSS, none of it memory that
+    can run out; what it allocates and the shared memory it maps are (``anon_bytes``)."""
+    data = tmp_path / "dataset.bin"
+    with data.open("wb") as f:
+        for _ in range(256):
+            f.write(os.urandom(1 << 20))
+    with subprocess.Popen(
+        [sys.executable, "-c", MEMORY_KINDS, str(data), "256"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == "ready\n"
+        sampler = ProcSampler(os.getpid())
+        try:
+            sample = sampler.read(time.monotonic())
+        finally:
+            sampler.close()
+        status = Path(f"/proc/{child.pid}/status").read_text()
+        child.stdin.close()
+    assert sample is not None
+    (process,) = [p for p in sample.processes if p.pid == child.pid]
+    kib = {
+        line.split(":")[0]: int(line.split()[1]) * 1024
+        for line in status.splitlines()
+        if line.startswith(("RssAnon", "RssShmem", "RssFile"))
+    }
+    assert process.rss_bytes >= (256 + 96 + 32) * MIB
+    # The mapped file is in RSS, not in the memory that can run out.
+    assert 128 * MIB <= process.anon_bytes < (96 + 32 + 64) * MIB
+    assert abs(process.anon_bytes - (kib["RssAnon"] + kib["RssShmem"])) < 4 * MIB
+    assert sample.tree.anon_bytes >= process.anon_bytes
+
+
+def test_shared_memory_left_in_dev_shm_is_measured(tmp_path: Path) -> None:
+    """Segments nobody maps any more still hold memory in /dev/shm: the machine's figure
+    counts them."""
+    before = ProcSampler(os.getpid())
+    try:
+        first = before.read(time.monotonic())
+        segment = Path(f"/dev/shm/asyncsoak-test-{os.getpid()}")
+        try:
+            with segment.open("wb") as f:
+                f.write(b"\x01" * (64 * MIB))
+            second = before.read(time.monotonic())
+        finally:
+            segment.unlink()
+    finally:
+        before.close()
+    assert first is not None and second is not None
+    assert first.machine.shm_used_bytes is not None
+    assert second.machine.shm_used_bytes is not None
+    assert second.machine.shm_used_bytes - first.machine.shm_used_bytes >= 60 * MIB
+    assert second.series_points()["machine"]["shm_used_bytes"] == second.machine.shm_used_bytes

@@ -179,7 +179,7 @@ async def test_forked_workers_sharing_pages_count_once_with_detailed_memory(
         command=child(tmp_path, FORKED), max_rss_bytes="700MiB", **limits(tmp_path)
     )
     assert error.reason == "memory_budget"
-    assert error.failures[0]["message"].startswith("tree RSS ")
+    assert error.failures[0]["message"].startswith("tree memory (anonymous + shared) ")
     assert "above max_rss_bytes (700.0 MiB)" in error.failures[0]["message"]
 
     other = tmp_path / "pss"
@@ -190,7 +190,7 @@ async def test_forked_workers_sharing_pages_count_once_with_detailed_memory(
         **limits(other),
     )
     assert artifact["status"] == "passed"
-    assert "tree.pss_bytes" in artifact["trends"]
+    assert "tree.anon_pss_bytes" in artifact["trends"]
     tree = artifact["series"]["tree"]
     assert max(v for v in tree["pss_bytes"] if v) < 0.6 * max(v for v in tree["rss_bytes"] if v)
     big = [p for p in artifact["processes"] if p["peak_rss_bytes"] > 250 * MiB]

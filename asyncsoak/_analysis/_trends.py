@@ -15,12 +15,20 @@ draws a sawtooth, one large allocation makes a step.  None of these is a leak.  
    rank-based confidence interval.  It shrugs off outliers and assumes no distribution.
 4. Call it a leak only when the interval's lower bound is above zero, the growth over the
    analysed span (fitted, and from the first window's minimum to the last's) exceeds both an
-   absolute floor and a fraction of the starting value, and
-   every third of the span rises (a ramp that then plateaus, or a one-time step, does not).
+   absolute floor and a fraction of the starting value, and every third of the span rises by
+   at least a quarter of the whole span's slope (a ramp that then plateaus, or a one-time
+   step, does not; a leak whose pace follows an uneven step rate does).
+5. The question is whether memory is *still* rising, steadily, in the recent past, not
+   whether it rose through the whole run: a leak may start at any point.  So when the whole
+   span is no leak, the same test runs on its recent parts (the last 3/4, 1/2, 3/8 and 1/4
+   of it, each with at least ``MIN_WINDOWS`` windows): the longest that is a leak makes the
+   verdict, and its start is the leak's ``onset``.  Every part ends at the end of the span,
+   so a ramp or a step that then plateaus is never one: its last third is flat.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -52,8 +60,24 @@ MAX_WINDOWS = 24
 #: verdict is ``inconclusive``.
 MIN_WINDOWS = 6
 SAMPLES_PER_WINDOW = 2
-#: Each third of the span must rise at least this fraction of the whole span's slope.
+#: Each third of the span must rise at least this fraction of the whole span's slope: a
+#: plateau rises by nothing, while a leak that follows the step rate, halving and doubling,
+#: still rises at half and more of its mean pace.
 PART_SLOPE_RATIO = 0.5
+#: The recent parts of the span tried when the whole of it is no leak (see step 5), longest
+#: first: a leak that started late is judged over the part where it runs.
+RECENT_FRACTIONS = (0.75, 0.5, 0.375, 0.25)
+#: A recent part is judged only with at least this many samples ...
+RECENT_MIN_SAMPLES = 12
+#: ... and more strictly than the whole span, as several parts are tried: a 99.9 % interval
+#: (two-sided normal quantile), and each third rising at half the part's slope (a leak that
+#: runs through the part rises evenly; a slow wander or one tooth of a long sawtooth does not).
+RECENT_Z = 3.2905267314919
+RECENT_PART_SLOPE_RATIO = 0.5
+#: A recent part's growth is at least this many times the scatter of its floor around the
+#: fit (the median absolute residual, as a standard deviation).
+RECENT_NOISE_RATIO = 20.0
+MAD_TO_SD = 1.4826
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +99,9 @@ class Trend:
     windows: int
     #: Why: a short sentence for people ("too few samples", "lower bound above zero ...").
     reason: str
+    #: Where the judged rise starts: ``analysed_from``, or later for a leak that started in
+    #: the recent part of the span (step 5 of the method).
+    onset: float | None = None
 
     def seconds_to(self, limit: float) -> float | None:
         """Projected seconds from ``last`` until the series reaches ``limit`` at this slope."""
@@ -174,6 +201,60 @@ def estimate_trend(
         warm_up_seconds = default_warm_up(times)
     start = times[0] + warm_up_seconds if times else 0.0
     analysed = [p for p in pairs if p[0] >= start]
+    trend = _judge_span(analysed, min_growth=min_growth, min_ratio=min_ratio)
+    if trend.verdict != "leak" and analysed:
+        # A leak that started late: judged over the recent part where it runs.
+        end = analysed[-1][0]
+        span = end - analysed[0][0]
+        for fraction in RECENT_FRACTIONS:
+            cut = end - fraction * span
+            recent = [p for p in analysed if p[0] >= cut]
+            if len(recent) < RECENT_MIN_SAMPLES:
+                break
+            part = _judge_span(
+                recent,
+                min_growth=min_growth,
+                min_ratio=min_ratio,
+                z=RECENT_Z,
+                part_slope_ratio=RECENT_PART_SLOPE_RATIO,
+                noise_ratio=RECENT_NOISE_RATIO,
+            )
+            if part.verdict == "leak":
+                # Growth, slope and span are the recent part's: what the leak did.
+                trend = dataclasses.replace(
+                    part,
+                    analysed_from=trend.analysed_from,
+                    reason="the floor rose steadily through the last "
+                    f"{format_duration(part.span_seconds)} of the analysed span",
+                )
+                break
+    if sign < 0 and trend.slope_per_hour is not None:
+        assert trend.slope_interval_per_hour is not None
+        assert trend.growth is not None
+        assert trend.first is not None
+        assert trend.last is not None
+        lo, hi = trend.slope_interval_per_hour
+        trend = dataclasses.replace(
+            trend,
+            slope_per_hour=-trend.slope_per_hour,
+            slope_interval_per_hour=(-hi, -lo),
+            growth=-trend.growth,
+            first=-trend.first,
+            last=-trend.last,
+        )
+    return trend
+
+
+def _judge_span(
+    analysed: Sequence[tuple[float, float]],
+    *,
+    min_growth: float,
+    min_ratio: float,
+    z: float = Z_99,
+    part_slope_ratio: float = PART_SLOPE_RATIO,
+    noise_ratio: float = 0.0,
+) -> Trend:
+    """Steps 2 to 4 of the method over ``analysed`` (time, value) pairs, rising = up."""
     samples = len(analysed)
     span = analysed[-1][0] - analysed[0][0] if analysed else 0.0
     windows = min(MAX_WINDOWS, samples // SAMPLES_PER_WINDOW)
@@ -192,7 +273,7 @@ def estimate_trend(
             reason=f"too few samples after the warm-up ({samples})",
         )
     wt, wv = windowed_minima([p[0] for p in analysed], [p[1] for p in analysed], windows=windows)
-    slope, lo, hi = theil_sen(wt, wv)
+    slope, lo, hi = theil_sen(wt, wv, z=z)
     growth = slope * span
     first, last = wv[0], wv[-1]
     # Each third of the span must rise too: a warm-up ramp, or a one-time allocation that
@@ -205,7 +286,9 @@ def estimate_trend(
     # The fitted growth and the observed rise of the floor must both clear the floors: a slow
     # wander (autocorrelated noise) can fit a confident slope over a short span.
     if lo > 0 and min(growth, last - first) >= floor:
-        if min(part_slopes) >= PART_SLOPE_RATIO * slope:
+        if min(part_slopes) >= part_slope_ratio * slope and _clear_of_noise(
+            wt, wv, slope, growth, noise_ratio
+        ):
             verdict, reason = "leak", "the floor rose steadily through the analysed span"
         else:
             verdict, reason = "stable", "the rise is confined to part of the span (a step or ramp)"
@@ -215,9 +298,6 @@ def estimate_trend(
         verdict, reason = "inconclusive", "too noisy to rule out a rise above the floors"
     else:
         verdict, reason = "stable", "no rise of the floor"
-    if sign < 0:
-        slope, lo, hi = -slope, -hi, -lo
-        growth, first, last = -growth, -first, -last
     return Trend(
         verdict=verdict,
         slope_per_hour=slope * 3600.0,
@@ -230,7 +310,22 @@ def estimate_trend(
         samples=samples,
         windows=len(wt),
         reason=reason,
+        onset=analysed[0][0],
     )
+
+
+def _clear_of_noise(
+    wt: Sequence[float], wv: Sequence[float], slope: float, growth: float, ratio: float
+) -> bool:
+    """Whether the growth stands ``ratio`` times above the minima's scatter around the fit.
+
+    Sen's interval assumes independent points; window minima of a slowly wandering series are
+    not, and a wander can fit a confident slope.  A leak's floor hugs its line.
+    """
+    intercept = _median([v - slope * ti for ti, v in zip(wt, wv, strict=True)])
+    residuals = [abs(v - slope * ti - intercept) for ti, v in zip(wt, wv, strict=True)]
+    scatter = MAD_TO_SD * _median(residuals)
+    return growth >= ratio * scatter
 
 
 def progress_slowing(

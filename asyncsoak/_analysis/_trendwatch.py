@@ -41,8 +41,11 @@ TOP_PROCESSES = 8
 JUDGED_PROCESSES = 8
 #: A process is judged when it lived through this fraction of the analysed span.
 PROCESS_COVERAGE = 0.8
-#: During the run, the warm-up is at least this many sample intervals.
-LIVE_WARM_UP_INTERVALS = 30
+#: During the run, the warm-up is at least this many sample intervals (at most
+#: ``WARM_UP_MAX_SECONDS``): a warm-up ramp (a caching allocator, a data loader's prefetch)
+#: rises exactly like a leak until it ends, and under ``leak_check="fail"`` the run is
+#: stopped at the first live call, so the live judgement waits out a ramp this long.
+LIVE_WARM_UP_INTERVALS = 60
 #: Left out of the final judgement: the shutdown before the end (samples, or seconds).
 SHUTDOWN_SAMPLES = 2
 SHUTDOWN_SECONDS = 0.5
@@ -55,6 +58,17 @@ RATE_BUCKET_BOUNDS = (0.5, 60.0)
 BUSY_CPU_PERCENT = 5.0
 BUSY_GPU_PERCENT = 10.0
 ACTIVITY_SAMPLES = 10
+#: The tree's judged memory, by preference (the first the sample has), with what it measures:
+#: anonymous + shared memory, counted once (PSS, ``--detailed-memory``) or per process; RSS
+#: in journals written before the sampler read it.
+TREE_MEMORY_SERIES = (
+    ("tree.anon_pss_bytes", "anonymous + shared, PSS"),
+    ("tree.anon_bytes", "anonymous + shared"),
+    ("tree.pss_bytes", "PSS"),
+    ("tree.rss_bytes", "RSS"),
+)
+#: Keys of the series that machine or cgroup memory limits.
+MEMORY_SUFFIXES = (".anon_bytes", ".anon_pss_bytes", ".rss_bytes", ".pss_bytes", "shm_used_bytes")
 #: Growth floors of series in "per_minute" (the progress rate is judged by progress_slowing).
 SERIES_UNITS = {"bytes": FLOORS["bytes"], "count": FLOORS["count"]}
 
@@ -87,13 +101,18 @@ class ProcessRecord:
     first_rss: int
     peak_rss: int
     last_rss: int
+    #: Anonymous + shared memory (what is judged), at its peak.
+    peak_anon: int = 0
     cpu_total: float = 0.0
     cpu_count: int = 0
     peak_threads: int = 0
     peak_gpu: int | None = None
     gpu_now: int | None = None
     series: SeriesBuffer = field(default_factory=lambda: SeriesBuffer(PROCESS_POINTS))
+    #: The judged memory (anonymous + shared; RSS in older journals) and its key's last
+    #: part (``anon_bytes``, ``rss_bytes``).
     rss: Track | None = None
+    memory_key: str = "anon_bytes"
     gpu: Track | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -103,6 +122,7 @@ class ProcessRecord:
             "first_rss_bytes": self.first_rss,
             "peak_rss_bytes": self.peak_rss,
             "last_rss_bytes": self.last_rss,
+            "peak_anon_bytes": self.peak_anon,
             "mean_cpu_percent": (
                 round(self.cpu_total / self.cpu_count, 2) if self.cpu_count else None
             ),
@@ -147,7 +167,8 @@ class TrendWatch:
         self.last_t = 0.0
         self.end_t: float | None = None
         # The newest figures, for the budgets and the stall message.
-        self.tree_memory: tuple[str, int] | None = None  # ("RSS" | "PSS", bytes)
+        #: (what is measured, bytes) of the tree's memory that can run out.
+        self.tree_memory: tuple[str, int] | None = None
         self.tree_gpu_bytes: int | None = None
         self.disk_free: dict[str, tuple[str, int]] = {}  # label -> (path, free bytes)
         self.recent_cpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
@@ -155,6 +176,9 @@ class TrendWatch:
         self.uninterruptible: list[str] = []
         self.peak_tree_rss: int | None = None
         self.peak_machine_used: int | None = None
+        #: Series -> what the live judgement said of it (``trend`` events): when a leak was
+        #: first called, and when (if) it was withdrawn.
+        self.live_calls: dict[str, dict[str, float | None]] = {}
         # Progress rate.
         self.rate = SeriesBuffer()
         self._rate_start: float | None = None
@@ -182,6 +206,14 @@ class TrendWatch:
                 self.limits[key] = int(event[key])
         self.limits["disk_total_bytes"].update(event.get("disk_total_bytes") or {})
 
+    def add_live_call(self, t: float, event: dict[str, Any]) -> None:
+        """A ``trend`` event: the live judgement called a leak, or withdrew one."""
+        series, verdict = str(event.get("series")), event.get("verdict")
+        if verdict == "leak":
+            self.live_calls[series] = {"first_seen": round(t, 3), "withdrawn": None}
+        elif verdict == "withdrawn" and series in self.live_calls:
+            self.live_calls[series]["withdrawn"] = round(t, 3)
+
     def end(self, t: float) -> None:
         """The command exited or is being stopped: what follows is shutdown, not the run."""
         if self.end_t is None:
@@ -199,15 +231,17 @@ class TrendWatch:
         if not tree.get("processes"):
             return  # the tree is gone (or not started): nothing of the run to judge
         rss = tree.get("rss_bytes")
-        pss = tree.get("pss_bytes")
-        if pss is not None:
-            self._track("tree.pss_bytes", "bytes", "tree memory (PSS)").add(t, pss)
-            self.tree_memory = ("PSS", int(pss))
-        elif rss is not None:
-            self.tree_memory = ("RSS", int(rss))
         if rss is not None:
-            self._track("tree.rss_bytes", "bytes", "tree memory").add(t, rss)
             self.peak_tree_rss = max(self.peak_tree_rss or 0, int(rss))
+        # Judged: the memory that can run out (anonymous + shared), never the clean
+        # file-backed pages of an mmap'd dataset or the page cache.  A journal written
+        # before the sampler told them apart has RSS (and PSS) only: judged as it was then.
+        for key, figure in TREE_MEMORY_SERIES:
+            value = tree.get(key.removeprefix("tree."))
+            if value is not None:
+                self._track(key, "bytes", f"tree memory ({figure})").add(t, value)
+                self.tree_memory = (figure, int(value))
+                break
         self._track("tree.fds", "count", "open files of the tree").add(t, tree.get("fds"))
         self._track("tree.threads", "count", "threads of the tree").add(t, tree.get("threads"))
         self._track("tree.processes", "count", "processes of the tree").add(
@@ -216,9 +250,13 @@ class TrendWatch:
         cpu = tree.get("cpu_percent")
         if cpu is not None:
             self.recent_cpu.append(float(cpu))
-        used = (event.get("machine") or {}).get("memory_used_bytes")
+        machine = event.get("machine") or {}
+        used = machine.get("memory_used_bytes")
         if used is not None:
             self.peak_machine_used = max(self.peak_machine_used or 0, int(used))
+        self._track("machine.shm_used_bytes", "bytes", "shared memory in /dev/shm").add(
+            t, machine.get("shm_used_bytes")
+        )
         for label, disk in (event.get("disks") or {}).items():
             free = disk.get("free_bytes")
             if free is None:
@@ -254,6 +292,9 @@ class TrendWatch:
             return  # exited, not yet reaped: its RSS of 0 is no figure of its run
         pid = int(proc["pid"])
         rss = int(proc.get("rss_bytes") or 0)
+        anon = proc.get("anon_bytes")
+        # Judged: anonymous + shared memory; RSS in a journal written before it was read.
+        judged, key = (rss, "rss_bytes") if anon is None else (int(anon), "anon_bytes")
         record = self.processes.get(pid)
         if record is None:
             if len(self.processes) >= MAX_TRACKED_PROCESSES and not self._evict(t):
@@ -279,6 +320,7 @@ class TrendWatch:
                     track.name = record.name
                     track.label = f"{what} of pid {pid} ({record.name})"
         record.peak_rss = max(record.peak_rss, rss)
+        record.peak_anon = max(record.peak_anon, judged)
         threads = proc.get("threads")
         if threads is not None:
             record.peak_threads = max(record.peak_threads, int(threads))
@@ -287,13 +329,20 @@ class TrendWatch:
             record.cpu_total += float(cpu)
             record.cpu_count += 1
         record.series.add(
-            t, {"rss_bytes": rss, "cpu_percent": cpu, "gpu_memory_bytes": record.gpu_now}
+            t,
+            {
+                "rss_bytes": rss,
+                "anon_bytes": anon,
+                "cpu_percent": cpu,
+                "gpu_memory_bytes": record.gpu_now,
+            },
         )
         if record.rss is None:
             record.rss = Track(
                 "bytes", f"memory of pid {pid} ({record.name})", pid=pid, name=record.name
             )
-        record.rss.add(t, rss)
+            record.memory_key = key
+        record.rss.add(t, judged)
 
     def _evict(self, t: float) -> bool:
         """Forget the smallest process that is gone, to make room; False when all are alive."""
@@ -393,7 +442,7 @@ class TrendWatch:
         first = self.first_t or 0.0
         if self.warm_up_seconds is not None:
             return first + self.warm_up_seconds
-        track = self.tracks.get("tree.rss_bytes")
+        track = next((self.tracks[k] for k, _ in TREE_MEMORY_SERIES if k in self.tracks), None)
         warm_up = default_warm_up(track.floors.times if track is not None else [])
         if live:
             floor = LIVE_WARM_UP_INTERVALS * (self.interval or 1.0)
@@ -403,11 +452,11 @@ class TrendWatch:
     def judged(self) -> Iterable[tuple[str, Track]]:
         """Every judged series with its key: the tree's and machine's, then the top processes."""
         yield from self.tracks.items()
-        top = sorted(self.processes.values(), key=lambda r: -r.peak_rss)[:JUDGED_PROCESSES]
+        top = sorted(self.processes.values(), key=lambda r: -r.peak_anon)[:JUDGED_PROCESSES]
         with_gpu = [r for r in self.processes.values() if r.gpu is not None]
         for record in top:
             if record.rss is not None:
-                yield f"process.{record.pid}.rss_bytes", record.rss
+                yield f"process.{record.pid}.{record.memory_key}", record.rss
         for record in with_gpu:
             assert record.gpu is not None
             yield f"process.{record.pid}.gpu_memory_bytes", record.gpu
@@ -466,10 +515,12 @@ class TrendWatch:
             seconds = trend.seconds_to(limit)
         interval = trend.slope_interval_per_hour
         note = None
-        if key == "tree.rss_bytes" and (self.peak_tree_rss or 0) > (self.peak_machine_used or 0):
+        if key in ("tree.anon_bytes", "tree.rss_bytes") and (self.peak_tree_rss or 0) > (
+            self.peak_machine_used or 0
+        ):
             note = (
-                "the tree's summed RSS counts pages shared between processes (forked workers) "
-                "once per process, so it can exceed the machine's used memory; "
+                "the tree's summed memory counts pages shared between processes (forked "
+                "workers) once per process, so it can exceed the machine's used memory; "
                 "--detailed-memory uses PSS instead"
             )
         return {
@@ -494,13 +545,17 @@ class TrendWatch:
             "projected_limit_at": None if seconds is None else wall(self.last_t + seconds),
             "reason": trend.reason,
             "note": note,
+            "onset": _round(trend.onset),
+            # The live judgement of the same series: when it first called the leak (seconds
+            # since the start), and when it withdrew it, if it did.
+            "live": self.live_calls.get(key),
         }
 
     def _limit(self, key: str, track: Track) -> tuple[int | None, str | None]:
         """The nearest known limit of a series, and what it is."""
         budgets = self.budgets
         candidates: list[tuple[int | None, str]] = []
-        if key.endswith((".rss_bytes", ".pss_bytes")):
+        if key.endswith(MEMORY_SUFFIXES):
             candidates = [
                 (self.limits["memory_total_bytes"], "machine memory"),
                 (self.limits["cgroup_memory_max_bytes"], "cgroup memory.max"),

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._analysis._trendwatch import TREE_MEMORY_SERIES
 from .._errors import ValidationError, ValidationTypeError
 from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
 from .._timestamps import epoch
@@ -42,7 +43,7 @@ MIB = 1024 * 1024
 #: Seconds in an hour: the trends give slopes per hour, Prometheus wants base units.
 HOUR = 3600.0
 #: The trend series whose slope and projection become the memory metrics.
-TREE_RSS_SERIES = "tree.rss_bytes"
+TREE_MEMORY_KEYS = tuple(key for key, _ in TREE_MEMORY_SERIES)
 
 INSTALL_HINT = "live metrics need prometheus_client: pip install 'asyncsoak[metrics]'"
 
@@ -251,7 +252,7 @@ class SoakMetrics:
         come once, when a leak or a breach becomes confident, and name a process's series
         rather than the tree's when one process leaks.
         """
-        entry = trends.get(TREE_RSS_SERIES)
+        entry = next((trends[key] for key in TREE_MEMORY_KEYS if key in trends), None)
         if entry is None:
             return
         slope = _number(entry.get("slope_per_hour"))
@@ -375,7 +376,8 @@ class SoakMetrics:
         if self.growth_bytes_per_second is not None:
             gauge(
                 "asyncsoak_tree_memory_growth_bytes_per_second",
-                "The tree's resident memory trend (the soak's trend estimate, after its warm-up).",
+                "The trend of the tree's memory that can run out (anonymous + shared: the soak's "
+                "trend estimate, after its warm-up).",
                 self.growth_bytes_per_second,
             )
         if self.projected_exhaustion is not None:
@@ -464,6 +466,13 @@ _TREE_METRICS = (
         "rss_bytes",
         1.0,
         "Resident memory of the supervised tree.",
+    ),
+    (
+        "asyncsoak_tree_anonymous_memory_bytes",
+        "anon_bytes",
+        1.0,
+        "Anonymous and shared memory of the supervised tree: what can run out (resident "
+        "memory less clean file-backed pages).",
     ),
 )
 _GPU_HELP = {

@@ -233,6 +233,8 @@ class ArtifactBuilder:
                 }
             case EventKind.LIMITS:
                 self.trends.add_limits(event)
+            case EventKind.TREND:
+                self.trends.add_live_call(t, event)
             case EventKind.FAILURE:
                 self.failures.append(
                     {"reason": event["reason"], "message": event["message"], "at": event["at"]}

@@ -28,6 +28,8 @@ UNIT_TOKENS = {
 _KNOWN_LABELS = {
     ("tree", "cpu_percent"): "CPU",
     ("tree", "rss_bytes"): "RSS",
+    ("tree", "anon_bytes"): "anonymous + shared (judged)",
+    ("tree", "anon_pss_bytes"): "anonymous + shared, PSS (judged)",
     ("tree", "uss_bytes"): "USS",
     ("tree", "pss_bytes"): "PSS",
     ("tree", "processes"): "processes",
@@ -37,6 +39,7 @@ _KNOWN_LABELS = {
     ("tree", "write_bytes"): "bytes written",
     ("machine", "cpu_percent"): "CPU (all cores)",
     ("machine", "memory_used_bytes"): "memory used",
+    ("machine", "shm_used_bytes"): "shared memory in /dev/shm",
     ("machine", "memory_available_bytes"): "memory available",
     ("machine", "load1"): "load (1 min)",
     ("gpu", "utilization_gpu_percent"): "utilisation",

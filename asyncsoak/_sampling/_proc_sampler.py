@@ -115,6 +115,10 @@ class ProcessFigures:
     #: The kernel counts CPU time in ticks (10 ms as a rule): coarse over short intervals.
     cpu_percent: float | None
     rss_bytes: int
+    #: The memory that can run out: anonymous pages and shared memory (``RssAnon`` +
+    #: ``RssShmem``), without the clean file-backed pages an mmap'd dataset or the page
+    #: cache brings in, which the kernel can always drop.  Leaks and budgets judge this.
+    anon_bytes: int
     threads: int
     fds: int | None
     read_bytes: int | None
@@ -129,8 +133,14 @@ class TreeFigures:
     processes: int
     cpu_percent: float | None
     rss_bytes: int
+    #: Summed over the processes, like ``rss_bytes`` (pages forked workers share are counted
+    #: once per process; ``anon_pss_bytes`` counts them once).
+    anon_bytes: int
     uss_bytes: int | None
     pss_bytes: int | None
+    #: ``--detailed-memory``: the proportional share of anonymous and shared memory
+    #: (``Pss_Anon`` + ``Pss_Shmem``), the tree's honest figure of memory that can run out.
+    anon_pss_bytes: int | None
     threads: int
     fds: int
     read_bytes: int
@@ -147,6 +157,9 @@ class MachineFigures:
     memory_percent: float | None
     swap_used_bytes: int | None
     swap_percent: float | None
+    #: Used bytes of ``/dev/shm``: shared-memory segments (a data loader's) live on there
+    #: after every process that mapped them is gone, until someone unlinks them.
+    shm_used_bytes: int | None
     load1: float | None
     load5: float | None
     load15: float | None
@@ -187,12 +200,14 @@ class ProcSample(Event):
             "memory_percent": machine.memory_percent,
             "swap_percent": machine.swap_percent,
             "load1": machine.load1,
+            "shm_used_bytes": machine.shm_used_bytes,
         }
         for label, disk in self.disks.items():
             machine_points[f"disk_free_bytes_{label}"] = disk.free_bytes
         tree_points: dict[str, float | None] = {
             "cpu_percent": tree.cpu_percent,
             "rss_bytes": tree.rss_bytes,
+            "anon_bytes": tree.anon_bytes,
             "processes": tree.processes,
             "threads": tree.threads,
             "fds": tree.fds,
@@ -202,6 +217,7 @@ class ProcSample(Event):
         if tree.pss_bytes is not None:
             # --detailed-memory: shared pages counted once, the tree's honest figure.
             tree_points["pss_bytes"] = tree.pss_bytes
+            tree_points["anon_pss_bytes"] = tree.anon_pss_bytes
         return {"tree": tree_points, "machine": machine_points}
 
     def summary_labels(self) -> SummaryLabels:
@@ -210,8 +226,9 @@ class ProcSample(Event):
 
 
 #: What the previous sample read of a single-threaded process: its ``schedstat`` run time,
-#: start time, ``io`` fields, open files, ``stat`` and ``children`` (None when not read).
-_Kept = tuple[bytes, int, list[bytes], int | None, bytes, bytes | None]
+#: start time, ``io`` fields, open files, ``stat``, ``children`` (None when not read) and
+#: ``statm``.
+_Kept = tuple[bytes, int, list[bytes], int | None, bytes, bytes | None, bytes]
 #: Every this many samples each process is read whole, run or not: the figures that change
 #: while a process sleeps (its RSS, lost to reclaim; its parent, when that one died) are never
 #: older than this.
@@ -226,6 +243,8 @@ class _Walk:
     """
 
     __slots__ = (
+        "anon_bytes",
+        "anon_pss",
         "by_membership",
         "children_of",
         "cpu_ticks",
@@ -239,6 +258,7 @@ class _Walk:
         "ran",
         "read_bytes",
         "rss_bytes",
+        "shmem",
         "stack",
         "threads",
         "uss",
@@ -269,12 +289,16 @@ class _Walk:
         self.cpu_ticks = 0
         #: The tree's totals, added up as the processes are read (cheaper than summing after).
         self.rss_bytes = 0
+        self.anon_bytes = 0
+        #: pid -> ``RssShmem`` bytes: the next walk's (see ProcSampler._shmem).
+        self.shmem: dict[int, int] = {}
         self.threads = 0
         self.fds = 0
         self.read_bytes = 0
         self.write_bytes = 0
         self.uss: int | None = 0 if detailed_memory else None
         self.pss: int | None = 0 if detailed_memory else None
+        self.anon_pss: int | None = 0 if detailed_memory else None
 
 
 class ProcSampler:
@@ -323,6 +347,10 @@ class ProcSampler:
         #: _read_process).
         self._ran: dict[int, _Kept] = {}
         self._walks = 0
+        #: pid -> its ``RssShmem`` in bytes, from ``/proc/PID/status``: read when a process
+        #: is first seen and at every full read (FULL_READ_EVERY), as that file costs five
+        #: times ``statm`` (whose "shared" lumps shared memory in with file pages).
+        self._shmem: dict[int, int] = {}
         #: pid -> start time of the processes whose cmdline has been handed out.
         self._described: dict[int, int] = {}
         self._previous_walk: float | None = None
@@ -409,6 +437,7 @@ class ProcSampler:
         self._history = walk.history
         self._ran = walk.ran
         self._described = walk.described
+        self._shmem = walk.shmem
         self._previous_walk = walk_started
         return ProcSample(
             t=t,
@@ -417,8 +446,10 @@ class ProcSampler:
                 processes=len(processes),
                 cpu_percent=tree_cpu,
                 rss_bytes=walk.rss_bytes,
+                anon_bytes=walk.anon_bytes,
                 uss_bytes=walk.uss,
                 pss_bytes=walk.pss,
+                anon_pss_bytes=walk.anon_pss,
                 threads=walk.threads,
                 fds=walk.fds,
                 read_bytes=walk.read_bytes,
@@ -480,6 +511,15 @@ class ProcSampler:
             cpu_ticks = int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15)
             thread_count = int(fields[17])  # field 20
 
+            # Resident and shared pages (fields 2 and 3): what is not shared is anonymous.
+            if idle is not None:
+                statm = idle[6]
+            elif files is None or open_files is None:
+                statm = read_proc_file(base + "statm", one_piece=True)
+            else:
+                fd = open_files.open(files, 5, base + "statm")
+                statm = os.pread(fd, 128, 0) if fd >= 0 else b""
+
             fds: int | None
             ran: bytes | None = None
             unchanged = idle
@@ -533,8 +573,12 @@ class ProcSampler:
                 walk.stack.extend(self._children(pid, walk))
             memory = self._read_memory(base) if walk.uss is not None else None
             cmdline = None
-            if self._described.get(pid) != start_ticks:
+            described = self._described.get(pid) == start_ticks
+            if not described:
                 cmdline = self._read_cmdline(base)
+            shmem = self._shmem.get(pid)
+            if shmem is None or not described or walk.full:
+                shmem = _read_shmem(base)
         except VANISHED:
             if files is not None and open_files is not None:
                 open_files.drop(pid)
@@ -555,14 +599,18 @@ class ProcSampler:
             walk.cpu_ticks += cpu_ticks
         if walk.uss is not None and walk.pss is not None:
             if memory is None:
-                walk.uss = walk.pss = None  # unreadable smaps: a partial total would mislead
+                # Unreadable smaps: a partial total would mislead.
+                walk.uss = walk.pss = walk.anon_pss = None
             else:
                 walk.uss += memory[0]
                 walk.pss += memory[1]
+                if walk.anon_pss is not None:
+                    walk.anon_pss += memory[2]
         walk.history[pid] = (start_ticks, cpu_ticks, read_at)
         walk.described[pid] = start_ticks
         if ran is not None:
-            walk.ran[pid] = (ran, start_ticks, io, fds, stat, children)
+            walk.ran[pid] = (ran, start_ticks, io, fds, stat, children, statm)
+        walk.shmem[pid] = shmem
 
         # Without CONFIG_TASK_IO_ACCOUNTING the file stops after syscw.
         read_bytes = write_bytes = None
@@ -573,6 +621,9 @@ class ProcSampler:
             walk.write_bytes += write_bytes
         rss = int(fields[21]) * PAGE_SIZE  # field 24
         walk.rss_bytes += rss
+        pages = statm.split(None, 3)
+        anon = (int(pages[1]) - int(pages[2])) * PAGE_SIZE + shmem if len(pages) > 2 else rss
+        walk.anon_bytes += anon
         walk.threads += thread_count
         if fds is not None:
             walk.fds += fds
@@ -585,6 +636,7 @@ class ProcSampler:
                 _STATES.get(fields[0]) or fields[0].decode("utf-8", "replace"),
                 cpu_percent,
                 rss,
+                anon,
                 thread_count,
                 fds,
                 read_bytes,
@@ -649,20 +701,23 @@ class ProcSampler:
             children_of.setdefault(ppid, []).append(int(name))
         return children_of
 
-    def _read_memory(self, base: str) -> tuple[int, int] | None:
-        """(USS, PSS) in bytes from ``smaps_rollup``, as psutil's ``memory_full_info``."""
+    def _read_memory(self, base: str) -> tuple[int, int, int] | None:
+        """(USS, PSS, PSS of anonymous and shared memory) in bytes from ``smaps_rollup``:
+        the first two as psutil's ``memory_full_info``."""
         try:
             data = read_proc_file(base + "smaps_rollup", one_piece=True)
         except PermissionError:
             return None
-        uss = pss = 0
+        uss = pss = anon_pss = 0
         for line in data.splitlines():
             key, _, rest = line.partition(b":")
             if key in (b"Private_Clean", b"Private_Dirty", b"Private_Hugetlb"):
                 uss += int(rest.split()[0]) * 1024
             elif key == b"Pss":
                 pss = int(rest.split()[0]) * 1024
-        return uss, pss
+            elif key in (b"Pss_Anon", b"Pss_Shmem"):
+                anon_pss += int(rest.split()[0]) * 1024
+        return uss, pss, anon_pss
 
     def _read_cmdline(self, base: str) -> list[str] | None:
         try:
@@ -726,6 +781,7 @@ class ProcSampler:
             memory_percent=mem_percent,
             swap_used_bytes=swap_used,
             swap_percent=swap_percent,
+            shm_used_bytes=_shm_used_bytes(),
             load1=float(loads[0]),
             load5=float(loads[1]),
             load15=float(loads[2]),
@@ -740,6 +796,31 @@ def _meminfo_bytes(meminfo: bytes, needle: bytes) -> int | None:
         return None
     start = at + len(needle)
     return int(meminfo[start : meminfo.index(b"kB", start)]) * 1024
+
+
+def _read_shmem(base: str) -> int:
+    """``RssShmem`` of a process in bytes (0 where the kernel does not say)."""
+    try:
+        status = read_proc_file(base + "status", one_piece=True)
+    except PermissionError:
+        return 0
+    at = status.find(b"\nRssShmem:")
+    if at < 0:
+        return 0
+    start = at + len(b"\nRssShmem:")
+    return int(status[start : status.index(b"kB", start)]) * 1024
+
+
+#: Where POSIX shared memory lives (``shm_open``, a data loader's segments).
+SHM_DIR = "/dev/shm"
+
+
+def _shm_used_bytes() -> int | None:
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
 def _read_disk(path: Path) -> DiskFigures:

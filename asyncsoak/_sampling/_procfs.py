@@ -63,9 +63,9 @@ def descriptor_budget() -> int:
     return min(soft // 4, 4096)
 
 
-#: The files of one process kept open: stat, io, the fd directory, the main thread's children
-#: and its schedstat.
-FILES_PER_PROCESS = 5
+#: The files of one process kept open: stat, io, the fd directory, the main thread's children,
+#: its schedstat and statm.
+FILES_PER_PROCESS = 6
 #: A file that could not be opened for want of permission (``io`` of another user's process).
 DENIED = -1
 #: A file not opened (yet).
@@ -82,8 +82,8 @@ class OpenFiles:
     def __init__(self, proc: str, budget: int) -> None:
         self._proc = proc
         self._max_processes = budget // FILES_PER_PROCESS
-        #: pid -> [stat, io, fd directory, children, schedstat] descriptors (or DENIED,
-        #: CLOSED).
+        #: pid -> [stat, io, fd directory, children, schedstat, statm] descriptors (or
+        #: DENIED, CLOSED).
         self.by_pid: dict[int, list[int]] = {}
 
     def get(self, pid: int) -> list[int] | None:
@@ -93,7 +93,7 @@ class OpenFiles:
             if len(self.by_pid) >= self._max_processes:
                 return None
             stat = os.open(f"{self._proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-            files = self.by_pid[pid] = [stat, CLOSED, CLOSED, CLOSED, CLOSED]
+            files = self.by_pid[pid] = [stat, CLOSED, CLOSED, CLOSED, CLOSED, CLOSED]
         return files
 
     def open(self, files: list[int], which: int, path: str, flags: int = 0) -> int:

@@ -18,12 +18,14 @@ from .._record._events import Limits, TrendFound, WarningEvent
 from .._record._sink import EventSink
 from .._record._vocabulary import EventKind
 from .._sampling._limits import read_limits
+from .._units import format_duration
 from ._config import SoakConfig
 from ._rules import (
     TREND_EVERY_INTERVALS,
     TREND_LAG_FRACTION,
     TREND_MIN_PERIOD,
     budget_breach,
+    leak_transient_seconds,
     trend_findings,
 )
 from ._stop import HANG_REASONS, Fail
@@ -57,6 +59,8 @@ class RunJudge:
         self._sample_folded = anyio.Event()
         #: (series key, verdict) already reported by a ``trend`` event.
         self._trends_reported: set[tuple[str, str]] = set()
+        #: Series called a leak and not withdrawn since -> when first called (seconds).
+        self._live_leaks: dict[str, float] = {}
 
     async def watchdog_rule(self, reason: str, message: str) -> None:
         """A stall's failure message says what the tree was doing when it stalled."""
@@ -106,12 +110,16 @@ class RunJudge:
             await self._rule_fired(*breach)
 
     async def judge_trends(self, sink: EventSink, *, final: bool) -> None:
-        """Report what became confident: leaks, projected breaches, progress slowing."""
+        """Report what became confident (leaks, projected breaches, progress slowing) and
+        what no longer is (a live leak call withdrawn)."""
         cfg = self.cfg
         trends = self._builder.trends.evaluate(self._builder.wall, live=not final)
         for observe in self.trend_observers:
             observe(trends)
         findings = trend_findings(cfg, trends)
+        leaking_now = {f.series for f in findings if f.verdict == "leak"}
+        for series in [s for s in self._live_leaks if s not in leaking_now]:
+            await self._withdraw(sink, series, trends.get(series), final=final)
         for key, verdict, entry, message in findings:
             first_time = (key, verdict) not in self._trends_reported
             if first_time:
@@ -130,7 +138,11 @@ class RunJudge:
             if verdict != "leak":
                 if first_time:
                     await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
-            elif cfg.leak_check == "fail":
+                continue
+            seen = self._live_leaks.setdefault(key, sink.elapsed())
+            if final and seen < sink.elapsed():
+                message += f" (first seen {format_duration(seen)} into the run)"
+            if cfg.leak_check == "fail":
                 if first_time:
                     message += " (leak_check=fail)"
                     if final:
@@ -141,3 +153,43 @@ class RunJudge:
                 # The warning is the whole run's verdict: a rise seen during the run (the
                 # ``trend`` event marks when) that turned out to be a long cycle is no leak.
                 await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
+
+    async def _withdraw(
+        self, sink: EventSink, series: str, entry: Mapping[str, Any] | None, *, final: bool
+    ) -> None:
+        """A leak the live judgement called is no longer one (a ramp that plateaued, a leak
+        that stopped): the live view and the metrics drop it, the artifact records when.
+
+        Called for longer than the transient, it stays a warning: the live view said LEAK for
+        that long, so the verdict says it too.
+        """
+        seen = self._live_leaks.pop(series)
+        self._trends_reported.discard((series, "leak"))
+        self._trends_reported.discard((series, "breach_projected"))
+        now = sink.elapsed()
+        held = now - seen
+        label = entry["label"] if entry is not None else series
+        sustained = held >= leak_transient_seconds(self.cfg)
+        message = (
+            f"{label}: the rise called a leak {format_duration(seen)} into the run "
+            f"stopped; called for {format_duration(held)}"
+        )
+        await sink.emit(
+            TrendFound(
+                t=now,
+                series=series,
+                verdict="withdrawn",
+                slope_per_hour=None if entry is None else entry.get("slope_per_hour"),
+                growth=None if entry is None else entry.get("growth"),
+                projected_limit_at=None,
+                message=message,
+            )
+        )
+        if sustained:
+            await sink.emit(
+                WarningEvent(
+                    t=now,
+                    message=f"{message}, longer than a transient: a leak "
+                    "that stopped, or a long warm-up",
+                )
+            )

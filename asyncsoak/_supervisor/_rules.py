@@ -23,10 +23,31 @@ TREND_LAG_FRACTION = 0.02
 #: A leak projected to reach a limit within this long (or ``stale_progress_seconds`` x 10,
 #: whichever is longer) is a warning at once.
 BREACH_HORIZON_SECONDS = 3600.0
+#: A live leak call withdrawn within this many sample intervals (at least
+#: ``LEAK_TRANSIENT_MIN_SECONDS``) was a transient: recorded as withdrawn, no warning.  Held
+#: longer, the live view said LEAK for that long, and the verdict keeps it as a warning.
+LEAK_TRANSIENT_INTERVALS = 30
+LEAK_TRANSIENT_MIN_SECONDS = 30.0
+
+
+def leak_transient_seconds(cfg: SoakConfig) -> float:
+    """How long a live leak call may last and still be withdrawn without a warning."""
+    return max(LEAK_TRANSIENT_MIN_SECONDS, LEAK_TRANSIENT_INTERVALS * cfg.sample_interval_seconds)
+
+
 #: Series whose confident rise is a leak, in the order their warnings are preferred: a
 #: process's own series names the culprit, so the tree's is only reported without one.
 LEAK_GROUPS: tuple[tuple[str, ...], ...] = (
-    ("process.*.rss_bytes", "tree.pss_bytes", "tree.rss_bytes"),
+    (
+        "process.*.anon_bytes",
+        "tree.anon_pss_bytes",
+        "tree.anon_bytes",
+        "process.*.rss_bytes",
+        "tree.pss_bytes",
+        "tree.rss_bytes",
+    ),
+    # (rss and pss: journals written before anonymous memory was read apart.)
+    ("machine.shm_used_bytes",),
     ("process.*.gpu_memory_bytes", "tree.gpu_memory_bytes", "gpu*.memory_used_bytes"),
     ("tree.fds",),
     ("tree.threads",),
@@ -50,7 +71,7 @@ def budget_breach(cfg: SoakConfig, watch: TrendWatch) -> tuple[str, str] | None:
         if used > cfg.max_rss_bytes:
             return (
                 "memory_budget",
-                f"tree {figure} {format_bytes(used)} is above max_rss_bytes "
+                f"tree memory ({figure}) {format_bytes(used)} is above max_rss_bytes "
                 f"({format_bytes(cfg.max_rss_bytes)})",
             )
     gpu = watch.tree_gpu_bytes

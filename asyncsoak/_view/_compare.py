@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from .._analysis._trendwatch import TREE_MEMORY_SERIES
 from .._record._schema import Artifact
 from .._record._vocabulary import SoakStatus
 from .._sampling._fields import format_value, gpu_index
@@ -209,7 +210,8 @@ def _leak_row(baseline: Artifact, candidate: Artifact, threshold: float) -> Row:
 
     def slope(artifact: Artifact) -> tuple[float | None, bool]:
         # Trends are a version 2 section; a series judged too short has no entry.
-        trend = artifact.get("trends", {}).get("tree.rss_bytes")
+        trends = artifact.get("trends", {})
+        trend = next((trends[k] for k, _ in TREE_MEMORY_SERIES if k in trends), None)
         leaks = leaking_series(artifact)
         value = None if trend is None else trend["slope_per_hour"]
         return (float(value) if isinstance(value, int | float) else None), bool(leaks)

@@ -323,7 +323,13 @@ class LiveState:
                 self._fold_peaks(t, points)
             case EventKind.TREND:
                 trend = cast(_TrendLine, event)
-                self.trends[(str(trend.get("series")), str(trend.get("verdict")))] = trend
+                series, verdict = str(trend.get("series")), str(trend.get("verdict"))
+                if verdict == "withdrawn":
+                    # The soak's judgement no longer calls it a leak: neither does the view.
+                    self.trends.pop((series, "leak"), None)
+                    self.trends.pop((series, "breach_projected"), None)
+                else:
+                    self.trends[(series, verdict)] = trend
             case EventKind.FAILURE:
                 self.failures.append(str(cast(_FailureLine, event).get("reason")))
             case EventKind.STOP:
@@ -340,9 +346,11 @@ class LiveState:
                 if isinstance(value, int | float):
                     key = (group, name)
                     self.peaks[key] = max(self.peaks.get(key, value), value)
-        rss = (points.get("tree") or {}).get("rss_bytes")
-        if isinstance(rss, int | float):
-            self.rss.append((t, float(rss)))
+        # The memory that is judged (anonymous + shared), RSS in older journals.
+        tree = points.get("tree") or {}
+        memory = tree.get("anon_bytes", tree.get("rss_bytes"))
+        if isinstance(memory, int | float):
+            self.rss.append((t, float(memory)))
 
     def memory_trend(self) -> str | None:
         """The tree's RSS per minute over the recent samples: the trends' estimator (the

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from ..._analysis._trendwatch import TREE_MEMORY_SERIES
 from ..._record._artifact import EVENTS_HEAD
 from ..._record._schema import Artifact, series_times
 from ..._record._vocabulary import EventKind, FailureReason
@@ -777,11 +778,11 @@ class Timeline:
         """The memory trends on the memory panel: the tree's, and each leaking process's."""
         trends = self.artifact.get("trends") or {}
         lines = []
-        for key in ("tree.rss_bytes", "tree.pss_bytes"):
+        for key, figure in TREE_MEMORY_SERIES:
             entry = trends.get(key)
             if entry is not None and isinstance(entry["slope_per_hour"], int | float):
                 lines.append(
-                    f"tree {key.split('.')[1].split('_')[0].upper()} "
+                    f"tree memory ({figure}) "
                     + rate_text(
                         float(entry["slope_per_hour"]),
                         "bytes",

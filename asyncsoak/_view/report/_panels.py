@@ -29,7 +29,13 @@ PANELS = (
         "tree_memory",
         "Process tree memory",
         "bytes",
-        (("tree", "rss_bytes"), ("tree", "pss_bytes"), ("tree", "uss_bytes")),
+        (
+            ("tree", "rss_bytes"),
+            ("tree", "anon_bytes"),
+            ("tree", "anon_pss_bytes"),
+            ("tree", "pss_bytes"),
+            ("tree", "uss_bytes"),
+        ),
     ),
     _PanelSpec(
         "tree_counts",

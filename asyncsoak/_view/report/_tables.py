@@ -139,7 +139,9 @@ def processes_html(artifact: Artifact) -> str:
     rows = []
     for p in processes:
         # A series judged too short has no trend.
-        trend = trends.get(f"process.{p['pid']}.rss_bytes")
+        trend = trends.get(f"process.{p['pid']}.anon_bytes") or trends.get(
+            f"process.{p['pid']}.rss_bytes"
+        )
         first, peak, last = p["first_rss_bytes"], p["peak_rss_bytes"], p["last_rss_bytes"]
         rss = " → ".join(format_value(v, "bytes", like=peak) for v in (first, peak, last))
         slope = None if trend is None else trend["slope_per_hour"]
