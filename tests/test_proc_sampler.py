@@ -1081,7 +1081,8 @@ def test_anonymous_and_shared_memory_is_told_from_file_backed_pages(tmp_path: Pa
         stdout=subprocess.PIPE,
         text=True,
     ) as child:
-        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout is not None
+        assert child.stdin is not None
         assert child.stdout.readline() == "ready\n"
         sampler = ProcSampler(os.getpid())
         try:
@@ -1119,7 +1120,8 @@ def test_shared_memory_left_in_dev_shm_is_measured(tmp_path: Path) -> None:
             segment.unlink()
     finally:
         before.close()
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     assert first.machine.shm_used_bytes is not None
     assert second.machine.shm_used_bytes is not None
     assert second.machine.shm_used_bytes - first.machine.shm_used_bytes >= 60 * MIB
