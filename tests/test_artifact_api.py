@@ -86,7 +86,7 @@ def test_load_refuses_what_is_not_an_artifact(tmp_path: Path, content: str, says
 @pytest.mark.parametrize(
     ("damage", "says"),
     [
-        (lambda a: a["trends"]["tree.rss_bytes"].pop("verdict"), "trends.tree.rss_bytes has no"),
+        (lambda a: a["trends"]["tree.anon_bytes"].pop("verdict"), "trends.tree.anon_bytes has no"),
         (lambda a: a["series"]["tree"].pop("t"), "series.tree has no 't'"),
         (lambda a: a["series"]["tree"].update(rss_bytes="big"), "series.tree.rss_bytes is str"),
     ],

@@ -282,7 +282,7 @@ def test_a_leak_shows_as_memory_growth_and_a_projected_exhaustion(tmp_path: Path
     )
     (prom,) = textfiles.glob("*.prom")
     text = prom.read_text()
-    trend = json.loads(artifact_path.read_text())["trends"]["tree.rss_bytes"]
+    trend = json.loads(artifact_path.read_text())["trends"]["tree.anon_bytes"]
     growth = value(text, "asyncsoak_tree_memory_growth_bytes_per_second")
     assert growth is not None
     assert growth > 1 * 2**20  # 4 MiB a step of about 0.05 s
@@ -300,23 +300,25 @@ def test_a_leak_shows_as_memory_growth_and_a_projected_exhaustion(tmp_path: Path
 
 
 def test_the_trend_estimate_becomes_growth_and_projected_exhaustion() -> None:
-    """An evaluation of the tree's RSS trend: its slope per second and its projection."""
+    """An evaluation of the tree's memory trend: its slope per second and its projection."""
     metrics = SoakMetrics("1-2", host="h")
     metrics.observe_trends(
         {
-            "tree.rss_bytes": {
+            "tree.anon_bytes": {
                 "verdict": "leak",
                 "slope_per_hour": 3600.0 * 2**20,
                 "projected_limit_at": "2026-01-01T02:00:00Z",
             },
-            "process.7.rss_bytes": {"slope_per_hour": 1.0, "projected_limit_at": None},
+            "process.7.anon_bytes": {"slope_per_hour": 1.0, "projected_limit_at": None},
         }
     )
     text = encode_rows(metrics.rows(), openmetrics=False).decode()
     assert value(text, "asyncsoak_tree_memory_growth_bytes_per_second") == 2**20
     projected = value(text, "asyncsoak_memory_projected_exhaustion_timestamp_seconds")
     assert projected == 1767232800.0
-    metrics.observe_trends({"tree.rss_bytes": {"slope_per_hour": None, "projected_limit_at": None}})
+    metrics.observe_trends(
+        {"tree.anon_bytes": {"slope_per_hour": None, "projected_limit_at": None}}
+    )
     text = encode_rows(metrics.rows(), openmetrics=False).decode()
     assert value(text, "asyncsoak_tree_memory_growth_bytes_per_second") is None
     assert value(text, "asyncsoak_memory_projected_exhaustion_timestamp_seconds") is None

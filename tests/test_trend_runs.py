@@ -75,7 +75,7 @@ async def test_a_leaking_process_is_named_with_its_slope(
     assert_valid(artifact, schema)
     assert artifact["status"] == "passed"
     pid = artifact["exit"]["pid"]
-    entry = artifact["trends"][f"process.{pid}.rss_bytes"]
+    entry = artifact["trends"][f"process.{pid}.anon_bytes"]
     assert entry["verdict"] == "leak", entry
     assert entry["pid"] == pid
     assert entry["name"].startswith("python")
@@ -94,7 +94,7 @@ async def test_a_leaking_process_is_named_with_its_slope(
     # The process explains the tree's growth: no second warning for the tree itself.
     assert not any(w.startswith("tree memory grew") for w in artifact["warnings"])
     events = [e for e in journal(tmp_path / "out" / "soak.jsonl") if e["kind"] == "trend"]
-    assert events[0]["series"] == f"process.{pid}.rss_bytes"
+    assert events[0]["series"] == f"process.{pid}.anon_bytes"
     assert events[0]["verdict"] == "leak"
     assert events[0]["t"] < artifact["duration_seconds"]
     top = artifact["processes"][0]
@@ -149,8 +149,8 @@ async def test_stable_shapes_raise_no_leak(tmp_path: Path, shape: str, body: str
     artifact = await soak(command=child(tmp_path, body), **limits(tmp_path))
     assert memory_warnings(artifact) == [], shape
     pid = artifact["exit"]["pid"]
-    verdicts = {k: v["verdict"] for k, v in artifact["trends"].items() if "rss" in k}
-    assert verdicts[f"process.{pid}.rss_bytes"] != "leak", (shape, artifact["trends"])
+    verdicts = {k: v["verdict"] for k, v in artifact["trends"].items() if "anon" in k}
+    assert verdicts[f"process.{pid}.anon_bytes"] != "leak", (shape, artifact["trends"])
     assert "leak" not in verdicts.values(), shape
 
 

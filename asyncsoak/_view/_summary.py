@@ -349,6 +349,8 @@ def peaks(artifact: Artifact) -> list[dict[str, Any]]:
                 continue
             if SAME_AS.get(name) in fields:
                 continue
+            if name in SHOWN_WHEN_USED and not stats.get("max"):
+                continue
             info = describe(group, name)
             label = f"{info.label} {info.qualifier}".strip()
             if info.qualifier:
@@ -394,7 +396,16 @@ def _group_order(item: tuple[str, Any]) -> tuple[int, str]:
 
 
 #: Fields shown first among the peaks, in this order.
-PEAKS_FIRST = ("cpu_percent", "rss_bytes", "processes", "threads", "memory_used_bytes")
+PEAKS_FIRST = (
+    "cpu_percent",
+    "rss_bytes",
+    "anon_bytes",
+    "processes",
+    "threads",
+    "memory_used_bytes",
+)
+#: Fields left out of the peaks while they stay at zero (most runs never use them).
+SHOWN_WHEN_USED = frozenset({"shm_used_bytes"})
 
 
 def _field_order(name: str) -> tuple[int, str]:
