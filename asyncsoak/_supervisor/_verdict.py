@@ -166,8 +166,9 @@ class ExitJudge:
         unaccounted = 0 if counter is None else counter[1] - counter[0] - self._cgroup_kills_seen
         for kill in found or []:
             if kill["pid"] not in self._oom_reported:
-                counted = unaccounted > 0
-                unaccounted -= counted
+                counted = unaccounted > 0  # the cgroup counted it: its limit, its OOM killer
+                if counted:
+                    unaccounted -= 1
                 await self._report_oom(sink, kill, kernel_log=True, counted=counted)
         if unaccounted > 0 and command_pid is not None and command_pid not in self._oom_reported:
             cgroup = self.memory_cgroup
@@ -205,7 +206,11 @@ class ExitJudge:
             pid=kill["pid"],
             name=kill["name"],
             message=kill["message"],
-            detected_by=(("kernel_log",) if kernel_log else ()) + (("cgroup_counter",) * counted),
+            detected_by=tuple(
+                witness
+                for witness, saw in (("kernel_log", kernel_log), ("cgroup_counter", counted))
+                if saw
+            ),
             cgroup_path=None if cgroup is None else cgroup.path,
             cgroup_memory_limit_bytes=None if cgroup is None else cgroup.hard_bytes,
         )
