@@ -433,6 +433,15 @@ def test_a_cgroup_oom_kill_is_recorded_from_the_cgroups_counter(
     assert kill["pid"] == artifact["exit"]["pid"]
     assert kill["cgroup_path"] == name
     assert kill["cgroup_memory_limit_bytes"] == LIMIT
+    summary = subprocess.run(
+        [sys.executable, "-m", "asyncsoak", "summary", str(tmp_path / "out" / "soak.json")],
+        env=CLI_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = " ".join(summary.stdout.split())  # the summary wraps its lines
+    assert f"The OOM killer of cgroup {name} (memory limit 256.0 MiB) killed pid" in said, said
     if kernel_log == "readable":
         assert kill["detected_by"] == ["kernel_log", "cgroup_counter"]
         assert "Killed process" in kill["message"]
