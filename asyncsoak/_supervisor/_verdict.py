@@ -150,19 +150,29 @@ class ExitJudge:
         kernel record accounts for is then its kill.  At the end (no ``command_pid``), a rise
         still unaccounted for is a warning: processes of the cgroup died that no record names.
         """
-        found = None
+        cgroup = self.memory_cgroup
+        kernel_records = partial(
+            oom_kills,
+            set(self._tree_stop.seen_pids),
+            since_boot_seconds=self._boot_seconds_at_start - KMSG_SLACK_SECONDS,
+        )
+
+        def read_both() -> tuple[list[dict[str, Any]] | None, int | None]:
+            # One trip to a thread for both witnesses.
+            counted = None if cgroup is None else cgroup.read_oom_kills()
+            return kernel_records(), counted
+
+        found, now = None, None
         with contextlib.suppress(BlockingCallTimeout):
-            found = await run_blocking(
-                partial(
-                    oom_kills,
-                    set(self._tree_stop.seen_pids),
-                    since_boot_seconds=self._boot_seconds_at_start - KMSG_SLACK_SECONDS,
-                ),
+            found, now = await run_blocking(
+                read_both,
                 timeout=5.0,
-                what="reading the kernel's OOM records",
+                what="reading the kernel's OOM records and the cgroup's OOM-kill counter",
                 limiter=self._limiter,
             )
-        counter = await self._cgroup_oom_kills()
+        counter = None
+        if cgroup is not None and cgroup.oom_kills is not None and now is not None:
+            counter = (cgroup.oom_kills, now)  # at the start, now
         unaccounted = 0 if counter is None else counter[1] - counter[0] - self._cgroup_kills_seen
         for kill in found or []:
             if kill["pid"] not in self._oom_reported:
@@ -171,7 +181,6 @@ class ExitJudge:
                     unaccounted -= 1
                 await self._report_oom(sink, kill, kernel_log=True, counted=counted)
         if unaccounted > 0 and command_pid is not None and command_pid not in self._oom_reported:
-            cgroup = self.memory_cgroup
             assert cgroup is not None
             assert counter is not None
             name = Path(self.cfg.command[0]).name
@@ -184,12 +193,12 @@ class ExitJudge:
             await self._report_oom(sink, kill, kernel_log=False, counted=True)
             unaccounted -= 1
         if unaccounted > 0 and command_pid is None:
-            assert self.memory_cgroup is not None
+            assert cgroup is not None
             assert counter is not None
             self._cgroup_kills_seen += unaccounted
             message = (
                 f"the OOM killer ended {unaccounted} process(es) of the tree's cgroup "
-                f"{self.memory_cgroup.path} (its oom_kill counter rose from {counter[0]} to "
+                f"{cgroup.path} (its oom_kill counter rose from {counter[0]} to "
                 f"{counter[1]}) that the kernel log does not name"
             )
             await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
@@ -216,21 +225,6 @@ class ExitJudge:
         )
         self._oom_reported[event.pid] = event
         await sink.emit(event)
-
-    async def _cgroup_oom_kills(self) -> tuple[int, int] | None:
-        """The tree's memory cgroup's OOM-kill counter at the start and now, where readable."""
-        cgroup = self.memory_cgroup
-        if cgroup is None or cgroup.oom_kills is None:
-            return None
-        now = None
-        with contextlib.suppress(BlockingCallTimeout):
-            now = await run_blocking(
-                cgroup.read_oom_kills,
-                timeout=5.0,
-                what="reading the cgroup's OOM-kill counter",
-                limiter=self._limiter,
-            )
-        return None if now is None else (cgroup.oom_kills, now)
 
     def _oom_message(self, kill: OomKill, signal: str | None) -> str:
         """The ``signaled`` failure's words for a command the OOM killer ended."""
