@@ -84,7 +84,8 @@ async def test_a_leaking_process_is_named_with_its_slope(
     assert 10 * MiB * 3600 < lo <= entry["slope_per_hour"] <= hi
     assert entry["slope_per_hour"] < 120 * MiB * 3600
     assert entry["growth"] > 64 * MiB
-    assert entry["limit_source"] in ("machine memory", "cgroup memory.max")
+    # The machine's, or the limit of the memory cgroup the tests run in (tests/test_limits.py).
+    assert entry["limit_source"].startswith(("machine memory", "cgroup memory."))
     assert entry["projected_seconds_to_limit"] > 0
     grew = [w for w in artifact["warnings"] if " grew " in w]
     assert len(grew) == 1

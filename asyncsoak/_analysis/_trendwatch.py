@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._record._events import MEMORY_CGROUP_LIMITS
 from .._record._series import SeriesBuffer
 from ._trends import (
     FLOORS,
@@ -156,6 +157,7 @@ class TrendWatch:
             "memory_total_bytes": None,
             "cgroup_memory_max_bytes": None,
             "disk_total_bytes": {},
+            **dict.fromkeys(MEMORY_CGROUP_LIMITS),
         }
         #: Per GPU index: total memory in bytes.
         self.gpu_total: dict[int, int] = {}
@@ -204,6 +206,9 @@ class TrendWatch:
         for key in ("memory_total_bytes", "cgroup_memory_max_bytes"):
             if event.get(key) is not None:
                 self.limits[key] = int(event[key])
+        for key in MEMORY_CGROUP_LIMITS:
+            if event.get(key) is not None:
+                self.limits[key] = event[key]
         self.limits["disk_total_bytes"].update(event.get("disk_total_bytes") or {})
 
     def add_live_call(self, t: float, event: dict[str, Any]) -> None:
@@ -556,11 +561,17 @@ class TrendWatch:
         budgets = self.budgets
         candidates: list[tuple[int | None, str]] = []
         if key.endswith(MEMORY_SUFFIXES):
-            candidates = [
-                (self.limits["memory_total_bytes"], "machine memory"),
-                (self.limits["cgroup_memory_max_bytes"], "cgroup memory.max"),
-                (budgets.max_rss_bytes, "max_rss_bytes"),
-            ]
+            if self.limits["memory_limit_source"] is not None:
+                # The lowest of the machine's and the command's cgroup's, named at the start.
+                memory = [(self.limits["memory_limit_bytes"], self.limits["memory_limit_source"])]
+            else:  # a journal from before the cgroup's limits were named
+                memory = [
+                    (self.limits["memory_total_bytes"], "machine memory"),
+                    (self.limits["cgroup_memory_max_bytes"], "cgroup memory.max"),
+                ]
+            candidates = memory
+            if not key.startswith("machine."):  # the budget is the tree's, not /dev/shm's
+                candidates = [*memory, (budgets.max_rss_bytes, "max_rss_bytes")]
         elif key.startswith("gpu") and key.endswith(".memory_used_bytes"):
             index = int(key[3 : key.index(".")])
             candidates = [(self.gpu_total.get(index), "GPU memory")]

@@ -268,7 +268,15 @@ class ArtifactBuilder:
                 self.forensics = {"reason": event["reason"], "t": t, **event["data"]}
             case EventKind.OOM_KILL:
                 self.oom_kills.append(
-                    {"pid": event["pid"], "name": event["name"], "message": event["message"]}
+                    {
+                        "pid": event["pid"],
+                        "name": event["name"],
+                        "message": event["message"],
+                        # Journals from before the cgroup's counter was read: the kernel log.
+                        "detected_by": event.get("detected_by", ["kernel_log"]),
+                        "cgroup_path": event.get("cgroup_path"),
+                        "cgroup_memory_limit_bytes": event.get("cgroup_memory_limit_bytes"),
+                    }
                 )
             case EventKind.SAMPLER_NOTE | EventKind.SAMPLER_DEGRADED | EventKind.SAMPLER_RECOVERED:
                 self.sampler_notes.append(event)

@@ -229,6 +229,12 @@ class OomKill(Event):
     pid: int
     name: str
     message: str
+    #: What saw it: ``kernel_log`` (the kernel's "Killed process" record), ``cgroup_counter``
+    #: (the ``oom_kill`` counter of the tree's memory cgroup rose), or both.
+    detected_by: tuple[str, ...] = ("kernel_log",)
+    #: The memory cgroup whose counter rose, and its hard limit, when the counter saw it.
+    cgroup_path: str | None = None
+    cgroup_memory_limit_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,9 +298,36 @@ class Limits(Event):
     KIND: ClassVar[str] = EventKind.LIMITS
 
     memory_total_bytes: int | None
+    #: The hard limit of the command's memory cgroup (v2 ``memory.max``, v1
+    #: ``memory.limit_in_bytes``), the tightest from its cgroup up.
     cgroup_memory_max_bytes: int | None
     #: Size of the progress and output filesystems.
     disk_total_bytes: dict[str, int | None]
+    #: v2 ``memory.high`` (the tightest from the cgroup up).
+    cgroup_memory_high_bytes: int | None = None
+    #: The cgroup's usage at the start (``memory.current``, ``memory.usage_in_bytes``).
+    cgroup_memory_current_bytes: int | None = None
+    #: 1 or 2; None where the command's memory cgroup could not be read.
+    cgroup_version: int | None = None
+    #: The command's memory cgroup, as ``/proc/PID/cgroup`` names it.
+    cgroup_path: str | None = None
+    #: The lowest limit that applies, what it is ("cgroup memory.max (SLURM job 123)",
+    #: "machine memory"), and the cgroup that sets it (None for the machine's).
+    memory_limit_bytes: int | None = None
+    memory_limit_source: str | None = None
+    memory_limit_cgroup: str | None = None
+
+
+#: The ``limits`` fields that say which memory limit applies (the artifact's ``limits`` too).
+MEMORY_CGROUP_LIMITS = (
+    "cgroup_memory_high_bytes",
+    "cgroup_memory_current_bytes",
+    "cgroup_version",
+    "cgroup_path",
+    "memory_limit_bytes",
+    "memory_limit_source",
+    "memory_limit_cgroup",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,18 +1,81 @@
 """What a run's memory and disks cannot exceed, read once at the start (blocking: use a thread).
 
-The trend rules project a leak onto these: the machine's memory, the cgroup's ``memory.max``
-(a container or a SLURM job is killed at its cgroup's limit long before the machine fills),
-and the size of the progress and output filesystems.
+The trend rules project a leak onto these: the machine's memory, the limits of the memory
+cgroup the command runs in (a container, a SLURM job or a Kubernetes pod is killed at its
+cgroup's limit long before the machine fills), and the size of the progress and output
+filesystems.
+
+The memory cgroup is the command's, read from ``/proc/PID/cgroup`` (the soak may have put its
+tree in a cgroup of its own): on cgroup v2 the ``0::`` line, whose limits are ``memory.max``
+(the OOM killer's) and ``memory.high`` (throttling); on cgroup v1 the ``memory`` controller's
+line, whose limit is ``memory.limit_in_bytes``.  A hybrid machine has both lines: the memory
+controller is bound to one hierarchy only, and a v1 ``memory`` line says it is v1's.  Limits
+are inherited, so the tightest one from the cgroup up to the hierarchy's root applies.  The
+cgroup's own OOM-kill counter (v2 ``memory.events``, v1 ``memory.oom_control``) counts the
+kills of its members even where the kernel log cannot be read (a container).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: The environment variable that names a SLURM job (the cgroup path says it too: ``job_123``).
+SLURM_JOB_VARIABLE = "SLURM_JOB_ID"
+_SLURM_JOB_DIRECTORY = re.compile(r"(?:^|/)job_(\d+)(?:/|$)")
+
+# Per version: the files of the hard limit, the usage, and the OOM-kill counter.
+_HARD_LIMIT_FILE = {2: "memory.max", 1: "memory.limit_in_bytes"}
+_USAGE_FILE = {2: "memory.current", 1: "memory.usage_in_bytes"}
+_OOM_KILL_FILE = {2: "memory.events", 1: "memory.oom_control"}
+#: v2's soft limit: above it the kernel throttles and reclaims hard; v1 has none to match.
+_HIGH_LIMIT_FILE = "memory.high"
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLimit:
+    """One limit of a memory cgroup: its value, the file it is read from, the cgroup setting it."""
+
+    bytes: int
+    #: ``memory.max``, ``memory.high`` or ``memory.limit_in_bytes``.
+    file: str
+    #: The cgroup that sets it, as ``/proc/PID/cgroup`` names cgroups (``/slurm/job_123``).
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCgroup:
+    """The memory cgroup a process runs in, the limits that apply to it, its OOM-kill counter."""
+
+    version: int
+    #: As ``/proc/PID/cgroup`` names it (``/`` for the hierarchy's root).
+    path: str
+    #: Where its files are (under the cgroup filesystem's mount point).
+    directory: Path
+    #: The hard limit (``memory.max``, ``memory.limit_in_bytes``): the OOM killer's.
+    hard: CgroupLimit | None
+    #: ``memory.high`` (v2 only).
+    high: CgroupLimit | None
+    current_bytes: int | None
+    #: The OOM-kill counter when read (None where the file is missing or unreadable).
+    oom_kills: int | None
+
+    @property
+    def hard_bytes(self) -> int | None:
+        return None if self.hard is None else self.hard.bytes
+
+    @property
+    def high_bytes(self) -> int | None:
+        return None if self.high is None else self.high.bytes
+
+    def read_oom_kills(self) -> int | None:
+        """The cgroup's OOM-kill counter now (blocking)."""
+        return _oom_kill_counter(self.directory / _OOM_KILL_FILE[self.version])
 
 
 def memory_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
@@ -25,34 +88,89 @@ def memory_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     return None
 
 
-def cgroup_memory_max_bytes(
-    proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
-) -> int | None:
-    """The tightest ``memory.max`` from this process's cgroup (v2) up to the root, or None."""
+def memory_cgroup(
+    proc_cgroup: Path = Path("/proc/self/cgroup"),
+    root: Path = CGROUP_ROOT,
+    *,
+    machine_bytes: int | None = None,
+) -> MemoryCgroup | None:
+    """The memory cgroup named by ``proc_cgroup`` (a ``/proc/PID/cgroup``), or None.
+
+    ``root`` is where cgroup filesystems are mounted: v1 controllers in ``root/<controllers>``,
+    v2 at ``root`` itself or at ``root/unified`` (a hybrid machine).  A limit at or above
+    ``machine_bytes`` is no limit (v1 writes "none" as a huge number, 9223372036854771712).
+    """
     try:
         lines = proc_cgroup.read_text().splitlines()
     except OSError:
         return None
-    relative = next((line[3:] for line in lines if line.startswith("0::")), None)
-    if relative is None:
+    found = _memory_hierarchy(lines, root)
+    if found is None:
         return None
-    directory = root / relative.lstrip("/")
-    tightest: int | None = None
-    while True:
-        try:
-            text = (directory / "memory.max").read_text().strip()
-        except OSError:
-            text = "max"
-        if text != "max":
-            try:
-                value = int(text)
-            except ValueError:
-                value = None
-            if value is not None and (tightest is None or value < tightest):
-                tightest = value
-        if directory == root or root not in directory.parents:
-            return tightest
-        directory = directory.parent
+    version, mount, relative = found
+    hierarchy = _Hierarchy(mount, relative)
+    # The nearest cgroup that holds the usage and counter files: a v2 group (the soak's own
+    # tree group, say) whose parent did not enable the memory controller for it has none.
+    directory = hierarchy.nearest(relative, _USAGE_FILE[version])
+    hard = hierarchy.tightest(directory, _HARD_LIMIT_FILE[version], machine_bytes)
+    high = None
+    if version == 2:
+        high = hierarchy.tightest(directory, _HIGH_LIMIT_FILE, machine_bytes)
+    return MemoryCgroup(
+        version=version,
+        path=hierarchy.name(directory),
+        directory=directory,
+        hard=hard,
+        high=high,
+        current_bytes=_read_int(directory / _USAGE_FILE[version]),
+        oom_kills=_oom_kill_counter(directory / _OOM_KILL_FILE[version]),
+    )
+
+
+def cgroup_memory_max_bytes(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
+) -> int | None:
+    """The tightest hard memory limit of the cgroup ``proc_cgroup`` names, or None."""
+    cgroup = memory_cgroup(proc_cgroup, root, machine_bytes=memory_total_bytes())
+    return None if cgroup is None else cgroup.hard_bytes
+
+
+def memory_limit(
+    machine_bytes: int | None,
+    cgroup: MemoryCgroup | None,
+    environ: Mapping[str, str] = os.environ,
+) -> tuple[int | None, str | None, str | None]:
+    """The lowest memory limit that applies: (bytes, what it is, the cgroup that sets it).
+
+    What it is reads "machine memory", "cgroup memory.limit_in_bytes", or, with what the
+    cgroup belongs to, "cgroup memory.max (SLURM job 123)", "cgroup memory.high (Kubernetes
+    pod)".
+    """
+    candidates: list[tuple[int, str, str | None]] = []
+    if machine_bytes is not None:
+        candidates.append((machine_bytes, "machine memory", None))
+    if cgroup is not None:
+        owner = cgroup_owner(cgroup.path, environ)
+        for limit in (cgroup.hard, cgroup.high):
+            if limit is not None:
+                source = f"cgroup {limit.file}" + (f" ({owner})" if owner else "")
+                candidates.append((limit.bytes, source, limit.path))
+    if not candidates:
+        return None, None, None
+    # The lowest wins; between equal ones the machine's, then the hard limit (listed first).
+    return min(candidates, key=lambda candidate: candidate[0])
+
+
+def cgroup_owner(path: str, environ: Mapping[str, str] = os.environ) -> str | None:
+    """What a cgroup belongs to, as people say it: "SLURM job 123", "Kubernetes pod", or None."""
+    job = _SLURM_JOB_DIRECTORY.search(path)
+    if job is not None:
+        return f"SLURM job {job[1]}"
+    if "kubepods" in path:
+        return "Kubernetes pod"
+    if environ.get(SLURM_JOB_VARIABLE, "").isdigit():
+        return f"SLURM job {environ[SLURM_JOB_VARIABLE]}"
+    return None
 
 
 def disk_total_bytes(path: Path) -> int | None:
@@ -66,10 +184,114 @@ def disk_total_bytes(path: Path) -> int | None:
     return None
 
 
-def read_limits(disk_paths: Mapping[str, Path]) -> dict[str, Any]:
-    """The ``limits`` event's fields."""
-    return {
-        "memory_total_bytes": memory_total_bytes(),
-        "cgroup_memory_max_bytes": cgroup_memory_max_bytes(),
+def read_limits(
+    disk_paths: Mapping[str, Path],
+    pid: int | None = None,
+    *,
+    environ: Mapping[str, str] = os.environ,
+    root: Path = CGROUP_ROOT,
+) -> tuple[dict[str, Any], MemoryCgroup | None]:
+    """The ``limits`` event's fields, and the memory cgroup of process ``pid`` (the command).
+
+    The command's cgroup, not the monitor's: the soak may have made one for its tree, and a
+    wrapper may have moved it.  A command already gone is answered for this process instead.
+    """
+    machine = memory_total_bytes()
+    cgroup = None
+    if pid is not None:
+        cgroup = memory_cgroup(Path(f"/proc/{pid}/cgroup"), root, machine_bytes=machine)
+    if cgroup is None:
+        cgroup = memory_cgroup(Path("/proc/self/cgroup"), root, machine_bytes=machine)
+    limit, source, limit_cgroup = memory_limit(machine, cgroup, environ)
+    fields = {
+        "memory_total_bytes": machine,
+        "cgroup_memory_max_bytes": None if cgroup is None else cgroup.hard_bytes,
+        "cgroup_memory_high_bytes": None if cgroup is None else cgroup.high_bytes,
+        "cgroup_memory_current_bytes": None if cgroup is None else cgroup.current_bytes,
+        "cgroup_version": None if cgroup is None else cgroup.version,
+        "cgroup_path": None if cgroup is None else cgroup.path,
+        "memory_limit_bytes": limit,
+        "memory_limit_source": source,
+        "memory_limit_cgroup": limit_cgroup,
         "disk_total_bytes": {label: disk_total_bytes(p) for label, p in disk_paths.items()},
     }
+    return fields, cgroup
+
+
+def _memory_hierarchy(lines: list[str], root: Path) -> tuple[int, Path, str] | None:
+    """(version, mount point, cgroup path) of the memory controller's line, or None."""
+    unified: str | None = None
+    for line in lines:
+        _, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if not controllers:
+            unified = path
+        elif "memory" in controllers.split(","):
+            for name in (controllers, "memory"):
+                if (root / name / "cgroup.procs").exists():
+                    return 1, root / name, path
+    if unified is None:
+        return None
+    for mount in (root, root / "unified"):
+        if "memory" in (_read_text(mount / "cgroup.controllers") or "").split():
+            return 2, mount, unified
+    return None
+
+
+class _Hierarchy:
+    """One mounted cgroup hierarchy, and the names ``/proc/PID/cgroup`` gives its cgroups."""
+
+    def __init__(self, mount: Path, relative: str) -> None:
+        self.mount = mount
+        #: The name of the mount's root cgroup: "/", except in a container without a cgroup
+        #: namespace, which sees the host's name for its cgroup but has only that cgroup
+        #: mounted (the mount's root is then the cgroup ``relative`` names).
+        self.mount_name = "/"
+        if not (mount / relative.strip().lstrip("/")).is_dir():
+            self.mount_name = relative.strip() or "/"
+
+    def name(self, directory: Path) -> str:
+        parts = directory.relative_to(self.mount).parts
+        return "/".join((self.mount_name.rstrip("/"), *parts)) or "/"
+
+    def nearest(self, relative: str, marker: str) -> Path:
+        """The directory of cgroup ``relative``, or of its nearest ancestor holding ``marker``."""
+        directory = self.mount
+        if self.mount_name == "/":
+            directory = self.mount / relative.strip().lstrip("/")
+        while directory != self.mount and not (directory / marker).exists():
+            directory = directory.parent
+        return directory
+
+    def tightest(self, directory: Path, file: str, machine_bytes: int | None) -> CgroupLimit | None:
+        """The lowest limit in ``file`` from ``directory`` up to the root: limits are inherited.
+        "max" (v2's "no limit") and a value at or above the machine's memory are no limit."""
+        tightest: CgroupLimit | None = None
+        while True:
+            value = _read_int(directory / file)
+            is_limit = value is not None and (machine_bytes is None or value < machine_bytes)
+            if is_limit and value is not None and (tightest is None or value < tightest.bytes):
+                tightest = CgroupLimit(value, file, self.name(directory))
+            if directory == self.mount:
+                return tightest
+            directory = directory.parent
+
+
+def _oom_kill_counter(path: Path) -> int | None:
+    """The ``oom_kill`` line of ``memory.events`` (v2) or ``memory.oom_control`` (v1)."""
+    for line in (_read_text(path) or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = (_read_text(path) or "").strip()
+    return int(text) if text.isdigit() else None

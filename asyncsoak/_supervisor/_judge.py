@@ -7,7 +7,9 @@ ends the soak when a budget or ``leak_check="fail"`` says so.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import anyio
@@ -17,7 +19,7 @@ from .._record._artifact import ArtifactBuilder
 from .._record._events import Limits, TrendFound, WarningEvent
 from .._record._sink import EventSink
 from .._record._vocabulary import EventKind
-from .._sampling._limits import read_limits
+from .._sampling._limits import MemoryCgroup, read_limits
 from .._units import format_duration
 from ._config import SoakConfig
 from ._rules import (
@@ -68,18 +70,26 @@ class RunJudge:
             message += f"; the tree was {self._builder.trends.activity()}"
         await self._rule_fired(reason, message)
 
-    async def emit_limits(self, sink: EventSink) -> None:
-        """The limits the run is judged against (memory, cgroup, disks), as one event."""
+    async def emit_limits(self, sink: EventSink, pid: int) -> MemoryCgroup | None:
+        """The limits the run is judged against (memory, the cgroup of the command ``pid``,
+        disks), as one event; returns that memory cgroup (its OOM-kill counter now)."""
         paths = {"progress": self.cfg.progress_dir, "output": self.cfg.output_path.parent}
+        environ = os.environ if self.cfg.env is None else self.cfg.env
         try:
-            limits = await run_blocking(read_limits, paths, timeout=5.0, what="reading the limits")
+            limits, cgroup = await run_blocking(
+                partial(read_limits, paths, pid, environ=environ),
+                timeout=5.0,
+                what="reading the limits",
+            )
         except BlockingCallTimeout:
             limits = {
                 "memory_total_bytes": None,
                 "cgroup_memory_max_bytes": None,
                 "disk_total_bytes": {},
             }
+            cgroup = None
         await sink.emit(Limits(t=sink.elapsed(), **limits))
+        return cgroup
 
     async def run(self, sink: EventSink) -> None:
         """Budgets at every sample interval; trends every few (see ``TREND_EVERY_INTERVALS``)."""

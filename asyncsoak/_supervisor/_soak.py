@@ -575,7 +575,9 @@ class _Soak:
                             ticks=ticks,
                         ),
                     )
-                await self._run_judge.emit_limits(sink)
+                self._exit_judge.memory_cgroup = await self._run_judge.emit_limits(
+                    sink, spawner.pid
+                )
                 self._produce(producers, sink, self._run_judge.run)
                 producers.start_soon(self._end_when_set, spawner.exited, "exited")
                 producers.start_soon(self._end_when_set, spawner.reaper_lost, "reaper_lost")

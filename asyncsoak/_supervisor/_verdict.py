@@ -1,8 +1,9 @@
 """The verdict on the command's own exit, and the soak's status from everything that happened.
 
 An exit is judged by its status (a signal the monitor did not send, a nonzero code), the
-kernel's OOM records, the crash cause lifted from the end of the log, the run's length, and
-whatever outlived the command's grace; each finding is a failure in the artifact.
+kernel's OOM records and the OOM-kill counter of the tree's memory cgroup, the crash cause
+lifted from the end of the log, the run's length, and whatever outlived the command's grace;
+each finding is a failure in the artifact.
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 import anyio
 
+from .._analysis._trends import format_bytes
 from .._blocking import BlockingCallTimeout, run_blocking
 from .._process._crash import describe as describe_crash
 from .._process._crash import find_exception
@@ -24,6 +28,7 @@ from .._record._events import CrashCause, OomKill, WarningEvent
 from .._record._sink import EventSink
 from .._record._vocabulary import StopCause
 from .._redact import Masker
+from .._sampling._limits import MemoryCgroup
 from . import _slurm
 from ._config import SoakConfig
 from ._stop import Fail, TreeStop
@@ -49,7 +54,12 @@ class ExitJudge:
         self._limiter = limiter
         self._tree_stop = tree_stop
         self._fail = fail
-        self._oom_reported: set[int] = set()
+        #: The OOM kills reported, by pid.
+        self._oom_reported: dict[int, OomKill] = {}
+        #: The tree's memory cgroup as read at the start (its OOM-kill counter then), if known.
+        self.memory_cgroup: MemoryCgroup | None = None
+        #: How much of that counter's rise the reports so far account for.
+        self._cgroup_kills_seen = 0
         self._boot_seconds_at_start = seconds_since_boot()
 
     async def after_exit(
@@ -64,8 +74,10 @@ class ExitJudge:
         ended = decode_exit(rc)
         if ended.signal is not None and ended.signal not in spawner.signals_to_leader:
             message = f"the command was killed by {spawner.exit_signal}"
-            if ended.maybe_oom and spawner.pid in await self.report_oom_kills(sink):
-                message += " from the kernel's OOM killer (out of memory)"
+            if ended.maybe_oom:
+                kills = await self.report_oom_kills(sink, command_pid=spawner.pid)
+                if spawner.pid in kills:
+                    message = self._oom_message(kills[spawner.pid], spawner.exit_signal)
             exit_failure = ("signaled", message)
         elif rc > 0:
             exit_failure = ("nonzero_exit", f"the command exited with status {rc}")
@@ -125,25 +137,113 @@ class ExitJudge:
         )
         return self._masker(describe_crash(cause))
 
-    async def report_oom_kills(self, sink: EventSink) -> set[int]:
-        """Look up the tree's pids in the kernel's OOM records; report each kill once."""
-        found = None
+    async def report_oom_kills(
+        self, sink: EventSink, *, command_pid: int | None = None
+    ) -> dict[int, OomKill]:
+        """Report each OOM kill of the tree once; returns every kill reported so far, by pid.
+
+        Two witnesses, joined: the kernel log's records for the tree's pids, and the rise of
+        the ``oom_kill`` counter of the tree's memory cgroup since the start (readable in a
+        container, where the kernel log often is not; it does not name the victim).  A kernel
+        record that the counter's rise accounts for is the cgroup's kill.  ``command_pid`` is
+        given when the command died of a SIGKILL the monitor did not send: a rise that no
+        kernel record accounts for is then its kill.  At the end (no ``command_pid``), a rise
+        still unaccounted for is a warning: processes of the cgroup died that no record names.
+        """
+        cgroup = self.memory_cgroup
+        kernel_records = partial(
+            oom_kills,
+            set(self._tree_stop.seen_pids),
+            since_boot_seconds=self._boot_seconds_at_start - KMSG_SLACK_SECONDS,
+        )
+
+        def read_both() -> tuple[list[dict[str, Any]] | None, int | None]:
+            # One trip to a thread for both witnesses.
+            counted = None if cgroup is None else cgroup.read_oom_kills()
+            return kernel_records(), counted
+
+        found, now = None, None
         with contextlib.suppress(BlockingCallTimeout):
-            found = await run_blocking(
-                partial(
-                    oom_kills,
-                    set(self._tree_stop.seen_pids),
-                    since_boot_seconds=self._boot_seconds_at_start - KMSG_SLACK_SECONDS,
-                ),
+            found, now = await run_blocking(
+                read_both,
                 timeout=5.0,
-                what="reading the kernel's OOM records",
+                what="reading the kernel's OOM records and the cgroup's OOM-kill counter",
                 limiter=self._limiter,
             )
+        counter = None
+        if cgroup is not None and cgroup.oom_kills is not None and now is not None:
+            counter = (cgroup.oom_kills, now)  # at the start, now
+        unaccounted = 0 if counter is None else counter[1] - counter[0] - self._cgroup_kills_seen
         for kill in found or []:
             if kill["pid"] not in self._oom_reported:
-                self._oom_reported.add(kill["pid"])
-                await sink.emit(OomKill(t=sink.elapsed(), **kill))
+                counted = unaccounted > 0  # the cgroup counted it: its limit, its OOM killer
+                if counted:
+                    unaccounted -= 1
+                await self._report_oom(sink, kill, kernel_log=True, counted=counted)
+        if unaccounted > 0 and command_pid is not None and command_pid not in self._oom_reported:
+            assert cgroup is not None
+            assert counter is not None
+            name = Path(self.cfg.command[0]).name
+            counter_file = "memory.events" if cgroup.version == 2 else "memory.oom_control"
+            message = (
+                f"the oom_kill counter of cgroup {cgroup.path} ({counter_file}) rose from "
+                f"{counter[0]} to {counter[1]} as the command died of SIGKILL"
+            )
+            kill = {"pid": command_pid, "name": self._masker(name), "message": message}
+            await self._report_oom(sink, kill, kernel_log=False, counted=True)
+            unaccounted -= 1
+        if unaccounted > 0 and command_pid is None:
+            assert cgroup is not None
+            assert counter is not None
+            self._cgroup_kills_seen += unaccounted
+            message = (
+                f"the OOM killer ended {unaccounted} process(es) of the tree's cgroup "
+                f"{cgroup.path} (its oom_kill counter rose from {counter[0]} to "
+                f"{counter[1]}) that the kernel log does not name"
+            )
+            await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
         return self._oom_reported
+
+    async def _report_oom(
+        self, sink: EventSink, kill: dict[str, Any], *, kernel_log: bool, counted: bool
+    ) -> None:
+        cgroup = self.memory_cgroup if counted else None
+        if counted:
+            self._cgroup_kills_seen += 1
+        event = OomKill(
+            t=sink.elapsed(),
+            pid=kill["pid"],
+            name=kill["name"],
+            message=kill["message"],
+            detected_by=tuple(
+                witness
+                for witness, saw in (("kernel_log", kernel_log), ("cgroup_counter", counted))
+                if saw
+            ),
+            cgroup_path=None if cgroup is None else cgroup.path,
+            cgroup_memory_limit_bytes=None if cgroup is None else cgroup.hard_bytes,
+        )
+        self._oom_reported[event.pid] = event
+        await sink.emit(event)
+
+    def _oom_message(self, kill: OomKill, signal: str | None) -> str:
+        """The ``signaled`` failure's words for a command the OOM killer ended."""
+        if "cgroup_counter" not in kill.detected_by:
+            return (
+                f"the command was killed by {signal} from the kernel's OOM killer (out of memory)"
+            )
+        cgroup = self.memory_cgroup
+        assert cgroup is not None
+        if cgroup.hard is None:
+            return (
+                f"the command was killed by the OOM killer (counted by its cgroup {cgroup.path}, "
+                f"under no memory limit: the machine ran out of memory), with {signal}"
+            )
+        limit = format_bytes(cgroup.hard.bytes)
+        return (
+            f"the command was killed by the cgroup's OOM killer (memory limit {limit} of cgroup "
+            f"{cgroup.hard.path}), with {signal}"
+        )
 
 
 def soak_status(

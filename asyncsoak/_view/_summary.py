@@ -120,6 +120,16 @@ def signals_sent(artifact: Artifact) -> list[str]:
     return [] if stop is None else [s["signal"] for s in stop.get("signals", [])]
 
 
+def oom_killer(kill: Mapping[str, Any]) -> str:
+    """Whose OOM killer an ``oom_kills`` entry says it was: the cgroup's when its counter saw
+    the kill (and its limit, when it has one), the kernel's otherwise."""
+    if "cgroup_counter" not in (kill.get("detected_by") or []):
+        return "The kernel's OOM killer"
+    limit = kill.get("cgroup_memory_limit_bytes")
+    within = f" (memory limit {format_value(limit, 'bytes')})" if isinstance(limit, int) else ""
+    return f"The OOM killer of cgroup {kill.get('cgroup_path')}{within}"
+
+
 def exit_text(artifact: Artifact) -> str:
     """How the command ended, decoded: ``killed by SIGTERM (signal 15, sent by the monitor)``."""
     a = artifact
@@ -174,7 +184,7 @@ def look_first(artifact: Artifact) -> list[str]:
         )
     for kill in a.get("oom_kills") or []:
         hints.append(
-            f"The kernel's OOM killer killed pid {kill.get('pid')} ({kill.get('name')}): "
+            f"{oom_killer(kill)} killed pid {kill.get('pid')} ({kill.get('name')}): "
             f"{kill.get('message')}"
         )
     leftovers = a["leftover_processes"]

@@ -20,7 +20,7 @@ from .._evidence import (
     innermost_python_frame,
     rate_text,
 )
-from .._summary import exit_text
+from .._summary import exit_text, oom_killer
 
 if TYPE_CHECKING:
     from ._figure import Timeline
@@ -494,11 +494,12 @@ def forensics_html(artifact: Artifact) -> str:
     oom_kills = artifact.get("oom_kills") or []
     if oom_kills:
         items = "".join(
-            f"<li>pid {html.escape(str(k.get('pid')))} ({html.escape(str(k.get('name')))}): "
+            f"<li>{html.escape(oom_killer(k))}: pid {html.escape(str(k.get('pid')))} "
+            f"({html.escape(str(k.get('name')))}): "
             f'<span class="mono">{html.escape(str(k.get("message")))}</span></li>'
             for k in oom_kills
         )
-        parts.append(f"<h3>Killed by the kernel's OOM killer</h3><ul>{items}</ul>")
+        parts.append(f"<h3>Killed by the OOM killer</h3><ul>{items}</ul>")
     forensics = artifact.get("forensics")
     if isinstance(forensics, dict):
         parts.append(_stall_forensics_html(forensics, artifact["exit"]["pid"]))
