@@ -89,6 +89,75 @@ def test_a_leak_of_1_mib_per_second_is_caught_within_three_minutes() -> None:
     assert all(f is not None and f <= 180 for f in found), found
 
 
+def late_leak(rng: random.Random, t: list[float], start: float, rate: float) -> list[float]:
+    """Flat noise, then a leak of ``rate`` bytes per second from ``start`` to the end."""
+    return [BASE + rate * max(0.0, ti - start) + rng.gauss(0, 8 * MiB) for ti in t]
+
+
+def uneven_leak(rng: random.Random, t: list[float], paces: list[float]) -> list[float]:
+    """A leak whose pace changes with the step rate: ``paces[i]`` bytes per second in the
+    i-th equal part of the run (steps come slow, then fast)."""
+    out, memory, previous = [], 0.0, t[0]
+    for ti in t:
+        part = min(len(paces) - 1, int(len(paces) * ti / t[-1]))
+        memory += paces[part] * (ti - previous)
+        previous = ti
+        out.append(BASE + memory + rng.gauss(0, 8 * MiB))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("samples", "rate", "start_fraction"),
+    [(61, 8 * MiB, 0.4), (601, MiB, 0.4), (601, MiB, 0.6), (3601, MiB, 0.75)],
+)
+def test_a_leak_that_starts_late_is_a_leak_from_its_onset(
+    samples: int, rate: float, start_fraction: float
+) -> None:
+    """A leak from 40 % of a minute, or from 40 %, 60 % or 75 % of a longer run: a leak,
+    judged over the recent part where it runs; the old estimator said "stable" (the rise is
+    confined to part of the span)."""
+    for seed in range(20):
+        rng = random.Random(seed)
+        t = times(samples)
+        start = start_fraction * t[-1]
+        trend = judge(t, late_leak(rng, t, start, rate))
+        assert trend.verdict == "leak", (seed, trend)
+        assert trend.onset is not None
+        assert trend.analysed_from is not None
+        # The judged part starts after the warm-up, and no later than half way into the leak.
+        assert trend.analysed_from < trend.onset <= start + (t[-1] - start) / 2
+        assert trend.slope_per_hour == pytest.approx(3600 * rate, rel=0.35)
+
+
+@pytest.mark.parametrize("paces", [[2.0, 1.0, 4.0], [4.0, 1.0, 2.0], [1.0, 0.5, 1.0, 2.0]])
+def test_a_leak_that_follows_an_uneven_step_rate_is_a_leak(paces: list[float]) -> None:
+    """Memory kept per step, with the step rate halving and doubling: the pace of the rise
+    changes, the rise never stops."""
+    for seed in range(20):
+        rng = random.Random(seed)
+        t = times(91)
+        trend = judge(t, uneven_leak(rng, t, [p * 3 * MiB for p in paces]))
+        assert trend.verdict == "leak", (seed, paces, trend)
+
+
+def test_a_leak_that_stopped_is_no_longer_a_leak() -> None:
+    """Rising for the first half, then flat: memory is no longer rising at the end."""
+    for seed in range(20):
+        rng = random.Random(seed)
+        t = times(121)
+        values = [BASE + 8 * MiB * min(ti, 60.0) + rng.gauss(0, 8 * MiB) for ti in t]
+        assert judge(t, values).verdict != "leak", seed
+
+
+def test_a_ramp_of_steps_that_plateaus_is_no_leak() -> None:
+    """Four 160 MiB steps in the first 40 % of the run, then flat (a caching allocator)."""
+    for seed in range(20):
+        rng = random.Random(seed)
+        t = times(121)
+        values = [BASE + 160 * MiB * min(4, int(ti / 12)) + rng.gauss(0, 8 * MiB) for ti in t]
+        assert judge(t, values).verdict != "leak", seed
+
+
 def test_a_leak_below_the_floors_is_stable() -> None:
     """10 MiB over ten minutes is a confident rise but below 64 MiB: not a leak."""
     t = times(600)

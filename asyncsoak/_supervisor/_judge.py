@@ -23,12 +23,11 @@ from .._sampling._limits import MemoryCgroup, read_limits
 from .._units import format_duration
 from ._config import SoakConfig
 from ._rules import (
-    TREND_EVERY_INTERVALS,
     TREND_LAG_FRACTION,
-    TREND_MIN_PERIOD,
     budget_breach,
     leak_transient_seconds,
     trend_findings,
+    trend_period_seconds,
 )
 from ._stop import HANG_REASONS, Fail
 
@@ -93,8 +92,7 @@ class RunJudge:
 
     async def run(self, sink: EventSink) -> None:
         """Budgets at every sample interval; trends every few (see ``TREND_EVERY_INTERVALS``)."""
-        interval = self.cfg.sample_interval_seconds
-        period = max(TREND_MIN_PERIOD, TREND_EVERY_INTERVALS * interval)
+        period = trend_period_seconds(self.cfg)
         next_trends = period
         while not self._ended():
             # Woken by each sample once it is folded, not by a clock of its own: the budgets

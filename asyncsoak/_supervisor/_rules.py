@@ -23,16 +23,24 @@ TREND_LAG_FRACTION = 0.02
 #: A leak projected to reach a limit within this long (or ``stale_progress_seconds`` x 10,
 #: whichever is longer) is a warning at once.
 BREACH_HORIZON_SECONDS = 3600.0
-#: A live leak call withdrawn within this many sample intervals (at least
-#: ``LEAK_TRANSIENT_MIN_SECONDS``) was a transient: recorded as withdrawn, no warning.  Held
-#: longer, the live view said LEAK for that long, and the verdict keeps it as a warning.
+#: A live leak call withdrawn within this many sample intervals (and at least three trend
+#: evaluations) was a transient: recorded as withdrawn, with no warning.  Held longer, the
+#: live view said LEAK for that long, and the verdict keeps it as a warning.
 LEAK_TRANSIENT_INTERVALS = 30
-LEAK_TRANSIENT_MIN_SECONDS = 30.0
+LEAK_TRANSIENT_EVALUATIONS = 3
+
+
+def trend_period_seconds(cfg: SoakConfig) -> float:
+    """Seconds between two live evaluations of the trends (early in the run)."""
+    return max(TREND_MIN_PERIOD, TREND_EVERY_INTERVALS * cfg.sample_interval_seconds)
 
 
 def leak_transient_seconds(cfg: SoakConfig) -> float:
     """How long a live leak call may last and still be withdrawn without a warning."""
-    return max(LEAK_TRANSIENT_MIN_SECONDS, LEAK_TRANSIENT_INTERVALS * cfg.sample_interval_seconds)
+    return max(
+        LEAK_TRANSIENT_INTERVALS * cfg.sample_interval_seconds,
+        LEAK_TRANSIENT_EVALUATIONS * trend_period_seconds(cfg),
+    )
 
 
 #: Series whose confident rise is a leak, in the order their warnings are preferred: a
