@@ -11,12 +11,13 @@ flagged as leaking memory, when first, and in which words.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import random
 import re
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -63,6 +64,8 @@ class Outcome:
     flagged_at: float | None
     #: The pid of each role of the plan (the child's ``ready`` lines, or the simulation's).
     pids: dict[str, int]
+    #: The memory series whose final verdict (the artifact's ``trends``) is ``leak``.
+    final_leaks: tuple[str, ...] = ()
 
     @property
     def flagged(self) -> bool:
@@ -77,7 +80,8 @@ class Outcome:
         when = "" if self.flagged_at is None else f" at {self.flagged_at:.0f} s"
         return (
             f"{self.plan.shape} ({self.plan.label}) leak_check={self.leak_check}: "
-            f"failure={self.failure}, flagged={self.flagged}{when}, warnings={list(self.warnings)}"
+            f"failure={self.failure}, flagged={self.flagged}{when}, "
+            f"warnings={list(self.warnings)}, final leak verdicts={list(self.final_leaks)}"
         )
 
 
@@ -92,8 +96,9 @@ def outcome(
     leak_check: Mode,
     events: Sequence[dict[str, Any]],
     pids: dict[str, int],
+    trends: Mapping[str, Mapping[str, Any]],
 ) -> Outcome:
-    """Read a run's journal events (or the simulation's, in the same form)."""
+    """Read a run's journal events and final ``trends`` (or the simulation's, in that form)."""
     failures = [e for e in events if e["kind"] == "failure"]
     warnings = tuple(str(e["message"]) for e in events if e["kind"] == "warning")
     leak_failures = [e for e in failures if e["reason"] == "memory_leak"]
@@ -119,6 +124,15 @@ def outcome(
         warnings=warnings,
         flagged_at=flagged_at,
         pids=pids,
+        final_leaks=tuple(
+            sorted(
+                key
+                for key, entry in trends.items()
+                if entry["verdict"] == "leak"
+                and entry["unit"] == "bytes"
+                and not key.startswith("disk.")
+            )
+        ),
     )
 
 
@@ -193,7 +207,9 @@ async def real_run(
         for segment in SHM.glob(f"{shm_prefix}-*"):
             segment.unlink(missing_ok=True)
     events = list(read_journal(output.with_suffix(".jsonl")))
-    return outcome(plan, interval, leak_check, events, ready_pids(output.with_suffix(".log")))
+    trends = json.loads(output.read_text())["trends"]
+    pids = ready_pids(output.with_suffix(".log"))
+    return outcome(plan, interval, leak_check, events, pids, trends)
 
 
 # -- simulated samples -----------------------------------------------------------------------

@@ -60,10 +60,12 @@ def test_a_stable_shape_passes_with_no_leak_warning_under_fail(
     corpus: dict[tuple[str, Mode], Outcome], case: tuple[str, Mode]
 ) -> None:
     """A mapped dataset, the page cache, a ramp then plateau, a fork storm, a sawtooth, one
-    step, a fall: the run passes under leak_check="fail" and no warning says memory leaks."""
+    step, a fall: the run passes under leak_check="fail", no warning says memory leaks, and
+    no memory series of the artifact's trends is a leak."""
     result = corpus[case]
     assert result.failure is None, result.describe()
     assert not result.leak_messages, result.describe()
+    assert not result.final_leaks, result.describe()
 
 
 @pytest.mark.parametrize("case", [(s, "warn") for s in LEAKS], ids=case_id)
@@ -71,10 +73,12 @@ def test_a_leak_is_a_warning_under_warn(
     corpus: dict[tuple[str, Mode], Outcome], case: tuple[str, Mode]
 ) -> None:
     """Every leak passes under leak_check="warn" with a warning that memory leaks, naming the
-    leaking process's pid where one process is to blame (a grandchild born late included)."""
+    leaking process's pid where one process is to blame (a grandchild born late included),
+    and the artifact's trends say leak too: one verdict, live and final."""
     result = corpus[case]
     assert result.failure is None, result.describe()
     assert result.flagged, result.describe()
+    assert result.final_leaks, result.describe()
     leaker = result.plan.tree.leaker
     if leaker is not None:
         assert result.names(leaker), (result.pids, result.describe())
