@@ -76,6 +76,38 @@ class Outcome:
         pid = self.pids.get(role)
         return pid is not None and any(re.search(rf"\bpid {pid}\b", m) for m in self.leak_messages)
 
+    def problems(self) -> list[str]:
+        """What is wrong with the verdict, given the shape's label; empty when it is right.
+
+        A stable shape: no failure, no warning that memory leaks, no memory series judged a
+        leak at the end.  A leak under ``warn``: the run passes with a warning that memory
+        leaks, naming the leaking process's pid where one is to blame, and the artifact's
+        trends say leak too (one verdict, live and final).  A leak under ``fail``: the
+        failure ``memory_leak``.
+        """
+        wrong: list[str] = []
+        if self.plan.label == "stable":
+            if self.failure is not None:
+                wrong.append(f"failed with {self.failure}")
+            if self.leak_messages:
+                wrong.append("warned that memory leaks")
+            if self.final_leaks:
+                wrong.append("a memory series is a leak in the final trends")
+        elif self.leak_check == "fail":
+            if self.failure != "memory_leak":
+                wrong.append(f"not stopped with memory_leak (failure: {self.failure})")
+        else:
+            leaker = self.plan.tree.leaker
+            if self.failure is not None:
+                wrong.append(f"failed with {self.failure}")
+            if not self.flagged:
+                wrong.append("no warning that memory leaks")
+            elif leaker is not None and not self.names(leaker):
+                wrong.append(f"no leak warning names the {leaker}'s pid {self.pids.get(leaker)}")
+            if not self.final_leaks:
+                wrong.append("no memory series is a leak in the final trends")
+        return wrong
+
     def describe(self) -> str:
         when = "" if self.flagged_at is None else f" at {self.flagged_at:.0f} s"
         return (
