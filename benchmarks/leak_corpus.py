@@ -312,7 +312,7 @@ def run(quick: bool = False) -> Section:
         Figure(
             f"table lines with a run judged wrong (of {len(rows)})",
             len(wrong),
-            "cases",
+            "lines",
             target=f"0: {TARGET}",
             met=not wrong,
         )
