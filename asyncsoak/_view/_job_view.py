@@ -226,7 +226,7 @@ def render_job_report(
     wall-clock axis with its first failure marked (needs plotly, as every report does)."""
     from datetime import timedelta
 
-    from .report import PAGE, STYLE, ReportUnavailableError
+    from .report import PAGE, STYLE, ReportUnavailableError, plot_text
 
     try:
         from plotly.subplots import make_subplots
@@ -246,7 +246,7 @@ def render_job_report(
         if start is None or not tree.get("t"):
             continue
         xs = [start + timedelta(seconds=float(t)) for t in series_times(tree)]
-        label = f"{soak_label(soak)} ({soak['node']})"
+        label = plot_text(f"{soak_label(soak)} ({soak['node']})")
         rss = [None if v is None else v / 2**20 for v in tree.get("rss_bytes") or []]
         figure.add_scatter(x=xs, y=rss, name=label, legendgroup=label, row=1, col=1)
         figure.add_scatter(
