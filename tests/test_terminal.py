@@ -111,6 +111,19 @@ def test_live_view_spells_out_escapes_from_the_journal() -> None:
     assert "stale\\x1b]52;c;aGVsbG8=\\x07" in frame
 
 
+def test_worker_log_lines_spell_out_escapes() -> None:
+    """The worker's log lines (a note, an error naming a path) reach its terminal spelled out."""
+    import logging
+
+    from asyncsoak.cli._queue import _TerminalFormatter
+
+    record = logging.LogRecord(
+        "asyncsoak.queue", logging.WARNING, __file__, 1, "job %d: %s", (7, CLIPBOARD), None
+    )
+    line = _TerminalFormatter("%(levelname)s %(message)s").format(record)
+    assert line == "WARNING job 7: \\x1b]52;c;aGVsbG8=\\x07"
+
+
 @pytest.mark.parametrize(
     ("raw", "shown"),
     [

@@ -251,6 +251,14 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+class _TerminalFormatter(logging.Formatter):
+    """The worker's log lines as they reach its terminal: what a job put in them (a reason,
+    a path, an error) with its control characters spelled out."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return terminal_text(super().format(record), one_line=False)
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
     rows = [[terminal_text(str(cell)) for cell in row] for row in rows]
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
@@ -654,9 +662,9 @@ def _worker(args: argparse.Namespace) -> int:
     train_cmd = shlex.split(args.train_cmd) if args.train_cmd else None
     if args.train_cmd is not None and not train_cmd:
         raise UsageError("--train-cmd is empty")
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_TerminalFormatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     import anyio
 
     from ..queue._worker import _prepare_runs_dir, default_runs_dir
