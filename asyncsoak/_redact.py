@@ -1,27 +1,45 @@
 """Keep secrets out of everything asyncsoak writes or prints.
 
-An environment variable whose name looks like a credential is redacted wherever the
-environment is recorded, a password inside a URL is redacted whatever the variable's name,
-and the values of those variables are masked wherever they appear in free text (argv, the
-log tail, a failed job's error, hang forensics).  In argv, the value of an option named like a
-credential (``--token=VALUE``, ``--password VALUE``) is redacted too, and masked wherever else
-it appears.  Values shaped like well-known credentials (``hf_...``, ``AKIA...``, ``ghp_...``,
-``sk-...``, ``Bearer ...``) are masked in free text whatever printed them.
+One rule says which names are credentials (:func:`is_secret_name`), and it applies to
+environment variables, metadata keys, options (``--token=VALUE``, ``--password VALUE``,
+``--wandb.api-key VALUE``) and ``NAME=VALUE`` overrides (Hydra's and OmegaConf's
+``db.password=X``, ``+wandb.api_key=Y``, ``HF_TOKEN=Z`` before a command).  Such a value is
+redacted where it stands and masked wherever else it appears in free text (argv, the log
+tail, a failed job's error, hang forensics); so is a password inside a URL, whatever names it.
+Values shaped like well-known credentials (``hf_...``, ``AKIA...``, ``ghp_...``, ``sk-...``,
+``Bearer ...``) are masked in free text whatever printed them.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 REDACTED = "[redacted]"
 
-_SECRET_NAME = re.compile(
-    r"TOKEN|SECRET|PASSW(OR)?D|PASSPHRASE|(^|_)PASS($|_)|(API|ACCESS|PRIVATE|SIGNING|AUTH)_?KEY|"
-    r"(^|_)KEY($|_)|CREDENTIAL|(^|_)AUTH($|_)|COOKIE|SESSION|(^|_)PAT($|_)|DSN|WEBHOOK",
-    re.IGNORECASE,
-)
+#: A word that names a credential wherever it stands, even inside one word ("PGPASSWORD",
+#: "client_secret", "dbPassword", "SECRET_KEY_BASE"): rare in anything else.
+_SECRET_STEM = re.compile(r"passw|passphrase|secret|credential|cookie|webhook|dsn")
+#: Words that name a credential wherever they stand, whole.
+_SECRET_WORDS = frozenset({"session", "apikey", "accesskey", "privatekey", "signingkey"})
+#: Words that name a credential as the last word of a name ("HF_TOKEN", "db.pass",
+#: "use_auth_token", "authToken"), and count or describe something else before another word
+#: ("token_budget", "key_path", "pass_rate").  "token" ends a word ("hftoken"); the others
+#: are whole words.  "tokens", "tokenizer" and "max_tokens" are no credentials.
+_LAST_WORDS = frozenset({"key", "pass", "auth", "pat"})
+#: ``(api|access|private|signing|auth)`` then ``key``: "AWS_ACCESS_KEY_ID", "api_key".
+_KEY_QUALIFIERS = frozenset({"api", "access", "private", "signing", "auth"})
+# Lower then upper case is a word boundary ("apiKey"); so are _ - and spaces.
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_WORD_SEPARATORS = re.compile(r"[_\-\s]+")
+# Hydra's and OmegaConf's keys: "db.password", "+db.password", "~db.password",
+# "servers[0].token", "db/password"; never a URL or a path with ":" in it.
+_OVERRIDE_NAME = re.compile(r"[+~]{0,2}[A-Za-z_][\w.\-/\[\]]*")
+_INDEX = re.compile(r"\[[^\]]*\]")
+_WHITESPACE = re.compile(r"(\s+)")
+
 # scheme://user:password@host -> scheme://user:[redacted]@host; a password may hold a raw "/"
 # (it should be percent-encoded, but people paste what they have).
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]+)(?=@)")
@@ -37,8 +55,26 @@ _MIN_MASKED_LEN = 4
 
 
 def is_secret_name(name: str) -> bool:
-    """Whether an environment variable or metadata key looks like a credential."""
-    return bool(_SECRET_NAME.search(name))
+    """Whether an environment variable, metadata key, option or override names a credential.
+
+    Only the last dotted component counts (``db.password`` is one, ``password.min_length`` is
+    not), split into words at ``_``, ``-`` and lower-to-upper case: it names a credential when
+    a word holds a credential's stem (``password``, ``secret``, ...), is ``session`` or a
+    ``...key`` compound, follows ``api``/``access``/... as ``key``, or is the last word and
+    is ``key``, ``pass``, ``auth``, ``pat``, ``pwd`` (not alone) or ends in ``token``.
+    """
+    component = re.split(r"[./]", _INDEX.sub("", name).strip("+~-"))[-1]
+    words = [w.lower() for w in _WORD_SEPARATORS.split(_CAMEL.sub("_", component)) if w]
+    if not words:
+        return False
+    if any(_SECRET_STEM.search(w) or w in _SECRET_WORDS for w in words):
+        return True
+    if any(a in _KEY_QUALIFIERS and b == "key" for a, b in itertools.pairwise(words)):
+        return True
+    # "MYSQL_PWD" is a password, "PWD" alone the working directory.
+    if words[-1] == "pwd" and len(words) > 1:
+        return True
+    return words[-1] in _LAST_WORDS or words[-1].endswith("token")
 
 
 def redact_url_passwords(text: str) -> str:
@@ -50,31 +86,38 @@ def mask_credential_shapes(text: str) -> str:
     return _CREDENTIAL_SHAPED.sub(lambda m: (m.group("bearer") or "") + REDACTED, text)
 
 
-def _secret_option(arg: str) -> tuple[str, str | None] | None:
-    """``("--token", "VALUE")`` for ``--token=VALUE``, ``("--token", None)`` for ``--token``;
-    None when ``arg`` is not an option named like a credential."""
-    if not arg.startswith("-") or arg in ("-", "--"):
+def _secret_argument(arg: str) -> tuple[str, str | None] | None:
+    """How ``arg`` carries a credential: ``("--token", "V")`` for ``--token=V``, ``("--token",
+    None)`` for ``--token`` (the next argument is its value), ``("db.password", "V")`` for the
+    override ``db.password=V``; None when it carries none."""
+    if arg in ("-", "--"):
         return None
     name, eq, value = arg.partition("=")
-    if not is_secret_name(name.lstrip("-").replace("-", "_")):
-        return None
-    return name, (value if eq else None)
+    if arg.startswith("-"):
+        return (name, value if eq else None) if is_secret_name(name) else None
+    if eq and _OVERRIDE_NAME.fullmatch(name) and is_secret_name(name):
+        return name, value
+    return None
 
 
 def argv_secrets(argv: Iterable[str]) -> frozenset[str]:
-    """The values of credential-named options in ``argv`` (``--token=V``, ``--password V``)."""
+    """The values of credentials in ``argv``: options (``--token=V``, ``--password V``) and
+    overrides (``db.password=V``), also inside an argument that is itself a command line
+    (``sh -c "train.py --token V"``)."""
     values: set[str] = set()
     hide_next = False
     for arg in argv:
         if hide_next and not arg.startswith("-"):
             values.add(arg)
         hide_next = False
-        option = _secret_option(arg)
-        if option is not None:
-            if option[1] is None:
+        secret = _secret_argument(arg)
+        if secret is not None:
+            if secret[1] is None:
                 hide_next = True
             else:
-                values.add(option[1])
+                values.add(secret[1])
+        elif _WHITESPACE.search(arg):
+            values.update(argv_secrets(arg.split()))
     return frozenset(v for v in values if len(v) >= _MIN_MASKED_LEN)
 
 
@@ -120,7 +163,8 @@ class Masker:
     """Replaces known secret values (and URL passwords) in free text."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        ordered = sorted({s for s in secrets if s}, key=len, reverse=True)
+        # A value inside the mark itself ("dact") would mask the mark on a second pass.
+        ordered = sorted({s for s in secrets if s and s not in REDACTED}, key=len, reverse=True)
         self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
     def __call__(self, text: str) -> str:
@@ -129,7 +173,8 @@ class Masker:
         return mask_credential_shapes(redact_url_passwords(text))
 
     def argv(self, argv: Iterable[str]) -> list[str]:
-        """``argv`` with secrets masked, and the values of credential-named options redacted."""
+        """``argv`` with secrets masked, and the values of credential-named options and
+        overrides redacted (``--token=[redacted]``, ``db.password=[redacted]``)."""
         out: list[str] = []
         hide_next = False
         for arg in argv:
@@ -138,13 +183,20 @@ class Masker:
                 hide_next = False
                 continue
             hide_next = False
-            option = _secret_option(arg)
-            if option is not None and option[1] is not None:
-                out.append(f"{option[0]}={REDACTED}")
+            secret = _secret_argument(arg)
+            if secret is not None and secret[1] is not None:
+                out.append(f"{secret[0]}={REDACTED}")
                 continue
-            hide_next = option is not None
-            out.append(self(arg))
+            hide_next = secret is not None
+            out.append(self._command_line(arg) if _WHITESPACE.search(arg) else self(arg))
         return out
+
+    def _command_line(self, arg: str) -> str:
+        """An argument that is itself a command line (``sh -c "train.py --token V"``): its
+        words redacted as an argv, the spaces between them kept."""
+        pieces = _WHITESPACE.split(arg)
+        pieces[0::2] = self.argv(pieces[0::2])
+        return self("".join(pieces))
 
     def data(self, value: Any) -> Any:
         """A JSON-like value with every string masked (``cmdline`` lists as argv)."""

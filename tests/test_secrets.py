@@ -13,6 +13,7 @@ import pytest
 
 from asyncsoak import SoakFailureError, run_soak
 from asyncsoak._record._artifact import check_artifact
+from asyncsoak._redact import REDACTED, Masker, argv_secrets, redact_env, secret_values
 
 from .conftest import CLI_ENV, fast_limits, py
 from .queue.test_queue_cli import cli
@@ -221,3 +222,197 @@ def test_job_views_mask_argv_options_and_printed_tokens(tmp_path: Path) -> None:
     assert "token [redacted]" in outputs["logs"]
     for where, text in outputs.items():
         assert_none_of([*ARGV_SECRETS.values(), *PRINTED_TOKENS], text, f"asyncsoak {where}")
+
+
+#: One table of forms: (argument, what every view shows of it).  Overrides and options whose
+#: name's last dotted component names a credential are redacted; hyper-parameters that merely
+#: contain "token" or "key" in another sense are not.
+ARGUMENT_FORMS = [
+    ("db.password=hunter2-0013", "db.password=[redacted]"),
+    ("+wandb.api_key=wk-0014", "+wandb.api_key=[redacted]"),
+    ("++trainer.hf_token=hf-0015", "++trainer.hf_token=[redacted]"),
+    ("hf_token=hf-0016", "hf_token=[redacted]"),
+    ("HF_TOKEN=hf-0017", "HF_TOKEN=[redacted]"),
+    ("servers[0].authToken=at-0018", "servers[0].authToken=[redacted]"),
+    ("db/password=pw-0019", "db/password=[redacted]"),
+    ("aws.secret_access_key=ak-0020", "aws.secret_access_key=[redacted]"),
+    ("client.apiKey=ck-0021", "client.apiKey=[redacted]"),
+    ("--foo.secret=fs-0022", "--foo.secret=[redacted]"),
+    ("--wandb.api-key=wk-0023", "--wandb.api-key=[redacted]"),
+    ("--token=tk-0024", "--token=[redacted]"),
+    ("MYSQL_PWD=my-0025", "MYSQL_PWD=[redacted]"),
+    ("lr=0.1", "lr=0.1"),
+    ("tokenizer=gpt2", "tokenizer=gpt2"),
+    ("model.tokenizer.name=gpt2", "model.tokenizer.name=gpt2"),
+    ("max_tokens=5", "max_tokens=5"),
+    ("data.num_tokens=2048", "data.num_tokens=2048"),
+    ("maxNewTokens=4096", "maxNewTokens=4096"),
+    ("token_budget=1000000", "token_budget=1000000"),
+    ("password.min_length=12", "password.min_length=12"),
+    ("pass_rate=0.95", "pass_rate=0.95"),
+    ("--max-tokens=4096", "--max-tokens=4096"),
+    ("--tokenizer=gpt2", "--tokenizer=gpt2"),
+    ("https://example.com/?a=b", "https://example.com/?a=b"),
+    ("PWD=/home/me", "PWD=/home/me"),
+    ("TOKENIZERS_PARALLELISM=false", "TOKENIZERS_PARALLELISM=false"),
+]
+
+
+@pytest.mark.parametrize(("argument", "shown"), ARGUMENT_FORMS, ids=[a for a, _ in ARGUMENT_FORMS])
+def test_each_argument_form_is_redacted_or_kept(argument: str, shown: str) -> None:
+    """Each form as every view shows it, alone, and inside a ``sh -c`` command line; a redacted
+    value is masked wherever else it appears, a kept one is left alone there too."""
+    argv = ["python", "train.py", argument, "--echo", argument.partition("=")[2]]
+    masker = Masker(argv_secrets(argv))
+    redacted = shown != argument
+    value = argument.partition("=")[2]
+    assert masker.argv(argv)[:3] == ["python", "train.py", shown]
+    assert masker.argv(argv)[4] == (REDACTED if redacted else value)
+    inline = masker.argv(["sh", "-c", f"exec train.py {argument} --lr 0.1"])
+    assert inline[2] == f"exec train.py {shown} --lr 0.1"
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("HF_TOKEN", True),
+        ("AWS_ACCESS_KEY_ID", True),
+        ("AWS_SESSION_TOKEN", True),
+        ("PGPASSWORD", True),
+        ("SENTRY_DSN", True),
+        ("TRAINER__DB__PASSWORD", True),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("MAX_TOKENS", False),
+        ("PWD", False),
+        ("KEYBOARD_LAYOUT", False),
+    ],
+)
+def test_environment_names_follow_the_same_rule(name: str, secret: bool) -> None:
+    """Environment variables are judged by the same rule: a value whose name is secret-like is
+    redacted and masked in free text, and ``TOKENIZERS_PARALLELISM=false`` does not mask every
+    "false" of the log."""
+    value = "value-0026"
+    assert redact_env({name: value}) == {name: REDACTED if secret else value}
+    assert Masker(secret_values({name: value}))(f"log: {value}") == (
+        f"log: {REDACTED}" if secret else f"log: {value}"
+    )
+
+
+#: Overrides with secrets as a Hydra trainer takes them, and hyper-parameters that must stay.
+OVERRIDE_SECRETS = {
+    "db.password": "ovr-Planted-Password-0027",
+    "+wandb.api_key": "ovr-Planted-ApiKey-0028",
+    "hf_token": "ovr-Planted-HfToken-0029",
+    "--foo.secret": "ovr-Planted-Flag-0030",
+}
+KEPT_OVERRIDES = ["lr=0.1", "tokenizer=gpt2", "max_tokens=5"]
+OVERRIDES = [*(f"{k}={v}" for k, v in OVERRIDE_SECRETS.items()), *KEPT_OVERRIDES]
+#: A trainer that prints its overrides, then fails.
+OVERRIDE_TRAINER = """
+import os, pathlib, sys
+progress = pathlib.Path(os.environ["PROGRESS"])
+progress.mkdir(parents=True, exist_ok=True)
+(progress / "m.txt").write_text("step")
+print("overrides:", " ".join(sys.argv[1:]), flush=True)
+sys.exit(3)
+"""
+
+
+@pytest.mark.asyncio
+async def test_overrides_never_reach_artifact_journal_metrics_textfile_or_views(
+    tmp_path: Path,
+) -> None:
+    """A soak of ``train.py db.password=X +wandb.api_key=Y hf_token=Z --foo.secret=V lr=0.1``
+    that prints them: the artifact, the journal, the ``asyncsoak_soak_info`` label on
+    /metrics, the textfile, the summary and the report hold none of X, Y, Z, V, and keep
+    ``lr=0.1 tokenizer=gpt2 max_tokens=5``."""
+    from asyncsoak import Metrics
+    from asyncsoak._view.report import write_report
+
+    from .metrics_support import free_port, samples, scrape_until, value
+
+    script = tmp_path / "train.py"
+    script.write_text(OVERRIDE_TRAINER)
+    port = free_port()
+    textfiles = tmp_path / "textfiles"
+    textfiles.mkdir()
+    env = {**os.environ, "PROGRESS": str(tmp_path / "progress")}
+    result: dict[str, BaseException] = {}
+
+    async def soak() -> None:
+        try:
+            await run_soak(
+                command=[sys.executable, str(script), *OVERRIDES],
+                env=env,
+                metrics=Metrics(port=port, textfile_dir=textfiles, linger_seconds=30),
+                **fast_limits(tmp_path),
+            )
+        except SoakFailureError as exc:
+            result["failure"] = exc
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(soak)
+            scraped = await scrape_until(
+                port, lambda t: value(t, "asyncsoak_soak_status", status="failed") == 1
+            )
+    assert isinstance(result.get("failure"), SoakFailureError)
+    out = tmp_path / "out"
+    (textfile,) = textfiles.glob("*.prom")
+    write_report(
+        check_artifact(json.loads((out / "soak.json").read_text())),
+        out / "soak.html",
+        source=str(out / "soak.json"),
+    )
+    summary = await anyio.run_process(
+        [sys.executable, "-m", "asyncsoak", "summary", str(out / "soak.json")],
+        env=CLI_ENV,
+        check=False,
+    )
+    label = samples(scraped)["asyncsoak_soak_info"][0][0]["command"]
+    texts = {
+        "the artifact": (out / "soak.json").read_text(),
+        "the journal": (out / "soak.jsonl").read_text(),
+        "/metrics": scraped,
+        "the textfile": textfile.read_text(),
+        "the summary": summary.stdout.decode(),
+        "the report": (out / "soak.html").read_text(),
+    }
+    for where, text in texts.items():
+        assert_none_of(list(OVERRIDE_SECRETS.values()), text, where)
+    # The label is cut to 200 characters: the overrides come first.
+    assert "db.password=[redacted] +wandb.api_key=[redacted] hf_token=[redacted]" in label
+    assert "--foo.secret=[redacted]" in label
+    artifact = json.loads(texts["the artifact"])
+    assert artifact["command"][2:] == [
+        *(f"{k}=[redacted]" for k in OVERRIDE_SECRETS),
+        *KEPT_OVERRIDES,
+    ]
+    assert "lr=0.1 tokenizer=gpt2 max_tokens=5" in artifact["log"]["tail"]
+
+
+def test_queue_views_redact_overrides(tmp_path: Path) -> None:
+    """A queued job with secret overrides that prints them: jobs, job, logs and their JSON hold
+    none of the values, and keep the hyper-parameters."""
+    db = tmp_path / "q.db"
+    script = tmp_path / "train.py"
+    script.write_text(OVERRIDE_TRAINER)
+    submitted = cli(
+        db, "submit", "--max-attempts", "1", "--sample-interval", "0.2",
+        "--env", f"PROGRESS={tmp_path / 'progress'}", "--", sys.executable, str(script),
+        *OVERRIDES,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip()
+    cli(db, "worker", "--once", "--no-gpu", "--poll", "0.2")
+    outputs = {
+        "jobs": cli(db, "jobs").stdout,
+        "jobs --json": cli(db, "jobs", "--json").stdout,
+        "job": cli(db, "job", job_id).stdout,
+        "job --json": cli(db, "job", job_id, "--json").stdout,
+        "logs": cli(db, "logs", job_id).stdout,
+    }
+    assert json.loads(outputs["job --json"])["status"] == "failed"
+    assert "lr=0.1 tokenizer=gpt2 max_tokens=5" in outputs["logs"]
+    assert "db.password=[redacted]" in outputs["job"]
+    for where, text in outputs.items():
+        assert_none_of(list(OVERRIDE_SECRETS.values()), text, f"asyncsoak {where}")

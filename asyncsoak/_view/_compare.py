@@ -19,6 +19,7 @@ from .._analysis._trendwatch import TREE_MEMORY_SERIES
 from .._record._schema import Artifact
 from .._record._vocabulary import SoakStatus
 from .._sampling._fields import format_value, gpu_index
+from .._terminal import terminal_text
 from .._units import format_duration
 from ._evidence import leaking_series, rate_text
 
@@ -278,7 +279,8 @@ def _gpu_groups(artifact: Artifact) -> set[str]:
 
 
 def format_comparison(comparison: Comparison) -> str:
-    """A table: each figure, both values, the change, and REGRESSED where it is worse."""
+    """A table: each figure, both values, the change, and REGRESSED where it is worse (safe
+    to print: control characters in the runs' names spelled out)."""
     header = ("", "baseline", "candidate", "change", "")
     table = [header]
     for row in comparison.rows:
@@ -314,4 +316,4 @@ def format_comparison(comparison: Comparison) -> str:
         )
     else:
         lines.append("no regression")
-    return "\n".join(lines)
+    return terminal_text("\n".join(lines), one_line=False)

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._record._schema import Artifact, series_times
 from .._record._vocabulary import SoakStatus
+from .._terminal import terminal_text
 from .._timestamps import parse_iso_or_none
 from .._units import format_duration
 
@@ -162,7 +163,8 @@ def _offset(value: float | None) -> str:
 
 
 def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH) -> str:
-    """The combined view as plain text: verdicts, the first failure, a wall-clock timeline."""
+    """The combined view as plain text: verdicts, the first failure, a wall-clock timeline
+    (safe to print: control characters from the runs spelled out)."""
     soaks = combined["soaks"]
     lines = [
         f"slurm job {combined['job_id']}: {len(soaks)} soaks, {combined['status']} "
@@ -197,7 +199,7 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
             lines.append(f"  {label.ljust(pad)}  |{_bar(soak, span, width)}|")
     for soak in soaks:
         lines.append(f"  {soak_label(soak)}: asyncsoak summary {soak['path']}")
-    return "\n".join(lines)
+    return terminal_text("\n".join(lines), one_line=False)
 
 
 def _bar(soak: Mapping[str, Any], span: float, width: int) -> str:
@@ -224,7 +226,7 @@ def render_job_report(
     wall-clock axis with its first failure marked (needs plotly, as every report does)."""
     from datetime import timedelta
 
-    from .report import PAGE, STYLE, ReportUnavailableError
+    from .report import PAGE, STYLE, ReportUnavailableError, plot_text
 
     try:
         from plotly.subplots import make_subplots
@@ -244,7 +246,7 @@ def render_job_report(
         if start is None or not tree.get("t"):
             continue
         xs = [start + timedelta(seconds=float(t)) for t in series_times(tree)]
-        label = f"{soak_label(soak)} ({soak['node']})"
+        label = plot_text(f"{soak_label(soak)} ({soak['node']})")
         rss = [None if v is None else v / 2**20 for v in tree.get("rss_bytes") or []]
         figure.add_scatter(x=xs, y=rss, name=label, legendgroup=label, row=1, col=1)
         figure.add_scatter(

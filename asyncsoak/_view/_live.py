@@ -32,6 +32,7 @@ from .._blocking import run_blocking
 from .._record._journal import JournalDecoder
 from .._record._vocabulary import EventKind
 from .._sampling._fields import format_value, gpu_index
+from .._terminal import terminal_text
 from .._timestamps import epoch
 from .._units import format_duration
 
@@ -160,6 +161,8 @@ class Status:
 
         ``compact`` (the terminal line, which must fit its width): shorter wording, and the
         progress piece holds the quiet time only while it is not the elapsed time already.
+        What the journal said (reasons, series, groups) comes with its control characters
+        spelled out: the pieces go to a terminal.
         """
         parts = [f"{format_duration(self.elapsed)} {self.phase}"]
         if self.finished:
@@ -174,7 +177,7 @@ class Status:
                 parts.append(
                     f"{group} peak {format_value(util, '%')} {format_value(memory, 'MiB')}"
                 )
-            return parts
+            return [terminal_text(part) for part in parts]
         # A leak or a projected breach matters more than any figure: it comes first.
         parts.extend(self.alerts)
         if self.quiet_for is not None:
@@ -200,7 +203,7 @@ class Status:
             )
         for group, util, memory in self.gpus:
             parts.append(f"{group} {format_value(util, '%')} {format_value(memory, 'MiB')}")
-        return [part for part in parts if part]
+        return [terminal_text(part) for part in parts if part]
 
     def plain(self) -> str:
         return "asyncsoak: " + " | ".join(self.parts())
@@ -622,7 +625,9 @@ async def watch_journal(
     except Exception as exc:
         # The view is a convenience: a broken terminal or an unreadable journal ends it, and
         # the soak goes on untouched; the user is told why the view went away.
-        line = f"asyncsoak: the live view stopped: {type(exc).__name__}: {exc}\n"
+        line = (
+            terminal_text(f"asyncsoak: the live view stopped: {type(exc).__name__}: {exc}") + "\n"
+        )
         with contextlib.suppress(Exception):
             await in_thread(partial(_say, stream, line))
         return

@@ -15,6 +15,7 @@ from .._process._exits import describe as describe_exit
 from .._record._schema import Artifact
 from .._record._vocabulary import EventKind, FailureReason, SoakStatus
 from .._sampling._fields import describe, format_clock, format_value, group_kind
+from .._terminal import terminal_text
 from .._units import format_duration
 from ._evidence import (
     Leak,
@@ -515,7 +516,8 @@ def _counted(names: Iterable[str]) -> str:
 def format_summary(
     summary: Mapping[str, Any], *, artifact_path: str | None = None, width: int = 100
 ) -> str:
-    """The summary as about one screen of plain text, sentences wrapped at ``width``."""
+    """The summary as about one screen of plain text, sentences wrapped at ``width``, safe
+    to print (control characters from the run spelled out)."""
     lines: list[str] = []
     status = str(summary["status"]).upper()
     lines.append(f"{status}: {summary['headline']}")
@@ -569,7 +571,7 @@ def format_summary(
     if artifact_path:
         lines.append("")
         lines.append(f"Plots: asyncsoak report {artifact_path}")
-    return "\n".join(lines)
+    return terminal_text("\n".join(lines), one_line=False)
 
 
 def evidence_lines(summary: Mapping[str, Any], width: int = 100) -> list[str]:

@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from .._terminal import terminal_text
+
 COMMAND_MODULES = ("_run", "_snapshot", "_queue", "_report")
 
 #: Exit statuses shared by every subcommand.
@@ -40,6 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status: int = args.handler(args)
     except UsageError as exc:
-        print(f"asyncsoak: error: {exc}", file=sys.stderr)
+        # One line, whatever the input held: a file name or a field may carry escapes.
+        print(terminal_text(f"asyncsoak: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     return status

@@ -30,6 +30,7 @@ from .._errors import ValidationError
 from .._process._exits import signal_name
 from .._redact import Masker, argv_secrets, secret_values
 from .._supervisor._config import STOP_MODES, seconds
+from .._terminal import terminal_text
 from .._units import format_duration
 from ..queue._models import (
     INTEGER_MAX,
@@ -250,20 +251,16 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-#: Control characters (C0 but tab and newline, DEL, C1): a terminal acts on them.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+class _TerminalFormatter(logging.Formatter):
+    """The worker's log lines as they reach its terminal: what a job put in them (a reason,
+    a path, an error) with its control characters spelled out."""
 
-
-def _shown(text: str, *, one_line: bool = True) -> str:
-    """Text from the database as it may reach a terminal: control characters (an escape
-    sequence in a job's name could retitle the window, move the cursor, hide lines) spelled
-    out as ``\\x1b``; newlines too unless the text is shown as several lines."""
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-    return text.replace("\n", "\\n") if one_line else text
+    def format(self, record: logging.LogRecord) -> str:
+        return terminal_text(super().format(record), one_line=False)
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    rows = [[_shown(str(cell)) for cell in row] for row in rows]
+    rows = [[terminal_text(str(cell)) for cell in row] for row in rows]
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     lines = []
     for row in [headers, *rows]:
@@ -445,13 +442,15 @@ def _job(args: argparse.Namespace) -> int:
         ("exit", describe_exit(job.returncode) if job.attempt and job.status != "running" else "-"),
         ("artifact", job.artifact or "-"),
     ]
-    print(f"job {job.id}" + (f"  {_shown(job.name)}" if job.name else ""))
+    print(f"job {job.id}" + (f"  {terminal_text(job.name)}" if job.name else ""))
     for key, value in fields:
-        print(f"  {key:<13} {_shown(value)}")
+        print(f"  {key:<13} {terminal_text(value)}")
     # A succeeded job's warnings are listed with its attempts, below.
     if job.error and not job.error.startswith(WARNINGS_HEADER):
         print("\nerror:")
-        print("\n".join("  " + line for line in _shown(job.error, one_line=False).splitlines()))
+        print(
+            "\n".join("  " + line for line in terminal_text(job.error, one_line=False).splitlines())
+        )
     if attempts:
         print("\nattempts:")
         rows = [
@@ -473,7 +472,7 @@ def _job(args: argparse.Namespace) -> int:
             lines = _attempt_details(a, masker)
             if lines:
                 print(f"\nattempt {a.attempt}:")
-                print("\n".join("  " + line for line in lines))
+                print("\n".join("  " + terminal_text(line) for line in lines))
     return EXIT_OK
 
 
@@ -542,7 +541,7 @@ def _cancel(args: argparse.Namespace) -> int:
         print(f"job {job.id} cancelled")
     else:
         print(
-            f"job {job.id}: cancel requested; it is running on {_shown(job.worker or '?')}, "
+            f"job {job.id}: cancel requested; it is running on {terminal_text(job.worker or '?')}, "
             "which stops it "
             "(it may stop itself first)"
         )
@@ -663,9 +662,9 @@ def _worker(args: argparse.Namespace) -> int:
     train_cmd = shlex.split(args.train_cmd) if args.train_cmd else None
     if args.train_cmd is not None and not train_cmd:
         raise UsageError("--train-cmd is empty")
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_TerminalFormatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     import anyio
 
     from ..queue._worker import _prepare_runs_dir, default_runs_dir

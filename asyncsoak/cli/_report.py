@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._terminal import terminal_text
 from . import EXIT_FAILED, EXIT_OK, UsageError
 from ._job_view import job_report, job_summary
 
@@ -114,8 +115,10 @@ def load_run(path: Path) -> tuple[Artifact, Path | None]:
         journal = path.with_suffix(".jsonl")
         if path.suffix == ".json" and journal.is_file():
             print(
-                f"asyncsoak: {path} is missing (the monitor did not finish); "
-                f"reading its journal {journal}",
+                terminal_text(
+                    f"asyncsoak: {path} is missing (the monitor did not finish); "
+                    f"reading its journal {journal}"
+                ),
                 file=sys.stderr,
             )
             path = journal
@@ -183,7 +186,7 @@ def compare_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(comparison.as_json(), indent=1))
     else:
-        print(format_comparison(comparison))
+        print_text(format_comparison(comparison))
     return EXIT_FAILED if args.fail_on_regression and comparison.regressions else EXIT_OK
 
 
@@ -233,6 +236,9 @@ def recover_command(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write {output}: {exc.strerror}") from None
     reasons = ", ".join(f["reason"] for f in artifact["failures"]) or "none"
     print(
-        f"asyncsoak: artifact rebuilt: {output} (status {artifact['status']}; reasons: {reasons})"
+        terminal_text(
+            f"asyncsoak: artifact rebuilt: {output} (status {artifact['status']}; "
+            f"reasons: {reasons})"
+        )
     )
     return EXIT_OK

@@ -19,6 +19,7 @@ import anyio
 from .._errors import SoakFailureError, ValidationError
 from .._process._exits import SHELL_SIGNAL_BASE, signal_name
 from .._supervisor._config import STOP_MODES, SoakLimits, seconds
+from .._terminal import terminal_text
 from .._units import parse_size
 from .._view._live import live_status
 from .._view._summary import exit_text
@@ -273,37 +274,41 @@ def supervise(
     except ValidationError as exc:
         raise UsageError(str(exc)) from None
     except SoakFailureError as exc:
-        print(
-            f"asyncsoak: soak failed: {exc.reason}: {exc.failures[0]['message']}", file=sys.stderr
-        )
+        tell(f"asyncsoak: soak failed: {exc.reason}: {exc.failures[0]['message']}")
         for failure in exc.failures[1:]:
-            print(f"asyncsoak:   also {failure['reason']}: {failure['message']}", file=sys.stderr)
-        print(f"asyncsoak: artifact: {exc.artifact_path}", file=sys.stderr)
+            tell(f"asyncsoak:   also {failure['reason']}: {failure['message']}")
+        tell(f"asyncsoak: artifact: {exc.artifact_path}")
         if report is not None:
             report(exc.artifact)
         return EXIT_FAILED
     except OSError as exc:
         # The artifact could not be written (the disk filled up during the run): the tree was
         # stopped and the message says where the journal is.
-        print(f"asyncsoak: {exc}", file=sys.stderr)
+        tell(f"asyncsoak: {exc}")
         return EXIT_FAILED
     except Exception as exc:
         # Not the input: the monitor itself broke.  Its artifact says ``error``.
         traceback.print_exc()
-        print(f"asyncsoak: monitor error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        tell(f"asyncsoak: monitor error: {type(exc).__name__}: {exc}")
         if output.exists():
-            print(f"asyncsoak: artifact: {output}", file=sys.stderr)
+            tell(f"asyncsoak: artifact: {output}")
         return EXIT_FAILED
     if received:
         name = signal_name(received[0])
-        print(f"asyncsoak: stopped by {name}; artifact: {output}", file=sys.stderr)
+        tell(f"asyncsoak: stopped by {name}; artifact: {output}")
         # 128 + its number, as shells report a process a signal stopped.
         return SHELL_SIGNAL_BASE + received[0]
     assert artifact is not None
-    print(verdict_line(artifact, output), file=sys.stderr)
+    tell(verdict_line(artifact, output))
     if report is not None:
         report(artifact)
     return EXIT_OK
+
+
+def tell(text: str) -> None:
+    """A message on stderr, with the control characters of what the run put in it (a
+    failure's message, a warning, a path) spelled out: ``\\x1b``, not an escape sequence."""
+    print(terminal_text(text, one_line=False), file=sys.stderr)
 
 
 def verdict_line(artifact: dict[str, Any], output: Path) -> str:
@@ -362,7 +367,7 @@ def print_demo_summary(artifact: dict[str, Any]) -> None:
     cpu = (tree.get("cpu_percent") or {}).get("mean")
     print(f"\nverdict: {artifact['status']}")
     for failure in artifact["failures"]:
-        print(f"  {failure['reason']}: {failure['message']}")
+        print(terminal_text(f"  {failure['reason']}: {failure['message']}"))
     # run_soak's artifact, which the package built in the shape ``Artifact`` gives.
     ended = exit_text(cast("Artifact", artifact))
     print(f"ran for: {artifact['duration_seconds']:.1f}s, {ended}")

@@ -10,7 +10,8 @@ events, leftover processes, forensics and the log tail.
 
 By concern: ``_detail`` reads what the journal adds, ``_panels`` plans the panels,
 ``_figure`` draws the plotly figure, ``_tables`` writes the HTML sections, ``_page``
-assembles the page from them and the files in ``assets/``.
+assembles the page from them and the files in ``assets/``; ``_text`` escapes what the run
+wrote for plotly, as ``html.escape`` does for the page and ``textContent`` for its scripts.
 
 plotly is an optional extra (``pip install 'asyncsoak[report]'``), imported only by the figure.
 """
@@ -23,6 +24,7 @@ from ._page import PAGE as PAGE
 from ._page import ReportUnavailableError as ReportUnavailableError
 from ._page import render_report as render_report
 from ._page import write_report as write_report
+from ._text import plot_text as plot_text
 
 __all__ = [
     "PAGE",
@@ -30,6 +32,7 @@ __all__ = [
     "JournalDetail",
     "ReportUnavailableError",
     "journal_detail_for",
+    "plot_text",
     "read_journal_detail",
     "render_report",
     "write_report",

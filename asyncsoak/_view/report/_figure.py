@@ -41,6 +41,7 @@ from ._panels import (
     scale_for,
 )
 from ._tables import exit_label, pids
+from ._text import plot_text
 
 #: Vertical lines drawn for progress changes at most (more are merged by time).
 PROGRESS_LINES = 300
@@ -106,6 +107,8 @@ class _Mark:
 
     t: float
     lane: str
+    #: Plain text, escaped for plotly when drawn (``plot_text``); the hover's lines split by
+    #: newlines.
     label: str
     hover: str
     color: str
@@ -224,8 +227,7 @@ class Timeline:
                         t,
                         "failure",
                         str(event.get("reason")),
-                        f"failure {event.get('reason')} at {when}<br>"
-                        + html.escape(str(event.get("message"))),
+                        f"failure {event.get('reason')} at {when}\n{event.get('message')}",
                         COLORS["failure"],
                         "x",
                         "solid",
@@ -238,7 +240,7 @@ class Timeline:
                         "monitor",
                         str(event.get("signal")),
                         f"{event.get('signal')} sent to the {event.get('target')} at {when}"
-                        f"<br>pids {pids(event.get('pids'))}",
+                        f"\npids {pids(event.get('pids'))}",
                         COLORS["signal"],
                         "triangle-down",
                         "dash",
@@ -277,7 +279,7 @@ class Timeline:
                         "monitor",
                         "",
                         f"forensics of {event.get('processes')} process(es) at {when}"
-                        "<br>(see Forensics, below the plots)",
+                        "\n(see Forensics, below the plots)",
                         COLORS["leftover"],
                         "star",
                         None,
@@ -290,7 +292,7 @@ class Timeline:
                         "failure",
                         "OOM kill",
                         f"the kernel's OOM killer killed pid {event.get('pid')} "
-                        f"({html.escape(str(event.get('name')))}) at {when}",
+                        f"({event.get('name')}) at {when}",
                         COLORS["failure"],
                         "x-open",
                         "dot",
@@ -303,8 +305,7 @@ class Timeline:
                         t,
                         "monitor",
                         "",
-                        f"{kind}: pid {process.get('pid')} {html.escape(str(process.get('name')))}"
-                        f" at {when}",
+                        f"{kind}: pid {process.get('pid')} {process.get('name')} at {when}",
                         COLORS["leftover"],
                         "circle",
                         None,
@@ -316,8 +317,8 @@ class Timeline:
                         t,
                         "notes",
                         "leak" if event.get("verdict") == "leak" else "breach ahead",
-                        f"{event.get('verdict')} ({event.get('series')}) at {when}<br>"
-                        + html.escape(str(event.get("message"))),
+                        f"{event.get('verdict')} ({event.get('series')}) at {when}\n"
+                        f"{event.get('message')}",
                         COLORS["failure"],
                         "triangle-up",
                         None,
@@ -335,7 +336,7 @@ class Timeline:
                         t,
                         "notes",
                         "warning" if kind == EventKind.WARNING else "sampler",
-                        f"{kind} ({who}) at {when}<br>{html.escape(str(event.get('message')))}",
+                        f"{kind} ({who}) at {when}\n{event.get('message')}",
                         COLORS["note"],
                         "circle",
                         None,
@@ -350,8 +351,7 @@ class Timeline:
                             self.duration,
                             "failure",
                             FailureReason.MONITOR_LOST,
-                            "the journal ends here: the monitor died<br>"
-                            + html.escape(failure["message"]),
+                            f"the journal ends here: the monitor died\n{failure['message']}",
                             COLORS["failure"],
                             "x",
                             "solid",
@@ -399,7 +399,7 @@ class Timeline:
             shared_xaxes=True,
             row_heights=heights,
             vertical_spacing=gap / plot_height,
-            subplot_titles=titles,
+            subplot_titles=[plot_text(title) for title in titles],
         )
         self.panel_titles = titles
         self._draw_lanes(fig, go.Scatter, lanes)
@@ -437,7 +437,7 @@ class Timeline:
         if self.progress_times:
             ticks = self._progress_ticks()
             xs = [self.x(t) for t, _ in ticks]
-            tick_texts = [text for _, text in ticks]
+            tick_texts = [plot_text(text) for _, text in ticks]
             fig.add_trace(
                 scatter(
                     x=xs,
@@ -461,7 +461,7 @@ class Timeline:
                     x=[self.x(m.t) for m in marks],
                     y=[y_of[lane]] * len(marks),
                     mode="markers+text",
-                    text=[m.label for m in marks],
+                    text=[plot_text(m.label) for m in marks],
                     textposition=[
                         "middle left" if m.t > self.duration * 0.6 else "middle right"
                         for m in marks
@@ -473,7 +473,7 @@ class Timeline:
                         "color": [m.color for m in marks],
                         "line": {"width": 2, "color": [m.color for m in marks]},
                     },
-                    hovertext=[m.hover for m in marks],
+                    hovertext=[plot_text(m.hover) for m in marks],
                     hovertemplate="%{hovertext}<extra></extra>",
                     cliponaxis=False,
                     showlegend=False,
@@ -488,7 +488,8 @@ class Timeline:
             for start, end, reasons in spans:
                 span_xs.extend([self.x(start), self.x(end), None])
                 span_ys.extend([y_of[f"{group} throttled"], y_of[f"{group} throttled"], None])
-                texts.extend([", ".join(reasons), ", ".join(reasons), None])
+                text = plot_text(f"{group} throttled: {', '.join(reasons)}")
+                texts.extend([text, text, None])
             fig.add_trace(
                 scatter(
                     x=span_xs,
@@ -496,7 +497,7 @@ class Timeline:
                     mode="lines",
                     line={"width": 10, "color": "orange"},
                     text=texts,
-                    hovertemplate=f"{group} throttled: %{{text}}<extra></extra>",
+                    hovertemplate="%{text}<extra></extra>",
                     showlegend=False,
                 ),
                 row=1,
@@ -506,7 +507,7 @@ class Timeline:
             row=1,
             col=1,
             tickvals=[y_of[lane] for lane in lanes],
-            ticktext=lanes,
+            ticktext=[plot_text(lane) for lane in lanes],
             range=[-len(lanes) + 0.4, 0.6],
             showgrid=True,
             zeroline=False,
@@ -522,8 +523,7 @@ class Timeline:
             return [
                 (
                     t,
-                    f"progress at {format_duration(t)} ({self._wall(t)})"
-                    + (f"<br>{html.escape(f)}" if f else ""),
+                    f"progress at {format_duration(t)} ({self._wall(t)})" + (f"\n{f}" if f else ""),
                 )
                 for t, f in zip(times, files, strict=True)
             ]
@@ -539,7 +539,7 @@ class Timeline:
                 f"{format_duration(last)} ({self._wall(last)})"
             )
             if files[members[-1]]:
-                text += f"<br>last: {html.escape(files[members[-1]])}"
+                text += f"\nlast: {files[members[-1]]}"
             ticks.append((last, text))
         return ticks
 
@@ -676,7 +676,7 @@ class Timeline:
                     y=ys,
                     mode="lines",
                     line={"color": color, "width": 1.8, "dash": dash},
-                    name=name,
+                    name=plot_text(name),
                     legend=legend,
                     showlegend=len(panel.fields) > 1 or bool(processes) or self._has_baseline(f),
                     meta=[panel.title, name, scale.unit],
@@ -693,7 +693,7 @@ class Timeline:
                     y=[None if v is None else v / scale.divisor for v in ys],
                     mode="lines",
                     line={"color": PALETTE[(j + 2) % len(PALETTE)], "width": 1.1},
-                    name=pid_name,
+                    name=plot_text(pid_name),
                     legend=legend,
                     meta=[panel.title, pid_name, scale.unit],
                     hoverinfo="none",
@@ -765,7 +765,7 @@ class Timeline:
                 mode="lines",
                 line={"color": color, "width": 1.2, "dash": "dash"},
                 opacity=0.55,
-                name=f"{name} (baseline)",
+                name=plot_text(f"{name} (baseline)"),
                 legend=legend,
                 meta=[title, f"{name} (baseline)", scale.unit],
                 hoverinfo="none",
@@ -811,7 +811,7 @@ class Timeline:
             xanchor="left",
             yanchor="top",
             align="left",
-            text="<br>".join(html.escape(line) for line in lines),
+            text=plot_text("\n".join(lines)),
             showarrow=False,
             bgcolor="rgba(255,255,255,0.8)",
             font={

@@ -278,7 +278,7 @@ def facts_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
                 html.escape(", ".join(f"{k}={v}" for k, v in artifact["metadata"].items())),
             )
         )
-    rows = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
+    rows = "".join(f"<dt>{html.escape(name)}</dt><dd>{value}</dd>" for name, value in facts)
     return f'<dl class="facts">{rows}</dl>'
 
 
@@ -548,7 +548,7 @@ def _stall_forensics_html(forensics: Mapping[str, Any], main_pid: object = None)
         "before the first signal</h3>",
         f'<p class="help">{len(processes)} process(es); py-spy: {html.escape(str(py_spy))}'
         + (
-            f"; {forensics['skipped_for_time']} skipped for lack of time"
+            f"; {html.escape(str(forensics['skipped_for_time']))} skipped for lack of time"
             if forensics.get("skipped_for_time")
             else ""
         )

@@ -27,16 +27,26 @@ function clock(x) {
   var wall = new Date(startMs + seconds * 1000).toISOString().slice(11, 19);
   return rel + " since the start · " + wall + " UTC";
 }
+// An element holding ``text`` as text: panel titles and line names come from the run (a
+// process names itself), so they never go through innerHTML.
+function element(tag, text) {
+  var e = document.createElement(tag);
+  if (text !== undefined) { e.textContent = text; }
+  return e;
+}
 function show(x) {
-  var rows = [], panel = null;
+  var list = element("dl"), panel = null;
   plot.data.forEach(function (trace) {
     if (!trace.meta || trace.visible === "legendonly") { return; }
     var i = nearest(trace.x, x);
     if (i < 0) { return; }
-    if (trace.meta[0] !== panel) { panel = trace.meta[0]; rows.push("<dt>" + panel + "</dt>"); }
-    rows.push("<dd><span>" + trace.meta[1] + "</span> " + fmt(trace.y[i], trace.meta[2]) + "</dd>");
+    if (trace.meta[0] !== panel) { panel = trace.meta[0]; list.appendChild(element("dt", panel)); }
+    var row = element("dd");
+    row.appendChild(element("span", String(trace.meta[1])));
+    row.appendChild(document.createTextNode(" " + fmt(trace.y[i], trace.meta[2])));
+    list.appendChild(row);
   });
-  box.innerHTML = "<b>" + clock(x) + "</b><dl>" + rows.join("") + "</dl>";
+  box.replaceChildren(element("b", clock(x)), list);
   box.hidden = false;
   var axis = plot._fullLayout.xaxis;
   line.style.left = (axis._offset + axis.l2p(x)) + "px";
