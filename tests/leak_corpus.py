@@ -128,6 +128,11 @@ class Plan:
     def needs_data(self) -> bool:
         return any(p.file.peak for p in self.tree.processes) or bool(self.tree.reads.peak)
 
+    @property
+    def machine_wide(self) -> bool:
+        """Whether it leaks where only the machine's figures see it (``/dev/shm``)."""
+        return bool(self.tree.shm.peak)
+
 
 def steady_steps(duration: float) -> Curve:
     return Curve(((0.0, 0.0), (duration, STEPS_PER_SECOND * duration)))

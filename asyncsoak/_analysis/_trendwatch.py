@@ -19,6 +19,7 @@ from .._record._events import MEMORY_CGROUP_LIMITS
 from .._record._series import SeriesBuffer
 from ._trends import (
     FLOORS,
+    RECENT_FRACTIONS,
     WARM_UP_MAX_SECONDS,
     Direction,
     Trend,
@@ -40,8 +41,11 @@ MAX_TRACKED_PROCESSES = 64
 TOP_PROCESSES = 8
 #: Processes whose own memory trend is judged (the top ones by peak RSS).
 JUDGED_PROCESSES = 8
-#: A process is judged when it lived through this fraction of the analysed span.
+#: A process is judged when it lived through this fraction of the analysed span, or through
+#: its recent part (the smallest of the estimator's recent fractions) to the end of it, give
+#: or take ``ALIVE_AT_END_INTERVALS`` samples.
 PROCESS_COVERAGE = 0.8
+ALIVE_AT_END_INTERVALS = 3
 #: During the run, the warm-up is at least this many sample intervals (at most
 #: ``WARM_UP_MAX_SECONDS``): a warm-up ramp (a caching allocator, a data loader's prefetch)
 #: rises exactly like a leak until it ends, and under ``leak_check="fail"`` the run is
@@ -259,9 +263,9 @@ class TrendWatch:
         used = machine.get("memory_used_bytes")
         if used is not None:
             self.peak_machine_used = max(self.peak_machine_used or 0, int(used))
-        self._track("machine.shm_used_bytes", "bytes", "shared memory in /dev/shm").add(
-            t, machine.get("shm_used_bytes")
-        )
+        self._track(
+            "machine.shm_used_bytes", "bytes", "the machine's shared memory in /dev/shm"
+        ).add(t, machine.get("shm_used_bytes"))
         for label, disk in (event.get("disks") or {}).items():
             free = disk.get("free_bytes")
             if free is None:
@@ -488,9 +492,7 @@ class TrendWatch:
             times = times[:cut]
             if not times:
                 continue
-            if track.pid is not None and (times[-1] - max(times[0], start)) < PROCESS_COVERAGE * (
-                span
-            ):
+            if track.pid is not None and not self._covers(times, start, stop, span):
                 continue  # lived through too little of the span to be judged
             min_growth, min_ratio = SERIES_UNITS[track.unit]
             trend = estimate_trend(
@@ -506,6 +508,15 @@ class TrendWatch:
         if rate is not None:
             out["progress.changes_per_minute"] = rate
         return out
+
+    def _covers(self, times: list[float], start: float, stop: float, span: float) -> bool:
+        """Whether a process lived through enough of the analysed span to be judged: most of
+        it, or its recent part (a worker born late, still there at the end)."""
+        covered = times[-1] - max(times[0], start)
+        if covered >= PROCESS_COVERAGE * span:
+            return True
+        alive_at_end = times[-1] >= stop - ALIVE_AT_END_INTERVALS * (self.interval or 1.0)
+        return alive_at_end and covered >= RECENT_FRACTIONS[-1] * span
 
     def _entry(
         self,

@@ -23,6 +23,7 @@ from .._sampling._limits import MemoryCgroup, read_limits
 from .._units import format_duration
 from ._config import SoakConfig
 from ._rules import (
+    MACHINE_WIDE,
     TREND_LAG_FRACTION,
     budget_breach,
     leak_transient_seconds,
@@ -150,7 +151,7 @@ class RunJudge:
             seen = self._live_leaks.setdefault(key, sink.elapsed())
             if final and seen < sink.elapsed():
                 message += f" (first seen {format_duration(seen)} into the run)"
-            if cfg.leak_check == "fail":
+            if cfg.leak_check == "fail" and not key.startswith(MACHINE_WIDE):
                 if first_time:
                     message += " (leak_check=fail)"
                     if final:

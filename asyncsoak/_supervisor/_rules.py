@@ -43,6 +43,11 @@ def leak_transient_seconds(cfg: SoakConfig) -> float:
     )
 
 
+#: Series of the whole machine (``/dev/shm``): a rise there may be another process's, so it
+#: is a warning under ``leak_check="fail"`` too, never the failure.
+MACHINE_WIDE = "machine."
+
+
 #: Series whose confident rise is a leak, in the order their warnings are preferred: a
 #: process's own series names the culprit, so the tree's is only reported without one.
 LEAK_GROUPS: tuple[tuple[str, ...], ...] = (
