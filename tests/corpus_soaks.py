@@ -338,6 +338,7 @@ def sample_event(
         "tree": {
             "cpu_percent": cpu,
             "rss_bytes": tree_rss,
+            "anon_bytes": tree_anon,
             "processes": count,
             "threads": count,
             "fds": 4 * count,
@@ -350,6 +351,7 @@ def sample_event(
             "memory_percent": percent,
             "swap_percent": 0.0,
             "load1": 1.0,
+            "shm_used_bytes": shm,
             "disk_free_bytes_progress": free,
             "disk_free_bytes_output": free,
         },
