@@ -35,7 +35,7 @@ from pathlib import Path
 
 import anyio
 
-from .._blocking import BlockingCallTimeout, Ride, Rides, ride_or_run, run_blocking
+from .._blocking import EXECUTOR, BlockingCallTimeout, Ride, Rides, ride_or_run, run_blocking
 from .._record._events import Progress, WarningEvent
 from .._record._sink import EventSink, SoakClock
 from ._inotify import Inotify
@@ -299,7 +299,10 @@ async def run_watchdog(
             tg.cancel_scope.cancel()
     finally:
         if watcher is not None:
-            watcher.close()
+            # Closing an inotify instance waits for the kernel's RCU grace period (2 to 20 ms):
+            # on the event loop, 64 soaks cancelled together would wait for them one by one.
+            # Nobody waits for it: the descriptor is closed in the pool, soon.
+            EXECUTOR.submit(watcher.close)
 
 
 async def _first_watches(
