@@ -18,6 +18,12 @@ a soak the scan every interval rides on the proc sampler's tick (no timer of the
 own).  With scans a second apart or less, inotify is not listened to between them (a trainer
 that writes often would wake the monitor at each write): its queue is read when the scan comes
 back.  With scans further apart, inotify is listened to and a change is looked at when told.
+
+The stall rules are judged on time whatever the scans do: a scan that does not come back (a
+hung mount, a pool whose threads are all stuck) leaves the deadline to :func:`_judge_on_time`,
+which calls the rule :data:`JUDGE_GRACE_SECONDS` plus one interval after the deadline if no
+scan showed progress by then (fail closed: the monitor that cannot see never passes a stall).
+A scan still running is never joined by a second one beside it.
 """
 
 from __future__ import annotations
@@ -113,6 +119,28 @@ def scan_progress_dir(
                     continue
                 result.files[name] = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     return result
+
+
+class _Scanner:
+    """The watchdog's scan of the progress tree, with whether one is running (in a thread)
+    and since when: a scan that hangs is not joined by another, so one soak over a dead mount
+    holds one thread, not one more per interval."""
+
+    def __init__(
+        self, progress_dir: Path, ignore: Callable[[], Collection[FileKey]], also: Collection[Path]
+    ) -> None:
+        self._progress_dir = progress_dir
+        self._ignore = ignore
+        self._also = also
+        #: ``time.monotonic()`` when the scan under way started; None when none runs.
+        self.running_since: float | None = None
+
+    def __call__(self) -> ScanResult:
+        self.running_since = time.monotonic()
+        try:
+            return scan_progress_dir(self._progress_dir, self._ignore(), self._also)
+        finally:
+            self.running_since = None
 
 
 def _key(entry: os.DirEntry[str]) -> FileKey:
@@ -275,8 +303,27 @@ async def run_watchdog(
     ``rides`` (the proc sampler's, on the same grid) the scans ride on the sampler's thread hop.
     """
     watcher = open_inotify() if use_inotify else None
+    scanner = _Scanner(progress_dir, ignore, also)
+    fired = False
+
+    async def fail(reason: str, message: str) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            await on_failure(reason, message)
+
     try:
         async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                _judge_on_time,
+                sink,
+                tracker,
+                scanner,
+                progress_dir,
+                scan_interval + JUDGE_GRACE_SECONDS,
+                fail,
+                tg.cancel_scope,
+            )
             if watcher is not None:
                 # The first walk of a big (or hung) tree must not hold up the scans, which
                 # are the authority: the watches are put in place beside them.
@@ -289,10 +336,10 @@ async def run_watchdog(
                 progress_dir,
                 tracker,
                 ignore,
-                also,
+                scanner,
                 scan_interval,
                 limiter,
-                on_failure,
+                fail,
                 scan_timeout,
                 rides,
             )
@@ -303,6 +350,37 @@ async def run_watchdog(
             # on the event loop, 64 soaks cancelled together would wait for them one by one.
             # Nobody waits for it: the descriptor is closed in the pool, soon.
             EXECUTOR.submit(watcher.close)
+
+
+async def _judge_on_time(
+    sink: EventSink,
+    tracker: ProgressTracker,
+    scanner: _Scanner,
+    progress_dir: Path,
+    grace: float,
+    fail: Callable[[str, str], Awaitable[None]],
+    scope: anyio.CancelScope,
+) -> None:
+    """The stall rules on their own clock: ``grace`` after the deadline, a rule the scans
+    have not settled (no progress seen meanwhile, no verdict of their own: a scan or a stat
+    that did not come back) fires, and the watchdog ends.  One wake-up per deadline."""
+    while True:
+        deadline = tracker.deadline()
+        await anyio.sleep(max(0.0, deadline + grace - sink.elapsed()))
+        now = sink.elapsed()
+        broken = tracker.verdict(now)
+        if tracker.deadline() != deadline or broken is None:
+            continue  # progress was seen meanwhile: a new deadline
+        reason, message = broken
+        since = scanner.running_since
+        if since is not None:
+            message += (
+                f"; the scan of {progress_dir} had not come back after "
+                f"{time.monotonic() - since:.1f}s, so no progress could be seen"
+            )
+        await fail(reason, message)
+        scope.cancel()
+        return
 
 
 async def _first_watches(
@@ -352,7 +430,7 @@ async def _watch(
     progress_dir: Path,
     tracker: ProgressTracker,
     ignore: Callable[[], Collection[FileKey]],
-    also: Collection[Path],
+    scanner: _Scanner,
     scan_interval: float,
     limiter: anyio.CapacityLimiter,
     on_failure: Callable[[str, str], Awaitable[None]],
@@ -373,11 +451,9 @@ async def _watch(
     #: When the last scan came back: a change a scan finds happened after it.
     scanned_at = sink.elapsed()
     while True:
-        if rides is not None and ride is None:
+        if rides is not None and ride is None and scanner.running_since is None:
             # Posted ahead, so the sampler's hop at the next tick takes it.
-            ride = rides.post(
-                partial(scan_progress_dir, progress_dir, ignore(), also), scan_timeout
-            )
+            ride = rides.post(scanner, scan_timeout)
         # A riding scan comes back with the sampler's tick: no timer of the watchdog's own
         # wakes the loop for it, only the deadline (or an overflow, which wants a scan now).
         wake = tracker.deadline()
@@ -439,9 +515,11 @@ async def _watch(
                 result = await ride_or_run(
                     rides, taking, what=f"the scan of {progress_dir}", limiter=limiter
                 )
-            else:
+            elif scanner.running_since is None:
+                # (Else the last scan is still stuck: this interval has no scan, and the
+                # deadline is judged as if nothing changed.)
                 result = await run_blocking(
-                    partial(scan_progress_dir, progress_dir, ignore(), also),
+                    scanner,
                     timeout=scan_timeout,
                     what=f"the scan of {progress_dir}",
                     limiter=limiter,
@@ -535,6 +613,11 @@ _CLOCK_REALTIME_COARSE = 5
 #: How far behind a file's mtime may be (the kernel dates writes with its coarse clock, one
 #: scheduler tick at most): added, so that a change is never dated before it happened.
 MTIME_LATENESS_SECONDS = _coarse_clock_resolution()
+
+
+#: How long past a deadline, beyond one scan interval, the stall rules wait for the scans to
+#: settle it before they fire on their own (a scan that does not come back sees nothing).
+JUDGE_GRACE_SECONDS = 2.0
 
 
 #: A change inotify hears of this close to the next scan waits for it (which rides on the proc
