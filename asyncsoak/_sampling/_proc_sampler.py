@@ -78,6 +78,7 @@ def blind_limit(interval: float) -> float:
     """How long the sampler may go without a sample before the soak fails closed."""
     return max(BLIND_SECONDS, BLIND_INTERVALS * interval)
 
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
