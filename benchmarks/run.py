@@ -63,6 +63,7 @@ BENCHMARKS: dict[str, str] = {
     "queue_backends": "12. Queue backends",
     "trends": "13. Trends",
     "report_render": "14. Report load and draw",
+    "many_soaks": "15. Many soaks per process",
 }
 #: Run beside the background item: light, and as long.
 ALONGSIDE_BACKGROUND = ("gpu_sampling",)
