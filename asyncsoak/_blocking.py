@@ -18,11 +18,13 @@ pool of asyncsoak's own threads:
 aiofiles takes the same executor (``aiofiles.open(..., executor=EXECUTOR)``), so the journal's
 writes share the bound on threads and the count of abandoned calls.
 
-The proc sampler reads on a :class:`Ticker`: one long call on the pool that sleeps until each
-tick of the sample grid, runs the tick's job (the blocking calls posted as :class:`Rides`, the
-watchdog's scan and the journal's batch, then the read) and wakes the loop once with the
-outcome.  The loop paces it: the next job waits until the loop has handled the last outcome,
-so a loop that falls behind skips ticks and is never handed a backlog.
+The proc sampler reads on a :class:`Ticker`: a daemon thread of the soak's own, outside the
+pool (so that a process may run many soaks, each on time, and the pool stays free for short
+calls), that sleeps until each tick of the sample grid, runs the tick's job (the blocking
+calls posted as :class:`Rides`, the watchdog's scan and the journal's batch, then the read)
+and wakes the loop once with the outcome.  The loop paces it: the next job waits until the
+loop has handled the last outcome, so a loop that falls behind skips ticks and is never
+handed a backlog.
 """
 
 from __future__ import annotations
@@ -147,17 +149,33 @@ class BlockingExecutor(Executor):
                     return
                 self._queued -= 1
             call, fn = item
-            if not call.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn()
-            except BaseException as exc:
-                call.set_exception(exc)
-            else:
-                call.set_result(result)
-            with self._lock:
-                self._abandoned_now.discard(call)
+            self._run_call(call, fn)
             del call, fn, item
+
+    def _run_call(self, call: _Call, fn: Callable[[], Any]) -> None:
+        if not call.set_running_or_notify_cancel():
+            return
+        try:
+            result = fn()
+        except BaseException as exc:
+            call.set_exception(exc)
+        else:
+            call.set_result(result)
+        with self._lock:
+            self._abandoned_now.discard(call)
+
+    def run_in_own_thread(self, fn: Callable[[], Any], *, name: str) -> Future[Any]:
+        """Run ``fn`` in a new daemon thread of its own, outside the pool's bound, with the
+        pool's accounting (cancelling it while it runs abandons it, and counts it).
+
+        For a caller that holds its thread for its whole life (a soak's :class:`Ticker`):
+        on the pool, each would hold one of its :data:`MAX_THREADS` for good, and the
+        seventeenth soak of a process would wait for a thread it never gets.  The caller
+        bounds how many of its own threads may be stuck at once.
+        """
+        call = _Call(self)
+        threading.Thread(target=self._run_call, args=(call, fn), name=name, daemon=True).start()
+        return call
 
 
 #: The process-wide pool every blocking call of asyncsoak runs on.
@@ -320,6 +338,8 @@ class Rides:
             return sum(ride.timeout for ride in self._posted)
 
 
+#: Threads of one :class:`Ticker` alive at once at most, stuck ones included.
+MAX_TICKER_THREADS = 3
 #: Turns of the event loop a rider waits for its taker when both woke on the same tick.
 RIDE_TURNS = 3
 
@@ -383,10 +403,15 @@ class Ticker(Generic[T]):
     loop is still busy with the last sample nor hands it a backlog, exactly as one trip per
     tick paced by the loop.  The first job runs at once (a soak's first sample is its start).
 
-    The thread is one long call on :data:`EXECUTOR` (a daemon thread, within the pool's
-    bound).  A job that outlives its deadline (:meth:`next`) abandons that call (it is
+    The thread is the ticker's own daemon thread (:meth:`BlockingExecutor.run_in_own_thread`),
+    outside the pool's bound: a ticker holds its thread for the soak's whole life, and on the
+    pool the seventeenth soak of a process would wait for a thread it never gets (it would
+    run blind).  A job that outlives its deadline (:meth:`next`) abandons that thread (it is
     counted) and the ticks go on, on the same grid, in a new one; the stuck thread, when its
-    job returns, sees it was replaced and ends.  ``job(tick, partial)`` gets the tick's time
+    job returns, sees it was replaced and ends.  At most :data:`MAX_TICKER_THREADS` threads of
+    one ticker are alive at once, stuck ones included: past that no new one starts until a
+    stuck one returns, and meanwhile every :meth:`next` times out (the sampler says it is
+    degraded, then the soak fails closed).  ``job(tick, partial)`` gets the tick's time
     and a dict for what it has so far, which :meth:`next` hands back in :class:`TickTimeout`
     when the job does not come back in time.
     """
@@ -422,6 +447,11 @@ class Ticker(Generic[T]):
         #: (generation, when) the job under way started; None between jobs.
         self._job_started: tuple[int, float] | None = None
         self._submitted = 0.0
+        #: The ticker's threads alive (the current one and stuck ones), and whether a new one
+        #: waits for one of them to end; both shared with the threads, hence the lock.
+        self._lock = threading.Lock()
+        self._threads_alive = 0
+        self._start_waiting = False
 
     async def __aenter__(self) -> Ticker[T]:
         self._start(at_once=True)
@@ -483,12 +513,36 @@ class Ticker(Generic[T]):
         raise TickTimeout("a tick's job", timeout, dict(partial_outcome))
 
     def _start(self, *, at_once: bool) -> None:
+        with self._lock:
+            if self._threads_alive >= MAX_TICKER_THREADS:
+                # Stuck threads enough: the next starts when one of them ends (_thread_ended).
+                self._start_waiting = True
+                self._call = None
+                return
+            self._threads_alive += 1
         partial_outcome: dict[str, Any] = {}
         self._partial = partial_outcome
         self._submitted = time.monotonic()
-        call = EXECUTOR.submit(self._run, self._generation, partial_outcome, at_once)
+        call = EXECUTOR.run_in_own_thread(
+            partial(self._run, self._generation, partial_outcome, at_once), name="asyncsoak-ticker"
+        )
         assert isinstance(call, _Call)
         self._call = call
+
+    def _thread_ended(self) -> None:
+        """In the thread, as it ends: a stuck one makes room for the thread that waits."""
+        with self._lock:
+            self._threads_alive -= 1
+            waiting = self._start_waiting and not self._stop.is_set()
+        if waiting:
+            with contextlib.suppress(RuntimeError):  # the event loop is closed
+                self._loop.call_soon_threadsafe(self._start_waiting_thread)
+
+    def _start_waiting_thread(self) -> None:
+        with self._lock:
+            waiting, self._start_waiting = self._start_waiting, False
+        if waiting and not self._stop.is_set():
+            self._start(at_once=False)  # on the same grid
 
     def _current(self, generation: int) -> bool:
         return generation == self._generation and not self._stop.is_set()
@@ -507,6 +561,14 @@ class Ticker(Generic[T]):
     def _run(self, generation: int, partial_outcome: dict[str, Any], at_once: bool) -> None:
         """The thread: sleep until the tick, run the job if the loop has asked for it, hand
         the outcome to the loop."""
+        try:
+            self._tick_until_replaced(generation, partial_outcome, at_once)
+        finally:
+            self._thread_ended()
+
+    def _tick_until_replaced(
+        self, generation: int, partial_outcome: dict[str, Any], at_once: bool
+    ) -> None:
         tick = self._tick
         while True:
             if not at_once:

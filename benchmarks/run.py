@@ -64,6 +64,7 @@ BENCHMARKS: dict[str, str] = {
     "trends": "13. Trends",
     "report_render": "14. Report load and draw",
     "leak_corpus": "15. Leak corpus",
+    "many_soaks": "16. Many soaks per process",
 }
 #: Run beside the background item: light, and as long.
 ALONGSIDE_BACKGROUND = ("gpu_sampling",)

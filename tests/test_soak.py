@@ -679,9 +679,9 @@ async def test_a_steady_soak_makes_no_thread_hop_per_sample(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Once running, the samples, the scans of the progress dir and the journal's writes all
-    happen in the proc sampler's ticker thread, one long call on the pool: the pool gets a
-    fixed number of calls (start-up and the end), none per sample (a trip per tick, or a
-    journal write or a scan of its own, would be one or more per sample)."""
+    happen in the proc sampler's ticker thread, one thread of its own outside the pool: the
+    pool gets a fixed number of calls (start-up and the end), none per sample (a trip per
+    tick, or a journal write or a scan of its own, would be one or more per sample)."""
     from asyncsoak import _blocking
 
     calls: list[str] = []
@@ -691,13 +691,21 @@ async def test_a_steady_soak_makes_no_thread_hop_per_sample(
         calls.append(getattr(fn, "__qualname__", type(fn).__name__))
         return submit(fn, *args, **kwargs)
 
+    own_threads: list[str] = []
+    run_in_own_thread = _blocking.EXECUTOR.run_in_own_thread
+
+    def counting_own(fn: Any, *, name: str) -> Any:
+        own_threads.append(name)
+        return run_in_own_thread(fn, name=name)
+
     monkeypatch.setattr(_blocking.EXECUTOR, "submit", counting)
+    monkeypatch.setattr(_blocking.EXECUTOR, "run_in_own_thread", counting_own)
     command = child(tmp_path, "for i in range(50):\n    touch(); time.sleep(0.1)")
     with anyio.fail_after(60):
         artifact = await run_soak(command=command, **fast_limits(tmp_path))
     samples = artifact["monitor"]["samples"]["sample"]
     assert samples >= 30
-    assert calls.count("Ticker._run") == 1
+    assert own_threads == ["asyncsoak-ticker"]
     # Start-up and the end (spawn, snapshot, baseline and final scans, the artifact) make a
     # fixed number of calls; the steady part, none.
     assert len(calls) < 30 < samples, calls

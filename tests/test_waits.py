@@ -28,12 +28,12 @@ import psutil
 import pytest
 from aiofiles.threadpool.binary import AsyncFileIO
 
-from asyncsoak import SoakFailureError, read_journal, run_soak
+from asyncsoak import SoakFailureError, _blocking, read_journal, run_soak
 from asyncsoak._process import _cgroup, _forensics, _tree
 from asyncsoak._process._spawn import REAPER_MODULE
 from asyncsoak._record import _artifact, _serializer
 from asyncsoak._record._sink import EventSink
-from asyncsoak._sampling import _watchdog
+from asyncsoak._sampling import _proc_sampler, _watchdog
 from asyncsoak._sampling._gpu_sampler import GpuSample
 from asyncsoak._sampling._inotify import Inotify
 from asyncsoak._sampling._nvidia_smi import GpuProcess
@@ -569,3 +569,65 @@ def test_the_reaper_waits_the_soaks_kill_wait_after_its_sigkill(
                 os.waitpid(command, WALL)
     print(f"the reaper gave up {waited:.2f}s after its SIGKILL (kill_wait_seconds={kill_wait:g})")
     assert kill_wait * 0.8 <= waited < 4.0, f"the reaper waited {waited:.2f}s"
+
+
+@pytest.mark.asyncio
+async def test_a_scan_that_never_comes_back_fails_the_stall_on_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
+) -> None:
+    """Every scan of the progress dir hangs (a dead mount): the stall rules are judged on
+    their own clock, so the soak stops the trainer and fails, saying why, instead of passing
+    when the trainer exits 0 after a stall longer than the limit."""
+    monkeypatch.setattr(_watchdog, "scan_progress_dir", blocked(stuck, _watchdog.scan_progress_dir))
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    kwargs = fast_limits(
+        tmp_path,
+        sample_interval_seconds=0.5,
+        startup_timeout_seconds=3.0,
+        stale_progress_seconds=2.0,
+    )
+    command = ["sh", "-c", 'echo step > "$1/metrics"; sleep 12', "sh", str(progress)]
+    with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
+        await run_soak(command=command, **kwargs)
+    assert info.value.reason in ("startup_timeout", "stale_progress")
+    assert "had not come back" in info.value.failures[0]["message"]
+    # The monitor stopped the trainer: it did not get to exit 0 by itself.
+    assert info.value.artifact["stop"]["cause"] == "failure"
+
+
+@pytest.mark.asyncio
+async def test_a_sampler_that_cannot_read_fails_the_soak_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
+) -> None:
+    """Every read of /proc hangs: the sampler says it is degraded, then the soak fails
+    ``monitor_error`` (status ``error``) instead of passing a run it never saw; the hung
+    reads hold a bounded number of the ticker's threads."""
+    monkeypatch.setattr(
+        _proc_sampler.ProcSampler, "read", blocked(stuck, _proc_sampler.ProcSampler.read)
+    )
+    monkeypatch.setattr(_proc_sampler, "BLIND_SECONDS", 1.0)
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    command = [
+        "sh",
+        "-c",
+        'for i in $(seq 40); do echo $i >> "$1/metrics"; sleep 0.3; done',
+        "sh",
+        str(progress),
+    ]
+    threads_before = set(threading.enumerate())
+    kwargs = fast_limits(tmp_path, sample_interval_seconds=0.5, stale_progress_seconds=5.0)
+    with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
+        await run_soak(command=command, **kwargs)
+    tickers = [
+        t for t in set(threading.enumerate()) - threads_before if t.name == "asyncsoak-ticker"
+    ]
+    artifact = info.value.artifact
+    assert info.value.reason == "monitor_error"
+    assert artifact["status"] == "error"
+    assert "no sample of the process tree" in artifact["failures"][0]["message"]
+    kinds = [e["kind"] for e in artifact["events"]]
+    assert kinds.index("sampler_degraded") < kinds.index("failure")
+    assert artifact["stop"]["cause"] == "failure"
+    assert len(tickers) <= _blocking.MAX_TICKER_THREADS

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
+from asyncsoak import SoakFailureError, run_soak
 from asyncsoak._record._sink import SoakClock
+from asyncsoak._sampling import _watchdog
 from asyncsoak._sampling._watchdog import (
     MTIME_LATENESS_SECONDS,
     FileState,
@@ -160,3 +167,83 @@ def test_scanner_survives_loops_deep_trees_and_vanishing_files(tmp_path: Path) -
     finally:
         stop.set()
         worker.join()
+
+
+#: Waits, writes a new file into the progress dir now and then (noting when, on the
+#: system-wide monotonic clock, in a file outside it), then stalls.
+WRITES_A_FEW_NEW_FILES_THEN_STALLS = """
+import json, pathlib, sys, time
+progress, notes = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+written = {}
+time.sleep(1.5)
+for step in range(4):
+    (progress / f"new-{step}").write_text("step")
+    written[f"new-{step}"] = time.monotonic()
+    notes.write_text(json.dumps(written))
+    time.sleep(0.7)
+time.sleep(60)
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_huge_tree_is_scanned_whole_rarely_yet_progress_and_stalls_are_on_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A progress dir of 20,000 files: full scans are spaced out (inotify watches the tree
+    between them), yet each new file is seen before the next full scan, and the stall is
+    called by a full scan of its own at its deadline, not at the next spaced-out one."""
+    # Spaced out far enough to tell apart on any machine (a 20,000-file scan takes 10 ms or
+    # more of CPU: full scans 5 s apart or more, against 0.5 s intervals).
+    monkeypatch.setattr(_watchdog, "SCAN_CPU_SHARE", 0.002)
+    scans: list[float] = []
+    real_scan = _watchdog.scan_progress_dir
+
+    def counted_scan(*args: Any, **kwargs: Any) -> _watchdog.ScanResult:
+        scans.append(time.monotonic())
+        return real_scan(*args, **kwargs)
+
+    monkeypatch.setattr(_watchdog, "scan_progress_dir", counted_scan)
+    progress = tmp_path / "progress"
+    for a in range(20):
+        directory = progress / f"a{a}"
+        directory.mkdir(parents=True)
+        for f in range(1000):
+            os.close(os.open(directory / f"f{f}", os.O_WRONLY | os.O_CREAT, 0o600))
+    notes = tmp_path / "written.json"
+    command = [
+        sys.executable,
+        "-c",
+        textwrap.dedent(WRITES_A_FEW_NEW_FILES_THEN_STALLS),
+        str(progress),
+        str(notes),
+    ]
+    with anyio.fail_after(90), pytest.raises(SoakFailureError) as info:
+        await run_soak(
+            command=command,
+            progress_dir=progress,
+            output_path=tmp_path / "out" / "soak.json",
+            sample_interval_seconds=0.5,
+            startup_timeout_seconds=20.0,
+            stale_progress_seconds=3.0,
+            nvidia_smi=None,
+            forensics=False,
+        )
+    artifact = info.value.artifact
+    assert info.value.reason == "stale_progress"
+    assert "had not come back" not in artifact["failures"][0]["message"]
+    assert artifact["stop"]["cause"] == "failure"  # before the trainer's own end
+
+    start = artifact["monitor"]["monotonic_start"]
+    progress_events = [e for e in artifact["events"] if e["kind"] == "progress"]
+    written = json.loads(notes.read_text())
+    for name, at in written.items():
+        seen = next(start + e["t"] for e in progress_events if name in e["paths"])
+        # Seen through inotify: no full scan started between the write and its sighting.
+        assert not [scan for scan in scans if at < scan <= seen], (name, at, seen, scans)
+
+    [failure] = [e for e in artifact["events"] if e["kind"] == "failure"]
+    deadline = start + progress_events[-1]["t"] + 3.0
+    # The stall was decided by a full scan started at its deadline.
+    assert [scan for scan in scans if deadline <= scan <= start + failure["t"]]
+    intervals = artifact["duration_seconds"] / 0.5
+    assert len(scans) <= 4 < intervals / 3, (len(scans), intervals)

@@ -375,4 +375,11 @@ def _remove_cgroup(path: str, timeout: float = 1.0) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_status = main()
+    # Out without the interpreter's teardown, which costs a reaper about 25 ms of CPU here:
+    # 64 soaks stopped together on a busy machine waited 0.7 to 1.1 s for their reapers to
+    # exit, 0.1 to 0.2 s like this.  Nothing is lost: the log is written unbuffered and every
+    # report is flushed as it is made.
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    os._exit(exit_status)

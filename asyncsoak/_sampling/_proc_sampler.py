@@ -32,7 +32,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -68,6 +68,16 @@ SAMPLER_NAME = "proc"
 SAMPLES_BEHIND = 2
 #: How long one reading of the tree and the machine may take before the sampler is degraded.
 READ_TIMEOUT_SECONDS = 5.0
+#: A soak whose sampler has had no sample for this long (and :data:`BLIND_INTERVALS` sample
+#: intervals) is not being watched: it fails closed (``monitor_error``), never passes blind.
+BLIND_SECONDS = 20.0
+BLIND_INTERVALS = 4
+
+
+def blind_limit(interval: float) -> float:
+    """How long the sampler may go without a sample before the soak fails closed."""
+    return max(BLIND_SECONDS, BLIND_INTERVALS * interval)
+
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -892,9 +902,15 @@ async def run_proc_sampler(
     ticks: TickSignal | None = None,
     members_file: str | None = None,
     tree_gone: anyio.Event | None = None,
+    on_blind: Callable[[str, str], Awaitable[None]] | None = None,
+    blind_after: float | None = None,
 ) -> None:
     """Offer a :class:`ProcSample` every ``interval`` seconds until cancelled, or until the
     tree is gone (``tree_gone`` set, and a read finds it empty).
+
+    A sampler that has had no sample for ``blind_after`` seconds (default
+    :func:`blind_limit`), whatever the cause (reads that hang or fail, no thread to read in),
+    calls ``on_blind("monitor_error", message)`` once: the soak fails closed.
 
     The tree is every descendant of ``root_pid`` (the soak's reaper), found afresh each time;
     ``on_tree`` then gets its pids.  USS and PSS are read only with ``detailed_memory``:
@@ -940,6 +956,8 @@ async def run_proc_sampler(
                     on_tree=on_tree,
                     read_timeout=read_timeout,
                     tree_gone=tree_gone,
+                    on_blind=on_blind,
+                    blind_after=blind_limit(interval) if blind_after is None else blind_after,
                 )
 
 
@@ -959,13 +977,17 @@ async def _sample_on_ticks(
     on_tree: Callable[[frozenset[int]], None] | None,
     read_timeout: float,
     tree_gone: anyio.Event | None,
+    on_blind: Callable[[str, str], Awaitable[None]] | None,
+    blind_after: float,
 ) -> None:
     """Hand each tick's sample to the sink, telling what goes wrong, until cancelled or the
-    tree is gone."""
-    error_told = degraded = False
+    tree is gone; past ``blind_after`` seconds without a sample, call ``on_blind``."""
+    error_told = degraded = blind_told = False
+    last_sample_at = sink.elapsed()
     while True:
         outcome: _TickOutcome | None = None
         ride_hung = False
+        sampled = False
         try:
             outcome = await ticker.next(timeout=read_timeout)
         except TickTimeout as exc:
@@ -988,6 +1010,7 @@ async def _sample_on_ticks(
                 return
             busy = outcome is not None and outcome.read and sample is None
             if sample is not None:
+                sampled = True
                 if degraded:
                     degraded = False
                     await sink.emit(
@@ -1028,5 +1051,16 @@ async def _sample_on_ticks(
                         {"error": repr(exc), "type": type(exc).__name__},
                     )
                 )
+        now = sink.elapsed()
+        if sampled:
+            last_sample_at = now
+        elif on_blind is not None and not blind_told and now - last_sample_at >= blind_after:
+            blind_told = True
+            await on_blind(
+                "monitor_error",
+                f"the proc sampler had no sample of the process tree for "
+                f"{now - last_sample_at:.1f}s (reads that hang or fail, or no thread to read "
+                "in): the run was not being watched",
+            )
         if ticks is not None:
             ticks.notify()

@@ -18,6 +18,19 @@ a soak the scan every interval rides on the proc sampler's tick (no timer of the
 own).  With scans a second apart or less, inotify is not listened to between them (a trainer
 that writes often would wake the monitor at each write): its queue is read when the scan comes
 back.  With scans further apart, inotify is listened to and a change is looked at when told.
+
+The stall rules are judged on time whatever the scans do: a scan that does not come back (a
+hung mount, a pool whose threads are all stuck) leaves the deadline to :func:`_judge_on_time`,
+which calls the rule :data:`JUDGE_GRACE_SECONDS` plus one interval after the deadline if no
+scan showed progress by then (fail closed: the monitor that cannot see never passes a stall).
+A scan still running is never joined by a second one beside it.
+
+A huge tree (100,000 files cost 0.35 s of CPU a scan here, 0.7 of a core at 0.5 s) is
+scanned whole less often: where inotify watches the whole tree, full scans are spaced so that
+they take at most :data:`SCAN_CPU_SHARE` of a core (:func:`full_scan_period`, a multiple of
+the interval, at most :data:`MAX_FULL_SCAN_PERIOD_SECONDS`), inotify is listened to between
+them (a new or grown file is looked at when told), and every deadline still gets a full scan
+of its own before a stall is called.
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ from pathlib import Path
 
 import anyio
 
-from .._blocking import BlockingCallTimeout, Ride, Rides, ride_or_run, run_blocking
+from .._blocking import EXECUTOR, BlockingCallTimeout, Ride, Rides, ride_or_run, run_blocking
 from .._record._events import Progress, WarningEvent
 from .._record._sink import EventSink, SoakClock
 from ._inotify import Inotify
@@ -113,6 +126,40 @@ def scan_progress_dir(
                     continue
                 result.files[name] = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     return result
+
+
+class _Scanner:
+    """The watchdog's scan of the progress tree, with whether one is running (in a thread)
+    and since when: a scan that hangs is not joined by another, so one soak over a dead mount
+    holds one thread, not one more per interval."""
+
+    def __init__(
+        self, progress_dir: Path, ignore: Callable[[], Collection[FileKey]], also: Collection[Path]
+    ) -> None:
+        self._progress_dir = progress_dir
+        self._ignore = ignore
+        self._also = also
+        #: ``time.monotonic()`` when the scan under way started; None when none runs.
+        self.running_since: float | None = None
+        #: The CPU time (of its thread) the last scan took.
+        self.last_cost = 0.0
+
+    def __call__(self) -> ScanResult:
+        self.running_since = time.monotonic()
+        cpu = time.thread_time()
+        try:
+            return scan_progress_dir(self._progress_dir, self._ignore(), self._also)
+        finally:
+            self.last_cost = time.thread_time() - cpu
+            self.running_since = None
+
+
+def full_scan_period(cost: float, interval: float) -> float:
+    """The period of full scans of a tree whose scan costs ``cost`` seconds of CPU: one
+    interval, or as many as keep the scans within :data:`SCAN_CPU_SHARE` of a core (on the
+    sampler's grid), at most :data:`MAX_FULL_SCAN_PERIOD_SECONDS`."""
+    wanted = min(cost / SCAN_CPU_SHARE, MAX_FULL_SCAN_PERIOD_SECONDS)
+    return max(1, math.ceil(wanted / interval)) * interval
 
 
 def _key(entry: os.DirEntry[str]) -> FileKey:
@@ -275,13 +322,41 @@ async def run_watchdog(
     ``rides`` (the proc sampler's, on the same grid) the scans ride on the sampler's thread hop.
     """
     watcher = open_inotify() if use_inotify else None
+    scanner = _Scanner(progress_dir, ignore, also)
+    fired = False
+
+    async def fail(reason: str, message: str) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            await on_failure(reason, message)
+
     try:
         async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                _judge_on_time,
+                sink,
+                tracker,
+                scanner,
+                progress_dir,
+                scan_interval + JUDGE_GRACE_SECONDS,
+                fail,
+                tg.cancel_scope,
+            )
+            watches_placed = anyio.Event()
             if watcher is not None:
                 # The first walk of a big (or hung) tree must not hold up the scans, which
                 # are the authority: the watches are put in place beside them.
                 tg.start_soon(
-                    _first_watches, sink, watcher, progress_dir, tracker, ignore, also, scan_timeout
+                    _first_watches,
+                    sink,
+                    watcher,
+                    progress_dir,
+                    tracker,
+                    ignore,
+                    also,
+                    scan_timeout,
+                    watches_placed,
                 )
             await _watch(
                 sink,
@@ -289,17 +364,52 @@ async def run_watchdog(
                 progress_dir,
                 tracker,
                 ignore,
-                also,
+                scanner,
                 scan_interval,
                 limiter,
-                on_failure,
+                fail,
                 scan_timeout,
                 rides,
+                watches_placed,
             )
             tg.cancel_scope.cancel()
     finally:
         if watcher is not None:
-            watcher.close()
+            # Closing an inotify instance waits for the kernel's RCU grace period (2 to 20 ms):
+            # on the event loop, 64 soaks cancelled together would wait for them one by one.
+            # Nobody waits for it: the descriptor is closed in the pool, soon.
+            EXECUTOR.submit(watcher.close)
+
+
+async def _judge_on_time(
+    sink: EventSink,
+    tracker: ProgressTracker,
+    scanner: _Scanner,
+    progress_dir: Path,
+    grace: float,
+    fail: Callable[[str, str], Awaitable[None]],
+    scope: anyio.CancelScope,
+) -> None:
+    """The stall rules on their own clock: ``grace`` after the deadline, a rule the scans
+    have not settled (no progress seen meanwhile, no verdict of their own: a scan or a stat
+    that did not come back) fires, and the watchdog ends.  One wake-up per deadline."""
+    while True:
+        deadline = tracker.deadline()
+        await anyio.sleep(max(0.0, deadline + grace - sink.elapsed()))
+        now = sink.elapsed()
+        broken = tracker.verdict(now)
+        if tracker.deadline() != deadline or broken is None:
+            continue  # progress was seen meanwhile: a new deadline
+        reason, message = broken
+        since = scanner.running_since
+        if since is not None:
+            message += (
+                f"; the scan of {progress_dir} had not come back after "
+                f"{time.monotonic() - since:.1f}s, so no progress could be seen"
+            )
+        await fail(reason, message)
+        scope.cancel()
+        return
 
 
 async def _first_watches(
@@ -310,6 +420,7 @@ async def _first_watches(
     ignore: Callable[[], Collection[FileKey]],
     also: Collection[Path],
     bound: float,
+    placed: anyio.Event,
 ) -> None:
     with contextlib.suppress(BlockingCallTimeout):
         found = await run_blocking(
@@ -321,6 +432,7 @@ async def _first_watches(
             timeout=bound,
             what=f"watching {progress_dir} with inotify",
         )
+        placed.set()
         await _seed(sink, progress_dir, tracker, ignore(), found, bound)
 
 
@@ -349,14 +461,18 @@ async def _watch(
     progress_dir: Path,
     tracker: ProgressTracker,
     ignore: Callable[[], Collection[FileKey]],
-    also: Collection[Path],
+    scanner: _Scanner,
     scan_interval: float,
     limiter: anyio.CapacityLimiter,
     on_failure: Callable[[str, str], Awaitable[None]],
     scan_timeout: float,
     rides: Rides | None = None,
+    watches_placed: anyio.Event | None = None,
 ) -> None:
     next_scan = _next_on_grid(sink.elapsed(), scan_interval)
+    #: The period of full scans: the interval, or longer for a huge tree that inotify
+    #: watches whole (then the scans run on their own hop, not on the sampler's).
+    period = scan_interval
     root_watched = False
     with contextlib.suppress(BlockingCallTimeout):
         root_watched = await run_blocking(
@@ -370,11 +486,11 @@ async def _watch(
     #: When the last scan came back: a change a scan finds happened after it.
     scanned_at = sink.elapsed()
     while True:
-        if rides is not None and ride is None:
+        riding = rides is not None and period == scan_interval
+        if riding and ride is None and scanner.running_since is None:
+            assert rides is not None
             # Posted ahead, so the sampler's hop at the next tick takes it.
-            ride = rides.post(
-                partial(scan_progress_dir, progress_dir, ignore(), also), scan_timeout
-            )
+            ride = rides.post(scanner, scan_timeout)
         # A riding scan comes back with the sampler's tick: no timer of the watchdog's own
         # wakes the loop for it, only the deadline (or an overflow, which wants a scan now).
         wake = tracker.deadline()
@@ -436,15 +552,29 @@ async def _watch(
                 result = await ride_or_run(
                     rides, taking, what=f"the scan of {progress_dir}", limiter=limiter
                 )
-            else:
+            elif scanner.running_since is None:
+                # (Else the last scan is still stuck: this interval has no scan, and the
+                # deadline is judged as if nothing changed.)
                 result = await run_blocking(
-                    partial(scan_progress_dir, progress_dir, ignore(), also),
+                    scanner,
                     timeout=scan_timeout,
                     what=f"the scan of {progress_dir}",
                     limiter=limiter,
                 )
         now = sink.elapsed()
-        next_scan = _next_on_grid(now, scan_interval)
+        whole_tree_watched = (
+            watcher is not None
+            and not watcher.full
+            and root_watched
+            and watches_placed is not None
+            and watches_placed.is_set()
+        )
+        period = (
+            full_scan_period(scanner.last_cost, scan_interval)
+            if whole_tree_watched
+            else scan_interval
+        )
+        next_scan = _next_on_grid(now, period)
         rescan = False
         if watcher is not None:
             # What inotify told meanwhile, unheard: new directories to watch, lost events.
@@ -532,6 +662,17 @@ _CLOCK_REALTIME_COARSE = 5
 #: How far behind a file's mtime may be (the kernel dates writes with its coarse clock, one
 #: scheduler tick at most): added, so that a change is never dated before it happened.
 MTIME_LATENESS_SECONDS = _coarse_clock_resolution()
+
+
+#: The share of a core the full scans of a huge tree may take (where inotify watches it).
+SCAN_CPU_SHARE = 0.02
+#: Full scans are never further apart than this, however costly.
+MAX_FULL_SCAN_PERIOD_SECONDS = 60.0
+
+
+#: How long past a deadline, beyond one scan interval, the stall rules wait for the scans to
+#: settle it before they fire on their own (a scan that does not come back sees nothing).
+JUDGE_GRACE_SECONDS = 2.0
 
 
 #: A change inotify hears of this close to the next scan waits for it (which rides on the proc

@@ -559,6 +559,8 @@ class _Soak:
                         ticks=ticks,
                         members_file=None if spawner.cgroup is None else spawner.cgroup.procs_file,
                         tree_gone=spawner.tree_gone,
+                        # A soak that cannot sample fails closed: it never passes blind.
+                        on_blind=self._rule_fired,
                     ),
                 )
                 if cfg.nvidia_smi is not None:
