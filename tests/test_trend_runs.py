@@ -228,6 +228,31 @@ async def test_a_gpu_process_whose_memory_grows_is_named(tmp_path: Path) -> None
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("given_back", [True, False])
+async def test_gpu_memory_the_tree_did_not_give_back_is_a_warning(
+    tmp_path: Path, given_back: bool
+) -> None:
+    """The child holds GPU memory, then exits.  When nvidia-smi still lists it holding memory
+    once the tree is gone (a context nobody freed), the artifact warns; when the GPU lists no
+    process of the tree any more, it does not."""
+    pid_file = tmp_path / "gpu.pid"
+    fake = install_fake_nvidia_smi(tmp_path, pid_file=pid_file)
+    body = f"pid_file = pathlib.Path({str(pid_file)!r})\npid_file.write_text(str(os.getpid()))\n"
+    body += "tick(40)\n" + ("pid_file.unlink()\n" if given_back else "")
+    artifact = await soak(
+        command=child(tmp_path, body), **limits(tmp_path, nvidia_smi=str(fake.path))
+    )
+    pid = artifact["exit"]["pid"]
+    assert artifact["status"] == "passed"
+    kept = [w for w in artifact["warnings"] if "GPU memory not given back" in w]
+    if given_back:
+        assert kept == []
+    else:
+        assert len(kept) == 1, artifact["warnings"]
+        assert kept[0].startswith(f"GPU 0 still lists pid {pid} (")
+
+
+@pytest.mark.asyncio
 async def test_a_gpu_memory_budget_stops_the_tree(tmp_path: Path) -> None:
     """The captured process holds 21354 MiB; a 20 GiB budget fails the soak: memory_budget."""
     pid_file = tmp_path / "gpu.pid"

@@ -74,6 +74,13 @@ TREE_MEMORY_SERIES = (
 )
 #: Keys of the series that machine or cgroup memory limits.
 MEMORY_SUFFIXES = (".anon_bytes", ".anon_pss_bytes", ".rss_bytes", ".pss_bytes", "shm_used_bytes")
+#: Once the tree is gone, a GPU it used holding this much more than at the start (or this
+#: share of its memory, whichever is larger) did not get its memory back.
+GPU_RELEASE_FLOOR_BYTES = 256 * MiB
+GPU_RELEASE_FLOOR_RATIO = 0.02
+#: A GPU reading tells what the tree left only this long (plus a sample interval) after the
+#: tree was gone: the GPU sampler's process list may be that old (``APPS_SLACK``, 0.5 s).
+GPU_SETTLE_SECONDS = 1.0
 #: Growth floors of series in "per_minute" (the progress rate is judged by progress_slowing).
 SERIES_UNITS = {"bytes": FLOORS["bytes"], "count": FLOORS["count"]}
 
@@ -165,6 +172,14 @@ class TrendWatch:
         }
         #: Per GPU index: total memory in bytes.
         self.gpu_total: dict[int, int] = {}
+        #: What the GPUs say of the tree's memory once it is gone (see :meth:`gpu_not_released`):
+        #: each GPU's used memory at the first GPU sample, the GPUs and pids of the tree that
+        #: held GPU memory, when the tree was gone, and the first GPU sample after that.
+        self.gpu_used_at_start: dict[int, int] = {}
+        self.gpus_of_tree: set[int] = set()
+        self.gpu_pids_of_tree: dict[int, str] = {}
+        self.tree_gone_t: float | None = None
+        self.gpu_after_tree: dict[str, Any] | None = None
         self.interval: float | None = None
         self.detailed_memory = False
         self.warm_up_seconds: float | None = None
@@ -365,7 +380,22 @@ class TrendWatch:
         del self.processes[smallest.pid]
         return True
 
+    def tree_gone(self, t: float) -> None:
+        if self.tree_gone_t is None:
+            self.tree_gone_t = t
+
     def add_gpu_sample(self, t: float, event: dict[str, Any]) -> None:
+        for gpu in event.get("gpus") or []:
+            used = gpu.get("memory_used_mib")
+            if gpu.get("index") is not None and used is not None:
+                self.gpu_used_at_start.setdefault(int(gpu["index"]), int(used * MiB))
+        if self.tree_gone_t is not None and t > self.tree_gone_t:
+            # The GPU sampler keeps a process list for an interval and some slack after
+            # nvidia-smi's loop last printed one: readings that soon after may be stale.
+            settled = self.tree_gone_t + (self.interval or 0.0) + GPU_SETTLE_SECONDS
+            if self.gpu_after_tree is None and t >= settled:
+                self.gpu_after_tree = event
+            return
         if self.end_t is not None and t > self.end_t:
             return
         for gpu in event.get("gpus") or []:
@@ -393,6 +423,9 @@ class TrendWatch:
             tree_total += value or 0
             if proc.get("gpu_index") is not None:
                 gpus_of_tree.add(proc["gpu_index"])
+                if value:
+                    self.gpus_of_tree.add(int(proc["gpu_index"]))
+                    self.gpu_pids_of_tree[int(proc["pid"])] = str(proc.get("name") or "?")
             record = self.processes.get(int(proc["pid"]))
             if record is not None and value is not None:
                 record.gpu_now = value
@@ -633,6 +666,40 @@ class TrendWatch:
             "reason": "progress fell below half its early rate" if slowing else "",
             "note": None,
         }
+
+    def gpu_not_released(self) -> list[str]:
+        """What the GPUs still held of the tree once it was gone: a process of the tree still
+        listed with GPU memory (a context nobody freed), or a GPU the tree used holding more
+        than at the start by over ``GPU_RELEASE_FLOOR_BYTES`` (``GPU_RELEASE_FLOOR_RATIO`` of
+        its memory, whichever is larger).  Empty without a GPU sample after the tree was gone.
+        """
+        after = self.gpu_after_tree
+        if after is None or not self.gpus_of_tree:
+            return []
+        out = []
+        for proc in after.get("processes") or []:
+            pid = proc.get("pid")
+            used = proc.get("used_gpu_memory_mib")
+            if pid in self.gpu_pids_of_tree and used:
+                out.append(
+                    f"GPU {proc.get('gpu_index')} still lists pid {pid} "
+                    f"({self.gpu_pids_of_tree[pid]}) of the tree holding "
+                    f"{format_amount(used * MiB, 'bytes')} after the tree was gone: "
+                    "GPU memory not given back"
+                )
+        for gpu in after.get("gpus") or []:
+            index, used = gpu.get("index"), gpu.get("memory_used_mib")
+            if index not in self.gpus_of_tree or used is None:
+                continue
+            start = self.gpu_used_at_start.get(index)
+            total = self.gpu_total.get(index, 0)
+            floor = max(GPU_RELEASE_FLOOR_BYTES, GPU_RELEASE_FLOOR_RATIO * total)
+            if start is not None and used * MiB - start >= floor:
+                out.append(
+                    f"GPU {index} holds {format_amount(used * MiB - start, 'bytes')} more "
+                    "than at the start after the tree was gone: GPU memory not given back"
+                )
+        return out
 
     def top_processes(self) -> list[dict[str, Any]]:
         top = sorted(self.processes.values(), key=lambda r: -r.peak_rss)[:TOP_PROCESSES]

@@ -208,6 +208,8 @@ class ArtifactBuilder:
                 self._add_sample(str(kind), t, event)
             case EventKind.STARTED:
                 self.exit["pid"] = event["pid"]
+            case EventKind.TREE_GONE:
+                self.trends.tree_gone(t)
             case EventKind.EXITED:
                 self.exit["returncode"] = event["returncode"]
                 self.exit["signal"] = event["signal"]

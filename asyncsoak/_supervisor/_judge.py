@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 
+from .._analysis._trendwatch import GPU_SETTLE_SECONDS
 from .._blocking import BlockingCallTimeout, run_blocking
 from .._record._artifact import ArtifactBuilder
 from .._record._events import Limits, TrendFound, WarningEvent
@@ -31,6 +32,10 @@ from ._rules import (
     trend_period_seconds,
 )
 from ._stop import HANG_REASONS, Fail
+
+#: How long at most the end of a run whose tree held GPU memory waits for a GPU reading that
+#: tells what the tree left (``GPU_SETTLE_SECONDS`` after the tree was gone, and an interval).
+GPU_RELEASE_WAIT_MAX_SECONDS = 10.0
 
 
 class RunJudge:
@@ -59,6 +64,8 @@ class RunJudge:
         self.trend_observers: list[Callable[[Mapping[str, Mapping[str, Any]]], None]] = []
         #: Set each time a proc sample has been folded into the artifact (see :meth:`run`).
         self._sample_folded = anyio.Event()
+        #: Set once a GPU sample taken after the tree was gone has been folded.
+        self._gpus_after_tree = anyio.Event()
         #: (series key, verdict) already reported by a ``trend`` event.
         self._trends_reported: set[tuple[str, str]] = set()
         #: Series called a leak and not withdrawn since -> when first called (seconds).
@@ -112,6 +119,22 @@ class RunJudge:
         """The serializer's observer: a folded sample wakes :meth:`run`."""
         if data["kind"] == EventKind.SAMPLE:
             self._sample_folded.set()
+        elif data["kind"] == EventKind.GPU_SAMPLE and self._builder.trends.gpu_after_tree:
+            self._gpus_after_tree.set()
+
+    async def check_gpus_released(self, sink: EventSink) -> None:
+        """Once the tree is gone: did the GPUs it used get their memory back?  Waits for one
+        settled GPU reading after the tree was gone, ``GPU_SETTLE_SECONDS``, four sample
+        intervals and 0.5 s at most (``GPU_RELEASE_WAIT_MAX_SECONDS``); only if the tree held GPU
+        memory, so a soak without a GPU never waits."""
+        if self.cfg.nvidia_smi is None or not self._builder.trends.gpus_of_tree:
+            return
+        interval = self.cfg.sample_interval_seconds
+        wait = min(GPU_RELEASE_WAIT_MAX_SECONDS, GPU_SETTLE_SECONDS + 4 * interval + 0.5)
+        with anyio.move_on_after(wait):
+            await self._gpus_after_tree.wait()
+        for message in self._builder.trends.gpu_not_released():
+            await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
 
     async def _check_budgets(self) -> None:
         breach = budget_breach(self.cfg, self._builder.trends)

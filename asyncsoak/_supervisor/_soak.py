@@ -623,6 +623,9 @@ class _Soak:
                 if self.cause == _slurm.CAUSE_REQUEUED:
                     await self._job.requeue(sink)
                 await self._exit_judge.report_oom_kills(sink)
+                if self.cause == StopCause.EXITED and spawner.tree_gone.is_set():
+                    # A run that ended by itself; a stop (a scheduler's) has no time to spare.
+                    await self._run_judge.check_gpus_released(sink)
                 producers.cancel_scope.cancel()
             await self._run_judge.judge_trends(sink, final=True)
         finally:
