@@ -389,3 +389,16 @@ def test_memory_trend_follows_the_floor_of_the_tree_rss(
         rss = 2**30 + (i % 10) * 10 * 2**20 + rise_per_minute / 60 * i
         state.add({"t": float(i), "kind": "sample", "points": {"tree": {"rss_bytes": rss}}})
     assert state.memory_trend() == expected
+
+
+def test_a_withdrawn_leak_leaves_the_live_line() -> None:
+    """The soak's judgement withdrew its leak call (a ramp that plateaued, a leak that
+    stopped): the live line no longer says LEAK, as the verdict will not."""
+    state = _state(HEADER, {"t": 0.1, "kind": "started", "pid": 1}, *LEAK_EVENTS)
+    assert state.started_at is not None
+    assert any(a.startswith("LEAK pid 29987") for a in state.alerts(state.started_at + 10.0))
+    state.add(
+        {"t": 30.0, "kind": "trend", "series": "process.29987.rss_bytes", "verdict": "withdrawn"}
+        | {"slope_per_hour": None, "growth": None, "projected_limit_at": None}
+    )
+    assert state.alerts(state.started_at + 31.0) == ()

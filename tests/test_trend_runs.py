@@ -497,3 +497,36 @@ async def test_bad_trend_keywords_raise_before_anything_starts(
     assert not marker.exists()
     assert not (tmp_path / "out" / "soak.json").exists()
     assert not os.path.exists(tmp_path / "out" / "soak.jsonl")
+
+
+#: Flat for 4 s, a leak of 6 MiB per 50 ms tick for 5 s, then flat for 10 s: a leak the live
+#: judgement calls while it runs, and which has stopped by the end.
+LEAK_THAT_STOPS = (
+    "tick(80)\nfor i in range(100):\n    keep.append(chunk(6)); keep[-1][::4096] = b'x' * 1536"
+    "; tick()\ntick(200)\n"
+)
+
+
+@pytest.mark.asyncio
+async def test_a_live_leak_call_that_stopped_is_withdrawn_and_kept_as_a_warning(
+    tmp_path: Path,
+) -> None:
+    """One verdict: the live judgement called the leak (the live view said LEAK), then the
+    rise stopped and the call was withdrawn (a ``trend`` event, and the series' ``live``
+    entry); it was held longer than the transient, so the artifact keeps it as a warning."""
+    artifact = await soak(command=child(tmp_path, LEAK_THAT_STOPS), **limits(tmp_path))
+    assert artifact["status"] == "passed"
+    pid = artifact["exit"]["pid"]
+    series = f"process.{pid}.anon_bytes"
+    calls = [e for e in artifact["events"] if e["kind"] == "trend" and e["series"] == series]
+    assert [e["verdict"] for e in calls][:1] == ["leak"]
+    assert "withdrawn" in [e["verdict"] for e in calls]
+    entry = artifact["trends"][series]
+    assert entry["verdict"] != "leak", entry
+    live = entry["live"]
+    assert live is not None
+    assert live["first_seen"] < live["withdrawn"]
+    withdrawn = [w for w in artifact["warnings"] if "the rise called a leak" in w]
+    assert len(withdrawn) == 1, artifact["warnings"]
+    assert withdrawn[0].startswith(f"memory of pid {pid} (")
+    assert "longer than a transient" in withdrawn[0]
