@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import ValidationError, ValidationTypeError
 from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
 from .._timestamps import epoch
+from .._units import MAX_SECONDS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -98,8 +99,10 @@ def validate_metrics(metrics: object) -> Metrics | None:
     linger = metrics.linger_seconds
     if isinstance(linger, bool) or not isinstance(linger, int | float) or not linger >= 0:
         raise ValidationError(f"metrics linger_seconds must be zero or more, got {linger!r}")
-    if math.isinf(linger):
-        raise ValidationError("metrics linger_seconds must be finite")
+    if math.isinf(linger) or linger > MAX_SECONDS:
+        raise ValidationError(
+            f"metrics linger_seconds must be finite, at most {MAX_SECONDS:g} (a year)"
+        )
     textfile_dir = metrics.textfile_dir
     if textfile_dir is not None:
         if not isinstance(textfile_dir, str | os.PathLike):
