@@ -258,3 +258,30 @@ def test_metadata_within_the_bound_reads_back(real_run: Path, tmp_path: Path) ->
     shutil.copy(path, tmp_path / "copy.json")
     result = bounded_cli("summary", tmp_path / "copy.json", tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("command", VIEWS)
+def test_a_journal_whose_events_are_damaged_is_refused_in_one_line(
+    real_run: Path, tmp_path: Path, command: str
+) -> None:
+    """A line that is JSON but no event asyncsoak wrote (a ``started`` without its pid):
+    exit status 2 naming the event (it used to be a KeyError traceback)."""
+    path = with_line_after_first_sample(real_run, b'{"t":0.2,"kind":"started"}\n', tmp_path)
+    result = bounded_cli(command, path, tmp_path)
+    assert_one_line_usage_error(result, str(path), "('started') is damaged")
+
+
+def test_a_journal_naming_a_fifo_as_its_log_is_rebuilt_without_waiting(
+    real_run: Path, tmp_path: Path
+) -> None:
+    """A journal whose header names a FIFO (or a device) as its log: ``recover`` rebuilds it
+    with an empty log tail instead of waiting for ever for a writer."""
+    lines = journal_lines(real_run)
+    header = json.loads(lines[0])
+    header["log_path"] = str(tmp_path / "log.fifo")
+    os.mkfifo(header["log_path"])
+    path = tmp_path / "soak.jsonl"
+    path.write_bytes(json.dumps(header).encode() + b"\n" + b"".join(lines[1:]))
+    result = bounded_cli("recover", path, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "rebuilt.json").read_text())["log"]["tail"] == ""
