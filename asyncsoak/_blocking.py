@@ -43,6 +43,8 @@ from typing import Any, Generic, NoReturn, TypeVar
 import anyio
 import anyio.lowlevel
 
+from ._errors import AsyncsoakError
+
 T = TypeVar("T")
 
 #: Threads of the pool at most, stuck ones included.
@@ -185,6 +187,20 @@ EXECUTOR = BlockingExecutor()
 def abandoned_calls() -> int:
     """Blocking calls abandoned (deadline passed or caller cancelled) since the process started."""
     return EXECUTOR.abandoned_total
+
+
+def require_asyncio(what: str) -> None:
+    """Raise :class:`AsyncsoakError` naming the asyncio requirement unless an asyncio event
+    loop (uvloop is one) runs this call: under trio, asyncsoak's first wait on its threads
+    would die in trio's own ``TypeError: unrecognized yield message``."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise AsyncsoakError(
+            f"{what} needs the asyncio event loop (asyncio.run, uvloop, or "
+            "anyio.run(..., backend='asyncio')): it was called under another one (trio?); "
+            "asyncsoak waits on its threads and writes its journal through asyncio"
+        ) from None
 
 
 async def run_blocking(

@@ -19,6 +19,12 @@ _MULTIPLES = {
     "t": 2**40,
     "p": 2**50,
 }
+#: The longest duration any limit or period takes: a year.  More is a typo (or ``1e308``,
+#: which ``float()`` takes as readily as ``inf``) and would make every bounded wait unbounded.
+MAX_SECONDS = 365 * 24 * 3600.0
+#: The largest size any budget or floor takes: 1 EiB (a size fits a signed 64-bit integer
+#: everywhere it goes: the queue's database, the metrics).
+MAX_SIZE_BYTES = 2**60
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*")
 
 
@@ -42,8 +48,8 @@ def parse_size(text: str, *, name: str = "size") -> int:
             f"{name}: unknown unit {unit!r} in {text!r} (use B, KiB, MiB, GiB, TiB)"
         )
     value = float(number) * _MULTIPLES[key]
-    if not math.isfinite(value):
-        raise ValidationError(f"{name}: {text!r} is too large")
+    if not math.isfinite(value) or value > MAX_SIZE_BYTES:
+        raise ValidationError(f"{name}: {text!r} is too large (at most 1 EiB)")
     return round(value)
 
 
@@ -59,6 +65,8 @@ def check_size(name: str, value: object) -> int | None:
         raise ValidationError(f"{name} must be finite, got {value!r}")
     if value < 0:
         raise ValidationError(f"{name} must be zero or more, got {value!r}")
+    if value > MAX_SIZE_BYTES:
+        raise ValidationError(f"{name} must be at most 1 EiB (2**60 bytes), got {value!r}")
     return int(value)
 
 

@@ -17,7 +17,6 @@ indexes: ``load`` returns one.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ from typing import Any
 from ._record._artifact import KNOWN_SCHEMA_VERSIONS, SCHEMA_VERSION, ArtifactError
 from ._record._artifact import check_artifact as _check_artifact
 from ._record._artifact import load_schema as _load_schema
+from ._record._bounded import UnreadableFileError as _UnreadableFileError
+from ._record._bounded import read_json_file as _read_json_file
 from ._record._journal import is_journal as _is_journal
 from ._record._recover import JournalError as _JournalError
 from ._record._recover import artifact_from_journal as _artifact_from_journal
@@ -53,16 +54,24 @@ def load(path: str | os.PathLike[str]) -> Artifact:
     A journal is folded into an artifact as ``asyncsoak recover`` does: a journal without its
     ``finished`` line (the monitor died) gives status ``failed`` with reason ``monitor_lost``.
     An artifact is checked against the schema of its version.  Raises :class:`ArtifactError`
-    (a ``ValueError``) for a file that is neither, and ``OSError`` when it cannot be read.
+    (a ``ValueError``) for a file that is neither (a device or a FIFO, an artifact larger than
+    256 MiB, JSON nested more than 64 deep), and ``OSError`` when it cannot be read.
     """
     path = Path(path)
     if _is_journal(path):
         try:
-            return _artifact_from_journal(path)
-        except _JournalError as exc:
+            rebuilt = _artifact_from_journal(path)
+        except (_JournalError, _UnreadableFileError) as exc:
             raise ArtifactError(str(exc)) from exc
+        try:
+            # Checked as a written artifact is: a doctored journal's values reach the views.
+            return _check_artifact(rebuilt)
+        except ArtifactError as exc:
+            raise ArtifactError(f"{path}: {exc}") from exc
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _read_json_file(path)
+    except _UnreadableFileError as exc:
+        raise ArtifactError(str(exc)) from exc
     except ValueError as exc:
         raise ArtifactError(f"{path} is not an asyncsoak artifact or journal: {exc}") from exc
     if not isinstance(data, dict) or "schema_version" not in data:

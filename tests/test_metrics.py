@@ -444,7 +444,7 @@ async def test_silent_clients_are_cut_off_and_their_number_bounded(
     tmp_path: Path, ready: ReadyFifo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A client that never sends is closed at the request deadline; past the connection bound
-    a new one is closed at once; afterwards scrapes are answered again."""
+    a new one closes the oldest idle one at once; afterwards scrapes are answered again."""
     from asyncsoak._export import _metrics_server
 
     monkeypatch.setattr(_metrics_server, "REQUEST_TIMEOUT_SECONDS", 0.5)
@@ -463,17 +463,18 @@ async def test_silent_clients_are_cut_off_and_their_number_bounded(
                 await anyio.connect_tcp("127.0.0.1", port)
                 for _ in range(_metrics_server.MAX_CONNECTIONS)
             ]
-            # Accepted in order: by the time this one is, the silent ones all hold a slot.
+            # Accepted in order: by the time this one is, the silent ones all hold a slot, and
+            # it takes the oldest one's.
             extra = await anyio.connect_tcp("127.0.0.1", port)
             with anyio.fail_after(0.4):  # closed at once, well before the request deadline
                 with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError, OSError)):
-                    await extra.receive()
-            for stream in silent:
+                    await silent[0].receive()
+            for stream in [*silent[1:], extra]:
                 with anyio.fail_after(5):  # each is closed at the deadline, never held
                     with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError, OSError)):
                         await stream.receive()
                 await stream.aclose()
-            await extra.aclose()
+            await silent[0].aclose()
             assert (await http_get(port)).status == 200
             (tmp_path / "control" / "grow").touch()
             (tmp_path / "control" / "end").touch()

@@ -26,6 +26,7 @@ from .._analysis._trendwatch import TREE_MEMORY_SERIES
 from .._errors import ValidationError, ValidationTypeError
 from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
 from .._timestamps import epoch
+from .._units import MAX_SECONDS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -99,8 +100,10 @@ def validate_metrics(metrics: object) -> Metrics | None:
     linger = metrics.linger_seconds
     if isinstance(linger, bool) or not isinstance(linger, int | float) or not linger >= 0:
         raise ValidationError(f"metrics linger_seconds must be zero or more, got {linger!r}")
-    if math.isinf(linger):
-        raise ValidationError("metrics linger_seconds must be finite")
+    if math.isinf(linger) or linger > MAX_SECONDS:
+        raise ValidationError(
+            f"metrics linger_seconds must be finite, at most {MAX_SECONDS:g} (a year)"
+        )
     textfile_dir = metrics.textfile_dir
     if textfile_dir is not None:
         if not isinstance(textfile_dir, str | os.PathLike):
@@ -165,6 +168,8 @@ class SoakMetrics:
         self.finished_t: float | None = None
         self.changes = 0
         self.last_progress_t: float | None = None
+        #: When the last sample was taken (Unix time): the monitor's heartbeat.
+        self.last_sample_epoch: float | None = None
         self.tree: dict[str, float | None] = {}
         self.gpus: dict[str, _Gpu] = {}
         self.degraded: dict[str, bool] = dict.fromkeys(SAMPLERS, False)
@@ -198,6 +203,10 @@ class SoakMetrics:
             self.last_progress_t = t
         elif kind == "sample":
             self.tree = dict((event.get("points") or {}).get("tree") or {})
+            # On the soak's own clock, as the progress timestamp: the sample's time, not the
+            # moment the serializer passed it on.
+            start = self.started_epoch
+            self.last_sample_epoch = self._wall() if start is None else start + t
         elif kind == "gpu_sample":
             self._fold_gpus(event)
         elif kind == "sampler_degraded":
@@ -352,6 +361,13 @@ class SoakMetrics:
                 "When progress was last seen (Unix time).",
                 self.started_epoch + self.last_progress_t,
             )
+        if self.last_sample_epoch is not None:
+            gauge(
+                "asyncsoak_last_sample_timestamp_seconds",
+                "When the monitor last sampled the tree (Unix time): its heartbeat, which stops "
+                "moving when the monitor dies or hangs (a textfile keeps its last values).",
+                self.last_sample_epoch,
+            )
         since = self.seconds_since_progress()
         if since is not None:
             gauge(
@@ -491,6 +507,7 @@ SOAK_METRIC_NAMES = frozenset(
         "asyncsoak_soak_status",
         "asyncsoak_progress_changes_total",
         "asyncsoak_progress_last_change_timestamp_seconds",
+        "asyncsoak_last_sample_timestamp_seconds",
         "asyncsoak_seconds_since_progress",
         "asyncsoak_stale_limit_seconds",
         *(name for name, *_ in _TREE_METRICS),

@@ -3,9 +3,13 @@ loop, and the node_exporter textfile.
 
 Prometheus asks ``GET /metrics`` and reads one short answer: the server reads one request
 head (at most ``MAX_HEAD`` bytes), answers it and closes the connection.  Every connection
-is bounded in time (``REQUEST_TIMEOUT_SECONDS``) and in number (``MAX_CONNECTIONS``; more are closed
-at once), so a slow, silent or malformed client costs a few bytes and one task, never the
-soak's time: the page is rendered from memory, with no I/O but the socket.
+is bounded in time (``REQUEST_TIMEOUT_SECONDS``) and in number (``MAX_CONNECTIONS``), so a
+slow, silent or malformed client costs a few bytes and one task, never the soak's time: the
+page is rendered from memory, with no I/O but the socket.  When every slot is taken, a new
+connection closes the one that has waited longest for its request (the oldest idle one), so
+clients that connect and never send (a scanner, a broken proxy reconnecting every few seconds)
+can never keep a scraper out; only when every slot is busy sending an answer is a new one
+closed at once.
 
 The server works on plain non-blocking sockets: a scrape every second is paid from the
 monitor's budget, and a stream object per connection (an asyncio transport and protocol, a
@@ -22,8 +26,10 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
@@ -40,7 +46,7 @@ from ._metrics import (
 
 #: Bound on one connection, from accept to the last byte of the answer.
 REQUEST_TIMEOUT_SECONDS = 5.0
-#: Connections served at once; more are closed at once.
+#: Connections served at once; past it a new one closes the oldest idle one (or itself).
 MAX_CONNECTIONS = 16
 #: Largest request head read.
 MAX_HEAD = 8192
@@ -63,6 +69,16 @@ class ServerStats:
     bad_requests: int = 0
     timeouts: int = 0
     refused: int = 0
+    #: Idle connections closed to make room for a new one.
+    evicted: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    """A connection whose task waits for its request head: it may be evicted."""
+
+    scope: anyio.CancelScope
+    evicted: bool = False
 
 
 class _NotYet(Exception):
@@ -77,7 +93,14 @@ class MetricsServer:
         self.render = render
         self.stats = ServerStats()
         self._active = 0
+        #: Connections waiting for their request, oldest first (a dict as an ordered set).
+        self._waiting: dict[_Waiting, None] = {}
         self._failures = 0
+        #: Connections the reader callback hands to tasks (see :meth:`_spawn`).
+        self._handoff: deque[
+            tuple[Callable[..., Coroutine[Any, Any, None]], tuple[object, ...]]
+        ] = deque()
+        self._handoff_ready: asyncio.Event
         self._tg: anyio.abc.TaskGroup
         self._stopped: anyio.Event
         self._loop: asyncio.AbstractEventLoop
@@ -96,6 +119,8 @@ class MetricsServer:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._stopped = anyio.Event()
+                self._handoff_ready = asyncio.Event()
+                tg.start_soon(self._start_handed_off)
                 self._loop.add_reader(self.listener, self._on_readable)
                 try:
                     await self._stopped.wait()
@@ -123,16 +148,34 @@ class MetricsServer:
                 self._loop.call_later(ACCEPT_RETRY, self._resume)
                 return
             self._failures = 0
-            self._accepted(conn, self._tg)
+            self._accepted(conn)
+
+    def _spawn(self, func: Callable[..., Coroutine[Any, Any, None]], *args: object) -> None:
+        """Start ``func(*args)`` in a task of the server, from the reader callback.
+
+        The callback runs outside any task, where anyio cannot start one (with ``sniffio``
+        installed, as trio brings it, it cannot even tell which event loop runs): the call is
+        handed to :meth:`_start_handed_off`, woken through a plain asyncio event.
+        """
+        self._handoff.append((func, args))
+        self._handoff_ready.set()
+
+    async def _start_handed_off(self) -> None:
+        while True:
+            await self._handoff_ready.wait()
+            self._handoff_ready.clear()
+            while self._handoff:
+                func, args = self._handoff.popleft()
+                self._tg.start_soon(func, *args)
 
     def _resume(self) -> None:
         if not self._stopped.is_set():
             self._loop.add_reader(self.listener, self._on_readable)
 
-    def _accepted(self, conn: socket.socket, tg: anyio.abc.TaskGroup) -> None:
+    def _accepted(self, conn: socket.socket) -> None:
         """Answer at once if the request is there; else hand the connection to a task."""
         conn.setblocking(False)
-        if self._active >= MAX_CONNECTIONS:
+        if self._active >= MAX_CONNECTIONS and not self._evict_oldest_idle():
             self.stats.refused += 1
             conn.close()
             return
@@ -144,7 +187,7 @@ class MetricsServer:
         except _NotYet as partial:
             # Not all there yet (or a slow client): its own task, under the deadline.
             self._active += 1
-            tg.start_soon(self._connection, conn, partial.args[0])
+            self._spawn(self._connection, conn, partial.args[0])
             return
         except OSError:
             pass  # the client went away
@@ -153,13 +196,31 @@ class MetricsServer:
         if rest:
             # The kernel took less than the page (a small send buffer): the rest in a task.
             self._active += 1
-            tg.start_soon(self._send_rest, conn, rest)
+            self._spawn(self._send_rest, conn, rest)
             return
         conn.close()
 
+    def _evict_oldest_idle(self) -> bool:
+        """Close the connection that has waited longest for its request, to make room; False
+        when none is waiting (every slot is sending an answer)."""
+        for waiting in self._waiting:
+            del self._waiting[waiting]
+            # Its task closes the socket (it may be inside wait_readable on it); the slot is
+            # free from now on.
+            waiting.evicted = True
+            waiting.scope.cancel()
+            self._active -= 1
+            self.stats.evicted += 1
+            return True
+        return False
+
     async def _connection(self, conn: socket.socket, data: bytes) -> None:
+        waiting = _Waiting(
+            anyio.CancelScope(deadline=anyio.current_time() + REQUEST_TIMEOUT_SECONDS)
+        )
+        self._waiting[waiting] = None
         try:
-            with anyio.move_on_after(REQUEST_TIMEOUT_SECONDS) as scope:
+            with waiting.scope:
                 try:
                     while True:
                         await anyio.wait_readable(conn)
@@ -168,15 +229,19 @@ class MetricsServer:
                             break
                         except _NotYet as partial:
                             data = partial.args[0]
+                    # The request is in: answering, no longer idle.
+                    self._waiting.pop(waiting, None)
                     await _send_all(conn, self._answer(head))
                 except OSError:
                     pass  # the client went away
-            if scope.cancelled_caught:
+            if waiting.scope.cancelled_caught and not waiting.evicted:
                 self.stats.timeouts += 1
         except Exception as exc:  # a bug answering one request must not end the server
             _log.warning("metrics request failed: %r", exc)
         finally:
-            self._active -= 1
+            self._waiting.pop(waiting, None)
+            if not waiting.evicted:
+                self._active -= 1
             conn.close()
 
     async def _send_rest(self, conn: socket.socket, data: bytes) -> None:

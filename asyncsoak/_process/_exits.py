@@ -8,7 +8,7 @@ which on a training node is often the kernel's OOM killer.
 from __future__ import annotations
 
 import signal
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 #: A shell reports a child killed by signal N as exit status ``SHELL_SIGNAL_BASE + N``.
@@ -53,11 +53,31 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def describe(returncode: int | None, *, sent: Collection[str] | None = None) -> str:
+def forwarded_signals(artifact: Mapping[str, object]) -> list[str]:
+    """The names of the signals the monitor passed on to the command (``--forward-signal``),
+    from an artifact's ``forwarded`` events."""
+    events = artifact.get("events")
+    if not isinstance(events, list):
+        return []
+    return [
+        str(e.get("signal"))
+        for e in events
+        if isinstance(e, Mapping) and e.get("kind") == "forwarded" and e.get("sent")
+    ]
+
+
+def describe(
+    returncode: int | None,
+    *,
+    sent: Collection[str] | None = None,
+    forwarded: Collection[str] = (),
+) -> str:
     """An exit status in words, the one wording every view and error uses.
 
     ``sent`` is the names of the signals the monitor sent (``["SIGTERM"]``), when known: the
-    words then say whether the killing signal was the monitor's.  SIGKILL that the monitor did
+    words then say whether the killing signal was the monitor's.  ``forwarded`` is the names of
+    the signals it passed on to the command (``--forward-signal``): one of them that killed the
+    command is named as forwarded, not blamed on someone else.  SIGKILL that the monitor did
     not send (or may not have) is often the kernel's OOM killer, directly or through a shell.
     """
     status = decode(returncode)
@@ -72,6 +92,11 @@ def describe(returncode: int | None, *, sent: Collection[str] | None = None) -> 
     if status.signal is None:
         return (
             f"exit status {status.returncode} (128+{number}: probably {name} through a shell{oom})"
+        )
+    if name in forwarded and not by_monitor:
+        return (
+            f"killed by {name} (signal {number}, forwarded by the monitor: it received "
+            f"{name} and passed it on{oom})"
         )
     who = {None: "", True: ", sent by the monitor", False: ", not sent by the monitor"}
     return f"killed by {name} (signal {number}{who[by_monitor]}{oom})"

@@ -76,6 +76,8 @@ class Spawner:
         self._closing = False
         #: Signals sent to the command's leader (directly or through its group).
         self.signals_to_leader: set[int] = set()
+        #: Signals passed on to the command that are not the monitor's stop (``stopping=False``).
+        self.signals_forwarded: set[int] = set()
 
     @property
     def reaper_pid(self) -> int | None:
@@ -208,8 +210,7 @@ class Spawner:
             os.killpg(self.pid, sig)
         except OSError:
             return False
-        if stopping:
-            self.signals_to_leader.add(sig)
+        (self.signals_to_leader if stopping else self.signals_forwarded).add(sig)
         return True
 
     def signal_leader(self, sig: int, *, stopping: bool = True) -> bool:
@@ -219,8 +220,7 @@ class Spawner:
             os.kill(self.pid, sig)
         except OSError:
             return False
-        if stopping:
-            self.signals_to_leader.add(sig)
+        (self.signals_to_leader if stopping else self.signals_forwarded).add(sig)
         return True
 
     def close_stdin(self) -> bool:

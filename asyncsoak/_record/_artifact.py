@@ -24,6 +24,7 @@ from .._errors import ValidationError
 # Re-exported: the supervisor writes its times through the artifact module.
 from .._timestamps import iso as iso
 from .._timestamps import parse_iso
+from ._bounded import UnreadableFileError, open_regular
 from ._schema import Artifact, Exit, Failure, ProcessEntry, Stop, Trend
 from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
 from ._vocabulary import EventKind, StopCause
@@ -434,14 +435,16 @@ def write_artifact(artifact: Mapping[str, Any], path: Path) -> None:
 
 
 def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES) -> str:
-    """The last ``max_bytes`` of the captured output, decoded leniently."""
+    """The last ``max_bytes`` of the captured output, decoded leniently ("" when it cannot
+    be read, or is no regular file: a journal rebuilt by ``recover`` names its log, and a
+    doctored one may name a FIFO or ``/dev/zero``)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
+            data = f.read(max_bytes)
+    except (OSError, UnreadableFileError):
         return ""
     text = data.decode("utf-8", errors="replace")
     if size > max_bytes:

@@ -27,8 +27,18 @@ Each line is one event, in one of two forms:
   null) to ``LENGTH``, then the items listed are patched.
 
 Every segment starts afresh (its first event of each kind is full), so each segment is
-readable on its own.  An event read back is the dict the serializer folded into the artifact
-(a number that changes keeps its type; one that stays equal keeps the type it had).
+readable on its own.
+
+Reading is bounded (``_bounded``): a line longer than ``MAX_LINE_BYTES``, one nested deeper
+than ``MAX_NESTING_DEPTH``, and a patch that would make more of a list than the line itself
+spells out (the encoder lists every item it adds) are no line asyncsoak writes, nor one a
+crash leaves, so the journal is refused (:class:`UnreadableFileError`, naming the line), and
+a short line never becomes a huge event: ``{"[": [], "n": 3000000000}`` is refused, not 24 GB
+of nulls.  A line that is merely not JSON (the truncated last line of a monitor that died) is
+skipped and counted, as it always was.
+
+An event read back is the dict the serializer folded into the artifact (a number that changes
+keeps its type; one that stays equal keeps the type it had).
 """
 
 from __future__ import annotations
@@ -43,6 +53,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, cast
 
+from ._bounded import (
+    MAX_JOURNAL_BYTES,
+    MAX_LINE_BYTES,
+    UnreadableFileError,
+    bounded_lines,
+    loads_bounded,
+    open_regular,
+)
 from ._vocabulary import EventKind
 
 #: An open segment larger than this is closed (and compressed) after the batch that crossed it.
@@ -50,6 +68,9 @@ SEGMENT_BYTES = 4 * 1024 * 1024
 #: ``soak.jsonl.000001`` and ``soak.jsonl.000001.gz``: the closed segments' suffixes.
 _SEGMENT_SUFFIX = re.compile(r"\.(\d{6})(\.gz)?$")
 _PATCH_KEY = "~"
+#: Event kinds whose last event a decoder keeps for the patches that follow (a journal has
+#: about twenty kinds; a hostile one with millions must not keep millions of events).
+MAX_KINDS = 256
 
 
 def segment_path(journal: Path, index: int, *, compressed: bool = False) -> Path:
@@ -138,19 +159,36 @@ _UNCHANGED: Any = _Unchanged()
 
 
 def apply_patch(old: Any, patch: Any) -> Any:
-    """``old`` patched (a new value: ``old`` itself is left as it is)."""
+    """``old`` patched (a new value: ``old`` itself is left as it is).
+
+    A ``ValueError`` (or ``TypeError``, ``KeyError``) for a patch the encoder never writes (a
+    list patch whose length is not a count, whose indices are out of range or negative), and
+    :class:`UnreadableFileError` for one that pads a list past the items it lists.
+    """
     if not isinstance(patch, dict):
         return patch
     if "=" in patch:
         return patch["="]
     if "[" in patch:
         base = list(old) if isinstance(old, list) else []
-        length = patch["n"]
+        length, items = patch["n"], patch["["]
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ValueError(f"a list patch's length must be a count, not {length!r}")
+        if not isinstance(items, list):
+            raise TypeError("a list patch's items must be a list")
+        if length - len(base) > len(items):
+            # Every item past the old end is listed by the encoder: padding the list with
+            # more nulls than the line holds items is no patch of ours (a memory bomb).
+            raise UnreadableFileError(
+                f"a list patch pads a list of {len(base)} to {length} with {len(items)} items"
+            )
         if len(base) > length:
             del base[length:]
         else:
             base.extend([None] * (length - len(base)))
-        for index, item in patch["["]:
+        for index, item in items:
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < length:
+                raise ValueError(f"a list patch's index {index!r} is out of range")
             base[index] = apply_patch(base[index], item)
         return base
     out = dict(old) if isinstance(old, dict) else {}
@@ -221,15 +259,33 @@ class JournalDecoder:
 
     def __init__(self) -> None:
         self._previous: dict[str, dict[str, Any]] = {}
+        #: A line of this segment was lost: the patches after it may apply to an older base.
+        self._damaged = False
 
     def reset(self) -> None:
         """A new segment starts."""
         self._previous.clear()
+        self._damaged = False
 
     def decode(self, line: bytes | str) -> dict[str, Any] | None:
-        """The event on ``line``; None for a line that is not one (truncated, garbage)."""
+        """The event on ``line``; None for a line that is not one (truncated, garbage).
+
+        :class:`UnreadableFileError` for a line past the bounds on length, nesting and growth
+        (a patch that inflates a list only while no line of the segment was lost: after a lost
+        line, a patch may meet an older base than the one it was made from).
+        """
+        event = self._decode(line)
+        if event is None:
+            self._damaged = True
+        return event
+
+    def _decode(self, line: bytes | str) -> dict[str, Any] | None:
+        if len(line) > MAX_LINE_BYTES + 1:
+            raise UnreadableFileError(f"a line longer than {MAX_LINE_BYTES // 2**20} MiB")
         try:
-            event = json.loads(line)
+            event = loads_bounded(line)
+        except UnreadableFileError:
+            raise
         except ValueError:
             return None
         if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
@@ -242,13 +298,18 @@ class JournalDecoder:
                 return None  # the line it patches is lost
             try:
                 body = apply_patch(previous, patch)
+            except UnreadableFileError:
+                if self._damaged:
+                    return None
+                raise
             except (KeyError, IndexError, TypeError, ValueError):
                 return None
             if not isinstance(body, dict):
                 return None
             event = {"t": event.get("t"), "kind": kind, **body}
         body = {k: v for k, v in event.items() if k not in ("t", "kind")}
-        self._previous[kind] = body
+        if kind in self._previous or len(self._previous) < MAX_KINDS:
+            self._previous[kind] = body
         return event
 
 
@@ -256,7 +317,9 @@ class JournalReader:
     """Every event of a journal, in order, across its segments.
 
     Lines that cannot be read (a truncated last line, garbage, a compressed segment cut
-    short) are skipped and counted in :attr:`unreadable`.
+    short) are skipped and counted in :attr:`unreadable`.  A segment that is not a regular
+    file, a line past the bounds of ``JournalDecoder.decode``, or more than
+    ``MAX_JOURNAL_BYTES`` of text in all is an :class:`UnreadableFileError` naming the file.
     """
 
     def __init__(self, path: Path | str) -> None:
@@ -265,6 +328,7 @@ class JournalReader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         decoder = JournalDecoder()
+        read = 0
         for segment in journal_segments(self.path):
             decoder.reset()
             try:
@@ -273,8 +337,22 @@ class JournalReader:
                 continue  # compressed and removed meanwhile: the .gz is listed next time
             with stream:
                 try:
-                    for line in stream:
-                        event = decoder.decode(line)
+                    for number, line in enumerate(bounded_lines(stream), 1):
+                        try:
+                            if line is None:
+                                raise UnreadableFileError(
+                                    f"a line longer than {MAX_LINE_BYTES // 2**20} MiB"
+                                )
+                            read += len(line)
+                            if read > MAX_JOURNAL_BYTES:
+                                raise UnreadableFileError(
+                                    f"more than {MAX_JOURNAL_BYTES // 2**30} GiB of journal"
+                                )
+                            event = decoder.decode(line)
+                        except UnreadableFileError as exc:
+                            raise UnreadableFileError(
+                                f"{segment}, line {number}: {exc}: not a journal asyncsoak wrote"
+                            ) from None
                         if event is None:
                             self.unreadable += 1
                             continue
@@ -285,10 +363,26 @@ class JournalReader:
 
 
 def _open_segment(path: Path) -> IO[bytes]:
+    """A segment opened for reading (decompressed), refused unless it is a regular file."""
+    raw = open_regular(path)
     if path.name.endswith(".gz"):
         # GzipFile is a BufferedIOBase: every IO[bytes] method the readers use.
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    return open(path, "rb")
+        return cast(IO[bytes], _Decompressed(raw))
+    return raw
+
+
+class _Decompressed(gzip.GzipFile):
+    """A compressed segment read from a file already open, closed with it."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 def read_journal(path: Path | str) -> Iterator[dict[str, Any]]:
@@ -304,16 +398,15 @@ def first_line(path: Path | str) -> bytes:
     """The first line of the journal's first segment (empty if there is none)."""
     segments = journal_segments(Path(path))
     with _open_segment(segments[0]) as stream:
-        return stream.readline()
+        return stream.readline(MAX_LINE_BYTES + 1)
 
 
 def is_journal(path: Path | str) -> bool:
     """Whether ``path`` is a soak journal: its first segment starts with a header line."""
     try:
-        line = first_line(path)
-    except (OSError, EOFError, zlib.error):
+        event = JournalDecoder().decode(first_line(path))
+    except (OSError, EOFError, zlib.error, UnreadableFileError):
         return False
-    event = JournalDecoder().decode(line)
     return event is not None and event.get("kind") == EventKind.HEADER
 
 

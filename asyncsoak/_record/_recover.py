@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from .._redact import Masker, secret_values
 from ._artifact import ArtifactBuilder, read_log_tail
@@ -20,7 +21,11 @@ from ._vocabulary import FailureReason, SoakStatus
 
 
 class JournalError(ValueError):
-    """The file is not a soak journal (no header line)."""
+    """The file is not a soak journal (no header line), or one whose events are damaged."""
+
+
+#: What folding an event of the wrong shape raises (a field missing, text for a number).
+_DAMAGE = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
 
 
 def artifact_from_journal(path: Path) -> Artifact:
@@ -33,12 +38,32 @@ def artifact_from_journal(path: Path) -> Artifact:
     events = 0
     reader = JournalReader(path)
     for event in reader:
-        builder.add(event)
+        try:
+            builder.add(event)
+        except _DAMAGE as exc:
+            # A line that reads as JSON but is no event asyncsoak wrote (a foreign or doctored
+            # file): the whole journal is refused, never a traceback half-way through a view.
+            raise JournalError(
+                f"{path}: event {events + 1} ({str(event.get('kind'))[:40]!r}) is damaged "
+                f"({type(exc).__name__}: {str(exc)[:80]}): not a journal asyncsoak wrote"
+            ) from None
         events += 1
-    unreadable = reader.unreadable
     header = builder.header
     if header is None:
         raise JournalError(f"{path} is not an asyncsoak journal: it has no header line")
+    try:
+        return _fold_end(path, builder, header, events, reader.unreadable)
+    except _DAMAGE as exc:
+        raise JournalError(
+            f"{path}: its header or events are damaged ({type(exc).__name__}: "
+            f"{str(exc)[:80]}): not a journal asyncsoak wrote"
+        ) from None
+
+
+def _fold_end(
+    path: Path, builder: ArtifactBuilder, header: dict[str, Any], events: int, unreadable: int
+) -> Artifact:
+    """The artifact once every event is folded: the lost monitor, the log's tail."""
     status = builder.status
     if status is None:
         status = SoakStatus.FAILED

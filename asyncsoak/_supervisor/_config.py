@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from .._errors import ValidationError, ValidationTypeError
-from .._units import check_size
+from .._record._bounded import MAX_METADATA_DEPTH, nested_too_deep
+from .._units import MAX_SECONDS, check_size
 
 StopMode = Literal["group", "leader", "stdin"]
 STOP_MODES: tuple[StopMode, ...] = ("group", "leader", "stdin")
@@ -27,6 +28,9 @@ LeakCheck = Literal["warn", "fail", "off"]
 LEAK_CHECKS: tuple[LeakCheck, ...] = ("warn", "fail", "off")
 #: Default cap of the captured output log: the first and the last half are kept.
 LOG_MAX_BYTES = 16 * 1024 * 1024
+#: The shortest sample interval: below it the sampler is a busy loop that burns a core (a
+#: sample of a small tree costs about a millisecond of CPU).
+MIN_SAMPLE_INTERVAL_SECONDS = 0.05
 
 
 #: What a job-settable limit holds, which says how it is checked and how its flag parses:
@@ -42,11 +46,19 @@ def _limit(
     *,
     kind: LimitKind = "seconds",
     allow_zero: bool = True,
+    minimum: float = 0.0,
     choices: tuple[str, ...] = (),
 ) -> Any:
     """A job-settable soak limit: its default (``run_soak``'s), its CLI flag and help, its
-    kind, and for seconds whether zero is allowed (None is allowed where the default is None)."""
-    metadata = {"flag": flag, "help": help, "kind": kind, "allow_zero": allow_zero}
+    kind, and for seconds whether zero is allowed and the least value (None is allowed where
+    the default is None); every duration is at most :data:`MAX_SECONDS`."""
+    metadata = {
+        "flag": flag,
+        "help": help,
+        "kind": kind,
+        "allow_zero": allow_zero,
+        "minimum": minimum,
+    }
     return field(default=default, metadata={**metadata, "choices": choices})
 
 
@@ -59,7 +71,11 @@ class SoakLimits:
     """
 
     sample_interval_seconds: float = _limit(
-        5.0, "--sample-interval", "seconds between two samples", allow_zero=False
+        5.0,
+        "--sample-interval",
+        f"seconds between two samples (at least {MIN_SAMPLE_INTERVAL_SECONDS:g})",
+        allow_zero=False,
+        minimum=MIN_SAMPLE_INTERVAL_SECONDS,
     )
     startup_timeout_seconds: float = _limit(
         600.0, "--startup-timeout", "seconds the command may take to show its first progress"
@@ -146,7 +162,9 @@ def _check_limit(spec: Field[Any], value: object) -> object:
         return _signal(spec.name, value)
     if value is None and spec.default is None:
         return None
-    return seconds(spec.name, value, allow_zero=spec.metadata["allow_zero"])
+    return seconds(
+        spec.name, value, allow_zero=spec.metadata["allow_zero"], minimum=spec.metadata["minimum"]
+    )
 
 
 #: The names of :class:`SoakLimits`' fields, in their order.
@@ -250,16 +268,26 @@ class SoakConfig(SoakLimits):
         return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
 
 
-def seconds(name: str, value: object, *, allow_zero: bool = True) -> float:
-    """A finite duration, ``>= 0`` (``> 0`` unless ``allow_zero``); also for CLI flags."""
+def seconds(name: str, value: object, *, allow_zero: bool = True, minimum: float = 0.0) -> float:
+    """A finite duration, ``>= 0`` (``> 0`` unless ``allow_zero``), at least ``minimum`` and
+    at most :data:`MAX_SECONDS` (a year); also for CLI flags."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValidationTypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # an int past a float's range
+        out = math.inf
     if math.isnan(out) or math.isinf(out):
         raise ValidationError(f"{name} must be a finite number of seconds, got {value!r}")
     if out < 0 or (out == 0 and not allow_zero):
         bound = "positive" if not allow_zero else "zero or more"
         raise ValidationError(f"{name} must be {bound}, got {value!r}")
+    if out < minimum:
+        raise ValidationError(f"{name} must be at least {minimum:g} seconds, got {value!r}")
+    if out > MAX_SECONDS:
+        raise ValidationError(
+            f"{name} must be at most {MAX_SECONDS:g} seconds (a year), got {value!r}"
+        )
     return out
 
 
@@ -349,8 +377,15 @@ def _metadata(metadata: object) -> dict[str, Any]:
         raise ValidationTypeError(f"metadata must be a mapping, not {type(metadata).__name__}")
     try:
         data = json.loads(json.dumps(dict(metadata), allow_nan=False))
+        too_deep = nested_too_deep(data, MAX_METADATA_DEPTH)
+    except RecursionError:
+        too_deep = True
     except (TypeError, ValueError) as exc:
         raise ValidationError(f"metadata must be JSON-serialisable: {exc}") from None
+    if too_deep:
+        # Every reader refuses documents nested past a bound: the artifact and the journal
+        # that hold the metadata must stay readable.
+        raise ValidationError(f"metadata must not nest more than {MAX_METADATA_DEPTH} levels deep")
     return cast(dict[str, Any], data)
 
 

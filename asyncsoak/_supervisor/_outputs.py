@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import zlib
 from pathlib import Path
@@ -21,11 +20,10 @@ from typing import Any
 
 from .._errors import ValidationError
 from .._record._artifact import FILE_MODE
+from .._record._bounded import read_json_file
 from .._record._journal import JournalDecoder, first_line
 from ._config import SoakConfig
 
-#: An artifact is bounded in size (summaries and bounded series); a bigger file is not one.
-MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
 #: Bound on reading what is already at the output paths (a dead mount must not hang the start).
 CHECK_TIMEOUT_SECONDS = 10.0
 #: Free space below which the output filesystem counts as full before the start: room for the
@@ -50,10 +48,7 @@ def _journal_header(path: Path) -> dict[str, Any] | None:
 def _artifact(path: Path) -> dict[str, Any] | None:
     """The asyncsoak artifact at ``path``, or None when it is not one."""
     try:
-        if os.stat(path).st_size > MAX_ARTIFACT_BYTES:
-            return None
-        with open(path, "rb") as f:
-            data = json.load(f)
+        data = read_json_file(path)
     except (OSError, ValueError):
         return None
     if isinstance(data, dict) and "schema_version" in data and "status" in data:

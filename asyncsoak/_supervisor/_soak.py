@@ -26,7 +26,14 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .._blocking import BlockingCallTimeout, Rides, TickSignal, abandoned_calls, run_blocking
+from .._blocking import (
+    BlockingCallTimeout,
+    Rides,
+    TickSignal,
+    abandoned_calls,
+    require_asyncio,
+    run_blocking,
+)
 from .._errors import SoakFailureError, ValidationTypeError
 from .._export._metrics import Metrics, validate_metrics
 from .._process import _cgroup
@@ -155,6 +162,7 @@ async def run_soak(
     and a ``cancelled`` artifact written before the cancellation propagates.
     """
     arguments = dict(locals())  # first: the keyword arguments alone
+    require_asyncio("run_soak")
     # Every keyword argument but the two live objects is a SoakConfig field, checked there.
     cfg = SoakConfig(**{k: v for k, v in arguments.items() if k not in ("control", "metrics")})
     metrics_config = validate_metrics(metrics)

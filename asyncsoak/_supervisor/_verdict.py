@@ -74,6 +74,12 @@ class ExitJudge:
         ended = decode_exit(rc)
         if ended.signal is not None and ended.signal not in spawner.signals_to_leader:
             message = f"the command was killed by {spawner.exit_signal}"
+            if ended.signal in spawner.signals_forwarded:
+                # Passed on, not the monitor's stop: the command dying of it is its failure.
+                message += (
+                    f", forwarded by the monitor (it received {spawner.exit_signal} and "
+                    "passed it on; the command did not survive it)"
+                )
             if ended.maybe_oom:
                 kills = await self.report_oom_kills(sink, command_pid=spawner.pid)
                 if spawner.pid in kills:

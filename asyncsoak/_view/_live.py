@@ -29,6 +29,7 @@ import anyio
 
 from .._analysis._trends import MAX_WINDOWS, SAMPLES_PER_WINDOW, theil_sen, windowed_minima
 from .._blocking import run_blocking
+from .._record._bounded import MAX_LINE_BYTES, UnreadableFileError
 from .._record._journal import JournalDecoder
 from .._record._vocabulary import EventKind
 from .._sampling._fields import format_value, gpu_index
@@ -63,6 +64,8 @@ class JournalTail:
         self._file: BinaryIO | None = None
         self._offset = 0
         self._ours = False
+        #: In the middle of a line longer than any event, dropped up to its end.
+        self._skipping = False
         self._decoder = JournalDecoder()
 
     def close(self) -> None:
@@ -82,7 +85,7 @@ class JournalTail:
         if not self._ours:
             self._decoder = JournalDecoder()
             self._file.seek(0)
-            first = self._file.readline()
+            first = self._file.readline(MAX_LINE_BYTES + 1)
             if not first.endswith(b"\n") or not self._is_our_header(first):
                 self.close()  # not ours (yet): look again at the path next time
                 return events
@@ -108,23 +111,46 @@ class JournalTail:
         except FileNotFoundError:
             return False
         self._offset = 0
+        self._skipping = False
         return True
 
     def _read_on(self) -> list[dict[str, Any]]:
         assert self._file is not None
         self._file.seek(self._offset)
         data = self._file.read(READ_CHUNK)
+        if self._skipping:
+            end = data.find(b"\n") + 1
+            self._offset += end or len(data)
+            self._skipping = not end
+            return []
         complete = data[: data.rfind(b"\n") + 1]
+        if not complete and len(data) == READ_CHUNK:
+            # One line longer than a read: read on to its end, as far as a line may go.
+            data += self._file.readline(max(1, MAX_LINE_BYTES + 1 - len(data)))
+            if data.endswith(b"\n"):
+                complete = data
+            elif len(data) > MAX_LINE_BYTES:
+                # Longer than any event (the bound every journal reader keeps): dropped, so
+                # the view goes on with the events after it instead of waiting on it for ever.
+                self._offset += len(data)
+                self._skipping = True
+                return []
         self._offset += len(complete)
         events = []
         for line in complete.splitlines():
-            event = self._decoder.decode(line)
+            try:
+                event = self._decoder.decode(line)
+            except UnreadableFileError:
+                continue  # no event of asyncsoak's: the view goes on without it
             if event is not None:
                 events.append(event)
         return events
 
     def _is_our_header(self, line: bytes) -> bool:
-        header = JournalDecoder().decode(line)
+        try:
+            header = JournalDecoder().decode(line)
+        except UnreadableFileError:
+            return False
         if header is None or header.get("kind") != EventKind.HEADER:
             return False
         return self.monitor_pid is None or header.get("monitor_pid") == self.monitor_pid

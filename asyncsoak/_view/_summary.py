@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._process._exits import describe as describe_exit
+from .._process._exits import forwarded_signals
 from .._record._schema import Artifact
 from .._record._vocabulary import EventKind, FailureReason, SoakStatus
 from .._sampling._fields import describe, format_clock, format_value, group_kind
@@ -138,7 +139,11 @@ def exit_text(artifact: Artifact) -> str:
         f["reason"] == FailureReason.SPAWN_FAILED for f in a["failures"]
     ):
         return "never started"
-    return describe_exit(a["exit"]["returncode"], sent=signals_sent(artifact))
+    return describe_exit(
+        a["exit"]["returncode"],
+        sent=signals_sent(artifact),
+        forwarded=forwarded_signals(artifact),
+    )
 
 
 def look_first(artifact: Artifact) -> list[str]:

@@ -124,9 +124,13 @@ def load_run(path: Path) -> tuple[Artifact, Path | None]:
             path = journal
         else:
             raise UsageError(f"{path}: no such file")
+    from .._record._bounded import UnreadableFileError, open_regular
+
     try:
-        with open(path, "rb"):
-            pass
+        # Never blocks (a FIFO) nor reads without end (/dev/zero): refused at once.
+        open_regular(path).close()
+    except UnreadableFileError as exc:
+        raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
     from ..artifact import ArtifactError, load
@@ -218,6 +222,7 @@ def print_text(text: str) -> None:
 
 def recover_command(args: argparse.Namespace) -> int:
     from .._record._artifact import write_artifact
+    from .._record._bounded import UnreadableFileError
     from .._record._recover import JournalError, artifact_from_journal
 
     journal: Path = args.journal
@@ -228,7 +233,7 @@ def recover_command(args: argparse.Namespace) -> int:
         artifact = artifact_from_journal(journal)
     except FileNotFoundError:
         raise UsageError(f"{journal}: no such file") from None
-    except (OSError, JournalError) as exc:
+    except (OSError, JournalError, UnreadableFileError) as exc:
         raise UsageError(str(exc)) from None
     try:
         write_artifact(artifact, output)

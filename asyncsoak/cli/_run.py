@@ -10,7 +10,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Coroutine
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -179,7 +179,21 @@ def register(subparsers: Any) -> None:
     demo.set_defaults(handler=demo_command)
 
 
-def run_command(args: argparse.Namespace) -> int:
+@dataclass(frozen=True, slots=True)
+class RunFlags:
+    """What ``run``'s flags say, checked: nothing started, nothing written."""
+
+    command: list[str]
+    env: dict[str, str]
+    metadata: dict[str, str]
+    limits: dict[str, Any]
+    status_interval: float
+    metrics: Any
+
+
+def check_run_flags(args: argparse.Namespace) -> RunFlags:
+    """``run``'s flags checked as the soak would check them; a :class:`UsageError` for the
+    first bad one (a limit out of bounds, a malformed pair, no command)."""
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -190,24 +204,37 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         status_interval = seconds("--status-interval", args.status_interval, allow_zero=False)
         limits = soak_limits(args)
+        SoakLimits(**limits)  # each limit within its bounds, named by its flag's field
     except ValidationError as exc:
         raise UsageError(str(exc)) from None
+    return RunFlags(
+        command=command,
+        env=env,
+        metadata=parse_pairs("--metadata", args.metadata),
+        limits=limits,
+        status_interval=status_interval,
+        metrics=metrics_from_args(args, args.metrics_textfile),
+    )
+
+
+def run_command(args: argparse.Namespace) -> int:
+    flags = check_run_flags(args)
     progress_dir, output = scheduler_paths(args.progress_dir, args.output)
     hold_forwarded_signals(args)
     return supervise(
-        command=command,
+        command=flags.command,
         progress_dir=progress_dir,
         output_path=output,
-        **limits,
+        **flags.limits,
         stop_mode=args.stop_mode,
         cwd=args.cwd,
-        env=env,
-        metadata=parse_pairs("--metadata", args.metadata),
+        env=flags.env,
+        metadata=flags.metadata,
         nvidia_smi=None if args.no_gpu else args.nvidia_smi,
-        metrics=metrics_from_args(args, args.metrics_textfile),
+        metrics=flags.metrics,
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
-        status=None if args.quiet else live_status(status_interval=status_interval),
+        status=None if args.quiet else live_status(status_interval=flags.status_interval),
     )
 
 
@@ -323,6 +350,10 @@ def verdict_line(artifact: dict[str, Any], output: Path) -> str:
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    try:
+        seconds("--seconds", args.seconds, allow_zero=False)
+    except ValidationError as exc:
+        raise UsageError(str(exc)) from None
     base: Path = args.dir
     try:
         base.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._process._exits import describe
+from .._process._exits import describe, forwarded_signals
 from .._record._artifact import read_log_tail
 from ..trainer import EXIT_INTERRUPTED
 
@@ -99,12 +99,14 @@ def with_soak_verdict(status: str, soak_failed: bool) -> str:
     return status
 
 
-def describe_exit(rc: int | None, *, sent: Collection[str] | None = None) -> str:
+def describe_exit(
+    rc: int | None, *, sent: Collection[str] | None = None, forwarded: Collection[str] = ()
+) -> str:
     """An exit status in words (:func:`asyncsoak._process._exits.describe`, which see for
-    ``sent``), and the trainer's own ``EXIT_INTERRUPTED`` said as such."""
+    ``sent`` and ``forwarded``), and the trainer's own ``EXIT_INTERRUPTED`` said as such."""
     if rc == EXIT_INTERRUPTED:
         return f"exit status {rc} (EXIT_INTERRUPTED: saved and stopped)"
-    return describe(rc, sent=sent)
+    return describe(rc, sent=sent, forwarded=forwarded)
 
 
 def signals_sent(
@@ -152,6 +154,7 @@ def outcome_from_artifact(
     rc: int | None = exit_info.get("returncode")
     killed = bool(stop.get("killed")) or killed_by_worker
     sent = signals_sent(artifact, killed_by_worker=killed_by_worker)
+    forwarded = forwarded_signals(artifact)
     failures = artifact.get("failures") or []
     soak_reason: str | None = failures[0].get("reason") if failures else None
     if artifact.get("status") == "error" and soak_reason is None:
@@ -175,10 +178,11 @@ def outcome_from_artifact(
     if status == FAILED:
         reason = soak_reason or (OUTCOME_LOST if rc is None else "nonzero_exit")
         message = failures[0].get("message") if failures else None
-        error = failure_error(rc, reason, message, log_tail, sent=sent)
+        error = failure_error(rc, reason, message, log_tail, sent=sent, forwarded=forwarded)
         return Outcome(status, rc, reason, error)
     if status == INTERRUPTED and killed:
-        return Outcome(status, rc, KILLED_BEFORE_SAVING, describe_exit(rc, sent=sent))
+        exit_text = describe_exit(rc, sent=sent, forwarded=forwarded)
+        return Outcome(status, rc, KILLED_BEFORE_SAVING, exit_text)
     warnings = [str(w) for w in artifact.get("warnings") or []]
     if status == SUCCEEDED and warnings:
         return Outcome(status, rc, None, "\n".join([WARNINGS_HEADER, *warnings]))
@@ -192,10 +196,11 @@ def failure_error(
     log_tail: str,
     *,
     sent: Collection[str] | None = None,
+    forwarded: Collection[str] = (),
 ) -> str:
     """A failed job's error: the soak's primary reason, the decoded exit status, the log tail."""
     head = f"{reason}: {message}" if message else reason
-    parts = [head, describe_exit(rc, sent=sent)]
+    parts = [head, describe_exit(rc, sent=sent, forwarded=forwarded)]
     if log_tail:
         parts.append(f"{LOG_TAIL_HEADER}\n{log_tail}")
     return "\n".join(parts)

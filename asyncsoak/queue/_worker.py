@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import re
@@ -35,10 +34,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from .._blocking import BlockingCallTimeout, run_blocking
+from .._blocking import BlockingCallTimeout, require_asyncio, run_blocking
 from .._errors import SoakFailureError, ValidationError
 from .._export._metrics import Metrics, WorkerMetrics, new_registry, render, validate_metrics
 from .._process._tree import start_time_ticks
+from .._record._bounded import read_json_file
 from .._redact import Masker, argv_secrets, secret_values
 from .._supervisor import _slurm
 from .._supervisor._config import seconds
@@ -176,6 +176,7 @@ async def run_worker(
     name, and :class:`ValidationError` for a bad period (NaN, negative), bad metrics settings
     or a metrics port that cannot be served, before any job is claimed.
     """
+    require_asyncio("run_worker")
     settings = WorkerConfig(
         runs_dir=runs_dir or default_runs_dir(store),
         cmd=list(cmd or TRAIN_CMD),
@@ -241,6 +242,7 @@ async def run_job(
     attempt's outcome (``succeeded``, ``failed``, ``cancelled``, ``interrupted``), or
     ``lost`` when another worker took the job over meanwhile (nothing is written then).
     """
+    require_asyncio("run_job")
     settings = WorkerConfig(
         runs_dir=runs_dir or default_runs_dir(store),
         cmd=list(cmd),
@@ -840,7 +842,7 @@ def _make_dirs(path: Path) -> None:
 def _read_artifact(path: Path) -> dict[str, Any] | None:
     """An attempt's ``soak.json`` if it was written (it is replaced atomically, so it is whole)."""
     try:
-        data = json.loads(path.read_text())
+        data = read_json_file(path)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

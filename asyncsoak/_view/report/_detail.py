@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..._record._bounded import UnreadableFileError
 from ..._record._journal import read_journal
 from ..._record._schema import Artifact
 from ..._record._vocabulary import EventKind
@@ -59,7 +60,7 @@ def journal_detail_for(artifact: Artifact, journal: Path | None) -> JournalDetai
         return None
     try:
         return read_journal_detail(path)
-    except OSError:
+    except (OSError, UnreadableFileError):
         return None
 
 
