@@ -251,3 +251,21 @@ touch()
     assert artifact["status"] == "passed"
     assert (tmp_path / "out" / "soak.log").stat().st_size <= cap + 100
     assert len(artifact["log"]["tail"]) <= 16 * 1024
+
+
+async def test_a_kernel_oom_record_logged_after_a_read_is_seen_by_the_next_call() -> None:
+    """Soaks ending together share one read of the kernel log; a call made after a read never
+    gets that read's stale records: a kill logged in between is found."""
+    if not os.access("/dev/kmsg", os.W_OK | os.R_OK):
+        pytest.skip("the kernel log cannot be read and written here (not root, or a container)")
+    from asyncsoak._process._forensics import oom_kills, seconds_since_boot
+
+    since = seconds_since_boot() - 1.0
+    pid = 4_000_000 + os.getpid() % 100_000  # above the usual pid_max: nobody's
+    assert oom_kills({pid}, since_boot_seconds=since) == []
+    Path("/dev/kmsg").write_text(
+        f"<3>Out of memory: Killed process {pid} (fake-trainer) total-vm:1kB\n"
+    )
+    found = oom_kills({pid}, since_boot_seconds=since)
+    assert found is not None
+    assert [(k["pid"], k["name"]) for k in found] == [(pid, "fake-trainer")]

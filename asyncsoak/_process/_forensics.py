@@ -11,11 +11,13 @@ a stack dump with ``py-spy`` when it is installed.  Everything is bounded in tim
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
@@ -168,14 +170,56 @@ _KILLED = re.compile(r"Killed process (?P<pid>\d+) \((?P<name>[^)]*)\)")
 def oom_kills(
     pids: Collection[int], *, since_boot_seconds: float, kmsg: Path = Path("/dev/kmsg")
 ) -> list[dict[str, Any]] | None:
-    """OOM-killer records for ``pids`` logged after ``since_boot_seconds``; None if unreadable."""
+    """OOM-killer records for ``pids`` logged after ``since_boot_seconds``; None if unreadable.
+
+    Every soak reads the kernel log as it ends, and many soaks of one process end at once (a
+    sweep cancelled): one read serves every call made before it started (see
+    :class:`_KernelOomLog`), instead of one read of the whole log each.
+    """
     if not pids:
         return []
+    records = _OOM_LOGS.setdefault(kmsg, _KernelOomLog(kmsg)).records(time.monotonic())
+    if records is None:
+        return None
+    return [
+        {"pid": pid, "name": name, "message": message}
+        for at, pid, name, message in records
+        if at >= since_boot_seconds and pid in pids
+    ]
+
+
+#: (seconds since boot, pid, name, first line of the message) of one OOM kill.
+_OomRecord = tuple[float, int, str, str]
+
+
+class _KernelOomLog:
+    """The kernel log's OOM-kill records, read once for every caller that asked before the
+    read began (a kill is logged before its victim's parent can see it die, so a read begun
+    after a call sees what that call needs)."""
+
+    def __init__(self, kmsg: Path) -> None:
+        self._kmsg = kmsg
+        self._lock = threading.Lock()
+        self._read_began = -math.inf
+        self._records: list[_OomRecord] | None = None
+
+    def records(self, asked_at: float) -> list[_OomRecord] | None:
+        with self._lock:
+            if self._read_began < asked_at:
+                self._read_began = time.monotonic()
+                self._records = _read_oom_records(self._kmsg)
+            return self._records
+
+
+_OOM_LOGS: dict[Path, _KernelOomLog] = {}
+
+
+def _read_oom_records(kmsg: Path) -> list[_OomRecord] | None:
     try:
         fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
-    found: list[dict[str, Any]] = []
+    found: list[_OomRecord] = []
     try:
         for _ in range(MAX_KMSG_RECORDS):
             try:
@@ -188,17 +232,16 @@ def oom_kills(
             if not record:
                 break
             head, _, message = record.decode("utf-8", errors="replace").partition(";")
-            fields = head.split(",")
-            if len(fields) < 3 or int(fields[2]) / 1e6 < since_boot_seconds:
-                continue
             match = _KILLED.search(message)
-            if match and int(match["pid"]) in pids:
+            fields = head.split(",")
+            if match and len(fields) >= 3:
                 found.append(
-                    {
-                        "pid": int(match["pid"]),
-                        "name": match["name"],
-                        "message": message.strip().splitlines()[0][:500],
-                    }
+                    (
+                        int(fields[2]) / 1e6,
+                        int(match["pid"]),
+                        match["name"],
+                        message.strip().splitlines()[0][:500],
+                    )
                 )
     finally:
         os.close(fd)
