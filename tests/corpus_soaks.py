@@ -397,8 +397,8 @@ async def real_runs(
 ) -> dict[tuple[str, Mode], Outcome]:
     """Every ``(plan, leak_check)`` run for real, by ``(shape, leak_check)``.
 
-    The runs of one ``leak_check`` run at once, in one event loop; the two modes one after the
-    other, which halves the memory the corpus holds at its peak (a few GiB).
+    The runs run at once, in one event loop (a few GiB at the peak), those that leak into
+    ``/dev/shm`` after the others.
     """
     if any(plan.needs_data for plan, _ in cases):
         await anyio.to_thread.run_sync(write_data_file, data)
@@ -410,13 +410,11 @@ async def real_runs(
             plan, where, interval=interval, leak_check=leak_check, data=data
         )
 
-    modes: tuple[Mode, ...] = ("warn", "fail")
     # /dev/shm is the machine's: a leak there is seen by every soak running beside it, so the
-    # plans that leak into it run in batches of their own.
+    # plans that leak into it run in a batch of their own.
     for machine_wide in (False, True):
-        for mode in modes:
-            async with anyio.create_task_group() as tg:
-                for plan, leak_check in cases:
-                    if leak_check == mode and plan.machine_wide == machine_wide:
-                        tg.start_soon(one, plan, leak_check)
+        async with anyio.create_task_group() as tg:
+            for plan, leak_check in cases:
+                if plan.machine_wide == machine_wide:
+                    tg.start_soon(one, plan, leak_check)
     return outcomes

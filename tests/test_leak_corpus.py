@@ -1,7 +1,7 @@
 """The leak corpus, each shape a real process tree under a real soak at a 1 s interval for
 60 s: every leak flagged (naming the leaking process where one is to blame), no stable shape.
 
-The soaks of one ``leak_check`` mode run at once (a minute or so each batch); the module's
+The soaks run at once (a minute or so; the /dev/shm leak in a batch of its own); the module's
 tests share them, and only the cases selected are run.
 """
 

@@ -117,7 +117,9 @@ def test_stalled_soak_report_draws_every_plot(runs: Runs, tmp_path: Path) -> Non
     assert int(marker["subplots"]) == panels
     steady = re.search(r'<p class="steady">(.*?)</p>', page.read_text())
     assert steady is not None
-    assert "processes 1" in steady.group(1)
+    # One process all along: folded into the strip, unless a sample caught the tree with
+    # another (a loaded machine's slow exit), when its panel is drawn instead.
+    assert "processes 1" in steady.group(1) or "Processes and threads in the tree" in titles
     assert any(t.startswith("no progress for") for t in titles), titles
     assert {"started", "SIGTERM", "stale_progress", "exit: SIGTERM"} <= set(
         marker["labels"].split("|")
