@@ -365,7 +365,7 @@ def peaks(artifact: Artifact) -> list[dict[str, Any]]:
                 continue
             if SAME_AS.get(name) in fields:
                 continue
-            if name in SHOWN_WHEN_USED and not stats.get("max"):
+            if name in SHOWN_WHEN_MOVED and stats.get("max") == stats.get("min"):
                 continue
             info = describe(group, name)
             label = f"{info.label} {info.qualifier}".strip()
@@ -420,8 +420,9 @@ PEAKS_FIRST = (
     "threads",
     "memory_used_bytes",
 )
-#: Fields left out of the peaks while they stay at zero (most runs never use them).
-SHOWN_WHEN_USED = frozenset({"shm_used_bytes"})
+#: Fields left out of the peaks while they hold still: the machine's /dev/shm says something
+#: of the run only when it moved (the run wrote there, or something else did).
+SHOWN_WHEN_MOVED = frozenset({"shm_used_bytes"})
 
 
 def _field_order(name: str) -> tuple[int, str]:
