@@ -16,8 +16,8 @@ draws a sawtooth, one large allocation makes a step.  None of these is a leak.  
 4. Call it a leak only when the interval's lower bound is above zero, the growth over the
    analysed span (fitted, and from the first window's minimum to the last's) exceeds both an
    absolute floor and a fraction of the starting value, and every third of the span rises by
-   at least a quarter of the whole span's slope (a ramp that then plateaus, or a one-time
-   step, does not; a leak whose pace follows an uneven step rate does).
+   at least half the whole span's slope (a ramp that then plateaus, or a one-time step, does
+   not).
 5. The question is whether memory is *still* rising, steadily, in the recent past, not
    whether it rose through the whole run: a leak may start at any point.  So when the whole
    span is no leak, the same test runs on its recent parts (the last 3/4, 1/2, 3/8 and 1/4
@@ -61,8 +61,8 @@ MAX_WINDOWS = 24
 MIN_WINDOWS = 6
 SAMPLES_PER_WINDOW = 2
 #: Each third of the span must rise at least this fraction of the whole span's slope: a
-#: plateau rises by nothing, while a leak that follows the step rate, halving and doubling,
-#: still rises at half and more of its mean pace.
+#: plateau rises by nothing.  A leak whose pace follows an uneven step rate (halving, then
+#: doubling) may miss it over the whole span, and is found over its recent part (step 5).
 PART_SLOPE_RATIO = 0.5
 #: The recent parts of the span tried when the whole of it is no leak (see step 5), longest
 #: first: a leak that started late is judged over the part where it runs.
@@ -87,7 +87,7 @@ class Trend:
     verdict: Verdict
     slope_per_hour: float | None
     slope_interval_per_hour: tuple[float, float] | None
-    #: Fitted growth over the analysed span (negative: falling).
+    #: Fitted growth over the judged span (the recent part, for a leak found there).
     growth: float | None
     span_seconds: float
     #: Time (same clock as the input) where the analysed span starts.
