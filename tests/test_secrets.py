@@ -211,14 +211,7 @@ def test_job_views_mask_argv_options_and_printed_tokens(tmp_path: Path) -> None:
         sys.executable, str(script), *argv_with_secrets(),
     )  # fmt: skip
     job_id = submitted.stdout.strip()
-    cli(db, "worker", "--once", "--no-gpu", "--poll", "0.2")
-    outputs = {
-        "jobs": cli(db, "jobs").stdout,
-        "jobs --json": cli(db, "jobs", "--json").stdout,
-        "job": cli(db, "job", job_id).stdout,
-        "job --json": cli(db, "job", job_id, "--json").stdout,
-        "logs": cli(db, "logs", job_id).stdout,
-    }
+    outputs = run_once_and_view(db, job_id)
     assert "token [redacted]" in outputs["logs"]
     for where, text in outputs.items():
         assert_none_of([*ARGV_SECRETS.values(), *PRINTED_TOKENS], text, f"asyncsoak {where}")
@@ -403,16 +396,21 @@ def test_queue_views_redact_overrides(tmp_path: Path) -> None:
         *OVERRIDES,
     )  # fmt: skip
     job_id = submitted.stdout.strip()
+    outputs = run_once_and_view(db, job_id)
+    assert json.loads(outputs["job --json"])["status"] == "failed"
+    assert "lr=0.1 tokenizer=gpt2 max_tokens=5" in outputs["logs"]
+    assert "db.password=[redacted]" in outputs["job"]
+    for where, text in outputs.items():
+        assert_none_of(list(OVERRIDE_SECRETS.values()), text, f"asyncsoak {where}")
+
+
+def run_once_and_view(db: Path, job_id: str) -> dict[str, str]:
+    """One worker pass over the queue, then what each queue view prints of the job."""
     cli(db, "worker", "--once", "--no-gpu", "--poll", "0.2")
-    outputs = {
+    return {
         "jobs": cli(db, "jobs").stdout,
         "jobs --json": cli(db, "jobs", "--json").stdout,
         "job": cli(db, "job", job_id).stdout,
         "job --json": cli(db, "job", job_id, "--json").stdout,
         "logs": cli(db, "logs", job_id).stdout,
     }
-    assert json.loads(outputs["job --json"])["status"] == "failed"
-    assert "lr=0.1 tokenizer=gpt2 max_tokens=5" in outputs["logs"]
-    assert "db.password=[redacted]" in outputs["job"]
-    for where, text in outputs.items():
-        assert_none_of(list(OVERRIDE_SECRETS.values()), text, f"asyncsoak {where}")
