@@ -126,15 +126,7 @@ def report_of(artifact: Path, *extra: str) -> Path:
 def test_hover_readout_shows_hostile_process_names_as_text(tmp_path: Path) -> None:
     """Four processes of a real soak name themselves in 15-byte pieces of an ``<img onerror>``:
     hovering the timeline lists them literally, makes no element of them, runs no script."""
-    script = tmp_path / "train.py"
-    script.write_text(HOSTILE_TREE.format(pieces=COMM_PIECES))
-    artifact = tmp_path / "soak.json"
-    run = asyncsoak_cli(
-        "run", "--progress-dir", str(tmp_path / "progress"), "--output", str(artifact),
-        "--sample-interval", "0.1", "--no-gpu", "--", sys.executable, str(script),
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
+    artifact = soak_of_hostile_tree(tmp_path, COMM_PIECES, tmp_path / "soak.json")
     names = [p["name"] for p in json.loads(artifact.read_text())["processes"]]
     assert names[:4] == COMM_PIECES
 
@@ -183,15 +175,7 @@ def test_panel_titles_names_and_baseline_names_show_as_text(tmp_path: Path) -> N
     """A run whose series field, GPU group, failure and metadata hold markup, compared with a
     baseline whose file name holds markup: titles, the readout, the lane and the comparison
     show it literally; no element of it is made, no script of it runs."""
-    script = tmp_path / "train.py"
-    script.write_text(HOSTILE_TREE.format(pieces=["worker"] * 4))
-    artifact = tmp_path / "run" / "soak.json"
-    run = asyncsoak_cli(
-        "run", "--progress-dir", str(tmp_path / "progress"), "--output", str(artifact),
-        "--sample-interval", "0.1", "--no-gpu", "--", sys.executable, str(script),
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
+    artifact = soak_of_hostile_tree(tmp_path, ["worker"] * 4, tmp_path / "run" / "soak.json")
     hostile = hostile_artifact(artifact, tmp_path / "hostile" / "soak.json", PAYLOAD)
     # A file name holds no "/": the baseline's name carries the image alone.
     baseline = tmp_path / "base" / "base<img src=x onerror=document.title=10>.json"
@@ -208,3 +192,16 @@ def test_panel_titles_names_and_baseline_names_show_as_text(tmp_path: Path) -> N
     # The page's own HTML holds the payload only escaped.
     assert "<img src=x" not in text.replace("\\u003cimg", "")
     assert f"Against the baseline {html.escape(str(baseline))}" in text
+
+
+def soak_of_hostile_tree(tmp_path: Path, pieces: list[str], artifact: Path) -> Path:
+    """``asyncsoak run`` over HOSTILE_TREE whose processes name themselves ``pieces``."""
+    script = tmp_path / "train.py"
+    script.write_text(HOSTILE_TREE.format(pieces=pieces))
+    run = asyncsoak_cli(
+        "run", "--progress-dir", str(tmp_path / "progress"), "--output", str(artifact),
+        "--sample-interval", "0.1", "--no-gpu", "--", sys.executable, str(script),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return artifact
