@@ -67,6 +67,8 @@ class FailureReason(StrEnum):
     MEMORY_BUDGET = "memory_budget"
     DISK_LOW = "disk_low"
     MEMORY_LEAK = "memory_leak"
+    GPU_FAULT = "gpu_fault"
+    NONFINITE_LOSS = "nonfinite_loss"
 
 
 class StopCause(StrEnum):

@@ -45,6 +45,8 @@ REASON_TITLES: dict[str, str] = {
     FailureReason.MEMORY_LEAK: "The training leaks memory",
     FailureReason.MEMORY_BUDGET: "The training went over its memory budget",
     FailureReason.DISK_LOW: "The disk is almost full",
+    FailureReason.GPU_FAULT: "A GPU the training uses reported a fault",
+    FailureReason.NONFINITE_LOSS: "The loss became NaN or infinite",
 }
 STATUS_HEADLINES: dict[str, str] = {
     SoakStatus.PASSED: "The soak passed",
