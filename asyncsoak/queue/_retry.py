@@ -44,9 +44,10 @@ WORKER_CANCELLED = "worker_cancelled"
 #: The reason of a job cancelled because a job it ran ``--after`` did not succeed.
 DEPENDENCY_FAILED = "dependency_failed"
 
+GPU_FAULT = FailureReason.GPU_FAULT.value
 #: The infrastructure's reasons: never the job's fault.
 INFRASTRUCTURE_REASONS = frozenset(
-    {ORPHANED, SCHEDULER, FailureReason.GPU_FAULT.value, FailureReason.MONITOR_LOST.value}
+    {ORPHANED, SCHEDULER, GPU_FAULT, FailureReason.MONITOR_LOST.value}
 )
 #: The job's reasons: deterministic, the same cause twice stops the retries.
 JOB_REASONS = frozenset({FailureReason.SPAWN_FAILED.value, INVALID_JOB, USAGE_ERROR})
@@ -90,6 +91,10 @@ def cause_of(artifact: Mapping[str, Any], reason: str | None, log_tail: str) -> 
     """What exactly failed, for the same-cause rule and for people: ``scheduler``,
     ``ValueError at train.py:12``, ``usage_error``... None when nothing more precise than the
     reason is known."""
+    # A GPU fault among the failures explains the rest (a trainer dies of its lost GPU).
+    failures = artifact.get("failures") or []
+    if any(isinstance(f, Mapping) and f.get("reason") == GPU_FAULT for f in failures):
+        return GPU_FAULT
     stop = artifact.get("stop") or {}
     if stop.get("cause") == SCHEDULER:
         return SCHEDULER
@@ -108,7 +113,7 @@ def cause_of(artifact: Mapping[str, Any], reason: str | None, log_tail: str) -> 
 def classify(outcome: Outcome) -> str:
     """The class of a failed attempt (see the module docstring)."""
     cause = outcome.cause or ""
-    if outcome.reason in INFRASTRUCTURE_REASONS or cause == SCHEDULER:
+    if outcome.reason in INFRASTRUCTURE_REASONS or cause in (SCHEDULER, GPU_FAULT):
         return INFRASTRUCTURE
     if outcome.reason in JOB_REASONS or cause == USAGE_ERROR:
         return JOB

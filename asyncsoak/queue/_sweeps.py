@@ -432,11 +432,11 @@ class SweepStore(abc.ABC):
     def gpu_faults(self, host: str | None = None) -> list[GpuFault]:
         """GPUs out of service (on ``host``, or everywhere), by host and GPU."""
         with self._transaction() as sql:
-            rows = sql(
-                "SELECT host, gpu, worker, job_id, attempt, at, detail FROM gpu_faults "
-                "WHERE ? IS NULL OR host = ? ORDER BY host, gpu",
-                (host, host),
-            ).fetchall()
+            query = "SELECT host, gpu, worker, job_id, attempt, at, detail FROM gpu_faults"
+            if host is None:
+                rows = sql(f"{query} ORDER BY host, gpu").fetchall()
+            else:
+                rows = sql(f"{query} WHERE host = ? ORDER BY gpu", (host,)).fetchall()
         return [GpuFault(*row) for row in rows]
 
     def clear_gpu_faults(self, host: str, gpus: Sequence[str] | None = None) -> list[GpuFault]:
