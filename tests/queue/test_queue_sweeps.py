@@ -132,12 +132,14 @@ def test_no_retry_on_fails_at_once_and_retry_on_forces_a_retry(store: JobStore) 
     forced = store.submit(argv=["x"], max_attempts=3, retry_on=["nonzero_exit"])
     for job_id in (refused, forced):
         job = store.claim("w", "h", RUNS)
-        assert job is not None and job.id == job_id
+        assert job is not None
+        assert job.id == job_id
         assert store.finish(job_id, job.attempt, "w", failure)
     assert store.get(refused).status == "failed"
     assert "--no-retry-on nonzero_exit" in (store.attempts(refused)[0].note or "")
     again = store.claim("w", "h", RUNS)
-    assert again is not None and again.id == forced
+    assert again is not None
+    assert again.id == forced
     assert store.finish(forced, again.attempt, "w", failure)
     assert store.get(forced).status == "queued"
     assert "retrying (--retry-on nonzero_exit)" in (store.attempts(forced)[1].note or "")
@@ -250,7 +252,8 @@ async def test_after_runs_when_dependencies_succeeded_and_cancels_when_one_faile
         never = store.submit(argv=job("never", 0), soak=FAST_SOAK, after=[first, broken])
         nor = store.submit(argv=job("nor", 0), soak=FAST_SOAK, after=[never])
         claimed = store.claim("peek", "h", RUNS)
-        assert claimed is not None and claimed.id == first  # not `then`, despite its priority
+        assert claimed is not None
+        assert claimed.id == first
         store.finish(first, claimed.attempt, "peek", Outcome("interrupted", 4, None, None))
         with anyio.fail_after(LIMIT_S):
             await run_worker(store, **worker_kwargs(tmp_path))
@@ -308,7 +311,8 @@ def test_not_before_holds_a_job_until_its_time(db: str) -> None:
         later = store.submit(argv=["x"], not_before=now + 3600)
         due = store.submit(argv=["x"], not_before=now - 1)
         claimed = store.claim("w", "h", RUNS)
-        assert claimed is not None and claimed.id == due
+        assert claimed is not None
+        assert claimed.id == due
         assert store.claim("w", "h", RUNS) is None
         assert store.get(later).status == "queued"
 
@@ -334,26 +338,20 @@ async def test_gpus_2_on_a_4_gpu_worker_run_side_by_side(
     argv = write_script(tmp_path, "gpus.py", SAYS_GPUS)
     env = {"TEST_SIGNALS": str(ready.path)}
     ids = [store.submit(argv=[*argv, str(go)], env=env, soak=FAST_SOAK, gpus=2) for _ in range(3)]
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(
-            lambda: run_worker(
-                store, stop_event=stop, gpus="0,1,2,3", **worker_kwargs(tmp_path, once=False)
-            )
-        )
-        lines = [await ready.line(), await ready.line()]
-        started = dict(line.split() for line in lines)
-        assert set(started) == {str(ids[0]), str(ids[1])}
-        pairs = [set(v.split(",")) for v in started.values()]
-        assert all(len(p) == 2 for p in pairs) and pairs[0].isdisjoint(pairs[1])
-        assert store.get(ids[2]).status == "queued"
-        go.touch()
-        job, gpus = (await ready.line()).split()
-        assert job == str(ids[2]) and len(gpus.split(",")) == 2
-        with anyio.fail_after(LIMIT_S):
-            while store.get(ids[2]).status == "running":
-                await anyio.sleep(0.05)
-        stop.set()
+    with anyio.fail_after(LIMIT_S):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: run_worker(store, gpus="0,1,2,3", **worker_kwargs(tmp_path)))
+            lines = [await ready.line(), await ready.line()]
+            started = dict(line.split() for line in lines)
+            assert set(started) == {str(ids[0]), str(ids[1])}
+            pairs = [set(v.split(",")) for v in started.values()]
+            assert all(len(p) == 2 for p in pairs)
+            assert pairs[0].isdisjoint(pairs[1])
+            assert store.get(ids[2]).status == "queued"
+            go.touch()
+            job, gpus = (await ready.line()).split()
+            assert job == str(ids[2])
+            assert len(gpus.split(",")) == 2
     assert [store.get(i).status for i in ids] == ["succeeded"] * 3
     assert sorted(store.worker_gpus().values()) == [["0", "1", "2", "3"]]
 
