@@ -689,6 +689,11 @@ def _workers(args: argparse.Namespace) -> int:
         now = _queue_call(store.now)
         owned = _queue_call(store.worker_gpus)
         faults = _queue_call(store.gpu_faults)
+        running = _queue_call(lambda: store.jobs("running"))
+    # A worker owning several GPUs runs several jobs: each is shown under it.
+    jobs_of: dict[str, list[str]] = {}
+    for job in running:
+        jobs_of.setdefault(job.worker or "", []).append(str(job.id))
     on_host = {w.host: [f for f in faults if f.host == w.host] for w in workers}
     if args.json:
         _print_json(
@@ -713,7 +718,7 @@ def _workers(args: argparse.Namespace) -> int:
             _age(w.started_at, now),
             _age(w.heartbeat_at, now),
             _worker_state(w, now),
-            "-" if w.job_id is None else str(w.job_id),
+            ",".join(jobs_of.get(w.name, [])) or ("-" if w.job_id is None else str(w.job_id)),
             worker_gpu_text(owned.get(w.name, []), on_host[w.host]),
         ]
         for w in workers

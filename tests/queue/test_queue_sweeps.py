@@ -383,3 +383,24 @@ async def test_faulted_gpu_is_not_claimed_until_cleared(
     assert "GPU 0 of" in capsys.readouterr().out
     with open_store(db) as store:
         assert store.gpu_faults() == []
+
+
+def test_infrastructure_retry_prefers_another_gpu(store: JobStore) -> None:
+    """A job whose worker died on GPU 0 is left a while for a worker with another GPU free,
+    and gets the GPUs it did not fail on first."""
+    from asyncsoak.queue._sweeps import GpuOffer, pick_gpus
+
+    job_id = store.submit(argv=["x"], gpus=1)
+    first = store.claim("w0", "h", RUNS, offer=GpuOffer(free=1, all_free=True, names=("h:0",)))
+    assert first is not None
+    store.record_attempt_gpus(job_id, first.attempt, ["0"])
+    assert store.take_over(store.get(job_id), "sweeper")
+    assert store.finish(job_id, first.attempt, "sweeper", Outcome("failed", None, "orphaned", "x"))
+    assert store.plan(job_id).avoid == ("h:0",)
+    same = GpuOffer(free=1, all_free=True, names=("h:0",))
+    assert store.claim("w0", "h", RUNS, offer=same) is None
+    other = GpuOffer(free=2, all_free=True, names=("h:0", "h:1"))
+    second = store.claim("w01", "h", RUNS, offer=other)
+    assert second is not None
+    assert second.id == job_id
+    assert pick_gpus(1, ["0", "1"], store.plan(job_id).avoid, "h") == ["1"]
