@@ -432,7 +432,12 @@ def _jobs(args: argparse.Namespace) -> int:
             _age(job.created_at, now),
             _age(job.finished_at, now) if job.finished_at else "-",
             job.worker or "-",
-            _clip(job_note(job, plans.get(job.id), by_id, now) or _note(job, now), _NOTE_WIDTH),
+            _clip(
+                "; ".join(
+                    n for n in (job_note(job, plans.get(job.id), by_id, now), _note(job, now)) if n
+                ),
+                _NOTE_WIDTH,
+            ),
         ]
         for job in jobs
     ]

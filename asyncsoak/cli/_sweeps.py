@@ -194,8 +194,7 @@ def job_note(job: Job, plan: Plan | None, jobs_by_id: Mapping[int, Job], now: fl
         return f"{DEPENDENCY_FAILED}: {job.error}" if job.error else DEPENDENCY_FAILED
     if plan is None or job.status != "queued":
         return None
-    waits = plan_note(plan, job, jobs_by_id, now)
-    return f"waits: {waits}" if waits else None
+    return plan_note(plan, jobs_by_id, now) or None
 
 
 def plan_fields(plan: Plan, now: float) -> list[tuple[str, str]]:

@@ -552,18 +552,18 @@ def _array_member(job: Submission, index: int) -> Submission:
     )
 
 
-def plan_note(plan: Plan, job: Job, jobs_by_id: Mapping[int, Job], now: float) -> str:
+def plan_note(plan: Plan, jobs_by_id: Mapping[int, Job], now: float) -> str:
     """What a queued job waits for, in words (``jobs``' note): "" when nothing."""
     waits = []
-    pending = [
-        a for a in plan.after if jobs_by_id.get(a) is None or jobs_by_id[a].status != "succeeded"
-    ]
+    pending = [a for a in plan.after if a not in jobs_by_id or jobs_by_id[a].status != "succeeded"]
     if pending:
         waits.append("after " + ",".join(str(a) for a in pending))
     if plan.not_before is not None and plan.not_before > now:
         waits.append(f"not before {plan.not_before - now:.0f}s from now")
     if plan.retry_at is not None and plan.retry_at > now:
         waits.append(f"retry backoff {plan.retry_at - now:.0f}s")
+    note = f"waits: {', '.join(waits)}" if waits else ""
     if plan.gpus is not None:
-        waits.append(f"needs {plan.gpus} GPU{'s' if plan.gpus != 1 else ''}")
-    return ", ".join(waits)
+        needs = f"needs {plan.gpus} GPU{'s' if plan.gpus != 1 else ''}"
+        note = f"{note}; {needs}" if note else needs
+    return note
