@@ -381,6 +381,11 @@ class PostgresStore(JobStore):
         with self._session(transaction=True) as conn:
             yield Sql(conn, "%s", conn.execute(f"SELECT {_NOW}").fetchone()[0])
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Sql]:
+        with self._session() as conn:
+            yield Sql(conn, "%s", 0.0)
+
     def _submitted(self, sql: Sql, job_ids: Sequence[int]) -> None:
         for job_id in job_ids:
             sql("SELECT pg_notify(?, ?)", (CHANNEL, f"submit {job_id}"))
@@ -487,6 +492,7 @@ class PostgresStore(JobStore):
             status = self._status_for_update(conn, job_id)
             if status not in TERMINAL_STATUSES:
                 raise JobStateError(job_id, status, "requeued", TERMINAL_STATUSES)
+            self._requeued(Sql(conn, "%s", conn.execute(f"SELECT {_NOW}").fetchone()[0]), job_id)
             conn.execute(
                 "UPDATE jobs SET status = 'queued', cancel_requested = false, attempts = 0, "
                 "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "

@@ -342,6 +342,11 @@ class SqliteStore(JobStore):
         with self._write() as conn:
             yield Sql(conn, "?", self.clock())
 
+    @contextmanager
+    def _reading(self) -> Iterator[Sql]:
+        with self._lock, self._unavailable():
+            yield Sql(self._conn, "?", self.clock())
+
     def _schema_state(self, conn: sqlite3.Connection) -> int:
         """The schema version, after refusing databases this code must not touch."""
         version: int = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -493,6 +498,7 @@ class SqliteStore(JobStore):
                 raise JobNotFoundError(job_id)
             if row[0] not in TERMINAL_STATUSES:
                 raise JobStateError(job_id, row[0], "requeued", TERMINAL_STATUSES)
+            self._requeued(Sql(conn, "?", self.clock()), job_id)
             conn.execute(
                 "UPDATE jobs SET status = 'queued', cancel_requested = 0, attempts = 0, "
                 "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import ValidationError
-from ._models import QUEUED, Job, JobNotFoundError, Submission
+from ._models import QUEUED, Job, JobNotFoundError, QueueError, Submission
 from ._retry import DEPENDENCY_FAILED, Decision, RetryPolicy, check_retry_names, decide
 from ._status import CANCELLED, FAILED, Outcome
 
@@ -284,6 +284,10 @@ class SweepStore(abc.ABC):
         """One write transaction, as :class:`Sql`."""
 
     @abc.abstractmethod
+    def _reading(self) -> contextlib.AbstractContextManager[Sql]:
+        """The connection for reads, outside any write transaction (``now`` unused)."""
+
+    @abc.abstractmethod
     def _insert_row(self, sql: Sql, job: Submission) -> int:
         """Insert one checked job as ``queued`` inside ``sql``'s transaction; its id."""
 
@@ -342,7 +346,7 @@ class SweepStore(abc.ABC):
     def plans(self, job_ids: Sequence[int] | None = None) -> dict[int, Plan]:
         """The plans of these jobs (every job that has one when None); a job without one
         (submitted plain) is absent."""
-        with self._transaction() as sql:
+        with self._reading() as sql:
             rows = sql(f"SELECT {_PLAN_COLUMNS} FROM job_plans").fetchall()
             deps: dict[int, list[int]] = {}
             for job_id, after_id in sql("SELECT job_id, after_id FROM job_deps").fetchall():
@@ -360,7 +364,7 @@ class SweepStore(abc.ABC):
 
     def array_members(self, array_id: int) -> list[int]:
         """The jobs of an array, by index; [] when ``array_id`` is not an array's."""
-        with self._transaction() as sql:
+        with self._reading() as sql:
             rows = sql(
                 "SELECT job_id FROM job_plans WHERE array_id = ? ORDER BY array_index",
                 (array_id,),
@@ -369,7 +373,7 @@ class SweepStore(abc.ABC):
 
     def attempt_causes(self, job_id: int) -> dict[int, AttemptCause]:
         """How each attempt of a job was judged, by attempt number."""
-        with self._transaction() as sql:
+        with self._reading() as sql:
             rows = sql(
                 "SELECT attempt, gpus, failure_class, cause, counted FROM attempt_causes "
                 "WHERE job_id = ?",
@@ -395,7 +399,7 @@ class SweepStore(abc.ABC):
                 )
 
     def worker_gpus(self) -> dict[str, list[str]]:
-        with self._transaction() as sql:
+        with self._reading() as sql:
             rows = sql("SELECT name, gpus FROM worker_gpus").fetchall()
         return {str(name): [str(g) for g in _names(gpus)] for name, gpus in rows}
 
@@ -431,7 +435,7 @@ class SweepStore(abc.ABC):
 
     def gpu_faults(self, host: str | None = None) -> list[GpuFault]:
         """GPUs out of service (on ``host``, or everywhere), by host and GPU."""
-        with self._transaction() as sql:
+        with self._reading() as sql:
             query = "SELECT host, gpu, worker, job_id, attempt, at, detail FROM gpu_faults"
             if host is None:
                 rows = sql(f"{query} ORDER BY host, gpu").fetchall()
@@ -447,6 +451,25 @@ class SweepStore(abc.ABC):
             for fault in cleared:
                 sql("DELETE FROM gpu_faults WHERE host = ? AND gpu = ?", (host, fault.gpu))
         return cleared
+
+    def _requeued(self, sql: Sql, job_id: int) -> None:
+        """Inside a backend's requeue: refuse a job whose ``--after`` job did not succeed
+        (it would wait for ever), and give the job a fresh infrastructure budget."""
+        row = sql(
+            "SELECT d.after_id, j.status FROM job_deps AS d JOIN jobs AS j ON j.id = d.after_id "
+            "WHERE d.job_id = ? AND j.status IN ('failed', 'cancelled') ORDER BY d.after_id",
+            (job_id,),
+        ).fetchone()
+        if row is not None:
+            raise QueueError(
+                f"job {job_id} runs --after job {row[0]}, which is {row[1]}: requeue job "
+                f"{row[0]} first"
+            )
+        sql(
+            "UPDATE job_plans SET infra_failures = 0, retry_at = NULL, avoid = NULL "
+            "WHERE job_id = ?",
+            (job_id,),
+        )
 
     # --- the retry decision, inside a backend's finish ---------------------------------------
 

@@ -404,3 +404,21 @@ def test_infrastructure_retry_prefers_another_gpu(store: JobStore) -> None:
     assert second is not None
     assert second.id == job_id
     assert pick_gpus(1, ["0", "1"], store.plan(job_id).avoid, "h") == ["1"]
+
+
+def test_requeue_refused_while_a_dependency_failed(store: JobStore) -> None:
+    """A job cancelled because its --after job failed cannot be requeued before that job:
+    it would wait for ever."""
+    from asyncsoak.queue import QueueError
+
+    first = store.submit(argv=["x"], max_attempts=1)
+    then = store.submit(argv=["x"], after=[first])
+    job = store.claim("w", "h", RUNS)
+    assert job is not None
+    assert store.finish(first, job.attempt, "w", Outcome("failed", 1, "nonzero_exit", "x"))
+    assert store.get(then).status == "cancelled"
+    with pytest.raises(QueueError, match=f"requeue job {first} first"):
+        store.requeue(then)
+    assert store.get(then).status == "cancelled"
+    store.requeue(first)
+    assert store.requeue(then).status == "queued"
