@@ -953,18 +953,28 @@ def gpu_list(gpus: str | None) -> list[str]:
 
 
 def faulted_gpus(artifact: dict[str, Any] | None, devices: Sequence[str]) -> list[str]:
-    """The GPUs of ``devices`` a ``gpu_fault`` in ``artifact`` names (by index or UUID), or
-    all of them when the failure does not say which (every GPU of the job is suspect)."""
+    """The GPUs of ``devices`` a ``gpu_fault`` names (by nvidia-smi index or UUID): in the
+    failure's ``gpu``, else in ``gpu_health`` (a failing fault on a GPU the run used); all of
+    ``devices`` when neither says which (every GPU of the job is suspect)."""
     named: list[str] = []
-    for failure in (artifact or {}).get("failures") or []:
-        if not isinstance(failure, dict) or failure.get("reason") != "gpu_fault":
-            continue
-        gpu = failure.get("gpu")
-        if isinstance(gpu, dict):
-            keys = {str(gpu.get("index")), str(gpu.get("uuid"))}
-            named += [d for d in devices if d in keys and d not in named]
-            if not devices and gpu.get("index") is not None:
-                named.append(str(gpu["index"]))
+
+    def name(gpu: Any) -> None:
+        if not isinstance(gpu, dict):
+            return
+        keys = {str(gpu.get("index")), str(gpu.get("uuid"))}
+        named.extend(d for d in devices if d in keys and d not in named)
+        if not devices and gpu.get("index") is not None and str(gpu["index"]) not in named:
+            named.append(str(gpu["index"]))
+
+    failures = (artifact or {}).get("failures") or []
+    for failure in failures:
+        if isinstance(failure, dict) and failure.get("reason") == GPU_FAULT:
+            name(failure.get("gpu"))
+    if not named:
+        for health in ((artifact or {}).get("gpu_health") or {}).values():
+            faults = health.get("faults") if isinstance(health, dict) else None
+            if any(isinstance(f, dict) and f.get("fails") and f.get("used") for f in faults or []):
+                name(health)
     return named or list(devices)
 
 

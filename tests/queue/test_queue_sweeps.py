@@ -23,6 +23,7 @@ from asyncsoak.queue._retry import (
     infrastructure_backoff,
 )
 from asyncsoak.queue._status import outcome_from_artifact
+from asyncsoak.queue._sweeps import GpuOffer
 from asyncsoak.queue._worker import faulted_gpus
 
 from ..conftest import ReadyFifo
@@ -225,6 +226,14 @@ def test_causes_read_from_the_artifact() -> None:
     artifact = {"failures": fault_failures()}
     assert faulted_gpus(artifact, ["1", "2", "3"]) == ["2"]
     assert faulted_gpus({"failures": [{"reason": "gpu_fault"}]}, ["1", "2"]) == ["1", "2"]
+    health = {
+        "failures": [{"reason": "gpu_fault"}],
+        "gpu_health": {
+            "gpu1": {"index": 1, "uuid": "GPU-a", "faults": [{"fails": True, "used": True}]},
+            "gpu3": {"index": 3, "uuid": "GPU-b", "faults": [{"fails": True, "used": False}]},
+        },
+    }
+    assert faulted_gpus(health, ["GPU-a", "GPU-b"]) == ["GPU-a"]
 
 
 def fault_failures() -> list[dict[str, object]]:
@@ -422,3 +431,46 @@ def test_requeue_refused_while_a_dependency_failed(store: JobStore) -> None:
     assert store.get(then).status == "cancelled"
     store.requeue(first)
     assert store.requeue(then).status == "queued"
+
+
+@pytest.mark.asyncio
+async def test_gpu_fault_takes_the_named_gpu_out_and_does_not_count(
+    tmp_path: Path, store: JobStore
+) -> None:
+    """An attempt that failed gpu_fault on GPU 2 (as the soak's failure names it) takes GPU 2
+    of the host out of service, says so in the attempt's note, and is not counted."""
+    import socket
+
+    from asyncsoak.queue._worker import WorkerConfig, _Worker
+
+    job_id = store.submit(argv=["x"], max_attempts=1, gpus=2)
+    offer = GpuOffer(free=4, all_free=True, names=("h:0", "h:1", "h:2", "h:3"))
+    job = store.claim("w", socket.gethostname(), RUNS, offer=offer)
+    assert job is not None
+    artifact = {
+        "status": "failed",
+        "exit": {"returncode": 1, "pid": 9},
+        "failures": [
+            {"reason": "nonzero_exit", "message": "exit 1"},
+            {"reason": "gpu_fault", "message": "Xid 79 on GPU 2", "gpu": {"index": 2}},
+        ],
+    }
+    worker = _Worker(
+        store,
+        WorkerConfig(runs_dir=tmp_path / "runs", cmd=["x"], gpus="0,1,2,3"),
+        anyio.Event(),
+        anyio.Event(),
+        "w",
+    )
+    note = await worker._take_out_faulted(job, artifact, ["2", "3"])
+    assert note is not None
+    assert "--clear-fault 2" in note
+    assert [(f.gpu, f.job_id) for f in store.gpu_faults()] == [("2", job_id)]
+    outcome = outcome_from_artifact(artifact, cancel_requested=False, stopping=False, log_tail="")
+    assert store.finish(job_id, job.attempt, "w", outcome, note=note)
+    job = store.get(job_id)
+    assert (job.status, job.attempts) == ("queued", 0)
+    assert "not counted" in (store.attempts(job_id)[0].note or "")
+    offer_now = await worker._offer()
+    assert offer_now is not None
+    assert offer_now.free == 3
