@@ -186,10 +186,11 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "worker",
         parents=[db],
-        help="run queued jobs one at a time",
-        description="Run queued jobs one at a time, each under the soak monitor.  SIGINT, "
-        "SIGTERM or SIGHUP stops the running job the graceful way (it is requeued) and then the "
-        "worker; a second signal kills the running job at once.",
+        help="run queued jobs (one at a time, or side by side on several --gpus)",
+        description="Run queued jobs, each under the soak monitor: one at a time, or side by "
+        "side on the GPUs of --gpus (submit --gpus N).  SIGINT, SIGTERM or SIGHUP stops the "
+        "running jobs the graceful way (they are requeued) and then the worker; a second signal "
+        "kills them at once.",
     )
     p.add_argument("--poll", type=float, default=POLL_S, metavar="S", help="poll/heartbeat period")
     p.add_argument("--once", action="store_true", help="drain what is queued, then exit")

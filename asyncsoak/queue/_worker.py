@@ -293,12 +293,14 @@ class _Worker:
         self.kill_event = kill_event
         self.name = name
         self.host = socket.gethostname()
-        # Store calls are short, but a heartbeat may wait out another writer's lock: two
-        # threads let the job's heartbeat and the worker's run side by side.
-        self.limiter = anyio.CapacityLimiter(2)
+        # Store calls are short, but a heartbeat may wait out another writer's lock, and the
+        # loop's orphan sweep (which kills a dead worker's leftovers) runs beside the jobs: one
+        # thread for the loop, one for the worker's heartbeat, one for each job it may run at
+        # once, so no job's heartbeat waits behind them and goes stale.
+        self.devices = gpu_list(settings.gpus)
+        self.limiter = anyio.CapacityLimiter(2 + max(1, len(self.devices)))
         #: The jobs running, each with the GPUs it was given.
         self.running: dict[int, list[str]] = {}
-        self.devices = gpu_list(settings.gpus)
         #: Set when a job ends: its GPUs may take another.
         self.job_done = anyio.Event()
         self._faulted: set[str] = set()
