@@ -33,6 +33,7 @@ from ._slurm import (
 
 if TYPE_CHECKING:
     from .._record._schema import Artifact
+    from .._supervisor._control import SoakControl
 
 #: Signals that stop the soak: Ctrl-C, a service manager, and a closed terminal or ssh session.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -241,7 +242,7 @@ def run_command(args: argparse.Namespace) -> int:
 def supervise(
     *,
     report: Callable[[dict[str, Any]], None] | None = None,
-    status: Callable[[Path], Coroutine[Any, Any, None]] | None = None,
+    status: Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Any]]] | None = None,
     **soak: Any,
 ) -> int:
     """Run one soak with SIGINT/SIGTERM/SIGHUP stopping it; the exit status says how it ended.
@@ -249,13 +250,14 @@ def supervise(
     SIGHUP (a closed terminal, a dropped ssh session) is a stop like SIGTERM.  A second signal
     kills the tree at once instead of waiting out the grace.
 
-    ``status`` runs beside the soak with its journal's path (the live view) and is cancelled
-    when the soak ends.
+    ``status`` (the live view) is given the soak's control before the soak starts (to observe
+    its events) and returns a task that runs beside the soak, cancelled when the soak ends.
     """
     from .._supervisor._control import SoakControl
     from .._supervisor._soak import run_soak
 
     control = soak.setdefault("control", SoakControl())
+    view = status(control) if status is not None else None
     received: list[int] = []
     artifact: dict[str, Any] | None = None
     output = Path(soak["output_path"])
@@ -284,8 +286,8 @@ def supervise(
                         )
 
                 tg.start_soon(stop_on_signal)
-                if status is not None:
-                    tg.start_soon(status, output.with_suffix(".jsonl"))
+                if view is not None:
+                    tg.start_soon(view)
                 with soak_scope:
                     try:
                         artifact = await run_soak(**soak)
