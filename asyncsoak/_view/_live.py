@@ -72,9 +72,14 @@ class JournalTail:
     the end.
     """
 
-    def __init__(self, path: Path, monitor_pid: int | None = None) -> None:
+    def __init__(
+        self, path: Path, monitor_pid: int | None = None, *, header_first: bool = True
+    ) -> None:
         self.path = path
         self.monitor_pid = monitor_pid
+        #: False when attaching to a journal whose earlier segments were read already: the
+        #: open segment then starts with whatever event came after the last rotation.
+        self.header_first = header_first
         self._file: BinaryIO | None = None
         self._offset = 0
         self._ours = False
@@ -100,7 +105,7 @@ class JournalTail:
             self._decoder = JournalDecoder()
             self._file.seek(0)
             first = self._file.readline(MAX_LINE_BYTES + 1)
-            if not first.endswith(b"\n") or not self._is_our_header(first):
+            if not first.endswith(b"\n") or (self.header_first and not self._is_our_header(first)):
                 self.close()  # not ours (yet): look again at the path next time
                 return events
             self._ours = True

@@ -80,7 +80,8 @@ def render_screen(status: Status, width: int, height: int) -> Any:
     rate = status.changes_per_minute
     progress.add_row(
         "progress",
-        f"{status.changes} changes" + (f", {rate:.0f}/min over the last minute" if rate else ""),
+        f"{status.changes} change{'s' if status.changes != 1 else ''}"
+        + (f", {rate:.0f}/min over the last minute" if rate else ""),
     )
     if status.quiet_for is not None and not status.finished:
         label = "without progress" if status.limit_name == "stale" else "since the start"
@@ -94,7 +95,11 @@ def render_screen(status: Status, width: int, height: int) -> Any:
                 width=20,
                 complete_style="green" if ratio < 0.5 else "yellow" if ratio < 0.8 else "red",
             )
-            progress.add_row("stall", Group(bar, text))
+            row = Table.grid(padding=(0, 1))
+            row.add_column(no_wrap=True)
+            row.add_column(no_wrap=True)
+            row.add_row(bar, text)
+            progress.add_row("stall", row)
         else:
             progress.add_row("stall", text)
     if status.behind is not None and status.behind >= 1.0:

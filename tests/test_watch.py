@@ -1,0 +1,127 @@
+"""``asyncsoak watch``: attach to a soak already running (another process's), show its live
+state from its journal, end with its verdict; ``--once`` prints one frame."""
+
+from __future__ import annotations
+
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
+from .soak_runs import killed_monitor_journal, run_args
+
+#: Makes progress, says "ready", goes on making progress until the ``end`` file exists.
+HOLD = """
+import os, pathlib, sys, time
+progress, end, signals = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+progress.mkdir(exist_ok=True)
+told = False
+while not end.exists():
+    with open(progress / "metrics.jsonl", "a") as f:
+        f.write("{}\\n")
+    if not told:
+        fd = os.open(signals, os.O_WRONLY); os.write(fd, b"ready\\n"); os.close(fd)
+        told = True
+    time.sleep(0.05)
+"""
+
+
+def _readline(stream: subprocess.Popen[str], deadline: float) -> str:
+    assert stream.stdout is not None
+    left = deadline - time.monotonic()
+    if left <= 0 or not select.select([stream.stdout], [], [], left)[0]:
+        raise TimeoutError("no line from asyncsoak watch in time")
+    return stream.stdout.readline()
+
+
+def test_watch_shows_a_running_soak_then_ends_with_its_verdict(
+    tmp_path: Path, ready: ReadyFifo
+) -> None:
+    """A soak run by another process: --once prints one frame of its live state and exits 0;
+    watch follows it (running, its progress) and ends with the verdict, exit status 0."""
+    args = [a for a in run_args(tmp_path) if a != "--sample-interval"]
+    args[args.index("0.1")] = "--sample-interval=0.2"
+    end = tmp_path / "end"
+    soak = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "asyncsoak",
+            *args,
+            "--",
+            *py(HOLD),
+            str(tmp_path / "progress"),
+            str(end),
+            str(ready.path),
+        ],
+        cwd=tmp_path,
+        env=CLI_ENV,
+        stderr=subprocess.DEVNULL,
+    )
+    watch: subprocess.Popen[str] | None = None
+    try:
+        assert ready.line_sync() == "ready"
+        once = asyncsoak_cli("watch", "--once", str(tmp_path / "soak.json"), cwd=tmp_path)
+        assert once.returncode == 0, once.stderr
+        (frame,) = once.stdout.splitlines()
+        assert frame.startswith("asyncsoak: "), frame
+        assert " running | " in frame or " waiting for the first progress | " in frame, frame
+        assert "finished" not in frame
+
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "asyncsoak", "watch", str(tmp_path), "--status-interval", "0.2"],
+            cwd=tmp_path,
+            env=CLI_ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 30
+        # Live: the soak runs and the view follows its progress.
+        while " running | last progress " not in (line := _readline(watch, deadline)):
+            assert "finished" not in line, line
+        end.touch()
+        rest, errors = watch.communicate(timeout=30)
+        out = [line.rstrip("\n"), *rest.splitlines()]
+        assert watch.returncode == 0, [*out, errors]
+        assert any("finished: passed" in line for line in out), out
+        assert out[-1] == f"asyncsoak: PASSED: The soak passed; artifact: {tmp_path / 'soak.json'}"
+    finally:
+        end.touch()
+        if watch is not None and watch.returncode is None:
+            watch.kill()
+            watch.communicate()
+        soak.wait(timeout=30)
+    assert soak.returncode == 0
+
+
+def test_watch_of_a_dead_monitor_says_so_and_fails(tmp_path: Path) -> None:
+    """A journal whose monitor was killed: no verdict will come; watch says how to recover."""
+    journal = killed_monitor_journal(tmp_path / "killed")
+    result = asyncsoak_cli("watch", str(journal), cwd=tmp_path, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "is gone and never gave a verdict" in result.stdout
+    assert f"asyncsoak recover {journal}" in result.stdout
+    once = asyncsoak_cli("watch", "--once", str(journal), cwd=tmp_path)
+    assert once.returncode == 0, once.stderr
+    assert "as of " in once.stdout  # the journal's last line is old: the frame says so
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "watch needs one TARGET"),
+        (["nowhere.json"], "nowhere.json: no such file"),
+        (["--db", "x.db", "a.json"], "--db goes with --job"),
+        (["--once", "--status-interval", "0", "a.json"], "--status-interval"),
+    ],
+)
+def test_watch_refuses_bad_targets_clearly(tmp_path: Path, args: list[str], message: str) -> None:
+    """No target, a missing one, --db without --job, a bad interval: exit 2 and one line."""
+    result = asyncsoak_cli("watch", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr
