@@ -321,10 +321,8 @@ def test_terminal_line_fits_80_columns_with_whole_words(events: list[dict[str, A
     assert len(lines) == 1, text
     assert len(lines[0].rstrip()) <= 80
     assert "…" not in text
-    # Each piece shown whole, in its short or its long wording, the phase first.
-    wordings = sorted(
-        {w for p in status.pieces() for w in (p.text, p.shortest())}, key=len, reverse=True
-    )
+    # Each piece shown whole, in one of its wordings, the phase first.
+    wordings = sorted({w for p in status.pieces() for w in p.forms}, key=len, reverse=True)
     assert text.startswith(status.pieces()[0].text)
     rest = text
     for wording in wordings:

@@ -192,21 +192,31 @@ PIECE_IMPORTANCE = (
 NOT_SAMPLED_YET = "CPU/RSS starting"
 
 
+#: The pieces a short line gives up last: each keeps room for the ones after it.
+LAST_DROPPED = frozenset({"phase", "alert", "stall"})
+
+
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """One piece of the line: its name (in :data:`PIECE_IMPORTANCE`), its wording, and a
-    shorter wording for a narrow terminal (empty: the same)."""
+    """One piece of the line: its name (in :data:`PIECE_IMPORTANCE`), its wording, a shorter
+    wording and a shortest one for narrow terminals (empty: none shorter)."""
 
     name: str
     text: str
     short: str = ""
+    tiny: str = ""
 
     @property
     def importance(self) -> int:
         return PIECE_IMPORTANCE.index(self.name)
 
+    @property
+    def forms(self) -> tuple[str, ...]:
+        """Its wordings, the longest first."""
+        return tuple(dict.fromkeys(f for f in (self.text, self.short, self.tiny) if f))
+
     def shortest(self) -> str:
-        return self.short or self.text
+        return self.forms[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +316,7 @@ class Status:
                     "memory",
                     figures + (f" ({trend})" if trend else ""),
                     figures + (f" {trend}" if trend else ""),
+                    f"RSS {format_value(self.tree_rss_bytes, 'bytes')}",
                 )
             )
         for group, util, memory in self.gpus:
@@ -370,13 +381,17 @@ AS_OF_SHOWN_SECONDS = 1.0
 
 
 def _alert_piece(alert: str) -> Piece:
-    # ``LEAK pid 7 +921.6 MiB/min, limit in 41m00s``: the projection goes first when short.
-    return Piece("alert", alert, alert.split(", ")[0])
+    # ``LEAK pid 7 +921.6 MiB/min, limit in 41m00s``: the projection goes first when short,
+    # then the rate; who leaks stays.
+    short = alert.split(", ")[0]
+    words = short.split(" ")
+    who = 3 if words[:2] == ["LEAK", "pid"] else 2
+    return Piece("alert", alert, short, " ".join(words[:who]) if words[0] == "LEAK" else "")
 
 
 def _safe(pieces: list[Piece]) -> list[Piece]:
     return [
-        Piece(p.name, terminal_text(p.text), terminal_text(p.short) if p.short else "")
+        Piece(p.name, *(terminal_text(form) if form else "" for form in (p.text, p.short, p.tiny)))
         for p in pieces
         if p.text
     ]
@@ -387,28 +402,41 @@ def fit_pieces(
 ) -> list[tuple[Piece, str]]:
     """The pieces that fit in ``width`` columns, each with the wording chosen, in their order.
 
-    The most important pieces are placed first, each in its short wording (a piece that does
-    not fit is left out, never cut mid-word; a less important, shorter one may still fit);
-    then the room left goes to long wordings, the most important first.  Only the first piece,
-    alone too wide, is shortened at a word.
+    First the pieces given up last (:data:`LAST_DROPPED`), by importance, each in a short
+    wording that leaves room for the shortest wordings of those after it; then the others by
+    importance, each in its shortest wording (a piece that does not fit is left out, never cut
+    mid-word; a less important, shorter one may still fit); then the room left goes to longer
+    wordings, the most important pieces first.  Only the first piece, alone too wide, is
+    shortened at a word.
     """
+    chosen: dict[int, str] = {}
 
-    def used(chosen: Mapping[int, str]) -> int:
-        return sum(map(len, chosen.values())) + len(separator) * max(0, len(chosen) - 1)
+    def room_for(text: str, reserve: int = 0) -> bool:
+        used = sum(map(len, chosen.values())) + len(separator) * len(chosen)
+        return used + len(text) + reserve <= width
 
     order = sorted(range(len(pieces)), key=lambda i: pieces[i].importance)
-    chosen: dict[int, str] = {}
+    essential = [i for i in order if pieces[i].name in LAST_DROPPED]
+    for n, i in enumerate(essential):
+        reserve = sum(len(pieces[j].shortest()) + len(separator) for j in essential[n + 1 :])
+        forms = pieces[i].forms[1:] or pieces[i].forms  # the long wording waits for room left
+        pick = next((f for f in forms if room_for(f, reserve)), None)
+        if pick is None:
+            pick = next((f for f in reversed(forms) if room_for(f)), None)
+        if pick is None and not chosen:
+            pick = _shorten_words(pieces[i].shortest(), width)
+        if pick is not None:
+            chosen[i] = pick
     for i in order:
-        text = pieces[i].shortest()
-        if used({**chosen, i: text}) <= width:
-            chosen[i] = text
-        elif not chosen:
-            chosen[i] = _shorten_words(text, width)
+        if i not in chosen and pieces[i].name not in LAST_DROPPED:
+            if room_for(pieces[i].shortest()):
+                chosen[i] = pieces[i].shortest()
+            elif not chosen:
+                chosen[i] = _shorten_words(pieces[i].shortest(), width)
     for i in order:
-        if i in chosen and chosen[i] != pieces[i].text:
-            trial = {**chosen, i: pieces[i].text}
-            if used(trial) <= width:
-                chosen = trial
+        if i in chosen:
+            current = chosen.pop(i)
+            chosen[i] = next((f for f in pieces[i].forms if room_for(f)), current)
     return [(pieces[i], chosen[i]) for i in sorted(chosen)]
 
 
