@@ -21,7 +21,7 @@ from .._process._exits import SHELL_SIGNAL_BASE, signal_name
 from .._supervisor._config import STOP_MODES, SoakLimits, seconds
 from .._terminal import terminal_text
 from .._units import parse_size
-from .._view._live import live_status
+from .._view._live import VIEW_MODES, live_status
 from .._view._summary import exit_text
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from ._slurm import (
@@ -144,6 +144,13 @@ def register(subparsers: Any) -> None:
     run.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     run.add_argument("--quiet", action="store_true", help="no live status on stderr")
     run.add_argument(
+        "--view",
+        choices=VIEW_MODES,
+        default="line",
+        help="the live status on a terminal: one line (line, the default), the full screen "
+        "(screen), or the full screen when the terminal is tall enough (auto)",
+    )
+    run.add_argument(
         "--status-interval",
         type=float,
         default=60.0,
@@ -235,7 +242,9 @@ def run_command(args: argparse.Namespace) -> int:
         metrics=flags.metrics,
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
-        status=None if args.quiet else live_status(status_interval=flags.status_interval),
+        status=None
+        if args.quiet
+        else live_status(status_interval=flags.status_interval, mode=args.view),
     )
 
 
