@@ -3,6 +3,7 @@ state from its journal, end with its verdict; ``--once`` prints one frame."""
 
 from __future__ import annotations
 
+import importlib.util
 import select
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
 from .soak_runs import killed_monitor_journal, run_args
 
+LEAK_TREND = {"verdict": "leak", "slope_per_hour": 54 * 2**30, "growth": 2**30}
 #: Makes progress, says "ready", goes on making progress until the ``end`` file exists.
 HOLD = """
 import os, pathlib, sys, time
@@ -125,3 +127,54 @@ def test_watch_refuses_bad_targets_clearly(tmp_path: Path, args: list[str], mess
     result = asyncsoak_cli("watch", *args, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rich") is None, reason="needs the live extra")
+def test_the_full_screen_fits_the_terminal_and_shows_what_matters(tmp_path: Path) -> None:
+    """The full screen at 100x30: verdict so far, LEAK, progress, processes by memory with
+    their trends, GPUs, and the log's last lines (as many as fit), never taller than 30."""
+    from rich.console import Console
+
+    from asyncsoak._view._live import LiveState
+    from asyncsoak._view._screen import render_screen
+
+    from .soak_runs import sample_lines
+
+    log = tmp_path / "soak.log"
+    log.write_text("".join(f"step {i} loss {1 / (i + 1):.3f}\n" for i in range(200)))
+    state = LiveState()
+    state.add(
+        {
+            "t": 0,
+            "kind": "header",
+            "started_at": "2026-01-01T00:00:00Z",
+            "config": {"stale_progress_seconds": 120.0},
+            "log_path": str(log),
+        }
+    )
+    state.add({"t": 0.1, "kind": "started", "pid": 1})
+    for i, event in enumerate(sample_lines(end=10.0, stall_at=None, gpus=2)):
+        if event["kind"] == "sample":
+            grown = {"pid": 29987, "name": "python", "anon_bytes": 2**30 + i * 2**24}
+            steady = {"pid": 30001, "name": "pt_data_worker", "anon_bytes": 2**28}
+            event = {**event, "processes": [steady, grown]}
+        state.add(event)
+    state.add({"t": 2.0, "kind": "progress", "changed": 1})
+    state.add({"t": 9.0, "kind": "trend", "series": "process.29987.anon_bytes"} | LEAK_TREND)
+    state.add({"t": 9.5, "kind": "warning", "message": "memory of pid 29987 grew"})
+    assert state.started_at is not None
+    status = state.status(state.started_at + 12.0)
+    console = Console(record=True, width=100, height=30, color_system=None)
+    console.print(render_screen(status, 100, 30))
+    lines = console.export_text().rstrip("\n").splitlines()
+    text = "\n".join(lines)
+    assert len(lines) <= 30, text
+    assert "running" in lines[0]
+    assert "1 warning" in lines[0]
+    assert "LEAK pid 29987 +921.6 MiB/min" in text
+    assert "without progress (limit 2m00s)" in text
+    # The largest process first, with its trend; then the GPUs; then the log's end.
+    assert text.index("29987") < text.index("30001")
+    assert "/min" in next(line for line in lines if "29987" in line and "python" in line)
+    assert "gpu1" in text
+    assert "step 199 loss 0.005" in lines[-1]
