@@ -81,7 +81,7 @@ def render_screen(status: Status, width: int, height: int) -> Any:
     progress.add_row(
         "progress",
         f"{status.changes} change{'s' if status.changes != 1 else ''}"
-        + (f", {rate:.0f}/min over the last minute" if rate else ""),
+        + (f", {rate:.0f}/min lately" if rate else ""),
     )
     if status.quiet_for is not None and not status.finished:
         label = "without progress" if status.limit_name == "stale" else "since the start"
