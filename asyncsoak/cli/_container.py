@@ -93,7 +93,7 @@ def termination_message(ending: Ending, limit: int = TERMINATION_MESSAGE_MAX_BYT
     tail = (
         f"reason: {ending.reason or '-'}\n"
         f"exit_code: {ending.exit_code}\n"
-        f"artifact: {terminal_text(str(ending.artifact)) if ending.artifact else '-'}\n"
+        f"artifact: {terminal_text(str(ending.artifact.absolute())) if ending.artifact else '-'}\n"
     ).encode()
     if len(tail) > limit // 2:
         tail = tail[: limit // 2].decode(errors="ignore").encode()
