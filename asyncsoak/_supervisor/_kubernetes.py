@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._sampling._limits import cgroup_cpu_limit_cores, cgroup_memory_max_bytes
+from .._sampling._limits import CGROUP_ROOT, cgroup_cpu_limit_cores, cgroup_memory_max_bytes
 
 #: Set by Kubernetes in every container of a pod (the API server's address).
 SERVICE_HOST_VARIABLE = "KUBERNETES_SERVICE_HOST"
@@ -132,6 +132,7 @@ def pod_identity(
     grace: float | None = None,
     service_account: Path = SERVICE_ACCOUNT_DIR,
     proc_cgroup: Path = Path("/proc/self/cgroup"),
+    cgroup_root: Path = CGROUP_ROOT,
 ) -> dict[str, Any] | None:
     """``snapshot.scheduler`` in a pod (blocking: small local reads), or None outside one.
 
@@ -158,8 +159,8 @@ def pod_identity(
     if out["namespace"] is None:
         with contextlib.suppress(OSError):
             out["namespace"] = (service_account / "namespace").read_text().strip() or None
-    out["cpu_limit_cores"] = cgroup_cpu_limit_cores(proc_cgroup)
-    out["memory_limit_bytes"] = cgroup_memory_max_bytes(proc_cgroup)
+    out["cpu_limit_cores"] = cgroup_cpu_limit_cores(proc_cgroup, cgroup_root)
+    out["memory_limit_bytes"] = cgroup_memory_max_bytes(proc_cgroup, cgroup_root)
     seconds, source = termination_grace(grace, environ)
     out["termination_grace_period_seconds"] = seconds
     out["termination_grace_source"] = source
