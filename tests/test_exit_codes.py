@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from asyncsoak._export._metrics import SoakMetrics, encode_rows
 from asyncsoak._record._exit_codes import DETAILED_EXIT_CODES, detailed_exit_code
 from asyncsoak._record._vocabulary import FailureReason
+from asyncsoak._supervisor._kubernetes import SERVICE_ACCOUNT_DIR
 from asyncsoak.cli._container import (
     TERMINATION_MESSAGE_MAX_BYTES,
     Ending,
@@ -18,7 +24,7 @@ from asyncsoak.cli._container import (
 )
 from asyncsoak.cli._queue import queue_exit_code
 
-from .conftest import asyncsoak_cli, py
+from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
 from .metrics_support import value
 from .test_cli import TOUCH, run_args
 
@@ -171,3 +177,32 @@ def test_the_queue_and_the_metrics_carry_the_same_status() -> None:
     metrics.observe({"kind": "finished", "t": 2.0, "status": "failed"})
     text = encode_rows(metrics.rows(), openmetrics=False).decode()
     assert value(text, "asyncsoak_soak_exit_code") == 21
+
+
+def test_sigterm_outside_a_pod_leaves_a_cancelled_verdict(tmp_path: Path, ready: ReadyFifo) -> None:
+    """Outside a pod (and a SLURM job) SIGTERM stays the caller's stop (cause cancelled, exit
+    143), and the termination log says so."""
+    if SERVICE_ACCOUNT_DIR.is_dir():
+        pytest.skip("this machine is a Kubernetes pod")
+    log = tmp_path / "termination-log"
+    say = f"open({str(ready.path)!r}, 'w').write('ready\\n')"
+    env = {k: v for k, v in CLI_ENV.items() if k not in ("KUBERNETES_SERVICE_HOST", "SLURM_JOB_ID")}
+    trainer = py(f"{TOUCH}\nimport time\n{say}\ntime.sleep(60)")
+    args = run_args(tmp_path, "--detailed-exit-codes", "--termination-log", str(log))
+    monitor = subprocess.Popen(
+        [sys.executable, "-m", "asyncsoak", *args, "--", *trainer],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert ready.line_sync() == "ready"
+        monitor.send_signal(signal.SIGTERM)
+        monitor.communicate(timeout=30)
+    finally:
+        monitor.kill()
+        monitor.wait()
+    assert monitor.returncode == 143
+    assert log.read_text().splitlines()[0] == "asyncsoak: stopped by SIGTERM"
+    assert "exit_code: 143" in log.read_text().splitlines()
+    assert json.loads((tmp_path / "soak.json").read_text())["stop"]["cause"] == "cancelled"
