@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import anyio
 import psutil
@@ -20,9 +21,11 @@ import pytest
 from asyncsoak import Metrics, run_soak
 from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._export._metrics_server import MetricsServer, open_listener
+from asyncsoak._record._schema import Artifact
 from asyncsoak._sampling._limits import cgroup_cpu_limit_cores
 from asyncsoak._supervisor._kubernetes import GRACE_ANNOTATION, pod_identity
 from asyncsoak._supervisor._slurm import PatternError, expand_path, stop_grace
+from asyncsoak._view._job_view import pod_line
 
 from .conftest import CLI_ENV, ReadyFifo, fast_limits, py, tree_pids
 from .metrics_support import free_port, http_get
@@ -93,6 +96,8 @@ def test_the_pods_identity_and_limits(tmp_path: Path) -> None:
     assert (identity["cpu_limit_cores"], identity["memory_limit_bytes"]) == (2.5, 512 * MiB)
     assert identity["termination_grace_period_seconds"] == 6.0
     assert identity["termination_grace_source"] == "downward API"
+    shown = pod_line(cast("Artifact", {"snapshot": {"scheduler": identity}}))
+    assert shown == "ml/train-2-x7k2p on gpu-node-7 (job train, index 2)"
     assert pod_identity({}, service_account=tmp_path / "no-sa") is None
 
 

@@ -10,6 +10,10 @@ artifact of the run before it.
 Everything here reads the environment SLURM gives a job's processes; the two facts it does
 not give (``KillWait`` and the end time) come from ``scontrol``, under a deadline, and may be
 missing.
+
+A Kubernetes pod is the other scheduler a soak knows (``_kubernetes``): the same stop by the
+scheduler, its ``kill_wait_seconds`` being the pod's grace period; :class:`SoakJob` and
+:func:`expand_path` serve both.
 """
 
 from __future__ import annotations
