@@ -124,21 +124,25 @@ def test_without_the_flag_a_failure_exits_1_and_a_pass_leaves_its_verdict(
     assert lines[1:3] == ["reason: -", "exit_code: 0"]
 
 
-def test_a_termination_log_in_a_missing_directory_is_refused_before_anything_runs(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        (["--termination-log", "missing/log"], "--termination-log"),
+        (["--scheduler-grace", "-1"], "--scheduler-grace"),
+    ],
+    ids=["termination-log-directory", "negative-grace"],
+)
+def test_bad_container_flags_are_refused_before_anything_runs(
+    tmp_path: Path, bad: list[str], named: str
 ) -> None:
-    """A --termination-log whose directory does not exist exits 2, nothing launched."""
+    """A --termination-log in a missing directory, a negative --scheduler-grace: exit 2
+    naming the flag, nothing launched."""
     marker = tmp_path / "launched"
     result = asyncsoak_cli(
-        *run_args(tmp_path),
-        "--termination-log",
-        str(tmp_path / "missing" / "log"),
-        "--",
-        *py(f"open({str(marker)!r}, 'w')"),
-        cwd=tmp_path,
+        *run_args(tmp_path, *bad), "--", *py(f"open({str(marker)!r}, 'w')"), cwd=tmp_path
     )
     assert result.returncode == 2
-    assert "--termination-log" in result.stderr
+    assert named in result.stderr
     assert not marker.exists()
 
 
