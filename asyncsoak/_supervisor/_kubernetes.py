@@ -21,6 +21,7 @@ call to the API server.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import socket
@@ -121,7 +122,7 @@ def termination_grace(
         value = float(text)
     except ValueError:
         return None, "default"
-    if value != value or value < 0 or value == float("inf"):
+    if not math.isfinite(value) or value < 0:
         return None, "default"
     return value, "downward API"
 
