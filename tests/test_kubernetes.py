@@ -4,6 +4,7 @@ cgroup, stopped by the kubelet's SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
@@ -29,7 +32,7 @@ from asyncsoak._view._job_view import pod_line
 
 from .conftest import CLI_ENV, ReadyFifo, fast_limits, py, tree_pids
 from .metrics_support import free_port, http_get
-from .test_limits import cgroupfs, limited_cgroup, proc_cgroup
+from .test_limits import CGROUP_ROOT, cgroupfs, limited_cgroup, proc_cgroup
 
 MiB = 2**20
 
@@ -212,6 +215,43 @@ while True:
 """
 
 
+@contextlib.contextmanager
+def cpu_quota(memory_group: Path, cores: float) -> Iterator[Path]:
+    """A CPU quota of ``cores`` (a container's ``limits.cpu``): on cgroup v2 set on the
+    memory cgroup itself (a process has one v2 cgroup), on v1 a cgroup of the cpu
+    controller's own, removed afterwards."""
+    period = 100_000
+    quota = int(cores * period)
+    v2 = (memory_group / "memory.max").exists()
+    try:
+        if v2:
+            (memory_group.parent / "cgroup.subtree_control").write_text("+cpu")
+            (memory_group / "cpu.max").write_text(f"{quota} {period}")
+        else:
+            mount = next(
+                CGROUP_ROOT / name
+                for name in ("cpu,cpuacct", "cpu")
+                if (CGROUP_ROOT / name / "cpu.cfs_quota_us").exists()
+            )
+            group = mount / f"asyncsoak-test-{uuid.uuid4().hex[:8]}"
+            group.mkdir()
+    except (OSError, StopIteration) as exc:
+        pytest.skip(f"cannot set a CPU quota: {exc!r}")
+    if v2:
+        yield memory_group
+        return
+    try:
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
+        yield group
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
 def test_pid1_in_a_pid_namespace_stops_as_the_schedulers_stop_within_the_grace(
     tmp_path: Path, ready: ReadyFifo
 ) -> None:
@@ -226,8 +266,9 @@ def test_pid1_in_a_pid_namespace_stops_as_the_schedulers_stop_within_the_grace(
     trainer.write_text(ORPHANING_TRAINER)
     output, log = tmp_path / "out" / "soak-%p-%i.json", tmp_path / "termination-log"
     env = {**CLI_ENV, **POD_ENV, "ASYNCSOAK_PODINFO_DIR": str(podinfo(tmp_path, grace="6"))}
-    with limited_cgroup(512 * MiB) as (group, _name):
-        join = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
+    with limited_cgroup(512 * MiB) as (group, _name), cpu_quota(group, 1.5) as cpu_group:
+        joined = " && ".join(f"echo $$ > {g / 'cgroup.procs'}" for g in {group, cpu_group})
+        join = f'{joined} && exec "$@"'
         monitor = subprocess.Popen(
             [
                 *("sh", "-c", join, "sh", "unshare", "--pid", "--fork", "--mount-proc"),
@@ -269,7 +310,7 @@ def test_pid1_in_a_pid_namespace_stops_as_the_schedulers_stop_within_the_grace(
         "gpu-node-7",
     )
     assert (scheduler["job_name"], scheduler["completion_index"]) == ("train", 2)
-    assert scheduler["memory_limit_bytes"] == 512 * MiB
+    assert (scheduler["memory_limit_bytes"], scheduler["cpu_limit_cores"]) == (512 * MiB, 1.5)
     assert scheduler["termination_grace_period_seconds"] == 6.0
     message = log.read_text().splitlines()
     assert message[0] == "asyncsoak: stopped by the scheduler (SIGTERM)"
