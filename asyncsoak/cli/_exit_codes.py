@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 from typing import Any
 
 from .._process._exits import SHELL_SIGNAL_BASE
@@ -12,18 +13,20 @@ from .._view._summary import REASON_TITLES
 from . import EXIT_OK
 
 #: The statuses that hold with or without ``--detailed-exit-codes``.
-FIXED_STATUSES: tuple[tuple[str, str], ...] = (
-    (str(EXIT_PASSED), "the soak passed (or was stopped on request without a signal)"),
+FIXED_STATUSES: tuple[tuple[int, str], ...] = (
+    (EXIT_PASSED, "the soak passed (or was stopped on request without a signal)"),
     (
-        str(EXIT_FAILED),
+        EXIT_FAILED,
         "the soak failed; with --detailed-exit-codes: it failed and its artifact could not "
         "be written",
     ),
-    (str(EXIT_USAGE), "bad usage or input: nothing ran, nothing was written"),
+    (EXIT_USAGE, "bad usage or input: nothing ran, nothing was written"),
+    (SHELL_SIGNAL_BASE + signal.SIGHUP, "SIGHUP stopped the monitor; the artifact says cancelled"),
+    (SHELL_SIGNAL_BASE + signal.SIGINT, "SIGINT stopped the monitor; the artifact says cancelled"),
     (
-        f"{SHELL_SIGNAL_BASE}+N",
-        "signal N stopped the monitor (130 SIGINT, 129 SIGHUP, 143 SIGTERM: also a "
-        "scheduler's stop); the artifact says cancelled",
+        SHELL_SIGNAL_BASE + signal.SIGTERM,
+        "SIGTERM stopped the monitor (in a pod or a SLURM job: the scheduler's stop); the "
+        "artifact says cancelled",
     ),
 )
 
@@ -52,7 +55,7 @@ def exit_codes_command(args: argparse.Namespace) -> int:
         fixed = [{"exit_code": code, "meaning": meaning} for code, meaning in FIXED_STATUSES]
         print(json.dumps({"reasons": table, "statuses": fixed}, indent=2))
         return EXIT_OK
-    print("asyncsoak run exits with:")
+    print("asyncsoak run exits with (128+N when signal N stopped it):")
     for code, meaning in FIXED_STATUSES:
         print(f"  {code:>6}  {meaning}")
     print("\nWith --detailed-exit-codes, a failed soak exits with its primary reason's status:")
