@@ -176,12 +176,14 @@ class JournalTail:
 
 
 #: The line's pieces, from the one kept longest to the one dropped first when the width is
-#: short: the phase (and verdict), a LEAK or projected breach, the stall countdown, warnings,
-#: then the figures.  A new piece takes its place here and in :meth:`Status.pieces`.
+#: short: the phase (and verdict), a LEAK or projected breach, the stall countdown, the
+#: training's step, rate and ETA (``Status.training``), warnings, then the figures.  A new
+#: piece takes its place here and in :meth:`Status.pieces`.
 PIECE_IMPORTANCE = (
     "phase",
     "alert",
     "stall",
+    "training",
     "warnings",
     "memory",
     "gpu",
@@ -269,6 +271,8 @@ class Status:
     log_path: str | None = None
     #: The artifact's status once finished (``passed``...), None before.
     status: str | None = None
+    #: The training's step, rate, loss and ETA, when a step source says them (one piece).
+    training: str = ""
 
     def pieces(self) -> list[Piece]:
         """The line's pieces in the order they are shown (see :data:`PIECE_IMPORTANCE`).
@@ -277,6 +281,8 @@ class Status:
         spelled out: the pieces go to a terminal.
         """
         pieces = [Piece("phase", f"{format_duration(self.elapsed)} {self.phase}")]
+        if self.training:
+            pieces.append(Piece("training", self.training))
         if self.finished:
             # The last line sums the run up: its peaks, not the last sample of an idle tree.
             if self.peak_cpu_percent is not None or self.peak_rss_bytes is not None:
