@@ -557,6 +557,11 @@ class LiveState:
     progress_times: deque[tuple[float, int]] = field(
         default_factory=lambda: deque(maxlen=RATE_EVENTS)
     )
+    #: Series (``tree``, or a pid) -> (its last sample's t, its trend text): a frame is drawn
+    #: twice a second on the event loop, a trend changes only with a new sample.
+    _trends_shown: dict[object, tuple[float, str | None]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def add(self, event: Mapping[str, Any]) -> None:
         """Fold one event in its JSON form (as the serializer and ``JournalDecoder`` give it)."""
@@ -643,6 +648,7 @@ class LiveState:
         for pid in list(self.process_memory):
             if pid not in followed:
                 del self.process_memory[pid]
+                self._trends_shown.pop(pid, None)
         for pid, memory in followed.items():
             if memory is not None:
                 history = self.process_memory.setdefault(pid, deque(maxlen=TREND_POINTS))
@@ -651,7 +657,15 @@ class LiveState:
     def memory_trend(self) -> str | None:
         """The tree's memory per minute over the recent samples: the trends' estimator (the
         Theil-Sen slope of windowed minima), so a cache filling and emptying reads flat."""
-        return _trend_text(self.rss)
+        return self._trend("tree", self.rss)
+
+    def _trend(self, series: object, points: deque[tuple[float, float]] | tuple[()]) -> str | None:
+        last = points[-1][0] if points else -1.0
+        shown = self._trends_shown.get(series)
+        if shown is None or shown[0] != last:
+            shown = (last, _trend_text(points))
+            self._trends_shown[series] = shown
+        return shown[1]
 
     def alerts(self, now_epoch: float | None) -> tuple[str, ...]:
         """Short texts for the leaks and projected breaches the trends reported, one per
@@ -778,7 +792,7 @@ class LiveState:
             behind=None if current or finished else max(0.0, elapsed - self.last_t),
             changes_per_minute=sum(recent) * 60.0 / span if span >= 1.0 else None,
             processes=tuple(
-                Process(pid, name, memory, _trend_text(self.process_memory.get(pid, ())))
+                Process(pid, name, memory, self._trend(pid, self.process_memory.get(pid, ())))
                 for pid, name, memory in self.processes[:PROCESSES_FOLLOWED]
             ),
             log_path=self.log_path,
