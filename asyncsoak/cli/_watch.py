@@ -33,8 +33,12 @@ if TYPE_CHECKING:
 ARTIFACT_WAIT_SECONDS = 30.0
 #: Seconds between two looks at whether the monitor still holds its journal.
 MONITOR_CHECK_SECONDS = 2.0
-#: Journal bytes ``--once`` reads at most to catch up (a bounded read of any journal size).
+#: Reads of the open segment (of ``READ_CHUNK`` bytes each) ``--once`` makes at most to
+#: catch up: the frame of a journal of any size comes after a bounded read.
 ONCE_READS = 256
+#: Bound on catching up with what the journal holds when ``watch`` attaches (the closed
+#: segments of a long soak, compressed, are decoded whole).
+CATCH_UP_SECONDS = 300.0
 #: Exit status when the watch is interrupted (Ctrl-C), as shells report SIGINT.
 EXIT_INTERRUPTED = 130
 
@@ -191,28 +195,34 @@ def _catch_up(journal: Path) -> tuple[LiveState, JournalTail]:
 
 
 async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
-    from .._blocking import run_blocking
+    from .._blocking import BlockingCallTimeout, run_blocking
     from .._view._live import VIEW_CALL_TIMEOUT_SECONDS, watch_journal
 
-    state, tail = await run_blocking(
-        _catch_up, journal, timeout=VIEW_CALL_TIMEOUT_SECONDS, what="reading the journal"
-    )
+    try:
+        state, tail = await run_blocking(
+            _catch_up, journal, timeout=CATCH_UP_SECONDS, what="reading the journal's segments"
+        )
+    except BlockingCallTimeout as exc:
+        print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
+        return EXIT_FAILED
     try:
         if once:
-            status = await run_blocking(
-                _read_all, tail, state, timeout=VIEW_CALL_TIMEOUT_SECONDS, what="the journal"
-            )
+            try:
+                status = await run_blocking(
+                    _read_all, tail, state, timeout=CATCH_UP_SECONDS, what="reading the journal"
+                )
+            except BlockingCallTimeout as exc:
+                print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
+                return EXIT_FAILED
             if status is None:
                 raise UsageError(terminal_text(f"{journal}: no soak has started there yet"))
             _print_frame(status, mode)
             return EXIT_OK
-        last: Status | None = None
         monitor_gone = False
         async with anyio.create_task_group() as tg:
 
             async def view() -> None:
-                nonlocal last
-                last = await watch_journal(
+                await watch_journal(
                     journal,
                     stream=sys.stdout,
                     status_interval=interval,
