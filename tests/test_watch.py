@@ -178,3 +178,40 @@ def test_the_full_screen_fits_the_terminal_and_shows_what_matters(tmp_path: Path
     assert "/min" in next(line for line in lines if "29987" in line and "python" in line)
     assert "gpu1" in text
     assert "step 199 loss 0.005" in lines[-1]
+
+
+def test_watch_reads_a_rotated_journal_from_its_first_segment(tmp_path: Path) -> None:
+    """A long soak's journal is rotated: watch folds the closed (compressed) segments, where
+    the header is, then the open one; no monitor holds it and there is no artifact: the
+    verdict comes from the journal and says the artifact is missing."""
+    import gzip
+
+    from asyncsoak._record._journal import JournalEncoder, segment_path
+
+    from .soak_runs import sample_lines
+
+    header = {
+        "t": 0.0,
+        "kind": "header",
+        "started_at": "2026-01-01T00:00:00Z",
+        "config": {"stale_progress_seconds": 120.0},
+    }
+    samples = sample_lines(end=10.0, stall_at=None, gpus=1)
+    first = [header, {"t": 0.1, "kind": "started", "pid": 1}, *samples[:40]]
+    first += [{"t": 1.0 + i, "kind": "progress", "changed": 1} for i in range(3)]
+    second = [*samples[40:], {"t": 9.0, "kind": "progress", "changed": 2}]
+    second += [{"t": 9.5, "kind": "warning", "message": "a warning"}]
+    second += [{"t": 10.5, "kind": "finished", "status": "passed"}]
+    encoder = JournalEncoder()
+    journal = tmp_path / "soak.jsonl"
+    closed = segment_path(journal, 1, compressed=True)
+    closed.write_bytes(gzip.compress("".join(map(encoder.encode, first)).encode()))
+    encoder.reset()
+    journal.write_text("".join(map(encoder.encode, second)))
+    once = asyncsoak_cli("watch", "--once", str(journal), cwd=tmp_path)
+    assert once.returncode == 0, once.stderr
+    assert once.stdout.startswith("asyncsoak: 10.5s finished: passed with warnings | peak CPU ")
+    followed = asyncsoak_cli("watch", str(journal), cwd=tmp_path)
+    assert followed.returncode == 0, followed.stderr
+    last = followed.stdout.splitlines()[-1]
+    assert last == f"asyncsoak: PASSED WITH WARNINGS; no artifact at {tmp_path / 'soak.json'}"
