@@ -164,6 +164,14 @@ class SoakMetrics:
         self.host = host if host is not None else socket.gethostname()
         self.command = ""
         self.job_id = ""
+        #: What a person calls the run (``asyncsoak_soak_info{job_name}``): the queue job's
+        #: name, else SLURM's, else the program the command runs.
+        self.job_name = ""
+        #: The soak's start, ``2026-12-02T00:37:33Z`` (``asyncsoak_soak_info{started_at}``).
+        self.started_at = ""
+        #: Whether the header was folded: the info's labels are known (they never change
+        #: after, so a dashboard's join on them never sees two titles for one soak).
+        self.described = False
         self.monotonic_start: float | None = None
         self.started_epoch: float | None = None
         self.stale_limit: float | None = None
@@ -205,8 +213,20 @@ class SoakMetrics:
             # One line: an inline script's newlines make a label no dashboard can show.
             self.command = " ".join(" ".join(str(a).split()) for a in command)
             self.command = self.command[:COMMAND_LABEL_MAX]
-            job_id = (event.get("metadata") or {}).get("job_id")
+            metadata = event.get("metadata") or {}
+            job_id = metadata.get("job_id")
             self.job_id = "" if job_id is None else str(job_id)
+            self.job_name = _label_text(
+                metadata.get("job_name")
+                or metadata.get("name")
+                or os.environ.get("SLURM_JOB_NAME")
+                or program_name([str(a) for a in command])
+            )
+            started = self.started_epoch
+            self.started_at = (
+                "" if started is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+            )
+            self.described = True
         elif kind == "started":
             self.started_t = t
         elif kind == "progress":
@@ -283,6 +303,14 @@ class SoakMetrics:
 
     # -- what it says --------------------------------------------------------------------
 
+    def title(self) -> str:
+        """The soak as a dashboard's selector shows it: ``resnet on gpu-node-3, 2026-12-02
+        00:37 UTC`` (the job name, the host, the start)."""
+        started = self.started_at.replace("T", " ")[:16]
+        return _label_text(
+            f"{self.job_name or '?'} on {self.host}" + (f", {started} UTC" if started else "")
+        )
+
     def elapsed(self) -> float | None:
         """Seconds since the soak started on the events' clock; frozen once it finished."""
         if self.finished_t is not None:
@@ -344,13 +372,19 @@ class SoakMetrics:
         def gauge(name: str, help_text: str, value: float) -> None:
             rows.append((name, "gauge", help_text, [(name, soak, value)]))
 
-        info = (
-            ("command", self.command),
-            ("host", self.host),
-            ("job_id", self.job_id),
-            ("soak_id", self.soak_id),
-        )
-        rows.append(("asyncsoak_soak", "info", "The supervised soak.", [(_SOAK_INFO, info, 1.0)]))
+        if self.described:
+            info = (
+                ("command", self.command),
+                ("host", self.host),
+                ("job_id", self.job_id),
+                ("job_name", self.job_name),
+                ("soak_id", self.soak_id),
+                ("started_at", self.started_at),
+                ("title", self.title()),
+            )
+            rows.append(
+                ("asyncsoak_soak", "info", "The supervised soak.", [(_SOAK_INFO, info, 1.0)])
+            )
         phase = self.phase()
         rows.append(
             (
@@ -492,6 +526,38 @@ class SoakMetrics:
     def collect(self) -> Iterator[Metric]:
         """The families for a ``prometheus_client`` registry."""
         return families(self.rows())
+
+
+#: Interpreters whose first argument names the program (``python train.py``).
+_INTERPRETERS = ("python", "python3", "bash", "sh", "uv", "torchrun", "accelerate", "deepspeed")
+#: Characters a label shown in a dashboard's selector keeps at most.
+TITLE_LABEL_MAX = 120
+
+
+def program_name(command: list[str]) -> str:
+    """The program a command runs, as a person names it: ``train.py`` for ``python train.py
+    --lr 3e-4``, ``mypkg.train`` for ``python -m mypkg.train``, else its executable's name."""
+    if not command:
+        return ""
+    name = os.path.basename(command[0])
+    if not name.startswith(_INTERPRETERS):
+        return name
+    rest = command[1:]
+    for i, arg in enumerate(rest):
+        if arg == "-c":
+            return name  # an inline script has no name
+        if arg == "-m" and i + 1 < len(rest):
+            return rest[i + 1]
+        if arg.endswith(".py"):
+            return os.path.basename(arg)
+    return name
+
+
+def _label_text(value: object) -> str:
+    """A label a dashboard shows in a selector: one line, no double quote (Grafana's
+    variable regex reads the label out of ``query_result``'s text), bounded."""
+    text = " ".join(str(value).split()).replace('"', "'")
+    return text[:TITLE_LABEL_MAX]
 
 
 #: A sample: its name, its labels sorted by name, its value.

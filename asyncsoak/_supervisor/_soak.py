@@ -227,7 +227,7 @@ class _Soak:
         #: Shared with the soak's tree (``ASYNCSOAK_SOAK_ID``) and its metrics' ``soak_id``.
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
         #: Called with the JSON form of every event, after the journal and the artifact.
-        self.observers: list[Callable[[dict[str, Any]], None]] = []
+        self.observers: list[Callable[[dict[str, Any]], None]] = list(control.observers)
         #: Blocking calls riding on the proc sampler's ticks (made with the serializer).
         self._rides = Rides()
         self._child_env = dict(os.environ if cfg.env is None else cfg.env)
