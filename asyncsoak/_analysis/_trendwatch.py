@@ -37,6 +37,9 @@ TRACK_POINTS = 256
 PROCESS_POINTS = 200
 #: Processes followed at most (a run that spawns a worker per step must not grow the monitor).
 MAX_TRACKED_PROCESSES = 64
+#: Processes whose role (rank, launcher) is kept at most: a rank's data-loader workers inherit
+#: its rank, and come and go with every epoch.
+MAX_ROLES = 4096
 #: Processes in the artifact's ``processes`` (the top ones by peak RSS).
 TOP_PROCESSES = 8
 #: Processes whose own memory trend is judged (the top ones by peak RSS).
@@ -126,6 +129,8 @@ class ProcessRecord:
     rss: Track | None = None
     memory_key: str = "anon_bytes"
     gpu: Track | None = None
+    #: Its part in a distributed run (a rank, a launcher), as the sampler read it.
+    role: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -143,6 +148,7 @@ class ProcessRecord:
             "first_t": round(self.first_t, 3),
             "last_t": round(self.last_t, 3),
             "series": self.series.to_json(),
+            "role": self.role,
         }
 
 
@@ -193,6 +199,14 @@ class TrendWatch:
         self.tree_gpu_bytes: int | None = None
         self.disk_free: dict[str, tuple[str, int]] = {}  # label -> (path, free bytes)
         self.recent_cpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
+        #: Whose CPU ``recent_cpu`` is: the ranks' once the tree has ranks (a launcher polls
+        #: its ranks and is busy or idle whatever they do), the whole tree's otherwise.
+        self.cpu_of = "tree"
+        #: pid -> role (a rank, a launcher) of the processes of the tree that have one, and
+        #: their parents and names (at most MAX_ROLES).
+        self.roles: dict[int, dict[str, Any]] = {}
+        self.role_parents: dict[int, int] = {}
+        self.role_names: dict[int, str] = {}
         self.recent_gpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
         self.uninterruptible: list[str] = []
         self.peak_tree_rss: int | None = None
@@ -272,6 +286,10 @@ class TrendWatch:
             t, tree.get("processes")
         )
         cpu = tree.get("cpu_percent")
+        ranks_cpu = self._fold_roles(event.get("processes") or [])
+        if ranks_cpu is not None:
+            self.cpu_of = "ranks"
+            cpu = ranks_cpu
         if cpu is not None:
             self.recent_cpu.append(float(cpu))
         machine = event.get("machine") or {}
@@ -296,6 +314,30 @@ class TrendWatch:
                 uninterruptible.append(f"pid {proc.get('pid')} ({proc.get('name')})")
         self.uninterruptible = uninterruptible
         self._close_rate_bucket(t)
+
+    def _fold_roles(self, processes: list[dict[str, Any]]) -> float | None:
+        """Note each process's role as it is described; the ranks' CPU in this sample (None
+        when no rank of the tree has a CPU figure yet)."""
+        cpu: float | None = None
+        for proc in processes:
+            pid = int(proc["pid"])
+            if proc.get("cmdline") is not None or proc.get("role"):
+                # Described (new, or after an exec): its role is what it says now.
+                role = proc.get("role")
+                if role:
+                    if pid in self.roles or len(self.roles) < MAX_ROLES:
+                        self.roles[pid] = dict(role)
+                        self.role_parents[pid] = int(proc.get("ppid") or 0)
+                        self.role_names[pid] = str(proc.get("name") or "?")
+                    record = self.processes.get(pid)
+                    if record is not None:
+                        record.role = dict(role)
+                elif self.roles.pop(pid, None) is not None:
+                    del self.role_parents[pid], self.role_names[pid]
+            role = self.roles.get(pid)
+            if role is not None and "rank" in role and proc.get("cpu_percent") is not None:
+                cpu = (cpu or 0.0) + float(proc["cpu_percent"])
+        return cpu
 
     def _track(
         self,
@@ -711,7 +753,8 @@ class TrendWatch:
             return "in uninterruptible sleep (I/O): " + ", ".join(self.uninterruptible[:4])
         cpu = sum(self.recent_cpu) / len(self.recent_cpu) if self.recent_cpu else None
         gpu = sum(self.recent_gpu) / len(self.recent_gpu) if self.recent_gpu else None
-        figures = f"CPU {cpu:.0f}%" if cpu is not None else "CPU unknown"
+        whose = "the ranks' CPU" if self.cpu_of == "ranks" else "CPU"
+        figures = f"{whose} {cpu:.0f}%" if cpu is not None else f"{whose} unknown"
         if gpu is not None:
             figures += f", GPU {gpu:.0f}%"
         if (cpu or 0) >= BUSY_CPU_PERCENT or (gpu or 0) >= BUSY_GPU_PERCENT:

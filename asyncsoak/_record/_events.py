@@ -289,6 +289,9 @@ class CrashCause(Event):
     where: str | None
     #: ``python`` (a traceback), ``cuda_oom``, ``nccl``, ``killed`` (a shell's "Killed").
     exception_kind: str
+    #: A distributed run: the rank that failed first (whose exception this is), its pid.
+    rank: int | None = None
+    rank_pid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

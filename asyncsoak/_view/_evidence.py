@@ -328,6 +328,10 @@ def _cause(
         exception = artifact["exit"].get("exception")  # a version 2 key
         if exception is not None and exception["type"]:
             text = f"{exception['type']}: {exception['message']}".rstrip(": ")
+            rank = exception.get("rank")
+            if rank is not None:
+                pid = exception.get("rank_pid")
+                text = f"rank {rank}{f' (pid {pid})' if pid else ''} failed first: {text}"
             where = exception["where"]
             return text, where, _source_line(artifact, where)
         found = _traceback_exception(log_lines, traceback)
