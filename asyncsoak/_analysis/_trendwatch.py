@@ -329,9 +329,6 @@ class TrendWatch:
                         self.roles[pid] = dict(role)
                         self.role_parents[pid] = int(proc.get("ppid") or 0)
                         self.role_names[pid] = str(proc.get("name") or "?")
-                    record = self.processes.get(pid)
-                    if record is not None:
-                        record.role = dict(role)
                 elif self.roles.pop(pid, None) is not None:
                     del self.role_parents[pid], self.role_names[pid]
             role = self.roles.get(pid)
@@ -377,6 +374,7 @@ class TrendWatch:
             )
         record.last_t = t
         record.last_rss = rss
+        record.role = self.roles.get(pid)
         name = proc.get("name")
         if name and name != record.name:
             # exec() renamed it (a launcher's shim becomes python): name what runs now.
