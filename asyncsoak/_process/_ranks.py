@@ -364,16 +364,15 @@ def stall_culprit(processes: Iterable[Mapping[str, Any]]) -> dict[str, Any] | No
     if culprits:
         text = "; ".join(_culprit_text(s) for s in culprits)
         if waiting:
-            text += (
-                f"; {_ranks_text(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in {common}"
-            )
-    else:
+            verb = "waits" if len(waiting) == 1 else "wait"
+            text += f"; {_ranks_text(waiting)} {verb} in {common}"
+    elif len(waiting) == len(states):
         text = (
-            f"all {len(waiting)} ranks wait in {common} (rank {_ranks_list(waiting)}): a hung "
-            "communicator, or a dead peer on another node"
-            if len(waiting) == len(states)
-            else f"{_ranks_text(waiting)} wait in {common}"
+            f"every rank ({_ranks_list(waiting)}) waits in {common}: a hung communicator, "
+            "or a dead peer on another node"
         )
+    else:
+        text = f"{_ranks_text(waiting)} wait in {common}"
     first = culprits[0] if culprits else None
     return {
         "culprits": [s.rank for s in culprits],

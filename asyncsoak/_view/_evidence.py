@@ -425,6 +425,14 @@ def _next_steps(
     resume = f"resume from {last.checkpoint}" if last and last.checkpoint else None
     steps: list[str] = []
     if primary in (FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT):
+        forensics = artifact.get("forensics")
+        ranks = forensics.get("ranks") if isinstance(forensics, dict) else None
+        if isinstance(ranks, dict) and ranks.get("culprits") and where:
+            waits = f" in {ranks['waiting']}" if ranks.get("waiting") else ""
+            steps.append(
+                f"Look at rank {ranks['culprits'][0]} at {where}: the other ranks wait for "
+                f"it{waits}."
+            )
         if resume:
             steps.append(resume[:1].upper() + resume[1:] + ".")
         if not config.get("dump_signal"):

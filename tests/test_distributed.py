@@ -1,0 +1,368 @@
+"""Distributed runs: the rank, never the launcher.
+
+The real thing: ``torchrun`` (torch's CPU build, the gloo backend) with two ranks under
+``asyncsoak run``; one rank raises, stops outside a collective while the other waits in
+``all_reduce``, or is stopped by SIGSTOP.  The rules that read ranks, stacks and logs are also
+held to small hand-made inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from asyncsoak._export._metrics import SoakMetrics
+from asyncsoak._process._crash import describe_rank_crash, find_rank_exception
+from asyncsoak._process._ranks import launcher_of, parse_rank_environ, stall_culprit
+from asyncsoak._record._artifact import check_artifact
+from asyncsoak._view._summary import format_summary, summarize
+
+from .conftest import assert_valid, asyncsoak_cli
+
+#: A trainer whose rank 1, at step 3 and by mode: raises, stops in its own ``load_batch``
+#: (while rank 0 waits in ``all_reduce``), or stops itself with SIGSTOP.  Each rank appends
+#: its steps to its own file in the progress directory.
+TRAINER = """\
+import os, signal, sys, time
+import torch
+import torch.distributed as dist
+
+mode, out = sys.argv[1], sys.argv[2]
+
+
+def load_batch(step):
+    if rank == 1 and step == 3 and mode == "raise":
+        raise ValueError(f"bad batch at step {step} on rank {rank}")
+    if rank == 1 and step == 3 and mode == "hang":
+        while True:
+            time.sleep(0.05)
+    if rank == 1 and step == 3 and mode == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return torch.ones(4) * (rank + 1)
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+for step in range(200):
+    batch = load_batch(step)
+    dist.all_reduce(batch)
+    with open(f"{out}/rank{rank}.log", "a") as f:
+        f.write(f"step {step}\\n")
+    time.sleep(0.05)
+"""
+#: Line numbers of the trainer's ``raise`` and of the loop rank 1 hangs in.
+RAISE_LINE = (
+    TRAINER.splitlines().index(
+        '        raise ValueError(f"bad batch at step {step} on rank {rank}")'
+    )
+    + 1
+)
+HANG_LINE = TRAINER.splitlines().index("            time.sleep(0.05)") + 1
+
+
+def _torchrun_soak(tmp_path: Path, mode: str, *extra: str) -> tuple[str, dict[str, Any]]:
+    """``asyncsoak run -- torchrun --nproc-per-node 2 train.py MODE``: its first stderr line
+    and its artifact."""
+    (tmp_path / "train.py").write_text(TRAINER)
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    output = tmp_path / "out" / "soak.json"
+    result = asyncsoak_cli(
+        "run",
+        "--quiet",
+        "--no-gpu",
+        "--progress-dir",
+        str(progress),
+        "--output",
+        str(output),
+        "--sample-interval",
+        "0.25",
+        "--grace",
+        "2",
+        *extra,
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "train.py",
+        mode,
+        str(progress),
+        cwd=tmp_path,
+        timeout=90,
+    )
+    assert result.returncode == 1, result.stderr
+    first = next(line for line in result.stderr.splitlines() if "soak failed" in line)
+    return first, json.loads(output.read_text())
+
+
+def test_a_rank_raising_fails_the_soak_with_its_exception_rank_and_line(
+    tmp_path: Path, schema: Draft202012Validator
+) -> None:
+    """A rank's ValueError, its rank, pid, file and line lead the first line, not torchrun's
+    ChildFailedError; the next step points at the trainer's line."""
+    first, artifact = _torchrun_soak(tmp_path, "raise")
+    rank1 = next(r for r in artifact["ranks"]["ranks"] if r["rank"] == 1)
+    assert (
+        f"nonzero_exit: the command exited with status 1: rank 1 (pid {rank1['pid']}) failed "
+        f"first: ValueError: bad batch at step 3 on rank 1 (train.py:{RAISE_LINE})"
+    ) in first
+    assert "ChildFailedError" not in first
+    assert "api.py" not in first
+    assert artifact["exit"]["exception"]["rank"] == 1
+    assert_valid(artifact, schema)
+    summary = summarize(check_artifact(artifact))
+    assert f"Fix the error at train.py:{RAISE_LINE}." in summary["evidence"]["next_steps"]
+    assert summary["evidence"]["cause"].startswith("rank 1 (pid ")
+    # Each rank and the launcher are known, in the ranks and in the per-process table.
+    assert [(r["rank"], r["local_rank"], r["world_size"]) for r in artifact["ranks"]["ranks"]] == [
+        (0, 0, 2),
+        (1, 1, 2),
+    ]
+    assert [launcher["launcher"] for launcher in artifact["ranks"]["launchers"]] == ["torchrun"]
+    roles = {p["pid"]: p.get("role") for p in artifact["processes"]}
+    assert roles[rank1["pid"]]["rank"] == 1
+
+
+def test_a_rank_stopped_outside_a_collective_is_the_culprit_of_the_stall(
+    tmp_path: Path, schema: Draft202012Validator
+) -> None:
+    """Rank 1 stuck in its own load_batch while rank 0 waits in all_reduce: rank 1 with its
+    frame leads the first line; the launcher is never named."""
+    first, artifact = _torchrun_soak(tmp_path, "hang", "--stale-progress", "3")
+    rank1 = next(r for r in artifact["ranks"]["ranks"] if r["rank"] == 1)
+    assert (
+        f"stale_progress: rank 1 (pid {rank1['pid']}) stopped at train.py:{HANG_LINE} in "
+        "load_batch; rank 0 waits in all_reduce; no progress for"
+    ) in first
+    launcher = artifact["ranks"]["launchers"][0]
+    assert "pt_elastic" not in first
+    assert str(launcher["pid"]) not in first
+    assert_valid(artifact, schema)
+    text = format_summary(summarize(check_artifact(artifact)))
+    assert f"cause: rank 1 (pid {rank1['pid']}) stopped at train.py:{HANG_LINE}" in text
+    assert "Look at rank 1 at train.py" in text
+    # The busy/idle verdict is the ranks' own.
+    assert "the ranks' CPU" in first
+
+
+def test_a_rank_stopped_by_a_signal_is_the_culprit_of_the_stall(tmp_path: Path) -> None:
+    """A rank frozen by SIGSTOP (a dead peer, as seen from the others) is named as stopped."""
+    first, artifact = _torchrun_soak(tmp_path, "sigstop", "--stale-progress", "3")
+    rank1 = next(r for r in artifact["ranks"]["ranks"] if r["rank"] == 1)
+    assert f"stale_progress: rank 1 (pid {rank1['pid']}) is stopped (SIGSTOP" in first
+    assert "rank 0 waits in all_reduce" in first
+    assert "pt_elastic" not in first
+
+
+# -- the rules, on small inputs ------------------------------------------------------------
+
+
+def test_only_the_rank_variables_are_kept_from_an_environment() -> None:
+    """Rank, local rank, world size and group rank are read; a secret beside them is not."""
+    environ = b"\0".join(
+        [b"HF_TOKEN=hf_secret", b"RANK=3", b"LOCAL_RANK=1", b"WORLD_SIZE=8", b"GROUP_RANK=1"]
+    )
+    rank = parse_rank_environ(environ)
+    assert rank == {
+        "rank": 3,
+        "local_rank": 1,
+        "world_size": 8,
+        "group_rank": 1,
+        "source": "torch",
+    }
+    assert "hf_secret" not in json.dumps(rank)
+    # srun + torchrun: the worker's RANK wins over its node's SLURM_PROCID.
+    both = parse_rank_environ(b"SLURM_PROCID=1\0SLURM_NTASKS=2\0RANK=5")
+    assert both is not None
+    assert both["rank"] == 5
+    slurm = parse_rank_environ(b"SLURM_PROCID=1\0SLURM_NTASKS=2\0SLURM_LOCALID=0")
+    assert slurm == {
+        "rank": 1,
+        "local_rank": 0,
+        "world_size": 2,
+        "group_rank": None,
+        "source": "slurm",
+    }
+    assert parse_rank_environ(b"OMPI_COMM_WORLD_RANK=2\0")["source"] == "openmpi"  # type: ignore[index]
+    assert parse_rank_environ(b"PMI_RANK=4\0")["rank"] == 4  # type: ignore[index]
+    assert parse_rank_environ(b"RANK=abc\0PATH=/bin") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "cmdline", "launcher"),
+    [
+        ("pt_elastic", ["python3", "/venv/bin/torchrun", "train.py"], "torchrun"),
+        ("python3", ["python3", "-m", "torch.distributed.run", "train.py"], "torchrun"),
+        ("accelerate", ["/venv/bin/accelerate", "launch", "train.py"], "accelerate"),
+        ("deepspeed", ["python", "/venv/bin/deepspeed", "train.py"], "deepspeed"),
+        ("mpirun", ["mpirun", "-n", "4", "python", "train.py"], "mpirun"),
+        ("srun", ["srun", "-n", "2", "python", "train.py"], "srun"),
+        ("python3", ["python3", "-u", "train.py"], None),
+        ("python3", ["python3", "-c", "import torchrun"], None),
+    ],
+)
+def test_launchers_are_recognised(name: str, cmdline: list[str], launcher: str | None) -> None:
+    """torchrun, accelerate, deepspeed, mpirun and srun are launchers; a trainer is not."""
+    assert launcher_of(name, cmdline) == launcher
+
+
+def _rank(pid: int, rank: int, frames: list[str], state: str = "sleeping") -> dict[str, Any]:
+    stack = f'Thread {pid} (idle): "MainThread"\n' + "".join(f"    {f}\n" for f in frames)
+    return {
+        "pid": pid,
+        "ppid": 1,
+        "state": state,
+        "role": {"rank": rank, "local_rank": rank, "world_size": 4, "group_rank": 0},
+        "python_stack": {"stack": stack},
+    }
+
+
+_ALL_REDUCE = [
+    "all_reduce (torch/distributed/distributed_c10d.py:3252)",
+    "train_step (train.py:40)",
+]
+
+
+def test_a_rank_in_another_collective_is_the_culprit() -> None:
+    """Ranks in all_reduce, one in barrier (DeepSpeed's own names too): that one is named."""
+    processes = [
+        _rank(10, 0, _ALL_REDUCE),
+        _rank(11, 1, ["all_reduce (deepspeed/comm/comm.py:120)", "step (engine.py:9)"]),
+        _rank(12, 2, ["barrier (torch/distributed/distributed_c10d.py:4000)", "save (t.py:7)"]),
+        _rank(13, 3, _ALL_REDUCE),
+        {"pid": 9, "ppid": 1, "state": "sleeping", "role": {"launcher": "torchrun"}},
+    ]
+    culprit = stall_culprit(processes)
+    assert culprit is not None
+    assert culprit["text"] == (
+        "rank 2 (pid 12) waits in barrier at t.py:7 in save; ranks 0, 1, 3 wait in all_reduce"
+    )
+
+
+def test_every_rank_in_one_collective_is_said_so() -> None:
+    """Every rank in the same collective: no rank here is the culprit, and the line says so."""
+    culprit = stall_culprit([_rank(10 + r, r, _ALL_REDUCE) for r in range(4)])
+    assert culprit is not None
+    assert culprit["culprits"] == []
+    assert culprit["text"].startswith("every rank (0, 1, 2, 3) waits in all_reduce")
+
+
+def test_no_collective_no_verdict() -> None:
+    """No rank in a known collective (a DDP backward in C++, say): nobody is blamed."""
+    frames = ["_engine_run_backward (torch/autograd/graph.py:825)", "step (train.py:3)"]
+    culprit = stall_culprit([_rank(10, 0, frames), _rank(11, 1, frames)])
+    assert culprit is not None
+    assert culprit["text"] is None
+    assert stall_culprit([{"pid": 5, "ppid": 1, "role": None}]) is None
+
+
+def test_a_rank_data_loader_worker_is_not_a_rank_of_its_own() -> None:
+    """A worker inherits its rank's environment: the rank is its topmost process."""
+    worker = {**_rank(20, 1, ["load_batch (train.py:9)"]), "ppid": 11}
+    culprit = stall_culprit([_rank(10, 0, _ALL_REDUCE), _rank(11, 1, _ALL_REDUCE), worker])
+    assert culprit is not None
+    assert culprit["culprits"] == []
+
+
+def test_the_tee_prefixes_and_the_error_file_name_the_rank(tmp_path: Path) -> None:
+    """``torchrun --tee`` prefixes and ``@record``'s error file (when the log lacks the
+    traceback) both give the rank's own exception, never ChildFailedError."""
+    tee = "\n".join(
+        [
+            "[default1]:[rank1]: Traceback (most recent call last):",
+            '[default1]:[rank1]:   File "/w/train.py", line 10, in main',
+            "[default1]:[rank1]:     raise ValueError('bad')",
+            "[default1]:[rank1]: ValueError: bad",
+            "[default0]:[rank0]: Traceback (most recent call last):",
+            '[default0]:[rank0]:   File "/w/train.py", line 12, in main',
+            "[default0]:[rank0]: RuntimeError: Connection closed by peer",
+            "Traceback (most recent call last):",
+            '  File "/v/torch/distributed/launcher/api.py", line 383, in launch_agent',
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        ]
+    )
+    crash = find_rank_exception(tee)
+    assert crash is not None
+    assert describe_rank_crash(crash) == "rank 1 failed first: ValueError: bad (train.py:10)"
+
+    error_file = tmp_path / "error.json"
+    stack = 'Traceback (most recent call last):\n  File "/w/train.py", line 7, in f\nKeyError: 3\n'
+    error_file.write_text(
+        json.dumps(
+            {
+                "message": {
+                    "message": "KeyError: 3",
+                    "extraInfo": {"py_callstack": stack, "timestamp": "0"},
+                }
+            }
+        )
+    )
+    report = "\n".join(
+        [
+            "Root Cause (first observed failure):",
+            "[0]:",
+            "  rank      : 2 (local_rank: 0)",
+            "  exitcode  : 1 (pid: 4242)",
+            f"  error_file: {error_file}",
+            "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+            "============================================================",
+        ]
+    )
+    crash = find_rank_exception(report)
+    assert crash is not None
+    assert describe_rank_crash(crash) == "rank 2 (pid 4242) failed first: KeyError: 3 (train.py:7)"
+    # Not a distributed run: no rank, and the plain crash reading stays in charge.
+    assert (
+        find_rank_exception(
+            'Traceback (most recent call last):\n  File "t.py", line 1, in '
+            "<module>\nValueError: x\n"
+        )
+        is None
+    )
+
+
+def test_each_rank_has_its_cpu_metric() -> None:
+    """asyncsoak_rank_cpu_cores has one series per rank (a worker counts for its rank)."""
+    metrics = SoakMetrics(soak_id="s", host="h")
+    role = {"rank": 1, "local_rank": 1, "world_size": 2, "group_rank": 0, "source": "torch"}
+    metrics.observe(
+        {
+            "kind": "sample",
+            "t": 1.0,
+            "points": {"tree": {}},
+            "processes": [
+                {
+                    "pid": 5,
+                    "cpu_percent": 50.0,
+                    "cmdline": ["torchrun"],
+                    "role": {"launcher": "torchrun"},
+                },
+                {"pid": 6, "cpu_percent": 100.0, "cmdline": ["python"], "role": role},
+                {"pid": 7, "cpu_percent": 25.0, "cmdline": ["python"], "role": role},
+            ],
+        }
+    )
+    rows = {name: samples for name, _, _, samples in metrics.rows()}
+    assert rows["asyncsoak_rank_cpu_cores"] == [
+        ("asyncsoak_rank_cpu_cores", (("rank", "1"), ("soak_id", "s")), 1.25)
+    ]
+    assert rows["asyncsoak_ranks"][0][2] == 1.0
+    # Reported later without a description, the processes keep their rank.
+    metrics.observe(
+        {
+            "kind": "sample",
+            "t": 2.0,
+            "points": {"tree": {}},
+            "processes": [{"pid": 6, "cpu_percent": 10.0}],
+        }
+    )
+    rows = {name: samples for name, _, _, samples in metrics.rows()}
+    assert rows["asyncsoak_rank_cpu_cores"][0][2] == pytest.approx(0.1)
