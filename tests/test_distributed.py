@@ -65,10 +65,30 @@ RAISE_LINE = (
 HANG_LINE = TRAINER.splitlines().index("            time.sleep(0.05)") + 1
 
 
-def _torchrun_soak(tmp_path: Path, mode: str, *extra: str) -> tuple[str, dict[str, Any]]:
-    """``asyncsoak run -- torchrun --nproc-per-node 2 train.py MODE``: its first stderr line
-    and its artifact."""
-    (tmp_path / "train.py").write_text(TRAINER)
+#: Two ranks stepping on their own for 5 s after a barrier, rank 1 five times slower.
+STRAGGLING_TRAINER = """\
+import sys, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+dist.barrier()
+until = time.monotonic() + 5
+step = 0
+while time.monotonic() < until:
+    with open(f"{sys.argv[2]}/rank{rank}.log", "a") as f:
+        f.write(f"step {step}\\n")
+    step += 1
+    time.sleep(0.02 if rank == 0 else 0.1)
+"""
+
+
+def _torchrun_soak(
+    tmp_path: Path, mode: str, *extra: str, trainer: str = TRAINER, returncode: int = 1
+) -> tuple[str, dict[str, Any]]:
+    """``asyncsoak run -- torchrun --nproc-per-node 2 train.py MODE``: its verdict's line on
+    stderr and its artifact."""
+    (tmp_path / "train.py").write_text(trainer)
     progress = tmp_path / "progress"
     progress.mkdir()
     output = tmp_path / "out" / "soak.json"
@@ -98,8 +118,8 @@ def _torchrun_soak(tmp_path: Path, mode: str, *extra: str) -> tuple[str, dict[st
         cwd=tmp_path,
         timeout=90,
     )
-    assert result.returncode == 1, result.stderr
-    first = next(line for line in result.stderr.splitlines() if "soak failed" in line)
+    assert result.returncode == returncode, result.stderr
+    first = next(line for line in result.stderr.splitlines() if "soak" in line)
     return first, json.loads(output.read_text())
 
 
@@ -160,6 +180,22 @@ def test_a_rank_stopped_by_a_signal_is_the_culprit_of_the_stall(tmp_path: Path) 
     assert f"stale_progress: rank 1 (pid {rank1['pid']}) is stopped (SIGSTOP" in first
     assert "rank 0 waits in all_reduce" in first
     assert "pt_elastic" not in first
+
+
+def test_a_rank_falling_behind_the_others_is_a_straggler(tmp_path: Path) -> None:
+    """Rank 1 writing its progress at a fifth of rank 0's rate: a warning names it, with its
+    rate against the median; the soak passes."""
+    verdict, artifact = _torchrun_soak(
+        tmp_path, "straggle", "--sample-interval", "0.1", trainer=STRAGGLING_TRAINER, returncode=0
+    )
+    assert artifact["status"] == "passed"
+    [straggler] = artifact["stragglers"]
+    assert straggler["rank"] == 1
+    assert straggler["rate_per_minute"] < 0.5 * straggler["median_rate_per_minute"]
+    [warning] = [w for w in artifact["warnings"] if "straggler" in w]
+    assert warning.startswith("rank 1 is a straggler: its progress files grew ")
+    assert "against the ranks' median" in warning
+    assert "straggler" in verdict
 
 
 # -- the rules, on small inputs ------------------------------------------------------------

@@ -10,6 +10,7 @@ is all the estimator looks at, and at most ``MAX_TRACKED_PROCESSES`` processes a
 from __future__ import annotations
 
 import bisect
+import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,6 +41,14 @@ MAX_TRACKED_PROCESSES = 64
 #: Processes whose role (rank, launcher) is kept at most: a rank's data-loader workers inherit
 #: its rank, and come and go with every epoch.
 MAX_ROLES = 4096
+#: Stragglers: a rank whose progress files grow at less than STRAGGLER_RATIO of the median
+#: rank's rate, measured over a window of STRAGGLER_INTERVALS sample intervals (at least
+#: STRAGGLER_MIN_SECONDS), and for a whole window more, is called a straggler.
+STRAGGLER_RATIO = 0.5
+STRAGGLER_INTERVALS = 20
+STRAGGLER_MIN_SECONDS = 2.0
+#: Ranks whose own progress is followed at most.
+MAX_RANK_SERIES = 1024
 #: Processes in the artifact's ``processes`` (the top ones by peak RSS).
 TOP_PROCESSES = 8
 #: Processes whose own memory trend is judged (the top ones by peak RSS).
@@ -207,6 +216,11 @@ class TrendWatch:
         self.roles: dict[int, dict[str, Any]] = {}
         self.role_parents: dict[int, int] = {}
         self.role_names: dict[int, str] = {}
+        #: rank -> (when, bytes its progress files grew by), the last STRAGGLER_WINDOW.
+        self.rank_progress: dict[str, deque[tuple[float, int]]] = {}
+        #: rank -> since when it has been behind; and the stragglers found, by rank.
+        self._behind_since: dict[str, float] = {}
+        self.stragglers: dict[str, dict[str, Any]] = {}
         self.recent_gpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
         self.uninterruptible: list[str] = []
         self.peak_tree_rss: int | None = None
@@ -314,6 +328,7 @@ class TrendWatch:
                 uninterruptible.append(f"pid {proc.get('pid')} ({proc.get('name')})")
         self.uninterruptible = uninterruptible
         self._close_rate_bucket(t)
+        self._judge_stragglers(t)
 
     def _fold_roles(self, processes: list[dict[str, Any]]) -> float | None:
         """Note each process's role as it is described; the ranks' CPU in this sample (None
@@ -487,10 +502,49 @@ class TrendWatch:
         self._track("tree.gpu_memory_bytes", "bytes", "GPU memory of the tree").add(t, tree_total)
 
     def add_progress(self, t: float, event: dict[str, Any]) -> None:
+        if self.end_t is None or t <= self.end_t:
+            for rank, grown in (event.get("rank_grown_bytes") or {}).items():
+                if rank in self.rank_progress or len(self.rank_progress) < MAX_RANK_SERIES:
+                    self.rank_progress.setdefault(rank, deque()).append((t, int(grown)))
         if self._rate_start is None:
             self._rate_start = t
         self._rate_changes += int(event.get("changed") or 0)
         self._rate_bytes += int(event.get("grown_bytes") or 0)
+
+    def straggler_window(self) -> float:
+        """How long a rank must stay behind, and the span its rate is measured over."""
+        return max(STRAGGLER_MIN_SECONDS, STRAGGLER_INTERVALS * (self.interval or 1.0))
+
+    def _judge_stragglers(self, t: float) -> None:
+        """A rank whose progress rate stays below STRAGGLER_RATIO of the ranks' median for a
+        whole window is a straggler (found once; see :meth:`straggler_window`)."""
+        if len(self.rank_progress) < 2 or self.first_t is None:
+            return
+        window = self.straggler_window()
+        if t - self.first_t < window:
+            return  # not one whole window of the run yet
+        rates: dict[str, float] = {}
+        for rank, points in self.rank_progress.items():
+            while points and points[0][0] < t - window:
+                points.popleft()
+            rates[rank] = sum(grown for _, grown in points) / window * 60
+        median = statistics.median(rates.values())
+        if median <= 0:
+            self._behind_since.clear()  # every rank stopped: a stall, not a straggler
+            return
+        for rank, rate in rates.items():
+            if rate >= STRAGGLER_RATIO * median:
+                self._behind_since.pop(rank, None)
+                continue
+            since = self._behind_since.setdefault(rank, t)
+            if t - since >= window and rank not in self.stragglers:
+                self.stragglers[rank] = {
+                    "rank": int(rank),
+                    "rate_per_minute": round(rate, 1),
+                    "median_rate_per_minute": round(median, 1),
+                    "behind_seconds": round(t - since, 3),
+                    "t": round(t, 3),
+                }
 
     def _close_rate_bucket(self, t: float) -> None:
         start = self._rate_start
@@ -762,8 +816,20 @@ class TrendWatch:
         return f"idle ({figures}): waiting, a deadlock or a hung collective"
 
 
+def straggler_text(found: dict[str, Any]) -> str:
+    """``rank 1 is a straggler: its progress files grew 300 B/min against the ranks' median
+    1.2 KiB/min (25 %), behind for 5.0s``."""
+    rate, median = float(found["rate_per_minute"]), float(found["median_rate_per_minute"])
+    return (
+        f"rank {found['rank']} is a straggler: its progress files grew "
+        f"{format_amount(rate, 'bytes')}/min against the ranks' median "
+        f"{format_amount(median, 'bytes')}/min ({100 * rate / median:.0f}%), "
+        f"behind for {found['behind_seconds']:.1f}s"
+    )
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-__all__ = ["Budgets", "TrendWatch", "describe_growth", "format_amount"]
+__all__ = ["Budgets", "TrendWatch", "describe_growth", "format_amount", "straggler_text"]

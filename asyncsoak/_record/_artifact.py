@@ -420,6 +420,8 @@ class ArtifactBuilder:
         ranks = self._ranks()
         if ranks is not None:
             artifact["ranks"] = ranks
+        if self.trends.stragglers:
+            artifact["stragglers"] = list(self.trends.stragglers.values())
         return artifact
 
 

@@ -123,6 +123,9 @@ class Progress(Event):
     gap_seconds: float | None
     #: Bytes the changed files grew by (a new file counts its size).
     grown_bytes: int = 0
+    #: The same for the files that name a rank (``rank1.jsonl``), by rank: each rank's own
+    #: progress, whose rates tell a straggler.
+    rank_grown_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

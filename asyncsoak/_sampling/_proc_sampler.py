@@ -756,7 +756,8 @@ class ProcSampler:
             return role(text, cmdline, None)
         try:
             rank = parse_rank_environ(read_environ(base + "environ"))
-        except PermissionError:
+        except OSError:
+            # Another user's (EACCES), or gone since its stat was read: no rank to tell.
             rank = None
         return role(text, cmdline, rank)
 
