@@ -20,6 +20,7 @@ from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._process._crash import describe_rank_crash, find_rank_exception
 from asyncsoak._process._ranks import launcher_of, parse_rank_environ, stall_culprit
 from asyncsoak._record._artifact import check_artifact
+from asyncsoak._view._job_view import combine, format_combined
 from asyncsoak._view._summary import format_summary, summarize
 
 from .conftest import assert_valid, asyncsoak_cli
@@ -402,3 +403,53 @@ def test_each_rank_has_its_cpu_metric() -> None:
     )
     rows = {name: samples for name, _, _, samples in metrics.rows()}
     assert rows["asyncsoak_rank_cpu_cores"][0][2] == pytest.approx(0.1)
+
+
+def _node_soak(node: str, last_progress: str, ranks: list[dict[str, Any]]) -> Any:
+    """The parts of one node's artifact that combine() reads: a stall with its ranks."""
+    return {
+        "status": "failed",
+        "failures": [{"reason": "stale_progress", "message": "no progress", "at": None}],
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "ended_at": "2026-01-01T00:05:00+00:00",
+        "duration_seconds": 300.0,
+        "exit": {"returncode": None},
+        "stop": {"cause": "failure"},
+        "progress": {"last_change_at": last_progress},
+        "snapshot": {"scheduler": {"kind": "slurm", "job_id": 7, "node": node, "rank": 0}},
+        "forensics": {"ranks": {"ranks": ranks}},
+    }
+
+
+def test_the_culprit_rank_is_named_across_the_nodes_of_a_job() -> None:
+    """Each node's ranks judged together: rank 3 on n1 is the one every other rank waits for,
+    and n1 stopped progressing first."""
+    in_all_reduce = {"state": "sleeping", "collective": "all_reduce", "where": "t.py:5 in step"}
+    n0 = _node_soak(
+        "n0",
+        "2026-01-01T00:03:00+00:00",
+        [{"rank": 0, "pid": 10, **in_all_reduce}, {"rank": 1, "pid": 11, **in_all_reduce}],
+    )
+    n1 = _node_soak(
+        "n1",
+        "2026-01-01T00:02:30+00:00",
+        [
+            {"rank": 2, "pid": 10, **in_all_reduce},
+            {
+                "rank": 3,
+                "pid": 11,
+                "state": "sleeping",
+                "collective": None,
+                "where": "train.py:88 in load_batch",
+            },
+        ],
+    )
+    combined = combine([("n0.json", n0), ("n1.json", n1)])
+    assert combined["culprit"]["text"] == (
+        "rank 3 (pid 11 on n1) stopped at train.py:88 in load_batch; "
+        "ranks 0, 1, 2 wait in all_reduce"
+    )
+    assert combined["first_stalled"]["node"] == "n1"
+    text = format_combined(combined)
+    assert "culprit across the nodes: rank 3 (pid 11 on n1)" in text
+    assert "first to stop progressing: n1" in text

@@ -317,9 +317,12 @@ class RankState:
     #: ``sleeping``, ``stopped`` (SIGSTOP), ``disk-sleep``...
     state: str
     collective: str | None
-    frame: Frame | None
-    #: Why there is no stack (py-spy missing, refused, timed out), when there is none.
-    no_stack: str | None
+    #: Where it stands (``train.py:88 in load_batch``), when its stack is known.
+    where: str | None
+    #: Whether its stack is known (py-spy read it).
+    has_stack: bool = True
+    #: The node it ran on, when several nodes' soaks are judged together.
+    node: str | None = None
 
 
 def rank_states(processes: Iterable[Mapping[str, Any]]) -> list[RankState]:
@@ -328,38 +331,59 @@ def rank_states(processes: Iterable[Mapping[str, Any]]) -> list[RankState]:
     for rank, process in rank_leaders(processes).items():
         dump = process.get("python_stack") or {}
         frames = main_thread_frames(str(dump.get("stack") or ""))
+        frame = stopped_frame(frames)
         states.append(
             RankState(
                 rank=rank,
                 pid=int(process["pid"]),
                 state=str(process.get("state") or "?"),
                 collective=collective_of(frames),
-                frame=stopped_frame(frames),
-                no_stack=None if frames else str(dump.get("error") or "no Python stack"),
+                where=None if frame is None else frame.where(),
+                has_stack=bool(frames),
             )
         )
     return states
 
 
+def states_from_json(ranks: Iterable[Mapping[str, Any]], node: str | None) -> list[RankState]:
+    """The rank states a soak's forensics recorded (``forensics.ranks.ranks``), on ``node``."""
+    return [
+        RankState(
+            rank=int(r["rank"]),
+            pid=int(r["pid"]),
+            state=str(r.get("state") or "?"),
+            collective=r.get("collective"),
+            where=r.get("where"),
+            has_stack=bool(r.get("has_stack", True)),
+            node=node,
+        )
+        for r in ranks
+    ]
+
+
 def stall_culprit(processes: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """Which rank(s) the others wait for, from the forensics' processes; None without ranks.
+    """Which rank(s) the others wait for, from the forensics' processes; None without ranks
+    (see :func:`judge_ranks`)."""
+    return judge_ranks(rank_states(processes))
+
+
+def judge_ranks(states: Sequence[RankState]) -> dict[str, Any] | None:
+    """Which rank(s) the others wait for; None without ranks.
 
     A rank stopped by a signal (state ``stopped``) is a culprit wherever its stack is; a rank
     outside any collective, or in another collective than most ranks, is one too.  When every
     rank waits in the same collective, no rank here is: a hung communicator or a peer on
     another node.  With no rank in a known collective nothing is concluded.
     """
-    states = rank_states(processes)
     if not states:
         return None
+    states = sorted(states, key=lambda s: s.rank)
     counts = Counter(s.collective for s in states if s.collective is not None)
     stopped = [s for s in states if s.state in ("stopped", "tracing-stop")]
     if not counts and not stopped:
         return {"culprits": [], "text": None, "waiting": None, "ranks": _json(states)}
     common = counts.most_common(1)[0][0] if counts else None
-    culprits = [
-        s for s in states if s in stopped or (s.no_stack is None and s.collective != common)
-    ]
+    culprits = [s for s in states if s in stopped or (s.has_stack and s.collective != common)]
     waiting = [s for s in states if s not in culprits and s.collective == common]
     if culprits:
         text = "; ".join(_culprit_text(s) for s in culprits)
@@ -378,23 +402,24 @@ def stall_culprit(processes: Iterable[Mapping[str, Any]]) -> dict[str, Any] | No
         "culprits": [s.rank for s in culprits],
         "text": text,
         "waiting": common,
-        "where": first.frame.where() if first is not None and first.frame is not None else None,
-        "pid": first.pid if first is not None else None,
+        "where": None if first is None else first.where,
+        "pid": None if first is None else first.pid,
+        "node": None if first is None else first.node,
         "ranks": _json(states),
     }
 
 
 def _culprit_text(state: RankState) -> str:
-    head = f"rank {state.rank} (pid {state.pid})"
+    node = f" on {state.node}" if state.node else ""
+    head = f"rank {state.rank} (pid {state.pid}{node})"
+    at = f" at {state.where}" if state.where else ""
     if state.state in ("stopped", "tracing-stop"):
-        at = f" at {state.frame.where()}" if state.frame is not None else ""
         return f"{head} is stopped (SIGSTOP or a debugger){at}"
     if state.collective is not None:
-        at = f" at {state.frame.where()}" if state.frame is not None else ""
         return f"{head} waits in {state.collective}{at}"
-    if state.frame is None:
+    if state.where is None:
         return f"{head} stopped outside any collective"
-    return f"{head} stopped at {state.frame.where()}"
+    return f"{head} stopped{at}"
 
 
 def _ranks_list(states: Sequence[RankState]) -> str:
@@ -412,7 +437,8 @@ def _json(states: Sequence[RankState]) -> list[dict[str, Any]]:
             "pid": s.pid,
             "state": s.state,
             "collective": s.collective,
-            "where": s.frame.where() if s.frame is not None else None,
+            "where": s.where,
+            "has_stack": s.has_stack,
         }
         for s in states
     ]

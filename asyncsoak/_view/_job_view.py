@@ -12,6 +12,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._process._ranks import judge_ranks, states_from_json
 from .._record._schema import Artifact, series_times
 from .._record._vocabulary import SoakStatus
 from .._terminal import terminal_text
@@ -133,6 +134,8 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     return {
         "kind": "slurm",
         "cluster": cluster,
+        "culprit": _culprit_across(artifacts),
+        "first_stalled": _first_stalled(soaks, artifacts, offset),
         "job_id": int(job_id) if job_id.isdigit() else job_id,
         "status": status,
         "started_at": None if origin is None else origin.isoformat(),
@@ -140,6 +143,51 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
         "first_failure": first_failure,
         "nodes": sorted({str(x["node"]) for x in soaks if x["node"]}),
         "restarts": latest,
+    }
+
+
+def _culprit_across(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any] | None:
+    """The rank every node's ranks wait for, judged from each node's ranks' stacks at its
+    stall (its forensics) together: a rank that is fine on its own node may be the one the
+    ranks of every other node wait for."""
+    states = []
+    for _, artifact in artifacts:
+        forensics = artifact.get("forensics")
+        ranks = forensics.get("ranks") if isinstance(forensics, Mapping) else None
+        if isinstance(ranks, Mapping) and ranks.get("ranks"):
+            node = (scheduler_of(artifact) or {}).get("node")
+            states.extend(states_from_json(ranks["ranks"], None if node is None else str(node)))
+    culprit = judge_ranks(states)
+    return None if culprit is None or culprit["text"] is None else culprit
+
+
+def _first_stalled(
+    soaks: Sequence[Mapping[str, Any]],
+    artifacts: Sequence[tuple[str, Artifact]],
+    offset: Any,
+) -> dict[str, Any] | None:
+    """The node whose progress stopped first (its last progress the earliest on the wall
+    clock), among the soaks that stalled."""
+    by_path = dict(artifacts)
+    stalled = []
+    for soak in soaks:
+        if not {"stale_progress", "startup_timeout"} & set(soak["reasons"]):
+            continue
+        progress = by_path[soak["path"]].get("progress")
+        last = progress.get("last_change_at") if isinstance(progress, Mapping) else None
+        moment = parse_iso_or_none(last)
+        if moment is not None:
+            stalled.append((moment, soak, last))
+    if not stalled:
+        return None
+    _, soak, last = min(stalled, key=lambda item: item[0])
+    return {
+        "node": soak["node"],
+        "rank": soak["rank"],
+        "restart_count": soak["restart_count"],
+        "path": soak["path"],
+        "last_progress_at": last,
+        "offset_seconds": offset(last),
     }
 
 
@@ -178,6 +226,15 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
         lines.append(
             f"  first failure: {label} on {first['node']} at {first.get('at')} "
             f"({_offset(first['offset_seconds'])}): {first['reason']}: {first['message']}"
+        )
+    culprit = combined.get("culprit")
+    if culprit is not None:
+        lines.append(f"  culprit across the nodes: {culprit['text']}")
+    stalled = combined.get("first_stalled")
+    if stalled is not None:
+        lines.append(
+            f"  first to stop progressing: {stalled['node']} ({soak_label(stalled)}), last "
+            f"progress at {stalled['last_progress_at']} ({_offset(stalled['offset_seconds'])})"
         )
     labels = [soak_label(x) for x in soaks]
     pad = max(len(label) for label in labels)
