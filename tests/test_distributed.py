@@ -24,47 +24,7 @@ from asyncsoak._view._job_view import combine, format_combined
 from asyncsoak._view._summary import format_summary, summarize
 
 from .conftest import assert_valid, asyncsoak_cli
-
-#: A trainer whose rank 1, at step 3 and by mode: raises, stops in its own ``load_batch``
-#: (while rank 0 waits in ``all_reduce``), or stops itself with SIGSTOP.  Each rank appends
-#: its steps to its own file in the progress directory.
-TRAINER = """\
-import os, signal, sys, time
-import torch
-import torch.distributed as dist
-
-mode, out = sys.argv[1], sys.argv[2]
-
-
-def load_batch(step):
-    if rank == 1 and step == 3 and mode == "raise":
-        raise ValueError(f"bad batch at step {step} on rank {rank}")
-    if rank == 1 and step == 3 and mode == "hang":
-        while True:
-            time.sleep(0.05)
-    if rank == 1 and step == 3 and mode == "sigstop":
-        os.kill(os.getpid(), signal.SIGSTOP)
-    return torch.ones(4) * (rank + 1)
-
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-for step in range(200):
-    batch = load_batch(step)
-    dist.all_reduce(batch)
-    with open(f"{out}/rank{rank}.log", "a") as f:
-        f.write(f"step {step}\\n")
-    time.sleep(0.05)
-"""
-#: Line numbers of the trainer's ``raise`` and of the loop rank 1 hangs in.
-RAISE_LINE = (
-    TRAINER.splitlines().index(
-        '        raise ValueError(f"bad batch at step {step} on rank {rank}")'
-    )
-    + 1
-)
-HANG_LINE = TRAINER.splitlines().index("            time.sleep(0.05)") + 1
-
+from .torch_trainer import HANG_LINE, RAISE_LINE, TRAINER
 
 #: Two ranks stepping on their own for 5 s after a barrier, rank 1 five times slower.
 STRAGGLING_TRAINER = """\
