@@ -258,12 +258,12 @@ def test_srun_ranks_the_culprit_across_the_tasks(cluster: SlurmCluster, tmp_path
     out = shlex.quote(str(tmp_path))
     line = (
         f"srun -n2 {py} -m asyncsoak run --quiet --no-gpu --sample-interval 0.25 "
-        f"--startup-timeout 60 --stale-progress 3 --progress-dir {out}/train-%t "
-        f"--output {out}/soak-%j-%t.json -- {py} {out}/train.py hang {out}/train-%t"
+        f"--startup-timeout 60 --stale-progress 3 --progress-dir {out}/train "
+        f"--output {out}/soak-%j-%t.json -- {py} {out}/train.py hang {out}/train"
     )
     script = batch_script(
         tmp_path,
-        f"mkdir -p {out}/train-0 {out}/train-1",
+        f"mkdir -p {out}/train",
         "export MASTER_ADDR=127.0.0.1",
         f"export MASTER_PORT={free_port()}",
         line,
