@@ -216,7 +216,7 @@ class TrendWatch:
         self.roles: dict[int, dict[str, Any]] = {}
         self.role_parents: dict[int, int] = {}
         self.role_names: dict[int, str] = {}
-        #: rank -> (when, bytes its progress files grew by), the last STRAGGLER_WINDOW.
+        #: rank -> (when, bytes its progress files grew by), over the last straggler window.
         self.rank_progress: dict[str, deque[tuple[float, int]]] = {}
         #: rank -> since when it has been behind; and the stragglers found, by rank.
         self._behind_since: dict[str, float] = {}
@@ -503,9 +503,13 @@ class TrendWatch:
 
     def add_progress(self, t: float, event: dict[str, Any]) -> None:
         if self.end_t is None or t <= self.end_t:
+            window = self.straggler_window()
             for rank, grown in (event.get("rank_grown_bytes") or {}).items():
                 if rank in self.rank_progress or len(self.rank_progress) < MAX_RANK_SERIES:
-                    self.rank_progress.setdefault(rank, deque()).append((t, int(grown)))
+                    points = self.rank_progress.setdefault(rank, deque())
+                    points.append((t, int(grown)))
+                    while points[0][0] < t - window:
+                        points.popleft()  # only the last window is ever measured
         if self._rate_start is None:
             self._rate_start = t
         self._rate_changes += int(event.get("changed") or 0)
