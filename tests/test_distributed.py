@@ -413,3 +413,19 @@ def test_the_culprit_rank_is_named_across_the_nodes_of_a_job() -> None:
     text = format_combined(combined)
     assert "culprit across the nodes: rank 3 (pid 11 on n1)" in text
     assert "first to stop progressing: n1" in text
+
+
+def test_mpirun_tagged_output_names_the_rank() -> None:
+    """``mpirun --tag-output`` lines (``[job,rank]<stderr>:``) attribute a traceback to its
+    rank; a bracketed word of the trainer's own log (``[gpu0]:``) does not make a rank."""
+    tagged = "\n".join(
+        [
+            "[1,3]<stderr>:Traceback (most recent call last):",
+            '[1,3]<stderr>:  File "/w/train.py", line 21, in <module>',
+            "[1,3]<stderr>:KeyError: 'labels'",
+        ]
+    )
+    crash = find_rank_exception(tagged)
+    assert crash is not None
+    assert describe_rank_crash(crash) == "rank 3 failed first: KeyError: 'labels' (train.py:21)"
+    assert find_rank_exception(tagged.replace("[1,3]<stderr>:", "[gpu0]: ")) is None

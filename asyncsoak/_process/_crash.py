@@ -117,10 +117,11 @@ def describe(cause: CrashCause) -> str:
 
 # -- distributed runs: the rank that failed first --------------------------------------------
 
-#: ``[rank1]:`` (torch.distributed's own prefix on a rank's traceback).
-_RANK_PREFIX = re.compile(r"\[rank(?P<rank>\d+)\]:")
-#: ``[default1]:`` (torchrun ``--tee``: the role and the local rank).
-_LOCAL_PREFIX = re.compile(r"\[(?!rank\d)[A-Za-z_][\w-]*?(?P<local>\d+)\]:")
+#: ``[rank1]:`` (torch.distributed's own prefix on a rank's traceback) and ``[1,1]<stderr>:``
+#: (``mpirun --tag-output``: the job and the rank).
+_RANK_PREFIX = re.compile(r"\[rank(?P<rank>\d+)\]:|\[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:")
+#: ``[default1]:`` (torchrun ``--tee``: its default role's name and the local rank).
+_LOCAL_PREFIX = re.compile(r"\[default(?P<local>\d+)\]:")
 #: torchrun's closing report: ``Root Cause (first observed failure):`` then the fields.
 _ROOT_CAUSE = "Root Cause (first observed failure):"
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)(?: \(local_rank: (?P<local>\d+)\))?")
@@ -205,7 +206,7 @@ def _rank_tracebacks(lines: Sequence[str]) -> list[tuple[int | None, int | None,
         local_match = _LOCAL_PREFIX.search(prefix)
         found.append(
             (
-                int(rank_match["rank"]) if rank_match else None,
+                int(rank_match["rank"] or rank_match["mpi"]) if rank_match else None,
                 int(local_match["local"]) if local_match else None,
                 parsed[1],
             )
