@@ -429,3 +429,29 @@ def test_mpirun_tagged_output_names_the_rank() -> None:
     assert crash is not None
     assert describe_rank_crash(crash) == "rank 3 failed first: KeyError: 'labels' (train.py:21)"
     assert find_rank_exception(tagged.replace("[1,3]<stderr>:", "[gpu0]: ")) is None
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_its_signal() -> None:
+    """A rank that left no traceback (SIGKILL, the OOM killer): torchrun's report names it,
+    and its signal is the cause, never ChildFailedError."""
+    report = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "/v/torch/distributed/launcher/api.py", line 383, in launch_agent',
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+            "Root Cause (first observed failure):",
+            "[0]:",
+            "  time      : 2026-12-02_00:40:38",
+            "  host      : localhost",
+            "  rank      : 1 (local_rank: 1)",
+            "  exitcode  : -9 (pid: 4242)",
+            "  error_file: <N/A>",
+            "  traceback : Signal 9 (SIGKILL) received by PID 4242",
+            "============================================================",
+        ]
+    )
+    crash = find_rank_exception(report)
+    assert crash is not None
+    assert describe_rank_crash(crash) == (
+        "rank 1 (pid 4242) failed first: SIGKILL: killed by SIGKILL (often the kernel's OOM killer)"
+    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -125,7 +126,7 @@ _LOCAL_PREFIX = re.compile(r"\[default(?P<local>\d+)\]:")
 #: torchrun's closing report: ``Root Cause (first observed failure):`` then the fields.
 _ROOT_CAUSE = "Root Cause (first observed failure):"
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)(?: \(local_rank: (?P<local>\d+)\))?")
-_ROOT_PID = re.compile(r"^\s*exitcode\s*:\s*-?\d+ \(pid: (?P<pid>\d+)\)")
+_ROOT_PID = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
 _ROOT_ERROR_FILE = re.compile(r"^\s*error_file\s*:\s*(?P<path>/\S+)\s*$")
 _ROOT_TRACEBACK = re.compile(r"^(?P<indent>\s*)traceback\s*:\s(?P<first>.*)$")
 #: Exceptions of a launcher reporting that a rank failed: never the cause itself.
@@ -155,6 +156,7 @@ class _RootCause:
     rank: int
     local_rank: int | None
     pid: int | None
+    exitcode: int | None
     error_file: str | None
     traceback: str | None
 
@@ -182,7 +184,10 @@ def find_rank_exception(text: str) -> RankCrash | None:
             reported = _error_file_cause(root.error_file) or (
                 find_exception(root.traceback) if root.traceback else None
             )
-            if reported is not None and reported.type not in LAUNCHER_EXCEPTIONS:
+            if reported is None or reported.type in LAUNCHER_EXCEPTIONS:
+                # No words from the rank (killed by a signal, or no traceback): its exit.
+                reported = _exit_cause(root.exitcode)
+            if reported is not None:
                 chosen = (root.rank, root.local_rank, reported)
     elif tracebacks and any(r is not None or loc is not None for r, loc, _ in tracebacks):
         chosen = next(t for t in tracebacks if t[0] is not None or t[1] is not None)
@@ -220,7 +225,7 @@ def _root_cause(lines: Sequence[str]) -> _RootCause | None:
         start = max(i for i, line in enumerate(lines) if line.strip() == _ROOT_CAUSE)
     except ValueError:
         return None
-    rank = local = pid = None
+    rank = local = pid = exitcode = None
     error_file = traceback = None
     for index in range(start + 1, len(lines)):
         line = lines[index]
@@ -231,6 +236,7 @@ def _root_cause(lines: Sequence[str]) -> _RootCause | None:
             local = int(match["local"]) if match["local"] else None
         elif (match := _ROOT_PID.match(line)) is not None:
             pid = int(match["pid"])
+            exitcode = int(match["code"])
         elif (match := _ROOT_ERROR_FILE.match(line)) is not None:
             error_file = match["path"]
         elif (match := _ROOT_TRACEBACK.match(line)) is not None:
@@ -244,7 +250,21 @@ def _root_cause(lines: Sequence[str]) -> _RootCause | None:
             traceback = "\n".join(body)
     if rank is None:
         return None
-    return _RootCause(rank, local, pid, error_file, traceback)
+    return _RootCause(rank, local, pid, exitcode, error_file, traceback)
+
+
+def _exit_cause(exitcode: int | None) -> CrashCause | None:
+    """A rank that left no exception: how it ended, as torchrun reports its exit code."""
+    if exitcode is None or exitcode == 0:
+        return None
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        oom = " (often the kernel's OOM killer)" if -exitcode == signal.SIGKILL else ""
+        return CrashCause(name, f"killed by {name}{oom}", None, "signal")
+    return CrashCause(f"exit status {exitcode}", "no traceback", None, "exit")
 
 
 def _error_file_cause(path: str | None) -> CrashCause | None:

@@ -290,7 +290,8 @@ class CrashCause(Event):
     type: str
     message: str
     where: str | None
-    #: ``python`` (a traceback), ``cuda_oom``, ``nccl``, ``killed`` (a shell's "Killed").
+    #: ``python`` (a traceback), ``cuda_oom``, ``nccl``, ``killed`` (a shell's "Killed");
+    #: ``signal`` or ``exit`` for a rank that left no exception (torchrun's report of it).
     exception_kind: str
     #: A distributed run: the rank that failed first (whose exception this is), its pid.
     rank: int | None = None

@@ -31,7 +31,8 @@ class ExceptionInfo(TypedDict):
     type: str
     message: str
     where: str | None
-    kind: NotRequired[str]  # "python", "cuda_oom", "nccl" or "killed"
+    # "python", "cuda_oom", "nccl", "killed"; a rank that left no exception: "signal", "exit"
+    kind: NotRequired[str]
     #: The rank whose traceback this is (a distributed run), and its pid when known.
     rank: NotRequired[int | None]
     rank_pid: NotRequired[int | None]
