@@ -20,7 +20,7 @@ from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._process._crash import describe_rank_crash, find_rank_exception
 from asyncsoak._process._ranks import launcher_of, parse_rank_environ, stall_culprit
 from asyncsoak._record._artifact import check_artifact
-from asyncsoak._view._job_view import combine, format_combined
+from asyncsoak._view._job_view import NotOneJobError, combine, format_combined
 from asyncsoak._view._summary import format_summary, summarize
 
 from .conftest import assert_valid, asyncsoak_cli
@@ -455,3 +455,39 @@ def test_a_rank_killed_by_a_signal_is_named_with_its_signal() -> None:
     assert describe_rank_crash(crash) == (
         "rank 1 (pid 4242) failed first: SIGKILL: killed by SIGKILL (often the kernel's OOM killer)"
     )
+
+
+def test_nodes_of_one_torchrun_rendezvous_are_one_job() -> None:
+    """Outside SLURM (a JobSet, plain torchrun), the ranks' rendezvous id joins the nodes'
+    soaks; torchrun's default id "none" joins nothing."""
+    environ = b"RANK=2\0WORLD_SIZE=4\0TORCHELASTIC_RUN_ID=job-42\0"
+    assert parse_rank_environ(environ) == {
+        "rank": 2,
+        "local_rank": None,
+        "world_size": 4,
+        "group_rank": None,
+        "source": "torch",
+        "run_id": "job-42",
+    }
+    soaks = []
+    for node, first_rank, last_progress in (("a", 0, "00:03:00"), ("b", 2, "00:02:00")):
+        artifact = _node_soak(node, f"2026-01-01T{last_progress}+00:00", [])
+        del artifact["snapshot"]["scheduler"]
+        artifact["snapshot"]["host"] = {"hostname": node}
+        artifact["ranks"] = {
+            "ranks": [
+                {"rank": r, "pid": 10 + r, "run_id": "job-42", "local_rank": r - first_rank}
+                for r in (first_rank, first_rank + 1)
+            ]
+        }
+        soaks.append((f"{node}.json", artifact))
+    combined = combine(soaks)
+    assert (combined["kind"], combined["job_id"]) == ("torchrun", "job-42")
+    assert [(s["node"], s["rank"]) for s in combined["soaks"]] == [("a", 0), ("b", 2)]
+    assert combined["first_stalled"]["node"] == "b"
+    assert format_combined(combined).startswith("torchrun job job-42: 2 soaks")
+    for _, artifact in soaks:
+        for rank in artifact["ranks"]["ranks"]:
+            rank["run_id"] = "none"
+    with pytest.raises(NotOneJobError, match="torchrun rendezvous"):
+        combine(soaks)

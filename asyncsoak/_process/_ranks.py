@@ -54,6 +54,10 @@ RANK_VARIABLES: tuple[tuple[str, Mapping[str, str]], ...] = (
     ),
 )
 _WANTED = frozenset(name.encode() for _, names in RANK_VARIABLES for name in names.values())
+#: torchrun's rendezvous id (``--rdzv-id``): one job's ranks share it across its nodes (a
+#: SLURM job id, a Kubernetes JobSet's name, as the launch script passes it).
+RUN_ID_VARIABLE = b"TORCHELASTIC_RUN_ID"
+_RUN_ID = re.compile(rb"[\w.:-]{1,128}")
 #: Bytes of ``/proc/PID/environ`` read at most: a launcher appends the rank variables to the
 #: environment it inherited, so they come last, after whatever the shell exported.
 ENVIRON_BYTES = 256 * 1024
@@ -88,16 +92,21 @@ def parse_rank_environ(environ: bytes) -> dict[str, Any] | None:
     Only the rank variables are looked at, and only whole integers are kept.
     """
     found: dict[str, int] = {}
+    run_id: str | None = None
     for entry in environ.split(b"\0"):
         name, sep, value = entry.partition(b"=")
         if sep and name in _WANTED and value.isdigit() and len(value) < 10:
             found[name.decode()] = int(value)
+        elif name == RUN_ID_VARIABLE and _RUN_ID.fullmatch(value):
+            run_id = value.decode()
     for source, names in RANK_VARIABLES:
         if names["rank"] in found:
             rank: dict[str, Any] = {"rank": found[names["rank"]], "source": source}
             for key in ("local_rank", "world_size", "group_rank"):
                 variable = names.get(key)
                 rank[key] = found.get(variable) if variable else None
+            if source == "torch" and run_id is not None:
+                rank["run_id"] = run_id
             return rank
     return None
 
