@@ -53,6 +53,11 @@ HOUR = 3600.0
 #: The trend series whose slope and projection become the memory metrics.
 TREE_MEMORY_KEYS = tuple(key for key, _ in TREE_MEMORY_SERIES)
 
+#: Ranks given a label of their own at most (a node runs a few; the label set stays bounded).
+MAX_RANK_LABELS = 64
+#: Processes whose rank is remembered at most (data-loader workers inherit their rank's).
+MAX_RANK_PROCESSES = 4096
+
 INSTALL_HINT = "live metrics need prometheus_client: pip install 'asyncsoak[metrics]'"
 
 
@@ -189,6 +194,10 @@ class SoakMetrics:
         #: When the last sample was taken (Unix time): the monitor's heartbeat.
         self.last_sample_epoch: float | None = None
         self.tree: dict[str, float | None] = {}
+        #: pid -> rank of the tree's processes that are ranks (a rank's workers share its
+        #: rank), and each rank's CPU in the newest sample, in cores.
+        self.rank_of: dict[int, int] = {}
+        self.rank_cpu: dict[int, float] = {}
         self.gpus: dict[str, _Gpu] = {}
         self.degraded: dict[str, bool] = dict.fromkeys(SAMPLERS, False)
         self.growth_bytes_per_second: float | None = None
@@ -238,6 +247,7 @@ class SoakMetrics:
             # moment the serializer passed it on.
             start = self.started_epoch
             self.last_sample_epoch = self._wall() if start is None else start + t
+            self._fold_ranks(event.get("processes") or [])
         elif kind == "gpu_sample":
             self._fold_gpus(event)
         elif kind == "sampler_degraded":
@@ -257,6 +267,24 @@ class SoakMetrics:
             return
         if self.on_change is not None and kind in ("sample", "started", "finished", "failure"):
             self.on_change()
+
+    def _fold_ranks(self, processes: Iterable[Mapping[str, Any]]) -> None:
+        """Each rank's CPU (its process and the workers that inherit its rank)."""
+        cpu: dict[int, float] = {}
+        for process in processes:
+            pid = int(process["pid"])
+            role = process.get("role")
+            if process.get("cmdline") is not None or role:
+                # Described (new, or after an exec): its rank is what it says now.
+                if role and "rank" in role and len(self.rank_of) < MAX_RANK_PROCESSES:
+                    self.rank_of[pid] = int(role["rank"])
+                else:
+                    self.rank_of.pop(pid, None)
+            rank = self.rank_of.get(pid)
+            if rank is None or (rank not in cpu and len(cpu) >= MAX_RANK_LABELS):
+                continue
+            cpu[rank] = cpu.get(rank, 0.0) + (_scaled(process.get("cpu_percent"), 0.01) or 0.0)
+        self.rank_cpu = cpu
 
     def _fold_gpus(self, event: Mapping[str, Any]) -> None:
         gpus: dict[str, _Gpu] = {}
@@ -476,6 +504,24 @@ class SoakMetrics:
                 "When the tree's memory is projected to reach its limit (Unix time).",
                 self.projected_exhaustion,
             )
+        if self.rank_cpu:
+            gauge(
+                "asyncsoak_ranks",
+                "Ranks of a distributed run in the supervised tree (RANK and its kin in "
+                "their environment).",
+                float(len(self.rank_cpu)),
+            )
+            rows.append(
+                (
+                    "asyncsoak_rank_cpu_cores",
+                    "gauge",
+                    "CPU each rank uses (its process and its workers), in cores.",
+                    [
+                        ("asyncsoak_rank_cpu_cores", (("rank", str(rank)), *soak), value)
+                        for rank, value in sorted(self.rank_cpu.items())
+                    ],
+                )
+            )
         rows.extend(self._gpu_rows())
         rows.append(
             (
@@ -618,6 +664,8 @@ SOAK_METRIC_NAMES = frozenset(
         "asyncsoak_seconds_since_progress",
         "asyncsoak_stale_limit_seconds",
         *(name for name, *_ in _TREE_METRICS),
+        "asyncsoak_ranks",
+        "asyncsoak_rank_cpu_cores",
         "asyncsoak_tree_memory_growth_bytes_per_second",
         "asyncsoak_memory_projected_exhaustion_timestamp_seconds",
         *_GPU_HELP,

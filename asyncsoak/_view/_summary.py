@@ -23,6 +23,7 @@ from ._evidence import (
     config_value,
     gather,
     innermost_python_frame,
+    is_launcher,
     leaking_series,
     seconds_at,
     series_typical,
@@ -302,9 +303,19 @@ def _forensics_hints(artifact: Artifact) -> list[str]:
     processes = [p for p in forensics.get("processes") or [] if "error" not in p]
     if not processes:
         return []
+    # The ranks first, launchers last: a launcher only waits for its ranks.
+    processes.sort(key=is_launcher)
     parts = []
     for process in processes[:3]:
-        text = f"pid {process.get('pid')} {process.get('name')} {process.get('state')}"
+        role = process.get("role") or {}
+        label = (
+            f" (rank {role['rank']})"
+            if "rank" in role
+            else f" ({role['launcher']}'s launcher)"
+            if "launcher" in role
+            else ""
+        )
+        text = f"pid {process.get('pid')} {process.get('name')}{label} {process.get('state')}"
         if process.get("wchan") not in (None, "", "0"):
             text += f" in {process['wchan']}"
         frame = innermost_python_frame(process)
