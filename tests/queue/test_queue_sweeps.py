@@ -27,8 +27,9 @@ from asyncsoak.queue._sweeps import GpuOffer
 from asyncsoak.queue._worker import faulted_gpus
 
 from ..conftest import ReadyFifo
+from ..gpu_support import install_fake_nvidia_smi
 from .helpers import FAST_SOAK, JOB_ENV, write_script
-from .test_queue_worker import LIMIT_S, start_worker_process, worker_kwargs
+from .test_queue_worker import LIMIT_S, artifact_of, start_worker_process, worker_kwargs
 
 RUNS = Path("/nonexistent/runs")
 
@@ -341,15 +342,18 @@ def test_not_before_parsing(capsys: pytest.CaptureFixture[str]) -> None:
 async def test_gpus_2_on_a_4_gpu_worker_run_side_by_side(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
 ) -> None:
-    """On a worker owning GPUs 0-3, two --gpus 2 jobs run at once, each with its own two
-    GPUs; a third waits for a pair to free up; no GPU is ever shared."""
+    """On a worker owning GPUs 0-3 (the fake nvidia-smi presents four), two --gpus 2 jobs run
+    at once, each with its own two GPUs; a third waits for a pair to free up; no GPU is ever
+    shared."""
+    fake = install_fake_nvidia_smi(tmp_path, "idle", gpus=4)
     go = tmp_path / "go"
     argv = write_script(tmp_path, "gpus.py", SAYS_GPUS)
     env = {"TEST_SIGNALS": str(ready.path)}
     ids = [store.submit(argv=[*argv, str(go)], env=env, soak=FAST_SOAK, gpus=2) for _ in range(3)]
     with anyio.fail_after(LIMIT_S):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: run_worker(store, gpus="0,1,2,3", **worker_kwargs(tmp_path)))
+            kwargs = worker_kwargs(tmp_path, nvidia_smi=str(fake.path))
+            tg.start_soon(lambda: run_worker(store, gpus="0,1,2,3", **kwargs))
             lines = [await ready.line(), await ready.line()]
             started = dict(line.split() for line in lines)
             assert set(started) == {str(ids[0]), str(ids[1])}
@@ -362,6 +366,8 @@ async def test_gpus_2_on_a_4_gpu_worker_run_side_by_side(
             assert job == str(ids[2])
             assert len(gpus.split(",")) == 2
     assert [store.get(i).status for i in ids] == ["succeeded"] * 3
+    assert {artifact_of(store, i, 1)["status"] for i in ids} == {"passed"}
+    assert fake.invocations(), "the soaks sampled the four GPUs through the fake"
     assert sorted(store.worker_gpus().values()) == [["0", "1", "2", "3"]]
 
 
