@@ -218,8 +218,8 @@ def decide(
     forced = sorted(names & policy.retry_on)
     if failure_class == JOB and cause is not None and cause in previous_causes and not forced:
         return done(FAILED, True,
-                    f"{label}; not retried: the same cause as attempt {previous_causes[cause]}, "
-                    "a deterministic failure (--retry-on "
+                    f"{label}; not retried: the same cause ({cause}) as attempt "
+                    f"{previous_causes[cause]}, a deterministic failure (--retry-on "
                     f"{outcome.reason} overrides)", used, infrastructure_failures)  # fmt: skip
     if used >= max_attempts:
         return done(FAILED, True, f"{label}: counted, {used}/{max_attempts} attempts used; "

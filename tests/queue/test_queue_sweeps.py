@@ -122,7 +122,9 @@ async def test_same_exception_twice_is_not_tried_a_third_time(
     capsys.readouterr()
     assert cli("job", str(job_id), "--db", db) == 0
     shown = capsys.readouterr().out
-    assert "why           not retried: the same cause as attempt 1" in shown
+    assert (
+        "why           not retried: the same cause (ValueError at train.py:8) as attempt 1" in shown
+    )
     assert "ValueError at train.py:8" in shown
 
 
