@@ -226,6 +226,15 @@ def test_causes_read_from_the_artifact() -> None:
         }
     )
     assert (raised.cause, classify(raised)) == ("KeyError at t.py:9", JOB)
+    stopped = outcome(stop={"cause": "scheduler", "killed": False})
+    assert (stopped.cause, classify(stopped)) == ("scheduler", INFRASTRUCTURE)
+    usage = outcome_from_artifact(
+        {"status": "failed", "exit": {"returncode": 2, "pid": 9}},
+        cancel_requested=False,
+        stopping=False,
+        log_tail="usage: train.py [-h] --lr LR\ntrain.py: error: the following arguments...",
+    )
+    assert (usage.cause, classify(usage)) == ("usage_error", JOB)
     artifact = {"failures": fault_failures()}
     assert faulted_gpus(artifact, ["1", "2", "3"]) == ["2"]
     assert faulted_gpus({"failures": [{"reason": "gpu_fault"}]}, ["1", "2"]) == ["1", "2"]
