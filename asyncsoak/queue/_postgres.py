@@ -379,7 +379,7 @@ class PostgresStore(JobStore):
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Sql]:
         with self._session(transaction=True) as conn:
-            yield Sql(conn, "%s", conn.execute(f"SELECT {_NOW}").fetchone()[0])
+            yield Sql(conn, "%s", conn.execute(f"SELECT {_NOW}").fetchone()[0], " FOR SHARE")
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Sql]:

@@ -83,12 +83,15 @@ PREFER_OTHER_GPU_S = 30.0
 
 
 class Sql:
-    """One transaction's connection, for SQL written with ``?`` placeholders."""
+    """One transaction's connection, for SQL written with ``?`` placeholders.  ``for_share``
+    ends a SELECT whose rows must not change before the transaction ends (PostgreSQL's
+    ``FOR SHARE``; SQLite's ``BEGIN IMMEDIATE`` already holds the whole database)."""
 
-    def __init__(self, conn: Any, placeholder: str, now: float) -> None:
+    def __init__(self, conn: Any, placeholder: str, now: float, for_share: str = "") -> None:
         self.conn = conn
         self.placeholder = placeholder
         self.now = now
+        self.for_share = for_share
 
     def __call__(self, sql: str, params: Sequence[Any] = ()) -> Any:
         if self.placeholder != "?":
@@ -308,7 +311,11 @@ class SweepStore(abc.ABC):
         nothing is inserted."""
         with self._transaction() as sql:
             for after_id in plan.after:
-                row = sql("SELECT status, reason FROM jobs WHERE id = ?", (after_id,)).fetchone()
+                # Held until the dependents are in: a job failing meanwhile waits, then
+                # cancels them (its finish reads them after this commits).
+                row = sql(
+                    f"SELECT status FROM jobs WHERE id = ?{sql.for_share}", (after_id,)
+                ).fetchone()
                 if row is None:
                     raise JobNotFoundError(after_id)
                 if row[0] in (FAILED, CANCELLED):
