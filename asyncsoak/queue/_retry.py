@@ -34,12 +34,16 @@ JOB = "job"
 RUN = "run"
 CLASSES = (INFRASTRUCTURE, JOB, RUN)
 
-#: Reasons of the queue's own (beside the soak's ``FailureReason``s).
+#: Reasons of the queue's own (beside the soak's ``FailureReason``s): an attempt whose worker
+#: stopped heartbeating before writing its outcome; a run stopped by the scheduler (the
+#: artifact's ``stop.cause``); inputs ``run_soak`` refused (a missing cwd...); exit status 2
+#: with argparse's ``usage:`` line; an attempt the monitor itself could not run; a worker
+#: cancelled before the soak wrote its artifact.
 ORPHANED = "orphaned"
 SCHEDULER = "scheduler"
 INVALID_JOB = "invalid_job"
 USAGE_ERROR = "usage_error"
-MONITOR_ERROR = "monitor_error"
+MONITOR_ERROR = FailureReason.MONITOR_ERROR.value
 WORKER_CANCELLED = "worker_cancelled"
 #: The reason of a job cancelled because a job it ran ``--after`` did not succeed.
 DEPENDENCY_FAILED = "dependency_failed"

@@ -47,7 +47,14 @@ from .._supervisor._outputs import OutputLocationError
 from .._supervisor._soak import run_soak
 from ._models import Job, QueueError, QueueUnavailableError, WorkerInfo, artifact_summary
 from ._orphans import kill_leftovers, process_alive
-from ._retry import GPU_FAULT, INFRASTRUCTURE_BACKOFF_S
+from ._retry import (
+    GPU_FAULT,
+    INFRASTRUCTURE_BACKOFF_S,
+    INVALID_JOB,
+    MONITOR_ERROR,
+    ORPHANED,
+    WORKER_CANCELLED,
+)
 from ._spool import Spool
 from ._status import (
     CANCEL_GRACE_S,
@@ -76,14 +83,6 @@ _UNAVAILABLE = (QueueUnavailableError, BlockingCallTimeout)
 #: ``--job-id N --db PATH --watch-stdin``.
 TRAIN_CMD = [sys.executable, "train.py"]
 
-#: Reason of an attempt whose worker stopped heartbeating before writing its outcome.
-ORPHANED = "orphaned"
-#: Reason of an attempt the monitor itself could not run.
-MONITOR_ERROR = "monitor_error"
-#: Reason of an attempt whose worker was cancelled before the soak wrote its artifact.
-WORKER_CANCELLED = "worker_cancelled"
-#: Reason of an attempt whose inputs ``run_soak`` refused (a missing cwd...).
-INVALID_JOB = "invalid_job"
 #: ``run_worker``'s and ``run_job``'s status for an attempt this worker lost to fencing.
 LOST = "lost"
 
