@@ -412,10 +412,13 @@ class SqliteStore(JobStore):
 
     def _insert(self, job: Submission) -> int:
         with self._transaction() as sql:
-            return self._insert_row(sql, job)
+            job_id: int | None = self._insert_row(sql, job)
+        assert job_id is not None
+        return job_id
 
     def _submitted(self, sql: Sql, job_ids: Sequence[int]) -> None:
-        """Nothing to do: SQLite's workers find new jobs by polling."""
+        """Nothing to do inside the transaction: SQLite's workers find new jobs by polling
+        (a wake-up that must follow the commit belongs in ``_after_submit``)."""
 
     def _insert_row(self, sql: Sql, job: Submission) -> int:
         cursor = sql(
@@ -436,9 +439,7 @@ class SqliteStore(JobStore):
                 sql.now,
             ),
         )
-        job_id: int | None = cursor.lastrowid
-        assert job_id is not None
-        return job_id
+        return int(cursor.lastrowid or 0)
 
     def get(self, job_id: int) -> Job:
         rows = self._read(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))

@@ -298,6 +298,9 @@ class SweepStore(abc.ABC):
     def _submitted(self, sql: Sql, job_ids: Sequence[int]) -> None:
         """Wake idle workers for new jobs (inside the transaction), where the backend can."""
 
+    def _after_submit(self) -> None:  # noqa: B027 (a hook most backends leave empty)
+        """After a submission's transaction committed: a wake-up that must follow it."""
+
     def _ensure_extension(self, sql: Sql) -> None:
         for statement in EXTENSION_DDL:
             sql(statement)
@@ -346,6 +349,7 @@ class SweepStore(abc.ABC):
                 for after_id in plan.after:
                     sql("INSERT INTO job_deps (job_id, after_id) VALUES (?, ?)", (job_id, after_id))
             self._submitted(sql, ids)
+        self._after_submit()
         return ids[0]
 
     # --- reading ---------------------------------------------------------------------------
