@@ -18,7 +18,7 @@ from asyncsoak._view._summary import format_summary, summarize
 from asyncsoak._view.report import render_report
 
 from .conftest import asyncsoak_cli
-from .soak_runs import TRAINER, trainer_soak
+from .soak_runs import TRAINER, canonical_runs
 from .test_report import chromium, needs_chromium, needs_plotly
 
 #: What a 1400x900 window shows without scrolling.
@@ -27,8 +27,7 @@ FIRST_SCREEN_PX = 900
 
 @pytest.fixture(scope="module")
 def trainer_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("trainer")
-    return {mode: trainer_soak(base / mode, mode) for mode in ("pass", "stall", "crash")}
+    return canonical_runs(tmp_path_factory.getbasetemp() / "canonical")
 
 
 def _line_of(text: str) -> int:

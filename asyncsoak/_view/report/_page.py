@@ -24,6 +24,7 @@ from ._tables import (
     log_html,
     look_first_html,
     processes_html,
+    shown_status,
     steady_html,
     verdict_html,
 )
@@ -84,7 +85,7 @@ def render_report(
         log_html(artifact),
         _footer_html(artifact, source),
     ]
-    title = f"{artifact['status'].upper()}: {summary['headline']}"
+    title = f"{shown_status(summary).replace('_', ' ').upper()}: {summary['headline']}"
     return PAGE.format(
         title=html.escape(title),
         style=STYLE,
