@@ -393,18 +393,26 @@ class Timeline:
     # -- figure -------------------------------------------------------------------------
 
     def lane_marks(self, lane: str) -> list[_Mark]:
-        """The lane's marks as drawn: labelled marks whose labels would overlap are merged
+        """The lane's marks as drawn: marks whose labels or markers would overlap are merged
         into one, labelled by the most telling of them with ``+N``, every hover kept."""
-        marks = sorted((m for m in self.marks if m.lane == lane), key=lambda m: m.t)
         per_px = self.duration * 1.02 / LANE_PLOT_PX
-        groups: list[list[_Mark]] = []
-        for mark in marks:
-            if mark.label and groups and groups[-1][0].label:
-                shown = _merged(groups[-1])
-                if _overlaps(self._label_span(shown, per_px), self._label_span(mark, per_px)):
-                    groups[-1].append(mark)
-                    continue
-            groups.append([mark])
+        groups = [[m] for m in sorted((m for m in self.marks if m.lane == lane), key=_time)]
+        merging = True
+        while merging:
+            # A label drawn to the left can reach past its neighbour: any two groups whose
+            # drawn spans meet are merged, until none do.
+            spans = [self._label_span(_merged(group), per_px) for group in groups]
+            pairs = (
+                (i, j)
+                for i in range(len(groups))
+                for j in range(i + 1, len(groups))
+                if _overlaps(spans[i], spans[j])
+            )
+            pair = next(pairs, None)
+            merging = pair is not None
+            if pair is not None:
+                i, j = pair
+                groups[i] = sorted(groups[i] + groups.pop(j), key=_time)
         return [_merged(group) for group in groups]
 
     def _label_span(self, mark: _Mark, per_px: float) -> tuple[float, float]:
@@ -1008,15 +1016,20 @@ def _vline(x: float, color: str, dash: str, width: float, opacity: float) -> dic
     }
 
 
+def _time(mark: _Mark) -> float:
+    return mark.t
+
+
 def _merged(group: Sequence[_Mark]) -> _Mark:
     """One mark for a group: the most telling one's, at its time, ``+N`` the others."""
     if len(group) == 1:
         return group[0]
-    lead = min(group, key=lambda m: LABEL_RANK.get(m.label, 2 if m.dash is None else 1))
+    labelled = [m for m in group if m.label] or list(group)
+    lead = min(labelled, key=lambda m: LABEL_RANK.get(m.label, 2 if m.dash is None else 1))
     return _Mark(
         lead.t,
         lead.lane,
-        f"{lead.label} +{len(group) - 1}",
+        f"{lead.label} +{len(group) - 1}" if lead.label else "",
         "\n\n".join(m.hover for m in group),
         lead.color,
         lead.symbol,
