@@ -141,3 +141,41 @@ def test_runnable_blocks_run(page: Path, soak: Path, tmp_path: Path) -> None:
             command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
         )
         assert result.returncode == 0, (block.where(), result.stdout[-3000:], result.stderr[-3000:])
+
+
+def test_reference_pages_cover_the_code() -> None:
+    """The generated reference names every subcommand and option, reason code, status,
+    exported metric, top-level artifact key and public name, read from the code itself."""
+    import importlib.util
+
+    import asyncsoak
+    from asyncsoak._export._metrics import METRIC_NAMES
+    from asyncsoak._record._vocabulary import FailureReason, SoakStatus
+    from asyncsoak.artifact import schema
+    from asyncsoak.cli import build_parser
+
+    spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "docs/gen_reference.py")
+    assert spec is not None
+    assert spec.loader is not None
+    reference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference)
+    cli = reference.cli_reference()
+    subcommands = dict(reference._subcommands(build_parser()))
+    assert {"run", "submit", "worker", "report", "summary"} <= set(subcommands)
+    for name, sub in subcommands.items():
+        assert f"## `asyncsoak {name}`" in cli
+        for action in sub._actions:
+            for option in action.option_strings:
+                assert option in cli, (name, option)
+    reasons = reference.reasons_reference()
+    for word in [*FailureReason, *SoakStatus]:
+        assert f"| `{word}` |" in reasons
+    metrics = reference.metrics_reference()
+    for metric in METRIC_NAMES:
+        assert re.search(rf"^\| `{metric}` \| (gauge|counter|info) \|", metrics, re.M), metric
+    artifact = reference.schema_reference()
+    for key in schema()["properties"]:
+        assert f"| `{key}` |" in artifact
+    api = reference.api_reference()
+    for name in asyncsoak.__all__:
+        assert f"::: asyncsoak.{name}\n" in api
