@@ -169,3 +169,27 @@ def test_events_are_fields_not_json(canonical: dict[str, Path]) -> None:
     assert row is not None
     assert re.search(r'<span class="name">memory total bytes</span> \d+\.\d GiB', row.group(1))
     assert re.search(r'<span class="name">disk total bytes progress</span> \d', row.group(1))
+
+
+def test_flat_and_zero_gpu_lines_fold_into_the_steady_strip(canonical: dict[str, Path]) -> None:
+    """A GPU's zero ECC counts, its steady memory and a power limit beside a flat draw are
+    named in the steady strip, not drawn; its moving utilisation is drawn."""
+    t = [0.0, 1.0, 2.0, 3.0]
+    artifact = json.loads(canonical["pass"].read_text())
+    artifact["series"] = {
+        "gpu0": {
+            "t": t,
+            "utilization_gpu_percent": [10.0, 90.0, 40.0, 95.0],
+            "memory_used_mib": [40_000.0] * 4,
+            "power_draw_w": [300.0] * 4,
+            "power_limit_w": [700.0] * 4,
+            "ecc_uncorrected_volatile": [0, 0, 0, 0],
+        }
+    }
+    timeline = Timeline(artifact, None)
+    drawn = {f.name for panel in timeline.panels for f in panel.fields if f.group == "gpu0"}
+    assert drawn == {"utilization_gpu_percent"}
+    steady = timeline.steady_text()
+    assert "GPU 0 memory used 39.1 GiB" in steady
+    assert "GPU 0 ECC errors uncorrected 0" in steady
+    assert "GPU 0 power limit 700 W" in steady

@@ -46,6 +46,9 @@ PANELS = (
         (("tree", "processes"), ("tree", "threads")),
     ),
     _PanelSpec(
+        "machine_cpu", "Machine CPU (100% = every core)", "%", (("machine", "cpu_percent"),)
+    ),
+    _PanelSpec(
         "machine_memory",
         "Machine memory",
         "bytes",
