@@ -13,6 +13,8 @@ without building the site).
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -95,14 +97,25 @@ def reasons_reference() -> str:
         "",
         "What each rule means and when it fires: [How a run is judged](../judging.md).",
         "",
-        "| reason | what the views say |",
-        "| --- | --- |",
     ]
+    detailed = _detailed_exit_codes()
+    if detailed is None:
+        lines += ["| reason | what the views say |", "| --- | --- |"]
+    else:
+        lines += [
+            "| reason | what the views say | exit status with `--detailed-exit-codes` |",
+            "| --- | --- | --- |",
+        ]
     for reason in FailureReason:
         title = REASON_TITLES.get(reason)
         if title is None:
             log.warning("reason code %r has no title in asyncsoak._view._summary", str(reason))
-        lines.append(f"| `{reason}` | {title or ''} |")
+        row = f"| `{reason}` | {title or ''} |"
+        if detailed is not None:
+            if reason not in detailed:
+                log.warning("reason code %r has no detailed exit status", str(reason))
+            row += f" {detailed.get(reason, '')} |"
+        lines.append(row)
     lines += ["", "## Stop causes (`stop.cause`)", "", ""]
     lines.append(", ".join(f"`{cause}`" for cause in StopCause) + ".")
     lines += [
@@ -122,6 +135,17 @@ def reasons_reference() -> str:
             "the artifact says `cancelled` |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _detailed_exit_codes() -> Mapping[str, int] | None:
+    """Each reason's exit status under ``--detailed-exit-codes``, where this asyncsoak has
+    that flag (``asyncsoak._record._exit_codes``)."""
+    if importlib.util.find_spec("asyncsoak._record._exit_codes") is None:
+        return None
+    codes: Mapping[str, int] = importlib.import_module(
+        "asyncsoak._record._exit_codes"
+    ).DETAILED_EXIT_CODES
+    return codes
 
 
 def schema_reference() -> str:
