@@ -124,6 +124,8 @@ def test_first_screen_holds_the_verdict_and_no_text_overlaps(
         assert "<title>PASSED WITH WARNINGS: " in text
     elif mode == "pass":
         assert '<span class="badge">PASSED</span>' in text
+    elif mode == "crash":  # the log's end marks the traceback's exception
+        assert '<span class="tb-exc">RuntimeError: injected crash at step 8</span>' in text
 
 
 @needs_plotly
