@@ -25,7 +25,8 @@ from .soak_runs import trainer_soak
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
-FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```$", re.M | re.S)
+#: A fenced block, indented too (inside a list item): its indent, language and body.
+FENCE = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```$", re.M | re.S)
 MARK = re.compile(r"^<!-- (runnable|not runnable: .+|file: [\w.-]+) -->$")
 #: An asyncsoak command anywhere in a shell block (``$ asyncsoak``, ``exec asyncsoak``,
 #: ``.venv/bin/asyncsoak``).
@@ -72,14 +73,15 @@ def blocks(page: Path) -> list[Block]:
     text = page.read_text()
     found = []
     for match in FENCE.finditer(text):
+        indent, lang, body = match.groups()
         before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        mark = MARK.match(before)
+        mark = MARK.match(before.strip())
         found.append(
             Block(
                 page,
                 text[: match.start()].count("\n") + 1,
-                match.group(1),
-                match.group(2),
+                lang,
+                "".join(line.removeprefix(indent) for line in body.splitlines(keepends=True)),
                 mark.group(1) if mark else None,
             )
         )
