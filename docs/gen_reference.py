@@ -285,6 +285,11 @@ def _busy_soak_events() -> list[dict[str, Any]]:
         {
             "t": 2.0,
             "kind": "sample",
+            # A rank (torchrun's worker) and its data-loader worker, which inherits its rank.
+            "processes": [
+                {"pid": 11, "cmdline": ["python", "train.py"], "role": {"rank": 0}},
+                {"pid": 12, "cmdline": ["python", "train.py"], "role": {"rank": 0}},
+            ],
             "points": {
                 "tree": {
                     "processes": 2,

@@ -28,9 +28,10 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: A fenced block, indented too (inside a list item): its indent, language and body.
 FENCE = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```$", re.M | re.S)
 MARK = re.compile(r"^<!-- (runnable|not runnable: .+|file: [\w.-]+) -->$")
-#: An asyncsoak command anywhere in a shell block (``$ asyncsoak``, ``exec asyncsoak``,
-#: ``.venv/bin/asyncsoak``).
-COMMAND = re.compile(r"(?:^|[\s/$])asyncsoak [a-z]", re.M)
+#: An asyncsoak command in a shell block: at a line's start (``$ asyncsoak``, ``exec
+#: asyncsoak``, ``srun asyncsoak``), after a shell operator, or as a path
+#: (``.venv/bin/asyncsoak``); not a message that names one mid-line.
+COMMAND = re.compile(r"(?:^\s*(?:\$ |exec |srun |nohup )?|[;&|(]\s*|/)asyncsoak [a-z]", re.M)
 
 #: Where the pages' commands find a run: a real soak's artifact and journal, copied.
 RUN_FILES = {
@@ -174,7 +175,9 @@ def test_reference_pages_cover_the_code() -> None:
         assert f"| `{word}` |" in reasons
     metrics = reference.metrics_reference()
     for metric in METRIC_NAMES:
-        assert re.search(rf"^\| `{metric}` \| (gauge|counter|info) \|", metrics, re.M), metric
+        assert re.search(rf"^\| `{metric}` \|", metrics, re.M), metric
+    # The scrape the page is made from exports them all (their type and help from the code).
+    assert not re.search(r"^\| `\w+` \|  \|", metrics, re.M), metrics
     artifact = reference.schema_reference()
     for key in schema()["properties"]:
         assert f"| `{key}` |" in artifact
