@@ -122,6 +122,7 @@ def test_first_screen_holds_the_verdict_and_no_text_overlaps(
         assert '<header id="verdict" class="verdict passed_with_warnings">' in text
         assert '<span class="badge">PASSED WITH WARNINGS</span>' in text
         assert "<title>PASSED WITH WARNINGS: " in text
+        assert '<dt>Warning</dt><dd id="cause">' in text  # a warning, not a failure's cause
     elif mode == "pass":
         assert '<span class="badge">PASSED</span>' in text
     elif mode == "crash":  # the log's end marks the traceback's exception

@@ -20,6 +20,7 @@ from .._evidence import (
     innermost_python_frame,
     rate_text,
 )
+from .._status import is_pass, status_words
 from .._summary import exit_text, oom_killer
 
 if TYPE_CHECKING:
@@ -30,23 +31,12 @@ if TYPE_CHECKING:
 COMMAND_SHOWN = 240
 
 
-#: The status people read for a pass that carries warnings (the artifact's stays ``passed``).
-PASSED_WITH_WARNINGS = "passed_with_warnings"
-
-
-def shown_status(summary: Mapping[str, Any]) -> str:
-    """The verdict as the page shows it: a pass with warnings is ``passed_with_warnings``."""
-    status = str(summary["status"])
-    if status == SoakStatus.PASSED and summary.get("warnings"):
-        return PASSED_WITH_WARNINGS
-    return status
-
-
 def verdict_html(summary: Mapping[str, Any]) -> str:
-    status = shown_status(summary)
+    # The status people read: a pass with warnings is ``passed_with_warnings``, amber.
+    status = str(summary["status"])
     parts = [
         f'<header id="verdict" class="verdict {html.escape(status)}">',
-        f'<span class="badge">{html.escape(status.replace("_", " ").upper())}</span>',
+        f'<span class="badge">{html.escape(status_words(status))}</span>',
         f"<h1>{html.escape(summary['headline'])}</h1>",
     ]
     for i, reason in enumerate(summary["reasons"]):
@@ -75,7 +65,7 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
     evidence = summary["evidence"]
     rows: list[str] = []
     if evidence["cause"]:
-        label = "Warning" if summary["status"] == SoakStatus.PASSED else "Cause"
+        label = "Warning" if is_pass(summary["status"]) else "Cause"
         where = evidence["where"]
         text = f"<b>{html.escape(evidence['cause'])}</b>"
         if where and where not in evidence["cause"]:
