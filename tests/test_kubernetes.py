@@ -26,7 +26,7 @@ from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._export._metrics_server import MetricsServer, open_listener
 from asyncsoak._record._schema import Artifact
 from asyncsoak._sampling._limits import cgroup_cpu_limit_cores
-from asyncsoak._supervisor._kubernetes import GRACE_ANNOTATION, pod_identity
+from asyncsoak._supervisor._kubernetes import GRACE_ANNOTATION, pattern_values, pod_identity
 from asyncsoak._supervisor._slurm import PatternError, expand_path, stop_grace
 from asyncsoak._view._job_view import pod_line
 
@@ -150,6 +150,30 @@ def test_output_patterns_name_the_pod_and_its_index(tmp_path: Path) -> None:
     with pytest.raises(PatternError, match="%x"):
         expand_path(Path("/results/%x.json"), env)
     assert expand_path(path, {}) == path
+
+
+def test_output_patterns_agree_with_the_snapshot_or_are_refused(tmp_path: Path) -> None:
+    """Without POD_NAMESPACE, %n is the namespace the snapshot records (the service
+    account's file), not "default"; without NODE_NAME, %N is refused (a pod's host name is
+    the pod's, not the node's) with the variable to set."""
+    service_account = tmp_path / "serviceaccount"
+    service_account.mkdir()
+    (service_account / "namespace").write_text("ml")
+    env = {k: v for k, v in POD_ENV.items() if k not in ("POD_NAMESPACE", "NODE_NAME", "POD_NAME")}
+    env["ASYNCSOAK_PODINFO_DIR"] = str(tmp_path / "none")
+    identity = pod_identity(env, service_account=service_account)
+    assert identity is not None
+    values = pattern_values(env, service_account=service_account)
+    assert (
+        (values["n"], values["p"])
+        == (identity["namespace"], identity["pod_name"])
+        == (
+            "ml",
+            "train-2-x7k2p",
+        )
+    )
+    with pytest.raises(PatternError, match="%N needs NODE_NAME"):
+        expand_path(Path("/results/%N.json"), env)
 
 
 @pytest.mark.asyncio
