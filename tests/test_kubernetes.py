@@ -196,11 +196,12 @@ async def test_healthz_answers_200_while_samples_come_and_503_when_they_stop(
     assert alive.status == 200, alive.text
     assert alive.text.startswith(("ok: last sample", "ok: start, no sample yet")), alive.text
     clock = [1000.0]
-    stuck = SoakMetrics("s", wall=lambda: clock[0], host="h")
+    stuck = SoakMetrics("s", now=lambda: clock[0], host="h")
     config = {"sample_interval_seconds": 1.0}
-    stuck.observe({"kind": "header", "t": 0.0, "config": config, "started_at": None})
+    header = {"kind": "header", "t": 0.0, "config": config, "monotonic_start": 1000.0}
+    stuck.observe({**header, "started_at": None})
     stuck.observe({"kind": "sample", "t": 1.0, "points": {}})
-    clock[0] += 61.0
+    clock[0] += 62.0
     listener = await open_listener("127.0.0.1", 0)
     server = MetricsServer(listener, lambda accept: (b"", "text/plain"), stuck.health)
     with anyio.fail_after(10):
@@ -210,6 +211,35 @@ async def test_healthz_answers_200_while_samples_come_and_503_when_they_stop(
             tg.cancel_scope.cancel()
     assert dead.status == 503
     assert dead.text.startswith("unhealthy: last sample 61s ago (limit 60s)")
+
+
+def test_healthz_keeps_to_the_monitors_clock_when_the_wall_clock_steps() -> None:
+    """A wall clock stepped an hour forward (NTP, a resumed VM) while samples keep coming
+    leaves /healthz at 200 (a 503 would have the liveness probe kill a healthy training);
+    samples that stop give 503 on the monitor's own clock."""
+    mono, wall = [500.0], [1_000_000.0]
+    metrics = SoakMetrics("s", now=lambda: mono[0], wall=lambda: wall[0], host="h")
+    metrics.observe(
+        {
+            "kind": "header",
+            "t": 0.0,
+            "monotonic_start": 500.0,
+            "started_at": "1970-01-12T13:46:40+00:00",
+            "config": {"sample_interval_seconds": 1.0},
+        }
+    )
+    for second in range(1, 4):
+        mono[0] += 1.0
+        metrics.observe({"kind": "sample", "t": float(second), "points": {}})
+        if second == 2:
+            wall[0] += 3600.0
+        wall[0] += 1.0
+        alive, text = metrics.health()
+        assert alive, text
+    mono[0] += 61.0
+    alive, text = metrics.health()
+    assert not alive
+    assert text.startswith("unhealthy: last sample 61s ago (limit 60s)"), text
 
 
 # -- for real: PID 1 of a PID namespace, in a memory cgroup ------------------------------
