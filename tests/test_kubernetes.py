@@ -375,3 +375,94 @@ def test_pid1_in_a_pid_namespace_stops_as_the_schedulers_stop_within_the_grace(
         "exit_code: 143",
         f"artifact: {tmp_path / 'out' / 'soak-train-2-x7k2p-2.json'}",
     ]
+
+
+#: A trainer that ignores SIGTERM (busy in a collective), with a child the test freezes: in
+#: the kernel's refrigerator it outlives SIGKILL, as a process stuck in a GPU driver does.
+STUCK_CHILD_TRAINER = """
+import os, pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+progress = pathlib.Path(sys.argv[1])
+progress.mkdir(parents=True, exist_ok=True)
+(progress / "step").write_text("1")
+child = os.fork()
+if child == 0:
+    time.sleep(300)
+    os._exit(0)
+with open(sys.argv[2], "w") as ready:
+    ready.write(f"{child}\\n")
+while True:
+    (progress / "step").write_text(str(time.time()))
+    time.sleep(0.1)
+"""
+
+
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """``pid`` frozen in a cgroup v1 freezer (where SIGKILL waits for the thaw: the process
+    sits in uninterruptible sleep), thawed and the cgroup removed afterwards."""
+    mount = CGROUP_ROOT / "freezer"
+    if os.geteuid() != 0 or not (mount / "cgroup.procs").exists():
+        pytest.skip("needs root and the cgroup v1 freezer")
+    group = mount / f"asyncsoak-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+        (group / "freezer.state").write_text("FROZEN")
+        deadline = time.monotonic() + 10
+        while (group / "freezer.state").read_text().strip() != "FROZEN":
+            assert time.monotonic() < deadline, "the freezer never froze"
+            time.sleep(0.01)
+        yield
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def test_a_process_that_outlives_sigkill_does_not_cost_the_artifact(
+    tmp_path: Path, ready: ReadyFifo
+) -> None:
+    """In a pod with a 6 s grace, a child that SIGKILL cannot end at once (uninterruptible
+    sleep, as in a wedged GPU driver) does not hold the stop past the pod's grace: asyncsoak
+    gives up on it in time to write the artifact and the termination message before the
+    kubelet's SIGKILL."""
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(STUCK_CHILD_TRAINER)
+    output, log = tmp_path / "soak.json", tmp_path / "termination-log"
+    env = {**CLI_ENV, **POD_ENV, "ASYNCSOAK_PODINFO_DIR": str(podinfo(tmp_path, grace="6"))}
+    monitor = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "asyncsoak", "run", "--quiet", "--no-gpu"),
+            *("--progress-dir", str(tmp_path / "progress"), "--output", str(output)),
+            *("--sample-interval", "0.1", "--grace", "30", "--stale-progress", "30"),
+            *("--termination-log", str(log)),
+            *("--", sys.executable, str(trainer), str(tmp_path / "progress"), str(ready.path)),
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = int(ready.line_sync(timeout=30))
+        with frozen(child):
+            sent = time.monotonic()
+            monitor.send_signal(signal.SIGTERM)
+            _, stderr = monitor.communicate(timeout=30)
+            took = time.monotonic() - sent
+    finally:
+        monitor.kill()
+        monitor.wait()
+    assert monitor.returncode == 128 + signal.SIGTERM, stderr
+    artifact = json.loads(output.read_text())
+    assert artifact["stop"]["cause"] == "scheduler"
+    assert child in {p["pid"] for p in artifact["abandoned_processes"]}
+    assert log.read_text().splitlines()[0] == "asyncsoak: stopped by the scheduler (SIGTERM)"
+    assert took < 6.0, took
