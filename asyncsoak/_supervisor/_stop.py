@@ -21,6 +21,7 @@ from .._blocking import BlockingCallTimeout, run_blocking
 from .._process import _tree
 from .._process._exits import signal_name
 from .._process._forensics import collect_forensics
+from .._process._ranks import stall_culprit
 from .._process._spawn import Spawner
 from .._record._events import Abandoned, Forensics, Leftover, SignalSent, StdinClosed, StopRequested
 from .._record._sink import EventSink
@@ -88,6 +89,8 @@ class TreeStop:
         #: In a stop by the scheduler: when (``anyio.current_time()``) the waits on the tree
         #: must end for the artifact to be written before the scheduler's SIGKILL.
         self.deadline: float | None = None
+        #: Whether the hang forensics were taken (once: when the stall rule fired).
+        self.forensics_taken = False
 
     # -- the caller's stop -------------------------------------------------------------
 
@@ -304,8 +307,17 @@ class TreeStop:
             return seconds
         return max(0.0, min(seconds, self.deadline - anyio.current_time()))
 
-    async def hang_forensics(self, sink: EventSink, spawner: Spawner, reason: str) -> None:
-        """Before the first signal: ask for a stack dump, then record what the tree is doing."""
+    async def hang_forensics(
+        self, sink: EventSink, spawner: Spawner, reason: str
+    ) -> dict[str, Any] | None:
+        """Before the first signal: ask for a stack dump, then record what the tree is doing.
+
+        Taken once per soak; returns which rank(s) a distributed run's stall waits on
+        (:func:`.stall_culprit`), or None.
+        """
+        if self.forensics_taken:
+            return None
+        self.forensics_taken = True
         cfg = self.cfg
         if cfg.dump_signal is not None and spawner.signal_leader(cfg.dump_signal):
             name = signal_name(cfg.dump_signal)
@@ -315,7 +327,7 @@ class TreeStop:
             with self.given_up_on_caller_stop():
                 await anyio.sleep(DUMP_WAIT_SECONDS)
         if not cfg.forensics:
-            return
+            return None
         pids = await self.tree_pids(spawner)
         data: dict[str, Any] = {"error": f"forensics took longer than {FORENSICS_SECONDS:g}s"}
         with self.given_up_on_caller_stop() as scope, contextlib.suppress(BlockingCallTimeout):
@@ -327,8 +339,12 @@ class TreeStop:
             )
         if scope.cancelled_caught:
             data = {"error": "the caller stopped the soak during the forensics"}
+        culprit = stall_culprit(data.get("processes") or [])
+        if culprit is not None:
+            data["ranks"] = culprit
         # Command lines and py-spy's headers carry argv: masked like argv everywhere else.
         await sink.emit(Forensics(t=sink.elapsed(), reason=reason, data=self._masker.data(data)))
+        return culprit
 
 
 def _kill_all(spawner: Spawner, pids: list[int]) -> None:
