@@ -94,13 +94,19 @@ def open_when_reachable(
             sleep(min(backoff, max(0.0, deadline - now)))
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
             continue
-        if first_failure is not None:
-            _log.warning(
-                "queue database %s reached after %.0fs",
-                store.location,
-                time.monotonic() - first_failure,
-            )
+        except QueueDatabaseError as exc:
+            # Reached, and refused (no queue there yet, a newer schema...): it came all the same.
+            _say_reached(exc.path, first_failure)
+            raise
+        _say_reached(store.location, first_failure)
         return store
+
+
+def _say_reached(where: object, first_failure: float | None) -> None:
+    if first_failure is not None:
+        _log.warning(
+            "queue database %s reached after %.0fs", where, time.monotonic() - first_failure
+        )
 
 
 def open_for_worker(db: str, *, wait: float, default_location: bool = False) -> JobStore:
@@ -132,11 +138,12 @@ def open_for_worker(db: str, *, wait: float, default_location: bool = False) -> 
     # Every worker of a fleet may get here at once: the store creates the schema under an
     # advisory lock, once; the others find it made.
     store = open_when_reachable(db, wait=wait, create=True)
-    _log.warning(
-        "queue database %s held no job queue: created its schema; waiting for jobs "
-        "(check --db if you expected an existing queue)",
-        store.location,
-    )
+    if getattr(store, "created", False):
+        _log.warning(
+            "queue database %s held no job queue: created its schema; waiting for jobs "
+            "(check --db if you expected an existing queue)",
+            store.location,
+        )
     return store
 
 

@@ -224,6 +224,8 @@ class PostgresStore(JobStore):
         self._backoff = BACKOFF_MIN_SECONDS
         self._retry_at = 0.0
         self._closed = False
+        #: Whether this store created the queue's schema (a fresh database, ``create``).
+        self.created = False
         try:
             conn = self._connect()
         except QueueUnavailableError as exc:
@@ -376,14 +378,26 @@ class PostgresStore(JobStore):
         # the advisory lock, then reads the version again (another worker may have done it).
         if self._check_version(self._schema_version(conn), create) == SCHEMA_VERSION:
             return
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            version = self._check_version(self._schema_version(conn), create)
-            for statements in _MIGRATIONS[version:]:
-                for statement in statements:
-                    conn.execute(statement)
-            if version < SCHEMA_VERSION:
-                conn.execute(f"UPDATE {SCHEMA}.schema_version SET version = %s", (SCHEMA_VERSION,))
+        # The session's lock, taken before the transaction: a transaction that began before
+        # the lock was granted could read the catalog as it was then (a schema just created
+        # by another worker not seen) and create it again.
+        conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        try:
+            with conn.transaction():
+                found = self._schema_version(conn)
+                self.created = found is None
+                version = self._check_version(found, create)
+                for statements in _MIGRATIONS[version:]:
+                    for statement in statements:
+                        conn.execute(statement)
+                if version < SCHEMA_VERSION:
+                    conn.execute(
+                        f"UPDATE {SCHEMA}.schema_version SET version = %s", (SCHEMA_VERSION,)
+                    )
+        finally:
+            # A broken connection releases the lock itself, and its error is the one to see.
+            with contextlib.suppress(self._psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
 
     # --- the command line's side ---------------------------------------------------------
 
