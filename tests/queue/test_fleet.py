@@ -289,6 +289,15 @@ def test_commands_give_up_on_an_unreachable_server_with_their_own_status(
     assert 'database "no_such_database" does not exist' in refused.stderr
 
 
+def test_a_bad_wait_for_db_is_refused(tmp_path: Path) -> None:
+    """--wait-for-db takes seconds >= 0 or inf: NaN and negatives are usage errors."""
+    for value in ("nan", "-1"):
+        done = asyncsoak_cli("jobs", "--db", str(tmp_path / "q.db"), "--wait-for-db", value,
+                             cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 2
+        assert "--wait-for-db" in done.stderr
+
+
 # --- the truth about workers ----------------------------------------------------------------
 
 
