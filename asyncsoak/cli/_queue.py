@@ -830,9 +830,14 @@ def _worker(args: argparse.Namespace) -> int:
             inner: BaseException = group
             while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
                 inner = inner.exceptions[0]
+            # The database gone again before the worker registered: try again later (75).
+            if isinstance(inner, QueueUnavailableError):
+                raise inner from group
             # A metrics port already taken is found once the worker starts: still exit 2.
             if isinstance(inner, QueueError | ValidationError):
                 raise UsageError(str(inner)) from inner
+            raise
+        except QueueUnavailableError:
             raise
         except (QueueError, ValidationError) as exc:
             raise UsageError(str(exc)) from exc
