@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import re
 import signal
@@ -395,12 +396,19 @@ class _Worker:
                             break
                         # While the database is away, look again soon (the store's own
                         # backoff spaces the connection attempts): a job may be waiting.
-                        wait = self.settings.poll
+                        wait: float | None = self.settings.poll
                         if self._unreachable:
-                            wait = min(wait, _UNAVAILABLE_RETRY_SECONDS)
-                        with anyio.move_on_after(wait):
+                            wait = min(self.settings.poll, _UNAVAILABLE_RETRY_SECONDS)
+                        elif self._full():
+                            # Busy on every GPU (or on its one job): nothing to claim, and no
+                            # need to spin, until a job ends.
+                            wait = None
+                        events = [self.stop_event, self.kill_event, self.job_done]
+                        if wait is not None:
+                            events.append(self.wake)
+                        with anyio.move_on_after(math.inf if wait is None else wait):
                             async with anyio.create_task_group() as waits:
-                                for event in (self.stop_event, self.wake, self.job_done):
+                                for event in events:
                                     waits.start_soon(_set_then_cancel, event, waits.cancel_scope)
                 tg.cancel_scope.cancel()
         finally:
@@ -458,6 +466,13 @@ class _Worker:
             all_free=not self.running,
             names=tuple(f"{self.host}:{gpu}" for gpu in free),
         )
+
+    def _full(self) -> bool:
+        """Whether every job this worker can run at once is running."""
+        if not self.running:
+            return False
+        busy = {gpu for devices in self.running.values() for gpu in devices}
+        return not self.devices or all(gpu in busy or gpu in self._faulted for gpu in self.devices)
 
     async def _place(self, job: Job, offer: GpuOffer | None) -> list[str]:
         """The GPUs a claimed job runs on (none for a worker without GPUs)."""
