@@ -123,6 +123,31 @@ class Progress(Event):
     gap_seconds: float | None
     #: Bytes the changed files grew by (a new file counts its size).
     grown_bytes: int = 0
+    #: ``--stale-progress auto``: the limit in force from this change on (None otherwise).
+    stale_limit_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepProgress(Event):
+    """The trainer's step advanced (or its loss or total changed), as its files say."""
+
+    KIND: ClassVar[str] = EventKind.STEP
+
+    step: int
+    #: The file the step was read from, and its kind (``json_lines``, ``trainer_state``, ...).
+    source: str
+    source_kind: str
+    gap_seconds: float | None
+    max_steps: int | None = None
+    #: The newest finite loss and its step (a non-finite one is a failure or a warning).
+    loss: float | None = None
+    loss_step: int | None = None
+    steps_per_second: float | None = None
+    tokens_per_second: float | None = None
+    samples_per_second: float | None = None
+    eta_seconds: float | None = None
+    #: ``--stale-progress auto``: the limit in force from this step on (None otherwise).
+    stale_limit_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,7 +119,8 @@ def trend_findings(cfg: SoakConfig, trends: Mapping[str, Mapping[str, Any]]) -> 
                 entry["slope_per_hour"],
             )
             findings.append(Finding(key, "leak", entry, message))
-    horizon = max(BREACH_HORIZON_SECONDS, cfg.stale_progress_seconds * 10)
+    stale = cfg.stale_progress_seconds
+    horizon = max(BREACH_HORIZON_SECONDS, 0.0 if stale == "auto" else stale * 10)
     disks = [key for key in trends if key.startswith("disk.")]
     for key in leaking(trends) + sorted(disks):
         entry = trends[key]
