@@ -54,9 +54,6 @@ MAX_STATE_BYTES = 32 * 1024 * 1024
 #: At most this many files are followed at once (the newest found first).
 MAX_SOURCES = 16
 
-#: The name :func:`asyncsoak.trainer.report` finds its file by.
-STEPS_FILE_VARIABLE = "ASYNCSOAK_STEPS_FILE"
-
 #: Source kinds, in order of precedence (lower first).
 KIND_REPORT, KIND_JSONL, KIND_CSV, KIND_STATE = 0, 1, 2, 3
 KIND_NAMES = {

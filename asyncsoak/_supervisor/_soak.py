@@ -57,7 +57,7 @@ from .._redact import Masker, argv_secrets, redact_mapping, secret_values
 from .._sampling._gpu_sampler import run_gpu_sampler
 from .._sampling._proc_sampler import run_proc_sampler
 from .._sampling._step_rules import LossCheck, ProgressSource, StaleLimit, StepTracker
-from .._sampling._steps import STEPS_FILE_VARIABLE, KeyChoice, StepReader
+from .._sampling._steps import KeyChoice, StepReader
 from .._sampling._watchdog import (
     ProgressTracker,
     ScanResult,
@@ -66,6 +66,7 @@ from .._sampling._watchdog import (
     scan_progress_dir,
     skipped_message,
 )
+from ..trainer import STEPS_FILE_VARIABLE
 from . import _slurm
 from ._config import LOG_MAX_BYTES, LeakCheck, SoakConfig, StopMode
 from ._control import SoakControl
