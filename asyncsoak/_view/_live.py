@@ -36,6 +36,7 @@ from .._sampling._fields import format_value, gpu_index
 from .._terminal import terminal_text
 from .._timestamps import epoch
 from .._units import format_duration
+from ._training import training_line
 
 #: Seconds between two reads of the journal (and two frames on a terminal).
 REFRESH_SECONDS = 0.5
@@ -181,6 +182,8 @@ class Status:
     peak_cpu_percent: float | None = None
     peak_rss_bytes: float | None = None
     peak_gpus: tuple[tuple[str, float | None, float | None], ...] = ()
+    #: The training's step, rate, loss and ETA (``step 1,150 of 1,200, 55 steps/s, ...``).
+    training: str = ""
 
     def parts(self, *, compact: bool = False) -> list[str]:
         """The line's pieces, most important first: the verdict, then the figures.
@@ -191,6 +194,8 @@ class Status:
         spelled out: the pieces go to a terminal.
         """
         parts = [f"{format_duration(self.elapsed)} {self.phase}"]
+        if self.training:
+            parts.append(self.training)
         if self.finished:
             # The last line sums the run up: its peaks, not the last sample of an idle tree.
             if self.peak_cpu_percent is not None or self.peak_rss_bytes is not None:
@@ -327,6 +332,8 @@ class LiveState:
     rss: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
     #: (series key, verdict) -> the ``trend`` event that said it.
     trends: dict[tuple[str, str], _TrendLine] = field(default_factory=dict)
+    #: The newest ``step`` line: once there is one, the step's advances are the progress.
+    step: Mapping[str, Any] | None = None
 
     def add(self, event: Mapping[str, Any]) -> None:
         """Fold one journal line (as ``JournalDecoder`` gives it) in."""
@@ -339,13 +346,22 @@ class LiveState:
                 header = cast(_HeaderLine, event)
                 self.started_at = epoch(header.get("started_at"))
                 config = header.get("config") or {}
-                self.stale_limit = config.get("stale_progress_seconds")
+                stale = config.get("stale_progress_seconds")
+                # "auto": the limit comes with the progress and step lines, as it is learned.
+                self.stale_limit = stale if isinstance(stale, int | float) else None
                 self.startup_limit = config.get("startup_timeout_seconds")
             case EventKind.STARTED:
                 self.started = True
             case EventKind.PROGRESS:
-                self.last_progress = t
+                if self.step is None:
+                    self.last_progress = t
                 self.changes += int(cast(_ProgressLine, event).get("changed", 1))
+                self._fold_stale_limit(event)
+            case EventKind.STEP:
+                if self.step is None or self.step.get("step") != event.get("step"):
+                    self.last_progress = t
+                self.step = event
+                self._fold_stale_limit(event)
             case EventKind.SAMPLE | EventKind.GPU_SAMPLE:
                 points = cast(_SampleLine, event).get("points") or {}
                 self.points.update(points)
@@ -367,6 +383,12 @@ class LiveState:
                 self.exited = True
             case EventKind.FINISHED:
                 self.finished = str(cast(_FinishedLine, event).get("status"))
+
+    def _fold_stale_limit(self, event: Mapping[str, Any]) -> None:
+        """``--stale-progress auto``: the limit in force, as the watchdog learned it."""
+        limit = event.get("stale_limit_seconds")
+        if isinstance(limit, int | float):
+            self.stale_limit = limit
 
     def _fold_peaks(self, t: float, points: Mapping[str, Mapping[str, float | None]]) -> None:
         for group, values in points.items():
@@ -483,6 +505,7 @@ class LiveState:
                 )
                 for group in gpu_groups
             ),
+            training=training_line(self.step),
         )
 
 

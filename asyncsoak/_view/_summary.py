@@ -30,6 +30,7 @@ from ._evidence import (
     trend_text,
 )
 from ._job_view import scheduler_line
+from ._training import training_line
 
 #: The primary reason in plain words.
 REASON_TITLES: dict[str, str] = {
@@ -533,6 +534,9 @@ def format_summary(
         at = f" at {format_duration(reason['t'])}" if reason.get("t") is not None else ""
         lead = "  " if i == 0 else "  also "
         lines.append(f"{lead}{reason['reason']}{at}: {reason['message']}")
+    training = training_line(summary["progress"].get("steps"))
+    if training:
+        lines.append(f"  training: {training}")
     lines.extend(evidence_lines(summary, width))
     duration = summary.get("duration_seconds")
     lines.append(
