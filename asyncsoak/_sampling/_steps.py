@@ -405,7 +405,9 @@ class TrainerStateSource:
             new = history[self._history_read :] if len(history) >= self._history_read else history
             start = self._history_read if len(history) >= self._history_read else 0
             for index, entry in enumerate(new, start):
-                if isinstance(entry, dict):
+                # The end-of-training entry holds the run's mean loss (train_loss) and its
+                # runtime: a summary, not a step's loss.
+                if isinstance(entry, dict) and "train_runtime" not in entry:
                     record = keys.record(entry, self.name, self.kind, f"log_history[{index}]")
                     if record is not None:
                         reading.records.append(record)
