@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import SoakFailureError, run_soak
+from asyncsoak._export._metrics import SoakMetrics
+from asyncsoak._record._schema import Artifact
 from asyncsoak._sampling._step_rules import AUTO_SAFETY_FACTOR
 from asyncsoak._sampling._watchdog import JUDGE_GRACE_SECONDS
+from asyncsoak._view._compare import compare
+from asyncsoak._view._live import LiveState
+from asyncsoak._view._summary import format_summary, summarize
+from asyncsoak._view.report import render_report
 
 from .conftest import assert_valid, asyncsoak_cli, fast_limits, journal, py
 
@@ -161,6 +167,57 @@ async def test_asyncsoak_trainer_report_is_a_step_source(tmp_path: Path) -> None
     assert steps["loss"] == pytest.approx(1 / 40)
     lines = (tmp_path / "out" / "soak.steps.jsonl").read_text().splitlines()
     assert 2 <= len(lines) < 40  # at most one line per 0.1 s
+
+
+@pytest.mark.asyncio
+async def test_every_view_names_the_step_rate_loss_and_eta(tmp_path: Path) -> None:
+    """The summary's and report's first block, the live line, the metrics and compare all
+    read the same step figures, from one real soak with a known total."""
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=py(TOTAL_KNOWN),
+            **fast_limits(tmp_path, sample_interval_seconds=INTERVAL),
+        )
+    text = format_summary(summarize(cast(Artifact, artifact)))
+    first_block = text.split("\n")[:4]
+    training = next(line for line in first_block if line.startswith("  training: "))
+    assert training.startswith("  training: step 29 of 100, ")
+    assert " steps/s, " in training
+    assert "loss 0.03333" in training
+    lines = journal(tmp_path / "out" / "soak.jsonl")
+    live = LiveState()
+    metrics = SoakMetrics("s")
+    for line in lines[:-2]:  # before the end: the live line while it ran
+        live.add(line)
+        metrics.observe(line)
+    piece = next(p for p in live.status(0.0).parts() if p.startswith("step "))
+    assert " of 100, " in piece
+    assert "ETA " in piece
+    figures = {row[0]: row[3][0][2] for row in metrics.rows() if row[3]}
+    assert figures["asyncsoak_step"] >= 20
+    assert figures["asyncsoak_max_steps"] == 100
+    assert figures["asyncsoak_steps_per_second"] > 0
+    assert figures["asyncsoak_loss"] > 0
+    assert figures["asyncsoak_eta_seconds"] > 0
+    rows = {
+        row.key: row for row in compare(cast(Artifact, artifact), cast(Artifact, artifact)).rows
+    }
+    assert rows["steps.rate"].baseline == rows["steps.rate"].candidate
+    assert rows["steps.loss.final"].text(rows["steps.loss.final"].candidate) == "0.03333"
+    pytest.importorskip("plotly")
+    page = render_report(cast(Artifact, artifact))
+    assert "step 29 of 100" in page.split('id="evidence"')[0]
+    assert "Training loss" in page
+    assert "Training steps per second" in page
+
+
+TOTAL_KNOWN = """
+    import time
+    from asyncsoak import trainer
+    for step in range(30):
+        trainer.report(step, loss=1.0 / (step + 1), max_steps=100)
+        time.sleep(0.05)
+"""
 
 
 CHECKPOINTING = """
