@@ -186,6 +186,8 @@ class ArtifactBuilder:
         #: The newest step event, when the trainer wrote steps; when the first came.
         self.step: dict[str, Any] | None = None
         self.step_first: float | None = None
+        #: When the step last moved (a loss logged at the same step is not an advance).
+        self.step_advanced_at: float | None = None
         self.step_longest_gap = 0.0
         #: ``--stale-progress auto``: the limit in force, as the newest event said.
         self.stale_limit: float | None = None
@@ -304,6 +306,8 @@ class ArtifactBuilder:
             self.step_first = t
         if event.get("gap_seconds") is not None:
             self.step_longest_gap = max(self.step_longest_gap, float(event["gap_seconds"]))
+        if self.step is None or self.step.get("step") != event.get("step"):
+            self.step_advanced_at = t
         self.step = event
         rate = event.get("steps_per_second")
         self.trends.add_step_rate(t, rate)
@@ -339,7 +343,7 @@ class ArtifactBuilder:
             "source": str(step.get("source")),
             "source_kind": str(step.get("source_kind")),
             "first_step_at": self.wall(self.step_first),
-            "last_step_at": self.wall(self.step_first if step.get("t") is None else step["t"]),
+            "last_step_at": self.wall(self.step_advanced_at),
             "longest_gap_seconds": round(self.step_longest_gap, 3),
             "loss": step.get("loss"),
             "loss_step": step.get("loss_step"),

@@ -23,6 +23,7 @@ from ._evidence import (
     config_value,
     gather,
     innermost_python_frame,
+    last_progress_at,
     leaking_series,
     seconds_at,
     series_typical,
@@ -249,15 +250,26 @@ def _worth_saying(leaks: list[Leak]) -> list[Leak]:
 
 def _stall_hints(artifact: Artifact) -> list[str]:
     window = stall_window(artifact)
-    limit = config_value(artifact, "stale_progress_seconds") or 0.0
     progress = artifact["progress"]
+    # "auto": the limit the run learned, as the artifact records it.
+    limit = (
+        config_value(artifact, "stale_progress_seconds")
+        or progress.get("stale_limit_seconds")
+        or 0.0
+    )
     if window is None:
         return []
     start, end = window
+    steps = progress.get("steps")
+    what = (
+        f"nothing in {progress['dir']} changed"
+        if steps is None
+        else f"the step ({steps['step']:,}, from {steps['source']}) did not advance"
+    )
     hints = [
         f"Progress stopped {format_duration(start)} into the run "
-        f"({format_clock(progress['last_change_at'])}): nothing in {progress['dir']} "
-        f"changed for {format_duration(limit)}, so the monitor stopped the run at "
+        f"({format_clock(last_progress_at(artifact))}): {what} "
+        f"for {format_duration(limit)}, so the monitor stopped the run at "
         f"{format_duration(end)}. Look at what the trainer was doing just after "
         f"{format_duration(start)} (log tail below)."
     ]
@@ -534,10 +546,10 @@ def format_summary(
         at = f" at {format_duration(reason['t'])}" if reason.get("t") is not None else ""
         lead = "  " if i == 0 else "  also "
         lines.append(f"{lead}{reason['reason']}{at}: {reason['message']}")
+    lines.extend(evidence_lines(summary, width))
     training = training_line(summary["progress"].get("steps"))
     if training:
         lines.append(f"  training: {training}")
-    lines.extend(evidence_lines(summary, width))
     duration = summary.get("duration_seconds")
     lines.append(
         f"ran {format_duration(float(duration or 0))}, "
