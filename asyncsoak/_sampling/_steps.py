@@ -474,6 +474,10 @@ class StepReader:
             except OSError:
                 pass
         self._ignored: set[str] = set()
+        #: Every name of the tree looked at once (a 100,000-file tree is not sorted per scan).
+        self._examined: set[str] = set()
+        #: (inode, size, mtime) of each source as the scan last saw it, when read.
+        self._read_at: dict[str, tuple[int, int, int]] = {}
         self._lock = threading.Lock()
 
     def read(self, files: Mapping[str, Any], *, wait: float = -1) -> StepReading | None:
@@ -489,19 +493,29 @@ class StepReader:
     def _read(self, files: Mapping[str, Any]) -> StepReading:
         reading = StepReading()
         self._discover(files, reading)
-        sources: list[Source] = [] if self._report is None else [self._report]
-        sources += self._sources.values()
-        for source in sources:
+        if self._report is not None:
+            self._report.read(self.keys, reading)
+        for name, source in self._sources.items():
+            state = files.get(name)
+            seen = None if state is None else (state.ino, state.size, state.mtime_ns)
+            if seen is not None and seen == self._read_at.get(name):
+                continue  # unchanged since its last read: not even opened
             source.read(self.keys, reading)
+            if seen is not None:
+                self._read_at[name] = seen
         return reading
 
     def _discover(self, files: Mapping[str, Any], reading: StepReading) -> None:
-        for name in sorted(files, key=lambda n: -int(getattr(files[n], "mtime_ns", 0))):
+        new = files.keys() - self._examined
+        self._examined |= new
+        if len(self._examined) > 2 * len(files) + 1000:
+            self._examined &= files.keys()  # names long gone (checkpoints rotated away)
+        candidates = [n for n in new if source_kind(n) is not None and not n.startswith("/")]
+        for name in sorted(candidates, key=lambda n: -int(getattr(files[n], "mtime_ns", 0))):
             if name in self._sources or name in self._ignored:
                 continue
             kind = source_kind(name)
-            if kind is None or name.startswith("/"):
-                continue
+            assert kind is not None
             state = files[name]
             key = (getattr(state, "dev", None), getattr(state, "ino", None))
             if key == self._report_key:
