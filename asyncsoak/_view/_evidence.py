@@ -460,6 +460,12 @@ def _next_steps(
             + (f" {format_bytes(float(floor))}" if isinstance(floor, int | float) else "")
             + ": clear old checkpoints, or write them elsewhere."
         )
+    elif primary == FailureReason.NONFINITE_LOSS:
+        steps.append(
+            "Resume from a checkpoint before the loss went bad with a lower learning rate, "
+            "gradient clipping or a loss scale, and check the batch at that step; "
+            "--loss-check warn lets such a run go on."
+        )
     elif primary == FailureReason.TOO_SHORT:
         steps.append("Read the log's end below: the command ended before min_duration_seconds.")
     elif primary == FailureReason.LEFTOVER_PROCESSES:
