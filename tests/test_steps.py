@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from asyncsoak._sampling._steps import KeyChoice, StepReader, StepReading
 from asyncsoak._sampling._watchdog import FileState, ProgressTracker, scan_progress_dir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_trainer"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def read(reader: StepReader) -> StepReading:
@@ -309,3 +313,47 @@ def test_steps_source_waits_for_the_first_step() -> None:
 
 def _state(size: int) -> FileState:
     return FileState(dev=1, ino=1, size=size, mtime_ns=size)
+
+
+REPORT_CHILD = """
+import json, math, os, sys
+from asyncsoak import trainer
+path = os.environ["ASYNCSOAK_STEPS_FILE"]
+for step in range(100):
+    trainer.report(step, loss=1.0)
+throttled = open(path).read().splitlines()
+trainer.report(100, loss=float("nan"))
+urgent = open(path).read().splitlines()
+errors = []
+for bad in ((True,), (-1,), ("5",)):
+    try:
+        trainer.report(*bad)
+    except (TypeError, ValueError) as exc:
+        errors.append(type(exc).__name__)
+try:
+    trainer.report(1, loss="low")
+except TypeError:
+    errors.append("TypeError")
+print(json.dumps({"throttled": throttled, "urgent": urgent[-1], "errors": errors}))
+"""
+
+
+def test_trainer_report_throttles_writes_nan_at_once_and_checks_its_arguments(
+    tmp_path: Path,
+) -> None:
+    """report() writes one line per 0.1 s at most, a NaN loss at once (as json writes it),
+    refuses a step that is not a whole number >= 0, and writes nothing outside asyncsoak."""
+    steps = tmp_path / "soak.steps.jsonl"
+    env = {**os.environ, "ASYNCSOAK_STEPS_FILE": str(steps), "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-c", REPORT_CHILD], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["throttled"] == ['{"step":0,"loss":1.0}']
+    assert seen["urgent"] == '{"step":100,"loss":NaN}'
+    assert seen["errors"] == ["TypeError", "ValueError", "TypeError", "TypeError"]
+    del env["ASYNCSOAK_STEPS_FILE"]
+    outside = "from asyncsoak import trainer; trainer.report(3, loss=1.0)"
+    subprocess.run([sys.executable, "-c", outside], env=env, check=True, timeout=60)
+    assert steps.read_text().splitlines()[-1] == '{"step":100,"loss":NaN}'
