@@ -161,6 +161,13 @@ def test_explicit_keys_override_the_detection(tmp_path: Path) -> None:
     assert update.warnings == [
         "no record of log.jsonl carries 'nope' (its keys: batch, objective, step)"
     ]
+    waiting = ProgressTracker(
+        {}, startup_timeout=5.0, stale_after=5.0, steps=tracker, source="steps"
+    )
+    assert waiting.verdict(5.0) == (
+        "startup_timeout",
+        "no training step within startup_timeout_seconds=5 (no record of log.jsonl carries 'nope')",
+    )
 
 
 def test_the_report_file_comes_first_and_is_not_read_twice(tmp_path: Path) -> None:

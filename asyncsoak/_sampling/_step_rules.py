@@ -292,6 +292,10 @@ class StepTracker:
             message = f"no record of {name} carries {wanted} (its keys: {', '.join(keys)})"
             (update.warnings if self.step_key else update.notes).append(message)
 
+    def sources_without_step(self) -> list[str]:
+        """The files whose records carry figures but no step key (``--step-key`` wrong?)."""
+        return sorted(self._warned_keys)
+
     def stall_message(self, now: float) -> str:
         """Why the step counts as frozen: how long, and what grew meanwhile."""
         assert self.step is not None

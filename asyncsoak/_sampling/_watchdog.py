@@ -312,6 +312,10 @@ class ProgressTracker:
             assert self.steps is not None
             if self.steps.last_advance is None:
                 seen = "" if self.last_change is None else " although files changed"
+                keyless = self.steps.sources_without_step()
+                if keyless:
+                    wanted = repr(self.steps.step_key) if self.steps.step_key else "a step key"
+                    seen += f" (no record of {', '.join(keyless)} carries {wanted})"
                 return (
                     "startup_timeout",
                     f"no training step within startup_timeout_seconds="
