@@ -179,8 +179,8 @@ async def test_every_view_names_the_step_rate_loss_and_eta(tmp_path: Path) -> No
             **fast_limits(tmp_path, sample_interval_seconds=INTERVAL),
         )
     text = format_summary(summarize(cast(Artifact, artifact)))
-    lines = text.split("\n")
-    first_block = lines[: next(i for i, line in enumerate(lines) if line.startswith("ran "))]
+    said = text.split("\n")
+    first_block = said[: next(i for i, line in enumerate(said) if line.startswith("ran "))]
     training = next(line for line in first_block if line.startswith("  training: "))
     assert training.startswith("  training: step 29 of 100, ")
     assert " steps/s, " in training

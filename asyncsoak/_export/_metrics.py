@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._analysis._trendwatch import TREE_MEMORY_SERIES
 from .._errors import ValidationError, ValidationTypeError
+from .._record._exit_codes import verdict_exit_code
+from .._record._vocabulary import SoakStatus
 from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
 from .._timestamps import epoch
 from .._units import MAX_SECONDS
@@ -40,6 +42,11 @@ SOAK_STATUSES = ("passed", "failed", "cancelled", "error")
 SAMPLERS = ("proc", "gpu")
 #: ``asyncsoak_soak_info``'s ``command`` label is cut to this many characters.
 COMMAND_LABEL_MAX = 200
+#: ``/healthz`` says 503 once no sample came for this many sample intervals ...
+HEALTH_STALE_SAMPLES = 10
+#: ... and never sooner than this (a liveness probe that fails restarts the container, and
+#: with it the training: it must not fire on one slow tick of a loaded machine).
+HEALTH_MIN_SECONDS = 60.0
 MIB = 1024 * 1024
 #: Seconds in an hour: the trends give slopes per hour, Prometheus wants base units.
 HOUR = 3600.0
@@ -178,10 +185,13 @@ class SoakMetrics:
         self.started_epoch: float | None = None
         self.stale_limit: float | None = None
         self.startup_limit: float | None = None
+        self.sample_interval: float | None = None
         self.started_t: float | None = None
         self.exited = False
         self.stopping = False
         self.status: str | None = None
+        #: The first failure's reason: the primary one.
+        self.reason: str | None = None
         self.finished_t: float | None = None
         self.changes = 0
         self.last_progress_t: float | None = None
@@ -210,6 +220,7 @@ class SoakMetrics:
             config = event.get("config") or {}
             self.stale_limit = _number(config.get("stale_progress_seconds"))
             self.startup_limit = _number(config.get("startup_timeout_seconds"))
+            self.sample_interval = _number(config.get("sample_interval_seconds"))
             command = event.get("command") or []
             # One line: an inline script's newlines make a label no dashboard can show.
             self.command = " ".join(" ".join(str(a).split()) for a in command)
@@ -244,6 +255,8 @@ class SoakMetrics:
             self.degraded[str(event.get("sampler"))] = False
         elif kind in ("failure", "stop"):
             self.stopping = True
+            if kind == "failure" and self.reason is None:
+                self.reason = str(event.get("reason"))
         elif kind == "exited":
             self.exited = True
         elif kind == "finished":
@@ -339,6 +352,25 @@ class SoakMetrics:
         """The limit ``seconds_since_progress`` is held against (startup's before progress)."""
         return self.startup_limit if self.last_progress_t is None else self.stale_limit
 
+    def health(self) -> tuple[bool, str]:
+        """Whether the monitor's samplers are alive (its loop is, if this is asked at all):
+        a sample came within :data:`HEALTH_STALE_SAMPLES` intervals (at least
+        :data:`HEALTH_MIN_SECONDS`), counted from the start before the first one; and what
+        to say about it."""
+        if self.status is not None:
+            return True, f"ok: the soak finished ({self.status})"
+        since = self.last_sample_epoch if self.last_sample_epoch is not None else self.started_epoch
+        if since is None:
+            return True, "ok: starting"
+        limit = max(HEALTH_MIN_SECONDS, HEALTH_STALE_SAMPLES * (self.sample_interval or 0.0))
+        age = max(0.0, self._wall() - since)
+        degraded = sorted(name for name, down in self.degraded.items() if down)
+        note = f"; degraded: {', '.join(degraded)}" if degraded else ""
+        what = "last sample" if self.last_sample_epoch is not None else "start, no sample yet,"
+        if age > limit:
+            return False, f"unhealthy: {what} {age:.0f}s ago (limit {limit:g}s){note}"
+        return True, f"ok: {what} {age:.1f}s ago{note}"
+
     def rows(self) -> list[Row]:
         """Every family as plain rows: what both :meth:`collect` and :func:`encode_rows` show."""
         soak = (("soak_id", self.soak_id),)
@@ -381,6 +413,14 @@ class SoakMetrics:
                         for name in SOAK_STATUSES
                     ],
                 )
+            )
+        if self.status is not None and self.status != SoakStatus.CANCELLED:
+            reasons = [] if self.reason is None else [self.reason]
+            gauge(
+                "asyncsoak_soak_exit_code",
+                "The soak's status under --detailed-exit-codes once it ended: 0 passed, else "
+                "its primary reason's (see asyncsoak exit-codes); absent when cancelled.",
+                float(verdict_exit_code(self.status, reasons, detailed=True)),
             )
         rows.append(
             (
@@ -552,6 +592,7 @@ SOAK_METRIC_NAMES = frozenset(
         "asyncsoak_soak_info",
         "asyncsoak_soak_phase",
         "asyncsoak_soak_status",
+        "asyncsoak_soak_exit_code",
         "asyncsoak_progress_changes_total",
         "asyncsoak_progress_last_change_timestamp_seconds",
         "asyncsoak_last_sample_timestamp_seconds",

@@ -239,6 +239,7 @@ class SoakConfig(SoakLimits):
     progress_exclude: tuple[Path, ...] = ()
     #: ``stale_progress_seconds="auto"``: a limit learned by earlier runs of the same job.
     stale_progress_carried_seconds: float | None = None
+    scheduler_grace_seconds: float | None = None
 
     def __post_init__(self) -> None:
         # The checks run in the order of run_soak's documentation, so the first bad argument
@@ -305,6 +306,11 @@ class SoakConfig(SoakLimits):
             norm(
                 "stale_progress_carried_seconds",
                 seconds("stale_progress_carried_seconds", carried, allow_zero=False),
+            )
+        if given.scheduler_grace_seconds is not None:
+            norm(
+                "scheduler_grace_seconds",
+                seconds("scheduler_grace_seconds", given.scheduler_grace_seconds),
             )
 
     def effective(self) -> dict[str, Any]:

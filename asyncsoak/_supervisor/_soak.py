@@ -139,6 +139,7 @@ async def run_soak(
     loss_key: str | None = None,
     loss_check: LossCheck = "fail",
     stale_progress_carried_seconds: float | None = None,
+    scheduler_grace_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Run a command in its own process group and produce a soak artifact.
 
@@ -172,6 +173,12 @@ async def run_soak(
     command when the monitor receives them; ``requeue_on`` is forwarded too, and then the soak
     waits for the command's exit and requeues its SLURM job (``stop.cause: "requeued"``).
     Both install signal handlers: the soak must run in the main thread.
+
+    ``scheduler_grace_seconds`` is the time between the scheduler's SIGTERM and its SIGKILL
+    (a pod's ``terminationGracePeriodSeconds``, SLURM's ``KillWait``) when the caller knows
+    it; by default it is asked of SLURM, read from the downward API in a pod, or assumed
+    (30 s).  A stop by the scheduler keeps the trainer's grace under it, so the artifact is
+    written before the SIGKILL.
 
     Returns the artifact (also written to ``output_path``) when the soak passed or was stopped
     through ``control`` (``status: "cancelled"``).  Raises :class:`SoakFailureError` when a

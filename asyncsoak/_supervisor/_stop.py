@@ -139,8 +139,10 @@ class TreeStop:
         if self.control.stop_requested.is_set() and self.control.grace_seconds is not None:
             grace = self.control.grace_seconds
         if cause == _slurm.CAUSE_SCHEDULER and self.control.stop_requested.is_set():
-            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.
-            grace = _slurm.stop_grace(grace, scheduler)
+            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.  Facts not known
+            # yet (a SIGTERM in the first instants): the caller's figure, else the default.
+            known = scheduler or {"kill_wait_seconds": cfg.scheduler_grace_seconds}
+            grace = _slurm.stop_grace(grace, known)
         await sink.emit(
             StopRequested(t=sink.elapsed(), cause=cause, mode=cfg.stop_mode, grace_seconds=grace)
         )

@@ -52,6 +52,26 @@ def scheduler_line(artifact: Artifact) -> str | None:
     return f"{job} on {s.get('node') or '?'}" + (f" ({', '.join(details)})" if details else "")
 
 
+def pod_line(artifact: Artifact) -> str | None:
+    """``ml/train-2-x7k2p on gpu-node-7 (job train, index 2)`` for a soak that ran in a
+    Kubernetes pod."""
+    s = artifact["snapshot"].get("scheduler")
+    if not isinstance(s, Mapping) or s.get("kind") != "kubernetes":
+        return None
+    name = f"{s['namespace']}/{s.get('pod_name')}" if s.get("namespace") else s.get("pod_name")
+    details = []
+    if s.get("jobset_name"):
+        details.append(
+            f"jobset {s['jobset_name']}, {s.get('replicated_job_name')} {s.get('job_index')}"
+        )
+    if s.get("job_name"):
+        details.append(f"job {s['job_name']}")
+    if s.get("completion_index") is not None:
+        details.append(f"index {s['completion_index']}")
+    where = f" on {s['node']}" if s.get("node") else ""
+    return f"{name or '?'}{where}" + (f" ({', '.join(details)})" if details else "")
+
+
 def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     """One job's artifacts (``(path, artifact)`` pairs) as one JSON-ready view.
 

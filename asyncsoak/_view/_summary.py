@@ -30,7 +30,7 @@ from ._evidence import (
     stall_window,
     trend_text,
 )
-from ._job_view import scheduler_line
+from ._job_view import pod_line, scheduler_line
 from ._training import training_line
 
 #: The primary reason in plain words.
@@ -519,6 +519,9 @@ def provenance(artifact: Artifact) -> dict[str, str]:
     job = scheduler_line(artifact)
     if job:
         out["slurm job"] = job
+    pod = pod_line(artifact)
+    if pod:
+        out["pod"] = pod
     if snapshot.get("error"):
         out["snapshot"] = str(snapshot["error"])
     return out

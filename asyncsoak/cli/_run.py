@@ -18,12 +18,21 @@ import anyio
 
 from .._errors import SoakFailureError, ValidationError
 from .._process._exits import SHELL_SIGNAL_BASE, signal_name
+from .._record._exit_codes import verdict_exit_code
+from .._record._vocabulary import FailureReason, SoakStatus, StopCause
 from .._supervisor._config import STOP_MODES, SoakLimits, seconds
 from .._terminal import terminal_text
 from .._units import parse_size
 from .._view._live import live_status
 from .._view._summary import exit_text
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from ._container import (
+    Ending,
+    add_container_options,
+    scheduler_grace,
+    termination_log_path,
+    write_termination_log,
+)
 from ._slurm import (
     add_scheduler_options,
     hold_forwarded_signals,
@@ -187,6 +196,7 @@ def register(subparsers: Any) -> None:
         "at most S seconds (default 0)",
     )
     add_scheduler_options(run)
+    add_container_options(run)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     run.set_defaults(handler=run_command)
 
@@ -210,6 +220,8 @@ class RunFlags:
     limits: dict[str, Any]
     status_interval: float
     metrics: Any
+    termination_log: Path | None
+    scheduler_grace: float | None
 
 
 def check_run_flags(args: argparse.Namespace) -> RunFlags:
@@ -235,6 +247,8 @@ def check_run_flags(args: argparse.Namespace) -> RunFlags:
         limits=limits,
         status_interval=status_interval,
         metrics=metrics_from_args(args, args.metrics_textfile),
+        termination_log=termination_log_path(args.termination_log),
+        scheduler_grace=scheduler_grace(args.scheduler_grace),
     )
 
 
@@ -255,7 +269,10 @@ def run_command(args: argparse.Namespace) -> int:
         metrics=flags.metrics,
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
+        scheduler_grace_seconds=flags.scheduler_grace,
         status=None if args.quiet else live_status(status_interval=flags.status_interval),
+        detailed_exit_codes=args.detailed_exit_codes,
+        termination_log=flags.termination_log,
     )
 
 
@@ -263,6 +280,8 @@ def supervise(
     *,
     report: Callable[[dict[str, Any]], None] | None = None,
     status: Callable[[Path], Coroutine[Any, Any, None]] | None = None,
+    detailed_exit_codes: bool = False,
+    termination_log: Path | None = None,
     **soak: Any,
 ) -> int:
     """Run one soak with SIGINT/SIGTERM/SIGHUP stopping it; the exit status says how it ended.
@@ -271,8 +290,24 @@ def supervise(
     kills the tree at once instead of waiting out the grace.
 
     ``status`` runs beside the soak with its journal's path (the live view) and is cancelled
-    when the soak ends.
+    when the soak ends.  With ``detailed_exit_codes`` a failure exits with its primary
+    reason's status; ``termination_log`` gets the verdict before the exit, whatever the end.
     """
+    ending = _supervise(report=report, status=status, detailed=detailed_exit_codes, soak=soak)
+    if termination_log is not None:
+        error = write_termination_log(termination_log, ending)
+        if error is not None:
+            tell(f"asyncsoak: termination message not written: {error}")
+    return ending.exit_code
+
+
+def _supervise(
+    *,
+    report: Callable[[dict[str, Any]], None] | None,
+    status: Callable[[Path], Coroutine[Any, Any, None]] | None,
+    detailed: bool,
+    soak: dict[str, Any],
+) -> Ending:
     from .._supervisor._control import SoakControl
     from .._supervisor._soak import run_soak
 
@@ -322,35 +357,53 @@ def supervise(
     except ValidationError as exc:
         raise UsageError(str(exc)) from None
     except SoakFailureError as exc:
-        tell(f"asyncsoak: soak failed: {exc.reason}: {exc.failures[0]['message']}")
+        first = f"asyncsoak: soak failed: {exc.reason}: {exc.failures[0]['message']}"
+        tell(first)
         for failure in exc.failures[1:]:
             tell(f"asyncsoak:   also {failure['reason']}: {failure['message']}")
         tell(f"asyncsoak: artifact: {exc.artifact_path}")
         if report is not None:
             report(exc.artifact)
-        return EXIT_FAILED
+        code = verdict_exit_code(
+            exc.artifact["status"], [f["reason"] for f in exc.failures], detailed=detailed
+        )
+        return Ending(first, code, exc.reason, Path(exc.artifact_path))
     except OSError as exc:
         # The artifact could not be written (the disk filled up during the run): the tree was
         # stopped and the message says where the journal is.
         tell(f"asyncsoak: {exc}")
-        return EXIT_FAILED
+        return Ending(f"asyncsoak: {exc}", EXIT_FAILED, None, None)
     except Exception as exc:
         # Not the input: the monitor itself broke.  Its artifact says ``error``.
         traceback.print_exc()
-        tell(f"asyncsoak: monitor error: {type(exc).__name__}: {exc}")
-        if output.exists():
+        first = f"asyncsoak: monitor error: {type(exc).__name__}: {exc}"
+        tell(first)
+        written = output.exists()
+        if written:
             tell(f"asyncsoak: artifact: {output}")
-        return EXIT_FAILED
+        reason = FailureReason.MONITOR_ERROR
+        code = verdict_exit_code(SoakStatus.ERROR, [reason], detailed=detailed)
+        return Ending(first, code, reason, output if written else None)
+    reasons = [] if artifact is None else [f["reason"] for f in artifact["failures"]]
     if received:
         name = signal_name(received[0])
-        tell(f"asyncsoak: stopped by {name}; artifact: {output}")
+        by = "the scheduler" if _stop_cause(artifact) == StopCause.SCHEDULER else name
+        line = f"asyncsoak: stopped by {by}" + (f" ({name})" if by != name else "")
+        tell(f"{line}; artifact: {output}")
         # 128 + its number, as shells report a process a signal stopped.
-        return SHELL_SIGNAL_BASE + received[0]
+        code = SHELL_SIGNAL_BASE + received[0]
+        return Ending(line, code, reasons[0] if reasons else None, output)
     assert artifact is not None
-    tell(verdict_line(artifact, output))
+    line = verdict_line(artifact, output)
+    tell(line)
     if report is not None:
         report(artifact)
-    return EXIT_OK
+    return Ending(line, EXIT_OK, None, output)
+
+
+def _stop_cause(artifact: dict[str, Any] | None) -> str | None:
+    stop = None if artifact is None else artifact.get("stop")
+    return stop.get("cause") if isinstance(stop, dict) else None
 
 
 def tell(text: str) -> None:
