@@ -276,7 +276,8 @@ async def test_auto_stale_limit_passes_checkpoints_and_catches_a_hang(
     passing, hanging = results["passes"], results["hangs"]
     assert passing["status"] == "passed", passing["failures"]
     learned = passing["progress"]["stale_limit_seconds"]
-    assert 6.0 * AUTO_SAFETY_FACTOR <= learned <= 7.0 * AUTO_SAFETY_FACTOR
+    # The 6 s pauses as the scans saw them (a tick either side), times the safety factor.
+    assert 5.5 * AUTO_SAFETY_FACTOR <= learned <= 7.0 * AUTO_SAFETY_FACTOR
     assert passing["series"]["stale_limit"]["seconds"][-1] == learned
     assert hanging["failures"][0]["reason"] == "stale_progress"
     assert "stale_progress_seconds=auto" in hanging["failures"][0]["message"]
