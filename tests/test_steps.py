@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncsoak._analysis._trendwatch import TrendWatch
 from asyncsoak._sampling import _steps
 from asyncsoak._sampling._step_rules import (
     AUTO_FLOOR_SECONDS,
@@ -21,6 +22,7 @@ from asyncsoak._sampling._step_rules import (
 )
 from asyncsoak._sampling._steps import KeyChoice, StepReader, StepReading
 from asyncsoak._sampling._watchdog import FileState, ProgressTracker, scan_progress_dir
+from asyncsoak._supervisor._rules import slowdown
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_trainer"
 REPO = Path(__file__).resolve().parent.parent
@@ -364,3 +366,23 @@ def test_trainer_report_throttles_writes_nan_at_once_and_checks_its_arguments(
     outside = "from asyncsoak import trainer; trainer.report(3, loss=1.0)"
     subprocess.run([sys.executable, "-c", outside], env=env, check=True, timeout=60)
     assert steps.read_text().splitlines()[-1] == '{"step":100,"loss":NaN}'
+
+
+def test_the_slowdown_warning_is_judged_on_the_step_rate() -> None:
+    """Steps that slow to a fifth of their early rate: the warning speaks in steps/s, even
+    while the files change at an even pace."""
+    watch = TrendWatch()
+    for i in range(200):
+        t = float(i)
+        watch.add_step_rate(t, 50.0 if i < 100 else 10.0)
+        watch.add_progress(t, {"changed": 1, "grown_bytes": 100})
+        watch.add_sample(t, {"points": {"tree": {"rss_bytes": 1e6}}, "processes": []})
+    trends = watch.evaluate(lambda t: None)
+    assert trends["progress.steps_per_second"]["verdict"] == "slowing"
+    finding = slowdown(trends)
+    assert finding is not None
+    assert finding.series == "progress.steps_per_second"
+    assert (
+        finding.message
+        == "progress slowing: 10 steps/s in the last quarter against 50 in the first"
+    )
