@@ -15,7 +15,7 @@ from asyncsoak import SoakFailureError, run_soak
 from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._record._schema import Artifact
 from asyncsoak._sampling._step_rules import AUTO_SAFETY_FACTOR
-from asyncsoak._sampling._watchdog import JUDGE_GRACE_SECONDS
+from asyncsoak._sampling._watchdog import HEARD_WAIT_SECONDS, JUDGE_GRACE_SECONDS
 from asyncsoak._view._compare import compare
 from asyncsoak._view._live import LiveState
 from asyncsoak._view._summary import format_summary, summarize
@@ -82,7 +82,7 @@ NAN_AT_30 = """
             if step == 30:
                 with open(sys.argv[2], "w") as note:
                     note.write(repr(time.monotonic()))
-            time.sleep(0.05)
+            time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 0.05)
 """
 
 
@@ -108,6 +108,23 @@ async def test_a_nan_loss_fails_nonfinite_loss_within_one_sample(
     assert steps["steps_per_second"] > 0
     assert artifact["series"]["steps"]["loss"]
     assert_valid(artifact, schema)
+
+
+@pytest.mark.asyncio
+async def test_with_samples_far_apart_a_nan_is_read_when_inotify_tells(tmp_path: Path) -> None:
+    """Samples 3 s apart: the NaN line is read when inotify tells of the write, not at the
+    next tick (a change within HEARD_WAIT_SECONDS of a tick waits for it)."""
+    progress, written = tmp_path / "progress", tmp_path / "written"
+    with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
+        await run_soak(
+            # Step 30 comes about 3.3 s in: just after a tick, nearly 3 s before the next.
+            command=[*py(NAN_AT_30), str(progress), str(written), "0.11"],
+            **fast_limits(tmp_path, sample_interval_seconds=3.0, forensics=False),
+        )
+    artifact = info.value.artifact
+    assert info.value.reason == "nonfinite_loss"
+    failed_at = artifact["monitor"]["monotonic_start"] + events(artifact, "failure")[0]["t"]
+    assert failed_at - float(written.read_text()) <= HEARD_WAIT_SECONDS + 0.5
 
 
 HF_TRAINER = """

@@ -480,19 +480,22 @@ class StepReader:
         self._read_at: dict[str, tuple[int, int, int]] = {}
         self._lock = threading.Lock()
 
-    def read(self, files: Mapping[str, Any], *, wait: float = -1) -> StepReading | None:
+    def read(
+        self, files: Mapping[str, Any], *, wait: float = -1, whole_tree: bool = True
+    ) -> StepReading | None:
         """Read every step source once; None when another read holds the reader (a hung
-        one) for longer than ``wait`` seconds (forever when negative)."""
+        one) for longer than ``wait`` seconds (forever when negative).  ``files`` is a full
+        scan's, or (``whole_tree=False``) the few files inotify told of."""
         if not self._lock.acquire(timeout=wait):
             return None
         try:
-            return self._read(files)
+            return self._read(files, whole_tree)
         finally:
             self._lock.release()
 
-    def _read(self, files: Mapping[str, Any]) -> StepReading:
+    def _read(self, files: Mapping[str, Any], whole_tree: bool) -> StepReading:
         reading = StepReading()
-        self._discover(files, reading)
+        self._discover(files, reading, whole_tree)
         if self._report is not None:
             self._report.read(self.keys, reading)
         for name, source in self._sources.items():
@@ -505,10 +508,10 @@ class StepReader:
                 self._read_at[name] = seen
         return reading
 
-    def _discover(self, files: Mapping[str, Any], reading: StepReading) -> None:
+    def _discover(self, files: Mapping[str, Any], reading: StepReading, whole_tree: bool) -> None:
         new = files.keys() - self._examined
         self._examined |= new
-        if len(self._examined) > 2 * len(files) + 1000:
+        if whole_tree and len(self._examined) > 2 * len(files) + 1000:
             self._examined &= files.keys()  # names long gone (checkpoints rotated away)
         candidates = [n for n in new if source_kind(n) is not None and not n.startswith("/")]
         for name in sorted(candidates, key=lambda n: -int(getattr(files[n], "mtime_ns", 0))):

@@ -52,7 +52,7 @@ from .._record._events import Progress, SamplerNote, StepProgress, WarningEvent
 from .._record._sink import EventSink, SoakClock
 from ._inotify import Inotify
 from ._step_rules import ProgressSource, StaleLimit, StepTracker, StepUpdate
-from ._steps import StepReader, StepReading
+from ._steps import StepReader, StepReading, source_kind
 
 #: How many changed paths a progress event names.
 PATHS_PER_EVENT = 5
@@ -146,7 +146,7 @@ class _Scanner:
         self._progress_dir = progress_dir
         self._ignore = ignore
         self._also = also
-        self._steps = steps
+        self.steps = steps
         #: ``time.monotonic()`` when the scan under way started; None when none runs.
         self.running_since: float | None = None
         #: The CPU time (of its thread) the last scan took.
@@ -157,9 +157,9 @@ class _Scanner:
         cpu = time.thread_time()
         try:
             result = scan_progress_dir(self._progress_dir, self._ignore(), self._also)
-            if self._steps is not None:
+            if self.steps is not None:
                 # In the same thread hop as the scan: the steps ride the sampler's tick too.
-                result.steps = self._steps.read(result.files)
+                result.steps = self.steps.read(result.files)
             return result
         finally:
             self.last_cost = time.thread_time() - cpu
@@ -347,6 +347,18 @@ def stat_keys(
         if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in ignore:
             out[key] = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     return out
+
+
+def stat_and_read(
+    root: Path, keys: Collection[str], ignore: Collection[FileKey], steps: StepReader | None
+) -> tuple[dict[str, FileState | None], StepReading | None]:
+    """Fresh states of the files inotify told of, and, when one of them is a step source,
+    what the step sources wrote (not waiting for a scan that holds the reader)."""
+    updates = stat_keys(root, keys, ignore)
+    if steps is None or not any(source_kind(key) is not None for key in keys):
+        return updates, None
+    present = {key: state for key, state in updates.items() if state is not None}
+    return updates, steps.read(present, wait=0, whole_tree=False)
 
 
 def open_inotify() -> Inotify | None:
@@ -610,16 +622,23 @@ async def _watch(
                 elif touched:
                     with contextlib.suppress(BlockingCallTimeout):
                         previous = tracker.last_change
-                        updates = await run_blocking(
-                            stat_keys,
+                        updates, reading = await run_blocking(
+                            stat_and_read,
                             progress_dir,
                             touched,
                             ignore(),
+                            scanner.steps,
                             timeout=scan_timeout,
                             what="a stat of the files that changed",
                         )
                         changed = tracker.observe_some(updates, now)
                         await _report(sink, changed, now, previous, tracker.grown_bytes)
+                        if reading is not None and tracker.steps is not None:
+                            # Scans far apart (a huge tree): the steps are read when written.
+                            broken_loss = await report_steps(sink, tracker, reading, now)
+                            if broken_loss is not None:
+                                await on_failure(*broken_loss)
+                                return
                 continue
         previous = tracker.last_change
         changed = []
