@@ -308,6 +308,23 @@ def test_files_that_grow_do_not_hide_a_frozen_step() -> None:
     )
 
 
+def test_checkpoint_steps_alone_leave_file_changes_as_the_progress_under_auto() -> None:
+    """trainer_state.json moves only at checkpoint saves: under auto the file changes stay
+    the progress (a limit set for them must not kill the run between two saves); under
+    steps, the checkpoints' steps count."""
+    record = _steps.StepRecord(500, "checkpoint-500/trainer_state.json", _steps.KIND_STATE)
+    saved = StepReading(records=[record])
+    auto = ProgressTracker({}, startup_timeout=10.0, stale_after=5.0, steps=StepTracker())
+    auto.observe_steps(saved, now=1.0)
+    assert (auto.stepping(), auto.steps and auto.steps.step) == (False, 500)
+    steps = ProgressTracker(
+        {}, startup_timeout=10.0, stale_after=5.0, steps=StepTracker(), source="steps"
+    )
+    steps.observe_steps(saved, now=1.0)
+    assert steps.stepping()
+    assert steps.deadline() == 6.0
+
+
 def test_steps_source_waits_for_the_first_step() -> None:
     """--progress-source steps: file changes never end the startup; the first step does."""
     tracker = ProgressTracker(

@@ -198,6 +198,8 @@ class SoakMetrics:
         #: The training steps, once the trainer wrote one (then they are the progress).
         self.step: int | None = None
         self.steps: Mapping[str, Any] = {}
+        #: Whether the steps are the progress that counts (else the file changes still are).
+        self.steps_count = False
         #: When the last sample was taken (Unix time): the monitor's heartbeat.
         self.last_sample_epoch: float | None = None
         self.tree: dict[str, float | None] = {}
@@ -231,12 +233,13 @@ class SoakMetrics:
             self.started_t = t
         elif kind == "progress":
             self.changes += int(event.get("changed") or 0)
-            if self.step is None:
+            if not self.steps_count:
                 self.last_progress_t = t
             self._fold_stale_limit(event)
         elif kind == "step":
             step = int(event.get("step") or 0)
-            if step != self.step:
+            self.steps_count = self.steps_count or bool(event.get("counts", True))
+            if step != self.step and self.steps_count:
                 self.last_progress_t = t
             self.step = step
             self.steps = event

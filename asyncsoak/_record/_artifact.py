@@ -188,6 +188,8 @@ class ArtifactBuilder:
         self.step_first: float | None = None
         #: When the step last moved (a loss logged at the same step is not an advance).
         self.step_advanced_at: float | None = None
+        #: Whether the steps were the progress that counted (else the file changes were).
+        self.steps_count = False
         self.step_longest_gap = 0.0
         #: ``--stale-progress auto``: the limit in force, as the newest event said.
         self.stale_limit: float | None = None
@@ -308,6 +310,8 @@ class ArtifactBuilder:
             self.step_longest_gap = max(self.step_longest_gap, float(event["gap_seconds"]))
         if self.step is None or self.step.get("step") != event.get("step"):
             self.step_advanced_at = t
+        if event.get("counts", True):
+            self.steps_count = True
         self.step = event
         rate = event.get("steps_per_second")
         self.trends.add_step_rate(t, rate)
@@ -447,7 +451,7 @@ class ArtifactBuilder:
                 "last_change_at": self.wall(self.progress_last),
                 "changes": self.progress_changes,
                 "longest_gap_seconds": round(max(self.longest_gap, trailing_gap), 3),
-                "source": "files" if self.step is None else "steps",
+                "source": "steps" if self.steps_count else "files",
                 "steps": self._steps_progress(),
                 "stale_limit_seconds": self.stale_limit,
             },

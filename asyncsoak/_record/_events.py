@@ -148,6 +148,9 @@ class StepProgress(Event):
     eta_seconds: float | None = None
     #: ``--stale-progress auto``: the limit in force from this step on (None otherwise).
     stale_limit_seconds: float | None = None
+    #: Whether the steps are the progress that counts (else the file changes still are:
+    #: ``trainer_state.json`` alone under ``--progress-source auto``).
+    counts: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ from .._record._events import Progress, SamplerNote, StepProgress, WarningEvent
 from .._record._sink import EventSink, SoakClock
 from ._inotify import Inotify
 from ._step_rules import ProgressSource, StaleLimit, StepTracker, StepUpdate
-from ._steps import StepReader, StepReading, source_kind
+from ._steps import KIND_STATE, StepReader, StepReading, source_kind
 
 #: How many changed paths a progress event names.
 PATHS_PER_EVENT = 5
@@ -269,10 +269,16 @@ class ProgressTracker:
         return sorted(changed)
 
     def stepping(self) -> bool:
-        """Whether the step's advances are the progress that counts (else file changes)."""
+        """Whether the step's advances are the progress that counts (else file changes).
+
+        Under ``auto``, a step from ``trainer_state.json`` alone does not: it moves only at
+        checkpoint saves, and a limit set for file changes would kill the run between two.
+        """
         if self.steps is None or self.source == "files":
             return False
-        return self.source == "steps" or self.steps.step is not None
+        if self.source == "steps":
+            return True
+        return self.steps.step is not None and self.steps.kind != KIND_STATE
 
     def observe_steps(self, reading: StepReading, now: float) -> StepUpdate:
         """Fold what the step sources wrote since the last scan."""
@@ -912,6 +918,7 @@ async def report_steps(
                 samples_per_second=_rounded(steps.samples_per_second),
                 eta_seconds=_rounded(steps.eta_seconds()),
                 stale_limit_seconds=_auto_limit(tracker, True),
+                counts=tracker.stepping(),
             )
         )
     if update.nonfinite is not None:

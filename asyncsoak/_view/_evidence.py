@@ -125,7 +125,7 @@ def last_progress_at(artifact: Artifact) -> str | None:
     """When the progress that counted was last seen: the step's last advance when the run
     was judged on its steps, else the last file change."""
     steps = artifact["progress"].get("steps")
-    if steps is not None:
+    if steps is not None and artifact["progress"].get("source") == "steps":
         return steps["last_step_at"]
     return artifact["progress"]["last_change_at"]
 

@@ -332,8 +332,9 @@ class LiveState:
     rss: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
     #: (series key, verdict) -> the ``trend`` event that said it.
     trends: dict[tuple[str, str], _TrendLine] = field(default_factory=dict)
-    #: The newest ``step`` line: once there is one, the step's advances are the progress.
+    #: The newest ``step`` line, and whether the step's advances are the progress.
     step: Mapping[str, Any] | None = None
+    steps_count: bool = False
 
     def add(self, event: Mapping[str, Any]) -> None:
         """Fold one journal line (as ``JournalDecoder`` gives it) in."""
@@ -353,12 +354,14 @@ class LiveState:
             case EventKind.STARTED:
                 self.started = True
             case EventKind.PROGRESS:
-                if self.step is None:
+                if not self.steps_count:
                     self.last_progress = t
                 self.changes += int(cast(_ProgressLine, event).get("changed", 1))
                 self._fold_stale_limit(event)
             case EventKind.STEP:
-                if self.step is None or self.step.get("step") != event.get("step"):
+                self.steps_count = self.steps_count or bool(event.get("counts", True))
+                moved = self.step is None or self.step.get("step") != event.get("step")
+                if moved and self.steps_count:
                     self.last_progress = t
                 self.step = event
                 self._fold_stale_limit(event)

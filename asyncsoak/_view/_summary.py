@@ -263,7 +263,7 @@ def _stall_hints(artifact: Artifact) -> list[str]:
     steps = progress.get("steps")
     what = (
         f"nothing in {progress['dir']} changed"
-        if steps is None
+        if steps is None or progress.get("source") != "steps"
         else f"the step ({steps['step']:,}, from {steps['source']}) did not advance"
     )
     hints = [
