@@ -81,6 +81,7 @@ from ._judge import RunJudge
 from ._outputs import CHECK_TIMEOUT_SECONDS, check_outputs, lock_journal
 from ._snapshot_task import SNAPSHOT_TIMEOUT_SECONDS, take_snapshot
 from ._stop import (
+    HANG_REASONS,
     SOAK_ID_VARIABLE,
     TREE_LOOK_TIMEOUT_SECONDS,
     TREE_WALK_TIMEOUT_SECONDS,
@@ -244,7 +245,7 @@ class _Soak:
         #: Shared with the soak's tree (``ASYNCSOAK_SOAK_ID``) and its metrics' ``soak_id``.
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
         #: Called with the JSON form of every event, after the journal and the artifact.
-        self.observers: list[Callable[[dict[str, Any]], None]] = []
+        self.observers: list[Callable[[dict[str, Any]], None]] = list(control.observers)
         #: Blocking calls riding on the proc sampler's ticks (made with the serializer).
         self._rides = Rides()
         self._child_env = dict(os.environ if cfg.env is None else cfg.env)
@@ -309,6 +310,13 @@ class _Soak:
         if self.cause is not None:
             return
         self.cause = "failure"
+        if reason in HANG_REASONS and self._sink is not None and self._spawner is not None:
+            # The stall is looked at before it is told: the rank the others wait for leads
+            # the failure's message (the cause above claims the end, so an exit meanwhile
+            # does not take it).
+            culprit = await self._tree_stop.hang_forensics(self._sink, self._spawner, reason)
+            if culprit is not None and culprit.get("text"):
+                message = f"{culprit['text']}; {message}"
         await self._fail(reason, message)
         self._ended.set()
 
@@ -699,7 +707,9 @@ class _Soak:
                             timeout=TREE_WALK_TIMEOUT_SECONDS,
                             what="killing the tree",
                         )
-                await spawner.close(REAPER_CLOSE_TIMEOUT_SECONDS)
+                # A reaper still waiting on a tree SIGKILL cannot end (uninterruptible sleep)
+                # is not waited for past a scheduler's deadline: the artifact comes first.
+                await spawner.close(self._tree_stop.within_deadline(REAPER_CLOSE_TIMEOUT_SECONDS))
                 if cgroup is not None:
                     with contextlib.suppress(BlockingCallTimeout):
                         await run_blocking(

@@ -23,6 +23,7 @@ from ._evidence import (
     config_value,
     gather,
     innermost_python_frame,
+    is_launcher,
     last_progress_at,
     leaking_series,
     seconds_at,
@@ -31,6 +32,7 @@ from ._evidence import (
     trend_text,
 )
 from ._job_view import pod_line, scheduler_line
+from ._status import is_pass, shown_status, status_words
 from ._training import training_line
 
 #: The primary reason in plain words.
@@ -84,7 +86,10 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
     }
     evidence = gather(a)
     return {
-        "status": a["status"],
+        # What a person reads: a pass with warnings is ``passed_with_warnings`` (the
+        # artifact's own status stays ``passed``; ``artifact_status`` keeps it).
+        "status": shown_status(a["status"], len(a["warnings"])),
+        "artifact_status": a["status"],
         "headline": headline(a, reasons),
         "evidence": evidence.as_json(),
         "reasons": reasons,
@@ -311,9 +316,19 @@ def _forensics_hints(artifact: Artifact) -> list[str]:
     processes = [p for p in forensics.get("processes") or [] if "error" not in p]
     if not processes:
         return []
+    # The ranks first, launchers last: a launcher only waits for its ranks.
+    processes.sort(key=is_launcher)
     parts = []
     for process in processes[:3]:
-        text = f"pid {process.get('pid')} {process.get('name')} {process.get('state')}"
+        role = process.get("role") or {}
+        label = (
+            f" (rank {role['rank']})"
+            if "rank" in role
+            else f" ({role['launcher']}'s launcher)"
+            if "launcher" in role
+            else ""
+        )
+        text = f"pid {process.get('pid')} {process.get('name')}{label} {process.get('state')}"
         if process.get("wchan") not in (None, "", "0"):
             text += f" in {process['wchan']}"
         frame = innermost_python_frame(process)
@@ -543,8 +558,7 @@ def format_summary(
     """The summary as about one screen of plain text, sentences wrapped at ``width``, safe
     to print (control characters from the run spelled out)."""
     lines: list[str] = []
-    status = str(summary["status"]).upper()
-    lines.append(f"{status}: {summary['headline']}")
+    lines.append(f"{status_words(str(summary['status']))}: {summary['headline']}")
     for i, reason in enumerate(summary["reasons"]):
         at = f" at {format_duration(reason['t'])}" if reason.get("t") is not None else ""
         lead = "  " if i == 0 else "  also "
@@ -621,7 +635,7 @@ def evidence_lines(summary: Mapping[str, Any], width: int = 100) -> list[str]:
         where = evidence["where"]
         cause = evidence["cause"]
         add(
-            "warning" if summary["status"] == SoakStatus.PASSED else "cause",
+            "warning" if is_pass(summary["status"]) else "cause",
             cause + (f" ({where})" if where and where not in cause else ""),
         )
         if evidence["source_line"]:

@@ -23,7 +23,7 @@ from .._record._vocabulary import FailureReason, SoakStatus, StopCause
 from .._supervisor._config import STOP_MODES, SoakLimits, seconds
 from .._terminal import terminal_text
 from .._units import parse_size
-from .._view._live import live_status
+from .._view._live import VIEW_MODES, live_status
 from .._view._summary import exit_text
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from ._container import (
@@ -42,6 +42,7 @@ from ._slurm import (
 
 if TYPE_CHECKING:
     from .._record._schema import Artifact
+    from .._supervisor._control import SoakControl
 
 #: Signals that stop the soak: Ctrl-C, a service manager, and a closed terminal or ssh session.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -173,6 +174,13 @@ def register(subparsers: Any) -> None:
     run.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     run.add_argument("--quiet", action="store_true", help="no live status on stderr")
     run.add_argument(
+        "--view",
+        choices=VIEW_MODES,
+        default="line",
+        help="the live status on a terminal: one line (line, the default), the full screen "
+        "(screen), or the full screen when the terminal is tall enough (auto)",
+    )
+    run.add_argument(
         "--status-interval",
         type=float,
         default=60.0,
@@ -270,7 +278,9 @@ def run_command(args: argparse.Namespace) -> int:
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
         scheduler_grace_seconds=flags.scheduler_grace,
-        status=None if args.quiet else live_status(status_interval=flags.status_interval),
+        status=None
+        if args.quiet
+        else live_status(status_interval=flags.status_interval, mode=args.view),
         detailed_exit_codes=args.detailed_exit_codes,
         termination_log=flags.termination_log,
     )
@@ -279,7 +289,7 @@ def run_command(args: argparse.Namespace) -> int:
 def supervise(
     *,
     report: Callable[[dict[str, Any]], None] | None = None,
-    status: Callable[[Path], Coroutine[Any, Any, None]] | None = None,
+    status: Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Any]]] | None = None,
     detailed_exit_codes: bool = False,
     termination_log: Path | None = None,
     **soak: Any,
@@ -289,9 +299,10 @@ def supervise(
     SIGHUP (a closed terminal, a dropped ssh session) is a stop like SIGTERM.  A second signal
     kills the tree at once instead of waiting out the grace.
 
-    ``status`` runs beside the soak with its journal's path (the live view) and is cancelled
-    when the soak ends.  With ``detailed_exit_codes`` a failure exits with its primary
-    reason's status; ``termination_log`` gets the verdict before the exit, whatever the end.
+    ``status`` (the live view) is given the soak's control before the soak starts (to observe
+    its events) and returns a task that runs beside the soak, cancelled when the soak ends.
+    With ``detailed_exit_codes`` a failure exits with its primary reason's status;
+    ``termination_log`` gets the verdict before the exit, whatever the end.
     """
     ending = _supervise(report=report, status=status, detailed=detailed_exit_codes, soak=soak)
     if termination_log is not None:
@@ -304,7 +315,7 @@ def supervise(
 def _supervise(
     *,
     report: Callable[[dict[str, Any]], None] | None,
-    status: Callable[[Path], Coroutine[Any, Any, None]] | None,
+    status: Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Any]]] | None,
     detailed: bool,
     soak: dict[str, Any],
 ) -> Ending:
@@ -312,6 +323,7 @@ def _supervise(
     from .._supervisor._soak import run_soak
 
     control = soak.setdefault("control", SoakControl())
+    view = status(control) if status is not None else None
     received: list[int] = []
     artifact: dict[str, Any] | None = None
     output = Path(soak["output_path"])
@@ -340,8 +352,8 @@ def _supervise(
                         )
 
                 tg.start_soon(stop_on_signal)
-                if status is not None:
-                    tg.start_soon(status, output.with_suffix(".jsonl"))
+                if view is not None:
+                    tg.start_soon(view)
                 with soak_scope:
                     try:
                         artifact = await run_soak(**soak)
