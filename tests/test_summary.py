@@ -39,7 +39,8 @@ def test_stalled_summary_says_what_to_look_at(runs: Runs) -> None:
     assert "hw_slowdown" in text
     assert "tree RSS" in text
     assert text.rstrip().splitlines()[-3].strip() == "waiting for the other ranks (all_reduce)..."
-    assert len(text.splitlines()) < 60
+    # About one screen (one line of it names the training's step, rate and loss).
+    assert len(text.splitlines()) <= 60
 
 
 def test_summary_json_has_the_same_facts(runs: Runs) -> None:

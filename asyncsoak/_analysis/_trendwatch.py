@@ -228,7 +228,8 @@ class TrendWatch:
         #: Series -> what the live judgement said of it (``trend`` events): when a leak was
         #: first called, and when (if) it was withdrawn.
         self.live_calls: dict[str, dict[str, float | None]] = {}
-        # Progress rate.
+        # Progress rate: file changes, and the training steps' own rate when they are written.
+        self.step_rate = SeriesBuffer()
         self.rate = SeriesBuffer()
         self._rate_start: float | None = None
         self._rate_changes = 0
@@ -501,6 +502,10 @@ class TrendWatch:
         self.tree_gpu_bytes = tree_total
         self._track("tree.gpu_memory_bytes", "bytes", "GPU memory of the tree").add(t, tree_total)
 
+    def add_step_rate(self, t: float, steps_per_second: float | None) -> None:
+        if steps_per_second is not None:
+            self.step_rate.add(t, {"steps_per_second": steps_per_second})
+
     def add_progress(self, t: float, event: dict[str, Any]) -> None:
         if self.end_t is None or t <= self.end_t:
             window = self.straggler_window()
@@ -635,9 +640,12 @@ class TrendWatch:
                 direction=track.direction,
             )
             out[key] = self._entry(key, track, trend, wall)
-        rate = self._rate_entry(start)
+        rate = self._rate_entry(start, self.rate, "changes_per_minute")
         if rate is not None:
             out["progress.changes_per_minute"] = rate
+        step_rate = self._rate_entry(start, self.step_rate, "steps_per_second")
+        if step_rate is not None:
+            out["progress.steps_per_second"] = step_rate
         return out
 
     def _covers(self, times: list[float], start: float, stop: float, span: float) -> bool:
@@ -734,9 +742,9 @@ class TrendWatch:
             return None, None
         return min(known)
 
-    def _rate_entry(self, start: float) -> dict[str, Any] | None:
-        times = self.rate.times
-        rates = self.rate.column("changes_per_minute")
+    def _rate_entry(self, start: float, series: SeriesBuffer, name: str) -> dict[str, Any] | None:
+        times = series.times
+        rates = series.column(name)
         if len(times) < 2:
             return None
         slowing = progress_slowing(times, rates, analysed_from=start)
@@ -745,8 +753,8 @@ class TrendWatch:
             "verdict": "slowing"
             if slowing
             else ("stable" if len(analysed) >= 8 else "inconclusive"),
-            "unit": "per_minute",
-            "label": "progress rate",
+            "unit": "per_minute" if name == "changes_per_minute" else "per_second",
+            "label": "progress rate" if name == "changes_per_minute" else "step rate",
             "pid": None,
             "name": None,
             "slope_per_hour": None,

@@ -61,6 +61,23 @@ MAX_RANK_PROCESSES = 4096
 INSTALL_HINT = "live metrics need prometheus_client: pip install 'asyncsoak[metrics]'"
 
 
+#: The step event's figures exported as gauges: (metric, event key, help).
+_STEP_METRICS = (
+    ("asyncsoak_max_steps", "max_steps", "The training's total steps, when known."),
+    (
+        "asyncsoak_steps_per_second",
+        "steps_per_second",
+        "Training steps per second (over the last 30 s of advances).",
+    ),
+    ("asyncsoak_loss", "loss", "The newest finite training loss the trainer wrote."),
+    (
+        "asyncsoak_eta_seconds",
+        "eta_seconds",
+        "Seconds until max_steps at the current step rate, when both are known.",
+    ),
+)
+
+
 class MetricsUnavailableError(ValidationError):
     """Metrics were asked for but ``prometheus_client`` is not installed."""
 
@@ -191,6 +208,11 @@ class SoakMetrics:
         self.finished_t: float | None = None
         self.changes = 0
         self.last_progress_t: float | None = None
+        #: The training steps, once the trainer wrote one (then they are the progress).
+        self.step: int | None = None
+        self.steps: Mapping[str, Any] = {}
+        #: Whether the steps are the progress that counts (else the file changes still are).
+        self.steps_count = False
         #: When the last sample was taken (Unix time): the monitor's heartbeat.
         self.last_sample_epoch: float | None = None
         #: ... and on the soak's own clock (seconds since its start), which /healthz ages.
@@ -242,7 +264,17 @@ class SoakMetrics:
             self.started_t = t
         elif kind == "progress":
             self.changes += int(event.get("changed") or 0)
-            self.last_progress_t = t
+            if not self.steps_count:
+                self.last_progress_t = t
+            self._fold_stale_limit(event)
+        elif kind == "step":
+            step = int(event.get("step") or 0)
+            self.steps_count = self.steps_count or bool(event.get("counts", True))
+            if step != self.step and self.steps_count:
+                self.last_progress_t = t
+            self.step = step
+            self.steps = event
+            self._fold_stale_limit(event)
         elif kind == "sample":
             self.tree = dict((event.get("points") or {}).get("tree") or {})
             # On the soak's own clock, as the progress timestamp: the sample's time, not the
@@ -270,6 +302,12 @@ class SoakMetrics:
             return
         if self.on_change is not None and kind in ("sample", "started", "finished", "failure"):
             self.on_change()
+
+    def _fold_stale_limit(self, event: Mapping[str, Any]) -> None:
+        """``--stale-progress auto``: the limit in force, as the watchdog learned it."""
+        limit = _number(event.get("stale_limit_seconds"))
+        if limit is not None:
+            self.stale_limit = limit
 
     def _fold_ranks(self, processes: Iterable[Mapping[str, Any]]) -> None:
         """Each rank's CPU (its process and the workers that inherit its rank)."""
@@ -491,6 +529,7 @@ class SoakMetrics:
                 "timeout before the first progress, 0 for none).",
                 limit,
             )
+        rows.extend(self._step_rows(gauge))
         tree = self.tree
         for name, key, scale, help_text in _TREE_METRICS:
             value = _scaled(tree.get(key), scale)
@@ -540,6 +579,17 @@ class SoakMetrics:
             )
         )
         return rows
+
+    def _step_rows(self, gauge: Callable[[str, str, float], None]) -> list[Row]:
+        """The training's own figures, once the trainer wrote a step."""
+        if self.step is None:
+            return []
+        gauge("asyncsoak_step", "The training step, as the trainer's files say.", self.step)
+        for name, key, help_text in _STEP_METRICS:
+            value = _number(self.steps.get(key))
+            if value is not None:
+                gauge(name, help_text, value)
+        return []
 
     def _gpu_rows(self) -> list[Row]:
         samples: dict[str, list[Sample]] = {name: [] for name in _GPU_HELP}

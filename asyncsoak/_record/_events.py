@@ -126,6 +126,34 @@ class Progress(Event):
     #: The same for the files that name a rank (``rank1.jsonl``), by rank: each rank's own
     #: progress, whose rates tell a straggler.
     rank_grown_bytes: dict[str, int] = field(default_factory=dict)
+    #: ``--stale-progress auto``: the limit in force from this change on (None otherwise).
+    stale_limit_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepProgress(Event):
+    """The trainer's step advanced (or its loss or total changed), as its files say."""
+
+    KIND: ClassVar[str] = EventKind.STEP
+
+    step: int
+    #: The file the step was read from, and its kind (``json_lines``, ``trainer_state``, ...).
+    source: str
+    source_kind: str
+    gap_seconds: float | None
+    max_steps: int | None = None
+    #: The newest finite loss and its step (a non-finite one is a failure or a warning).
+    loss: float | None = None
+    loss_step: int | None = None
+    steps_per_second: float | None = None
+    tokens_per_second: float | None = None
+    samples_per_second: float | None = None
+    eta_seconds: float | None = None
+    #: ``--stale-progress auto``: the limit in force from this step on (None otherwise).
+    stale_limit_seconds: float | None = None
+    #: Whether the steps are the progress that counts (else the file changes still are:
+    #: ``trainer_state.json`` alone under ``--progress-source auto``).
+    counts: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,24 @@ class Exit(TypedDict):
     exception: NotRequired[ExceptionInfo | None]  # schema version 2
 
 
+class StepsProgress(TypedDict):
+    """``progress.steps``: where the training got to, as the trainer's own files say."""
+
+    step: int
+    max_steps: int | None
+    source: str
+    source_kind: str
+    first_step_at: str | None
+    last_step_at: str | None
+    longest_gap_seconds: float
+    loss: float | None
+    loss_step: int | None
+    steps_per_second: float | None
+    tokens_per_second: float | None
+    samples_per_second: float | None
+    eta_seconds: float | None
+
+
 class Progress(TypedDict):
     """``progress``: what the watched directory said about the run's progress."""
 
@@ -55,6 +73,12 @@ class Progress(TypedDict):
     last_change_at: str | None
     changes: int
     longest_gap_seconds: float
+    #: What counted as progress: ``"steps"`` once a step was read (else ``"files"``).
+    source: NotRequired[str]
+    #: The training steps, when the trainer wrote any (see :class:`StepsProgress`).
+    steps: NotRequired[StepsProgress | None]
+    #: ``--stale-progress auto``: the limit in force at the end of the run.
+    stale_limit_seconds: NotRequired[float | None]
 
 
 class StopSignal(TypedDict):
@@ -114,7 +138,7 @@ class Config(TypedDict):
     output_path: str
     sample_interval_seconds: float
     startup_timeout_seconds: float | None
-    stale_progress_seconds: float | None
+    stale_progress_seconds: float | str | None  # "auto": learned from the run
     post_shutdown_grace_seconds: float
     min_duration_seconds: float | None
 

@@ -21,6 +21,7 @@ class EventKind(StrEnum):
     EXITED = "exited"
     TREE_GONE = "tree_gone"
     PROGRESS = "progress"
+    STEP = "step"
     FAILURE = "failure"
     WARNING = "warning"
     STOP = "stop"

@@ -121,13 +121,22 @@ def event_times(artifact: Artifact, kind: str) -> list[float]:
     return [float(e["t"]) for e in artifact["events"] if e["kind"] == kind]
 
 
+def last_progress_at(artifact: Artifact) -> str | None:
+    """When the progress that counted was last seen: the step's last advance when the run
+    was judged on its steps, else the last file change."""
+    steps = artifact["progress"].get("steps")
+    if steps is not None and artifact["progress"].get("source") == "steps":
+        return steps["last_step_at"]
+    return artifact["progress"]["last_change_at"]
+
+
 def stall_window(artifact: Artifact) -> tuple[float, float] | None:
     """Where the run made no progress before a liveness rule fired: ``(start, end)`` seconds."""
     reasons = [f["reason"] for f in artifact["failures"]]
     failure_times = event_times(artifact, EventKind.FAILURE)
     end = failure_times[0] if failure_times else float(artifact["duration_seconds"])
     if FailureReason.STALE_PROGRESS in reasons:
-        last = seconds_at(artifact, artifact["progress"]["last_change_at"])
+        last = seconds_at(artifact, last_progress_at(artifact))
         return (last, end) if last is not None else None
     if FailureReason.STARTUP_TIMEOUT in reasons:
         return (0.0, end)
@@ -476,6 +485,12 @@ def _next_steps(
             "Free disk space fell below --min-disk-free"
             + (f" {format_bytes(float(floor))}" if isinstance(floor, int | float) else "")
             + ": clear old checkpoints, or write them elsewhere."
+        )
+    elif primary == FailureReason.NONFINITE_LOSS:
+        steps.append(
+            "Resume from a checkpoint before the loss went bad with a lower learning rate, "
+            "gradient clipping or a loss scale, and check the batch at that step; "
+            "--loss-check warn lets such a run go on."
         )
     elif primary == FailureReason.TOO_SHORT:
         steps.append("Read the log's end below: the command ended before min_duration_seconds.")

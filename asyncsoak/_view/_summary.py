@@ -24,6 +24,7 @@ from ._evidence import (
     gather,
     innermost_python_frame,
     is_launcher,
+    last_progress_at,
     leaking_series,
     seconds_at,
     series_typical,
@@ -32,6 +33,7 @@ from ._evidence import (
 )
 from ._job_view import pod_line, scheduler_line
 from ._status import is_pass, shown_status, status_words
+from ._training import training_line
 
 #: The primary reason in plain words.
 REASON_TITLES: dict[str, str] = {
@@ -253,15 +255,26 @@ def _worth_saying(leaks: list[Leak]) -> list[Leak]:
 
 def _stall_hints(artifact: Artifact) -> list[str]:
     window = stall_window(artifact)
-    limit = config_value(artifact, "stale_progress_seconds") or 0.0
     progress = artifact["progress"]
+    # "auto": the limit the run learned, as the artifact records it.
+    limit = (
+        config_value(artifact, "stale_progress_seconds")
+        or progress.get("stale_limit_seconds")
+        or 0.0
+    )
     if window is None:
         return []
     start, end = window
+    steps = progress.get("steps")
+    what = (
+        f"nothing in {progress['dir']} changed"
+        if steps is None or progress.get("source") != "steps"
+        else f"the step ({steps['step']:,}, from {steps['source']}) did not advance"
+    )
     hints = [
         f"Progress stopped {format_duration(start)} into the run "
-        f"({format_clock(progress['last_change_at'])}): nothing in {progress['dir']} "
-        f"changed for {format_duration(limit)}, so the monitor stopped the run at "
+        f"({format_clock(last_progress_at(artifact))}): {what} "
+        f"for {format_duration(limit)}, so the monitor stopped the run at "
         f"{format_duration(end)}. Look at what the trainer was doing just after "
         f"{format_duration(start)} (log tail below)."
     ]
@@ -551,6 +564,9 @@ def format_summary(
         lead = "  " if i == 0 else "  also "
         lines.append(f"{lead}{reason['reason']}{at}: {reason['message']}")
     lines.extend(evidence_lines(summary, width))
+    training = training_line(summary["progress"].get("steps"))
+    if training:
+        lines.append(f"  training: {training}")
     duration = summary.get("duration_seconds")
     lines.append(
         f"ran {format_duration(float(duration or 0))}, "

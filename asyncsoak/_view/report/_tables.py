@@ -22,6 +22,7 @@ from .._evidence import (
 )
 from .._status import is_pass, status_words
 from .._summary import exit_text, oom_killer
+from .._training import training_line
 
 if TYPE_CHECKING:
     from ._figure import Timeline
@@ -46,6 +47,9 @@ def verdict_html(summary: Mapping[str, Any]) -> str:
             f'<p class="reason">{lead}<b>{html.escape(reason["reason"])}</b>{at}: '
             f"{html.escape(reason['message'])}</p>"
         )
+    training = training_line(summary["progress"].get("steps"))
+    if training:
+        parts.append(f'<p class="training">{html.escape(training)}</p>')
     parts.append("</header>")
     return "\n".join(parts)
 
