@@ -114,7 +114,9 @@ def test_a_file_present_at_the_start_is_read_from_its_newest_part(tmp_path: Path
     """An earlier run's long history is not re-read: its tail gives the step to resume from."""
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"step": i}) + "\n" for i in range(20_000)))
-    reader = StepReader(tmp_path, baseline=["metrics.jsonl"])
+    reader = StepReader(
+        tmp_path, baseline={"metrics.jsonl": (tmp_path / "metrics.jsonl").stat().st_size}
+    )
     reading = read(reader)
     assert reading.records[-1].step == 19_999
     assert len(reading.records) < 20_000
@@ -403,3 +405,4 @@ def test_the_slowdown_warning_is_judged_on_the_step_rate() -> None:
         finding.message
         == "progress slowing: 10 steps/s in the last quarter against 50 in the first"
     )
+

@@ -145,6 +145,8 @@ class StepTracker:
         self.nonfinite_seen = False
         self.diverged = False
         self._last_by_source: dict[str, int] = {}
+        #: The newest step an earlier run left in each source (where this one resumes from).
+        self._before_start: dict[str, int] = {}
         self._state_high = -1
         self._window: deque[tuple[float, int, float | None, float | None]] = deque()
         self._losses: deque[float] = deque(maxlen=DIVERGENCE_WINDOW)
@@ -172,7 +174,7 @@ class StepTracker:
             update.changed = True
         for name, count in reading.lines.items():
             self.lines_since_advance[name] = self.lines_since_advance.get(name, 0) + count
-        kinds = [r.kind for r in reading.records]
+        kinds = [r.kind for r in reading.records if not r.before_start]
         if kinds and (self.kind is None or min(kinds) < self.kind):
             self.kind = min(kinds)
         previous = self.step
@@ -180,6 +182,11 @@ class StepTracker:
             if record.max_steps and record.max_steps != self.max_steps:
                 self.max_steps = record.max_steps
                 update.changed = True
+            if record.before_start:
+                # An earlier run's: not this run's first step (its startup goes on), nor a
+                # loss to judge it by (a NaN there is why it was resumed).
+                self._before_start[record.source] = record.step
+                continue
             if (
                 record.kind == KIND_STATE
                 and record.where != "global_step"
@@ -209,7 +216,7 @@ class StepTracker:
         return update
 
     def _follow(self, record: StepRecord, update: StepUpdate) -> None:
-        last = self._last_by_source.get(record.source)
+        last = self._last_by_source.get(record.source, self._before_start.pop(record.source, None))
         if last is not None and record.step < last:
             update.notes.append(
                 f"the step went back from {last} to {record.step} in {record.source} "
