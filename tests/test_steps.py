@@ -406,3 +406,23 @@ def test_the_slowdown_warning_is_judged_on_the_step_rate() -> None:
         == "progress slowing: 10 steps/s in the last quarter against 50 in the first"
     )
 
+
+def test_a_stall_on_a_rarely_logged_step_says_what_to_set() -> None:
+    """A trainer that logs its step minutes apart: the failure says the limit is shorter than
+    its logging interval and what to set; a hang after steady steps says nothing of it."""
+    metrics = "metrics.jsonl"
+    rare = ProgressTracker({}, startup_timeout=600.0, stale_after=120.0, steps=StepTracker())
+    rare.observe_steps(StepReading(records=[_steps.StepRecord(500, metrics, 1)]), now=60.0)
+    broken = rare.verdict(181.0)
+    assert broken is not None
+    assert broken[0] == "stale_progress"
+    assert "no second step yet" in broken[1]
+    assert "set --stale-progress above its logging interval, or auto" in broken[1]
+    steady = ProgressTracker({}, startup_timeout=600.0, stale_after=120.0, steps=StepTracker())
+    for step in range(1, 30):
+        steady.observe_steps(StepReading(records=[_steps.StepRecord(step, metrics, 1)]), step)
+    broken = steady.verdict(150.0)
+    assert broken == (
+        "stale_progress",
+        "step 29 has not advanced for 121.0 s (stale_progress_seconds=120)",
+    )
