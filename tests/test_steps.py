@@ -426,3 +426,20 @@ def test_a_stall_on_a_rarely_logged_step_says_what_to_set() -> None:
         "stale_progress",
         "step 29 has not advanced for 121.0 s (stale_progress_seconds=120)",
     )
+
+
+def test_a_step_counted_within_each_epoch_is_noted_once(tmp_path: Path) -> None:
+    """A loop that logs {"epoch", "step"} with the step restarting at each epoch: progress,
+    said once, not a resume note at every epoch."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.touch()
+    reader, tracker = StepReader(tmp_path), StepTracker()
+    notes: list[str] = []
+    for now, (epoch, step) in enumerate((e, s) for e in range(4) for s in (0, 50, 100)):
+        append(metrics, json.dumps({"epoch": epoch, "step": step, "loss": 1.0}) + "\n")
+        update = tracker.observe(read(reader), now=float(now))
+        assert update.advanced
+        notes += update.notes
+    assert notes == ["metrics.jsonl counts its step within each epoch (it restarted at epoch 1)"]
+    assert tracker.step == 100
+    assert tracker.steps_per_second == 50.0

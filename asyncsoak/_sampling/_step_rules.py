@@ -147,6 +147,10 @@ class StepTracker:
         self._last_by_source: dict[str, int] = {}
         #: The newest step an earlier run left in each source (where this one resumes from).
         self._before_start: dict[str, int] = {}
+        #: The epoch of each source's newest record, and the sources that count their step
+        #: within each epoch (said once each).
+        self._epoch_by_source: dict[str, float] = {}
+        self._per_epoch: set[str] = set()
         self._state_high = -1
         self._window: deque[tuple[float, int, float | None, float | None]] = deque()
         self._losses: deque[float] = deque(maxlen=DIVERGENCE_WINDOW)
@@ -217,11 +221,23 @@ class StepTracker:
 
     def _follow(self, record: StepRecord, update: StepUpdate) -> None:
         last = self._last_by_source.get(record.source, self._before_start.pop(record.source, None))
+        epoch = self._epoch_by_source.get(record.source)
+        if record.epoch is not None:
+            self._epoch_by_source[record.source] = record.epoch
         if last is not None and record.step < last:
-            update.notes.append(
-                f"the step went back from {last} to {record.step} in {record.source} "
-                f"({record.where}): a resume from an earlier checkpoint?"
-            )
+            if epoch is not None and record.epoch is not None and record.epoch > epoch:
+                # A loop that counts its step within each epoch: the restart is progress.
+                if record.source not in self._per_epoch:
+                    self._per_epoch.add(record.source)
+                    update.notes.append(
+                        f"{record.source} counts its step within each epoch (it restarted "
+                        f"at epoch {record.epoch:g})"
+                    )
+            else:
+                update.notes.append(
+                    f"the step went back from {last} to {record.step} in {record.source} "
+                    f"({record.where}): a resume from an earlier checkpoint?"
+                )
             self._window.clear()
             # Every source restarts from here: the run is back at this step.
             self._last_by_source = {}

@@ -40,6 +40,8 @@ SAMPLE_KEYS = ("samples", "num_samples", "samples_seen")
 #: ... or rates logged as such (taken as they are).
 TOKEN_RATE_KEYS = ("tokens_per_second", "train_tokens_per_second")
 SAMPLE_RATE_KEYS = ("samples_per_second", "train_samples_per_second")
+#: The key of the epoch: a step that restarts when it advances is counted within each epoch.
+EPOCH_KEY = "epoch"
 #: Keys that carry the total number of steps.
 MAX_STEP_KEYS = ("max_steps", "total_steps")
 
@@ -79,6 +81,7 @@ class StepRecord:
     tokens_per_second: float | None = None
     samples_per_second: float | None = None
     max_steps: int | None = None
+    epoch: float | None = None
     #: Written before the soak started (an earlier run's, in a file it left): it tells where
     #: the run resumes from, but is neither this run's progress nor its loss.
     before_start: bool = False
@@ -154,6 +157,7 @@ class KeyChoice:
             tokens_per_second=_first(data, TOKEN_RATE_KEYS, number),
             samples_per_second=_first(data, SAMPLE_RATE_KEYS, number),
             max_steps=_first(data, MAX_STEP_KEYS, as_step),
+            epoch=_first(data, (EPOCH_KEY,), number),
             before_start=before_start,
         )
 
