@@ -443,3 +443,41 @@ def test_a_step_counted_within_each_epoch_is_noted_once(tmp_path: Path) -> None:
     assert notes == ["metrics.jsonl counts its step within each epoch (it restarted at epoch 1)"]
     assert tracker.step == 100
     assert tracker.steps_per_second == 50.0
+
+
+def test_a_second_file_with_its_own_counter_does_not_hide_a_frozen_step() -> None:
+    """train.jsonl frozen at step 300 while eval.jsonl counts its batches 0, 1, 2 over and
+    over (an eval loop that never ends): not an advance, not a resume, and the run stays at
+    step 300."""
+    tracker = StepTracker()
+    kind = _steps.KIND_JSONL
+
+    def reading(train: int, *, eval_first: bool = False) -> StepReading:
+        records = [_steps.StepRecord(batch, "eval.jsonl", kind) for batch in range(3)]
+        train_record = _steps.StepRecord(train, "train.jsonl", kind)
+        records.insert(len(records) if eval_first else 0, train_record)
+        return StepReading(records=records)
+
+    assert tracker.observe(reading(300, eval_first=True), now=1.0).advanced
+    notes = []
+    for now in range(2, 6):
+        update = tracker.observe(reading(300), now=float(now))
+        assert not update.advanced
+        assert tracker.step == 300
+        notes += update.notes
+    assert not any("resume" in note for note in notes)
+
+
+def test_a_resume_is_read_in_the_file_that_led_though_another_is_ahead() -> None:
+    """train.jsonl (which led the run) resumes at 4001 while eval.jsonl last said 5000: a
+    resume, the run is back at 4001 (not held at 5000 until train.jsonl passes it)."""
+    tracker = StepTracker()
+    kind = _steps.KIND_JSONL
+    tracker.observe(StepReading(records=[_steps.StepRecord(4990, "train.jsonl", kind)]), 1.0)
+    tracker.observe(StepReading(records=[_steps.StepRecord(5000, "eval.jsonl", kind)]), 2.0)
+    update = tracker.observe(
+        StepReading(records=[_steps.StepRecord(4001, "train.jsonl", kind)]), now=3.0
+    )
+    assert update.advanced
+    assert tracker.step == 4001
+    assert "a resume from an earlier checkpoint?" in update.notes[0]

@@ -151,6 +151,10 @@ class StepTracker:
         #: within each epoch (said once each).
         self._epoch_by_source: dict[str, float] = {}
         self._per_epoch: set[str] = set()
+        #: Sources that went back while another was ahead: their own counter (said once each).
+        self._own_counter: set[str] = set()
+        #: Sources that have held the run's step (a resume of one of those is the run's).
+        self._led: set[str] = set()
         self._state_high = -1
         self._window: deque[tuple[float, int, float | None, float | None]] = deque()
         self._losses: deque[float] = deque(maxlen=DIVERGENCE_WINDOW)
@@ -204,6 +208,9 @@ class StepTracker:
         for record in reading.records:
             if record.kind == KIND_STATE:
                 self._state_high = max(self._state_high, record.step)
+        if self.source is not None:
+            # Judged once a reading is folded: the order files are read in does not matter.
+            self._led.add(self.source)
         if self.step is None and reading.without_step:
             self._warn_keys(reading, update)
         if self.step is not None and self.step != previous:
@@ -224,7 +231,18 @@ class StepTracker:
         epoch = self._epoch_by_source.get(record.source)
         if record.epoch is not None:
             self._epoch_by_source[record.source] = record.epoch
-        if last is not None and record.step < last:
+        behind = self.step is not None and record.source not in self._led
+        if last is not None and record.step < last and behind:
+            # Another file has always been ahead: this one counts something of its own (an
+            # eval loop's batches), and its going back neither moves the run nor resumes it.
+            if record.source not in self._own_counter:
+                self._own_counter.add(record.source)
+                update.notes.append(
+                    f"the step went back from {last} to {record.step} in {record.source} "
+                    f"({record.where}) while the run is at step {self.step} in {self.source}: "
+                    "read as that file's own counter"
+                )
+        elif last is not None and record.step < last:
             if epoch is not None and record.epoch is not None and record.epoch > epoch:
                 # A loop that counts its step within each epoch: the restart is progress.
                 if record.source not in self._per_epoch:
@@ -243,7 +261,8 @@ class StepTracker:
             self._last_by_source = {}
         self._last_by_source[record.source] = record.step
         self.step = max(self._last_by_source.values())
-        self.source = record.source
+        if record.step == self.step:
+            self.source = record.source
         if record.loss is not None and math.isfinite(record.loss):
             if self.loss != record.loss:
                 update.changed = True
