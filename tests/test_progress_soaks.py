@@ -396,3 +396,26 @@ async def test_an_earlier_runs_nan_loss_does_not_fail_the_resumed_run(tmp_path: 
         )
     assert artifact["status"] == "passed"
     assert artifact["progress"]["steps"]["step"] == 4020
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("check", ["warn", "off"])
+async def test_a_nan_loss_under_warn_is_a_warning_and_under_off_nothing(
+    tmp_path: Path, check: str
+) -> None:
+    """--loss-check warn: the run passes with one warning naming step 30 and NaN; off: no word."""
+    progress, written = tmp_path / "progress", tmp_path / "written"
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=[*py(NAN_AT_30), str(progress), str(written), "0.005"],
+            **fast_limits(
+                tmp_path, sample_interval_seconds=INTERVAL, forensics=False, loss_check=check
+            ),
+        )
+    assert artifact["status"] == "passed"
+    assert not artifact["failures"]
+    warned = [e["message"] for e in events(artifact, "warning") if "loss" in e["message"]]
+    if check == "warn":
+        assert warned == ["the loss is NaN at step 30 (metrics.jsonl line 31)"]
+    else:
+        assert warned == []
