@@ -481,3 +481,25 @@ def test_a_resume_is_read_in_the_file_that_led_though_another_is_ahead() -> None
     assert update.advanced
     assert tracker.step == 4001
     assert "a resume from an earlier checkpoint?" in update.notes[0]
+
+
+def test_an_earlier_runs_trainer_state_is_where_the_run_resumes_from(tmp_path: Path) -> None:
+    """trainer_state.json present at the start, its last loss NaN (why the run is resumed):
+    not this run's step nor its loss; the next save's new entries are."""
+    state = json.loads((FIXTURES / "checkpoint-10" / "trainer_state.json").read_text())
+    state["log_history"][-1]["loss"] = math.nan
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps(state))
+    reader = StepReader(tmp_path, baseline={"trainer_state.json": path.stat().st_size})
+    tracker = StepTracker()
+    update = tracker.observe(read(reader), now=1.0)
+    assert (update.advanced, update.nonfinite, tracker.step) == (False, None, None)
+    assert tracker.max_steps == 20
+    state["global_step"] = 11
+    state["log_history"].append({"step": 11, "loss": math.inf, "epoch": 1.1})
+    path.write_text(json.dumps(state))
+    update = tracker.observe(read(reader), now=2.0)
+    assert update.advanced
+    assert tracker.step == 11
+    assert update.nonfinite is not None
+    assert update.nonfinite.startswith("the loss is Infinity at step 11 ")
