@@ -503,3 +503,36 @@ def test_an_earlier_runs_trainer_state_is_where_the_run_resumes_from(tmp_path: P
     assert tracker.step == 11
     assert update.nonfinite is not None
     assert update.nonfinite.startswith("the loss is Infinity at step 11 ")
+
+
+def test_noise_of_a_loss_near_zero_is_not_a_divergence() -> None:
+    """A loss trained from 2.3 down to 0.002 (a small set memorised) then wobbling between
+    0.002 and 0.01: twice its best, but a sliver of what it learned: no warning; a climb back
+    to 0.5 is one."""
+    kind = _steps.KIND_JSONL
+    trained = [2.3 * 0.8**i for i in range(35)]  # down to about 0.002
+    wobble = [0.002, 0.009, 0.004, 0.01, 0.006] * 20
+    tracker = StepTracker()
+    warnings = []
+    for step, loss in enumerate(trained + wobble):
+        record = _steps.StepRecord(step, "m.jsonl", kind, loss=loss)
+        warnings += tracker.observe(StepReading(records=[record]), now=float(step)).warnings
+    assert warnings == []
+    for step in range(len(trained + wobble), len(trained + wobble) + 10):
+        record = _steps.StepRecord(step, "m.jsonl", kind, loss=0.5)
+        warnings += tracker.observe(StepReading(records=[record]), now=float(step)).warnings
+    assert len(warnings) == 1
+    assert warnings[0].startswith("the loss is diverging")
+
+
+def test_a_negative_or_zero_loss_is_no_divergence_and_not_non_finite() -> None:
+    """A log-likelihood loss falling from -10 to -500, and a loss of exactly 0.0: no warning,
+    no failure, the loss shown as logged."""
+    kind = _steps.KIND_JSONL
+    for losses in ([-10.0 - 5 * i + (i % 3) for i in range(100)], [0.0] * 50):
+        tracker = StepTracker()
+        for step, loss in enumerate(losses):
+            record = _steps.StepRecord(step, "m.jsonl", kind, loss=loss)
+            update = tracker.observe(StepReading(records=[record]), now=float(step))
+            assert (update.warnings, update.nonfinite) == ([], None)
+        assert tracker.loss == losses[-1]

@@ -51,10 +51,13 @@ _BUCKET_RATIO = 1.05
 #: Steps per second over the advances of the last this many seconds (two advances at least).
 RATE_WINDOW_SECONDS = 30.0
 #: Divergence: the median of the last DIVERGENCE_WINDOW losses above DIVERGENCE_FACTOR x the
-#: run's best such median (a positive one), after DIVERGENCE_MIN_LOSSES losses.
+#: run's best such median (a positive one), after DIVERGENCE_MIN_LOSSES losses, and having
+#: given back more than DIVERGENCE_GIVEN_BACK of what the run learned (its first such median
+#: less its best): a loss trained down near zero may wobble to twice its best in noise.
 DIVERGENCE_WINDOW = 10
 DIVERGENCE_FACTOR = 2.0
 DIVERGENCE_MIN_LOSSES = 20
+DIVERGENCE_GIVEN_BACK = 0.1
 
 
 class StaleLimit:
@@ -160,6 +163,7 @@ class StepTracker:
         self._losses: deque[float] = deque(maxlen=DIVERGENCE_WINDOW)
         self._loss_count = 0
         self._best_median: float | None = None
+        self._first_median: float | None = None
         self._warned_keys: set[str] = set()
         #: The newest cumulative (tokens, samples) counts, for their rates.
         self._counts: tuple[float | None, float | None] = (None, None)
@@ -311,12 +315,16 @@ class StepTracker:
         median = sorted(self._losses)[len(self._losses) // 2]
         if self._best_median is None or median < self._best_median:
             self._best_median = median
+        if self._first_median is None:
+            self._first_median = median
         best = self._best_median
+        learned = max(0.0, self._first_median - best)
         if (
             not self.diverged
             and self._loss_count >= DIVERGENCE_MIN_LOSSES
             and best > 0
             and median > DIVERGENCE_FACTOR * best
+            and median - best > DIVERGENCE_GIVEN_BACK * learned
         ):
             self.diverged = True
             update.warnings.append(
