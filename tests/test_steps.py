@@ -536,3 +536,22 @@ def test_a_negative_or_zero_loss_is_no_divergence_and_not_non_finite() -> None:
             update = tracker.observe(StepReading(records=[record]), now=float(step))
             assert (update.warnings, update.nonfinite) == ([], None)
         assert tracker.loss == losses[-1]
+
+
+def test_an_auto_stall_says_the_longest_gap_it_learned_from() -> None:
+    """A stall under auto names the longest gap the limit was learned from (a first checkpoint
+    longer than any seen is then plain) and the --startup-timeout that covers it."""
+    auto = StaleLimit(startup_limit=5.0)
+    tracker = ProgressTracker(
+        {}, startup_timeout=5.0, stale_after=5.0, auto=auto, steps=StepTracker()
+    )
+    for step in range(40):
+        record = _steps.StepRecord(step, "metrics.jsonl", _steps.KIND_JSONL)
+        tracker.observe_steps(StepReading(records=[record]), now=step * 0.5)
+    broken = tracker.verdict(19.5 + 10.5)
+    assert broken is not None
+    assert broken[1] == (
+        "step 39 has not advanced for 10.5 s (stale_progress_seconds=auto, 10.0 s learned from "
+        "gaps of at most 0.5 s; a --startup-timeout longer than the run's first checkpoint or "
+        "evaluation lets the warm-up see it)"
+    )

@@ -98,6 +98,11 @@ class StaleLimit:
             learned = max(learned, self.carried)
         self.learned = self.limit = learned
 
+    @property
+    def longest(self) -> float:
+        """The longest gap seen (since the last reset)."""
+        return self._longest
+
     def high(self) -> float:
         """The gap below which :data:`AUTO_QUANTILE` of the time between advances was spent."""
         wanted = AUTO_QUANTILE * self._total

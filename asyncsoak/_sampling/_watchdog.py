@@ -330,8 +330,15 @@ class ProgressTracker:
     def _limit_text(self) -> str:
         if self.auto is None:
             return f"stale_progress_seconds={self.stale_after:g}"
-        learned = "the startup limit" if self.auto.learned is None else "learned"
-        return f"stale_progress_seconds=auto, {self.limit():.1f} s ({learned})"
+        limit = f"stale_progress_seconds=auto, {self.limit():.1f} s"
+        if self.auto.learned is None:
+            return f"{limit} (the startup limit)"
+        # A first pause longer than any before it is the usual false kill: say what was seen.
+        return (
+            f"{limit} learned from gaps of at most {self.auto.longest:.1f} s; a "
+            "--startup-timeout longer than the run's first checkpoint or evaluation lets the "
+            "warm-up see it"
+        )
 
     def _cadence_hint(self) -> str:
         """Why a fixed limit may be shorter than the trainer's logging interval, when the
