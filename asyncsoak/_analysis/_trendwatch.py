@@ -573,7 +573,7 @@ class TrendWatch:
     # -- judging -------------------------------------------------------------------------
 
     def analysed_from(self, *, live: bool = False) -> float:
-        """Start of the analysed span: the same for every series.
+        """Start of the analysed span of the run (the machine's and the disks' series).
 
         At the end the default warm-up is 10 % of the run.  During the run it is also at least
         ``LIVE_WARM_UP_INTERVALS`` samples (at most ``WARM_UP_MAX_SECONDS``): early on, a
@@ -583,7 +583,11 @@ class TrendWatch:
         if self.warm_up_seconds is not None:
             return first + self.warm_up_seconds
         track = next((self.tracks[k] for k, _ in TREE_MEMORY_SERIES if k in self.tracks), None)
-        warm_up = default_warm_up(track.floors.times if track is not None else [])
+        return self._warm_up_end(first, track.floors.times if track is not None else [], live)
+
+    def _warm_up_end(self, first: float, times: list[float], live: bool) -> float:
+        """The end of the default warm-up of a series born at ``first`` sampled at ``times``."""
+        warm_up = default_warm_up(times)
         if live:
             floor = LIVE_WARM_UP_INTERVALS * (self.interval or 1.0)
             warm_up = max(warm_up, min(WARM_UP_MAX_SECONDS, floor))
@@ -616,22 +620,36 @@ class TrendWatch:
             # several samples at a short interval): the last moments are no floor of the run.
             stop = self.end_t - max(SHUTDOWN_SAMPLES * (self.interval or 0.0), SHUTDOWN_SECONDS)
         span = max(0.0, stop - start)
-        out: dict[str, dict[str, Any]] = {}
+        judged: list[tuple[str, Track, list[float], float]] = []
+        # A process born late (a launcher's ranks, a worker) has a start-up ramp of its own
+        # (imports, a caching allocator, a process group), which rises like a leak until it
+        # ends: its warm-up runs from its birth, not the run's start.  The tree's memory, files
+        # and threads sum its processes: they are judged once every judged process's
+        # warm-up is over.
+        tree_start = start
         for key, track in self.judged():
-            times = track.floors.times
-            cut = bisect.bisect_right(times, stop)
-            times = times[:cut]
+            times = track.floors.times[: bisect.bisect_right(track.floors.times, stop)]
             if not times:
                 continue
-            if track.pid is not None and not self._covers(times, start, stop, span):
-                continue  # lived through too little of the span to be judged
+            series_start = start
+            if track.pid is not None:
+                if not self._covers(times, start, stop, span):
+                    continue  # lived through too little of the span to be judged
+                if self.warm_up_seconds is None:
+                    series_start = max(start, self._warm_up_end(times[0], times, live))
+                    tree_start = max(tree_start, series_start)
+            judged.append((key, track, times, series_start))
+        out: dict[str, dict[str, Any]] = {}
+        for key, track, times, series_start in judged:
+            if key.startswith("tree."):
+                series_start = tree_start
             min_growth, min_ratio = SERIES_UNITS[track.unit]
             trend = estimate_trend(
                 times,
-                track.floors.column("v")[:cut],
+                track.floors.column("v")[: len(times)],
                 min_growth=min_growth,
                 min_ratio=min_ratio,
-                warm_up_seconds=max(0.0, start - times[0]),
+                warm_up_seconds=max(0.0, series_start - times[0]),
                 direction=track.direction,
             )
             out[key] = self._entry(key, track, trend, wall)
