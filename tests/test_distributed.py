@@ -116,8 +116,11 @@ def test_a_rank_stopped_outside_a_collective_is_the_culprit_of_the_stall(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
     """Rank 1 stuck in its own load_batch while rank 0 waits in all_reduce: rank 1 with its
-    frame leads the first line; the launcher is never named."""
-    first, artifact = _torchrun_soak(tmp_path, "hang", "--stale-progress", "3")
+    frame leads the first line; the launcher is never named; the blocked ranks read idle."""
+    # A stall of 3 samples: the last 10 samples also hold the ranks' work before it.
+    first, artifact = _torchrun_soak(
+        tmp_path, "hang", "--stale-progress", "3", "--sample-interval", "1"
+    )
     rank1 = next(r for r in artifact["ranks"]["ranks"] if r["rank"] == 1)
     assert (
         f"stale_progress: rank 1 (pid {rank1['pid']}) stopped at train.py:{HANG_LINE} in "
@@ -130,8 +133,9 @@ def test_a_rank_stopped_outside_a_collective_is_the_culprit_of_the_stall(
     text = format_summary(summarize(check_artifact(artifact)))
     assert f"cause: rank 1 (pid {rank1['pid']}) stopped at train.py:{HANG_LINE}" in text
     assert "Look at rank 1 at train.py" in text
-    # The busy/idle verdict is the ranks' own.
-    assert "the ranks' CPU" in first
+    # The busy/idle verdict is the ranks' own, judged over the stall alone, as the summary's.
+    assert "the tree was idle (the ranks' CPU" in first
+    assert "The process tree was idle while stalled" in text
 
 
 def test_a_rank_stopped_by_a_signal_is_the_culprit_of_the_stall(tmp_path: Path) -> None:

@@ -207,7 +207,8 @@ class TrendWatch:
         self.tree_memory: tuple[str, int] | None = None
         self.tree_gpu_bytes: int | None = None
         self.disk_free: dict[str, tuple[str, int]] = {}  # label -> (path, free bytes)
-        self.recent_cpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
+        #: (when, figure) of the last samples, judged by :meth:`activity`.
+        self.recent_cpu: deque[tuple[float, float]] = deque(maxlen=ACTIVITY_SAMPLES)
         #: Whose CPU ``recent_cpu`` is: the ranks' once the tree has ranks (a launcher polls
         #: its ranks and is busy or idle whatever they do), the whole tree's otherwise.
         self.cpu_of = "tree"
@@ -221,7 +222,9 @@ class TrendWatch:
         #: rank -> since when it has been behind; and the stragglers found, by rank.
         self._behind_since: dict[str, float] = {}
         self.stragglers: dict[str, dict[str, Any]] = {}
-        self.recent_gpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
+        self.recent_gpu: deque[tuple[float, float]] = deque(maxlen=ACTIVITY_SAMPLES)
+        #: When the progress dir last changed (seconds), as the progress events said.
+        self.last_progress_t: float | None = None
         self.uninterruptible: list[str] = []
         self.peak_tree_rss: int | None = None
         self.peak_machine_used: int | None = None
@@ -305,7 +308,7 @@ class TrendWatch:
             self.cpu_of = "ranks"
             cpu = ranks_cpu
         if cpu is not None:
-            self.recent_cpu.append(float(cpu))
+            self.recent_cpu.append((t, float(cpu)))
         machine = event.get("machine") or {}
         used = machine.get("memory_used_bytes")
         if used is not None:
@@ -497,11 +500,12 @@ class TrendWatch:
             if gpu.get("index") in gpus_of_tree and gpu.get("utilization_gpu_percent") is not None:
                 utilisation.append(float(gpu["utilization_gpu_percent"]))
         if utilisation:
-            self.recent_gpu.append(max(utilisation))
+            self.recent_gpu.append((t, max(utilisation)))
         self.tree_gpu_bytes = tree_total
         self._track("tree.gpu_memory_bytes", "bytes", "GPU memory of the tree").add(t, tree_total)
 
     def add_progress(self, t: float, event: dict[str, Any]) -> None:
+        self.last_progress_t = max(t, self.last_progress_t or t)
         if self.end_t is None or t <= self.end_t:
             window = self.straggler_window()
             for rank, grown in (event.get("rank_grown_bytes") or {}).items():
@@ -822,11 +826,12 @@ class TrendWatch:
         return [r.to_json() for r in top]
 
     def activity(self) -> str:
-        """What a stalled tree is doing: busy, idle (waiting) or in uninterruptible sleep."""
+        """What a stalled tree is doing: busy, idle (waiting) or in uninterruptible sleep,
+        judged on its last samples taken in the stall (see :meth:`_stalled_mean`)."""
         if self.uninterruptible:
             return "in uninterruptible sleep (I/O): " + ", ".join(self.uninterruptible[:4])
-        cpu = sum(self.recent_cpu) / len(self.recent_cpu) if self.recent_cpu else None
-        gpu = sum(self.recent_gpu) / len(self.recent_gpu) if self.recent_gpu else None
+        cpu = self._stalled_mean(self.recent_cpu)
+        gpu = self._stalled_mean(self.recent_gpu)
         whose = "the ranks' CPU" if self.cpu_of == "ranks" else "CPU"
         figures = f"{whose} {cpu:.0f}%" if cpu is not None else f"{whose} unknown"
         if gpu is not None:
@@ -836,6 +841,24 @@ class TrendWatch:
         if cpu is None and gpu is None:
             return "of unknown activity (no sample yet)"
         return f"idle ({figures}): waiting, a deadlock or a hung collective"
+
+    def _stalled_mean(self, recent: deque[tuple[float, float]]) -> float | None:
+        """The mean of the recent figures measured after the last progress, or None.
+
+        The last samples before a stall's rule fires may still hold the work before it (10
+        samples at a 5 s interval are 50 s, and a stall rule of 10 s): those of the stall say
+        what the tree does now.  A sample measures the interval before it: the samples whose
+        whole interval follows the last progress, else those taken after it, else all.
+        """
+        since = self.last_progress_t
+        if since is not None:
+            interval = self.interval or 0.0
+            after = [v for t, v in recent if t - interval >= since] or [
+                v for t, v in recent if t > since
+            ]
+            if after:
+                return sum(after) / len(after)
+        return sum(v for _, v in recent) / len(recent) if recent else None
 
 
 def straggler_text(found: dict[str, Any]) -> str:
