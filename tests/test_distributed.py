@@ -18,7 +18,12 @@ from jsonschema import Draft202012Validator
 
 from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._process._crash import describe_rank_crash, find_rank_exception
-from asyncsoak._process._ranks import launcher_of, parse_rank_environ, stall_culprit
+from asyncsoak._process._ranks import (
+    launcher_of,
+    parse_rank_environ,
+    ranks_section,
+    stall_culprit,
+)
 from asyncsoak._record._artifact import check_artifact
 from asyncsoak._view._job_view import NotOneJobError, combine, format_combined
 from asyncsoak._view._summary import format_summary, summarize
@@ -271,6 +276,27 @@ def test_a_rank_data_loader_worker_is_not_a_rank_of_its_own() -> None:
     culprit = stall_culprit([_rank(10, 0, _ALL_REDUCE), _rank(11, 1, _ALL_REDUCE), worker])
     assert culprit is not None
     assert culprit["culprits"] == []
+
+
+def test_a_rank_run_through_a_shell_is_its_python_process() -> None:
+    """``srun bash -c 'python train.py'``, ``torchrun --no-python run.sh``: the shell holds the
+    rank's variables too, but the rank is the Python process it started, named as the culprit;
+    one waiting rank reads "waits"."""
+    role = {"rank": 1, "local_rank": 1, "world_size": 2, "group_rank": 0}
+    shell = {"pid": 11, "ppid": 1, "name": "bash", "state": "sleeping", "role": role}
+    python = {**_rank(21, 1, ["load_batch (train.py:9)", "main (train.py:30)"]), "ppid": 11}
+    culprit = stall_culprit([_rank(10, 0, _ALL_REDUCE), shell, {**python, "name": "python"}])
+    assert culprit is not None
+    assert culprit["text"] == (
+        "rank 1 (pid 21) stopped at train.py:9 in load_batch; rank 0 waits in all_reduce"
+    )
+    section = ranks_section({11: role, 21: role}, {11: 1, 21: 11}, {11: "bash", 21: "python"})
+    assert section is not None
+    assert [(r["rank"], r["pid"]) for r in section["ranks"]] == [(1, 21)]
+    # Without a rank outside the collective, one waiting rank is told in the singular.
+    waiting = stall_culprit([_rank(10, 0, _ALL_REDUCE), {**shell, "ppid": 1}])
+    assert waiting is not None
+    assert waiting["text"] == "rank 0 waits in all_reduce"
 
 
 def test_the_tee_prefixes_and_the_error_file_name_the_rank(tmp_path: Path) -> None:
