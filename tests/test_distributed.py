@@ -445,6 +445,47 @@ def test_the_culprit_rank_is_named_across_the_nodes_of_a_job() -> None:
     assert "first to stop progressing: n1" in text
 
 
+def test_the_culprit_across_nodes_is_judged_within_one_attempt_of_a_requeued_job() -> None:
+    """A requeued job's soaks: the ranks' stacks of its first attempt and of its restart are
+    never judged together; the latest attempt's stall names its culprit and its first node."""
+    in_all_reduce = {"state": "sleeping", "collective": "all_reduce", "where": "t.py:5 in step"}
+    in_load = {"state": "sleeping", "collective": None, "where": "train.py:88 in load_batch"}
+    soaks = []
+    for restart, culprit_node, minute in ((0, "n1", 2), (1, "n0", 4)):
+        for node, first_rank in (("n0", 0), ("n1", 2)):
+            stamp = f"00:0{minute}:{30 if node == culprit_node else 40}"
+            artifact = _node_soak(
+                node,
+                f"2026-01-01T{stamp}+00:00",
+                [
+                    {
+                        "rank": r,
+                        "pid": 10 + r,
+                        **(
+                            in_load
+                            if node == culprit_node and r == first_rank + 1
+                            else in_all_reduce
+                        ),
+                    }
+                    for r in (first_rank, first_rank + 1)
+                ],
+            )
+            artifact["snapshot"]["scheduler"]["restart_count"] = restart
+            soaks.append((f"{node}.{restart}.json", artifact))
+    combined = combine(soaks)
+    assert combined["culprit"]["text"] == (
+        "rank 1 (pid 11 on n0) stopped at train.py:88 in load_batch; "
+        "ranks 0, 2, 3 wait in all_reduce"
+    )
+    assert (combined["first_stalled"]["node"], combined["first_stalled"]["restart_count"]) == (
+        "n0",
+        1,
+    )
+    assert "culprit across the nodes (restart 1): rank 1 (pid 11 on n0)" in format_combined(
+        combined
+    )
+
+
 def test_mpirun_tagged_output_names_the_rank() -> None:
     """``mpirun --tag-output`` lines (``[job,rank]<stderr>:``) attribute a traceback to its
     rank; a bracketed word of the trainer's own log (``[gpu0]:``) does not make a rank."""
