@@ -271,8 +271,9 @@ def test_no_collective_no_verdict() -> None:
 
 
 def test_a_rank_data_loader_worker_is_not_a_rank_of_its_own() -> None:
-    """A worker inherits its rank's environment: the rank is its topmost process."""
-    worker = {**_rank(20, 1, ["load_batch (train.py:9)"]), "ppid": 11}
+    """A worker inherits its rank's environment: the rank is its topmost process, even where
+    the worker's pid is the lower one (pids wrap)."""
+    worker = {**_rank(5, 1, ["load_batch (train.py:9)"]), "ppid": 11}
     culprit = stall_culprit([_rank(10, 0, _ALL_REDUCE), _rank(11, 1, _ALL_REDUCE), worker])
     assert culprit is not None
     assert culprit["culprits"] == []
