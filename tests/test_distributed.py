@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from asyncsoak._analysis._trendwatch import TrendWatch
 from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._process._crash import describe_rank_crash, find_rank_exception
 from asyncsoak._process._ranks import (
@@ -394,6 +395,44 @@ def test_each_rank_has_its_cpu_metric() -> None:
     )
     rows = {name: samples for name, _, _, samples in metrics.rows()}
     assert rows["asyncsoak_rank_cpu_cores"][0][2] == pytest.approx(0.1)
+
+
+def test_a_rank_restarted_after_thousands_of_workers_is_still_known() -> None:
+    """Data-loader workers (they inherit their rank) come and go every epoch: once thousands
+    have gone, a rank restarted by torchrun still has its CPU metric, its CPU is the ranks'
+    CPU of the stall's verdict."""
+    role = {"rank": 1, "local_rank": 1, "world_size": 2, "group_rank": 0, "source": "torch"}
+    launcher = {"pid": 5, "ppid": 1, "cpu_percent": 1.0, "role": {"launcher": "torchrun"}}
+    metrics = SoakMetrics(soak_id="s", host="h")
+    watch = TrendWatch()
+    rank = {"pid": 6, "ppid": 5, "cpu_percent": 1.0, "cmdline": ["python"], "role": role}
+    for n in range(5000):
+        worker = {"pid": 100 + n, "ppid": 6, "cpu_percent": 1.0, "cmdline": ["python"]}
+        event = {
+            "kind": "sample",
+            "t": float(n),
+            "tree": {"processes": 3, "cpu_percent": 3.0},
+            "points": {"tree": {}},
+            "processes": [launcher, rank, {**worker, "role": role}],
+        }
+        metrics.observe(event)
+        watch.add_sample(float(n), event)
+        launcher = {k: v for k, v in launcher.items() if k != "role"}
+        rank = {"pid": 6, "ppid": 5, "cpu_percent": 1.0}
+    restarted = {"pid": 9000, "ppid": 5, "cpu_percent": 80.0, "cmdline": ["python"], "role": role}
+    event = {
+        "kind": "sample",
+        "t": 5000.0,
+        "tree": {"processes": 2, "cpu_percent": 81.0},
+        "points": {"tree": {}},
+        "processes": [launcher, restarted],
+    }
+    metrics.observe(event)
+    watch.add_sample(5000.0, event)
+    rows = {name: samples for name, _, _, samples in metrics.rows()}
+    assert rows["asyncsoak_rank_cpu_cores"][0][2] == pytest.approx(0.8)
+    assert watch.recent_cpu[-1] == (5000.0, 80.0)
+    assert watch.roles[9000]["rank"] == 1
 
 
 def _node_soak(node: str, last_progress: str, ranks: list[dict[str, Any]]) -> Any:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._process._ranks import WRAPPER_NAMES
 from .._record._events import MEMORY_CGROUP_LIMITS
 from .._record._series import SeriesBuffer
 from ._trends import (
@@ -352,7 +353,23 @@ class TrendWatch:
             role = self.roles.get(pid)
             if role is not None and "rank" in role and proc.get("cpu_percent") is not None:
                 cpu = (cpu or 0.0) + float(proc["cpu_percent"])
+        # A sample lists every process of the tree.  A gone process that inherited its
+        # parent's rank (a data loader's worker of a past epoch) is forgotten, to leave room
+        # for the new ones: the artifact's ranks keep each rank's own process, and the
+        # launchers, even once gone.
+        alive = {int(proc["pid"]) for proc in processes}
+        for pid in [p for p in self.roles if p not in alive and self._inherited_role(p)]:
+            del self.roles[pid], self.role_parents[pid], self.role_names[pid]
         return cpu
+
+    def _inherited_role(self, pid: int) -> bool:
+        """Whether ``pid``'s role is its parent's (a rank's worker; a rank that a shell
+        started is not: see :func:`._ranks.rank_leaders`)."""
+        ppid = self.role_parents.get(pid, 0)
+        parent = self.roles.get(ppid)
+        if parent is None or self.role_names.get(ppid) in WRAPPER_NAMES:
+            return False
+        return parent == self.roles.get(pid)
 
     def _track(
         self,
