@@ -23,6 +23,8 @@ class Failure(TypedDict):
     reason: str  # a FailureReason
     message: str
     at: str | None
+    #: The GPU a ``gpu_fault`` is about: ``{"index", "uuid", "bus_id"}``.
+    gpu: NotRequired[dict[str, Any]]
 
 
 class ExceptionInfo(TypedDict):
@@ -182,6 +184,7 @@ class Artifact(TypedDict):
     oom_kills: NotRequired[list[dict[str, Any]]]
     forensics: NotRequired[dict[str, Any] | None]
     stop: NotRequired[Stop]
+    gpu_health: NotRequired[dict[str, Any]]
 
 
 def series_times(series: Series) -> list[float]:

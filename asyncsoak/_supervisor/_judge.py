@@ -8,7 +8,7 @@ ends the soak when a budget or ``leak_check="fail"`` says so.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -17,9 +17,10 @@ import anyio
 from .._analysis._trendwatch import GPU_SETTLE_SECONDS
 from .._blocking import BlockingCallTimeout, run_blocking
 from .._record._artifact import ArtifactBuilder
-from .._record._events import Limits, TrendFound, WarningEvent
+from .._record._events import GpuFault, Limits, TrendFound, WarningEvent
 from .._record._sink import EventSink
 from .._record._vocabulary import EventKind
+from .._sampling._gpu_health import fault_gpu
 from .._sampling._limits import MemoryCgroup, read_limits
 from .._units import format_duration
 from ._config import SoakConfig
@@ -54,8 +55,10 @@ class RunJudge:
         rule_fired: Fail,
         fail: Fail,
         ended: Callable[[], bool],
+        gpu_failed: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
         self.cfg = cfg
+        self._gpu_failed = gpu_failed
         self._builder = builder
         self._rule_fired = rule_fired
         self._fail = fail
@@ -76,6 +79,13 @@ class RunJudge:
         if reason in HANG_REASONS:
             message += f"; the tree was {self._builder.trends.activity()}"
         await self._rule_fired(reason, message)
+
+    async def gpu_fault(self, fault: GpuFault) -> None:
+        """A GPU fault that fails the run (on a GPU the tree uses): ``gpu_fault``, even when the
+        run is ending already (a trainer killed by the fault exits before the kernel log is
+        read).  The GPU sampler records the other faults as warnings itself."""
+        if self._gpu_failed is not None:
+            await self._gpu_failed(fault.message, fault_gpu(fault))
 
     async def emit_limits(self, sink: EventSink, pid: int) -> MemoryCgroup | None:
         """The limits the run is judged against (memory, the cgroup of the command ``pid``,
