@@ -18,6 +18,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import SoakFailureError, run_soak
+from asyncsoak._record._artifact import check_artifact
 from asyncsoak._record._events import Event, GpuFault, WarningEvent
 from asyncsoak._record._sink import SoakClock, open_event_queue
 from asyncsoak._sampling._gpu_health import (
@@ -30,6 +31,8 @@ from asyncsoak._sampling._gpu_health import (
     pci_key,
 )
 from asyncsoak._sampling._gpu_sampler import run_gpu_sampler
+from asyncsoak._view._evidence import gather
+from asyncsoak._view._summary import format_summary, summarize
 
 from .conftest import assert_valid, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi
@@ -289,3 +292,89 @@ def test_visible_devices_decide_which_gpus_the_run_uses() -> None:
 def fixture_lines(name: str) -> list[str]:
     path = Path(__file__).parent / "fixtures" / "nvidia-smi" / "faults" / name
     return [line for line in path.read_text().splitlines() if line.strip()]
+
+
+#: A child that holds the GPU (its pid to the fake nvidia-smi), makes progress once, then
+#: stalls doing ``STALL`` forever.
+STALLER = """
+import os, pathlib, sys, time
+progress, pid_file = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+progress.mkdir(parents=True, exist_ok=True)
+pid_file.write_text(str(os.getpid()))
+(progress / "steps.txt").write_text("0\\n")
+while True:
+    STALL
+"""
+
+
+async def stalled(tmp_path: Path, stall: str, **fake: Any) -> SoakFailureError:
+    smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", **fake)
+    command = [
+        *py(STALLER.replace("STALL", stall)),
+        str(tmp_path / "progress"),
+        str(tmp_path / "gpu.pid"),
+    ]
+    limits = fast_limits(
+        tmp_path,
+        nvidia_smi=str(smi.path),
+        stale_progress_seconds=1.5,
+        forensics=False,
+    )
+    with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
+        await run_soak(command=command, **limits)
+    assert info.value.reason == "stale_progress"
+    return info.value
+
+
+@pytest.mark.asyncio
+async def test_a_stall_on_a_busy_gpu_at_low_power_is_a_busy_gpu_without_progress(
+    tmp_path: Path,
+) -> None:
+    """100 % utilisation at 17 % of the power limit (119 W of 700 W): the hung-collective
+    signature, with the figures, in the headline and in the summary."""
+    error = await stalled(tmp_path, "time.sleep(1)", utilization=100, power_w=119)
+    message = error.failures[0]["message"]
+    assert "; the tree was idle (CPU " in message
+    assert (
+        "its GPUs: gpu0 busy with no progress (100% utilisation at 17% of its power limit "
+        "(119 W of 700 W)): near-full utilisation at low power, the signature of a hung "
+        "collective" in message
+    )
+    summary = summarize_text(error)
+    assert "GPUs while stalled: gpu0 busy with no progress (100% utilisation at 17%" in summary
+
+
+@pytest.mark.asyncio
+async def test_a_stall_on_an_idle_gpu_is_an_idle_gpu(tmp_path: Path) -> None:
+    """An idle GPU under a stalled tree is said to be idle, with its figures."""
+    error = await stalled(tmp_path, "time.sleep(1)", mode="idle")
+    message = error.failures[0]["message"]
+    assert "; its GPUs: gpu0 idle (0% utilisation)" in message
+    assert "hung collective (a rank" not in message
+
+
+@pytest.mark.asyncio
+async def test_a_hang_with_a_little_cpu_is_idle_in_the_headline_the_hints_and_the_advice(
+    tmp_path: Path,
+) -> None:
+    """A waiting trainer whose helper threads use about a tenth of a core: idle in the
+    headline, idle in the summary, and no "it was only slow" advice."""
+    spin = (
+        "end = time.monotonic() + 0.01\n"
+        "    while time.monotonic() < end: pass\n"
+        "    time.sleep(0.09)"
+    )
+    error = await stalled(tmp_path, spin, mode="idle")
+    message = error.failures[0]["message"]
+    assert "; the tree was idle (CPU " in message, message
+    summary = summarize_text(error)
+    assert "The process tree was idle while stalled" in summary
+    assert "if it was only slow" not in summary
+    assert "kept busy" not in summary
+
+
+def summarize_text(error: SoakFailureError) -> str:
+    """The summary's text and the report's advice, as a reader gets them."""
+    artifact = check_artifact(error.artifact)
+    steps = gather(artifact).next_steps
+    return format_summary(summarize(artifact)) + "\n" + "\n".join(steps)

@@ -17,6 +17,7 @@ from typing import Any
 
 from .._record._events import MEMORY_CGROUP_LIMITS
 from .._record._series import SeriesBuffer
+from ._activity import GpuActivity, describe_gpus, describe_tree
 from ._trends import (
     FLOORS,
     RECENT_FRACTIONS,
@@ -57,11 +58,8 @@ SHUTDOWN_SECONDS = 0.5
 #: Progress-rate buckets: this many sample intervals, within these bounds (seconds).
 RATE_BUCKET_INTERVALS = 5
 RATE_BUCKET_BOUNDS = (0.5, 60.0)
-#: A tree is busy, not waiting, above these (percent of one core; GPU utilisation), as a
-#: mean over the last ``ACTIVITY_SAMPLES`` samples: a waiting tree uses next to nothing, and a
-#: spinning one on a loaded machine gets a share of a core, not all of it.
-BUSY_CPU_PERCENT = 5.0
-BUSY_GPU_PERCENT = 10.0
+#: What a stalled tree was doing is judged (``_activity``) on the mean of its last this many
+#: samples.
 ACTIVITY_SAMPLES = 10
 #: The tree's judged memory, by preference (the first the sample has), with what it measures:
 #: anonymous + shared memory, counted once (PSS, ``--detailed-memory``) or per process; RSS
@@ -193,7 +191,8 @@ class TrendWatch:
         self.tree_gpu_bytes: int | None = None
         self.disk_free: dict[str, tuple[str, int]] = {}  # label -> (path, free bytes)
         self.recent_cpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
-        self.recent_gpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
+        #: GPU index -> its last (utilisation, power, power limit) readings.
+        self.recent_gpus: dict[int, deque[tuple[float | None, float | None, float | None]]] = {}
         self.uninterruptible: list[str] = []
         self.peak_tree_rss: int | None = None
         self.peak_machine_used: int | None = None
@@ -402,6 +401,13 @@ class TrendWatch:
             index = gpu.get("index")
             if index is None:
                 continue
+            self.recent_gpus.setdefault(int(index), deque(maxlen=ACTIVITY_SAMPLES)).append(
+                (
+                    gpu.get("utilization_gpu_percent"),
+                    gpu.get("power_draw_w"),
+                    gpu.get("power_limit_w"),
+                )
+            )
             total = gpu.get("memory_total_mib")
             if total is not None:
                 self.gpu_total[int(index)] = int(total * MiB)
@@ -413,19 +419,15 @@ class TrendWatch:
         if processes is None:
             return
         tree_total = 0
-        utilisation: list[float] = []
-        gpus_of_tree = set()
         for proc in processes:
             if not proc.get("in_tree"):
                 continue
             used = proc.get("used_gpu_memory_mib")
             value = None if used is None else int(used * MiB)
             tree_total += value or 0
-            if proc.get("gpu_index") is not None:
-                gpus_of_tree.add(proc["gpu_index"])
-                if value:
-                    self.gpus_of_tree.add(int(proc["gpu_index"]))
-                    self.gpu_pids_of_tree[int(proc["pid"])] = str(proc.get("name") or "?")
+            if proc.get("gpu_index") is not None and value:
+                self.gpus_of_tree.add(int(proc["gpu_index"]))
+                self.gpu_pids_of_tree[int(proc["pid"])] = str(proc.get("name") or "?")
             record = self.processes.get(int(proc["pid"]))
             if record is not None and value is not None:
                 record.gpu_now = value
@@ -438,11 +440,6 @@ class TrendWatch:
                         name=record.name,
                     )
                 record.gpu.add(t, value)
-        for gpu in event.get("gpus") or []:
-            if gpu.get("index") in gpus_of_tree and gpu.get("utilization_gpu_percent") is not None:
-                utilisation.append(float(gpu["utilization_gpu_percent"]))
-        if utilisation:
-            self.recent_gpu.append(max(utilisation))
         self.tree_gpu_bytes = tree_total
         self._track("tree.gpu_memory_bytes", "bytes", "GPU memory of the tree").add(t, tree_total)
 
@@ -706,19 +703,31 @@ class TrendWatch:
         return [r.to_json() for r in top]
 
     def activity(self) -> str:
-        """What a stalled tree is doing: busy, idle (waiting) or in uninterruptible sleep."""
-        if self.uninterruptible:
-            return "in uninterruptible sleep (I/O): " + ", ".join(self.uninterruptible[:4])
+        """What a stalled tree is doing (busy, idle, in uninterruptible sleep) and its GPUs
+        (idle, busy, busy at low power), over its last samples: see ``_activity``."""
         cpu = sum(self.recent_cpu) / len(self.recent_cpu) if self.recent_cpu else None
-        gpu = sum(self.recent_gpu) / len(self.recent_gpu) if self.recent_gpu else None
-        figures = f"CPU {cpu:.0f}%" if cpu is not None else "CPU unknown"
-        if gpu is not None:
-            figures += f", GPU {gpu:.0f}%"
-        if (cpu or 0) >= BUSY_CPU_PERCENT or (gpu or 0) >= BUSY_GPU_PERCENT:
-            return f"busy ({figures}): slow or spinning"
-        if cpu is None and gpu is None:
-            return "of unknown activity (no sample yet)"
-        return f"idle ({figures}): waiting, a deadlock or a hung collective"
+        text = describe_tree(cpu, self.uninterruptible)
+        gpus = describe_gpus(self.recent_gpu_activity())
+        return text if gpus is None else f"{text}; its GPUs: {gpus}"
+
+    def recent_gpu_activity(self) -> list[GpuActivity]:
+        """The tree's GPUs (every GPU while none is known to be the tree's), their means over
+        the last samples."""
+        indices = sorted(self.gpus_of_tree or self.recent_gpus)
+        return [
+            GpuActivity(
+                index,
+                _mean([u for u, _, _ in self.recent_gpus.get(index, ())]),
+                _mean([p for _, p, _ in self.recent_gpus.get(index, ())]),
+                _mean([limit for _, _, limit in self.recent_gpus.get(index, ())]),
+            )
+            for index in indices
+        ]
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _round(value: float | None) -> float | None:

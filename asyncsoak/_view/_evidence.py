@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
+from .._analysis._activity import GpuActivity, tree_verdict
 from .._process._crash import last_traceback
 from .._record._schema import Artifact, Failure, Trend
 from .._record._vocabulary import EventKind, FailureReason
@@ -29,8 +30,6 @@ LOG_LINES = 14
 #: Names that make a changed path a checkpoint to resume from.
 CHECKPOINT_WORDS = ("checkpoint", "ckpt")
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".pkl")
-#: Tree CPU (percent of one core) above which a stalled tree counts as busy.
-BUSY_CPU_PERCENT = 50.0
 
 _TRACEBACK = "Traceback (most recent call last):"
 _FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
@@ -149,6 +148,23 @@ def series_typical(
         if t is not None and start <= t <= end and v is not None
     ]
     return statistics.median(values) if values else None
+
+
+def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity]:
+    """Each GPU's typical utilisation and power over a stall (the tree's GPUs when known)."""
+    groups = sorted(
+        (g for g in artifact["series"] if g.startswith("gpu") and g[3:].isdigit()),
+        key=lambda g: int(g[3:]),
+    )
+    return [
+        GpuActivity(
+            int(group[3:]),
+            series_typical(artifact, group, "utilization_gpu_percent", start, end),
+            series_typical(artifact, group, "power_draw_w", start, end),
+            series_typical(artifact, group, "power_limit_w", start, end),
+        )
+        for group in groups
+    ]
 
 
 def innermost_python_frame(process: Mapping[str, Any]) -> str | None:
@@ -427,7 +443,7 @@ def _next_steps(
             else "startup_timeout_seconds"
         )
         limit = config_value(artifact, name)
-        if cpu is not None and cpu >= BUSY_CPU_PERCENT:
+        if tree_verdict(cpu) == "busy":
             steps.append(
                 f"The tree was busy (CPU about {cpu:.0f}%): if it was only slow, raise {option}"
                 + (f" (now {format_duration(limit)})." if limit else ".")

@@ -11,6 +11,7 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .._analysis._activity import describe_gpus, tree_verdict
 from .._process._exits import describe as describe_exit
 from .._process._exits import forwarded_signals
 from .._record._schema import Artifact
@@ -26,6 +27,7 @@ from ._evidence import (
     leaking_series,
     seconds_at,
     series_typical,
+    stall_gpus,
     stall_window,
     trend_text,
 )
@@ -56,9 +58,6 @@ STATUS_HEADLINES: dict[str, str] = {
 }
 #: Throttle reasons that mean nothing is held back.
 IDLE_THROTTLE = frozenset({"gpu_idle", "none", "not_active"})
-#: Tree CPU (percent of one core) below which a stalled tree is called idle, above which busy.
-IDLE_CPU_PERCENT = 5.0
-BUSY_CPU_PERCENT = 50.0
 
 
 def summarize(artifact: Artifact) -> dict[str, Any]:
@@ -264,30 +263,28 @@ def _stall_hints(artifact: Artifact) -> list[str]:
 
 
 def _stall_cpu_hints(artifact: Artifact) -> list[str]:
+    """What the tree and its GPUs were doing while stalled: the verdict the stall's headline
+    gives (``_activity``), over the stall window."""
     window = stall_window(artifact)
     if window is None:
         return []
     start, end = window
     hints = []
     cpu = series_typical(artifact, "tree", "cpu_percent", start, end)
-    if cpu is not None and cpu <= IDLE_CPU_PERCENT:
+    verdict = tree_verdict(cpu)
+    if verdict == "idle":
         hints.append(
             f"The process tree was idle while stalled (CPU about {cpu:.0f}%): it was waiting "
             "(a deadlock, a hung collective, blocked I/O), not computing."
         )
-    elif cpu is not None and cpu >= BUSY_CPU_PERCENT:
+    elif verdict == "busy":
         hints.append(
             f"The process tree kept busy while stalled (CPU about {cpu:.0f}%): a busy loop, "
             "or work that no longer writes to the progress dir."
         )
-    gpus = []
-    for group in sorted(artifact["series"], key=lambda g: (len(g), g)):
-        if group_kind(group) == "gpu":
-            util = series_typical(artifact, group, "utilization_gpu_percent", start, end)
-            if util is not None:
-                gpus.append(f"{group} about {util:.0f}%")
+    gpus = describe_gpus(stall_gpus(artifact, start, end))
     if gpus:
-        hints.append(f"GPU utilisation while stalled: {', '.join(gpus)}.")
+        hints.append(f"GPUs while stalled: {gpus}.")
     return hints
 
 
