@@ -30,6 +30,8 @@ Settings (environment):
   of its own: every reader of ``/dev/kmsg`` on the machine sees every line.
 - ``FAKE_SMI_UTIL`` / ``FAKE_SMI_POWER_W``: the GPUs' utilisation (percent) and power draw
   (W) in place of the captured ones (a hung collective: 100 % at a fraction of the limit).
+- ``FAKE_SMI_THROTTLE``: the clock event reason mask (``0x44``: the power cap and HW thermal
+  slowdown) in place of the captured one.
 - ``FAKE_SMI_FAULT_FILE``: a file read at every iteration; while it exists, its first word is a
   fault of GPU 0: ``ecc`` (the uncorrectable volatile ECC count rises to 2), ``remap`` (a row
   remap pending, one uncorrectable row remapped), ``lost`` (nvidia-smi prints the driver's
@@ -165,6 +167,7 @@ class Fake:
         self.bus_id = os.environ.get("FAKE_SMI_BUS_ID")
         self.util = os.environ.get("FAKE_SMI_UTIL")
         self.power = os.environ.get("FAKE_SMI_POWER_W")
+        self.throttle = os.environ.get("FAKE_SMI_THROTTLE")
         self.fault_file = os.environ.get("FAKE_SMI_FAULT_FILE")
         self.pids = {
             CAPTURED_PID: os.environ.get("FAKE_SMI_PID", CAPTURED_PID),
@@ -224,6 +227,8 @@ class Fake:
             captured["utilization.gpu"] = self.util
         if self.power is not None:
             captured["power.draw"] = self.power
+        if self.throttle is not None:
+            captured["clocks_event_reasons.active"] = f"0x{int(self.throttle, 16):016x}"
         base = self.bus_id or captured["pci.bus_id"]
         domain, bus, rest = base.split(":")
         fault = self.fault()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import SoakFailureError, run_soak
+from asyncsoak._export._metrics import SoakMetrics, encode_rows
 from asyncsoak._record._artifact import check_artifact
 from asyncsoak._record._events import Event, GpuFault, WarningEvent
 from asyncsoak._record._sink import SoakClock, open_event_queue
@@ -378,3 +381,67 @@ def summarize_text(error: SoakFailureError) -> str:
     artifact = check_artifact(error.artifact)
     steps = gather(artifact).next_steps
     return format_summary(summarize(artifact)) + "\n" + "\n".join(steps)
+
+
+@pytest.mark.asyncio
+async def test_a_slowdown_says_what_held_the_gpus_back(tmp_path: Path) -> None:
+    """Progress slows while the GPU is held back by HW thermal slowdown: the slowdown warning
+    names it with its share of the time, and so does the run's throttle warning."""
+    body = """
+import pathlib, sys, time
+progress = pathlib.Path(sys.argv[1])
+progress.mkdir(parents=True, exist_ok=True)
+for pause in [0.05] * 30 + [0.4] * 8:
+    with open(progress / "steps.txt", "a") as f:
+        f.write("step\\n")
+    time.sleep(pause)
+"""
+    smi = install_fake_nvidia_smi(tmp_path, throttle_mask=0x44)
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=[*py(body), str(tmp_path / "progress")],
+            **fast_limits(tmp_path, sample_interval_seconds=0.05, nvidia_smi=str(smi.path)),
+        )
+    slowing = [w for w in artifact["warnings"] if w.startswith("progress slowing: ")]
+    assert len(slowing) == 1, artifact["warnings"]
+    assert "; GPUs held back over the same span: gpu0 by hw_thermal_slowdown 100%" in slowing[0]
+    assert "sw_power_cap 100% of the time" in slowing[0]
+    assert (
+        "gpu0 clocks held back by hw_thermal_slowdown 100% of the run (more than 10%)"
+        in artifact["warnings"][-1]
+    )
+    shares = artifact["gpu_health"]["gpu0"]["throttle_shares"]
+    assert shares == {"hw_thermal_slowdown": 1.0, "sw_power_cap": 1.0}
+    assert artifact["gpu_health"]["gpu0"]["pcie_link"]["gen_max"] == 5
+
+
+def test_live_metrics_count_xids_by_code_and_flag_the_faulted_gpu() -> None:
+    """An Xid counter by code and a fault gauge per GPU, labelled gpu and UUID as
+    dcgm-exporter labels its series; promtool reads the scrape."""
+    metrics = SoakMetrics("s1", host="h")
+    reading = {"index": 0, "uuid": "GPU-a"}
+    metrics.observe(
+        {"t": 1.0, "kind": "gpu_sample", "gpus": [reading, {"index": 1, "uuid": "GPU-b"}]}
+    )
+    for code, fails in ((13, False), (79, True), (79, True)):
+        metrics.observe(
+            {
+                "t": 2.0,
+                "kind": "gpu_fault",
+                "fault": "xid",
+                "gpu": 0,
+                "uuid": "GPU-a",
+                "xid": code,
+                "fails": fails,
+            }
+        )
+    text = encode_rows(metrics.rows(), openmetrics=False).decode()
+    assert 'asyncsoak_gpu_xid_errors_total{UUID="GPU-a",gpu="0",soak_id="s1",xid="79"} 2.0' in text
+    assert 'asyncsoak_gpu_xid_errors_total{UUID="GPU-a",gpu="0",soak_id="s1",xid="13"} 1.0' in text
+    assert 'asyncsoak_gpu_fault{UUID="GPU-a",gpu="0",soak_id="s1"} 1.0' in text
+    assert 'asyncsoak_gpu_fault{UUID="GPU-b",gpu="1",soak_id="s1"} 0.0' in text
+    if shutil.which("promtool"):
+        checked = subprocess.run(
+            ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -179,6 +179,8 @@ class RunJudge:
                 )
             if verdict != "leak":
                 if first_time:
+                    if verdict == "slowing":
+                        message = self._slowdown_with_gpus(message, entry, sink.elapsed())
                     await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
                 continue
             seen = self._live_leaks.setdefault(key, sink.elapsed())
@@ -195,6 +197,17 @@ class RunJudge:
                 # The warning is the whole run's verdict: a rise seen during the run (the
                 # ``trend`` event marks when) that turned out to be a long cycle is no leak.
                 await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
+
+        if final:
+            for message in self._builder.gpu_health.throttle_warnings():
+                await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
+
+    def _slowdown_with_gpus(self, message: str, entry: Mapping[str, Any], now: float) -> str:
+        """A slowdown says whether the GPUs were held back over its span (its last quarter,
+        against which the first is compared), by what and for what share of the time."""
+        span = entry.get("span_seconds") or now
+        held = self._builder.gpu_health.held_back(now - span / 4, now)
+        return f"{message}; {held}" if held else message
 
     async def _withdraw(
         self, sink: EventSink, series: str, entry: Mapping[str, Any] | None, *, final: bool

@@ -150,6 +150,23 @@ def series_typical(
     return statistics.median(values) if values else None
 
 
+def gpu_faults(artifact: Artifact) -> list[dict[str, Any]]:
+    """Every GPU fault of the run (``gpu_health``), those that failed it first, each with the
+    GPU's ``gpu``, ``uuid`` and ``bus_id``."""
+    found = []
+    for health in (artifact.get("gpu_health") or {}).values():
+        for fault in health.get("faults") or []:
+            found.append(
+                {
+                    **fault,
+                    "gpu": health.get("index"),
+                    "uuid": health.get("uuid"),
+                    "bus_id": health.get("bus_id"),
+                }
+            )
+    return sorted(found, key=lambda f: (not (f["fails"] and f["used"]), f["t"]))
+
+
 def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity]:
     """Each GPU's typical utilisation and power over a stall (the tree's GPUs when known)."""
     groups = sorted(
@@ -448,6 +465,15 @@ def _next_steps(
                 f"The tree was busy (CPU about {cpu:.0f}%): if it was only slow, raise {option}"
                 + (f" (now {format_duration(limit)})." if limit else ".")
             )
+    elif primary == FailureReason.GPU_FAULT:
+        faults = gpu_faults(artifact)
+        if faults and faults[0].get("action"):
+            action = str(faults[0]["action"])
+            steps.append(f"GPU {faults[0]['gpu']} ({faults[0]['bus_id']}): {action}.")
+        steps.append(
+            "The fault is the machine's, not the training's: rerun on a healthy GPU"
+            + (f", and {resume}." if resume else ".")
+        )
     elif primary in (FailureReason.NONZERO_EXIT, FailureReason.SIGNALED):
         fix = f"Fix the error at {where}" if where else "Read the log's end below for the error"
         steps.append(fix + (f", then {resume}." if resume else "."))

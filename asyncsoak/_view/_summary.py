@@ -23,6 +23,7 @@ from ._evidence import (
     Leak,
     config_value,
     gather,
+    gpu_faults,
     innermost_python_frame,
     leaking_series,
     seconds_at,
@@ -183,6 +184,10 @@ def look_first(artifact: Artifact) -> list[str]:
             f"min_duration_seconds={config_value(artifact, 'min_duration_seconds') or 0:g}: "
             "a crash early on, or a run configured to finish too soon."
         )
+    elif primary == FailureReason.GPU_FAULT:
+        for fault in gpu_faults(artifact)[:3]:
+            when = format_duration(float(fault["t"]))
+            hints.append(f"GPU fault {when} into the run: {fault['message']}")
     elif primary == FailureReason.MONITOR_LOST:
         hints.append(
             "This artifact was rebuilt from the journal: the figures stop where the monitor "
