@@ -96,6 +96,8 @@ XML_FIELDS = {
 APP_FIELDS = ["pid", "process_name", "used_gpu_memory", "gpu_uuid", "gpu_bus_id"]
 TWO_FIELDS = ["timestamp", "pid", "process_name", "used_gpu_memory", "gpu_uuid"]
 GPU_ALIASES = {
+    "gpu_bus_id": "pci.bus_id",
+    "gpu_uuid": "uuid",
     "clocks.current.sm": "clocks.sm",
     "clocks.current.memory": "clocks.mem",
     "clocks_throttle_reasons.active": "clocks_event_reasons.active",
@@ -342,8 +344,9 @@ def main(argv: list[str]) -> int:
     args = list(argv)
     while args:
         arg = args.pop(0)
-        if arg.startswith(("--query-gpu=", "--query-compute-apps=")):
-            gpu = arg.startswith("--query-gpu=")
+        if arg.startswith(("--query-gpu=", "--query-compute-apps=", "--query-remapped-rows=")):
+            # --query-remapped-rows is answered from the GPU rows (gpu_bus_id, gpu_uuid...).
+            gpu = not arg.startswith("--query-compute-apps=")
             query = arg.split("=", 1)[1].split(",")
         elif arg.startswith("--format="):
             fmt = arg.split("=", 1)[1]

@@ -34,6 +34,7 @@ from asyncsoak._sampling._gpu_health import (
     pci_key,
 )
 from asyncsoak._sampling._gpu_sampler import run_gpu_sampler
+from asyncsoak._sampling._nvidia_smi import parse_remapped_rows_line
 from asyncsoak._view._evidence import gather
 from asyncsoak._view._summary import format_summary, summarize
 
@@ -445,3 +446,18 @@ def test_live_metrics_count_xids_by_code_and_flag_the_faulted_gpu() -> None:
             ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
         )
         assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_remapped_rows_query_format_is_read() -> None:
+    """``--query-remapped-rows`` rows (the fixture) read to the same figures as the GPU query's."""
+    (line,) = fixture_lines("remapped_rows.txt")
+    row = parse_remapped_rows_line(line)
+    assert row == {
+        "bus_id": "00000000:00:06.0",
+        "uuid": "GPU-ea9029a8-d08e-1132-08a6-ed0bbd671b49",
+        "remapped_rows_correctable": 0,
+        "remapped_rows_uncorrectable": 0,
+        "remapped_rows_pending": False,
+        "remapped_rows_failure": False,
+        "errors": {},
+    }

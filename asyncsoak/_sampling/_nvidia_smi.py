@@ -85,6 +85,18 @@ FIELD_FALLBACKS: dict[str, str] = {
 #: Fields without which a row means nothing: a rejection of one of them cannot be worked around.
 REQUIRED_FIELDS = frozenset({"timestamp", "index", "pid"})
 
+#: ``nvidia-smi --query-remapped-rows``: the same figures as the ``remapped_rows.*`` GPU fields
+#: (the sampler asks those, in its one GPU query); ``benchmarks/gpu_check.py`` compares both.
+REMAPPED_ROWS_QUERY = "--query-remapped-rows"
+REMAPPED_ROWS_FIELDS: tuple[str, ...] = (
+    "gpu_bus_id",
+    "gpu_uuid",
+    "remapped_rows.correctable",
+    "remapped_rows.uncorrectable",
+    "remapped_rows.pending",
+    "remapped_rows.failure",
+)
+
 GPU_QUERY = "--query-gpu"
 APPS_QUERY = "--query-compute-apps"
 #: nvidia-smi's exit status when it sees no GPU.
@@ -376,6 +388,18 @@ def parse_process_line(line: str, fields: Sequence[str]) -> tuple[str | None, Gp
     if kwargs.get("pid") is None:
         raise SmiParseError(f"no pid in {line.strip()!r}")
     return timestamp, GpuProcess(**kwargs, errors=errors)
+
+
+def parse_remapped_rows_line(line: str) -> dict[str, Any]:
+    """One row of ``--query-remapped-rows`` asked with :data:`REMAPPED_ROWS_FIELDS`:
+    ``{"bus_id", "uuid", "remapped_rows_correctable", ..., "errors"}``."""
+    spec = {
+        **_GPU_SPEC,
+        "gpu_bus_id": ("bus_id", _text),
+        "gpu_uuid": ("uuid", _text),
+    }
+    _, values, errors = _convert(line, REMAPPED_ROWS_FIELDS, spec, _GPU_ALIASES)
+    return {**values, "errors": errors}
 
 
 def data_lines(output: str, fields: Sequence[str]) -> list[str]:
