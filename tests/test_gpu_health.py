@@ -345,7 +345,8 @@ async def test_a_stall_on_a_busy_gpu_at_low_power_is_a_busy_gpu_without_progress
         "collective" in message
     )
     summary = summarize_text(error)
-    assert "GPUs while stalled: gpu0 busy with no progress (100% utilisation at 17%" in summary
+    flat = " ".join(summary.split())
+    assert "GPUs while stalled: gpu0 busy with no progress (100% utilisation at 17%" in flat
 
 
 @pytest.mark.asyncio
@@ -353,7 +354,7 @@ async def test_a_stall_on_an_idle_gpu_is_an_idle_gpu(tmp_path: Path) -> None:
     """An idle GPU under a stalled tree is said to be idle, with its figures."""
     error = await stalled(tmp_path, "time.sleep(1)", mode="idle")
     message = error.failures[0]["message"]
-    assert "; its GPUs: gpu0 idle (0% utilisation)" in message
+    assert "; its GPUs: idle (gpu0 0% utilisation)" in message
     assert "hung collective (a rank" not in message
 
 

@@ -102,6 +102,9 @@ def describe_gpus(gpus: Sequence[GpuActivity]) -> str | None:
     known = [g for g in gpus if g.verdict != "unknown"]
     if not known:
         return None
+    if all(g.verdict == "idle" for g in known):
+        figures = ", ".join(f"gpu{g.index} {g.utilization_percent:.0f}%" for g in known)
+        return f"idle ({figures} utilisation)"
     parts = []
     for gpu in known:
         verdict = gpu.verdict

@@ -31,6 +31,8 @@ from ._nvidia_smi import GpuReading
 #: Utilisation (percent) at or above which a GPU is "under load" for the PCIe link check: an
 #: idle GPU trains its link down on purpose to save power.
 LINK_LOAD_PERCENT = 50.0
+#: What to do about a GPU that is lost.
+LOST_ACTION = "drain the node; check the GPU's power and PCIe seating, then reboot"
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,9 +383,22 @@ class GpuHealthWatch:
         if gpu is None:
             if pci is None or self._gpus or pci in self._lost_unlisted:
                 return []  # an address that is no GPU of this soak, or said already
-            # Lost before nvidia-smi ever listed it: which GPU it was cannot be told.
+            # Lost before nvidia-smi ever listed it: the run cannot be using it (CUDA does not
+            # list it either), so it is a warning, whichever GPU it was.
             self._lost_unlisted.add(pci)
             gpu = _Gpu(-1, None, address)
+            gpu.lost = True
+            return [
+                self._fault(
+                    t,
+                    gpu,
+                    GpuFaultKind.LOST,
+                    f"GPU is lost already at the start (nvidia-smi: Unable to determine the "
+                    f"device handle: {why})",
+                    fails=False,
+                    action=LOST_ACTION,
+                )
+            ]
         if gpu.lost:
             return []
         return [self.lost(t, gpu, f"nvidia-smi: Unable to determine the device handle: {why}")]
@@ -396,7 +411,7 @@ class GpuHealthWatch:
             GpuFaultKind.LOST,
             f"GPU is lost ({why})",
             fails=True,
-            action="drain the node; check the GPU's power and PCIe seating, then reboot",
+            action=LOST_ACTION,
         )
 
     def _baseline(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[GpuFault]:

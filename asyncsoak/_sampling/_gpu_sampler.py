@@ -316,7 +316,9 @@ async def run_gpu_sampler(
             health=GpuHealthWatch(VisibleDevices.parse(visible_devices)),
             on_fault=on_fault,
         )
-        # Opened first: an Xid logged while nvidia-smi is first asked is not missed.
+        # Opened first: an Xid logged while nvidia-smi is first asked is not missed.  On the
+        # event loop, as the loops' pipes are read: /dev/kmsg is a character device whose
+        # open and non-blocking reads never wait on a disk.
         kernel_log = None if kmsg is None else KernelLogFollower.open(kmsg)
         sampler.kernel_log = kernel_log
         sampler.kernel_log_path = kmsg
