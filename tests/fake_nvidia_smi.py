@@ -124,9 +124,14 @@ def read(name: str) -> str:
     return (fixtures() / name).read_text()
 
 
+_ROWS: dict[str, list[dict[str, str]]] = {}
+
+
 def rows(name: str, fields: list[str]) -> list[dict[str, str]]:
-    lines = [line for line in read(name).splitlines() if line.strip()]
-    return [dict(zip(fields, line.split(SEPARATOR), strict=True)) for line in lines]
+    if name not in _ROWS:
+        lines = [line for line in read(name).splitlines() if line.strip()]
+        _ROWS[name] = [dict(zip(fields, line.split(SEPARATOR), strict=True)) for line in lines]
+    return [dict(row) for row in _ROWS[name]]
 
 
 _XML_VALUES: dict[str, dict[str, str]] = {}
@@ -291,6 +296,7 @@ class Fake:
         count = 0
         pid_file = os.environ.get("FAKE_SMI_PID_FILE")
         lost = False
+        last_ms = 0
         while not limit or count < limit:
             if gpu:
                 iterations = [self.gpu_rows()]
@@ -301,7 +307,13 @@ class Fake:
                     iterations = self.app_iterations()
                 except OSError:
                     iterations = [[]]
-            stamp = time.strftime("%Y/%m/%d %H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+            # One clock reading per stamp, never the same stamp twice: a loop that fell behind
+            # (a loaded machine) prints its late iterations within one millisecond, and lines
+            # sharing a stamp are one iteration to the sampler.
+            now_ms = max(int(time.time() * 1000), last_ms + 1)
+            last_ms = now_ms
+            stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now_ms / 1000))
+            stamp += f".{now_ms % 1000:03d}"
             for row in iterations[count % len(iterations)]:
                 memory = ("memory.used", "memory.free") if gpu else ("used_gpu_memory",)
                 row = self.grown(row, memory)
