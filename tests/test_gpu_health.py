@@ -8,6 +8,8 @@ only ever matched by the soak it was written for.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import random
 import shutil
@@ -21,7 +23,7 @@ from jsonschema import Draft202012Validator
 
 from asyncsoak import SoakFailureError, run_soak
 from asyncsoak._export._metrics import SoakMetrics, encode_rows
-from asyncsoak._record._artifact import check_artifact
+from asyncsoak._record._artifact import ArtifactBuilder, check_artifact
 from asyncsoak._record._events import Event, GpuFault, WarningEvent
 from asyncsoak._record._sink import SoakClock, open_event_queue
 from asyncsoak._sampling._gpu_health import (
@@ -34,7 +36,8 @@ from asyncsoak._sampling._gpu_health import (
     pci_key,
 )
 from asyncsoak._sampling._gpu_sampler import run_gpu_sampler
-from asyncsoak._sampling._nvidia_smi import parse_remapped_rows_line
+from asyncsoak._sampling._nvidia_smi import GpuReading, parse_remapped_rows_line
+from asyncsoak._view._compare import compare
 from asyncsoak._view._evidence import gather
 from asyncsoak._view._summary import format_summary, summarize
 
@@ -144,6 +147,19 @@ async def test_an_xid_in_the_kernel_log_fails_the_soak_naming_it(
     assert xid["action"].startswith("drain the node")
     assert xid["at"] is not None
     assert health["faults"][0]["used"] is True
+    # Every view leads with it: summary (text and JSON), the report's advice, compare.
+    typed = check_artifact(artifact)
+    summary = summarize(typed)
+    assert summary["reasons"][0]["gpu"]["bus_id"] == bus_id
+    assert summary["gpu_faults"][0]["xid"] == 79
+    assert summary["look_first"][0].startswith("GPU fault ")
+    assert gather(typed).next_steps[0] == (
+        f"GPU 0 ({bus_id}): drain the node; check the GPU's power and PCIe seating, then reboot."
+    )
+    healthy = copy.deepcopy(artifact)
+    healthy["gpu_health"]["gpu0"]["faults"] = []
+    rows = {r.key: r for r in compare(check_artifact(healthy), typed).rows}
+    assert rows["gpu.faults"].regressed
 
 
 @pytest.mark.asyncio
@@ -462,3 +478,79 @@ def test_the_remapped_rows_query_format_is_read() -> None:
         "remapped_rows_failure": False,
         "errors": {},
     }
+
+
+@needs_kmsg
+@pytest.mark.asyncio
+async def test_a_trainer_killed_by_an_xid_fails_gpu_fault_first(tmp_path: Path) -> None:
+    """The trainer logs its GPU's Xid 79 and dies at once: the exit is the fault's consequence,
+    so gpu_fault is the primary reason and nonzero_exit follows it."""
+    bus_id, xid_pci = unique_bus_id()
+    line = f"<4>NVRM: Xid (PCI:{xid_pci}): 79, pid=1, name=python3, GPU has fallen off the bus."
+    body = f"""
+import os, pathlib, sys, time
+progress = pathlib.Path(sys.argv[1])
+progress.mkdir(parents=True, exist_ok=True)
+pathlib.Path(sys.argv[2]).write_text(str(os.getpid()))
+for step in range(20):
+    (progress / "steps.txt").write_text(str(step))
+    time.sleep(0.05)
+with open("/dev/kmsg", "w") as k:
+    k.write({line!r} + "\\n")
+sys.exit(1)
+"""
+    smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", bus_id=bus_id)
+    with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
+        await run_soak(
+            command=[*py(body), str(tmp_path / "progress"), str(tmp_path / "gpu.pid")],
+            **fast_limits(tmp_path, sample_interval_seconds=0.1, nvidia_smi=str(smi.path)),
+        )
+    # The exit is usually seen first (the Xid is read at the next tick): either way the fault
+    # leads, and the exit, when it was judged, follows.
+    reasons = [f["reason"] for f in info.value.artifact["failures"]]
+    assert reasons in (["gpu_fault"], ["gpu_fault", "nonzero_exit"])
+    assert info.value.reason == "gpu_fault"
+
+
+def test_a_gpu_fault_is_the_primary_reason_whatever_came_first() -> None:
+    """Folded after a non-zero exit, a gpu_fault is still the artifact's first failure."""
+    builder = ArtifactBuilder()
+    for t, reason in ((1.0, "nonzero_exit"), (1.1, "gpu_fault")):
+        builder.add({"t": t, "kind": "failure", "reason": reason, "message": "m", "at": None})
+    artifact = builder.build(status="failed", ended_t=2.0, log_tail="", monitor={})
+    assert [f["reason"] for f in artifact["failures"]] == ["gpu_fault", "nonzero_exit"]
+
+
+def test_the_health_watch_judges_flags_links_and_missing_gpus() -> None:
+    """A flag set at the start warns, one set during the run fails; a link below its maximum
+    under load warns once; a GPU no longer listed is lost."""
+    base = GpuReading(
+        index=0,
+        uuid="GPU-a",
+        bus_id="00000000:3B:00.0",
+        utilization_gpu_percent=99.0,
+        remapped_rows_pending=True,
+        remapped_rows_failure=False,
+        pcie_link_gen_current=5,
+        pcie_link_gen_max=5,
+        pcie_link_width_current=8,
+        pcie_link_width_max=16,
+    )
+    other = dataclasses.replace(base, index=1, uuid="GPU-b", bus_id="00000000:3C:00.0")
+    watch = GpuHealthWatch(VisibleDevices.parse(None))
+    first = watch.readings(0.0, [base, other])
+    kinds = sorted((f.gpu, f.fault, f.fails) for f in first)
+    assert kinds == [
+        (0, "pcie_link", False),
+        (0, "remapped_rows_pending", False),
+        (1, "pcie_link", False),
+        (1, "remapped_rows_pending", False),
+    ]
+    assert "width x8 of x16" in first[0].message or "width x8 of x16" in first[1].message
+    worse = dataclasses.replace(base, remapped_rows_failure=True)
+    (failed,) = watch.readings(1.0, [worse, other])
+    assert (failed.fault, failed.fails, failed.used) == ("remapped_rows_failure", True, True)
+    (lost,) = watch.readings(2.0, [worse])
+    assert (lost.gpu, lost.fault, lost.fails) == (1, "lost", True)
+    assert "nvidia-smi no longer lists it" in lost.message
+    assert watch.readings(3.0, [worse]) == []

@@ -5,10 +5,16 @@ Pure functions of the figures (the tree's CPU as a percent of one core, its proc
 uninterruptible sleep, each GPU's utilisation and power): callers choose the figures (the last
 samples before the rule fired, or the stall window of a finished artifact), never the thresholds.
 
-The tree: ``busy`` from :data:`BUSY_CPU_PERCENT` of one core, else ``idle`` (waiting: a deadlock,
-a hung collective, blocked I/O); ``uninterruptible`` when a process sleeps in ``D`` state.  A
-waiting Python trainer still spends a few percent in its helper threads (data loader, NCCL's
-watchdog, heartbeats), and a spinning one on a loaded machine gets a share of a core, not all.
+The tree: ``busy`` from :data:`BUSY_CPU_PERCENT` of one core, or when a process of it was
+running or runnable (``R``) in at least :data:`RUNNING_SHARE` of the samples; else ``idle``
+(waiting: a deadlock, a hung collective, blocked I/O); ``uninterruptible`` when a process sleeps
+in ``D`` state.  A waiting Python trainer still spends a few percent in its helper threads (data
+loader, NCCL's watchdog, heartbeats) while its processes sleep; a spinning one on a loaded
+machine may get a small share of a core, but it is always runnable.
+
+The verdict is taken once, when the stall's rule fires, and recorded with the failure
+(``failures[].activity``): the views read it there, and judge the series themselves only for
+artifacts written before it was recorded.
 
 A GPU: ``idle`` below :data:`GPU_BUSY_PERCENT` utilisation; ``busy`` above; ``spinning`` at
 :data:`GPU_FULL_PERCENT` or more while drawing at most :data:`LOW_POWER_RATIO` of its power
@@ -20,11 +26,14 @@ kernel.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: Tree CPU (percent of one core) from which a stalled tree is busy, below which it is idle.
 BUSY_CPU_PERCENT = 20.0
+#: The share of samples with a process of the tree running or runnable that makes it busy.
+RUNNING_SHARE = 0.5
 #: GPU utilisation (percent) from which a GPU is working.
 GPU_BUSY_PERCENT = 10.0
 #: Utilisation (percent) from which a GPU counts as fully busy...
@@ -33,23 +42,35 @@ GPU_FULL_PERCENT = 90.0
 LOW_POWER_RATIO = 0.35
 
 
-def tree_verdict(cpu_percent: float | None, uninterruptible: Sequence[str] = ()) -> str:
+def tree_verdict(
+    cpu_percent: float | None,
+    uninterruptible: Sequence[str] = (),
+    running_share: float | None = None,
+) -> str:
     """``uninterruptible``, ``busy``, ``idle`` or ``unknown`` (no figure)."""
     if uninterruptible:
         return "uninterruptible"
     if cpu_percent is None:
         return "unknown"
-    return "busy" if cpu_percent >= BUSY_CPU_PERCENT else "idle"
+    if cpu_percent >= BUSY_CPU_PERCENT:
+        return "busy"
+    return "busy" if running_share is not None and running_share >= RUNNING_SHARE else "idle"
 
 
-def describe_tree(cpu_percent: float | None, uninterruptible: Sequence[str] = ()) -> str:
-    """The tree's verdict with its figure, as the stall's headline says it."""
-    verdict = tree_verdict(cpu_percent, uninterruptible)
+def describe_tree(
+    cpu_percent: float | None,
+    uninterruptible: Sequence[str] = (),
+    running_share: float | None = None,
+) -> str:
+    """The tree's verdict with its figures, as the stall's headline says it."""
+    verdict = tree_verdict(cpu_percent, uninterruptible, running_share)
     if verdict == "uninterruptible":
         return "in uninterruptible sleep (I/O): " + ", ".join(uninterruptible[:4])
-    if verdict == "unknown":
+    if verdict == "unknown" or cpu_percent is None:
         return "of unknown activity (no sample yet)"
     figure = f"CPU {cpu_percent:.0f}%"
+    if running_share is not None and verdict == "busy" and cpu_percent < BUSY_CPU_PERCENT:
+        figure += f", runnable in {running_share:.0%} of its samples"
     if verdict == "busy":
         return f"busy ({figure}): computing without progress, slow or spinning"
     return f"idle ({figure}): waiting, a deadlock, a hung collective or blocked I/O"
@@ -122,3 +143,52 @@ def describe_gpus(gpus: Sequence[GpuActivity]) -> str | None:
             "(a rank waiting for a peer) or a spinning kernel"
         )
     return text
+
+
+def stall_activity(
+    cpu_percent: float | None,
+    uninterruptible: Sequence[str],
+    running_share: float | None,
+    gpus: Sequence[GpuActivity],
+) -> dict[str, Any]:
+    """The verdict and its figures, as ``failures[].activity`` records them."""
+    return {
+        "tree": tree_verdict(cpu_percent, uninterruptible, running_share),
+        "cpu_percent": None if cpu_percent is None else round(cpu_percent, 1),
+        "running_share": None if running_share is None else round(running_share, 3),
+        "uninterruptible": list(uninterruptible[:4]),
+        "gpus": [
+            {
+                "index": g.index,
+                "verdict": g.verdict,
+                "utilization_percent": g.utilization_percent,
+                "power_w": g.power_w,
+                "power_limit_w": g.power_limit_w,
+            }
+            for g in gpus
+        ],
+    }
+
+
+def recorded_gpus(activity: Mapping[str, Any]) -> list[GpuActivity]:
+    """The GPUs of a recorded ``activity``."""
+    return [
+        GpuActivity(
+            int(g["index"]),
+            g.get("utilization_percent"),
+            g.get("power_w"),
+            g.get("power_limit_w"),
+        )
+        for g in activity.get("gpus") or []
+    ]
+
+
+def describe_activity(activity: Mapping[str, Any]) -> str:
+    """A recorded ``activity`` as the stall's headline says it."""
+    text = describe_tree(
+        activity.get("cpu_percent"),
+        activity.get("uninterruptible") or (),
+        activity.get("running_share"),
+    )
+    gpus = describe_gpus(recorded_gpus(activity))
+    return text if gpus is None else f"{text}; its GPUs: {gpus}"

@@ -17,7 +17,7 @@ from typing import Any
 
 from .._record._events import MEMORY_CGROUP_LIMITS
 from .._record._series import SeriesBuffer
-from ._activity import GpuActivity, describe_gpus, describe_tree
+from ._activity import GpuActivity, stall_activity
 from ._trends import (
     FLOORS,
     RECENT_FRACTIONS,
@@ -194,6 +194,8 @@ class TrendWatch:
         #: GPU index -> its last (utilisation, power, power limit) readings.
         self.recent_gpus: dict[int, deque[tuple[float | None, float | None, float | None]]] = {}
         self.uninterruptible: list[str] = []
+        #: Whether a process of the tree was running or runnable, in each recent sample.
+        self.recent_running: deque[bool] = deque(maxlen=ACTIVITY_SAMPLES)
         self.peak_tree_rss: int | None = None
         self.peak_machine_used: int | None = None
         #: Series -> what the live judgement said of it (``trend`` events): when a leak was
@@ -289,11 +291,16 @@ class TrendWatch:
                 f"disk.{label}.free_bytes", "bytes", f"free space of the {label} filesystem", "down"
             ).add(t, free)
         uninterruptible = []
+        running = False
         for proc in event.get("processes") or []:
             self._add_process(t, proc)
-            if proc.get("state") == "disk-sleep":
+            state = proc.get("state")
+            if state == "disk-sleep":
                 uninterruptible.append(f"pid {proc.get('pid')} ({proc.get('name')})")
+            running = running or state == "running"
         self.uninterruptible = uninterruptible
+        if event.get("processes"):
+            self.recent_running.append(running)
         self._close_rate_bucket(t)
 
     def _track(
@@ -702,13 +709,13 @@ class TrendWatch:
         top = sorted(self.processes.values(), key=lambda r: -r.peak_rss)[:TOP_PROCESSES]
         return [r.to_json() for r in top]
 
-    def activity(self) -> str:
+    def activity(self) -> dict[str, Any]:
         """What a stalled tree is doing (busy, idle, in uninterruptible sleep) and its GPUs
         (idle, busy, busy at low power), over its last samples: see ``_activity``."""
         cpu = sum(self.recent_cpu) / len(self.recent_cpu) if self.recent_cpu else None
-        text = describe_tree(cpu, self.uninterruptible)
-        gpus = describe_gpus(self.recent_gpu_activity())
-        return text if gpus is None else f"{text}; its GPUs: {gpus}"
+        running = self.recent_running
+        share = sum(running) / len(running) if running else None
+        return stall_activity(cpu, self.uninterruptible, share, self.recent_gpu_activity())
 
     def recent_gpu_activity(self) -> list[GpuActivity]:
         """The tree's GPUs (every GPU while none is known to be the tree's), their means over

@@ -249,6 +249,8 @@ class ArtifactBuilder:
                 }
                 if event.get("gpu") is not None:
                     failure["gpu"] = event["gpu"]
+                if event.get("activity") is not None:
+                    failure["activity"] = event["activity"]
                 self.failures.append(failure)
             case EventKind.GPU_FAULT:
                 self.gpu_health.add_fault(t, event)

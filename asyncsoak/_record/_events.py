@@ -134,6 +134,8 @@ class Failure(Event):
     at: str
     #: The GPU a ``gpu_fault`` is about: ``{"index", "uuid", "bus_id"}`` (the queue reads it).
     gpu: dict[str, Any] | None = None
+    #: A stall's verdict on what the tree and its GPUs were doing (``_analysis._activity``).
+    activity: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

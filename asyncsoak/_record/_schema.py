@@ -25,6 +25,8 @@ class Failure(TypedDict):
     at: str | None
     #: The GPU a ``gpu_fault`` is about: ``{"index", "uuid", "bus_id"}``.
     gpu: NotRequired[dict[str, Any]]
+    #: A stall's verdict on what the tree and its GPUs were doing.
+    activity: NotRequired[dict[str, Any]]
 
 
 class ExceptionInfo(TypedDict):

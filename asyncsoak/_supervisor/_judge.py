@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 
+from .._analysis._activity import describe_activity
 from .._analysis._trendwatch import GPU_SETTLE_SECONDS
 from .._blocking import BlockingCallTimeout, run_blocking
 from .._record._artifact import ArtifactBuilder
@@ -56,9 +57,11 @@ class RunJudge:
         fail: Fail,
         ended: Callable[[], bool],
         gpu_failed: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None,
+        stall_fired: Callable[[str, str, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
         self.cfg = cfg
         self._gpu_failed = gpu_failed
+        self._stall_fired = stall_fired
         self._builder = builder
         self._rule_fired = rule_fired
         self._fail = fail
@@ -75,9 +78,13 @@ class RunJudge:
         self._live_leaks: dict[str, float] = {}
 
     async def watchdog_rule(self, reason: str, message: str) -> None:
-        """A stall's failure message says what the tree was doing when it stalled."""
-        if reason in HANG_REASONS:
-            message += f"; the tree was {self._builder.trends.activity()}"
+        """A stall's failure message says what the tree and its GPUs were doing when it
+        stalled; the verdict is recorded with the failure, for the views to say the same."""
+        if reason in HANG_REASONS and self._stall_fired is not None:
+            activity = self._builder.trends.activity()
+            message += f"; the tree was {describe_activity(activity)}"
+            await self._stall_fired(reason, message, activity)
+            return
         await self._rule_fired(reason, message)
 
     async def gpu_fault(self, fault: GpuFault) -> None:

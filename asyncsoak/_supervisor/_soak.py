@@ -263,6 +263,7 @@ class _Soak:
             fail=self._fail,
             ended=lambda: self.cause is not None,
             gpu_failed=self._gpu_failed,
+            stall_fired=self._rule_fired,
         )
         #: Called with every evaluation of the trends (the artifact's ``trends`` shape).
         self.trend_observers = self._run_judge.trend_observers
@@ -282,18 +283,34 @@ class _Soak:
         self.end("requested")
         self._tree_stop.kill_now()
 
-    async def _rule_fired(self, reason: str, message: str) -> None:
+    async def _rule_fired(
+        self, reason: str, message: str, activity: dict[str, Any] | None = None
+    ) -> None:
         if self.cause is not None:
             return
         self.cause = "failure"
-        await self._fail(reason, message)
+        await self._fail(reason, message, activity=activity)
         self._ended.set()
 
-    async def _fail(self, reason: str, message: str, gpu: dict[str, Any] | None = None) -> None:
+    async def _fail(
+        self,
+        reason: str,
+        message: str,
+        gpu: dict[str, Any] | None = None,
+        *,
+        activity: dict[str, Any] | None = None,
+    ) -> None:
         assert self._sink is not None
         self._failures.append(reason)
         await self._sink.emit(
-            Failure(t=self._sink.elapsed(), reason=reason, message=message, at=iso(_now()), gpu=gpu)
+            Failure(
+                t=self._sink.elapsed(),
+                reason=reason,
+                message=message,
+                at=iso(_now()),
+                gpu=gpu,
+                activity=activity,
+            )
         )
 
     async def _gpu_failed(self, message: str, gpu: dict[str, Any]) -> None:

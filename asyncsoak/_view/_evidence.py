@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
-from .._analysis._activity import GpuActivity, tree_verdict
+from .._analysis._activity import GpuActivity, recorded_gpus, tree_verdict
 from .._process._crash import last_traceback
 from .._record._schema import Artifact, Failure, Trend
 from .._record._vocabulary import EventKind, FailureReason
@@ -165,6 +165,35 @@ def gpu_faults(artifact: Artifact) -> list[dict[str, Any]]:
                 }
             )
     return sorted(found, key=lambda f: (not (f["fails"] and f["used"]), f["t"]))
+
+
+@dataclass(frozen=True, slots=True)
+class StallVerdict:
+    """What the tree (``busy``, ``idle``, ``uninterruptible``, ``unknown``) and its GPUs were
+    doing over a stall: the verdict recorded with the failure, or, for an artifact written
+    before it was recorded, the same rule applied to the stall window's series."""
+
+    tree: str
+    cpu_percent: float | None
+    gpus: list[GpuActivity]
+
+
+def stall_verdict(artifact: Artifact) -> StallVerdict | None:
+    """The stall's verdict; None when the run did not stall."""
+    window = stall_window(artifact)
+    for failure in artifact["failures"]:
+        recorded = failure.get("activity")
+        if isinstance(recorded, dict):
+            # A monitor without GPU data records none; an artifact given GPU series since
+            # (merged from another source) still says what they show.
+            gpus = recorded_gpus(recorded) or (
+                stall_gpus(artifact, *window) if window is not None else []
+            )
+            return StallVerdict(str(recorded.get("tree")), recorded.get("cpu_percent"), gpus)
+    if window is None:
+        return None
+    cpu = series_typical(artifact, "tree", "cpu_percent", *window)
+    return StallVerdict(tree_verdict(cpu), cpu, stall_gpus(artifact, *window))
 
 
 def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity]:
@@ -447,10 +476,7 @@ def _next_steps(
                 "Rerun with --dump-signal SIGUSR1 for every thread's stack, native frames too "
                 "(the trainer calls faulthandler.register(signal.SIGUSR1))."
             )
-        window = stall_window(artifact)
-        cpu = (
-            series_typical(artifact, "tree", "cpu_percent", *window) if window is not None else None
-        )
+        verdict = stall_verdict(artifact)
         option = (
             "--stale-progress" if primary == FailureReason.STALE_PROGRESS else "--startup-timeout"
         )
@@ -460,7 +486,8 @@ def _next_steps(
             else "startup_timeout_seconds"
         )
         limit = config_value(artifact, name)
-        if tree_verdict(cpu) == "busy":
+        if verdict is not None and verdict.tree == "busy":
+            cpu = verdict.cpu_percent or 0.0
             steps.append(
                 f"The tree was busy (CPU about {cpu:.0f}%): if it was only slow, raise {option}"
                 + (f" (now {format_duration(limit)})." if limit else ".")

@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._analysis._activity import describe_gpus, tree_verdict
+from .._analysis._activity import describe_gpus
 from .._process._exits import describe as describe_exit
 from .._process._exits import forwarded_signals
 from .._record._schema import Artifact
@@ -27,8 +27,7 @@ from ._evidence import (
     innermost_python_frame,
     leaking_series,
     seconds_at,
-    series_typical,
-    stall_gpus,
+    stall_verdict,
     stall_window,
     trend_text,
 )
@@ -72,6 +71,7 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
             "message": f["message"],
             "at": f["at"],
             "t": seconds_at(a, f["at"]),
+            **({"gpu": f["gpu"]} if "gpu" in f else {}),
         }
         for f in a["failures"]
     ]
@@ -96,6 +96,7 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
         "look_first": look_first(artifact),
         "peaks": peaks(artifact),
         "gpus": gpu_table(artifact),
+        "gpu_faults": gpu_faults(artifact),
         "leftovers": list(a["leftover_processes"]),
         "abandoned": list(a.get("abandoned_processes") or []),
         "provenance": provenance(artifact),
@@ -269,25 +270,23 @@ def _stall_hints(artifact: Artifact) -> list[str]:
 
 def _stall_cpu_hints(artifact: Artifact) -> list[str]:
     """What the tree and its GPUs were doing while stalled: the verdict the stall's headline
-    gives (``_activity``), over the stall window."""
-    window = stall_window(artifact)
-    if window is None:
+    gives (recorded with the failure; see ``_activity``)."""
+    verdict = stall_verdict(artifact)
+    if verdict is None:
         return []
-    start, end = window
     hints = []
-    cpu = series_typical(artifact, "tree", "cpu_percent", start, end)
-    verdict = tree_verdict(cpu)
-    if verdict == "idle":
+    cpu = verdict.cpu_percent or 0.0
+    if verdict.tree == "idle":
         hints.append(
             f"The process tree was idle while stalled (CPU about {cpu:.0f}%): it was waiting "
             "(a deadlock, a hung collective, blocked I/O), not computing."
         )
-    elif verdict == "busy":
+    elif verdict.tree == "busy":
         hints.append(
             f"The process tree kept busy while stalled (CPU about {cpu:.0f}%): a busy loop, "
             "or work that no longer writes to the progress dir."
         )
-    gpus = describe_gpus(stall_gpus(artifact, start, end))
+    gpus = describe_gpus(verdict.gpus)
     if gpus:
         hints.append(f"GPUs while stalled: {gpus}.")
     return hints
