@@ -39,6 +39,7 @@ from asyncsoak._sampling._gpu_sampler import run_gpu_sampler
 from asyncsoak._sampling._nvidia_smi import GpuReading, parse_remapped_rows_line
 from asyncsoak._view._compare import compare
 from asyncsoak._view._evidence import gather
+from asyncsoak._view._live import LiveState
 from asyncsoak._view._summary import format_summary, summarize
 
 from .conftest import assert_valid, fast_limits, journal, py
@@ -554,3 +555,12 @@ def test_the_health_watch_judges_flags_links_and_missing_gpus() -> None:
     assert (lost.gpu, lost.fault, lost.fails) == (1, "lost", True)
     assert "nvidia-smi no longer lists it" in lost.message
     assert watch.readings(3.0, [worse]) == []
+
+
+def test_the_live_line_names_a_gpu_fault() -> None:
+    """A failing GPU fault in the journal is on the live line; a warning-only one is not."""
+    state = LiveState()
+    state.add({"t": 1.0, "kind": "gpu_fault", "fault": "xid", "gpu": 1, "xid": 13, "fails": False})
+    state.add({"t": 2.0, "kind": "gpu_fault", "fault": "xid", "gpu": 0, "xid": 79, "fails": True})
+    state.add({"t": 3.0, "kind": "gpu_fault", "fault": "lost", "gpu": 0, "fails": True})
+    assert state.alerts(None) == ("GPU FAULT gpu0 Xid 79", "GPU FAULT gpu0 lost")

@@ -712,10 +712,12 @@ class _GpuSampler:
                 continue
             fault = self._health.xid(self._sink.elapsed(), record)
             if fault is None:
+                # Said once for all such addresses: a machine's other GPUs (or another
+                # container's) may log many.
                 await self._note(
                     f"an Xid for PCI {':'.join(f'{n:x}' for n in record.pci)}, which is no GPU "
-                    "nvidia-smi lists here: ignored",
-                    once=f"xid elsewhere {record.pci}",
+                    "nvidia-smi lists here: ignored (and any others like it)",
+                    once="xid elsewhere",
                 )
                 continue
             await self._report([fault])
