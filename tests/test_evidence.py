@@ -163,7 +163,7 @@ def test_leak_leads_the_summary(trainer_runs: dict[str, Path]) -> None:
     artifact = _leaking_artifact(json.loads(trainer_runs["pass"].read_text()))
     summary = summarize(artifact)
     lines = format_summary(summary, width=100).splitlines()
-    assert lines[0] == "PASSED: The soak passed, with 1 warning"
+    assert lines[0] == "PASSED WITH WARNINGS: The soak passed, with 1 warning"
     assert lines[1].startswith("  warning: memory of pid 4242 (python) grew 1.0 GiB in 1m10s")
     assert "+0.9 GiB/min" in lines[1] + lines[2]
     assert summary["look_first"][0].startswith("Memory leak: memory of pid 4242 (python)")

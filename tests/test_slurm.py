@@ -22,7 +22,10 @@ from jsonschema import Draft202012Validator
 from asyncsoak._supervisor import _slurm
 
 from .conftest import REPO, ReadyFifo, alive, assert_valid, asyncsoak_cli
+from .metrics_support import free_port
 from .slurm_cluster import KILL_WAIT_S, SlurmCluster, missing
+from .torch_trainer import HANG_LINE
+from .torch_trainer import TRAINER as DISTRIBUTED_TRAINER
 
 TRAINER = Path(__file__).with_name("slurm_trainer.py")
 #: Bound on a job reaching a state: generous for a loaded 2-core CI machine.
@@ -244,6 +247,44 @@ def test_two_tasks_of_one_job_are_summarised_as_one(cluster: SlurmCluster, tmp_p
     assert f"SLURM job {job}, 2 soaks" in page
     assert "rank 0 (" in page
     assert "rank 1 (" in page
+
+
+def test_srun_ranks_the_culprit_across_the_tasks(cluster: SlurmCluster, tmp_path: Path) -> None:
+    """srun -n2, one soak per task (the rank from SLURM_PROCID): rank 1 stops in load_batch,
+    rank 0 waits in all_reduce; each soak knows its rank, and `summary` of both names rank 1
+    with its frame as the culprit across the tasks."""
+    (tmp_path / "train.py").write_text(DISTRIBUTED_TRAINER)
+    py = shlex.quote(sys.executable)
+    out = shlex.quote(str(tmp_path))
+    line = (
+        f"srun -n2 {py} -m asyncsoak run --quiet --no-gpu --sample-interval 0.25 "
+        f"--startup-timeout 60 --stale-progress 3 --progress-dir {out}/train "
+        f"--output {out}/soak-%j-%t.json -- {py} {out}/train.py hang {out}/train"
+    )
+    script = batch_script(
+        tmp_path,
+        f"mkdir -p {out}/train",
+        "export MASTER_ADDR=127.0.0.1",
+        f"export MASTER_PORT={free_port()}",
+        line,
+    )
+    job = submit(cluster, tmp_path, script, "--time=2", "-n2")
+    cluster.wait_state(job, {"COMPLETED", "FAILED"}, STATE_TIMEOUT_S)
+    paths = [tmp_path / f"soak-{job}-{rank}.json" for rank in (0, 1)]
+    artifacts = [wait_file(path) for path in paths]
+    assert [[r["rank"] for r in a["ranks"]["ranks"]] for a in artifacts] == [[0], [1]]
+    assert {r["source"] for a in artifacts for r in a["ranks"]["ranks"]} == {"slurm"}
+    # Alone, rank 0's node sees its only rank waiting in all_reduce: said so.
+    assert artifacts[0]["failures"][0]["message"].startswith("every rank (0) waits in all_reduce")
+    as_json = asyncsoak_cli("summary", "--json", *map(str, paths), cwd=tmp_path)
+    combined = json.loads(as_json.stdout)
+    rank1_pid = artifacts[1]["ranks"]["ranks"][0]["pid"]
+    assert combined["culprit"]["text"] == (
+        f"rank 1 (pid {rank1_pid} on {cluster.node}) stopped at train.py:{HANG_LINE} in "
+        "load_batch; rank 0 waits in all_reduce"
+    )
+    summary = asyncsoak_cli("summary", *map(str, paths), cwd=tmp_path)
+    assert "culprit across the nodes: rank 1" in summary.stdout
 
 
 def test_the_queues_worker_as_a_slurm_job(

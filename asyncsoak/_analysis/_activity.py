@@ -61,14 +61,19 @@ def describe_tree(
     cpu_percent: float | None,
     uninterruptible: Sequence[str] = (),
     running_share: float | None = None,
+    *,
+    cpu_of: str = "tree",
 ) -> str:
-    """The tree's verdict with its figures, as the stall's headline says it."""
+    """The tree's verdict with its figures, as the stall's headline says it.  ``cpu_of``:
+    ``ranks`` when the figures are the ranks' alone (a launcher polls its ranks and is busy
+    or idle whatever they do), ``tree`` otherwise."""
     verdict = tree_verdict(cpu_percent, uninterruptible, running_share)
     if verdict == "uninterruptible":
         return "in uninterruptible sleep (I/O): " + ", ".join(uninterruptible[:4])
+    whose = "the ranks' CPU" if cpu_of == "ranks" else "CPU"
     if verdict == "unknown" or cpu_percent is None:
-        return "of unknown activity (no sample yet)"
-    figure = f"CPU {cpu_percent:.0f}%"
+        return f"of unknown activity ({whose} unknown: no sample yet)"
+    figure = f"{whose} {cpu_percent:.0f}%"
     if running_share is not None and verdict == "busy" and cpu_percent < BUSY_CPU_PERCENT:
         figure += f", runnable in {running_share:.0%} of its samples"
     if verdict == "busy":
@@ -150,10 +155,13 @@ def stall_activity(
     uninterruptible: Sequence[str],
     running_share: float | None,
     gpus: Sequence[GpuActivity],
+    *,
+    cpu_of: str = "tree",
 ) -> dict[str, Any]:
     """The verdict and its figures, as ``failures[].activity`` records them."""
     return {
         "tree": tree_verdict(cpu_percent, uninterruptible, running_share),
+        "cpu_of": cpu_of,
         "cpu_percent": None if cpu_percent is None else round(cpu_percent, 1),
         "running_share": None if running_share is None else round(running_share, 3),
         "uninterruptible": list(uninterruptible[:4]),
@@ -189,6 +197,7 @@ def describe_activity(activity: Mapping[str, Any]) -> str:
         activity.get("cpu_percent"),
         activity.get("uninterruptible") or (),
         activity.get("running_share"),
+        cpu_of=str(activity.get("cpu_of") or "tree"),
     )
     gpus = describe_gpus(recorded_gpus(activity))
     return text if gpus is None else f"{text}; its GPUs: {gpus}"

@@ -10,6 +10,7 @@ is all the estimator looks at, and at most ``MAX_TRACKED_PROCESSES`` processes a
 from __future__ import annotations
 
 import bisect
+import statistics
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,6 +39,17 @@ TRACK_POINTS = 256
 PROCESS_POINTS = 200
 #: Processes followed at most (a run that spawns a worker per step must not grow the monitor).
 MAX_TRACKED_PROCESSES = 64
+#: Processes whose role (rank, launcher) is kept at most: a rank's data-loader workers inherit
+#: its rank, and come and go with every epoch.
+MAX_ROLES = 4096
+#: Stragglers: a rank whose progress files grow at less than STRAGGLER_RATIO of the median
+#: rank's rate, measured over a window of STRAGGLER_INTERVALS sample intervals (at least
+#: STRAGGLER_MIN_SECONDS), and for a whole window more, is called a straggler.
+STRAGGLER_RATIO = 0.5
+STRAGGLER_INTERVALS = 20
+STRAGGLER_MIN_SECONDS = 2.0
+#: Ranks whose own progress is followed at most.
+MAX_RANK_SERIES = 1024
 #: Processes in the artifact's ``processes`` (the top ones by peak RSS).
 TOP_PROCESSES = 8
 #: Processes whose own memory trend is judged (the top ones by peak RSS).
@@ -124,6 +136,8 @@ class ProcessRecord:
     rss: Track | None = None
     memory_key: str = "anon_bytes"
     gpu: Track | None = None
+    #: Its part in a distributed run (a rank, a launcher), as the sampler read it.
+    role: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -141,6 +155,7 @@ class ProcessRecord:
             "first_t": round(self.first_t, 3),
             "last_t": round(self.last_t, 3),
             "series": self.series.to_json(),
+            "role": self.role,
         }
 
 
@@ -191,6 +206,19 @@ class TrendWatch:
         self.tree_gpu_bytes: int | None = None
         self.disk_free: dict[str, tuple[str, int]] = {}  # label -> (path, free bytes)
         self.recent_cpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
+        #: Whose CPU ``recent_cpu`` is: the ranks' once the tree has ranks (a launcher polls
+        #: its ranks and is busy or idle whatever they do), the whole tree's otherwise.
+        self.cpu_of = "tree"
+        #: pid -> role (a rank, a launcher) of the processes of the tree that have one, and
+        #: their parents and names (at most MAX_ROLES).
+        self.roles: dict[int, dict[str, Any]] = {}
+        self.role_parents: dict[int, int] = {}
+        self.role_names: dict[int, str] = {}
+        #: rank -> (when, bytes its progress files grew by), over the last straggler window.
+        self.rank_progress: dict[str, deque[tuple[float, int]]] = {}
+        #: rank -> since when it has been behind; and the stragglers found, by rank.
+        self._behind_since: dict[str, float] = {}
+        self.stragglers: dict[str, dict[str, Any]] = {}
         #: GPU index -> its last (utilisation, power, power limit) readings.
         self.recent_gpus: dict[int, deque[tuple[float | None, float | None, float | None]]] = {}
         self.uninterruptible: list[str] = []
@@ -273,6 +301,10 @@ class TrendWatch:
             t, tree.get("processes")
         )
         cpu = tree.get("cpu_percent")
+        ranks_cpu = self._fold_roles(event.get("processes") or [])
+        if ranks_cpu is not None:
+            self.cpu_of = "ranks"
+            cpu = ranks_cpu
         if cpu is not None:
             self.recent_cpu.append(float(cpu))
         machine = event.get("machine") or {}
@@ -297,11 +329,35 @@ class TrendWatch:
             state = proc.get("state")
             if state == "disk-sleep":
                 uninterruptible.append(f"pid {proc.get('pid')} ({proc.get('name')})")
-            running = running or state == "running"
+            # Once the tree has ranks, theirs: a launcher polling them says nothing.
+            counts = self.cpu_of != "ranks" or "rank" in (self.roles.get(int(proc["pid"])) or {})
+            running = running or (counts and state == "running")
         self.uninterruptible = uninterruptible
         if event.get("processes"):
             self.recent_running.append(running)
         self._close_rate_bucket(t)
+        self._judge_stragglers(t)
+
+    def _fold_roles(self, processes: list[dict[str, Any]]) -> float | None:
+        """Note each process's role as it is described; the ranks' CPU in this sample (None
+        when no rank of the tree has a CPU figure yet)."""
+        cpu: float | None = None
+        for proc in processes:
+            pid = int(proc["pid"])
+            if proc.get("cmdline") is not None or proc.get("role"):
+                # Described (new, or after an exec): its role is what it says now.
+                role = proc.get("role")
+                if role:
+                    if pid in self.roles or len(self.roles) < MAX_ROLES:
+                        self.roles[pid] = dict(role)
+                        self.role_parents[pid] = int(proc.get("ppid") or 0)
+                        self.role_names[pid] = str(proc.get("name") or "?")
+                elif self.roles.pop(pid, None) is not None:
+                    del self.role_parents[pid], self.role_names[pid]
+            role = self.roles.get(pid)
+            if role is not None and "rank" in role and proc.get("cpu_percent") is not None:
+                cpu = (cpu or 0.0) + float(proc["cpu_percent"])
+        return cpu
 
     def _track(
         self,
@@ -341,6 +397,7 @@ class TrendWatch:
             )
         record.last_t = t
         record.last_rss = rss
+        record.role = self.roles.get(pid)
         name = proc.get("name")
         if name and name != record.name:
             # exec() renamed it (a launcher's shim becomes python): name what runs now.
@@ -451,10 +508,53 @@ class TrendWatch:
         self._track("tree.gpu_memory_bytes", "bytes", "GPU memory of the tree").add(t, tree_total)
 
     def add_progress(self, t: float, event: dict[str, Any]) -> None:
+        if self.end_t is None or t <= self.end_t:
+            window = self.straggler_window()
+            for rank, grown in (event.get("rank_grown_bytes") or {}).items():
+                if rank in self.rank_progress or len(self.rank_progress) < MAX_RANK_SERIES:
+                    points = self.rank_progress.setdefault(rank, deque())
+                    points.append((t, int(grown)))
+                    while points[0][0] < t - window:
+                        points.popleft()  # only the last window is ever measured
         if self._rate_start is None:
             self._rate_start = t
         self._rate_changes += int(event.get("changed") or 0)
         self._rate_bytes += int(event.get("grown_bytes") or 0)
+
+    def straggler_window(self) -> float:
+        """How long a rank must stay behind, and the span its rate is measured over."""
+        return max(STRAGGLER_MIN_SECONDS, STRAGGLER_INTERVALS * (self.interval or 1.0))
+
+    def _judge_stragglers(self, t: float) -> None:
+        """A rank whose progress rate stays below STRAGGLER_RATIO of the ranks' median for a
+        whole window is a straggler (found once; see :meth:`straggler_window`)."""
+        if len(self.rank_progress) < 2 or self.first_t is None:
+            return
+        window = self.straggler_window()
+        if t - self.first_t < window:
+            return  # not one whole window of the run yet
+        rates: dict[str, float] = {}
+        for rank, points in self.rank_progress.items():
+            while points and points[0][0] < t - window:
+                points.popleft()
+            rates[rank] = sum(grown for _, grown in points) / window * 60
+        median = statistics.median(rates.values())
+        if median <= 0:
+            self._behind_since.clear()  # every rank stopped: a stall, not a straggler
+            return
+        for rank, rate in rates.items():
+            if rate >= STRAGGLER_RATIO * median:
+                self._behind_since.pop(rank, None)
+                continue
+            since = self._behind_since.setdefault(rank, t)
+            if t - since >= window and rank not in self.stragglers:
+                self.stragglers[rank] = {
+                    "rank": int(rank),
+                    "rate_per_minute": round(rate, 1),
+                    "median_rate_per_minute": round(median, 1),
+                    "behind_seconds": round(t - since, 3),
+                    "t": round(t, 3),
+                }
 
     def _close_rate_bucket(self, t: float) -> None:
         start = self._rate_start
@@ -715,7 +815,9 @@ class TrendWatch:
         cpu = sum(self.recent_cpu) / len(self.recent_cpu) if self.recent_cpu else None
         running = self.recent_running
         share = sum(running) / len(running) if running else None
-        return stall_activity(cpu, self.uninterruptible, share, self.recent_gpu_activity())
+        return stall_activity(
+            cpu, self.uninterruptible, share, self.recent_gpu_activity(), cpu_of=self.cpu_of
+        )
 
     def recent_gpu_activity(self) -> list[GpuActivity]:
         """The tree's GPUs (every GPU while none is known to be the tree's), their means over
@@ -737,8 +839,20 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(known) / len(known) if known else None
 
 
+def straggler_text(found: dict[str, Any]) -> str:
+    """``rank 1 is a straggler: its progress files grew 300 B/min against the ranks' median
+    1.2 KiB/min (25 %), behind for 5.0s``."""
+    rate, median = float(found["rate_per_minute"]), float(found["median_rate_per_minute"])
+    return (
+        f"rank {found['rank']} is a straggler: its progress files grew "
+        f"{format_amount(rate, 'bytes')}/min against the ranks' median "
+        f"{format_amount(median, 'bytes')}/min ({100 * rate / median:.0f}%), "
+        f"behind for {found['behind_seconds']:.1f}s"
+    )
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-__all__ = ["Budgets", "TrendWatch", "describe_growth", "format_amount"]
+__all__ = ["Budgets", "TrendWatch", "describe_growth", "format_amount", "straggler_text"]

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._analysis._trendwatch import TREE_MEMORY_SERIES
 from .._errors import ValidationError, ValidationTypeError
+from .._record._exit_codes import verdict_exit_code
+from .._record._vocabulary import SoakStatus
 from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
 from .._timestamps import epoch
 from .._units import MAX_SECONDS
@@ -40,11 +42,21 @@ SOAK_STATUSES = ("passed", "failed", "cancelled", "error")
 SAMPLERS = ("proc", "gpu")
 #: ``asyncsoak_soak_info``'s ``command`` label is cut to this many characters.
 COMMAND_LABEL_MAX = 200
+#: ``/healthz`` says 503 once no sample came for this many sample intervals ...
+HEALTH_STALE_SAMPLES = 10
+#: ... and never sooner than this (a liveness probe that fails restarts the container, and
+#: with it the training: it must not fire on one slow tick of a loaded machine).
+HEALTH_MIN_SECONDS = 60.0
 MIB = 1024 * 1024
 #: Seconds in an hour: the trends give slopes per hour, Prometheus wants base units.
 HOUR = 3600.0
 #: The trend series whose slope and projection become the memory metrics.
 TREE_MEMORY_KEYS = tuple(key for key, _ in TREE_MEMORY_SERIES)
+
+#: Ranks given a label of their own at most (a node runs a few; the label set stays bounded).
+MAX_RANK_LABELS = 64
+#: Processes whose rank is remembered at most (data-loader workers inherit their rank's).
+MAX_RANK_PROCESSES = 4096
 
 INSTALL_HINT = "live metrics need prometheus_client: pip install 'asyncsoak[metrics]'"
 
@@ -157,20 +169,35 @@ class SoakMetrics:
         self.host = host if host is not None else socket.gethostname()
         self.command = ""
         self.job_id = ""
+        #: What a person calls the run (``asyncsoak_soak_info{job_name}``): the queue job's
+        #: name, else SLURM's, else the program the command runs.
+        self.job_name = ""
+        #: The soak's start, ``2026-12-02T00:37:33Z`` (``asyncsoak_soak_info{started_at}``).
+        self.started_at = ""
+        #: Whether the header was folded: the info's labels are known (they never change
+        #: after, so a dashboard's join on them never sees two titles for one soak).
+        self.described = False
         self.monotonic_start: float | None = None
         self.started_epoch: float | None = None
         self.stale_limit: float | None = None
         self.startup_limit: float | None = None
+        self.sample_interval: float | None = None
         self.started_t: float | None = None
         self.exited = False
         self.stopping = False
         self.status: str | None = None
+        #: The first failure's reason: the primary one.
+        self.reason: str | None = None
         self.finished_t: float | None = None
         self.changes = 0
         self.last_progress_t: float | None = None
         #: When the last sample was taken (Unix time): the monitor's heartbeat.
         self.last_sample_epoch: float | None = None
         self.tree: dict[str, float | None] = {}
+        #: pid -> rank of the tree's processes that are ranks (a rank's workers share its
+        #: rank), and each rank's CPU in the newest sample, in cores.
+        self.rank_of: dict[int, int] = {}
+        self.rank_cpu: dict[int, float] = {}
         self.gpus: dict[str, _Gpu] = {}
         self.degraded: dict[str, bool] = dict.fromkeys(SAMPLERS, False)
         #: (gpu index, uuid, Xid code) -> Xid errors seen; (gpu index, uuid) -> 1 once a fault
@@ -194,12 +221,25 @@ class SoakMetrics:
             config = event.get("config") or {}
             self.stale_limit = _number(config.get("stale_progress_seconds"))
             self.startup_limit = _number(config.get("startup_timeout_seconds"))
+            self.sample_interval = _number(config.get("sample_interval_seconds"))
             command = event.get("command") or []
             # One line: an inline script's newlines make a label no dashboard can show.
             self.command = " ".join(" ".join(str(a).split()) for a in command)
             self.command = self.command[:COMMAND_LABEL_MAX]
-            job_id = (event.get("metadata") or {}).get("job_id")
+            metadata = event.get("metadata") or {}
+            job_id = metadata.get("job_id")
             self.job_id = "" if job_id is None else str(job_id)
+            self.job_name = _label_text(
+                metadata.get("job_name")
+                or metadata.get("name")
+                or os.environ.get("SLURM_JOB_NAME")
+                or program_name([str(a) for a in command])
+            )
+            started = self.started_epoch
+            self.started_at = (
+                "" if started is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+            )
+            self.described = True
         elif kind == "started":
             self.started_t = t
         elif kind == "progress":
@@ -211,6 +251,7 @@ class SoakMetrics:
             # moment the serializer passed it on.
             start = self.started_epoch
             self.last_sample_epoch = self._wall() if start is None else start + t
+            self._fold_ranks(event.get("processes") or [])
         elif kind == "gpu_sample":
             self._fold_gpus(event)
         elif kind == "gpu_fault":
@@ -221,6 +262,8 @@ class SoakMetrics:
             self.degraded[str(event.get("sampler"))] = False
         elif kind in ("failure", "stop"):
             self.stopping = True
+            if kind == "failure" and self.reason is None:
+                self.reason = str(event.get("reason"))
         elif kind == "exited":
             self.exited = True
         elif kind == "finished":
@@ -245,6 +288,24 @@ class SoakMetrics:
             self.xid_errors[xid] = self.xid_errors.get(xid, 0) + 1
         if event.get("fails"):
             self.gpu_faulted[key] = True
+
+    def _fold_ranks(self, processes: Iterable[Mapping[str, Any]]) -> None:
+        """Each rank's CPU (its process and the workers that inherit its rank)."""
+        cpu: dict[int, float] = {}
+        for process in processes:
+            pid = int(process["pid"])
+            role = process.get("role")
+            if process.get("cmdline") is not None or role:
+                # Described (new, or after an exec): its rank is what it says now.
+                if role and "rank" in role and len(self.rank_of) < MAX_RANK_PROCESSES:
+                    self.rank_of[pid] = int(role["rank"])
+                else:
+                    self.rank_of.pop(pid, None)
+            rank = self.rank_of.get(pid)
+            if rank is None or (rank not in cpu and len(cpu) >= MAX_RANK_LABELS):
+                continue
+            cpu[rank] = cpu.get(rank, 0.0) + (_scaled(process.get("cpu_percent"), 0.01) or 0.0)
+        self.rank_cpu = cpu
 
     def _fold_gpus(self, event: Mapping[str, Any]) -> None:
         gpus: dict[str, _Gpu] = {}
@@ -291,6 +352,14 @@ class SoakMetrics:
 
     # -- what it says --------------------------------------------------------------------
 
+    def title(self) -> str:
+        """The soak as a dashboard's selector shows it: ``resnet on gpu-node-3, 2026-12-02
+        00:37 UTC`` (the job name, the host, the start)."""
+        started = self.started_at.replace("T", " ")[:16]
+        return _label_text(
+            f"{self.job_name or '?'} on {self.host}" + (f", {started} UTC" if started else "")
+        )
+
     def elapsed(self) -> float | None:
         """Seconds since the soak started on the events' clock; frozen once it finished."""
         if self.finished_t is not None:
@@ -325,6 +394,25 @@ class SoakMetrics:
         """The limit ``seconds_since_progress`` is held against (startup's before progress)."""
         return self.startup_limit if self.last_progress_t is None else self.stale_limit
 
+    def health(self) -> tuple[bool, str]:
+        """Whether the monitor's samplers are alive (its loop is, if this is asked at all):
+        a sample came within :data:`HEALTH_STALE_SAMPLES` intervals (at least
+        :data:`HEALTH_MIN_SECONDS`), counted from the start before the first one; and what
+        to say about it."""
+        if self.status is not None:
+            return True, f"ok: the soak finished ({self.status})"
+        since = self.last_sample_epoch if self.last_sample_epoch is not None else self.started_epoch
+        if since is None:
+            return True, "ok: starting"
+        limit = max(HEALTH_MIN_SECONDS, HEALTH_STALE_SAMPLES * (self.sample_interval or 0.0))
+        age = max(0.0, self._wall() - since)
+        degraded = sorted(name for name, down in self.degraded.items() if down)
+        note = f"; degraded: {', '.join(degraded)}" if degraded else ""
+        what = "last sample" if self.last_sample_epoch is not None else "start, no sample yet,"
+        if age > limit:
+            return False, f"unhealthy: {what} {age:.0f}s ago (limit {limit:g}s){note}"
+        return True, f"ok: {what} {age:.1f}s ago{note}"
+
     def rows(self) -> list[Row]:
         """Every family as plain rows: what both :meth:`collect` and :func:`encode_rows` show."""
         soak = (("soak_id", self.soak_id),)
@@ -333,13 +421,19 @@ class SoakMetrics:
         def gauge(name: str, help_text: str, value: float) -> None:
             rows.append((name, "gauge", help_text, [(name, soak, value)]))
 
-        info = (
-            ("command", self.command),
-            ("host", self.host),
-            ("job_id", self.job_id),
-            ("soak_id", self.soak_id),
-        )
-        rows.append(("asyncsoak_soak", "info", "The supervised soak.", [(_SOAK_INFO, info, 1.0)]))
+        if self.described:
+            info = (
+                ("command", self.command),
+                ("host", self.host),
+                ("job_id", self.job_id),
+                ("job_name", self.job_name),
+                ("soak_id", self.soak_id),
+                ("started_at", self.started_at),
+                ("title", self.title()),
+            )
+            rows.append(
+                ("asyncsoak_soak", "info", "The supervised soak.", [(_SOAK_INFO, info, 1.0)])
+            )
         phase = self.phase()
         rows.append(
             (
@@ -367,6 +461,14 @@ class SoakMetrics:
                         for name in SOAK_STATUSES
                     ],
                 )
+            )
+        if self.status is not None and self.status != SoakStatus.CANCELLED:
+            reasons = [] if self.reason is None else [self.reason]
+            gauge(
+                "asyncsoak_soak_exit_code",
+                "The soak's status under --detailed-exit-codes once it ended: 0 passed, else "
+                "its primary reason's (see asyncsoak exit-codes); absent when cancelled.",
+                float(verdict_exit_code(self.status, reasons, detailed=True)),
             )
         rows.append(
             (
@@ -422,6 +524,24 @@ class SoakMetrics:
                 "asyncsoak_memory_projected_exhaustion_timestamp_seconds",
                 "When the tree's memory is projected to reach its limit (Unix time).",
                 self.projected_exhaustion,
+            )
+        if self.rank_cpu:
+            gauge(
+                "asyncsoak_ranks",
+                "Ranks of a distributed run in the supervised tree (RANK and its kin in "
+                "their environment).",
+                float(len(self.rank_cpu)),
+            )
+            rows.append(
+                (
+                    "asyncsoak_rank_cpu_cores",
+                    "gauge",
+                    "CPU each rank uses (its process and its workers), in cores.",
+                    [
+                        ("asyncsoak_rank_cpu_cores", (("rank", str(rank)), *soak), value)
+                        for rank, value in sorted(self.rank_cpu.items())
+                    ],
+                )
             )
         rows.extend(self._gpu_rows())
         rows.extend(self._gpu_health_rows())
@@ -514,6 +634,38 @@ class SoakMetrics:
         return families(self.rows())
 
 
+#: Interpreters whose first argument names the program (``python train.py``).
+_INTERPRETERS = ("python", "python3", "bash", "sh", "uv", "torchrun", "accelerate", "deepspeed")
+#: Characters a label shown in a dashboard's selector keeps at most.
+TITLE_LABEL_MAX = 120
+
+
+def program_name(command: list[str]) -> str:
+    """The program a command runs, as a person names it: ``train.py`` for ``python train.py
+    --lr 3e-4``, ``mypkg.train`` for ``python -m mypkg.train``, else its executable's name."""
+    if not command:
+        return ""
+    name = os.path.basename(command[0])
+    if not name.startswith(_INTERPRETERS):
+        return name
+    rest = command[1:]
+    for i, arg in enumerate(rest):
+        if arg == "-c":
+            return name  # an inline script has no name
+        if arg == "-m" and i + 1 < len(rest):
+            return rest[i + 1]
+        if arg.endswith(".py"):
+            return os.path.basename(arg)
+    return name
+
+
+def _label_text(value: object) -> str:
+    """A label a dashboard shows in a selector: one line, no double quote (Grafana's
+    variable regex reads the label out of ``query_result``'s text), bounded."""
+    text = " ".join(str(value).split()).replace('"', "'")
+    return text[:TITLE_LABEL_MAX]
+
+
 #: A sample: its name, its labels sorted by name, its value.
 Sample = tuple[str, tuple[tuple[str, str], ...], float]
 #: A family: its name, type and help, and its samples.
@@ -565,12 +717,15 @@ SOAK_METRIC_NAMES = frozenset(
         "asyncsoak_soak_info",
         "asyncsoak_soak_phase",
         "asyncsoak_soak_status",
+        "asyncsoak_soak_exit_code",
         "asyncsoak_progress_changes_total",
         "asyncsoak_progress_last_change_timestamp_seconds",
         "asyncsoak_last_sample_timestamp_seconds",
         "asyncsoak_seconds_since_progress",
         "asyncsoak_stale_limit_seconds",
         *(name for name, *_ in _TREE_METRICS),
+        "asyncsoak_ranks",
+        "asyncsoak_rank_cpu_cores",
         "asyncsoak_tree_memory_growth_bytes_per_second",
         "asyncsoak_memory_projected_exhaustion_timestamp_seconds",
         *_GPU_HELP,

@@ -61,6 +61,8 @@ _log = logging.getLogger("asyncsoak.metrics")
 
 #: ``render(accept)`` -> (body, content type).
 Render = Callable[[str], tuple[bytes, str]]
+#: ``health()`` -> (alive, what to say): ``/healthz``'s 200 or 503.
+Health = Callable[[], tuple[bool, str]]
 
 
 @dataclass(slots=True)
@@ -86,11 +88,16 @@ class _NotYet(Exception):
 
 
 class MetricsServer:
-    """Serve ``render``'s page at ``/metrics`` on the listening socket until cancelled."""
+    """Serve ``render``'s page at ``/metrics`` on the listening socket until cancelled, and
+    ``/healthz`` (200 while ``health`` says alive, 503 when not; 200 without ``health``: an
+    answer at all means the event loop runs)."""
 
-    def __init__(self, listener: socket.socket, render: Render) -> None:
+    def __init__(
+        self, listener: socket.socket, render: Render, health: Health | None = None
+    ) -> None:
         self.listener = listener
         self.render = render
+        self.health = health
         self.stats = ServerStats()
         self._active = 0
         #: Connections waiting for their request, oldest first (a dict as an ordered set).
@@ -266,7 +273,10 @@ class MetricsServer:
         if method not in ("GET", "HEAD"):
             return _response(405, b"only GET\n", extra=b"Allow: GET, HEAD\r\n")
         if path == "/":
-            return _response(200, b"asyncsoak metrics: /metrics\n", head_only=method)
+            return _response(200, b"asyncsoak metrics: /metrics, /healthz\n", head_only=method)
+        if path == "/healthz":
+            alive, text = (True, "ok") if self.health is None else self.health()
+            return _response(200 if alive else 503, f"{text}\n".encode(), head_only=method)
         if path != "/metrics":
             return _response(404, b"not found; try /metrics\n")
         body, content_type = self.render(headers.get("accept", ""))
@@ -315,6 +325,7 @@ def _parse_head(head: bytes) -> tuple[str, dict[str, str]]:
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
 _REASONS[431] = "Request Header Fields Too Large"
+_REASONS[503] = "Service Unavailable"
 
 
 def _response(
@@ -368,7 +379,9 @@ class SoakMetricsRuntime:
         self.config = config
         self.soak = soak
         self._limiter = limiter
-        self.server = None if listener is None else MetricsServer(listener, self._render)
+        self.server = (
+            None if listener is None else MetricsServer(listener, self._render, soak.health)
+        )
         self.textfile = (
             None
             if config.textfile_dir is None

@@ -11,8 +11,10 @@ Launchers prefix each line (torchrun's ``[rank0]:``, ``[default0]:``): the prefi
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -112,3 +114,176 @@ def describe(cause: CrashCause) -> str:
     else:
         head = cause.type
     return head if cause.where is None else f"{head} ({cause.where})"
+
+
+# -- distributed runs: the rank that failed first --------------------------------------------
+
+#: ``[rank1]:`` (torch.distributed's own prefix on a rank's traceback) and ``[1,1]<stderr>:``
+#: (``mpirun --tag-output``: the job and the rank).
+_RANK_PREFIX = re.compile(r"\[rank(?P<rank>\d+)\]:|\[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:")
+#: ``[default1]:`` (torchrun ``--tee``: its default role's name and the local rank).
+_LOCAL_PREFIX = re.compile(r"\[default(?P<local>\d+)\]:")
+#: torchrun's closing report: ``Root Cause (first observed failure):`` then the fields.
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(?P<rank>\d+)(?: \(local_rank: (?P<local>\d+)\))?")
+_ROOT_PID = re.compile(r"^\s*exitcode\s*:\s*(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)")
+_ROOT_ERROR_FILE = re.compile(r"^\s*error_file\s*:\s*(?P<path>/\S+)\s*$")
+_ROOT_TRACEBACK = re.compile(r"^(?P<indent>\s*)traceback\s*:\s(?P<first>.*)$")
+#: Exceptions of a launcher reporting that a rank failed: never the cause itself.
+LAUNCHER_EXCEPTIONS = frozenset(
+    {
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
+        "ChildFailedError",
+        "subprocess.CalledProcessError",
+    }
+)
+#: Bytes read at most of torchelastic's error file.
+ERROR_FILE_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RankCrash:
+    """The rank that failed first, and its own exception."""
+
+    rank: int | None
+    local_rank: int | None
+    pid: int | None
+    cause: CrashCause
+
+
+@dataclass(frozen=True, slots=True)
+class _RootCause:
+    rank: int
+    local_rank: int | None
+    pid: int | None
+    exitcode: int | None
+    error_file: str | None
+    traceback: str | None
+
+
+def find_rank_exception(text: str) -> RankCrash | None:
+    """The rank of a distributed run that failed first and its exception, from the end of the
+    log; None when the log shows no rank's failure (not a distributed run).
+
+    The rank is torchrun's "first observed failure" where it reports one, else the rank whose
+    traceback comes first.  Its exception is lifted from torchelastic's error file (what
+    ``@record`` writes), else from the rank's own traceback in the log, told apart by the
+    prefixes torch.distributed (``[rank1]:``) and ``torchrun --tee`` (``[default1]:``) put on
+    each line.  A launcher's own exception (``ChildFailedError``) is never the cause.
+    """
+    lines = text.splitlines()
+    root = _root_cause(lines)
+    tracebacks = [t for t in _rank_tracebacks(lines) if t[2].type not in LAUNCHER_EXCEPTIONS]
+    chosen: tuple[int | None, int | None, CrashCause] | None = None
+    if root is not None:
+        for rank, local, cause in tracebacks:
+            if rank == root.rank or (rank is None and local == root.local_rank):
+                chosen = (root.rank, root.local_rank, cause)
+                break
+        if chosen is None:
+            reported = _error_file_cause(root.error_file) or (
+                find_exception(root.traceback) if root.traceback else None
+            )
+            if reported is None or reported.type in LAUNCHER_EXCEPTIONS:
+                # No words from the rank (killed by a signal, or no traceback): its exit.
+                reported = _exit_cause(root.exitcode)
+            if reported is not None:
+                chosen = (root.rank, root.local_rank, reported)
+    elif tracebacks and any(r is not None or loc is not None for r, loc, _ in tracebacks):
+        chosen = next(t for t in tracebacks if t[0] is not None or t[1] is not None)
+    if chosen is None:
+        return None
+    return RankCrash(chosen[0], chosen[1], root.pid if root is not None else None, chosen[2])
+
+
+def _rank_tracebacks(lines: Sequence[str]) -> list[tuple[int | None, int | None, CrashCause]]:
+    """Every whole traceback in ``lines`` with the rank (or local rank) its prefix names."""
+    found = []
+    for index, line in enumerate(lines):
+        match = _TRACEBACK.match(line)
+        if match is None:
+            continue
+        prefix = match["prefix"]
+        parsed = _traceback(lines, index + 1, prefix)
+        if parsed is None:
+            continue
+        rank_match = _RANK_PREFIX.search(prefix)
+        local_match = _LOCAL_PREFIX.search(prefix)
+        found.append(
+            (
+                int(rank_match["rank"] or rank_match["mpi"]) if rank_match else None,
+                int(local_match["local"]) if local_match else None,
+                parsed[1],
+            )
+        )
+    return found
+
+
+def _root_cause(lines: Sequence[str]) -> _RootCause | None:
+    """torchrun's report of the first observed failure, when the log holds one."""
+    try:
+        start = max(i for i, line in enumerate(lines) if line.strip() == _ROOT_CAUSE)
+    except ValueError:
+        return None
+    rank = local = pid = exitcode = None
+    error_file = traceback = None
+    for index in range(start + 1, len(lines)):
+        line = lines[index]
+        if line.startswith("===="):
+            break
+        if (match := _ROOT_RANK.match(line)) is not None:
+            rank = int(match["rank"])
+            local = int(match["local"]) if match["local"] else None
+        elif (match := _ROOT_PID.match(line)) is not None:
+            pid = int(match["pid"])
+            exitcode = int(match["code"])
+        elif (match := _ROOT_ERROR_FILE.match(line)) is not None:
+            error_file = match["path"]
+        elif (match := _ROOT_TRACEBACK.match(line)) is not None:
+            # The error file's traceback, each following line indented as the field is.
+            indent = len(match["indent"])
+            body = [match["first"]]
+            for more in lines[index + 1 :]:
+                if more.startswith(("====", "----")):
+                    break
+                body.append(more[indent:] if more[:indent].isspace() else more.strip())
+            traceback = "\n".join(body)
+    if rank is None:
+        return None
+    return _RootCause(rank, local, pid, exitcode, error_file, traceback)
+
+
+def _exit_cause(exitcode: int | None) -> CrashCause | None:
+    """A rank that left no exception: how it ended, as torchrun reports its exit code."""
+    if exitcode is None or exitcode == 0:
+        return None
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        oom = " (often the kernel's OOM killer)" if -exitcode == signal.SIGKILL else ""
+        return CrashCause(name, f"killed by {name}{oom}", None, "signal")
+    return CrashCause(f"exit status {exitcode}", "no traceback", None, "exit")
+
+
+def _error_file_cause(path: str | None) -> CrashCause | None:
+    """The exception in torchelastic's error file (``@record``'s ``error.json``), if readable."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(ERROR_FILE_BYTES))
+        message = data["message"]
+        stack = message["extraInfo"]["py_callstack"] if isinstance(message, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return find_exception(stack) if isinstance(stack, str) else None
+
+
+def describe_rank_crash(crash: RankCrash) -> str:
+    """``rank 1 (pid 4242) failed first: ValueError: bad batch (train.py:11)``."""
+    who = f"rank {crash.rank}" if crash.rank is not None else f"local rank {crash.local_rank}"
+    if crash.pid is not None:
+        who += f" (pid {crash.pid})"
+    return f"{who} failed first: {describe(crash.cause)}"

@@ -27,6 +27,8 @@ from typing import Any
 
 import psutil
 
+from ._ranks import read_rank, role
+
 #: Threads listed per process.
 MAX_THREADS = 64
 #: Bytes kept of one py-spy dump.
@@ -145,6 +147,8 @@ def collect_forensics(
             processes.append({"pid": pid, "error": "access denied"})
             continue
         info["cmdline"] = cmdline
+        # A distributed run's launcher or rank: which rank a stall waits on is told from these.
+        info["role"] = role(name, cmdline, read_rank(pid))
         info["wchan"] = _read(f"/proc/{pid}/wchan")
         info["kernel_stack"] = _read(f"/proc/{pid}/stack")
         info["threads"] = _thread_info(pid)

@@ -21,12 +21,13 @@ from typing import Any, cast
 from .._analysis._gpu_health import GpuHealthFold
 from .._analysis._trendwatch import TrendWatch
 from .._errors import ValidationError
+from .._process._ranks import ranks_section
 
 # Re-exported: the supervisor writes its times through the artifact module.
 from .._timestamps import iso as iso
 from .._timestamps import parse_iso
 from ._bounded import UnreadableFileError, open_regular
-from ._schema import Artifact, Exit, Failure, ProcessEntry, Stop, Trend
+from ._schema import Artifact, ExceptionInfo, Exit, Failure, ProcessEntry, Stop, Trend
 from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
 from ._vocabulary import EventKind, StopCause
 
@@ -231,12 +232,16 @@ class ArtifactBuilder:
                 self.progress_last = t
                 self.trends.add_progress(t, event)
             case EventKind.EXCEPTION:
-                self.exit["exception"] = {
+                exception: ExceptionInfo = {
                     "type": event["type"],
                     "message": event["message"],
                     "where": event["where"],
                     "kind": event["exception_kind"],
                 }
+                if event.get("rank") is not None:
+                    exception["rank"] = event["rank"]
+                    exception["rank_pid"] = event.get("rank_pid")
+                self.exit["exception"] = exception
             case EventKind.LIMITS:
                 self.trends.add_limits(event)
             case EventKind.TREND:
@@ -326,6 +331,11 @@ class ArtifactBuilder:
                 seen.setdefault(name, set()).update(values)
 
     # -- the artifact ----------------------------------------------------------------------
+
+    def _ranks(self) -> dict[str, Any] | None:
+        """``ranks`` when the tree had ranks or a launcher (a distributed run)."""
+        trends = self.trends
+        return ranks_section(trends.roles, trends.role_parents, trends.role_names)
 
     def wall(self, t: float | None) -> str | None:
         """Seconds since the start as an ISO 8601 UTC time."""
@@ -423,6 +433,11 @@ class ArtifactBuilder:
                 **monitor,  # type: ignore[typeddict-item]
             },
         }
+        ranks = self._ranks()
+        if ranks is not None:
+            artifact["ranks"] = ranks
+        if self.trends.stragglers:
+            artifact["stragglers"] = list(self.trends.stragglers.values())
         return artifact
 
 

@@ -123,6 +123,9 @@ class Progress(Event):
     gap_seconds: float | None
     #: Bytes the changed files grew by (a new file counts its size).
     grown_bytes: int = 0
+    #: The same for the files that name a rank (``rank1.jsonl``), by rank: each rank's own
+    #: progress, whose rates tell a straggler.
+    rank_grown_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,8 +318,12 @@ class CrashCause(Event):
     type: str
     message: str
     where: str | None
-    #: ``python`` (a traceback), ``cuda_oom``, ``nccl``, ``killed`` (a shell's "Killed").
+    #: ``python`` (a traceback), ``cuda_oom``, ``nccl``, ``killed`` (a shell's "Killed");
+    #: ``signal`` or ``exit`` for a rank that left no exception (torchrun's report of it).
     exception_kind: str
+    #: A distributed run: the rank that failed first (whose exception this is), its pid.
+    rank: int | None = None
+    rank_pid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

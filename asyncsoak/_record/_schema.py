@@ -35,7 +35,11 @@ class ExceptionInfo(TypedDict):
     type: str
     message: str
     where: str | None
-    kind: NotRequired[str]  # "python", "cuda_oom", "nccl" or "killed"
+    # "python", "cuda_oom", "nccl", "killed"; a rank that left no exception: "signal", "exit"
+    kind: NotRequired[str]
+    #: The rank whose traceback this is (a distributed run), and its pid when known.
+    rank: NotRequired[int | None]
+    rank_pid: NotRequired[int | None]
 
 
 class Exit(TypedDict):
@@ -151,6 +155,8 @@ class ProcessEntry(TypedDict):
     peak_gpu_memory_bytes: int | None
     peak_threads: int
     series: Series
+    #: ``{"launcher": ...}`` or the process's rank (``ranks``), when it has one.
+    role: NotRequired[dict[str, Any] | None]
 
 
 class Artifact(TypedDict):
@@ -187,6 +193,10 @@ class Artifact(TypedDict):
     forensics: NotRequired[dict[str, Any] | None]
     stop: NotRequired[Stop]
     gpu_health: NotRequired[dict[str, Any]]
+    #: A distributed run: each rank's process and the launchers.
+    ranks: NotRequired[dict[str, Any]]
+    #: Ranks whose progress fell behind the others' (a distributed run's per-rank progress).
+    stragglers: NotRequired[list[dict[str, Any]]]
 
 
 def series_times(series: Series) -> list[float]:

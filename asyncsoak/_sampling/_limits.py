@@ -220,21 +220,70 @@ def read_limits(
 
 def _memory_hierarchy(lines: list[str], root: Path) -> tuple[int, Path, str] | None:
     """(version, mount point, cgroup path) of the memory controller's line, or None."""
+    return _controller_hierarchy(lines, root, "memory")
+
+
+def _controller_hierarchy(
+    lines: list[str], root: Path, controller: str
+) -> tuple[int, Path, str] | None:
+    """(version, mount point, cgroup path) of ``controller``'s line, or None."""
     unified: str | None = None
     for line in lines:
         _, controllers, path = [*line.split(":", 2), "", ""][:3]
         if not controllers:
             unified = path
-        elif "memory" in controllers.split(","):
-            for name in (controllers, "memory"):
+        elif controller in controllers.split(","):
+            for name in (controllers, controller):
                 if (root / name / "cgroup.procs").exists():
                     return 1, root / name, path
     if unified is None:
         return None
     for mount in (root, root / "unified"):
-        if "memory" in (_read_text(mount / "cgroup.controllers") or "").split():
+        if controller in (_read_text(mount / "cgroup.controllers") or "").split():
             return 2, mount, unified
     return None
+
+
+def cgroup_cpu_limit_cores(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
+) -> float | None:
+    """The tightest CPU quota of the cgroup ``proc_cgroup`` names, in cores (a container's
+    ``resources.limits.cpu``), or None when there is none.
+
+    cgroup v2's ``cpu.max`` ("QUOTA PERIOD", "max" for none); v1's ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us`` (-1 for none).  Quotas are inherited: the lowest from the cgroup up
+    to the hierarchy's root applies.
+    """
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    found = _controller_hierarchy(lines, root, "cpu")
+    if found is None:
+        return None
+    version, mount, relative = found
+    hierarchy = _Hierarchy(mount, relative)
+    marker = "cpu.max" if version == 2 else "cpu.cfs_quota_us"
+    directory = hierarchy.nearest(relative, marker)
+    tightest: float | None = None
+    while True:
+        cores = _cpu_quota_cores(directory, version)
+        if cores is not None and (tightest is None or cores < tightest):
+            tightest = cores
+        if directory == mount:
+            return tightest
+        directory = directory.parent
+
+
+def _cpu_quota_cores(directory: Path, version: int) -> float | None:
+    if version == 2:
+        quota, _, period = (_read_text(directory / "cpu.max") or "").strip().partition(" ")
+    else:
+        quota = (_read_text(directory / "cpu.cfs_quota_us") or "").strip()
+        period = (_read_text(directory / "cpu.cfs_period_us") or "").strip()
+    if not quota.isdigit() or not period.isdigit() or int(period) == 0:
+        return None
+    return int(quota) / int(period)
 
 
 class _Hierarchy:

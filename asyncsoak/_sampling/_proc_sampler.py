@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 import anyio
 
 from .._blocking import Ride, Rides, Ticker, TickSignal, TickTimeout
+from .._process._ranks import launcher_of, parse_rank_environ, read_environ, role
 from .._record._events import (
     Event,
     SamplerDegraded,
@@ -134,6 +135,9 @@ class ProcessFigures:
     read_bytes: int | None
     write_bytes: int | None
     cmdline: list[str] | None = None
+    #: Its part in a distributed run, with ``cmdline``: ``{"launcher": "torchrun"}``, its
+    #: rank (``rank``, ``local_rank``, ``world_size``, ``group_rank``, ``source``), or None.
+    role: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -294,7 +298,7 @@ class _Walk:
         #: pid -> (start time, CPU ticks, when read): the next walk's history.
         self.history: dict[int, tuple[int, int, float]] = {}
         self.ran: dict[int, _Kept] = {}
-        self.described: dict[int, int] = {}
+        self.described: dict[int, tuple[int, bytes]] = {}
         #: CPU ticks the tree used since the previous walk.
         self.cpu_ticks = 0
         #: The tree's totals, added up as the processes are read (cheaper than summing after).
@@ -361,8 +365,8 @@ class ProcSampler:
         #: is first seen and at every full read (FULL_READ_EVERY), as that file costs five
         #: times ``statm`` (whose "shared" lumps shared memory in with file pages).
         self._shmem: dict[int, int] = {}
-        #: pid -> start time of the processes whose cmdline has been handed out.
-        self._described: dict[int, int] = {}
+        #: pid -> (start time, name) of the processes whose cmdline has been handed out.
+        self._described: dict[int, tuple[int, bytes]] = {}
         self._previous_walk: float | None = None
         self._previous_machine_cpu: tuple[int, int] | None = None
         # /proc/PID/task/TID/children needs CONFIG_PROC_CHILDREN (on in common distribution
@@ -582,10 +586,13 @@ class ProcSampler:
             else:
                 walk.stack.extend(self._children(pid, walk))
             memory = self._read_memory(base) if walk.uss is not None else None
-            cmdline = None
-            described = self._described.get(pid) == start_ticks
+            cmdline = role = None
+            name = stat[stat.find(b"(") + 1 : name_end]
+            # Described again after an exec (a new name): a forked launcher becomes a rank.
+            described = self._described.get(pid) == (start_ticks, name)
             if not described:
                 cmdline = self._read_cmdline(base)
+                role = self._read_role(base, name, cmdline)
             shmem = self._shmem.get(pid)
             if shmem is None or not described or walk.full:
                 shmem = _read_shmem(base)
@@ -617,7 +624,7 @@ class ProcSampler:
                 if walk.anon_pss is not None:
                     walk.anon_pss += memory[2]
         walk.history[pid] = (start_ticks, cpu_ticks, read_at)
-        walk.described[pid] = start_ticks
+        walk.described[pid] = (start_ticks, name)
         if ran is not None:
             walk.ran[pid] = (ran, start_ticks, io, fds, stat, children, statm)
         walk.shmem[pid] = shmem
@@ -642,7 +649,7 @@ class ProcSampler:
                 pid,
                 int(fields[1]),  # ppid
                 # Positional arguments: decode(errors=...) parses keywords, twice the cost.
-                stat[stat.find(b"(") + 1 : name_end].decode("utf-8", "replace"),
+                name.decode("utf-8", "replace"),
                 _STATES.get(fields[0]) or fields[0].decode("utf-8", "replace"),
                 cpu_percent,
                 rss,
@@ -652,6 +659,7 @@ class ProcSampler:
                 read_bytes,
                 write_bytes,
                 cmdline,
+                role,
             )
         )
 
@@ -739,6 +747,19 @@ class ProcSampler:
         # Each argument ends with a NUL; an empty last argument is a NUL of its own.
         args = data[:-1] if data.endswith(b"\0") else data
         return self._masker.argv(arg.decode(errors="replace") for arg in args.split(b"\0"))
+
+    def _read_role(self, base: str, name: bytes, cmdline: list[str] | None) -> Any:
+        """A new process's part in a distributed run (see :func:`._ranks.role`): its rank
+        from a bounded read of its environment, once (an environment does not change)."""
+        text = name.decode("utf-8", "replace")
+        if launcher_of(text, cmdline) is not None:
+            return role(text, cmdline, None)
+        try:
+            rank = parse_rank_environ(read_environ(base + "environ"))
+        except OSError:
+            # Another user's (EACCES), or gone since its stat was read: no rank to tell.
+            rank = None
+        return role(text, cmdline, rank)
 
     def _read_machine_files(self) -> tuple[bytes, bytes, bytes]:
         """/proc/stat, meminfo and loadavg: kept open on the real /proc, as a process's."""

@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import math
 import os
+import re
 import stat
 import time
 from collections.abc import Awaitable, Callable, Collection
@@ -55,6 +56,15 @@ from ._inotify import Inotify
 
 #: How many changed paths a progress event names.
 PATHS_PER_EVENT = 5
+#: A progress file that names a rank: ``rank1.jsonl``, ``metrics_rank_3.csv``, ``rank-0/``.
+RANK_FILE = re.compile(r"(?:^|[^a-z])rank[_-]?(\d+)(?![0-9])", re.IGNORECASE)
+
+
+def rank_of_path(path: str) -> str | None:
+    """The rank a progress file belongs to, from its path (the last part naming one)."""
+    found = RANK_FILE.findall(path)
+    return str(int(found[-1])) if found else None
+
 
 FileKey = tuple[int, int]  # (st_dev, st_ino)
 
@@ -185,6 +195,8 @@ class ProgressTracker:
         self.longest_gap = 0.0
         #: Bytes the files changed by the last observation grew by.
         self.grown_bytes = 0
+        #: The same, for the files that name a rank (``rank1.jsonl``), by rank.
+        self.rank_grown_bytes: dict[str, int] = {}
         #: Directories a scan could not read, as last reported in a warning.
         self.skipped_dirs = 0
 
@@ -195,7 +207,10 @@ class ProgressTracker:
     def observe(self, files: dict[str, FileState], now: float) -> list[str]:
         """Record a full scan; return the paths that changed since they were last seen."""
         changed = self.changed(files)
-        self.grown_bytes = sum(self._growth(path, files[path]) for path in changed)
+        self.grown_bytes = 0
+        self.rank_grown_bytes = {}
+        for path in changed:
+            self._count_growth(path, files[path])
         self._files = files
         return self._record(changed, now)
 
@@ -203,12 +218,13 @@ class ProgressTracker:
         """Record fresh states of a few paths (None: gone); return those that changed."""
         changed = []
         self.grown_bytes = 0
+        self.rank_grown_bytes = {}
         for path, state in updates.items():
             if state is None:
                 self._files.pop(path, None)
             elif self._differs(path, state):
                 changed.append(path)
-                self.grown_bytes += self._growth(path, state)
+                self._count_growth(path, state)
                 self._files[path] = state
         return self._record(sorted(changed), now)
 
@@ -220,6 +236,13 @@ class ProgressTracker:
             or old.size != state.size
             or old.mtime_ns != state.mtime_ns
         )
+
+    def _count_growth(self, path: str, state: FileState) -> None:
+        grown = self._growth(path, state)
+        self.grown_bytes += grown
+        rank = rank_of_path(path)
+        if rank is not None:
+            self.rank_grown_bytes[rank] = self.rank_grown_bytes.get(rank, 0) + grown
 
     def _growth(self, path: str, state: FileState) -> int:
         old = self._files.get(path)
@@ -452,7 +475,14 @@ async def _seed(
     updates = await run_blocking(
         stat_keys, progress_dir, found, ignore, timeout=bound, what="a stat of the files found"
     )
-    await _report(sink, tracker.observe_some(updates, now), now, previous, tracker.grown_bytes)
+    await _report(
+        sink,
+        tracker.observe_some(updates, now),
+        now,
+        previous,
+        tracker.grown_bytes,
+        tracker.rank_grown_bytes,
+    )
 
 
 async def _watch(
@@ -541,7 +571,14 @@ async def _watch(
                             what="a stat of the files that changed",
                         )
                         changed = tracker.observe_some(updates, now)
-                        await _report(sink, changed, now, previous, tracker.grown_bytes)
+                        await _report(
+                            sink,
+                            changed,
+                            now,
+                            previous,
+                            tracker.grown_bytes,
+                            tracker.rank_grown_bytes,
+                        )
                 continue
         previous = tracker.last_change
         changed = []
@@ -600,7 +637,9 @@ async def _watch(
             for at in sorted(by_time):
                 previous = tracker.last_change
                 some = tracker.observe_some({k: result.files.get(k) for k in by_time[at]}, at)
-                await _report(sink, some, at, previous, tracker.grown_bytes)
+                await _report(
+                    sink, some, at, previous, tracker.grown_bytes, tracker.rank_grown_bytes
+                )
             heard.clear()
             previous = tracker.last_change
             at = changed_at(tracker, result.files, since=scanned_at, now=now, clock=sink.clock)
@@ -610,7 +649,9 @@ async def _watch(
                 tracker.skipped_dirs = result.errors
                 await sink.emit(WarningEvent(t=now, message=skipped_message(progress_dir, result)))
         if changed:
-            await _report(sink, changed, at, previous, tracker.grown_bytes)
+            await _report(
+                sink, changed, at, previous, tracker.grown_bytes, tracker.rank_grown_bytes
+            )
         elif (broken := tracker.verdict(now)) is not None:
             await on_failure(*broken)
             return
@@ -744,7 +785,14 @@ async def final_scan(
     except BlockingCallTimeout:
         return
     now = sink.elapsed()
-    await _report(sink, tracker.observe(result.files, now), now, previous, tracker.grown_bytes)
+    await _report(
+        sink,
+        tracker.observe(result.files, now),
+        now,
+        previous,
+        tracker.grown_bytes,
+        tracker.rank_grown_bytes,
+    )
 
 
 def _next_on_grid(now: float, interval: float) -> float:
@@ -757,7 +805,12 @@ def _next_on_grid(now: float, interval: float) -> float:
 
 
 async def _report(
-    sink: EventSink, changed: list[str], now: float, previous: float | None, grown: int
+    sink: EventSink,
+    changed: list[str],
+    now: float,
+    previous: float | None,
+    grown: int,
+    rank_grown: dict[str, int] | None = None,
 ) -> None:
     if changed:
         gap = None if previous is None else now - previous
@@ -768,5 +821,6 @@ async def _report(
                 paths=changed[:PATHS_PER_EVENT],
                 gap_seconds=gap,
                 grown_bytes=grown,
+                rank_grown_bytes=dict(rank_grown or {}),
             )
         )

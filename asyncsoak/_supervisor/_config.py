@@ -199,6 +199,7 @@ class SoakConfig(SoakLimits):
     forward_signals: tuple[int, ...] = ()
     requeue_on: int | None = None
     progress_exclude: tuple[Path, ...] = ()
+    scheduler_grace_seconds: float | None = None
 
     def __post_init__(self) -> None:
         # The checks run in the order of run_soak's documentation, so the first bad argument
@@ -259,6 +260,11 @@ class SoakConfig(SoakLimits):
         norm("progress_exclude", _excluded(given.progress_exclude))
         norm("forward_signals", _signals("forward_signals", given.forward_signals))
         norm("requeue_on", _own_signal("requeue_on", given.requeue_on))
+        if given.scheduler_grace_seconds is not None:
+            norm(
+                "scheduler_grace_seconds",
+                seconds("scheduler_grace_seconds", given.scheduler_grace_seconds),
+            )
 
     def effective(self) -> dict[str, Any]:
         """Every effective parameter, as the artifact's ``config`` records it."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import anyio
 
 
@@ -15,6 +18,12 @@ class SoakControl:
     the artifact's ``stop.cause`` (``"scheduler"`` for a scheduler's SIGTERM, whose grace is
     kept under the scheduler's own kill deadline).  ``kill_now()`` (a second Ctrl-C) ends
     whatever grace the stop is in and kills the tree at once.
+
+    ``observers`` (appended to before the soak starts) are called with the JSON form of every
+    event as the serializer receives it (the artifact's builder has folded it; its journal
+    line may wait for the next sample's write): the monitor's own knowledge, ahead of the
+    journal (``asyncsoak run``'s live view is one).  An observer
+    is called on the event loop: it must be quick and must not raise.
     """
 
     def __init__(self) -> None:
@@ -25,6 +34,7 @@ class SoakControl:
         self.reason: str | None = None
         self.grace_seconds: float | None = None
         self.cause = "requested"
+        self.observers: list[Callable[[dict[str, Any]], None]] = []
 
     def request_stop(
         self,

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from .._analysis._activity import describe_activity
-from .._analysis._trendwatch import GPU_SETTLE_SECONDS
+from .._analysis._trendwatch import GPU_SETTLE_SECONDS, straggler_text
 from .._blocking import BlockingCallTimeout, run_blocking
 from .._record._artifact import ArtifactBuilder
 from .._record._events import GpuFault, Limits, TrendFound, WarningEvent
@@ -74,6 +74,8 @@ class RunJudge:
         self._gpus_after_tree = anyio.Event()
         #: (series key, verdict) already reported by a ``trend`` event.
         self._trends_reported: set[tuple[str, str]] = set()
+        #: Ranks already told to be stragglers.
+        self._stragglers_told: set[str] = set()
         #: Series called a leak and not withdrawn since -> when first called (seconds).
         self._live_leaks: dict[str, float] = {}
 
@@ -125,6 +127,7 @@ class RunJudge:
             await self._sample_folded.wait()
             self._sample_folded = anyio.Event()
             await self._check_budgets()
+            await self._tell_stragglers(sink)
             now = sink.elapsed()
             if not self._ended() and now >= next_trends:
                 # Judged more rarely as the run grows (at most 2 % of its age late): a day
@@ -152,6 +155,14 @@ class RunJudge:
             await self._gpus_after_tree.wait()
         for message in self._builder.trends.gpu_not_released():
             await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
+
+    async def _tell_stragglers(self, sink: EventSink) -> None:
+        """Each rank found falling behind the others, once, as a warning."""
+        for rank, found in self._builder.trends.stragglers.items():
+            if rank in self._stragglers_told:
+                continue
+            self._stragglers_told.add(rank)
+            await sink.emit(WarningEvent(t=sink.elapsed(), message=straggler_text(found)))
 
     async def _check_budgets(self) -> None:
         breach = budget_breach(self.cfg, self._builder.trends)

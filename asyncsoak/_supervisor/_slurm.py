@@ -10,6 +10,10 @@ artifact of the run before it.
 Everything here reads the environment SLURM gives a job's processes; the two facts it does
 not give (``KillWait`` and the end time) come from ``scontrol``, under a deadline, and may be
 missing.
+
+A Kubernetes pod is the other scheduler a soak knows (``_kubernetes``): the same stop by the
+scheduler, its ``kill_wait_seconds`` being the pod's grace period; :class:`SoakJob` and
+:func:`expand_path` serve both.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from .._record._events import Requeued, SignalForwarded
 from .._record._sink import EventSink
 from .._record._vocabulary import StopCause
 from .._timestamps import parse_iso
+from . import _kubernetes
 from ._config import SoakConfig
 
 #: Set in every process of a SLURM job: the sign that the soak runs inside one.
@@ -215,39 +220,48 @@ class PatternError(ValidationError):
 def expand_path(
     path: Path, env: Mapping[str, str] | None = None, *, restart_suffix: bool = False
 ) -> Path:
-    """SLURM's filename patterns in ``path``: ``%j`` job id, ``%A`` array job id (the job id
-    outside an array), ``%a`` array task id (0 outside an array), ``%N`` node name, ``%t``
-    task rank, ``%r`` restart count, ``%%`` a percent sign.
+    """The scheduler's filename patterns in ``path``.  SLURM's: ``%j`` job id, ``%A`` array
+    job id (the job id outside an array), ``%a`` array task id (0 outside an array), ``%N``
+    node name, ``%t`` task rank, ``%r`` restart count, ``%%`` a percent sign.
 
-    Outside a SLURM job the path is taken as written.  With ``restart_suffix``, a requeued
+    In a Kubernetes pod, the pod's (see :func:`_kubernetes.pattern_values`): ``%p`` pod name,
+    ``%i`` completion index, ``%J`` JobSet's job index, ``%n`` namespace, ``%N`` node.
+
+    Outside both the path is taken as written.  With ``restart_suffix``, a requeued
     run's path without ``%r`` gets ``.restartN`` before its suffix (``soak.restart1.json``),
     so the artifact of the run before it is kept.
     """
     environ = os.environ if env is None else env
-    if not in_job(environ):
+    if in_job(environ):
+        job = environ[JOB_VARIABLE]
+        values = {
+            "j": job,
+            "A": environ.get("SLURM_ARRAY_JOB_ID") or job,
+            "a": environ.get("SLURM_ARRAY_TASK_ID") or "0",
+            "N": environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0],
+            "t": environ.get("SLURM_PROCID") or "0",
+            "r": environ.get("SLURM_RESTART_COUNT") or "0",
+            "%": "%",
+        }
+        where = ""
+    elif _kubernetes.in_pod(environ):
+        # A retried pod is a new pod with a new name: %p keeps each attempt's artifact.
+        values, where = _kubernetes.pattern_values(environ), " in a pod"
+    else:
         return path
-    job = environ[JOB_VARIABLE]
-    values = {
-        "j": job,
-        "A": environ.get("SLURM_ARRAY_JOB_ID") or job,
-        "a": environ.get("SLURM_ARRAY_TASK_ID") or "0",
-        "N": environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0],
-        "t": environ.get("SLURM_PROCID") or "0",
-        "r": environ.get("SLURM_RESTART_COUNT") or "0",
-        "%": "%",
-    }
     text = str(path)
 
     def fill(match: re.Match[str]) -> str:
         letter = match.group(1)
         if letter not in values:
+            known = " ".join(f"%{k}" for k in values if k != "%")
             raise PatternError(
-                f"{path}: unknown pattern %{letter} (known: %j %A %a %N %t %r, %% for a %)"
+                f"{path}: unknown pattern %{letter}{where} (known: {known}, %% for a %)"
             )
         return values[letter]
 
     expanded = Path(_PATTERN.sub(fill, text))
-    restarts = int(values["r"]) if values["r"].isdigit() else 0
+    restarts = int(values.get("r", "0")) if values.get("r", "0").isdigit() else 0
     if restart_suffix and restarts > 0 and "%r" not in text:
         expanded = expanded.with_name(f"{expanded.stem}.restart{restarts}{expanded.suffix}")
     return expanded
@@ -409,9 +423,27 @@ class SoakJob:
         self.known = anyio.Event()
 
     async def query(self) -> None:
-        """The scheduler's job (identity, KillWait, end time), before the rest of the snapshot:
-        the stop needs it."""
-        self.facts = await query_scheduler(self._limiter)
+        """The scheduler's job (identity, KillWait, end time), or the pod the soak runs in,
+        before the rest of the snapshot: the stop needs it."""
+        grace = self.cfg.scheduler_grace_seconds
+        if in_job():
+            self.facts = await query_scheduler(self._limiter)
+            if self.facts is not None and grace is not None:
+                self.facts["kill_wait_seconds"] = grace
+        elif _kubernetes.in_pod():
+            try:
+                self.facts = await run_blocking(
+                    partial(_kubernetes.pod_identity, grace=grace),
+                    timeout=SNAPSHOT_TIMEOUT_SECONDS,
+                    what="the pod's identity and cgroup limits",
+                    limiter=self._limiter,
+                )
+            except BlockingCallTimeout as exc:
+                self.facts = {
+                    "kind": "kubernetes",
+                    "kill_wait_seconds": grace,
+                    "errors": [str(exc)],
+                }
         self.known.set()
 
     def start_tasks(

@@ -78,6 +78,7 @@ from ._judge import RunJudge
 from ._outputs import CHECK_TIMEOUT_SECONDS, check_outputs, lock_journal
 from ._snapshot_task import SNAPSHOT_TIMEOUT_SECONDS, take_snapshot
 from ._stop import (
+    HANG_REASONS,
     SOAK_ID_VARIABLE,
     TREE_LOOK_TIMEOUT_SECONDS,
     TREE_WALK_TIMEOUT_SECONDS,
@@ -131,6 +132,7 @@ async def run_soak(
     max_gpu_memory_bytes: int | str | None = None,
     min_disk_free_bytes: int | str | None = None,
     progress_exclude: Sequence[Path | str] = (),
+    scheduler_grace_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Run a command in its own process group and produce a soak artifact.
 
@@ -155,6 +157,12 @@ async def run_soak(
     command when the monitor receives them; ``requeue_on`` is forwarded too, and then the soak
     waits for the command's exit and requeues its SLURM job (``stop.cause: "requeued"``).
     Both install signal handlers: the soak must run in the main thread.
+
+    ``scheduler_grace_seconds`` is the time between the scheduler's SIGTERM and its SIGKILL
+    (a pod's ``terminationGracePeriodSeconds``, SLURM's ``KillWait``) when the caller knows
+    it; by default it is asked of SLURM, read from the downward API in a pod, or assumed
+    (30 s).  A stop by the scheduler keeps the trainer's grace under it, so the artifact is
+    written before the SIGKILL.
 
     Returns the artifact (also written to ``output_path``) when the soak passed or was stopped
     through ``control`` (``status: "cancelled"``).  Raises :class:`SoakFailureError` when a
@@ -220,7 +228,7 @@ class _Soak:
         #: Shared with the soak's tree (``ASYNCSOAK_SOAK_ID``) and its metrics' ``soak_id``.
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
         #: Called with the JSON form of every event, after the journal and the artifact.
-        self.observers: list[Callable[[dict[str, Any]], None]] = []
+        self.observers: list[Callable[[dict[str, Any]], None]] = list(control.observers)
         #: Blocking calls riding on the proc sampler's ticks (made with the serializer).
         self._rides = Rides()
         self._child_env = dict(os.environ if cfg.env is None else cfg.env)
@@ -289,6 +297,13 @@ class _Soak:
         if self.cause is not None:
             return
         self.cause = "failure"
+        if reason in HANG_REASONS and self._sink is not None and self._spawner is not None:
+            # The stall is looked at before it is told: the rank the others wait for leads
+            # the failure's message (the cause above claims the end, so an exit meanwhile
+            # does not take it).
+            culprit = await self._tree_stop.hang_forensics(self._sink, self._spawner, reason)
+            if culprit is not None and culprit.get("text"):
+                message = f"{culprit['text']}; {message}"
         await self._fail(reason, message, activity=activity)
         self._ended.set()
 

@@ -21,6 +21,7 @@ from .._blocking import BlockingCallTimeout, run_blocking
 from .._process import _tree
 from .._process._exits import signal_name
 from .._process._forensics import collect_forensics
+from .._process._ranks import stall_culprit
 from .._process._spawn import Spawner
 from .._record._events import Abandoned, Forensics, Leftover, SignalSent, StdinClosed, StopRequested
 from .._record._sink import EventSink
@@ -78,6 +79,8 @@ class TreeStop:
         self._marker_scan_hung = False
         #: Every pid ever seen in the tree, to look up in the kernel's OOM records.
         self.seen_pids: set[int] = set()
+        #: Whether the hang forensics were taken (once: when the stall rule fired).
+        self.forensics_taken = False
 
     # -- the caller's stop -------------------------------------------------------------
 
@@ -139,8 +142,10 @@ class TreeStop:
         if self.control.stop_requested.is_set() and self.control.grace_seconds is not None:
             grace = self.control.grace_seconds
         if cause == _slurm.CAUSE_SCHEDULER and self.control.stop_requested.is_set():
-            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.
-            grace = _slurm.stop_grace(grace, scheduler)
+            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.  Facts not known
+            # yet (a SIGTERM in the first instants): the caller's figure, else the default.
+            known = scheduler or {"kill_wait_seconds": cfg.scheduler_grace_seconds}
+            grace = _slurm.stop_grace(grace, known)
         await sink.emit(
             StopRequested(t=sink.elapsed(), cause=cause, mode=cfg.stop_mode, grace_seconds=grace)
         )
@@ -282,8 +287,17 @@ class TreeStop:
         for info in await self._describe(pids, spawner.pid):
             await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
 
-    async def hang_forensics(self, sink: EventSink, spawner: Spawner, reason: str) -> None:
-        """Before the first signal: ask for a stack dump, then record what the tree is doing."""
+    async def hang_forensics(
+        self, sink: EventSink, spawner: Spawner, reason: str
+    ) -> dict[str, Any] | None:
+        """Before the first signal: ask for a stack dump, then record what the tree is doing.
+
+        Taken once per soak; returns which rank(s) a distributed run's stall waits on
+        (:func:`.stall_culprit`), or None.
+        """
+        if self.forensics_taken:
+            return None
+        self.forensics_taken = True
         cfg = self.cfg
         if cfg.dump_signal is not None and spawner.signal_leader(cfg.dump_signal):
             name = signal_name(cfg.dump_signal)
@@ -293,7 +307,7 @@ class TreeStop:
             with self.given_up_on_caller_stop():
                 await anyio.sleep(DUMP_WAIT_SECONDS)
         if not cfg.forensics:
-            return
+            return None
         pids = await self.tree_pids(spawner)
         data: dict[str, Any] = {"error": f"forensics took longer than {FORENSICS_SECONDS:g}s"}
         with self.given_up_on_caller_stop() as scope, contextlib.suppress(BlockingCallTimeout):
@@ -305,8 +319,12 @@ class TreeStop:
             )
         if scope.cancelled_caught:
             data = {"error": "the caller stopped the soak during the forensics"}
+        culprit = stall_culprit(data.get("processes") or [])
+        if culprit is not None:
+            data["ranks"] = culprit
         # Command lines and py-spy's headers carry argv: masked like argv everywhere else.
         await sink.emit(Forensics(t=sink.elapsed(), reason=reason, data=self._masker.data(data)))
+        return culprit
 
 
 def _kill_all(spawner: Spawner, pids: list[int]) -> None:

@@ -18,8 +18,14 @@ import anyio
 
 from .._analysis._trends import format_bytes
 from .._blocking import BlockingCallTimeout, run_blocking
+from .._process._crash import CrashCause as CrashInLog
+from .._process._crash import (
+    RankCrash,
+    describe_rank_crash,
+    find_exception,
+    find_rank_exception,
+)
 from .._process._crash import describe as describe_crash
-from .._process._crash import find_exception
 from .._process._exits import decode as decode_exit
 from .._process._forensics import oom_kills, seconds_since_boot
 from .._process._spawn import Spawner
@@ -124,12 +130,11 @@ class ExitJudge:
     async def crash_cause(self, sink: EventSink) -> str | None:
         """Lift the cause of a crash from the end of the log into ``exit.exception``."""
         try:
-            text = await run_blocking(
-                read_log_tail, self.cfg.log_path, timeout=5.0, what="reading the log's tail"
+            rank_crash, cause = await run_blocking(
+                _read_crash, self.cfg.log_path, timeout=5.0, what="reading the log's tail"
             )
         except BlockingCallTimeout:
             return None
-        cause = find_exception(text)
         if cause is None:
             return None
         await sink.emit(
@@ -139,8 +144,12 @@ class ExitJudge:
                 message=self._masker(cause.message),
                 where=cause.where,
                 exception_kind=cause.kind,
+                rank=None if rank_crash is None else rank_crash.rank,
+                rank_pid=None if rank_crash is None else rank_crash.pid,
             )
         )
+        if rank_crash is not None:
+            return self._masker(describe_rank_crash(rank_crash))
         return self._masker(describe_crash(cause))
 
     async def report_oom_kills(
@@ -250,6 +259,17 @@ class ExitJudge:
             f"the command was killed by the cgroup's OOM killer (memory limit {limit} of cgroup "
             f"{cgroup.hard.path}), with {signal}"
         )
+
+
+def _read_crash(log_path: Path) -> tuple[RankCrash | None, CrashInLog | None]:
+    """The crash cause at the end of the log (in a thread: a rank's error file may be read).
+
+    A distributed run's launcher reports its ranks' failure in its own words
+    (``ChildFailedError``): the rank that failed first, in its own words, is the cause.
+    """
+    text = read_log_tail(log_path)
+    rank_crash = find_rank_exception(text)
+    return rank_crash, find_exception(text) if rank_crash is None else rank_crash.cause
 
 
 def soak_status(

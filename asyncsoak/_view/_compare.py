@@ -22,17 +22,20 @@ from .._sampling._fields import format_value, gpu_index
 from .._terminal import terminal_text
 from .._units import format_duration
 from ._evidence import gpu_faults, leaking_series, rate_text
+from ._status import PASSED_WITH_WARNINGS, shown_status
 
 #: Relative change (fraction) beyond which a worse figure is a regression.
 DEFAULT_THRESHOLD = 0.10
 #: Memory must also grow by at least this much to regress (bytes).
 MEMORY_FLOOR_BYTES = 64 * 2**20
-#: Statuses from the best to the worst.
+#: Statuses as the views show them, from the best to the worst: a pass that carries warnings
+#: is worse than a clean one (a candidate that starts warning has regressed).
 STATUS_RANK: dict[str, int] = {
     SoakStatus.PASSED: 0,
-    SoakStatus.CANCELLED: 1,
-    SoakStatus.FAILED: 2,
-    SoakStatus.ERROR: 3,
+    PASSED_WITH_WARNINGS: 1,
+    SoakStatus.CANCELLED: 2,
+    SoakStatus.FAILED: 3,
+    SoakStatus.ERROR: 4,
 }
 
 Better = Literal["lower", "higher", "none"]
@@ -209,12 +212,20 @@ def _row(
 
 
 def _status_row(baseline: Artifact, candidate: Artifact) -> Row:
+    def shown(artifact: Artifact) -> str:
+        return shown_status(artifact["status"], len(artifact["warnings"]))
+
     def verdict(artifact: Artifact) -> str:
         reasons = [f["reason"] for f in artifact["failures"]]
-        return artifact["status"] + (f" ({', '.join(reasons)})" if reasons else "")
+        status = shown(artifact)
+        if status == PASSED_WITH_WARNINGS:
+            count = len(artifact["warnings"])
+            return f"passed with {count} warning{'s' if count > 1 else ''}"
+        return status + (f" ({', '.join(reasons)})" if reasons else "")
 
-    before, after = baseline["status"], candidate["status"]
-    regressed = STATUS_RANK.get(after, 3) > STATUS_RANK.get(before, 3)
+    worst = max(STATUS_RANK.values())
+    before, after = shown(baseline), shown(candidate)
+    regressed = STATUS_RANK.get(after, worst) > STATUS_RANK.get(before, worst)
     note = f"the verdict went from {verdict(baseline)} to {verdict(candidate)}" if regressed else ""
     return Row(
         "verdict", "verdict", "", verdict(baseline), verdict(candidate), None, regressed, note

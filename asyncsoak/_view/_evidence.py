@@ -213,6 +213,12 @@ def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity
     ]
 
 
+def is_launcher(process: Mapping[str, Any]) -> bool:
+    """Whether a process of the forensics is a distributed run's launcher (torchrun...)."""
+    role = process.get("role")
+    return isinstance(role, Mapping) and "launcher" in role
+
+
 def innermost_python_frame(process: Mapping[str, Any]) -> str | None:
     """The innermost frame of the first thread in a py-spy dump (``func (file:line)``)."""
     stack = (process.get("python_stack") or {}).get("stack")
@@ -390,6 +396,10 @@ def _cause(
         exception = artifact["exit"].get("exception")  # a version 2 key
         if exception is not None and exception["type"]:
             text = f"{exception['type']}: {exception['message']}".rstrip(": ")
+            rank = exception.get("rank")
+            if rank is not None:
+                pid = exception.get("rank_pid")
+                text = f"rank {rank}{f' (pid {pid})' if pid else ''} failed first: {text}"
             where = exception["where"]
             return text, where, _source_line(artifact, where)
         found = _traceback_exception(log_lines, traceback)
@@ -412,7 +422,15 @@ def _stall_cause(
 ) -> tuple[str, str | None, str | None]:
     forensics = artifact.get("forensics")
     processes = forensics.get("processes") or [] if isinstance(forensics, dict) else []
+    ranks = forensics.get("ranks") if isinstance(forensics, dict) else None
+    if isinstance(ranks, dict) and ranks.get("text"):
+        # A distributed run: the rank the others wait for, never its launcher.
+        where = ranks.get("where")
+        culprit = next((p for p in processes if p.get("pid") == ranks.get("pid")), None)
+        return str(ranks["text"]), where, _source_line(artifact, where, culprit)
     for process in processes:
+        if is_launcher(process):
+            continue  # it only waits for its ranks
         frame = innermost_python_frame(process)
         if not frame:
             continue
@@ -469,6 +487,14 @@ def _next_steps(
     resume = f"resume from {last.checkpoint}" if last and last.checkpoint else None
     steps: list[str] = []
     if primary in (FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT):
+        forensics = artifact.get("forensics")
+        ranks = forensics.get("ranks") if isinstance(forensics, dict) else None
+        if isinstance(ranks, dict) and ranks.get("culprits") and where:
+            waits = f" in {ranks['waiting']}" if ranks.get("waiting") else ""
+            steps.append(
+                f"Look at rank {ranks['culprits'][0]} at {where}: the other ranks wait for "
+                f"it{waits}."
+            )
         if resume:
             steps.append(resume[:1].upper() + resume[1:] + ".")
         if not config.get("dump_signal"):

@@ -1,6 +1,8 @@
 """Several artifacts of one scheduler job (one soak per node or task, and per restart) as one.
 
 ``srun asyncsoak run ...`` leaves one artifact per task; a requeued job leaves one per run.
+Outside SLURM (a Kubernetes JobSet, plain multi-node torchrun), the ranks' shared torchrun
+rendezvous id (``--rdzv-id``, in their ``TORCHELASTIC_RUN_ID``) says which soaks are one job.
 :func:`combine` checks that they belong to one job and puts them on one wall-clock time axis:
 each soak's verdict, which failed first and why, and when each ran relative to the first
 start.  ``asyncsoak summary`` and ``asyncsoak report`` call it when given several artifacts.
@@ -12,6 +14,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._process._ranks import judge_ranks, states_from_json
 from .._record._schema import Artifact, series_times
 from .._record._vocabulary import SoakStatus
 from .._terminal import terminal_text
@@ -52,6 +55,50 @@ def scheduler_line(artifact: Artifact) -> str | None:
     return f"{job} on {s.get('node') or '?'}" + (f" ({', '.join(details)})" if details else "")
 
 
+def rendezvous_of(artifact: Artifact) -> str | None:
+    """The torchrun rendezvous id (``--rdzv-id``) a soak's ranks shared, if they had one:
+    the identity of a multi-node job outside SLURM (a Kubernetes JobSet, plain torchrun).
+    torchrun's default id, ``none``, names no job."""
+    ranks = (artifact.get("ranks") or {}).get("ranks") or []
+    ids = {str(r["run_id"]) for r in ranks if r.get("run_id")}
+    if len(ids) != 1:
+        return None
+    run_id = ids.pop()
+    return None if run_id == "none" else run_id
+
+
+def _rendezvous_task(artifact: Artifact) -> dict[str, Any]:
+    """A soak of a torchrun job as the job view lists it: its host and its lowest rank."""
+    ranks = (artifact.get("ranks") or {}).get("ranks") or []
+    host = (artifact["snapshot"].get("host") or {}).get("hostname")
+    lowest = min(ranks, key=lambda r: int(r["rank"]), default=None)
+    return {
+        "node": host,
+        "rank": None if lowest is None else lowest["rank"],
+        "local_rank": None if lowest is None else lowest.get("local_rank"),
+    }
+
+
+def pod_line(artifact: Artifact) -> str | None:
+    """``ml/train-2-x7k2p on gpu-node-7 (job train, index 2)`` for a soak that ran in a
+    Kubernetes pod."""
+    s = artifact["snapshot"].get("scheduler")
+    if not isinstance(s, Mapping) or s.get("kind") != "kubernetes":
+        return None
+    name = f"{s['namespace']}/{s.get('pod_name')}" if s.get("namespace") else s.get("pod_name")
+    details = []
+    if s.get("jobset_name"):
+        details.append(
+            f"jobset {s['jobset_name']}, {s.get('replicated_job_name')} {s.get('job_index')}"
+        )
+    if s.get("job_name"):
+        details.append(f"job {s['job_name']}")
+    if s.get("completion_index") is not None:
+        details.append(f"index {s['completion_index']}")
+    where = f" on {s['node']}" if s.get("node") else ""
+    return f"{name or '?'}{where}" + (f" ({', '.join(details)})" if details else "")
+
+
 def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     """One job's artifacts (``(path, artifact)`` pairs) as one JSON-ready view.
 
@@ -61,13 +108,20 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     keys = set()
     for path, artifact in artifacts:
         s = scheduler_of(artifact)
-        if s is None:
-            raise NotOneJobError(f"{path} did not run inside a SLURM job: summarise it alone")
-        keys.add((s.get("cluster"), str(s["job_id"])))
+        run_id = rendezvous_of(artifact)
+        if s is not None:
+            keys.add(("slurm", s.get("cluster"), str(s["job_id"])))
+        elif run_id is not None:
+            keys.add(("torchrun", None, run_id))
+        else:
+            raise NotOneJobError(
+                f"{path} did not run inside a SLURM job nor a torchrun rendezvous with an id "
+                "(--rdzv-id): summarise it alone"
+            )
     if len(keys) != 1:
-        jobs = ", ".join(sorted(job for _, job in keys))
+        jobs = ", ".join(sorted(job for _, _, job in keys))
         raise NotOneJobError(f"the artifacts come from different jobs ({jobs}): give one job's")
-    cluster, job_id = keys.pop()
+    kind, cluster, job_id = keys.pop()
     starts = [parse_iso_or_none(a["started_at"]) for _, a in artifacts]
     origin = min((t for t in starts if t is not None), default=None)
 
@@ -79,7 +133,7 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
 
     soaks: list[dict[str, Any]] = []
     for path, artifact in artifacts:
-        s = scheduler_of(artifact) or {}
+        s = scheduler_of(artifact) or _rendezvous_task(artifact)
         failures = artifact["failures"]
         first = failures[0] if failures else None
         stop = artifact.get("stop")  # no stop section: written before the stop sequence
@@ -131,8 +185,10 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     ):
         status = SoakStatus.FAILED
     return {
-        "kind": "slurm",
+        "kind": kind,
         "cluster": cluster,
+        "culprit": _culprit_across(artifacts),
+        "first_stalled": _first_stalled(soaks, artifacts, offset),
         "job_id": int(job_id) if job_id.isdigit() else job_id,
         "status": status,
         "started_at": None if origin is None else origin.isoformat(),
@@ -140,6 +196,51 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
         "first_failure": first_failure,
         "nodes": sorted({str(x["node"]) for x in soaks if x["node"]}),
         "restarts": latest,
+    }
+
+
+def _culprit_across(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any] | None:
+    """The rank every node's ranks wait for, judged from each node's ranks' stacks at its
+    stall (its forensics) together: a rank that is fine on its own node may be the one the
+    ranks of every other node wait for."""
+    states = []
+    for _, artifact in artifacts:
+        forensics = artifact.get("forensics")
+        ranks = forensics.get("ranks") if isinstance(forensics, Mapping) else None
+        if isinstance(ranks, Mapping) and ranks.get("ranks"):
+            node = (scheduler_of(artifact) or _rendezvous_task(artifact)).get("node")
+            states.extend(states_from_json(ranks["ranks"], None if node is None else str(node)))
+    culprit = judge_ranks(states)
+    return None if culprit is None or culprit["text"] is None else culprit
+
+
+def _first_stalled(
+    soaks: Sequence[Mapping[str, Any]],
+    artifacts: Sequence[tuple[str, Artifact]],
+    offset: Any,
+) -> dict[str, Any] | None:
+    """The node whose progress stopped first (its last progress the earliest on the wall
+    clock), among the soaks that stalled."""
+    by_path = dict(artifacts)
+    stalled = []
+    for soak in soaks:
+        if not {"stale_progress", "startup_timeout"} & set(soak["reasons"]):
+            continue
+        progress = by_path[soak["path"]].get("progress")
+        last = progress.get("last_change_at") if isinstance(progress, Mapping) else None
+        moment = parse_iso_or_none(last)
+        if moment is not None:
+            stalled.append((moment, soak, last))
+    if not stalled:
+        return None
+    _, soak, last = min(stalled, key=lambda item: item[0])
+    return {
+        "node": soak["node"],
+        "rank": soak["rank"],
+        "restart_count": soak["restart_count"],
+        "path": soak["path"],
+        "last_progress_at": last,
+        "offset_seconds": offset(last),
     }
 
 
@@ -167,7 +268,7 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
     (safe to print: control characters from the runs spelled out)."""
     soaks = combined["soaks"]
     lines = [
-        f"slurm job {combined['job_id']}: {len(soaks)} soaks, {combined['status']} "
+        f"{combined['kind']} job {combined['job_id']}: {len(soaks)} soaks, {combined['status']} "
         f"(nodes: {', '.join(combined['nodes']) or '?'}"
         + (f"; {combined['restarts']} restart(s)" if combined["restarts"] else "")
         + ")"
@@ -178,6 +279,15 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
         lines.append(
             f"  first failure: {label} on {first['node']} at {first.get('at')} "
             f"({_offset(first['offset_seconds'])}): {first['reason']}: {first['message']}"
+        )
+    culprit = combined.get("culprit")
+    if culprit is not None:
+        lines.append(f"  culprit across the nodes: {culprit['text']}")
+    stalled = combined.get("first_stalled")
+    if stalled is not None:
+        lines.append(
+            f"  first to stop progressing: {stalled['node']} ({soak_label(stalled)}), last "
+            f"progress at {stalled['last_progress_at']} ({_offset(stalled['offset_seconds'])})"
         )
     labels = [soak_label(x) for x in soaks]
     pad = max(len(label) for label in labels)
@@ -217,6 +327,10 @@ def _bar(soak: Mapping[str, Any], span: float, width: int) -> str:
     if failure is not None and failure["offset_seconds"] is not None:
         cells[cell(failure["offset_seconds"])] = "X"
     return "".join(cells)
+
+
+def _job_word(combined: Mapping[str, Any]) -> str:
+    return "SLURM job" if combined["kind"] == "slurm" else "torchrun job"
 
 
 def render_job_report(
@@ -291,14 +405,15 @@ def render_job_report(
     status = str(combined["status"])
     body = (
         f'<div class="verdict {html.escape(status)}"><h1>{html.escape(status.upper())}: '
-        f"SLURM job {html.escape(str(combined['job_id']))}, {len(combined['soaks'])} soaks</h1>"
+        f"{_job_word(combined)} {html.escape(str(combined['job_id']))}, "
+        f"{len(combined['soaks'])} soaks</h1>"
         f"{first_html}</div>"
         "<h2>Soaks</h2><table><tr><th>soak</th><th>node</th><th>status</th><th>why</th>"
         f"<th>started</th><th>ran</th><th>artifact</th></tr>{rows}</table>"
         "<h2>Timeline (wall clock)</h2>" + figure.to_html(include_plotlyjs=True, full_html=False)
     )
     return PAGE.format(
-        title=html.escape(f"{status.upper()}: SLURM job {combined['job_id']}"),
+        title=html.escape(f"{status.upper()}: {_job_word(combined)} {combined['job_id']}"),
         style=STYLE,
         body=body,
     )

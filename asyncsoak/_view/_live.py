@@ -1,10 +1,20 @@
-"""The live view of ``asyncsoak run``: how the soak is doing, while it runs.
+"""The live view: how a soak is doing, while it runs.
 
-It reads the soak's journal as it grows (the serializer flushes it on every event), so it
-needs no hook inside ``run_soak``: it is one more task beside it.  On a terminal it keeps one
-compact status in place (with ``rich``, the ``live`` extra); anywhere else, or without
-``rich``, it prints a plain line when the phase changes and every ``status_interval`` seconds,
-so CI logs and ``nohup`` output stay readable.
+Two sources feed one :class:`LiveState`.  Inside ``asyncsoak run`` it is the monitor's own
+knowledge: the view is one more observer of the serializer (``SoakControl.observers``), fed each
+event when the monitor emits it, so the time since the last progress is what the monitor knows
+when the line is drawn, not what its journal (written once per sample interval) said.
+``asyncsoak watch`` reads the journal as it grows (:class:`JournalTail`, bounded incremental
+reads); what it shows is then as of the journal's last line, and it says how old that is.
+
+On a terminal it keeps one compact status line in place (with ``rich``, the ``live`` extra), or
+a full screen (:mod:`._screen`) when asked and the terminal is tall enough; anywhere else, or
+without ``rich``, it prints a plain line when the phase changes and every ``status_interval``
+seconds, so CI logs and ``nohup`` output stay readable.
+
+The line is an ordered list of :class:`Piece`; when the width is short, pieces are dropped by
+:data:`PIECE_IMPORTANCE` (the least important first), each shown in its short wording before
+it is dropped, and a wide terminal gets the long wordings.
 
 It must never delay or break the soak: file reads and terminal writes run in worker threads
 under its own limiter (a terminal paused with Ctrl-S blocks the write, not the event loop),
@@ -19,11 +29,11 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, TextIO, TypedDict, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TextIO, TypedDict, cast
 
 import anyio
 
@@ -36,6 +46,10 @@ from .._sampling._fields import format_value, gpu_index
 from .._terminal import terminal_text
 from .._timestamps import epoch
 from .._units import format_duration
+from ._status import shown_status
+
+if TYPE_CHECKING:
+    from .._supervisor._control import SoakControl
 
 #: Seconds between two reads of the journal (and two frames on a terminal).
 REFRESH_SECONDS = 0.5
@@ -58,9 +72,14 @@ class JournalTail:
     the end.
     """
 
-    def __init__(self, path: Path, monitor_pid: int | None = None) -> None:
+    def __init__(
+        self, path: Path, monitor_pid: int | None = None, *, header_first: bool = True
+    ) -> None:
         self.path = path
         self.monitor_pid = monitor_pid
+        #: False when attaching to a journal whose earlier segments were read already: the
+        #: open segment then starts with whatever event came after the last rotation.
+        self.header_first = header_first
         self._file: BinaryIO | None = None
         self._offset = 0
         self._ours = False
@@ -86,7 +105,7 @@ class JournalTail:
             self._decoder = JournalDecoder()
             self._file.seek(0)
             first = self._file.readline(MAX_LINE_BYTES + 1)
-            if not first.endswith(b"\n") or not self._is_our_header(first):
+            if not first.endswith(b"\n") or (self.header_first and not self._is_our_header(first)):
                 self.close()  # not ours (yet): look again at the path next time
                 return events
             self._ours = True
@@ -156,13 +175,70 @@ class JournalTail:
         return self.monitor_pid is None or header.get("monitor_pid") == self.monitor_pid
 
 
+#: The line's pieces, from the one kept longest to the one dropped first when the width is
+#: short: the phase (and verdict), a LEAK or projected breach, the stall countdown, the
+#: training's step, rate and ETA (``Status.training``), warnings, then the figures.  A new
+#: piece takes its place here and in :meth:`Status.pieces`.
+PIECE_IMPORTANCE = (
+    "phase",
+    "alert",
+    "stall",
+    "training",
+    "warnings",
+    "memory",
+    "gpu",
+    "changes",
+    "as_of",
+)
+#: What the tree's figures say before the first sample that has them (a CPU rate needs two).
+NOT_SAMPLED_YET = "CPU/RSS starting"
+
+
+#: The pieces a short line gives up last: each keeps room for the ones after it.
+LAST_DROPPED = frozenset({"phase", "alert", "stall"})
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One piece of the line: its name (in :data:`PIECE_IMPORTANCE`), its wording, a shorter
+    wording and a shortest one for narrow terminals (empty: none shorter)."""
+
+    name: str
+    text: str
+    short: str = ""
+    tiny: str = ""
+
+    @property
+    def importance(self) -> int:
+        return PIECE_IMPORTANCE.index(self.name)
+
+    @property
+    def forms(self) -> tuple[str, ...]:
+        """Its wordings, the longest first."""
+        return tuple(dict.fromkeys(f for f in (self.text, self.short, self.tiny) if f))
+
+    def shortest(self) -> str:
+        return self.forms[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Process:
+    """A process of the tree as the full screen lists it: its memory and that memory's trend."""
+
+    pid: int
+    name: str
+    memory_bytes: float | None
+    trend: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class Status:
     """One frame of the live view."""
 
     elapsed: float
     phase: str
-    #: Seconds since the last progress (since the start before the first one).
+    #: Seconds without progress (since the start before the first one), as of the knowledge
+    #: the view has: now in ``run``, the journal's last line in ``watch``.
     quiet_for: float | None
     #: The limit ``quiet_for`` is held against, and its name.
     limit: float | None
@@ -181,75 +257,199 @@ class Status:
     peak_cpu_percent: float | None = None
     peak_rss_bytes: float | None = None
     peak_gpus: tuple[tuple[str, float | None, float | None], ...] = ()
+    #: Warnings so far (a pass with warnings is not a clean pass).
+    warnings: int = 0
+    #: Whether the tree has been sampled with its figures (a CPU rate) yet.
+    sampled: bool = True
+    #: How old the knowledge shown is (``watch``: the journal's last line), None when current.
+    behind: float | None = None
+    #: Progress changes a minute over the last minute.
+    changes_per_minute: float | None = None
+    #: The tree's processes by memory, the largest first (the full screen's table).
+    processes: tuple[Process, ...] = ()
+    #: The soak's log, for the full screen's last lines.
+    log_path: str | None = None
+    #: The artifact's status once finished (``passed``...), None before.
+    status: str | None = None
+    #: The training's step, rate, loss and ETA, when a step source says them (one piece).
+    training: str = ""
 
-    def parts(self, *, compact: bool = False) -> list[str]:
-        """The line's pieces, most important first: the verdict, then the figures.
+    def pieces(self) -> list[Piece]:
+        """The line's pieces in the order they are shown (see :data:`PIECE_IMPORTANCE`).
 
-        ``compact`` (the terminal line, which must fit its width): shorter wording, and the
-        progress piece holds the quiet time only while it is not the elapsed time already.
         What the journal said (reasons, series, groups) comes with its control characters
         spelled out: the pieces go to a terminal.
         """
-        parts = [f"{format_duration(self.elapsed)} {self.phase}"]
+        pieces = [Piece("phase", f"{format_duration(self.elapsed)} {self.phase}")]
+        if self.training:
+            pieces.append(Piece("training", self.training))
         if self.finished:
             # The last line sums the run up: its peaks, not the last sample of an idle tree.
             if self.peak_cpu_percent is not None or self.peak_rss_bytes is not None:
-                parts.append(
-                    f"peak CPU {format_value(self.peak_cpu_percent, '%')} "
-                    f"RSS {format_value(self.peak_rss_bytes, 'bytes')}"
+                pieces.append(
+                    Piece(
+                        "memory",
+                        f"peak CPU {format_value(self.peak_cpu_percent, '%')} "
+                        f"RSS {format_value(self.peak_rss_bytes, 'bytes')}",
+                    )
                 )
-            parts.extend(self.alerts)
+            pieces.extend(_alert_piece(alert) for alert in self.alerts)
+            pieces.extend(self._warnings_pieces())
             for group, util, memory in self.peak_gpus:
-                parts.append(
-                    f"{group} peak {format_value(util, '%')} {format_value(memory, 'MiB')}"
+                pieces.append(
+                    Piece(
+                        "gpu",
+                        f"{group} peak {format_value(util, '%')} {format_value(memory, 'MiB')}",
+                    )
                 )
-            return [terminal_text(part) for part in parts]
+            return _safe(pieces)
         # A leak or a projected breach matters more than any figure: it comes first.
-        parts.extend(self.alerts)
-        if self.quiet_for is not None:
-            limit = format_duration(self.limit) if self.limit else None
-            quiet = format_duration(self.quiet_for)
-            if compact and self.limit_name == "stale":
-                parts.append(f"no progress {quiet}" + (f"/{limit}" if limit else ""))
-            elif compact:
-                # The phase already says it waits for the first progress, since the start.
-                parts.append(f"startup limit {limit}" if limit else "")
-            elif self.limit_name == "stale":
-                parts.append(
-                    f"last progress {quiet} ago" + (f" (stale limit {limit})" if limit else "")
-                )
-            else:
-                parts.append(quiet + (f" (startup limit {limit})" if limit else ""))
-        if self.tree_cpu_percent is not None or self.tree_rss_bytes is not None:
-            trend = self.memory_trend
-            parts.append(
+        pieces.extend(_alert_piece(alert) for alert in self.alerts)
+        stall = self._stall_piece()
+        if stall is not None:
+            pieces.append(stall)
+        pieces.extend(self._warnings_pieces())
+        if not self.sampled:
+            pieces.append(Piece("memory", NOT_SAMPLED_YET))
+        elif self.tree_cpu_percent is not None or self.tree_rss_bytes is not None:
+            figures = (
                 f"CPU {format_value(self.tree_cpu_percent, '%')} "
                 f"RSS {format_value(self.tree_rss_bytes, 'bytes')}"
-                + ((f" {trend}" if compact else f" ({trend})") if trend else "")
+            )
+            trend = self.memory_trend
+            pieces.append(
+                Piece(
+                    "memory",
+                    figures + (f" ({trend})" if trend else ""),
+                    figures + (f" {trend}" if trend else ""),
+                    f"RSS {format_value(self.tree_rss_bytes, 'bytes')}",
+                )
             )
         for group, util, memory in self.gpus:
-            parts.append(f"{group} {format_value(util, '%')} {format_value(memory, 'MiB')}")
-        return [terminal_text(part) for part in parts if part]
+            if util is None and memory is None:
+                continue  # not sampled yet: no placeholder figures
+            pieces.append(
+                Piece("gpu", f"{group} {format_value(util, '%')} {format_value(memory, 'MiB')}")
+            )
+        if self.changes:
+            rate = self.changes_per_minute
+            per_minute = f", {rate:.0f}/min" if rate is not None else ""
+            pieces.append(
+                Piece(
+                    "changes",
+                    f"{self.changes} progress change{'s' if self.changes != 1 else ''}"
+                    + per_minute,
+                    f"{self.changes} change{'s' if self.changes != 1 else ''}",
+                )
+            )
+        if self.behind is not None and self.behind >= AS_OF_SHOWN_SECONDS:
+            pieces.append(
+                Piece(
+                    "as_of",
+                    f"as of {format_duration(self.behind)} ago (the journal's last line)",
+                    f"as of {format_duration(self.behind)} ago",
+                )
+            )
+        return _safe(pieces)
+
+    def _stall_piece(self) -> Piece | None:
+        if self.quiet_for is None:
+            return None
+        limit = format_duration(self.limit) if self.limit else None
+        quiet = format_duration(self.quiet_for)
+        if self.limit_name == "stale":
+            return Piece(
+                "stall",
+                f"last progress {quiet} ago" + (f" (stale limit {limit})" if limit else ""),
+                f"no progress {quiet}" + (f"/{limit}" if limit else ""),
+            )
+        if not limit:
+            return None
+        # The phase already says it waits for the first progress, since the start.
+        return Piece("stall", f"{quiet} (startup limit {limit})", f"startup limit {limit}")
+
+    def _warnings_pieces(self) -> list[Piece]:
+        if not self.warnings:
+            return []
+        count = f"{self.warnings} warning{'s' if self.warnings != 1 else ''}"
+        return [Piece("warnings", count)]
+
+    def parts(self, *, compact: bool = False) -> list[str]:
+        """The pieces' wordings in order: the short ones with ``compact``."""
+        return [piece.shortest() if compact else piece.text for piece in self.pieces()]
 
     def plain(self) -> str:
         return "asyncsoak: " + " | ".join(self.parts())
 
 
+#: ``watch`` says how old what it shows is once the journal's last line is this old.
+AS_OF_SHOWN_SECONDS = 1.0
+
+
+def _alert_piece(alert: str) -> Piece:
+    # ``LEAK pid 7 +921.6 MiB/min, limit in 41m00s``: the projection goes first when short,
+    # then the rate; who leaks stays.
+    short = alert.split(", ")[0]
+    words = short.split(" ")
+    who = 3 if words[:2] == ["LEAK", "pid"] else 2
+    return Piece("alert", alert, short, " ".join(words[:who]) if words[0] == "LEAK" else "")
+
+
+def _safe(pieces: list[Piece]) -> list[Piece]:
+    return [
+        Piece(p.name, *(terminal_text(form) if form else "" for form in (p.text, p.short, p.tiny)))
+        for p in pieces
+        if p.text
+    ]
+
+
+def fit_pieces(
+    pieces: Sequence[Piece], width: int, separator: str = " | "
+) -> list[tuple[Piece, str]]:
+    """The pieces that fit in ``width`` columns, each with the wording chosen, in their order.
+
+    First the pieces given up last (:data:`LAST_DROPPED`), by importance, each in a short
+    wording that leaves room for the shortest wordings of those after it; then the others by
+    importance, each in its shortest wording (a piece that does not fit is left out, never cut
+    mid-word; a less important, shorter one may still fit); then the room left goes to longer
+    wordings, the most important pieces first.  Only the first piece, alone too wide, is
+    shortened at a word.
+    """
+    chosen: dict[int, str] = {}
+
+    def room_for(text: str, reserve: int = 0) -> bool:
+        used = sum(map(len, chosen.values())) + len(separator) * len(chosen)
+        return used + len(text) + reserve <= width
+
+    order = sorted(range(len(pieces)), key=lambda i: pieces[i].importance)
+    essential = [i for i in order if pieces[i].name in LAST_DROPPED]
+    for n, i in enumerate(essential):
+        reserve = sum(len(pieces[j].shortest()) + len(separator) for j in essential[n + 1 :])
+        forms = pieces[i].forms[1:] or pieces[i].forms  # the long wording waits for room left
+        pick = next((f for f in forms if room_for(f, reserve)), None)
+        if pick is None:
+            pick = next((f for f in reversed(forms) if room_for(f)), None)
+        if pick is None and not chosen:
+            pick = _shorten_words(pieces[i].shortest(), width)
+        if pick is not None:
+            chosen[i] = pick
+    for i in order:
+        if i not in chosen and pieces[i].name not in LAST_DROPPED:
+            if room_for(pieces[i].shortest()):
+                chosen[i] = pieces[i].shortest()
+            elif not chosen:
+                chosen[i] = _shorten_words(pieces[i].shortest(), width)
+    for i in order:
+        if i in chosen:
+            current = chosen.pop(i)
+            chosen[i] = next((f for f in pieces[i].forms if room_for(f)), current)
+    return [(pieces[i], chosen[i]) for i in sorted(chosen)]
+
+
 def fit(parts: Sequence[str], width: int, separator: str = " | ") -> list[str]:
-    """The parts that fit in ``width`` columns, whole and in order: a part that does not fit
-    is left out rather than cut mid-word (a shorter one after it may still fit); the first is
-    shortened at a word only if it alone is too wide."""
-    kept: list[str] = []
-    used = 0
-    for part in parts:
-        extra = len(part) + (len(separator) if kept else 0)
-        if not kept and extra > width:
-            part = _shorten_words(part, width)
-            extra = len(part)
-        if used + extra <= width:
-            kept.append(part)
-            used += extra
-    return kept
+    """The parts that fit in ``width`` columns, whole and in order (earlier ones first)."""
+    pieces = [Piece(PIECE_IMPORTANCE[0], part) for part in parts]
+    return [text for _, text in fit_pieces(pieces, width, separator)]
 
 
 def _shorten_words(text: str, width: int) -> str:
@@ -269,15 +469,25 @@ class _HeaderLine(TypedDict, total=False):
     started_at: str
     config: dict[str, Any]
     monitor_pid: int
+    monotonic_start: float
+    log_path: str
 
 
 class _ProgressLine(TypedDict, total=False):
     changed: int
 
 
+class _ProcessEntry(TypedDict, total=False):
+    pid: int
+    name: str
+    rss_bytes: float | None
+    anon_bytes: float | None
+
+
 class _SampleLine(TypedDict, total=False):
     #: Group (``tree``, ``machine``, ``gpu0``...) to field to value.
     points: dict[str, dict[str, float | None]]
+    processes: list[_ProcessEntry]
 
 
 class _TrendLine(TypedDict, total=False):
@@ -305,21 +515,33 @@ TREND_POINTS = 600
 MAX_GPU_FAULT_ALERTS = 2
 #: Samples needed before a trend is shown.
 TREND_MIN_POINTS = 10
+#: Processes whose memory is followed for the full screen's trends (the largest ones).
+PROCESSES_FOLLOWED = 8
+#: Progress events kept for the rate of changes (the last minute's at most).
+RATE_WINDOW_SECONDS = 60.0
+RATE_EVENTS = 4096
+#: The monitor's monotonic clock lines ``t`` up with this process's when both agree with the
+#: wall clock within this (same host, same boot); else the wall clock is used.
+SAME_CLOCK_TOLERANCE_SECONDS = 30.0
 
 
 @dataclass(slots=True)
 class LiveState:
-    """What the journal said so far, folded."""
+    """What the soak's events said so far, folded (from the monitor or its journal)."""
 
     started_at: float | None = None
+    #: The monitor's ``time.monotonic()`` at the start (CLOCK_MONOTONIC is system-wide).
+    monotonic_start: float | None = None
     stale_limit: float | None = None
     startup_limit: float | None = None
+    log_path: str | None = None
     started: bool = False
     exited: bool = False
     stopping: str | None = None
     failures: list[str] = field(default_factory=list)
     #: Short texts of the GPU faults that fail a run (``GPU FAULT gpu0 Xid 79``), first ones.
     gpu_faults: list[str] = field(default_factory=list)
+    warnings: int = 0
     finished: str | None = None
     last_progress: float | None = None
     changes: int = 0
@@ -327,13 +549,26 @@ class LiveState:
     points: dict[str, Mapping[str, float | None]] = field(default_factory=dict)
     #: Peak of each (group, field) shown at the end.
     peaks: dict[tuple[str, str], float] = field(default_factory=dict)
-    #: (t, tree RSS) of the last samples, for the memory trend.
+    #: (t, tree memory) of the last samples, for the memory trend.
     rss: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
     #: (series key, verdict) -> the ``trend`` event that said it.
     trends: dict[tuple[str, str], _TrendLine] = field(default_factory=dict)
+    #: The last sample's processes: (pid, name, memory).
+    processes: list[tuple[int, str, float | None]] = field(default_factory=list)
+    #: pid -> (t, memory) of its last samples, for the largest processes only.
+    process_memory: dict[int, deque[tuple[float, float]]] = field(default_factory=dict)
+    #: (t, changes) of the recent progress events.
+    progress_times: deque[tuple[float, int]] = field(
+        default_factory=lambda: deque(maxlen=RATE_EVENTS)
+    )
+    #: Series (``tree``, or a pid) -> (its last sample's t, its trend text): a frame is drawn
+    #: twice a second on the event loop, a trend changes only with a new sample.
+    _trends_shown: dict[object, tuple[float, str | None]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def add(self, event: Mapping[str, Any]) -> None:
-        """Fold one journal line (as ``JournalDecoder`` gives it) in."""
+        """Fold one event in its JSON form (as the serializer and ``JournalDecoder`` give it)."""
         kind = event.get("kind")
         t = float(event.get("t", 0.0))
         self.last_t = max(self.last_t, t)
@@ -342,18 +577,27 @@ class LiveState:
             case EventKind.HEADER:
                 header = cast(_HeaderLine, event)
                 self.started_at = epoch(header.get("started_at"))
+                start = header.get("monotonic_start")
+                self.monotonic_start = float(start) if isinstance(start, int | float) else None
                 config = header.get("config") or {}
                 self.stale_limit = config.get("stale_progress_seconds")
                 self.startup_limit = config.get("startup_timeout_seconds")
+                log_path = header.get("log_path")
+                self.log_path = log_path if isinstance(log_path, str) else None
             case EventKind.STARTED:
                 self.started = True
             case EventKind.PROGRESS:
-                self.last_progress = t
-                self.changes += int(cast(_ProgressLine, event).get("changed", 1))
+                self.last_progress = t if self.last_progress is None else max(t, self.last_progress)
+                changed = int(cast(_ProgressLine, event).get("changed", 1))
+                self.changes += changed
+                self.progress_times.append((t, changed))
             case EventKind.SAMPLE | EventKind.GPU_SAMPLE:
-                points = cast(_SampleLine, event).get("points") or {}
+                sample = cast(_SampleLine, event)
+                points = sample.get("points") or {}
                 self.points.update(points)
                 self._fold_peaks(t, points)
+                if kind == EventKind.SAMPLE:
+                    self._fold_processes(t, sample.get("processes"))
             case EventKind.TREND:
                 trend = cast(_TrendLine, event)
                 series, verdict = str(trend.get("series")), str(trend.get("verdict"))
@@ -363,6 +607,8 @@ class LiveState:
                     self.trends.pop((series, "breach_projected"), None)
                 else:
                     self.trends[(series, verdict)] = trend
+            case EventKind.WARNING:
+                self.warnings += 1
             case EventKind.FAILURE:
                 self.failures.append(str(cast(_FailureLine, event).get("reason")))
             case EventKind.GPU_FAULT:
@@ -389,21 +635,45 @@ class LiveState:
         if isinstance(memory, int | float):
             self.rss.append((t, float(memory)))
 
+    def _fold_processes(self, t: float, entries: object) -> None:
+        if not isinstance(entries, list):
+            return
+        processes: list[tuple[int, str, float | None]] = []
+        for entry in cast(list[_ProcessEntry], entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int):
+                continue
+            memory = entry.get("anon_bytes", entry.get("rss_bytes"))
+            processes.append(
+                (
+                    int(entry["pid"]),
+                    str(entry.get("name") or "?"),
+                    float(memory) if isinstance(memory, int | float) else None,
+                )
+            )
+        processes.sort(key=lambda p: -(p[2] or 0.0))
+        self.processes = processes
+        followed = {pid: memory for pid, _, memory in processes[:PROCESSES_FOLLOWED]}
+        for pid in list(self.process_memory):
+            if pid not in followed:
+                del self.process_memory[pid]
+                self._trends_shown.pop(pid, None)
+        for pid, memory in followed.items():
+            if memory is not None:
+                history = self.process_memory.setdefault(pid, deque(maxlen=TREND_POINTS))
+                history.append((t, memory))
+
     def memory_trend(self) -> str | None:
-        """The tree's RSS per minute over the recent samples: the trends' estimator (the
+        """The tree's memory per minute over the recent samples: the trends' estimator (the
         Theil-Sen slope of windowed minima), so a cache filling and emptying reads flat."""
-        if len(self.rss) < TREND_MIN_POINTS:
-            return None
-        t = [t for t, _ in self.rss]
-        windows = min(MAX_WINDOWS, len(t) // SAMPLES_PER_WINDOW)
-        wt, wv = windowed_minima(t, [v for _, v in self.rss], windows=windows)
-        if len(wt) < 2 or wt[-1] <= wt[0]:
-            return None
-        per_minute = theil_sen(wt, wv)[0] * 60.0
-        if abs(per_minute) < 2**20:
-            return "steady"
-        sign = "+" if per_minute > 0 else "-"
-        return f"{sign}{format_value(abs(per_minute), 'bytes')}/min"
+        return self._trend("tree", self.rss)
+
+    def _trend(self, series: object, points: deque[tuple[float, float]] | tuple[()]) -> str | None:
+        last = points[-1][0] if points else -1.0
+        shown = self._trends_shown.get(series)
+        if shown is None or shown[0] != last:
+            shown = (last, _trend_text(points))
+            self._trends_shown[series] = shown
+        return shown[1]
 
     def alerts(self, now_epoch: float | None) -> tuple[str, ...]:
         """Short texts for the leaks and projected breaches the trends reported, one per
@@ -430,10 +700,17 @@ class LiveState:
             out.append(text)
         return tuple(out)
 
+    def verdict(self) -> str | None:
+        """The status as the views show it once finished (``passed_with_warnings``...)."""
+        if self.finished is None:
+            return None
+        return shown_status(self.finished, self.warnings)
+
     def phase(self) -> str:
-        if self.finished is not None:
+        verdict = self.verdict()
+        if verdict is not None:
             reasons = f" ({', '.join(self.failures)})" if self.failures else ""
-            return f"finished: {self.finished}{reasons}"
+            return f"finished: {verdict.replace('_', ' ')}{reasons}"
         if self.failures:
             return f"stopping: {self.failures[0]}"
         if self.stopping is not None:
@@ -446,15 +723,37 @@ class LiveState:
             return "waiting for the first progress"
         return "running"
 
-    def status(self, now: float) -> Status:
+    def elapsed(self, now: float, monotonic_now: float | None = None) -> float:
+        """Seconds since the start at ``now`` (Unix time): on the monitor's own monotonic
+        clock when ``monotonic_now`` is given and agrees (same host), else the wall clock."""
+        if self.finished is not None:
+            return self.last_t
+        if self.started_at is None:
+            return self.last_t
+        by_wall = now - self.started_at
+        if monotonic_now is not None and self.monotonic_start is not None:
+            by_monotonic = monotonic_now - self.monotonic_start
+            if abs(by_monotonic - by_wall) <= SAME_CLOCK_TOLERANCE_SECONDS:
+                return max(self.last_t, by_monotonic)
+        return max(self.last_t, by_wall)
+
+    def status(
+        self, now: float, monotonic_now: float | None = None, *, current: bool = True
+    ) -> Status:
+        """The frame at ``now`` (Unix time).
+
+        ``current``: the events folded are the monitor's knowledge up to now (``run``'s view,
+        an observer of the monitor); else they stop at the journal's last line (``watch``),
+        and the quiet time is as of that line, with how old it is.
+        """
         finished = self.finished is not None
-        elapsed = self.last_t
-        if self.started_at is not None and not finished:
-            elapsed = max(self.last_t, now - self.started_at)
+        elapsed = self.elapsed(now, monotonic_now)
+        known_until = elapsed if current or finished else self.last_t
         if self.last_progress is None:
-            quiet_for, limit, name = elapsed, self.startup_limit, "startup"
+            quiet_for, limit, name = known_until, self.startup_limit, "startup"
         else:
-            quiet_for, limit, name = elapsed - self.last_progress, self.stale_limit, "stale"
+            quiet_for = max(0.0, known_until - self.last_progress)
+            limit, name = self.stale_limit, "stale"
         tree = self.points.get("tree") or {}
         gpu_groups = sorted(
             (group for group in self.points if gpu_index(group) is not None),
@@ -468,6 +767,8 @@ class LiveState:
             )
             for group in gpu_groups
         )
+        recent = [c for t, c in self.progress_times if t >= known_until - RATE_WINDOW_SECONDS]
+        span = min(RATE_WINDOW_SECONDS, known_until)
         return Status(
             elapsed=elapsed,
             phase=self.phase(),
@@ -491,7 +792,37 @@ class LiveState:
                 )
                 for group in gpu_groups
             ),
+            warnings=self.warnings,
+            # A tree's first sample has no CPU rate, and its memory is the command's before it
+            # loaded anything: no figure is shown until one with a rate.
+            sampled=tree.get("cpu_percent") is not None
+            or self.peaks.get(("tree", "cpu_percent")) is not None,
+            behind=None if current or finished else max(0.0, elapsed - self.last_t),
+            changes_per_minute=sum(recent) * 60.0 / span if span >= 1.0 else None,
+            processes=tuple(
+                Process(pid, name, memory, self._trend(pid, self.process_memory.get(pid, ())))
+                for pid, name, memory in self.processes[:PROCESSES_FOLLOWED]
+            ),
+            log_path=self.log_path,
+            status=self.finished,
         )
+
+
+def _trend_text(points: Sequence[tuple[float, float]] | deque[tuple[float, float]]) -> str | None:
+    """Memory per minute over ``points`` (t, bytes): the Theil-Sen slope of their windowed
+    minima, the trends' estimator; ``steady`` under 1 MiB a minute."""
+    if len(points) < TREND_MIN_POINTS:
+        return None
+    t = [t for t, _ in points]
+    windows = min(MAX_WINDOWS, len(t) // SAMPLES_PER_WINDOW)
+    wt, wv = windowed_minima(t, [v for _, v in points], windows=windows)
+    if len(wt) < 2 or wt[-1] <= wt[0]:
+        return None
+    per_minute = theil_sen(wt, wv)[0] * 60.0
+    if abs(per_minute) < 2**20:
+        return "steady"
+    sign = "+" if per_minute > 0 else "-"
+    return f"{sign}{format_value(abs(per_minute), 'bytes')}/min"
 
 
 class _View(Protocol):
@@ -523,13 +854,15 @@ class PlainView:
 
 
 class RichView:
-    """One status kept in place on the terminal with ``rich``."""
+    """One status line kept in place on the terminal with ``rich``; with ``screen``, the full
+    screen of :mod:`._screen` instead (the terminal must be tall enough)."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, *, screen: bool = False) -> None:
         from rich.console import Console
         from rich.live import Live
 
         self._console = Console(file=stream)
+        self._screen = screen
         # No refresh thread of its own and no redirection of sys.stdout/sys.stderr: frames are
         # drawn only when this view is told to, from its worker thread.
         self._live = Live(
@@ -538,15 +871,24 @@ class RichView:
             redirect_stdout=False,
             redirect_stderr=False,
             transient=False,
+            vertical_overflow="crop",
         )
         self._live.start()
 
+    def _render(self, status: Status) -> Any:
+        width, height = self._console.size
+        if self._screen:
+            from ._screen import render_screen
+
+            return render_screen(status, width, height)
+        return render_rich(status, width)
+
     def show(self, status: Status) -> None:
-        self._live.update(render_rich(status, self._console.width), refresh=True)
+        self._live.update(self._render(status), refresh=True)
 
     def close(self, status: Status | None) -> None:
         if status is not None:
-            self._live.update(render_rich(status, self._console.width), refresh=True)
+            self._live.update(self._render(status), refresh=True)
         self._live.stop()
 
 
@@ -556,18 +898,25 @@ BAR_WIDTH = 16
 SEPARATOR = "  "
 
 
+def phase_style(status: Status) -> str:
+    """The phase's colour: red for a failure, amber for warnings, green while all is well."""
+    if status.phase.startswith(("stopping", "finished: failed", "finished: error")):
+        return "bold red"
+    if status.warnings or status.alerts:
+        return "bold yellow"
+    if status.phase.startswith(("finished", "command exited")):
+        return "bold"
+    return "bold green"
+
+
 def render_rich(status: Status, width: int = 80) -> Any:
-    """One line of at most ``width`` columns: whole pieces only, the bar dropped first."""
+    """One line of at most ``width`` columns: whole pieces only, the bar dropped first, then
+    the pieces by :data:`PIECE_IMPORTANCE`."""
     from rich.progress_bar import ProgressBar
     from rich.table import Table
     from rich.text import Text
 
-    phase_style = "bold green"
-    if status.phase.startswith(("stopping", "finished: failed", "finished: error")):
-        phase_style = "bold red"
-    elif status.phase.startswith(("finished", "command exited")):
-        phase_style = "bold"
-    parts = status.parts(compact=True)
+    pieces = status.pieces()
     quiet, limit = status.quiet_for, status.limit
     bar: ProgressBar | None = None
     if not status.finished and quiet is not None and limit:
@@ -579,22 +928,23 @@ def render_rich(status: Status, width: int = 80) -> Any:
             complete_style="green" if ratio < 0.5 else "yellow" if ratio < 0.8 else "red",
             finished_style="red",
         )
-    kept = fit(parts, width - BAR_WIDTH - 1, separator=SEPARATOR) if bar is not None else []
-    if len(kept) < len(parts):
-        # The line does not fit with the bar: the bar goes before any figure does.
+    kept = fit_pieces(pieces, width - BAR_WIDTH - 1, SEPARATOR) if bar is not None else []
+    if len(kept) < len(pieces):
+        # The line does not fit with the bar: the bar goes before any piece does.
         bar = None
-        kept = fit(parts, width, separator=SEPARATOR)
+        kept = fit_pieces(pieces, width, SEPARATOR)
+    styles = {"alert": "bold red", "warnings": "yellow", "as_of": "dim"}
     cells: list[Any] = []
-    for i, part in enumerate(kept):
+    for i, (piece, text) in enumerate(kept):
         if i == 0:
-            elapsed, _, phase = part.partition(" ")
-            cells.append(Text.assemble((elapsed, "bold"), " ", (phase, phase_style)))
+            elapsed, _, phase = text.partition(" ")
+            cells.append(Text.assemble((elapsed, "bold"), " ", (phase, phase_style(status))))
             continue
         cells.append(Text(SEPARATOR))
-        if bar is not None and part.startswith(("no progress", "startup limit")):
-            cells.extend([bar, Text(" " + part)])
+        if bar is not None and piece.name == "stall":
+            cells.extend([bar, Text(" " + text)])
         else:
-            cells.append(Text(part, style="bold red" if part in status.alerts else ""))
+            cells.append(Text(text, style=styles.get(piece.name, "")))
     grid = Table.grid()
     for _ in cells:
         grid.add_column(no_wrap=True)
@@ -610,51 +960,67 @@ def rich_available() -> bool:
     return True
 
 
-def make_view(stream: TextIO, status_interval: float) -> _View:
-    """``rich`` on a terminal when it is installed, plain lines otherwise."""
-    if stream.isatty() and rich_available():
-        return RichView(stream)
-    return PlainView(stream, status_interval)
+#: ``--view``: ``auto`` (the full screen on a terminal tall enough, else the line), or one.
+VIEW_MODES = ("auto", "line", "screen")
+#: The full screen needs at least this many rows (else ``auto`` keeps the line).
+SCREEN_MIN_ROWS = 20
+#: ... and this many columns.
+SCREEN_MIN_COLUMNS = 60
 
 
-async def watch_journal(
-    journal_path: Path,
+def make_view(stream: TextIO, status_interval: float, mode: str = "line") -> _View:
+    """``rich`` on a terminal when it is installed (the full screen when ``mode`` asks for it
+    and the terminal is big enough), plain lines otherwise."""
+    if not (stream.isatty() and rich_available()):
+        return PlainView(stream, status_interval)
+    screen = False
+    if mode != "line":
+        try:
+            size = os.get_terminal_size(stream.fileno())
+        except (OSError, ValueError):
+            size = None
+        screen = size is not None and (
+            mode == "screen"
+            or (size.lines >= SCREEN_MIN_ROWS and size.columns >= SCREEN_MIN_COLUMNS)
+        )
+    return RichView(stream, screen=screen)
+
+
+async def _drive(
+    step: Callable[[], Awaitable[Status | None]],
     *,
     stream: TextIO,
-    status_interval: float = 60.0,
-    monitor_pid: int | None = None,
-    refresh: float = REFRESH_SECONDS,
-) -> None:
-    """Show the soak whose journal is ``journal_path`` on ``stream`` until cancelled.
+    status_interval: float,
+    refresh: float,
+    mode: str = "line",
+    until_finished: bool = False,
+) -> Status | None:
+    """Draw what ``step`` gives every ``refresh`` seconds until cancelled (or, with
+    ``until_finished``, until a finished frame was drawn); returns the last frame.
 
     Returns early if the view itself fails, after one line on ``stream`` saying why; only
     cancellation propagates.
     """
     limiter = anyio.CapacityLimiter(1)
-    tail = JournalTail(journal_path, monitor_pid)
-    state = LiveState()
     view: _View | None = None
+    last: Status | None = None
 
     async def in_thread(func: Callable[[], Any]) -> Any:
         return await run_blocking(
             func, timeout=VIEW_CALL_TIMEOUT_SECONDS, what="the live view", limiter=limiter
         )
 
-    async def step() -> Status | None:
-        for event in await in_thread(tail.read):
-            state.add(event)
-        if state.started_at is None:
-            return None
-        return state.status(time.time())
-
     try:
         while True:
             status = await step()
             if status is not None:
+                last = status
                 if view is None:
                     # Only once the soak has started: a run refused at once draws nothing.
-                    view = await in_thread(partial(make_view, stream, status_interval))
+                    view = await in_thread(partial(make_view, stream, status_interval, mode))
                 await in_thread(partial(view.show, status))
+                if until_finished and status.finished:
+                    return last
             await anyio.sleep(refresh)
     except Exception as exc:
         # The view is a convenience: a broken terminal or an unreadable journal ends it, and
@@ -664,15 +1030,64 @@ async def watch_journal(
         )
         with contextlib.suppress(Exception):
             await in_thread(partial(_say, stream, line))
-        return
+        view = None  # nothing more is drawn on it
+        return last
     finally:
         with anyio.move_on_after(FINAL_FRAME_SECONDS, shield=True):
             with contextlib.suppress(Exception):
-                last = await step()
-                if view is None and last is not None:
-                    view = await in_thread(partial(make_view, stream, status_interval))
+                final = await step()
+                last = final if final is not None else last
+                if view is None and final is not None and not until_finished:
+                    view = await in_thread(partial(make_view, stream, status_interval, mode))
                 if view is not None:
-                    await in_thread(partial(view.close, last))
+                    await in_thread(partial(view.close, final))
+
+
+async def watch_journal(
+    journal_path: Path,
+    *,
+    stream: TextIO,
+    status_interval: float = 60.0,
+    monitor_pid: int | None = None,
+    refresh: float = REFRESH_SECONDS,
+    mode: str = "line",
+    until_finished: bool = False,
+    tail: JournalTail | None = None,
+    state: LiveState | None = None,
+) -> Status | None:
+    """Show the soak whose journal is ``journal_path`` on ``stream``, read as it grows, until
+    cancelled (or until it finished, with ``until_finished``); returns the last frame.
+
+    What it shows is as of the journal's last line (the monitor writes it once per sample
+    interval); the line says how old that is.  Returns early if the view itself fails, after
+    one line on ``stream`` saying why; only cancellation propagates.
+    """
+    own_tail = tail is None
+    tail = tail if tail is not None else JournalTail(journal_path, monitor_pid)
+    state = state if state is not None else LiveState()
+    limiter = anyio.CapacityLimiter(1)
+
+    async def step() -> Status | None:
+        events = await run_blocking(
+            tail.read, timeout=VIEW_CALL_TIMEOUT_SECONDS, what="the live view", limiter=limiter
+        )
+        for event in events:
+            state.add(event)
+        if state.started_at is None:
+            return None
+        return state.status(time.time(), time.monotonic(), current=False)
+
+    try:
+        return await _drive(
+            step,
+            stream=stream,
+            status_interval=status_interval,
+            refresh=refresh,
+            mode=mode,
+            until_finished=until_finished,
+        )
+    finally:
+        if own_tail:
             tail.close()
 
 
@@ -681,13 +1096,49 @@ def _say(stream: TextIO, line: str) -> None:
     stream.flush()
 
 
+class _Feed:
+    """The monitor's own events, folded as the serializer passes them on (an observer)."""
+
+    def __init__(self) -> None:
+        self.state = LiveState()
+        self.broken: str | None = None
+
+    def observe(self, event: dict[str, Any]) -> None:
+        if self.broken is not None:
+            return
+        try:
+            self.state.add(event)
+        except Exception as exc:
+            # A bug of the view's must not reach the serializer (it would count it against
+            # the soak's own folding): the view says so and stops.
+            self.broken = f"{type(exc).__name__}: {exc}"
+
+
 def live_status(
-    *, stream: TextIO | None = None, status_interval: float = 60.0
-) -> Callable[[Path], Coroutine[Any, Any, None]]:
-    """The live view for a soak run by this process, as ``supervise(status=...)`` takes it."""
-    return partial(
-        watch_journal,
-        stream=stream if stream is not None else sys.stderr,
-        status_interval=status_interval,
-        monitor_pid=os.getpid(),
-    )
+    *, stream: TextIO | None = None, status_interval: float = 60.0, mode: str = "line"
+) -> Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Status | None]]]:
+    """The live view of a soak run by this process, as ``supervise(status=...)`` takes it:
+    given the soak's control, it becomes an observer of the soak's events (before the soak
+    starts) and returns the task that draws them."""
+
+    def attach(control: SoakControl) -> Callable[[], Coroutine[Any, Any, Status | None]]:
+        feed = _Feed()
+        control.observers.append(feed.observe)
+
+        async def step() -> Status | None:
+            if feed.broken is not None:
+                raise RuntimeError(feed.broken)
+            if feed.state.started_at is None:
+                return None
+            return feed.state.status(time.time(), time.monotonic(), current=True)
+
+        return partial(
+            _drive,
+            step,
+            stream=stream if stream is not None else sys.stderr,
+            status_interval=status_interval,
+            refresh=REFRESH_SECONDS,
+            mode=mode,
+        )
+
+    return attach

@@ -25,13 +25,15 @@ from ._evidence import (
     gather,
     gpu_faults,
     innermost_python_frame,
+    is_launcher,
     leaking_series,
     seconds_at,
     stall_verdict,
     stall_window,
     trend_text,
 )
-from ._job_view import scheduler_line
+from ._job_view import pod_line, scheduler_line
+from ._status import is_pass, shown_status, status_words
 
 #: The primary reason in plain words.
 REASON_TITLES: dict[str, str] = {
@@ -82,7 +84,10 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
     }
     evidence = gather(a)
     return {
-        "status": a["status"],
+        # What a person reads: a pass with warnings is ``passed_with_warnings`` (the
+        # artifact's own status stays ``passed``; ``artifact_status`` keeps it).
+        "status": shown_status(a["status"], len(a["warnings"])),
+        "artifact_status": a["status"],
         "headline": headline(a, reasons),
         "evidence": evidence.as_json(),
         "reasons": reasons,
@@ -299,9 +304,19 @@ def _forensics_hints(artifact: Artifact) -> list[str]:
     processes = [p for p in forensics.get("processes") or [] if "error" not in p]
     if not processes:
         return []
+    # The ranks first, launchers last: a launcher only waits for its ranks.
+    processes.sort(key=is_launcher)
     parts = []
     for process in processes[:3]:
-        text = f"pid {process.get('pid')} {process.get('name')} {process.get('state')}"
+        role = process.get("role") or {}
+        label = (
+            f" (rank {role['rank']})"
+            if "rank" in role
+            else f" ({role['launcher']}'s launcher)"
+            if "launcher" in role
+            else ""
+        )
+        text = f"pid {process.get('pid')} {process.get('name')}{label} {process.get('state')}"
         if process.get("wchan") not in (None, "", "0"):
             text += f" in {process['wchan']}"
         frame = innermost_python_frame(process)
@@ -507,6 +522,9 @@ def provenance(artifact: Artifact) -> dict[str, str]:
     job = scheduler_line(artifact)
     if job:
         out["slurm job"] = job
+    pod = pod_line(artifact)
+    if pod:
+        out["pod"] = pod
     if snapshot.get("error"):
         out["snapshot"] = str(snapshot["error"])
     return out
@@ -528,8 +546,7 @@ def format_summary(
     """The summary as about one screen of plain text, sentences wrapped at ``width``, safe
     to print (control characters from the run spelled out)."""
     lines: list[str] = []
-    status = str(summary["status"]).upper()
-    lines.append(f"{status}: {summary['headline']}")
+    lines.append(f"{status_words(str(summary['status']))}: {summary['headline']}")
     for i, reason in enumerate(summary["reasons"]):
         at = f" at {format_duration(reason['t'])}" if reason.get("t") is not None else ""
         lead = "  " if i == 0 else "  also "
@@ -603,7 +620,7 @@ def evidence_lines(summary: Mapping[str, Any], width: int = 100) -> list[str]:
         where = evidence["where"]
         cause = evidence["cause"]
         add(
-            "warning" if summary["status"] == SoakStatus.PASSED else "cause",
+            "warning" if is_pass(summary["status"]) else "cause",
             cause + (f" ({where})" if where and where not in cause else ""),
         )
         if evidence["source_line"]:

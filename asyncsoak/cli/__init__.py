@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from .._terminal import terminal_text
 
-COMMAND_MODULES = ("_run", "_snapshot", "_queue", "_report")
+COMMAND_MODULES = ("_run", "_snapshot", "_queue", "_report", "_exit_codes", "_watch")
 
 #: Exit statuses shared by every subcommand.
 EXIT_OK = 0

@@ -1,4 +1,5 @@
-"""``asyncsoak summary`` and ``report`` given several artifacts of one SLURM job."""
+"""``asyncsoak summary`` and ``report`` given several artifacts of one job (SLURM, or one
+torchrun rendezvous)."""
 
 from __future__ import annotations
 

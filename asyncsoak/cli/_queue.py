@@ -28,6 +28,7 @@ from typing import Any
 from .._analysis._trends import format_bytes
 from .._errors import ValidationError
 from .._process._exits import signal_name
+from .._record._exit_codes import EXIT_PASSED, detailed_exit_code
 from .._redact import Masker, argv_secrets, secret_values
 from .._supervisor._config import STOP_MODES, seconds
 from .._terminal import terminal_text
@@ -43,11 +44,13 @@ from ..queue._models import (
 )
 from ..queue._status import (
     CANCEL_GRACE_S,
+    FAILED,
     KILLED_BEFORE_SAVING,
     LOG_TAIL_HEADER,
     POLL_S,
     STALE_AFTER_S,
     STOP_TIMEOUT_S,
+    SUCCEEDED,
     WARNINGS_HEADER,
     describe_exit,
 )
@@ -416,6 +419,7 @@ def _job(args: argparse.Namespace) -> int:
     masker = _masker(job)
     if args.json:
         data = job.to_public_dict()
+        data["exit_code"] = queue_exit_code(job.status, job.reason)
         data["attempts"] = [_attempt_dict(a) for a in attempts]
         _print_json(data)
         return EXIT_OK
@@ -520,7 +524,21 @@ def _soak_text(soak: dict[str, Any]) -> str:
 
 
 def _attempt_dict(a: Attempt) -> dict[str, Any]:
-    return {**dataclasses.asdict(a), "log": str(a.directory / "train.log")}
+    return {
+        **dataclasses.asdict(a),
+        "log": str(a.directory / "train.log"),
+        "exit_code": queue_exit_code(a.outcome, a.reason),
+    }
+
+
+def queue_exit_code(status: str | None, reason: str | None) -> int | None:
+    """The status ``asyncsoak run --detailed-exit-codes`` gives the same end: 0 succeeded, a
+    failure's reason's (1 for a queue's own reason, an outcome lost say); None otherwise."""
+    if status == SUCCEEDED:
+        return EXIT_PASSED
+    if status == FAILED:
+        return detailed_exit_code(reason)
+    return None
 
 
 def _log_elsewhere(job: Job, a: Attempt, path: Path) -> str:

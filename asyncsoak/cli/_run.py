@@ -18,12 +18,21 @@ import anyio
 
 from .._errors import SoakFailureError, ValidationError
 from .._process._exits import SHELL_SIGNAL_BASE, signal_name
+from .._record._exit_codes import verdict_exit_code
+from .._record._vocabulary import FailureReason, SoakStatus, StopCause
 from .._supervisor._config import STOP_MODES, SoakLimits, seconds
 from .._terminal import terminal_text
 from .._units import parse_size
-from .._view._live import live_status
+from .._view._live import VIEW_MODES, live_status
 from .._view._summary import exit_text
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from ._container import (
+    Ending,
+    add_container_options,
+    scheduler_grace,
+    termination_log_path,
+    write_termination_log,
+)
 from ._slurm import (
     add_scheduler_options,
     hold_forwarded_signals,
@@ -33,6 +42,7 @@ from ._slurm import (
 
 if TYPE_CHECKING:
     from .._record._schema import Artifact
+    from .._supervisor._control import SoakControl
 
 #: Signals that stop the soak: Ctrl-C, a service manager, and a closed terminal or ssh session.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -143,6 +153,13 @@ def register(subparsers: Any) -> None:
     run.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     run.add_argument("--quiet", action="store_true", help="no live status on stderr")
     run.add_argument(
+        "--view",
+        choices=VIEW_MODES,
+        default="line",
+        help="the live status on a terminal: one line (line, the default), the full screen "
+        "(screen), or the full screen when the terminal is tall enough (auto)",
+    )
+    run.add_argument(
         "--status-interval",
         type=float,
         default=60.0,
@@ -166,6 +183,7 @@ def register(subparsers: Any) -> None:
         "at most S seconds (default 0)",
     )
     add_scheduler_options(run)
+    add_container_options(run)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     run.set_defaults(handler=run_command)
 
@@ -189,6 +207,8 @@ class RunFlags:
     limits: dict[str, Any]
     status_interval: float
     metrics: Any
+    termination_log: Path | None
+    scheduler_grace: float | None
 
 
 def check_run_flags(args: argparse.Namespace) -> RunFlags:
@@ -214,6 +234,8 @@ def check_run_flags(args: argparse.Namespace) -> RunFlags:
         limits=limits,
         status_interval=status_interval,
         metrics=metrics_from_args(args, args.metrics_textfile),
+        termination_log=termination_log_path(args.termination_log),
+        scheduler_grace=scheduler_grace(args.scheduler_grace),
     )
 
 
@@ -234,14 +256,21 @@ def run_command(args: argparse.Namespace) -> int:
         metrics=flags.metrics,
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
-        status=None if args.quiet else live_status(status_interval=flags.status_interval),
+        scheduler_grace_seconds=flags.scheduler_grace,
+        status=None
+        if args.quiet
+        else live_status(status_interval=flags.status_interval, mode=args.view),
+        detailed_exit_codes=args.detailed_exit_codes,
+        termination_log=flags.termination_log,
     )
 
 
 def supervise(
     *,
     report: Callable[[dict[str, Any]], None] | None = None,
-    status: Callable[[Path], Coroutine[Any, Any, None]] | None = None,
+    status: Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Any]]] | None = None,
+    detailed_exit_codes: bool = False,
+    termination_log: Path | None = None,
     **soak: Any,
 ) -> int:
     """Run one soak with SIGINT/SIGTERM/SIGHUP stopping it; the exit status says how it ended.
@@ -249,13 +278,31 @@ def supervise(
     SIGHUP (a closed terminal, a dropped ssh session) is a stop like SIGTERM.  A second signal
     kills the tree at once instead of waiting out the grace.
 
-    ``status`` runs beside the soak with its journal's path (the live view) and is cancelled
-    when the soak ends.
+    ``status`` (the live view) is given the soak's control before the soak starts (to observe
+    its events) and returns a task that runs beside the soak, cancelled when the soak ends.
+    With ``detailed_exit_codes`` a failure exits with its primary reason's status;
+    ``termination_log`` gets the verdict before the exit, whatever the end.
     """
+    ending = _supervise(report=report, status=status, detailed=detailed_exit_codes, soak=soak)
+    if termination_log is not None:
+        error = write_termination_log(termination_log, ending)
+        if error is not None:
+            tell(f"asyncsoak: termination message not written: {error}")
+    return ending.exit_code
+
+
+def _supervise(
+    *,
+    report: Callable[[dict[str, Any]], None] | None,
+    status: Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Any]]] | None,
+    detailed: bool,
+    soak: dict[str, Any],
+) -> Ending:
     from .._supervisor._control import SoakControl
     from .._supervisor._soak import run_soak
 
     control = soak.setdefault("control", SoakControl())
+    view = status(control) if status is not None else None
     received: list[int] = []
     artifact: dict[str, Any] | None = None
     output = Path(soak["output_path"])
@@ -284,8 +331,8 @@ def supervise(
                         )
 
                 tg.start_soon(stop_on_signal)
-                if status is not None:
-                    tg.start_soon(status, output.with_suffix(".jsonl"))
+                if view is not None:
+                    tg.start_soon(view)
                 with soak_scope:
                     try:
                         artifact = await run_soak(**soak)
@@ -301,35 +348,53 @@ def supervise(
     except ValidationError as exc:
         raise UsageError(str(exc)) from None
     except SoakFailureError as exc:
-        tell(f"asyncsoak: soak failed: {exc.reason}: {exc.failures[0]['message']}")
+        first = f"asyncsoak: soak failed: {exc.reason}: {exc.failures[0]['message']}"
+        tell(first)
         for failure in exc.failures[1:]:
             tell(f"asyncsoak:   also {failure['reason']}: {failure['message']}")
         tell(f"asyncsoak: artifact: {exc.artifact_path}")
         if report is not None:
             report(exc.artifact)
-        return EXIT_FAILED
+        code = verdict_exit_code(
+            exc.artifact["status"], [f["reason"] for f in exc.failures], detailed=detailed
+        )
+        return Ending(first, code, exc.reason, Path(exc.artifact_path))
     except OSError as exc:
         # The artifact could not be written (the disk filled up during the run): the tree was
         # stopped and the message says where the journal is.
         tell(f"asyncsoak: {exc}")
-        return EXIT_FAILED
+        return Ending(f"asyncsoak: {exc}", EXIT_FAILED, None, None)
     except Exception as exc:
         # Not the input: the monitor itself broke.  Its artifact says ``error``.
         traceback.print_exc()
-        tell(f"asyncsoak: monitor error: {type(exc).__name__}: {exc}")
-        if output.exists():
+        first = f"asyncsoak: monitor error: {type(exc).__name__}: {exc}"
+        tell(first)
+        written = output.exists()
+        if written:
             tell(f"asyncsoak: artifact: {output}")
-        return EXIT_FAILED
+        reason = FailureReason.MONITOR_ERROR
+        code = verdict_exit_code(SoakStatus.ERROR, [reason], detailed=detailed)
+        return Ending(first, code, reason, output if written else None)
+    reasons = [] if artifact is None else [f["reason"] for f in artifact["failures"]]
     if received:
         name = signal_name(received[0])
-        tell(f"asyncsoak: stopped by {name}; artifact: {output}")
+        by = "the scheduler" if _stop_cause(artifact) == StopCause.SCHEDULER else name
+        line = f"asyncsoak: stopped by {by}" + (f" ({name})" if by != name else "")
+        tell(f"{line}; artifact: {output}")
         # 128 + its number, as shells report a process a signal stopped.
-        return SHELL_SIGNAL_BASE + received[0]
+        code = SHELL_SIGNAL_BASE + received[0]
+        return Ending(line, code, reasons[0] if reasons else None, output)
     assert artifact is not None
-    tell(verdict_line(artifact, output))
+    line = verdict_line(artifact, output)
+    tell(line)
     if report is not None:
         report(artifact)
-    return EXIT_OK
+    return Ending(line, EXIT_OK, None, output)
+
+
+def _stop_cause(artifact: dict[str, Any] | None) -> str | None:
+    stop = None if artifact is None else artifact.get("stop")
+    return stop.get("cause") if isinstance(stop, dict) else None
 
 
 def tell(text: str) -> None:

@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 
 from .._errors import ValidationError
-from .._supervisor import _slurm
+from .._supervisor import _kubernetes, _slurm
 from .._supervisor._config import forwarded_signals
 from .._supervisor._control import SoakControl
 from . import UsageError
@@ -56,9 +56,11 @@ def scheduler_paths(progress_dir: Path, output: Path) -> tuple[Path, Path]:
 
 def stop_by_scheduler(signum: int, control: SoakControl) -> bool:
     """Inside a SLURM job, SIGTERM is the scheduler's stop (scancel, time limit, preemption):
-    a graceful stop with cause ``scheduler``, its grace kept under ``KillWait``.  False when
-    the signal is an ordinary stop (the caller cancels the soak)."""
-    if signum != signal.SIGTERM or not _slurm.in_job():
+    a graceful stop with cause ``scheduler``, its grace kept under ``KillWait``.  Inside a
+    Kubernetes pod, the kubelet's (an eviction, a preemption, a drain, a deleted Job), its
+    grace kept under the pod's ``terminationGracePeriodSeconds``.  False when the signal is
+    an ordinary stop (the caller cancels the soak)."""
+    if signum != signal.SIGTERM or not (_slurm.in_job() or _kubernetes.in_pod()):
         return False
     control.request_stop(reason="stopped by the scheduler", cause=_slurm.CAUSE_SCHEDULER)
     return True

@@ -132,6 +132,24 @@ def _wall_clock(artifact: Artifact, t: float) -> str:
     return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
 
 
+def role_text(role: object) -> str:
+    """``rank 1 (local 1 of 2)``, ``torchrun (launcher)``, or ``-``."""
+    if not isinstance(role, dict):
+        return "-"
+    if "launcher" in role:
+        return f"{role['launcher']} (launcher)"
+    local, world = role.get("local_rank"), role.get("world_size")
+    detail = ", ".join(
+        part
+        for part in (
+            f"local {local}" if local is not None else "",
+            f"of {world}" if world is not None else "",
+        )
+        if part
+    )
+    return f"rank {role.get('rank')}" + (f" ({detail})" if detail else "")
+
+
 def processes_html(artifact: Artifact) -> str:
     """The top processes by peak memory: who grew, and who used the CPU and GPU."""
     processes = artifact.get("processes") or []  # a version 2 section
@@ -157,6 +175,7 @@ def processes_html(artifact: Artifact) -> str:
         cells = [
             p["pid"],
             p["name"] or "?",
+            role_text(p.get("role")),
             rss,
             f"{growth} ({verdict})" if growth else verdict or "-",
             format_value(p["mean_cpu_percent"], "%"),
@@ -167,7 +186,7 @@ def processes_html(artifact: Artifact) -> str:
         ]
         rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells))
     head = (
-        "<tr><th>pid</th><th>name</th><th>RSS first → peak → last</th><th>trend</th>"
+        "<tr><th>pid</th><th>name</th><th>role</th><th>RSS first → peak → last</th><th>trend</th>"
         "<th>CPU mean</th><th>GPU memory peak</th><th>threads</th></tr>"
     )
     notes = [

@@ -1,0 +1,453 @@
+"""Ranks and launchers of a distributed run, and which rank a stall is waiting on.
+
+A distributed trainer runs one process per rank under a launcher (torchrun's elastic agent,
+``accelerate launch``, ``deepspeed``, ``mpirun``, ``srun``).  Each rank learns who it is from its
+environment, so the monitor reads the same variables from ``/proc/PID/environ`` (once per
+process, bounded; only these few names are kept, never another variable, so no secret is
+recorded).  A launcher is recognised by its command line: it is never the cause of a crash nor
+the culprit of a stall, since it only waits for its ranks.
+
+At a stall each rank's Python stack (py-spy, taken by the forensics) is classified as waiting
+in a collective (``all_reduce``, ``barrier``...) or elsewhere.  Ranks outside a collective, or in
+another collective than the rest, are the ones the others wait for: :func:`stall_culprit`
+names them with their frame.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: The variables that say which rank a process is, by family, the most specific first: under
+#: ``srun torchrun ...`` a worker holds both ``SLURM_PROCID`` (its node's task) and ``RANK``.
+RANK_VARIABLES: tuple[tuple[str, Mapping[str, str]], ...] = (
+    (
+        "torch",
+        {
+            "rank": "RANK",
+            "local_rank": "LOCAL_RANK",
+            "world_size": "WORLD_SIZE",
+            "group_rank": "GROUP_RANK",
+        },
+    ),
+    (
+        "openmpi",
+        {
+            "rank": "OMPI_COMM_WORLD_RANK",
+            "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK",
+            "world_size": "OMPI_COMM_WORLD_SIZE",
+        },
+    ),
+    ("pmi", {"rank": "PMI_RANK", "local_rank": "MPI_LOCALRANKID", "world_size": "PMI_SIZE"}),
+    (
+        "slurm",
+        {
+            "rank": "SLURM_PROCID",
+            "local_rank": "SLURM_LOCALID",
+            "world_size": "SLURM_NTASKS",
+            "group_rank": "SLURM_NODEID",
+        },
+    ),
+)
+_WANTED = frozenset(name.encode() for _, names in RANK_VARIABLES for name in names.values())
+#: torchrun's rendezvous id (``--rdzv-id``): one job's ranks share it across its nodes (a
+#: SLURM job id, a Kubernetes JobSet's name, as the launch script passes it).
+RUN_ID_VARIABLE = b"TORCHELASTIC_RUN_ID"
+_RUN_ID = re.compile(rb"[\w.:-]{1,128}")
+#: Bytes of ``/proc/PID/environ`` read at most: a launcher appends the rank variables to the
+#: environment it inherited, so they come last, after whatever the shell exported.
+ENVIRON_BYTES = 256 * 1024
+
+#: Programs that launch ranks, by the base name of the program or script they run.
+LAUNCHER_PROGRAMS: Mapping[str, str] = {
+    "torchrun": "torchrun",
+    "accelerate": "accelerate",
+    "deepspeed": "deepspeed",
+    "mpirun": "mpirun",
+    "mpiexec": "mpirun",
+    "orterun": "mpirun",
+    "prterun": "mpirun",
+    "srun": "srun",
+}
+#: ``python -m MODULE`` launchers.
+LAUNCHER_MODULES: Mapping[str, str] = {
+    "torch.distributed.run": "torchrun",
+    "torch.distributed.launch": "torchrun",
+    "accelerate.commands.launch": "accelerate",
+    "accelerate.commands.accelerate_cli": "accelerate",
+    "deepspeed.launcher.runner": "deepspeed",
+    "deepspeed.launcher.launch": "deepspeed",
+}
+#: The process name torchrun's elastic agent gives itself.
+LAUNCHER_NAMES: Mapping[str, str] = {"pt_elastic": "torchrun"}
+
+
+def parse_rank_environ(environ: bytes) -> dict[str, Any] | None:
+    """The rank a process's environment (``/proc/PID/environ``) gives it, or None.
+
+    Only the rank variables are looked at, and only whole integers are kept.
+    """
+    found: dict[str, int] = {}
+    run_id: str | None = None
+    for entry in environ.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name in _WANTED and value.isdigit() and len(value) < 10:
+            found[name.decode()] = int(value)
+        elif name == RUN_ID_VARIABLE and _RUN_ID.fullmatch(value):
+            run_id = value.decode()
+    for source, names in RANK_VARIABLES:
+        if names["rank"] in found:
+            rank: dict[str, Any] = {"rank": found[names["rank"]], "source": source}
+            for key in ("local_rank", "world_size", "group_rank"):
+                variable = names.get(key)
+                rank[key] = found.get(variable) if variable else None
+            if source == "torch" and run_id is not None:
+                rank["run_id"] = run_id
+            return rank
+    return None
+
+
+def read_environ(path: str, limit: int = ENVIRON_BYTES) -> bytes:
+    """At most ``limit`` bytes of an ``environ`` file (raises OSError as ``open`` does)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit:
+            chunk = os.read(fd, min(65536, limit - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_rank(pid: int, proc: str = "/proc") -> dict[str, Any] | None:
+    """The rank of ``pid`` from its environment; None when it has none or may not be read."""
+    try:
+        return parse_rank_environ(read_environ(f"{proc}/{pid}/environ"))
+    except OSError:
+        return None
+
+
+def launcher_of(name: str, cmdline: Sequence[str] | None) -> str | None:
+    """Which launcher a process is (``torchrun``, ``srun``...), from its name and arguments."""
+    if name in LAUNCHER_NAMES:
+        return LAUNCHER_NAMES[name]
+    args = list(cmdline or [])
+    if not args:
+        return None
+    program = os.path.basename(args[0])
+    if program in LAUNCHER_PROGRAMS:
+        return LAUNCHER_PROGRAMS[program]
+    if "python" not in program:
+        return None
+    # python [options] (-m MODULE | SCRIPT) ...: the first argument that is not an option.
+    rest = args[1:]
+    for index, arg in enumerate(rest):
+        if arg == "-m" and index + 1 < len(rest):
+            return LAUNCHER_MODULES.get(rest[index + 1])
+        if arg.startswith("-m") and len(arg) > 2:
+            return LAUNCHER_MODULES.get(arg[2:])
+        if arg in ("-c", "-"):
+            return None
+        if not arg.startswith("-"):
+            return LAUNCHER_PROGRAMS.get(os.path.basename(arg))
+    return None
+
+
+def role(name: str, cmdline: Sequence[str] | None, rank: Mapping[str, Any] | None) -> Any:
+    """A process's role: ``{"launcher": "torchrun"}``, its rank, or None (neither).
+
+    A launcher stays a launcher whatever its environment says (``srun torchrun``: the agent
+    holds ``SLURM_PROCID``, its workers are the ranks).
+    """
+    launcher = launcher_of(name, cmdline)
+    if launcher is not None:
+        return {"launcher": launcher}
+    return dict(rank) if rank is not None else None
+
+
+def rank_leaders(processes: Iterable[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    """The process of each rank: of the processes holding one rank, the one whose parent does
+    not hold it (a rank's data-loader workers inherit its environment, hence its rank)."""
+    by_pid = {int(p["pid"]): p for p in processes if p.get("pid") is not None}
+    leaders: dict[int, Mapping[str, Any]] = {}
+    for process in by_pid.values():
+        rank = _rank_number(process)
+        if rank is None:
+            continue
+        parent = by_pid.get(int(process.get("ppid") or 0))
+        if parent is not None and _rank_number(parent) == rank:
+            continue
+        current = leaders.get(rank)
+        if current is None or int(process["pid"]) < int(current["pid"]):
+            leaders[rank] = process
+    return dict(sorted(leaders.items()))
+
+
+def ranks_section(
+    roles: Mapping[int, Mapping[str, Any]],
+    parents: Mapping[int, int],
+    names: Mapping[int, str],
+) -> dict[str, Any] | None:
+    """The artifact's ``ranks``: the process of each rank and the launchers; None when the
+    tree had neither."""
+    if not roles:
+        return None
+    processes = [{"pid": pid, "ppid": parents.get(pid), "role": r} for pid, r in roles.items()]
+    return {
+        "ranks": [
+            {**dict(p["role"]), "pid": p["pid"], "name": names.get(int(p["pid"]))}
+            for p in rank_leaders(processes).values()
+        ],
+        "launchers": [
+            {"pid": pid, "name": names.get(pid), "launcher": r["launcher"]}
+            for pid, r in sorted(roles.items())
+            if "launcher" in r
+        ],
+    }
+
+
+def _rank_number(process: Mapping[str, Any]) -> int | None:
+    role = process.get("role")
+    if not isinstance(role, Mapping) or "launcher" in role:
+        return None
+    rank = role.get("rank")
+    return rank if isinstance(rank, int) else None
+
+
+# -- stacks ------------------------------------------------------------------------------------
+
+_PY_SPY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+):(?P<line>\d+)\)$")
+#: Collective operations, named alike in torch.distributed, DeepSpeed's ``deepspeed.comm``
+#: and Megatron's ``parallel_state``/``tensor_parallel`` helpers: a frame of one of these
+#: names is a wait in a collective wherever it is.
+COLLECTIVES = frozenset(
+    {
+        "all_reduce",
+        "all_reduce_coalesced",
+        "inference_all_reduce",
+        "barrier",
+        "monitored_barrier",
+        "broadcast",
+        "broadcast_object_list",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_gather_coalesced",
+        "_all_gather_base",
+        "allgather_fn",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "reduce_scatter_fn",
+        "_reduce_scatter_base",
+        "all_to_all",
+        "all_to_all_single",
+        "batch_isend_irecv",
+        "reduce_from_tensor_model_parallel_region",
+        "gather_from_tensor_model_parallel_region",
+        "gather_from_sequence_parallel_region",
+        "reduce_scatter_to_sequence_parallel_region",
+    }
+)
+#: Names that are collectives only inside a communication library (a trainer's own
+#: ``gather`` or ``wait`` is not): the backends' wait frames and the short verbs.
+LIBRARY_COLLECTIVES = frozenset(
+    {"reduce", "gather", "scatter", "send", "recv", "wait", "wait_tensor", "_wait_tensor"}
+)
+#: Path fragments of the communication libraries (py-spy shortens site-packages paths).
+COMMUNICATION_PATHS = (
+    "torch/distributed/",
+    "deepspeed/comm/",
+    "megatron/core/parallel_state",
+    "megatron/core/tensor_parallel/",
+)
+#: Path fragments of installed code, passed over when naming where a rank stopped.
+LIBRARY_PATHS = ("site-packages/", "dist-packages/", "/lib/python", "torch/", "threading.py")
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    func: str
+    file: str
+    line: int
+
+    def where(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line} in {self.func}"
+
+
+def main_thread_frames(stack: str) -> list[Frame]:
+    """The frames of the first thread of a ``py-spy dump``, innermost first."""
+    frames: list[Frame] = []
+    in_thread = False
+    for line in stack.splitlines():
+        if line.startswith("Thread "):
+            if in_thread:
+                break
+            in_thread = True
+            continue
+        match = _PY_SPY_FRAME.match(line) if in_thread else None
+        if match is not None:
+            frames.append(Frame(match["func"], match["file"], int(match["line"])))
+    return frames
+
+
+def collective_of(frames: Sequence[Frame]) -> str | None:
+    """The collective a stack waits in (the innermost one named), or None."""
+    for frame in frames:
+        name = frame.func.rsplit(".", 1)[-1]
+        if name in COLLECTIVES:
+            return name
+        if name in LIBRARY_COLLECTIVES and any(p in frame.file for p in COMMUNICATION_PATHS):
+            return name
+    return None
+
+
+def stopped_frame(frames: Sequence[Frame]) -> Frame | None:
+    """Where a stack stands: its innermost frame of the trainer's own code when there is one
+    (not an installed library), else its innermost frame."""
+    for frame in frames:
+        if not any(p in frame.file for p in LIBRARY_PATHS):
+            return frame
+    return frames[0] if frames else None
+
+
+@dataclass(frozen=True, slots=True)
+class RankState:
+    rank: int
+    pid: int
+    #: ``sleeping``, ``stopped`` (SIGSTOP), ``disk-sleep``...
+    state: str
+    collective: str | None
+    #: Where it stands (``train.py:88 in load_batch``), when its stack is known.
+    where: str | None
+    #: Whether its stack is known (py-spy read it).
+    has_stack: bool = True
+    #: The node it ran on, when several nodes' soaks are judged together.
+    node: str | None = None
+
+
+def rank_states(processes: Iterable[Mapping[str, Any]]) -> list[RankState]:
+    """Each rank's process, as the forensics saw it."""
+    states = []
+    for rank, process in rank_leaders(processes).items():
+        dump = process.get("python_stack") or {}
+        frames = main_thread_frames(str(dump.get("stack") or ""))
+        frame = stopped_frame(frames)
+        states.append(
+            RankState(
+                rank=rank,
+                pid=int(process["pid"]),
+                state=str(process.get("state") or "?"),
+                collective=collective_of(frames),
+                where=None if frame is None else frame.where(),
+                has_stack=bool(frames),
+            )
+        )
+    return states
+
+
+def states_from_json(ranks: Iterable[Mapping[str, Any]], node: str | None) -> list[RankState]:
+    """The rank states a soak's forensics recorded (``forensics.ranks.ranks``), on ``node``."""
+    return [
+        RankState(
+            rank=int(r["rank"]),
+            pid=int(r["pid"]),
+            state=str(r.get("state") or "?"),
+            collective=r.get("collective"),
+            where=r.get("where"),
+            has_stack=bool(r.get("has_stack", True)),
+            node=node,
+        )
+        for r in ranks
+    ]
+
+
+def stall_culprit(processes: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Which rank(s) the others wait for, from the forensics' processes; None without ranks
+    (see :func:`judge_ranks`)."""
+    return judge_ranks(rank_states(processes))
+
+
+def judge_ranks(states: Sequence[RankState]) -> dict[str, Any] | None:
+    """Which rank(s) the others wait for; None without ranks.
+
+    A rank stopped by a signal (state ``stopped``) is a culprit wherever its stack is; a rank
+    outside any collective, or in another collective than most ranks, is one too.  When every
+    rank waits in the same collective, no rank here is: a hung communicator or a peer on
+    another node.  With no rank in a known collective nothing is concluded.
+    """
+    if not states:
+        return None
+    states = sorted(states, key=lambda s: s.rank)
+    counts = Counter(s.collective for s in states if s.collective is not None)
+    stopped = [s for s in states if s.state in ("stopped", "tracing-stop")]
+    if not counts and not stopped:
+        return {"culprits": [], "text": None, "waiting": None, "ranks": _json(states)}
+    common = counts.most_common(1)[0][0] if counts else None
+    culprits = [s for s in states if s in stopped or (s.has_stack and s.collective != common)]
+    waiting = [s for s in states if s not in culprits and s.collective == common]
+    if culprits:
+        text = "; ".join(_culprit_text(s) for s in culprits)
+        if waiting:
+            verb = "waits" if len(waiting) == 1 else "wait"
+            text += f"; {_ranks_text(waiting)} {verb} in {common}"
+    elif len(waiting) == len(states):
+        text = (
+            f"every rank ({_ranks_list(waiting)}) waits in {common}: a hung communicator, "
+            "or a dead peer on another node"
+        )
+    else:
+        text = f"{_ranks_text(waiting)} wait in {common}"
+    first = culprits[0] if culprits else None
+    return {
+        "culprits": [s.rank for s in culprits],
+        "text": text,
+        "waiting": common,
+        "where": None if first is None else first.where,
+        "pid": None if first is None else first.pid,
+        "node": None if first is None else first.node,
+        "ranks": _json(states),
+    }
+
+
+def _culprit_text(state: RankState) -> str:
+    node = f" on {state.node}" if state.node else ""
+    head = f"rank {state.rank} (pid {state.pid}{node})"
+    at = f" at {state.where}" if state.where else ""
+    if state.state in ("stopped", "tracing-stop"):
+        return f"{head} is stopped (SIGSTOP or a debugger){at}"
+    if state.collective is not None:
+        return f"{head} waits in {state.collective}{at}"
+    if state.where is None:
+        return f"{head} stopped outside any collective"
+    return f"{head} stopped{at}"
+
+
+def _ranks_list(states: Sequence[RankState]) -> str:
+    return ", ".join(str(s.rank) for s in states)
+
+
+def _ranks_text(states: Sequence[RankState]) -> str:
+    return f"rank{'s' if len(states) > 1 else ''} {_ranks_list(states)}"
+
+
+def _json(states: Sequence[RankState]) -> list[dict[str, Any]]:
+    return [
+        {
+            "rank": s.rank,
+            "pid": s.pid,
+            "state": s.state,
+            "collective": s.collective,
+            "where": s.where,
+            "has_stack": s.has_stack,
+        }
+        for s in states
+    ]

@@ -1,0 +1,77 @@
+"""Exit statuses: the plain contract, and one status per failure reason for
+``--detailed-exit-codes``.
+
+Without the flag, ``asyncsoak run`` exits 0 (passed), 1 (failed), 2 (bad usage), or 128 + N
+when signal N stopped it (130 for SIGINT, 143 for SIGTERM), as shells report it.  With it, a
+failed soak exits with its primary reason's status instead of 1, so that what reads only the
+status (a Kubernetes ``podFailurePolicy``, a CI step, a shell ``case``) can tell a stall from a
+crash from a GPU fault.
+
+Every detailed status lies in 3..125: clear of 0, 1 and 2, of 126 and 127 (a shell's "cannot
+execute" and "not found") and of 128 + N (a signal).  They are grouped by tens: the command's
+own end (1x), progress (2x), resources (3x), the training's health (4x), the monitor (5x).
+A reason's status never changes once released; a new reason gets an unused one.
+``tests/test_exit_codes.py`` pins the table with literal values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+from ._vocabulary import FailureReason
+
+EXIT_PASSED = 0
+#: A failed soak without ``--detailed-exit-codes``; with it, a failure without an artifact
+#: (the artifact could not be written), whose reason is not known.
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+#: The statuses a detailed code may take: above the plain contract, below a shell's 126.
+DETAILED_RANGE = range(3, 126)
+
+#: The status of each failure reason under ``--detailed-exit-codes``; never renumbered.
+DETAILED_EXIT_CODES: Mapping[str, int] = MappingProxyType(
+    {
+        FailureReason.SPAWN_FAILED: 10,
+        FailureReason.NONZERO_EXIT: 11,
+        FailureReason.SIGNALED: 12,
+        FailureReason.TOO_SHORT: 13,
+        FailureReason.LEFTOVER_PROCESSES: 14,
+        FailureReason.STARTUP_TIMEOUT: 20,
+        FailureReason.STALE_PROGRESS: 21,
+        FailureReason.MEMORY_BUDGET: 30,
+        FailureReason.MEMORY_LEAK: 31,
+        FailureReason.DISK_LOW: 32,
+        FailureReason.GPU_FAULT: 40,
+        FailureReason.NONFINITE_LOSS: 41,
+        FailureReason.MONITOR_ERROR: 50,
+        FailureReason.MONITOR_LOST: 51,
+    }
+)
+
+
+def detailed_exit_code(reason: str | None) -> int:
+    """The detailed status of a failure's primary ``reason``; :data:`EXIT_FAILED` when it is
+    not known (no reason, or one this version does not have)."""
+    if reason is None:
+        return EXIT_FAILED
+    return DETAILED_EXIT_CODES.get(reason, EXIT_FAILED)
+
+
+def verdict_exit_code(status: str, reasons: Sequence[str], *, detailed: bool) -> int:
+    """The exit status of a soak that ended with ``status`` and failure ``reasons`` (primary
+    first) and was not stopped by a signal: 0 for a pass or a requested stop, else 1, or the
+    primary reason's detailed status."""
+    if status not in ("failed", "error"):
+        return EXIT_PASSED
+    if not detailed:
+        return EXIT_FAILED
+    return detailed_exit_code(reasons[0] if reasons else None)
+
+
+def reason_of_exit_code(code: int) -> str | None:
+    """The failure reason a detailed status stands for, or None."""
+    for reason, value in DETAILED_EXIT_CODES.items():
+        if value == code:
+            return reason
+    return None

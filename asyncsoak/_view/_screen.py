@@ -1,0 +1,170 @@
+"""The live view's full screen (``asyncsoak watch``, ``--view screen``), drawn with ``rich``.
+
+One frame holds, top to bottom: the verdict so far (the phase, LEAK alerts, warnings), the
+progress (changes, their rate, the time without progress against its limit), the tree's
+figures, its processes by memory with their trends, the GPUs, and the last lines of the
+soak's log, as many as the terminal's height leaves room for.  It is drawn from the same
+:class:`~._live.Status` as the line, in the view's worker thread (the log's tail is read
+there, bounded).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import TYPE_CHECKING, Any
+
+from .._sampling._fields import format_value
+from .._terminal import terminal_text
+from .._units import format_duration
+
+if TYPE_CHECKING:
+    from ._live import Status
+
+#: Bytes of the log's end read for its last lines.
+LOG_TAIL_BYTES = 16 * 1024
+#: Processes listed at most.
+PROCESS_ROWS = 5
+
+
+def log_tail(path: str | None, lines: int) -> list[str]:
+    """The last ``lines`` lines of the log at ``path`` (its last :data:`LOG_TAIL_BYTES` at
+    most), safe to print; nothing when it cannot be read."""
+    if not path or lines <= 0:
+        return []
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, LOG_TAIL_BYTES, max(0, size - LOG_TAIL_BYTES))
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", errors="replace").replace("\r", "\n")
+    kept = [line for line in text.splitlines() if line.strip()]
+    if size > LOG_TAIL_BYTES and kept:
+        kept = kept[1:]  # the first line read may be cut
+    return [terminal_text(line) for line in kept[-lines:]]
+
+
+def render_screen(status: Status, width: int, height: int) -> Any:
+    """The whole frame for a terminal of ``width`` x ``height``."""
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    from ._live import phase_style
+
+    parts: list[Any] = []
+    title = Text.assemble(
+        ("asyncsoak  ", "dim"),
+        (format_duration(status.elapsed), "bold"),
+        "  ",
+        (terminal_text(status.phase), phase_style(status)),
+    )
+    if status.warnings:
+        title.append(
+            f"  {status.warnings} warning{'s' if status.warnings != 1 else ''}", style="yellow"
+        )
+    parts.append(title)
+    for alert in status.alerts:
+        parts.append(Text(terminal_text(alert), style="bold red"))
+
+    progress = Table.grid(padding=(0, 2))
+    progress.add_column(style="dim", no_wrap=True)
+    progress.add_column(no_wrap=True)
+    rate = status.changes_per_minute
+    progress.add_row(
+        "progress",
+        f"{status.changes} change{'s' if status.changes != 1 else ''}"
+        + (f", {rate:.0f}/min lately" if rate else ""),
+    )
+    if status.quiet_for is not None and not status.finished:
+        label = "without progress" if status.limit_name == "stale" else "since the start"
+        text = Text(f"{format_duration(status.quiet_for)} {label}")
+        if status.limit:
+            text.append(f" (limit {format_duration(status.limit)})", style="dim")
+            ratio = min(1.0, status.quiet_for / status.limit)
+            bar = ProgressBar(
+                total=status.limit,
+                completed=min(status.quiet_for, status.limit),
+                width=20,
+                complete_style="green" if ratio < 0.5 else "yellow" if ratio < 0.8 else "red",
+            )
+            row = Table.grid(padding=(0, 1))
+            row.add_column(no_wrap=True)
+            row.add_column(no_wrap=True)
+            row.add_row(bar, text)
+            progress.add_row("stall", row)
+        else:
+            progress.add_row("stall", text)
+    if status.behind is not None and status.behind >= 1.0:
+        progress.add_row("as of", f"{format_duration(status.behind)} ago (the journal's last line)")
+    if status.finished:
+        progress.add_row(
+            "peaks",
+            f"CPU {format_value(status.peak_cpu_percent, '%')}  "
+            f"RSS {format_value(status.peak_rss_bytes, 'bytes')}",
+        )
+    elif not status.sampled:
+        progress.add_row("tree", "starting")
+    else:
+        trend = f"  ({status.memory_trend})" if status.memory_trend else ""
+        progress.add_row(
+            "tree",
+            f"CPU {format_value(status.tree_cpu_percent, '%')}  "
+            f"RSS {format_value(status.tree_rss_bytes, 'bytes')}{trend}",
+        )
+    parts.append(progress)
+
+    if status.processes and not status.finished:
+        table = Table(box=None, padding=(0, 2), show_edge=False, header_style="dim")
+        table.add_column("pid", justify="right", no_wrap=True)
+        table.add_column("process", no_wrap=True, max_width=max(10, width // 3))
+        table.add_column("memory", justify="right", no_wrap=True)
+        table.add_column("trend", no_wrap=True)
+        for process in status.processes[:PROCESS_ROWS]:
+            trend = process.trend or ""
+            table.add_row(
+                str(process.pid),
+                terminal_text(process.name),
+                format_value(process.memory_bytes, "bytes"),
+                Text(trend, style="red" if trend.startswith("+") else ""),
+            )
+        parts.append(Text(""))
+        parts.append(table)
+
+    gpus = status.peak_gpus if status.finished else status.gpus
+    shown = [g for g in gpus if g[1] is not None or g[2] is not None]
+    if shown:
+        table = Table(box=None, padding=(0, 2), show_edge=False, header_style="dim")
+        table.add_column("gpu", no_wrap=True)
+        table.add_column("peak util" if status.finished else "util", justify="right")
+        table.add_column("peak memory" if status.finished else "memory", justify="right")
+        for group, util, memory in shown:
+            table.add_row(
+                terminal_text(group), format_value(util, "%"), format_value(memory, "MiB")
+            )
+        parts.append(Text(""))
+        parts.append(table)
+
+    used = _rows(parts, width)
+    room = height - used - 3
+    lines = log_tail(status.log_path, room)
+    if lines:
+        parts.append(Text(""))
+        parts.append(Text(f"log: {terminal_text(status.log_path or '')}", style="dim"))
+        parts.extend(Text(line, no_wrap=True, overflow="ellipsis") for line in lines)
+    return Group(*parts)
+
+
+def _rows(parts: list[Any], width: int) -> int:
+    """How many terminal rows ``parts`` take at ``width`` columns."""
+    from rich.console import Console
+
+    console = Console(width=max(20, width), color_system=None, file=io.StringIO())
+    return sum(len(console.render_lines(part, pad=False)) for part in parts)

@@ -1,0 +1,31 @@
+"""The status a person reads: the artifact's, except a pass that carries warnings.
+
+The artifact's ``status`` stays one of ``passed | failed | cancelled | error`` (a contract every
+reader of artifacts relies on).  The views (``summary``, ``summary --json``, ``compare``, the
+live line and ``watch``) say ``passed_with_warnings`` for a pass with at least one warning, so a
+run that leaks, or whose monitor could not see everything, never looks like a clean one.
+"""
+
+from __future__ import annotations
+
+from .._record._vocabulary import SoakStatus
+
+#: A pass that carries warnings, as the views name it (never an artifact's ``status``).
+PASSED_WITH_WARNINGS = "passed_with_warnings"
+
+
+def shown_status(status: str, warnings: int) -> str:
+    """``status`` as the views show it, given how many warnings the run carries."""
+    if status == SoakStatus.PASSED and warnings > 0:
+        return PASSED_WITH_WARNINGS
+    return str(status)
+
+
+def status_words(status: str) -> str:
+    """A shown status in capitals and words: ``PASSED WITH WARNINGS``."""
+    return status.replace("_", " ").upper()
+
+
+def is_pass(status: str) -> bool:
+    """Whether a shown status is a pass (with or without warnings)."""
+    return status in (SoakStatus.PASSED, PASSED_WITH_WARNINGS)

@@ -1,0 +1,341 @@
+"""``asyncsoak watch``: the live view of a soak that is already running, from its journal.
+
+The soak may run anywhere on this host: ``asyncsoak run`` in another terminal or under
+``nohup``, an ``sbatch`` job, a queue worker.  The view reads the soak's journal as it grows
+(bounded incremental reads, :class:`~asyncsoak._view._live.JournalTail`) and ends with the
+verdict once the soak finished.  Whether the soak's monitor is still there is told by the lock
+it holds on its journal for as long as it runs (``flock``): a journal nobody holds any more and
+that never said ``finished`` belongs to a monitor that died.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .._terminal import terminal_text
+from . import EXIT_FAILED, EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from .._view._live import JournalTail, LiveState, Status
+
+#: How long ``watch`` waits, once the journal said ``finished``, for the artifact the monitor
+#: writes next.
+ARTIFACT_WAIT_SECONDS = 30.0
+#: Seconds between two looks at whether the monitor still holds its journal.
+MONITOR_CHECK_SECONDS = 2.0
+#: Reads of the open segment (of ``READ_CHUNK`` bytes each) ``--once`` makes at most to
+#: catch up: the frame of a journal of any size comes after a bounded read.
+ONCE_READS = 256
+#: Bound on catching up with what the journal holds when ``watch`` attaches (the closed
+#: segments of a long soak, compressed, are decoded whole).
+CATCH_UP_SECONDS = 300.0
+#: Exit status when the watch is interrupted (Ctrl-C), as shells report SIGINT.
+EXIT_INTERRUPTED = 130
+
+
+def register(subparsers: Any) -> None:
+    from .._view._live import VIEW_MODES
+
+    watch = subparsers.add_parser(
+        "watch",
+        help="the live view of a soak already running on this host, until its verdict",
+        description="Attach to a running soak (started by `asyncsoak run`, sbatch, nohup or a "
+        "queue worker) and show its live view, read from its journal as it grows; ends with "
+        "the verdict when the soak ends.  The exit status is 0 when the soak passed (with or "
+        "without warnings), 1 otherwise (failed, error, cancelled, or its monitor died); "
+        "--once always exits 0 once it printed a frame.",
+    )
+    watch.add_argument(
+        "target",
+        type=Path,
+        nargs="?",
+        default=None,
+        metavar="TARGET",
+        help="the soak's artifact (soak.json), journal (soak.jsonl) or run directory "
+        "(a queue job's run directory: its latest attempt)",
+    )
+    watch.add_argument(
+        "--job", type=int, default=None, metavar="ID", help="a queue job's id (its latest attempt)"
+    )
+    watch.add_argument(
+        "--db",
+        default=None,
+        metavar="PATH|URL",
+        help="the queue database for --job (default: $ASYNCSOAK_DB, else the user's queue.db)",
+    )
+    watch.add_argument("--once", action="store_true", help="print one frame and exit 0")
+    watch.add_argument(
+        "--view",
+        choices=VIEW_MODES,
+        default="auto",
+        help="on a terminal: the full screen when it is tall enough (auto, the default), "
+        "always the one-line view (line), or the full screen (screen)",
+    )
+    watch.add_argument(
+        "--status-interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between status lines when stdout is not a terminal (default 10)",
+    )
+    watch.set_defaults(handler=watch_command)
+
+
+def watch_command(args: argparse.Namespace) -> int:
+    from .._errors import ValidationError
+    from .._supervisor._config import seconds
+
+    try:
+        interval = seconds("--status-interval", args.status_interval, allow_zero=False)
+    except ValidationError as exc:
+        raise UsageError(str(exc)) from None
+    if (args.target is None) == (args.job is None):
+        raise UsageError("watch needs one TARGET (an artifact, journal or run directory) or --job")
+    if args.db is not None and args.job is None:
+        raise UsageError("--db goes with --job")
+    journal = job_journal(args) if args.job is not None else find_journal(args.target)
+    try:
+        return anyio.run(_watch, journal, args.once, args.view, interval)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def job_journal(args: argparse.Namespace) -> Path:
+    """The journal of a queue job's latest attempt; refused when it runs on another host."""
+    from ._queue import _open, _queue_call
+
+    with _open(args) as store:
+        job = _queue_call(lambda: store.get(args.job))
+        attempts = _queue_call(lambda: store.attempts(job.id))
+    if not attempts:
+        raise UsageError(f"job {job.id} has not started yet ({job.status}): nothing to watch")
+    attempt = attempts[-1]
+    if attempt.host != socket.gethostname():
+        raise UsageError(
+            terminal_text(
+                f"job {job.id} attempt {attempt.attempt} runs on {attempt.host}: "
+                "watch it there (its journal is on that host)"
+            )
+        )
+    return Path(attempt.artifact).with_suffix(".jsonl")
+
+
+def find_journal(target: Path) -> Path:
+    """The journal a TARGET names: itself, its artifact's, or the one in a run directory
+    (a queue job's run directory: its latest attempt's)."""
+    from .._record._journal import is_journal
+
+    if target.is_dir():
+        attempts = target / "attempts"
+        numbered = (
+            sorted((p for p in attempts.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+            if attempts.is_dir()
+            else []
+        )
+        if numbered:
+            return find_journal(numbered[-1])
+        journals = [p for p in target.glob("*.jsonl") if p.is_file() and is_journal(p)]
+        if not journals:
+            raise UsageError(terminal_text(f"{target}: no soak journal (*.jsonl) in it"))
+        # Several soaks wrote there: the one written last is the one running.
+        return max(journals, key=lambda p: p.stat().st_mtime)
+    journal = target if target.suffix == ".jsonl" else target.with_suffix(".jsonl")
+    if not journal.exists():
+        if target.exists():
+            raise UsageError(terminal_text(f"{target}: its journal {journal} is not there"))
+        raise UsageError(terminal_text(f"{target}: no such file"))
+    if not is_journal(journal):
+        raise UsageError(terminal_text(f"{journal}: not a soak journal"))
+    return journal
+
+
+def monitor_holds(journal: Path) -> bool:
+    """Whether a monitor still holds ``journal`` (it locks it for as long as its soak runs)."""
+    try:
+        fd = os.open(journal, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _catch_up(journal: Path) -> tuple[LiveState, JournalTail]:
+    """The state after the journal's closed segments (a long soak rotates its journal), and
+    a tail of its open segment."""
+    from .._record._journal import journal_segments, read_journal
+    from .._view._live import JournalTail, LiveState
+
+    state = LiveState()
+    closed = journal_segments(journal)[:-1]
+    for segment in closed:
+        # A closed segment is read as a journal of its own (bounded, compressed or not).
+        with contextlib.suppress(FileNotFoundError):
+            for event in read_journal(segment):
+                state.add(event)
+    return state, JournalTail(journal, header_first=not closed)
+
+
+async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
+    from .._blocking import BlockingCallTimeout, run_blocking
+    from .._view._live import VIEW_CALL_TIMEOUT_SECONDS, watch_journal
+
+    try:
+        state, tail = await run_blocking(
+            _catch_up, journal, timeout=CATCH_UP_SECONDS, what="reading the journal's segments"
+        )
+    except BlockingCallTimeout as exc:
+        print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        if once:
+            try:
+                status = await run_blocking(
+                    _read_all, tail, state, timeout=CATCH_UP_SECONDS, what="reading the journal"
+                )
+            except BlockingCallTimeout as exc:
+                print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
+                return EXIT_FAILED
+            if status is None:
+                raise UsageError(terminal_text(f"{journal}: no soak has started there yet"))
+            _print_frame(status, mode)
+            return EXIT_OK
+        monitor_gone = False
+        async with anyio.create_task_group() as tg:
+
+            async def view() -> None:
+                await watch_journal(
+                    journal,
+                    stream=sys.stdout,
+                    status_interval=interval,
+                    mode=mode,
+                    until_finished=True,
+                    tail=tail,
+                    state=state,
+                )
+                tg.cancel_scope.cancel()
+
+            async def check_monitor() -> None:
+                nonlocal monitor_gone
+                while True:
+                    await anyio.sleep(MONITOR_CHECK_SECONDS)
+                    held = await run_blocking(
+                        monitor_holds,
+                        journal,
+                        timeout=VIEW_CALL_TIMEOUT_SECONDS,
+                        what="a look at the journal's lock",
+                    )
+                    if not held:
+                        # One more look: the finished line and the lock's release race.
+                        await anyio.sleep(MONITOR_CHECK_SECONDS)
+                        if state.finished is None:
+                            monitor_gone = True
+                            tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(view)
+            tg.start_soon(check_monitor)
+        if state.finished is None:
+            if monitor_gone:
+                print(
+                    terminal_text(
+                        f"asyncsoak: the monitor of {journal} is gone and never gave a verdict; "
+                        f"rebuild its artifact with: asyncsoak recover {journal}"
+                    ),
+                    flush=True,
+                )
+            return EXIT_FAILED
+        return await _verdict(journal, state)
+    finally:
+        tail.close()
+
+
+def _read_all(tail: JournalTail, state: LiveState) -> Status | None:
+    for _ in range(ONCE_READS):
+        events = tail.read()
+        if not events:
+            break
+        for event in events:
+            state.add(event)
+    if state.started_at is None:
+        return None
+    return state.status(time.time(), time.monotonic(), current=False)
+
+
+def _print_frame(status: Status, mode: str) -> None:
+    from .._view._live import make_view
+
+    view = make_view(sys.stdout, 0.0, mode)
+    view.show(status)
+    view.close(None)
+
+
+async def _verdict(journal: Path, state: LiveState) -> int:
+    """The soak's verdict, from its artifact once the monitor wrote it (else the journal's)."""
+    from .._blocking import BlockingCallTimeout, run_blocking
+    from .._view._status import is_pass, status_words
+
+    artifact_path = journal.with_suffix(".json")
+    # The monitor lets go of its journal once the artifact is written.
+    with contextlib.suppress(BlockingCallTimeout):
+        await run_blocking(
+            wait_for_monitor,
+            journal,
+            timeout=ARTIFACT_WAIT_SECONDS,
+            what="waiting for the monitor to write the artifact",
+        )
+    found = _artifact_line(artifact_path)
+    if found is None:
+        shown = state.verdict() or "error"
+        reasons = f" ({', '.join(state.failures)})" if state.failures else ""
+        line = f"{status_words(shown)}{reasons}; no artifact at {artifact_path}"
+    else:
+        line, shown = found
+    print(terminal_text(f"asyncsoak: {line}"), flush=True)
+    return EXIT_OK if is_pass(shown) else EXIT_FAILED
+
+
+def wait_for_monitor(journal: Path) -> None:
+    """Block until no monitor holds ``journal`` (run it in a thread, under a deadline)."""
+    try:
+        fd = os.open(journal, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+
+
+def _artifact_line(path: Path) -> tuple[str, str] | None:
+    """The summary's first line of the artifact at ``path``, and its shown status."""
+    from .._view._summary import format_summary, summarize
+    from ..artifact import ArtifactError, load
+
+    try:
+        artifact = load(path)
+    except (ArtifactError, OSError):
+        return None
+    summary = summarize(artifact)
+    first = format_summary(summary).splitlines()[0]
+    return f"{first}; artifact: {path}", str(summary["status"])

@@ -1,0 +1,217 @@
+"""``asyncsoak watch``: attach to a soak already running (another process's), show its live
+state from its journal, end with its verdict; ``--once`` prints one frame."""
+
+from __future__ import annotations
+
+import importlib.util
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
+from .soak_runs import killed_monitor_journal, run_args
+
+LEAK_TREND = {"verdict": "leak", "slope_per_hour": 54 * 2**30, "growth": 2**30}
+#: Makes progress, says "ready", goes on making progress until the ``end`` file exists.
+HOLD = """
+import os, pathlib, sys, time
+progress, end, signals = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+progress.mkdir(exist_ok=True)
+told = False
+while not end.exists():
+    with open(progress / "metrics.jsonl", "a") as f:
+        f.write("{}\\n")
+    if not told:
+        fd = os.open(signals, os.O_WRONLY); os.write(fd, b"ready\\n"); os.close(fd)
+        told = True
+    time.sleep(0.05)
+"""
+
+
+def _readline(stream: subprocess.Popen[str], deadline: float) -> str:
+    assert stream.stdout is not None
+    left = deadline - time.monotonic()
+    if left <= 0 or not select.select([stream.stdout], [], [], left)[0]:
+        raise TimeoutError("no line from asyncsoak watch in time")
+    return stream.stdout.readline()
+
+
+def test_watch_shows_a_running_soak_then_ends_with_its_verdict(
+    tmp_path: Path, ready: ReadyFifo
+) -> None:
+    """A soak run by another process: --once prints one frame of its live state and exits 0;
+    watch follows it (running, its progress) and ends with the verdict, exit status 0."""
+    args = [a for a in run_args(tmp_path) if a != "--sample-interval"]
+    args[args.index("0.1")] = "--sample-interval=0.2"
+    end = tmp_path / "end"
+    soak = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "asyncsoak",
+            *args,
+            "--",
+            *py(HOLD),
+            str(tmp_path / "progress"),
+            str(end),
+            str(ready.path),
+        ],
+        cwd=tmp_path,
+        env=CLI_ENV,
+        stderr=subprocess.DEVNULL,
+    )
+    watch: subprocess.Popen[str] | None = None
+    try:
+        assert ready.line_sync() == "ready"
+        once = asyncsoak_cli("watch", "--once", str(tmp_path / "soak.json"), cwd=tmp_path)
+        assert once.returncode == 0, once.stderr
+        (frame,) = once.stdout.splitlines()
+        assert frame.startswith("asyncsoak: "), frame
+        assert " running | " in frame or " waiting for the first progress | " in frame, frame
+        assert "finished" not in frame
+
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "asyncsoak", "watch", str(tmp_path), "--status-interval", "0.2"],
+            cwd=tmp_path,
+            env=CLI_ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 30
+        # Live: the soak runs and the view follows its progress.
+        while " running | last progress " not in (line := _readline(watch, deadline)):
+            assert "finished" not in line, line
+        end.touch()
+        rest, errors = watch.communicate(timeout=30)
+        out = [line.rstrip("\n"), *rest.splitlines()]
+        assert watch.returncode == 0, [*out, errors]
+        assert any("finished: passed" in line for line in out), out
+        assert out[-1] == f"asyncsoak: PASSED: The soak passed; artifact: {tmp_path / 'soak.json'}"
+    finally:
+        end.touch()
+        if watch is not None and watch.returncode is None:
+            watch.kill()
+            watch.communicate()
+        soak.wait(timeout=30)
+    assert soak.returncode == 0
+
+
+def test_watch_of_a_dead_monitor_says_so_and_fails(tmp_path: Path) -> None:
+    """A journal whose monitor was killed: no verdict will come; watch says how to recover."""
+    journal = killed_monitor_journal(tmp_path / "killed")
+    result = asyncsoak_cli("watch", str(journal), cwd=tmp_path, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "is gone and never gave a verdict" in result.stdout
+    assert f"asyncsoak recover {journal}" in result.stdout
+    once = asyncsoak_cli("watch", "--once", str(journal), cwd=tmp_path)
+    assert once.returncode == 0, once.stderr
+    assert "as of " in once.stdout  # the journal's last line is old: the frame says so
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "watch needs one TARGET"),
+        (["nowhere.json"], "nowhere.json: no such file"),
+        (["--db", "x.db", "a.json"], "--db goes with --job"),
+        (["--once", "--status-interval", "0", "a.json"], "--status-interval"),
+    ],
+)
+def test_watch_refuses_bad_targets_clearly(tmp_path: Path, args: list[str], message: str) -> None:
+    """No target, a missing one, --db without --job, a bad interval: exit 2 and one line."""
+    result = asyncsoak_cli("watch", *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rich") is None, reason="needs the live extra")
+def test_the_full_screen_fits_the_terminal_and_shows_what_matters(tmp_path: Path) -> None:
+    """The full screen at 100x30: verdict so far, LEAK, progress, processes by memory with
+    their trends, GPUs, and the log's last lines (as many as fit), never taller than 30."""
+    from rich.console import Console
+
+    from asyncsoak._view._live import LiveState
+    from asyncsoak._view._screen import render_screen
+
+    from .soak_runs import sample_lines
+
+    log = tmp_path / "soak.log"
+    log.write_text("".join(f"step {i} loss {1 / (i + 1):.3f}\n" for i in range(200)))
+    state = LiveState()
+    state.add(
+        {
+            "t": 0,
+            "kind": "header",
+            "started_at": "2026-01-01T00:00:00Z",
+            "config": {"stale_progress_seconds": 120.0},
+            "log_path": str(log),
+        }
+    )
+    state.add({"t": 0.1, "kind": "started", "pid": 1})
+    for i, event in enumerate(sample_lines(end=10.0, stall_at=None, gpus=2)):
+        if event["kind"] == "sample":
+            grown = {"pid": 29987, "name": "python", "anon_bytes": 2**30 + i * 2**24}
+            steady = {"pid": 30001, "name": "pt_data_worker", "anon_bytes": 2**28}
+            event = {**event, "processes": [steady, grown]}
+        state.add(event)
+    state.add({"t": 2.0, "kind": "progress", "changed": 1})
+    state.add({"t": 9.0, "kind": "trend", "series": "process.29987.anon_bytes"} | LEAK_TREND)
+    state.add({"t": 9.5, "kind": "warning", "message": "memory of pid 29987 grew"})
+    assert state.started_at is not None
+    status = state.status(state.started_at + 12.0)
+    console = Console(record=True, width=100, height=30, color_system=None)
+    console.print(render_screen(status, 100, 30))
+    lines = console.export_text().rstrip("\n").splitlines()
+    text = "\n".join(lines)
+    assert len(lines) <= 30, text
+    assert "running" in lines[0]
+    assert "1 warning" in lines[0]
+    assert "LEAK pid 29987 +921.6 MiB/min" in text
+    assert "without progress (limit 2m00s)" in text
+    # The largest process first, with its trend; then the GPUs; then the log's end.
+    assert text.index("29987") < text.index("30001")
+    assert "/min" in next(line for line in lines if "29987" in line and "python" in line)
+    assert "gpu1" in text
+    assert "step 199 loss 0.005" in lines[-1]
+
+
+def test_watch_reads_a_rotated_journal_from_its_first_segment(tmp_path: Path) -> None:
+    """A long soak's journal is rotated: watch folds the closed (compressed) segments, where
+    the header is, then the open one; no monitor holds it and there is no artifact: the
+    verdict comes from the journal and says the artifact is missing."""
+    import gzip
+
+    from asyncsoak._record._journal import JournalEncoder, segment_path
+
+    from .soak_runs import sample_lines
+
+    header = {
+        "t": 0.0,
+        "kind": "header",
+        "started_at": "2026-01-01T00:00:00Z",
+        "config": {"stale_progress_seconds": 120.0},
+    }
+    samples = sample_lines(end=10.0, stall_at=None, gpus=1)
+    first = [header, {"t": 0.1, "kind": "started", "pid": 1}, *samples[:40]]
+    first += [{"t": 1.0 + i, "kind": "progress", "changed": 1} for i in range(3)]
+    second = [*samples[40:], {"t": 9.0, "kind": "progress", "changed": 2}]
+    second += [{"t": 9.5, "kind": "warning", "message": "a warning"}]
+    second += [{"t": 10.5, "kind": "finished", "status": "passed"}]
+    encoder = JournalEncoder()
+    journal = tmp_path / "soak.jsonl"
+    closed = segment_path(journal, 1, compressed=True)
+    closed.write_bytes(gzip.compress("".join(map(encoder.encode, first)).encode()))
+    encoder.reset()
+    journal.write_text("".join(map(encoder.encode, second)))
+    once = asyncsoak_cli("watch", "--once", str(journal), cwd=tmp_path)
+    assert once.returncode == 0, once.stderr
+    assert once.stdout.startswith("asyncsoak: 10.5s finished: passed with warnings | peak CPU ")
+    followed = asyncsoak_cli("watch", str(journal), cwd=tmp_path)
+    assert followed.returncode == 0, followed.stderr
+    last = followed.stdout.splitlines()[-1]
+    assert last == f"asyncsoak: PASSED WITH WARNINGS; no artifact at {tmp_path / 'soak.json'}"
