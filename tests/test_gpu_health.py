@@ -41,6 +41,7 @@ from asyncsoak._view._compare import compare
 from asyncsoak._view._evidence import gather
 from asyncsoak._view._live import LiveState
 from asyncsoak._view._summary import format_summary, summarize
+from asyncsoak._view.report._tables import evidence_html
 
 from .conftest import assert_valid, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi
@@ -157,6 +158,8 @@ async def test_an_xid_in_the_kernel_log_fails_the_soak_naming_it(
     assert gather(typed).next_steps[0] == (
         f"GPU 0 ({bus_id}): drain the node; check the GPU's power and PCIe seating, then reboot."
     )
+    evidence = evidence_html(typed, summary)
+    assert '<dt>GPU fault</dt><dd id="cause"><b>gpu0 (' in evidence
     healthy = copy.deepcopy(artifact)
     healthy["gpu_health"]["gpu0"]["faults"] = []
     rows = {r.key: r for r in compare(check_artifact(healthy), typed).rows}
