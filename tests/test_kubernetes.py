@@ -26,7 +26,7 @@ from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._export._metrics_server import MetricsServer, open_listener
 from asyncsoak._record._schema import Artifact
 from asyncsoak._sampling._limits import cgroup_cpu_limit_cores
-from asyncsoak._supervisor._kubernetes import GRACE_ANNOTATION, pod_identity
+from asyncsoak._supervisor._kubernetes import GRACE_ANNOTATION, pattern_values, pod_identity
 from asyncsoak._supervisor._slurm import PatternError, expand_path, stop_grace
 from asyncsoak._view._job_view import pod_line
 
@@ -152,6 +152,30 @@ def test_output_patterns_name_the_pod_and_its_index(tmp_path: Path) -> None:
     assert expand_path(path, {}) == path
 
 
+def test_output_patterns_agree_with_the_snapshot_or_are_refused(tmp_path: Path) -> None:
+    """Without POD_NAMESPACE, %n is the namespace the snapshot records (the service
+    account's file), not "default"; without NODE_NAME, %N is refused (a pod's host name is
+    the pod's, not the node's) with the variable to set."""
+    service_account = tmp_path / "serviceaccount"
+    service_account.mkdir()
+    (service_account / "namespace").write_text("ml")
+    env = {k: v for k, v in POD_ENV.items() if k not in ("POD_NAMESPACE", "NODE_NAME", "POD_NAME")}
+    env["ASYNCSOAK_PODINFO_DIR"] = str(tmp_path / "none")
+    identity = pod_identity(env, service_account=service_account)
+    assert identity is not None
+    values = pattern_values(env, service_account=service_account)
+    assert (
+        (values["n"], values["p"])
+        == (identity["namespace"], identity["pod_name"])
+        == (
+            "ml",
+            "train-2-x7k2p",
+        )
+    )
+    with pytest.raises(PatternError, match="%N needs NODE_NAME"):
+        expand_path(Path("/results/%N.json"), env)
+
+
 @pytest.mark.asyncio
 async def test_healthz_answers_200_while_samples_come_and_503_when_they_stop(
     tmp_path: Path, ready: ReadyFifo
@@ -159,21 +183,25 @@ async def test_healthz_answers_200_while_samples_come_and_503_when_they_stop(
     """A live soak's /healthz is 200; a soak whose samples stopped coming is 503."""
     port = free_port()
     say = f"open({str(ready.path)!r}, 'w').write('ready\\n')"
-    code = f"import time\n{say}\ntime.sleep(0.5)"
-    limits = fast_limits(tmp_path, startup_timeout_seconds=30.0)
+    # The trainer outlives the check (the task group is cancelled after it): the answer is a
+    # live soak's, never a finished one's.
+    code = f"import time\n{say}\ntime.sleep(60)"
+    limits = fast_limits(tmp_path, startup_timeout_seconds=60.0)
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: run_soak(command=py(code), metrics=Metrics(port=port), **limits))
             assert await ready.line() == "ready"
             alive = await http_get(port, "/healthz")
-            assert alive.status == 200, alive.text
-            assert alive.text.startswith("ok")
+            tg.cancel_scope.cancel()
+    assert alive.status == 200, alive.text
+    assert alive.text.startswith(("ok: last sample", "ok: start, no sample yet")), alive.text
     clock = [1000.0]
-    stuck = SoakMetrics("s", wall=lambda: clock[0], host="h")
+    stuck = SoakMetrics("s", now=lambda: clock[0], host="h")
     config = {"sample_interval_seconds": 1.0}
-    stuck.observe({"kind": "header", "t": 0.0, "config": config, "started_at": None})
+    header = {"kind": "header", "t": 0.0, "config": config, "monotonic_start": 1000.0}
+    stuck.observe({**header, "started_at": None})
     stuck.observe({"kind": "sample", "t": 1.0, "points": {}})
-    clock[0] += 61.0
+    clock[0] += 62.0
     listener = await open_listener("127.0.0.1", 0)
     server = MetricsServer(listener, lambda accept: (b"", "text/plain"), stuck.health)
     with anyio.fail_after(10):
@@ -183,6 +211,35 @@ async def test_healthz_answers_200_while_samples_come_and_503_when_they_stop(
             tg.cancel_scope.cancel()
     assert dead.status == 503
     assert dead.text.startswith("unhealthy: last sample 61s ago (limit 60s)")
+
+
+def test_healthz_keeps_to_the_monitors_clock_when_the_wall_clock_steps() -> None:
+    """A wall clock stepped an hour forward (NTP, a resumed VM) while samples keep coming
+    leaves /healthz at 200 (a 503 would have the liveness probe kill a healthy training);
+    samples that stop give 503 on the monitor's own clock."""
+    mono, wall = [500.0], [1_000_000.0]
+    metrics = SoakMetrics("s", now=lambda: mono[0], wall=lambda: wall[0], host="h")
+    metrics.observe(
+        {
+            "kind": "header",
+            "t": 0.0,
+            "monotonic_start": 500.0,
+            "started_at": "1970-01-12T13:46:40+00:00",
+            "config": {"sample_interval_seconds": 1.0},
+        }
+    )
+    for second in range(1, 4):
+        mono[0] += 1.0
+        metrics.observe({"kind": "sample", "t": float(second), "points": {}})
+        if second == 2:
+            wall[0] += 3600.0
+        wall[0] += 1.0
+        alive, text = metrics.health()
+        assert alive, text
+    mono[0] += 61.0
+    alive, text = metrics.health()
+    assert not alive
+    assert text.startswith("unhealthy: last sample 61s ago (limit 60s)"), text
 
 
 # -- for real: PID 1 of a PID namespace, in a memory cgroup ------------------------------
@@ -318,3 +375,94 @@ def test_pid1_in_a_pid_namespace_stops_as_the_schedulers_stop_within_the_grace(
         "exit_code: 143",
         f"artifact: {tmp_path / 'out' / 'soak-train-2-x7k2p-2.json'}",
     ]
+
+
+#: A trainer that ignores SIGTERM (busy in a collective), with a child the test freezes: in
+#: the kernel's refrigerator it outlives SIGKILL, as a process stuck in a GPU driver does.
+STUCK_CHILD_TRAINER = """
+import os, pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+progress = pathlib.Path(sys.argv[1])
+progress.mkdir(parents=True, exist_ok=True)
+(progress / "step").write_text("1")
+child = os.fork()
+if child == 0:
+    time.sleep(300)
+    os._exit(0)
+with open(sys.argv[2], "w") as ready:
+    ready.write(f"{child}\\n")
+while True:
+    (progress / "step").write_text(str(time.time()))
+    time.sleep(0.1)
+"""
+
+
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """``pid`` frozen in a cgroup v1 freezer (where SIGKILL waits for the thaw: the process
+    sits in uninterruptible sleep), thawed and the cgroup removed afterwards."""
+    mount = CGROUP_ROOT / "freezer"
+    if os.geteuid() != 0 or not (mount / "cgroup.procs").exists():
+        pytest.skip("needs root and the cgroup v1 freezer")
+    group = mount / f"asyncsoak-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+        (group / "freezer.state").write_text("FROZEN")
+        deadline = time.monotonic() + 10
+        while (group / "freezer.state").read_text().strip() != "FROZEN":
+            assert time.monotonic() < deadline, "the freezer never froze"
+            time.sleep(0.01)
+        yield
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def test_a_process_that_outlives_sigkill_does_not_cost_the_artifact(
+    tmp_path: Path, ready: ReadyFifo
+) -> None:
+    """In a pod with a 6 s grace, a child that SIGKILL cannot end at once (uninterruptible
+    sleep, as in a wedged GPU driver) does not hold the stop past the pod's grace: asyncsoak
+    gives up on it in time to write the artifact and the termination message before the
+    kubelet's SIGKILL."""
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(STUCK_CHILD_TRAINER)
+    output, log = tmp_path / "soak.json", tmp_path / "termination-log"
+    env = {**CLI_ENV, **POD_ENV, "ASYNCSOAK_PODINFO_DIR": str(podinfo(tmp_path, grace="6"))}
+    monitor = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "asyncsoak", "run", "--quiet", "--no-gpu"),
+            *("--progress-dir", str(tmp_path / "progress"), "--output", str(output)),
+            *("--sample-interval", "0.1", "--grace", "30", "--stale-progress", "30"),
+            *("--termination-log", str(log)),
+            *("--", sys.executable, str(trainer), str(tmp_path / "progress"), str(ready.path)),
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = int(ready.line_sync(timeout=30))
+        with frozen(child):
+            sent = time.monotonic()
+            monitor.send_signal(signal.SIGTERM)
+            _, stderr = monitor.communicate(timeout=30)
+            took = time.monotonic() - sent
+    finally:
+        monitor.kill()
+        monitor.wait()
+    assert monitor.returncode == 128 + signal.SIGTERM, stderr
+    artifact = json.loads(output.read_text())
+    assert artifact["stop"]["cause"] == "scheduler"
+    assert child in {p["pid"] for p in artifact["abandoned_processes"]}
+    assert log.read_text().splitlines()[0] == "asyncsoak: stopped by the scheduler (SIGTERM)"
+    assert took < 6.0, took

@@ -183,3 +183,32 @@ def test_the_pods_run_asyncsoak_as_asyncsoak_reads_them() -> None:
                 mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
                 assert mounts["podinfo"] == str(PODINFO_DIR)
                 assert "%p" in str(args.output)
+
+
+def test_a_jobset_fails_at_once_on_the_trainings_own_failures() -> None:
+    """A JobSet whose Jobs FailJob on the training's statuses fails the whole set on them (a
+    failurePolicy rule FailJobSet on the reason PodFailurePolicy): without one, JobSet
+    restarts the set on every failed Job, the training's own included."""
+    for path, doc in documents():
+        if doc["kind"] != "JobSet":
+            continue
+        fails_job = any(
+            rule["action"] == "FailJob"
+            for replicated in doc["spec"]["replicatedJobs"]
+            for rule in replicated["template"]["spec"].get("podFailurePolicy", {}).get("rules", [])
+        )
+        if not fails_job:
+            continue
+        rules = doc["spec"]["failurePolicy"].get("rules", [])
+        # The rules apply in order; one without reasons matches every failed Job.
+        first = next(
+            (
+                r
+                for r in rules
+                if "PodFailurePolicy" in (r.get("onJobFailureReasons") or [])
+                or not r.get("onJobFailureReasons")
+            ),
+            None,
+        )
+        assert first is not None, f"{path.name}: no rule for a Job failed by its policy"
+        assert first["action"] == "FailJobSet", f"{path.name}: {first}"

@@ -193,6 +193,8 @@ class SoakMetrics:
         self.last_progress_t: float | None = None
         #: When the last sample was taken (Unix time): the monitor's heartbeat.
         self.last_sample_epoch: float | None = None
+        #: ... and on the soak's own clock (seconds since its start), which /healthz ages.
+        self.last_sample_t: float | None = None
         self.tree: dict[str, float | None] = {}
         #: pid -> rank of the tree's processes that are ranks (a rank's workers share its
         #: rank), and each rank's CPU in the newest sample, in cores.
@@ -251,6 +253,7 @@ class SoakMetrics:
             # moment the serializer passed it on.
             start = self.started_epoch
             self.last_sample_epoch = self._wall() if start is None else start + t
+            self.last_sample_t = t
             self._fold_ranks(event.get("processes") or [])
         elif kind == "gpu_sample":
             self._fold_gpus(event)
@@ -398,17 +401,19 @@ class SoakMetrics:
         """Whether the monitor's samplers are alive (its loop is, if this is asked at all):
         a sample came within :data:`HEALTH_STALE_SAMPLES` intervals (at least
         :data:`HEALTH_MIN_SECONDS`), counted from the start before the first one; and what
-        to say about it."""
+        to say about it.  Aged on the soak's monotonic clock: a wall clock that steps (NTP,
+        a resumed VM) must not have a liveness probe kill a healthy training."""
         if self.status is not None:
             return True, f"ok: the soak finished ({self.status})"
-        since = self.last_sample_epoch if self.last_sample_epoch is not None else self.started_epoch
-        if since is None:
+        elapsed = self.elapsed()
+        if elapsed is None:
             return True, "ok: starting"
+        since = self.last_sample_t if self.last_sample_t is not None else 0.0
         limit = max(HEALTH_MIN_SECONDS, HEALTH_STALE_SAMPLES * (self.sample_interval or 0.0))
-        age = max(0.0, self._wall() - since)
+        age = max(0.0, elapsed - since)
         degraded = sorted(name for name, down in self.degraded.items() if down)
         note = f"; degraded: {', '.join(degraded)}" if degraded else ""
-        what = "last sample" if self.last_sample_epoch is not None else "start, no sample yet,"
+        what = "last sample" if self.last_sample_t is not None else "start, no sample yet,"
         if age > limit:
             return False, f"unhealthy: {what} {age:.0f}s ago (limit {limit:g}s){note}"
         return True, f"ok: {what} {age:.1f}s ago{note}"

@@ -67,11 +67,3 @@ def verdict_exit_code(status: str, reasons: Sequence[str], *, detailed: bool) ->
     if not detailed:
         return EXIT_FAILED
     return detailed_exit_code(reasons[0] if reasons else None)
-
-
-def reason_of_exit_code(code: int) -> str | None:
-    """The failure reason a detailed status stands for, or None."""
-    for reason, value in DETAILED_EXIT_CODES.items():
-        if value == code:
-            return reason
-    return None

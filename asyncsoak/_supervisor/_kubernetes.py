@@ -143,8 +143,22 @@ def pod_identity(
     environ = os.environ if env is None else env
     if not in_pod(environ, service_account=service_account):
         return None
+    out: dict[str, Any] = {"kind": "kubernetes", **_names(environ, service_account)}
+    out["cpu_limit_cores"] = cgroup_cpu_limit_cores(proc_cgroup, cgroup_root)
+    out["memory_limit_bytes"] = cgroup_memory_max_bytes(proc_cgroup, cgroup_root)
+    seconds, source = termination_grace(grace, environ)
+    out["termination_grace_period_seconds"] = seconds
+    out["termination_grace_source"] = source
+    out["kill_wait_seconds"] = DEFAULT_TERMINATION_GRACE_SECONDS if seconds is None else seconds
+    out["errors"] = []
+    return out
+
+
+def _names(environ: Mapping[str, str], service_account: Path) -> dict[str, Any]:
+    """The pod's names and indexes (``_IDENTITY``'s keys): what the snapshot records and the
+    ``--output`` patterns stand for, one reading for both."""
     labels = read_podinfo(podinfo_dir(environ) / "labels")
-    out: dict[str, Any] = {"kind": "kubernetes"}
+    out: dict[str, Any] = {}
     for key, variables, label_names, integer in _IDENTITY:
         value: str | None = None
         for name in variables:
@@ -160,33 +174,36 @@ def pod_identity(
     if out["namespace"] is None:
         with contextlib.suppress(OSError):
             out["namespace"] = (service_account / "namespace").read_text().strip() or None
-    out["cpu_limit_cores"] = cgroup_cpu_limit_cores(proc_cgroup, cgroup_root)
-    out["memory_limit_bytes"] = cgroup_memory_max_bytes(proc_cgroup, cgroup_root)
-    seconds, source = termination_grace(grace, environ)
-    out["termination_grace_period_seconds"] = seconds
-    out["termination_grace_source"] = source
-    out["kill_wait_seconds"] = DEFAULT_TERMINATION_GRACE_SECONDS if seconds is None else seconds
-    out["errors"] = []
     return out
 
 
 # -- file names ----------------------------------------------------------------------------
 
+#: What a pod's pattern needs when its value is not known (a pod's host name is the pod's,
+#: not the node's: it cannot stand for ``%N``).
+PATTERN_NEEDS = {
+    "n": "POD_NAMESPACE (the downward API's metadata.namespace) or a mounted service account",
+    "N": "NODE_NAME (the downward API's spec.nodeName)",
+}
 
-def pattern_values(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What the ``--output`` patterns stand for in a pod: ``%p`` the pod's name, ``%i`` its
-    completion index (0 outside an Indexed Job), ``%J`` JobSet's job index (0 outside a
-    JobSet), ``%n`` its namespace, ``%N`` its node, ``%%`` a percent sign."""
-    environ = os.environ if env is None else env
-    labels = read_podinfo(podinfo_dir(environ) / "labels")
-    hostname = environ.get("HOSTNAME") or socket.gethostname()
+
+def pattern_values(
+    env: Mapping[str, str] | None = None, *, service_account: Path = SERVICE_ACCOUNT_DIR
+) -> dict[str, str | None]:
+    """What the ``--output`` patterns stand for in a pod, as ``snapshot.scheduler`` names it:
+    ``%p`` the pod's name, ``%i`` its completion index (0 outside an Indexed Job), ``%J``
+    JobSet's job index (0 outside a JobSet), ``%n`` its namespace, ``%N`` its node (None
+    when not known: see :data:`PATTERN_NEEDS`), ``%%`` a percent sign."""
+    names = _names(os.environ if env is None else env, service_account)
+
+    def index(value: object) -> str:
+        return "0" if value is None else str(value)
+
     return {
-        "p": environ.get("POD_NAME") or hostname,
-        "i": environ.get("JOB_COMPLETION_INDEX")
-        or labels.get("batch.kubernetes.io/job-completion-index")
-        or "0",
-        "J": environ.get("JOB_INDEX") or labels.get("jobset.sigs.k8s.io/job-index") or "0",
-        "n": environ.get("POD_NAMESPACE") or "default",
-        "N": environ.get("NODE_NAME") or hostname,
+        "p": names["pod_name"],
+        "i": index(names["completion_index"]),
+        "J": index(names["job_index"]),
+        "n": names["namespace"],
+        "N": names["node"],
         "%": "%",
     }

@@ -214,7 +214,8 @@ _PATTERN = re.compile(r"%(.)")
 
 
 class PatternError(ValidationError):
-    """A ``%`` pattern in a path that SLURM's environment cannot fill."""
+    """A ``%`` pattern in a path that the scheduler's environment (SLURM's, a pod's) cannot
+    fill."""
 
 
 def expand_path(
@@ -234,7 +235,7 @@ def expand_path(
     environ = os.environ if env is None else env
     if in_job(environ):
         job = environ[JOB_VARIABLE]
-        values = {
+        values: dict[str, str | None] = {
             "j": job,
             "A": environ.get("SLURM_ARRAY_JOB_ID") or job,
             "a": environ.get("SLURM_ARRAY_TASK_ID") or "0",
@@ -258,10 +259,16 @@ def expand_path(
             raise PatternError(
                 f"{path}: unknown pattern %{letter}{where} (known: {known}, %% for a %)"
             )
-        return values[letter]
+        value = values[letter]
+        if value is None:
+            raise PatternError(
+                f"{path}: %{letter} needs {_kubernetes.PATTERN_NEEDS[letter]}{where}"
+            )
+        return value
 
     expanded = Path(_PATTERN.sub(fill, text))
-    restarts = int(values.get("r", "0")) if values.get("r", "0").isdigit() else 0
+    restart = values.get("r") or "0"
+    restarts = int(restart) if restart.isdigit() else 0
     if restart_suffix and restarts > 0 and "%r" not in text:
         expanded = expanded.with_name(f"{expanded.stem}.restart{restarts}{expanded.suffix}")
     return expanded

@@ -693,7 +693,9 @@ class _Soak:
                             timeout=TREE_WALK_TIMEOUT_SECONDS,
                             what="killing the tree",
                         )
-                await spawner.close(REAPER_CLOSE_TIMEOUT_SECONDS)
+                # A reaper still waiting on a tree SIGKILL cannot end (uninterruptible sleep)
+                # is not waited for past a scheduler's deadline: the artifact comes first.
+                await spawner.close(self._tree_stop.within_deadline(REAPER_CLOSE_TIMEOUT_SECONDS))
                 if cgroup is not None:
                     with contextlib.suppress(BlockingCallTimeout):
                         await run_blocking(

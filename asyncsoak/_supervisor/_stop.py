@@ -41,6 +41,13 @@ TREE_WALK_TIMEOUT_SECONDS = 5.0
 DUMP_WAIT_SECONDS = 1.0
 #: Bound on the hang forensics (py-spy of every Python process included).
 FORENSICS_SECONDS = 10.0
+#: Of the margin a scheduler's stop keeps under its SIGKILL, what is kept for the end after
+#: the kill (the reaper's close, the artifact, the termination message): waiting on a tree
+#: that SIGKILL cannot end at once (a process in uninterruptible sleep) stops this long
+#: before the scheduler's deadline.
+FINISH_RESERVE_SECONDS = 1.5
+#: The kill's wait is never cut below this: every member gets its SIGKILL at least once.
+MIN_KILL_WAIT_SECONDS = 0.5
 #: Rules after which the tree is looked at before it is stopped.
 HANG_REASONS = frozenset({"stale_progress", "startup_timeout"})
 #: Environment marker that lets the monitor recognise processes of this soak's tree.
@@ -79,6 +86,9 @@ class TreeStop:
         self._marker_scan_hung = False
         #: Every pid ever seen in the tree, to look up in the kernel's OOM records.
         self.seen_pids: set[int] = set()
+        #: In a stop by the scheduler: when (``anyio.current_time()``) the waits on the tree
+        #: must end for the artifact to be written before the scheduler's SIGKILL.
+        self.deadline: float | None = None
         #: Whether the hang forensics were taken (once: when the stall rule fired).
         self.forensics_taken = False
 
@@ -146,6 +156,9 @@ class TreeStop:
             # yet (a SIGTERM in the first instants): the caller's figure, else the default.
             known = scheduler or {"kill_wait_seconds": cfg.scheduler_grace_seconds}
             grace = _slurm.stop_grace(grace, known)
+            self.deadline = (
+                anyio.current_time() + _slurm.kill_wait_of(known) - FINISH_RESERVE_SECONDS
+            )
         await sink.emit(
             StopRequested(t=sink.elapsed(), cause=cause, mode=cfg.stop_mode, grace_seconds=grace)
         )
@@ -272,7 +285,8 @@ class TreeStop:
         """SIGKILL everything left, again and again (a forking tree races us), within a bound."""
         pids = await self.tree_pids(spawner)
         await sink.emit(SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids))
-        with anyio.move_on_after(self.cfg.kill_wait_seconds):
+        wait = max(MIN_KILL_WAIT_SECONDS, self.within_deadline(self.cfg.kill_wait_seconds))
+        with anyio.move_on_after(wait):
             while True:
                 # Marked processes outside the reaper's tree are not covered by kill_tree().
                 with contextlib.suppress(BlockingCallTimeout):
@@ -286,6 +300,12 @@ class TreeStop:
                     return
         for info in await self._describe(pids, spawner.pid):
             await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
+
+    def within_deadline(self, seconds: float) -> float:
+        """``seconds``, cut to what is left before :attr:`deadline` in a scheduler's stop."""
+        if self.deadline is None:
+            return seconds
+        return max(0.0, min(seconds, self.deadline - anyio.current_time()))
 
     async def hang_forensics(
         self, sink: EventSink, spawner: Spawner, reason: str

@@ -43,8 +43,9 @@ def hold_forwarded_signals(args: argparse.Namespace) -> None:
 
 
 def scheduler_paths(progress_dir: Path, output: Path) -> tuple[Path, Path]:
-    """The paths with SLURM's patterns filled in (%j %A %a %N %t %r); a requeued run's
-    artifact gets its restart count in its name unless ``output`` says where with %r."""
+    """The paths with the scheduler's patterns filled in (SLURM's %j %A %a %N %t %r, a pod's
+    %p %i %J %n %N); a requeued run's artifact gets its restart count in its name unless
+    ``output`` says where with %r."""
     try:
         return (
             _slurm.expand_path(progress_dir),
