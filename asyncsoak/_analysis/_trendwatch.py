@@ -811,8 +811,12 @@ class TrendWatch:
 
     def activity(self) -> dict[str, Any]:
         """What a stalled tree is doing (busy, idle, in uninterruptible sleep) and its GPUs
-        (idle, busy, busy at low power), over its last samples: see ``_activity``."""
-        cpu = sum(self.recent_cpu) / len(self.recent_cpu) if self.recent_cpu else None
+        (idle, busy, busy at low power), over its last samples: see ``_activity``.
+
+        The median CPU, not the mean: the first sample after a stall begins still carries the
+        work just before it, and one such sample would drag a short window's mean up (the
+        views' ``series_typical`` reads a stall window the same way)."""
+        cpu = statistics.median(self.recent_cpu) if self.recent_cpu else None
         running = self.recent_running
         share = sum(running) / len(running) if running else None
         return stall_activity(
@@ -820,23 +824,23 @@ class TrendWatch:
         )
 
     def recent_gpu_activity(self) -> list[GpuActivity]:
-        """The tree's GPUs (every GPU while none is known to be the tree's), their means over
+        """The tree's GPUs (every GPU while none is known to be the tree's), their medians over
         the last samples."""
         indices = sorted(self.gpus_of_tree or self.recent_gpus)
         return [
             GpuActivity(
                 index,
-                _mean([u for u, _, _ in self.recent_gpus.get(index, ())]),
-                _mean([p for _, p, _ in self.recent_gpus.get(index, ())]),
-                _mean([limit for _, _, limit in self.recent_gpus.get(index, ())]),
+                _median([u for u, _, _ in self.recent_gpus.get(index, ())]),
+                _median([p for _, p, _ in self.recent_gpus.get(index, ())]),
+                _median([limit for _, _, limit in self.recent_gpus.get(index, ())]),
             )
             for index in indices
         ]
 
 
-def _mean(values: list[float | None]) -> float | None:
+def _median(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
+    return statistics.median(known) if known else None
 
 
 def straggler_text(found: dict[str, Any]) -> str:
