@@ -35,7 +35,7 @@ def test_stalled_summary_says_what_to_look_at(runs: Runs) -> None:
     assert "stale_progress at " in text
     assert re.search(r"Progress stopped \d+\.\ds into the run", text)
     assert "idle while stalled" in text
-    assert "GPU utilisation while stalled: gpu0 about 0%, gpu1 about 0%" in text
+    assert "GPUs while stalled: idle (gpu0 0%, gpu1 0% utilisation)." in text
     assert "hw_slowdown" in text
     assert "tree RSS" in text
     assert text.rstrip().splitlines()[-3].strip() == "waiting for the other ranks (all_reduce)..."

@@ -224,6 +224,10 @@ class SoakMetrics:
         self.rank_cpu: dict[int, float] = {}
         self.gpus: dict[str, _Gpu] = {}
         self.degraded: dict[str, bool] = dict.fromkeys(SAMPLERS, False)
+        #: (gpu index, uuid, Xid code) -> Xid errors seen; (gpu index, uuid) -> 1 once a fault
+        #: that fails a run was seen on that GPU (0 for every other GPU sampled).
+        self.xid_errors: dict[tuple[str, str, str], int] = {}
+        self.gpu_faulted: dict[tuple[str, str], bool] = {}
         self.growth_bytes_per_second: float | None = None
         self.projected_exhaustion: float | None = None
         #: Called after each event that changes what a textfile should say.
@@ -285,6 +289,8 @@ class SoakMetrics:
             self._fold_ranks(event.get("processes") or [])
         elif kind == "gpu_sample":
             self._fold_gpus(event)
+        elif kind == "gpu_fault":
+            self._fold_gpu_fault(event)
         elif kind == "sampler_degraded":
             self.degraded[str(event.get("sampler"))] = True
         elif kind == "sampler_recovered":
@@ -300,7 +306,13 @@ class SoakMetrics:
             self.finished_t = t
         else:
             return
-        if self.on_change is not None and kind in ("sample", "started", "finished", "failure"):
+        if self.on_change is not None and kind in (
+            "sample",
+            "started",
+            "finished",
+            "failure",
+            "gpu_fault",
+        ):
             self.on_change()
 
     def _fold_stale_limit(self, event: Mapping[str, Any]) -> None:
@@ -308,6 +320,15 @@ class SoakMetrics:
         limit = _number(event.get("stale_limit_seconds"))
         if limit is not None:
             self.stale_limit = limit
+
+    def _fold_gpu_fault(self, event: Mapping[str, Any]) -> None:
+        index = event.get("gpu")
+        key = ("" if index is None else str(index), str(event.get("uuid") or ""))
+        if event.get("xid") is not None:
+            xid = (*key, str(event["xid"]))
+            self.xid_errors[xid] = self.xid_errors.get(xid, 0) + 1
+        if event.get("fails"):
+            self.gpu_faulted[key] = True
 
     def _fold_ranks(self, processes: Iterable[Mapping[str, Any]]) -> None:
         """Each rank's CPU (its process and the workers that inherit its rank)."""
@@ -567,6 +588,7 @@ class SoakMetrics:
                 )
             )
         rows.extend(self._gpu_rows())
+        rows.extend(self._gpu_health_rows())
         rows.append(
             (
                 "asyncsoak_sampler_degraded",
@@ -620,6 +642,44 @@ class SoakMetrics:
                     "gauge",
                     "1 for each clock event reason active on the GPU (NVML's names).",
                     throttle,
+                )
+            )
+        return rows
+
+    def _gpu_health_rows(self) -> list[Row]:
+        """The Xid counter by code and the fault gauge per GPU, labelled as dcgm-exporter
+        labels GPUs (``gpu``, ``UUID``), so PromQL joins with its series."""
+        soak = ("soak_id", self.soak_id)
+        faulted = {(index, gpu.uuid): False for index, gpu in self.gpus.items()}
+        faulted.update(self.gpu_faulted)
+        rows: list[Row] = []
+        if faulted:
+            rows.append(
+                (
+                    "asyncsoak_gpu_fault",
+                    "gauge",
+                    "1 once the GPU reported a fault that fails a run (an Xid that fails, an "
+                    "uncorrectable ECC error, a row remap pending or failed, the GPU lost).",
+                    [
+                        ("asyncsoak_gpu_fault", (("UUID", uuid), ("gpu", index), soak), float(bad))
+                        for (index, uuid), bad in sorted(faulted.items())
+                    ],
+                )
+            )
+        if self.xid_errors:
+            rows.append(
+                (
+                    "asyncsoak_gpu_xid_errors",
+                    "counter",
+                    "Xid errors the kernel logged for the GPU, by Xid code.",
+                    [
+                        (
+                            "asyncsoak_gpu_xid_errors_total",
+                            (("UUID", uuid), ("gpu", index), soak, ("xid", xid)),
+                            float(count),
+                        )
+                        for (index, uuid, xid), count in sorted(self.xid_errors.items())
+                    ],
                 )
             )
         return rows
@@ -725,6 +785,8 @@ SOAK_METRIC_NAMES = frozenset(
         "asyncsoak_memory_projected_exhaustion_timestamp_seconds",
         *_GPU_HELP,
         "asyncsoak_gpu_throttle",
+        "asyncsoak_gpu_fault",
+        "asyncsoak_gpu_xid_errors_total",
         "asyncsoak_sampler_degraded",
     }
 )

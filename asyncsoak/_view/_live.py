@@ -512,6 +512,8 @@ class _FinishedLine(TypedDict, total=False):
 
 #: Samples of the tree's memory kept for its live trend (the last ones; about 10 minutes at 1 s).
 TREND_POINTS = 600
+#: GPU faults the live line names at most.
+MAX_GPU_FAULT_ALERTS = 2
 #: Samples needed before a trend is shown.
 TREND_MIN_POINTS = 10
 #: Processes whose memory is followed for the full screen's trends (the largest ones).
@@ -538,6 +540,8 @@ class LiveState:
     exited: bool = False
     stopping: str | None = None
     failures: list[str] = field(default_factory=list)
+    #: Short texts of the GPU faults that fail a run (``GPU FAULT gpu0 Xid 79``), first ones.
+    gpu_faults: list[str] = field(default_factory=list)
     warnings: int = 0
     finished: str | None = None
     last_progress: float | None = None
@@ -624,6 +628,10 @@ class LiveState:
                 self.warnings += 1
             case EventKind.FAILURE:
                 self.failures.append(str(cast(_FailureLine, event).get("reason")))
+            case EventKind.GPU_FAULT:
+                if event.get("fails") and len(self.gpu_faults) < MAX_GPU_FAULT_ALERTS:
+                    what = f"Xid {event['xid']}" if event.get("xid") is not None else event["fault"]
+                    self.gpu_faults.append(f"GPU FAULT gpu{event.get('gpu')} {what}")
             case EventKind.STOP:
                 self.stopping = str(cast(_StopLine, event).get("cause"))
             case EventKind.EXITED:
@@ -693,7 +701,7 @@ class LiveState:
     def alerts(self, now_epoch: float | None) -> tuple[str, ...]:
         """Short texts for the leaks and projected breaches the trends reported, one per
         series: ``LEAK pid 29987 +921.6 MiB/min, limit in 41m00s``."""
-        out = []
+        out = list(self.gpu_faults)
         for series in dict.fromkeys(key for key, _ in self.trends):
             leak = self.trends.get((series, "leak"))
             breach = self.trends.get((series, "breach_projected"))
