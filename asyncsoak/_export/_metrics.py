@@ -17,7 +17,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -330,7 +330,7 @@ class SoakMetrics:
         if event.get("fails"):
             self.gpu_faulted[key] = True
 
-    def _fold_ranks(self, processes: Iterable[Mapping[str, Any]]) -> None:
+    def _fold_ranks(self, processes: Sequence[Mapping[str, Any]]) -> None:
         """Each rank's CPU (its process and the workers that inherit its rank)."""
         cpu: dict[int, float] = {}
         for process in processes:
@@ -347,6 +347,10 @@ class SoakMetrics:
                 continue
             cpu[rank] = cpu.get(rank, 0.0) + (_scaled(process.get("cpu_percent"), 0.01) or 0.0)
         self.rank_cpu = cpu
+        # A sample lists every process of the tree: the gone ones (a data loader's workers
+        # of past epochs, a restarted rank's old process) leave room for the new.
+        alive = {int(process["pid"]) for process in processes}
+        self.rank_of = {pid: rank for pid, rank in self.rank_of.items() if pid in alive}
 
     def _fold_gpus(self, event: Mapping[str, Any]) -> None:
         gpus: dict[str, _Gpu] = {}
