@@ -11,7 +11,7 @@ import pytest
 
 from asyncsoak._record._artifact import check_artifact
 from asyncsoak._record._schema import Artifact
-from asyncsoak._view._summary import exit_text, summarize
+from asyncsoak._view._summary import SCREEN_LINES, exit_text, summarize
 
 from .conftest import asyncsoak_cli
 from .soak_runs import Runs, make_runs
@@ -40,7 +40,7 @@ def test_stalled_summary_says_what_to_look_at(runs: Runs) -> None:
     assert "tree RSS" in text
     assert text.rstrip().splitlines()[-3].strip() == "waiting for the other ranks (all_reduce)..."
     # About one screen (one line of it names the training's step, rate and loss).
-    assert len(text.splitlines()) <= 60
+    assert len(text.splitlines()) <= SCREEN_LINES
 
 
 def test_summary_json_has_the_same_facts(runs: Runs) -> None:

@@ -60,6 +60,10 @@ STATUS_HEADLINES: dict[str, str] = {
     SoakStatus.CANCELLED: "The soak was stopped on request",
     SoakStatus.ERROR: "The monitor failed",
 }
+#: The summary's height: one screen of a terminal; the log's tail is cut to keep it.
+SCREEN_LINES = 60
+#: The log lines shown however long the rest of the summary is.
+MIN_LOG_LINES = 5
 #: Throttle reasons that mean nothing is held back.
 IDLE_THROTTLE = frozenset({"gpu_idle", "none", "not_active"})
 
@@ -607,9 +611,14 @@ def format_summary(
             lines.append(f"  {_process_name(p)} state {p.get('state', '?')}")
     log = summary["log"]
     if log["last_lines"]:
+        # The log's tail gives way first when the rest is long: the summary is one screen
+        # (SCREEN_LINES), and the newest lines are the ones that explain the end.
+        closing = 2 if artifact_path else 0
+        room = SCREEN_LINES - len(lines) - 2 - closing
+        tail = log["last_lines"][-max(room, MIN_LOG_LINES) :]
         lines.append("")
         lines.append(f"Last log lines ({log.get('path')}):")
-        lines.extend("  " + _shorten(line, 160) for line in log["last_lines"])
+        lines.extend("  " + _shorten(line, 160) for line in tail)
     if artifact_path:
         lines.append("")
         lines.append(f"Plots: asyncsoak report {artifact_path}")
