@@ -30,7 +30,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TextIO, TypedDict, cast
@@ -351,6 +351,19 @@ class Status:
                 )
             )
         return _safe(pieces)
+
+    def with_progress_age(self, age: float | None) -> Status:
+        """The frame with the time since the last progress a look between the scans found
+        (``SoakControl.progress_age``), when it is fresher than the events'."""
+        if (
+            age is None
+            or self.finished
+            or self.quiet_for is None
+            or self.limit_name != "stale"
+            or age >= self.quiet_for
+        ):
+            return self
+        return replace(self, quiet_for=age)
 
     def _stall_piece(self) -> Piece | None:
         if self.quiet_for is None:
@@ -986,9 +999,12 @@ async def _drive(
     refresh: float,
     mode: str = "line",
     until_finished: bool = False,
+    refine: Callable[[Status], Status] | None = None,
 ) -> Status | None:
     """Draw what ``step`` gives every ``refresh`` seconds until cancelled (or, with
     ``until_finished``, until a finished frame was drawn); returns the last frame.
+
+    ``refine`` (blocking) completes a frame on the thread hop that draws it, just before.
 
     Returns early if the view itself fails, after one line on ``stream`` saying why; only
     cancellation propagates.
@@ -1010,7 +1026,7 @@ async def _drive(
                 if view is None:
                     # Only once the soak has started: a run refused at once draws nothing.
                     view = await in_thread(partial(make_view, stream, status_interval, mode))
-                await in_thread(partial(view.show, status))
+                last = await in_thread(partial(_show, view, status, refine))
                 if until_finished and status.finished:
                     return last
             await anyio.sleep(refresh)
@@ -1083,6 +1099,13 @@ async def watch_journal(
             tail.close()
 
 
+def _show(view: _View, status: Status, refine: Callable[[Status], Status] | None) -> Status:
+    if refine is not None:
+        status = refine(status)
+    view.show(status)
+    return status
+
+
 def _say(stream: TextIO, line: str) -> None:
     stream.write(line)
     stream.flush()
@@ -1124,9 +1147,16 @@ def live_status(
                 return None
             return feed.state.status(time.time(), time.monotonic(), current=True)
 
+        def refine(status: Status) -> Status:
+            # A stat of the files that changed last, on the draw's own thread hop: the
+            # changes of the last scan interval are known when the line is drawn.
+            look = control.progress_age
+            return status if look is None else status.with_progress_age(look())
+
         return partial(
             _drive,
             step,
+            refine=refine,
             stream=stream if stream is not None else sys.stderr,
             status_interval=status_interval,
             refresh=REFRESH_SECONDS,
