@@ -5,7 +5,9 @@ environment variables, metadata keys, options (``--token=VALUE``, ``--password V
 ``--wandb.api-key VALUE``) and ``NAME=VALUE`` overrides (Hydra's and OmegaConf's
 ``db.password=X``, ``+wandb.api_key=Y``, ``HF_TOKEN=Z`` before a command).  Such a value is
 redacted where it stands and masked wherever else it appears in free text (argv, the log
-tail, a failed job's error, hang forensics); so is a password inside a URL, whatever names it.
+tail, a failed job's error, hang forensics); so is a password inside a URL, whatever names it,
+and one in a PostgreSQL connection string (``?password=V`` in a URL, ``password=V`` in a
+keyword string: :func:`public_conninfo` drops it from a database's name altogether).
 Values shaped like well-known credentials (``hf_...``, ``AKIA...``, ``ghp_...``, ``sk-...``,
 ``Bearer ...``) are masked in free text whatever printed them.
 """
@@ -43,6 +45,11 @@ _WHITESPACE = re.compile(r"(\s+)")
 # scheme://user:password@host -> scheme://user:[redacted]@host; a password may hold a raw "/"
 # (it should be percent-encoded, but people paste what they have).
 _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<pw>[^@\s]+)(?=@)")
+# libpq's password parameter: ``?password=V&...`` in a URL, ``password=V`` or
+# ``password = 'a b'`` in a keyword string (single quotes, backslash escapes).
+_CONNINFO_PASSWORD = re.compile(
+    r"(?P<head>(?<![\w])password\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|[^\s&'\"#]+)", re.IGNORECASE
+)
 # Tokens recognisable by their shape alone: Hugging Face, AWS access key ids, GitHub, OpenAI-style
 # and Slack keys; and whatever follows "Bearer" in an Authorization header.
 _CREDENTIAL_SHAPED = re.compile(
@@ -78,7 +85,35 @@ def is_secret_name(name: str) -> bool:
 
 
 def redact_url_passwords(text: str) -> str:
-    return _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
+    """``text`` with the passwords of URLs and connection strings replaced by the mark."""
+    text = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
+    return _CONNINFO_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
+
+
+def _conninfo_passwords(text: str) -> list[str]:
+    """The passwords a URL or a connection string in ``text`` carries, unquoted."""
+    found = [m.group("pw") for m in _URL_PASSWORD.finditer(text)]
+    for match in _CONNINFO_PASSWORD.finditer(text):
+        value = match.group("pw")
+        if value.startswith("'"):
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        found.append(value)
+    return found
+
+
+def public_conninfo(db: str) -> str:
+    """A database's URL or keyword connection string without its password, in any of its
+    forms (``user:PW@``, ``?password=PW``, ``password=PW``), still naming the same database:
+    what child processes, messages and records get (the password goes as ``PGPASSWORD``)."""
+    if "://" in db:
+        url = _URL_PASSWORD.sub(lambda m: m.group("head")[:-1], db)
+        base, question, query = url.partition("?")
+        if not question:
+            return url
+        kept = [p for p in query.split("&") if p.partition("=")[0].strip().lower() != "password"]
+        return base + ("?" + "&".join(kept) if kept else "")
+    without = _CONNINFO_PASSWORD.sub("", db)
+    return " ".join(without.split()) if without != db else db
 
 
 def mask_credential_shapes(text: str) -> str:
@@ -153,9 +188,9 @@ def secret_values(*sources: Mapping[str, Any]) -> frozenset[str]:
                 continue
             if is_secret_name(str(name)) and len(value) >= _MIN_MASKED_LEN:
                 values.add(value)
-            for match in _URL_PASSWORD.finditer(value):
-                if len(match.group("pw")) >= _MIN_MASKED_LEN:
-                    values.add(match.group("pw"))
+            for password in _conninfo_passwords(value):
+                if len(password) >= _MIN_MASKED_LEN:
+                    values.add(password)
     return frozenset(values)
 
 

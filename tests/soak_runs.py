@@ -322,3 +322,18 @@ def make_runs(base: Path) -> Runs:
             killed_journal=killed_monitor_journal(base / "killed"),
         )
     return _RUNS["runs"]
+
+
+def canonical_runs(base: Path) -> dict[str, Path]:
+    """The four runs a reader meets first, by name: ``pass``, ``stall``, ``crash`` (the
+    trainer's modes) and ``leak`` (a pass keeping 8 MiB alive per step: a leak warning);
+    made once per test session however many test modules ask."""
+    if "canonical" not in _CANONICAL:
+        _CANONICAL["canonical"] = {
+            **{mode: trainer_soak(base / mode, mode) for mode in ("pass", "stall", "crash")},
+            "leak": trainer_soak(base / "leak", "pass", 40, env="LEAK_MIB=8"),
+        }
+    return _CANONICAL["canonical"]
+
+
+_CANONICAL: dict[str, dict[str, Path]] = {}

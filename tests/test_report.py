@@ -49,7 +49,6 @@ EXPECTED_TITLES = [
     "Process tree memory",
     "Machine memory",
     "GPU utilisation",
-    "GPU memory used",
     "GPU power",
     "GPU temperature",
 ]
@@ -120,10 +119,15 @@ def test_stalled_soak_report_draws_every_plot(runs: Runs, tmp_path: Path) -> Non
     # One process all along: folded into the strip, unless a sample caught the tree with
     # another (a loaded machine's slow exit), when its panel is drawn instead.
     assert "processes 1" in steady.group(1) or "Processes and threads in the tree" in titles
+    # Each GPU's memory held flat: folded too, as flat GPU lines are.
+    assert "GPU 0 memory used 39.1 GiB" in steady.group(1)
+    assert "GPU memory used" not in titles
     assert any(t.startswith("no progress for") for t in titles), titles
-    assert {"started", "SIGTERM", "stale_progress", "exit: SIGTERM"} <= set(
-        marker["labels"].split("|")
-    )
+    labels = marker["labels"].split("|")
+    assert {"started", "stale_progress", "exit: SIGTERM"} <= set(labels)
+    # The stop, the forensics and the signal fall together: one label, the signal's, with
+    # the others counted (their hovers kept), so no label is drawn over another.
+    assert any(re.fullmatch(r"SIGTERM( \+\d)?", label) for label in labels), labels
     screenshot = tmp_path / "stalled.png"
     shot = chromium(page, f"--screenshot={screenshot}", "--window-size=1400,2400")
     assert shot.returncode == 0, shot.stderr[-2000:]
@@ -140,9 +144,16 @@ def test_passing_soak_draws_the_samplers_figures(runs: Runs, tmp_path: Path) -> 
     assert marker["state"] == "rendered"
     titles = marker["titles"].split("|")
     for title in EXPECTED_TITLES:
+        if title.startswith("GPU"):
+            continue  # the fake's GPUs may hold flat through so short a run: see below
         assert title in titles, titles
     assert not any(t.startswith("no progress for") for t in titles)
-    assert "NVIDIA H200" in page.read_text()
+    text = page.read_text()
+    assert "NVIDIA H200" in text
+    steady = re.search(r'<p class="steady">(.*?)</p>', text)
+    # Every GPU figure is drawn or, flat, named in the steady strip.
+    for title, label in (("GPU utilisation", "utilisation"), ("GPU power", "power")):
+        assert title in titles or (steady is not None and f"GPU 1 {label}" in steady.group(1))
 
 
 @needs_plotly
@@ -203,7 +214,8 @@ def test_throttle_spans_come_from_the_journal(runs: Runs) -> None:
 
 
 def test_unknown_series_get_their_own_panels() -> None:
-    """Fields no panel knows are still drawn, one panel per group and unit."""
+    """Fields no panel knows are still drawn, one panel per group and unit; a size's unit is
+    left to the axis, which chooses it from the data."""
     panels = plan_panels(
         {
             "tree": {"t": [0, 1], "cpu_percent": [1, 2], "io_wait_seconds": [0, 1]},
@@ -214,7 +226,7 @@ def test_unknown_series_get_their_own_panels() -> None:
     assert titles == [
         "Process tree CPU (100% = one core)",
         "Process tree: io wait (s)",
-        "net: rx, tx (bytes)",
+        "net: rx, tx",
     ]
 
 

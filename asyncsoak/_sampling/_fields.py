@@ -59,6 +59,8 @@ _KNOWN_LABELS = {
     ("gpu_tree", "tree_gpu_processes"): "processes of the tree on a GPU",
     ("gpu_tree", "tree_gpu_memory_mib"): "GPU memory of the tree",
     ("gpu_tree", "other_gpu_memory_mib"): "GPU memory of other processes",
+    ("progress_rate", "changes_per_minute"): "file changes per minute",
+    ("progress_rate", "bytes_per_minute"): "bytes written",
 }
 _WORDS = {"cpu": "CPU", "gpu": "GPU", "sm": "SM", "rss": "RSS", "mem": "memory", "fds": "files"}
 _GPU_GROUP = re.compile(r"^gpu(\d+)$")
@@ -92,9 +94,12 @@ def group_label(group: str) -> str:
     index = gpu_index(group)
     if index is not None:
         return f"GPU {index}"
-    return {"tree": "Process tree", "machine": "Machine", "gpu_tree": "GPU use"}.get(
-        group, group.replace("_", " ")
-    )
+    return {
+        "tree": "Process tree",
+        "machine": "Machine",
+        "gpu_tree": "GPU use",
+        "progress_rate": "Progress",
+    }.get(group, group.replace("_", " "))
 
 
 def describe(group: str, name: str) -> Field:

@@ -6,14 +6,21 @@ queue shared by many hosts.  Runs live beside an SQLite database (``queue.runs/`
 user's data directory for PostgreSQL, unless ``asyncsoak worker --runs-dir`` says otherwise.
 Tables are for people (aligned, ages like "3m ago"), ``--json`` is for scripts.
 Job environment values are never printed, only their names.
+
+A database server that cannot be reached is waited for (``--wait-for-db``: for ever by a
+worker, a few seconds by the other commands); when the wait is over the command exits with
+:data:`EXIT_DB_UNAVAILABLE`, not the usage error's 2, having changed nothing.  A queue that
+does not exist yet lists as empty, and a worker creates it (``queue/_fleet.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -33,15 +40,30 @@ from .._redact import Masker, argv_secrets, secret_values
 from .._supervisor._config import STOP_MODES, seconds
 from .._terminal import terminal_text
 from .._units import format_duration
+from ..queue._fleet import (
+    COMMAND_WAIT_FOR_DB_S,
+    LOST,
+    LOST_AFTER_S,
+    PRUNE_AFTER_S,
+    WORKER_WAIT_FOR_DB_S,
+    WorkerView,
+    open_for_worker,
+    open_when_reachable,
+    worker_views,
+)
 from ..queue._models import (
     INTEGER_MAX,
     JOB_STATUSES,
     Attempt,
+    DatabaseUnreachableError,
     Job,
+    JobNotFoundError,
     QueueError,
-    WorkerInfo,
+    QueueMissingError,
+    QueueUnavailableError,
     validate_submission,
 )
+from ..queue._orphans import process_alive
 from ..queue._status import (
     CANCEL_GRACE_S,
     FAILED,
@@ -54,7 +76,7 @@ from ..queue._status import (
     WARNINGS_HEADER,
     describe_exit,
 )
-from ..queue._store import JobStore, default_data_dir, open_store
+from ..queue._store import JobStore, default_data_dir
 from . import EXIT_OK, UsageError
 from ._run import add_metrics_flags, add_soak_limits, metrics_from_args, parse_pairs, soak_limits
 from ._slurm import worker_in_allocation
@@ -63,6 +85,9 @@ _GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za
 _FOLLOW_INTERVAL_SECONDS = 0.5
 _NAME_WIDTH = 28
 _NOTE_WIDTH = 90
+#: Exit status of a queue command whose database could not be reached in time (sysexits'
+#: EX_TEMPFAIL: try again later), apart from bad usage's 2, so a service manager restarts it.
+EXIT_DB_UNAVAILABLE = 75
 
 
 def default_db() -> str:
@@ -97,6 +122,15 @@ def register(subparsers: Any) -> None:
         metavar="PATH|URL",
         help="queue database: an SQLite file, or postgresql://... for a queue shared by many "
         "hosts (default: $ASYNCSOAK_DB, else ~/.local/share/asyncsoak/queue.db)",
+    )
+    db.add_argument(
+        "--wait-for-db",
+        type=_wait_seconds,
+        default=None,
+        metavar="S",
+        help="how long to wait for a database server that cannot be reached, retrying with "
+        f"backoff ('inf': for ever; default: for ever for a worker, {COMMAND_WAIT_FOR_DB_S:g}s "
+        f"for the other commands); then exit {EXIT_DB_UNAVAILABLE}",
     )
 
     p = subparsers.add_parser(
@@ -134,36 +168,51 @@ def register(subparsers: Any) -> None:
     add_soak_limits(p)
     p.add_argument("--config", type=Path, help="a JSON config for the worker's trainer command")
     p.add_argument("command", nargs="*", help="after --: the command and its arguments")
-    p.set_defaults(handler=_submit)
+    p.set_defaults(handler=_guarded(_submit))
 
     p = subparsers.add_parser("jobs", parents=[db], help="list jobs")
     p.add_argument("--status", choices=(*JOB_STATUSES, "interrupted"), help="only these jobs")
     p.add_argument("--json", action="store_true", help="JSON for scripts")
-    p.set_defaults(handler=_jobs)
+    p.set_defaults(handler=_guarded(_jobs))
 
     p = subparsers.add_parser("job", parents=[db], help="show one job and its attempts")
     p.add_argument("id", type=_job_id)
     p.add_argument("--json", action="store_true", help="JSON for scripts")
-    p.set_defaults(handler=_job)
+    p.set_defaults(handler=_guarded(_job))
 
     p = subparsers.add_parser("cancel", parents=[db], help="cancel a queued or running job")
     p.add_argument("id", type=_job_id)
-    p.set_defaults(handler=_cancel)
+    p.set_defaults(handler=_guarded(_cancel))
 
     p = subparsers.add_parser("requeue", parents=[db], help="queue a finished job again")
     p.add_argument("id", type=_job_id)
-    p.set_defaults(handler=_requeue)
+    p.set_defaults(handler=_guarded(_requeue))
 
     p = subparsers.add_parser("logs", parents=[db], help="print a job's train.log")
     p.add_argument("id", type=_job_id)
     p.add_argument("--attempt", type=_job_id, metavar="K", help="which attempt (default: the last)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
     p.add_argument("--lines", "-n", type=_count_arg, metavar="N", help="only the last N lines")
-    p.set_defaults(handler=_logs)
+    p.set_defaults(handler=_guarded(_logs))
 
-    p = subparsers.add_parser("workers", parents=[db], help="list workers")
+    p = subparsers.add_parser(
+        "workers",
+        parents=[db],
+        help="list workers",
+        description="List workers: alive, stopped, or lost (silent for longer than "
+        "--stale-after, or its process gone on this host), with when each was last seen.  "
+        f"Workers gone for more than {PRUNE_AFTER_S / 3600:g}h are left out unless --all.",
+    )
     p.add_argument("--json", action="store_true", help="JSON for scripts")
-    p.set_defaults(handler=_workers)
+    p.add_argument("--all", action="store_true", help="also workers gone for long")
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=LOST_AFTER_S,
+        metavar="S",
+        help=f"heartbeat age that makes a worker lost (default {LOST_AFTER_S:g})",
+    )
+    p.set_defaults(handler=_guarded(_workers))
 
     p = subparsers.add_parser(
         "worker",
@@ -210,24 +259,69 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     add_metrics_flags(p)
-    p.set_defaults(handler=_worker)
+    p.set_defaults(handler=_guarded(_worker))
 
 
 # --- helpers ---------------------------------------------------------------------------
 
 
+def _wait_seconds(text: str) -> float:
+    """An argparse type: seconds to wait, ``inf`` for ever."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'inf', got {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 or 'inf', got {text!r}")
+    return value
+
+
+def _wait_for_db(args: argparse.Namespace, default: float = COMMAND_WAIT_FOR_DB_S) -> float:
+    wait: float | None = args.wait_for_db
+    return default if wait is None else wait
+
+
 def _open(args: argparse.Namespace, *, create: bool = False) -> JobStore:
     try:
-        return open_store(args.db or default_db(), create=create)
+        return open_when_reachable(args.db or default_db(), wait=_wait_for_db(args), create=create)
+    except (DatabaseUnreachableError, QueueUnavailableError):
+        raise
     except QueueError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def _open_existing(args: argparse.Namespace) -> JobStore | None:
+    """The queue for a command that only reads or changes what is there: None when there is
+    no queue yet (an empty queue, not an error)."""
+    try:
+        return _open(args)
+    except UsageError as exc:
+        if isinstance(exc.__cause__, QueueMissingError):
+            return None
+        raise
 
 
 def _queue_call(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
+    except QueueUnavailableError:
+        raise
     except QueueError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``handler``, exiting :data:`EXIT_DB_UNAVAILABLE` when its database cannot be reached."""
+
+    @functools.wraps(handler)
+    def guarded(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except (DatabaseUnreachableError, QueueUnavailableError) as exc:
+            print(terminal_text(f"asyncsoak: error: {exc}"), file=sys.stderr)
+            return EXIT_DB_UNAVAILABLE
+
+    return guarded
 
 
 def _age(ts: float | None, now: float) -> str:
@@ -382,10 +476,15 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        jobs = _queue_call(lambda: store.jobs(args.status))
-        # Ages against the queue's clock (the database's on PostgreSQL), not this host's.
-        now = _queue_call(store.now)
+    store = _open_existing(args)
+    if store is None:
+        jobs: list[Job] = []
+        now = time.time()
+    else:
+        with store:
+            jobs = _queue_call(lambda: store.jobs(args.status))
+            # Ages against the queue's clock (the database's on PostgreSQL), not this host's.
+            now = _queue_call(store.now)
     if args.json:
         _print_json([job.to_public_dict() for job in jobs])
         return EXIT_OK
@@ -412,7 +511,7 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _job(args: argparse.Namespace) -> int:
-    with _open(args) as store:
+    with _existing_for(args) as store:
         job = _queue_call(lambda: store.get(args.id))
         attempts = _queue_call(lambda: store.attempts(args.id))
         now = _queue_call(store.now)
@@ -552,8 +651,16 @@ def _log_elsewhere(job: Job, a: Attempt, path: Path) -> str:
     return f"job {job.id} attempt {a.attempt}: no log at {path}"
 
 
+def _existing_for(args: argparse.Namespace) -> JobStore:
+    """The queue holding job ``args.id``; no queue at all holds no job either."""
+    store = _open_existing(args)
+    if store is None:
+        raise UsageError(str(JobNotFoundError(args.id)))
+    return store
+
+
 def _cancel(args: argparse.Namespace) -> int:
-    with _open(args) as store:
+    with _existing_for(args) as store:
         job = _queue_call(lambda: store.cancel(args.id))
     if job.status == "cancelled":
         print(f"job {job.id} cancelled")
@@ -567,7 +674,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _requeue(args: argparse.Namespace) -> int:
-    with _open(args) as store:
+    with _existing_for(args) as store:
         job = _queue_call(lambda: store.requeue(args.id))
     print(f"job {job.id} queued again")
     return EXIT_OK
@@ -576,7 +683,7 @@ def _requeue(args: argparse.Namespace) -> int:
 def _logs(args: argparse.Namespace) -> int:
     if args.lines is not None and args.lines < 0:
         raise UsageError("--lines must be at least 0")
-    with _open(args) as store:
+    with _existing_for(args) as store:
         job = _queue_call(lambda: store.get(args.id))
         attempts = store.attempts(args.id)
         if not attempts:
@@ -631,40 +738,70 @@ def _follow(f: Any, masker: Masker, running: Callable[[], bool]) -> None:
 
 
 def _workers(args: argparse.Namespace) -> int:
-    with _open(args) as store:
-        workers = _queue_call(store.workers)
-        now = _queue_call(store.now)
+    try:
+        seconds("--stale-after", args.stale_after)
+    except ValidationError as exc:
+        raise UsageError(str(exc)) from None
+    views: list[WorkerView] = []
+    pruned, now = 0, time.time()
+    store = _open_existing(args)
+    if store is not None:
+        with store:
+            workers = _queue_call(store.workers)
+            running = [job for job, _holder in _queue_call(store.running)]
+            now = _queue_call(store.now)
+        views, pruned = worker_views(
+            workers,
+            running,
+            now,
+            lost_after=args.stale_after,
+            show_all=args.all,
+            this_host=socket.gethostname(),
+            process_alive=process_alive,
+        )
     if args.json:
-        _print_json([_worker_dict(w, now) for w in workers])
+        _print_json([_worker_dict(v) for v in views])
         return EXIT_OK
-    if not workers:
+    if not views:
         print("no workers")
-        return EXIT_OK
-    rows = [
-        [
-            w.name,
-            w.host,
-            str(w.pid),
-            _age(w.started_at, now),
-            _age(w.heartbeat_at, now),
-            _worker_state(w, now),
-            "-" if w.job_id is None else str(w.job_id),
+    else:
+        rows = [
+            [
+                v.info.name,
+                v.info.host,
+                str(v.info.pid),
+                _age(v.info.started_at, now),
+                _age(v.last_seen, now),
+                _worker_state_text(v, now),
+                ",".join(map(str, v.jobs)) or "-",
+            ]
+            for v in views
         ]
-        for w in workers
-    ]
-    headers = ["NAME", "HOST", "PID", "STARTED", "HEARTBEAT", "STATE", "JOB"]
-    print(_table(headers, rows, right=(2,)))
+        headers = ["NAME", "HOST", "PID", "STARTED", "LAST SEEN", "STATE", "JOB"]
+        print(_table(headers, rows, right=(2,)))
+    if pruned:
+        print(
+            f"({_count(pruned, 'worker')} gone for more than {PRUNE_AFTER_S / 3600:g}h not shown: "
+            "--all lists them)"
+        )
     return EXIT_OK
 
 
-def _worker_state(w: WorkerInfo, now: float) -> str:
-    if w.stopped_at is not None:
-        return "stopped"
-    return "stale" if now - w.heartbeat_at > STALE_AFTER_S else "alive"
+def _worker_state_text(v: WorkerView, now: float) -> str:
+    if v.state == LOST:
+        return f"lost (last seen {_when(v.last_seen, now)})"
+    return v.state
 
 
-def _worker_dict(w: WorkerInfo, now: float) -> dict[str, Any]:
-    return {**dataclasses.asdict(w), "state": _worker_state(w, now)}
+def _worker_dict(v: WorkerView) -> dict[str, Any]:
+    # "job_id" is the job the jobs table says it holds: a job taken over is its new worker's.
+    return {
+        **dataclasses.asdict(v.info),
+        "state": v.state,
+        "last_seen": v.last_seen,
+        "job_id": v.jobs[0] if v.jobs else None,
+        "jobs": v.jobs,
+    }
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -687,7 +824,22 @@ def _worker(args: argparse.Namespace) -> int:
 
     from ..queue._worker import _prepare_runs_dir, default_runs_dir
 
-    with _open(args) as store:
+    db = args.db or default_db()
+    try:
+        # Workers first: a queue that does not exist yet is created, a server that is not
+        # up yet waited for.
+        store = open_for_worker(
+            db,
+            wait=_wait_for_db(args, WORKER_WAIT_FOR_DB_S),
+            default_location=args.db is None and not os.environ.get("ASYNCSOAK_DB"),
+        )
+    except (DatabaseUnreachableError, QueueUnavailableError):
+        raise
+    except QueueError as exc:
+        raise UsageError(str(exc)) from exc
+    except KeyboardInterrupt:
+        return 130
+    with store:
         runs_dir = (args.runs_dir or default_runs_dir(store)).absolute()
         _queue_call(lambda: _prepare_runs_dir(runs_dir))
         try:
@@ -696,9 +848,14 @@ def _worker(args: argparse.Namespace) -> int:
             inner: BaseException = group
             while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
                 inner = inner.exceptions[0]
+            # The database gone again before the worker registered: try again later (75).
+            if isinstance(inner, QueueUnavailableError):
+                raise inner from group
             # A metrics port already taken is found once the worker starts: still exit 2.
             if isinstance(inner, QueueError | ValidationError):
                 raise UsageError(str(inner)) from inner
+            raise
+        except QueueUnavailableError:
             raise
         except (QueueError, ValidationError) as exc:
             raise UsageError(str(exc)) from exc

@@ -11,11 +11,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._models import Attempt as Attempt
+from ._models import DatabaseUnreachableError as DatabaseUnreachableError
 from ._models import Job as Job
 from ._models import JobNotFoundError as JobNotFoundError
 from ._models import JobStateError as JobStateError
 from ._models import QueueDatabaseError as QueueDatabaseError
 from ._models import QueueError as QueueError
+from ._models import QueueMissingError as QueueMissingError
 from ._models import QueueUnavailableError as QueueUnavailableError
 from ._models import WorkerInfo as WorkerInfo
 from ._models import WorkerNameInUseError as WorkerNameInUseError
@@ -58,6 +60,7 @@ __all__ = [
     "TAIL_BYTES",
     "TRAIN_CMD",
     "Attempt",
+    "DatabaseUnreachableError",
     "Job",
     "JobNotFoundError",
     "JobStateError",
@@ -66,6 +69,7 @@ __all__ = [
     "PostgresStore",
     "QueueDatabaseError",
     "QueueError",
+    "QueueMissingError",
     "QueueUnavailableError",
     "SqliteStore",
     "WorkerInfo",

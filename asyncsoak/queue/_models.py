@@ -49,6 +49,16 @@ class QueueDatabaseError(QueueError):
         super().__init__(f"queue database {path}: {problem}")
 
 
+class QueueMissingError(QueueDatabaseError):
+    """The database holds no queue yet (an SQLite file not created, a PostgreSQL database
+    without the queue's schema): readers show an empty queue, workers create it."""
+
+
+class DatabaseUnreachableError(QueueDatabaseError):
+    """The database server cannot be reached (down, booting, cut off): a worker waits for it
+    (``--wait-for-db``), the other commands for a few seconds."""
+
+
 class QueueUnavailableError(QueueError):
     """The database cannot be reached now (locked past the busy timeout, connection lost):
     the call changed nothing and may be tried again later."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -26,6 +27,7 @@ from typing import Any
 
 import anyio
 
+from .._redact import public_conninfo, redact_url_passwords
 from ._models import (
     ATTEMPT_COLUMNS,
     BACKOFF_MAX_SECONDS,
@@ -39,10 +41,12 @@ from ._models import (
     TERMINAL_STATUSES,
     WORKER_COLUMNS,
     Attempt,
+    DatabaseUnreachableError,
     Job,
     JobNotFoundError,
     JobStateError,
     QueueDatabaseError,
+    QueueMissingError,
     QueueUnavailableError,
     Submission,
     WorkerInfo,
@@ -156,19 +160,33 @@ def _conninfo(db: str) -> dict[str, str]:
     try:
         params = conninfo_to_dict(db)
     except Exception as exc:  # psycopg.ProgrammingError: the URL cannot be parsed
-        raise QueueDatabaseError(_public_location(db), f"is not a valid URL ({exc})") from exc
+        # libpq quotes the words it could not parse, which may be a password's.
+        detail = _QUOTED.sub('"…"', redact_url_passwords(str(exc)))
+        raise QueueDatabaseError(public_conninfo(db), f"is not a valid URL ({detail})") from None
     return {k: str(v) for k, v in params.items() if v is not None}
 
 
-def _public_location(db: str) -> str:
-    """``db`` without its password (a URL's ``user:password@``), for messages."""
-    head, sep, rest = db.partition("://")
-    if not sep:
-        return db
-    userinfo, at, hostpart = rest.partition("@")
-    if at and ":" in userinfo and "/" not in userinfo:
-        return f"{head}://{userinfo.split(':', 1)[0]}@{hostpart}"
-    return db
+_QUOTED = re.compile(r'"[^"]*"')
+#: What a server says while it cannot take connections yet (or for now): worth waiting for.
+#: Any other refusal from the server itself ("FATAL:": no such database or role, a bad
+#: password) needs a person, not a retry.
+_TRANSIENT_REFUSALS = (
+    "starting up",
+    "shutting down",
+    "in recovery mode",
+    "not yet accepting connections",
+    "not accepting connections",
+    "too many clients",
+    "remaining connection slots",
+)
+
+
+def unreachable(detail: str) -> bool:
+    """Whether a failed connection attempt (libpq's message) is worth retrying: the server
+    was not reached, or said it cannot take connections for now."""
+    if "FATAL:" not in detail:
+        return True
+    return any(phrase in detail for phrase in _TRANSIENT_REFUSALS)
 
 
 class PostgresStore(JobStore):
@@ -191,7 +209,7 @@ class PostgresStore(JobStore):
             import psycopg
         except ImportError as exc:
             raise QueueDatabaseError(
-                _public_location(db),
+                public_conninfo(db),
                 "PostgreSQL needs psycopg: pip install 'asyncsoak[postgres]'",
             ) from exc
         self._psycopg = psycopg
@@ -199,17 +217,20 @@ class PostgresStore(JobStore):
         self.busy_timeout = busy_timeout
         params = _conninfo(db)
         self.password = params.pop("password", None)
-        self.location = _public_location(db)
+        self.location = public_conninfo(db)
         self._params = params
         self._lock = threading.RLock()
         self._conn: Any = None
         self._backoff = BACKOFF_MIN_SECONDS
         self._retry_at = 0.0
         self._closed = False
+        #: Whether this store created the queue's schema (a fresh database, ``create``).
+        self.created = False
         try:
             conn = self._connect()
         except QueueUnavailableError as exc:
-            raise QueueDatabaseError(self.location, f"cannot connect: {exc.detail}") from None
+            error = DatabaseUnreachableError if unreachable(exc.detail) else QueueDatabaseError
+            raise error(self.location, f"cannot connect: {exc.detail}") from None
         try:
             self._migrate(conn, create)
         except QueueDatabaseError:
@@ -340,7 +361,7 @@ class PostgresStore(JobStore):
     def _check_version(self, version: int | None, create: bool) -> int:
         if version is None:
             if not create:
-                raise QueueDatabaseError(
+                raise QueueMissingError(
                     self.location, "holds no job queue (submit a job first, or check --db)"
                 )
             return 0
@@ -357,14 +378,26 @@ class PostgresStore(JobStore):
         # the advisory lock, then reads the version again (another worker may have done it).
         if self._check_version(self._schema_version(conn), create) == SCHEMA_VERSION:
             return
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            version = self._check_version(self._schema_version(conn), create)
-            for statements in _MIGRATIONS[version:]:
-                for statement in statements:
-                    conn.execute(statement)
-            if version < SCHEMA_VERSION:
-                conn.execute(f"UPDATE {SCHEMA}.schema_version SET version = %s", (SCHEMA_VERSION,))
+        # The session's lock, taken before the transaction: a transaction that began before
+        # the lock was granted could read the catalog as it was then (a schema just created
+        # by another worker not seen) and create it again.
+        conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        try:
+            with conn.transaction():
+                found = self._schema_version(conn)
+                self.created = found is None
+                version = self._check_version(found, create)
+                for statements in _MIGRATIONS[version:]:
+                    for statement in statements:
+                        conn.execute(statement)
+                if version < SCHEMA_VERSION:
+                    conn.execute(
+                        f"UPDATE {SCHEMA}.schema_version SET version = %s", (SCHEMA_VERSION,)
+                    )
+        finally:
+            # A broken connection releases the lock itself, and its error is the one to see.
+            with contextlib.suppress(self._psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
 
     # --- the command line's side ---------------------------------------------------------
 

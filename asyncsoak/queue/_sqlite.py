@@ -10,12 +10,18 @@ method call, so none is held while a child runs.
 Fencing: each claim increments the job's ``attempt``; every later write by the worker names
 ``(id, attempt, worker)`` and checks the row count, so a worker that lost its job (declared
 an orphan, taken over) can never overwrite a newer attempt.
+
+Wake-ups: a submit or a requeue touches the wake-up file beside the database
+(``queue.db-wake``) once its transaction commits; an idle worker of the same host watches that
+file with inotify and claims at once.  Polling stays the fallback (no inotify, a file it cannot
+watch, a submit from another host of a shared directory).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import tempfile
@@ -25,6 +31,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import anyio
+import anyio.abc
 
 from ._models import (
     ATTEMPT_COLUMNS,
@@ -41,6 +50,7 @@ from ._models import (
     JobNotFoundError,
     JobStateError,
     QueueDatabaseError,
+    QueueMissingError,
     QueueUnavailableError,
     Submission,
     WorkerInfo,
@@ -52,8 +62,12 @@ from ._models import (
 from ._status import INTERRUPTED, Outcome
 from ._store import JobStore
 
+_log = logging.getLogger("asyncsoak.queue")
+
 #: ``PRAGMA application_id`` of a queue database ("asok").
 APPLICATION_ID = 0x61736F6B
+#: Beside ``queue.db``, the file whose touch wakes its idle workers: ``queue.db-wake``.
+WAKE_SUFFIX = "-wake"
 MOUNTINFO = Path("/proc/self/mountinfo")
 #: Filesystems on which SQLite's WAL (shared memory, POSIX locks) is unsafe.
 NETWORK_FILESYSTEMS = frozenset(
@@ -296,9 +310,7 @@ class SqliteStore(JobStore):
                     "empty); check --db, or remove the file to start a new queue",
                 )
         elif not create:
-            raise QueueDatabaseError(
-                self.path, "does not exist (submit a job first, or check --db)"
-            )
+            raise QueueMissingError(self.path, "does not exist (submit a job first, or check --db)")
         directory = self.path.parent
         if directory.is_dir():
             fstype = filesystem_type(directory, mountinfo)
@@ -413,6 +425,7 @@ class SqliteStore(JobStore):
             )
             job_id = cursor.lastrowid
         assert job_id is not None
+        self._wake_workers()
         return job_id
 
     def get(self, job_id: int) -> Job:
@@ -478,6 +491,7 @@ class SqliteStore(JobStore):
                 "WHERE id = ?",
                 (job_id,),
             )
+        self._wake_workers()
         return self.get(job_id)
 
     def workers(self) -> list[WorkerInfo]:
@@ -634,3 +648,52 @@ class SqliteStore(JobStore):
             (worker, self.clock(), job.id, job.attempt, job.worker, job.heartbeat_at),
         )
         return row is not None
+
+    # --- wake-ups ----------------------------------------------------------------------------
+
+    @property
+    def wake_path(self) -> Path:
+        """The file whose touch wakes this queue's idle workers (see the module docstring)."""
+        return self.path.with_name(self.path.name + WAKE_SUFFIX)
+
+    def _wake_workers(self) -> None:
+        """Touch the wake-up file (opened for writing and closed: inotify's CLOSE_WRITE).
+        A file that cannot be touched costs only promptness: the workers' poll finds the job."""
+        with contextlib.suppress(OSError):
+            os.close(os.open(self.wake_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
+
+    async def listen(
+        self,
+        wake: Callable[[str], None],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call ``wake("submit")`` whenever the wake-up file is touched, until cancelled;
+        returns at once (the poll alone finds jobs) where it cannot be watched."""
+        from .._sampling._inotify import Inotify
+
+        try:
+            watcher = Inotify()
+        except OSError as exc:
+            _log.info(
+                "queue database %s: no inotify (%s); new jobs found by polling", self.location, exc
+            )
+            task_status.started()
+            return
+        try:
+            await anyio.to_thread.run_sync(self._wake_workers)
+            if not await anyio.to_thread.run_sync(watcher.watch_file, self.wake_path):
+                _log.info(
+                    "queue database %s: cannot watch %s; new jobs found by polling",
+                    self.location,
+                    self.wake_path,
+                )
+                task_status.started()
+                return
+            task_status.started()
+            while True:
+                await anyio.wait_readable(watcher.fd)
+                if watcher.read(self.wake_path):
+                    wake("submit")
+        finally:
+            watcher.close()

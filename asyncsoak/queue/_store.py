@@ -8,14 +8,16 @@ worker makes about an attempt is fenced on ``(id, attempt, worker)`` with its ro
 checked, so a worker that lost its job can never overwrite a newer attempt.
 
 ``JobStore(db)`` (or :func:`open_store`) opens the backend ``db`` names: a
-``postgresql://`` / ``postgres://`` URL, or ``postgresql:`` for libpq's ``PG*`` variables,
-is PostgreSQL; anything else is the path of an SQLite file.
+``postgresql://`` / ``postgres://`` URL, ``postgresql:`` for libpq's ``PG*`` variables, or a
+keyword string (``host=db1 dbname=queue``) is PostgreSQL; anything else is the path of an
+SQLite file.
 """
 
 from __future__ import annotations
 
 import abc
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,20 @@ from ._models import (
 )
 from ._status import Outcome
 
+#: A libpq keyword connection string ("host=db1 dbname=queue user=me"): it starts with one
+#: of libpq's keywords and "=", which no sensible SQLite file name does.
+_KEYWORD_CONNINFO = re.compile(
+    r"^\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options"
+    r"|connect_timeout|application_name|target_session_attrs)\s*="
+)
+
 
 def is_postgres(db: str | os.PathLike[str]) -> bool:
-    """Whether ``db`` names a PostgreSQL database rather than an SQLite file."""
-    return isinstance(db, str) and db.startswith(("postgresql:", "postgres:"))
+    """Whether ``db`` names a PostgreSQL database rather than an SQLite file: a URL, or a
+    keyword connection string."""
+    return isinstance(db, str) and (
+        db.startswith(("postgresql:", "postgres:")) or bool(_KEYWORD_CONNINFO.match(db))
+    )
 
 
 def default_data_dir() -> Path:

@@ -337,7 +337,8 @@ class _Worker:
         ran = 0
         try:
             async with anyio.create_task_group() as tg:
-                await tg.start(self.store.listen, self._on_notify)
+                if not once:  # a draining worker never waits for a job: nothing to hear
+                    await tg.start(self.store.listen, self._on_notify)
                 tg.start_soon(self._beat)
                 while not (self.stop_event.is_set() or self.kill_event.is_set()):
                     # A fresh event before the claim: a job submitted after the claim found

@@ -17,7 +17,7 @@ from ..._analysis._trendwatch import TREE_MEMORY_SERIES
 from ..._record._artifact import EVENTS_HEAD
 from ..._record._schema import Artifact, series_times
 from ..._record._vocabulary import EventKind, FailureReason
-from ..._sampling._fields import Field, format_value, gpu_index, group_label
+from ..._sampling._fields import Field, gpu_index, group_label
 from ..._timestamps import parse_iso
 from ..._units import format_duration
 from .._evidence import (
@@ -35,6 +35,9 @@ from ._panels import (
     STEADY_SHARE,
     Panel,
     Scale,
+    field_label,
+    field_unit,
+    format_in_unit,
     group_sort_key,
     other_title,
     plan_panels,
@@ -57,6 +60,18 @@ PROCESS_LINES = 4
 
 #: A liveness limit more than this many times the longest gap is not drawn to scale.
 LIMIT_HEADROOM = 4.0
+
+#: A lane label's width, estimated: pixels per character at its size (12 px), and pixels of
+#: its marker and the gap beside it.
+LABEL_CHAR_PX = 7.5
+LABEL_MARKER_PX = 16
+
+#: The narrowest plot the lane's labels are laid out for (a 1400 px window draws about
+#: 1240 px): labels closer than their width there are merged into one.
+LANE_PLOT_PX = 1100
+
+#: Which label names a merged group of marks: the lowest rank (the rest are in its hover).
+LABEL_RANK = {"leak": 0, "OOM kill": 0, "breach ahead": 1, "warning": 2, "sampler": 3}
 
 COLORS = {
     "progress": "#2ca02c",
@@ -144,14 +159,16 @@ class Timeline:
         self.marks = self._marks()
         self.throttle = self._throttle_spans()
         self.panel_titles: list[str] = []
+        #: The unit each drawn panel's axis got, by panel key.
+        self.panel_units: dict[str, str] = {}
 
     # -- data ---------------------------------------------------------------------------
 
     def values(self, f: Field) -> list[float | None]:
-        """A field's values as drawn: counters as rates per second, in their panel's unit."""
+        """A field's values as drawn: counters as rates per second."""
         series = self.series[f.group]
         if (f.group, f.name) in COUNTERS:
-            return _rates(series["t"], series[f.name], 2**20)
+            return _rates(series["t"], series[f.name])
         return list(series[f.name])
 
     def _is_steady(self, f: Field) -> bool:
@@ -161,13 +178,17 @@ class Timeline:
 
     def _fold_steady(self, planned: list[Panel]) -> list[Panel]:
         """The panels with their flat lines taken out (into ``steady``); a panel left with
-        none is not drawn.  ALWAYS_DRAWN and the GPU panels are drawn whole."""
+        none is not drawn.  ALWAYS_DRAWN panels are drawn whole (flat CPU or memory is itself
+        a finding).  A reference line (a power limit, a memory total) stays beside a line
+        that moves, and is folded with the rest when none does."""
         panels = []
         for panel in planned:
-            if panel.key in ALWAYS_DRAWN or panel.is_gpu:
+            if panel.key in ALWAYS_DRAWN:
                 panels.append(panel)
                 continue
-            moving = [f for f in panel.fields if not self._is_steady(f)]
+            moving = [f for f in panel.fields if not _is_reference(f) and not self._is_steady(f)]
+            if moving:
+                moving = [f for f in panel.fields if f in moving or _is_reference(f)]
             self.steady.extend(f for f in panel.fields if f not in moving)
             if moving:
                 known = panel.title and moving == panel.fields
@@ -184,11 +205,9 @@ class Timeline:
             values = [v for v in self.values(f) if v is not None]
             if not values:
                 continue
-            unit = "MiB/s" if (f.group, f.name) in COUNTERS else f.unit
-            value = values[-1]
-            shown = f"{value:.2g} MiB/s" if unit == "MiB/s" else format_value(value, unit)
-            who = "" if f.group == "tree" else f"{group_label(f.group).lower()} "
-            items.append(f"{who}{f.label} {f.qualifier}".strip() + f" {shown}")
+            shown = format_in_unit(values[-1], field_unit(f))
+            who = "" if f.group == "tree" else f"{group_label(f.group)} "
+            items.append(f"{who}{field_label(f)} {shown}")
         return " · ".join(items)
 
     def x(self, t: float) -> float:
@@ -373,6 +392,41 @@ class Timeline:
 
     # -- figure -------------------------------------------------------------------------
 
+    def lane_marks(self, lane: str) -> list[_Mark]:
+        """The lane's marks as drawn: marks whose labels or markers would overlap are merged
+        into one, labelled by the most telling of them with ``+N``, every hover kept."""
+        per_px = self.duration * 1.02 / LANE_PLOT_PX
+        groups = [[m] for m in sorted((m for m in self.marks if m.lane == lane), key=_time)]
+        merging = True
+        while merging:
+            # A label drawn to the left can reach past its neighbour: any two groups whose
+            # drawn spans meet are merged, until none do.
+            spans = [self._label_span(_merged(group), per_px) for group in groups]
+            pairs = (
+                (i, j)
+                for i in range(len(groups))
+                for j in range(i + 1, len(groups))
+                if _overlaps(spans[i], spans[j])
+            )
+            pair = next(pairs, None)
+            merging = pair is not None
+            if pair is not None:
+                i, j = pair
+                groups[i] = sorted(groups[i] + groups.pop(j), key=_time)
+        return [_merged(group) for group in groups]
+
+    def _label_span(self, mark: _Mark, per_px: float) -> tuple[float, float]:
+        """The time span a mark's marker and label cover on the lane."""
+        width = (len(mark.label) * LABEL_CHAR_PX + LABEL_MARKER_PX) * per_px
+        half = LABEL_MARKER_PX / 2 * per_px
+        if self._label_left(mark):
+            return mark.t - width, mark.t + half
+        return mark.t - half, mark.t + width
+
+    def _label_left(self, mark: _Mark) -> bool:
+        """Labels past 60 % of the run are written to the left of their mark."""
+        return mark.t > self.duration * 0.6
+
     def lanes(self) -> list[str]:
         order = ["progress", "command", "monitor", "failure", "notes"]
         used = {m.lane for m in self.marks} | {"progress", "command"}
@@ -453,7 +507,7 @@ class Timeline:
                 col=1,
             )
         for lane in lanes:
-            marks = [m for m in self.marks if m.lane == lane]
+            marks = self.lane_marks(lane)
             if not marks:
                 continue
             fig.add_trace(
@@ -463,8 +517,7 @@ class Timeline:
                     mode="markers+text",
                     text=[plot_text(m.label) for m in marks],
                     textposition=[
-                        "middle left" if m.t > self.duration * 0.6 else "middle right"
-                        for m in marks
+                        "middle left" if self._label_left(m) else "middle right" for m in marks
                     ],
                     textfont={"size": 12, "color": [m.color for m in marks]},
                     marker={
@@ -649,6 +702,7 @@ class Timeline:
         for _, _, ys in processes:
             peak = max([peak, *(v for v in ys if v is not None)])
         scale = scale_for(panel.unit, peak)
+        self.panel_units[panel.key] = scale.unit
         legend = f"legend{row}"
         gpu_colors = {
             g: PALETTE[i % len(PALETTE)]
@@ -668,7 +722,7 @@ class Timeline:
             else:
                 color = PALETTE[i % len(PALETTE)]
                 name = label
-            dash = "dot" if any(w in f.name for w in ("limit", "total")) else "solid"
+            dash = "dot" if _is_reference(f) else "solid"
             ys = [None if v is None else v / scale.divisor for v in self.values(f)]
             fig.add_trace(
                 scatter(
@@ -757,7 +811,7 @@ class Timeline:
         base = self.baseline_series[f.group]
         values: Sequence[float | None] = base[f.name]
         if (f.group, f.name) in COUNTERS:
-            values = _rates(base["t"], values, 2**20)
+            values = _rates(base["t"], values)
         fig.add_trace(
             scatter(
                 x=[self.x(t) for t in base["t"]],
@@ -962,11 +1016,39 @@ def _vline(x: float, color: str, dash: str, width: float, opacity: float) -> dic
     }
 
 
-def _rates(
-    times: Sequence[float], counter: Sequence[float | None], divisor: float
-) -> list[float | None]:
-    """A counter's rate per second between samples (divided by ``divisor``); a counter that
-    went down (a process left the tree, taking its count) gives no rate there."""
+def _time(mark: _Mark) -> float:
+    return mark.t
+
+
+def _merged(group: Sequence[_Mark]) -> _Mark:
+    """One mark for a group: the most telling one's, at its time, ``+N`` the others."""
+    if len(group) == 1:
+        return group[0]
+    labelled = [m for m in group if m.label] or list(group)
+    lead = min(labelled, key=lambda m: LABEL_RANK.get(m.label, 2 if m.dash is None else 1))
+    return _Mark(
+        lead.t,
+        lead.lane,
+        f"{lead.label} +{len(group) - 1}" if lead.label else "",
+        "\n\n".join(m.hover for m in group),
+        lead.color,
+        lead.symbol,
+        lead.dash,
+    )
+
+
+def _overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def _is_reference(f: Field) -> bool:
+    """A limit or a total: drawn dotted beside the line it bounds."""
+    return any(word in f.name for word in ("limit", "total"))
+
+
+def _rates(times: Sequence[float], counter: Sequence[float | None]) -> list[float | None]:
+    """A counter's rate per second between samples; a counter that went down (a process
+    left the tree, taking its count) gives no rate there."""
     out: list[float | None] = [None]
     for i in range(1, len(counter)):
         before, after = counter[i - 1], counter[i]
@@ -974,7 +1056,7 @@ def _rates(
         if before is None or after is None or dt <= 0 or after < before:
             out.append(None)
         else:
-            out.append((after - before) / dt / divisor)
+            out.append((after - before) / dt)
     return out
 
 

@@ -9,6 +9,7 @@ from ... import __version__
 from ..._errors import AsyncsoakError
 from ..._record._artifact import FILE_MODE
 from ..._record._schema import Artifact
+from .._status import status_words
 from .._summary import summarize
 from ._assets import STYLE
 from ._detail import journal_detail_for
@@ -84,7 +85,7 @@ def render_report(
         log_html(artifact),
         _footer_html(artifact, source),
     ]
-    title = f"{artifact['status'].upper()}: {summary['headline']}"
+    title = f"{status_words(summary['status'])}: {summary['headline']}"
     return PAGE.format(
         title=html.escape(title),
         style=STYLE,

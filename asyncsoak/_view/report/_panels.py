@@ -10,6 +10,8 @@ from typing import Any
 from ..._sampling._fields import (
     Field,
     describe,
+    format_bytes,
+    format_value,
     gpu_index,
 )
 
@@ -44,6 +46,9 @@ PANELS = (
         (("tree", "processes"), ("tree", "threads")),
     ),
     _PanelSpec(
+        "machine_cpu", "Machine CPU (100% = every core)", "%", (("machine", "cpu_percent"),)
+    ),
+    _PanelSpec(
         "machine_memory",
         "Machine memory",
         "bytes",
@@ -55,15 +60,21 @@ PANELS = (
     ),
     _PanelSpec(
         "tree_io",
-        "Process tree I/O (MiB/s)",
-        "MiB/s",
+        "Process tree I/O: reads and writes per second",
+        "bytes/s",
         (("tree", "read_bytes"), ("tree", "write_bytes")),
     ),
     _PanelSpec(
         "progress_rate",
-        "Progress rate (changes per minute)",
-        "",
+        "Progress rate: file changes per minute",
+        "changes/min",
         (("progress_rate", "changes_per_minute"),),
+    ),
+    _PanelSpec(
+        "progress_bytes",
+        "Progress: bytes written to the progress directory per minute",
+        "bytes/min",
+        (("progress_rate", "bytes_per_minute"),),
     ),
     _PanelSpec("disk_free", "Disk free", "bytes", (("machine", "disk_free_bytes*"),)),
     _PanelSpec("gpu_util", "GPU utilisation", "%", (("gpu", "utilization_gpu_percent"),)),
@@ -79,10 +90,23 @@ PANELS = (
 
 
 #: Group kinds as panel titles name them.
-KIND_TITLES = {"tree": "Process tree", "machine": "Machine", "gpu": "GPU", "gpu_tree": "GPU use"}
+KIND_TITLES = {
+    "tree": "Process tree",
+    "machine": "Machine",
+    "gpu": "GPU",
+    "gpu_tree": "GPU use",
+    "progress_rate": "Progress",
+}
 
-#: Counters that count up from the start: drawn as rates (their panel's unit per second).
+#: Counters that count up from the start: drawn as rates (bytes per second).
 COUNTERS = frozenset({("tree", "read_bytes"), ("tree", "write_bytes")})
+
+#: Fields that are already rates, by the unit they are drawn in (their name's unit is
+#: ``bytes``, its qualifier ``per minute``).
+RATES = {("progress_rate", "bytes_per_minute"): "bytes/min"}
+
+#: Units whose axis is scaled from the data (B, KiB, MiB, GiB, TiB), by their suffix.
+BYTE_UNITS = {"bytes": "", "MiB": "", "bytes/s": "/s", "bytes/min": "/min"}
 
 #: Fields left out when the field beside them is there: the same fact in another unit.
 SAME_AS = {("machine", "memory_percent"): ("machine", "memory_used_bytes")}
@@ -154,11 +178,41 @@ def plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[Panel
 
 
 def other_title(panel: Panel) -> str:
-    """``Machine: CPU (all cores), swap (%)``: the group kind, the fields and the unit."""
+    """``Machine: CPU (all cores), swap (%)``: the group kind, the fields and the unit.
+
+    A size's unit is left to the axis, which chooses it from the data (a title saying MiB
+    above a GiB axis would contradict it).
+    """
     kind = panel.fields[0].kind
-    labels = list(dict.fromkeys(f"{f.label} {f.qualifier}".strip() for f in panel.fields))
+    labels = list(dict.fromkeys(field_label(f) for f in panel.fields))
     what = ", ".join(labels[:4]) + (", ..." if len(labels) > 4 else "")
-    return f"{KIND_TITLES.get(kind, kind)}: {what}" + (f" ({panel.unit})" if panel.unit else "")
+    unit = "" if panel.unit in BYTE_UNITS else panel.unit
+    return f"{KIND_TITLES.get(kind, kind.replace('_', ' '))}: {what}" + (
+        f" ({unit})" if unit else ""
+    )
+
+
+def field_unit(f: Field) -> str:
+    """The unit a field is drawn in: counters as rates, rates in their own unit."""
+    if (f.group, f.name) in COUNTERS:
+        return "bytes/s"
+    return RATES.get((f.group, f.name), f.unit)
+
+
+def field_label(f: Field) -> str:
+    """``bytes written``, ``memory used``: the label and its qualifier, less what the unit
+    already says (a rate's ``per minute``)."""
+    if (f.group, f.name) in RATES:
+        return f.label
+    return f"{f.label} {f.qualifier}".strip()
+
+
+def format_in_unit(value: float, unit: str) -> str:
+    """``3.0 KiB/min``, ``1.2 MiB/s``, ``95%``: a value in a field's drawn unit."""
+    if unit in BYTE_UNITS:
+        base = value * 2**20 if unit == "MiB" else value
+        return format_bytes(base) + BYTE_UNITS[unit]
+    return format_value(value, unit)
 
 
 def group_sort_key(group: str) -> tuple[int, int, str]:
@@ -175,9 +229,18 @@ class Scale:
     unit: str
 
 
+#: The sizes an axis of bytes is drawn in, largest first.
+_SIZES = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
 def scale_for(unit: str, peak: float) -> Scale:
-    if unit == "bytes":
-        return Scale(2**30, "GiB") if peak >= 2**30 else Scale(2**20, "MiB")
-    if unit == "MiB":
-        return Scale(1024, "GiB") if peak >= 1024 else Scale(1, "MiB")
-    return Scale(1, unit)
+    """One unit for a whole axis, the largest its peak reaches (a size: B to TiB)."""
+    if unit not in BYTE_UNITS:
+        return Scale(1, unit)
+    # Values in MiB (nvidia-smi's) are scaled as the bytes they stand for.
+    per = 2**20 if unit == "MiB" else 1
+    suffix = BYTE_UNITS[unit]
+    for name, size in _SIZES:
+        if peak * per >= size:
+            return Scale(size / per, name + suffix)
+    return Scale(1 / per, "B" + suffix)

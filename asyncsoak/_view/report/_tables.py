@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import json
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from .._evidence import (
     innermost_python_frame,
     rate_text,
 )
+from .._status import is_pass, status_words
 from .._summary import exit_text, oom_killer
 
 if TYPE_CHECKING:
@@ -31,10 +32,11 @@ COMMAND_SHOWN = 240
 
 
 def verdict_html(summary: Mapping[str, Any]) -> str:
+    # The status people read: a pass with warnings is ``passed_with_warnings``, amber.
     status = str(summary["status"])
     parts = [
         f'<header id="verdict" class="verdict {html.escape(status)}">',
-        f'<span class="badge">{html.escape(status.upper())}</span>',
+        f'<span class="badge">{html.escape(status_words(status))}</span>',
         f"<h1>{html.escape(summary['headline'])}</h1>",
     ]
     for i, reason in enumerate(summary["reasons"]):
@@ -63,7 +65,7 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
     evidence = summary["evidence"]
     rows: list[str] = []
     if evidence["cause"]:
-        label = "Warning" if summary["status"] == SoakStatus.PASSED else "Cause"
+        label = "Warning" if is_pass(summary["status"]) else "Cause"
         where = evidence["where"]
         text = f"<b>{html.escape(evidence['cause'])}</b>"
         if where and where not in evidence["cause"]:
@@ -373,10 +375,11 @@ def events_html(artifact: Artifact) -> str:
             return ""
         return (start + timedelta(seconds=t)).astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
 
-    def row(kind: str, t: float, what: str, detail: str) -> None:
+    def row(kind: str, t: float, what: str, detail: str | Fields) -> None:
+        cell = detail.html() if isinstance(detail, Fields) else html.escape(detail)
         rows.append(
             f'<tr class="{html.escape(kind)}"><td>{format_duration(t)}</td><td>{wall(t)}</td>'
-            f"<td>{html.escape(what)}</td><td>{html.escape(detail)}</td></tr>"
+            f"<td>{html.escape(what)}</td><td>{cell}</td></tr>"
         )
 
     i = 0
@@ -425,7 +428,59 @@ def events_html(artifact: Artifact) -> str:
     )
 
 
-def _event_text(artifact: Artifact, event: Mapping[str, Any]) -> tuple[str, str]:
+class Fields:
+    """An event's other keys, shown as named fields (sizes, durations and nested keys read
+    for people), never as JSON."""
+
+    #: Fields shown at most, and items of a list.
+    SHOWN = 16
+    ITEMS = 5
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.items = list(_flat_fields(values))
+
+    def html(self) -> str:
+        shown = self.items[: self.SHOWN]
+        more = len(self.items) - len(shown)
+        cells = "".join(
+            f'<span class="field"><span class="name">{html.escape(name)}</span> '
+            f"{html.escape(value)}</span>"
+            for name, value in shown
+        )
+        return f'<span class="fields">{cells}</span>' + (f" (+{more} more)" if more else "")
+
+
+def _flat_fields(
+    values: Mapping[str, Any], prefix: str = "", outer: str = ""
+) -> Iterator[tuple[str, str]]:
+    """(name, text) of every set value; a nested object's keys as ``outer inner``, read in
+    the outer key's unit (``disk_total_bytes: {progress: N}``)."""
+    for key, value in values.items():
+        name = f"{prefix}{key}".replace("_", " ")
+        if value is None or value == [] or value == {}:
+            continue
+        if isinstance(value, Mapping):
+            yield from _flat_fields(value, f"{prefix}{key} ", str(key))
+        else:
+            yield name, _field_text(outer or str(key), value)
+
+
+def _field_text(key: str, value: Any) -> str:
+    if isinstance(value, list):
+        items = [_field_text(key, v) for v in value[: Fields.ITEMS]]
+        return ", ".join(items) + (", ..." if len(value) > Fields.ITEMS else "")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if key.endswith("_bytes"):
+        return format_value(float(value), "bytes")
+    if key.endswith("_seconds"):
+        return format_duration(float(value))
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _event_text(artifact: Artifact, event: Mapping[str, Any]) -> tuple[str, str | Fields]:
     kind = str(event["kind"])
     if kind == EventKind.STARTED:
         return "started", f"pid {event.get('pid')} (reaper {event.get('reaper_pid')})"
@@ -454,8 +509,15 @@ def _event_text(artifact: Artifact, event: Mapping[str, Any]) -> tuple[str, str]
         return "forensics", f"{event.get('processes')} process(es) recorded (see Forensics)"
     if kind == EventKind.OOM_KILL:
         return "OOM kill", f"pid {event.get('pid')} ({event.get('name')}): {event.get('message')}"
-    rest = {k: v for k, v in event.items() if k not in ("t", "kind")}
-    return kind, json.dumps(rest, default=str)[:300]
+    if kind == EventKind.TREND:
+        return f"trend: {event.get('verdict')}", f"{event.get('series')}: {event.get('message')}"
+    if kind == EventKind.EXCEPTION:
+        return "exception", f"{event.get('type')}: {event.get('message')} ({event.get('where')})"
+    return kind.replace("_", " "), Fields({k: v for k, v in event.items() if k not in _OWN})
+
+
+#: Keys every event has, shown in their own columns.
+_OWN = frozenset({"t", "kind"})
 
 
 def _stop_text(stop: Mapping[str, Any]) -> str:

@@ -1,0 +1,215 @@
+"""What a fleet of workers needs from the queue: workers that start before any job (and
+before their database), and the truth about workers that died.
+
+- :func:`open_for_worker` opens the queue a worker serves, creating it when it does not
+  exist yet (a fresh PostgreSQL database gets the schema, under an advisory lock; an SQLite
+  path whose directory exists gets a new file) and saying so once in the log, so a typo in
+  ``--db`` still shows.
+- :func:`open_when_reachable` waits for a database server that cannot be reached yet (down,
+  booting, cut off), retrying with backoff and logging once per :data:`DB_WAIT_REPORT_S`.
+- :func:`worker_views` decides what ``asyncsoak workers`` shows: a worker whose heartbeat is
+  older than the limit (or whose process is gone, on this host) is ``lost``, with the time it
+  was last seen; a job is shown under the worker the jobs table names, never a stale claim;
+  workers gone for :data:`PRUNE_AFTER_S` are left out unless asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._models import (
+    BACKOFF_MAX_SECONDS,
+    BACKOFF_MIN_SECONDS,
+    DatabaseUnreachableError,
+    Job,
+    QueueDatabaseError,
+    QueueMissingError,
+    WorkerInfo,
+)
+from ._status import STALE_AFTER_S
+from ._store import JobStore, is_postgres, open_store
+
+_log = logging.getLogger("asyncsoak.queue")
+
+#: While a database cannot be reached, one log line per this many seconds says so.
+DB_WAIT_REPORT_S = 30.0
+#: How long ``submit``, ``jobs`` and the other short commands wait for a database server
+#: that cannot be reached (``--wait-for-db``); a worker waits for ever by default.
+COMMAND_WAIT_FOR_DB_S = 5.0
+WORKER_WAIT_FOR_DB_S = math.inf
+#: A worker whose heartbeat is older than this is ``lost`` (it heartbeats every ``--poll``
+#: seconds, 5 by default): the orphan limit of its jobs, ``--stale-after``.
+LOST_AFTER_S = STALE_AFTER_S
+#: Lost and stopped workers last seen longer ago than this are left out of ``asyncsoak
+#: workers`` (``--all`` lists them).
+PRUNE_AFTER_S = 24 * 3600.0
+
+ALIVE = "alive"
+LOST = "lost"
+STOPPED = "stopped"
+
+
+def open_when_reachable(
+    db: str,
+    *,
+    wait: float,
+    create: bool = False,
+    sleep: Callable[[float], None] = time.sleep,
+    **options: Any,
+) -> JobStore:
+    """Open ``db``, waiting up to ``wait`` seconds (``math.inf``: for ever) for a server that
+    cannot be reached yet; backs off from :data:`BACKOFF_MIN_SECONDS` to
+    :data:`BACKOFF_MAX_SECONDS` between attempts.  Raises the last
+    :class:`DatabaseUnreachableError` when the wait is over; any other refusal at once."""
+    deadline = time.monotonic() + wait
+    backoff = BACKOFF_MIN_SECONDS
+    first_failure: float | None = None
+    next_report = 0.0
+    while True:
+        try:
+            store = open_store(db, create=create, **options)
+        except DatabaseUnreachableError as exc:
+            now = time.monotonic()
+            if first_failure is None:
+                first_failure = now
+            if now >= deadline:
+                raise
+            if now >= next_report:
+                until = "for ever" if math.isinf(wait) else f"up to {wait:g}s"
+                _log.warning(
+                    "queue database %s cannot be reached (%s); waiting %s, retrying with "
+                    "backoff (%.0fs so far)",
+                    exc.path,
+                    exc.problem,
+                    until,
+                    now - first_failure,
+                )
+                next_report = now + DB_WAIT_REPORT_S
+            sleep(min(backoff, max(0.0, deadline - now)))
+            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+            continue
+        except QueueDatabaseError as exc:
+            # Reached, and refused (no queue there yet, a newer schema...): it came all the same.
+            _say_reached(exc.path, first_failure)
+            raise
+        _say_reached(store.location, first_failure)
+        return store
+
+
+def _say_reached(where: object, first_failure: float | None) -> None:
+    if first_failure is not None:
+        _log.warning(
+            "queue database %s reached after %.0fs", where, time.monotonic() - first_failure
+        )
+
+
+def open_for_worker(db: str, *, wait: float, default_location: bool = False) -> JobStore:
+    """The queue a worker serves, created if it does not exist yet (see the module).
+
+    An SQLite path is created only where its directory exists (``default_location``: the
+    default path, whose directory is made): a typo in ``--db`` is refused, not served."""
+    if not is_postgres(db):
+        path = Path(db).expanduser()
+        if not path.exists():
+            if not path.parent.is_dir() and not default_location:
+                raise QueueDatabaseError(
+                    path,
+                    f"its directory {path.parent} does not exist (check --db; a worker creates "
+                    "a new queue only in an existing directory)",
+                )
+            store = open_store(db, create=True)
+            _log.warning(
+                "queue database %s did not exist: created an empty queue; waiting for jobs "
+                "(check --db if you expected an existing queue)",
+                store.location,
+            )
+            return store
+        return open_store(db, create=True)
+    try:
+        return open_when_reachable(db, wait=wait, create=False)
+    except QueueMissingError:
+        pass
+    # Every worker of a fleet may get here at once: the store creates the schema under an
+    # advisory lock, once; the others find it made.
+    store = open_when_reachable(db, wait=wait, create=True)
+    if getattr(store, "created", False):
+        _log.warning(
+            "queue database %s held no job queue: created its schema; waiting for jobs "
+            "(check --db if you expected an existing queue)",
+            store.location,
+        )
+    return store
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """A worker as ``asyncsoak workers`` shows it."""
+
+    info: WorkerInfo
+    #: ``alive``, ``lost`` (silent past the limit, or its process gone) or ``stopped``.
+    state: str
+    #: Its last heartbeat (or its stop): when it was last known to be there.
+    last_seen: float
+    #: The running jobs the jobs table says it holds (a job taken over is its new worker's).
+    jobs: list[int] = field(default_factory=list)
+
+
+def worker_state(
+    worker: WorkerInfo,
+    now: float,
+    *,
+    lost_after: float = LOST_AFTER_S,
+    this_host: str | None = None,
+    process_alive: Callable[[int, int | None], bool] | None = None,
+) -> str:
+    """``stopped``, ``lost`` or ``alive``: a worker is lost once its heartbeat is older than
+    ``lost_after``, or at once when it ran on ``this_host`` and its process is gone."""
+    if worker.stopped_at is not None:
+        return STOPPED
+    if now - worker.heartbeat_at > lost_after:
+        return LOST
+    gone_here = (
+        process_alive is not None
+        and worker.host == this_host
+        and not process_alive(worker.pid, worker.pid_start)
+    )
+    if gone_here:
+        return LOST
+    return ALIVE
+
+
+def worker_views(
+    workers: Iterable[WorkerInfo],
+    running: Iterable[Job],
+    now: float,
+    *,
+    lost_after: float = LOST_AFTER_S,
+    prune_after: float = PRUNE_AFTER_S,
+    show_all: bool = False,
+    this_host: str | None = None,
+    process_alive: Callable[[int, int | None], bool] | None = None,
+) -> tuple[list[WorkerView], int]:
+    """The workers to show, and how many were left out as gone for longer than
+    ``prune_after``."""
+    held: dict[str, list[int]] = {}
+    for job in running:
+        if job.worker is not None:
+            held.setdefault(job.worker, []).append(job.id)
+    shown: list[WorkerView] = []
+    pruned = 0
+    for w in workers:
+        state = worker_state(
+            w, now, lost_after=lost_after, this_host=this_host, process_alive=process_alive
+        )
+        last_seen = w.heartbeat_at if w.stopped_at is None else max(w.heartbeat_at, w.stopped_at)
+        if state != ALIVE and now - last_seen > prune_after and not show_all:
+            pruned += 1
+            continue
+        shown.append(WorkerView(w, state, last_seen, sorted(held.get(w.name, []))))
+    return shown, pruned
