@@ -26,6 +26,7 @@ from .._analysis._trendwatch import TREE_MEMORY_SERIES
 from .._errors import ValidationError, ValidationTypeError
 from .._record._exit_codes import verdict_exit_code
 from .._record._vocabulary import SoakStatus
+from .._redact import redact_url_passwords
 from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
 from .._timestamps import epoch
 from .._units import MAX_SECONDS
@@ -338,9 +339,13 @@ class SoakMetrics:
         """The soak as a dashboard's selector shows it: ``resnet on gpu-node-3, 2026-12-02
         00:37 UTC`` (the job name, the host, the start)."""
         started = self.started_at.replace("T", " ")[:16]
-        return _label_text(
-            f"{self.job_name or '?'} on {self.host}" + (f", {started} UTC" if started else "")
-        )
+        where = " " + _label_text(f"on {self.host}" + (f", {started} UTC" if started else ""))
+        # A long job name is shortened, never the host and the start that tell soaks apart.
+        room = max(TITLE_NAME_MIN, TITLE_LABEL_MAX - len(where))
+        name = self.job_name or "?"
+        if len(name) > room:
+            name = name[: room - 1] + "…"
+        return _label_text(name + where)
 
     def elapsed(self) -> float | None:
         """Seconds since the soak started on the events' clock; frozen once it finished."""
@@ -581,6 +586,8 @@ class SoakMetrics:
 
 #: Interpreters whose first argument names the program (``python train.py``).
 _INTERPRETERS = ("python", "python3", "bash", "sh", "uv", "torchrun", "accelerate", "deepspeed")
+#: Characters of the job name a title keeps at least (the host and the start are kept).
+TITLE_NAME_MIN = 24
 #: Characters a label shown in a dashboard's selector keeps at most.
 TITLE_LABEL_MAX = 120
 
@@ -607,7 +614,9 @@ def program_name(command: list[str]) -> str:
 def _label_text(value: object) -> str:
     """A label a dashboard shows in a selector: one line, no double quote (Grafana's
     variable regex reads the label out of ``query_result``'s text), bounded."""
-    text = " ".join(str(value).split()).replace('"', "'")
+    # A job name is the user's free text (SLURM's comes from the environment): a URL's
+    # password in it is masked as in the artifact.
+    text = redact_url_passwords(" ".join(str(value).split())).replace('"', "'")
     return text[:TITLE_LABEL_MAX]
 
 
