@@ -191,6 +191,21 @@ def test_a_run_without_a_job_name_is_named_by_its_program(command: list[str], na
     assert program_name(command) == name
 
 
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        (["shred", "-u", "notes.py"], "shred"),
+        (["sha256sum", "weights.py"], "sha256sum"),
+        (["bash", "-e", "scripts/train.sh"], "train.sh"),
+        (["python3.11", "train.py"], "train.py"),
+    ],
+)
+def test_only_an_interpreter_is_named_by_its_script(command: list[str], name: str) -> None:
+    """A program whose name merely starts like an interpreter's (shred, sha256sum) is named
+    itself; a shell script run by bash is named by the script."""
+    assert program_name(command) == name
+
+
 def test_the_soak_info_labels_carry_no_password_and_are_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -584,8 +585,9 @@ class SoakMetrics:
         return families(self.rows())
 
 
-#: Interpreters whose first argument names the program (``python train.py``).
-_INTERPRETERS = ("python", "python3", "bash", "sh", "uv", "torchrun", "accelerate", "deepspeed")
+#: Interpreters whose script names the program (``python train.py``), a Python's version
+#: aside (``python3.11``); ``shred`` or ``sha256sum`` are no shell.
+_INTERPRETER = re.compile(r"(?:python|pypy)[\d.]*|bash|sh|uv|torchrun|accelerate|deepspeed")
 #: Characters of the job name a title keeps at least (the host and the start are kept).
 TITLE_NAME_MIN = 24
 #: Characters a label shown in a dashboard's selector keeps at most.
@@ -598,7 +600,7 @@ def program_name(command: list[str]) -> str:
     if not command:
         return ""
     name = os.path.basename(command[0])
-    if not name.startswith(_INTERPRETERS):
+    if not _INTERPRETER.fullmatch(name):
         return name
     rest = command[1:]
     for i, arg in enumerate(rest):
@@ -606,7 +608,7 @@ def program_name(command: list[str]) -> str:
             return name  # an inline script has no name
         if arg == "-m" and i + 1 < len(rest):
             return rest[i + 1]
-        if arg.endswith(".py"):
+        if arg.endswith((".py", ".sh")):
             return os.path.basename(arg)
     return name
 
