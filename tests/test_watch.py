@@ -215,3 +215,48 @@ def test_watch_reads_a_rotated_journal_from_its_first_segment(tmp_path: Path) ->
     assert followed.returncode == 0, followed.stderr
     last = followed.stdout.splitlines()[-1]
     assert last == f"asyncsoak: PASSED WITH WARNINGS; no artifact at {tmp_path / 'soak.json'}"
+
+
+def test_watch_behind_the_journal_reads_to_its_end_before_calling_the_monitor_gone(
+    tmp_path: Path,
+) -> None:
+    """The monitor wrote a long backlog, its verdict, and let go of its journal while the
+    view was seconds behind (a loaded machine): watch reads to the end and gives the
+    verdict; it does not call the monitor gone."""
+    import fcntl
+    import os
+
+    from asyncsoak._record._journal import JournalEncoder
+
+    encoder = JournalEncoder()
+    journal = tmp_path / "soak.jsonl"
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    header = {"t": 0.0, "kind": "header", "started_at": now, "config": {}}
+    journal.write_text(encoder.encode(header) + encoder.encode({"t": 0.1, "kind": "started"}))
+    lock = os.open(journal, os.O_RDONLY)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # as the monitor holds it
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "asyncsoak", "watch", str(journal), "--status-interval", "60"],
+        cwd=tmp_path,
+        env=CLI_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert "starting" in _readline(watch, time.monotonic() + 30)
+        # 80 MiB of progress (the view reads 4 MiB a refresh: ten seconds of reading).
+        line = encoder.encode({"t": 1.0, "kind": "progress", "changed": 1, "paths": ["x" * 2**16]})
+        with journal.open("a") as f:
+            for _ in range(80 * 2**20 // len(line)):
+                f.write(line)
+            f.write(encoder.encode({"t": 2.0, "kind": "finished", "status": "passed"}))
+        os.close(lock)  # the monitor is done
+        out, errors = watch.communicate(timeout=60)
+    finally:
+        if watch.returncode is None:
+            watch.kill()
+            watch.communicate()
+    assert watch.returncode == 0, out + errors
+    assert "is gone" not in out
+    assert out.splitlines()[-1] == f"asyncsoak: PASSED; no artifact at {tmp_path / 'soak.json'}"

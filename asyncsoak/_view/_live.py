@@ -86,6 +86,13 @@ class JournalTail:
         #: In the middle of a line longer than any event, dropped up to its end.
         self._skipping = False
         self._decoder = JournalDecoder()
+        #: Reads begun so far, and the number of the last one that found nothing new, the
+        #: journal read to its end: a read begun after a moment that finds nothing means that
+        #: all written before that moment was read (and folded: there was nothing to fold).
+        self.reads_begun = 0
+        self.last_read_to_end = 0
+        #: Whether the last chunk read reached the end of the file.
+        self._at_end = True
 
     def close(self) -> None:
         if self._file is not None:
@@ -93,6 +100,15 @@ class JournalTail:
             self._file = None
 
     def read(self) -> list[dict[str, Any]]:
+        self.reads_begun += 1
+        number = self.reads_begun
+        self._at_end = True
+        events = self._read()
+        if not events and self._at_end:
+            self.last_read_to_end = number
+        return events
+
+    def _read(self) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         if self._file is not None and os.fstat(self._file.fileno()).st_size < self._offset:
             # Truncated: a new soak took the path over.
@@ -137,6 +153,9 @@ class JournalTail:
         assert self._file is not None
         self._file.seek(self._offset)
         data = self._file.read(READ_CHUNK)
+        # A last line without its end yet (or ever, from a monitor that died mid-write) is
+        # the end too: nothing more can be read now.
+        self._at_end = len(data) < READ_CHUNK
         if self._skipping:
             end = data.find(b"\n") + 1
             self._offset += end or len(data)
@@ -145,7 +164,10 @@ class JournalTail:
         complete = data[: data.rfind(b"\n") + 1]
         if not complete and len(data) == READ_CHUNK:
             # One line longer than a read: read on to its end, as far as a line may go.
-            data += self._file.readline(max(1, MAX_LINE_BYTES + 1 - len(data)))
+            wanted = max(1, MAX_LINE_BYTES + 1 - len(data))
+            rest = self._file.readline(wanted)
+            data += rest
+            self._at_end = len(rest) < wanted and not rest.endswith(b"\n")
             if data.endswith(b"\n"):
                 complete = data
             elif len(data) > MAX_LINE_BYTES:

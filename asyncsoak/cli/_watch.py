@@ -233,22 +233,34 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
                 )
                 tg.cancel_scope.cancel()
 
+            async def held() -> bool:
+                return await run_blocking(
+                    monitor_holds,
+                    journal,
+                    timeout=VIEW_CALL_TIMEOUT_SECONDS,
+                    what="a look at the journal's lock",
+                )
+
             async def check_monitor() -> None:
                 nonlocal monitor_gone
+                #: The view's reads begun when the monitor was first seen gone.
+                released: int | None = None
                 while True:
                     await anyio.sleep(MONITOR_CHECK_SECONDS)
-                    held = await run_blocking(
-                        monitor_holds,
-                        journal,
-                        timeout=VIEW_CALL_TIMEOUT_SECONDS,
-                        what="a look at the journal's lock",
-                    )
-                    if not held:
-                        # One more look: the finished line and the lock's release race.
-                        await anyio.sleep(MONITOR_CHECK_SECONDS)
-                        if state.finished is None:
-                            monitor_gone = True
-                            tg.cancel_scope.cancel()
+                    if await held():
+                        released = None
+                        continue
+                    if released is None:
+                        # A second look first (a segment's rotation without hard links leaves
+                        # the path missing for a moment).
+                        released = tail.reads_begun
+                        continue
+                    # Gone, once the view read to the journal's end after it let go: the view
+                    # may be seconds behind (a loaded machine, a backlog), and the verdict is
+                    # there if the monitor gave one (the view then ends with it).
+                    if state.finished is None and tail.last_read_to_end > released:
+                        monitor_gone = True
+                        tg.cancel_scope.cancel()
                         return
 
             tg.start_soon(view)
