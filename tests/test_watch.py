@@ -245,10 +245,10 @@ def test_watch_behind_the_journal_reads_to_its_end_before_calling_the_monitor_go
     )
     try:
         assert "starting" in _readline(watch, time.monotonic() + 30)
-        # 80 MiB of progress (the view reads 4 MiB a refresh: ten seconds of reading).
+        # 48 MiB of progress (the view reads 4 MiB a refresh: six seconds of reading).
         line = encoder.encode({"t": 1.0, "kind": "progress", "changed": 1, "paths": ["x" * 2**16]})
         with journal.open("a") as f:
-            for _ in range(80 * 2**20 // len(line)):
+            for _ in range(48 * 2**20 // len(line)):
                 f.write(line)
             f.write(encoder.encode({"t": 2.0, "kind": "finished", "status": "passed"}))
         os.close(lock)  # the monitor is done
