@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncsoak._view._live import FINAL_VERDICT_ROWS
+
 from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
 from .soak_runs import killed_monitor_journal, run_args
 
@@ -260,3 +262,36 @@ def test_watch_behind_the_journal_reads_to_its_end_before_calling_the_monitor_go
     assert watch.returncode == 0, out + errors
     assert "is gone" not in out
     assert out.splitlines()[-1] == f"asyncsoak: PASSED; no artifact at {tmp_path / 'soak.json'}"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rich") is None, reason="needs the live extra")
+def test_the_full_screens_last_frame_leaves_room_for_the_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last frame of the full screen, on a 100x30 terminal, is shorter than the terminal
+    by the verdict's lines printed after it: its first row (the verdict so far) stays on
+    screen instead of being scrolled off."""
+    import io
+
+    from asyncsoak._view._live import LiveState, RichView
+
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv("LINES", "30")
+    log = tmp_path / "soak.log"
+    log.write_text("".join(f"step {i}\n" for i in range(200)))
+    state = LiveState()
+    header = {"t": 0, "kind": "header", "started_at": "2026-01-01T00:00:00Z", "config": {}}
+    for event in [
+        header | {"log_path": str(log)},
+        {"t": 0.1, "kind": "started", "pid": 1},
+        {"t": 2.0, "kind": "progress", "changed": 1},
+        {"t": 9.0, "kind": "finished", "status": "passed"},
+    ]:
+        state.add(event)
+    stream = io.StringIO()
+    view = RichView(stream, screen=True)
+    view.close(state.status(0.0))
+    frame = stream.getvalue().rstrip("\n").splitlines()
+    assert "finished: passed" in frame[0], frame
+    assert len(frame) <= 30 - FINAL_VERDICT_ROWS, frame
+    assert frame[-1].startswith("step 199"), frame

@@ -902,12 +902,14 @@ class RichView:
         )
         self._live.start()
 
-    def _render(self, status: Status) -> Any:
+    def _render(self, status: Status, *, last: bool = False) -> Any:
         width, height = self._console.size
         if self._screen:
             from ._screen import render_screen
 
-            return render_screen(status, width, height)
+            # The last frame stays on the terminal with the verdict printed below it: it
+            # leaves that room, so its first rows (the verdict so far) are not scrolled off.
+            return render_screen(status, width, height - FINAL_VERDICT_ROWS if last else height)
         return render_rich(status, width)
 
     def show(self, status: Status) -> None:
@@ -915,10 +917,13 @@ class RichView:
 
     def close(self, status: Status | None) -> None:
         if status is not None:
-            self._live.update(self._render(status), refresh=True)
+            self._live.update(self._render(status, last=True), refresh=True)
         self._live.stop()
 
 
+#: Rows the full screen's last frame leaves below it for the verdict printed after it (the
+#: line of ``run`` or ``watch``, wrapped on a narrow terminal) and the shell's prompt.
+FINAL_VERDICT_ROWS = 4
 #: Columns of the bar of the quiet time against its limit.
 BAR_WIDTH = 16
 #: Between two pieces of the terminal line.
