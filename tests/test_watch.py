@@ -295,3 +295,4 @@ def test_the_full_screens_last_frame_leaves_room_for_the_verdict(
     assert "finished: passed" in frame[0], frame
     assert len(frame) <= 30 - FINAL_VERDICT_ROWS, frame
     assert frame[-1].startswith("step 199"), frame
+    assert "n/a" not in "\n".join(frame)  # never sampled: no placeholder peaks
