@@ -296,3 +296,29 @@ def test_the_full_screens_last_frame_leaves_room_for_the_verdict(
     assert len(frame) <= 30 - FINAL_VERDICT_ROWS, frame
     assert frame[-1].startswith("step 199"), frame
     assert "n/a" not in "\n".join(frame)  # never sampled: no placeholder peaks
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rich") is None, reason="needs the live extra")
+def test_the_full_screen_at_its_narrowest_keeps_its_row_labels_whole() -> None:
+    """At 60 columns (the narrowest the full screen takes), a long stall row is cut at its
+    end, never the row's label (``prog…``)."""
+    from rich.console import Console
+
+    from asyncsoak._view._live import SCREEN_MIN_COLUMNS, LiveState
+    from asyncsoak._view._screen import render_screen
+
+    state = LiveState()
+    header = {"t": 0, "kind": "header", "started_at": "2026-01-01T00:00:00Z"}
+    for event in [
+        header | {"config": {"stale_progress_seconds": 7200.0}},
+        {"t": 0.1, "kind": "started", "pid": 1},
+        *({"t": 1.0 + i, "kind": "progress", "changed": 1} for i in range(40)),
+    ]:
+        state.add(event)
+    assert state.started_at is not None
+    width = SCREEN_MIN_COLUMNS
+    console = Console(record=True, width=width, height=20, color_system=None)
+    console.print(render_screen(state.status(state.started_at + 3000.0), width, 20))
+    rows = console.export_text().splitlines()
+    assert any(row.startswith("progress  40 changes") for row in rows), rows
+    assert any(row.startswith("stall ") for row in rows), rows

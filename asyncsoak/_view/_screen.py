@@ -75,7 +75,8 @@ def render_screen(status: Status, width: int, height: int) -> Any:
         parts.append(Text(terminal_text(alert), style="bold red"))
 
     progress = Table.grid(padding=(0, 2))
-    progress.add_column(style="dim", no_wrap=True)
+    # The labels keep their width: a long row is cut at its end, not at its label.
+    progress.add_column(style="dim", no_wrap=True, min_width=len("progress"))
     progress.add_column(no_wrap=True)
     rate = status.changes_per_minute
     progress.add_row(
