@@ -18,6 +18,7 @@ from typing import Any
 
 from .._record._events import MEMORY_CGROUP_LIMITS
 from .._record._series import SeriesBuffer
+from ._activity import GpuActivity, stall_activity
 from ._trends import (
     FLOORS,
     RECENT_FRACTIONS,
@@ -69,11 +70,8 @@ SHUTDOWN_SECONDS = 0.5
 #: Progress-rate buckets: this many sample intervals, within these bounds (seconds).
 RATE_BUCKET_INTERVALS = 5
 RATE_BUCKET_BOUNDS = (0.5, 60.0)
-#: A tree is busy, not waiting, above these (percent of one core; GPU utilisation), as a
-#: mean over the last ``ACTIVITY_SAMPLES`` samples: a waiting tree uses next to nothing, and a
-#: spinning one on a loaded machine gets a share of a core, not all of it.
-BUSY_CPU_PERCENT = 5.0
-BUSY_GPU_PERCENT = 10.0
+#: What a stalled tree was doing is judged (``_activity``) on the mean of its last this many
+#: samples.
 ACTIVITY_SAMPLES = 10
 #: The tree's judged memory, by preference (the first the sample has), with what it measures:
 #: anonymous + shared memory, counted once (PSS, ``--detailed-memory``) or per process; RSS
@@ -221,14 +219,18 @@ class TrendWatch:
         #: rank -> since when it has been behind; and the stragglers found, by rank.
         self._behind_since: dict[str, float] = {}
         self.stragglers: dict[str, dict[str, Any]] = {}
-        self.recent_gpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
+        #: GPU index -> its last (utilisation, power, power limit) readings.
+        self.recent_gpus: dict[int, deque[tuple[float | None, float | None, float | None]]] = {}
         self.uninterruptible: list[str] = []
+        #: Whether a process of the tree was running or runnable, in each recent sample.
+        self.recent_running: deque[bool] = deque(maxlen=ACTIVITY_SAMPLES)
         self.peak_tree_rss: int | None = None
         self.peak_machine_used: int | None = None
         #: Series -> what the live judgement said of it (``trend`` events): when a leak was
         #: first called, and when (if) it was withdrawn.
         self.live_calls: dict[str, dict[str, float | None]] = {}
-        # Progress rate.
+        # Progress rate: file changes, and the training steps' own rate when they are written.
+        self.step_rate = SeriesBuffer()
         self.rate = SeriesBuffer()
         self._rate_start: float | None = None
         self._rate_changes = 0
@@ -322,11 +324,18 @@ class TrendWatch:
                 f"disk.{label}.free_bytes", "bytes", f"free space of the {label} filesystem", "down"
             ).add(t, free)
         uninterruptible = []
+        running = False
         for proc in event.get("processes") or []:
             self._add_process(t, proc)
-            if proc.get("state") == "disk-sleep":
+            state = proc.get("state")
+            if state == "disk-sleep":
                 uninterruptible.append(f"pid {proc.get('pid')} ({proc.get('name')})")
+            # Once the tree has ranks, theirs: a launcher polling them says nothing.
+            counts = self.cpu_of != "ranks" or "rank" in (self.roles.get(int(proc["pid"])) or {})
+            running = running or (counts and state == "running")
         self.uninterruptible = uninterruptible
+        if event.get("processes"):
+            self.recent_running.append(running)
         self._close_rate_bucket(t)
         self._judge_stragglers(t)
 
@@ -457,6 +466,13 @@ class TrendWatch:
             index = gpu.get("index")
             if index is None:
                 continue
+            self.recent_gpus.setdefault(int(index), deque(maxlen=ACTIVITY_SAMPLES)).append(
+                (
+                    gpu.get("utilization_gpu_percent"),
+                    gpu.get("power_draw_w"),
+                    gpu.get("power_limit_w"),
+                )
+            )
             total = gpu.get("memory_total_mib")
             if total is not None:
                 self.gpu_total[int(index)] = int(total * MiB)
@@ -468,19 +484,15 @@ class TrendWatch:
         if processes is None:
             return
         tree_total = 0
-        utilisation: list[float] = []
-        gpus_of_tree = set()
         for proc in processes:
             if not proc.get("in_tree"):
                 continue
             used = proc.get("used_gpu_memory_mib")
             value = None if used is None else int(used * MiB)
             tree_total += value or 0
-            if proc.get("gpu_index") is not None:
-                gpus_of_tree.add(proc["gpu_index"])
-                if value:
-                    self.gpus_of_tree.add(int(proc["gpu_index"]))
-                    self.gpu_pids_of_tree[int(proc["pid"])] = str(proc.get("name") or "?")
+            if proc.get("gpu_index") is not None and value:
+                self.gpus_of_tree.add(int(proc["gpu_index"]))
+                self.gpu_pids_of_tree[int(proc["pid"])] = str(proc.get("name") or "?")
             record = self.processes.get(int(proc["pid"]))
             if record is not None and value is not None:
                 record.gpu_now = value
@@ -493,13 +505,12 @@ class TrendWatch:
                         name=record.name,
                     )
                 record.gpu.add(t, value)
-        for gpu in event.get("gpus") or []:
-            if gpu.get("index") in gpus_of_tree and gpu.get("utilization_gpu_percent") is not None:
-                utilisation.append(float(gpu["utilization_gpu_percent"]))
-        if utilisation:
-            self.recent_gpu.append(max(utilisation))
         self.tree_gpu_bytes = tree_total
         self._track("tree.gpu_memory_bytes", "bytes", "GPU memory of the tree").add(t, tree_total)
+
+    def add_step_rate(self, t: float, steps_per_second: float | None) -> None:
+        if steps_per_second is not None:
+            self.step_rate.add(t, {"steps_per_second": steps_per_second})
 
     def add_progress(self, t: float, event: dict[str, Any]) -> None:
         if self.end_t is None or t <= self.end_t:
@@ -635,9 +646,12 @@ class TrendWatch:
                 direction=track.direction,
             )
             out[key] = self._entry(key, track, trend, wall)
-        rate = self._rate_entry(start)
+        rate = self._rate_entry(start, self.rate, "changes_per_minute")
         if rate is not None:
             out["progress.changes_per_minute"] = rate
+        step_rate = self._rate_entry(start, self.step_rate, "steps_per_second")
+        if step_rate is not None:
+            out["progress.steps_per_second"] = step_rate
         return out
 
     def _covers(self, times: list[float], start: float, stop: float, span: float) -> bool:
@@ -734,9 +748,9 @@ class TrendWatch:
             return None, None
         return min(known)
 
-    def _rate_entry(self, start: float) -> dict[str, Any] | None:
-        times = self.rate.times
-        rates = self.rate.column("changes_per_minute")
+    def _rate_entry(self, start: float, series: SeriesBuffer, name: str) -> dict[str, Any] | None:
+        times = series.times
+        rates = series.column(name)
         if len(times) < 2:
             return None
         slowing = progress_slowing(times, rates, analysed_from=start)
@@ -745,8 +759,8 @@ class TrendWatch:
             "verdict": "slowing"
             if slowing
             else ("stable" if len(analysed) >= 8 else "inconclusive"),
-            "unit": "per_minute",
-            "label": "progress rate",
+            "unit": "per_minute" if name == "changes_per_minute" else "per_second",
+            "label": "progress rate" if name == "changes_per_minute" else "step rate",
             "pid": None,
             "name": None,
             "slope_per_hour": None,
@@ -803,21 +817,38 @@ class TrendWatch:
         top = sorted(self.processes.values(), key=lambda r: -r.peak_rss)[:TOP_PROCESSES]
         return [r.to_json() for r in top]
 
-    def activity(self) -> str:
-        """What a stalled tree is doing: busy, idle (waiting) or in uninterruptible sleep."""
-        if self.uninterruptible:
-            return "in uninterruptible sleep (I/O): " + ", ".join(self.uninterruptible[:4])
-        cpu = sum(self.recent_cpu) / len(self.recent_cpu) if self.recent_cpu else None
-        gpu = sum(self.recent_gpu) / len(self.recent_gpu) if self.recent_gpu else None
-        whose = "the ranks' CPU" if self.cpu_of == "ranks" else "CPU"
-        figures = f"{whose} {cpu:.0f}%" if cpu is not None else f"{whose} unknown"
-        if gpu is not None:
-            figures += f", GPU {gpu:.0f}%"
-        if (cpu or 0) >= BUSY_CPU_PERCENT or (gpu or 0) >= BUSY_GPU_PERCENT:
-            return f"busy ({figures}): slow or spinning"
-        if cpu is None and gpu is None:
-            return "of unknown activity (no sample yet)"
-        return f"idle ({figures}): waiting, a deadlock or a hung collective"
+    def activity(self) -> dict[str, Any]:
+        """What a stalled tree is doing (busy, idle, in uninterruptible sleep) and its GPUs
+        (idle, busy, busy at low power), over its last samples: see ``_activity``.
+
+        The median CPU, not the mean: the first sample after a stall begins still carries the
+        work just before it, and one such sample would drag a short window's mean up (the
+        views' ``series_typical`` reads a stall window the same way)."""
+        cpu = statistics.median(self.recent_cpu) if self.recent_cpu else None
+        running = self.recent_running
+        share = sum(running) / len(running) if running else None
+        return stall_activity(
+            cpu, self.uninterruptible, share, self.recent_gpu_activity(), cpu_of=self.cpu_of
+        )
+
+    def recent_gpu_activity(self) -> list[GpuActivity]:
+        """The tree's GPUs (every GPU while none is known to be the tree's), their medians over
+        the last samples."""
+        indices = sorted(self.gpus_of_tree or self.recent_gpus)
+        return [
+            GpuActivity(
+                index,
+                _median([u for u, _, _ in self.recent_gpus.get(index, ())]),
+                _median([p for _, p, _ in self.recent_gpus.get(index, ())]),
+                _median([limit for _, _, limit in self.recent_gpus.get(index, ())]),
+            )
+            for index in indices
+        ]
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def straggler_text(found: dict[str, Any]) -> str:

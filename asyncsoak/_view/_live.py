@@ -47,6 +47,7 @@ from .._terminal import terminal_text
 from .._timestamps import epoch
 from .._units import format_duration
 from ._status import shown_status
+from ._training import training_line
 
 if TYPE_CHECKING:
     from .._supervisor._control import SoakControl
@@ -546,6 +547,8 @@ class _FinishedLine(TypedDict, total=False):
 
 #: Samples of the tree's memory kept for its live trend (the last ones; about 10 minutes at 1 s).
 TREND_POINTS = 600
+#: GPU faults the live line names at most.
+MAX_GPU_FAULT_ALERTS = 2
 #: Samples needed before a trend is shown.
 TREND_MIN_POINTS = 10
 #: Processes whose memory is followed for the full screen's trends (the largest ones).
@@ -572,6 +575,8 @@ class LiveState:
     exited: bool = False
     stopping: str | None = None
     failures: list[str] = field(default_factory=list)
+    #: Short texts of the GPU faults that fail a run (``GPU FAULT gpu0 Xid 79``), first ones.
+    gpu_faults: list[str] = field(default_factory=list)
     warnings: int = 0
     finished: str | None = None
     last_progress: float | None = None
@@ -584,6 +589,9 @@ class LiveState:
     rss: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
     #: (series key, verdict) -> the ``trend`` event that said it.
     trends: dict[tuple[str, str], _TrendLine] = field(default_factory=dict)
+    #: The newest ``step`` line, and whether the step's advances are the progress.
+    step: Mapping[str, Any] | None = None
+    steps_count: bool = False
     #: The last sample's processes: (pid, name, memory).
     processes: list[tuple[int, str, float | None]] = field(default_factory=list)
     #: pid -> (t, memory) of its last samples, for the largest processes only.
@@ -611,17 +619,30 @@ class LiveState:
                 start = header.get("monotonic_start")
                 self.monotonic_start = float(start) if isinstance(start, int | float) else None
                 config = header.get("config") or {}
-                self.stale_limit = config.get("stale_progress_seconds")
+                stale = config.get("stale_progress_seconds")
+                # "auto": the limit comes with the progress and step lines, as it is learned.
+                self.stale_limit = stale if isinstance(stale, int | float) else None
                 self.startup_limit = config.get("startup_timeout_seconds")
                 log_path = header.get("log_path")
                 self.log_path = log_path if isinstance(log_path, str) else None
             case EventKind.STARTED:
                 self.started = True
             case EventKind.PROGRESS:
-                self.last_progress = t if self.last_progress is None else max(t, self.last_progress)
+                if not self.steps_count:
+                    self.last_progress = (
+                        t if self.last_progress is None else max(t, self.last_progress)
+                    )
                 changed = int(cast(_ProgressLine, event).get("changed", 1))
                 self.changes += changed
                 self.progress_times.append((t, changed))
+                self._fold_stale_limit(event)
+            case EventKind.STEP:
+                self.steps_count = self.steps_count or bool(event.get("counts", True))
+                moved = self.step is None or self.step.get("step") != event.get("step")
+                if moved and self.steps_count:
+                    self.last_progress = t
+                self.step = event
+                self._fold_stale_limit(event)
             case EventKind.SAMPLE | EventKind.GPU_SAMPLE:
                 sample = cast(_SampleLine, event)
                 points = sample.get("points") or {}
@@ -642,12 +663,22 @@ class LiveState:
                 self.warnings += 1
             case EventKind.FAILURE:
                 self.failures.append(str(cast(_FailureLine, event).get("reason")))
+            case EventKind.GPU_FAULT:
+                if event.get("fails") and len(self.gpu_faults) < MAX_GPU_FAULT_ALERTS:
+                    what = f"Xid {event['xid']}" if event.get("xid") is not None else event["fault"]
+                    self.gpu_faults.append(f"GPU FAULT gpu{event.get('gpu')} {what}")
             case EventKind.STOP:
                 self.stopping = str(cast(_StopLine, event).get("cause"))
             case EventKind.EXITED:
                 self.exited = True
             case EventKind.FINISHED:
                 self.finished = str(cast(_FinishedLine, event).get("status"))
+
+    def _fold_stale_limit(self, event: Mapping[str, Any]) -> None:
+        """``--stale-progress auto``: the limit in force, as the watchdog learned it."""
+        limit = event.get("stale_limit_seconds")
+        if isinstance(limit, int | float):
+            self.stale_limit = limit
 
     def _fold_peaks(self, t: float, points: Mapping[str, Mapping[str, float | None]]) -> None:
         for group, values in points.items():
@@ -705,7 +736,7 @@ class LiveState:
     def alerts(self, now_epoch: float | None) -> tuple[str, ...]:
         """Short texts for the leaks and projected breaches the trends reported, one per
         series: ``LEAK pid 29987 +921.6 MiB/min, limit in 41m00s``."""
-        out = []
+        out = list(self.gpu_faults)
         for series in dict.fromkeys(key for key, _ in self.trends):
             leak = self.trends.get((series, "leak"))
             breach = self.trends.get((series, "breach_projected"))
@@ -832,6 +863,7 @@ class LiveState:
             ),
             log_path=self.log_path,
             status=self.finished,
+            training=training_line(self.step),
         )
 
 

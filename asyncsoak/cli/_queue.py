@@ -609,16 +609,21 @@ def _attempt_details(a: Attempt, masker: Masker) -> list[str]:
     return lines
 
 
+#: Settings whose default goes without saying in a job's limits (the steps read as progress).
+_QUIET_DEFAULTS = {"progress_source": "auto", "loss_check": "fail"}
+
+
 def _soak_text(soak: dict[str, Any]) -> str:
     """``leak_check=fail max_rss=1.0GiB ... stale_progress=300s``: the limits a job carries."""
     shown = []
     for key, value in sorted(soak.items()):
-        if value is None or value is False:
+        if value is None or value is False or _QUIET_DEFAULTS.get(key) == value:
             continue
         if value is True:
             shown.append(key)
         elif key.endswith("_seconds"):
-            shown.append(f"{key.removesuffix('_seconds')}={value:g}s")
+            seconds = value if value == "auto" else f"{value:g}s"
+            shown.append(f"{key.removesuffix('_seconds')}={seconds}")
         elif key.endswith("_signal"):
             shown.append(f"{key}={signal_name(value)}")
         elif key.endswith("_bytes"):
