@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from asyncsoak._record._journal import read_journal
+from asyncsoak._sampling._step_rules import StepTracker
 from asyncsoak._sampling._watchdog import ProgressTracker, latest_change_age, scan_progress_dir
 from asyncsoak._view._live import LiveState, Status, render_rich
 
@@ -177,7 +178,8 @@ def test_a_pass_with_warnings_looks_like_one() -> None:
 
 def test_the_look_between_scans_dates_by_mtime_and_ignores_a_clock_ahead(tmp_path: Path) -> None:
     """The draw's look at the files that changed last dates a change by its mtime; a file
-    dated an hour ahead (a file server's clock) never makes the line say "just now"."""
+    dated an hour ahead (a file server's clock) never makes the line say "just now", nor does
+    a file that grew when the step is the progress that counts."""
     progress = tmp_path / "metrics.jsonl"
     progress.write_text("{}\n")
     tracker = ProgressTracker({}, startup_timeout=60.0, stale_after=60.0)
@@ -189,6 +191,12 @@ def test_the_look_between_scans_dates_by_mtime_and_ignores_a_clock_ahead(tmp_pat
     assert 29.0 <= age <= 31.0, age
     os.utime(progress, (time.time() + 3600.0,) * 2)
     assert latest_change_age(tracker, tmp_path, ()) is None
+    os.utime(progress)
+    stepped = ProgressTracker(
+        {}, startup_timeout=60.0, stale_after=60.0, steps=StepTracker(), source="steps"
+    )
+    stepped.observe(scan_progress_dir(tmp_path).files, 1.0)
+    assert latest_change_age(stepped, tmp_path, ()) is None  # the step is the progress
     stalled = _status()
     assert stalled.quiet_for == pytest.approx(90.0)
     assert stalled.with_progress_age(0.4).quiet_for == 0.4

@@ -409,8 +409,11 @@ def latest_change_age(
     one scan interval late (nor the date of a change heard of before the scan that found the
     file grown again), at no wake-up of the watchdog's.  Nothing is recorded: the scans alone
     decide the stall rules.  An mtime in the future (a file server's clock that lies) says
-    nothing.
+    nothing, and neither does any file once the step's advances are the progress that counts
+    (a file that grows while the step is frozen is a stall).
     """
+    if tracker.stepping():
+        return None
     now = time.time()
     newest = max(
         (s.mtime_ns for s in stat_keys(root, tracker.recent, ignore).values() if s is not None),
