@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ from .._analysis._trendwatch import TREE_MEMORY_SERIES
 from .._errors import ValidationError, ValidationTypeError
 from .._record._exit_codes import verdict_exit_code
 from .._record._vocabulary import SoakStatus
+from .._redact import redact_url_passwords
 from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
 from .._timestamps import epoch
 from .._units import MAX_SECONDS
@@ -401,9 +403,13 @@ class SoakMetrics:
         """The soak as a dashboard's selector shows it: ``resnet on gpu-node-3, 2026-12-02
         00:37 UTC`` (the job name, the host, the start)."""
         started = self.started_at.replace("T", " ")[:16]
-        return _label_text(
-            f"{self.job_name or '?'} on {self.host}" + (f", {started} UTC" if started else "")
-        )
+        where = " " + _label_text(f"on {self.host}" + (f", {started} UTC" if started else ""))
+        # A long job name is shortened, never the host and the start that tell soaks apart.
+        room = max(TITLE_NAME_MIN, TITLE_LABEL_MAX - len(where))
+        name = self.job_name or "?"
+        if len(name) > room:
+            name = name[: room - 1] + "…"
+        return _label_text(name + where)
 
     def elapsed(self) -> float | None:
         """Seconds since the soak started on the events' clock; frozen once it finished."""
@@ -693,8 +699,11 @@ class SoakMetrics:
         return families(self.rows())
 
 
-#: Interpreters whose first argument names the program (``python train.py``).
-_INTERPRETERS = ("python", "python3", "bash", "sh", "uv", "torchrun", "accelerate", "deepspeed")
+#: Interpreters whose script names the program (``python train.py``), a Python's version
+#: aside (``python3.11``); ``shred`` or ``sha256sum`` are no shell.
+_INTERPRETER = re.compile(r"(?:python|pypy)[\d.]*|bash|sh|uv|torchrun|accelerate|deepspeed")
+#: Characters of the job name a title keeps at least (the host and the start are kept).
+TITLE_NAME_MIN = 24
 #: Characters a label shown in a dashboard's selector keeps at most.
 TITLE_LABEL_MAX = 120
 
@@ -705,7 +714,7 @@ def program_name(command: list[str]) -> str:
     if not command:
         return ""
     name = os.path.basename(command[0])
-    if not name.startswith(_INTERPRETERS):
+    if not _INTERPRETER.fullmatch(name):
         return name
     rest = command[1:]
     for i, arg in enumerate(rest):
@@ -713,7 +722,7 @@ def program_name(command: list[str]) -> str:
             return name  # an inline script has no name
         if arg == "-m" and i + 1 < len(rest):
             return rest[i + 1]
-        if arg.endswith(".py"):
+        if arg.endswith((".py", ".sh")):
             return os.path.basename(arg)
     return name
 
@@ -721,7 +730,9 @@ def program_name(command: list[str]) -> str:
 def _label_text(value: object) -> str:
     """A label a dashboard shows in a selector: one line, no double quote (Grafana's
     variable regex reads the label out of ``query_result``'s text), bounded."""
-    text = " ".join(str(value).split()).replace('"', "'")
+    # A job name is the user's free text (SLURM's comes from the environment): a URL's
+    # password in it is masked as in the artifact.
+    text = redact_url_passwords(" ".join(str(value).split())).replace('"', "'")
     return text[:TITLE_LABEL_MAX]
 
 

@@ -62,6 +62,7 @@ from .._sampling._watchdog import (
     ProgressTracker,
     ScanResult,
     final_scan,
+    latest_change_age,
     run_watchdog,
     scan_progress_dir,
     skipped_message,
@@ -615,6 +616,9 @@ class _Soak:
                 source=cfg.progress_source,
             )
             tracker.skipped_dirs = baseline.errors
+            self.control.progress_age = partial(
+                latest_change_age, tracker, cfg.progress_dir, ignore
+            )
             # The proc sampler's tick, on which the GPU sampler takes its loops' output.
             ticks = TickSignal()
             async with anyio.create_task_group() as producers:
