@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, cast
 
+from .._analysis._gpu_health import GpuHealthFold
 from .._analysis._trendwatch import TrendWatch
 from .._errors import ValidationError
 from .._process._ranks import ranks_section
@@ -179,6 +180,8 @@ class ArtifactBuilder:
         }
         #: Trends, per-process records and the progress rate (bounded).
         self.trends = TrendWatch()
+        #: Each GPU's health (Xid errors, ECC, remaps, link, throttling).
+        self.gpu_health = GpuHealthFold()
         self.exit_t: float | None = None
         self.stop: Stop = {
             "cause": None,
@@ -270,9 +273,18 @@ class ArtifactBuilder:
             case EventKind.TREND:
                 self.trends.add_live_call(t, event)
             case EventKind.FAILURE:
-                self.failures.append(
-                    {"reason": event["reason"], "message": event["message"], "at": event["at"]}
-                )
+                failure: Failure = {
+                    "reason": event["reason"],
+                    "message": event["message"],
+                    "at": event["at"],
+                }
+                if event.get("gpu") is not None:
+                    failure["gpu"] = event["gpu"]
+                if event.get("activity") is not None:
+                    failure["activity"] = event["activity"]
+                self.failures.append(failure)
+            case EventKind.GPU_FAULT:
+                self.gpu_health.add_fault(t, event)
             case EventKind.WARNING:
                 self.warnings.append(str(event["message"]))
             case EventKind.STOP:
@@ -384,6 +396,7 @@ class ArtifactBuilder:
             self.trends.add_sample(t, event)
         else:
             self.trends.add_gpu_sample(t, event)
+            self.gpu_health.add_sample(t, event)
         for group, values in (event.get("points") or {}).items():
             series = self._series.get(group)
             if series is None:
@@ -453,7 +466,9 @@ class ArtifactBuilder:
         artifact: Artifact = {
             "schema_version": SCHEMA_VERSION,
             "status": status,
-            "failures": self.failures,
+            # A GPU fault explains what came with it (a trainer killed by an Xid exits non-zero):
+            # it is the primary reason whenever it holds.
+            "failures": sorted(self.failures, key=lambda f: f["reason"] != "gpu_fault"),
             "warnings": self.warnings,
             "command": header.get("command", []),
             "cwd": header.get("cwd", ""),
@@ -488,6 +503,7 @@ class ArtifactBuilder:
             "trends": cast("dict[str, Trend]", self.trends.evaluate(self.wall)),
             "processes": cast("list[ProcessEntry]", self.trends.top_processes()),
             "limits": self.trends.limits,
+            "gpu_health": self.gpu_health.to_json(self.wall),
             "forensics": self.forensics,
             "stop": self.stop,
             "log": {"path": header.get("log_path"), "tail": log_tail},

@@ -163,6 +163,10 @@ class Failure(Event):
     reason: str
     message: str
     at: str
+    #: The GPU a ``gpu_fault`` is about: ``{"index", "uuid", "bus_id"}`` (the queue reads it).
+    gpu: dict[str, Any] | None = None
+    #: A stall's verdict on what the tree and its GPUs were doing (``_analysis._activity``).
+    activity: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +297,30 @@ class SamplerNote(Event):
     sampler: str
     message: str
     data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFault(Event):
+    """What a GPU said about its own health: an Xid in the kernel log, an uncorrectable ECC
+    error, a row remap pending or failed, a page pending retirement, the GPU lost, its PCIe link
+    trained down.  ``fails``: the rule fails the run for it on a GPU the tree uses (``used``);
+    otherwise it is a warning."""
+
+    KIND: ClassVar[str] = EventKind.GPU_FAULT
+
+    #: A :class:`~._vocabulary.GpuFaultKind`.
+    fault: str
+    gpu: int | None
+    uuid: str | None
+    bus_id: str | None
+    message: str
+    fails: bool
+    used: bool
+    xid: int | None = None
+    meaning: str | None = None
+    action: str | None = None
+    #: The kernel's time of an Xid record (seconds since boot).
+    kernel_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,10 @@ class Failure(TypedDict):
     reason: str  # a FailureReason
     message: str
     at: str | None
+    #: The GPU a ``gpu_fault`` is about: ``{"index", "uuid", "bus_id"}``.
+    gpu: NotRequired[dict[str, Any]]
+    #: A stall's verdict on what the tree and its GPUs were doing.
+    activity: NotRequired[dict[str, Any]]
 
 
 class ExceptionInfo(TypedDict):
@@ -212,6 +216,7 @@ class Artifact(TypedDict):
     oom_kills: NotRequired[list[dict[str, Any]]]
     forensics: NotRequired[dict[str, Any] | None]
     stop: NotRequired[Stop]
+    gpu_health: NotRequired[dict[str, Any]]
     #: A distributed run: each rank's process and the launchers.
     ranks: NotRequired[dict[str, Any]]
     #: Ranks whose progress fell behind the others' (a distributed run's per-rank progress).

@@ -226,6 +226,9 @@ class ProgressTracker:
         self.rank_grown_bytes: dict[str, int] = {}
         #: Directories a scan could not read, as last reported in a warning.
         self.skipped_dirs = 0
+        #: The paths that changed last, the newest first (:func:`latest_change_age` looks
+        #: at them); replaced whole, never changed in place: a thread reads it.
+        self.recent: tuple[str, ...] = ()
 
     def changed(self, files: dict[str, FileState]) -> list[str]:
         """The paths of ``files`` that differ from when they were last seen (nothing recorded)."""
@@ -279,6 +282,7 @@ class ProgressTracker:
 
     def _record(self, changed: list[str], now: float) -> list[str]:
         if changed:
+            self.recent = tuple(dict.fromkeys([*changed, *self.recent]))[:RECENT_PATHS]
             gap = None
             if self.first_change is None:
                 self.first_change = now
@@ -417,6 +421,41 @@ def stat_and_read(
         return updates, None
     present = {key: state for key, state in updates.items() if state is not None}
     return updates, steps.read(present, wait=0, whole_tree=False)
+
+
+#: Paths :attr:`ProgressTracker.recent` keeps: a trainer writes its progress to a few files.
+RECENT_PATHS = 4
+
+
+def latest_change_age(
+    tracker: ProgressTracker, root: Path, ignore: Collection[FileKey]
+) -> float | None:
+    """Seconds since the newest change to the files that changed last, by their mtimes, or
+    None: a stat of a few files, run in a thread.
+
+    A look between the scans for the live view, which draws on a thread hop of its own: the
+    time since the last progress it shows is the monitor's when the line is drawn, not up to
+    one scan interval late (nor the date of a change heard of before the scan that found the
+    file grown again), at no wake-up of the watchdog's.  Nothing is recorded: the scans alone
+    decide the stall rules.  An mtime in the future (a file server's clock that lies) says
+    nothing, and neither does any file once the step's advances are the progress that counts
+    (a file that grows while the step is frozen is a stall).
+    """
+    if tracker.stepping():
+        return None
+    now = time.time()
+    newest = max(
+        (s.mtime_ns for s in stat_keys(root, tracker.recent, ignore).values() if s is not None),
+        default=None,
+    )
+    if newest is None:
+        return None
+    age = now - newest / 1e9 - MTIME_LATENESS_SECONDS
+    return None if age < -FUTURE_MTIME_SECONDS else max(0.0, age)
+
+
+#: An mtime this far ahead of the wall clock is a lying clock's, not a change just made.
+FUTURE_MTIME_SECONDS = 1.0
 
 
 def open_inotify() -> Inotify | None:

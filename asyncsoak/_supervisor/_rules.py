@@ -153,15 +153,8 @@ def slowdown(trends: Mapping[str, Mapping[str, Any]]) -> Finding | None:
         f"progress slowing: {rate['last']:{spec}} {unit} in the last quarter "
         f"against {rate['first']:{spec}} in the first"
     )
-    # The hook for what explains a slowdown (the GPU-health work: the GPUs' throttling over
-    # the slow span), appended to the message here.
-    return Finding(key, "slowing", rate, message + slowdown_cause(trends))
-
-
-def slowdown_cause(trends: Mapping[str, Mapping[str, Any]]) -> str:
-    """What the samples say caused a slowdown (``"; GPU 0 throttled ..."``); empty when
-    nothing is known."""
-    return ""
+    # What the GPUs did over the slow span is the judge's to add (it holds their health).
+    return Finding(key, "slowing", rate, message)
 
 
 def leaking(trends: Mapping[str, Mapping[str, Any]]) -> list[str]:

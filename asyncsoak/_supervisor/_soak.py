@@ -52,7 +52,7 @@ from .._record._events import (
 from .._record._journal import remove_closed_segments
 from .._record._serializer import Serializer
 from .._record._sink import EventSink, SoakClock, open_event_queue
-from .._record._vocabulary import SoakStatus, StopCause
+from .._record._vocabulary import FailureReason, SoakStatus, StopCause
 from .._redact import Masker, argv_secrets, redact_mapping, secret_values
 from .._sampling._gpu_sampler import run_gpu_sampler
 from .._sampling._proc_sampler import run_proc_sampler
@@ -62,6 +62,7 @@ from .._sampling._watchdog import (
     ProgressTracker,
     ScanResult,
     final_scan,
+    latest_change_age,
     run_watchdog,
     scan_progress_dir,
     skipped_message,
@@ -287,6 +288,8 @@ class _Soak:
             rule_fired=self._rule_fired,
             fail=self._fail,
             ended=lambda: self.cause is not None,
+            gpu_failed=self._gpu_failed,
+            stall_fired=self._rule_fired,
         )
         #: Called with every evaluation of the trends (the artifact's ``trends`` shape).
         self.trend_observers = self._run_judge.trend_observers
@@ -306,7 +309,9 @@ class _Soak:
         self.end("requested")
         self._tree_stop.kill_now()
 
-    async def _rule_fired(self, reason: str, message: str) -> None:
+    async def _rule_fired(
+        self, reason: str, message: str, activity: dict[str, Any] | None = None
+    ) -> None:
         if self.cause is not None:
             return
         self.cause = "failure"
@@ -317,15 +322,39 @@ class _Soak:
             culprit = await self._tree_stop.hang_forensics(self._sink, self._spawner, reason)
             if culprit is not None and culprit.get("text"):
                 message = f"{culprit['text']}; {message}"
-        await self._fail(reason, message)
+        await self._fail(reason, message, activity=activity)
         self._ended.set()
 
-    async def _fail(self, reason: str, message: str) -> None:
+    async def _fail(
+        self,
+        reason: str,
+        message: str,
+        gpu: dict[str, Any] | None = None,
+        *,
+        activity: dict[str, Any] | None = None,
+    ) -> None:
         assert self._sink is not None
         self._failures.append(reason)
         await self._sink.emit(
-            Failure(t=self._sink.elapsed(), reason=reason, message=message, at=iso(_now()))
+            Failure(
+                t=self._sink.elapsed(),
+                reason=reason,
+                message=message,
+                at=iso(_now()),
+                gpu=gpu,
+                activity=activity,
+            )
         )
+
+    async def _gpu_failed(self, message: str, gpu: dict[str, Any]) -> None:
+        """A GPU fault fails the run: it ends the run, or, when it is ending already (the
+        trainer died of the fault before the kernel log was read), joins its failures."""
+        if self.cause is None:
+            self.cause = "failure"
+            await self._fail(FailureReason.GPU_FAULT, message, gpu)
+            self._ended.set()
+        else:
+            await self._fail(FailureReason.GPU_FAULT, message, gpu)
 
     # -- life ----------------------------------------------------------------------------
 
@@ -587,6 +616,9 @@ class _Soak:
                 source=cfg.progress_source,
             )
             tracker.skipped_dirs = baseline.errors
+            self.control.progress_age = partial(
+                latest_change_age, tracker, cfg.progress_dir, ignore
+            )
             # The proc sampler's tick, on which the GPU sampler takes its loops' output.
             ticks = TickSignal()
             async with anyio.create_task_group() as producers:
@@ -640,6 +672,10 @@ class _Soak:
                             call_timeout=gpu_call_timeout(cfg.sample_interval_seconds),
                             limiter=self._limiter,
                             ticks=ticks,
+                            visible_devices=(os.environ if cfg.env is None else cfg.env).get(
+                                "CUDA_VISIBLE_DEVICES"
+                            ),
+                            on_fault=self._run_judge.gpu_fault,
                         ),
                     )
                 self._exit_judge.memory_cgroup = await self._run_judge.emit_limits(

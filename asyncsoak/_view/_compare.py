@@ -21,7 +21,7 @@ from .._record._vocabulary import SoakStatus
 from .._sampling._fields import format_value, gpu_index
 from .._terminal import terminal_text
 from .._units import format_duration
-from ._evidence import leaking_series, rate_text
+from ._evidence import gpu_faults, leaking_series, rate_text
 from ._status import PASSED_WITH_WARNINGS, shown_status
 
 #: Relative change (fraction) beyond which a worse figure is a regression.
@@ -142,6 +142,7 @@ def compare(
     figure("progress.rate", "progress rate", "per_minute", _progress_rate, "higher")
     figure("steps.rate", "step rate", "steps_per_second", _step_rate, "higher")
     figure("steps.loss.final", "final loss", "loss", _final_loss, "lower")
+    figure("gpu.faults", "GPU faults", "", _gpu_fault_count, "lower")
     for group in sorted(
         _gpu_groups(baseline) | _gpu_groups(candidate), key=lambda g: gpu_index(g) or 0
     ):
@@ -161,12 +162,27 @@ def compare(
             MEMORY_FLOOR_BYTES / 2**20,
         )
     notes = []
+    for name, artifact in ((baseline_name, baseline), (candidate_name, candidate)):
+        faults = gpu_faults(artifact)
+        if faults:
+            notes.append(
+                f"{name}: {len(faults)} GPU fault(s), the machine's rather than the code's; "
+                f"first: {faults[0]['message']}"
+            )
     if baseline["command"] != candidate["command"]:
         notes.append(
             "the commands differ: "
             f"{shlex.join(baseline['command'])} | {shlex.join(candidate['command'])}"
         )
     return Comparison(baseline_name, candidate_name, [r for r in rows if _shown(r)], notes)
+
+
+def _gpu_fault_count(artifact: Artifact) -> float | None:
+    """How many GPU faults the run saw; None without GPU health (no GPU, or an artifact written
+    before it was judged)."""
+    if not artifact.get("gpu_health"):
+        return None
+    return float(len(gpu_faults(artifact)))
 
 
 def _shown(row: Row) -> bool:

@@ -114,7 +114,9 @@ def _count_arg(text: str) -> int:
     return _integer(text, minimum=0)
 
 
-def register(subparsers: Any) -> None:
+def db_parser() -> argparse.ArgumentParser:
+    """The ``--db`` and ``--wait-for-db`` flags of every command that opens the queue
+    (``watch --job`` too)."""
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument(
         "--db",
@@ -132,6 +134,11 @@ def register(subparsers: Any) -> None:
         f"backoff ('inf': for ever; default: for ever for a worker, {COMMAND_WAIT_FOR_DB_S:g}s "
         f"for the other commands); then exit {EXIT_DB_UNAVAILABLE}",
     )
+    return db
+
+
+def register(subparsers: Any) -> None:
+    db = db_parser()
 
     p = subparsers.add_parser(
         "submit",

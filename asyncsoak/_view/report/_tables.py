@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..._process._exits import decode as decode_exit
 from ..._record._artifact import EVENTS_HEAD
 from ..._record._schema import Artifact
-from ..._record._vocabulary import EventKind, SoakStatus
+from ..._record._vocabulary import EventKind, FailureReason, SoakStatus
 from ..._sampling._fields import format_clock, format_value
 from ..._units import format_duration
 from .._evidence import (
@@ -70,6 +70,8 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
     rows: list[str] = []
     if evidence["cause"]:
         label = "Warning" if is_pass(summary["status"]) else "Cause"
+        if summary["reasons"] and summary["reasons"][0]["reason"] == FailureReason.GPU_FAULT:
+            label = "GPU fault"
         where = evidence["where"]
         text = f"<b>{html.escape(evidence['cause'])}</b>"
         if where and where not in evidence["cause"]:
