@@ -353,6 +353,12 @@ class _Worker:
     async def run(self, once: bool) -> int:
         await self._call(_prepare_runs_dir, self.settings.runs_dir)
         await self._call(self._register)
+        if self.devices:
+            # For `workers` only: a worker that cannot record them now still runs.
+            try:
+                await self._call(self.store.set_worker_gpus, self.name, self.devices)
+            except _UNAVAILABLE as exc:
+                _log.warning("worker %s: its GPUs not recorded for `workers`: %s", self.name, exc)
         _log.info(
             "worker %s started on %s (pid %d, runs in %s)",
             self.name,
@@ -430,7 +436,6 @@ class _Worker:
             pid_start=start_time_ticks(pid),
             alive=self._worker_alive,
         )
-        self.store.set_worker_gpus(self.name, self.devices)
 
     async def _offer(self) -> GpuOffer | None:
         """What this worker can give a job now, or None when it can take none: a worker
