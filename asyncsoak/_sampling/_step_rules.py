@@ -180,19 +180,19 @@ class StepTracker:
             if record.max_steps and record.max_steps != self.max_steps:
                 self.max_steps = record.max_steps
                 update.changed = True
-            if (
-                record.kind == KIND_STATE
-                and record.where != "global_step"
-                and record.step <= self._state_high
-            ):
-                continue  # a checkpoint's copy of entries read already
+            if record.kind == KIND_STATE:
+                # Every checkpoint-N/ holds the whole history up to N, and one scan may
+                # read several copies (newest first): an older copy's entries, or its
+                # global_step below one seen, are the past again, not the run going back.
+                if record.step < self._state_high or (
+                    record.step == self._state_high and record.where != "global_step"
+                ):
+                    continue
+                self._state_high = record.step
             self._check_loss(record, update)
             if record.kind != self.kind:
                 continue
             self._follow(record, update)
-        for record in reading.records:
-            if record.kind == KIND_STATE:
-                self._state_high = max(self._state_high, record.step)
         if self.step is None and reading.without_step:
             self._warn_keys(reading, update)
         if self.step is not None and self.step != previous:
