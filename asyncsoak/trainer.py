@@ -13,6 +13,11 @@ adopts the protocol in three lines::
             save_checkpoint(step)
             raise SystemExit(trainer.EXIT_INTERRUPTED)
 
+A trainer that wants to say its step itself (rather than have the monitor read its metrics
+files) calls :func:`report` at each step::
+
+    trainer.report(step, loss=loss.item(), tokens=tokens_seen)
+
 The worker holds the child's stdin open; closing it asks the child to save and exit with
 :data:`EXIT_INTERRUPTED`, and the kernel closes it too when the worker dies, so a trainer
 never runs on unsupervised.  A job submitted with a JSON config reads it with
@@ -23,7 +28,9 @@ never runs on unsupervised.  A job submitted with a JSON config reads it with
 
 from __future__ import annotations
 
+import atexit
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -41,6 +48,7 @@ __all__ = [
     "cancel_requested",
     "job_id",
     "load_config",
+    "report",
     "run_dir",
     "stop_requested",
 ]
@@ -53,6 +61,74 @@ _stop_lock = threading.Lock()
 _stop_event: threading.Event | None = None
 _cancel_checked_at = float("-inf")
 _cancel_seen = False
+
+
+#: Where :func:`report` appends (set by the monitor: the artifact's ``.steps.jsonl``).
+STEPS_FILE_VARIABLE = "ASYNCSOAK_STEPS_FILE"
+#: :func:`report` writes at most one line per this many seconds (the newest step wins; a
+#: non-finite loss and the last step at exit are written at once).
+REPORT_MIN_INTERVAL_SECONDS = 0.1
+
+_report_lock = threading.Lock()
+_report_fd: int | None = None
+_report_written_at = float("-inf")
+_report_pending: bytes | None = None
+
+
+def report(step: int, **metrics: float) -> None:
+    """Tell the monitor this process is at ``step``, with figures such as ``loss``,
+    ``tokens`` or ``samples`` (cumulative counts), ``learning_rate``.
+
+    Cheap enough for every step: a dict made into one short line, written at most every
+    :data:`REPORT_MIN_INTERVAL_SECONDS` (the newest is kept meanwhile and written at exit),
+    at once when the loss is NaN or infinite.  Outside asyncsoak (no ``ASYNCSOAK_STEPS_FILE``)
+    it does nothing.  A step that is not a whole number >= 0, or a figure that is not a number,
+    raises ``TypeError``/``ValueError``; a file that cannot be written is ignored (the monitor
+    then sees no step).
+    """
+    global _report_written_at, _report_pending
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"step must be an int, not {type(step).__name__}")
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    path = os.environ.get(STEPS_FILE_VARIABLE)
+    if not path:
+        return
+    loss = metrics.get("loss")
+    urgent = loss is not None and not math.isfinite(loss)
+    # json writes NaN and Infinity as Python's json reads them back (the monitor does).
+    line = (json.dumps({"step": step, **metrics}, separators=(",", ":")) + "\n").encode()
+    now = time.monotonic()
+    with _report_lock:
+        if not urgent and now - _report_written_at < REPORT_MIN_INTERVAL_SECONDS:
+            _report_pending = line
+            return
+        _report_pending = None
+        _report_written_at = now
+        _write_report(path, line)
+
+
+def _write_report(path: str, line: bytes) -> None:
+    global _report_fd
+    try:
+        if _report_fd is None:
+            _report_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            atexit.register(_flush_report)
+        os.write(_report_fd, line)
+    except OSError:
+        pass
+
+
+def _flush_report() -> None:
+    global _report_pending
+    path = os.environ.get(STEPS_FILE_VARIABLE)
+    with _report_lock:
+        if _report_pending is not None and path:
+            _write_report(path, _report_pending)
+        _report_pending = None
 
 
 def job_id() -> int | None:

@@ -11,8 +11,15 @@ anyio, psutil; torch or cupy only if installed, to hold GPU memory in the soak).
 2. If ``asyncsoak.run_soak`` exists: a short soak of a process that allocates 8 GiB of GPU
    memory (torch or cupy), printing the GPU series and the per-process GPU memory matched
    to the tree (read through ``asyncsoak.read_journal`` where it exists).
+3. GPU health (``--health-only`` for this part alone, a few seconds): the health fields the
+   sampler asks through ``--query-gpu`` (remapped rows, retired pages, PCIe link, ECC) and
+   ``--query-remapped-rows``, each read with the sampler's own parsers and compared with the
+   fixtures' format (``tests/fixtures/nvidia-smi/faults/``); fields this driver rejects, the
+   two queries' agreement, and whether the kernel log can be followed for Xid errors.
+   ``--save DIR`` writes the raw outputs there, to become fixtures.
 
     python benchmarks/gpu_check.py [--duration 60] [--period 1.0] [--nvidia-smi PATH]
+    python benchmarks/gpu_check.py --health-only [--save DIR]
 
 The whole run stays under three minutes with the defaults.
 """
@@ -39,6 +46,7 @@ import anyio
 import psutil
 
 from asyncsoak._process._commands import run_command
+from asyncsoak._process._forensics import KernelLogFollower
 from asyncsoak._record._sink import SoakClock, open_event_queue
 from asyncsoak._sampling._gpu_sampler import GpuSample, run_gpu_sampler
 from asyncsoak._sampling._nvidia_smi import (
@@ -46,10 +54,15 @@ from asyncsoak._sampling._nvidia_smi import (
     APPS_QUERY,
     GPU_QUERY,
     GPU_SAMPLE_FIELDS,
+    HEALTH_FIELDS,
+    REMAPPED_ROWS_FIELDS,
+    REMAPPED_ROWS_QUERY,
     data_lines,
     parse_gpu_line,
     parse_process_line,
+    parse_remapped_rows_line,
     query_args,
+    rejected_field,
 )
 
 #: The target: loop mode costs at most this share of one spawn per sample.
@@ -297,6 +310,91 @@ async def soak_check(nvidia_smi: str, seconds: float) -> None:
             )
 
 
+#: The fixture the real ``--query-remapped-rows`` output is compared with.
+REMAPPED_FIXTURE = (
+    Path(__file__).resolve().parent.parent
+    / "tests"
+    / "fixtures"
+    / "nvidia-smi"
+    / "faults"
+    / "remapped_rows.txt"
+)
+
+
+async def health_check(nvidia_smi: str, save: Path | None) -> int:
+    """The health fields and the remapped-rows query on the hardware, against the fixtures'
+    format; returns the number of mismatches."""
+    problems = 0
+    fields = ["index", "pci.bus_id", *HEALTH_FIELDS, "ecc.errors.uncorrected.volatile.total"]
+    print("\nGPU health fields (--query-gpu):")
+    while True:
+        result = await run_command([nvidia_smi, *query_args(GPU_QUERY, fields)], time_limit=10.0)
+        rejected = rejected_field(result)
+        if rejected is None or rejected not in fields:
+            break
+        print(f"  REJECTED by this nvidia-smi: {rejected} (the sampler drops it, with a note)")
+        problems += 1
+        fields.remove(rejected)
+    if save is not None:
+        (save / "health_query_gpu.txt").write_text(result.output)
+    print(f"  exit {result.returncode}: {' '.join(query_args(GPU_QUERY, fields))}")
+    by_bus: dict[str, Any] = {}
+    for line in data_lines(result.output, fields):
+        print(f"  raw: {line}")
+        _, reading = parse_gpu_line(line, fields)
+        by_bus[reading.bus_id or ""] = reading
+        for field in HEALTH_FIELDS:
+            if field not in fields:
+                continue
+            attr = field.replace(".", "_").replace("gpucurrent", "current")
+            value = getattr(reading, attr, None)
+            error = reading.errors.get(field)
+            shown = f"{value!r}" if error is None else f"null ({error})"
+            print(f"    gpu{reading.index} {field:28} {shown}")
+            if error is not None and error.startswith("unparsable"):
+                print("      MISMATCH: the sampler cannot read this value")
+                problems += 1
+    print("\nremapped rows (--query-remapped-rows):")
+    args = [
+        f"{REMAPPED_ROWS_QUERY}={','.join(REMAPPED_ROWS_FIELDS)}",
+        "--format=csv,noheader,nounits",
+    ]
+    remapped = await run_command([nvidia_smi, *args], time_limit=10.0)
+    if save is not None:
+        (save / "remapped_rows.txt").write_text(remapped.output)
+    print(f"  exit {remapped.returncode}: nvidia-smi {' '.join(args)}")
+    fixture = [line for line in REMAPPED_FIXTURE.read_text().splitlines() if line.strip()]
+    expected = parse_remapped_rows_line(fixture[0])
+    for line in data_lines(remapped.output, REMAPPED_ROWS_FIELDS):
+        print(f"  raw: {line}")
+        try:
+            row = parse_remapped_rows_line(line)
+        except ValueError as exc:
+            print(f"  MISMATCH with the fixture's format: {exc}")
+            problems += 1
+            continue
+        shapes = {k: type(v).__name__ for k, v in row.items() if k != "errors"}
+        if shapes != {k: type(v).__name__ for k, v in expected.items() if k != "errors"}:
+            print(f"  MISMATCH with the fixture's value types: {shapes}")
+            problems += 1
+        sampled = by_bus.get(row.get("bus_id") or "")
+        if sampled is not None:
+            for name in ("remapped_rows_pending", "remapped_rows_failure"):
+                if getattr(sampled, name) != row.get(name):
+                    print(f"  the two queries disagree on {name}")
+                    problems += 1
+        print(f"  read: {row}")
+    follower = KernelLogFollower.open()
+    print(
+        "\nkernel log: "
+        + ("followed (Xid errors are watched)" if follower else "NOT readable here (no Xid watch)")
+    )
+    if follower is not None:
+        follower.close()
+    print(f"\nhealth check: {problems} mismatch(es) with the fixtures' format")
+    return problems
+
+
 def main(argv: Collection[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nvidia-smi", default="nvidia-smi")
@@ -305,10 +403,17 @@ def main(argv: Collection[str] | None = None) -> int:
     parser.add_argument("--spawns", type=int, default=20, help="samples taken by spawning")
     parser.add_argument("--soak-seconds", type=float, default=15.0)
     parser.add_argument("--no-soak", action="store_true")
+    parser.add_argument("--health-only", action="store_true", help="only the GPU health part")
+    parser.add_argument("--save", type=Path, help="write the health queries' raw output here")
     args = parser.parse_args(None if argv is None else list(argv))
     if shutil.which(args.nvidia_smi) is None:
         print(f"{args.nvidia_smi!r} not found: this check needs a machine with an NVIDIA GPU")
         return 2
+    if args.save is not None:
+        args.save.mkdir(parents=True, exist_ok=True)
+    mismatches = anyio.run(health_check, args.nvidia_smi, args.save)
+    if args.health_only:
+        return 1 if mismatches else 0
     anyio.run(partial(compare, args.nvidia_smi, args.period, args.duration, args.spawns))
     if not args.no_soak:
         anyio.run(soak_check, args.nvidia_smi, args.soak_seconds)

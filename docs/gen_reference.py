@@ -319,6 +319,15 @@ def _busy_soak_events() -> list[dict[str, Any]]:
                 {"pid": 10, "gpu_index": 0, "in_tree": True, "used_gpu_memory_mib": 500.0}
             ],
         },
+        {
+            "t": 2.5,
+            "kind": "gpu_fault",
+            "fault": "xid",
+            "gpu": 0,
+            "uuid": "GPU-0",
+            "xid": 79,
+            "fails": True,
+        },
         {"t": 3.0, "kind": "sampler_degraded", "sampler": "gpu", "message": "slow"},
     ]
 

@@ -297,6 +297,7 @@ def sample_event(
                 "read_bytes": 0,
                 "write_bytes": 0,
                 "cmdline": None,
+                "role": None,
             }
         )
     count = len(processes)

@@ -25,6 +25,21 @@ Settings (environment):
 - ``FAKE_SMI_GROW_MIB_PER_S``: the processes' GPU memory (and the GPU's used memory) grows
   this many MiB per second since ``FAKE_SMI_GROW_SINCE`` (a ``time.time()``; default: when
   this invocation started), as a leaking trainer's would.
+- ``FAKE_SMI_BUS_ID``: the PCI address of GPU 0 (``00000000:3B:00.0``); GPU ``i`` gets the bus
+  number plus ``i``.  Tests that write Xid lines into the kernel log give each soak an address
+  of its own: every reader of ``/dev/kmsg`` on the machine sees every line.
+- ``FAKE_SMI_UTIL`` / ``FAKE_SMI_POWER_W``: the GPUs' utilisation (percent) and power draw
+  (W) in place of the captured ones (a hung collective: 100 % at a fraction of the limit).
+- ``FAKE_SMI_THROTTLE``: the clock event reason mask (``0x44``: the power cap and HW thermal
+  slowdown) in place of the captured one.
+- ``FAKE_SMI_FAULT_FILE``: a file read at every iteration; while it exists, its first word is a
+  fault of GPU 0: ``ecc`` (the uncorrectable volatile ECC count rises to 2), ``remap`` (a row
+  remap pending, one uncorrectable row remapped), ``lost`` (nvidia-smi prints the driver's
+  "Unable to determine the device handle ... GPU is lost" line in place of its row, and a
+  one-shot call exits 15), ``gone`` (the GPU is no longer listed).
+
+The health fields (remapped rows, retired pages, PCIe link) are not in the CSV captures: their
+values come from the ``nvidia-smi -q -x`` captures of the same GPU (``q_xml_*.txt``).
 """
 
 from __future__ import annotations
@@ -34,6 +49,7 @@ import os
 import signal
 import sys
 import time
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 # The field lists the fixtures were captured with (fixtures README: F and A).
@@ -65,9 +81,23 @@ GPU_FIELDS = [
     "mig.mode.current",
     "display_active",
 ]
+#: Health fields and where the ``-q -x`` capture holds them.
+XML_FIELDS = {
+    "remapped_rows.pending": "remapped_rows/remapped_row_pending",
+    "remapped_rows.failure": "remapped_rows/remapped_row_failure",
+    "remapped_rows.correctable": "remapped_rows/remapped_row_corr",
+    "remapped_rows.uncorrectable": "remapped_rows/remapped_row_unc",
+    "retired_pages.pending": "retired_pages/pending_retirement",
+    "pcie.link.gen.gpucurrent": "pci/pci_gpu_link_info/pcie_gen/device_current_link_gen",
+    "pcie.link.gen.max": "pci/pci_gpu_link_info/pcie_gen/max_link_gen",
+    "pcie.link.width.current": "pci/pci_gpu_link_info/link_widths/current_link_width",
+    "pcie.link.width.max": "pci/pci_gpu_link_info/link_widths/max_link_width",
+}
 APP_FIELDS = ["pid", "process_name", "used_gpu_memory", "gpu_uuid", "gpu_bus_id"]
 TWO_FIELDS = ["timestamp", "pid", "process_name", "used_gpu_memory", "gpu_uuid"]
 GPU_ALIASES = {
+    "gpu_bus_id": "pci.bus_id",
+    "gpu_uuid": "uuid",
     "clocks.current.sm": "clocks.sm",
     "clocks.current.memory": "clocks.mem",
     "clocks_throttle_reasons.active": "clocks_event_reasons.active",
@@ -76,7 +106,13 @@ APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
 CAPTURED_PID = "886"
 TWO_CAPTURED_PIDS = ("417", "447")
 SEPARATOR = ", "
-GARBAGE = "Unable to determine the device handle for GPU0000:00:06.0: Unknown Error"
+GARBAGE = "this is not a row of the query"
+#: How nvidia-smi reports a GPU it cannot reach (see the fixtures README), and its exit status.
+LOST_LINE = (
+    "Unable to determine the device handle for GPU {address}: GPU is lost.  "
+    "Reboot the system to recover this GPU"
+)
+LOST_EXIT = 15
 
 
 def fixtures() -> Path:
@@ -88,9 +124,32 @@ def read(name: str) -> str:
     return (fixtures() / name).read_text()
 
 
+_ROWS: dict[str, list[dict[str, str]]] = {}
+
+
 def rows(name: str, fields: list[str]) -> list[dict[str, str]]:
-    lines = [line for line in read(name).splitlines() if line.strip()]
-    return [dict(zip(fields, line.split(SEPARATOR), strict=True)) for line in lines]
+    if name not in _ROWS:
+        lines = [line for line in read(name).splitlines() if line.strip()]
+        _ROWS[name] = [dict(zip(fields, line.split(SEPARATOR), strict=True)) for line in lines]
+    return [dict(row) for row in _ROWS[name]]
+
+
+_XML_VALUES: dict[str, dict[str, str]] = {}
+
+
+def xml_values(name: str) -> dict[str, str]:
+    """The health fields of a ``nvidia-smi -q -x`` capture, as the CSV query prints them."""
+    if name in _XML_VALUES:
+        return _XML_VALUES[name]
+    gpu = ElementTree.fromstring(read(name)).find("gpu")
+    assert gpu is not None
+    out = {}
+    for field, path in XML_FIELDS.items():
+        node = gpu.find(path)
+        text = (node.text or "").strip() if node is not None else "N/A"
+        out[field] = "[N/A]" if text == "N/A" else text.removesuffix("x")
+    _XML_VALUES[name] = out
+    return out
 
 
 def units(header_file: str, fields: list[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -112,6 +171,11 @@ class Fake:
         self.rejected = {f for f in os.environ.get("FAKE_SMI_REJECT", "").split(",") if f}
         self.grow = float(os.environ.get("FAKE_SMI_GROW_MIB_PER_S", "0"))
         self.grow_since = float(os.environ.get("FAKE_SMI_GROW_SINCE", time.time()))
+        self.bus_id = os.environ.get("FAKE_SMI_BUS_ID")
+        self.util = os.environ.get("FAKE_SMI_UTIL")
+        self.power = os.environ.get("FAKE_SMI_POWER_W")
+        self.throttle = os.environ.get("FAKE_SMI_THROTTLE")
+        self.fault_file = os.environ.get("FAKE_SMI_FAULT_FILE")
         self.pids = {
             CAPTURED_PID: os.environ.get("FAKE_SMI_PID", CAPTURED_PID),
             TWO_CAPTURED_PIDS[0]: os.environ.get("FAKE_SMI_PID", TWO_CAPTURED_PIDS[0]),
@@ -148,15 +212,49 @@ class Fake:
                 out[field] = str(max(0, int(out[field]) + delta))
         return out
 
+    def fault(self) -> str:
+        """The fault GPU 0 has now (``FAKE_SMI_FAULT_FILE``), or ""."""
+        if not self.fault_file:
+            return ""
+        try:
+            with open(self.fault_file) as f:
+                words = f.read().split()
+        except OSError:
+            return ""
+        return words[0] if words else ""
+
     def gpu_rows(self) -> list[dict[str, str]]:
-        name = "gpu_idle_csv_nn.txt" if self.mode == "idle" else "gpu_load_csv_nn.txt"
-        captured = rows(name, GPU_FIELDS)[0]
+        idle = self.mode == "idle"
+        name = "gpu_idle_csv_nn.txt" if idle else "gpu_load_csv_nn.txt"
+        captured = {
+            **rows(name, GPU_FIELDS)[0],
+            **xml_values("q_xml_idle.txt" if idle else "q_xml_load.txt"),
+        }
+        if self.util is not None:
+            captured["utilization.gpu"] = self.util
+        if self.power is not None:
+            captured["power.draw"] = self.power
+        if self.throttle is not None:
+            captured["clocks_event_reasons.active"] = f"0x{int(self.throttle, 16):016x}"
+        base = self.bus_id or captured["pci.bus_id"]
+        domain, bus, rest = base.split(":")
+        fault = self.fault()
         out = []
         for i in range(int(os.environ.get("FAKE_SMI_GPUS", "1"))):
             row = dict(captured)
+            row["pci.bus_id"] = f"{domain}:{int(bus, 16) + i:02X}:{rest}"
             if i:
                 row["index"] = str(i)
                 row["uuid"] = f"{captured['uuid'][:-2]}{i:02x}"
+            elif fault == "ecc":
+                row["ecc.errors.uncorrected.volatile.total"] = "2"
+            elif fault == "remap":
+                row["remapped_rows.pending"] = "Yes"
+                row["remapped_rows.uncorrectable"] = "1"
+            elif fault == "lost":
+                row = {"lost": LOST_LINE.format(address=row["pci.bus_id"][4:])}
+            elif fault == "gone":
+                continue
             out.append(row)
         return out
 
@@ -180,7 +278,7 @@ class Fake:
 
     def query(self, fields: list[str], fmt: str, loop_ms: int | None, gpu: bool) -> None:
         aliases = GPU_ALIASES if gpu else APP_ALIASES
-        known = GPU_FIELDS if gpu else APP_FIELDS
+        known = [*GPU_FIELDS, *XML_FIELDS] if gpu else APP_FIELDS
         wanted = [aliases.get(f, f) for f in fields]
         for asked, field in zip(fields, wanted, strict=True):
             if asked in self.rejected or (field not in known and field != "timestamp"):
@@ -197,7 +295,11 @@ class Fake:
         start = time.monotonic()
         count = 0
         pid_file = os.environ.get("FAKE_SMI_PID_FILE")
+        lost = False
+        last_ms = 0
         while not limit or count < limit:
+            if gpu:
+                iterations = [self.gpu_rows()]
             if pid_file and not gpu:
                 try:
                     with open(pid_file) as f:
@@ -205,12 +307,22 @@ class Fake:
                     iterations = self.app_iterations()
                 except OSError:
                     iterations = [[]]
-            stamp = time.strftime("%Y/%m/%d %H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+            # One clock reading per stamp, never the same stamp twice: a loop that fell behind
+            # (a loaded machine) prints its late iterations within one millisecond, and lines
+            # sharing a stamp are one iteration to the sampler.
+            now_ms = max(int(time.time() * 1000), last_ms + 1)
+            last_ms = now_ms
+            stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now_ms / 1000))
+            stamp += f".{now_ms % 1000:03d}"
             for row in iterations[count % len(iterations)]:
                 memory = ("memory.used", "memory.free") if gpu else ("used_gpu_memory",)
                 row = self.grown(row, memory)
                 if self.mode == "garbage":
                     self.emit(GARBAGE)
+                    continue
+                if "lost" in row:
+                    self.emit(row["lost"])
+                    lost = True
                     continue
                 values = []
                 for field in wanted:
@@ -222,6 +334,8 @@ class Fake:
             sys.stdout.flush()
             count += 1
             if loop_ms is None:
+                if lost:
+                    sys.exit(LOST_EXIT)
                 return
             time.sleep(max(0.0, start + count * loop_ms / 1000 - time.monotonic()))
 
@@ -242,8 +356,9 @@ def main(argv: list[str]) -> int:
     args = list(argv)
     while args:
         arg = args.pop(0)
-        if arg.startswith(("--query-gpu=", "--query-compute-apps=")):
-            gpu = arg.startswith("--query-gpu=")
+        if arg.startswith(("--query-gpu=", "--query-compute-apps=", "--query-remapped-rows=")):
+            # --query-remapped-rows is answered from the GPU rows (gpu_bus_id, gpu_uuid...).
+            gpu = not arg.startswith("--query-compute-apps=")
             query = arg.split("=", 1)[1].split(",")
         elif arg.startswith("--format="):
             fmt = arg.split("=", 1)[1]

@@ -82,6 +82,11 @@ def install_fake_nvidia_smi(
     reject: tuple[str, ...] = (),
     pid_file: Path | None = None,
     grow_mib_per_s: float | None = None,
+    bus_id: str | None = None,
+    utilization: float | None = None,
+    power_w: float | None = None,
+    fault_file: Path | None = None,
+    throttle_mask: int | None = None,
 ) -> FakeNvidiaSmi:
     """Write an executable ``nvidia-smi`` into ``directory/fake-bin`` with its settings baked in.
 
@@ -106,6 +111,15 @@ def install_fake_nvidia_smi(
         settings["FAKE_SMI_PID_FILE"] = str(pid_file)
     if loop_iterations is not None:
         settings["FAKE_SMI_LOOP_ITERATIONS"] = str(loop_iterations)
+    for name, value in (
+        ("FAKE_SMI_BUS_ID", bus_id),
+        ("FAKE_SMI_UTIL", None if utilization is None else f"{utilization:g}"),
+        ("FAKE_SMI_POWER_W", None if power_w is None else f"{power_w:.2f}"),
+        ("FAKE_SMI_FAULT_FILE", None if fault_file is None else str(fault_file)),
+        ("FAKE_SMI_THROTTLE", None if throttle_mask is None else hex(throttle_mask)),
+    ):
+        if value is not None:
+            settings[name] = value
     if grow_mib_per_s is not None:
         settings["FAKE_SMI_GROW_MIB_PER_S"] = str(grow_mib_per_s)
         settings["FAKE_SMI_GROW_SINCE"] = str(time.time())

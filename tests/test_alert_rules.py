@@ -130,6 +130,33 @@ CASES: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {
             ),
         ],
     ),
+    # An Xid 79 at 3 minutes: the Xid counter appears and the GPU's fault gauge turns to 1.
+    "gpu fault": (
+        [
+            series("asyncsoak_gpu_fault", {**SOAK, "gpu": "0", "UUID": "GPU-ea90"}, "0x2 1x10"),
+            series(
+                "asyncsoak_gpu_xid_errors_total",
+                {**SOAK, "gpu": "0", "UUID": "GPU-ea90", "xid": "79"},
+                "_x2 1x10",
+            ),
+        ],
+        [
+            alert("AsyncsoakGpuFault", "1m", SOAK),
+            alert(
+                "AsyncsoakGpuFault",
+                "4m",
+                {**SOAK, "gpu": "0", "UUID": "GPU-ea90", "severity": "critical"},
+                summary="soak s1: GPU 0 (GPU-ea90) reported a fault: drain the node and reset "
+                "the GPU",
+            ),
+            alert(
+                "AsyncsoakGpuXid",
+                "4m",
+                {**SOAK, "gpu": "0", "UUID": "GPU-ea90", "xid": "79", "severity": "warning"},
+                summary="soak s1: GPU 0 logged Xid 79 (1 times)",
+            ),
+        ],
+    ),
     # A leak of 6 MiB/s for half an hour.
     "leak": (
         [series("asyncsoak_tree_memory_growth_bytes_per_second", SOAK, "6291456x30")],

@@ -189,3 +189,41 @@ def test_the_soak_selector_shows_job_name_host_and_start(dashboard: dict[str, An
 def test_a_run_without_a_job_name_is_named_by_its_program(command: list[str], name: str) -> None:
     """No queue or SLURM job name: the title names the program the command runs."""
     assert program_name(command) == name
+
+
+@pytest.mark.parametrize(
+    ("command", "name"),
+    [
+        (["shred", "-u", "notes.py"], "shred"),
+        (["sha256sum", "weights.py"], "sha256sum"),
+        (["bash", "-e", "scripts/train.sh"], "train.sh"),
+        (["python3.11", "train.py"], "train.py"),
+    ],
+)
+def test_only_an_interpreter_is_named_by_its_script(command: list[str], name: str) -> None:
+    """A program whose name merely starts like an interpreter's (shred, sha256sum) is named
+    itself; a shell script run by bash is named by the script."""
+    assert program_name(command) == name
+
+
+def test_the_soak_info_labels_carry_no_password_and_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SLURM job name with a URL's password, or one of 500 characters: the job name and
+    the title labels show neither the password nor more than 120 characters."""
+    monkeypatch.setenv("SLURM_JOB_NAME", "sync https://ann:hunter2-s3cret@db.example/x")
+    soak = SoakMetrics("4242-1", host="gpu-node-3")
+    soak.observe({"t": 0.0, "kind": "header", "command": ["python", "train.py"]})
+    text = encode_rows(soak.rows(), openmetrics=False).decode()
+    assert "hunter2-s3cret" not in text
+    ((labels, _),) = samples(text)["asyncsoak_soak_info"]
+    assert labels["job_name"].startswith("sync https://ann:")
+    monkeypatch.setenv("SLURM_JOB_NAME", "x" * 500)
+    long = SoakMetrics("4242-2", host="gpu-node-3")
+    long.observe({"t": 0.0, "kind": "header", "command": ["python", "train.py"]})
+    ((labels, _),) = samples(encode_rows(long.rows(), openmetrics=False).decode())[
+        "asyncsoak_soak_info"
+    ]
+    assert len(labels["job_name"]) <= 120
+    assert len(labels["title"]) <= 120
+    assert labels["title"].endswith(" on gpu-node-3"), labels["title"]

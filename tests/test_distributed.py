@@ -16,9 +16,15 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from asyncsoak._analysis._trendwatch import TrendWatch
 from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._process._crash import describe_rank_crash, find_rank_exception
-from asyncsoak._process._ranks import launcher_of, parse_rank_environ, stall_culprit
+from asyncsoak._process._ranks import (
+    launcher_of,
+    parse_rank_environ,
+    ranks_section,
+    stall_culprit,
+)
 from asyncsoak._record._artifact import check_artifact
 from asyncsoak._view._job_view import NotOneJobError, combine, format_combined
 from asyncsoak._view._summary import format_summary, summarize
@@ -116,8 +122,11 @@ def test_a_rank_stopped_outside_a_collective_is_the_culprit_of_the_stall(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
     """Rank 1 stuck in its own load_batch while rank 0 waits in all_reduce: rank 1 with its
-    frame leads the first line; the launcher is never named."""
-    first, artifact = _torchrun_soak(tmp_path, "hang", "--stale-progress", "3")
+    frame leads the first line; the launcher is never named; the blocked ranks read idle."""
+    # A stall of 3 samples: the last 10 samples also hold the ranks' work before it.
+    first, artifact = _torchrun_soak(
+        tmp_path, "hang", "--stale-progress", "3", "--sample-interval", "1"
+    )
     rank1 = next(r for r in artifact["ranks"]["ranks"] if r["rank"] == 1)
     assert (
         f"stale_progress: rank 1 (pid {rank1['pid']}) stopped at train.py:{HANG_LINE} in "
@@ -130,8 +139,9 @@ def test_a_rank_stopped_outside_a_collective_is_the_culprit_of_the_stall(
     text = format_summary(summarize(check_artifact(artifact)))
     assert f"cause: rank 1 (pid {rank1['pid']}) stopped at train.py:{HANG_LINE}" in text
     assert "Look at rank 1 at train.py" in text
-    # The busy/idle verdict is the ranks' own.
-    assert "the ranks' CPU" in first
+    # The busy/idle verdict is the ranks' own, judged over the stall alone, as the summary's.
+    assert "the tree was idle (the ranks' CPU" in first
+    assert "The process tree was idle while stalled" in text
 
 
 def test_a_rank_stopped_by_a_signal_is_the_culprit_of_the_stall(tmp_path: Path) -> None:
@@ -262,11 +272,33 @@ def test_no_collective_no_verdict() -> None:
 
 
 def test_a_rank_data_loader_worker_is_not_a_rank_of_its_own() -> None:
-    """A worker inherits its rank's environment: the rank is its topmost process."""
-    worker = {**_rank(20, 1, ["load_batch (train.py:9)"]), "ppid": 11}
+    """A worker inherits its rank's environment: the rank is its topmost process, even where
+    the worker's pid is the lower one (pids wrap)."""
+    worker = {**_rank(5, 1, ["load_batch (train.py:9)"]), "ppid": 11}
     culprit = stall_culprit([_rank(10, 0, _ALL_REDUCE), _rank(11, 1, _ALL_REDUCE), worker])
     assert culprit is not None
     assert culprit["culprits"] == []
+
+
+def test_a_rank_run_through_a_shell_is_its_python_process() -> None:
+    """``srun bash -c 'python train.py'``, ``torchrun --no-python run.sh``: the shell holds the
+    rank's variables too, but the rank is the Python process it started, named as the culprit;
+    one waiting rank reads "waits"."""
+    role = {"rank": 1, "local_rank": 1, "world_size": 2, "group_rank": 0}
+    shell = {"pid": 11, "ppid": 1, "name": "bash", "state": "sleeping", "role": role}
+    python = {**_rank(21, 1, ["load_batch (train.py:9)", "main (train.py:30)"]), "ppid": 11}
+    culprit = stall_culprit([_rank(10, 0, _ALL_REDUCE), shell, {**python, "name": "python"}])
+    assert culprit is not None
+    assert culprit["text"] == (
+        "rank 1 (pid 21) stopped at train.py:9 in load_batch; rank 0 waits in all_reduce"
+    )
+    section = ranks_section({11: role, 21: role}, {11: 1, 21: 11}, {11: "bash", 21: "python"})
+    assert section is not None
+    assert [(r["rank"], r["pid"]) for r in section["ranks"]] == [(1, 21)]
+    # Without a rank outside the collective, one waiting rank is told in the singular.
+    waiting = stall_culprit([_rank(10, 0, _ALL_REDUCE), {**shell, "ppid": 1}])
+    assert waiting is not None
+    assert waiting["text"] == "rank 0 waits in all_reduce"
 
 
 def test_the_tee_prefixes_and_the_error_file_name_the_rank(tmp_path: Path) -> None:
@@ -365,6 +397,44 @@ def test_each_rank_has_its_cpu_metric() -> None:
     assert rows["asyncsoak_rank_cpu_cores"][0][2] == pytest.approx(0.1)
 
 
+def test_a_rank_restarted_after_thousands_of_workers_is_still_known() -> None:
+    """Data-loader workers (they inherit their rank) come and go every epoch: once thousands
+    have gone, a rank restarted by torchrun still has its CPU metric, its CPU is the ranks'
+    CPU of the stall's verdict."""
+    role = {"rank": 1, "local_rank": 1, "world_size": 2, "group_rank": 0, "source": "torch"}
+    launcher = {"pid": 5, "ppid": 1, "cpu_percent": 1.0, "role": {"launcher": "torchrun"}}
+    metrics = SoakMetrics(soak_id="s", host="h")
+    watch = TrendWatch()
+    rank = {"pid": 6, "ppid": 5, "cpu_percent": 1.0, "cmdline": ["python"], "role": role}
+    for n in range(5000):
+        worker = {"pid": 100 + n, "ppid": 6, "cpu_percent": 1.0, "cmdline": ["python"]}
+        event = {
+            "kind": "sample",
+            "t": float(n),
+            "tree": {"processes": 3, "cpu_percent": 3.0},
+            "points": {"tree": {}},
+            "processes": [launcher, rank, {**worker, "role": role}],
+        }
+        metrics.observe(event)
+        watch.add_sample(float(n), event)
+        launcher = {k: v for k, v in launcher.items() if k != "role"}
+        rank = {"pid": 6, "ppid": 5, "cpu_percent": 1.0}
+    restarted = {"pid": 9000, "ppid": 5, "cpu_percent": 80.0, "cmdline": ["python"], "role": role}
+    event = {
+        "kind": "sample",
+        "t": 5000.0,
+        "tree": {"processes": 2, "cpu_percent": 81.0},
+        "points": {"tree": {}},
+        "processes": [launcher, restarted],
+    }
+    metrics.observe(event)
+    watch.add_sample(5000.0, event)
+    rows = {name: samples for name, _, _, samples in metrics.rows()}
+    assert rows["asyncsoak_rank_cpu_cores"][0][2] == pytest.approx(0.8)
+    assert watch.recent_cpu[-1] == (5000.0, 80.0)
+    assert watch.roles[9000]["rank"] == 1
+
+
 def _node_soak(node: str, last_progress: str, ranks: list[dict[str, Any]]) -> Any:
     """The parts of one node's artifact that combine() reads: a stall with its ranks."""
     return {
@@ -413,6 +483,47 @@ def test_the_culprit_rank_is_named_across_the_nodes_of_a_job() -> None:
     text = format_combined(combined)
     assert "culprit across the nodes: rank 3 (pid 11 on n1)" in text
     assert "first to stop progressing: n1" in text
+
+
+def test_the_culprit_across_nodes_is_judged_within_one_attempt_of_a_requeued_job() -> None:
+    """A requeued job's soaks: the ranks' stacks of its first attempt and of its restart are
+    never judged together; the latest attempt's stall names its culprit and its first node."""
+    in_all_reduce = {"state": "sleeping", "collective": "all_reduce", "where": "t.py:5 in step"}
+    in_load = {"state": "sleeping", "collective": None, "where": "train.py:88 in load_batch"}
+    soaks = []
+    for restart, culprit_node, minute in ((0, "n1", 2), (1, "n0", 4)):
+        for node, first_rank in (("n0", 0), ("n1", 2)):
+            stamp = f"00:0{minute}:{30 if node == culprit_node else 40}"
+            artifact = _node_soak(
+                node,
+                f"2026-01-01T{stamp}+00:00",
+                [
+                    {
+                        "rank": r,
+                        "pid": 10 + r,
+                        **(
+                            in_load
+                            if node == culprit_node and r == first_rank + 1
+                            else in_all_reduce
+                        ),
+                    }
+                    for r in (first_rank, first_rank + 1)
+                ],
+            )
+            artifact["snapshot"]["scheduler"]["restart_count"] = restart
+            soaks.append((f"{node}.{restart}.json", artifact))
+    combined = combine(soaks)
+    assert combined["culprit"]["text"] == (
+        "rank 1 (pid 11 on n0) stopped at train.py:88 in load_batch; "
+        "ranks 0, 2, 3 wait in all_reduce"
+    )
+    assert (combined["first_stalled"]["node"], combined["first_stalled"]["restart_count"]) == (
+        "n0",
+        1,
+    )
+    assert "culprit across the nodes (restart 1): rank 1 (pid 11 on n0)" in format_combined(
+        combined
+    )
 
 
 def test_mpirun_tagged_output_names_the_rank() -> None:

@@ -5,7 +5,9 @@ A block preceded by ``<!-- runnable -->`` runs in one sandbox per page (a ``cons
 ``text`` block's ``$`` lines, an ``sh`` block whole, a ``python`` block with Python), with a
 real soak's files at the paths the pages name and a queue of the page's own; each must exit 0.
 ``<!-- file: NAME -->`` writes the block into the sandbox as ``NAME``; ``<!-- not runnable:
-WHY -->`` says why a block is not run.
+WHY -->`` says why a block is not run; ``<!-- recipe: NAME -->`` marks a block that the
+page's own test runs as written (``docs/fleet.md``'s, in ``tests/queue/test_fleet_docs.py``,
+against real PostgreSQL and SLURM).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 #: A fenced block, indented too (inside a list item): its indent, language and body.
 FENCE = re.compile(r"^( *)```(\w*)[^\n]*\n(.*?)^\1```$", re.M | re.S)
-MARK = re.compile(r"^<!-- (runnable|not runnable: .+|file: [\w.-]+) -->$")
+MARK = re.compile(r"^<!-- (runnable|not runnable: .+|file: [\w.-]+|recipe: [\w-]+) -->$")
 #: An asyncsoak command in a shell block: at a line's start (``$ asyncsoak``, ``exec
 #: asyncsoak``, ``srun asyncsoak``), after a shell operator, or as a path
 #: (``.venv/bin/asyncsoak``); not a message that names one mid-line.

@@ -5,14 +5,19 @@ before the tree was sampled with one."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from asyncsoak._record._journal import read_journal
+from asyncsoak._sampling._step_rules import StepTracker
+from asyncsoak._sampling._watchdog import ProgressTracker, latest_change_age, scan_progress_dir
 from asyncsoak._view._live import LiveState, Status, render_rich
 
 from .conftest import CLI_ENV, py
@@ -23,22 +28,32 @@ needs_rich = pytest.mark.skipif(
     reason="the terminal view needs the live extra (pip install 'asyncsoak[live]')",
 )
 
-#: Appends to a progress file every 0.3 s for about two default sample intervals (5 s each).
+#: Appends to a progress file every 0.3 s for about two sample intervals (``SECONDS``), and
+#: notes the monotonic time of each write outside the progress dir (the truth the line is
+#: held against).
 WRITER = """
-import pathlib, time
+import pathlib, sys, time
 p = pathlib.Path("progress"); p.mkdir(exist_ok=True)
-end = time.monotonic() + 10.6
-while time.monotonic() < end:
-    with (p / "metrics.jsonl").open("a") as f:
-        f.write("{}\\n")
-    time.sleep(0.3)
+end = time.monotonic() + float(sys.argv[1])
+with open("writes.txt", "a") as writes:
+    while time.monotonic() < end:
+        with (p / "metrics.jsonl").open("a") as f:
+            f.write("{}\\n")
+        writes.write(f"{time.monotonic()}\\n"); writes.flush()
+        time.sleep(0.3)
 """
-LINE = re.compile(r"^asyncsoak: (?P<elapsed>\S+) running \| last progress (?P<age>[\d.]+)s ago")
+LINE = re.compile(r"^asyncsoak: (?P<elapsed>[\d.]+)s running \| last progress (?P<age>[\d.]+)s ago")
+#: The line's figures are rounded to 0.1 s: two of them are compared.
+SHOWN_ROUNDING = 0.1
 
 
-def test_the_age_of_the_last_progress_is_the_monitors_own(tmp_path: Path) -> None:
-    """At the default 5 s interval with a trainer writing every 0.3 s, the line's age of the
-    last progress never exceeds 1.5 s once the tree was sampled (the journal lags 5-10 s)."""
+@pytest.mark.parametrize(("interval", "seconds"), [(None, 10.6), (0.5, 4.0)])
+def test_the_age_of_the_last_progress_is_accurate_to_half_a_second(
+    tmp_path: Path, interval: float | None, seconds: float
+) -> None:
+    """With a trainer writing every 0.3 s, every line's age of the last progress is within
+    0.5 s of the time since the trainer's last write, at the default 5 s interval and at
+    0.5 s (the journal lags up to two intervals; the scans, up to one)."""
     result = subprocess.run(
         [
             sys.executable,
@@ -52,8 +67,10 @@ def test_the_age_of_the_last_progress_is_the_monitors_own(tmp_path: Path) -> Non
             "--no-gpu",
             "--status-interval",
             "0.1",
+            *([] if interval is None else ["--sample-interval", str(interval)]),
             "--",
             *py(WRITER),
+            str(seconds),
         ],
         cwd=tmp_path,
         env=CLI_ENV,
@@ -62,22 +79,26 @@ def test_the_age_of_the_last_progress_is_the_monitors_own(tmp_path: Path) -> Non
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
+    header = next(read_journal(tmp_path / "soak.jsonl"))
+    writes = [
+        float(t) - header["monotonic_start"] for t in (tmp_path / "writes.txt").read_text().split()
+    ]
     lines = result.stderr.splitlines()
-    sampled = False
-    ages = []
+    errors = []
     for line in lines:
         assert "n/a" not in line, line  # no placeholder figure, ever
-        sampled = sampled or " | CPU " in line
         match = LINE.match(line)
-        if match and sampled:
-            ages.append(float(match["age"]))
-        elif match is None and "running" in line:
-            raise AssertionError(f"a running line without its age: {line}")
+        if match is None:
+            assert " running" not in line, f"a running line without its age: {line}"
+            continue
+        drawn_at = float(match["elapsed"])
+        last_write = max(w for w in writes if w <= drawn_at + SHOWN_ROUNDING)
+        errors.append(round(float(match["age"]) - (drawn_at - last_write), 2))
     # Before the first sample with figures, the line says so rather than show a placeholder.
     assert any("CPU/RSS starting" in line for line in lines[:3]), lines[:3]
-    # Lines come every 0.5 s; the tree is sampled with figures from 5 s on.
-    assert len(ages) >= 8, lines
-    assert max(ages) <= 1.5, [line for line in lines if LINE.match(line)]
+    # Lines come every 0.5 s once the first progress was seen.
+    assert len(errors) >= 2 * seconds - 3, lines
+    assert max(map(abs, errors)) <= 0.5 + SHOWN_ROUNDING
 
 
 #: A journal header with the usual limits, and a leak with its projected breach.
@@ -153,3 +174,31 @@ def test_a_pass_with_warnings_looks_like_one() -> None:
         state.add(event)
     state.add({"t": 11.0, "kind": "finished", "status": "passed"})
     assert state.phase() == "finished: passed with warnings"
+
+
+def test_the_look_between_scans_dates_by_mtime_and_ignores_a_clock_ahead(tmp_path: Path) -> None:
+    """The draw's look at the files that changed last dates a change by its mtime; a file
+    dated an hour ahead (a file server's clock) never makes the line say "just now", nor does
+    a file that grew when the step is the progress that counts."""
+    progress = tmp_path / "metrics.jsonl"
+    progress.write_text("{}\n")
+    tracker = ProgressTracker({}, startup_timeout=60.0, stale_after=60.0)
+    assert latest_change_age(tracker, tmp_path, ()) is None  # nothing counted yet
+    tracker.observe(scan_progress_dir(tmp_path).files, 1.0)
+    os.utime(progress, (time.time() - 30.0,) * 2)
+    age = latest_change_age(tracker, tmp_path, ())
+    assert age is not None
+    assert 29.0 <= age <= 31.0, age
+    os.utime(progress, (time.time() + 3600.0,) * 2)
+    assert latest_change_age(tracker, tmp_path, ()) is None
+    os.utime(progress)
+    stepped = ProgressTracker(
+        {}, startup_timeout=60.0, stale_after=60.0, steps=StepTracker(), source="steps"
+    )
+    stepped.observe(scan_progress_dir(tmp_path).files, 1.0)
+    assert latest_change_age(stepped, tmp_path, ()) is None  # the step is the progress
+    stalled = _status()
+    assert stalled.quiet_for == pytest.approx(90.0)
+    assert stalled.with_progress_age(0.4).quiet_for == 0.4
+    assert stalled.with_progress_age(None) == stalled
+    assert stalled.with_progress_age(200.0) == stalled  # the events know better

@@ -334,8 +334,11 @@ async def test_overrides_never_reach_artifact_journal_metrics_textfile_or_views(
 
     async def soak() -> None:
         try:
+            # The script by its name in its own directory: the label is cut to 200
+            # characters, and a long temporary path must not push the overrides out of it.
             await run_soak(
-                command=[sys.executable, str(script), *OVERRIDES],
+                command=[sys.executable, script.name, *OVERRIDES],
+                cwd=tmp_path,
                 env=env,
                 metrics=Metrics(port=port, textfile_dir=textfiles, linger_seconds=30),
                 **fast_limits(tmp_path),

@@ -580,7 +580,11 @@ async def test_env_replaces_the_environment_and_marks_the_tree(tmp_path: Path) -
     env = {"HF_TOKEN": "hf_abcdefghijklmnop", "PATH": os.environ["PATH"]}
     with anyio.fail_after(60):
         artifact = await run_soak(command=child(tmp_path, body), env=env, **fast_limits(tmp_path))
-    assert "['ASYNCSOAK_SOAK_ID', 'HF_TOKEN', 'PATH']" in artifact["log"]["tail"]
+    # The soak's marker, and where asyncsoak.trainer.report writes.
+    assert (
+        "['ASYNCSOAK_SOAK_ID', 'ASYNCSOAK_STEPS_FILE', 'HF_TOKEN', 'PATH']"
+        in artifact["log"]["tail"]
+    )
     assert "hf_abcdefghijklmnop" not in artifact["log"]["tail"]
     for name in ("soak.json", "soak.jsonl"):
         assert "hf_abcdefghijklmnop" not in (tmp_path / "out" / name).read_text()

@@ -11,7 +11,7 @@ import pytest
 
 from asyncsoak._record._artifact import check_artifact
 from asyncsoak._record._schema import Artifact
-from asyncsoak._view._summary import exit_text, summarize
+from asyncsoak._view._summary import SCREEN_LINES, exit_text, summarize
 
 from .conftest import asyncsoak_cli
 from .soak_runs import Runs, make_runs
@@ -35,11 +35,12 @@ def test_stalled_summary_says_what_to_look_at(runs: Runs) -> None:
     assert "stale_progress at " in text
     assert re.search(r"Progress stopped \d+\.\ds into the run", text)
     assert "idle while stalled" in text
-    assert "GPU utilisation while stalled: gpu0 about 0%, gpu1 about 0%" in text
+    assert "GPUs while stalled: idle (gpu0 0%, gpu1 0% utilisation)." in text
     assert "hw_slowdown" in text
     assert "tree RSS" in text
     assert text.rstrip().splitlines()[-3].strip() == "waiting for the other ranks (all_reduce)..."
-    assert len(text.splitlines()) < 60
+    # About one screen (one line of it names the training's step, rate and loss).
+    assert len(text.splitlines()) <= SCREEN_LINES
 
 
 def test_summary_json_has_the_same_facts(runs: Runs) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,12 +21,14 @@ from asyncsoak._analysis._trends import (
     theil_sen,
     windowed_minima,
 )
+from asyncsoak._analysis._trendwatch import TrendWatch
 from asyncsoak._process._crash import describe, find_exception
 from asyncsoak._units import check_size, format_duration, parse_size
 
 from .trend_shapes import BASE, STABLE, GiB, MiB, detection_time, leak, times
 
 MIN_GROWTH, MIN_RATIO = FLOORS["bytes"]
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def judge(t: list[float], values: list[float], **options: Any) -> Trend:
@@ -330,3 +334,43 @@ def test_nccl_errors_and_a_shells_killed_without_a_traceback() -> None:
         assert cause is not None
         assert cause.kind == "killed"
     assert find_exception("all good\nbye\n") is None
+
+
+def _torchrun_sample(processes: list[list[int | None]], fds: int, threads: int) -> dict[str, Any]:
+    """A sample event of the recorded torchrun job: its processes and their tree."""
+    return {
+        "tree": {
+            "processes": len(processes),
+            "anon_bytes": sum(p[1] or 0 for p in processes),
+            "rss_bytes": sum(p[2] or 0 for p in processes),
+            "fds": fds,
+            "threads": threads,
+        },
+        "processes": [
+            {
+                "pid": pid,
+                "name": "python",
+                "state": "sleeping",
+                "anon_bytes": anon,
+                "rss_bytes": rss,
+                "threads": count,
+                "fds": files,
+            }
+            for pid, anon, rss, count, files in processes
+        ],
+    }
+
+
+def test_the_start_up_ramp_of_ranks_born_late_is_no_leak_live() -> None:
+    """A real torchrun job (tests/fixtures/torchrun/startup_ramp.json): its ranks are born 5 s
+    in and ramp for 5 s more (torch's import, the process group); judged live after every
+    sample, no series is ever called a leak."""
+    recorded = json.loads((FIXTURES / "torchrun" / "startup_ramp.json").read_text())
+    watch = TrendWatch()
+    watch.configure({"sample_interval_seconds": recorded["interval"]})
+    calls = []
+    for t, processes, fds, threads in recorded["samples"]:
+        watch.add_sample(t, _torchrun_sample(processes, fds, threads))
+        trends = watch.evaluate(lambda _: None, live=True)
+        calls += [(t, key) for key, entry in trends.items() if entry["verdict"] == "leak"]
+    assert calls == []

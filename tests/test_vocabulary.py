@@ -16,7 +16,13 @@ from asyncsoak import read_journal
 from asyncsoak._record import _schema
 from asyncsoak._record._artifact import load_schema
 from asyncsoak._record._events import Event
-from asyncsoak._record._vocabulary import EventKind, FailureReason, SoakStatus, StopCause
+from asyncsoak._record._vocabulary import (
+    EventKind,
+    FailureReason,
+    GpuFaultKind,
+    SoakStatus,
+    StopCause,
+)
 
 from .soak_runs import Runs, make_runs
 
@@ -40,6 +46,19 @@ def _schema_enum(*where: str) -> list[Any]:
         (SoakStatus, ("properties", "status")),
         (FailureReason, ("properties", "failures", "items", "properties", "reason")),
         (StopCause, ("properties", "stop", "properties", "cause")),
+        (
+            GpuFaultKind,
+            (
+                "properties",
+                "gpu_health",
+                "additionalProperties",
+                "properties",
+                "faults",
+                "items",
+                "properties",
+                "fault",
+            ),
+        ),
     ],
 )
 def test_enum_matches_the_schema_both_ways(enum: type[StrEnum], where: tuple[str, ...]) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncsoak._view._live import FINAL_VERDICT_ROWS
+
 from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
 from .soak_runs import killed_monitor_journal, run_args
 
@@ -215,3 +217,108 @@ def test_watch_reads_a_rotated_journal_from_its_first_segment(tmp_path: Path) ->
     assert followed.returncode == 0, followed.stderr
     last = followed.stdout.splitlines()[-1]
     assert last == f"asyncsoak: PASSED WITH WARNINGS; no artifact at {tmp_path / 'soak.json'}"
+
+
+def test_watch_behind_the_journal_reads_to_its_end_before_calling_the_monitor_gone(
+    tmp_path: Path,
+) -> None:
+    """The monitor wrote a long backlog, its verdict, and let go of its journal while the
+    view was seconds behind (a loaded machine): watch reads to the end and gives the
+    verdict; it does not call the monitor gone."""
+    import fcntl
+    import os
+
+    from asyncsoak._record._journal import JournalEncoder
+
+    encoder = JournalEncoder()
+    journal = tmp_path / "soak.jsonl"
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    header = {"t": 0.0, "kind": "header", "started_at": now, "config": {}}
+    journal.write_text(encoder.encode(header) + encoder.encode({"t": 0.1, "kind": "started"}))
+    lock = os.open(journal, os.O_RDONLY)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # as the monitor holds it
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "asyncsoak", "watch", str(journal), "--status-interval", "60"],
+        cwd=tmp_path,
+        env=CLI_ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert "starting" in _readline(watch, time.monotonic() + 30)
+        # 48 MiB of progress (the view reads 4 MiB a refresh: six seconds of reading).
+        line = encoder.encode({"t": 1.0, "kind": "progress", "changed": 1, "paths": ["x" * 2**16]})
+        with journal.open("a") as f:
+            for _ in range(48 * 2**20 // len(line)):
+                f.write(line)
+            f.write(encoder.encode({"t": 2.0, "kind": "finished", "status": "passed"}))
+        os.close(lock)  # the monitor is done
+        out, errors = watch.communicate(timeout=60)
+    finally:
+        if watch.returncode is None:
+            watch.kill()
+            watch.communicate()
+    assert watch.returncode == 0, out + errors
+    assert "is gone" not in out
+    assert out.splitlines()[-1] == f"asyncsoak: PASSED; no artifact at {tmp_path / 'soak.json'}"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rich") is None, reason="needs the live extra")
+def test_the_full_screens_last_frame_leaves_room_for_the_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last frame of the full screen, on a 100x30 terminal, is shorter than the terminal
+    by the verdict's lines printed after it: its first row (the verdict so far) stays on
+    screen instead of being scrolled off."""
+    import io
+
+    from asyncsoak._view._live import LiveState, RichView
+
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setenv("LINES", "30")
+    log = tmp_path / "soak.log"
+    log.write_text("".join(f"step {i}\n" for i in range(200)))
+    state = LiveState()
+    header = {"t": 0, "kind": "header", "started_at": "2026-01-01T00:00:00Z", "config": {}}
+    for event in [
+        header | {"log_path": str(log)},
+        {"t": 0.1, "kind": "started", "pid": 1},
+        {"t": 2.0, "kind": "progress", "changed": 1},
+        {"t": 9.0, "kind": "finished", "status": "passed"},
+    ]:
+        state.add(event)
+    stream = io.StringIO()
+    view = RichView(stream, screen=True)
+    view.close(state.status(0.0))
+    frame = stream.getvalue().rstrip("\n").splitlines()
+    assert "finished: passed" in frame[0], frame
+    assert len(frame) <= 30 - FINAL_VERDICT_ROWS, frame
+    assert frame[-1].startswith("step 199"), frame
+    assert "n/a" not in "\n".join(frame)  # never sampled: no placeholder peaks
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rich") is None, reason="needs the live extra")
+def test_the_full_screen_at_its_narrowest_keeps_its_row_labels_whole() -> None:
+    """At 60 columns (the narrowest the full screen takes), a long stall row is cut at its
+    end, never the row's label (``prog…``)."""
+    from rich.console import Console
+
+    from asyncsoak._view._live import SCREEN_MIN_COLUMNS, LiveState
+    from asyncsoak._view._screen import render_screen
+
+    state = LiveState()
+    header = {"t": 0, "kind": "header", "started_at": "2026-01-01T00:00:00Z"}
+    for event in [
+        header | {"config": {"stale_progress_seconds": 7200.0}},
+        {"t": 0.1, "kind": "started", "pid": 1},
+        *({"t": 1.0 + i, "kind": "progress", "changed": 1} for i in range(40)),
+    ]:
+        state.add(event)
+    assert state.started_at is not None
+    width = SCREEN_MIN_COLUMNS
+    console = Console(record=True, width=width, height=20, color_system=None)
+    console.print(render_screen(state.status(state.started_at + 3000.0), width, 20))
+    rows = console.export_text().splitlines()
+    assert any(row.startswith("progress  40 changes") for row in rows), rows
+    assert any(row.startswith("stall ") for row in rows), rows

@@ -12,12 +12,14 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from .._process._ranks import WRAPPER_NAMES
 from .._record._events import MEMORY_CGROUP_LIMITS
 from .._record._series import SeriesBuffer
+from ._activity import GpuActivity, stall_activity
 from ._trends import (
     FLOORS,
     RECENT_FRACTIONS,
@@ -69,11 +71,8 @@ SHUTDOWN_SECONDS = 0.5
 #: Progress-rate buckets: this many sample intervals, within these bounds (seconds).
 RATE_BUCKET_INTERVALS = 5
 RATE_BUCKET_BOUNDS = (0.5, 60.0)
-#: A tree is busy, not waiting, above these (percent of one core; GPU utilisation), as a
-#: mean over the last ``ACTIVITY_SAMPLES`` samples: a waiting tree uses next to nothing, and a
-#: spinning one on a loaded machine gets a share of a core, not all of it.
-BUSY_CPU_PERCENT = 5.0
-BUSY_GPU_PERCENT = 10.0
+#: What a stalled tree was doing is judged (``_activity``) on the mean of its last this many
+#: samples.
 ACTIVITY_SAMPLES = 10
 #: The tree's judged memory, by preference (the first the sample has), with what it measures:
 #: anonymous + shared memory, counted once (PSS, ``--detailed-memory``) or per process; RSS
@@ -95,6 +94,10 @@ GPU_RELEASE_FLOOR_RATIO = 0.02
 GPU_SETTLE_SECONDS = 1.0
 #: Growth floors of series in "per_minute" (the progress rate is judged by progress_slowing).
 SERIES_UNITS = {"bytes": FLOORS["bytes"], "count": FLOORS["count"]}
+
+
+#: A recent reading of :meth:`TrendWatch.stalled` (a figure, a flag, a GPU's readings).
+_Reading = TypeVar("_Reading")
 
 
 @dataclass(slots=True)
@@ -207,7 +210,8 @@ class TrendWatch:
         self.tree_memory: tuple[str, int] | None = None
         self.tree_gpu_bytes: int | None = None
         self.disk_free: dict[str, tuple[str, int]] = {}  # label -> (path, free bytes)
-        self.recent_cpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
+        #: (when, figure) of the last samples, judged by :meth:`activity`.
+        self.recent_cpu: deque[tuple[float, float]] = deque(maxlen=ACTIVITY_SAMPLES)
         #: Whose CPU ``recent_cpu`` is: the ranks' once the tree has ranks (a launcher polls
         #: its ranks and is busy or idle whatever they do), the whole tree's otherwise.
         self.cpu_of = "tree"
@@ -221,14 +225,22 @@ class TrendWatch:
         #: rank -> since when it has been behind; and the stragglers found, by rank.
         self._behind_since: dict[str, float] = {}
         self.stragglers: dict[str, dict[str, Any]] = {}
-        self.recent_gpu: deque[float] = deque(maxlen=ACTIVITY_SAMPLES)
+        #: GPU index -> its last (utilisation, power, power limit) readings.
+        self.recent_gpus: dict[
+            int, deque[tuple[float, tuple[float | None, float | None, float | None]]]
+        ] = {}
         self.uninterruptible: list[str] = []
+        #: Whether a process of the tree was running or runnable, in each recent sample.
+        self.recent_running: deque[tuple[float, bool]] = deque(maxlen=ACTIVITY_SAMPLES)
+        #: When the progress dir last changed (seconds), as the progress events said.
+        self.last_progress_t: float | None = None
         self.peak_tree_rss: int | None = None
         self.peak_machine_used: int | None = None
         #: Series -> what the live judgement said of it (``trend`` events): when a leak was
         #: first called, and when (if) it was withdrawn.
         self.live_calls: dict[str, dict[str, float | None]] = {}
-        # Progress rate.
+        # Progress rate: file changes, and the training steps' own rate when they are written.
+        self.step_rate = SeriesBuffer()
         self.rate = SeriesBuffer()
         self._rate_start: float | None = None
         self._rate_changes = 0
@@ -305,7 +317,7 @@ class TrendWatch:
             self.cpu_of = "ranks"
             cpu = ranks_cpu
         if cpu is not None:
-            self.recent_cpu.append(float(cpu))
+            self.recent_cpu.append((t, float(cpu)))
         machine = event.get("machine") or {}
         used = machine.get("memory_used_bytes")
         if used is not None:
@@ -322,11 +334,18 @@ class TrendWatch:
                 f"disk.{label}.free_bytes", "bytes", f"free space of the {label} filesystem", "down"
             ).add(t, free)
         uninterruptible = []
+        running = False
         for proc in event.get("processes") or []:
             self._add_process(t, proc)
-            if proc.get("state") == "disk-sleep":
+            state = proc.get("state")
+            if state == "disk-sleep":
                 uninterruptible.append(f"pid {proc.get('pid')} ({proc.get('name')})")
+            # Once the tree has ranks, theirs: a launcher polling them says nothing.
+            counts = self.cpu_of != "ranks" or "rank" in (self.roles.get(int(proc["pid"])) or {})
+            running = running or (counts and state == "running")
         self.uninterruptible = uninterruptible
+        if event.get("processes"):
+            self.recent_running.append((t, running))
         self._close_rate_bucket(t)
         self._judge_stragglers(t)
 
@@ -349,7 +368,23 @@ class TrendWatch:
             role = self.roles.get(pid)
             if role is not None and "rank" in role and proc.get("cpu_percent") is not None:
                 cpu = (cpu or 0.0) + float(proc["cpu_percent"])
+        # A sample lists every process of the tree.  A gone process that inherited its
+        # parent's rank (a data loader's worker of a past epoch) is forgotten, to leave room
+        # for the new ones: the artifact's ranks keep each rank's own process, and the
+        # launchers, even once gone.
+        alive = {int(proc["pid"]) for proc in processes}
+        for pid in [p for p in self.roles if p not in alive and self._inherited_role(p)]:
+            del self.roles[pid], self.role_parents[pid], self.role_names[pid]
         return cpu
+
+    def _inherited_role(self, pid: int) -> bool:
+        """Whether ``pid``'s role is its parent's (a rank's worker; a rank that a shell
+        started is not: see :func:`._ranks.rank_leaders`)."""
+        ppid = self.role_parents.get(pid, 0)
+        parent = self.roles.get(ppid)
+        if parent is None or self.role_names.get(ppid) in WRAPPER_NAMES:
+            return False
+        return parent == self.roles.get(pid)
 
     def _track(
         self,
@@ -457,6 +492,16 @@ class TrendWatch:
             index = gpu.get("index")
             if index is None:
                 continue
+            self.recent_gpus.setdefault(int(index), deque(maxlen=ACTIVITY_SAMPLES)).append(
+                (
+                    t,
+                    (
+                        gpu.get("utilization_gpu_percent"),
+                        gpu.get("power_draw_w"),
+                        gpu.get("power_limit_w"),
+                    ),
+                )
+            )
             total = gpu.get("memory_total_mib")
             if total is not None:
                 self.gpu_total[int(index)] = int(total * MiB)
@@ -468,19 +513,15 @@ class TrendWatch:
         if processes is None:
             return
         tree_total = 0
-        utilisation: list[float] = []
-        gpus_of_tree = set()
         for proc in processes:
             if not proc.get("in_tree"):
                 continue
             used = proc.get("used_gpu_memory_mib")
             value = None if used is None else int(used * MiB)
             tree_total += value or 0
-            if proc.get("gpu_index") is not None:
-                gpus_of_tree.add(proc["gpu_index"])
-                if value:
-                    self.gpus_of_tree.add(int(proc["gpu_index"]))
-                    self.gpu_pids_of_tree[int(proc["pid"])] = str(proc.get("name") or "?")
+            if proc.get("gpu_index") is not None and value:
+                self.gpus_of_tree.add(int(proc["gpu_index"]))
+                self.gpu_pids_of_tree[int(proc["pid"])] = str(proc.get("name") or "?")
             record = self.processes.get(int(proc["pid"]))
             if record is not None and value is not None:
                 record.gpu_now = value
@@ -493,15 +534,15 @@ class TrendWatch:
                         name=record.name,
                     )
                 record.gpu.add(t, value)
-        for gpu in event.get("gpus") or []:
-            if gpu.get("index") in gpus_of_tree and gpu.get("utilization_gpu_percent") is not None:
-                utilisation.append(float(gpu["utilization_gpu_percent"]))
-        if utilisation:
-            self.recent_gpu.append(max(utilisation))
         self.tree_gpu_bytes = tree_total
         self._track("tree.gpu_memory_bytes", "bytes", "GPU memory of the tree").add(t, tree_total)
 
+    def add_step_rate(self, t: float, steps_per_second: float | None) -> None:
+        if steps_per_second is not None:
+            self.step_rate.add(t, {"steps_per_second": steps_per_second})
+
     def add_progress(self, t: float, event: dict[str, Any]) -> None:
+        self.last_progress_t = max(t, self.last_progress_t or t)
         if self.end_t is None or t <= self.end_t:
             window = self.straggler_window()
             for rank, grown in (event.get("rank_grown_bytes") or {}).items():
@@ -573,7 +614,7 @@ class TrendWatch:
     # -- judging -------------------------------------------------------------------------
 
     def analysed_from(self, *, live: bool = False) -> float:
-        """Start of the analysed span: the same for every series.
+        """Start of the analysed span of the run (the machine's and the disks' series).
 
         At the end the default warm-up is 10 % of the run.  During the run it is also at least
         ``LIVE_WARM_UP_INTERVALS`` samples (at most ``WARM_UP_MAX_SECONDS``): early on, a
@@ -583,7 +624,11 @@ class TrendWatch:
         if self.warm_up_seconds is not None:
             return first + self.warm_up_seconds
         track = next((self.tracks[k] for k, _ in TREE_MEMORY_SERIES if k in self.tracks), None)
-        warm_up = default_warm_up(track.floors.times if track is not None else [])
+        return self._warm_up_end(first, track.floors.times if track is not None else [], live)
+
+    def _warm_up_end(self, first: float, times: list[float], live: bool) -> float:
+        """The end of the default warm-up of a series born at ``first`` sampled at ``times``."""
+        warm_up = default_warm_up(times)
         if live:
             floor = LIVE_WARM_UP_INTERVALS * (self.interval or 1.0)
             warm_up = max(warm_up, min(WARM_UP_MAX_SECONDS, floor))
@@ -616,28 +661,45 @@ class TrendWatch:
             # several samples at a short interval): the last moments are no floor of the run.
             stop = self.end_t - max(SHUTDOWN_SAMPLES * (self.interval or 0.0), SHUTDOWN_SECONDS)
         span = max(0.0, stop - start)
-        out: dict[str, dict[str, Any]] = {}
+        judged: list[tuple[str, Track, list[float], float]] = []
+        # A process born late (a launcher's ranks, a worker) has a start-up ramp of its own
+        # (imports, a caching allocator, a process group), which rises like a leak until it
+        # ends: its warm-up runs from its birth, not the run's start.  The tree's memory, files
+        # and threads sum its processes: they are judged once every judged process's
+        # warm-up is over.
+        tree_start = start
         for key, track in self.judged():
-            times = track.floors.times
-            cut = bisect.bisect_right(times, stop)
-            times = times[:cut]
+            times = track.floors.times[: bisect.bisect_right(track.floors.times, stop)]
             if not times:
                 continue
-            if track.pid is not None and not self._covers(times, start, stop, span):
-                continue  # lived through too little of the span to be judged
+            series_start = start
+            if track.pid is not None:
+                if not self._covers(times, start, stop, span):
+                    continue  # lived through too little of the span to be judged
+                if self.warm_up_seconds is None:
+                    series_start = max(start, self._warm_up_end(times[0], times, live))
+                    tree_start = max(tree_start, series_start)
+            judged.append((key, track, times, series_start))
+        out: dict[str, dict[str, Any]] = {}
+        for key, track, times, series_start in judged:
+            if key.startswith("tree."):
+                series_start = tree_start
             min_growth, min_ratio = SERIES_UNITS[track.unit]
             trend = estimate_trend(
                 times,
-                track.floors.column("v")[:cut],
+                track.floors.column("v")[: len(times)],
                 min_growth=min_growth,
                 min_ratio=min_ratio,
-                warm_up_seconds=max(0.0, start - times[0]),
+                warm_up_seconds=max(0.0, series_start - times[0]),
                 direction=track.direction,
             )
             out[key] = self._entry(key, track, trend, wall)
-        rate = self._rate_entry(start)
+        rate = self._rate_entry(start, self.rate, "changes_per_minute")
         if rate is not None:
             out["progress.changes_per_minute"] = rate
+        step_rate = self._rate_entry(start, self.step_rate, "steps_per_second")
+        if step_rate is not None:
+            out["progress.steps_per_second"] = step_rate
         return out
 
     def _covers(self, times: list[float], start: float, stop: float, span: float) -> bool:
@@ -734,9 +796,9 @@ class TrendWatch:
             return None, None
         return min(known)
 
-    def _rate_entry(self, start: float) -> dict[str, Any] | None:
-        times = self.rate.times
-        rates = self.rate.column("changes_per_minute")
+    def _rate_entry(self, start: float, series: SeriesBuffer, name: str) -> dict[str, Any] | None:
+        times = series.times
+        rates = series.column(name)
         if len(times) < 2:
             return None
         slowing = progress_slowing(times, rates, analysed_from=start)
@@ -745,8 +807,8 @@ class TrendWatch:
             "verdict": "slowing"
             if slowing
             else ("stable" if len(analysed) >= 8 else "inconclusive"),
-            "unit": "per_minute",
-            "label": "progress rate",
+            "unit": "per_minute" if name == "changes_per_minute" else "per_second",
+            "label": "progress rate" if name == "changes_per_minute" else "step rate",
             "pid": None,
             "name": None,
             "slope_per_hour": None,
@@ -803,21 +865,62 @@ class TrendWatch:
         top = sorted(self.processes.values(), key=lambda r: -r.peak_rss)[:TOP_PROCESSES]
         return [r.to_json() for r in top]
 
-    def activity(self) -> str:
-        """What a stalled tree is doing: busy, idle (waiting) or in uninterruptible sleep."""
-        if self.uninterruptible:
-            return "in uninterruptible sleep (I/O): " + ", ".join(self.uninterruptible[:4])
-        cpu = sum(self.recent_cpu) / len(self.recent_cpu) if self.recent_cpu else None
-        gpu = sum(self.recent_gpu) / len(self.recent_gpu) if self.recent_gpu else None
-        whose = "the ranks' CPU" if self.cpu_of == "ranks" else "CPU"
-        figures = f"{whose} {cpu:.0f}%" if cpu is not None else f"{whose} unknown"
-        if gpu is not None:
-            figures += f", GPU {gpu:.0f}%"
-        if (cpu or 0) >= BUSY_CPU_PERCENT or (gpu or 0) >= BUSY_GPU_PERCENT:
-            return f"busy ({figures}): slow or spinning"
-        if cpu is None and gpu is None:
-            return "of unknown activity (no sample yet)"
-        return f"idle ({figures}): waiting, a deadlock or a hung collective"
+    def activity(self) -> dict[str, Any]:
+        """What a stalled tree is doing (busy, idle, in uninterruptible sleep) and its GPUs
+        (idle, busy, busy at low power), over its last samples taken in the stall (see
+        :meth:`stalled`): see ``_activity``.
+
+        The median CPU, not the mean: the first sample after a stall begins still carries the
+        work just before it, and one such sample would drag a short window's mean up (the
+        views' ``series_typical`` reads a stall window the same way)."""
+        cpus: list[float] = self.stalled(self.recent_cpu)
+        cpu = _median(cpus)
+        running = self.stalled(self.recent_running)
+        share = sum(running) / len(running) if running else None
+        return stall_activity(
+            cpu, self.uninterruptible, share, self.recent_gpu_activity(), cpu_of=self.cpu_of
+        )
+
+    def recent_gpu_activity(self) -> list[GpuActivity]:
+        """The tree's GPUs (every GPU while none is known to be the tree's), their medians over
+        the last samples taken in the stall."""
+        indices = sorted(self.gpus_of_tree or self.recent_gpus)
+        activity = []
+        for index in indices:
+            readings = self.stalled(self.recent_gpus.get(index, deque()))
+            activity.append(
+                GpuActivity(
+                    index,
+                    _median([u for u, _, _ in readings]),
+                    _median([p for _, p, _ in readings]),
+                    _median([limit for _, _, limit in readings]),
+                )
+            )
+        return activity
+
+    def stalled(self, recent: deque[tuple[float, _Reading]]) -> list[_Reading]:
+        """The recent readings measured after the last progress.
+
+        The last samples before a stall's rule fires may still hold the work before it (10
+        samples at a 5 s interval are 50 s, against a stall rule of 10 s): those of the stall
+        say what the tree does now.  A sample measures the interval before it: the readings
+        whose whole interval follows the last progress, else those taken after it, else all
+        (no progress yet: the whole run is the stall).
+        """
+        since = self.last_progress_t
+        if since is not None:
+            interval = self.interval or 0.0
+            after = [v for t, v in recent if t - interval >= since] or [
+                v for t, v in recent if t > since
+            ]
+            if after:
+                return after
+        return [v for _, v in recent]
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def straggler_text(found: dict[str, Any]) -> str:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from .._analysis._trendwatch import TREE_MEMORY_SERIES
 from .._errors import ValidationError, ValidationTypeError
 from .._record._exit_codes import verdict_exit_code
 from .._record._vocabulary import SoakStatus
+from .._redact import redact_url_passwords
 from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
 from .._timestamps import epoch
 from .._units import MAX_SECONDS
@@ -59,6 +61,23 @@ MAX_RANK_LABELS = 64
 MAX_RANK_PROCESSES = 4096
 
 INSTALL_HINT = "live metrics need prometheus_client: pip install 'asyncsoak[metrics]'"
+
+
+#: The step event's figures exported as gauges: (metric, event key, help).
+_STEP_METRICS = (
+    ("asyncsoak_max_steps", "max_steps", "The training's total steps, when known."),
+    (
+        "asyncsoak_steps_per_second",
+        "steps_per_second",
+        "Training steps per second (over the last 30 s of advances).",
+    ),
+    ("asyncsoak_loss", "loss", "The newest finite training loss the trainer wrote."),
+    (
+        "asyncsoak_eta_seconds",
+        "eta_seconds",
+        "Seconds until max_steps at the current step rate, when both are known.",
+    ),
+)
 
 
 class MetricsUnavailableError(ValidationError):
@@ -191,6 +210,11 @@ class SoakMetrics:
         self.finished_t: float | None = None
         self.changes = 0
         self.last_progress_t: float | None = None
+        #: The training steps, once the trainer wrote one (then they are the progress).
+        self.step: int | None = None
+        self.steps: Mapping[str, Any] = {}
+        #: Whether the steps are the progress that counts (else the file changes still are).
+        self.steps_count = False
         #: When the last sample was taken (Unix time): the monitor's heartbeat.
         self.last_sample_epoch: float | None = None
         #: ... and on the soak's own clock (seconds since its start), which /healthz ages.
@@ -202,6 +226,10 @@ class SoakMetrics:
         self.rank_cpu: dict[int, float] = {}
         self.gpus: dict[str, _Gpu] = {}
         self.degraded: dict[str, bool] = dict.fromkeys(SAMPLERS, False)
+        #: (gpu index, uuid, Xid code) -> Xid errors seen; (gpu index, uuid) -> 1 once a fault
+        #: that fails a run was seen on that GPU (0 for every other GPU sampled).
+        self.xid_errors: dict[tuple[str, str, str], int] = {}
+        self.gpu_faulted: dict[tuple[str, str], bool] = {}
         self.growth_bytes_per_second: float | None = None
         self.projected_exhaustion: float | None = None
         #: Called after each event that changes what a textfile should say.
@@ -242,7 +270,17 @@ class SoakMetrics:
             self.started_t = t
         elif kind == "progress":
             self.changes += int(event.get("changed") or 0)
-            self.last_progress_t = t
+            if not self.steps_count:
+                self.last_progress_t = t
+            self._fold_stale_limit(event)
+        elif kind == "step":
+            step = int(event.get("step") or 0)
+            self.steps_count = self.steps_count or bool(event.get("counts", True))
+            if step != self.step and self.steps_count:
+                self.last_progress_t = t
+            self.step = step
+            self.steps = event
+            self._fold_stale_limit(event)
         elif kind == "sample":
             self.tree = dict((event.get("points") or {}).get("tree") or {})
             # On the soak's own clock, as the progress timestamp: the sample's time, not the
@@ -253,6 +291,8 @@ class SoakMetrics:
             self._fold_ranks(event.get("processes") or [])
         elif kind == "gpu_sample":
             self._fold_gpus(event)
+        elif kind == "gpu_fault":
+            self._fold_gpu_fault(event)
         elif kind == "sampler_degraded":
             self.degraded[str(event.get("sampler"))] = True
         elif kind == "sampler_recovered":
@@ -268,10 +308,31 @@ class SoakMetrics:
             self.finished_t = t
         else:
             return
-        if self.on_change is not None and kind in ("sample", "started", "finished", "failure"):
+        if self.on_change is not None and kind in (
+            "sample",
+            "started",
+            "finished",
+            "failure",
+            "gpu_fault",
+        ):
             self.on_change()
 
-    def _fold_ranks(self, processes: Iterable[Mapping[str, Any]]) -> None:
+    def _fold_stale_limit(self, event: Mapping[str, Any]) -> None:
+        """``--stale-progress auto``: the limit in force, as the watchdog learned it."""
+        limit = _number(event.get("stale_limit_seconds"))
+        if limit is not None:
+            self.stale_limit = limit
+
+    def _fold_gpu_fault(self, event: Mapping[str, Any]) -> None:
+        index = event.get("gpu")
+        key = ("" if index is None else str(index), str(event.get("uuid") or ""))
+        if event.get("xid") is not None:
+            xid = (*key, str(event["xid"]))
+            self.xid_errors[xid] = self.xid_errors.get(xid, 0) + 1
+        if event.get("fails"):
+            self.gpu_faulted[key] = True
+
+    def _fold_ranks(self, processes: Sequence[Mapping[str, Any]]) -> None:
         """Each rank's CPU (its process and the workers that inherit its rank)."""
         cpu: dict[int, float] = {}
         for process in processes:
@@ -288,6 +349,10 @@ class SoakMetrics:
                 continue
             cpu[rank] = cpu.get(rank, 0.0) + (_scaled(process.get("cpu_percent"), 0.01) or 0.0)
         self.rank_cpu = cpu
+        # A sample lists every process of the tree: the gone ones (a data loader's workers
+        # of past epochs, a restarted rank's old process) leave room for the new.
+        alive = {int(process["pid"]) for process in processes}
+        self.rank_of = {pid: rank for pid, rank in self.rank_of.items() if pid in alive}
 
     def _fold_gpus(self, event: Mapping[str, Any]) -> None:
         gpus: dict[str, _Gpu] = {}
@@ -338,9 +403,13 @@ class SoakMetrics:
         """The soak as a dashboard's selector shows it: ``resnet on gpu-node-3, 2026-12-02
         00:37 UTC`` (the job name, the host, the start)."""
         started = self.started_at.replace("T", " ")[:16]
-        return _label_text(
-            f"{self.job_name or '?'} on {self.host}" + (f", {started} UTC" if started else "")
-        )
+        where = " " + _label_text(f"on {self.host}" + (f", {started} UTC" if started else ""))
+        # A long job name is shortened, never the host and the start that tell soaks apart.
+        room = max(TITLE_NAME_MIN, TITLE_LABEL_MAX - len(where))
+        name = self.job_name or "?"
+        if len(name) > room:
+            name = name[: room - 1] + "…"
+        return _label_text(name + where)
 
     def elapsed(self) -> float | None:
         """Seconds since the soak started on the events' clock; frozen once it finished."""
@@ -491,6 +560,7 @@ class SoakMetrics:
                 "timeout before the first progress, 0 for none).",
                 limit,
             )
+        rows.extend(self._step_rows(gauge))
         tree = self.tree
         for name, key, scale, help_text in _TREE_METRICS:
             value = _scaled(tree.get(key), scale)
@@ -528,6 +598,7 @@ class SoakMetrics:
                 )
             )
         rows.extend(self._gpu_rows())
+        rows.extend(self._gpu_health_rows())
         rows.append(
             (
                 "asyncsoak_sampler_degraded",
@@ -540,6 +611,17 @@ class SoakMetrics:
             )
         )
         return rows
+
+    def _step_rows(self, gauge: Callable[[str, str, float], None]) -> list[Row]:
+        """The training's own figures, once the trainer wrote a step."""
+        if self.step is None:
+            return []
+        gauge("asyncsoak_step", "The training step, as the trainer's files say.", self.step)
+        for name, key, help_text in _STEP_METRICS:
+            value = _number(self.steps.get(key))
+            if value is not None:
+                gauge(name, help_text, value)
+        return []
 
     def _gpu_rows(self) -> list[Row]:
         samples: dict[str, list[Sample]] = {name: [] for name in _GPU_HELP}
@@ -574,13 +656,54 @@ class SoakMetrics:
             )
         return rows
 
+    def _gpu_health_rows(self) -> list[Row]:
+        """The Xid counter by code and the fault gauge per GPU, labelled as dcgm-exporter
+        labels GPUs (``gpu``, ``UUID``), so PromQL joins with its series."""
+        soak = ("soak_id", self.soak_id)
+        faulted = {(index, gpu.uuid): False for index, gpu in self.gpus.items()}
+        faulted.update(self.gpu_faulted)
+        rows: list[Row] = []
+        if faulted:
+            rows.append(
+                (
+                    "asyncsoak_gpu_fault",
+                    "gauge",
+                    "1 once the GPU reported a fault that fails a run (an Xid that fails, an "
+                    "uncorrectable ECC error, a row remap pending or failed, the GPU lost).",
+                    [
+                        ("asyncsoak_gpu_fault", (("UUID", uuid), ("gpu", index), soak), float(bad))
+                        for (index, uuid), bad in sorted(faulted.items())
+                    ],
+                )
+            )
+        if self.xid_errors:
+            rows.append(
+                (
+                    "asyncsoak_gpu_xid_errors",
+                    "counter",
+                    "Xid errors the kernel logged for the GPU, by Xid code.",
+                    [
+                        (
+                            "asyncsoak_gpu_xid_errors_total",
+                            (("UUID", uuid), ("gpu", index), soak, ("xid", xid)),
+                            float(count),
+                        )
+                        for (index, uuid, xid), count in sorted(self.xid_errors.items())
+                    ],
+                )
+            )
+        return rows
+
     def collect(self) -> Iterator[Metric]:
         """The families for a ``prometheus_client`` registry."""
         return families(self.rows())
 
 
-#: Interpreters whose first argument names the program (``python train.py``).
-_INTERPRETERS = ("python", "python3", "bash", "sh", "uv", "torchrun", "accelerate", "deepspeed")
+#: Interpreters whose script names the program (``python train.py``), a Python's version
+#: aside (``python3.11``); ``shred`` or ``sha256sum`` are no shell.
+_INTERPRETER = re.compile(r"(?:python|pypy)[\d.]*|bash|sh|uv|torchrun|accelerate|deepspeed")
+#: Characters of the job name a title keeps at least (the host and the start are kept).
+TITLE_NAME_MIN = 24
 #: Characters a label shown in a dashboard's selector keeps at most.
 TITLE_LABEL_MAX = 120
 
@@ -591,7 +714,7 @@ def program_name(command: list[str]) -> str:
     if not command:
         return ""
     name = os.path.basename(command[0])
-    if not name.startswith(_INTERPRETERS):
+    if not _INTERPRETER.fullmatch(name):
         return name
     rest = command[1:]
     for i, arg in enumerate(rest):
@@ -599,7 +722,7 @@ def program_name(command: list[str]) -> str:
             return name  # an inline script has no name
         if arg == "-m" and i + 1 < len(rest):
             return rest[i + 1]
-        if arg.endswith(".py"):
+        if arg.endswith((".py", ".sh")):
             return os.path.basename(arg)
     return name
 
@@ -607,7 +730,9 @@ def program_name(command: list[str]) -> str:
 def _label_text(value: object) -> str:
     """A label a dashboard shows in a selector: one line, no double quote (Grafana's
     variable regex reads the label out of ``query_result``'s text), bounded."""
-    text = " ".join(str(value).split()).replace('"', "'")
+    # A job name is the user's free text (SLURM's comes from the environment): a URL's
+    # password in it is masked as in the artifact.
+    text = redact_url_passwords(" ".join(str(value).split())).replace('"', "'")
     return text[:TITLE_LABEL_MAX]
 
 
@@ -675,6 +800,8 @@ SOAK_METRIC_NAMES = frozenset(
         "asyncsoak_memory_projected_exhaustion_timestamp_seconds",
         *_GPU_HELP,
         "asyncsoak_gpu_throttle",
+        "asyncsoak_gpu_fault",
+        "asyncsoak_gpu_xid_errors_total",
         "asyncsoak_sampler_degraded",
     }
 )

@@ -6,7 +6,9 @@ sleeps in (``wchan``), its kernel stack when readable, its threads, and for Pyth
 a stack dump with ``py-spy`` when it is installed.  Everything is bounded in time: a process in
 ``D`` state or a ``py-spy`` that hangs cannot hold up the stop sequence.
 
-:func:`oom_kills` reads the kernel log for processes of the tree that the OOM killer ended.
+:func:`oom_kills` reads the kernel log for processes of the tree that the OOM killer ended;
+:class:`KernelLogFollower` follows it from a soak's start (the GPU sampler reads Xid errors from
+it).  Both read records through :func:`kernel_log_records`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,8 @@ MAX_PY_SPY = 16
 PY_SPY_TIMEOUT_SECONDS = 5.0
 #: Records read from the kernel log at most.
 MAX_KMSG_RECORDS = 100_000
+#: Records a follower takes at one tick at most (a flood of kernel messages waits its turn).
+MAX_KMSG_RECORDS_PER_READ = 2_000
 
 
 def _read(path: str, limit: int = 64 * 1024) -> str | None:
@@ -225,31 +229,76 @@ def _read_oom_records(kmsg: Path) -> list[_OomRecord] | None:
         return None
     found: list[_OomRecord] = []
     try:
-        for _ in range(MAX_KMSG_RECORDS):
-            try:
-                record = os.read(fd, 8192)
-            except BlockingIOError:
-                break
-            except OSError:
-                # EPIPE: records were overwritten while reading; the next read goes on.
-                continue
-            if not record:
-                break
-            head, _, message = record.decode("utf-8", errors="replace").partition(";")
+        for at, message in kernel_log_records(fd, MAX_KMSG_RECORDS):
             match = _KILLED.search(message)
-            fields = head.split(",")
-            if match and len(fields) >= 3:
+            if match:
                 found.append(
-                    (
-                        int(fields[2]) / 1e6,
-                        int(match["pid"]),
-                        match["name"],
-                        message.strip().splitlines()[0][:500],
-                    )
+                    (at, int(match["pid"]), match["name"], message.strip().splitlines()[0][:500])
                 )
     finally:
         os.close(fd)
     return found
+
+
+def kernel_log_records(fd: int, limit: int) -> Iterator[tuple[float, str]]:
+    """``(seconds since boot, message)`` of each record readable now from an open, non-blocking
+    ``/dev/kmsg``, ``limit`` at most: the one parse of the kernel log's records.
+
+    A read returns one whole record (``PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE``);
+    ``EPIPE`` means records were overwritten while reading (the next read goes on), and a
+    record too large for the buffer fails with ``EINVAL`` (skipped).  A record without a
+    time is skipped.
+    """
+    for _ in range(limit):
+        try:
+            record = os.read(fd, 8192)
+        except BlockingIOError:
+            return
+        except OSError:
+            continue
+        if not record:
+            return
+        head, _, message = record.decode("utf-8", errors="replace").partition(";")
+        fields = head.split(",")
+        if len(fields) >= 3 and fields[2].isdigit():
+            yield int(fields[2]) / 1e6, message
+
+
+class KernelLogFollower:
+    """The kernel log from now on: records logged after :meth:`open`, never the old ones.
+
+    Reads never block (the soak's ticks call :meth:`new_records` on the event loop); ``None``
+    from :meth:`open` means the log cannot be read here (a container without the capability,
+    a system without ``/dev/kmsg``).
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    @classmethod
+    def open(cls, kmsg: Path = Path("/dev/kmsg")) -> KernelLogFollower | None:
+        try:
+            fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            # /dev/kmsg opens at its oldest record: follow only what is logged from now on.
+            os.lseek(fd, 0, os.SEEK_END)
+        except OSError:
+            os.close(fd)
+            return None
+        return cls(fd)
+
+    def new_records(self, limit: int = MAX_KMSG_RECORDS_PER_READ) -> list[tuple[float, str]]:
+        """The records logged since the previous call (``limit`` at most; the rest wait)."""
+        if self._fd is None:
+            return []
+        return list(kernel_log_records(self._fd, limit))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def seconds_since_boot() -> float:

@@ -174,22 +174,59 @@ def role(name: str, cmdline: Sequence[str] | None, rank: Mapping[str, Any] | Non
     return dict(rank) if rank is not None else None
 
 
+#: Shells and exec helpers that start a rank's program (``srun bash -c 'python train.py'``,
+#: ``torchrun --no-python run.sh``, ``numactl ... python``): they hold the rank's variables
+#: too, but the rank runs in the process they start.
+WRAPPER_NAMES = frozenset(
+    {
+        "sh",
+        "bash",
+        "dash",
+        "zsh",
+        "ksh",
+        "env",
+        "time",
+        "timeout",
+        "nice",
+        "ionice",
+        "nohup",
+        "setsid",
+        "stdbuf",
+        "numactl",
+        "taskset",
+        "chrt",
+    }
+)
+
+
 def rank_leaders(processes: Iterable[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
     """The process of each rank: of the processes holding one rank, the one whose parent does
-    not hold it (a rank's data-loader workers inherit its environment, hence its rank)."""
+    not hold it (a rank's data-loader workers inherit its environment, hence its rank), past
+    the shells and exec helpers that started it (:data:`WRAPPER_NAMES`)."""
     by_pid = {int(p["pid"]): p for p in processes if p.get("pid") is not None}
-    leaders: dict[int, Mapping[str, Any]] = {}
+    ranked_children: set[tuple[int, int]] = set()  # (parent pid, rank)
     for process in by_pid.values():
+        rank = _rank_number(process)
+        if rank is not None:
+            ranked_children.add((int(process.get("ppid") or 0), rank))
+    leaders: dict[int, Mapping[str, Any]] = {}
+    for pid, process in by_pid.items():
         rank = _rank_number(process)
         if rank is None:
             continue
+        if _is_wrapper(process) and (pid, rank) in ranked_children:
+            continue  # the rank runs in the process it started
         parent = by_pid.get(int(process.get("ppid") or 0))
-        if parent is not None and _rank_number(parent) == rank:
+        if parent is not None and _rank_number(parent) == rank and not _is_wrapper(parent):
             continue
         current = leaders.get(rank)
-        if current is None or int(process["pid"]) < int(current["pid"]):
+        if current is None or pid < int(current["pid"]):
             leaders[rank] = process
     return dict(sorted(leaders.items()))
+
+
+def _is_wrapper(process: Mapping[str, Any]) -> bool:
+    return str(process.get("name") or "") in WRAPPER_NAMES
 
 
 def ranks_section(
@@ -201,7 +238,10 @@ def ranks_section(
     tree had neither."""
     if not roles:
         return None
-    processes = [{"pid": pid, "ppid": parents.get(pid), "role": r} for pid, r in roles.items()]
+    processes = [
+        {"pid": pid, "ppid": parents.get(pid), "name": names.get(pid), "role": r}
+        for pid, r in roles.items()
+    ]
     return {
         "ranks": [
             {**dict(p["role"]), "pid": p["pid"], "name": names.get(int(p["pid"]))}
@@ -397,15 +437,14 @@ def judge_ranks(states: Sequence[RankState]) -> dict[str, Any] | None:
     if culprits:
         text = "; ".join(_culprit_text(s) for s in culprits)
         if waiting:
-            verb = "waits" if len(waiting) == 1 else "wait"
-            text += f"; {_ranks_text(waiting)} {verb} in {common}"
+            text += f"; {_waiting_text(waiting, common)}"
     elif len(waiting) == len(states):
         text = (
             f"every rank ({_ranks_list(waiting)}) waits in {common}: a hung communicator, "
             "or a dead peer on another node"
         )
     else:
-        text = f"{_ranks_text(waiting)} wait in {common}"
+        text = _waiting_text(waiting, common)
     first = culprits[0] if culprits else None
     return {
         "culprits": [s.rank for s in culprits],
@@ -437,6 +476,11 @@ def _ranks_list(states: Sequence[RankState]) -> str:
 
 def _ranks_text(states: Sequence[RankState]) -> str:
     return f"rank{'s' if len(states) > 1 else ''} {_ranks_list(states)}"
+
+
+def _waiting_text(states: Sequence[RankState], collective: str | None) -> str:
+    """``rank 0 waits in all_reduce``, ``ranks 0, 2 wait in all_reduce``."""
+    return f"{_ranks_text(states)} {'waits' if len(states) == 1 else 'wait'} in {collective}"
 
 
 def _json(states: Sequence[RankState]) -> list[dict[str, Any]]:

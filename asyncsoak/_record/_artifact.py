@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, cast
 
+from .._analysis._gpu_health import GpuHealthFold
 from .._analysis._trendwatch import TrendWatch
 from .._errors import ValidationError
 from .._process._ranks import ranks_section
@@ -26,7 +27,16 @@ from .._process._ranks import ranks_section
 from .._timestamps import iso as iso
 from .._timestamps import parse_iso
 from ._bounded import UnreadableFileError, open_regular
-from ._schema import Artifact, ExceptionInfo, Exit, Failure, ProcessEntry, Stop, Trend
+from ._schema import (
+    Artifact,
+    ExceptionInfo,
+    Exit,
+    Failure,
+    ProcessEntry,
+    StepsProgress,
+    Stop,
+    Trend,
+)
 from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
 from ._vocabulary import EventKind, StopCause
 
@@ -41,7 +51,11 @@ EVENTS_TAIL = 1500
 SAMPLE_KINDS = frozenset({EventKind.SAMPLE, EventKind.GPU_SAMPLE})
 #: Event kinds left out of ``artifact.events``: the samples, and the header and snapshot,
 #: which have sections of their own.
-_NOT_KEPT = SAMPLE_KINDS | {EventKind.HEADER, EventKind.SNAPSHOT}
+#: Step events (one a scan at most) live on in ``progress.steps`` and the ``steps`` series.
+_NOT_KEPT = SAMPLE_KINDS | {EventKind.HEADER, EventKind.SNAPSHOT, EventKind.STEP}
+#: The series groups of the training steps, and of ``--stale-progress auto``'s limit.
+STEPS_SERIES = "steps"
+STALE_LIMIT_SERIES = "stale_limit"
 #: Bytes of the captured output copied into the artifact.
 LOG_TAIL_BYTES = 16 * 1024
 #: Permissions of every file asyncsoak creates: the owner's only.
@@ -166,6 +180,8 @@ class ArtifactBuilder:
         }
         #: Trends, per-process records and the progress rate (bounded).
         self.trends = TrendWatch()
+        #: Each GPU's health (Xid errors, ECC, remaps, link, throttling).
+        self.gpu_health = GpuHealthFold()
         self.exit_t: float | None = None
         self.stop: Stop = {
             "cause": None,
@@ -180,6 +196,16 @@ class ArtifactBuilder:
         self.forensics: dict[str, Any] | None = None
         self.oom_kills: list[dict[str, Any]] = []
         self.progress_changes = 0
+        #: The newest step event, when the trainer wrote steps; when the first came.
+        self.step: dict[str, Any] | None = None
+        self.step_first: float | None = None
+        #: When the step last moved (a loss logged at the same step is not an advance).
+        self.step_advanced_at: float | None = None
+        #: Whether the steps were the progress that counted (else the file changes were).
+        self.steps_count = False
+        self.step_longest_gap = 0.0
+        #: ``--stale-progress auto``: the limit in force, as the newest event said.
+        self.stale_limit: float | None = None
         self.progress_first: float | None = None
         self.progress_last: float | None = None
         self.longest_gap = 0.0
@@ -228,6 +254,9 @@ class ArtifactBuilder:
                     self.longest_gap = max(self.longest_gap, t - self.progress_last)
                 self.progress_last = t
                 self.trends.add_progress(t, event)
+                self._add_stale_limit(t, event)
+            case EventKind.STEP:
+                self._add_step(t, event)
             case EventKind.EXCEPTION:
                 exception: ExceptionInfo = {
                     "type": event["type"],
@@ -244,9 +273,18 @@ class ArtifactBuilder:
             case EventKind.TREND:
                 self.trends.add_live_call(t, event)
             case EventKind.FAILURE:
-                self.failures.append(
-                    {"reason": event["reason"], "message": event["message"], "at": event["at"]}
-                )
+                failure: Failure = {
+                    "reason": event["reason"],
+                    "message": event["message"],
+                    "at": event["at"],
+                }
+                if event.get("gpu") is not None:
+                    failure["gpu"] = event["gpu"]
+                if event.get("activity") is not None:
+                    failure["activity"] = event["activity"]
+                self.failures.append(failure)
+            case EventKind.GPU_FAULT:
+                self.gpu_health.add_fault(t, event)
             case EventKind.WARNING:
                 self.warnings.append(str(event["message"]))
             case EventKind.STOP:
@@ -291,6 +329,60 @@ class ArtifactBuilder:
             case EventKind.FINISHED:
                 self.status = str(event["status"])
 
+    def _add_step(self, t: float, event: dict[str, Any]) -> None:
+        if self.step_first is None:
+            self.step_first = t
+        if event.get("gap_seconds") is not None:
+            self.step_longest_gap = max(self.step_longest_gap, float(event["gap_seconds"]))
+        if self.step is None or self.step.get("step") != event.get("step"):
+            self.step_advanced_at = t
+        if event.get("counts", True):
+            self.steps_count = True
+        self.step = event
+        rate = event.get("steps_per_second")
+        self.trends.add_step_rate(t, rate)
+        values = {
+            "step": event.get("step"),
+            "steps_per_second": rate,
+            "loss": event.get("loss"),
+            "tokens_per_second": event.get("tokens_per_second"),
+            "samples_per_second": event.get("samples_per_second"),
+        }
+        self._series_of(STEPS_SERIES).add(t, {k: v for k, v in values.items() if v is not None})
+        self._add_stale_limit(t, event)
+
+    def _add_stale_limit(self, t: float, event: dict[str, Any]) -> None:
+        limit = event.get("stale_limit_seconds")
+        if limit is not None and limit != self.stale_limit:
+            self.stale_limit = float(limit)
+            self._series_of(STALE_LIMIT_SERIES).add(t, {"seconds": self.stale_limit})
+
+    def _series_of(self, group: str) -> SeriesBuffer:
+        series = self._series.get(group)
+        if series is None:
+            series = self._series[group] = SeriesBuffer(self._max_points)
+        return series
+
+    def _steps_progress(self) -> StepsProgress | None:
+        step = self.step
+        if step is None:
+            return None
+        return {
+            "step": int(step["step"]),
+            "max_steps": step.get("max_steps"),
+            "source": str(step.get("source")),
+            "source_kind": str(step.get("source_kind")),
+            "first_step_at": self.wall(self.step_first),
+            "last_step_at": self.wall(self.step_advanced_at),
+            "longest_gap_seconds": round(self.step_longest_gap, 3),
+            "loss": step.get("loss"),
+            "loss_step": step.get("loss_step"),
+            "steps_per_second": step.get("steps_per_second"),
+            "tokens_per_second": step.get("tokens_per_second"),
+            "samples_per_second": step.get("samples_per_second"),
+            "eta_seconds": step.get("eta_seconds"),
+        }
+
     def _keep_event(self, event: dict[str, Any]) -> None:
         self._events_seen += 1
         if len(self._events_head) < EVENTS_HEAD:
@@ -304,6 +396,7 @@ class ArtifactBuilder:
             self.trends.add_sample(t, event)
         else:
             self.trends.add_gpu_sample(t, event)
+            self.gpu_health.add_sample(t, event)
         for group, values in (event.get("points") or {}).items():
             series = self._series.get(group)
             if series is None:
@@ -373,7 +466,9 @@ class ArtifactBuilder:
         artifact: Artifact = {
             "schema_version": SCHEMA_VERSION,
             "status": status,
-            "failures": self.failures,
+            # A GPU fault explains what came with it (a trainer killed by an Xid exits non-zero):
+            # it is the primary reason whenever it holds.
+            "failures": sorted(self.failures, key=lambda f: f["reason"] != "gpu_fault"),
             "warnings": self.warnings,
             "command": header.get("command", []),
             "cwd": header.get("cwd", ""),
@@ -390,6 +485,9 @@ class ArtifactBuilder:
                 "last_change_at": self.wall(self.progress_last),
                 "changes": self.progress_changes,
                 "longest_gap_seconds": round(max(self.longest_gap, trailing_gap), 3),
+                "source": "steps" if self.steps_count else "files",
+                "steps": self._steps_progress(),
+                "stale_limit_seconds": self.stale_limit,
             },
             "series": series,
             "series_resolution": {
@@ -405,6 +503,7 @@ class ArtifactBuilder:
             "trends": cast("dict[str, Trend]", self.trends.evaluate(self.wall)),
             "processes": cast("list[ProcessEntry]", self.trends.top_processes()),
             "limits": self.trends.limits,
+            "gpu_health": self.gpu_health.to_json(self.wall),
             "forensics": self.forensics,
             "stop": self.stop,
             "log": {"path": header.get("log_path"), "tail": log_tail},

@@ -126,6 +126,34 @@ class Progress(Event):
     #: The same for the files that name a rank (``rank1.jsonl``), by rank: each rank's own
     #: progress, whose rates tell a straggler.
     rank_grown_bytes: dict[str, int] = field(default_factory=dict)
+    #: ``--stale-progress auto``: the limit in force from this change on (None otherwise).
+    stale_limit_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepProgress(Event):
+    """The trainer's step advanced (or its loss or total changed), as its files say."""
+
+    KIND: ClassVar[str] = EventKind.STEP
+
+    step: int
+    #: The file the step was read from, and its kind (``json_lines``, ``trainer_state``, ...).
+    source: str
+    source_kind: str
+    gap_seconds: float | None
+    max_steps: int | None = None
+    #: The newest finite loss and its step (a non-finite one is a failure or a warning).
+    loss: float | None = None
+    loss_step: int | None = None
+    steps_per_second: float | None = None
+    tokens_per_second: float | None = None
+    samples_per_second: float | None = None
+    eta_seconds: float | None = None
+    #: ``--stale-progress auto``: the limit in force from this step on (None otherwise).
+    stale_limit_seconds: float | None = None
+    #: Whether the steps are the progress that counts (else the file changes still are:
+    #: ``trainer_state.json`` alone under ``--progress-source auto``).
+    counts: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +163,10 @@ class Failure(Event):
     reason: str
     message: str
     at: str
+    #: The GPU a ``gpu_fault`` is about: ``{"index", "uuid", "bus_id"}`` (the queue reads it).
+    gpu: dict[str, Any] | None = None
+    #: A stall's verdict on what the tree and its GPUs were doing (``_analysis._activity``).
+    activity: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +297,30 @@ class SamplerNote(Event):
     sampler: str
     message: str
     data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFault(Event):
+    """What a GPU said about its own health: an Xid in the kernel log, an uncorrectable ECC
+    error, a row remap pending or failed, a page pending retirement, the GPU lost, its PCIe link
+    trained down.  ``fails``: the rule fails the run for it on a GPU the tree uses (``used``);
+    otherwise it is a warning."""
+
+    KIND: ClassVar[str] = EventKind.GPU_FAULT
+
+    #: A :class:`~._vocabulary.GpuFaultKind`.
+    fault: str
+    gpu: int | None
+    uuid: str | None
+    bus_id: str | None
+    message: str
+    fails: bool
+    used: bool
+    xid: int | None = None
+    meaning: str | None = None
+    action: str | None = None
+    #: The kernel's time of an Xid record (seconds since boot).
+    kernel_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

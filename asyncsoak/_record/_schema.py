@@ -23,6 +23,10 @@ class Failure(TypedDict):
     reason: str  # a FailureReason
     message: str
     at: str | None
+    #: The GPU a ``gpu_fault`` is about: ``{"index", "uuid", "bus_id"}``.
+    gpu: NotRequired[dict[str, Any]]
+    #: A stall's verdict on what the tree and its GPUs were doing.
+    activity: NotRequired[dict[str, Any]]
 
 
 class ExceptionInfo(TypedDict):
@@ -47,6 +51,24 @@ class Exit(TypedDict):
     exception: NotRequired[ExceptionInfo | None]  # schema version 2
 
 
+class StepsProgress(TypedDict):
+    """``progress.steps``: where the training got to, as the trainer's own files say."""
+
+    step: int
+    max_steps: int | None
+    source: str
+    source_kind: str
+    first_step_at: str | None
+    last_step_at: str | None
+    longest_gap_seconds: float
+    loss: float | None
+    loss_step: int | None
+    steps_per_second: float | None
+    tokens_per_second: float | None
+    samples_per_second: float | None
+    eta_seconds: float | None
+
+
 class Progress(TypedDict):
     """``progress``: what the watched directory said about the run's progress."""
 
@@ -55,6 +77,12 @@ class Progress(TypedDict):
     last_change_at: str | None
     changes: int
     longest_gap_seconds: float
+    #: What counted as progress: ``"steps"`` once a step was read (else ``"files"``).
+    source: NotRequired[str]
+    #: The training steps, when the trainer wrote any (see :class:`StepsProgress`).
+    steps: NotRequired[StepsProgress | None]
+    #: ``--stale-progress auto``: the limit in force at the end of the run.
+    stale_limit_seconds: NotRequired[float | None]
 
 
 class StopSignal(TypedDict):
@@ -114,7 +142,7 @@ class Config(TypedDict):
     output_path: str
     sample_interval_seconds: float
     startup_timeout_seconds: float | None
-    stale_progress_seconds: float | None
+    stale_progress_seconds: float | str | None  # "auto": learned from the run
     post_shutdown_grace_seconds: float
     min_duration_seconds: float | None
 
@@ -188,6 +216,7 @@ class Artifact(TypedDict):
     oom_kills: NotRequired[list[dict[str, Any]]]
     forensics: NotRequired[dict[str, Any] | None]
     stop: NotRequired[Stop]
+    gpu_health: NotRequired[dict[str, Any]]
     #: A distributed run: each rank's process and the launchers.
     ranks: NotRequired[dict[str, Any]]
     #: Ranks whose progress fell behind the others' (a distributed run's per-rank progress).

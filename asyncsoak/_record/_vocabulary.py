@@ -21,6 +21,7 @@ class EventKind(StrEnum):
     EXITED = "exited"
     TREE_GONE = "tree_gone"
     PROGRESS = "progress"
+    STEP = "step"
     FAILURE = "failure"
     WARNING = "warning"
     STOP = "stop"
@@ -41,6 +42,7 @@ class EventKind(StrEnum):
     FINISHED = "finished"
     SAMPLE = "sample"
     GPU_SAMPLE = "gpu_sample"
+    GPU_FAULT = "gpu_fault"
 
 
 class SoakStatus(StrEnum):
@@ -69,6 +71,19 @@ class FailureReason(StrEnum):
     MEMORY_LEAK = "memory_leak"
     GPU_FAULT = "gpu_fault"
     NONFINITE_LOSS = "nonfinite_loss"
+
+
+class GpuFaultKind(StrEnum):
+    """``gpu_fault`` events' ``fault`` (and ``artifact.gpu_health``): what a GPU said about its
+    own health."""
+
+    XID = "xid"
+    ECC_UNCORRECTED = "ecc_uncorrected"
+    REMAPPED_ROWS_PENDING = "remapped_rows_pending"
+    REMAPPED_ROWS_FAILURE = "remapped_rows_failure"
+    RETIRED_PAGES_PENDING = "retired_pages_pending"
+    LOST = "lost"
+    PCIE_LINK = "pcie_link"
 
 
 class StopCause(StrEnum):

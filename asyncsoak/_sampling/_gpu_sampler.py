@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
@@ -39,15 +40,25 @@ from anyio.abc import Process
 
 from .._blocking import BlockingCallTimeout, TickSignal, next_tick, run_blocking
 from .._process._commands import CommandResult, open_command, run_command, stop_process
+from .._process._forensics import KernelLogFollower
 from .._record._events import (
     Event,
+    GpuFault,
     SamplerDegraded,
     SamplerNote,
     SamplerRecovered,
     SeriesPoints,
     SummaryLabels,
+    WarningEvent,
 )
 from .._record._sink import EventSink
+from ._gpu_health import (
+    GpuHealthWatch,
+    MalformedXidError,
+    VisibleDevices,
+    lost_gpu_line,
+    parse_xid,
+)
 from ._nvidia_smi import (
     APP_FIELDS,
     APPS_QUERY,
@@ -83,6 +94,11 @@ APPS_SLACK = 0.5
 NOTE_TIMEOUT_SECONDS = 1.0
 #: A line longer than this is not ``nvidia-smi`` CSV.
 MAX_LINE = 65536
+#: Where the kernel logs Xid errors.
+KMSG = Path("/dev/kmsg")
+
+#: Called with each GPU fault once it is recorded (the supervisor's verdict on it).
+FaultHandler = Callable[[GpuFault], Awaitable[None]]
 
 #: Per-GPU series fields (static ones, such as the total memory, stay in the samples).
 SERIES_FIELDS: tuple[str, ...] = (
@@ -266,6 +282,9 @@ async def run_gpu_sampler(
     call_timeout: float = 10.0,
     limiter: anyio.CapacityLimiter | None = None,
     ticks: TickSignal | None = None,
+    visible_devices: str | None = None,
+    on_fault: FaultHandler | None = None,
+    kmsg: Path | None = KMSG,
 ) -> None:
     """Offer a :class:`GpuSample` every ``interval`` seconds until cancelled.
 
@@ -277,6 +296,10 @@ async def run_gpu_sampler(
     time a proc sample has been handled, on the same wake-up.  Returns by itself only when
     there is no GPU data to be had (no ``nvidia-smi``, or no GPU): that is recorded in a note,
     not raised.  The sampler owns ``sink`` (give it a clone) and closes it.
+
+    GPU health (see ``_gpu_health``): each fault is recorded as a :class:`GpuFault`, then passed
+    to ``on_fault``.  ``visible_devices`` is the command's ``CUDA_VISIBLE_DEVICES`` (None:
+    unset); ``kmsg`` the kernel log followed for Xid errors from now on (None: not read).
     """
     async with sink:
         if not interval > 0:
@@ -290,8 +313,20 @@ async def run_gpu_sampler(
             call_timeout=call_timeout,
             limiter=limiter if limiter is not None else anyio.CapacityLimiter(1),
             ticks=ticks,
+            health=GpuHealthWatch(VisibleDevices.parse(visible_devices)),
+            on_fault=on_fault,
         )
-        await sampler.run(nvidia_smi)
+        # Opened first: an Xid logged while nvidia-smi is first asked is not missed.  On the
+        # event loop, as the loops' pipes are read: /dev/kmsg is a character device whose
+        # open and non-blocking reads never wait on a disk.
+        kernel_log = None if kmsg is None else KernelLogFollower.open(kmsg)
+        sampler.kernel_log = kernel_log
+        sampler.kernel_log_path = kmsg
+        try:
+            await sampler.run(nvidia_smi)
+        finally:
+            if kernel_log is not None:
+                kernel_log.close()
 
 
 class _GpuSampler:
@@ -304,6 +339,8 @@ class _GpuSampler:
         call_timeout: float,
         limiter: anyio.CapacityLimiter,
         ticks: TickSignal | None = None,
+        health: GpuHealthWatch | None = None,
+        on_fault: FaultHandler | None = None,
     ) -> None:
         self._sink = sink
         self._ticks = ticks
@@ -321,6 +358,10 @@ class _GpuSampler:
         self._loop_ends = 0
         self._noted: set[str] = set()
         self._ecc = EccWatch()
+        self._health = health if health is not None else GpuHealthWatch(VisibleDevices.parse(None))
+        self._on_fault = on_fault
+        self.kernel_log: KernelLogFollower | None = None
+        self.kernel_log_path: Path | None = None
 
     # -- the schedule ----------------------------------------------------------------------
 
@@ -347,6 +388,15 @@ class _GpuSampler:
             if first:
                 break
             await anyio.sleep(self._backoff())
+        if self.kernel_log is None and self.kernel_log_path is not None:
+            await self._sink.emit(
+                WarningEvent(
+                    t=self._sink.elapsed(),
+                    message=f"the kernel log ({self.kernel_log_path}) cannot be read here: "
+                    "GPU Xid errors are not watched (run as root, or with CAP_SYSLOG)",
+                )
+            )
+        await self._read_kernel_log()
         loop_at = anyio.current_time()
         next_call = loop_at + self._interval
         while True:
@@ -368,7 +418,9 @@ class _GpuSampler:
                 next_call = now + (self._backoff() if end.hung else self._interval)
                 continue
             await anyio.sleep(max(0.0, next_call - anyio.current_time()))
-            if await self._sample_by_call():
+            sampled = await self._sample_by_call()
+            await self._read_kernel_log()
+            if sampled:
                 # A fixed schedule, not "interval after the call", without catching up bursts.
                 next_call = max(next_call + self._interval, anyio.current_time())
             else:
@@ -386,10 +438,14 @@ class _GpuSampler:
         if first and (gpu.missing or no_devices(gpu)):
             await self._note(f"no GPU data: {gpu.describe()}", {"nvidia_smi": self._executable})
             return None
-        if not gpu.ok:
+        every_line = data_lines(gpu.output, self._fields[GPU_QUERY])
+        lines = await self._without_lost(every_line)
+        if no_devices(gpu) and self._health.known:
+            await self._report(self._health.all_lost(self._sink.elapsed(), gpu.describe()))
+        # A GPU lost among others: nvidia-smi fails, yet the others' rows are good.
+        if not gpu.ok and not (lines and len(lines) < len(every_line)):
             await self._failed(f"nvidia-smi failed: {gpu.describe()}")
             return False
-        lines = data_lines(gpu.output, self._fields[GPU_QUERY])
         readings = await self._parse_gpus(lines)
         if not readings:
             await self._failed(f"no GPU reading in nvidia-smi's output: {gpu.describe()}")
@@ -455,6 +511,7 @@ class _GpuSampler:
                 if self._ticks is None or not await self._ticks.wait(2 * self._interval):
                     tick = next_tick(tick, self._interval, anyio.current_time())
                     await anyio.sleep_until(tick)
+                await self._read_kernel_log()
                 end = await self._take_apps(apps)
                 if end is not None:
                     return end
@@ -497,7 +554,7 @@ class _GpuSampler:
         """The GPU loop's lines since the previous tick, each whole iteration emitted; whether
         any line came."""
         lines = reader.lines()
-        for line in lines:
+        for line in await self._without_lost(lines):
             if not line.strip():
                 continue
             group = reader.group
@@ -591,9 +648,12 @@ class _GpuSampler:
             ]
         await self._recovered()
         await self._note_readings(readings, processes)
-        self._sink.offer(
-            GpuSample(t=self._sink.elapsed(), gpus=readings, processes=processes, source=source)
+        self._health.tree_on(
+            p.gpu_index for p in processes or () if p.in_tree and p.gpu_index is not None
         )
+        t = self._sink.elapsed()
+        self._sink.offer(GpuSample(t=t, gpus=readings, processes=processes, source=source))
+        await self._report(self._health.readings(t, readings))
 
     async def _note_readings(
         self, readings: list[GpuReading], processes: list[GpuProcess] | None
@@ -624,6 +684,56 @@ class _GpuSampler:
                 {"pids": outside},
                 once="outside",
             )
+
+    # -- health --------------------------------------------------------------------------------
+
+    async def _without_lost(self, lines: list[str]) -> list[str]:
+        """``lines`` less those saying a GPU cannot be reached, each reported as lost."""
+        kept = []
+        for line in lines:
+            lost = lost_gpu_line(line)
+            if lost is None:
+                kept.append(line)
+            else:
+                await self._report(self._health.lost_line(self._sink.elapsed(), *lost))
+        return kept
+
+    async def _read_kernel_log(self) -> None:
+        """The Xid errors logged since the previous tick, on this soak's GPUs."""
+        if self.kernel_log is None or not self._health.known:
+            return
+        for kernel_seconds, message in self.kernel_log.new_records():
+            try:
+                record = parse_xid(message, kernel_seconds)
+            except MalformedXidError as exc:
+                await self._note(str(exc), once="malformed xid")
+                continue
+            if record is None:
+                continue
+            fault = self._health.xid(self._sink.elapsed(), record)
+            if fault is None:
+                # Said once for all such addresses: a machine's other GPUs (or another
+                # container's) may log many.
+                await self._note(
+                    f"an Xid for PCI {':'.join(f'{n:x}' for n in record.pci)}, which is no GPU "
+                    "nvidia-smi lists here: ignored (and any others like it)",
+                    once="xid elsewhere",
+                )
+                continue
+            await self._report([fault])
+
+    async def _report(self, faults: list[GpuFault]) -> None:
+        """Record each fault; one that fails the run goes to ``on_fault``, the others are
+        warnings."""
+        for fault in faults:
+            await self._sink.emit(fault)
+            if fault.fails and fault.used and self._on_fault is not None:
+                await self._on_fault(fault)
+                continue
+            message = fault.message
+            if fault.fails and not fault.used:
+                message += " (on a GPU this run does not use)"
+            await self._sink.emit(WarningEvent(t=self._sink.elapsed(), message=message))
 
     # -- records -------------------------------------------------------------------------------
 

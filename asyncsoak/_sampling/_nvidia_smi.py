@@ -22,6 +22,19 @@ from typing import Any
 
 from .._process._commands import CommandResult, run_command_sync
 
+#: What a GPU says about its own health, beyond the ECC counters (see ``_gpu_health``): each
+#: is dropped, with a note, by an nvidia-smi that does not know it.
+HEALTH_FIELDS: tuple[str, ...] = (
+    "remapped_rows.pending",
+    "remapped_rows.failure",
+    "remapped_rows.correctable",
+    "remapped_rows.uncorrectable",
+    "retired_pages.pending",
+    "pcie.link.gen.gpucurrent",
+    "pcie.link.gen.max",
+    "pcie.link.width.current",
+    "pcie.link.width.max",
+)
 GPU_FIELDS: tuple[str, ...] = (
     "index",
     "uuid",
@@ -44,6 +57,7 @@ GPU_FIELDS: tuple[str, ...] = (
     "clocks_event_reasons.active",
     "ecc.errors.uncorrected.volatile.total",
     "ecc.errors.corrected.volatile.total",
+    *HEALTH_FIELDS,
 )
 #: The sampler's GPU query: ``timestamp`` first groups the lines of one loop iteration.
 GPU_SAMPLE_FIELDS: tuple[str, ...] = ("timestamp", *GPU_FIELDS)
@@ -64,9 +78,24 @@ INVENTORY_FIELDS: tuple[str, ...] = (
     "mig.mode.current",
 )
 #: An older name to ask for when nvidia-smi rejects a field (drivers before the rename).
-FIELD_FALLBACKS: dict[str, str] = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}
+FIELD_FALLBACKS: dict[str, str] = {
+    "clocks_event_reasons.active": "clocks_throttle_reasons.active",
+    "pcie.link.gen.gpucurrent": "pcie.link.gen.current",
+}
 #: Fields without which a row means nothing: a rejection of one of them cannot be worked around.
 REQUIRED_FIELDS = frozenset({"timestamp", "index", "pid"})
+
+#: ``nvidia-smi --query-remapped-rows``: the same figures as the ``remapped_rows.*`` GPU fields
+#: (the sampler asks those, in its one GPU query); ``benchmarks/gpu_check.py`` compares both.
+REMAPPED_ROWS_QUERY = "--query-remapped-rows"
+REMAPPED_ROWS_FIELDS: tuple[str, ...] = (
+    "gpu_bus_id",
+    "gpu_uuid",
+    "remapped_rows.correctable",
+    "remapped_rows.uncorrectable",
+    "remapped_rows.pending",
+    "remapped_rows.failure",
+)
 
 GPU_QUERY = "--query-gpu"
 APPS_QUERY = "--query-compute-apps"
@@ -137,6 +166,15 @@ class GpuReading:
     clock_event_reasons: list[str] | None = None
     ecc_uncorrected_volatile: int | None = None
     ecc_corrected_volatile: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    retired_pages_pending: bool | None = None
+    pcie_link_gen_current: int | None = None
+    pcie_link_gen_max: int | None = None
+    pcie_link_width_current: int | None = None
+    pcie_link_width_max: int | None = None
     errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -175,6 +213,12 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _yes_no(raw: str) -> bool:
+    if raw in ("Yes", "No"):
+        return raw == "Yes"
+    raise ValueError(raw)
+
+
 def _reasons(raw: str) -> list[str]:
     return decode_clock_event_reasons(int(raw, 16))
 
@@ -203,11 +247,23 @@ _GPU_SPEC: dict[str, tuple[str, _Converter]] = {
     "clocks_event_reasons.active": ("clock_event_reasons", _reasons),
     "ecc.errors.uncorrected.volatile.total": ("ecc_uncorrected_volatile", _integer),
     "ecc.errors.corrected.volatile.total": ("ecc_corrected_volatile", _integer),
+    "remapped_rows.pending": ("remapped_rows_pending", _yes_no),
+    "remapped_rows.failure": ("remapped_rows_failure", _yes_no),
+    "remapped_rows.correctable": ("remapped_rows_correctable", _integer),
+    "remapped_rows.uncorrectable": ("remapped_rows_uncorrectable", _integer),
+    "retired_pages.pending": ("retired_pages_pending", _yes_no),
+    "pcie.link.gen.gpucurrent": ("pcie_link_gen_current", _integer),
+    "pcie.link.gen.max": ("pcie_link_gen_max", _integer),
+    "pcie.link.width.current": ("pcie_link_width_current", _integer),
+    "pcie.link.width.max": ("pcie_link_width_max", _integer),
 }
 _GPU_ALIASES = {
     "clocks.current.sm": "clocks.sm",
     "clocks.current.memory": "clocks.mem",
     "clocks_throttle_reasons.active": "clocks_event_reasons.active",
+    "pcie.link.gen.current": "pcie.link.gen.gpucurrent",
+    "remapped_rows.sbe": "remapped_rows.correctable",
+    "remapped_rows.dbe": "remapped_rows.uncorrectable",
 }
 _APP_SPEC: dict[str, tuple[str, _Converter]] = {
     "pid": ("pid", _integer),
@@ -332,6 +388,18 @@ def parse_process_line(line: str, fields: Sequence[str]) -> tuple[str | None, Gp
     if kwargs.get("pid") is None:
         raise SmiParseError(f"no pid in {line.strip()!r}")
     return timestamp, GpuProcess(**kwargs, errors=errors)
+
+
+def parse_remapped_rows_line(line: str) -> dict[str, Any]:
+    """One row of ``--query-remapped-rows`` asked with :data:`REMAPPED_ROWS_FIELDS`:
+    ``{"bus_id", "uuid", "remapped_rows_correctable", ..., "errors"}``."""
+    spec = {
+        **_GPU_SPEC,
+        "gpu_bus_id": ("bus_id", _text),
+        "gpu_uuid": ("uuid", _text),
+    }
+    _, values, errors = _convert(line, REMAPPED_ROWS_FIELDS, spec, _GPU_ALIASES)
+    return {**values, "errors": errors}
 
 
 def data_lines(output: str, fields: Sequence[str]) -> list[str]:

@@ -44,15 +44,16 @@ import stat
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import anyio
 
 from .._blocking import EXECUTOR, BlockingCallTimeout, Ride, Rides, ride_or_run, run_blocking
-from .._record._events import Progress, WarningEvent
+from .._record._events import Progress, SamplerNote, StepProgress, WarningEvent
 from .._record._sink import EventSink, SoakClock
 from ._inotify import Inotify
+from ._step_rules import ProgressSource, StaleLimit, StepTracker, StepUpdate
+from ._steps import KIND_STATE, StepReader, StepReading, source_kind
 
 #: How many changed paths a progress event names.
 PATHS_PER_EVENT = 5
@@ -81,6 +82,8 @@ class FileState:
 class ScanResult:
     files: dict[str, FileState]
     errors: int = 0
+    #: What the step sources wrote since the last scan (None without a step reader).
+    steps: StepReading | None = None
 
 
 def scan_progress_dir(
@@ -144,11 +147,16 @@ class _Scanner:
     holds one thread, not one more per interval."""
 
     def __init__(
-        self, progress_dir: Path, ignore: Callable[[], Collection[FileKey]], also: Collection[Path]
+        self,
+        progress_dir: Path,
+        ignore: Callable[[], Collection[FileKey]],
+        also: Collection[Path],
+        steps: StepReader | None = None,
     ) -> None:
         self._progress_dir = progress_dir
         self._ignore = ignore
         self._also = also
+        self.steps = steps
         #: ``time.monotonic()`` when the scan under way started; None when none runs.
         self.running_since: float | None = None
         #: The CPU time (of its thread) the last scan took.
@@ -158,7 +166,11 @@ class _Scanner:
         self.running_since = time.monotonic()
         cpu = time.thread_time()
         try:
-            return scan_progress_dir(self._progress_dir, self._ignore(), self._also)
+            result = scan_progress_dir(self._progress_dir, self._ignore(), self._also)
+            if self.steps is not None:
+                # In the same thread hop as the scan: the steps ride the sampler's tick too.
+                result.steps = self.steps.read(result.files)
+            return result
         finally:
             self.last_cost = time.thread_time() - cpu
             self.running_since = None
@@ -181,15 +193,30 @@ class ProgressTracker:
     """The startup and staleness rules over successive scans.
 
     ``now`` is seconds since the soak's start.  Before the first change the deadline is
-    ``startup_timeout``; after it, the last change plus ``stale_after``.
+    ``startup_timeout``; after it, the last change plus the stale limit (``stale_after``, or
+    what ``auto`` learned).  With ``steps`` and ``source`` ``"steps"`` (or ``"auto"`` once a
+    step was read), the changes that count are the step's advances: a frozen step is a stall
+    however the files grow, and startup ends at the first step.
     """
 
     def __init__(
-        self, baseline: dict[str, FileState], *, startup_timeout: float, stale_after: float
+        self,
+        baseline: dict[str, FileState],
+        *,
+        startup_timeout: float,
+        stale_after: float,
+        auto: StaleLimit | None = None,
+        steps: StepTracker | None = None,
+        source: ProgressSource = "auto",
     ) -> None:
         self._files = baseline
         self.startup_timeout = startup_timeout
         self.stale_after = stale_after
+        self.auto = auto
+        self.steps = steps
+        self.source: ProgressSource = source if steps is not None else "files"
+        #: Step notes emitted so far (they are bounded: see :data:`STEP_NOTES_MAX`).
+        self.step_notes = 0
         self.first_change: float | None = None
         self.last_change: float | None = None
         self.longest_gap = 0.0
@@ -199,6 +226,9 @@ class ProgressTracker:
         self.rank_grown_bytes: dict[str, int] = {}
         #: Directories a scan could not read, as last reported in a warning.
         self.skipped_dirs = 0
+        #: The paths that changed last, the newest first (:func:`latest_change_age` looks
+        #: at them); replaced whole, never changed in place: a thread reads it.
+        self.recent: tuple[str, ...] = ()
 
     def changed(self, files: dict[str, FileState]) -> list[str]:
         """The paths of ``files`` that differ from when they were last seen (nothing recorded)."""
@@ -252,23 +282,108 @@ class ProgressTracker:
 
     def _record(self, changed: list[str], now: float) -> list[str]:
         if changed:
+            self.recent = tuple(dict.fromkeys([*changed, *self.recent]))[:RECENT_PATHS]
+            gap = None
             if self.first_change is None:
                 self.first_change = now
             else:
                 assert self.last_change is not None
-                self.longest_gap = max(self.longest_gap, now - self.last_change)
+                gap = now - self.last_change
+                self.longest_gap = max(self.longest_gap, gap)
             self.last_change = now
+            if self.auto is not None and not self.stepping():
+                self.auto.advance(now, gap)
         return sorted(changed)
 
+    def stepping(self) -> bool:
+        """Whether the step's advances are the progress that counts (else file changes).
+
+        Under ``auto``, a step from ``trainer_state.json`` alone does not: it moves only at
+        checkpoint saves, and a limit set for file changes would kill the run between two.
+        """
+        if self.steps is None or self.source == "files":
+            return False
+        if self.source == "steps":
+            return True
+        return self.steps.step is not None and self.steps.kind != KIND_STATE
+
+    def observe_steps(self, reading: StepReading, now: float) -> StepUpdate:
+        """Fold what the step sources wrote since the last scan."""
+        assert self.steps is not None
+        was_stepping = self.stepping()
+        update = self.steps.observe(reading, now)
+        if update.advanced and self.auto is not None and self.stepping():
+            if not was_stepping:
+                self.auto.reset()  # learned from file changes until now: steps from here
+            self.auto.advance(now, update.gap if was_stepping else None)
+        return update
+
+    def limit(self) -> float:
+        """The stale limit in force: ``stale_after``, or the one ``auto`` learned."""
+        return self.stale_after if self.auto is None else self.auto.limit
+
     def deadline(self) -> float:
-        if self.last_change is None:
+        last = self.last_change
+        if self.stepping():
+            assert self.steps is not None
+            last = self.steps.last_advance
+        if last is None:
             return self.startup_timeout
-        return self.last_change + self.stale_after
+        return last + self.limit()
+
+    def _limit_text(self) -> str:
+        if self.auto is None:
+            return f"stale_progress_seconds={self.stale_after:g}"
+        limit = f"stale_progress_seconds=auto, {self.limit():.1f} s"
+        if self.auto.learned is None:
+            return f"{limit} (the startup limit)"
+        # A first pause longer than any before it is the usual false kill: say what was seen.
+        return (
+            f"{limit} learned from gaps of at most {self.auto.longest:.1f} s; a "
+            "--startup-timeout longer than the run's first checkpoint or evaluation lets the "
+            "warm-up see it"
+        )
+
+    def _cadence_hint(self) -> str:
+        """Why a fixed limit may be shorter than the trainer's logging interval, when the
+        steps seen say so (one step only, or steps nearly a limit apart, and nothing logged
+        since): a hang after steady steps, or lines logged at a frozen step, get no such hint."""
+        assert self.steps is not None
+        if self.auto is not None or any(self.steps.lines_since_advance.values()):
+            return ""
+        if self.steps.longest_gap <= 0:
+            seen = "no second step yet"
+        elif self.steps.longest_gap >= self.stale_after / 2:
+            seen = f"steps came up to {self.steps.longest_gap:.1f} s apart"
+        else:
+            return ""
+        return (
+            f"; {seen} in {self.steps.source}: if the trainer logs its step less often than "
+            f"every {self.stale_after:g} s, set --stale-progress above its logging interval, "
+            "or auto"
+        )
 
     def verdict(self, now: float) -> tuple[str, str] | None:
         """The rule broken at ``now``, as (reason, message), if any."""
         if now < self.deadline():
             return None
+        if self.stepping():
+            assert self.steps is not None
+            if self.steps.last_advance is None:
+                seen = "" if self.last_change is None else " although files changed"
+                keyless = self.steps.sources_without_step()
+                if keyless:
+                    wanted = repr(self.steps.step_key) if self.steps.step_key else "a step key"
+                    seen += f" (no record of {', '.join(keyless)} carries {wanted})"
+                return (
+                    "startup_timeout",
+                    f"no training step within startup_timeout_seconds="
+                    f"{self.startup_timeout:g}{seen}",
+                )
+            return (
+                "stale_progress",
+                f"{self.steps.stall_message(now)} ({self._limit_text()}{self._cadence_hint()})",
+            )
         if self.last_change is None:
             return (
                 "startup_timeout",
@@ -276,8 +391,7 @@ class ProgressTracker:
             )
         return (
             "stale_progress",
-            f"no progress for stale_progress_seconds={self.stale_after:g} "
-            f"(last change at {self.last_change:.1f}s)",
+            f"no progress for {self._limit_text()} (last change at {self.last_change:.1f}s)",
         )
 
 
@@ -295,6 +409,53 @@ def stat_keys(
         if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in ignore:
             out[key] = FileState(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     return out
+
+
+def stat_and_read(
+    root: Path, keys: Collection[str], ignore: Collection[FileKey], steps: StepReader | None
+) -> tuple[dict[str, FileState | None], StepReading | None]:
+    """Fresh states of the files inotify told of, and, when one of them is a step source,
+    what the step sources wrote (not waiting for a scan that holds the reader)."""
+    updates = stat_keys(root, keys, ignore)
+    if steps is None or not any(source_kind(key) is not None for key in keys):
+        return updates, None
+    present = {key: state for key, state in updates.items() if state is not None}
+    return updates, steps.read(present, wait=0, whole_tree=False)
+
+
+#: Paths :attr:`ProgressTracker.recent` keeps: a trainer writes its progress to a few files.
+RECENT_PATHS = 4
+
+
+def latest_change_age(
+    tracker: ProgressTracker, root: Path, ignore: Collection[FileKey]
+) -> float | None:
+    """Seconds since the newest change to the files that changed last, by their mtimes, or
+    None: a stat of a few files, run in a thread.
+
+    A look between the scans for the live view, which draws on a thread hop of its own: the
+    time since the last progress it shows is the monitor's when the line is drawn, not up to
+    one scan interval late (nor the date of a change heard of before the scan that found the
+    file grown again), at no wake-up of the watchdog's.  Nothing is recorded: the scans alone
+    decide the stall rules.  An mtime in the future (a file server's clock that lies) says
+    nothing, and neither does any file once the step's advances are the progress that counts
+    (a file that grows while the step is frozen is a stall).
+    """
+    if tracker.stepping():
+        return None
+    now = time.time()
+    newest = max(
+        (s.mtime_ns for s in stat_keys(root, tracker.recent, ignore).values() if s is not None),
+        default=None,
+    )
+    if newest is None:
+        return None
+    age = now - newest / 1e9 - MTIME_LATENESS_SECONDS
+    return None if age < -FUTURE_MTIME_SECONDS else max(0.0, age)
+
+
+#: An mtime this far ahead of the wall clock is a lying clock's, not a change just made.
+FUTURE_MTIME_SECONDS = 1.0
 
 
 def open_inotify() -> Inotify | None:
@@ -337,15 +498,18 @@ async def run_watchdog(
     scan_timeout: float = 60.0,
     use_inotify: bool = True,
     rides: Rides | None = None,
+    steps: StepReader | None = None,
 ) -> None:
     """Watch until a rule fires (then call ``on_failure``) or the task is cancelled.
 
     Between scans it waits on inotify, so a change is dated when it happens; a scan runs every
     ``scan_interval`` and at each deadline, and decides whether the deadline was met.  With
     ``rides`` (the proc sampler's, on the same grid) the scans ride on the sampler's thread hop.
+    With ``steps`` (and a tracker that holds a :class:`StepTracker`), each scan also reads
+    what the step sources wrote, in the same thread hop.
     """
     watcher = open_inotify() if use_inotify else None
-    scanner = _Scanner(progress_dir, ignore, also)
+    scanner = _Scanner(progress_dir, ignore, also, steps)
     fired = False
 
     async def fail(reason: str, message: str) -> None:
@@ -562,11 +726,12 @@ async def _watch(
                 elif touched:
                     with contextlib.suppress(BlockingCallTimeout):
                         previous = tracker.last_change
-                        updates = await run_blocking(
-                            stat_keys,
+                        updates, reading = await run_blocking(
+                            stat_and_read,
                             progress_dir,
                             touched,
                             ignore(),
+                            scanner.steps,
                             timeout=scan_timeout,
                             what="a stat of the files that changed",
                         )
@@ -579,6 +744,12 @@ async def _watch(
                             tracker.grown_bytes,
                             tracker.rank_grown_bytes,
                         )
+                        if reading is not None and tracker.steps is not None:
+                            # Scans far apart (a huge tree): the steps are read when written.
+                            broken_loss = await report_steps(sink, tracker, reading, now)
+                            if broken_loss is not None:
+                                await on_failure(*broken_loss)
+                                return
                 continue
         previous = tracker.last_change
         changed = []
@@ -650,9 +821,21 @@ async def _watch(
                 await sink.emit(WarningEvent(t=now, message=skipped_message(progress_dir, result)))
         if changed:
             await _report(
-                sink, changed, at, previous, tracker.grown_bytes, tracker.rank_grown_bytes
+                sink,
+                changed,
+                at,
+                previous,
+                tracker.grown_bytes,
+                tracker.rank_grown_bytes,
+                stale_limit=_auto_limit(tracker, False),
             )
-        elif (broken := tracker.verdict(now)) is not None:
+        if result is not None and result.steps is not None and tracker.steps is not None:
+            broken_loss = await report_steps(sink, tracker, result.steps, now)
+            if broken_loss is not None:
+                await on_failure(*broken_loss)
+                return
+        # Judged after every scan, changes or not: files that grow do not hide a frozen step.
+        if (broken := tracker.verdict(now)) is not None:
             await on_failure(*broken)
             return
         if watcher is not None and not root_watched:
@@ -771,19 +954,29 @@ async def final_scan(
     also: Collection[Path] = (),
     limiter: anyio.CapacityLimiter,
     scan_timeout: float,
-) -> None:
+    steps: StepReader | None = None,
+) -> tuple[str, str] | None:
     """One last scan when the command has exited: what it wrote since the last scan counts,
-    even when it lived less than one scan interval."""
+    even when it lived less than one scan interval (its last steps too).  Returns the rule
+    its last steps broke (a non-finite loss), if any."""
     previous = tracker.last_change
+
+    def scan() -> ScanResult:
+        result = scan_progress_dir(progress_dir, ignore, also)
+        if steps is not None:
+            # A scan of the watchdog's still stuck holds the reader: not waited for long.
+            result.steps = steps.read(result.files, wait=scan_timeout / 2)
+        return result
+
     try:
         result = await run_blocking(
-            partial(scan_progress_dir, progress_dir, ignore, also),
+            scan,
             timeout=scan_timeout,
             what="the final scan of the progress dir",
             limiter=limiter,
         )
     except BlockingCallTimeout:
-        return
+        return None
     now = sink.elapsed()
     await _report(
         sink,
@@ -793,6 +986,70 @@ async def final_scan(
         tracker.grown_bytes,
         tracker.rank_grown_bytes,
     )
+    if result.steps is not None and tracker.steps is not None:
+        return await report_steps(sink, tracker, result.steps, now)
+    return None
+
+
+#: Notes about the step sources (garbage, a step going back, a skipped backlog) a soak
+#: records at most; the rest are counted in the last one.
+STEP_NOTES_MAX = 20
+
+
+def _auto_limit(tracker: ProgressTracker, steps: bool) -> float | None:
+    """The learned limit to record with a progress (``steps``: a step) event, if auto."""
+    if tracker.auto is None or tracker.stepping() != steps:
+        return None
+    return round(tracker.auto.limit, 3)
+
+
+async def report_steps(
+    sink: EventSink, tracker: ProgressTracker, reading: StepReading, now: float
+) -> tuple[str, str] | None:
+    """Fold and emit what the step sources wrote; a non-finite loss under
+    ``--loss-check fail`` is returned as the rule it broke."""
+    steps = tracker.steps
+    assert steps is not None
+    update = tracker.observe_steps(reading, now)
+    for note in update.notes:
+        tracker.step_notes += 1
+        if tracker.step_notes < STEP_NOTES_MAX:
+            await sink.emit(SamplerNote(t=now, sampler="steps", message=note))
+        elif tracker.step_notes == STEP_NOTES_MAX:
+            message = f"{note} (and no further notes about the step sources)"
+            await sink.emit(SamplerNote(t=now, sampler="steps", message=message))
+    for warning in update.warnings:
+        await sink.emit(WarningEvent(t=now, message=warning))
+    if (update.advanced or update.changed) and steps.step is not None:
+        assert steps.source is not None
+        assert steps.source_kind is not None
+        await sink.emit(
+            StepProgress(
+                t=now,
+                step=steps.step,
+                source=steps.source,
+                source_kind=steps.source_kind,
+                gap_seconds=update.gap,
+                max_steps=steps.max_steps,
+                loss=steps.loss,
+                loss_step=steps.loss_step,
+                steps_per_second=_rounded(steps.steps_per_second),
+                tokens_per_second=_rounded(steps.tokens_per_second),
+                samples_per_second=_rounded(steps.samples_per_second),
+                eta_seconds=_rounded(steps.eta_seconds()),
+                stale_limit_seconds=_auto_limit(tracker, True),
+                counts=tracker.stepping(),
+            )
+        )
+    if update.nonfinite is not None:
+        if steps.loss_check == "fail":
+            return ("nonfinite_loss", f"{update.nonfinite} (loss_check=fail)")
+        await sink.emit(WarningEvent(t=now, message=update.nonfinite))
+    return None
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _next_on_grid(now: float, interval: float) -> float:
@@ -811,6 +1068,7 @@ async def _report(
     previous: float | None,
     grown: int,
     rank_grown: dict[str, int] | None = None,
+    stale_limit: float | None = None,
 ) -> None:
     if changed:
         gap = None if previous is None else now - previous
@@ -822,5 +1080,6 @@ async def _report(
                 gap_seconds=gap,
                 grown_bytes=grown,
                 rank_grown_bytes=dict(rank_grown or {}),
+                stale_limit_seconds=stale_limit,
             )
         )

@@ -20,6 +20,7 @@ from typing import Any, Literal, cast
 
 from .._errors import ValidationError, ValidationTypeError
 from .._record._bounded import MAX_METADATA_DEPTH, nested_too_deep
+from .._sampling._step_rules import LOSS_CHECKS, PROGRESS_SOURCES, LossCheck, ProgressSource
 from .._units import MAX_SECONDS, check_size
 
 StopMode = Literal["group", "leader", "stdin"]
@@ -34,9 +35,12 @@ MIN_SAMPLE_INTERVAL_SECONDS = 0.05
 
 
 #: What a job-settable limit holds, which says how it is checked and how its flag parses:
-#: seconds (``--grace 5``), a switch (``--output-is-progress``), one of ``choices``
-#: (``--leak-check fail``), a size (``--max-rss 2GiB``) or a signal (``--dump-signal USR1``).
-LimitKind = Literal["seconds", "switch", "choice", "size", "signal"]
+#: seconds (``--grace 5``, or ``auto`` where the metadata allows it), a switch
+#: (``--output-is-progress``), one of ``choices`` (``--leak-check fail``), a size
+#: (``--max-rss 2GiB``), a signal (``--dump-signal USR1``) or a record key (``--step-key it``).
+LimitKind = Literal["seconds", "switch", "choice", "size", "signal", "key"]
+#: The longest ``--step-key``/``--loss-key``.
+MAX_KEY_LENGTH = 200
 
 
 def _limit(
@@ -48,6 +52,7 @@ def _limit(
     allow_zero: bool = True,
     minimum: float = 0.0,
     choices: tuple[str, ...] = (),
+    auto: bool = False,
 ) -> Any:
     """A job-settable soak limit: its default (``run_soak``'s), its CLI flag and help, its
     kind, and for seconds whether zero is allowed and the least value (None is allowed where
@@ -58,6 +63,7 @@ def _limit(
         "kind": kind,
         "allow_zero": allow_zero,
         "minimum": minimum,
+        "auto": auto,
     }
     return field(default=default, metadata={**metadata, "choices": choices})
 
@@ -80,8 +86,12 @@ class SoakLimits:
     startup_timeout_seconds: float = _limit(
         600.0, "--startup-timeout", "seconds the command may take to show its first progress"
     )
-    stale_progress_seconds: float = _limit(
-        120.0, "--stale-progress", "seconds without progress before the soak fails"
+    stale_progress_seconds: float | Literal["auto"] = _limit(
+        120.0,
+        "--stale-progress",
+        "seconds without progress before the soak fails, or 'auto' to learn the limit "
+        "from the run's own gaps",
+        auto=True,
     )
     post_shutdown_grace_seconds: float = _limit(
         5.0, "--grace", "seconds the command may take to exit once asked to stop"
@@ -131,6 +141,28 @@ class SoakLimits:
         "also read USS/PSS (reads smaps; can stall on a CUDA process)",
         kind="switch",
     )
+    progress_source: ProgressSource = _limit(
+        "auto",
+        "--progress-source",
+        "what counts as progress: training steps (from metrics files, trainer_state.json, "
+        "metrics.csv, asyncsoak.trainer.report), file changes, or auto (steps once a step "
+        "source is found, file changes until then)",
+        kind="choice",
+        choices=PROGRESS_SOURCES,
+    )
+    step_key: str | None = _limit(
+        None, "--step-key", "the record key that carries the step (default: detected)", kind="key"
+    )
+    loss_key: str | None = _limit(
+        None, "--loss-key", "the record key that carries the loss (default: detected)", kind="key"
+    )
+    loss_check: LossCheck = _limit(
+        "fail",
+        "--loss-check",
+        "a NaN or infinite loss fails the soak (default), is a warning, or is not checked",
+        kind="choice",
+        choices=LOSS_CHECKS,
+    )
     dump_signal: int | None = _limit(
         None,
         "--dump-signal",
@@ -160,8 +192,12 @@ def _check_limit(spec: Field[Any], value: object) -> object:
         return check_size(spec.name, value)
     if kind == "signal":
         return _signal(spec.name, value)
+    if kind == "key":
+        return _record_key(spec.name, value)
     if value is None and spec.default is None:
         return None
+    if value == "auto" and spec.metadata["auto"]:
+        return "auto"
     return seconds(
         spec.name, value, allow_zero=spec.metadata["allow_zero"], minimum=spec.metadata["minimum"]
     )
@@ -186,6 +222,8 @@ class SoakConfig(SoakLimits):
     output_path: Path
     #: Derived: the artifact's path with ``.jsonl``.
     journal_path: Path = field(init=False)
+    #: Derived: where ``asyncsoak.trainer.report`` appends (the artifact's ``.steps.jsonl``).
+    steps_path: Path = field(init=False)
     log_path: Path
     cwd: Path | None
     env: dict[str, str] | None
@@ -199,6 +237,8 @@ class SoakConfig(SoakLimits):
     forward_signals: tuple[int, ...] = ()
     requeue_on: int | None = None
     progress_exclude: tuple[Path, ...] = ()
+    #: ``stale_progress_seconds="auto"``: a limit learned by earlier runs of the same job.
+    stale_progress_carried_seconds: float | None = None
     scheduler_grace_seconds: float | None = None
 
     def __post_init__(self) -> None:
@@ -220,6 +260,7 @@ class SoakConfig(SoakLimits):
             raise ValidationError(f"output_path's parent is not a directory: {output.parent}")
         norm("output_path", output)
         norm("journal_path", output.with_suffix(".jsonl"))
+        norm("steps_path", output.with_name(f"{output.stem}.steps.jsonl"))
         log_path = given.log_path
         log = output.with_suffix(".log") if log_path is None else _path("log_path", log_path)
         if log.is_dir():
@@ -260,6 +301,12 @@ class SoakConfig(SoakLimits):
         norm("progress_exclude", _excluded(given.progress_exclude))
         norm("forward_signals", _signals("forward_signals", given.forward_signals))
         norm("requeue_on", _own_signal("requeue_on", given.requeue_on))
+        carried = given.stale_progress_carried_seconds
+        if carried is not None:
+            norm(
+                "stale_progress_carried_seconds",
+                seconds("stale_progress_carried_seconds", carried, allow_zero=False),
+            )
         if given.scheduler_grace_seconds is not None:
             norm(
                 "scheduler_grace_seconds",
@@ -305,6 +352,19 @@ def validate_limits(limits: Mapping[str, object]) -> dict[str, Any]:
             raise ValidationError(f"unknown soak limit {key!r} (known: {', '.join(SOAK_LIMITS)})")
     checked = SoakLimits(**limits)  # type: ignore[arg-type]  # checked in __post_init__
     return {key: getattr(checked, key) for key in limits}
+
+
+def _record_key(name: str, value: object) -> str | None:
+    """A key of the trainer's records (``--step-key``): printable text, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValidationTypeError(f"{name} must be a string, not {type(value).__name__}")
+    if not value or len(value) > MAX_KEY_LENGTH or not value.isprintable():
+        raise ValidationError(
+            f"{name} must be printable text of 1 to {MAX_KEY_LENGTH} characters, got {value!r}"
+        )
+    return value
 
 
 def _path(name: str, value: object) -> Path:

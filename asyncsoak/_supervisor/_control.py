@@ -24,6 +24,11 @@ class SoakControl:
     line may wait for the next sample's write): the monitor's own knowledge, ahead of the
     journal (``asyncsoak run``'s live view is one).  An observer
     is called on the event loop: it must be quick and must not raise.
+
+    ``progress_age`` (set once the watchdog runs) is a blocking look, for a thread, at the
+    files that changed last: seconds since the newest change to them (by their mtimes), or
+    None.  The live view calls it when it draws, so the time since the last progress it shows
+    is the monitor's at that moment, not up to one scan late.
     """
 
     def __init__(self) -> None:
@@ -35,6 +40,7 @@ class SoakControl:
         self.grace_seconds: float | None = None
         self.cause = "requested"
         self.observers: list[Callable[[dict[str, Any]], None]] = []
+        self.progress_age: Callable[[], float | None] | None = None
 
     def request_stop(
         self,

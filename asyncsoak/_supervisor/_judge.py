@@ -8,18 +8,20 @@ ends the soak when a budget or ``leak_check="fail"`` says so.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
 import anyio
 
+from .._analysis._activity import describe_activity
 from .._analysis._trendwatch import GPU_SETTLE_SECONDS, straggler_text
 from .._blocking import BlockingCallTimeout, run_blocking
 from .._record._artifact import ArtifactBuilder
-from .._record._events import Limits, TrendFound, WarningEvent
+from .._record._events import GpuFault, Limits, TrendFound, WarningEvent
 from .._record._sink import EventSink
 from .._record._vocabulary import EventKind
+from .._sampling._gpu_health import fault_gpu
 from .._sampling._limits import MemoryCgroup, read_limits
 from .._units import format_duration
 from ._config import SoakConfig
@@ -54,8 +56,12 @@ class RunJudge:
         rule_fired: Fail,
         fail: Fail,
         ended: Callable[[], bool],
+        gpu_failed: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None,
+        stall_fired: Callable[[str, str, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
         self.cfg = cfg
+        self._gpu_failed = gpu_failed
+        self._stall_fired = stall_fired
         self._builder = builder
         self._rule_fired = rule_fired
         self._fail = fail
@@ -74,10 +80,21 @@ class RunJudge:
         self._live_leaks: dict[str, float] = {}
 
     async def watchdog_rule(self, reason: str, message: str) -> None:
-        """A stall's failure message says what the tree was doing when it stalled."""
-        if reason in HANG_REASONS:
-            message += f"; the tree was {self._builder.trends.activity()}"
+        """A stall's failure message says what the tree and its GPUs were doing when it
+        stalled; the verdict is recorded with the failure, for the views to say the same."""
+        if reason in HANG_REASONS and self._stall_fired is not None:
+            activity = self._builder.trends.activity()
+            message += f"; the tree was {describe_activity(activity)}"
+            await self._stall_fired(reason, message, activity)
+            return
         await self._rule_fired(reason, message)
+
+    async def gpu_fault(self, fault: GpuFault) -> None:
+        """A GPU fault that fails the run (on a GPU the tree uses): ``gpu_fault``, even when the
+        run is ending already (a trainer killed by the fault exits before the kernel log is
+        read).  The GPU sampler records the other faults as warnings itself."""
+        if self._gpu_failed is not None:
+            await self._gpu_failed(fault.message, fault_gpu(fault))
 
     async def emit_limits(self, sink: EventSink, pid: int) -> MemoryCgroup | None:
         """The limits the run is judged against (memory, the cgroup of the command ``pid``,
@@ -180,6 +197,8 @@ class RunJudge:
                 )
             if verdict != "leak":
                 if first_time:
+                    if verdict == "slowing":
+                        message = self._slowdown_with_gpus(message, entry, sink.elapsed())
                     await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
                 continue
             seen = self._live_leaks.setdefault(key, sink.elapsed())
@@ -196,6 +215,17 @@ class RunJudge:
                 # The warning is the whole run's verdict: a rise seen during the run (the
                 # ``trend`` event marks when) that turned out to be a long cycle is no leak.
                 await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
+
+        if final:
+            for message in self._builder.gpu_health.throttle_warnings():
+                await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
+
+    def _slowdown_with_gpus(self, message: str, entry: Mapping[str, Any], now: float) -> str:
+        """A slowdown says whether the GPUs were held back over its span (its last quarter,
+        against which the first is compared), by what and for what share of the time."""
+        span = entry.get("span_seconds") or now
+        held = self._builder.gpu_health.held_back(now - span / 4, now)
+        return f"{message}; {held}" if held else message
 
     async def _withdraw(
         self, sink: EventSink, series: str, entry: Mapping[str, Any] | None, *, final: bool

@@ -62,7 +62,7 @@ def _named(record: dict[str, Any], *sections: str) -> set[Path]:
     for section in (record, *(record.get(s) for s in sections)):
         if not isinstance(section, dict):
             continue
-        for key in ("output_path", "journal_path", "log_path", "path"):
+        for key in ("output_path", "journal_path", "log_path", "steps_path", "path"):
             value = section.get(key)
             if isinstance(value, str) and value:
                 found.add(Path(value))
@@ -119,6 +119,7 @@ def check_outputs(cfg: SoakConfig) -> None:
         (cfg.journal_path, "journal"),
         (cfg.log_path, "captured output"),
         (cfg.output_path, "artifact"),
+        (cfg.steps_path, "asyncsoak.trainer.report file"),
     ):
         if path not in owned and os.path.lexists(path):
             raise ValidationError(

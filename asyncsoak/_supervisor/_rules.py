@@ -119,7 +119,8 @@ def trend_findings(cfg: SoakConfig, trends: Mapping[str, Mapping[str, Any]]) -> 
                 entry["slope_per_hour"],
             )
             findings.append(Finding(key, "leak", entry, message))
-    horizon = max(BREACH_HORIZON_SECONDS, cfg.stale_progress_seconds * 10)
+    stale = cfg.stale_progress_seconds
+    horizon = max(BREACH_HORIZON_SECONDS, 0.0 if stale == "auto" else stale * 10)
     disks = [key for key in trends if key.startswith("disk.")]
     for key in leaking(trends) + sorted(disks):
         entry = trends[key]
@@ -131,14 +132,29 @@ def trend_findings(cfg: SoakConfig, trends: Mapping[str, Mapping[str, Any]]) -> 
                 f"in about {format_duration(seconds)}"
             )
             findings.append(Finding(key, "breach_projected", entry, message))
-    rate = trends.get("progress.changes_per_minute")
-    if rate is not None and rate["verdict"] == "slowing":
-        message = (
-            f"progress slowing: {rate['last']:.1f} changes/min in the last quarter "
-            f"against {rate['first']:.1f} in the first"
-        )
-        findings.append(Finding("progress.changes_per_minute", "slowing", rate, message))
+    slowing = slowdown(trends)
+    if slowing is not None:
+        findings.append(slowing)
     return findings
+
+
+def slowdown(trends: Mapping[str, Mapping[str, Any]]) -> Finding | None:
+    """The run slowing down: judged on the step rate when the trainer writes steps, on the
+    rate of file changes otherwise."""
+    key = "progress.steps_per_second"
+    rate = trends.get(key)
+    unit, spec = "steps/s", ".3g"
+    if rate is None:
+        key, unit, spec = "progress.changes_per_minute", "changes/min", ".1f"
+        rate = trends.get(key)
+    if rate is None or rate["verdict"] != "slowing":
+        return None
+    message = (
+        f"progress slowing: {rate['last']:{spec}} {unit} in the last quarter "
+        f"against {rate['first']:{spec}} in the first"
+    )
+    # What the GPUs did over the slow span is the judge's to add (it holds their health).
+    return Finding(key, "slowing", rate, message)
 
 
 def leaking(trends: Mapping[str, Mapping[str, Any]]) -> list[str]:

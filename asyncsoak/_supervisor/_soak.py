@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from anyio.abc import TaskGroup
@@ -52,18 +52,22 @@ from .._record._events import (
 from .._record._journal import remove_closed_segments
 from .._record._serializer import Serializer
 from .._record._sink import EventSink, SoakClock, open_event_queue
-from .._record._vocabulary import SoakStatus, StopCause
+from .._record._vocabulary import FailureReason, SoakStatus, StopCause
 from .._redact import Masker, argv_secrets, redact_mapping, secret_values
 from .._sampling._gpu_sampler import run_gpu_sampler
 from .._sampling._proc_sampler import run_proc_sampler
+from .._sampling._step_rules import LossCheck, ProgressSource, StaleLimit, StepTracker
+from .._sampling._steps import KeyChoice, StepReader
 from .._sampling._watchdog import (
     ProgressTracker,
     ScanResult,
     final_scan,
+    latest_change_age,
     run_watchdog,
     scan_progress_dir,
     skipped_message,
 )
+from ..trainer import STEPS_FILE_VARIABLE
 from . import _slurm
 from ._config import LOG_MAX_BYTES, LeakCheck, SoakConfig, StopMode
 from ._control import SoakControl
@@ -105,7 +109,7 @@ async def run_soak(
     output_path: Path | str,
     sample_interval_seconds: float = 5.0,
     startup_timeout_seconds: float = 600.0,
-    stale_progress_seconds: float = 120.0,
+    stale_progress_seconds: float | Literal["auto"] = 120.0,
     post_shutdown_grace_seconds: float = 5.0,
     min_duration_seconds: float = 0.0,
     cwd: Path | str | None = None,
@@ -132,6 +136,11 @@ async def run_soak(
     max_gpu_memory_bytes: int | str | None = None,
     min_disk_free_bytes: int | str | None = None,
     progress_exclude: Sequence[Path | str] = (),
+    progress_source: ProgressSource = "auto",
+    step_key: str | None = None,
+    loss_key: str | None = None,
+    loss_check: LossCheck = "fail",
+    stale_progress_carried_seconds: float | None = None,
     scheduler_grace_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Run a command in its own process group and produce a soak artifact.
@@ -149,6 +158,15 @@ async def run_soak(
     Nothing in the directories of ``progress_exclude`` (below ``progress_dir``, existing at the
     start) counts as progress: the job queue excludes the run directory's ``attempts/``, where
     other attempts' monitors write.
+
+    Training steps are progress when the trainer writes them (``progress_source="auto"``,
+    the default: JSON Lines metrics, ``trainer_state.json``, Lightning's ``metrics.csv``, or
+    :func:`asyncsoak.trainer.report`; ``step_key``/``loss_key`` name the keys when the
+    detection cannot): then a step that does not advance for ``stale_progress_seconds`` is a
+    stall however the files grow, and a NaN or infinite loss fails the soak
+    (``loss_check="fail"``; ``"warn"``, ``"off"``).  ``stale_progress_seconds="auto"`` learns
+    the limit from the run's own gaps (see docs/progress.md);
+    ``stale_progress_carried_seconds`` is the limit earlier runs of the same job learned.
 
     ``metrics`` (an :class:`asyncsoak.Metrics`) exposes the soak's live metrics to Prometheus:
     an HTTP endpoint, a node_exporter textfile, or a ``prometheus_client`` registry.
@@ -270,6 +288,8 @@ class _Soak:
             rule_fired=self._rule_fired,
             fail=self._fail,
             ended=lambda: self.cause is not None,
+            gpu_failed=self._gpu_failed,
+            stall_fired=self._rule_fired,
         )
         #: Called with every evaluation of the trends (the artifact's ``trends`` shape).
         self.trend_observers = self._run_judge.trend_observers
@@ -289,7 +309,9 @@ class _Soak:
         self.end("requested")
         self._tree_stop.kill_now()
 
-    async def _rule_fired(self, reason: str, message: str) -> None:
+    async def _rule_fired(
+        self, reason: str, message: str, activity: dict[str, Any] | None = None
+    ) -> None:
         if self.cause is not None:
             return
         self.cause = "failure"
@@ -300,15 +322,39 @@ class _Soak:
             culprit = await self._tree_stop.hang_forensics(self._sink, self._spawner, reason)
             if culprit is not None and culprit.get("text"):
                 message = f"{culprit['text']}; {message}"
-        await self._fail(reason, message)
+        await self._fail(reason, message, activity=activity)
         self._ended.set()
 
-    async def _fail(self, reason: str, message: str) -> None:
+    async def _fail(
+        self,
+        reason: str,
+        message: str,
+        gpu: dict[str, Any] | None = None,
+        *,
+        activity: dict[str, Any] | None = None,
+    ) -> None:
         assert self._sink is not None
         self._failures.append(reason)
         await self._sink.emit(
-            Failure(t=self._sink.elapsed(), reason=reason, message=message, at=iso(_now()))
+            Failure(
+                t=self._sink.elapsed(),
+                reason=reason,
+                message=message,
+                at=iso(_now()),
+                gpu=gpu,
+                activity=activity,
+            )
         )
+
+    async def _gpu_failed(self, message: str, gpu: dict[str, Any]) -> None:
+        """A GPU fault fails the run: it ends the run, or, when it is ending already (the
+        trainer died of the fault before the kernel log was read), joins its failures."""
+        if self.cause is None:
+            self.cause = "failure"
+            await self._fail(FailureReason.GPU_FAULT, message, gpu)
+            self._ended.set()
+        else:
+            await self._fail(FailureReason.GPU_FAULT, message, gpu)
 
     # -- life ----------------------------------------------------------------------------
 
@@ -498,6 +544,18 @@ class _Soak:
             await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
         child_env = dict(self._child_env)
         child_env[SOAK_ID_VARIABLE] = self._marker
+        steps_reader = None
+        if cfg.progress_source != "files":
+            # A file an earlier soak over the same output left (check_outputs made sure).
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(cfg.steps_path)
+            child_env[STEPS_FILE_VARIABLE] = str(cfg.steps_path)
+            steps_reader = StepReader(
+                cfg.progress_dir,
+                keys=KeyChoice(cfg.step_key, cfg.loss_key),
+                report_file=cfg.steps_path,
+                baseline={name: state.size for name, state in baseline.files.items()},
+            )
         cgroup = None
         if self.use_cgroup:
             with contextlib.suppress(BlockingCallTimeout):
@@ -540,12 +598,27 @@ class _Soak:
             assert spawner.pid is not None
             self.control._set_started(spawner.pid)
             self._seen_pids.add(spawner.pid)
+            stale = cfg.stale_progress_seconds
+            auto = stale == "auto"
             tracker = ProgressTracker(
                 baseline.files,
                 startup_timeout=cfg.startup_timeout_seconds,
-                stale_after=cfg.stale_progress_seconds,
+                stale_after=cfg.startup_timeout_seconds if stale == "auto" else stale,
+                auto=StaleLimit(
+                    startup_limit=cfg.startup_timeout_seconds,
+                    carried=cfg.stale_progress_carried_seconds,
+                )
+                if auto
+                else None,
+                steps=None
+                if steps_reader is None
+                else StepTracker(loss_check=cfg.loss_check, step_key=cfg.step_key),
+                source=cfg.progress_source,
             )
             tracker.skipped_dirs = baseline.errors
+            self.control.progress_age = partial(
+                latest_change_age, tracker, cfg.progress_dir, ignore
+            )
             # The proc sampler's tick, on which the GPU sampler takes its loops' output.
             ticks = TickSignal()
             async with anyio.create_task_group() as producers:
@@ -564,6 +637,7 @@ class _Soak:
                         limiter=self._limiter,
                         on_failure=self._run_judge.watchdog_rule,
                         rides=self._rides,
+                        steps=steps_reader,
                     ),
                 )
                 assert spawner.reaper_pid is not None
@@ -598,6 +672,10 @@ class _Soak:
                             call_timeout=gpu_call_timeout(cfg.sample_interval_seconds),
                             limiter=self._limiter,
                             ticks=ticks,
+                            visible_devices=(os.environ if cfg.env is None else cfg.env).get(
+                                "CUDA_VISIBLE_DEVICES"
+                            ),
+                            on_fault=self._run_judge.gpu_fault,
                         ),
                     )
                 self._exit_judge.memory_cgroup = await self._run_judge.emit_limits(
@@ -618,7 +696,7 @@ class _Soak:
                     self.cause = self.control.cause
                 if self.cause == StopCause.EXITED:
                     # A command shorter than one scan interval: what it wrote still counts.
-                    await final_scan(
+                    broken = await final_scan(
                         sink,
                         progress_dir=cfg.progress_dir,
                         tracker=tracker,
@@ -626,7 +704,11 @@ class _Soak:
                         also=[cfg.log_path] if cfg.output_is_progress else [],
                         limiter=self._limiter,
                         scan_timeout=FINAL_SCAN_TIMEOUT_SECONDS,
+                        steps=steps_reader,
                     )
+                    if broken is not None:
+                        # The loss went NaN in the last steps before the command exited.
+                        await self._fail(*broken)
                 self._progress_seen = tracker.first_change is not None
                 if self.cause == StopCause.EXITED:
                     await self._exit_judge.after_exit(

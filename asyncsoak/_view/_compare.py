@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -21,7 +21,7 @@ from .._record._vocabulary import SoakStatus
 from .._sampling._fields import format_value, gpu_index
 from .._terminal import terminal_text
 from .._units import format_duration
-from ._evidence import leaking_series, rate_text
+from ._evidence import gpu_faults, leaking_series, rate_text
 from ._status import PASSED_WITH_WARNINGS, shown_status
 
 #: Relative change (fraction) beyond which a worse figure is a regression.
@@ -65,6 +65,10 @@ class Row:
             return format_duration(value)
         if self.unit == "per_minute":
             return f"{value:.1f}/min"
+        if self.unit == "steps_per_second":
+            return f"{value:.3g} steps/s"
+        if self.unit == "loss":
+            return f"{value:.4g}"
         if self.unit == "slope_bytes":
             return rate_text(value, "bytes", 0.0)
         return format_value(value, self.unit)
@@ -136,6 +140,9 @@ def compare(
     )
     rows.append(_leak_row(baseline, candidate, threshold))
     figure("progress.rate", "progress rate", "per_minute", _progress_rate, "higher")
+    figure("steps.rate", "step rate", "steps_per_second", _step_rate, "higher")
+    figure("steps.loss.final", "final loss", "loss", _final_loss, "lower")
+    figure("gpu.faults", "GPU faults", "", _gpu_fault_count, "lower")
     for group in sorted(
         _gpu_groups(baseline) | _gpu_groups(candidate), key=lambda g: gpu_index(g) or 0
     ):
@@ -155,12 +162,27 @@ def compare(
             MEMORY_FLOOR_BYTES / 2**20,
         )
     notes = []
+    for name, artifact in ((baseline_name, baseline), (candidate_name, candidate)):
+        faults = gpu_faults(artifact)
+        if faults:
+            notes.append(
+                f"{name}: {len(faults)} GPU fault(s), the machine's rather than the code's; "
+                f"first: {faults[0]['message']}"
+            )
     if baseline["command"] != candidate["command"]:
         notes.append(
             "the commands differ: "
             f"{shlex.join(baseline['command'])} | {shlex.join(candidate['command'])}"
         )
     return Comparison(baseline_name, candidate_name, [r for r in rows if _shown(r)], notes)
+
+
+def _gpu_fault_count(artifact: Artifact) -> float | None:
+    """How many GPU faults the run saw; None without GPU health (no GPU, or an artifact written
+    before it was judged)."""
+    if not artifact.get("gpu_health"):
+        return None
+    return float(len(gpu_faults(artifact)))
 
 
 def _shown(row: Row) -> bool:
@@ -283,6 +305,27 @@ def _progress_rate(artifact: Artifact) -> float | None:
     if not duration:
         return None
     return changes / duration * 60.0
+
+
+def _steps(artifact: Artifact) -> Mapping[str, Any]:
+    # Artifacts written before the steps were read have no ``progress.steps``.
+    return artifact["progress"].get("steps") or {}
+
+
+def _step_rate(artifact: Artifact) -> float | None:
+    """Training steps per second: the median of the run's step-rate series."""
+    series = artifact["series"].get("steps", {})
+    rates = [v for v in series.get("steps_per_second", []) if isinstance(v, int | float)]
+    if rates:
+        return float(statistics.median(rates))
+    rate = _steps(artifact).get("steps_per_second")
+    return float(rate) if isinstance(rate, int | float) else None
+
+
+def _final_loss(artifact: Artifact) -> float | None:
+    """The last finite loss the trainer wrote."""
+    loss = _steps(artifact).get("loss")
+    return float(loss) if isinstance(loss, int | float) else None
 
 
 def _gpu_groups(artifact: Artifact) -> set[str]:

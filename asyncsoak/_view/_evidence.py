@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
+from .._analysis._activity import GpuActivity, recorded_gpus, tree_verdict
 from .._process._crash import last_traceback
 from .._record._schema import Artifact, Failure, Trend
 from .._record._vocabulary import EventKind, FailureReason
@@ -29,8 +30,6 @@ LOG_LINES = 14
 #: Names that make a changed path a checkpoint to resume from.
 CHECKPOINT_WORDS = ("checkpoint", "ckpt")
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".pkl")
-#: Tree CPU (percent of one core) above which a stalled tree counts as busy.
-BUSY_CPU_PERCENT = 50.0
 
 _TRACEBACK = "Traceback (most recent call last):"
 _FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
@@ -121,13 +120,22 @@ def event_times(artifact: Artifact, kind: str) -> list[float]:
     return [float(e["t"]) for e in artifact["events"] if e["kind"] == kind]
 
 
+def last_progress_at(artifact: Artifact) -> str | None:
+    """When the progress that counted was last seen: the step's last advance when the run
+    was judged on its steps, else the last file change."""
+    steps = artifact["progress"].get("steps")
+    if steps is not None and artifact["progress"].get("source") == "steps":
+        return steps["last_step_at"]
+    return artifact["progress"]["last_change_at"]
+
+
 def stall_window(artifact: Artifact) -> tuple[float, float] | None:
     """Where the run made no progress before a liveness rule fired: ``(start, end)`` seconds."""
     reasons = [f["reason"] for f in artifact["failures"]]
     failure_times = event_times(artifact, EventKind.FAILURE)
     end = failure_times[0] if failure_times else float(artifact["duration_seconds"])
     if FailureReason.STALE_PROGRESS in reasons:
-        last = seconds_at(artifact, artifact["progress"]["last_change_at"])
+        last = seconds_at(artifact, last_progress_at(artifact))
         return (last, end) if last is not None else None
     if FailureReason.STARTUP_TIMEOUT in reasons:
         return (0.0, end)
@@ -149,6 +157,69 @@ def series_typical(
         if t is not None and start <= t <= end and v is not None
     ]
     return statistics.median(values) if values else None
+
+
+def gpu_faults(artifact: Artifact) -> list[dict[str, Any]]:
+    """Every GPU fault of the run (``gpu_health``), those that failed it first, each with the
+    GPU's ``gpu``, ``uuid`` and ``bus_id``."""
+    found = []
+    for health in (artifact.get("gpu_health") or {}).values():
+        for fault in health.get("faults") or []:
+            found.append(
+                {
+                    **fault,
+                    "gpu": health.get("index"),
+                    "uuid": health.get("uuid"),
+                    "bus_id": health.get("bus_id"),
+                }
+            )
+    return sorted(found, key=lambda f: (not (f["fails"] and f["used"]), f["t"]))
+
+
+@dataclass(frozen=True, slots=True)
+class StallVerdict:
+    """What the tree (``busy``, ``idle``, ``uninterruptible``, ``unknown``) and its GPUs were
+    doing over a stall: the verdict recorded with the failure, or, for an artifact written
+    before it was recorded, the same rule applied to the stall window's series."""
+
+    tree: str
+    cpu_percent: float | None
+    gpus: list[GpuActivity]
+
+
+def stall_verdict(artifact: Artifact) -> StallVerdict | None:
+    """The stall's verdict; None when the run did not stall."""
+    window = stall_window(artifact)
+    for failure in artifact["failures"]:
+        recorded = failure.get("activity")
+        if isinstance(recorded, dict):
+            # A monitor without GPU data records none; an artifact given GPU series since
+            # (merged from another source) still says what they show.
+            gpus = recorded_gpus(recorded) or (
+                stall_gpus(artifact, *window) if window is not None else []
+            )
+            return StallVerdict(str(recorded.get("tree")), recorded.get("cpu_percent"), gpus)
+    if window is None:
+        return None
+    cpu = series_typical(artifact, "tree", "cpu_percent", *window)
+    return StallVerdict(tree_verdict(cpu), cpu, stall_gpus(artifact, *window))
+
+
+def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity]:
+    """Each GPU's typical utilisation and power over a stall (the tree's GPUs when known)."""
+    groups = sorted(
+        (g for g in artifact["series"] if g.startswith("gpu") and g[3:].isdigit()),
+        key=lambda g: int(g[3:]),
+    )
+    return [
+        GpuActivity(
+            int(group[3:]),
+            series_typical(artifact, group, "utilization_gpu_percent", start, end),
+            series_typical(artifact, group, "power_draw_w", start, end),
+            series_typical(artifact, group, "power_limit_w", start, end),
+        )
+        for group in groups
+    ]
 
 
 def is_launcher(process: Mapping[str, Any]) -> bool:
@@ -440,10 +511,7 @@ def _next_steps(
                 "Rerun with --dump-signal SIGUSR1 for every thread's stack, native frames too "
                 "(the trainer calls faulthandler.register(signal.SIGUSR1))."
             )
-        window = stall_window(artifact)
-        cpu = (
-            series_typical(artifact, "tree", "cpu_percent", *window) if window is not None else None
-        )
+        verdict = stall_verdict(artifact)
         option = (
             "--stale-progress" if primary == FailureReason.STALE_PROGRESS else "--startup-timeout"
         )
@@ -453,11 +521,21 @@ def _next_steps(
             else "startup_timeout_seconds"
         )
         limit = config_value(artifact, name)
-        if cpu is not None and cpu >= BUSY_CPU_PERCENT:
+        if verdict is not None and verdict.tree == "busy":
+            cpu = verdict.cpu_percent or 0.0
             steps.append(
                 f"The tree was busy (CPU about {cpu:.0f}%): if it was only slow, raise {option}"
                 + (f" (now {format_duration(limit)})." if limit else ".")
             )
+    elif primary == FailureReason.GPU_FAULT:
+        faults = gpu_faults(artifact)
+        if faults and faults[0].get("action"):
+            action = str(faults[0]["action"])
+            steps.append(f"GPU {faults[0]['gpu']} ({faults[0]['bus_id']}): {action}.")
+        steps.append(
+            "The fault is the machine's, not the training's: rerun on a healthy GPU"
+            + (f", and {resume}." if resume else ".")
+        )
     elif primary in (FailureReason.NONZERO_EXIT, FailureReason.SIGNALED):
         fix = f"Fix the error at {where}" if where else "Read the log's end below for the error"
         steps.append(fix + (f", then {resume}." if resume else "."))
@@ -476,6 +554,12 @@ def _next_steps(
             "Free disk space fell below --min-disk-free"
             + (f" {format_bytes(float(floor))}" if isinstance(floor, int | float) else "")
             + ": clear old checkpoints, or write them elsewhere."
+        )
+    elif primary == FailureReason.NONFINITE_LOSS:
+        steps.append(
+            "Resume from a checkpoint before the loss went bad with a lower learning rate, "
+            "gradient clipping or a loss scale, and check the batch at that step; "
+            "--loss-check warn lets such a run go on."
         )
     elif primary == FailureReason.TOO_SHORT:
         steps.append("Read the log's end below: the command ended before min_duration_seconds.")

@@ -11,7 +11,7 @@ start.  ``asyncsoak summary`` and ``asyncsoak report`` call it when given severa
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._process._ranks import judge_ranks, states_from_json
@@ -187,7 +187,7 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     return {
         "kind": kind,
         "cluster": cluster,
-        "culprit": _culprit_across(artifacts),
+        "culprit": _culprit_across(soaks, artifacts),
         "first_stalled": _first_stalled(soaks, artifacts, offset),
         "job_id": int(job_id) if job_id.isdigit() else job_id,
         "status": status,
@@ -199,19 +199,40 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     }
 
 
-def _culprit_across(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any] | None:
+def _latest_attempt(
+    soaks: Sequence[Mapping[str, Any]], wanted: Callable[[Mapping[str, Any]], object]
+) -> list[Mapping[str, Any]]:
+    """The soaks of the latest attempt (restart) of the job holding a soak ``wanted`` keeps:
+    the stacks and progress of different attempts are never judged together."""
+    kept = [soak for soak in soaks if wanted(soak)]
+    if not kept:
+        return []
+    latest = max(soak["restart_count"] for soak in kept)
+    return [soak for soak in kept if soak["restart_count"] == latest]
+
+
+def _culprit_across(
+    soaks: Sequence[Mapping[str, Any]], artifacts: Sequence[tuple[str, Artifact]]
+) -> dict[str, Any] | None:
     """The rank every node's ranks wait for, judged from each node's ranks' stacks at its
-    stall (its forensics) together: a rank that is fine on its own node may be the one the
-    ranks of every other node wait for."""
-    states = []
-    for _, artifact in artifacts:
-        forensics = artifact.get("forensics")
+    stall (its forensics) together, within the latest attempt that has them: a rank that is
+    fine on its own node may be the one the ranks of every other node wait for."""
+    by_path = dict(artifacts)
+
+    def ranks_of(soak: Mapping[str, Any]) -> Any:
+        forensics = by_path[soak["path"]].get("forensics")
         ranks = forensics.get("ranks") if isinstance(forensics, Mapping) else None
-        if isinstance(ranks, Mapping) and ranks.get("ranks"):
-            node = (scheduler_of(artifact) or _rendezvous_task(artifact)).get("node")
-            states.extend(states_from_json(ranks["ranks"], None if node is None else str(node)))
+        return ranks.get("ranks") if isinstance(ranks, Mapping) else None
+
+    states = []
+    attempt = _latest_attempt(soaks, ranks_of)
+    for soak in attempt:
+        node = soak["node"]
+        states.extend(states_from_json(ranks_of(soak), None if node is None else str(node)))
     culprit = judge_ranks(states)
-    return None if culprit is None or culprit["text"] is None else culprit
+    if culprit is None or culprit["text"] is None:
+        return None
+    return {**culprit, "restart_count": attempt[0]["restart_count"]}
 
 
 def _first_stalled(
@@ -220,12 +241,12 @@ def _first_stalled(
     offset: Any,
 ) -> dict[str, Any] | None:
     """The node whose progress stopped first (its last progress the earliest on the wall
-    clock), among the soaks that stalled."""
+    clock), among the soaks of the latest attempt that stalled."""
     by_path = dict(artifacts)
     stalled = []
-    for soak in soaks:
-        if not {"stale_progress", "startup_timeout"} & set(soak["reasons"]):
-            continue
+    for soak in _latest_attempt(
+        soaks, lambda soak: {"stale_progress", "startup_timeout"} & set(soak["reasons"])
+    ):
         progress = by_path[soak["path"]].get("progress")
         last = progress.get("last_change_at") if isinstance(progress, Mapping) else None
         moment = parse_iso_or_none(last)
@@ -282,7 +303,8 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
         )
     culprit = combined.get("culprit")
     if culprit is not None:
-        lines.append(f"  culprit across the nodes: {culprit['text']}")
+        attempt = f" (restart {culprit['restart_count']})" if culprit["restart_count"] else ""
+        lines.append(f"  culprit across the nodes{attempt}: {culprit['text']}")
     stalled = combined.get("first_stalled")
     if stalled is not None:
         lines.append(

@@ -30,7 +30,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TextIO, TypedDict, cast
@@ -47,6 +47,7 @@ from .._terminal import terminal_text
 from .._timestamps import epoch
 from .._units import format_duration
 from ._status import shown_status
+from ._training import training_line
 
 if TYPE_CHECKING:
     from .._supervisor._control import SoakControl
@@ -86,6 +87,13 @@ class JournalTail:
         #: In the middle of a line longer than any event, dropped up to its end.
         self._skipping = False
         self._decoder = JournalDecoder()
+        #: Reads begun so far, and the number of the last one that found nothing new, the
+        #: journal read to its end: a read begun after a moment that finds nothing means that
+        #: all written before that moment was read (and folded: there was nothing to fold).
+        self.reads_begun = 0
+        self.last_read_to_end = 0
+        #: Whether the last chunk read reached the end of the file.
+        self._at_end = True
 
     def close(self) -> None:
         if self._file is not None:
@@ -93,6 +101,15 @@ class JournalTail:
             self._file = None
 
     def read(self) -> list[dict[str, Any]]:
+        self.reads_begun += 1
+        number = self.reads_begun
+        self._at_end = True
+        events = self._read()
+        if not events and self._at_end:
+            self.last_read_to_end = number
+        return events
+
+    def _read(self) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         if self._file is not None and os.fstat(self._file.fileno()).st_size < self._offset:
             # Truncated: a new soak took the path over.
@@ -137,6 +154,9 @@ class JournalTail:
         assert self._file is not None
         self._file.seek(self._offset)
         data = self._file.read(READ_CHUNK)
+        # A last line without its end yet (or ever, from a monitor that died mid-write) is
+        # the end too: nothing more can be read now.
+        self._at_end = len(data) < READ_CHUNK
         if self._skipping:
             end = data.find(b"\n") + 1
             self._offset += end or len(data)
@@ -145,7 +165,10 @@ class JournalTail:
         complete = data[: data.rfind(b"\n") + 1]
         if not complete and len(data) == READ_CHUNK:
             # One line longer than a read: read on to its end, as far as a line may go.
-            data += self._file.readline(max(1, MAX_LINE_BYTES + 1 - len(data)))
+            wanted = max(1, MAX_LINE_BYTES + 1 - len(data))
+            rest = self._file.readline(wanted)
+            data += rest
+            self._at_end = len(rest) < wanted and not rest.endswith(b"\n")
             if data.endswith(b"\n"):
                 complete = data
             elif len(data) > MAX_LINE_BYTES:
@@ -352,6 +375,19 @@ class Status:
             )
         return _safe(pieces)
 
+    def with_progress_age(self, age: float | None) -> Status:
+        """The frame with the time since the last progress a look between the scans found
+        (``SoakControl.progress_age``), when it is fresher than the events'."""
+        if (
+            age is None
+            or self.finished
+            or self.quiet_for is None
+            or self.limit_name != "stale"
+            or age >= self.quiet_for
+        ):
+            return self
+        return replace(self, quiet_for=age)
+
     def _stall_piece(self) -> Piece | None:
         if self.quiet_for is None:
             return None
@@ -511,6 +547,8 @@ class _FinishedLine(TypedDict, total=False):
 
 #: Samples of the tree's memory kept for its live trend (the last ones; about 10 minutes at 1 s).
 TREND_POINTS = 600
+#: GPU faults the live line names at most.
+MAX_GPU_FAULT_ALERTS = 2
 #: Samples needed before a trend is shown.
 TREND_MIN_POINTS = 10
 #: Processes whose memory is followed for the full screen's trends (the largest ones).
@@ -537,6 +575,8 @@ class LiveState:
     exited: bool = False
     stopping: str | None = None
     failures: list[str] = field(default_factory=list)
+    #: Short texts of the GPU faults that fail a run (``GPU FAULT gpu0 Xid 79``), first ones.
+    gpu_faults: list[str] = field(default_factory=list)
     warnings: int = 0
     finished: str | None = None
     last_progress: float | None = None
@@ -549,6 +589,9 @@ class LiveState:
     rss: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
     #: (series key, verdict) -> the ``trend`` event that said it.
     trends: dict[tuple[str, str], _TrendLine] = field(default_factory=dict)
+    #: The newest ``step`` line, and whether the step's advances are the progress.
+    step: Mapping[str, Any] | None = None
+    steps_count: bool = False
     #: The last sample's processes: (pid, name, memory).
     processes: list[tuple[int, str, float | None]] = field(default_factory=list)
     #: pid -> (t, memory) of its last samples, for the largest processes only.
@@ -576,17 +619,30 @@ class LiveState:
                 start = header.get("monotonic_start")
                 self.monotonic_start = float(start) if isinstance(start, int | float) else None
                 config = header.get("config") or {}
-                self.stale_limit = config.get("stale_progress_seconds")
+                stale = config.get("stale_progress_seconds")
+                # "auto": the limit comes with the progress and step lines, as it is learned.
+                self.stale_limit = stale if isinstance(stale, int | float) else None
                 self.startup_limit = config.get("startup_timeout_seconds")
                 log_path = header.get("log_path")
                 self.log_path = log_path if isinstance(log_path, str) else None
             case EventKind.STARTED:
                 self.started = True
             case EventKind.PROGRESS:
-                self.last_progress = t if self.last_progress is None else max(t, self.last_progress)
+                if not self.steps_count:
+                    self.last_progress = (
+                        t if self.last_progress is None else max(t, self.last_progress)
+                    )
                 changed = int(cast(_ProgressLine, event).get("changed", 1))
                 self.changes += changed
                 self.progress_times.append((t, changed))
+                self._fold_stale_limit(event)
+            case EventKind.STEP:
+                self.steps_count = self.steps_count or bool(event.get("counts", True))
+                moved = self.step is None or self.step.get("step") != event.get("step")
+                if moved and self.steps_count:
+                    self.last_progress = t
+                self.step = event
+                self._fold_stale_limit(event)
             case EventKind.SAMPLE | EventKind.GPU_SAMPLE:
                 sample = cast(_SampleLine, event)
                 points = sample.get("points") or {}
@@ -607,12 +663,22 @@ class LiveState:
                 self.warnings += 1
             case EventKind.FAILURE:
                 self.failures.append(str(cast(_FailureLine, event).get("reason")))
+            case EventKind.GPU_FAULT:
+                if event.get("fails") and len(self.gpu_faults) < MAX_GPU_FAULT_ALERTS:
+                    what = f"Xid {event['xid']}" if event.get("xid") is not None else event["fault"]
+                    self.gpu_faults.append(f"GPU FAULT gpu{event.get('gpu')} {what}")
             case EventKind.STOP:
                 self.stopping = str(cast(_StopLine, event).get("cause"))
             case EventKind.EXITED:
                 self.exited = True
             case EventKind.FINISHED:
                 self.finished = str(cast(_FinishedLine, event).get("status"))
+
+    def _fold_stale_limit(self, event: Mapping[str, Any]) -> None:
+        """``--stale-progress auto``: the limit in force, as the watchdog learned it."""
+        limit = event.get("stale_limit_seconds")
+        if isinstance(limit, int | float):
+            self.stale_limit = limit
 
     def _fold_peaks(self, t: float, points: Mapping[str, Mapping[str, float | None]]) -> None:
         for group, values in points.items():
@@ -670,7 +736,7 @@ class LiveState:
     def alerts(self, now_epoch: float | None) -> tuple[str, ...]:
         """Short texts for the leaks and projected breaches the trends reported, one per
         series: ``LEAK pid 29987 +921.6 MiB/min, limit in 41m00s``."""
-        out = []
+        out = list(self.gpu_faults)
         for series in dict.fromkeys(key for key, _ in self.trends):
             leak = self.trends.get((series, "leak"))
             breach = self.trends.get((series, "breach_projected"))
@@ -797,6 +863,7 @@ class LiveState:
             ),
             log_path=self.log_path,
             status=self.finished,
+            training=training_line(self.step),
         )
 
 
@@ -867,12 +934,14 @@ class RichView:
         )
         self._live.start()
 
-    def _render(self, status: Status) -> Any:
+    def _render(self, status: Status, *, last: bool = False) -> Any:
         width, height = self._console.size
         if self._screen:
             from ._screen import render_screen
 
-            return render_screen(status, width, height)
+            # The last frame stays on the terminal with the verdict printed below it: it
+            # leaves that room, so its first rows (the verdict so far) are not scrolled off.
+            return render_screen(status, width, height - FINAL_VERDICT_ROWS if last else height)
         return render_rich(status, width)
 
     def show(self, status: Status) -> None:
@@ -880,10 +949,13 @@ class RichView:
 
     def close(self, status: Status | None) -> None:
         if status is not None:
-            self._live.update(self._render(status), refresh=True)
+            self._live.update(self._render(status, last=True), refresh=True)
         self._live.stop()
 
 
+#: Rows the full screen's last frame leaves below it for the verdict printed after it (the
+#: line of ``run`` or ``watch``, wrapped on a narrow terminal) and the shell's prompt.
+FINAL_VERDICT_ROWS = 4
 #: Columns of the bar of the quiet time against its limit.
 BAR_WIDTH = 16
 #: Between two pieces of the terminal line.
@@ -986,9 +1058,12 @@ async def _drive(
     refresh: float,
     mode: str = "line",
     until_finished: bool = False,
+    refine: Callable[[Status], Status] | None = None,
 ) -> Status | None:
     """Draw what ``step`` gives every ``refresh`` seconds until cancelled (or, with
     ``until_finished``, until a finished frame was drawn); returns the last frame.
+
+    ``refine`` (blocking) completes a frame on the thread hop that draws it, just before.
 
     Returns early if the view itself fails, after one line on ``stream`` saying why; only
     cancellation propagates.
@@ -1010,7 +1085,7 @@ async def _drive(
                 if view is None:
                     # Only once the soak has started: a run refused at once draws nothing.
                     view = await in_thread(partial(make_view, stream, status_interval, mode))
-                await in_thread(partial(view.show, status))
+                last = await in_thread(partial(_show, view, status, refine))
                 if until_finished and status.finished:
                     return last
             await anyio.sleep(refresh)
@@ -1083,6 +1158,13 @@ async def watch_journal(
             tail.close()
 
 
+def _show(view: _View, status: Status, refine: Callable[[Status], Status] | None) -> Status:
+    if refine is not None:
+        status = refine(status)
+    view.show(status)
+    return status
+
+
 def _say(stream: TextIO, line: str) -> None:
     stream.write(line)
     stream.flush()
@@ -1124,9 +1206,16 @@ def live_status(
                 return None
             return feed.state.status(time.time(), time.monotonic(), current=True)
 
+        def refine(status: Status) -> Status:
+            # A stat of the files that changed last, on the draw's own thread hop: the
+            # changes of the last scan interval are known when the line is drawn.
+            look = control.progress_age
+            return status if look is None else status.with_progress_age(look())
+
         return partial(
             _drive,
             step,
+            refine=refine,
             stream=stream if stream is not None else sys.stderr,
             status_interval=status_interval,
             refresh=REFRESH_SECONDS,

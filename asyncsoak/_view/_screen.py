@@ -75,7 +75,8 @@ def render_screen(status: Status, width: int, height: int) -> Any:
         parts.append(Text(terminal_text(alert), style="bold red"))
 
     progress = Table.grid(padding=(0, 2))
-    progress.add_column(style="dim", no_wrap=True)
+    # The labels keep their width: a long row is cut at its end, not at its label.
+    progress.add_column(style="dim", no_wrap=True, min_width=len("progress"))
     progress.add_column(no_wrap=True)
     rate = status.changes_per_minute
     progress.add_row(
@@ -105,11 +106,13 @@ def render_screen(status: Status, width: int, height: int) -> Any:
     if status.behind is not None and status.behind >= 1.0:
         progress.add_row("as of", f"{format_duration(status.behind)} ago (the journal's last line)")
     if status.finished:
-        progress.add_row(
-            "peaks",
-            f"CPU {format_value(status.peak_cpu_percent, '%')}  "
-            f"RSS {format_value(status.peak_rss_bytes, 'bytes')}",
-        )
+        # A run shorter than a sample has no peaks: no placeholder figures for them.
+        if status.peak_cpu_percent is not None or status.peak_rss_bytes is not None:
+            progress.add_row(
+                "peaks",
+                f"CPU {format_value(status.peak_cpu_percent, '%')}  "
+                f"RSS {format_value(status.peak_rss_bytes, 'bytes')}",
+            )
     elif not status.sampled:
         progress.add_row("tree", "starting")
     else:

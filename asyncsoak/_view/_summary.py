@@ -11,6 +11,7 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .._analysis._activity import describe_gpus
 from .._process._exits import describe as describe_exit
 from .._process._exits import forwarded_signals
 from .._record._schema import Artifact
@@ -22,16 +23,19 @@ from ._evidence import (
     Leak,
     config_value,
     gather,
+    gpu_faults,
     innermost_python_frame,
     is_launcher,
+    last_progress_at,
     leaking_series,
     seconds_at,
-    series_typical,
+    stall_verdict,
     stall_window,
     trend_text,
 )
 from ._job_view import pod_line, scheduler_line
 from ._status import is_pass, shown_status, status_words
+from ._training import training_line
 
 #: The primary reason in plain words.
 REASON_TITLES: dict[str, str] = {
@@ -56,11 +60,12 @@ STATUS_HEADLINES: dict[str, str] = {
     SoakStatus.CANCELLED: "The soak was stopped on request",
     SoakStatus.ERROR: "The monitor failed",
 }
+#: The summary's height: one screen of a terminal; the log's tail is cut to keep it.
+SCREEN_LINES = 60
+#: The log lines shown however long the rest of the summary is.
+MIN_LOG_LINES = 5
 #: Throttle reasons that mean nothing is held back.
 IDLE_THROTTLE = frozenset({"gpu_idle", "none", "not_active"})
-#: Tree CPU (percent of one core) below which a stalled tree is called idle, above which busy.
-IDLE_CPU_PERCENT = 5.0
-BUSY_CPU_PERCENT = 50.0
 
 
 def summarize(artifact: Artifact) -> dict[str, Any]:
@@ -74,6 +79,7 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
             "message": f["message"],
             "at": f["at"],
             "t": seconds_at(a, f["at"]),
+            **({"gpu": f["gpu"]} if "gpu" in f else {}),
         }
         for f in a["failures"]
     ]
@@ -101,6 +107,7 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
         "look_first": look_first(artifact),
         "peaks": peaks(artifact),
         "gpus": gpu_table(artifact),
+        "gpu_faults": gpu_faults(artifact),
         "leftovers": list(a["leftover_processes"]),
         "abandoned": list(a.get("abandoned_processes") or []),
         "provenance": provenance(artifact),
@@ -189,6 +196,10 @@ def look_first(artifact: Artifact) -> list[str]:
             f"min_duration_seconds={config_value(artifact, 'min_duration_seconds') or 0:g}: "
             "a crash early on, or a run configured to finish too soon."
         )
+    elif primary == FailureReason.GPU_FAULT:
+        for fault in gpu_faults(artifact)[:3]:
+            when = format_duration(float(fault["t"]))
+            hints.append(f"GPU fault {when} into the run: {fault['message']}")
     elif primary == FailureReason.MONITOR_LOST:
         hints.append(
             "This artifact was rebuilt from the journal: the figures stop where the monitor "
@@ -253,15 +264,26 @@ def _worth_saying(leaks: list[Leak]) -> list[Leak]:
 
 def _stall_hints(artifact: Artifact) -> list[str]:
     window = stall_window(artifact)
-    limit = config_value(artifact, "stale_progress_seconds") or 0.0
     progress = artifact["progress"]
+    # "auto": the limit the run learned, as the artifact records it.
+    limit = (
+        config_value(artifact, "stale_progress_seconds")
+        or progress.get("stale_limit_seconds")
+        or 0.0
+    )
     if window is None:
         return []
     start, end = window
+    steps = progress.get("steps")
+    what = (
+        f"nothing in {progress['dir']} changed"
+        if steps is None or progress.get("source") != "steps"
+        else f"the step ({steps['step']:,}, from {steps['source']}) did not advance"
+    )
     hints = [
         f"Progress stopped {format_duration(start)} into the run "
-        f"({format_clock(progress['last_change_at'])}): nothing in {progress['dir']} "
-        f"changed for {format_duration(limit)}, so the monitor stopped the run at "
+        f"({format_clock(last_progress_at(artifact))}): {what} "
+        f"for {format_duration(limit)}, so the monitor stopped the run at "
         f"{format_duration(end)}. Look at what the trainer was doing just after "
         f"{format_duration(start)} (log tail below)."
     ]
@@ -269,30 +291,26 @@ def _stall_hints(artifact: Artifact) -> list[str]:
 
 
 def _stall_cpu_hints(artifact: Artifact) -> list[str]:
-    window = stall_window(artifact)
-    if window is None:
+    """What the tree and its GPUs were doing while stalled: the verdict the stall's headline
+    gives (recorded with the failure; see ``_activity``)."""
+    verdict = stall_verdict(artifact)
+    if verdict is None:
         return []
-    start, end = window
     hints = []
-    cpu = series_typical(artifact, "tree", "cpu_percent", start, end)
-    if cpu is not None and cpu <= IDLE_CPU_PERCENT:
+    cpu = verdict.cpu_percent or 0.0
+    if verdict.tree == "idle":
         hints.append(
             f"The process tree was idle while stalled (CPU about {cpu:.0f}%): it was waiting "
             "(a deadlock, a hung collective, blocked I/O), not computing."
         )
-    elif cpu is not None and cpu >= BUSY_CPU_PERCENT:
+    elif verdict.tree == "busy":
         hints.append(
             f"The process tree kept busy while stalled (CPU about {cpu:.0f}%): a busy loop, "
             "or work that no longer writes to the progress dir."
         )
-    gpus = []
-    for group in sorted(artifact["series"], key=lambda g: (len(g), g)):
-        if group_kind(group) == "gpu":
-            util = series_typical(artifact, group, "utilization_gpu_percent", start, end)
-            if util is not None:
-                gpus.append(f"{group} about {util:.0f}%")
+    gpus = describe_gpus(verdict.gpus)
     if gpus:
-        hints.append(f"GPU utilisation while stalled: {', '.join(gpus)}.")
+        hints.append(f"GPUs while stalled: {gpus}.")
     return hints
 
 
@@ -551,6 +569,9 @@ def format_summary(
         lead = "  " if i == 0 else "  also "
         lines.append(f"{lead}{reason['reason']}{at}: {reason['message']}")
     lines.extend(evidence_lines(summary, width))
+    training = training_line(summary["progress"].get("steps"))
+    if training:
+        lines.append(f"  training: {training}")
     duration = summary.get("duration_seconds")
     lines.append(
         f"ran {format_duration(float(duration or 0))}, "
@@ -590,9 +611,14 @@ def format_summary(
             lines.append(f"  {_process_name(p)} state {p.get('state', '?')}")
     log = summary["log"]
     if log["last_lines"]:
+        # The log's tail gives way first when the rest is long: the summary is one screen
+        # (SCREEN_LINES), and the newest lines are the ones that explain the end.
+        closing = 2 if artifact_path else 0
+        room = SCREEN_LINES - len(lines) - 2 - closing
+        tail = log["last_lines"][-max(room, MIN_LOG_LINES) :]
         lines.append("")
         lines.append(f"Last log lines ({log.get('path')}):")
-        lines.extend("  " + _shorten(line, 160) for line in log["last_lines"])
+        lines.extend("  " + _shorten(line, 160) for line in tail)
     if artifact_path:
         lines.append("")
         lines.append(f"Plots: asyncsoak report {artifact_path}")

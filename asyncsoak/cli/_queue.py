@@ -114,7 +114,9 @@ def _count_arg(text: str) -> int:
     return _integer(text, minimum=0)
 
 
-def register(subparsers: Any) -> None:
+def db_parser() -> argparse.ArgumentParser:
+    """The ``--db`` and ``--wait-for-db`` flags of every command that opens the queue
+    (``watch --job`` too)."""
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument(
         "--db",
@@ -132,6 +134,11 @@ def register(subparsers: Any) -> None:
         f"backoff ('inf': for ever; default: for ever for a worker, {COMMAND_WAIT_FOR_DB_S:g}s "
         f"for the other commands); then exit {EXIT_DB_UNAVAILABLE}",
     )
+    return db
+
+
+def register(subparsers: Any) -> None:
+    db = db_parser()
 
     p = subparsers.add_parser(
         "submit",
@@ -602,16 +609,21 @@ def _attempt_details(a: Attempt, masker: Masker) -> list[str]:
     return lines
 
 
+#: Settings whose default goes without saying in a job's limits (the steps read as progress).
+_QUIET_DEFAULTS = {"progress_source": "auto", "loss_check": "fail"}
+
+
 def _soak_text(soak: dict[str, Any]) -> str:
     """``leak_check=fail max_rss=1.0GiB ... stale_progress=300s``: the limits a job carries."""
     shown = []
     for key, value in sorted(soak.items()):
-        if value is None or value is False:
+        if value is None or value is False or _QUIET_DEFAULTS.get(key) == value:
             continue
         if value is True:
             shown.append(key)
         elif key.endswith("_seconds"):
-            shown.append(f"{key.removesuffix('_seconds')}={value:g}s")
+            seconds = value if value == "auto" else f"{value:g}s"
+            shown.append(f"{key.removesuffix('_seconds')}={seconds}")
         elif key.endswith("_signal"):
             shown.append(f"{key}={signal_name(value)}")
         elif key.endswith("_bytes"):

@@ -76,11 +76,32 @@ def add_soak_limits(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, default=None, metavar="SIZE", help=help)
         elif kind == "signal":
             parser.add_argument(flag, default=None, metavar="SIG", help=help)
+        elif kind == "key":
+            parser.add_argument(flag, default=None, metavar="KEY", help=help)
+        elif spec.metadata["auto"]:
+            shown = "" if spec.default is None else f" (default {spec.default:g})"
+            parser.add_argument(
+                flag,
+                type=_seconds_or_auto,
+                default=spec.default,
+                metavar="S|auto",
+                help=help + shown,
+            )
         else:
             shown = "" if spec.default is None else f" (default {spec.default:g})"
             parser.add_argument(
                 flag, type=float, default=spec.default, metavar="S", help=help + shown
             )
+
+
+def _seconds_or_auto(text: str) -> float | str:
+    """A duration flag that also takes ``auto`` (the limit learned from the run)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'auto', got {text!r}") from None
 
 
 def soak_limits(args: argparse.Namespace) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import anyio
 
 from .._terminal import terminal_text
 from . import EXIT_FAILED, EXIT_OK, UsageError
+from ._queue import _guarded, _job_id, db_parser
 
 if TYPE_CHECKING:
     from .._view._live import JournalTail, LiveState, Status
@@ -48,6 +49,7 @@ def register(subparsers: Any) -> None:
 
     watch = subparsers.add_parser(
         "watch",
+        parents=[db_parser()],
         help="the live view of a soak already running on this host, until its verdict",
         description="Attach to a running soak (started by `asyncsoak run`, sbatch, nohup or a "
         "queue worker) and show its live view, read from its journal as it grows; ends with "
@@ -65,13 +67,11 @@ def register(subparsers: Any) -> None:
         "(a queue job's run directory: its latest attempt)",
     )
     watch.add_argument(
-        "--job", type=int, default=None, metavar="ID", help="a queue job's id (its latest attempt)"
-    )
-    watch.add_argument(
-        "--db",
+        "--job",
+        type=_job_id,
         default=None,
-        metavar="PATH|URL",
-        help="the queue database for --job (default: $ASYNCSOAK_DB, else the user's queue.db)",
+        metavar="ID",
+        help="a queue job's id (its latest attempt), in the queue --db names",
     )
     watch.add_argument("--once", action="store_true", help="print one frame and exit 0")
     watch.add_argument(
@@ -88,7 +88,7 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="seconds between status lines when stdout is not a terminal (default 10)",
     )
-    watch.set_defaults(handler=watch_command)
+    watch.set_defaults(handler=_guarded(watch_command))
 
 
 def watch_command(args: argparse.Namespace) -> int:
@@ -103,6 +103,8 @@ def watch_command(args: argparse.Namespace) -> int:
         raise UsageError("watch needs one TARGET (an artifact, journal or run directory) or --job")
     if args.db is not None and args.job is None:
         raise UsageError("--db goes with --job")
+    if args.wait_for_db is not None and args.job is None:
+        raise UsageError("--wait-for-db goes with --job")
     journal = job_journal(args) if args.job is not None else find_journal(args.target)
     try:
         return anyio.run(_watch, journal, args.once, args.view, interval)
@@ -233,22 +235,34 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
                 )
                 tg.cancel_scope.cancel()
 
+            async def held() -> bool:
+                return await run_blocking(
+                    monitor_holds,
+                    journal,
+                    timeout=VIEW_CALL_TIMEOUT_SECONDS,
+                    what="a look at the journal's lock",
+                )
+
             async def check_monitor() -> None:
                 nonlocal monitor_gone
+                #: The view's reads begun when the monitor was first seen gone.
+                released: int | None = None
                 while True:
                     await anyio.sleep(MONITOR_CHECK_SECONDS)
-                    held = await run_blocking(
-                        monitor_holds,
-                        journal,
-                        timeout=VIEW_CALL_TIMEOUT_SECONDS,
-                        what="a look at the journal's lock",
-                    )
-                    if not held:
-                        # One more look: the finished line and the lock's release race.
-                        await anyio.sleep(MONITOR_CHECK_SECONDS)
-                        if state.finished is None:
-                            monitor_gone = True
-                            tg.cancel_scope.cancel()
+                    if await held():
+                        released = None
+                        continue
+                    if released is None:
+                        # A second look first (a segment's rotation without hard links leaves
+                        # the path missing for a moment).
+                        released = tail.reads_begun
+                        continue
+                    # Gone, once the view read to the journal's end after it let go: the view
+                    # may be seconds behind (a loaded machine, a backlog), and the verdict is
+                    # there if the monitor gave one (the view then ends with it).
+                    if state.finished is None and tail.last_read_to_end > released:
+                        monitor_gone = True
+                        tg.cancel_scope.cancel()
                         return
 
             tg.start_soon(view)

@@ -45,6 +45,7 @@ from .._supervisor._config import seconds
 from .._supervisor._control import SoakControl
 from .._supervisor._outputs import OutputLocationError
 from .._supervisor._soak import run_soak
+from ._learned import carried_limit, remember_limit
 from ._models import Job, QueueError, QueueUnavailableError, WorkerInfo, artifact_summary
 from ._orphans import kill_leftovers, process_alive
 from ._spool import Spool
@@ -465,6 +466,23 @@ class _Worker:
 
     # --- one attempt ---------------------------------------------------------------------
 
+    async def _learned_limit(
+        self, job: Job, artifact: dict[str, Any] | None = None
+    ) -> float | None:
+        """``--stale-progress auto``: before the soak, the limit earlier runs of a job of the
+        same name learned; after it (``artifact`` given), keep what this one learned."""
+        if job.soak.get("stale_progress_seconds") != "auto":
+            return None
+        runs = self.settings.runs_dir
+        try:
+            if artifact is not None:
+                await self._call(remember_limit, runs, job.name, artifact)
+                return None
+            return await self._call(carried_limit, runs, job.name)
+        except (OSError, BlockingCallTimeout) as exc:
+            _log.warning("job %d: the learned stale limit: %s", job.id, exc)
+            return None
+
     async def run_job(self, job: Job) -> str:
         assert job.artifact is not None
         output_path = Path(job.artifact)
@@ -481,6 +499,7 @@ class _Worker:
                 tg.start_soon(self._supervise, job, control, state)
                 try:
                     await self._call(_make_dirs, attempt_dir)
+                    carried = await self._learned_limit(job)
                     artifact = await run_soak(
                         command=self._command(job, run_dir),
                         progress_dir=Path(job.progress_dir) if job.progress_dir else run_dir,
@@ -502,6 +521,7 @@ class _Worker:
                         nvidia_smi=self.settings.nvidia_smi,
                         kill_wait_seconds=self.settings.kill_wait,
                         **job.soak,
+                        stale_progress_carried_seconds=carried,
                         metrics=None if self.registry is None else Metrics(registry=self.registry),
                     )
                 except SoakFailureError as exc:
@@ -510,6 +530,7 @@ class _Worker:
                     problem = exc
                 finally:
                     tg.cancel_scope.cancel()
+            await self._learned_limit(job, artifact)
         except anyio.get_cancelled_exc_class():
             # The worker itself is being cancelled: run_soak has stopped the tree and written
             # its artifact; record the attempt from it before the cancellation goes on.

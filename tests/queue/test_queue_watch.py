@@ -60,3 +60,15 @@ def test_watch_refuses_a_job_that_has_not_run_or_runs_elsewhere(
     result = asyncsoak_cli("watch", "--job", str(elsewhere), "--db", db, cwd=tmp_path)
     assert result.returncode == 2
     assert "runs on gpu-node-9: watch it there" in result.stderr
+
+
+def test_watch_of_a_job_whose_queue_server_is_unreachable_exits_75(tmp_path: Path) -> None:
+    """No server there: watch --job --wait-for-db 0.5 exits 75 as the queue's commands do,
+    its password hidden (it failed with a traceback on the queue's --wait-for-db)."""
+    secret = "hunter2pass"
+    url = f"postgresql://me@/queue?host={tmp_path}&port=1&password={secret}"
+    done = asyncsoak_cli("watch", "--job", "1", "--db", url, "--wait-for-db", "0.5", cwd=tmp_path)
+    assert done.returncode == 75, done.stderr
+    assert "cannot connect" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert secret not in done.stdout + done.stderr

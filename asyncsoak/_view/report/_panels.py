@@ -76,6 +76,17 @@ PANELS = (
         "bytes/min",
         (("progress_rate", "bytes_per_minute"),),
     ),
+    # The training's own figures, as the trainer's files say (the artifact's ``steps`` series).
+    _PanelSpec("loss", "Training loss", "", (("steps", "loss"),)),
+    _PanelSpec("step_rate", "Training steps per second", "", (("steps", "steps_per_second"),)),
+    _PanelSpec(
+        "throughput",
+        "Tokens and samples per second",
+        "",
+        (("steps", "tokens_per_second"), ("steps", "samples_per_second")),
+    ),
+    _PanelSpec("step", "Training step", "", (("steps", "step"),)),
+    _PanelSpec("stale_limit", "Learned stale-progress limit", "s", (("stale_limit", "seconds"),)),
     _PanelSpec("disk_free", "Disk free", "bytes", (("machine", "disk_free_bytes*"),)),
     _PanelSpec("gpu_util", "GPU utilisation", "%", (("gpu", "utilization_gpu_percent"),)),
     _PanelSpec(
@@ -115,7 +126,9 @@ SAME_AS = {("machine", "memory_percent"): ("machine", "memory_used_bytes")}
 STEADY_SHARE = 0.01
 
 #: Panels drawn even when flat: flat CPU or memory is itself a finding.
-ALWAYS_DRAWN = frozenset({"tree_cpu", "tree_memory", "machine_memory", "progress_rate"})
+ALWAYS_DRAWN = frozenset(
+    {"tree_cpu", "tree_memory", "machine_memory", "progress_rate", "loss", "step_rate"}
+)
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..._process._exits import decode as decode_exit
 from ..._record._artifact import EVENTS_HEAD
 from ..._record._schema import Artifact
-from ..._record._vocabulary import EventKind, SoakStatus
+from ..._record._vocabulary import EventKind, FailureReason, SoakStatus
 from ..._sampling._fields import format_clock, format_value
 from ..._units import format_duration
 from .._evidence import (
@@ -22,6 +22,7 @@ from .._evidence import (
 )
 from .._status import is_pass, status_words
 from .._summary import exit_text, oom_killer
+from .._training import training_line
 
 if TYPE_CHECKING:
     from ._figure import Timeline
@@ -46,6 +47,9 @@ def verdict_html(summary: Mapping[str, Any]) -> str:
             f'<p class="reason">{lead}<b>{html.escape(reason["reason"])}</b>{at}: '
             f"{html.escape(reason['message'])}</p>"
         )
+    training = training_line(summary["progress"].get("steps"))
+    if training:
+        parts.append(f'<p class="training">{html.escape(training)}</p>')
     parts.append("</header>")
     return "\n".join(parts)
 
@@ -66,6 +70,8 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
     rows: list[str] = []
     if evidence["cause"]:
         label = "Warning" if is_pass(summary["status"]) else "Cause"
+        if summary["reasons"] and summary["reasons"][0]["reason"] == FailureReason.GPU_FAULT:
+            label = "GPU fault"
         where = evidence["where"]
         text = f"<b>{html.escape(evidence['cause'])}</b>"
         if where and where not in evidence["cause"]:

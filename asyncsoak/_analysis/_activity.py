@@ -1,0 +1,203 @@
+"""What a stalled run was doing: one verdict, read by the stall's headline, the summary's hints
+and the report's advice alike, so they never disagree.
+
+Pure functions of the figures (the tree's CPU as a percent of one core, its processes in
+uninterruptible sleep, each GPU's utilisation and power): callers choose the figures (the last
+samples before the rule fired, or the stall window of a finished artifact), never the thresholds.
+
+The tree: ``busy`` from :data:`BUSY_CPU_PERCENT` of one core, or when a process of it was
+running or runnable (``R``) in at least :data:`RUNNING_SHARE` of the samples; else ``idle``
+(waiting: a deadlock, a hung collective, blocked I/O); ``uninterruptible`` when a process sleeps
+in ``D`` state.  A waiting Python trainer still spends a few percent in its helper threads (data
+loader, NCCL's watchdog, heartbeats) while its processes sleep; a spinning one on a loaded
+machine may get a small share of a core, but it is always runnable.
+
+The verdict is taken once, when the stall's rule fires, and recorded with the failure
+(``failures[].activity``): the views read it there, and judge the series themselves only for
+artifacts written before it was recorded.
+
+A GPU: ``idle`` below :data:`GPU_BUSY_PERCENT` utilisation; ``busy`` above; ``spinning`` at
+:data:`GPU_FULL_PERCENT` or more while drawing at most :data:`LOW_POWER_RATIO` of its power
+limit.  Utilisation only says that a kernel was resident; a GPU doing real work at full
+utilisation draws most of its power, so full utilisation at low power with no progress is the
+signature of a hung collective (NCCL kernels polling for a peer that never comes) or a spinning
+kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Tree CPU (percent of one core) from which a stalled tree is busy, below which it is idle.
+BUSY_CPU_PERCENT = 20.0
+#: The share of samples with a process of the tree running or runnable that makes it busy.
+RUNNING_SHARE = 0.5
+#: GPU utilisation (percent) from which a GPU is working.
+GPU_BUSY_PERCENT = 10.0
+#: Utilisation (percent) from which a GPU counts as fully busy...
+GPU_FULL_PERCENT = 90.0
+#: ...and the share of its power limit at or below which that busyness is spinning, not work.
+LOW_POWER_RATIO = 0.35
+
+
+def tree_verdict(
+    cpu_percent: float | None,
+    uninterruptible: Sequence[str] = (),
+    running_share: float | None = None,
+) -> str:
+    """``uninterruptible``, ``busy``, ``idle`` or ``unknown`` (no figure)."""
+    if uninterruptible:
+        return "uninterruptible"
+    if cpu_percent is None:
+        return "unknown"
+    if cpu_percent >= BUSY_CPU_PERCENT:
+        return "busy"
+    return "busy" if running_share is not None and running_share >= RUNNING_SHARE else "idle"
+
+
+def describe_tree(
+    cpu_percent: float | None,
+    uninterruptible: Sequence[str] = (),
+    running_share: float | None = None,
+    *,
+    cpu_of: str = "tree",
+) -> str:
+    """The tree's verdict with its figures, as the stall's headline says it.  ``cpu_of``:
+    ``ranks`` when the figures are the ranks' alone (a launcher polls its ranks and is busy
+    or idle whatever they do), ``tree`` otherwise."""
+    verdict = tree_verdict(cpu_percent, uninterruptible, running_share)
+    if verdict == "uninterruptible":
+        return "in uninterruptible sleep (I/O): " + ", ".join(uninterruptible[:4])
+    whose = "the ranks' CPU" if cpu_of == "ranks" else "CPU"
+    if verdict == "unknown" or cpu_percent is None:
+        return f"of unknown activity ({whose} unknown: no sample yet)"
+    figure = f"{whose} {cpu_percent:.0f}%"
+    if running_share is not None and verdict == "busy" and cpu_percent < BUSY_CPU_PERCENT:
+        figure += f", runnable in {running_share:.0%} of its samples"
+    if verdict == "busy":
+        return f"busy ({figure}): computing without progress, slow or spinning"
+    return f"idle ({figure}): waiting, a deadlock, a hung collective or blocked I/O"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuActivity:
+    """One GPU's typical figures over the stall."""
+
+    index: int
+    utilization_percent: float | None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+
+    @property
+    def power_ratio(self) -> float | None:
+        if self.power_w is None or not self.power_limit_w:
+            return None
+        return self.power_w / self.power_limit_w
+
+    @property
+    def verdict(self) -> str:
+        """``spinning``, ``busy``, ``idle`` or ``unknown``."""
+        util = self.utilization_percent
+        if util is None:
+            return "unknown"
+        ratio = self.power_ratio
+        if util >= GPU_FULL_PERCENT and ratio is not None and ratio <= LOW_POWER_RATIO:
+            return "spinning"
+        return "busy" if util >= GPU_BUSY_PERCENT else "idle"
+
+    def figures(self) -> str:
+        util = self.utilization_percent
+        text = f"{util:.0f}% utilisation" if util is not None else "utilisation unknown"
+        ratio = self.power_ratio
+        if ratio is not None:
+            text += (
+                f" at {ratio:.0%} of its power limit "
+                f"({self.power_w:.0f} W of {self.power_limit_w:.0f} W)"
+            )
+        return text
+
+
+def describe_gpus(gpus: Sequence[GpuActivity]) -> str | None:
+    """What the GPUs were doing over a stall, with the figures; None without GPU figures.
+
+    ``gpu0 busy with no progress (100% utilisation at 17% of its power limit (119 W of 700 W)):
+    the signature of a hung collective or a spinning kernel``.
+    """
+    known = [g for g in gpus if g.verdict != "unknown"]
+    if not known:
+        return None
+    if all(g.verdict == "idle" for g in known):
+        figures = ", ".join(f"gpu{g.index} {g.utilization_percent:.0f}%" for g in known)
+        return f"idle ({figures} utilisation)"
+    parts = []
+    for gpu in known:
+        verdict = gpu.verdict
+        if verdict == "spinning":
+            parts.append(f"gpu{gpu.index} busy with no progress ({gpu.figures()})")
+        elif verdict == "busy":
+            parts.append(f"gpu{gpu.index} busy ({gpu.figures()})")
+        else:
+            # An idle GPU's power says nothing more.
+            parts.append(f"gpu{gpu.index} idle ({gpu.utilization_percent:.0f}% utilisation)")
+    text = ", ".join(parts)
+    if any(g.verdict == "spinning" for g in known):
+        text += (
+            ": near-full utilisation at low power, the signature of a hung collective "
+            "(a rank waiting for a peer) or a spinning kernel"
+        )
+    return text
+
+
+def stall_activity(
+    cpu_percent: float | None,
+    uninterruptible: Sequence[str],
+    running_share: float | None,
+    gpus: Sequence[GpuActivity],
+    *,
+    cpu_of: str = "tree",
+) -> dict[str, Any]:
+    """The verdict and its figures, as ``failures[].activity`` records them."""
+    return {
+        "tree": tree_verdict(cpu_percent, uninterruptible, running_share),
+        "cpu_of": cpu_of,
+        "cpu_percent": None if cpu_percent is None else round(cpu_percent, 1),
+        "running_share": None if running_share is None else round(running_share, 3),
+        "uninterruptible": list(uninterruptible[:4]),
+        "gpus": [
+            {
+                "index": g.index,
+                "verdict": g.verdict,
+                "utilization_percent": g.utilization_percent,
+                "power_w": g.power_w,
+                "power_limit_w": g.power_limit_w,
+            }
+            for g in gpus
+        ],
+    }
+
+
+def recorded_gpus(activity: Mapping[str, Any]) -> list[GpuActivity]:
+    """The GPUs of a recorded ``activity``."""
+    return [
+        GpuActivity(
+            int(g["index"]),
+            g.get("utilization_percent"),
+            g.get("power_w"),
+            g.get("power_limit_w"),
+        )
+        for g in activity.get("gpus") or []
+    ]
+
+
+def describe_activity(activity: Mapping[str, Any]) -> str:
+    """A recorded ``activity`` as the stall's headline says it."""
+    text = describe_tree(
+        activity.get("cpu_percent"),
+        activity.get("uninterruptible") or (),
+        activity.get("running_share"),
+        cpu_of=str(activity.get("cpu_of") or "tree"),
+    )
+    gpus = describe_gpus(recorded_gpus(activity))
+    return text if gpus is None else f"{text}; its GPUs: {gpus}"

@@ -1,0 +1,259 @@
+"""Each GPU's health over a run, folded from the journal: the artifact's ``gpu_health``.
+
+Folded from ``gpu_sample`` events (counts at the start and end, the PCIe link, clock event
+reasons) and ``gpu_fault`` events (Xid errors and the other faults), so an artifact rebuilt by
+``asyncsoak recover`` has it too.  Bounded: the throttle timeline keeps a fixed number of
+buckets, and a GPU keeps its first :data:`MAX_FAULTS` faults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Clock event reasons that mean the hardware or the heat held the GPU back: more than
+#: :data:`THROTTLE_WARN_SHARE` of a run's samples is a warning, slowdown or not.
+HARMFUL_THROTTLE = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown")
+#: Reasons that say nothing about being held back.
+QUIET_THROTTLE = frozenset({"gpu_idle"})
+#: The share of a run's samples above which HW slowdown or thermal throttling is a warning.
+THROTTLE_WARN_SHARE = 0.10
+#: Faults kept per GPU (the journal holds them all).
+MAX_FAULTS = 100
+#: Buckets of the throttle timeline at most (neighbours merge, width doubling, when full).
+THROTTLE_BUCKETS = 256
+
+
+@dataclass(slots=True)
+class _Bucket:
+    start: float
+    samples: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+class ThrottleTimeline:
+    """Clock event reasons over time, in buckets that widen as the run grows."""
+
+    def __init__(self, width: float = 1.0) -> None:
+        self._width = width
+        self._buckets: list[_Bucket] = []
+        self.samples = 0
+        self.totals: dict[str, int] = {}
+
+    def add(self, t: float, reasons: list[str]) -> None:
+        self.samples += 1
+        for reason in reasons:
+            self.totals[reason] = self.totals.get(reason, 0) + 1
+        start = t - t % self._width
+        if not self._buckets or start >= self._buckets[-1].start + self._width:
+            self._buckets.append(_Bucket(start))
+            if len(self._buckets) > THROTTLE_BUCKETS:
+                self._merge()
+        bucket = self._buckets[-1]
+        bucket.samples += 1
+        for reason in reasons:
+            bucket.reasons[reason] = bucket.reasons.get(reason, 0) + 1
+
+    def _merge(self) -> None:
+        self._width *= 2
+        merged: list[_Bucket] = []
+        for bucket in self._buckets:
+            start = bucket.start - bucket.start % self._width
+            if not merged or merged[-1].start != start:
+                merged.append(_Bucket(start))
+            target = merged[-1]
+            target.samples += bucket.samples
+            for reason, count in bucket.reasons.items():
+                target.reasons[reason] = target.reasons.get(reason, 0) + count
+        self._buckets = merged
+
+    def shares(self, since: float = float("-inf"), until: float = float("inf")) -> dict[str, float]:
+        """Each reason's share of the samples in the buckets that start within the span."""
+        samples = 0
+        counts: dict[str, int] = {}
+        for bucket in self._buckets:
+            if since - self._width < bucket.start <= until:
+                samples += bucket.samples
+                for reason, count in bucket.reasons.items():
+                    counts[reason] = counts.get(reason, 0) + count
+        if not samples:
+            return {}
+        return {
+            reason: round(count / samples, 4)
+            for reason, count in sorted(counts.items())
+            if reason not in QUIET_THROTTLE
+        }
+
+
+def _start_end() -> dict[str, Any]:
+    return {"start": None, "end": None}
+
+
+@dataclass(slots=True)
+class _GpuHealth:
+    index: int
+    uuid: str | None = None
+    bus_id: str | None = None
+    samples: int = 0
+    ecc_uncorrected: dict[str, Any] = field(default_factory=_start_end)
+    remapped_rows_correctable: dict[str, Any] = field(default_factory=_start_end)
+    remapped_rows_uncorrectable: dict[str, Any] = field(default_factory=_start_end)
+    remapped_rows_pending: dict[str, Any] = field(default_factory=_start_end)
+    remapped_rows_failure: dict[str, Any] = field(default_factory=_start_end)
+    retired_pages_pending: dict[str, Any] = field(default_factory=_start_end)
+    link: dict[str, Any] = field(default_factory=dict)
+    throttle: ThrottleTimeline = field(default_factory=ThrottleTimeline)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    faults_seen: int = 0
+    lost: bool = False
+
+    def to_json(self, wall: Callable[[float | None], str | None]) -> dict[str, Any]:
+        xids = [f for f in self.faults if f["fault"] == "xid"]
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "bus_id": self.bus_id,
+            "samples": self.samples,
+            "lost": self.lost,
+            "faults": [{**f, "at": wall(f["t"])} for f in self.faults],
+            "faults_dropped": self.faults_seen - len(self.faults),
+            "xid": [
+                {
+                    "t": f["t"],
+                    "at": wall(f["t"]),
+                    "code": f["xid"],
+                    "meaning": f["meaning"],
+                    "action": f["action"],
+                    "fails": f["fails"],
+                }
+                for f in xids
+            ],
+            "ecc_uncorrected": dict(self.ecc_uncorrected),
+            "remapped_rows": {
+                "correctable": dict(self.remapped_rows_correctable),
+                "uncorrectable": dict(self.remapped_rows_uncorrectable),
+                "pending": dict(self.remapped_rows_pending),
+                "failure": dict(self.remapped_rows_failure),
+            },
+            "retired_pages_pending": dict(self.retired_pages_pending),
+            "pcie_link": dict(self.link),
+            "throttle_shares": self.throttle.shares(),
+        }
+
+
+_READING_COUNTS = (
+    ("ecc_uncorrected_volatile", "ecc_uncorrected"),
+    ("remapped_rows_correctable", "remapped_rows_correctable"),
+    ("remapped_rows_uncorrectable", "remapped_rows_uncorrectable"),
+    ("remapped_rows_pending", "remapped_rows_pending"),
+    ("remapped_rows_failure", "remapped_rows_failure"),
+    ("retired_pages_pending", "retired_pages_pending"),
+)
+_LINK = (
+    ("pcie_link_gen_current", "gen"),
+    ("pcie_link_width_current", "width"),
+)
+
+
+class GpuHealthFold:
+    """Every GPU's health, folded from ``gpu_sample`` and ``gpu_fault`` events (JSON form)."""
+
+    def __init__(self) -> None:
+        self.gpus: dict[int, _GpuHealth] = {}
+
+    def _gpu(self, index: int) -> _GpuHealth:
+        gpu = self.gpus.get(index)
+        if gpu is None:
+            gpu = self.gpus[index] = _GpuHealth(index)
+        return gpu
+
+    def add_sample(self, t: float, event: Mapping[str, Any]) -> None:
+        for reading in event.get("gpus") or []:
+            index = reading.get("index")
+            if not isinstance(index, int):
+                continue
+            gpu = self._gpu(index)
+            gpu.uuid = reading.get("uuid") or gpu.uuid
+            gpu.bus_id = reading.get("bus_id") or gpu.bus_id
+            gpu.samples += 1
+            for name, attr in _READING_COUNTS:
+                value = reading.get(name)
+                if value is not None:
+                    figures = getattr(gpu, attr)
+                    if figures["start"] is None:
+                        figures["start"] = value
+                    figures["end"] = value
+            self._add_link(gpu, reading)
+            reasons = reading.get("clock_event_reasons")
+            if reasons is not None:
+                gpu.throttle.add(t, [str(r) for r in reasons])
+
+    @staticmethod
+    def _add_link(gpu: _GpuHealth, reading: Mapping[str, Any]) -> None:
+        busy = (reading.get("utilization_gpu_percent") or 0) >= 50
+        for name, what in _LINK:
+            current = reading.get(name)
+            top = reading.get(name.replace("_current", "_max"))
+            if top is not None:
+                gpu.link[f"{what}_max"] = top
+            if current is None:
+                continue
+            gpu.link[f"{what}_last"] = current
+            if busy:
+                key = f"{what}_min_under_load"
+                gpu.link[key] = min(current, gpu.link.get(key, current))
+
+    def add_fault(self, t: float, event: Mapping[str, Any]) -> None:
+        index = event.get("gpu")
+        gpu = self._gpu(index if isinstance(index, int) else -1)
+        gpu.uuid = event.get("uuid") or gpu.uuid
+        gpu.bus_id = event.get("bus_id") or gpu.bus_id
+        if event.get("fault") == "lost":
+            gpu.lost = True
+        gpu.faults_seen += 1
+        if len(gpu.faults) < MAX_FAULTS:
+            gpu.faults.append(
+                {
+                    "t": t,
+                    "fault": event.get("fault"),
+                    "message": event.get("message"),
+                    "fails": bool(event.get("fails")),
+                    "used": bool(event.get("used")),
+                    "xid": event.get("xid"),
+                    "meaning": event.get("meaning"),
+                    "action": event.get("action"),
+                }
+            )
+
+    def to_json(self, wall: Callable[[float | None], str | None]) -> dict[str, Any]:
+        return {
+            (f"gpu{index}" if index >= 0 else "unlisted"): gpu.to_json(wall)
+            for index, gpu in sorted(self.gpus.items())
+        }
+
+    def held_back(self, since: float, until: float) -> str:
+        """What held the GPUs back over a span: ``gpu0 by sw_power_cap 80% of the time``."""
+        parts = []
+        for index, gpu in sorted(self.gpus.items()):
+            shares = gpu.throttle.shares(since, until)
+            named = [f"{reason} {share:.0%}" for reason, share in shares.items() if share > 0]
+            if named:
+                parts.append(f"gpu{index} by {', '.join(named)} of the time")
+        if not parts:
+            return "the GPUs were not held back over the same span" if self.gpus else ""
+        return "GPUs held back over the same span: " + "; ".join(parts)
+
+    def throttle_warnings(self) -> list[str]:
+        """Each GPU held back by HW slowdown or heat for more than the documented share."""
+        out = []
+        for index, gpu in sorted(self.gpus.items()):
+            shares = gpu.throttle.shares()
+            for reason in HARMFUL_THROTTLE:
+                share = shares.get(reason, 0.0)
+                if share > THROTTLE_WARN_SHARE:
+                    out.append(
+                        f"gpu{index} clocks held back by {reason} {share:.0%} of the run "
+                        f"(more than {THROTTLE_WARN_SHARE:.0%}): check its cooling and power"
+                    )
+        return out

@@ -1,0 +1,370 @@
+"""The rules over the steps a trainer writes: advance, rate, ETA, loss, and a learned limit.
+
+Pure and clock-free: every call takes ``now`` (seconds since the soak's start), so tests
+drive it with any clock.  :class:`StepTracker` folds what :mod:`._steps` read at a scan;
+:class:`StaleLimit` learns ``--stale-progress auto``'s limit from the run's own gaps.
+
+``--stale-progress auto`` (the documented rule):
+
+* a *gap* is the time between two advances of the progress signal (the step, or a file
+  change while the run has no step source), as the monitor saw them;
+* during the warm-up (the first ``startup_timeout_seconds`` after the first advance, and at
+  least :data:`AUTO_MIN_GAPS` gaps) the limit is the startup limit (or a limit carried from
+  the job's previous runs, when given);
+* then the limit is :data:`AUTO_SAFETY_FACTOR` x the gap below which
+  :data:`AUTO_QUANTILE` of the run's stepping time was spent (a time-weighted quantile: a
+  6-minute checkpoint every hour is 10 % of the time, so it is never an outlier, however few
+  the checkpoints), floored at :data:`AUTO_FLOOR_SECONDS`, capped at :data:`AUTO_CAP_SECONDS`,
+  and never below a carried limit;
+* it is re-learned at each advance, and the limit of a gap is the one in force when the gap
+  began: a hang is caught within ``AUTO_SAFETY_FACTOR`` x the longest normal gap (plus one
+  sample interval), never sooner than the floor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ._steps import KIND_NAMES, KIND_STATE, StepReading, StepRecord
+
+ProgressSource = Literal["files", "steps", "auto"]
+PROGRESS_SOURCES: tuple[ProgressSource, ...] = ("auto", "files", "steps")
+LossCheck = Literal["fail", "warn", "off"]
+LOSS_CHECKS: tuple[LossCheck, ...] = ("fail", "warn", "off")
+
+#: The learned limit is this many times the high quantile of the gaps.
+AUTO_SAFETY_FACTOR = 3.0
+#: The time-weighted quantile of the gaps the limit is learned from.
+AUTO_QUANTILE = 0.99
+#: The learned limit is never below this ...
+AUTO_FLOOR_SECONDS = 10.0
+#: ... nor above this (six hours).
+AUTO_CAP_SECONDS = 6 * 3600.0
+#: The warm-up lasts at least this many gaps.
+AUTO_MIN_GAPS = 10
+#: Gaps are kept in logarithmic buckets this wide (a ratio): bounded memory, 5 % resolution.
+_BUCKET_RATIO = 1.05
+
+#: Steps per second over the advances of the last this many seconds (two advances at least).
+RATE_WINDOW_SECONDS = 30.0
+#: Divergence: the median of the last DIVERGENCE_WINDOW losses above DIVERGENCE_FACTOR x the
+#: run's best such median (a positive one), after DIVERGENCE_MIN_LOSSES losses, and having
+#: given back more than DIVERGENCE_GIVEN_BACK of what the run learned (its first such median
+#: less its best): a loss trained down near zero may wobble to twice its best in noise.
+DIVERGENCE_WINDOW = 10
+DIVERGENCE_FACTOR = 2.0
+DIVERGENCE_MIN_LOSSES = 20
+DIVERGENCE_GIVEN_BACK = 0.1
+
+
+class StaleLimit:
+    """``--stale-progress auto``: the limit learned from the gaps between advances."""
+
+    def __init__(self, *, startup_limit: float, carried: float | None = None) -> None:
+        self.startup_limit = startup_limit
+        self.carried = carried
+        self.reset()
+
+    def reset(self) -> None:
+        """Start over (the run's progress signal changed from file changes to steps)."""
+        self._first: float | None = None
+        self._gaps = 0
+        self._longest = 0.0
+        self._buckets: dict[int, float] = {}
+        self._total = 0.0
+        #: The limit in force for the gap under way.
+        self.limit = self.carried if self.carried is not None else self.startup_limit
+        #: The learned limit once the warm-up is over (None before).
+        self.learned: float | None = None
+
+    def advance(self, now: float, gap: float | None) -> None:
+        """An advance at ``now``, ``gap`` after the one before (None for the first)."""
+        if self._first is None:
+            self._first = now
+        if gap is None or gap <= 0:
+            return
+        self._gaps += 1
+        self._longest = max(self._longest, gap)
+        index = math.floor(math.log(gap) / math.log(_BUCKET_RATIO))
+        self._buckets[index] = self._buckets.get(index, 0.0) + gap
+        self._total += gap
+        if self._gaps < AUTO_MIN_GAPS or now - self._first < self.startup_limit:
+            return
+        learned = min(AUTO_CAP_SECONDS, max(AUTO_FLOOR_SECONDS, AUTO_SAFETY_FACTOR * self.high()))
+        if self.carried is not None:
+            learned = max(learned, self.carried)
+        self.learned = self.limit = learned
+
+    @property
+    def longest(self) -> float:
+        """The longest gap seen (since the last reset)."""
+        return self._longest
+
+    def high(self) -> float:
+        """The gap below which :data:`AUTO_QUANTILE` of the time between advances was spent."""
+        wanted = AUTO_QUANTILE * self._total
+        seen = 0.0
+        for index in sorted(self._buckets):
+            seen += self._buckets[index]
+            if seen >= wanted:
+                return min(self._longest, _BUCKET_RATIO ** (index + 1))
+        return self._longest
+
+
+@dataclass(slots=True)
+class StepUpdate:
+    """What one reading changed, for the watchdog to emit."""
+
+    advanced: bool = False
+    #: The gap since the advance before (None for the first step).
+    gap: float | None = None
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    #: The first non-finite loss: its message.
+    nonfinite: str | None = None
+    #: Whether the figures (loss, max_steps) changed without an advance.
+    changed: bool = False
+
+
+class StepTracker:
+    """The steps of one run: where it is, how fast, its loss, and what is wrong with it."""
+
+    def __init__(self, *, loss_check: LossCheck = "fail", step_key: str | None = None) -> None:
+        self.loss_check = loss_check
+        self.step_key = step_key
+        self.step: int | None = None
+        #: The kind of the step source (see ``_steps.KIND_*``) and its file.
+        self.kind: int | None = None
+        self.source: str | None = None
+        self.first_at: float | None = None
+        self.last_advance: float | None = None
+        self.longest_gap = 0.0
+        self.max_steps: int | None = None
+        self.loss: float | None = None
+        self.loss_step: int | None = None
+        self.steps_per_second: float | None = None
+        self.tokens_per_second: float | None = None
+        self.samples_per_second: float | None = None
+        #: Lines each source grew by since the step last advanced.
+        self.lines_since_advance: dict[str, int] = {}
+        self.nonfinite_seen = False
+        self.diverged = False
+        self._last_by_source: dict[str, int] = {}
+        #: The newest step an earlier run left in each source (where this one resumes from).
+        self._before_start: dict[str, int] = {}
+        #: The epoch of each source's newest record, and the sources that count their step
+        #: within each epoch (said once each).
+        self._epoch_by_source: dict[str, float] = {}
+        self._per_epoch: set[str] = set()
+        #: Sources that went back while another was ahead: their own counter (said once each).
+        self._own_counter: set[str] = set()
+        #: Sources that have held the run's step (a resume of one of those is the run's).
+        self._led: set[str] = set()
+        self._state_high = -1
+        self._window: deque[tuple[float, int, float | None, float | None]] = deque()
+        self._losses: deque[float] = deque(maxlen=DIVERGENCE_WINDOW)
+        self._loss_count = 0
+        self._best_median: float | None = None
+        self._first_median: float | None = None
+        self._warned_keys: set[str] = set()
+        #: The newest cumulative (tokens, samples) counts, for their rates.
+        self._counts: tuple[float | None, float | None] = (None, None)
+
+    @property
+    def source_kind(self) -> str | None:
+        return None if self.kind is None else KIND_NAMES[self.kind]
+
+    def eta_seconds(self) -> float | None:
+        """Seconds to ``max_steps`` at the current rate; None when either is unknown."""
+        rate, total, step = self.steps_per_second, self.max_steps, self.step
+        if not rate or total is None or step is None or rate <= 0:
+            return None
+        return max(0.0, (total - step) / rate)
+
+    def observe(self, reading: StepReading, now: float) -> StepUpdate:
+        update = StepUpdate(notes=list(reading.notes))
+        if reading.max_steps and reading.max_steps != self.max_steps:
+            self.max_steps = reading.max_steps
+            update.changed = True
+        for name, count in reading.lines.items():
+            self.lines_since_advance[name] = self.lines_since_advance.get(name, 0) + count
+        kinds = [r.kind for r in reading.records if not r.before_start]
+        if kinds and (self.kind is None or min(kinds) < self.kind):
+            self.kind = min(kinds)
+        previous = self.step
+        for record in reading.records:
+            if record.max_steps and record.max_steps != self.max_steps:
+                self.max_steps = record.max_steps
+                update.changed = True
+            if record.before_start:
+                # An earlier run's: not this run's first step (its startup goes on), nor a
+                # loss to judge it by (a NaN there is why it was resumed).
+                self._before_start[record.source] = record.step
+                continue
+            if (
+                record.kind == KIND_STATE
+                and record.where != "global_step"
+                and record.step <= self._state_high
+            ):
+                continue  # a checkpoint's copy of entries read already
+            self._check_loss(record, update)
+            if record.kind != self.kind:
+                continue
+            self._follow(record, update)
+        for record in reading.records:
+            if record.kind == KIND_STATE:
+                self._state_high = max(self._state_high, record.step)
+        if self.source is not None:
+            # Judged once a reading is folded: the order files are read in does not matter.
+            self._led.add(self.source)
+        if self.step is None and reading.without_step:
+            self._warn_keys(reading, update)
+        if self.step is not None and self.step != previous:
+            update.advanced = True
+            if self.first_at is None:
+                self.first_at = now
+            else:
+                assert self.last_advance is not None
+                update.gap = now - self.last_advance
+                self.longest_gap = max(self.longest_gap, update.gap)
+            self.last_advance = now
+            self.lines_since_advance = {}
+            self._rate(now)
+        return update
+
+    def _follow(self, record: StepRecord, update: StepUpdate) -> None:
+        last = self._last_by_source.get(record.source, self._before_start.pop(record.source, None))
+        epoch = self._epoch_by_source.get(record.source)
+        if record.epoch is not None:
+            self._epoch_by_source[record.source] = record.epoch
+        behind = self.step is not None and record.source not in self._led
+        if last is not None and record.step < last and behind:
+            # Another file has always been ahead: this one counts something of its own (an
+            # eval loop's batches), and its going back neither moves the run nor resumes it.
+            if record.source not in self._own_counter:
+                self._own_counter.add(record.source)
+                update.notes.append(
+                    f"the step went back from {last} to {record.step} in {record.source} "
+                    f"({record.where}) while the run is at step {self.step} in {self.source}: "
+                    "read as that file's own counter"
+                )
+        elif last is not None and record.step < last:
+            if epoch is not None and record.epoch is not None and record.epoch > epoch:
+                # A loop that counts its step within each epoch: the restart is progress.
+                if record.source not in self._per_epoch:
+                    self._per_epoch.add(record.source)
+                    update.notes.append(
+                        f"{record.source} counts its step within each epoch (it restarted "
+                        f"at epoch {record.epoch:g})"
+                    )
+            else:
+                update.notes.append(
+                    f"the step went back from {last} to {record.step} in {record.source} "
+                    f"({record.where}): a resume from an earlier checkpoint?"
+                )
+            self._window.clear()
+            # Every source restarts from here: the run is back at this step.
+            self._last_by_source = {}
+        self._last_by_source[record.source] = record.step
+        self.step = max(self._last_by_source.values())
+        if record.step == self.step:
+            self.source = record.source
+        if record.loss is not None and math.isfinite(record.loss):
+            if self.loss != record.loss:
+                update.changed = True
+            self.loss, self.loss_step = record.loss, record.step
+        if record.tokens_per_second is not None:
+            self.tokens_per_second = record.tokens_per_second
+        if record.samples_per_second is not None:
+            self.samples_per_second = record.samples_per_second
+        if record.tokens is not None or record.samples is not None:
+            self._counts = (record.tokens, record.samples)
+
+    def _rate(self, now: float) -> None:
+        assert self.step is not None
+        tokens, samples = self._counts
+        self._window.append((now, self.step, tokens, samples))
+        while len(self._window) > 2 and now - self._window[1][0] >= RATE_WINDOW_SECONDS:
+            self._window.popleft()
+        if len(self._window) < 2:
+            return
+        t0, step0, tokens0, samples0 = self._window[0]
+        span = now - t0
+        if span <= 0:
+            return
+        self.steps_per_second = max(0.0, (self.step - step0) / span)
+        if tokens is not None and tokens0 is not None:
+            self.tokens_per_second = max(0.0, (tokens - tokens0) / span)
+        if samples is not None and samples0 is not None:
+            self.samples_per_second = max(0.0, (samples - samples0) / span)
+
+    def _check_loss(self, record: StepRecord, update: StepUpdate) -> None:
+        loss = record.loss
+        if loss is None or self.loss_check == "off":
+            return
+        if not math.isfinite(loss):
+            if not self.nonfinite_seen:
+                self.nonfinite_seen = True
+                update.nonfinite = (
+                    f"the loss is {_spell(loss)} at step {record.step} "
+                    f"({record.source} {record.where})"
+                )
+            return
+        self._losses.append(loss)
+        self._loss_count += 1
+        if len(self._losses) < DIVERGENCE_WINDOW:
+            return
+        median = sorted(self._losses)[len(self._losses) // 2]
+        if self._best_median is None or median < self._best_median:
+            self._best_median = median
+        if self._first_median is None:
+            self._first_median = median
+        best = self._best_median
+        learned = max(0.0, self._first_median - best)
+        if (
+            not self.diverged
+            and self._loss_count >= DIVERGENCE_MIN_LOSSES
+            and best > 0
+            and median > DIVERGENCE_FACTOR * best
+            and median - best > DIVERGENCE_GIVEN_BACK * learned
+        ):
+            self.diverged = True
+            update.warnings.append(
+                f"the loss is diverging: the median of the last {DIVERGENCE_WINDOW} losses "
+                f"is {median:.4g} at step {record.step}, above {DIVERGENCE_FACTOR:g} x the "
+                f"run's best ({best:.4g})"
+            )
+
+    def _warn_keys(self, reading: StepReading, update: StepUpdate) -> None:
+        for name, keys in sorted(reading.without_step.items()):
+            if name in self._warned_keys:
+                continue
+            self._warned_keys.add(name)
+            wanted = repr(self.step_key) if self.step_key else "a step key"
+            message = f"no record of {name} carries {wanted} (its keys: {', '.join(keys)})"
+            (update.warnings if self.step_key else update.notes).append(message)
+
+    def sources_without_step(self) -> list[str]:
+        """The files whose records carry figures but no step key (``--step-key`` wrong?)."""
+        return sorted(self._warned_keys)
+
+    def stall_message(self, now: float) -> str:
+        """Why the step counts as frozen: how long, and what grew meanwhile."""
+        assert self.step is not None
+        assert self.last_advance is not None
+        message = f"step {self.step} has not advanced for {now - self.last_advance:.1f} s"
+        grown = {k: v for k, v in self.lines_since_advance.items() if v}
+        if grown:
+            name = max(grown, key=lambda k: grown[k])
+            unit = "entries" if name.endswith("trainer_state.json") else "lines"
+            message += f" although {name} grew {grown[name]} {unit}"
+        return message
+
+
+def _spell(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"

@@ -1,0 +1,68 @@
+"""``--stale-progress auto`` across a job's runs: the limit one run learned, carried by name.
+
+A run that learned its stall limit (its checkpoints every 6 minutes, say) leaves it in
+``<runs>/stale-limits/<hash of the job's name>.json``; the next job of that name starts from
+it instead of the startup limit (see :class:`asyncsoak._sampling._step_rules.StaleLimit`).
+The file's name is a hash, so no path is ever built from the name itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: Below the runs directory: one small file per job name.
+LEARNED_DIR = "stale-limits"
+#: The file is read only up to this many bytes.
+MAX_FILE_BYTES = 4096
+
+
+def _path(runs_dir: Path, name: str) -> Path:
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return runs_dir / LEARNED_DIR / f"{digest}.json"
+
+
+def carried_limit(runs_dir: Path, name: str | None) -> float | None:
+    """The limit the last run of a job named ``name`` learned; None when unknown or unreadable."""
+    if not name:
+        return None
+    try:
+        with open(_path(runs_dir, name), "rb") as handle:
+            data = json.loads(handle.read(MAX_FILE_BYTES))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("name") != name:
+        return None
+    value = data.get("stale_limit_seconds")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def remember_limit(runs_dir: Path, name: str | None, artifact: Mapping[str, Any] | None) -> None:
+    """Keep the limit an ``auto`` run learned (its ``progress.stale_limit_seconds``, when it
+    is not the startup limit of its warm-up) for the next job of the same name."""
+    if not name or artifact is None:
+        return
+    progress = artifact.get("progress") or {}
+    config = artifact.get("config") or {}
+    learned = progress.get("stale_limit_seconds")
+    if config.get("stale_progress_seconds") != "auto" or not isinstance(learned, int | float):
+        return
+    if learned == config.get("startup_timeout_seconds"):
+        return  # the warm-up never ended: nothing was learned
+    path = _path(runs_dir, name)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        temporary.write_text(json.dumps({"name": name, "stale_limit_seconds": learned}))
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
