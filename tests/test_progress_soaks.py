@@ -3,6 +3,7 @@ asyncsoak.trainer.report, and --stale-progress auto against checkpoint pauses an
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any, cast
@@ -338,3 +339,83 @@ def test_bad_progress_flags_are_refused_before_anything_starts(
     assert result.returncode == 2, result.stderr
     assert complaint in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+RESUMED = """
+    import json, os, sys, time
+    # Loading the model and the checkpoint: longer than the stall limit, within startup's.
+    time.sleep(float(sys.argv[2]))
+    with open(os.path.join(sys.argv[1], "metrics.jsonl"), "a") as f:
+        for step in range(4001, 4021):
+            f.write(json.dumps({"step": step, "loss": 1.0}) + "\\n")
+            f.flush()
+            time.sleep(0.05)
+"""
+
+
+def _earlier_run(progress: Path, last_loss: float) -> None:
+    """metrics.jsonl as an earlier run left it: steps 4000-5000, the last loss ``last_loss``."""
+    progress.mkdir()
+    lines = [json.dumps({"step": s, "loss": 1.0}) for s in range(4000, 5000)]
+    lines.append(json.dumps({"step": 5000, "loss": last_loss}))
+    (progress / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.asyncio
+async def test_an_earlier_runs_steps_do_not_end_the_startup(tmp_path: Path) -> None:
+    """A run resumed into the directory of an earlier one: the steps already in its
+    metrics.jsonl are not this run's first step, so its model load has the startup limit."""
+    progress = tmp_path / "progress"
+    _earlier_run(progress, 1.0)
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=[*py(RESUMED), str(progress), "2.5"],
+            **fast_limits(
+                tmp_path,
+                sample_interval_seconds=INTERVAL,
+                stale_progress_seconds=1.5,
+                forensics=False,
+            ),
+        )
+    assert artifact["status"] == "passed"
+    assert artifact["progress"]["steps"]["step"] == 4020
+    notes = [e["message"] for e in events(artifact, "sampler_note")]
+    assert any("went back from 5000 to 4001" in note for note in notes)
+
+
+@pytest.mark.asyncio
+async def test_an_earlier_runs_nan_loss_does_not_fail_the_resumed_run(tmp_path: Path) -> None:
+    """The earlier run ended on a NaN loss (why it is resumed): the new run is not failed
+    for it; only this run's losses are checked."""
+    progress = tmp_path / "progress"
+    _earlier_run(progress, float("nan"))
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=[*py(RESUMED), str(progress), "0"],
+            **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, forensics=False),
+        )
+    assert artifact["status"] == "passed"
+    assert artifact["progress"]["steps"]["step"] == 4020
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("check", ["warn", "off"])
+async def test_a_nan_loss_under_warn_is_a_warning_and_under_off_nothing(
+    tmp_path: Path, check: str
+) -> None:
+    """--loss-check warn: the run passes with one warning naming step 30 and NaN; off: no word."""
+    progress, written = tmp_path / "progress", tmp_path / "written"
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=[*py(NAN_AT_30), str(progress), str(written), "0.005"],
+            **fast_limits(
+                tmp_path, sample_interval_seconds=INTERVAL, forensics=False, loss_check=check
+            ),
+        )
+    assert artifact["status"] == "passed"
+    assert not artifact["failures"]
+    warned = [e["message"] for e in events(artifact, "warning") if "loss" in e["message"]]
+    if check == "warn":
+        assert warned == ["the loss is NaN at step 30 (metrics.jsonl line 31)"]
+    else:
+        assert warned == []

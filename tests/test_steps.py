@@ -114,7 +114,9 @@ def test_a_file_present_at_the_start_is_read_from_its_newest_part(tmp_path: Path
     """An earlier run's long history is not re-read: its tail gives the step to resume from."""
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("".join(json.dumps({"step": i}) + "\n" for i in range(20_000)))
-    reader = StepReader(tmp_path, baseline=["metrics.jsonl"])
+    reader = StepReader(
+        tmp_path, baseline={"metrics.jsonl": (tmp_path / "metrics.jsonl").stat().st_size}
+    )
     reading = read(reader)
     assert reading.records[-1].step == 19_999
     assert len(reading.records) < 20_000
@@ -418,4 +420,154 @@ def test_the_slowdown_warning_is_judged_on_the_step_rate() -> None:
     assert (
         finding.message
         == "progress slowing: 10 steps/s in the last quarter against 50 in the first"
+    )
+
+
+def test_a_stall_on_a_rarely_logged_step_says_what_to_set() -> None:
+    """A trainer that logs its step minutes apart: the failure says the limit is shorter than
+    its logging interval and what to set; a hang after steady steps says nothing of it."""
+    metrics = "metrics.jsonl"
+    rare = ProgressTracker({}, startup_timeout=600.0, stale_after=120.0, steps=StepTracker())
+    rare.observe_steps(StepReading(records=[_steps.StepRecord(500, metrics, 1)]), now=60.0)
+    broken = rare.verdict(181.0)
+    assert broken is not None
+    assert broken[0] == "stale_progress"
+    assert "no second step yet" in broken[1]
+    assert "set --stale-progress above its logging interval, or auto" in broken[1]
+    steady = ProgressTracker({}, startup_timeout=600.0, stale_after=120.0, steps=StepTracker())
+    for step in range(1, 30):
+        steady.observe_steps(StepReading(records=[_steps.StepRecord(step, metrics, 1)]), step)
+    broken = steady.verdict(150.0)
+    assert broken == (
+        "stale_progress",
+        "step 29 has not advanced for 121.0 s (stale_progress_seconds=120)",
+    )
+
+
+def test_a_step_counted_within_each_epoch_is_noted_once(tmp_path: Path) -> None:
+    """A loop that logs {"epoch", "step"} with the step restarting at each epoch: progress,
+    said once, not a resume note at every epoch."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.touch()
+    reader, tracker = StepReader(tmp_path), StepTracker()
+    notes: list[str] = []
+    for now, (epoch, step) in enumerate((e, s) for e in range(4) for s in (0, 50, 100)):
+        append(metrics, json.dumps({"epoch": epoch, "step": step, "loss": 1.0}) + "\n")
+        update = tracker.observe(read(reader), now=float(now))
+        assert update.advanced
+        notes += update.notes
+    assert notes == ["metrics.jsonl counts its step within each epoch (it restarted at epoch 1)"]
+    assert tracker.step == 100
+    assert tracker.steps_per_second == 50.0
+
+
+def test_a_second_file_with_its_own_counter_does_not_hide_a_frozen_step() -> None:
+    """train.jsonl frozen at step 300 while eval.jsonl counts its batches 0, 1, 2 over and
+    over (an eval loop that never ends): not an advance, not a resume, and the run stays at
+    step 300."""
+    tracker = StepTracker()
+    kind = _steps.KIND_JSONL
+
+    def reading(train: int, *, eval_first: bool = False) -> StepReading:
+        records = [_steps.StepRecord(batch, "eval.jsonl", kind) for batch in range(3)]
+        train_record = _steps.StepRecord(train, "train.jsonl", kind)
+        records.insert(len(records) if eval_first else 0, train_record)
+        return StepReading(records=records)
+
+    assert tracker.observe(reading(300, eval_first=True), now=1.0).advanced
+    notes = []
+    for now in range(2, 6):
+        update = tracker.observe(reading(300), now=float(now))
+        assert not update.advanced
+        assert tracker.step == 300
+        notes += update.notes
+    assert not any("resume" in note for note in notes)
+
+
+def test_a_resume_is_read_in_the_file_that_led_though_another_is_ahead() -> None:
+    """train.jsonl (which led the run) resumes at 4001 while eval.jsonl last said 5000: a
+    resume, the run is back at 4001 (not held at 5000 until train.jsonl passes it)."""
+    tracker = StepTracker()
+    kind = _steps.KIND_JSONL
+    tracker.observe(StepReading(records=[_steps.StepRecord(4990, "train.jsonl", kind)]), 1.0)
+    tracker.observe(StepReading(records=[_steps.StepRecord(5000, "eval.jsonl", kind)]), 2.0)
+    update = tracker.observe(
+        StepReading(records=[_steps.StepRecord(4001, "train.jsonl", kind)]), now=3.0
+    )
+    assert update.advanced
+    assert tracker.step == 4001
+    assert "a resume from an earlier checkpoint?" in update.notes[0]
+
+
+def test_an_earlier_runs_trainer_state_is_where_the_run_resumes_from(tmp_path: Path) -> None:
+    """trainer_state.json present at the start, its last loss NaN (why the run is resumed):
+    not this run's step nor its loss; the next save's new entries are."""
+    state = json.loads((FIXTURES / "checkpoint-10" / "trainer_state.json").read_text())
+    state["log_history"][-1]["loss"] = math.nan
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps(state))
+    reader = StepReader(tmp_path, baseline={"trainer_state.json": path.stat().st_size})
+    tracker = StepTracker()
+    update = tracker.observe(read(reader), now=1.0)
+    assert (update.advanced, update.nonfinite, tracker.step) == (False, None, None)
+    assert tracker.max_steps == 20
+    state["global_step"] = 11
+    state["log_history"].append({"step": 11, "loss": math.inf, "epoch": 1.1})
+    path.write_text(json.dumps(state))
+    update = tracker.observe(read(reader), now=2.0)
+    assert update.advanced
+    assert tracker.step == 11
+    assert update.nonfinite is not None
+    assert update.nonfinite.startswith("the loss is Infinity at step 11 ")
+
+
+def test_noise_of_a_loss_near_zero_is_not_a_divergence() -> None:
+    """A loss trained from 2.3 down to 0.002 (a small set memorised) then wobbling between
+    0.002 and 0.01: twice its best, but a sliver of what it learned: no warning; a climb back
+    to 0.5 is one."""
+    kind = _steps.KIND_JSONL
+    trained = [2.3 * 0.8**i for i in range(35)]  # down to about 0.002
+    wobble = [0.002, 0.009, 0.004, 0.01, 0.006] * 20
+    tracker = StepTracker()
+    warnings = []
+    for step, loss in enumerate(trained + wobble):
+        record = _steps.StepRecord(step, "m.jsonl", kind, loss=loss)
+        warnings += tracker.observe(StepReading(records=[record]), now=float(step)).warnings
+    assert warnings == []
+    for step in range(len(trained + wobble), len(trained + wobble) + 10):
+        record = _steps.StepRecord(step, "m.jsonl", kind, loss=0.5)
+        warnings += tracker.observe(StepReading(records=[record]), now=float(step)).warnings
+    assert len(warnings) == 1
+    assert warnings[0].startswith("the loss is diverging")
+
+
+def test_a_negative_or_zero_loss_is_no_divergence_and_not_non_finite() -> None:
+    """A log-likelihood loss falling from -10 to -500, and a loss of exactly 0.0: no warning,
+    no failure, the loss shown as logged."""
+    kind = _steps.KIND_JSONL
+    for losses in ([-10.0 - 5 * i + (i % 3) for i in range(100)], [0.0] * 50):
+        tracker = StepTracker()
+        for step, loss in enumerate(losses):
+            record = _steps.StepRecord(step, "m.jsonl", kind, loss=loss)
+            update = tracker.observe(StepReading(records=[record]), now=float(step))
+            assert (update.warnings, update.nonfinite) == ([], None)
+        assert tracker.loss == losses[-1]
+
+
+def test_an_auto_stall_says_the_longest_gap_it_learned_from() -> None:
+    """A stall under auto names the longest gap the limit was learned from (a first checkpoint
+    longer than any seen is then plain) and the --startup-timeout that covers it."""
+    auto = StaleLimit(startup_limit=5.0)
+    tracker = ProgressTracker(
+        {}, startup_timeout=5.0, stale_after=5.0, auto=auto, steps=StepTracker()
+    )
+    for step in range(40):
+        record = _steps.StepRecord(step, "metrics.jsonl", _steps.KIND_JSONL)
+        tracker.observe_steps(StepReading(records=[record]), now=step * 0.5)
+    broken = tracker.verdict(19.5 + 10.5)
+    assert broken is not None
+    assert broken[1] == (
+        "step 39 has not advanced for 10.5 s (stale_progress_seconds=auto, 10.0 s learned from "
+        "gaps of at most 0.5 s; a --startup-timeout longer than the run's first checkpoint or "
+        "evaluation lets the warm-up see it)"
     )

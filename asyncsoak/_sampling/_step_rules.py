@@ -51,10 +51,13 @@ _BUCKET_RATIO = 1.05
 #: Steps per second over the advances of the last this many seconds (two advances at least).
 RATE_WINDOW_SECONDS = 30.0
 #: Divergence: the median of the last DIVERGENCE_WINDOW losses above DIVERGENCE_FACTOR x the
-#: run's best such median (a positive one), after DIVERGENCE_MIN_LOSSES losses.
+#: run's best such median (a positive one), after DIVERGENCE_MIN_LOSSES losses, and having
+#: given back more than DIVERGENCE_GIVEN_BACK of what the run learned (its first such median
+#: less its best): a loss trained down near zero may wobble to twice its best in noise.
 DIVERGENCE_WINDOW = 10
 DIVERGENCE_FACTOR = 2.0
 DIVERGENCE_MIN_LOSSES = 20
+DIVERGENCE_GIVEN_BACK = 0.1
 
 
 class StaleLimit:
@@ -94,6 +97,11 @@ class StaleLimit:
         if self.carried is not None:
             learned = max(learned, self.carried)
         self.learned = self.limit = learned
+
+    @property
+    def longest(self) -> float:
+        """The longest gap seen (since the last reset)."""
+        return self._longest
 
     def high(self) -> float:
         """The gap below which :data:`AUTO_QUANTILE` of the time between advances was spent."""
@@ -145,11 +153,22 @@ class StepTracker:
         self.nonfinite_seen = False
         self.diverged = False
         self._last_by_source: dict[str, int] = {}
+        #: The newest step an earlier run left in each source (where this one resumes from).
+        self._before_start: dict[str, int] = {}
+        #: The epoch of each source's newest record, and the sources that count their step
+        #: within each epoch (said once each).
+        self._epoch_by_source: dict[str, float] = {}
+        self._per_epoch: set[str] = set()
+        #: Sources that went back while another was ahead: their own counter (said once each).
+        self._own_counter: set[str] = set()
+        #: Sources that have held the run's step (a resume of one of those is the run's).
+        self._led: set[str] = set()
         self._state_high = -1
         self._window: deque[tuple[float, int, float | None, float | None]] = deque()
         self._losses: deque[float] = deque(maxlen=DIVERGENCE_WINDOW)
         self._loss_count = 0
         self._best_median: float | None = None
+        self._first_median: float | None = None
         self._warned_keys: set[str] = set()
         #: The newest cumulative (tokens, samples) counts, for their rates.
         self._counts: tuple[float | None, float | None] = (None, None)
@@ -172,7 +191,7 @@ class StepTracker:
             update.changed = True
         for name, count in reading.lines.items():
             self.lines_since_advance[name] = self.lines_since_advance.get(name, 0) + count
-        kinds = [r.kind for r in reading.records]
+        kinds = [r.kind for r in reading.records if not r.before_start]
         if kinds and (self.kind is None or min(kinds) < self.kind):
             self.kind = min(kinds)
         previous = self.step
@@ -189,10 +208,18 @@ class StepTracker:
                 ):
                     continue
                 self._state_high = record.step
+            if record.before_start:
+                # An earlier run's: not this run's first step (its startup goes on), nor a
+                # loss to judge it by (a NaN there is why it was resumed).
+                self._before_start[record.source] = record.step
+                continue
             self._check_loss(record, update)
             if record.kind != self.kind:
                 continue
             self._follow(record, update)
+        if self.source is not None:
+            # Judged once a reading is folded: the order files are read in does not matter.
+            self._led.add(self.source)
         if self.step is None and reading.without_step:
             self._warn_keys(reading, update)
         if self.step is not None and self.step != previous:
@@ -209,18 +236,42 @@ class StepTracker:
         return update
 
     def _follow(self, record: StepRecord, update: StepUpdate) -> None:
-        last = self._last_by_source.get(record.source)
-        if last is not None and record.step < last:
-            update.notes.append(
-                f"the step went back from {last} to {record.step} in {record.source} "
-                f"({record.where}): a resume from an earlier checkpoint?"
-            )
+        last = self._last_by_source.get(record.source, self._before_start.pop(record.source, None))
+        epoch = self._epoch_by_source.get(record.source)
+        if record.epoch is not None:
+            self._epoch_by_source[record.source] = record.epoch
+        behind = self.step is not None and record.source not in self._led
+        if last is not None and record.step < last and behind:
+            # Another file has always been ahead: this one counts something of its own (an
+            # eval loop's batches), and its going back neither moves the run nor resumes it.
+            if record.source not in self._own_counter:
+                self._own_counter.add(record.source)
+                update.notes.append(
+                    f"the step went back from {last} to {record.step} in {record.source} "
+                    f"({record.where}) while the run is at step {self.step} in {self.source}: "
+                    "read as that file's own counter"
+                )
+        elif last is not None and record.step < last:
+            if epoch is not None and record.epoch is not None and record.epoch > epoch:
+                # A loop that counts its step within each epoch: the restart is progress.
+                if record.source not in self._per_epoch:
+                    self._per_epoch.add(record.source)
+                    update.notes.append(
+                        f"{record.source} counts its step within each epoch (it restarted "
+                        f"at epoch {record.epoch:g})"
+                    )
+            else:
+                update.notes.append(
+                    f"the step went back from {last} to {record.step} in {record.source} "
+                    f"({record.where}): a resume from an earlier checkpoint?"
+                )
             self._window.clear()
             # Every source restarts from here: the run is back at this step.
             self._last_by_source = {}
         self._last_by_source[record.source] = record.step
         self.step = max(self._last_by_source.values())
-        self.source = record.source
+        if record.step == self.step:
+            self.source = record.source
         if record.loss is not None and math.isfinite(record.loss):
             if self.loss != record.loss:
                 update.changed = True
@@ -269,12 +320,16 @@ class StepTracker:
         median = sorted(self._losses)[len(self._losses) // 2]
         if self._best_median is None or median < self._best_median:
             self._best_median = median
+        if self._first_median is None:
+            self._first_median = median
         best = self._best_median
+        learned = max(0.0, self._first_median - best)
         if (
             not self.diverged
             and self._loss_count >= DIVERGENCE_MIN_LOSSES
             and best > 0
             and median > DIVERGENCE_FACTOR * best
+            and median - best > DIVERGENCE_GIVEN_BACK * learned
         ):
             self.diverged = True
             update.warnings.append(

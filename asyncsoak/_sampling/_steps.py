@@ -40,6 +40,8 @@ SAMPLE_KEYS = ("samples", "num_samples", "samples_seen")
 #: ... or rates logged as such (taken as they are).
 TOKEN_RATE_KEYS = ("tokens_per_second", "train_tokens_per_second")
 SAMPLE_RATE_KEYS = ("samples_per_second", "train_samples_per_second")
+#: The key of the epoch: a step that restarts when it advances is counted within each epoch.
+EPOCH_KEY = "epoch"
 #: Keys that carry the total number of steps.
 MAX_STEP_KEYS = ("max_steps", "total_steps")
 
@@ -79,6 +81,10 @@ class StepRecord:
     tokens_per_second: float | None = None
     samples_per_second: float | None = None
     max_steps: int | None = None
+    epoch: float | None = None
+    #: Written before the soak started (an earlier run's, in a file it left): it tells where
+    #: the run resumes from, but is neither this run's progress nor its loss.
+    before_start: bool = False
 
 
 @dataclass(slots=True)
@@ -129,7 +135,13 @@ class KeyChoice:
         self.loss_keys = (loss_key,) if loss_key else LOSS_KEYS
 
     def record(
-        self, data: Mapping[str, Any], source: str, kind: int, where: str
+        self,
+        data: Mapping[str, Any],
+        source: str,
+        kind: int,
+        where: str,
+        *,
+        before_start: bool = False,
     ) -> StepRecord | None:
         step = _first(data, self.step_keys, as_step)
         if step is None:
@@ -145,6 +157,8 @@ class KeyChoice:
             tokens_per_second=_first(data, TOKEN_RATE_KEYS, number),
             samples_per_second=_first(data, SAMPLE_RATE_KEYS, number),
             max_steps=_first(data, MAX_STEP_KEYS, as_step),
+            epoch=_first(data, (EPOCH_KEY,), number),
+            before_start=before_start,
         )
 
 
@@ -160,7 +174,7 @@ def _first(data: Mapping[str, Any], keys: Sequence[str], convert: Any) -> Any:
 class _Tail:
     """A file read line by line as it grows: offset, inode, the partial last line."""
 
-    def __init__(self, path: Path, name: str, *, from_start: bool) -> None:
+    def __init__(self, path: Path, name: str, *, from_start: bool, start_size: int = 0) -> None:
         self.path = path
         self.name = name
         self.ino: int | None = None
@@ -169,11 +183,14 @@ class _Tail:
         self._partial = b""
         self._skipping = False  # inside a line longer than MAX_LINE_BYTES
         self._from_start = from_start
+        #: The file's size when the soak started: lines ending within it were written before.
+        self._start_size = 0 if from_start else start_size
         self.garbage = 0
         self.huge = 0
 
-    def read(self, notes: list[str]) -> list[tuple[int, bytes]]:
-        """The complete lines written since the last read, numbered (bounded)."""
+    def read(self, notes: list[str]) -> list[tuple[int, bytes, bool]]:
+        """The complete lines written since the last read, numbered (bounded), each with
+        whether it was written before the soak started."""
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
@@ -187,9 +204,11 @@ class _Tail:
             elif st.st_ino != self.ino:
                 notes.append(f"{self.name} was replaced: read again from its start")
                 self.ino = st.st_ino
+                self._start_size = 0
                 self._restart(0)
             elif st.st_size < self.offset:
                 notes.append(f"{self.name} was truncated: read again from its start")
+                self._start_size = 0
                 self._restart(0)
             pending = st.st_size - self.offset
             if pending <= 0:
@@ -204,8 +223,9 @@ class _Tail:
             data = os.pread(fd, min(st.st_size - self.offset, MAX_READ_BYTES), self.offset)
         finally:
             os.close(fd)
+        start = self.offset
         self.offset += len(data)
-        return self._lines(data)
+        return self._lines(data, start)
 
     def _restart(self, offset: int, *, mid_line: bool = False) -> None:
         self.offset = offset
@@ -215,8 +235,8 @@ class _Tail:
         if offset == 0:
             self.line_no = 0
 
-    def _lines(self, data: bytes) -> list[tuple[int, bytes]]:
-        out: list[tuple[int, bytes]] = []
+    def _lines(self, data: bytes, offset: int) -> list[tuple[int, bytes, bool]]:
+        out: list[tuple[int, bytes, bool]] = []
         start = 0
         while True:
             end = data.find(b"\n", start)
@@ -234,7 +254,7 @@ class _Tail:
             if len(line) > MAX_LINE_BYTES:
                 self.huge += 1
                 continue
-            out.append((self.line_no, line))
+            out.append((self.line_no, line, offset + end < self._start_size))
         rest = data[start:]
         if not self._skipping:
             if len(self._partial) + len(rest) > MAX_LINE_BYTES:
@@ -250,10 +270,12 @@ class _Tail:
 class JsonLinesSource:
     """A JSON Lines metrics file (or the report file)."""
 
-    def __init__(self, path: Path, name: str, kind: int, *, from_start: bool) -> None:
+    def __init__(
+        self, path: Path, name: str, kind: int, *, from_start: bool, start_size: int = 0
+    ) -> None:
         self.name = name
         self.kind = kind
-        self._tail = _Tail(path, name, from_start=from_start)
+        self._tail = _Tail(path, name, from_start=from_start, start_size=start_size)
         self._noted_garbage = False
 
     def read(self, keys: KeyChoice, reading: StepReading) -> None:
@@ -261,7 +283,7 @@ class JsonLinesSource:
         if not lines:
             return
         reading.lines[self.name] = reading.lines.get(self.name, 0) + len(lines)
-        for line_no, line in lines:
+        for line_no, line, before_start in lines:
             try:
                 data = json.loads(line)
             except (ValueError, RecursionError):
@@ -276,7 +298,9 @@ class JsonLinesSource:
                             "(later ones too, counted)"
                         )
                 continue
-            record = keys.record(data, self.name, self.kind, f"line {line_no}")
+            record = keys.record(
+                data, self.name, self.kind, f"line {line_no}", before_start=before_start
+            )
             if record is None:
                 if any(number(v) is not None for v in data.values()):
                     reading.without_step[self.name] = sorted(str(k) for k in data)[:20]
@@ -300,11 +324,11 @@ class CsvSource:
     """Lightning's ``metrics.csv``: a header, then one row per logging call (empty cells
     for metrics not logged at that step).  A rewritten file (new columns) is read again."""
 
-    def __init__(self, path: Path, name: str, *, from_start: bool) -> None:
+    def __init__(self, path: Path, name: str, *, from_start: bool, start_size: int = 0) -> None:
         self.name = name
         self.kind = KIND_CSV
         self._path = path
-        self._tail = _Tail(path, name, from_start=from_start)
+        self._tail = _Tail(path, name, from_start=from_start, start_size=start_size)
         self._columns: list[str] | None = None
         self.garbage = 0
 
@@ -319,17 +343,19 @@ class CsvSource:
         self._columns = columns
         lines = self._tail.read(reading.notes)
         # The header is read on its own: among the lines, it is the one that matches it.
-        rows = [(n, line) for n, line in lines if _split_csv(line) != columns]
+        rows = [(n, line, before) for n, line, before in lines if _split_csv(line) != columns]
         if not rows:
             return
         reading.lines[self.name] = reading.lines.get(self.name, 0) + len(rows)
-        for line_no, line in rows:
+        for line_no, line, before_start in rows:
             cells = _split_csv(line)
             if len(cells) != len(columns):
                 self.garbage += 1
                 continue
             data = dict(zip(columns, cells, strict=True))
-            record = keys.record(data, self.name, self.kind, f"line {line_no}")
+            record = keys.record(
+                data, self.name, self.kind, f"line {line_no}", before_start=before_start
+            )
             if record is not None:
                 reading.records.append(record)
             elif any(number(v) is not None for v in data.values()):
@@ -357,9 +383,11 @@ def _split_csv(line: bytes | str) -> list[str]:
 class TrainerStateSource:
     """A ``trainer_state.json``, read whole (bounded) each time it changes."""
 
-    def __init__(self, path: Path, name: str) -> None:
+    def __init__(self, path: Path, name: str, *, before_start: bool = False) -> None:
         self.name = name
         self.kind = KIND_STATE
+        #: Present at the start: what its first read finds is an earlier run's.
+        self._before_start = before_start
         self._path = path
         self._seen: tuple[int, int, int] | None = None
         #: ``log_history`` entries already read (a rewritten file holds them again).
@@ -394,6 +422,7 @@ class TrainerStateSource:
             self.garbage += 1
             return
         self._seen = seen
+        before_start, self._before_start = self._before_start, False
         if not isinstance(data, dict):
             return
         global_step = as_step(data.get("global_step"))
@@ -408,7 +437,13 @@ class TrainerStateSource:
                 # The end-of-training entry holds the run's mean loss (train_loss) and its
                 # runtime: a summary, not a step's loss.
                 if isinstance(entry, dict) and "train_runtime" not in entry:
-                    record = keys.record(entry, self.name, self.kind, f"log_history[{index}]")
+                    record = keys.record(
+                        entry,
+                        self.name,
+                        self.kind,
+                        f"log_history[{index}]",
+                        before_start=before_start,
+                    )
                     if record is not None:
                         reading.records.append(record)
             reading.lines[self.name] = reading.lines.get(self.name, 0) + len(new)
@@ -422,6 +457,7 @@ class TrainerStateSource:
                     kind=self.kind,
                     where="global_step",
                     max_steps=max_steps or None,
+                    before_start=before_start,
                 )
             )
 
@@ -446,8 +482,9 @@ class StepReader:
 
     ``read(files, ...)`` takes the scan's files (relative path -> state with ``ino``), starts
     following the new step sources among them (at most :data:`MAX_SOURCES`), and reads what
-    each wrote since the last read.  ``baseline`` names the files present at the start: those
-    are read from their newest part, not from the start of an earlier run's history.
+    each wrote since the last read.  ``baseline`` gives the files present at the start, with
+    their sizes: those are read from their newest part, not from the start of an earlier run's
+    history, and what they held then is marked :attr:`StepRecord.before_start`.
     """
 
     def __init__(
@@ -456,11 +493,11 @@ class StepReader:
         *,
         keys: KeyChoice | None = None,
         report_file: Path | None = None,
-        baseline: Sequence[str] = (),
+        baseline: Mapping[str, int] | None = None,
     ) -> None:
         self.root = root
         self.keys = keys or KeyChoice()
-        self._baseline = set(baseline)
+        self._baseline = dict(baseline or {})
         self._sources: dict[str, Source] = {}
         self._report: JsonLinesSource | None = None
         self._report_key: tuple[int, int] | None = None
@@ -532,12 +569,17 @@ class StepReader:
                 continue
             path = self.root / name
             from_start = name not in self._baseline
+            start_size = self._baseline.get(name, 0)
             if kind == KIND_STATE:
-                self._sources[name] = TrainerStateSource(path, name)
+                self._sources[name] = TrainerStateSource(path, name, before_start=not from_start)
             elif kind == KIND_CSV:
-                self._sources[name] = CsvSource(path, name, from_start=from_start)
+                self._sources[name] = CsvSource(
+                    path, name, from_start=from_start, start_size=start_size
+                )
             else:
-                self._sources[name] = JsonLinesSource(path, name, kind, from_start=from_start)
+                self._sources[name] = JsonLinesSource(
+                    path, name, kind, from_start=from_start, start_size=start_size
+                )
 
     def garbage(self) -> dict[str, int]:
         """Lines (or rows) skipped as unreadable, per source."""

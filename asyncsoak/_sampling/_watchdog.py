@@ -334,8 +334,34 @@ class ProgressTracker:
     def _limit_text(self) -> str:
         if self.auto is None:
             return f"stale_progress_seconds={self.stale_after:g}"
-        learned = "the startup limit" if self.auto.learned is None else "learned"
-        return f"stale_progress_seconds=auto, {self.limit():.1f} s ({learned})"
+        limit = f"stale_progress_seconds=auto, {self.limit():.1f} s"
+        if self.auto.learned is None:
+            return f"{limit} (the startup limit)"
+        # A first pause longer than any before it is the usual false kill: say what was seen.
+        return (
+            f"{limit} learned from gaps of at most {self.auto.longest:.1f} s; a "
+            "--startup-timeout longer than the run's first checkpoint or evaluation lets the "
+            "warm-up see it"
+        )
+
+    def _cadence_hint(self) -> str:
+        """Why a fixed limit may be shorter than the trainer's logging interval, when the
+        steps seen say so (one step only, or steps nearly a limit apart, and nothing logged
+        since): a hang after steady steps, or lines logged at a frozen step, get no such hint."""
+        assert self.steps is not None
+        if self.auto is not None or any(self.steps.lines_since_advance.values()):
+            return ""
+        if self.steps.longest_gap <= 0:
+            seen = "no second step yet"
+        elif self.steps.longest_gap >= self.stale_after / 2:
+            seen = f"steps came up to {self.steps.longest_gap:.1f} s apart"
+        else:
+            return ""
+        return (
+            f"; {seen} in {self.steps.source}: if the trainer logs its step less often than "
+            f"every {self.stale_after:g} s, set --stale-progress above its logging interval, "
+            "or auto"
+        )
 
     def verdict(self, now: float) -> tuple[str, str] | None:
         """The rule broken at ``now``, as (reason, message), if any."""
@@ -354,7 +380,10 @@ class ProgressTracker:
                     f"no training step within startup_timeout_seconds="
                     f"{self.startup_timeout:g}{seen}",
                 )
-            return ("stale_progress", f"{self.steps.stall_message(now)} ({self._limit_text()})")
+            return (
+                "stale_progress",
+                f"{self.steps.stall_message(now)} ({self._limit_text()}{self._cadence_hint()})",
+            )
         if self.last_change is None:
             return (
                 "startup_timeout",

@@ -554,7 +554,7 @@ class _Soak:
                 cfg.progress_dir,
                 keys=KeyChoice(cfg.step_key, cfg.loss_key),
                 report_file=cfg.steps_path,
-                baseline=list(baseline.files),
+                baseline={name: state.size for name, state in baseline.files.items()},
             )
         cgroup = None
         if self.use_cgroup:
