@@ -144,14 +144,30 @@ def test_hugging_face_trainer_state_and_its_checkpoint_copies(tmp_path: Path) ->
     reader = StepReader(tmp_path)
     tracker = StepTracker()
     tracker.observe(read(reader), now=1.0)
-    assert (tracker.step, tracker.max_steps, tracker.loss) == (10, 20, 1.6895)
+    assert (tracker.step, tracker.max_steps, tracker.loss) == (10, 20, 2.350318193435669)
     assert tracker.source_kind == "trainer_state"
     shutil.copytree(FIXTURES / "checkpoint-20", tmp_path / "checkpoint-20")
     update = tracker.observe(read(reader), now=2.0)
     assert update.advanced
     assert not update.notes  # no "step went back" from the copies
-    assert (tracker.step, tracker.loss) == (20, 1.3034)
+    assert (tracker.step, tracker.loss) == (20, 1.2152782678604126)
     assert tracker.steps_per_second == 10.0
+
+
+def test_a_whole_hugging_face_run_seen_in_one_scan_keeps_its_last_loss(tmp_path: Path) -> None:
+    """A Trainer faster than a sample (all its trainer_state.json copies in one scan): the
+    last step's loss stays the loss, and the copies' older entries raise no divergence."""
+    for mtime, name in enumerate(["checkpoint-10", "checkpoint-20", ""], start=1):
+        state = tmp_path / name / "trainer_state.json"
+        state.parent.mkdir(exist_ok=True)
+        shutil.copy(FIXTURES / name / "trainer_state.json", state)
+        os.utime(state, ns=(mtime * 10**9, mtime * 10**9))
+    tracker = StepTracker()
+    update = tracker.observe(read(StepReader(tmp_path)), now=1.0)
+    assert (tracker.step, tracker.max_steps) == (20, 20)
+    assert (tracker.loss, tracker.loss_step) == (1.2152782678604126, 20)
+    assert tracker.source != "checkpoint-10/trainer_state.json"
+    assert (update.warnings, update.notes) == ([], [])
 
 
 def test_explicit_keys_override_the_detection(tmp_path: Path) -> None:

@@ -199,24 +199,24 @@ class StepTracker:
             if record.max_steps and record.max_steps != self.max_steps:
                 self.max_steps = record.max_steps
                 update.changed = True
+            if record.kind == KIND_STATE:
+                # Every checkpoint-N/ holds the whole history up to N, and one scan may
+                # read several copies (newest first): an older copy's entries, or its
+                # global_step below one seen, are the past again, not the run going back.
+                if record.step < self._state_high or (
+                    record.step == self._state_high and record.where != "global_step"
+                ):
+                    continue
+                self._state_high = record.step
             if record.before_start:
                 # An earlier run's: not this run's first step (its startup goes on), nor a
                 # loss to judge it by (a NaN there is why it was resumed).
                 self._before_start[record.source] = record.step
                 continue
-            if (
-                record.kind == KIND_STATE
-                and record.where != "global_step"
-                and record.step <= self._state_high
-            ):
-                continue  # a checkpoint's copy of entries read already
             self._check_loss(record, update)
             if record.kind != self.kind:
                 continue
             self._follow(record, update)
-        for record in reading.records:
-            if record.kind == KIND_STATE:
-                self._state_high = max(self._state_high, record.step)
         if self.source is not None:
             # Judged once a reading is folded: the order files are read in does not matter.
             self._led.add(self.source)

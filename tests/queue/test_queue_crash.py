@@ -56,6 +56,13 @@ TICK_S = 0.02
 #: Bound on the chaos; the jobs normally all end well before it.  What is left then is
 #: drained by one worker.
 CHAOS_BOUND_S = 50.0
+#: A drain that changes no job's status for this long is stuck (a soak that stopped hearing
+#: its child, say); a job runs 0.3 s at most.  The drain as a whole is bounded by its
+#: progress, not by a fixed time: a loaded machine ends few jobs during the chaos (17 of 100
+#: in one run), and a healthy drain of the rest takes 0.6 s a job, past any fixed bound.
+DRAIN_STALL_S = 60.0
+#: The drain's outer bound, per job the chaos left (a backstop: the stall check ends first).
+DRAIN_S_PER_JOB = 5.0
 #: Heartbeat age that makes a job an orphan: well above a loaded machine's heartbeat jitter,
 #: since a dead worker on this host is noticed at once through its pid.
 STALE_AFTER_S = 5.0
@@ -301,6 +308,37 @@ def drain_command(store: JobStore, tmp_path: Path) -> list[str]:
     ]  # fmt: skip
 
 
+async def drain(store: JobStore, tmp_path: Path) -> None:
+    """Run the draining worker to its end, failing (with its log) once no job's status has
+    changed for ``DRAIN_STALL_S``: a hang is told from a long queue."""
+    log_path = tmp_path / "drain.log"
+    counts = store.count_by_status()
+    left = sum(n for status, n in counts.items() if status not in TERMINAL_STATUSES)
+    with (
+        anyio.fail_after(LIMIT_S + DRAIN_S_PER_JOB * left),
+        log_path.open("wb") as log,
+    ):
+        async with await anyio.open_process(
+            drain_command(store, tmp_path), cwd=REPO, stdout=log, stderr=log
+        ) as process:
+            changed_at = time.monotonic()
+            while process.returncode is None:
+                with anyio.move_on_after(TICK_S * 10):
+                    await process.wait()
+                now = store.count_by_status()
+                if now != counts:
+                    counts, changed_at = now, time.monotonic()
+                elif time.monotonic() - changed_at > DRAIN_STALL_S:
+                    process.kill()
+                    running = [job.id for job in store.jobs("running")]
+                    tail = log_path.read_text(errors="replace")[-4000:]
+                    pytest.fail(
+                        f"the drain changed no job for {DRAIN_STALL_S:g}s (running: {running}); "
+                        f"its log ends:\n{tail}"
+                    )
+    assert process.returncode == 0, log_path.read_text(errors="replace")[-4000:]
+
+
 def trainers_alive(store: JobStore) -> list[int]:
     """Processes of this host that carry this queue's job markers."""
     marker = f"ASYNCSOAK_DB={store.location}".encode()
@@ -384,8 +422,7 @@ async def test_random_worker_kills_leave_every_job_consistent(tmp_path: Path, db
         finally:
             await chaos.stop_all()
         chaos_s = time.monotonic() - started
-        with anyio.fail_after(LIMIT_S):
-            await anyio.run_process(drain_command(store, tmp_path), cwd=REPO)
+        await drain(store, tmp_path)
         ledger = read_ledger(ledger_path)
         phases = collections.Counter(phase(store, ledger, kill) for kill in chaos.kills)
         print(
