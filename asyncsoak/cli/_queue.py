@@ -29,6 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +78,25 @@ from ..queue._status import (
     describe_exit,
 )
 from ..queue._store import JobStore, default_data_dir
+from ..queue._sweeps import GpuFault, Plan
 from . import EXIT_OK, UsageError
 from ._run import add_metrics_flags, add_soak_limits, metrics_from_args, parse_pairs, soak_limits
 from ._slurm import worker_in_allocation
+from ._sweeps import (
+    add_submit_flags,
+    add_worker_flags,
+    attempt_cells,
+    clear_faults,
+    fault_dicts,
+    job_note,
+    parse_not_before,
+    plan_dict,
+    plan_fields,
+    print_submitted,
+    sweep_options,
+    why_not_retried,
+    worker_gpu_text,
+)
 
 _GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za-z-]+))*$")
 _FOLLOW_INTERVAL_SECONDS = 0.5
@@ -173,12 +190,14 @@ def register(subparsers: Any) -> None:
         "to its process group or to its leader",
     )
     add_soak_limits(p)
+    add_submit_flags(p)
     p.add_argument("--config", type=Path, help="a JSON config for the worker's trainer command")
     p.add_argument("command", nargs="*", help="after --: the command and its arguments")
     p.set_defaults(handler=_guarded(_submit))
 
     p = subparsers.add_parser("jobs", parents=[db], help="list jobs")
     p.add_argument("--status", choices=(*JOB_STATUSES, "interrupted"), help="only these jobs")
+    p.add_argument("--array", type=_job_id, metavar="ID", help="only the jobs of this array")
     p.add_argument("--json", action="store_true", help="JSON for scripts")
     p.set_defaults(handler=_guarded(_jobs))
 
@@ -189,6 +208,9 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("cancel", parents=[db], help="cancel a queued or running job")
     p.add_argument("id", type=_job_id)
+    p.add_argument(
+        "--array", action="store_true", help="ID is an array's: cancel all of its jobs not ended"
+    )
     p.set_defaults(handler=_guarded(_cancel))
 
     p = subparsers.add_parser("requeue", parents=[db], help="queue a finished job again")
@@ -224,16 +246,21 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "worker",
         parents=[db],
-        help="run queued jobs one at a time",
-        description="Run queued jobs one at a time, each under the soak monitor.  SIGINT, "
-        "SIGTERM or SIGHUP stops the running job the graceful way (it is requeued) and then the "
-        "worker; a second signal kills the running job at once.",
+        help="run queued jobs (one at a time, or side by side on several --gpus)",
+        description="Run queued jobs, each under the soak monitor: one at a time, or side by "
+        "side on the GPUs of --gpus (submit --gpus N).  SIGINT, SIGTERM or SIGHUP stops the "
+        "running jobs the graceful way (they are requeued) and then the worker; a second signal "
+        "kills them at once.",
     )
     p.add_argument("--poll", type=float, default=POLL_S, metavar="S", help="poll/heartbeat period")
     p.add_argument("--once", action="store_true", help="drain what is queued, then exit")
     p.add_argument("--name", help="worker name (default: host:gpuN with --gpus, else host:pid)")
     p.add_argument("--runs-dir", type=Path, help="where runs live (default: beside the database)")
-    p.add_argument("--gpus", help="CUDA_VISIBLE_DEVICES for its jobs, e.g. 0 or 2,3")
+    p.add_argument(
+        "--gpus",
+        help="the GPUs it owns, e.g. 0 or 0,1,2,3: jobs run side by side on them, each with its "
+        "own CUDA_VISIBLE_DEVICES (submit --gpus N), never sharing a GPU",
+    )
     p.add_argument(
         "--train-cmd",
         help="trainer command for --config jobs, one shell-quoted string "
@@ -265,6 +292,7 @@ def register(subparsers: Any) -> None:
         "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to sample GPUs with"
     )
     p.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
+    add_worker_flags(p)
     add_metrics_flags(p)
     p.set_defaults(handler=_guarded(_worker))
 
@@ -471,19 +499,24 @@ def _submit(args: argparse.Namespace) -> int:
     }
     if args.max_attempts is not None:
         job["max_attempts"] = args.max_attempts
+    sweeps = sweep_options(args)
     try:
         # Before the database is opened (or created): a refused job changes nothing.
         validate_submission(**job)
         with _open(args, create=True) as store:
-            job_id = store.submit(name=args.name, **job)
+            if args.not_before is not None:
+                sweeps["not_before"] = parse_not_before(args.not_before, store.now)
+            job_id = _queue_call(lambda: store.submit(name=args.name, **job, **sweeps))
+            print_submitted(store, job_id, args.array)
     except ValidationError as exc:
         raise UsageError(str(exc)) from exc
-    print(job_id)
     return EXIT_OK
 
 
 def _jobs(args: argparse.Namespace) -> int:
     store = _open_existing(args)
+    plans: dict[int, Plan] = {}
+    by_id: dict[int, Job] = {}
     if store is None:
         jobs: list[Job] = []
         now = time.time()
@@ -492,8 +525,12 @@ def _jobs(args: argparse.Namespace) -> int:
             jobs = _queue_call(lambda: store.jobs(args.status))
             # Ages against the queue's clock (the database's on PostgreSQL), not this host's.
             now = _queue_call(store.now)
+            plans = _queue_call(store.plans)
+            by_id = {job.id: job for job in _queue_call(store.jobs)} if plans else {}
+    if args.array is not None:
+        jobs = [job for job in jobs if job.id in plans and plans[job.id].array_id == args.array]
     if args.json:
-        _print_json([job.to_public_dict() for job in jobs])
+        _print_json([{**job.to_public_dict(), **plan_dict(plans.get(job.id))} for job in jobs])
         return EXIT_OK
     if not jobs:
         print("no jobs" + (f" {args.status}" if args.status else ""))
@@ -508,7 +545,12 @@ def _jobs(args: argparse.Namespace) -> int:
             _age(job.created_at, now),
             _age(job.finished_at, now) if job.finished_at else "-",
             job.worker or "-",
-            _clip(_note(job, now), _NOTE_WIDTH),
+            _clip(
+                "; ".join(
+                    n for n in (job_note(job, plans.get(job.id), by_id, now), _note(job, now)) if n
+                ),
+                _NOTE_WIDTH,
+            ),
         ]
         for job in jobs
     ]
@@ -522,11 +564,15 @@ def _job(args: argparse.Namespace) -> int:
         job = _queue_call(lambda: store.get(args.id))
         attempts = _queue_call(lambda: store.attempts(args.id))
         now = _queue_call(store.now)
+        plan = _queue_call(lambda: store.plan(args.id))
+        causes = _queue_call(lambda: store.attempt_causes(args.id))
     masker = _masker(job)
     if args.json:
-        data = job.to_public_dict()
+        data = {**job.to_public_dict(), **plan_dict(plan)}
         data["exit_code"] = queue_exit_code(job.status, job.reason)
-        data["attempts"] = [_attempt_dict(a) for a in attempts]
+        data["attempts"] = [
+            {**_attempt_dict(a), **_cause_dict(causes.get(a.attempt))} for a in attempts
+        ]
         _print_json(data)
         return EXIT_OK
     status = job.status + (f" ({job.reason})" if job.reason else "")
@@ -551,7 +597,11 @@ def _job(args: argparse.Namespace) -> int:
         ("worker", f"{job.worker} on {job.host}" if job.worker else "-"),
         ("exit", describe_exit(job.returncode) if job.attempt and job.status != "running" else "-"),
         ("artifact", job.artifact or "-"),
+        *plan_fields(plan, now),
     ]
+    why = why_not_retried(job, attempts)
+    if why:
+        fields.insert(1, ("why", why))
     print(f"job {job.id}" + (f"  {terminal_text(job.name)}" if job.name else ""))
     for key, value in fields:
         print(f"  {key:<13} {terminal_text(value)}")
@@ -573,10 +623,12 @@ def _job(args: argparse.Namespace) -> int:
                 a.outcome or "running",
                 a.reason or "-",
                 "-" if a.returncode is None else str(a.returncode),
+                *attempt_cells(causes.get(a.attempt)),
             ]
             for a in attempts
         ]
         headers = ["#", "WORKER", "HOST", "STARTED", "TOOK", "OUTCOME", "REASON", "RC"]
+        headers += ["CLASS", "COUNTED", "GPUS"]
         print("\n".join("  " + line for line in _table(headers, rows, right=(0,)).splitlines()))
         for a in attempts:
             lines = _attempt_details(a, masker)
@@ -652,6 +704,17 @@ def queue_exit_code(status: str | None, reason: str | None) -> int | None:
     return None
 
 
+def _cause_dict(cause: Any) -> dict[str, Any]:
+    if cause is None:
+        return {"failure_class": None, "cause": None, "counted": None, "gpus": []}
+    return {
+        "failure_class": cause.failure_class,
+        "cause": cause.cause,
+        "counted": cause.counted,
+        "gpus": list(cause.gpus),
+    }
+
+
 def _log_elsewhere(job: Job, a: Attempt, path: Path) -> str:
     """Why ``path`` is not here: on which host it is, when the attempt ran on another."""
     if a.host != socket.gethostname():
@@ -672,6 +735,8 @@ def _existing_for(args: argparse.Namespace) -> JobStore:
 
 
 def _cancel(args: argparse.Namespace) -> int:
+    if args.array:
+        return _cancel_array(args)
     with _existing_for(args) as store:
         job = _queue_call(lambda: store.cancel(args.id))
     if job.status == "cancelled":
@@ -682,6 +747,21 @@ def _cancel(args: argparse.Namespace) -> int:
             "which stops it "
             "(it may stop itself first)"
         )
+    return EXIT_OK
+
+
+def _cancel_array(args: argparse.Namespace) -> int:
+    with _open(args) as store:
+        members = _queue_call(lambda: store.array_members(args.id))
+        if not members:
+            raise UsageError(f"no array {args.id} (an array's id is its first job's)")
+        done = 0
+        for job_id in members:
+            job = _queue_call(partial(store.get, job_id))
+            if job.status in ("queued", "running"):
+                _queue_call(partial(store.cancel, job_id))
+                done += 1
+    print(f"array {args.id}: cancel sent to {done} of {len(members)} jobs (the others had ended)")
     return EXIT_OK
 
 
@@ -756,12 +836,16 @@ def _workers(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     views: list[WorkerView] = []
     pruned, now = 0, time.time()
+    owned: dict[str, list[str]] = {}
+    faults: list[GpuFault] = []
     store = _open_existing(args)
     if store is not None:
         with store:
             workers = _queue_call(store.workers)
             running = [job for job, _holder in _queue_call(store.running)]
             now = _queue_call(store.now)
+            owned = _queue_call(store.worker_gpus)
+            faults = _queue_call(store.gpu_faults)
         views, pruned = worker_views(
             workers,
             running,
@@ -771,8 +855,18 @@ def _workers(args: argparse.Namespace) -> int:
             this_host=socket.gethostname(),
             process_alive=process_alive,
         )
+    on_host = {v.info.host: [f for f in faults if f.host == v.info.host] for v in views}
     if args.json:
-        _print_json([_worker_dict(v) for v in views])
+        _print_json(
+            [
+                {
+                    **_worker_dict(v),
+                    "gpus": owned.get(v.info.name, []),
+                    "gpu_faults": fault_dicts(on_host[v.info.host]),
+                }
+                for v in views
+            ]
+        )
         return EXIT_OK
     if not views:
         print("no workers")
@@ -786,10 +880,11 @@ def _workers(args: argparse.Namespace) -> int:
                 _age(v.last_seen, now),
                 _worker_state_text(v, now),
                 ",".join(map(str, v.jobs)) or "-",
+                worker_gpu_text(owned.get(v.info.name, []), on_host[v.info.host]),
             ]
             for v in views
         ]
-        headers = ["NAME", "HOST", "PID", "STARTED", "LAST SEEN", "STATE", "JOB"]
+        headers = ["NAME", "HOST", "PID", "STARTED", "LAST SEEN", "STATE", "JOB", "GPUS"]
         print(_table(headers, rows, right=(2,)))
     if pruned:
         print(
@@ -826,6 +921,13 @@ def _worker(args: argparse.Namespace) -> int:
     args.until = worker_in_allocation(args)
     if args.gpus is not None and not _GPU_LIST.match(args.gpus):
         raise UsageError(f"--gpus {args.gpus!r}: expected a list such as 0 or 2,3 (or GPU UUIDs)")
+    if args.clear_fault is not None:
+        with _open(args) as store:
+            return int(_queue_call(lambda: clear_faults(args, store)))
+    try:
+        seconds("--retry-backoff", args.retry_backoff)
+    except ValidationError as exc:
+        raise UsageError(str(exc)) from None
     train_cmd = shlex.split(args.train_cmd) if args.train_cmd else None
     if args.train_cmd is not None and not train_cmd:
         raise UsageError("--train-cmd is empty")
@@ -921,6 +1023,7 @@ async def _work(
                 nvidia_smi=None if args.no_gpu else args.nvidia_smi,
                 metrics=metrics_from_args(args),
                 until=args.until,
+                retry_backoff=args.retry_backoff,
             )
         finally:
             tg.cancel_scope.cancel()

@@ -21,7 +21,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +52,11 @@ from ._models import (
     WorkerInfo,
     WorkerNameInUseError,
     attempt_from_row,
-    attempt_outcome,
     job_from_row,
 )
 from ._status import Outcome
 from ._store import JobStore, default_data_dir
+from ._sweeps import LAST_TABLE, GpuOffer, Sql, claim_filter
 
 _log = logging.getLogger("asyncsoak.queue")
 
@@ -233,6 +233,7 @@ class PostgresStore(JobStore):
             raise error(self.location, f"cannot connect: {exc.detail}") from None
         try:
             self._migrate(conn, create)
+            self._extend(conn)
         except QueueDatabaseError:
             self.close()
             raise
@@ -399,29 +400,57 @@ class PostgresStore(JobStore):
             with contextlib.suppress(self._psycopg.Error):
                 conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
 
+    def _extend(self, conn: Any) -> None:
+        """Create the sweep and retry tables (``_sweeps.py``) where they are missing, under
+        the migrations' advisory lock (workers starting at once create them once)."""
+        if conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.{LAST_TABLE}",)).fetchone()[0]:
+            return
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            self._ensure_extension(Sql(conn, "%s", 0.0))
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Sql]:
+        with self._session(transaction=True) as conn:
+            yield Sql(conn, "%s", conn.execute(f"SELECT {_NOW}").fetchone()[0], " FOR SHARE")
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Sql]:
+        with self._session() as conn:
+            yield Sql(conn, "%s", 0.0)
+
+    def _submitted(self, sql: Sql, job_ids: Sequence[int]) -> None:
+        for job_id in job_ids:
+            sql("SELECT pg_notify(?, ?)", (CHANNEL, f"submit {job_id}"))
+
     # --- the command line's side ---------------------------------------------------------
 
     def _insert(self, job: Submission) -> int:
+        with self._transaction() as sql:
+            job_id = self._insert_row(sql, job)
+            self._submitted(sql, [job_id])
+        return job_id
+
+    def _insert_row(self, sql: Sql, job: Submission) -> int:
         jsonb = _jsonb_type()
-        with self._session(transaction=True) as conn:
-            job_id: int = conn.execute(
-                "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
-                "stop_mode, priority, max_attempts, created_at) "
-                f"VALUES (%s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s, %s, {_NOW}) RETURNING id",
-                (
-                    job.name,
-                    None if job.argv is None else jsonb(job.argv),
-                    None if job.config is None else jsonb(job.config),
-                    job.cwd,
-                    jsonb(job.env),
-                    job.progress_dir,
-                    jsonb(job.soak),
-                    job.stop_mode,
-                    job.priority,
-                    job.max_attempts,
-                ),
-            ).fetchone()[0]
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"submit {job_id}"))
+        conn = sql.conn
+        job_id: int = conn.execute(
+            "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
+            "stop_mode, priority, max_attempts, created_at) "
+            f"VALUES (%s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s, %s, {_NOW}) RETURNING id",
+            (
+                job.name,
+                None if job.argv is None else jsonb(job.argv),
+                None if job.config is None else jsonb(job.config),
+                job.cwd,
+                jsonb(job.env),
+                job.progress_dir,
+                jsonb(job.soak),
+                job.stop_mode,
+                job.priority,
+                job.max_attempts,
+            ),
+        ).fetchone()[0]
         return job_id
 
     def get(self, job_id: int) -> Job:
@@ -482,6 +511,8 @@ class PostgresStore(JobStore):
                     f"finished_at = {_NOW}, reason = 'cancelled' WHERE id = %s",
                     (job_id,),
                 )
+                now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
+                self._cancel_dependents(Sql(conn, "%s", now), job_id, "cancelled")
             elif status == RUNNING:
                 conn.execute("UPDATE jobs SET cancel_requested = true WHERE id = %s", (job_id,))
             else:
@@ -494,6 +525,7 @@ class PostgresStore(JobStore):
             status = self._status_for_update(conn, job_id)
             if status not in TERMINAL_STATUSES:
                 raise JobStateError(job_id, status, "requeued", TERMINAL_STATUSES)
+            self._requeued(Sql(conn, "%s", conn.execute(f"SELECT {_NOW}").fetchone()[0]), job_id)
             conn.execute(
                 "UPDATE jobs SET status = 'queued', cancel_requested = false, attempts = 0, "
                 "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "
@@ -549,18 +581,26 @@ class PostgresStore(JobStore):
             )
 
     def claim(
-        self, worker: str, host: str, runs_dir: Path, *, max_duration: float | None = None
+        self,
+        worker: str,
+        host: str,
+        runs_dir: Path,
+        *,
+        max_duration: float | None = None,
+        offer: GpuOffer | None = None,
     ) -> Job | None:
-        with self._session(transaction=True) as conn:
+        with self._transaction() as sql:
+            conn = sql.conn
+            ready, ready_params = claim_filter(offer or GpuOffer(), sql.now)
             row = conn.execute(
                 "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker = %s, "
                 f"host = %s, started_at = {_NOW}, heartbeat_at = {_NOW}, finished_at = NULL "
                 "WHERE id = (SELECT id FROM jobs WHERE status = 'queued' "
                 "AND (%s::float8 IS NULL OR soak->>'max_duration_seconds' IS NULL "
-                "OR (soak->>'max_duration_seconds')::float8 <= %s) "
+                f"OR (soak->>'max_duration_seconds')::float8 <= %s){ready.replace('?', '%s')} "
                 "ORDER BY priority DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED) "
                 "RETURNING id, attempt",
-                (worker, host, max_duration, max_duration),
+                (worker, host, max_duration, max_duration, *ready_params),
             ).fetchone()
             if row is None:
                 return None
@@ -608,16 +648,21 @@ class PostgresStore(JobStore):
         outcome: Outcome,
         summary: Mapping[str, Any] | None = None,
         note: str | None = None,
+        *,
+        backoff: float = 0.0,
     ) -> bool:
-        with self._session(transaction=True) as conn:
+        with self._transaction() as sql:
+            conn = sql.conn
             row = conn.execute(
-                "SELECT attempts, max_attempts, cancel_requested FROM jobs "
+                "SELECT attempts, max_attempts, cancel_requested, host FROM jobs "
                 "WHERE id = %s AND attempt = %s AND worker = %s AND status = 'running' FOR UPDATE",
                 (job_id, attempt, worker),
             ).fetchone()
             if row is None:
                 return False
-            status, attempts = attempt_outcome(outcome, *row)
+            decision = self._decide(sql, job_id, attempt, outcome, row[0], row[1], row[2], backoff)
+            status, attempts = decision.status, decision.attempts
+            note = "; ".join(n for n in (note, decision.note) if n) or None
             conn.execute(
                 "UPDATE jobs SET status = %s, attempts = %s, "
                 f"finished_at = CASE WHEN %s THEN {_NOW} END, heartbeat_at = NULL, "
@@ -650,6 +695,7 @@ class PostgresStore(JobStore):
             conn.execute(
                 "UPDATE workers SET job_id = NULL WHERE name = %s AND job_id = %s", (worker, job_id)
             )
+            self._record_decision(sql, job_id, attempt, decision, row[3])
             if status == QUEUED:
                 conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"requeue {job_id}"))
         return True

@@ -56,11 +56,11 @@ from ._models import (
     WorkerInfo,
     WorkerNameInUseError,
     attempt_from_row,
-    attempt_outcome,
     job_from_row,
 )
 from ._status import INTERRUPTED, Outcome
 from ._store import JobStore
+from ._sweeps import LAST_TABLE, GpuOffer, Sql, claim_filter
 
 _log = logging.getLogger("asyncsoak.queue")
 
@@ -261,6 +261,7 @@ class SqliteStore(JobStore):
             if str(mode).lower() != "wal":
                 raise QueueDatabaseError(self.path, f"cannot use WAL journaling (got {mode})")
             self._migrate()
+            self._extend()
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise QueueDatabaseError(
@@ -340,6 +341,24 @@ class SqliteStore(JobStore):
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
+    def _extend(self) -> None:
+        """Create the sweep and retry tables (``_sweeps.py``) where they are missing."""
+        query = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
+        if self._conn.execute(query, (LAST_TABLE,)).fetchone()[0]:
+            return
+        with self._transaction() as sql:
+            self._ensure_extension(sql)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Sql]:
+        with self._write() as conn:
+            yield Sql(conn, "?", self.clock())
+
+    @contextmanager
+    def _reading(self) -> Iterator[Sql]:
+        with self._lock, self._unavailable():
+            yield Sql(self._conn, "?", self.clock())
+
     def _schema_state(self, conn: sqlite3.Connection) -> int:
         """The schema version, after refusing databases this code must not touch."""
         version: int = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -404,29 +423,39 @@ class SqliteStore(JobStore):
     # --- the command line's side ---------------------------------------------------------
 
     def _insert(self, job: Submission) -> int:
-        with self._write() as conn:
-            cursor = conn.execute(
-                "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
-                "stop_mode, priority, max_attempts, created_at) "
-                "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    job.name,
-                    None if job.argv is None else json.dumps(job.argv),
-                    None if job.config is None else json.dumps(job.config),
-                    job.cwd,
-                    json.dumps(job.env),
-                    job.progress_dir,
-                    json.dumps(job.soak),
-                    job.stop_mode,
-                    job.priority,
-                    job.max_attempts,
-                    self.clock(),
-                ),
-            )
-            job_id = cursor.lastrowid
+        with self._transaction() as sql:
+            job_id: int | None = self._insert_row(sql, job)
         assert job_id is not None
         self._wake_workers()
         return job_id
+
+    def _submitted(self, sql: Sql, job_ids: Sequence[int]) -> None:
+        """Nothing to do inside the transaction: the wake-up file is touched after the commit
+        (``_after_submit``), or a woken worker could look before the jobs are there."""
+
+    def _after_submit(self) -> None:
+        self._wake_workers()
+
+    def _insert_row(self, sql: Sql, job: Submission) -> int:
+        cursor = sql(
+            "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
+            "stop_mode, priority, max_attempts, created_at) "
+            "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                job.name,
+                None if job.argv is None else json.dumps(job.argv),
+                None if job.config is None else json.dumps(job.config),
+                job.cwd,
+                json.dumps(job.env),
+                job.progress_dir,
+                json.dumps(job.soak),
+                job.stop_mode,
+                job.priority,
+                job.max_attempts,
+                sql.now,
+            ),
+        )
+        return int(cursor.lastrowid or 0)
 
     def get(self, job_id: int) -> Job:
         rows = self._read(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
@@ -472,6 +501,7 @@ class SqliteStore(JobStore):
                     "finished_at = ?, reason = 'cancelled' WHERE id = ?",
                     (self.clock(), job_id),
                 )
+                self._cancel_dependents(Sql(conn, "?", self.clock()), job_id, "cancelled")
             elif row[0] == RUNNING:
                 conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
             else:
@@ -485,6 +515,7 @@ class SqliteStore(JobStore):
                 raise JobNotFoundError(job_id)
             if row[0] not in TERMINAL_STATUSES:
                 raise JobStateError(job_id, row[0], "requeued", TERMINAL_STATUSES)
+            self._requeued(Sql(conn, "?", self.clock()), job_id)
             conn.execute(
                 "UPDATE jobs SET status = 'queued', cancel_requested = 0, attempts = 0, "
                 "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "
@@ -536,18 +567,25 @@ class SqliteStore(JobStore):
         )
 
     def claim(
-        self, worker: str, host: str, runs_dir: Path, *, max_duration: float | None = None
+        self,
+        worker: str,
+        host: str,
+        runs_dir: Path,
+        *,
+        max_duration: float | None = None,
+        offer: GpuOffer | None = None,
     ) -> Job | None:
         now = self.clock()
+        ready, ready_params = claim_filter(offer or GpuOffer(), now)
         with self._write() as conn:
             row = conn.execute(
                 "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker = ?, host = ?, "
                 "started_at = ?, heartbeat_at = ?, finished_at = NULL "
                 "WHERE id = (SELECT id FROM jobs WHERE status = 'queued' "
                 "AND (? IS NULL OR json_extract(soak, '$.max_duration_seconds') IS NULL "
-                "OR json_extract(soak, '$.max_duration_seconds') <= ?) "
+                f"OR json_extract(soak, '$.max_duration_seconds') <= ?){ready} "
                 "ORDER BY priority DESC, id LIMIT 1) RETURNING id, attempt",
-                (worker, host, now, now, max_duration, max_duration),
+                (worker, host, now, now, max_duration, max_duration, *ready_params),
             ).fetchone()
             if row is None:
                 return None
@@ -589,17 +627,23 @@ class SqliteStore(JobStore):
         outcome: Outcome,
         summary: Mapping[str, Any] | None = None,
         note: str | None = None,
+        *,
+        backoff: float = 0.0,
     ) -> bool:
-        now = self.clock()
-        with self._write() as conn:
+        with self._transaction() as sql:
+            now, conn = sql.now, sql.conn
             row = conn.execute(
-                "SELECT attempts, max_attempts, cancel_requested FROM jobs "
+                "SELECT attempts, max_attempts, cancel_requested, host FROM jobs "
                 "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running'",
                 (job_id, attempt, worker),
             ).fetchone()
             if row is None:
                 return False
-            status, attempts = attempt_outcome(outcome, row[0], row[1], bool(row[2]))
+            decision = self._decide(
+                sql, job_id, attempt, outcome, row[0], row[1], bool(row[2]), backoff
+            )
+            status, attempts = decision.status, decision.attempts
+            note = "; ".join(n for n in (note, decision.note) if n) or None
             conn.execute(
                 "UPDATE jobs SET status = ?, attempts = ?, finished_at = ?, heartbeat_at = NULL, "
                 "returncode = ?, reason = ?, error = ? WHERE id = ?",
@@ -632,6 +676,7 @@ class SqliteStore(JobStore):
             conn.execute(
                 "UPDATE workers SET job_id = NULL WHERE name = ? AND job_id = ?", (worker, job_id)
             )
+            self._record_decision(sql, job_id, attempt, decision, row[3])
         return True
 
     def running(self) -> list[tuple[Job, WorkerInfo | None]]:

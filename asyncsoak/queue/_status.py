@@ -129,6 +129,9 @@ class Outcome:
     returncode: int | None
     reason: str | None
     error: str | None
+    #: What exactly failed (``ValueError at train.py:12``, ``scheduler``...), for the retry
+    #: rules of ``_retry.py``; None when nothing more precise than the reason is known.
+    cause: str | None = None
 
 
 def outcome_from_artifact(
@@ -179,7 +182,9 @@ def outcome_from_artifact(
         reason = soak_reason or (OUTCOME_LOST if rc is None else "nonzero_exit")
         message = failures[0].get("message") if failures else None
         error = failure_error(rc, reason, message, log_tail, sent=sent, forwarded=forwarded)
-        return Outcome(status, rc, reason, error)
+        from ._retry import cause_of  # the retry rules build on this module
+
+        return Outcome(status, rc, reason, error, cause_of(artifact, reason, log_tail))
     if status == INTERRUPTED and killed:
         exit_text = describe_exit(rc, sent=sent, forwarded=forwarded)
         return Outcome(status, rc, KILLED_BEFORE_SAVING, exit_text)

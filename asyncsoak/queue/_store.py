@@ -36,6 +36,7 @@ from ._models import (
     validate_submission,
 )
 from ._status import Outcome
+from ._sweeps import GpuOffer, SweepStore, check_plan, parse_array
 
 #: A libpq keyword connection string ("host=db1 dbname=queue user=me"): it starts with one
 #: of libpq's keywords and "=", which no sensible SQLite file name does.
@@ -75,7 +76,7 @@ def open_store(db: str | os.PathLike[str], **options: Any) -> JobStore:
     return backend(db)(db, **options)
 
 
-class JobStore(abc.ABC):
+class JobStore(SweepStore):
     """The queue database.  Methods are thread-safe; each is one short transaction.
 
     Driver errors never escape: a database that cannot be reached or is locked too long
@@ -146,11 +147,31 @@ class JobStore(abc.ABC):
         stop_mode: StopMode = "stdin",
         priority: int = 0,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        after: Sequence[int] = (),
+        array: str | None = None,
+        not_before: float | None = None,
+        gpus: int | None = None,
+        retry_on: Sequence[str] = (),
+        no_retry_on: Sequence[str] = (),
     ) -> int:
         """Queue a job; returns its id.
 
         ``argv`` may contain ``{job_id}``, ``{db}`` and ``{run_dir}``, replaced when it runs.
+
+        Sweeps (``_sweeps.py``): ``after`` (ids of jobs that must succeed first), ``array``
+        (``START-END[:STEP]``: one job per index, ``%a`` in ``argv`` and
+        ``ASYNCSOAK_ARRAY_INDEX`` in the environment; the first job's id, returned, is the
+        array's), ``not_before`` (the queue's epoch seconds), ``gpus`` (GPUs the job needs
+        on one worker), ``retry_on`` / ``no_retry_on`` (reasons, see ``_retry.py``).
         """
+        plan = check_plan(
+            after=after,
+            not_before=not_before,
+            gpus=gpus,
+            retry_on=retry_on,
+            no_retry_on=no_retry_on,
+        )
+        indices = None if array is None else parse_array(array)
         env = dict(env or {})
         limits = validate_submission(
             argv=argv,
@@ -163,20 +184,21 @@ class JobStore(abc.ABC):
             priority=priority,
             max_attempts=max_attempts,
         )
-        return self._insert(
-            Submission(
-                name=name,
-                argv=None if argv is None else list(argv),
-                config=None if config is None else dict(config),
-                cwd=None if cwd is None else os.fspath(cwd),
-                env=env,
-                progress_dir=None if progress_dir is None else os.fspath(progress_dir),
-                soak=limits,
-                stop_mode=stop_mode,
-                priority=priority,
-                max_attempts=max_attempts,
-            )
+        submission = Submission(
+            name=name,
+            argv=None if argv is None else list(argv),
+            config=None if config is None else dict(config),
+            cwd=None if cwd is None else os.fspath(cwd),
+            env=env,
+            progress_dir=None if progress_dir is None else os.fspath(progress_dir),
+            soak=limits,
+            stop_mode=stop_mode,
+            priority=priority,
+            max_attempts=max_attempts,
         )
+        if plan.is_plain() and indices is None:
+            return self._insert(submission)
+        return self._insert_planned(submission, plan, indices)
 
     @abc.abstractmethod
     def _insert(self, job: Submission) -> int:
@@ -235,10 +257,18 @@ class JobStore(abc.ABC):
 
     @abc.abstractmethod
     def claim(
-        self, worker: str, host: str, runs_dir: Path, *, max_duration: float | None = None
+        self,
+        worker: str,
+        host: str,
+        runs_dir: Path,
+        *,
+        max_duration: float | None = None,
+        offer: GpuOffer | None = None,
     ) -> Job | None:
-        """Take the next queued job (highest priority, then lowest id), or None; the attempt
-        number is incremented in the same statement.
+        """Take the next queued job (highest priority, then lowest id) that may run now
+        (``_sweeps.claim_filter``: its ``--after`` jobs succeeded, its ``--not-before`` and
+        retry backoff passed, its GPUs fit ``offer``), or None; the attempt number is
+        incremented in the same statement.
 
         ``max_duration``: only a job whose ``max_duration_seconds`` is at most this (or that
         sets none); the others are left for a worker with more time (a SLURM allocation
@@ -262,10 +292,13 @@ class JobStore(abc.ABC):
         outcome: Outcome,
         summary: Mapping[str, Any] | None = None,
         note: str | None = None,
+        *,
+        backoff: float = 0.0,
     ) -> bool:
         """Record how an attempt ended (with its artifact's ``summary`` and a ``note``);
-        False (nothing written) when fenced.  The job's next status follows
-        :func:`~asyncsoak.queue._models.attempt_outcome`."""
+        False (nothing written) when fenced.  The job's next status follows the retry rules
+        (:func:`~asyncsoak.queue._retry.decide`, which explains itself in the note);
+        ``backoff`` is the first wait of an infrastructure retry's backoff."""
 
     @abc.abstractmethod
     def running(self) -> list[tuple[Job, WorkerInfo | None]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import re
 import signal
@@ -48,6 +49,14 @@ from .._supervisor._soak import run_soak
 from ._learned import carried_limit, remember_limit
 from ._models import Job, QueueError, QueueUnavailableError, WorkerInfo, artifact_summary
 from ._orphans import kill_leftovers, process_alive
+from ._retry import (
+    GPU_FAULT,
+    INFRASTRUCTURE_BACKOFF_S,
+    INVALID_JOB,
+    MONITOR_ERROR,
+    ORPHANED,
+    WORKER_CANCELLED,
+)
 from ._spool import Spool
 from ._status import (
     CANCEL_GRACE_S,
@@ -65,6 +74,7 @@ from ._status import (
     tail,
 )
 from ._store import JobStore
+from ._sweeps import GpuOffer, pick_gpus
 
 #: How soon an idle worker looks at the queue again while the database is unavailable.
 _UNAVAILABLE_RETRY_SECONDS = 1.0
@@ -75,14 +85,6 @@ _UNAVAILABLE = (QueueUnavailableError, BlockingCallTimeout)
 #: ``--job-id N --db PATH --watch-stdin``.
 TRAIN_CMD = [sys.executable, "train.py"]
 
-#: Reason of an attempt whose worker stopped heartbeating before writing its outcome.
-ORPHANED = "orphaned"
-#: Reason of an attempt the monitor itself could not run.
-MONITOR_ERROR = "monitor_error"
-#: Reason of an attempt whose worker was cancelled before the soak wrote its artifact.
-WORKER_CANCELLED = "worker_cancelled"
-#: Reason of an attempt whose inputs ``run_soak`` refused (a missing cwd...).
-INVALID_JOB = "invalid_job"
 #: ``run_worker``'s and ``run_job``'s status for an attempt this worker lost to fencing.
 LOST = "lost"
 
@@ -114,13 +116,21 @@ class WorkerConfig:
     nvidia_smi: str | None = "nvidia-smi"
     #: Wall-clock end of the worker's allocation (a SLURM job), or None.
     until: float | None = None
+    #: First wait of an infrastructure retry's backoff (``_retry.infrastructure_backoff``).
+    retry_backoff: float = INFRASTRUCTURE_BACKOFF_S
 
     def __post_init__(self) -> None:
         norm = partial(object.__setattr__, self)
         norm("runs_dir", Path(self.runs_dir).absolute())
         norm("cmd", list(self.cmd))
         norm("poll", seconds("poll", self.poll, allow_zero=False))
-        for name in ("stale_after", "cancel_grace", "stop_timeout", "finish_retry_wait"):
+        for name in (
+            "stale_after",
+            "cancel_grace",
+            "stop_timeout",
+            "finish_retry_wait",
+            "retry_backoff",
+        ):
             norm(name, seconds(name, getattr(self, name)))
         norm("kill_wait", seconds("kill_wait", self.kill_wait, allow_zero=False))
 
@@ -163,8 +173,15 @@ async def run_worker(
     nvidia_smi: str | None = "nvidia-smi",
     metrics: Metrics | None = None,
     until: float | None = None,
+    retry_backoff: float = INFRASTRUCTURE_BACKOFF_S,
 ) -> int:
-    """Take and run jobs one at a time until ``stop_event`` is set; returns how many ran.
+    """Take and run jobs until ``stop_event`` is set; returns how many ran.
+
+    A worker without ``gpus`` runs one job at a time.  One owning several GPUs (``gpus``
+    ``"0,1,2,3"``) runs jobs side by side: a job submitted with ``gpus=N`` gets N of the
+    free ones, one without gets all of them, each job its own ``CUDA_VISIBLE_DEVICES``, no GPU
+    shared; a GPU that faulted (``gpu_fault``) is not used again until an operator clears it
+    (``asyncsoak worker --clear-fault``).
 
     ``once`` drains what is queued and returns.  Setting ``stop_event`` stops the running
     job the graceful way (it becomes ``interrupted`` and returns to the queue) and then the
@@ -191,6 +208,7 @@ async def run_worker(
         finish_retry_wait=finish_retry_wait,
         nvidia_smi=nvidia_smi,
         until=until,
+        retry_backoff=retry_backoff,
     )
     worker = _Worker(
         store,
@@ -276,10 +294,17 @@ class _Worker:
         self.kill_event = kill_event
         self.name = name
         self.host = socket.gethostname()
-        # Store calls are short, but a heartbeat may wait out another writer's lock: two
-        # threads let the job's heartbeat and the worker's run side by side.
-        self.limiter = anyio.CapacityLimiter(2)
-        self.current_job: int | None = None
+        # Store calls are short, but a heartbeat may wait out another writer's lock, and the
+        # loop's orphan sweep (which kills a dead worker's leftovers) runs beside the jobs: one
+        # thread for the loop, one for the worker's heartbeat, one for each job it may run at
+        # once, so no job's heartbeat waits behind them and goes stale.
+        self.devices = gpu_list(settings.gpus)
+        self.limiter = anyio.CapacityLimiter(2 + max(1, len(self.devices)))
+        #: The jobs running, each with the GPUs it was given.
+        self.running: dict[int, list[str]] = {}
+        #: Set when a job ends: its GPUs may take another.
+        self.job_done = anyio.Event()
+        self._faulted: set[str] = set()
         #: Set by ``run_worker`` when the worker serves metrics.
         self.metrics: WorkerMetrics | None = None
         self.registry: CollectorRegistry | None = None
@@ -328,6 +353,12 @@ class _Worker:
     async def run(self, once: bool) -> int:
         await self._call(_prepare_runs_dir, self.settings.runs_dir)
         await self._call(self._register)
+        if self.devices:
+            # For `workers` only: a worker that cannot record them now still runs.
+            try:
+                await self._call(self.store.set_worker_gpus, self.name, self.devices)
+            except _UNAVAILABLE as exc:
+                _log.warning("worker %s: its GPUs not recorded for `workers`: %s", self.name, exc)
         _log.info(
             "worker %s started on %s (pid %d, runs in %s)",
             self.name,
@@ -341,40 +372,51 @@ class _Worker:
                 if not once:  # a draining worker never waits for a job: nothing to hear
                     await tg.start(self.store.listen, self._on_notify)
                 tg.start_soon(self._beat)
-                while not (self.stop_event.is_set() or self.kill_event.is_set()):
-                    # A fresh event before the claim: a job submitted after the claim found
-                    # nothing wakes the wait below.
-                    self.wake = anyio.Event()
-                    await self._deliver_spool()
-                    await self._sweep_orphans()
-                    fits = _slurm.seconds_left_for_jobs(
-                        self.settings.until, self.settings.stop_timeout
-                    )
-                    if fits is not None and fits <= 0:
-                        _log.info("worker %s: its allocation ends soon; no more jobs", self.name)
-                        break
-                    job = await self._claim(fits)
-                    if job is None:
-                        if once:
+                async with anyio.create_task_group() as jobs:
+                    while not (self.stop_event.is_set() or self.kill_event.is_set()):
+                        # Fresh events before the claim: a job submitted (or ended) after the
+                        # claim found nothing wakes the wait below.
+                        self.wake = anyio.Event()
+                        self.job_done = anyio.Event()
+                        await self._deliver_spool()
+                        await self._sweep_orphans()
+                        fits = _slurm.seconds_left_for_jobs(
+                            self.settings.until, self.settings.stop_timeout
+                        )
+                        if fits is not None and fits <= 0:
+                            _log.info(
+                                "worker %s: its allocation ends soon; no more jobs", self.name
+                            )
+                            break
+                        offer = await self._offer()
+                        job = None if offer is None else await self._claim(fits, offer)
+                        if job is not None:
+                            devices = await self._place(job, offer)
+                            self.running[job.id] = devices
+                            if self.metrics is not None:
+                                self.metrics.current_job = job.id
+                                self.metrics.current_attempt = job.attempt
+                            jobs.start_soon(self._run_claimed, job, devices)
+                            ran += 1
+                            continue
+                        if once and not self.running:
                             break
                         # While the database is away, look again soon (the store's own
                         # backoff spaces the connection attempts): a job may be waiting.
-                        wait = self.settings.poll
+                        wait: float | None = self.settings.poll
                         if self._unreachable:
-                            wait = min(wait, _UNAVAILABLE_RETRY_SECONDS)
-                        with anyio.move_on_after(wait):
+                            wait = min(self.settings.poll, _UNAVAILABLE_RETRY_SECONDS)
+                        elif self._full():
+                            # Busy on every GPU (or on its one job): nothing to claim, and no
+                            # need to spin, until a job ends.
+                            wait = None
+                        events = [self.stop_event, self.kill_event, self.job_done]
+                        if wait is not None:
+                            events.append(self.wake)
+                        with anyio.move_on_after(math.inf if wait is None else wait):
                             async with anyio.create_task_group() as waits:
-                                for event in (self.stop_event, self.wake):
+                                for event in events:
                                     waits.start_soon(_set_then_cancel, event, waits.cancel_scope)
-                        continue
-                    self.current_job = job.id
-                    if self.metrics is not None:
-                        self.metrics.current_job, self.metrics.current_attempt = job.id, job.attempt
-                    await self.run_job(job)
-                    self.current_job = None
-                    if self.metrics is not None:
-                        self.metrics.current_job = self.metrics.current_attempt = None
-                    ran += 1
                 tg.cancel_scope.cancel()
         finally:
             with anyio.move_on_after(self.store.busy_timeout, shield=True):
@@ -395,6 +437,73 @@ class _Worker:
             alive=self._worker_alive,
         )
 
+    async def _offer(self) -> GpuOffer | None:
+        """What this worker can give a job now, or None when it can take none: a worker
+        without GPUs runs one job at a time; one with GPUs offers its free, healthy ones."""
+        try:
+            faults = await self._call(self.store.gpu_faults, self.host)
+        except _UNAVAILABLE as exc:
+            self._lost_database("reading GPU faults", exc)
+            return None
+        faulted = {f.gpu for f in faults}
+        if faulted != self._faulted:
+            for gpu in sorted(faulted - self._faulted):
+                _log.warning(
+                    "worker %s: GPU %s of %s had a fault; no jobs on it until an operator "
+                    "clears it (asyncsoak worker --clear-fault %s)",
+                    self.name,
+                    gpu,
+                    self.host,
+                    gpu,
+                )
+            for gpu in sorted(self._faulted - faulted):
+                _log.warning("worker %s: GPU %s cleared; back in service", self.name, gpu)
+            self._faulted = faulted
+        if not self.devices:
+            # Its jobs see every GPU of the host: a fault on any of them stops its claims.
+            return None if self.running or faulted else GpuOffer()
+        healthy = [gpu for gpu in self.devices if gpu not in faulted]
+        busy = {gpu for devices in self.running.values() for gpu in devices}
+        free = [gpu for gpu in healthy if gpu not in busy]
+        if not free:
+            return None
+        return GpuOffer(
+            free=len(free),
+            all_free=not self.running,
+            names=tuple(f"{self.host}:{gpu}" for gpu in free),
+        )
+
+    def _full(self) -> bool:
+        """Whether every job this worker can run at once is running."""
+        if not self.running:
+            return False
+        busy = {gpu for devices in self.running.values() for gpu in devices}
+        return not self.devices or all(gpu in busy or gpu in self._faulted for gpu in self.devices)
+
+    async def _place(self, job: Job, offer: GpuOffer | None) -> list[str]:
+        """The GPUs a claimed job runs on (none for a worker without GPUs)."""
+        if not self.devices or offer is None:
+            return []
+        free = [name.split(":")[-1] for name in offer.names]
+        try:
+            plan = await self._call(self.store.plan, job.id)
+        except _UNAVAILABLE:
+            plan = None
+        need = None if plan is None else plan.gpus
+        devices = pick_gpus(need, free, () if plan is None else plan.avoid, self.host)
+        with contextlib.suppress(*_UNAVAILABLE):
+            await self._call(self.store.record_attempt_gpus, job.id, job.attempt, devices)
+        return devices
+
+    async def _run_claimed(self, job: Job, devices: list[str]) -> None:
+        try:
+            await self.run_job(job, devices)
+        finally:
+            self.running.pop(job.id, None)
+            if self.metrics is not None and self.metrics.current_job == job.id:
+                self.metrics.current_job = self.metrics.current_attempt = None
+            self.job_done.set()
+
     def _worker_alive(self, info: WorkerInfo) -> bool:
         if info.host == self.host:
             return process_alive(info.pid, info.pid_start)
@@ -413,10 +522,10 @@ class _Worker:
                 self._reached_database()
             await anyio.sleep(self.settings.poll)
 
-    async def _claim(self, fits: float | None = None) -> Job | None:
+    async def _claim(self, fits: float | None = None, offer: GpuOffer | None = None) -> Job | None:
         try:
             job = await self._call(
-                partial(self.store.claim, max_duration=fits),
+                partial(self.store.claim, max_duration=fits, offer=offer),
                 self.name,
                 self.host,
                 self.settings.runs_dir,
@@ -434,7 +543,7 @@ class _Worker:
         for entry in await self._call(self.spool.pending):
             try:
                 written = await self._call(
-                    self.store.finish,
+                    partial(self.store.finish, backoff=self.settings.retry_backoff),
                     entry.job_id,
                     entry.attempt,
                     entry.worker,
@@ -483,12 +592,13 @@ class _Worker:
             _log.warning("job %d: the learned stale limit: %s", job.id, exc)
             return None
 
-    async def run_job(self, job: Job) -> str:
+    async def run_job(self, job: Job, devices: Sequence[str] | None = None) -> str:
+        """Run one claimed attempt; ``devices``: its GPUs (None: the worker's ``gpus``)."""
         assert job.artifact is not None
         output_path = Path(job.artifact)
         attempt_dir = output_path.parent
         run_dir = self.settings.runs_dir / str(job.id)
-        env = self._environment(job, run_dir)
+        env = self._environment(job, run_dir, devices)
         masker = Masker(secret_values(env) | argv_secrets(job.argv or ()))
         control = SoakControl()
         state = _JobState()
@@ -551,8 +661,9 @@ class _Worker:
             return LOST
         cancel = await self._cancel_requested(job)
         outcome = self._outcome(artifact, problem, state, cancel, masker, attempt_dir)
+        note = await self._take_out_faulted(job, artifact, devices)
         with anyio.move_on_after(self._finish_bound(), shield=True):
-            await self._finish(job, outcome, _summary(artifact))
+            await self._finish(job, outcome, _summary(artifact), note)
         _log.info(
             "job %d attempt %d: %s%s",
             job.id,
@@ -561,6 +672,46 @@ class _Worker:
             f" ({outcome.reason})" if outcome.reason else "",
         )
         return outcome.status
+
+    async def _take_out_faulted(
+        self, job: Job, artifact: dict[str, Any] | None, devices: Sequence[str] | None
+    ) -> str | None:
+        """After an attempt that failed ``gpu_fault``: take the GPU it names (else every GPU
+        the job had) out of service on this host; the note saying so, or None."""
+        failures = (artifact or {}).get("failures") or []
+        if not any(isinstance(f, dict) and f.get("reason") == GPU_FAULT for f in failures):
+            return None
+        owned = gpu_list(self.settings.gpus) if devices is None else list(devices)
+        gpus = faulted_gpus(artifact, owned) or ["all"]
+        detail = next(str(f.get("message")) for f in failures if f.get("reason") == GPU_FAULT)
+        try:
+            await self._call(
+                partial(
+                    self.store.record_gpu_fault,
+                    worker=self.name,
+                    job_id=job.id,
+                    attempt=job.attempt,
+                    detail=detail,
+                ),
+                self.host,
+                gpus,
+            )
+        except _UNAVAILABLE as exc:
+            _log.warning("job %d: GPU fault not recorded: %s", job.id, exc)
+            return None
+        listed = ",".join(gpus)
+        _log.warning(
+            "job %d: GPU %s of %s out of service after a fault; clear it with "
+            "asyncsoak worker --clear-fault %s",
+            job.id,
+            listed,
+            self.host,
+            listed,
+        )
+        return (
+            f"GPU {listed} of {self.host} taken out of service after this fault, until "
+            f"asyncsoak worker --clear-fault {listed}"
+        )
 
     async def _cancel_requested(self, job: Job) -> bool:
         try:
@@ -609,12 +760,15 @@ class _Worker:
         values = {"job_id": str(job.id), "db": db, "run_dir": str(run_dir)}
         return [_PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in job.argv]
 
-    def _environment(self, job: Job, run_dir: Path) -> dict[str, str]:
+    def _environment(
+        self, job: Job, run_dir: Path, devices: Sequence[str] | None = None
+    ) -> dict[str, str]:
         """The worker's environment, then the job's overrides, then what the worker owns."""
         env = dict(os.environ)
         env.update(job.env)
-        if self.settings.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = self.settings.gpus
+        gpus = self.settings.gpus if devices is None else ",".join(devices)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["ASYNCSOAK_JOB_ID"] = str(job.id)
         env.update(self.store.child_environment())
@@ -692,7 +846,13 @@ class _Worker:
         for attempt in range(1, retries + 1):
             try:
                 written = await self._call(
-                    self.store.finish, job.id, job.attempt, self.name, outcome, summary, note
+                    partial(self.store.finish, backoff=self.settings.retry_backoff),
+                    job.id,
+                    job.attempt,
+                    self.name,
+                    outcome,
+                    summary,
+                    note,
                 )
                 if written and self.metrics is not None:
                     self.metrics.outcome(outcome.status, outcome.reason)
@@ -747,10 +907,12 @@ class _Worker:
             self._lost_database("looking for orphans", exc)
             return
         for job, holder in running:
+            if job.id in self.running and job.worker == self.name:
+                continue  # its own, heartbeating beside this loop
             silent = job.heartbeat_at is None or now - job.heartbeat_at > self.settings.stale_after
             # A worker's own name on a job it is not running: left by a dead worker of the
             # same name (registration refuses the name while that one lives).
-            inherited = job.worker == self.name and job.id != self.current_job
+            inherited = job.worker == self.name and job.id not in self.running
             gone = (
                 holder is not None
                 and holder.host == self.host
@@ -826,6 +988,37 @@ class _Worker:
             )
         with anyio.move_on_after(self._finish_bound(), shield=True):
             await self._finish(job, outcome, _summary(artifact), note)
+
+
+def gpu_list(gpus: str | None) -> list[str]:
+    """``--gpus 0,1,2,3`` as the list of GPUs a worker owns ([] for none)."""
+    return [gpu.strip() for gpu in (gpus or "").split(",") if gpu.strip()]
+
+
+def faulted_gpus(artifact: dict[str, Any] | None, devices: Sequence[str]) -> list[str]:
+    """The GPUs of ``devices`` a ``gpu_fault`` names (by nvidia-smi index or UUID): in the
+    failure's ``gpu``, else in ``gpu_health`` (a failing fault on a GPU the run used); all of
+    ``devices`` when neither says which (every GPU of the job is suspect)."""
+    named: list[str] = []
+
+    def name(gpu: Any) -> None:
+        if not isinstance(gpu, dict):
+            return
+        keys = {str(gpu.get("index")), str(gpu.get("uuid"))}
+        named.extend(d for d in devices if d in keys and d not in named)
+        if not devices and gpu.get("index") is not None and str(gpu["index"]) not in named:
+            named.append(str(gpu["index"]))
+
+    failures = (artifact or {}).get("failures") or []
+    for failure in failures:
+        if isinstance(failure, dict) and failure.get("reason") == GPU_FAULT:
+            name(failure.get("gpu"))
+    if not named:
+        for health in ((artifact or {}).get("gpu_health") or {}).values():
+            faults = health.get("faults") if isinstance(health, dict) else None
+            if any(isinstance(f, dict) and f.get("fails") and f.get("used") for f in faults or []):
+                name(health)
+    return named or list(devices)
 
 
 def _joined(*notes: str | None) -> str:

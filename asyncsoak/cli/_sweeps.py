@@ -1,0 +1,274 @@
+"""The job queue's sweep and retry options on the command line: ``submit --after / --array /
+--not-before / --gpus / --retry-on / --no-retry-on``, ``worker --clear-fault`` and
+``--retry-backoff``, and what ``jobs``, ``job`` and ``workers`` show of them."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..queue._models import Attempt, Job
+from ..queue._retry import (
+    DEPENDENCY_FAILED,
+    INFRASTRUCTURE_BACKOFF_S,
+    MAX_INFRASTRUCTURE_RETRIES,
+    RETRY_NAMES,
+)
+from ..queue._store import JobStore
+from ..queue._sweeps import AttemptCause, GpuFault, Plan, plan_note
+from . import EXIT_OK, UsageError
+
+_DURATION = re.compile(r"^\+\s*([0-9]*\.?[0-9]+)\s*([smhd]?)$")
+_UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_CLOCK = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?$")
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected job ids such as 3 or 3,4, got {text!r}"
+        ) from None
+    if not ids or any(i < 1 for i in ids):
+        raise argparse.ArgumentTypeError(f"expected job ids such as 3 or 3,4, got {text!r}")
+    return ids
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _gpu_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GPUs, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("a job needs at least 1 GPU")
+    return value
+
+
+def add_submit_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--after",
+        type=_ids,
+        action="extend",
+        default=[],
+        metavar="ID[,ID...]",
+        help="run only once these jobs succeeded; cancelled when one fails or is cancelled",
+    )
+    p.add_argument(
+        "--array",
+        metavar="START-END[:STEP]",
+        help="one job per index: %%a in the command and ASYNCSOAK_ARRAY_INDEX in its "
+        "environment; prints every job's id, the first being the array's",
+    )
+    p.add_argument(
+        "--not-before",
+        metavar="TIME|+DURATION",
+        help="not before this time: ISO 8601 (2026-05-01T02:00), HH:MM (the next one), or "
+        "+90s, +30m, +2h, +1d from now",
+    )
+    p.add_argument(
+        "--gpus",
+        type=_gpu_count,
+        metavar="N",
+        help="GPUs the job needs on one worker (default: all of the worker's)",
+    )
+    p.add_argument(
+        "--retry-on",
+        type=_names,
+        action="extend",
+        default=[],
+        metavar="REASON[,...]",
+        help="retry failures with these reasons (or classes: infrastructure, job, run) even "
+        "when their cause repeats",
+    )
+    p.add_argument(
+        "--no-retry-on",
+        type=_names,
+        action="extend",
+        default=[],
+        metavar="REASON[,...]",
+        help="never retry failures with these reasons (or classes)",
+    )
+
+
+def add_worker_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--retry-backoff",
+        type=float,
+        default=INFRASTRUCTURE_BACKOFF_S,
+        metavar="S",
+        help="wait before a job's second infrastructure retry, doubling for each later one "
+        f"(default {INFRASTRUCTURE_BACKOFF_S:g}; the first retry is at once)",
+    )
+    p.add_argument(
+        "--clear-fault",
+        nargs="?",
+        const="",
+        metavar="GPU[,GPU]",
+        help="put this host's GPUs that had a fault back in service (all of them without a "
+        "list), then exit",
+    )
+
+
+def parse_not_before(text: str, now: Callable[[], float], host_now: float | None = None) -> float:
+    """``--not-before`` as the queue's epoch seconds: ``+DURATION`` from the queue's ``now``,
+    an ISO 8601 time (local unless it says), or ``HH:MM[:SS]`` (the next such local time)."""
+    match = _DURATION.match(text.strip())
+    if match:
+        return now() + float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    clock = _CLOCK.match(text.strip())
+    if clock:
+        hour, minute, second = (int(g or 0) for g in clock.groups())
+        if hour > 23 or minute > 59 or second > 59:
+            raise UsageError(f"--not-before {text!r}: not a time of day")
+        current = datetime.datetime.fromtimestamp(host_now if host_now is not None else time.time())
+        at = current.replace(hour=hour, minute=minute, second=second, microsecond=0)
+        if at <= current:
+            at += datetime.timedelta(days=1)
+        return at.timestamp()
+    try:
+        return datetime.datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise UsageError(
+            f"--not-before {text!r}: expected an ISO 8601 time (2026-05-01T02:00), HH:MM, "
+            "or +DURATION (+90s, +30m, +2h, +1d)"
+        ) from None
+
+
+def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The submission's sweep options, without ``not_before`` (it needs the queue's clock)."""
+    unknown = sorted(set(args.retry_on + args.no_retry_on) - RETRY_NAMES)
+    if unknown:
+        raise UsageError(
+            f"unknown reason {', '.join(map(repr, unknown))} for --retry-on/--no-retry-on "
+            f"(known: {', '.join(sorted(RETRY_NAMES))})"
+        )
+    return {
+        "after": args.after,
+        "array": args.array,
+        "gpus": args.gpus,
+        "retry_on": args.retry_on,
+        "no_retry_on": args.no_retry_on,
+    }
+
+
+def print_submitted(store: JobStore, job_id: int, array: str | None) -> None:
+    """The new job's id, or every id of a new array (the first is the array's)."""
+    if array is None:
+        print(job_id)
+        return
+    for member in store.array_members(job_id):
+        print(member)
+
+
+def clear_faults(args: argparse.Namespace, store: JobStore) -> int:
+    host = socket.gethostname()
+    wanted = _names(args.clear_fault) or None
+    cleared = store.clear_gpu_faults(host, wanted)
+    if not cleared:
+        print(
+            f"no GPU of {host} is out of service" + (f" among {args.clear_fault}" if wanted else "")
+        )
+        return EXIT_OK
+    for fault in cleared:
+        what = f"fault of job {fault.job_id}: {fault.detail}"
+        print(f"GPU {fault.gpu} of {host} back in service ({what})")
+    return EXIT_OK
+
+
+# --- what the listings show ------------------------------------------------------------------
+
+
+def job_note(job: Job, plan: Plan | None, jobs_by_id: Mapping[int, Job], now: float) -> str | None:
+    """``jobs``' note for what only sweeps know (a wait, a dependency that failed), or None."""
+    if job.status == "cancelled" and job.reason == DEPENDENCY_FAILED:
+        return f"{DEPENDENCY_FAILED}: {job.error}" if job.error else DEPENDENCY_FAILED
+    if plan is None or job.status != "queued":
+        return None
+    return plan_note(plan, jobs_by_id, now) or None
+
+
+def plan_fields(plan: Plan, now: float) -> list[tuple[str, str]]:
+    """``job N``'s lines about its plan."""
+    fields = []
+    if plan.array_id is not None:
+        fields.append(("array", f"{plan.array_id} index {plan.array_index}"))
+    if plan.after:
+        fields.append(("after", ", ".join(str(a) for a in plan.after)))
+    if plan.not_before is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(plan.not_before))
+        fields.append(("not before", when))
+    if plan.gpus is not None:
+        fields.append(("gpus", str(plan.gpus)))
+    if plan.retry_on:
+        fields.append(("retry on", ",".join(sorted(plan.retry_on))))
+    if plan.no_retry_on:
+        fields.append(("no retry on", ",".join(sorted(plan.no_retry_on))))
+    if plan.infra_failures:
+        fields.append(
+            (
+                "infra retries",
+                f"{plan.infra_failures} of {MAX_INFRASTRUCTURE_RETRIES} (not counted)",
+            )
+        )
+    if plan.retry_at is not None and plan.retry_at > now:
+        fields.append(("retry in", f"{plan.retry_at - now:.0f}s (backoff)"))
+    return fields
+
+
+def attempt_cells(cause: AttemptCause | None) -> list[str]:
+    """``job N``'s extra attempt columns: CLASS, COUNTED, GPUS."""
+    if cause is None:
+        return ["-", "-", "-"]
+    counted = "-" if cause.counted is None else ("yes" if cause.counted else "no")
+    return [cause.failure_class or "-", counted, ",".join(cause.gpus) or "-"]
+
+
+def why_not_retried(job: Job, attempts: Sequence[Attempt]) -> str | None:
+    """Why a failed job is not retried again: its last attempt's decision."""
+    if job.status != "failed" or not attempts or not attempts[-1].note:
+        return None
+    for part in attempts[-1].note.split("; "):
+        if part.startswith(("not retried", "no attempts left")) or "attempts used; no" in part:
+            return part
+    return None
+
+
+def plan_dict(plan: Plan | None) -> dict[str, Any]:
+    """The plan's keys in ``--json`` listings."""
+    plan = plan or Plan()
+    return {
+        "after": list(plan.after),
+        "array_id": plan.array_id,
+        "array_index": plan.array_index,
+        "not_before": plan.not_before,
+        "gpus": plan.gpus,
+        "retry_on": sorted(plan.retry_on),
+        "no_retry_on": sorted(plan.no_retry_on),
+        "infrastructure_failures": plan.infra_failures,
+        "retry_at": plan.retry_at,
+    }
+
+
+def worker_gpu_text(gpus: Sequence[str], faults: Sequence[GpuFault]) -> str:
+    """``0,1,2,3 (2 faulted)`` for ``workers``."""
+    on_host = {f.gpu for f in faults}
+    faulted = sorted(on_host & set(gpus) | ({"all"} & on_host) if gpus else on_host)
+    text = ",".join(gpus) or "-"
+    return text + (f" ({','.join(faulted)} faulted)" if faulted else "")
+
+
+def fault_dicts(faults: Sequence[GpuFault]) -> list[dict[str, Any]]:
+    return [
+        {"gpu": f.gpu, "job_id": f.job_id, "attempt": f.attempt, "at": f.at, "detail": f.detail}
+        for f in faults
+    ]

@@ -1,0 +1,239 @@
+"""Retries that know why: each failed attempt is classified by its reason and cause, and the
+class decides whether it counts against ``max_attempts`` and whether the job runs again.
+
+- **infrastructure** (:data:`INFRASTRUCTURE`: the worker died, the scheduler stopped the job,
+  a GPU faulted, the monitor was lost): not the job's fault, so it does not count against
+  ``max_attempts``; it is retried after a backoff (:func:`infrastructure_backoff`), preferably
+  on another GPU, at most :data:`MAX_INFRASTRUCTURE_RETRIES` times so a job cannot loop for ever.
+- **job** (a Python exception, the command that cannot start, a usage error, inputs the
+  monitor refused): deterministic causes; counted, and a job that fails twice with the same
+  cause (the same exception type at the same ``file:line``) is not retried again.
+- **run** (a stall, a leak, a budget, an OOM, a non-finite loss, any other exit): counted,
+  retried while attempts remain, as before.
+
+``--retry-on`` / ``--no-retry-on`` name reasons (or classes) a job overrides: a reason in
+``no_retry_on`` fails the job at once, a reason in ``retry_on`` is retried even when its cause
+repeats.  Every decision is written into the attempt's note.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import ValidationError
+from .._record._vocabulary import FailureReason
+from ._models import QUEUED, attempt_outcome
+from ._status import CANCELLED, FAILED, OUTCOME_LOST, Outcome
+
+#: Failure classes.
+INFRASTRUCTURE = "infrastructure"
+JOB = "job"
+RUN = "run"
+CLASSES = (INFRASTRUCTURE, JOB, RUN)
+
+#: Reasons of the queue's own (beside the soak's ``FailureReason``s): an attempt whose worker
+#: stopped heartbeating before writing its outcome; a run stopped by the scheduler (the
+#: artifact's ``stop.cause``); inputs ``run_soak`` refused (a missing cwd...); exit status 2
+#: with argparse's ``usage:`` line; an attempt the monitor itself could not run; a worker
+#: cancelled before the soak wrote its artifact.
+ORPHANED = "orphaned"
+SCHEDULER = "scheduler"
+INVALID_JOB = "invalid_job"
+USAGE_ERROR = "usage_error"
+MONITOR_ERROR = FailureReason.MONITOR_ERROR.value
+WORKER_CANCELLED = "worker_cancelled"
+#: The reason of a job cancelled because a job it ran ``--after`` did not succeed.
+DEPENDENCY_FAILED = "dependency_failed"
+
+GPU_FAULT = FailureReason.GPU_FAULT.value
+#: The infrastructure's reasons: never the job's fault.
+INFRASTRUCTURE_REASONS = frozenset(
+    {ORPHANED, SCHEDULER, GPU_FAULT, FailureReason.MONITOR_LOST.value}
+)
+#: The job's reasons: deterministic, the same cause twice stops the retries.
+JOB_REASONS = frozenset({FailureReason.SPAWN_FAILED.value, INVALID_JOB, USAGE_ERROR})
+
+#: Infrastructure failures a job may have before it is failed all the same.
+MAX_INFRASTRUCTURE_RETRIES = 10
+#: Wait before the second infrastructure retry (the first is at once: a worker killed once is
+#: no pattern), doubling for each later one up to :data:`INFRASTRUCTURE_BACKOFF_MAX_S`.
+INFRASTRUCTURE_BACKOFF_S = 10.0
+INFRASTRUCTURE_BACKOFF_MAX_S = 600.0
+
+#: Every name ``--retry-on`` / ``--no-retry-on`` accept: the failure reasons, the queue's own,
+#: and the class names (which stand for all their reasons).
+RETRY_NAMES = frozenset(
+    {
+        *(r.value for r in FailureReason),
+        ORPHANED,
+        SCHEDULER,
+        INVALID_JOB,
+        USAGE_ERROR,
+        OUTCOME_LOST,
+        *CLASSES,
+    }
+)
+
+_USAGE_LINE = re.compile(r"^usage: ", re.MULTILINE)
+
+
+def check_retry_names(flag: str, names: Collection[str]) -> list[str]:
+    """``names`` checked and sorted; a clear ``ValidationError`` for an unknown one."""
+    unknown = sorted(set(names) - RETRY_NAMES)
+    if unknown:
+        raise ValidationError(
+            f"{flag}: unknown reason {', '.join(map(repr, unknown))} "
+            f"(known: {', '.join(sorted(RETRY_NAMES))})"
+        )
+    return sorted(set(names))
+
+
+def cause_of(artifact: Mapping[str, Any], reason: str | None, log_tail: str) -> str | None:
+    """What exactly failed, for the same-cause rule and for people: ``scheduler``,
+    ``ValueError at train.py:12``, ``usage_error``... None when nothing more precise than the
+    reason is known."""
+    # A GPU fault among the failures explains the rest (a trainer dies of its lost GPU).
+    failures = artifact.get("failures") or []
+    if any(isinstance(f, Mapping) and f.get("reason") == GPU_FAULT for f in failures):
+        return GPU_FAULT
+    stop = artifact.get("stop") or {}
+    if stop.get("cause") == SCHEDULER:
+        return SCHEDULER
+    exit_info = artifact.get("exit") or {}
+    exception = exit_info.get("exception")
+    if isinstance(exception, Mapping) and exception.get("type"):
+        where = exception.get("where")
+        kind = exception.get("kind") or "python"
+        text = f"{exception['type']} at {where}" if where else str(exception["type"])
+        return text if kind == "python" else f"{kind}: {text}"
+    if exit_info.get("returncode") == 2 and _USAGE_LINE.search(log_tail):
+        return USAGE_ERROR
+    return reason
+
+
+def classify(outcome: Outcome) -> str:
+    """The class of a failed attempt (see the module docstring)."""
+    cause = outcome.cause or ""
+    if outcome.reason in INFRASTRUCTURE_REASONS or cause in (SCHEDULER, GPU_FAULT):
+        return INFRASTRUCTURE
+    if outcome.reason in JOB_REASONS or cause == USAGE_ERROR:
+        return JOB
+    # A Python exception is the job's (deterministic); CUDA's OOM, NCCL and the OOM killer
+    # carry a kind prefix and are the run's.
+    if (
+        outcome.reason == FailureReason.NONZERO_EXIT.value
+        and " at " in cause
+        and ":" not in (cause.split(" at ", 1)[0])
+    ):
+        return JOB
+    return RUN
+
+
+def infrastructure_backoff(failures: int, base: float = INFRASTRUCTURE_BACKOFF_S) -> float:
+    """Seconds before the retry after the ``failures``-th infrastructure failure."""
+    if failures <= 1 or base <= 0:
+        return 0.0
+    return float(min(base * 2.0 ** (failures - 2), INFRASTRUCTURE_BACKOFF_MAX_S))
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """A job's overrides (``--retry-on`` / ``--no-retry-on``)."""
+
+    retry_on: frozenset[str] = frozenset()
+    no_retry_on: frozenset[str] = frozenset()
+
+    def names(self, outcome: Outcome, failure_class: str) -> set[str]:
+        return {n for n in (outcome.reason, outcome.cause, failure_class) if n}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What an attempt's end does to its job."""
+
+    status: str
+    attempts: int
+    infrastructure_failures: int
+    counted: bool
+    failure_class: str | None
+    cause: str | None
+    #: Seconds before the job may run again (a backoff), or 0.
+    retry_in: float
+    note: str | None
+
+
+def decide(
+    outcome: Outcome,
+    *,
+    attempts: int,
+    max_attempts: int,
+    cancel_requested: bool,
+    infrastructure_failures: int,
+    previous_causes: Mapping[str, int],
+    policy: RetryPolicy,
+    backoff: float = 0.0,
+) -> Decision:
+    """The job's next status after an attempt ended with ``outcome``.
+
+    ``previous_causes``: the causes of the job's earlier counted failures, each with the
+    attempt it was seen in.  ``backoff``: :data:`INFRASTRUCTURE_BACKOFF_S` or a worker's own.
+    """
+    if outcome.status != FAILED:
+        status, _ = attempt_outcome(outcome, attempts, max_attempts, cancel_requested)
+        return Decision(status, attempts, infrastructure_failures, False, None, None, 0.0, None)
+
+    failure_class = classify(outcome)
+    cause = outcome.cause or outcome.reason
+    names = policy.names(outcome, failure_class)
+    label = f"{failure_class} failure ({_words(outcome.reason, cause)})"
+
+    def done(
+        status: str, counted: bool, note: str, used: int, infra: int, retry_in: float = 0.0
+    ) -> Decision:
+        return Decision(status, used, infra, counted, failure_class, cause, retry_in, note)
+
+    if cancel_requested:
+        return done(CANCELLED, False, f"{label}; cancel requested: not retried", attempts,
+                    infrastructure_failures)  # fmt: skip
+    refused = sorted(names & policy.no_retry_on)
+    if refused:
+        used = attempts + (failure_class != INFRASTRUCTURE)
+        return done(FAILED, failure_class != INFRASTRUCTURE,
+                    f"{label}; not retried: the job says --no-retry-on {','.join(refused)}",
+                    used, infrastructure_failures)  # fmt: skip
+
+    if failure_class == INFRASTRUCTURE:
+        infra = infrastructure_failures + 1
+        if infra > MAX_INFRASTRUCTURE_RETRIES:
+            return done(FAILED, False,
+                        f"{label}; not retried: {infra} infrastructure failures, more than the "
+                        f"limit of {MAX_INFRASTRUCTURE_RETRIES}", attempts, infra)  # fmt: skip
+        wait = infrastructure_backoff(infra, backoff)
+        when = f"retrying in {wait:g}s" if wait else "retrying now"
+        return done(QUEUED, False,
+                    f"{label}: not counted against --max-attempts ({attempts}/{max_attempts} "
+                    f"used; infrastructure retry {infra} of {MAX_INFRASTRUCTURE_RETRIES}); "
+                    f"{when}, preferably on another GPU", attempts, infra, wait)  # fmt: skip
+
+    used = attempts + 1
+    forced = sorted(names & policy.retry_on)
+    if failure_class == JOB and cause is not None and cause in previous_causes and not forced:
+        return done(FAILED, True,
+                    f"{label}; not retried: the same cause ({cause}) as attempt "
+                    f"{previous_causes[cause]}, a deterministic failure (--retry-on "
+                    f"{outcome.reason} overrides)", used, infrastructure_failures)  # fmt: skip
+    if used >= max_attempts:
+        return done(FAILED, True, f"{label}: counted, {used}/{max_attempts} attempts used; "
+                    "no attempts left", used, infrastructure_failures)  # fmt: skip
+    why = f" (--retry-on {','.join(forced)})" if forced else ""
+    return done(QUEUED, True, f"{label}: counted, {used}/{max_attempts} attempts used; "
+                f"retrying{why}", used, infrastructure_failures)  # fmt: skip
+
+
+def _words(reason: str | None, cause: str | None) -> str:
+    if cause and reason and cause != reason:
+        return f"{reason}: {cause}"
+    return reason or cause or "unknown"

@@ -1,0 +1,603 @@
+"""Sweeps and retries in the store: what a job waits for (``--after``, ``--not-before``, a
+retry's backoff, ``--gpus N``), arrays, the retry decision of each attempt, and the GPUs a
+fault took out of service.  One implementation for both backends.
+
+It keeps its own tables beside the queue's (``job_plans``, ``job_deps``, ``attempt_causes``,
+``worker_gpus``, ``gpu_faults``), created when missing each time a store opens, so the
+queue's numbered schema is left alone.  Its SQL is written once with ``?`` placeholders;
+:class:`Sql` turns them into the backend's and carries the transaction's time (the
+database's own ``now()`` on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import ValidationError
+from ._models import QUEUED, Job, JobNotFoundError, QueueError, Submission
+from ._retry import DEPENDENCY_FAILED, Decision, RetryPolicy, check_retry_names, decide
+from ._status import CANCELLED, FAILED, Outcome
+
+#: The tables, each created when missing (the same text runs on SQLite and PostgreSQL).
+EXTENSION_DDL: tuple[str, ...] = (
+    """
+    CREATE TABLE IF NOT EXISTS job_plans (
+        job_id BIGINT PRIMARY KEY REFERENCES jobs (id),
+        array_id BIGINT,
+        array_index BIGINT,
+        not_before DOUBLE PRECISION,
+        gpus INTEGER CHECK (gpus IS NULL OR gpus >= 1),
+        retry_on TEXT,
+        no_retry_on TEXT,
+        infra_failures INTEGER NOT NULL DEFAULT 0,
+        retry_at DOUBLE PRECISION,
+        avoid TEXT
+    )
+    """,
+    "CREATE INDEX IF NOT EXISTS job_plans_by_array ON job_plans (array_id)",
+    """
+    CREATE TABLE IF NOT EXISTS job_deps (
+        job_id BIGINT NOT NULL REFERENCES jobs (id),
+        after_id BIGINT NOT NULL REFERENCES jobs (id),
+        PRIMARY KEY (job_id, after_id)
+    )
+    """,
+    "CREATE INDEX IF NOT EXISTS job_deps_by_after ON job_deps (after_id)",
+    """
+    CREATE TABLE IF NOT EXISTS attempt_causes (
+        job_id BIGINT NOT NULL,
+        attempt INTEGER NOT NULL,
+        gpus TEXT,
+        failure_class TEXT,
+        cause TEXT,
+        counted INTEGER,
+        PRIMARY KEY (job_id, attempt)
+    )
+    """,
+    "CREATE TABLE IF NOT EXISTS worker_gpus (name TEXT PRIMARY KEY, gpus TEXT NOT NULL)",
+    """
+    CREATE TABLE IF NOT EXISTS gpu_faults (
+        host TEXT NOT NULL,
+        gpu TEXT NOT NULL,
+        worker TEXT,
+        job_id BIGINT,
+        attempt INTEGER,
+        at DOUBLE PRECISION NOT NULL,
+        detail TEXT,
+        PRIMARY KEY (host, gpu)
+    )
+    """,
+)
+#: The table created last: present means every one is.
+LAST_TABLE = "gpu_faults"
+#: Largest array (``--array START-END[:STEP]``) one submission may make.
+MAX_ARRAY_JOBS = 10_000
+#: How long a retried job waits for a worker with a GPU other than the one it failed on,
+#: before any worker takes it (seconds after its retry became due).
+PREFER_OTHER_GPU_S = 30.0
+
+
+class Sql:
+    """One transaction's connection, for SQL written with ``?`` placeholders.  ``for_share``
+    ends a SELECT whose rows must not change before the transaction ends (PostgreSQL's
+    ``FOR SHARE``; SQLite's ``BEGIN IMMEDIATE`` already holds the whole database)."""
+
+    def __init__(self, conn: Any, placeholder: str, now: float, for_share: str = "") -> None:
+        self.conn = conn
+        self.placeholder = placeholder
+        self.now = now
+        self.for_share = for_share
+
+    def __call__(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if self.placeholder != "?":
+            sql = sql.replace("?", self.placeholder)
+        return self.conn.execute(sql, tuple(params))
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a job waits for and how its failures are retried (all optional)."""
+
+    after: tuple[int, ...] = ()
+    #: Not before this time (the queue's clock, epoch seconds).
+    not_before: float | None = None
+    #: GPUs the job needs on one worker; None: all the worker's (the behaviour before
+    #: ``--gpus``).
+    gpus: int | None = None
+    retry_on: frozenset[str] = frozenset()
+    no_retry_on: frozenset[str] = frozenset()
+    array_id: int | None = None
+    array_index: int | None = None
+    infra_failures: int = 0
+    retry_at: float | None = None
+    #: GPUs (``host:gpu``) the job failed on for the infrastructure: a retry prefers others.
+    avoid: tuple[str, ...] = ()
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(self.retry_on, self.no_retry_on)
+
+    def is_plain(self) -> bool:
+        return self == Plan()
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptCause:
+    """How the retry rules judged one attempt (``job N``), and the GPUs it ran on."""
+
+    gpus: tuple[str, ...] = ()
+    failure_class: str | None = None
+    cause: str | None = None
+    counted: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFault:
+    """A GPU taken out of service on a host until an operator clears it."""
+
+    host: str
+    gpu: str
+    worker: str | None
+    job_id: int | None
+    attempt: int | None
+    at: float
+    detail: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOffer:
+    """What a claiming worker can give a job: how many of its healthy GPUs are free, and
+    whether all of them are (a job without ``--gpus`` takes them all)."""
+
+    free: int = 0
+    all_free: bool = True
+    #: The free GPUs as ``host:gpu``: a retry waits a little for a worker whose free GPUs are
+    #: not the ones it failed on.
+    names: tuple[str, ...] = field(default=())
+
+
+def parse_array(text: str) -> range:
+    """``START-END[:STEP]`` (both ends included) as a range; a clear error otherwise."""
+    spec, _, step_text = text.partition(":")
+    start_text, dash, end_text = spec.partition("-")
+    try:
+        start, end = int(start_text), int(end_text)
+        step = int(step_text) if step_text else 1
+    except ValueError:
+        raise ValidationError(
+            f"--array {text!r}: expected START-END[:STEP], such as 0-3 or 0-10:2"
+        ) from None
+    if not dash or start < 0 or end < start or step < 1:
+        raise ValidationError(
+            f"--array {text!r}: expected START-END[:STEP] with 0 <= START <= END and STEP >= 1"
+        )
+    indices = range(start, end + 1, step)
+    if len(indices) > MAX_ARRAY_JOBS:
+        raise ValidationError(f"--array {text!r}: at most {MAX_ARRAY_JOBS} jobs in one array")
+    return indices
+
+
+def substitute_index(argv: Sequence[str], index: int) -> list[str]:
+    """``%a`` in an array job's command is its index (``%%`` is a literal ``%``)."""
+    return [arg.replace("%%", "\0").replace("%a", str(index)).replace("\0", "%") for arg in argv]
+
+
+def check_plan(
+    *,
+    after: Sequence[int] = (),
+    not_before: float | None = None,
+    gpus: int | None = None,
+    retry_on: Sequence[str] = (),
+    no_retry_on: Sequence[str] = (),
+) -> Plan:
+    """A submission's sweep options, checked (a clear ``ValidationError``)."""
+    for job_id in after:
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+            raise ValidationError(f"--after: {job_id!r} is not a job id")
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise ValidationError("--gpus: the number of GPUs must be an integer >= 1")
+    if not_before is not None and not isinstance(not_before, int | float):
+        raise ValidationError("--not-before must be a time")
+    both = set(retry_on) & set(no_retry_on)
+    if both:
+        raise ValidationError(f"--retry-on and --no-retry-on both name {', '.join(sorted(both))}")
+    return Plan(
+        after=tuple(sorted(set(after))),
+        not_before=None if not_before is None else float(not_before),
+        gpus=gpus,
+        retry_on=frozenset(check_retry_names("--retry-on", retry_on)),
+        no_retry_on=frozenset(check_retry_names("--no-retry-on", no_retry_on)),
+    )
+
+
+def _names(value: str | None) -> list[Any]:
+    loaded = json.loads(value) if value else []
+    return loaded if isinstance(loaded, list) else []
+
+
+_PLAN_COLUMNS = (
+    "job_id, array_id, array_index, not_before, gpus, retry_on, no_retry_on, infra_failures, "
+    "retry_at, avoid"
+)
+
+
+def _plan_from_row(row: Sequence[Any], after: Sequence[int]) -> Plan:
+    return Plan(
+        after=tuple(sorted(after)),
+        array_id=row[1],
+        array_index=row[2],
+        not_before=row[3],
+        gpus=row[4],
+        retry_on=frozenset(_names(row[5])),
+        no_retry_on=frozenset(_names(row[6])),
+        infra_failures=int(row[7] or 0),
+        retry_at=row[8],
+        avoid=tuple(_names(row[9])),
+    )
+
+
+def claim_filter(offer: GpuOffer, now: float) -> tuple[str, list[Any]]:
+    """The condition (``?`` placeholders, on the ``jobs`` row) a claimable job meets: its
+    ``--after`` jobs succeeded, its time came, its retry's backoff passed, its GPUs fit."""
+    sql = (
+        " AND NOT EXISTS (SELECT 1 FROM job_deps AS d JOIN jobs AS dep ON dep.id = d.after_id "
+        "WHERE d.job_id = jobs.id AND dep.status <> 'succeeded')"
+        " AND NOT EXISTS (SELECT 1 FROM job_plans AS p WHERE p.job_id = jobs.id AND ("
+        "p.not_before > ? OR p.retry_at > ? OR (p.gpus IS NOT NULL AND p.gpus > ?)))"
+        " AND (? = 1 OR EXISTS (SELECT 1 FROM job_plans AS p WHERE p.job_id = jobs.id "
+        "AND p.gpus IS NOT NULL))"
+    )
+    params: list[Any] = [now, now, offer.free, 1 if offer.all_free else 0]
+    # A retry after an infrastructure failure waits PREFER_OTHER_GPU_S for a worker with other
+    # GPUs free; workers with only the GPUs it failed on leave it meanwhile.
+    if offer.names:
+        sql += (
+            " AND NOT EXISTS (SELECT 1 FROM job_plans AS p WHERE p.job_id = jobs.id "
+            "AND p.avoid IS NOT NULL AND p.retry_at IS NOT NULL AND p.retry_at > ?"
+            + "".join(" AND p.avoid LIKE ?" for _ in offer.names)
+            + ")"
+        )
+        params.append(now - PREFER_OTHER_GPU_S)
+        params.extend(f'%"{name}"%' for name in offer.names)
+    return sql, params
+
+
+def pick_gpus(need: int | None, free: Sequence[str], avoid: Sequence[str], host: str) -> list[str]:
+    """The GPUs a claimed job gets: ``need`` of ``free`` (all of them when None), those it
+    did not fail on first."""
+    if need is None:
+        return list(free)
+    avoided = set(avoid)
+    ranked = sorted(free, key=lambda gpu: f"{host}:{gpu}" in avoided)
+    return sorted(ranked[:need], key=list(free).index)
+
+
+class SweepStore(abc.ABC):
+    """The store's sweep and retry side (mixed into :class:`~._store.JobStore`)."""
+
+    # --- what a backend provides ----------------------------------------------------------
+
+    @abc.abstractmethod
+    def _transaction(self) -> contextlib.AbstractContextManager[Sql]:
+        """One write transaction, as :class:`Sql`."""
+
+    @abc.abstractmethod
+    def _reading(self) -> contextlib.AbstractContextManager[Sql]:
+        """The connection for reads, outside any write transaction (``now`` unused)."""
+
+    @abc.abstractmethod
+    def _insert_row(self, sql: Sql, job: Submission) -> int:
+        """Insert one checked job as ``queued`` inside ``sql``'s transaction; its id."""
+
+    @abc.abstractmethod
+    def _submitted(self, sql: Sql, job_ids: Sequence[int]) -> None:
+        """Wake idle workers for new jobs (inside the transaction), where the backend can."""
+
+    def _after_submit(self) -> None:  # noqa: B027 (a hook most backends leave empty)
+        """After a submission's transaction committed: a wake-up that must follow it."""
+
+    def _ensure_extension(self, sql: Sql) -> None:
+        for statement in EXTENSION_DDL:
+            sql(statement)
+
+    # --- submitting ------------------------------------------------------------------------
+
+    def _insert_planned(self, job: Submission, plan: Plan, array: range | None) -> int:
+        """Insert a job (or an array of jobs) with its plan in one transaction; the first id.
+
+        An ``--after`` job that does not exist, or that failed or was cancelled, is refused:
+        nothing is inserted."""
+        with self._transaction() as sql:
+            for after_id in plan.after:
+                # Held until the dependents are in: a job failing meanwhile waits, then
+                # cancels them (its finish reads them after this commits).
+                row = sql(
+                    f"SELECT status FROM jobs WHERE id = ?{sql.for_share}", (after_id,)
+                ).fetchone()
+                if row is None:
+                    raise JobNotFoundError(after_id)
+                if row[0] in (FAILED, CANCELLED):
+                    raise ValidationError(
+                        f"--after {after_id}: job {after_id} is {row[0]}, so this job would "
+                        f"never run (requeue job {after_id} first)"
+                    )
+            ids: list[int] = []
+            for index in array if array is not None else [None]:
+                member = job
+                if index is not None:
+                    member = _array_member(job, index)
+                job_id = self._insert_row(sql, member)
+                ids.append(job_id)
+                sql(
+                    f"INSERT INTO job_plans ({_PLAN_COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, 0, NULL, NULL)",
+                    (
+                        job_id,
+                        None if index is None else ids[0],
+                        index,
+                        plan.not_before,
+                        plan.gpus,
+                        json.dumps(sorted(plan.retry_on)) if plan.retry_on else None,
+                        json.dumps(sorted(plan.no_retry_on)) if plan.no_retry_on else None,
+                    ),
+                )
+                for after_id in plan.after:
+                    sql("INSERT INTO job_deps (job_id, after_id) VALUES (?, ?)", (job_id, after_id))
+            self._submitted(sql, ids)
+        self._after_submit()
+        return ids[0]
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def plans(self, job_ids: Sequence[int] | None = None) -> dict[int, Plan]:
+        """The plans of these jobs (every job that has one when None); a job without one
+        (submitted plain) is absent."""
+        with self._reading() as sql:
+            rows = sql(f"SELECT {_PLAN_COLUMNS} FROM job_plans").fetchall()
+            deps: dict[int, list[int]] = {}
+            for job_id, after_id in sql("SELECT job_id, after_id FROM job_deps").fetchall():
+                deps.setdefault(int(job_id), []).append(int(after_id))
+        wanted = None if job_ids is None else set(job_ids)
+        return {
+            int(row[0]): _plan_from_row(row, deps.get(int(row[0]), ()))
+            for row in rows
+            if wanted is None or int(row[0]) in wanted
+        }
+
+    def plan(self, job_id: int) -> Plan:
+        """One job's plan (an empty one for a job submitted plain)."""
+        return self.plans([job_id]).get(job_id, Plan())
+
+    def array_members(self, array_id: int) -> list[int]:
+        """The jobs of an array, by index; [] when ``array_id`` is not an array's."""
+        with self._reading() as sql:
+            rows = sql(
+                "SELECT job_id FROM job_plans WHERE array_id = ? ORDER BY array_index",
+                (array_id,),
+            ).fetchall()
+        return [int(row[0]) for row in rows]
+
+    def attempt_causes(self, job_id: int) -> dict[int, AttemptCause]:
+        """How each attempt of a job was judged, by attempt number."""
+        with self._reading() as sql:
+            rows = sql(
+                "SELECT attempt, gpus, failure_class, cause, counted FROM attempt_causes "
+                "WHERE job_id = ?",
+                (job_id,),
+            ).fetchall()
+        return {
+            int(r[0]): AttemptCause(
+                tuple(_names(r[1])), r[2], r[3], None if r[4] is None else bool(r[4])
+            )
+            for r in rows
+        }
+
+    # --- GPUs --------------------------------------------------------------------------------
+
+    def set_worker_gpus(self, name: str, gpus: Sequence[str]) -> None:
+        """Record the GPUs a worker owns (shown by ``workers``)."""
+        with self._transaction() as sql:
+            sql("DELETE FROM worker_gpus WHERE name = ?", (name,))
+            if gpus:
+                sql(
+                    "INSERT INTO worker_gpus (name, gpus) VALUES (?, ?)",
+                    (name, json.dumps(list(gpus))),
+                )
+
+    def worker_gpus(self) -> dict[str, list[str]]:
+        with self._reading() as sql:
+            rows = sql("SELECT name, gpus FROM worker_gpus").fetchall()
+        return {str(name): [str(g) for g in _names(gpus)] for name, gpus in rows}
+
+    def record_attempt_gpus(self, job_id: int, attempt: int, gpus: Sequence[str]) -> None:
+        """The GPUs an attempt runs on (an infrastructure retry prefers others)."""
+        with self._transaction() as sql:
+            sql(
+                "INSERT INTO attempt_causes (job_id, attempt, gpus) VALUES (?, ?, ?) "
+                "ON CONFLICT (job_id, attempt) DO UPDATE SET gpus = excluded.gpus",
+                (job_id, attempt, json.dumps(list(gpus))),
+            )
+
+    def record_gpu_fault(
+        self,
+        host: str,
+        gpus: Sequence[str],
+        *,
+        worker: str | None,
+        job_id: int | None,
+        attempt: int | None,
+        detail: str | None,
+    ) -> None:
+        """Take ``gpus`` of ``host`` out of service until :meth:`clear_gpu_faults`."""
+        with self._transaction() as sql:
+            for gpu in gpus:
+                sql(
+                    "INSERT INTO gpu_faults (host, gpu, worker, job_id, attempt, at, detail) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (host, gpu) DO UPDATE SET "
+                    "worker = excluded.worker, job_id = excluded.job_id, "
+                    "attempt = excluded.attempt, at = excluded.at, detail = excluded.detail",
+                    (host, gpu, worker, job_id, attempt, sql.now, detail),
+                )
+
+    def gpu_faults(self, host: str | None = None) -> list[GpuFault]:
+        """GPUs out of service (on ``host``, or everywhere), by host and GPU."""
+        with self._reading() as sql:
+            query = "SELECT host, gpu, worker, job_id, attempt, at, detail FROM gpu_faults"
+            if host is None:
+                rows = sql(f"{query} ORDER BY host, gpu").fetchall()
+            else:
+                rows = sql(f"{query} WHERE host = ? ORDER BY gpu", (host,)).fetchall()
+        return [GpuFault(*row) for row in rows]
+
+    def clear_gpu_faults(self, host: str, gpus: Sequence[str] | None = None) -> list[GpuFault]:
+        """Put ``gpus`` of ``host`` (all of its faulted ones when None) back in service;
+        returns the faults cleared."""
+        cleared = [f for f in self.gpu_faults(host) if gpus is None or f.gpu in gpus]
+        with self._transaction() as sql:
+            for fault in cleared:
+                sql("DELETE FROM gpu_faults WHERE host = ? AND gpu = ?", (host, fault.gpu))
+        return cleared
+
+    def _requeued(self, sql: Sql, job_id: int) -> None:
+        """Inside a backend's requeue: refuse a job whose ``--after`` job did not succeed
+        (it would wait for ever), and give the job a fresh infrastructure budget."""
+        row = sql(
+            "SELECT d.after_id, j.status FROM job_deps AS d JOIN jobs AS j ON j.id = d.after_id "
+            "WHERE d.job_id = ? AND j.status IN ('failed', 'cancelled') ORDER BY d.after_id",
+            (job_id,),
+        ).fetchone()
+        if row is not None:
+            raise QueueError(
+                f"job {job_id} runs --after job {row[0]}, which is {row[1]}: requeue job "
+                f"{row[0]} first"
+            )
+        sql(
+            "UPDATE job_plans SET infra_failures = 0, retry_at = NULL, avoid = NULL "
+            "WHERE job_id = ?",
+            (job_id,),
+        )
+
+    # --- the retry decision, inside a backend's finish ---------------------------------------
+
+    def _decide(
+        self,
+        sql: Sql,
+        job_id: int,
+        attempt: int,
+        outcome: Outcome,
+        attempts: int,
+        max_attempts: int,
+        cancel_requested: bool,
+        backoff: float,
+    ) -> Decision:
+        row = sql(f"SELECT {_PLAN_COLUMNS} FROM job_plans WHERE job_id = ?", (job_id,)).fetchone()
+        plan = Plan() if row is None else _plan_from_row(row, ())
+        previous = {
+            str(cause): int(number)
+            for number, cause in sql(
+                "SELECT attempt, cause FROM attempt_causes WHERE job_id = ? AND attempt < ? "
+                "AND counted = 1 AND failure_class = 'job' ORDER BY attempt DESC",
+                (job_id, attempt),
+            ).fetchall()
+            if cause is not None
+        }
+        return decide(
+            outcome,
+            attempts=attempts,
+            max_attempts=max_attempts,
+            cancel_requested=cancel_requested,
+            infrastructure_failures=plan.infra_failures,
+            previous_causes=previous,
+            policy=plan.policy,
+            backoff=backoff,
+        )
+
+    def _record_decision(
+        self, sql: Sql, job_id: int, attempt: int, decision: Decision, host: str | None
+    ) -> None:
+        """Write what ``_decide`` decided: the attempt's class and cause, the job's retry
+        state, and the cancellation of the jobs that waited for a job that will not succeed."""
+        if decision.failure_class is not None:
+            sql(
+                "INSERT INTO attempt_causes (job_id, attempt, failure_class, cause, counted) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt) DO UPDATE SET "
+                "failure_class = excluded.failure_class, cause = excluded.cause, "
+                "counted = excluded.counted",
+                (job_id, attempt, decision.failure_class, decision.cause, int(decision.counted)),
+            )
+        if decision.failure_class == "infrastructure":
+            gpus_row = sql(
+                "SELECT gpus FROM attempt_causes WHERE job_id = ? AND attempt = ?",
+                (job_id, attempt),
+            ).fetchone()
+            avoid = [f"{host}:{gpu}" for gpu in _names(gpus_row[0] if gpus_row else None)]
+            sql(
+                "INSERT INTO job_plans (job_id, infra_failures, retry_at, avoid) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (job_id) DO UPDATE SET "
+                "infra_failures = excluded.infra_failures, retry_at = excluded.retry_at, "
+                "avoid = excluded.avoid",
+                (
+                    job_id,
+                    decision.infrastructure_failures,
+                    sql.now + decision.retry_in,
+                    json.dumps(avoid) if avoid else None,
+                ),
+            )
+        if decision.status in (FAILED, CANCELLED):
+            self._cancel_dependents(sql, job_id, decision.status)
+
+    def _cancel_dependents(self, sql: Sql, job_id: int, status: str) -> None:
+        """Cancel the queued jobs that run ``--after`` ``job_id`` (which ended ``status``),
+        and theirs in turn."""
+        pending = [(job_id, status)]
+        while pending:
+            ended, how = pending.pop()
+            rows = sql(
+                "SELECT d.job_id FROM job_deps AS d JOIN jobs AS j ON j.id = d.job_id "
+                "WHERE d.after_id = ? AND j.status = ? ORDER BY d.job_id",
+                (ended, QUEUED),
+            ).fetchall()
+            for (dependent,) in rows:
+                sql(
+                    "UPDATE jobs SET status = 'cancelled', finished_at = ?, reason = ?, "
+                    "error = ? WHERE id = ? AND status = 'queued'",
+                    (
+                        sql.now,
+                        DEPENDENCY_FAILED,
+                        f"job {ended} {how}: this job ran --after it",
+                        dependent,
+                    ),
+                )
+                pending.append((int(dependent), CANCELLED))
+
+
+def _array_member(job: Submission, index: int) -> Submission:
+    from dataclasses import replace
+
+    return replace(
+        job,
+        argv=None if job.argv is None else substitute_index(job.argv, index),
+        env={**job.env, "ASYNCSOAK_ARRAY_INDEX": str(index)},
+    )
+
+
+def plan_note(plan: Plan, jobs_by_id: Mapping[int, Job], now: float) -> str:
+    """What a queued job waits for, in words (``jobs``' note): "" when nothing."""
+    waits = []
+    pending = [a for a in plan.after if a not in jobs_by_id or jobs_by_id[a].status != "succeeded"]
+    if pending:
+        waits.append("after " + ",".join(str(a) for a in pending))
+    if plan.not_before is not None and plan.not_before > now:
+        waits.append(f"not before {plan.not_before - now:.0f}s from now")
+    if plan.retry_at is not None and plan.retry_at > now:
+        waits.append(f"retry backoff {plan.retry_at - now:.0f}s")
+    note = f"waits: {', '.join(waits)}" if waits else ""
+    if plan.gpus is not None:
+        needs = f"needs {plan.gpus} GPU{'s' if plan.gpus != 1 else ''}"
+        note = f"{note}; {needs}" if note else needs
+    return note
