@@ -614,7 +614,9 @@ def format_summary(
         # The log's tail gives way first when the rest is long: the summary is one screen
         # (SCREEN_LINES), and the newest lines are the ones that explain the end.
         closing = 2 if artifact_path else 0
-        room = SCREEN_LINES - len(lines) - 2 - closing
+        # Some entries hold several lines (the GPU table): count what will be printed.
+        used = sum(entry.count("\n") + 1 for entry in lines)
+        room = SCREEN_LINES - used - 2 - closing
         tail = log["last_lines"][-max(room, MIN_LOG_LINES) :]
         lines.append("")
         lines.append(f"Last log lines ({log.get('path')}):")

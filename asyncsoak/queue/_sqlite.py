@@ -35,6 +35,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from .._blocking import BlockingCallTimeout, run_blocking
 from ._models import (
     ATTEMPT_COLUMNS,
     BUSY_TIMEOUT_SECONDS,
@@ -66,6 +67,8 @@ _log = logging.getLogger("asyncsoak.queue")
 
 #: ``PRAGMA application_id`` of a queue database ("asok").
 APPLICATION_ID = 0x61736F6B
+#: How long touching and watching the wake-up file may take before the worker polls instead.
+WATCH_SETUP_TIMEOUT_S = 5.0
 #: Beside ``queue.db``, the file whose touch wakes its idle workers: ``queue.db-wake``.
 WAKE_SUFFIX = "-wake"
 MOUNTINFO = Path("/proc/self/mountinfo")
@@ -726,8 +729,22 @@ class SqliteStore(JobStore):
             task_status.started()
             return
         try:
-            await anyio.to_thread.run_sync(self._wake_workers)
-            if not await anyio.to_thread.run_sync(watcher.watch_file, self.wake_path):
+            try:
+                # The file must exist to be watched; both calls touch the filesystem, so
+                # they run in asyncsoak's threads under a deadline (a hung disk costs only
+                # promptness: the poll finds the jobs).
+                await run_blocking(
+                    self._wake_workers, timeout=WATCH_SETUP_TIMEOUT_S, what="touch wake-up file"
+                )
+                watched = await run_blocking(
+                    watcher.watch_file,
+                    self.wake_path,
+                    timeout=WATCH_SETUP_TIMEOUT_S,
+                    what="watch wake-up file",
+                )
+            except BlockingCallTimeout:
+                watched = False
+            if not watched:
                 _log.info(
                     "queue database %s: cannot watch %s; new jobs found by polling",
                     self.location,
