@@ -57,6 +57,7 @@ from ._gpu_health import (
     MalformedXidError,
     VisibleDevices,
     lost_gpu_line,
+    outside_tree,
     parse_xid,
 )
 from ._nvidia_smi import (
@@ -358,6 +359,7 @@ class _GpuSampler:
         self._loop_ends = 0
         self._noted: set[str] = set()
         self._ecc = EccWatch()
+        self._other_work_pids: set[int] = set()
         self._health = health if health is not None else GpuHealthWatch(VisibleDevices.parse(None))
         self._on_fault = on_fault
         self.kernel_log: KernelLogFollower | None = None
@@ -646,6 +648,8 @@ class _GpuSampler:
                 replace(p, in_tree=p.pid in tree, gpu_index=index_of.get(p.gpu_uuid))
                 for p in processes
             ]
+            if tree and self._health.counts_other_work:
+                self._health.others_on(self._other_work_gpus(processes, tree))
         await self._recovered()
         await self._note_readings(readings, processes)
         self._health.tree_on(
@@ -654,6 +658,29 @@ class _GpuSampler:
         t = self._sink.elapsed()
         self._sink.offer(GpuSample(t=t, gpus=readings, processes=processes, source=source))
         await self._report(self._health.readings(t, readings))
+
+    def _other_work_gpus(self, processes: list[GpuProcess], tree: set[int]) -> set[int]:
+        """The GPUs on which every listed process is proven other work's (see
+        ``_gpu_health``)."""
+        others: set[int] = set()
+        ours_or_unknown: set[int] = set()
+        for process in processes:
+            if process.gpu_index is None:
+                continue
+            if not process.in_tree and self._other_work(process.pid, tree):
+                others.add(process.gpu_index)
+            else:
+                ours_or_unknown.add(process.gpu_index)
+        return others - ours_or_unknown
+
+    def _other_work(self, pid: int, tree: set[int]) -> bool:
+        if pid in self._other_work_pids:
+            return True
+        if outside_tree(pid, tree):
+            # Kept: a pid proven another's stays so (the tree's own are in ``tree`` first).
+            self._other_work_pids.add(pid)
+            return True
+        return False
 
     async def _note_readings(
         self, readings: list[GpuReading], processes: list[GpuProcess] | None
