@@ -18,6 +18,8 @@ Settings (environment):
 - ``FAKE_SMI_PID`` / ``FAKE_SMI_PID2``: pids put in place of the captured ones (886, or 417
   and 447 in ``two`` mode).
 - ``FAKE_SMI_GPUS``: how many GPUs to report (the captured row, renumbered).
+- ``FAKE_SMI_ROW_STAMPS``: set, each GPU row of a loop iteration has its own timestamp, a
+  millisecond after the row before it (rows read one by one on a slow bus).
 - ``FAKE_SMI_HANG_AFTER``: in ``hang`` mode, lines each process prints before hanging.
 - ``FAKE_SMI_LOOP_ITERATIONS``: a ``-lms`` loop prints this many iterations, then exits.
 - ``FAKE_SMI_REJECT``: comma-separated fields to reject as an older driver would.
@@ -314,7 +316,12 @@ class Fake:
             last_ms = now_ms
             stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now_ms / 1000))
             stamp += f".{now_ms % 1000:03d}"
-            for row in iterations[count % len(iterations)]:
+            for number, row in enumerate(iterations[count % len(iterations)]):
+                if number and os.environ.get("FAKE_SMI_ROW_STAMPS"):
+                    # Each row stamped as it is read, a millisecond apart.
+                    last_ms += 1
+                    stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(last_ms / 1000))
+                    stamp += f".{last_ms % 1000:03d}"
                 memory = ("memory.used", "memory.free") if gpu else ("used_gpu_memory",)
                 row = self.grown(row, memory)
                 if self.mode == "garbage":

@@ -228,6 +228,24 @@ async def test_bad_and_foreign_xid_lines_fail_nothing(tmp_path: Path) -> None:
     assert any(n.startswith("unreadable Xid record") for n in notes), notes
 
 
+@pytest.mark.asyncio
+async def test_rows_of_one_loop_iteration_stamped_apart_lose_no_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvidia-smi's loop stamping each GPU's row as it reads it (a millisecond apart): every
+    iteration is still whole, no GPU is called lost and the soak passes."""
+    monkeypatch.setenv("FAKE_SMI_ROW_STAMPS", "1")
+    smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", gpus=3)
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=soak_command(tmp_path, [f"{tmp_path / 'noop.txt'} -"], steps=30),
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2"},
+            **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)),
+        )
+    assert artifact["status"] == "passed", artifact["failures"]
+    assert not [w for w in artifact["warnings"] if "lost" in w], artifact["warnings"]
+
+
 def pid_not_here() -> int:
     """A pid no process of this PID namespace has (as a container sees the host's pids)."""
     return next(p for p in range(4_000_000, 4_100_000) if not Path(f"/proc/{p}").exists())

@@ -71,6 +71,7 @@ from ._nvidia_smi import (
     SmiParseError,
     data_lines,
     is_error_value,
+    line_gpu_index,
     line_timestamp,
     needs_attention,
     no_devices,
@@ -560,7 +561,7 @@ class _GpuSampler:
             if not line.strip():
                 continue
             group = reader.group
-            if group and line_timestamp(line) != line_timestamp(group[0]):
+            if group and self._starts_iteration(line, group[-1]):
                 await self._gpu_iteration(group)
                 group = reader.group = []
             group.append(line)
@@ -568,6 +569,17 @@ class _GpuSampler:
                 await self._gpu_iteration(group)
                 reader.group = []
         return bool(lines)
+
+    def _starts_iteration(self, line: str, previous: str) -> bool:
+        """Whether a GPU row begins the loop's next iteration.  nvidia-smi lists the GPUs in
+        index order, and may stamp each row as it reads it (the stamps of one iteration then
+        differ by a millisecond or so): a row whose index is not above the previous row's
+        begins one.  Rows whose index cannot be read are told apart by their stamps."""
+        fields = self._fields[GPU_QUERY]
+        index, before = line_gpu_index(line, fields), line_gpu_index(previous, fields)
+        if index is None or before is None:
+            return line_timestamp(line) != line_timestamp(previous)
+        return index <= before
 
     async def _take_apps(self, reader: _LineReader) -> _LoopEnd | None:
         """The process loop's lines since the previous tick; its end, if it ended.
