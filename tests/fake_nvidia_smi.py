@@ -18,6 +18,8 @@ Settings (environment):
 - ``FAKE_SMI_PID`` / ``FAKE_SMI_PID2``: pids put in place of the captured ones (886, or 417
   and 447 in ``two`` mode).
 - ``FAKE_SMI_GPUS``: how many GPUs to report (the captured row, renumbered).
+- ``FAKE_SMI_TRUNCATE_ROW``: set, every second loop iteration prints the rows after the
+  first GPU's without their last field (rows that cannot be parsed).
 - ``FAKE_SMI_ROW_STAMPS``: set, each GPU row of a loop iteration has its own timestamp, a
   millisecond after the row before it (rows read one by one on a slow bus).
 - ``FAKE_SMI_HANG_AFTER``: in ``hang`` mode, lines each process prints before hanging.
@@ -337,6 +339,8 @@ class Fake:
                     if "nounits" not in options and field in unit and not value.startswith("["):
                         value = f"{value} {unit[field]}"
                     values.append(value)
+                if gpu and number and count % 2 and os.environ.get("FAKE_SMI_TRUNCATE_ROW"):
+                    values.pop()
                 self.emit(SEPARATOR.join(values))
             sys.stdout.flush()
             count += 1

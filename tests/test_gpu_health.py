@@ -246,6 +246,26 @@ async def test_rows_of_one_loop_iteration_stamped_apart_lose_no_gpu(
     assert not [w for w in artifact["warnings"] if "lost" in w], artifact["warnings"]
 
 
+@pytest.mark.asyncio
+async def test_a_gpu_row_that_cannot_be_parsed_is_no_lost_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every second loop iteration prints a GPU's row cut short: a sampler note, not a GPU
+    lost; the soak passes."""
+    monkeypatch.setenv("FAKE_SMI_TRUNCATE_ROW", "1")
+    smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", gpus=2)
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=soak_command(tmp_path, [f"{tmp_path / 'noop.txt'} -"], steps=30),
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"},
+            **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)),
+        )
+    assert artifact["status"] == "passed", artifact["failures"]
+    assert not [w for w in artifact["warnings"] if "lost" in w], artifact["warnings"]
+    notes = [n["message"] for n in artifact["monitor"]["sampler_notes"]]
+    assert any(n.startswith("unreadable nvidia-smi output") for n in notes), notes
+
+
 def pid_not_here() -> int:
     """A pid no process of this PID namespace has (as a container sees the host's pids)."""
     return next(p for p in range(4_000_000, 4_100_000) if not Path(f"/proc/{p}").exists())

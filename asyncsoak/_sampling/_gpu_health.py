@@ -396,8 +396,13 @@ class GpuHealthWatch:
 
     # -- readings ----------------------------------------------------------------------
 
-    def readings(self, t: float, readings: Sequence[GpuReading]) -> list[GpuFault]:
-        """Faults in one iteration's readings: counts that rose, flags set, GPUs missing."""
+    def readings(
+        self, t: float, readings: Sequence[GpuReading], *, whole: bool = True
+    ) -> list[GpuFault]:
+        """Faults in one iteration's readings: counts that rose, flags set, GPUs missing.
+
+        ``whole``: every row of the iteration was read.  A row that could not be parsed is no
+        GPU missing from the list: then none is judged missing."""
         faults: list[GpuFault] = []
         for reading in readings:
             gpu = self._gpus.get(reading.index)
@@ -408,6 +413,8 @@ class GpuHealthWatch:
                 faults.extend(self._changes(t, gpu, reading))
             faults.extend(self._link(t, gpu, reading))
         seen = frozenset(r.index for r in readings)
+        if not whole:
+            return faults
         if self._listed is None:
             self._listed = seen
         else:

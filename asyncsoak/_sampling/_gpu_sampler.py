@@ -466,7 +466,7 @@ class _GpuSampler:
             await self._note(
                 f"nvidia-smi could not list GPU processes: {apps.describe()}", once="apps-call"
             )
-        await self._emit(readings, processes, "call")
+        await self._emit(readings, processes, "call", whole=len(readings) == len(lines))
         return True
 
     async def _query(self, query: str) -> CommandResult:
@@ -561,7 +561,7 @@ class _GpuSampler:
             if not line.strip():
                 continue
             group = reader.group
-            if group and self._starts_iteration(line, group[-1]):
+            if group and self._starts_iteration(line, group):
                 await self._gpu_iteration(group)
                 group = reader.group = []
             group.append(line)
@@ -570,16 +570,21 @@ class _GpuSampler:
                 reader.group = []
         return bool(lines)
 
-    def _starts_iteration(self, line: str, previous: str) -> bool:
+    def _starts_iteration(self, line: str, group: list[str]) -> bool:
         """Whether a GPU row begins the loop's next iteration.  nvidia-smi lists the GPUs in
         index order, and may stamp each row as it reads it (the stamps of one iteration then
-        differ by a millisecond or so): a row whose index is not above the previous row's
-        begins one.  Rows whose index cannot be read are told apart by their stamps."""
+        differ by a millisecond or so): a row whose index is not above the last readable one
+        of ``group`` begins one.  A row whose index cannot be read stays in ``group`` (which
+        is then not whole: see :meth:`_emit`)."""
         fields = self._fields[GPU_QUERY]
-        index, before = line_gpu_index(line, fields), line_gpu_index(previous, fields)
-        if index is None or before is None:
-            return line_timestamp(line) != line_timestamp(previous)
-        return index <= before
+        index = line_gpu_index(line, fields)
+        if index is None:
+            return False
+        for previous in reversed(group):
+            before = line_gpu_index(previous, fields)
+            if before is not None:
+                return index <= before
+        return False
 
     async def _take_apps(self, reader: _LineReader) -> _LoopEnd | None:
         """The process loop's lines since the previous tick; its end, if it ended.
@@ -608,7 +613,9 @@ class _GpuSampler:
         if not readings:
             await self._failed(f"no GPU reading in nvidia-smi's output: {lines[0].strip()!r}")
             return
-        await self._emit(readings, self._current_processes(), "loop")
+        await self._emit(
+            readings, self._current_processes(), "loop", whole=len(readings) == len(lines)
+        )
 
     async def _apps_iteration(self, lines: list[str]) -> None:
         self._apps = (anyio.current_time(), await self._parse_processes(lines))
@@ -649,8 +656,15 @@ class _GpuSampler:
         await self._note(f"unreadable nvidia-smi output: {exc}", once="unparsable")
 
     async def _emit(
-        self, readings: list[GpuReading], processes: list[GpuProcess] | None, source: str
+        self,
+        readings: list[GpuReading],
+        processes: list[GpuProcess] | None,
+        source: str,
+        *,
+        whole: bool,
     ) -> None:
+        """One sample; ``whole``: every row of the iteration could be read (a GPU missing
+        from it is then missing from nvidia-smi's list, not from what could be parsed)."""
         if processes:
             # No trip to a worker thread: waking one costs more than this call (see
             # benchmarks/monitor_overhead.py), and this runs at every sample.
@@ -669,7 +683,7 @@ class _GpuSampler:
         )
         t = self._sink.elapsed()
         self._sink.offer(GpuSample(t=t, gpus=readings, processes=processes, source=source))
-        await self._report(self._health.readings(t, readings))
+        await self._report(self._health.readings(t, readings, whole=whole))
 
     def _other_work_gpus(self, processes: list[GpuProcess], tree: set[int]) -> set[int]:
         """The GPUs on which every listed process is proven other work's (see
