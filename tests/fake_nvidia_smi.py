@@ -40,7 +40,9 @@ Settings (environment):
   fault of GPU 0: ``ecc`` (the uncorrectable volatile ECC count rises to 2), ``remap`` (a row
   remap pending, one uncorrectable row remapped), ``lost`` (nvidia-smi prints the driver's
   "Unable to determine the device handle ... GPU is lost" line in place of its row, and a
-  one-shot call exits 15), ``gone`` (the GPU is no longer listed).
+  one-shot call exits 15), ``gone`` (the GPU is no longer listed), ``nvml`` (every call, and
+  the running loops, print "Failed to initialize NVML: Driver/library version mismatch" and
+  exit 18, as after a driver update).
 
 The health fields (remapped rows, retired pages, PCIe link) are not in the CSV captures: their
 values come from the ``nvidia-smi -q -x`` captures of the same GPU (``q_xml_*.txt``).
@@ -117,6 +119,12 @@ LOST_LINE = (
     "Reboot the system to recover this GPU"
 )
 LOST_EXIT = 15
+#: What nvidia-smi prints, and its status, after the driver was updated under it.
+NVML_MISMATCH = (
+    "Failed to initialize NVML: Driver/library version mismatch",
+    "NVML library version: 550.90",
+)
+NVML_MISMATCH_EXIT = 18
 
 
 def fixtures() -> Path:
@@ -302,6 +310,11 @@ class Fake:
         lost = False
         last_ms = 0
         while not limit or count < limit:
+            if self.fault() == "nvml":
+                for line in NVML_MISMATCH:
+                    self.emit(line)
+                sys.stdout.flush()
+                sys.exit(NVML_MISMATCH_EXIT)
             if gpu:
                 iterations = [self.gpu_rows()]
             if pid_file and not gpu:

@@ -266,6 +266,26 @@ async def test_a_gpu_row_that_cannot_be_parsed_is_no_lost_gpu(
     assert any(n.startswith("unreadable nvidia-smi output") for n in notes), notes
 
 
+@pytest.mark.asyncio
+async def test_a_driver_library_mismatch_degrades_the_sampler_and_fails_nothing(
+    tmp_path: Path,
+) -> None:
+    """nvidia-smi answering "Driver/library version mismatch" (a driver updated under a run):
+    the GPU sampler degrades, no GPU is called lost and the soak passes."""
+    fault = tmp_path / "fault.txt"
+    smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", gpus=2, fault_file=fault)
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=soak_command(tmp_path, [f"{fault} nvml"], steps=40),
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"},
+            **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)),
+        )
+    assert artifact["status"] == "passed", artifact["failures"]
+    assert not artifact.get("gpu_health", {}).get("gpu0", {}).get("faults"), artifact["gpu_health"]
+    notes = [n["message"] for n in artifact["monitor"]["sampler_notes"]]
+    assert any("version mismatch" in n for n in notes), notes
+
+
 def pid_not_here() -> int:
     """A pid no process of this PID namespace has (as a container sees the host's pids)."""
     return next(p for p in range(4_000_000, 4_100_000) if not Path(f"/proc/{p}").exists())
