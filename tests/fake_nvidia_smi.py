@@ -18,6 +18,10 @@ Settings (environment):
 - ``FAKE_SMI_PID`` / ``FAKE_SMI_PID2``: pids put in place of the captured ones (886, or 417
   and 447 in ``two`` mode).
 - ``FAKE_SMI_GPUS``: how many GPUs to report (the captured row, renumbered).
+- ``FAKE_SMI_TRUNCATE_ROW``: set, every second loop iteration prints the rows after the
+  first GPU's without their last field (rows that cannot be parsed).
+- ``FAKE_SMI_ROW_STAMPS``: set, each GPU row of a loop iteration has its own timestamp, a
+  millisecond after the row before it (rows read one by one on a slow bus).
 - ``FAKE_SMI_HANG_AFTER``: in ``hang`` mode, lines each process prints before hanging.
 - ``FAKE_SMI_LOOP_ITERATIONS``: a ``-lms`` loop prints this many iterations, then exits.
 - ``FAKE_SMI_REJECT``: comma-separated fields to reject as an older driver would.
@@ -36,7 +40,9 @@ Settings (environment):
   fault of GPU 0: ``ecc`` (the uncorrectable volatile ECC count rises to 2), ``remap`` (a row
   remap pending, one uncorrectable row remapped), ``lost`` (nvidia-smi prints the driver's
   "Unable to determine the device handle ... GPU is lost" line in place of its row, and a
-  one-shot call exits 15), ``gone`` (the GPU is no longer listed).
+  one-shot call exits 15), ``gone`` (the GPU is no longer listed), ``nvml`` (every call, and
+  the running loops, print "Failed to initialize NVML: Driver/library version mismatch" and
+  exit 18, as after a driver update).
 
 The health fields (remapped rows, retired pages, PCIe link) are not in the CSV captures: their
 values come from the ``nvidia-smi -q -x`` captures of the same GPU (``q_xml_*.txt``).
@@ -113,6 +119,12 @@ LOST_LINE = (
     "Reboot the system to recover this GPU"
 )
 LOST_EXIT = 15
+#: What nvidia-smi prints, and its status, after the driver was updated under it.
+NVML_MISMATCH = (
+    "Failed to initialize NVML: Driver/library version mismatch",
+    "NVML library version: 550.90",
+)
+NVML_MISMATCH_EXIT = 18
 
 
 def fixtures() -> Path:
@@ -298,6 +310,11 @@ class Fake:
         lost = False
         last_ms = 0
         while not limit or count < limit:
+            if self.fault() == "nvml":
+                for line in NVML_MISMATCH:
+                    self.emit(line)
+                sys.stdout.flush()
+                sys.exit(NVML_MISMATCH_EXIT)
             if gpu:
                 iterations = [self.gpu_rows()]
             if pid_file and not gpu:
@@ -314,7 +331,12 @@ class Fake:
             last_ms = now_ms
             stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now_ms / 1000))
             stamp += f".{now_ms % 1000:03d}"
-            for row in iterations[count % len(iterations)]:
+            for number, row in enumerate(iterations[count % len(iterations)]):
+                if number and os.environ.get("FAKE_SMI_ROW_STAMPS"):
+                    # Each row stamped as it is read, a millisecond apart.
+                    last_ms += 1
+                    stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(last_ms / 1000))
+                    stamp += f".{last_ms % 1000:03d}"
                 memory = ("memory.used", "memory.free") if gpu else ("used_gpu_memory",)
                 row = self.grown(row, memory)
                 if self.mode == "garbage":
@@ -330,6 +352,8 @@ class Fake:
                     if "nounits" not in options and field in unit and not value.startswith("["):
                         value = f"{value} {unit[field]}"
                     values.append(value)
+                if gpu and number and count % 2 and os.environ.get("FAKE_SMI_TRUNCATE_ROW"):
+                    values.pop()
                 self.emit(SEPARATOR.join(values))
             sys.stdout.flush()
             count += 1

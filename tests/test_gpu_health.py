@@ -229,6 +229,107 @@ async def test_bad_and_foreign_xid_lines_fail_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_rows_of_one_loop_iteration_stamped_apart_lose_no_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvidia-smi's loop stamping each GPU's row as it reads it (a millisecond apart): every
+    iteration is still whole, no GPU is called lost and the soak passes."""
+    monkeypatch.setenv("FAKE_SMI_ROW_STAMPS", "1")
+    smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", gpus=3)
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=soak_command(tmp_path, [f"{tmp_path / 'noop.txt'} -"], steps=30),
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2"},
+            **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)),
+        )
+    assert artifact["status"] == "passed", artifact["failures"]
+    assert not [w for w in artifact["warnings"] if "lost" in w], artifact["warnings"]
+
+
+@pytest.mark.asyncio
+async def test_a_gpu_row_that_cannot_be_parsed_is_no_lost_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every second loop iteration prints a GPU's row cut short: a sampler note, not a GPU
+    lost; the soak passes."""
+    monkeypatch.setenv("FAKE_SMI_TRUNCATE_ROW", "1")
+    smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", gpus=2)
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=soak_command(tmp_path, [f"{tmp_path / 'noop.txt'} -"], steps=30),
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"},
+            **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)),
+        )
+    assert artifact["status"] == "passed", artifact["failures"]
+    assert not [w for w in artifact["warnings"] if "lost" in w], artifact["warnings"]
+    notes = [n["message"] for n in artifact["monitor"]["sampler_notes"]]
+    assert any(n.startswith("unreadable nvidia-smi output") for n in notes), notes
+
+
+@pytest.mark.asyncio
+async def test_a_driver_library_mismatch_degrades_the_sampler_and_fails_nothing(
+    tmp_path: Path,
+) -> None:
+    """nvidia-smi answering "Driver/library version mismatch" (a driver updated under a run):
+    the GPU sampler degrades, no GPU is called lost and the soak passes."""
+    fault = tmp_path / "fault.txt"
+    smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", gpus=2, fault_file=fault)
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=soak_command(tmp_path, [f"{fault} nvml"], steps=40),
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"},
+            **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)),
+        )
+    assert artifact["status"] == "passed", artifact["failures"]
+    assert not artifact.get("gpu_health", {}).get("gpu0", {}).get("faults"), artifact["gpu_health"]
+    notes = [n["message"] for n in artifact["monitor"]["sampler_notes"]]
+    assert any("version mismatch" in n for n in notes), notes
+
+
+def pid_not_here() -> int:
+    """A pid no process of this PID namespace has (as a container sees the host's pids)."""
+    return next(p for p in range(4_000_000, 4_100_000) if not Path(f"/proc/{p}").exists())
+
+
+@needs_kmsg
+@pytest.mark.asyncio
+@pytest.mark.parametrize("other_job_here", [True, False], ids=["bare-metal", "container"])
+async def test_with_no_visible_devices_an_xid_on_another_jobs_gpu_fails_only_a_container(
+    tmp_path: Path, other_job_here: bool
+) -> None:
+    """CUDA_VISIBLE_DEVICES unset, the tree on no GPU: an Xid on a GPU that a process found
+    here and outside the tree holds (another job on a shared node) is a warning; one whose pid
+    cannot be found here (a container's nvidia-smi shows the host's pids) fails the run."""
+    bus_id, xid_address = unique_bus_id()
+    xid = f"kmsg <4>NVRM: Xid (PCI:{xid_address}): 79, pid=1, name=x, GPU has fallen off the bus."
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    async with await anyio.open_process(["sleep", "60"]) as other_job:
+        try:
+            pid = other_job.pid if other_job_here else pid_not_here()
+            smi = install_fake_nvidia_smi(tmp_path, pid=pid, gpus=2, bus_id=bus_id)
+            with anyio.fail_after(60):
+                try:
+                    artifact = await run_soak(
+                        command=soak_command(tmp_path, [xid], steps=40),
+                        env=env,
+                        **fast_limits(
+                            tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)
+                        ),
+                    )
+                except SoakFailureError as error:
+                    artifact = error.artifact
+        finally:
+            other_job.kill()
+    faults = artifact["gpu_health"]["gpu0"]["faults"]
+    assert [(f["xid"], f["used"]) for f in faults] == [(79, not other_job_here)]
+    if other_job_here:
+        assert artifact["status"] == "passed", artifact["failures"]
+        assert any(w.endswith("(on a GPU this run does not use)") for w in artifact["warnings"])
+    else:
+        assert artifact["failures"][0]["reason"] == "gpu_fault"
+
+
+@pytest.mark.asyncio
 async def test_an_unreadable_kernel_log_is_one_warning(tmp_path: Path) -> None:
     """No kernel log to read (a container): one warning, and sampling goes on."""
     fake = install_fake_nvidia_smi(tmp_path, "idle")

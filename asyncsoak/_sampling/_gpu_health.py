@@ -11,7 +11,11 @@ Which GPUs the tree uses: those ``CUDA_VISIBLE_DEVICES`` names (indices as ``nvi
 numbers them, as with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, or ``GPU-`` UUIDs and their prefixes),
 and every GPU on which a process of the tree held memory.  With ``CUDA_VISIBLE_DEVICES`` unset
 and no process of the tree seen on a GPU yet, every GPU counts (the run can use them all; fail
-closed).  An entry that cannot be matched (a ``MIG-`` UUID) also makes every GPU count.
+closed) but one that other work holds: a GPU on which only processes outside the tree were seen,
+each one found in this PID namespace with no tree process among its ancestors (another job on a
+shared node).  A pid that cannot be found here (a container's ``nvidia-smi`` shows the host's
+pids) proves nothing, and the GPU counts.  An entry that cannot be matched (a ``MIG-`` UUID)
+also makes every GPU count.
 
 Xid codes and what to do come from NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors);
 :data:`XID_CODES` keeps the common ones, with which fail the run by default.  An Xid not in the
@@ -21,8 +25,9 @@ table is a warning.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .._record._events import GpuFault
 from .._record._vocabulary import GpuFaultKind
@@ -245,6 +250,32 @@ def parse_xid(message: str, kernel_seconds: float = 0.0) -> XidRecord | None:
     return XidRecord(pci, int(match["code"]), match["detail"].strip()[:300], kernel_seconds)
 
 
+#: How far up its parents :func:`outside_tree` follows a process before giving up.
+MAX_ANCESTRY = 64
+
+
+def outside_tree(pid: int, tree: Collection[int], proc: Path = Path("/proc")) -> bool:
+    """Whether ``pid`` is proven other work's: found in this PID namespace, with no process of
+    ``tree`` among it and its ancestors (a process the tree started since the tree's pids were
+    read is still the tree's).  A pid not found here (a container's ``nvidia-smi`` reports the
+    host's pids) or an ancestry that cannot be followed proves nothing: False.
+
+    ``/proc/PID/stat`` takes none of the locks that can make ``cmdline`` hang, and this runs
+    only while the tree is on no GPU, once per pid proven another's.
+    """
+    for _ in range(MAX_ANCESTRY):
+        if pid in tree:
+            return False
+        if pid <= 1:
+            return True
+        try:
+            stat = (proc / str(pid) / "stat").read_bytes()
+            pid = int(stat.rpartition(b")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
 def lost_gpu_line(line: str) -> tuple[str, str] | None:
     """``(PCI address, why)`` when an ``nvidia-smi`` line says a GPU cannot be reached."""
     match = _DEVICE_HANDLE.search(line)
@@ -320,6 +351,10 @@ class GpuHealthWatch:
         self._gpus: dict[int, _Gpu] = {}
         #: GPUs on which a process of the tree held memory.
         self._tree_gpus: set[int] = set()
+        #: GPUs held by other work only (see the module's docstring): not the run's while
+        #: ``CUDA_VISIBLE_DEVICES`` is unset and the tree is on none.  Kept once seen: the
+        #: fault that ends the other job also takes its process off the list.
+        self._other_gpus: set[int] = set()
         #: The indices listed by the first complete reading: a GPU missing later is lost.
         self._listed: frozenset[int] | None = None
         self._lost_unlisted: set[PciKey] = set()
@@ -329,6 +364,16 @@ class GpuHealthWatch:
     def tree_on(self, indices: Iterable[int]) -> None:
         self._tree_gpus.update(indices)
 
+    @property
+    def counts_other_work(self) -> bool:
+        """Whether other work's GPUs matter now: ``CUDA_VISIBLE_DEVICES`` unset, the tree on
+        no GPU yet."""
+        return self._visible.unset and not self._tree_gpus
+
+    def others_on(self, indices: Iterable[int]) -> None:
+        """GPUs on which every process listed is other work's (outside the tree, proven)."""
+        self._other_gpus.update(indices)
+
     def used(self, index: int | None, uuid: str | None) -> bool:
         """Whether the tree uses this GPU (see the module's docstring)."""
         if index is None:
@@ -336,7 +381,7 @@ class GpuHealthWatch:
         if index in self._tree_gpus:
             return True
         if self._visible.unset:
-            return not self._tree_gpus
+            return not self._tree_gpus and index not in self._other_gpus
         return self._visible.names(index, uuid)
 
     def gpu_of(self, pci: PciKey) -> _Gpu | None:
@@ -351,8 +396,13 @@ class GpuHealthWatch:
 
     # -- readings ----------------------------------------------------------------------
 
-    def readings(self, t: float, readings: Sequence[GpuReading]) -> list[GpuFault]:
-        """Faults in one iteration's readings: counts that rose, flags set, GPUs missing."""
+    def readings(
+        self, t: float, readings: Sequence[GpuReading], *, whole: bool = True
+    ) -> list[GpuFault]:
+        """Faults in one iteration's readings: counts that rose, flags set, GPUs missing.
+
+        ``whole``: every row of the iteration was read.  A row that could not be parsed is no
+        GPU missing from the list: then none is judged missing."""
         faults: list[GpuFault] = []
         for reading in readings:
             gpu = self._gpus.get(reading.index)
@@ -363,6 +413,8 @@ class GpuHealthWatch:
                 faults.extend(self._changes(t, gpu, reading))
             faults.extend(self._link(t, gpu, reading))
         seen = frozenset(r.index for r in readings)
+        if not whole:
+            return faults
         if self._listed is None:
             self._listed = seen
         else:

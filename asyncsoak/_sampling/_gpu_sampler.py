@@ -57,6 +57,7 @@ from ._gpu_health import (
     MalformedXidError,
     VisibleDevices,
     lost_gpu_line,
+    outside_tree,
     parse_xid,
 )
 from ._nvidia_smi import (
@@ -70,6 +71,7 @@ from ._nvidia_smi import (
     SmiParseError,
     data_lines,
     is_error_value,
+    line_gpu_index,
     line_timestamp,
     needs_attention,
     no_devices,
@@ -358,6 +360,7 @@ class _GpuSampler:
         self._loop_ends = 0
         self._noted: set[str] = set()
         self._ecc = EccWatch()
+        self._other_work_pids: set[int] = set()
         self._health = health if health is not None else GpuHealthWatch(VisibleDevices.parse(None))
         self._on_fault = on_fault
         self.kernel_log: KernelLogFollower | None = None
@@ -463,7 +466,7 @@ class _GpuSampler:
             await self._note(
                 f"nvidia-smi could not list GPU processes: {apps.describe()}", once="apps-call"
             )
-        await self._emit(readings, processes, "call")
+        await self._emit(readings, processes, "call", whole=len(readings) == len(lines))
         return True
 
     async def _query(self, query: str) -> CommandResult:
@@ -558,7 +561,7 @@ class _GpuSampler:
             if not line.strip():
                 continue
             group = reader.group
-            if group and line_timestamp(line) != line_timestamp(group[0]):
+            if group and self._starts_iteration(line, group):
                 await self._gpu_iteration(group)
                 group = reader.group = []
             group.append(line)
@@ -566,6 +569,22 @@ class _GpuSampler:
                 await self._gpu_iteration(group)
                 reader.group = []
         return bool(lines)
+
+    def _starts_iteration(self, line: str, group: list[str]) -> bool:
+        """Whether a GPU row begins the loop's next iteration.  nvidia-smi lists the GPUs in
+        index order, and may stamp each row as it reads it (the stamps of one iteration then
+        differ by a millisecond or so): a row whose index is not above the last readable one
+        of ``group`` begins one.  A row whose index cannot be read stays in ``group`` (which
+        is then not whole: see :meth:`_emit`)."""
+        fields = self._fields[GPU_QUERY]
+        index = line_gpu_index(line, fields)
+        if index is None:
+            return False
+        for previous in reversed(group):
+            before = line_gpu_index(previous, fields)
+            if before is not None:
+                return index <= before
+        return False
 
     async def _take_apps(self, reader: _LineReader) -> _LoopEnd | None:
         """The process loop's lines since the previous tick; its end, if it ended.
@@ -594,7 +613,9 @@ class _GpuSampler:
         if not readings:
             await self._failed(f"no GPU reading in nvidia-smi's output: {lines[0].strip()!r}")
             return
-        await self._emit(readings, self._current_processes(), "loop")
+        await self._emit(
+            readings, self._current_processes(), "loop", whole=len(readings) == len(lines)
+        )
 
     async def _apps_iteration(self, lines: list[str]) -> None:
         self._apps = (anyio.current_time(), await self._parse_processes(lines))
@@ -635,8 +656,15 @@ class _GpuSampler:
         await self._note(f"unreadable nvidia-smi output: {exc}", once="unparsable")
 
     async def _emit(
-        self, readings: list[GpuReading], processes: list[GpuProcess] | None, source: str
+        self,
+        readings: list[GpuReading],
+        processes: list[GpuProcess] | None,
+        source: str,
+        *,
+        whole: bool,
     ) -> None:
+        """One sample; ``whole``: every row of the iteration could be read (a GPU missing
+        from it is then missing from nvidia-smi's list, not from what could be parsed)."""
         if processes:
             # No trip to a worker thread: waking one costs more than this call (see
             # benchmarks/monitor_overhead.py), and this runs at every sample.
@@ -646,6 +674,8 @@ class _GpuSampler:
                 replace(p, in_tree=p.pid in tree, gpu_index=index_of.get(p.gpu_uuid))
                 for p in processes
             ]
+            if tree and self._health.counts_other_work:
+                self._health.others_on(self._other_work_gpus(processes, tree))
         await self._recovered()
         await self._note_readings(readings, processes)
         self._health.tree_on(
@@ -653,7 +683,30 @@ class _GpuSampler:
         )
         t = self._sink.elapsed()
         self._sink.offer(GpuSample(t=t, gpus=readings, processes=processes, source=source))
-        await self._report(self._health.readings(t, readings))
+        await self._report(self._health.readings(t, readings, whole=whole))
+
+    def _other_work_gpus(self, processes: list[GpuProcess], tree: set[int]) -> set[int]:
+        """The GPUs on which every listed process is proven other work's (see
+        ``_gpu_health``)."""
+        others: set[int] = set()
+        ours_or_unknown: set[int] = set()
+        for process in processes:
+            if process.gpu_index is None:
+                continue
+            if not process.in_tree and self._other_work(process.pid, tree):
+                others.add(process.gpu_index)
+            else:
+                ours_or_unknown.add(process.gpu_index)
+        return others - ours_or_unknown
+
+    def _other_work(self, pid: int, tree: set[int]) -> bool:
+        if pid in self._other_work_pids:
+            return True
+        if outside_tree(pid, tree):
+            # Kept: a pid proven another's stays so (the tree's own are in ``tree`` first).
+            self._other_work_pids.add(pid)
+            return True
+        return False
 
     async def _note_readings(
         self, readings: list[GpuReading], processes: list[GpuProcess] | None

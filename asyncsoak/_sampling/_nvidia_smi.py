@@ -308,6 +308,18 @@ def line_timestamp(line: str) -> str:
     return line.split(",", 1)[0].strip()
 
 
+def line_gpu_index(line: str, fields: Sequence[str]) -> int | None:
+    """The ``index`` column of a GPU row; None when it cannot be read."""
+    if "index" not in fields:
+        return None
+    parts = line.split(",")
+    position = fields.index("index")
+    if position >= len(parts):
+        return None
+    value = parts[position].strip()
+    return int(value) if value.isdigit() else None
+
+
 def rejected_field(result: CommandResult) -> str | None:
     """The field nvidia-smi refused (exit status 2, message on stdout), if that is the failure."""
     if result.returncode == 0:
