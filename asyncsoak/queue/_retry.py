@@ -78,6 +78,10 @@ RETRY_NAMES = frozenset(
 )
 
 _USAGE_LINE = re.compile(r"^usage: ", re.MULTILINE)
+#: The cause's prefix when the host ran out of memory (the artifact's ``oom_kills``, a
+#: Python ``MemoryError``): a kind, so the run's class, never the job's same-cause rule.
+OOM = "oom"
+_OUT_OF_MEMORY = frozenset({"MemoryError"})
 
 
 def check_retry_names(flag: str, names: Collection[str]) -> list[str]:
@@ -107,8 +111,14 @@ def cause_of(artifact: Mapping[str, Any], reason: str | None, log_tail: str) -> 
     if isinstance(exception, Mapping) and exception.get("type"):
         where = exception.get("where")
         kind = exception.get("kind") or "python"
+        if artifact.get("oom_kills") or exception["type"] in _OUT_OF_MEMORY:
+            # Out of host memory, the run's: a DataLoader worker the OOM killer took raises
+            # the same RuntimeError at the same line in the trainer each time.
+            kind = OOM
         text = f"{exception['type']} at {where}" if where else str(exception["type"])
         return text if kind == "python" else f"{kind}: {text}"
+    if artifact.get("oom_kills"):
+        return OOM
     if exit_info.get("returncode") == 2 and _USAGE_LINE.search(log_tail):
         return USAGE_ERROR
     return reason

@@ -248,6 +248,47 @@ def test_causes_read_from_the_artifact() -> None:
     assert faulted_gpus(health, ["GPU-a", "GPU-b"]) == ["GPU-a"]
 
 
+def test_out_of_memory_twice_at_the_same_line_keeps_its_attempts() -> None:
+    """An OOM-killed run (a DataLoader worker the OOM killer took raises the same
+    RuntimeError at the same line each time) or a MemoryError is the run's: retried while
+    --max-attempts allows, never stopped by the same-cause rule."""
+    killed_loader = {
+        "status": "failed",
+        "failures": [{"reason": "nonzero_exit", "message": "exit 1"}],
+        "exit": {
+            "returncode": 1,
+            "pid": 9,
+            "exception": {"type": "RuntimeError", "message": "DataLoader worker (pid 12) is "
+                          "killed by signal: Killed.", "where": "signal_handling.py:66",
+                          "kind": "python"},
+        },
+        "oom_kills": [{"pid": 12, "name": "pt_data_worker", "message": "Killed process 12"}],
+    }  # fmt: skip
+    memory_error = {
+        "status": "failed",
+        "exit": {
+            "returncode": 1,
+            "pid": 9,
+            "exception": {"type": "MemoryError", "message": "", "where": "load.py:8",
+                          "kind": "python"},
+        },
+    }  # fmt: skip
+    no_traceback = {"status": "failed", "exit": {"returncode": -9, "pid": 9},
+                    "oom_kills": killed_loader["oom_kills"]}  # fmt: skip
+    for artifact in (killed_loader, memory_error, no_traceback):
+        first, second = (
+            outcome_from_artifact(artifact, cancel_requested=False, stopping=False, log_tail="")
+            for _ in range(2)
+        )
+        previous: dict[str, int] = {}
+        judged = {"max_attempts": 3, "cancel_requested": False, "infrastructure_failures": 0}
+        one = decide(first, attempts=0, previous_causes=previous, policy=RetryPolicy(), **judged)  # type: ignore[arg-type]
+        if one.failure_class == JOB and one.cause is not None:
+            previous[one.cause] = 1
+        two = decide(second, attempts=1, previous_causes=previous, policy=RetryPolicy(), **judged)  # type: ignore[arg-type]
+        assert (one.failure_class, two.status, two.attempts) == (RUN, "queued", 2), artifact
+
+
 def fault_failures() -> list[dict[str, object]]:
     return [{"reason": "gpu_fault", "message": "Xid 79", "gpu": {"index": 2, "uuid": "GPU-y"}}]
 
