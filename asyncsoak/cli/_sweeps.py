@@ -61,7 +61,8 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
         action="extend",
         default=[],
         metavar="ID[,ID...]",
-        help="run only once these jobs succeeded; cancelled when one fails or is cancelled",
+        help="run only once these jobs succeeded (an array's id: all its jobs); cancelled when "
+        "one fails or is cancelled",
     )
     p.add_argument(
         "--array",

@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from asyncsoak._errors import ValidationError
 from asyncsoak.cli import main
 from asyncsoak.queue import JobStore, Outcome, open_store, run_worker
 from asyncsoak.queue._retry import (
@@ -363,6 +364,29 @@ async def test_array_0_3_runs_one_job_per_index(
         assert {store.get(i).status for i in second} == {"cancelled"}
     assert cli("submit", "--db", db, "--array", "3-1", "--", "true") == 2
     assert "START <= END" in capsys.readouterr().err
+
+
+def test_after_an_array_waits_for_every_job_of_it(store: JobStore) -> None:
+    """--after an array's id (what submit prints first) waits for every job of the array,
+    not only its first, and is cancelled when any of them fails."""
+    array = store.submit(argv=["x", "%a"], array="0-2", max_attempts=1)
+    members = store.array_members(array)
+    dependent = store.submit(argv=["y"], after=[array], priority=9)
+    assert store.plan(dependent).after == tuple(members)
+    for expected, outcome in zip(
+        members[:2],
+        (Outcome("succeeded", 0, None, None), Outcome("failed", 1, "nonzero_exit", "exit 1")),
+        strict=True,
+    ):
+        claimed = store.claim("w", "h", RUNS)
+        assert claimed is not None
+        assert claimed.id == expected
+        store.finish(claimed.id, claimed.attempt, "w", outcome)
+    ended = store.get(dependent)
+    assert (ended.status, ended.reason) == ("cancelled", "dependency_failed")
+    assert f"job {members[1]} failed" in (ended.error or "")
+    with pytest.raises(ValidationError, match=f"job {members[1]} is failed"):
+        store.submit(argv=["z"], after=[array])
 
 
 def test_not_before_holds_a_job_until_its_time(db: str) -> None:
