@@ -476,6 +476,33 @@ async def test_faulted_gpu_is_not_claimed_until_cleared(
         assert store.gpu_faults() == []
 
 
+@pytest.mark.asyncio
+async def test_cleared_gpu_is_used_while_the_other_gpus_are_busy(
+    tmp_path: Path, store: JobStore, ready: ReadyFifo
+) -> None:
+    """A GPU cleared while the worker's other GPUs are all busy takes a job at once, not only
+    after a running job ends (which can be days of training)."""
+    import socket
+
+    host = socket.gethostname()
+    go = tmp_path / "go"
+    argv = write_script(tmp_path, "gpus.py", SAYS_GPUS)
+    env = {"TEST_SIGNALS": str(ready.path)}
+    store.record_gpu_fault(host, ["1"], worker="w", job_id=None, attempt=None, detail="Xid 79")
+    first = store.submit(argv=[*argv, str(go)], env=env, soak=FAST_SOAK, gpus=1)
+    with anyio.fail_after(LIMIT_S):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: run_worker(store, gpus="0,1", **worker_kwargs(tmp_path)))
+            assert await ready.line() == f"{first} 0"
+            second = store.submit(argv=[*argv, str(go)], env=env, soak=FAST_SOAK, gpus=1)
+            store.clear_gpu_faults(host, ["1"])
+            with anyio.fail_after(10):
+                assert await ready.line() == f"{second} 1"
+            assert store.get(first).status == "running"
+            go.touch()
+    assert [store.get(i).status for i in (first, second)] == ["succeeded"] * 2
+
+
 def test_infrastructure_retry_prefers_another_gpu(store: JobStore) -> None:
     """A job whose worker died on GPU 0 is left a while for a worker with another GPU free,
     and gets the GPUs it did not fail on first."""
