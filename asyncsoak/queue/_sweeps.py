@@ -595,12 +595,23 @@ def _array_member(job: Submission, index: int) -> Submission:
     )
 
 
+#: Job ids shown at most in a note (a job ``--after`` an array waits for each of its jobs).
+IDS_SHOWN = 8
+
+
+def ids_text(ids: Sequence[int], separator: str) -> str:
+    """``ids`` for people: the first :data:`IDS_SHOWN`, then how many more."""
+    shown = separator.join(str(i) for i in ids[:IDS_SHOWN])
+    more = len(ids) - IDS_SHOWN
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
 def plan_note(plan: Plan, jobs_by_id: Mapping[int, Job], now: float) -> str:
     """What a queued job waits for, in words (``jobs``' note): "" when nothing."""
     waits = []
     pending = [a for a in plan.after if a not in jobs_by_id or jobs_by_id[a].status != "succeeded"]
     if pending:
-        waits.append("after " + ",".join(str(a) for a in pending))
+        waits.append("after " + ids_text(pending, ","))
     if plan.not_before is not None and plan.not_before > now:
         waits.append(f"not before {plan.not_before - now:.0f}s from now")
     if plan.retry_at is not None and plan.retry_at > now:

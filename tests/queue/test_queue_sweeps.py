@@ -24,7 +24,7 @@ from asyncsoak.queue._retry import (
     infrastructure_backoff,
 )
 from asyncsoak.queue._status import outcome_from_artifact
-from asyncsoak.queue._sweeps import GpuOffer
+from asyncsoak.queue._sweeps import GpuOffer, plan_note
 from asyncsoak.queue._worker import faulted_gpus
 
 from ..conftest import ReadyFifo
@@ -373,6 +373,10 @@ def test_after_an_array_waits_for_every_job_of_it(store: JobStore) -> None:
     members = store.array_members(array)
     dependent = store.submit(argv=["y"], after=[array], priority=9)
     assert store.plan(dependent).after == tuple(members)
+    big = store.submit(argv=["x"], array="0-99")
+    assert plan_note(store.plan(store.submit(argv=["y"], after=[big])), {}, 0.0) == (
+        f"waits: after {','.join(str(big + i) for i in range(8))} and 92 more"
+    )
     for expected, outcome in zip(
         members[:2],
         (Outcome("succeeded", 0, None, None), Outcome("failed", 1, "nonzero_exit", "exit 1")),
