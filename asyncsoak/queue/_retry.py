@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ValidationError
-from .._record._vocabulary import FailureReason
+from .._record._vocabulary import FailureReason, StopCause
 from ._models import QUEUED, attempt_outcome
 from ._status import CANCELLED, FAILED, OUTCOME_LOST, Outcome
 
@@ -82,6 +82,9 @@ _USAGE_LINE = re.compile(r"^usage: ", re.MULTILINE)
 #: Python ``MemoryError``): a kind, so the run's class, never the job's same-cause rule.
 OOM = "oom"
 _OUT_OF_MEMORY = frozenset({"MemoryError"})
+#: The cause's prefix of an exception raised while the run was being stopped on request.
+STOPPED = "stopped"
+_ASKED_TO_STOP = frozenset({StopCause.REQUESTED.value, StopCause.CANCELLED.value})
 
 
 def check_retry_names(flag: str, names: Collection[str]) -> list[str]:
@@ -115,6 +118,10 @@ def cause_of(artifact: Mapping[str, Any], reason: str | None, log_tail: str) -> 
             # Out of host memory, the run's: a DataLoader worker the OOM killer took raises
             # the same RuntimeError at the same line in the trainer each time.
             kind = OOM
+        elif stop.get("cause") in _ASKED_TO_STOP:
+            # Raised in answer to a stop someone asked for (a worker's Ctrl-C): the same
+            # KeyboardInterrupt at the same line is no deterministic failure of the job.
+            kind = STOPPED
         text = f"{exception['type']} at {where}" if where else str(exception["type"])
         return text if kind == "python" else f"{kind}: {text}"
     if artifact.get("oom_kills"):

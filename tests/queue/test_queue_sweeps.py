@@ -249,10 +249,11 @@ def test_causes_read_from_the_artifact() -> None:
     assert faulted_gpus(health, ["GPU-a", "GPU-b"]) == ["GPU-a"]
 
 
-def test_out_of_memory_twice_at_the_same_line_keeps_its_attempts() -> None:
+def test_out_of_memory_or_a_stop_twice_at_the_same_line_keeps_its_attempts() -> None:
     """An OOM-killed run (a DataLoader worker the OOM killer took raises the same
-    RuntimeError at the same line each time) or a MemoryError is the run's: retried while
-    --max-attempts allows, never stopped by the same-cause rule."""
+    RuntimeError at the same line each time), a MemoryError, or a trainer dying of a stop
+    the worker asked for is the run's: retried while --max-attempts allows, never stopped
+    by the same-cause rule."""
     killed_loader = {
         "status": "failed",
         "failures": [{"reason": "nonzero_exit", "message": "exit 1"}],
@@ -276,7 +277,18 @@ def test_out_of_memory_twice_at_the_same_line_keeps_its_attempts() -> None:
     }  # fmt: skip
     no_traceback = {"status": "failed", "exit": {"returncode": -9, "pid": 9},
                     "oom_kills": killed_loader["oom_kills"]}  # fmt: skip
-    for artifact in (killed_loader, memory_error, no_traceback):
+    # A worker's Ctrl-C, twice: the trainer dies of the stop with the same traceback.
+    interrupted = {
+        "status": "failed",
+        "stop": {"cause": "requested", "killed": False},
+        "exit": {
+            "returncode": 1,
+            "pid": 9,
+            "exception": {"type": "KeyboardInterrupt", "message": "", "where": "train.py:40",
+                          "kind": "python"},
+        },
+    }  # fmt: skip
+    for artifact in (killed_loader, memory_error, no_traceback, interrupted):
         first, second = (
             outcome_from_artifact(artifact, cancel_requested=False, stopping=False, log_tail="")
             for _ in range(2)
