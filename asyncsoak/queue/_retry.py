@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ValidationError
+from .._process._crash import LAUNCHER_EXCEPTIONS
 from .._record._vocabulary import FailureReason, StopCause
 from ._models import QUEUED, attempt_outcome
 from ._status import CANCELLED, FAILED, OUTCOME_LOST, Outcome
@@ -82,6 +83,9 @@ _USAGE_LINE = re.compile(r"^usage: ", re.MULTILINE)
 #: Python ``MemoryError``): a kind, so the run's class, never the job's same-cause rule.
 OOM = "oom"
 _OUT_OF_MEMORY = frozenset({"MemoryError"})
+#: The cause's prefix of a launcher's exception (``subprocess.CalledProcessError``...): it
+#: reports that the command it ran failed, not why.
+LAUNCHER = "launcher"
 #: The cause's prefix of an exception raised while the run was being stopped on request.
 STOPPED = "stopped"
 _ASKED_TO_STOP = frozenset({StopCause.REQUESTED.value, StopCause.CANCELLED.value})
@@ -118,6 +122,10 @@ def cause_of(artifact: Mapping[str, Any], reason: str | None, log_tail: str) -> 
             # Out of host memory, the run's: a DataLoader worker the OOM killer took raises
             # the same RuntimeError at the same line in the trainer each time.
             kind = OOM
+        elif exception["type"] in LAUNCHER_EXCEPTIONS:
+            # A wrapper's ``check_call`` or torchrun's ChildFailedError: every failure of the
+            # command it ran (a signal, another exception) ends at that same line.
+            kind = LAUNCHER
         elif stop.get("cause") in _ASKED_TO_STOP:
             # Raised in answer to a stop someone asked for (a worker's Ctrl-C): the same
             # KeyboardInterrupt at the same line is no deterministic failure of the job.

@@ -251,9 +251,9 @@ def test_causes_read_from_the_artifact() -> None:
 
 def test_out_of_memory_or_a_stop_twice_at_the_same_line_keeps_its_attempts() -> None:
     """An OOM-killed run (a DataLoader worker the OOM killer took raises the same
-    RuntimeError at the same line each time), a MemoryError, or a trainer dying of a stop
-    the worker asked for is the run's: retried while --max-attempts allows, never stopped
-    by the same-cause rule."""
+    RuntimeError at the same line each time), a MemoryError, a trainer dying of a stop
+    the worker asked for, or a wrapper's CalledProcessError is the run's: retried while
+    --max-attempts allows, never stopped by the same-cause rule."""
     killed_loader = {
         "status": "failed",
         "failures": [{"reason": "nonzero_exit", "message": "exit 1"}],
@@ -288,7 +288,17 @@ def test_out_of_memory_or_a_stop_twice_at_the_same_line_keeps_its_attempts() -> 
                           "kind": "python"},
         },
     }  # fmt: skip
-    for artifact in (killed_loader, memory_error, no_traceback, interrupted):
+    # A wrapper script's check_call: whatever its command died of, the same line.
+    wrapped = {
+        "status": "failed",
+        "exit": {
+            "returncode": 1,
+            "pid": 9,
+            "exception": {"type": "subprocess.CalledProcessError", "message": "",
+                          "where": "subprocess.py:413", "kind": "python"},
+        },
+    }  # fmt: skip
+    for artifact in (killed_loader, memory_error, no_traceback, interrupted, wrapped):
         first, second = (
             outcome_from_artifact(artifact, cancel_requested=False, stopping=False, log_tail="")
             for _ in range(2)
