@@ -20,7 +20,7 @@ from ..queue._retry import (
     RETRY_NAMES,
 )
 from ..queue._store import JobStore
-from ..queue._sweeps import AttemptCause, GpuFault, Plan, plan_note
+from ..queue._sweeps import AttemptCause, GpuFault, Plan, ids_text, plan_note
 from . import EXIT_OK, UsageError
 
 _DURATION = re.compile(r"^\+\s*([0-9]*\.?[0-9]+)\s*([smhd]?)$")
@@ -61,7 +61,8 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
         action="extend",
         default=[],
         metavar="ID[,ID...]",
-        help="run only once these jobs succeeded; cancelled when one fails or is cancelled",
+        help="run only once these jobs succeeded (an array's id: all its jobs); cancelled when "
+        "one fails or is cancelled",
     )
     p.add_argument(
         "--array",
@@ -203,7 +204,7 @@ def plan_fields(plan: Plan, now: float) -> list[tuple[str, str]]:
     if plan.array_id is not None:
         fields.append(("array", f"{plan.array_id} index {plan.array_index}"))
     if plan.after:
-        fields.append(("after", ", ".join(str(a) for a in plan.after)))
+        fields.append(("after", ids_text(plan.after, ", ")))
     if plan.not_before is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(plan.not_before))
         fields.append(("not before", when))

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ValidationError
-from .._record._vocabulary import FailureReason
+from .._process._crash import LAUNCHER_EXCEPTIONS
+from .._record._vocabulary import FailureReason, StopCause
 from ._models import QUEUED, attempt_outcome
 from ._status import CANCELLED, FAILED, OUTCOME_LOST, Outcome
 
@@ -78,6 +79,16 @@ RETRY_NAMES = frozenset(
 )
 
 _USAGE_LINE = re.compile(r"^usage: ", re.MULTILINE)
+#: The cause's prefix when the host ran out of memory (the artifact's ``oom_kills``, a
+#: Python ``MemoryError``): a kind, so the run's class, never the job's same-cause rule.
+OOM = "oom"
+_OUT_OF_MEMORY = frozenset({"MemoryError"})
+#: The cause's prefix of a launcher's exception (``subprocess.CalledProcessError``...): it
+#: reports that the command it ran failed, not why.
+LAUNCHER = "launcher"
+#: The cause's prefix of an exception raised while the run was being stopped on request.
+STOPPED = "stopped"
+_ASKED_TO_STOP = frozenset({StopCause.REQUESTED.value, StopCause.CANCELLED.value})
 
 
 def check_retry_names(flag: str, names: Collection[str]) -> list[str]:
@@ -107,8 +118,22 @@ def cause_of(artifact: Mapping[str, Any], reason: str | None, log_tail: str) -> 
     if isinstance(exception, Mapping) and exception.get("type"):
         where = exception.get("where")
         kind = exception.get("kind") or "python"
+        if artifact.get("oom_kills") or exception["type"] in _OUT_OF_MEMORY:
+            # Out of host memory, the run's: a DataLoader worker the OOM killer took raises
+            # the same RuntimeError at the same line in the trainer each time.
+            kind = OOM
+        elif exception["type"] in LAUNCHER_EXCEPTIONS:
+            # A wrapper's ``check_call`` or torchrun's ChildFailedError: every failure of the
+            # command it ran (a signal, another exception) ends at that same line.
+            kind = LAUNCHER
+        elif stop.get("cause") in _ASKED_TO_STOP:
+            # Raised in answer to a stop someone asked for (a worker's Ctrl-C): the same
+            # KeyboardInterrupt at the same line is no deterministic failure of the job.
+            kind = STOPPED
         text = f"{exception['type']} at {where}" if where else str(exception["type"])
         return text if kind == "python" else f"{kind}: {text}"
+    if artifact.get("oom_kills"):
+        return OOM
     if exit_info.get("returncode") == 2 and _USAGE_LINE.search(log_tail):
         return USAGE_ERROR
     return reason

@@ -311,8 +311,10 @@ class SweepStore(abc.ABC):
         """Insert a job (or an array of jobs) with its plan in one transaction; the first id.
 
         An ``--after`` job that does not exist, or that failed or was cancelled, is refused:
-        nothing is inserted."""
+        nothing is inserted.  An array's id stands for every job of the array (as SLURM's
+        dependency on an array job): the dependent waits for all of them."""
         with self._transaction() as sql:
+            after: list[int] = []
             for after_id in plan.after:
                 # Held until the dependents are in: a job failing meanwhile waits, then
                 # cancels them (its finish reads them after this commits).
@@ -321,11 +323,18 @@ class SweepStore(abc.ABC):
                 ).fetchone()
                 if row is None:
                     raise JobNotFoundError(after_id)
-                if row[0] in (FAILED, CANCELLED):
-                    raise ValidationError(
-                        f"--after {after_id}: job {after_id} is {row[0]}, so this job would "
-                        f"never run (requeue job {after_id} first)"
-                    )
+                members = sql(
+                    "SELECT jobs.id, jobs.status FROM jobs JOIN job_plans AS p "
+                    f"ON p.job_id = jobs.id WHERE p.array_id = ? ORDER BY jobs.id{sql.for_share}",
+                    (after_id,),
+                ).fetchall()
+                for job_id, status in members or [(after_id, row[0])]:
+                    if status in (FAILED, CANCELLED):
+                        raise ValidationError(
+                            f"--after {after_id}: job {job_id} is {status}, so this job would "
+                            f"never run (requeue job {job_id} first)"
+                        )
+                    after.append(int(job_id))
             ids: list[int] = []
             for index in array if array is not None else [None]:
                 member = job
@@ -346,7 +355,7 @@ class SweepStore(abc.ABC):
                         json.dumps(sorted(plan.no_retry_on)) if plan.no_retry_on else None,
                     ),
                 )
-                for after_id in plan.after:
+                for after_id in sorted(set(after)):
                     sql("INSERT INTO job_deps (job_id, after_id) VALUES (?, ?)", (job_id, after_id))
             self._submitted(sql, ids)
         self._after_submit()
@@ -586,12 +595,23 @@ def _array_member(job: Submission, index: int) -> Submission:
     )
 
 
+#: Job ids shown at most in a note (a job ``--after`` an array waits for each of its jobs).
+IDS_SHOWN = 8
+
+
+def ids_text(ids: Sequence[int], separator: str) -> str:
+    """``ids`` for people: the first :data:`IDS_SHOWN`, then how many more."""
+    shown = separator.join(str(i) for i in ids[:IDS_SHOWN])
+    more = len(ids) - IDS_SHOWN
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
 def plan_note(plan: Plan, jobs_by_id: Mapping[int, Job], now: float) -> str:
     """What a queued job waits for, in words (``jobs``' note): "" when nothing."""
     waits = []
     pending = [a for a in plan.after if a not in jobs_by_id or jobs_by_id[a].status != "succeeded"]
     if pending:
-        waits.append("after " + ",".join(str(a) for a in pending))
+        waits.append("after " + ids_text(pending, ","))
     if plan.not_before is not None and plan.not_before > now:
         waits.append(f"not before {plan.not_before - now:.0f}s from now")
     if plan.retry_at is not None and plan.retry_at > now:

@@ -474,11 +474,13 @@ class _Worker:
         )
 
     def _full(self) -> bool:
-        """Whether every job this worker can run at once is running."""
+        """Whether every job this worker can run at once is running.  A faulted GPU is not
+        busy: the worker keeps looking, so that a GPU an operator clears takes a job at once,
+        not only once a running job ends."""
         if not self.running:
             return False
         busy = {gpu for devices in self.running.values() for gpu in devices}
-        return not self.devices or all(gpu in busy or gpu in self._faulted for gpu in self.devices)
+        return not self.devices or all(gpu in busy for gpu in self.devices)
 
     async def _place(self, job: Job, offer: GpuOffer | None) -> list[str]:
         """The GPUs a claimed job runs on (none for a worker without GPUs)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from asyncsoak._errors import ValidationError
 from asyncsoak.cli import main
 from asyncsoak.queue import JobStore, Outcome, open_store, run_worker
 from asyncsoak.queue._retry import (
@@ -23,7 +24,7 @@ from asyncsoak.queue._retry import (
     infrastructure_backoff,
 )
 from asyncsoak.queue._status import outcome_from_artifact
-from asyncsoak.queue._sweeps import GpuOffer
+from asyncsoak.queue._sweeps import GpuOffer, plan_note
 from asyncsoak.queue._worker import faulted_gpus
 
 from ..conftest import ReadyFifo
@@ -248,6 +249,69 @@ def test_causes_read_from_the_artifact() -> None:
     assert faulted_gpus(health, ["GPU-a", "GPU-b"]) == ["GPU-a"]
 
 
+def test_out_of_memory_or_a_stop_twice_at_the_same_line_keeps_its_attempts() -> None:
+    """An OOM-killed run (a DataLoader worker the OOM killer took raises the same
+    RuntimeError at the same line each time), a MemoryError, a trainer dying of a stop
+    the worker asked for, or a wrapper's CalledProcessError is the run's: retried while
+    --max-attempts allows, never stopped by the same-cause rule."""
+    killed_loader = {
+        "status": "failed",
+        "failures": [{"reason": "nonzero_exit", "message": "exit 1"}],
+        "exit": {
+            "returncode": 1,
+            "pid": 9,
+            "exception": {"type": "RuntimeError", "message": "DataLoader worker (pid 12) is "
+                          "killed by signal: Killed.", "where": "signal_handling.py:66",
+                          "kind": "python"},
+        },
+        "oom_kills": [{"pid": 12, "name": "pt_data_worker", "message": "Killed process 12"}],
+    }  # fmt: skip
+    memory_error = {
+        "status": "failed",
+        "exit": {
+            "returncode": 1,
+            "pid": 9,
+            "exception": {"type": "MemoryError", "message": "", "where": "load.py:8",
+                          "kind": "python"},
+        },
+    }  # fmt: skip
+    no_traceback = {"status": "failed", "exit": {"returncode": -9, "pid": 9},
+                    "oom_kills": killed_loader["oom_kills"]}  # fmt: skip
+    # A worker's Ctrl-C, twice: the trainer dies of the stop with the same traceback.
+    interrupted = {
+        "status": "failed",
+        "stop": {"cause": "requested", "killed": False},
+        "exit": {
+            "returncode": 1,
+            "pid": 9,
+            "exception": {"type": "KeyboardInterrupt", "message": "", "where": "train.py:40",
+                          "kind": "python"},
+        },
+    }  # fmt: skip
+    # A wrapper script's check_call: whatever its command died of, the same line.
+    wrapped = {
+        "status": "failed",
+        "exit": {
+            "returncode": 1,
+            "pid": 9,
+            "exception": {"type": "subprocess.CalledProcessError", "message": "",
+                          "where": "subprocess.py:413", "kind": "python"},
+        },
+    }  # fmt: skip
+    for artifact in (killed_loader, memory_error, no_traceback, interrupted, wrapped):
+        first, second = (
+            outcome_from_artifact(artifact, cancel_requested=False, stopping=False, log_tail="")
+            for _ in range(2)
+        )
+        previous: dict[str, int] = {}
+        judged = {"max_attempts": 3, "cancel_requested": False, "infrastructure_failures": 0}
+        one = decide(first, attempts=0, previous_causes=previous, policy=RetryPolicy(), **judged)  # type: ignore[arg-type]
+        if one.failure_class == JOB and one.cause is not None:
+            previous[one.cause] = 1
+        two = decide(second, attempts=1, previous_causes=previous, policy=RetryPolicy(), **judged)  # type: ignore[arg-type]
+        assert (one.failure_class, two.status, two.attempts) == (RUN, "queued", 2), artifact
+
+
 def fault_failures() -> list[dict[str, object]]:
     return [{"reason": "gpu_fault", "message": "Xid 79", "gpu": {"index": 2, "uuid": "GPU-y"}}]
 
@@ -322,6 +386,33 @@ async def test_array_0_3_runs_one_job_per_index(
         assert {store.get(i).status for i in second} == {"cancelled"}
     assert cli("submit", "--db", db, "--array", "3-1", "--", "true") == 2
     assert "START <= END" in capsys.readouterr().err
+
+
+def test_after_an_array_waits_for_every_job_of_it(store: JobStore) -> None:
+    """--after an array's id (what submit prints first) waits for every job of the array,
+    not only its first, and is cancelled when any of them fails."""
+    array = store.submit(argv=["x", "%a"], array="0-2", max_attempts=1)
+    members = store.array_members(array)
+    dependent = store.submit(argv=["y"], after=[array], priority=9)
+    assert store.plan(dependent).after == tuple(members)
+    big = store.submit(argv=["x"], array="0-99")
+    assert plan_note(store.plan(store.submit(argv=["y"], after=[big])), {}, 0.0) == (
+        f"waits: after {','.join(str(big + i) for i in range(8))} and 92 more"
+    )
+    for expected, outcome in zip(
+        members[:2],
+        (Outcome("succeeded", 0, None, None), Outcome("failed", 1, "nonzero_exit", "exit 1")),
+        strict=True,
+    ):
+        claimed = store.claim("w", "h", RUNS)
+        assert claimed is not None
+        assert claimed.id == expected
+        store.finish(claimed.id, claimed.attempt, "w", outcome)
+    ended = store.get(dependent)
+    assert (ended.status, ended.reason) == ("cancelled", "dependency_failed")
+    assert f"job {members[1]} failed" in (ended.error or "")
+    with pytest.raises(ValidationError, match=f"job {members[1]} is failed"):
+        store.submit(argv=["z"], after=[array])
 
 
 def test_not_before_holds_a_job_until_its_time(db: str) -> None:
@@ -409,6 +500,33 @@ async def test_faulted_gpu_is_not_claimed_until_cleared(
     assert "GPU 0 of" in capsys.readouterr().out
     with open_store(db) as store:
         assert store.gpu_faults() == []
+
+
+@pytest.mark.asyncio
+async def test_cleared_gpu_is_used_while_the_other_gpus_are_busy(
+    tmp_path: Path, store: JobStore, ready: ReadyFifo
+) -> None:
+    """A GPU cleared while the worker's other GPUs are all busy takes a job at once, not only
+    after a running job ends (which can be days of training)."""
+    import socket
+
+    host = socket.gethostname()
+    go = tmp_path / "go"
+    argv = write_script(tmp_path, "gpus.py", SAYS_GPUS)
+    env = {"TEST_SIGNALS": str(ready.path)}
+    store.record_gpu_fault(host, ["1"], worker="w", job_id=None, attempt=None, detail="Xid 79")
+    first = store.submit(argv=[*argv, str(go)], env=env, soak=FAST_SOAK, gpus=1)
+    with anyio.fail_after(LIMIT_S):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: run_worker(store, gpus="0,1", **worker_kwargs(tmp_path)))
+            assert await ready.line() == f"{first} 0"
+            second = store.submit(argv=[*argv, str(go)], env=env, soak=FAST_SOAK, gpus=1)
+            store.clear_gpu_faults(host, ["1"])
+            with anyio.fail_after(10):
+                assert await ready.line() == f"{second} 1"
+            assert store.get(first).status == "running"
+            go.touch()
+    assert [store.get(i).status for i in (first, second)] == ["succeeded"] * 2
 
 
 def test_infrastructure_retry_prefers_another_gpu(store: JobStore) -> None:
