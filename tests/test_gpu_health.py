@@ -485,10 +485,12 @@ async def test_a_hang_with_a_little_cpu_is_idle_in_the_headline_the_hints_and_th
 ) -> None:
     """A waiting trainer whose helper threads use about a tenth of a core: idle in the
     headline, idle in the summary, and no "it was only slow" advice."""
+    # A cycle of about 93 ms, not the samples' 100 ms: a cycle in step with the sampling
+    # would catch the spin (or the wait for a core) in every sample and read "runnable".
     spin = (
         "end = time.monotonic() + 0.01\n"
         "    while time.monotonic() < end: pass\n"
-        "    time.sleep(0.09)"
+        "    time.sleep(0.083)"
     )
     error = await stalled(tmp_path, spin, mode="idle")
     message = error.failures[0]["message"]
