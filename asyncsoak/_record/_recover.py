@@ -15,6 +15,7 @@ from typing import Any
 
 from .._redact import Masker, secret_values
 from ._artifact import ArtifactBuilder, read_log_tail
+from ._events import HeaderJson
 from ._journal import JournalReader
 from ._schema import Artifact
 from ._vocabulary import FailureReason, SoakStatus
@@ -61,7 +62,7 @@ def artifact_from_journal(path: Path) -> Artifact:
 
 
 def _fold_end(
-    path: Path, builder: ArtifactBuilder, header: dict[str, Any], events: int, unreadable: int
+    path: Path, builder: ArtifactBuilder, header: HeaderJson, events: int, unreadable: int
 ) -> Artifact:
     """The artifact once every event is folded: the lost monitor, the log's tail."""
     status = builder.status

@@ -13,6 +13,8 @@ summary groups, the snapshot's probes) stay ``dict[str, Any]``.
 # annotations only, and ``__required_keys__`` is what the schema test compares.
 from typing import Any, NotRequired, TypedDict, cast
 
+from ._events import KeptEventJson
+
 #: ``series`` (and a process's ``series``): field name to values, ``t`` first.
 Series = dict[str, list[float | None]]
 
@@ -202,7 +204,9 @@ class Artifact(TypedDict):
     progress: Progress
     series: dict[str, Series]
     summary: dict[str, Any]
-    events: list[dict[str, Any]]
+    #: The events kept (see ``artifact.EVENTS_HEAD``): the schema requires ``t`` and
+    #: ``kind`` only, and older artifacts may lack a key added to an event since.
+    events: list[KeptEventJson]
     leftover_processes: list[dict[str, Any]]
     log: Log
     monitor: Monitor

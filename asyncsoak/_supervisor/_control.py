@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import anyio
+
+from .._record._serializer import Observer
 
 
 class SoakControl:
@@ -39,7 +40,7 @@ class SoakControl:
         self.reason: str | None = None
         self.grace_seconds: float | None = None
         self.cause = "requested"
-        self.observers: list[Callable[[dict[str, Any]], None]] = []
+        self.observers: list[Observer] = []
         self.progress_age: Callable[[], float | None] | None = None
 
     def request_stop(

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import os
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from .._errors import ValidationError
 from .._record._artifact import FILE_MODE
 from .._record._bounded import read_json_file
 from .._record._journal import JournalDecoder, first_line
+from .._record._vocabulary import EventKind
 from ._config import SoakConfig
 
 #: Bound on reading what is already at the output paths (a dead mount must not hang the start).
@@ -31,7 +33,7 @@ CHECK_TIMEOUT_SECONDS = 10.0
 MIN_FREE_BYTES = 64 * 1024
 
 
-def _journal_header(path: Path) -> dict[str, Any] | None:
+def _journal_header(path: Path) -> Mapping[str, Any] | None:
     """The header of the asyncsoak journal at ``path`` (its first segment's first line: a
     long journal's open segment starts elsewhere), or None when it is not one."""
     if not os.path.lexists(path):
@@ -40,7 +42,7 @@ def _journal_header(path: Path) -> dict[str, Any] | None:
         header = JournalDecoder().decode(first_line(path))
     except (OSError, EOFError, IndexError, ValueError, zlib.error):
         return None
-    if isinstance(header, dict) and header.get("kind") == "header":
+    if header is not None and header["kind"] == EventKind.HEADER:
         return header
     return None
 
@@ -56,7 +58,7 @@ def _artifact(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def _named(record: dict[str, Any], *sections: str) -> set[Path]:
+def _named(record: Mapping[str, Any], *sections: str) -> set[Path]:
     """The paths of the soak's files that a journal header or an artifact names."""
     found: set[Path] = set()
     for section in (record, *(record.get(s) for s in sections)):

@@ -50,7 +50,7 @@ from .._record._events import (
     WarningEvent,
 )
 from .._record._journal import remove_closed_segments
-from .._record._serializer import Serializer
+from .._record._serializer import Observer, Serializer
 from .._record._sink import EventSink, SoakClock, open_event_queue
 from .._record._vocabulary import FailureReason, SoakStatus, StopCause
 from .._redact import Masker, argv_secrets, redact_mapping, secret_values
@@ -246,7 +246,7 @@ class _Soak:
         #: Shared with the soak's tree (``ASYNCSOAK_SOAK_ID``) and its metrics' ``soak_id``.
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
         #: Called with the JSON form of every event, after the journal and the artifact.
-        self.observers: list[Callable[[dict[str, Any]], None]] = list(control.observers)
+        self.observers: list[Observer] = list(control.observers)
         #: Blocking calls riding on the proc sampler's ticks (made with the serializer).
         self._rides = Rides()
         self._child_env = dict(os.environ if cfg.env is None else cfg.env)

@@ -317,7 +317,7 @@ class Timeline:
                         "dot",
                     )
                 )
-            elif kind in (EventKind.LEFTOVER, EventKind.ABANDONED):
+            elif event["kind"] in (EventKind.LEFTOVER, EventKind.ABANDONED):
                 process = event.get("process") or {}
                 marks.append(
                     _Mark(

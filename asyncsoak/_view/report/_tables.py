@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._process._exits import decode as decode_exit
 from ..._record._artifact import EVENTS_HEAD
+from ..._record._events import ProgressJson
 from ..._record._schema import Artifact
 from ..._record._vocabulary import EventKind, FailureReason, SoakStatus
 from ..._sampling._fields import format_clock, format_value
@@ -399,14 +400,14 @@ def events_html(artifact: Artifact) -> str:
         if event["kind"] == EventKind.PROGRESS:
             j = i
             paths: dict[str, None] = {}
-            while (
-                j < len(events)
-                and events[j]["kind"] == EventKind.PROGRESS
-                and not (dropped and j == EVENTS_HEAD and j != i)
-            ):
-                paths.update(dict.fromkeys(events[j].get("paths") or []))
+            run: list[ProgressJson] = []
+            while j < len(events) and not (dropped and j == EVENTS_HEAD and j != i):
+                progress = events[j]
+                if progress["kind"] != EventKind.PROGRESS:
+                    break
+                run.append(progress)
+                paths.update(dict.fromkeys(progress.get("paths") or []))
                 j += 1
-            run = events[i:j]
             names = ", ".join(str(p) for p in list(paths)[:5])
             more = ", ..." if len(paths) > 5 else ""
             changed = sum(int(e.get("changed", 1)) for e in run)
