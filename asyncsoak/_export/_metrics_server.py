@@ -35,14 +35,8 @@ import anyio
 
 from .._blocking import BlockingCallTimeout, run_blocking
 from .._errors import ValidationError
-from ._metrics import (
-    Metrics,
-    SoakMetrics,
-    encode_rows,
-    render_rows,
-    textfile_path,
-    write_textfile,
-)
+from ._exposition import encode_rows, render_rows
+from ._metrics import Metrics, SoakMetrics, textfile_path, write_textfile
 
 #: Bound on one connection, from accept to the last byte of the answer.
 REQUEST_TIMEOUT_SECONDS = 5.0

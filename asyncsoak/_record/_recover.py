@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from .._redact import Masker, secret_values
 from ._artifact import ArtifactBuilder, read_log_tail

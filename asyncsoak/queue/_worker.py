@@ -37,7 +37,8 @@ import anyio
 
 from .._blocking import BlockingCallTimeout, require_asyncio, run_blocking
 from .._errors import SoakFailureError, ValidationError
-from .._export._metrics import Metrics, WorkerMetrics, new_registry, render, validate_metrics
+from .._export._exposition import new_registry, render
+from .._export._metrics import Metrics, WorkerMetrics, validate_metrics
 from .._process._tree import start_time_ticks
 from .._record._bounded import read_json_file
 from .._redact import Masker, argv_secrets, secret_values
