@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -26,6 +26,7 @@ from asyncsoak._process._ranks import (
     stall_culprit,
 )
 from asyncsoak._record._artifact import check_artifact
+from asyncsoak._record._events import SampleJson
 from asyncsoak._view._job_view import NotOneJobError, combine, format_combined
 from asyncsoak._view._summary import format_summary, summarize
 
@@ -416,7 +417,7 @@ def test_a_rank_restarted_after_thousands_of_workers_is_still_known() -> None:
             "processes": [launcher, rank, {**worker, "role": role}],
         }
         metrics.observe(event)
-        watch.add_sample(float(n), event)
+        watch.add_sample(float(n), cast(SampleJson, event))
         launcher = {k: v for k, v in launcher.items() if k != "role"}
         rank = {"pid": 6, "ppid": 5, "cpu_percent": 1.0}
     restarted = {"pid": 9000, "ppid": 5, "cpu_percent": 80.0, "cmdline": ["python"], "role": role}
@@ -428,7 +429,7 @@ def test_a_rank_restarted_after_thousands_of_workers_is_still_known() -> None:
         "processes": [launcher, restarted],
     }
     metrics.observe(event)
-    watch.add_sample(5000.0, event)
+    watch.add_sample(5000.0, cast(SampleJson, event))
     rows = {name: samples for name, _, _, samples in metrics.rows()}
     assert rows["asyncsoak_rank_cpu_cores"][0][2] == pytest.approx(0.8)
     assert watch.recent_cpu[-1] == (5000.0, 80.0)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncsoak._export._metrics import SoakMetrics, encode_rows
+from asyncsoak._export._exposition import encode_rows
+from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._record._exit_codes import DETAILED_EXIT_CODES, detailed_exit_code
 from asyncsoak._record._vocabulary import FailureReason
 from asyncsoak._supervisor._kubernetes import SERVICE_ACCOUNT_DIR

@@ -27,6 +27,7 @@ from asyncsoak._record._journal import (
 )
 from asyncsoak._record._recover import artifact_from_journal
 from asyncsoak._record._serializer import Serializer
+from asyncsoak._record._vocabulary import EventKind
 from asyncsoak._sampling._proc_sampler import ProcSampler
 from asyncsoak._view._live import JournalTail
 
@@ -275,7 +276,7 @@ def test_a_monitor_killed_at_any_moment_loses_at_most_the_last_interval(
     reader = JournalReader(journal)
     events = list(reader)
     assert reader.unreadable <= 1  # at most the line being written
-    samples = [e for e in events if e["kind"] == "sample"]
+    samples = [e for e in events if e["kind"] == EventKind.SAMPLE]
     assert len(samples) >= 60
     # No gap: every sample up to the last one written is there, in order.
     assert [round(e["t"] / 0.05) for e in samples] == list(range(1, len(samples) + 1))

@@ -30,7 +30,6 @@ from .._errors import ValidationError, ValidationTypeError
 from .._process._ranks import RoleFold
 from .._record._events import (
     EventFold,
-    EventJson,
     ExitedJson,
     FailureJson,
     FinishedJson,
@@ -270,7 +269,7 @@ class SoakMetrics:
 
     _fold: ClassVar[EventFold[SoakMetrics]] = EventFold()
 
-    def observe(self, event: EventJson) -> None:
+    def observe(self, event: Mapping[str, Any]) -> None:
         """Fold one event in its JSON form (as the journal holds it)."""
         folded = self._fold.dispatch(self, event)
         if folded and self.on_change is not None and event["kind"] in _CHANGES_TEXTFILE:

@@ -29,7 +29,6 @@ from ._bounded import UnreadableFileError, open_regular
 from ._events import (
     AbandonedJson,
     EventFold,
-    EventJson,
     ExceptionJson,
     ExitedJson,
     FailureJson,
@@ -253,7 +252,7 @@ class ArtifactBuilder:
 
     _fold: ClassVar[EventFold[ArtifactBuilder]] = EventFold()
 
-    def add(self, event: EventJson) -> None:
+    def add(self, event: Mapping[str, Any]) -> None:
         t = float(event.get("t", 0.0))
         self.last_t = max(self.last_t, t)
         if event["kind"] not in _NOT_KEPT_AS_IS:

@@ -756,16 +756,22 @@ class EventFold(Generic[Owner]):
     """A fold's handlers, one per kind it reads; a kind without one is ignored (a journal
     holds kinds each fold has no use for, and may come from a newer asyncsoak).
 
+    :meth:`dispatch` is where a line becomes its kind's JSON form: it takes any mapping (an
+    :data:`EventJson` from the serializer, a journal line read back, a test's hand-made line)
+    and hands it to the handler of its ``kind``, which reads it as that kind's TypedDict.  A
+    line from another asyncsoak may lack a key: the folds read the keys journals of other
+    versions may lack with ``.get``.
+
     Declared in the folding class's body, its handlers registered with :meth:`on`::
 
         class Builder:
             _fold: ClassVar[EventFold[Builder]] = EventFold()
 
-            def add(self, event: EventJson) -> None:
+            def add(self, event: Mapping[str, Any]) -> None:
                 self._fold.dispatch(self, event)
 
             @_fold.on(EventKind.STARTED)
-            def _started(self, t: float, event: StartedJson) -> None: ...
+            def _on_started(self, t: float, event: StartedJson) -> None: ...
     """
 
     __slots__ = ("handlers",)

@@ -20,7 +20,6 @@ from .._blocking import BlockingCallTimeout, run_blocking
 from .._record._artifact import ArtifactBuilder
 from .._record._events import (
     EventFold,
-    EventJson,
     GpuFault,
     GpuSampleJson,
     Limits,
@@ -146,7 +145,7 @@ class RunJudge:
 
     _fold: ClassVar[EventFold[RunJudge]] = EventFold()
 
-    def note_fold(self, data: EventJson) -> None:
+    def note_fold(self, data: Mapping[str, Any]) -> None:
         """The serializer's observer: a folded sample wakes :meth:`run`."""
         self._fold.dispatch(self, data)
 

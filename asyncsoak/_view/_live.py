@@ -590,7 +590,7 @@ class LiveState:
 
     _fold: ClassVar[EventFold[LiveState]] = EventFold()
 
-    def add(self, event: EventJson) -> None:
+    def add(self, event: Mapping[str, Any]) -> None:
         """Fold one event in its JSON form (as the serializer and ``JournalDecoder`` give it)."""
         self.last_t = max(self.last_t, float(event.get("t", 0.0)))
         self._fold.dispatch(self, event)
@@ -1181,7 +1181,7 @@ class _Feed:
         self.state = LiveState()
         self.broken: str | None = None
 
-    def observe(self, event: EventJson) -> None:
+    def observe(self, event: Mapping[str, Any]) -> None:
         if self.broken is not None:
             return
         try:
