@@ -32,9 +32,10 @@ def _kind_of(json_type: type) -> str:
     return str(kind)
 
 
-def _json_types() -> dict[str, type]:
-    """Kind -> the TypedDict of its JSON form, each kind once."""
-    types = [t for t in get_args(EventJson)]
+def _json_types() -> dict[str, Any]:
+    """Kind -> the TypedDict of its JSON form, each kind once (a TypedDict class has no type
+    of its own to name here)."""
+    types = list(get_args(EventJson))
     by_kind = {_kind_of(t): t for t in types}
     assert len(by_kind) == len(types), "two TypedDicts of one kind"
     return by_kind
@@ -55,9 +56,10 @@ def _an_event(cls: type[Event]) -> Event:
     return cls(**{**required, "t": 0.0})
 
 
-@pytest.mark.parametrize(
-    "cls", sorted(_event_classes(), key=lambda c: c.KIND), ids=lambda c: str(c.KIND)
-)
+EVENT_CLASSES = sorted(_event_classes(), key=lambda c: c.KIND)
+
+
+@pytest.mark.parametrize("cls", EVENT_CLASSES, ids=[c.KIND for c in EVENT_CLASSES])
 def test_an_event_json_form_has_its_typeddict_keys(cls: type[Event]) -> None:
     """``event_to_json`` writes every key of the kind's TypedDict (the journal adds a sample's
     points and labels); the keys a journal of an older asyncsoak may lack, the fields with a
@@ -88,12 +90,11 @@ def test_the_kept_events_are_every_kind_the_artifact_keeps() -> None:
     assert kept == set(EventKind) - left_out
 
 
-@pytest.mark.parametrize(
-    "owner",
-    [ArtifactBuilder, LiveState, SoakMetrics, RunJudge, _DetailFold],
-    ids=lambda owner: str(owner.__name__),
-)
-def test_each_handler_takes_the_json_form_of_its_kinds(owner: type) -> None:
+FOLDS: list[Any] = [ArtifactBuilder, LiveState, SoakMetrics, RunJudge, _DetailFold]
+
+
+@pytest.mark.parametrize("owner", FOLDS, ids=[owner.__name__ for owner in FOLDS])
+def test_each_handler_takes_the_json_form_of_its_kinds(owner: Any) -> None:
     """A fold's handler registered for a kind reads that kind's TypedDict (the dispatch is
     where a line becomes it: a mismatch would go unseen by the type checker)."""
     fold: EventFold[Any] = owner._fold
