@@ -794,7 +794,8 @@ class EventFold(Generic[Owner]):
 
     def dispatch(self, owner: Owner, event: Mapping[str, Any]) -> bool:
         """Fold ``event`` into ``owner``; False when no handler reads its kind."""
-        handler = self.handlers.get(event.get("kind"))  # type: ignore[arg-type]
+        kind = event.get("kind")
+        handler = self.handlers.get(kind) if isinstance(kind, str) else None
         if handler is None:
             return False
         handler(owner, float(event.get("t") or 0.0), event)
