@@ -10,6 +10,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# Also used by the command line.
+from ._fleet import COMMAND_WAIT_FOR_DB_S as COMMAND_WAIT_FOR_DB_S
+from ._fleet import LOST as LOST
+from ._fleet import LOST_AFTER_S as LOST_AFTER_S
+from ._fleet import PRUNE_AFTER_S as PRUNE_AFTER_S
+from ._fleet import WORKER_WAIT_FOR_DB_S as WORKER_WAIT_FOR_DB_S
+from ._fleet import WorkerView as WorkerView
+from ._fleet import open_for_worker as open_for_worker
+from ._fleet import open_when_reachable as open_when_reachable
+from ._fleet import worker_views as worker_views
+from ._models import INTEGER_MAX as INTEGER_MAX
+from ._models import JOB_STATUSES as JOB_STATUSES
 from ._models import Attempt as Attempt
 from ._models import DatabaseUnreachableError as DatabaseUnreachableError
 from ._models import Job as Job
@@ -21,29 +33,48 @@ from ._models import QueueMissingError as QueueMissingError
 from ._models import QueueUnavailableError as QueueUnavailableError
 from ._models import WorkerInfo as WorkerInfo
 from ._models import WorkerNameInUseError as WorkerNameInUseError
+from ._models import validate_submission as validate_submission
+from ._orphans import process_alive as process_alive
 from ._postgres import PostgresStore as PostgresStore
+from ._retry import DEPENDENCY_FAILED as DEPENDENCY_FAILED
+from ._retry import INFRASTRUCTURE_BACKOFF_S as INFRASTRUCTURE_BACKOFF_S
+from ._retry import MAX_INFRASTRUCTURE_RETRIES as MAX_INFRASTRUCTURE_RETRIES
+from ._retry import RETRY_NAMES as RETRY_NAMES
 from ._sqlite import SqliteStore as SqliteStore
 from ._status import CANCEL_GRACE_S as CANCEL_GRACE_S
 from ._status import ERROR_TAIL_LINES as ERROR_TAIL_LINES
+from ._status import FAILED as FAILED
 from ._status import FINISH_RETRIES as FINISH_RETRIES
 from ._status import FINISH_RETRY_WAIT_S as FINISH_RETRY_WAIT_S
 from ._status import KILL_WAIT_S as KILL_WAIT_S
+from ._status import KILLED_BEFORE_SAVING as KILLED_BEFORE_SAVING
+from ._status import LOG_TAIL_HEADER as LOG_TAIL_HEADER
 from ._status import POLL_S as POLL_S
 from ._status import SLICE_S as SLICE_S
 from ._status import STALE_AFTER_S as STALE_AFTER_S
 from ._status import STOP_TIMEOUT_S as STOP_TIMEOUT_S
+from ._status import SUCCEEDED as SUCCEEDED
 from ._status import TAIL_BYTES as TAIL_BYTES
+from ._status import WARNINGS_HEADER as WARNINGS_HEADER
 from ._status import Outcome as Outcome
 from ._status import describe_exit as describe_exit
 from ._status import final_status as final_status
 from ._status import tail as tail
 from ._status import with_soak_verdict as with_soak_verdict
 from ._store import JobStore as JobStore
+from ._store import default_data_dir as default_data_dir
 from ._store import open_store as open_store
+from ._sweeps import AttemptCause as AttemptCause
+from ._sweeps import GpuFault as GpuFault
+from ._sweeps import Plan as Plan
+from ._sweeps import ids_text as ids_text
+from ._sweeps import plan_note as plan_note
 
 if TYPE_CHECKING:
+    from .__main__ import main as main
     from ._worker import TRAIN_CMD as TRAIN_CMD
-    from ._worker import main as main
+    from ._worker import default_runs_dir as default_runs_dir
+    from ._worker import prepare_runs_dir as prepare_runs_dir
     from ._worker import run_job as run_job
     from ._worker import run_worker as run_worker
 
@@ -84,13 +115,17 @@ __all__ = [
     "with_soak_verdict",
 ]
 
-_LAZY = frozenset({"TRAIN_CMD", "main", "run_job", "run_worker"})
+_LAZY = frozenset(
+    {"TRAIN_CMD", "default_runs_dir", "main", "prepare_runs_dir", "run_job", "run_worker"}
+)
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'asyncsoak.queue' has no attribute {name!r}")
-    value = getattr(importlib.import_module("._worker", __name__), name)
+    # The entry point lives in __main__, the one module of the queue that uses the command line.
+    module = ".__main__" if name == "main" else "._worker"
+    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
 
