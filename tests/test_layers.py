@@ -10,6 +10,7 @@ counts as much as one at the top.
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +128,40 @@ def test_an_offending_import_is_named(source: str, problem: str) -> None:
     assert len(found) == 1
     assert "asyncsoak/_analysis/_layer_probe.py:1: from asyncsoak" in found[0]
     assert problem in found[0]
+
+
+def door_lists(init: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """A door's names as the type checker reads them, and as :func:`lazy_door` is handed them."""
+    typed: dict[str, str] = {}
+    lazy: dict[str, str] = {}
+    for node in ast.parse(init.read_text()).body:
+        if not (isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"):
+            continue
+        for statement in node.body:
+            if isinstance(statement, ast.ImportFrom) and statement.module:
+                for alias in statement.names:
+                    typed[alias.asname or alias.name] = f".{statement.module}"
+            elif isinstance(statement, ast.Assign):  # a module exported whole, as a namespace
+                assert isinstance(statement.targets[0], ast.Name)
+                typed[statement.targets[0].id] = f"._{ast.unparse(statement.value).lstrip('_')}"
+        for call in ast.walk(ast.Module(body=node.orelse, type_ignores=[])):
+            if isinstance(call, ast.Call) and ast.unparse(call.func) == "lazy_door":
+                for mapping in [*call.args[1:], *(k.value for k in call.keywords)]:
+                    lazy.update(ast.literal_eval(mapping))
+    return typed, lazy
+
+
+@pytest.mark.parametrize(
+    "init", sorted(PACKAGE.glob("*/__init__.py")), ids=lambda path: path.parent.name
+)
+def test_each_door_opens_on_what_it_declares(init: Path) -> None:
+    """What the type checker is told a door exports is what the door hands out, and each name
+    is found in its module."""
+    if init.parent.name == "cli":
+        return  # the command line's door is its own module: main and the exit statuses
+    typed, lazy = door_lists(init)
+    assert typed, f"{init.parent.name}'s door declares nothing"
+    assert typed == lazy
+    door = importlib.import_module(module_name(init))
+    missing = [name for name in typed if not hasattr(door, name)]
+    assert not missing
