@@ -32,7 +32,10 @@ from ._schema import (
     ExceptionInfo,
     Exit,
     Failure,
+    Forensics,
+    OomKill,
     ProcessEntry,
+    SamplerNote,
     StepsProgress,
     Stop,
     Trend,
@@ -192,9 +195,9 @@ class ArtifactBuilder:
         }
         self.leftovers: list[dict[str, Any]] = []
         self.abandoned: list[dict[str, Any]] = []
-        self.sampler_notes: list[dict[str, Any]] = []
-        self.forensics: dict[str, Any] | None = None
-        self.oom_kills: list[dict[str, Any]] = []
+        self.sampler_notes: list[SamplerNote] = []
+        self.forensics: Forensics | None = None
+        self.oom_kills: list[OomKill] = []
         self.progress_changes = 0
         #: The newest step event, when the trainer wrote steps; when the first came.
         self.step: dict[str, Any] | None = None
@@ -311,7 +314,10 @@ class ArtifactBuilder:
             case EventKind.ABANDONED:
                 self.abandoned.append(event["process"])
             case EventKind.FORENSICS:
-                self.forensics = {"reason": event["reason"], "t": t, **event["data"]}
+                # The collector's own record (see ``Forensics``), under the event's reason.
+                self.forensics = cast(
+                    Forensics, {"reason": event["reason"], "t": t, **event["data"]}
+                )
             case EventKind.OOM_KILL:
                 self.oom_kills.append(
                     {
@@ -325,7 +331,7 @@ class ArtifactBuilder:
                     }
                 )
             case EventKind.SAMPLER_NOTE | EventKind.SAMPLER_DEGRADED | EventKind.SAMPLER_RECOVERED:
-                self.sampler_notes.append(event)
+                self.sampler_notes.append(cast(SamplerNote, event))
             case EventKind.FINISHED:
                 self.status = str(event["status"])
 
