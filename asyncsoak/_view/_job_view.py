@@ -41,19 +41,19 @@ def scheduler_line(artifact: Artifact) -> str | None:
     s = scheduler_of(artifact)
     if s is None:
         return None
-    # The job's identity holds every one of its keys, null where SLURM set none.
+    # The snapshot is not checked against the schema: a key may be missing.
     job = str(s["job_id"])
-    if s["array_job_id"] is not None:
-        job += f" (array {s['array_job_id']}_{s['array_task_id']})"
+    if s.get("array_job_id") is not None:
+        job += f" (array {s.get('array_job_id')}_{s.get('array_task_id')})"
     details = []
-    if s["rank"] is not None:
-        of = f" of {s['num_tasks']}" if s["num_tasks"] else ""
-        details.append(f"rank {s['rank']}{of}")
-    if s["restart_count"]:
-        details.append(f"restart {s['restart_count']}")
-    if s["partition"]:
-        details.append(f"partition {s['partition']}")
-    return f"{job} on {s['node'] or '?'}" + (f" ({', '.join(details)})" if details else "")
+    if s.get("rank") is not None:
+        of = f" of {s.get('num_tasks')}" if s.get("num_tasks") else ""
+        details.append(f"rank {s.get('rank')}{of}")
+    if s.get("restart_count"):
+        details.append(f"restart {s.get('restart_count')}")
+    if s.get("partition"):
+        details.append(f"partition {s.get('partition')}")
+    return f"{job} on {s.get('node') or '?'}" + (f" ({', '.join(details)})" if details else "")
 
 
 def rendezvous_of(artifact: Artifact) -> str | None:
@@ -86,16 +86,18 @@ def pod_line(artifact: Artifact) -> str | None:
     s = artifact["snapshot"].get("scheduler")
     if not isinstance(s, Mapping) or s.get("kind") != "kubernetes":
         return None
-    # The pod's identity holds every one of its keys, null where nothing said it.
-    name = f"{s['namespace']}/{s['pod_name']}" if s["namespace"] else s["pod_name"]
+    # The snapshot is not checked against the schema: a key may be missing.
+    name = f"{s.get('namespace')}/{s.get('pod_name')}" if s.get("namespace") else s.get("pod_name")
     details = []
-    if s["jobset_name"]:
-        details.append(f"jobset {s['jobset_name']}, {s['replicated_job_name']} {s['job_index']}")
-    if s["job_name"]:
-        details.append(f"job {s['job_name']}")
-    if s["completion_index"] is not None:
-        details.append(f"index {s['completion_index']}")
-    where = f" on {s['node']}" if s["node"] else ""
+    if s.get("jobset_name"):
+        details.append(
+            f"jobset {s.get('jobset_name')}, {s.get('replicated_job_name')} {s.get('job_index')}"
+        )
+    if s.get("job_name"):
+        details.append(f"job {s.get('job_name')}")
+    if s.get("completion_index") is not None:
+        details.append(f"index {s.get('completion_index')}")
+    where = f" on {s.get('node')}" if s.get("node") else ""
     return f"{name or '?'}{where}" + (f" ({', '.join(details)})" if details else "")
 
 
@@ -110,7 +112,7 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
         s = scheduler_of(artifact)
         run_id = rendezvous_of(artifact)
         if s is not None:
-            keys.add(("slurm", s["cluster"], str(s["job_id"])))
+            keys.add(("slurm", s.get("cluster"), str(s["job_id"])))
         elif run_id is not None:
             keys.add(("torchrun", None, run_id))
         else:
