@@ -1005,19 +1005,68 @@ async def _sample_on_ticks(
 ) -> None:
     """Hand each tick's sample to the sink, telling what goes wrong, until cancelled or the
     tree is gone; past ``blind_after`` seconds without a sample, call ``on_blind``."""
-    error_told = degraded = blind_told = False
-    last_sample_at = sink.elapsed()
+    handling = _TickHandling(
+        sink,
+        sampler,
+        on_tree=on_tree,
+        read_timeout=read_timeout,
+        tree_gone=tree_gone,
+        on_blind=on_blind,
+        blind_after=blind_after,
+    )
     while True:
-        outcome: _TickOutcome | None = None
-        ride_hung = False
+        outcome, ride_hung = await _next_tick(ticker, read_timeout)
+        if await handling.handle(outcome, ride_hung):
+            return
+        if ticks is not None:
+            ticks.notify()
+
+
+async def _next_tick(
+    ticker: Ticker[_TickOutcome], read_timeout: float
+) -> tuple[_TickOutcome | None, bool]:
+    """What the next tick's job did (None if it had not begun by ``read_timeout``), and
+    whether one of its rides hung."""
+    try:
+        return await ticker.next(timeout=read_timeout), False
+    except TickTimeout as exc:
+        outcome: _TickOutcome | None = exc.partial.get("outcome")
+        # A ride that hung (the rides run before the read) is its rider's to tell; the
+        # next tick's read, in a new thread, is not held up by it.
+        return outcome, outcome is not None and not all(ride.finished for ride in outcome.rides)
+
+
+class _TickHandling:
+    """What the sampler's task does with each tick: the sample handed to the sink, the
+    sampler degraded (reads that hang) and recovered, an error told once (then counted),
+    and a sampler without samples for too long told once as blind."""
+
+    def __init__(
+        self,
+        sink: EventSink,
+        sampler: ProcSampler,
+        *,
+        on_tree: Callable[[frozenset[int]], None] | None,
+        read_timeout: float,
+        tree_gone: anyio.Event | None,
+        on_blind: Callable[[str, str], Awaitable[None]] | None,
+        blind_after: float,
+    ) -> None:
+        self.sink = sink
+        self.sampler = sampler
+        self.on_tree = on_tree
+        self.read_timeout = read_timeout
+        self.tree_gone = tree_gone
+        self.on_blind = on_blind
+        self.blind_after = blind_after
+        self.error_told = False
+        self.degraded = False
+        self.blind_told = False
+        self.last_sample_at = sink.elapsed()
+
+    async def handle(self, outcome: _TickOutcome | None, ride_hung: bool) -> bool:
+        """Handle one tick; True when the tree is gone (the sampler is done)."""
         sampled = False
-        try:
-            outcome = await ticker.next(timeout=read_timeout)
-        except TickTimeout as exc:
-            outcome = exc.partial.get("outcome")
-            # A ride that hung (the rides run before the read) is its rider's to tell; the
-            # next tick's read, in a new thread, is not held up by it.
-            ride_hung = outcome is not None and not all(ride.finished for ride in outcome.rides)
         try:
             if outcome is not None:
                 for ride in outcome.rides:
@@ -1026,64 +1075,77 @@ async def _sample_on_ticks(
                 if outcome.error is not None:
                     raise outcome.error
             sample = outcome.sample if outcome is not None else None
-            gone = tree_gone is not None and tree_gone.is_set()
+            gone = self.tree_gone is not None and self.tree_gone.is_set()
             if sample is not None and not sample.processes and gone:
                 # Read after the reaper's last child went: an empty tree, not a sample of the
                 # run (its "0 processes" would end every series), and the last there is.
-                return
+                return True
             busy = outcome is not None and outcome.read and sample is None
             if sample is not None:
                 sampled = True
-                if degraded:
-                    degraded = False
-                    await sink.emit(
-                        SamplerRecovered(sink.elapsed(), SAMPLER_NAME, "/proc reads are back")
-                    )
-                if sink.waiting() >= SAMPLES_BEHIND:
-                    # The ticker waits for this task, not for the serializer: while
-                    # the serializer is behind (a huge tree, a starved machine), a new
-                    # sample is dropped and counted, never queued up behind it.
-                    sink.counters.dropped_samples += 1
-                    sampler.forget_descriptions(sample)
-                elif not sink.offer(sample):
-                    sampler.forget_descriptions(sample)
-                if on_tree is not None:
-                    on_tree(sample.pids)
-            elif not busy and not degraded and not ride_hung:
-                # The thread is abandoned, not stopped: the next reads return None
-                # at once until it comes back, so stuck threads never pile up.
-                degraded = True
-                sink.counters.sampler_errors += 1
-                await sink.emit(
-                    SamplerDegraded(
-                        sink.elapsed(),
-                        SAMPLER_NAME,
-                        f"reading /proc took more than {read_timeout:g} s; "
-                        "skipping samples until it returns",
-                    )
-                )
+                await self._deliver(sample)
+            elif not busy and not self.degraded and not ride_hung:
+                await self._degrade()
         except Exception as exc:
-            sink.counters.sampler_errors += 1
-            if not error_told:
-                error_told = True
-                await sink.emit(
-                    SamplerNote(
-                        sink.elapsed(),
-                        SAMPLER_NAME,
-                        f"proc sampler error (later ones are only counted): {exc!r}",
-                        {"error": repr(exc), "type": type(exc).__name__},
-                    )
-                )
-        now = sink.elapsed()
-        if sampled:
-            last_sample_at = now
-        elif on_blind is not None and not blind_told and now - last_sample_at >= blind_after:
-            blind_told = True
-            await on_blind(
-                "monitor_error",
-                f"the proc sampler had no sample of the process tree for "
-                f"{now - last_sample_at:.1f}s (reads that hang or fail, or no thread to read "
-                "in): the run was not being watched",
+            await self._count_error(exc)
+        await self._tell_if_blind(sampled)
+        return False
+
+    async def _deliver(self, sample: ProcSample) -> None:
+        sink = self.sink
+        if self.degraded:
+            self.degraded = False
+            await sink.emit(SamplerRecovered(sink.elapsed(), SAMPLER_NAME, "/proc reads are back"))
+        if sink.waiting() >= SAMPLES_BEHIND:
+            # The ticker waits for this task, not for the serializer: while the serializer
+            # is behind (a huge tree, a starved machine), a new sample is dropped and
+            # counted, never queued up behind it.
+            sink.counters.dropped_samples += 1
+            self.sampler.forget_descriptions(sample)
+        elif not sink.offer(sample):
+            self.sampler.forget_descriptions(sample)
+        if self.on_tree is not None:
+            self.on_tree(sample.pids)
+
+    async def _degrade(self) -> None:
+        # The thread is abandoned, not stopped: the next reads return None at once until it
+        # comes back, so stuck threads never pile up.
+        self.degraded = True
+        self.sink.counters.sampler_errors += 1
+        await self.sink.emit(
+            SamplerDegraded(
+                self.sink.elapsed(),
+                SAMPLER_NAME,
+                f"reading /proc took more than {self.read_timeout:g} s; "
+                "skipping samples until it returns",
             )
-        if ticks is not None:
-            ticks.notify()
+        )
+
+    async def _count_error(self, exc: Exception) -> None:
+        self.sink.counters.sampler_errors += 1
+        if self.error_told:
+            return
+        self.error_told = True
+        await self.sink.emit(
+            SamplerNote(
+                self.sink.elapsed(),
+                SAMPLER_NAME,
+                f"proc sampler error (later ones are only counted): {exc!r}",
+                {"error": repr(exc), "type": type(exc).__name__},
+            )
+        )
+
+    async def _tell_if_blind(self, sampled: bool) -> None:
+        now = self.sink.elapsed()
+        if sampled:
+            self.last_sample_at = now
+            return
+        if self.on_blind is None or self.blind_told or now - self.last_sample_at < self.blind_after:
+            return
+        self.blind_told = True
+        await self.on_blind(
+            "monitor_error",
+            f"the proc sampler had no sample of the process tree for "
+            f"{now - self.last_sample_at:.1f}s (reads that hang or fail, or no thread to read "
+            "in): the run was not being watched",
+        )
