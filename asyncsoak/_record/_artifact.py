@@ -18,27 +18,30 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, cast
 
-from .._analysis._gpu_health import GpuHealthFold
-from .._analysis._trendwatch import TrendWatch
-from .._errors import ValidationError
-from .._process._ranks import ranks_section
-
-# Re-exported: the supervisor writes its times through the artifact module.
-from .._timestamps import iso as iso
-from .._timestamps import parse_iso
-from ._bounded import UnreadableFileError, open_regular
-from ._schema import (
+from .._analysis import GpuHealthFold, TrendWatch
+from .._contract import (
+    SERIES_POINTS,
     Artifact,
+    EventKind,
     ExceptionInfo,
     Exit,
     Failure,
     ProcessEntry,
+    RunningStats,
+    SeriesBuffer,
     StepsProgress,
     Stop,
+    StopCause,
     Trend,
+    UnreadableFileError,
+    ValidationError,
+    open_regular,
+    parse_iso,
 )
-from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
-from ._vocabulary import EventKind, StopCause
+
+# Re-exported: the supervisor writes its times through the artifact module.
+from .._contract import iso as iso
+from .._process import ranks_section
 
 #: Version 2 added ``trends``, ``processes``, ``limits``, ``exit.exception`` and
 #: ``series.progress_rate``; readers still take version 1 artifacts.

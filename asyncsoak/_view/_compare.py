@@ -15,13 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from .._analysis._trendwatch import TREE_MEMORY_SERIES
-from .._record._schema import Artifact
-from .._record._vocabulary import SoakStatus
-from .._sampling._fields import format_value, gpu_index
-from .._terminal import terminal_text
-from .._units import format_duration
+from .._analysis import TREE_MEMORY_SERIES
+from .._contract import Artifact, SoakStatus, format_duration, terminal_text
 from ._evidence import gpu_faults, leaking_series, rate_text
+from ._fields import format_value, gpu_index
 from ._status import PASSED_WITH_WARNINGS, shown_status
 
 #: Relative change (fraction) beyond which a worse figure is a regression.

@@ -17,13 +17,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
-from .._analysis._activity import GpuActivity, recorded_gpus, tree_verdict
-from .._process._crash import last_traceback
-from .._record._schema import Artifact, Failure, Trend
-from .._record._vocabulary import EventKind, FailureReason
-from .._sampling._fields import format_bytes, format_value
-from .._timestamps import parse_iso
-from .._units import format_duration
+from .._analysis import GpuActivity, recorded_gpus, tree_verdict
+from .._contract import (
+    Artifact,
+    EventKind,
+    Failure,
+    FailureReason,
+    Trend,
+    format_duration,
+    last_traceback,
+    parse_iso,
+)
+from ._fields import format_bytes, format_value
 
 #: Log lines shown at most (a traceback longer than this keeps its end).
 LOG_LINES = 14

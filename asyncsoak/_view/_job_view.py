@@ -14,12 +14,15 @@ import html
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._process._ranks import judge_ranks, states_from_json
-from .._record._schema import Artifact, series_times
-from .._record._vocabulary import SoakStatus
-from .._terminal import terminal_text
-from .._timestamps import parse_iso_or_none
-from .._units import format_duration
+from .._contract import (
+    Artifact,
+    SoakStatus,
+    format_duration,
+    parse_iso_or_none,
+    series_times,
+    terminal_text,
+)
+from .._process import judge_ranks, states_from_json
 
 #: Width of the text timeline's bars, in characters.
 TIMELINE_WIDTH = 48

@@ -11,14 +11,17 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._analysis._activity import describe_gpus
-from .._process._exits import describe as describe_exit
-from .._process._exits import forwarded_signals
-from .._record._schema import Artifact
-from .._record._vocabulary import EventKind, FailureReason, SoakStatus
-from .._sampling._fields import describe, format_clock, format_value, group_kind
-from .._terminal import terminal_text
-from .._units import format_duration
+from .._analysis import describe_gpus
+from .._contract import (
+    Artifact,
+    EventKind,
+    FailureReason,
+    SoakStatus,
+    describe_exit_status,
+    format_duration,
+    forwarded_signals,
+    terminal_text,
+)
 from ._evidence import (
     Leak,
     config_value,
@@ -33,6 +36,7 @@ from ._evidence import (
     stall_window,
     trend_text,
 )
+from ._fields import describe, format_clock, format_value, group_kind
 from ._job_view import pod_line, scheduler_line
 from ._status import is_pass, shown_status, status_words
 from ._training import training_line
@@ -153,7 +157,7 @@ def exit_text(artifact: Artifact) -> str:
         f["reason"] == FailureReason.SPAWN_FAILED for f in a["failures"]
     ):
         return "never started"
-    return describe_exit(
+    return describe_exit_status(
         a["exit"]["returncode"],
         sent=signals_sent(artifact),
         forwarded=forwarded_signals(artifact),

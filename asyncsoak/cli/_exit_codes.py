@@ -7,9 +7,8 @@ import json
 import signal
 from typing import Any
 
-from .._process._exits import SHELL_SIGNAL_BASE
-from .._record._exit_codes import DETAILED_EXIT_CODES, EXIT_FAILED, EXIT_PASSED, EXIT_USAGE
-from .._view._summary import REASON_TITLES
+from .._contract import DETAILED_EXIT_CODES, EXIT_FAILED, EXIT_PASSED, EXIT_USAGE, SHELL_SIGNAL_BASE
+from .._view import REASON_TITLES
 from . import EXIT_OK
 
 #: The statuses that hold with or without ``--detailed-exit-codes``.

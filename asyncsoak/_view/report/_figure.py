@@ -13,13 +13,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from ..._analysis._trendwatch import TREE_MEMORY_SERIES
-from ..._record._artifact import EVENTS_HEAD
-from ..._record._schema import Artifact, series_times
-from ..._record._vocabulary import EventKind, FailureReason
-from ..._sampling._fields import Field, gpu_index, group_label
-from ..._timestamps import parse_iso
-from ..._units import format_duration
+from ..._analysis import TREE_MEMORY_SERIES
+from ..._contract import (
+    Artifact,
+    EventKind,
+    FailureReason,
+    format_duration,
+    parse_iso,
+    series_times,
+)
+from ..._record import EVENTS_HEAD
 from .._evidence import (
     config_value,
     event_times,
@@ -27,6 +30,7 @@ from .._evidence import (
     rate_text,
     stall_window,
 )
+from .._fields import Field, gpu_index, group_label
 from ._assets import READOUT_SCRIPT, RENDERED_SCRIPT
 from ._detail import JournalDetail, file_names
 from ._panels import (

@@ -9,17 +9,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..._process._exits import decode as decode_exit
-from ..._record._artifact import EVENTS_HEAD
-from ..._record._schema import Artifact
-from ..._record._vocabulary import EventKind, FailureReason, SoakStatus
-from ..._sampling._fields import format_clock, format_value
-from ..._units import format_duration
+from ..._contract import Artifact, EventKind, FailureReason, SoakStatus, format_duration
+from ..._contract import decode as decode_exit
+from ..._record import EVENTS_HEAD
 from .._evidence import (
     config_value,
     innermost_python_frame,
     rate_text,
 )
+from .._fields import format_clock, format_value
 from .._status import is_pass, status_words
 from .._summary import exit_text, oom_killer
 from .._training import training_line
