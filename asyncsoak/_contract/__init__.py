@@ -96,10 +96,14 @@ if TYPE_CHECKING:
     from ._schema import ExceptionInfo as ExceptionInfo
     from ._schema import Exit as Exit
     from ._schema import Failure as Failure
+    from ._schema import ForensicsProcess as ForensicsProcess
+    from ._schema import ForensicsSection as ForensicsSection
+    from ._schema import OomKillEntry as OomKillEntry
     from ._schema import ProcessEntry as ProcessEntry
     from ._schema import StepsProgress as StepsProgress
     from ._schema import Stop as Stop
     from ._schema import Trend as Trend
+    from ._schema import readable_processes as readable_processes
     from ._schema import series_times as series_times
     from ._series import SERIES_POINTS as SERIES_POINTS
     from ._series import RunningStats as RunningStats
@@ -127,6 +131,10 @@ else:
     __getattr__, __dir__ = lazy_door(
         __name__,
         {
+            "readable_processes": "._schema",
+            "OomKillEntry": "._schema",
+            "ForensicsSection": "._schema",
+            "ForensicsProcess": "._schema",
             "BlockingCallTimeout": "._blocking",
             "EXECUTOR": "._blocking",
             "Ride": "._blocking",

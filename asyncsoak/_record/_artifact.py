@@ -26,8 +26,11 @@ from .._contract import (
     ExceptionInfo,
     Exit,
     Failure,
+    ForensicsSection,
+    OomKillEntry,
     ProcessEntry,
     RunningStats,
+    SamplerNote,
     SeriesBuffer,
     StepsProgress,
     Stop,
@@ -195,9 +198,9 @@ class ArtifactBuilder:
         }
         self.leftovers: list[dict[str, Any]] = []
         self.abandoned: list[dict[str, Any]] = []
-        self.sampler_notes: list[dict[str, Any]] = []
-        self.forensics: dict[str, Any] | None = None
-        self.oom_kills: list[dict[str, Any]] = []
+        self.sampler_notes: list[SamplerNote] = []
+        self.forensics: ForensicsSection | None = None
+        self.oom_kills: list[OomKillEntry] = []
         self.progress_changes = 0
         #: The newest step event, when the trainer wrote steps; when the first came.
         self.step: dict[str, Any] | None = None
@@ -314,7 +317,10 @@ class ArtifactBuilder:
             case EventKind.ABANDONED:
                 self.abandoned.append(event["process"])
             case EventKind.FORENSICS:
-                self.forensics = {"reason": event["reason"], "t": t, **event["data"]}
+                # The collector's own record (see ``Forensics``), under the event's reason.
+                self.forensics = cast(
+                    ForensicsSection, {"reason": event["reason"], "t": t, **event["data"]}
+                )
             case EventKind.OOM_KILL:
                 self.oom_kills.append(
                     {
@@ -328,7 +334,7 @@ class ArtifactBuilder:
                     }
                 )
             case EventKind.SAMPLER_NOTE | EventKind.SAMPLER_DEGRADED | EventKind.SAMPLER_RECOVERED:
-                self.sampler_notes.append(event)
+                self.sampler_notes.append(cast(SamplerNote, event))
             case EventKind.FINISHED:
                 self.status = str(event["status"])
 

@@ -7,7 +7,14 @@ import json
 import signal
 from typing import Any
 
-from .._contract import DETAILED_EXIT_CODES, EXIT_FAILED, EXIT_PASSED, EXIT_USAGE, SHELL_SIGNAL_BASE
+from .._contract import (
+    DETAILED_EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_PASSED,
+    EXIT_USAGE,
+    SHELL_SIGNAL_BASE,
+    FailureReason,
+)
 from .._view import REASON_TITLES
 from . import EXIT_OK
 
@@ -43,7 +50,7 @@ def register(subparsers: Any) -> None:
 def exit_code_table() -> list[dict[str, Any]]:
     """Every failure reason with its detailed status and what it means, by status."""
     return [
-        {"exit_code": code, "reason": str(reason), "title": REASON_TITLES.get(reason, reason)}
+        {"exit_code": code, "reason": str(reason), "title": REASON_TITLES[FailureReason(reason)]}
         for reason, code in sorted(DETAILED_EXIT_CODES.items(), key=lambda item: item[1])
     ]
 
