@@ -28,10 +28,10 @@ import time
 
 from asyncsoak._analysis._trends import FLOORS
 from asyncsoak._analysis._trendwatch import LIVE_WARM_UP_INTERVALS, TrendWatch
+from asyncsoak._contract._events import SampleJson
+from asyncsoak._contract._vocabulary import EventKind
 from asyncsoak._record._artifact import ArtifactBuilder
-from asyncsoak._record._events import SampleJson
 from asyncsoak._record._serializer import journal_line
-from asyncsoak._record._vocabulary import EventKind
 from asyncsoak._sampling._proc_sampler import ProcSampler
 from asyncsoak._supervisor._rules import TREND_EVERY_INTERVALS, TREND_LAG_FRACTION
 from benchmarks._common import Figure, Section

@@ -17,8 +17,9 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak._analysis._trendwatch import TrendWatch
+from asyncsoak._contract._crash import describe_rank_crash, find_rank_exception
+from asyncsoak._contract._events import SampleJson
 from asyncsoak._export._metrics import SoakMetrics
-from asyncsoak._process._crash import describe_rank_crash, find_rank_exception
 from asyncsoak._process._ranks import (
     launcher_of,
     parse_rank_environ,
@@ -26,7 +27,6 @@ from asyncsoak._process._ranks import (
     stall_culprit,
 )
 from asyncsoak._record._artifact import check_artifact
-from asyncsoak._record._events import SampleJson
 from asyncsoak._view._job_view import NotOneJobError, combine, format_combined
 from asyncsoak._view._summary import format_summary, summarize
 

@@ -9,9 +9,7 @@ from typing import Any, get_args, get_type_hints
 
 import pytest
 
-from asyncsoak._export._metrics import SoakMetrics
-from asyncsoak._record._artifact import ArtifactBuilder
-from asyncsoak._record._events import (
+from asyncsoak._contract._events import (
     JOURNAL_SAMPLE_KEYS,
     Event,
     EventFold,
@@ -19,7 +17,9 @@ from asyncsoak._record._events import (
     KeptEventJson,
     event_to_json,
 )
-from asyncsoak._record._vocabulary import EventKind
+from asyncsoak._contract._vocabulary import EventKind
+from asyncsoak._export._metrics import SoakMetrics
+from asyncsoak._record._artifact import ArtifactBuilder
 from asyncsoak._supervisor._judge import RunJudge
 from asyncsoak._view._live import LiveState
 from asyncsoak._view.report._detail import _DetailFold

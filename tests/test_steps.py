@@ -14,7 +14,7 @@ from typing import cast
 import pytest
 
 from asyncsoak._analysis._trendwatch import TrendWatch
-from asyncsoak._record._events import ProgressJson, SampleJson
+from asyncsoak._contract._events import ProgressJson, SampleJson
 from asyncsoak._sampling import _steps
 from asyncsoak._sampling._step_rules import (
     AUTO_FLOOR_SECONDS,

@@ -25,13 +25,14 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .._analysis._trendwatch import TREE_MEMORY_SERIES
-from .._errors import ValidationError, ValidationTypeError
-from .._process._ranks import RoleFold
-from .._record._events import (
+from .._analysis import TREE_MEMORY_SERIES
+from .._contract import (
+    MAX_SECONDS,
     EventFold,
+    EventKind,
     ExitedJson,
     FailureJson,
+    FailureReason,
     FinishedJson,
     GpuFaultJson,
     GpuSampleJson,
@@ -40,16 +41,18 @@ from .._record._events import (
     SampleJson,
     SamplerDegradedJson,
     SamplerRecoveredJson,
+    SoakStatus,
     StartedJson,
     StepJson,
     StopJson,
+    ValidationError,
+    ValidationTypeError,
+    epoch,
+    redact_url_passwords,
+    verdict_exit_code,
 )
-from .._record._exit_codes import verdict_exit_code
-from .._record._vocabulary import EventKind, FailureReason, SoakStatus
-from .._redact import redact_url_passwords
-from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
-from .._timestamps import epoch
-from .._units import MAX_SECONDS
+from .._process import RoleFold
+from .._sampling import CLOCK_EVENT_REASONS
 from ._exposition import Row, Sample, families
 
 if TYPE_CHECKING:

@@ -18,56 +18,60 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from .._analysis._gpu_health import GpuHealthFold
-from .._analysis._trendwatch import TrendWatch
-from .._errors import ValidationError
-
-# Re-exported: the supervisor writes its times through the artifact module.
-from .._timestamps import iso as iso
-from .._timestamps import parse_iso
-from ._bounded import UnreadableFileError, open_regular
-from ._events import (
+from .._analysis import GpuHealthFold, TrendWatch
+from .._contract import (
+    SERIES_POINTS,
     AbandonedJson,
+    Artifact,
     EventFold,
+    EventKind,
+    ExceptionInfo,
     ExceptionJson,
+    Exit,
     ExitedJson,
+    Failure,
     FailureJson,
     FinishedJson,
     ForensicsJson,
+    ForensicsSection,
     GpuFaultJson,
     GpuSampleJson,
     HeaderJson,
     KeptEventJson,
     LeftoverJson,
     LimitsJson,
+    OomKillEntry,
     OomKillJson,
+    ProcessEntry,
     ProgressJson,
     RequeueJson,
+    RunningStats,
     SampleJson,
     SamplerDegradedJson,
+    SamplerNote,
     SamplerNoteJson,
     SamplerRecoveredJson,
+    SeriesBuffer,
     SignalJson,
     SnapshotJson,
     StartedJson,
     StepJson,
-    StopJson,
-    TreeGoneJson,
-    TrendJson,
-    WarningJson,
-)
-from ._schema import (
-    Artifact,
-    ExceptionInfo,
-    Exit,
-    Failure,
-    ProcessEntry,
     StepsProgress,
     Stop,
+    StopCause,
+    StopJson,
+    TreeGoneJson,
     Trend,
+    TrendJson,
+    UnreadableFileError,
+    ValidationError,
+    WarningJson,
+    open_regular,
+    parse_iso,
 )
-from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
-from ._vocabulary import EventKind, StopCause
+
+# Re-exported: the supervisor writes its times through the artifact module.
+from .._contract import iso as iso
 
 #: Version 2 added ``trends``, ``processes``, ``limits``, ``exit.exception`` and
 #: ``series.progress_rate``; readers still take version 1 artifacts.
@@ -227,9 +231,9 @@ class ArtifactBuilder:
         }
         self.leftovers: list[dict[str, Any]] = []
         self.abandoned: list[dict[str, Any]] = []
-        self.sampler_notes: list[dict[str, Any]] = []
-        self.forensics: dict[str, Any] | None = None
-        self.oom_kills: list[dict[str, Any]] = []
+        self.sampler_notes: list[SamplerNote] = []
+        self.forensics: ForensicsSection | None = None
+        self.oom_kills: list[OomKillEntry] = []
         self.progress_changes = 0
         #: The newest step event, when the trainer wrote steps; when the first came.
         self.step: StepJson | None = None
@@ -391,7 +395,8 @@ class ArtifactBuilder:
         self._keep_event(
             {"t": t, "kind": EventKind.FORENSICS, "processes": len(data.get("processes", []))}
         )
-        self.forensics = {"reason": event["reason"], "t": t, **data}
+        # The collector's own record (see ``Forensics``), under the event's reason.
+        self.forensics = cast(ForensicsSection, {"reason": event["reason"], "t": t, **data})
 
     @_fold.on(EventKind.OOM_KILL)
     def _on_oom_kill(self, t: float, event: OomKillJson) -> None:
@@ -411,7 +416,7 @@ class ArtifactBuilder:
     def _on_sampler_note(
         self, t: float, event: SamplerNoteJson | SamplerDegradedJson | SamplerRecoveredJson
     ) -> None:
-        self.sampler_notes.append(dict(event))
+        self.sampler_notes.append(cast(SamplerNote, event))
 
     @_fold.on(EventKind.FINISHED)
     def _on_finished(self, t: float, event: FinishedJson) -> None:

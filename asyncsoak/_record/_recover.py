@@ -12,12 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .._redact import Masker, secret_values
+from .._contract import Artifact, FailureReason, HeaderJson, Masker, SoakStatus, secret_values
 from ._artifact import ArtifactBuilder, read_log_tail
-from ._events import HeaderJson
 from ._journal import JournalReader
-from ._schema import Artifact
-from ._vocabulary import FailureReason, SoakStatus
 
 
 class JournalError(ValueError):

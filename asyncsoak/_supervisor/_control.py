@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import anyio
 
-from .._record._serializer import Observer
+from .._record import Observer
 
 
 class SoakControl:

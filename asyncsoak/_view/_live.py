@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Protocol, TextIO, Typ
 
 import anyio
 
-from .._analysis._trends import MAX_WINDOWS, SAMPLES_PER_WINDOW, theil_sen, windowed_minima
-from .._blocking import run_blocking
-from .._record._bounded import MAX_LINE_BYTES, UnreadableFileError
-from .._record._events import (
+from .._analysis import MAX_WINDOWS, SAMPLES_PER_WINDOW, theil_sen, windowed_minima
+from .._contract import (
+    MAX_LINE_BYTES,
     EventFold,
     EventJson,
+    EventKind,
     ExitedJson,
     FailureJson,
     FinishedJson,
@@ -55,19 +55,20 @@ from .._record._events import (
     StepJson,
     StopJson,
     TrendJson,
+    UnreadableFileError,
     WarningJson,
+    epoch,
+    format_duration,
+    run_blocking,
+    terminal_text,
 )
-from .._record._journal import JournalDecoder
-from .._record._vocabulary import EventKind
-from .._sampling._fields import format_value, gpu_index
-from .._terminal import terminal_text
-from .._timestamps import epoch
-from .._units import format_duration
+from .._record import JournalDecoder
+from ._fields import format_value, gpu_index
 from ._status import shown_status
 from ._training import training_line
 
 if TYPE_CHECKING:
-    from .._supervisor._control import SoakControl
+    from .._supervisor import SoakControl
 
 #: Seconds between two reads of the journal (and two frames on a terminal).
 REFRESH_SECONDS = 0.5
@@ -513,7 +514,7 @@ def _shorten_words(text: str, width: int) -> str:
     return cut + "…"
 
 
-# The live view reads journal lines as their kinds' JSON forms (``_record._events``), every
+# The live view reads journal lines as their kinds' JSON forms (``_contract._events``), every
 # key with ``.get``: a journal is not checked against a schema as an artifact is, and it may
 # come from another asyncsoak.
 

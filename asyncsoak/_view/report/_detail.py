@@ -6,11 +6,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from ..._record._bounded import UnreadableFileError
-from ..._record._events import EventFold, EventJson, GpuSampleJson, ProgressJson, SampleJson
-from ..._record._journal import JournalReader
-from ..._record._schema import Artifact
-from ..._record._vocabulary import EventKind
+from ..._contract import (
+    Artifact,
+    EventFold,
+    EventJson,
+    EventKind,
+    GpuSampleJson,
+    ProgressJson,
+    SampleJson,
+    UnreadableFileError,
+)
+from ..._record import JournalReader
 from .._summary import IDLE_THROTTLE
 
 

@@ -173,7 +173,7 @@ class StepProgress(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Failure(Event):
+class FailureEvent(Event):
     KIND: ClassVar[str] = EventKind.FAILURE
 
     reason: str
