@@ -749,7 +749,7 @@ Owner = TypeVar("Owner")
 #: ``Any`` here so each handler names its own kind's TypedDict (``tests/test_event_json.py``
 #: checks that every handler takes the kinds it is registered for).
 Handler = Callable[[Owner, float, Any], None]
-H = TypeVar("H", bound=Callable[..., None])
+AnyHandler = TypeVar("AnyHandler", bound=Callable[..., None])
 
 
 class EventFold(Generic[Owner]):
@@ -780,10 +780,10 @@ class EventFold(Generic[Owner]):
         #: Kind -> handler (a StrEnum member hashes as its string: a journal's kind finds it).
         self.handlers: dict[str, Handler[Owner]] = {}
 
-    def on(self, *kinds: EventKind) -> Callable[[H], H]:
+    def on(self, *kinds: EventKind) -> Callable[[AnyHandler], AnyHandler]:
         """Register the decorated method as the handler of ``kinds``."""
 
-        def register(handler: H) -> H:
+        def register(handler: AnyHandler) -> AnyHandler:
             for kind in kinds:
                 if kind in self.handlers:
                     raise ValueError(f"two handlers of {kind!r} events")
