@@ -14,6 +14,7 @@ import os
 import random
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -303,6 +304,7 @@ async def test_with_no_visible_devices_an_xid_on_another_jobs_gpu_fails_only_a_c
     bus_id, xid_address = unique_bus_id()
     xid = f"kmsg <4>NVRM: Xid (PCI:{xid_address}): 79, pid=1, name=x, GPU has fallen off the bus."
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    artifact: Mapping[str, Any]
     async with await anyio.open_process(["sleep", "60"]) as other_job:
         try:
             pid = other_job.pid if other_job_here else pid_not_here()

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +180,7 @@ async def test_a_second_soak_over_the_same_output_is_refused(
     control = SoakControl()
     journal = tmp_path / "out" / "soak.jsonl"
     async with anyio.create_task_group() as tg:
-        results: list[dict[str, object]] = []
+        results: list[Mapping[str, object]] = []
 
         async def first() -> None:
             results.append(await run_soak(command=py(body), control=control, **kwargs))

@@ -17,8 +17,10 @@ import anyio
 
 from .._blocking import BlockingCallTimeout, abandoned_calls, run_blocking
 from .._record._artifact import ArtifactBuilder, read_log_tail, write_artifact
+from .._record._schema import Artifact
 from .._record._serializer import Serializer
 from .._record._sink import SinkCounters, SoakClock
+from .._record._vocabulary import SoakStatus
 from .._redact import Masker
 from ._config import SoakConfig
 
@@ -76,10 +78,10 @@ async def build_artifact(
     cfg: SoakConfig,
     masker: Masker,
     *,
-    status: str,
+    status: SoakStatus,
     clock: SoakClock,
     monitor: dict[str, Any],
-) -> dict[str, Any]:
+) -> Artifact:
     """The artifact, with the log's tail (bounded; empty when the read does not finish),
     ending now on the soak's ``clock``."""
     log_tail = ""
@@ -90,7 +92,7 @@ async def build_artifact(
             timeout=ARTIFACT_WRITE_TIMEOUT_SECONDS,
             what="reading the log's tail",
         )
-    return builder.build(
+    return builder.build_typed(
         status=status,
         ended_t=clock.elapsed(),
         log_tail=masker(log_tail),
@@ -98,7 +100,7 @@ async def build_artifact(
     )
 
 
-async def write_soak_artifact(artifact: dict[str, Any], cfg: SoakConfig) -> None:
+async def write_soak_artifact(artifact: Artifact, cfg: SoakConfig) -> None:
     """Write the artifact to ``cfg.output_path``; an ``OSError`` naming the journal if not."""
     try:
         await run_blocking(

@@ -13,7 +13,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import Any, Final, Literal
 
 import anyio
 
@@ -25,7 +25,7 @@ from .._process._ranks import stall_culprit
 from .._process._spawn import Spawner
 from .._record._events import Abandoned, Forensics, Leftover, SignalSent, StdinClosed, StopRequested
 from .._record._sink import EventSink
-from .._record._vocabulary import StopCause
+from .._record._vocabulary import FailureReason, StopCause
 from .._redact import Masker
 from . import _slurm
 from ._config import SoakConfig
@@ -49,12 +49,18 @@ FINISH_RESERVE_SECONDS = 1.5
 #: The kill's wait is never cut below this: every member gets its SIGKILL at least once.
 MIN_KILL_WAIT_SECONDS = 0.5
 #: Rules after which the tree is looked at before it is stopped.
-HANG_REASONS = frozenset({"stale_progress", "startup_timeout"})
+HANG_REASONS = frozenset({FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT})
 #: Environment marker that lets the monitor recognise processes of this soak's tree.
 SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
 
 #: Records a failure (reason, message) in the soak's artifact.
-Fail = Callable[[str, str], Awaitable[None]]
+Fail = Callable[[FailureReason, str], Awaitable[None]]
+
+#: The soak's end cause when its reaper died: the tree is killed at once, with no stop
+#: sequence (so it is never the artifact's ``stop.cause``).
+REAPER_LOST: Final = "reaper_lost"
+#: What ended the soak: a stop cause, or the reaper's loss.
+EndCause = StopCause | Literal["reaper_lost"]
 
 
 class TreeStop:
@@ -123,7 +129,9 @@ class TreeStop:
             finally:
                 scopes.discard(scope)
 
-    async def wait_tree_gone(self, spawner: Spawner, seconds: float, cause: str | None) -> None:
+    async def wait_tree_gone(
+        self, spawner: Spawner, seconds: float, cause: EndCause | None
+    ) -> None:
         """Wait up to ``seconds`` for the tree to be gone.
 
         A caller's stop that comes during the wait ends it at once; when the caller's stop is
@@ -141,9 +149,9 @@ class TreeStop:
         self,
         sink: EventSink,
         spawner: Spawner,
-        cause: str,
+        cause: StopCause,
         *,
-        first_failure: str | None,
+        first_failure: FailureReason | None,
         scheduler: dict[str, Any] | None,
     ) -> None:
         """The monitor ends the run: graceful request, grace, SIGKILL, bounded reap."""
@@ -200,7 +208,7 @@ class TreeStop:
         await self.kill(sink, spawner)
         if leftovers and cause in (StopCause.FAILURE, StopCause.MAX_DURATION):
             await self._fail(
-                "leftover_processes",
+                FailureReason.LEFTOVER_PROCESSES,
                 f"{leftovers} process(es) outlived the command by {grace:g}s and were killed",
             )
 
@@ -209,7 +217,7 @@ class TreeStop:
         more, so it is stopped at once, every member found by cgroup (or marker) killed."""
         how = await spawner.reaper_exit(1.0)
         await self._fail(
-            "monitor_error",
+            FailureReason.MONITOR_ERROR,
             f"the reaper (pid {spawner.reaper_pid}) was lost: {how}; the tree was stopped",
         )
         pids = await self.tree_pids(spawner)
@@ -308,7 +316,7 @@ class TreeStop:
         return max(0.0, min(seconds, self.deadline - anyio.current_time()))
 
     async def hang_forensics(
-        self, sink: EventSink, spawner: Spawner, reason: str
+        self, sink: EventSink, spawner: Spawner, reason: FailureReason
     ) -> dict[str, Any] | None:
         """Before the first signal: ask for a stack dump, then record what the tree is doing.
 
