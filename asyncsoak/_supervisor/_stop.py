@@ -155,49 +155,18 @@ class TreeStop:
         scheduler: dict[str, Any] | None,
     ) -> None:
         """The monitor ends the run: graceful request, grace, SIGKILL, bounded reap."""
-        cfg = self.cfg
-        grace = cfg.post_shutdown_grace_seconds
-        if self.control.stop_requested.is_set() and self.control.grace_seconds is not None:
-            grace = self.control.grace_seconds
-        if cause == _slurm.CAUSE_SCHEDULER and self.control.stop_requested.is_set():
-            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.  Facts not known
-            # yet (a SIGTERM in the first instants): the caller's figure, else the default.
-            known = scheduler or {"kill_wait_seconds": cfg.scheduler_grace_seconds}
-            grace = _slurm.stop_grace(grace, known)
-            self.deadline = (
-                anyio.current_time() + _slurm.kill_wait_of(known) - FINISH_RESERVE_SECONDS
-            )
+        grace = self._grace(cause, scheduler)
         await sink.emit(
-            StopRequested(t=sink.elapsed(), cause=cause, mode=cfg.stop_mode, grace_seconds=grace)
+            StopRequested(
+                t=sink.elapsed(), cause=cause, mode=self.cfg.stop_mode, grace_seconds=grace
+            )
         )
         if cause == StopCause.FAILURE and first_failure in HANG_REASONS:
             await self.hang_forensics(sink, spawner, first_failure)
-        if cause == _slurm.CAUSE_REQUEUED:
+        if cause == StopCause.REQUEUED:
             pass  # the graceful request was the forwarded signal: the trainer is saving
         elif not spawner.exited.is_set():
-            if cfg.stop_mode == "stdin":
-                if spawner.close_stdin():
-                    await sink.emit(StdinClosed(t=sink.elapsed()))
-            else:
-                sig = signal.SIGTERM
-                pids = []
-                with contextlib.suppress(BlockingCallTimeout):
-                    pids = await run_blocking(
-                        spawner.tree_pids,
-                        timeout=TREE_WALK_TIMEOUT_SECONDS,
-                        what="walking the tree",
-                    )
-                sent = (
-                    spawner.signal_group(sig)
-                    if cfg.stop_mode == "group"
-                    else spawner.signal_leader(sig)
-                )
-                if sent:
-                    await sink.emit(
-                        SignalSent(
-                            t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids
-                        )
-                    )
+            await self._ask_to_stop(sink, spawner)
         await self.wait_tree_gone(spawner, grace, cause)
         if spawner.tree_gone.is_set():
             return
@@ -210,6 +179,45 @@ class TreeStop:
             await self._fail(
                 FailureReason.LEFTOVER_PROCESSES,
                 f"{leftovers} process(es) outlived the command by {grace:g}s and were killed",
+            )
+
+    def _grace(self, cause: StopCause, scheduler: dict[str, Any] | None) -> float:
+        """The tree's grace: the soak's, the caller's stop's, or what a scheduler's stop leaves
+        under its SIGKILL (which also sets :attr:`deadline`)."""
+        cfg = self.cfg
+        grace = cfg.post_shutdown_grace_seconds
+        if self.control.stop_requested.is_set() and self.control.grace_seconds is not None:
+            grace = self.control.grace_seconds
+        if cause == StopCause.SCHEDULER and self.control.stop_requested.is_set():
+            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.  Facts not known
+            # yet (a SIGTERM in the first instants): the caller's figure, else the default.
+            known = scheduler or {"kill_wait_seconds": cfg.scheduler_grace_seconds}
+            grace = _slurm.stop_grace(grace, known)
+            self.deadline = (
+                anyio.current_time() + _slurm.kill_wait_of(known) - FINISH_RESERVE_SECONDS
+            )
+        return grace
+
+    async def _ask_to_stop(self, sink: EventSink, spawner: Spawner) -> None:
+        """The graceful request, as the stop mode says: close stdin, or SIGTERM to the group
+        or the leader."""
+        cfg = self.cfg
+        if cfg.stop_mode == "stdin":
+            if spawner.close_stdin():
+                await sink.emit(StdinClosed(t=sink.elapsed()))
+            return
+        sig = signal.SIGTERM
+        pids = []
+        with contextlib.suppress(BlockingCallTimeout):
+            pids = await run_blocking(
+                spawner.tree_pids,
+                timeout=TREE_WALK_TIMEOUT_SECONDS,
+                what="walking the tree",
+            )
+        sent = spawner.signal_group(sig) if cfg.stop_mode == "group" else spawner.signal_leader(sig)
+        if sent:
+            await sink.emit(
+                SignalSent(t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids)
             )
 
     async def after_reaper_lost(self, sink: EventSink, spawner: Spawner) -> None:

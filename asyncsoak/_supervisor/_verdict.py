@@ -75,23 +75,7 @@ class ExitJudge:
         rc = spawner.returncode
         assert rc is not None
         ran_for = sink.elapsed()
-        exit_failure: tuple[FailureReason, str] | None = None
-        ended = decode_exit(rc)
-        if ended.signal is not None and ended.signal not in spawner.signals_to_leader:
-            message = f"the command was killed by {spawner.exit_signal}"
-            if ended.signal in spawner.signals_forwarded:
-                # Passed on, not the monitor's stop: the command dying of it is its failure.
-                message += (
-                    f", forwarded by the monitor (it received {spawner.exit_signal} and "
-                    "passed it on; the command did not survive it)"
-                )
-            if ended.maybe_oom:
-                kills = await self.report_oom_kills(sink, command_pid=spawner.pid)
-                if spawner.pid in kills:
-                    message = self._oom_message(kills[spawner.pid], spawner.exit_signal)
-            exit_failure = (FailureReason.SIGNALED, message)
-        elif rc > 0:
-            exit_failure = (FailureReason.NONZERO_EXIT, f"the command exited with status {rc}")
+        exit_failure = await self._exit_failure(sink, spawner, rc)
         # The rest of the tree gets its grace first: by then the reaper has copied the last of
         # the output (the traceback) into the log, so the failure message can quote it.
         await self._tree_stop.wait_tree_gone(spawner, cfg.post_shutdown_grace_seconds, cause)
@@ -125,6 +109,29 @@ class ExitJudge:
                     message="the command exited cleanly without any progress in progress_dir",
                 )
             )
+
+    async def _exit_failure(
+        self, sink: EventSink, spawner: Spawner, rc: int
+    ) -> tuple[FailureReason, str] | None:
+        """The failure the exit status ``rc`` is, if any: a signal the monitor did not send
+        (an OOM kill named as one), or a nonzero code."""
+        ended = decode_exit(rc)
+        if ended.signal is not None and ended.signal not in spawner.signals_to_leader:
+            message = f"the command was killed by {spawner.exit_signal}"
+            if ended.signal in spawner.signals_forwarded:
+                # Passed on, not the monitor's stop: the command dying of it is its failure.
+                message += (
+                    f", forwarded by the monitor (it received {spawner.exit_signal} and "
+                    "passed it on; the command did not survive it)"
+                )
+            if ended.maybe_oom:
+                kills = await self.report_oom_kills(sink, command_pid=spawner.pid)
+                if spawner.pid in kills:
+                    message = self._oom_message(kills[spawner.pid], spawner.exit_signal)
+            return (FailureReason.SIGNALED, message)
+        if rc > 0:
+            return (FailureReason.NONZERO_EXIT, f"the command exited with status {rc}")
+        return None
 
     async def crash_cause(self, sink: EventSink) -> str | None:
         """Lift the cause of a crash from the end of the log into ``exit.exception``."""
