@@ -41,13 +41,13 @@ from typing import Any
 import anyio
 
 from asyncsoak import run_soak
+from asyncsoak._contract._events import Event, Exited, FailureEvent, Header, Limits, StopRequested
+from asyncsoak._contract._sink import EventSink, SoakClock
+from asyncsoak._contract._timestamps import iso
 from asyncsoak._record._artifact import ArtifactBuilder
-from asyncsoak._record._events import Event, Exited, Failure, Header, Limits, StopRequested
 from asyncsoak._record._serializer import journal_line_data
-from asyncsoak._record._sink import EventSink, SoakClock
 from asyncsoak._supervisor._config import SoakConfig
 from asyncsoak._supervisor._judge import RunJudge
-from asyncsoak._timestamps import iso
 from benchmarks._common import Figure, Section
 from tests.corpus_soaks import (
     MACHINE_MEMORY,
@@ -114,7 +114,7 @@ async def simulate(plan: Plan, interval: float, leak_check: Mode, where: Path) -
 
     async def fail(reason: str, message: str) -> None:
         at = iso(datetime.now(UTC))
-        await sink.emit(Failure(t=clock.now, reason=reason, message=message, at=at))
+        await sink.emit(FailureEvent(t=clock.now, reason=reason, message=message, at=at))
 
     async def rule_fired(reason: str, message: str) -> None:
         nonlocal stopped_at

@@ -23,10 +23,10 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import SoakFailureError, run_soak
+from asyncsoak._contract._events import Event, GpuFault, WarningEvent
+from asyncsoak._contract._sink import SoakClock, open_event_queue
 from asyncsoak._export._metrics import SoakMetrics, encode_rows
 from asyncsoak._record._artifact import ArtifactBuilder, check_artifact
-from asyncsoak._record._events import Event, GpuFault, WarningEvent
-from asyncsoak._record._sink import SoakClock, open_event_queue
 from asyncsoak._sampling._gpu_health import (
     XID_CODES,
     GpuHealthWatch,
@@ -276,7 +276,7 @@ async def test_a_driver_library_mismatch_degrades_the_sampler_and_fails_nothing(
     fault = tmp_path / "fault.txt"
     smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", gpus=2, fault_file=fault)
     with anyio.fail_after(60):
-        artifact = await run_soak(
+        artifact: Mapping[str, Any] = await run_soak(
             command=soak_command(tmp_path, [f"{fault} nvml"], steps=40),
             env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"},
             **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)),

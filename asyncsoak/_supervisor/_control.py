@@ -7,8 +7,7 @@ from typing import Any
 
 import anyio
 
-from .._errors import ValidationError
-from .._record._vocabulary import StopCause
+from .._contract import StopCause, ValidationError
 
 
 class SoakControl:

@@ -15,13 +15,17 @@ from typing import Any
 
 import anyio
 
-from .._blocking import BlockingCallTimeout, abandoned_calls, run_blocking
-from .._record._artifact import ArtifactBuilder, read_log_tail, write_artifact
-from .._record._schema import Artifact
-from .._record._serializer import Serializer
-from .._record._sink import SinkCounters, SoakClock
-from .._record._vocabulary import SoakStatus
-from .._redact import Masker
+from .._contract import (
+    Artifact,
+    BlockingCallTimeout,
+    Masker,
+    SinkCounters,
+    SoakClock,
+    SoakStatus,
+    abandoned_calls,
+    run_blocking,
+)
+from .._record import ArtifactBuilder, Serializer, read_log_tail, write_artifact
 from ._config import SoakConfig
 
 #: Bound on writing the last queued events to the journal.
