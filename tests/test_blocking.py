@@ -92,6 +92,7 @@ def test_threads_are_daemons_and_bounded() -> None:
     assert all(c.result(timeout=5) for c in calls[:4])
 
 
+@pytest.mark.slow
 def test_a_stuck_call_does_not_keep_the_process_alive(tmp_path: Path) -> None:
     """A process whose blocking call hangs for good exits as soon as its main code returns."""
     fifo = tmp_path / "never-written.fifo"
@@ -196,6 +197,7 @@ def test_the_bypass_check_sees_a_bypass(tmp_path: Path) -> None:
     assert len(bypasses(sample)) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_soak_never_uses_asyncios_default_executor(tmp_path: Path) -> None:
     """A whole soak (journal through aiofiles, scans, /proc, snapshot) leaves asyncio's

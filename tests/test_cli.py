@@ -15,6 +15,8 @@ from jsonschema import Draft202012Validator
 
 from .conftest import CLI_ENV, ReadyFifo, alive, assert_valid, asyncsoak_cli, py
 
+pytestmark = pytest.mark.slow
+
 
 def run_args(tmp_path: Path, *extra: str) -> list[str]:
     return [

@@ -119,6 +119,7 @@ async def test_cancelling_a_command_kills_it(tmp_path: Path) -> None:
     assert exited(int(pidfile.read_text()), 0)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_stop_process_escalates_to_sigkill() -> None:
     """A process that ignores SIGTERM gets SIGKILL after the grace, and is reaped."""
@@ -131,6 +132,7 @@ async def test_stop_process_escalates_to_sigkill() -> None:
     assert process.returncode == -9
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_stop_process_abandons_what_does_not_die_in_time() -> None:
     """A process not reaped within the bound after SIGKILL is abandoned: False, no waiting."""

@@ -176,6 +176,7 @@ def test_output_patterns_agree_with_the_snapshot_or_are_refused(tmp_path: Path) 
         expand_path(Path("/results/%N.json"), env)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_healthz_answers_200_while_samples_come_and_503_when_they_stop(
     tmp_path: Path, ready: ReadyFifo
@@ -309,6 +310,7 @@ def cpu_quota(memory_group: Path, cores: float) -> Iterator[Path]:
             group.rmdir()
 
 
+@pytest.mark.slow
 def test_pid1_in_a_pid_namespace_stops_as_the_schedulers_stop_within_the_grace(
     tmp_path: Path, ready: ReadyFifo
 ) -> None:
@@ -427,6 +429,7 @@ def frozen(pid: int) -> Iterator[None]:
                 time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_process_that_outlives_sigkill_does_not_cost_the_artifact(
     tmp_path: Path, ready: ReadyFifo
 ) -> None:

@@ -22,6 +22,7 @@ from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, fast_limits, py
 LIMIT_S = 60.0
 
 
+@pytest.mark.slow
 def test_run_soak_under_trio_is_a_clear_error_naming_asyncio(tmp_path: Path) -> None:
     """Under ``anyio.run(..., backend="trio")`` run_soak raises AsyncsoakError saying it
     needs asyncio, nothing launched or written (it died in trio's internal TypeError)."""
@@ -117,6 +118,7 @@ def test_other_periods_past_a_year_are_refused(tmp_path: Path, args: list[str]) 
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_a_trainer_killed_by_a_forwarded_signal_is_named_as_forwarded(tmp_path: Path) -> None:
     """The monitor passes SIGUSR1 on (``--forward-signal``) and the trainer dies of it: the
     failure and every view say it was forwarded by the monitor (they said "not sent by the

@@ -311,6 +311,7 @@ def test_inventory_without_nvidia_smi(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.slow
 def test_inventory_of_a_hung_nvidia_smi_is_bounded(tmp_path: Path) -> None:
     """A hung nvidia-smi is killed at the deadline: the inventory says so and returns."""
     fake = install_fake_nvidia_smi(tmp_path, "hang")

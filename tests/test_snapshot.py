@@ -200,6 +200,7 @@ def test_gpu_section_comes_from_nvidia_smi(tmp_path: Path) -> None:
     assert [g["name"] for g in gpus["gpus"]] == ["NVIDIA H200"]
 
 
+@pytest.mark.slow
 def test_hung_nvidia_smi_does_not_hold_up_the_snapshot(tmp_path: Path) -> None:
     """A hung nvidia-smi costs the snapshot its deadline, then is recorded as an error."""
     fake = install_fake_nvidia_smi(tmp_path, "hang")
@@ -249,6 +250,7 @@ def test_own_packages_are_recorded(tmp_path: Path) -> None:
     assert "command_python" not in software
 
 
+@pytest.mark.slow
 def test_cli_prints_the_snapshot_as_json(tmp_path: Path) -> None:
     """`asyncsoak snapshot ROOT` prints the snapshot of ROOT as JSON."""
     repo = make_repo(tmp_path / "repo")

@@ -19,7 +19,7 @@ from asyncsoak import SoakControl, SoakFailureError, run_soak
 from .conftest import ReadyFifo, alive, assert_valid, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 # Child snippets.  A child is told where to write through argv: progress dir, then the FIFO.
 PRELUDE = """

@@ -103,6 +103,7 @@ def quick_child(tmp_path: Path) -> list[str]:
     return child(tmp_path, "for i in range(3):\n    touch(); time.sleep(0.05)")
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_hung_journal_close_is_bounded_by_the_drain_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -137,6 +138,7 @@ async def test_a_hung_journal_close_is_bounded_by_the_drain_limit(
     assert artifact["monitor"]["abandoned_calls"] >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_nan_in_a_sample_still_gives_an_artifact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -161,6 +163,7 @@ async def test_a_nan_in_a_sample_still_gives_an_artifact(
     assert gpu["processes"][0]["used_gpu_memory_mib"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_hung_journal_write_leaks_no_descriptor(tmp_path: Path, hung_journal: int) -> None:
     """Item 11: the descriptor of a journal whose write hung is closed once the write returns."""
@@ -176,6 +179,7 @@ async def test_a_hung_journal_write_leaks_no_descriptor(tmp_path: Path, hung_jou
     assert fds_on(hung_journal) == 1, "the journal's descriptor was kept after its write ended"
 
 
+@pytest.mark.slow
 def test_a_hung_journal_write_does_not_keep_the_process_alive(tmp_path: Path) -> None:
     """Item 11: with a journal write stuck for good, the process exits as soon as run_soak
     returns (no non-daemon thread, nothing on asyncio's default executor to join)."""
@@ -282,6 +286,7 @@ def blocked(fifo: StuckFifo, real: Any) -> Any:
     return call
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_callers_cancel_during_the_post_exit_grace_acts_at_once(
     tmp_path: Path, ready: ReadyFifo
@@ -327,6 +332,7 @@ if os.fork() == 0:
     assert artifact["failures"] == []
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_hung_baseline_scan_gives_way_to_the_callers_cancel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
@@ -344,6 +350,7 @@ async def test_a_hung_baseline_scan_gives_way_to_the_callers_cancel(
     assert json.loads(kwargs["output_path"].read_text())["status"] == "cancelled"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_hung_artifact_write_gives_way_to_the_callers_cancel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
@@ -365,6 +372,7 @@ async def test_a_hung_artifact_write_gives_way_to_the_callers_cancel(
     assert info.value.filename == str(output)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_wedged_process_does_not_hold_the_stop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
@@ -395,6 +403,7 @@ time.sleep(60)
     assert info.value.reason == "leftover_processes", "the lingering child is reported"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_hung_inotify_walk_does_not_freeze_the_soak(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
@@ -435,6 +444,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.parametrize("membership", ["cgroup", "marker"])
 async def test_the_reapers_death_is_noticed_at_once(
@@ -488,6 +498,7 @@ def test_py_spy_errors_are_labelled_for_what_they_are(
     assert ("ptrace is not allowed" in error) is permission
 
 
+@pytest.mark.slow
 def test_a_dead_monitors_empty_cgroup_is_swept() -> None:
     """The empty cgroup of a soak whose monitor and reaper were both killed is removed by
     the next soak's: killed workers do not leave groups behind."""
@@ -524,6 +535,7 @@ anyio.run(lambda: run_soak(
 """
 
 
+@pytest.mark.slow
 def test_the_reaper_waits_the_soaks_kill_wait_after_its_sigkill(
     tmp_path: Path, ready: ReadyFifo
 ) -> None:
@@ -571,6 +583,7 @@ def test_the_reaper_waits_the_soaks_kill_wait_after_its_sigkill(
     assert kill_wait * 0.8 <= waited < 4.0, f"the reaper waited {waited:.2f}s"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_scan_that_never_comes_back_fails_the_stall_on_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
@@ -596,6 +609,7 @@ async def test_a_scan_that_never_comes_back_fails_the_stall_on_time(
     assert info.value.artifact["stop"]["cause"] == "failure"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_sampler_that_cannot_read_fails_the_soak_closed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
