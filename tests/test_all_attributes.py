@@ -76,7 +76,6 @@ def test_the_package_lazily_offers_exactly_all() -> None:
         _ = asyncsoak.no_such_name
 
 
-@pytest.mark.slow
 def test_errors_show_their_public_path_before_the_package_resolves_them() -> None:
     """An error raised by a private module is shown as asyncsoak.NAME in a fresh interpreter."""
     names = ", ".join(ERRORS)
@@ -98,7 +97,6 @@ def test_public_errors_and_enums_pickle_by_their_public_path() -> None:
     assert pickle.loads(status) is artifact.SoakStatus.PASSED
 
 
-@pytest.mark.slow
 def test_the_error_hierarchy_is_exported(tmp_path: Path) -> None:
     """AsyncsoakError is the base of the exported errors; ValidationError is a ValueError, and
     its type flavour also a TypeError, so callers catch bad input either way."""

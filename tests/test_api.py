@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import asyncsoak
 from asyncsoak import SoakFailureError
 
@@ -21,7 +19,6 @@ def test_all_lists_exactly_the_public_exports() -> None:
     assert set(asyncsoak.__all__) <= public
 
 
-@pytest.mark.slow
 def test_importing_the_package_is_lazy() -> None:
     """`import asyncsoak` pulls in neither anyio nor psutil until a name is used."""
     code = "import sys, asyncsoak; print('anyio' in sys.modules, 'psutil' in sys.modules)"

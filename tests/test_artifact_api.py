@@ -21,7 +21,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     return make_runs(tmp_path_factory.mktemp("runs"))
 
 
-@pytest.mark.slow
 def test_load_reads_a_soaks_artifact(runs: Runs) -> None:
     """load() of a soak.json is the artifact the soak wrote, as written."""
     loaded = artifact.load(runs.stalled)
@@ -30,13 +29,11 @@ def test_load_reads_a_soaks_artifact(runs: Runs) -> None:
     assert [f["reason"] for f in loaded["failures"]] == [artifact.FailureReason.STALE_PROGRESS]
 
 
-@pytest.mark.slow
 def test_load_takes_a_string_path(runs: Runs) -> None:
     """A path given as a string reads the same artifact."""
     assert artifact.load(str(runs.passing)) == artifact.load(runs.passing)
 
 
-@pytest.mark.slow
 def test_load_rebuilds_a_dead_monitors_journal_as_recover_does(
     runs: Runs, tmp_path: Path, schema: Draft202012Validator
 ) -> None:
@@ -56,7 +53,6 @@ def test_load_rebuilds_a_dead_monitors_journal_as_recover_does(
     assert loaded == recovered
 
 
-@pytest.mark.slow
 def test_load_of_a_finished_journal_keeps_the_monitors_verdict(runs: Runs) -> None:
     """A journal that ends with its finished line gives the monitor's own status and reasons."""
     journal = runs.stalled.with_suffix(".jsonl")
@@ -116,7 +112,6 @@ def test_load_of_a_missing_file_is_an_os_error(tmp_path: Path) -> None:
         artifact.load(tmp_path / "soak.json")
 
 
-@pytest.mark.slow
 def test_summarize_is_what_summary_json_prints(runs: Runs) -> None:
     """summarize(load(path)) equals `asyncsoak summary --json` of the same run."""
     result = asyncsoak_cli("summary", str(runs.stalled), "--json", cwd=runs.stalled.parent)
@@ -127,7 +122,6 @@ def test_summarize_is_what_summary_json_prints(runs: Runs) -> None:
     assert facts["reasons"][0]["reason"] == "stale_progress"
 
 
-@pytest.mark.slow
 def test_schema_is_the_shipped_schema_and_validates_real_artifacts(runs: Runs) -> None:
     """schema() is artifact.schema.json, and a real soak's artifact is valid against it."""
     shipped = Path(artifact.__file__).with_name("artifact.schema.json")
@@ -138,7 +132,6 @@ def test_schema_is_the_shipped_schema_and_validates_real_artifacts(runs: Runs) -
     assert artifact.load(runs.passing)["schema_version"] == artifact.SCHEMA_VERSION
 
 
-@pytest.mark.slow
 def test_schema_is_a_fresh_copy(runs: Runs) -> None:
     """Changing the returned schema changes neither later calls nor how load() checks."""
     mine = artifact.schema()

@@ -114,19 +114,18 @@ def test_a_stuck_call_does_not_keep_the_process_alive(tmp_path: Path) -> None:
         anyio.run(main)
         """
     )
-    started = time.monotonic()
+    # Nobody ever opens the FIFO for writing: the call stays stuck for good, so a process
+    # that exits at all did not wait for its thread (the timeout only bounds a broken build).
     done = subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
         check=False,
     )
-    elapsed = time.monotonic() - started
     assert done.stdout.strip() == "abandoned", done.stderr
     assert done.returncode == 0, done.stderr
-    assert elapsed < 10, f"the process took {elapsed:.1f}s to exit with a stuck call"
 
 
 def test_executor_is_process_wide() -> None:

@@ -241,7 +241,6 @@ def deep_mapping(depth: int) -> dict[str, Any]:
     return value
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("depth", [40, 5000])
 def test_metadata_nested_past_the_bound_is_refused_before_the_start(
     tmp_path: Path, depth: int

@@ -386,7 +386,6 @@ async def test_a_rerun_over_a_crashed_soaks_rotated_journal_is_allowed(tmp_path:
     assert "the earlier run's output" not in (out / "soak.log").read_text()
 
 
-@pytest.mark.slow
 def test_soak_limits_are_spelled_once() -> None:
     """The job-settable limits have run_soak's defaults, and `run` and `submit` offer one
     flag per limit with that default: the CLI, the queue and run_soak cannot drift apart."""

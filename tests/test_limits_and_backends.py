@@ -22,7 +22,6 @@ from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, fast_limits, py
 LIMIT_S = 60.0
 
 
-@pytest.mark.slow
 def test_run_soak_under_trio_is_a_clear_error_naming_asyncio(tmp_path: Path) -> None:
     """Under ``anyio.run(..., backend="trio")`` run_soak raises AsyncsoakError saying it
     needs asyncio, nothing launched or written (it died in trio's internal TypeError)."""
@@ -64,6 +63,7 @@ def assert_refused(result: subprocess.CompletedProcess[str], tmp_path: Path, *wo
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["1e308", "31536001"])
 @pytest.mark.parametrize("flag", DURATION_FLAGS)
 def test_a_duration_past_a_year_is_refused_like_inf(tmp_path: Path, flag: str, value: str) -> None:

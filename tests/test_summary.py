@@ -28,7 +28,6 @@ def summary_text(run: Path) -> str:
     return result.stdout
 
 
-@pytest.mark.slow
 def test_stalled_summary_says_what_to_look_at(runs: Runs) -> None:
     """A stalled run: verdict, reason, when progress stopped, idle CPU, GPUs, last log line."""
     text = summary_text(runs.stalled_sampled)
@@ -44,7 +43,6 @@ def test_stalled_summary_says_what_to_look_at(runs: Runs) -> None:
     assert len(text.splitlines()) <= SCREEN_LINES
 
 
-@pytest.mark.slow
 def test_summary_json_has_the_same_facts(runs: Runs) -> None:
     """--json gives reasons, peaks, one row per GPU, hints and the log's last lines."""
     result = asyncsoak_cli("summary", str(runs.stalled_sampled), "--json", cwd=runs.stalled.parent)
@@ -71,7 +69,6 @@ def test_summary_json_has_the_same_facts(runs: Runs) -> None:
     assert summary["exit"]["text"] == "killed by SIGTERM (signal 15, sent by the monitor)"
 
 
-@pytest.mark.slow
 def test_passing_summary(runs: Runs) -> None:
     """A passing run: PASSED, its progress and longest gap against the limit."""
     text = summary_text(runs.passing)
@@ -82,7 +79,6 @@ def test_passing_summary(runs: Runs) -> None:
     assert re.search(r"gpu1\s+NVIDIA H200\s+99%/99%.*sw_power_cap", text)
 
 
-@pytest.mark.slow
 def test_killed_monitor_summary(runs: Runs) -> None:
     """A dead monitor's journal: monitor_lost, and that the figures stop there."""
     text = summary_text(runs.killed_journal)
@@ -130,7 +126,6 @@ def test_exit_statuses_are_decoded(
     assert exit_text(_artifact(returncode, signal, sent)) == text
 
 
-@pytest.mark.slow
 def test_startup_timeout_points_at_the_progress_dir(runs: Runs) -> None:
     """No progress at all: the hint names the progress dir and --output-is-progress."""
     # A whole artifact (summarize reads what the schema requires), made a startup timeout.

@@ -488,7 +488,6 @@ def test_bad_trend_flags_exit_2_and_launch_nothing(tmp_path: Path, bad: list[str
     assert not (tmp_path / "soak.json").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     "bad",

@@ -107,7 +107,6 @@ def test_an_event_serialises_its_kind_as_the_plain_string() -> None:
     assert EventKind("finished") is EventKind.FINISHED
 
 
-@pytest.mark.slow
 def test_real_journals_hold_only_known_kinds_and_statuses(runs: Runs) -> None:
     """Every kind a real soak's journal holds is an EventKind; each verdict is a SoakStatus."""
     seen: set[str] = set()

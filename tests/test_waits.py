@@ -123,16 +123,15 @@ async def test_a_hung_journal_close_is_bounded_by_the_drain_limit(
 
     monkeypatch.setattr(AsyncFileIO, "close", hanging_close)
     monkeypatch.setattr(_finish, "DRAIN_TIMEOUT_SECONDS", 2.0)
-    started = time.monotonic()
     try:
         with anyio.fail_after(60):
             artifact = await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path))
+        # The order is the claim: run_soak came back while the close still hung, so it gave
+        # the close up instead of waiting it out.
+        assert not gate.is_set(), "run_soak waited for the hung close to end"
     finally:
         gate.set()
         release.cancel()
-    elapsed = time.monotonic() - started
-    print(f"item 7: run_soak returned after {elapsed:.1f}s (drain limit 2s)")
-    assert elapsed < 10, f"run_soak returned after {elapsed:.1f}s"
     assert artifact["status"] == "passed"
     assert "closing the journal" in artifact["monitor"]["journal_error"]
     assert artifact["monitor"]["abandoned_calls"] >= 1
@@ -220,10 +219,10 @@ def test_a_hung_journal_write_does_not_keep_the_process_alive(tmp_path: Path) ->
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()
-            returned = time.monotonic()
+            # The write stays stuck until the read end closes below: an exit seen before then
+            # did not wait for it.  The wait is only a bound on a broken build.
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-            lingered = time.monotonic() - returned
+                proc.wait(timeout=60)
             still_running = proc.returncode is None
         finally:
             # The disk comes back (the stuck write fails with EPIPE): an old process can end.
@@ -232,17 +231,16 @@ def test_a_hung_journal_write_does_not_keep_the_process_alive(tmp_path: Path) ->
                 proc.wait(timeout=30)
             finally:
                 proc.kill()
-    print(f"item 11: the process exited {lingered:.2f}s after run_soak returned")
     assert line, "run_soak did not return"
-    assert not still_running, f"the process still ran {lingered:.1f}s after run_soak returned"
-    assert lingered < 5, f"the process exited {lingered:.1f}s after run_soak returned"
+    assert not still_running, "the process did not exit while the journal write was stuck"
 
 
 class StuckFifo:
     """A FIFO nobody writes to: ``block()`` waits in open(2) until ``release()``.
 
     ``release`` also runs by itself after ``release_after`` seconds, so that code which
-    waits without a bound (the faults under test) ends at last and can be measured.
+    waits without a bound (the faults under test) ends at last and fails its test, which
+    checks that control came back while the FIFO was still stuck (``released`` is false).
     """
 
     def __init__(self, path: Path, release_after: float = 20.0) -> None:
@@ -251,6 +249,11 @@ class StuckFifo:
         self._timer = threading.Timer(release_after, self.release)
         self._timer.start()
         self._fd: int | None = None
+
+    @property
+    def released(self) -> bool:
+        """Whether the blocked calls were let go (by ``release`` or by its timer)."""
+        return self._fd is not None
 
     def block(self) -> None:
         with open(self.path, "rb"):
@@ -303,13 +306,12 @@ if os.fork() == 0:
     time.sleep(60)
     os._exit(0)
 """
-    kwargs = fast_limits(tmp_path, post_shutdown_grace_seconds=20.0, kill_wait_seconds=2.0)
-    cancelled_at = 0.0
+    grace = 20.0
+    kwargs = fast_limits(tmp_path, post_shutdown_grace_seconds=grace, kill_wait_seconds=2.0)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
 
             async def cancel_when_lingering() -> None:
-                nonlocal cancelled_at
                 await ready.line()
                 # The child is reparented when the command exits; the monitor learns of the
                 # exit a moment later, through the reaper.  Cancel once it has (the exit is in
@@ -319,17 +321,20 @@ if os.fork() == 0:
                     if any(e["kind"] == "exited" for e in read_journal(journal_path)):
                         break
                     await anyio.sleep(0.02)
-                cancelled_at = time.monotonic()
                 tg.cancel_scope.cancel()
 
             tg.start_soon(cancel_when_lingering)
             await run_soak(command=child(tmp_path, body, ready), **kwargs)
-    took = time.monotonic() - cancelled_at
-    print(f"item 4: control came back {took:.1f}s after the cancel (grace 20s)")
     artifact = json.loads(kwargs["output_path"].read_text())
-    assert took < 5, f"control came back {took:.1f}s after the cancel"
     assert artifact["status"] == "cancelled"
+    assert artifact["stop"]["cause"] == "cancelled"
+    # Waiting out the grace would have ended in leftover_processes; the soak's own record
+    # puts its end inside the grace that began when the command exited.
     assert artifact["failures"] == []
+    events = artifact["events"]
+    exited = next(e["t"] for e in events if e["kind"] == "exited")
+    finished = next(e["t"] for e in events if e["kind"] == "finished")
+    assert exited <= finished < exited + grace
 
 
 @pytest.mark.slow
@@ -341,12 +346,9 @@ async def test_a_hung_baseline_scan_gives_way_to_the_callers_cancel(
     control back at once, with a cancelled artifact."""
     monkeypatch.setattr(_soak, "scan_progress_dir", blocked(stuck, _watchdog.scan_progress_dir))
     kwargs = fast_limits(tmp_path)
-    started = time.monotonic()
     with anyio.fail_after(60), anyio.move_on_after(1):
         await run_soak(command=quick_child(tmp_path), **kwargs)
-    took = time.monotonic() - started
-    print(f"item 8 (baseline): move_on_after(1) got control back after {took:.1f}s")
-    assert took < 4, f"move_on_after(1) got control back after {took:.1f}s"
+    assert not stuck.released, "control came back only once the hung scan ended"
     assert json.loads(kwargs["output_path"].read_text())["status"] == "cancelled"
 
 
@@ -360,12 +362,9 @@ async def test_a_hung_artifact_write_gives_way_to_the_callers_cancel(
     monkeypatch.setattr(_finish, "write_artifact", blocked(stuck, _artifact.write_artifact))
     monkeypatch.setattr(_finish, "ARTIFACT_WRITE_TIMEOUT_SECONDS", 1.0)
     sleeper = child(tmp_path, "touch()\ntime.sleep(60)")
-    started = time.monotonic()
     with anyio.fail_after(60), anyio.move_on_after(1):
         await run_soak(command=sleeper, **fast_limits(tmp_path))
-    took = time.monotonic() - started
-    print(f"item 8 (artifact): move_on_after(1) got control back after {took:.1f}s")
-    assert took < 5, f"move_on_after(1) got control back after {took:.1f}s"
+    assert not stuck.released, "control came back only once the hung write ended"
     output = tmp_path / "again" / "soak.json"
     with anyio.fail_after(60), pytest.raises(OSError, match="within 1s") as info:
         await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path, output_path=output))
@@ -394,12 +393,8 @@ time.sleep(60)
     )
     with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
         await run_soak(command=child(tmp_path, body), **kwargs)
-    artifact = info.value.artifact
-    events = artifact["events"]
-    stop = next(e["t"] for e in events if e["kind"] == "stop")
-    took = next(e["t"] for e in events if e["kind"] == "finished") - stop
-    print(f"item 9: the stop took {took:.1f}s (kill_wait_seconds=1)")
-    assert took < 5, f"the stop took {took:.1f}s"
+    # The reads of the wedged process never came back: the stop ended without them.
+    assert not stuck.released, "the stop waited for the wedged process's reads"
     assert info.value.reason == "leftover_processes", "the lingering child is reported"
 
 
@@ -412,12 +407,9 @@ async def test_a_hung_inotify_walk_does_not_freeze_the_soak(
     scans still see the progress and the soak ends on time."""
     monkeypatch.setattr(Inotify, "watch_tree", blocked(stuck, Inotify.watch_tree))
     (tmp_path / "progress").mkdir()
-    started = time.monotonic()
     with anyio.fail_after(60):
         artifact = await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path))
-    took = time.monotonic() - started
-    print(f"item 10: run_soak returned after {took:.1f}s with the inotify walk hung")
-    assert took < 8, f"run_soak returned after {took:.1f}s"
+    assert not stuck.released, "the soak waited for the hung inotify walk"
     assert artifact["status"] == "passed"
     assert artifact["progress"]["changes"] >= 1
 
@@ -460,14 +452,15 @@ async def test_the_reapers_death_is_noticed_at_once(
         pytest.skip("no cgroup can be made here (needs cgroup v2 delegation, or root on v1)")
     monkeypatch.setattr(_soak, "USE_CGROUP", membership == "cgroup")
     kwargs = fast_limits(tmp_path, startup_timeout_seconds=30, stale_progress_seconds=30)
-    started = time.monotonic()
     with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
         await run_soak(command=child(tmp_path, KILLS_ITS_REAPER, ready), **kwargs)
-    took = time.monotonic() - started
     helper = int(await ready.line())
-    print(f"item 6 ({membership}): run_soak ended after {took:.1f}s; helper alive: {alive(helper)}")
     artifact = info.value.artifact
-    assert took < 10, f"run_soak ended after {took:.1f}s"
+    # Noticed at once: the loss of the reaper is the failure, and no rule that waits (the
+    # trainer sleeps past the 30 s limits, its progress stops) fired before it.
+    reasons = [f["reason"] for f in artifact["failures"]]
+    assert reasons[0] == "monitor_error"
+    assert not {"startup_timeout", "stale_progress"} & set(reasons)
     assert artifact["status"] == "error"
     assert info.value.reason == "monitor_error"
     assert "the reaper" in artifact["failures"][0]["message"]

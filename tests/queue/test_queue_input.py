@@ -161,6 +161,7 @@ QUEUE_COMMANDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", QUEUE_COMMANDS, ids=lambda a: a[0])
 def test_corrupt_database_is_refused_and_left_as_it_is(corrupt_db: Path, args: list[str]) -> None:
     """Corrupt interior pages: every command says so (exit status 2) and writes nothing."""
@@ -175,6 +176,7 @@ def test_corrupt_database_is_refused_and_left_as_it_is(corrupt_db: Path, args: l
     assert digest(corrupt_db) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", QUEUE_COMMANDS, ids=lambda a: a[0])
 def test_zero_byte_database_is_refused_not_given_a_schema(tmp_path: Path, args: list[str]) -> None:
     """An empty file at --db is not a queue: exit status 2, and it stays empty."""
@@ -319,7 +321,6 @@ async def test_full_runs_filesystem_is_the_workers_problem_not_an_invalid_job(
     assert "is full" in (job.error or "")
 
 
-@pytest.mark.slow
 def test_worker_settings_are_spelled_once() -> None:
     """run_worker's and run_job's settings have WorkerConfig's defaults, and WorkerConfig
     refuses a bad period with the message run_worker gives."""

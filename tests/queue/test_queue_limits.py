@@ -47,6 +47,7 @@ def test_run_and_submit_offer_the_same_soak_flags() -> None:
     assert (submit.detailed_memory, submit.dump_signal) == (True, "USR1")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bad",
     [
