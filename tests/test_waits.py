@@ -327,7 +327,6 @@ if os.fork() == 0:
             await run_soak(command=child(tmp_path, body, ready), **kwargs)
     artifact = json.loads(kwargs["output_path"].read_text())
     assert artifact["status"] == "cancelled"
-    assert artifact["stop"]["cause"] == "cancelled"
     # Waiting out the grace would have ended in leftover_processes; the soak's own record
     # puts its end inside the grace that began when the command exited.
     assert artifact["failures"] == []

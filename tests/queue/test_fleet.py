@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -119,28 +118,25 @@ async def until_status(store: JobStore, job_id: int, *statuses: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.asyncio
-async def test_worker_on_a_new_sqlite_path_waits_and_starts_each_job_within_100ms(
+async def test_worker_on_a_new_sqlite_path_waits_and_is_woken_for_each_job(
     tmp_path: Path,
 ) -> None:
-    """A worker started where no queue exists creates it (saying so once), waits, and starts
-    each job submitted on this host within 100 ms at the default 5 s poll (its wake-up file)."""
+    """A worker started where no queue exists creates it (saying so once), waits, and is woken
+    for each job submitted on this host (its wake-up file), not by its poll.  How soon is
+    benchmark item 12's figure (idle worker, submit-to-claim latency)."""
     db = tmp_path / "queue.db"
-    async with worker_process(str(db), tmp_path) as worker:
+    # A poll far longer than the test's wait: a job that starts at all was woken for.
+    poll = str(10 * LIMIT_S)
+    async with worker_process(str(db), tmp_path, "--poll", poll) as worker:
         await worker.until("started on")
         with SqliteStore(db, create=False) as store:
-            latencies = []
             for _ in range(3):
                 job_id = store.submit(argv=["true"], soak=FAST_SOAK)
                 await until_status(store, job_id, "succeeded", "failed")
                 job = store.get(job_id)
                 assert job.status == "succeeded"
                 assert job.started_at is not None
-                latencies.append(job.started_at - job.created_at)
         log = await worker.stop()
-    print(f"submit-to-claim latencies: {[f'{s * 1000:.1f} ms' for s in latencies]}")
-    # At the default poll, a job found by polling waits 2.5 s on average.
-    assert statistics.median(latencies) < 0.1
-    assert max(latencies) < 1.0
     assert log.count("did not exist: created an empty queue") == 1
     assert (tmp_path / "queue.db-wake").exists()
 
