@@ -38,20 +38,22 @@ import anyio
 import psutil
 from anyio.abc import Process
 
-from .._blocking import BlockingCallTimeout, TickSignal, next_tick, run_blocking
-from .._process._commands import CommandResult, open_command, run_command, stop_process
-from .._process._forensics import KernelLogFollower
-from .._record._events import (
+from .._contract import (
+    BlockingCallTimeout,
     Event,
+    EventSink,
     GpuFault,
     SamplerDegraded,
     SamplerNote,
     SamplerRecovered,
     SeriesPoints,
     SummaryLabels,
+    TickSignal,
     WarningEvent,
+    next_tick,
+    run_blocking,
 )
-from .._record._sink import EventSink
+from .._process import CommandResult, KernelLogFollower, open_command, run_command, stop_process
 from ._gpu_health import (
     GpuHealthWatch,
     MalformedXidError,

@@ -39,18 +39,22 @@ from typing import Any, ClassVar
 
 import anyio
 
-from .._blocking import Ride, Rides, Ticker, TickSignal, TickTimeout
-from .._process._ranks import launcher_of, parse_rank_environ, read_environ, role
-from .._record._events import (
+from .._contract import (
     Event,
+    EventSink,
+    Masker,
+    Ride,
+    Rides,
     SamplerDegraded,
     SamplerNote,
     SamplerRecovered,
     SeriesPoints,
     SummaryLabels,
+    Ticker,
+    TickSignal,
+    TickTimeout,
 )
-from .._record._sink import EventSink
-from .._redact import Masker
+from .._process import launcher_of, parse_rank_environ, read_environ, role
 from ._procfs import (
     CHUNK,
     DENIED,
@@ -942,8 +946,8 @@ async def run_proc_sampler(
     goes on in every case.  The sampler owns ``sink`` (give it a clone) and closes it.
 
     The reads run on the soak's grid (start + k * interval) in the thread of a
-    :class:`~asyncsoak._blocking.Ticker`, which wakes the loop once per sample, and only once
-    the loop has handled the last sample (a loop that falls behind skips ticks rather than
+    :class:`~asyncsoak._contract._blocking.Ticker`, which wakes the loop once per sample, and
+    only once the loop has handled the last sample (a loop that falls behind skips ticks rather than
     queueing them).  The blocking calls posted to ``rides`` (the watchdog's scan, the
     journal's batched write) run in that thread before each read: no thread hop of their own,
     and none of them waits behind a slow read.  ``ticks`` is told once each sample has been

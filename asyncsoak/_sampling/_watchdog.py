@@ -48,9 +48,20 @@ from pathlib import Path
 
 import anyio
 
-from .._blocking import EXECUTOR, BlockingCallTimeout, Ride, Rides, ride_or_run, run_blocking
-from .._record._events import Progress, SamplerNote, StepProgress, WarningEvent
-from .._record._sink import EventSink, SoakClock
+from .._contract import (
+    EXECUTOR,
+    BlockingCallTimeout,
+    EventSink,
+    Progress,
+    Ride,
+    Rides,
+    SamplerNote,
+    SoakClock,
+    StepProgress,
+    WarningEvent,
+    ride_or_run,
+    run_blocking,
+)
 from ._inotify import Inotify
 from ._step_rules import ProgressSource, StaleLimit, StepTracker, StepUpdate
 from ._steps import KIND_STATE, StepReader, StepReading, source_kind

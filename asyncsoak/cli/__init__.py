@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from .._terminal import terminal_text
+from .._contract import terminal_text
 
 COMMAND_MODULES = ("_run", "_snapshot", "_queue", "_report", "_exit_codes", "_watch")
 

@@ -1,5 +1,19 @@
+"""``python -m asyncsoak.queue [--poll S] [--once] [--db PATH] ...``: ``asyncsoak worker``.
+
+The one module of the queue that may use the command line: it is a program, imported by no room.
+"""
+
+from __future__ import annotations
+
 import sys
+from collections.abc import Sequence
 
-from ._worker import main
+from ..cli import main as cli_main
 
-sys.exit(main())
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli_main(["worker", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
