@@ -28,7 +28,8 @@ import psutil
 import pytest
 from aiofiles.threadpool.binary import AsyncFileIO
 
-from asyncsoak import SoakFailureError, _blocking, read_journal, run_soak
+from asyncsoak import SoakFailureError, read_journal, run_soak
+from asyncsoak._contract import _blocking
 from asyncsoak._contract._sink import EventSink
 from asyncsoak._process import _cgroup, _forensics, _tree
 from asyncsoak._process._spawn import REAPER_MODULE
@@ -110,7 +111,7 @@ async def test_a_hung_journal_close_is_bounded_by_the_drain_limit(
 ) -> None:
     """Item 7: a journal close that hangs (an NFS flush) is abandoned at the drain limit."""
     gate = threading.Event()
-    release = threading.Timer(20.0, gate.set)  # lets the old, unbounded code finish at last
+    release = threading.Timer(45.0, gate.set)  # lets unbounded code finish at last, and fail
     release.start()
     real_close = AsyncFileIO.close
 
@@ -243,7 +244,7 @@ class StuckFifo:
     checks that control came back while the FIFO was still stuck (``released`` is false).
     """
 
-    def __init__(self, path: Path, release_after: float = 20.0) -> None:
+    def __init__(self, path: Path, release_after: float = 45.0) -> None:
         self.path = path
         os.mkfifo(path)
         self._timer = threading.Timer(release_after, self.release)
