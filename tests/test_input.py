@@ -37,6 +37,7 @@ BROKEN_MONITOR = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_internal_value_error_is_a_monitor_error_not_a_usage_error(tmp_path: Path) -> None:
     """A ValueError from inside the monitor: exit status 1, `monitor_error` in an `error`
     artifact; exit status 2 is for bad input only."""
@@ -68,6 +69,7 @@ def test_bad_status_interval_is_refused_before_the_run(tmp_path: Path, value: st
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_dump_signal_is_accepted_by_number(tmp_path: Path) -> None:
     """`--dump-signal 10` is SIGUSR1, as `run_soak(dump_signal=10)` takes it."""
     progress = tmp_path / "p"
@@ -95,6 +97,7 @@ with open(out / "metrics.jsonl", "a") as f:
 """
 
 
+@pytest.mark.slow
 def test_trainers_own_file_at_the_journal_path_is_refused(tmp_path: Path) -> None:
     """`--progress-dir runs/42 --output runs/42/metrics.json` beside the trainer's own
     metrics.jsonl: exit status 2 naming it, the file untouched, nothing started."""
@@ -144,6 +147,7 @@ async def test_log_path_equal_to_the_artifact_or_journal_is_refused(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_rerun_over_an_earlier_soaks_files_is_allowed(tmp_path: Path) -> None:
     """The same output again: the earlier soak's artifact, journal and log are replaced."""
@@ -160,6 +164,7 @@ async def test_a_rerun_over_an_earlier_soaks_files_is_allowed(tmp_path: Path) ->
     assert second["started_at"] != first["started_at"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_second_soak_over_the_same_output_is_refused(
     tmp_path: Path, ready: ReadyFifo
@@ -216,6 +221,7 @@ def iteration_fault_dir() -> Path | None:
     return None
 
 
+@pytest.mark.slow
 def test_progress_dir_holding_an_unlistable_directory_is_skipped_and_counted(
     tmp_path: Path,
 ) -> None:
@@ -234,6 +240,7 @@ def test_progress_dir_holding_an_unlistable_directory_is_skipped_and_counted(
     assert any("could not be read and were skipped" in w for w in artifact["warnings"])
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_progress_written_at_once_by_a_short_run_is_seen(tmp_path: Path) -> None:
     """A trainer that writes at once and exits before the first scan (default 5 s interval):
@@ -268,6 +275,7 @@ def run_into(output: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_read_only_output_directory_is_a_one_line_usage_error(tmp_path: Path) -> None:
     """Output on a read-only filesystem: one line naming it, exit status 2, nothing started."""
     with tmpfs(tmp_path / "ro", "64k") as ro:
@@ -280,6 +288,7 @@ def test_read_only_output_directory_is_a_one_line_usage_error(tmp_path: Path) ->
     assert not (tmp_path / "started").exists()
 
 
+@pytest.mark.slow
 def test_full_output_filesystem_before_the_start_is_a_one_line_usage_error(
     tmp_path: Path,
 ) -> None:
@@ -326,6 +335,7 @@ def damaged(artifact: dict[str, Any], damage: str) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["report", "summary"])
 @pytest.mark.parametrize(
     "damage", ["schema_version 99", "no progress", "no exit status", "changes is text"]
@@ -344,6 +354,7 @@ def test_view_of_a_file_that_is_not_a_whole_known_artifact_is_refused(
     assert not (tmp_path / "soak.html").exists()
 
 
+@pytest.mark.slow
 def test_view_of_a_whole_artifact_still_works(
     tmp_path: Path, real_artifact: dict[str, Any]
 ) -> None:
@@ -354,6 +365,7 @@ def test_view_of_a_whole_artifact_still_works(
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_rerun_over_a_crashed_soaks_rotated_journal_is_allowed(tmp_path: Path) -> None:
     """A long soak that died left a rotated journal (its header in the first closed segment)

@@ -19,6 +19,8 @@ import pytest
 
 import asyncsoak
 
+pytestmark = pytest.mark.slow
+
 #: Write one step, then stop writing for longer than the stall limit, then exit 0: a soak
 #: that cannot watch (or judge) passes it; a soak that watches fails it ``stale_progress``
 #: and stops it before it exits by itself.

@@ -24,6 +24,8 @@ from asyncsoak._view.report import render_report
 
 from .conftest import assert_valid, asyncsoak_cli, fast_limits, journal, py
 
+pytestmark = pytest.mark.slow
+
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_trainer"
 INTERVAL = 0.25
 

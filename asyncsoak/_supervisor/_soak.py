@@ -1,8 +1,8 @@
 """``run_soak``: supervise one command and always leave an artifact that explains it.
 
-Shape (see DESIGN.md): one task group per soak.  The spawner, samplers and watchdog are
-producers, each holding a clone of one bounded event queue; the serializer drains it into the
-journal and the artifact builder.  The supervisor waits for the first end cause (the command
+Shape (DESIGN.md, "The shape"): one task group per soak.  The spawner, samplers and watchdog
+are producers, each holding a clone of one bounded event queue; the serializer drains it into
+the journal and the artifact builder.  The supervisor waits for the first end cause (the command
 exits, a rule fires, ``max_duration_seconds`` passes, the caller asks to stop, the caller
 cancels), runs the stop sequence, then closes the producers so the serializer's drain ends.
 

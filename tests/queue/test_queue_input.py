@@ -36,6 +36,7 @@ REFUSED_SUBMISSIONS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("options", "command", "message"), REFUSED_SUBMISSIONS)
 def test_submit_refuses_what_run_refuses(
     tmp_path: Path, options: list[str], command: list[str], message: str
@@ -82,6 +83,7 @@ def test_store_submit_refuses_what_run_soak_refuses(
     assert store.jobs() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flag", ["--poll=nan", "--cancel-grace=nan", "--stale-after=-1", "--stop-timeout=inf"]
 )
@@ -159,6 +161,7 @@ QUEUE_COMMANDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", QUEUE_COMMANDS, ids=lambda a: a[0])
 def test_corrupt_database_is_refused_and_left_as_it_is(corrupt_db: Path, args: list[str]) -> None:
     """Corrupt interior pages: every command says so (exit status 2) and writes nothing."""
@@ -173,6 +176,7 @@ def test_corrupt_database_is_refused_and_left_as_it_is(corrupt_db: Path, args: l
     assert digest(corrupt_db) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", QUEUE_COMMANDS, ids=lambda a: a[0])
 def test_zero_byte_database_is_refused_not_given_a_schema(tmp_path: Path, args: list[str]) -> None:
     """An empty file at --db is not a queue: exit status 2, and it stays empty."""
@@ -184,6 +188,7 @@ def test_zero_byte_database_is_refused_not_given_a_schema(tmp_path: Path, args: 
     assert db.stat().st_size == 0
 
 
+@pytest.mark.slow
 def test_a_new_database_is_never_seen_half_made(tmp_path: Path) -> None:
     """Creating the queue leaves no empty file behind for the zero-byte refusal to trip on,
     even with several processes creating it at once."""
@@ -198,6 +203,7 @@ def test_a_new_database_is_never_seen_half_made(tmp_path: Path) -> None:
         assert len(store.jobs()) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_internal_value_error_is_a_monitor_error_not_invalid_job(
     store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -246,6 +252,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_other_attempts_files_are_not_progress(store: JobStore, tmp_path: Path) -> None:
     """Writes below the run dir's attempts/ (another attempt's report and journal) never count:
@@ -278,6 +285,7 @@ async def test_other_attempts_files_are_not_progress(store: JobStore, tmp_path: 
 ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[1A\r"
 
 
+@pytest.mark.slow
 def test_escape_sequences_in_job_fields_are_spelled_out(tmp_path: Path) -> None:
     """A job name (and command) holding terminal escape sequences: jobs, job and workers print
     them spelled out (\\x1b), never raw; --json keeps them JSON-escaped."""
@@ -293,6 +301,7 @@ def test_escape_sequences_in_job_fields_are_spelled_out(tmp_path: Path) -> None:
     assert "evil\\x1b]0;pwned\\x07" in shown
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_full_runs_filesystem_is_the_workers_problem_not_an_invalid_job(
     tmp_path: Path,

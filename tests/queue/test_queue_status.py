@@ -40,7 +40,7 @@ from asyncsoak.queue._status import TAIL_BYTES, outcome_from_artifact
 def test_final_status_table(
     rc: int | None, cancel_requested: bool, stopping: bool, killed: bool, expected: str
 ) -> None:
-    """Each row of DESIGN.md's final status table gives its status."""
+    """Each row of the table in DESIGN.md's "Final status" gives its status."""
     assert final_status(rc, cancel_requested, stopping, killed) == expected
 
 
