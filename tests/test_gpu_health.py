@@ -14,6 +14,7 @@ import os
 import random
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -281,7 +282,7 @@ async def test_a_driver_library_mismatch_degrades_the_sampler_and_fails_nothing(
     fault = tmp_path / "fault.txt"
     smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", gpus=2, fault_file=fault)
     with anyio.fail_after(60):
-        artifact = await run_soak(
+        artifact: Mapping[str, Any] = await run_soak(
             command=soak_command(tmp_path, [f"{fault} nvml"], steps=40),
             env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"},
             **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)),
@@ -310,6 +311,7 @@ async def test_with_no_visible_devices_an_xid_on_another_jobs_gpu_fails_only_a_c
     bus_id, xid_address = unique_bus_id()
     xid = f"kmsg <4>NVRM: Xid (PCI:{xid_address}): 79, pid=1, name=x, GPU has fallen off the bus."
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    artifact: Mapping[str, Any]
     async with await anyio.open_process(["sleep", "60"]) as other_job:
         try:
             pid = other_job.pid if other_job_here else pid_not_here()

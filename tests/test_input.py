@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +185,7 @@ async def test_a_second_soak_over_the_same_output_is_refused(
     control = SoakControl()
     journal = tmp_path / "out" / "soak.jsonl"
     async with anyio.create_task_group() as tg:
-        results: list[dict[str, object]] = []
+        results: list[Mapping[str, object]] = []
 
         async def first() -> None:
             results.append(await run_soak(command=py(body), control=control, **kwargs))
@@ -393,13 +394,17 @@ def test_soak_limits_are_spelled_once() -> None:
     import inspect
     from dataclasses import fields
 
-    from asyncsoak import run_soak
+    from asyncsoak import SoakConfig, run_soak
     from asyncsoak._supervisor._config import SoakLimits
     from asyncsoak.cli._run import add_soak_limits, soak_limits
 
     signature = inspect.signature(run_soak).parameters
     for spec in fields(SoakLimits):
         assert spec.default == signature[spec.name].default, spec.name
+    # A SoakConfig made with only the required fields is the soak run_soak's defaults make.
+    for spec in fields(SoakConfig):
+        if spec.init and spec.name not in ("command", "progress_dir", "output_path"):
+            assert spec.default == signature[spec.name].default, spec.name
     parser = argparse.ArgumentParser()
     add_soak_limits(parser)
     assert soak_limits(parser.parse_args([])) == {

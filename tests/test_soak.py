@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -627,7 +628,9 @@ for pid in workers:
     os.waitpid(pid, 0)
 """
     with anyio.fail_after(60):
-        artifact = await run_soak(command=child(tmp_path, body), **fast_limits(tmp_path))
+        artifact: Mapping[str, Any] = await run_soak(
+            command=child(tmp_path, body), **fast_limits(tmp_path)
+        )
     tree = artifact["summary"]["tree"]
     assert tree["processes"]["max"] == 25
     assert tree["rss_bytes"]["max"] >= 24 * 4 * 2**20

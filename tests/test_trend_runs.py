@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ def limits(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     return fast_limits(tmp_path, sample_interval_seconds=0.05, **overrides)
 
 
-async def soak(**kwargs: Any) -> dict[str, Any]:
+async def soak(**kwargs: Any) -> Mapping[str, Any]:
     with anyio.fail_after(60):
         return await run_soak(**kwargs)
 
@@ -59,7 +60,7 @@ async def soak_failure(**kwargs: Any) -> SoakFailureError:
     return info.value
 
 
-def memory_warnings(artifact: dict[str, Any]) -> list[str]:
+def memory_warnings(artifact: Mapping[str, Any]) -> list[str]:
     return [w for w in artifact["warnings"] if "memory" in w]
 
 

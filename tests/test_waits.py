@@ -134,7 +134,7 @@ async def test_a_hung_journal_close_is_bounded_by_the_drain_limit(
         gate.set()
         release.cancel()
     assert artifact["status"] == "passed"
-    assert "closing the journal" in artifact["monitor"]["journal_error"]
+    assert "closing the journal" in (artifact["monitor"].get("journal_error") or "")
     assert artifact["monitor"]["abandoned_calls"] >= 1
 
 
@@ -169,7 +169,7 @@ async def test_a_hung_journal_write_leaks_no_descriptor(tmp_path: Path, hung_jou
     """Item 11: the descriptor of a journal whose write hung is closed once the write returns."""
     with anyio.fail_after(60):
         artifact = await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path))
-    assert "writing stopped" in artifact["monitor"]["journal_error"]
+    assert "writing stopped" in (artifact["monitor"].get("journal_error") or "")
     assert fds_on(hung_journal) == 2, "the pipe's write end and the journal's stuck descriptor"
     drain(hung_journal)  # the disk comes back: the stuck write returns
     for _ in range(200):  # polling /proc for the descriptor to close, bounded (10 s)

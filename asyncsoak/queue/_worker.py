@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 
@@ -615,7 +615,7 @@ class _Worker:
                 try:
                     await self._call(_make_dirs, attempt_dir)
                     carried = await self._learned_limit(job)
-                    artifact = await run_soak(
+                    soaked = await run_soak(
                         command=self._command(job, run_dir),
                         progress_dir=Path(job.progress_dir) if job.progress_dir else run_dir,
                         # Every attempt's monitor writes there: none of it is this one's progress.
@@ -639,6 +639,8 @@ class _Worker:
                         stale_progress_carried_seconds=carried,
                         metrics=None if self.registry is None else Metrics(registry=self.registry),
                     )
+                    # Read below as the plain dict it is, like a failed soak's or a saved one.
+                    artifact = cast("dict[str, Any]", soaked)
                 except SoakFailureError as exc:
                     artifact = exc.artifact
                 except Exception as exc:  # the monitor failed, or refused the job's inputs
