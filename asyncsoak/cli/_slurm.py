@@ -80,6 +80,6 @@ def worker_in_allocation(args: argparse.Namespace) -> float | None:
         args.gpus = _slurm.allocation_gpus()
     if args.name is None:
         args.name = _slurm.worker_name(info, socket.gethostname())
-    args.stop_timeout = _slurm.stop_grace(args.stop_timeout, info)
+    args.stop_timeout_seconds = _slurm.stop_grace(args.stop_timeout_seconds, info)
     end = info.get("end_time_epoch")
     return float(end) if isinstance(end, int | float) else None
