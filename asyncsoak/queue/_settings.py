@@ -129,8 +129,8 @@ class WorkerConfig:
     retry_backoff_seconds: float = _setting(
         INFRASTRUCTURE_BACKOFF_S,
         "--retry-backoff",
-        "wait before a job's second infrastructure retry, doubling for each later one (the "
-        "first retry is at once)",
+        "wait before a job's second infrastructure retry (the first is at once), doubling for "
+        "each later one",
     )
     #: nvidia-smi to sample GPUs with; None: no GPU sampling (``--no-gpu``).
     nvidia_smi: str | None = _setting(
