@@ -42,7 +42,7 @@ import anyio
 
 from asyncsoak import run_soak
 from asyncsoak._record._artifact import ArtifactBuilder
-from asyncsoak._record._events import Event, Exited, Failure, Header, Limits, StopRequested
+from asyncsoak._record._events import Event, Exited, FailureEvent, Header, Limits, StopRequested
 from asyncsoak._record._serializer import journal_line_data
 from asyncsoak._record._sink import EventSink, SoakClock
 from asyncsoak._supervisor._config import SoakConfig
@@ -114,7 +114,7 @@ async def simulate(plan: Plan, interval: float, leak_check: Mode, where: Path) -
 
     async def fail(reason: str, message: str) -> None:
         at = iso(datetime.now(UTC))
-        await sink.emit(Failure(t=clock.now, reason=reason, message=message, at=at))
+        await sink.emit(FailureEvent(t=clock.now, reason=reason, message=message, at=at))
 
     async def rule_fired(reason: str, message: str) -> None:
         nonlocal stopped_at

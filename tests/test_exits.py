@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from asyncsoak._process._exits import decode, describe, signal_name
+from asyncsoak._process._exits import decode, describe_exit_status, signal_name
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_the_words_name_the_signal_who_sent_it_and_its_usual_cause(
     """One wording: the signal's name and number, whether the monitor sent it when that is
     known, SIGKILL the monitor did not send is often the OOM killer, a shell's 128+N is
     probably signal N."""
-    assert describe(rc, sent=sent) == words
+    assert describe_exit_status(rc, sent=sent) == words
 
 
 def test_an_unnamed_signal_is_given_by_number() -> None:

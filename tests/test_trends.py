@@ -22,7 +22,7 @@ from asyncsoak._analysis._trends import (
     windowed_minima,
 )
 from asyncsoak._analysis._trendwatch import TrendWatch
-from asyncsoak._process._crash import describe, find_exception
+from asyncsoak._process._crash import describe_crash, find_exception
 from asyncsoak._units import check_size, format_duration, parse_size
 
 from .trend_shapes import BASE, STABLE, GiB, MiB, detection_time, leak, times
@@ -288,7 +288,7 @@ def test_the_last_traceback_gives_type_message_and_raising_frame() -> None:
         "hf_train.py:28",
         "python",
     )
-    assert describe(cause) == "RuntimeError: injected crash at step 200 (hf_train.py:28)"
+    assert describe_crash(cause) == "RuntimeError: injected crash at step 200 (hf_train.py:28)"
 
 
 def test_a_chained_traceback_reports_the_last_exception() -> None:
@@ -328,7 +328,7 @@ def test_nccl_errors_and_a_shells_killed_without_a_traceback() -> None:
     killed = find_exception("epoch 3\nbash: line 1: 4242 Killed    python train.py\n")
     assert killed is not None
     assert killed.kind == "killed"
-    assert describe(killed).startswith("Killed")
+    assert describe_crash(killed).startswith("Killed")
     for line in ("Killed", 'bash: 24430 Killed                  python3 -c "..."'):
         cause = find_exception(f"epoch 3\n{line}\n")
         assert cause is not None

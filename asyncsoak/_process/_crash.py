@@ -35,7 +35,7 @@ MESSAGE_CHARS = 300
 
 
 @dataclass(frozen=True, slots=True)
-class CrashCause:
+class CrashInLog:
     type: str
     message: str
     #: ``file.py:LINE`` of the raising frame, when a traceback shows it.
@@ -43,10 +43,10 @@ class CrashCause:
     kind: str
 
 
-def last_traceback(lines: Sequence[str]) -> tuple[int, int, CrashCause] | None:
+def last_traceback(lines: Sequence[str]) -> tuple[int, int, CrashInLog] | None:
     """The last whole Python traceback in ``lines``: (its ``Traceback`` line, one past its
     exception line, the cause), or None."""
-    found: tuple[int, int, CrashCause] | None = None
+    found: tuple[int, int, CrashInLog] | None = None
     for index, line in enumerate(lines):
         match = _TRACEBACK.match(line)
         if match is not None:
@@ -56,7 +56,7 @@ def last_traceback(lines: Sequence[str]) -> tuple[int, int, CrashCause] | None:
     return found
 
 
-def find_exception(text: str) -> CrashCause | None:
+def find_exception(text: str) -> CrashInLog | None:
     """The last crash cause in ``text`` (the tail of a log), or None."""
     lines = text.splitlines()
     traceback = last_traceback(lines)
@@ -65,15 +65,15 @@ def find_exception(text: str) -> CrashCause | None:
         # Lines after the last traceback: a raw NCCL or CUDA error, or a shell's "Killed".
         line = lines[index].strip()
         if _KILLED.match(line):
-            return CrashCause("Killed", line, None, "killed")
+            return CrashInLog("Killed", line, None, "killed")
         if _CUDA_OOM.search(line):
-            return CrashCause("CUDA out of memory", _clip(line), None, "cuda_oom")
+            return CrashInLog("CUDA out of memory", _clip(line), None, "cuda_oom")
         if _NCCL.search(line):
-            return CrashCause("NCCL error", _clip(line), None, "nccl")
+            return CrashInLog("NCCL error", _clip(line), None, "nccl")
     return None if found is None else found[1]
 
 
-def _traceback(lines: Sequence[str], start: int, prefix: str) -> tuple[int, CrashCause] | None:
+def _traceback(lines: Sequence[str], start: int, prefix: str) -> tuple[int, CrashInLog] | None:
     where: str | None = None
     for index in range(start, len(lines)):
         raw = lines[index]
@@ -96,7 +96,7 @@ def _traceback(lines: Sequence[str], start: int, prefix: str) -> tuple[int, Cras
             kind = "cuda_oom"
         elif _NCCL.search(raw):
             kind = "nccl"
-        return index, CrashCause(match["type"], _clip(message), where, kind)
+        return index, CrashInLog(match["type"], _clip(message), where, kind)
     return None
 
 
@@ -105,7 +105,7 @@ def _clip(text: str) -> str:
     return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 1] + "…"
 
 
-def describe(cause: CrashCause) -> str:
+def describe_crash(cause: CrashInLog) -> str:
     """``RuntimeError: injected crash at step 200 (hf_train.py:28)``."""
     if cause.kind == "killed":
         head = "Killed (reported by the shell; often the OOM killer)"
@@ -148,7 +148,7 @@ class RankCrash:
     rank: int | None
     local_rank: int | None
     pid: int | None
-    cause: CrashCause
+    cause: CrashInLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +174,7 @@ def find_rank_exception(text: str) -> RankCrash | None:
     lines = text.splitlines()
     root = _root_cause(lines)
     tracebacks = [t for t in _rank_tracebacks(lines) if t[2].type not in LAUNCHER_EXCEPTIONS]
-    chosen: tuple[int | None, int | None, CrashCause] | None = None
+    chosen: tuple[int | None, int | None, CrashInLog] | None = None
     if root is not None:
         for rank, local, cause in tracebacks:
             if rank == root.rank or (rank is None and local == root.local_rank):
@@ -196,7 +196,7 @@ def find_rank_exception(text: str) -> RankCrash | None:
     return RankCrash(chosen[0], chosen[1], root.pid if root is not None else None, chosen[2])
 
 
-def _rank_tracebacks(lines: Sequence[str]) -> list[tuple[int | None, int | None, CrashCause]]:
+def _rank_tracebacks(lines: Sequence[str]) -> list[tuple[int | None, int | None, CrashInLog]]:
     """Every whole traceback in ``lines`` with the rank (or local rank) its prefix names."""
     found = []
     for index, line in enumerate(lines):
@@ -253,7 +253,7 @@ def _root_cause(lines: Sequence[str]) -> _RootCause | None:
     return _RootCause(rank, local, pid, exitcode, error_file, traceback)
 
 
-def _exit_cause(exitcode: int | None) -> CrashCause | None:
+def _exit_cause(exitcode: int | None) -> CrashInLog | None:
     """A rank that left no exception: how it ended, as torchrun reports its exit code."""
     if exitcode is None or exitcode == 0:
         return None
@@ -263,11 +263,11 @@ def _exit_cause(exitcode: int | None) -> CrashCause | None:
         except ValueError:
             name = f"signal {-exitcode}"
         oom = " (often the kernel's OOM killer)" if -exitcode == signal.SIGKILL else ""
-        return CrashCause(name, f"killed by {name}{oom}", None, "signal")
-    return CrashCause(f"exit status {exitcode}", "no traceback", None, "exit")
+        return CrashInLog(name, f"killed by {name}{oom}", None, "signal")
+    return CrashInLog(f"exit status {exitcode}", "no traceback", None, "exit")
 
 
-def _error_file_cause(path: str | None) -> CrashCause | None:
+def _error_file_cause(path: str | None) -> CrashInLog | None:
     """The exception in torchelastic's error file (``@record``'s ``error.json``), if readable."""
     if path is None:
         return None
@@ -286,4 +286,4 @@ def describe_rank_crash(crash: RankCrash) -> str:
     who = f"rank {crash.rank}" if crash.rank is not None else f"local rank {crash.local_rank}"
     if crash.pid is not None:
         who += f" (pid {crash.pid})"
-    return f"{who} failed first: {describe(crash.cause)}"
+    return f"{who} failed first: {describe_crash(crash.cause)}"

@@ -66,7 +66,7 @@ def forwarded_signals(artifact: Mapping[str, object]) -> list[str]:
     ]
 
 
-def describe(
+def describe_exit_status(
     returncode: int | None,
     *,
     sent: Collection[str] | None = None,

@@ -157,7 +157,7 @@ class StepProgress(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Failure(Event):
+class FailureEvent(Event):
     KIND: ClassVar[str] = EventKind.FAILURE
 
     reason: str

@@ -44,7 +44,7 @@ from .._record._artifact import (
     iso,
 )
 from .._record._events import (
-    Failure,
+    FailureEvent,
     Finished,
     Header,
     WarningEvent,
@@ -336,7 +336,7 @@ class _Soak:
         assert self._sink is not None
         self._failures.append(reason)
         await self._sink.emit(
-            Failure(
+            FailureEvent(
                 t=self._sink.elapsed(),
                 reason=reason,
                 message=message,

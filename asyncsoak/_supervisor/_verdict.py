@@ -18,14 +18,14 @@ import anyio
 
 from .._analysis._trends import format_bytes
 from .._blocking import BlockingCallTimeout, run_blocking
-from .._process._crash import CrashCause as CrashInLog
 from .._process._crash import (
+    CrashInLog,
     RankCrash,
+    describe_crash,
     describe_rank_crash,
     find_exception,
     find_rank_exception,
 )
-from .._process._crash import describe as describe_crash
 from .._process._exits import decode as decode_exit
 from .._process._forensics import oom_kills, seconds_since_boot
 from .._process._spawn import Spawner

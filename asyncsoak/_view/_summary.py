@@ -12,8 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._analysis._activity import describe_gpus
-from .._process._exits import describe as describe_exit
-from .._process._exits import forwarded_signals
+from .._process._exits import describe_exit_status, forwarded_signals
 from .._record._schema import Artifact
 from .._record._vocabulary import EventKind, FailureReason, SoakStatus
 from .._sampling._fields import describe, format_clock, format_value, group_kind
@@ -153,7 +152,7 @@ def exit_text(artifact: Artifact) -> str:
         f["reason"] == FailureReason.SPAWN_FAILED for f in a["failures"]
     ):
         return "never started"
-    return describe_exit(
+    return describe_exit_status(
         a["exit"]["returncode"],
         sent=signals_sent(artifact),
         forwarded=forwarded_signals(artifact),

@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .._process._exits import describe, forwarded_signals
+from .._process._exits import describe_exit_status, forwarded_signals
 from .._record._artifact import read_log_tail
 from ..trainer import EXIT_INTERRUPTED
 
@@ -121,11 +121,11 @@ def with_soak_verdict(status: str, soak_failed: bool) -> str:
 def describe_exit(
     rc: int | None, *, sent: Collection[str] | None = None, forwarded: Collection[str] = ()
 ) -> str:
-    """An exit status in words (:func:`asyncsoak._process._exits.describe`, which see for
-    ``sent`` and ``forwarded``), and the trainer's own ``EXIT_INTERRUPTED`` said as such."""
+    """An exit status in words (:func:`asyncsoak._process._exits.describe_exit_status`, which
+    see for ``sent`` and ``forwarded``), and the trainer's own ``EXIT_INTERRUPTED`` said as such."""
     if rc == EXIT_INTERRUPTED:
         return f"exit status {rc} (EXIT_INTERRUPTED: saved and stopped)"
-    return describe(rc, sent=sent, forwarded=forwarded)
+    return describe_exit_status(rc, sent=sent, forwarded=forwarded)
 
 
 def signals_sent(
