@@ -10,17 +10,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._errors import AsyncsoakError as AsyncsoakError
-    from ._errors import MonitorError as MonitorError
-    from ._errors import SoakFailureError as SoakFailureError
-    from ._errors import ValidationError as ValidationError
-    from ._errors import ValidationTypeError as ValidationTypeError
-    from ._export._metrics import Metrics as Metrics
-    from ._record._journal import read_journal as read_journal
-    from ._record._snapshot import runtime_snapshot as runtime_snapshot
-    from ._supervisor._config import SoakConfig as SoakConfig
-    from ._supervisor._control import SoakControl as SoakControl
-    from ._supervisor._soak import run_soak as run_soak
+    from ._contract import AsyncsoakError as AsyncsoakError
+    from ._contract import MonitorError as MonitorError
+    from ._contract import SoakFailureError as SoakFailureError
+    from ._contract import ValidationError as ValidationError
+    from ._contract import ValidationTypeError as ValidationTypeError
+    from ._export import Metrics as Metrics
+    from ._record import read_journal as read_journal
+    from ._sampling import runtime_snapshot as runtime_snapshot
+    from ._supervisor import SoakConfig as SoakConfig
+    from ._supervisor import SoakControl as SoakControl
+    from ._supervisor import run_soak as run_soak
+
+#: Served by :func:`__getattr__` from the contract room, where pyproject.toml reads it too.
+__version__: str
 
 __all__ = [
     "AsyncsoakError",
@@ -37,23 +40,24 @@ __all__ = [
 ]
 
 _LAZY = {
-    "AsyncsoakError": "._errors",
-    "Metrics": "._export._metrics",
-    "MonitorError": "._errors",
-    "SoakConfig": "._supervisor._config",
-    "SoakControl": "._supervisor._control",
-    "SoakFailureError": "._errors",
-    "read_journal": "._record._journal",
-    "ValidationError": "._errors",
-    "ValidationTypeError": "._errors",
-    "run_soak": "._supervisor._soak",
-    "runtime_snapshot": "._record._snapshot",
+    "AsyncsoakError": "._contract",
+    "Metrics": "._export",
+    "MonitorError": "._contract",
+    "SoakConfig": "._supervisor",
+    "SoakControl": "._supervisor",
+    "SoakFailureError": "._contract",
+    "read_journal": "._record",
+    "ValidationError": "._contract",
+    "ValidationTypeError": "._contract",
+    "run_soak": "._supervisor",
+    "runtime_snapshot": "._sampling",
 }
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        # From the contract room, where pyproject.toml reads it too.
+        return importlib.import_module("._contract._version", __name__).VERSION
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'asyncsoak' has no attribute {name!r}")

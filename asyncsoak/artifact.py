@@ -21,17 +21,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._record._artifact import KNOWN_SCHEMA_VERSIONS, SCHEMA_VERSION, ArtifactError
-from ._record._artifact import check_artifact as _check_artifact
-from ._record._artifact import load_schema as _load_schema
-from ._record._bounded import UnreadableFileError as _UnreadableFileError
-from ._record._bounded import read_json_file as _read_json_file
-from ._record._journal import is_journal as _is_journal
-from ._record._recover import JournalError as _JournalError
-from ._record._recover import artifact_from_journal as _artifact_from_journal
-from ._record._schema import Artifact
-from ._record._vocabulary import EventKind, FailureReason, SoakStatus, StopCause
-from ._view._summary import summarize
+from ._contract import Artifact, EventKind, FailureReason, SoakStatus, StopCause
+from ._contract import UnreadableFileError as _UnreadableFileError
+from ._contract import read_json_file as _read_json_file
+from ._record import KNOWN_SCHEMA_VERSIONS, SCHEMA_VERSION, ArtifactError
+from ._record import JournalError as _JournalError
+from ._record import artifact_from_journal as _artifact_from_journal
+from ._record import check_artifact as _check_artifact
+from ._record import is_journal as _is_journal
+from ._record import load_schema as _load_schema
+from ._view import summarize
 
 __all__ = [
     "KNOWN_SCHEMA_VERSIONS",

@@ -75,11 +75,11 @@ async def drained(receive: MemoryObjectReceiveStream[Any]) -> None:
 async def drive(
     work: Path, root_pid: int, samples: int, make_gpu_sample: Callable[[float], Any] | None
 ) -> dict[str, Any]:
+    from asyncsoak._contract._events import Header, Progress
+    from asyncsoak._contract._sink import SoakClock, open_event_queue
     from asyncsoak._record._artifact import ArtifactBuilder, create_private_file, write_artifact
-    from asyncsoak._record._events import Header, Progress
     from asyncsoak._record._journal import journal_segments
     from asyncsoak._record._serializer import Serializer
-    from asyncsoak._record._sink import SoakClock, open_event_queue
     from asyncsoak._sampling._proc_sampler import ProcSampler
 
     progress = work / "progress"

@@ -45,9 +45,9 @@ from typing import Any
 import anyio
 import psutil
 
+from asyncsoak._contract._sink import SoakClock, open_event_queue
 from asyncsoak._process._commands import run_command
 from asyncsoak._process._forensics import KernelLogFollower
-from asyncsoak._record._sink import SoakClock, open_event_queue
 from asyncsoak._sampling._gpu_sampler import GpuSample, run_gpu_sampler
 from asyncsoak._sampling._nvidia_smi import (
     APP_FIELDS,

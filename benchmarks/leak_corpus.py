@@ -41,13 +41,13 @@ from typing import Any
 import anyio
 
 from asyncsoak import run_soak
+from asyncsoak._contract._events import Event, Exited, FailureEvent, Header, Limits, StopRequested
+from asyncsoak._contract._sink import EventSink, SoakClock
+from asyncsoak._contract._timestamps import iso
 from asyncsoak._record._artifact import ArtifactBuilder
-from asyncsoak._record._events import Event, Exited, FailureEvent, Header, Limits, StopRequested
 from asyncsoak._record._serializer import journal_line_data
-from asyncsoak._record._sink import EventSink, SoakClock
 from asyncsoak._supervisor._config import SoakConfig
 from asyncsoak._supervisor._judge import RunJudge
-from asyncsoak._timestamps import iso
 from benchmarks._common import Figure, Section
 from tests.corpus_soaks import (
     MACHINE_MEMORY,

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import anyio
 
-from asyncsoak._record._sink import SoakClock, open_event_queue
+from asyncsoak._contract._sink import SoakClock, open_event_queue
 from asyncsoak._sampling._proc_sampler import ProcSample, ProcSampler, run_proc_sampler
 from asyncsoak._sampling._procfs import PROC, read_proc_file
 from benchmarks._common import Figure, Section

@@ -98,7 +98,7 @@ def watchdog_share(root: Path, seconds: float, *, spaced: bool) -> float:
     """The share of a core the watchdog takes over ``root`` at 0.5 s, after its warm-up."""
     import anyio
 
-    from asyncsoak._record._sink import SoakClock, open_event_queue
+    from asyncsoak._contract._sink import SoakClock, open_event_queue
     from asyncsoak._sampling import _watchdog
 
     async def fail(reason: str, message: str) -> None:

@@ -2,7 +2,7 @@
 
 A mkdocs hook (``hooks:`` in ``mkdocs.yml``): ``on_files`` adds ``reference/*.md``, written
 from the command line's argparse parsers, the artifact's JSON Schema, the vocabularies of
-``asyncsoak._record._vocabulary``, the exported metrics and ``asyncsoak.__all__``.  Nothing is
+``asyncsoak._contract._vocabulary``, the exported metrics and ``asyncsoak.__all__``.  Nothing is
 fetched.  A reason code without a title for people is logged as a warning, which
 ``mkdocs build --strict`` turns into a failed build.
 
@@ -69,7 +69,7 @@ def _help(parser: argparse.ArgumentParser) -> str:
 
 def reasons_reference() -> str:
     """The statuses, the failure reasons with their titles, stop causes, exit statuses."""
-    from asyncsoak._record._vocabulary import FailureReason, SoakStatus, StopCause
+    from asyncsoak._contract._vocabulary import FailureReason, SoakStatus, StopCause
     from asyncsoak._view._summary import REASON_TITLES, STATUS_HEADLINES
     from asyncsoak.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
     from asyncsoak.cli._run import STOP_SIGNALS
@@ -77,7 +77,7 @@ def reasons_reference() -> str:
     lines = [
         "# Reason codes and exit statuses",
         "",
-        "Generated from `asyncsoak._record._vocabulary` (the words the artifact and the journal",
+        "Generated from `asyncsoak._contract._vocabulary` (the words the artifact and the journal",
         "use), the views' titles and the command line's exit statuses.",
         "",
         "## Statuses (`status`)",
@@ -139,11 +139,11 @@ def reasons_reference() -> str:
 
 def _detailed_exit_codes() -> Mapping[str, int] | None:
     """Each reason's exit status under ``--detailed-exit-codes``, where this asyncsoak has
-    that flag (``asyncsoak._record._exit_codes``)."""
-    if importlib.util.find_spec("asyncsoak._record._exit_codes") is None:
+    that flag (``asyncsoak._contract._exit_codes``)."""
+    if importlib.util.find_spec("asyncsoak._contract._exit_codes") is None:
         return None
     codes: Mapping[str, int] = importlib.import_module(
-        "asyncsoak._record._exit_codes"
+        "asyncsoak._contract._exit_codes"
     ).DETAILED_EXIT_CODES
     return codes
 

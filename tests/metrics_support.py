@@ -21,7 +21,7 @@ import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from asyncsoak._blocking import run_blocking
+from asyncsoak._contract._blocking import run_blocking
 
 #: Bound on one HTTP exchange of a test.
 HTTP_TIMEOUT = 10.0

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from asyncsoak import read_journal
+from asyncsoak._contract._schema import Monitor
 from asyncsoak._record._recover import artifact_from_journal
-from asyncsoak._record._schema import Monitor
 
 from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
 from .gpu_support import install_fake_nvidia_smi

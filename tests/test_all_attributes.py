@@ -79,7 +79,10 @@ def test_the_package_lazily_offers_exactly_all() -> None:
 def test_errors_show_their_public_path_before_the_package_resolves_them() -> None:
     """An error raised by a private module is shown as asyncsoak.NAME in a fresh interpreter."""
     names = ", ".join(ERRORS)
-    code = f"from asyncsoak._errors import {names}\nprint(*(e.__module__ for e in ({names},)))"
+    code = (
+        f"from asyncsoak._contract._errors import {names}\n"
+        f"print(*(e.__module__ for e in ({names},)))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["asyncsoak"] * len(ERRORS)
 
@@ -88,7 +91,7 @@ def test_public_errors_and_enums_pickle_by_their_public_path() -> None:
     """A pickled error or enum member names the public module and loads back equal."""
     error = asyncsoak.ValidationError("bad --interval")
     data = pickle.dumps(error)
-    assert b"asyncsoak._errors" not in data
+    assert b"asyncsoak._contract._errors" not in data
     loaded = pickle.loads(data)
     assert type(loaded) is asyncsoak.ValidationError
     assert loaded.args == error.args

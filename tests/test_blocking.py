@@ -20,8 +20,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from asyncsoak import _blocking
-from asyncsoak._blocking import BlockingCallTimeout, BlockingExecutor, abandoned_calls, run_blocking
+from asyncsoak._contract import _blocking
+from asyncsoak._contract._blocking import (
+    BlockingCallTimeout,
+    BlockingExecutor,
+    abandoned_calls,
+    run_blocking,
+)
 
 from .conftest import REPO
 
@@ -99,7 +104,7 @@ def test_a_stuck_call_does_not_keep_the_process_alive(tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
         import anyio
-        from asyncsoak._blocking import BlockingCallTimeout, run_blocking
+        from asyncsoak._contract._blocking import BlockingCallTimeout, run_blocking
 
         def hang():
             open({str(fifo)!r}, "rb")
@@ -180,7 +185,7 @@ def test_no_blocking_call_bypasses_the_helper() -> None:
         if path.name != "_blocking.py"
         for hit in bypasses(path)
     ]
-    assert not found, "blocking calls that bypass asyncsoak._blocking:\n" + "\n".join(found)
+    assert not found, "blocking calls that bypass run_blocking:\n" + "\n".join(found)
 
 
 def test_the_bypass_check_sees_a_bypass(tmp_path: Path) -> None:

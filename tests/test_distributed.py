@@ -17,8 +17,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak._analysis._trendwatch import TrendWatch
+from asyncsoak._contract._crash import describe_rank_crash, find_rank_exception
 from asyncsoak._export._metrics import SoakMetrics
-from asyncsoak._process._crash import describe_rank_crash, find_rank_exception
 from asyncsoak._process._ranks import (
     launcher_of,
     parse_rank_environ,

@@ -154,8 +154,8 @@ def test_reference_pages_cover_the_code() -> None:
     import importlib.util
 
     import asyncsoak
+    from asyncsoak._contract._vocabulary import FailureReason, SoakStatus
     from asyncsoak._export._metrics import METRIC_NAMES
-    from asyncsoak._record._vocabulary import FailureReason, SoakStatus
     from asyncsoak.artifact import schema
     from asyncsoak.cli import build_parser
 

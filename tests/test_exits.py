@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from asyncsoak._process._exits import decode, describe_exit_status, signal_name
+from asyncsoak._contract._exits import decode, describe_exit_status, signal_name
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncsoak import artifact
-from asyncsoak._record._bounded import UnreadableFileError, nested_too_deep
+from asyncsoak._contract._bounded import UnreadableFileError, nested_too_deep
 from asyncsoak._record._journal import JournalDecoder
 from asyncsoak.cli import UsageError, build_parser
 from asyncsoak.cli._run import check_run_flags

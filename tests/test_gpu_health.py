@@ -22,10 +22,10 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import SoakFailureError, run_soak
+from asyncsoak._contract._events import Event, GpuFault, WarningEvent
+from asyncsoak._contract._sink import SoakClock, open_event_queue
 from asyncsoak._export._metrics import SoakMetrics, encode_rows
 from asyncsoak._record._artifact import ArtifactBuilder, check_artifact
-from asyncsoak._record._events import Event, GpuFault, WarningEvent
-from asyncsoak._record._sink import SoakClock, open_event_queue
 from asyncsoak._sampling._gpu_health import (
     XID_CODES,
     GpuHealthWatch,

@@ -17,7 +17,7 @@ import pytest
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from asyncsoak._record._events import (
+from asyncsoak._contract._events import (
     Event,
     SamplerDegraded,
     SamplerNote,
@@ -25,7 +25,7 @@ from asyncsoak._record._events import (
     SeriesSource,
     event_to_json,
 )
-from asyncsoak._record._sink import SinkCounters, SoakClock, open_event_queue
+from asyncsoak._contract._sink import SinkCounters, SoakClock, open_event_queue
 from asyncsoak._sampling._gpu_sampler import EccWatch, GpuSample, run_gpu_sampler
 from asyncsoak._sampling._nvidia_smi import GpuProcess, data_lines, parse_gpu_line
 

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncsoak import read_journal
+from asyncsoak._contract._events import Event, Header, Progress
 from asyncsoak._record._artifact import ArtifactBuilder, create_private_file
-from asyncsoak._record._events import Event, Header, Progress
 from asyncsoak._record._journal import (
     JournalDecoder,
     JournalEncoder,
@@ -224,7 +224,7 @@ import anyio, os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from asyncsoak._record._artifact import ArtifactBuilder, create_private_file
-from asyncsoak._record._events import Event, Header, Progress
+from asyncsoak._contract._events import Event, Header, Progress
 from asyncsoak._sampling._proc_sampler import ProcSampler
 from asyncsoak._record._serializer import Serializer
 from tests.test_journal import header

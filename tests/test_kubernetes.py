@@ -22,9 +22,9 @@ import psutil
 import pytest
 
 from asyncsoak import Metrics, run_soak
+from asyncsoak._contract._schema import Artifact
 from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._export._metrics_server import MetricsServer, open_listener
-from asyncsoak._record._schema import Artifact
 from asyncsoak._sampling._limits import cgroup_cpu_limit_cores
 from asyncsoak._supervisor._kubernetes import GRACE_ANNOTATION, pattern_values, pod_identity
 from asyncsoak._supervisor._slurm import PatternError, expand_path, stop_grace

@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from asyncsoak._record._exit_codes import DETAILED_EXIT_CODES
+from asyncsoak._contract._exit_codes import DETAILED_EXIT_CODES
 from asyncsoak._supervisor._kubernetes import GRACE_ANNOTATION, PODINFO_DIR
 from asyncsoak.cli import build_parser
 

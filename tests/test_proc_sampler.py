@@ -26,10 +26,10 @@ import anyio
 import psutil
 import pytest
 
-from asyncsoak._blocking import next_tick
-from asyncsoak._record._events import Event, SamplerDegraded, SamplerNote, SamplerRecovered
-from asyncsoak._record._sink import EventSink, SinkCounters, SoakClock, open_event_queue
-from asyncsoak._redact import Masker
+from asyncsoak._contract._blocking import next_tick
+from asyncsoak._contract._events import Event, SamplerDegraded, SamplerNote, SamplerRecovered
+from asyncsoak._contract._redact import Masker
+from asyncsoak._contract._sink import EventSink, SinkCounters, SoakClock, open_event_queue
 from asyncsoak._sampling._proc_sampler import (
     CLOCK_TICKS,
     FULL_READ_EVERY,
@@ -880,7 +880,7 @@ async def test_a_stall_is_called_at_its_deadline_while_the_ticks_read_hangs(
     """The watchdog's scan rides on the sampler's tick, but a read of the tree that takes
     long (a fork bomb on a starved machine) must not hold up the stall rules: the trainer
     that makes no progress is failed at its deadline while the read is still stuck."""
-    from asyncsoak._blocking import Rides
+    from asyncsoak._contract._blocking import Rides
     from asyncsoak._sampling._watchdog import ProgressTracker, run_watchdog
 
     proc = tmp_path / "proc"
@@ -971,7 +971,7 @@ async def test_a_ride_that_hangs_holds_up_neither_the_samples_nor_the_sampler(
     """A blocking call riding on the tick that never returns (a journal write on a dead
     filesystem) is its rider's to tell: the ticks go on in a new thread and the samples keep
     coming, with no "reading /proc" degradation, since the read was never slow."""
-    from asyncsoak._blocking import Rides
+    from asyncsoak._contract._blocking import Rides
 
     fake_proc(tmp_path, 1, [FakeProcess(201, 1)])
     fifo = tmp_path / "hung.fifo"

@@ -13,8 +13,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import SoakFailureError, run_soak
+from asyncsoak._contract._schema import Artifact
 from asyncsoak._export._metrics import SoakMetrics
-from asyncsoak._record._schema import Artifact
 from asyncsoak._sampling._step_rules import AUTO_SAFETY_FACTOR
 from asyncsoak._sampling._watchdog import HEARD_WAIT_SECONDS, JUDGE_GRACE_SECONDS
 from asyncsoak._view._compare import compare

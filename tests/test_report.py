@@ -354,7 +354,7 @@ def test_long_run_keeps_its_gaps_within_bounds(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
     """A long run: minutes on the axis; the journal restores the events the artifact dropped."""
-    from asyncsoak._view.report._figure import PROGRESS_CURVE_POINTS
+    from asyncsoak._view.report._timeline import PROGRESS_CURVE_POINTS
 
     journal = _long_run_journal(tmp_path / "soak.jsonl")
     artifact = artifact_from_journal(journal)

@@ -12,8 +12,8 @@ import anyio
 import pytest
 
 from asyncsoak import SoakFailureError, run_soak
+from asyncsoak._contract._redact import REDACTED, Masker, argv_secrets, redact_env, secret_values
 from asyncsoak._record._artifact import check_artifact
-from asyncsoak._redact import REDACTED, Masker, argv_secrets, redact_env, secret_values
 
 from .conftest import CLI_ENV, fast_limits, py
 from .queue.test_queue_cli import cli

@@ -11,10 +11,10 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from asyncsoak._blocking import Rides
+from asyncsoak._contract._blocking import Rides
+from asyncsoak._contract._events import Event, WarningEvent
 from asyncsoak._record import _serializer
 from asyncsoak._record._artifact import ArtifactBuilder
-from asyncsoak._record._events import Event, WarningEvent
 from asyncsoak._record._serializer import Serializer
 
 pytestmark = pytest.mark.asyncio

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncsoak._record._series import RunningStats, SeriesBuffer
+from asyncsoak._contract._series import RunningStats, SeriesBuffer
 
 
 def test_series_is_bounded_and_keeps_every_peak() -> None:

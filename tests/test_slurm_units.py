@@ -126,6 +126,13 @@ def _artifact(job: int, rank: int, status: str, started: str, failure_at: str | 
         "duration_seconds": 1.0,
         "exit": {"returncode": None},
         "stop": {"cause": "failure" if failures else "exited"},
+        "progress": {
+            "dir": None,
+            "first_change_at": None,
+            "last_change_at": None,
+            "changes": 0,
+            "longest_gap_seconds": 0.0,
+        },
         "snapshot": {
             "scheduler": {"kind": "slurm", "job_id": job, "rank": rank, "node": f"n{rank}"}
         },

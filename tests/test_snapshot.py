@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import asyncsoak
-from asyncsoak._record._snapshot import collect_snapshot, command_interpreter, runtime_snapshot
+from asyncsoak._sampling._snapshot import collect_snapshot, command_interpreter, runtime_snapshot
 
 from .gpu_support import install_fake_nvidia_smi
 

@@ -686,7 +686,7 @@ async def test_a_steady_soak_makes_no_thread_hop_per_sample(
     happen in the proc sampler's ticker thread, one thread of its own outside the pool: the
     pool gets a fixed number of calls (start-up and the end), none per sample (a trip per
     tick, or a journal write or a scan of its own, would be one or more per sample)."""
-    from asyncsoak import _blocking
+    from asyncsoak._contract import _blocking
 
     calls: list[str] = []
     submit = _blocking.EXECUTOR.submit

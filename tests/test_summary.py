@@ -9,8 +9,8 @@ from typing import cast
 
 import pytest
 
+from asyncsoak._contract._schema import Artifact
 from asyncsoak._record._artifact import check_artifact
-from asyncsoak._record._schema import Artifact
 from asyncsoak._view._summary import SCREEN_LINES, exit_text, summarize
 
 from .conftest import asyncsoak_cli

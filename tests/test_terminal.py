@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncsoak._terminal import terminal_text
+from asyncsoak._contract._terminal import terminal_text
 from asyncsoak._view._live import LiveState, render_rich
 
 from .conftest import asyncsoak_cli, py

@@ -10,8 +10,8 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncsoak._redact import REDACTED, Masker, argv_secrets, is_secret_name
-from asyncsoak._terminal import terminal_text
+from asyncsoak._contract._redact import REDACTED, Masker, argv_secrets, is_secret_name
+from asyncsoak._contract._terminal import terminal_text
 
 BOUNDED = settings(max_examples=300, deadline=500)
 

@@ -489,7 +489,7 @@ def test_bad_trend_flags_exit_2_and_launch_nothing(tmp_path: Path, bad: list[str
 async def test_bad_trend_keywords_raise_before_anything_starts(
     tmp_path: Path, bad: dict[str, Any]
 ) -> None:
-    from asyncsoak._errors import ValidationError
+    from asyncsoak._contract._errors import ValidationError
 
     marker = tmp_path / "launched"
     with pytest.raises(ValidationError):

@@ -22,8 +22,8 @@ from asyncsoak._analysis._trends import (
     windowed_minima,
 )
 from asyncsoak._analysis._trendwatch import TrendWatch
-from asyncsoak._process._crash import describe_crash, find_exception
-from asyncsoak._units import check_size, format_duration, parse_size
+from asyncsoak._contract._crash import describe_crash, find_exception
+from asyncsoak._contract._units import check_size, format_duration, parse_size
 
 from .trend_shapes import BASE, STABLE, GiB, MiB, detection_time, leak, times
 

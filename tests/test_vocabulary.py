@@ -13,16 +13,16 @@ import pytest
 
 import asyncsoak
 from asyncsoak import read_journal
-from asyncsoak._record import _schema
-from asyncsoak._record._artifact import load_schema
-from asyncsoak._record._events import Event
-from asyncsoak._record._vocabulary import (
+from asyncsoak._contract import _schema
+from asyncsoak._contract._events import Event
+from asyncsoak._contract._vocabulary import (
     EventKind,
     FailureReason,
     GpuFaultKind,
     SoakStatus,
     StopCause,
 )
+from asyncsoak._record._artifact import load_schema
 
 from .soak_runs import Runs, make_runs
 

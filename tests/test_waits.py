@@ -29,10 +29,10 @@ import pytest
 from aiofiles.threadpool.binary import AsyncFileIO
 
 from asyncsoak import SoakFailureError, _blocking, read_journal, run_soak
+from asyncsoak._contract._sink import EventSink
 from asyncsoak._process import _cgroup, _forensics, _tree
 from asyncsoak._process._spawn import REAPER_MODULE
 from asyncsoak._record import _artifact, _serializer
-from asyncsoak._record._sink import EventSink
 from asyncsoak._sampling import _proc_sampler, _watchdog
 from asyncsoak._sampling._gpu_sampler import GpuSample
 from asyncsoak._sampling._inotify import Inotify

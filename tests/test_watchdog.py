@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from asyncsoak import SoakFailureError, run_soak
-from asyncsoak._record._sink import SoakClock
+from asyncsoak._contract._sink import SoakClock
 from asyncsoak._sampling import _watchdog
 from asyncsoak._sampling._watchdog import (
     MTIME_LATENESS_SECONDS,

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .._units import format_duration
+from .._contract import format_duration
 
 Verdict = Literal["leak", "stable", "inconclusive"]
 Direction = Literal["up", "down"]

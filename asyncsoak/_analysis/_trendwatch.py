@@ -3,7 +3,7 @@
 :class:`TrendWatch` lives inside the artifact builder, so the same fold runs live (the soak's
 rules read it) and offline (``asyncsoak recover`` rebuilds the same ``trends`` from a journal).
 Everything it keeps is bounded however long the soak runs: each series is a
-:class:`~asyncsoak._record._series.SeriesBuffer` of window *minima* (free disk: maxima), which
+:class:`~asyncsoak._contract._series.SeriesBuffer` of window *minima* (free disk: maxima), which
 is all the estimator looks at, and at most ``MAX_TRACKED_PROCESSES`` processes are followed.
 """
 
@@ -16,9 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .._process._ranks import WRAPPER_NAMES
-from .._record._events import MEMORY_CGROUP_LIMITS
-from .._record._series import SeriesBuffer
+from .._contract import MEMORY_CGROUP_LIMITS, SeriesBuffer
+from .._process import WRAPPER_NAMES
 from ._activity import GpuActivity, stall_activity
 from ._trends import (
     FLOORS,

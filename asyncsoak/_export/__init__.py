@@ -2,3 +2,33 @@
 
 The soak's and the worker's metrics, the bounded HTTP endpoint and the textfile.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._contract import lazy_door
+
+if TYPE_CHECKING:
+    from ._metrics import Metrics as Metrics
+    from ._metrics import WorkerMetrics as WorkerMetrics
+    from ._metrics import new_registry as new_registry
+    from ._metrics import render as render
+    from ._metrics import validate_metrics as validate_metrics
+    from ._metrics_server import MetricsServer as MetricsServer
+    from ._metrics_server import open_listener as open_listener
+    from ._metrics_server import open_soak_metrics as open_soak_metrics
+else:
+    __getattr__, __dir__ = lazy_door(
+        __name__,
+        {
+            "Metrics": "._metrics",
+            "WorkerMetrics": "._metrics",
+            "new_registry": "._metrics",
+            "render": "._metrics",
+            "validate_metrics": "._metrics",
+            "MetricsServer": "._metrics_server",
+            "open_listener": "._metrics_server",
+            "open_soak_metrics": "._metrics_server",
+        },
+    )

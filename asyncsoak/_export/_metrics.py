@@ -23,14 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._analysis._trendwatch import TREE_MEMORY_SERIES
-from .._errors import ValidationError, ValidationTypeError
-from .._record._exit_codes import verdict_exit_code
-from .._record._vocabulary import SoakStatus
-from .._redact import redact_url_passwords
-from .._sampling._nvidia_smi import CLOCK_EVENT_REASONS
-from .._timestamps import epoch
-from .._units import MAX_SECONDS
+from .._analysis import TREE_MEMORY_SERIES
+from .._contract import (
+    MAX_SECONDS,
+    SoakStatus,
+    ValidationError,
+    ValidationTypeError,
+    epoch,
+    redact_url_passwords,
+    verdict_exit_code,
+)
+from .._sampling import CLOCK_EVENT_REASONS
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

@@ -33,8 +33,7 @@ from typing import Any
 
 import anyio
 
-from .._blocking import BlockingCallTimeout, run_blocking
-from .._errors import ValidationError
+from .._contract import BlockingCallTimeout, ValidationError, run_blocking
 from ._metrics import (
     Metrics,
     SoakMetrics,

@@ -23,11 +23,9 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from .._record._events import Exited, SpawnFailed, Started, TreeGone, WarningEvent
-from .._record._sink import EventSink
+from .._contract import EventSink, Exited, SpawnFailed, Started, TreeGone, WarningEvent, decode
 from . import _tree
 from ._cgroup import TreeCgroup
-from ._exits import decode
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 #: The reaper runs as ``python -m REAPER_MODULE``: the job queue recognises an orphaned

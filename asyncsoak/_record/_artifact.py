@@ -18,27 +18,33 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, cast
 
-from .._analysis._gpu_health import GpuHealthFold
-from .._analysis._trendwatch import TrendWatch
-from .._errors import ValidationError
-from .._process._ranks import ranks_section
-
-# Re-exported: the supervisor writes its times through the artifact module.
-from .._timestamps import iso as iso
-from .._timestamps import parse_iso
-from ._bounded import UnreadableFileError, open_regular
-from ._schema import (
+from .._analysis import GpuHealthFold, TrendWatch
+from .._contract import (
+    SERIES_POINTS,
     Artifact,
+    EventKind,
     ExceptionInfo,
     Exit,
     Failure,
+    ForensicsSection,
+    OomKillEntry,
     ProcessEntry,
+    RunningStats,
+    SamplerNote,
+    SeriesBuffer,
     StepsProgress,
     Stop,
+    StopCause,
     Trend,
+    UnreadableFileError,
+    ValidationError,
+    open_regular,
+    parse_iso,
 )
-from ._series import SERIES_POINTS, RunningStats, SeriesBuffer
-from ._vocabulary import EventKind, StopCause
+
+# Re-exported: the supervisor writes its times through the artifact module.
+from .._contract import iso as iso
+from .._process import ranks_section
 
 #: Version 2 added ``trends``, ``processes``, ``limits``, ``exit.exception`` and
 #: ``series.progress_rate``; readers still take version 1 artifacts.
@@ -192,9 +198,9 @@ class ArtifactBuilder:
         }
         self.leftovers: list[dict[str, Any]] = []
         self.abandoned: list[dict[str, Any]] = []
-        self.sampler_notes: list[dict[str, Any]] = []
-        self.forensics: dict[str, Any] | None = None
-        self.oom_kills: list[dict[str, Any]] = []
+        self.sampler_notes: list[SamplerNote] = []
+        self.forensics: ForensicsSection | None = None
+        self.oom_kills: list[OomKillEntry] = []
         self.progress_changes = 0
         #: The newest step event, when the trainer wrote steps; when the first came.
         self.step: dict[str, Any] | None = None
@@ -311,7 +317,10 @@ class ArtifactBuilder:
             case EventKind.ABANDONED:
                 self.abandoned.append(event["process"])
             case EventKind.FORENSICS:
-                self.forensics = {"reason": event["reason"], "t": t, **event["data"]}
+                # The collector's own record (see ``Forensics``), under the event's reason.
+                self.forensics = cast(
+                    ForensicsSection, {"reason": event["reason"], "t": t, **event["data"]}
+                )
             case EventKind.OOM_KILL:
                 self.oom_kills.append(
                     {
@@ -325,7 +334,7 @@ class ArtifactBuilder:
                     }
                 )
             case EventKind.SAMPLER_NOTE | EventKind.SAMPLER_DEGRADED | EventKind.SAMPLER_RECOVERED:
-                self.sampler_notes.append(event)
+                self.sampler_notes.append(cast(SamplerNote, event))
             case EventKind.FINISHED:
                 self.status = str(event["status"])
 

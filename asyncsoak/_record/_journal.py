@@ -53,15 +53,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, cast
 
-from ._bounded import (
+from .._contract import (
     MAX_JOURNAL_BYTES,
     MAX_LINE_BYTES,
+    EventKind,
     UnreadableFileError,
     bounded_lines,
     loads_bounded,
     open_regular,
 )
-from ._vocabulary import EventKind
 
 #: An open segment larger than this is closed (and compressed) after the batch that crossed it.
 SEGMENT_BYTES = 4 * 1024 * 1024

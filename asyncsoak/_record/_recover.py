@@ -13,11 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._redact import Masker, secret_values
+from .._contract import Artifact, FailureReason, Masker, SoakStatus, secret_values
 from ._artifact import ArtifactBuilder, read_log_tail
 from ._journal import JournalReader
-from ._schema import Artifact
-from ._vocabulary import FailureReason, SoakStatus
 
 
 class JournalError(ValueError):

@@ -51,9 +51,17 @@ import anyio
 from aiofiles.threadpool.binary import AsyncFileIO
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from .._blocking import EXECUTOR, BlockingCallTimeout, Ride, Rides, run_blocking
+from .._contract import (
+    EXECUTOR,
+    BlockingCallTimeout,
+    Event,
+    Ride,
+    Rides,
+    SeriesSource,
+    event_to_json,
+    run_blocking,
+)
 from ._artifact import ArtifactBuilder, create_private_file
-from ._events import Event, SeriesSource, event_to_json
 from ._journal import SEGMENT_BYTES, JournalEncoder, compress_segment, segment_path
 
 #: Events written to the journal in one batch at most.

@@ -29,8 +29,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._record._events import GpuFault
-from .._record._vocabulary import GpuFaultKind
+from .._contract import GpuFault, GpuFaultKind
 from ._nvidia_smi import GpuReading
 
 #: Utilisation (percent) at or above which a GPU is "under load" for the PCIe link check: an

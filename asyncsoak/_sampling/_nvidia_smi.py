@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._process._commands import CommandResult, run_command_sync
+from .._process import CommandResult, run_command_sync
 
 #: What a GPU says about its own health, beyond the ECC counters (see ``_gpu_health``): each
 #: is dropped, with a note, by an nvidia-smi that does not know it.

@@ -18,10 +18,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from .._errors import ValidationError, ValidationTypeError
-from .._record._bounded import MAX_METADATA_DEPTH, nested_too_deep
-from .._sampling._step_rules import LOSS_CHECKS, PROGRESS_SOURCES, LossCheck, ProgressSource
-from .._units import MAX_SECONDS, check_size
+from .._contract import (
+    MAX_METADATA_DEPTH,
+    MAX_SECONDS,
+    ValidationError,
+    ValidationTypeError,
+    check_size,
+    nested_too_deep,
+)
+from .._sampling import LOSS_CHECKS, PROGRESS_SOURCES, LossCheck, ProgressSource
 
 StopMode = Literal["group", "leader", "stdin"]
 STOP_MODES: tuple[StopMode, ...] = ("group", "leader", "stdin")

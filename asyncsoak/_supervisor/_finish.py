@@ -15,11 +15,15 @@ from typing import Any
 
 import anyio
 
-from .._blocking import BlockingCallTimeout, abandoned_calls, run_blocking
-from .._record._artifact import ArtifactBuilder, read_log_tail, write_artifact
-from .._record._serializer import Serializer
-from .._record._sink import SinkCounters, SoakClock
-from .._redact import Masker
+from .._contract import (
+    BlockingCallTimeout,
+    Masker,
+    SinkCounters,
+    SoakClock,
+    abandoned_calls,
+    run_blocking,
+)
+from .._record import ArtifactBuilder, Serializer, read_log_tail, write_artifact
 from ._config import SoakConfig
 
 #: Bound on writing the last queued events to the journal.

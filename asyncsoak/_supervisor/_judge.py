@@ -14,16 +14,20 @@ from typing import Any
 
 import anyio
 
-from .._analysis._activity import describe_activity
-from .._analysis._trendwatch import GPU_SETTLE_SECONDS, straggler_text
-from .._blocking import BlockingCallTimeout, run_blocking
-from .._record._artifact import ArtifactBuilder
-from .._record._events import GpuFault, Limits, TrendFound, WarningEvent
-from .._record._sink import EventSink
-from .._record._vocabulary import EventKind
-from .._sampling._gpu_health import fault_gpu
-from .._sampling._limits import MemoryCgroup, read_limits
-from .._units import format_duration
+from .._analysis import GPU_SETTLE_SECONDS, describe_activity, straggler_text
+from .._contract import (
+    BlockingCallTimeout,
+    EventKind,
+    EventSink,
+    GpuFault,
+    Limits,
+    TrendFound,
+    WarningEvent,
+    format_duration,
+    run_blocking,
+)
+from .._record import ArtifactBuilder
+from .._sampling import MemoryCgroup, fault_gpu, read_limits
 from ._config import SoakConfig
 from ._rules import (
     MACHINE_WIDE,

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._sampling._limits import CGROUP_ROOT, cgroup_cpu_limit_cores, cgroup_memory_max_bytes
+from .._sampling import CGROUP_ROOT, cgroup_cpu_limit_cores, cgroup_memory_max_bytes
 
 #: Set by Kubernetes in every container of a pod (the API server's address).
 SERVICE_HOST_VARIABLE = "KUBERNETES_SERVICE_HOST"

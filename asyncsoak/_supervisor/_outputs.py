@@ -18,10 +18,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from .._errors import ValidationError
-from .._record._artifact import FILE_MODE
-from .._record._bounded import read_json_file
-from .._record._journal import JournalDecoder, first_line
+from .._contract import ValidationError, read_json_file
+from .._record import FILE_MODE, JournalDecoder, first_line
 from ._config import SoakConfig
 
 #: Bound on reading what is already at the output paths (a dead mount must not hang the start).

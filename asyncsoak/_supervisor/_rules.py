@@ -10,9 +10,8 @@ import fnmatch
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from .._analysis._trends import describe_growth, format_amount, format_bytes
-from .._analysis._trendwatch import TrendWatch
-from .._units import format_duration
+from .._analysis import TrendWatch, describe_growth, format_amount, format_bytes
+from .._contract import format_duration
 from ._config import SoakConfig
 
 #: Trends are judged every this many sample intervals (at least every ``TREND_MIN_PERIOD``

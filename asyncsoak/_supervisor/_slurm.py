@@ -33,15 +33,18 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from .._blocking import BlockingCallTimeout, run_blocking
-from .._errors import ValidationError
-from .._process._commands import run_command_sync
-from .._process._exits import signal_name
-from .._process._spawn import Spawner
-from .._record._events import Requeued, SignalForwarded
-from .._record._sink import EventSink
-from .._record._vocabulary import StopCause
-from .._timestamps import parse_iso
+from .._contract import (
+    BlockingCallTimeout,
+    EventSink,
+    Requeued,
+    SignalForwarded,
+    StopCause,
+    ValidationError,
+    parse_iso,
+    run_blocking,
+    signal_name,
+)
+from .._process import Spawner, run_command_sync
 from . import _kubernetes
 from ._config import SoakConfig
 

@@ -13,9 +13,7 @@ from typing import Any
 
 import anyio
 
-from .._blocking import run_blocking
-from .._record._events import Snapshot
-from .._record._sink import EventSink
+from .._contract import EventSink, Snapshot, run_blocking
 from ._config import SoakConfig
 from ._slurm import SoakJob
 
@@ -40,7 +38,7 @@ async def take_snapshot(
     async with sink:
         with scope, anyio.move_on_after(SNAPSHOT_TIMEOUT_SECONDS):
             try:
-                from .._record._snapshot import collect_snapshot
+                from .._sampling import collect_snapshot
 
                 await job.query()
                 data = await run_blocking(

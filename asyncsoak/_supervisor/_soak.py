@@ -26,43 +26,47 @@ from typing import Any, Literal
 import anyio
 from anyio.abc import TaskGroup
 
-from .._blocking import (
+from .._contract import (
     BlockingCallTimeout,
-    Rides,
-    TickSignal,
-    abandoned_calls,
-    require_asyncio,
-    run_blocking,
-)
-from .._errors import SoakFailureError, ValidationTypeError
-from .._export._metrics import Metrics, validate_metrics
-from .._process import _cgroup
-from .._process._spawn import Spawner, SpawnRequest
-from .._record._artifact import (
-    ArtifactBuilder,
-    create_private_file,
-    iso,
-)
-from .._record._events import (
+    EventSink,
     FailureEvent,
+    FailureReason,
     Finished,
     Header,
+    Masker,
+    Rides,
+    SoakClock,
+    SoakFailureError,
+    SoakStatus,
+    StopCause,
+    TickSignal,
+    ValidationTypeError,
     WarningEvent,
+    abandoned_calls,
+    argv_secrets,
+    iso,
+    open_event_queue,
+    redact_mapping,
+    require_asyncio,
+    run_blocking,
+    secret_values,
 )
-from .._record._journal import remove_closed_segments
-from .._record._serializer import Serializer
-from .._record._sink import EventSink, SoakClock, open_event_queue
-from .._record._vocabulary import FailureReason, SoakStatus, StopCause
-from .._redact import Masker, argv_secrets, redact_mapping, secret_values
-from .._sampling._gpu_sampler import run_gpu_sampler
-from .._sampling._proc_sampler import run_proc_sampler
-from .._sampling._step_rules import LossCheck, ProgressSource, StaleLimit, StepTracker
-from .._sampling._steps import KeyChoice, StepReader
-from .._sampling._watchdog import (
+from .._export import Metrics, validate_metrics
+from .._process import Spawner, SpawnRequest, cgroups
+from .._record import ArtifactBuilder, Serializer, create_private_file, remove_closed_segments
+from .._sampling import (
+    KeyChoice,
+    LossCheck,
+    ProgressSource,
     ProgressTracker,
     ScanResult,
+    StaleLimit,
+    StepReader,
+    StepTracker,
     final_scan,
     latest_change_age,
+    run_gpu_sampler,
+    run_proc_sampler,
     run_watchdog,
     scan_progress_dir,
     skipped_message,
@@ -203,7 +207,7 @@ async def run_soak(
     soak = _Soak(cfg, control if control is not None else SoakControl())
     live = None
     if metrics_config is not None:
-        from .._export._metrics_server import open_soak_metrics
+        from .._export import open_soak_metrics
 
         # Bound before anything starts: a port in use is refused with nothing launched.
         live = await open_soak_metrics(metrics_config, soak.soak_id, soak.limiter)
@@ -560,7 +564,7 @@ class _Soak:
         if self.use_cgroup:
             with contextlib.suppress(BlockingCallTimeout):
                 cgroup = await run_blocking(
-                    _cgroup.create,
+                    cgroups.create,
                     f"asyncsoak-{self.soak_id}",
                     timeout=TREE_LOOK_TIMEOUT_SECONDS,
                     what="creating the tree's cgroup",

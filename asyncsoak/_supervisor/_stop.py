@@ -17,16 +17,21 @@ from typing import Any
 
 import anyio
 
-from .._blocking import BlockingCallTimeout, run_blocking
-from .._process import _tree
-from .._process._exits import signal_name
-from .._process._forensics import collect_forensics
-from .._process._ranks import stall_culprit
-from .._process._spawn import Spawner
-from .._record._events import Abandoned, Forensics, Leftover, SignalSent, StdinClosed, StopRequested
-from .._record._sink import EventSink
-from .._record._vocabulary import StopCause
-from .._redact import Masker
+from .._contract import (
+    Abandoned,
+    BlockingCallTimeout,
+    EventSink,
+    Forensics,
+    Leftover,
+    Masker,
+    SignalSent,
+    StdinClosed,
+    StopCause,
+    StopRequested,
+    run_blocking,
+    signal_name,
+)
+from .._process import Spawner, collect_forensics, process_tree, stall_culprit
 from . import _slurm
 from ._config import SoakConfig
 from ._control import SoakControl
@@ -241,7 +246,7 @@ class TreeStop:
             # Without a cgroup, the environment marker finds what left the reaper's tree.
             try:
                 marked = await run_blocking(
-                    _tree.find_marked,
+                    process_tree.find_marked,
                     SOAK_ID_VARIABLE,
                     self._marker,
                     timeout=TREE_LOOK_TIMEOUT_SECONDS,
@@ -356,5 +361,5 @@ def _kill_all(spawner: Spawner, pids: list[int]) -> None:
 
 
 def _describe_all(pids: list[int], leader_pgid: int | None) -> list[dict[str, Any]]:
-    described = (_tree.describe(pid, leader_pgid=leader_pgid) for pid in pids)
+    described = (process_tree.describe(pid, leader_pgid=leader_pgid) for pid in pids)
     return [info for info in described if info is not None]

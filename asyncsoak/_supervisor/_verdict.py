@@ -16,25 +16,27 @@ from typing import Any
 
 import anyio
 
-from .._analysis._trends import format_bytes
-from .._blocking import BlockingCallTimeout, run_blocking
-from .._process._crash import (
+from .._analysis import format_bytes
+from .._contract import (
+    BlockingCallTimeout,
+    CrashCause,
     CrashInLog,
+    EventSink,
+    Masker,
+    OomKill,
     RankCrash,
+    StopCause,
+    WarningEvent,
     describe_crash,
     describe_rank_crash,
     find_exception,
     find_rank_exception,
+    run_blocking,
 )
-from .._process._exits import decode as decode_exit
-from .._process._forensics import oom_kills, seconds_since_boot
-from .._process._spawn import Spawner
-from .._record._artifact import read_log_tail
-from .._record._events import CrashCause, OomKill, WarningEvent
-from .._record._sink import EventSink
-from .._record._vocabulary import StopCause
-from .._redact import Masker
-from .._sampling._limits import MemoryCgroup
+from .._contract import decode as decode_exit
+from .._process import Spawner, oom_kills, seconds_since_boot
+from .._record import read_log_tail
+from .._sampling import MemoryCgroup
 from . import _slurm
 from ._config import SoakConfig
 from ._stop import Fail, TreeStop

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import shlex
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from .._analysis._trendwatch import TREE_MEMORY_SERIES
-from .._record._schema import Artifact
-from .._record._vocabulary import SoakStatus
-from .._sampling._fields import format_value, gpu_index
-from .._terminal import terminal_text
-from .._units import format_duration
-from ._evidence import gpu_faults, leaking_series, rate_text
+from .._analysis import TREE_MEMORY_SERIES
+from .._contract import Artifact, SoakStatus, StepsProgress, format_duration, terminal_text
+from ._evidence import gpu_faults, leaking_series, rate_text, summary_figure
+from ._fields import format_value, gpu_index
 from ._status import PASSED_WITH_WARNINGS, shown_status
 
 #: Relative change (fraction) beyond which a worse figure is a regression.
@@ -229,9 +226,8 @@ def _status_row(baseline: Artifact, candidate: Artifact) -> Row:
             return f"passed with {count} warning{'s' if count > 1 else ''}"
         return status + (f" ({', '.join(reasons)})" if reasons else "")
 
-    worst = max(STATUS_RANK.values())
     before, after = shown(baseline), shown(candidate)
-    regressed = STATUS_RANK.get(after, worst) > STATUS_RANK.get(before, worst)
+    regressed = STATUS_RANK[after] > STATUS_RANK[before]
     note = f"the verdict went from {verdict(baseline)} to {verdict(candidate)}" if regressed else ""
     return Row(
         "verdict", "verdict", "", verdict(baseline), verdict(candidate), None, regressed, note
@@ -273,9 +269,7 @@ def _duration(artifact: Artifact) -> float | None:
 
 def _stat(group: str, name: str, key: str) -> Callable[[Artifact], float | None]:
     def read(artifact: Artifact) -> float | None:
-        # Summary groups and fields are data: a run without a GPU has no gpu0.
-        value = ((artifact["summary"].get(group) or {}).get(name) or {}).get(key)
-        return float(value) if isinstance(value, int | float) else None
+        return summary_figure(artifact, group, name, key)
 
     return read
 
@@ -296,8 +290,9 @@ def _final_rss(artifact: Artifact) -> float | None:
 
 def _progress_rate(artifact: Artifact) -> float | None:
     """Progress changes per minute over the run (from the first change to the last)."""
-    series = artifact["series"].get("progress_rate", {})
-    rates = [v for v in series.get("changes_per_minute", []) if isinstance(v, int | float)]
+    # A version 2 group, there once progress was seen.
+    series = artifact["series"].get("progress_rate")
+    rates = [] if series is None else [v for v in series["changes_per_minute"] if v is not None]
     if rates:
         return sum(rates) / len(rates)
     changes = artifact["progress"]["changes"]
@@ -307,9 +302,9 @@ def _progress_rate(artifact: Artifact) -> float | None:
     return changes / duration * 60.0
 
 
-def _steps(artifact: Artifact) -> Mapping[str, Any]:
+def _steps(artifact: Artifact) -> StepsProgress | None:
     # Artifacts written before the steps were read have no ``progress.steps``.
-    return artifact["progress"].get("steps") or {}
+    return artifact["progress"].get("steps")
 
 
 def _step_rate(artifact: Artifact) -> float | None:
@@ -318,14 +313,16 @@ def _step_rate(artifact: Artifact) -> float | None:
     rates = [v for v in series.get("steps_per_second", []) if isinstance(v, int | float)]
     if rates:
         return float(statistics.median(rates))
-    rate = _steps(artifact).get("steps_per_second")
-    return float(rate) if isinstance(rate, int | float) else None
+    steps = _steps(artifact)
+    rate = None if steps is None else steps["steps_per_second"]
+    return None if rate is None else float(rate)
 
 
 def _final_loss(artifact: Artifact) -> float | None:
     """The last finite loss the trainer wrote."""
-    loss = _steps(artifact).get("loss")
-    return float(loss) if isinstance(loss, int | float) else None
+    steps = _steps(artifact)
+    loss = None if steps is None else steps["loss"]
+    return None if loss is None else float(loss)
 
 
 def _gpu_groups(artifact: Artifact) -> set[str]:

@@ -17,13 +17,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
-from .._analysis._activity import GpuActivity, recorded_gpus, tree_verdict
-from .._process._crash import last_traceback
-from .._record._schema import Artifact, Failure, Trend
-from .._record._vocabulary import EventKind, FailureReason
-from .._sampling._fields import format_bytes, format_value
-from .._timestamps import parse_iso
-from .._units import format_duration
+from .._analysis import GpuActivity, recorded_gpus, tree_verdict
+from .._contract import (
+    Artifact,
+    EventKind,
+    Failure,
+    FailureReason,
+    ForensicsProcess,
+    Trend,
+    format_duration,
+    last_traceback,
+    parse_iso,
+    readable_processes,
+    series_times,
+)
+from ._fields import format_bytes, format_value
 
 #: Log lines shown at most (a traceback longer than this keeps its end).
 LOG_LINES = 14
@@ -150,13 +158,23 @@ def series_typical(
     The median, not the mean: the first sample after a stall begins still carries the work
     just before it, and one such point would drag a short window's mean up.
     """
-    series = artifact["series"].get(group) or {}
+    series = artifact["series"].get(group)  # a group the run did not sample
+    if series is None or name not in series:
+        return None
     values = [
         v
-        for t, v in zip(series.get("t") or [], series.get(name) or [], strict=False)
-        if t is not None and start <= t <= end and v is not None
+        for t, v in zip(series_times(series), series[name], strict=False)
+        if start <= t <= end and v is not None
     ]
     return statistics.median(values) if values else None
+
+
+def summary_figure(artifact: Artifact, group: str, name: str, key: str) -> float | None:
+    """``key`` (max, mean, min, last) of a field over the run, from ``summary``; None when
+    the run never sampled the group or the field (no GPU, a sampler that degraded)."""
+    stats = artifact["summary"].get(group, {}).get(name)
+    value = stats[key] if isinstance(stats, dict) else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def gpu_faults(artifact: Artifact) -> list[dict[str, Any]]:
@@ -164,13 +182,13 @@ def gpu_faults(artifact: Artifact) -> list[dict[str, Any]]:
     GPU's ``gpu``, ``uuid`` and ``bus_id``."""
     found = []
     for health in (artifact.get("gpu_health") or {}).values():
-        for fault in health.get("faults") or []:
+        for fault in health["faults"]:
             found.append(
                 {
                     **fault,
-                    "gpu": health.get("index"),
-                    "uuid": health.get("uuid"),
-                    "bus_id": health.get("bus_id"),
+                    "gpu": health["index"],
+                    "uuid": health["uuid"],
+                    "bus_id": health["bus_id"],
                 }
             )
     return sorted(found, key=lambda f: (not (f["fails"] and f["used"]), f["t"]))
@@ -198,7 +216,7 @@ def stall_verdict(artifact: Artifact) -> StallVerdict | None:
             gpus = recorded_gpus(recorded) or (
                 stall_gpus(artifact, *window) if window is not None else []
             )
-            return StallVerdict(str(recorded.get("tree")), recorded.get("cpu_percent"), gpus)
+            return StallVerdict(str(recorded["tree"]), recorded.get("cpu_percent"), gpus)
     if window is None:
         return None
     cpu = series_typical(artifact, "tree", "cpu_percent", *window)
@@ -222,15 +240,21 @@ def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity
     ]
 
 
-def is_launcher(process: Mapping[str, Any]) -> bool:
+def is_launcher(process: ForensicsProcess) -> bool:
     """Whether a process of the forensics is a distributed run's launcher (torchrun...)."""
     role = process.get("role")
     return isinstance(role, Mapping) and "launcher" in role
 
 
-def innermost_python_frame(process: Mapping[str, Any]) -> str | None:
+def python_stack(process: ForensicsProcess) -> str | None:
+    """A Python process's py-spy dump: None for another process (none is taken), or where
+    py-spy gave an error instead."""
+    return process.get("python_stack", {}).get("stack")
+
+
+def innermost_python_frame(process: ForensicsProcess) -> str | None:
     """The innermost frame of the first thread in a py-spy dump (``func (file:line)``)."""
-    stack = (process.get("python_stack") or {}).get("stack")
+    stack = python_stack(process)
     if not stack:
         return None
     in_thread = False
@@ -290,14 +314,14 @@ def last_progress(artifact: Artifact) -> LastProgress | None:
     last = progress_events[-1]
     checkpoint = None
     for event in reversed(progress_events):
-        found = [p for p in event.get("paths") or [] if _is_checkpoint(str(p))]
+        found = [p for p in event["paths"] if _is_checkpoint(str(p))]
         if found:
             checkpoint = _checkpoint_root(artifact, str(found[0]))
             break
     t = float(last["t"])
     return LastProgress(
         t=t,
-        paths=[str(p) for p in last.get("paths") or []],
+        paths=[str(p) for p in last["paths"]],
         before_end=max(0.0, _end_of_command(artifact) - t),
         checkpoint=checkpoint,
     )
@@ -405,9 +429,9 @@ def _cause(
         exception = artifact["exit"].get("exception")  # a version 2 key
         if exception is not None and exception["type"]:
             text = f"{exception['type']}: {exception['message']}".rstrip(": ")
-            rank = exception.get("rank")
+            rank = exception.get("rank")  # a distributed run's
             if rank is not None:
-                pid = exception.get("rank_pid")
+                pid = exception["rank_pid"]  # written with the rank
                 text = f"rank {rank}{f' (pid {pid})' if pid else ''} failed first: {text}"
             where = exception["where"]
             return text, where, _source_line(artifact, where)
@@ -430,13 +454,14 @@ def _stall_cause(
     artifact: Artifact, failures: Sequence[Failure]
 ) -> tuple[str, str | None, str | None]:
     forensics = artifact.get("forensics")
-    processes = forensics.get("processes") or [] if isinstance(forensics, dict) else []
-    ranks = forensics.get("ranks") if isinstance(forensics, dict) else None
-    if isinstance(ranks, dict) and ranks.get("text"):
-        # A distributed run: the rank the others wait for, never its launcher.
-        where = ranks.get("where")
-        culprit = next((p for p in processes if p.get("pid") == ranks.get("pid")), None)
-        return str(ranks["text"]), where, _source_line(artifact, where, culprit)
+    processes = [] if forensics is None else readable_processes(forensics)
+    ranks = None if forensics is None else forensics.get("ranks")  # a distributed run's
+    if ranks is not None and ranks["text"]:
+        # The rank the others wait for, never its launcher: a culprit named comes with where
+        # it stopped.
+        where = ranks["where"]
+        culprit = next((p for p in processes if p["pid"] == ranks["pid"]), None)
+        return ranks["text"], where, _source_line(artifact, where, culprit)
     for process in processes:
         if is_launcher(process):
             continue  # it only waits for its ranks
@@ -445,18 +470,14 @@ def _stall_cause(
             continue
         match = _FRAME.match(frame)
         where = f"{match['file']}:{match['line']} in {match['func']}" if match else frame
-        state = (
-            "idle"
-            if "(idle)" in str((process.get("python_stack") or {}).get("stack"))
-            else (str(process.get("state") or "?"))
-        )
-        text = f"pid {process.get('pid')} ({process.get('name')}) {state} at {where}"
+        state = "idle" if "(idle)" in (python_stack(process) or "") else process["state"]
+        text = f"pid {process['pid']} ({process['name']}) {state} at {where}"
         return text, where, _source_line(artifact, where, process)
     return failures[0]["message"], None, None
 
 
 def _source_line(
-    artifact: Artifact, where: str | None, process: Mapping[str, Any] | None = None
+    artifact: Artifact, where: str | None, process: ForensicsProcess | None = None
 ) -> str | None:
     """The line ``file:line`` names, read from the file when it is on this machine."""
     if not where:
@@ -467,7 +488,7 @@ def _source_line(
     name, number = match["file"], int(match["line"])
     candidates = [Path(name)]
     # py-spy and tracebacks may name a script by its base name: find it on the command line.
-    argv = [*((process or {}).get("cmdline") or []), *artifact["command"]]
+    argv = [*(process["cmdline"] if process is not None else []), *artifact["command"]]
     candidates.extend(Path(a) for a in argv if isinstance(a, str) and Path(a).name == name)
     cwd = artifact["cwd"]
     if cwd:
@@ -497,9 +518,9 @@ def _next_steps(
     steps: list[str] = []
     if primary in (FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT):
         forensics = artifact.get("forensics")
-        ranks = forensics.get("ranks") if isinstance(forensics, dict) else None
-        if isinstance(ranks, dict) and ranks.get("culprits") and where:
-            waits = f" in {ranks['waiting']}" if ranks.get("waiting") else ""
+        ranks = None if forensics is None else forensics.get("ranks")  # a distributed run's
+        if ranks is not None and ranks["culprits"] and where:
+            waits = f" in {ranks['waiting']}" if ranks["waiting"] else ""
             steps.append(
                 f"Look at rank {ranks['culprits'][0]} at {where}: the other ranks wait for "
                 f"it{waits}."

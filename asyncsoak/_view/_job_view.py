@@ -14,12 +14,15 @@ import html
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._process._ranks import judge_ranks, states_from_json
-from .._record._schema import Artifact, series_times
-from .._record._vocabulary import SoakStatus
-from .._terminal import terminal_text
-from .._timestamps import parse_iso_or_none
-from .._units import format_duration
+from .._contract import (
+    Artifact,
+    SoakStatus,
+    format_duration,
+    parse_iso_or_none,
+    series_times,
+    terminal_text,
+)
+from .._process import judge_ranks, states_from_json
 
 #: Width of the text timeline's bars, in characters.
 TIMELINE_WIDTH = 48
@@ -41,17 +44,18 @@ def scheduler_line(artifact: Artifact) -> str | None:
     s = scheduler_of(artifact)
     if s is None:
         return None
+    # The snapshot is not checked against the schema: a key may be missing.
     job = str(s["job_id"])
     if s.get("array_job_id") is not None:
-        job += f" (array {s['array_job_id']}_{s.get('array_task_id')})"
+        job += f" (array {s.get('array_job_id')}_{s.get('array_task_id')})"
     details = []
     if s.get("rank") is not None:
-        of = f" of {s['num_tasks']}" if s.get("num_tasks") else ""
-        details.append(f"rank {s['rank']}{of}")
+        of = f" of {s.get('num_tasks')}" if s.get("num_tasks") else ""
+        details.append(f"rank {s.get('rank')}{of}")
     if s.get("restart_count"):
-        details.append(f"restart {s['restart_count']}")
+        details.append(f"restart {s.get('restart_count')}")
     if s.get("partition"):
-        details.append(f"partition {s['partition']}")
+        details.append(f"partition {s.get('partition')}")
     return f"{job} on {s.get('node') or '?'}" + (f" ({', '.join(details)})" if details else "")
 
 
@@ -59,7 +63,7 @@ def rendezvous_of(artifact: Artifact) -> str | None:
     """The torchrun rendezvous id (``--rdzv-id``) a soak's ranks shared, if they had one:
     the identity of a multi-node job outside SLURM (a Kubernetes JobSet, plain torchrun).
     torchrun's default id, ``none``, names no job."""
-    ranks = (artifact.get("ranks") or {}).get("ranks") or []
+    ranks = artifact["ranks"]["ranks"] if "ranks" in artifact else []  # a distributed run's
     ids = {str(r["run_id"]) for r in ranks if r.get("run_id")}
     if len(ids) != 1:
         return None
@@ -69,13 +73,13 @@ def rendezvous_of(artifact: Artifact) -> str | None:
 
 def _rendezvous_task(artifact: Artifact) -> dict[str, Any]:
     """A soak of a torchrun job as the job view lists it: its host and its lowest rank."""
-    ranks = (artifact.get("ranks") or {}).get("ranks") or []
-    host = (artifact["snapshot"].get("host") or {}).get("hostname")
+    ranks = artifact["ranks"]["ranks"] if "ranks" in artifact else []  # a distributed run's
+    host = artifact["snapshot"].get("host", {}).get("hostname")  # a probe that may fail
     lowest = min(ranks, key=lambda r: int(r["rank"]), default=None)
     return {
         "node": host,
         "rank": None if lowest is None else lowest["rank"],
-        "local_rank": None if lowest is None else lowest.get("local_rank"),
+        "local_rank": None if lowest is None else lowest["local_rank"],
     }
 
 
@@ -85,17 +89,18 @@ def pod_line(artifact: Artifact) -> str | None:
     s = artifact["snapshot"].get("scheduler")
     if not isinstance(s, Mapping) or s.get("kind") != "kubernetes":
         return None
-    name = f"{s['namespace']}/{s.get('pod_name')}" if s.get("namespace") else s.get("pod_name")
+    # The snapshot is not checked against the schema: a key may be missing.
+    name = f"{s.get('namespace')}/{s.get('pod_name')}" if s.get("namespace") else s.get("pod_name")
     details = []
     if s.get("jobset_name"):
         details.append(
-            f"jobset {s['jobset_name']}, {s.get('replicated_job_name')} {s.get('job_index')}"
+            f"jobset {s.get('jobset_name')}, {s.get('replicated_job_name')} {s.get('job_index')}"
         )
     if s.get("job_name"):
-        details.append(f"job {s['job_name']}")
+        details.append(f"job {s.get('job_name')}")
     if s.get("completion_index") is not None:
-        details.append(f"index {s['completion_index']}")
-    where = f" on {s['node']}" if s.get("node") else ""
+        details.append(f"index {s.get('completion_index')}")
+    where = f" on {s.get('node')}" if s.get("node") else ""
     return f"{name or '?'}{where}" + (f" ({', '.join(details)})" if details else "")
 
 
@@ -221,8 +226,9 @@ def _culprit_across(
 
     def ranks_of(soak: Mapping[str, Any]) -> Any:
         forensics = by_path[soak["path"]].get("forensics")
-        ranks = forensics.get("ranks") if isinstance(forensics, Mapping) else None
-        return ranks.get("ranks") if isinstance(ranks, Mapping) else None
+        # The ranks' stacks: recorded at a distributed run's stall only.
+        ranks = None if forensics is None else forensics.get("ranks")
+        return None if ranks is None else ranks["ranks"]
 
     states = []
     attempt = _latest_attempt(soaks, ranks_of)
@@ -247,8 +253,7 @@ def _first_stalled(
     for soak in _latest_attempt(
         soaks, lambda soak: {"stale_progress", "startup_timeout"} & set(soak["reasons"])
     ):
-        progress = by_path[soak["path"]].get("progress")
-        last = progress.get("last_change_at") if isinstance(progress, Mapping) else None
+        last = by_path[soak["path"]]["progress"]["last_change_at"]
         moment = parse_iso_or_none(last)
         if moment is not None:
             stalled.append((moment, soak, last))
@@ -298,14 +303,14 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
     if first is not None:
         label = soak_label(first)
         lines.append(
-            f"  first failure: {label} on {first['node']} at {first.get('at')} "
+            f"  first failure: {label} on {first['node']} at {first['at']} "
             f"({_offset(first['offset_seconds'])}): {first['reason']}: {first['message']}"
         )
-    culprit = combined.get("culprit")
+    culprit = combined["culprit"]
     if culprit is not None:
         attempt = f" (restart {culprit['restart_count']})" if culprit["restart_count"] else ""
         lines.append(f"  culprit across the nodes{attempt}: {culprit['text']}")
-    stalled = combined.get("first_stalled")
+    stalled = combined["first_stalled"]
     if stalled is not None:
         lines.append(
             f"  first to stop progressing: {stalled['node']} ({soak_label(stalled)}), last "
@@ -378,8 +383,8 @@ def render_job_report(
     for soak in combined["soaks"]:
         artifact = by_path[soak["path"]]
         start = parse_iso_or_none(artifact["started_at"])
-        tree = artifact["series"].get("tree") or {}
-        if start is None or not tree.get("t"):
+        tree = artifact["series"].get("tree")  # none when nothing was sampled
+        if start is None or tree is None:
             continue
         xs = [start + timedelta(seconds=float(t)) for t in series_times(tree)]
         label = plot_text(f"{soak_label(soak)} ({soak['node']})")
@@ -395,7 +400,7 @@ def render_job_report(
             col=1,
         )
         failure = soak["first_failure"]
-        moment = None if failure is None else parse_iso_or_none(failure.get("at"))
+        moment = None if failure is None else parse_iso_or_none(failure["at"])
         if moment is not None:
             figure.add_vline(x=moment.timestamp() * 1000, line_dash="dot", line_color="#d62728")
     figure.update_layout(height=560, margin={"t": 40, "l": 60, "r": 20, "b": 40})
@@ -421,7 +426,7 @@ def render_job_report(
         ""
         if first is None
         else f"<p>First failure: <b>{html.escape(soak_label(first))}</b> on "
-        f"{html.escape(str(first['node']))} at {html.escape(str(first.get('at')))}: "
+        f"{html.escape(str(first['node']))} at {html.escape(str(first['at']))}: "
         f"<code>{html.escape(first['reason'])}</code> {html.escape(first['message'])}</p>"
     )
     status = str(combined["status"])

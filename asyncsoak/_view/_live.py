@@ -37,20 +37,23 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TextIO, TypedDict, ca
 
 import anyio
 
-from .._analysis._trends import MAX_WINDOWS, SAMPLES_PER_WINDOW, theil_sen, windowed_minima
-from .._blocking import run_blocking
-from .._record._bounded import MAX_LINE_BYTES, UnreadableFileError
-from .._record._journal import JournalDecoder
-from .._record._vocabulary import EventKind
-from .._sampling._fields import format_value, gpu_index
-from .._terminal import terminal_text
-from .._timestamps import epoch
-from .._units import format_duration
+from .._analysis import MAX_WINDOWS, SAMPLES_PER_WINDOW, theil_sen, windowed_minima
+from .._contract import (
+    MAX_LINE_BYTES,
+    EventKind,
+    UnreadableFileError,
+    epoch,
+    format_duration,
+    run_blocking,
+    terminal_text,
+)
+from .._record import JournalDecoder
+from ._fields import format_value, gpu_index
 from ._status import shown_status
 from ._training import training_line
 
 if TYPE_CHECKING:
-    from .._supervisor._control import SoakControl
+    from .._supervisor import SoakControl
 
 #: Seconds between two reads of the journal (and two frames on a terminal).
 REFRESH_SECONDS = 0.5

@@ -14,9 +14,8 @@ import io
 import os
 from typing import TYPE_CHECKING, Any
 
-from .._sampling._fields import format_value
-from .._terminal import terminal_text
-from .._units import format_duration
+from .._contract import format_duration, terminal_text
+from ._fields import format_value
 
 if TYPE_CHECKING:
     from ._live import Status

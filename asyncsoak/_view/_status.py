@@ -8,7 +8,7 @@ run that leaks, or whose monitor could not see everything, never looks like a cl
 
 from __future__ import annotations
 
-from .._record._vocabulary import SoakStatus
+from .._contract import SoakStatus
 
 #: A pass that carries warnings, as the views name it (never an artifact's ``status``).
 PASSED_WITH_WARNINGS = "passed_with_warnings"

@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import shlex
 import textwrap
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._analysis._activity import describe_gpus
-from .._process._exits import describe_exit_status, forwarded_signals
-from .._record._schema import Artifact
-from .._record._vocabulary import EventKind, FailureReason, SoakStatus
-from .._sampling._fields import describe, format_clock, format_value, group_kind
-from .._terminal import terminal_text
-from .._units import format_duration
+from .._analysis import describe_gpus
+from .._contract import (
+    Artifact,
+    EventKind,
+    FailureReason,
+    OomKillEntry,
+    SoakStatus,
+    describe_exit_status,
+    format_duration,
+    forwarded_signals,
+    readable_processes,
+    terminal_text,
+)
 from ._evidence import (
     Leak,
     config_value,
@@ -30,14 +37,16 @@ from ._evidence import (
     seconds_at,
     stall_verdict,
     stall_window,
+    summary_figure,
     trend_text,
 )
+from ._fields import describe, format_clock, format_value, group_kind
 from ._job_view import pod_line, scheduler_line
 from ._status import is_pass, shown_status, status_words
 from ._training import training_line
 
 #: The primary reason in plain words.
-REASON_TITLES: dict[str, str] = {
+REASON_TITLES: dict[FailureReason, str] = {
     FailureReason.SPAWN_FAILED: "The command could not be started",
     FailureReason.STARTUP_TIMEOUT: "The training never showed progress",
     FailureReason.STALE_PROGRESS: "The training stopped making progress",
@@ -53,7 +62,7 @@ REASON_TITLES: dict[str, str] = {
     FailureReason.GPU_FAULT: "A GPU the training uses reported a fault",
     FailureReason.NONFINITE_LOSS: "The loss became NaN or infinite",
 }
-STATUS_HEADLINES: dict[str, str] = {
+STATUS_HEADLINES: dict[SoakStatus, str] = {
     SoakStatus.PASSED: "The soak passed",
     SoakStatus.FAILED: "The soak failed",
     SoakStatus.CANCELLED: "The soak was stopped on request",
@@ -74,7 +83,7 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
     reasons = [
         {
             "reason": f["reason"],
-            "title": REASON_TITLES.get(f["reason"], f["reason"]),
+            "title": REASON_TITLES[FailureReason(f["reason"])],
             "message": f["message"],
             "at": f["at"],
             "t": seconds_at(a, f["at"]),
@@ -117,10 +126,10 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
 
 def headline(artifact: Artifact, reasons: list[dict[str, Any]]) -> str:
     """The verdict in plain words; a pass with warnings says how many."""
-    status = artifact["status"]
+    status = SoakStatus(artifact["status"])
     if reasons:
-        return REASON_TITLES.get(reasons[0]["reason"], STATUS_HEADLINES.get(status, status))
-    text = STATUS_HEADLINES.get(status, status)
+        return str(reasons[0]["title"])
+    text = STATUS_HEADLINES[status]
     warnings = len(artifact["warnings"])
     if status == SoakStatus.PASSED and warnings:
         text += f", with {warnings} warning{'s' if warnings > 1 else ''}"
@@ -135,14 +144,15 @@ def signals_sent(artifact: Artifact) -> list[str]:
     return [] if stop is None else [s["signal"] for s in stop.get("signals", [])]
 
 
-def oom_killer(kill: Mapping[str, Any]) -> str:
+def oom_killer(kill: OomKillEntry) -> str:
     """Whose OOM killer an ``oom_kills`` entry says it was: the cgroup's when its counter saw
     the kill (and its limit, when it has one), the kernel's otherwise."""
-    if "cgroup_counter" not in (kill.get("detected_by") or []):
+    if "cgroup_counter" not in kill.get("detected_by", ()):
         return "The kernel's OOM killer"
-    limit = kill.get("cgroup_memory_limit_bytes")
+    # The counter's sighting is written with its cgroup's path and limit.
+    limit = kill["cgroup_memory_limit_bytes"]
     within = f" (memory limit {format_value(limit, 'bytes')})" if isinstance(limit, int) else ""
-    return f"The OOM killer of cgroup {kill.get('cgroup_path')}{within}"
+    return f"The OOM killer of cgroup {kill['cgroup_path']}{within}"
 
 
 def exit_text(artifact: Artifact) -> str:
@@ -207,8 +217,7 @@ def look_first(artifact: Artifact) -> list[str]:
         )
     for kill in a.get("oom_kills") or []:
         hints.append(
-            f"{oom_killer(kill)} killed pid {kill.get('pid')} ({kill.get('name')}): "
-            f"{kill.get('message')}"
+            f"{oom_killer(kill)} killed pid {kill['pid']} ({kill['name']}): {kill['message']}"
         )
     leftovers = a["leftover_processes"]
     if leftovers:
@@ -234,7 +243,7 @@ def look_first(artifact: Artifact) -> list[str]:
         )
     for note in monitor.get("sampler_notes", []):
         if note["kind"] == EventKind.SAMPLER_DEGRADED:
-            hints.append(f"The {note.get('sampler')} sampler degraded: {note.get('message')}.")
+            hints.append(f"The {note['sampler']} sampler degraded: {note['message']}.")
     if a["status"] == SoakStatus.PASSED:
         gap = progress["longest_gap_seconds"]
         stale = config_value(artifact, "stale_progress_seconds")
@@ -315,9 +324,9 @@ def _stall_cpu_hints(artifact: Artifact) -> list[str]:
 
 def _forensics_hints(artifact: Artifact) -> list[str]:
     forensics = artifact.get("forensics")
-    if not isinstance(forensics, dict):
+    if forensics is None:
         return []
-    processes = [p for p in forensics.get("processes") or [] if "error" not in p]
+    processes = readable_processes(forensics)
     if not processes:
         return []
     # The ranks first, launchers last: a launcher only waits for its ranks.
@@ -332,16 +341,15 @@ def _forensics_hints(artifact: Artifact) -> list[str]:
             if "launcher" in role
             else ""
         )
-        text = f"pid {process.get('pid')} {process.get('name')}{label} {process.get('state')}"
-        if process.get("wchan") not in (None, "", "0"):
+        text = f"pid {process['pid']} {process['name']}{label} {process['state']}"
+        if process["wchan"] not in (None, "", "0"):
             text += f" in {process['wchan']}"
         frame = innermost_python_frame(process)
         if frame:
             text += f", Python at {frame}"
         parts.append(text)
     more = f"; and {len(processes) - 3} more" if len(processes) > 3 else ""
-    t = forensics.get("t")
-    when = f" at {format_duration(float(t))}" if isinstance(t, int | float) else ""
+    when = f" at {format_duration(float(forensics['t']))}"
     return [
         f"What the tree was doing{when}, before the first signal: {'; '.join(parts)}{more}. "
         "The full stacks are under Forensics."
@@ -349,8 +357,7 @@ def _forensics_hints(artifact: Artifact) -> list[str]:
 
 
 def _memory_hints(artifact: Artifact) -> list[str]:
-    summary = artifact["summary"]
-    rss = ((summary.get("tree") or {}).get("rss_bytes") or {}).get("max")
+    rss = summary_figure(artifact, "tree", "rss_bytes", "max")
     if rss is None:
         return ["Check the kernel log (dmesg) for the OOM killer."]
     return [
@@ -399,7 +406,7 @@ def peaks(artifact: Artifact) -> list[dict[str, Any]]:
                 continue
             if SAME_AS.get(name) in fields:
                 continue
-            if name in SHOWN_WHEN_MOVED and stats.get("max") == stats.get("min"):
+            if name in SHOWN_WHEN_MOVED and stats["max"] == stats["min"]:
                 continue
             info = describe(group, name)
             label = f"{info.label} {info.qualifier}".strip()
@@ -412,12 +419,12 @@ def peaks(artifact: Artifact) -> list[dict[str, Any]]:
             lowest_matters = "free" in name or "available" in name
             key = "min" if lowest_matters else "max"
             if name in CUMULATIVE_FIELDS:
-                text = f"total {format_value(stats.get('last'), info.unit)}"
+                text = f"total {format_value(stats['last'], info.unit)}"
             else:
-                worst = stats.get(key)
+                worst = stats[key]
                 text = (
                     f"{'lowest' if lowest_matters else 'peak'} {format_value(worst, info.unit)}, "
-                    f"mean {format_value(stats.get('mean'), info.unit, like=worst)}"
+                    f"mean {format_value(stats['mean'], info.unit, like=worst)}"
                 )
             row = {
                 "group": group,
@@ -426,9 +433,9 @@ def peaks(artifact: Artifact) -> list[dict[str, Any]]:
                 "name": label if group == "gpu_tree" else f"{group} {label}",
                 "unit": info.unit,
                 "worst": key,
-                key: stats.get(key),
-                "mean": stats.get("mean"),
-                "last": stats.get("last"),
+                key: stats[key],
+                "mean": stats["mean"],
+                "last": stats["last"],
                 "text": text,
             }
             rows.append(row)
@@ -473,9 +480,8 @@ def gpu_table(artifact: Artifact) -> list[dict[str, Any]]:
             continue
         fields = summary[group]
 
-        def stat(name: str, key: str, fields: dict[str, Any] = fields) -> float | None:
-            value = (fields.get(name) or {}).get(key)
-            return float(value) if isinstance(value, int | float) else None
+        def stat(name: str, key: str, group: str = group) -> float | None:
+            return summary_figure(artifact, group, name, key)
 
         rows.append(
             {
@@ -547,9 +553,7 @@ def provenance(artifact: Artifact) -> dict[str, str]:
 
 
 def _counted(names: Iterable[str]) -> str:
-    counts: dict[str, int] = {}
-    for name in names:
-        counts[name] = counts.get(name, 0) + 1
+    counts = Counter(names)
     return ", ".join(f"{n} x {name}" if n > 1 else name for name, n in counts.items())
 
 
@@ -564,26 +568,25 @@ def format_summary(
     lines: list[str] = []
     lines.append(f"{status_words(str(summary['status']))}: {summary['headline']}")
     for i, reason in enumerate(summary["reasons"]):
-        at = f" at {format_duration(reason['t'])}" if reason.get("t") is not None else ""
+        at = f" at {format_duration(reason['t'])}" if reason["t"] is not None else ""
         lead = "  " if i == 0 else "  also "
         lines.append(f"{lead}{reason['reason']}{at}: {reason['message']}")
     lines.extend(evidence_lines(summary, width))
     training = training_line(summary["progress"].get("steps"))
     if training:
         lines.append(f"  training: {training}")
-    duration = summary.get("duration_seconds")
     lines.append(
-        f"ran {format_duration(float(duration or 0))}, "
-        f"{format_clock(summary.get('started_at'))} to {format_clock(summary.get('ended_at'))}; "
+        f"ran {format_duration(float(summary['duration_seconds']))}, "
+        f"{format_clock(summary['started_at'])} to {format_clock(summary['ended_at'])}; "
         f"{summary['exit']['text']}"
     )
     lines.append("command: " + _shorten(shlex.join(summary["command"]).replace("\n", " "), 200))
     progress = summary["progress"]
-    last = progress.get("last_change_t")
+    last = progress["last_change_t"]
     lines.append(
-        f"progress: {progress.get('changes', 0)} changes in {progress.get('dir')}"
+        f"progress: {progress['changes']} changes in {progress['dir']}"
         + (f", last at {format_duration(last)}" if last is not None else ", none seen")
-        + f", longest gap {format_duration(float(progress.get('longest_gap_seconds') or 0))}"
+        + f", longest gap {format_duration(float(progress['longest_gap_seconds']))}"
     )
     if summary["provenance"]:
         lines.append("; ".join(f"{k}: {v}" for k, v in summary["provenance"].items()))
@@ -618,7 +621,7 @@ def format_summary(
         room = SCREEN_LINES - used - 2 - closing
         tail = log["last_lines"][-max(room, MIN_LOG_LINES) :]
         lines.append("")
-        lines.append(f"Last log lines ({log.get('path')}):")
+        lines.append(f"Last log lines ({log['path']}):")
         lines.extend("  " + _shorten(line, 160) for line in tail)
     if artifact_path:
         lines.append("")
@@ -672,7 +675,7 @@ def _gpu_lines(gpus: list[dict[str, Any]]) -> str:
         rows.append(
             (
                 g["gpu"],
-                str(g.get("name") or "n/a"),
+                str(g["name"] or "n/a"),
                 f"{format_value(g['utilization_mean_percent'], '%')}/"
                 f"{format_value(g['utilization_max_percent'], '%')}",
                 format_value(g["memory_used_max_mib"], "MiB"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .._units import format_duration
+from .._contract import format_duration
 
 
 def step_text(steps: Mapping[str, Any]) -> str:

@@ -8,10 +8,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._blocking import EXECUTOR
-from .._errors import ValidationError
-from .._supervisor._config import seconds
-from .._terminal import terminal_text
+from .._contract import EXECUTOR, ValidationError, terminal_text
+from .._supervisor import seconds
 from . import UsageError
 
 #: Where Kubernetes has a container write why it ended (``terminationMessagePath``'s default).

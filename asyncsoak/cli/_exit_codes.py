@@ -7,9 +7,15 @@ import json
 import signal
 from typing import Any
 
-from .._process._exits import SHELL_SIGNAL_BASE
-from .._record._exit_codes import DETAILED_EXIT_CODES, EXIT_FAILED, EXIT_PASSED, EXIT_USAGE
-from .._view._summary import REASON_TITLES
+from .._contract import (
+    DETAILED_EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_PASSED,
+    EXIT_USAGE,
+    SHELL_SIGNAL_BASE,
+    FailureReason,
+)
+from .._view import REASON_TITLES
 from . import EXIT_OK
 
 #: The statuses that hold with or without ``--detailed-exit-codes``.
@@ -44,7 +50,7 @@ def register(subparsers: Any) -> None:
 def exit_code_table() -> list[dict[str, Any]]:
     """Every failure reason with its detailed status and what it means, by status."""
     return [
-        {"exit_code": code, "reason": str(reason), "title": REASON_TITLES.get(reason, reason)}
+        {"exit_code": code, "reason": str(reason), "title": REASON_TITLES[FailureReason(reason)]}
         for reason, code in sorted(DETAILED_EXIT_CODES.items(), key=lambda item: item[1])
     ]
 

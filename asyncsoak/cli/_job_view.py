@@ -12,7 +12,7 @@ from . import EXIT_OK, UsageError
 
 
 def _combined(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
-    from .._view._job_view import NotOneJobError, combine
+    from .._view import NotOneJobError, combine
     from ._report import load_run
 
     artifacts = [(str(path), load_run(path)[0]) for path in args.run]
@@ -23,7 +23,7 @@ def _combined(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str,
 
 
 def job_summary(args: argparse.Namespace) -> int:
-    from .._view._job_view import format_combined
+    from .._view import format_combined
     from ._report import print_text
 
     combined, _ = _combined(args)
@@ -35,9 +35,8 @@ def job_summary(args: argparse.Namespace) -> int:
 
 
 def job_report(args: argparse.Namespace) -> int:
-    from .._record._artifact import FILE_MODE
-    from .._view._job_view import render_job_report
-    from .._view.report import ReportUnavailableError
+    from .._record import FILE_MODE
+    from .._view import ReportUnavailableError, render_job_report
 
     combined, artifacts = _combined(args)
     output: Path = args.output or Path(args.run[0]).with_name(f"job-{combined['job_id']}.html")

@@ -33,49 +33,53 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .._analysis._trends import format_bytes
-from .._errors import ValidationError
-from .._process._exits import signal_name
-from .._record._exit_codes import EXIT_PASSED, detailed_exit_code
-from .._redact import Masker, argv_secrets, secret_values
-from .._supervisor._config import STOP_MODES, seconds
-from .._terminal import terminal_text
-from .._units import format_duration
-from ..queue._fleet import (
+from .._analysis import format_bytes
+from .._contract import (
+    EXIT_PASSED,
+    Masker,
+    ValidationError,
+    argv_secrets,
+    detailed_exit_code,
+    format_duration,
+    secret_values,
+    signal_name,
+    terminal_text,
+)
+from .._supervisor import STOP_MODES, seconds
+from ..queue import (
     COMMAND_WAIT_FOR_DB_S,
+    FAILED,
+    INTEGER_MAX,
+    KILLED_BEFORE_SAVING,
+    LOG_TAIL_HEADER,
     LOST,
     LOST_AFTER_S,
     PRUNE_AFTER_S,
+    SUCCEEDED,
+    WARNINGS_HEADER,
     WORKER_WAIT_FOR_DB_S,
-    WorkerView,
-    open_for_worker,
-    open_when_reachable,
-    worker_views,
-)
-from ..queue._models import (
-    INTEGER_MAX,
     Attempt,
     DatabaseUnreachableError,
+    GpuFault,
     Job,
     JobNotFoundError,
+    JobStatus,
+    JobStore,
+    Plan,
     QueueError,
     QueueMissingError,
     QueueUnavailableError,
-    validate_submission,
-)
-from ..queue._orphans import process_alive
-from ..queue._settings import WorkerConfig, checked
-from ..queue._status import (
-    FAILED,
-    KILLED_BEFORE_SAVING,
-    LOG_TAIL_HEADER,
-    SUCCEEDED,
-    WARNINGS_HEADER,
-    JobStatus,
+    WorkerConfig,
+    WorkerView,
+    checked,
+    default_data_dir,
     describe_exit,
+    open_for_worker,
+    open_when_reachable,
+    process_alive,
+    validate_submission,
+    worker_views,
 )
-from ..queue._store import JobStore, default_data_dir
-from ..queue._sweeps import GpuFault, Plan
 from . import EXIT_OK, UsageError
 from ._run import add_metrics_flags, add_soak_limits, metrics_from_args, parse_pairs, soak_limits
 from ._slurm import worker_in_allocation
@@ -939,7 +943,7 @@ def _worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     import anyio
 
-    from ..queue._worker import _prepare_runs_dir, default_runs_dir
+    from ..queue import default_runs_dir, prepare_runs_dir
 
     db = args.db or default_db()
     try:
@@ -958,7 +962,7 @@ def _worker(args: argparse.Namespace) -> int:
         return 130
     with store:
         runs_dir = (config.runs_dir or default_runs_dir(store)).absolute()
-        _queue_call(lambda: _prepare_runs_dir(runs_dir))
+        _queue_call(lambda: prepare_runs_dir(runs_dir))
         config = dataclasses.replace(config, runs_dir=runs_dir)
         try:
             anyio.run(_work, args, store, config)
@@ -983,7 +987,7 @@ def _worker(args: argparse.Namespace) -> int:
 async def _work(args: argparse.Namespace, store: JobStore, config: WorkerConfig) -> None:
     import anyio
 
-    from ..queue._worker import run_worker
+    from ..queue import run_worker
 
     stop = anyio.Event()
     kill = anyio.Event()

@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._terminal import terminal_text
+from .._contract import terminal_text
 from . import EXIT_FAILED, EXIT_OK, UsageError
 from ._job_view import job_report, job_summary
 
 if TYPE_CHECKING:
-    from .._record._schema import Artifact
+    from .._contract import Artifact
 
 
 def register(subparsers: Any) -> None:
@@ -109,7 +109,7 @@ def load_run(path: Path) -> tuple[Artifact, Path | None]:
     A missing ``soak.json`` whose journal ``soak.jsonl`` is there (the monitor died before
     writing it) is rebuilt from the journal.
     """
-    from .._record._journal import is_journal
+    from .._record import is_journal
 
     if not path.exists():
         journal = path.with_suffix(".jsonl")
@@ -124,7 +124,7 @@ def load_run(path: Path) -> tuple[Artifact, Path | None]:
             path = journal
         else:
             raise UsageError(f"{path}: no such file")
-    from .._record._bounded import UnreadableFileError, open_regular
+    from .._contract import UnreadableFileError, open_regular
 
     try:
         # Never blocks (a FIFO) nor reads without end (/dev/zero): refused at once.
@@ -144,7 +144,7 @@ def load_run(path: Path) -> tuple[Artifact, Path | None]:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from .._view.report import ReportUnavailableError, write_report
+    from .._view import ReportUnavailableError, write_report
 
     if len(args.run) > 1:
         return job_report(args)
@@ -170,7 +170,7 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    from .._view._compare import compare, format_comparison
+    from .._view import compare, format_comparison
 
     try:
         threshold = float(args.threshold)
@@ -195,7 +195,7 @@ def compare_command(args: argparse.Namespace) -> int:
 
 
 def summary_command(args: argparse.Namespace) -> int:
-    from .._view._summary import format_summary, summarize
+    from .._view import format_summary, summarize
 
     if len(args.run) > 1:
         return job_summary(args)
@@ -221,9 +221,8 @@ def print_text(text: str) -> None:
 
 
 def recover_command(args: argparse.Namespace) -> int:
-    from .._record._artifact import write_artifact
-    from .._record._bounded import UnreadableFileError
-    from .._record._recover import JournalError, artifact_from_journal
+    from .._contract import UnreadableFileError
+    from .._record import JournalError, artifact_from_journal, write_artifact
 
     journal: Path = args.journal
     output: Path = args.output or journal.with_suffix(".json")

@@ -16,15 +16,20 @@ from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
-from .._errors import SoakFailureError, ValidationError
-from .._process._exits import SHELL_SIGNAL_BASE, signal_name
-from .._record._exit_codes import verdict_exit_code
-from .._record._vocabulary import FailureReason, SoakStatus, StopCause
-from .._supervisor._config import STOP_MODES, SoakLimits, seconds
-from .._terminal import terminal_text
-from .._units import parse_size
-from .._view._live import VIEW_MODES, live_status
-from .._view._summary import exit_text
+from .._contract import (
+    SHELL_SIGNAL_BASE,
+    FailureReason,
+    SoakFailureError,
+    SoakStatus,
+    StopCause,
+    ValidationError,
+    parse_size,
+    signal_name,
+    terminal_text,
+    verdict_exit_code,
+)
+from .._supervisor import STOP_MODES, SoakLimits, seconds
+from .._view import VIEW_MODES, exit_text, live_status
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from ._container import (
     Ending,
@@ -41,8 +46,8 @@ from ._slurm import (
 )
 
 if TYPE_CHECKING:
-    from .._record._schema import Artifact
-    from .._supervisor._control import SoakControl
+    from .._contract import Artifact
+    from .._supervisor import SoakControl
 
 #: Signals that stop the soak: Ctrl-C, a service manager, and a closed terminal or ssh session.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -140,7 +145,7 @@ def metrics_from_args(args: argparse.Namespace, textfile: Path | None = None) ->
         if args.metrics_address != "127.0.0.1":
             raise UsageError("--metrics-address needs --metrics-port")
         return None
-    from .._export._metrics import Metrics, validate_metrics
+    from .._export import Metrics, validate_metrics
 
     try:
         return validate_metrics(
@@ -319,8 +324,7 @@ def _supervise(
     detailed: bool,
     soak: dict[str, Any],
 ) -> Ending:
-    from .._supervisor._control import SoakControl
-    from .._supervisor._soak import run_soak
+    from .._supervisor import SoakControl, run_soak
 
     control = soak.setdefault("control", SoakControl())
     view = status(control) if status is not None else None
@@ -500,7 +504,7 @@ def print_demo_summary(artifact: dict[str, Any]) -> None:
 
 def print_report_hint(artifact_path: Path) -> None:
     """Write the HTML report when plotly is there; otherwise say how to get it."""
-    from .._view.report import ReportUnavailableError, write_report
+    from .._view import ReportUnavailableError, write_report
 
     html_path = artifact_path.with_suffix(".html")
     try:

@@ -7,10 +7,8 @@ import signal
 import socket
 from pathlib import Path
 
-from .._errors import ValidationError
-from .._supervisor import _kubernetes, _slurm
-from .._supervisor._config import forwarded_signals
-from .._supervisor._control import SoakControl
+from .._contract import ValidationError
+from .._supervisor import SoakControl, forwarded_signals, kubernetes, slurm
 from . import UsageError
 
 
@@ -39,7 +37,7 @@ def hold_forwarded_signals(args: argparse.Namespace) -> None:
         signals = forwarded_signals(args.forward_signal, args.requeue_on)
     except ValidationError as exc:
         raise UsageError(str(exc)) from None
-    _slurm.catch_early(signals)
+    slurm.catch_early(signals)
 
 
 def scheduler_paths(progress_dir: Path, output: Path) -> tuple[Path, Path]:
@@ -48,10 +46,10 @@ def scheduler_paths(progress_dir: Path, output: Path) -> tuple[Path, Path]:
     ``output`` says where with %r."""
     try:
         return (
-            _slurm.expand_path(progress_dir),
-            _slurm.expand_path(output, restart_suffix=True),
+            slurm.expand_path(progress_dir),
+            slurm.expand_path(output, restart_suffix=True),
         )
-    except _slurm.PatternError as exc:
+    except slurm.PatternError as exc:
         raise UsageError(str(exc)) from None
 
 
@@ -61,9 +59,9 @@ def stop_by_scheduler(signum: int, control: SoakControl) -> bool:
     Kubernetes pod, the kubelet's (an eviction, a preemption, a drain, a deleted Job), its
     grace kept under the pod's ``terminationGracePeriodSeconds``.  False when the signal is
     an ordinary stop (the caller cancels the soak)."""
-    if signum != signal.SIGTERM or not (_slurm.in_job() or _kubernetes.in_pod()):
+    if signum != signal.SIGTERM or not (slurm.in_job() or kubernetes.in_pod()):
         return False
-    control.request_stop(reason="stopped by the scheduler", cause=_slurm.CAUSE_SCHEDULER)
+    control.request_stop(reason="stopped by the scheduler", cause=slurm.CAUSE_SCHEDULER)
     return True
 
 
@@ -72,14 +70,14 @@ def worker_in_allocation(args: argparse.Namespace) -> float | None:
     job id unless given, a stop timeout under ``KillWait`` (the scheduler's SIGTERM
     interrupts the running job the graceful way, so it is requeued, not failed).  Returns
     the allocation's end (wall clock) when known: no job is taken that would not fit."""
-    if not _slurm.in_job():
+    if not slurm.in_job():
         return None
     # Before the event loop starts: two scontrol queries, each under its deadline.
-    info = _slurm.scheduler_snapshot() or {}
+    info = slurm.scheduler_snapshot() or {}
     if args.gpus is None:
-        args.gpus = _slurm.allocation_gpus()
+        args.gpus = slurm.allocation_gpus()
     if args.name is None:
-        args.name = _slurm.worker_name(info, socket.gethostname())
-    args.stop_timeout_seconds = _slurm.stop_grace(args.stop_timeout_seconds, info)
+        args.name = slurm.worker_name(info, socket.gethostname())
+    args.stop_timeout_seconds = slurm.stop_grace(args.stop_timeout_seconds, info)
     end = info.get("end_time_epoch")
     return float(end) if isinstance(end, int | float) else None

@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
 
 
 def snapshot_command(args: argparse.Namespace) -> int:
-    from .._record._snapshot import collect_snapshot
+    from .._sampling import collect_snapshot
 
     snapshot = collect_snapshot(args.root, nvidia_smi=args.nvidia_smi, timeout=args.timeout)
     print(json.dumps(snapshot, indent=2, allow_nan=False))

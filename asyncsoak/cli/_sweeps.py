@@ -12,14 +12,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..queue._models import Attempt, Job
-from ..queue._retry import (
+from ..queue import (
     DEPENDENCY_FAILED,
     MAX_INFRASTRUCTURE_RETRIES,
     RETRY_NAMES,
+    Attempt,
+    AttemptCause,
+    GpuFault,
+    Job,
+    JobStore,
+    Plan,
+    ids_text,
+    plan_note,
 )
-from ..queue._store import JobStore
-from ..queue._sweeps import AttemptCause, GpuFault, Plan, ids_text, plan_note
 from . import EXIT_OK, UsageError
 
 _DURATION = re.compile(r"^\+\s*([0-9]*\.?[0-9]+)\s*([smhd]?)$")

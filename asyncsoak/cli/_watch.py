@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._terminal import terminal_text
+from .._contract import terminal_text
 from . import EXIT_FAILED, EXIT_OK, UsageError
 from ._queue import _guarded, _job_id, db_parser
 
 if TYPE_CHECKING:
-    from .._view._live import JournalTail, LiveState, Status
+    from .._view import JournalTail, LiveState, Status
 
 #: How long ``watch`` waits, once the journal said ``finished``, for the artifact the monitor
 #: writes next.
@@ -45,7 +45,7 @@ EXIT_INTERRUPTED = 130
 
 
 def register(subparsers: Any) -> None:
-    from .._view._live import VIEW_MODES
+    from .._view import VIEW_MODES
 
     watch = subparsers.add_parser(
         "watch",
@@ -92,8 +92,8 @@ def register(subparsers: Any) -> None:
 
 
 def watch_command(args: argparse.Namespace) -> int:
-    from .._errors import ValidationError
-    from .._supervisor._config import seconds
+    from .._contract import ValidationError
+    from .._supervisor import seconds
 
     try:
         interval = seconds("--status-interval", args.status_interval, allow_zero=False)
@@ -135,7 +135,7 @@ def job_journal(args: argparse.Namespace) -> Path:
 def find_journal(target: Path) -> Path:
     """The journal a TARGET names: itself, its artifact's, or the one in a run directory
     (a queue job's run directory: its latest attempt's)."""
-    from .._record._journal import is_journal
+    from .._record import is_journal
 
     if target.is_dir():
         attempts = target / "attempts"
@@ -183,8 +183,8 @@ def monitor_holds(journal: Path) -> bool:
 def _catch_up(journal: Path) -> tuple[LiveState, JournalTail]:
     """The state after the journal's closed segments (a long soak rotates its journal), and
     a tail of its open segment."""
-    from .._record._journal import journal_segments, read_journal
-    from .._view._live import JournalTail, LiveState
+    from .._record import journal_segments, read_journal
+    from .._view import JournalTail, LiveState
 
     state = LiveState()
     closed = journal_segments(journal)[:-1]
@@ -197,8 +197,8 @@ def _catch_up(journal: Path) -> tuple[LiveState, JournalTail]:
 
 
 async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
-    from .._blocking import BlockingCallTimeout, run_blocking
-    from .._view._live import VIEW_CALL_TIMEOUT_SECONDS, watch_journal
+    from .._contract import BlockingCallTimeout, run_blocking
+    from .._view import VIEW_CALL_TIMEOUT_SECONDS, watch_journal
 
     try:
         state, tail = await run_blocking(
@@ -295,7 +295,7 @@ def _read_all(tail: JournalTail, state: LiveState) -> Status | None:
 
 
 def _print_frame(status: Status, mode: str) -> None:
-    from .._view._live import make_view
+    from .._view import make_view
 
     view = make_view(sys.stdout, 0.0, mode)
     view.show(status)
@@ -304,8 +304,8 @@ def _print_frame(status: Status, mode: str) -> None:
 
 async def _verdict(journal: Path, state: LiveState) -> int:
     """The soak's verdict, from its artifact once the monitor wrote it (else the journal's)."""
-    from .._blocking import BlockingCallTimeout, run_blocking
-    from .._view._status import is_pass, status_words
+    from .._contract import BlockingCallTimeout, run_blocking
+    from .._view import is_pass, status_words
 
     artifact_path = journal.with_suffix(".json")
     # The monitor lets go of its journal once the artifact is written.
@@ -343,7 +343,7 @@ def wait_for_monitor(journal: Path) -> None:
 
 def _artifact_line(path: Path) -> tuple[str, str] | None:
     """The summary's first line of the artifact at ``path``, and its shown status."""
-    from .._view._summary import format_summary, summarize
+    from .._view import format_summary, summarize
     from ..artifact import ArtifactError, load
 
     try:

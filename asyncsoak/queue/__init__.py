@@ -1,9 +1,8 @@
 """The durable training-job queue: a store (SQLite on one host, PostgreSQL for many), a
-worker that runs each job under ``run_soak`` with a :class:`WorkerConfig`, and the final
-status rules (:class:`JobStatus`).
+worker that runs each job under ``run_soak``, and the final status rules.
 
-The worker's names load lazily, so the store and the command line's read-only commands do
-not import the soak core; ``main`` (``python -m asyncsoak.queue``) loads the command line.
+Its names load on first use, so the store and the command line's read-only commands do not
+import the soak core.
 
 The worker's defaults stay importable here under their reference names (``POLL_S``,
 ``STALE_AFTER_S``, ``CANCEL_GRACE_S``, ``STOP_TIMEOUT_S``, ``KILL_WAIT_S``, ``FINISH_RETRIES``,
@@ -13,47 +12,151 @@ they are :class:`WorkerConfig`'s defaults, not names of their own in ``__all__``
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ._models import Attempt as Attempt
-from ._models import DatabaseUnreachableError as DatabaseUnreachableError
-from ._models import Job as Job
-from ._models import JobNotFoundError as JobNotFoundError
-from ._models import JobStateError as JobStateError
-from ._models import QueueDatabaseError as QueueDatabaseError
-from ._models import QueueError as QueueError
-from ._models import QueueMissingError as QueueMissingError
-from ._models import QueueUnavailableError as QueueUnavailableError
-from ._models import WorkerInfo as WorkerInfo
-from ._models import WorkerNameInUseError as WorkerNameInUseError
-from ._postgres import PostgresStore as PostgresStore
-from ._settings import TRAIN_CMD as TRAIN_CMD
-from ._settings import WorkerConfig as WorkerConfig
-from ._sqlite import SqliteStore as SqliteStore
-from ._status import CANCEL_GRACE_S as CANCEL_GRACE_S
-from ._status import ERROR_TAIL_LINES as ERROR_TAIL_LINES
-from ._status import FINISH_RETRIES as FINISH_RETRIES
-from ._status import FINISH_RETRY_WAIT_S as FINISH_RETRY_WAIT_S
-from ._status import KILL_WAIT_S as KILL_WAIT_S
-from ._status import POLL_S as POLL_S
-from ._status import SLICE_S as SLICE_S
-from ._status import STALE_AFTER_S as STALE_AFTER_S
-from ._status import STOP_TIMEOUT_S as STOP_TIMEOUT_S
-from ._status import TAIL_BYTES as TAIL_BYTES
-from ._status import JobStatus as JobStatus
-from ._status import Outcome as Outcome
-from ._status import describe_exit as describe_exit
-from ._status import final_status as final_status
-from ._status import tail as tail
-from ._status import with_soak_verdict as with_soak_verdict
-from ._store import JobStore as JobStore
-from ._store import open_store as open_store
+from .._contract import lazy_door
 
 if TYPE_CHECKING:
     from .__main__ import main as main
+    from ._fleet import COMMAND_WAIT_FOR_DB_S as COMMAND_WAIT_FOR_DB_S
+    from ._fleet import LOST as LOST
+    from ._fleet import LOST_AFTER_S as LOST_AFTER_S
+    from ._fleet import PRUNE_AFTER_S as PRUNE_AFTER_S
+    from ._fleet import WORKER_WAIT_FOR_DB_S as WORKER_WAIT_FOR_DB_S
+    from ._fleet import WorkerView as WorkerView
+    from ._fleet import open_for_worker as open_for_worker
+    from ._fleet import open_when_reachable as open_when_reachable
+    from ._fleet import worker_views as worker_views
+    from ._models import INTEGER_MAX as INTEGER_MAX
+    from ._models import JOB_STATUSES as JOB_STATUSES
+    from ._models import Attempt as Attempt
+    from ._models import DatabaseUnreachableError as DatabaseUnreachableError
+    from ._models import Job as Job
+    from ._models import JobNotFoundError as JobNotFoundError
+    from ._models import JobStateError as JobStateError
+    from ._models import QueueDatabaseError as QueueDatabaseError
+    from ._models import QueueError as QueueError
+    from ._models import QueueMissingError as QueueMissingError
+    from ._models import QueueUnavailableError as QueueUnavailableError
+    from ._models import WorkerInfo as WorkerInfo
+    from ._models import WorkerNameInUseError as WorkerNameInUseError
+    from ._models import validate_submission as validate_submission
+    from ._orphans import process_alive as process_alive
+    from ._postgres import PostgresStore as PostgresStore
+    from ._retry import DEPENDENCY_FAILED as DEPENDENCY_FAILED
+    from ._retry import INFRASTRUCTURE_BACKOFF_S as INFRASTRUCTURE_BACKOFF_S
+    from ._retry import MAX_INFRASTRUCTURE_RETRIES as MAX_INFRASTRUCTURE_RETRIES
+    from ._retry import RETRY_NAMES as RETRY_NAMES
+    from ._settings import TRAIN_CMD as TRAIN_CMD
+    from ._settings import WorkerConfig as WorkerConfig
+    from ._settings import checked as checked
+    from ._sqlite import SqliteStore as SqliteStore
+    from ._status import CANCEL_GRACE_S as CANCEL_GRACE_S
+    from ._status import ERROR_TAIL_LINES as ERROR_TAIL_LINES
+    from ._status import FAILED as FAILED
+    from ._status import FINISH_RETRIES as FINISH_RETRIES
+    from ._status import FINISH_RETRY_WAIT_S as FINISH_RETRY_WAIT_S
+    from ._status import KILL_WAIT_S as KILL_WAIT_S
+    from ._status import KILLED_BEFORE_SAVING as KILLED_BEFORE_SAVING
+    from ._status import LOG_TAIL_HEADER as LOG_TAIL_HEADER
+    from ._status import POLL_S as POLL_S
+    from ._status import SLICE_S as SLICE_S
+    from ._status import STALE_AFTER_S as STALE_AFTER_S
+    from ._status import STOP_TIMEOUT_S as STOP_TIMEOUT_S
+    from ._status import SUCCEEDED as SUCCEEDED
+    from ._status import TAIL_BYTES as TAIL_BYTES
+    from ._status import WARNINGS_HEADER as WARNINGS_HEADER
+    from ._status import JobStatus as JobStatus
+    from ._status import Outcome as Outcome
+    from ._status import describe_exit as describe_exit
+    from ._status import final_status as final_status
+    from ._status import tail as tail
+    from ._status import with_soak_verdict as with_soak_verdict
+    from ._store import JobStore as JobStore
+    from ._store import default_data_dir as default_data_dir
+    from ._store import open_store as open_store
+    from ._sweeps import AttemptCause as AttemptCause
+    from ._sweeps import GpuFault as GpuFault
+    from ._sweeps import Plan as Plan
+    from ._sweeps import ids_text as ids_text
+    from ._sweeps import plan_note as plan_note
+    from ._worker import default_runs_dir as default_runs_dir
+    from ._worker import prepare_runs_dir as prepare_runs_dir
     from ._worker import run_job as run_job
     from ._worker import run_worker as run_worker
+else:
+    __getattr__, __dir__ = lazy_door(
+        __name__,
+        {
+            "main": ".__main__",
+            "COMMAND_WAIT_FOR_DB_S": "._fleet",
+            "LOST": "._fleet",
+            "LOST_AFTER_S": "._fleet",
+            "PRUNE_AFTER_S": "._fleet",
+            "WORKER_WAIT_FOR_DB_S": "._fleet",
+            "WorkerView": "._fleet",
+            "open_for_worker": "._fleet",
+            "open_when_reachable": "._fleet",
+            "worker_views": "._fleet",
+            "Attempt": "._models",
+            "DatabaseUnreachableError": "._models",
+            "INTEGER_MAX": "._models",
+            "JOB_STATUSES": "._models",
+            "Job": "._models",
+            "JobNotFoundError": "._models",
+            "JobStateError": "._models",
+            "QueueDatabaseError": "._models",
+            "QueueError": "._models",
+            "QueueMissingError": "._models",
+            "QueueUnavailableError": "._models",
+            "WorkerInfo": "._models",
+            "WorkerNameInUseError": "._models",
+            "validate_submission": "._models",
+            "process_alive": "._orphans",
+            "PostgresStore": "._postgres",
+            "DEPENDENCY_FAILED": "._retry",
+            "INFRASTRUCTURE_BACKOFF_S": "._retry",
+            "MAX_INFRASTRUCTURE_RETRIES": "._retry",
+            "RETRY_NAMES": "._retry",
+            "TRAIN_CMD": "._settings",
+            "WorkerConfig": "._settings",
+            "checked": "._settings",
+            "SqliteStore": "._sqlite",
+            "CANCEL_GRACE_S": "._status",
+            "ERROR_TAIL_LINES": "._status",
+            "FAILED": "._status",
+            "FINISH_RETRIES": "._status",
+            "FINISH_RETRY_WAIT_S": "._status",
+            "KILLED_BEFORE_SAVING": "._status",
+            "KILL_WAIT_S": "._status",
+            "LOG_TAIL_HEADER": "._status",
+            "Outcome": "._status",
+            "POLL_S": "._status",
+            "SLICE_S": "._status",
+            "STALE_AFTER_S": "._status",
+            "STOP_TIMEOUT_S": "._status",
+            "SUCCEEDED": "._status",
+            "TAIL_BYTES": "._status",
+            "WARNINGS_HEADER": "._status",
+            "JobStatus": "._status",
+            "describe_exit": "._status",
+            "final_status": "._status",
+            "tail": "._status",
+            "with_soak_verdict": "._status",
+            "JobStore": "._store",
+            "default_data_dir": "._store",
+            "open_store": "._store",
+            "AttemptCause": "._sweeps",
+            "GpuFault": "._sweeps",
+            "Plan": "._sweeps",
+            "ids_text": "._sweeps",
+            "plan_note": "._sweeps",
+            "default_runs_dir": "._worker",
+            "prepare_runs_dir": "._worker",
+            "run_job": "._worker",
+            "run_worker": "._worker",
+        },
+    )
 
 __all__ = [
     "Attempt",
@@ -82,19 +185,3 @@ __all__ = [
     "tail",
     "with_soak_verdict",
 ]
-
-#: Names loaded on first use, each from its module: the worker's (the soak core) and the
-#: entry point's (the command line).
-_LAZY = {"run_job": "._worker", "run_worker": "._worker", "main": ".__main__"}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'asyncsoak.queue' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])

@@ -11,19 +11,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._errors import AsyncsoakError, ValidationError
-from .._redact import Masker, argv_secrets, redact_mapping, secret_values
-from .._supervisor._config import (
-    SOAK_LIMITS as SOAK_LIMITS,  # the run_soak parameters a job may set
+from .._contract import (
+    AsyncsoakError,
+    Masker,
+    ValidationError,
+    argv_secrets,
+    redact_mapping,
+    secret_values,
 )
-from .._supervisor._config import StopMode, validate_job
-from ._status import (
-    CANCELLED,
-    FAILED,
-    INTERRUPTED,
-    SUCCEEDED,
-    Outcome,
-)
+from .._supervisor import SOAK_LIMITS as SOAK_LIMITS
+from .._supervisor import StopMode, validate_job
+from ._status import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Outcome
 from ._status import QUEUED as QUEUED
 from ._status import RUNNING as RUNNING
 

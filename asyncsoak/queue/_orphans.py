@@ -13,8 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from .._process._spawn import REAPER_MODULE
-from .._process._tree import cmdline, environments, holds_open, start_time_ticks
+from .._process import REAPER_MODULE, cmdline, environments, holds_open, start_time_ticks
 from ._status import SLICE_S
 
 #: In the reaper's command line (``_spawn`` starts it as ``python -m REAPER_MODULE``).  The

@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 
-from .._redact import public_conninfo, redact_url_passwords
+from .._contract import public_conninfo, redact_url_passwords
 from ._models import (
     ATTEMPT_COLUMNS,
     BACKOFF_MAX_SECONDS,

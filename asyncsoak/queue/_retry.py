@@ -23,9 +23,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import ValidationError
-from .._process._crash import LAUNCHER_EXCEPTIONS
-from .._record._vocabulary import FailureReason, StopCause
+from .._contract import LAUNCHER_EXCEPTIONS, FailureReason, StopCause, ValidationError
 from ._models import QUEUED, attempt_outcome
 from ._status import CANCELLED, FAILED, OUTCOME_LOST, Outcome
 

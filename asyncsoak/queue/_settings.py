@@ -19,8 +19,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from .._errors import ValidationError, ValidationTypeError
-from .._supervisor._config import seconds
+from .._contract import ValidationError, ValidationTypeError
+from .._supervisor import seconds
 from ._retry import INFRASTRUCTURE_BACKOFF_S
 from ._status import (
     CANCEL_GRACE_S,

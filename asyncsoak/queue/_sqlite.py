@@ -35,7 +35,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._blocking import BlockingCallTimeout, run_blocking
+from .._contract import BlockingCallTimeout, run_blocking
 from ._models import (
     ATTEMPT_COLUMNS,
     BUSY_TIMEOUT_SECONDS,
@@ -718,7 +718,7 @@ class SqliteStore(JobStore):
     ) -> None:
         """Call ``wake("submit")`` whenever the wake-up file is touched, until cancelled;
         returns at once (the poll alone finds jobs) where it cannot be watched."""
-        from .._sampling._inotify import Inotify
+        from .._sampling import Inotify
 
         try:
             watcher = Inotify()

@@ -13,8 +13,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .._process._exits import describe_exit_status, forwarded_signals
-from .._record._artifact import read_log_tail
+from .._contract import describe_exit_status, forwarded_signals
+from .._record import read_log_tail
 from ..trainer import EXIT_INTERRUPTED
 
 #: Period of polling and of heartbeats, in seconds.
@@ -121,7 +121,7 @@ def with_soak_verdict(status: str, soak_failed: bool) -> str:
 def describe_exit(
     rc: int | None, *, sent: Collection[str] | None = None, forwarded: Collection[str] = ()
 ) -> str:
-    """An exit status in words (:func:`asyncsoak._process._exits.describe_exit_status`, which
+    """An exit status in words (:func:`asyncsoak._contract._exits.describe_exit_status`, which
     see for ``sent`` and ``forwarded``), and the trainer's own ``EXIT_INTERRUPTED`` said as such."""
     if rc == EXIT_INTERRUPTED:
         return f"exit status {rc} (EXIT_INTERRUPTED: saved and stopped)"

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .._supervisor._config import StopMode
+from .._supervisor import StopMode
 from ._models import (
     BUSY_TIMEOUT_SECONDS,
     DEFAULT_MAX_ATTEMPTS,

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import ValidationError
+from .._contract import ValidationError
 from ._models import QUEUED, Job, JobNotFoundError, QueueError, Submission
 from ._retry import DEPENDENCY_FAILED, Decision, RetryPolicy, check_retry_names, decide
 from ._status import CANCELLED, FAILED, Outcome

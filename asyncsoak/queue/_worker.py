@@ -36,16 +36,20 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import anyio
 
-from .._blocking import BlockingCallTimeout, require_asyncio, run_blocking
-from .._errors import SoakFailureError, ValidationError
-from .._export._metrics import Metrics, WorkerMetrics, new_registry, render, validate_metrics
-from .._process._tree import start_time_ticks
-from .._record._bounded import read_json_file
-from .._redact import Masker, argv_secrets, secret_values
-from .._supervisor import _slurm
-from .._supervisor._control import SoakControl
-from .._supervisor._outputs import OutputLocationError
-from .._supervisor._soak import run_soak
+from .._contract import (
+    BlockingCallTimeout,
+    Masker,
+    SoakFailureError,
+    ValidationError,
+    argv_secrets,
+    read_json_file,
+    require_asyncio,
+    run_blocking,
+    secret_values,
+)
+from .._export import Metrics, WorkerMetrics, new_registry, render, validate_metrics
+from .._process import start_time_ticks
+from .._supervisor import OutputLocationError, SoakControl, run_soak, slurm
 from ._learned import carried_limit, remember_limit
 from ._models import Job, QueueError, QueueUnavailableError, WorkerInfo, artifact_summary
 from ._orphans import kill_leftovers, process_alive
@@ -200,7 +204,7 @@ async def run_worker(
     metrics_config = validate_metrics(metrics)
     if metrics_config is None:
         return await worker.run(once)
-    from .._export._metrics_server import MetricsServer, open_listener
+    from .._export import MetricsServer, open_listener
 
     worker.metrics = WorkerMetrics(worker.name, host=worker.host)
     worker.registry = new_registry(worker.metrics)
@@ -355,7 +359,7 @@ class _Worker:
         self.wake.set()
 
     async def run(self, once: bool) -> int:
-        await self._call(_prepare_runs_dir, self.runs_dir)
+        await self._call(prepare_runs_dir, self.runs_dir)
         await self._call(self._register)
         if self.devices:
             # For `workers` only: a worker that cannot record them now still runs.
@@ -384,7 +388,7 @@ class _Worker:
                         self.job_done = anyio.Event()
                         await self._deliver_spool()
                         await self._sweep_orphans()
-                        fits = _slurm.seconds_left_for_jobs(
+                        fits = slurm.seconds_left_for_jobs(
                             self.settings.until, self.settings.stop_timeout_seconds
                         )
                         if fits is not None and fits <= 0:
@@ -1041,7 +1045,7 @@ async def _set_then_cancel(event: anyio.Event, scope: anyio.CancelScope) -> None
     scope.cancel()
 
 
-def _prepare_runs_dir(runs_dir: Path) -> None:
+def prepare_runs_dir(runs_dir: Path) -> None:
     try:
         runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from anyio.abc import Process
 
-from asyncsoak._redact import public_conninfo, redact_url_passwords, secret_values
+from asyncsoak._contract._redact import public_conninfo, redact_url_passwords, secret_values
 from asyncsoak.queue import JobStore, SqliteStore, open_store
 from asyncsoak.queue._fleet import open_for_worker
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from asyncsoak._errors import ValidationError
+from asyncsoak._contract._errors import ValidationError
 from asyncsoak.cli import main
 from asyncsoak.queue import JobStore, Outcome, open_store, run_worker
 from asyncsoak.queue._retry import (

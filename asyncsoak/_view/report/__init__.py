@@ -9,7 +9,8 @@ field grouped by unit.  The moments that matter are drawn across every panel.  T
 events, leftover processes, forensics and the log tail.
 
 By concern: ``_detail`` reads what the journal adds, ``_panels`` plans the panels,
-``_figure`` draws the plotly figure, ``_tables`` writes the HTML sections, ``_page``
+``_timeline`` decides what the figure shows (its marks, panels and curves, as plain data),
+``_figure`` draws that with plotly, ``_tables`` writes the HTML sections, ``_page``
 assembles the page from them and the files in ``assets/``; ``_text`` escapes what the run
 wrote for plotly, as ``html.escape`` does for the page and ``textContent`` for its scripts.
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..._record._bounded import UnreadableFileError
-from ..._record._journal import read_journal
-from ..._record._schema import Artifact
-from ..._record._vocabulary import EventKind
+from ..._contract import Artifact, EventKind, UnreadableFileError
+from ..._record import read_journal
 from .._summary import IDLE_THROTTLE
 
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from ... import __version__
-from ..._errors import AsyncsoakError
-from ..._record._artifact import FILE_MODE
-from ..._record._schema import Artifact
+from ..._contract import VERSION, Artifact, AsyncsoakError
+from ..._record import FILE_MODE
 from .._status import status_words
 from .._summary import summarize
 from ._assets import STYLE
@@ -137,6 +135,6 @@ def _footer_html(artifact: Artifact, source: str | None) -> str:
     made_from = f" from {html.escape(source)}" if source else ""
     journal = artifact["monitor"]["journal_path"]
     return (
-        f"<footer>asyncsoak {__version__} report{made_from}; journal "
+        f"<footer>asyncsoak {VERSION} report{made_from}; journal "
         f"{html.escape(str(journal))}.</footer>"
     )

@@ -7,13 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..._sampling._fields import (
-    Field,
-    describe,
-    format_bytes,
-    format_value,
-    gpu_index,
-)
+from .._fields import Field, describe, format_bytes, format_value, gpu_index
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,17 +9,26 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..._process._exits import decode as decode_exit
-from ..._record._artifact import EVENTS_HEAD
-from ..._record._schema import Artifact
-from ..._record._vocabulary import EventKind, FailureReason, SoakStatus
-from ..._sampling._fields import format_clock, format_value
-from ..._units import format_duration
+from ..._contract import (
+    Artifact,
+    EventKind,
+    FailureReason,
+    ForensicsProcess,
+    ForensicsSection,
+    SoakStatus,
+    format_duration,
+    readable_processes,
+)
+from ..._contract import decode as decode_exit
+from ..._record import EVENTS_HEAD
 from .._evidence import (
     config_value,
     innermost_python_frame,
+    python_stack,
     rate_text,
+    summary_figure,
 )
+from .._fields import format_clock, format_value
 from .._status import is_pass, status_words
 from .._summary import exit_text, oom_killer
 from .._training import training_line
@@ -95,13 +104,18 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
     for i, step in enumerate(evidence["next_steps"]):
         rows.append(f"<dt>{'Next step' if i == 0 else ''}</dt><dd>{html.escape(step)}</dd>")
     log = _log_excerpt_html(evidence["log_lines"], evidence["traceback"])
-    present = {
-        "processes": bool(artifact.get("processes")),
-        "events": bool(artifact["events"]),
-        "forensics": bool(artifact.get("forensics") or artifact.get("abandoned_processes")),
+    # Sections the page leaves out when there is nothing to show; the others are always there.
+    empty = {
+        anchor
+        for anchor, shown in (
+            ("processes", artifact.get("processes")),
+            ("events", artifact["events"]),
+            ("forensics", artifact.get("forensics") or artifact.get("abandoned_processes")),
+        )
+        if not shown
     }
     links = " · ".join(
-        f'<a href="#{anchor}">{name}</a>' for anchor, name in ANCHORS if present.get(anchor, True)
+        f'<a href="#{anchor}">{name}</a>' for anchor, name in ANCHORS if anchor not in empty
     )
     return (
         '<section id="evidence" class="evidence">'
@@ -144,7 +158,8 @@ def role_text(role: object) -> str:
         return "-"
     if "launcher" in role:
         return f"{role['launcher']} (launcher)"
-    local, world = role.get("local_rank"), role.get("world_size")
+    # A rank's role (the schema's ``rank``) holds all of these, null where unknown.
+    local, world = role["local_rank"], role["world_size"]
     detail = ", ".join(
         part
         for part in (
@@ -153,7 +168,7 @@ def role_text(role: object) -> str:
         )
         if part
     )
-    return f"rank {role.get('rank')}" + (f" ({detail})" if detail else "")
+    return f"rank {role['rank']}" + (f" ({detail})" if detail else "")
 
 
 def processes_html(artifact: Artifact) -> str:
@@ -212,10 +227,9 @@ def processes_html(artifact: Artifact) -> str:
 
 def _cpu_competition(artifact: Artifact) -> str | None:
     """A note when the machine's CPU was far above the tree's: something else competed."""
-    summary = artifact["summary"]
-    machine = ((summary.get("machine") or {}).get("cpu_percent") or {}).get("mean")
-    tree = ((summary.get("tree") or {}).get("cpu_percent") or {}).get("mean")
-    cores = (artifact["snapshot"].get("host") or {}).get("usable_cpus")
+    machine = summary_figure(artifact, "machine", "cpu_percent", "mean")
+    tree = summary_figure(artifact, "tree", "cpu_percent", "mean")
+    cores = artifact["snapshot"].get("host", {}).get("usable_cpus")  # a probe that may fail
     if not (
         isinstance(machine, int | float)
         and isinstance(tree, int | float)
@@ -276,22 +290,19 @@ def steady_html(timeline: Timeline) -> str:
 
 def facts_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
     progress = summary["progress"]
-    last = progress.get("last_change_t")
+    last = progress["last_change_t"]
     stale = config_value(artifact, "stale_progress_seconds")
     facts: list[tuple[str, str]] = [
-        ("Duration", format_duration(float(summary.get("duration_seconds") or 0))),
-        (
-            "When",
-            f"{format_clock(summary.get('started_at'))} to {format_clock(summary.get('ended_at'))}",
-        ),
+        ("Duration", format_duration(float(summary["duration_seconds"]))),
+        ("When", f"{format_clock(summary['started_at'])} to {format_clock(summary['ended_at'])}"),
         ("Command", _command_html(summary["command"])),
         ("Exit", html.escape(summary["exit"]["text"])),
         (
             "Progress",
             html.escape(
-                f"{progress.get('changes', 0)} changes in {progress.get('dir')}"
+                f"{progress['changes']} changes in {progress['dir']}"
                 + (f", last at {format_duration(last)}" if last is not None else ", none seen")
-                + f"; longest gap {format_duration(float(progress['longest_gap_seconds'] or 0))}"
+                + f"; longest gap {format_duration(float(progress['longest_gap_seconds']))}"
                 + (f" (stale limit {format_duration(stale)})" if stale else "")
             ),
         ),
@@ -352,7 +363,7 @@ def gpu_html(summary: Mapping[str, Any], timeline: Timeline) -> str:
             throttled += " (when: in the journal)"
         cells = [
             g["gpu"],
-            g.get("name") or "n/a",
+            g["name"] or "n/a",
             format_value(g["utilization_mean_percent"], "%"),
             format_value(g["utilization_max_percent"], "%"),
             format_value(g["memory_used_max_mib"], "MiB"),
@@ -373,7 +384,7 @@ def events_html(artifact: Artifact) -> str:
     events = artifact["events"]
     started = artifact["started_at"]
     start = datetime.fromisoformat(started.replace("Z", "+00:00")) if started else None
-    dropped = int(artifact.get("events_dropped") or 0)
+    dropped = artifact.get("events_dropped", 0)  # a version 2 key
     rows: list[str] = []
 
     def wall(t: float) -> str:
@@ -404,12 +415,12 @@ def events_html(artifact: Artifact) -> str:
                 and events[j]["kind"] == EventKind.PROGRESS
                 and not (dropped and j == EVENTS_HEAD and j != i)
             ):
-                paths.update(dict.fromkeys(events[j].get("paths") or []))
+                paths.update(dict.fromkeys(events[j]["paths"]))
                 j += 1
             run = events[i:j]
             names = ", ".join(str(p) for p in list(paths)[:5])
             more = ", ..." if len(paths) > 5 else ""
-            changed = sum(int(e.get("changed", 1)) for e in run)
+            changed = sum(int(e["changed"]) for e in run)
             if len(run) == 1:
                 row("progress", float(event["t"]), "progress", f"{names}{more}")
             else:
@@ -487,38 +498,37 @@ def _field_text(key: str, value: Any) -> str:
 
 
 def _event_text(artifact: Artifact, event: Mapping[str, Any]) -> tuple[str, str | Fields]:
+    """An event's name and details.  An event's fields (``_events``) are all in its line but
+    those added since with a default, read with ``.get``."""
     kind = str(event["kind"])
     if kind == EventKind.STARTED:
-        return "started", f"pid {event.get('pid')} (reaper {event.get('reaper_pid')})"
+        return "started", f"pid {event['pid']} (reaper {event['reaper_pid']})"
     if kind == EventKind.FAILURE:
-        return f"failure: {event.get('reason')}", str(event.get("message"))
+        return f"failure: {event['reason']}", str(event["message"])
     if kind == EventKind.STOP:
         return "stop", _stop_text(event)
     if kind == EventKind.SIGNAL:
-        return (
-            f"{event.get('signal')} sent",
-            f"to the {event.get('target')}: pids {pids(event.get('pids'))}",
-        )
+        return f"{event['signal']} sent", f"to the {event['target']}: pids {pids(event['pids'])}"
     if kind == EventKind.EXITED:
         return "command exited", exit_text(artifact)
     if kind == EventKind.TREE_GONE:
         return "tree gone", "every process of the tree has exited"
     if kind in (EventKind.LEFTOVER, EventKind.ABANDONED):
-        return kind, _process_text(event.get("process") or {})
+        return kind, _process_text(event["process"])
     if kind in (EventKind.SAMPLER_DEGRADED, EventKind.SAMPLER_RECOVERED, EventKind.SAMPLER_NOTE):
-        return kind.replace("_", " "), f"{event.get('sampler')}: {event.get('message')}"
+        return kind.replace("_", " "), f"{event['sampler']}: {event['message']}"
     if kind == EventKind.WARNING:
-        return "warning", str(event.get("message"))
+        return "warning", str(event["message"])
     if kind == EventKind.FINISHED:
-        return "finished", f"status {event.get('status')}"
+        return "finished", f"status {event['status']}"
     if kind == EventKind.FORENSICS:
-        return "forensics", f"{event.get('processes')} process(es) recorded (see Forensics)"
+        return "forensics", f"{event['processes']} process(es) recorded (see Forensics)"
     if kind == EventKind.OOM_KILL:
-        return "OOM kill", f"pid {event.get('pid')} ({event.get('name')}): {event.get('message')}"
+        return "OOM kill", f"pid {event['pid']} ({event['name']}): {event['message']}"
     if kind == EventKind.TREND:
-        return f"trend: {event.get('verdict')}", f"{event.get('series')}: {event.get('message')}"
+        return f"trend: {event['verdict']}", f"{event['series']}: {event['message']}"
     if kind == EventKind.EXCEPTION:
-        return "exception", f"{event.get('type')}: {event.get('message')} ({event.get('where')})"
+        return "exception", f"{event['type']}: {event['message']} ({event['where']})"
     return kind.replace("_", " "), Fields({k: v for k, v in event.items() if k not in _OWN})
 
 
@@ -527,9 +537,10 @@ _OWN = frozenset({"t", "kind"})
 
 
 def _stop_text(stop: Mapping[str, Any]) -> str:
-    """``cause failure, mode group, grace 5.0s``, leaving out what was not recorded."""
-    parts = [f"cause {stop.get('cause')}"]
-    if stop.get("mode") is not None:
+    """``cause failure, mode group, grace 5.0s``, leaving out what was not recorded (a stop
+    event, or the artifact's ``stop``, whose grace older artifacts lack)."""
+    parts = [f"cause {stop['cause']}"]
+    if stop["mode"] is not None:
         parts.append(f"mode {stop['mode']}")
     grace = stop.get("grace_seconds")
     if isinstance(grace, int | float):
@@ -581,21 +592,21 @@ def forensics_html(artifact: Artifact) -> str:
     oom_kills = artifact.get("oom_kills") or []
     if oom_kills:
         items = "".join(
-            f"<li>{html.escape(oom_killer(k))}: pid {html.escape(str(k.get('pid')))} "
-            f"({html.escape(str(k.get('name')))}): "
-            f'<span class="mono">{html.escape(str(k.get("message")))}</span></li>'
+            f"<li>{html.escape(oom_killer(k))}: pid {html.escape(str(k['pid']))} "
+            f"({html.escape(k['name'])}): "
+            f'<span class="mono">{html.escape(k["message"])}</span></li>'
             for k in oom_kills
         )
         parts.append(f"<h3>Killed by the OOM killer</h3><ul>{items}</ul>")
     forensics = artifact.get("forensics")
-    if isinstance(forensics, dict):
+    if forensics is not None:
         parts.append(_stall_forensics_html(forensics, artifact["exit"]["pid"]))
-    monitor: dict[str, Any] = dict(artifact["monitor"])
-    notes = monitor.pop("sampler_notes", []) or []
+    monitor = artifact["monitor"]
+    notes = monitor.get("sampler_notes", [])  # a version 2 key
     if notes:
         items = "".join(
-            f"<li>{format_duration(float(n.get('t', 0)))}: {html.escape(str(n.get('kind')))} "
-            f"({html.escape(str(n.get('sampler')))}): {html.escape(str(n.get('message')))}</li>"
+            f"<li>{format_duration(float(n['t']))}: {html.escape(n['kind'])} "
+            f"({html.escape(n['sampler'])}): {html.escape(n['message'])}</li>"
             for n in notes
         )
         parts.append(f"<h3>Sampler notes</h3><ul>{items}</ul>")
@@ -610,7 +621,9 @@ def forensics_html(artifact: Artifact) -> str:
         )
     # The monotonic start only serves to date kernel records; it means nothing to a reader.
     shown = {
-        k: v for k, v in monitor.items() if v not in (None, {}, [], "") and k != "monotonic_start"
+        k: v
+        for k, v in monitor.items()
+        if v not in (None, {}, [], "") and k not in ("monotonic_start", "sampler_notes")
     }
     parts.append(
         "<p>Monitor: "
@@ -623,32 +636,34 @@ def forensics_html(artifact: Artifact) -> str:
     return "\n".join(parts)
 
 
-def _stall_forensics_html(forensics: Mapping[str, Any], main_pid: object = None) -> str:
+def _stall_forensics_html(forensics: ForensicsSection, main_pid: int | None = None) -> str:
     """The processes as forensics saw them: the command's own first and open, its main thread
-    first; idle workers folded together."""
-    t = forensics.get("t")
-    when = format_duration(float(t)) if isinstance(t, int | float) else "?"
-    processes = list(forensics.get("processes") or [])
+    first; idle workers folded together; those it could not read last."""
+    when = format_duration(float(forensics["t"]))
+    # Forensics that failed as a whole (its ``error``) recorded no process.
+    recorded = forensics.get("processes", [])
     py_spy = forensics.get("py_spy") or "not installed (pip install py-spy for Python stacks)"
+    skipped = forensics.get("skipped_for_time")
     parts = [
-        f"<h3>What the tree was doing at {when} ({html.escape(str(forensics.get('reason')))}), "
+        f"<h3>What the tree was doing at {when} ({html.escape(forensics['reason'])}), "
         "before the first signal</h3>",
-        f'<p class="help">{len(processes)} process(es); py-spy: {html.escape(str(py_spy))}'
-        + (
-            f"; {html.escape(str(forensics['skipped_for_time']))} skipped for lack of time"
-            if forensics.get("skipped_for_time")
-            else ""
-        )
+        f'<p class="help">{len(recorded)} process(es); py-spy: {html.escape(str(py_spy))}'
+        + (f"; {skipped} skipped for lack of time" if skipped else "")
         + "</p>",
     ]
-    processes.sort(key=lambda p: p.get("pid") != main_pid)
+    processes = sorted(readable_processes(forensics), key=lambda p: p["pid"] != main_pid)
     idle = [p for p in processes[1:] if _all_idle(p)]
     if len(idle) < 2:
         idle = []
     parts.append(_process_details([p for p in processes if p not in idle], open_first=True))
+    parts.extend(
+        f"<p>pid {html.escape(str(p['pid']))}: {html.escape(str(p['error']))}</p>"
+        for p in recorded
+        if "error" in p
+    )
     if idle:
         # Idle workers (dataloaders waiting on their queue) say little: folded, one line.
-        names = ", ".join(f"{p.get('pid')} {p.get('name')}" for p in idle[:8])
+        names = ", ".join(f"{p['pid']} {p['name']}" for p in idle[:8])
         parts.append(
             f"<details><summary>{len(idle)} idle process(es): {html.escape(names)}"
             + (" ..." if len(idle) > 8 else "")
@@ -659,9 +674,9 @@ def _stall_forensics_html(forensics: Mapping[str, Any], main_pid: object = None)
     return "\n".join(parts)
 
 
-def _all_idle(process: Mapping[str, Any]) -> bool:
+def _all_idle(process: ForensicsProcess) -> bool:
     """Whether py-spy saw every thread of a process idle."""
-    stack = str((process.get("python_stack") or {}).get("stack") or "")
+    stack = python_stack(process) or ""
     threads = [line for line in stack.splitlines() if line.startswith("Thread ")]
     return bool(threads) and all("(idle)" in line for line in threads)
 
@@ -679,26 +694,20 @@ def _split_threads(dump: str) -> tuple[str, str]:
     return "\n".join(head + lines[main:end]), "\n".join(rest)
 
 
-def _process_details(processes: Sequence[Mapping[str, Any]], *, open_first: bool) -> str:
+def _process_details(processes: Sequence[ForensicsProcess], *, open_first: bool) -> str:
     parts: list[str] = []
     for i, process in enumerate(processes):
-        if "error" in process and "name" not in process:
-            parts.append(
-                f"<p>pid {html.escape(str(process.get('pid')))}: "
-                f"{html.escape(str(process['error']))}</p>"
-            )
-            continue
-        wchan = process.get("wchan")
+        wchan = process["wchan"]
         where = f" in <b>{html.escape(str(wchan))}</b>" if wchan not in (None, "", "0") else ""
         frame = innermost_python_frame(process)
         at = f", Python at <b>{html.escape(frame)}</b>" if frame else ""
         summary = (
-            f"pid {html.escape(str(process.get('pid')))} {html.escape(str(process.get('name')))}"
-            f": {html.escape(str(process.get('state')))}{where}, "
-            f"{html.escape(str(process.get('num_threads')))} thread(s){at}"
+            f"pid {process['pid']} {html.escape(process['name'])}"
+            f": {html.escape(process['state'])}{where}, {process['num_threads']} thread(s){at}"
         )
-        body = [f'<p class="mono">{html.escape(_short_command(process.get("cmdline")))}</p>']
-        stack = process.get("python_stack") or {}
+        body = [f'<p class="mono">{html.escape(_short_command(process["cmdline"]))}</p>']
+        # py-spy's dump, or why there is none (a Python process only).
+        stack = process.get("python_stack", {})
         if stack.get("stack"):
             main, rest = _split_threads(str(stack["stack"]))
             body.append(f"<h4>Python stack (py-spy)</h4><pre>{html.escape(main)}</pre>")
@@ -709,17 +718,16 @@ def _process_details(processes: Sequence[Mapping[str, Any]], *, open_first: bool
                 )
         elif stack.get("error"):
             body.append(f"<p>Python stack: {html.escape(str(stack['error']))}</p>")
-        if process.get("kernel_stack"):
+        if process["kernel_stack"]:
             body.append(
                 f"<h4>Kernel stack</h4><pre>{html.escape(str(process['kernel_stack']))}</pre>"
             )
-        threads = process.get("threads") or []
+        threads = process["threads"]
         if len(threads) > 1:
             rows = "".join(
                 "<tr>"
                 + "".join(
-                    f"<td>{html.escape(str(th.get(k, '')))}</td>"
-                    for k in ("tid", "name", "state", "wchan")
+                    f"<td>{html.escape(str(th[k]))}</td>" for k in ("tid", "name", "state", "wchan")
                 )
                 + "</tr>"
                 for th in threads

@@ -22,7 +22,7 @@ import stat
 from collections.abc import Iterator
 from typing import IO, Any
 
-from .._errors import ValidationError
+from ._errors import ValidationError
 
 #: A journal line (one event) longer than this is not one asyncsoak wrote: it is skipped.
 MAX_LINE_BYTES = 16 * 1024 * 1024

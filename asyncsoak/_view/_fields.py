@@ -11,8 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .._timestamps import parse_iso
-from .._units import format_duration
+from .._contract import format_duration, parse_iso
 
 #: The unit a name token stands for.
 UNIT_TOKENS = {

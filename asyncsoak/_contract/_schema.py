@@ -121,13 +121,23 @@ class Log(TypedDict):
     tail: str
 
 
+class SamplerNote(TypedDict):
+    """``monitor.sampler_notes[]``: a sampler's note, degradation or recovery, as journalled."""
+
+    t: float
+    kind: str  # an EventKind: sampler_note, sampler_degraded or sampler_recovered
+    sampler: str
+    message: str
+    data: NotRequired[dict[str, Any]]  # sampler_note only
+
+
 class Monitor(TypedDict):
     """``monitor``: the supervisor's account of itself."""
 
     journal_path: str | None
     monotonic_start: NotRequired[float | None]
     samples: NotRequired[dict[str, int]]
-    sampler_notes: NotRequired[list[dict[str, Any]]]
+    sampler_notes: NotRequired[list[SamplerNote]]
     dropped_samples: NotRequired[int]
     recovered_from_journal: NotRequired[str]
     events: NotRequired[int]
@@ -183,6 +193,103 @@ class ProcessEntry(TypedDict):
     role: NotRequired[dict[str, Any] | None]
 
 
+class OomKillEntry(TypedDict):
+    """``oom_kills[]``: a process of the tree the OOM killer ended."""
+
+    pid: int
+    name: str
+    message: str
+    #: ``kernel_log`` and/or ``cgroup_counter``; the cgroup's path and limit come with it
+    #: (all three are missing from artifacts written before the cgroup's counter was read).
+    detected_by: NotRequired[list[str]]
+    cgroup_path: NotRequired[str | None]
+    cgroup_memory_limit_bytes: NotRequired[int | None]
+
+
+class Stats(TypedDict):
+    """``summary[group][field]`` for a numeric field: its figures over the run (a label
+    field's entry is the list of values seen instead)."""
+
+    max: float | None
+    mean: float | None
+    min: float | None
+    last: float | None
+
+
+class ForensicsProcess(TypedDict):
+    """``forensics.processes[]``: what one process of a stalled tree was doing.  A process
+    that could not be read holds ``pid`` and ``error`` only (:func:`readable_processes`)."""
+
+    pid: int
+    ppid: int
+    name: str
+    state: str
+    num_threads: int
+    cmdline: list[str]
+    #: ``{"launcher": ...}`` or the process's rank, when it has one (newer artifacts only).
+    role: NotRequired[dict[str, Any] | None]
+    wchan: str | None
+    kernel_stack: str | None
+    threads: list[dict[str, Any]]
+    #: A Python process's stack from py-spy: ``{"stack": text}`` or ``{"error": why}``.
+    python_stack: NotRequired[dict[str, str]]
+
+
+class StallCulprit(TypedDict):
+    """``forensics.ranks``: which rank(s) a distributed run's stall waits on.  ``text`` is
+    None when no rank stands out; when it names one, ``where``, ``pid`` and ``node`` say
+    where that rank stopped."""
+
+    culprits: list[int]
+    text: str | None
+    waiting: str | None
+    ranks: list[dict[str, Any]]
+    where: NotRequired[str | None]
+    pid: NotRequired[int | None]
+    node: NotRequired[str | None]
+
+
+class ForensicsSection(TypedDict):
+    """``forensics``: what the tree was doing before the first signal of a stall.  When it
+    could not be taken, ``error`` says why and the figures are missing."""
+
+    reason: str
+    t: float
+    error: NotRequired[str]
+    processes: NotRequired[list[dict[str, Any]]]  # ForensicsProcess, or pid and error
+    skipped_for_time: NotRequired[int]
+    py_spy: NotRequired[str | None]
+    time_budget_seconds: NotRequired[float]
+    #: A distributed run's stall: which rank(s) it waits on (``stall_culprit``).
+    ranks: NotRequired[StallCulprit]
+
+
+def readable_processes(forensics: ForensicsSection) -> list[ForensicsProcess]:
+    """The processes the forensics could read: every one but those recorded as ``{"pid",
+    "error"}`` (access denied), which hold nothing else."""
+    return [cast(ForensicsProcess, p) for p in forensics.get("processes", []) if "error" not in p]
+
+
+class GpuHealth(TypedDict):
+    """``gpu_health[key]``: what one GPU said about its own health over the run."""
+
+    index: int
+    uuid: str | None
+    bus_id: str | None
+    lost: bool
+    #: Each fault: ``t``, ``fault``, ``message``, ``fails``, ``used``, and when known ``at``,
+    #: ``xid``, ``meaning``, ``action``.
+    faults: list[dict[str, Any]]
+    xid: list[dict[str, Any]]
+    samples: NotRequired[int]
+    faults_dropped: NotRequired[int]
+    ecc_uncorrected: NotRequired[dict[str, Any]]
+    remapped_rows: NotRequired[dict[str, Any]]
+    retired_pages_pending: NotRequired[Any]
+    pcie_link: NotRequired[Any]
+    throttle_shares: NotRequired[dict[str, Any]]
+
+
 class Artifact(TypedDict):
     """The whole artifact (``artifact.schema.json``)."""
 
@@ -213,10 +320,10 @@ class Artifact(TypedDict):
     series_resolution: NotRequired[dict[str, int]]
     events_dropped: NotRequired[int]
     abandoned_processes: NotRequired[list[dict[str, Any]]]
-    oom_kills: NotRequired[list[dict[str, Any]]]
-    forensics: NotRequired[dict[str, Any] | None]
+    oom_kills: NotRequired[list[OomKillEntry]]
+    forensics: NotRequired[ForensicsSection | None]
     stop: NotRequired[Stop]
-    gpu_health: NotRequired[dict[str, Any]]
+    gpu_health: NotRequired[dict[str, GpuHealth]]
     #: A distributed run: each rank's process and the launchers.
     ranks: NotRequired[dict[str, Any]]
     #: Ranks whose progress fell behind the others' (a distributed run's per-rank progress).

@@ -32,8 +32,8 @@ from typing import Any
 
 import psutil
 
-from .._process._commands import CommandResult, run_command_sync
-from .._redact import redact_env
+from .._contract import VERSION, redact_env
+from .._process import CommandResult, run_command_sync
 from .._sampling._nvidia_smi import gpu_inventory
 
 #: Environment variables recorded by name...
@@ -269,8 +269,6 @@ def _count_status(porcelain: str) -> tuple[int, int]:
 def software_info(
     command: Sequence[str] | None, environ: Mapping[str, str], timeout: float = 10.0
 ) -> dict[str, Any]:
-    from .. import __version__
-
     info: dict[str, Any] = {
         "python": {
             "version": platform.python_version(),
@@ -279,7 +277,7 @@ def software_info(
             "prefix": sys.prefix,
         },
         "platform": platform.platform(),
-        "asyncsoak": __version__,
+        "asyncsoak": VERSION,
         "distributions": _distributions(),
     }
     interpreter = command_interpreter(command, environ)

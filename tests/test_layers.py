@@ -1,0 +1,167 @@
+"""The package's rooms and the one-way doors between them (docs/architecture.md draws them).
+
+Each subpackage is a room; its ``__init__`` is its door and re-exports what other rooms may use.
+A module imports from another room only through that room's door, only from a lower layer, and
+never from the package root: so the layers cannot form a cycle, and a room's private modules can
+move without touching anyone else.  Read from the source, so a lazy import inside a function
+counts as much as one at the top.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "asyncsoak"
+
+#: Lowest first.  A room imports only from rooms in a lower layer.
+LAYERS: tuple[frozenset[str], ...] = (
+    # The vocabulary, schema, events, sink, exit and crash decoding, errors and units; and the
+    # helpers a training script imports, which pull in nothing else.
+    frozenset({"_contract", "trainer"}),
+    frozenset({"_process"}),
+    frozenset({"_sampling", "_analysis"}),
+    frozenset({"_record"}),
+    frozenset({"_export"}),
+    frozenset({"_supervisor"}),
+    frozenset({"queue", "_view"}),
+    frozenset({"artifact"}),
+    frozenset({"cli"}),
+)
+RANK = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
+
+#: Scripts that run as programs, not imported by any room: they may use any door.
+ENTRY_POINTS = frozenset({"asyncsoak.__main__", "asyncsoak.queue.__main__"})
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def room_of(module: str) -> str | None:
+    """The room a module belongs to; None for the package root."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def imports(path: Path, source: str | None = None) -> Iterator[tuple[int, str, list[str]]]:
+    """(line, absolute module, imported names) for every import of the package in ``path``."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    text = path.read_text() if source is None else source
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            if target == "asyncsoak" or target.startswith("asyncsoak."):
+                yield node.lineno, target, [alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "asyncsoak" or alias.name.startswith("asyncsoak."):
+                    yield node.lineno, alias.name, []
+
+
+def offences(path: Path, source: str | None = None) -> Iterator[str]:
+    module = module_name(path)
+    if module == "asyncsoak" or module in ENTRY_POINTS:
+        return
+    room = room_of(module)
+    assert room is not None
+    where = path.relative_to(PACKAGE.parent)
+    for line, target, names in imports(path, source):
+        shown = f"{where}:{line}: from {target} import {', '.join(names) or '*'}"
+        target_room = room_of(target)
+        if target_room is None:
+            yield f"{shown}: imports the package root (its names come from the rooms)"
+            continue
+        if target_room == room:
+            continue
+        if target_room not in RANK or room not in RANK:
+            yield f"{shown}: {target_room if target_room not in RANK else room} is in no layer"
+            continue
+        if RANK[target_room] >= RANK[room]:
+            yield f"{shown}: {room} may not import {target_room} (same or higher layer)"
+        if target != f"asyncsoak.{target_room}":
+            yield f"{shown}: reaches past {target_room}'s door"
+        private = [name for name in names if name.startswith("_")]
+        if private:
+            yield f"{shown}: takes private names {private} through {target_room}'s door"
+
+
+def test_every_room_is_in_a_layer() -> None:
+    rooms = {room_of(module_name(path)) for path in PACKAGE.rglob("*.py")}
+    rooms -= {None, "__main__", "_demo_trainer"}
+    assert rooms == set(RANK), "add new rooms to LAYERS (and docs/architecture.md)"
+
+
+def test_rooms_import_each_other_through_doors_and_downwards_only() -> None:
+    found = [offence for path in sorted(PACKAGE.rglob("*.py")) for offence in offences(path)]
+    assert not found, "imports that break the layers:\n" + "\n".join(found)
+
+
+def test_the_demo_trainer_and_the_trainer_helpers_stand_alone() -> None:
+    """Both run inside training scripts: they import nothing else of the package."""
+    for name in ("_demo_trainer.py", "trainer.py"):
+        assert not list(imports(PACKAGE / name)), name
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        ("from .._contract._events import Progress\n", "reaches past _contract's door"),
+        ("from .._supervisor import run_soak\n", "same or higher layer"),
+        ("from .. import __version__\n", "imports the package root"),
+        ("from .._process import _tree\n", "takes private names"),
+    ],
+)
+def test_an_offending_import_is_named(source: str, problem: str) -> None:
+    """The check itself: each kind of offence is caught and printed with its file and line."""
+    found = list(offences(PACKAGE / "_analysis" / "_layer_probe.py", source))
+    assert len(found) == 1
+    assert "asyncsoak/_analysis/_layer_probe.py:1: from asyncsoak" in found[0]
+    assert problem in found[0]
+
+
+def door_lists(init: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """A door's names as the type checker reads them, and as :func:`lazy_door` is handed them."""
+    typed: dict[str, str] = {}
+    lazy: dict[str, str] = {}
+    for node in ast.parse(init.read_text()).body:
+        if not (isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"):
+            continue
+        for statement in node.body:
+            if isinstance(statement, ast.ImportFrom) and statement.module:
+                for alias in statement.names:
+                    typed[alias.asname or alias.name] = f".{statement.module}"
+            elif isinstance(statement, ast.Assign):  # a module exported whole, as a namespace
+                assert isinstance(statement.targets[0], ast.Name)
+                typed[statement.targets[0].id] = f"._{ast.unparse(statement.value).lstrip('_')}"
+        for call in ast.walk(ast.Module(body=node.orelse, type_ignores=[])):
+            if isinstance(call, ast.Call) and ast.unparse(call.func) == "lazy_door":
+                for mapping in [*call.args[1:], *(k.value for k in call.keywords)]:
+                    lazy.update(ast.literal_eval(mapping))
+    return typed, lazy
+
+
+@pytest.mark.parametrize(
+    "init", sorted(PACKAGE.glob("*/__init__.py")), ids=lambda path: path.parent.name
+)
+def test_each_door_opens_on_what_it_declares(init: Path) -> None:
+    """What the type checker is told a door exports is what the door hands out, and each name
+    is found in its module."""
+    if init.parent.name == "cli":
+        return  # the command line's door is its own module: main and the exit statuses
+    typed, lazy = door_lists(init)
+    assert typed, f"{init.parent.name}'s door declares nothing"
+    assert typed == lazy
+    door = importlib.import_module(module_name(init))
+    missing = [name for name in typed if not hasattr(door, name)]
+    assert not missing
