@@ -19,7 +19,16 @@ from anyio.abc import Process
 
 from asyncsoak._supervisor._config import StopMode
 from asyncsoak._supervisor._soak import run_soak
-from asyncsoak.queue import JobStore, Outcome, SqliteStore, open_store, run_job, run_worker
+from asyncsoak.queue import (
+    JobStatus,
+    JobStore,
+    Outcome,
+    SqliteStore,
+    WorkerConfig,
+    open_store,
+    run_job,
+    run_worker,
+)
 
 from ..conftest import REPO, ReadyFifo, alive
 from .helpers import FAST_SOAK, JOB_ENV, write_script
@@ -238,6 +247,40 @@ async def test_stale_orphan_from_another_host_is_requeued(
 
 
 @pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_worker_config_sets_the_orphan_limit(
+    tmp_path: Path, store: JobStore, ready: ReadyFifo
+) -> None:
+    """``run_worker(store, config)``: the config's ``orphan_after_seconds`` (``--stale-after``)
+    makes a silent worker's job an orphan, requeued and run again by this worker."""
+    job_id = submit_trainer(store, tmp_path, ready, "exit0", max_attempts=2)
+    assert store.claim("ghost", "elsewhere", tmp_path / "runs") is not None
+    config = WorkerConfig(
+        runs_dir=tmp_path / "runs", poll_seconds=0.1, orphan_after_seconds=0, nvidia_smi=None
+    )
+    with anyio.fail_after(LIMIT_S):
+        assert await run_worker(store, config, once=True, name="w") == 1
+    assert await ready.line() == "started 2"
+    assert [(a.worker, a.reason) for a in store.attempts(job_id)] == [
+        ("ghost", "orphaned"),
+        ("w", None),
+    ]
+    assert store.get(job_id).status == JobStatus.SUCCEEDED
+
+
+@pytest.mark.asyncio
+async def test_run_job_with_a_worker_config(tmp_path: Path, store: JobStore) -> None:
+    """``run_job(store, job, config)`` runs a claimed job and returns its JobStatus."""
+    job_id = store.submit(argv=[sys.executable, "-c", "pass"], soak=FAST_SOAK)
+    job = store.claim("w", socket.gethostname(), tmp_path / "runs")
+    assert job is not None
+    config = WorkerConfig(runs_dir=tmp_path / "runs", poll_seconds=0.1, nvidia_smi=None)
+    with anyio.fail_after(LIMIT_S):
+        status = await run_job(store, job, config)
+    assert status is JobStatus.SUCCEEDED
+    assert store.get(job_id).status == "succeeded"
+
+
 @pytest.mark.asyncio
 async def test_cancel_honoured_by_the_trainer(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
