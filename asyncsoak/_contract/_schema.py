@@ -3,10 +3,11 @@
 These :class:`~typing.TypedDict` s follow ``artifact.schema.json``: a key the schema requires
 is a plain key (an artifact is checked against the schema when it is loaded, so a reader
 indexes it), a key it does not require (added in schema version 2, or written only by some
-paths) is ``NotRequired`` and read with ``.get``.  Fields holding one of the vocabulary's
-words (:mod:`._vocabulary`) are typed ``str``: read back from JSON they are plain strings,
-which compare equal to the enum members.  Sections whose keys are data (series groups,
-summary groups, the snapshot's probes) stay ``dict[str, Any]``.
+paths) is ``NotRequired`` and read with ``.get``.  The status, the failures' reasons and the
+stop's cause are typed as the vocabulary's enums (:mod:`._vocabulary`): the artifact's builder
+folds them into members, and ``check_artifact`` turns the words read back from JSON into
+members too; a member *is* its string, so the JSON is the same.  Sections whose keys are data
+(series groups, summary groups, the snapshot's probes) stay ``dict[str, Any]``.
 """
 
 # No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` from evaluated
@@ -14,6 +15,7 @@ summary groups, the snapshot's probes) stay ``dict[str, Any]``.
 from typing import Any, NotRequired, TypedDict, cast
 
 from ._events import KeptEventJson
+from ._vocabulary import FailureReason, SoakStatus, StopCause
 
 #: ``series`` (and a process's ``series``): field name to values, ``t`` first.
 Series = dict[str, list[float | None]]
@@ -22,7 +24,7 @@ Series = dict[str, list[float | None]]
 class Failure(TypedDict):
     """``failures[]``: a fail-closed rule that fired."""
 
-    reason: str  # a FailureReason
+    reason: FailureReason
     message: str
     at: str | None
     #: The GPU a ``gpu_fault`` is about: ``{"index", "uuid", "bus_id"}``.
@@ -108,7 +110,7 @@ class Requeue(TypedDict):
 class Stop(TypedDict):
     """``stop``: why and how the stop sequence ran."""
 
-    cause: str | None  # a StopCause, or null when the sequence never ran
+    cause: StopCause | None  # null when the sequence never ran
     mode: str | None
     killed: bool
     grace_seconds: NotRequired[float | None]
@@ -144,6 +146,18 @@ class Monitor(TypedDict):
     recovered_from_journal: NotRequired[str]
     events: NotRequired[int]
     unreadable_journal_lines: NotRequired[int]
+    # What the monitor itself cost and lost, as run_soak records it (not in a recovered one).
+    cpu_seconds: NotRequired[float]
+    sampler_errors: NotRequired[int]
+    journal_error: NotRequired[str | None]
+    journal_segments: NotRequired[int]
+    journal_rotation_error: NotRequired[str | None]
+    events_not_folded: NotRequired[int]
+    fold_error: NotRequired[str | None]
+    events_with_nonfinite_numbers: NotRequired[int]
+    reaper_pid: NotRequired[int | None]
+    pid: NotRequired[int]
+    abandoned_calls: NotRequired[int]
 
 
 class Config(TypedDict):
@@ -296,7 +310,7 @@ class Artifact(TypedDict):
     """The whole artifact (``artifact.schema.json``)."""
 
     schema_version: int
-    status: str  # a SoakStatus
+    status: SoakStatus
     failures: list[Failure]
     warnings: list[str]
     command: list[str]
