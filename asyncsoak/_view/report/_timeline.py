@@ -24,6 +24,7 @@ from ..._contract import (
 from ..._record import EVENTS_HEAD
 from .._evidence import config_value, event_times, leaking_series, rate_text
 from .._fields import Field, group_label
+from .._sections import events_dropped, top_processes, trend_verdicts
 from ._detail import JournalDetail, file_names
 from ._panels import (
     ALWAYS_DRAWN,
@@ -182,7 +183,7 @@ class TimelineModel:
     def _events_lost(self) -> tuple[float, float] | None:
         """The stretch whose events the artifact did not keep (head and tail are kept)."""
         events = self.artifact["events"]
-        if not self.artifact.get("events_dropped") or len(events) <= EVENTS_HEAD:
+        if not events_dropped(self.artifact) or len(events) <= EVENTS_HEAD:
             return None
         return float(events[EVENTS_HEAD - 1]["t"]), float(events[EVENTS_HEAD]["t"])
 
@@ -284,13 +285,13 @@ class TimelineModel:
                     )
                 )
             elif kind in (EventKind.LEFTOVER, EventKind.ABANDONED):
-                process = event["process"]  # ``pid`` and, when it could be read, the rest
+                process = event["process"]
                 marks.append(
                     Mark(
                         t,
                         "monitor",
                         "",
-                        f"{kind}: pid {process['pid']} {process.get('name')} at {when}",
+                        f"{kind}: pid {process['pid']} {process['name']} at {when}",
                         COLORS["leftover"],
                         "circle",
                         None,
@@ -460,7 +461,7 @@ class TimelineModel:
     def _process_lines(self) -> list[tuple[str, list[float], list[float | None]]]:
         """(name, t, RSS) of the top processes the artifact kept, at most PROCESS_LINES."""
         lines = []
-        for p in (self.artifact.get("processes") or [])[:PROCESS_LINES]:  # a version 2 section
+        for p in top_processes(self.artifact)[:PROCESS_LINES]:
             series = p["series"]
             if series.get("t") and series.get("rss_bytes"):
                 lines.append(
@@ -486,7 +487,7 @@ class TimelineModel:
     def slope_lines(self) -> list[str]:
         """The memory trends written on the memory panel: the tree's, and each leaking
         process's."""
-        trends = self.artifact.get("trends", {})  # a version 2 section
+        trends = trend_verdicts(self.artifact)
         lines = []
         for key, figure in TREE_MEMORY_SERIES:
             entry = trends.get(key)  # a series judged too short has no trend
