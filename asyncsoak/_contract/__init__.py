@@ -108,6 +108,7 @@ if TYPE_CHECKING:
     from ._schema import ProcessRecord as ProcessRecord
     from ._schema import PythonStack as PythonStack
     from ._schema import SamplerNoteEntry as SamplerNoteEntry
+    from ._schema import Series as Series
     from ._schema import SlurmJob as SlurmJob
     from ._schema import SnapshotGpu as SnapshotGpu
     from ._schema import SnapshotSection as SnapshotSection
@@ -241,6 +242,7 @@ else:
             "ProcessEntry": "._schema",
             "GpuHealth": "._schema",
             "SamplerNoteEntry": "._schema",
+            "Series": "._schema",
             "StallCulprit": "._schema",
             "GpuProbe": "._schema",
             "HostProbe": "._schema",

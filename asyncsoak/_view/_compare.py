@@ -19,7 +19,7 @@ from .._analysis import TREE_MEMORY_SERIES
 from .._contract import Artifact, SoakStatus, format_duration, terminal_text
 from ._evidence import gpu_faults, leaking_series, rate_text, summary_figure
 from ._fields import format_value, gpu_index
-from ._sections import gpu_health, training_steps, trend_verdicts
+from ._sections import column, gpu_health, series_group, training_steps, trend_verdicts
 from ._status import PASSED_WITH_WARNINGS, shown_status
 
 #: Relative change (fraction) beyond which a worse figure is a regression.
@@ -280,9 +280,7 @@ def _final_rss(artifact: Artifact) -> float | None:
     very last ones may be a process freeing everything as it exits, in the trend's last
     window too)."""
     values = [
-        v
-        for v in artifact["series"].get("tree", {}).get("rss_bytes", [])
-        if isinstance(v, int | float)
+        v for v in column(series_group(artifact, "tree"), "rss_bytes") if isinstance(v, int | float)
     ]
     if not values:
         return _stat("tree", "rss_bytes", "last")(artifact)
@@ -292,7 +290,7 @@ def _final_rss(artifact: Artifact) -> float | None:
 def _progress_rate(artifact: Artifact) -> float | None:
     """Progress changes per minute over the run (from the first change to the last)."""
     # A version 2 group, there once progress was seen.
-    series = artifact["series"].get("progress_rate")
+    series = series_group(artifact, "progress_rate")
     rates = [] if series is None else [v for v in series["changes_per_minute"] if v is not None]
     if rates:
         return sum(rates) / len(rates)
@@ -305,8 +303,11 @@ def _progress_rate(artifact: Artifact) -> float | None:
 
 def _step_rate(artifact: Artifact) -> float | None:
     """Training steps per second: the median of the run's step-rate series."""
-    series = artifact["series"].get("steps", {})
-    rates = [v for v in series.get("steps_per_second", []) if isinstance(v, int | float)]
+    rates = [
+        v
+        for v in column(series_group(artifact, "steps"), "steps_per_second")
+        if isinstance(v, int | float)
+    ]
     if rates:
         return float(statistics.median(rates))
     steps = training_steps(artifact)

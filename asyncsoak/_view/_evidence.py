@@ -36,9 +36,12 @@ from ._sections import (
     counted_steps,
     gpu_health,
     oom_kills,
+    process_role,
     python_stack,
+    series_group,
     stall_forensics,
     stall_ranks,
+    summary_entry,
     trend_verdicts,
 )
 
@@ -173,7 +176,7 @@ def series_typical(
     The median, not the mean: the first sample after a stall begins still carries the work
     just before it, and one such point would drag a short window's mean up.
     """
-    series = artifact["series"].get(group)  # a group the run did not sample
+    series = series_group(artifact, group)
     if series is None or name not in series:
         return None
     values = [
@@ -187,7 +190,7 @@ def series_typical(
 def summary_figure(artifact: Artifact, group: str, name: str, key: str) -> float | None:
     """``key`` (max, mean, min, last) of a field over the run, from ``summary``; None when
     the run never sampled the group or the field (no GPU, a sampler that degraded)."""
-    stats = artifact["summary"].get(group, {}).get(name)
+    stats = summary_entry(artifact, group, name)
     value = stats[key] if isinstance(stats, dict) else None
     return float(value) if isinstance(value, int | float) else None
 
@@ -257,7 +260,7 @@ def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity
 
 def is_launcher(process: ForensicsProcess) -> bool:
     """Whether a process of the forensics is a distributed run's launcher (torchrun...)."""
-    role = process.get("role")
+    role = process_role(process)
     return isinstance(role, Mapping) and "launcher" in role
 
 

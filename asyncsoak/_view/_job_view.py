@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Self
+from dataclasses import dataclass
+from typing import Any
 
 from .._contract import (
     Artifact,
@@ -24,7 +24,15 @@ from .._contract import (
     terminal_text,
 )
 from .._process import judge_ranks, states_from_json
-from ._sections import host_probe, scheduler_record, stall_ranks, stop_section
+from ._sections import (
+    Recorded,
+    column,
+    host_probe,
+    probes,
+    series_group,
+    stall_ranks,
+    stop_section,
+)
 
 #: Width of the text timeline's bars, in characters.
 TIMELINE_WIDTH = 48
@@ -37,21 +45,10 @@ class NotOneJobError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class _Recorded:
-    """What a view reads of a record the schema leaves open (``snapshot.scheduler``): the
-    record may lack any key (:class:`~asyncsoak._contract.SlurmJob`), and a missing one
-    reads as its field's default, null as the scheduler leaves an unset name."""
-
-    @classmethod
-    def of(cls, recorded: Mapping[str, Any]) -> Self:
-        names = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in recorded.items() if key in names})
-
-
-@dataclass(frozen=True, slots=True)
-class JobTask(_Recorded):
+class JobTask(Recorded):
     """One soak's place in its job: its SLURM task, or a torchrun job's host and lowest
-    rank."""
+    rank.  ``snapshot.scheduler`` may lack any key (:class:`~asyncsoak._contract.SlurmJob`):
+    a missing one is null, as SLURM leaves a variable unset."""
 
     job_id: int | str | None = None
     cluster: str | None = None
@@ -67,7 +64,7 @@ class JobTask(_Recorded):
 
 
 @dataclass(frozen=True, slots=True)
-class PodTask(_Recorded):
+class PodTask(Recorded):
     """The Kubernetes pod a soak ran in, and its place in its Job or JobSet."""
 
     pod_name: str | None = None
@@ -82,7 +79,7 @@ class PodTask(_Recorded):
 
 def scheduler_of(artifact: Artifact) -> JobTask | None:
     """The SLURM task a soak ran as; None outside a SLURM job."""
-    scheduler = scheduler_record(artifact)
+    scheduler = probes(artifact).scheduler
     task = None if scheduler is None else JobTask.of(scheduler)
     return task if task is not None and task.job_id else None
 
@@ -133,7 +130,7 @@ def _rendezvous_task(artifact: Artifact) -> JobTask:
 def pod_line(artifact: Artifact) -> str | None:
     """``ml/train-2-x7k2p on gpu-node-7 (job train, index 2)`` for a soak that ran in a
     Kubernetes pod."""
-    scheduler = scheduler_record(artifact)
+    scheduler = probes(artifact).scheduler
     if scheduler is None or scheduler["kind"] != "kubernetes":
         return None
     s = PodTask.of(scheduler)
@@ -427,16 +424,16 @@ def render_job_report(
     for soak in combined["soaks"]:
         artifact = by_path[soak["path"]]
         start = parse_iso_or_none(artifact["started_at"])
-        tree = artifact["series"].get("tree")  # none when nothing was sampled
+        tree = series_group(artifact, "tree")
         if start is None or tree is None:
             continue
         xs = [start + timedelta(seconds=float(t)) for t in series_times(tree)]
         label = plot_text(f"{soak_label(soak)} ({soak['node']})")
-        rss = [None if v is None else v / 2**20 for v in tree.get("rss_bytes") or []]
+        rss = [None if v is None else v / 2**20 for v in column(tree, "rss_bytes")]
         figure.add_scatter(x=xs, y=rss, name=label, legendgroup=label, row=1, col=1)
         figure.add_scatter(
             x=xs,
-            y=tree.get("cpu_percent") or [],
+            y=column(tree, "cpu_percent"),
             name=label,
             legendgroup=label,
             showlegend=False,

@@ -3,12 +3,15 @@
 A section the schema does not require (added in version 2, written only by some paths, or
 missing from an artifact rebuilt from a journal) is read here with what its absence means,
 so that every view says the same about a missing section.  The runtime snapshot is not
-checked beyond being an object: each of its probes is what the probe found, or a
-:class:`~asyncsoak._contract.ProbeFailure` saying why it found nothing; the accessors below
-give the probe's findings, or None where it failed or is missing.
+checked beyond being an object: it is read once into :class:`Probes`, each probe what it
+found or a :class:`~asyncsoak._contract.ProbeFailure` saying why it found nothing.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Self
 
 from .._contract import (
     Artifact,
@@ -22,7 +25,9 @@ from .._contract import (
     ProbeFailure,
     ProcessEntry,
     ProcessRecord,
+    PythonStack,
     SamplerNoteEntry,
+    Series,
     SlurmJob,
     SnapshotGpu,
     SoftwareProbe,
@@ -32,6 +37,19 @@ from .._contract import (
     Stop,
     Trend,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A record the schema leaves open (the runtime snapshot, ``snapshot.scheduler``), read
+    into the fields a subclass names: a key the record lacks reads as its field's default,
+    and a key the subclass does not name is left out."""
+
+    @classmethod
+    def of(cls, recorded: Mapping[str, Any]) -> Self:
+        names = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in recorded.items() if key in names})
+
 
 # -- sections older writers lacked -----------------------------------------------------------
 
@@ -101,56 +119,87 @@ def counted_steps(artifact: Artifact) -> StepsProgress | None:
     return steps if steps is not None and progress.get("source") == "steps" else None
 
 
+def process_role(process: ForensicsProcess | ProcessEntry) -> dict[str, Any] | None:
+    """A process's role in a distributed run: ``{"launcher": ...}`` or its rank; None for
+    another process, or in an artifact written before roles were recorded."""
+    return process.get("role")
+
+
+def _py_spy(process: ForensicsProcess) -> PythonStack | ProbeFailure | None:
+    # None for a process that is not Python's (py-spy is not asked).
+    return process.get("python_stack")
+
+
 def python_stack(process: ForensicsProcess) -> str | None:
     """A Python process's py-spy dump: None for another process (none is taken), or where
     py-spy gave an error instead."""
-    stack = process.get("python_stack")
+    stack = _py_spy(process)
     return None if stack is None or "error" in stack else stack["stack"]
 
 
 def python_stack_error(process: ForensicsProcess) -> str | None:
     """Why a Python process has no py-spy dump; None when it has one, or is not Python."""
-    stack = process.get("python_stack")
+    stack = _py_spy(process)
     return stack["error"] if stack is not None and "error" in stack else None
+
+
+# -- the run's figures ---------------------------------------------------------------------
+
+
+def series_group(artifact: Artifact, group: str) -> Series | None:
+    """A group's series; None when the run did not sample the group."""
+    return artifact["series"].get(group)
+
+
+def column(series: Mapping[str, Sequence[Any]] | None, name: str) -> Sequence[Any]:
+    """A field's values in a group's series (``t`` the times); empty when the run did not
+    sample the group, or the group lacked the field."""
+    return [] if series is None else series.get(name, [])
+
+
+def summary_entry(artifact: Artifact, group: str, name: str) -> object:
+    """``summary[group][name]``: a numeric field's figures (max, mean, min, last), or the
+    values a label field took; None when the run never sampled the group or the field."""
+    return artifact["summary"].get(group, {}).get(name)
 
 
 # -- the runtime snapshot --------------------------------------------------------------------
 
 
-def snapshot_error(artifact: Artifact) -> str | None:
-    """Why the snapshot was not taken, when it was not."""
-    return artifact["snapshot"].get("error")
+@dataclass(frozen=True, slots=True)
+class Probes(Recorded):
+    """The runtime snapshot's probes, each what it found or why it found nothing; None
+    where the snapshot lacks it (it was not taken, the journal never got it)."""
+
+    source: SourceProbe | ProbeFailure | None = None
+    gpus: GpuProbe | ProbeFailure | None = None
+    software: SoftwareProbe | ProbeFailure | None = None
+    host: HostProbe | ProbeFailure | None = None
+    #: The SLURM job or Kubernetes pod the soak ran in; None outside one, or in an
+    #: artifact written before it was recorded.
+    scheduler: SlurmJob | KubernetesPod | None = None
+    #: Why the snapshot was not taken, when it was not.
+    error: str | None = None
 
 
-def source_probe(artifact: Artifact) -> SourceProbe | ProbeFailure | None:
-    """``snapshot.source``: the repository, or why there is none."""
-    return artifact["snapshot"].get("source")
-
-
-def gpu_probe(artifact: Artifact) -> GpuProbe | ProbeFailure | None:
-    """``snapshot.gpus``: the machine's GPUs and driver, or why there are none."""
-    return artifact["snapshot"].get("gpus")
+def probes(artifact: Artifact) -> Probes:
+    """The runtime snapshot, probe by probe."""
+    return Probes.of(artifact["snapshot"])
 
 
 def snapshot_gpus(artifact: Artifact) -> list[SnapshotGpu]:
     """The GPUs nvidia-smi listed; none when it was not there or did not answer."""
-    probe = gpu_probe(artifact)
+    probe = probes(artifact).gpus
     return [] if probe is None or "error" in probe else probe["gpus"]
 
 
 def software_probe(artifact: Artifact) -> SoftwareProbe | None:
     """``snapshot.software``; None where the probe failed or is missing."""
-    software = artifact["snapshot"].get("software")
+    software = probes(artifact).software
     return None if software is None or "error" in software else software
 
 
 def host_probe(artifact: Artifact) -> HostProbe | None:
     """``snapshot.host``; None where the probe failed or is missing."""
-    host = artifact["snapshot"].get("host")
+    host = probes(artifact).host
     return None if host is None or "error" in host else host
-
-
-def scheduler_record(artifact: Artifact) -> SlurmJob | KubernetesPod | None:
-    """``snapshot.scheduler``: the SLURM job or Kubernetes pod the soak ran in; None outside
-    one, or for an artifact written before it was recorded."""
-    return artifact["snapshot"].get("scheduler")

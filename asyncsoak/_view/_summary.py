@@ -46,16 +46,16 @@ from ._job_view import pod_line, scheduler_line
 from ._sections import (
     abandoned_processes,
     counted_steps,
-    gpu_probe,
     host_probe,
     oom_kills,
+    probes,
+    process_role,
     sampler_notes,
-    snapshot_error,
     snapshot_gpus,
     software_probe,
-    source_probe,
     stall_forensics,
     stop_section,
+    summary_entry,
 )
 from ._status import is_pass, shown_status, status_words
 from ._training import training_line
@@ -348,7 +348,7 @@ def _forensics_hints(artifact: Artifact) -> list[str]:
     processes.sort(key=is_launcher)
     parts = []
     for process in processes[:3]:
-        role = process.get("role") or {}
+        role = process_role(process) or {}
         label = (
             f" (rank {role['rank']})"
             if "rank" in role
@@ -390,9 +390,8 @@ def _process_name(process: ProcessRecord) -> str:
 
 def _throttle_seen(artifact: Artifact) -> list[str]:
     out = []
-    for group, values in sorted(artifact["summary"].items()):
-        reasons = values.get("throttle_reasons") if isinstance(values, dict) else None
-        active = [r for r in reasons or [] if r not in IDLE_THROTTLE]
+    for group in sorted(artifact["summary"]):
+        active = _throttled(artifact, group)
         if active:
             out.append(f"{group}: {', '.join(active)}")
     return out
@@ -493,7 +492,6 @@ def gpu_table(artifact: Artifact) -> list[dict[str, Any]]:
     for group in sorted(summary, key=lambda g: (len(g), g)):
         if group_kind(group) != "gpu" or not isinstance(summary[group], dict):
             continue
-        fields = summary[group]
 
         def stat(name: str, key: str, group: str = group) -> float | None:
             return summary_figure(artifact, group, name, key)
@@ -507,18 +505,24 @@ def gpu_table(artifact: Artifact) -> list[dict[str, Any]]:
                 "memory_used_max_mib": stat("memory_used_mib", "max"),
                 "power_max_w": stat("power_draw_w", "max"),
                 "temperature_max_c": stat("temperature_gpu_c", "max"),
-                "throttle_reasons": [
-                    r for r in fields.get("throttle_reasons") or [] if r not in IDLE_THROTTLE
-                ],
+                "throttle_reasons": _throttled(artifact, group),
             }
         )
     return rows
 
 
+def _throttled(artifact: Artifact, group: str) -> list[str]:
+    """The reasons a group's GPU clocks were held back over the run (those that mean
+    nothing is held back left out); none for a group without them."""
+    reasons = summary_entry(artifact, group, "throttle_reasons")
+    return [r for r in reasons if r not in IDLE_THROTTLE] if isinstance(reasons, list) else []
+
+
 def provenance(artifact: Artifact) -> dict[str, str]:
     """Source revision, GPUs, driver, Python and host from the runtime snapshot."""
     out: dict[str, str] = {}
-    source = source_probe(artifact)
+    snapshot = probes(artifact)
+    source = snapshot.source
     if source is not None and "error" in source:
         if source["error"]:
             out["revision"] = f"unknown: {source['error']}"
@@ -529,7 +533,7 @@ def provenance(artifact: Artifact) -> dict[str, str]:
         if source["dirty"]:
             revision += f", {source['changed_files'] or 'some'} uncommitted change(s)"
         out["revision"] = revision
-    gpus = gpu_probe(artifact)
+    gpus = snapshot.gpus
     names = [g["name"] for g in snapshot_gpus(artifact) if g["name"]]
     if names:
         out["GPU"] = _counted(names)
@@ -551,9 +555,8 @@ def provenance(artifact: Artifact) -> dict[str, str]:
     pod = pod_line(artifact)
     if pod:
         out["pod"] = pod
-    error = snapshot_error(artifact)
-    if error:
-        out["snapshot"] = error
+    if snapshot.error:
+        out["snapshot"] = snapshot.error
     return out
 
 
@@ -589,7 +592,7 @@ def format_summary(
         lead = "  " if i == 0 else "  also "
         lines.append(f"{lead}{reason['reason']}{at}: {reason['message']}")
     lines.extend(evidence_lines(summary, width))
-    training = training_line(summary["progress"].get("steps"))
+    training = summary_training(summary)
     if training:
         lines.append(f"  training: {training}")
     lines.append(
@@ -644,6 +647,12 @@ def format_summary(
         lines.append("")
         lines.append(f"Plots: asyncsoak report {artifact_path}")
     return terminal_text("\n".join(lines), one_line=False)
+
+
+def summary_training(summary: Mapping[str, Any]) -> str:
+    """A summary's training line: empty when the run wrote no steps (or its artifact was
+    written before steps were read)."""
+    return training_line(summary["progress"].get("steps"))
 
 
 def evidence_lines(summary: Mapping[str, Any], width: int = 100) -> list[str]:

@@ -29,6 +29,7 @@ from .._sections import (
     events_dropped,
     host_probe,
     oom_kills,
+    process_role,
     python_stack,
     python_stack_error,
     sampler_notes,
@@ -38,8 +39,7 @@ from .._sections import (
     trend_verdicts,
 )
 from .._status import is_pass, status_words
-from .._summary import exit_text, oom_killer
-from .._training import training_line
+from .._summary import exit_text, oom_killer, summary_training
 
 if TYPE_CHECKING:
     from ._figure import Timeline
@@ -64,7 +64,7 @@ def verdict_html(summary: Mapping[str, Any]) -> str:
             f'<p class="reason">{lead}<b>{html.escape(reason["reason"])}</b>{at}: '
             f"{html.escape(reason['message'])}</p>"
         )
-    training = training_line(summary["progress"].get("steps"))
+    training = summary_training(summary)
     if training:
         parts.append(f'<p class="training">{html.escape(training)}</p>')
     parts.append("</header>")
@@ -204,7 +204,7 @@ def processes_html(artifact: Artifact) -> str:
         cells = [
             p["pid"],
             p["name"] or "?",
-            role_text(p.get("role")),
+            role_text(process_role(p)),
             rss,
             f"{growth} ({verdict})" if growth else verdict or "-",
             format_value(p["mean_cpu_percent"], "%"),
