@@ -33,7 +33,6 @@ import json
 import math
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -230,6 +229,8 @@ def load_config(job: int | None = None, db: str | os.PathLike[str] | None = None
 def _read_job_column(db: str, ident: int, column: str) -> Any:
     if db.startswith(("postgresql:", "postgres:")):
         return _read_postgres_column(db, ident, column)
+    import sqlite3  # here: the supervisor imports this module for its constants alone
+
     uri = f"file:{urllib.parse.quote(str(db))}?mode=ro"
     conn = sqlite3.connect(uri, uri=True, timeout=_DB_TIMEOUT_SECONDS)
     try:

@@ -1,20 +1,23 @@
-"""Start-up overhead: ``asyncsoak run`` of a command that exits at once, against the command
-alone.
+"""Start-up overhead: ``asyncsoak run`` of a command that exits at once, against the
+interpreter alone.
 
     python -m benchmarks --only startup_overhead      (or: python -m benchmarks.startup_overhead)
 
 Wall time from ``exec`` to exit, median over runs taken in turns (the command alone, then
-under ``asyncsoak run``, and so on), as a user at a shell sees it.  The command is ``true``.
+under ``asyncsoak run``, and so on), as a user at a shell sees it.  The command is ``true``;
+the reference is ``python -c pass``, the price every Python tool pays before its first line.
 ``asyncsoak run`` is run the way a user runs it, with its defaults (GPU sampling on: without
 an ``nvidia-smi`` the sampler notes it and stops), ``python -m asyncsoak`` standing for the
-installed ``asyncsoak`` script.  For context: the interpreter starting and exiting
-(``python -c pass``), the cost every Python tool pays, and importing the soak core.
+installed ``asyncsoak`` script.  Byte code is written and used, as after ``pip install``
+(``PYTHONDONTWRITEBYTECODE`` is dropped from the environment: without it every run would compile
+the package again).  For context: ``true`` alone, and importing the soak core.
 
-Target: under 0.5 s of extra wall time.
+Target: at most 200 ms more than ``python -c pass``.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -25,12 +28,17 @@ from pathlib import Path
 
 from benchmarks._common import REPO, Figure, Section, median, percentile
 
-TARGET_EXTRA_SECONDS = 0.5
+TARGET_EXTRA_SECONDS = 0.2
+
+#: As a user's installed package runs: with its byte code.
+ENV = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
 
 
 def wall(argv: Sequence[str]) -> float:
     started = time.monotonic()
-    subprocess.run(argv, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        argv, cwd=REPO, env=ENV, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     return time.monotonic() - started
 
 
@@ -62,30 +70,28 @@ def run(quick: bool = False) -> Section:
             times["run"].append(wall(soak))
             times["python"].append(wall(python))
             times["import"].append(wall(imports))
-    alone = median(times["alone"])
+    interpreter = median(times["python"])
     under = median(times["run"])
-    extra = under - alone
+    extra = under - interpreter
     section.add(
         Figure(
-            "asyncsoak run -- true: extra wall time (median)",
+            "asyncsoak run -- true: wall time over python -c pass (median)",
             extra * 1e3,
             "ms",
-            reference=f"true alone {alone * 1e3:.1f} ms",
-            ratio=under / alone,
-            target="< 500 ms extra",
-            met=extra < TARGET_EXTRA_SECONDS,
+            reference=f"python -c pass {interpreter * 1e3:.1f} ms",
+            ratio=under / interpreter,
+            target="<= 200 ms more",
+            met=extra <= TARGET_EXTRA_SECONDS,
         )
     )
     section.add(
         Figure(
-            "asyncsoak run -- true: extra wall time (p95)",
-            (percentile(times["run"], 95) - alone) * 1e3,
+            "asyncsoak run -- true: wall time over python -c pass (p95)",
+            (percentile(times["run"], 95) - interpreter) * 1e3,
             "ms",
         )
     )
-    section.add(
-        Figure("python -c pass (the interpreter alone)", median(times["python"]) * 1e3, "ms")
-    )
+    section.add(Figure("true alone", median(times["alone"]) * 1e3, "ms"))
     section.add(
         Figure(
             "python -c 'import asyncsoak._supervisor._soak, asyncsoak.cli'",
@@ -93,7 +99,7 @@ def run(quick: bool = False) -> Section:
             "ms",
         )
     )
-    section.note(f"{runs} runs of each, in turns; the ratio is (asyncsoak run) / (true alone)")
+    section.note(f"{runs} runs of each, in turns; the ratio is (asyncsoak run) / (python -c pass)")
     section.seconds = time.monotonic() - started
     return section
 

@@ -13,6 +13,8 @@ import pytest
 from .conftest import REPO
 from .metrics_support import promtool
 
+pytestmark = pytest.mark.slow
+
 RULES = REPO / "deploy" / "prometheus" / "asyncsoak-alerts.yml"
 #: Where each soak series comes from: node_exporter serving a textfile (or the soak's endpoint).
 SOAK = {"soak_id": "s1", "instance": "node:9100", "job": "node"}

@@ -83,6 +83,7 @@ def test_load_refuses_what_is_not_an_artifact(tmp_path: Path, content: str, says
     assert isinstance(caught.value, ValueError)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("damage", "says"),
     [

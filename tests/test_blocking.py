@@ -97,6 +97,7 @@ def test_threads_are_daemons_and_bounded() -> None:
     assert all(c.result(timeout=5) for c in calls[:4])
 
 
+@pytest.mark.slow
 def test_a_stuck_call_does_not_keep_the_process_alive(tmp_path: Path) -> None:
     """A process whose blocking call hangs for good exits as soon as its main code returns."""
     fifo = tmp_path / "never-written.fifo"
@@ -118,19 +119,18 @@ def test_a_stuck_call_does_not_keep_the_process_alive(tmp_path: Path) -> None:
         anyio.run(main)
         """
     )
-    started = time.monotonic()
+    # Nobody ever opens the FIFO for writing: the call stays stuck for good, so a process
+    # that exits at all did not wait for its thread (the timeout only bounds a broken build).
     done = subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
         check=False,
     )
-    elapsed = time.monotonic() - started
     assert done.stdout.strip() == "abandoned", done.stderr
     assert done.returncode == 0, done.stderr
-    assert elapsed < 10, f"the process took {elapsed:.1f}s to exit with a stuck call"
 
 
 def test_executor_is_process_wide() -> None:
@@ -201,6 +201,7 @@ def test_the_bypass_check_sees_a_bypass(tmp_path: Path) -> None:
     assert len(bypasses(sample)) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_soak_never_uses_asyncios_default_executor(tmp_path: Path) -> None:
     """A whole soak (journal through aiofiles, scans, /proc, snapshot) leaves asyncio's

@@ -95,6 +95,7 @@ def with_line_after_first_sample(real_run: Path, line: bytes, into: Path) -> Pat
 PATCH_BOMB = b'{"t":0.5,"kind":"sample","~":{"{":{"bomb":{"[":[],"n":3000000000}}}}\n'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", VIEWS)
 def test_a_journal_patch_bomb_is_refused_in_bounded_memory(
     real_run: Path, tmp_path: Path, command: str
@@ -112,6 +113,7 @@ def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", [200, 100_000])
 @pytest.mark.parametrize("command", VIEWS)
 @pytest.mark.parametrize("where", ["artifact", "journal"])
@@ -139,6 +141,7 @@ def fifo(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", VIEWS)
 @pytest.mark.parametrize("kind", ["character device", "named pipe"])
 def test_views_refuse_what_is_not_a_regular_file(tmp_path: Path, command: str, kind: str) -> None:
@@ -168,6 +171,7 @@ def sparse(path: Path, prefix: bytes, size: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", VIEWS)
 def test_an_artifact_larger_than_any_is_refused_unread(tmp_path: Path, command: str) -> None:
     """A 2 GiB file at the artifact's path: refused without being read (it used to be read
@@ -178,6 +182,7 @@ def test_an_artifact_larger_than_any_is_refused_unread(tmp_path: Path, command: 
     assert_one_line_usage_error(result, str(path), *words)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", VIEWS)
 def test_a_journal_line_without_end_is_refused_in_bounded_memory(
     real_run: Path, tmp_path: Path, command: str
@@ -190,6 +195,7 @@ def test_a_journal_line_without_end_is_refused_in_bounded_memory(
     assert_one_line_usage_error(result, str(path), "line 2", "longer than 16 MiB")
 
 
+@pytest.mark.slow
 def test_a_line_lost_in_a_crash_is_still_only_skipped(real_run: Path, tmp_path: Path) -> None:
     """The bounds refuse only what no writer nor crash makes: a garbled line is skipped and
     counted, and a patch after it (which met an older base) is skipped too, not refused."""
@@ -201,6 +207,7 @@ def test_a_line_lost_in_a_crash_is_still_only_skipped(real_run: Path, tmp_path: 
     assert rebuilt["status"] == "passed"
 
 
+@pytest.mark.slow
 def test_the_live_view_reads_on_past_a_line_longer_than_any_event(
     real_run: Path, tmp_path: Path
 ) -> None:
@@ -248,6 +255,7 @@ def test_metadata_nested_past_the_bound_is_refused_before_the_start(
     assert sorted(os.listdir(tmp_path)) == []
 
 
+@pytest.mark.slow
 def test_metadata_within_the_bound_reads_back(real_run: Path, tmp_path: Path) -> None:
     """Metadata nested 30 deep is kept and every view reads it back."""
     data = json.loads((real_run / "soak.json").read_text())
@@ -260,6 +268,7 @@ def test_metadata_within_the_bound_reads_back(real_run: Path, tmp_path: Path) ->
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", VIEWS)
 def test_a_journal_whose_events_are_damaged_is_refused_in_one_line(
     real_run: Path, tmp_path: Path, command: str
@@ -271,6 +280,7 @@ def test_a_journal_whose_events_are_damaged_is_refused_in_one_line(
     assert_one_line_usage_error(result, str(path), "('started') is damaged")
 
 
+@pytest.mark.slow
 def test_a_journal_naming_a_fifo_as_its_log_is_rebuilt_without_waiting(
     real_run: Path, tmp_path: Path
 ) -> None:

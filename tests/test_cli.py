@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 from jsonschema import Draft202012Validator
 
+from asyncsoak.cli import COMMAND_MODULES, COMMANDS, build_parser
+
 from .conftest import CLI_ENV, ReadyFifo, alive, assert_valid, asyncsoak_cli, py
+
+pytestmark = pytest.mark.slow
 
 
 def run_args(tmp_path: Path, *extra: str) -> list[str]:
@@ -141,20 +146,22 @@ def test_a_second_signal_kills_the_tree_at_once(tmp_path: Path, ready: ReadyFifo
         # Two signals sent together may merge into one: wait for the first to be handled.
         while "again to kill it now" not in monitor.stderr.readline():
             pass
-        started = time.monotonic()
         monitor.send_signal(signal.SIGINT)
         monitor.communicate(timeout=60)
-        took = time.monotonic() - started
     finally:
         monitor.kill()
         monitor.wait()
-    print(f"item 5: the second SIGINT ended the run after {took:.1f}s (--grace 30)")
-    assert took < 10, f"the second SIGINT ended the run after {took:.1f}s"
     assert monitor.returncode == 130
     assert not alive(child)
     artifact = json.loads((tmp_path / "soak.json").read_text())
     assert artifact["status"] == "cancelled"
     assert artifact["stop"]["killed"] is True
+    # The soak's own record: its SIGKILL went out before the 30 s grace that began with its
+    # SIGTERM could run out (the trainer ignores SIGTERM, so only the second Ctrl-C explains it).
+    signals = artifact["stop"]["signals"]
+    term = next(s["t"] for s in signals if s["signal"] == "SIGTERM")
+    kill = next(s["t"] for s in signals if s["signal"] == "SIGKILL")
+    assert term <= kill < term + 30
 
 
 def test_killed_monitor_does_not_leave_the_trainer_running(
@@ -204,3 +211,47 @@ def test_demo_passes_and_points_at_its_artifact(
     artifact = json.loads(artifact_path.read_text())
     assert_valid(artifact, schema)
     assert artifact["progress"]["changes"] >= 2
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> set[str]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return set(action.choices)
+
+
+def test_each_subcommand_is_registered_by_the_module_the_table_names() -> None:
+    """``asyncsoak COMMAND`` builds only its module's parser, so the table must be whole."""
+    for module in COMMAND_MODULES:
+        parser = argparse.ArgumentParser()
+        importlib.import_module(f"asyncsoak.cli.{module}").register(
+            parser.add_subparsers(dest="subcommand")
+        )
+        named = {command for command, owner in COMMANDS.items() if owner == module}
+        assert _subcommands(parser) == named, module
+    assert _subcommands(build_parser()) == set(COMMANDS)
+
+
+def test_a_soak_does_not_load_the_queue_the_report_or_the_other_commands() -> None:
+    """What ``asyncsoak run`` imports before it starts the command (its start-up cost)."""
+    code = (
+        "import sys\n"
+        "from asyncsoak.cli import build_parser\n"
+        "build_parser('run').parse_args(\n"
+        "    ['run', '--progress-dir', 'p', '--output', 'o', '--', 'true']\n"
+        ")\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('asyncsoak'))))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert "asyncsoak.cli._run" in loaded
+    unwanted = [
+        name
+        for name in loaded
+        if name.startswith(("asyncsoak.queue", "asyncsoak._view.report", "asyncsoak.artifact"))
+        or (
+            name.startswith("asyncsoak.cli._")
+            and name
+            not in ("asyncsoak.cli._run", "asyncsoak.cli._slurm", "asyncsoak.cli._container")
+        )
+    ]
+    assert not unwanted

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import anyio
@@ -65,9 +64,8 @@ def test_sync_deadline_kills_the_whole_group(tmp_path: Path) -> None:
         f"open({str(pidfile)!r}, 'w').write(str(p.pid));"
         "time.sleep(3600)"
     )
-    started = time.monotonic()
+    # The command sleeps an hour: a result at all is the deadline at work.
     result = run_command_sync([sys.executable, "-c", script], timeout=1.0)
-    assert time.monotonic() - started < 5.0
     assert result.timed_out
     assert result.error == "no answer within 1 s; killed"
     grandchild = int(pidfile.read_text())
@@ -112,13 +110,15 @@ async def test_cancelling_a_command_kills_it(tmp_path: Path) -> None:
     script = (
         f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(3600)"
     )
-    started = time.monotonic()
-    with anyio.fail_after(10), anyio.move_on_after(1.0):
+    with anyio.fail_after(30), anyio.move_on_after(1.0) as scope:
         await run_command([sys.executable, "-c", script], time_limit=60.0)
-    assert time.monotonic() - started < 4.0
+    # Control came back through the caller's cancel (not the command's 60 s limit), and the
+    # command was gone by then.
+    assert scope.cancelled_caught
     assert exited(int(pidfile.read_text()), 0)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_stop_process_escalates_to_sigkill() -> None:
     """A process that ignores SIGTERM gets SIGKILL after the grace, and is reaped."""
@@ -131,6 +131,7 @@ async def test_stop_process_escalates_to_sigkill() -> None:
     assert process.returncode == -9
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_stop_process_abandons_what_does_not_die_in_time() -> None:
     """A process not reaped within the bound after SIGKILL is abandoned: False, no waiting."""

@@ -15,6 +15,8 @@ from .conftest import asyncsoak_cli
 from .soak_runs import trainer_soak
 from .test_report import chromium, needs_chromium, needs_plotly
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:

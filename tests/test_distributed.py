@@ -90,6 +90,7 @@ def _torchrun_soak(
     return first, json.loads(output.read_text())
 
 
+@pytest.mark.slow
 def test_a_rank_raising_fails_the_soak_with_its_exception_rank_and_line(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
@@ -118,6 +119,7 @@ def test_a_rank_raising_fails_the_soak_with_its_exception_rank_and_line(
     assert roles[rank1["pid"]]["rank"] == 1
 
 
+@pytest.mark.slow
 def test_a_rank_stopped_outside_a_collective_is_the_culprit_of_the_stall(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
@@ -144,6 +146,7 @@ def test_a_rank_stopped_outside_a_collective_is_the_culprit_of_the_stall(
     assert "The process tree was idle while stalled" in text
 
 
+@pytest.mark.slow
 def test_a_rank_stopped_by_a_signal_is_the_culprit_of_the_stall(tmp_path: Path) -> None:
     """A rank frozen by SIGSTOP (a dead peer, as seen from the others) is named as stopped."""
     first, artifact = _torchrun_soak(tmp_path, "sigstop", "--stale-progress", "3")
@@ -153,6 +156,7 @@ def test_a_rank_stopped_by_a_signal_is_the_culprit_of_the_stall(tmp_path: Path) 
     assert "pt_elastic" not in first
 
 
+@pytest.mark.slow
 def test_a_rank_falling_behind_the_others_is_a_straggler(tmp_path: Path) -> None:
     """Rank 1 writing its progress at a fifth of rank 0's rate: a warning names it, with its
     rate against the median; the soak passes."""

@@ -127,6 +127,7 @@ def sandbox(base: Path, soak: Path) -> dict[str, str]:
 RUNNABLE_PAGES = [p for p in PAGES if any(b.mark == "runnable" for b in blocks(p))]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("page", RUNNABLE_PAGES, ids=[p.name for p in RUNNABLE_PAGES])
 def test_runnable_blocks_run(page: Path, soak: Path, tmp_path: Path) -> None:

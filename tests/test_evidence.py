@@ -47,6 +47,7 @@ def first_lines(artifact: Path, count: int = 6) -> list[str]:
     return result.stdout.splitlines()[:count]
 
 
+@pytest.mark.slow
 def test_crash_summary_leads_with_the_exception(trainer_runs: dict[str, Path]) -> None:
     """A crash: the exception, its frame and source line, and (next) where to resume from."""
     lines = first_lines(trainer_runs["crash"], 8)
@@ -61,6 +62,7 @@ def test_crash_summary_leads_with_the_exception(trainer_runs: dict[str, Path]) -
     )
 
 
+@pytest.mark.slow
 def test_stall_summary_names_the_stalled_frame(trainer_runs: dict[str, Path]) -> None:
     """A stall: the frame py-spy saw with its source line, the checkpoint, the next steps."""
     lines = first_lines(trainer_runs["stall"], 10)
@@ -80,6 +82,7 @@ def test_stall_summary_names_the_stalled_frame(trainer_runs: dict[str, Path]) ->
     assert "--dump-signal SIGUSR1" in text
 
 
+@pytest.mark.slow
 def test_passed_summary_has_no_cause(trainer_runs: dict[str, Path]) -> None:
     """A clean pass: no cause, no next step; the last progress is there."""
     lines = first_lines(trainer_runs["pass"])
@@ -153,6 +156,7 @@ def _leaking_artifact(base: dict[str, Any]) -> Artifact:
     return check_artifact(artifact)
 
 
+@pytest.mark.slow
 def test_leak_leads_the_summary(trainer_runs: dict[str, Path]) -> None:
     """A leak: the headline counts the warning, the leaking pid, slope, growth and time to
     the limit come second, and first under Look first."""
@@ -167,6 +171,7 @@ def test_leak_leads_the_summary(trainer_runs: dict[str, Path]) -> None:
     assert trend_text(gather(artifact).leaks[0]) in summary["look_first"][0]
 
 
+@pytest.mark.slow
 @needs_plotly
 def test_report_shows_who_grew(trainer_runs: dict[str, Path]) -> None:
     """The report's process table: RSS first → peak → last, the leaking row marked, and the

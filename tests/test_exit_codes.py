@@ -82,6 +82,7 @@ STALL = TOUCH + "\nimport time; time.sleep(30)"
 CRASH = TOUCH + "\nraise SystemExit(3)"
 
 
+@pytest.mark.slow
 def test_a_stall_and_a_crash_exit_with_their_own_statuses_and_messages(tmp_path: Path) -> None:
     """With --detailed-exit-codes a stalled run exits 21 and a crashed one 11; each leaves its
     verdict, reason, status and artifact in the termination log."""
@@ -104,6 +105,7 @@ def test_a_stall_and_a_crash_exit_with_their_own_statuses_and_messages(tmp_path:
     assert codes == {"stall": 21, "crash": 11}
 
 
+@pytest.mark.slow
 def test_without_the_flag_a_failure_exits_1_and_a_pass_leaves_its_verdict(
     tmp_path: Path,
 ) -> None:
@@ -183,6 +185,7 @@ def test_the_queue_and_the_metrics_carry_the_same_status() -> None:
     assert value(text, "asyncsoak_soak_exit_code") == 21
 
 
+@pytest.mark.slow
 def test_sigterm_outside_a_pod_leaves_a_cancelled_verdict(tmp_path: Path, ready: ReadyFifo) -> None:
     """Outside a pod (and a SLURM job) SIGTERM stays the caller's stop (cause cancelled, exit
     143), and the termination log says so."""

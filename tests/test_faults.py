@@ -70,6 +70,7 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
 JOIN_CGROUP = "open(sys.argv[3] + '/cgroup.procs', 'w').write(str(os.getpid()))\n"
 
 
+@pytest.mark.slow
 async def test_stall_records_forensics_before_the_first_signal(tmp_path: Path) -> None:
     """A hung trainer's state, wchan, threads and Python stack are recorded before SIGTERM."""
     body = "touch()\ndef stuck_here():\n    time.sleep(60)\nstuck_here()"
@@ -92,6 +93,7 @@ async def test_stall_records_forensics_before_the_first_signal(tmp_path: Path) -
     assert forensics_t <= sigterm_t
 
 
+@pytest.mark.slow
 async def test_dump_signal_output_lands_in_the_log(tmp_path: Path) -> None:
     """--dump-signal reaches a faulthandler-registered trainer first; its dump is in the tail."""
     body = (
@@ -110,6 +112,7 @@ async def test_dump_signal_output_lands_in_the_log(tmp_path: Path) -> None:
     assert error.artifact["forensics"] is None
 
 
+@pytest.mark.slow
 async def test_process_that_changes_its_group_is_still_found(
     tmp_path: Path, ready: ReadyFifo
 ) -> None:
@@ -136,6 +139,7 @@ time.sleep(0.2)
     assert not alive(pid)
 
 
+@pytest.mark.slow
 async def test_tree_that_forks_faster_than_it_is_killed_is_stopped(tmp_path: Path) -> None:
     """A child spawning sleepers as fast as it can is stopped with nothing left behind."""
     body = """
@@ -157,6 +161,7 @@ time.sleep(60)
     assert not any(alive(pid) for pid in signalled)
 
 
+@pytest.mark.slow
 async def test_fork_bomb_bounded_by_pids_max_is_stopped(tmp_path: Path) -> None:
     """A fork bomb capped by a cgroup's pids.max is stopped and its cgroup left empty."""
     with cgroup_v1("pids", **{"pids.max": "300"}) as group:
@@ -179,6 +184,7 @@ while True:
         assert (group / "cgroup.procs").read_text().split() == []
 
 
+@pytest.mark.slow
 async def test_oom_killed_trainer_is_named_as_such(tmp_path: Path) -> None:
     """A trainer ended by the kernel's OOM killer fails as signaled, and the artifact says OOM."""
     with cgroup_v1(
@@ -195,6 +201,7 @@ async def test_oom_killed_trainer_is_named_as_such(tmp_path: Path) -> None:
     assert [k["pid"] for k in error.artifact["oom_kills"]] == [error.artifact["exit"]["pid"]]
 
 
+@pytest.mark.slow
 async def test_full_output_filesystem_stops_the_tree_and_says_where(
     tmp_path: Path, ready: ReadyFifo
 ) -> None:
@@ -223,6 +230,7 @@ async def test_full_output_filesystem_stops_the_tree_and_says_where(
         assert json.loads(first)["kind"] == "header"
 
 
+@pytest.mark.slow
 async def test_child_that_closes_its_output_is_fine(tmp_path: Path) -> None:
     """A child closing stdout and stderr early neither breaks nor hangs the soak."""
     body = "os.close(1)\nos.close(2)\nfor _ in range(4):\n    touch(); time.sleep(0.1)"
@@ -231,6 +239,7 @@ async def test_child_that_closes_its_output_is_fine(tmp_path: Path) -> None:
     assert artifact["status"] == "passed"
 
 
+@pytest.mark.slow
 async def test_huge_line_without_newline_stays_capped(tmp_path: Path) -> None:
     """Hundreds of MiB with no newline are capped in the log; the child never blocks."""
     body = """

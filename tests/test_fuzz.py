@@ -64,6 +64,7 @@ lines = (
 )
 
 
+@pytest.mark.slow
 @FAST
 @given(st.lists(lines, max_size=12))
 def test_the_journal_decoder_is_bounded_on_any_lines(raw: list[bytes]) -> None:
@@ -99,6 +100,7 @@ files = (
 )
 
 
+@pytest.mark.slow
 @FAST
 @given(files)
 def test_the_artifact_loader_refuses_any_bad_file_with_its_own_error(data: bytes) -> None:

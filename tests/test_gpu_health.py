@@ -14,6 +14,7 @@ import os
 import random
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,7 @@ def seconds_to_failure(tmp_path: Path, error: SoakFailureError) -> float:
     return float(start + failure["t"] - done)
 
 
+@pytest.mark.slow
 @needs_kmsg
 @pytest.mark.asyncio
 async def test_an_xid_in_the_kernel_log_fails_the_soak_naming_it(
@@ -166,6 +168,7 @@ async def test_an_xid_in_the_kernel_log_fails_the_soak_naming_it(
     assert rows["gpu.faults"].regressed
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("fault", "expected"),
@@ -195,6 +198,7 @@ async def test_a_gpu_fault_from_nvidia_smi_fails_the_soak(
         assert health["remapped_rows"]["pending"] == {"start": False, "end": True}
 
 
+@pytest.mark.slow
 @needs_kmsg
 @pytest.mark.asyncio
 async def test_bad_and_foreign_xid_lines_fail_nothing(tmp_path: Path) -> None:
@@ -228,6 +232,7 @@ async def test_bad_and_foreign_xid_lines_fail_nothing(tmp_path: Path) -> None:
     assert any(n.startswith("unreadable Xid record") for n in notes), notes
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_rows_of_one_loop_iteration_stamped_apart_lose_no_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -246,6 +251,7 @@ async def test_rows_of_one_loop_iteration_stamped_apart_lose_no_gpu(
     assert not [w for w in artifact["warnings"] if "lost" in w], artifact["warnings"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_gpu_row_that_cannot_be_parsed_is_no_lost_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -266,6 +272,7 @@ async def test_a_gpu_row_that_cannot_be_parsed_is_no_lost_gpu(
     assert any(n.startswith("unreadable nvidia-smi output") for n in notes), notes
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_driver_library_mismatch_degrades_the_sampler_and_fails_nothing(
     tmp_path: Path,
@@ -275,7 +282,7 @@ async def test_a_driver_library_mismatch_degrades_the_sampler_and_fails_nothing(
     fault = tmp_path / "fault.txt"
     smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", gpus=2, fault_file=fault)
     with anyio.fail_after(60):
-        artifact = await run_soak(
+        artifact: Mapping[str, Any] = await run_soak(
             command=soak_command(tmp_path, [f"{fault} nvml"], steps=40),
             env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"},
             **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)),
@@ -291,6 +298,7 @@ def pid_not_here() -> int:
     return next(p for p in range(4_000_000, 4_100_000) if not Path(f"/proc/{p}").exists())
 
 
+@pytest.mark.slow
 @needs_kmsg
 @pytest.mark.asyncio
 @pytest.mark.parametrize("other_job_here", [True, False], ids=["bare-metal", "container"])
@@ -303,6 +311,7 @@ async def test_with_no_visible_devices_an_xid_on_another_jobs_gpu_fails_only_a_c
     bus_id, xid_address = unique_bus_id()
     xid = f"kmsg <4>NVRM: Xid (PCI:{xid_address}): 79, pid=1, name=x, GPU has fallen off the bus."
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    artifact: Mapping[str, Any]
     async with await anyio.open_process(["sleep", "60"]) as other_job:
         try:
             pid = other_job.pid if other_job_here else pid_not_here()
@@ -329,6 +338,7 @@ async def test_with_no_visible_devices_an_xid_on_another_jobs_gpu_fails_only_a_c
         assert artifact["failures"][0]["reason"] == "gpu_fault"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_an_unreadable_kernel_log_is_one_warning(tmp_path: Path) -> None:
     """No kernel log to read (a container): one warning, and sampling goes on."""
@@ -451,6 +461,7 @@ async def stalled(tmp_path: Path, stall: str, **fake: Any) -> SoakFailureError:
     return info.value
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_stall_on_a_busy_gpu_at_low_power_is_a_busy_gpu_without_progress(
     tmp_path: Path,
@@ -470,6 +481,7 @@ async def test_a_stall_on_a_busy_gpu_at_low_power_is_a_busy_gpu_without_progress
     assert "GPUs while stalled: gpu0 busy with no progress (100% utilisation at 17%" in flat
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_stall_on_an_idle_gpu_is_an_idle_gpu(tmp_path: Path) -> None:
     """An idle GPU under a stalled tree is said to be idle, with its figures."""
@@ -479,6 +491,7 @@ async def test_a_stall_on_an_idle_gpu_is_an_idle_gpu(tmp_path: Path) -> None:
     assert "hung collective (a rank" not in message
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_hang_with_a_little_cpu_is_idle_in_the_headline_the_hints_and_the_advice(
     tmp_path: Path,
@@ -508,6 +521,7 @@ def summarize_text(error: SoakFailureError) -> str:
     return format_summary(summarize(artifact)) + "\n" + "\n".join(steps)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_slowdown_says_what_held_the_gpus_back(tmp_path: Path) -> None:
     """Progress slows while the GPU is held back by HW thermal slowdown: the slowdown warning
@@ -540,6 +554,7 @@ for pause in [0.05] * 30 + [0.4] * 8:
     assert artifact["gpu_health"]["gpu0"]["pcie_link"]["gen_max"] == 5
 
 
+@pytest.mark.slow
 def test_live_metrics_count_xids_by_code_and_flag_the_faulted_gpu() -> None:
     """An Xid counter by code and a fault gauge per GPU, labelled gpu and UUID as
     dcgm-exporter labels its series; promtool reads the scrape."""
@@ -587,6 +602,7 @@ def test_the_remapped_rows_query_format_is_read() -> None:
     }
 
 
+@pytest.mark.slow
 @needs_kmsg
 @pytest.mark.asyncio
 async def test_a_trainer_killed_by_an_xid_fails_gpu_fault_first(tmp_path: Path) -> None:

@@ -123,6 +123,7 @@ def has_loop_samples(count: int) -> Until:
     return lambda events: len(samples(events, "loop")) >= count
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_loaded_gpu_sample_matches_the_child_process(tmp_path: Path) -> None:
     """Under load, loop samples show GPU series and the tree's process and its GPU memory."""
@@ -191,6 +192,7 @@ async def test_process_outside_the_tree_is_recorded_unmatched(tmp_path: Path) ->
     assert outside.data == {"pids": [CAPTURED_PID]}
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_two_processes_of_one_iteration_are_grouped(tmp_path: Path) -> None:
     """Lines sharing a timestamp make one iteration: the tree's process and a stranger together."""
@@ -223,6 +225,7 @@ async def test_several_gpus_make_one_sample(tmp_path: Path) -> None:
     assert {"gpu0", "gpu1", "gpu2", "gpu_tree"} == set(samples(events)[-1].series_points())
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_hung_nvidia_smi_degrades_and_cancels_promptly(tmp_path: Path) -> None:
     """nvidia-smi that never answers: degraded once, and cancelling stops at once, nothing left."""
@@ -240,6 +243,7 @@ async def test_hung_nvidia_smi_degrades_and_cancels_promptly(tmp_path: Path) -> 
     assert stop_seconds < STOP_BOUND
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_loop_that_hangs_is_killed_and_sampling_recovers(tmp_path: Path) -> None:
     """A loop that stops printing: degraded, killed despite ignoring SIGTERM, then recovered."""
@@ -259,6 +263,7 @@ async def test_loop_that_hangs_is_killed_and_sampling_recovers(tmp_path: Path) -
     assert stop_seconds < STOP_BOUND
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_cancelled_while_a_hung_loop_is_being_stopped(tmp_path: Path) -> None:
     """Cancelling while hung loops are being killed still ends within the bound, nothing left."""
@@ -304,6 +309,7 @@ async def test_no_devices_is_one_note_then_the_task_returns(tmp_path: Path) -> N
     assert events[0].message == "no GPU data: exit status 6: No devices were found"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_loop_that_dies_falls_back_to_calls_then_loops_again(tmp_path: Path) -> None:
     """A loop that ends: one call per sample, then the loop is tried again later."""

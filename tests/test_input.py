@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ BROKEN_MONITOR = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_internal_value_error_is_a_monitor_error_not_a_usage_error(tmp_path: Path) -> None:
     """A ValueError from inside the monitor: exit status 1, `monitor_error` in an `error`
     artifact; exit status 2 is for bad input only."""
@@ -67,6 +69,7 @@ def test_bad_status_interval_is_refused_before_the_run(tmp_path: Path, value: st
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_dump_signal_is_accepted_by_number(tmp_path: Path) -> None:
     """`--dump-signal 10` is SIGUSR1, as `run_soak(dump_signal=10)` takes it."""
     progress = tmp_path / "p"
@@ -94,6 +97,7 @@ with open(out / "metrics.jsonl", "a") as f:
 """
 
 
+@pytest.mark.slow
 def test_trainers_own_file_at_the_journal_path_is_refused(tmp_path: Path) -> None:
     """`--progress-dir runs/42 --output runs/42/metrics.json` beside the trainer's own
     metrics.jsonl: exit status 2 naming it, the file untouched, nothing started."""
@@ -143,6 +147,7 @@ async def test_log_path_equal_to_the_artifact_or_journal_is_refused(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_rerun_over_an_earlier_soaks_files_is_allowed(tmp_path: Path) -> None:
     """The same output again: the earlier soak's artifact, journal and log are replaced."""
@@ -159,6 +164,7 @@ async def test_a_rerun_over_an_earlier_soaks_files_is_allowed(tmp_path: Path) ->
     assert second["started_at"] != first["started_at"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_second_soak_over_the_same_output_is_refused(
     tmp_path: Path, ready: ReadyFifo
@@ -179,7 +185,7 @@ async def test_a_second_soak_over_the_same_output_is_refused(
     control = SoakControl()
     journal = tmp_path / "out" / "soak.jsonl"
     async with anyio.create_task_group() as tg:
-        results: list[dict[str, object]] = []
+        results: list[Mapping[str, object]] = []
 
         async def first() -> None:
             results.append(await run_soak(command=py(body), control=control, **kwargs))
@@ -215,6 +221,7 @@ def iteration_fault_dir() -> Path | None:
     return None
 
 
+@pytest.mark.slow
 def test_progress_dir_holding_an_unlistable_directory_is_skipped_and_counted(
     tmp_path: Path,
 ) -> None:
@@ -233,6 +240,7 @@ def test_progress_dir_holding_an_unlistable_directory_is_skipped_and_counted(
     assert any("could not be read and were skipped" in w for w in artifact["warnings"])
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_progress_written_at_once_by_a_short_run_is_seen(tmp_path: Path) -> None:
     """A trainer that writes at once and exits before the first scan (default 5 s interval):
@@ -267,6 +275,7 @@ def run_into(output: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_read_only_output_directory_is_a_one_line_usage_error(tmp_path: Path) -> None:
     """Output on a read-only filesystem: one line naming it, exit status 2, nothing started."""
     with tmpfs(tmp_path / "ro", "64k") as ro:
@@ -279,6 +288,7 @@ def test_read_only_output_directory_is_a_one_line_usage_error(tmp_path: Path) ->
     assert not (tmp_path / "started").exists()
 
 
+@pytest.mark.slow
 def test_full_output_filesystem_before_the_start_is_a_one_line_usage_error(
     tmp_path: Path,
 ) -> None:
@@ -325,6 +335,7 @@ def damaged(artifact: dict[str, Any], damage: str) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["report", "summary"])
 @pytest.mark.parametrize(
     "damage", ["schema_version 99", "no progress", "no exit status", "changes is text"]
@@ -343,6 +354,7 @@ def test_view_of_a_file_that_is_not_a_whole_known_artifact_is_refused(
     assert not (tmp_path / "soak.html").exists()
 
 
+@pytest.mark.slow
 def test_view_of_a_whole_artifact_still_works(
     tmp_path: Path, real_artifact: dict[str, Any]
 ) -> None:
@@ -353,6 +365,7 @@ def test_view_of_a_whole_artifact_still_works(
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_rerun_over_a_crashed_soaks_rotated_journal_is_allowed(tmp_path: Path) -> None:
     """A long soak that died left a rotated journal (its header in the first closed segment)
@@ -381,13 +394,17 @@ def test_soak_limits_are_spelled_once() -> None:
     import inspect
     from dataclasses import fields
 
-    from asyncsoak import run_soak
+    from asyncsoak import SoakConfig, run_soak
     from asyncsoak._supervisor._config import SoakLimits
     from asyncsoak.cli._run import add_soak_limits, soak_limits
 
     signature = inspect.signature(run_soak).parameters
     for spec in fields(SoakLimits):
         assert spec.default == signature[spec.name].default, spec.name
+    # A SoakConfig made with only the required fields is the soak run_soak's defaults make.
+    for spec in fields(SoakConfig):
+        if spec.init and spec.name not in ("command", "progress_dir", "output_path"):
+            assert spec.default == signature[spec.name].default, spec.name
     parser = argparse.ArgumentParser()
     add_soak_limits(parser)
     assert soak_limits(parser.parse_args([])) == {

@@ -48,6 +48,7 @@ bodies = st.dictionaries(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
@@ -126,6 +127,7 @@ def real_events(root: int, journal: Path, seconds: int) -> list[Event]:
     return events
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_segments_are_compressed_and_read_back_as_one_journal(
     tmp_path: Path, tree: int
@@ -155,6 +157,7 @@ async def test_segments_are_compressed_and_read_back_as_one_journal(
     assert sum(b'"~"' in line for line in sample_lines) > len(sample_lines) // 2
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_recover_reads_a_segmented_journal_and_an_old_plain_one(
     tmp_path: Path, tree: int
@@ -253,6 +256,7 @@ anyio.run(main)
 """
 
 
+@pytest.mark.slow
 def test_a_monitor_killed_at_any_moment_loses_at_most_the_last_interval(
     tmp_path: Path, tree: int
 ) -> None:
@@ -293,6 +297,7 @@ async def lines_written(journal: Path, n: int) -> None:
             await anyio.sleep(0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_proc_sample_writes_what_waits_at_once(tmp_path: Path, tree: int) -> None:
     """Progress waits for the interval's write; the next proc sample takes it out at once, so

@@ -55,6 +55,7 @@ def corpus(
     return anyio.run(lambda: real_runs(cases, base, interval=INTERVAL, data=base / "data.bin"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [(s, "fail") for s in STABLE], ids=case_id)
 def test_a_stable_shape_passes_with_no_leak_warning_under_fail(
     corpus: dict[tuple[str, Mode], Outcome], case: tuple[str, Mode]
@@ -66,6 +67,7 @@ def test_a_stable_shape_passes_with_no_leak_warning_under_fail(
     assert not result.problems(), result.describe()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [(s, "warn") for s in LEAKS], ids=case_id)
 def test_a_leak_is_a_warning_under_warn(
     corpus: dict[tuple[str, Mode], Outcome], case: tuple[str, Mode]
@@ -77,6 +79,7 @@ def test_a_leak_is_a_warning_under_warn(
     assert not result.problems(), result.describe()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [(s, "fail") for s in LEAKS], ids=case_id)
 def test_a_leak_stops_the_run_under_fail(
     corpus: dict[tuple[str, Mode], Outcome], case: tuple[str, Mode]
@@ -86,6 +89,7 @@ def test_a_leak_stops_the_run_under_fail(
     assert not result.problems(), result.describe()
 
 
+@pytest.mark.slow
 def test_simulated_samples_carry_every_field_the_sampler_writes(ready: ReadyFifo) -> None:
     """The benchmark's simulated samples have every field of a real sample of a real tree
     (the tree, each process, the machine, each disk, the series points), so they are judged

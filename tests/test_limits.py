@@ -352,6 +352,7 @@ def soak_in_cgroup(
     return done, json.loads(output.read_text())
 
 
+@pytest.mark.slow
 def test_the_commands_cgroup_is_read_not_the_monitors(tmp_path: Path) -> None:
     """read_limits reads the cgroup of the command's pid, not the one the monitor runs in."""
     with limited_cgroup(LIMIT) as (group, name):
@@ -383,6 +384,7 @@ def test_the_commands_cgroup_is_read_not_the_monitors(tmp_path: Path) -> None:
     assert own["memory_limit_bytes"] != LIMIT
 
 
+@pytest.mark.slow
 def test_a_leak_under_a_cgroup_limit_is_projected_against_that_limit(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
@@ -408,6 +410,7 @@ def test_a_leak_under_a_cgroup_limit_is_projected_against_that_limit(
     assert any(f"will reach {source} (256.0 MiB)" in w for w in artifact["warnings"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel_log", ["readable", "unreadable"])
 def test_a_cgroup_oom_kill_is_recorded_from_the_cgroups_counter(
     tmp_path: Path, schema: Draft202012Validator, kernel_log: str

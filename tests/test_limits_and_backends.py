@@ -63,6 +63,7 @@ def assert_refused(result: subprocess.CompletedProcess[str], tmp_path: Path, *wo
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["1e308", "31536001"])
 @pytest.mark.parametrize("flag", DURATION_FLAGS)
 def test_a_duration_past_a_year_is_refused_like_inf(tmp_path: Path, flag: str, value: str) -> None:
@@ -117,6 +118,7 @@ def test_other_periods_past_a_year_are_refused(tmp_path: Path, args: list[str]) 
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_a_trainer_killed_by_a_forwarded_signal_is_named_as_forwarded(tmp_path: Path) -> None:
     """The monitor passes SIGUSR1 on (``--forward-signal``) and the trainer dies of it: the
     failure and every view say it was forwarded by the monitor (they said "not sent by the

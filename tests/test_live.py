@@ -86,6 +86,7 @@ def under_terminal(argv: list[str], cwd: Path, columns: int = 160) -> tuple[int,
     return returncode, drawn.decode(errors="replace")
 
 
+@pytest.mark.slow
 @needs_rich
 def test_terminal_view_updates_in_place(tmp_path: Path) -> None:
     """On a terminal: one status redrawn in place, with phase, bar and limit, then the verdict."""
@@ -103,6 +104,7 @@ def test_terminal_view_updates_in_place(tmp_path: Path) -> None:
     assert " | " not in drawn  # no plain status line
 
 
+@pytest.mark.slow
 def test_terminal_without_rich_gets_plain_lines(tmp_path: Path) -> None:
     """Without rich, a terminal gets the plain lines and no cursor movement."""
     args = run_argv(tmp_path, "--stale-progress", "5", "--status-interval", "0.3")[3:]
@@ -118,6 +120,7 @@ def test_terminal_without_rich_gets_plain_lines(tmp_path: Path) -> None:
     assert "finished: passed" in drawn
 
 
+@pytest.mark.slow
 def test_plain_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
     """In a pipe (CI, nohup): whole lines, on each phase change and every --status-interval."""
     result = subprocess.run(
@@ -146,6 +149,7 @@ def test_plain_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
     assert lines[-2].startswith("asyncsoak: soak failed: stale_progress")
 
 
+@pytest.mark.slow
 def test_quiet_turns_the_view_off(tmp_path: Path) -> None:
     """--quiet: only the verdict line and the artifact path."""
     result = subprocess.run(
@@ -250,6 +254,7 @@ class BrokenTerminal(io.StringIO):
         raise OSError(5, "Input/output error")
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_broken_view_does_not_touch_the_soak(tmp_path: Path) -> None:
     """A view whose writes fail ends quietly; the soak beside it passes."""
@@ -350,6 +355,7 @@ def test_final_line_has_the_peaks_not_the_last_sample() -> None:
     assert "gpu0 peak " in line
 
 
+@pytest.mark.slow
 @needs_rich
 def test_real_terminal_80_columns_never_cuts_a_word(tmp_path: Path) -> None:
     """A real soak on an 80-column pseudo-terminal: every frame fits, nothing is cut."""

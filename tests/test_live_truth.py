@@ -47,6 +47,7 @@ LINE = re.compile(r"^asyncsoak: (?P<elapsed>[\d.]+)s running \| last progress (?
 SHOWN_ROUNDING = 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("interval", "seconds"), [(None, 10.6), (0.5, 4.0)])
 def test_the_age_of_the_last_progress_is_accurate_to_half_a_second(
     tmp_path: Path, interval: float | None, seconds: float

@@ -20,9 +20,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from asyncsoak._process._spawn import REAPER_MODULE
 
 from .conftest import CLI_ENV
+
+pytestmark = pytest.mark.slow
 
 CHUNK = 64 * 1024
 OMITTED = re.compile(rb"\n\[asyncsoak: (\d+) bytes of output omitted\]\n")

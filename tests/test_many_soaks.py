@@ -9,6 +9,7 @@ small machine.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import anyio
 import pytest
 
 import asyncsoak
+
+pytestmark = pytest.mark.slow
 
 #: Write one step, then stop writing for longer than the stall limit, then exit 0: a soak
 #: that cannot watch (or judge) passes it; a soak that watches fails it ``stale_progress``
@@ -27,7 +30,7 @@ WRITE_A_FEW_STEPS = 'mkdir -p "$1" && for i in 1 2 3 4 5 6; do echo $i >> "$1/m"
 
 
 async def _soak(
-    base: Path, index: int, script: str, results: dict[int, dict[str, Any]], **options: Any
+    base: Path, index: int, script: str, results: dict[int, Mapping[str, Any]], **options: Any
 ) -> None:
     run = base / f"soak-{index}"
     progress = run / "progress"
@@ -51,11 +54,11 @@ async def _soak(
         results[index] = exc.artifact
 
 
-def _samples(artifact: dict[str, Any]) -> int:
+def _samples(artifact: Mapping[str, Any]) -> int:
     return int(artifact["monitor"]["samples"]["sample"])
 
 
-def _kinds(artifact: dict[str, Any]) -> list[str]:
+def _kinds(artifact: Mapping[str, Any]) -> list[str]:
     return [event["kind"] for event in artifact["events"]]
 
 
@@ -63,7 +66,7 @@ def _kinds(artifact: dict[str, Any]) -> list[str]:
 async def test_64_soaks_in_one_loop_each_catch_their_stall(tmp_path: Path) -> None:
     """64 trainers in one loop each write, then stall past the limit: every soak fails it
     (``stale_progress``) and stops its trainer before the trainer would have exited."""
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, Mapping[str, Any]] = {}
     with anyio.fail_after(110):
         async with anyio.create_task_group() as tg:
             for index in range(64):
@@ -84,7 +87,7 @@ async def test_64_soaks_in_one_loop_each_catch_their_stall(tmp_path: Path) -> No
 async def test_24_soaks_in_one_loop_all_have_process_samples(tmp_path: Path) -> None:
     """24 trainers that run for a few seconds each pass with their tree sampled throughout,
     never blind (more soaks than the pool of blocking calls has threads)."""
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, Mapping[str, Any]] = {}
     with anyio.fail_after(90):
         async with anyio.create_task_group() as tg:
             for index in range(24):
@@ -104,7 +107,7 @@ async def test_cancelling_64_soaks_at_once_stops_them_all_together(tmp_path: Pat
     (no kill was needed), writes a ``cancelled`` artifact and lets the cancellation through;
     the stops ran side by side (every SIGTERM went out before the first soak had finished)."""
     controls = [asyncsoak.SoakControl() for _ in range(64)]
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, Mapping[str, Any]] = {}
     cancelled: list[int] = []
 
     async def soak(index: int) -> None:
@@ -147,7 +150,7 @@ async def test_cancelling_64_soaks_at_once_stops_them_all_together(tmp_path: Pat
     assert max(sigterms) < first_finished
 
 
-def _wall(artifact: dict[str, Any], t: float) -> float:
+def _wall(artifact: Mapping[str, Any], t: float) -> float:
     """A time of the soak's clock (seconds since its start) as a POSIX timestamp."""
     started = datetime.fromisoformat(artifact["started_at"].replace("Z", "+00:00"))
     return started.timestamp() + t

@@ -59,6 +59,7 @@ def soak_id(text: str) -> str:
     return samples(text)["asyncsoak_soak_info"][0][0]["soak_id"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_scrapes_follow_the_child_and_end_with_its_status(
     tmp_path: Path, ready: ReadyFifo
@@ -132,6 +133,7 @@ async def test_scrapes_follow_the_child_and_end_with_its_status(
     assert soak_id(final) == soak_id(first)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_failed_soak_ends_failed_in_the_textfile(tmp_path: Path) -> None:
     """The textfile is written while the soak runs and says ``failed`` at the end."""
@@ -156,6 +158,7 @@ async def test_failed_soak_ends_failed_in_the_textfile(tmp_path: Path) -> None:
     assert samples_seen >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_promtool_accepts_the_text_and_openmetrics_is_served_when_asked(
     tmp_path: Path, ready: ReadyFifo
@@ -186,6 +189,7 @@ async def test_promtool_accepts_the_text_and_openmetrics_is_served_when_asked(
             (tmp_path / "control" / "end").touch()
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_bad_and_slow_clients_never_delay_the_soak(tmp_path: Path, ready: ReadyFifo) -> None:
     """Silent clients, a byte-a-time client and malformed requests get bounded answers while
@@ -226,6 +230,7 @@ async def test_bad_and_slow_clients_never_delay_the_soak(tmp_path: Path, ready: 
     assert max(gaps) < 1.0, gaps
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_gpu_metrics_from_the_sampler(tmp_path: Path, ready: ReadyFifo) -> None:
     """GPU readings (captured on an H200) and the tree's share of GPU memory become metrics."""
@@ -272,6 +277,7 @@ async def test_gpu_metrics_from_the_sampler(tmp_path: Path, ready: ReadyFifo) ->
     }
 
 
+@pytest.mark.slow
 def test_a_leak_shows_as_memory_growth_and_a_projected_exhaustion(tmp_path: Path) -> None:
     """A trainer keeping 4 MiB a step: the final textfile holds the tree's growth per second
     and when memory runs out, as the artifact's trend estimate has them."""
@@ -324,6 +330,7 @@ def test_the_trend_estimate_becomes_growth_and_projected_exhaustion() -> None:
     assert value(text, "asyncsoak_memory_projected_exhaustion_timestamp_seconds") is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -348,6 +355,7 @@ def test_bad_metrics_flags_are_refused(tmp_path: Path, flags: list[str], message
     assert not (tmp_path / "soak.json").exists()
 
 
+@pytest.mark.slow
 def test_port_in_use_is_refused_before_launch(tmp_path: Path) -> None:
     """A metrics port already taken: exit 2 naming it, the command never started."""
     import socket
@@ -368,6 +376,7 @@ def test_port_in_use_is_refused_before_launch(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_cli_serves_metrics_and_writes_the_textfile(tmp_path: Path) -> None:
     """``asyncsoak run --metrics-port --metrics-textfile``: the final textfile says passed."""
     textfiles = tmp_path / "tf"
@@ -439,6 +448,7 @@ def test_own_writer_matches_prometheus_clients_byte_for_byte() -> None:
     assert list(rows_of(soak.collect())) == soak.rows()
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_silent_clients_are_cut_off_and_their_number_bounded(
     tmp_path: Path, ready: ReadyFifo, monkeypatch: pytest.MonkeyPatch

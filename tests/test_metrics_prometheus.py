@@ -24,6 +24,8 @@ from .conftest import CLI_ENV, REPO, ReadyFifo, fast_limits
 from .metrics_support import free_port, node_exporter, prometheus, promtool, scrape_until, value
 from .queue.helpers import FAST_SOAK, JOB_ENV, write_script
 
+pytestmark = pytest.mark.slow
+
 LIMIT_S = 90.0
 RULES = REPO / "deploy" / "prometheus" / "asyncsoak-alerts.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "asyncsoak-dashboard.json"

@@ -21,6 +21,7 @@ LIMIT_S = 60.0
 HEARTBEAT = "asyncsoak_last_sample_timestamp_seconds"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_the_heartbeat_is_the_time_of_the_last_sample_everywhere(tmp_path: Path) -> None:
     """``asyncsoak_last_sample_timestamp_seconds`` is the Unix time of the monitor's last

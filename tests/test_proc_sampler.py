@@ -292,6 +292,7 @@ async def test_double_forked_setsid_process_stays_in_the_tree(
     assert by_pid(sample)[daemon].ppid == tree.pid
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_busy_process_shows_high_cpu_and_idle_ones_low(
     spawn_tree: Callable[..., Tree],
@@ -334,6 +335,7 @@ async def test_detailed_memory_reports_private_and_proportional_memory(
     assert plain.tree.pss_bytes is None
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_tree_that_forks_and_reaps_nonstop_never_raises(
     spawn_tree: Callable[..., Tree],
@@ -1011,6 +1013,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_a_sleeping_process_shows_its_new_parent_within_a_full_read() -> None:
     """A process that has not run keeps what was read of it (one read instead of four), but
     what changes while it sleeps, its parent when that one dies, shows within
@@ -1068,6 +1071,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.slow
 def test_anonymous_and_shared_memory_is_told_from_file_backed_pages(tmp_path: Path) -> None:
     """A process that maps and reads a 256 MiB file has that much RSS, none of it memory that
     can run out; what it allocates and the shared memory it maps are (``anon_bytes``)."""

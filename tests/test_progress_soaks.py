@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import SoakFailureError, run_soak
-from asyncsoak._contract._schema import Artifact
 from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._sampling._step_rules import AUTO_SAFETY_FACTOR
 from asyncsoak._sampling._watchdog import HEARD_WAIT_SECONDS, JUDGE_GRACE_SECONDS
@@ -23,6 +23,8 @@ from asyncsoak._view._summary import format_summary, summarize
 from asyncsoak._view.report import render_report
 
 from .conftest import assert_valid, asyncsoak_cli, fast_limits, journal, py
+
+pytestmark = pytest.mark.slow
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_trainer"
 INTERVAL = 0.25
@@ -38,7 +40,7 @@ FROZEN_STEP = """
 """
 
 
-def events(artifact: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+def events(artifact: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
     return [e for e in artifact["events"] if e["kind"] == kind]
 
 
@@ -156,6 +158,7 @@ async def test_a_hugging_face_run_ends_with_its_global_step_and_max_steps(
         )
     assert artifact["status"] == "passed"
     steps = artifact["progress"]["steps"]
+    assert steps is not None
     assert (steps["step"], steps["max_steps"]) == (20, 20)
     assert steps["source_kind"] == "trainer_state"
     assert steps["loss"] == 1.2152782678604126
@@ -180,6 +183,7 @@ async def test_asyncsoak_trainer_report_is_a_step_source(tmp_path: Path) -> None
             **fast_limits(tmp_path, sample_interval_seconds=INTERVAL),
         )
     steps = artifact["progress"]["steps"]
+    assert steps is not None
     assert steps["source_kind"] == "asyncsoak.trainer.report"
     assert steps["step"] == 39
     assert steps["loss"] == pytest.approx(1 / 40)
@@ -196,7 +200,7 @@ async def test_every_view_names_the_step_rate_loss_and_eta(tmp_path: Path) -> No
             command=py(TOTAL_KNOWN),
             **fast_limits(tmp_path, sample_interval_seconds=INTERVAL),
         )
-    text = format_summary(summarize(cast(Artifact, artifact)))
+    text = format_summary(summarize(artifact))
     said = text.split("\n")
     first_block = said[: next(i for i, line in enumerate(said) if line.startswith("ran "))]
     training = next(line for line in first_block if line.startswith("  training: "))
@@ -218,13 +222,11 @@ async def test_every_view_names_the_step_rate_loss_and_eta(tmp_path: Path) -> No
     assert figures["asyncsoak_steps_per_second"] > 0
     assert figures["asyncsoak_loss"] > 0
     assert figures["asyncsoak_eta_seconds"] > 0
-    rows = {
-        row.key: row for row in compare(cast(Artifact, artifact), cast(Artifact, artifact)).rows
-    }
+    rows = {row.key: row for row in compare(artifact, artifact).rows}
     assert rows["steps.rate"].baseline == rows["steps.rate"].candidate
     assert rows["steps.loss.final"].text(rows["steps.loss.final"].candidate) == "0.03333"
     pytest.importorskip("plotly")
-    page = render_report(cast(Artifact, artifact))
+    page = render_report(artifact)
     assert "step 29 of 100" in page.split('id="evidence"')[0]
     assert "Training loss" in page
     assert "Training steps per second" in page
@@ -378,7 +380,9 @@ async def test_an_earlier_runs_steps_do_not_end_the_startup(tmp_path: Path) -> N
             ),
         )
     assert artifact["status"] == "passed"
-    assert artifact["progress"]["steps"]["step"] == 4020
+    steps = artifact["progress"]["steps"]
+    assert steps is not None
+    assert steps["step"] == 4020
     notes = [e["message"] for e in events(artifact, "sampler_note")]
     assert any("went back from 5000 to 4001" in note for note in notes)
 
@@ -395,7 +399,9 @@ async def test_an_earlier_runs_nan_loss_does_not_fail_the_resumed_run(tmp_path: 
             **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, forensics=False),
         )
     assert artifact["status"] == "passed"
-    assert artifact["progress"]["steps"]["step"] == 4020
+    steps = artifact["progress"]["steps"]
+    assert steps is not None
+    assert steps["step"] == 4020
 
 
 @pytest.mark.asyncio

@@ -39,6 +39,7 @@ bad_numbers = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(DURATIONS), value=bad_numbers)
 def test_any_bad_duration_is_refused_before_anything_happens(name: str, value: object) -> None:
@@ -57,6 +58,7 @@ def test_any_bad_duration_is_refused_before_anything_happens(name: str, value: o
         assert os.listdir(base) == []
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(
     command=st.one_of(

@@ -90,6 +90,7 @@ def rendered(page: Path) -> dict[str, str]:
     return dict(re.findall(r'data-([a-z]+)="([^"]*)"', marker.group(1)))
 
 
+@pytest.mark.slow
 @needs_plotly
 def test_report_is_one_offline_file(runs: Runs, tmp_path: Path) -> None:
     """The report fetches nothing: no external script, stylesheet, font or import."""
@@ -101,6 +102,7 @@ def test_report_is_one_offline_file(runs: Runs, tmp_path: Path) -> None:
     assert "Plotly.newPlot" in page
 
 
+@pytest.mark.slow
 @needs_plotly
 @needs_chromium
 def test_stalled_soak_report_draws_every_plot(runs: Runs, tmp_path: Path) -> None:
@@ -134,6 +136,7 @@ def test_stalled_soak_report_draws_every_plot(runs: Runs, tmp_path: Path) -> Non
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 @needs_plotly
 @needs_chromium
 def test_passing_soak_draws_the_samplers_figures(runs: Runs, tmp_path: Path) -> None:
@@ -156,6 +159,7 @@ def test_passing_soak_draws_the_samplers_figures(runs: Runs, tmp_path: Path) -> 
         assert title in titles or (steady is not None and f"GPU 1 {label}" in steady.group(1))
 
 
+@pytest.mark.slow
 @needs_plotly
 @needs_chromium
 def test_run_without_samples_draws_its_timeline(runs: Runs, tmp_path: Path) -> None:
@@ -170,6 +174,7 @@ def test_run_without_samples_draws_its_timeline(runs: Runs, tmp_path: Path) -> N
     assert marker["subplots"] == "2"
 
 
+@pytest.mark.slow
 @needs_plotly
 @needs_chromium
 def test_killed_monitor_journal_gets_a_report(runs: Runs, tmp_path: Path) -> None:
@@ -181,6 +186,7 @@ def test_killed_monitor_journal_gets_a_report(runs: Runs, tmp_path: Path) -> Non
     assert "The monitor died before the run finished" in page.read_text()
 
 
+@pytest.mark.slow
 @needs_plotly
 def test_missing_artifact_is_rebuilt_from_its_journal(runs: Runs, tmp_path: Path) -> None:
     """`report soak.json` when only soak.jsonl exists reads the journal and says so."""
@@ -191,6 +197,7 @@ def test_missing_artifact_is_rebuilt_from_its_journal(runs: Runs, tmp_path: Path
     assert "monitor_lost" in (tmp_path / "r.html").read_text()
 
 
+@pytest.mark.slow
 @needs_plotly
 def test_stalled_report_names_the_stall(runs: Runs) -> None:
     """The page's header says the reason in plain words, and when progress stopped."""
@@ -201,6 +208,7 @@ def test_stalled_report_names_the_stall(runs: Runs) -> None:
     assert "waiting for the other ranks" in page  # the log tail
 
 
+@pytest.mark.slow
 def test_throttle_spans_come_from_the_journal(runs: Runs) -> None:
     """GPU throttling becomes spans with their reasons; idle is not throttling."""
     journal = runs.stalled_sampled.with_suffix(".jsonl")
@@ -230,6 +238,7 @@ def test_unknown_series_get_their_own_panels() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_report_without_plotly_says_how_to_get_it(runs: Runs, tmp_path: Path) -> None:
     """Without the report extra, `report` exits 2 naming the extra, and writes nothing."""
     hide_plotly = (
@@ -244,6 +253,7 @@ def test_report_without_plotly_says_how_to_get_it(runs: Runs, tmp_path: Path) ->
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.slow
 def test_report_of_something_else_is_a_usage_error(tmp_path: Path) -> None:
     """A file that is neither an artifact nor a journal exits 2 with a message."""
     other = tmp_path / "other.json"
@@ -256,6 +266,7 @@ def test_report_of_something_else_is_a_usage_error(tmp_path: Path) -> None:
 # -- recover ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_recover_writes_a_valid_monitor_lost_artifact(
     runs: Runs, tmp_path: Path, schema: Draft202012Validator
 ) -> None:
@@ -275,6 +286,7 @@ def test_recover_writes_a_valid_monitor_lost_artifact(
     assert "step 2" in artifact["log"]["tail"]
 
 
+@pytest.mark.slow
 def test_recover_does_not_overwrite_an_artifact(runs: Runs, tmp_path: Path) -> None:
     """Without -o, `recover` refuses to replace the artifact beside the journal."""
     journal = runs.stalled.with_suffix(".jsonl")
@@ -285,6 +297,7 @@ def test_recover_does_not_overwrite_an_artifact(runs: Runs, tmp_path: Path) -> N
     assert runs.stalled.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_finished_journal_keeps_its_verdict(runs: Runs, schema: Draft202012Validator) -> None:
     """A journal with its `finished` line rebuilds to the monitor's own verdict."""
     artifact = artifact_from_journal(runs.stalled.with_suffix(".jsonl"))
@@ -295,6 +308,7 @@ def test_finished_journal_keeps_its_verdict(runs: Runs, schema: Draft202012Valid
     assert artifact["exit"] == original["exit"]
 
 
+@pytest.mark.slow
 def test_truncated_last_line_is_skipped(runs: Runs, tmp_path: Path) -> None:
     """A journal cut mid-line (the monitor died writing) still rebuilds; the line is counted."""
     journal = tmp_path / "soak.jsonl"

@@ -18,6 +18,8 @@ from asyncsoak._view.report._figure import Timeline
 from .soak_runs import canonical_runs
 from .test_report import CHROMIUM, OFFLINE, needs_chromium, needs_plotly
 
+pytestmark = pytest.mark.slow
+
 #: What a 1400x900 window shows without scrolling.
 FOLD_PX = 900
 

@@ -16,8 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .conftest import asyncsoak_cli
 from .test_report import CHROMIUM, OFFLINE, needs_chromium, needs_plotly
+
+pytestmark = pytest.mark.slow
 
 #: ``<img src=x onerror=document.title=7>`` in four 15-byte pieces, one per process: the
 #: readout lists the processes' lines one after another, so an ``innerHTML`` of it joins the

@@ -46,6 +46,7 @@ def assert_no_secret(text: str, where: str) -> None:
         assert value not in text, f"{where} leaks {value!r}"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_artifact_journal_and_log_tail_never_hold_a_secret(tmp_path: Path) -> None:
     """Secrets in env, argv, metadata and the trainer's output are redacted or masked."""
@@ -74,6 +75,7 @@ async def test_artifact_journal_and_log_tail_never_hold_a_secret(tmp_path: Path)
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o600
 
 
+@pytest.mark.slow
 def test_queue_output_never_holds_a_secret(tmp_path: Path) -> None:
     """A failing job that printed its secrets: jobs, job, logs and JSON output mask them all."""
     db = tmp_path / "q.db"
@@ -156,6 +158,7 @@ def assert_none_of(values: list[str], text: str, where: str) -> None:
         assert value not in text, f"{where} leaks {value!r}"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_hang_forensics_and_printed_tokens_never_hold_a_secret(tmp_path: Path) -> None:
     """A stalled trainer with credentials in argv that prints token-shaped values: forensics
@@ -196,6 +199,7 @@ async def test_hang_forensics_and_printed_tokens_never_hold_a_secret(tmp_path: P
     assert_none_of(secrets, (summary.stdout + summary.stderr).decode(), "the summary")
 
 
+@pytest.mark.slow
 def test_job_views_mask_argv_options_and_printed_tokens(tmp_path: Path) -> None:
     """A job with credentials in argv that prints token-shaped values: every queue view masks
     them (jobs, job, logs, JSON)."""
@@ -311,6 +315,7 @@ sys.exit(3)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_overrides_never_reach_artifact_journal_metrics_textfile_or_views(
     tmp_path: Path,
@@ -387,6 +392,7 @@ async def test_overrides_never_reach_artifact_journal_metrics_textfile_or_views(
     assert "lr=0.1 tokenizer=gpt2 max_tokens=5" in artifact["log"]["tail"]
 
 
+@pytest.mark.slow
 def test_queue_views_redact_overrides(tmp_path: Path) -> None:
     """A queued job with secret overrides that prints them: jobs, job, logs and their JSON hold
     none of the values, and keep the hyper-parameters."""

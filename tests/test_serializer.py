@@ -165,10 +165,10 @@ async def test_a_riding_write_that_never_comes_back_stops_the_journal_not_the_fo
                 await send.send(a_sample(1.0))
                 await until(lambda: rides.waiting_timeout() > 0)
                 [stuck] = rides.take()  # taken, and not run until the end
-                started = anyio.current_time()
+                # The stuck write is only run at the end: a journal given up before then
+                # was given up at the write bound, not when the write came back.
                 await send.send(WarningEvent(t=1.5, message="after the stuck write"))
                 await until(lambda: serializer.journal_error is not None)
-                assert anyio.current_time() - started < 5.0
     assert serializer.journal_error is not None
     assert "writing stopped" in serializer.journal_error
     assert len(serializer.builder.warnings) == 1

@@ -31,7 +31,7 @@ TRAINER = Path(__file__).with_name("slurm_trainer.py")
 #: Bound on a job reaching a state: generous for a loaded 2-core CI machine.
 STATE_TIMEOUT_S = 60.0
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

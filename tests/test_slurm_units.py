@@ -91,6 +91,7 @@ def test_the_identity_comes_from_the_environment() -> None:
     assert _slurm.job_identity({}) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flags",
     [["--requeue-on", "TERM"], ["--forward-signal", "NOPE"], ["--forward-signal", "SIGKILL"]],
@@ -175,6 +176,7 @@ def test_combined_view_spells_durations_like_the_other_views() -> None:
     assert "1h00m00s across" in text
 
 
+@pytest.mark.slow
 def test_artifacts_of_different_jobs_are_refused(tmp_path: Path) -> None:
     """summary of several artifacts: of two jobs, or one that ran outside SLURM, is exit 2."""
     a = _artifact(1, 0, "passed", "2026-01-01T00:00:00+00:00", None)

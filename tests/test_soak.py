@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from asyncsoak import SoakControl, SoakFailureError, run_soak
 from .conftest import ReadyFifo, alive, assert_valid, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 # Child snippets.  A child is told where to write through argv: progress dir, then the FIFO.
 PRELUDE = """
@@ -310,7 +311,12 @@ async def test_sigterm_ignoring_child_is_killed_after_the_grace(tmp_path: Path) 
     stop = error.artifact["stop"]
     assert [s["signal"] for s in stop["signals"]] == ["SIGTERM", "SIGKILL"]
     assert stop["killed"] is True
-    assert stop["signals"][1]["t"] - stop["signals"][0]["t"] >= 0.5
+    # The SIGKILL waited out the whole grace after the SIGTERM.  Event times are kept to the
+    # microsecond, so two instants exactly a grace apart may read a hair under it: the
+    # comparison allows that rounding, not any lateness of the SIGTERM.
+    term, kill = (s["t"] for s in stop["signals"])
+    assert stop["grace_seconds"] == 0.5
+    assert kill - term >= stop["grace_seconds"] - 1e-5
     assert error.artifact["exit"]["signal"] == "SIGKILL"
     assert error.reason == "stale_progress"
     assert not alive(error.artifact["exit"]["pid"])
@@ -622,7 +628,9 @@ for pid in workers:
     os.waitpid(pid, 0)
 """
     with anyio.fail_after(60):
-        artifact = await run_soak(command=child(tmp_path, body), **fast_limits(tmp_path))
+        artifact: Mapping[str, Any] = await run_soak(
+            command=child(tmp_path, body), **fast_limits(tmp_path)
+        )
     tree = artifact["summary"]["tree"]
     assert tree["processes"]["max"] == 25
     assert tree["rss_bytes"]["max"] >= 24 * 4 * 2**20

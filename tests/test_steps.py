@@ -382,6 +382,7 @@ print(json.dumps({"throttled": throttled, "urgent": urgent[-1], "errors": errors
 """
 
 
+@pytest.mark.slow
 def test_trainer_report_throttles_writes_nan_at_once_and_checks_its_arguments(
     tmp_path: Path,
 ) -> None:

@@ -31,6 +31,7 @@ raise RuntimeError({"copied " + CLIPBOARD + " to your clipboard"!r})
 """
 
 
+@pytest.mark.slow
 def test_run_and_summary_spell_out_escapes_from_the_run(tmp_path: Path) -> None:
     """An exception message with an OSC 52 clipboard write and a progress file named with a
     window title and a screen clear: `run`'s stderr and `summary` show them as ``\\x1b``, never raw;
@@ -59,6 +60,7 @@ def test_run_and_summary_spell_out_escapes_from_the_run(tmp_path: Path) -> None:
     assert CLIPBOARD in json.loads(as_json.stdout)["evidence"]["cause"]
 
 
+@pytest.mark.slow
 def test_compare_and_errors_spell_out_escapes_in_file_names(tmp_path: Path) -> None:
     """`compare` of runs whose file names hold escapes, and an error naming such a file: both
     print them spelled out, the error on one line."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ def limits(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     return fast_limits(tmp_path, sample_interval_seconds=0.05, **overrides)
 
 
-async def soak(**kwargs: Any) -> dict[str, Any]:
+async def soak(**kwargs: Any) -> Mapping[str, Any]:
     with anyio.fail_after(60):
         return await run_soak(**kwargs)
 
@@ -59,13 +60,14 @@ async def soak_failure(**kwargs: Any) -> SoakFailureError:
     return info.value
 
 
-def memory_warnings(artifact: dict[str, Any]) -> list[str]:
+def memory_warnings(artifact: Mapping[str, Any]) -> list[str]:
     return [w for w in artifact["warnings"] if "memory" in w]
 
 
 LEAKER = "keep.append(chunk(100))\nfor i in range(60):\n    keep.append(chunk(6)); tick()\n"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_leaking_process_is_named_with_its_slope(
     tmp_path: Path, schema: Draft202012Validator
@@ -114,6 +116,7 @@ async def test_a_leaking_process_is_named_with_its_slope(
     }
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_leak_check_fail_stops_the_tree_as_soon_as_it_is_confident(tmp_path: Path) -> None:
     """The leaker would run 15 s; leak_check="fail" stops it within seconds: memory_leak."""
@@ -125,6 +128,7 @@ async def test_leak_check_fail_stops_the_tree_as_soon_as_it_is_confident(tmp_pat
     assert error.artifact["duration_seconds"] < 12
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("shape", "body"),
@@ -170,6 +174,7 @@ for pid in pids:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_forked_workers_sharing_pages_count_once_with_detailed_memory(
     tmp_path: Path,
@@ -198,6 +203,7 @@ async def test_forked_workers_sharing_pages_count_once_with_detailed_memory(
     assert len(big) == 4
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_growing_number_of_open_files_is_a_leak(tmp_path: Path) -> None:
     body = (
@@ -209,6 +215,7 @@ async def test_a_growing_number_of_open_files_is_a_leak(tmp_path: Path) -> None:
     assert any(w.startswith("open files of the tree grew ") for w in artifact["warnings"])
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_gpu_process_whose_memory_grows_is_named(tmp_path: Path) -> None:
     """The fake nvidia-smi's process memory grows 2 GiB/s: the child's GPU memory leaks."""
@@ -227,6 +234,7 @@ async def test_a_gpu_process_whose_memory_grows_is_named(tmp_path: Path) -> None
     assert artifact["processes"][0]["peak_gpu_memory_bytes"] > 21000 * MiB
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.parametrize("given_back", [True, False])
 async def test_gpu_memory_the_tree_did_not_give_back_is_a_warning(
@@ -252,6 +260,7 @@ async def test_gpu_memory_the_tree_did_not_give_back_is_a_warning(
         assert kept[0].startswith(f"GPU 0 still lists pid {pid} (")
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_gpu_memory_budget_stops_the_tree(tmp_path: Path) -> None:
     """The captured process holds 21354 MiB; a 20 GiB budget fails the soak: memory_budget."""
@@ -268,6 +277,7 @@ async def test_a_gpu_memory_budget_stops_the_tree(tmp_path: Path) -> None:
     assert error.artifact["duration_seconds"] < 15
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_too_little_free_disk_fails_disk_low(tmp_path: Path) -> None:
     error = await soak_failure(
@@ -293,6 +303,7 @@ for step in range(1000):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_crash_names_its_exception_and_raising_frame(
     tmp_path: Path, schema: Draft202012Validator
@@ -315,6 +326,7 @@ async def test_a_crash_names_its_exception_and_raising_frame(
     assert_valid(error.artifact, schema)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_shells_killed_is_the_cause(tmp_path: Path) -> None:
     """A wrapper script whose trainer was SIGKILLed (the OOM killer's signal) says Killed."""
@@ -326,6 +338,7 @@ async def test_a_shells_killed_is_the_cause(tmp_path: Path) -> None:
     assert "status 137: Killed" in error.failures[0]["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("body", "activity"),
@@ -348,6 +361,7 @@ async def test_a_stall_says_whether_the_tree_was_busy_or_idle(
     assert f"; the tree was {activity}" in error.failures[0]["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_progress_that_slows_down_is_a_warning(tmp_path: Path) -> None:
     """Fast for 1.5 s, then an eighth of the pace for 3 s: "progress slowing", with figures."""
@@ -421,6 +435,7 @@ def run_args(tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_a_passed_soak_with_a_leak_ends_with_the_warning(tmp_path: Path) -> None:
     result = asyncsoak_cli(*run_args(tmp_path), "--", *child(tmp_path, LEAKER), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -436,6 +451,7 @@ def test_a_passed_soak_with_a_leak_ends_with_the_warning(tmp_path: Path) -> None
     assert last.endswith(f"; artifact: {tmp_path / 'soak.json'}")
 
 
+@pytest.mark.slow
 def test_a_crash_shows_on_stderr(tmp_path: Path) -> None:
     script = tmp_path / "hf_train.py"
     script.write_text(CRASHER)
@@ -449,6 +465,7 @@ def test_a_crash_shows_on_stderr(tmp_path: Path) -> None:
     ) in result.stderr.splitlines()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bad",
     [
@@ -507,6 +524,7 @@ LEAK_THAT_STOPS = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_live_leak_call_that_stopped_is_withdrawn_and_kept_as_a_warning(
     tmp_path: Path,

@@ -28,7 +28,8 @@ import psutil
 import pytest
 from aiofiles.threadpool.binary import AsyncFileIO
 
-from asyncsoak import SoakFailureError, _blocking, read_journal, run_soak
+from asyncsoak import SoakFailureError, read_journal, run_soak
+from asyncsoak._contract import _blocking
 from asyncsoak._contract._sink import EventSink
 from asyncsoak._process import _cgroup, _forensics, _tree
 from asyncsoak._process._spawn import REAPER_MODULE
@@ -103,13 +104,14 @@ def quick_child(tmp_path: Path) -> list[str]:
     return child(tmp_path, "for i in range(3):\n    touch(); time.sleep(0.05)")
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_hung_journal_close_is_bounded_by_the_drain_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Item 7: a journal close that hangs (an NFS flush) is abandoned at the drain limit."""
     gate = threading.Event()
-    release = threading.Timer(20.0, gate.set)  # lets the old, unbounded code finish at last
+    release = threading.Timer(45.0, gate.set)  # lets unbounded code finish at last, and fail
     release.start()
     real_close = AsyncFileIO.close
 
@@ -122,21 +124,21 @@ async def test_a_hung_journal_close_is_bounded_by_the_drain_limit(
 
     monkeypatch.setattr(AsyncFileIO, "close", hanging_close)
     monkeypatch.setattr(_finish, "DRAIN_TIMEOUT_SECONDS", 2.0)
-    started = time.monotonic()
     try:
         with anyio.fail_after(60):
             artifact = await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path))
+        # The order is the claim: run_soak came back while the close still hung, so it gave
+        # the close up instead of waiting it out.
+        assert not gate.is_set(), "run_soak waited for the hung close to end"
     finally:
         gate.set()
         release.cancel()
-    elapsed = time.monotonic() - started
-    print(f"item 7: run_soak returned after {elapsed:.1f}s (drain limit 2s)")
-    assert elapsed < 10, f"run_soak returned after {elapsed:.1f}s"
     assert artifact["status"] == "passed"
-    assert "closing the journal" in artifact["monitor"]["journal_error"]
+    assert "closing the journal" in (artifact["monitor"].get("journal_error") or "")
     assert artifact["monitor"]["abandoned_calls"] >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_nan_in_a_sample_still_gives_an_artifact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -161,12 +163,13 @@ async def test_a_nan_in_a_sample_still_gives_an_artifact(
     assert gpu["processes"][0]["used_gpu_memory_mib"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_hung_journal_write_leaks_no_descriptor(tmp_path: Path, hung_journal: int) -> None:
     """Item 11: the descriptor of a journal whose write hung is closed once the write returns."""
     with anyio.fail_after(60):
         artifact = await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path))
-    assert "writing stopped" in artifact["monitor"]["journal_error"]
+    assert "writing stopped" in (artifact["monitor"].get("journal_error") or "")
     assert fds_on(hung_journal) == 2, "the pipe's write end and the journal's stuck descriptor"
     drain(hung_journal)  # the disk comes back: the stuck write returns
     for _ in range(200):  # polling /proc for the descriptor to close, bounded (10 s)
@@ -176,6 +179,7 @@ async def test_a_hung_journal_write_leaks_no_descriptor(tmp_path: Path, hung_jou
     assert fds_on(hung_journal) == 1, "the journal's descriptor was kept after its write ended"
 
 
+@pytest.mark.slow
 def test_a_hung_journal_write_does_not_keep_the_process_alive(tmp_path: Path) -> None:
     """Item 11: with a journal write stuck for good, the process exits as soon as run_soak
     returns (no non-daemon thread, nothing on asyncio's default executor to join)."""
@@ -216,10 +220,10 @@ def test_a_hung_journal_write_does_not_keep_the_process_alive(tmp_path: Path) ->
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()
-            returned = time.monotonic()
+            # The write stays stuck until the read end closes below: an exit seen before then
+            # did not wait for it.  The wait is only a bound on a broken build.
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-            lingered = time.monotonic() - returned
+                proc.wait(timeout=60)
             still_running = proc.returncode is None
         finally:
             # The disk comes back (the stuck write fails with EPIPE): an old process can end.
@@ -228,25 +232,29 @@ def test_a_hung_journal_write_does_not_keep_the_process_alive(tmp_path: Path) ->
                 proc.wait(timeout=30)
             finally:
                 proc.kill()
-    print(f"item 11: the process exited {lingered:.2f}s after run_soak returned")
     assert line, "run_soak did not return"
-    assert not still_running, f"the process still ran {lingered:.1f}s after run_soak returned"
-    assert lingered < 5, f"the process exited {lingered:.1f}s after run_soak returned"
+    assert not still_running, "the process did not exit while the journal write was stuck"
 
 
 class StuckFifo:
     """A FIFO nobody writes to: ``block()`` waits in open(2) until ``release()``.
 
     ``release`` also runs by itself after ``release_after`` seconds, so that code which
-    waits without a bound (the faults under test) ends at last and can be measured.
+    waits without a bound (the faults under test) ends at last and fails its test, which
+    checks that control came back while the FIFO was still stuck (``released`` is false).
     """
 
-    def __init__(self, path: Path, release_after: float = 20.0) -> None:
+    def __init__(self, path: Path, release_after: float = 45.0) -> None:
         self.path = path
         os.mkfifo(path)
         self._timer = threading.Timer(release_after, self.release)
         self._timer.start()
         self._fd: int | None = None
+
+    @property
+    def released(self) -> bool:
+        """Whether the blocked calls were let go (by ``release`` or by its timer)."""
+        return self._fd is not None
 
     def block(self) -> None:
         with open(self.path, "rb"):
@@ -282,6 +290,7 @@ def blocked(fifo: StuckFifo, real: Any) -> Any:
     return call
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_callers_cancel_during_the_post_exit_grace_acts_at_once(
     tmp_path: Path, ready: ReadyFifo
@@ -298,13 +307,12 @@ if os.fork() == 0:
     time.sleep(60)
     os._exit(0)
 """
-    kwargs = fast_limits(tmp_path, post_shutdown_grace_seconds=20.0, kill_wait_seconds=2.0)
-    cancelled_at = 0.0
+    grace = 20.0
+    kwargs = fast_limits(tmp_path, post_shutdown_grace_seconds=grace, kill_wait_seconds=2.0)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
 
             async def cancel_when_lingering() -> None:
-                nonlocal cancelled_at
                 await ready.line()
                 # The child is reparented when the command exits; the monitor learns of the
                 # exit a moment later, through the reaper.  Cancel once it has (the exit is in
@@ -314,19 +322,22 @@ if os.fork() == 0:
                     if any(e["kind"] == "exited" for e in read_journal(journal_path)):
                         break
                     await anyio.sleep(0.02)
-                cancelled_at = time.monotonic()
                 tg.cancel_scope.cancel()
 
             tg.start_soon(cancel_when_lingering)
             await run_soak(command=child(tmp_path, body, ready), **kwargs)
-    took = time.monotonic() - cancelled_at
-    print(f"item 4: control came back {took:.1f}s after the cancel (grace 20s)")
     artifact = json.loads(kwargs["output_path"].read_text())
-    assert took < 5, f"control came back {took:.1f}s after the cancel"
     assert artifact["status"] == "cancelled"
+    # Waiting out the grace would have ended in leftover_processes; the soak's own record
+    # puts its end inside the grace that began when the command exited.
     assert artifact["failures"] == []
+    events = artifact["events"]
+    exited = next(e["t"] for e in events if e["kind"] == "exited")
+    finished = next(e["t"] for e in events if e["kind"] == "finished")
+    assert exited <= finished < exited + grace
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_hung_baseline_scan_gives_way_to_the_callers_cancel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
@@ -335,15 +346,13 @@ async def test_a_hung_baseline_scan_gives_way_to_the_callers_cancel(
     control back at once, with a cancelled artifact."""
     monkeypatch.setattr(_soak, "scan_progress_dir", blocked(stuck, _watchdog.scan_progress_dir))
     kwargs = fast_limits(tmp_path)
-    started = time.monotonic()
     with anyio.fail_after(60), anyio.move_on_after(1):
         await run_soak(command=quick_child(tmp_path), **kwargs)
-    took = time.monotonic() - started
-    print(f"item 8 (baseline): move_on_after(1) got control back after {took:.1f}s")
-    assert took < 4, f"move_on_after(1) got control back after {took:.1f}s"
+    assert not stuck.released, "control came back only once the hung scan ended"
     assert json.loads(kwargs["output_path"].read_text())["status"] == "cancelled"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_hung_artifact_write_gives_way_to_the_callers_cancel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
@@ -353,18 +362,16 @@ async def test_a_hung_artifact_write_gives_way_to_the_callers_cancel(
     monkeypatch.setattr(_finish, "write_artifact", blocked(stuck, _artifact.write_artifact))
     monkeypatch.setattr(_finish, "ARTIFACT_WRITE_TIMEOUT_SECONDS", 1.0)
     sleeper = child(tmp_path, "touch()\ntime.sleep(60)")
-    started = time.monotonic()
     with anyio.fail_after(60), anyio.move_on_after(1):
         await run_soak(command=sleeper, **fast_limits(tmp_path))
-    took = time.monotonic() - started
-    print(f"item 8 (artifact): move_on_after(1) got control back after {took:.1f}s")
-    assert took < 5, f"move_on_after(1) got control back after {took:.1f}s"
+    assert not stuck.released, "control came back only once the hung write ended"
     output = tmp_path / "again" / "soak.json"
     with anyio.fail_after(60), pytest.raises(OSError, match="within 1s") as info:
         await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path, output_path=output))
     assert info.value.filename == str(output)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_wedged_process_does_not_hold_the_stop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
@@ -386,15 +393,12 @@ time.sleep(60)
     )
     with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
         await run_soak(command=child(tmp_path, body), **kwargs)
-    artifact = info.value.artifact
-    events = artifact["events"]
-    stop = next(e["t"] for e in events if e["kind"] == "stop")
-    took = next(e["t"] for e in events if e["kind"] == "finished") - stop
-    print(f"item 9: the stop took {took:.1f}s (kill_wait_seconds=1)")
-    assert took < 5, f"the stop took {took:.1f}s"
+    # The reads of the wedged process never came back: the stop ended without them.
+    assert not stuck.released, "the stop waited for the wedged process's reads"
     assert info.value.reason == "leftover_processes", "the lingering child is reported"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_hung_inotify_walk_does_not_freeze_the_soak(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
@@ -403,12 +407,9 @@ async def test_a_hung_inotify_walk_does_not_freeze_the_soak(
     scans still see the progress and the soak ends on time."""
     monkeypatch.setattr(Inotify, "watch_tree", blocked(stuck, Inotify.watch_tree))
     (tmp_path / "progress").mkdir()
-    started = time.monotonic()
     with anyio.fail_after(60):
         artifact = await run_soak(command=quick_child(tmp_path), **fast_limits(tmp_path))
-    took = time.monotonic() - started
-    print(f"item 10: run_soak returned after {took:.1f}s with the inotify walk hung")
-    assert took < 8, f"run_soak returned after {took:.1f}s"
+    assert not stuck.released, "the soak waited for the hung inotify walk"
     assert artifact["status"] == "passed"
     assert artifact["progress"]["changes"] >= 1
 
@@ -435,6 +436,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 @pytest.mark.parametrize("membership", ["cgroup", "marker"])
 async def test_the_reapers_death_is_noticed_at_once(
@@ -450,14 +452,15 @@ async def test_the_reapers_death_is_noticed_at_once(
         pytest.skip("no cgroup can be made here (needs cgroup v2 delegation, or root on v1)")
     monkeypatch.setattr(_soak, "USE_CGROUP", membership == "cgroup")
     kwargs = fast_limits(tmp_path, startup_timeout_seconds=30, stale_progress_seconds=30)
-    started = time.monotonic()
     with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
         await run_soak(command=child(tmp_path, KILLS_ITS_REAPER, ready), **kwargs)
-    took = time.monotonic() - started
     helper = int(await ready.line())
-    print(f"item 6 ({membership}): run_soak ended after {took:.1f}s; helper alive: {alive(helper)}")
     artifact = info.value.artifact
-    assert took < 10, f"run_soak ended after {took:.1f}s"
+    # Noticed at once: the loss of the reaper is the failure, and no rule that waits (the
+    # trainer sleeps past the 30 s limits, its progress stops) fired before it.
+    reasons = [f["reason"] for f in artifact["failures"]]
+    assert reasons[0] == "monitor_error"
+    assert not {"startup_timeout", "stale_progress"} & set(reasons)
     assert artifact["status"] == "error"
     assert info.value.reason == "monitor_error"
     assert "the reaper" in artifact["failures"][0]["message"]
@@ -488,6 +491,7 @@ def test_py_spy_errors_are_labelled_for_what_they_are(
     assert ("ptrace is not allowed" in error) is permission
 
 
+@pytest.mark.slow
 def test_a_dead_monitors_empty_cgroup_is_swept() -> None:
     """The empty cgroup of a soak whose monitor and reaper were both killed is removed by
     the next soak's: killed workers do not leave groups behind."""
@@ -524,6 +528,7 @@ anyio.run(lambda: run_soak(
 """
 
 
+@pytest.mark.slow
 def test_the_reaper_waits_the_soaks_kill_wait_after_its_sigkill(
     tmp_path: Path, ready: ReadyFifo
 ) -> None:
@@ -571,6 +576,7 @@ def test_the_reaper_waits_the_soaks_kill_wait_after_its_sigkill(
     assert kill_wait * 0.8 <= waited < 4.0, f"the reaper waited {waited:.2f}s"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_scan_that_never_comes_back_fails_the_stall_on_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo
@@ -596,6 +602,7 @@ async def test_a_scan_that_never_comes_back_fails_the_stall_on_time(
     assert info.value.artifact["stop"]["cause"] == "failure"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_sampler_that_cannot_read_fails_the_soak_closed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stuck: StuckFifo

@@ -11,6 +11,8 @@ import pytest
 
 from .conftest import asyncsoak_cli, py
 
+pytestmark = pytest.mark.slow
+
 #: Ticks progress every 50 ms; with ``grow`` it keeps 6 MiB more each tick (a leak).
 TRAINER = """
 import pathlib, sys, time

@@ -42,6 +42,7 @@ def _readline(stream: subprocess.Popen[str], deadline: float) -> str:
     return stream.stdout.readline()
 
 
+@pytest.mark.slow
 def test_watch_shows_a_running_soak_then_ends_with_its_verdict(
     tmp_path: Path, ready: ReadyFifo
 ) -> None:
@@ -103,6 +104,7 @@ def test_watch_shows_a_running_soak_then_ends_with_its_verdict(
     assert soak.returncode == 0
 
 
+@pytest.mark.slow
 def test_watch_of_a_dead_monitor_says_so_and_fails(tmp_path: Path) -> None:
     """A journal whose monitor was killed: no verdict will come; watch says how to recover."""
     journal = killed_monitor_journal(tmp_path / "killed")
@@ -115,6 +117,7 @@ def test_watch_of_a_dead_monitor_says_so_and_fails(tmp_path: Path) -> None:
     assert "as of " in once.stdout  # the journal's last line is old: the frame says so
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -182,6 +185,7 @@ def test_the_full_screen_fits_the_terminal_and_shows_what_matters(tmp_path: Path
     assert "step 199 loss 0.005" in lines[-1]
 
 
+@pytest.mark.slow
 def test_watch_reads_a_rotated_journal_from_its_first_segment(tmp_path: Path) -> None:
     """A long soak's journal is rotated: watch folds the closed (compressed) segments, where
     the header is, then the open one; no monitor holds it and there is no artifact: the
@@ -219,6 +223,7 @@ def test_watch_reads_a_rotated_journal_from_its_first_segment(tmp_path: Path) ->
     assert last == f"asyncsoak: PASSED WITH WARNINGS; no artifact at {tmp_path / 'soak.json'}"
 
 
+@pytest.mark.slow
 def test_watch_behind_the_journal_reads_to_its_end_before_calling_the_monitor_gone(
     tmp_path: Path,
 ) -> None:

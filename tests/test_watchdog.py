@@ -185,6 +185,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_huge_tree_is_scanned_whole_rarely_yet_progress_and_stalls_are_on_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

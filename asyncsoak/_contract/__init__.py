@@ -1,4 +1,10 @@
-"""The contract every room shares."""
+"""The contract every room shares.
+
+The vocabulary, the artifact's schema, the events and their JSON form, series, the event sink and
+the soak's clock, exit statuses and the decoding of exits and crashes, bounded reads, errors,
+units, timestamps, secret masking, terminal-safe text, the version, and ``run_blocking``.  It
+imports no other room.
+"""
 
 from __future__ import annotations
 

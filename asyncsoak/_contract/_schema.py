@@ -3,10 +3,11 @@
 These :class:`~typing.TypedDict` s follow ``artifact.schema.json``: a key the schema requires
 is a plain key (an artifact is checked against the schema when it is loaded, so a reader
 indexes it), a key it does not require (added in schema version 2, or written only by some
-paths) is ``NotRequired`` and read with ``.get``.  Fields holding one of the vocabulary's
-words (:mod:`._vocabulary`) are typed ``str``: read back from JSON they are plain strings,
-which compare equal to the enum members.  Sections whose keys are data (series groups,
-summary groups, the environment the snapshot recorded) stay ``dict[str, ...]``.
+paths) is ``NotRequired`` and read with ``.get``.  The status, the failures' reasons and the
+stop's cause are typed as the vocabulary's enums (:mod:`._vocabulary`): the artifact's builder
+folds them into members, and ``check_artifact`` turns the words read back from JSON into
+members too; a member *is* its string, so the JSON is the same.  Sections whose keys are data
+(series groups, summary groups, the environment the snapshot recorded) stay ``dict[str, ...]``.
 
 The runtime snapshot is not checked beyond being an object: each of its probes is either
 what the probe found or a :class:`ProbeFailure`, and the probes' own TypedDicts are
@@ -17,6 +18,8 @@ what the probe found or a :class:`ProbeFailure`, and the probes' own TypedDicts 
 # annotations only, and ``__required_keys__`` is what the schema test compares.
 from typing import Any, Literal, NotRequired, Required, TypedDict, cast, final
 
+from ._vocabulary import FailureReason, SoakStatus, StopCause
+
 #: ``series`` (and a process's ``series``): field name to values, ``t`` first.
 Series = dict[str, list[float | None]]
 
@@ -24,7 +27,7 @@ Series = dict[str, list[float | None]]
 class Failure(TypedDict):
     """``failures[]``: a fail-closed rule that fired."""
 
-    reason: str  # a FailureReason
+    reason: FailureReason
     message: str
     at: str | None
     #: The GPU a ``gpu_fault`` is about: ``{"index", "uuid", "bus_id"}``.
@@ -110,7 +113,7 @@ class Requeue(TypedDict):
 class Stop(TypedDict):
     """``stop``: why and how the stop sequence ran."""
 
-    cause: str | None  # a StopCause, or null when the sequence never ran
+    cause: StopCause | None  # null when the sequence never ran
     mode: str | None
     killed: bool
     grace_seconds: NotRequired[float | None]
@@ -146,6 +149,18 @@ class Monitor(TypedDict):
     recovered_from_journal: NotRequired[str]
     events: NotRequired[int]
     unreadable_journal_lines: NotRequired[int]
+    # What the monitor itself cost and lost, as run_soak records it (not in a recovered one).
+    cpu_seconds: NotRequired[float]
+    sampler_errors: NotRequired[int]
+    journal_error: NotRequired[str | None]
+    journal_segments: NotRequired[int]
+    journal_rotation_error: NotRequired[str | None]
+    events_not_folded: NotRequired[int]
+    fold_error: NotRequired[str | None]
+    events_with_nonfinite_numbers: NotRequired[int]
+    reaper_pid: NotRequired[int | None]
+    pid: NotRequired[int]
+    abandoned_calls: NotRequired[int]
 
 
 class Config(TypedDict):
@@ -496,7 +511,7 @@ class Artifact(TypedDict):
     """The whole artifact (``artifact.schema.json``)."""
 
     schema_version: int
-    status: str  # a SoakStatus
+    status: SoakStatus
     failures: list[Failure]
     warnings: list[str]
     command: list[str]

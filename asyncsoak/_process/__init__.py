@@ -1,7 +1,7 @@
 """The process tree.
 
-The reaper and its spawner, membership (cgroup, markers), short external commands, hang
-forensics and the cause of a crash.
+The reaper and its spawner, membership (cgroups, markers), short external commands under
+deadlines, hang forensics and the ranks of a distributed job.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Recording.
 
-Events, the event sink, the serializer and the journal's format, the artifact builder, bounded
-series, recovery, the runtime snapshot.
+The serializer that drains the events into the journal, the journal's format, the artifact
+builder (every event folded into one artifact) and recovery of an artifact from a journal.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from .._contract import (
     ExceptionInfo,
     Exit,
     Failure,
+    FailureReason,
     ForensicsSection,
     OomKillEntry,
     ProcessEntry,
@@ -34,6 +35,7 @@ from .._contract import (
     SamplerNoteEntry,
     SeriesBuffer,
     SnapshotSection,
+    SoakStatus,
     StepsProgress,
     Stop,
     StopCause,
@@ -113,10 +115,23 @@ def check_artifact(data: object) -> Artifact:
     problem = _problem(data, schema, "", schema.get("$defs", {}))
     if problem is not None:
         raise ArtifactError(f"incomplete or damaged artifact: {problem}")
+    _words_as_members(data)
     # The one cast from JSON to the typed artifact, and a sound one: ``data`` has every key
     # the schema requires, with the schema's types, and the TypedDicts in ``_schema`` mirror
     # that schema (``tests/test_vocabulary.py`` compares their required keys).
     return cast(Artifact, data)
+
+
+def _words_as_members(data: dict[str, Any]) -> None:
+    """The status, the failures' reasons and the stop's cause as the enums' members, as the
+    ``Artifact`` type gives them (the schema check let only the vocabulary's words through;
+    a member compares and serialises as its word)."""
+    data["status"] = SoakStatus(data["status"])
+    for failure in data["failures"]:
+        failure["reason"] = FailureReason(failure["reason"])
+    stop = data.get("stop")
+    if stop is not None and stop["cause"] is not None:
+        stop["cause"] = StopCause(stop["cause"])
 
 
 def _problem(value: Any, schema: dict[str, Any], where: str, defs: dict[str, Any]) -> str | None:
@@ -218,7 +233,7 @@ class ArtifactBuilder:
         self.progress_last: float | None = None
         self.longest_gap = 0.0
         self.last_t = 0.0
-        self.status: str | None = None
+        self.status: SoakStatus | None = None
         self.snapshot: SnapshotSection = {}
 
     # -- folding -------------------------------------------------------------------------
@@ -282,7 +297,7 @@ class ArtifactBuilder:
                 self.trends.add_live_call(t, event)
             case EventKind.FAILURE:
                 failure: Failure = {
-                    "reason": event["reason"],
+                    "reason": FailureReason(event["reason"]),
                     "message": event["message"],
                     "at": event["at"],
                 }
@@ -297,7 +312,7 @@ class ArtifactBuilder:
                 self.warnings.append(str(event["message"]))
             case EventKind.STOP:
                 self.trends.end(t)
-                self.stop["cause"] = event["cause"]
+                self.stop["cause"] = StopCause(event["cause"])
                 self.stop["mode"] = event["mode"]
                 self.stop["grace_seconds"] = event["grace_seconds"]
             case EventKind.SIGNAL:
@@ -338,7 +353,7 @@ class ArtifactBuilder:
             case EventKind.SAMPLER_NOTE | EventKind.SAMPLER_DEGRADED | EventKind.SAMPLER_RECOVERED:
                 self.sampler_notes.append(cast(SamplerNoteEntry, event))
             case EventKind.FINISHED:
-                self.status = str(event["status"])
+                self.status = SoakStatus(event["status"])
 
     def _add_step(self, t: float, event: dict[str, Any]) -> None:
         if self.step_first is None:
@@ -442,16 +457,17 @@ class ArtifactBuilder:
         log_tail: str,
         monitor: dict[str, Any],
     ) -> dict[str, Any]:
-        """The artifact as the plain dict ``run_soak`` returns (see :meth:`build_typed`)."""
+        """The artifact as a plain dict (see :meth:`build_typed`), ``status`` one of the
+        statuses' words."""
         artifact = self.build_typed(
-            status=status, ended_t=ended_t, log_tail=log_tail, monitor=monitor
+            status=SoakStatus(status), ended_t=ended_t, log_tail=log_tail, monitor=monitor
         )
         return cast("dict[str, Any]", artifact)
 
     def build_typed(
         self,
         *,
-        status: str,
+        status: SoakStatus,
         ended_t: float,
         log_tail: str,
         monitor: dict[str, Any],

@@ -1,7 +1,7 @@
 """The samplers.
 
-The process tree and machine from /proc, GPUs through nvidia-smi, the progress watchdog, and the
-limits they are judged against.
+The process tree and machine from /proc, GPUs through nvidia-smi and their health, the progress
+watchdog and step files, the limits they are judged against, and the runtime snapshot.
 """
 
 from __future__ import annotations

@@ -371,28 +371,12 @@ class _GpuSampler:
     # -- the schedule ----------------------------------------------------------------------
 
     async def run(self, nvidia_smi: str) -> None:
-        try:
-            executable = await run_blocking(
-                shutil.which,
-                nvidia_smi,
-                timeout=self._call_timeout,
-                what=f"looking up {nvidia_smi!r}",
-                limiter=self._limiter,
-            )
-        except BlockingCallTimeout as exc:
-            await self._note(f"no GPU data: {exc}", {"nvidia_smi": nvidia_smi})
-            return
+        executable = await self._find(nvidia_smi)
         if executable is None:
-            await self._note(f"no GPU data: {nvidia_smi!r} not found", {"nvidia_smi": nvidia_smi})
             return
         self._executable = executable
-        while True:
-            first = await self._sample_by_call(first=True)
-            if first is None:
-                return
-            if first:
-                break
-            await anyio.sleep(self._backoff())
+        if not await self._first_sample():
+            return
         if self.kernel_log is None and self.kernel_log_path is not None:
             await self._sink.emit(
                 WarningEvent(
@@ -406,30 +390,65 @@ class _GpuSampler:
         next_call = loop_at + self._interval
         while True:
             if self._failures == 0 and anyio.current_time() >= loop_at:
-                started = anyio.current_time()
-                end = await self._run_loops()
-                now = anyio.current_time()
-                self._loop_ends = 1 if now - started >= MAX_LOOP_RETRY else self._loop_ends + 1
-                retry = min(
-                    MAX_LOOP_RETRY,
-                    LOOP_RETRY_INTERVALS * self._interval * 2.0 ** (self._loop_ends - 1),
-                )
-                loop_at = now + retry
-                if not end.hung:
-                    await self._note(
-                        f"{end.message}; one nvidia-smi call per sample until the loop is "
-                        f"tried again in {retry:.3g} s"
-                    )
-                next_call = now + (self._backoff() if end.hung else self._interval)
-                continue
-            await anyio.sleep(max(0.0, next_call - anyio.current_time()))
-            sampled = await self._sample_by_call()
-            await self._read_kernel_log()
-            if sampled:
-                # A fixed schedule, not "interval after the call", without catching up bursts.
-                next_call = max(next_call + self._interval, anyio.current_time())
+                loop_at, next_call = await self._loop_until_it_ends()
             else:
-                next_call = anyio.current_time() + self._backoff()
+                next_call = await self._sample_by_call_at(next_call)
+
+    async def _find(self, nvidia_smi: str) -> str | None:
+        """The path of ``nvidia_smi``; None (told) where there is none."""
+        try:
+            executable = await run_blocking(
+                shutil.which,
+                nvidia_smi,
+                timeout=self._call_timeout,
+                what=f"looking up {nvidia_smi!r}",
+                limiter=self._limiter,
+            )
+        except BlockingCallTimeout as exc:
+            await self._note(f"no GPU data: {exc}", {"nvidia_smi": nvidia_smi})
+            return None
+        if executable is None:
+            await self._note(f"no GPU data: {nvidia_smi!r} not found", {"nvidia_smi": nvidia_smi})
+        return executable
+
+    async def _first_sample(self) -> bool:
+        """Call until a first sample comes, backing off after each failure; False where
+        there is no GPU."""
+        while True:
+            first = await self._sample_by_call(first=True)
+            if first is None:
+                return False
+            if first:
+                return True
+            await anyio.sleep(self._backoff())
+
+    async def _loop_until_it_ends(self) -> tuple[float, float]:
+        """Sample by the nvidia-smi loops until they end; (when to try them again, when the
+        next call is due meanwhile).  Loops that keep ending soon are tried ever later."""
+        started = anyio.current_time()
+        end = await self._run_loops()
+        now = anyio.current_time()
+        self._loop_ends = 1 if now - started >= MAX_LOOP_RETRY else self._loop_ends + 1
+        retry = min(
+            MAX_LOOP_RETRY,
+            LOOP_RETRY_INTERVALS * self._interval * 2.0 ** (self._loop_ends - 1),
+        )
+        if not end.hung:
+            await self._note(
+                f"{end.message}; one nvidia-smi call per sample until the loop is "
+                f"tried again in {retry:.3g} s"
+            )
+        return now + retry, now + (self._backoff() if end.hung else self._interval)
+
+    async def _sample_by_call_at(self, due: float) -> float:
+        """One sample by one call of each query at ``due``; when the next one is due."""
+        await anyio.sleep(max(0.0, due - anyio.current_time()))
+        sampled = await self._sample_by_call()
+        await self._read_kernel_log()
+        if sampled:
+            # A fixed schedule, not "interval after the call", without catching up bursts.
+            return max(due + self._interval, anyio.current_time())
+        return anyio.current_time() + self._backoff()
 
     def _backoff(self) -> float:
         ceiling = max(MAX_BACKOFF, self._interval)

@@ -56,15 +56,23 @@ from .._contract import (
 )
 from .._process import launcher_of, parse_rank_environ, read_environ, role
 from ._procfs import (
-    CHUNK,
-    DENIED,
     FD_DIR_SIZE_IS_COUNT,
     PROC,
+    SCHEDSTAT,
     VANISHED,
     OpenFiles,
+    count_fds,
     descriptor_budget,
     pread_all,
+    read_children,
+    read_io,
+    read_memory_shares,
     read_proc_file,
+    read_run_time,
+    read_shmem,
+    read_stat,
+    read_statm,
+    run_time,
 )
 
 SAMPLER_NAME = "proc"
@@ -318,6 +326,32 @@ class _Walk:
         self.pss: int | None = 0 if detailed_memory else None
         self.anon_pss: int | None = 0 if detailed_memory else None
 
+    def add(self, process: ProcessFigures) -> None:
+        """One process of the tree, counted in its totals."""
+        self.processes.append(process)
+        self.rss_bytes += process.rss_bytes
+        self.anon_bytes += process.anon_bytes
+        self.threads += process.threads
+        if process.fds is not None:
+            self.fds += process.fds
+        if process.read_bytes is not None:
+            self.read_bytes += process.read_bytes
+        if process.write_bytes is not None:
+            self.write_bytes += process.write_bytes
+
+    def add_memory_shares(self, shares: tuple[int, int, int] | None) -> None:
+        """A process's USS, PSS and anonymous PSS (``--detailed-memory``); None: unreadable."""
+        if self.uss is None or self.pss is None:
+            return
+        if shares is None:
+            # Unreadable smaps: a partial total would mislead.
+            self.uss = self.pss = self.anon_pss = None
+            return
+        self.uss += shares[0]
+        self.pss += shares[1]
+        if self.anon_pss is not None:
+            self.anon_pss += shares[2]
+
 
 class ProcSampler:
     """Reads the tree below ``root_pid`` and the machine; keeps what CPU deltas need.
@@ -482,173 +516,63 @@ class ProcSampler:
         """Add one process to ``walk`` and its children to the walk's stack.
 
         A process that vanishes while being read is left out.  This runs for every process
-        at every sample, so it is written for speed (benchmarks/proc_sampling.py).
+        at every sample, so it is written for speed (benchmarks/proc_sampling.py): one reader
+        per file (:mod:`._procfs`), and what an idle process's files said last time stands.
         """
         base = f"{self._proc}/{pid}/"
-        open_files = self._open_files
         files: list[int] | None = None
         try:
-            if open_files is not None:
-                known = pid in open_files.by_pid
-                files = open_files.get(pid)
-            # A single-threaded process that has not run since the previous sample (its
-            # schedstat run time, its one thread's, exact to the nanosecond, has not moved)
-            # has changed neither its stat nor its children, done no IO and opened no file:
-            # what was read of it then stands, for one read instead of four.
-            idle: _Kept | None = None
-            if files is not None and open_files is not None and not walk.full:
-                kept = self._ran.get(pid)
-                if kept is not None and files[4] >= 0:
-                    try:
-                        if os.pread(files[4], 128, 0).split(None, 1)[0] == kept[0]:
-                            idle = kept
-                    except ProcessLookupError:
-                        pass  # gone, or its pid is another's: read afresh below
-            if idle is not None:
-                stat = idle[4]
-            elif files is None:
-                stat = read_proc_file(base + "stat", one_piece=True)
+            files, kept_before = self._kept_files(pid)
+            idle = self._idle_since_last_sample(pid, files, walk)
+            if idle is None:
+                stat, files = self._read_stat(pid, base, files, kept_before)
             else:
-                try:
-                    stat = os.pread(files[0], CHUNK, 0)
-                except ProcessLookupError:
-                    if not known:
-                        raise
-                    # The process these files were opened for is gone; the pid, found again
-                    # in a children file, is another process's now.
-                    assert open_files is not None
-                    open_files.drop(pid)
-                    files = open_files.get(pid)
-                    assert files is not None
-                    stat = os.pread(files[0], CHUNK, 0)
+                stat = idle[4]
             read_at = self._clock()
             # comm (field 2) may hold spaces and parentheses: it ends at the last ')'.
             name_end = stat.rfind(b")")
             fields = stat[name_end + 2 :].split(None, 22)
             start_ticks = int(fields[19])  # field 22
-            cpu_ticks = int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15)
             thread_count = int(fields[17])  # field 20
-
-            # Resident and shared pages (fields 2 and 3): what is not shared is anonymous.
-            if idle is not None:
-                statm = idle[6]
-            elif files is None or open_files is None:
-                statm = read_proc_file(base + "statm", one_piece=True)
+            statm = read_statm(base, files) if idle is None else idle[6]
+            ran, unchanged = (
+                (idle[0], idle)
+                if idle is not None
+                else self._ran_since_last_sample(pid, base, files, thread_count, start_ticks)
+            )
+            if unchanged is None:
+                io = read_io(base, files)
+                fds = count_fds(base, files, self.counts_fds_by_size)
             else:
-                fd = open_files.open(files, 5, base + "statm")
-                statm = os.pread(fd, 128, 0) if fd >= 0 else b""
-
-            fds: int | None
-            ran: bytes | None = None
-            unchanged = idle
-            if idle is not None:
-                ran = idle[0]
-            elif files is not None and open_files is not None and thread_count == 1:
-                # A process that has not run since the previous sample has done no IO and
-                # opened or closed no file: its figures of both stand (its schedstat's run
-                # time is its one thread's, exact to the nanosecond).
-                fd = open_files.open(files, 4, base + "schedstat")
-                if fd >= 0:
-                    ran = os.pread(fd, 128, 0).split(None, 1)[0]
-                    kept = self._ran.get(pid)
-                    if kept is not None and kept[0] == ran and kept[1] == start_ticks:
-                        unchanged = kept
-            if unchanged is not None:
-                io = unchanged[2]
-                fds = unchanged[3]
-            elif files is not None and open_files is not None:
-                fd = open_files.open(files, 1, base + "io")
-                try:
-                    io = os.pread(fd, CHUNK, 0).split() if fd >= 0 else []
-                except PermissionError:
-                    io = []
-                fd = (
-                    open_files.open(files, 2, base + "fd", os.O_DIRECTORY)
-                    if self.counts_fds_by_size
-                    else DENIED
-                )
-                fds = os.fstat(fd).st_size if fd >= 0 else self._count_fds(base)
-            else:
-                try:
-                    io = read_proc_file(base + "io", one_piece=True).split()
-                except PermissionError:
-                    io = []
-                fds = self._count_fds(base)
-            children: bytes | None = None
-            if walk.by_membership:
-                pass  # every member is on the stack already
-            elif thread_count == 1 and walk.children_of is None:
-                if idle is not None and idle[5] is not None:
-                    children = idle[5]
-                elif files is not None and open_files is not None:
-                    fd = open_files.open(files, 3, f"{base}task/{pid}/children")
-                    children = pread_all(fd) if fd >= 0 else b""
-                else:
-                    children = read_proc_file(f"{base}task/{pid}/children")
-                if children:  # most processes of a tree are leaves
-                    walk.stack.extend(map(int, children.split()))
-            else:
-                walk.stack.extend(self._children(pid, walk))
-            memory = self._read_memory(base) if walk.uss is not None else None
-            cmdline = role = None
+                io, fds = unchanged[2], unchanged[3]
+            children = self._push_children(
+                pid, base, files, thread_count, idle[5] if idle is not None else None, walk
+            )
+            memory = read_memory_shares(base) if walk.uss is not None else None
             name = stat[stat.find(b"(") + 1 : name_end]
             # Described again after an exec (a new name): a forked launcher becomes a rank.
             described = self._described.get(pid) == (start_ticks, name)
-            if not described:
-                cmdline = self._read_cmdline(base)
-                role = self._read_role(base, name, cmdline)
+            cmdline, role = (None, None) if described else self._describe(base, name)
             shmem = self._shmem.get(pid)
             if shmem is None or not described or walk.full:
-                shmem = _read_shmem(base)
+                shmem = read_shmem(base)
         except VANISHED:
-            if files is not None and open_files is not None:
-                open_files.drop(pid)
+            if files is not None and self._open_files is not None:
+                self._open_files.drop(pid)
             return
 
-        cpu_percent: float | None = None
-        previous = self._history.get(pid)
-        if previous is not None and previous[0] == start_ticks:
-            walk.cpu_ticks += cpu_ticks - previous[1]
-            if read_at > previous[2]:
-                # _percent inlined: one call fewer per process.
-                cpu_percent = round(
-                    100.0 * (cpu_ticks - previous[1]) / CLOCK_TICKS / (read_at - previous[2]), 2
-                )
-        elif walk.previous_walk is not None and start_ticks / CLOCK_TICKS >= walk.previous_walk:
-            # Born since the previous walk: all of its CPU time counts in the tree's total,
-            # but a percentage of its own needs two readings (a few ms of life say nothing).
-            walk.cpu_ticks += cpu_ticks
-        if walk.uss is not None and walk.pss is not None:
-            if memory is None:
-                # Unreadable smaps: a partial total would mislead.
-                walk.uss = walk.pss = walk.anon_pss = None
-            else:
-                walk.uss += memory[0]
-                walk.pss += memory[1]
-                if walk.anon_pss is not None:
-                    walk.anon_pss += memory[2]
+        cpu_ticks = int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15)
+        cpu_percent = self._cpu_percent(pid, start_ticks, cpu_ticks, read_at, walk)
+        if walk.uss is not None:
+            walk.add_memory_shares(memory)
         walk.history[pid] = (start_ticks, cpu_ticks, read_at)
         walk.described[pid] = (start_ticks, name)
         if ran is not None:
             walk.ran[pid] = (ran, start_ticks, io, fds, stat, children, statm)
         walk.shmem[pid] = shmem
-
-        # Without CONFIG_TASK_IO_ACCOUNTING the file stops after syscw.
-        read_bytes = write_bytes = None
-        if len(io) > 11 and io[8] == b"read_bytes:":
-            read_bytes = int(io[9])
-            write_bytes = int(io[11])
-            walk.read_bytes += read_bytes
-            walk.write_bytes += write_bytes
+        read_bytes, write_bytes = _io_bytes(io)
         rss = int(fields[21]) * PAGE_SIZE  # field 24
-        walk.rss_bytes += rss
-        pages = statm.split(None, 3)
-        anon = (int(pages[1]) - int(pages[2])) * PAGE_SIZE + shmem if len(pages) > 2 else rss
-        walk.anon_bytes += anon
-        walk.threads += thread_count
-        if fds is not None:
-            walk.fds += fds
-        walk.processes.append(
+        walk.add(
             ProcessFigures(  # positional, in field order: keywords cost more at this rate
                 pid,
                 int(fields[1]),  # ppid
@@ -657,7 +581,7 @@ class ProcSampler:
                 _STATES.get(fields[0]) or fields[0].decode("utf-8", "replace"),
                 cpu_percent,
                 rss,
-                anon,
+                _anon_bytes(statm, shmem, rss),
                 thread_count,
                 fds,
                 read_bytes,
@@ -666,6 +590,108 @@ class ProcSampler:
                 role,
             )
         )
+
+    def _kept_files(self, pid: int) -> tuple[list[int] | None, bool]:
+        """The files of ``pid`` kept open (None: read it by path), and whether they were
+        open before this sample."""
+        open_files = self._open_files
+        if open_files is None:
+            return None, False
+        kept_before = pid in open_files.by_pid
+        return open_files.get(pid), kept_before
+
+    def _idle_since_last_sample(
+        self, pid: int, files: list[int] | None, walk: _Walk
+    ) -> _Kept | None:
+        """What the previous sample read of ``pid``, if it still stands: one read instead of
+        four.
+
+        A single-threaded process that has not run since then (its schedstat run time, its
+        one thread's, exact to the nanosecond, has not moved) has changed neither its stat
+        nor its children, done no IO and opened no file.  Never on a full read.
+        """
+        if files is None or walk.full:
+            return None
+        kept = self._ran.get(pid)
+        if kept is None or files[SCHEDSTAT] < 0:
+            return None
+        try:
+            return kept if run_time(files[SCHEDSTAT]) == kept[0] else None
+        except ProcessLookupError:
+            return None  # gone, or its pid is another's: read afresh
+
+    def _read_stat(
+        self, pid: int, base: str, files: list[int] | None, kept_before: bool
+    ) -> tuple[bytes, list[int] | None]:
+        """The ``stat`` of ``pid``, and its files: opened afresh when the kept ones were a
+        process that is gone (the pid, found again in a children file, is another's now)."""
+        try:
+            return read_stat(base, files), files
+        except ProcessLookupError:
+            if not kept_before or self._open_files is None:
+                raise
+            self._open_files.drop(pid)
+            files = self._open_files.get(pid)
+            assert files is not None
+            return read_stat(base, files), files
+
+    def _ran_since_last_sample(
+        self, pid: int, base: str, files: list[int] | None, thread_count: int, start_ticks: int
+    ) -> tuple[bytes | None, _Kept | None]:
+        """The run time of a single-threaded process with kept files (else None), and what the
+        previous sample read of it if it has not run since: its IO and open files stand."""
+        if files is None or thread_count != 1:
+            return None, None
+        ran = read_run_time(base, files)
+        kept = self._ran.get(pid)
+        if ran is not None and kept is not None and kept[0] == ran and kept[1] == start_ticks:
+            return ran, kept
+        return ran, None
+
+    def _push_children(
+        self,
+        pid: int,
+        base: str,
+        files: list[int] | None,
+        thread_count: int,
+        kept_children: bytes | None,
+        walk: _Walk,
+    ) -> bytes | None:
+        """Put the children of ``pid`` on the walk's stack; the content of its ``children``
+        file if that was read (``kept_children``: the previous sample's, for an idle one)."""
+        if walk.by_membership:
+            return None  # every member is on the stack already
+        if thread_count != 1 or walk.children_of is not None:
+            walk.stack.extend(self._children(pid, walk))
+            return None
+        children = kept_children if kept_children is not None else read_children(base, pid, files)
+        if children:  # most processes of a tree are leaves
+            walk.stack.extend(map(int, children.split()))
+        return children
+
+    def _describe(self, base: str, name: bytes) -> tuple[list[str] | None, Any]:
+        """A process's command line and its part in a distributed run."""
+        cmdline = self._read_cmdline(base)
+        return cmdline, self._read_role(base, name, cmdline)
+
+    def _cpu_percent(
+        self, pid: int, start_ticks: int, cpu_ticks: int, read_at: float, walk: _Walk
+    ) -> float | None:
+        """The process's CPU since the previous sample (None the first time); its ticks since
+        then go to the tree's total."""
+        previous = self._history.get(pid)
+        if previous is not None and previous[0] == start_ticks:
+            walk.cpu_ticks += cpu_ticks - previous[1]
+            if read_at > previous[2]:
+                # _percent inlined: one call fewer per process.
+                return round(
+                    100.0 * (cpu_ticks - previous[1]) / CLOCK_TICKS / (read_at - previous[2]), 2
+                )
+        elif walk.previous_walk is not None and start_ticks / CLOCK_TICKS >= walk.previous_walk:
+            # Born since the previous walk: all of its CPU time counts in the tree's total,
+            # but a percentage of its own needs two readings (a few ms of life say nothing).
+            walk.cpu_ticks += cpu_ticks
+        return None
 
     def _members(self) -> list[int] | None:
         """The pids in the tree's cgroup, newest list; None when there is none to read (no
@@ -681,14 +707,6 @@ class ProcSampler:
             if self._members_fd is not None:
                 os.close(self._members_fd)
                 self._members_fd = None
-            return None
-
-    def _count_fds(self, base: str) -> int | None:
-        try:
-            if self.counts_fds_by_size:
-                return os.stat(base + "fd").st_size
-            return len(os.listdir(base + "fd"))
-        except PermissionError:
             return None
 
     def _children(self, pid: int, walk: _Walk) -> list[int]:
@@ -722,24 +740,6 @@ class ProcSampler:
             ppid = int(stat[stat.rfind(b")") + 2 :].split(None, 2)[1])
             children_of.setdefault(ppid, []).append(int(name))
         return children_of
-
-    def _read_memory(self, base: str) -> tuple[int, int, int] | None:
-        """(USS, PSS, PSS of anonymous and shared memory) in bytes from ``smaps_rollup``:
-        the first two as psutil's ``memory_full_info``."""
-        try:
-            data = read_proc_file(base + "smaps_rollup", one_piece=True)
-        except PermissionError:
-            return None
-        uss = pss = anon_pss = 0
-        for line in data.splitlines():
-            key, _, rest = line.partition(b":")
-            if key in (b"Private_Clean", b"Private_Dirty", b"Private_Hugetlb"):
-                uss += int(rest.split()[0]) * 1024
-            elif key == b"Pss":
-                pss = int(rest.split()[0]) * 1024
-            elif key in (b"Pss_Anon", b"Pss_Shmem"):
-                anon_pss += int(rest.split()[0]) * 1024
-        return uss, pss, anon_pss
 
     def _read_cmdline(self, base: str) -> list[str] | None:
         try:
@@ -833,17 +833,19 @@ def _meminfo_bytes(meminfo: bytes, needle: bytes) -> int | None:
     return int(meminfo[start : meminfo.index(b"kB", start)]) * 1024
 
 
-def _read_shmem(base: str) -> int:
-    """``RssShmem`` of a process in bytes (0 where the kernel does not say)."""
-    try:
-        status = read_proc_file(base + "status", one_piece=True)
-    except PermissionError:
-        return 0
-    at = status.find(b"\nRssShmem:")
-    if at < 0:
-        return 0
-    start = at + len(b"\nRssShmem:")
-    return int(status[start : status.index(b"kB", start)]) * 1024
+def _io_bytes(io: list[bytes]) -> tuple[int | None, int | None]:
+    """(read_bytes, write_bytes) from the words of an ``io`` file, or None for both."""
+    # Without CONFIG_TASK_IO_ACCOUNTING the file stops after syscw.
+    if len(io) > 11 and io[8] == b"read_bytes:":
+        return int(io[9]), int(io[11])
+    return None, None
+
+
+def _anon_bytes(statm: bytes, shmem: int, rss: int) -> int:
+    """The memory that can run out: resident pages not shared (``statm`` fields 2 and 3) and
+    shared memory (``shmem``); the RSS where ``statm`` could not be read."""
+    pages = statm.split(None, 3)
+    return (int(pages[1]) - int(pages[2])) * PAGE_SIZE + shmem if len(pages) > 2 else rss
 
 
 #: Where POSIX shared memory lives (``shm_open``, a data loader's segments).
@@ -1007,19 +1009,68 @@ async def _sample_on_ticks(
 ) -> None:
     """Hand each tick's sample to the sink, telling what goes wrong, until cancelled or the
     tree is gone; past ``blind_after`` seconds without a sample, call ``on_blind``."""
-    error_told = degraded = blind_told = False
-    last_sample_at = sink.elapsed()
+    handling = _TickHandling(
+        sink,
+        sampler,
+        on_tree=on_tree,
+        read_timeout=read_timeout,
+        tree_gone=tree_gone,
+        on_blind=on_blind,
+        blind_after=blind_after,
+    )
     while True:
-        outcome: _TickOutcome | None = None
-        ride_hung = False
+        outcome, ride_hung = await _next_tick(ticker, read_timeout)
+        if await handling.handle(outcome, ride_hung):
+            return
+        if ticks is not None:
+            ticks.notify()
+
+
+async def _next_tick(
+    ticker: Ticker[_TickOutcome], read_timeout: float
+) -> tuple[_TickOutcome | None, bool]:
+    """What the next tick's job did (None if it had not begun by ``read_timeout``), and
+    whether one of its rides hung."""
+    try:
+        return await ticker.next(timeout=read_timeout), False
+    except TickTimeout as exc:
+        outcome: _TickOutcome | None = exc.partial.get("outcome")
+        # A ride that hung (the rides run before the read) is its rider's to tell; the
+        # next tick's read, in a new thread, is not held up by it.
+        return outcome, outcome is not None and not all(ride.finished for ride in outcome.rides)
+
+
+class _TickHandling:
+    """What the sampler's task does with each tick: the sample handed to the sink, the
+    sampler degraded (reads that hang) and recovered, an error told once (then counted),
+    and a sampler without samples for too long told once as blind."""
+
+    def __init__(
+        self,
+        sink: EventSink,
+        sampler: ProcSampler,
+        *,
+        on_tree: Callable[[frozenset[int]], None] | None,
+        read_timeout: float,
+        tree_gone: anyio.Event | None,
+        on_blind: Callable[[str, str], Awaitable[None]] | None,
+        blind_after: float,
+    ) -> None:
+        self.sink = sink
+        self.sampler = sampler
+        self.on_tree = on_tree
+        self.read_timeout = read_timeout
+        self.tree_gone = tree_gone
+        self.on_blind = on_blind
+        self.blind_after = blind_after
+        self.error_told = False
+        self.degraded = False
+        self.blind_told = False
+        self.last_sample_at = sink.elapsed()
+
+    async def handle(self, outcome: _TickOutcome | None, ride_hung: bool) -> bool:
+        """Handle one tick; True when the tree is gone (the sampler is done)."""
         sampled = False
-        try:
-            outcome = await ticker.next(timeout=read_timeout)
-        except TickTimeout as exc:
-            outcome = exc.partial.get("outcome")
-            # A ride that hung (the rides run before the read) is its rider's to tell; the
-            # next tick's read, in a new thread, is not held up by it.
-            ride_hung = outcome is not None and not all(ride.finished for ride in outcome.rides)
         try:
             if outcome is not None:
                 for ride in outcome.rides:
@@ -1028,64 +1079,77 @@ async def _sample_on_ticks(
                 if outcome.error is not None:
                     raise outcome.error
             sample = outcome.sample if outcome is not None else None
-            gone = tree_gone is not None and tree_gone.is_set()
+            gone = self.tree_gone is not None and self.tree_gone.is_set()
             if sample is not None and not sample.processes and gone:
                 # Read after the reaper's last child went: an empty tree, not a sample of the
                 # run (its "0 processes" would end every series), and the last there is.
-                return
+                return True
             busy = outcome is not None and outcome.read and sample is None
             if sample is not None:
                 sampled = True
-                if degraded:
-                    degraded = False
-                    await sink.emit(
-                        SamplerRecovered(sink.elapsed(), SAMPLER_NAME, "/proc reads are back")
-                    )
-                if sink.waiting() >= SAMPLES_BEHIND:
-                    # The ticker waits for this task, not for the serializer: while
-                    # the serializer is behind (a huge tree, a starved machine), a new
-                    # sample is dropped and counted, never queued up behind it.
-                    sink.counters.dropped_samples += 1
-                    sampler.forget_descriptions(sample)
-                elif not sink.offer(sample):
-                    sampler.forget_descriptions(sample)
-                if on_tree is not None:
-                    on_tree(sample.pids)
-            elif not busy and not degraded and not ride_hung:
-                # The thread is abandoned, not stopped: the next reads return None
-                # at once until it comes back, so stuck threads never pile up.
-                degraded = True
-                sink.counters.sampler_errors += 1
-                await sink.emit(
-                    SamplerDegraded(
-                        sink.elapsed(),
-                        SAMPLER_NAME,
-                        f"reading /proc took more than {read_timeout:g} s; "
-                        "skipping samples until it returns",
-                    )
-                )
+                await self._deliver(sample)
+            elif not busy and not self.degraded and not ride_hung:
+                await self._degrade()
         except Exception as exc:
-            sink.counters.sampler_errors += 1
-            if not error_told:
-                error_told = True
-                await sink.emit(
-                    SamplerNote(
-                        sink.elapsed(),
-                        SAMPLER_NAME,
-                        f"proc sampler error (later ones are only counted): {exc!r}",
-                        {"error": repr(exc), "type": type(exc).__name__},
-                    )
-                )
-        now = sink.elapsed()
-        if sampled:
-            last_sample_at = now
-        elif on_blind is not None and not blind_told and now - last_sample_at >= blind_after:
-            blind_told = True
-            await on_blind(
-                "monitor_error",
-                f"the proc sampler had no sample of the process tree for "
-                f"{now - last_sample_at:.1f}s (reads that hang or fail, or no thread to read "
-                "in): the run was not being watched",
+            await self._count_error(exc)
+        await self._tell_if_blind(sampled)
+        return False
+
+    async def _deliver(self, sample: ProcSample) -> None:
+        sink = self.sink
+        if self.degraded:
+            self.degraded = False
+            await sink.emit(SamplerRecovered(sink.elapsed(), SAMPLER_NAME, "/proc reads are back"))
+        if sink.waiting() >= SAMPLES_BEHIND:
+            # The ticker waits for this task, not for the serializer: while the serializer
+            # is behind (a huge tree, a starved machine), a new sample is dropped and
+            # counted, never queued up behind it.
+            sink.counters.dropped_samples += 1
+            self.sampler.forget_descriptions(sample)
+        elif not sink.offer(sample):
+            self.sampler.forget_descriptions(sample)
+        if self.on_tree is not None:
+            self.on_tree(sample.pids)
+
+    async def _degrade(self) -> None:
+        # The thread is abandoned, not stopped: the next reads return None at once until it
+        # comes back, so stuck threads never pile up.
+        self.degraded = True
+        self.sink.counters.sampler_errors += 1
+        await self.sink.emit(
+            SamplerDegraded(
+                self.sink.elapsed(),
+                SAMPLER_NAME,
+                f"reading /proc took more than {self.read_timeout:g} s; "
+                "skipping samples until it returns",
             )
-        if ticks is not None:
-            ticks.notify()
+        )
+
+    async def _count_error(self, exc: Exception) -> None:
+        self.sink.counters.sampler_errors += 1
+        if self.error_told:
+            return
+        self.error_told = True
+        await self.sink.emit(
+            SamplerNote(
+                self.sink.elapsed(),
+                SAMPLER_NAME,
+                f"proc sampler error (later ones are only counted): {exc!r}",
+                {"error": repr(exc), "type": type(exc).__name__},
+            )
+        )
+
+    async def _tell_if_blind(self, sampled: bool) -> None:
+        now = self.sink.elapsed()
+        if sampled:
+            self.last_sample_at = now
+            return
+        if self.on_blind is None or self.blind_told or now - self.last_sample_at < self.blind_after:
+            return
+        self.blind_told = True
+        await self.on_blind(
+            "monitor_error",
+            f"the proc sampler had no sample of the process tree for "
+            f"{now - self.last_sample_at:.1f}s (reads that hang or fail, or no thread to read "
+            "in): the run was not being watched",
+        )

@@ -66,6 +66,8 @@ def descriptor_budget() -> int:
 #: The files of one process kept open: stat, io, the fd directory, the main thread's children,
 #: its schedstat and statm.
 FILES_PER_PROCESS = 6
+#: Where each of those files is in a process's list of descriptors (:attr:`OpenFiles.by_pid`).
+STAT, IO, FD_DIR, CHILDREN, SCHEDSTAT, STATM = range(FILES_PER_PROCESS)
 #: A file that could not be opened for want of permission (``io`` of another user's process).
 DENIED = -1
 #: A file not opened (yet).
@@ -83,7 +85,7 @@ class OpenFiles:
         self._proc = proc
         self._max_processes = budget // FILES_PER_PROCESS
         #: pid -> [stat, io, fd directory, children, schedstat, statm] descriptors (or
-        #: DENIED, CLOSED).
+        #: DENIED, CLOSED), at the indices STAT, IO, FD_DIR, CHILDREN, SCHEDSTAT, STATM.
         self.by_pid: dict[int, list[int]] = {}
 
     def get(self, pid: int) -> list[int] | None:
@@ -96,7 +98,8 @@ class OpenFiles:
             files = self.by_pid[pid] = [stat, CLOSED, CLOSED, CLOSED, CLOSED, CLOSED]
         return files
 
-    def open(self, files: list[int], which: int, path: str, flags: int = 0) -> int:
+    @staticmethod
+    def open(files: list[int], which: int, path: str, flags: int = 0) -> int:
         """The descriptor ``which`` of ``files``, opened from ``path`` on first use."""
         fd = files[which]
         if fd == CLOSED:
@@ -136,3 +139,105 @@ def pread_all(fd: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
+
+
+# One reader per file of a process.  ``base`` is the process's directory with a trailing
+# slash; ``files`` its descriptors kept open (:meth:`OpenFiles.get`), or None to read by path.
+# A process that is gone raises one of VANISHED.
+
+
+def read_stat(base: str, files: list[int] | None) -> bytes:
+    """``stat``: state, parent, CPU ticks, threads, start time, RSS."""
+    if files is None:
+        return read_proc_file(base + "stat", one_piece=True)
+    return os.pread(files[STAT], CHUNK, 0)
+
+
+def read_statm(base: str, files: list[int] | None) -> bytes:
+    """``statm``: sizes in pages (resident and shared are fields 2 and 3); empty if denied."""
+    if files is None:
+        return read_proc_file(base + "statm", one_piece=True)
+    fd = OpenFiles.open(files, STATM, base + "statm")
+    return os.pread(fd, 128, 0) if fd >= 0 else b""
+
+
+def run_time(schedstat_fd: int) -> bytes:
+    """The first field of an open ``schedstat``: the nanoseconds the process ran on a CPU
+    (its one thread's, exact: unchanged means it has not run)."""
+    return os.pread(schedstat_fd, 128, 0).split(None, 1)[0]
+
+
+def read_run_time(base: str, files: list[int]) -> bytes | None:
+    """:func:`run_time` of a process whose files are kept open; None if denied."""
+    fd = OpenFiles.open(files, SCHEDSTAT, base + "schedstat")
+    return run_time(fd) if fd >= 0 else None
+
+
+def read_io(base: str, files: list[int] | None) -> list[bytes]:
+    """The words of ``io``; none where it may not be read (another user's process)."""
+    try:
+        if files is None:
+            return read_proc_file(base + "io", one_piece=True).split()
+        fd = OpenFiles.open(files, IO, base + "io")
+        return os.pread(fd, CHUNK, 0).split() if fd >= 0 else []
+    except PermissionError:
+        return []
+
+
+def count_fds(base: str, files: list[int] | None, by_size: bool) -> int | None:
+    """The files a process has open; None where its ``fd`` directory may not be read.
+
+    ``by_size``: the size of the directory is the count (see :data:`FD_DIR_SIZE_IS_COUNT`),
+    one ``fstat`` of the kept directory; else the directory is listed.
+    """
+    if files is not None and by_size:
+        fd = OpenFiles.open(files, FD_DIR, base + "fd", os.O_DIRECTORY)
+        if fd >= 0:
+            return os.fstat(fd).st_size
+    try:
+        if by_size:
+            return os.stat(base + "fd").st_size
+        return len(os.listdir(base + "fd"))
+    except PermissionError:
+        return None
+
+
+def read_children(base: str, pid: int, files: list[int] | None) -> bytes:
+    """The ``children`` file of the process's main thread: the pids it forked, by spaces."""
+    path = f"{base}task/{pid}/children"
+    if files is None:
+        return read_proc_file(path)
+    fd = OpenFiles.open(files, CHILDREN, path)
+    return pread_all(fd) if fd >= 0 else b""
+
+
+def read_shmem(base: str) -> int:
+    """``RssShmem`` of ``status`` in bytes (0 where the kernel does not say, or if denied)."""
+    try:
+        status = read_proc_file(base + "status", one_piece=True)
+    except PermissionError:
+        return 0
+    at = status.find(b"\nRssShmem:")
+    if at < 0:
+        return 0
+    start = at + len(b"\nRssShmem:")
+    return int(status[start : status.index(b"kB", start)]) * 1024
+
+
+def read_memory_shares(base: str) -> tuple[int, int, int] | None:
+    """(USS, PSS, PSS of anonymous and shared memory) in bytes from ``smaps_rollup`` (the
+    first two as psutil's ``memory_full_info``); None if denied."""
+    try:
+        data = read_proc_file(base + "smaps_rollup", one_piece=True)
+    except PermissionError:
+        return None
+    uss = pss = anon_pss = 0
+    for line in data.splitlines():
+        key, _, rest = line.partition(b":")
+        if key in (b"Private_Clean", b"Private_Dirty", b"Private_Hugetlb"):
+            uss += int(rest.split()[0]) * 1024
+        elif key == b"Pss":
+            pss = int(rest.split()[0]) * 1024
+        elif key in (b"Pss_Anon", b"Pss_Shmem"):
+            anon_pss += int(rest.split()[0]) * 1024
+    return uss, pss, anon_pss

@@ -397,31 +397,9 @@ class TrainerStateSource:
         self.garbage = 0
 
     def read(self, keys: KeyChoice, reading: StepReading) -> None:
-        try:
-            st = os.stat(self._path)
-        except OSError:
+        data = self._load(reading)
+        if data is None:
             return
-        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if seen == self._seen:
-            return
-        if st.st_size > MAX_STATE_BYTES:
-            if not self._noted:
-                self._noted = True
-                reading.notes.append(
-                    f"{self.name} is larger than {MAX_STATE_BYTES} bytes: not read"
-                )
-            self._seen = seen
-            return
-        try:
-            with open(self._path, "rb") as handle:
-                data = json.loads(handle.read(MAX_STATE_BYTES))
-        except OSError:
-            return
-        except (ValueError, RecursionError):
-            # Being written: read again when it changes.
-            self.garbage += 1
-            return
-        self._seen = seen
         before_start, self._before_start = self._before_start, False
         if not isinstance(data, dict):
             return
@@ -431,23 +409,7 @@ class TrainerStateSource:
             reading.max_steps = max_steps
         history = data.get("log_history")
         if isinstance(history, list):
-            new = history[self._history_read :] if len(history) >= self._history_read else history
-            start = self._history_read if len(history) >= self._history_read else 0
-            for index, entry in enumerate(new, start):
-                # The end-of-training entry holds the run's mean loss (train_loss) and its
-                # runtime: a summary, not a step's loss.
-                if isinstance(entry, dict) and "train_runtime" not in entry:
-                    record = keys.record(
-                        entry,
-                        self.name,
-                        self.kind,
-                        f"log_history[{index}]",
-                        before_start=before_start,
-                    )
-                    if record is not None:
-                        reading.records.append(record)
-            reading.lines[self.name] = reading.lines.get(self.name, 0) + len(new)
-            self._history_read = len(history)
+            self._read_history(history, keys, reading, before_start)
         if global_step is not None:
             self.global_step = global_step
             reading.records.append(
@@ -460,6 +422,55 @@ class TrainerStateSource:
                     before_start=before_start,
                 )
             )
+
+    def _load(self, reading: StepReading) -> object | None:
+        """The file's JSON if it changed since it was last read whole (bounded); None if it
+        did not, is too large (noted once), cannot be read, or is being written."""
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            return None
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if seen == self._seen:
+            return None
+        if st.st_size > MAX_STATE_BYTES:
+            if not self._noted:
+                self._noted = True
+                reading.notes.append(
+                    f"{self.name} is larger than {MAX_STATE_BYTES} bytes: not read"
+                )
+            self._seen = seen
+            return None
+        try:
+            with open(self._path, "rb") as handle:
+                data: object = json.loads(handle.read(MAX_STATE_BYTES))
+        except OSError:
+            return None
+        except (ValueError, RecursionError):
+            # Being written: read again when it changes.
+            self.garbage += 1
+            return None
+        self._seen = seen
+        return data
+
+    def _read_history(
+        self, history: list[Any], keys: KeyChoice, reading: StepReading, before_start: bool
+    ) -> None:
+        """The ``log_history`` entries not read before (all of them if the file was rewritten
+        shorter): a record for each step's entry."""
+        new = history[self._history_read :] if len(history) >= self._history_read else history
+        start = self._history_read if len(history) >= self._history_read else 0
+        for index, entry in enumerate(new, start):
+            # The end-of-training entry holds the run's mean loss (train_loss) and its
+            # runtime: a summary, not a step's loss.
+            if isinstance(entry, dict) and "train_runtime" not in entry:
+                record = keys.record(
+                    entry, self.name, self.kind, f"log_history[{index}]", before_start=before_start
+                )
+                if record is not None:
+                    reading.records.append(record)
+        reading.lines[self.name] = reading.lines.get(self.name, 0) + len(new)
+        self._history_read = len(history)
 
 
 Source = JsonLinesSource | CsvSource | TrainerStateSource

@@ -556,7 +556,7 @@ async def run_watchdog(
                     scan_timeout,
                     watches_placed,
                 )
-            await _watch(
+            await _WatchLoop(
                 sink,
                 watcher,
                 progress_dir,
@@ -569,7 +569,7 @@ async def run_watchdog(
                 scan_timeout,
                 rides,
                 watches_placed,
-            )
+            ).run()
             tg.cancel_scope.cancel()
     finally:
         if watcher is not None:
@@ -660,179 +660,265 @@ async def _seed(
     )
 
 
-async def _watch(
-    sink: EventSink,
-    watcher: Inotify | None,
-    progress_dir: Path,
-    tracker: ProgressTracker,
-    ignore: Callable[[], Collection[FileKey]],
-    scanner: _Scanner,
-    scan_interval: float,
-    limiter: anyio.CapacityLimiter,
-    on_failure: Callable[[str, str], Awaitable[None]],
-    scan_timeout: float,
-    rides: Rides | None = None,
-    watches_placed: anyio.Event | None = None,
-) -> None:
-    next_scan = _next_on_grid(sink.elapsed(), scan_interval)
-    #: The period of full scans: the interval, or longer for a huge tree that inotify
-    #: watches whole (then the scans run on their own hop, not on the sampler's).
-    period = scan_interval
-    root_watched = False
-    with contextlib.suppress(BlockingCallTimeout):
-        root_watched = await run_blocking(
-            os.path.isdir, progress_dir, timeout=scan_timeout, what=f"a stat of {progress_dir}"
-        )
-    ride: Ride[ScanResult] | None = None
-    #: Scan key -> when inotify last told of a change to it, since the last scan.
-    heard: dict[str, float] = {}
-    #: inotify lost events: scan at once rather than at the next tick.
-    rescan = False
-    #: When the last scan came back: a change a scan finds happened after it.
-    scanned_at = sink.elapsed()
-    while True:
-        riding = rides is not None and period == scan_interval
-        if riding and ride is None and scanner.running_since is None:
-            assert rides is not None
+class _WatchLoop:
+    """The watchdog's loop: wait for the next scan (or the deadline), listening to inotify
+    when the scan is far off; take the scan's result, report what changed and judge the
+    rules; until a rule is broken (then ``on_failure``) or the task is cancelled."""
+
+    def __init__(
+        self,
+        sink: EventSink,
+        watcher: Inotify | None,
+        progress_dir: Path,
+        tracker: ProgressTracker,
+        ignore: Callable[[], Collection[FileKey]],
+        scanner: _Scanner,
+        scan_interval: float,
+        limiter: anyio.CapacityLimiter,
+        on_failure: Callable[[str, str], Awaitable[None]],
+        scan_timeout: float,
+        rides: Rides | None = None,
+        watches_placed: anyio.Event | None = None,
+    ) -> None:
+        self.sink = sink
+        self.watcher = watcher
+        self.progress_dir = progress_dir
+        self.tracker = tracker
+        self.ignore = ignore
+        self.scanner = scanner
+        self.scan_interval = scan_interval
+        self.limiter = limiter
+        self.on_failure = on_failure
+        self.scan_timeout = scan_timeout
+        self.rides = rides
+        self.watches_placed = watches_placed
+        self.next_scan = _next_on_grid(sink.elapsed(), scan_interval)
+        #: The period of full scans: the interval, or longer for a huge tree that inotify
+        #: watches whole (then the scans run on their own hop, not on the sampler's).
+        self.period = scan_interval
+        #: Whether the progress directory exists (and so is watched, with inotify).
+        self.root_watched = False
+        #: The scan posted to ride on the sampler's next tick, until it is taken.
+        self.ride: Ride[ScanResult] | None = None
+        #: Scan key -> when inotify last told of a change to it, since the last scan.
+        self.heard: dict[str, float] = {}
+        #: inotify lost events: scan at once rather than at the next tick.
+        self.rescan = False
+        #: When the last scan came back: a change a scan finds happened after it.
+        self.scanned_at = sink.elapsed()
+
+    async def run(self) -> None:
+        self.root_watched = await self._progress_dir_exists(f"a stat of {self.progress_dir}")
+        while True:
+            self._post_riding_scan()
+            wake = self._wake_at()
+            listening = self._listening()
+            with anyio.move_on_after(max(0.0, wake - self.sink.elapsed())):
+                if await _inotify_or_scan(self.watcher if listening else None, self.ride):
+                    broken = await self._hear_inotify()
+                    if broken is not None:
+                        await self.on_failure(*broken)
+                        return
+                    continue
+            result = await self._scan()
+            now = self.sink.elapsed()
+            self._plan_next_scan(now)
+            await self._catch_up_with_inotify(now)
+            broken = await self._take_scan(result, now)
+            if broken is not None:
+                await self.on_failure(*broken)
+                return
+            if self.watcher is not None and not self.root_watched:
+                await self._watch_progress_dir_once_created()
+
+    def _post_riding_scan(self) -> None:
+        """Post the next scan to the sampler's tick, when scans ride on it (a full scan each
+        interval) and none is posted or running."""
+        if self.rides is None or self.period != self.scan_interval:
+            return
+        if self.ride is None and self.scanner.running_since is None:
             # Posted ahead, so the sampler's hop at the next tick takes it.
-            ride = rides.post(scanner, scan_timeout)
-        # A riding scan comes back with the sampler's tick: no timer of the watchdog's own
-        # wakes the loop for it, only the deadline (or an overflow, which wants a scan now).
-        wake = tracker.deadline()
-        if ride is None or rescan:
-            wake = min(next_scan, wake)
-        else:
-            # A riding scan that has not come back one interval after its tick (the tick's
-            # thread held up by a read of a huge tree on a starved machine) is hurried.
-            wake = min(next_scan + scan_interval, wake)
-        # With the next scan near (an interval of a second or less), inotify is not listened
-        # to: what it has is read when the scan comes back, and a change is dated by its
-        # file's mtime, so a trainer's every write does not wake the monitor.
-        listening = watcher is not None and (
-            ride is None or rescan or next_scan - sink.elapsed() > HEARD_WAIT_SECONDS
+            self.ride = self.rides.post(self.scanner, self.scan_timeout)
+
+    def _wake_at(self) -> float:
+        """When to stop waiting: the deadline, or the next scan's time if it is this loop's
+        to run.  A riding scan comes back with the sampler's tick: no timer of the watchdog's
+        own wakes the loop for it, only the deadline (or an overflow, which wants a scan now)."""
+        deadline = self.tracker.deadline()
+        if self.ride is None or self.rescan:
+            return min(self.next_scan, deadline)
+        # A riding scan that has not come back one interval after its tick (the tick's
+        # thread held up by a read of a huge tree on a starved machine) is hurried.
+        return min(self.next_scan + self.scan_interval, deadline)
+
+    def _listening(self) -> bool:
+        """Whether to listen to inotify while waiting.
+
+        With the next scan near (an interval of a second or less), inotify is not listened
+        to: what it has is read when the scan comes back, and a change is dated by its
+        file's mtime, so a trainer's every write does not wake the monitor.
+        """
+        return self.watcher is not None and (
+            self.ride is None
+            or self.rescan
+            or self.next_scan - self.sink.elapsed() > HEARD_WAIT_SECONDS
         )
-        with anyio.move_on_after(max(0.0, wake - sink.elapsed())):
-            if await _inotify_or_scan(watcher if listening else None, ride):
-                assert watcher is not None
-                touched = watcher.read(progress_dir)
-                if watcher.overflowed:
-                    watcher.overflowed = False
-                    next_scan = sink.elapsed()
-                    rescan = True
-                now = sink.elapsed()  # the change is dated when it was heard of
-                if watcher.pending:
-                    with contextlib.suppress(BlockingCallTimeout):
-                        touched.update(
-                            await run_blocking(
-                                watcher.watch_pending,
-                                timeout=scan_timeout,
-                                what="watching new directories with inotify",
-                            )
-                        )
-                if next_scan - now <= HEARD_WAIT_SECONDS:
-                    # Looked at by the next scan (on the sampler's hop at the next tick), not
-                    # by a thread hop of its own for every write of the trainer's.
-                    for key in touched:
-                        heard[key] = now
-                elif touched:
-                    with contextlib.suppress(BlockingCallTimeout):
-                        previous = tracker.last_change
-                        updates, reading = await run_blocking(
-                            stat_and_read,
-                            progress_dir,
-                            touched,
-                            ignore(),
-                            scanner.steps,
-                            timeout=scan_timeout,
-                            what="a stat of the files that changed",
-                        )
-                        changed = tracker.observe_some(updates, now)
-                        await _report(
-                            sink,
-                            changed,
-                            now,
-                            previous,
-                            tracker.grown_bytes,
-                            tracker.rank_grown_bytes,
-                        )
-                        if reading is not None and tracker.steps is not None:
-                            # Scans far apart (a huge tree): the steps are read when written.
-                            broken_loss = await report_steps(sink, tracker, reading, now)
-                            if broken_loss is not None:
-                                await on_failure(*broken_loss)
-                                return
-                continue
-        previous = tracker.last_change
-        changed = []
-        result: ScanResult | None = None
+
+    async def _hear_inotify(self) -> tuple[str, str] | None:
+        """Take what inotify told: near the next scan, left for it (dated now); else the
+        files are looked at now.  Returns the rule their steps broke, if any."""
+        watcher = self.watcher
+        assert watcher is not None
+        touched = watcher.read(self.progress_dir)
+        self._rescan_if_overflowed(self.sink.elapsed())
+        now = self.sink.elapsed()  # the change is dated when it was heard of
+        if watcher.pending:
+            touched.update(await self._watch_new_directories())
+        if self.next_scan - now <= HEARD_WAIT_SECONDS:
+            # Looked at by the next scan (on the sampler's hop at the next tick), not by a
+            # thread hop of its own for every write of the trainer's.
+            for key in touched:
+                self.heard[key] = now
+            return None
+        if touched:
+            return await self._look_at(touched, now)
+        return None
+
+    async def _look_at(self, touched: Collection[str], now: float) -> tuple[str, str] | None:
+        """Report the changes to the files inotify told of, and what the step sources wrote
+        if one of them is a step source; returns the rule the steps broke, if any."""
+        tracker = self.tracker
         with contextlib.suppress(BlockingCallTimeout):
-            if rides is not None and ride is not None:
-                taking, ride = ride, None
-                result = await ride_or_run(
-                    rides, taking, what=f"the scan of {progress_dir}", limiter=limiter
+            previous = tracker.last_change
+            updates, reading = await run_blocking(
+                stat_and_read,
+                self.progress_dir,
+                touched,
+                self.ignore(),
+                self.scanner.steps,
+                timeout=self.scan_timeout,
+                what="a stat of the files that changed",
+            )
+            changed = tracker.observe_some(updates, now)
+            await _report(
+                self.sink, changed, now, previous, tracker.grown_bytes, tracker.rank_grown_bytes
+            )
+            if reading is not None and tracker.steps is not None:
+                # Scans far apart (a huge tree): the steps are read when written.
+                return await report_steps(self.sink, tracker, reading, now)
+        return None
+
+    async def _scan(self) -> ScanResult | None:
+        """The scan of this interval: the riding one (hurried if its tick is late), else one
+        in a thread of its own; None if it did not come back in time, or if the last scan is
+        still stuck (this interval has no scan: the deadline is judged as if nothing changed)."""
+        what = f"the scan of {self.progress_dir}"
+        with contextlib.suppress(BlockingCallTimeout):
+            if self.rides is not None and self.ride is not None:
+                taking, self.ride = self.ride, None
+                return await ride_or_run(self.rides, taking, what=what, limiter=self.limiter)
+            if self.scanner.running_since is None:
+                return await run_blocking(
+                    self.scanner, timeout=self.scan_timeout, what=what, limiter=self.limiter
                 )
-            elif scanner.running_since is None:
-                # (Else the last scan is still stuck: this interval has no scan, and the
-                # deadline is judged as if nothing changed.)
-                result = await run_blocking(
-                    scanner,
-                    timeout=scan_timeout,
-                    what=f"the scan of {progress_dir}",
-                    limiter=limiter,
-                )
-        now = sink.elapsed()
+        return None
+
+    def _plan_next_scan(self, now: float) -> None:
+        """The next scan on the sampler's grid: one interval on, or a longer period (see
+        :func:`full_scan_period`) where inotify watches the whole tree."""
+        watcher = self.watcher
         whole_tree_watched = (
             watcher is not None
             and not watcher.full
-            and root_watched
-            and watches_placed is not None
-            and watches_placed.is_set()
+            and self.root_watched
+            and self.watches_placed is not None
+            and self.watches_placed.is_set()
         )
-        period = (
-            full_scan_period(scanner.last_cost, scan_interval)
+        self.period = (
+            full_scan_period(self.scanner.last_cost, self.scan_interval)
             if whole_tree_watched
-            else scan_interval
+            else self.scan_interval
         )
-        next_scan = _next_on_grid(now, period)
-        rescan = False
-        if watcher is not None:
-            # What inotify told meanwhile, unheard: new directories to watch, lost events.
-            watcher.read(progress_dir)
-            if watcher.overflowed:
-                watcher.overflowed = False
-                next_scan = now
-                rescan = True
-            if watcher.pending:
-                with contextlib.suppress(BlockingCallTimeout):
-                    await run_blocking(
-                        watcher.watch_pending,
-                        timeout=scan_timeout,
-                        what="watching new directories with inotify",
-                    )
+        self.next_scan = _next_on_grid(now, self.period)
+        self.rescan = False
+
+    async def _catch_up_with_inotify(self, now: float) -> None:
+        """What inotify told meanwhile, unheard: new directories to watch, lost events (the
+        changes themselves the scan has seen)."""
+        if self.watcher is None:
+            return
+        self.watcher.read(self.progress_dir)
+        self._rescan_if_overflowed(now)
+        if self.watcher.pending:
+            await self._watch_new_directories()
+
+    def _rescan_if_overflowed(self, now: float) -> None:
+        """inotify lost events: scan at ``now`` rather than at the next tick."""
+        assert self.watcher is not None
+        if self.watcher.overflowed:
+            self.watcher.overflowed = False
+            self.next_scan = now
+            self.rescan = True
+
+    async def _watch_new_directories(self) -> list[str]:
+        """Watch the directories inotify saw created (a walk, in a thread); the keys of the
+        files found in them (none if the walk did not come back in time)."""
+        assert self.watcher is not None
+        with contextlib.suppress(BlockingCallTimeout):
+            return await run_blocking(
+                self.watcher.watch_pending,
+                timeout=self.scan_timeout,
+                what="watching new directories with inotify",
+            )
+        return []
+
+    async def _take_scan(self, result: ScanResult | None, now: float) -> tuple[str, str] | None:
+        """Report what the scan found and judge the rules: the rule broken, if any."""
         # A scan that cannot finish (a hung network filesystem) sees no progress: fail closed.
         if result is not None:
-            # What inotify heard of is dated (and reported) when it was heard, one event per
-            # hearing as when each was looked at on its own; the rest of what changed, now.
-            by_time: dict[float, list[str]] = {}
-            for key, at in heard.items():
-                by_time.setdefault(at, []).append(key)
-            for at in sorted(by_time):
-                previous = tracker.last_change
-                some = tracker.observe_some({k: result.files.get(k) for k in by_time[at]}, at)
-                await _report(
-                    sink, some, at, previous, tracker.grown_bytes, tracker.rank_grown_bytes
-                )
-            heard.clear()
+            await self._report_heard(result)
+            await self._report_scanned(result, now)
+            if result.steps is not None and self.tracker.steps is not None:
+                broken = await report_steps(self.sink, self.tracker, result.steps, now)
+                if broken is not None:
+                    return broken
+        # Judged after every scan, changes or not: files that grow do not hide a frozen step.
+        return self.tracker.verdict(now)
+
+    async def _report_heard(self, result: ScanResult) -> None:
+        """The changes inotify heard of since the last scan, as the scan found their files:
+        dated (and reported) when heard, one event per hearing, as when each was looked at
+        on its own."""
+        tracker = self.tracker
+        by_time: dict[float, list[str]] = {}
+        for key, at in self.heard.items():
+            by_time.setdefault(at, []).append(key)
+        for at in sorted(by_time):
             previous = tracker.last_change
-            at = changed_at(tracker, result.files, since=scanned_at, now=now, clock=sink.clock)
-            changed = tracker.observe(result.files, at)
-            scanned_at = now
-            if result.errors > tracker.skipped_dirs:
-                tracker.skipped_dirs = result.errors
-                await sink.emit(WarningEvent(t=now, message=skipped_message(progress_dir, result)))
+            some = tracker.observe_some({k: result.files.get(k) for k in by_time[at]}, at)
+            await _report(
+                self.sink, some, at, previous, tracker.grown_bytes, tracker.rank_grown_bytes
+            )
+        self.heard.clear()
+
+    async def _report_scanned(self, result: ScanResult, now: float) -> None:
+        """The rest of what changed, dated by :func:`changed_at`, and the directories the
+        scan could not read (when more than told before)."""
+        tracker = self.tracker
+        previous = tracker.last_change
+        at = changed_at(
+            tracker, result.files, since=self.scanned_at, now=now, clock=self.sink.clock
+        )
+        changed = tracker.observe(result.files, at)
+        self.scanned_at = now
+        if result.errors > tracker.skipped_dirs:
+            tracker.skipped_dirs = result.errors
+            await self.sink.emit(
+                WarningEvent(t=now, message=skipped_message(self.progress_dir, result))
+            )
         if changed:
             await _report(
-                sink,
+                self.sink,
                 changed,
                 at,
                 previous,
@@ -840,29 +926,30 @@ async def _watch(
                 tracker.rank_grown_bytes,
                 stale_limit=_auto_limit(tracker, False),
             )
-        if result is not None and result.steps is not None and tracker.steps is not None:
-            broken_loss = await report_steps(sink, tracker, result.steps, now)
-            if broken_loss is not None:
-                await on_failure(*broken_loss)
-                return
-        # Judged after every scan, changes or not: files that grow do not hide a frozen step.
-        if (broken := tracker.verdict(now)) is not None:
-            await on_failure(*broken)
+
+    async def _progress_dir_exists(self, what: str) -> bool:
+        with contextlib.suppress(BlockingCallTimeout):
+            return await run_blocking(
+                os.path.isdir, self.progress_dir, timeout=self.scan_timeout, what=what
+            )
+        return False
+
+    async def _watch_progress_dir_once_created(self) -> None:
+        """The trainer created the progress dir after the start: watch it from now on (what
+        is already in it was seen by the scan; what came between, seen now)."""
+        watcher = self.watcher
+        assert watcher is not None
+        self.root_watched = await self._progress_dir_exists("a stat")
+        if not self.root_watched:
             return
-        if watcher is not None and not root_watched:
-            with contextlib.suppress(BlockingCallTimeout):
-                root_watched = await run_blocking(
-                    os.path.isdir, progress_dir, timeout=scan_timeout, what="a stat"
-                )
-            if root_watched:
-                # The trainer created the progress dir after the start: watch it from now on
-                # (what is already in it was seen by the scan; what came between, seen now).
-                watcher.pending.append((progress_dir, ""))
-                with contextlib.suppress(BlockingCallTimeout):
-                    found = await run_blocking(
-                        watcher.watch_pending, timeout=scan_timeout, what="inotify watches"
-                    )
-                    await _seed(sink, progress_dir, tracker, ignore(), found, scan_timeout)
+        watcher.pending.append((self.progress_dir, ""))
+        with contextlib.suppress(BlockingCallTimeout):
+            found = await run_blocking(
+                watcher.watch_pending, timeout=self.scan_timeout, what="inotify watches"
+            )
+            await _seed(
+                self.sink, self.progress_dir, self.tracker, self.ignore(), found, self.scan_timeout
+            )
 
 
 def changed_at(

@@ -212,10 +212,19 @@ def _check_limit(spec: Field[Any], value: object) -> object:
 SOAK_LIMITS: tuple[str, ...] = tuple(spec.name for spec in fields(SoakLimits))
 
 
+def _given(default: object) -> Any:
+    """A field given as ``run_soak``'s keyword of the same name is, with that default; the
+    field's type is the checked value's (a path given as text becomes a ``Path``, None for
+    ``log_path`` the path beside the artifact)."""
+    return field(default=default)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SoakConfig(SoakLimits):
     """Everything one soak runs with, checked when it is made: :func:`asyncsoak.run_soak`
-    builds it from its keyword arguments, whose documentation says what each one means.
+    builds it from its keyword arguments, whose documentation says what each one means, or
+    takes it whole (``run_soak(config=SoakConfig(command=..., progress_dir=...,
+    output_path=...))``); every other field has ``run_soak``'s default.
 
     Construction raises :class:`asyncsoak.ValidationError` naming the first bad argument;
     paths become absolute, durations floats, signals numbers and sizes bytes, ``log_path``
@@ -229,16 +238,16 @@ class SoakConfig(SoakLimits):
     journal_path: Path = field(init=False)
     #: Derived: where ``asyncsoak.trainer.report`` appends (the artifact's ``.steps.jsonl``).
     steps_path: Path = field(init=False)
-    log_path: Path
-    cwd: Path | None
-    env: dict[str, str] | None
-    metadata: dict[str, Any]
-    stop_mode: StopMode
-    snapshot_root: Path
-    nvidia_smi: str | None
-    kill_wait_seconds: float
-    log_max_bytes: int
-    forensics: bool
+    log_path: Path = _given(None)
+    cwd: Path | None = None
+    env: dict[str, str] | None = None
+    metadata: dict[str, Any] = _given(None)
+    stop_mode: StopMode = "group"
+    snapshot_root: Path = _given(None)
+    nvidia_smi: str | None = "nvidia-smi"
+    kill_wait_seconds: float = 5.0
+    log_max_bytes: int = LOG_MAX_BYTES
+    forensics: bool = True
     forward_signals: tuple[int, ...] = ()
     requeue_on: int | None = None
     progress_exclude: tuple[Path, ...] = ()

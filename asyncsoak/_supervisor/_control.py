@@ -7,6 +7,8 @@ from typing import Any
 
 import anyio
 
+from .._contract import StopCause, ValidationError
+
 
 class SoakControl:
     """Pass one to ``run_soak(control=...)`` to watch and stop the soak from another task.
@@ -15,9 +17,10 @@ class SoakControl:
     the leader, or closing the command's stdin), waits ``grace_seconds`` (default: the soak's
     ``post_shutdown_grace_seconds``) for the tree, then kills what is left.  A requested stop is
     not a failure: the soak returns its artifact with ``status: "cancelled"``.  ``cause`` is
-    the artifact's ``stop.cause`` (``"scheduler"`` for a scheduler's SIGTERM, whose grace is
-    kept under the scheduler's own kill deadline).  ``kill_now()`` (a second Ctrl-C) ends
-    whatever grace the stop is in and kills the tree at once.
+    the artifact's ``stop.cause``, one of :class:`asyncsoak.artifact.StopCause`
+    (``"scheduler"`` for a scheduler's SIGTERM, whose grace is kept under the scheduler's own
+    kill deadline).  ``kill_now()`` (a second Ctrl-C) ends whatever grace the stop is in and
+    kills the tree at once.
 
     ``observers`` (appended to before the soak starts) are called with the JSON form of every
     event as the serializer receives it (the artifact's builder has folded it; its journal
@@ -38,7 +41,7 @@ class SoakControl:
         self.pid: int | None = None
         self.reason: str | None = None
         self.grace_seconds: float | None = None
-        self.cause = "requested"
+        self.cause = StopCause.REQUESTED
         self.observers: list[Callable[[dict[str, Any]], None]] = []
         self.progress_age: Callable[[], float | None] | None = None
 
@@ -47,13 +50,20 @@ class SoakControl:
         *,
         reason: str = "requested",
         grace_seconds: float | None = None,
-        cause: str = "requested",
+        cause: str = StopCause.REQUESTED,
     ) -> None:
-        """Ask the soak to stop; later calls do not change the first request."""
+        """Ask the soak to stop; later calls do not change the first request.
+
+        Raises :class:`asyncsoak.ValidationError` for a ``cause`` that is no stop cause."""
+        try:
+            stop_cause = StopCause(cause)
+        except ValueError:
+            known = ", ".join(StopCause)
+            raise ValidationError(f"cause must be a stop cause ({known}), got {cause!r}") from None
         if self.stop_requested.is_set():
             return
         self.reason = reason
-        self.cause = cause
+        self.cause = stop_cause
         self.grace_seconds = grace_seconds
         self.stop_requested.set()
 

@@ -16,10 +16,12 @@ from typing import Any
 import anyio
 
 from .._contract import (
+    Artifact,
     BlockingCallTimeout,
     Masker,
     SinkCounters,
     SoakClock,
+    SoakStatus,
     abandoned_calls,
     run_blocking,
 )
@@ -80,10 +82,10 @@ async def build_artifact(
     cfg: SoakConfig,
     masker: Masker,
     *,
-    status: str,
+    status: SoakStatus,
     clock: SoakClock,
     monitor: dict[str, Any],
-) -> dict[str, Any]:
+) -> Artifact:
     """The artifact, with the log's tail (bounded; empty when the read does not finish),
     ending now on the soak's ``clock``."""
     log_tail = ""
@@ -94,7 +96,7 @@ async def build_artifact(
             timeout=ARTIFACT_WRITE_TIMEOUT_SECONDS,
             what="reading the log's tail",
         )
-    return builder.build(
+    return builder.build_typed(
         status=status,
         ended_t=clock.elapsed(),
         log_tail=masker(log_tail),
@@ -102,7 +104,7 @@ async def build_artifact(
     )
 
 
-async def write_soak_artifact(artifact: dict[str, Any], cfg: SoakConfig) -> None:
+async def write_soak_artifact(artifact: Artifact, cfg: SoakConfig) -> None:
     """Write the artifact to ``cfg.output_path``; an ``OSError`` naming the journal if not."""
     try:
         await run_blocking(

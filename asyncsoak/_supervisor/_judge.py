@@ -19,6 +19,7 @@ from .._contract import (
     BlockingCallTimeout,
     EventKind,
     EventSink,
+    FailureReason,
     GpuFault,
     Limits,
     TrendFound,
@@ -61,7 +62,7 @@ class RunJudge:
         fail: Fail,
         ended: Callable[[], bool],
         gpu_failed: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None,
-        stall_fired: Callable[[str, str, dict[str, Any]], Awaitable[None]] | None = None,
+        stall_fired: Callable[[FailureReason, str, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
         self.cfg = cfg
         self._gpu_failed = gpu_failed
@@ -83,9 +84,12 @@ class RunJudge:
         #: Series called a leak and not withdrawn since -> when first called (seconds).
         self._live_leaks: dict[str, float] = {}
 
-    async def watchdog_rule(self, reason: str, message: str) -> None:
+    async def watchdog_rule(self, word: str, message: str) -> None:
         """A stall's failure message says what the tree and its GPUs were doing when it
-        stalled; the verdict is recorded with the failure, for the views to say the same."""
+        stalled; the verdict is recorded with the failure, for the views to say the same.
+
+        The watchdog names its rule in a plain word, one of the failure reasons."""
+        reason = FailureReason(word)
         if reason in HANG_REASONS and self._stall_fired is not None:
             activity = self._builder.trends.activity()
             message += f"; the tree was {describe_activity(activity)}"
@@ -212,9 +216,9 @@ class RunJudge:
                 if first_time:
                     message += " (leak_check=fail)"
                     if final:
-                        await self._fail("memory_leak", message)
+                        await self._fail(FailureReason.MEMORY_LEAK, message)
                     else:
-                        await self._rule_fired("memory_leak", message)
+                        await self._rule_fired(FailureReason.MEMORY_LEAK, message)
             elif final:
                 # The warning is the whole run's verdict: a rise seen during the run (the
                 # ``trend`` event marks when) that turned out to be a long cycle is no leak.

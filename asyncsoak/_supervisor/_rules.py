@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from .._analysis import TrendWatch, describe_growth, format_amount, format_bytes
-from .._contract import format_duration
+from .._contract import FailureReason, format_duration
 from ._config import SoakConfig
 
 #: Trends are judged every this many sample intervals (at least every ``TREND_MIN_PERIOD``
@@ -76,20 +76,20 @@ class Finding(NamedTuple):
     message: str
 
 
-def budget_breach(cfg: SoakConfig, watch: TrendWatch) -> tuple[str, str] | None:
+def budget_breach(cfg: SoakConfig, watch: TrendWatch) -> tuple[FailureReason, str] | None:
     """The first budget the tree is over, as (reason, message); None when within all."""
     if cfg.max_rss_bytes is not None and watch.tree_memory is not None:
         figure, used = watch.tree_memory
         if used > cfg.max_rss_bytes:
             return (
-                "memory_budget",
+                FailureReason.MEMORY_BUDGET,
                 f"tree memory ({figure}) {format_bytes(used)} is above max_rss_bytes "
                 f"({format_bytes(cfg.max_rss_bytes)})",
             )
     gpu = watch.tree_gpu_bytes
     if cfg.max_gpu_memory_bytes is not None and gpu is not None and gpu > cfg.max_gpu_memory_bytes:
         return (
-            "memory_budget",
+            FailureReason.MEMORY_BUDGET,
             f"the tree's GPU memory {format_bytes(gpu)} is above max_gpu_memory_bytes "
             f"({format_bytes(cfg.max_gpu_memory_bytes)})",
         )
@@ -97,7 +97,7 @@ def budget_breach(cfg: SoakConfig, watch: TrendWatch) -> tuple[str, str] | None:
         for label, (path, free) in sorted(watch.disk_free.items()):
             if free < cfg.min_disk_free_bytes:
                 return (
-                    "disk_low",
+                    FailureReason.DISK_LOW,
                     f"free space of the {label} filesystem ({path}) is {format_bytes(free)}, "
                     f"below min_disk_free_bytes ({format_bytes(cfg.min_disk_free_bytes)})",
                 )

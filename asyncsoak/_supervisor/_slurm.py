@@ -457,7 +457,7 @@ class SoakJob:
         self.known.set()
 
     def start_tasks(
-        self, tg: TaskGroup, sink: EventSink, spawner: Spawner, end: Callable[[str], None]
+        self, tg: TaskGroup, sink: EventSink, spawner: Spawner, end: Callable[[StopCause], None]
     ) -> None:
         """Signal forwarding, and the stop before a scheduler's job runs out of time."""
         cfg = self.cfg

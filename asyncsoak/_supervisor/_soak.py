@@ -1,8 +1,8 @@
 """``run_soak``: supervise one command and always leave an artifact that explains it.
 
-Shape (see DESIGN.md): one task group per soak.  The spawner, samplers and watchdog are
-producers, each holding a clone of one bounded event queue; the serializer drains it into the
-journal and the artifact builder.  The supervisor waits for the first end cause (the command
+Shape (DESIGN.md, "The shape"): one task group per soak.  The spawner, samplers and watchdog
+are producers, each holding a clone of one bounded event queue; the serializer drains it into
+the journal and the artifact builder.  The supervisor waits for the first end cause (the command
 exits, a rule fires, ``max_duration_seconds`` passes, the caller asks to stop, the caller
 cancels), runs the stop sequence, then closes the producers so the serializer's drain ends.
 
@@ -14,19 +14,23 @@ that is bounded) before the cancellation propagates.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, cast
 
 import anyio
 from anyio.abc import TaskGroup
 
 from .._contract import (
+    Artifact,
     BlockingCallTimeout,
     EventSink,
     FailureEvent,
@@ -87,9 +91,11 @@ from ._outputs import CHECK_TIMEOUT_SECONDS, check_outputs, lock_journal
 from ._snapshot_task import SNAPSHOT_TIMEOUT_SECONDS, take_snapshot
 from ._stop import (
     HANG_REASONS,
+    REAPER_LOST,
     SOAK_ID_VARIABLE,
     TREE_LOOK_TIMEOUT_SECONDS,
     TREE_WALK_TIMEOUT_SECONDS,
+    EndCause,
     TreeStop,
 )
 from ._verdict import ExitJudge, soak_status
@@ -106,11 +112,63 @@ REAPER_CLOSE_TIMEOUT_SECONDS = 5.0
 USE_CGROUP = True
 
 
+_P = ParamSpec("_P")
+
+#: The settings ``run_soak`` needs when no ``config`` is given.
+_REQUIRED_SETTINGS = ("command", "progress_dir", "output_path")
+#: ``run_soak``'s arguments that are not settings: they go with either form of the settings.
+_NOT_SETTINGS = frozenset({"config", "control", "metrics"})
+
+
+def _settings_as_config(
+    soak: Callable[_P, Coroutine[Any, Any, Artifact]],
+) -> Callable[_P, Coroutine[Any, Any, Artifact]]:
+    """``run_soak`` takes its settings as keywords or as one :class:`SoakConfig`, never both.
+
+    Only the keywords the caller wrote tell which (one given at its default value is given
+    all the same), so this looks at them before the defaults fill in; the keywords become the
+    ``config`` (checked by :class:`SoakConfig`, with its messages), so the wrapped function
+    receives ``config``, ``control`` and ``metrics`` alone.
+    """
+    signature = inspect.signature(soak)
+    # Called with exactly the three arguments it declares besides the settings.
+    configured = cast("Callable[..., Coroutine[Any, Any, Artifact]]", soak)
+
+    @functools.wraps(soak)
+    async def call(*args: _P.args, **kwargs: _P.kwargs) -> Artifact:
+        # An unknown keyword or a positional argument: Python's own TypeError.
+        given = signature.bind(*args, **kwargs).arguments
+        require_asyncio("run_soak")
+        settings = {name: value for name, value in given.items() if name not in _NOT_SETTINGS}
+        config = given.get("config")
+        if config is None:
+            missing = [name for name in _REQUIRED_SETTINGS if name not in settings]
+            if missing:
+                raise ValidationTypeError(
+                    f"run_soak() needs {', '.join(missing)} (or config=SoakConfig(...))"
+                )
+            config = SoakConfig(**settings)
+        elif settings:
+            raise ValidationTypeError(
+                "run_soak() takes its settings as keywords or as config, not both: "
+                f"config was given with {', '.join(settings)}"
+            )
+        elif not isinstance(config, SoakConfig):
+            raise ValidationTypeError(f"config must be a SoakConfig, not {type(config).__name__}")
+        return await configured(
+            config=config, control=given.get("control"), metrics=given.get("metrics")
+        )
+
+    return call
+
+
+@_settings_as_config
 async def run_soak(
     *,
-    command: Sequence[str],
-    progress_dir: Path | str,
-    output_path: Path | str,
+    config: SoakConfig | None = None,
+    command: Sequence[str] | None = None,
+    progress_dir: Path | str | None = None,
+    output_path: Path | str | None = None,
     sample_interval_seconds: float = 5.0,
     startup_timeout_seconds: float = 600.0,
     stale_progress_seconds: float | Literal["auto"] = 120.0,
@@ -146,7 +204,7 @@ async def run_soak(
     loss_check: LossCheck = "fail",
     stale_progress_carried_seconds: float | None = None,
     scheduler_grace_seconds: float | None = None,
-) -> dict[str, Any]:
+) -> Artifact:
     """Run a command in its own process group and produce a soak artifact.
 
     ``progress_dir`` is an owner-controlled training log directory.  File growth is used as a
@@ -186,15 +244,25 @@ async def run_soak(
     (30 s).  A stop by the scheduler keeps the trainer's grace under it, so the artifact is
     written before the SIGKILL.
 
-    Returns the artifact (also written to ``output_path``) when the soak passed or was stopped
-    through ``control`` (``status: "cancelled"``).  Raises :class:`SoakFailureError` when a
-    rule fired, after writing the artifact.  On cancellation by the caller, the tree is stopped
-    and a ``cancelled`` artifact written before the cancellation propagates.
+    The settings come as these keywords or as one checked :class:`SoakConfig` (``config=``,
+    whose fields are these keywords), not both: ``control`` and ``metrics`` go with either.
+
+    Returns the artifact (an :class:`asyncsoak.artifact.Artifact`, also written to
+    ``output_path``) when the soak passed or was stopped through ``control``
+    (``status: "cancelled"``).  Raises :class:`SoakFailureError` when a rule fired, after
+    writing the artifact.  On cancellation by the caller, the tree is stopped and a
+    ``cancelled`` artifact written before the cancellation propagates.
     """
-    arguments = dict(locals())  # first: the keyword arguments alone
-    require_asyncio("run_soak")
-    # Every keyword argument but the two live objects is a SoakConfig field, checked there.
-    cfg = SoakConfig(**{k: v for k, v in arguments.items() if k not in ("control", "metrics")})
+    # The settings arrive as ``config`` alone: the keywords were made into it
+    # (see _settings_as_config), which refused a call that gave both.
+    assert config is not None
+    return await _run_configured(config, control, metrics)
+
+
+async def _run_configured(
+    cfg: SoakConfig, control: SoakControl | None, metrics: Metrics | None
+) -> Artifact:
+    """``run_soak`` with its settings checked: the soak, beside its live metrics if asked."""
     metrics_config = validate_metrics(metrics)
     if control is not None and not isinstance(control, SoakControl):
         raise ValidationTypeError(f"control must be a SoakControl, not {type(control).__name__}")
@@ -222,7 +290,7 @@ async def run_soak(
             try:
                 await soak.done.wait()
             except anyio.get_cancelled_exc_class():
-                soak.end("cancelled")
+                soak.end(StopCause.CANCELLED)
                 raise
             cancelled = False
             if live is not None:
@@ -234,6 +302,64 @@ async def run_soak(
     return soak.outcome()
 
 
+@dataclass
+class _SoakFiles:
+    """The soak's own open files, held until it ends: the journal's lock (a second soak over
+    the same output is refused), the journal (until the serializer takes it), the log, and
+    the locks on the journal's later segments."""
+
+    lock_fd: int
+    journal_fd: int
+    log_fd: int
+    segment_locks: list[int] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, cfg: SoakConfig) -> _SoakFiles:
+        cfg.output_path.parent.mkdir(parents=True, exist_ok=True)
+        cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = lock_journal(cfg.journal_path)
+        try:
+            journal_fd = create_private_file(cfg.journal_path)
+            # An earlier soak's closed segments would read as the start of this journal.
+            remove_closed_segments(cfg.journal_path)
+            try:
+                log_fd = create_private_file(cfg.log_path)
+            except BaseException:
+                os.close(journal_fd)
+                raise
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls(lock_fd=lock_fd, journal_fd=journal_fd, log_fd=log_fd)
+
+    def take_journal(self) -> int:
+        """The journal's descriptor, now the serializer's to write and close."""
+        fd, self.journal_fd = self.journal_fd, -1
+        return fd
+
+    def close(self) -> None:
+        if self.journal_fd >= 0:
+            os.close(self.journal_fd)
+        os.close(self.log_fd)
+        for fd in self.segment_locks:
+            os.close(fd)
+        os.close(self.lock_fd)
+
+
+@dataclass
+class _ProgressWatch:
+    """How the progress dir is watched: during the run (the watchdog) and once more when the
+    command has exited (the final scan)."""
+
+    tracker: ProgressTracker
+    #: The training steps' reader; None when only file changes count.
+    steps: StepReader | None
+    #: The soak's own files and the excluded directories, as (device, inode).
+    ignore: set[tuple[int, int]]
+    #: Watched by path besides the dir: the log, when its output counts as progress.
+    also: list[Path]
+
+
 class _Soak:
     """The state of one soak; :meth:`run` is its whole life."""
 
@@ -241,7 +367,7 @@ class _Soak:
         self.cfg = cfg
         self.control = control
         self.done = anyio.Event()
-        self.cause: str | None = None
+        self.cause: EndCause | None = None
         self._ended = anyio.Event()
         self.limiter = self._limiter = anyio.CapacityLimiter(THREADS)
         #: Whether the tree gets a cgroup where the kernel allows one (tests turn it off to
@@ -257,8 +383,8 @@ class _Soak:
         self._masker = Masker(
             secret_values(self._child_env, cfg.metadata) | argv_secrets(cfg.command)
         )
-        self._failures: list[str] = []
-        self._artifact: dict[str, Any] | None = None
+        self._failures: list[FailureReason] = []
+        self._artifact: Artifact | None = None
         self._error: BaseException | None = None
         self._sink: EventSink | None = None
         self._spawner: Spawner | None = None
@@ -300,7 +426,7 @@ class _Soak:
 
     # -- end causes ----------------------------------------------------------------------
 
-    def end(self, cause: str) -> None:
+    def end(self, cause: EndCause) -> None:
         """The first end cause wins; a caller's stop also cuts short the phase under way."""
         if self.cause is None:
             self.cause = cause
@@ -310,15 +436,15 @@ class _Soak:
 
     def kill_now(self) -> None:
         """The caller wants the tree killed at once: every graceful wait ends now."""
-        self.end("requested")
+        self.end(StopCause.REQUESTED)
         self._tree_stop.kill_now()
 
     async def _rule_fired(
-        self, reason: str, message: str, activity: dict[str, Any] | None = None
+        self, reason: FailureReason, message: str, activity: dict[str, Any] | None = None
     ) -> None:
         if self.cause is not None:
             return
-        self.cause = "failure"
+        self.cause = StopCause.FAILURE
         if reason in HANG_REASONS and self._sink is not None and self._spawner is not None:
             # The stall is looked at before it is told: the rank the others wait for leads
             # the failure's message (the cause above claims the end, so an exit meanwhile
@@ -329,9 +455,13 @@ class _Soak:
         await self._fail(reason, message, activity=activity)
         self._ended.set()
 
+    async def _sampler_rule_fired(self, reason: str, message: str) -> None:
+        """A rule of the samplers' (which speak plain words) fired: a failure of the soak."""
+        await self._rule_fired(FailureReason(reason), message)
+
     async def _fail(
         self,
-        reason: str,
+        reason: FailureReason,
         message: str,
         gpu: dict[str, Any] | None = None,
         *,
@@ -354,7 +484,7 @@ class _Soak:
         """A GPU fault fails the run: it ends the run, or, when it is ending already (the
         trainer died of the fault before the kernel log was read), joins its failures."""
         if self.cause is None:
-            self.cause = "failure"
+            self.cause = StopCause.FAILURE
             await self._fail(FailureReason.GPU_FAULT, message, gpu)
             self._ended.set()
         else:
@@ -371,149 +501,148 @@ class _Soak:
             finally:
                 self.done.set()
 
-    def outcome(self) -> dict[str, Any]:
+    def outcome(self) -> Artifact:
         if self._error is not None:
             raise self._error
         artifact = self._artifact
         assert artifact is not None
         if artifact["status"] in (SoakStatus.FAILED, SoakStatus.ERROR):
-            raise SoakFailureError(artifact, self.cfg.output_path)
+            # The error carries the artifact as the plain dict it is at run time.
+            raise SoakFailureError(cast("dict[str, Any]", artifact), self.cfg.output_path)
         return artifact
 
     async def _run(self) -> None:
-        cfg = self.cfg
-        cfg.output_path.parent.mkdir(parents=True, exist_ok=True)
-        cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # Held until the soak ends: a second soak over the same output is refused.
-        lock_fd = lock_journal(cfg.journal_path)
+        files = _SoakFiles.open(self.cfg)
         try:
-            journal_fd = create_private_file(cfg.journal_path)
-            # An earlier soak's closed segments would read as the start of this journal.
-            remove_closed_segments(cfg.journal_path)
-            try:
-                log_fd = create_private_file(cfg.log_path)
-            except BaseException:
-                os.close(journal_fd)
-                raise
-        except BaseException:
-            os.close(lock_fd)
-            raise
+            await self._record(files)
+        finally:
+            files.close()
+
+    async def _record(self, files: _SoakFiles) -> None:
+        """The soak between its files: the serializer drains the event stream into the
+        journal and the artifact's builder while the soak runs; then the artifact is written."""
+        cfg = self.cfg
         cpu_start = time.process_time()
         abandoned_at_start = abandoned_calls()
-        #: Locks on the journal's later segments, held like ``lock_fd`` until the soak ends.
-        segment_locks: list[int] = []
+        ignore = self._own_files(files)
+        baseline, baseline_error = await self._scan_baseline(ignore)
+        clock = SoakClock()
+        started_at = _now()
+        sink, receive = open_event_queue(clock)
+        self._sink = sink
+        # The watchdog's scans and the journal's batched writes ride on the proc sampler's
+        # thread, at its ticks (one thread wake-up per sample for all of them).
+        serializer = Serializer(
+            files.take_journal(),
+            self._builder,
+            [*self.observers, self._run_judge.note_fold],
+            journal_path=cfg.journal_path,
+            flush_interval=cfg.sample_interval_seconds,
+            own_files=ignore,
+            lock_fds=files.segment_locks,
+            rides=self._rides,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serializer.run, receive)
+            async with sink:
+                await sink.emit(self._header(clock, started_at))
+                if baseline_error is not None:
+                    await sink.emit(WarningEvent(t=sink.elapsed(), message=baseline_error))
+                error = await self._supervise_beside_snapshot(
+                    tg, sink, files.log_fd, baseline, ignore
+                )
+                status = soak_status(
+                    error,
+                    self.cause,
+                    self._failures,
+                    caller_stopped=self._tree_stop.caller_stop.is_set(),
+                )
+                await sink.emit(Finished(t=sink.elapsed(), status=status))
+            # The last events are queued; a journal on a hung filesystem must not hold the
+            # soak forever: the drain gets a deadline, and the artifact is built regardless.
+            bound_drain(tg.cancel_scope, serializer)
+        note_drain(tg.cancel_scope, serializer)
+        monitor = monitor_section(
+            serializer,
+            sink.counters,
+            cpu_start=cpu_start,
+            abandoned_at_start=abandoned_at_start,
+            reaper_pid=self._spawner.reaper_pid if self._spawner else None,
+        )
+        artifact = await build_artifact(
+            self._builder, cfg, self._masker, status=status, clock=clock, monitor=monitor
+        )
+        self._artifact = artifact
+        await write_soak_artifact(artifact, cfg)
+        if error is not None:
+            raise error
+
+    def _own_files(self, files: _SoakFiles) -> set[tuple[int, int]]:
+        """What the progress scans skip, as (device, inode): the journal, the log unless its
+        output is progress, and the excluded directories (skipped whole)."""
+        ignore = {_file_key(files.journal_fd)}
+        if not self.cfg.output_is_progress:
+            ignore.add(_file_key(files.log_fd))
+        return ignore | _dir_keys(self.cfg.progress_exclude)
+
+    def _also_watched(self) -> list[Path]:
+        """Watched by path besides the progress dir: the log may live outside it."""
+        return [self.cfg.log_path] if self.cfg.output_is_progress else []
+
+    async def _scan_baseline(self, ignore: set[tuple[int, int]]) -> tuple[ScanResult, str | None]:
+        """The progress dir before the start, and why it is empty when the scan timed out."""
+        cfg = self.cfg
+        with self._tree_stop.given_up_on_caller_stop():
+            try:
+                baseline = await run_blocking(
+                    partial(scan_progress_dir, cfg.progress_dir, ignore, self._also_watched()),
+                    timeout=BASELINE_TIMEOUT_SECONDS,
+                    what=f"the first scan of {cfg.progress_dir}",
+                    limiter=self._limiter,
+                )
+            except BlockingCallTimeout as exc:
+                # Every file will then count as new: the watchdog's own scans, bounded
+                # too, decide whether the run makes progress.
+                return ScanResult(files={}), str(exc)
+            else:
+                return baseline, None
+        return ScanResult(files={}), None  # the caller stopped the soak during the scan
+
+    async def _supervise_beside_snapshot(
+        self,
+        tg: TaskGroup,
+        sink: EventSink,
+        log_fd: int,
+        baseline: ScanResult,
+        ignore: set[tuple[int, int]],
+    ) -> Exception | None:
+        """Supervise the command while the runtime snapshot is taken beside it (a hung
+        nvidia-smi or a slow git must not delay the trainer's start); the monitor's own
+        error, if it broke, recorded as its failure."""
+        snapshot_scope = anyio.CancelScope()
+        snapshot_done = anyio.Event()
+        tg.start_soon(
+            partial(
+                take_snapshot,
+                sink.clone(),
+                snapshot_scope,
+                snapshot_done,
+                cfg=self.cfg,
+                env=self._child_env,
+                job=self._job,
+                limiter=self._limiter,
+            )
+        )
+        error: Exception | None = None
         try:
-            ignore = {_file_key(journal_fd)}
-            if not cfg.output_is_progress:
-                ignore.add(_file_key(log_fd))
-            # Directories are matched by (device, inode) too: the scans skip them whole.
-            ignore |= _dir_keys(cfg.progress_exclude)
-            baseline = ScanResult(files={})
-            baseline_error = None
-            with self._tree_stop.given_up_on_caller_stop():
-                try:
-                    baseline = await run_blocking(
-                        partial(
-                            scan_progress_dir,
-                            cfg.progress_dir,
-                            ignore,
-                            [cfg.log_path] if cfg.output_is_progress else [],
-                        ),
-                        timeout=BASELINE_TIMEOUT_SECONDS,
-                        what=f"the first scan of {cfg.progress_dir}",
-                        limiter=self._limiter,
-                    )
-                except BlockingCallTimeout as exc:
-                    # Every file will then count as new: the watchdog's own scans, bounded
-                    # too, decide whether the run makes progress.
-                    baseline_error = str(exc)
-            clock = SoakClock()
-            started_at = _now()
-            sink, receive = open_event_queue(clock)
-            self._sink = sink
-            builder = self._builder
-            # The watchdog's scans and the journal's batched writes ride on the proc sampler's
-            # thread, at its ticks (one thread wake-up per sample for all of them).
-            rides = self._rides
-            serializer = Serializer(
-                journal_fd,
-                builder,
-                [*self.observers, self._run_judge.note_fold],
-                journal_path=cfg.journal_path,
-                flush_interval=cfg.sample_interval_seconds,
-                own_files=ignore,
-                lock_fds=segment_locks,
-                rides=rides,
-            )
-            journal_fd = -1  # the serializer owns and closes it now
-            error: Exception | None = None
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(serializer.run, receive)
-                async with sink:
-                    await sink.emit(self._header(clock, started_at))
-                    if baseline_error is not None:
-                        await sink.emit(WarningEvent(t=sink.elapsed(), message=baseline_error))
-                    # The snapshot runs beside the soak: a hung nvidia-smi or a slow git must
-                    # not delay the trainer's start.
-                    snapshot_scope = anyio.CancelScope()
-                    snapshot_done = anyio.Event()
-                    tg.start_soon(
-                        partial(
-                            take_snapshot,
-                            sink.clone(),
-                            snapshot_scope,
-                            snapshot_done,
-                            cfg=cfg,
-                            env=self._child_env,
-                            job=self._job,
-                            limiter=self._limiter,
-                        )
-                    )
-                    try:
-                        await self._supervise(sink, log_fd, baseline, ignore)
-                    except Exception as exc:
-                        error = _unwrap(exc)
-                        await self._fail("monitor_error", f"{type(error).__name__}: {error}")
-                    with anyio.move_on_after(SNAPSHOT_TIMEOUT_SECONDS):
-                        await snapshot_done.wait()
-                    snapshot_scope.cancel()
-                    status = soak_status(
-                        error,
-                        self.cause,
-                        self._failures,
-                        caller_stopped=self._tree_stop.caller_stop.is_set(),
-                    )
-                    await sink.emit(Finished(t=sink.elapsed(), status=status))
-                # The last events are queued; a journal on a hung filesystem must not hold the
-                # soak forever: the drain gets a deadline, and the artifact is built regardless.
-                bound_drain(tg.cancel_scope, serializer)
-            note_drain(tg.cancel_scope, serializer)
-            monitor = monitor_section(
-                serializer,
-                sink.counters,
-                cpu_start=cpu_start,
-                abandoned_at_start=abandoned_at_start,
-                reaper_pid=self._spawner.reaper_pid if self._spawner else None,
-            )
-            artifact = await build_artifact(
-                builder,
-                cfg,
-                self._masker,
-                status=status,
-                clock=clock,
-                monitor=monitor,
-            )
-            self._artifact = artifact
-            await write_soak_artifact(artifact, cfg)
-            if error is not None:
-                raise error
-        finally:
-            if journal_fd >= 0:
-                os.close(journal_fd)
-            os.close(log_fd)
-            for fd in segment_locks:
-                os.close(fd)
-            os.close(lock_fd)
+            await self._supervise(sink, log_fd, baseline, ignore)
+        except Exception as exc:
+            error = _unwrap(exc)
+            await self._fail(FailureReason.MONITOR_ERROR, f"{type(error).__name__}: {error}")
+        with anyio.move_on_after(SNAPSHOT_TIMEOUT_SECONDS):
+            await snapshot_done.wait()
+        snapshot_scope.cancel()
+        return error
 
     def _header(self, clock: SoakClock, started_at: datetime) -> Header:
         cfg = self.cfg
@@ -531,6 +660,8 @@ class _Soak:
             monotonic_start=clock.start,
         )
 
+    # -- the supervision: start, watch until the first end cause, stop --------------------
+
     async def _supervise(
         self,
         sink: EventSink,
@@ -538,225 +669,292 @@ class _Soak:
         baseline: ScanResult,
         ignore: set[tuple[int, int]],
     ) -> None:
-        cfg = self.cfg
+        """Start the command; the producers feed the event stream until the first end cause;
+        then the stop sequence, and whatever the supervisor broke is still cleaned up."""
         if self.cause is not None:
             # Cancelled or asked to stop before the command started: nothing to start.
             await sink.emit(WarningEvent(t=sink.elapsed(), message=f"{self.cause} before start"))
             return
         if baseline.errors:
-            message = skipped_message(cfg.progress_dir, baseline)
+            message = skipped_message(self.cfg.progress_dir, baseline)
             await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
-        child_env = dict(self._child_env)
-        child_env[SOAK_ID_VARIABLE] = self._marker
-        steps_reader = None
-        if cfg.progress_source != "files":
-            # A file an earlier soak over the same output left (check_outputs made sure).
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(cfg.steps_path)
-            child_env[STEPS_FILE_VARIABLE] = str(cfg.steps_path)
-            steps_reader = StepReader(
-                cfg.progress_dir,
-                keys=KeyChoice(cfg.step_key, cfg.loss_key),
-                report_file=cfg.steps_path,
-                baseline={name: state.size for name, state in baseline.files.items()},
-            )
-        cgroup = None
-        if self.use_cgroup:
-            with contextlib.suppress(BlockingCallTimeout):
-                cgroup = await run_blocking(
-                    cgroups.create,
-                    f"asyncsoak-{self.soak_id}",
-                    timeout=TREE_LOOK_TIMEOUT_SECONDS,
-                    what="creating the tree's cgroup",
-                )
-        spawner = self._spawner = Spawner(
-            SpawnRequest(
-                argv=cfg.command,
-                cwd=None if cfg.cwd is None else str(cfg.cwd),
-                env=child_env,
-                log_fd=log_fd,
-                log_max_bytes=cfg.log_max_bytes,
-                stop_mode=cfg.stop_mode,
-                grace_seconds=cfg.post_shutdown_grace_seconds,
-                cgroup=None if cgroup is None else str(cgroup.path),
-                kill_wait_seconds=cfg.kill_wait_seconds,
-            )
-        )
+        steps = self._step_reader(baseline)
+        cgroup = await self._create_cgroup()
+        spawner = self._spawner = Spawner(self._spawn_request(log_fd, steps, cgroup))
         try:
-            started = await spawner.start(sink)
-            if started and cgroup is not None and spawner.pid is not None:
-                # Membership decides only if the command really joined the group.
-                with contextlib.suppress(BlockingCallTimeout):
-                    if await run_blocking(
-                        cgroup.holds,
-                        spawner.pid,
-                        timeout=TREE_LOOK_TIMEOUT_SECONDS,
-                        what="a cgroup",
-                    ):
-                        spawner.cgroup = cgroup
-            if not started:
-                await self._fail(
-                    "spawn_failed", f"could not start {cfg.command[0]!r}: {spawner.spawn_error}"
-                )
+            if not await self._start_command(sink, spawner, cgroup):
                 return
-            assert spawner.pid is not None
-            self.control._set_started(spawner.pid)
-            self._seen_pids.add(spawner.pid)
-            stale = cfg.stale_progress_seconds
-            auto = stale == "auto"
-            tracker = ProgressTracker(
-                baseline.files,
-                startup_timeout=cfg.startup_timeout_seconds,
-                stale_after=cfg.startup_timeout_seconds if stale == "auto" else stale,
-                auto=StaleLimit(
-                    startup_limit=cfg.startup_timeout_seconds,
-                    carried=cfg.stale_progress_carried_seconds,
-                )
-                if auto
-                else None,
-                steps=None
-                if steps_reader is None
-                else StepTracker(loss_check=cfg.loss_check, step_key=cfg.step_key),
-                source=cfg.progress_source,
+            watch = _ProgressWatch(
+                tracker=self._progress_tracker(baseline, steps),
+                steps=steps,
+                ignore=ignore,
+                also=self._also_watched(),
             )
-            tracker.skipped_dirs = baseline.errors
             self.control.progress_age = partial(
-                latest_change_age, tracker, cfg.progress_dir, ignore
+                latest_change_age, watch.tracker, self.cfg.progress_dir, ignore
             )
-            # The proc sampler's tick, on which the GPU sampler takes its loops' output.
-            ticks = TickSignal()
             async with anyio.create_task_group() as producers:
-                self._produce(producers, sink, spawner.watch)
-                self._produce(
-                    producers,
-                    sink,
-                    partial(
-                        run_watchdog,
-                        progress_dir=cfg.progress_dir,
-                        tracker=tracker,
-                        ignore=lambda: ignore,
-                        # The log may live outside progress_dir: watch it by path when asked.
-                        also=[cfg.log_path] if cfg.output_is_progress else [],
-                        scan_interval=cfg.sample_interval_seconds,
-                        limiter=self._limiter,
-                        on_failure=self._run_judge.watchdog_rule,
-                        rides=self._rides,
-                        steps=steps_reader,
-                    ),
-                )
-                assert spawner.reaper_pid is not None
-                self._produce(
-                    producers,
-                    sink,
-                    partial(
-                        run_proc_sampler,
-                        root_pid=spawner.reaper_pid,
-                        interval=cfg.sample_interval_seconds,
-                        disk_paths={"progress": cfg.progress_dir, "output": cfg.output_path.parent},
-                        detailed_memory=cfg.detailed_memory,
-                        on_tree=self._on_tree,
-                        masker=self._masker,
-                        rides=self._rides,
-                        ticks=ticks,
-                        members_file=None if spawner.cgroup is None else spawner.cgroup.procs_file,
-                        tree_gone=spawner.tree_gone,
-                        # A soak that cannot sample fails closed: it never passes blind.
-                        on_blind=self._rule_fired,
-                    ),
-                )
-                if cfg.nvidia_smi is not None:
-                    self._produce(
-                        producers,
-                        sink,
-                        partial(
-                            run_gpu_sampler,
-                            interval=cfg.sample_interval_seconds,
-                            tree_pids=lambda: self._tree_now,
-                            nvidia_smi=cfg.nvidia_smi,
-                            call_timeout=gpu_call_timeout(cfg.sample_interval_seconds),
-                            limiter=self._limiter,
-                            ticks=ticks,
-                            visible_devices=(os.environ if cfg.env is None else cfg.env).get(
-                                "CUDA_VISIBLE_DEVICES"
-                            ),
-                            on_fault=self._run_judge.gpu_fault,
-                        ),
-                    )
-                self._exit_judge.memory_cgroup = await self._run_judge.emit_limits(
-                    sink, spawner.pid
-                )
-                self._produce(producers, sink, self._run_judge.run)
-                producers.start_soon(self._end_when_set, spawner.exited, "exited")
-                producers.start_soon(self._end_when_set, spawner.reaper_lost, "reaper_lost")
-                producers.start_soon(self._end_when_requested)
-                producers.start_soon(self._kill_when_asked)
-                self._job.start_tasks(producers, sink, spawner, self.end)
-                if cfg.max_duration_seconds is not None:
-                    producers.start_soon(self._end_after_max_duration, sink)
+                await self._start_producers(producers, sink, spawner, watch)
                 await self._ended.wait()
-                if self.cause == StopCause.EXITED and self.control.stop_requested.is_set():
-                    # The stop request and the exit crossed (a scheduler that signals every
-                    # process of the job: the trainer saved and exited on the same SIGTERM).
-                    self.cause = self.control.cause
-                if self.cause == StopCause.EXITED:
-                    # A command shorter than one scan interval: what it wrote still counts.
-                    broken = await final_scan(
-                        sink,
-                        progress_dir=cfg.progress_dir,
-                        tracker=tracker,
-                        ignore=ignore,
-                        also=[cfg.log_path] if cfg.output_is_progress else [],
-                        limiter=self._limiter,
-                        scan_timeout=FINAL_SCAN_TIMEOUT_SECONDS,
-                        steps=steps_reader,
-                    )
-                    if broken is not None:
-                        # The loss went NaN in the last steps before the command exited.
-                        await self._fail(*broken)
-                self._progress_seen = tracker.first_change is not None
-                if self.cause == StopCause.EXITED:
-                    await self._exit_judge.after_exit(
-                        sink, spawner, self.cause, progress_seen=self._progress_seen
-                    )
-                elif self.cause == "reaper_lost":
-                    await self._tree_stop.after_reaper_lost(sink, spawner)
-                else:
-                    assert self.cause is not None
-                    await self._tree_stop.stop(
-                        sink,
-                        spawner,
-                        self.cause,
-                        first_failure=self._failures[0] if self._failures else None,
-                        scheduler=self._job.facts,
-                    )
-                if self.cause == _slurm.CAUSE_REQUEUED:
-                    await self._job.requeue(sink)
-                await self._exit_judge.report_oom_kills(sink)
-                if self.cause == StopCause.EXITED and spawner.tree_gone.is_set():
-                    # A run that ended by itself; a stop (a scheduler's) has no time to spare.
-                    await self._run_judge.check_gpus_released(sink)
+                await self._stop_after_end(sink, spawner, watch)
                 producers.cancel_scope.cancel()
             await self._run_judge.judge_trends(sink, final=True)
         finally:
             with anyio.CancelScope(shield=True):
-                if not spawner.tree_gone.is_set() and spawner.pid is not None:
-                    # Only reached when the supervisor itself broke: leave nothing running.
-                    with contextlib.suppress(BlockingCallTimeout):
-                        await run_blocking(
-                            spawner.kill_tree,
-                            timeout=TREE_WALK_TIMEOUT_SECONDS,
-                            what="killing the tree",
-                        )
-                # A reaper still waiting on a tree SIGKILL cannot end (uninterruptible sleep)
-                # is not waited for past a scheduler's deadline: the artifact comes first.
-                await spawner.close(self._tree_stop.within_deadline(REAPER_CLOSE_TIMEOUT_SECONDS))
-                if cgroup is not None:
-                    with contextlib.suppress(BlockingCallTimeout):
-                        await run_blocking(
-                            cgroup.remove,
-                            timeout=TREE_LOOK_TIMEOUT_SECONDS,
-                            what="removing a cgroup",
-                        )
+                await self._leave_nothing_behind(spawner, cgroup)
+
+    def _step_reader(self, baseline: ScanResult) -> StepReader | None:
+        """The training steps' reader, unless only file changes count as progress."""
+        cfg = self.cfg
+        if cfg.progress_source == "files":
+            return None
+        # A file an earlier soak over the same output left (check_outputs made sure).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(cfg.steps_path)
+        return StepReader(
+            cfg.progress_dir,
+            keys=KeyChoice(cfg.step_key, cfg.loss_key),
+            report_file=cfg.steps_path,
+            baseline={name: state.size for name, state in baseline.files.items()},
+        )
+
+    async def _create_cgroup(self) -> cgroups.TreeCgroup | None:
+        """The tree's own cgroup where the kernel allows one (bounded: None past the bound)."""
+        if not self.use_cgroup:
+            return None
+        with contextlib.suppress(BlockingCallTimeout):
+            return await run_blocking(
+                cgroups.create,
+                f"asyncsoak-{self.soak_id}",
+                timeout=TREE_LOOK_TIMEOUT_SECONDS,
+                what="creating the tree's cgroup",
+            )
+        return None
+
+    def _spawn_request(
+        self, log_fd: int, steps: StepReader | None, cgroup: cgroups.TreeCgroup | None
+    ) -> SpawnRequest:
+        cfg = self.cfg
+        child_env = dict(self._child_env)
+        child_env[SOAK_ID_VARIABLE] = self._marker
+        if steps is not None:
+            child_env[STEPS_FILE_VARIABLE] = str(cfg.steps_path)
+        return SpawnRequest(
+            argv=cfg.command,
+            cwd=None if cfg.cwd is None else str(cfg.cwd),
+            env=child_env,
+            log_fd=log_fd,
+            log_max_bytes=cfg.log_max_bytes,
+            stop_mode=cfg.stop_mode,
+            grace_seconds=cfg.post_shutdown_grace_seconds,
+            cgroup=None if cgroup is None else str(cgroup.path),
+            kill_wait_seconds=cfg.kill_wait_seconds,
+        )
+
+    async def _start_command(
+        self, sink: EventSink, spawner: Spawner, cgroup: cgroups.TreeCgroup | None
+    ) -> bool:
+        """Start the command; False (its failure recorded) when it could not be started."""
+        started = await spawner.start(sink)
+        if started and cgroup is not None and spawner.pid is not None:
+            # Membership decides only if the command really joined the group.
+            with contextlib.suppress(BlockingCallTimeout):
+                if await run_blocking(
+                    cgroup.holds,
+                    spawner.pid,
+                    timeout=TREE_LOOK_TIMEOUT_SECONDS,
+                    what="a cgroup",
+                ):
+                    spawner.cgroup = cgroup
+        if not started:
+            await self._fail(
+                FailureReason.SPAWN_FAILED,
+                f"could not start {self.cfg.command[0]!r}: {spawner.spawn_error}",
+            )
+            return False
+        assert spawner.pid is not None
+        self.control._set_started(spawner.pid)
+        self._seen_pids.add(spawner.pid)
+        return True
+
+    def _progress_tracker(self, baseline: ScanResult, steps: StepReader | None) -> ProgressTracker:
+        cfg = self.cfg
+        stale = cfg.stale_progress_seconds
+        auto = stale == "auto"
+        tracker = ProgressTracker(
+            baseline.files,
+            startup_timeout=cfg.startup_timeout_seconds,
+            stale_after=cfg.startup_timeout_seconds if stale == "auto" else stale,
+            auto=StaleLimit(
+                startup_limit=cfg.startup_timeout_seconds,
+                carried=cfg.stale_progress_carried_seconds,
+            )
+            if auto
+            else None,
+            steps=None
+            if steps is None
+            else StepTracker(loss_check=cfg.loss_check, step_key=cfg.step_key),
+            source=cfg.progress_source,
+        )
+        tracker.skipped_dirs = baseline.errors
+        return tracker
+
+    async def _start_producers(
+        self, producers: TaskGroup, sink: EventSink, spawner: Spawner, watch: _ProgressWatch
+    ) -> None:
+        """The producers, each with its own clone of the sink: the spawner's watch, the
+        watchdog, the samplers and the run's judge; then the tasks that wait for an end cause."""
+        cfg = self.cfg
+        assert spawner.pid is not None
+        assert spawner.reaper_pid is not None
+        # The proc sampler's tick, on which the GPU sampler takes its loops' output.
+        ticks = TickSignal()
+        self._produce(producers, sink, spawner.watch)
+        self._produce(
+            producers,
+            sink,
+            partial(
+                run_watchdog,
+                progress_dir=cfg.progress_dir,
+                tracker=watch.tracker,
+                ignore=lambda: watch.ignore,
+                also=watch.also,
+                scan_interval=cfg.sample_interval_seconds,
+                limiter=self._limiter,
+                on_failure=self._run_judge.watchdog_rule,
+                rides=self._rides,
+                steps=watch.steps,
+            ),
+        )
+        self._produce(
+            producers,
+            sink,
+            partial(
+                run_proc_sampler,
+                root_pid=spawner.reaper_pid,
+                interval=cfg.sample_interval_seconds,
+                disk_paths={"progress": cfg.progress_dir, "output": cfg.output_path.parent},
+                detailed_memory=cfg.detailed_memory,
+                on_tree=self._on_tree,
+                masker=self._masker,
+                rides=self._rides,
+                ticks=ticks,
+                members_file=None if spawner.cgroup is None else spawner.cgroup.procs_file,
+                tree_gone=spawner.tree_gone,
+                # A soak that cannot sample fails closed: it never passes blind.
+                on_blind=self._sampler_rule_fired,
+            ),
+        )
+        if cfg.nvidia_smi is not None:
+            self._produce(
+                producers,
+                sink,
+                partial(
+                    run_gpu_sampler,
+                    interval=cfg.sample_interval_seconds,
+                    tree_pids=lambda: self._tree_now,
+                    nvidia_smi=cfg.nvidia_smi,
+                    call_timeout=gpu_call_timeout(cfg.sample_interval_seconds),
+                    limiter=self._limiter,
+                    ticks=ticks,
+                    visible_devices=(os.environ if cfg.env is None else cfg.env).get(
+                        "CUDA_VISIBLE_DEVICES"
+                    ),
+                    on_fault=self._run_judge.gpu_fault,
+                ),
+            )
+        self._exit_judge.memory_cgroup = await self._run_judge.emit_limits(sink, spawner.pid)
+        self._produce(producers, sink, self._run_judge.run)
+        producers.start_soon(self._end_when_set, spawner.exited, StopCause.EXITED)
+        producers.start_soon(self._end_when_set, spawner.reaper_lost, REAPER_LOST)
+        producers.start_soon(self._end_when_requested)
+        producers.start_soon(self._kill_when_asked)
+        self._job.start_tasks(producers, sink, spawner, self.end)
+        if cfg.max_duration_seconds is not None:
+            producers.start_soon(self._end_after_max_duration, sink)
+
+    async def _stop_after_end(
+        self, sink: EventSink, spawner: Spawner, watch: _ProgressWatch
+    ) -> None:
+        """The first end cause is in: judge the exit or run the stop sequence, then what
+        follows either (a requeue, the OOM kills, the GPUs' release)."""
+        if self.cause == StopCause.EXITED and self.control.stop_requested.is_set():
+            # The stop request and the exit crossed (a scheduler that signals every
+            # process of the job: the trainer saved and exited on the same SIGTERM).
+            self.cause = self.control.cause
+        if self.cause == StopCause.EXITED:
+            await self._last_scan(sink, watch)
+        self._progress_seen = watch.tracker.first_change is not None
+        await self._end_tree(sink, spawner)
+        if self.cause == StopCause.REQUEUED:
+            await self._job.requeue(sink)
+        await self._exit_judge.report_oom_kills(sink)
+        if self.cause == StopCause.EXITED and spawner.tree_gone.is_set():
+            # A run that ended by itself; a stop (a scheduler's) has no time to spare.
+            await self._run_judge.check_gpus_released(sink)
+
+    async def _last_scan(self, sink: EventSink, watch: _ProgressWatch) -> None:
+        """A command shorter than one scan interval: what it wrote still counts."""
+        broken = await final_scan(
+            sink,
+            progress_dir=self.cfg.progress_dir,
+            tracker=watch.tracker,
+            ignore=watch.ignore,
+            also=watch.also,
+            limiter=self._limiter,
+            scan_timeout=FINAL_SCAN_TIMEOUT_SECONDS,
+            steps=watch.steps,
+        )
+        if broken is not None:
+            # The loss went NaN in the last steps before the command exited.
+            reason, message = broken
+            await self._fail(FailureReason(reason), message)
+
+    async def _end_tree(self, sink: EventSink, spawner: Spawner) -> None:
+        """The exit judged (the command ended by itself), the tree killed (the reaper was
+        lost), or the stop sequence (every other cause)."""
+        cause = self.cause
+        if cause == StopCause.EXITED:
+            await self._exit_judge.after_exit(
+                sink, spawner, cause, progress_seen=self._progress_seen
+            )
+        elif cause == REAPER_LOST:
+            await self._tree_stop.after_reaper_lost(sink, spawner)
+        else:
+            assert isinstance(cause, StopCause)
+            await self._tree_stop.stop(
+                sink,
+                spawner,
+                cause,
+                first_failure=self._failures[0] if self._failures else None,
+                scheduler=self._job.facts,
+            )
+
+    async def _leave_nothing_behind(
+        self, spawner: Spawner, cgroup: cgroups.TreeCgroup | None
+    ) -> None:
+        """Shielded, bounded clean-up: the tree killed if the supervisor broke, the reaper
+        closed, the cgroup removed."""
+        if not spawner.tree_gone.is_set() and spawner.pid is not None:
+            # Only reached when the supervisor itself broke: leave nothing running.
+            with contextlib.suppress(BlockingCallTimeout):
+                await run_blocking(
+                    spawner.kill_tree,
+                    timeout=TREE_WALK_TIMEOUT_SECONDS,
+                    what="killing the tree",
+                )
+        # A reaper still waiting on a tree SIGKILL cannot end (uninterruptible sleep)
+        # is not waited for past a scheduler's deadline: the artifact comes first.
+        await spawner.close(self._tree_stop.within_deadline(REAPER_CLOSE_TIMEOUT_SECONDS))
+        if cgroup is not None:
+            with contextlib.suppress(BlockingCallTimeout):
+                await run_blocking(
+                    cgroup.remove,
+                    timeout=TREE_LOOK_TIMEOUT_SECONDS,
+                    what="removing a cgroup",
+                )
+
+    # -- the producers and end-cause tasks ----------------------------------------------
 
     def _on_tree(self, pids: frozenset[int]) -> None:
         self._tree_now = pids
@@ -776,7 +974,7 @@ class _Soak:
 
         tg.start_soon(run, sink.clone())
 
-    async def _end_when_set(self, event: anyio.Event, cause: str) -> None:
+    async def _end_when_set(self, event: anyio.Event, cause: EndCause) -> None:
         await event.wait()
         self.end(cause)
 
@@ -791,7 +989,7 @@ class _Soak:
     async def _end_after_max_duration(self, sink: EventSink) -> None:
         assert self.cfg.max_duration_seconds is not None
         await anyio.sleep(max(0.0, self.cfg.max_duration_seconds - sink.elapsed()))
-        self.end("max_duration")
+        self.end(StopCause.MAX_DURATION)
 
 
 def gpu_call_timeout(interval: float) -> float:

@@ -13,7 +13,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import Any, Final, Literal
 
 import anyio
 
@@ -21,6 +21,7 @@ from .._contract import (
     Abandoned,
     BlockingCallTimeout,
     EventSink,
+    FailureReason,
     Forensics,
     Leftover,
     Masker,
@@ -54,12 +55,18 @@ FINISH_RESERVE_SECONDS = 1.5
 #: The kill's wait is never cut below this: every member gets its SIGKILL at least once.
 MIN_KILL_WAIT_SECONDS = 0.5
 #: Rules after which the tree is looked at before it is stopped.
-HANG_REASONS = frozenset({"stale_progress", "startup_timeout"})
+HANG_REASONS = frozenset({FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT})
 #: Environment marker that lets the monitor recognise processes of this soak's tree.
 SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
 
 #: Records a failure (reason, message) in the soak's artifact.
-Fail = Callable[[str, str], Awaitable[None]]
+Fail = Callable[[FailureReason, str], Awaitable[None]]
+
+#: The soak's end cause when its reaper died: the tree is killed at once, with no stop
+#: sequence (so it is never the artifact's ``stop.cause``).
+REAPER_LOST: Final = "reaper_lost"
+#: What ended the soak: a stop cause, or the reaper's loss.
+EndCause = StopCause | Literal["reaper_lost"]
 
 
 class TreeStop:
@@ -128,7 +135,9 @@ class TreeStop:
             finally:
                 scopes.discard(scope)
 
-    async def wait_tree_gone(self, spawner: Spawner, seconds: float, cause: str | None) -> None:
+    async def wait_tree_gone(
+        self, spawner: Spawner, seconds: float, cause: EndCause | None
+    ) -> None:
         """Wait up to ``seconds`` for the tree to be gone.
 
         A caller's stop that comes during the wait ends it at once; when the caller's stop is
@@ -146,55 +155,24 @@ class TreeStop:
         self,
         sink: EventSink,
         spawner: Spawner,
-        cause: str,
+        cause: StopCause,
         *,
-        first_failure: str | None,
+        first_failure: FailureReason | None,
         scheduler: dict[str, Any] | None,
     ) -> None:
         """The monitor ends the run: graceful request, grace, SIGKILL, bounded reap."""
-        cfg = self.cfg
-        grace = cfg.post_shutdown_grace_seconds
-        if self.control.stop_requested.is_set() and self.control.grace_seconds is not None:
-            grace = self.control.grace_seconds
-        if cause == _slurm.CAUSE_SCHEDULER and self.control.stop_requested.is_set():
-            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.  Facts not known
-            # yet (a SIGTERM in the first instants): the caller's figure, else the default.
-            known = scheduler or {"kill_wait_seconds": cfg.scheduler_grace_seconds}
-            grace = _slurm.stop_grace(grace, known)
-            self.deadline = (
-                anyio.current_time() + _slurm.kill_wait_of(known) - FINISH_RESERVE_SECONDS
-            )
+        grace = self._grace(cause, scheduler)
         await sink.emit(
-            StopRequested(t=sink.elapsed(), cause=cause, mode=cfg.stop_mode, grace_seconds=grace)
+            StopRequested(
+                t=sink.elapsed(), cause=cause, mode=self.cfg.stop_mode, grace_seconds=grace
+            )
         )
         if cause == StopCause.FAILURE and first_failure in HANG_REASONS:
             await self.hang_forensics(sink, spawner, first_failure)
-        if cause == _slurm.CAUSE_REQUEUED:
+        if cause == StopCause.REQUEUED:
             pass  # the graceful request was the forwarded signal: the trainer is saving
         elif not spawner.exited.is_set():
-            if cfg.stop_mode == "stdin":
-                if spawner.close_stdin():
-                    await sink.emit(StdinClosed(t=sink.elapsed()))
-            else:
-                sig = signal.SIGTERM
-                pids = []
-                with contextlib.suppress(BlockingCallTimeout):
-                    pids = await run_blocking(
-                        spawner.tree_pids,
-                        timeout=TREE_WALK_TIMEOUT_SECONDS,
-                        what="walking the tree",
-                    )
-                sent = (
-                    spawner.signal_group(sig)
-                    if cfg.stop_mode == "group"
-                    else spawner.signal_leader(sig)
-                )
-                if sent:
-                    await sink.emit(
-                        SignalSent(
-                            t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids
-                        )
-                    )
+            await self._ask_to_stop(sink, spawner)
         await self.wait_tree_gone(spawner, grace, cause)
         if spawner.tree_gone.is_set():
             return
@@ -205,8 +183,47 @@ class TreeStop:
         await self.kill(sink, spawner)
         if leftovers and cause in (StopCause.FAILURE, StopCause.MAX_DURATION):
             await self._fail(
-                "leftover_processes",
+                FailureReason.LEFTOVER_PROCESSES,
                 f"{leftovers} process(es) outlived the command by {grace:g}s and were killed",
+            )
+
+    def _grace(self, cause: StopCause, scheduler: dict[str, Any] | None) -> float:
+        """The tree's grace: the soak's, the caller's stop's, or what a scheduler's stop leaves
+        under its SIGKILL (which also sets :attr:`deadline`)."""
+        cfg = self.cfg
+        grace = cfg.post_shutdown_grace_seconds
+        if self.control.stop_requested.is_set() and self.control.grace_seconds is not None:
+            grace = self.control.grace_seconds
+        if cause == StopCause.SCHEDULER and self.control.stop_requested.is_set():
+            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.  Facts not known
+            # yet (a SIGTERM in the first instants): the caller's figure, else the default.
+            known = scheduler or {"kill_wait_seconds": cfg.scheduler_grace_seconds}
+            grace = _slurm.stop_grace(grace, known)
+            self.deadline = (
+                anyio.current_time() + _slurm.kill_wait_of(known) - FINISH_RESERVE_SECONDS
+            )
+        return grace
+
+    async def _ask_to_stop(self, sink: EventSink, spawner: Spawner) -> None:
+        """The graceful request, as the stop mode says: close stdin, or SIGTERM to the group
+        or the leader."""
+        cfg = self.cfg
+        if cfg.stop_mode == "stdin":
+            if spawner.close_stdin():
+                await sink.emit(StdinClosed(t=sink.elapsed()))
+            return
+        sig = signal.SIGTERM
+        pids = []
+        with contextlib.suppress(BlockingCallTimeout):
+            pids = await run_blocking(
+                spawner.tree_pids,
+                timeout=TREE_WALK_TIMEOUT_SECONDS,
+                what="walking the tree",
+            )
+        sent = spawner.signal_group(sig) if cfg.stop_mode == "group" else spawner.signal_leader(sig)
+        if sent:
+            await sink.emit(
+                SignalSent(t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids)
             )
 
     async def after_reaper_lost(self, sink: EventSink, spawner: Spawner) -> None:
@@ -214,7 +231,7 @@ class TreeStop:
         more, so it is stopped at once, every member found by cgroup (or marker) killed."""
         how = await spawner.reaper_exit(1.0)
         await self._fail(
-            "monitor_error",
+            FailureReason.MONITOR_ERROR,
             f"the reaper (pid {spawner.reaper_pid}) was lost: {how}; the tree was stopped",
         )
         pids = await self.tree_pids(spawner)
@@ -313,7 +330,7 @@ class TreeStop:
         return max(0.0, min(seconds, self.deadline - anyio.current_time()))
 
     async def hang_forensics(
-        self, sink: EventSink, spawner: Spawner, reason: str
+        self, sink: EventSink, spawner: Spawner, reason: FailureReason
     ) -> dict[str, Any] | None:
         """Before the first signal: ask for a stack dump, then record what the tree is doing.
 

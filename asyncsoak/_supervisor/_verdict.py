@@ -22,9 +22,11 @@ from .._contract import (
     CrashCause,
     CrashInLog,
     EventSink,
+    FailureReason,
     Masker,
     OomKill,
     RankCrash,
+    SoakStatus,
     StopCause,
     WarningEvent,
     describe_crash,
@@ -37,9 +39,8 @@ from .._contract import decode as decode_exit
 from .._process import Spawner, oom_kills, seconds_since_boot
 from .._record import read_log_tail
 from .._sampling import MemoryCgroup
-from . import _slurm
 from ._config import SoakConfig
-from ._stop import Fail, TreeStop
+from ._stop import EndCause, Fail, TreeStop
 
 #: The kernel log's clock and the monitor's may drift apart a little.
 KMSG_SLACK_SECONDS = 5.0
@@ -71,14 +72,53 @@ class ExitJudge:
         self._boot_seconds_at_start = seconds_since_boot()
 
     async def after_exit(
-        self, sink: EventSink, spawner: Spawner, cause: str | None, *, progress_seen: bool
+        self, sink: EventSink, spawner: Spawner, cause: EndCause, *, progress_seen: bool
     ) -> None:
         """The command ended by itself: judge its exit, then give its tree the grace."""
         cfg = self.cfg
         rc = spawner.returncode
         assert rc is not None
         ran_for = sink.elapsed()
-        exit_failure: tuple[str, str] | None = None
+        exit_failure = await self._exit_failure(sink, spawner, rc)
+        # The rest of the tree gets its grace first: by then the reaper has copied the last of
+        # the output (the traceback) into the log, so the failure message can quote it.
+        await self._tree_stop.wait_tree_gone(spawner, cfg.post_shutdown_grace_seconds, cause)
+        if exit_failure is not None:
+            reason, message = exit_failure
+            crash = await self.crash_cause(sink)
+            if crash is not None:
+                message += f": {crash}"
+            await self._fail(reason, message)
+        if ran_for < cfg.min_duration_seconds:
+            await self._fail(
+                FailureReason.TOO_SHORT,
+                f"the command ended after {ran_for:.1f}s, before "
+                f"min_duration_seconds={cfg.min_duration_seconds:g}",
+            )
+        if not spawner.tree_gone.is_set():
+            leftovers = await self._tree_stop.record_leftovers(sink, spawner)
+            await self._tree_stop.kill(sink, spawner)
+            # The caller stopped the soak during the grace: its stop, not a leftover failure.
+            if leftovers and not self._tree_stop.caller_stop.is_set():
+                await self._fail(
+                    FailureReason.LEFTOVER_PROCESSES,
+                    f"{leftovers} process(es) outlived the command by "
+                    f"post_shutdown_grace_seconds={cfg.post_shutdown_grace_seconds:g} "
+                    "and were killed",
+                )
+        if rc == 0 and not progress_seen:
+            await sink.emit(
+                WarningEvent(
+                    t=sink.elapsed(),
+                    message="the command exited cleanly without any progress in progress_dir",
+                )
+            )
+
+    async def _exit_failure(
+        self, sink: EventSink, spawner: Spawner, rc: int
+    ) -> tuple[FailureReason, str] | None:
+        """The failure the exit status ``rc`` is, if any: a signal the monitor did not send
+        (an OOM kill named as one), or a nonzero code."""
         ended = decode_exit(rc)
         if ended.signal is not None and ended.signal not in spawner.signals_to_leader:
             message = f"the command was killed by {spawner.exit_signal}"
@@ -92,42 +132,10 @@ class ExitJudge:
                 kills = await self.report_oom_kills(sink, command_pid=spawner.pid)
                 if spawner.pid in kills:
                     message = self._oom_message(kills[spawner.pid], spawner.exit_signal)
-            exit_failure = ("signaled", message)
-        elif rc > 0:
-            exit_failure = ("nonzero_exit", f"the command exited with status {rc}")
-        # The rest of the tree gets its grace first: by then the reaper has copied the last of
-        # the output (the traceback) into the log, so the failure message can quote it.
-        await self._tree_stop.wait_tree_gone(spawner, cfg.post_shutdown_grace_seconds, cause)
-        if exit_failure is not None:
-            reason, message = exit_failure
-            crash = await self.crash_cause(sink)
-            if crash is not None:
-                message += f": {crash}"
-            await self._fail(reason, message)
-        if ran_for < cfg.min_duration_seconds:
-            await self._fail(
-                "too_short",
-                f"the command ended after {ran_for:.1f}s, before "
-                f"min_duration_seconds={cfg.min_duration_seconds:g}",
-            )
-        if not spawner.tree_gone.is_set():
-            leftovers = await self._tree_stop.record_leftovers(sink, spawner)
-            await self._tree_stop.kill(sink, spawner)
-            # The caller stopped the soak during the grace: its stop, not a leftover failure.
-            if leftovers and not self._tree_stop.caller_stop.is_set():
-                await self._fail(
-                    "leftover_processes",
-                    f"{leftovers} process(es) outlived the command by "
-                    f"post_shutdown_grace_seconds={cfg.post_shutdown_grace_seconds:g} "
-                    "and were killed",
-                )
-        if rc == 0 and not progress_seen:
-            await sink.emit(
-                WarningEvent(
-                    t=sink.elapsed(),
-                    message="the command exited cleanly without any progress in progress_dir",
-                )
-            )
+            return (FailureReason.SIGNALED, message)
+        if rc > 0:
+            return (FailureReason.NONZERO_EXIT, f"the command exited with status {rc}")
+        return None
 
     async def crash_cause(self, sink: EventSink) -> str | None:
         """Lift the cause of a crash from the end of the log into ``exit.exception``."""
@@ -275,21 +283,25 @@ def _read_crash(log_path: Path) -> tuple[RankCrash | None, CrashInLog | None]:
 
 
 def soak_status(
-    error: Exception | None, cause: str | None, failures: Sequence[str], *, caller_stopped: bool
-) -> str:
+    error: Exception | None,
+    cause: EndCause | None,
+    failures: Sequence[FailureReason],
+    *,
+    caller_stopped: bool,
+) -> SoakStatus:
     """The artifact's ``status`` from the end cause, the failures and the monitor's own error."""
     if error is not None:
-        return "error"
+        return SoakStatus.ERROR
     if cause in (
         StopCause.REQUESTED,
         StopCause.CANCELLED,
-        _slurm.CAUSE_SCHEDULER,
-        _slurm.CAUSE_REQUEUED,
+        StopCause.SCHEDULER,
+        StopCause.REQUEUED,
     ):
-        return "cancelled"
-    if "monitor_error" in failures:
-        return "error"  # the reaper was lost
+        return SoakStatus.CANCELLED
+    if FailureReason.MONITOR_ERROR in failures:
+        return SoakStatus.ERROR  # the reaper was lost
     if caller_stopped and not failures:
         # The command had exited and its tree was in its grace when the caller stopped.
-        return "cancelled"
-    return "failed" if failures else "passed"
+        return SoakStatus.CANCELLED
+    return SoakStatus.FAILED if failures else SoakStatus.PASSED

@@ -1,7 +1,7 @@
 """What a person reads.
 
-The evidence, the summary, the live view, the HTML report, comparisons and several artifacts of
-one job.
+The evidence, the summary, the live view, the HTML report, comparisons, several artifacts of one
+job, and the labels of the sampled fields.
 """
 
 from __future__ import annotations

@@ -47,19 +47,14 @@ from .._contract import (
 )
 from .._supervisor import STOP_MODES, seconds
 from ..queue import (
-    CANCEL_GRACE_S,
     COMMAND_WAIT_FOR_DB_S,
     FAILED,
     INTEGER_MAX,
-    JOB_STATUSES,
     KILLED_BEFORE_SAVING,
     LOG_TAIL_HEADER,
     LOST,
     LOST_AFTER_S,
-    POLL_S,
     PRUNE_AFTER_S,
-    STALE_AFTER_S,
-    STOP_TIMEOUT_S,
     SUCCEEDED,
     WARNINGS_HEADER,
     WORKER_WAIT_FOR_DB_S,
@@ -68,12 +63,15 @@ from ..queue import (
     GpuFault,
     Job,
     JobNotFoundError,
+    JobStatus,
     JobStore,
     Plan,
     QueueError,
     QueueMissingError,
     QueueUnavailableError,
+    WorkerConfig,
     WorkerView,
+    checked,
     default_data_dir,
     describe_exit,
     open_for_worker,
@@ -199,7 +197,8 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=_guarded(_submit))
 
     p = subparsers.add_parser("jobs", parents=[db], help="list jobs")
-    p.add_argument("--status", choices=(*JOB_STATUSES, "interrupted"), help="only these jobs")
+    statuses = [status.value for status in JobStatus]  # as stored, attempts' interrupted too
+    p.add_argument("--status", choices=statuses, help="only these jobs")
     p.add_argument("--array", type=_job_id, metavar="ID", help="only the jobs of this array")
     p.add_argument("--json", action="store_true", help="JSON for scripts")
     p.set_defaults(handler=_guarded(_jobs))
@@ -255,45 +254,9 @@ def register(subparsers: Any) -> None:
         "running jobs the graceful way (they are requeued) and then the worker; a second signal "
         "kills them at once.",
     )
-    p.add_argument("--poll", type=float, default=POLL_S, metavar="S", help="poll/heartbeat period")
     p.add_argument("--once", action="store_true", help="drain what is queued, then exit")
     p.add_argument("--name", help="worker name (default: host:gpuN with --gpus, else host:pid)")
-    p.add_argument("--runs-dir", type=Path, help="where runs live (default: beside the database)")
-    p.add_argument(
-        "--gpus",
-        help="the GPUs it owns, e.g. 0 or 0,1,2,3: jobs run side by side on them, each with its "
-        "own CUDA_VISIBLE_DEVICES (submit --gpus N), never sharing a GPU",
-    )
-    p.add_argument(
-        "--train-cmd",
-        help="trainer command for --config jobs, one shell-quoted string "
-        "(default: python train.py); --job-id N --db PATH --watch-stdin are appended",
-    )
-    p.add_argument(
-        "--stale-after",
-        type=float,
-        default=STALE_AFTER_S,
-        metavar="S",
-        help=f"heartbeat age that makes a running job an orphan (default {STALE_AFTER_S:g})",
-    )
-    p.add_argument(
-        "--cancel-grace",
-        type=float,
-        default=CANCEL_GRACE_S,
-        metavar="S",
-        help=f"time a cancelled job gets to stop by itself (default {CANCEL_GRACE_S:g})",
-    )
-    p.add_argument(
-        "--stop-timeout",
-        type=float,
-        default=STOP_TIMEOUT_S,
-        metavar="S",
-        help=f"time a job gets to save once asked to stop, before it is killed "
-        f"(default {STOP_TIMEOUT_S:g})",
-    )
-    p.add_argument(
-        "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to sample GPUs with"
-    )
+    add_worker_settings(p)
     p.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     add_worker_flags(p)
     add_metrics_flags(p)
@@ -301,6 +264,57 @@ def register(subparsers: Any) -> None:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+def _worker_flags() -> list[dataclasses.Field[Any]]:
+    """The fields of :class:`WorkerConfig` that are ``asyncsoak worker`` flags."""
+    return [spec for spec in dataclasses.fields(WorkerConfig) if spec.metadata["flag"]]
+
+
+def add_worker_settings(p: argparse.ArgumentParser) -> None:
+    """One flag per setting of :class:`WorkerConfig` (its spelling, help and default), each
+    parsed into the field's name: the config and its flags cannot drift apart."""
+    for spec in _worker_flags():
+        flag, kind = spec.metadata["flag"], spec.metadata["kind"]
+        help = spec.metadata["help"].replace("%", "%%")  # argparse formats help with %
+        metavar = spec.metadata["metavar"] or flag.lstrip("-").replace("-", "_").upper()
+        if kind in ("seconds", "count"):
+            # Checked by _checked_worker_flags, so a bad value is refused naming the flag.
+            parse: Callable[[str], Any] = float if kind == "seconds" else _integer
+            help = f"{help} (default {spec.default:g})"
+        else:
+            parse = Path if kind == "path" else str
+        default = spec.default if kind in ("seconds", "count", "text") else None
+        p.add_argument(
+            flag, dest=spec.name, type=parse, default=default, metavar=metavar, help=help
+        )
+
+
+def _checked_worker_flags(args: argparse.Namespace) -> None:
+    """Refuse a bad duration or count among the worker's flags, naming the flag."""
+    for spec in _worker_flags():
+        try:
+            checked(spec.metadata["flag"], spec, getattr(args, spec.name))
+        except ValidationError as exc:
+            raise UsageError(str(exc)) from None
+
+
+def worker_config(args: argparse.Namespace, *, until: float | None = None) -> WorkerConfig:
+    """The :class:`WorkerConfig` of ``asyncsoak worker``'s flags (``until``: the end of its
+    SLURM allocation).  A flag left out keeps the config's default."""
+    settings = {spec.name: getattr(args, spec.name) for spec in _worker_flags()}
+    if args.cmd is None:
+        del settings["cmd"]
+    else:
+        settings["cmd"] = shlex.split(args.cmd)
+        if not settings["cmd"]:
+            raise UsageError("--train-cmd is empty")
+    if args.no_gpu:
+        settings["nvidia_smi"] = None
+    try:
+        return WorkerConfig(**settings, until=until)
+    except ValidationError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _wait_seconds(text: str) -> float:
@@ -915,25 +929,15 @@ def _worker_dict(v: WorkerView) -> dict[str, Any]:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    for flag in ("poll", "stale_after", "cancel_grace", "stop_timeout"):
-        try:
-            seconds(f"--{flag.replace('_', '-')}", getattr(args, flag), allow_zero=flag != "poll")
-        except ValidationError as exc:
-            raise UsageError(str(exc)) from None
+    _checked_worker_flags(args)
     metrics_from_args(args)  # refused before the database is opened
-    args.until = worker_in_allocation(args)
+    until = worker_in_allocation(args)
     if args.gpus is not None and not _GPU_LIST.match(args.gpus):
         raise UsageError(f"--gpus {args.gpus!r}: expected a list such as 0 or 2,3 (or GPU UUIDs)")
     if args.clear_fault is not None:
         with _open(args) as store:
             return int(_queue_call(lambda: clear_faults(args, store)))
-    try:
-        seconds("--retry-backoff", args.retry_backoff)
-    except ValidationError as exc:
-        raise UsageError(str(exc)) from None
-    train_cmd = shlex.split(args.train_cmd) if args.train_cmd else None
-    if args.train_cmd is not None and not train_cmd:
-        raise UsageError("--train-cmd is empty")
+    config = worker_config(args, until=until)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_TerminalFormatter("%(asctime)s %(levelname)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
@@ -957,10 +961,11 @@ def _worker(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     with store:
-        runs_dir = (args.runs_dir or default_runs_dir(store)).absolute()
+        runs_dir = (config.runs_dir or default_runs_dir(store)).absolute()
         _queue_call(lambda: prepare_runs_dir(runs_dir))
+        config = dataclasses.replace(config, runs_dir=runs_dir)
         try:
-            anyio.run(_work, args, store, runs_dir, train_cmd)
+            anyio.run(_work, args, store, config)
         except BaseExceptionGroup as group:
             inner: BaseException = group
             while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
@@ -979,9 +984,7 @@ def _worker(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _work(
-    args: argparse.Namespace, store: JobStore, runs_dir: Path, train_cmd: list[str] | None
-) -> None:
+async def _work(args: argparse.Namespace, store: JobStore, config: WorkerConfig) -> None:
     import anyio
 
     from ..queue import run_worker
@@ -1003,7 +1006,7 @@ async def _work(
                 log.warning(
                     "%s: stopping after the running job saves (up to %gs); again to kill it now",
                     name,
-                    args.stop_timeout,
+                    config.stop_timeout_seconds,
                 )
                 stop.set()
 
@@ -1012,21 +1015,12 @@ async def _work(
         try:
             await run_worker(
                 store,
-                args.poll,
-                args.once,
-                train_cmd,
-                stop,
-                args.name,
+                config,
+                once=args.once,
+                stop_event=stop,
                 kill_event=kill,
-                runs_dir=runs_dir,
-                gpus=args.gpus,
-                stale_after=args.stale_after,
-                cancel_grace=args.cancel_grace,
-                stop_timeout=args.stop_timeout,
-                nvidia_smi=None if args.no_gpu else args.nvidia_smi,
+                name=args.name,
                 metrics=metrics_from_args(args),
-                until=args.until,
-                retry_backoff=args.retry_backoff,
             )
         finally:
             tg.cancel_scope.cancel()

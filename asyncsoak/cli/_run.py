@@ -360,7 +360,8 @@ def _supervise(
                     tg.start_soon(view)
                 with soak_scope:
                     try:
-                        artifact = await run_soak(**soak)
+                        # Read below as the plain dict it is, like a failed soak's.
+                        artifact = cast("dict[str, Any]", await run_soak(**soak))
                     except Exception as exc:
                         # Re-raised outside the task group, so it is never wrapped in a group.
                         error = exc

@@ -78,6 +78,6 @@ def worker_in_allocation(args: argparse.Namespace) -> float | None:
         args.gpus = slurm.allocation_gpus()
     if args.name is None:
         args.name = slurm.worker_name(info, socket.gethostname())
-    args.stop_timeout = slurm.stop_grace(args.stop_timeout, info)
+    args.stop_timeout_seconds = slurm.stop_grace(args.stop_timeout_seconds, info)
     end = info.get("end_time_epoch")
     return float(end) if isinstance(end, int | float) else None

@@ -1,6 +1,6 @@
 """The job queue's sweep and retry options on the command line: ``submit --after / --array /
---not-before / --gpus / --retry-on / --no-retry-on``, ``worker --clear-fault`` and
-``--retry-backoff``, and what ``jobs``, ``job`` and ``workers`` show of them."""
+--not-before / --gpus / --retry-on / --no-retry-on``, ``worker --clear-fault``, and
+what ``jobs``, ``job`` and ``workers`` show of them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Any
 
 from ..queue import (
     DEPENDENCY_FAILED,
-    INFRASTRUCTURE_BACKOFF_S,
     MAX_INFRASTRUCTURE_RETRIES,
     RETRY_NAMES,
     Attempt,
@@ -107,14 +106,7 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_worker_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--retry-backoff",
-        type=float,
-        default=INFRASTRUCTURE_BACKOFF_S,
-        metavar="S",
-        help="wait before a job's second infrastructure retry, doubling for each later one "
-        f"(default {INFRASTRUCTURE_BACKOFF_S:g}; the first retry is at once)",
-    )
+    """``worker --clear-fault`` (its ``--retry-backoff`` is a WorkerConfig setting)."""
     p.add_argument(
         "--clear-fault",
         nargs="?",

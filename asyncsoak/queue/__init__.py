@@ -3,6 +3,11 @@ worker that runs each job under ``run_soak``, and the final status rules.
 
 Its names load on first use, so the store and the command line's read-only commands do not
 import the soak core.
+
+The worker's defaults stay importable here under their reference names (``POLL_S``,
+``STALE_AFTER_S``, ``CANCEL_GRACE_S``, ``STOP_TIMEOUT_S``, ``KILL_WAIT_S``, ``FINISH_RETRIES``,
+``FINISH_RETRY_WAIT_S``, ``SLICE_S``, ``ERROR_TAIL_LINES``, ``TAIL_BYTES``, ``TRAIN_CMD``);
+they are :class:`WorkerConfig`'s defaults, not names of their own in ``__all__``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ if TYPE_CHECKING:
     from ._retry import INFRASTRUCTURE_BACKOFF_S as INFRASTRUCTURE_BACKOFF_S
     from ._retry import MAX_INFRASTRUCTURE_RETRIES as MAX_INFRASTRUCTURE_RETRIES
     from ._retry import RETRY_NAMES as RETRY_NAMES
+    from ._settings import TRAIN_CMD as TRAIN_CMD
+    from ._settings import WorkerConfig as WorkerConfig
+    from ._settings import checked as checked
     from ._sqlite import SqliteStore as SqliteStore
     from ._status import CANCEL_GRACE_S as CANCEL_GRACE_S
     from ._status import ERROR_TAIL_LINES as ERROR_TAIL_LINES
@@ -58,6 +66,7 @@ if TYPE_CHECKING:
     from ._status import SUCCEEDED as SUCCEEDED
     from ._status import TAIL_BYTES as TAIL_BYTES
     from ._status import WARNINGS_HEADER as WARNINGS_HEADER
+    from ._status import JobStatus as JobStatus
     from ._status import Outcome as Outcome
     from ._status import describe_exit as describe_exit
     from ._status import final_status as final_status
@@ -71,7 +80,6 @@ if TYPE_CHECKING:
     from ._sweeps import Plan as Plan
     from ._sweeps import ids_text as ids_text
     from ._sweeps import plan_note as plan_note
-    from ._worker import TRAIN_CMD as TRAIN_CMD
     from ._worker import default_runs_dir as default_runs_dir
     from ._worker import prepare_runs_dir as prepare_runs_dir
     from ._worker import run_job as run_job
@@ -110,6 +118,9 @@ else:
             "INFRASTRUCTURE_BACKOFF_S": "._retry",
             "MAX_INFRASTRUCTURE_RETRIES": "._retry",
             "RETRY_NAMES": "._retry",
+            "TRAIN_CMD": "._settings",
+            "WorkerConfig": "._settings",
+            "checked": "._settings",
             "SqliteStore": "._sqlite",
             "CANCEL_GRACE_S": "._status",
             "ERROR_TAIL_LINES": "._status",
@@ -127,6 +138,7 @@ else:
             "SUCCEEDED": "._status",
             "TAIL_BYTES": "._status",
             "WARNINGS_HEADER": "._status",
+            "JobStatus": "._status",
             "describe_exit": "._status",
             "final_status": "._status",
             "tail": "._status",
@@ -139,7 +151,6 @@ else:
             "Plan": "._sweeps",
             "ids_text": "._sweeps",
             "plan_note": "._sweeps",
-            "TRAIN_CMD": "._worker",
             "default_runs_dir": "._worker",
             "prepare_runs_dir": "._worker",
             "run_job": "._worker",
@@ -148,22 +159,12 @@ else:
     )
 
 __all__ = [
-    "CANCEL_GRACE_S",
-    "ERROR_TAIL_LINES",
-    "FINISH_RETRIES",
-    "FINISH_RETRY_WAIT_S",
-    "KILL_WAIT_S",
-    "POLL_S",
-    "SLICE_S",
-    "STALE_AFTER_S",
-    "STOP_TIMEOUT_S",
-    "TAIL_BYTES",
-    "TRAIN_CMD",
     "Attempt",
     "DatabaseUnreachableError",
     "Job",
     "JobNotFoundError",
     "JobStateError",
+    "JobStatus",
     "JobStore",
     "Outcome",
     "PostgresStore",
@@ -172,6 +173,7 @@ __all__ = [
     "QueueMissingError",
     "QueueUnavailableError",
     "SqliteStore",
+    "WorkerConfig",
     "WorkerInfo",
     "WorkerNameInUseError",
     "describe_exit",

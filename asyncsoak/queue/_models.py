@@ -22,12 +22,12 @@ from .._contract import (
 from .._supervisor import SOAK_LIMITS as SOAK_LIMITS
 from .._supervisor import StopMode, validate_job
 from ._status import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Outcome
+from ._status import QUEUED as QUEUED
+from ._status import RUNNING as RUNNING
 
-QUEUED = "queued"
-RUNNING = "running"
 #: Statuses a job can be in; ``interrupted`` is an attempt's outcome (the job returns to queued).
-JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
-TERMINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED)
+JOB_STATUSES: tuple[str, ...] = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+TERMINAL_STATUSES: tuple[str, ...] = (SUCCEEDED, FAILED, CANCELLED)
 DEFAULT_MAX_ATTEMPTS = 3
 #: Priorities and job ids are SQLite INTEGERs: signed 64-bit (PostgreSQL's bigint too).
 INTEGER_MAX = 2**63 - 1

@@ -1,6 +1,7 @@
 """A job's final status, from how its command ended and what the soak decided.
 
-Also the worker's constants (names and defaults of the job-worker reference) and the helpers
+Also the statuses (:class:`JobStatus`), the worker's constants (the defaults of
+:class:`~asyncsoak.queue.WorkerConfig`, importable under their reference names) and the helpers
 that turn an attempt's end into words: the tail of ``train.log`` and the decoded exit status.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +39,27 @@ FINISH_RETRIES = 5
 #: Wait (seconds) between two attempts at writing the final status.
 FINISH_RETRY_WAIT_S = 2.0
 
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-CANCELLED = "cancelled"
-INTERRUPTED = "interrupted"
+
+class JobStatus(StrEnum):
+    """A job's status, and an attempt's outcome.  The values are stored in the queue's
+    databases and printed by ``jobs --json``: they never change.  Each member is its string
+    (``JobStatus.FAILED == "failed"``), so a status read from a database compares equal."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    #: An attempt's outcome only: the job itself returns to ``queued``.
+    INTERRUPTED = "interrupted"
+
+
+QUEUED = JobStatus.QUEUED
+RUNNING = JobStatus.RUNNING
+SUCCEEDED = JobStatus.SUCCEEDED
+FAILED = JobStatus.FAILED
+CANCELLED = JobStatus.CANCELLED
+INTERRUPTED = JobStatus.INTERRUPTED
 
 #: Reason recorded when the stop killed the trainer before it could save.
 KILLED_BEFORE_SAVING = "killed_before_saving"
@@ -169,6 +188,7 @@ def outcome_from_artifact(
         if cancel_requested:
             return Outcome(CANCELLED, None, None, None)
         return Outcome(INTERRUPTED, None, NOT_STARTED, None)
+    status: str
     if stop.get("cause") in ("failure", "max_duration"):
         status = (
             CANCELLED if cancel_requested and rc != 0 else (FAILED if soak_failed else SUCCEEDED)

@@ -3,17 +3,19 @@
 The worker never trains itself.  Each attempt runs ``run_soak`` with the job's command in
 ``<runs>/<id>/attempts/<k>/`` (``train.log``, ``soak.json``, its journal), with
 ``<runs>/<id>/`` as the run directory kept across attempts.  Beside the soak, a supervisor
-task heartbeats the job every ``poll`` seconds (during the stop too), notices cancellation
+task heartbeats the job every ``poll_seconds`` (during the stop too), notices cancellation
 requests and the worker's own stop, and turns them into a stop request to the soak: the
-child's stdin is closed (or its stop signal sent), ``stop_timeout`` later its tree is killed.
+child's stdin is closed (or its stop signal sent), ``stop_timeout_seconds`` later its tree is
+killed (the settings are :class:`~asyncsoak.queue._settings.WorkerConfig`'s).
 In stop mode ``stdin`` the monitor holds the child's stdin, so the kernel closes it when the
 worker dies and the trainer never runs on unsupervised.
 
-A running job whose heartbeat is older than ``stale_after`` (or whose worker process is gone,
-on this host) is an orphan.  A worker takes it over (compare and swap on the heartbeat, which
-fences the silent worker out), reads the attempt's artifact (the attempt may have finished
-and only lost its final write), kills what is left of its tree on this host, and writes the
-outcome: the artifact's verdict, or a failure that requeues the job while attempts remain.
+A running job whose heartbeat is older than ``orphan_after_seconds`` (or whose worker
+process is gone, on this host) is an orphan.  A worker takes it over (compare and swap on the
+heartbeat, which fences the silent worker out), reads the attempt's artifact (the attempt may
+have finished and only lost its final write), kills what is left of its tree on this host, and
+writes the outcome: the artifact's verdict, or a failure that requeues the job while attempts
+remain.
 """
 
 from __future__ import annotations
@@ -26,12 +28,11 @@ import os
 import re
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 import anyio
 
@@ -48,30 +49,25 @@ from .._contract import (
 )
 from .._export import Metrics, WorkerMetrics, new_registry, render, validate_metrics
 from .._process import start_time_ticks
-from .._supervisor import OutputLocationError, SoakControl, run_soak, seconds, slurm
+from .._supervisor import OutputLocationError, SoakControl, run_soak, slurm
 from ._learned import carried_limit, remember_limit
 from ._models import Job, QueueError, QueueUnavailableError, WorkerInfo, artifact_summary
 from ._orphans import kill_leftovers, process_alive
 from ._retry import (
     GPU_FAULT,
-    INFRASTRUCTURE_BACKOFF_S,
     INVALID_JOB,
     MONITOR_ERROR,
     ORPHANED,
     WORKER_CANCELLED,
 )
+from ._settings import TRAIN_CMD as TRAIN_CMD
+from ._settings import WorkerConfig as WorkerConfig
+from ._settings import reference_config
 from ._spool import Spool
 from ._status import (
-    CANCEL_GRACE_S,
     CANCELLED,
     FAILED,
-    FINISH_RETRIES,
-    FINISH_RETRY_WAIT_S,
     INTERRUPTED,
-    KILL_WAIT_S,
-    POLL_S,
-    STALE_AFTER_S,
-    STOP_TIMEOUT_S,
     Outcome,
     outcome_from_artifact,
     tail,
@@ -84,10 +80,6 @@ _UNAVAILABLE_RETRY_SECONDS = 1.0
 #: A store call that failed for now (database away, lock held too long, call abandoned).
 _UNAVAILABLE = (QueueUnavailableError, BlockingCallTimeout)
 
-#: Trainer command for jobs submitted with a config; the worker appends
-#: ``--job-id N --db PATH --watch-stdin``.
-TRAIN_CMD = [sys.executable, "train.py"]
-
 #: ``run_worker``'s and ``run_job``'s status for an attempt this worker lost to fencing.
 LOST = "lost"
 
@@ -99,43 +91,6 @@ _PLACEHOLDER = re.compile(r"\{(job_id|db|run_dir)\}")
 #: A store call is abandoned past this many busy timeouts (plus 10 s): its disk is hung.
 STORE_CALL_TIMEOUT_FACTOR = 4
 _T = TypeVar("_T")
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerConfig:
-    """How a worker runs its jobs: the one set of settings behind :func:`run_worker` and
-    :func:`run_job`, checked when it is made (a bad period raises ``ValidationError``)."""
-
-    runs_dir: Path
-    cmd: list[str]
-    poll: float = POLL_S
-    gpus: str | None = None
-    stale_after: float = STALE_AFTER_S
-    cancel_grace: float = CANCEL_GRACE_S
-    stop_timeout: float = STOP_TIMEOUT_S
-    kill_wait: float = KILL_WAIT_S
-    finish_retries: int = FINISH_RETRIES
-    finish_retry_wait: float = FINISH_RETRY_WAIT_S
-    nvidia_smi: str | None = "nvidia-smi"
-    #: Wall-clock end of the worker's allocation (a SLURM job), or None.
-    until: float | None = None
-    #: First wait of an infrastructure retry's backoff (``_retry.infrastructure_backoff``).
-    retry_backoff: float = INFRASTRUCTURE_BACKOFF_S
-
-    def __post_init__(self) -> None:
-        norm = partial(object.__setattr__, self)
-        norm("runs_dir", Path(self.runs_dir).absolute())
-        norm("cmd", list(self.cmd))
-        norm("poll", seconds("poll", self.poll, allow_zero=False))
-        for name in (
-            "stale_after",
-            "cancel_grace",
-            "stop_timeout",
-            "finish_retry_wait",
-            "retry_backoff",
-        ):
-            norm(name, seconds(name, getattr(self, name)))
-        norm("kill_wait", seconds("kill_wait", self.kill_wait, allow_zero=False))
 
 
 @dataclasses.dataclass(slots=True)
@@ -156,29 +111,63 @@ def default_runs_dir(store: JobStore) -> Path:
     return store.default_runs_dir()
 
 
+@overload
 async def run_worker(
     store: JobStore,
-    poll: float = POLL_S,
+    config: WorkerConfig,
+    *,
+    once: bool = ...,
+    stop_event: anyio.Event | None = ...,
+    kill_event: anyio.Event | None = ...,
+    name: str | None = ...,
+    metrics: Metrics | None = ...,
+) -> int: ...
+
+
+@overload
+async def run_worker(
+    store: JobStore,
+    *,
+    poll: float = ...,
+    once: bool = ...,
+    cmd: Sequence[str] | None = ...,
+    stop_event: anyio.Event | None = ...,
+    name: str | None = ...,
+    kill_event: anyio.Event | None = ...,
+    runs_dir: Path | None = ...,
+    gpus: str | None = ...,
+    stale_after: float = ...,
+    cancel_grace: float = ...,
+    stop_timeout: float = ...,
+    kill_wait: float = ...,
+    finish_retries: int = ...,
+    finish_retry_wait: float = ...,
+    nvidia_smi: str | None = ...,
+    metrics: Metrics | None = ...,
+    until: float | None = ...,
+    retry_backoff: float = ...,
+) -> int: ...
+
+
+async def run_worker(
+    store: JobStore,
+    config: WorkerConfig | float | None = None,
     once: bool = False,
     cmd: Sequence[str] | None = None,
     stop_event: anyio.Event | None = None,
     name: str | None = None,
     *,
     kill_event: anyio.Event | None = None,
-    runs_dir: Path | None = None,
-    gpus: str | None = None,
-    stale_after: float = STALE_AFTER_S,
-    cancel_grace: float = CANCEL_GRACE_S,
-    stop_timeout: float = STOP_TIMEOUT_S,
-    kill_wait: float = KILL_WAIT_S,
-    finish_retries: int = FINISH_RETRIES,
-    finish_retry_wait: float = FINISH_RETRY_WAIT_S,
-    nvidia_smi: str | None = "nvidia-smi",
     metrics: Metrics | None = None,
-    until: float | None = None,
-    retry_backoff: float = INFRASTRUCTURE_BACKOFF_S,
+    **settings: Any,
 ) -> int:
     """Take and run jobs until ``stop_event`` is set; returns how many ran.
+
+    ``run_worker(store, config)`` runs with the settings of ``config`` (a
+    :class:`WorkerConfig`; its ``runs_dir`` None is the store's default).  The reference
+    form ``run_worker(store, poll=POLL_S, once=False, cmd=None, stop_event=None, name=None,
+    *, runs_dir=None, gpus=None, stale_after=STALE_AFTER_S, ...)`` builds that config from
+    the settings' reference names (:data:`~asyncsoak.queue._settings.REFERENCE_NAMES`).
 
     A worker without ``gpus`` runs one job at a time.  One owning several GPUs (``gpus``
     ``"0,1,2,3"``) runs jobs side by side: a job submitted with ``gpus=N`` gets N of the
@@ -189,47 +178,39 @@ async def run_worker(
     ``once`` drains what is queued and returns.  Setting ``stop_event`` stops the running
     job the graceful way (it becomes ``interrupted`` and returns to the queue) and then the
     worker; setting ``kill_event`` too kills the job's process group at once instead of
-    waiting out ``stop_timeout`` (a second Ctrl-C).  ``cmd`` is the trainer command for
-    config jobs (default :data:`TRAIN_CMD`); ``gpus`` sets ``CUDA_VISIBLE_DEVICES`` for every
-    job.  ``metrics`` (an :class:`asyncsoak.Metrics` with a port) serves the worker's and the
-    queue's metrics, with the running soak's, while the worker runs.  Raises
-    :class:`QueueError` when the runs directory is unusable or a live worker already has this
-    name, and :class:`ValidationError` for a bad period (NaN, negative), bad metrics settings
-    or a metrics port that cannot be served, before any job is claimed.
+    waiting out ``stop_timeout_seconds`` (a second Ctrl-C).  ``name`` defaults to
+    ``host:gpuN`` with GPUs, else ``host:pid``.  ``metrics`` (an :class:`asyncsoak.Metrics`
+    with a port) serves the worker's and the queue's metrics, with the running soak's, while
+    the worker runs.  Raises :class:`QueueError` when the runs directory is unusable or a live
+    worker already has this name, and :class:`ValidationError` for a bad period (NaN,
+    negative), bad metrics settings or a metrics port that cannot be served, before any job
+    is claimed.
     """
     require_asyncio("run_worker")
-    settings = WorkerConfig(
-        runs_dir=runs_dir or default_runs_dir(store),
-        cmd=list(cmd or TRAIN_CMD),
-        poll=poll,
-        gpus=gpus,
-        stale_after=stale_after,
-        cancel_grace=cancel_grace,
-        stop_timeout=stop_timeout,
-        kill_wait=kill_wait,
-        finish_retries=finish_retries,
-        finish_retry_wait=finish_retry_wait,
-        nvidia_smi=nvidia_smi,
-        until=until,
-        retry_backoff=retry_backoff,
-    )
+    if isinstance(config, WorkerConfig):
+        if cmd is not None or settings:
+            raise TypeError("run_worker takes a WorkerConfig or its settings, not both")
+    else:
+        if config is not None:
+            settings["poll"] = config
+        config = reference_config(settings, cmd=cmd or None)
     worker = _Worker(
         store,
-        settings,
+        config,
         stop_event or anyio.Event(),
         kill_event or anyio.Event(),
-        name or default_worker_name(gpus),
+        name or default_worker_name(config.gpus),
     )
-    config = validate_metrics(metrics)
-    if config is None:
+    metrics_config = validate_metrics(metrics)
+    if metrics_config is None:
         return await worker.run(once)
     from .._export import MetricsServer, open_listener
 
     worker.metrics = WorkerMetrics(worker.name, host=worker.host)
     worker.registry = new_registry(worker.metrics)
     server = None
-    if config.port is not None:
-        listener = await open_listener(config.address, config.port)
+    if metrics_config.port is not None:
+        listener = await open_listener(metrics_config.address, metrics_config.port)
         server = MetricsServer(listener, partial(render, worker.registry))
     async with anyio.create_task_group() as tg:
         if server is not None:
@@ -241,44 +222,67 @@ async def run_worker(
     return ran
 
 
+@overload
+async def run_job(
+    store: JobStore,
+    job: Job,
+    config: WorkerConfig,
+    *,
+    stop_event: anyio.Event | None = ...,
+    name: str | None = ...,
+) -> str: ...
+
+
+@overload
 async def run_job(
     store: JobStore,
     job: Job,
     cmd: Sequence[str],
+    /,
     poll: float,
     stop_event: anyio.Event,
-    name: str | None = None,
+    name: str | None = ...,
     *,
-    runs_dir: Path | None = None,
-    gpus: str | None = None,
-    cancel_grace: float = CANCEL_GRACE_S,
-    stop_timeout: float = STOP_TIMEOUT_S,
-    kill_wait: float = KILL_WAIT_S,
-    finish_retries: int = FINISH_RETRIES,
-    finish_retry_wait: float = FINISH_RETRY_WAIT_S,
-    nvidia_smi: str | None = "nvidia-smi",
+    runs_dir: Path | None = ...,
+    gpus: str | None = ...,
+    cancel_grace: float = ...,
+    stop_timeout: float = ...,
+    kill_wait: float = ...,
+    finish_retries: int = ...,
+    finish_retry_wait: float = ...,
+    nvidia_smi: str | None = ...,
+) -> str: ...
+
+
+async def run_job(
+    store: JobStore,
+    job: Job,
+    config: WorkerConfig | Sequence[str],
+    poll: float | None = None,
+    stop_event: anyio.Event | None = None,
+    name: str | None = None,
+    **settings: Any,
 ) -> str:
     """Run one claimed job under ``run_soak`` and write its final status.
 
+    ``run_job(store, job, config)`` runs it with the settings of ``config`` (a
+    :class:`WorkerConfig`); the reference form ``run_job(store, job, cmd, poll, stop_event,
+    name=None, *, runs_dir=None, gpus=None, cancel_grace=..., ...)`` builds that config.
     ``name`` is the worker that claimed it (default: the job's ``worker``).  Returns the
-    attempt's outcome (``succeeded``, ``failed``, ``cancelled``, ``interrupted``), or
-    ``lost`` when another worker took the job over meanwhile (nothing is written then).
+    attempt's outcome (a :class:`JobStatus`: ``succeeded``, ``failed``, ``cancelled``,
+    ``interrupted``), or ``lost`` when another worker took the job over meanwhile (nothing is
+    written then).
     """
     require_asyncio("run_job")
-    settings = WorkerConfig(
-        runs_dir=runs_dir or default_runs_dir(store),
-        cmd=list(cmd),
-        poll=poll,
-        gpus=gpus,
-        cancel_grace=cancel_grace,
-        stop_timeout=stop_timeout,
-        kill_wait=kill_wait,
-        finish_retries=finish_retries,
-        finish_retry_wait=finish_retry_wait,
-        nvidia_smi=nvidia_smi,
-    )
+    if isinstance(config, WorkerConfig):
+        if poll is not None or settings:
+            raise TypeError("run_job takes a WorkerConfig or its settings, not both")
+    else:
+        if poll is not None:
+            settings["poll"] = poll
+        config = reference_config(settings, cmd=config)
     name = name or job.worker or default_worker_name()
-    worker = _Worker(store, settings, stop_event, anyio.Event(), name)
+    worker = _Worker(store, config, stop_event or anyio.Event(), anyio.Event(), name)
     return await worker.run_job(job)
 
 
@@ -293,6 +297,7 @@ class _Worker:
     ) -> None:
         self.store = store
         self.settings = settings
+        self.runs_dir = (settings.runs_dir or default_runs_dir(store)).absolute()
         self.stop_event = stop_event
         self.kill_event = kill_event
         self.name = name
@@ -313,7 +318,7 @@ class _Worker:
         self.registry: CollectorRegistry | None = None
         # Set by the store's notifications (PostgreSQL): a job may be waiting.
         self.wake = anyio.Event()
-        self.spool = Spool(settings.runs_dir)
+        self.spool = Spool(self.runs_dir)
         self._unreachable = False
 
     async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
@@ -354,7 +359,7 @@ class _Worker:
         self.wake.set()
 
     async def run(self, once: bool) -> int:
-        await self._call(prepare_runs_dir, self.settings.runs_dir)
+        await self._call(prepare_runs_dir, self.runs_dir)
         await self._call(self._register)
         if self.devices:
             # For `workers` only: a worker that cannot record them now still runs.
@@ -367,7 +372,7 @@ class _Worker:
             self.name,
             self.host,
             os.getpid(),
-            self.settings.runs_dir,
+            self.runs_dir,
         )
         ran = 0
         try:
@@ -384,7 +389,7 @@ class _Worker:
                         await self._deliver_spool()
                         await self._sweep_orphans()
                         fits = slurm.seconds_left_for_jobs(
-                            self.settings.until, self.settings.stop_timeout
+                            self.settings.until, self.settings.stop_timeout_seconds
                         )
                         if fits is not None and fits <= 0:
                             _log.info(
@@ -406,9 +411,9 @@ class _Worker:
                             break
                         # While the database is away, look again soon (the store's own
                         # backoff spaces the connection attempts): a job may be waiting.
-                        wait: float | None = self.settings.poll
+                        wait: float | None = self.settings.poll_seconds
                         if self._unreachable:
-                            wait = min(self.settings.poll, _UNAVAILABLE_RETRY_SECONDS)
+                            wait = min(self.settings.poll_seconds, _UNAVAILABLE_RETRY_SECONDS)
                         elif self._full():
                             # Busy on every GPU (or on its one job): nothing to claim, and no
                             # need to spin, until a job ends.
@@ -512,7 +517,7 @@ class _Worker:
     def _worker_alive(self, info: WorkerInfo) -> bool:
         if info.host == self.host:
             return process_alive(info.pid, info.pid_start)
-        return self.store.now() - info.heartbeat_at < self.settings.stale_after
+        return self.store.now() - info.heartbeat_at < self.settings.orphan_after_seconds
 
     async def _beat(self) -> None:
         while True:
@@ -525,7 +530,7 @@ class _Worker:
                 self._lost_database("worker heartbeat", exc)
             else:
                 self._reached_database()
-            await anyio.sleep(self.settings.poll)
+            await anyio.sleep(self.settings.poll_seconds)
 
     async def _claim(self, fits: float | None = None, offer: GpuOffer | None = None) -> Job | None:
         try:
@@ -533,7 +538,7 @@ class _Worker:
                 partial(self.store.claim, max_duration=fits, offer=offer),
                 self.name,
                 self.host,
-                self.settings.runs_dir,
+                self.runs_dir,
             )
         except _UNAVAILABLE as exc:
             self._lost_database("claim", exc)
@@ -548,7 +553,7 @@ class _Worker:
         for entry in await self._call(self.spool.pending):
             try:
                 written = await self._call(
-                    partial(self.store.finish, backoff=self.settings.retry_backoff),
+                    partial(self.store.finish, backoff=self.settings.retry_backoff_seconds),
                     entry.job_id,
                     entry.attempt,
                     entry.worker,
@@ -587,7 +592,7 @@ class _Worker:
         same name learned; after it (``artifact`` given), keep what this one learned."""
         if job.soak.get("stale_progress_seconds") != "auto":
             return None
-        runs = self.settings.runs_dir
+        runs = self.runs_dir
         try:
             if artifact is not None:
                 await self._call(remember_limit, runs, job.name, artifact)
@@ -602,7 +607,7 @@ class _Worker:
         assert job.artifact is not None
         output_path = Path(job.artifact)
         attempt_dir = output_path.parent
-        run_dir = self.settings.runs_dir / str(job.id)
+        run_dir = self.runs_dir / str(job.id)
         env = self._environment(job, run_dir, devices)
         masker = Masker(secret_values(env) | argv_secrets(job.argv or ()))
         control = SoakControl()
@@ -615,7 +620,7 @@ class _Worker:
                 try:
                     await self._call(_make_dirs, attempt_dir)
                     carried = await self._learned_limit(job)
-                    artifact = await run_soak(
+                    soaked = await run_soak(
                         command=self._command(job, run_dir),
                         progress_dir=Path(job.progress_dir) if job.progress_dir else run_dir,
                         # Every attempt's monitor writes there: none of it is this one's progress.
@@ -634,11 +639,13 @@ class _Worker:
                         control=control,
                         log_path=attempt_dir / "train.log",
                         nvidia_smi=self.settings.nvidia_smi,
-                        kill_wait_seconds=self.settings.kill_wait,
+                        kill_wait_seconds=self.settings.kill_wait_seconds,
                         **job.soak,
                         stale_progress_carried_seconds=carried,
                         metrics=None if self.registry is None else Metrics(registry=self.registry),
                     )
+                    # Read below as the plain dict it is, like a failed soak's or a saved one.
+                    artifact = cast("dict[str, Any]", soaked)
                 except SoakFailureError as exc:
                     artifact = exc.artifact
                 except Exception as exc:  # the monitor failed, or refused the job's inputs
@@ -803,27 +810,27 @@ class _Worker:
                 return
             now = anyio.current_time()
             if cancel and cancel_deadline is None:
-                cancel_deadline = now + self.settings.cancel_grace
+                cancel_deadline = now + self.settings.cancel_grace_seconds
                 _log.info(
                     "job %d: cancel requested; stopping it in %.0fs unless it stops itself",
                     job.id,
-                    self.settings.cancel_grace,
+                    self.settings.cancel_grace_seconds,
                 )
             if cancel_deadline is not None and now >= cancel_deadline:
                 control.request_stop(
-                    reason="cancel requested", grace_seconds=self.settings.stop_timeout
+                    reason="cancel requested", grace_seconds=self.settings.stop_timeout_seconds
                 )
             stop_now = self.kill_event.is_set()
             if (self.stop_event.is_set() or stop_now) and not state.stopping:
                 state.stopping = True
                 control.request_stop(
-                    reason="worker stopping", grace_seconds=self.settings.stop_timeout
+                    reason="worker stopping", grace_seconds=self.settings.stop_timeout_seconds
                 )
             if stop_now and not state.killed and control.pid is not None:
                 state.killed = True
                 _kill_group(control.pid)
                 _log.warning("job %d: killed its process group at once", job.id)
-            wake = now + self.settings.poll
+            wake = now + self.settings.poll_seconds
             if cancel_deadline is not None and not control.stop_requested.is_set():
                 wake = min(wake, cancel_deadline)
             with anyio.move_on_after(wake - now):
@@ -835,8 +842,8 @@ class _Worker:
                     await self.stop_event.wait()
 
     def _finish_bound(self) -> float:
-        per_try = self._call_timeout() + self.settings.finish_retry_wait
-        return self.settings.finish_retries * per_try + self.settings.kill_wait
+        per_try = self._call_timeout() + self.settings.finish_retry_wait_seconds
+        return self.settings.finish_retries * per_try + self.settings.kill_wait_seconds
 
     async def _finish(
         self,
@@ -851,7 +858,7 @@ class _Worker:
         for attempt in range(1, retries + 1):
             try:
                 written = await self._call(
-                    partial(self.store.finish, backoff=self.settings.retry_backoff),
+                    partial(self.store.finish, backoff=self.settings.retry_backoff_seconds),
                     job.id,
                     job.attempt,
                     self.name,
@@ -870,7 +877,7 @@ class _Worker:
                     retries,
                 )
                 if attempt < retries:
-                    await anyio.sleep(self.settings.finish_retry_wait)
+                    await anyio.sleep(self.settings.finish_retry_wait_seconds)
                 continue
             except Exception as exc:  # never raise from here: the job becomes an orphan instead
                 _log.warning("job %d: final status not written: %r", job.id, exc)
@@ -914,7 +921,8 @@ class _Worker:
         for job, holder in running:
             if job.id in self.running and job.worker == self.name:
                 continue  # its own, heartbeating beside this loop
-            silent = job.heartbeat_at is None or now - job.heartbeat_at > self.settings.stale_after
+            limit = self.settings.orphan_after_seconds
+            silent = job.heartbeat_at is None or now - job.heartbeat_at > limit
             # A worker's own name on a job it is not running: left by a dead worker of the
             # same name (registration refuses the name while that one lives).
             inherited = job.worker == self.name and job.id not in self.running
@@ -947,7 +955,7 @@ class _Worker:
                 job.id,
                 job.attempt,
                 Path(job.artifact).parent / "train.log" if job.artifact else None,
-                self.settings.kill_wait,
+                self.settings.kill_wait_seconds,
             )
             if killed:
                 _log.warning(
@@ -974,7 +982,7 @@ class _Worker:
                 log_tail=tail(output_path.parent / "train.log"),
             )
             if outcome.error is not None:
-                env = self._environment(job, self.settings.runs_dir / str(job.id))
+                env = self._environment(job, self.runs_dir / str(job.id))
                 outcome = dataclasses.replace(
                     outcome, error=Masker(secret_values(env))(outcome.error)
                 )

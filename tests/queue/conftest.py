@@ -19,7 +19,9 @@ from asyncsoak.queue import JobStore, SqliteStore, open_store
 
 from .pg_cluster import PgCluster, find_bindir
 
-BACKENDS = ("sqlite", "postgres")
+#: The PostgreSQL half needs a server (started once a session, a database made per test): it
+#: is left out of the fast lane (``-m "not slow"``), where the SQLite half runs.
+BACKENDS = ("sqlite", pytest.param("postgres", marks=pytest.mark.slow))
 
 
 @pytest.fixture(scope="session")

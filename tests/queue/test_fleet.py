@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -117,33 +116,32 @@ async def until_status(store: JobStore, job_id: int, *statuses: str) -> None:
 # --- workers first ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
-async def test_worker_on_a_new_sqlite_path_waits_and_starts_each_job_within_100ms(
+async def test_worker_on_a_new_sqlite_path_waits_and_is_woken_for_each_job(
     tmp_path: Path,
 ) -> None:
-    """A worker started where no queue exists creates it (saying so once), waits, and starts
-    each job submitted on this host within 100 ms at the default 5 s poll (its wake-up file)."""
+    """A worker started where no queue exists creates it (saying so once), waits, and is woken
+    for each job submitted on this host (its wake-up file), not by its poll.  How soon is
+    benchmark item 12's figure (idle worker, submit-to-claim latency)."""
     db = tmp_path / "queue.db"
-    async with worker_process(str(db), tmp_path) as worker:
+    # A poll far longer than the test's wait: a job that starts at all was woken for.
+    poll = str(10 * LIMIT_S)
+    async with worker_process(str(db), tmp_path, "--poll", poll) as worker:
         await worker.until("started on")
         with SqliteStore(db, create=False) as store:
-            latencies = []
             for _ in range(3):
                 job_id = store.submit(argv=["true"], soak=FAST_SOAK)
                 await until_status(store, job_id, "succeeded", "failed")
                 job = store.get(job_id)
                 assert job.status == "succeeded"
                 assert job.started_at is not None
-                latencies.append(job.started_at - job.created_at)
         log = await worker.stop()
-    print(f"submit-to-claim latencies: {[f'{s * 1000:.1f} ms' for s in latencies]}")
-    # At the default poll, a job found by polling waits 2.5 s on average.
-    assert statistics.median(latencies) < 0.1
-    assert max(latencies) < 1.0
     assert log.count("did not exist: created an empty queue") == 1
     assert (tmp_path / "queue.db-wake").exists()
 
 
+@pytest.mark.slow
 def test_worker_refuses_an_sqlite_path_whose_directory_does_not_exist(tmp_path: Path) -> None:
     """A typo in --db's directory is refused at once (status 2), nothing created."""
     typo = tmp_path / "qeue" / "queue.db"
@@ -153,6 +151,7 @@ def test_worker_refuses_an_sqlite_path_whose_directory_does_not_exist(tmp_path: 
     assert not typo.parent.exists()
 
 
+@pytest.mark.slow
 def test_readers_list_an_absent_queue_as_empty(tmp_path: Path, db: str) -> None:
     """jobs and workers on a queue that does not exist yet list nothing, job says there is no
     such job; none of them creates the queue."""
@@ -170,6 +169,7 @@ def test_readers_list_an_absent_queue_as_empty(tmp_path: Path, db: str) -> None:
         assert not Path(db).exists()
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_worker_on_a_fresh_postgres_database_creates_the_schema_and_runs_the_first_job(
     tmp_path: Path, pg_cluster: PgCluster, ready: ReadyFifo
@@ -194,6 +194,7 @@ async def test_worker_on_a_fresh_postgres_database_creates_the_schema_and_runs_t
         await worker.stop()
 
 
+@pytest.mark.slow
 def test_eight_workers_starting_at_once_create_the_schema_once(
     pg_cluster: PgCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -233,6 +234,7 @@ def test_eight_workers_starting_at_once_create_the_schema_once(
 # --- databases that come late or go away ----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_worker_started_with_postgres_down_runs_a_job_once_it_starts(
     tmp_path: Path, own_pg_cluster: PgCluster, ready: ReadyFifo
@@ -258,6 +260,7 @@ async def test_worker_started_with_postgres_down_runs_a_job_once_it_starts(
     assert "waiting for ever" in log
 
 
+@pytest.mark.slow
 def test_commands_give_up_on_an_unreachable_server_with_their_own_status(
     tmp_path: Path, pg_cluster: PgCluster
 ) -> None:
@@ -283,6 +286,7 @@ def test_commands_give_up_on_an_unreachable_server_with_their_own_status(
     assert 'database "no_such_database" does not exist' in refused.stderr
 
 
+@pytest.mark.slow
 def test_a_bad_wait_for_db_is_refused(tmp_path: Path) -> None:
     """--wait-for-db takes seconds >= 0 or inf: NaN and negatives are usage errors."""
     for value in ("nan", "-1"):
@@ -295,6 +299,7 @@ def test_a_bad_wait_for_db_is_refused(tmp_path: Path) -> None:
 # --- the truth about workers ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("second_hosts")
 @pytest.mark.asyncio
 async def test_sigkilled_worker_is_lost_and_its_job_shown_under_the_new_worker_only(
@@ -364,6 +369,7 @@ async def test_sigkilled_worker_is_lost_and_its_job_shown_under_the_new_worker_o
         store.close()
 
 
+@pytest.mark.slow
 def test_workers_gone_for_a_day_are_left_out_unless_all(tmp_path: Path) -> None:
     """A worker last seen two days ago is not listed (a line says how many are not), and
     --all lists it as lost with the time it was last seen."""
@@ -409,6 +415,7 @@ def test_public_conninfo_drops_a_password_in_every_form() -> None:
             assert any(v.startswith("s3cret!x") for v in secret_values({"ASYNCSOAK_DB": db}))
 
 
+@pytest.mark.slow
 def test_password_in_any_form_of_url_never_printed_handed_on_or_recorded(
     tmp_path: Path, pg_cluster: PgCluster
 ) -> None:

@@ -117,6 +117,7 @@ def test_every_recipe_of_the_page_is_run_here() -> None:
     assert is_postgres(example[1])
 
 
+@pytest.mark.slow
 def test_workers_first_by_hand_then_submit(tmp_path: Path, pg_cluster: PgCluster) -> None:
     """The by-hand recipe on a fresh database: one worker per GPU waits for work; the
     submit recipe's job runs; a SIGTERM to the session stops every worker cleanly."""
@@ -158,6 +159,7 @@ def _unit(text: str) -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.slow
 def test_systemd_unit_recipe(tmp_path: Path, pg_cluster: PgCluster) -> None:
     """The template unit is valid (systemd-analyze verify, where present), gives the worker
     longer than its stop timeout to stop, and its ExecStart (instance 1) runs a worker that
@@ -191,6 +193,7 @@ def test_systemd_unit_recipe(tmp_path: Path, pg_cluster: PgCluster) -> None:
         assert worker.wait(timeout=float(timeout)) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(missing() is not None, reason=str(missing()))
 def test_slurm_job_recipe(tmp_path: Path, pg_cluster: PgCluster) -> None:
     """The batch script, submitted with sbatch as written: a worker per GPU of the node under

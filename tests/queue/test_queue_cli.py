@@ -21,6 +21,8 @@ from asyncsoak.queue._models import SCHEMA_VERSION
 from ..conftest import REPO, ReadyFifo
 from .helpers import JOB_ENV, write_script
 
+pytestmark = pytest.mark.slow
+
 SECRET = "hf_not_to_be_printed_42"
 LIMIT_S = 60.0
 

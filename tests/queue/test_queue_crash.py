@@ -36,6 +36,8 @@ from ..conftest import REPO, ReadyFifo, alive
 from .helpers import FAST_SOAK
 from .test_queue_worker import LIMIT_S, runs_of, start_worker_process, submit_trainer
 
+pytestmark = pytest.mark.slow
+
 #: Default seed of the chaos (which worker dies when, under which name, job lengths);
 #: ``ASYNCSOAK_CHAOS_SEED`` replays another.
 DEFAULT_SEED = 20240611

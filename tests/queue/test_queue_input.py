@@ -3,6 +3,7 @@ bad flags and damaged databases with exit status 2 and nothing changed."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import re
@@ -36,6 +37,7 @@ REFUSED_SUBMISSIONS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("options", "command", "message"), REFUSED_SUBMISSIONS)
 def test_submit_refuses_what_run_refuses(
     tmp_path: Path, options: list[str], command: list[str], message: str
@@ -82,6 +84,7 @@ def test_store_submit_refuses_what_run_soak_refuses(
     assert store.jobs() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flag", ["--poll=nan", "--cancel-grace=nan", "--stale-after=-1", "--stop-timeout=inf"]
 )
@@ -159,6 +162,7 @@ QUEUE_COMMANDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", QUEUE_COMMANDS, ids=lambda a: a[0])
 def test_corrupt_database_is_refused_and_left_as_it_is(corrupt_db: Path, args: list[str]) -> None:
     """Corrupt interior pages: every command says so (exit status 2) and writes nothing."""
@@ -173,6 +177,7 @@ def test_corrupt_database_is_refused_and_left_as_it_is(corrupt_db: Path, args: l
     assert digest(corrupt_db) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", QUEUE_COMMANDS, ids=lambda a: a[0])
 def test_zero_byte_database_is_refused_not_given_a_schema(tmp_path: Path, args: list[str]) -> None:
     """An empty file at --db is not a queue: exit status 2, and it stays empty."""
@@ -184,6 +189,7 @@ def test_zero_byte_database_is_refused_not_given_a_schema(tmp_path: Path, args: 
     assert db.stat().st_size == 0
 
 
+@pytest.mark.slow
 def test_a_new_database_is_never_seen_half_made(tmp_path: Path) -> None:
     """Creating the queue leaves no empty file behind for the zero-byte refusal to trip on,
     even with several processes creating it at once."""
@@ -198,6 +204,7 @@ def test_a_new_database_is_never_seen_half_made(tmp_path: Path) -> None:
         assert len(store.jobs()) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_internal_value_error_is_a_monitor_error_not_invalid_job(
     store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -246,6 +253,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_other_attempts_files_are_not_progress(store: JobStore, tmp_path: Path) -> None:
     """Writes below the run dir's attempts/ (another attempt's report and journal) never count:
@@ -278,6 +286,7 @@ async def test_other_attempts_files_are_not_progress(store: JobStore, tmp_path: 
 ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[1A\r"
 
 
+@pytest.mark.slow
 def test_escape_sequences_in_job_fields_are_spelled_out(tmp_path: Path) -> None:
     """A job name (and command) holding terminal escape sequences: jobs, job and workers print
     them spelled out (\\x1b), never raw; --json keeps them JSON-escaped."""
@@ -293,6 +302,7 @@ def test_escape_sequences_in_job_fields_are_spelled_out(tmp_path: Path) -> None:
     assert "evil\\x1b]0;pwned\\x07" in shown
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_full_runs_filesystem_is_the_workers_problem_not_an_invalid_job(
     tmp_path: Path,
@@ -313,22 +323,142 @@ async def test_full_runs_filesystem_is_the_workers_problem_not_an_invalid_job(
 
 
 def test_worker_settings_are_spelled_once() -> None:
-    """run_worker's and run_job's settings have WorkerConfig's defaults, and WorkerConfig
-    refuses a bad period with the message run_worker gives."""
+    """run_worker's and run_job's reference keywords each name a WorkerConfig field, a
+    reference form builds the config those keywords say, and WorkerConfig refuses a bad
+    period naming its field."""
     import dataclasses
     import inspect
+    import typing
 
-    from asyncsoak.queue import run_job, run_worker
-    from asyncsoak.queue._worker import WorkerConfig
+    from asyncsoak.queue import WorkerConfig, run_job
+    from asyncsoak.queue._settings import REFERENCE_NAMES, reference_config
+
+    fields = {f.name for f in dataclasses.fields(WorkerConfig)}
+    assert set(REFERENCE_NAMES.values()) == fields
+    # What a call says besides the settings: where, which job, when to stop, who, metrics.
+    per_call = {"store", "job", "once", "stop_event", "kill_event", "name", "metrics"}
+    for function in (run_worker, run_job):
+        reference = typing.get_overloads(function)[1]
+        for name in inspect.signature(reference).parameters:
+            assert name in REFERENCE_NAMES or name in per_call, (function.__name__, name)
+
+    config = reference_config(
+        {"poll": 0.5, "stale_after": 7, "kill_wait": 2, "retry_backoff": 0}, cmd=["t"]
+    )
+    assert config == WorkerConfig(
+        poll_seconds=0.5,
+        orphan_after_seconds=7.0,
+        kill_wait_seconds=2.0,
+        retry_backoff_seconds=0.0,
+        cmd=["t"],
+    )
+    with pytest.raises(ValidationError, match="kill_wait_seconds must be positive"):
+        WorkerConfig(kill_wait_seconds=0)
+    with pytest.raises(ValidationError, match="kill_wait_seconds must be positive"):
+        reference_config({"kill_wait": 0}, cmd=None)
+    with pytest.raises(ValidationError, match="finish_retries must be zero or more"):
+        WorkerConfig(finish_retries=-1)
+    with pytest.raises(TypeError, match="stale_afterr"):
+        reference_config({"stale_afterr": 1.0}, cmd=None)
+
+
+@pytest.mark.asyncio
+async def test_worker_takes_a_config_or_its_reference_settings_not_both(
+    tmp_path: Path, store: JobStore
+) -> None:
+    """``run_worker(store, config)`` and ``run_job(store, job, config)`` refuse reference
+    settings beside the config, before anything runs."""
+    from asyncsoak.queue import WorkerConfig, run_job
+
+    config = WorkerConfig(runs_dir=tmp_path / "runs", nvidia_smi=None)
+    with pytest.raises(TypeError, match="not both"):
+        await run_worker(store, config, poll=0.1)  # type: ignore[call-overload]
+    store.submit(argv=["true"])
+    job = store.claim("w", "h", tmp_path / "runs")
+    assert job is not None
+    with pytest.raises(TypeError, match="not both"):
+        await run_job(store, job, config, 0.1)  # type: ignore[call-overload]
+    assert not (tmp_path / "runs").exists()
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    from asyncsoak.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = commands.choices["worker"]
+    return found
+
+
+#: A value of each kind of worker flag, and the setting it gives.
+FLAG_VALUES: dict[str, tuple[str, Any]] = {
+    "seconds": ("3.5", 3.5),
+    "count": ("3", 3),
+    "path": ("some/runs", Path("some/runs").absolute()),
+    "command": ("python my train.py", ["python", "my", "train.py"]),
+    "text": ("0,1", "0,1"),
+}
+
+
+def test_every_worker_setting_is_a_flag_with_its_default() -> None:
+    """Each WorkerConfig field is an ``asyncsoak worker`` flag (but the SLURM allocation's end,
+    read from the job) that sets it; no flag gives WorkerConfig's defaults; and the flags of
+    the reference keep their spelling and default."""
+    import dataclasses
+
+    from asyncsoak.cli._queue import worker_config
+    from asyncsoak.queue import WorkerConfig
+
+    parser = worker_parser()
+    assert worker_config(parser.parse_args([])) == WorkerConfig()
+    unflagged = []
+    for spec in dataclasses.fields(WorkerConfig):
+        flag = spec.metadata["flag"]
+        if flag is None:
+            unflagged.append(spec.name)
+            continue
+        text, expected = FLAG_VALUES[spec.metadata["kind"]]
+        assert getattr(worker_config(parser.parse_args([flag, text])), spec.name) == expected
+    assert unflagged == ["until"]
+    assert worker_config(parser.parse_args(["--no-gpu"])).nvidia_smi is None
 
     defaults = {
-        f.name: f.default
-        for f in dataclasses.fields(WorkerConfig)
-        if f.default is not dataclasses.MISSING
+        option: action.default for action in parser._actions for option in action.option_strings
     }
-    for function in (run_worker, run_job):
-        for name, parameter in inspect.signature(function).parameters.items():
-            if name in defaults and parameter.default is not inspect.Parameter.empty:
-                assert parameter.default == defaults[name], (function.__name__, name)
-    with pytest.raises(ValidationError, match="kill_wait must be positive"):
-        WorkerConfig(runs_dir=Path("runs"), cmd=["true"], kill_wait=0)
+    reference = {
+        "--poll": 5.0,
+        "--stale-after": 60.0,
+        "--cancel-grace": 60.0,
+        "--stop-timeout": 60.0,
+        "--retry-backoff": 10.0,
+        "--nvidia-smi": "nvidia-smi",
+        "--runs-dir": None,
+        "--train-cmd": None,
+        "--gpus": None,
+        "--no-gpu": False,
+        "--once": False,
+        "--name": None,
+    }
+    assert {flag: defaults[flag] for flag in reference} == reference
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--poll", "0", "--poll must be positive"),
+        ("--kill-wait", "0", "--kill-wait must be positive"),
+        ("--stale-after", "nan", "--stale-after must be a finite number"),
+        ("--retry-backoff", "-1", "--retry-backoff must be zero or more"),
+        ("--finish-retries", "-1", "--finish-retries must be zero or more"),
+        ("--train-cmd", "", "--train-cmd is empty"),
+    ],
+)
+def test_a_bad_worker_flag_is_refused_by_its_name(
+    tmp_path: Path, flag: str, value: str, message: str
+) -> None:
+    """A bad worker setting exits 2 naming its flag, before the queue is opened."""
+    db = tmp_path / "q.db"
+    done = asyncsoak_cli("worker", "--db", str(db), "--once", f"{flag}={value}", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert not db.exists()

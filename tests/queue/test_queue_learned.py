@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from asyncsoak.queue._learned import LEARNED_DIR, carried_limit, remember_limit
 
 from .test_queue_cli import cli
@@ -58,6 +60,7 @@ def test_nothing_is_kept_that_was_not_learned(tmp_path: Path) -> None:
     assert carried_limit(tmp_path, "e") is None
 
 
+@pytest.mark.slow
 def test_the_worker_carries_a_job_names_learned_limit(tmp_path: Path) -> None:
     """Two jobs named alike under --stale-progress auto: the second soak starts from the
     limit the first learned (its config records the carried limit)."""

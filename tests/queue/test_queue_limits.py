@@ -47,6 +47,7 @@ def test_run_and_submit_offer_the_same_soak_flags() -> None:
     assert (submit.detailed_memory, submit.dump_signal) == (True, "USR1")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bad",
     [
@@ -68,6 +69,7 @@ def test_bad_soak_flags_are_refused_at_submit(tmp_path: Path, bad: list[str]) ->
     assert not db.exists()
 
 
+@pytest.mark.slow
 def test_a_job_over_its_rss_budget_fails_with_memory_budget(tmp_path: Path, db: str) -> None:
     """``submit --max-rss 64MiB``: the worker's soak stops the 160 MiB job, which fails with
     memory_budget; the job and its artifact hold the limits it was submitted with."""

@@ -27,7 +27,7 @@ from ..conftest import fast_limits
 from .helpers import FAST_SOAK
 from .test_queue_worker import LIMIT_S
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 #: Soaks run while the listeners come and go.
 SOAKS = 3

@@ -16,6 +16,8 @@ from ..metrics_support import free_port, samples, scrape_until, value
 from .helpers import FAST_SOAK, JOB_ENV, write_script
 from .test_queue_worker import worker_kwargs
 
+pytestmark = pytest.mark.slow
+
 LIMIT_S = 60.0
 
 JOB = """

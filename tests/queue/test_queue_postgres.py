@@ -107,6 +107,7 @@ def second_hosts() -> None:
 # --- wake-ups --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_idle_worker_starts_a_new_job_on_notify(
     tmp_path: Path, pg_url: str, ready: ReadyFifo, log_events: LogEvents
@@ -125,6 +126,7 @@ async def test_idle_worker_starts_a_new_job_on_notify(
         assert store.get(job_id).status == "succeeded"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_lost_listening_connection_reconnects(
     tmp_path: Path, own_pg_cluster: PgCluster, ready: ReadyFifo, log_events: LogEvents
@@ -152,6 +154,7 @@ async def test_lost_listening_connection_reconnects(
 # --- two hosts -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("second_hosts")
 @pytest.mark.asyncio
 async def test_orphan_of_another_host_is_requeued_without_touching_its_processes(
@@ -223,6 +226,7 @@ async def test_orphan_of_another_host_is_requeued_without_touching_its_processes
 # --- the database going away -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_database_restart_mid_job_loses_nothing(
     tmp_path: Path, own_pg_cluster: PgCluster, ready: ReadyFifo, log_events: LogEvents
@@ -249,6 +253,7 @@ async def test_database_restart_mid_job_loses_nothing(
         assert runs_of(tmp_path) == [f"{job_id} 1"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_cut_longer_than_stale_after_spools_the_outcome_and_delivers_it(
     tmp_path: Path, own_pg_cluster: PgCluster, ready: ReadyFifo, log_events: LogEvents
@@ -293,6 +298,7 @@ async def test_cut_longer_than_stale_after_spools_the_outcome_and_delivers_it(
         assert runs_of(tmp_path) == [f"{job_id} 1"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_job_taken_over_during_a_cut_is_stopped_on_reconnect(
     tmp_path: Path, own_pg_cluster: PgCluster, ready: ReadyFifo, log_events: LogEvents
@@ -326,6 +332,7 @@ async def test_job_taken_over_during_a_cut_is_stopped_on_reconnect(
         assert not alive(artifact["exit"]["pid"])
 
 
+@pytest.mark.slow
 def test_calls_fail_fast_while_the_server_is_away(own_pg_cluster: PgCluster) -> None:
     """With the server stopped, store calls fail at once with QueueUnavailableError (backing
     off between connection attempts) and work again once it is back."""
@@ -352,6 +359,7 @@ def test_calls_fail_fast_while_the_server_is_away(own_pg_cluster: PgCluster) -> 
 # --- clocks ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_host_clock_ten_minutes_ahead_changes_nothing(
     tmp_path: Path, pg_url: str, ready: ReadyFifo, monkeypatch: pytest.MonkeyPatch
@@ -380,6 +388,7 @@ async def test_a_host_clock_ten_minutes_ahead_changes_nothing(
 # --- the schema ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_newer_schema_and_foreign_schema_refused(pg_url: str, pg_cluster: PgCluster) -> None:
     """A database of a newer schema, or with another program's "asyncsoak" schema, is
     refused and left as it was; a database without a queue is not created by readers."""
@@ -413,6 +422,7 @@ def test_unreachable_server_refused_with_the_password_hidden(tmp_path: Path) -> 
 # --- the command line ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_on_postgres_by_url_environment_and_pg_variables(
     tmp_path: Path, pg_url: str, pg_cluster: PgCluster
 ) -> None:

@@ -1,5 +1,5 @@
-"""Properties of a job's final status over its whole input space: DESIGN.md's table, read
-row by row, and the rule that combines it with the soak's verdict."""
+"""Properties of a job's final status over its whole input space: the table of DESIGN.md's
+"Final status", read row by row, and the rule that combines it with the soak's verdict."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ FLAGS = list(itertools.product((False, True), repeat=3))
 
 
 def table_rows(rc: int | None, cancel_requested: bool, stopping: bool, killed: bool) -> set[str]:
-    """The statuses of every row of DESIGN.md's table that matches ("other": none of the
-    statuses named above it, 0, 4 or None)."""
+    """The statuses of every row of the "Final status" table (DESIGN.md) that matches
+    ("other": none of the statuses named above it, 0, 4 or None)."""
     other = rc not in (0, EXIT_INTERRUPTED, None)
     rows = [
         (rc == 0, "succeeded"),

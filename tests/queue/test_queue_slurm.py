@@ -8,6 +8,8 @@ import pytest
 
 from asyncsoak.queue import JobStore, run_worker
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.asyncio
 async def test_a_worker_near_the_end_of_its_allocation_takes_only_jobs_that_fit(

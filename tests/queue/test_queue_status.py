@@ -40,7 +40,7 @@ from asyncsoak.queue._status import TAIL_BYTES, outcome_from_artifact
 def test_final_status_table(
     rc: int | None, cancel_requested: bool, stopping: bool, killed: bool, expected: str
 ) -> None:
-    """Each row of DESIGN.md's final status table gives its status."""
+    """Each row of the table in DESIGN.md's "Final status" gives its status."""
     assert final_status(rc, cancel_requested, stopping, killed) == expected
 
 
@@ -176,3 +176,87 @@ def test_public_names_resolve() -> None:
     for module in (asyncsoak.queue, asyncsoak.trainer):
         for name in module.__all__:
             assert getattr(module, name) is not None
+
+
+def test_job_statuses_are_the_stored_strings() -> None:
+    """JobStatus's values are the strings the databases hold and ``jobs --json`` prints, and
+    each member is its string."""
+    import json
+
+    from asyncsoak.queue import JobStatus
+    from asyncsoak.queue._models import JOB_STATUSES, TERMINAL_STATUSES
+
+    assert [s.value for s in JobStatus] == [
+        "queued", "running", "succeeded", "failed", "cancelled", "interrupted"
+    ]  # fmt: skip
+    assert JobStatus("failed") is JobStatus.FAILED
+    assert final_status(1, False, False, False) == JobStatus.FAILED
+    assert f"{JobStatus.SUCCEEDED}" == str(JobStatus.SUCCEEDED) == "succeeded"
+    assert json.dumps([JobStatus.CANCELLED]) == '["cancelled"]'
+    assert JOB_STATUSES == ("queued", "running", "succeeded", "failed", "cancelled")
+    assert TERMINAL_STATUSES == ("succeeded", "failed", "cancelled")
+
+
+def test_the_worker_defaults_are_importable_off_all() -> None:
+    """The worker's reference constants resolve from asyncsoak.queue with their values, are
+    WorkerConfig's defaults, and are no names of their own in __all__."""
+    import asyncsoak.queue as queue
+
+    reference = {
+        "POLL_S": ("poll_seconds", 5.0),
+        "STALE_AFTER_S": ("orphan_after_seconds", 60.0),
+        "CANCEL_GRACE_S": ("cancel_grace_seconds", 60.0),
+        "STOP_TIMEOUT_S": ("stop_timeout_seconds", 60.0),
+        "KILL_WAIT_S": ("kill_wait_seconds", 10.0),
+        "FINISH_RETRIES": ("finish_retries", 5),
+        "FINISH_RETRY_WAIT_S": ("finish_retry_wait_seconds", 2.0),
+        "TRAIN_CMD": ("cmd", queue.TRAIN_CMD),
+    }
+    config = queue.WorkerConfig()
+    for name, (field, value) in reference.items():
+        assert getattr(queue, name) == value == getattr(config, field), name
+        assert name not in queue.__all__
+    for name, value in {"SLICE_S": 0.25, "ERROR_TAIL_LINES": 20, "TAIL_BYTES": 65536}.items():
+        assert getattr(queue, name) == value
+        assert name not in queue.__all__
+
+
+def test_only_the_entry_point_of_the_queue_imports_the_command_line() -> None:
+    """The queue sits below the command line: of its modules only ``__main__`` (the entry
+    point) imports ``asyncsoak.cli``; ``asyncsoak.queue.main`` still resolves to it."""
+    import ast
+
+    import asyncsoak.queue
+
+    package = Path(asyncsoak.queue.__file__).parent
+    importers = set()
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                target = "." * node.level + (node.module or "")
+                if target in ("..cli", "asyncsoak.cli") or target.startswith(
+                    ("..cli.", "asyncsoak.cli.")
+                ):
+                    importers.add(path.name)
+            elif isinstance(node, ast.Import) and any(
+                alias.name.startswith("asyncsoak.cli") for alias in node.names
+            ):
+                importers.add(path.name)
+    assert importers == {"__main__.py"}
+    assert asyncsoak.queue.main.__module__ == "asyncsoak.queue.__main__"
+
+
+def test_python_m_asyncsoak_queue_is_the_worker(tmp_path: Path) -> None:
+    """``python -m asyncsoak.queue`` runs ``asyncsoak worker`` with its arguments."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "q.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncsoak.queue", "--db", str(db), "--once", "--poll", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--poll must be positive" in done.stderr

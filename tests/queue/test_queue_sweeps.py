@@ -64,6 +64,7 @@ def cli(*args: str) -> int:
     return main(list(args))
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_worker_sigkilled_twice_then_third_attempt_succeeds(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
@@ -102,6 +103,7 @@ async def test_worker_sigkilled_twice_then_third_attempt_succeeds(
     assert store.plan(job_id).infra_failures == 2
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_same_exception_twice_is_not_tried_a_third_time(
     tmp_path: Path, db: str, ready: ReadyFifo, capsys: pytest.CaptureFixture[str]
@@ -316,6 +318,7 @@ def fault_failures() -> list[dict[str, object]]:
     return [{"reason": "gpu_fault", "message": "Xid 79", "gpu": {"index": 2, "uuid": "GPU-y"}}]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_after_runs_when_dependencies_succeeded_and_cancels_when_one_failed(
     tmp_path: Path, db: str, capsys: pytest.CaptureFixture[str]
@@ -357,6 +360,7 @@ async def test_after_runs_when_dependencies_succeeded_and_cancels_when_one_faile
     assert "no job 999" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_array_0_3_runs_one_job_per_index(
     tmp_path: Path, db: str, capsys: pytest.CaptureFixture[str]
@@ -440,6 +444,7 @@ def test_not_before_parsing(capsys: pytest.CaptureFixture[str]) -> None:
         parse_not_before("tomorrow", lambda: 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_gpus_2_on_a_4_gpu_worker_run_side_by_side(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
@@ -473,6 +478,7 @@ async def test_gpus_2_on_a_4_gpu_worker_run_side_by_side(
     assert sorted(store.worker_gpus().values()) == [["0", "1", "2", "3"]]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_faulted_gpu_is_not_claimed_until_cleared(
     tmp_path: Path, db: str, ready: ReadyFifo, capsys: pytest.CaptureFixture[str]
@@ -502,6 +508,7 @@ async def test_faulted_gpu_is_not_claimed_until_cleared(
         assert store.gpu_faults() == []
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_cleared_gpu_is_used_while_the_other_gpus_are_busy(
     tmp_path: Path, store: JobStore, ready: ReadyFifo

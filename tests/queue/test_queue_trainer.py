@@ -18,6 +18,8 @@ from asyncsoak.queue import JobStore
 from ..conftest import ReadyFifo
 from .helpers import JOB_ENV, write_script
 
+pytestmark = pytest.mark.slow
+
 RUNS = Path("/nonexistent/runs")
 
 STOPPING_TRAINER = """

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from asyncsoak.queue._status import WARNINGS_HEADER, outcome_from_artifact
 
 from ..conftest import REPO
@@ -24,6 +26,7 @@ for step in range(60):
 """
 
 
+@pytest.mark.slow
 def test_a_leaking_job_that_succeeds_shows_the_warning(tmp_path: Path) -> None:
     db = tmp_path / "q.db"
     script = tmp_path / "leaker.py"

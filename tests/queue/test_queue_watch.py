@@ -6,9 +6,13 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from asyncsoak.queue import JobStore
 
 from ..conftest import asyncsoak_cli, py
+
+pytestmark = pytest.mark.slow
 
 QUICK = """
 import pathlib, sys, time

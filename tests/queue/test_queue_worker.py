@@ -19,7 +19,16 @@ from anyio.abc import Process
 
 from asyncsoak._supervisor._config import StopMode
 from asyncsoak._supervisor._soak import run_soak
-from asyncsoak.queue import JobStore, Outcome, SqliteStore, open_store, run_job, run_worker
+from asyncsoak.queue import (
+    JobStatus,
+    JobStore,
+    Outcome,
+    SqliteStore,
+    WorkerConfig,
+    open_store,
+    run_job,
+    run_worker,
+)
 
 from ..conftest import REPO, ReadyFifo, alive
 from .helpers import FAST_SOAK, JOB_ENV, write_script
@@ -106,6 +115,7 @@ def artifact_of(store: JobStore, job_id: int, attempt: int) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.slow
 def test_four_workers_run_each_of_40_jobs_once(tmp_path: Path) -> None:
     """Four worker processes draining 40 jobs run each job exactly once (counted by the jobs)."""
     runs = tmp_path / "runs.txt"
@@ -138,6 +148,7 @@ def test_four_workers_run_each_of_40_jobs_once(tmp_path: Path) -> None:
     assert {(job.status, job.attempt) for job in jobs} == {("succeeded", 1)}
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_orphan_of_a_killed_worker_is_requeued_then_succeeds(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
@@ -162,6 +173,7 @@ async def test_orphan_of_a_killed_worker_is_requeued_then_succeeds(
     assert runs_of(tmp_path) == [f"{job_id} 1", f"{job_id} 2"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_orphan_sweep_kills_the_unsupervised_tree(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
@@ -185,6 +197,7 @@ async def test_orphan_sweep_kills_the_unsupervised_tree(
     assert store.get(job_id).status == "succeeded"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_orphan_whose_attempt_finished_is_not_rerun(tmp_path: Path, store: JobStore) -> None:
     """An orphan whose soak.json says it passed takes that verdict and does not run again."""
@@ -212,6 +225,7 @@ async def test_orphan_whose_attempt_finished_is_not_rerun(tmp_path: Path, store:
     assert runs.read_text() == "ran\n"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_stale_orphan_from_another_host_is_requeued(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
@@ -229,6 +243,41 @@ async def test_stale_orphan_from_another_host_is_requeued(
         "orphaned",
     )
     assert history[1].outcome == "succeeded"
+    assert store.get(job_id).status == "succeeded"
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_worker_config_sets_the_orphan_limit(
+    tmp_path: Path, store: JobStore, ready: ReadyFifo
+) -> None:
+    """``run_worker(store, config)``: the config's ``orphan_after_seconds`` (``--stale-after``)
+    makes a silent worker's job an orphan, requeued and run again by this worker."""
+    job_id = submit_trainer(store, tmp_path, ready, "exit0", max_attempts=2)
+    assert store.claim("ghost", "elsewhere", tmp_path / "runs") is not None
+    config = WorkerConfig(
+        runs_dir=tmp_path / "runs", poll_seconds=0.1, orphan_after_seconds=0, nvidia_smi=None
+    )
+    with anyio.fail_after(LIMIT_S):
+        assert await run_worker(store, config, once=True, name="w") == 1
+    assert await ready.line() == "started 2"
+    assert [(a.worker, a.reason) for a in store.attempts(job_id)] == [
+        ("ghost", "orphaned"),
+        ("w", None),
+    ]
+    assert store.get(job_id).status == JobStatus.SUCCEEDED
+
+
+@pytest.mark.asyncio
+async def test_run_job_with_a_worker_config(tmp_path: Path, store: JobStore) -> None:
+    """``run_job(store, job, config)`` runs a claimed job and returns its JobStatus."""
+    job_id = store.submit(argv=[sys.executable, "-c", "pass"], soak=FAST_SOAK)
+    job = store.claim("w", socket.gethostname(), tmp_path / "runs")
+    assert job is not None
+    config = WorkerConfig(runs_dir=tmp_path / "runs", poll_seconds=0.1, nvidia_smi=None)
+    with anyio.fail_after(LIMIT_S):
+        status = await run_job(store, job, config)
+    assert status is JobStatus.SUCCEEDED
     assert store.get(job_id).status == "succeeded"
 
 
@@ -260,6 +309,7 @@ sys.exit(trainer.EXIT_INTERRUPTED)
     assert artifact_of(store, job_id, 1)["stop"]["killed"] is False
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_cancel_ignored_escalates_to_kill(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
@@ -290,6 +340,7 @@ while True:
     assert artifact["stop"]["grace_seconds"] == 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_mode", ["stdin", "group"])
 @pytest.mark.asyncio
 async def test_worker_stop_interrupts_and_the_job_resumes(
@@ -340,6 +391,7 @@ sys.exit(trainer.EXIT_INTERRUPTED)
     assert sorted(p.name for p in attempts_dir.iterdir()) == ["1", "2"]
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_stale_worker_late_final_write_is_refused(
     tmp_path: Path, store: JobStore, ready: ReadyFifo, caplog: pytest.LogCaptureFixture
@@ -400,6 +452,7 @@ async def test_final_status_written_after_the_lock_is_released(
     assert sqlite_store.get(job_id).status == "succeeded"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_failed_job_error_holds_tail_exit_and_reason(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
@@ -437,6 +490,7 @@ sys.exit(3)
     assert "hf_s3cr3t_value" not in job.error
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_command_placeholders_environment_and_config_job(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
@@ -478,6 +532,7 @@ tell(json.dumps({"argv": sys.argv[1:], "env": env, "config": config}))
     assert store.get(config_job).status == "succeeded"
 
 
+@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_restarted_worker_takes_back_its_predecessors_job(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
