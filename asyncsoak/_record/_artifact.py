@@ -30,9 +30,11 @@ from .._contract import (
     ForensicsSection,
     OomKillEntry,
     ProcessEntry,
+    ProcessRecord,
     RunningStats,
-    SamplerNote,
+    SamplerNoteEntry,
     SeriesBuffer,
+    SnapshotSection,
     SoakStatus,
     StepsProgress,
     Stop,
@@ -211,9 +213,9 @@ class ArtifactBuilder:
             "killed": False,
             "signals": [],
         }
-        self.leftovers: list[dict[str, Any]] = []
-        self.abandoned: list[dict[str, Any]] = []
-        self.sampler_notes: list[SamplerNote] = []
+        self.leftovers: list[ProcessRecord] = []
+        self.abandoned: list[ProcessRecord] = []
+        self.sampler_notes: list[SamplerNoteEntry] = []
         self.forensics: ForensicsSection | None = None
         self.oom_kills: list[OomKillEntry] = []
         self.progress_changes = 0
@@ -232,7 +234,7 @@ class ArtifactBuilder:
         self.longest_gap = 0.0
         self.last_t = 0.0
         self.status: SoakStatus | None = None
-        self.snapshot: dict[str, Any] = {}
+        self.snapshot: SnapshotSection = {}
 
     # -- folding -------------------------------------------------------------------------
 
@@ -252,7 +254,7 @@ class ArtifactBuilder:
                 self.header = event
                 self.trends.configure(event.get("config") or {})
             case EventKind.SNAPSHOT:
-                self.snapshot = event["data"]
+                self.snapshot = cast(SnapshotSection, event["data"])
             case EventKind.SAMPLE | EventKind.GPU_SAMPLE:
                 self._add_sample(str(kind), t, event)
             case EventKind.STARTED:
@@ -328,9 +330,9 @@ class ArtifactBuilder:
                     "t": event["t"],
                 }
             case EventKind.LEFTOVER:
-                self.leftovers.append(event["process"])
+                self.leftovers.append(cast(ProcessRecord, event["process"]))
             case EventKind.ABANDONED:
-                self.abandoned.append(event["process"])
+                self.abandoned.append(cast(ProcessRecord, event["process"]))
             case EventKind.FORENSICS:
                 # The collector's own record (see ``Forensics``), under the event's reason.
                 self.forensics = cast(
@@ -349,7 +351,7 @@ class ArtifactBuilder:
                     }
                 )
             case EventKind.SAMPLER_NOTE | EventKind.SAMPLER_DEGRADED | EventKind.SAMPLER_RECOVERED:
-                self.sampler_notes.append(cast(SamplerNote, event))
+                self.sampler_notes.append(cast(SamplerNoteEntry, event))
             case EventKind.FINISHED:
                 self.status = SoakStatus(event["status"])
 
