@@ -138,8 +138,23 @@ if TYPE_CHECKING:
     from ._schema import Failure as Failure
     from ._schema import ForensicsProcess as ForensicsProcess
     from ._schema import ForensicsSection as ForensicsSection
+    from ._schema import GpuHealth as GpuHealth
+    from ._schema import GpuProbe as GpuProbe
+    from ._schema import HostProbe as HostProbe
+    from ._schema import KubernetesPod as KubernetesPod
     from ._schema import OomKillEntry as OomKillEntry
+    from ._schema import ProbeFailure as ProbeFailure
     from ._schema import ProcessEntry as ProcessEntry
+    from ._schema import ProcessRecord as ProcessRecord
+    from ._schema import PythonStack as PythonStack
+    from ._schema import SamplerNoteEntry as SamplerNoteEntry
+    from ._schema import Series as Series
+    from ._schema import SlurmJob as SlurmJob
+    from ._schema import SnapshotGpu as SnapshotGpu
+    from ._schema import SnapshotSection as SnapshotSection
+    from ._schema import SoftwareProbe as SoftwareProbe
+    from ._schema import SourceProbe as SourceProbe
+    from ._schema import StallCulprit as StallCulprit
     from ._schema import StepsProgress as StepsProgress
     from ._schema import Stop as Stop
     from ._schema import Trend as Trend
@@ -299,6 +314,21 @@ else:
             "Exit": "._schema",
             "Failure": "._schema",
             "ProcessEntry": "._schema",
+            "GpuHealth": "._schema",
+            "SamplerNoteEntry": "._schema",
+            "Series": "._schema",
+            "StallCulprit": "._schema",
+            "GpuProbe": "._schema",
+            "HostProbe": "._schema",
+            "KubernetesPod": "._schema",
+            "ProbeFailure": "._schema",
+            "ProcessRecord": "._schema",
+            "PythonStack": "._schema",
+            "SlurmJob": "._schema",
+            "SnapshotSection": "._schema",
+            "SnapshotGpu": "._schema",
+            "SoftwareProbe": "._schema",
+            "SourceProbe": "._schema",
             "StepsProgress": "._schema",
             "Stop": "._schema",
             "Trend": "._schema",

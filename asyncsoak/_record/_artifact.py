@@ -44,17 +44,19 @@ from .._contract import (
     OomKillEntry,
     OomKillJson,
     ProcessEntry,
+    ProcessRecord,
     ProgressJson,
     RequeueJson,
     RunningStats,
     SampleJson,
     SamplerDegradedJson,
-    SamplerNote,
+    SamplerNoteEntry,
     SamplerNoteJson,
     SamplerRecoveredJson,
     SeriesBuffer,
     SignalJson,
     SnapshotJson,
+    SnapshotSection,
     SoakStatus,
     StartedJson,
     StepJson,
@@ -244,9 +246,9 @@ class ArtifactBuilder:
             "killed": False,
             "signals": [],
         }
-        self.leftovers: list[dict[str, Any]] = []
-        self.abandoned: list[dict[str, Any]] = []
-        self.sampler_notes: list[SamplerNote] = []
+        self.leftovers: list[ProcessRecord] = []
+        self.abandoned: list[ProcessRecord] = []
+        self.sampler_notes: list[SamplerNoteEntry] = []
         self.forensics: ForensicsSection | None = None
         self.oom_kills: list[OomKillEntry] = []
         self.progress_changes = 0
@@ -265,7 +267,7 @@ class ArtifactBuilder:
         self.longest_gap = 0.0
         self.last_t = 0.0
         self.status: SoakStatus | None = None
-        self.snapshot: dict[str, Any] = {}
+        self.snapshot: SnapshotSection = {}
 
     # -- folding -------------------------------------------------------------------------
 
@@ -286,7 +288,7 @@ class ArtifactBuilder:
 
     @_fold.on(EventKind.SNAPSHOT)
     def _on_snapshot(self, t: float, event: SnapshotJson) -> None:
-        self.snapshot = event["data"]
+        self.snapshot = cast(SnapshotSection, event["data"])
 
     @_fold.on(EventKind.SAMPLE)
     def _on_sample(self, t: float, event: SampleJson) -> None:
@@ -396,11 +398,11 @@ class ArtifactBuilder:
 
     @_fold.on(EventKind.LEFTOVER)
     def _on_leftover(self, t: float, event: LeftoverJson) -> None:
-        self.leftovers.append(event["process"])
+        self.leftovers.append(cast(ProcessRecord, event["process"]))
 
     @_fold.on(EventKind.ABANDONED)
     def _on_abandoned(self, t: float, event: AbandonedJson) -> None:
-        self.abandoned.append(event["process"])
+        self.abandoned.append(cast(ProcessRecord, event["process"]))
 
     @_fold.on(EventKind.FORENSICS)
     def _on_forensics(self, t: float, event: ForensicsJson) -> None:
@@ -431,7 +433,7 @@ class ArtifactBuilder:
     def _on_sampler_note(
         self, t: float, event: SamplerNoteJson | SamplerDegradedJson | SamplerRecoveredJson
     ) -> None:
-        self.sampler_notes.append(cast(SamplerNote, event))
+        self.sampler_notes.append(cast(SamplerNoteEntry, event))
 
     @_fold.on(EventKind.FINISHED)
     def _on_finished(self, t: float, event: FinishedJson) -> None:

@@ -24,6 +24,7 @@ from ..._contract import (
 from ..._record import EVENTS_HEAD
 from .._evidence import config_value, event_times, leaking_series, rate_text
 from .._fields import Field, group_label
+from .._sections import column, events_dropped, top_processes, trend_verdicts
 from ._detail import JournalDetail, file_names
 from ._panels import (
     ALWAYS_DRAWN,
@@ -63,8 +64,6 @@ LABEL_MARKER_PX = 16
 #: 1240 px): labels closer than their width there are merged into one.
 LANE_PLOT_PX = 1100
 
-#: Which label names a merged group of marks: the lowest rank (the rest are in its hover).
-LABEL_RANK = {"leak": 0, "OOM kill": 0, "breach ahead": 1, "warning": 2, "sampler": 3}
 
 COLORS = {
     "progress": "#2ca02c",
@@ -182,7 +181,7 @@ class TimelineModel:
     def _events_lost(self) -> tuple[float, float] | None:
         """The stretch whose events the artifact did not keep (head and tail are kept)."""
         events = self.artifact["events"]
-        if not self.artifact.get("events_dropped") or len(events) <= EVENTS_HEAD:
+        if not events_dropped(self.artifact) or len(events) <= EVENTS_HEAD:
             return None
         return float(events[EVENTS_HEAD - 1]["t"]), float(events[EVENTS_HEAD]["t"])
 
@@ -286,13 +285,13 @@ class TimelineModel:
                     )
                 )
             elif event["kind"] in (EventKind.LEFTOVER, EventKind.ABANDONED):
-                process = event["process"]  # ``pid`` and, when it could be read, the rest
+                process = event["process"]
                 marks.append(
                     Mark(
                         t,
                         "monitor",
                         "",
-                        f"{kind}: pid {process['pid']} {process.get('name')} at {when}",
+                        f"{kind}: pid {process['pid']} {process['name']} at {when}",
                         COLORS["leftover"],
                         "circle",
                         None,
@@ -462,9 +461,9 @@ class TimelineModel:
     def _process_lines(self) -> list[tuple[str, list[float], list[float | None]]]:
         """(name, t, RSS) of the top processes the artifact kept, at most PROCESS_LINES."""
         lines = []
-        for p in (self.artifact.get("processes") or [])[:PROCESS_LINES]:  # a version 2 section
+        for p in top_processes(self.artifact)[:PROCESS_LINES]:
             series = p["series"]
-            if series.get("t") and series.get("rss_bytes"):
+            if column(series, "t") and column(series, "rss_bytes"):
                 lines.append(
                     (
                         f"pid {p['pid']} {p['name'] or ''}".strip(),
@@ -478,7 +477,7 @@ class TimelineModel:
         """The baseline run's (times, values as drawn) of the same field; None when there is
         no baseline, or it did not sample the field."""
         base = self.baseline_series.get(f.group)
-        if base is None or not base.get(f.name):
+        if base is None or not column(base, f.name):
             return None
         times, values = list(base["t"]), list(base[f.name])
         if (f.group, f.name) in COUNTERS:
@@ -488,7 +487,7 @@ class TimelineModel:
     def slope_lines(self) -> list[str]:
         """The memory trends written on the memory panel: the tree's, and each leaking
         process's."""
-        trends = self.artifact.get("trends", {})  # a version 2 section
+        trends = trend_verdicts(self.artifact)
         lines = []
         for key, figure in TREE_MEMORY_SERIES:
             entry = trends.get(key)  # a series judged too short has no trend
@@ -539,12 +538,29 @@ def _time(mark: Mark) -> float:
     return mark.t
 
 
+def _label_rank(mark: Mark) -> int:
+    """Which label names a merged group of marks: the lowest rank (the rest are in its
+    hover).  A leak or an OOM kill leads; any other mark drawn as a line across the panels
+    (a failure, a signal, the exit) comes before one that is not."""
+    match mark.label:
+        case "leak" | "OOM kill":
+            return 0
+        case "breach ahead":
+            return 1
+        case "warning":
+            return 2
+        case "sampler":
+            return 3
+        case _:
+            return 2 if mark.dash is None else 1
+
+
 def _merged(group: Sequence[Mark]) -> Mark:
     """One mark for a group: the most telling one's, at its time, ``+N`` the others."""
     if len(group) == 1:
         return group[0]
     labelled = [m for m in group if m.label] or list(group)
-    lead = min(labelled, key=lambda m: LABEL_RANK.get(m.label, 2 if m.dash is None else 1))
+    lead = min(labelled, key=_label_rank)
     return Mark(
         lead.t,
         lead.lane,
