@@ -18,6 +18,7 @@ what the probe found or a :class:`ProbeFailure`, and the probes' own TypedDicts 
 # annotations only, and ``__required_keys__`` is what the schema test compares.
 from typing import Any, Literal, NotRequired, Required, TypedDict, cast, final
 
+from ._events import KeptEventJson
 from ._vocabulary import FailureReason, SoakStatus, StopCause
 
 #: ``series`` (and a process's ``series``): field name to values, ``t`` first.
@@ -526,7 +527,9 @@ class Artifact(TypedDict):
     progress: Progress
     series: dict[str, Series]
     summary: dict[str, Any]
-    events: list[dict[str, Any]]
+    #: The events kept (see ``artifact.EVENTS_HEAD``): the schema requires ``t`` and
+    #: ``kind`` only, and older artifacts may lack a key added to an event since.
+    events: list[KeptEventJson]
     leftover_processes: list[ProcessRecord]
     log: Log
     monitor: Monitor

@@ -16,6 +16,7 @@ from ..._contract import (
     ForensicsProcess,
     ForensicsSection,
     ProcessRecord,
+    ProgressJson,
     SoakStatus,
     format_duration,
     readable_processes,
@@ -415,14 +416,14 @@ def events_html(artifact: Artifact) -> str:
         if event["kind"] == EventKind.PROGRESS:
             j = i
             paths: dict[str, None] = {}
-            while (
-                j < len(events)
-                and events[j]["kind"] == EventKind.PROGRESS
-                and not (dropped and j == EVENTS_HEAD and j != i)
-            ):
-                paths.update(dict.fromkeys(events[j]["paths"]))
+            run: list[ProgressJson] = []
+            while j < len(events) and not (dropped and j == EVENTS_HEAD and j != i):
+                progress = events[j]
+                if progress["kind"] != EventKind.PROGRESS:
+                    break
+                run.append(progress)
+                paths.update(dict.fromkeys(progress.get("paths") or []))
                 j += 1
-            run = events[i:j]
             names = ", ".join(str(p) for p in list(paths)[:5])
             more = ", ..." if len(paths) > 5 else ""
             changed = sum(int(e["changed"]) for e in run)

@@ -202,10 +202,12 @@ class TimelineModel:
         marks: list[Mark] = []
         artifact = self.artifact
         for event in artifact["events"]:
+            # Each branch tests ``event["kind"]`` itself, which narrows the event to its kind's
+            # JSON form.
             kind = event["kind"]
             t = float(event["t"])
             when = f"{format_duration(t)} ({self._wall(t)})"
-            if kind == EventKind.FAILURE:
+            if event["kind"] == EventKind.FAILURE:
                 marks.append(
                     Mark(
                         t,
@@ -217,7 +219,7 @@ class TimelineModel:
                         "solid",
                     )
                 )
-            elif kind == EventKind.SIGNAL:
+            elif event["kind"] == EventKind.SIGNAL:
                 marks.append(
                     Mark(
                         t,
@@ -230,21 +232,21 @@ class TimelineModel:
                         "dash",
                     )
                 )
-            elif kind in (EventKind.STOP, EventKind.STDIN_CLOSED):
+            elif event["kind"] in (EventKind.STOP, EventKind.STDIN_CLOSED):
                 text = (
                     f"stop ({event['cause']}, grace {event['grace_seconds']}s)"
-                    if kind == EventKind.STOP
+                    if event["kind"] == EventKind.STOP
                     else "stdin closed"
                 )
                 marks.append(
                     Mark(t, "monitor", "", f"{text} at {when}", COLORS["signal"], "square", None)
                 )
-            elif kind == EventKind.EXITED:
+            elif event["kind"] == EventKind.EXITED:
                 text = exit_label(artifact)
                 marks.append(
                     Mark(t, "command", text, f"{text} at {when}", COLORS["exit"], "diamond", "dot")
                 )
-            elif kind == EventKind.STARTED:
+            elif event["kind"] == EventKind.STARTED:
                 marks.append(
                     Mark(
                         t,
@@ -256,7 +258,7 @@ class TimelineModel:
                         None,
                     )
                 )
-            elif kind == EventKind.FORENSICS:
+            elif event["kind"] == EventKind.FORENSICS:
                 marks.append(
                     Mark(
                         t,
@@ -269,7 +271,7 @@ class TimelineModel:
                         None,
                     )
                 )
-            elif kind == EventKind.OOM_KILL:
+            elif event["kind"] == EventKind.OOM_KILL:
                 marks.append(
                     Mark(
                         t,
@@ -282,7 +284,7 @@ class TimelineModel:
                         "dot",
                     )
                 )
-            elif kind in (EventKind.LEFTOVER, EventKind.ABANDONED):
+            elif event["kind"] in (EventKind.LEFTOVER, EventKind.ABANDONED):
                 process = event["process"]
                 marks.append(
                     Mark(
@@ -295,7 +297,7 @@ class TimelineModel:
                         None,
                     )
                 )
-            elif kind == EventKind.TREND:
+            elif event["kind"] == EventKind.TREND:
                 marks.append(
                     Mark(
                         t,
@@ -307,7 +309,7 @@ class TimelineModel:
                         None,
                     )
                 )
-            elif kind in (
+            elif event["kind"] in (
                 EventKind.WARNING,
                 EventKind.SAMPLER_DEGRADED,
                 EventKind.SAMPLER_RECOVERED,
@@ -318,7 +320,7 @@ class TimelineModel:
                     Mark(
                         t,
                         "notes",
-                        "warning" if kind == EventKind.WARNING else "sampler",
+                        "warning" if event["kind"] == EventKind.WARNING else "sampler",
                         f"{kind} ({who}) at {when}\n{event['message']}",
                         COLORS["note"],
                         "circle",
