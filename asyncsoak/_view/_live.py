@@ -644,7 +644,7 @@ class LiveState:
 
     @_fold.on(EventKind.TREND)
     def _on_trend(self, t: float, trend: TrendJson) -> None:
-        series, verdict = str(trend.get("series")), str(trend.get("verdict"))
+        series, verdict = trend["series"], trend["verdict"]
         if verdict == "withdrawn":
             # The soak's judgement no longer calls it a leak: neither does the view.
             self.trends.pop((series, "leak"), None)
@@ -658,18 +658,18 @@ class LiveState:
 
     @_fold.on(EventKind.FAILURE)
     def _on_failure(self, t: float, event: FailureJson) -> None:
-        self.failures.append(str(event.get("reason")))
+        self.failures.append(event["reason"])
 
     @_fold.on(EventKind.GPU_FAULT)
     def _on_gpu_fault(self, t: float, event: GpuFaultJson) -> None:
-        if event.get("fails") and len(self.gpu_faults) < MAX_GPU_FAULT_ALERTS:
+        if event["fails"] and len(self.gpu_faults) < MAX_GPU_FAULT_ALERTS:
             xid = event.get("xid")
-            what = f"Xid {xid}" if xid is not None else event.get("fault")
-            self.gpu_faults.append(f"GPU FAULT gpu{event.get('gpu')} {what}")
+            what = f"Xid {xid}" if xid is not None else event["fault"]
+            self.gpu_faults.append(f"GPU FAULT gpu{event['gpu']} {what}")
 
     @_fold.on(EventKind.STOP)
     def _on_stop(self, t: float, event: StopJson) -> None:
-        self.stopping = str(event.get("cause"))
+        self.stopping = event["cause"]
 
     @_fold.on(EventKind.EXITED)
     def _on_exited(self, t: float, event: ExitedJson) -> None:
@@ -677,7 +677,7 @@ class LiveState:
 
     @_fold.on(EventKind.FINISHED)
     def _on_finished(self, t: float, event: FinishedJson) -> None:
-        self.finished = str(event.get("status"))
+        self.finished = event["status"]
 
     def _fold_stale_limit(self, event: ProgressJson | StepJson) -> None:
         """``--stale-progress auto``: the limit in force, as the watchdog learned it."""
