@@ -105,10 +105,10 @@ async def simulate(plan: Plan, interval: float, leak_check: Mode, where: Path) -
     clock = SimulatedClock()
     send, receive = anyio.create_memory_object_stream[Event](10_000)
     sink = EventSink(send, clock)
-    events: list[dict[str, Any]] = []
+    events: list[Mapping[str, Any]] = []
     stopped_at: float | None = None
 
-    def fold(data: dict[str, Any]) -> None:
+    def fold(data: Mapping[str, Any]) -> None:
         events.append(data)
         builder.add(data)
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from typing import Any
 
 from asyncsoak._analysis._trends import FLOORS
 from asyncsoak._analysis._trendwatch import LIVE_WARM_UP_INTERVALS, TrendWatch
+from asyncsoak._contract._events import SampleJson
+from asyncsoak._contract._vocabulary import EventKind
 from asyncsoak._record._artifact import ArtifactBuilder
 from asyncsoak._record._serializer import journal_line
 from asyncsoak._sampling._proc_sampler import ProcSampler
@@ -44,7 +45,7 @@ TARGET_COST_SHARE = 5.0
 LEAK_PID = 29987
 
 
-def sample(t: float, rss: float, others: int = 0) -> dict[str, Any]:
+def sample(t: float, rss: float, others: int = 0) -> SampleJson:
     """A process sample as the journal holds it: the leaking process (and ``others``)."""
     processes = [
         {
@@ -68,7 +69,8 @@ def sample(t: float, rss: float, others: int = 0) -> dict[str, Any]:
     ]
     return {
         "t": t,
-        "kind": "sample",
+        "kind": EventKind.SAMPLE,
+        "root_pid": LEAK_PID,
         "tree": {
             "processes": len(processes),
             "cpu_percent": 100.0,
@@ -85,7 +87,15 @@ def sample(t: float, rss: float, others: int = 0) -> dict[str, Any]:
 def watch() -> TrendWatch:
     tw = TrendWatch()
     tw.configure({"sample_interval_seconds": INTERVAL})
-    tw.add_limits({"memory_total_bytes": 64 * GiB, "disk_total_bytes": {"output": 2**40}})
+    tw.add_limits(
+        {
+            "t": 0.0,
+            "kind": EventKind.LIMITS,
+            "memory_total_bytes": 64 * GiB,
+            "cgroup_memory_max_bytes": None,
+            "disk_total_bytes": {"output": 2**40},
+        }
+    )
     return tw
 
 

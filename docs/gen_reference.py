@@ -242,7 +242,8 @@ def metrics_reference() -> str:
 
 def _scraped_families() -> Iterator[tuple[str, str, str, tuple[str, ...]]]:
     """(sample name, type, help, labels) of every family a busy soak and worker export."""
-    from asyncsoak._export._metrics import SoakMetrics, WorkerMetrics, new_registry
+    from asyncsoak._export._exposition import new_registry
+    from asyncsoak._export._metrics import SoakMetrics, WorkerMetrics
 
     # One soak running (its live gauges), one finished (its verdict).
     running = SoakMetrics("1-2", now=lambda: 100.0, wall=lambda: 1.7e9, host="node")

@@ -128,7 +128,7 @@ def outcome(
     plan: Plan,
     interval: float,
     leak_check: Mode,
-    events: Sequence[dict[str, Any]],
+    events: Sequence[Mapping[str, Any]],
     pids: dict[str, int],
     trends: Mapping[str, Mapping[str, Any]],
 ) -> Outcome:

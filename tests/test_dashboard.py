@@ -11,13 +11,8 @@ from typing import Any
 
 import pytest
 
-from asyncsoak._export._metrics import (
-    SoakMetrics,
-    WorkerMetrics,
-    encode_rows,
-    program_name,
-    rows_of,
-)
+from asyncsoak._export._exposition import encode_rows, rows_of
+from asyncsoak._export._metrics import SoakMetrics, WorkerMetrics, program_name
 
 from .conftest import REPO
 from .metrics_support import samples

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak._analysis._trendwatch import TrendWatch
 from asyncsoak._contract._crash import describe_rank_crash, find_rank_exception
+from asyncsoak._contract._events import SampleJson
 from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._process._ranks import (
     launcher_of,
@@ -420,7 +421,7 @@ def test_a_rank_restarted_after_thousands_of_workers_is_still_known() -> None:
             "processes": [launcher, rank, {**worker, "role": role}],
         }
         metrics.observe(event)
-        watch.add_sample(float(n), event)
+        watch.add_sample(float(n), cast(SampleJson, event))
         launcher = {k: v for k, v in launcher.items() if k != "role"}
         rank = {"pid": 6, "ppid": 5, "cpu_percent": 1.0}
     restarted = {"pid": 9000, "ppid": 5, "cpu_percent": 80.0, "cmdline": ["python"], "role": role}
@@ -432,7 +433,7 @@ def test_a_rank_restarted_after_thousands_of_workers_is_still_known() -> None:
         "processes": [launcher, restarted],
     }
     metrics.observe(event)
-    watch.add_sample(5000.0, event)
+    watch.add_sample(5000.0, cast(SampleJson, event))
     rows = {name: samples for name, _, _, samples in metrics.rows()}
     assert rows["asyncsoak_rank_cpu_cores"][0][2] == pytest.approx(0.8)
     assert watch.recent_cpu[-1] == (5000.0, 80.0)

@@ -14,7 +14,8 @@ import pytest
 
 from asyncsoak._contract._exit_codes import DETAILED_EXIT_CODES, detailed_exit_code
 from asyncsoak._contract._vocabulary import FailureReason
-from asyncsoak._export._metrics import SoakMetrics, encode_rows
+from asyncsoak._export._exposition import encode_rows
+from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._supervisor._kubernetes import SERVICE_ACCOUNT_DIR
 from asyncsoak.cli._container import (
     TERMINATION_MESSAGE_MAX_BYTES,

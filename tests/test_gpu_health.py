@@ -25,7 +25,8 @@ from jsonschema import Draft202012Validator
 from asyncsoak import SoakFailureError, run_soak
 from asyncsoak._contract._events import Event, GpuFault, WarningEvent
 from asyncsoak._contract._sink import SoakClock, open_event_queue
-from asyncsoak._export._metrics import SoakMetrics, encode_rows
+from asyncsoak._export._exposition import encode_rows
+from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._record._artifact import ArtifactBuilder, check_artifact
 from asyncsoak._sampling._gpu_health import (
     XID_CODES,

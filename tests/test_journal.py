@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from asyncsoak import read_journal
 from asyncsoak._contract._events import Event, Header, Progress
+from asyncsoak._contract._vocabulary import EventKind
 from asyncsoak._record._artifact import ArtifactBuilder, create_private_file
 from asyncsoak._record._journal import (
     JournalDecoder,
@@ -279,7 +280,7 @@ def test_a_monitor_killed_at_any_moment_loses_at_most_the_last_interval(
     reader = JournalReader(journal)
     events = list(reader)
     assert reader.unreadable <= 1  # at most the line being written
-    samples = [e for e in events if e["kind"] == "sample"]
+    samples = [e for e in events if e["kind"] == EventKind.SAMPLE]
     assert len(samples) >= 60
     # No gap: every sample up to the last one written is there, in order.
     assert [round(e["t"] / 0.05) for e in samples] == list(range(1, len(samples) + 1))

@@ -13,7 +13,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -108,7 +110,7 @@ def test_simulated_samples_carry_every_field_the_sampler_writes(ready: ReadyFifo
         sampler.read(0.0)
         sample = sampler.read(1.0)
         assert sample is not None
-        real = journal_line_data(sample)
+        real: Mapping[str, Any] = journal_line_data(sample)
     finally:
         os.killpg(root.pid, signal.SIGKILL)
         root.wait(timeout=10)

@@ -14,7 +14,8 @@ import anyio
 import pytest
 
 from asyncsoak import Metrics, run_soak
-from asyncsoak._export._metrics import SoakMetrics, WorkerMetrics, encode_rows, new_registry
+from asyncsoak._export._exposition import encode_rows, new_registry
+from asyncsoak._export._metrics import SoakMetrics, WorkerMetrics
 
 from .conftest import ReadyFifo, asyncsoak_cli, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi
@@ -402,7 +403,7 @@ def test_own_writer_matches_prometheus_clients_byte_for_byte() -> None:
     from prometheus_client.exposition import generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-    from asyncsoak._export._metrics import render, rows_of
+    from asyncsoak._export._exposition import render, rows_of
 
     soak = SoakMetrics("1-2", now=lambda: 5.0, host='a "quoted" host')
     for event in [

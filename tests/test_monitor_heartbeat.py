@@ -11,7 +11,7 @@ import pytest
 
 from asyncsoak import Metrics, run_soak
 from asyncsoak._export import _metrics_server
-from asyncsoak._export._metrics import new_registry, render
+from asyncsoak._export._exposition import new_registry, render
 from asyncsoak._export._metrics_server import MetricsServer, open_listener
 
 from .conftest import fast_limits, journal, py

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -246,6 +247,13 @@ def test_own_packages_are_recorded(tmp_path: Path) -> None:
     assert software["asyncsoak"] == asyncsoak.__version__
     assert "anyio" in {name.lower() for name in software["distributions"]}
     assert "command_python" not in software
+    # Read from the metadata's header lines: the same names and versions the full parse gives.
+    parsed: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and name not in parsed:
+            parsed[name] = dist.version
+    assert software["distributions"] == parsed
 
 
 @pytest.mark.slow

@@ -9,10 +9,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from asyncsoak._analysis._trendwatch import TrendWatch
+from asyncsoak._contract._events import ProgressJson, SampleJson
 from asyncsoak._sampling import _steps
 from asyncsoak._sampling._step_rules import (
     AUTO_FLOOR_SECONDS,
@@ -411,8 +413,11 @@ def test_the_slowdown_warning_is_judged_on_the_step_rate() -> None:
     for i in range(200):
         t = float(i)
         watch.add_step_rate(t, 50.0 if i < 100 else 10.0)
-        watch.add_progress(t, {"changed": 1, "grown_bytes": 100})
-        watch.add_sample(t, {"points": {"tree": {"rss_bytes": 1e6}}, "processes": []})
+        # Only what the trends read of each.
+        watch.add_progress(t, cast(ProgressJson, {"changed": 1, "grown_bytes": 100}))
+        watch.add_sample(
+            t, cast(SampleJson, {"points": {"tree": {"rss_bytes": 1e6}}, "processes": []})
+        )
     trends = watch.evaluate(lambda t: None)
     assert trends["progress.steps_per_second"]["verdict"] == "slowing"
     finding = slowdown(trends)

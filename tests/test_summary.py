@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from pathlib import Path
 from typing import cast
 
@@ -149,3 +150,32 @@ def test_startup_timeout_points_at_the_progress_dir(runs: Runs) -> None:
     assert "/runs/7" in hint
     assert "10m00s" in hint
     assert "--output-is-progress" in hint
+
+
+def test_provenance_says_what_each_probe_found_or_why_not(runs: Runs) -> None:
+    """The snapshot's probes as the summary names them: a real run's host and Python; a probe
+    that failed by its error; a snapshot never taken (rebuilt from a journal that lacks it)
+    by nothing, or by why it was not taken."""
+    artifact = check_artifact(json.loads(runs.passing.read_text()))
+    shown = summarize(artifact)["provenance"]
+    assert shown["host"] == socket.gethostname()  # the runs ran here
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", shown["Python"])
+
+    failed = dict(artifact)
+    failed["snapshot"] = {
+        "source": {"repository": None, "error": "not a git repository"},
+        "gpus": {"available": False, "error": "'nvidia-smi' not found: no GPU data"},
+        "software": {"error": "OSError: boom"},
+        "host": {"error": "OSError: boom"},
+        "scheduler": None,
+    }
+    assert summarize(cast(Artifact, failed))["provenance"] == {
+        "revision": "unknown: not a git repository",
+        "GPU": "none recorded: 'nvidia-smi' not found: no GPU data",
+    }
+    failed["snapshot"] = {}
+    assert summarize(cast(Artifact, failed))["provenance"] == {}
+    failed["snapshot"] = {"error": "the soak ended before the snapshot was taken"}
+    assert summarize(cast(Artifact, failed))["provenance"] == {
+        "snapshot": "the soak ended before the snapshot was taken"
+    }

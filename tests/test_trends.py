@@ -6,7 +6,7 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -23,6 +23,7 @@ from asyncsoak._analysis._trends import (
 )
 from asyncsoak._analysis._trendwatch import TrendWatch
 from asyncsoak._contract._crash import describe_crash, find_exception
+from asyncsoak._contract._events import SampleJson
 from asyncsoak._contract._units import check_size, format_duration, parse_size
 
 from .trend_shapes import BASE, STABLE, GiB, MiB, detection_time, leak, times
@@ -336,9 +337,10 @@ def test_nccl_errors_and_a_shells_killed_without_a_traceback() -> None:
     assert find_exception("all good\nbye\n") is None
 
 
-def _torchrun_sample(processes: list[list[int | None]], fds: int, threads: int) -> dict[str, Any]:
-    """A sample event of the recorded torchrun job: its processes and their tree."""
-    return {
+def _torchrun_sample(processes: list[list[int | None]], fds: int, threads: int) -> SampleJson:
+    """A sample event of the recorded torchrun job: its processes and their tree (only what the
+    trends read)."""
+    sample: dict[str, Any] = {
         "tree": {
             "processes": len(processes),
             "anon_bytes": sum(p[1] or 0 for p in processes),
@@ -359,6 +361,7 @@ def _torchrun_sample(processes: list[list[int | None]], fds: int, threads: int) 
             for pid, anon, rss, count, files in processes
         ],
     }
+    return cast(SampleJson, sample)
 
 
 def test_the_start_up_ramp_of_ranks_born_late_is_no_leak_live() -> None:

@@ -12,12 +12,20 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .._contract import MEMORY_CGROUP_LIMITS, SeriesBuffer
-from .._process import WRAPPER_NAMES
+from .._contract import (
+    MEMORY_CGROUP_LIMITS,
+    GpuSampleJson,
+    LimitsJson,
+    ProgressJson,
+    SampleJson,
+    SeriesBuffer,
+    TrendJson,
+)
+from .._process import RoleFold
 from ._activity import GpuActivity, stall_activity
 from ._trends import (
     FLOORS,
@@ -39,9 +47,6 @@ TRACK_POINTS = 256
 PROCESS_POINTS = 200
 #: Processes followed at most (a run that spawns a worker per step must not grow the monitor).
 MAX_TRACKED_PROCESSES = 64
-#: Processes whose role (rank, launcher) is kept at most: a rank's data-loader workers inherit
-#: its rank, and come and go with every epoch.
-MAX_ROLES = 4096
 #: Stragglers: a rank whose progress files grow at less than STRAGGLER_RATIO of the median
 #: rank's rate, measured over a window of STRAGGLER_INTERVALS sample intervals (at least
 #: STRAGGLER_MIN_SECONDS), and for a whole window more, is called a straggler.
@@ -196,7 +201,7 @@ class TrendWatch:
         self.gpus_of_tree: set[int] = set()
         self.gpu_pids_of_tree: dict[int, str] = {}
         self.tree_gone_t: float | None = None
-        self.gpu_after_tree: dict[str, Any] | None = None
+        self.gpu_after_tree: GpuSampleJson | None = None
         self.interval: float | None = None
         self.detailed_memory = False
         self.warm_up_seconds: float | None = None
@@ -214,11 +219,8 @@ class TrendWatch:
         #: Whose CPU ``recent_cpu`` is: the ranks' once the tree has ranks (a launcher polls
         #: its ranks and is busy or idle whatever they do), the whole tree's otherwise.
         self.cpu_of = "tree"
-        #: pid -> role (a rank, a launcher) of the processes of the tree that have one, and
-        #: their parents and names (at most MAX_ROLES).
-        self.roles: dict[int, dict[str, Any]] = {}
-        self.role_parents: dict[int, int] = {}
-        self.role_names: dict[int, str] = {}
+        #: The role (a rank, a launcher) of each process of the tree that has one.
+        self.role_fold = RoleFold()
         #: rank -> (when, bytes its progress files grew by), over the last straggler window.
         self.rank_progress: dict[str, deque[tuple[float, int]]] = {}
         #: rank -> since when it has been behind; and the stragglers found, by rank.
@@ -245,6 +247,11 @@ class TrendWatch:
         self._rate_changes = 0
         self._rate_bytes = 0
 
+    @property
+    def roles(self) -> dict[int, dict[str, Any]]:
+        """pid -> role of the processes of the tree that have one (see :class:`RoleFold`)."""
+        return self.role_fold.roles
+
     # -- folding -------------------------------------------------------------------------
 
     def configure(self, config: dict[str, Any]) -> None:
@@ -260,16 +267,18 @@ class TrendWatch:
             min_disk_free_bytes=config.get("min_disk_free_bytes"),
         )
 
-    def add_limits(self, event: dict[str, Any]) -> None:
+    def add_limits(self, event: LimitsJson) -> None:
+        # Read by name, as the lists of the fields kept name them.
+        fields: Mapping[str, Any] = event
         for key in ("memory_total_bytes", "cgroup_memory_max_bytes"):
-            if event.get(key) is not None:
-                self.limits[key] = int(event[key])
+            if fields.get(key) is not None:
+                self.limits[key] = int(fields[key])
         for key in MEMORY_CGROUP_LIMITS:
-            if event.get(key) is not None:
-                self.limits[key] = event[key]
+            if fields.get(key) is not None:
+                self.limits[key] = fields[key]
         self.limits["disk_total_bytes"].update(event.get("disk_total_bytes") or {})
 
-    def add_live_call(self, t: float, event: dict[str, Any]) -> None:
+    def add_live_call(self, t: float, event: TrendJson) -> None:
         """A ``trend`` event: the live judgement called a leak, or withdrew one."""
         series, verdict = str(event.get("series")), event.get("verdict")
         if verdict == "leak":
@@ -282,7 +291,7 @@ class TrendWatch:
         if self.end_t is None:
             self.end_t = t
 
-    def add_sample(self, t: float, event: dict[str, Any]) -> None:
+    def add_sample(self, t: float, event: SampleJson) -> None:
         if self.end_t is not None and t > self.end_t:
             return
         if self.first_t is None:
@@ -311,10 +320,11 @@ class TrendWatch:
             t, tree.get("processes")
         )
         cpu = tree.get("cpu_percent")
-        ranks_cpu = self._fold_roles(event.get("processes") or [])
-        if ranks_cpu is not None:
+        ranks = self.role_fold.add(event.get("processes") or [])
+        ranks_cpu = [figure for figure in ranks.values() if figure is not None]
+        if ranks_cpu:
             self.cpu_of = "ranks"
-            cpu = ranks_cpu
+            cpu = sum(ranks_cpu)
         if cpu is not None:
             self.recent_cpu.append((t, float(cpu)))
         machine = event.get("machine") or {}
@@ -340,50 +350,13 @@ class TrendWatch:
             if state == "disk-sleep":
                 uninterruptible.append(f"pid {proc.get('pid')} ({proc.get('name')})")
             # Once the tree has ranks, theirs: a launcher polling them says nothing.
-            counts = self.cpu_of != "ranks" or "rank" in (self.roles.get(int(proc["pid"])) or {})
+            counts = self.cpu_of != "ranks" or self.role_fold.is_rank(int(proc["pid"]))
             running = running or (counts and state == "running")
         self.uninterruptible = uninterruptible
         if event.get("processes"):
             self.recent_running.append((t, running))
         self._close_rate_bucket(t)
         self._judge_stragglers(t)
-
-    def _fold_roles(self, processes: list[dict[str, Any]]) -> float | None:
-        """Note each process's role as it is described; the ranks' CPU in this sample (None
-        when no rank of the tree has a CPU figure yet)."""
-        cpu: float | None = None
-        for proc in processes:
-            pid = int(proc["pid"])
-            if proc.get("cmdline") is not None or proc.get("role"):
-                # Described (new, or after an exec): its role is what it says now.
-                role = proc.get("role")
-                if role:
-                    if pid in self.roles or len(self.roles) < MAX_ROLES:
-                        self.roles[pid] = dict(role)
-                        self.role_parents[pid] = int(proc.get("ppid") or 0)
-                        self.role_names[pid] = str(proc.get("name") or "?")
-                elif self.roles.pop(pid, None) is not None:
-                    del self.role_parents[pid], self.role_names[pid]
-            role = self.roles.get(pid)
-            if role is not None and "rank" in role and proc.get("cpu_percent") is not None:
-                cpu = (cpu or 0.0) + float(proc["cpu_percent"])
-        # A sample lists every process of the tree.  A gone process that inherited its
-        # parent's rank (a data loader's worker of a past epoch) is forgotten, to leave room
-        # for the new ones: the artifact's ranks keep each rank's own process, and the
-        # launchers, even once gone.
-        alive = {int(proc["pid"]) for proc in processes}
-        for pid in [p for p in self.roles if p not in alive and self._inherited_role(p)]:
-            del self.roles[pid], self.role_parents[pid], self.role_names[pid]
-        return cpu
-
-    def _inherited_role(self, pid: int) -> bool:
-        """Whether ``pid``'s role is its parent's (a rank's worker; a rank that a shell
-        started is not: see :func:`._ranks.rank_leaders`)."""
-        ppid = self.role_parents.get(pid, 0)
-        parent = self.roles.get(ppid)
-        if parent is None or self.role_names.get(ppid) in WRAPPER_NAMES:
-            return False
-        return parent == self.roles.get(pid)
 
     def _track(
         self,
@@ -423,7 +396,7 @@ class TrendWatch:
             )
         record.last_t = t
         record.last_rss = rss
-        record.role = self.roles.get(pid)
+        record.role = self.role_fold.roles.get(pid)
         name = proc.get("name")
         if name and name != record.name:
             # exec() renamed it (a launcher's shim becomes python): name what runs now.
@@ -473,7 +446,7 @@ class TrendWatch:
         if self.tree_gone_t is None:
             self.tree_gone_t = t
 
-    def add_gpu_sample(self, t: float, event: dict[str, Any]) -> None:
+    def add_gpu_sample(self, t: float, event: GpuSampleJson) -> None:
         for gpu in event.get("gpus") or []:
             used = gpu.get("memory_used_mib")
             if gpu.get("index") is not None and used is not None:
@@ -540,7 +513,7 @@ class TrendWatch:
         if steps_per_second is not None:
             self.step_rate.add(t, {"steps_per_second": steps_per_second})
 
-    def add_progress(self, t: float, event: dict[str, Any]) -> None:
+    def add_progress(self, t: float, event: ProgressJson) -> None:
         self.last_progress_t = max(t, self.last_progress_t or t)
         if self.end_t is None or t <= self.end_t:
             window = self.straggler_window()

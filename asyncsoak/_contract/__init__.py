@@ -47,38 +47,72 @@ if TYPE_CHECKING:
     from ._errors import SoakFailureError as SoakFailureError
     from ._errors import ValidationError as ValidationError
     from ._errors import ValidationTypeError as ValidationTypeError
+    from ._events import JOURNAL_SAMPLE_KEYS as JOURNAL_SAMPLE_KEYS
     from ._events import MEMORY_CGROUP_LIMITS as MEMORY_CGROUP_LIMITS
     from ._events import Abandoned as Abandoned
+    from ._events import AbandonedJson as AbandonedJson
     from ._events import CrashCause as CrashCause
     from ._events import Event as Event
+    from ._events import EventFold as EventFold
+    from ._events import EventJson as EventJson
+    from ._events import ExceptionJson as ExceptionJson
     from ._events import Exited as Exited
+    from ._events import ExitedJson as ExitedJson
     from ._events import FailureEvent as FailureEvent
+    from ._events import FailureJson as FailureJson
     from ._events import Finished as Finished
+    from ._events import FinishedJson as FinishedJson
     from ._events import Forensics as Forensics
+    from ._events import ForensicsJson as ForensicsJson
+    from ._events import ForensicsMentionJson as ForensicsMentionJson
+    from ._events import ForwardedJson as ForwardedJson
     from ._events import GpuFault as GpuFault
+    from ._events import GpuFaultJson as GpuFaultJson
+    from ._events import GpuSampleJson as GpuSampleJson
     from ._events import Header as Header
+    from ._events import HeaderJson as HeaderJson
+    from ._events import KeptEventJson as KeptEventJson
     from ._events import Leftover as Leftover
+    from ._events import LeftoverJson as LeftoverJson
     from ._events import Limits as Limits
+    from ._events import LimitsJson as LimitsJson
     from ._events import OomKill as OomKill
+    from ._events import OomKillJson as OomKillJson
     from ._events import Progress as Progress
+    from ._events import ProgressJson as ProgressJson
     from ._events import Requeued as Requeued
+    from ._events import RequeueJson as RequeueJson
+    from ._events import SampleJson as SampleJson
     from ._events import SamplerDegraded as SamplerDegraded
+    from ._events import SamplerDegradedJson as SamplerDegradedJson
     from ._events import SamplerNote as SamplerNote
+    from ._events import SamplerNoteJson as SamplerNoteJson
     from ._events import SamplerRecovered as SamplerRecovered
+    from ._events import SamplerRecoveredJson as SamplerRecoveredJson
     from ._events import SeriesPoints as SeriesPoints
     from ._events import SeriesSource as SeriesSource
     from ._events import SignalForwarded as SignalForwarded
+    from ._events import SignalJson as SignalJson
     from ._events import SignalSent as SignalSent
     from ._events import Snapshot as Snapshot
+    from ._events import SnapshotJson as SnapshotJson
     from ._events import SpawnFailed as SpawnFailed
+    from ._events import SpawnFailedJson as SpawnFailedJson
     from ._events import Started as Started
+    from ._events import StartedJson as StartedJson
     from ._events import StdinClosed as StdinClosed
+    from ._events import StdinClosedJson as StdinClosedJson
+    from ._events import StepJson as StepJson
     from ._events import StepProgress as StepProgress
+    from ._events import StopJson as StopJson
     from ._events import StopRequested as StopRequested
     from ._events import SummaryLabels as SummaryLabels
     from ._events import TreeGone as TreeGone
+    from ._events import TreeGoneJson as TreeGoneJson
     from ._events import TrendFound as TrendFound
+    from ._events import TrendJson as TrendJson
     from ._events import WarningEvent as WarningEvent
+    from ._events import WarningJson as WarningJson
     from ._events import event_to_json as event_to_json
     from ._exit_codes import DETAILED_EXIT_CODES as DETAILED_EXIT_CODES
     from ._exit_codes import EXIT_FAILED as EXIT_FAILED
@@ -104,8 +138,23 @@ if TYPE_CHECKING:
     from ._schema import Failure as Failure
     from ._schema import ForensicsProcess as ForensicsProcess
     from ._schema import ForensicsSection as ForensicsSection
+    from ._schema import GpuHealth as GpuHealth
+    from ._schema import GpuProbe as GpuProbe
+    from ._schema import HostProbe as HostProbe
+    from ._schema import KubernetesPod as KubernetesPod
     from ._schema import OomKillEntry as OomKillEntry
+    from ._schema import ProbeFailure as ProbeFailure
     from ._schema import ProcessEntry as ProcessEntry
+    from ._schema import ProcessRecord as ProcessRecord
+    from ._schema import PythonStack as PythonStack
+    from ._schema import SamplerNoteEntry as SamplerNoteEntry
+    from ._schema import Series as Series
+    from ._schema import SlurmJob as SlurmJob
+    from ._schema import SnapshotGpu as SnapshotGpu
+    from ._schema import SnapshotSection as SnapshotSection
+    from ._schema import SoftwareProbe as SoftwareProbe
+    from ._schema import SourceProbe as SourceProbe
+    from ._schema import StallCulprit as StallCulprit
     from ._schema import StepsProgress as StepsProgress
     from ._schema import Stop as Stop
     from ._schema import Trend as Trend
@@ -209,6 +258,40 @@ else:
             "TrendFound": "._events",
             "WarningEvent": "._events",
             "event_to_json": "._events",
+            "AbandonedJson": "._events",
+            "EventFold": "._events",
+            "EventJson": "._events",
+            "ExceptionJson": "._events",
+            "ExitedJson": "._events",
+            "FailureJson": "._events",
+            "FinishedJson": "._events",
+            "ForensicsJson": "._events",
+            "ForensicsMentionJson": "._events",
+            "ForwardedJson": "._events",
+            "GpuFaultJson": "._events",
+            "GpuSampleJson": "._events",
+            "HeaderJson": "._events",
+            "JOURNAL_SAMPLE_KEYS": "._events",
+            "KeptEventJson": "._events",
+            "LeftoverJson": "._events",
+            "LimitsJson": "._events",
+            "OomKillJson": "._events",
+            "ProgressJson": "._events",
+            "RequeueJson": "._events",
+            "SampleJson": "._events",
+            "SamplerDegradedJson": "._events",
+            "SamplerNoteJson": "._events",
+            "SamplerRecoveredJson": "._events",
+            "SignalJson": "._events",
+            "SnapshotJson": "._events",
+            "SpawnFailedJson": "._events",
+            "StartedJson": "._events",
+            "StdinClosedJson": "._events",
+            "StepJson": "._events",
+            "StopJson": "._events",
+            "TreeGoneJson": "._events",
+            "TrendJson": "._events",
+            "WarningJson": "._events",
             "DETAILED_EXIT_CODES": "._exit_codes",
             "EXIT_FAILED": "._exit_codes",
             "EXIT_PASSED": "._exit_codes",
@@ -232,6 +315,21 @@ else:
             "Exit": "._schema",
             "Failure": "._schema",
             "ProcessEntry": "._schema",
+            "GpuHealth": "._schema",
+            "SamplerNoteEntry": "._schema",
+            "Series": "._schema",
+            "StallCulprit": "._schema",
+            "GpuProbe": "._schema",
+            "HostProbe": "._schema",
+            "KubernetesPod": "._schema",
+            "ProbeFailure": "._schema",
+            "ProcessRecord": "._schema",
+            "PythonStack": "._schema",
+            "SlurmJob": "._schema",
+            "SnapshotSection": "._schema",
+            "SnapshotGpu": "._schema",
+            "SoftwareProbe": "._schema",
+            "SourceProbe": "._schema",
             "StepsProgress": "._schema",
             "Stop": "._schema",
             "Trend": "._schema",

@@ -9,14 +9,30 @@ Samples (``sample``, ``gpu_sample``) may be dropped when the serializer falls be
 every other kind is always delivered.  A sample feeds the artifact's bounded time series
 through :meth:`SeriesSource.series_points` and the summary's label sets through
 :meth:`SeriesSource.summary_labels`.
+
+Each kind's JSON form is a :class:`~typing.TypedDict` (``HeaderJson`` ...), tagged by its
+``kind``; :data:`EventJson` is their union, what the folds (artifact, live view, metrics)
+read.  A field with a default is ``NotRequired`` there: journals written before it was added
+lack it.  :class:`EventFold` is the one dispatch on ``kind`` those folds share.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` from evaluated
+# annotations only, and ``tests/test_event_json.py`` compares the required keys.
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import (
+    Any,
+    ClassVar,
+    Generic,
+    Literal,
+    NotRequired,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    cast,
+    runtime_checkable,
+)
 
 from ._vocabulary import EventKind
 
@@ -402,13 +418,399 @@ class Finished(Event):
     status: str
 
 
-def event_to_json(event: Event) -> dict[str, Any]:
+# -- the JSON forms ---------------------------------------------------------------------------
+# Words of the vocabulary (a reason, a cause, a status) are ``str`` here: read back from a
+# journal they are plain strings, which compare equal to the enum members.
+
+
+class _EventJsonBase(TypedDict):
+    t: float
+
+
+class HeaderJson(_EventJsonBase):
+    kind: Literal[EventKind.HEADER]
+    command: list[str]
+    cwd: str
+    config: dict[str, Any]
+    metadata: dict[str, Any]
+    started_at: str
+    journal_path: str
+    log_path: str
+    output_path: str
+    monitor_pid: int
+    monotonic_start: float
+
+
+class SnapshotJson(_EventJsonBase):
+    kind: Literal[EventKind.SNAPSHOT]
+    data: dict[str, Any]
+
+
+class StartedJson(_EventJsonBase):
+    kind: Literal[EventKind.STARTED]
+    pid: int
+    reaper_pid: int
+
+
+class SpawnFailedJson(_EventJsonBase):
+    kind: Literal[EventKind.SPAWN_FAILED]
+    message: str
+
+
+class ExitedJson(_EventJsonBase):
+    kind: Literal[EventKind.EXITED]
+    pid: int
+    returncode: int
+    signal: str | None
+
+
+class TreeGoneJson(_EventJsonBase):
+    kind: Literal[EventKind.TREE_GONE]
+
+
+class ProgressJson(_EventJsonBase):
+    kind: Literal[EventKind.PROGRESS]
+    changed: int
+    paths: list[str]
+    gap_seconds: float | None
+    grown_bytes: NotRequired[int]
+    rank_grown_bytes: NotRequired[dict[str, int]]
+    stale_limit_seconds: NotRequired[float | None]
+
+
+class StepJson(_EventJsonBase):
+    kind: Literal[EventKind.STEP]
+    step: int
+    source: str
+    source_kind: str
+    gap_seconds: float | None
+    max_steps: NotRequired[int | None]
+    loss: NotRequired[float | None]
+    loss_step: NotRequired[int | None]
+    steps_per_second: NotRequired[float | None]
+    tokens_per_second: NotRequired[float | None]
+    samples_per_second: NotRequired[float | None]
+    eta_seconds: NotRequired[float | None]
+    stale_limit_seconds: NotRequired[float | None]
+    counts: NotRequired[bool]
+
+
+class FailureJson(_EventJsonBase):
+    kind: Literal[EventKind.FAILURE]
+    reason: str  # a FailureReason
+    message: str
+    at: str
+    gpu: NotRequired[dict[str, Any] | None]
+    activity: NotRequired[dict[str, Any] | None]
+
+
+class WarningJson(_EventJsonBase):
+    kind: Literal[EventKind.WARNING]
+    message: str
+
+
+class StopJson(_EventJsonBase):
+    kind: Literal[EventKind.STOP]
+    cause: str  # a StopCause
+    mode: str
+    grace_seconds: float
+
+
+class SignalJson(_EventJsonBase):
+    kind: Literal[EventKind.SIGNAL]
+    signal: str
+    target: str
+    pids: list[int]
+
+
+class ForwardedJson(_EventJsonBase):
+    kind: Literal[EventKind.FORWARDED]
+    signal: str
+    target: str
+    pids: list[int]
+    sent: bool
+
+
+class RequeueJson(_EventJsonBase):
+    kind: Literal[EventKind.REQUEUE]
+    job_id: str
+    ok: bool
+    returncode: int | None
+    message: str
+
+
+class StdinClosedJson(_EventJsonBase):
+    kind: Literal[EventKind.STDIN_CLOSED]
+
+
+class LeftoverJson(_EventJsonBase):
+    kind: Literal[EventKind.LEFTOVER]
+    process: dict[str, Any]
+
+
+class AbandonedJson(_EventJsonBase):
+    kind: Literal[EventKind.ABANDONED]
+    process: dict[str, Any]
+
+
+class ForensicsJson(_EventJsonBase):
+    kind: Literal[EventKind.FORENSICS]
+    reason: str
+    data: dict[str, Any]
+
+
+class ForensicsMentionJson(_EventJsonBase):
+    """What ``artifact.events`` keeps of a forensics event: its ``forensics`` section holds
+    the record itself."""
+
+    kind: Literal[EventKind.FORENSICS]
+    processes: int
+
+
+class OomKillJson(_EventJsonBase):
+    kind: Literal[EventKind.OOM_KILL]
+    pid: int
+    name: str
+    message: str
+    detected_by: NotRequired[list[str]]
+    cgroup_path: NotRequired[str | None]
+    cgroup_memory_limit_bytes: NotRequired[int | None]
+
+
+class SamplerDegradedJson(_EventJsonBase):
+    kind: Literal[EventKind.SAMPLER_DEGRADED]
+    sampler: str
+    message: str
+
+
+class SamplerRecoveredJson(_EventJsonBase):
+    kind: Literal[EventKind.SAMPLER_RECOVERED]
+    sampler: str
+    message: str
+
+
+class SamplerNoteJson(_EventJsonBase):
+    kind: Literal[EventKind.SAMPLER_NOTE]
+    sampler: str
+    message: str
+    data: NotRequired[dict[str, Any]]
+
+
+class GpuFaultJson(_EventJsonBase):
+    kind: Literal[EventKind.GPU_FAULT]
+    fault: str  # a GpuFaultKind
+    gpu: int | None
+    uuid: str | None
+    bus_id: str | None
+    message: str
+    fails: bool
+    used: bool
+    xid: NotRequired[int | None]
+    meaning: NotRequired[str | None]
+    action: NotRequired[str | None]
+    kernel_seconds: NotRequired[float | None]
+
+
+class TrendJson(_EventJsonBase):
+    kind: Literal[EventKind.TREND]
+    series: str
+    verdict: str  # "leak", "breach_projected", "slowing", "withdrawn" ...
+    slope_per_hour: float | None
+    growth: float | None
+    projected_limit_at: str | None
+    message: str
+
+
+class ExceptionJson(_EventJsonBase):
+    kind: Literal[EventKind.EXCEPTION]
+    type: str
+    message: str
+    where: str | None
+    exception_kind: str
+    rank: NotRequired[int | None]
+    rank_pid: NotRequired[int | None]
+
+
+class LimitsJson(_EventJsonBase):
+    kind: Literal[EventKind.LIMITS]
+    memory_total_bytes: int | None
+    cgroup_memory_max_bytes: int | None
+    disk_total_bytes: dict[str, int | None]
+    cgroup_memory_high_bytes: NotRequired[int | None]
+    cgroup_memory_current_bytes: NotRequired[int | None]
+    cgroup_version: NotRequired[int | None]
+    cgroup_path: NotRequired[str | None]
+    memory_limit_bytes: NotRequired[int | None]
+    memory_limit_source: NotRequired[str | None]
+    memory_limit_cgroup: NotRequired[str | None]
+
+
+class FinishedJson(_EventJsonBase):
+    kind: Literal[EventKind.FINISHED]
+    status: str  # a SoakStatus
+
+
+class SampleJson(_EventJsonBase):
+    """A sample of the tree (``_sampling._proc_sampler.ProcSample``): its figures are the
+    sampler's dataclasses as plain dicts."""
+
+    kind: Literal[EventKind.SAMPLE]
+    root_pid: int
+    tree: dict[str, Any]
+    processes: list[dict[str, Any]]
+    machine: dict[str, Any]
+    disks: dict[str, dict[str, Any]]
+    #: Added by the journal (``SeriesSource``): the series points and summary labels.
+    points: NotRequired[dict[str, dict[str, float | None]]]
+    labels: NotRequired[dict[str, dict[str, list[str]]]]
+
+
+class GpuSampleJson(_EventJsonBase):
+    """A sample of the GPUs (``_sampling._gpu_sampler.GpuSample``)."""
+
+    kind: Literal[EventKind.GPU_SAMPLE]
+    gpus: list[dict[str, Any]]
+    processes: list[dict[str, Any]] | None
+    source: str
+    points: NotRequired[dict[str, dict[str, float | None]]]
+    labels: NotRequired[dict[str, dict[str, list[str]]]]
+
+
+#: The keys the journal adds to a sample's JSON form (see ``SampleJson``).
+JOURNAL_SAMPLE_KEYS = frozenset({"points", "labels"})
+
+#: Any event's JSON form, one member per :class:`EventKind`.
+EventJson = (
+    HeaderJson
+    | SnapshotJson
+    | StartedJson
+    | SpawnFailedJson
+    | ExitedJson
+    | TreeGoneJson
+    | ProgressJson
+    | StepJson
+    | FailureJson
+    | WarningJson
+    | StopJson
+    | SignalJson
+    | ForwardedJson
+    | RequeueJson
+    | StdinClosedJson
+    | LeftoverJson
+    | AbandonedJson
+    | ForensicsJson
+    | OomKillJson
+    | SamplerDegradedJson
+    | SamplerRecoveredJson
+    | SamplerNoteJson
+    | GpuFaultJson
+    | TrendJson
+    | ExceptionJson
+    | LimitsJson
+    | FinishedJson
+    | SampleJson
+    | GpuSampleJson
+)
+
+#: An event as ``artifact.events`` keeps it: not the samples, header, snapshot and steps
+#: (sections of their own hold them), and a forensics event as a mention.
+KeptEventJson = (
+    StartedJson
+    | SpawnFailedJson
+    | ExitedJson
+    | TreeGoneJson
+    | ProgressJson
+    | FailureJson
+    | WarningJson
+    | StopJson
+    | SignalJson
+    | ForwardedJson
+    | RequeueJson
+    | StdinClosedJson
+    | LeftoverJson
+    | AbandonedJson
+    | ForensicsMentionJson
+    | OomKillJson
+    | SamplerDegradedJson
+    | SamplerRecoveredJson
+    | SamplerNoteJson
+    | GpuFaultJson
+    | TrendJson
+    | ExceptionJson
+    | LimitsJson
+    | FinishedJson
+)
+
+
+# -- the one dispatch on ``kind`` -------------------------------------------------------------
+
+Owner = TypeVar("Owner")
+#: A fold's handler of one kind: ``(the fold, t, the event's JSON form)``.  The event is typed
+#: ``Any`` here so each handler names its own kind's TypedDict (``tests/test_event_json.py``
+#: checks that every handler takes the kinds it is registered for).
+Handler = Callable[[Owner, float, Any], None]
+AnyHandler = TypeVar("AnyHandler", bound=Callable[..., None])
+
+
+class EventFold(Generic[Owner]):
+    """A fold's handlers, one per kind it reads; a kind without one is ignored (a journal
+    holds kinds each fold has no use for, and may come from a newer asyncsoak).
+
+    :meth:`dispatch` is where a line becomes its kind's JSON form: it takes any mapping (an
+    :data:`EventJson` from the serializer, a journal line read back, a test's hand-made line)
+    and hands it to the handler of its ``kind``, which reads it as that kind's TypedDict.  A
+    line from another asyncsoak may lack a key: the folds read the keys journals of other
+    versions may lack with ``.get``.
+
+    Declared in the folding class's body, its handlers registered with :meth:`on`::
+
+        class Builder:
+            _fold: ClassVar[EventFold[Builder]] = EventFold()
+
+            def add(self, event: Mapping[str, Any]) -> None:
+                self._fold.dispatch(self, event)
+
+            @_fold.on(EventKind.STARTED)
+            def _on_started(self, t: float, event: StartedJson) -> None: ...
+    """
+
+    __slots__ = ("handlers",)
+
+    def __init__(self) -> None:
+        #: Kind -> handler (a StrEnum member hashes as its string: a journal's kind finds it).
+        self.handlers: dict[str, Handler[Owner]] = {}
+
+    def on(self, *kinds: EventKind) -> Callable[[AnyHandler], AnyHandler]:
+        """Register the decorated method as the handler of ``kinds``."""
+
+        def register(handler: AnyHandler) -> AnyHandler:
+            for kind in kinds:
+                if kind in self.handlers:
+                    raise ValueError(f"two handlers of {kind!r} events")
+                self.handlers[kind] = handler
+            return handler
+
+        return register
+
+    def dispatch(self, owner: Owner, event: Mapping[str, Any]) -> bool:
+        """Fold ``event`` into ``owner``; False when no handler reads its kind."""
+        kind = event.get("kind")
+        handler = self.handlers.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            return False
+        handler(owner, float(event.get("t") or 0.0), event)
+        return True
+
+
+def event_to_json(event: Event) -> EventJson:
     """The one JSON form of an event: ``{"t": ..., "kind": ..., **fields}``."""
     out: dict[str, Any] = {"t": round(event.t, 6), "kind": event.KIND}
     for name in _field_names(type(event)):
         if name != "t":
             out[name] = _plain(getattr(event, name))
-    return out
+    # Sound: the fields are the event class's, and tests/test_event_json.py holds each
+    # class's fields to its kind's TypedDict.
+    return cast(EventJson, out)
 
 
 #: Field names of each dataclass met: ``dataclasses.fields()`` builds a new tuple at every

@@ -3,8 +3,9 @@
 A soak's metrics are folded from its own event stream: :class:`SoakMetrics` is one more
 observer of the serializer, fed the same JSON form of each event that the journal and the
 artifact get, so nothing is sampled twice.  At each scrape (or textfile write) it turns what
-it folded into metric families with ``prometheus_client`` (the ``metrics`` extra), which also
-writes the text and OpenMetrics formats.
+it folded into rows, which :mod:`._exposition` writes in the text and OpenMetrics formats (and
+hands to a ``prometheus_client`` registry, the ``metrics`` extra, for a program that serves its
+own).
 
 Every soak metric carries a ``soak_id`` label: several soaks on one node write their textfiles
 into one node_exporter directory, and their series must not collide.  Label sets are bounded:
@@ -18,22 +19,41 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._analysis import TREE_MEMORY_SERIES
 from .._contract import (
     MAX_SECONDS,
+    EventFold,
+    EventKind,
+    ExitedJson,
+    FailureJson,
+    FailureReason,
+    FinishedJson,
+    GpuFaultJson,
+    GpuSampleJson,
+    HeaderJson,
+    ProgressJson,
+    SampleJson,
+    SamplerDegradedJson,
+    SamplerRecoveredJson,
     SoakStatus,
+    StartedJson,
+    StepJson,
+    StopJson,
     ValidationError,
     ValidationTypeError,
     epoch,
     redact_url_passwords,
     verdict_exit_code,
 )
+from .._process import RoleFold
 from .._sampling import CLOCK_EVENT_REASONS
+from ._exposition import Row, Sample, families
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -42,7 +62,7 @@ if TYPE_CHECKING:
 #: The soak's phases, exported one-hot as ``asyncsoak_soak_phase{phase}``.
 PHASES = ("starting", "waiting_for_progress", "running", "stopping", "finished")
 #: The artifact's statuses, exported one-hot as ``asyncsoak_soak_status{status}`` at the end.
-SOAK_STATUSES = ("passed", "failed", "cancelled", "error")
+SOAK_STATUSES = tuple(SoakStatus)
 #: The samplers that may be degraded (``SamplerDegraded.sampler``).
 SAMPLERS = ("proc", "gpu")
 #: ``asyncsoak_soak_info``'s ``command`` label is cut to this many characters.
@@ -60,11 +80,21 @@ TREE_MEMORY_KEYS = tuple(key for key, _ in TREE_MEMORY_SERIES)
 
 #: Ranks given a label of their own at most (a node runs a few; the label set stays bounded).
 MAX_RANK_LABELS = 64
-#: Processes whose rank is remembered at most (data-loader workers inherit their rank's).
-MAX_RANK_PROCESSES = 4096
 
 INSTALL_HINT = "live metrics need prometheus_client: pip install 'asyncsoak[metrics]'"
 
+
+#: The events after which a textfile is written again (the others change what it says only
+#: along with the next sample).
+_CHANGES_TEXTFILE = frozenset(
+    {
+        EventKind.SAMPLE,
+        EventKind.STARTED,
+        EventKind.FINISHED,
+        EventKind.FAILURE,
+        EventKind.GPU_FAULT,
+    }
+)
 
 #: The step event's figures exported as gauges: (metric, event key, help).
 _STEP_METRICS = (
@@ -207,9 +237,9 @@ class SoakMetrics:
         self.started_t: float | None = None
         self.exited = False
         self.stopping = False
-        self.status: str | None = None
+        self.status: SoakStatus | None = None
         #: The first failure's reason: the primary one.
-        self.reason: str | None = None
+        self.reason: FailureReason | None = None
         self.finished_t: float | None = None
         self.changes = 0
         self.last_progress_t: float | None = None
@@ -223,9 +253,9 @@ class SoakMetrics:
         #: ... and on the soak's own clock (seconds since its start), which /healthz ages.
         self.last_sample_t: float | None = None
         self.tree: dict[str, float | None] = {}
-        #: pid -> rank of the tree's processes that are ranks (a rank's workers share its
-        #: rank), and each rank's CPU in the newest sample, in cores.
-        self.rank_of: dict[int, int] = {}
+        #: The role of the tree's processes (a rank's workers share its rank), and each
+        #: rank's CPU in the newest sample, in cores.
+        self.roles = RoleFold()
         self.rank_cpu: dict[int, float] = {}
         self.gpus: dict[str, _Gpu] = {}
         self.degraded: dict[str, bool] = dict.fromkeys(SAMPLERS, False)
@@ -240,124 +270,122 @@ class SoakMetrics:
 
     # -- folding -------------------------------------------------------------------------
 
+    _fold: ClassVar[EventFold[SoakMetrics]] = EventFold()
+
     def observe(self, event: Mapping[str, Any]) -> None:
         """Fold one event in its JSON form (as the journal holds it)."""
-        kind = event.get("kind")
-        t = float(event.get("t") or 0.0)
-        if kind == "header":
-            self.monotonic_start = _number(event.get("monotonic_start"))
-            self.started_epoch = epoch(event.get("started_at"))
-            config = event.get("config") or {}
-            self.stale_limit = _number(config.get("stale_progress_seconds"))
-            self.startup_limit = _number(config.get("startup_timeout_seconds"))
-            self.sample_interval = _number(config.get("sample_interval_seconds"))
-            command = event.get("command") or []
-            # One line: an inline script's newlines make a label no dashboard can show.
-            self.command = " ".join(" ".join(str(a).split()) for a in command)
-            self.command = self.command[:COMMAND_LABEL_MAX]
-            metadata = event.get("metadata") or {}
-            job_id = metadata.get("job_id")
-            self.job_id = "" if job_id is None else str(job_id)
-            self.job_name = _label_text(
-                metadata.get("job_name")
-                or metadata.get("name")
-                or os.environ.get("SLURM_JOB_NAME")
-                or program_name([str(a) for a in command])
-            )
-            started = self.started_epoch
-            self.started_at = (
-                "" if started is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
-            )
-            self.described = True
-        elif kind == "started":
-            self.started_t = t
-        elif kind == "progress":
-            self.changes += int(event.get("changed") or 0)
-            if not self.steps_count:
-                self.last_progress_t = t
-            self._fold_stale_limit(event)
-        elif kind == "step":
-            step = int(event.get("step") or 0)
-            self.steps_count = self.steps_count or bool(event.get("counts", True))
-            if step != self.step and self.steps_count:
-                self.last_progress_t = t
-            self.step = step
-            self.steps = event
-            self._fold_stale_limit(event)
-        elif kind == "sample":
-            self.tree = dict((event.get("points") or {}).get("tree") or {})
-            # On the soak's own clock, as the progress timestamp: the sample's time, not the
-            # moment the serializer passed it on.
-            start = self.started_epoch
-            self.last_sample_epoch = self._wall() if start is None else start + t
-            self.last_sample_t = t
-            self._fold_ranks(event.get("processes") or [])
-        elif kind == "gpu_sample":
-            self._fold_gpus(event)
-        elif kind == "gpu_fault":
-            self._fold_gpu_fault(event)
-        elif kind == "sampler_degraded":
-            self.degraded[str(event.get("sampler"))] = True
-        elif kind == "sampler_recovered":
-            self.degraded[str(event.get("sampler"))] = False
-        elif kind in ("failure", "stop"):
-            self.stopping = True
-            if kind == "failure" and self.reason is None:
-                self.reason = str(event.get("reason"))
-        elif kind == "exited":
-            self.exited = True
-        elif kind == "finished":
-            self.status = str(event.get("status"))
-            self.finished_t = t
-        else:
-            return
-        if self.on_change is not None and kind in (
-            "sample",
-            "started",
-            "finished",
-            "failure",
-            "gpu_fault",
-        ):
+        folded = self._fold.dispatch(self, event)
+        if folded and self.on_change is not None and event["kind"] in _CHANGES_TEXTFILE:
             self.on_change()
 
-    def _fold_stale_limit(self, event: Mapping[str, Any]) -> None:
+    @_fold.on(EventKind.HEADER)
+    def _on_header(self, t: float, event: HeaderJson) -> None:
+        self.monotonic_start = _number(event.get("monotonic_start"))
+        self.started_epoch = epoch(event.get("started_at"))
+        config = event.get("config") or {}
+        self.stale_limit = _number(config.get("stale_progress_seconds"))
+        self.startup_limit = _number(config.get("startup_timeout_seconds"))
+        self.sample_interval = _number(config.get("sample_interval_seconds"))
+        command = event.get("command") or []
+        # One line: an inline script's newlines make a label no dashboard can show.
+        self.command = " ".join(" ".join(str(a).split()) for a in command)
+        self.command = self.command[:COMMAND_LABEL_MAX]
+        metadata = event.get("metadata") or {}
+        job_id = metadata.get("job_id")
+        self.job_id = "" if job_id is None else str(job_id)
+        self.job_name = _label_text(
+            metadata.get("job_name")
+            or metadata.get("name")
+            or os.environ.get("SLURM_JOB_NAME")
+            or program_name([str(a) for a in command])
+        )
+        started = self.started_epoch
+        self.started_at = (
+            "" if started is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+        )
+        self.described = True
+
+    @_fold.on(EventKind.STARTED)
+    def _on_started(self, t: float, event: StartedJson) -> None:
+        self.started_t = t
+
+    @_fold.on(EventKind.PROGRESS)
+    def _on_progress(self, t: float, event: ProgressJson) -> None:
+        self.changes += int(event.get("changed") or 0)
+        if not self.steps_count:
+            self.last_progress_t = t
+        self._fold_stale_limit(event)
+
+    @_fold.on(EventKind.STEP)
+    def _on_step(self, t: float, event: StepJson) -> None:
+        step = int(event.get("step") or 0)
+        self.steps_count = self.steps_count or bool(event.get("counts", True))
+        if step != self.step and self.steps_count:
+            self.last_progress_t = t
+        self.step = step
+        self.steps = event
+        self._fold_stale_limit(event)
+
+    @_fold.on(EventKind.SAMPLE)
+    def _on_sample(self, t: float, event: SampleJson) -> None:
+        self.tree = dict((event.get("points") or {}).get("tree") or {})
+        # On the soak's own clock, as the progress timestamp: the sample's time, not the
+        # moment the serializer passed it on.
+        start = self.started_epoch
+        self.last_sample_epoch = self._wall() if start is None else start + t
+        self.last_sample_t = t
+        ranks = self.roles.add(event.get("processes") or [])
+        # The first ranks listed, when a node runs more than a label set should hold.
+        self.rank_cpu = {
+            rank: (cpu or 0.0) * 0.01 for rank, cpu in islice(ranks.items(), MAX_RANK_LABELS)
+        }
+
+    @_fold.on(EventKind.GPU_FAULT)
+    def _on_gpu_fault(self, t: float, event: GpuFaultJson) -> None:
+        index = event.get("gpu")
+        key = ("" if index is None else str(index), str(event.get("uuid") or ""))
+        xid = event.get("xid")
+        if xid is not None:
+            code = (*key, str(xid))
+            self.xid_errors[code] = self.xid_errors.get(code, 0) + 1
+        if event.get("fails"):
+            self.gpu_faulted[key] = True
+
+    @_fold.on(EventKind.SAMPLER_DEGRADED)
+    def _on_sampler_degraded(self, t: float, event: SamplerDegradedJson) -> None:
+        self.degraded[str(event.get("sampler"))] = True
+
+    @_fold.on(EventKind.SAMPLER_RECOVERED)
+    def _on_sampler_recovered(self, t: float, event: SamplerRecoveredJson) -> None:
+        self.degraded[str(event.get("sampler"))] = False
+
+    @_fold.on(EventKind.FAILURE)
+    def _on_failure(self, t: float, event: FailureJson) -> None:
+        self.stopping = True
+        if self.reason is None:
+            self.reason = FailureReason(event["reason"])
+
+    @_fold.on(EventKind.STOP)
+    def _on_stop(self, t: float, event: StopJson) -> None:
+        self.stopping = True
+
+    @_fold.on(EventKind.EXITED)
+    def _on_exited(self, t: float, event: ExitedJson) -> None:
+        self.exited = True
+
+    @_fold.on(EventKind.FINISHED)
+    def _on_finished(self, t: float, event: FinishedJson) -> None:
+        self.status = SoakStatus(event["status"])
+        self.finished_t = t
+
+    def _fold_stale_limit(self, event: ProgressJson | StepJson) -> None:
         """``--stale-progress auto``: the limit in force, as the watchdog learned it."""
         limit = _number(event.get("stale_limit_seconds"))
         if limit is not None:
             self.stale_limit = limit
 
-    def _fold_gpu_fault(self, event: Mapping[str, Any]) -> None:
-        index = event.get("gpu")
-        key = ("" if index is None else str(index), str(event.get("uuid") or ""))
-        if event.get("xid") is not None:
-            xid = (*key, str(event["xid"]))
-            self.xid_errors[xid] = self.xid_errors.get(xid, 0) + 1
-        if event.get("fails"):
-            self.gpu_faulted[key] = True
-
-    def _fold_ranks(self, processes: Sequence[Mapping[str, Any]]) -> None:
-        """Each rank's CPU (its process and the workers that inherit its rank)."""
-        cpu: dict[int, float] = {}
-        for process in processes:
-            pid = int(process["pid"])
-            role = process.get("role")
-            if process.get("cmdline") is not None or role:
-                # Described (new, or after an exec): its rank is what it says now.
-                if role and "rank" in role and len(self.rank_of) < MAX_RANK_PROCESSES:
-                    self.rank_of[pid] = int(role["rank"])
-                else:
-                    self.rank_of.pop(pid, None)
-            rank = self.rank_of.get(pid)
-            if rank is None or (rank not in cpu and len(cpu) >= MAX_RANK_LABELS):
-                continue
-            cpu[rank] = cpu.get(rank, 0.0) + (_scaled(process.get("cpu_percent"), 0.01) or 0.0)
-        self.rank_cpu = cpu
-        # A sample lists every process of the tree: the gone ones (a data loader's workers
-        # of past epochs, a restarted rank's old process) leave room for the new.
-        alive = {int(process["pid"]) for process in processes}
-        self.rank_of = {pid: rank for pid, rank in self.rank_of.items() if pid in alive}
-
-    def _fold_gpus(self, event: Mapping[str, Any]) -> None:
+    @_fold.on(EventKind.GPU_SAMPLE)
+    def _on_gpu_sample(self, t: float, event: GpuSampleJson) -> None:
         gpus: dict[str, _Gpu] = {}
         by_uuid: dict[str, _Gpu] = {}
         for reading in event.get("gpus") or []:
@@ -378,8 +406,8 @@ class SoakMetrics:
             for process in processes:
                 if not process.get("in_tree"):
                     continue
-                index = process.get("gpu_index")
-                holder = gpus.get(str(index)) if index is not None else None
+                on_gpu = process.get("gpu_index")
+                holder = gpus.get(str(on_gpu)) if on_gpu is not None else None
                 holder = holder or by_uuid.get(str(process.get("gpu_uuid")))
                 used = _scaled(process.get("used_gpu_memory_mib"), MIB)
                 if holder is not None and used is not None:
@@ -739,23 +767,7 @@ def _label_text(value: object) -> str:
     return text[:TITLE_LABEL_MAX]
 
 
-#: A sample: its name, its labels sorted by name, its value.
-Sample = tuple[str, tuple[tuple[str, str], ...], float]
-#: A family: its name, type and help, and its samples.
-Row = tuple[str, str, str, list[Sample]]
 _SOAK_INFO = "asyncsoak_soak_info"
-
-
-def families(rows: Iterable[Row]) -> Iterator[Metric]:
-    """Rows as ``prometheus_client`` metric families."""
-    from prometheus_client.metrics_core import Metric
-
-    for name, kind, help_text, samples in rows:
-        family = Metric(name, help_text, kind)
-        for sample_name, labels, value in samples:
-            family.add_sample(sample_name, dict(labels), value)
-        yield family
-
 
 _TREE_METRICS = (
     ("asyncsoak_tree_processes", "processes", 1.0, "Processes in the supervised tree."),
@@ -886,141 +898,6 @@ WORKER_METRIC_NAMES = frozenset(
 METRIC_NAMES = SOAK_METRIC_NAMES | WORKER_METRIC_NAMES
 
 
-def new_registry(*collectors: Any) -> CollectorRegistry:
-    from prometheus_client.registry import CollectorRegistry
-
-    registry = CollectorRegistry(auto_describe=False)
-    for collector in collectors:
-        registry.register(collector)
-    return registry
-
-
-#: The media types of the two formats (OpenMetrics 1.0.0, Prometheus text 0.0.4).
-OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def wants_openmetrics(accept: str) -> bool:
-    """Whether an ``Accept`` header asks for OpenMetrics (Prometheus' does, first)."""
-    for media in accept.split(","):
-        kind, _, params = media.partition(";")
-        if kind.strip() == "application/openmetrics-text":
-            version = next(
-                (p.split("=", 1)[1].strip() for p in params.split(";") if "version=" in p), ""
-            )
-            if version in ("", "1.0.0", "0.0.1"):
-                return True
-    return False
-
-
-def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
-    """A registry's scrape: the body and content type, OpenMetrics when ``accept`` asks."""
-    return render_rows(rows_of(registry.collect()), accept)
-
-
-def render_rows(rows: Iterable[Row], accept: str = "") -> tuple[bytes, str]:
-    """Rows' scrape: the body and content type, OpenMetrics when ``accept`` asks."""
-    if wants_openmetrics(accept):
-        return encode_rows(rows, openmetrics=True), OPENMETRICS_TYPE
-    return encode_rows(rows, openmetrics=False), TEXT_TYPE
-
-
-def rows_of(families: Iterable[Metric]) -> Iterator[Row]:
-    """``prometheus_client`` families (any collector's) as rows."""
-    for family in families:
-        samples = [(s.name, tuple(sorted(s.labels.items())), s.value) for s in family.samples]
-        yield family.name, family.type, family.documentation, samples
-
-
-def encode_rows(rows: Iterable[Row], *, openmetrics: bool) -> bytes:
-    """Rows in either format, exactly as ``prometheus_client``'s ``generate_latest`` writes them.
-
-    A writer of its own because a scrape every second is paid from the monitor's budget:
-    ``generate_latest`` validates and escapes every metric and label name at every sample
-    (names asyncsoak chose once, valid by construction), several times the cost of the rest.
-    From one scrape to the next most families say the same (the phase, the limits, the
-    throttle reasons) and the others change only their values, so each family's text is kept
-    with the samples it was written from and reused while they are equal, and each sample's
-    name and labels are formatted once (label sets are bounded, and so are the caches).  A
-    test holds the output byte for byte to ``generate_latest``'s.
-    """
-    if len(_LINE_CACHE) > _CACHE_MAX:
-        _LINE_CACHE.clear()
-    if len(_FAMILY_CACHE) > _CACHE_MAX:
-        _FAMILY_CACHE.clear()
-    out: list[str] = []
-    for name, kind, help_text, samples in rows:
-        key = (name, kind, help_text, openmetrics)
-        cached = _FAMILY_CACHE.get(key)
-        if cached is not None and cached[0] == samples:
-            out.append(cached[1])
-            continue
-        lines = [_header(name, kind, help_text, openmetrics)]
-        for sample_name, labels, value in samples:
-            line = (sample_name, labels)
-            prefix = _LINE_CACHE.get(line)
-            if prefix is None:
-                prefix = _LINE_CACHE[line] = _prefix(sample_name, labels)
-            lines.append(f"{prefix}{_go_float(value)}\n")
-        text = "".join(lines)
-        _FAMILY_CACHE[key] = (list(samples), text)
-        out.append(text)
-    if openmetrics:
-        out.append("# EOF\n")
-    return "".join(out).encode()
-
-
-#: See ``encode_rows``; each is cleared past ``_CACHE_MAX`` entries.
-_LINE_CACHE: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
-_FAMILY_CACHE: dict[tuple[str, str, str, bool], tuple[list[Sample], str]] = {}
-_CACHE_MAX = 4096
-
-
-def _header(name: str, kind: str, help_text: str, openmetrics: bool) -> str:
-    if not openmetrics:
-        if kind == "counter":
-            name += "_total"
-        elif kind == "info":
-            name, kind = name + "_info", "gauge"
-        elif kind == "unknown":
-            kind = "untyped"
-    return f"# HELP {name} {_escape_help(help_text, openmetrics)}\n# TYPE {name} {kind}\n"
-
-
-def _prefix(sample_name: str, labels: tuple[tuple[str, str], ...]) -> str:
-    if not labels:
-        return sample_name + " "
-    pairs = ",".join(f'{key}="{_escape_label(text)}"' for key, text in labels)
-    return f"{sample_name}{{{pairs}}} "
-
-
-def _go_float(value: float) -> str:
-    """A value as Go (and ``prometheus_client``) writes it: ``+Inf``, ``1.5e+09``."""
-    number = float(value)
-    if math.isinf(number):
-        return "+Inf" if number > 0 else "-Inf"
-    if math.isnan(number):
-        return "NaN"
-    text = repr(number)
-    dot = text.find(".")
-    # Go switches to exponents sooner than Python.
-    if number > 0 and dot > 6:
-        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
-        return f"{mantissa}e+{dot - 1:02d}"
-    return text
-
-
-def _escape_label(text: str) -> str:
-    if "\\" in text or "\n" in text or '"' in text:
-        return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    return text
-
-
-def _escape_help(text: str, openmetrics: bool) -> str:
-    text = text.replace("\\", "\\\\").replace("\n", "\\n")
-    return text.replace('"', '\\"') if openmetrics else text
-
-
 def textfile_path(directory: Path, soak_id: str) -> Path:
     return directory / f"asyncsoak_{soak_id}.prom"
 
@@ -1043,8 +920,3 @@ def _number(value: object) -> float | None:
 def _scaled(value: object, scale: float) -> float | None:
     number = _number(value)
     return None if number is None else number * scale
-
-
-def metric_names(families: Iterable[Metric]) -> set[str]:
-    """The sample names a list of families shows (``_total``, ``_info`` included)."""
-    return {sample.name for family in families for sample in family.samples}

@@ -34,14 +34,8 @@ from typing import Any
 import anyio
 
 from .._contract import BlockingCallTimeout, ValidationError, run_blocking
-from ._metrics import (
-    Metrics,
-    SoakMetrics,
-    encode_rows,
-    render_rows,
-    textfile_path,
-    write_textfile,
-)
+from ._exposition import encode_rows, render_rows
+from ._metrics import Metrics, SoakMetrics, textfile_path, write_textfile
 
 #: Bound on one connection, from accept to the last byte of the answer.
 REQUEST_TIMEOUT_SECONDS = 5.0

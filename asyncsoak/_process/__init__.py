@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._forensics import oom_kills as oom_kills
     from ._forensics import seconds_since_boot as seconds_since_boot
     from ._ranks import WRAPPER_NAMES as WRAPPER_NAMES
+    from ._ranks import RoleFold as RoleFold
     from ._ranks import judge_ranks as judge_ranks
     from ._ranks import launcher_of as launcher_of
     from ._ranks import parse_rank_environ as parse_rank_environ
@@ -62,6 +63,7 @@ else:
             "role": "._ranks",
             "stall_culprit": "._ranks",
             "states_from_json": "._ranks",
+            "RoleFold": "._ranks",
             "REAPER_MODULE": "._spawn",
             "SpawnRequest": "._spawn",
             "Spawner": "._spawn",

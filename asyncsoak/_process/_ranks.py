@@ -255,6 +255,76 @@ def ranks_section(
     }
 
 
+#: Processes whose role (rank, launcher) is kept at most: a rank's data-loader workers inherit
+#: its rank, and come and go with every epoch.
+MAX_ROLES = 4096
+
+
+class RoleFold:
+    """The role (a rank, a launcher) of each process of the tree, as the samples said it.
+
+    A sample describes a process (its ``cmdline`` and ``role``) when it is new or after an
+    exec, and lists every process of the tree each time; between descriptions a process keeps
+    its role.  At most :data:`MAX_ROLES` are kept: a gone process that inherited its parent's
+    role (a data loader's worker of a past epoch) is forgotten, to leave room for the new ones;
+    each rank's own process and the launchers are kept, even once gone, for :meth:`section`.
+    """
+
+    __slots__ = ("names", "parents", "roles")
+
+    def __init__(self) -> None:
+        #: pid -> role of the processes that have one, and their parents and names.
+        self.roles: dict[int, dict[str, Any]] = {}
+        self.parents: dict[int, int] = {}
+        self.names: dict[int, str] = {}
+
+    def add(self, processes: Sequence[Mapping[str, Any]]) -> dict[int, float | None]:
+        """Note each process's role as it is described; return each rank's CPU percent in this
+        sample (its process and the workers that inherit its rank; None when none of them has
+        a figure), ranks in the order the sample lists them."""
+        cpu: dict[int, float | None] = {}
+        for proc in processes:
+            pid = int(proc["pid"])
+            described = proc.get("role")
+            if proc.get("cmdline") is not None or described:
+                # Described (new, or after an exec): its role is what it says now.
+                if described:
+                    if pid in self.roles or len(self.roles) < MAX_ROLES:
+                        self.roles[pid] = dict(described)
+                        self.parents[pid] = int(proc.get("ppid") or 0)
+                        self.names[pid] = str(proc.get("name") or "?")
+                elif self.roles.pop(pid, None) is not None:
+                    del self.parents[pid], self.names[pid]
+            role = self.roles.get(pid)
+            if role is not None and "rank" in role:
+                rank = int(role["rank"])
+                figure = proc.get("cpu_percent")
+                if figure is None:
+                    cpu.setdefault(rank, None)
+                else:
+                    cpu[rank] = (cpu.get(rank) or 0.0) + float(figure)
+        alive = {int(proc["pid"]) for proc in processes}
+        for pid in [p for p in self.roles if p not in alive and self._inherited(p)]:
+            del self.roles[pid], self.parents[pid], self.names[pid]
+        return cpu
+
+    def is_rank(self, pid: int) -> bool:
+        return "rank" in self.roles.get(pid, {})
+
+    def _inherited(self, pid: int) -> bool:
+        """Whether ``pid``'s role is its parent's (a rank's worker; a rank that a shell
+        started is not: see :func:`rank_leaders`)."""
+        ppid = self.parents.get(pid, 0)
+        parent = self.roles.get(ppid)
+        if parent is None or self.names.get(ppid) in WRAPPER_NAMES:
+            return False
+        return parent == self.roles.get(pid)
+
+    def section(self) -> dict[str, Any] | None:
+        """The artifact's ``ranks`` (see :func:`ranks_section`)."""
+        return ranks_section(self.roles, self.parents, self.names)
+
+
 def _rank_number(process: Mapping[str, Any]) -> int | None:
     role = process.get("role")
     if not isinstance(role, Mapping) or "launcher" in role:

@@ -16,8 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 _PROC = Path("/proc")
 
 
@@ -31,6 +29,8 @@ _HAS_CHILDREN_FILES = _children_files_supported()
 def children(pid: int, proc: Path = _PROC) -> list[int]:
     """Direct children of ``pid`` (empty when it is gone)."""
     if not _HAS_CHILDREN_FILES or proc != _PROC:
+        import psutil  # the fallback only: the reaper starts without it
+
         try:
             return [c.pid for c in psutil.Process(pid).children()]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -80,6 +80,8 @@ def start_time_ticks(pid: int) -> int | None:
 
 def describe(pid: int, *, leader_pgid: int | None = None) -> dict[str, Any] | None:
     """What the artifact says about a process of the tree; None when it is already gone."""
+    import psutil  # here: the reaper imports this module and never describes a process
+
     try:
         p = psutil.Process(pid)
         with p.oneshot():

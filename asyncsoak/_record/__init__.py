@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ._artifact import read_log_tail as read_log_tail
     from ._artifact import write_artifact as write_artifact
     from ._journal import JournalDecoder as JournalDecoder
+    from ._journal import JournalReader as JournalReader
     from ._journal import first_line as first_line
     from ._journal import is_journal as is_journal
     from ._journal import journal_segments as journal_segments
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from ._journal import remove_closed_segments as remove_closed_segments
     from ._recover import JournalError as JournalError
     from ._recover import artifact_from_journal as artifact_from_journal
+    from ._serializer import Observer as Observer
     from ._serializer import Serializer as Serializer
 else:
     __getattr__, __dir__ = lazy_door(
@@ -47,6 +49,7 @@ else:
             "read_log_tail": "._artifact",
             "write_artifact": "._artifact",
             "JournalDecoder": "._journal",
+            "JournalReader": "._journal",
             "first_line": "._journal",
             "is_journal": "._journal",
             "journal_segments": "._journal",
@@ -54,6 +57,7 @@ else:
             "remove_closed_segments": "._journal",
             "JournalError": "._recover",
             "artifact_from_journal": "._recover",
+            "Observer": "._serializer",
             "Serializer": "._serializer",
         },
     )

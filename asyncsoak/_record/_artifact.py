@@ -16,37 +16,66 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from .._analysis import GpuHealthFold, TrendWatch
 from .._contract import (
     SERIES_POINTS,
+    AbandonedJson,
     Artifact,
+    EventFold,
     EventKind,
     ExceptionInfo,
+    ExceptionJson,
     Exit,
+    ExitedJson,
     Failure,
+    FailureJson,
     FailureReason,
+    FinishedJson,
+    ForensicsJson,
     ForensicsSection,
+    GpuFaultJson,
+    GpuSampleJson,
+    HeaderJson,
+    KeptEventJson,
+    LeftoverJson,
+    LimitsJson,
     OomKillEntry,
+    OomKillJson,
     ProcessEntry,
+    ProcessRecord,
+    ProgressJson,
+    RequeueJson,
     RunningStats,
-    SamplerNote,
+    SampleJson,
+    SamplerDegradedJson,
+    SamplerNoteEntry,
+    SamplerNoteJson,
+    SamplerRecoveredJson,
     SeriesBuffer,
+    SignalJson,
+    SnapshotJson,
+    SnapshotSection,
     SoakStatus,
+    StartedJson,
+    StepJson,
     StepsProgress,
     Stop,
     StopCause,
+    StopJson,
+    TreeGoneJson,
     Trend,
+    TrendJson,
     UnreadableFileError,
     ValidationError,
+    WarningJson,
     open_regular,
     parse_iso,
 )
 
 # Re-exported: the supervisor writes its times through the artifact module.
 from .._contract import iso as iso
-from .._process import ranks_section
 
 #: Version 2 added ``trends``, ``processes``, ``limits``, ``exit.exception`` and
 #: ``series.progress_rate``; readers still take version 1 artifacts.
@@ -57,10 +86,16 @@ EVENTS_HEAD = 500
 EVENTS_TAIL = 1500
 #: Event kinds that live only in the journal (their figures are in series and summary).
 SAMPLE_KINDS = frozenset({EventKind.SAMPLE, EventKind.GPU_SAMPLE})
-#: Event kinds left out of ``artifact.events``: the samples, and the header and snapshot,
-#: which have sections of their own.
+#: Event kinds not kept as they are in ``artifact.events``: the samples, and the header and
+#: snapshot, which have sections of their own.
 #: Step events (one a scan at most) live on in ``progress.steps`` and the ``steps`` series.
-_NOT_KEPT = SAMPLE_KINDS | {EventKind.HEADER, EventKind.SNAPSHOT, EventKind.STEP}
+#: A forensics record is large: kept once in its own section, and mentioned among the events.
+_NOT_KEPT_AS_IS = SAMPLE_KINDS | {
+    EventKind.HEADER,
+    EventKind.SNAPSHOT,
+    EventKind.STEP,
+    EventKind.FORENSICS,
+}
 #: The series groups of the training steps, and of ``--stale-progress auto``'s limit.
 STEPS_SERIES = "steps"
 STALE_LIMIT_SERIES = "stale_limit"
@@ -183,9 +218,9 @@ class ArtifactBuilder:
 
     def __init__(self, max_points: int = SERIES_POINTS) -> None:
         self._max_points = max_points
-        self.header: dict[str, Any] | None = None
-        self._events_head: list[dict[str, Any]] = []
-        self._events_tail: deque[dict[str, Any]] = deque(maxlen=EVENTS_TAIL)
+        self.header: HeaderJson | None = None
+        self._events_head: list[KeptEventJson] = []
+        self._events_tail: deque[KeptEventJson] = deque(maxlen=EVENTS_TAIL)
         self._events_seen = 0
         self._series: dict[str, SeriesBuffer] = {}
         self._stats: dict[str, dict[str, RunningStats]] = {}
@@ -211,14 +246,14 @@ class ArtifactBuilder:
             "killed": False,
             "signals": [],
         }
-        self.leftovers: list[dict[str, Any]] = []
-        self.abandoned: list[dict[str, Any]] = []
-        self.sampler_notes: list[SamplerNote] = []
+        self.leftovers: list[ProcessRecord] = []
+        self.abandoned: list[ProcessRecord] = []
+        self.sampler_notes: list[SamplerNoteEntry] = []
         self.forensics: ForensicsSection | None = None
         self.oom_kills: list[OomKillEntry] = []
         self.progress_changes = 0
         #: The newest step event, when the trainer wrote steps; when the first came.
-        self.step: dict[str, Any] | None = None
+        self.step: StepJson | None = None
         self.step_first: float | None = None
         #: When the step last moved (a loss logged at the same step is not an advance).
         self.step_advanced_at: float | None = None
@@ -232,132 +267,185 @@ class ArtifactBuilder:
         self.longest_gap = 0.0
         self.last_t = 0.0
         self.status: SoakStatus | None = None
-        self.snapshot: dict[str, Any] = {}
+        self.snapshot: SnapshotSection = {}
 
     # -- folding -------------------------------------------------------------------------
 
-    def add(self, event: dict[str, Any]) -> None:
-        kind = event.get("kind")
+    _fold: ClassVar[EventFold[ArtifactBuilder]] = EventFold()
+
+    def add(self, event: Mapping[str, Any]) -> None:
         t = float(event.get("t", 0.0))
         self.last_t = max(self.last_t, t)
-        if kind not in _NOT_KEPT:
-            # A forensics record is large: the artifact keeps it once, in its own section.
-            self._keep_event(
-                {"t": t, "kind": kind, "processes": len(event["data"].get("processes", []))}
-                if kind == EventKind.FORENSICS
-                else event
-            )
-        match kind:
-            case EventKind.HEADER:
-                self.header = event
-                self.trends.configure(event.get("config") or {})
-            case EventKind.SNAPSHOT:
-                self.snapshot = event["data"]
-            case EventKind.SAMPLE | EventKind.GPU_SAMPLE:
-                self._add_sample(str(kind), t, event)
-            case EventKind.STARTED:
-                self.exit["pid"] = event["pid"]
-            case EventKind.TREE_GONE:
-                self.trends.tree_gone(t)
-            case EventKind.EXITED:
-                self.exit["returncode"] = event["returncode"]
-                self.exit["signal"] = event["signal"]
-                self.exit["pid"] = event["pid"]
-                self.exit_t = t
-                self.trends.end(t)
-                if self.stop["cause"] is None:
-                    self.stop["cause"] = StopCause.EXITED
-            case EventKind.PROGRESS:
-                self.progress_changes += int(event["changed"])
-                if self.progress_first is None:
-                    self.progress_first = t
-                elif self.progress_last is not None:
-                    self.longest_gap = max(self.longest_gap, t - self.progress_last)
-                self.progress_last = t
-                self.trends.add_progress(t, event)
-                self._add_stale_limit(t, event)
-            case EventKind.STEP:
-                self._add_step(t, event)
-            case EventKind.EXCEPTION:
-                exception: ExceptionInfo = {
-                    "type": event["type"],
-                    "message": event["message"],
-                    "where": event["where"],
-                    "kind": event["exception_kind"],
-                }
-                if event.get("rank") is not None:
-                    exception["rank"] = event["rank"]
-                    exception["rank_pid"] = event.get("rank_pid")
-                self.exit["exception"] = exception
-            case EventKind.LIMITS:
-                self.trends.add_limits(event)
-            case EventKind.TREND:
-                self.trends.add_live_call(t, event)
-            case EventKind.FAILURE:
-                failure: Failure = {
-                    "reason": FailureReason(event["reason"]),
-                    "message": event["message"],
-                    "at": event["at"],
-                }
-                if event.get("gpu") is not None:
-                    failure["gpu"] = event["gpu"]
-                if event.get("activity") is not None:
-                    failure["activity"] = event["activity"]
-                self.failures.append(failure)
-            case EventKind.GPU_FAULT:
-                self.gpu_health.add_fault(t, event)
-            case EventKind.WARNING:
-                self.warnings.append(str(event["message"]))
-            case EventKind.STOP:
-                self.trends.end(t)
-                self.stop["cause"] = StopCause(event["cause"])
-                self.stop["mode"] = event["mode"]
-                self.stop["grace_seconds"] = event["grace_seconds"]
-            case EventKind.SIGNAL:
-                self.stop["signals"].append(
-                    {"t": t, "signal": event["signal"], "target": event["target"]}
-                )
-                if event["signal"] == "SIGKILL":
-                    self.stop["killed"] = True
-            case EventKind.REQUEUE:
-                self.stop["requeue"] = {
-                    "job_id": event["job_id"],
-                    "ok": event["ok"],
-                    "returncode": event["returncode"],
-                    "message": event["message"],
-                    "t": event["t"],
-                }
-            case EventKind.LEFTOVER:
-                self.leftovers.append(event["process"])
-            case EventKind.ABANDONED:
-                self.abandoned.append(event["process"])
-            case EventKind.FORENSICS:
-                # The collector's own record (see ``Forensics``), under the event's reason.
-                self.forensics = cast(
-                    ForensicsSection, {"reason": event["reason"], "t": t, **event["data"]}
-                )
-            case EventKind.OOM_KILL:
-                self.oom_kills.append(
-                    {
-                        "pid": event["pid"],
-                        "name": event["name"],
-                        "message": event["message"],
-                        # Journals from before the cgroup's counter was read: the kernel log.
-                        "detected_by": event.get("detected_by", ["kernel_log"]),
-                        "cgroup_path": event.get("cgroup_path"),
-                        "cgroup_memory_limit_bytes": event.get("cgroup_memory_limit_bytes"),
-                    }
-                )
-            case EventKind.SAMPLER_NOTE | EventKind.SAMPLER_DEGRADED | EventKind.SAMPLER_RECOVERED:
-                self.sampler_notes.append(cast(SamplerNote, event))
-            case EventKind.FINISHED:
-                self.status = SoakStatus(event["status"])
+        if event["kind"] not in _NOT_KEPT_AS_IS:
+            # Sound: every other kind is a ``KeptEventJson``.
+            self._keep_event(cast(KeptEventJson, event))
+        self._fold.dispatch(self, event)
 
-    def _add_step(self, t: float, event: dict[str, Any]) -> None:
+    @_fold.on(EventKind.HEADER)
+    def _on_header(self, t: float, event: HeaderJson) -> None:
+        self.header = event
+        self.trends.configure(event.get("config") or {})
+
+    @_fold.on(EventKind.SNAPSHOT)
+    def _on_snapshot(self, t: float, event: SnapshotJson) -> None:
+        self.snapshot = cast(SnapshotSection, event["data"])
+
+    @_fold.on(EventKind.SAMPLE)
+    def _on_sample(self, t: float, event: SampleJson) -> None:
+        self.trends.add_sample(t, event)
+        self._add_series_source(t, event)
+
+    @_fold.on(EventKind.GPU_SAMPLE)
+    def _on_gpu_sample(self, t: float, event: GpuSampleJson) -> None:
+        self.trends.add_gpu_sample(t, event)
+        self.gpu_health.add_sample(t, event)
+        self._add_series_source(t, event)
+
+    @_fold.on(EventKind.STARTED)
+    def _on_started(self, t: float, event: StartedJson) -> None:
+        self.exit["pid"] = event["pid"]
+
+    @_fold.on(EventKind.TREE_GONE)
+    def _on_tree_gone(self, t: float, event: TreeGoneJson) -> None:
+        self.trends.tree_gone(t)
+
+    @_fold.on(EventKind.EXITED)
+    def _on_exited(self, t: float, event: ExitedJson) -> None:
+        self.exit["returncode"] = event["returncode"]
+        self.exit["signal"] = event["signal"]
+        self.exit["pid"] = event["pid"]
+        self.exit_t = t
+        self.trends.end(t)
+        if self.stop["cause"] is None:
+            self.stop["cause"] = StopCause.EXITED
+
+    @_fold.on(EventKind.PROGRESS)
+    def _on_progress(self, t: float, event: ProgressJson) -> None:
+        self.progress_changes += int(event["changed"])
+        if self.progress_first is None:
+            self.progress_first = t
+        elif self.progress_last is not None:
+            self.longest_gap = max(self.longest_gap, t - self.progress_last)
+        self.progress_last = t
+        self.trends.add_progress(t, event)
+        self._add_stale_limit(t, event)
+
+    @_fold.on(EventKind.EXCEPTION)
+    def _on_exception(self, t: float, event: ExceptionJson) -> None:
+        exception: ExceptionInfo = {
+            "type": event["type"],
+            "message": event["message"],
+            "where": event["where"],
+            "kind": event["exception_kind"],
+        }
+        if event.get("rank") is not None:
+            exception["rank"] = event.get("rank")
+            exception["rank_pid"] = event.get("rank_pid")
+        self.exit["exception"] = exception
+
+    @_fold.on(EventKind.LIMITS)
+    def _on_limits(self, t: float, event: LimitsJson) -> None:
+        self.trends.add_limits(event)
+
+    @_fold.on(EventKind.TREND)
+    def _on_trend(self, t: float, event: TrendJson) -> None:
+        self.trends.add_live_call(t, event)
+
+    @_fold.on(EventKind.FAILURE)
+    def _on_failure(self, t: float, event: FailureJson) -> None:
+        failure: Failure = {
+            "reason": FailureReason(event["reason"]),
+            "message": event["message"],
+            "at": event["at"],
+        }
+        gpu, activity = event.get("gpu"), event.get("activity")
+        if gpu is not None:
+            failure["gpu"] = gpu
+        if activity is not None:
+            failure["activity"] = activity
+        self.failures.append(failure)
+
+    @_fold.on(EventKind.GPU_FAULT)
+    def _on_gpu_fault(self, t: float, event: GpuFaultJson) -> None:
+        self.gpu_health.add_fault(t, event)
+
+    @_fold.on(EventKind.WARNING)
+    def _on_warning(self, t: float, event: WarningJson) -> None:
+        self.warnings.append(str(event["message"]))
+
+    @_fold.on(EventKind.STOP)
+    def _on_stop(self, t: float, event: StopJson) -> None:
+        self.trends.end(t)
+        self.stop["cause"] = StopCause(event["cause"])
+        self.stop["mode"] = event["mode"]
+        self.stop["grace_seconds"] = event["grace_seconds"]
+
+    @_fold.on(EventKind.SIGNAL)
+    def _on_signal(self, t: float, event: SignalJson) -> None:
+        self.stop["signals"].append({"t": t, "signal": event["signal"], "target": event["target"]})
+        if event["signal"] == "SIGKILL":
+            self.stop["killed"] = True
+
+    @_fold.on(EventKind.REQUEUE)
+    def _on_requeue(self, t: float, event: RequeueJson) -> None:
+        self.stop["requeue"] = {
+            "job_id": event["job_id"],
+            "ok": event["ok"],
+            "returncode": event["returncode"],
+            "message": event["message"],
+            "t": event["t"],
+        }
+
+    @_fold.on(EventKind.LEFTOVER)
+    def _on_leftover(self, t: float, event: LeftoverJson) -> None:
+        self.leftovers.append(cast(ProcessRecord, event["process"]))
+
+    @_fold.on(EventKind.ABANDONED)
+    def _on_abandoned(self, t: float, event: AbandonedJson) -> None:
+        self.abandoned.append(cast(ProcessRecord, event["process"]))
+
+    @_fold.on(EventKind.FORENSICS)
+    def _on_forensics(self, t: float, event: ForensicsJson) -> None:
+        # A forensics record is large: the artifact keeps it once, in its own section, and
+        # a mention of it among the events.
+        data = event["data"]
+        self._keep_event(
+            {"t": t, "kind": EventKind.FORENSICS, "processes": len(data.get("processes", []))}
+        )
+        # The collector's own record (see ``Forensics``), under the event's reason.
+        self.forensics = cast(ForensicsSection, {"reason": event["reason"], "t": t, **data})
+
+    @_fold.on(EventKind.OOM_KILL)
+    def _on_oom_kill(self, t: float, event: OomKillJson) -> None:
+        self.oom_kills.append(
+            {
+                "pid": event["pid"],
+                "name": event["name"],
+                "message": event["message"],
+                # Journals from before the cgroup's counter was read: the kernel log.
+                "detected_by": event.get("detected_by", ["kernel_log"]),
+                "cgroup_path": event.get("cgroup_path"),
+                "cgroup_memory_limit_bytes": event.get("cgroup_memory_limit_bytes"),
+            }
+        )
+
+    @_fold.on(EventKind.SAMPLER_NOTE, EventKind.SAMPLER_DEGRADED, EventKind.SAMPLER_RECOVERED)
+    def _on_sampler_note(
+        self, t: float, event: SamplerNoteJson | SamplerDegradedJson | SamplerRecoveredJson
+    ) -> None:
+        self.sampler_notes.append(cast(SamplerNoteEntry, event))
+
+    @_fold.on(EventKind.FINISHED)
+    def _on_finished(self, t: float, event: FinishedJson) -> None:
+        self.status = SoakStatus(event["status"])
+
+    @_fold.on(EventKind.STEP)
+    def _on_step(self, t: float, event: StepJson) -> None:
         if self.step_first is None:
             self.step_first = t
-        if event.get("gap_seconds") is not None:
-            self.step_longest_gap = max(self.step_longest_gap, float(event["gap_seconds"]))
+        gap = event.get("gap_seconds")
+        if gap is not None:
+            self.step_longest_gap = max(self.step_longest_gap, float(gap))
         if self.step is None or self.step.get("step") != event.get("step"):
             self.step_advanced_at = t
         if event.get("counts", True):
@@ -375,7 +463,7 @@ class ArtifactBuilder:
         self._series_of(STEPS_SERIES).add(t, {k: v for k, v in values.items() if v is not None})
         self._add_stale_limit(t, event)
 
-    def _add_stale_limit(self, t: float, event: dict[str, Any]) -> None:
+    def _add_stale_limit(self, t: float, event: ProgressJson | StepJson) -> None:
         limit = event.get("stale_limit_seconds")
         if limit is not None and limit != self.stale_limit:
             self.stale_limit = float(limit)
@@ -407,20 +495,17 @@ class ArtifactBuilder:
             "eta_seconds": step.get("eta_seconds"),
         }
 
-    def _keep_event(self, event: dict[str, Any]) -> None:
+    def _keep_event(self, event: KeptEventJson) -> None:
         self._events_seen += 1
         if len(self._events_head) < EVENTS_HEAD:
             self._events_head.append(event)
         else:
             self._events_tail.append(event)
 
-    def _add_sample(self, kind: str, t: float, event: dict[str, Any]) -> None:
+    def _add_series_source(self, t: float, event: SampleJson | GpuSampleJson) -> None:
+        """A sample's count, series points and summary labels."""
+        kind = str(event["kind"])
         self.samples[kind] = self.samples.get(kind, 0) + 1
-        if kind == EventKind.SAMPLE:
-            self.trends.add_sample(t, event)
-        else:
-            self.trends.add_gpu_sample(t, event)
-            self.gpu_health.add_sample(t, event)
         for group, values in (event.get("points") or {}).items():
             series = self._series.get(group)
             if series is None:
@@ -431,15 +516,14 @@ class ArtifactBuilder:
                 stats.setdefault(name, RunningStats()).add(value)
         for group, labels in (event.get("labels") or {}).items():
             seen = self._labels.setdefault(group, {})
-            for name, values in labels.items():
-                seen.setdefault(name, set()).update(values)
+            for name, words in labels.items():
+                seen.setdefault(name, set()).update(words)
 
     # -- the artifact ----------------------------------------------------------------------
 
     def _ranks(self) -> dict[str, Any] | None:
         """``ranks`` when the tree had ranks or a launcher (a distributed run)."""
-        trends = self.trends
-        return ranks_section(trends.roles, trends.role_parents, trends.role_names)
+        return self.trends.role_fold.section()
 
     def wall(self, t: float | None) -> str | None:
         """Seconds since the start as an ISO 8601 UTC time."""
@@ -471,7 +555,8 @@ class ArtifactBuilder:
         monitor: dict[str, Any],
     ) -> Artifact:
         """The artifact of the events folded so far, typed as the schema's ``Artifact``."""
-        header = self.header or {}
+        # A journal without its header (recover refuses one) leaves the defaults below.
+        header: Mapping[str, Any] = self.header or {}
         events = list(self._events_head) + list(self._events_tail)
         dropped_events = self._events_seen - len(events)
         trailing_gap = ended_t - self.progress_last if self.progress_last is not None else 0.0

@@ -49,13 +49,14 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, cast
 
 from .._contract import (
     MAX_JOURNAL_BYTES,
     MAX_LINE_BYTES,
+    EventJson,
     EventKind,
     UnreadableFileError,
     bounded_lines,
@@ -220,7 +221,7 @@ class JournalEncoder:
         """A new segment starts: its first event of each kind is written full."""
         self._previous.clear()
 
-    def encode(self, data: dict[str, Any]) -> str:
+    def encode(self, data: Mapping[str, Any]) -> str:
         """The journal line (ending in a newline) of an event's JSON form."""
         kind = data.get("kind")
         if _PATCH_KEY in data:
@@ -267,7 +268,7 @@ class JournalDecoder:
         self._previous.clear()
         self._damaged = False
 
-    def decode(self, line: bytes | str) -> dict[str, Any] | None:
+    def decode(self, line: bytes | str) -> EventJson | None:
         """The event on ``line``; None for a line that is not one (truncated, garbage).
 
         :class:`UnreadableFileError` for a line past the bounds on length, nesting and growth
@@ -279,7 +280,7 @@ class JournalDecoder:
             self._damaged = True
         return event
 
-    def _decode(self, line: bytes | str) -> dict[str, Any] | None:
+    def _decode(self, line: bytes | str) -> EventJson | None:
         if len(line) > MAX_LINE_BYTES + 1:
             raise UnreadableFileError(f"a line longer than {MAX_LINE_BYTES // 2**20} MiB")
         try:
@@ -310,7 +311,11 @@ class JournalDecoder:
         body = {k: v for k, v in event.items() if k not in ("t", "kind")}
         if kind in self._previous or len(self._previous) < MAX_KINDS:
             self._previous[kind] = body
-        return event
+        # A line with a kind is read as that kind's JSON form.  A journal is not checked
+        # against a schema (and may come from another asyncsoak): the folds read a key that
+        # journals of other versions may lack with ``.get``, and ``recover`` refuses one whose
+        # events are damaged.
+        return cast(EventJson, event)
 
 
 class JournalReader:
@@ -326,7 +331,7 @@ class JournalReader:
         self.path = Path(path)
         self.unreadable = 0
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[EventJson]:
         decoder = JournalDecoder()
         read = 0
         for segment in journal_segments(self.path):
@@ -391,7 +396,8 @@ def read_journal(path: Path | str) -> Iterator[dict[str, Any]]:
     Reads every form asyncsoak has written: closed segments (compressed or not) and the
     open one, full and compact lines.  Lines that cannot be read are skipped.
     """
-    return iter(JournalReader(path))
+    # The events' JSON forms (``EventJson``), offered as the plain dicts they are.
+    return cast("Iterator[dict[str, Any]]", iter(JournalReader(path)))
 
 
 def first_line(path: Path | str) -> bytes:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-from .._contract import Artifact, FailureReason, Masker, SoakStatus, secret_values
+from .._contract import Artifact, FailureReason, HeaderJson, Masker, SoakStatus, secret_values
 from ._artifact import ArtifactBuilder, read_log_tail
 from ._journal import JournalReader
 
@@ -59,7 +58,7 @@ def artifact_from_journal(path: Path) -> Artifact:
 
 
 def _fold_end(
-    path: Path, builder: ArtifactBuilder, header: dict[str, Any], events: int, unreadable: int
+    path: Path, builder: ArtifactBuilder, header: HeaderJson, events: int, unreadable: int
 ) -> Artifact:
     """The artifact once every event is folded: the lost monitor, the log's tail."""
     status = builder.status

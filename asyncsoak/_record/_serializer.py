@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, TypeGuard, TypeVar, cast
 
 import aiofiles
 import anyio
@@ -55,8 +55,11 @@ from .._contract import (
     EXECUTOR,
     BlockingCallTimeout,
     Event,
+    EventJson,
+    GpuSampleJson,
     Ride,
     Rides,
+    SampleJson,
     SeriesSource,
     event_to_json,
     run_blocking,
@@ -93,20 +96,22 @@ def _is_series_source(event: Event) -> TypeGuard[SeriesSource]:
     return known
 
 
-def journal_line(event: Event) -> tuple[str, dict[str, Any]]:
+def journal_line(event: Event) -> tuple[str, EventJson]:
     """The journal line of an event and its JSON form (samples carry their series points)."""
     data = journal_line_data(event)
     return json.dumps(data, allow_nan=False, separators=(",", ":"), default=str) + "\n", data
 
 
-def journal_line_data(event: Event) -> dict[str, Any]:
+def journal_line_data(event: Event) -> EventJson:
     """The JSON form of an event as the journal holds it (samples carry their series points)."""
     data = event_to_json(event)
     if _is_series_source(event):
-        data["points"] = {g: dict(v) for g, v in event.series_points().items()}
+        # A sample (the series sources are): ``SampleJson`` and ``GpuSampleJson`` have these.
+        sample = cast("SampleJson | GpuSampleJson", data)
+        sample["points"] = {g: dict(v) for g, v in event.series_points().items()}
         labels = event.summary_labels()
         if labels:
-            data["labels"] = {g: {k: list(v) for k, v in ls.items()} for g, ls in labels.items()}
+            sample["labels"] = {g: {k: list(v) for k, v in ls.items()} for g, ls in labels.items()}
     return data
 
 
@@ -167,7 +172,7 @@ class _JournalExecutor(Executor):
 
 
 #: Told of every event in its JSON form once it is folded (the live metrics are one).
-Observer = Callable[[dict[str, Any]], None]
+Observer = Callable[[EventJson], None]
 
 
 class Serializer:
@@ -466,7 +471,7 @@ class Serializer:
         # as it is.
         self._compressions.append(EXECUTOR.submit(compress_segment, closed, self.own_files.add))
 
-    def _encode(self, event: Event) -> tuple[str, dict[str, Any]] | None:
+    def _encode(self, event: Event) -> tuple[str, EventJson] | None:
         """The event's journal line and JSON form; None (counted) if it cannot be encoded."""
         try:
             data = journal_line_data(event)

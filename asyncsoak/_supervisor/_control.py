@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 
 from .._contract import StopCause, ValidationError
+from .._record import Observer
 
 
 class SoakControl:
@@ -42,7 +42,7 @@ class SoakControl:
         self.reason: str | None = None
         self.grace_seconds: float | None = None
         self.cause = StopCause.REQUESTED
-        self.observers: list[Callable[[dict[str, Any]], None]] = []
+        self.observers: list[Observer] = []
         self.progress_age: Callable[[], float | None] | None = None
 
     def request_stop(

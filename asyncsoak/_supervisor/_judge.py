@@ -10,18 +10,21 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 
 from .._analysis import GPU_SETTLE_SECONDS, describe_activity, straggler_text
 from .._contract import (
     BlockingCallTimeout,
+    EventFold,
     EventKind,
     EventSink,
     FailureReason,
     GpuFault,
+    GpuSampleJson,
     Limits,
+    SampleJson,
     TrendFound,
     WarningEvent,
     format_duration,
@@ -143,11 +146,19 @@ class RunJudge:
                 next_trends = now + max(period, now * TREND_LAG_FRACTION)
                 await self.judge_trends(sink, final=False)
 
-    def note_fold(self, data: dict[str, Any]) -> None:
+    _fold: ClassVar[EventFold[RunJudge]] = EventFold()
+
+    def note_fold(self, data: Mapping[str, Any]) -> None:
         """The serializer's observer: a folded sample wakes :meth:`run`."""
-        if data["kind"] == EventKind.SAMPLE:
-            self._sample_folded.set()
-        elif data["kind"] == EventKind.GPU_SAMPLE and self._builder.trends.gpu_after_tree:
+        self._fold.dispatch(self, data)
+
+    @_fold.on(EventKind.SAMPLE)
+    def _on_sample(self, t: float, event: SampleJson) -> None:
+        self._sample_folded.set()
+
+    @_fold.on(EventKind.GPU_SAMPLE)
+    def _on_gpu_sample(self, t: float, event: GpuSampleJson) -> None:
+        if self._builder.trends.gpu_after_tree:
             self._gpus_after_tree.set()
 
     async def check_gpus_released(self, sink: EventSink) -> None:

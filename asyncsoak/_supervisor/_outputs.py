@@ -15,10 +15,11 @@ import contextlib
 import fcntl
 import os
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._contract import ValidationError, read_json_file
+from .._contract import EventKind, ValidationError, read_json_file
 from .._record import FILE_MODE, JournalDecoder, first_line
 from ._config import SoakConfig
 
@@ -29,7 +30,7 @@ CHECK_TIMEOUT_SECONDS = 10.0
 MIN_FREE_BYTES = 64 * 1024
 
 
-def _journal_header(path: Path) -> dict[str, Any] | None:
+def _journal_header(path: Path) -> Mapping[str, Any] | None:
     """The header of the asyncsoak journal at ``path`` (its first segment's first line: a
     long journal's open segment starts elsewhere), or None when it is not one."""
     if not os.path.lexists(path):
@@ -38,7 +39,7 @@ def _journal_header(path: Path) -> dict[str, Any] | None:
         header = JournalDecoder().decode(first_line(path))
     except (OSError, EOFError, IndexError, ValueError, zlib.error):
         return None
-    if isinstance(header, dict) and header.get("kind") == "header":
+    if header is not None and header["kind"] == EventKind.HEADER:
         return header
     return None
 
@@ -54,7 +55,7 @@ def _artifact(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def _named(record: dict[str, Any], *sections: str) -> set[Path]:
+def _named(record: Mapping[str, Any], *sections: str) -> set[Path]:
     """The paths of the soak's files that a journal header or an artifact names."""
     found: set[Path] = set()
     for section in (record, *(record.get(s) for s in sections)):

@@ -57,7 +57,13 @@ from .._contract import (
 )
 from .._export import Metrics, validate_metrics
 from .._process import Spawner, SpawnRequest, cgroups
-from .._record import ArtifactBuilder, Serializer, create_private_file, remove_closed_segments
+from .._record import (
+    ArtifactBuilder,
+    Observer,
+    Serializer,
+    create_private_file,
+    remove_closed_segments,
+)
 from .._sampling import (
     KeyChoice,
     LossCheck,
@@ -376,7 +382,7 @@ class _Soak:
         #: Shared with the soak's tree (``ASYNCSOAK_SOAK_ID``) and its metrics' ``soak_id``.
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
         #: Called with the JSON form of every event, after the journal and the artifact.
-        self.observers: list[Callable[[dict[str, Any]], None]] = list(control.observers)
+        self.observers: list[Observer] = list(control.observers)
         #: Blocking calls riding on the proc sampler's ticks (made with the serializer).
         self._rides = Rides()
         self._child_env = dict(os.environ if cfg.env is None else cfg.env)

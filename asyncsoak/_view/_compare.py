@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from .._analysis import TREE_MEMORY_SERIES
-from .._contract import Artifact, SoakStatus, StepsProgress, format_duration, terminal_text
+from .._contract import Artifact, SoakStatus, format_duration, terminal_text
 from ._evidence import gpu_faults, leaking_series, rate_text, summary_figure
 from ._fields import format_value, gpu_index
+from ._sections import column, gpu_health, series_group, training_steps, trend_verdicts
 from ._status import PASSED_WITH_WARNINGS, shown_status
 
 #: Relative change (fraction) beyond which a worse figure is a regression.
@@ -177,7 +178,7 @@ def compare(
 def _gpu_fault_count(artifact: Artifact) -> float | None:
     """How many GPU faults the run saw; None without GPU health (no GPU, or an artifact written
     before it was judged)."""
-    if not artifact.get("gpu_health"):
+    if not gpu_health(artifact):
         return None
     return float(len(gpu_faults(artifact)))
 
@@ -239,8 +240,8 @@ def _leak_row(baseline: Artifact, candidate: Artifact, threshold: float) -> Row:
     or leaks faster by more than the threshold."""
 
     def slope(artifact: Artifact) -> tuple[float | None, bool]:
-        # Trends are a version 2 section; a series judged too short has no entry.
-        trends = artifact.get("trends", {})
+        # A series judged too short has no entry.
+        trends = trend_verdicts(artifact)
         trend = next((trends[k] for k, _ in TREE_MEMORY_SERIES if k in trends), None)
         leaks = leaking_series(artifact)
         value = None if trend is None else trend["slope_per_hour"]
@@ -279,9 +280,7 @@ def _final_rss(artifact: Artifact) -> float | None:
     very last ones may be a process freeing everything as it exits, in the trend's last
     window too)."""
     values = [
-        v
-        for v in artifact["series"].get("tree", {}).get("rss_bytes", [])
-        if isinstance(v, int | float)
+        v for v in column(series_group(artifact, "tree"), "rss_bytes") if isinstance(v, int | float)
     ]
     if not values:
         return _stat("tree", "rss_bytes", "last")(artifact)
@@ -291,7 +290,7 @@ def _final_rss(artifact: Artifact) -> float | None:
 def _progress_rate(artifact: Artifact) -> float | None:
     """Progress changes per minute over the run (from the first change to the last)."""
     # A version 2 group, there once progress was seen.
-    series = artifact["series"].get("progress_rate")
+    series = series_group(artifact, "progress_rate")
     rates = [] if series is None else [v for v in series["changes_per_minute"] if v is not None]
     if rates:
         return sum(rates) / len(rates)
@@ -302,25 +301,23 @@ def _progress_rate(artifact: Artifact) -> float | None:
     return changes / duration * 60.0
 
 
-def _steps(artifact: Artifact) -> StepsProgress | None:
-    # Artifacts written before the steps were read have no ``progress.steps``.
-    return artifact["progress"].get("steps")
-
-
 def _step_rate(artifact: Artifact) -> float | None:
     """Training steps per second: the median of the run's step-rate series."""
-    series = artifact["series"].get("steps", {})
-    rates = [v for v in series.get("steps_per_second", []) if isinstance(v, int | float)]
+    rates = [
+        v
+        for v in column(series_group(artifact, "steps"), "steps_per_second")
+        if isinstance(v, int | float)
+    ]
     if rates:
         return float(statistics.median(rates))
-    steps = _steps(artifact)
+    steps = training_steps(artifact)
     rate = None if steps is None else steps["steps_per_second"]
     return None if rate is None else float(rate)
 
 
 def _final_loss(artifact: Artifact) -> float | None:
     """The last finite loss the trainer wrote."""
-    steps = _steps(artifact)
+    steps = training_steps(artifact)
     loss = None if steps is None else steps["loss"]
     return None if loss is None else float(loss)
 

@@ -32,6 +32,18 @@ from .._contract import (
     series_times,
 )
 from ._fields import format_bytes, format_value
+from ._sections import (
+    counted_steps,
+    gpu_health,
+    oom_kills,
+    process_role,
+    python_stack,
+    series_group,
+    stall_forensics,
+    stall_ranks,
+    summary_entry,
+    trend_verdicts,
+)
 
 #: Log lines shown at most (a traceback longer than this keeps its end).
 LOG_LINES = 14
@@ -117,10 +129,16 @@ def seconds_at(artifact: Artifact, iso_time: str | None) -> float | None:
     return round(delta.total_seconds(), 3)
 
 
-def config_value(artifact: Artifact, name: str) -> float | None:
+def config_setting(artifact: Artifact, name: str) -> object:
+    """A setting of the run; None when the artifact lacks it."""
     # A setting the schema does not require (added since version 1) may be absent.
-    settings: Mapping[str, Any] = artifact["config"]
-    value = settings.get(name)
+    settings: Mapping[str, object] = artifact["config"]
+    return settings.get(name)
+
+
+def config_value(artifact: Artifact, name: str) -> float | None:
+    """A numeric setting of the run; None when it is not a number, or missing."""
+    value = config_setting(artifact, name)
     return float(value) if isinstance(value, int | float) else None
 
 
@@ -131,8 +149,8 @@ def event_times(artifact: Artifact, kind: str) -> list[float]:
 def last_progress_at(artifact: Artifact) -> str | None:
     """When the progress that counted was last seen: the step's last advance when the run
     was judged on its steps, else the last file change."""
-    steps = artifact["progress"].get("steps")
-    if steps is not None and artifact["progress"].get("source") == "steps":
+    steps = counted_steps(artifact)
+    if steps is not None:
         return steps["last_step_at"]
     return artifact["progress"]["last_change_at"]
 
@@ -158,7 +176,7 @@ def series_typical(
     The median, not the mean: the first sample after a stall begins still carries the work
     just before it, and one such point would drag a short window's mean up.
     """
-    series = artifact["series"].get(group)  # a group the run did not sample
+    series = series_group(artifact, group)
     if series is None or name not in series:
         return None
     values = [
@@ -172,7 +190,7 @@ def series_typical(
 def summary_figure(artifact: Artifact, group: str, name: str, key: str) -> float | None:
     """``key`` (max, mean, min, last) of a field over the run, from ``summary``; None when
     the run never sampled the group or the field (no GPU, a sampler that degraded)."""
-    stats = artifact["summary"].get(group, {}).get(name)
+    stats = summary_entry(artifact, group, name)
     value = stats[key] if isinstance(stats, dict) else None
     return float(value) if isinstance(value, int | float) else None
 
@@ -181,7 +199,7 @@ def gpu_faults(artifact: Artifact) -> list[dict[str, Any]]:
     """Every GPU fault of the run (``gpu_health``), those that failed it first, each with the
     GPU's ``gpu``, ``uuid`` and ``bus_id``."""
     found = []
-    for health in (artifact.get("gpu_health") or {}).values():
+    for health in gpu_health(artifact).values():
         for fault in health["faults"]:
             found.append(
                 {
@@ -242,14 +260,8 @@ def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity
 
 def is_launcher(process: ForensicsProcess) -> bool:
     """Whether a process of the forensics is a distributed run's launcher (torchrun...)."""
-    role = process.get("role")
+    role = process_role(process)
     return isinstance(role, Mapping) and "launcher" in role
-
-
-def python_stack(process: ForensicsProcess) -> str | None:
-    """A Python process's py-spy dump: None for another process (none is taken), or where
-    py-spy gave an error instead."""
-    return process.get("python_stack", {}).get("stack")
 
 
 def innermost_python_frame(process: ForensicsProcess) -> str | None:
@@ -361,9 +373,10 @@ def _end_of_command(artifact: Artifact) -> float:
 
 def leaking_series(artifact: Artifact) -> list[Leak]:
     """The ``trends`` entries judged leaks, with their key; processes first, by growth."""
-    trends = artifact.get("trends") or {}  # a version 2 section
     leaks = [
-        Leak(series=key, **entry) for key, entry in trends.items() if entry["verdict"] == "leak"
+        Leak(series=key, **entry)
+        for key, entry in trend_verdicts(artifact).items()
+        if entry["verdict"] == "leak"
     ]
     return sorted(
         leaks,
@@ -453,9 +466,9 @@ def _cause(
 def _stall_cause(
     artifact: Artifact, failures: Sequence[Failure]
 ) -> tuple[str, str | None, str | None]:
-    forensics = artifact.get("forensics")
+    forensics = stall_forensics(artifact)
     processes = [] if forensics is None else readable_processes(forensics)
-    ranks = None if forensics is None else forensics.get("ranks")  # a distributed run's
+    ranks = stall_ranks(artifact)
     if ranks is not None and ranks["text"]:
         # The rank the others wait for, never its launcher: a culprit named comes with where
         # it stopped.
@@ -511,14 +524,10 @@ def _next_steps(
     last: LastProgress | None,
     leaks: Sequence[Leak],
 ) -> list[str]:
-    # Settings beyond those the schema requires are read with ``.get``: a version 1 artifact,
-    # or a setting added since, lacks them.
-    config: Mapping[str, Any] = artifact["config"]
     resume = f"resume from {last.checkpoint}" if last and last.checkpoint else None
     steps: list[str] = []
     if primary in (FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT):
-        forensics = artifact.get("forensics")
-        ranks = None if forensics is None else forensics.get("ranks")  # a distributed run's
+        ranks = stall_ranks(artifact)
         if ranks is not None and ranks["culprits"] and where:
             waits = f" in {ranks['waiting']}" if ranks["waiting"] else ""
             steps.append(
@@ -527,7 +536,7 @@ def _next_steps(
             )
         if resume:
             steps.append(resume[:1].upper() + resume[1:] + ".")
-        if not config.get("dump_signal"):
+        if not config_setting(artifact, "dump_signal"):
             steps.append(
                 "Rerun with --dump-signal SIGUSR1 for every thread's stack, native frames too "
                 "(the trainer calls faulthandler.register(signal.SIGUSR1))."
@@ -560,20 +569,22 @@ def _next_steps(
     elif primary in (FailureReason.NONZERO_EXIT, FailureReason.SIGNALED):
         fix = f"Fix the error at {where}" if where else "Read the log's end below for the error"
         steps.append(fix + (f", then {resume}." if resume else "."))
-        if artifact["exit"]["signal"] == "SIGKILL" and not artifact.get("oom_kills"):
+        if artifact["exit"]["signal"] == "SIGKILL" and not oom_kills(artifact):
             steps.append("Check the kernel log (dmesg) for the OOM killer.")
     elif primary == FailureReason.MEMORY_BUDGET:
-        budget = config.get("max_rss_bytes") or config.get("max_gpu_memory_bytes")
-        crossed = f" {format_bytes(float(budget))}" if isinstance(budget, int | float) else ""
+        budget = config_value(artifact, "max_rss_bytes") or config_value(
+            artifact, "max_gpu_memory_bytes"
+        )
+        crossed = f" {format_bytes(budget)}" if budget is not None else ""
         steps.append(
             f"The memory budget{crossed} was crossed: raise --max-rss / --max-gpu-memory if "
             "the run needs more, or find what grew in the per-process table."
         )
     elif primary == FailureReason.DISK_LOW:
-        floor = config.get("min_disk_free_bytes")
+        floor = config_value(artifact, "min_disk_free_bytes")
         steps.append(
             "Free disk space fell below --min-disk-free"
-            + (f" {format_bytes(float(floor))}" if isinstance(floor, int | float) else "")
+            + (f" {format_bytes(floor)}" if floor is not None else "")
             + ": clear old checkpoints, or write them elsewhere."
         )
     elif primary == FailureReason.NONFINITE_LOSS:

@@ -93,12 +93,33 @@ def group_label(group: str) -> str:
     index = gpu_index(group)
     if index is not None:
         return f"GPU {index}"
-    return {
-        "tree": "Process tree",
-        "machine": "Machine",
-        "gpu_tree": "GPU use",
-        "progress_rate": "Progress",
-    }.get(group, group.replace("_", " "))
+    match group:
+        case "tree":
+            return "Process tree"
+        case "machine":
+            return "Machine"
+        case "gpu_tree":
+            return "GPU use"
+        case "progress_rate":
+            return "Progress"
+        case _:
+            return group.replace("_", " ")
+
+
+def kind_title(kind: str) -> str:
+    """A kind of group (:func:`group_kind`) as a title: ``GPU`` for the GPUs' groups."""
+    return "GPU" if kind == "gpu" else group_label(kind)
+
+
+def group_rank(group: str) -> int:
+    """Where a group comes among others: the tree, the machine, each GPU, then the rest."""
+    match group:
+        case "tree":
+            return 0
+        case "machine":
+            return 1
+        case _:
+            return 3 if gpu_index(group) is None else 2
 
 
 def describe(group: str, name: str) -> Field:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .._contract import (
@@ -23,6 +24,15 @@ from .._contract import (
     terminal_text,
 )
 from .._process import judge_ranks, states_from_json
+from ._sections import (
+    Recorded,
+    column,
+    host_probe,
+    probes,
+    series_group,
+    stall_ranks,
+    stop_section,
+)
 
 #: Width of the text timeline's bars, in characters.
 TIMELINE_WIDTH = 48
@@ -34,9 +44,44 @@ class NotOneJobError(ValueError):
     """The artifacts given together are not all soaks of one scheduler job."""
 
 
-def scheduler_of(artifact: Artifact) -> Mapping[str, Any] | None:
-    scheduler = artifact["snapshot"].get("scheduler")
-    return scheduler if isinstance(scheduler, Mapping) and scheduler.get("job_id") else None
+@dataclass(frozen=True, slots=True)
+class JobTask(Recorded):
+    """One soak's place in its job: its SLURM task, or a torchrun job's host and lowest
+    rank.  ``snapshot.scheduler`` may lack any key (:class:`~asyncsoak._contract.SlurmJob`):
+    a missing one is null, as SLURM leaves a variable unset."""
+
+    job_id: int | str | None = None
+    cluster: str | None = None
+    node: str | None = None
+    rank: int | str | None = None
+    local_rank: int | str | None = None
+    num_tasks: int | str | None = None
+    step_id: int | str | None = None
+    restart_count: int | str | None = 0
+    array_job_id: int | str | None = None
+    array_task_id: int | str | None = None
+    partition: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodTask(Recorded):
+    """The Kubernetes pod a soak ran in, and its place in its Job or JobSet."""
+
+    pod_name: str | None = None
+    namespace: str | None = None
+    node: str | None = None
+    job_name: str | None = None
+    completion_index: int | str | None = None
+    jobset_name: str | None = None
+    replicated_job_name: str | None = None
+    job_index: int | str | None = None
+
+
+def scheduler_of(artifact: Artifact) -> JobTask | None:
+    """The SLURM task a soak ran as; None outside a SLURM job."""
+    scheduler = probes(artifact).scheduler
+    task = None if scheduler is None else JobTask.of(scheduler)
+    return task if task is not None and task.job_id else None
 
 
 def scheduler_line(artifact: Artifact) -> str | None:
@@ -44,19 +89,18 @@ def scheduler_line(artifact: Artifact) -> str | None:
     s = scheduler_of(artifact)
     if s is None:
         return None
-    # The snapshot is not checked against the schema: a key may be missing.
-    job = str(s["job_id"])
-    if s.get("array_job_id") is not None:
-        job += f" (array {s.get('array_job_id')}_{s.get('array_task_id')})"
+    job = str(s.job_id)
+    if s.array_job_id is not None:
+        job += f" (array {s.array_job_id}_{s.array_task_id})"
     details = []
-    if s.get("rank") is not None:
-        of = f" of {s.get('num_tasks')}" if s.get("num_tasks") else ""
-        details.append(f"rank {s.get('rank')}{of}")
-    if s.get("restart_count"):
-        details.append(f"restart {s.get('restart_count')}")
-    if s.get("partition"):
-        details.append(f"partition {s.get('partition')}")
-    return f"{job} on {s.get('node') or '?'}" + (f" ({', '.join(details)})" if details else "")
+    if s.rank is not None:
+        of = f" of {s.num_tasks}" if s.num_tasks else ""
+        details.append(f"rank {s.rank}{of}")
+    if s.restart_count:
+        details.append(f"restart {s.restart_count}")
+    if s.partition:
+        details.append(f"partition {s.partition}")
+    return f"{job} on {s.node or '?'}" + (f" ({', '.join(details)})" if details else "")
 
 
 def rendezvous_of(artifact: Artifact) -> str | None:
@@ -71,36 +115,34 @@ def rendezvous_of(artifact: Artifact) -> str | None:
     return None if run_id == "none" else run_id
 
 
-def _rendezvous_task(artifact: Artifact) -> dict[str, Any]:
+def _rendezvous_task(artifact: Artifact) -> JobTask:
     """A soak of a torchrun job as the job view lists it: its host and its lowest rank."""
     ranks = artifact["ranks"]["ranks"] if "ranks" in artifact else []  # a distributed run's
-    host = artifact["snapshot"].get("host", {}).get("hostname")  # a probe that may fail
+    host = host_probe(artifact)
     lowest = min(ranks, key=lambda r: int(r["rank"]), default=None)
-    return {
-        "node": host,
-        "rank": None if lowest is None else lowest["rank"],
-        "local_rank": None if lowest is None else lowest["local_rank"],
-    }
+    return JobTask(
+        node=None if host is None else host["hostname"],
+        rank=None if lowest is None else lowest["rank"],
+        local_rank=None if lowest is None else lowest["local_rank"],
+    )
 
 
 def pod_line(artifact: Artifact) -> str | None:
     """``ml/train-2-x7k2p on gpu-node-7 (job train, index 2)`` for a soak that ran in a
     Kubernetes pod."""
-    s = artifact["snapshot"].get("scheduler")
-    if not isinstance(s, Mapping) or s.get("kind") != "kubernetes":
+    scheduler = probes(artifact).scheduler
+    if scheduler is None or scheduler["kind"] != "kubernetes":
         return None
-    # The snapshot is not checked against the schema: a key may be missing.
-    name = f"{s.get('namespace')}/{s.get('pod_name')}" if s.get("namespace") else s.get("pod_name")
+    s = PodTask.of(scheduler)
+    name = f"{s.namespace}/{s.pod_name}" if s.namespace else s.pod_name
     details = []
-    if s.get("jobset_name"):
-        details.append(
-            f"jobset {s.get('jobset_name')}, {s.get('replicated_job_name')} {s.get('job_index')}"
-        )
-    if s.get("job_name"):
-        details.append(f"job {s.get('job_name')}")
-    if s.get("completion_index") is not None:
-        details.append(f"index {s.get('completion_index')}")
-    where = f" on {s.get('node')}" if s.get("node") else ""
+    if s.jobset_name:
+        details.append(f"jobset {s.jobset_name}, {s.replicated_job_name} {s.job_index}")
+    if s.job_name:
+        details.append(f"job {s.job_name}")
+    if s.completion_index is not None:
+        details.append(f"index {s.completion_index}")
+    where = f" on {s.node}" if s.node else ""
     return f"{name or '?'}{where}" + (f" ({', '.join(details)})" if details else "")
 
 
@@ -115,7 +157,7 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
         s = scheduler_of(artifact)
         run_id = rendezvous_of(artifact)
         if s is not None:
-            keys.add(("slurm", s.get("cluster"), str(s["job_id"])))
+            keys.add(("slurm", s.cluster, str(s.job_id)))
         elif run_id is not None:
             keys.add(("torchrun", None, run_id))
         else:
@@ -141,15 +183,15 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
         s = scheduler_of(artifact) or _rendezvous_task(artifact)
         failures = artifact["failures"]
         first = failures[0] if failures else None
-        stop = artifact.get("stop")  # no stop section: written before the stop sequence
+        stop = stop_section(artifact)
         soaks.append(
             {
                 "path": path,
-                "node": s.get("node"),
-                "rank": s.get("rank"),
-                "local_rank": s.get("local_rank"),
-                "step_id": s.get("step_id"),
-                "restart_count": s.get("restart_count") or 0,
+                "node": s.node,
+                "rank": s.rank,
+                "local_rank": s.local_rank,
+                "step_id": s.step_id,
+                "restart_count": s.restart_count or 0,
                 "status": artifact["status"],
                 "stop_cause": None if stop is None else stop["cause"],
                 "reasons": [f["reason"] for f in failures],
@@ -225,9 +267,8 @@ def _culprit_across(
     by_path = dict(artifacts)
 
     def ranks_of(soak: Mapping[str, Any]) -> Any:
-        forensics = by_path[soak["path"]].get("forensics")
         # The ranks' stacks: recorded at a distributed run's stall only.
-        ranks = None if forensics is None else forensics.get("ranks")
+        ranks = stall_ranks(by_path[soak["path"]])
         return None if ranks is None else ranks["ranks"]
 
     states = []
@@ -383,16 +424,16 @@ def render_job_report(
     for soak in combined["soaks"]:
         artifact = by_path[soak["path"]]
         start = parse_iso_or_none(artifact["started_at"])
-        tree = artifact["series"].get("tree")  # none when nothing was sampled
+        tree = series_group(artifact, "tree")
         if start is None or tree is None:
             continue
         xs = [start + timedelta(seconds=float(t)) for t in series_times(tree)]
         label = plot_text(f"{soak_label(soak)} ({soak['node']})")
-        rss = [None if v is None else v / 2**20 for v in tree.get("rss_bytes") or []]
+        rss = [None if v is None else v / 2**20 for v in column(tree, "rss_bytes")]
         figure.add_scatter(x=xs, y=rss, name=label, legendgroup=label, row=1, col=1)
         figure.add_scatter(
             x=xs,
-            y=tree.get("cpu_percent") or [],
+            y=column(tree, "cpu_percent"),
             name=label,
             legendgroup=label,
             showlegend=False,

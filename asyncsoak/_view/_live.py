@@ -33,15 +33,30 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TextIO, TypedDict, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Protocol, TextIO, TypedDict, cast
 
 import anyio
 
 from .._analysis import MAX_WINDOWS, SAMPLES_PER_WINDOW, theil_sen, windowed_minima
 from .._contract import (
     MAX_LINE_BYTES,
+    EventFold,
+    EventJson,
     EventKind,
+    ExitedJson,
+    FailureJson,
+    FinishedJson,
+    GpuFaultJson,
+    GpuSampleJson,
+    HeaderJson,
+    ProgressJson,
+    SampleJson,
+    StartedJson,
+    StepJson,
+    StopJson,
+    TrendJson,
     UnreadableFileError,
+    WarningJson,
     epoch,
     format_duration,
     run_blocking,
@@ -103,7 +118,7 @@ class JournalTail:
             self._file.close()
             self._file = None
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[EventJson]:
         self.reads_begun += 1
         number = self.reads_begun
         self._at_end = True
@@ -112,8 +127,8 @@ class JournalTail:
             self.last_read_to_end = number
         return events
 
-    def _read(self) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
+    def _read(self) -> list[EventJson]:
+        events: list[EventJson] = []
         if self._file is not None and os.fstat(self._file.fileno()).st_size < self._offset:
             # Truncated: a new soak took the path over.
             self.close()
@@ -153,7 +168,7 @@ class JournalTail:
         self._skipping = False
         return True
 
-    def _read_on(self) -> list[dict[str, Any]]:
+    def _read_on(self) -> list[EventJson]:
         assert self._file is not None
         self._file.seek(self._offset)
         data = self._file.read(READ_CHUNK)
@@ -499,53 +514,18 @@ def _shorten_words(text: str, width: int) -> str:
     return cut + "…"
 
 
-# The journal lines the live view reads, as the events write them (``_record/_events.py``).
-# Every key may be missing: a journal is not checked against a schema as an artifact is, and
-# it may come from another asyncsoak, so each field is read with ``.get``.
-
-
-class _HeaderLine(TypedDict, total=False):
-    started_at: str
-    config: dict[str, Any]
-    monitor_pid: int
-    monotonic_start: float
-    log_path: str
-
-
-class _ProgressLine(TypedDict, total=False):
-    changed: int
+# The live view reads journal lines as their kinds' JSON forms (``_contract._events``), every
+# key with ``.get``: a journal is not checked against a schema as an artifact is, and it may
+# come from another asyncsoak.
 
 
 class _ProcessEntry(TypedDict, total=False):
+    """A process of a sample (``SampleJson.processes``), as far as the view reads it."""
+
     pid: int
     name: str
     rss_bytes: float | None
     anon_bytes: float | None
-
-
-class _SampleLine(TypedDict, total=False):
-    #: Group (``tree``, ``machine``, ``gpu0``...) to field to value.
-    points: dict[str, dict[str, float | None]]
-    processes: list[_ProcessEntry]
-
-
-class _TrendLine(TypedDict, total=False):
-    series: str
-    verdict: str  # "leak" or "breach_projected"
-    slope_per_hour: float | None
-    projected_limit_at: str | None
-
-
-class _FailureLine(TypedDict, total=False):
-    reason: str
-
-
-class _StopLine(TypedDict, total=False):
-    cause: str
-
-
-class _FinishedLine(TypedDict, total=False):
-    status: str
 
 
 #: Samples of the tree's memory kept for its live trend (the last ones; about 10 minutes at 1 s).
@@ -591,9 +571,9 @@ class LiveState:
     #: (t, tree memory) of the last samples, for the memory trend.
     rss: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
     #: (series key, verdict) -> the ``trend`` event that said it.
-    trends: dict[tuple[str, str], _TrendLine] = field(default_factory=dict)
+    trends: dict[tuple[str, str], TrendJson] = field(default_factory=dict)
     #: The newest ``step`` line, and whether the step's advances are the progress.
-    step: Mapping[str, Any] | None = None
+    step: StepJson | None = None
     steps_count: bool = False
     #: The last sample's processes: (pid, name, memory).
     processes: list[tuple[int, str, float | None]] = field(default_factory=list)
@@ -609,75 +589,97 @@ class LiveState:
         default_factory=dict, init=False, repr=False
     )
 
+    _fold: ClassVar[EventFold[LiveState]] = EventFold()
+
     def add(self, event: Mapping[str, Any]) -> None:
         """Fold one event in its JSON form (as the serializer and ``JournalDecoder`` give it)."""
-        kind = event.get("kind")
-        t = float(event.get("t", 0.0))
-        self.last_t = max(self.last_t, t)
-        # Each case reads the line as the event of its kind (the casts only name its fields).
-        match kind:
-            case EventKind.HEADER:
-                header = cast(_HeaderLine, event)
-                self.started_at = epoch(header.get("started_at"))
-                start = header.get("monotonic_start")
-                self.monotonic_start = float(start) if isinstance(start, int | float) else None
-                config = header.get("config") or {}
-                stale = config.get("stale_progress_seconds")
-                # "auto": the limit comes with the progress and step lines, as it is learned.
-                self.stale_limit = stale if isinstance(stale, int | float) else None
-                self.startup_limit = config.get("startup_timeout_seconds")
-                log_path = header.get("log_path")
-                self.log_path = log_path if isinstance(log_path, str) else None
-            case EventKind.STARTED:
-                self.started = True
-            case EventKind.PROGRESS:
-                if not self.steps_count:
-                    self.last_progress = (
-                        t if self.last_progress is None else max(t, self.last_progress)
-                    )
-                changed = int(cast(_ProgressLine, event).get("changed", 1))
-                self.changes += changed
-                self.progress_times.append((t, changed))
-                self._fold_stale_limit(event)
-            case EventKind.STEP:
-                self.steps_count = self.steps_count or bool(event.get("counts", True))
-                moved = self.step is None or self.step.get("step") != event.get("step")
-                if moved and self.steps_count:
-                    self.last_progress = t
-                self.step = event
-                self._fold_stale_limit(event)
-            case EventKind.SAMPLE | EventKind.GPU_SAMPLE:
-                sample = cast(_SampleLine, event)
-                points = sample.get("points") or {}
-                self.points.update(points)
-                self._fold_peaks(t, points)
-                if kind == EventKind.SAMPLE:
-                    self._fold_processes(t, sample.get("processes"))
-            case EventKind.TREND:
-                trend = cast(_TrendLine, event)
-                series, verdict = str(trend.get("series")), str(trend.get("verdict"))
-                if verdict == "withdrawn":
-                    # The soak's judgement no longer calls it a leak: neither does the view.
-                    self.trends.pop((series, "leak"), None)
-                    self.trends.pop((series, "breach_projected"), None)
-                else:
-                    self.trends[(series, verdict)] = trend
-            case EventKind.WARNING:
-                self.warnings += 1
-            case EventKind.FAILURE:
-                self.failures.append(str(cast(_FailureLine, event).get("reason")))
-            case EventKind.GPU_FAULT:
-                if event.get("fails") and len(self.gpu_faults) < MAX_GPU_FAULT_ALERTS:
-                    what = f"Xid {event['xid']}" if event.get("xid") is not None else event["fault"]
-                    self.gpu_faults.append(f"GPU FAULT gpu{event.get('gpu')} {what}")
-            case EventKind.STOP:
-                self.stopping = str(cast(_StopLine, event).get("cause"))
-            case EventKind.EXITED:
-                self.exited = True
-            case EventKind.FINISHED:
-                self.finished = str(cast(_FinishedLine, event).get("status"))
+        self.last_t = max(self.last_t, float(event.get("t", 0.0)))
+        self._fold.dispatch(self, event)
 
-    def _fold_stale_limit(self, event: Mapping[str, Any]) -> None:
+    @_fold.on(EventKind.HEADER)
+    def _on_header(self, t: float, header: HeaderJson) -> None:
+        self.started_at = epoch(header.get("started_at"))
+        start = header.get("monotonic_start")
+        self.monotonic_start = float(start) if isinstance(start, int | float) else None
+        config = header.get("config") or {}
+        stale = config.get("stale_progress_seconds")
+        # "auto": the limit comes with the progress and step lines, as it is learned.
+        self.stale_limit = stale if isinstance(stale, int | float) else None
+        self.startup_limit = config.get("startup_timeout_seconds")
+        log_path = header.get("log_path")
+        self.log_path = log_path if isinstance(log_path, str) else None
+
+    @_fold.on(EventKind.STARTED)
+    def _on_started(self, t: float, event: StartedJson) -> None:
+        self.started = True
+
+    @_fold.on(EventKind.PROGRESS)
+    def _on_progress(self, t: float, event: ProgressJson) -> None:
+        if not self.steps_count:
+            self.last_progress = t if self.last_progress is None else max(t, self.last_progress)
+        changed = int(event.get("changed", 1))
+        self.changes += changed
+        self.progress_times.append((t, changed))
+        self._fold_stale_limit(event)
+
+    @_fold.on(EventKind.STEP)
+    def _on_step(self, t: float, event: StepJson) -> None:
+        self.steps_count = self.steps_count or bool(event.get("counts", True))
+        moved = self.step is None or self.step.get("step") != event.get("step")
+        if moved and self.steps_count:
+            self.last_progress = t
+        self.step = event
+        self._fold_stale_limit(event)
+
+    @_fold.on(EventKind.SAMPLE)
+    def _on_sample(self, t: float, sample: SampleJson) -> None:
+        self._fold_points(t, sample)
+        self._fold_processes(t, sample.get("processes"))
+
+    @_fold.on(EventKind.GPU_SAMPLE)
+    def _fold_points(self, t: float, sample: SampleJson | GpuSampleJson) -> None:
+        points = sample.get("points") or {}
+        self.points.update(points)
+        self._fold_peaks(t, points)
+
+    @_fold.on(EventKind.TREND)
+    def _on_trend(self, t: float, trend: TrendJson) -> None:
+        series, verdict = str(trend.get("series")), str(trend.get("verdict"))
+        if verdict == "withdrawn":
+            # The soak's judgement no longer calls it a leak: neither does the view.
+            self.trends.pop((series, "leak"), None)
+            self.trends.pop((series, "breach_projected"), None)
+        else:
+            self.trends[(series, verdict)] = trend
+
+    @_fold.on(EventKind.WARNING)
+    def _on_warning(self, t: float, event: WarningJson) -> None:
+        self.warnings += 1
+
+    @_fold.on(EventKind.FAILURE)
+    def _on_failure(self, t: float, event: FailureJson) -> None:
+        self.failures.append(str(event.get("reason")))
+
+    @_fold.on(EventKind.GPU_FAULT)
+    def _on_gpu_fault(self, t: float, event: GpuFaultJson) -> None:
+        if event.get("fails") and len(self.gpu_faults) < MAX_GPU_FAULT_ALERTS:
+            xid = event.get("xid")
+            what = f"Xid {xid}" if xid is not None else event.get("fault")
+            self.gpu_faults.append(f"GPU FAULT gpu{event.get('gpu')} {what}")
+
+    @_fold.on(EventKind.STOP)
+    def _on_stop(self, t: float, event: StopJson) -> None:
+        self.stopping = str(event.get("cause"))
+
+    @_fold.on(EventKind.EXITED)
+    def _on_exited(self, t: float, event: ExitedJson) -> None:
+        self.exited = True
+
+    @_fold.on(EventKind.FINISHED)
+    def _on_finished(self, t: float, event: FinishedJson) -> None:
+        self.finished = str(event.get("status"))
+
+    def _fold_stale_limit(self, event: ProgressJson | StepJson) -> None:
         """``--stale-progress auto``: the limit in force, as the watchdog learned it."""
         limit = event.get("stale_limit_seconds")
         if isinstance(limit, int | float):
@@ -1180,7 +1182,7 @@ class _Feed:
         self.state = LiveState()
         self.broken: str | None = None
 
-    def observe(self, event: dict[str, Any]) -> None:
+    def observe(self, event: Mapping[str, Any]) -> None:
         if self.broken is not None:
             return
         try:

@@ -18,6 +18,7 @@ from .._contract import (
     EventKind,
     FailureReason,
     OomKillEntry,
+    ProcessRecord,
     SoakStatus,
     describe_exit_status,
     format_duration,
@@ -40,8 +41,22 @@ from ._evidence import (
     summary_figure,
     trend_text,
 )
-from ._fields import describe, format_clock, format_value, group_kind
+from ._fields import describe, format_clock, format_value, group_kind, group_rank
 from ._job_view import pod_line, scheduler_line
+from ._sections import (
+    abandoned_processes,
+    counted_steps,
+    host_probe,
+    oom_kills,
+    probes,
+    process_role,
+    sampler_notes,
+    snapshot_gpus,
+    software_probe,
+    stall_forensics,
+    stop_section,
+    summary_entry,
+)
 from ._status import is_pass, shown_status, status_words
 from ._training import training_line
 
@@ -117,7 +132,7 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
         "gpus": gpu_table(artifact),
         "gpu_faults": gpu_faults(artifact),
         "leftovers": list(a["leftover_processes"]),
-        "abandoned": list(a.get("abandoned_processes") or []),
+        "abandoned": list(abandoned_processes(a)),
         "provenance": provenance(artifact),
         "log": {"path": a["log"]["path"], "last_lines": evidence.log_lines},
         "journal_path": a["monitor"]["journal_path"],
@@ -140,7 +155,7 @@ def headline(artifact: Artifact, reasons: list[dict[str, Any]]) -> str:
 
 
 def signals_sent(artifact: Artifact) -> list[str]:
-    stop = artifact.get("stop")  # no stop section: written before the stop sequence
+    stop = stop_section(artifact)
     return [] if stop is None else [s["signal"] for s in stop.get("signals", [])]
 
 
@@ -197,7 +212,7 @@ def look_first(artifact: Artifact) -> list[str]:
             hints.append("The last lines of the log, below, usually say why.")
     elif primary == FailureReason.SIGNALED:
         hints.append(f"The command was {exit_text(artifact)}.")
-        if not a.get("oom_kills"):
+        if not oom_kills(a):
             hints.extend(_memory_hints(artifact))
     elif primary == FailureReason.TOO_SHORT:
         hints.append(
@@ -215,7 +230,7 @@ def look_first(artifact: Artifact) -> list[str]:
             "died. Its reaper stops the command's tree when the monitor goes; look at the "
             "machine's logs (dmesg, the scheduler) for why the monitor was killed."
         )
-    for kill in a.get("oom_kills") or []:
+    for kill in oom_kills(a):
         hints.append(
             f"{oom_killer(kill)} killed pid {kill['pid']} ({kill['name']}): {kill['message']}"
         )
@@ -226,7 +241,7 @@ def look_first(artifact: Artifact) -> list[str]:
         hints.append(
             f"{len(leftovers)} process(es) outlived the command and were killed: {names}{more}."
         )
-    abandoned = a.get("abandoned_processes") or []
+    abandoned = abandoned_processes(a)
     if abandoned:
         hints.append(
             f"{len(abandoned)} process(es) would not die even after "
@@ -241,7 +256,7 @@ def look_first(artifact: Artifact) -> list[str]:
             f"{monitor['dropped_samples']} samples were dropped (the monitor fell behind): "
             "the plots have gaps."
         )
-    for note in monitor.get("sampler_notes", []):
+    for note in sampler_notes(a):
         if note["kind"] == EventKind.SAMPLER_DEGRADED:
             hints.append(f"The {note['sampler']} sampler degraded: {note['message']}.")
     if a["status"] == SoakStatus.PASSED:
@@ -282,10 +297,10 @@ def _stall_hints(artifact: Artifact) -> list[str]:
     if window is None:
         return []
     start, end = window
-    steps = progress.get("steps")
+    steps = counted_steps(artifact)
     what = (
         f"nothing in {progress['dir']} changed"
-        if steps is None or progress.get("source") != "steps"
+        if steps is None
         else f"the step ({steps['step']:,}, from {steps['source']}) did not advance"
     )
     hints = [
@@ -323,7 +338,7 @@ def _stall_cpu_hints(artifact: Artifact) -> list[str]:
 
 
 def _forensics_hints(artifact: Artifact) -> list[str]:
-    forensics = artifact.get("forensics")
+    forensics = stall_forensics(artifact)
     if forensics is None:
         return []
     processes = readable_processes(forensics)
@@ -333,7 +348,7 @@ def _forensics_hints(artifact: Artifact) -> list[str]:
     processes.sort(key=is_launcher)
     parts = []
     for process in processes[:3]:
-        role = process.get("role") or {}
+        role = process_role(process) or {}
         label = (
             f" (rank {role['rank']})"
             if "rank" in role
@@ -366,18 +381,17 @@ def _memory_hints(artifact: Artifact) -> list[str]:
     ]
 
 
-def _process_name(process: Mapping[str, Any]) -> str:
-    cmdline = process.get("cmdline")
-    name = " ".join(cmdline) if cmdline else process.get("name") or "?"
+def _process_name(process: ProcessRecord) -> str:
+    cmdline = process["cmdline"]
+    name = " ".join(cmdline) if cmdline else process["name"] or "?"
     name = name if len(name) <= 40 else name[:37] + "..."
-    return f"pid {process.get('pid')} ({name})"
+    return f"pid {process['pid']} ({name})"
 
 
 def _throttle_seen(artifact: Artifact) -> list[str]:
     out = []
-    for group, values in sorted(artifact["summary"].items()):
-        reasons = values.get("throttle_reasons") if isinstance(values, dict) else None
-        active = [r for r in reasons or [] if r not in IDLE_THROTTLE]
+    for group in sorted(artifact["summary"]):
+        active = _throttled(artifact, group)
         if active:
             out.append(f"{group}: {', '.join(active)}")
     return out
@@ -449,7 +463,7 @@ def _stats_key(stats: Mapping[str, Any]) -> str:
 
 
 def _group_order(item: tuple[str, Any]) -> tuple[int, str]:
-    return ({"tree": 0, "machine": 1}.get(item[0], 2), item[0])
+    return (group_rank(item[0]), item[0])
 
 
 #: Fields shown first among the peaks, in this order.
@@ -473,12 +487,11 @@ def _field_order(name: str) -> tuple[int, str]:
 def gpu_table(artifact: Artifact) -> list[dict[str, Any]]:
     """One row per GPU: name, utilisation, memory, power, temperature, throttle reasons."""
     summary = artifact["summary"]
-    names = {g.get("index"): g.get("name") for g in _snapshot_gpus(artifact)}
+    names = {g["index"]: g["name"] for g in snapshot_gpus(artifact)}
     rows = []
     for group in sorted(summary, key=lambda g: (len(g), g)):
         if group_kind(group) != "gpu" or not isinstance(summary[group], dict):
             continue
-        fields = summary[group]
 
         def stat(name: str, key: str, group: str = group) -> float | None:
             return summary_figure(artifact, group, name, key)
@@ -492,64 +505,71 @@ def gpu_table(artifact: Artifact) -> list[dict[str, Any]]:
                 "memory_used_max_mib": stat("memory_used_mib", "max"),
                 "power_max_w": stat("power_draw_w", "max"),
                 "temperature_max_c": stat("temperature_gpu_c", "max"),
-                "throttle_reasons": [
-                    r for r in fields.get("throttle_reasons") or [] if r not in IDLE_THROTTLE
-                ],
+                "throttle_reasons": _throttled(artifact, group),
             }
         )
     return rows
 
 
-def _snapshot_gpus(artifact: Artifact) -> list[dict[str, Any]]:
-    gpus = artifact["snapshot"].get("gpus")
-    if isinstance(gpus, dict):
-        gpus = gpus.get("gpus")
-    return [g for g in gpus or [] if isinstance(g, dict)]
+def _throttled(artifact: Artifact, group: str) -> list[str]:
+    """The reasons a group's GPU clocks were held back over the run (those that mean
+    nothing is held back left out); none for a group without them."""
+    reasons = summary_entry(artifact, group, "throttle_reasons")
+    return [r for r in reasons if r not in IDLE_THROTTLE] if isinstance(reasons, list) else []
 
 
 def provenance(artifact: Artifact) -> dict[str, str]:
     """Source revision, GPUs, driver, Python and host from the runtime snapshot."""
-    snapshot = artifact["snapshot"]
     out: dict[str, str] = {}
-    source = snapshot.get("source") or {}
-    if source.get("revision"):
-        revision = str(source["revision"])[:12]
-        if source.get("branch"):
+    snapshot = probes(artifact)
+    source = snapshot.source
+    if source is not None and "error" in source:
+        if source["error"]:
+            out["revision"] = f"unknown: {source['error']}"
+    elif source is not None and source["revision"]:
+        revision = source["revision"][:12]
+        if source["branch"]:
             revision += f" ({source['branch']})"
-        if source.get("dirty"):
-            revision += f", {source.get('changed_files') or 'some'} uncommitted change(s)"
+        if source["dirty"]:
+            revision += f", {source['changed_files'] or 'some'} uncommitted change(s)"
         out["revision"] = revision
-    elif source.get("error"):
-        out["revision"] = f"unknown: {source['error']}"
-    gpu_section = snapshot.get("gpus") or {}
-    names = [str(g.get("name")) for g in _snapshot_gpus(artifact) if g.get("name")]
+    gpus = snapshot.gpus
+    names = [g["name"] for g in snapshot_gpus(artifact) if g["name"]]
     if names:
         out["GPU"] = _counted(names)
-    elif isinstance(gpu_section, dict) and gpu_section.get("error"):
-        out["GPU"] = f"none recorded: {gpu_section['error']}"
-    if isinstance(gpu_section, dict) and gpu_section.get("driver_version"):
-        driver = str(gpu_section["driver_version"])
-        if gpu_section.get("cuda_version"):
-            driver += f" (CUDA {gpu_section['cuda_version']})"
-        out["driver"] = driver
-    software = snapshot.get("software") or {}
-    python = (software.get("command_python") or {}).get("version") or (
-        software.get("python") or {}
-    ).get("version")
+    elif gpus is not None and "error" in gpus and gpus["error"]:
+        out["GPU"] = f"none recorded: {gpus['error']}"
+    if gpus is not None and "error" not in gpus and gpus["driver_version"]:
+        driver = gpus["driver_version"]
+        cuda = gpus.get("cuda_version")  # when nvidia-smi --version answered
+        out["driver"] = driver + (f" (CUDA {cuda})" if cuda else "")
+    python = _python_version(artifact)
     if python:
-        out["Python"] = str(python)
-    host = (snapshot.get("host") or {}).get("hostname")
-    if host:
-        out["host"] = str(host)
+        out["Python"] = python
+    host = host_probe(artifact)
+    if host is not None and host["hostname"]:
+        out["host"] = host["hostname"]
     job = scheduler_line(artifact)
     if job:
         out["slurm job"] = job
     pod = pod_line(artifact)
     if pod:
         out["pod"] = pod
-    if snapshot.get("error"):
-        out["snapshot"] = str(snapshot["error"])
+    if snapshot.error:
+        out["snapshot"] = snapshot.error
     return out
+
+
+def _python_version(artifact: Artifact) -> str | None:
+    """The command's Python: its own interpreter's when it ran another one than the
+    monitor's (and that one answered), else the monitor's."""
+    software = software_probe(artifact)
+    if software is None:
+        return None
+    command_python = software.get("command_python")  # another interpreter than the monitor's
+    if command_python is not None and "error" not in command_python and command_python["version"]:
+        return command_python["version"]
+    return software["python"]["version"]
 
 
 def _counted(names: Iterable[str]) -> str:
@@ -572,7 +592,7 @@ def format_summary(
         lead = "  " if i == 0 else "  also "
         lines.append(f"{lead}{reason['reason']}{at}: {reason['message']}")
     lines.extend(evidence_lines(summary, width))
-    training = training_line(summary["progress"].get("steps"))
+    training = summary_training(summary)
     if training:
         lines.append(f"  training: {training}")
     lines.append(
@@ -610,7 +630,7 @@ def format_summary(
         lines.append("")
         lines.append("Leftover processes (killed):")
         for p in summary["leftovers"][:8]:
-            lines.append(f"  {_process_name(p)} state {p.get('state', '?')}")
+            lines.append(f"  {_process_name(p)} state {p['state']}")
     log = summary["log"]
     if log["last_lines"]:
         # The log's tail gives way first when the rest is long: the summary is one screen
@@ -627,6 +647,12 @@ def format_summary(
         lines.append("")
         lines.append(f"Plots: asyncsoak report {artifact_path}")
     return terminal_text("\n".join(lines), one_line=False)
+
+
+def summary_training(summary: Mapping[str, Any]) -> str:
+    """A summary's training line: empty when the run wrote no steps (or its artifact was
+    written before steps were read)."""
+    return training_line(summary["progress"].get("steps"))
 
 
 def evidence_lines(summary: Mapping[str, Any], width: int = 100) -> list[str]:

@@ -1,6 +1,7 @@
 """The training's own figures in words: step, rate, loss and ETA, one spelling for every view.
 
-Read from a ``step`` journal line or from the artifact's ``progress.steps`` (same keys):
+Read from a ``step`` journal line or from the artifact's ``progress.steps``: both hold every
+key read here (the step event's fields, null where the trainer's files do not say):
 ``step 1,150/1,200 | 55 steps/s | loss 6.15 | ETA 1m00s``.
 """
 
@@ -14,7 +15,7 @@ from .._contract import format_duration
 
 def step_text(steps: Mapping[str, Any]) -> str:
     """``step 1,150 of 1,200`` (or ``step 1,150`` when the total is unknown)."""
-    step, total = steps.get("step"), steps.get("max_steps")
+    step, total = steps["step"], steps["max_steps"]
     if not isinstance(step, int):
         return ""
     return f"step {step:,}" + (f" of {total:,}" if isinstance(total, int) and total else "")
@@ -28,19 +29,19 @@ def rate_text(steps: Mapping[str, Any]) -> str:
         ("tokens_per_second", "tokens/s"),
         ("samples_per_second", "samples/s"),
     ):
-        value = steps.get(key)
+        value = steps[key]
         if isinstance(value, int | float):
             out.append(f"{_figure(value)} {unit}")
     return ", ".join(out)
 
 
 def loss_text(steps: Mapping[str, Any]) -> str:
-    loss = steps.get("loss")
+    loss = steps["loss"]
     return f"loss {loss:.4g}" if isinstance(loss, int | float) else ""
 
 
 def eta_text(steps: Mapping[str, Any]) -> str:
-    eta = steps.get("eta_seconds")
+    eta = steps["eta_seconds"]
     return f"ETA {format_duration(eta)}" if isinstance(eta, int | float) else ""
 
 

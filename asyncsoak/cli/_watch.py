@@ -183,7 +183,7 @@ def monitor_holds(journal: Path) -> bool:
 def _catch_up(journal: Path) -> tuple[LiveState, JournalTail]:
     """The state after the journal's closed segments (a long soak rotates its journal), and
     a tail of its open segment."""
-    from .._record import journal_segments, read_journal
+    from .._record import JournalReader, journal_segments
     from .._view import JournalTail, LiveState
 
     state = LiveState()
@@ -191,7 +191,7 @@ def _catch_up(journal: Path) -> tuple[LiveState, JournalTail]:
     for segment in closed:
         # A closed segment is read as a journal of its own (bounded, compressed or not).
         with contextlib.suppress(FileNotFoundError):
-            for event in read_journal(segment):
+            for event in JournalReader(segment):
                 state.add(event)
     return state, JournalTail(journal, header_first=not closed)
 

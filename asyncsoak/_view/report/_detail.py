@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from ..._contract import Artifact, EventKind, UnreadableFileError
-from ..._record import read_journal
+from ..._contract import (
+    Artifact,
+    EventFold,
+    EventJson,
+    EventKind,
+    GpuSampleJson,
+    ProgressJson,
+    SampleJson,
+    UnreadableFileError,
+)
+from ..._record import JournalReader
 from .._summary import IDLE_THROTTLE
 
 
@@ -23,30 +33,53 @@ class JournalDetail:
 
 def read_journal_detail(path: Path) -> JournalDetail:
     """Progress times and throttle spans from a journal, skipping lines it cannot read."""
-    detail = JournalDetail()
-    open_spans: dict[str, tuple[float, set[str]]] = {}
-    last_t = 0.0
-    for event in read_journal(path):
-        t = float(event.get("t", 0.0))
-        last_t = max(last_t, t)
-        if event.get("kind") == EventKind.PROGRESS:
-            detail.progress_times.append(t)
-            detail.progress_files.append(file_names(event.get("paths")))
-            continue
+    fold = _DetailFold()
+    for event in JournalReader(path):
+        fold.add(event)
+    return fold.end()
+
+
+class _DetailFold:
+    """A journal's events folded into its :class:`JournalDetail`."""
+
+    _fold: ClassVar[EventFold[_DetailFold]] = EventFold()
+
+    def __init__(self) -> None:
+        self.detail = JournalDetail()
+        #: group -> (start, reasons) of the throttling going on.
+        self.open_spans: dict[str, tuple[float, set[str]]] = {}
+        self.last_t = 0.0
+
+    def add(self, event: EventJson) -> None:
+        self.last_t = max(self.last_t, float(event.get("t", 0.0)))
+        self._fold.dispatch(self, event)
+
+    @_fold.on(EventKind.PROGRESS)
+    def _on_progress(self, t: float, event: ProgressJson) -> None:
+        self.detail.progress_times.append(t)
+        self.detail.progress_files.append(file_names(event.get("paths")))
+
+    @_fold.on(EventKind.SAMPLE, EventKind.GPU_SAMPLE)
+    def _on_sample(self, t: float, event: SampleJson | GpuSampleJson) -> None:
         for group, labels in (event.get("labels") or {}).items():
             reasons = set(labels.get("throttle_reasons") or []) - IDLE_THROTTLE
-            current = open_spans.get(group)
+            current = self.open_spans.get(group)
             if current is not None and current[1] != reasons:
-                detail.throttle_spans.setdefault(group, []).append(
+                self.detail.throttle_spans.setdefault(group, []).append(
                     (current[0], t, sorted(current[1]))
                 )
                 current = None
-                del open_spans[group]
+                del self.open_spans[group]
             if reasons and current is None:
-                open_spans[group] = (t, reasons)
-    for group, (start, reasons) in open_spans.items():
-        detail.throttle_spans.setdefault(group, []).append((start, last_t, sorted(reasons)))
-    return detail
+                self.open_spans[group] = (t, reasons)
+
+    def end(self) -> JournalDetail:
+        """The detail, the throttling still going on at the last event closed there."""
+        for group, (start, reasons) in self.open_spans.items():
+            self.detail.throttle_spans.setdefault(group, []).append(
+                (start, self.last_t, sorted(reasons))
+            )
+        return self.detail
 
 
 def journal_detail_for(artifact: Artifact, journal: Path | None) -> JournalDetail | None:

@@ -7,7 +7,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._fields import Field, describe, format_bytes, format_value, gpu_index
+from .._fields import (
+    Field,
+    describe,
+    format_bytes,
+    format_value,
+    gpu_index,
+    group_rank,
+    kind_title,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,15 +101,6 @@ PANELS = (
     _PanelSpec("gpu_temp", "GPU temperature", "°C", (("gpu", "temperature_gpu_c"),)),
 )
 
-
-#: Group kinds as panel titles name them.
-KIND_TITLES = {
-    "tree": "Process tree",
-    "machine": "Machine",
-    "gpu": "GPU",
-    "gpu_tree": "GPU use",
-    "progress_rate": "Progress",
-}
 
 #: Counters that count up from the start: drawn as rates (bytes per second).
 COUNTERS = frozenset({("tree", "read_bytes"), ("tree", "write_bytes")})
@@ -194,9 +193,7 @@ def other_title(panel: Panel) -> str:
     labels = list(dict.fromkeys(field_label(f) for f in panel.fields))
     what = ", ".join(labels[:4]) + (", ..." if len(labels) > 4 else "")
     unit = "" if panel.unit in BYTE_UNITS else panel.unit
-    return f"{KIND_TITLES.get(kind, kind.replace('_', ' '))}: {what}" + (
-        f" ({unit})" if unit else ""
-    )
+    return f"{kind_title(kind)}: {what}" + (f" ({unit})" if unit else "")
 
 
 def field_unit(f: Field) -> str:
@@ -223,9 +220,7 @@ def format_in_unit(value: float, unit: str) -> str:
 
 
 def group_sort_key(group: str) -> tuple[int, int, str]:
-    index = gpu_index(group)
-    order = {"tree": 0, "machine": 1}.get(group, 3 if index is None else 2)
-    return (order, index or 0, group)
+    return (group_rank(group), gpu_index(group) or 0, group)
 
 
 @dataclass(frozen=True, slots=True)

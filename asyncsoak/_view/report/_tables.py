@@ -15,23 +15,32 @@ from ..._contract import (
     FailureReason,
     ForensicsProcess,
     ForensicsSection,
+    ProcessRecord,
+    ProgressJson,
     SoakStatus,
     format_duration,
     readable_processes,
 )
 from ..._contract import decode as decode_exit
 from ..._record import EVENTS_HEAD
-from .._evidence import (
-    config_value,
-    innermost_python_frame,
-    python_stack,
-    rate_text,
-    summary_figure,
-)
+from .._evidence import config_value, innermost_python_frame, rate_text, summary_figure
 from .._fields import format_clock, format_value
+from .._sections import (
+    abandoned_processes,
+    events_dropped,
+    host_probe,
+    oom_kills,
+    process_role,
+    python_stack,
+    python_stack_error,
+    sampler_notes,
+    stall_forensics,
+    stop_section,
+    top_processes,
+    trend_verdicts,
+)
 from .._status import is_pass, status_words
-from .._summary import exit_text, oom_killer
-from .._training import training_line
+from .._summary import exit_text, oom_killer, summary_training
 
 if TYPE_CHECKING:
     from ._figure import Timeline
@@ -50,13 +59,13 @@ def verdict_html(summary: Mapping[str, Any]) -> str:
         f"<h1>{html.escape(summary['headline'])}</h1>",
     ]
     for i, reason in enumerate(summary["reasons"]):
-        at = f" at {format_duration(reason['t'])}" if reason.get("t") is not None else ""
+        at = f" at {format_duration(reason['t'])}" if reason["t"] is not None else ""
         lead = "" if i == 0 else "Also: "
         parts.append(
             f'<p class="reason">{lead}<b>{html.escape(reason["reason"])}</b>{at}: '
             f"{html.escape(reason['message'])}</p>"
         )
-    training = training_line(summary["progress"].get("steps"))
+    training = summary_training(summary)
     if training:
         parts.append(f'<p class="training">{html.escape(training)}</p>')
     parts.append("</header>")
@@ -108,9 +117,9 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
     empty = {
         anchor
         for anchor, shown in (
-            ("processes", artifact.get("processes")),
+            ("processes", top_processes(artifact)),
             ("events", artifact["events"]),
-            ("forensics", artifact.get("forensics") or artifact.get("abandoned_processes")),
+            ("forensics", stall_forensics(artifact) or abandoned_processes(artifact)),
         )
         if not shown
     }
@@ -173,10 +182,10 @@ def role_text(role: object) -> str:
 
 def processes_html(artifact: Artifact) -> str:
     """The top processes by peak memory: who grew, and who used the CPU and GPU."""
-    processes = artifact.get("processes") or []  # a version 2 section
+    processes = top_processes(artifact)
     if not processes:
         return ""
-    trends = artifact.get("trends") or {}
+    trends = trend_verdicts(artifact)
     rows = []
     for p in processes:
         # A series judged too short has no trend.
@@ -196,7 +205,7 @@ def processes_html(artifact: Artifact) -> str:
         cells = [
             p["pid"],
             p["name"] or "?",
-            role_text(p.get("role")),
+            role_text(process_role(p)),
             rss,
             f"{growth} ({verdict})" if growth else verdict or "-",
             format_value(p["mean_cpu_percent"], "%"),
@@ -229,13 +238,10 @@ def _cpu_competition(artifact: Artifact) -> str | None:
     """A note when the machine's CPU was far above the tree's: something else competed."""
     machine = summary_figure(artifact, "machine", "cpu_percent", "mean")
     tree = summary_figure(artifact, "tree", "cpu_percent", "mean")
-    cores = artifact["snapshot"].get("host", {}).get("usable_cpus")  # a probe that may fail
-    if not (
-        isinstance(machine, int | float)
-        and isinstance(tree, int | float)
-        and isinstance(cores, int | float)
-    ):
+    host = host_probe(artifact)
+    if not (isinstance(machine, int | float) and isinstance(tree, int | float)) or host is None:
         return None
+    cores = host["usable_cpus"]
     # The machine's figure is a share of every core; the tree's, of one core.
     machine_cores = machine * cores / 100.0
     tree_cores = tree / 100.0
@@ -384,7 +390,7 @@ def events_html(artifact: Artifact) -> str:
     events = artifact["events"]
     started = artifact["started_at"]
     start = datetime.fromisoformat(started.replace("Z", "+00:00")) if started else None
-    dropped = artifact.get("events_dropped", 0)  # a version 2 key
+    dropped = events_dropped(artifact)
     rows: list[str] = []
 
     def wall(t: float) -> str:
@@ -410,14 +416,14 @@ def events_html(artifact: Artifact) -> str:
         if event["kind"] == EventKind.PROGRESS:
             j = i
             paths: dict[str, None] = {}
-            while (
-                j < len(events)
-                and events[j]["kind"] == EventKind.PROGRESS
-                and not (dropped and j == EVENTS_HEAD and j != i)
-            ):
-                paths.update(dict.fromkeys(events[j]["paths"]))
+            run: list[ProgressJson] = []
+            while j < len(events) and not (dropped and j == EVENTS_HEAD and j != i):
+                progress = events[j]
+                if progress["kind"] != EventKind.PROGRESS:
+                    break
+                run.append(progress)
+                paths.update(dict.fromkeys(progress.get("paths") or []))
                 j += 1
-            run = events[i:j]
             names = ", ".join(str(p) for p in list(paths)[:5])
             more = ", ..." if len(paths) > 5 else ""
             changed = sum(int(e["changed"]) for e in run)
@@ -548,27 +554,22 @@ def _stop_text(stop: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _process_text(process: Mapping[str, Any]) -> str:
-    cmdline = process.get("cmdline")
-    command = shlex.join(cmdline) if cmdline else str(process.get("name"))
-    return f"pid {process.get('pid')} ({process.get('state', '?')}): {command}" + (
-        f"; {process['left_group']}" if process.get("left_group") else ""
-    )
+def _process_text(process: ProcessRecord) -> str:
+    cmdline = process["cmdline"]
+    command = shlex.join(cmdline) if cmdline else str(process["name"])
+    # How it left the group: known for a process that could be read.
+    left = process.get("left_group")
+    return f"pid {process['pid']} ({process['state']}): {command}" + (f"; {left}" if left else "")
 
 
-def _process_table(processes: Sequence[Mapping[str, Any]]) -> str:
+def _process_table(processes: Sequence[ProcessRecord]) -> str:
     head = "<tr><th>pid</th><th>ppid</th><th>state</th><th>command</th><th>how it left</th></tr>"
     rows = []
     for p in processes:
-        cmdline = p.get("cmdline")
-        command = shlex.join(cmdline) if cmdline else str(p.get("name") or "?")
-        cells = [
-            p.get("pid"),
-            p.get("ppid", ""),
-            p.get("state", "?"),
-            command,
-            p.get("left_group", ""),
-        ]
+        cmdline = p["cmdline"]
+        command = shlex.join(cmdline) if cmdline else str(p["name"] or "?")
+        # The parent and how it left: known for a process that could be read.
+        cells = [p["pid"], p.get("ppid", ""), p["state"], command, p.get("left_group", "")]
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 
@@ -585,24 +586,24 @@ def leftovers_html(artifact: Artifact) -> str:
 
 def forensics_html(artifact: Artifact) -> str:
     parts = ['<section id="forensics"><h2>Forensics</h2>']
-    abandoned = artifact.get("abandoned_processes") or []
+    abandoned = abandoned_processes(artifact)
     if abandoned:
         parts.append("<h3>Processes that would not die (abandoned)</h3>")
         parts.append(_process_table(abandoned))
-    oom_kills = artifact.get("oom_kills") or []
-    if oom_kills:
+    kills = oom_kills(artifact)
+    if kills:
         items = "".join(
             f"<li>{html.escape(oom_killer(k))}: pid {html.escape(str(k['pid']))} "
             f"({html.escape(k['name'])}): "
             f'<span class="mono">{html.escape(k["message"])}</span></li>'
-            for k in oom_kills
+            for k in kills
         )
         parts.append(f"<h3>Killed by the OOM killer</h3><ul>{items}</ul>")
-    forensics = artifact.get("forensics")
-    if forensics is not None:
-        parts.append(_stall_forensics_html(forensics, artifact["exit"]["pid"]))
+    stall = stall_forensics(artifact)
+    if stall is not None:
+        parts.append(_stall_forensics_html(stall, artifact["exit"]["pid"]))
     monitor = artifact["monitor"]
-    notes = monitor.get("sampler_notes", [])  # a version 2 key
+    notes = sampler_notes(artifact)
     if notes:
         items = "".join(
             f"<li>{format_duration(float(n['t']))}: {html.escape(n['kind'])} "
@@ -610,7 +611,7 @@ def forensics_html(artifact: Artifact) -> str:
             for n in notes
         )
         parts.append(f"<h3>Sampler notes</h3><ul>{items}</ul>")
-    stop = artifact.get("stop")  # no stop section: written before the stop sequence
+    stop = stop_section(artifact)
     if stop is not None and stop["cause"]:
         parts.append(
             "<p>Stop: "
@@ -707,17 +708,18 @@ def _process_details(processes: Sequence[ForensicsProcess], *, open_first: bool)
         )
         body = [f'<p class="mono">{html.escape(_short_command(process["cmdline"]))}</p>']
         # py-spy's dump, or why there is none (a Python process only).
-        stack = process.get("python_stack", {})
-        if stack.get("stack"):
-            main, rest = _split_threads(str(stack["stack"]))
+        stack = python_stack(process)
+        stack_error = python_stack_error(process)
+        if stack:
+            main, rest = _split_threads(stack)
             body.append(f"<h4>Python stack (py-spy)</h4><pre>{html.escape(main)}</pre>")
             if rest:
                 body.append(
                     f"<details><summary>{rest.count('Thread ')} other thread(s)</summary>"
                     f"<pre>{html.escape(rest)}</pre></details>"
                 )
-        elif stack.get("error"):
-            body.append(f"<p>Python stack: {html.escape(str(stack['error']))}</p>")
+        elif stack_error:
+            body.append(f"<p>Python stack: {html.escape(stack_error)}</p>")
         if process["kernel_stack"]:
             body.append(
                 f"<h4>Kernel stack</h4><pre>{html.escape(str(process['kernel_stack']))}</pre>"

@@ -24,6 +24,7 @@ from ..._contract import (
 from ..._record import EVENTS_HEAD
 from .._evidence import config_value, event_times, leaking_series, rate_text
 from .._fields import Field, group_label
+from .._sections import column, events_dropped, top_processes, trend_verdicts
 from ._detail import JournalDetail, file_names
 from ._panels import (
     ALWAYS_DRAWN,
@@ -63,8 +64,6 @@ LABEL_MARKER_PX = 16
 #: 1240 px): labels closer than their width there are merged into one.
 LANE_PLOT_PX = 1100
 
-#: Which label names a merged group of marks: the lowest rank (the rest are in its hover).
-LABEL_RANK = {"leak": 0, "OOM kill": 0, "breach ahead": 1, "warning": 2, "sampler": 3}
 
 COLORS = {
     "progress": "#2ca02c",
@@ -182,7 +181,7 @@ class TimelineModel:
     def _events_lost(self) -> tuple[float, float] | None:
         """The stretch whose events the artifact did not keep (head and tail are kept)."""
         events = self.artifact["events"]
-        if not self.artifact.get("events_dropped") or len(events) <= EVENTS_HEAD:
+        if not events_dropped(self.artifact) or len(events) <= EVENTS_HEAD:
             return None
         return float(events[EVENTS_HEAD - 1]["t"]), float(events[EVENTS_HEAD]["t"])
 
@@ -203,10 +202,12 @@ class TimelineModel:
         marks: list[Mark] = []
         artifact = self.artifact
         for event in artifact["events"]:
+            # Each branch tests ``event["kind"]`` itself, which narrows the event to its kind's
+            # JSON form.
             kind = event["kind"]
             t = float(event["t"])
             when = f"{format_duration(t)} ({self._wall(t)})"
-            if kind == EventKind.FAILURE:
+            if event["kind"] == EventKind.FAILURE:
                 marks.append(
                     Mark(
                         t,
@@ -218,7 +219,7 @@ class TimelineModel:
                         "solid",
                     )
                 )
-            elif kind == EventKind.SIGNAL:
+            elif event["kind"] == EventKind.SIGNAL:
                 marks.append(
                     Mark(
                         t,
@@ -231,21 +232,21 @@ class TimelineModel:
                         "dash",
                     )
                 )
-            elif kind in (EventKind.STOP, EventKind.STDIN_CLOSED):
+            elif event["kind"] in (EventKind.STOP, EventKind.STDIN_CLOSED):
                 text = (
                     f"stop ({event['cause']}, grace {event['grace_seconds']}s)"
-                    if kind == EventKind.STOP
+                    if event["kind"] == EventKind.STOP
                     else "stdin closed"
                 )
                 marks.append(
                     Mark(t, "monitor", "", f"{text} at {when}", COLORS["signal"], "square", None)
                 )
-            elif kind == EventKind.EXITED:
+            elif event["kind"] == EventKind.EXITED:
                 text = exit_label(artifact)
                 marks.append(
                     Mark(t, "command", text, f"{text} at {when}", COLORS["exit"], "diamond", "dot")
                 )
-            elif kind == EventKind.STARTED:
+            elif event["kind"] == EventKind.STARTED:
                 marks.append(
                     Mark(
                         t,
@@ -257,7 +258,7 @@ class TimelineModel:
                         None,
                     )
                 )
-            elif kind == EventKind.FORENSICS:
+            elif event["kind"] == EventKind.FORENSICS:
                 marks.append(
                     Mark(
                         t,
@@ -270,7 +271,7 @@ class TimelineModel:
                         None,
                     )
                 )
-            elif kind == EventKind.OOM_KILL:
+            elif event["kind"] == EventKind.OOM_KILL:
                 marks.append(
                     Mark(
                         t,
@@ -283,20 +284,20 @@ class TimelineModel:
                         "dot",
                     )
                 )
-            elif kind in (EventKind.LEFTOVER, EventKind.ABANDONED):
-                process = event["process"]  # ``pid`` and, when it could be read, the rest
+            elif event["kind"] in (EventKind.LEFTOVER, EventKind.ABANDONED):
+                process = event["process"]
                 marks.append(
                     Mark(
                         t,
                         "monitor",
                         "",
-                        f"{kind}: pid {process['pid']} {process.get('name')} at {when}",
+                        f"{kind}: pid {process['pid']} {process['name']} at {when}",
                         COLORS["leftover"],
                         "circle",
                         None,
                     )
                 )
-            elif kind == EventKind.TREND:
+            elif event["kind"] == EventKind.TREND:
                 marks.append(
                     Mark(
                         t,
@@ -308,7 +309,7 @@ class TimelineModel:
                         None,
                     )
                 )
-            elif kind in (
+            elif event["kind"] in (
                 EventKind.WARNING,
                 EventKind.SAMPLER_DEGRADED,
                 EventKind.SAMPLER_RECOVERED,
@@ -319,7 +320,7 @@ class TimelineModel:
                     Mark(
                         t,
                         "notes",
-                        "warning" if kind == EventKind.WARNING else "sampler",
+                        "warning" if event["kind"] == EventKind.WARNING else "sampler",
                         f"{kind} ({who}) at {when}\n{event['message']}",
                         COLORS["note"],
                         "circle",
@@ -460,9 +461,9 @@ class TimelineModel:
     def _process_lines(self) -> list[tuple[str, list[float], list[float | None]]]:
         """(name, t, RSS) of the top processes the artifact kept, at most PROCESS_LINES."""
         lines = []
-        for p in (self.artifact.get("processes") or [])[:PROCESS_LINES]:  # a version 2 section
+        for p in top_processes(self.artifact)[:PROCESS_LINES]:
             series = p["series"]
-            if series.get("t") and series.get("rss_bytes"):
+            if column(series, "t") and column(series, "rss_bytes"):
                 lines.append(
                     (
                         f"pid {p['pid']} {p['name'] or ''}".strip(),
@@ -476,7 +477,7 @@ class TimelineModel:
         """The baseline run's (times, values as drawn) of the same field; None when there is
         no baseline, or it did not sample the field."""
         base = self.baseline_series.get(f.group)
-        if base is None or not base.get(f.name):
+        if base is None or not column(base, f.name):
             return None
         times, values = list(base["t"]), list(base[f.name])
         if (f.group, f.name) in COUNTERS:
@@ -486,7 +487,7 @@ class TimelineModel:
     def slope_lines(self) -> list[str]:
         """The memory trends written on the memory panel: the tree's, and each leaking
         process's."""
-        trends = self.artifact.get("trends", {})  # a version 2 section
+        trends = trend_verdicts(self.artifact)
         lines = []
         for key, figure in TREE_MEMORY_SERIES:
             entry = trends.get(key)  # a series judged too short has no trend
@@ -537,12 +538,29 @@ def _time(mark: Mark) -> float:
     return mark.t
 
 
+def _label_rank(mark: Mark) -> int:
+    """Which label names a merged group of marks: the lowest rank (the rest are in its
+    hover).  A leak or an OOM kill leads; any other mark drawn as a line across the panels
+    (a failure, a signal, the exit) comes before one that is not."""
+    match mark.label:
+        case "leak" | "OOM kill":
+            return 0
+        case "breach ahead":
+            return 1
+        case "warning":
+            return 2
+        case "sampler":
+            return 3
+        case _:
+            return 2 if mark.dash is None else 1
+
+
 def _merged(group: Sequence[Mark]) -> Mark:
     """One mark for a group: the most telling one's, at its time, ``+N`` the others."""
     if len(group) == 1:
         return group[0]
     labelled = [m for m in group if m.label] or list(group)
-    lead = min(labelled, key=lambda m: LABEL_RANK.get(m.label, 2 if m.dash is None else 1))
+    lead = min(labelled, key=_label_rank)
     return Mark(
         lead.t,
         lead.lane,
