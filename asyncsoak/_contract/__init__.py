@@ -176,6 +176,7 @@ if TYPE_CHECKING:
     from ._units import check_size as check_size
     from ._units import format_duration as format_duration
     from ._units import parse_size as parse_size
+    from ._units import require_positive as require_positive
     from ._version import VERSION as VERSION
     from ._vocabulary import EventKind as EventKind
     from ._vocabulary import FailureReason as FailureReason
@@ -349,6 +350,7 @@ else:
             "check_size": "._units",
             "format_duration": "._units",
             "parse_size": "._units",
+            "require_positive": "._units",
             "VERSION": "._version",
             "EventKind": "._vocabulary",
             "FailureReason": "._vocabulary",

@@ -70,6 +70,13 @@ def check_size(name: str, value: object) -> int | None:
     return int(value)
 
 
+def require_positive(name: str, value: float) -> None:
+    """Refuse a period or timeout a caller passed that is not above zero (NaN included): a
+    programming error, so a plain :class:`ValueError`."""
+    if not value > 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+
+
 def format_duration(seconds: float) -> str:
     """``12.3s``, ``4m05s``, ``2h03m05s``, ``1d02h03m``: short, unambiguous, and the same in
     every view, table and message."""

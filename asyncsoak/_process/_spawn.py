@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from subprocess import PIPE
@@ -204,18 +204,18 @@ class Spawner:
         the monitor's stop (the command dying of it is then its own failure)."""
         if self.pid is None:
             return False
-        try:
-            os.killpg(self.pid, sig)
-        except OSError:
-            return False
-        (self.signals_to_leader if stopping else self.signals_forwarded).add(sig)
-        return True
+        return self._send(os.killpg, self.pid, sig, stopping)
 
     def signal_leader(self, sig: int, *, stopping: bool = True) -> bool:
         if self.pid is None or self.exited.is_set():
             return False
+        return self._send(os.kill, self.pid, sig, stopping)
+
+    def _send(self, kill: Callable[[int, int], None], pid: int, sig: int, stopping: bool) -> bool:
+        """``kill(pid, sig)``, remembered as the monitor's stop or as passed on; False when
+        the process (or group) is gone."""
         try:
-            os.kill(self.pid, sig)
+            kill(pid, sig)
         except OSError:
             return False
         (self.signals_to_leader if stopping else self.signals_forwarded).add(sig)

@@ -51,6 +51,7 @@ from .._contract import (
     TickSignal,
     WarningEvent,
     next_tick,
+    require_positive,
     run_blocking,
 )
 from .._process import CommandResult, KernelLogFollower, open_command, run_command, stop_process
@@ -306,10 +307,8 @@ async def run_gpu_sampler(
     unset); ``kmsg`` the kernel log followed for Xid errors from now on (None: not read).
     """
     async with sink:
-        if not interval > 0:
-            raise ValueError(f"interval must be positive, not {interval!r}")
-        if not call_timeout > 0:
-            raise ValueError(f"call_timeout must be positive, not {call_timeout!r}")
+        require_positive("interval", interval)
+        require_positive("call_timeout", call_timeout)
         sampler = _GpuSampler(
             sink,
             interval=interval,

@@ -53,6 +53,7 @@ from .._contract import (
     Ticker,
     TickSignal,
     TickTimeout,
+    require_positive,
 )
 from .._process import launcher_of, parse_rank_environ, read_environ, role
 from ._procfs import (
@@ -957,10 +958,8 @@ async def run_proc_sampler(
     gives the ``cgroup.procs`` of the tree's cgroup once there is one (see :class:`ProcSampler`).
     """
     async with sink:
-        if not interval > 0:
-            raise ValueError(f"interval must be positive, got {interval!r}")
-        if not read_timeout > 0:
-            raise ValueError(f"read_timeout must be positive, got {read_timeout!r}")
+        require_positive("interval", interval)
+        require_positive("read_timeout", read_timeout)
         sampler = ProcSampler(
             root_pid,
             disk_paths=disk_paths,

@@ -21,7 +21,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,34 +29,18 @@ import anyio
 
 from .._contract import public_conninfo, redact_url_passwords
 from ._models import (
-    ATTEMPT_COLUMNS,
     BACKOFF_MAX_SECONDS,
     BACKOFF_MIN_SECONDS,
     BUSY_TIMEOUT_SECONDS,
-    JOB_COLUMNS,
-    JOB_STATUSES,
-    QUEUED,
-    RUNNING,
     SCHEMA_VERSION,
-    TERMINAL_STATUSES,
-    WORKER_COLUMNS,
-    Attempt,
     DatabaseUnreachableError,
     Job,
-    JobNotFoundError,
-    JobStateError,
     QueueDatabaseError,
     QueueMissingError,
     QueueUnavailableError,
-    Submission,
-    WorkerInfo,
-    WorkerNameInUseError,
-    attempt_from_row,
-    job_from_row,
 )
-from ._status import Outcome
 from ._store import JobStore, default_data_dir
-from ._sweeps import LAST_TABLE, GpuOffer, Sql, claim_filter
+from ._sweeps import LAST_TABLE, Sql
 
 _log = logging.getLogger("asyncsoak.queue")
 
@@ -196,6 +180,9 @@ class PostgresStore(JobStore):
     parameter from libpq's ``PG*`` environment variables.  A password in the URL is kept out
     of :attr:`location` (which child processes see) and handed to them as ``PGPASSWORD``.
     """
+
+    _soak_max_duration = "soak->>'max_duration_seconds'"
+    _claim_lock = " FOR UPDATE SKIP LOCKED"
 
     def __init__(
         self,
@@ -412,161 +399,23 @@ class PostgresStore(JobStore):
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Sql]:
         with self._session(transaction=True) as conn:
-            yield Sql(conn, "%s", conn.execute(f"SELECT {_NOW}").fetchone()[0], " FOR SHARE")
+            # now() is the transaction's start: this ``now`` is the time every statement of
+            # the transaction sees.
+            now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
+            yield Sql(conn, "%s", now, " FOR SHARE", " FOR UPDATE")
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Sql]:
         with self._session() as conn:
             yield Sql(conn, "%s", 0.0)
 
-    def _submitted(self, sql: Sql, job_ids: Sequence[int]) -> None:
-        for job_id in job_ids:
-            sql("SELECT pg_notify(?, ?)", (CHANNEL, f"submit {job_id}"))
+    def _announce(self, sql: Sql, event: str) -> None:
+        sql("SELECT pg_notify(?, ?)", (CHANNEL, event))
 
-    # --- the command line's side ---------------------------------------------------------
-
-    def _insert(self, job: Submission) -> int:
-        with self._transaction() as sql:
-            job_id = self._insert_row(sql, job)
-            self._submitted(sql, [job_id])
-        return job_id
-
-    def _insert_row(self, sql: Sql, job: Submission) -> int:
-        jsonb = _jsonb_type()
-        conn = sql.conn
-        job_id: int = conn.execute(
-            "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
-            "stop_mode, priority, max_attempts, created_at) "
-            f"VALUES (%s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s, %s, {_NOW}) RETURNING id",
-            (
-                job.name,
-                None if job.argv is None else jsonb(job.argv),
-                None if job.config is None else jsonb(job.config),
-                job.cwd,
-                jsonb(job.env),
-                job.progress_dir,
-                jsonb(job.soak),
-                job.stop_mode,
-                job.priority,
-                job.max_attempts,
-            ),
-        ).fetchone()[0]
-        return job_id
-
-    def get(self, job_id: int) -> Job:
-        with self._session() as conn:
-            row = conn.execute(
-                f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = %s", (job_id,)
-            ).fetchone()
-        if row is None:
-            raise JobNotFoundError(job_id)
-        return job_from_row(row)
-
-    def jobs(self, status: str | None = None) -> list[Job]:
-        with self._session() as conn:
-            if status is None:
-                rows = conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY id").fetchall()
-            elif status == "interrupted":
-                rows = conn.execute(
-                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'queued' AND EXISTS ("
-                    "SELECT 1 FROM attempts AS a WHERE a.job_id = jobs.id "
-                    "AND a.attempt = jobs.attempt AND a.outcome = 'interrupted') ORDER BY id"
-                ).fetchall()
-            else:
-                rows = conn.execute(
-                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = %s ORDER BY id", (status,)
-                ).fetchall()
-        return [job_from_row(row) for row in rows]
-
-    def count_by_status(self) -> dict[str, int]:
-        counts = dict.fromkeys(JOB_STATUSES, 0)
-        with self._session() as conn:
-            for status, count in conn.execute(
-                "SELECT status, count(*) FROM jobs GROUP BY status"
-            ).fetchall():
-                counts[str(status)] = int(count)
-        return counts
-
-    def attempts(self, job_id: int) -> list[Attempt]:
-        with self._session() as conn:
-            rows = conn.execute(
-                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = %s ORDER BY attempt",
-                (job_id,),
-            ).fetchall()
-        return [attempt_from_row(row) for row in rows]
-
-    def _status_for_update(self, conn: Any, job_id: int) -> str:
-        row = conn.execute("SELECT status FROM jobs WHERE id = %s FOR UPDATE", (job_id,)).fetchone()
-        if row is None:
-            raise JobNotFoundError(job_id)
-        status: str = row[0]
-        return status
-
-    def cancel(self, job_id: int) -> Job:
-        with self._session(transaction=True) as conn:
-            status = self._status_for_update(conn, job_id)
-            if status == QUEUED:
-                conn.execute(
-                    "UPDATE jobs SET status = 'cancelled', cancel_requested = true, "
-                    f"finished_at = {_NOW}, reason = 'cancelled' WHERE id = %s",
-                    (job_id,),
-                )
-                now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
-                self._cancel_dependents(Sql(conn, "%s", now), job_id, "cancelled")
-            elif status == RUNNING:
-                conn.execute("UPDATE jobs SET cancel_requested = true WHERE id = %s", (job_id,))
-            else:
-                raise JobStateError(job_id, status, "cancelled", (QUEUED, RUNNING))
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"cancel {job_id}"))
-        return self.get(job_id)
-
-    def requeue(self, job_id: int) -> Job:
-        with self._session(transaction=True) as conn:
-            status = self._status_for_update(conn, job_id)
-            if status not in TERMINAL_STATUSES:
-                raise JobStateError(job_id, status, "requeued", TERMINAL_STATUSES)
-            self._requeued(Sql(conn, "%s", conn.execute(f"SELECT {_NOW}").fetchone()[0]), job_id)
-            conn.execute(
-                "UPDATE jobs SET status = 'queued', cancel_requested = false, attempts = 0, "
-                "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "
-                "WHERE id = %s",
-                (job_id,),
-            )
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"requeue {job_id}"))
-        return self.get(job_id)
-
-    def workers(self) -> list[WorkerInfo]:
-        with self._session() as conn:
-            rows = conn.execute(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY name").fetchall()
-        return [WorkerInfo(*row) for row in rows]
+    def _json(self, value: Any) -> Any:
+        return _jsonb_type()(value)
 
     # --- the worker's side -----------------------------------------------------------------
-
-    def register_worker(
-        self,
-        name: str,
-        *,
-        host: str,
-        pid: int,
-        pid_start: int | None,
-        alive: Callable[[WorkerInfo], bool],
-    ) -> None:
-        with self._session(transaction=True) as conn:
-            row = conn.execute(
-                f"SELECT {WORKER_COLUMNS} FROM workers WHERE name = %s FOR UPDATE", (name,)
-            ).fetchone()
-            if row is not None:
-                previous = WorkerInfo(*row)
-                if previous.stopped_at is None and alive(previous):
-                    raise WorkerNameInUseError(name, previous.host, previous.pid)
-            conn.execute(
-                f"INSERT INTO workers ({WORKER_COLUMNS}) "
-                f"VALUES (%s, %s, %s, %s, {_NOW}, {_NOW}, NULL, NULL) "
-                "ON CONFLICT (name) DO UPDATE SET host = excluded.host, pid = excluded.pid, "
-                "pid_start = excluded.pid_start, started_at = excluded.started_at, "
-                "heartbeat_at = excluded.heartbeat_at, stopped_at = NULL, job_id = NULL",
-                (name, host, pid, pid_start),
-            )
 
     def worker_heartbeat(self, name: str) -> None:
         with self._session() as conn:
@@ -580,49 +429,6 @@ class PostgresStore(JobStore):
                 (name,),
             )
 
-    def claim(
-        self,
-        worker: str,
-        host: str,
-        runs_dir: Path,
-        *,
-        max_duration: float | None = None,
-        offer: GpuOffer | None = None,
-    ) -> Job | None:
-        with self._transaction() as sql:
-            conn = sql.conn
-            ready, ready_params = claim_filter(offer or GpuOffer(), sql.now)
-            row = conn.execute(
-                "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker = %s, "
-                f"host = %s, started_at = {_NOW}, heartbeat_at = {_NOW}, finished_at = NULL "
-                "WHERE id = (SELECT id FROM jobs WHERE status = 'queued' "
-                "AND (%s::float8 IS NULL OR soak->>'max_duration_seconds' IS NULL "
-                f"OR (soak->>'max_duration_seconds')::float8 <= %s){ready.replace('?', '%s')} "
-                "ORDER BY priority DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED) "
-                "RETURNING id, attempt",
-                (worker, host, max_duration, max_duration, *ready_params),
-            ).fetchone()
-            if row is None:
-                return None
-            job_id, attempt = row
-            artifact = str(
-                runs_dir / str(int(job_id)) / "attempts" / str(int(attempt)) / "soak.json"
-            )
-            conn.execute("UPDATE jobs SET artifact = %s WHERE id = %s", (artifact, job_id))
-            conn.execute(
-                "INSERT INTO attempts (job_id, attempt, worker, host, started_at, artifact) "
-                f"VALUES (%s, %s, %s, %s, {_NOW}, %s)",
-                (job_id, attempt, worker, host, artifact),
-            )
-            conn.execute(
-                f"UPDATE workers SET job_id = %s, heartbeat_at = {_NOW} WHERE name = %s",
-                (job_id, worker),
-            )
-            job = job_from_row(
-                conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = %s", (job_id,)).fetchone()
-            )
-        return job
-
     def heartbeat(self, job_id: int, attempt: int, worker: str) -> bool | None:
         with self._session() as conn:
             row = conn.execute(
@@ -632,83 +438,6 @@ class PostgresStore(JobStore):
                 (job_id, attempt, worker),
             ).fetchone()
         return None if row is None else bool(row[0])
-
-    def cancel_requested(self, job_id: int) -> bool:
-        with self._session() as conn:
-            row = conn.execute(
-                "SELECT cancel_requested FROM jobs WHERE id = %s", (job_id,)
-            ).fetchone()
-        return bool(row and row[0])
-
-    def finish(
-        self,
-        job_id: int,
-        attempt: int,
-        worker: str,
-        outcome: Outcome,
-        summary: Mapping[str, Any] | None = None,
-        note: str | None = None,
-        *,
-        backoff: float = 0.0,
-    ) -> bool:
-        with self._transaction() as sql:
-            conn = sql.conn
-            row = conn.execute(
-                "SELECT attempts, max_attempts, cancel_requested, host FROM jobs "
-                "WHERE id = %s AND attempt = %s AND worker = %s AND status = 'running' FOR UPDATE",
-                (job_id, attempt, worker),
-            ).fetchone()
-            if row is None:
-                return False
-            decision = self._decide(sql, job_id, attempt, outcome, row[0], row[1], row[2], backoff)
-            status, attempts = decision.status, decision.attempts
-            note = "; ".join(n for n in (note, decision.note) if n) or None
-            conn.execute(
-                "UPDATE jobs SET status = %s, attempts = %s, "
-                f"finished_at = CASE WHEN %s THEN {_NOW} END, heartbeat_at = NULL, "
-                "returncode = %s, reason = %s, error = %s WHERE id = %s",
-                (
-                    status,
-                    attempts,
-                    status in TERMINAL_STATUSES,
-                    outcome.returncode,
-                    outcome.reason,
-                    outcome.error,
-                    job_id,
-                ),
-            )
-            conn.execute(
-                f"UPDATE attempts SET finished_at = {_NOW}, outcome = %s, reason = %s, "
-                "returncode = %s, error = %s, summary = %s, note = %s "
-                "WHERE job_id = %s AND attempt = %s AND outcome IS NULL",
-                (
-                    outcome.status,
-                    outcome.reason,
-                    outcome.returncode,
-                    outcome.error,
-                    None if summary is None else _jsonb_type()(dict(summary)),
-                    note,
-                    job_id,
-                    attempt,
-                ),
-            )
-            conn.execute(
-                "UPDATE workers SET job_id = NULL WHERE name = %s AND job_id = %s", (worker, job_id)
-            )
-            self._record_decision(sql, job_id, attempt, decision, row[3])
-            if status == QUEUED:
-                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"requeue {job_id}"))
-        return True
-
-    def running(self) -> list[tuple[Job, WorkerInfo | None]]:
-        with self._session() as conn:
-            rows = conn.execute(
-                f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY id"
-            ).fetchall()
-            workers = conn.execute(f"SELECT {WORKER_COLUMNS} FROM workers").fetchall()
-        by_name = {w.name: w for w in (WorkerInfo(*w) for w in workers)}
-        jobs = [job_from_row(row) for row in rows]
-        return [(job, by_name.get(job.worker or "")) for job in jobs]
 
     def take_over(self, job: Job, worker: str) -> bool:
         with self._session() as conn:

@@ -27,7 +27,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,31 +37,15 @@ import anyio.abc
 
 from .._contract import BlockingCallTimeout, run_blocking
 from ._models import (
-    ATTEMPT_COLUMNS,
     BUSY_TIMEOUT_SECONDS,
-    JOB_COLUMNS,
-    JOB_STATUSES,
-    QUEUED,
-    RUNNING,
     SCHEMA_VERSION,
-    TERMINAL_STATUSES,
-    WORKER_COLUMNS,
-    Attempt,
     Job,
-    JobNotFoundError,
-    JobStateError,
     QueueDatabaseError,
     QueueMissingError,
     QueueUnavailableError,
-    Submission,
-    WorkerInfo,
-    WorkerNameInUseError,
-    attempt_from_row,
-    job_from_row,
 )
-from ._status import INTERRUPTED, Outcome
 from ._store import JobStore
-from ._sweeps import LAST_TABLE, GpuOffer, Sql, claim_filter
+from ._sweeps import LAST_TABLE, Sql
 
 _log = logging.getLogger("asyncsoak.queue")
 
@@ -218,6 +202,8 @@ class SqliteStore(JobStore):
     ``create=False`` refuses a missing file instead of creating it.  ``clock`` (wall-clock
     seconds; heartbeats are compared across processes of this host) is injectable for tests.
     """
+
+    _soak_max_duration = "json_extract(soak, '$.max_duration_seconds')"
 
     def __init__(
         self,
@@ -414,10 +400,6 @@ class SqliteStore(JobStore):
                     self._conn.execute("ROLLBACK")
                 raise
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        with self._lock, self._unavailable():
-            return self._conn.execute(sql, params).fetchall()
-
     def _one(self, sql: str, params: Sequence[Any]) -> Any:
         """One statement outside a transaction (an UPDATE ... RETURNING): its first row."""
         with self._lock, self._unavailable():
@@ -425,139 +407,13 @@ class SqliteStore(JobStore):
 
     # --- the command line's side ---------------------------------------------------------
 
-    def _insert(self, job: Submission) -> int:
-        with self._transaction() as sql:
-            job_id: int | None = self._insert_row(sql, job)
-        assert job_id is not None
-        self._wake_workers()
-        return job_id
-
-    def _submitted(self, sql: Sql, job_ids: Sequence[int]) -> None:
-        """Nothing to do inside the transaction: the wake-up file is touched after the commit
-        (``_after_submit``), or a woken worker could look before the jobs are there."""
+    def _json(self, value: Any) -> str:
+        return json.dumps(value)
 
     def _after_submit(self) -> None:
         self._wake_workers()
 
-    def _insert_row(self, sql: Sql, job: Submission) -> int:
-        cursor = sql(
-            "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
-            "stop_mode, priority, max_attempts, created_at) "
-            "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                job.name,
-                None if job.argv is None else json.dumps(job.argv),
-                None if job.config is None else json.dumps(job.config),
-                job.cwd,
-                json.dumps(job.env),
-                job.progress_dir,
-                json.dumps(job.soak),
-                job.stop_mode,
-                job.priority,
-                job.max_attempts,
-                sql.now,
-            ),
-        )
-        return int(cursor.lastrowid or 0)
-
-    def get(self, job_id: int) -> Job:
-        rows = self._read(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,))
-        if not rows:
-            raise JobNotFoundError(job_id)
-        return job_from_row(rows[0])
-
-    def jobs(self, status: str | None = None) -> list[Job]:
-        if status is None:
-            rows = self._read(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY id")
-        elif status == INTERRUPTED:
-            rows = self._read(
-                f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'queued' AND EXISTS ("
-                "SELECT 1 FROM attempts AS a WHERE a.job_id = jobs.id "
-                "AND a.attempt = jobs.attempt AND a.outcome = 'interrupted') ORDER BY id"
-            )
-        else:
-            rows = self._read(
-                f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = ? ORDER BY id", (status,)
-            )
-        return [job_from_row(row) for row in rows]
-
-    def count_by_status(self) -> dict[str, int]:
-        counts = dict.fromkeys(JOB_STATUSES, 0)
-        for status, count in self._read("SELECT status, count(*) FROM jobs GROUP BY status"):
-            counts[str(status)] = int(count)
-        return counts
-
-    def attempts(self, job_id: int) -> list[Attempt]:
-        rows = self._read(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,)
-        )
-        return [attempt_from_row(row) for row in rows]
-
-    def cancel(self, job_id: int) -> Job:
-        with self._write() as conn:
-            row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise JobNotFoundError(job_id)
-            if row[0] == QUEUED:
-                conn.execute(
-                    "UPDATE jobs SET status = 'cancelled', cancel_requested = 1, "
-                    "finished_at = ?, reason = 'cancelled' WHERE id = ?",
-                    (self.clock(), job_id),
-                )
-                self._cancel_dependents(Sql(conn, "?", self.clock()), job_id, "cancelled")
-            elif row[0] == RUNNING:
-                conn.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
-            else:
-                raise JobStateError(job_id, row[0], "cancelled", (QUEUED, RUNNING))
-        return self.get(job_id)
-
-    def requeue(self, job_id: int) -> Job:
-        with self._write() as conn:
-            row = conn.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if row is None:
-                raise JobNotFoundError(job_id)
-            if row[0] not in TERMINAL_STATUSES:
-                raise JobStateError(job_id, row[0], "requeued", TERMINAL_STATUSES)
-            self._requeued(Sql(conn, "?", self.clock()), job_id)
-            conn.execute(
-                "UPDATE jobs SET status = 'queued', cancel_requested = 0, attempts = 0, "
-                "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "
-                "WHERE id = ?",
-                (job_id,),
-            )
-        self._wake_workers()
-        return self.get(job_id)
-
-    def workers(self) -> list[WorkerInfo]:
-        rows = self._read(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY name")
-        return [WorkerInfo(*row) for row in rows]
-
     # --- the worker's side -----------------------------------------------------------------
-
-    def register_worker(
-        self,
-        name: str,
-        *,
-        host: str,
-        pid: int,
-        pid_start: int | None,
-        alive: Callable[[WorkerInfo], bool],
-    ) -> None:
-        now = self.clock()
-        with self._write() as conn:
-            row = conn.execute(
-                f"SELECT {WORKER_COLUMNS} FROM workers WHERE name = ?", (name,)
-            ).fetchone()
-            if row is not None:
-                previous = WorkerInfo(*row)
-                if previous.stopped_at is None and alive(previous):
-                    raise WorkerNameInUseError(name, previous.host, previous.pid)
-            conn.execute(
-                "INSERT OR REPLACE INTO workers "
-                "(name, host, pid, pid_start, started_at, heartbeat_at, stopped_at, job_id) "
-                "VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)",
-                (name, host, pid, pid_start, now, now),
-            )
 
     def worker_heartbeat(self, name: str) -> None:
         self._one("UPDATE workers SET heartbeat_at = ? WHERE name = ?", (self.clock(), name))
@@ -569,46 +425,6 @@ class SqliteStore(JobStore):
             (now, now, name),
         )
 
-    def claim(
-        self,
-        worker: str,
-        host: str,
-        runs_dir: Path,
-        *,
-        max_duration: float | None = None,
-        offer: GpuOffer | None = None,
-    ) -> Job | None:
-        now = self.clock()
-        ready, ready_params = claim_filter(offer or GpuOffer(), now)
-        with self._write() as conn:
-            row = conn.execute(
-                "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker = ?, host = ?, "
-                "started_at = ?, heartbeat_at = ?, finished_at = NULL "
-                "WHERE id = (SELECT id FROM jobs WHERE status = 'queued' "
-                "AND (? IS NULL OR json_extract(soak, '$.max_duration_seconds') IS NULL "
-                f"OR json_extract(soak, '$.max_duration_seconds') <= ?){ready} "
-                "ORDER BY priority DESC, id LIMIT 1) RETURNING id, attempt",
-                (worker, host, now, now, max_duration, max_duration, *ready_params),
-            ).fetchone()
-            if row is None:
-                return None
-            job_id, attempt = row
-            artifact = runs_dir / str(int(job_id)) / "attempts" / str(int(attempt)) / "soak.json"
-            conn.execute("UPDATE jobs SET artifact = ? WHERE id = ?", (str(artifact), job_id))
-            conn.execute(
-                "INSERT INTO attempts (job_id, attempt, worker, host, started_at, artifact) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (job_id, attempt, worker, host, now, str(artifact)),
-            )
-            conn.execute(
-                "UPDATE workers SET job_id = ?, heartbeat_at = ? WHERE name = ?",
-                (job_id, now, worker),
-            )
-            job = job_from_row(
-                conn.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            )
-        return job
-
     def heartbeat(self, job_id: int, attempt: int, worker: str) -> bool | None:
         row = self._one(
             "UPDATE jobs SET heartbeat_at = ? "
@@ -617,76 +433,6 @@ class SqliteStore(JobStore):
             (self.clock(), job_id, attempt, worker),
         )
         return None if row is None else bool(row[0])
-
-    def cancel_requested(self, job_id: int) -> bool:
-        rows = self._read("SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,))
-        return bool(rows and rows[0][0])
-
-    def finish(
-        self,
-        job_id: int,
-        attempt: int,
-        worker: str,
-        outcome: Outcome,
-        summary: Mapping[str, Any] | None = None,
-        note: str | None = None,
-        *,
-        backoff: float = 0.0,
-    ) -> bool:
-        with self._transaction() as sql:
-            now, conn = sql.now, sql.conn
-            row = conn.execute(
-                "SELECT attempts, max_attempts, cancel_requested, host FROM jobs "
-                "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running'",
-                (job_id, attempt, worker),
-            ).fetchone()
-            if row is None:
-                return False
-            decision = self._decide(
-                sql, job_id, attempt, outcome, row[0], row[1], bool(row[2]), backoff
-            )
-            status, attempts = decision.status, decision.attempts
-            note = "; ".join(n for n in (note, decision.note) if n) or None
-            conn.execute(
-                "UPDATE jobs SET status = ?, attempts = ?, finished_at = ?, heartbeat_at = NULL, "
-                "returncode = ?, reason = ?, error = ? WHERE id = ?",
-                (
-                    status,
-                    attempts,
-                    now if status in TERMINAL_STATUSES else None,
-                    outcome.returncode,
-                    outcome.reason,
-                    outcome.error,
-                    job_id,
-                ),
-            )
-            conn.execute(
-                "UPDATE attempts SET finished_at = ?, outcome = ?, reason = ?, returncode = ?, "
-                "error = ?, summary = ?, note = ? WHERE job_id = ? AND attempt = ? "
-                "AND outcome IS NULL",
-                (
-                    now,
-                    outcome.status,
-                    outcome.reason,
-                    outcome.returncode,
-                    outcome.error,
-                    None if summary is None else json.dumps(summary),
-                    note,
-                    job_id,
-                    attempt,
-                ),
-            )
-            conn.execute(
-                "UPDATE workers SET job_id = NULL WHERE name = ? AND job_id = ?", (worker, job_id)
-            )
-            self._record_decision(sql, job_id, attempt, decision, row[3])
-        return True
-
-    def running(self) -> list[tuple[Job, WorkerInfo | None]]:
-        rows = self._read(f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY id")
-        by_name = {w.name: w for w in self.workers()}
-        jobs = [job_from_row(row) for row in rows]
-        return [(job, by_name.get(job.worker or "")) for job in jobs]
 
     def take_over(self, job: Job, worker: str) -> bool:
         row = self._one(

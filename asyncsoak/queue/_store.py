@@ -27,16 +27,28 @@ import anyio.abc
 
 from .._supervisor import StopMode
 from ._models import (
+    ATTEMPT_COLUMNS,
     BUSY_TIMEOUT_SECONDS,
     DEFAULT_MAX_ATTEMPTS,
+    JOB_COLUMNS,
+    JOB_STATUSES,
+    QUEUED,
+    RUNNING,
+    TERMINAL_STATUSES,
+    WORKER_COLUMNS,
     Attempt,
     Job,
+    JobNotFoundError,
+    JobStateError,
     Submission,
     WorkerInfo,
+    WorkerNameInUseError,
+    attempt_from_row,
+    job_from_row,
     validate_submission,
 )
-from ._status import Outcome
-from ._sweeps import GpuOffer, SweepStore, check_plan, parse_array
+from ._status import INTERRUPTED, Outcome
+from ._sweeps import GpuOffer, Sql, SweepStore, check_plan, claim_filter, parse_array
 
 #: A libpq keyword connection string ("host=db1 dbname=queue user=me"): it starts with one
 #: of libpq's keywords and "=", which no sensible SQLite file name does.
@@ -88,6 +100,11 @@ class JobStore(SweepStore):
     busy_timeout: float = BUSY_TIMEOUT_SECONDS
     #: How child processes and messages name this database (never with a password).
     location: str
+    #: A job's ``soak`` ``max_duration_seconds`` (NULL where unset), in the backend's SQL.
+    _soak_max_duration: str
+    #: What a claim's choice of job ends with: PostgreSQL locks the chosen row, skipping rows
+    #: other claims hold; SQLite's ``BEGIN IMMEDIATE`` already holds the whole database.
+    _claim_lock: str = ""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> JobStore:
         # ``JobStore(db)`` opens the backend ``db`` names; the backends construct normally.
@@ -131,6 +148,16 @@ class JobStore(SweepStore):
         requeued), until cancelled.  A backend without notifications returns at once: its
         workers find new jobs by polling."""
         task_status.started()
+
+    @abc.abstractmethod
+    def _json(self, value: Any) -> Any:
+        """``value`` as the backend's JSON columns take it (text on SQLite, jsonb on
+        PostgreSQL)."""
+
+    def _announce(self, sql: Sql, event: str) -> None:
+        """Tell idle workers ``event`` (``submit 7``, ``cancel 7``, ``requeue 7``) with
+        ``sql``'s transaction, where the backend has a channel for it (PostgreSQL's NOTIFY).
+        SQLite wakes its workers after the commit instead (``_after_submit``)."""
 
     # --- the command line's side ---------------------------------------------------------
 
@@ -200,42 +227,133 @@ class JobStore(SweepStore):
             return self._insert(submission)
         return self._insert_planned(submission, plan, indices)
 
-    @abc.abstractmethod
     def _insert(self, job: Submission) -> int:
         """Insert a checked job as ``queued`` (and wake idle workers); returns its id."""
+        with self._transaction() as sql:
+            job_id = self._insert_row(sql, job)
+            self._submitted(sql, [job_id])
+        self._after_submit()
+        return job_id
 
-    @abc.abstractmethod
+    def _insert_row(self, sql: Sql, job: Submission) -> int:
+        row = sql(
+            "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
+            "stop_mode, priority, max_attempts, created_at) "
+            "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (
+                job.name,
+                None if job.argv is None else self._json(job.argv),
+                None if job.config is None else self._json(job.config),
+                job.cwd,
+                self._json(job.env),
+                job.progress_dir,
+                self._json(job.soak),
+                job.stop_mode,
+                job.priority,
+                job.max_attempts,
+                sql.now,
+            ),
+        ).fetchone()
+        return int(row[0])
+
+    def _submitted(self, sql: Sql, job_ids: Sequence[int]) -> None:
+        for job_id in job_ids:
+            self._announce(sql, f"submit {job_id}")
+
     def get(self, job_id: int) -> Job:
         """One job; :class:`JobNotFoundError` when there is none."""
+        with self._reading() as sql:
+            row = sql(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFoundError(job_id)
+        return job_from_row(row)
 
-    @abc.abstractmethod
     def jobs(self, status: str | None = None) -> list[Job]:
         """Jobs in id order; ``status`` may also be ``interrupted``: queued jobs whose last
         attempt was interrupted, waiting to resume."""
+        with self._reading() as sql:
+            if status is None:
+                rows = sql(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY id").fetchall()
+            elif status == INTERRUPTED:
+                rows = sql(
+                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'queued' AND EXISTS ("
+                    "SELECT 1 FROM attempts AS a WHERE a.job_id = jobs.id "
+                    "AND a.attempt = jobs.attempt AND a.outcome = 'interrupted') ORDER BY id"
+                ).fetchall()
+            else:
+                rows = sql(
+                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = ? ORDER BY id", (status,)
+                ).fetchall()
+        return [job_from_row(row) for row in rows]
 
-    @abc.abstractmethod
     def count_by_status(self) -> dict[str, int]:
         """How many jobs are in each status (every status present, 0 when none)."""
+        counts = dict.fromkeys(JOB_STATUSES, 0)
+        with self._reading() as sql:
+            rows = sql("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()
+        for status, count in rows:
+            counts[str(status)] = int(count)
+        return counts
 
-    @abc.abstractmethod
     def attempts(self, job_id: int) -> list[Attempt]:
         """A job's attempts, first first."""
+        with self._reading() as sql:
+            rows = sql(
+                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt",
+                (job_id,),
+            ).fetchall()
+        return [attempt_from_row(row) for row in rows]
 
-    @abc.abstractmethod
+    def _status_for_update(self, sql: Sql, job_id: int) -> str:
+        """A job's status, its row locked for the rest of the transaction."""
+        row = sql(f"SELECT status FROM jobs WHERE id = ?{sql.for_update}", (job_id,)).fetchone()
+        if row is None:
+            raise JobNotFoundError(job_id)
+        return str(row[0])
+
     def cancel(self, job_id: int) -> Job:
         """Cancel a queued job at once, or ask a running one to stop (the worker enforces it)."""
+        with self._transaction() as sql:
+            status = self._status_for_update(sql, job_id)
+            if status == QUEUED:
+                sql(
+                    "UPDATE jobs SET status = 'cancelled', cancel_requested = TRUE, "
+                    "finished_at = ?, reason = 'cancelled' WHERE id = ?",
+                    (sql.now, job_id),
+                )
+                self._cancel_dependents(sql, job_id, "cancelled")
+            elif status == RUNNING:
+                sql("UPDATE jobs SET cancel_requested = TRUE WHERE id = ?", (job_id,))
+            else:
+                raise JobStateError(job_id, status, "cancelled", (QUEUED, RUNNING))
+            self._announce(sql, f"cancel {job_id}")
+        return self.get(job_id)
 
-    @abc.abstractmethod
     def requeue(self, job_id: int) -> Job:
         """Queue a finished job again, with its attempts against ``max_attempts`` reset."""
+        with self._transaction() as sql:
+            status = self._status_for_update(sql, job_id)
+            if status not in TERMINAL_STATUSES:
+                raise JobStateError(job_id, status, "requeued", TERMINAL_STATUSES)
+            self._requeued(sql, job_id)
+            sql(
+                "UPDATE jobs SET status = 'queued', cancel_requested = FALSE, attempts = 0, "
+                "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "
+                "WHERE id = ?",
+                (job_id,),
+            )
+            self._announce(sql, f"requeue {job_id}")
+        self._after_submit()
+        return self.get(job_id)
 
-    @abc.abstractmethod
     def workers(self) -> list[WorkerInfo]:
         """Every worker that ever registered, by name."""
+        with self._reading() as sql:
+            rows = sql(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY name").fetchall()
+        return [WorkerInfo(*row) for row in rows]
 
     # --- the worker's side -----------------------------------------------------------------
 
-    @abc.abstractmethod
     def register_worker(
         self,
         name: str,
@@ -246,6 +364,21 @@ class JobStore(SweepStore):
         alive: Callable[[WorkerInfo], bool],
     ) -> None:
         """Record a starting worker; refuses a name held by a live worker (``alive`` decides)."""
+        with self._transaction() as sql:
+            row = sql(
+                f"SELECT {WORKER_COLUMNS} FROM workers WHERE name = ?{sql.for_update}", (name,)
+            ).fetchone()
+            if row is not None:
+                previous = WorkerInfo(*row)
+                if previous.stopped_at is None and alive(previous):
+                    raise WorkerNameInUseError(name, previous.host, previous.pid)
+            sql(
+                f"INSERT INTO workers ({WORKER_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, NULL) "
+                "ON CONFLICT (name) DO UPDATE SET host = excluded.host, pid = excluded.pid, "
+                "pid_start = excluded.pid_start, started_at = excluded.started_at, "
+                "heartbeat_at = excluded.heartbeat_at, stopped_at = NULL, job_id = NULL",
+                (name, host, pid, pid_start, sql.now, sql.now),
+            )
 
     @abc.abstractmethod
     def worker_heartbeat(self, name: str) -> None:
@@ -255,7 +388,6 @@ class JobStore(SweepStore):
     def worker_stopped(self, name: str) -> None:
         """Record a worker's clean stop."""
 
-    @abc.abstractmethod
     def claim(
         self,
         worker: str,
@@ -273,17 +405,54 @@ class JobStore(SweepStore):
         ``max_duration``: only a job whose ``max_duration_seconds`` is at most this (or that
         sets none); the others are left for a worker with more time (a SLURM allocation
         that ends soon)."""
+        # Typed casts: PostgreSQL cannot infer the type of a parameter that may be NULL.
+        limit = f"CAST({self._soak_max_duration} AS double precision)"
+        with self._transaction() as sql:
+            ready, ready_params = claim_filter(offer or GpuOffer(), sql.now)
+            row = sql(
+                "UPDATE jobs SET status = 'running', attempt = attempt + 1, worker = ?, host = ?, "
+                "started_at = ?, heartbeat_at = ?, finished_at = NULL "
+                "WHERE id = (SELECT id FROM jobs WHERE status = 'queued' "
+                f"AND (CAST(? AS double precision) IS NULL OR {limit} IS NULL OR {limit} <= ?)"
+                f"{ready} ORDER BY priority DESC, id LIMIT 1{self._claim_lock}) "
+                "RETURNING id, attempt",
+                (worker, host, sql.now, sql.now, max_duration, max_duration, *ready_params),
+            ).fetchone()
+            if row is None:
+                return None
+            return self._start_attempt(sql, row[0], row[1], worker, host, runs_dir)
+
+    def _start_attempt(
+        self, sql: Sql, job_id: int, attempt: int, worker: str, host: str, runs_dir: Path
+    ) -> Job:
+        """Inside a claim's transaction, once the job's row is ``running`` under ``attempt``:
+        record the attempt and its artifact's path, and the worker's current job."""
+        artifact = str(runs_dir / str(int(job_id)) / "attempts" / str(int(attempt)) / "soak.json")
+        sql("UPDATE jobs SET artifact = ? WHERE id = ?", (artifact, job_id))
+        sql(
+            "INSERT INTO attempts (job_id, attempt, worker, host, started_at, artifact) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (job_id, attempt, worker, host, sql.now, artifact),
+        )
+        sql(
+            "UPDATE workers SET job_id = ?, heartbeat_at = ? WHERE name = ?",
+            (job_id, sql.now, worker),
+        )
+        return job_from_row(
+            sql(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        )
 
     @abc.abstractmethod
     def heartbeat(self, job_id: int, attempt: int, worker: str) -> bool | None:
         """Refresh a running job's heartbeat; returns its cancel request, or None when this
         worker no longer owns the attempt (fenced: stop the child, write nothing more)."""
 
-    @abc.abstractmethod
     def cancel_requested(self, job_id: int) -> bool:
         """Whether the job's cancellation was asked for."""
+        with self._reading() as sql:
+            row = sql("SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return bool(row and row[0])
 
-    @abc.abstractmethod
     def finish(
         self,
         job_id: int,
@@ -299,10 +468,65 @@ class JobStore(SweepStore):
         False (nothing written) when fenced.  The job's next status follows the retry rules
         (:func:`~asyncsoak.queue._retry.decide`, which explains itself in the note);
         ``backoff`` is the first wait of an infrastructure retry's backoff."""
+        with self._transaction() as sql:
+            row = sql(
+                "SELECT attempts, max_attempts, cancel_requested, host FROM jobs "
+                f"WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running'"
+                f"{sql.for_update}",
+                (job_id, attempt, worker),
+            ).fetchone()
+            if row is None:
+                return False
+            decision = self._decide(
+                sql, job_id, attempt, outcome, row[0], row[1], bool(row[2]), backoff
+            )
+            status = decision.status
+            note = "; ".join(n for n in (note, decision.note) if n) or None
+            sql(
+                "UPDATE jobs SET status = ?, attempts = ?, finished_at = ?, heartbeat_at = NULL, "
+                "returncode = ?, reason = ?, error = ? WHERE id = ?",
+                (
+                    status,
+                    decision.attempts,
+                    sql.now if status in TERMINAL_STATUSES else None,
+                    outcome.returncode,
+                    outcome.reason,
+                    outcome.error,
+                    job_id,
+                ),
+            )
+            sql(
+                "UPDATE attempts SET finished_at = ?, outcome = ?, reason = ?, returncode = ?, "
+                "error = ?, summary = ?, note = ? WHERE job_id = ? AND attempt = ? "
+                "AND outcome IS NULL",
+                (
+                    sql.now,
+                    outcome.status,
+                    outcome.reason,
+                    outcome.returncode,
+                    outcome.error,
+                    None if summary is None else self._json(dict(summary)),
+                    note,
+                    job_id,
+                    attempt,
+                ),
+            )
+            sql("UPDATE workers SET job_id = NULL WHERE name = ? AND job_id = ?", (worker, job_id))
+            self._record_decision(sql, job_id, attempt, decision, row[3])
+            if status == QUEUED:
+                self._announce(sql, f"requeue {job_id}")
+        return True
 
-    @abc.abstractmethod
     def running(self) -> list[tuple[Job, WorkerInfo | None]]:
         """Running jobs with the worker that holds each (for orphan detection)."""
+        with self._reading() as sql:
+            rows = sql(
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY id"
+            ).fetchall()
+            workers = sql(f"SELECT {WORKER_COLUMNS} FROM workers").fetchall()
+        by_name = {w.name: w for w in (WorkerInfo(*w) for w in workers)}
+        jobs = [job_from_row(row) for row in rows]
+        return [(job, by_name.get(job.worker or "")) for job in jobs]
 
     @abc.abstractmethod
     def take_over(self, job: Job, worker: str) -> bool:

@@ -84,14 +84,18 @@ PREFER_OTHER_GPU_S = 30.0
 
 class Sql:
     """One transaction's connection, for SQL written with ``?`` placeholders.  ``for_share``
-    ends a SELECT whose rows must not change before the transaction ends (PostgreSQL's
-    ``FOR SHARE``; SQLite's ``BEGIN IMMEDIATE`` already holds the whole database)."""
+    ends a SELECT whose rows must not change before the transaction ends, ``for_update`` one
+    whose rows the transaction will change (PostgreSQL's ``FOR SHARE`` and ``FOR UPDATE``;
+    SQLite's ``BEGIN IMMEDIATE`` already holds the whole database)."""
 
-    def __init__(self, conn: Any, placeholder: str, now: float, for_share: str = "") -> None:
+    def __init__(
+        self, conn: Any, placeholder: str, now: float, for_share: str = "", for_update: str = ""
+    ) -> None:
         self.conn = conn
         self.placeholder = placeholder
         self.now = now
         self.for_share = for_share
+        self.for_update = for_update
 
     def __call__(self, sql: str, params: Sequence[Any] = ()) -> Any:
         if self.placeholder != "?":
