@@ -30,6 +30,9 @@ from benchmarks._common import REPO, Figure, Section, median, percentile
 
 TARGET_EXTRA_SECONDS = 0.2
 
+#: The event loop and the core dependencies every soak imports before asyncsoak's own modules.
+DEPENDENCIES = ("asyncio", "anyio.streams.memory", "psutil", "aiofiles")
+
 #: As a user's installed package runs: with its byte code.
 ENV = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
 
@@ -47,7 +50,13 @@ def run(quick: bool = False) -> Section:
     section = Section("startup_overhead", "7. Start-up overhead")
     started = time.monotonic()
     true = shutil.which("true") or "/bin/true"
-    times: dict[str, list[float]] = {"alone": [], "run": [], "python": [], "import": []}
+    times: dict[str, list[float]] = {
+        "alone": [],
+        "run": [],
+        "python": [],
+        "import": [],
+        "floor": [],
+    }
     with tempfile.TemporaryDirectory(prefix="asyncsoak-bench-") as tmp:
         work = Path(tmp)
         soak = [
@@ -64,12 +73,15 @@ def run(quick: bool = False) -> Section:
         ]
         python = [sys.executable, "-c", "pass"]
         imports = [sys.executable, "-c", "import asyncsoak._supervisor._soak, asyncsoak.cli"]
+        # What any asyncsoak run pays before its own code: its event loop and dependencies.
+        floor = [sys.executable, "-c", f"import {', '.join(DEPENDENCIES)}"]
         wall(soak)  # the first run fills the page cache with the interpreter and the package
         for _ in range(runs):
             times["alone"].append(wall([true]))
             times["run"].append(wall(soak))
             times["python"].append(wall(python))
             times["import"].append(wall(imports))
+            times["floor"].append(wall(floor))
     interpreter = median(times["python"])
     under = median(times["run"])
     extra = under - interpreter
@@ -88,6 +100,13 @@ def run(quick: bool = False) -> Section:
         Figure(
             "asyncsoak run -- true: wall time over python -c pass (p95)",
             (percentile(times["run"], 95) - interpreter) * 1e3,
+            "ms",
+        )
+    )
+    section.add(
+        Figure(
+            f"python -c 'import {', '.join(DEPENDENCIES)}': over python -c pass",
+            (median(times["floor"]) - interpreter) * 1e3,
             "ms",
         )
     )

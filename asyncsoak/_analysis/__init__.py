@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._trends import describe_growth as describe_growth
     from ._trends import format_amount as format_amount
     from ._trends import format_bytes as format_bytes
+    from ._trends import median as median
     from ._trends import theil_sen as theil_sen
     from ._trends import windowed_minima as windowed_minima
     from ._trendwatch import GPU_SETTLE_SECONDS as GPU_SETTLE_SECONDS
@@ -31,6 +32,7 @@ else:
     __getattr__, __dir__ = lazy_door(
         __name__,
         {
+            "median": "._trends",
             "GpuActivity": "._activity",
             "describe_activity": "._activity",
             "describe_gpus": "._activity",

@@ -322,9 +322,9 @@ def _clear_of_noise(
     Sen's interval assumes independent points; window minima of a slowly wandering series are
     not, and a wander can fit a confident slope.  A leak's floor hugs its line.
     """
-    intercept = _median([v - slope * ti for ti, v in zip(wt, wv, strict=True)])
+    intercept = median([v - slope * ti for ti, v in zip(wt, wv, strict=True)])
     residuals = [abs(v - slope * ti - intercept) for ti, v in zip(wt, wv, strict=True)]
-    scatter = MAD_TO_SD * _median(residuals)
+    scatter = MAD_TO_SD * median(residuals)
     return growth >= ratio * scatter
 
 
@@ -349,13 +349,16 @@ def progress_slowing(
     tail = [r for ti, r in pairs if ti >= end - quarter]
     if len(head) < 2 or len(tail) < 2:
         return None
-    before, after = _median(head), _median(tail)
+    before, after = median(head), median(tail)
     if before > 0 and after < before / 2:
         return before, after
     return None
 
 
-def _median(values: Sequence[float]) -> float:
+def median(values: Sequence[float]) -> float:
+    """The middle value (the mean of the two middle ones for an even count); ``values`` not
+    empty.  Here rather than ``statistics.median``: that module costs the command line's start
+    ``fractions`` and ``decimal``."""
     ordered = sorted(values)
     half = len(ordered) // 2
     return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2

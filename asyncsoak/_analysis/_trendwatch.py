@@ -10,7 +10,6 @@ is all the estimator looks at, and at most ``MAX_TRACKED_PROCESSES`` processes a
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from ._trends import (
     describe_growth,
     estimate_trend,
     format_amount,
+    median,
     progress_slowing,
 )
 
@@ -545,12 +545,12 @@ class TrendWatch:
             while points and points[0][0] < t - window:
                 points.popleft()
             rates[rank] = sum(grown for _, grown in points) / window * 60
-        median = statistics.median(rates.values())
-        if median <= 0:
+        median_rate = median(list(rates.values()))
+        if median_rate <= 0:
             self._behind_since.clear()  # every rank stopped: a stall, not a straggler
             return
         for rank, rate in rates.items():
-            if rate >= STRAGGLER_RATIO * median:
+            if rate >= STRAGGLER_RATIO * median_rate:
                 self._behind_since.pop(rank, None)
                 continue
             since = self._behind_since.setdefault(rank, t)
@@ -558,7 +558,7 @@ class TrendWatch:
                 self.stragglers[rank] = {
                     "rank": int(rank),
                     "rate_per_minute": round(rate, 1),
-                    "median_rate_per_minute": round(median, 1),
+                    "median_rate_per_minute": round(median_rate, 1),
                     "behind_seconds": round(t - since, 3),
                     "t": round(t, 3),
                 }
@@ -892,7 +892,7 @@ class TrendWatch:
 
 def _median(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
+    return median(known) if known else None
 
 
 def straggler_text(found: dict[str, Any]) -> str:

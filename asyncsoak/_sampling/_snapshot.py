@@ -17,7 +17,6 @@ from rewriting the index.  The caller's ``GIT_*`` variables (``GIT_DIR``,
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import platform
@@ -28,9 +27,12 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from importlib.metadata import Distribution
 
 from .._contract import VERSION, redact_env
 from .._process import CommandResult, run_command_sync
@@ -287,6 +289,10 @@ def software_info(
 
 
 def _distributions() -> dict[str, str]:
+    # Imported here, in the snapshot's thread: it brings the email and zip modules, which the
+    # soak's start would otherwise pay for before the command runs.
+    import importlib.metadata
+
     found: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
         name, version = _name_and_version(dist)
@@ -295,7 +301,7 @@ def _distributions() -> dict[str, str]:
     return dict(sorted(found.items(), key=lambda item: item[0].lower()))
 
 
-def _name_and_version(dist: importlib.metadata.Distribution) -> tuple[str | None, str | None]:
+def _name_and_version(dist: Distribution) -> tuple[str | None, str | None]:
     """``Name`` and ``Version`` from the head of a distribution's metadata.
 
     The same fields ``dist.metadata`` gives, read from the header lines alone: the email parser

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import linecache
 import re
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
-from .._analysis import GpuActivity, recorded_gpus, tree_verdict
+from .._analysis import GpuActivity, median, recorded_gpus, tree_verdict
 from .._contract import (
     Artifact,
     EventKind,
@@ -184,7 +183,7 @@ def series_typical(
         for t, v in zip(series_times(series), series[name], strict=False)
         if start <= t <= end and v is not None
     ]
-    return statistics.median(values) if values else None
+    return median(values) if values else None
 
 
 def summary_figure(artifact: Artifact, group: str, name: str, key: str) -> float | None:
