@@ -4,8 +4,9 @@ The GPU sampler feeds :class:`GpuHealthWatch` at every tick: the GPU readings (u
 ECC count, remapped rows, pages pending retirement, PCIe link), the lines ``nvidia-smi`` printed
 instead of a row ("Unable to determine the device handle for GPU...: GPU is lost"), and the
 kernel log's new records (``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the
-bus.``).  It returns :class:`~.._record._events.GpuFault` events; the supervisor fails the run
-(``gpu_fault``) for a fault that ``fails`` on a GPU the tree ``used``, and warns for the rest.
+bus.``).  It returns :class:`~asyncsoak._contract._events.GpuFault` events; the supervisor
+fails the run (``gpu_fault``) for a fault that ``fails`` on a GPU the tree ``used``, and warns
+for the rest.
 
 Which GPUs the tree uses: those ``CUDA_VISIBLE_DEVICES`` names (indices as ``nvidia-smi``
 numbers them, as with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, or ``GPU-`` UUIDs and their prefixes),
