@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncsoak import read_journal
-from asyncsoak._contract._events import Event, Header, Progress
+from asyncsoak._contract._events import Event, Header, Progress, event_to_json
 from asyncsoak._contract._vocabulary import EventKind
 from asyncsoak._record._artifact import ArtifactBuilder, create_private_file
 from asyncsoak._record._journal import (
@@ -26,7 +26,7 @@ from asyncsoak._record._journal import (
     is_journal,
     journal_segments,
 )
-from asyncsoak._record._recover import artifact_from_journal
+from asyncsoak._record._recover import JournalError, artifact_from_journal
 from asyncsoak._record._serializer import Serializer
 from asyncsoak._sampling._proc_sampler import ProcSampler
 from asyncsoak._view._live import JournalTail
@@ -323,3 +323,21 @@ async def test_a_proc_sample_writes_what_waits_at_once(tmp_path: Path, tree: int
     assert kinds[-2:] == ["progress", "sample"]
     for fd in serializer.lock_fds:
         os.close(fd)
+
+
+def test_a_journal_from_a_newer_asyncsoak_is_named_so_not_damaged(tmp_path: Path) -> None:
+    """A failure reason this version does not know: recover says where the journal may come
+    from, rather than calling it damaged or foreign."""
+    journal = tmp_path / "soak.jsonl"
+    encoder = JournalEncoder()
+    lines = [
+        event_to_json(header(journal)),
+        {"t": 1.0, "kind": "failure", "reason": "quantum_flux", "message": "m", "at": "x"},
+    ]
+    journal.write_text("".join(encoder.encode(line) for line in lines))
+    with pytest.raises(JournalError) as raised:
+        artifact_from_journal(journal)
+    message = str(raised.value)
+    assert "'quantum_flux'" in message
+    assert "newer asyncsoak" in message
+    assert "damaged" not in message

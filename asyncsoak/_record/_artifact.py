@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 from .._analysis import GpuHealthFold, TrendWatch
 from .._contract import (
@@ -128,6 +128,24 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 
 class ArtifactError(ValidationError):
     """A file that is not a whole artifact of a schema version this asyncsoak reads."""
+
+
+class UnknownWordError(ValueError):
+    """An event names a status, reason or stop cause outside this asyncsoak's vocabulary: the
+    journal may come from a newer asyncsoak."""
+
+
+_Word = TypeVar("_Word", FailureReason, StopCause, SoakStatus)
+
+
+def _member(vocabulary: type[_Word], word: str, what: str) -> _Word:
+    try:
+        return vocabulary(word)
+    except ValueError:
+        raise UnknownWordError(
+            f"{what} {str(word)[:40]!r} is not one this asyncsoak knows; it may come from a "
+            "newer asyncsoak: upgrade asyncsoak"
+        ) from None
 
 
 def check_artifact(data: object) -> Artifact:
@@ -354,7 +372,7 @@ class ArtifactBuilder:
     @_fold.on(EventKind.FAILURE)
     def _on_failure(self, t: float, event: FailureJson) -> None:
         failure: Failure = {
-            "reason": FailureReason(event["reason"]),
+            "reason": _member(FailureReason, event["reason"], "the failure reason"),
             "message": event["message"],
             "at": event["at"],
         }
@@ -376,7 +394,7 @@ class ArtifactBuilder:
     @_fold.on(EventKind.STOP)
     def _on_stop(self, t: float, event: StopJson) -> None:
         self.trends.end(t)
-        self.stop["cause"] = StopCause(event["cause"])
+        self.stop["cause"] = _member(StopCause, event["cause"], "the stop cause")
         self.stop["mode"] = event["mode"]
         self.stop["grace_seconds"] = event["grace_seconds"]
 
@@ -437,7 +455,7 @@ class ArtifactBuilder:
 
     @_fold.on(EventKind.FINISHED)
     def _on_finished(self, t: float, event: FinishedJson) -> None:
-        self.status = SoakStatus(event["status"])
+        self.status = _member(SoakStatus, event["status"], "the status")
 
     @_fold.on(EventKind.STEP)
     def _on_step(self, t: float, event: StepJson) -> None:

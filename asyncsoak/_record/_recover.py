@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from .._contract import Artifact, FailureReason, HeaderJson, Masker, SoakStatus, secret_values
-from ._artifact import ArtifactBuilder, read_log_tail
+from ._artifact import ArtifactBuilder, UnknownWordError, read_log_tail
 from ._journal import JournalReader
 
 
@@ -37,6 +37,8 @@ def artifact_from_journal(path: Path) -> Artifact:
     for event in reader:
         try:
             builder.add(event)
+        except UnknownWordError as exc:
+            raise JournalError(f"{path}: event {events + 1}: {exc}") from None
         except _DAMAGE as exc:
             # A line that reads as JSON but is no event asyncsoak wrote (a foreign or doctored
             # file): the whole journal is refused, never a traceback half-way through a view.

@@ -754,8 +754,9 @@ class ProcSampler:
         return self._masker.argv(arg.decode(errors="replace") for arg in args.split(b"\0"))
 
     def _read_role(self, base: str, name: bytes, cmdline: list[str] | None) -> Any:
-        """A new process's part in a distributed run (see :func:`._ranks.role`): its rank
-        from a bounded read of its environment, once (an environment does not change)."""
+        """A new process's part in a distributed run (see
+        :func:`asyncsoak._process._ranks.role`): its rank from a bounded read of its environment,
+        once (an environment does not change)."""
         text = name.decode("utf-8", "replace")
         if launcher_of(text, cmdline) is not None:
             return role(text, cmdline, None)

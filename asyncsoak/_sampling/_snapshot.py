@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 from .._contract import VERSION, redact_env
 from .._process import CommandResult, run_command_sync
-from .._sampling._nvidia_smi import gpu_inventory
+from ._nvidia_smi import gpu_inventory
 
 #: Environment variables recorded by name...
 ENVIRONMENT_NAMES = frozenset(
