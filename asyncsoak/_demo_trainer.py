@@ -1,8 +1,9 @@
 """The training loop ``asyncsoak demo`` supervises: pure Python, about 15 seconds.
 
-Logistic regression by stochastic gradient descent on a synthetic, linearly separable data set.
-After every epoch it appends a line to ``metrics.jsonl`` in the output directory (that file's
-growth is what the soak watches) and rewrites ``checkpoint.json``.
+Logistic regression by mini-batch gradient descent on a synthetic, linearly separable data set.
+After every step it appends ``{"step", "loss", "accuracy", "time"}`` to ``metrics.jsonl`` in the
+output directory (asyncsoak reads the step, the loss and the trainer's own timestamps there),
+and every 20 steps it writes ``checkpoint-N/trainer_state.json``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ def make_data(n: int, rng: random.Random) -> list[tuple[float, float, int]]:
     return data
 
 
+#: Examples per step, and steps a second at most (the demo shows a run over time).
+BATCH = 2_000
+STEPS_PER_SECOND = 5
+CHECKPOINT_EVERY = 20
+
+
 def train(out: Path, seconds: float, seed: int) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -32,14 +39,14 @@ def train(out: Path, seconds: float, seed: int) -> int:
     w = [0.0, 0.0, 0.0]
     lr = 0.5
     started = time.monotonic()
-    epoch = 0
+    step = 0
     metrics = out / "metrics.jsonl"
     while time.monotonic() - started < seconds:
-        epoch += 1
-        rng.shuffle(data)
+        step += 1
+        batch = rng.sample(data, BATCH)
         loss = 0.0
         correct = 0
-        for x, y, label in data:
+        for x, y, label in batch:
             z = w[0] * x + w[1] * y + w[2]
             p = 1.0 / (1.0 + math.exp(-z))
             loss -= math.log(p if label else 1.0 - p + 1e-12)
@@ -48,20 +55,23 @@ def train(out: Path, seconds: float, seed: int) -> int:
             w[0] -= lr * g * x
             w[1] -= lr * g * y
             w[2] -= lr * g
-        # Slow the loop to about two epochs a second so the demo shows a run over time.
-        time.sleep(max(0.0, 0.5 - (time.monotonic() - started) % 0.5))
+        time.sleep(max(0.0, step / STEPS_PER_SECOND - (time.monotonic() - started)))
         record = {
-            "epoch": epoch,
-            "loss": round(loss / len(data), 5),
-            "accuracy": round(correct / len(data), 4),
-            "elapsed_s": round(time.monotonic() - started, 2),
+            "step": step,
+            "loss": round(loss / BATCH, 5),
+            "accuracy": round(correct / BATCH, 4),
+            "time": round(time.time(), 3),
         }
         with metrics.open("a") as f:
             f.write(json.dumps(record) + "\n")
-        (out / "checkpoint.json").write_text(json.dumps({"epoch": epoch, "weights": w}))
-        print(f"epoch {epoch:3d}  loss {record['loss']:.4f}  accuracy {record['accuracy']:.3f}")
+        if step % CHECKPOINT_EVERY == 0:
+            checkpoint = out / f"checkpoint-{step}"
+            checkpoint.mkdir(exist_ok=True)
+            state = {"global_step": step, "weights": w}
+            (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+        print(f"step {step:3d}  loss {record['loss']:.4f}  accuracy {record['accuracy']:.3f}")
         sys.stdout.flush()
-    print(f"done after {epoch} epochs")
+    print(f"done after {step} steps")
     return 0
 
 

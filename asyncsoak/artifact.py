@@ -1,18 +1,11 @@
 """Read what a soak wrote: its artifact, or its journal when the monitor never wrote one.
 
-::
-
-    from asyncsoak import artifact
-
-    run = artifact.load("runs/7/soak.json")  # or soak.jsonl, rebuilt as `asyncsoak recover` does
-    facts = artifact.summarize(run)  # what `asyncsoak summary --json` prints
-    if run["status"] != artifact.SoakStatus.PASSED:
-        print([f["reason"] for f in run["failures"]])
-
-The artifact's shape is the JSON Schema :func:`schema` returns (``artifact.schema.json`` in
-the package); its statuses, failure reasons, stop causes and event kinds are the enums here.
-:class:`Artifact` is that shape as a ``TypedDict``, so ``mypy --strict`` checks what a script
-indexes: ``load`` returns one.
+``artifact.load("runs/7/soak.json")`` (or ``soak.jsonl``, rebuilt as ``asyncsoak recover``
+does) returns an :class:`Artifact`; ``artifact.summarize(run)`` is what ``asyncsoak summary
+--json`` prints.  The artifact's shape is the JSON Schema :func:`schema` returns
+(``artifact.schema.json`` in the package); its statuses, failure reasons, stop causes and event
+kinds are the enums here.  :class:`Artifact` is the ``TypedDict`` that schema is generated from,
+so ``mypy --strict`` checks what a script indexes.  Examples: docs/artifact.md.
 """
 
 from __future__ import annotations
@@ -22,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ._contract import Artifact, EventKind, FailureReason, SoakStatus, StopCause
-from ._contract import UnreadableFileError as _UnreadableFileError
-from ._contract import read_json_file as _read_json_file
+from ._contract import bounded as _bounded
 from ._record import KNOWN_SCHEMA_VERSIONS, SCHEMA_VERSION, ArtifactError
 from ._record import JournalError as _JournalError
 from ._record import artifact_from_journal as _artifact_from_journal
@@ -60,7 +52,7 @@ def load(path: str | os.PathLike[str]) -> Artifact:
     if _is_journal(path):
         try:
             rebuilt = _artifact_from_journal(path)
-        except (_JournalError, _UnreadableFileError) as exc:
+        except (_JournalError, _bounded.UnreadableFileError) as exc:
             raise ArtifactError(str(exc)) from exc
         try:
             # Checked as a written artifact is: a doctored journal's values reach the views.
@@ -68,8 +60,8 @@ def load(path: str | os.PathLike[str]) -> Artifact:
         except ArtifactError as exc:
             raise ArtifactError(f"{path}: {exc}") from exc
     try:
-        data = _read_json_file(path)
-    except _UnreadableFileError as exc:
+        data = _bounded.read_json_file(path)
+    except _bounded.UnreadableFileError as exc:
         raise ArtifactError(str(exc)) from exc
     except ValueError as exc:
         raise ArtifactError(f"{path} is not an asyncsoak artifact or journal: {exc}") from exc

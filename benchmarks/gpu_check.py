@@ -48,7 +48,8 @@ import psutil
 from asyncsoak._contract._sink import SoakClock, open_event_queue
 from asyncsoak._process._commands import run_command
 from asyncsoak._process._forensics import KernelLogFollower
-from asyncsoak._sampling._gpu_sampler import GpuSample, run_gpu_sampler
+from asyncsoak._sampling._gpu_sample import GpuSample
+from asyncsoak._sampling._gpu_sampler import run_gpu_sampler
 from asyncsoak._sampling._nvidia_smi import (
     APP_FIELDS,
     APPS_QUERY,

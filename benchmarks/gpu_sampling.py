@@ -33,7 +33,7 @@ from pathlib import Path
 
 import anyio
 
-from asyncsoak._sampling._gpu_sampler import GpuSample
+from asyncsoak._sampling._gpu_sample import GpuSample
 from asyncsoak._sampling._nvidia_smi import (
     GpuProcess,
     GpuReading,

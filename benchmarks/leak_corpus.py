@@ -36,15 +36,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
 from asyncsoak import run_soak
-from asyncsoak._contract._events import Event, Exited, FailureEvent, Header, Limits, StopRequested
+from asyncsoak._contract import events
 from asyncsoak._contract._sink import EventSink, SoakClock
 from asyncsoak._contract._timestamps import iso
-from asyncsoak._record._artifact import ArtifactBuilder
+from asyncsoak._record._artifact import RunState
 from asyncsoak._record._serializer import journal_line_data
 from asyncsoak._supervisor._config import SoakConfig
 from asyncsoak._supervisor._judge import RunJudge
@@ -84,7 +84,7 @@ def soak_config(where: Path, interval: float, leak_check: Mode) -> SoakConfig:
     arguments: dict[str, Any] = {
         name: p.default
         for name, p in inspect.signature(run_soak).parameters.items()
-        if p.default is not inspect.Parameter.empty and name not in ("control", "metrics")
+        if p.default is not inspect.Parameter.empty and name not in ("control", "metrics", "config")
     }
     arguments.update(
         command=[sys.executable, "tests/leak_corpus.py"],
@@ -101,30 +101,18 @@ def soak_config(where: Path, interval: float, leak_check: Mode) -> SoakConfig:
 async def simulate(plan: Plan, interval: float, leak_check: Mode, where: Path) -> Outcome:
     """One simulated run: the plan's journal lines folded and judged as the soak does."""
     cfg = soak_config(where, interval, leak_check)
-    builder = ArtifactBuilder()
+    builder = RunState()
     clock = SimulatedClock()
-    send, receive = anyio.create_memory_object_stream[Event](10_000)
+    send, receive = anyio.create_memory_object_stream[events.Event](10_000)
     sink = EventSink(send, clock)
-    events: list[Mapping[str, Any]] = []
+    folded: list[Mapping[str, Any]] = []
     stopped_at: float | None = None
 
     def fold(data: Mapping[str, Any]) -> None:
-        events.append(data)
+        folded.append(data)
         builder.add(data)
 
-    async def fail(reason: str, message: str) -> None:
-        at = iso(datetime.now(UTC))
-        await sink.emit(FailureEvent(t=clock.now, reason=reason, message=message, at=at))
-
-    async def rule_fired(reason: str, message: str) -> None:
-        nonlocal stopped_at
-        if stopped_at is None:
-            stopped_at = clock.now
-            await fail(reason, message)
-
-    judge = RunJudge(
-        cfg, builder, rule_fired=rule_fired, fail=fail, ended=lambda: stopped_at is not None
-    )
+    judge = RunJudge(cfg, builder, ended=lambda: stopped_at is not None)
     # The last evaluation is the final one: the artifact's ``trends``.
     judged: list[Mapping[str, Mapping[str, Any]]] = [{}]
     judge.trend_observers.append(lambda trends: judged.__setitem__(0, trends))
@@ -137,7 +125,7 @@ async def simulate(plan: Plan, interval: float, leak_check: Mode, where: Path) -
     pid = simulated_pids(plan)["main"]
     fold(
         journal_line_data(
-            Header(
+            events.Header(
                 t=0.0,
                 command=list(cfg.command),
                 cwd=str(where),
@@ -154,7 +142,7 @@ async def simulate(plan: Plan, interval: float, leak_check: Mode, where: Path) -
     )
     fold(
         journal_line_data(
-            Limits(
+            events.Limits(
                 t=0.0,
                 memory_total_bytes=MACHINE_MEMORY,
                 cgroup_memory_max_bytes=None,
@@ -164,35 +152,32 @@ async def simulate(plan: Plan, interval: float, leak_check: Mode, where: Path) -
     )
     async with anyio.create_task_group() as tg:
         tg.start_soon(serializer)
-        judging = anyio.CancelScope()
-
-        async def judge_live() -> None:
-            with judging:
-                await judge.run(sink)
-
-        tg.start_soon(judge_live)
         for data in simulated_events(plan, interval):
             clock.now = data["t"]
             fold(data)
-            judge.note_fold(data)
-            await anyio.wait_all_tasks_blocked()
-            if stopped_at is not None:
-                break
-        judging.cancel()
+            if data["kind"] == "sample":
+                # The serializer's rule, as the soak runs it: what it returns is folded back.
+                for event in judge.trend_rule(builder, cast(events.EventJson, data)):
+                    fold(journal_line_data(event))
+                if builder.failures:
+                    stopped_at = clock.now
+                    break
         if stopped_at is not None:
             fold(
                 journal_line_data(
-                    StopRequested(t=stopped_at, cause="failure", mode="group", grace_seconds=5.0)
+                    events.StopRequested(
+                        t=stopped_at, cause="failure", mode="group", grace_seconds=5.0
+                    )
                 )
             )
         end = plan.duration if stopped_at is None else stopped_at
         clock.now = end
         returncode = 0 if stopped_at is None else -15
         signal = None if stopped_at is None else "SIGTERM"
-        fold(journal_line_data(Exited(t=end, pid=pid, returncode=returncode, signal=signal)))
-        await judge.judge_trends(sink, final=True)
+        fold(journal_line_data(events.Exited(t=end, pid=pid, returncode=returncode, signal=signal)))
+        await judge.judge_final(sink)
         send.close()
-    return outcome(plan, interval, leak_check, events, simulated_pids(plan), judged[0])
+    return outcome(plan, interval, leak_check, folded, simulated_pids(plan), judged[0])
 
 
 def simulated(seeds: int, where: Path) -> dict[tuple[str, float, Mode], list[Outcome]]:

@@ -22,8 +22,9 @@ processes of their own:
 - a floor that wakes every interval and reads the tree's /proc files raw (item 1's floor);
 - a floor that wakes every interval and does nothing: the price of one wake-up here.
 
-Targets: the whole monitor's CPU per sample at most 1/4 of psrecord's, by the scheduler's
-clock; at most 4 wake-ups per sample interval.
+Target: the whole monitor's CPU per sample at most 1/4 of psrecord's, by the scheduler's
+clock.  Wake-ups per sample are shown for information: CPU per sample is the target, not
+wake-ups.
 """
 
 from __future__ import annotations
@@ -251,7 +252,6 @@ def child_main(args: argparse.Namespace) -> None:
 
 INTERVALS = (0.5, 1.0)
 TARGET_PSRECORD_RATIO = 0.25
-TARGET_WAKEUPS_PER_SAMPLE = 4.0
 
 
 @dataclass
@@ -366,8 +366,6 @@ def section_from(results: list[dict[str, Any]], fake_gpu: bool) -> Section:
                 "",
                 reference=f"psrecord {per_sample('psrecord', 2):.1f}",
                 ratio=wakeups / max(per_sample("psrecord", 2), 1e-9),
-                target="<= 4",
-                met=wakeups <= TARGET_WAKEUPS_PER_SAMPLE,
             )
         )
         section.add(

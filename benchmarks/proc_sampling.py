@@ -42,7 +42,9 @@ from pathlib import Path
 import anyio
 
 from asyncsoak._contract._sink import SoakClock, open_event_queue
-from asyncsoak._sampling._proc_sampler import ProcSample, ProcSampler, run_proc_sampler
+from asyncsoak._sampling._proc_sample import ProcSample
+from asyncsoak._sampling._proc_sampler import ProcSampler
+from asyncsoak._sampling._proc_task import run_proc_sampler
 from asyncsoak._sampling._procfs import PROC, read_proc_file
 from benchmarks._common import Figure, Section
 

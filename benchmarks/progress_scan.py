@@ -100,20 +100,20 @@ def watchdog_share(root: Path, seconds: float, *, spaced: bool) -> float:
 
     from asyncsoak._contract._sink import SoakClock, open_event_queue
     from asyncsoak._sampling import _watchdog
-
-    async def fail(reason: str, message: str) -> None:
-        raise RuntimeError(f"no rule should fire here: {reason}: {message}")
+    from asyncsoak._sampling._progress_rules import ProgressTracker
+    from asyncsoak._sampling._progress_scan import scan_progress_dir
 
     async def measure() -> float:
         sink, receive = open_event_queue(SoakClock())
-        tracker = _watchdog.ProgressTracker(
-            _watchdog.scan_progress_dir(root).files, startup_timeout=3600.0, stale_after=3600.0
+        tracker = ProgressTracker(
+            scan_progress_dir(root).files, startup_timeout=3600.0, stale_after=3600.0
         )
 
         async def drain() -> None:
             async with receive:
-                async for _event in receive:
-                    pass
+                async for event in receive:
+                    if event.KIND == "rule_broken":
+                        raise RuntimeError(f"no rule should fire here: {event}")
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(drain)
@@ -126,7 +126,6 @@ def watchdog_share(root: Path, seconds: float, *, spaced: bool) -> float:
                     ignore=lambda: (),
                     scan_interval=0.5,
                     limiter=anyio.CapacityLimiter(4),
-                    on_failure=fail,
                 )
             )
             await anyio.sleep(WATCHDOG_WARM_UP_SECONDS)
@@ -146,7 +145,8 @@ def watchdog_share(root: Path, seconds: float, *, spaced: bool) -> float:
 
 
 def run(quick: bool = False) -> Section:
-    from asyncsoak._sampling._watchdog import ProgressTracker, scan_progress_dir
+    from asyncsoak._sampling._progress_rules import ProgressTracker
+    from asyncsoak._sampling._progress_scan import scan_progress_dir
 
     section = Section("progress_scan", "9. Progress scan")
     started = time.monotonic()

@@ -109,7 +109,7 @@ def run(quick: bool = False) -> Section:
         work = Path(tmp)
         db = work / "queue.db"
         marker = work / "runs.txt"
-        store = job_queue.JobStore(db)
+        store = job_queue.open_store(db)
         workers = [
             subprocess.Popen(
                 [sys.executable, "-m", "asyncsoak", "worker", "--db", str(db), "--no-gpu"],

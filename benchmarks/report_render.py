@@ -164,6 +164,7 @@ def day_artifact(journal: Path) -> dict[str, Any]:
         "summary": summary,
         "events": events,
         "events_dropped": DAY - EVENTS_KEPT,
+        "trends": {},
         "processes": processes,
         "leftover_processes": [],
         "abandoned_processes": [],
@@ -199,6 +200,8 @@ def draw_ms(chromium: str, page: Path) -> tuple[float, float, float]:
             "--window-size=1400,900",
             "--proxy-server=127.0.0.1:9",
             "--host-resolver-rules=MAP * ~NOTFOUND",
+            # The page decompresses plotly.js before it draws: wait for that.
+            "--virtual-time-budget=10000",
             "--dump-dom",
             page.as_uri(),
         ],
@@ -231,7 +234,7 @@ def plotly_alone(path: Path) -> Path:
 
 
 def run(quick: bool = False) -> Section:
-    from asyncsoak._record._artifact import check_artifact
+    from asyncsoak._record._artifact_io import check_artifact
     from asyncsoak._view.report import render_report
 
     section = Section("report_render", "14. Report load and draw")

@@ -65,6 +65,7 @@ BENCHMARKS: dict[str, str] = {
     "report_render": "14. Report load and draw",
     "leak_corpus": "15. Leak corpus",
     "many_soaks": "16. Many soaks per process",
+    "host_loop": "17. A soak's start on the host's loop",
 }
 #: Run beside the background item: light, and as long.
 ALONGSIDE_BACKGROUND = ("gpu_sampling",)

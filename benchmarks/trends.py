@@ -28,9 +28,9 @@ import time
 
 from asyncsoak._analysis._trends import FLOORS
 from asyncsoak._analysis._trendwatch import LIVE_WARM_UP_INTERVALS, TrendWatch
-from asyncsoak._contract._events import SampleJson
+from asyncsoak._contract import events
 from asyncsoak._contract._vocabulary import EventKind
-from asyncsoak._record._artifact import ArtifactBuilder
+from asyncsoak._record._artifact import RunState
 from asyncsoak._record._serializer import journal_line
 from asyncsoak._sampling._proc_sampler import ProcSampler
 from asyncsoak._supervisor._rules import TREND_EVERY_INTERVALS, TREND_LAG_FRACTION
@@ -45,7 +45,7 @@ TARGET_COST_SHARE = 5.0
 LEAK_PID = 29987
 
 
-def sample(t: float, rss: float, others: int = 0) -> SampleJson:
+def sample(t: float, rss: float, others: int = 0) -> events.SampleJson:
     """A process sample as the journal holds it: the leaking process (and ``others``)."""
     processes = [
         {
@@ -154,7 +154,7 @@ def evaluation_cost(quick: bool) -> tuple[float, float, float]:
     reference = []
     with sleeping_tree(9) as root:
         sampler = ProcSampler(root)
-        builder = ArtifactBuilder()
+        builder = RunState()
         for i in range(60 if quick else 300):
             began = time.process_time()
             event = sampler.read(float(i))

@@ -217,7 +217,7 @@ def _type_of(node: Mapping[str, Any], root: Mapping[str, Any]) -> str:
 
 def metrics_reference() -> str:
     """Every metric a soak and a worker export, with its type and help, from a scrape."""
-    from asyncsoak._export._metrics import METRIC_NAMES
+    from asyncsoak._export._soak_metrics import METRIC_NAMES
 
     families = {name: (kind, text, labels) for name, kind, text, labels in _scraped_families()}
     lines = [
@@ -242,12 +242,13 @@ def metrics_reference() -> str:
 
 def _scraped_families() -> Iterator[tuple[str, str, str, tuple[str, ...]]]:
     """(sample name, type, help, labels) of every family a busy soak and worker export."""
-    from asyncsoak._export._exposition import new_registry
-    from asyncsoak._export._metrics import SoakMetrics, WorkerMetrics
+    from asyncsoak._export._metrics import new_registry
+    from asyncsoak._export._soak_metrics import SoakMetrics
+    from asyncsoak._export._worker_metrics import WorkerMetrics
 
     # One soak running (its live gauges), one finished (its verdict).
-    running = SoakMetrics("1-2", now=lambda: 100.0, wall=lambda: 1.7e9, host="node")
-    finished = SoakMetrics("1-3", now=lambda: 100.0, wall=lambda: 1.7e9, host="node")
+    running = SoakMetrics("1-2", now=lambda: 100.0, host="node")
+    finished = SoakMetrics("1-3", now=lambda: 100.0, host="node")
     trend = {"slope_per_hour": 3.6e9, "projected_limit_at": "2026-01-01T02:00:00Z"}
     for soak in (running, finished):
         for event in _busy_soak_events():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import select
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import read_journal
-from asyncsoak._record._artifact import load_schema
+from asyncsoak._record._artifact_io import load_schema
 
 REPO = Path(__file__).resolve().parent.parent
 #: The environment of a CLI run by a test: this checkout's asyncsoak first.
@@ -36,6 +37,21 @@ def asyncsoak_cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Com
         text=True,
         timeout=timeout,
     )
+
+
+def asyncsoak_main(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``asyncsoak ARGS`` called in this process (``main(argv)``), output captured: for input
+    the CLI refuses, the same status and lines as :func:`asyncsoak_cli` without a start-up."""
+    from asyncsoak.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    output = contextlib.redirect_stdout(out), contextlib.redirect_stderr(err)
+    with output[0], output[1], contextlib.chdir(cwd or Path.cwd()):
+        try:
+            status = main(list(args))
+        except SystemExit as exc:  # argparse's refusals
+            status = exc.code if isinstance(exc.code, int) else 1
+    return subprocess.CompletedProcess(["asyncsoak", *args], status, out.getvalue(), err.getvalue())
 
 
 def py(code: str) -> list[str]:
@@ -116,6 +132,12 @@ def fast_limits(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     }
     kwargs.update(overrides)
     return kwargs
+
+
+def run_warnings(artifact: Mapping[str, Any]) -> list[str]:
+    """The artifact's warnings less the machine's (its memory, /dev/shm): on a test machine
+    the tests running beside this one move those, and they say so truly."""
+    return [w for w in artifact["warnings"] if not w.startswith("the machine")]
 
 
 def journal(path: Path) -> list[dict[str, Any]]:

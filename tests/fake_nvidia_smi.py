@@ -22,6 +22,8 @@ Settings (environment):
   first GPU's without their last field (rows that cannot be parsed).
 - ``FAKE_SMI_ROW_STAMPS``: set, each GPU row of a loop iteration has its own timestamp, a
   millisecond after the row before it (rows read one by one on a slow bus).
+- ``FAKE_SMI_WHOLE_SECONDS``: set, every timestamp is printed in whole seconds (as some
+  nvidia-smi builds do): a loop faster than 1 s prints several iterations with one stamp.
 - ``FAKE_SMI_HANG_AFTER``: in ``hang`` mode, lines each process prints before hanging.
 - ``FAKE_SMI_LOOP_ITERATIONS``: a ``-lms`` loop prints this many iterations, then exits.
 - ``FAKE_SMI_REJECT``: comma-separated fields to reject as an older driver would.
@@ -40,9 +42,13 @@ Settings (environment):
   fault of GPU 0: ``ecc`` (the uncorrectable volatile ECC count rises to 2), ``remap`` (a row
   remap pending, one uncorrectable row remapped), ``lost`` (nvidia-smi prints the driver's
   "Unable to determine the device handle ... GPU is lost" line in place of its row, and a
-  one-shot call exits 15), ``gone`` (the GPU is no longer listed), ``nvml`` (every call, and
+  one-shot call exits 15), ``gone`` (the GPU is no longer listed, and the GPUs after it are
+  numbered from 0 again, as NVML does), ``reset`` (its utilisation, memory used, temperature
+  and power read ``[GPU requires reset]``, as after Xid 79, 48 or 119), ``nvml`` (every call, and
   the running loops, print "Failed to initialize NVML: Driver/library version mismatch" and
-  exit 18, as after a driver update).
+  exit 18, as after a driver update).  Once a loop has printed its first GPU iteration,
+  ``<fault file>.seen`` is written: a child injects its fault after that, so the monitor has
+  read a healthy GPU first (as a fault during a run comes), however slow the machine.
 
 The health fields (remapped rows, retired pages, PCIe link) are not in the CSV captures: their
 values come from the ``nvidia-smi -q -x`` captures of the same GPU (``q_xml_*.txt``).
@@ -251,7 +257,7 @@ class Fake:
         base = self.bus_id or captured["pci.bus_id"]
         domain, bus, rest = base.split(":")
         fault = self.fault()
-        out = []
+        out: list[dict[str, str]] = []
         for i in range(int(os.environ.get("FAKE_SMI_GPUS", "1"))):
             row = dict(captured)
             row["pci.bus_id"] = f"{domain}:{int(bus, 16) + i:02X}:{rest}"
@@ -267,6 +273,11 @@ class Fake:
                 row = {"lost": LOST_LINE.format(address=row["pci.bus_id"][4:])}
             elif fault == "gone":
                 continue
+            elif fault == "reset":
+                for field in ("utilization.gpu", "memory.used", "temperature.gpu", "power.draw"):
+                    row[field] = "[GPU requires reset]"
+            if i and fault == "gone":
+                row["index"] = str(len(out))
             out.append(row)
         return out
 
@@ -330,7 +341,8 @@ class Fake:
             now_ms = max(int(time.time() * 1000), last_ms + 1)
             last_ms = now_ms
             stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now_ms / 1000))
-            stamp += f".{now_ms % 1000:03d}"
+            if not os.environ.get("FAKE_SMI_WHOLE_SECONDS"):
+                stamp += f".{now_ms % 1000:03d}"
             for number, row in enumerate(iterations[count % len(iterations)]):
                 if number and os.environ.get("FAKE_SMI_ROW_STAMPS"):
                     # Each row stamped as it is read, a millisecond apart.
@@ -356,6 +368,9 @@ class Fake:
                     values.pop()
                 self.emit(SEPARATOR.join(values))
             sys.stdout.flush()
+            if gpu and loop_ms and not count and self.fault_file:
+                with open(f"{self.fault_file}.seen", "w"):
+                    pass
             count += 1
             if loop_ms is None:
                 if lost:

@@ -87,6 +87,7 @@ def install_fake_nvidia_smi(
     power_w: float | None = None,
     fault_file: Path | None = None,
     throttle_mask: int | None = None,
+    whole_seconds: bool = False,
 ) -> FakeNvidiaSmi:
     """Write an executable ``nvidia-smi`` into ``directory/fake-bin`` with its settings baked in.
 
@@ -117,6 +118,7 @@ def install_fake_nvidia_smi(
         ("FAKE_SMI_POWER_W", None if power_w is None else f"{power_w:.2f}"),
         ("FAKE_SMI_FAULT_FILE", None if fault_file is None else str(fault_file)),
         ("FAKE_SMI_THROTTLE", None if throttle_mask is None else hex(throttle_mask)),
+        ("FAKE_SMI_WHOLE_SECONDS", "1" if whole_seconds else None),
     ):
         if value is not None:
             settings[name] = value

@@ -149,6 +149,13 @@ def _steady_leak(rng: random.Random, d: float) -> Tree:
     return Tree((main_process(anon),), steady_steps(d), leaker="main")
 
 
+def _short_fast_leak(rng: random.Random, d: float) -> Tree:
+    """Anonymous memory grows linearly all run, 400 MiB (10 MiB/s over a 40 s run): at the
+    default 5 s interval too few samples for the leak check to judge."""
+    anon = Curve(((0.0, WORKING_SET), (d, WORKING_SET + 400 * MiB)))
+    return Tree((main_process(anon),), steady_steps(d), leaker="main")
+
+
 def _late_leak(rng: random.Random, d: float) -> Tree:
     """Flat, then a leak of about 8 MiB/s from about 40 % of the run until the end."""
     working = rng.uniform(60, 100) * MiB
@@ -272,6 +279,7 @@ def _rss_drop(rng: random.Random, d: float) -> Tree:
 SHAPES: dict[str, tuple[Label, Callable[[random.Random, float], Tree]]] = {
     "steady_leak": ("leak", _steady_leak),
     "late_leak": ("leak", _late_leak),
+    "short_fast_leak": ("leak", _short_fast_leak),
     "step_proportional_leak": ("leak", _step_proportional_leak),
     "late_grandchild_leak": ("leak", _late_grandchild_leak),
     "shm_leak": ("leak", _shm_leak),

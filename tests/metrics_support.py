@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from asyncsoak._contract._blocking import run_blocking
+from asyncsoak._export._metrics import new_registry, render
 
 #: Bound on one HTTP exchange of a test.
 HTTP_TIMEOUT = 10.0
@@ -68,6 +69,11 @@ async def http_get(
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
     return Response(int(lines[0].split(" ")[1]), headers, body)
+
+
+def exposition(*collectors: Any) -> str:
+    """The collectors' scrape in the text format, as the endpoint and the textfile write it."""
+    return render(new_registry(*collectors))[0].decode()
 
 
 def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

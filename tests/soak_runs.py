@@ -47,14 +47,20 @@ print("done", flush=True)
 """
 
 
-#: A trainer, run from a file (so tracebacks and py-spy name real lines), that checkpoints
-#: every 4 steps into ``checkpoint-N/`` and then, by mode: passes, stalls waiting forever,
-#: crashes with a traceback, or keeps 4 MiB alive per step (a leak; $LEAK_MIB in any mode).
+#: A trainer, run from a file (so tracebacks and py-spy name real lines), that logs its step
+#: and loss, checkpoints every 4 steps into ``checkpoint-N/`` and then, by mode, halfway:
+#: passes on, stalls waiting forever, crashes with a traceback, freezes its step while its
+#: metrics file still grows, writes a NaN loss, or has its GPU fault (``$FAULT_FILE``, once the
+#: fake nvidia-smi has read a healthy GPU); ``leak`` keeps 4 MiB alive per step ($LEAK_MIB in
+#: any mode); $STEP_SECONDS between steps.
 TRAINER = """
 import json, os, pathlib, sys, time
 mode, out, steps = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3])
 out.mkdir(parents=True, exist_ok=True)
 leak_mib = int(os.environ.get("LEAK_MIB", "4" if mode == "leak" else "0"))
+pause = float(os.environ.get("STEP_SECONDS", "0.05"))
+if "GPU_PID_FILE" in os.environ:
+    pathlib.Path(os.environ["GPU_PID_FILE"]).write_text(str(os.getpid()))
 kept = []
 
 
@@ -69,19 +75,37 @@ def wait_for_ranks():
     time.sleep(60)
 
 
+def log(step, loss):
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, "loss": loss}) + "\\n")
+
+
+def gpu_fault(path):
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path + ".seen") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pathlib.Path(path).write_text("ecc")
+
+
 for step in range(steps):
     train_step(step)
-    with open(out / "metrics.jsonl", "a") as f:
-        f.write(json.dumps({"step": step}) + "\\n")
+    half = step == steps // 2
+    log(step, float("nan") if mode == "nan" and half else 2.0 / (step + 1))
     if step % 4 == 0:
         checkpoint = out / f"checkpoint-{step}"
         checkpoint.mkdir(exist_ok=True)
         (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     print(f"step {step}", flush=True)
-    time.sleep(0.05)
-    if mode == "stall" and step == steps // 2:
+    time.sleep(pause)
+    if half and mode == "stall":
         print("waiting for the other ranks (all_reduce)...", flush=True)
         wait_for_ranks()
+    if half and mode == "frozen":
+        for _ in range(1200):
+            log(step, 2.0 / (step + 1))
+            time.sleep(0.05)
+    if half and mode == "gpu":
+        gpu_fault(os.environ["FAULT_FILE"])
 print("done", flush=True)
 """
 
@@ -95,7 +119,8 @@ def trainer_soak(
     script: Path | None = None,
     env: str = "",
 ) -> Path:
-    """A soak of :data:`TRAINER` in ``mode`` (pass, stall, crash, leak); the artifact path.
+    """A soak of :data:`TRAINER` in ``mode`` (pass, stall, crash, frozen, nan, gpu, leak); the
+    artifact path.  ``gpu`` runs under the fake nvidia-smi, its GPU 0's ECC count rising.
 
     ``extra``: more options of ``asyncsoak run``; ``script``: where the trainer is (two runs
     of one script have the same command); ``env``: ``KEY=VALUE`` for the trainer.
@@ -103,8 +128,16 @@ def trainer_soak(
     base.mkdir(parents=True, exist_ok=True)
     script = script or base / "train.py"
     script.write_text(TRAINER)
+    envs = [f"--env={pair}" for pair in (env,) if pair]
+    args = run_args(base, "--stale-progress", "1.5", *extra)
+    if mode == "gpu":
+        fault, pid_file = base / "fault", base / "gpu.pid"
+        fake = install_fake_nvidia_smi(base, pid_file=pid_file, fault_file=fault)
+        args = [a for a in args if a != "--no-gpu"] + ["--nvidia-smi", str(fake.path)]
+        envs += [f"--env=FAULT_FILE={fault}", f"--env=GPU_PID_FILE={pid_file}"]
     result = asyncsoak_cli(
-        *run_args(base, "--stale-progress", "1.5", *extra, *(["--env", env] if env else [])),
+        *args,
+        *envs,
         "--",
         sys.executable,
         str(script),
@@ -243,6 +276,7 @@ def sample_lines(end: float, stall_at: float | None, gpus: int = 2) -> list[dict
         )
         points = {}
         labels = {}
+        readings = []
         for g in range(gpus):
             points[f"gpu{g}"] = {
                 "utilization_gpu_percent": (88 + 8 * wave - 5 * g) if busy else 0.0,
@@ -254,12 +288,12 @@ def sample_lines(end: float, stall_at: float | None, gpus: int = 2) -> list[dict
                 "clocks_sm_mhz": 1980.0 if busy else 345.0,
             }
             throttled = g == 0 and steps * 0.3 <= i <= steps * 0.4
-            labels[f"gpu{g}"] = {
-                "throttle_reasons": ["hw_slowdown", "sw_thermal"]
-                if throttled
-                else (["gpu_idle"] if not busy else [])
-            }
-        lines.append({"t": t, "kind": "gpu_sample", "points": points, "labels": labels})
+            reasons = ["hw_slowdown", "sw_thermal"] if throttled else ([] if busy else ["gpu_idle"])
+            labels[f"gpu{g}"] = {"throttle_reasons": reasons}
+            readings.append({"index": g, "clock_event_reasons": reasons})
+        lines.append(
+            {"t": t, "kind": "gpu_sample", "points": points, "labels": labels, "gpus": readings}
+        )
     return lines
 
 
@@ -325,12 +359,16 @@ def make_runs(base: Path) -> Runs:
 
 
 def canonical_runs(base: Path) -> dict[str, Path]:
-    """The four runs a reader meets first, by name: ``pass``, ``stall``, ``crash`` (the
-    trainer's modes) and ``leak`` (a pass keeping 8 MiB alive per step: a leak warning);
+    """The runs a reader meets, by name: ``pass``, ``stall``, ``crash``, ``frozen``, ``nan``,
+    ``gpu`` (the trainer's modes) and ``leak`` (a pass keeping 8 MiB alive per step: a leak
+    warning);
     made once per test session however many test modules ask."""
     if "canonical" not in _CANONICAL:
         _CANONICAL["canonical"] = {
-            **{mode: trainer_soak(base / mode, mode) for mode in ("pass", "stall", "crash")},
+            **{
+                mode: trainer_soak(base / mode, mode)
+                for mode in ("pass", "stall", "crash", "frozen", "nan", "gpu")
+            },
             "leak": trainer_soak(base / "leak", "pass", 40, env="LEAK_MIB=8"),
         }
     return _CANONICAL["canonical"]

@@ -192,3 +192,40 @@ def test_each_rule_fires_on_its_situation_with_its_text(tmp_path: Path, case: st
     )
     result = promtool("test", "rules", str(test_file))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_goodput_ratio_is_recorded(tmp_path: Path) -> None:
+    """The recording rule divides the productive seconds by every second counted: 30 s
+    productive, 10 s of start-up lost, makes 0.75."""
+    test_file = tmp_path / "test.yml"
+    productive = series("asyncsoak_productive_seconds_total", SOAK, "0+10x3")
+    startup = series("asyncsoak_badput_seconds_total", {**SOAK, "kind": "startup"}, "10x3")
+    other = series("asyncsoak_badput_seconds_total", {**SOAK, "kind": "other"}, "0x3")
+    expected = {"labels": f"soak_id:asyncsoak_goodput:ratio{{{_labels(SOAK)}}}", "value": 0.75}
+    test_file.write_text(
+        json.dumps(
+            {
+                "rule_files": [str(RULES)],
+                "evaluation_interval": "1m",
+                "tests": [
+                    {
+                        "interval": "1m",
+                        "input_series": [productive, startup, other],
+                        "promql_expr_test": [
+                            {
+                                "expr": "soak_id:asyncsoak_goodput:ratio",
+                                "eval_time": "3m",
+                                "exp_samples": [expected],
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+    )
+    result = promtool("test", "rules", str(test_file))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f'{key}="{value}"' for key, value in labels.items())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import subprocess
 import sys
@@ -69,6 +71,32 @@ async def test_run_soak_takes_one_config_and_returns_the_whole_artifact(
     assert result == json.loads(config.output_path.read_text())
     assert_valid(result, schema)
     assert set(Artifact.__required_keys__) <= set(result)
+
+
+def test_run_soak_keeps_the_reference_keywords_and_takes_the_rest_from_soak_config() -> None:
+    """run_soak names the reference's keywords (soak-monitor-reference.txt); its other
+    keywords are SoakSettings', which are SoakConfig's other fields: the list is not spelled
+    twice by hand without this check."""
+    from asyncsoak._supervisor._front import SoakSettings
+
+    reference = [
+        "command",
+        "progress_dir",
+        "output_path",
+        "sample_interval_seconds",
+        "startup_timeout_seconds",
+        "stale_progress_seconds",
+        "post_shutdown_grace_seconds",
+        "min_duration_seconds",
+        "cwd",
+        "env",
+        "metadata",
+    ]
+    parameters = inspect.signature(asyncsoak.run_soak).parameters
+    assert [name for name in parameters][: len(reference)] == reference
+    assert set(parameters) == {*reference, "config", "control", "metrics", "settings"}
+    settable = {spec.name for spec in dataclasses.fields(asyncsoak.SoakConfig) if spec.init}
+    assert set(SoakSettings.__annotations__) == settable - set(reference)
 
 
 @pytest.mark.asyncio

@@ -11,6 +11,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import ValidationError, artifact
+from asyncsoak._contract._schema import schema_text
 
 from .conftest import assert_valid, asyncsoak_cli
 from .soak_runs import Runs, make_runs
@@ -130,6 +131,36 @@ def test_schema_is_the_shipped_schema_and_validates_real_artifacts(runs: Runs) -
     for path in (runs.passing, runs.stalled):
         assert_valid(artifact.load(path), validator)
     assert artifact.load(runs.passing)["schema_version"] == artifact.SCHEMA_VERSION
+
+
+def test_the_shipped_schema_is_generated_from_the_typed_dicts() -> None:
+    """artifact.schema.json is what the TypedDicts of ``_contract._schema`` give, to the byte."""
+    shipped = Path(artifact.__file__).with_name("artifact.schema.json").read_text()
+    assert shipped == schema_text(), "rewrite it: python -m asyncsoak._contract._schema"
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda a: a.update(status="fine"), "'fine' is not one of"),
+        (lambda a: a["exit"].pop("pid"), "'pid' is a required property"),
+        (lambda a: a.update(duration_seconds=-1), "less than the minimum of 0"),
+        (lambda a: a.update(started_at="yesterday"), "does not match"),
+        (lambda a: a.pop("trends"), "'trends' is a required property"),
+        (lambda a: a["processes"].extend(a["processes"][:1] * 9), "is too long"),
+        (lambda a: a["failures"].append({"reason": "stale_progress", "message": "m"}), "'at'"),
+        (lambda a: a["snapshot"].update(scheduler={"kind": "lsf"}), "is not valid under any"),
+    ],
+)
+def test_the_schema_refuses_a_damaged_artifact(
+    runs: Runs, damage: Callable[[dict[str, Any]], object], says: str
+) -> None:
+    """The generated schema checks what the hand-kept one did: required keys, enums, minimums,
+    timestamps, version 2's sections, bounded lists, the scheduler's kinds."""
+    data = json.loads(runs.passing.read_text())
+    damage(data)
+    errors = [e.message for e in Draft202012Validator(artifact.schema()).iter_errors(data)]
+    assert any(says in error for error in errors), errors
 
 
 def test_schema_is_a_fresh_copy(runs: Runs) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -16,7 +19,7 @@ from jsonschema import Draft202012Validator
 
 from asyncsoak.cli import COMMAND_MODULES, COMMANDS, build_parser
 
-from .conftest import CLI_ENV, ReadyFifo, alive, assert_valid, asyncsoak_cli, py
+from .conftest import CLI_ENV, ReadyFifo, alive, assert_valid, asyncsoak_cli, asyncsoak_main, py
 
 pytestmark = pytest.mark.slow
 
@@ -63,6 +66,39 @@ def test_failed_soak_exits_1_with_reason_and_artifact(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "soak.json").read_text())["status"] == "failed"
 
 
+def test_a_progress_dir_that_never_exists_fails_at_the_front_door(tmp_path: Path) -> None:
+    """A typo'd --progress-dir (the trainer writes elsewhere, the command exits 0): the soak
+    fails no_progress, exit 1 (22 with --detailed-exit-codes), and its first line names the
+    directory and says it never existed."""
+    typo = tmp_path / "runs" / "24"
+    args = run_args(tmp_path, "--detailed-exit-codes")
+    args[args.index("--progress-dir") + 1] = str(typo)
+    result = asyncsoak_cli(*args, "--", *py("print('ready')"), cwd=tmp_path)
+    assert result.returncode == 22, result.stderr
+    failed = next(line for line in result.stderr.splitlines() if "soak failed" in line)
+    assert failed.startswith(f"asyncsoak: soak failed: no_progress: the progress directory {typo}")
+    assert "never existed" in failed
+
+
+def test_a_missing_progress_dir_is_said_while_waiting_and_at_the_startup_timeout(
+    tmp_path: Path,
+) -> None:
+    """While the progress dir does not exist the live line says so, and so does the
+    startup_timeout failure; two samples of a sleeping tree call it neither busy nor idle."""
+    typo = tmp_path / "runs" / "24"
+    args = run_args(tmp_path, "--startup-timeout", "1", "--status-interval", "0.2")
+    args[args.index("--progress-dir") + 1] = str(typo)
+    args[args.index("--sample-interval") + 1] = "0.5"
+    result = asyncsoak_cli(*args, "--", *py("import time; time.sleep(30)"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert f"waiting for the first progress: {typo} does not exist (yet)" in result.stderr
+    failed = next(line for line in result.stderr.splitlines() if "soak failed" in line)
+    assert f"the progress directory {typo} does not exist" in failed
+    assert "busy" not in failed
+    summary = asyncsoak_cli("summary", str(tmp_path / "soak.json"), cwd=tmp_path).stdout
+    assert "The tree was busy" not in summary
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -77,7 +113,7 @@ def test_failed_soak_exits_1_with_reason_and_artifact(tmp_path: Path) -> None:
 def test_bad_usage_exits_2_and_launches_nothing(tmp_path: Path, bad: list[str]) -> None:
     """Bad options exit 2 with a message; no artifact is written and nothing runs."""
     marker = tmp_path / "launched"
-    result = asyncsoak_cli(
+    result = asyncsoak_main(
         *run_args(tmp_path, *bad), "--", *py(f"open({str(marker)!r}, 'w')"), cwd=tmp_path
     )
     assert result.returncode == 2
@@ -88,7 +124,7 @@ def test_bad_usage_exits_2_and_launches_nothing(tmp_path: Path, bad: list[str]) 
 
 def test_missing_command_exits_2(tmp_path: Path) -> None:
     """`asyncsoak run` without a command is bad usage."""
-    result = asyncsoak_cli(*run_args(tmp_path), cwd=tmp_path)
+    result = asyncsoak_main(*run_args(tmp_path), cwd=tmp_path)
     assert result.returncode == 2
     assert "no command given" in result.stderr
 
@@ -179,8 +215,14 @@ def test_killed_monitor_does_not_leave_the_trainer_running(
         env=CLI_ENV,
         stderr=subprocess.DEVNULL,
     )
+    journal = tmp_path / "soak.jsonl"
     try:
         child = int(ready.line_sync())
+        # The journal is written by the interval: the kill comes once it holds the start
+        # (what a recover needs), not between the spawn and its write.
+        deadline = time.monotonic() + 30
+        while b'"kind":"started"' not in journal.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
         monitor.kill()
         monitor.wait(timeout=10)
         # The reaper gives the tree the grace (1 s), then SIGKILLs it.
@@ -189,9 +231,7 @@ def test_killed_monitor_does_not_leave_the_trainer_running(
         monitor.kill()
         monitor.wait()
     assert not alive(child)
-    kinds = [
-        json.loads(line)["kind"] for line in (tmp_path / "soak.jsonl").read_text().splitlines()
-    ]
+    kinds = [json.loads(line)["kind"] for line in journal.read_text().splitlines()]
     assert kinds[0] == "header"
     assert "started" in kinds
 
@@ -199,10 +239,15 @@ def test_killed_monitor_does_not_leave_the_trainer_running(
 def test_demo_passes_and_points_at_its_artifact(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
-    """`asyncsoak demo` trains, passes, and says where the artifact is."""
+    """`asyncsoak demo` trains, passes with no warning, shows the training's step, rate and
+    loss as asyncsoak read them from the trainer's log, its goodput, and says where the
+    artifact is."""
     result = asyncsoak_cli("demo", "--seconds", "2", "--dir", str(tmp_path / "demo"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "verdict: passed" in result.stdout
+    assert "verdict: passed\n" in result.stdout
+    training = next(line for line in result.stdout.splitlines() if line.startswith("training: "))
+    assert re.fullmatch(r"training: step \d+, [\d.]+ steps/s, loss [\d.]+", training), training
+    assert re.search(r"^goodput [\d.]+ %: lost [\d.]+ % .*start-up", result.stdout, re.M)
     [artifact_path] = (tmp_path / "demo").glob("run-*/soak.json")
     assert (
         str(artifact_path.relative_to(tmp_path)) in result.stdout
@@ -211,6 +256,8 @@ def test_demo_passes_and_points_at_its_artifact(
     artifact = json.loads(artifact_path.read_text())
     assert_valid(artifact, schema)
     assert artifact["progress"]["changes"] >= 2
+    assert artifact["warnings"] == []
+    assert artifact["progress"]["steps"]["step"] >= 4
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> set[str]:
@@ -251,7 +298,113 @@ def test_a_soak_does_not_load_the_queue_the_report_or_the_other_commands() -> No
         or (
             name.startswith("asyncsoak.cli._")
             and name
-            not in ("asyncsoak.cli._run", "asyncsoak.cli._slurm", "asyncsoak.cli._container")
+            not in (
+                "asyncsoak.cli._run",
+                "asyncsoak.cli._flags",
+                "asyncsoak.cli._slurm",
+                "asyncsoak.cli._container",
+            )
         )
     ]
     assert not unwanted
+
+
+#: What a whole ``run --quiet`` on a machine without ``nvidia-smi`` must not import: the GPU
+#: sampler's modules, the job table, the metrics, the live view, the schema.
+NOT_ON_A_QUIET_RUN = (
+    "asyncsoak._sampling._nvidia_smi",
+    "asyncsoak._sampling._gpu_sample",  # and _gpu_sampler
+    "asyncsoak._sampling._gpu_health",
+    "asyncsoak._sampling._xid",
+    "asyncsoak.trainer._jobs",
+    "asyncsoak._export._",
+    "asyncsoak._view._live",
+    "asyncsoak._view._screen",
+    "asyncsoak._contract._schema",
+    "asyncsoak.queue",
+)
+
+
+@pytest.mark.parametrize("gpu", [["--no-gpu"], []], ids=["no-gpu", "no-nvidia-smi"])
+def test_a_quiet_soak_without_gpus_imports_only_what_it_uses(
+    tmp_path: Path, gpu: list[str]
+) -> None:
+    """A whole soak (start-up cost, issue 36 item 7), its modules listed once it is written."""
+    (tmp_path / "bin").mkdir()  # PATH without nvidia-smi (nor git: the snapshot says so)
+    argv = ["run", "--quiet", *gpu, "--progress-dir", str(tmp_path)]
+    argv += ["--output", str(tmp_path / "out.json"), "--", sys.executable, "-c", "pass"]
+    code = (
+        "import sys\nfrom asyncsoak.cli import main\n"
+        f"status = main({argv!r})\n"
+        "print(status, *sorted(m for m in sys.modules if m.startswith('asyncsoak')))\n"
+    )
+    status, *loaded = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**CLI_ENV, "PATH": str(tmp_path / "bin")},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
+    assert status == "0"
+    assert "asyncsoak._supervisor._soak" in loaded
+    assert [name for name in loaded if name.startswith(NOT_ON_A_QUIET_RUN)] == []
+    notes = json.loads((tmp_path / "out.json").read_text())["monitor"]["sampler_notes"]
+    told = [note["message"] for note in notes if note["sampler"] == "gpu"]
+    assert told == ([] if gpu else ["no GPU data: 'nvidia-smi' not found"])
+
+
+@pytest.mark.parametrize("args", [["exit-codes"], ["run", "--help"], ["--help"]], ids=" ".join)
+def test_a_reader_that_has_gone_ends_a_printing_command_quietly(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """``asyncsoak exit-codes | true``: the reader is gone before the first line; the command
+    ends with status 0 and no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "asyncsoak", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=CLI_ENV,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("command", ["run", "submit"])
+def test_run_help_teaches_in_groups_and_every_option_says_what_it_does(command: str) -> None:
+    """``run --help`` (and ``submit``'s, which shares the soak's flags): titled groups, the
+    essentials first, and no option without a help line."""
+    parser = build_parser(command)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub = commands.choices[command]
+    titles = [g.title for g in sub._action_groups if g._group_actions]
+    own = [t for t in titles if t not in ("positional arguments", "options")]
+    assert len(own) >= 4, titles
+    if command == "run":
+        assert own[0] == "what to run and where its progress shows"
+    unexplained = [
+        a.option_strings[0]
+        for a in sub._actions
+        if a.option_strings and (a.help is None or a.help == argparse.SUPPRESS)
+    ]
+    assert unexplained == []
+
+
+def test_the_commands_are_listed_in_the_order_a_newcomer_meets_them() -> None:
+    """``asyncsoak --help``: the demo first, then a soak and its views, then the queue."""
+    listed = [
+        action.dest
+        for action in build_parser()._subparsers._group_actions[0]._choices_actions  # type: ignore[union-attr]
+    ]
+    assert listed == [
+        "demo", "run", "watch", "summary", "report", "compare", "recover", "exit-codes",
+        "snapshot", "submit", "worker", "jobs", "job", "goodput", "logs", "cancel", "requeue",
+        "workers",
+    ]  # fmt: skip

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from asyncsoak._view._compare import compare
+from asyncsoak._contract import SoakStatus
+from asyncsoak._contract._schema import Artifact
+from asyncsoak._record._artifact import RunState
+from asyncsoak._view._compare import compare, format_comparison
 from asyncsoak._view.report import render_report
 
 from .conftest import asyncsoak_cli
 from .soak_runs import trainer_soak
 from .test_report import chromium, needs_chromium, needs_plotly
-
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return clean, leaking
 
 
+@pytest.mark.slow
 def test_compare_names_the_memory_regression(pair: tuple[Path, Path]) -> None:
     """Leaking against clean: peak and final tree RSS flagged, exit 0 without the flag."""
     clean, leaking = pair
@@ -40,6 +42,7 @@ def test_compare_names_the_memory_regression(pair: tuple[Path, Path]) -> None:
     assert "the commands differ" not in out  # one trainer, one command
 
 
+@pytest.mark.slow
 def test_fail_on_regression_and_json(pair: tuple[Path, Path]) -> None:
     """--fail-on-regression exits 1 on a regression; --json lists it; a run against itself
     has none and exits 0."""
@@ -60,6 +63,7 @@ def test_fail_on_regression_and_json(pair: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.parametrize("threshold", ["-5", "nan", "ten"])
+@pytest.mark.slow
 def test_bad_threshold_is_refused(pair: tuple[Path, Path], threshold: str) -> None:
     """A negative, NaN or non-numeric threshold: exit 2 and a message, nothing printed."""
     clean, leaking = pair
@@ -71,6 +75,7 @@ def test_bad_threshold_is_refused(pair: tuple[Path, Path], threshold: str) -> No
     assert result.stdout == ""
 
 
+@pytest.mark.slow
 def test_a_leak_verdict_regresses_only_when_new(pair: tuple[Path, Path]) -> None:
     """A candidate whose trends say leak, against a baseline that did not: the slope row
     regresses and names the leaking process."""
@@ -97,6 +102,7 @@ def test_a_leak_verdict_regresses_only_when_new(pair: tuple[Path, Path]) -> None
 
 
 @needs_plotly
+@pytest.mark.slow
 def test_report_overlays_the_baseline(pair: tuple[Path, Path], tmp_path: Path) -> None:
     """`report --compare`: the comparison under the evidence, the baseline's lines dashed."""
     clean, leaking = pair
@@ -147,6 +153,7 @@ var poll = setInterval(function () {
 
 @needs_plotly
 @needs_chromium
+@pytest.mark.slow
 def test_one_readout_for_every_panel_and_y_follows_the_zoom(
     pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -156,7 +163,7 @@ def test_one_readout_for_every_panel_and_y_follows_the_zoom(
     page = tmp_path / "r.html"
     html = render_report(json.loads(leaking.read_text()))
     page.write_text(html.replace("</body>", INTERACT + "</body>"))
-    result = chromium(page, "--dump-dom", "--virtual-time-budget=10000")
+    result = chromium(page, "--dump-dom")
     assert result.returncode == 0, result.stderr[-2000:]
     marker = re.search(r'<span id="render-status"([^>]*)>', result.stdout)
     assert marker is not None
@@ -169,3 +176,45 @@ def test_one_readout_for_every_panel_and_y_follows_the_zoom(
     _, high = json.loads(data["zoomed"])
     # The leaking trainer's memory grows all along: its first third tops out well below.
     assert high < float(data["peak"]) * 0.9
+
+
+def _stepped_run(interval: float, steps_per_second: float) -> Artifact:
+    """A 20 s run whose step advanced at ``steps_per_second``, each scan (every ``interval``)
+    finding its metrics file changed."""
+    builder = RunState()
+    config = {"sample_interval_seconds": interval, "progress_dir": "runs"}
+    header = {"t": 0.0, "kind": "header", "started_at": "2026-01-01T00:00:00Z"}
+    builder.add(header | {"command": ["train"], "config": config})
+    for i in range(1, int(20 / interval) + 1):
+        t = i * interval
+        builder.add({"t": t, "kind": "progress", "changed": 1, "paths": ["m.jsonl"]})
+        step = {"t": t, "kind": "step", "step": int(t * steps_per_second), "source": "m.jsonl"}
+        builder.add(
+            step
+            | {"source_kind": "json_lines", "gap_seconds": interval}
+            | {"steps_per_second": steps_per_second, "loss": 1.0}
+        )
+    return builder.build_typed(status=SoakStatus.PASSED, ended_t=20.0, log_tail="", monitor={})
+
+
+def test_compare_of_runs_with_steps_compares_their_step_rates() -> None:
+    """Steps/s doubled, scanned at a longer sample interval (fewer file changes counted): the
+    step rate rose and nothing regressed; file changes are never compared across intervals."""
+    baseline, candidate = _stepped_run(0.25, 10.0), _stepped_run(1.0, 20.0)
+    comparison = compare(baseline, candidate)
+    rows = {row.key: row for row in comparison.rows}
+    assert rows["steps.rate"].change == pytest.approx(1.0)
+    assert "progress.rate" not in rows
+    assert not comparison.regressions
+    assert format_comparison(comparison).endswith("no regression")
+    for artifact in (baseline, candidate):
+        artifact["progress"]["steps"] = None
+        artifact["series"].pop("steps")
+    unstepped = compare(baseline, candidate)
+    assert "progress.rate" not in {row.key for row in unstepped.rows}  # other intervals
+    assert not unstepped.regressions
+    same = compare(_stepped_run(1.0, 10.0), _stepped_run(1.0, 10.0))
+    assert "progress.rate" not in {row.key for row in same.rows}  # steps: their rate
+    baseline["config"]["sample_interval_seconds"] = 1.0
+    rows = {row.key: row for row in compare(baseline, candidate).rows}
+    assert rows["progress.rate"].label == "file changes"

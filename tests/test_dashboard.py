@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from asyncsoak._export._exposition import encode_rows, rows_of
-from asyncsoak._export._metrics import SoakMetrics, WorkerMetrics, program_name
+from asyncsoak._export._soak_fold import program_name
+from asyncsoak._export._soak_metrics import SoakMetrics
+from asyncsoak._export._worker_metrics import WorkerMetrics
 
 from .conftest import REPO
-from .metrics_support import samples
+from .metrics_support import exposition, samples
 
 DASHBOARD = REPO / "deploy" / "grafana" / "asyncsoak-dashboard.json"
 #: Labels Prometheus adds to every scraped series.
@@ -68,7 +69,7 @@ def _exported() -> dict[str, set[str]]:
                     "clock_event_reasons": ["hw_slowdown"],
                 }
             ],
-            "processes": [{"in_tree": True, "gpu_index": 0, "used_gpu_memory_mib": 2.5}],
+            "processes": [{"pid": 7, "in_tree": True, "gpu_index": 0, "used_gpu_memory_mib": 2.5}],
         },
         {"t": 2.0, "kind": "sampler_degraded", "sampler": "gpu"},
     ]:
@@ -84,12 +85,12 @@ def _exported() -> dict[str, set[str]]:
     worker = WorkerMetrics("w1", host="gpu-node-3", heartbeat_at=1e9, current_job=12)
     worker.queue_jobs = {"queued": 2, "running": 1}
     worker.outcome("failed", "nonzero_exit")
-    running = encode_rows([*soak.rows(), *rows_of(worker.collect())], openmetrics=False)
+    running = exposition(soak, worker)
     soak.observe({"t": 30.0, "kind": "finished", "status": "passed"})
-    final = encode_rows(soak.rows(), openmetrics=False)
+    final = exposition(soak)
     exported: dict[str, set[str]] = {}
     for text in (running, final):  # while it runs, and once it finished (its status)
-        for name, found in samples(text.decode()).items():
+        for name, found in samples(text).items():
             for labels, _ in found:
                 exported.setdefault(name, set()).update(labels)
     return exported
@@ -157,9 +158,7 @@ def test_the_soak_selector_shows_job_name_host_and_start(dashboard: dict[str, An
             "metadata": {"job_name": 'resnet "50"'},
         }
     )
-    ((labels, _),) = samples(encode_rows(soak.rows(), openmetrics=False).decode())[
-        "asyncsoak_soak_info"
-    ]
+    ((labels, _),) = samples(exposition(soak))["asyncsoak_soak_info"]
     # What Grafana lists for `query_result(max by (soak_id, title) (...))`.
     listed = f'{{soak_id="{labels["soak_id"]}",title="{labels["title"]}"}} 1 1764635853000'
     match = regex.search(listed)
@@ -209,16 +208,14 @@ def test_the_soak_info_labels_carry_no_password_and_are_bounded(
     monkeypatch.setenv("SLURM_JOB_NAME", "sync https://ann:hunter2-s3cret@db.example/x")
     soak = SoakMetrics("4242-1", host="gpu-node-3")
     soak.observe({"t": 0.0, "kind": "header", "command": ["python", "train.py"]})
-    text = encode_rows(soak.rows(), openmetrics=False).decode()
+    text = exposition(soak)
     assert "hunter2-s3cret" not in text
     ((labels, _),) = samples(text)["asyncsoak_soak_info"]
     assert labels["job_name"].startswith("sync https://ann:")
     monkeypatch.setenv("SLURM_JOB_NAME", "x" * 500)
     long = SoakMetrics("4242-2", host="gpu-node-3")
     long.observe({"t": 0.0, "kind": "header", "command": ["python", "train.py"]})
-    ((labels, _),) = samples(encode_rows(long.rows(), openmetrics=False).decode())[
-        "asyncsoak_soak_info"
-    ]
+    ((labels, _),) = samples(exposition(long))["asyncsoak_soak_info"]
     assert len(labels["job_name"]) <= 120
     assert len(labels["title"]) <= 120
     assert labels["title"].endswith(" on gpu-node-3"), labels["title"]

@@ -17,16 +17,16 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak._analysis._trendwatch import TrendWatch
+from asyncsoak._contract import events
 from asyncsoak._contract._crash import describe_rank_crash, find_rank_exception
-from asyncsoak._contract._events import SampleJson
-from asyncsoak._export._metrics import SoakMetrics
+from asyncsoak._export._soak_metrics import SoakMetrics
 from asyncsoak._process._ranks import (
     launcher_of,
     parse_rank_environ,
     ranks_section,
     stall_culprit,
 )
-from asyncsoak._record._artifact import check_artifact
+from asyncsoak._record._artifact_io import check_artifact
 from asyncsoak._view._job_view import NotOneJobError, combine, format_combined
 from asyncsoak._view._summary import format_summary, summarize
 
@@ -126,9 +126,10 @@ def test_a_rank_stopped_outside_a_collective_is_the_culprit_of_the_stall(
 ) -> None:
     """Rank 1 stuck in its own load_batch while rank 0 waits in all_reduce: rank 1 with its
     frame leads the first line; the launcher is never named; the blocked ranks read idle."""
-    # A stall of 3 samples: the last 10 samples also hold the ranks' work before it.
+    # A stall of 4 samples (the busy/idle label needs two of them, late ones on a loaded
+    # machine included): the last 10 samples also hold the ranks' work before it.
     first, artifact = _torchrun_soak(
-        tmp_path, "hang", "--stale-progress", "3", "--sample-interval", "1"
+        tmp_path, "hang", "--stale-progress", "4", "--sample-interval", "1"
     )
     rank1 = next(r for r in artifact["ranks"]["ranks"] if r["rank"] == 1)
     assert (
@@ -421,7 +422,7 @@ def test_a_rank_restarted_after_thousands_of_workers_is_still_known() -> None:
             "processes": [launcher, rank, {**worker, "role": role}],
         }
         metrics.observe(event)
-        watch.add_sample(float(n), cast(SampleJson, event))
+        watch.add_sample(float(n), cast(events.SampleJson, event))
         launcher = {k: v for k, v in launcher.items() if k != "role"}
         rank = {"pid": 6, "ppid": 5, "cpu_percent": 1.0}
     restarted = {"pid": 9000, "ppid": 5, "cpu_percent": 80.0, "cmdline": ["python"], "role": role}
@@ -433,7 +434,7 @@ def test_a_rank_restarted_after_thousands_of_workers_is_still_known() -> None:
         "processes": [launcher, restarted],
     }
     metrics.observe(event)
-    watch.add_sample(5000.0, cast(SampleJson, event))
+    watch.add_sample(5000.0, cast(events.SampleJson, event))
     rows = {name: samples for name, _, _, samples in metrics.rows()}
     assert rows["asyncsoak_rank_cpu_cores"][0][2] == pytest.approx(0.8)
     assert watch.recent_cpu[-1] == (5000.0, 80.0)

@@ -156,7 +156,7 @@ def test_reference_pages_cover_the_code() -> None:
 
     import asyncsoak
     from asyncsoak._contract._vocabulary import FailureReason, SoakStatus
-    from asyncsoak._export._metrics import METRIC_NAMES
+    from asyncsoak._export._soak_metrics import METRIC_NAMES
     from asyncsoak.artifact import schema
     from asyncsoak.cli import build_parser
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from asyncsoak._contract._schema import Artifact
-from asyncsoak._record._artifact import check_artifact
+from asyncsoak._record._artifact_io import check_artifact
 from asyncsoak._view._evidence import gather, log_end, trend_text
 from asyncsoak._view._summary import format_summary, summarize
 from asyncsoak._view.report import render_report

@@ -14,8 +14,7 @@ import pytest
 
 from asyncsoak._contract._exit_codes import DETAILED_EXIT_CODES, detailed_exit_code
 from asyncsoak._contract._vocabulary import FailureReason
-from asyncsoak._export._exposition import encode_rows
-from asyncsoak._export._metrics import SoakMetrics
+from asyncsoak._export._soak_metrics import SoakMetrics
 from asyncsoak._supervisor._kubernetes import SERVICE_ACCOUNT_DIR
 from asyncsoak.cli._container import (
     TERMINATION_MESSAGE_MAX_BYTES,
@@ -23,10 +22,10 @@ from asyncsoak.cli._container import (
     termination_log_path,
     termination_message,
 )
-from asyncsoak.cli._queue import queue_exit_code
+from asyncsoak.cli._queue_show import queue_exit_code
 
 from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
-from .metrics_support import value
+from .metrics_support import exposition, value
 from .test_cli import TOUCH, run_args
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "exit-codes.md"
@@ -40,6 +39,8 @@ PINNED = {
     "leftover_processes": 14,
     "startup_timeout": 20,
     "stale_progress": 21,
+    "no_progress": 22,
+    "overdue": 23,
     "memory_budget": 30,
     "memory_leak": 31,
     "disk_low": 32,
@@ -178,11 +179,12 @@ def test_the_queue_and_the_metrics_carry_the_same_status() -> None:
     assert detailed_exit_code("not_a_reason") == 1
     assert queue_exit_code("succeeded", None) == 0
     assert queue_exit_code("interrupted", None) is None
-    metrics = SoakMetrics("s1", now=lambda: 0.0, wall=lambda: 0.0, host="h")
-    metrics.observe({"kind": "failure", "t": 1.0, "reason": "stale_progress", "message": "m"})
-    metrics.observe({"kind": "failure", "t": 1.0, "reason": "leftover_processes"})
+    metrics = SoakMetrics("s1", now=lambda: 0.0, host="h")
+    at = {"message": "m", "at": "2026-01-01T00:00:01Z"}
+    metrics.observe({"kind": "failure", "t": 1.0, "reason": "stale_progress", **at})
+    metrics.observe({"kind": "failure", "t": 1.0, "reason": "leftover_processes", **at})
     metrics.observe({"kind": "finished", "t": 2.0, "status": "failed"})
-    text = encode_rows(metrics.rows(), openmetrics=False).decode()
+    text = exposition(metrics)
     assert value(text, "asyncsoak_soak_exit_code") == 21
 
 

@@ -23,30 +23,25 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import SoakFailureError, run_soak
-from asyncsoak._contract._events import Event, GpuFault, WarningEvent
+from asyncsoak._analysis._gpu_health import ThrottleTimeline
+from asyncsoak._contract import events
 from asyncsoak._contract._sink import SoakClock, open_event_queue
-from asyncsoak._export._exposition import encode_rows
-from asyncsoak._export._metrics import SoakMetrics
-from asyncsoak._record._artifact import ArtifactBuilder, check_artifact
-from asyncsoak._sampling._gpu_health import (
-    XID_CODES,
-    GpuHealthWatch,
-    MalformedXidError,
-    VisibleDevices,
-    lost_gpu_line,
-    parse_xid,
-    pci_key,
-)
+from asyncsoak._export._soak_metrics import SoakMetrics
+from asyncsoak._record._artifact import RunState
+from asyncsoak._record._artifact_io import check_artifact
+from asyncsoak._sampling._gpu_health import GpuHealthWatch, VisibleDevices, lost_gpu_line
 from asyncsoak._sampling._gpu_sampler import run_gpu_sampler
 from asyncsoak._sampling._nvidia_smi import GpuReading, parse_remapped_rows_line
+from asyncsoak._sampling._xid import XID_CODES, MalformedXidError, parse_xid, pci_key
 from asyncsoak._view._compare import compare
 from asyncsoak._view._evidence import gather
-from asyncsoak._view._live import LiveState
+from asyncsoak._view._live_state import LiveState
 from asyncsoak._view._summary import format_summary, summarize
 from asyncsoak._view.report._tables import evidence_html
 
 from .conftest import assert_valid, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi
+from .metrics_support import exposition
 
 #: Long enough for a tick on a loaded two-core machine, short enough for a quick test.
 INTERVAL = 0.25
@@ -69,7 +64,10 @@ def unique_bus_id() -> tuple[str, str]:
 
 
 #: The child: says its pid to the fake nvidia-smi (so the GPU is the tree's), makes progress,
-#: and at step ``AT`` does what ``ACT`` says, writing the monotonic time it did so to ``WHEN``.
+#: and at step 12 does what ``ACT`` says, writing the monotonic time it did so to ``WHEN``; a
+#: ``fault PATH TEXT`` action writes the fake's fault file once the fake has printed a healthy
+#: GPU (its ``.seen`` file, 30 s at most: on a loaded machine the first reading can come after
+#: step 12).
 CHILD = """
 import os, pathlib, sys, time
 progress, pid_file, act, when = (pathlib.Path(a) for a in sys.argv[1:5])
@@ -84,6 +82,12 @@ for step in range(int(sys.argv[5])):
             if kind == "kmsg":
                 with open("/dev/kmsg", "w") as k:
                     k.write(text + "\\n")
+            elif kind == "fault":
+                path, _, text = text.partition(" ")
+                deadline = time.monotonic() + 30
+                while not os.path.exists(path + ".seen") and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                pathlib.Path(path).write_text(text)
             else:
                 pathlib.Path(kind).write_text(text)
         when.write_text(repr(time.monotonic()))
@@ -104,11 +108,19 @@ def soak_command(tmp_path: Path, actions: list[str], steps: int = 400) -> list[s
     ]
 
 
-async def failed_soak(tmp_path: Path, actions: list[str], **fake: Any) -> SoakFailureError:
+async def failed_soak(
+    tmp_path: Path, actions: list[str], visible: str | None = None, **fake: Any
+) -> SoakFailureError:
+    """The soak of ``actions`` under the fake nvidia-smi, with ``CUDA_VISIBLE_DEVICES=visible``
+    when given; it must fail."""
     smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", **fake)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
         await run_soak(
             command=soak_command(tmp_path, actions),
+            env=env,
             **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)),
         )
     return info.value
@@ -185,7 +197,7 @@ async def test_a_gpu_fault_from_nvidia_smi_fails_the_soak(
     """ECC count rising, a GPU lost, a row remap pending: gpu_fault within two intervals."""
     fault_file = tmp_path / "fault"
     error = await failed_soak(
-        tmp_path, [f"{fault_file} {fault}"], fault_file=fault_file, bus_id=unique_bus_id()[0]
+        tmp_path, [f"fault {fault_file} {fault}"], fault_file=fault_file, bus_id=unique_bus_id()[0]
     )
     assert error.reason == "gpu_fault"
     assert expected in str(error).splitlines()[0]
@@ -197,6 +209,36 @@ async def test_a_gpu_fault_from_nvidia_smi_fails_the_soak(
         assert health["ecc_uncorrected"] == {"start": 0, "end": 2}
     if fault == "remap":
         assert health["remapped_rows"]["pending"] == {"start": False, "end": True}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("fault", "kind"), [("gone", "lost"), ("reset", "reset_required")])
+async def test_the_used_gpu_of_two_failing_is_a_gpu_fault_naming_it_by_identity(
+    tmp_path: Path, fault: str, kind: str
+) -> None:
+    """Two GPUs, ``CUDA_VISIBLE_DEVICES=0``: GPU 0 dropped from the list (the survivor
+    renumbered 0), or reading ``[GPU requires reset]`` in every reading: gpu_fault naming
+    GPU 0's UUID and bus id, never GPU 1's."""
+    fault_file = tmp_path / "fault"
+    bus_id = unique_bus_id()[0]
+    error = await failed_soak(
+        tmp_path,
+        [f"fault {fault_file} {fault}"],
+        visible="0",
+        fault_file=fault_file,
+        bus_id=bus_id,
+        gpus=2,
+    )
+    assert error.reason == "gpu_fault"
+    failure = error.artifact["failures"][0]
+    assert failure["gpu"]["index"] == 0
+    assert failure["gpu"]["bus_id"] == bus_id
+    survivor = error.artifact["gpu_health"]["gpu1"]
+    assert failure["gpu"]["uuid"] != survivor["uuid"]
+    assert survivor["bus_id"] not in failure["message"]
+    assert survivor["faults"] == []
+    assert [f["fault"] for f in error.artifact["gpu_health"]["gpu0"]["faults"]] == [kind]
+    assert seconds_to_failure(tmp_path, error) <= 3 * INTERVAL + SLACK
 
 
 @pytest.mark.slow
@@ -284,7 +326,7 @@ async def test_a_driver_library_mismatch_degrades_the_sampler_and_fails_nothing(
     smi = install_fake_nvidia_smi(tmp_path, pid_file=tmp_path / "gpu.pid", gpus=2, fault_file=fault)
     with anyio.fail_after(60):
         artifact: Mapping[str, Any] = await run_soak(
-            command=soak_command(tmp_path, [f"{fault} nvml"], steps=40),
+            command=soak_command(tmp_path, [f"fault {fault} nvml"], steps=40),
             env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"},
             **fast_limits(tmp_path, sample_interval_seconds=INTERVAL, nvidia_smi=str(smi.path)),
         )
@@ -345,7 +387,7 @@ async def test_an_unreadable_kernel_log_is_one_warning(tmp_path: Path) -> None:
     """No kernel log to read (a container): one warning, and sampling goes on."""
     fake = install_fake_nvidia_smi(tmp_path, "idle")
     sink, receive = open_event_queue(SoakClock())
-    events: list[Event] = []
+    posted: list[events.Event] = []
     with anyio.fail_after(15), receive:
         async with anyio.create_task_group() as tg:
 
@@ -361,16 +403,16 @@ async def test_an_unreadable_kernel_log_is_one_warning(tmp_path: Path) -> None:
 
             tg.start_soon(produce)
             async for event in receive:
-                events.append(event)
-                if sum(e.KIND == "gpu_sample" for e in events) >= 5:
+                posted.append(event)
+                if sum(e.KIND == "gpu_sample" for e in posted) >= 5:
                     break
             tg.cancel_scope.cancel()
-    warnings = [e.message for e in events if isinstance(e, WarningEvent)]
+    warnings = [e.message for e in posted if isinstance(e, events.WarningEvent)]
     assert warnings == [
         f"the kernel log ({tmp_path / 'no-kmsg'}) cannot be read here: GPU Xid errors are not "
         "watched (run as root, or with CAP_SYSLOG)"
     ]
-    assert not any(isinstance(e, GpuFault) for e in events)
+    assert not any(isinstance(e, events.GpuFault) for e in posted)
 
 
 def test_xid_lines_as_the_driver_prints_them_are_read() -> None:
@@ -497,14 +539,16 @@ async def test_a_stall_on_an_idle_gpu_is_an_idle_gpu(tmp_path: Path) -> None:
 async def test_a_hang_with_a_little_cpu_is_idle_in_the_headline_the_hints_and_the_advice(
     tmp_path: Path,
 ) -> None:
-    """A waiting trainer whose helper threads use about a tenth of a core: idle in the
+    """A waiting trainer whose helper threads use about a twentieth of a core: idle in the
     headline, idle in the summary, and no "it was only slow" advice."""
     # A cycle of about 93 ms, not the samples' 100 ms: a cycle in step with the sampling
     # would catch the spin (or the wait for a core) in every sample and read "runnable".
+    # A 5 ms burst: on a loaded machine the burst waits for a core as long again, and a
+    # longer one would be runnable in half the samples, as a starved spinner is.
     spin = (
-        "end = time.monotonic() + 0.01\n"
+        "end = time.monotonic() + 0.005\n"
         "    while time.monotonic() < end: pass\n"
-        "    time.sleep(0.083)"
+        "    time.sleep(0.088)"
     )
     error = await stalled(tmp_path, spin, mode="idle")
     message = error.failures[0]["message"]
@@ -576,7 +620,7 @@ def test_live_metrics_count_xids_by_code_and_flag_the_faulted_gpu() -> None:
                 "fails": fails,
             }
         )
-    text = encode_rows(metrics.rows(), openmetrics=False).decode()
+    text = exposition(metrics)
     assert 'asyncsoak_gpu_xid_errors_total{UUID="GPU-a",gpu="0",soak_id="s1",xid="79"} 2.0' in text
     assert 'asyncsoak_gpu_xid_errors_total{UUID="GPU-a",gpu="0",soak_id="s1",xid="13"} 1.0' in text
     assert 'asyncsoak_gpu_fault{UUID="GPU-a",gpu="0",soak_id="s1"} 1.0' in text
@@ -638,7 +682,7 @@ sys.exit(1)
 
 def test_a_gpu_fault_is_the_primary_reason_whatever_came_first() -> None:
     """Folded after a non-zero exit, a gpu_fault is still the artifact's first failure."""
-    builder = ArtifactBuilder()
+    builder = RunState()
     for t, reason in ((1.0, "nonzero_exit"), (1.1, "gpu_fault")):
         builder.add({"t": t, "kind": "failure", "reason": reason, "message": "m", "at": None})
     artifact = builder.build(status="failed", ended_t=2.0, log_tail="", monitor={})
@@ -687,3 +731,98 @@ def test_the_live_line_names_a_gpu_fault() -> None:
     state.add({"t": 2.0, "kind": "gpu_fault", "fault": "xid", "gpu": 0, "xid": 79, "fails": True})
     state.add({"t": 3.0, "kind": "gpu_fault", "fault": "lost", "gpu": 0, "fails": True})
     assert state.alerts(None) == ("GPU FAULT gpu0 Xid 79", "GPU FAULT gpu0 lost")
+
+
+def two_gpus() -> tuple[GpuReading, GpuReading]:
+    first = GpuReading(index=0, uuid="GPU-a", bus_id="00000000:3B:00.0", ecc_uncorrected_volatile=0)
+    return first, dataclasses.replace(first, index=1, uuid="GPU-b", bus_id="00000000:3C:00.0")
+
+
+def test_a_gpu_that_drops_out_is_named_by_its_identity_not_the_renumbered_survivor() -> None:
+    """GPU 0 of two leaves the list and NVML numbers the survivor 0: the lost GPU is GPU 0 by
+    its UUID and bus id, the survivor keeps its label and is never blamed."""
+    gpu0, gpu1 = two_gpus()
+    watch = GpuHealthWatch(VisibleDevices.parse("0"))
+    assert watch.readings(0.0, watch.identify([gpu0, gpu1])) == []
+    renumbered = watch.identify([dataclasses.replace(gpu1, index=0)])
+    assert [(r.index, r.uuid) for r in renumbered] == [(1, "GPU-b")]
+    (lost,) = watch.readings(1.0, renumbered)
+    assert (lost.fault, lost.gpu, lost.uuid, lost.bus_id) == ("lost", 0, "GPU-a", gpu0.bus_id)
+    assert (lost.fails, lost.used) == (True, True)
+    assert "GPU-b" not in lost.message
+    assert watch.readings(2.0, watch.identify([dataclasses.replace(gpu1, index=0)])) == []
+
+
+def test_a_compute_app_is_placed_on_its_gpu_by_uuid_else_bus_id() -> None:
+    """A process's GPU is the one its ``gpu_uuid`` (else ``gpu_bus_id``) names, under the label
+    that GPU had from the first sample on."""
+    gpu0, gpu1 = two_gpus()
+    watch = GpuHealthWatch(VisibleDevices.parse(None))
+    watch.identify([gpu0, gpu1])
+    watch.identify([dataclasses.replace(gpu1, index=0)])
+    assert watch.gpu_index("GPU-b", None) == 1
+    assert watch.gpu_index(None, gpu1.bus_id) == 1
+    assert watch.gpu_index(None, gpu0.bus_id) == 0
+    assert watch.gpu_index("GPU-elsewhere", None) is None
+
+
+def test_a_row_with_a_garbled_index_is_matched_by_uuid_or_bus_id() -> None:
+    """A row whose index could not be read (-1) is its GPU by UUID, or by bus id: no GPU lost."""
+    gpu0, gpu1 = two_gpus()
+    watch = GpuHealthWatch(VisibleDevices.parse("0,1"))
+    watch.readings(0.0, watch.identify([gpu0, gpu1]))
+    by_uuid = dataclasses.replace(gpu1, index=-1)
+    by_bus = dataclasses.replace(gpu0, index=-1, uuid=None)
+    readings = watch.identify([by_bus, by_uuid])
+    assert [r.index for r in readings] == [0, 1]
+    assert watch.readings(1.0, readings) == []
+
+
+def needing_reset(reading: GpuReading, value: str) -> GpuReading:
+    fields = ("utilization.gpu", "memory.used", "temperature.gpu", "power.draw")
+    return dataclasses.replace(
+        reading,
+        utilization_gpu_percent=None,
+        memory_used_mib=None,
+        temperature_gpu_c=None,
+        power_draw_w=None,
+        errors=dict.fromkeys(fields, value),
+    )
+
+
+@pytest.mark.parametrize("value", ["[GPU requires reset]", "[Unknown Error]", "ERR!"])
+def test_a_gpu_that_reads_nothing_but_errors_twice_in_a_row_requires_a_reset(value: str) -> None:
+    """Utilisation, memory, temperature and power all unreadable for two samples in a row:
+    reset_required, failing on the GPU the run uses, a warning on the other; one unreadable
+    sample, or one field still read, is no fault."""
+    gpu0, gpu1 = two_gpus()
+    watch = GpuHealthWatch(VisibleDevices.parse("0"))
+    watch.readings(0.0, watch.identify([gpu0, gpu1]))
+    bad = [needing_reset(gpu0, value), needing_reset(gpu1, value)]
+    assert watch.readings(1.0, watch.identify(bad)) == []
+    faults = watch.readings(2.0, watch.identify(bad))
+    assert [(f.fault, f.gpu, f.fails, f.used) for f in faults] == [
+        ("reset_required", 0, True, True),
+        ("reset_required", 1, True, False),
+    ]
+    assert value in faults[0].message
+    assert faults[0].uuid == "GPU-a"
+    assert watch.readings(3.0, watch.identify(bad)) == []  # said once per episode
+    partly = dataclasses.replace(bad[0], errors={"power.draw": value})
+    watch = GpuHealthWatch(VisibleDevices.parse("0"))
+    for t in range(4):
+        assert watch.readings(float(t), watch.identify([partly])) == []
+
+
+def test_throttle_spans_are_kept_bounded_for_the_report() -> None:
+    """Ten minutes at 0.5 s, held back (hw_slowdown) from 100 to 200 s, idle all along: one
+    span within a bucket's width of the truth, inside the samples, idle left out."""
+    timeline = ThrottleTimeline()
+    for i in range(1200):
+        t = 0.25 + i * 0.5
+        timeline.add(t, ["gpu_idle", "hw_slowdown"] if 100 <= t < 200 else ["gpu_idle"])
+    [span] = timeline.spans()
+    assert span["reasons"] == ["hw_slowdown"]
+    assert 100 - timeline.width <= span["start"] <= 100
+    assert 200 <= span["end"] <= 200 + timeline.width
+    assert timeline.width <= 600 / 256 * 2

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, fast_limits, py
+from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, asyncsoak_main, fast_limits, py
 from .test_faults import tmpfs
 
 LIMIT_S = 60.0
@@ -25,12 +25,12 @@ LIMIT_S = 60.0
 BROKEN_MONITOR = textwrap.dedent(
     """
     import sys
-    import asyncsoak._supervisor._soak
+    import asyncsoak._supervisor._producers
 
     async def broken_sampler(*args, **kwargs):
         raise ValueError("an internal bug of the monitor")
 
-    asyncsoak._supervisor._soak.run_proc_sampler = broken_sampler
+    asyncsoak._supervisor._producers.run_proc_sampler = broken_sampler
     from asyncsoak.cli import main
     sys.exit(main(sys.argv[1:]))
     """
@@ -59,7 +59,7 @@ def test_internal_value_error_is_a_monitor_error_not_a_usage_error(tmp_path: Pat
 @pytest.mark.parametrize("value", ["nan", "0", "-1", "inf"])
 def test_bad_status_interval_is_refused_before_the_run(tmp_path: Path, value: str) -> None:
     """`--status-interval` is checked like every other period: exit status 2, nothing written."""
-    result = asyncsoak_cli(
+    result = asyncsoak_main(
         "run", "--no-gpu", "--progress-dir", str(tmp_path / "p"),
         "--output", str(tmp_path / "out" / "soak.json"), f"--status-interval={value}",
         "--", sys.executable, "-c", "pass", cwd=tmp_path,
@@ -201,6 +201,60 @@ async def test_a_second_soak_over_the_same_output_is_refused(
     assert journal.read_bytes()[: len(held)] == held
 
 
+def test_files_another_soak_is_creating_are_refused_as_another_soaks(tmp_path: Path) -> None:
+    """The instant after another soak took the output's lock: its journal empty, its log
+    there.  The output is refused because another soak holds it."""
+    from asyncsoak import SoakConfig, ValidationError
+    from asyncsoak._supervisor._outputs import check_outputs, lock_journal
+
+    cfg = SoakConfig(**fast_limits(tmp_path, command=["true"]))
+    cfg.output_path.parent.mkdir()
+    fd = lock_journal(cfg.journal_path)
+    try:
+        cfg.log_path.write_text("")
+        with pytest.raises(ValidationError, match="another soak is running"):
+            check_outputs(cfg)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_soaks_racing_for_one_output_are_told_another_soak_holds_it(
+    tmp_path: Path,
+) -> None:
+    """16 soaks started at once over one output: one runs, and every other one is told that
+    another soak holds it, never that the files were not written by an earlier soak."""
+    from asyncsoak import SoakControl, ValidationError, run_soak
+
+    controls = [SoakControl() for _ in range(16)]
+    refusals: list[str] = []
+    statuses: list[str] = []
+
+    async def race(control: SoakControl, start: float) -> None:
+        # Spread over the first one's start (not a wait for anything): some start while it
+        # creates its files, before its journal has a header.
+        await anyio.sleep(start)
+        try:
+            artifact = await run_soak(
+                command=py("import time; time.sleep(60)"), control=control, **fast_limits(tmp_path)
+            )
+        except ValidationError as exc:
+            refusals.append(str(exc))
+            if len(refusals) == len(controls) - 1:
+                for each in controls:
+                    each.request_stop(reason="the race is over")
+        else:
+            statuses.append(artifact["status"])
+
+    with anyio.fail_after(LIMIT_S):
+        async with anyio.create_task_group() as tg:
+            for i, control in enumerate(controls):
+                tg.start_soon(race, control, i * 0.003)
+    assert statuses == ["cancelled"]
+    assert [r for r in refusals if "another soak is running" not in r] == []
+
+
 # --- item: directories that cannot be read, progress in the first seconds ------------------
 
 
@@ -283,7 +337,8 @@ def test_read_only_output_directory_is_a_one_line_usage_error(tmp_path: Path) ->
         result = run_into(ro / "soak.json", tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
-        f"asyncsoak: error: cannot write {ro / 'soak.json'}: {ro} is on a read-only filesystem"
+        f"asyncsoak: error: cannot write {ro / 'soak.json'}: {ro} is unwritable (a read-only "
+        "filesystem)"
     ]
     assert not (tmp_path / "started").exists()
 
@@ -302,6 +357,20 @@ def test_full_output_filesystem_before_the_start_is_a_one_line_usage_error(
     assert "is full" in result.stderr
     assert left == ["filler"]
     assert not (tmp_path / "started").exists()
+
+
+def test_output_under_proc_is_unwritable_not_full(tmp_path: Path) -> None:
+    """/proc (a filesystem of no blocks, writable to root) holds no files: the refusal says
+    the path is unwritable, not that a disk is full."""
+    result = asyncsoak_main(
+        "run", "--quiet", "--no-gpu", "--progress-dir", str(tmp_path / "p"),
+        "--output", "/proc/soak.json", "--", "true", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "asyncsoak: error: cannot write /proc/soak.json: /proc is unwritable "
+        "(a filesystem that holds no files)"
+    ]
 
 
 # --- item: files that are not a whole artifact of a known schema version -------------------
@@ -347,7 +416,7 @@ def test_view_of_a_file_that_is_not_a_whole_known_artifact_is_refused(
     status 2 with a message saying what is wrong, no traceback, no report written."""
     path = tmp_path / "soak.json"
     path.write_text(json.dumps(damaged(real_artifact, damage)))
-    result = asyncsoak_cli(command, str(path), cwd=tmp_path, timeout=LIMIT_S)
+    result = asyncsoak_main(command, str(path), cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert str(path) in result.stderr
@@ -396,17 +465,15 @@ def test_soak_limits_are_spelled_once() -> None:
 
     from asyncsoak import SoakConfig, run_soak
     from asyncsoak._supervisor._config import SoakLimits
-    from asyncsoak.cli._run import add_soak_limits, soak_limits
+    from asyncsoak.cli._flags import add_soak_limits, help_groups, soak_limits
 
     signature = inspect.signature(run_soak).parameters
-    for spec in fields(SoakLimits):
-        assert spec.default == signature[spec.name].default, spec.name
-    # A SoakConfig made with only the required fields is the soak run_soak's defaults make.
+    # The reference's keywords have SoakConfig's defaults; the others take them from it.
     for spec in fields(SoakConfig):
-        if spec.init and spec.name not in ("command", "progress_dir", "output_path"):
+        if spec.name in signature and spec.name not in ("command", "progress_dir", "output_path"):
             assert spec.default == signature[spec.name].default, spec.name
     parser = argparse.ArgumentParser()
-    add_soak_limits(parser)
+    add_soak_limits(help_groups(parser))
     assert soak_limits(parser.parse_args([])) == {
         spec.name: spec.default for spec in fields(SoakLimits)
     }
@@ -451,7 +518,105 @@ def test_soak_config_checks_itself_when_made(tmp_path: Path) -> None:
     assert cfg.sample_interval_seconds == 5.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.stop_mode = "leader"  # type: ignore[misc]
-    with pytest.raises(ValidationError, match="stale_progress_seconds must be zero or more"):
+    with pytest.raises(
+        ValidationError, match=r"stale_progress_seconds must be zero or more, got -1$"
+    ):
         SoakConfig(**given, stale_progress_seconds=-1)
     with pytest.raises(ValidationError, match="command must not be empty"):
         SoakConfig(**{**given, "command": []})
+
+
+def test_a_probe_of_the_journal_never_makes_its_soak_lose_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared lock held for an instant by a probe (another soak's check, or ``recover``)
+    when the soak locks its journal is waited out; a lock that stays is another soak's."""
+    import fcntl
+
+    from asyncsoak._contract import ValidationError
+    from asyncsoak._supervisor import _outputs
+
+    journal = tmp_path / "soak.journal.jsonl"
+    probe = os.open(journal, os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(probe, fcntl.LOCK_SH)
+    # The probe lets go while the soak waits for it.
+    monkeypatch.setattr(
+        "asyncsoak._supervisor._outputs.time.sleep", lambda seconds: os.close(probe)
+    )
+    os.close(_outputs.lock_journal(journal))
+    holder = os.open(journal, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_SH)
+    monkeypatch.setattr("asyncsoak._supervisor._outputs.time.sleep", lambda seconds: None)
+    with pytest.raises(ValidationError, match="another soak is running"):
+        _outputs.lock_journal(journal)
+    os.close(holder)
+
+
+@pytest.mark.parametrize(
+    ("command", "source"), [("report", "soak.json"), ("recover", "soak.jsonl")]
+)
+def test_an_unwritable_output_of_a_view_says_unwritable_naming_the_flag(
+    real_artifact: dict[str, Any], tmp_path: Path, command: str, source: str
+) -> None:
+    """`report`/`recover -o` under a file: exit status 2, one line naming --output, the path
+    and that it is unwritable."""
+    run = Path(real_artifact["monitor"]["journal_path"]).with_name(source)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    output = blocker / "out"
+    result = asyncsoak_main(command, str(run), "-o", str(output), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"asyncsoak: error: --output {output}: unwritable ("), line
+
+
+#: Bad input to each command, and what its one-line refusal must hold: the flag as typed, the
+#: value given, and what is accepted.  ``{tmp}`` is the test's directory.
+_RUN = ("run", "--no-gpu", "--progress-dir", "{tmp}/p", "--output", "{tmp}/out/soak.json")
+_SUBMIT = ("submit", "--db", "{tmp}/q.db")
+_WORKER = ("worker", "--db", "{tmp}/q.db")
+REFUSALS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
+    ((*_RUN, "--stale-progress", "-1"), ("--stale-progress must be zero or more, got -1",)),
+    ((*_RUN, "--grace", "x"), ("--grace", "'x'", "expected seconds, e.g. 30 or 1.5")),
+    ((*_RUN, "--stale-progress", "x"), ("--stale-progress", "'x'", "seconds or 'auto'")),
+    ((*_RUN, "--status-interval", "x"), ("--status-interval", "'x'", "expected seconds")),
+    ((*_RUN, "--scheduler-grace", "x"), ("--scheduler-grace", "'x'", "expected seconds")),
+    ((*_RUN, "--dump-signal", "FOO"), ("--dump-signal", "'FOO'", "e.g. USR1, SIGUSR1 or 10")),
+    ((*_RUN, "--dump-signal", "99"), ("--dump-signal", "99", "e.g. USR1, SIGUSR1 or 10")),
+    ((*_RUN, "--forward-signal", "FOO"), ("--forward-signal:", "'FOO'", "SIGUSR1")),
+    ((*_RUN, "--requeue-on", "TERM"), ("--requeue-on cannot be SIGTERM",)),
+    ((*_RUN, "--metrics-port", "x"), ("--metrics-port", "'x'", "port number from 1 to 65535")),
+    ((*_RUN, "--metrics-port", "99999"), ("--metrics-port", "99999", "1 and 65535")),
+    ((*_RUN, "--max-rss", "2XB"), ("--max-rss", "'2XB'", "GiB")),
+    ((*_RUN, "--cwd", "{tmp}/none"), ("--cwd is not a directory: {tmp}/none",)),
+    (("run", "--progress-dir", "{tmp}/p", "--output", "{tmp}"), ("--output is a directory",)),
+    (("demo", "--seconds", "x"), ("--seconds", "'x'", "expected seconds")),
+    (("demo", "--dir", "/proc/none"), ("--dir /proc/none: unwritable",)),
+    (("watch", "--status-interval", "x", "s.json"), ("--status-interval", "expected seconds")),
+    ((*_SUBMIT, "--max-attempts", "0"), ("--max-attempts", "between 1 and", "got 0")),
+    ((*_SUBMIT, "--gpus", "0"), ("--gpus", "at least 1 GPU, got '0'")),
+    ((*_SUBMIT, "--no-retry-on", "bogus"), ("--no-retry-on: unknown reason 'bogus'", "known:")),
+    ((*_SUBMIT, "--dump-signal", "FOO"), ("--dump-signal", "'FOO'", "SIGUSR1")),
+    (("jobs", "--db", "mysql://u:secret@h/q"), ("--db", "mysql://", "a postgresql:// URL")),
+    ((*_WORKER, "--poll", "x"), ("--poll", "'x'", "expected seconds")),
+    ((*_WORKER, "--stop-timeout", "-3"), ("--stop-timeout must be zero or more, got -3",)),
+]
+
+
+@pytest.mark.parametrize(("argv", "expected"), REFUSALS, ids=lambda v: " ".join(v)[-40:])
+def test_input_errors_are_in_the_users_words(
+    tmp_path: Path, argv: tuple[str, ...], expected: tuple[str, ...]
+) -> None:
+    """Every refusal names the flag as typed and the value given, and says what is accepted,
+    never a field's name: exit status 2, one line, nothing written."""
+    args = [a.format(tmp=tmp_path) for a in argv]
+    if args[0] in ("run", "submit"):
+        args += ["--", "true"]
+    result = asyncsoak_main(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()[-1:]
+    for fragment in expected:
+        assert fragment.format(tmp=tmp_path) in line, line
+    assert not any(name in line for name in ("_seconds", "_path", "_dir", "invalid float")), line
+    assert "secret" not in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

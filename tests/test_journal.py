@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncsoak import read_journal
-from asyncsoak._contract._events import Event, Header, Progress, event_to_json
+from asyncsoak._contract import bounded, events
 from asyncsoak._contract._vocabulary import EventKind
-from asyncsoak._record._artifact import ArtifactBuilder, create_private_file
+from asyncsoak._record._artifact import RunState
+from asyncsoak._record._artifact_io import create_private_file
 from asyncsoak._record._journal import (
     JournalDecoder,
     JournalEncoder,
@@ -77,8 +78,8 @@ def tree() -> Any:
     proc.wait(timeout=30)
 
 
-def header(journal: Path) -> Header:
-    return Header(
+def header(journal: Path) -> events.Header:
+    return events.Header(
         t=0.0,
         command=["train"],
         cwd=str(journal.parent),
@@ -93,22 +94,22 @@ def header(journal: Path) -> Header:
     )
 
 
-async def serialize(journal: Path, events: list[Event], segment_bytes: int) -> Serializer:
+async def serialize(journal: Path, sent: list[events.Event], segment_bytes: int) -> Serializer:
     own: set[tuple[int, int]] = set()
     serializer = Serializer(
         create_private_file(journal),
-        ArtifactBuilder(),
+        RunState(),
         journal_path=journal,
         flush_interval=1.0,
         own_files=own,
         segment_bytes=segment_bytes,
     )
-    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=len(events) + 1)
+    send, receive = anyio.create_memory_object_stream[events.Event](max_buffer_size=len(sent) + 1)
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             tg.start_soon(serializer.run, receive)
             async with send:
-                for event in events:
+                for event in sent:
                     await send.send(event)
     for future in serializer._compressions:
         future.result(timeout=30)
@@ -117,15 +118,15 @@ async def serialize(journal: Path, events: list[Event], segment_bytes: int) -> S
     return serializer
 
 
-def real_events(root: int, journal: Path, seconds: int) -> list[Event]:
+def real_events(root: int, journal: Path, seconds: int) -> list[events.Event]:
     sampler = ProcSampler(root, disk_paths={"output": journal.parent})
-    events: list[Event] = [header(journal)]
+    sent: list[events.Event] = [header(journal)]
     for second in range(1, seconds + 1):
         sample = sampler.read(float(second))
         assert sample is not None
-        events.append(sample)
-        events.append(Progress(t=second + 0.5, changed=1, paths=["m.jsonl"], gap_seconds=1.0))
-    return events
+        sent.append(sample)
+        sent.append(events.Progress(t=second + 0.5, changed=1, paths=["m.jsonl"], gap_seconds=1.0))
+    return sent
 
 
 @pytest.mark.slow
@@ -146,7 +147,7 @@ async def test_segments_are_compressed_and_read_back_as_one_journal(
     read_back = list(read_journal(journal))
     assert [e["kind"] for e in read_back] == [e.KIND for e in events]
     # The dicts read back are exactly the ones the serializer folded.
-    folded = ArtifactBuilder()
+    folded = RunState()
     for event in read_back:
         folded.add(event)
     clean = serializer.builder.build(status="passed", ended_t=200.0, log_tail="", monitor={})
@@ -198,6 +199,23 @@ def test_a_segment_left_plain_and_a_truncated_line_are_read(tmp_path: Path) -> N
     assert reader.unreadable == 1
 
 
+def test_a_reader_given_kinds_decodes_no_other_line(tmp_path: Path) -> None:
+    """Given the kinds a reader wants, it decodes only their lines: a compact sample's patch
+    chain is never applied, and a sample line past the bounds is never met."""
+    journal = tmp_path / "soak.jsonl"
+    encoder = JournalEncoder()
+    events = [{"t": 0.0, "kind": "header", "monitor_pid": 1}]
+    for i in range(1, 6):
+        events.append({"t": float(i), "kind": "sample", "tree": {"rss_bytes": i}})
+        events.append({"t": i + 0.5, "kind": "progress", "changed": 1, "paths": ["m"]})
+    bomb = '{"t":9.0,"kind":"sample","~":{"{":{"v":{"[":[],"n":3000000000}}}}\n'
+    journal.write_text("".join(encoder.encode(e) for e in events) + bomb)
+    with pytest.raises(bounded.UnreadableFileError):
+        list(JournalReader(journal))
+    progress = [e for e in events if e["kind"] == "progress"]
+    assert list(JournalReader(journal, kinds={"progress"})) == progress
+
+
 def test_live_tail_follows_the_journal_across_a_rotation(tmp_path: Path) -> None:
     """The live view reads a closed segment's last lines, then goes on in the new one."""
     journal = tmp_path / "soak.jsonl"
@@ -227,8 +245,9 @@ SERIALIZER_CHILD = r"""
 import anyio, os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
-from asyncsoak._record._artifact import ArtifactBuilder, create_private_file
-from asyncsoak._contract._events import Event, Header, Progress
+from asyncsoak._record._artifact import RunState
+from asyncsoak._record._artifact_io import create_private_file
+from asyncsoak._contract.events import Event, Header, Progress
 from asyncsoak._sampling._proc_sampler import ProcSampler
 from asyncsoak._record._serializer import Serializer
 from tests.test_journal import header
@@ -236,7 +255,7 @@ from tests.test_journal import header
 journal, root = Path(sys.argv[1]), int(sys.argv[2])
 
 async def main():
-    serializer = Serializer(create_private_file(journal), ArtifactBuilder(),
+    serializer = Serializer(create_private_file(journal), RunState(),
                             journal_path=journal, flush_interval=0.05, segment_bytes=16384)
     send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=100)
     sampler = ProcSampler(root)
@@ -305,18 +324,20 @@ async def test_a_proc_sample_writes_what_waits_at_once(tmp_path: Path, tree: int
     a steady soak needs no journal timer (the flush interval here is a minute)."""
     journal = tmp_path / "soak.jsonl"
     serializer = Serializer(
-        create_private_file(journal), ArtifactBuilder(), journal_path=journal, flush_interval=60.0
+        create_private_file(journal), RunState(), journal_path=journal, flush_interval=60.0
     )
     sample = ProcSampler(tree, disk_paths={"output": tmp_path}).read(1.0)
     assert sample is not None
-    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=8)
+    send, receive = anyio.create_memory_object_stream[events.Event](max_buffer_size=8)
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
             tg.start_soon(serializer.run, receive)
             async with send:
                 await send.send(header(journal))  # written at once
                 await lines_written(journal, 1)
-                await send.send(Progress(t=0.5, changed=1, paths=["m.jsonl"], gap_seconds=None))
+                await send.send(
+                    events.Progress(t=0.5, changed=1, paths=["m.jsonl"], gap_seconds=None)
+                )
                 await send.send(sample)
                 await lines_written(journal, 3)
     kinds = [event["kind"] for event in read_journal(journal)]
@@ -331,7 +352,7 @@ def test_a_journal_from_a_newer_asyncsoak_is_named_so_not_damaged(tmp_path: Path
     journal = tmp_path / "soak.jsonl"
     encoder = JournalEncoder()
     lines = [
-        event_to_json(header(journal)),
+        events.event_to_json(header(journal)),
         {"t": 1.0, "kind": "failure", "reason": "quantum_flux", "message": "m", "at": "x"},
     ]
     journal.write_text("".join(encoder.encode(line) for line in lines))
@@ -341,3 +362,28 @@ def test_a_journal_from_a_newer_asyncsoak_is_named_so_not_damaged(tmp_path: Path
     assert "'quantum_flux'" in message
     assert "newer asyncsoak" in message
     assert "damaged" not in message
+
+
+@pytest.mark.parametrize("elsewhere", [False, True])
+def test_recover_refuses_a_journal_a_live_soak_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], elsewhere: bool
+) -> None:
+    """`recover` on the journal of a soak still running (its lock held, as the soak holds it):
+    exit status 2 naming the live soak, and no artifact written (a false monitor_lost at the
+    live soak's output path, before)."""
+    from asyncsoak._supervisor._outputs import lock_journal
+    from asyncsoak.cli import main
+
+    journal = tmp_path / "soak.jsonl"
+    journal.write_text(JournalEncoder().encode(events.event_to_json(header(journal))))
+    fd = lock_journal(journal)
+    try:
+        other = ["-o", str(tmp_path / "elsewhere.json")] if elsewhere else []
+        status = main(["recover", str(journal), *other])
+    finally:
+        os.close(fd)
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "still running" in err
+    assert str(journal) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["soak.jsonl"]

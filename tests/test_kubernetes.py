@@ -23,8 +23,8 @@ import pytest
 
 from asyncsoak import Metrics, run_soak
 from asyncsoak._contract._schema import Artifact
-from asyncsoak._export._metrics import SoakMetrics
 from asyncsoak._export._metrics_server import MetricsServer, open_listener
+from asyncsoak._export._soak_metrics import SoakMetrics
 from asyncsoak._sampling._limits import cgroup_cpu_limit_cores
 from asyncsoak._supervisor._kubernetes import GRACE_ANNOTATION, pattern_values, pod_identity
 from asyncsoak._supervisor._slurm import PatternError, expand_path, stop_grace
@@ -219,7 +219,7 @@ def test_healthz_keeps_to_the_monitors_clock_when_the_wall_clock_steps() -> None
     leaves /healthz at 200 (a 503 would have the liveness probe kill a healthy training);
     samples that stop give 503 on the monitor's own clock."""
     mono, wall = [500.0], [1_000_000.0]
-    metrics = SoakMetrics("s", now=lambda: mono[0], wall=lambda: wall[0], host="h")
+    metrics = SoakMetrics("s", now=lambda: mono[0], host="h")
     metrics.observe(
         {
             "kind": "header",

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncsoak._contract._door import door_names
+
 PACKAGE = Path(__file__).resolve().parent.parent / "asyncsoak"
 
 #: Lowest first.  A room imports only from rooms in a lower layer.
@@ -69,6 +71,14 @@ def imports(path: Path, source: str | None = None) -> Iterator[tuple[int, str, l
                     yield node.lineno, alias.name, []
 
 
+def handed_out_whole(target: str) -> bool:
+    """Whether ``target`` is a namespace its room's door hands out whole under its own name
+    (``asyncsoak._contract.events``): a door of its own."""
+    room, _, name = target.removeprefix("asyncsoak.").partition(".")
+    init = PACKAGE / room / "__init__.py"
+    return init.exists() and door_names(init.read_text()).get(name) == (f".{name}", None)
+
+
 def offences(path: Path, source: str | None = None) -> Iterator[str]:
     module = module_name(path)
     if module == "asyncsoak" or module in ENTRY_POINTS:
@@ -89,7 +99,7 @@ def offences(path: Path, source: str | None = None) -> Iterator[str]:
             continue
         if RANK[target_room] >= RANK[room]:
             yield f"{shown}: {room} may not import {target_room} (same or higher layer)"
-        if target != f"asyncsoak.{target_room}":
+        if target != f"asyncsoak.{target_room}" and not handed_out_whole(target):
             yield f"{shown}: reaches past {target_room}'s door"
         private = [name for name in names if name.startswith("_")]
         if private:
@@ -108,9 +118,12 @@ def test_rooms_import_each_other_through_doors_and_downwards_only() -> None:
 
 
 def test_the_demo_trainer_and_the_trainer_helpers_stand_alone() -> None:
-    """Both run inside training scripts: they import nothing else of the package."""
-    for name in ("_demo_trainer.py", "trainer.py"):
-        assert not list(imports(PACKAGE / name)), name
+    """Both run inside training scripts: they import nothing else of the package (the trainer
+    room's modules only each other)."""
+    assert not list(imports(PACKAGE / "_demo_trainer.py"))
+    for path in (PACKAGE / "trainer").glob("*.py"):
+        outside = [t for _, t, _ in imports(path) if not t.startswith("asyncsoak.trainer")]
+        assert not outside, (path.name, outside)
 
 
 @pytest.mark.parametrize(
@@ -130,30 +143,35 @@ def test_an_offending_import_is_named(source: str, problem: str) -> None:
     assert problem in found[0]
 
 
+def test_a_namespace_a_door_hands_out_whole_is_a_door_too() -> None:
+    probe = PACKAGE / "_analysis" / "_layer_probe.py"
+    assert not list(offences(probe, "from .._contract.events import Progress\n"))
+    assert list(offences(probe, "from .._process._cgroup import read_limits\n"))
+
+
 def door_lists(init: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """A door's names as the type checker reads them, and as :func:`lazy_door` is handed them."""
+    """A door's names as the type checker reads them, and as :func:`lazy_door` reads them."""
     typed: dict[str, str] = {}
-    lazy: dict[str, str] = {}
     for node in ast.parse(init.read_text()).body:
-        if not (isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"):
-            continue
-        for statement in node.body:
-            if isinstance(statement, ast.ImportFrom) and statement.module:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for statement in node.body:
+                assert isinstance(statement, ast.ImportFrom), ast.unparse(statement)
                 for alias in statement.names:
-                    typed[alias.asname or alias.name] = f".{statement.module}"
-            elif isinstance(statement, ast.Assign):  # a module exported whole, as a namespace
-                assert isinstance(statement.targets[0], ast.Name)
-                typed[statement.targets[0].id] = f"._{ast.unparse(statement.value).lstrip('_')}"
-        for call in ast.walk(ast.Module(body=node.orelse, type_ignores=[])):
-            if isinstance(call, ast.Call) and ast.unparse(call.func) == "lazy_door":
-                for mapping in [*call.args[1:], *(k.value for k in call.keywords)]:
-                    lazy.update(ast.literal_eval(mapping))
+                    whole = statement.module is None  # a module exported whole, a namespace
+                    typed[alias.asname or alias.name] = (
+                        f".{alias.name}" if whole else f".{statement.module}"
+                    )
+    lazy = {name: module for name, (module, _) in door_names(init.read_text()).items()}
     return typed, lazy
 
 
 @pytest.mark.parametrize(
     "init",
-    sorted(path for path in PACKAGE.rglob("*/__init__.py") if "lazy_door" in path.read_text()),
+    sorted(
+        path
+        for path in PACKAGE.rglob("*/*.py")
+        if "lazy_door(" in path.read_text() and path.name != "_door.py"
+    ),
     ids=lambda path: str(path.parent.relative_to(PACKAGE)),
 )
 def test_each_door_opens_on_what_it_declares(init: Path) -> None:
@@ -166,3 +184,88 @@ def test_each_door_opens_on_what_it_declares(init: Path) -> None:
     door = importlib.import_module(module_name(init))
     missing = [name for name in typed if not hasattr(door, name)]
     assert not missing
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, every import counted (a function's, a
+    ``TYPE_CHECKING`` one).  A room's door (``asyncsoak.X``) and the package root are no
+    modules of a loop; a sub-room's door (``report``) is, as its imports run at once."""
+    paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    modules = {m for m in paths if m.count(".") > 1 or paths[m].name != "__init__.py"}
+    graph: dict[str, set[str]] = {}
+    for module in modules:
+        targets: set[str] = set()
+        for _, target, names in imports(paths[module]):
+            targets.update(f"{target}.{name}" for name in names)  # ``from . import _x``
+            targets.add(target)
+        graph[module] = (targets & modules) - {module}
+    return graph
+
+
+def import_loops(graph: dict[str, set[str]]) -> list[tuple[frozenset[str], list[str]]]:
+    """Each set of modules that import each other (strongly connected, two or more: Tarjan's),
+    with one loop through it as a path that ends where it starts."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[tuple[frozenset[str], list[str]]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            members = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
+            if len(members) > 1:
+                loops.append((frozenset(members), _path_back(graph, min(members), set(members))))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return loops
+
+
+def _path_back(graph: dict[str, set[str]], start: str, members: set[str]) -> list[str]:
+    """The shortest way from ``start`` back to itself within ``members``."""
+    came_from: dict[str, str] = {}
+    queue = [start]
+    while queue:
+        module = queue.pop(0)
+        for target in sorted(graph[module] & members):
+            if target == start:
+                back = [module]
+                while back[-1] != start:
+                    back.append(came_from[back[-1]])
+                return [*reversed(back), start]
+            if target not in came_from:
+                came_from[target] = module
+                queue.append(target)
+    raise AssertionError(f"{start} is in no loop")
+
+
+def test_no_two_modules_import_each_other_in_a_loop() -> None:
+    """No two modules of the package import each other, directly or round a loop, counting
+    every import (a function's, a ``TYPE_CHECKING`` one): each loop found is named."""
+    new = [" -> ".join(loop) for _, loop in import_loops(import_graph())]
+    assert not new, "modules that import each other in a loop:\n" + "\n".join(new)
+
+
+def test_an_import_loop_is_named() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert import_loops(graph) == [(frozenset("abc"), ["a", "b", "c", "a"])]
+
+
+def test_the_contract_door_hands_out_at_most_60_names() -> None:
+    """Every room reads the contract's door: it names what all of them use (the vocabulary,
+    errors, units, ``run_blocking``, the sink) and hands out the events, the artifact's schema
+    and the exits as namespaces (``events.SampleJson``), so a reader takes it in at a glance."""
+    door = importlib.import_module("asyncsoak._contract")
+    names = {name for name in dir(door) if not name.startswith("_")}
+    names -= {"annotations", "TYPE_CHECKING"}  # the door's own imports
+    assert len(names) <= 60, f"{len(names)} names: {sorted(names)}"

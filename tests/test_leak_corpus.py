@@ -7,6 +7,7 @@ tests share them, and only the cases selected are run.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -23,8 +24,8 @@ import pytest
 from asyncsoak._record._serializer import journal_line_data
 from asyncsoak._sampling._proc_sampler import ProcSampler
 
-from .conftest import ReadyFifo
-from .corpus_soaks import Mode, Outcome, real_runs, sample_event
+from .conftest import ReadyFifo, asyncsoak_cli
+from .corpus_soaks import Mode, Outcome, real_run, real_runs, sample_event
 from .leak_corpus import SHAPES, plan
 
 pytestmark = pytest.mark.timeout(600)
@@ -89,6 +90,24 @@ def test_a_leak_stops_the_run_under_fail(
     """Every leak ends the run under leak_check="fail" with the failure memory_leak."""
     result = corpus[case]
     assert not result.problems(), result.describe()
+
+
+@pytest.mark.slow
+def test_a_leak_too_short_to_judge_under_fail_is_no_clean_pass(tmp_path: Path) -> None:
+    """10 MiB/s for 40 s at the default 5 s interval under leak_check="fail": too few samples
+    for the check to judge, so summary --json's status is not passed and summary's first
+    three lines say how much the memory grew and what to change."""
+    case = plan("short_fast_leak", SEED, 40.0)
+    outcome = anyio.run(
+        lambda: real_run(case, tmp_path, interval=5.0, leak_check="fail", data=tmp_path / "d")
+    )
+    assert outcome.failure is None, outcome.describe()
+    artifact = tmp_path / "soak.json"
+    data = asyncsoak_cli("summary", "--json", str(artifact), cwd=tmp_path)
+    assert json.loads(data.stdout)["status"] == "passed_with_warnings"
+    first = asyncsoak_cli("summary", str(artifact), cwd=tmp_path).stdout.splitlines()[:3]
+    assert "the leak check could not judge: memory grew" in "\n".join(first), first
+    assert "--sample-interval" in "\n".join(first), first
 
 
 @pytest.mark.slow

@@ -17,8 +17,10 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncsoak._supervisor._soak import run_soak
-from asyncsoak._view._live import JournalTail, LiveState, Status, render_rich, watch_journal
+from asyncsoak._supervisor._front import run_soak
+from asyncsoak._view._live import JournalTail, watch_journal
+from asyncsoak._view._live_line import Status, render_rich
+from asyncsoak._view._live_state import LiveState
 
 from .conftest import CLI_ENV, fast_limits, py
 from .soak_runs import run_args, sample_lines
@@ -409,3 +411,23 @@ def test_a_withdrawn_leak_leaves_the_live_line() -> None:
         | {"slope_per_hour": None, "growth": None, "projected_limit_at": None}
     )
     assert state.alerts(state.started_at + 31.0) == ()
+
+
+def test_the_last_frame_names_the_primary_reason_first_as_the_artifact_does() -> None:
+    """A trainer killed by its GPU's fault exits non-zero first: the last frame leads with
+    gpu_fault, the artifact's primary reason, folded from the same events."""
+    from asyncsoak._record import RunState
+
+    at = "2026-01-01T00:00:01Z"
+    events = [
+        {"t": 0, "kind": "header", "started_at": "2026-01-01T00:00:00Z", "config": {}},
+        {"t": 1.0, "kind": "failure", "reason": "nonzero_exit", "message": "exited", "at": at},
+        {"t": 1.1, "kind": "failure", "reason": "gpu_fault", "message": "Xid 79", "at": at},
+        {"t": 1.2, "kind": "finished", "status": "failed"},
+    ]
+    run = RunState()
+    for event in events:
+        run.add(event)
+    failures = run.build(status="failed", ended_t=1.2, log_tail="", monitor={})["failures"]
+    assert [f["reason"] for f in failures] == ["gpu_fault", "nonzero_exit"]
+    assert _state(*events).phase() == "finished: failed (gpu_fault, nonzero_exit)"

@@ -5,6 +5,7 @@ before the tree was sampled with one."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -16,11 +17,13 @@ from typing import Any
 import pytest
 
 from asyncsoak._record._journal import read_journal
+from asyncsoak._sampling._progress_rules import ProgressTracker, latest_change_age
+from asyncsoak._sampling._progress_scan import scan_progress_dir
 from asyncsoak._sampling._step_rules import StepTracker
-from asyncsoak._sampling._watchdog import ProgressTracker, latest_change_age, scan_progress_dir
-from asyncsoak._view._live import LiveState, Status, render_rich
+from asyncsoak._view._live_line import Status, render_rich
+from asyncsoak._view._live_state import LiveState
 
-from .conftest import CLI_ENV, py
+from .conftest import CLI_ENV, asyncsoak_cli, py
 from .soak_runs import sample_lines
 
 needs_rich = pytest.mark.skipif(
@@ -203,3 +206,80 @@ def test_the_look_between_scans_dates_by_mtime_and_ignores_a_clock_ahead(tmp_pat
     assert stalled.with_progress_age(0.4).quiet_for == 0.4
     assert stalled.with_progress_age(None) == stalled
     assert stalled.with_progress_age(200.0) == stalled  # the events know better
+
+
+#: A trainer logging a step every 0.05 s whose loss is NaN at step 15 only (finite after).
+NAN_AT_15 = """
+import json, os, sys, time
+os.makedirs(sys.argv[1], exist_ok=True)
+with open(os.path.join(sys.argv[1], "metrics.jsonl"), "a") as f:
+    for step in range(400):
+        loss = float("nan") if step == 15 else 2.0 / (step + 1)
+        f.write(json.dumps({"step": step, "loss": loss}) + "\\n"); f.flush()
+        time.sleep(0.05)
+"""
+#: A trainer whose step advances every 0.25 s to step 8, then stays there while its file grows.
+FROZEN_AT_8 = """
+import json, os, sys, time
+os.makedirs(sys.argv[1], exist_ok=True)
+with open(os.path.join(sys.argv[1], "metrics.jsonl"), "a") as f:
+    for step in range(400):
+        f.write(json.dumps({"step": min(step, 8), "loss": 1.0}) + "\\n"); f.flush()
+        time.sleep(0.25)
+"""
+
+
+def _soak_views(tmp_path: Path, trainer: str, *flags: str) -> tuple[str, str, str, dict[str, Any]]:
+    """A real soak of ``trainer`` from the CLI: its final live line, ``watch --once``'s frame,
+    ``summary``'s text and ``summary --json``."""
+    run = subprocess.run(
+        [
+            *(sys.executable, "-m", "asyncsoak", "run", "--progress-dir", str(tmp_path / "p")),
+            *("--output", str(tmp_path / "soak.json"), "--no-gpu", "--sample-interval", "0.25"),
+            *("--status-interval", "0.2", *flags, "--", *py(trainer), str(tmp_path / "p")),
+        ],
+        cwd=tmp_path,
+        env=CLI_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1, run.stderr
+    final = next(line for line in run.stderr.splitlines() if " finished: " in line)
+    views = [
+        asyncsoak_cli(*args, cwd=tmp_path)
+        for args in (
+            ("watch", "--once", str(tmp_path / "soak.jsonl")),
+            ("summary", str(tmp_path / "soak.json")),
+            ("summary", "--json", str(tmp_path / "soak.json")),
+        )
+    ]
+    assert all(view.returncode == 0 for view in views), [view.stderr for view in views]
+    once, summary, as_json = (view.stdout for view in views)
+    return final, once, summary, json.loads(as_json)
+
+
+def test_a_nan_runs_views_say_loss_nan(tmp_path: Path) -> None:
+    """The loss is NaN at step 15 and finite after: the final line, ``watch --once`` and the
+    summary all name the loss the run failed on, never the last finite one."""
+    final, once, summary, data = _soak_views(tmp_path, NAN_AT_15)
+    assert data["reasons"][0]["reason"] == "nonfinite_loss"
+    for text in (final, once, summary):
+        assert "loss nan" in text, text
+    assert data["progress"]["steps"]["nonfinite_loss"] == "nan"
+
+
+def test_a_frozen_steps_views_date_the_last_progress_at_its_last_advance(tmp_path: Path) -> None:
+    """Step 8 freezes while its file grows: the summary dates the last progress at the step's
+    last advance (at least the stale limit before the failure), its longest gap is the frozen
+    one, and the final line shows no step rate from before the freeze."""
+    final, _, summary, data = _soak_views(tmp_path, FROZEN_AT_8, "--stale-progress", "2")
+    assert data["reasons"][0]["reason"] == "stale_progress"
+    last = data["evidence"]["last_progress"]
+    assert last["before_end"] >= 2.0, summary
+    assert last["paths"] == ["metrics.jsonl"]
+    assert data["progress"]["steps"]["longest_gap_seconds"] >= 2.0
+    rates = re.findall(r"([\d.]+) steps/s", final)
+    assert rates in ([], ["0"]), final
+    progress = next(line for line in summary.splitlines() if line.startswith("progress: "))
+    assert re.search(r"longest gap [2-9]\.\d+s; file growth: \d+ changes in ", progress), progress

@@ -1,6 +1,6 @@
 """The reaper's capture of the command's output: a bounded log whose cost follows the output.
 
-These drive the real reaper process (``python -m asyncsoak._process._reaper``) the way the spawner
+These drive the real reaper process (``python -I -S .../_reaper.py``) the way the spawner
 does: the configuration line on its stdin (the lifeline), the log file's descriptor passed
 down, its reports read from its stdout.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from asyncsoak._process._spawn import REAPER_MODULE
+from asyncsoak._process._spawn import REAPER_SCRIPT
 
 from .conftest import CLI_ENV
 
@@ -61,7 +61,7 @@ def reaper(argv: list[str], log: Path, max_bytes: int) -> Iterator[subprocess.Po
         "grace_seconds": 1.0,
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", REAPER_MODULE],
+        [sys.executable, "-I", "-S", REAPER_SCRIPT],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=CLI_ENV,

@@ -14,12 +14,20 @@ import anyio
 import pytest
 
 from asyncsoak import Metrics, run_soak
-from asyncsoak._export._exposition import encode_rows, new_registry
-from asyncsoak._export._metrics import SoakMetrics, WorkerMetrics
+from asyncsoak._export._soak_metrics import SoakMetrics
+from asyncsoak._export._worker_metrics import WorkerMetrics
 
 from .conftest import ReadyFifo, asyncsoak_cli, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi
-from .metrics_support import free_port, http_get, promtool, samples, scrape_until, value
+from .metrics_support import (
+    exposition,
+    free_port,
+    http_get,
+    promtool,
+    samples,
+    scrape_until,
+    value,
+)
 from .soak_runs import trainer_soak
 
 LIMIT_S = 60.0
@@ -236,6 +244,7 @@ async def test_bad_and_slow_clients_never_delay_the_soak(tmp_path: Path, ready: 
 async def test_gpu_metrics_from_the_sampler(tmp_path: Path, ready: ReadyFifo) -> None:
     """GPU readings (captured on an H200) and the tree's share of GPU memory become metrics."""
     pid_file = tmp_path / "gpu.pid"
+    (tmp_path / "progress").mkdir()  # an empty one: a pass with no progress
     fake = install_fake_nvidia_smi(tmp_path, "load", pid_file=pid_file)
     port = free_port()
     command = py(
@@ -319,14 +328,14 @@ def test_the_trend_estimate_becomes_growth_and_projected_exhaustion() -> None:
             "process.7.anon_bytes": {"slope_per_hour": 1.0, "projected_limit_at": None},
         }
     )
-    text = encode_rows(metrics.rows(), openmetrics=False).decode()
+    text = exposition(metrics)
     assert value(text, "asyncsoak_tree_memory_growth_bytes_per_second") == 2**20
     projected = value(text, "asyncsoak_memory_projected_exhaustion_timestamp_seconds")
     assert projected == 1767232800.0
     metrics.observe_trends(
         {"tree.anon_bytes": {"slope_per_hour": None, "projected_limit_at": None}}
     )
-    text = encode_rows(metrics.rows(), openmetrics=False).decode()
+    text = exposition(metrics)
     assert value(text, "asyncsoak_tree_memory_growth_bytes_per_second") is None
     assert value(text, "asyncsoak_memory_projected_exhaustion_timestamp_seconds") is None
 
@@ -398,12 +407,13 @@ def test_cli_serves_metrics_and_writes_the_textfile(tmp_path: Path) -> None:
     assert artifact["status"] == "passed"
 
 
-def test_own_writer_matches_prometheus_clients_byte_for_byte() -> None:
-    """Both formats, soak and worker, escaped labels included: as ``generate_latest`` writes."""
-    from prometheus_client.exposition import generate_latest
-    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+def test_both_formats_parse_back_with_escaped_labels() -> None:
+    """The soak's and the worker's page, as text and as OpenMetrics (when asked), parse back to
+    the same samples with a label's quotes and backslashes intact; promtool accepts the text."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+    from prometheus_client.parser import text_string_to_metric_families
 
-    from asyncsoak._export._exposition import render, rows_of
+    from asyncsoak._export._metrics import new_registry, render
 
     soak = SoakMetrics("1-2", now=lambda: 5.0, host='a "quoted" host')
     for event in [
@@ -441,12 +451,25 @@ def test_own_writer_matches_prometheus_clients_byte_for_byte() -> None:
     worker.queue_jobs = {"queued": 2, "running": 1}
     worker.outcome("failed", "nonzero_exit")
     registry = new_registry(soak, worker)
-    assert encode_rows(soak.rows(), openmetrics=False) == generate_latest(new_registry(soak))
-    assert render(registry)[0] == generate_latest(registry)
-    openmetrics = render(registry, "application/openmetrics-text; version=1.0.0")[0]
-    # prometheus_client's OpenMetrics writer has no annotations.
-    assert openmetrics == openmetrics_latest(registry)  # type: ignore[no-untyped-call]
-    assert list(rows_of(soak.collect())) == soak.rows()
+    text, text_type = render(registry)
+    om, om_type = render(registry, "application/openmetrics-text; version=1.0.0")
+    assert text_type.startswith("text/plain; version=0.0.4")
+    assert om_type.startswith("application/openmetrics-text; version=1.0.0")
+    assert om.endswith(b"# EOF\n")
+
+    def parsed(families: Any) -> list[tuple[str, list[tuple[str, str]], float]]:
+        return sorted(
+            (s.name, sorted(s.labels.items()), s.value) for f in families for s in f.samples
+        )
+
+    openmetrics = om_parse(om.decode())  # type: ignore[no-untyped-call]
+    assert parsed(text_string_to_metric_families(text.decode())) == parsed(openmetrics)
+    info = samples(text.decode())["asyncsoak_soak_info"][0][0]
+    assert info["host"] == 'a "quoted" host'
+    assert info["command"] == "train back\\slash new line"
+    assert value(text.decode(), "asyncsoak_worker_job_outcomes_total", reason="nonzero_exit") == 1
+    checked = promtool("check", "metrics", stdin=text)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 @pytest.mark.slow
@@ -489,3 +512,38 @@ async def test_silent_clients_are_cut_off_and_their_number_bounded(
             assert (await http_get(port)).status == 200
             (tmp_path / "control" / "grow").touch()
             (tmp_path / "control" / "end").touch()
+
+
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        ("run", ["--metrics-port", "9464"]),
+        ("run", ["--metrics-textfile", "."]),
+        ("worker", ["--metrics-port", "9464"]),
+    ],
+)
+def test_metrics_flags_without_the_extra_name_the_flag(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+    flags: list[str],
+) -> None:
+    """Without ``prometheus_client`` (the ``metrics`` extra) a metrics flag is refused: exit 2,
+    one line naming the flag and the extra to install, nothing launched or created."""
+    from asyncsoak.cli import main
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
+    monkeypatch.chdir(tmp_path)
+    if command == "run":
+        marker = tmp_path / "launched"
+        argv = ["run", "--progress-dir", "p", "--output", "soak.json", "--no-gpu", "--quiet"]
+        argv += [*flags, "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    else:
+        argv = ["worker", "--db", "queue.db", "--no-gpu", *flags]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"asyncsoak: error: {flags[0]}: prometheus_client is not installed: "
+        "pip install 'asyncsoak[metrics]'"
+    ]
+    assert list(tmp_path.iterdir()) == []

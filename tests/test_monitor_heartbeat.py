@@ -11,7 +11,7 @@ import pytest
 
 from asyncsoak import Metrics, run_soak
 from asyncsoak._export import _metrics_server
-from asyncsoak._export._exposition import new_registry, render
+from asyncsoak._export._metrics import new_registry, render
 from asyncsoak._export._metrics_server import MetricsServer, open_listener
 
 from .conftest import fast_limits, journal, py
@@ -31,6 +31,7 @@ async def test_the_heartbeat_is_the_time_of_the_last_sample_everywhere(tmp_path:
     registry = new_registry()
     scraped: list[float | None] = []
     command = py("import time; time.sleep(1.5)")
+    (tmp_path / "progress").mkdir()  # an empty one: a pass with no progress
     metrics = Metrics(textfile_dir=textfiles, registry=registry)
     ended = anyio.Event()
 

@@ -35,6 +35,7 @@ from asyncsoak._sampling._nvidia_smi import (
     rejected_field,
     replace_rejected,
 )
+from asyncsoak._sampling._snapshot import gpu_section
 
 from .gpu_support import (
     CAPTURED_PID,
@@ -45,6 +46,8 @@ from .gpu_support import (
 )
 
 H200_UUID = "GPU-ea9029a8-d08e-1132-08a6-ed0bbd671b49"
+#: The field list ``apps_loop_ts.txt`` was captured with (the fixtures README).
+LOOP_TS_APP_FIELDS = ("timestamp", "pid", "process_name", "used_gpu_memory", "gpu_uuid")
 
 
 def gpu_rows(name: str, fields: tuple[str, ...] = FIXTURE_GPU_FIELDS) -> list[GpuReading]:
@@ -155,7 +158,42 @@ def test_loaded_process_row(name: str) -> None:
     assert proc.name == "python3"
     assert proc.used_gpu_memory_mib == 21354.0
     assert proc.gpu_uuid == H200_UUID
+    assert proc.gpu_bus_id == "00000000:00:06.0"
     assert not proc.in_tree
+
+
+def test_the_sampler_places_a_process_by_its_gpus_uuid_and_bus_id() -> None:
+    """The compute-apps query asks both identities of the process's GPU, never its index."""
+    assert {"gpu_uuid", "gpu_bus_id"} <= set(APP_FIELDS)
+    row = "2026/11/29 18:50:44.514, 886, python3, 14, [N/A], 00000000:00:06.0"
+    _, proc = parse_process_line(row, APP_FIELDS)
+    assert (proc.gpu_uuid, proc.gpu_bus_id) == (None, "00000000:00:06.0")
+
+
+@pytest.mark.parametrize("value", ["[GPU requires reset]", "[Unknown Error]", "ERR!"])
+def test_what_a_gpu_needing_a_reset_reads_is_an_error_value(value: str) -> None:
+    """nvidia-smi's readings of a GPU that needs a reset are None, the error kept as printed."""
+    fields = FIXTURE_GPU_FIELDS
+    values = data_lines(fixture("gpu_load_csv_nn.txt"), fields)[0].split(", ")
+    values[fields.index("power.draw")] = value
+    _, reading = parse_gpu_line(", ".join(values), fields)
+    assert reading.power_draw_w is None
+    assert reading.errors["power.draw"] == value
+    assert is_error_value(reading.errors["power.draw"])
+
+
+@pytest.mark.parametrize("garbled", ["", "?", "[Unknown Error]"])
+def test_a_row_whose_index_is_garbled_is_read_by_its_identity(garbled: str) -> None:
+    """A row whose index cannot be read is still a reading, known by its UUID and bus id
+    (index -1 until the sampler matches it); a row with no identity at all is no row."""
+    fields = FIXTURE_GPU_FIELDS
+    values = data_lines(fixture("gpu_load_csv_nn.txt"), fields)[0].split(", ")
+    values[fields.index("index")] = garbled
+    _, reading = parse_gpu_line(", ".join(values), fields)
+    assert (reading.index, reading.uuid, reading.bus_id) == (-1, H200_UUID, "00000000:00:06.0")
+    values[fields.index("uuid")] = values[fields.index("pci.bus_id")] = "[Unknown Error]"
+    with pytest.raises(SmiParseError):
+        parse_gpu_line(", ".join(values), fields)
 
 
 @pytest.mark.parametrize("name", ["apps_idle.txt", "apps_after.txt"])
@@ -166,10 +204,10 @@ def test_no_process_means_empty_output(name: str) -> None:
 
 def test_process_loop_lines_group_by_shared_timestamp() -> None:
     """Lines of one compute-apps iteration share a timestamp: 14 MiB first, then two processes."""
-    lines = data_lines(fixture("apps_loop_ts.txt"), APP_FIELDS)
+    lines = data_lines(fixture("apps_loop_ts.txt"), LOOP_TS_APP_FIELDS)
     groups: dict[str | None, list[GpuProcess]] = {}
     for line in lines:
-        stamp, proc = parse_process_line(line, APP_FIELDS)
+        stamp, proc = parse_process_line(line, LOOP_TS_APP_FIELDS)
         assert stamp == line_timestamp(line)
         groups.setdefault(stamp, []).append(proc)
     sizes = [len(g) for g in groups.values()]
@@ -197,9 +235,9 @@ def test_short_process_loops_parse_with_or_without_header(name: str, pids: set[i
 
 def test_process_name_containing_the_separator_is_kept_whole() -> None:
     """A process name with ", " in it does not shift the columns after it."""
-    line = data_lines(fixture("apps_loop_ts.txt"), APP_FIELDS)[0]
+    line = data_lines(fixture("apps_loop_ts.txt"), LOOP_TS_APP_FIELDS)[0]
     stamp, pid, _, rest = line.split(", ", 3)
-    _, proc = parse_process_line(", ".join([stamp, pid, "train, v2", rest]), APP_FIELDS)
+    _, proc = parse_process_line(", ".join([stamp, pid, "train, v2", rest]), LOOP_TS_APP_FIELDS)
     assert proc.name == "train, v2"
     assert proc.used_gpu_memory_mib == 14.0
 
@@ -303,7 +341,7 @@ def test_inventory_without_gpus(tmp_path: Path, mode: str, words: str) -> None:
 
 def test_inventory_without_nvidia_smi(tmp_path: Path) -> None:
     """A missing nvidia-smi gives "no GPU data", not an exception."""
-    inventory = gpu_inventory(str(tmp_path / "nvidia-smi"), timeout=10.0)
+    inventory = gpu_section(str(tmp_path / "nvidia-smi"), timeout=10.0)
     assert inventory == {
         "available": False,
         "error": f"{str(tmp_path / 'nvidia-smi')!r} not found: no GPU data",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import selectors
 import signal
@@ -26,19 +27,15 @@ import anyio
 import psutil
 import pytest
 
+from asyncsoak._contract import events
 from asyncsoak._contract._blocking import next_tick
-from asyncsoak._contract._events import Event, SamplerDegraded, SamplerNote, SamplerRecovered
 from asyncsoak._contract._redact import Masker
 from asyncsoak._contract._sink import EventSink, SinkCounters, SoakClock, open_event_queue
-from asyncsoak._sampling._proc_sampler import (
-    CLOCK_TICKS,
-    FULL_READ_EVERY,
-    PAGE_SIZE,
-    ProcessFigures,
-    ProcSample,
-    ProcSampler,
-    run_proc_sampler,
-)
+from asyncsoak._record._artifact import RunState
+from asyncsoak._record._serializer import journal_line_data
+from asyncsoak._sampling._proc_sample import ProcessFigures, ProcSample
+from asyncsoak._sampling._proc_sampler import CLOCK_TICKS, FULL_READ_SECONDS, PAGE_SIZE, ProcSampler
+from asyncsoak._sampling._proc_task import run_proc_sampler
 from asyncsoak._sampling._procfs import OpenFiles, read_proc_file
 
 MIB = 1 << 20
@@ -196,33 +193,51 @@ def spawn_tree() -> Iterator[Callable[..., Tree]]:
 
 @dataclass
 class Collected:
-    events: list[Event]
+    posted: list[events.Event]
     counters: SinkCounters
 
     @property
     def samples(self) -> list[ProcSample]:
-        return [e for e in self.events if isinstance(e, ProcSample)]
+        return [e for e in self.posted if isinstance(e, ProcSample)]
 
-    def of(self, kind: type[Event]) -> list[Event]:
-        return [e for e in self.events if isinstance(e, kind)]
+    def of(self, kind: type[events.Event]) -> list[events.Event]:
+        return [e for e in self.posted if isinstance(e, kind)]
 
 
-async def collect(samples: int, **options: Any) -> Collected:
+class HookedSink(EventSink):
+    """The queue's end, calling ``hook`` with each sample once offered (a hook that raises
+    is a hand-off that fails)."""
+
+    def __init__(self, sink: EventSink, hook: Callable[[events.Event], None]) -> None:
+        super().__init__(sink._send, sink.clock, sink.counters)
+        self.hook = hook
+
+    def offer(self, event: events.Event) -> bool:
+        offered = super().offer(event)
+        self.hook(event)
+        return offered
+
+
+async def collect(
+    samples: int, hook: Callable[[events.Event], None] | None = None, **options: Any
+) -> Collected:
     """Run the sampler until it has delivered ``samples`` samples, then cancel it."""
     options.setdefault("interval", 0.05)
     options.setdefault("disk_paths", {})
     sink, receive = open_event_queue(SoakClock())
-    events: list[Event] = []
+    if hook is not None:
+        sink = HookedSink(sink, hook)
+    posted: list[events.Event] = []
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
             tg.start_soon(partial(run_proc_sampler, sink, **options))
             async with receive:
                 async for event in receive:
-                    events.append(event)
-                    if sum(isinstance(e, ProcSample) for e in events) == samples:
+                    posted.append(event)
+                    if sum(isinstance(e, ProcSample) for e in posted) == samples:
                         tg.cancel_scope.cancel()
                         break
-    return Collected(events, sink.counters)
+    return Collected(posted, sink.counters)
 
 
 def by_pid(sample: ProcSample) -> dict[int, ProcessFigures]:
@@ -238,8 +253,7 @@ async def test_every_process_of_a_real_tree_is_counted_with_its_figures(
 ) -> None:
     """Every descendant is sampled (root excluded) and its figures match the real process."""
     tree = spawn_tree(["idle"] * 20 + ["parent", "renamed", "daemon"], mib=8)
-    seen_trees: list[frozenset[int]] = []
-    got = await collect(2, root_pid=tree.pid, on_tree=seen_trees.append)
+    got = await collect(2, root_pid=tree.pid)
     first, second = got.samples
 
     assert first.pids == second.pids == tree.pids()
@@ -247,7 +261,13 @@ async def test_every_process_of_a_real_tree_is_counted_with_its_figures(
     assert tree.pid not in first.pids
     assert first.tree.processes == 24
     assert first.tree.threads == 24
-    assert seen_trees[:2] == [first.pids, second.pids]
+    # The run's state knows the tree from its samples (the GPU sampler and the OOM lookup
+    # read it there).
+    state = RunState()
+    for sample in got.samples:
+        state.add(journal_line_data(sample))
+    assert state.tree_pids == second.pids
+    assert state.seen_pids == first.pids | second.pids
     assert got.counters.sampler_errors == 0
 
     # Each process wrote 8 MiB of its own; a forked Python adds tens of MiB at most.
@@ -346,7 +366,7 @@ async def test_a_tree_that_forks_and_reaps_nonstop_never_raises(
     got = await collect(10, root_pid=tree.pid, interval=0.01)
 
     assert got.counters.sampler_errors == 0
-    assert got.of(SamplerNote) == []
+    assert got.of(events.SamplerNote) == []
     for sample in got.samples:
         assert tree.pids() <= sample.pids
 
@@ -396,6 +416,30 @@ async def test_machine_and_disk_figures(tmp_path: Path) -> None:
     assert points["machine"]["disk_free_bytes_progress"] == second.disks["progress"].free_bytes
     assert points["machine"]["memory_used_bytes"] == machine.memory_used_bytes
     assert second.summary_labels() == {}
+
+
+@pytest.mark.asyncio
+async def test_dirs_on_one_filesystem_get_one_disk_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The output and progress dirs on one filesystem agree while the disk is being written
+    to (each statvfs here sees 4 KiB less free); another filesystem keeps its own figures."""
+    real_statvfs = os.statvfs
+    calls: list[str] = []
+
+    def filling_disk(path: Any) -> os.statvfs_result:
+        calls.append(str(path))
+        st = list(real_statvfs(path))
+        st[4] -= len(calls) * 4096 // max(st[1], 1)  # f_bavail, in f_frsize blocks
+        return os.statvfs_result(st)
+
+    monkeypatch.setattr(os, "statvfs", filling_disk)
+    disks = {"output": tmp_path, "progress": tmp_path / "runs" / "42", "proc": Path("/proc")}
+
+    (sample,) = (await collect(1, root_pid=os.getpid(), disk_paths=disks)).samples
+
+    assert sample.disks["output"].free_bytes == sample.disks["progress"].free_bytes
+    assert sample.disks["proc"].free_bytes != sample.disks["output"].free_bytes
 
 
 def proc_files_open_for(pids: set[int]) -> set[str]:
@@ -450,6 +494,28 @@ def test_files_kept_open_give_the_same_figures_and_close_with_the_tree(
     assert not proc_files_open_for(pids)
     assert sampler.read(2.0) is None  # closed: nothing is opened again
     assert not proc_files_open_for(pids)
+
+
+def test_sleeping_processes_keep_their_figures_and_get_cmdlines_again_after_a_drop(
+    spawn_tree: Callable[..., Tree],
+) -> None:
+    """Processes asleep across samples give the same figures each time (0 % CPU, no command
+    line), and a dropped sample's command lines come again with the next one."""
+    tree = spawn_tree(["idle"] * 4)
+    idle = tree.pids("idle")
+    sampler = ProcSampler(tree.pid)
+    dropped = sampler.read(0.0)
+    assert dropped is not None
+    sampler.forget_descriptions(dropped)
+    samples = [sampler.read(float(t)) for t in range(1, 4)]
+    assert all(sample is not None for sample in samples)
+    first, second, third = (by_pid(sample) for sample in samples if sample is not None)
+    for pid in idle:
+        assert first[pid].cmdline == by_pid(dropped)[pid].cmdline
+        assert first[pid].cmdline
+        assert second[pid] == third[pid]
+        assert (third[pid].cpu_percent, third[pid].cmdline) == (0.0, None)
+    sampler.close()
 
 
 def test_files_of_processes_that_leave_the_tree_are_closed() -> None:
@@ -764,26 +830,63 @@ def test_next_tick_keeps_the_grid_and_skips_missed_ticks() -> None:
 async def test_an_error_is_counted_each_time_and_noted_once(tmp_path: Path) -> None:
     """A failing step counts every time, is noted once, and sampling goes on."""
     fake_proc(tmp_path, 1, [FakeProcess(201, 1)])
+    failures = [3]
 
-    def broken(pids: frozenset[int]) -> None:
-        raise RuntimeError("no tree for you")
+    def broken(event: events.Event) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise RuntimeError("no tree for you")
 
-    got = await collect(3, root_pid=1, proc=tmp_path, on_tree=broken)
+    got = await collect(3, hook=broken, root_pid=1, proc=tmp_path)
 
     assert got.counters.sampler_errors >= 3
-    [note] = got.of(SamplerNote)
-    assert isinstance(note, SamplerNote)
+    [note] = got.of(events.SamplerNote)
+    assert isinstance(note, events.SamplerNote)
     assert note.sampler == "proc"
     assert note.data["type"] == "RuntimeError"
     assert all(s.pids == {201} for s in got.samples)
 
 
 @pytest.mark.asyncio
+async def test_other_producers_events_waiting_drop_no_sample(tmp_path: Path) -> None:
+    """A tick's progress, step and GPU events waiting beside it are no backlog: the sample is
+    queued (it was dropped, and "the monitor fell behind" said, on a healthy machine); then,
+    nobody receiving, the next samples find it waiting and are dropped."""
+    fake_proc(tmp_path, 1, [FakeProcess(201, 1)])
+    send, receive = open_event_queue(SoakClock(), buffer=64)
+    offered, dropped = anyio.Event(), anyio.Event()
+
+    class Counters(SinkCounters):
+        def __setattr__(self, name: str, value: object) -> None:
+            super().__setattr__(name, value)
+            if name == "dropped_samples" and value:
+                dropped.set()
+
+    sink = HookedSink(EventSink(send._send, send.clock, Counters()), lambda _: offered.set())
+    for _ in range(3):
+        await sink.emit(events.SamplerNote(t=0.0, sampler="gpu", message="waiting beside"))
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                partial(
+                    run_proc_sampler, sink, root_pid=1, interval=0.05, disk_paths={}, proc=tmp_path
+                )
+            )
+            await offered.wait()  # the first sample, queued behind three other events
+            await dropped.wait()  # the next ones, 0.05 s apart, find it waiting
+            tg.cancel_scope.cancel()
+    async with receive:
+        queued = [receive.receive_nowait() for _ in range(sink.waiting())]
+    assert sum(isinstance(e, ProcSample) for e in queued) == 1
+
+
+@pytest.mark.asyncio
 async def test_a_sample_dropped_by_a_full_queue_is_counted(tmp_path: Path) -> None:
     """With no room in the queue the sample is dropped and its cmdlines go to the next one."""
     fake_proc(tmp_path, 1, [FakeProcess(201, 1)])
-    sink, receive = open_event_queue(SoakClock(), buffer=0)
+    full, receive = open_event_queue(SoakClock(), buffer=0)
     offered = anyio.Event()
+    sink = HookedSink(full, lambda sample: offered.set())
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
@@ -794,7 +897,6 @@ async def test_a_sample_dropped_by_a_full_queue_is_counted(tmp_path: Path) -> No
                     root_pid=1,
                     interval=0.05,
                     disk_paths={},
-                    on_tree=lambda pids: offered.set(),
                     proc=tmp_path,
                 )
             )
@@ -832,7 +934,7 @@ async def test_a_hung_read_degrades_the_sampler_until_it_returns(tmp_path: Path)
         os.close(writer)
 
     sink, receive = open_event_queue(SoakClock())
-    events: list[Event] = []
+    posted: list[events.Event] = []
     try:
         with anyio.fail_after(10):
             async with anyio.create_task_group() as tg:
@@ -849,8 +951,8 @@ async def test_a_hung_read_degrades_the_sampler_until_it_returns(tmp_path: Path)
                 )
                 async with receive:
                     async for event in receive:
-                        events.append(event)
-                        if isinstance(event, SamplerDegraded):
+                        posted.append(event)
+                        if isinstance(event, events.SamplerDegraded):
                             assert sink.counters.sampler_errors == 1
                             unblock()
                         if isinstance(event, ProcSample):
@@ -859,10 +961,10 @@ async def test_a_hung_read_degrades_the_sampler_until_it_returns(tmp_path: Path)
     finally:
         unblock()
 
-    kinds = [type(e) for e in events]
-    assert kinds == [SamplerDegraded, SamplerRecovered, ProcSample]
+    kinds = [type(e) for e in posted]
+    assert kinds == [events.SamplerDegraded, events.SamplerRecovered, ProcSample]
     assert sink.counters.sampler_errors == 1
-    sample = events[-1]
+    sample = posted[-1]
     assert isinstance(sample, ProcSample)
     assert sample.pids == {201}
 
@@ -879,11 +981,11 @@ async def test_interval_must_be_positive() -> None:
 async def test_a_stall_is_called_at_its_deadline_while_the_ticks_read_hangs(
     tmp_path: Path,
 ) -> None:
-    """The watchdog's scan rides on the sampler's tick, but a read of the tree that takes
-    long (a fork bomb on a starved machine) must not hold up the stall rules: the trainer
-    that makes no progress is failed at its deadline while the read is still stuck."""
-    from asyncsoak._contract._blocking import Rides
-    from asyncsoak._sampling._watchdog import ProgressTracker, run_watchdog
+    """A read of the tree that takes long (a fork bomb on a starved machine) must not hold
+    up the stall rules: the trainer that makes no progress is failed at its deadline while
+    the read is still stuck."""
+    from asyncsoak._sampling._progress_rules import ProgressTracker
+    from asyncsoak._sampling._watchdog import run_watchdog
 
     proc = tmp_path / "proc"
     fake_proc(proc, 1, [FakeProcess(201, 1)])
@@ -891,7 +993,6 @@ async def test_a_stall_is_called_at_its_deadline_while_the_ticks_read_hangs(
     progress = tmp_path / "progress"
     progress.mkdir()
     sink, receive = open_event_queue(SoakClock())
-    rides = Rides()
     tracker = ProgressTracker({}, startup_timeout=1.0, stale_after=0.5)
     failed: list[tuple[str, float]] = []
     samples: list[ProcSample] = []
@@ -899,13 +1000,12 @@ async def test_a_stall_is_called_at_its_deadline_while_the_ticks_read_hangs(
         with anyio.fail_after(20):
             async with anyio.create_task_group() as tg:
 
-                async def on_failure(reason: str, message: str) -> None:
-                    failed.append((reason, sink.elapsed()))
-                    tg.cancel_scope.cancel()
-
                 async def drain() -> None:
                     async with receive:
                         async for event in receive:
+                            if isinstance(event, events.RuleBroken):
+                                failed.append((event.reason, event.t))
+                                tg.cancel_scope.cancel()
                             if isinstance(event, ProcSample):
                                 samples.append(event)
                                 if len(samples) == 1:
@@ -923,8 +1023,6 @@ async def test_a_stall_is_called_at_its_deadline_while_the_ticks_read_hangs(
                             ignore=frozenset,
                             scan_interval=0.1,
                             limiter=anyio.CapacityLimiter(1),
-                            on_failure=on_failure,
-                            rides=rides,
                         )
 
                 tg.start_soon(drain)
@@ -938,7 +1036,6 @@ async def test_a_stall_is_called_at_its_deadline_while_the_ticks_read_hangs(
                         disk_paths={},
                         read_timeout=30.0,
                         proc=proc,
-                        rides=rides,
                     )
                 )
     finally:
@@ -964,31 +1061,6 @@ async def test_once_the_tree_is_gone_an_empty_tree_is_not_a_sample(tmp_path: Pat
         # Without a sample, collect returns only because the sampler ended on its own.
         samples = (await collect(1, root_pid=1, proc=tmp_path, tree_gone=tree_gone)).samples
         assert [len(s.processes) for s in samples] == ([] if gone else [0])
-
-
-@pytest.mark.asyncio
-async def test_a_ride_that_hangs_holds_up_neither_the_samples_nor_the_sampler(
-    tmp_path: Path,
-) -> None:
-    """A blocking call riding on the tick that never returns (a journal write on a dead
-    filesystem) is its rider's to tell: the ticks go on in a new thread and the samples keep
-    coming, with no "reading /proc" degradation, since the read was never slow."""
-    from asyncsoak._contract._blocking import Rides
-
-    fake_proc(tmp_path, 1, [FakeProcess(201, 1)])
-    fifo = tmp_path / "hung.fifo"
-    os.mkfifo(fifo)
-    rides = Rides()
-    ride = rides.post(lambda: fifo.read_bytes(), timeout=0.3)  # blocks in open(2)
-    try:
-        got = await collect(3, root_pid=1, read_timeout=0.2, proc=tmp_path, rides=rides)
-        assert ride.taken
-        assert not ride.finished  # still stuck in its thread
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-    assert [type(e) for e in got.events] == [ProcSample] * 3
-    assert got.counters.sampler_errors == 0
 
 
 #: A subreaper whose child ("middle") forks a leaf that sleeps for good and never runs again;
@@ -1017,22 +1089,25 @@ while True:
 def test_a_sleeping_process_shows_its_new_parent_within_a_full_read() -> None:
     """A process that has not run keeps what was read of it (one read instead of four), but
     what changes while it sleeps, its parent when that one dies, shows within
-    FULL_READ_EVERY samples."""
+    FULL_READ_SECONDS of the sampler's clock, however far apart the samples are."""
     root = subprocess.Popen([sys.executable, "-c", REPARENTING_ROOT], stdout=subprocess.PIPE)
     try:
         assert root.stdout is not None
         middle, leaf = map(int, _read_line(root.stdout, 30).split())
-        sampler = ProcSampler(root.pid)
+        now = [0.0]
+        sampler = ProcSampler(root.pid, clock=lambda: now[0])
         for t in range(3):
-            sample = sampler.read(float(t))
+            now[0] = 2.0 * t  # samples 2 s apart
+            sample = sampler.read(now[0])
             assert sample is not None
             assert by_pid(sample)[leaf].ppid == middle
         os.kill(middle, signal.SIGKILL)
         with contextlib.suppress(psutil.NoSuchProcess):  # reaped already
             psutil.Process(middle).wait(timeout=10)  # by the root: the leaf is its child now
         ppids = []
-        for t in range(FULL_READ_EVERY):
-            sample = sampler.read(10.0 + t)
+        for _ in range(math.ceil(FULL_READ_SECONDS / 2.0)):
+            now[0] += 2.0
+            sample = sampler.read(now[0])
             assert sample is not None
             assert sample.pids == {leaf}
             ppids.append(by_pid(sample)[leaf].ppid)

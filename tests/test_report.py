@@ -9,18 +9,23 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from jsonschema import Draft202012Validator
 
+from asyncsoak._contract import EventKind
 from asyncsoak._record._recover import JournalError, artifact_from_journal
-from asyncsoak._view.report import read_journal_detail, render_report
+from asyncsoak._view.report import detail_for, read_journal_detail, render_report
+from asyncsoak._view.report._detail import artifact_detail
 from asyncsoak._view.report._figure import Timeline
 from asyncsoak._view.report._panels import plan_panels
 
 from .conftest import CLI_ENV, assert_valid, asyncsoak_cli
 from .soak_runs import Runs, make_runs
+
+if TYPE_CHECKING:
+    from asyncsoak._contract import Artifact
 
 needs_plotly = pytest.mark.skipif(
     importlib.util.find_spec("plotly") is None,
@@ -39,6 +44,8 @@ OFFLINE = [
     "--host-resolver-rules=MAP * ~NOTFOUND",
     "--enable-logging=stderr",
     "--v=0",
+    # The page decompresses plotly.js before it draws: wait for that, however loaded the machine.
+    "--virtual-time-budget=10000",
 ]
 #: Panels the sampled stalled run must show (the samplers' known fields that move; the flat
 #: ones, such as the tree's one process and thread, fold into the "steady" line).
@@ -209,8 +216,9 @@ def test_stalled_report_names_the_stall(runs: Runs) -> None:
 
 
 @pytest.mark.slow
-def test_throttle_spans_come_from_the_journal(runs: Runs) -> None:
-    """GPU throttling becomes spans with their reasons; idle is not throttling."""
+def test_throttle_spans_come_from_the_artifact_as_from_the_journal(runs: Runs) -> None:
+    """GPU throttling becomes spans with their reasons, the artifact's within its resolution
+    of the journal's; idle is not throttling."""
     journal = runs.stalled_sampled.with_suffix(".jsonl")
     detail = read_journal_detail(journal)
     assert set(detail.throttle_spans) == {"gpu0"}
@@ -218,7 +226,15 @@ def test_throttle_spans_come_from_the_journal(runs: Runs) -> None:
     assert 0 < start < end
     assert reasons == ["hw_slowdown", "sw_thermal"]
     lines = [json.loads(line) for line in journal.read_text().splitlines()]
-    assert detail.progress_times == [e["t"] for e in lines if e["kind"] == "progress"]
+    assert [b.last for b in detail.progress] == [e["t"] for e in lines if e["kind"] == "progress"]
+    kept = artifact_detail(json.loads(runs.stalled_sampled.read_text()))
+    assert kept is not None
+    [(kept_start, kept_end, kept_reasons)] = kept.throttle_spans["gpu0"]
+    assert kept_reasons == reasons
+    assert kept_start <= start < end <= kept_end + 1.0
+    assert [b.last for b in kept.progress] == pytest.approx(
+        [b.last for b in detail.progress], abs=1e-3
+    )
 
 
 def test_unknown_series_get_their_own_panels() -> None:
@@ -326,6 +342,12 @@ def test_file_without_header_is_not_a_journal(tmp_path: Path) -> None:
         artifact_from_journal(journal)
 
 
+def _before_bins(artifact: Artifact) -> Artifact:
+    """The artifact as a writer before ``progress.bins`` wrote it."""
+    progress = {k: v for k, v in artifact["progress"].items() if k != "bins"}
+    return cast("Artifact", {**artifact, "progress": progress})
+
+
 def _long_run_journal(path: Path) -> Path:
     """Five hours of progress every 6 s with one 100 s gap halfway, as journal lines."""
     lines: list[dict[str, Any]] = [
@@ -367,23 +389,76 @@ def _long_run_journal(path: Path) -> Path:
 def test_long_run_keeps_its_gaps_within_bounds(
     tmp_path: Path, schema: Draft202012Validator
 ) -> None:
-    """A long run: minutes on the axis; the journal restores the events the artifact dropped."""
+    """A long run: minutes on the axis; the artifact's progress bins keep the 100 s gap the
+    events it dropped held, as the journal does for an artifact written before them."""
     from asyncsoak._view.report._timeline import PROGRESS_CURVE_POINTS
 
     journal = _long_run_journal(tmp_path / "soak.jsonl")
     artifact = artifact_from_journal(journal)
     assert_valid(artifact, schema)
     assert artifact["events_dropped"] > 0
-    # The artifact alone: the dropped stretch is a break in the curve, not an invented gap.
-    alone = Timeline(artifact, None)
-    assert alone.x_unit == "minutes"
-    xs, ys = alone._progress_curve()
+    for timeline in (
+        Timeline(artifact, None),
+        Timeline(_before_bins(artifact), read_journal_detail(journal)),
+    ):
+        assert timeline.x_unit == "minutes"
+        xs, ys = timeline._progress_curve()
+        assert None not in xs
+        assert len(xs) <= 3 * PROGRESS_CURVE_POINTS + 2
+        assert max(y for y in ys if y is not None) == pytest.approx(100.0)
+    # An older artifact alone: the dropped stretch is a break in the curve, not an invented gap.
+    xs, ys = Timeline(_before_bins(artifact), None)._progress_curve()
     assert None in xs
     assert max(y for y in ys if y is not None) < 100
-    # With the journal: every progress time, thinned, and the 100 s gap is still there.
-    full = Timeline(artifact, read_journal_detail(journal))
-    xs, ys = full._progress_curve()
-    assert None not in xs
-    assert len(xs) <= 2 * PROGRESS_CURVE_POINTS + 2
-    assert max(y for y in ys if y is not None) == pytest.approx(100.0)
     assert "Plotly.newPlot" in render_report(artifact, journal=journal)
+
+
+def test_the_report_reads_from_the_journal_only_what_the_artifact_lacks(tmp_path: Path) -> None:
+    """A day's journal is mostly samples: the report takes every progress change from the
+    artifact's bins and reads no journal line; an artifact written before them has the
+    others read from the journal's progress lines, and the samples' lines only when it says
+    a GPU was held back; so a damaged sample line costs it nothing."""
+    journal = _long_run_journal(tmp_path / "soak.jsonl")
+    artifact = artifact_from_journal(journal)
+    every = [b.last for b in read_journal_detail(journal).progress]
+    with journal.open("a") as f:
+        f.write('{"t":1.0,"kind":"gpu_sample","v":[]}\n')
+        f.write('{"t":2.0,"kind":"gpu_sample","~":{"{":{"v":{"[":[],"n":3000000000}}}}\n')
+    older = _before_bins(artifact)
+    detail = detail_for(older, journal)
+    assert detail is not None
+    assert [b.last for b in detail.progress] == every
+    assert detail.throttle_spans == {}
+    # Every event kept: the artifact's progress times, the journal's lines not read at all.
+    events = older["events"][:40]
+    kept = cast("Artifact", {**older, "events_dropped": 0, "events": events})
+    journal.write_text("not a journal line\n")
+    short = detail_for(kept, journal)
+    assert short is not None
+    assert [b.last for b in short.progress] == [
+        e["t"] for e in events if e["kind"] == EventKind.PROGRESS
+    ]
+    # The artifact's own bins: every change counted, the gap kept, no journal needed.
+    binned = detail_for(artifact, None)
+    assert binned is not None
+    assert 500 <= len(binned.progress) <= 1000
+    assert sum(b.changes for b in binned.progress) == len(every)
+    assert max(b.longest_gap for b in binned.progress) == pytest.approx(100.0)
+
+
+@needs_plotly
+def test_a_day_long_runs_progress_strip_bins_its_changes(tmp_path: Path) -> None:
+    """Five hours of changes every 6 s: the strip draws one tick per bin of the run, each
+    naming how many changes it holds, the figure draws no line per change across the panels,
+    and the page is at most 3 MB."""
+    from asyncsoak._view.report._timeline import PROGRESS_TICKS
+
+    journal = _long_run_journal(tmp_path / "soak.jsonl")
+    artifact = artifact_from_journal(journal)
+    timeline = Timeline(artifact, None)
+    ticks = timeline._progress_ticks()
+    assert len(ticks) <= PROGRESS_TICKS < sum(b.changes for b in timeline.progress)
+    assert all(re.match(r"\d+ progress changes, ", text) for _, text in ticks)
+    page = render_report(artifact, journal=journal)
+    assert len(page.encode()) <= 3_000_000
+    assert page.count('"type":"line"') < 5  # the start, the exit: not 3,000 changes

@@ -1,6 +1,7 @@
-"""The report of the four runs a reader meets first (pass, stall, crash, leak), shot at
-1400x900 in a real headless Chromium: the verdict, the evidence and the cause above the fold,
-no text of the figure drawn over another, titles for people, and each axis in one unit."""
+"""The report of every run a reader meets (pass, stall, crash, frozen step, NaN loss, GPU
+fault, leak), shot at 1400x900 in a real headless Chromium offline: the verdict, the evidence
+and the cause above the fold, no text of the figure drawn over another or outside its plot
+area, titles for people, each axis titled with its quantity and unit, and the page small."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from asyncsoak._view.report import render_report
 from asyncsoak._view.report._figure import Timeline
 
-from .soak_runs import canonical_runs
+from .soak_runs import canonical_runs, trainer_soak
 from .test_report import CHROMIUM, OFFLINE, needs_chromium, needs_plotly
 
 pytestmark = pytest.mark.slow
@@ -23,19 +24,39 @@ pytestmark = pytest.mark.slow
 #: What a 1400x900 window shows without scrolling.
 FOLD_PX = 900
 
-#: After the figure is drawn: the boxes of every text the figure writes on its plots (the
-#: lane's labels, the panels' labels and annotations), and the pairs that overlap.
+#: After the figure is drawn: the boxes of every text the figure writes (the lane's labels,
+#: the panels' titles, labels, annotations and legends), the pairs that overlap, and the
+#: labels not inside a plot area (the panels' titles are above theirs).
 OVERLAP_DRIVER = """
 <script>
 (function () {
   var marker = document.getElementById("render-status");
+  function box(e) { return {text: e.textContent, r: e.getBoundingClientRect()}; }
+  function drawn(b) { return b.text && b.r.width > 0 && b.r.height > 0; }
   function measure() {
     var plot = document.getElementById("timeline");
+    var titles = plot.layout.annotations.filter(function (a) {
+      return a.xref === "paper"; }).length;
+    var labels = Array.prototype.filter.call(
+      plot.querySelectorAll(".textpoint text, .annotation, [class^=legend][class$=text]"),
+      function (e) {
+        return !e.classList.contains("annotation") || +e.dataset.index >= titles; });
     var texts = Array.prototype.slice.call(
-      plot.querySelectorAll(".textpoint text, .annotation-text"));
-    var boxes = texts.map(function (e) {
-      return {text: e.textContent, r: e.getBoundingClientRect()};
-    }).filter(function (b) { return b.text && b.r.width > 0 && b.r.height > 0; });
+      plot.querySelectorAll(".textpoint text, .annotation-text, [class^=legend][class$=text]"));
+    var boxes = texts.map(box).filter(drawn);
+    var origin = plot.getBoundingClientRect(), layout = plot._fullLayout, areas = [];
+    Object.keys(layout).forEach(function (name) {
+      if (!/^yaxis\\d*$/.test(name)) { return; }
+      var y = layout[name], x = layout[y.anchor.replace("x", "xaxis")];
+      areas.push({left: origin.left + x._offset, right: origin.left + x._offset + x._length,
+                  top: origin.top + y._offset, bottom: origin.top + y._offset + y._length});
+    });
+    var outside = labels.map(box).filter(drawn).filter(function (b) {
+      return !areas.some(function (a) {
+        return b.r.left >= a.left - 1 && b.r.right <= a.right + 1 &&
+          b.r.top >= a.top - 1 && b.r.bottom <= a.bottom + 1;
+      });
+    }).map(function (b) { return b.text; });
     var overlaps = [];
     for (var i = 0; i < boxes.length; i++) {
       for (var j = i + 1; j < boxes.length; j++) {
@@ -48,6 +69,7 @@ OVERLAP_DRIVER = """
     }
     marker.dataset.texts = String(boxes.length);
     marker.dataset.overlaps = overlaps.join("|");
+    marker.dataset.outside = outside.join("|");
     marker.dataset.measured = "yes";
   }
   if (marker.dataset.state === "rendered") { measure(); return; }
@@ -97,12 +119,13 @@ def shoot(page: Path, shot: Path) -> dict[str, str]:
 
 @needs_plotly
 @needs_chromium
-@pytest.mark.parametrize("mode", ["pass", "stall", "crash", "leak"])
+@pytest.mark.parametrize("mode", ["pass", "stall", "crash", "frozen", "nan", "gpu", "leak"])
 def test_first_screen_holds_the_verdict_and_no_text_overlaps(
     canonical: dict[str, Path], mode: str, tmp_path: Path
 ) -> None:
-    """At 1400x900 the verdict, the evidence and (on a failure) the cause end above the
-    fold, and no label or annotation of the figure overlaps another."""
+    """At 1400x900, offline, the page draws: the verdict, the evidence and (on a failure) the
+    cause end above the fold, no label, annotation or legend of the figure overlaps another
+    or leaves its plot area, and every y axis names its quantity (none a bare "count")."""
     artifact = json.loads(canonical[mode].read_text())
     page = tmp_path / f"{mode}.html"
     page.write_text(render_report(artifact))
@@ -113,10 +136,16 @@ def test_first_screen_holds_the_verdict_and_no_text_overlaps(
     assert marker["measured"] == "yes"
     assert int(marker["verdict-bottom"]) < FOLD_PX
     assert int(marker["evidence-bottom"]) < FOLD_PX
-    if mode in ("stall", "crash"):
+    if mode not in ("pass", "leak"):
         assert int(marker["cause-bottom"]) < FOLD_PX
     assert int(marker["texts"]) > 5
     assert marker["overlaps"] == "", marker["overlaps"]
+    assert marker["outside"] == "", marker["outside"]
+    ytitles = marker["ytitles"].split("|")
+    assert "since progress (s)" in ytitles
+    assert "count" not in ytitles, ytitles
+    assert {"CPU (%)", "loss", "step"} <= set(ytitles), ytitles
+    assert any(re.fullmatch(r"memory \((B|KiB|MiB|GiB)\)", t) for t in ytitles), ytitles
     text = page.read_text()
     if mode == "leak":
         # A pass with warnings looks like one: amber, and says so; the artifact still passed.
@@ -129,6 +158,12 @@ def test_first_screen_holds_the_verdict_and_no_text_overlaps(
         assert '<span class="badge">PASSED</span>' in text
     elif mode == "crash":  # the log's end marks the traceback's exception
         assert '<span class="tb-exc">RuntimeError: injected crash at step 8</span>' in text
+    elif mode == "nan":  # marked on the loss panel where it came
+        assert "loss NaN at step 8" in marker["titles"].split("|")
+    elif mode == "gpu":  # the fault's action is said once: as the next step
+        # Above the figure, once: as the next step (the Events table keeps the record).
+        story = text[: text.index('<section id="timeline-section">')]
+        assert story.count("drain the node and reset the GPU") == 1
 
 
 @needs_plotly
@@ -198,3 +233,20 @@ def test_flat_and_zero_gpu_lines_fold_into_the_steady_strip(canonical: dict[str,
     assert "GPU 0 memory used 39.1 GiB" in steady
     assert "GPU 0 ECC errors uncorrected 0" in steady
     assert "GPU 0 power limit 700 W" in steady
+
+
+@needs_plotly
+@needs_chromium
+def test_a_short_runs_report_is_small_and_draws_offline(tmp_path: Path) -> None:
+    """The report of an 8-second run of 80 steps is one file of at most 1.5 MB that fetches
+    nothing and draws in an offline Chromium, its plotly.js decompressed by the page."""
+    artifact_path = trainer_soak(tmp_path / "short", "pass", 80, env="STEP_SECONDS=0.1")
+    page = tmp_path / "short.html"
+    page.write_text(render_report(json.loads(artifact_path.read_text())))
+    assert page.stat().st_size <= 1_500_000
+    text = page.read_text()
+    assert not re.search(r"<script[^>]+src=|<link[^>]+href=|@import|url\(\s*['\"]?https?:", text)
+    assert "DecompressionStream" in text
+    marker = shoot(page, tmp_path / "short.png")
+    assert marker["state"] == "rendered"
+    assert "count" not in marker["ytitles"].split("|")

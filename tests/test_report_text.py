@@ -101,7 +101,7 @@ def drive(page: Path) -> tuple[dict[str, str], str]:
     driven = page.with_name("driven-" + page.name)
     driven.write_text(page.read_text().replace("</body>", HOVER_DRIVER + "</body>"))
     result = subprocess.run(
-        [CHROMIUM, *OFFLINE, "--virtual-time-budget=5000", "--dump-dom", driven.as_uri()],
+        [CHROMIUM, *OFFLINE, "--dump-dom", driven.as_uri()],
         capture_output=True,
         text=True,
         timeout=90,

@@ -12,8 +12,15 @@ import anyio
 import pytest
 
 from asyncsoak import SoakFailureError, run_soak
-from asyncsoak._contract._redact import REDACTED, Masker, argv_secrets, redact_env, secret_values
-from asyncsoak._record._artifact import check_artifact
+from asyncsoak._contract._redact import (
+    REDACTED,
+    Masker,
+    argv_secrets,
+    redact_env,
+    redact_mapping,
+    secret_values,
+)
+from asyncsoak._record._artifact_io import check_artifact
 
 from .conftest import CLI_ENV, fast_limits, py
 from .queue.test_queue_cli import cli
@@ -26,15 +33,23 @@ SECRETS = {
 DB_PASSWORD = "pg-Planted-Password-0003"
 DATABASE_URL = f"postgresql://trainer:{DB_PASSWORD}@db.internal:5432/runs"
 METADATA_SECRET = "planted-metadata-credential-0004"
-ALL_VALUES = [*SECRETS.values(), DB_PASSWORD, METADATA_SECRET]
+#: A presigned URL and an Azure connection string, under names that are no credential's.
+URL_SIGNATURE = "plantedUrlSignature0040"
+ACCOUNT_KEY = "plantedAccountKey0041=="
+URLS = {
+    "DATA_URL": f"https://b.s3.amazonaws.com/k?X-Amz-Date=1&X-Amz-Signature={URL_SIGNATURE}",
+    "STORAGE": f"AccountName=a;AccountKey={ACCOUNT_KEY};EndpointSuffix=core.windows.net",
+}
+ALL_VALUES = [*SECRETS.values(), DB_PASSWORD, METADATA_SECRET, URL_SIGNATURE, ACCOUNT_KEY]
 
 # A trainer that prints every secret it was given, then fails.
 LEAKY_TRAINER = """
 import os, pathlib, sys
+URLS = ("DATA_URL", "STORAGE")
 progress = pathlib.Path(os.environ["PROGRESS"])
 progress.mkdir(parents=True, exist_ok=True)
 (progress / "m.txt").write_text("step")
-for name in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "DATABASE_URL"):
+for name in ("HF_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "DATABASE_URL", *URLS):
     print(name, "=", os.environ[name], flush=True)
 print("argv:", sys.argv[1:], flush=True)
 sys.exit(3)
@@ -49,28 +64,45 @@ def assert_no_secret(text: str, where: str) -> None:
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_artifact_journal_and_log_tail_never_hold_a_secret(tmp_path: Path) -> None:
-    """Secrets in env, argv, metadata and the trainer's output are redacted or masked."""
+    """Secrets in env, argv, metadata and the trainer's output are redacted or masked: in the
+    artifact, the journal, the summary and the report (URL queries and connection strings
+    too)."""
+    from asyncsoak._view.report import write_report
+
     env = {
         **os.environ,
         **SECRETS,
+        **URLS,
         "DATABASE_URL": DATABASE_URL,
         "PROGRESS": str(tmp_path / "progress"),
     }
-    command = [*py(LEAKY_TRAINER), "--hf-token", SECRETS["HF_TOKEN"]]
+    command = [*py(LEAKY_TRAINER), "--hf-token", SECRETS["HF_TOKEN"], URLS["DATA_URL"]]
     with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
         await run_soak(
             command=command,
             env=env,
-            metadata={"run": "r1", "api_token": METADATA_SECRET},
+            metadata={"run": "r1", "api_token": METADATA_SECRET, "store": URLS["STORAGE"]},
             **fast_limits(tmp_path),
         )
     artifact = info.value.artifact
-    assert artifact["metadata"] == {"run": "r1", "api_token": "[redacted]"}
+    assert artifact["metadata"] == {
+        "run": "r1",
+        "api_token": "[redacted]",
+        "store": "AccountName=a;AccountKey=[redacted];EndpointSuffix=core.windows.net",
+    }
     assert "HF_TOKEN = [redacted]" in artifact["log"]["tail"]
+    assert "X-Amz-Date=1&X-Amz-Signature=[redacted]" in artifact["log"]["tail"]
     assert "--hf-token" in artifact["command"]
     out = tmp_path / "out"
+    write_report(check_artifact(artifact), out / "soak.html", source=str(out / "soak.json"))
+    with anyio.fail_after(60):
+        summary = await anyio.run_process(
+            [sys.executable, "-m", "asyncsoak", "summary", str(out / "soak.json")], env=CLI_ENV
+        )
     assert_no_secret((out / "soak.json").read_text(), "the artifact")
     assert_no_secret((out / "soak.jsonl").read_text(), "the journal")
+    assert_no_secret((out / "soak.html").read_text(), "the report")
+    assert_no_secret(summary.stdout.decode(), "the summary")
     for name in ("soak.json", "soak.jsonl", "soak.log"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o600
 
@@ -81,7 +113,7 @@ def test_queue_output_never_holds_a_secret(tmp_path: Path) -> None:
     db = tmp_path / "q.db"
     script = tmp_path / "leaky.py"
     script.write_text(LEAKY_TRAINER)
-    envs = [f"{k}={v}" for k, v in {**SECRETS, "DATABASE_URL": DATABASE_URL}.items()]
+    envs = [f"{k}={v}" for k, v in {**SECRETS, **URLS, "DATABASE_URL": DATABASE_URL}.items()]
     submitted = cli(
         db,
         "submit",
@@ -293,6 +325,63 @@ def test_environment_names_follow_the_same_rule(name: str, secret: bool) -> None
     assert Masker(secret_values({name: value}))(f"log: {value}") == (
         f"log: {REDACTED}" if secret else f"log: {value}"
     )
+
+
+#: Credentials in URL queries and connection strings: (text, its secret, what stays).
+QUERY_SECRETS = [
+    ("https://h/x?token=tq-0031&page=2", "tq-0031", "page=2"),
+    ("https://h/v1?api_key=ak-0032", "ak-0032", "https://h/v1?api_key="),
+    (
+        "https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sp=r&sig=Az%2Bsig0033%3D",
+        "Az%2Bsig0033%3D",
+        "sv=2022-11-02&sp=r",
+    ),
+    (
+        "https://b.s3.amazonaws.com/k?X-Amz-Date=20260101&X-Amz-Signature=ab0034cd",
+        "ab0034cd",
+        "X-Amz-Date=20260101",
+    ),
+    (
+        "https://storage.googleapis.com/b/o?X-Goog-Signature=ef0035aa&X-Goog-Expires=900",
+        "ef0035aa",
+        "X-Goog-Expires=900",
+    ),
+    ("https://h/?access_token=at-0036#frag", "at-0036", "#frag"),
+    (
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Zm9vYmFy0037==;EndpointSuffix=core.windows.net",
+        "Zm9vYmFy0037==",
+        "AccountName=acct;",
+    ),
+    (
+        "BlobEndpoint=https://a.blob.core.windows.net/;SharedAccessSignature=sv=2022&sig=ss0038",
+        "ss0038",
+        "BlobEndpoint=https://a.blob.core.windows.net/;",
+    ),
+    (
+        "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=sk0039=",
+        "sk0039=",
+        "SharedAccessKeyName=Root",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "secret", "kept"), QUERY_SECRETS, ids=range(len(QUERY_SECRETS)))
+def test_url_query_and_connection_string_credentials_are_masked(
+    text: str, secret: str, kept: str
+) -> None:
+    """A credential in a URL's query or a connection string is masked in free text (the log),
+    in argv (alone and as ``--url=...``), in metadata, and as a value to mask elsewhere; the
+    rest of the URL stays readable."""
+    masker = Masker(secret_values({"STORAGE": text}))
+    for shown in (
+        masker(f"fetching {text} now"),
+        *masker.argv(["train.py", text, f"--url={text}"]),
+        redact_mapping({"source": text})["source"],
+        masker(f"the bare value {secret} printed alone"),
+    ):
+        assert secret not in shown
+    assert kept in masker(text)
+    assert REDACTED in masker(text)
 
 
 #: Overrides with secrets as a Hydra trainer takes them, and hyper-parameters that must stay.

@@ -4,37 +4,37 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 
-from asyncsoak._contract._blocking import Rides
-from asyncsoak._contract._events import Event, WarningEvent
+from asyncsoak._contract import events
 from asyncsoak._record import _serializer
-from asyncsoak._record._artifact import ArtifactBuilder
+from asyncsoak._record._artifact import RunState
 from asyncsoak._record._serializer import Serializer
 
 pytestmark = pytest.mark.asyncio
 
 
-async def serialize(fd: int, events: list[Event]) -> Serializer:
-    """Run a serializer over ``events`` to the end of its queue, under a deadline."""
-    serializer = Serializer(fd, ArtifactBuilder())
-    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=len(events) + 1)
+async def serialize(fd: int, sent: list[events.Event]) -> Serializer:
+    """Run a serializer over ``sent`` to the end of its queue, under a deadline."""
+    serializer = Serializer(fd, RunState())
+    send, receive = anyio.create_memory_object_stream[events.Event](max_buffer_size=len(sent) + 1)
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(serializer.run, receive)
             async with send:
-                for event in events:
+                for event in sent:
                     await send.send(event)
     return serializer
 
 
-def warnings(n: int, size: int = 10) -> list[Event]:
-    return [WarningEvent(t=float(i), message=f"{i:05d}" + "x" * size) for i in range(n)]
+def warnings(n: int, size: int = 10) -> list[events.Event]:
+    return [events.WarningEvent(t=float(i), message=f"{i:05d}" + "x" * size) for i in range(n)]
 
 
 async def test_every_event_reaches_the_journal_in_order(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ async def test_the_journal_is_closed_at_the_end(tmp_path: Path) -> None:
 # Riding on the proc sampler's ticks ------------------------------------------------------
 
 
-def a_sample(t: float) -> Event:
+def a_sample(t: float) -> events.Event:
     """A real proc sample (of this process's children: none), stamped ``t``."""
     from asyncsoak._sampling._proc_sampler import ProcSampler
 
@@ -110,69 +110,56 @@ def kinds(path: Path) -> list[str]:
     return [json.loads(line)["kind"] for line in path.read_text().splitlines()]
 
 
-async def test_a_samples_batch_rides_on_the_next_tick_and_an_urgent_event_takes_it_back(
+async def test_progress_waits_for_the_next_sample_and_an_urgent_event_goes_at_once(
     tmp_path: Path,
 ) -> None:
-    """A sample's batch waits for the next tick's thread (nothing is written until a taker
-    runs it); an event that must go out at once takes a ride nobody took yet back and writes
-    both, in order, in one write."""
+    """A progress event waits for the next sample's write (one write for both, in order); a
+    sample and an event that must go out at once are written as they come."""
     path = tmp_path / "soak.jsonl"
-    rides = Rides()
-    serializer = Serializer(
-        os.open(path, os.O_WRONLY | os.O_CREAT, 0o600),
-        ArtifactBuilder(),
-        flush_interval=60.0,
-        rides=rides,
-    )
-    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=10)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    serializer = Serializer(fd, RunState(), flush_interval=60.0)
+    send, receive = anyio.create_memory_object_stream[events.Event](max_buffer_size=10)
+    progress = events.Progress(t=1.5, changed=1, paths=["m"], gap_seconds=None, grown_bytes=1)
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(serializer.run, receive)
             async with send:
                 await send.send(a_sample(1.0))
-                await until(lambda: rides.waiting_timeout() > 0)
-                assert path.read_bytes() == b""  # riding: not written yet
-                for ride in rides.take():  # the tick's thread, here on the loop
-                    ride.run()
-                    ride.done.set()
-                assert kinds(path) == ["sample"]
-
+                await until(lambda: kinds(path) == ["sample"])
+                await send.send(progress)
+                await until(lambda: serializer.events == 2)
+                assert kinds(path) == ["sample"]  # waiting for the next sample
                 await send.send(a_sample(2.0))
-                await until(lambda: rides.waiting_timeout() > 0)
-                await send.send(WarningEvent(t=2.5, message="now"))
                 await until(lambda: len(kinds(path)) == 3)
-                assert rides.take() == []  # taken back: the warning's write carried it
-    assert kinds(path) == ["sample", "sample", "warning"]
+                await send.send(events.WarningEvent(t=2.5, message="now"))
+                await until(lambda: len(kinds(path)) == 4)
+    assert kinds(path) == ["sample", "progress", "sample", "warning"]
     assert serializer.journal_error is None
 
 
-async def test_a_riding_write_that_never_comes_back_stops_the_journal_not_the_fold(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+async def test_a_rule_answering_much_leaves_the_rules_of_the_next_events_running(
+    tmp_path: Path,
 ) -> None:
-    """The tick's thread took the write and hangs: the next write waits the write bound, then
-    the journal is given up as for a hung aiofiles write; every event still reaches the
-    artifact."""
-    monkeypatch.setattr(_serializer, "JOURNAL_WRITE_TIMEOUT_SECONDS", 0.3)
-    path = tmp_path / "soak.jsonl"
-    rides = Rides()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    serializer = Serializer(fd, ArtifactBuilder(), flush_interval=60.0, rides=rides)
-    send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=10)
+    """One event whose rules bring many events (a trend judgement naming 70 leaking workers)
+    does not spend the rules of the events queued behind it in the same batch: each event
+    has its own bound, so a later failure is still made."""
+
+    def rule(state: RunState, event: Mapping[str, Any]) -> list[events.Event]:
+        if event["kind"] != "warning" or event["message"] not in ("many", "fail"):
+            return []
+        if event["message"] == "many":
+            return [events.WarningEvent(t=event["t"], message=f"w{i}") for i in range(70)]
+        at = "2026-01-01T00:00:00Z"
+        return [events.FailureEvent(t=event["t"], reason="stale_progress", message="m", at=at)]
+
+    fd = os.open(tmp_path / "soak.jsonl", os.O_WRONLY | os.O_CREAT, 0o600)
+    serializer = Serializer(fd, RunState(), rules=[rule])
+    sent = [events.WarningEvent(t=1.0, message="many"), events.WarningEvent(t=2.0, message="fail")]
+    send, receive = anyio.create_memory_object_stream[events.Event](max_buffer_size=10)
+    for event in sent:  # one batch: both are queued before the serializer runs
+        send.send_nowait(event)
+    send.close()
     with anyio.fail_after(30):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(serializer.run, receive)
-            async with send:
-                await send.send(a_sample(1.0))
-                await until(lambda: rides.waiting_timeout() > 0)
-                [stuck] = rides.take()  # taken, and not run until the end
-                # The stuck write is only run at the end: a journal given up before then
-                # was given up at the write bound, not when the write came back.
-                await send.send(WarningEvent(t=1.5, message="after the stuck write"))
-                await until(lambda: serializer.journal_error is not None)
-    assert serializer.journal_error is not None
-    assert "writing stopped" in serializer.journal_error
-    assert len(serializer.builder.warnings) == 1
-    os.fstat(fd)  # still open: the stuck write may land on it
-    stuck.run()  # the write comes back at last (and lands): now the descriptor is closed
-    with pytest.raises(OSError, match="Bad file descriptor"):
-        os.fstat(fd)
+        await serializer.run(receive)
+    assert len(serializer.builder.warnings) == 2 + 70
+    assert [f["reason"] for f in serializer.builder.failures] == ["stale_progress"]

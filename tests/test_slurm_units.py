@@ -183,6 +183,7 @@ def test_artifacts_of_different_jobs_are_refused(tmp_path: Path) -> None:
     b = _artifact(2, 0, "passed", "2026-01-01T00:00:00+00:00", None)
     with pytest.raises(NotOneJobError, match="different jobs"):
         combine([("a", a), ("b", b)])
+    (tmp_path / "p").mkdir()  # a progress directory that never existed fails no_progress
     run = asyncsoak_cli(
         "run",
         "--quiet",

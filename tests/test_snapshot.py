@@ -6,6 +6,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -247,12 +248,12 @@ def test_own_packages_are_recorded(tmp_path: Path) -> None:
     assert software["asyncsoak"] == asyncsoak.__version__
     assert "anyio" in {name.lower() for name in software["distributions"]}
     assert "command_python" not in software
-    # Read from the metadata's header lines: the same names and versions the full parse gives.
+    # Read from the directories' names: the names (in their normal form) and versions the
+    # metadata gives.
     parsed: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
-        if name and name not in parsed:
-            parsed[name] = dist.version
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+        parsed.setdefault(name, dist.version)
     assert software["distributions"] == parsed
 
 

@@ -14,17 +14,21 @@ from typing import cast
 import pytest
 
 from asyncsoak._analysis._trendwatch import TrendWatch
-from asyncsoak._contract._events import ProgressJson, SampleJson
-from asyncsoak._sampling import _steps
+from asyncsoak._contract import events
+from asyncsoak._sampling import _step_files, _steps
+from asyncsoak._sampling._progress_rules import ProgressTracker
+from asyncsoak._sampling._progress_scan import FileState, scan_progress_dir
+from asyncsoak._sampling._step_files import KeyChoice, StepReading
 from asyncsoak._sampling._step_rules import (
     AUTO_FLOOR_SECONDS,
     AUTO_SAFETY_FACTOR,
+    LossCheck,
     StaleLimit,
     StepTracker,
 )
-from asyncsoak._sampling._steps import KeyChoice, StepReader, StepReading
-from asyncsoak._sampling._watchdog import FileState, ProgressTracker, scan_progress_dir
+from asyncsoak._sampling._steps import StepReader
 from asyncsoak._supervisor._rules import slowdown
+from asyncsoak._view._training import loss_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_trainer"
 REPO = Path(__file__).resolve().parent.parent
@@ -61,7 +65,7 @@ def test_json_lines_are_read_incrementally_with_partial_lines_and_nan(tmp_path: 
 def test_garbage_and_huge_lines_are_skipped_counted_and_noted_once(tmp_path: Path) -> None:
     """Garbage is skipped with one note; a line past MAX_LINE_BYTES is never held whole."""
     metrics = tmp_path / "train.jsonl"
-    huge = '{"step": 9, "pad": "' + "x" * (_steps.MAX_LINE_BYTES + 10) + '"}\n'
+    huge = '{"step": 9, "pad": "' + "x" * (_step_files.MAX_LINE_BYTES + 10) + '"}\n'
     append(metrics, 'garbage\n[1, 2]\n{"step": 1}\n' + huge + '{"step": 2}\nnot json either\n')
     reader = StepReader(tmp_path)
     reading = read(reader)
@@ -74,7 +78,7 @@ def test_garbage_and_huge_lines_are_skipped_counted_and_noted_once(tmp_path: Pat
 def test_a_line_growing_past_the_bound_without_a_newline_is_dropped(tmp_path: Path) -> None:
     """A writer that never ends its line costs at most MAX_LINE_BYTES of memory."""
     metrics = tmp_path / "m.jsonl"
-    append(metrics, "y" * (_steps.MAX_LINE_BYTES + 1))
+    append(metrics, "y" * (_step_files.MAX_LINE_BYTES + 1))
     reader = StepReader(tmp_path)
     assert read(reader).records == []
     append(metrics, 'zzz\n{"step": 4}\n')
@@ -206,10 +210,10 @@ def test_the_report_file_comes_first_and_is_not_read_twice(tmp_path: Path) -> No
 def test_a_step_that_goes_back_is_a_note_and_an_advance() -> None:
     """A resume from an earlier checkpoint moves the step back: noted, never a stall."""
     tracker = StepTracker()
-    kind = _steps.KIND_JSONL
-    tracker.observe(StepReading(records=[_steps.StepRecord(120, "m.jsonl", kind)]), now=1.0)
+    kind = _step_files.KIND_JSONL
+    tracker.observe(StepReading(records=[_step_files.StepRecord(120, "m.jsonl", kind)]), now=1.0)
     update = tracker.observe(
-        StepReading(records=[_steps.StepRecord(100, "m.jsonl", kind, where="line 9")]), now=2.0
+        StepReading(records=[_step_files.StepRecord(100, "m.jsonl", kind, where="line 9")]), now=2.0
     )
     assert update.advanced
     assert tracker.step == 100
@@ -222,21 +226,72 @@ def test_a_step_that_goes_back_is_a_note_and_an_advance() -> None:
 def test_rate_and_eta_from_advances() -> None:
     """Steps per second over the recent advances; the ETA to max_steps at that rate."""
     tracker = StepTracker()
-    kind = _steps.KIND_JSONL
+    kind = _step_files.KIND_JSONL
     for i in range(11):
-        record = _steps.StepRecord(i * 50, "m.jsonl", kind, loss=1.0, max_steps=1_000)
+        record = _step_files.StepRecord(i * 50, "m.jsonl", kind, loss=1.0, max_steps=1_000)
         tracker.observe(StepReading(records=[record]), now=float(i))
     assert tracker.steps_per_second == pytest.approx(50.0)
     assert tracker.eta_seconds() == pytest.approx(10.0)
 
 
+def test_the_rate_is_over_the_last_ten_steps_or_thirty_seconds_whichever_is_shorter() -> None:
+    """A step a second for 20 s, then ten steps in one second: 10 steps/s, not a blend of
+    the last 30 s; a step a minute: the rate over the last two advances."""
+    tracker = StepTracker()
+    kind = _step_files.KIND_JSONL
+    times = [float(i) for i in range(21)] + [20.0 + 0.1 * i for i in range(1, 11)]
+    for step, now in enumerate(times):
+        tracker.observe(StepReading(records=[_step_files.StepRecord(step, "m.jsonl", kind)]), now)
+    assert tracker.steps_per_second == pytest.approx(10.0)
+    slow = StepTracker()
+    for step in range(4):
+        slow.observe(
+            StepReading(records=[_step_files.StepRecord(step, "m.jsonl", kind)]), 60.0 * step
+        )
+    assert slow.steps_per_second == pytest.approx(1 / 60)
+
+
+def test_the_rate_is_zero_once_no_step_came_for_three_median_gaps() -> None:
+    """Steps 0.5 s apart, then none: the rate holds for 1.5 s after the last advance, then is
+    0 (a figure that changed: the step line is written again), and the ETA unknown."""
+    tracker = StepTracker()
+    kind = _step_files.KIND_JSONL
+    for step in range(12):
+        record = _step_files.StepRecord(step, "m.jsonl", kind, max_steps=100)
+        tracker.observe(StepReading(records=[record]), now=0.5 * step)
+    assert tracker.steps_per_second == pytest.approx(2.0)
+    assert not tracker.observe(StepReading(), now=5.5 + 1.4).changed
+    assert tracker.steps_per_second == pytest.approx(2.0)
+    assert tracker.observe(StepReading(), now=5.5 + 1.6).changed
+    assert tracker.steps_per_second == 0.0
+    assert tracker.eta_seconds() is None
+    assert not tracker.observe(StepReading(), now=9.0).changed  # said once
+
+
+def test_a_run_failed_on_a_non_finite_loss_keeps_it_as_its_headline_loss() -> None:
+    """Under --loss-check fail the non-finite loss the run fails on is kept (spelled as
+    Python does) beside the newest finite one; under warn it is not the headline."""
+    kind = _step_files.KIND_JSONL
+    records = [
+        _step_files.StepRecord(14, "m.jsonl", kind, loss=0.5),
+        _step_files.StepRecord(15, "m.jsonl", kind, loss=-math.inf),
+        _step_files.StepRecord(16, "m.jsonl", kind, loss=0.4),
+    ]
+    tracker = StepTracker()
+    tracker.observe(StepReading(records=records), now=1.0)
+    assert tracker.nonfinite_loss == "-inf"
+    warned = StepTracker(loss_check="warn")
+    warned.observe(StepReading(records=records), now=1.0)
+    assert warned.nonfinite_loss is None
+
+
 def test_the_first_non_finite_loss_names_its_step_and_value_once() -> None:
     """NaN and infinities are caught on any record, said once; loss_check=off says nothing."""
-    kind = _steps.KIND_JSONL
+    kind = _step_files.KIND_JSONL
     records = [
-        _steps.StepRecord(29, "m.jsonl", kind, loss=0.5, where="line 30"),
-        _steps.StepRecord(30, "m.jsonl", kind, loss=math.nan, where="line 31"),
-        _steps.StepRecord(31, "m.jsonl", kind, loss=-math.inf, where="line 32"),
+        _step_files.StepRecord(29, "m.jsonl", kind, loss=0.5, where="line 30"),
+        _step_files.StepRecord(30, "m.jsonl", kind, loss=math.nan, where="line 31"),
+        _step_files.StepRecord(31, "m.jsonl", kind, loss=-math.inf, where="line 32"),
     ]
     tracker = StepTracker()
     update = tracker.observe(StepReading(records=records), now=1.0)
@@ -250,17 +305,17 @@ def test_the_first_non_finite_loss_names_its_step_and_value_once() -> None:
 def test_divergence_is_a_warning_once() -> None:
     """The recent median above 2x the run's best median: one warning, the run goes on."""
     tracker = StepTracker()
-    kind = _steps.KIND_JSONL
+    kind = _step_files.KIND_JSONL
     losses = [2.0 - i * 0.05 for i in range(30)] + [5.0] * 10
     warnings = []
     for step, loss in enumerate(losses):
-        record = _steps.StepRecord(step, "m.jsonl", kind, loss=loss)
+        record = _step_files.StepRecord(step, "m.jsonl", kind, loss=loss)
         warnings += tracker.observe(StepReading(records=[record]), now=float(step)).warnings
     assert len(warnings) == 1
     assert warnings[0].startswith("the loss is diverging")
     steady = StepTracker()
     for step in range(200):
-        record = _steps.StepRecord(step, "m.jsonl", kind, loss=1.0 + 0.3 * (step % 7))
+        record = _step_files.StepRecord(step, "m.jsonl", kind, loss=1.0 + 0.3 * (step % 7))
         assert not steady.observe(StepReading(records=[record]), now=float(step)).warnings
 
 
@@ -312,9 +367,9 @@ def test_auto_limit_floor_and_carried_limit() -> None:
 def test_files_that_grow_do_not_hide_a_frozen_step() -> None:
     """With a step source, the deadline is the last advance plus the limit, whatever changes."""
     tracker = ProgressTracker({}, startup_timeout=10.0, stale_after=5.0, steps=StepTracker())
-    kind = _steps.KIND_JSONL
+    kind = _step_files.KIND_JSONL
     assert tracker.stepping() is False
-    frozen = StepReading(records=[_steps.StepRecord(5, "metrics.jsonl", kind)])
+    frozen = StepReading(records=[_step_files.StepRecord(5, "metrics.jsonl", kind)])
     tracker.observe_steps(frozen, now=1.0)
     assert tracker.stepping()
     for t in range(2, 7):
@@ -332,7 +387,9 @@ def test_checkpoint_steps_alone_leave_file_changes_as_the_progress_under_auto() 
     """trainer_state.json moves only at checkpoint saves: under auto the file changes stay
     the progress (a limit set for them must not kill the run between two saves); under
     steps, the checkpoints' steps count."""
-    record = _steps.StepRecord(500, "checkpoint-500/trainer_state.json", _steps.KIND_STATE)
+    record = _step_files.StepRecord(
+        500, "checkpoint-500/trainer_state.json", _step_files.KIND_STATE
+    )
     saved = StepReading(records=[record])
     auto = ProgressTracker({}, startup_timeout=10.0, stale_after=5.0, steps=StepTracker())
     auto.observe_steps(saved, now=1.0)
@@ -414,9 +471,9 @@ def test_the_slowdown_warning_is_judged_on_the_step_rate() -> None:
         t = float(i)
         watch.add_step_rate(t, 50.0 if i < 100 else 10.0)
         # Only what the trends read of each.
-        watch.add_progress(t, cast(ProgressJson, {"changed": 1, "grown_bytes": 100}))
+        watch.add_progress(t, cast(events.ProgressJson, {"changed": 1, "grown_bytes": 100}))
         watch.add_sample(
-            t, cast(SampleJson, {"points": {"tree": {"rss_bytes": 1e6}}, "processes": []})
+            t, cast(events.SampleJson, {"points": {"tree": {"rss_bytes": 1e6}}, "processes": []})
         )
     trends = watch.evaluate(lambda t: None)
     assert trends["progress.steps_per_second"]["verdict"] == "slowing"
@@ -434,7 +491,7 @@ def test_a_stall_on_a_rarely_logged_step_says_what_to_set() -> None:
     its logging interval and what to set; a hang after steady steps says nothing of it."""
     metrics = "metrics.jsonl"
     rare = ProgressTracker({}, startup_timeout=600.0, stale_after=120.0, steps=StepTracker())
-    rare.observe_steps(StepReading(records=[_steps.StepRecord(500, metrics, 1)]), now=60.0)
+    rare.observe_steps(StepReading(records=[_step_files.StepRecord(500, metrics, 1)]), now=60.0)
     broken = rare.verdict(181.0)
     assert broken is not None
     assert broken[0] == "stale_progress"
@@ -442,7 +499,7 @@ def test_a_stall_on_a_rarely_logged_step_says_what_to_set() -> None:
     assert "set --stale-progress above its logging interval, or auto" in broken[1]
     steady = ProgressTracker({}, startup_timeout=600.0, stale_after=120.0, steps=StepTracker())
     for step in range(1, 30):
-        steady.observe_steps(StepReading(records=[_steps.StepRecord(step, metrics, 1)]), step)
+        steady.observe_steps(StepReading(records=[_step_files.StepRecord(step, metrics, 1)]), step)
     broken = steady.verdict(150.0)
     assert broken == (
         "stale_progress",
@@ -472,11 +529,11 @@ def test_a_second_file_with_its_own_counter_does_not_hide_a_frozen_step() -> Non
     over (an eval loop that never ends): not an advance, not a resume, and the run stays at
     step 300."""
     tracker = StepTracker()
-    kind = _steps.KIND_JSONL
+    kind = _step_files.KIND_JSONL
 
     def reading(train: int, *, eval_first: bool = False) -> StepReading:
-        records = [_steps.StepRecord(batch, "eval.jsonl", kind) for batch in range(3)]
-        train_record = _steps.StepRecord(train, "train.jsonl", kind)
+        records = [_step_files.StepRecord(batch, "eval.jsonl", kind) for batch in range(3)]
+        train_record = _step_files.StepRecord(train, "train.jsonl", kind)
         records.insert(len(records) if eval_first else 0, train_record)
         return StepReading(records=records)
 
@@ -494,11 +551,11 @@ def test_a_resume_is_read_in_the_file_that_led_though_another_is_ahead() -> None
     """train.jsonl (which led the run) resumes at 4001 while eval.jsonl last said 5000: a
     resume, the run is back at 4001 (not held at 5000 until train.jsonl passes it)."""
     tracker = StepTracker()
-    kind = _steps.KIND_JSONL
-    tracker.observe(StepReading(records=[_steps.StepRecord(4990, "train.jsonl", kind)]), 1.0)
-    tracker.observe(StepReading(records=[_steps.StepRecord(5000, "eval.jsonl", kind)]), 2.0)
+    kind = _step_files.KIND_JSONL
+    tracker.observe(StepReading(records=[_step_files.StepRecord(4990, "train.jsonl", kind)]), 1.0)
+    tracker.observe(StepReading(records=[_step_files.StepRecord(5000, "eval.jsonl", kind)]), 2.0)
     update = tracker.observe(
-        StepReading(records=[_steps.StepRecord(4001, "train.jsonl", kind)]), now=3.0
+        StepReading(records=[_step_files.StepRecord(4001, "train.jsonl", kind)]), now=3.0
     )
     assert update.advanced
     assert tracker.step == 4001
@@ -531,17 +588,17 @@ def test_noise_of_a_loss_near_zero_is_not_a_divergence() -> None:
     """A loss trained from 2.3 down to 0.002 (a small set memorised) then wobbling between
     0.002 and 0.01: twice its best, but a sliver of what it learned: no warning; a climb back
     to 0.5 is one."""
-    kind = _steps.KIND_JSONL
+    kind = _step_files.KIND_JSONL
     trained = [2.3 * 0.8**i for i in range(35)]  # down to about 0.002
     wobble = [0.002, 0.009, 0.004, 0.01, 0.006] * 20
     tracker = StepTracker()
     warnings = []
     for step, loss in enumerate(trained + wobble):
-        record = _steps.StepRecord(step, "m.jsonl", kind, loss=loss)
+        record = _step_files.StepRecord(step, "m.jsonl", kind, loss=loss)
         warnings += tracker.observe(StepReading(records=[record]), now=float(step)).warnings
     assert warnings == []
     for step in range(len(trained + wobble), len(trained + wobble) + 10):
-        record = _steps.StepRecord(step, "m.jsonl", kind, loss=0.5)
+        record = _step_files.StepRecord(step, "m.jsonl", kind, loss=0.5)
         warnings += tracker.observe(StepReading(records=[record]), now=float(step)).warnings
     assert len(warnings) == 1
     assert warnings[0].startswith("the loss is diverging")
@@ -550,11 +607,11 @@ def test_noise_of_a_loss_near_zero_is_not_a_divergence() -> None:
 def test_a_negative_or_zero_loss_is_no_divergence_and_not_non_finite() -> None:
     """A log-likelihood loss falling from -10 to -500, and a loss of exactly 0.0: no warning,
     no failure, the loss shown as logged."""
-    kind = _steps.KIND_JSONL
+    kind = _step_files.KIND_JSONL
     for losses in ([-10.0 - 5 * i + (i % 3) for i in range(100)], [0.0] * 50):
         tracker = StepTracker()
         for step, loss in enumerate(losses):
-            record = _steps.StepRecord(step, "m.jsonl", kind, loss=loss)
+            record = _step_files.StepRecord(step, "m.jsonl", kind, loss=loss)
             update = tracker.observe(StepReading(records=[record]), now=float(step))
             assert (update.warnings, update.nonfinite) == ([], None)
         assert tracker.loss == losses[-1]
@@ -568,7 +625,7 @@ def test_an_auto_stall_says_the_longest_gap_it_learned_from() -> None:
         {}, startup_timeout=5.0, stale_after=5.0, auto=auto, steps=StepTracker()
     )
     for step in range(40):
-        record = _steps.StepRecord(step, "metrics.jsonl", _steps.KIND_JSONL)
+        record = _step_files.StepRecord(step, "metrics.jsonl", _step_files.KIND_JSONL)
         tracker.observe_steps(StepReading(records=[record]), now=step * 0.5)
     broken = tracker.verdict(19.5 + 10.5)
     assert broken is not None
@@ -577,3 +634,239 @@ def test_an_auto_stall_says_the_longest_gap_it_learned_from() -> None:
         "gaps of at most 0.5 s; a --startup-timeout longer than the run's first checkpoint or "
         "evaluation lets the warm-up see it)"
     )
+
+
+def test_bare_nan_and_inf_tokens_are_read_as_the_non_finite_numbers_they_are(
+    tmp_path: Path,
+) -> None:
+    """f'{{"step": {step}, "loss": {loss}}}' writes a bare nan: read as NaN, not garbage."""
+    lines = [
+        f'{{"step": {i}, "loss": {token}}}'
+        for i, token in enumerate(
+            ["nan", "NaN", "inf", "-inf", "Infinity", "-Infinity", "+inf", "0.5"]
+        )
+    ]
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
+    reader = StepReader(tmp_path)
+    losses = [r.loss for r in read(reader).records]
+    assert reader.garbage() == {}
+    assert all(math.isnan(v or 0.0) for v in losses[:2])
+    assert losses[2:] == [math.inf, -math.inf, math.inf, -math.inf, math.inf, 0.5]
+
+
+def test_lightning_loss_columns_are_losses() -> None:
+    """train_loss_step, *loss_step, train/loss_step and *_loss_epoch carry the loss; an
+    exact loss key comes first, and --loss-key overrides them all."""
+    keys = KeyChoice()
+    for column in ("train_loss_step", "myloss_step", "train/loss_step", "train_loss_epoch"):
+        record = keys.record({"step": "3", column: "nan", "epoch": "0"}, "m.csv", 2, "line 2")
+        assert record is not None
+        assert math.isnan(record.loss if record.loss is not None else 0.0), column
+    record = keys.record({"step": 3, "loss": 1.5, "train_loss_step": 9.0}, "m", 1, "")
+    assert record is not None
+    assert record.loss == 1.5
+    chosen = KeyChoice(loss_key="objective").record({"step": 3, "train_loss_step": 9.0}, "m", 1, "")
+    assert chosen is not None
+    assert chosen.loss is None
+
+
+def test_a_file_rewritten_whole_by_tmp_and_rename_replays_nothing(tmp_path: Path) -> None:
+    """A metrics file rewritten by tmp+rename at each step (its whole history, a falling
+    loss): each read gives only the new steps; no "went back" note, no divergence warning,
+    and the replacement is noted once."""
+    reader, tracker = StepReader(tmp_path), StepTracker()
+    history: list[str] = []
+    notes: list[str] = []
+    for step in range(60):
+        history.append(json.dumps({"step": step, "loss": 10.0 / (step + 1)}))
+        tmp = tmp_path / "metrics.jsonl.tmp"
+        tmp.write_text("\n".join(history) + "\n")
+        os.replace(tmp, tmp_path / "metrics.jsonl")
+        reading = read(reader)
+        assert [r.step for r in reading.records] == [step]
+        update = tracker.observe(reading, now=float(step))
+        assert update.warnings == []
+        notes += update.notes
+    assert len(notes) == 1
+    assert "replaced" in notes[0]
+    assert tracker.step == 59
+
+
+def test_a_csv_rewritten_with_a_new_column_replays_nothing(tmp_path: Path) -> None:
+    """Lightning rewrites metrics.csv whole when a column appears: the rows already read are
+    not read again, and no "a resume from an earlier checkpoint?" note."""
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("epoch,step,train_loss_step\n0,1,2.0\n0,2,1.9\n")
+    reader, tracker = StepReader(tmp_path), StepTracker()
+    tracker.observe(read(reader), now=1.0)
+    csv.write_text("epoch,step,train_loss_step,val_loss\n0,1,2.0,\n0,2,1.9,\n0,3,1.8,1.7\n")
+    reading = read(reader)
+    assert [(r.step, r.loss) for r in reading.records] == [(3, 1.8)]
+    update = tracker.observe(reading, now=2.0)
+    assert not any("went back" in note for note in update.notes)
+    assert (tracker.step, tracker.loss) == (3, 1.8)
+
+
+def test_a_truncated_file_that_restarts_lower_is_still_a_resume(tmp_path: Path) -> None:
+    """A file truncated and written again from an earlier step (a resume that starts its log
+    over): its records are read, and the step goes back."""
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(100, 110)))
+    reader = StepReader(tmp_path)
+    read(reader)
+    metrics.write_text('{"step": 50}\n')
+    assert [r.step for r in read(reader).records] == [50]
+
+
+def test_a_gone_source_frees_its_place_and_the_newest_checkpoint_is_read(tmp_path: Path) -> None:
+    """A Trainer with save_total_limit=2 saving every 2 steps for 80 steps (40 checkpoints):
+    only the highest checkpoint-N is read, a deleted one is forgotten, the step reaches 80."""
+    reader, tracker = StepReader(tmp_path), StepTracker()
+    history: list[dict[str, object]] = []
+    for step in range(2, 81, 2):
+        history += [{"step": s, "loss": 1.0, "grad_norm": 1.0} for s in (step - 1, step)]
+        state = tmp_path / f"checkpoint-{step}" / "trainer_state.json"
+        state.parent.mkdir()
+        state.write_text(json.dumps({"global_step": step, "log_history": history}))
+        if step > 4:
+            shutil.rmtree(tmp_path / f"checkpoint-{step - 4}")
+        update = tracker.observe(read(reader), now=float(step))
+        assert (update.advanced, update.notes) == (True, [])
+        assert len(reader._sources) == 1
+    assert (tracker.step, tracker.source) == (80, "checkpoint-80/trainer_state.json")
+    assert len(tracker._last_by_source) == 1
+
+
+def test_every_rank_file_is_followed_and_the_bound_is_a_warning(tmp_path: Path) -> None:
+    """20 rank files, NaN on the last: read whatever their order; past MAX_SOURCES files, a
+    warning (once), the newest followed; a file deleted frees its place for a waiting one."""
+    for rank in range(20):
+        loss = "NaN" if rank == 19 else "1.0"
+        (tmp_path / f"rank{rank}.jsonl").write_text(f'{{"step": 5, "loss": {loss}}}\n')
+    update = StepTracker().observe(read(StepReader(tmp_path)), now=1.0)
+    assert "rank19.jsonl" in (update.nonfinite or "")
+    assert _steps.MAX_SOURCES >= 256
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(_steps.MAX_SOURCES + 2):
+        path = many / f"shard{i}.jsonl"
+        path.write_text('{"step": 1}\n')
+        os.utime(path, ns=(i * 10**9, i * 10**9))
+    reader = StepReader(many)
+    reading = read(reader)
+    assert len(reading.warnings) == 1
+    assert f"more than {_steps.MAX_SOURCES} step sources" in reading.warnings[0]
+    assert {r.source for r in reading.records}.isdisjoint({"shard0.jsonl", "shard1.jsonl"})
+    (many / "shard8.jsonl").unlink()
+    (many / "shard9.jsonl").unlink()
+    again = read(reader)
+    assert sorted(r.source for r in again.records) == ["shard0.jsonl", "shard1.jsonl"]
+    assert (again.warnings, sorted(again.gone)) == ([], ["shard8.jsonl", "shard9.jsonl"])
+
+
+def test_the_step_is_the_highest_any_source_reached() -> None:
+    """16 prep files that stopped at small steps, then train.jsonl: the step follows
+    train.jsonl as soon as it passes them."""
+    tracker = StepTracker()
+    kind = _step_files.KIND_JSONL
+    prep = [_step_files.StepRecord(3, f"prep/shard{i}.jsonl", kind) for i in range(16)]
+    tracker.observe(StepReading(records=prep), now=1.0)
+    for step in range(10):
+        record = _step_files.StepRecord(step, "train.jsonl", kind, loss=1.0)
+        update = tracker.observe(StepReading(records=[record]), now=2.0 + step)
+        assert update.notes == []
+    assert (tracker.step, tracker.source) == (9, "train.jsonl")
+
+
+def grad_run(norms: list[float], loss_check: LossCheck = "fail") -> tuple[StepTracker, list[str]]:
+    tracker, said = StepTracker(loss_check=loss_check), []
+    for step, norm in enumerate(norms):
+        record = _step_files.StepRecord(
+            step, "s.json", 3, loss=0.0, grad_norm=norm, where=f"[{step}]"
+        )
+        update = tracker.observe(StepReading(records=[record]), now=float(step))
+        said += [update.nonfinite] if update.nonfinite else []
+    return tracker, said
+
+
+def test_a_grad_norm_non_finite_five_logged_steps_in_a_row_is_a_nonfinite_loss() -> None:
+    """A Trainer's NaN filter logs the loss as 0.0 and grad_norm as NaN: the fifth NaN in a
+    row fails, naming the field; isolated ones (fp16 loss scaling) are only counted."""
+    _, said = grad_run([1.0] * 5 + [math.nan] * 20)
+    assert said == [
+        "the grad_norm is NaN at 5 logged steps in a row, steps 5 to 9 (s.json [9]); "
+        "the loss beside it is 0"
+    ]
+    tracker, said = grad_run(([1.0] * 4 + [math.inf]) * 6)
+    assert said == []
+    assert tracker.nonfinite_grad_norms == 6
+    rotating, kind, said = StepTracker(), _step_files.KIND_STATE, []
+    for n in range(2, 14, 2):  # checkpoint-N/, each read for its 2 new entries
+        name = f"checkpoint-{n}/trainer_state.json"
+        norm = 1.0 if n == 2 else math.nan
+        records = [_step_files.StepRecord(s, name, kind, grad_norm=norm) for s in (n - 1, n)]
+        gone = [f"checkpoint-{n - 2}/trainer_state.json"]
+        update = rotating.observe(StepReading(records=records, gone=gone), now=float(n))
+        said += [update.nonfinite] if update.nonfinite else []
+    assert said == [
+        "the grad_norm is NaN at 5 logged steps in a row, steps 3 to 7 "
+        "(checkpoint-8/trainer_state.json )"
+    ]
+
+
+def test_non_finite_grad_norms_before_the_first_finite_one_are_the_start_up_scale_search() -> None:
+    """fp16/DeepSpeed loss scaling skips overflow steps at start-up (grad_norm inf at each,
+    8 in a row): counted, not failed; after a finite one, 5 in a row still fail."""
+    tracker, said = grad_run([math.inf] * 8 + [1.0] * 10)
+    assert (said, tracker.nonfinite_grad_norms, tracker.nonfinite_loss) == ([], 8, None)
+    _, said = grad_run([math.inf] * 8 + [1.0] + [math.nan] * 5)
+    assert said == [
+        "the grad_norm is NaN at 5 logged steps in a row, steps 9 to 13 (s.json [13]); "
+        "the loss beside it is 0"
+    ]
+
+
+def test_a_run_failed_on_its_grad_norm_shows_that_value_as_its_loss() -> None:
+    """The loss beside a failing grad_norm is 0.0 (the NaN filter): the headline is ``loss
+    nan``, not ``loss 0``; under warn the finite loss stays the headline."""
+    tracker, _ = grad_run([1.0] * 5 + [math.nan] * 20)
+    steps = {"nonfinite_loss": tracker.nonfinite_loss, "loss": tracker.loss}
+    assert (tracker.nonfinite_loss, loss_text(steps)) == ("nan", "loss nan")
+    warned, said = grad_run([1.0] * 5 + [math.inf] * 20, loss_check="warn")
+    assert (len(said), warned.nonfinite_loss) == (1, None)
+
+
+def test_any_source_advancing_is_progress_and_a_gone_source_holds_no_step() -> None:
+    """Prep files that logged step 500 while train.jsonl counts from 0: each train step
+    restarts the stale clock; once they are deleted the step is train.jsonl's; a frozen
+    trainer beside them still fails stale_progress."""
+    steps = StepTracker()
+    tracker = ProgressTracker({}, startup_timeout=10.0, stale_after=5.0, steps=steps)
+    kind = _step_files.KIND_JSONL
+    prep = [_step_files.StepRecord(500, f"prep/shard{i}.jsonl", kind) for i in range(3)]
+    tracker.observe_steps(StepReading(records=prep), now=1.0)
+    for step in range(20):
+        record = _step_files.StepRecord(step, "train.jsonl", kind, loss=1.0)
+        assert tracker.observe_steps(StepReading(records=[record]), now=2.0 + step).advanced
+        assert tracker.deadline() == 7.0 + step
+    frozen = tracker.verdict(26.0)  # the trainer frozen at 19, the prep files beside it
+    assert frozen is not None
+    assert frozen[0] == "stale_progress"
+    update = tracker.observe_steps(StepReading(gone=[r.source for r in prep]), now=22.0)
+    assert (update.advanced, update.changed) == (False, True)
+    assert (steps.step, steps.source) == (19, "train.jsonl")
+    record = _step_files.StepRecord(20, "train.jsonl", kind, loss=1.0)
+    assert tracker.observe_steps(StepReading(records=[record]), now=23.0).advanced
+    assert steps.step == 20
+
+
+def test_a_source_that_gives_steps_but_never_a_loss_is_named() -> None:
+    tracker = StepTracker()
+    kind = _step_files.KIND_JSONL
+    records = [
+        _step_files.StepRecord(1, "train.jsonl", kind, loss=1.0),
+        _step_files.StepRecord(1, "eval.jsonl", kind),
+        _step_files.StepRecord(1, "trainer_state.json", 3, where="global_step"),
+    ]
+    tracker.observe(StepReading(records=records), now=1.0)
+    assert tracker.sources_without_loss() == ["eval.jsonl"]

@@ -11,8 +11,9 @@ from typing import cast
 import pytest
 
 from asyncsoak._contract._schema import Artifact
-from asyncsoak._record._artifact import check_artifact
-from asyncsoak._view._summary import SCREEN_LINES, exit_text, summarize
+from asyncsoak._record._artifact_io import check_artifact
+from asyncsoak._view._hints import exit_text
+from asyncsoak._view._summary import SCREEN_LINES, evidence_lines, summarize
 
 from .conftest import asyncsoak_cli
 from .soak_runs import Runs, make_runs
@@ -179,3 +180,24 @@ def test_provenance_says_what_each_probe_found_or_why_not(runs: Runs) -> None:
     assert summarize(cast(Artifact, failed))["provenance"] == {
         "snapshot": "the soak ended before the snapshot was taken"
     }
+
+
+def test_a_path_longer_than_the_line_is_never_broken() -> None:
+    """A checkpoint path wider than the terminal stays whole (a user copies it), on its own
+    line, rather than cut where the width falls."""
+    path = "/tmp/pytest-of-root/pytest-417/popen-gw3/canonical/crash/progress/checkpoint-4"
+    summary = {
+        "status": "failed",
+        "reasons": [{"reason": "nonzero_exit"}],
+        "evidence": {
+            "cause": None,
+            "where": None,
+            "source_line": None,
+            "last_progress": None,
+            "next_steps": [f"Fix the error at train.py:13, then resume from {path}."],
+        },
+    }
+
+    lines = evidence_lines(summary, width=60)
+
+    assert any(line.strip() == f"{path}." for line in lines), lines

@@ -12,16 +12,19 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
 from jsonschema import Draft202012Validator
 
 from asyncsoak import SoakFailureError, run_soak
-from asyncsoak._record._artifact import SCHEMA_VERSIONS, ArtifactBuilder
+from asyncsoak._contract import EventSink, events
+from asyncsoak._record._artifact import SCHEMA_VERSIONS, RunState
+from asyncsoak._supervisor._config import SoakConfig
+from asyncsoak._supervisor._judge import RunJudge
 
-from .conftest import assert_valid, asyncsoak_cli, fast_limits, journal, py
+from .conftest import assert_valid, asyncsoak_cli, asyncsoak_main, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi
 
 MiB = 2**20
@@ -105,7 +108,7 @@ async def test_a_leaking_process_is_named_with_its_slope(
     assert top["first_rss_bytes"] < top["peak_rss_bytes"]
     assert top["peak_rss_bytes"] > 300 * MiB
     # The trends are a fold of the journal: a dead monitor's journal gives the same verdicts.
-    builder = ArtifactBuilder()
+    builder = RunState()
     for event in journal(tmp_path / "out" / "soak.jsonl"):
         builder.add(event)
     rebuilt = builder.build(
@@ -130,33 +133,102 @@ async def test_leak_check_fail_stops_the_tree_as_soon_as_it_is_confident(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.asyncio
-@pytest.mark.parametrize(
-    ("shape", "body"),
-    [
-        (
-            "warm-up ramp that plateaus",
-            "for i in range(8):\n    keep.append(chunk(40)); tick()\ntick(60)\n",
-        ),
-        (
-            "sawtooth that frees what it allocates",
-            "for cycle in range(6):\n"
-            "    for i in range(4):\n        keep.append(chunk(40)); tick()\n"
-            "    keep.clear(); tick(4)\n",
-        ),
-        (
-            "one-time large allocation",
-            "tick(40)\nkeep.append(chunk(400))\ntick(40)\n",
-        ),
-    ],
-)
-async def test_stable_shapes_raise_no_leak(tmp_path: Path, shape: str, body: str) -> None:
-    """What training does without leaking gives no leak warning and no leak verdict."""
+async def test_a_sawtooth_that_frees_what_it_allocates_raises_no_leak(tmp_path: Path) -> None:
+    """Training that frees what it allocates (40 MiB chunks, returned to the kernel for real)
+    gives no leak warning and no leak verdict.  (The warm-up ramp and the one-time allocation
+    are judged on their series: ``test_stable_shapes_replayed_raise_no_leak``.)"""
+    body = (
+        "for cycle in range(6):\n"
+        "    for i in range(4):\n        keep.append(chunk(40)); tick()\n"
+        "    keep.clear(); tick(4)\n"
+    )
     artifact = await soak(command=child(tmp_path, body), **limits(tmp_path))
-    assert memory_warnings(artifact) == [], shape
+    assert memory_warnings(artifact) == []
     pid = artifact["exit"]["pid"]
     verdicts = {k: v["verdict"] for k, v in artifact["trends"].items() if "anon" in k}
-    assert verdicts[f"process.{pid}.anon_bytes"] != "leak", (shape, artifact["trends"])
-    assert "leak" not in verdicts.values(), shape
+    assert verdicts[f"process.{pid}.anon_bytes"] != "leak", artifact["trends"]
+    assert "leak" not in verdicts.values()
+
+
+# -- the judge on recorded series: the rules are pure, no process needed ----------------------
+
+#: The interval of the replays, and how long a child's ``tick()`` takes in the real runs.
+INTERVAL = 0.05
+TICK = 0.055
+PID = 4242
+
+
+class Replay:
+    """A run's samples replayed through the judge as the soak runs it: each event folded in
+    order, the trend rule run on each sample and what it returns folded back, and the trends
+    judged once more at the end (the sink's clock is the replayed event's)."""
+
+    def __init__(self, tmp_path: Path, **settings: Any) -> None:
+        self.cfg = SoakConfig(
+            command=("python",),
+            progress_dir=tmp_path / "progress",
+            output_path=tmp_path / "soak.json",
+            sample_interval_seconds=INTERVAL,
+            **settings,
+        )
+        self.builder = RunState()
+        config = self.cfg.effective()
+        self.builder.add(
+            {"t": 0.0, "kind": "header", "config": config, "started_at": "2026-01-01T00:00:00Z"}
+        )
+        self.t = 0.0
+        self.emitted: list[dict[str, Any]] = []
+        self.judge = RunJudge(self.cfg, self.builder, ended=lambda: False)
+
+    def elapsed(self) -> float:
+        return self.t
+
+    async def emit(self, event: events.Event) -> None:
+        data = dict(events.event_to_json(event))
+        self.emitted.append(data)
+        self.builder.add(data)
+
+    async def sample(self, t: float, anon: int) -> None:
+        """One sample of a tree of one process whose anonymous memory is ``anon``."""
+        self.t = t
+        process = {"pid": PID, "name": "python", "state": "sleeping", "anon_bytes": anon}
+        process["rss_bytes"] = anon + 10 * MiB
+        tree = {"processes": 1, "anon_bytes": anon, "rss_bytes": anon + 10 * MiB, "fds": 5}
+        sample = {"t": t, "kind": "sample", "root_pid": PID, "tree": tree, "processes": [process]}
+        self.builder.add(sample)
+        for event in self.judge.trend_rule(self.builder, cast(events.EventJson, sample)):
+            await self.emit(event)
+
+    async def run(self, memory: list[int]) -> dict[str, Any]:
+        """Replay ``memory`` (MiB of the process, one figure per tick); the artifact."""
+        for i, mib in enumerate(memory):
+            # A little noise, as a real process's pages give.
+            await self.sample(round(i * TICK, 3), mib * MiB + (i % 7) * 64 * 1024)
+        await self.judge.judge_final(cast(EventSink, self))
+        return self.builder.build(status="passed", ended_t=self.t, log_tail="", monitor={})
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("shape", "memory"),
+    [
+        # The real runs' ticks: 8 chunks of 40 MiB then 60 ticks; 40 ticks, 400 MiB, 40 ticks.
+        ("warm-up ramp that plateaus", [30 + 40 * min(i, 8) for i in range(68)]),
+        ("one-time large allocation", [30 + (400 if i >= 40 else 0) for i in range(80)]),
+    ],
+)
+async def test_stable_shapes_replayed_raise_no_leak(
+    tmp_path: Path, shape: str, memory: list[int]
+) -> None:
+    """What training does without leaking gives no leak warning, no leak call and no leak
+    verdict (the sawtooth, which needs memory really given back, runs for real above)."""
+    replay = Replay(tmp_path)
+    artifact = await replay.run(memory)
+    assert memory_warnings(artifact) == [], shape
+    assert [e for e in replay.emitted if e["kind"] == "trend"] == [], shape
+    verdicts = {k: v["verdict"] for k, v in artifact["trends"].items() if "anon" in k}
+    assert f"process.{PID}.anon_bytes" in verdicts, shape
+    assert "leak" not in verdicts.values(), (shape, artifact["trends"])
 
 
 FORKED = """
@@ -258,6 +330,102 @@ async def test_gpu_memory_the_tree_did_not_give_back_is_a_warning(
     else:
         assert len(kept) == 1, artifact["warnings"]
         assert kept[0].startswith(f"GPU 0 still lists pid {pid} (")
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_gpu_readings_stamped_in_whole_seconds_leave_every_soak_judged(
+    tmp_path: Path,
+) -> None:
+    """nvidia-smi stamping its lines in whole seconds, sampled every 0.1 s, the trainer on the
+    GPU: ten iterations share a stamp.  Three 12 s soaks at once all end judged (``passed``),
+    none ``error`` (an estimator's exception at the first evaluation after the warm-up), and
+    the trainer's GPU memory is counted once, not once per iteration sharing a stamp."""
+    results: dict[int, Mapping[str, Any]] = {}
+
+    async def one(n: int) -> None:
+        base = tmp_path / str(n)
+        pid_file = base / "gpu.pid"
+        fake = install_fake_nvidia_smi(base, pid_file=pid_file, whole_seconds=True)
+        body = f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+        body += "end = time.monotonic() + 12\nwhile time.monotonic() < end:\n    tick(pause=0.1)\n"
+        kwargs = fast_limits(base, nvidia_smi=str(fake.path))
+        try:
+            results[n] = await run_soak(command=child(base, body), **kwargs)
+        except SoakFailureError as error:  # the status is asserted below, for all three
+            results[n] = error.artifact
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            for n in range(3):
+                tg.start_soon(one, n)
+    for artifact in results.values():
+        assert artifact["status"] == "passed", artifact["failures"]
+        gpu = artifact["summary"]["gpu_tree"]["tree_gpu_memory_mib"]
+        assert gpu["max"] == 21354
+        assert not any(e["sampler"] == "judge" for e in artifact["events"] if "sampler" in e)
+
+
+#: A trainer writing its step and loss, 40 steps 0.05 s apart.
+STEPS = """
+for step in range(40):
+    with open(progress / "train.jsonl", "a") as f:
+        f.write(f'{{"step": {step}, "loss": 1.0}}\\n')
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("broken", "body", "reason", "sampler"),
+    [
+        ("asyncsoak._analysis._trendwatch.estimate_trend", "tick(40)", None, "judge"),
+        (
+            "asyncsoak._supervisor._judge.budget_breach",
+            "tick(30)\ntime.sleep(30)",
+            "stale_progress",
+            "judge",
+        ),
+        (
+            "asyncsoak._analysis._trendwatch.TrendWatch.activity",
+            "tick(30)\ntime.sleep(30)",
+            "stale_progress",
+            "judge",
+        ),
+        ("asyncsoak._sampling._step_rules.StepTracker._check_loss", STEPS, None, "steps"),
+        ("asyncsoak._sampling._gpu_health.GpuHealthWatch.readings", "tick(40)", None, "gpu"),
+    ],
+)
+async def test_a_rule_or_estimator_that_raises_is_a_note_and_the_run_is_judged(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    broken: str,
+    body: str,
+    reason: str | None,
+    sampler: str,
+) -> None:
+    """An unexpected exception in the trend estimator, the budget rule, a stall's activity, a
+    step rule or the GPU health rules: a sampler note naming it, and the soak judged by
+    everything else (a healthy run passes, a stall still fails)."""
+
+    def raises(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(broken, raises)
+    smi = install_fake_nvidia_smi(tmp_path)
+    kwargs = limits(tmp_path, stale_progress_seconds=1.0, nvidia_smi=str(smi.path))
+    if reason is None:
+        artifact = await soak(command=child(tmp_path, body), **kwargs)
+        assert artifact["status"] == "passed"
+    else:
+        error = await soak_failure(command=child(tmp_path, body), **kwargs)
+        assert error.reason == reason
+        artifact = error.artifact
+    told = artifact["monitor"]["sampler_notes"]
+    notes = [n for n in told if n["sampler"] == sampler and " raised " in n["message"]]
+    assert notes, told
+    assert all("raised RuntimeError: injected" in n["message"] for n in notes)
+    assert len({n["message"] for n in notes}) == len(notes)  # each told once
 
 
 @pytest.mark.slow
@@ -465,7 +633,6 @@ def test_a_crash_shows_on_stderr(tmp_path: Path) -> None:
     ) in result.stderr.splitlines()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "bad",
     [
@@ -482,7 +649,7 @@ def test_a_crash_shows_on_stderr(tmp_path: Path) -> None:
 def test_bad_trend_flags_exit_2_and_launch_nothing(tmp_path: Path, bad: list[str]) -> None:
     marker = tmp_path / "launched"
     argv = py(f"open({str(marker)!r}, 'w')")
-    result = asyncsoak_cli(*run_args(tmp_path, *bad), "--", *argv, cwd=tmp_path)
+    result = asyncsoak_main(*run_args(tmp_path, *bad), "--", *argv, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert bad[0].lstrip("-").split("-")[0] in result.stderr.lower().replace("_", "-")
     assert not marker.exists()
@@ -516,15 +683,11 @@ async def test_bad_trend_keywords_raise_before_anything_starts(
     assert not os.path.exists(tmp_path / "out" / "soak.jsonl")
 
 
-#: Flat for 4 s, a leak of 6 MiB per 50 ms tick for 5 s, then flat for 10 s: a leak the live
-#: judgement calls while it runs, and which has stopped by the end.
-LEAK_THAT_STOPS = (
-    "tick(80)\nfor i in range(100):\n    keep.append(chunk(6)); keep[-1][::4096] = b'x' * 1536"
-    "; tick()\ntick(200)\n"
-)
+#: Flat for 80 ticks (4 s), a leak of 6 MiB per tick for 100 ticks (5 s), then flat for 200
+#: ticks (10 s): a leak the live judgement calls while it runs, and which has stopped by the end.
+LEAK_THAT_STOPS = [30 + 6 * min(max(i - 80, 0), 100) for i in range(380)]
 
 
-@pytest.mark.slow
 @pytest.mark.asyncio
 async def test_a_live_leak_call_that_stopped_is_withdrawn_and_kept_as_a_warning(
     tmp_path: Path,
@@ -532,10 +695,11 @@ async def test_a_live_leak_call_that_stopped_is_withdrawn_and_kept_as_a_warning(
     """One verdict: the live judgement called the leak (the live view said LEAK), then the
     rise stopped and the call was withdrawn (a ``trend`` event, and the series' ``live``
     entry); it was held longer than the transient, so the artifact keeps it as a warning."""
-    artifact = await soak(command=child(tmp_path, LEAK_THAT_STOPS), **limits(tmp_path))
+    replay = Replay(tmp_path)
+    artifact = await replay.run(LEAK_THAT_STOPS)
     assert artifact["status"] == "passed"
-    pid = artifact["exit"]["pid"]
-    series = f"process.{pid}.anon_bytes"
+    assert replay.builder.failures == []
+    series = f"process.{PID}.anon_bytes"
     calls = [e for e in artifact["events"] if e["kind"] == "trend" and e["series"] == series]
     assert [e["verdict"] for e in calls][:1] == ["leak"]
     assert "withdrawn" in [e["verdict"] for e in calls]
@@ -543,8 +707,50 @@ async def test_a_live_leak_call_that_stopped_is_withdrawn_and_kept_as_a_warning(
     assert entry["verdict"] != "leak", entry
     live = entry["live"]
     assert live is not None
-    assert live["first_seen"] < live["withdrawn"]
+    assert 80 * TICK < live["first_seen"] < live["withdrawn"]
     withdrawn = [w for w in artifact["warnings"] if "the rise called a leak" in w]
     assert len(withdrawn) == 1, artifact["warnings"]
-    assert withdrawn[0].startswith(f"memory of pid {pid} (")
+    assert withdrawn[0].startswith(f"memory of pid {PID} (")
     assert "longer than a transient" in withdrawn[0]
+
+
+@pytest.mark.asyncio
+async def test_the_ends_leak_failure_is_handed_to_the_soaks_status(tmp_path: Path) -> None:
+    """Under leak_check="fail", a leak the live judgement never saw (its samples folded
+    without the rule, as when the run ended first) is the end's failure, and judge_final
+    hands its reason back: the soak's status counts it even if its fold comes late."""
+    replay = Replay(tmp_path, leak_check="fail")
+    for i in range(120):
+        replay.t = round(i * TICK, 3)
+        anon = (30 + 4 * i) * MiB
+        process = {"pid": PID, "name": "python", "state": "sleeping", "anon_bytes": anon}
+        tree = {"processes": 1, "anon_bytes": anon, "rss_bytes": anon, "fds": 5}
+        replay.builder.add(
+            {"t": replay.t, "kind": "sample", "root_pid": PID, "tree": tree, "processes": [process]}
+        )
+    assert await replay.judge.judge_final(cast(EventSink, replay)) == ["memory_leak"]
+    assert [f["reason"] for f in replay.builder.failures] == ["memory_leak"]
+
+
+def test_the_budget_rule_fails_the_run_once_on_the_sample_over_budget(tmp_path: Path) -> None:
+    """The budget rule, fed a recorded stream through the run's state: silent within the
+    budget, one ``memory_budget`` failure for the first sample over it, and nothing after
+    (the failure, folded, is the run's end)."""
+    replay = Replay(tmp_path, max_rss_bytes=100 * MiB)
+    found: list[list[dict[str, Any]]] = []
+    for t, anon in ((0.05, 50 * MiB), (0.10, 120 * MiB), (0.15, 130 * MiB)):
+        tree = {"processes": 1, "anon_bytes": anon, "rss_bytes": anon, "fds": 5}
+        sample = {"t": t, "kind": "sample", "root_pid": PID, "tree": tree, "processes": []}
+        replay.builder.add(sample)
+        judged = [
+            dict(events.event_to_json(e)) for e in replay.judge.budget_rule(replay.builder, sample)
+        ]
+        for event in judged:
+            replay.builder.add(event)
+        found.append(judged)
+    assert [len(judged) for judged in found] == [0, 1, 0]
+    [failure] = found[1]
+    assert failure["reason"] == "memory_budget"
+    assert failure["t"] == 0.10
+    assert "above max_rss_bytes" in failure["message"]
+    assert replay.builder.failures[0]["reason"] == "memory_budget"

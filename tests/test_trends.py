@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
+from asyncsoak._analysis._activity import agreeing, describe_activity, tree_verdict
+from asyncsoak._analysis._trendfold import TREE_MEMORY_SERIES
 from asyncsoak._analysis._trends import (
     FLOORS,
     Trend,
@@ -21,9 +24,9 @@ from asyncsoak._analysis._trends import (
     theil_sen,
     windowed_minima,
 )
-from asyncsoak._analysis._trendwatch import TrendWatch
+from asyncsoak._analysis._trendwatch import TrendWatch, memory_not_judged
+from asyncsoak._contract import events
 from asyncsoak._contract._crash import describe_crash, find_exception
-from asyncsoak._contract._events import SampleJson
 from asyncsoak._contract._units import check_size, format_duration, parse_size
 
 from .trend_shapes import BASE, STABLE, GiB, MiB, detection_time, leak, times
@@ -174,6 +177,34 @@ def test_too_few_samples_are_inconclusive() -> None:
     trend = judge([0.0, 1.0, 2.0], [1.0, 2.0, 3.0])
     assert trend.verdict == "inconclusive"
     assert trend.slope_per_hour is None
+
+
+def test_readings_sharing_a_few_times_are_not_judged_never_an_error() -> None:
+    """nvidia-smi stamping whole seconds, sampled every 0.1 s: after the warm-up, 40 readings
+    at two distinct times.  Too few distinct times to judge: ``inconclusive``, never the
+    estimator's ``ValueError`` (which ended such soaks as ``error``)."""
+    t = [100.0] * 20 + [101.0] * 20
+    trend = judge(t, [21354.0 * MiB] * 40, warm_up_seconds=0)
+    assert trend.verdict == "inconclusive"
+    assert trend.slope_per_hour is None
+    assert "distinct" in trend.reason
+    # As the soak folded it: the trainer listed once per iteration sharing the stamp (1 to
+    # 10 times), so its GPU memory track holds runs of one time; judged live at each sample.
+    watch = TrendWatch()
+    watch.configure({"sample_interval_seconds": 0.1})
+    proc = {"pid": 42, "name": "python", "rss_bytes": 10**8, "anon_bytes": 10**8}
+    app = {"pid": 42, "in_tree": True, "gpu_index": 0, "used_gpu_memory_mib": 21354}
+    for i in range(140):
+        watch.add_sample(
+            i / 10, cast(events.SampleJson, {"tree": {"processes": 1}, "processes": [proc]})
+        )
+        gpus: Any = {
+            "gpus": [{"index": 0, "memory_used_mib": 21354}],
+            "processes": [app] * (1 + i % 10),
+        }
+        watch.add_gpu_sample(i / 10 + 0.05, gpus)
+        trends = watch.evaluate(lambda _: None, live=True)
+        assert all(entry["verdict"] != "leak" for entry in trends.values())
 
 
 def test_an_explicit_warm_up_hides_a_long_ramp() -> None:
@@ -337,7 +368,9 @@ def test_nccl_errors_and_a_shells_killed_without_a_traceback() -> None:
     assert find_exception("all good\nbye\n") is None
 
 
-def _torchrun_sample(processes: list[list[int | None]], fds: int, threads: int) -> SampleJson:
+def _torchrun_sample(
+    processes: list[list[int | None]], fds: int, threads: int
+) -> events.SampleJson:
     """A sample event of the recorded torchrun job: its processes and their tree (only what the
     trends read)."""
     sample: dict[str, Any] = {
@@ -361,7 +394,7 @@ def _torchrun_sample(processes: list[list[int | None]], fds: int, threads: int) 
             for pid, anon, rss, count, files in processes
         ],
     }
-    return cast(SampleJson, sample)
+    return cast(events.SampleJson, sample)
 
 
 def test_the_start_up_ramp_of_ranks_born_late_is_no_leak_live() -> None:
@@ -377,3 +410,118 @@ def test_the_start_up_ramp_of_ranks_born_late_is_no_leak_live() -> None:
         trends = watch.evaluate(lambda _: None, live=True)
         calls += [(t, key) for key, entry in trends.items() if entry["verdict"] == "leak"]
     assert calls == []
+
+
+def _leaking_watch(interval: float, duration: float) -> TrendWatch:
+    """The trends of a tree leaking 10 MiB/s, sampled every ``interval`` for ``duration``."""
+    watch = TrendWatch()
+    watch.configure({"sample_interval_seconds": interval})
+    t = 0.0
+    while t <= duration:
+        memory = 64 * MiB + 10 * MiB * t
+        sample = {"tree": {"processes": 1, "anon_bytes": memory, "rss_bytes": memory}}
+        watch.add_sample(t, cast(events.SampleJson, sample))
+        t += interval
+    return watch
+
+
+def test_a_leak_check_that_cannot_judge_says_how_much_memory_grew_and_what_to_change() -> None:
+    """A 40 s run leaking 10 MiB/s at the default 5 s interval has too few samples after the
+    warm-up to be judged: said with how much the judged memory grew after the warm-up and
+    what to change; the same leak sampled every second for 60 s is judged (no such words)."""
+    trends = _leaking_watch(5.0, 40.0).evaluate(lambda _: None)
+    text = memory_not_judged(trends)
+    assert text is not None
+    grown = re.fullmatch(
+        r"the leak check could not judge: memory grew ([\d.]+) MiB after the warm-up in "
+        r"\d+ samples \(12 needed\); shorten --sample-interval or run longer",
+        text,
+    )
+    assert grown is not None, text
+    assert 200 <= float(grown.group(1)) <= 400
+    assert memory_not_judged({}) is not None  # too short a run to sample at all
+    assert memory_not_judged(_leaking_watch(1.0, 60.0).evaluate(lambda _: None)) is None
+
+
+def test_a_leak_check_not_judged_for_another_reason_says_that_reason() -> None:
+    """Samples enough but not to fit a slope to (their times repeat): the words say why, not
+    to shorten the interval or run longer, which would not help."""
+    trends = _leaking_watch(5.0, 40.0).evaluate(lambda _: None)
+    key = next(k for k, _ in TREE_MEMORY_SERIES if k in trends)
+    reason = "too few distinct sample times after the warm-up (3)"
+    text = memory_not_judged({key: {**trends[key], "samples": 40, "reason": reason}})
+    assert text is not None
+    assert text.endswith(f"not judged: {reason}"), text
+    assert "--sample-interval" not in text
+
+
+def test_a_stalls_busy_or_idle_comes_from_enough_samples_and_agrees_with_the_dump() -> None:
+    """Two samples of a sleeping tree, the first taken as it started up (runnable), say
+    nothing of its activity; three (two of the stall) say idle.  A busy verdict that the stack
+    dump contradicts (every process asleep, py-spy's threads idle) is withdrawn, and a running
+    process keeps it."""
+    watch = TrendWatch()
+    watch.configure({"sample_interval_seconds": 1.0})
+    for t, state in enumerate(("running", "sleeping", "sleeping", "sleeping")):
+        process = {"pid": 7, "name": "python", "state": state}
+        sample = {"tree": {"processes": 1, "cpu_percent": 0.2}, "processes": [process]}
+        watch.add_sample(float(t), cast(events.SampleJson, sample))
+        if t == 1:
+            assert watch.activity()["tree"] == "unknown"
+            assert describe_activity(watch.activity()) is None
+    assert watch.activity()["tree"] == "idle"
+    busy = {"tree": "busy", "cpu_percent": 0.2, "running_share": 0.5, "gpus": []}
+    asleep = {"state": "sleeping", "python_stack": {"stack": "Thread 7 (idle)\n"}}
+    assert agreeing(busy, [asleep])["tree"] == "unknown"
+    assert agreeing(busy, [asleep, {"state": "running"}]) == busy
+    assert agreeing(busy, []) == busy
+
+
+@pytest.mark.parametrize(
+    ("cpu", "share", "verdict"),
+    [
+        (25.0, 0.0, "busy"),  # computing
+        (6.0, 1.0, "busy"),  # a spinner starved of cores on a loaded machine
+        (0.4, 0.6, "idle"),  # a waiting trainer's bursts, stretched by a loaded machine
+        (0.3, 1.0, "idle"),  # runnable but given no CPU at all: it computed nothing
+        (5.0, 0.5, "idle"),
+    ],
+)
+def test_a_stalled_trees_verdict_from_its_cpu_and_runnable_share(
+    cpu: float, share: float, verdict: str
+) -> None:
+    assert tree_verdict(cpu, running_share=share) == verdict
+
+
+def test_figures_given_again_fold_as_copies_of_them_do() -> None:
+    """A sleeping process's figures, the same object at every live sample, fold as the
+    copies a journal gives back do: same records, series and floors."""
+    from asyncsoak._analysis._trendfold import TrendFold
+
+    def process(pid: int, rss: int, cpu: float | None) -> dict[str, Any]:
+        return {"pid": pid, "name": "w", "state": "sleeping", "rss_bytes": rss,
+                "anon_bytes": rss // 2, "cpu_percent": cpu, "threads": 1}  # fmt: skip
+
+    asleep = process(2, 8 * MiB, 0.0)
+    # Long enough for the series to halve (200 points), with a GPU figure moving between.
+    steps = [[process(2, 8 * MiB, None)]] + [[asleep]] * 450 + [[process(2, 9 * MiB, 3.0)]]
+    live, replayed = TrendFold(), TrendFold()
+    points = set()
+    for t, processes in enumerate(steps):
+        tree = {"processes": 1, "rss_bytes": 8 * MiB}
+        for fold in (live, replayed):
+            if t in (150, 300):
+                gpu = {"pid": 2, "in_tree": True, "used_gpu_memory_mib": t, "gpu_index": 0}
+                fold.add_gpu_sample(t - 0.5, cast(events.GpuSampleJson, {"processes": [gpu]}))
+        live.add_sample(float(t), cast(events.SampleJson, {"tree": tree, "processes": processes}))
+        copies = [dict(p) for p in processes]
+        replayed.add_sample(float(t), cast(events.SampleJson, {"tree": tree, "processes": copies}))
+        points.add(id(live.processes[2].point))
+    assert live.processes[2].to_json() == replayed.processes[2].to_json()
+    live_rss, replayed_rss = live.processes[2].rss, replayed.processes[2].rss
+    assert live_rss is not None
+    assert replayed_rss is not None
+    assert live_rss.floors.to_json() == replayed_rss.floors.to_json()
+    assert live.processes[2].cpu_count == len(steps) - 1
+    # No point built per sample while asleep: one per change of figures (and of GPU memory).
+    assert len(points) <= 5

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
-import sys
 from enum import StrEnum
 from typing import Any
 
@@ -13,8 +12,7 @@ import pytest
 
 import asyncsoak
 from asyncsoak import read_journal
-from asyncsoak._contract import _schema
-from asyncsoak._contract._events import Event
+from asyncsoak._contract import _schema, _schema_snapshot, _schema_tree, events
 from asyncsoak._contract._vocabulary import (
     EventKind,
     FailureReason,
@@ -22,7 +20,7 @@ from asyncsoak._contract._vocabulary import (
     SoakStatus,
     StopCause,
 )
-from asyncsoak._record._artifact import load_schema
+from asyncsoak._record._artifact_io import load_schema
 
 from .soak_runs import Runs, make_runs
 
@@ -78,19 +76,17 @@ def test_stop_cause_null_means_no_stop_sequence() -> None:
     assert extra == [None]
 
 
-def _event_classes() -> set[type[Event]]:
+def _event_classes() -> set[type[events.Event]]:
     # Every module, so an event class defined anywhere in the package is found.
     for info in pkgutil.walk_packages(asyncsoak.__path__, prefix="asyncsoak."):
         if not info.name.endswith("__main__"):
             importlib.import_module(info.name)
-    found: set[type[Event]] = set()
-    todo = list(Event.__subclasses__())
+    found: set[type[events.Event]] = set()
+    todo = list(events.Event.__subclasses__())
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())
-        # A slotted dataclass replaces the class it decorates: the module holds the real one.
-        if getattr(sys.modules[cls.__module__], cls.__qualname__, None) is cls:
-            found.add(cls)
+        found.add(cls)
     return found
 
 
@@ -134,17 +130,17 @@ def test_real_journals_hold_only_known_kinds_and_statuses(runs: Runs) -> None:
         (_schema.Artifact, ()),
         (_schema.Failure, ("properties", "failures", "items")),
         (_schema.Exit, ("properties", "exit")),
-        (_schema.ExceptionInfo, ("properties", "exit", "properties", "exception", "anyOf", 1)),
+        (_schema.ExceptionInfo, ("properties", "exit", "properties", "exception")),
         (_schema.Config, ("properties", "config")),
         (_schema.Trend, ("properties", "trends", "additionalProperties")),
-        (_schema.ProcessEntry, ("properties", "processes", "items")),
+        (_schema_tree.ProcessEntry, ("properties", "processes", "items")),
         (_schema.Progress, ("properties", "progress")),
         (_schema.Stop, ("properties", "stop")),
         (_schema.Log, ("properties", "log")),
         (_schema.Monitor, ("properties", "monitor")),
-        (_schema.OomKillEntry, ("properties", "oom_kills", "items")),
-        (_schema.ProcessRecord, ("$defs", "process")),
-        (_schema.SnapshotSection, ("properties", "snapshot")),
+        (_schema_tree.OomKillEntry, ("properties", "oom_kills", "items")),
+        (_schema_tree.ProcessRecord, ("$defs", "process")),
+        (_schema_snapshot.SnapshotSection, ("properties", "snapshot")),
     ],
 )
 def test_typed_sections_require_what_the_schema_requires(

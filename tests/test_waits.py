@@ -14,6 +14,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -28,19 +29,21 @@ import psutil
 import pytest
 from aiofiles.threadpool.binary import AsyncFileIO
 
-from asyncsoak import SoakFailureError, read_journal, run_soak
+import asyncsoak._sampling
+from asyncsoak import SoakControl, SoakFailureError, ValidationError, read_journal, run_soak
 from asyncsoak._contract import _blocking
 from asyncsoak._contract._sink import EventSink
 from asyncsoak._process import _cgroup, _forensics, _tree
-from asyncsoak._process._spawn import REAPER_MODULE
-from asyncsoak._record import _artifact, _serializer
-from asyncsoak._sampling import _proc_sampler, _watchdog
-from asyncsoak._sampling._gpu_sampler import GpuSample
+from asyncsoak._process._spawn import REAPER_SCRIPT, REAPER_START
+from asyncsoak._record import _artifact_io, _serializer
+from asyncsoak._sampling import _proc_sampler, _proc_task, _progress_scan
+from asyncsoak._sampling._gpu_sample import GpuSample
 from asyncsoak._sampling._inotify import Inotify
 from asyncsoak._sampling._nvidia_smi import GpuProcess
-from asyncsoak._supervisor import _finish, _soak
+from asyncsoak._supervisor import _command, _finish, _outputs, _producers
 
 from .conftest import REPO, ReadyFifo, alive, fast_limits
+from .gpu_support import install_fake_nvidia_smi
 from .test_soak import child
 
 
@@ -71,7 +74,7 @@ def drain(read_end: int) -> None:
 def hung_journal(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     """The soak's journal descriptor becomes a full pipe; yields the pipe's read end."""
     read_end, write_end = full_pipe()
-    real = _artifact.create_private_file
+    real = _artifact_io.create_private_file
 
     def create(path: Path) -> int:
         fd = real(path)
@@ -79,7 +82,7 @@ def hung_journal(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
             os.dup2(write_end, fd)
         return fd
 
-    monkeypatch.setattr(_soak, "create_private_file", create)
+    monkeypatch.setattr(_outputs, "create_private_file", create)
     monkeypatch.setattr(_serializer, "JOURNAL_WRITE_TIMEOUT_SECONDS", 0.5)
     yield read_end
     drain(read_end)
@@ -149,11 +152,13 @@ async def test_a_nan_in_a_sample_still_gives_an_artifact(
         nan = GpuProcess(pid=1, used_gpu_memory_mib=float("nan"), in_tree=True)
         await sink.emit(GpuSample(t=sink.elapsed(), gpus=[], processes=[nan], source="call"))
 
-    monkeypatch.setattr(_soak, "run_gpu_sampler", nan_gpu)
+    monkeypatch.setattr(asyncsoak._sampling, "run_gpu_sampler", nan_gpu)
+    # An nvidia-smi to find: the GPU sampler starts only where there is one.
+    smi = str(install_fake_nvidia_smi(tmp_path, "idle").path)
     output = tmp_path / "out" / "soak.json"
     with anyio.fail_after(60):
         artifact = await run_soak(
-            command=quick_child(tmp_path), **fast_limits(tmp_path, nvidia_smi="nvidia-smi")
+            command=quick_child(tmp_path), **fast_limits(tmp_path, nvidia_smi=smi)
         )
     assert artifact["status"] == "passed"
     assert artifact["monitor"]["events_with_nonfinite_numbers"] == 1
@@ -190,15 +195,15 @@ def test_a_hung_journal_write_does_not_keep_the_process_alive(tmp_path: Path) ->
         from pathlib import Path
         from asyncsoak import run_soak
         from asyncsoak._record import _serializer
-        from asyncsoak._supervisor import _soak
+        from asyncsoak._supervisor import _outputs
         _serializer.JOURNAL_WRITE_TIMEOUT_SECONDS = 0.5
-        real = _soak.create_private_file
+        real = _outputs.create_private_file
         def create(path):
             fd = real(path)
             if path.suffix == ".jsonl":
                 os.dup2({write_end}, fd)
             return fd
-        _soak.create_private_file = create
+        _outputs.create_private_file = create
         tmp = Path({str(tmp_path)!r})
         command = {json.dumps(quick_child(tmp_path))}
         async def main():
@@ -344,7 +349,9 @@ async def test_a_hung_baseline_scan_gives_way_to_the_callers_cancel(
 ) -> None:
     """Item 8: the first scan of the progress dir hangs; the caller's move_on_after(1) gets
     control back at once, with a cancelled artifact."""
-    monkeypatch.setattr(_soak, "scan_progress_dir", blocked(stuck, _watchdog.scan_progress_dir))
+    monkeypatch.setattr(
+        _producers, "scan_progress_dir", blocked(stuck, _progress_scan.scan_progress_dir)
+    )
     kwargs = fast_limits(tmp_path)
     with anyio.fail_after(60), anyio.move_on_after(1):
         await run_soak(command=quick_child(tmp_path), **kwargs)
@@ -359,7 +366,7 @@ async def test_a_hung_artifact_write_gives_way_to_the_callers_cancel(
 ) -> None:
     """Item 8: the artifact write hangs (a dead disk): the caller still gets control back
     within the write bound, and without a caller's cancel it is an OSError naming the path."""
-    monkeypatch.setattr(_finish, "write_artifact", blocked(stuck, _artifact.write_artifact))
+    monkeypatch.setattr(_finish, "write_artifact", blocked(stuck, _artifact_io.write_artifact))
     monkeypatch.setattr(_finish, "ARTIFACT_WRITE_TIMEOUT_SECONDS", 1.0)
     sleeper = child(tmp_path, "touch()\ntime.sleep(60)")
     with anyio.fail_after(60), anyio.move_on_after(1):
@@ -450,7 +457,7 @@ async def test_the_reapers_death_is_noticed_at_once(
         probe.remove()
     elif membership == "cgroup":
         pytest.skip("no cgroup can be made here (needs cgroup v2 delegation, or root on v1)")
-    monkeypatch.setattr(_soak, "USE_CGROUP", membership == "cgroup")
+    monkeypatch.setattr(_command, "USE_CGROUP", membership == "cgroup")
     kwargs = fast_limits(tmp_path, startup_timeout_seconds=30, stale_progress_seconds=30)
     with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
         await run_soak(command=child(tmp_path, KILLS_ITS_REAPER, ready), **kwargs)
@@ -528,6 +535,82 @@ anyio.run(lambda: run_soak(
 """
 
 
+@pytest.mark.asyncio
+async def test_a_reaper_launched_ahead_is_the_soaks_and_is_handed_the_log(tmp_path: Path) -> None:
+    """The command line launches the reaper before the supervisor's imports; the soak takes it,
+    and the log's descriptor follows the command over its lifeline (a socket).  A soak refused
+    before it began leaves the one launched for it to be closed."""
+    (tmp_path / "progress").mkdir()
+    control = SoakControl()
+    await control._launch_reaper("group")
+    ahead = control._reaper
+    assert ahead is not None
+    assert ahead.reaper_pid is not None
+    with anyio.fail_after(60):
+        artifact = await run_soak(
+            command=[sys.executable, "-c", "print('to the log')"],
+            control=control,
+            **fast_limits(tmp_path),
+        )
+    assert artifact["monitor"]["reaper_pid"] == ahead.reaper_pid
+    assert "to the log" in (tmp_path / "out" / "soak.log").read_text()
+    refused = SoakControl()
+    await refused._launch_reaper("group")
+    pid = refused._reaper.reaper_pid if refused._reaper else None
+    with pytest.raises(ValidationError):
+        await run_soak(
+            command=["true"], control=refused, **fast_limits(tmp_path, warm_up_seconds=-1)
+        )
+    await refused._drop_reaper()
+    assert pid is not None
+    assert not alive(pid)
+
+
+def test_a_reaper_whose_monitor_died_before_it_read_never_starts_the_command(
+    tmp_path: Path,
+) -> None:
+    """The monitor sends the command (and the log over the socket) and dies before the reaper,
+    launched ahead, has read it: the command never starts (a queue may already have handed the
+    job to another worker, whose orphan check could not see a log still in flight)."""
+    marker, log = tmp_path / "ran", tmp_path / "soak.log"
+    mine, theirs = socket.socketpair()
+    reaper = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", REAPER_START, REAPER_SCRIPT],
+        stdin=theirs.fileno(),
+        stdout=subprocess.DEVNULL,
+    )
+    theirs.close()
+    config = {
+        "argv": [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"],
+        "cwd": str(tmp_path), "env": dict(os.environ), "stdin_fd": None,
+        "log_max_bytes": 2**20, "stop_mode": "group", "grace_seconds": 1.0,
+    }  # fmt: skip
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT, 0o600)
+    socket.send_fds(mine, [json.dumps(config).encode() + b"\n"], [fd])
+    os.close(fd)
+    mine.close()  # before the reaper's interpreter has started reading
+    assert reaper.wait(timeout=30) == 2
+    assert not marker.exists()
+
+
+def test_the_reaper_starts_as_a_lean_interpreter() -> None:
+    """The reaper runs by path without site-packages (-I -S) and imports none of asyncsoak,
+    anyio, psutil, typing or pathlib: its start is the short wait before every command runs.
+    Without its configuration (the lifeline closed at once) it exits 2."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-I", "-S", "-c", REAPER_START, REAPER_SCRIPT],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert done.returncode == 2, done.stderr
+    assert {"json", "_reaper"} <= imported  # the script imported: its byte code cached
+    forbidden = {"asyncsoak", "anyio", "psutil", "site", "typing", "pathlib"}
+    assert not {name.split(".")[0] for name in imported} & forbidden
+
+
 @pytest.mark.slow
 def test_the_reaper_waits_the_soaks_kill_wait_after_its_sigkill(
     tmp_path: Path, ready: ReadyFifo
@@ -549,7 +632,7 @@ def test_the_reaper_waits_the_soaks_kill_wait_after_its_sigkill(
     fds: list[int] = []
     try:
         reaper = psutil.Process(command).ppid()
-        assert REAPER_MODULE in psutil.Process(reaper).cmdline()
+        assert REAPER_SCRIPT in psutil.Process(reaper).cmdline()
         if libc.ptrace(PTRACE_SEIZE, command, None, None) != 0:
             pytest.skip(f"ptrace is not permitted here: {os.strerror(ctypes.get_errno())}")
         traced = True
@@ -584,7 +667,9 @@ async def test_a_scan_that_never_comes_back_fails_the_stall_on_time(
     """Every scan of the progress dir hangs (a dead mount): the stall rules are judged on
     their own clock, so the soak stops the trainer and fails, saying why, instead of passing
     when the trainer exits 0 after a stall longer than the limit."""
-    monkeypatch.setattr(_watchdog, "scan_progress_dir", blocked(stuck, _watchdog.scan_progress_dir))
+    monkeypatch.setattr(
+        _progress_scan, "scan_progress_dir", blocked(stuck, _progress_scan.scan_progress_dir)
+    )
     progress = tmp_path / "progress"
     progress.mkdir()
     kwargs = fast_limits(
@@ -609,11 +694,11 @@ async def test_a_sampler_that_cannot_read_fails_the_soak_closed(
 ) -> None:
     """Every read of /proc hangs: the sampler says it is degraded, then the soak fails
     ``monitor_error`` (status ``error``) instead of passing a run it never saw; the hung
-    reads hold a bounded number of the ticker's threads."""
+    reads hold a bounded number of threads."""
     monkeypatch.setattr(
         _proc_sampler.ProcSampler, "read", blocked(stuck, _proc_sampler.ProcSampler.read)
     )
-    monkeypatch.setattr(_proc_sampler, "BLIND_SECONDS", 1.0)
+    monkeypatch.setattr(_proc_task, "BLIND_SECONDS", 1.0)
     progress = tmp_path / "progress"
     progress.mkdir()
     command = [
@@ -628,7 +713,7 @@ async def test_a_sampler_that_cannot_read_fails_the_soak_closed(
     with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
         await run_soak(command=command, **kwargs)
     tickers = [
-        t for t in set(threading.enumerate()) - threads_before if t.name == "asyncsoak-ticker"
+        t for t in set(threading.enumerate()) - threads_before if t.name == "asyncsoak-blocking"
     ]
     artifact = info.value.artifact
     assert info.value.reason == "monitor_error"
@@ -637,4 +722,4 @@ async def test_a_sampler_that_cannot_read_fails_the_soak_closed(
     kinds = [e["kind"] for e in artifact["events"]]
     assert kinds.index("sampler_degraded") < kinds.index("failure")
     assert artifact["stop"]["cause"] == "failure"
-    assert len(tickers) <= _blocking.MAX_TICKER_THREADS
+    assert len(tickers) <= _blocking.MAX_THREADS

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from asyncsoak._view._live import FINAL_VERDICT_ROWS
+from asyncsoak._view._live_line import FINAL_VERDICT_ROWS
 
 from .conftest import CLI_ENV, ReadyFifo, asyncsoak_cli, py
-from .soak_runs import killed_monitor_journal, run_args
+from .soak_runs import killed_monitor_journal, run_args, stalled_soak
 
 LEAK_TREND = {"verdict": "leak", "slope_per_hour": 54 * 2**30, "growth": 2**30}
 #: Makes progress, says "ready", goes on making progress until the ``end`` file exists.
@@ -140,7 +140,7 @@ def test_the_full_screen_fits_the_terminal_and_shows_what_matters(tmp_path: Path
     their trends, GPUs, and the log's last lines (as many as fit), never taller than 30."""
     from rich.console import Console
 
-    from asyncsoak._view._live import LiveState
+    from asyncsoak._view._live_state import LiveState
     from asyncsoak._view._screen import render_screen
 
     from .soak_runs import sample_lines
@@ -278,7 +278,8 @@ def test_the_full_screens_last_frame_leaves_room_for_the_verdict(
     screen instead of being scrolled off."""
     import io
 
-    from asyncsoak._view._live import LiveState, RichView
+    from asyncsoak._view._live import RichView
+    from asyncsoak._view._live_state import LiveState
 
     monkeypatch.setenv("COLUMNS", "100")
     monkeypatch.setenv("LINES", "30")
@@ -304,12 +305,82 @@ def test_the_full_screens_last_frame_leaves_room_for_the_verdict(
 
 
 @pytest.mark.skipif(importlib.util.find_spec("rich") is None, reason="needs the live extra")
+def test_the_full_screen_shows_the_trainings_step_loss_and_rate() -> None:
+    """A run whose trainer writes steps: the full screen says its step, rate and loss, as
+    the line does, running and in its last frame (a NaN as ``loss nan``)."""
+    from rich.console import Console
+
+    from asyncsoak._view._live_state import LiveState
+    from asyncsoak._view._screen import render_screen
+
+    state = LiveState()
+    header = {"t": 0, "kind": "header", "started_at": "2026-01-01T00:00:00Z", "config": {}}
+    step = {"kind": "step", "source": "m.jsonl", "source_kind": "jsonl", "gap_seconds": 0.1}
+    for event in [
+        header,
+        {"t": 0.1, "kind": "started", "pid": 1},
+        *({"t": 1.0 + i, **step, "step": 10 * i, "loss": 2.5 - i / 10} for i in range(5)),
+    ]:
+        state.add(event)
+    started = state.started_at
+    assert started is not None
+
+    def screen() -> str:
+        console = Console(record=True, width=100, height=30, color_system=None)
+        console.print(render_screen(state.status(started + 5.0), 100, 30))
+        return console.export_text()
+
+    running = screen()
+    assert "step 40" in running, running
+    assert "loss 2.1" in running, running
+    state.add({"t": 5.5, **step, "step": 50, "loss": None, "nonfinite_loss": "nan"})
+    state.add({"t": 6.0, "kind": "finished", "status": "failed"})
+    assert "loss nan" in screen(), screen()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rich") is None, reason="needs the live extra")
+def test_the_full_screen_counts_down_to_the_nearest_deadline_then_ends_with_the_reason() -> None:
+    """With ``--expect-every`` due before the stale limit, the full screen says the deadline
+    as the line does; its last frame starts with the verdict and the failure's reason."""
+    from rich.console import Console
+
+    from asyncsoak._view._live_state import LiveState
+    from asyncsoak._view._screen import render_screen
+
+    state = LiveState()
+    config = {"stale_progress_seconds": 120.0, "expect_every": {"checkpoint-*": 62.0}}
+    step = {"kind": "step", "source": "m.jsonl", "source_kind": "jsonl", "gap_seconds": 0.1}
+    for event in [
+        {"t": 0, "kind": "header", "started_at": "2026-01-01T00:00:00Z", "config": config},
+        {"t": 0.1, "kind": "started", "pid": 1},
+        {"t": 1.0, **step, "step": 1, "loss": 2.0},
+    ]:
+        state.add(event)
+    started = state.started_at
+    assert started is not None
+
+    def screen() -> list[str]:
+        console = Console(record=True, width=100, height=30, color_system=None)
+        console.print(render_screen(state.status(started + 1.0), 100, 30))
+        return [row.rstrip() for row in console.export_text().splitlines()]
+
+    assert "deadline  checkpoint-* due in 1m02s" in screen(), screen()
+    at = "2026-01-01T00:01:04Z"
+    state.add({"t": 64.0, "kind": "failure", "reason": "overdue", "message": "late", "at": at})
+    state.add({"t": 65.0, "kind": "finished", "status": "failed"})
+    last = screen()
+    assert "finished: failed (overdue)" in last[0], last
+    assert not any(row.startswith("deadline") for row in last), last
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rich") is None, reason="needs the live extra")
 def test_the_full_screen_at_its_narrowest_keeps_its_row_labels_whole() -> None:
     """At 60 columns (the narrowest the full screen takes), a long stall row is cut at its
     end, never the row's label (``prog…``)."""
     from rich.console import Console
 
-    from asyncsoak._view._live import SCREEN_MIN_COLUMNS, LiveState
+    from asyncsoak._view._live import SCREEN_MIN_COLUMNS
+    from asyncsoak._view._live_state import LiveState
     from asyncsoak._view._screen import render_screen
 
     state = LiveState()
@@ -327,3 +398,16 @@ def test_the_full_screen_at_its_narrowest_keeps_its_row_labels_whole() -> None:
     rows = console.export_text().splitlines()
     assert any(row.startswith("progress  40 changes") for row in rows), rows
     assert any(row.startswith("stall ") for row in rows), rows
+
+
+@pytest.mark.slow
+def test_watchs_last_line_of_a_failed_run_names_its_reason(tmp_path: Path) -> None:
+    """The verdict ``watch`` ends with says why the run failed, not only that it did."""
+    artifact = stalled_soak(tmp_path / "stalled")
+    followed = asyncsoak_cli("watch", str(artifact.with_suffix(".jsonl")), cwd=tmp_path)
+    assert followed.returncode == 1, followed.stderr
+    last = followed.stdout.splitlines()[-1]
+    assert last == (
+        "asyncsoak: FAILED: The training stopped making progress (stale_progress); "
+        f"artifact: {artifact}"
+    )

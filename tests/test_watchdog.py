@@ -16,14 +16,9 @@ import pytest
 
 from asyncsoak import SoakFailureError, run_soak
 from asyncsoak._contract._sink import SoakClock
-from asyncsoak._sampling import _watchdog
-from asyncsoak._sampling._watchdog import (
-    MTIME_LATENESS_SECONDS,
-    FileState,
-    ProgressTracker,
-    changed_at,
-    scan_progress_dir,
-)
+from asyncsoak._sampling import _progress_scan, _watchdog
+from asyncsoak._sampling._progress_rules import MTIME_LATENESS_SECONDS, ProgressTracker, changed_at
+from asyncsoak._sampling._progress_scan import FileState, scan_progress_dir
 
 
 def state(size: int, mtime_ns: int = 0, ino: int = 1) -> FileState:
@@ -197,13 +192,13 @@ async def test_a_huge_tree_is_scanned_whole_rarely_yet_progress_and_stalls_are_o
     # more of CPU: full scans 5 s apart or more, against 0.5 s intervals).
     monkeypatch.setattr(_watchdog, "SCAN_CPU_SHARE", 0.002)
     scans: list[float] = []
-    real_scan = _watchdog.scan_progress_dir
+    real_scan = _progress_scan.scan_progress_dir
 
-    def counted_scan(*args: Any, **kwargs: Any) -> _watchdog.ScanResult:
+    def counted_scan(*args: Any, **kwargs: Any) -> _progress_scan.ScanResult:
         scans.append(time.monotonic())
         return real_scan(*args, **kwargs)
 
-    monkeypatch.setattr(_watchdog, "scan_progress_dir", counted_scan)
+    monkeypatch.setattr(_progress_scan, "scan_progress_dir", counted_scan)
     progress = tmp_path / "progress"
     for a in range(20):
         directory = progress / f"a{a}"

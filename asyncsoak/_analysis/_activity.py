@@ -1,27 +1,10 @@
 """What a stalled run was doing: one verdict, read by the stall's headline, the summary's hints
 and the report's advice alike, so they never disagree.
 
-Pure functions of the figures (the tree's CPU as a percent of one core, its processes in
-uninterruptible sleep, each GPU's utilisation and power): callers choose the figures (the last
-samples before the rule fired, or the stall window of a finished artifact), never the thresholds.
-
-The tree: ``busy`` from :data:`BUSY_CPU_PERCENT` of one core, or when a process of it was
-running or runnable (``R``) in at least :data:`RUNNING_SHARE` of the samples; else ``idle``
-(waiting: a deadlock, a hung collective, blocked I/O); ``uninterruptible`` when a process sleeps
-in ``D`` state.  A waiting Python trainer still spends a few percent in its helper threads (data
-loader, NCCL's watchdog, heartbeats) while its processes sleep; a spinning one on a loaded
-machine may get a small share of a core, but it is always runnable.
-
-The verdict is taken once, when the stall's rule fires, and recorded with the failure
-(``failures[].activity``): the views read it there, and judge the series themselves only for
-artifacts written before it was recorded.
-
-A GPU: ``idle`` below :data:`GPU_BUSY_PERCENT` utilisation; ``busy`` above; ``spinning`` at
-:data:`GPU_FULL_PERCENT` or more while drawing at most :data:`LOW_POWER_RATIO` of its power
-limit.  Utilisation only says that a kernel was resident; a GPU doing real work at full
-utilisation draws most of its power, so full utilisation at low power with no progress is the
-signature of a hung collective (NCCL kernels polling for a peer that never comes) or a spinning
-kernel.
+Pure functions of the figures (the tree's CPU, its processes in uninterruptible sleep, each GPU's
+utilisation and power); callers choose the figures, never the thresholds.  The verdict is taken
+once, when the stall's rule fires, and recorded in ``failures[].activity``.  What each verdict
+means is in docs/architecture.md ("What a stall was doing").
 """
 
 from __future__ import annotations
@@ -32,8 +15,12 @@ from typing import Any
 
 #: Tree CPU (percent of one core) from which a stalled tree is busy, below which it is idle.
 BUSY_CPU_PERCENT = 20.0
-#: The share of samples with a process of the tree running or runnable that makes it busy.
-RUNNING_SHARE = 0.5
+#: The share of samples with a process of the tree running or runnable that makes it busy
+#: however small its CPU (a spinner starved of cores is runnable in nearly every sample; a
+#: waiting trainer's short bursts, stretched on a loaded machine, in fewer)...
+RUNNING_SHARE = 0.8
+#: ...given at least this CPU (percent of one core): a tree that got none computed nothing.
+RUNNING_CPU_PERCENT = 1.0
 #: GPU utilisation (percent) from which a GPU is working.
 GPU_BUSY_PERCENT = 10.0
 #: Utilisation (percent) from which a GPU counts as fully busy...
@@ -54,7 +41,8 @@ def tree_verdict(
         return "unknown"
     if cpu_percent >= BUSY_CPU_PERCENT:
         return "busy"
-    return "busy" if running_share is not None and running_share >= RUNNING_SHARE else "idle"
+    spinning = running_share is not None and running_share >= RUNNING_SHARE
+    return "busy" if spinning and cpu_percent >= RUNNING_CPU_PERCENT else "idle"
 
 
 def describe_tree(
@@ -191,13 +179,29 @@ def recorded_gpus(activity: Mapping[str, Any]) -> list[GpuActivity]:
     ]
 
 
-def describe_activity(activity: Mapping[str, Any]) -> str:
-    """A recorded ``activity`` as the stall's headline says it."""
+def describe_activity(activity: Mapping[str, Any]) -> str | None:
+    """A recorded ``activity`` as the stall's headline says it; None when nothing is known
+    (too few samples, or a verdict the stack dump contradicted, and no GPU figures)."""
+    gpus = describe_gpus(recorded_gpus(activity))
+    if activity.get("tree") == "unknown":
+        return None if gpus is None else f"of unknown activity; its GPUs: {gpus}"
     text = describe_tree(
         activity.get("cpu_percent"),
         activity.get("uninterruptible") or (),
         activity.get("running_share"),
         cpu_of=str(activity.get("cpu_of") or "tree"),
     )
-    gpus = describe_gpus(recorded_gpus(activity))
     return text if gpus is None else f"{text}; its GPUs: {gpus}"
+
+
+def agreeing(activity: dict[str, Any], processes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``activity`` with a ``busy`` verdict withdrawn (``unknown``) when the stack dump taken
+    as the rule fired found every process asleep (none running, py-spy's threads all idle):
+    the headline never calls busy a tree whose cause line says idle."""
+    if activity.get("tree") != "busy" or not processes:
+        return activity
+    for process in processes:
+        stack = str((process.get("python_stack") or {}).get("stack") or "")
+        if process.get("state") == "running" or "(active" in stack:
+            return activity
+    return {**activity, "tree": "unknown"}

@@ -1,9 +1,5 @@
-"""Each GPU's health over a run, folded from the journal: the artifact's ``gpu_health``.
-
-Folded from ``gpu_sample`` events (counts at the start and end, the PCIe link, clock event
-reasons) and ``gpu_fault`` events (Xid errors and the other faults), so an artifact rebuilt by
-``asyncsoak recover`` has it too.  Bounded: the throttle timeline keeps a fixed number of
-buckets, and a GPU keeps its first :data:`MAX_FAULTS` faults.
+"""Each GPU's health over a run, folded from ``gpu_sample`` and ``gpu_fault`` events: the
+artifact's ``gpu_health`` (so ``recover`` rebuilds it too), in bounded memory.
 """
 
 from __future__ import annotations
@@ -12,12 +8,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Clock event reasons that mean the hardware or the heat held the GPU back: more than
-#: :data:`THROTTLE_WARN_SHARE` of a run's samples is a warning, slowdown or not.
+#: Clock event reasons that mean the hardware or the heat held the GPU back.
 HARMFUL_THROTTLE = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown")
 #: Reasons that say nothing about being held back.
 QUIET_THROTTLE = frozenset({"gpu_idle"})
-#: The share of a run's samples above which HW slowdown or thermal throttling is a warning.
+#: The share of a run's samples above which a harmful throttle is a warning.
 THROTTLE_WARN_SHARE = 0.10
 #: Faults kept per GPU (the journal holds them all).
 MAX_FAULTS = 100
@@ -36,17 +31,21 @@ class ThrottleTimeline:
     """Clock event reasons over time, in buckets that widen as the run grows."""
 
     def __init__(self, width: float = 1.0) -> None:
-        self._width = width
+        self.width = width
         self._buckets: list[_Bucket] = []
         self.samples = 0
         self.totals: dict[str, int] = {}
+        self._first_t: float | None = None
+        self._last_t = 0.0
 
     def add(self, t: float, reasons: list[str]) -> None:
         self.samples += 1
+        self._first_t = t if self._first_t is None else self._first_t
+        self._last_t = t
         for reason in reasons:
             self.totals[reason] = self.totals.get(reason, 0) + 1
-        start = t - t % self._width
-        if not self._buckets or start >= self._buckets[-1].start + self._width:
+        start = t - t % self.width
+        if not self._buckets or start >= self._buckets[-1].start + self.width:
             self._buckets.append(_Bucket(start))
             if len(self._buckets) > THROTTLE_BUCKETS:
                 self._merge()
@@ -56,10 +55,10 @@ class ThrottleTimeline:
             bucket.reasons[reason] = bucket.reasons.get(reason, 0) + 1
 
     def _merge(self) -> None:
-        self._width *= 2
+        self.width *= 2
         merged: list[_Bucket] = []
         for bucket in self._buckets:
-            start = bucket.start - bucket.start % self._width
+            start = bucket.start - bucket.start % self.width
             if not merged or merged[-1].start != start:
                 merged.append(_Bucket(start))
             target = merged[-1]
@@ -68,12 +67,30 @@ class ThrottleTimeline:
                 target.reasons[reason] = target.reasons.get(reason, 0) + count
         self._buckets = merged
 
+    def spans(self) -> list[dict[str, Any]]:
+        """The stretches of neighbouring buckets with the same reasons (gpu_idle left out;
+        a reason any sample of a bucket had counts), within the first and last sample: the
+        report's "held back" lane, to a bucket's width."""
+        found: list[dict[str, Any]] = []
+        for bucket in self._buckets:
+            reasons = sorted(set(bucket.reasons) - QUIET_THROTTLE)
+            start = max(bucket.start, self._first_t or 0.0)
+            end = min(bucket.start + self.width, self._last_t)
+            if found and found[-1]["reasons"] == reasons and found[-1]["end"] >= start:
+                found[-1]["end"] = end
+            elif reasons:
+                found.append({"start": start, "end": end, "reasons": reasons})
+        return [
+            {**span, "start": round(span["start"], 3), "end": round(span["end"], 3)}
+            for span in found
+        ]
+
     def shares(self, since: float = float("-inf"), until: float = float("inf")) -> dict[str, float]:
         """Each reason's share of the samples in the buckets that start within the span."""
         samples = 0
         counts: dict[str, int] = {}
         for bucket in self._buckets:
-            if since - self._width < bucket.start <= until:
+            if since - self.width < bucket.start <= until:
                 samples += bucket.samples
                 for reason, count in bucket.reasons.items():
                     counts[reason] = counts.get(reason, 0) + count
@@ -107,6 +124,9 @@ class _GpuHealth:
     faults: list[dict[str, Any]] = field(default_factory=list)
     faults_seen: int = 0
     lost: bool = False
+    #: Whether a fault that fails a run was seen; Xid code -> errors seen (all, not only kept).
+    failed: bool = False
+    xids: dict[str, int] = field(default_factory=dict)
 
     def to_json(self, wall: Callable[[float | None], str | None]) -> dict[str, Any]:
         xids = [f for f in self.faults if f["fault"] == "xid"]
@@ -139,6 +159,7 @@ class _GpuHealth:
             "retired_pages_pending": dict(self.retired_pages_pending),
             "pcie_link": dict(self.link),
             "throttle_shares": self.throttle.shares(),
+            "throttle_spans": self.throttle.spans(),
         }
 
 
@@ -212,6 +233,10 @@ class GpuHealthFold:
         if event.get("fault") == "lost":
             gpu.lost = True
         gpu.faults_seen += 1
+        gpu.failed = gpu.failed or bool(event.get("fails"))
+        xid = event.get("xid")
+        if xid is not None:
+            gpu.xids[str(xid)] = gpu.xids.get(str(xid), 0) + 1
         if len(gpu.faults) < MAX_FAULTS:
             gpu.faults.append(
                 {

@@ -1,29 +1,7 @@
 """The trend estimator: is a series (memory, open files, free disk) rising for good?
 
-Pure functions over arrays of times and values: no I/O, no clock, so the live view, the
-metrics exporter and the artifact all judge a series the same way, and tests drive it with
-synthetic series.
-
-What real training does to memory is noisy: caches fill during a warm-up, a garbage collector
-draws a sawtooth, one large allocation makes a step.  None of these is a leak.  The method:
-
-1. Skip the warm-up (by default the first 10 % of the span, at most 10 minutes, at least three
-   samples).
-2. Cut what is left into equal windows and keep each window's *minimum*: a cache or a sawtooth
-   raises the peaks, not the floor; a leak raises the floor.
-3. Fit a Theil-Sen slope (the median of the pairwise slopes) to the minima, with Sen's
-   rank-based confidence interval.  It shrugs off outliers and assumes no distribution.
-4. Call it a leak only when the interval's lower bound is above zero, the growth over the
-   analysed span (fitted, and from the first window's minimum to the last's) exceeds both an
-   absolute floor and a fraction of the starting value, and every third of the span rises by
-   at least half the whole span's slope (a ramp that then plateaus, or a one-time step, does
-   not).
-5. The question is whether memory is *still* rising, steadily, in the recent past, not
-   whether it rose through the whole run: a leak may start at any point.  So when the whole
-   span is no leak, the same test runs on its recent parts (the last 3/4, 1/2, 3/8 and 1/4
-   of it, each with at least ``MIN_WINDOWS`` windows): the longest that is a leak makes the
-   verdict, and its start is the leak's ``onset``.  Every part ends at the end of the span,
-   so a ramp or a step that then plateaus is never one: its last third is flat.
+Pure functions of times and values, so every view judges a series the same way and tests drive
+it with synthetic series. The method is in docs/architecture.md ("Trends").
 """
 
 from __future__ import annotations
@@ -42,42 +20,20 @@ Direction = Literal["up", "down"]
 
 #: Two-sided 99 % normal quantile: the interval's lower bound is a 0.5 % one-sided test.
 Z_99 = 2.5758293035489
-#: Growth floors per unit, (absolute, relative to the first window's value).  64 MiB and 10 %
-#: for memory: below that a "leak" costs nothing over any soak worth running.  Counts (open
-#: files, threads, processes) are small numbers: 8 more and a quarter more.
+#: Growth floors per unit, (absolute, relative to the first window's value).
 FLOORS: dict[str, tuple[float, float]] = {
     "bytes": (64 * 2**20, 0.10),
     "count": (8.0, 0.25),
 }
-#: Warm-up defaults: this fraction of the span, at most ``WARM_UP_MAX_SECONDS``, and never
-#: fewer than ``WARM_UP_MIN_SAMPLES`` samples.
-WARM_UP_FRACTION = 0.10
+#: The default warm-up: 10 % of the span, at most this long, at least three samples.
 WARM_UP_MAX_SECONDS = 600.0
-WARM_UP_MIN_SAMPLES = 3
-#: Windows of the analysed span: at most this many (the fit is quadratic in windows) ...
+#: Windows of the analysed span: at most MAX_WINDOWS (the fit is quadratic in windows), at
+#: least MIN_WINDOWS of SAMPLES_PER_WINDOW samples, or the verdict is ``inconclusive``.
 MAX_WINDOWS = 24
-#: ... and at least this many, of at least ``SAMPLES_PER_WINDOW`` samples each, or the
-#: verdict is ``inconclusive``.
 MIN_WINDOWS = 6
 SAMPLES_PER_WINDOW = 2
-#: Each third of the span must rise at least this fraction of the whole span's slope: a
-#: plateau rises by nothing.  A leak whose pace follows an uneven step rate (halving, then
-#: doubling) may miss it over the whole span, and is found over its recent part (step 5).
-PART_SLOPE_RATIO = 0.5
-#: The recent parts of the span tried when the whole of it is no leak (see step 5), longest
-#: first: a leak that started late is judged over the part where it runs.
+#: The recent parts tried, longest first, when the whole span is no leak.
 RECENT_FRACTIONS = (0.75, 0.5, 0.375, 0.25)
-#: A recent part is judged only with at least this many samples ...
-RECENT_MIN_SAMPLES = 12
-#: ... and more strictly than the whole span, as several parts are tried: a 99.9 % interval
-#: (two-sided normal quantile), and each third rising at half the part's slope (a leak that
-#: runs through the part rises evenly; a slow wander or one tooth of a long sawtooth does not).
-RECENT_Z = 3.2905267314919
-RECENT_PART_SLOPE_RATIO = 0.5
-#: A recent part's growth is at least this many times the scatter of its floor around the
-#: fit (the median absolute residual, as a standard deviation).
-RECENT_NOISE_RATIO = 20.0
-MAD_TO_SD = 1.4826
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +48,8 @@ class Trend:
     span_seconds: float
     #: Time (same clock as the input) where the analysed span starts.
     analysed_from: float | None
-    #: The first and the last window's minimum (maximum for ``direction="down"``).
+    #: The first and the last window's minimum (maximum for ``direction="down"``); the first
+    #: and the last sample when there were too few to judge.
     first: float | None
     last: float | None
     samples: int
@@ -109,7 +66,7 @@ class Trend:
             return None
         per_second = self.slope_per_hour / 3600.0
         remaining = (limit - self.last) / per_second
-        return remaining if remaining >= 0 else None
+        return remaining if 0 <= remaining < math.inf else None
 
 
 def default_warm_up(t: Sequence[float]) -> float:
@@ -117,25 +74,23 @@ def default_warm_up(t: Sequence[float]) -> float:
     if not t:
         return 0.0
     span = t[-1] - t[0]
-    warm = min(WARM_UP_MAX_SECONDS, WARM_UP_FRACTION * span)
-    if len(t) > WARM_UP_MIN_SAMPLES:
-        warm = max(warm, t[WARM_UP_MIN_SAMPLES] - t[0])
+    warm = min(WARM_UP_MAX_SECONDS, 0.10 * span)
+    if len(t) > 3:
+        warm = max(warm, t[3] - t[0])
     return warm
 
 
 def windowed_minima(
     t: Sequence[float], values: Sequence[float | None], *, windows: int
 ) -> tuple[list[float], list[float]]:
-    """The minimum of each of ``windows`` equal windows over ``t``'s span, at window centres.
-
-    Missing values (None, NaN) are skipped; a window without any value is left out.
-    """
+    """The minimum of each of ``windows`` equal windows over ``t``'s span, at window centres;
+    non-finite points are skipped and an empty window is left out."""
     if windows < 1:
         raise ValueError("windows must be at least 1")
-    pairs = [(ti, v) for ti, v in zip(t, values, strict=True) if v is not None and v == v]
+    pairs = _finite(t, values)
     if not pairs:
         return [], []
-    start, end = pairs[0][0], pairs[-1][0]
+    start, end = min(pairs)[0], max(pairs)[0]
     width = (end - start) / windows
     mins: list[float | None] = [None] * windows
     for ti, v in pairs:
@@ -155,14 +110,14 @@ def windowed_minima(
 def theil_sen(
     t: Sequence[float], values: Sequence[float], *, z: float = Z_99
 ) -> tuple[float, float, float]:
-    """Theil-Sen slope per unit of ``t`` and Sen's confidence interval: ``(slope, lo, hi)``.
-
-    The interval takes the ranks ``(N -+ z*s)/2`` of the ``N`` sorted pairwise slopes, where
-    ``s**2 = n(n-1)(2n+5)/18`` is the variance of Kendall's S without ties.
-    """
-    n = len(t)
-    if n != len(values):
+    """Theil-Sen slope per unit of ``t`` and Sen's confidence interval: ``(slope, lo, hi)``
+    (the ranks ``(N -+ z*s)/2`` of the sorted pairwise slopes, ``s**2 = n(n-1)(2n+5)/18``).
+    Fewer than two distinct finite times is a ``ValueError``."""
+    if len(t) != len(values):
         raise ValueError("t and values must have the same length")
+    points = _finite(t, values)
+    t, values = [p[0] for p in points], [p[1] for p in points]
+    n = len(t)
     slopes = sorted(
         (values[j] - values[i]) / (t[j] - t[i])
         for i in range(n)
@@ -189,13 +144,13 @@ def estimate_trend(
     warm_up_seconds: float | None = None,
     direction: Direction = "up",
 ) -> Trend:
-    """Judge one series (``t`` sorted, same clock as ``warm_up_seconds``).
+    """Judge one series (``t`` on the same clock as ``warm_up_seconds``).
 
-    ``direction="down"`` judges a series whose fall matters (free disk): a "leak" is then a
-    confident fall, and ``first``/``last`` are window maxima.
+    ``direction="down"`` judges a series whose fall matters (free disk).  Whatever the series,
+    every figure is finite: one that cannot be judged is ``inconclusive``.
     """
     sign = 1.0 if direction == "up" else -1.0
-    pairs = [(ti, sign * v) for ti, v in zip(t, values, strict=True) if v is not None and v == v]
+    pairs = sorted((ti, sign * v) for ti, v in _finite(t, values))
     times = [p[0] for p in pairs]
     if warm_up_seconds is None:
         warm_up_seconds = default_warm_up(times)
@@ -209,15 +164,11 @@ def estimate_trend(
         for fraction in RECENT_FRACTIONS:
             cut = end - fraction * span
             recent = [p for p in analysed if p[0] >= cut]
-            if len(recent) < RECENT_MIN_SAMPLES:
+            if len(recent) < 12:
                 break
+            # Stricter, as several parts are tried: a 99.9 % interval, clear of the noise.
             part = _judge_span(
-                recent,
-                min_growth=min_growth,
-                min_ratio=min_ratio,
-                z=RECENT_Z,
-                part_slope_ratio=RECENT_PART_SLOPE_RATIO,
-                noise_ratio=RECENT_NOISE_RATIO,
+                recent, min_growth=min_growth, min_ratio=min_ratio, z=3.2905267314919, noise=20.0
             )
             if part.verdict == "leak":
                 # Growth, slope and span are the recent part's: what the leak did.
@@ -228,21 +179,21 @@ def estimate_trend(
                     f"{format_duration(part.span_seconds)} of the analysed span",
                 )
                 break
-    if sign < 0 and trend.slope_per_hour is not None:
-        assert trend.slope_interval_per_hour is not None
-        assert trend.growth is not None
-        assert trend.first is not None
-        assert trend.last is not None
-        lo, hi = trend.slope_interval_per_hour
+    if sign < 0:
+        interval = trend.slope_interval_per_hour
         trend = dataclasses.replace(
             trend,
-            slope_per_hour=-trend.slope_per_hour,
-            slope_interval_per_hour=(-hi, -lo),
-            growth=-trend.growth,
-            first=-trend.first,
-            last=-trend.last,
+            slope_per_hour=_negated(trend.slope_per_hour),
+            slope_interval_per_hour=None if interval is None else (-interval[1], -interval[0]),
+            growth=_negated(trend.growth),
+            first=_negated(trend.first),
+            last=_negated(trend.last),
         )
     return trend
+
+
+def _negated(value: float | None) -> float | None:
+    return None if value is None else -value
 
 
 def _judge_span(
@@ -251,44 +202,33 @@ def _judge_span(
     min_growth: float,
     min_ratio: float,
     z: float = Z_99,
-    part_slope_ratio: float = PART_SLOPE_RATIO,
-    noise_ratio: float = 0.0,
+    noise: float = 0.0,
 ) -> Trend:
-    """Steps 2 to 4 of the method over ``analysed`` (time, value) pairs, rising = up."""
+    """Judge the ``analysed`` (time, value) pairs as one span, rising = up."""
     samples = len(analysed)
     span = analysed[-1][0] - analysed[0][0] if analysed else 0.0
     windows = min(MAX_WINDOWS, samples // SAMPLES_PER_WINDOW)
-    if windows < MIN_WINDOWS or span <= 0:
-        return Trend(
-            verdict="inconclusive",
-            slope_per_hour=None,
-            slope_interval_per_hour=None,
-            growth=None,
-            span_seconds=span,
-            analysed_from=analysed[0][0] if analysed else None,
-            first=None,
-            last=None,
-            samples=samples,
-            windows=0,
-            reason=f"too few samples after the warm-up ({samples})",
-        )
+    if windows < MIN_WINDOWS or not 0 < span < math.inf:
+        return _not_judged(analysed, span, f"too few samples after the warm-up ({samples})")
     wt, wv = windowed_minima([p[0] for p in analysed], [p[1] for p in analysed], windows=windows)
+    if len(wt) < MIN_WINDOWS:
+        # Readings that share a few times (a clock in whole seconds) leave most windows empty.
+        return _not_judged(
+            analysed, span, f"too few distinct sample times after the warm-up ({len(wt)})"
+        )
     slope, lo, hi = theil_sen(wt, wv, z=z)
     growth = slope * span
+    if not all(math.isfinite(x) for x in (slope * 3600.0, lo * 3600.0, hi * 3600.0, growth)):
+        return _not_judged(analysed, span, "values too large to fit a slope to")
     first, last = wv[0], wv[-1]
-    # Each third of the span must rise too: a warm-up ramp, or a one-time allocation that
-    # takes a few samples, rises in one or two thirds, never in all three.
+    # Each third must rise too: a ramp or a one-time step rises in one or two, never three.
     third = len(wt) / 3
     cuts = [0, round(third), round(2 * third), len(wt)]
     part_slopes = [theil_sen(wt[a : b + 1], wv[a : b + 1])[0] for a, b in itertools.pairwise(cuts)]
     floor = max(min_growth, min_ratio * abs(first))
     verdict: Verdict
-    # The fitted growth and the observed rise of the floor must both clear the floors: a slow
-    # wander (autocorrelated noise) can fit a confident slope over a short span.
     if lo > 0 and min(growth, last - first) >= floor:
-        if min(part_slopes) >= part_slope_ratio * slope and _clear_of_noise(
-            wt, wv, slope, growth, noise_ratio
-        ):
+        if min(part_slopes) >= 0.5 * slope and _clear_of_noise(wt, wv, slope, growth, noise):
             verdict, reason = "leak", "the floor rose steadily through the analysed span"
         else:
             verdict, reason = "stable", "the rise is confined to part of the span (a step or ramp)"
@@ -314,32 +254,52 @@ def _judge_span(
     )
 
 
+def _finite(t: Sequence[float], values: Sequence[float | None]) -> list[tuple[float, float]]:
+    """The (time, value) points whose time and value are both finite numbers."""
+    return [
+        (ti, v)
+        for ti, v in zip(t, values, strict=True)
+        if v is not None and math.isfinite(ti) and math.isfinite(v)
+    ]
+
+
+def _not_judged(analysed: Sequence[tuple[float, float]], span: float, reason: str) -> Trend:
+    """The ``inconclusive`` verdict of a span that cannot be judged, saying why."""
+    return Trend(
+        verdict="inconclusive",
+        slope_per_hour=None,
+        slope_interval_per_hour=None,
+        growth=None,
+        span_seconds=span if math.isfinite(span) else 0.0,
+        analysed_from=analysed[0][0] if analysed else None,
+        first=analysed[0][1] if analysed else None,
+        last=analysed[-1][1] if analysed else None,
+        samples=len(analysed),
+        windows=0,
+        reason=reason,
+    )
+
+
 def _clear_of_noise(
     wt: Sequence[float], wv: Sequence[float], slope: float, growth: float, ratio: float
 ) -> bool:
-    """Whether the growth stands ``ratio`` times above the minima's scatter around the fit.
-
-    Sen's interval assumes independent points; window minima of a slowly wandering series are
-    not, and a wander can fit a confident slope.  A leak's floor hugs its line.
-    """
+    """Whether the growth stands ``ratio`` times above the minima's scatter around the fit (a
+    slow wander can fit a confident slope; a leak's floor hugs its line)."""
     intercept = median([v - slope * ti for ti, v in zip(wt, wv, strict=True)])
     residuals = [abs(v - slope * ti - intercept) for ti, v in zip(wt, wv, strict=True)]
-    scatter = MAD_TO_SD * median(residuals)
+    scatter = 1.4826 * median(residuals)  # the median absolute residual as a deviation
     return growth >= ratio * scatter
 
 
 def progress_slowing(
     t: Sequence[float], rates: Sequence[float | None], *, analysed_from: float | None = None
 ) -> tuple[float, float] | None:
-    """``(first quarter's median, last quarter's median)`` when progress slowed, else None.
-
-    Slowing: the median rate of the last quarter of the analysed span is below half the
-    median of its first quarter (at least two points in each quarter).
-    """
+    """``(first quarter's median, last quarter's median)`` of the analysed span when the last
+    is below half the first (two points in each at least), else None."""
     pairs = [
         (ti, r)
-        for ti, r in zip(t, rates, strict=True)
-        if r is not None and (analysed_from is None or ti >= analysed_from)
+        for ti, r in sorted(_finite(t, rates))
+        if analysed_from is None or ti >= analysed_from
     ]
     if len(pairs) < 8:
         return None
@@ -356,20 +316,14 @@ def progress_slowing(
 
 
 def median(values: Sequence[float]) -> float:
-    """The middle value (the mean of the two middle ones for an even count); ``values`` not
-    empty.  Here rather than ``statistics.median``: that module costs the command line's start
-    ``fractions`` and ``decimal``."""
+    """The middle value of a non-empty sequence (``statistics`` costs the start-up)."""
     ordered = sorted(values)
     half = len(ordered) // 2
     return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
 
 
 def format_bytes(n: float, *, promote: float = 1.0) -> str:
-    """``1.0 GiB``, ``512.0 MiB``, ``-3.0 KiB``: binary units, one decimal.
-
-    ``promote`` below 1 moves to the next unit early: ``promote=0.5`` writes 0.9 GiB, not
-    921.6 MiB (rates read better that way).
-    """
+    """``1.0 GiB``, ``512.0 MiB``, ``-3.0 KiB``; ``promote=0.5`` writes 0.9 GiB, not 921.6 MiB."""
     sign = "-" if n < 0 else ""
     n = abs(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

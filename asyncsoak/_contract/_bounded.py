@@ -1,17 +1,10 @@
 """Reading files anyone may have put there: bounded in kind, size, line length and nesting.
 
-The views (``report``, ``summary``, ``compare``, ``recover``, ``asyncsoak.artifact.load``,
-the live view) and the soak's own checks of its output paths read files a person named, which
-may be damaged, foreign or hostile: a device (``/dev/zero`` never ends), a FIFO (opening it
-waits for a writer), a file of many gigabytes, a line without end, JSON nested thousands deep
-(``json.loads`` then raises ``RecursionError``).  Every such reader goes through here, so each
-refuses them with one :class:`UnreadableFileError` naming the file instead of blocking,
-exhausting memory or printing a traceback.
-
-The bounds are far above anything asyncsoak writes: an artifact is summaries and bounded
-series (a large one is a few MiB), a journal line is one event (a sample of a tree of 1,000
-processes is about 200 KiB), and the deepest document asyncsoak writes holds the caller's
-metadata, which ``run_soak`` refuses nested deeper than :data:`MAX_METADATA_DEPTH`.
+The views and the soak's checks of its output paths read files a person named, which may be a
+device, a FIFO, many gigabytes, a line without end or JSON nested thousands deep.  Every such
+reader goes through here and refuses them with one :class:`UnreadableFileError` naming the file,
+instead of blocking, exhausting memory or printing a traceback.  The bounds are far above
+anything asyncsoak writes.
 """
 
 from __future__ import annotations
@@ -32,8 +25,7 @@ MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
 MAX_JOURNAL_BYTES = 64 * 1024 * 1024 * 1024
 #: Containers inside containers a document read back may have (an event, an artifact).
 MAX_NESTING_DEPTH = 64
-#: How deep ``run_soak``'s ``metadata`` may nest: the artifact and the journal's header hold
-#: it two levels down, well within :data:`MAX_NESTING_DEPTH`.
+#: How deep ``run_soak``'s ``metadata`` may nest (held two levels down, within the above).
 MAX_METADATA_DEPTH = 32
 
 

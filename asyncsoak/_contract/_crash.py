@@ -1,12 +1,6 @@
-"""The cause of a crash, read from the end of the command's output.
-
-A failed training run says why in its last lines: a Python traceback (its exception line and
-the frame that raised), a CUDA out-of-memory error, an NCCL error, or a shell's ``Killed``
-(the OOM killer, seen from a wrapper script).  :func:`find_exception` finds the last of these,
-so the failure message and the CLI's last line can say it instead of "exited with status 1".
-
-Launchers prefix each line (torchrun's ``[rank0]:``, ``[default0]:``): the prefix of the
-``Traceback`` line is stripped from the lines that follow it.
+"""The cause of a crash, read from the end of the command's output: the last Python traceback,
+CUDA out-of-memory or NCCL error, or a shell's ``Killed``, so the failure message can say it
+instead of "exited with status 1".  A launcher's line prefix (``[rank0]:``) is stripped.
 """
 
 from __future__ import annotations

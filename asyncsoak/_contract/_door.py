@@ -1,41 +1,56 @@
 """A room's door that opens on first use.
 
-Every room's ``__init__`` names what other rooms may use, as imports that only the type checker
-reads, and hands the same names to :func:`lazy_door`.  A name's module is imported when the name
-is first used, so touching one name costs one module: the reaper, the command line's parser and
-``import asyncsoak.trainer`` do not pay for the rooms they never use.  ``tests/test_layers.py``
-holds the two lists to each other.
+Every room's ``__init__`` names what other rooms may use once, as imports that only the type
+checker runs (``if TYPE_CHECKING:``); :func:`lazy_door` reads the same lines from the door's
+source and imports a name's module when the name is first used, so touching one name costs one
+module: the reaper, the command line's parser and ``import asyncsoak.trainer`` do not pay for
+the rooms they never use.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
+_IMPORT = re.compile(r"^\s+from (\.[\w.]*) import (\([^)]*\)|[^\n]*)", re.MULTILINE)
 
-def lazy_door(
-    room: str, names: Mapping[str, str], modules: Mapping[str, str] | None = None
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The ``__getattr__`` and ``__dir__`` of the door of ``room`` (its ``__name__``).
 
-    ``names`` maps each exported name to the room's module that defines it (``"._config"``);
-    ``modules`` maps a name to a module exported whole, as a namespace (``slurm.in_job()``).
-    """
-    wholes = dict(modules or {})
+def door_names(source: str) -> dict[str, tuple[str, str | None]]:
+    """What a door's ``if TYPE_CHECKING:`` block imports: each name -> the module that defines
+    it and the name there (``("._config", "SoakConfig")``), or a module exported whole
+    (``from . import _cgroup as cgroups``: ``("._cgroup", None)``)."""
+    block = source.partition("if TYPE_CHECKING:\n")[2].partition("\n\n")[0]
+    names: dict[str, tuple[str, str | None]] = {}
+    for module, imported in _IMPORT.findall(block):
+        imported = re.sub(r"#[^\n]*", "", imported)  # comments
+        for alias in imported.strip("()").replace("\n", " ").split(","):
+            name, _, exported = alias.strip().partition(" as ")
+            if name:
+                names[exported or name] = (f".{name}", None) if module == "." else (module, name)
+    return names
+
+
+def lazy_door(room: str, init_file: str) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of the door of ``room`` (its ``__name__``): the
+    names its ``__init__`` (``init_file``) imports for the type checker.  A namespace a door
+    hands out whole (the contract's ``events``) may open the same way."""
+    with open(init_file, encoding="utf-8") as source:
+        names = door_names(source.read())
 
     def __getattr__(name: str) -> Any:
-        if name in wholes:
-            value: Any = importlib.import_module(wholes[name], room)
-        elif name in names:
-            value = getattr(importlib.import_module(names[name], room), name)
-        else:
+        if name not in names:
             raise AttributeError(f"module {room!r} has no attribute {name!r}")
+        module, attribute = names[name]
+        value = importlib.import_module(module, sys.modules[room].__package__)
+        if attribute is not None:
+            value = getattr(value, attribute)
         setattr(sys.modules[room], name, value)  # the next use is a plain attribute read
         return value
 
     def __dir__() -> list[str]:
-        return sorted({*vars(sys.modules[room]), *names, *wholes})
+        return sorted({*vars(sys.modules[room]), *names})
 
     return __getattr__, __dir__

@@ -11,13 +11,8 @@ class AsyncsoakError(Exception):
 
 
 class ValidationError(AsyncsoakError, ValueError):
-    """Bad input from the caller, refused before anything is launched or written.
-
-    The only error the command line reports as a usage error (exit status 2) and the worker
-    records as ``invalid_job``: any other exception, a ``ValueError`` from a bug inside the
-    monitor included, is a monitor error.  A ``ValueError``, so ``except ValueError`` keeps
-    working for callers of ``run_soak``.
-    """
+    """Bad input from the caller, refused before anything is launched or written: the only
+    error the CLI reports as usage (exit 2) and the worker as ``invalid_job``."""
 
 
 class ValidationTypeError(ValidationError, TypeError):

@@ -1,17 +1,10 @@
 """Exit statuses: the plain contract, and one status per failure reason for
-``--detailed-exit-codes``.
+``--detailed-exit-codes``, so what reads only the status (a Kubernetes ``podFailurePolicy``, a CI
+step) can tell a stall from a crash.
 
-Without the flag, ``asyncsoak run`` exits 0 (passed), 1 (failed), 2 (bad usage), or 128 + N
-when signal N stopped it (130 for SIGINT, 143 for SIGTERM), as shells report it.  With it, a
-failed soak exits with its primary reason's status instead of 1, so that what reads only the
-status (a Kubernetes ``podFailurePolicy``, a CI step, a shell ``case``) can tell a stall from a
-crash from a GPU fault.
-
-Every detailed status lies in 3..125: clear of 0, 1 and 2, of 126 and 127 (a shell's "cannot
-execute" and "not found") and of 128 + N (a signal).  They are grouped by tens: the command's
-own end (1x), progress (2x), resources (3x), the training's health (4x), the monitor (5x).
-A reason's status never changes once released; a new reason gets an unused one.
-``tests/test_exit_codes.py`` pins the table with literal values.
+Detailed statuses lie in 3..125, clear of the plain ones, a shell's 126/127 and 128 + N, grouped
+by tens (the command's end 1x, progress 2x, resources 3x, training health 4x, the monitor 5x).
+A reason's status never changes once released; ``tests/test_exit_codes.py`` pins the table.
 """
 
 from __future__ import annotations
@@ -39,6 +32,8 @@ DETAILED_EXIT_CODES: Mapping[str, int] = MappingProxyType(
         FailureReason.LEFTOVER_PROCESSES: 14,
         FailureReason.STARTUP_TIMEOUT: 20,
         FailureReason.STALE_PROGRESS: 21,
+        FailureReason.NO_PROGRESS: 22,
+        FailureReason.OVERDUE: 23,
         FailureReason.MEMORY_BUDGET: 30,
         FailureReason.MEMORY_LEAK: 31,
         FailureReason.DISK_LOW: 32,

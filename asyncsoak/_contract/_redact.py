@@ -1,15 +1,10 @@
 """Keep secrets out of everything asyncsoak writes or prints.
 
-One rule says which names are credentials (:func:`is_secret_name`), and it applies to
-environment variables, metadata keys, options (``--token=VALUE``, ``--password VALUE``,
-``--wandb.api-key VALUE``) and ``NAME=VALUE`` overrides (Hydra's and OmegaConf's
-``db.password=X``, ``+wandb.api_key=Y``, ``HF_TOKEN=Z`` before a command).  Such a value is
-redacted where it stands and masked wherever else it appears in free text (argv, the log
-tail, a failed job's error, hang forensics); so is a password inside a URL, whatever names it,
-and one in a PostgreSQL connection string (``?password=V`` in a URL, ``password=V`` in a
-keyword string: :func:`public_conninfo` drops it from a database's name altogether).
-Values shaped like well-known credentials (``hf_...``, ``AKIA...``, ``ghp_...``, ``sk-...``,
-``Bearer ...``) are masked in free text whatever printed them.
+One rule says which names are credentials (:func:`is_secret_name`), for environment variables,
+metadata keys, options (``--token=V``) and ``NAME=VALUE`` overrides; such a value is redacted
+where it stands and masked wherever else it appears in free text.  So are passwords in URLs and
+connection strings, credentials in a URL's query, Azure keys, and values shaped like well-known
+credentials (``hf_...``, ``AKIA...``, ``ghp_...``, ``Bearer ...``).
 """
 
 from __future__ import annotations
@@ -50,6 +45,19 @@ _URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<p
 _CONNINFO_PASSWORD = re.compile(
     r"(?P<head>(?<![\w])password\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|[^\s&'\"#]+)", re.IGNORECASE
 )
+# A URL's query parameter (``?token=V``, ``&X-Amz-Signature=V``): masked when its name is a
+# credential's (:func:`_query_secret`).
+_QUERY_PARAMETER = re.compile(r"(?P<head>[?&](?P<name>[A-Za-z][\w.\-]*)=)(?P<pw>[^&;\s#'\"<>]+)")
+#: Query parameters that carry a signature: Azure's SAS ``sig``, ``X-Amz-Signature``,
+#: ``X-Goog-Signature`` and S3's older ``Signature``.
+_SIGNATURE_WORDS = frozenset({"sig", "signature"})
+# The keys of an Azure connection string (storage, Service Bus, Event Hubs); a shared access
+# signature holds ``&`` and ``=``, so its value runs to the next ``;``.
+_AZURE_KEY = re.compile(
+    r"(?P<head>(?<![\w])(?:AccountKey|SharedAccessKey|SharedAccessSignature)\s*=\s*)"
+    r"(?P<pw>[^;\s'\"]+)",
+    re.IGNORECASE,
+)
 # Tokens recognisable by their shape alone: Hugging Face, AWS access key ids, GitHub, OpenAI-style
 # and Slack keys; and whatever follows "Bearer" in an Authorization header.
 _CREDENTIAL_SHAPED = re.compile(
@@ -62,14 +70,9 @@ _MIN_MASKED_LEN = 4
 
 
 def is_secret_name(name: str) -> bool:
-    """Whether an environment variable, metadata key, option or override names a credential.
-
-    Only the last dotted component counts (``db.password`` is one, ``password.min_length`` is
-    not), split into words at ``_``, ``-`` and lower-to-upper case: it names a credential when
-    a word holds a credential's stem (``password``, ``secret``, ...), is ``session`` or a
-    ``...key`` compound, follows ``api``/``access``/... as ``key``, or is the last word and
-    is ``key``, ``pass``, ``auth``, ``pat``, ``pwd`` (not alone) or ends in ``token``.
-    """
+    """Whether an environment variable, metadata key, option or override names a credential,
+    by the words of its last dotted component (``db.password`` is one, ``password.min_length``
+    is not)."""
     component = re.split(r"[./]", _INDEX.sub("", name).strip("+~-"))[-1]
     words = [w.lower() for w in _WORD_SEPARATORS.split(_CAMEL.sub("_", component)) if w]
     if not words:
@@ -84,15 +87,29 @@ def is_secret_name(name: str) -> bool:
     return words[-1] in _LAST_WORDS or words[-1].endswith("token")
 
 
+def _query_secret(name: str) -> bool:
+    """Whether a URL query parameter's name is a credential's (``token``, ``sig``...)."""
+    return _WORD_SEPARATORS.split(name.lower())[-1] in _SIGNATURE_WORDS or is_secret_name(name)
+
+
+def _query_sub(match: re.Match[str]) -> str:
+    return match.group("head") + REDACTED if _query_secret(match.group("name")) else match.group()
+
+
 def redact_url_passwords(text: str) -> str:
-    """``text`` with the passwords of URLs and connection strings replaced by the mark."""
+    """``text`` with the passwords of URLs and connection strings, the credentials of URL
+    queries and the keys of Azure connection strings replaced by the mark."""
     text = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
-    return _CONNINFO_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
+    text = _CONNINFO_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
+    text = _AZURE_KEY.sub(lambda m: m.group("head") + REDACTED, text)
+    return _QUERY_PARAMETER.sub(_query_sub, text)
 
 
 def _conninfo_passwords(text: str) -> list[str]:
-    """The passwords a URL or a connection string in ``text`` carries, unquoted."""
+    """The passwords and keys a URL or a connection string in ``text`` carries, unquoted."""
     found = [m.group("pw") for m in _URL_PASSWORD.finditer(text)]
+    found += [m.group("pw") for m in _AZURE_KEY.finditer(text)]
+    found += [m.group("pw") for m in _QUERY_PARAMETER.finditer(text) if _query_secret(m["name"])]
     for match in _CONNINFO_PASSWORD.finditer(text):
         value = match.group("pw")
         if value.startswith("'"):

@@ -1,28 +1,63 @@
-"""The artifact's sections as types: what the package writes and what its readers may index.
+"""The artifact as types: the one definition of its shape.
 
-These :class:`~typing.TypedDict` s follow ``artifact.schema.json``: a key the schema requires
-is a plain key (an artifact is checked against the schema when it is loaded, so a reader
-indexes it), a key it does not require (added in schema version 2, or written only by some
-paths) is ``NotRequired`` and read with ``.get``.  The status, the failures' reasons and the
-stop's cause are typed as the vocabulary's enums (:mod:`._vocabulary`): the artifact's builder
-folds them into members, and ``check_artifact`` turns the words read back from JSON into
-members too; a member *is* its string, so the JSON is the same.  Sections whose keys are data
-(series groups, summary groups, the environment the snapshot recorded) stay ``dict[str, ...]``.
-
-The runtime snapshot is not checked beyond being an object: each of its probes is either
-what the probe found or a :class:`ProbeFailure`, and the probes' own TypedDicts are
-``@final`` so that ``"error" in probe`` tells the two apart for the type checker too.
+These :class:`~typing.TypedDict` s (with those of ``_schema_tree`` and ``_schema_snapshot``) are
+what the package writes and what its readers may index, and ``artifact.schema.json`` is
+generated from them (:func:`schema_text`; ``python -m asyncsoak._contract._schema``
+rewrites it, a test holds it equal).  A key every artifact holds is a plain key (an artifact is
+checked against the schema when it is loaded, so a reader indexes it); one some lack (added in
+schema version 2, or written only by some paths) is ``NotRequired`` and read with ``.get``.
 """
 
-# No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` from evaluated
-# annotations only, and ``__required_keys__`` is what the schema test compares.
-from typing import Any, Literal, NotRequired, Required, TypedDict, cast, final
+# No ``from __future__ import annotations``: the generator reads evaluated annotations.
+from pathlib import Path
+from typing import Annotated, Any, Literal, NotRequired, TypedDict, cast
 
 from ._events import KeptEventJson
+from ._json_schema import Keywords, NonNegative, NonNegativeInt, Timestamp, dump, json_schema
+from ._schema_snapshot import SnapshotSection
+from ._schema_tree import (
+    ForensicsSection,
+    GpuHealth,
+    OomKillEntry,
+    ProcessEntry,
+    ProcessRecord,
+    Rank,
+    Ranks,
+    Series,
+    StartEnd,
+    Straggler,
+)
 from ._vocabulary import FailureReason, SoakStatus, StopCause
 
-#: ``series`` (and a process's ``series``): field name to values, ``t`` first.
-Series = dict[str, list[float | None]]
+
+# These shapes are the schema's alone for now: readers index them as plain dicts.
+class FailureGpu(TypedDict):
+    index: int | None
+    uuid: str | None
+    bus_id: str | None
+
+
+class ActivityGpu(TypedDict):
+    index: int
+    verdict: Literal["idle", "busy", "spinning", "unknown"]
+    utilization_percent: NotRequired[float | None]
+    power_w: NotRequired[float | None]
+    power_limit_w: NotRequired[float | None]
+
+
+class Activity(TypedDict):
+    """stale_progress, startup_timeout: what the tree and its GPUs were doing when the rule
+    fired, the verdict its message and every view give."""
+
+    tree: Literal["busy", "idle", "uninterruptible", "unknown"]
+    #: Whose CPU the figures are: the ranks' once the tree has ranks, the whole tree's otherwise.
+    cpu_of: NotRequired[Literal["tree", "ranks"]]
+    #: The tree's CPU over its last samples, percent of one core.
+    cpu_percent: NotRequired[float | None]
+    #: Share of those samples with a process of the tree running or runnable.
+    running_share: NotRequired[float | None]
+    uninterruptible: NotRequired[list[str]]
+    gpus: list[ActivityGpu]
 
 
 class Failure(TypedDict):
@@ -31,10 +66,10 @@ class Failure(TypedDict):
     reason: FailureReason
     message: str
     at: str | None
-    #: The GPU a ``gpu_fault`` is about: ``{"index", "uuid", "bus_id"}``.
-    gpu: NotRequired[dict[str, Any]]
-    #: A stall's verdict on what the tree and its GPUs were doing.
-    activity: NotRequired[dict[str, Any]]
+    #: gpu_fault: the GPU it is about (index as nvidia-smi numbers it; null for a GPU lost
+    #: before it was ever listed).
+    gpu: NotRequired[Annotated[dict[str, Any], FailureGpu]]
+    activity: NotRequired[Annotated[dict[str, Any], Activity]]
 
 
 class ExceptionInfo(TypedDict):
@@ -43,8 +78,10 @@ class ExceptionInfo(TypedDict):
     type: str
     message: str
     where: str | None
-    # "python", "cuda_oom", "nccl", "killed"; a rank that left no exception: "signal", "exit"
-    kind: NotRequired[str]
+    #: A rank that left no exception: ``signal`` or ``exit``.
+    kind: NotRequired[
+        Annotated[str, Keywords(enum=["python", "cuda_oom", "nccl", "killed", "signal", "exit"])]
+    ]
     #: The rank whose traceback this is (a distributed run), and its pid when known.
     rank: NotRequired[int | None]
     rank_pid: NotRequired[int | None]
@@ -62,35 +99,92 @@ class Exit(TypedDict):
 class StepsProgress(TypedDict):
     """``progress.steps``: where the training got to, as the trainer's own files say."""
 
-    step: int
-    max_steps: int | None
+    step: NonNegativeInt
+    max_steps: NonNegativeInt | None
     source: str
-    source_kind: str
-    first_step_at: str | None
-    last_step_at: str | None
-    longest_gap_seconds: float
+    source_kind: Annotated[
+        str,
+        Keywords(enum=["asyncsoak.trainer.report", "json_lines", "lightning_csv", "trainer_state"]),
+    ]
+    first_step_at: Timestamp | None
+    last_step_at: Timestamp | None
+    longest_gap_seconds: NonNegative
     loss: float | None
     loss_step: int | None
-    steps_per_second: float | None
-    tokens_per_second: float | None
-    samples_per_second: float | None
-    eta_seconds: float | None
+    steps_per_second: NonNegative | None
+    tokens_per_second: NonNegative | None
+    samples_per_second: NonNegative | None
+    eta_seconds: NonNegative | None
+    #: The non-finite loss the run failed on (nan, inf, -inf): the views' headline loss.
+    nonfinite_loss: NotRequired[Annotated[str, Keywords(enum=["nan", "inf", "-inf"])] | None]
+    #: Non-finite gradient norms logged (fewer than 5 logged steps in a row of one file:
+    #: counted, not failed).
+    nonfinite_grad_norms: NotRequired[NonNegativeInt]
+    #: The files that gave steps but never a loss.
+    sources_without_loss: NotRequired[list[str]]
+
+
+class ProgressBinsSection(TypedDict):
+    """``progress.bins``: columns, one value per bin of neighbouring changes."""
+
+    first_t: list[float]
+    last_t: list[float]
+    changes: list[NonNegativeInt]
+    #: The longest gap before a change in the bin (from the change before, or the start),
+    #: and when that change came.
+    longest_gap_seconds: list[NonNegative]
+    longest_gap_t: list[float]
+    #: The files the bin's last change touched, named (three at most, then how many more).
+    files: list[str]
 
 
 class Progress(TypedDict):
     """``progress``: what the watched directory said about the run's progress."""
 
     dir: str | None
-    first_change_at: str | None
-    last_change_at: str | None
-    changes: int
-    longest_gap_seconds: float
-    #: What counted as progress: ``"steps"`` once a step was read (else ``"files"``).
-    source: NotRequired[str]
-    #: The training steps, when the trainer wrote any (see :class:`StepsProgress`).
+    first_change_at: Timestamp | None
+    last_change_at: Timestamp | None
+    changes: NonNegativeInt
+    longest_gap_seconds: NonNegative
+    #: What counted as progress: training steps once the trainer wrote one, else file changes.
+    source: NotRequired[Annotated[str, Keywords(enum=["files", "steps"])]]
+    #: Where the training got to, as the trainer's own files say (null: no step was read).
     steps: NotRequired[StepsProgress | None]
-    #: ``--stale-progress auto``: the limit in force at the end of the run.
-    stale_limit_seconds: NotRequired[float | None]
+    #: --stale-progress auto: the limit in force at the end (the series stale_limit holds it
+    #: over time).
+    stale_limit_seconds: NotRequired[NonNegative | None]
+    #: Every change, binned in time order (at most 1,000 bins): what the report draws of
+    #: progress, without the journal.
+    bins: NotRequired[ProgressBinsSection]
+
+
+class GoodputBadput(TypedDict):
+    """``goodput.badput_seconds``: the run's lost time by cause (docs/goodput.md)."""
+
+    startup: NonNegative
+    slow_steps: NonNegative
+    checkpoint: NonNegative
+    stall: NonNegative
+    wasted: NonNegative
+    shutdown: NonNegative
+    other: NonNegative
+
+
+class GoodputSection(TypedDict):
+    """``goodput``: the run's wall time (launch -> the tree's end) as productive time and the
+    badput parts, which add up to it (docs/goodput.md)."""
+
+    wall_seconds: NonNegative
+    productive_seconds: NonNegative
+    #: productive / wall; null for a run without steps.
+    ratio: NonNegative | None
+    #: The mean of the step durations at or below median + 3 MAD; null without steps.
+    ideal_step_seconds: NonNegative | None
+    #: The new steps (above the highest step an earlier attempt reached).
+    steps: NonNegativeInt
+    badput_seconds: GoodputBadput
+    #: Why there is no ledger to speak of (a run without steps).
+    note: NotRequired[str]
 
 
 class StopSignal(TypedDict):
@@ -114,7 +208,8 @@ class Requeue(TypedDict):
 class Stop(TypedDict):
     """``stop``: why and how the stop sequence ran."""
 
-    cause: StopCause | None  # null when the sequence never ran
+    #: Null when the stop sequence never ran.
+    cause: StopCause | None
     mode: str | None
     killed: bool
     grace_seconds: NotRequired[float | None]
@@ -180,338 +275,63 @@ class Config(TypedDict):
 class Trend(TypedDict):
     """``trends[key]``: the verdict on one series' growth."""
 
-    verdict: str  # "leak", "stable", "inconclusive" or "slowing"
-    unit: str  # "bytes", "count" or "per_minute"
+    verdict: Literal["leak", "stable", "inconclusive", "slowing"]
+    unit: Literal["bytes", "count", "per_minute", "per_second"]
     label: str
     pid: NotRequired[int | None]
     name: NotRequired[str | None]
     slope_per_hour: float | None
-    slope_interval_per_hour: list[float] | None
+    slope_interval_per_hour: Annotated[list[float], Keywords(minItems=2, maxItems=2)] | None
     growth: float | None
-    span_seconds: float
+    span_seconds: NonNegative
+    #: The series' floor at the start of the analysed span (its first window minimum); for an
+    #: ``inconclusive`` verdict, the first sample after the warm-up.
     first: float | None
+    #: The floor at the end of the span; for ``inconclusive``, the last sample.
     last: float | None
     limit: float | None
     limit_source: str | None
     projected_seconds_to_limit: float | None
-    projected_limit_at: str | None
+    projected_limit_at: Timestamp | None
 
 
-class ProcessEntry(TypedDict):
-    """``processes[]``: one of the largest processes of the tree, over the run."""
+class LimitsSection(TypedDict, total=False):
+    """``limits``: what the run's resources cannot exceed (the ``limits`` event's fields)."""
 
-    pid: int
-    name: str
-    first_rss_bytes: int
-    peak_rss_bytes: int
-    last_rss_bytes: int
-    mean_cpu_percent: float | None
-    peak_gpu_memory_bytes: int | None
-    peak_threads: int
-    series: Series
-    #: ``{"launcher": ...}`` or the process's rank (``ranks``), when it has one.
-    role: NotRequired[dict[str, Any] | None]
-
-
-class OomKillEntry(TypedDict):
-    """``oom_kills[]``: a process of the tree the OOM killer ended."""
-
-    pid: int
-    name: str
-    message: str
-    #: ``kernel_log`` and/or ``cgroup_counter``; the cgroup's path and limit come with it
-    #: (all three are missing from artifacts written before the cgroup's counter was read).
-    detected_by: NotRequired[list[str]]
-    cgroup_path: NotRequired[str | None]
-    cgroup_memory_limit_bytes: NotRequired[int | None]
-
-
-class Stats(TypedDict):
-    """``summary[group][field]`` for a numeric field: its figures over the run (a label
-    field's entry is the list of values seen instead)."""
-
-    max: float | None
-    mean: float | None
-    min: float | None
-    last: float | None
-
-
-class ProbeFailure(TypedDict):
-    """A reading that could not be taken, and why: a probe of the runtime snapshot (which
-    keeps beside it what it did learn: ``source`` its ``repository: null``, ``gpus`` its
-    ``available: false``, the command's interpreter its ``executable``), the whole snapshot
-    when it was not taken, a process's py-spy dump."""
-
-    error: str
-
-
-@final
-class PythonStack(TypedDict):
-    """``forensics.processes[].python_stack`` when py-spy answered: its dump."""
-
-    stack: str
-
-
-class ForensicsProcess(TypedDict):
-    """``forensics.processes[]``: what one process of a stalled tree was doing.  A process
-    that could not be read holds ``pid`` and ``error`` only (:func:`readable_processes`)."""
-
-    pid: int
-    ppid: int
-    name: str
-    state: str
-    num_threads: int
-    cmdline: list[str]
-    #: ``{"launcher": ...}`` or the process's rank, when it has one (newer artifacts only).
-    role: NotRequired[dict[str, Any] | None]
-    wchan: str | None
-    kernel_stack: str | None
-    threads: list[dict[str, Any]]
-    #: A Python process's stack from py-spy, or why there is none.
-    python_stack: NotRequired[PythonStack | ProbeFailure]
-
-
-class StallCulprit(TypedDict):
-    """``forensics.ranks``: which rank(s) a distributed run's stall waits on.  ``text`` is
-    None when no rank stands out; when it names one, ``where``, ``pid`` and ``node`` say
-    where that rank stopped."""
-
-    culprits: list[int]
-    text: str | None
-    waiting: str | None
-    ranks: list[dict[str, Any]]
-    where: NotRequired[str | None]
-    pid: NotRequired[int | None]
-    node: NotRequired[str | None]
-
-
-class ForensicsSection(TypedDict):
-    """``forensics``: what the tree was doing before the first signal of a stall.  When it
-    could not be taken, ``error`` says why and the figures are missing."""
-
-    reason: str
-    t: float
-    error: NotRequired[str]
-    processes: NotRequired[list[dict[str, Any]]]  # ForensicsProcess, or pid and error
-    skipped_for_time: NotRequired[int]
-    py_spy: NotRequired[str | None]
-    time_budget_seconds: NotRequired[float]
-    #: A distributed run's stall: which rank(s) it waits on (``stall_culprit``).
-    ranks: NotRequired[StallCulprit]
-
-
-def readable_processes(forensics: ForensicsSection) -> list[ForensicsProcess]:
-    """The processes the forensics could read: every one but those recorded as ``{"pid",
-    "error"}`` (access denied), which hold nothing else."""
-    return [cast(ForensicsProcess, p) for p in forensics.get("processes", []) if "error" not in p]
-
-
-class GpuHealth(TypedDict):
-    """``gpu_health[key]``: what one GPU said about its own health over the run."""
-
-    index: int
-    uuid: str | None
-    bus_id: str | None
-    lost: bool
-    #: Each fault: ``t``, ``fault``, ``message``, ``fails``, ``used``, and when known ``at``,
-    #: ``xid``, ``meaning``, ``action``.
-    faults: list[dict[str, Any]]
-    xid: list[dict[str, Any]]
-    samples: NotRequired[int]
-    faults_dropped: NotRequired[int]
-    ecc_uncorrected: NotRequired[dict[str, Any]]
-    remapped_rows: NotRequired[dict[str, Any]]
-    retired_pages_pending: NotRequired[Any]
-    pcie_link: NotRequired[Any]
-    throttle_shares: NotRequired[dict[str, Any]]
-
-
-class ProcessRecord(TypedDict):
-    """``leftover_processes[]``, ``abandoned_processes[]`` (and a ``leftover`` or ``abandoned``
-    event's ``process``): a process of the tree that outlived the command.  A process that
-    could not be read holds null ``name`` and ``cmdline`` and the state ``unknown``."""
-
-    pid: int
-    name: str | None
-    state: str
-    cmdline: list[str] | None
-    ppid: NotRequired[int]
-    pgid: NotRequired[int]
-    sid: NotRequired[int]
-    create_time: NotRequired[float]
-    #: In words, how it left the command's process group (or that it did not).
-    left_group: NotRequired[str]
-
-
-@final
-class SourceProbe(TypedDict):
-    """``snapshot.source``: the git repository the command ran from."""
-
-    repository: str
-    revision: str | None
-    branch: str | None
-    #: Null when ``git status`` failed (its error is in ``errors``).
-    dirty: bool | None
-    changed_files: int | None
-    untracked_files: int | None
-    diff_sha256: str | None
-    errors: list[str]
-
-
-class SnapshotGpu(TypedDict):
-    """``snapshot.gpus.gpus[]``: one GPU of the machine, as nvidia-smi listed it."""
-
-    index: int
-    uuid: str | None
-    name: str | None
-    bus_id: str | None
-    memory_total_mib: float | None
-    power_limit_w: float | None
-    clocks_max_sm_mhz: float | None
-    driver_version: str | None
-    compute_mode: str | None
-    persistence_mode: str | None
-    mig_mode: str | None
-
-
-@final
-class GpuProbe(TypedDict):
-    """``snapshot.gpus``: the machine's GPUs and driver (nvidia-smi answered)."""
-
-    available: bool
-    nvidia_smi: str
-    gpus: list[SnapshotGpu]
-    errors: list[str]
-    driver_version: str | None
-    #: What ``nvidia-smi --version`` said, when it answered.
-    cuda_version: NotRequired[str]
-    nvidia_smi_version: NotRequired[str]
-    nvml_version: NotRequired[str]
-
-
-class PythonInfo(TypedDict):
-    """``snapshot.software.python``: the interpreter the monitor ran in."""
-
-    version: str
-    implementation: str
-    executable: str
-    prefix: str
-
-
-@final
-class CommandPython(PythonInfo):
-    """``snapshot.software.command_python``: the command's own interpreter, when it is
-    another one than the monitor's, and its packages."""
-
-    distributions: dict[str, str]
-
-
-@final
-class SoftwareProbe(TypedDict):
-    """``snapshot.software``: the Python, platform and packages."""
-
-    python: PythonInfo
-    platform: str
-    asyncsoak: str
-    distributions: dict[str, str]
-    command_python: NotRequired[CommandPython | ProbeFailure]
-
-
-@final
-class HostProbe(TypedDict):
-    """``snapshot.host``: the machine."""
-
-    hostname: str
-    kernel: str
-    kernel_version: str
-    machine: str
-    cpu_model: str | None
-    cpu_count: int | None
-    usable_cpus: int
-    memory_total_bytes: int
-
-
-class SlurmJob(TypedDict, total=False):
-    """``snapshot.scheduler`` in a SLURM job: the job as its environment names it (null for
-    a variable SLURM did not set), then what ``scontrol`` said.  Only ``kind`` is sure: the
-    identity of a job whose ``scontrol`` did not answer in time lacks ``scontrol``'s keys,
-    and readers take any key as possibly missing."""
-
-    kind: Required[Literal["slurm"]]
-    job_id: int | str
-    array_job_id: int | str | None
-    array_task_id: int | str | None
-    step_id: int | str | None
-    job_name: str | None
-    node: str | None
-    node_list: str | None
-    num_nodes: int | str | None
-    num_tasks: int | str | None
-    rank: int | str | None
-    local_rank: int | str | None
-    node_rank: int | str | None
-    restart_count: int | str
-    partition: str | None
-    account: str | None
-    qos: str | None
-    cluster: str | None
-    gpus: str | None
-    kill_wait_seconds: float | None
-    end_time: str | None
-    end_time_epoch: float | None
-    time_limit: str | None
-    errors: list[str]
-
-
-class KubernetesPod(TypedDict, total=False):
-    """``snapshot.scheduler`` in a Kubernetes pod: its names and indexes (null when nothing
-    says them), cgroup limits and grace.  Only ``kind`` is sure: when reading the pod took too
-    long, the record holds ``kind``, ``kill_wait_seconds`` and ``errors`` alone."""
-
-    kind: Required[Literal["kubernetes"]]
-    pod_name: str | None
-    namespace: str | None
-    node: str | None
-    pod_uid: str | None
-    pod_ip: str | None
-    service_account: str | None
-    hostname: str | None
-    job_name: str | None
-    completion_index: int | str | None
-    jobset_name: str | None
-    replicated_job_name: str | None
-    job_index: int | str | None
-    cpu_limit_cores: float | None
+    memory_total_bytes: int | None
+    #: The hard limit of the command's memory cgroup: memory.max (v2) or
+    #: memory.limit_in_bytes (v1), the tightest from its cgroup up.
+    cgroup_memory_max_bytes: int | None
+    #: memory.high (v2).
+    cgroup_memory_high_bytes: int | None
+    #: The cgroup's usage at the start: memory.current (v2) or memory.usage_in_bytes (v1).
+    cgroup_memory_current_bytes: int | None
+    cgroup_version: Literal[1, 2] | None
+    #: The command's memory cgroup, as /proc/PID/cgroup names it.
+    cgroup_path: str | None
+    #: The lowest memory limit that applies; leaks are projected against it.
     memory_limit_bytes: int | None
-    termination_grace_period_seconds: float | None
-    termination_grace_source: str
-    kill_wait_seconds: float | None
-    errors: list[str]
+    #: What that limit is: machine memory, cgroup memory.max (SLURM job 123), cgroup
+    #: memory.high, cgroup memory.limit_in_bytes.
+    memory_limit_source: str | None
+    #: The cgroup that sets it; null for the machine's memory.
+    memory_limit_cgroup: str | None
+    #: The size of the progress and output filesystems.
+    disk_total_bytes: dict[str, int | None]
 
 
-class SnapshotSection(TypedDict, total=False):
-    """``snapshot``: where the code, the GPUs, the software and the host stood, and the
-    scheduler's job.  Every key may be missing: an artifact rebuilt from a journal that never
-    got the snapshot holds ``{}``, and one whose snapshot was not taken holds ``error`` and
-    ``scheduler`` only; ``scheduler`` is null outside a scheduler's job (and missing from
-    artifacts written before it was recorded)."""
+class EventHead(TypedDict):
+    """What the schema checks of a kept event (older artifacts may lack a key added since)."""
 
-    taken_at: str
-    root: str
-    source: SourceProbe | ProbeFailure
-    gpus: GpuProbe | ProbeFailure
-    software: SoftwareProbe | ProbeFailure
-    host: HostProbe | ProbeFailure
-    #: The variables that shape a training run (credentials redacted), by name.
-    environment: dict[str, str]
-    scheduler: SlurmJob | KubernetesPod | None
-    error: str
+    t: float
+    kind: str
 
 
 class Artifact(TypedDict):
-    """The whole artifact (``artifact.schema.json``)."""
+    """One self-contained record of a supervised run (schema_version 2; version 1 artifacts,
+    without trends and processes, are still read)."""
 
-    schema_version: int
+    schema_version: Annotated[int, Keywords(enum=[1, 2])]
     status: SoakStatus
     failures: list[Failure]
     warnings: list[str]
@@ -519,35 +339,43 @@ class Artifact(TypedDict):
     cwd: str
     config: Config
     metadata: dict[str, Any]
-    started_at: str
-    ended_at: str
-    duration_seconds: float
+    started_at: Timestamp
+    ended_at: Timestamp
+    duration_seconds: NonNegative
     exit: Exit
     snapshot: SnapshotSection
     progress: Progress
     series: dict[str, Series]
     summary: dict[str, Any]
-    #: The events kept (see ``artifact.EVENTS_HEAD``): the schema requires ``t`` and
-    #: ``kind`` only, and older artifacts may lack a key added to an event since.
-    events: list[KeptEventJson]
+    #: The events, less samples, steps, header and snapshot (sections of their own hold them):
+    #: the first and the last ones of a long run (the journal keeps them all).
+    events: Annotated[list[KeptEventJson], list[EventHead]]
     leftover_processes: list[ProcessRecord]
     log: Log
     monitor: Monitor
     # Not required by the schema: version 2 additions and sections older writers lacked.
     trends: NotRequired[dict[str, Trend]]
-    processes: NotRequired[list[ProcessEntry]]
-    limits: NotRequired[dict[str, Any]]
+    processes: NotRequired[Annotated[list[ProcessEntry], Keywords(maxItems=8)]]
+    limits: NotRequired[Annotated[dict[str, Any], LimitsSection]]
     series_resolution: NotRequired[dict[str, int]]
     events_dropped: NotRequired[int]
+    #: Processes that would not die even after SIGKILL (often stuck in D).
     abandoned_processes: NotRequired[list[ProcessRecord]]
     oom_kills: NotRequired[list[OomKillEntry]]
     forensics: NotRequired[ForensicsSection | None]
     stop: NotRequired[Stop]
+    #: Each GPU's health over the run, keyed gpuN ('unlisted' for a GPU lost before
+    #: nvidia-smi listed it): its faults (Xid errors, uncorrectable ECC rises, row remaps,
+    #: pages pending retirement, the GPU lost, a PCIe link trained down, the GPU needing a
+    #: reset), counts at the start and end, the PCIe link, and the share of samples each clock
+    #: event reason was active.
     gpu_health: NotRequired[dict[str, GpuHealth]]
     #: A distributed run: each rank's process and the launchers.
-    ranks: NotRequired[dict[str, Any]]
+    ranks: NotRequired[Annotated[dict[str, Any], Ranks]]
     #: Ranks whose progress fell behind the others' (a distributed run's per-rank progress).
-    stragglers: NotRequired[list[dict[str, Any]]]
+    stragglers: NotRequired[Annotated[list[dict[str, Any]], list[Straggler]]]
+    #: Where the run's time went: productive steps and the badput by cause.
+    goodput: NotRequired[GoodputSection]
 
 
 def series_times(series: Series) -> list[float]:
@@ -555,3 +383,23 @@ def series_times(series: Series) -> list[float]:
     a time in every slot of ``t`` (``SeriesBuffer.to_json``), where the other columns hold
     null for a sample that lacked the field."""
     return cast("list[float]", series["t"])
+
+
+def schema_text() -> str:
+    """``artifact.schema.json``'s text: the artifact's JSON Schema (draft 2020-12)."""
+    named = {"process": ProcessRecord, "rank": Rank, "timestamp": Timestamp, "start_end": StartEnd}
+    root, defs = json_schema(Artifact, named)
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://asyncsoak.invalid/artifact.schema.json",
+        "title": "asyncsoak soak artifact",
+        **root,
+        "if": {"properties": {"schema_version": {"const": 2}}},
+        "then": {"required": ["trends", "processes"]},
+        "$defs": defs,
+    }
+    return dump(schema) + "\n"
+
+
+if __name__ == "__main__":  # python -m asyncsoak._contract._schema: rewrite the shipped file
+    Path(__file__).parents[1].joinpath("artifact.schema.json").write_text(schema_text())

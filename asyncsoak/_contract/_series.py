@@ -1,15 +1,12 @@
 """Bounded, peak-preserving time series and running statistics for the artifact.
 
-The journal keeps every sample; the artifact keeps at most ``max_points`` per series group
-however long the soak runs.  When a group fills up, neighbouring points are merged in pairs
-and each later point covers twice as many samples: a point's time is its first sample's and
-its value is the bucket's maximum, so a short spike is never averaged away.  Means live in
-:class:`RunningStats`, over every sample.
+When a group fills up, neighbouring points merge in pairs, each keeping its bucket's maximum
+(a short spike is never averaged away); means live in :class:`RunningStats`, over every sample.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,13 +50,23 @@ class SeriesBuffer:
         self._values: dict[str, list[float | None]] = {}
         self.samples_per_point = 1
         self._in_last = 0  # samples merged into the last point
+        #: The values last added, when the last point holds them (merging them again is a no-op).
+        self._last_values: Mapping[str, float | None] | None = None
 
     def add(self, t: float, values: Mapping[str, float | None]) -> None:
-        for name in values.keys() - self._values.keys():
-            self._values[name] = [None] * len(self._t)
+        """Add a point; ``values`` given again (the same object, unchanged) costs no merge."""
+        if values is self._last_values and self._in_last < self.samples_per_point:
+            self._in_last += 1
+            return
+        again, self._last_values = values is self._last_values, values
+        columns = self._values
+        if not again and not columns.keys() >= values.keys():  # a new field (no set built)
+            for name in values.keys() - columns.keys():
+                columns[name] = [None] * len(self._t)
         if self._t and self._in_last < self.samples_per_point:
-            for name, column in self._values.items():
-                column[-1] = self._combine(column[-1], values.get(name))
+            combine = self._combine
+            for name, column in columns.items():
+                column[-1] = combine(column[-1], values.get(name))
             self._in_last += 1
             return
         if len(self._t) == self._max_points:
@@ -82,6 +89,7 @@ class SeriesBuffer:
         # The merged last point may still have room for more samples.
         self._in_last = self.samples_per_point * (2 if n % 2 == 0 else 1)
         self.samples_per_point *= 2
+        self._last_values = None
 
     @property
     def times(self) -> list[float]:
@@ -96,6 +104,60 @@ class SeriesBuffer:
         for name, column in sorted(self._values.items()):
             out[name] = [None if v is None else round(v, 4) for v in column]
         return out
+
+
+class ProgressBins:
+    """Every progress change in at most ``max_bins`` bins, in time order: what the report's
+    progress strip and time-since-progress curve draw, without the journal.  A bin holds its
+    first and last change, how many, the longest gap that ended in it (from the change
+    before, or the start) and when, and the files of its last change; when full, neighbours
+    merge in pairs as :class:`SeriesBuffer`'s points do."""
+
+    def __init__(self, max_bins: int = SERIES_POINTS) -> None:
+        self._max_bins = max_bins
+        #: [first_t, last_t, changes, longest_gap_seconds, longest_gap_t, files]
+        self._bins: list[list[Any]] = []
+        self._per_bin = 1
+        self._last_t = 0.0
+
+    def add(self, t: float, paths: Sequence[str]) -> None:
+        gap, self._last_t = t - self._last_t, t
+        bins = self._bins
+        if not bins or bins[-1][2] >= self._per_bin:
+            if len(bins) == self._max_bins:
+                self._halve()
+            if not bins or bins[-1][2] >= self._per_bin:
+                bins.append([t, t, 0, gap, t, ""])
+        last = bins[-1]
+        last[1], last[2], last[5] = t, last[2] + 1, file_names(paths)
+        if gap > last[3]:
+            last[3], last[4] = gap, t
+
+    def _halve(self) -> None:
+        bins, merged = self._bins, []
+        for i in range(0, len(bins), 2):
+            a, b = bins[i], bins[min(i + 1, len(bins) - 1)]
+            longest = a if a[3] >= b[3] or a is b else b
+            changes = a[2] + (b[2] if b is not a else 0)
+            merged.append([a[0], b[1], changes, longest[3], longest[4], b[5]])
+        self._bins[:] = merged
+        self._per_bin *= 2
+
+    def to_json(self) -> dict[str, list[Any]]:
+        columns = zip(*self._bins, strict=True) if self._bins else [()] * 6
+        names = ("first_t", "last_t", "changes", "longest_gap_seconds", "longest_gap_t", "files")
+        return {
+            name: [round(v, 3) if isinstance(v, float) else v for v in values]
+            for name, values in zip(names, columns, strict=True)
+        }
+
+
+def file_names(paths: object, shown: int = 3) -> str:
+    """``checkpoint-30/trainer_state.json, metrics.jsonl`` (and how many more)."""
+    if not isinstance(paths, list | tuple) or not paths:
+        return ""
+    names = ", ".join(str(p) for p in paths[:shown])
+    return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
 
 
 @dataclass(slots=True)

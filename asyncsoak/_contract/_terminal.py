@@ -1,13 +1,8 @@
 """Text from a run as it may reach a terminal: control characters spelled out.
 
-Anything a run wrote can end up on a person's terminal: a process name, a file name in the
-progress directory, an exception message, a job's name.  A terminal acts on the control
-characters in them: ``ESC ] 52`` writes the clipboard, ``ESC ] 0`` retitles the window,
-``ESC [ 2J`` clears the screen, a carriage return overwrites the line before it, and the
-Unicode bidirectional overrides reorder what is shown.  Every view that prints such text
-(``run``'s lines, the live view, ``summary``, ``compare``, ``recover``, the queue's views, error
-messages) passes it through :func:`terminal_text`, which spells each of them out as Python
-would (``\\x1b``, ``\\u202e``), so it shows as text and does nothing.
+A process name, a file name or an exception message may hold what a terminal acts on (``ESC ]
+52`` writes the clipboard, bidi overrides reorder text); every view prints such text through
+:func:`terminal_text`, which spells them out as Python would (``\\x1b``), so they do nothing.
 """
 
 from __future__ import annotations

@@ -6,7 +6,12 @@ understands the same spellings: the ``Z`` the package writes and the offsets oth
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
+from typing import Any
+
+#: The record fields that carry the trainer's own time of a step, first found wins.
+STEP_TIME_FIELDS = ("time", "timestamp", "_timestamp", "wall_time")
 
 
 def iso(dt: datetime) -> str:
@@ -33,3 +38,29 @@ def epoch(text: object) -> float | None:
     """Seconds since the epoch of an ISO 8601 time read back from JSON; ``None`` if not one."""
     moment = parse_iso_or_none(text)
     return None if moment is None else moment.timestamp()
+
+
+#: A record's time below this is no time since the epoch (a step's duration, an uptime):
+#: 2001-09-09.  Above it by 100x and more, the trainer wrote milliseconds (or finer).
+EPOCH_SECONDS_MIN = 1e9
+
+
+def trainer_seconds(value: Any) -> float | None:
+    """A record's time field as seconds since the epoch (a number in seconds, milliseconds,
+    microseconds or nanoseconds, or ISO 8601), else None (a duration is no time)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        try:
+            seconds = parse_iso(value.strip()).timestamp()
+        except ValueError:
+            return None
+    else:
+        return None
+    if not math.isfinite(seconds) or seconds < EPOCH_SECONDS_MIN:
+        return None
+    while seconds >= 100 * EPOCH_SECONDS_MIN:  # ms, us or ns since the epoch
+        seconds /= 1000
+    return seconds

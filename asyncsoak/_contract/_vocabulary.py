@@ -1,9 +1,7 @@
 """The words asyncsoak writes into its journal and artifact, one spelling each.
 
-Each enum is a :class:`~enum.StrEnum`, so a member *is* its string: it compares equal to the
-value read back from JSON, and ``json.dumps`` writes it as that string.  The artifact's JSON
-Schema (``artifact.schema.json``) lists the same values; ``tests/test_vocabulary.py`` keeps
-the two in step, and the event kinds in step with the events the code emits.
+Each enum is a :class:`~enum.StrEnum`, so a member compares equal to the string read back from
+JSON; ``tests/test_vocabulary.py`` keeps them in step with the schema and the events emitted.
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ class EventKind(StrEnum):
     SAMPLE = "sample"
     GPU_SAMPLE = "gpu_sample"
     GPU_FAULT = "gpu_fault"
+    RULE_BROKEN = "rule_broken"
 
 
 class SoakStatus(StrEnum):
@@ -71,6 +70,8 @@ class FailureReason(StrEnum):
     MEMORY_LEAK = "memory_leak"
     GPU_FAULT = "gpu_fault"
     NONFINITE_LOSS = "nonfinite_loss"
+    NO_PROGRESS = "no_progress"
+    OVERDUE = "overdue"
 
 
 class GpuFaultKind(StrEnum):
@@ -84,6 +85,7 @@ class GpuFaultKind(StrEnum):
     RETIRED_PAGES_PENDING = "retired_pages_pending"
     LOST = "lost"
     PCIE_LINK = "pcie_link"
+    RESET_REQUIRED = "reset_required"
 
 
 class StopCause(StrEnum):

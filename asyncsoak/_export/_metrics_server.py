@@ -1,23 +1,10 @@
-"""Serving live metrics: a small, bounded HTTP server for ``/metrics`` on the soak's own event
-loop, and the node_exporter textfile.
+"""Serving live metrics: a small, bounded HTTP server for ``/metrics`` (and ``/healthz``) on
+the soak's own event loop, and the node_exporter textfile.
 
-Prometheus asks ``GET /metrics`` and reads one short answer: the server reads one request
-head (at most ``MAX_HEAD`` bytes), answers it and closes the connection.  Every connection
-is bounded in time (``REQUEST_TIMEOUT_SECONDS``) and in number (``MAX_CONNECTIONS``), so a
-slow, silent or malformed client costs a few bytes and one task, never the soak's time: the
-page is rendered from memory, with no I/O but the socket.  When every slot is taken, a new
-connection closes the one that has waited longest for its request (the oldest idle one), so
-clients that connect and never send (a scanner, a broken proxy reconnecting every few seconds)
-can never keep a scraper out; only when every slot is busy sending an answer is a new one
-closed at once.
-
-The server works on plain non-blocking sockets: a scrape every second is paid from the
-monitor's budget, and a stream object per connection (an asyncio transport and protocol, a
-task, several turns of the loop) costs several times what answering does.  A scrape whose
-request has arrived by the time it is accepted (the usual case) is answered at once, in the
-loop's reader callback; only a slow or partial one gets a task of its own, under its deadline.
-
-A broken server (an accept that keeps failing) ends itself and leaves the soak alone.
+Every connection is bounded in time, number and request size, so a slow, silent or malformed
+client costs a few bytes and one slot, never the soak's time; clients that connect and never
+send cannot keep a scraper out (docs/architecture.md says how).  ``prometheus_client`` writes
+the page; a server that keeps failing ends itself and leaves the soak alone.
 """
 
 from __future__ import annotations
@@ -29,13 +16,16 @@ import socket
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from .._contract import BlockingCallTimeout, ValidationError, run_blocking
-from ._exposition import encode_rows, render_rows
-from ._metrics import Metrics, SoakMetrics, textfile_path, write_textfile
+from ._metrics import Metrics, new_registry, render, textfile_path, write_textfile
+from ._soak_metrics import SoakMetrics
+
+if TYPE_CHECKING:
+    from .._record import RunState
 
 #: Bound on one connection, from accept to the last byte of the answer.
 REQUEST_TIMEOUT_SECONDS = 5.0
@@ -44,7 +34,7 @@ MAX_CONNECTIONS = 16
 #: Largest request head read.
 MAX_HEAD = 8192
 #: Pause after a failed accept (out of file descriptors) before accepting again.
-ACCEPT_RETRY = 0.1
+ACCEPT_RETRY_SECONDS = 0.1
 #: Failed accepts in a row after which the server gives up (5 s of them).
 MAX_ACCEPT_FAILURES = 50
 #: Connections waiting to be accepted.
@@ -60,9 +50,7 @@ Health = Callable[[], tuple[bool, str]]
 
 @dataclass(slots=True)
 class ServerStats:
-    scrapes: int = 0
-    bad_requests: int = 0
-    timeouts: int = 0
+    #: New connections closed at once: every slot was sending an answer.
     refused: int = 0
     #: Idle connections closed to make room for a new one.
     evicted: int = 0
@@ -80,6 +68,8 @@ class _NotYet(Exception):
     """The request head has not all arrived."""
 
 
+# Not prometheus_client's start_http_server: a thread per connection, unbounded in number and
+# time (silent clients pile up, none is evicted for a scraper), 64 KiB heads, and no /healthz.
 class MetricsServer:
     """Serve ``render``'s page at ``/metrics`` on the listening socket until cancelled, and
     ``/healthz`` (200 while ``health`` says alive, 503 when not; 200 without ``health``: an
@@ -145,7 +135,7 @@ class MetricsServer:
                     self._stopped.set()
                     return
                 self._loop.remove_reader(self.listener)
-                self._loop.call_later(ACCEPT_RETRY, self._resume)
+                self._loop.call_later(ACCEPT_RETRY_SECONDS, self._resume)
                 return
             self._failures = 0
             self._accepted(conn)
@@ -234,8 +224,6 @@ class MetricsServer:
                     await _send_all(conn, self._answer(head))
                 except OSError:
                     pass  # the client went away
-            if waiting.scope.cancelled_caught and not waiting.evicted:
-                self.stats.timeouts += 1
         except Exception as exc:  # a bug answering one request must not end the server
             _log.warning("metrics request failed: %r", exc)
         finally:
@@ -254,12 +242,10 @@ class MetricsServer:
 
     def _answer(self, head: bytes | None) -> bytes:
         if head is None:
-            self.stats.bad_requests += 1
             return _response(431, b"request head too large\n")
         request_line, headers = _parse_head(head)
         parts = request_line.split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            self.stats.bad_requests += 1
             return _response(400, b"bad request\n")
         method, target, _version = parts
         path = target.split("?", 1)[0]
@@ -273,7 +259,6 @@ class MetricsServer:
         if path != "/metrics":
             return _response(404, b"not found; try /metrics\n")
         body, content_type = self.render(headers.get("accept", ""))
-        self.stats.scrapes += 1
         return _response(200, body, content_type=content_type, head_only=method)
 
 
@@ -371,6 +356,7 @@ class SoakMetricsRuntime:
     ) -> None:
         self.config = config
         self.soak = soak
+        self.registry = new_registry(soak)
         self._limiter = limiter
         self.server = (
             None if listener is None else MetricsServer(listener, self._render, soak.health)
@@ -381,7 +367,6 @@ class SoakMetricsRuntime:
             else textfile_path(config.textfile_dir, soak.soak_id)
         )
         self.textfile_error: str | None = None
-        self.textfile_writes = 0
         self._dirty = anyio.Event()
         self._final_scraped = anyio.Event()
         self._write_lock = anyio.Lock()
@@ -391,7 +376,7 @@ class SoakMetricsRuntime:
         self._dirty.set()
 
     def _render(self, accept: str) -> tuple[bytes, str]:
-        page = render_rows(self.soak.rows(), accept)
+        page = render(self.registry, accept)
         if self.soak.status is not None:
             self._final_scraped.set()
         return page
@@ -417,7 +402,7 @@ class SoakMetricsRuntime:
         if path is None or self.textfile_error is not None:
             return
         async with self._write_lock:
-            data = encode_rows(self.soak.rows(), openmetrics=False)
+            data = render(self.registry)[0]
             try:
                 await run_blocking(
                     write_textfile,
@@ -427,7 +412,6 @@ class SoakMetricsRuntime:
                     what=f"writing the metrics textfile {path}",
                     limiter=self._limiter,
                 )
-                self.textfile_writes += 1
             except BlockingCallTimeout as exc:
                 # A hung filesystem: one abandoned write, then no more for this soak.
                 self.textfile_error = str(exc)
@@ -450,10 +434,11 @@ class SoakMetricsRuntime:
 
 
 async def open_soak_metrics(
-    config: Metrics, soak_id: str, limiter: anyio.CapacityLimiter
+    config: Metrics, soak_id: str, limiter: anyio.CapacityLimiter, run: RunState | None
 ) -> SoakMetricsRuntime:
-    """Bind what the soak's metrics need before anything is launched (errors are ValueErrors)."""
+    """Bind what the soak's metrics need before anything is launched (errors are ValueErrors);
+    they read ``run``, the soak's state."""
     listener = None
     if config.port is not None:
         listener = await open_listener(config.address, config.port)
-    return SoakMetricsRuntime(config, listener, SoakMetrics(soak_id), limiter)
+    return SoakMetricsRuntime(config, listener, SoakMetrics(soak_id, run=run), limiter)

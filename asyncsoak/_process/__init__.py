@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from .._contract import lazy_door
 
 if TYPE_CHECKING:
-    from . import _cgroup, _tree
+    from . import _cgroup as cgroups  # noqa: F401 (a module the door hands out whole)
+    from . import _tree as process_tree  # noqa: F401 (a module the door hands out whole)
     from ._commands import CommandResult as CommandResult
     from ._commands import open_command as open_command
     from ._commands import run_command as run_command
@@ -31,7 +32,9 @@ if TYPE_CHECKING:
     from ._ranks import role as role
     from ._ranks import stall_culprit as stall_culprit
     from ._ranks import states_from_json as states_from_json
+    from ._spawn import REAPER_CLOSE_TIMEOUT_SECONDS as REAPER_CLOSE_TIMEOUT_SECONDS
     from ._spawn import REAPER_MODULE as REAPER_MODULE
+    from ._spawn import REAPER_SCRIPT as REAPER_SCRIPT
     from ._spawn import Spawner as Spawner
     from ._spawn import SpawnRequest as SpawnRequest
     from ._tree import cmdline as cmdline
@@ -39,38 +42,4 @@ if TYPE_CHECKING:
     from ._tree import holds_open as holds_open
     from ._tree import start_time_ticks as start_time_ticks
 
-    cgroups = _cgroup
-    process_tree = _tree
-else:
-    __getattr__, __dir__ = lazy_door(
-        __name__,
-        {
-            "CommandResult": "._commands",
-            "open_command": "._commands",
-            "run_command": "._commands",
-            "run_command_sync": "._commands",
-            "stop_process": "._commands",
-            "KernelLogFollower": "._forensics",
-            "collect_forensics": "._forensics",
-            "oom_kills": "._forensics",
-            "seconds_since_boot": "._forensics",
-            "WRAPPER_NAMES": "._ranks",
-            "judge_ranks": "._ranks",
-            "launcher_of": "._ranks",
-            "parse_rank_environ": "._ranks",
-            "ranks_section": "._ranks",
-            "read_environ": "._ranks",
-            "role": "._ranks",
-            "stall_culprit": "._ranks",
-            "states_from_json": "._ranks",
-            "RoleFold": "._ranks",
-            "REAPER_MODULE": "._spawn",
-            "SpawnRequest": "._spawn",
-            "Spawner": "._spawn",
-            "cmdline": "._tree",
-            "environments": "._tree",
-            "holds_open": "._tree",
-            "start_time_ticks": "._tree",
-        },
-        modules={"cgroups": "._cgroup", "process_tree": "._tree"},
-    )
+__getattr__, __dir__ = lazy_door(__name__, __file__)

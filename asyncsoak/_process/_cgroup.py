@@ -1,19 +1,9 @@
 """A cgroup for the soak's tree, where the kernel lets us make one: membership decides.
 
-Environment markers (``ASYNCSOAK_SOAK_ID``) and the reaper's parentage find most of a tree,
-but a process that scrubs its environment and calls ``setsid`` after the reaper is gone (the
-trainer killed it) has neither.  A cgroup holds every descendant whatever it does to its
-environment, session or parent: only a write to another cgroup's ``cgroup.procs`` (root, or a
-delegated owner) takes a process out.
-
-Preferred: a child of this process's own cgroup v2 (``cgroup.kill`` kills every member at once,
-race-free against a forking tree).  Otherwise, as root on a v1 system, a group in the
-``freezer`` hierarchy (the tree is frozen, every member SIGKILLed, then thawed, so nothing can
-fork in between).  Otherwise None: the environment marker stays as the fallback.
-
-The command joins the group itself, between fork and exec (see ``_reaper``), so the reaper is
-never a member: killing the group never kills the process that reports the tree's end.
-All of this is filesystem work on cgroupfs: callers run it through ``run_blocking``.
+A process that scrubs its environment and calls ``setsid`` after the reaper is gone escapes the
+environment markers and the parentage; a cgroup holds every descendant whatever it does.  A
+child of our own cgroup v2 (``cgroup.kill``), else as root a v1 ``freezer`` group, else None.
+Filesystem work on cgroupfs: callers run it through ``run_blocking``.
 """
 
 from __future__ import annotations

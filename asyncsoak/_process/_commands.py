@@ -1,12 +1,8 @@
 """Short external commands under a deadline: ``nvidia-smi``, ``git``, a command's interpreter.
 
-Every command gets a deadline.  One that overruns is killed; one that does not die within a
-bounded wait after SIGKILL (stuck in uninterruptible sleep, ``D``) is abandoned and reported,
-never awaited forever.  An abandoned process is kept referenced here so that neither Python
-nor asyncio warns about it, and is reaped by a later call once it has finally exited.
-
-Commands start in their own session, so a Ctrl-C at the monitor's terminal does not reach
-them: the monitor decides when they stop.
+One that overruns is killed; one that survives SIGKILL's bounded wait (``D`` state) is abandoned,
+reported, and reaped by a later call, never awaited forever.  They start in their own session,
+so a Ctrl-C at the monitor's terminal does not reach them.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Hang forensics and the kernel's word on why a process died.
 
-When a run stalls (``stale_progress``, ``startup_timeout``), the monitor records, before the
-first signal, what every process of the tree was doing: its state, the kernel function it
-sleeps in (``wchan``), its kernel stack when readable, its threads, and for Python processes
-a stack dump with ``py-spy`` when it is installed.  Everything is bounded in time: a process in
-``D`` state or a ``py-spy`` that hangs cannot hold up the stop sequence.
-
-:func:`oom_kills` reads the kernel log for processes of the tree that the OOM killer ended;
-:class:`KernelLogFollower` follows it from a soak's start (the GPU sampler reads Xid errors from
-it).  Both read records through :func:`kernel_log_records`.
+At a stall, before the first signal, the monitor records what every process of the tree was
+doing (state, ``wchan``, kernel stack, threads, a ``py-spy`` dump), each read bounded in time so
+a ``D``-state process cannot hold up the stop.  :func:`oom_kills` and :class:`KernelLogFollower`
+read the kernel log (OOM kills; the GPU sampler's Xid errors) through :func:`kernel_log_records`.
 """
 
 from __future__ import annotations
@@ -242,13 +237,8 @@ def _read_oom_records(kmsg: Path) -> list[_OomRecord] | None:
 
 def kernel_log_records(fd: int, limit: int) -> Iterator[tuple[float, str]]:
     """``(seconds since boot, message)`` of each record readable now from an open, non-blocking
-    ``/dev/kmsg``, ``limit`` at most: the one parse of the kernel log's records.
-
-    A read returns one whole record (``PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE``);
-    ``EPIPE`` means records were overwritten while reading (the next read goes on), and a
-    record too large for the buffer fails with ``EINVAL`` (skipped).  A record without a
-    time is skipped.
-    """
+    ``/dev/kmsg``, ``limit`` at most: the one parse of the kernel log's records (``EPIPE``:
+    records were overwritten, read on; ``EINVAL``: a record too large, skipped)."""
     for _ in range(limit):
         try:
             record = os.read(fd, 8192)

@@ -1,16 +1,9 @@
 """Ranks and launchers of a distributed run, and which rank a stall is waiting on.
 
-A distributed trainer runs one process per rank under a launcher (torchrun's elastic agent,
-``accelerate launch``, ``deepspeed``, ``mpirun``, ``srun``).  Each rank learns who it is from its
-environment, so the monitor reads the same variables from ``/proc/PID/environ`` (once per
-process, bounded; only these few names are kept, never another variable, so no secret is
-recorded).  A launcher is recognised by its command line: it is never the cause of a crash nor
-the culprit of a stall, since it only waits for its ranks.
-
-At a stall each rank's Python stack (py-spy, taken by the forensics) is classified as waiting
-in a collective (``all_reduce``, ``barrier``...) or elsewhere.  Ranks outside a collective, or in
-another collective than the rest, are the ones the others wait for: :func:`stall_culprit`
-names them with their frame.
+Each rank's role is read from the few rank variables of its ``/proc/PID/environ`` (bounded,
+nothing else kept, so no secret is recorded); a launcher, recognised by its command line, is
+never blamed for a crash or a stall.  At a stall :func:`stall_culprit` names the ranks whose
+py-spy stack is outside the collective the others wait in.
 """
 
 from __future__ import annotations
@@ -261,14 +254,9 @@ MAX_ROLES = 4096
 
 
 class RoleFold:
-    """The role (a rank, a launcher) of each process of the tree, as the samples said it.
-
-    A sample describes a process (its ``cmdline`` and ``role``) when it is new or after an
-    exec, and lists every process of the tree each time; between descriptions a process keeps
-    its role.  At most :data:`MAX_ROLES` are kept: a gone process that inherited its parent's
-    role (a data loader's worker of a past epoch) is forgotten, to leave room for the new ones;
-    each rank's own process and the launchers are kept, even once gone, for :meth:`section`.
-    """
+    """The role (a rank, a launcher) of each process of the tree, as the samples said it (a
+    process is described when new or after an exec, and keeps its role between).  At most
+    MAX_ROLES are kept; a gone process that inherited its parent's role is forgotten first."""
 
     __slots__ = ("names", "parents", "roles")
 
@@ -283,19 +271,22 @@ class RoleFold:
         sample (its process and the workers that inherit its rank; None when none of them has
         a figure), ranks in the order the sample lists them."""
         cpu: dict[int, float | None] = {}
+        roles = self.roles
         for proc in processes:
-            pid = int(proc["pid"])
             described = proc.get("role")
             if proc.get("cmdline") is not None or described:
                 # Described (new, or after an exec): its role is what it says now.
+                pid = int(proc["pid"])
                 if described:
-                    if pid in self.roles or len(self.roles) < MAX_ROLES:
-                        self.roles[pid] = dict(described)
+                    if pid in roles or len(roles) < MAX_ROLES:
+                        roles[pid] = dict(described)
                         self.parents[pid] = int(proc.get("ppid") or 0)
                         self.names[pid] = str(proc.get("name") or "?")
-                elif self.roles.pop(pid, None) is not None:
+                elif roles.pop(pid, None) is not None:
                     del self.parents[pid], self.names[pid]
-            role = self.roles.get(pid)
+            if not roles:
+                continue  # a tree without roles (most): nothing to sum
+            role = roles.get(int(proc["pid"]))
             if role is not None and "rank" in role:
                 rank = int(role["rank"])
                 figure = proc.get("cpu_percent")
@@ -303,8 +294,10 @@ class RoleFold:
                     cpu.setdefault(rank, None)
                 else:
                     cpu[rank] = (cpu.get(rank) or 0.0) + float(figure)
+        if not roles:
+            return cpu
         alive = {int(proc["pid"]) for proc in processes}
-        for pid in [p for p in self.roles if p not in alive and self._inherited(p)]:
+        for pid in [p for p in roles if p not in alive and self._inherited(p)]:
             del self.roles[pid], self.parents[pid], self.names[pid]
         return cpu
 

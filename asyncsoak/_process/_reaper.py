@@ -1,26 +1,11 @@
 """The per-soak reaper: a small single-threaded process between the monitor and the command.
 
-Why a separate process: a library must not make its host a child subreaper nor reap with
-``waitpid(-1)`` (that steals other code's exit statuses and adopts the host's orphans).  This
-process does both for the soak alone:
-
-* it marks itself a child subreaper, so a descendant that double-forks and ``setsid``\\ s is
-  reparented here instead of escaping to init;
-* it starts the command in a new session (its own process group) and reaps everything below it;
-* it copies the command's stdout and stderr into the log file, keeping the head and a bounded
-  tail when the output outgrows the cap (a chatty child can neither block on a full pipe nor
-  make anything grow without bound);
-* its stdin is the monitor's lifeline: the first line is the JSON configuration, then the pipe
-  stays open.  EOF means the monitor is done or dead; either way whatever is left of the tree
-  gets the configured graceful stop, then SIGKILL, then the reaper exits.  A trainer therefore
-  never runs on unsupervised, even if it ignores its stdin.
-
-It reports to the monitor on stdout, one JSON object per line:
-``{"event": "spawned", "pid": N}``, ``{"event": "spawn_failed", "message": ...}``,
-``{"event": "exited", "pid": N, "status": RAW_WAIT_STATUS}`` and ``{"event": "empty"}`` (the
-command has exited and no process is left below the reaper).
-
-Run as ``python -m asyncsoak._process._reaper``.
+A library must not make its host a subreaper nor ``waitpid(-1)``; this process does both for
+the soak alone, copies the command's output into a capped log, and stops the tree when its
+stdin (the monitor's lifeline) closes.  It reports on stdout one JSON object per line
+(``spawned``, ``spawn_failed``, ``exited`` with the raw wait status, ``empty``).  It runs as a
+lean interpreter (``python -I -S``) that imports this file from its directory (its byte code
+cached).  docs/architecture.md ("The reaper and the cgroup") says how.
 """
 
 from __future__ import annotations
@@ -30,14 +15,17 @@ import ctypes
 import fcntl
 import json
 import os
+import select
 import selectors
 import signal
+import stat
 import subprocess
 import sys
 import time
-from typing import Any
 
-from . import _tree
+TYPE_CHECKING = False  # typing (and pathlib, for the tree's walk) would cost each start 7 ms
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -63,15 +51,10 @@ def _prctl(option: int, value: int) -> None:
 class CappedLog:
     """Writes output to a file, keeping the first ``max_bytes / 2`` bytes and a recent tail.
 
-    Until the cap is reached every byte goes straight to the file.  After that the output is
-    still appended as it comes, after the head, until the tail region is full (the other half
-    of the cap); then the region is compacted: its latest quarter is read back and rewritten
-    right after the head, behind a marker saying how many bytes were left out, and appending
-    goes on.  A compaction copies a quarter of the region for every three quarters printed,
-    so the log costs little more than the copy itself (rewriting the whole tail at every
-    read cost a hundred times that), the file never exceeds the cap (plus the marker), the
-    tail kept is never less than an eighth of the cap, and what is on disk is the latest
-    output, with an exact count of what was left out.
+    Past the head, output is appended until the tail region (the other half) is full; then its
+    latest quarter is rewritten right after the head, behind a marker counting what was left
+    out.  The file never exceeds the cap (plus the marker), and a compaction copies a quarter
+    of the region for every three quarters printed.
     """
 
     def __init__(self, fd: int, max_bytes: int) -> None:
@@ -229,7 +212,12 @@ class Reaper:
                 self.report(event="exited", pid=pid, status=status)
 
     def has_children(self) -> bool:
-        return bool(_tree.children(os.getpid()))
+        """Whether any process is left to reap (a subreaper's descendants become its children)."""
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        return True
 
     def lifeline_lost(self) -> None:
         """The monitor closed our stdin (done, or dead): stop what is left of the tree."""
@@ -258,16 +246,17 @@ class Reaper:
         if self.pid is not None:
             with contextlib.suppress(OSError):
                 os.killpg(self.pid, signal.SIGKILL)
+        if __package__:
+            from . import _tree
+        else:  # run by path (-I -S): its neighbour by path, not through the package
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import _tree  # type: ignore[import-not-found,no-redef]
         for pid in _tree.descendants(os.getpid()):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
     def run(self, lifeline: Any) -> int:
         _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-        # Ctrl-C and service-manager signals reach the monitor's whole process group; the
-        # monitor decides how the tree stops, and this process must outlive it to do so.
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_IGN)
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -343,20 +332,53 @@ class Reaper:
 
 
 def main() -> int:
+    # Ctrl-C and service-manager signals reach the monitor's whole process group; the
+    # monitor decides how the tree stops, and this process must outlive it to do so (it is
+    # started before the monitor has the command for it).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
     lifeline = sys.stdin.fileno()
-    # The monitor writes the configuration line and then nothing until it closes the pipe.
-    line = b""
-    while not line.endswith(b"\n"):
+    # The monitor writes the configuration line and then nothing until it closes the lifeline.
+    line, fds = _first_read(lifeline)
+    while line and not line.endswith(b"\n"):
         chunk = os.read(lifeline, 65536)
         if not chunk:
             return 2
         line += chunk
+    if not line:
+        return 2
     config = json.loads(line)
+    if fds:
+        config["log_fd"] = fds[0]  # the log, opened after this process started
+    if _closed(lifeline):
+        # The monitor died after sending the command, before this process (launched early)
+        # read it: never start a command nobody watches (a queue may have handed its job on).
+        return 2
     status = Reaper(config).run(lifeline)
     if config.get("cgroup"):
         # The monitor removes the tree's cgroup too, but it may be the one that died.
         _remove_cgroup(config["cgroup"])
     return status
+
+
+def _closed(lifeline: int) -> bool:
+    """Whether the monitor's end of the lifeline is closed (it writes nothing after the
+    configuration, so anything to read now is its end of file)."""
+    poller = select.poll()
+    poller.register(lifeline, select.POLLIN | select.POLLRDHUP)
+    return any(events & (select.POLLHUP | select.POLLRDHUP) for _, events in poller.poll(0))
+
+
+def _first_read(lifeline: int) -> tuple[bytes, list[int]]:
+    """The lifeline's first bytes and, from a socket (the spawner's), the log's descriptor
+    they carry; a pipe carries none (the log's number is in the configuration)."""
+    if not stat.S_ISSOCK(os.fstat(lifeline).st_mode):
+        return os.read(lifeline, 65536), []
+    import socket  # here: a pipe's reaper does without it
+
+    with socket.socket(fileno=os.dup(lifeline)) as sock:
+        data, fds, _, _ = socket.recv_fds(sock, 65536, 1)
+    return data, fds
 
 
 def _remove_cgroup(path: str, timeout: float = 1.0) -> None:
@@ -374,7 +396,8 @@ def _remove_cgroup(path: str, timeout: float = 1.0) -> None:
             time.sleep(0.02)
 
 
-if __name__ == "__main__":
+def run() -> NoReturn:
+    """The reaper's life, then out without the interpreter's teardown."""
     exit_status = main()
     # Out without the interpreter's teardown, which costs a reaper about 25 ms of CPU here:
     # 64 soaks stopped together on a busy machine waited 0.7 to 1.1 s for their reapers to
@@ -383,3 +406,7 @@ if __name__ == "__main__":
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     os._exit(exit_status)
+
+
+if __name__ == "__main__":
+    run()

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,15 +24,23 @@ import anyio
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from .._contract import EventSink, Exited, SpawnFailed, Started, TreeGone, WarningEvent, decode
+from .._contract import EventSink, events, exits
 from . import _tree
 from ._cgroup import TreeCgroup
 
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
-#: The reaper runs as ``python -m REAPER_MODULE``: the job queue recognises an orphaned
-#: attempt's reaper by this argument.
+#: The reaper runs as ``python -I -S -c REAPER_START REAPER_SCRIPT`` (a lean interpreter: no
+#: site, no package import); the job queue recognises an orphaned attempt's reaper by this
+#: argument, or by ``REAPER_MODULE`` (``python -m``), as reapers of earlier releases ran.
+REAPER_SCRIPT = str(Path(__file__).resolve().with_name("_reaper.py"))
+#: The script imported from its directory, so its byte code is cached (a script run by path is
+#: compiled at every start: 6 ms of the wait before each command).
+REAPER_START = (
+    "import sys; sys.path.insert(0, sys.argv[1].rpartition('/')[0]); import _reaper; _reaper.run()"
+)
 REAPER_MODULE = "asyncsoak._process._reaper"
 _REPORT_MAX_BYTES = 64 * 1024
+#: Bound on waiting for the reaper to finish once the tree is gone.
+REAPER_CLOSE_TIMEOUT_SECONDS = 5.0
 #: Bound on starting the command (exec from a hung network filesystem can block).
 SPAWN_TIMEOUT_SECONDS = 60.0
 
@@ -55,11 +64,17 @@ class SpawnRequest:
 class Spawner:
     """Starts the command through a reaper and tells the soak what becomes of it."""
 
-    def __init__(self, request: SpawnRequest) -> None:
-        self._request = request
+    def __init__(self) -> None:
         self._reaper: Process | None = None
         self._reports: BufferedByteReceiveStream | None = None
+        self._stdin_r: int | None = None
         self._stdin_w: int | None = None
+        #: The monitor's end of the reaper's stdin: closed, it tells the reaper to finish.
+        self._lifeline: socket.socket | None = None
+        #: The stop mode the reaper was launched for (``"stdin"`` gives it the command's stdin).
+        self.stop_mode: str | None = None
+        #: Set once the reaper has the command: its first report is due.
+        self.starting = False
         self.pid: int | None = None
         self.spawn_error: str | None = None
         self.returncode: int | None = None
@@ -81,61 +96,89 @@ class Spawner:
     def reaper_pid(self) -> int | None:
         return self._reaper.pid if self._reaper is not None else None
 
-    async def start(self, sink: EventSink) -> bool:
-        """Start the reaper and the command; False (after a ``spawn_failed`` event) if it failed."""
-        req = self._request
-        pass_fds = [req.log_fd]
-        stdin_r: int | None = None
-        if req.stop_mode == "stdin":
-            stdin_r, self._stdin_w = os.pipe()
-            pass_fds.append(stdin_r)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p
-        )
+    async def launch(self, stop_mode: str) -> None:
+        """Start the reaper, which waits on its lifeline for the command: launched early, its
+        interpreter starts while the soak gets ready (most of the wait before the command).
+        The lifeline is a socket, so the log's descriptor follows with the command."""
+        mine, theirs = socket.socketpair()
+        pass_fds = []
+        if stop_mode == "stdin":
+            self._stdin_r, self._stdin_w = os.pipe()
+            pass_fds.append(self._stdin_r)
+        try:
+            self._reaper = await anyio.open_process(
+                [sys.executable, "-I", "-S", "-c", REAPER_START, REAPER_SCRIPT],
+                stdin=theirs.fileno(),
+                stdout=PIPE,
+                stderr=None,
+                pass_fds=pass_fds,
+            )
+        except BaseException:
+            mine.close()
+            self.close_stdin()
+            raise
+        finally:
+            theirs.close()
+            if self._stdin_r is not None:
+                os.close(self._stdin_r)  # the reaper's own now: its number goes in the config
+        self._lifeline = mine
+        self.stop_mode = stop_mode
+        assert self._reaper.stdout is not None
+        self._reports = BufferedByteReceiveStream(self._reaper.stdout)
+
+    async def start(self, sink: EventSink, req: SpawnRequest) -> bool:
+        """Start the command (and the reaper, unless launched); False (after a
+        ``spawn_failed`` event) if it failed."""
+        if self._lifeline is None:
+            await self.launch(req.stop_mode)
+        assert self._lifeline is not None
         config: dict[str, Any] = {
             "argv": list(req.argv),
             "cwd": req.cwd,
             "env": dict(req.env),
-            "stdin_fd": stdin_r,
-            "log_fd": req.log_fd,
+            "stdin_fd": self._stdin_r,
             "log_max_bytes": req.log_max_bytes,
             "stop_mode": req.stop_mode,
             "grace_seconds": req.grace_seconds,
             "cgroup": req.cgroup,
             "kill_wait_seconds": req.kill_wait_seconds,
         }
+        line = json.dumps(config).encode() + b"\n"
+        self._lifeline.setblocking(False)
         try:
-            self._reaper = await anyio.open_process(
-                [sys.executable, "-m", REAPER_MODULE],
-                stdin=PIPE,
-                stdout=PIPE,
-                stderr=None,
-                env=env,
-                pass_fds=pass_fds,
-            )
-        finally:
-            if stdin_r is not None:
-                os.close(stdin_r)
-        assert self._reaper.stdin is not None
-        assert self._reaper.stdout is not None
-        self._reports = BufferedByteReceiveStream(self._reaper.stdout)
-        await self._reaper.stdin.send(json.dumps(config).encode() + b"\n")
+            sent = socket.send_fds(self._lifeline, [line], [req.log_fd])
+        except BlockingIOError:
+            sent = 0  # nothing taken: the descriptor goes with the next try
+        while sent < len(line):  # a large environment: the reaper reads as it starts
+            await anyio.wait_writable(self._lifeline)
+            with contextlib.suppress(BlockingIOError):
+                if sent:
+                    sent += self._lifeline.send(line[sent:])
+                else:
+                    sent = socket.send_fds(self._lifeline, [line], [req.log_fd])
+        self.starting = True
+        return await self.take_first_report(sink)
+
+    async def take_first_report(
+        self, sink: EventSink, wait_seconds: float = SPAWN_TIMEOUT_SECONDS
+    ) -> bool:
+        """The reaper's first report (bounded): the command's pid, or why it did not start."""
         first: dict[str, Any] | None = None
-        with anyio.move_on_after(SPAWN_TIMEOUT_SECONDS) as waited:
+        with anyio.move_on_after(wait_seconds) as waited:
             first = await self._next_report()
         if first is None or first.get("event") != "spawned":
             if waited.cancelled_caught:
-                message = f"the command did not start within {SPAWN_TIMEOUT_SECONDS:g}s"
+                message = f"the command did not start within {wait_seconds:g}s"
             elif first is None:
                 message = "the reaper exited before starting the command"
             else:
                 message = str(first.get("message", "unknown error"))
             self.spawn_error = message
-            await sink.emit(SpawnFailed(t=sink.elapsed(), message=message))
+            await sink.emit(events.SpawnFailed(t=sink.elapsed(), message=message))
             return False
         self.pid = int(first["pid"])
-        await sink.emit(Started(t=sink.elapsed(), pid=self.pid, reaper_pid=self._reaper.pid))
+        assert self._reaper is not None
+        await sink.emit(events.Started(t=sink.elapsed(), pid=self.pid, reaper_pid=self._reaper.pid))
         return True
 
     async def _next_report(self) -> dict[str, Any] | None:
@@ -152,9 +195,9 @@ class Spawner:
         while (report := await self._next_report()) is not None:
             if report["event"] == "exited":
                 self.returncode = os.waitstatus_to_exitcode(int(report["status"]))
-                self.exit_signal = decode(self.returncode).signal_name
+                self.exit_signal = exits.decode(self.returncode).signal_name
                 await sink.emit(
-                    Exited(
+                    events.Exited(
                         t=sink.elapsed(),
                         pid=int(report["pid"]),
                         returncode=self.returncode,
@@ -164,14 +207,14 @@ class Spawner:
                 self.exited.set()
             elif report["event"] == "log_error":
                 await sink.emit(
-                    WarningEvent(
+                    events.WarningEvent(
                         t=sink.elapsed(),
                         message=f"the output log could not be written: {report['message']}",
                     )
                 )
             elif report["event"] == "empty":
                 self.exited.set()
-                await sink.emit(TreeGone(t=sink.elapsed()))
+                await sink.emit(events.TreeGone(t=sink.elapsed()))
                 self.tree_gone.set()
         if not self._closing and not self.tree_gone.is_set():
             self.reaper_lost.set()
@@ -183,7 +226,7 @@ class Spawner:
             return "it never started"
         with anyio.move_on_after(wait_seconds):
             await reaper.wait()
-        status = decode(reaper.returncode)
+        status = exits.decode(reaper.returncode)
         if status.returncode is None:
             return "its reports stopped"
         if status.signal_name is not None:
@@ -246,16 +289,18 @@ class Spawner:
                 pass
         return killed
 
-    async def close(self, wait_seconds: float) -> None:
-        """Close the lifeline and wait (bounded, shielded) for the reaper to finish."""
+    async def close(self, wait_seconds: float = REAPER_CLOSE_TIMEOUT_SECONDS) -> None:
+        """Close the lifeline and wait (bounded, shielded) for the reaper to finish; once."""
+        if self._closing:
+            return
         self._closing = True
         self.close_stdin()
         reaper = self._reaper
         if reaper is None:
             return
         with anyio.CancelScope(shield=True):
-            if reaper.stdin is not None:
-                await reaper.stdin.aclose()
+            if self._lifeline is not None:
+                self._lifeline.close()
             with anyio.move_on_after(wait_seconds):
                 await reaper.wait()
             if reaper.returncode is None:

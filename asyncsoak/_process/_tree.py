@@ -1,12 +1,8 @@
-"""The supervised process tree as /proc shows it.
+"""The supervised process tree as /proc shows it: every descendant of the soak's reaper.
 
-The tree is every descendant of the soak's reaper (see ``_reaper``): the reaper is a child
-subreaper, so a descendant that double-forks and calls ``setsid`` is reparented to it and stays
-in the tree.  Walking ``/proc/PID/task/TID/children`` costs a read per process of the tree,
-not a scan of every process on the machine; ``psutil``'s full scan is the fallback on kernels
-built without ``CONFIG_PROC_CHILDREN``.
-
-A process that vanishes mid-read is normal here, never an error.
+Walks ``/proc/PID/task/TID/children`` (a read per process of the tree, not a scan of the
+machine), with a full scan as the fallback on kernels without ``CONFIG_PROC_CHILDREN``.  A
+process that vanishes mid-read is normal here, never an error.
 """
 
 from __future__ import annotations
@@ -29,8 +25,10 @@ _HAS_CHILDREN_FILES = _children_files_supported()
 def children(pid: int, proc: Path = _PROC) -> list[int]:
     """Direct children of ``pid`` (empty when it is gone)."""
     if not _HAS_CHILDREN_FILES or proc != _PROC:
-        import psutil  # the fallback only: the reaper starts without it
-
+        try:
+            import psutil  # the fallback only: the reaper starts without it
+        except ImportError:
+            return [p for p in map(int, filter(str.isdigit, os.listdir(proc))) if _ppid(p) == pid]
         try:
             return [c.pid for c in psutil.Process(pid).children()]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -47,6 +45,15 @@ def children(pid: int, proc: Path = _PROC) -> list[int]:
         except OSError:
             continue
     return out
+
+
+def _ppid(pid: int) -> int | None:
+    """Field 4 of ``/proc/PID/stat`` (None when the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def descendants(pid: int) -> list[int]:

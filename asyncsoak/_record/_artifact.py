@@ -1,81 +1,38 @@
 """The artifact: one JSON object that explains a soak after every process is gone.
 
-:class:`ArtifactBuilder` folds journal events (their JSON form) into bounded state: the same
-fold runs live in the serializer and offline in ``asyncsoak recover``, so an artifact rebuilt
-from a dead monitor's journal has the same shape as one written at the end of a run.
+:class:`RunState` folds journal events (their JSON form) into the run's one bounded state:
+the same fold runs live in the serializer and offline in ``asyncsoak recover``, so an artifact
+rebuilt from a dead monitor's journal has the same shape as one written at the end of a run.
+The first failure folded is the run's end cause, which the supervisor waits on.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import tempfile
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from importlib import resources
-from pathlib import Path
-from typing import Any, ClassVar, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
-from .._analysis import GpuHealthFold, TrendWatch
+from .._analysis import GoodputFold, GpuHealthFold, Ledger, TrendWatch
 from .._contract import (
     SERIES_POINTS,
-    AbandonedJson,
-    Artifact,
-    EventFold,
     EventKind,
-    ExceptionInfo,
-    ExceptionJson,
-    Exit,
-    ExitedJson,
-    Failure,
-    FailureJson,
     FailureReason,
-    FinishedJson,
-    ForensicsJson,
-    ForensicsSection,
-    GpuFaultJson,
-    GpuSampleJson,
-    HeaderJson,
-    KeptEventJson,
-    LeftoverJson,
-    LimitsJson,
-    OomKillEntry,
-    OomKillJson,
-    ProcessEntry,
-    ProcessRecord,
-    ProgressJson,
-    RequeueJson,
+    ProgressBins,
     RunningStats,
-    SampleJson,
-    SamplerDegradedJson,
-    SamplerNoteEntry,
-    SamplerNoteJson,
-    SamplerRecoveredJson,
     SeriesBuffer,
-    SignalJson,
-    SnapshotJson,
-    SnapshotSection,
     SoakStatus,
-    StartedJson,
-    StepJson,
-    StepsProgress,
-    Stop,
     StopCause,
-    StopJson,
-    TreeGoneJson,
-    Trend,
-    TrendJson,
-    UnreadableFileError,
-    ValidationError,
-    WarningJson,
-    open_regular,
+    events,
     parse_iso,
 )
 
 # Re-exported: the supervisor writes its times through the artifact module.
 from .._contract import iso as iso
+from ._deadlines import Deadlines
+
+if TYPE_CHECKING:
+    from .._contract import Artifact, schema  # types only: a run never imports the schema
 
 #: Version 2 added ``trends``, ``processes``, ``limits``, ``exit.exception`` and
 #: ``series.progress_rate``; readers still take version 1 artifacts.
@@ -95,39 +52,11 @@ _NOT_KEPT_AS_IS = SAMPLE_KINDS | {
     EventKind.SNAPSHOT,
     EventKind.STEP,
     EventKind.FORENSICS,
+    EventKind.RULE_BROKEN,
 }
 #: The series groups of the training steps, and of ``--stale-progress auto``'s limit.
 STEPS_SERIES = "steps"
 STALE_LIMIT_SERIES = "stale_limit"
-#: Bytes of the captured output copied into the artifact.
-LOG_TAIL_BYTES = 16 * 1024
-#: Permissions of every file asyncsoak creates: the owner's only.
-FILE_MODE = 0o600
-
-
-def load_schema() -> dict[str, Any]:
-    """The JSON Schema of the artifact, shipped in the package."""
-    text = resources.files("asyncsoak").joinpath("artifact.schema.json").read_text()
-    schema: dict[str, Any] = json.loads(text)
-    return schema
-
-
-#: Schema versions of the artifacts this asyncsoak reads.
-KNOWN_SCHEMA_VERSIONS = tuple(range(1, SCHEMA_VERSION + 1))
-
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,),
-    "array": (list,),
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "null": (type(None),),
-}
-
-
-class ArtifactError(ValidationError):
-    """A file that is not a whole artifact of a schema version this asyncsoak reads."""
 
 
 class UnknownWordError(ValueError):
@@ -136,6 +65,7 @@ class UnknownWordError(ValueError):
 
 
 _Word = TypeVar("_Word", FailureReason, StopCause, SoakStatus)
+_Found = TypeVar("_Found")
 
 
 def _member(vocabulary: type[_Word], word: str, what: str) -> _Word:
@@ -148,105 +78,34 @@ def _member(vocabulary: type[_Word], word: str, what: str) -> _Word:
         ) from None
 
 
-def check_artifact(data: object) -> Artifact:
-    """``data`` when it is an artifact of a known schema version holding every field the
-    shipped schema requires, with the types it gives; else :class:`ArtifactError` saying what
-    is wrong.  The views (report, summary) load through it, so a truncated or foreign file is
-    a clear error, never a ``KeyError`` half-way through a report."""
-    if not isinstance(data, dict) or "schema_version" not in data:
-        raise ArtifactError("not an asyncsoak artifact (no schema_version)")
-    version = data["schema_version"]
-    if isinstance(version, bool) or version not in KNOWN_SCHEMA_VERSIONS:
-        known = ", ".join(map(str, KNOWN_SCHEMA_VERSIONS))
-        raise ArtifactError(
-            f"artifact schema version {version!r} is not one this asyncsoak reads ({known}); "
-            "it may come from a newer asyncsoak: upgrade asyncsoak"
-        )
-    schema = load_schema()
-    problem = _problem(data, schema, "", schema.get("$defs", {}))
-    if problem is not None:
-        raise ArtifactError(f"incomplete or damaged artifact: {problem}")
-    _words_as_members(data)
-    # The one cast from JSON to the typed artifact, and a sound one: ``data`` has every key
-    # the schema requires, with the schema's types, and the TypedDicts in ``_schema`` mirror
-    # that schema (``tests/test_vocabulary.py`` compares their required keys).
-    return cast(Artifact, data)
-
-
-def _words_as_members(data: dict[str, Any]) -> None:
-    """The status, the failures' reasons and the stop's cause as the enums' members, as the
-    ``Artifact`` type gives them (the schema check let only the vocabulary's words through;
-    a member compares and serialises as its word)."""
-    data["status"] = SoakStatus(data["status"])
-    for failure in data["failures"]:
-        failure["reason"] = FailureReason(failure["reason"])
-    stop = data.get("stop")
-    if stop is not None and stop["cause"] is not None:
-        stop["cause"] = StopCause(stop["cause"])
-
-
-def _problem(value: Any, schema: dict[str, Any], where: str, defs: dict[str, Any]) -> str | None:
-    """The first way ``value`` breaks ``schema`` (the subset the artifact's schema uses:
-    ``$ref``, ``anyOf``, ``type``, ``enum``, ``required``, ``properties``,
-    ``additionalProperties``, ``items``)."""
-    if "$ref" in schema:
-        return _problem(value, defs[schema["$ref"].rsplit("/", 1)[-1]], where, defs)
-    if "anyOf" in schema:
-        problems = [_problem(value, option, where, defs) for option in schema["anyOf"]]
-        return None if None in problems else problems[0]
-    name = where or "the artifact"
-    types = schema.get("type")
-    if types is not None:
-        allowed = [types] if isinstance(types, str) else types
-        if not any(
-            isinstance(value, _JSON_TYPES[t]) and not (isinstance(value, bool) and t != "boolean")
-            for t in allowed
-        ):
-            return f"{name} is {type(value).__name__}, not {' or '.join(allowed)}"
-    if "enum" in schema and value not in schema["enum"]:
-        return f"{name} is {value!r}, not one of {', '.join(map(repr, schema['enum']))}"
-    if isinstance(value, dict):
-        for key in schema.get("required", ()):
-            if key not in value:
-                return f"{name} has no {key!r}"
-        properties = schema.get("properties", {})
-        for key, sub in properties.items():
-            if key in value and key != "schema_version":
-                found = _problem(value[key], sub, f"{where}.{key}".lstrip("."), defs)
-                if found is not None:
-                    return found
-        # The sections keyed by data (trends, series groups): each entry has the schema's shape.
-        extra = schema.get("additionalProperties")
-        if isinstance(extra, dict):
-            for key, item in value.items():
-                if key not in properties:
-                    found = _problem(item, extra, f"{where}.{key}".lstrip("."), defs)
-                    if found is not None:
-                        return found
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            found = _problem(item, schema["items"], f"{where}[{i}]", defs)
-            if found is not None:
-                return found
-    return None
-
-
-class ArtifactBuilder:
-    """Folds events, in journal order, into everything the artifact needs."""
+class RunState:
+    """The run's state, folded from its events in journal order: everything the artifact
+    and the rules need (:meth:`build` gives the artifact)."""
 
     def __init__(self, max_points: int = SERIES_POINTS) -> None:
         self._max_points = max_points
-        self.header: HeaderJson | None = None
-        self._events_head: list[KeptEventJson] = []
-        self._events_tail: deque[KeptEventJson] = deque(maxlen=EVENTS_TAIL)
+        self.header: events.HeaderJson | None = None
+        self._events_head: list[events.KeptEventJson] = []
+        self._events_tail: deque[events.KeptEventJson] = deque(maxlen=EVENTS_TAIL)
         self._events_seen = 0
         self._series: dict[str, SeriesBuffer] = {}
         self._stats: dict[str, dict[str, RunningStats]] = {}
         self._labels: dict[str, dict[str, set[str]]] = {}
         self.samples: dict[str, int] = {}
-        self.failures: list[Failure] = []
+        #: The newest event of each sample kind, and when the command started: what views show.
+        self.latest: dict[str, Any] = {}
+        self.started_t: float | None = None
+        self.failures: list[schema.Failure] = []
+        #: Set (an ``anyio.Event``, made by a wait) when a failure or broken rule is folded.
+        self._woken: Any = None
         self.warnings: list[str] = []
-        self.exit: Exit = {
+        #: The first rule a producer found broken (a stall, a blind sampler), and what the
+        #: tree and its GPUs were doing then (None when that could not be worked out).
+        self.broken_rule: events.RuleBrokenJson | None = None
+        self.broken_activity: dict[str, Any] | None = None
+        #: Rules (and series) whose judgement raised -> the exception.
+        self.rule_errors: dict[str, str] = {}
+        self.exit: schema.Exit = {
             "returncode": None,
             "signal": None,
             "pid": None,
@@ -256,79 +115,120 @@ class ArtifactBuilder:
         self.trends = TrendWatch()
         #: Each GPU's health (Xid errors, ECC, remaps, link, throttling).
         self.gpu_health = GpuHealthFold()
+        #: The goodput ledger's inputs (step marks, checkpoint writes, ends) and live counters.
+        self.goodput_fold = GoodputFold()
         self.exit_t: float | None = None
-        self.stop: Stop = {
+        self.stop: schema.Stop = {
             "cause": None,
             "mode": None,
             "grace_seconds": None,
             "killed": False,
             "signals": [],
         }
-        self.leftovers: list[ProcessRecord] = []
-        self.abandoned: list[ProcessRecord] = []
-        self.sampler_notes: list[SamplerNoteEntry] = []
-        self.forensics: ForensicsSection | None = None
-        self.oom_kills: list[OomKillEntry] = []
+        self.leftovers: list[schema.ProcessRecord] = []
+        self.abandoned: list[schema.ProcessRecord] = []
+        self.sampler_notes: list[schema.SamplerNoteEntry] = []
+        self.forensics: schema.ForensicsSection | None = None
+        self.oom_kills: list[schema.OomKillEntry] = []
         self.progress_changes = 0
+        self.progress_bins = ProgressBins()
         #: The newest step event, when the trainer wrote steps; when the first came.
-        self.step: StepJson | None = None
+        self.step: events.StepJson | None = None
         self.step_first: float | None = None
         #: When the step last moved (a loss logged at the same step is not an advance).
         self.step_advanced_at: float | None = None
         #: Whether the steps were the progress that counted (else the file changes were).
         self.steps_count = False
         self.step_longest_gap = 0.0
+        #: ``--expect-every``: each GLOB's period and newest match.
+        self.deadlines = Deadlines()
         #: ``--stale-progress auto``: the limit in force, as the newest event said.
         self.stale_limit: float | None = None
         self.progress_first: float | None = None
         self.progress_last: float | None = None
         self.longest_gap = 0.0
         self.last_t = 0.0
+        #: The times of the last two proc samples (the trend rule's pace).
+        self.sample_times: deque[float] = deque([0.0, 0.0], maxlen=2)
+        #: The tree's pids in the newest sample, and every pid a sample has shown.
+        self.tree_pids: frozenset[int] = frozenset()
+        self.seen_pids: set[int] = set()
         self.status: SoakStatus | None = None
-        self.snapshot: SnapshotSection = {}
+        self.snapshot: schema.SnapshotSection = {}
 
     # -- folding -------------------------------------------------------------------------
 
-    _fold: ClassVar[EventFold[ArtifactBuilder]] = EventFold()
+    _fold: ClassVar[events.EventFold[RunState]] = events.EventFold()
+
+    async def wait_failed(self, reason: FailureReason | None = None) -> schema.Failure:
+        """The run's first failure (for ``reason``), once one is folded: a run that fails ends."""
+        return await self.wait_for(
+            lambda: next((f for f in self.failures if reason in (None, f["reason"])), None)
+        )
+
+    async def wait_for(self, found: Callable[[], _Found | None]) -> _Found:
+        """``found()`` once it is not None, tried again as each failure or broken rule (or a
+        GPU reading after the tree was gone) is folded (what the supervisor waits on)."""
+        while (value := found()) is None:
+            if self._woken is None:
+                import anyio  # only live soaks wait: views that fold never import it
+
+                self._woken = anyio.Event()
+            await self._woken.wait()
+        return value
+
+    def _wake(self) -> None:
+        if self._woken is not None:
+            self._woken.set()
+            self._woken = None
 
     def add(self, event: Mapping[str, Any]) -> None:
         t = float(event.get("t", 0.0))
         self.last_t = max(self.last_t, t)
         if event["kind"] not in _NOT_KEPT_AS_IS:
             # Sound: every other kind is a ``KeptEventJson``.
-            self._keep_event(cast(KeptEventJson, event))
+            self._keep_event(cast(events.KeptEventJson, event))
         self._fold.dispatch(self, event)
 
     @_fold.on(EventKind.HEADER)
-    def _on_header(self, t: float, event: HeaderJson) -> None:
+    def _on_header(self, t: float, event: events.HeaderJson) -> None:
         self.header = event
         self.trends.configure(event.get("config") or {})
+        self.deadlines.configure(event.get("config") or {})
+        self.goodput_fold.configure(event.get("config") or {})
 
     @_fold.on(EventKind.SNAPSHOT)
-    def _on_snapshot(self, t: float, event: SnapshotJson) -> None:
-        self.snapshot = cast(SnapshotSection, event["data"])
+    def _on_snapshot(self, t: float, event: events.SnapshotJson) -> None:
+        self.snapshot = cast("schema.SnapshotSection", event["data"])
 
     @_fold.on(EventKind.SAMPLE)
-    def _on_sample(self, t: float, event: SampleJson) -> None:
+    def _on_sample(self, t: float, event: events.SampleJson) -> None:
         self.trends.add_sample(t, event)
+        self.sample_times.append(t)
+        self.tree_pids = frozenset([p["pid"] for p in event.get("processes") or ()])
+        self.seen_pids.update(self.tree_pids)
         self._add_series_source(t, event)
 
     @_fold.on(EventKind.GPU_SAMPLE)
-    def _on_gpu_sample(self, t: float, event: GpuSampleJson) -> None:
+    def _on_gpu_sample(self, t: float, event: events.GpuSampleJson) -> None:
         self.trends.add_gpu_sample(t, event)
         self.gpu_health.add_sample(t, event)
         self._add_series_source(t, event)
+        if self.trends.gpu_after_tree is not None:
+            self._wake()  # what the end of a run waits on to tell the GPUs' release
 
     @_fold.on(EventKind.STARTED)
-    def _on_started(self, t: float, event: StartedJson) -> None:
+    def _on_started(self, t: float, event: events.StartedJson) -> None:
+        self.started_t = t
         self.exit["pid"] = event["pid"]
 
     @_fold.on(EventKind.TREE_GONE)
-    def _on_tree_gone(self, t: float, event: TreeGoneJson) -> None:
+    def _on_tree_gone(self, t: float, event: events.TreeGoneJson) -> None:
         self.trends.tree_gone(t)
+        self.goodput_fold.end(t)
 
     @_fold.on(EventKind.EXITED)
-    def _on_exited(self, t: float, event: ExitedJson) -> None:
+    def _on_exited(self, t: float, event: events.ExitedJson) -> None:
         self.exit["returncode"] = event["returncode"]
         self.exit["signal"] = event["signal"]
         self.exit["pid"] = event["pid"]
@@ -338,19 +238,22 @@ class ArtifactBuilder:
             self.stop["cause"] = StopCause.EXITED
 
     @_fold.on(EventKind.PROGRESS)
-    def _on_progress(self, t: float, event: ProgressJson) -> None:
+    def _on_progress(self, t: float, event: events.ProgressJson) -> None:
         self.progress_changes += int(event["changed"])
         if self.progress_first is None:
             self.progress_first = t
         elif self.progress_last is not None:
             self.longest_gap = max(self.longest_gap, t - self.progress_last)
         self.progress_last = t
+        self.deadlines.add_paths(t, event.get("paths") or [])
+        self.progress_bins.add(t, event.get("paths") or ())
         self.trends.add_progress(t, event)
+        self.goodput_fold.add_progress(t, event.get("paths") or ())
         self._add_stale_limit(t, event)
 
     @_fold.on(EventKind.EXCEPTION)
-    def _on_exception(self, t: float, event: ExceptionJson) -> None:
-        exception: ExceptionInfo = {
+    def _on_exception(self, t: float, event: events.ExceptionJson) -> None:
+        exception: schema.ExceptionInfo = {
             "type": event["type"],
             "message": event["message"],
             "where": event["where"],
@@ -362,16 +265,16 @@ class ArtifactBuilder:
         self.exit["exception"] = exception
 
     @_fold.on(EventKind.LIMITS)
-    def _on_limits(self, t: float, event: LimitsJson) -> None:
+    def _on_limits(self, t: float, event: events.LimitsJson) -> None:
         self.trends.add_limits(event)
 
     @_fold.on(EventKind.TREND)
-    def _on_trend(self, t: float, event: TrendJson) -> None:
+    def _on_trend(self, t: float, event: events.TrendJson) -> None:
         self.trends.add_live_call(t, event)
 
     @_fold.on(EventKind.FAILURE)
-    def _on_failure(self, t: float, event: FailureJson) -> None:
-        failure: Failure = {
+    def _on_failure(self, t: float, event: events.FailureJson) -> None:
+        failure: schema.Failure = {
             "reason": _member(FailureReason, event["reason"], "the failure reason"),
             "message": event["message"],
             "at": event["at"],
@@ -382,30 +285,46 @@ class ArtifactBuilder:
         if activity is not None:
             failure["activity"] = activity
         self.failures.append(failure)
+        self.goodput_fold.fail(t, failure["reason"])
+        self._wake()
+
+    @_fold.on(EventKind.RULE_BROKEN)
+    def _on_rule_broken(self, t: float, event: events.RuleBrokenJson) -> None:
+        if self.broken_rule is not None:
+            return
+        self.broken_rule = event
+        self._wake()
+        if event["reason"] not in (FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT):
+            return
+        try:
+            self.broken_activity = self.trends.activity()
+        except Exception as exc:  # a bug, never the run's fault: the stall is told without it
+            self.rule_errors.setdefault("the stall's activity", f"{type(exc).__name__}: {exc}")
 
     @_fold.on(EventKind.GPU_FAULT)
-    def _on_gpu_fault(self, t: float, event: GpuFaultJson) -> None:
+    def _on_gpu_fault(self, t: float, event: events.GpuFaultJson) -> None:
         self.gpu_health.add_fault(t, event)
 
     @_fold.on(EventKind.WARNING)
-    def _on_warning(self, t: float, event: WarningJson) -> None:
+    def _on_warning(self, t: float, event: events.WarningJson) -> None:
         self.warnings.append(str(event["message"]))
 
     @_fold.on(EventKind.STOP)
-    def _on_stop(self, t: float, event: StopJson) -> None:
+    def _on_stop(self, t: float, event: events.StopJson) -> None:
         self.trends.end(t)
+        self.goodput_fold.stop(t)
         self.stop["cause"] = _member(StopCause, event["cause"], "the stop cause")
         self.stop["mode"] = event["mode"]
         self.stop["grace_seconds"] = event["grace_seconds"]
 
     @_fold.on(EventKind.SIGNAL)
-    def _on_signal(self, t: float, event: SignalJson) -> None:
+    def _on_signal(self, t: float, event: events.SignalJson) -> None:
         self.stop["signals"].append({"t": t, "signal": event["signal"], "target": event["target"]})
         if event["signal"] == "SIGKILL":
             self.stop["killed"] = True
 
     @_fold.on(EventKind.REQUEUE)
-    def _on_requeue(self, t: float, event: RequeueJson) -> None:
+    def _on_requeue(self, t: float, event: events.RequeueJson) -> None:
         self.stop["requeue"] = {
             "job_id": event["job_id"],
             "ok": event["ok"],
@@ -415,26 +334,26 @@ class ArtifactBuilder:
         }
 
     @_fold.on(EventKind.LEFTOVER)
-    def _on_leftover(self, t: float, event: LeftoverJson) -> None:
-        self.leftovers.append(cast(ProcessRecord, event["process"]))
+    def _on_leftover(self, t: float, event: events.LeftoverJson) -> None:
+        self.leftovers.append(cast("schema.ProcessRecord", event["process"]))
 
     @_fold.on(EventKind.ABANDONED)
-    def _on_abandoned(self, t: float, event: AbandonedJson) -> None:
-        self.abandoned.append(cast(ProcessRecord, event["process"]))
+    def _on_abandoned(self, t: float, event: events.AbandonedJson) -> None:
+        self.abandoned.append(cast("schema.ProcessRecord", event["process"]))
 
     @_fold.on(EventKind.FORENSICS)
-    def _on_forensics(self, t: float, event: ForensicsJson) -> None:
-        # A forensics record is large: the artifact keeps it once, in its own section, and
-        # a mention of it among the events.
+    def _on_forensics(self, t: float, event: events.ForensicsJson) -> None:
         data = event["data"]
         self._keep_event(
             {"t": t, "kind": EventKind.FORENSICS, "processes": len(data.get("processes", []))}
         )
         # The collector's own record (see ``Forensics``), under the event's reason.
-        self.forensics = cast(ForensicsSection, {"reason": event["reason"], "t": t, **data})
+        self.forensics = cast(
+            "schema.ForensicsSection", {"reason": event["reason"], "t": t, **data}
+        )
 
     @_fold.on(EventKind.OOM_KILL)
-    def _on_oom_kill(self, t: float, event: OomKillJson) -> None:
+    def _on_oom_kill(self, t: float, event: events.OomKillJson) -> None:
         self.oom_kills.append(
             {
                 "pid": event["pid"],
@@ -449,16 +368,18 @@ class ArtifactBuilder:
 
     @_fold.on(EventKind.SAMPLER_NOTE, EventKind.SAMPLER_DEGRADED, EventKind.SAMPLER_RECOVERED)
     def _on_sampler_note(
-        self, t: float, event: SamplerNoteJson | SamplerDegradedJson | SamplerRecoveredJson
+        self,
+        t: float,
+        event: events.SamplerNoteJson | events.SamplerDegradedJson | events.SamplerRecoveredJson,
     ) -> None:
-        self.sampler_notes.append(cast(SamplerNoteEntry, event))
+        self.sampler_notes.append(cast("schema.SamplerNoteEntry", event))
 
     @_fold.on(EventKind.FINISHED)
-    def _on_finished(self, t: float, event: FinishedJson) -> None:
+    def _on_finished(self, t: float, event: events.FinishedJson) -> None:
         self.status = _member(SoakStatus, event["status"], "the status")
 
     @_fold.on(EventKind.STEP)
-    def _on_step(self, t: float, event: StepJson) -> None:
+    def _on_step(self, t: float, event: events.StepJson) -> None:
         if self.step_first is None:
             self.step_first = t
         gap = event.get("gap_seconds")
@@ -469,6 +390,7 @@ class ArtifactBuilder:
         if event.get("counts", True):
             self.steps_count = True
         self.step = event
+        self.goodput_fold.add_steps(t, event.get("marks") or ())
         rate = event.get("steps_per_second")
         self.trends.add_step_rate(t, rate)
         values = {
@@ -481,7 +403,7 @@ class ArtifactBuilder:
         self._series_of(STEPS_SERIES).add(t, {k: v for k, v in values.items() if v is not None})
         self._add_stale_limit(t, event)
 
-    def _add_stale_limit(self, t: float, event: ProgressJson | StepJson) -> None:
+    def _add_stale_limit(self, t: float, event: events.ProgressJson | events.StepJson) -> None:
         limit = event.get("stale_limit_seconds")
         if limit is not None and limit != self.stale_limit:
             self.stale_limit = float(limit)
@@ -493,10 +415,12 @@ class ArtifactBuilder:
             series = self._series[group] = SeriesBuffer(self._max_points)
         return series
 
-    def _steps_progress(self) -> StepsProgress | None:
+    def _steps_progress(self, ended_t: float) -> schema.StepsProgress | None:
         step = self.step
         if step is None:
             return None
+        # The time since the last advance is a gap too (a frozen step's).
+        trailing = ended_t - (self.step_advanced_at or ended_t)
         return {
             "step": int(step["step"]),
             "max_steps": step.get("max_steps"),
@@ -504,31 +428,32 @@ class ArtifactBuilder:
             "source_kind": str(step.get("source_kind")),
             "first_step_at": self.wall(self.step_first),
             "last_step_at": self.wall(self.step_advanced_at),
-            "longest_gap_seconds": round(self.step_longest_gap, 3),
+            "longest_gap_seconds": round(max(self.step_longest_gap, trailing), 3),
             "loss": step.get("loss"),
             "loss_step": step.get("loss_step"),
+            "nonfinite_loss": step.get("nonfinite_loss"),
             "steps_per_second": step.get("steps_per_second"),
             "tokens_per_second": step.get("tokens_per_second"),
             "samples_per_second": step.get("samples_per_second"),
             "eta_seconds": step.get("eta_seconds"),
+            "nonfinite_grad_norms": int(step.get("nonfinite_grad_norms") or 0),
+            "sources_without_loss": list(step.get("sources_without_loss") or []),
         }
 
-    def _keep_event(self, event: KeptEventJson) -> None:
+    def _keep_event(self, event: events.KeptEventJson) -> None:
         self._events_seen += 1
         if len(self._events_head) < EVENTS_HEAD:
             self._events_head.append(event)
         else:
             self._events_tail.append(event)
 
-    def _add_series_source(self, t: float, event: SampleJson | GpuSampleJson) -> None:
+    def _add_series_source(self, t: float, event: events.SampleJson | events.GpuSampleJson) -> None:
         """A sample's count, series points and summary labels."""
         kind = str(event["kind"])
         self.samples[kind] = self.samples.get(kind, 0) + 1
+        self.latest[kind] = event
         for group, values in (event.get("points") or {}).items():
-            series = self._series.get(group)
-            if series is None:
-                series = self._series[group] = SeriesBuffer(self._max_points)
-            series.add(t, values)
+            self._series_of(group).add(t, values)
             stats = self._stats.setdefault(group, {})
             for name, value in values.items():
                 stats.setdefault(name, RunningStats()).add(value)
@@ -536,6 +461,27 @@ class ArtifactBuilder:
             seen = self._labels.setdefault(group, {})
             for name, words in labels.items():
                 seen.setdefault(name, set()).update(words)
+
+    @property
+    def last_progress(self) -> float | None:
+        """The step's last advance once the steps are the progress, else the last change."""
+        return self.step_advanced_at if self.steps_count else self.progress_last
+
+    @property
+    def steps_started(self) -> float | None:
+        """The first step once the steps are the progress, else the first change."""
+        return self.step_first if self.steps_count else self.progress_first
+
+    def goodput(self, earlier_highest_step: int | None = None) -> Ledger:
+        """The run's goodput ledger: launch -> the tree's end (the newest event's time while
+        the tree lives); ``earlier_highest_step`` as :meth:`GoodputFold.ledger` takes it."""
+        end = self.last_t if self.exit_t is None else self.exit_t
+        return self.goodput_fold.ledger(end, earlier_highest_step)
+
+    def peak(self, group: str, name: str) -> float | None:
+        """The highest value of a sampled figure (the artifact's ``summary`` max)."""
+        stats = self._stats.get(group, {}).get(name)
+        return None if stats is None else stats.max
 
     # -- the artifact ----------------------------------------------------------------------
 
@@ -614,8 +560,9 @@ class ArtifactBuilder:
                 "changes": self.progress_changes,
                 "longest_gap_seconds": round(max(self.longest_gap, trailing_gap), 3),
                 "source": "steps" if self.steps_count else "files",
-                "steps": self._steps_progress(),
+                "steps": self._steps_progress(ended_t),
                 "stale_limit_seconds": self.stale_limit,
+                "bins": cast("schema.ProgressBinsSection", self.progress_bins.to_json()),
             },
             "series": series,
             "series_resolution": {
@@ -628,8 +575,8 @@ class ArtifactBuilder:
             "abandoned_processes": self.abandoned,
             "oom_kills": self.oom_kills,
             # TrendWatch builds these as plain dicts, in the shapes the schema gives.
-            "trends": cast("dict[str, Trend]", self.trends.evaluate(self.wall)),
-            "processes": cast("list[ProcessEntry]", self.trends.top_processes()),
+            "trends": cast("dict[str, schema.Trend]", self.trends.evaluate(self.wall)),
+            "processes": cast("list[schema.ProcessEntry]", self.trends.top_processes()),
             "limits": self.trends.limits,
             "gpu_health": self.gpu_health.to_json(self.wall),
             "forensics": self.forensics,
@@ -649,47 +596,5 @@ class ArtifactBuilder:
             artifact["ranks"] = ranks
         if self.trends.stragglers:
             artifact["stragglers"] = list(self.trends.stragglers.values())
+        artifact["goodput"] = cast("schema.GoodputSection", self.goodput().to_json())
         return artifact
-
-
-def create_private_file(path: Path) -> int:
-    """Create (or truncate) ``path`` readable by its owner only; return a writable fd."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
-
-
-def write_artifact(artifact: Mapping[str, Any], path: Path) -> None:
-    """Write atomically: a temporary file in the same directory, fsync, then ``os.replace``.
-
-    ``mkstemp`` creates the file readable by its owner only, and ``os.replace`` keeps that.
-    """
-    data = json.dumps(artifact, indent=1, allow_nan=False, default=str).encode() + b"\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES) -> str:
-    """The last ``max_bytes`` of the captured output, decoded leniently ("" when it cannot
-    be read, or is no regular file: a journal rebuilt by ``recover`` names its log, and a
-    doctored one may name a FIFO or ``/dev/zero``)."""
-    try:
-        with open_regular(path) as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read(max_bytes)
-    except (OSError, UnreadableFileError):
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    if size > max_bytes:
-        # Drop the partial first line.
-        text = text.partition("\n")[2]
-    return text

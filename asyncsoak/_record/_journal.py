@@ -1,68 +1,28 @@
 """The journal's format: how the serializer writes it and how every reader reads it back.
 
-A journal is JSON Lines in one or more *segments*.  The open segment is the journal's own
-path (``soak.jsonl``), plain text flushed on every batch, so a crash of the monitor loses
-nothing written.  When it outgrows :data:`SEGMENT_BYTES` it is closed: renamed to
-``soak.jsonl.000001`` (then ``.000002``...) and compressed to ``soak.jsonl.000001.gz``
-beside it, and a new open segment starts.  A closed segment whose compression did not
-finish (the monitor died meanwhile) stays plain and is read as it is.
-
-Each line is one event, in one of two forms:
-
-- full: the event's JSON form, ``{"t": ..., "kind": ..., ...fields}`` (every journal before
-  the compact form was introduced has only these, and reads as it always did);
-- compact: ``{"t": T, "kind": K, "~": PATCH}``: the event is the previous event of the same
-  kind in the same segment, patched with ``PATCH`` and stamped ``T`` (an event with a field
-  named ``~`` of its own is written this way too, its patch a ``{"=": ...}`` of the whole).
-  A sample of a tree whose figures barely move is a few dozen bytes instead of kilobytes.
-
-``PATCH`` is generic JSON, so any event kind round-trips, including kinds added later:
-
-- a scalar (``null``, a boolean, a number, a string) replaces the value;
-- ``{"=": V}`` replaces the value with ``V`` (any JSON value);
-- ``{"{": {KEY: PATCH, ...}, "-": [KEY, ...]}`` patches an object: the keys listed under
-  ``"{"`` are patched (a key the object did not have is patched from null), those under
-  ``"-"`` removed (either part may be absent);
-- ``{"[": [[INDEX, PATCH], ...], "n": LENGTH}`` patches a list: it is cut or padded (with
-  null) to ``LENGTH``, then the items listed are patched.
-
-Every segment starts afresh (its first event of each kind is full), so each segment is
-readable on its own.
-
-Reading is bounded (``_bounded``): a line longer than ``MAX_LINE_BYTES``, one nested deeper
-than ``MAX_NESTING_DEPTH``, and a patch that would make more of a list than the line itself
-spells out (the encoder lists every item it adds) are no line asyncsoak writes, nor one a
-crash leaves, so the journal is refused (:class:`UnreadableFileError`, naming the line), and
-a short line never becomes a huge event: ``{"[": [], "n": 3000000000}`` is refused, not 24 GB
-of nulls.  A line that is merely not JSON (the truncated last line of a monitor that died) is
-skipped and counted, as it always was.
-
-An event read back is the dict the serializer folded into the artifact (a number that changes
-keeps its type; one that stays equal keeps the type it had).
+JSON Lines in segments (the open one plain, closed ones gzipped beside it), each line one event,
+full or compact (a patch of the previous event of its kind in its segment), so a sample of a
+tree whose figures barely move costs a few dozen bytes and a crash loses nothing written.
+Reading is bounded: a line no writer or crash makes is refused (:class:`UnreadableFileError`,
+naming the line), never decoded into a huge event; a line that is merely not JSON is skipped
+and counted.  The segments, the patch grammar and the bounds: docs/architecture.md, "The
+journal and the serializer".
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import gzip
 import json
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, cast
 
-from .._contract import (
-    MAX_JOURNAL_BYTES,
-    MAX_LINE_BYTES,
-    EventJson,
-    EventKind,
-    UnreadableFileError,
-    bounded_lines,
-    loads_bounded,
-    open_regular,
-)
+from .._contract import EventKind, bounded, events
 
 #: An open segment larger than this is closed (and compressed) after the batch that crossed it.
 SEGMENT_BYTES = 4 * 1024 * 1024
@@ -180,7 +140,7 @@ def apply_patch(old: Any, patch: Any) -> Any:
         if length - len(base) > len(items):
             # Every item past the old end is listed by the encoder: padding the list with
             # more nulls than the line holds items is no patch of ours (a memory bomb).
-            raise UnreadableFileError(
+            raise bounded.UnreadableFileError(
                 f"a list patch pads a list of {len(base)} to {length} with {len(items)} items"
             )
         if len(base) > length:
@@ -268,7 +228,7 @@ class JournalDecoder:
         self._previous.clear()
         self._damaged = False
 
-    def decode(self, line: bytes | str) -> EventJson | None:
+    def decode(self, line: bytes | str) -> events.EventJson | None:
         """The event on ``line``; None for a line that is not one (truncated, garbage).
 
         :class:`UnreadableFileError` for a line past the bounds on length, nesting and growth
@@ -280,12 +240,14 @@ class JournalDecoder:
             self._damaged = True
         return event
 
-    def _decode(self, line: bytes | str) -> EventJson | None:
-        if len(line) > MAX_LINE_BYTES + 1:
-            raise UnreadableFileError(f"a line longer than {MAX_LINE_BYTES // 2**20} MiB")
+    def _decode(self, line: bytes | str) -> events.EventJson | None:
+        if len(line) > bounded.MAX_LINE_BYTES + 1:
+            raise bounded.UnreadableFileError(
+                f"a line longer than {bounded.MAX_LINE_BYTES // 2**20} MiB"
+            )
         try:
-            event = loads_bounded(line)
-        except UnreadableFileError:
+            event = bounded.loads_bounded(line)
+        except bounded.UnreadableFileError:
             raise
         except ValueError:
             return None
@@ -299,7 +261,7 @@ class JournalDecoder:
                 return None  # the line it patches is lost
             try:
                 body = apply_patch(previous, patch)
-            except UnreadableFileError:
+            except bounded.UnreadableFileError:
                 if self._damaged:
                     return None
                 raise
@@ -315,7 +277,7 @@ class JournalDecoder:
         # against a schema (and may come from another asyncsoak): the folds read a key that
         # journals of other versions may lack with ``.get``, and ``recover`` refuses one whose
         # events are damaged.
-        return cast(EventJson, event)
+        return cast(events.EventJson, event)
 
 
 class JournalReader:
@@ -325,13 +287,16 @@ class JournalReader:
     short) are skipped and counted in :attr:`unreadable`.  A segment that is not a regular
     file, a line past the bounds of ``JournalDecoder.decode``, or more than
     ``MAX_JOURNAL_BYTES`` of text in all is an :class:`UnreadableFileError` naming the file.
+    Given ``kinds``, only events of those kinds are read: a line whose head names another kind
+    (``{"t":T,"kind":"K"``, as the encoder writes it) is passed over undecoded.
     """
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, kinds: Collection[str] | None = None) -> None:
         self.path = Path(path)
         self.unreadable = 0
+        self._kinds = None if kinds is None else {kind.encode() for kind in kinds}
 
-    def __iter__(self) -> Iterator[EventJson]:
+    def __iter__(self) -> Iterator[events.EventJson]:
         decoder = JournalDecoder()
         read = 0
         for segment in journal_segments(self.path):
@@ -342,34 +307,44 @@ class JournalReader:
                 continue  # compressed and removed meanwhile: the .gz is listed next time
             with stream:
                 try:
-                    for number, line in enumerate(bounded_lines(stream), 1):
+                    for number, line in enumerate(bounded.bounded_lines(stream), 1):
                         try:
                             if line is None:
-                                raise UnreadableFileError(
-                                    f"a line longer than {MAX_LINE_BYTES // 2**20} MiB"
+                                raise bounded.UnreadableFileError(
+                                    f"a line longer than {bounded.MAX_LINE_BYTES // 2**20} MiB"
                                 )
                             read += len(line)
-                            if read > MAX_JOURNAL_BYTES:
-                                raise UnreadableFileError(
-                                    f"more than {MAX_JOURNAL_BYTES // 2**30} GiB of journal"
+                            if read > bounded.MAX_JOURNAL_BYTES:
+                                raise bounded.UnreadableFileError(
+                                    f"more than {bounded.MAX_JOURNAL_BYTES // 2**30} GiB of journal"
                                 )
+                            if self._kinds is not None and _skipped(line, self._kinds):
+                                continue
                             event = decoder.decode(line)
-                        except UnreadableFileError as exc:
-                            raise UnreadableFileError(
+                        except bounded.UnreadableFileError as exc:
+                            raise bounded.UnreadableFileError(
                                 f"{segment}, line {number}: {exc}: not a journal asyncsoak wrote"
                             ) from None
                         if event is None:
                             self.unreadable += 1
-                            continue
-                        yield event
+                        elif self._kinds is None or event["kind"].encode() in self._kinds:
+                            yield event
                 except (EOFError, OSError, zlib.error):
                     # A compressed segment cut short (the disk filled while it was written).
                     self.unreadable += 1
 
 
+def _skipped(line: bytes, kinds: set[bytes]) -> bool:
+    """Whether ``line``'s head names a kind not in ``kinds`` (a kind's patches chain only
+    within that kind, so its lines may all be passed over)."""
+    start = line.find(b',"kind":"', 0, 64) + 9
+    end = line.find(b'"', start, start + 64) if start > 8 and line.startswith(b'{"t":') else -1
+    return end > 0 and line[start:end] not in kinds
+
+
 def _open_segment(path: Path) -> IO[bytes]:
     """A segment opened for reading (decompressed), refused unless it is a regular file."""
-    raw = open_regular(path)
+    raw = bounded.open_regular(path)
     if path.name.endswith(".gz"):
         # GzipFile is a BufferedIOBase: every IO[bytes] method the readers use.
         return cast(IO[bytes], _Decompressed(raw))
@@ -404,14 +379,33 @@ def first_line(path: Path | str) -> bytes:
     """The first line of the journal's first segment (empty if there is none)."""
     segments = journal_segments(Path(path))
     with _open_segment(segments[0]) as stream:
-        return stream.readline(MAX_LINE_BYTES + 1)
+        return stream.readline(bounded.MAX_LINE_BYTES + 1)
+
+
+def monitor_holds(journal: Path) -> bool:
+    """Whether a monitor still holds ``journal``: a soak locks it for as long as it runs."""
+    try:
+        fd = os.open(journal, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def is_journal(path: Path | str) -> bool:
     """Whether ``path`` is a soak journal: its first segment starts with a header line."""
     try:
         event = JournalDecoder().decode(first_line(path))
-    except (OSError, EOFError, zlib.error, UnreadableFileError):
+    except (OSError, EOFError, zlib.error, bounded.UnreadableFileError):
         return False
     return event is not None and event.get("kind") == EventKind.HEADER
 

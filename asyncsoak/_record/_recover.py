@@ -2,7 +2,7 @@
 
 The journal is flushed on every batch, so it holds everything up to the moment the monitor
 died; it is read through ``_journal`` (its segments, compressed or not, full and compact
-lines).  Folding it through the same :class:`ArtifactBuilder` the serializer uses gives an
+lines).  Folding it through the same :class:`RunState` the serializer uses gives an
 artifact of the same shape; a journal without a ``finished`` line means the monitor never
 finished, which is the ``monitor_lost`` failure.
 """
@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .._contract import Artifact, FailureReason, HeaderJson, Masker, SoakStatus, secret_values
-from ._artifact import ArtifactBuilder, UnknownWordError, read_log_tail
+from .._analysis import Ledger
+from .._contract import Artifact, FailureReason, Masker, SoakStatus, events, secret_values
+from ._artifact import RunState, UnknownWordError
+from ._artifact_io import read_log_tail
 from ._journal import JournalReader
 
 
@@ -31,27 +33,11 @@ def artifact_from_journal(path: Path) -> Artifact:
     A truncated last line (the monitor died mid-write) and any other unreadable line are
     skipped and counted in ``monitor.unreadable_journal_lines``.
     """
-    builder = ArtifactBuilder()
-    events = 0
-    reader = JournalReader(path)
-    for event in reader:
-        try:
-            builder.add(event)
-        except UnknownWordError as exc:
-            raise JournalError(f"{path}: event {events + 1}: {exc}") from None
-        except _DAMAGE as exc:
-            # A line that reads as JSON but is no event asyncsoak wrote (a foreign or doctored
-            # file): the whole journal is refused, never a traceback half-way through a view.
-            raise JournalError(
-                f"{path}: event {events + 1} ({str(event.get('kind'))[:40]!r}) is damaged "
-                f"({type(exc).__name__}: {str(exc)[:80]}): not a journal asyncsoak wrote"
-            ) from None
-        events += 1
+    builder, folded, unreadable = _fold(path)
     header = builder.header
-    if header is None:
-        raise JournalError(f"{path} is not an asyncsoak journal: it has no header line")
+    assert header is not None
     try:
-        return _fold_end(path, builder, header, events, reader.unreadable)
+        return _fold_end(path, builder, header, folded, unreadable)
     except _DAMAGE as exc:
         raise JournalError(
             f"{path}: its header or events are damaged ({type(exc).__name__}: "
@@ -59,8 +45,38 @@ def artifact_from_journal(path: Path) -> Artifact:
         ) from None
 
 
+def journal_goodput(path: Path, earlier_highest_step: int | None) -> Ledger:
+    """The goodput ledger of the soak whose journal is ``path``, its steps at or below
+    ``earlier_highest_step`` (an earlier attempt's highest) counted as redone: ``goodput``
+    joining a scheduler's restarts of one job."""
+    return _fold(path)[0].goodput(earlier_highest_step)
+
+
+def _fold(path: Path) -> tuple[RunState, int, int]:
+    """The journal folded: the state, the events folded and the lines unreadable."""
+    builder = RunState()
+    folded = 0
+    reader = JournalReader(path)
+    for event in reader:
+        try:
+            builder.add(event)
+        except UnknownWordError as exc:
+            raise JournalError(f"{path}: event {folded + 1}: {exc}") from None
+        except _DAMAGE as exc:
+            # A line that reads as JSON but is no event asyncsoak wrote (a foreign or doctored
+            # file): the whole journal is refused, never a traceback half-way through a view.
+            raise JournalError(
+                f"{path}: event {folded + 1} ({str(event.get('kind'))[:40]!r}) is damaged "
+                f"({type(exc).__name__}: {str(exc)[:80]}): not a journal asyncsoak wrote"
+            ) from None
+        folded += 1
+    if builder.header is None:
+        raise JournalError(f"{path} is not an asyncsoak journal: it has no header line")
+    return builder, folded, reader.unreadable
+
+
 def _fold_end(
-    path: Path, builder: ArtifactBuilder, header: HeaderJson, events: int, unreadable: int
+    path: Path, builder: RunState, header: events.HeaderJson, folded: int, unreadable: int
 ) -> Artifact:
     """The artifact once every event is folded: the lost monitor, the log's tail."""
     status = builder.status
@@ -86,7 +102,7 @@ def _fold_end(
         log_tail=log_tail,
         monitor={
             "recovered_from_journal": str(path),
-            "events": events,
+            "events": folded,
             "unreadable_journal_lines": unreadable,
         },
     )
@@ -95,7 +111,7 @@ def _fold_end(
     return artifact
 
 
-def _lost_message(builder: ArtifactBuilder) -> str:
+def _lost_message(builder: RunState) -> str:
     message = (
         f"the monitor stopped {builder.last_t:.1f}s into the run without finishing its "
         "journal (killed, out of memory, or the machine went down)"

@@ -1,34 +1,11 @@
 """The serializer: drains the event queue into the journal and the artifact builder.
 
-Every event is appended to the journal (JSON Lines, in the format of ``_journal``).  GPU samples
-and progress events wait for the next proc sample, and each proc sample's batch (what waited,
-and the sample) rides on the proc sampler's next tick (``Rides`` of ``_blocking``): the proc
-sampler's ticker thread writes it before the tick's read, so a steady soak makes no thread hop
-of its own for the journal and a SIGKILL of the monitor loses at most the last interval.  Every
-other event (exit, failure, stop, finished...) is written at once through aiofiles, with
-whatever waits, a ride nobody took yet included (taken back, so that the order holds). Without a
-sampler's rides (a soak's last events, tests) every batch goes through aiofiles. The journal is
-opened unbuffered, so each batch is one ``write(2)`` and nothing waits in a user-space buffer.
-Past ``SEGMENT_BYTES`` the open segment is closed and compressed in the background
-(``_journal``); a batch that would fill it is written at once, so that rotation never runs with
-a write in flight.
-
-A journal that cannot be written (full or read-only disk) is recorded and the soak goes on:
-the artifact is still built from the events in memory.  A write that hangs (a dead network
-filesystem) is abandoned after ``JOURNAL_WRITE_TIMEOUT_SECONDS`` and writing stops, so a stuck disk
-can never back up the event queue and stall the watchdog; closing the journal is bounded too
-(an NFS flush on close can hang as well).
-
-aiofiles runs the journal's calls on asyncsoak's own pool (``_blocking.EXECUTOR``), never on
-asyncio's default executor, and the riding writes run in the proc sampler's ticker thread,
-itself a call on that pool: a write stuck for good then holds one of asyncsoak's daemon threads,
-which neither keeps the process from exiting nor makes threads grow without bound.  A riding
-write that does not come back within the write bound stops the journal as a hung aiofiles write
-does, and its descriptor is closed once that write returns.
-
-An event that cannot be encoded (a NaN or an infinity from a sampler, a bug in one event's
-JSON form) is written with its non-finite numbers as null, or dropped and counted: one bad
-value never costs the artifact.
+Every event is appended to the journal in batches that a SIGKILL of the monitor can cost at most
+the last interval of; a journal that cannot be written, or whose write hangs, is recorded and
+abandoned, never allowed to back up the event queue and stall the watchdog.  An event that
+cannot be encoded is written with its non-finite numbers as null, or dropped and counted: one
+bad value never costs the artifact.  How (batches, rotation, the deadlines, the thread pool):
+docs/architecture.md, "The journal and the serializer".
 """
 
 from __future__ import annotations
@@ -40,6 +17,7 @@ import json
 import math
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from functools import partial
@@ -51,20 +29,17 @@ import anyio
 from aiofiles.threadpool.binary import AsyncFileIO
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from .._contract import (
-    EXECUTOR,
-    BlockingCallTimeout,
+from .._contract import EXECUTOR, BlockingCallTimeout, EventSink, host_cancelled, run_blocking
+from .._contract.events import (
     Event,
     EventJson,
     GpuSampleJson,
-    Ride,
-    Rides,
     SampleJson,
     SeriesSource,
     event_to_json,
-    run_blocking,
 )
-from ._artifact import ArtifactBuilder, create_private_file
+from ._artifact import RunState
+from ._artifact_io import create_private_file
 from ._journal import SEGMENT_BYTES, JournalEncoder, compress_segment, segment_path
 
 #: Events written to the journal in one batch at most.
@@ -72,8 +47,9 @@ BATCH = 256
 #: Bound on one journal write; past it the journal is given up for this soak.
 JOURNAL_WRITE_TIMEOUT_SECONDS = 5.0
 #: Events that wait for the interval's write like samples do: they come every second from a
-#: busy trainer, and losing the last interval of them to a SIGKILL loses nothing of note.
-_BATCHED_KINDS = frozenset({"progress"})
+#: busy trainer (a step with its progress), and losing the last interval of them to a SIGKILL
+#: loses nothing of note.
+_BATCHED_KINDS = frozenset({"progress", "step"})
 #: The proc sampler's samples set the interval's clock: each one writes what waits with it at
 #: once, so in a steady soak what waits (a GPU sample, progress) goes out with the next sample,
 #: within one interval, and no timer of the journal's own wakes the monitor.
@@ -171,6 +147,13 @@ class _JournalExecutor(Executor):
             future.add_done_callback(one_done)
 
 
+#: A rule: what the state, with one more event folded, calls for (failures, warnings,
+#: verdicts); what it returns is folded in turn, then written.
+Rule = Callable[[RunState, EventJson], Sequence[Event]]
+#: Events one event's rules may bring at most (so a rule that answers itself stops).
+RULE_EVENTS = 64
+
+
 #: Told of every event in its JSON form once it is folded (the live metrics are one).
 Observer = Callable[[EventJson], None]
 
@@ -179,7 +162,7 @@ class Serializer:
     def __init__(
         self,
         journal_fd: int,
-        builder: ArtifactBuilder,
+        builder: RunState,
         observers: Sequence[Observer] = (),
         *,
         journal_path: Path | None = None,
@@ -187,17 +170,10 @@ class Serializer:
         own_files: set[tuple[int, int]] | None = None,
         segment_bytes: int = SEGMENT_BYTES,
         lock_fds: list[int] | None = None,
-        rides: Rides | None = None,
+        rules: Sequence[Rule] = (),
     ) -> None:
         self._journal_fd = journal_fd
-        #: With the proc sampler's rides, each sample's batch rides on its next tick's thread
-        #: (see ``_write_lines``); without, every batch is written through aiofiles at once.
-        self._rides = rides
-        self._riding: Ride[None] | None = None
-        self._riding_data = b""
-        #: A riding write that was taken and did not come back in time: the descriptor is
-        #: closed once it returns (a write may still land on it until then).
-        self._stuck_ride: Ride[None] | None = None
+        self.rules = rules
         #: With a path, the journal is rotated into compressed segments (see ``_journal``).
         self._journal_path = journal_path
         #: Samples and progress events wait at most this long for the write that carries them
@@ -226,11 +202,28 @@ class Serializer:
         self._executor = _JournalExecutor()
         #: When closing the journal must be given up (``run_soak`` sets its drain deadline).
         self.close_deadline: float | None = None
+        #: Set once the drain has ended and the journal is closed.
+        self.drained = anyio.Event()
+        #: Set when the queue is found empty, every event taken folded (see :meth:`folded`).
+        self._emptied: anyio.Event | None = None
+
+    async def folded(self, sink: EventSink) -> None:
+        """Until every event queued so far on ``sink`` is folded (a batch is folded as it
+        is taken)."""
+        if sink.waiting() and not self.drained.is_set():
+            self._emptied = anyio.Event()
+            await self._emptied.wait()
 
     async def run(self, receive: MemoryObjectReceiveStream[Event]) -> None:
         """Drain until the last producer closes its end of the queue, then close the journal."""
         try:
-            self._journal = await self._open(self._journal_fd)
+            while True:
+                try:
+                    self._journal = await self._open(self._journal_fd)
+                    break
+                except asyncio.CancelledError:
+                    if not host_cancelled():
+                        raise
             if self._journal is None:
                 self.journal_error = (
                     f"the journal could not be opened within {JOURNAL_CLOSE_TIMEOUT_SECONDS:g}s"
@@ -238,13 +231,8 @@ class Serializer:
             await self._drain(receive)
         finally:
             with anyio.CancelScope(shield=True):
-                if self._riding is not None:
-                    deadline = anyio.current_time() + JOURNAL_CLOSE_TIMEOUT_SECONDS
-                    if self.close_deadline is not None:
-                        deadline = min(deadline, self.close_deadline)
-                    with anyio.CancelScope(deadline=deadline):
-                        await self._write(self._journal, await self._settle(b""))
                 await self._close(self._journal)
+                self.drained.set()
 
     async def _open(self, fd: int) -> AsyncFileIO | None:
         with anyio.move_on_after(JOURNAL_CLOSE_TIMEOUT_SECONDS):
@@ -258,11 +246,6 @@ class Serializer:
     async def _close(self, journal: AsyncFileIO | None) -> None:
         """Close the journal, within the close bound and the soak's drain deadline."""
         fd = self._journal_fd
-        if self._stuck_ride is not None:
-            # A write still on its way to the descriptor: closed when it returns (never, if
-            # it never does: one descriptor for good).
-            self._stuck_ride.when_finished(partial(_close_fd, fd))
-            return
         if journal is None or self._write_abandoned:
             # A call is still stuck in its thread: close once it returns.
             self._executor.when_idle(partial(_close_fd, fd))
@@ -307,11 +290,32 @@ class Serializer:
             )
 
     async def _drain(self, receive: MemoryObjectReceiveStream[Event]) -> None:
+        """Drain until the last producer closes its end.  The host's cancel (its loop ending:
+        see :func:`host_cancelled`) is taken back, for the soak still has its end to write."""
         pending: list[str] = []
-        #: When the oldest waiting line must be written (samples wait one interval at most).
-        due: float | None = None
         async with receive:
             while True:
+                try:
+                    await self._drain_batches(receive, pending)
+                    break
+                except asyncio.CancelledError:
+                    if not host_cancelled():
+                        raise
+        await self._write_lines(pending)
+
+    async def _drain_batches(
+        self, receive: MemoryObjectReceiveStream[Event], pending: list[str]
+    ) -> None:
+        #: When the oldest waiting line must be written (samples wait one interval at most).
+        due: float | None = None
+        while True:
+            if self._emptied is not None and not receive.statistics().current_buffer_used:
+                self._emptied.set()
+            try:
+                # Taken without a turn of the loop when there (anyio's receive() always
+                # takes one): each turn is the monitor's CPU.
+                first = receive.receive_nowait()
+            except anyio.WouldBlock:
                 try:
                     if due is None:
                         first = await receive.receive()
@@ -327,105 +331,61 @@ class Serializer:
                         first = received
                 except anyio.EndOfStream:
                     break
-                batch: list[Event] = [first]
-                while len(batch) < BATCH:
-                    try:
-                        batch.append(receive.receive_nowait())
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                urgent = self._flush_interval is None
-                by_sample = False
-                for event in batch:
-                    encoded = self._encode(event)
-                    if encoded is None:
-                        continue
-                    line, data = encoded
-                    pending.append(line)
-                    by_sample = by_sample or event.KIND in _FLUSHING_KINDS
-                    urgent = urgent or not (event.DROPPABLE or event.KIND in _BATCHED_KINDS)
-                    try:
-                        self.builder.add(data)
-                        for observe in self.observers:
-                            observe(data)
-                    except Exception as exc:
-                        # A bug folding one event must not cost the journal or the artifact.
-                        self.fold_errors += 1
-                        self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
-                self.events += len(batch)
-                if urgent or by_sample:
-                    # A sample's batch rides on the next tick; anything else goes out now.
-                    await self._write_lines(pending, ride=not urgent)
-                    due = None
-                elif due is None and pending and self._flush_interval is not None:
-                    # Riding, the next sample carries them (within an interval, a few ms
-                    # after its tick): the timer is then only for a sampler that stalls.
-                    wait = self._flush_interval * (2 if self._rides is not None else 1)
-                    due = anyio.current_time() + wait
-        await self._write_lines(pending)
+            except anyio.EndOfStream:
+                break
+            batch: list[Event] = [first]
+            while len(batch) < BATCH:
+                try:
+                    batch.append(receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            urgent = self._flush_interval is None
+            by_sample = False
+            # Each received event, with what its rules bring: the bound is per received event,
+            # so one that calls for much never leaves the rules of those behind it unrun.
+            todo: deque[tuple[Event, bool]] = deque((event, True) for event in batch)
+            brought = 0
+            while todo:
+                event, queued = todo.popleft()
+                brought = 0 if queued else brought
+                self.events += 1
+                encoded = self._encode(event)
+                if encoded is None:
+                    continue
+                line, data = encoded
+                pending.append(line)
+                by_sample = by_sample or event.KIND in _FLUSHING_KINDS
+                urgent = urgent or not (event.DROPPABLE or event.KIND in _BATCHED_KINDS)
+                try:
+                    self.builder.add(data)
+                    for observe in self.observers:
+                        observe(data)
+                    for rule in self.rules if brought < RULE_EVENTS else ():
+                        # The only feedback: what a rule calls for is folded next, in order.
+                        found = rule(self.builder, data)
+                        brought += len(found)
+                        todo.extendleft((e, False) for e in reversed(found))
+                except Exception as exc:
+                    # A bug folding one event must not cost the journal or the artifact.
+                    self.fold_errors += 1
+                    self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
+            if urgent or by_sample:
+                await self._write_lines(pending)
+                due = None
+            elif due is None and pending and self._flush_interval is not None:
+                # The next sample carries them: the timer is only for a sampler that stalls.
+                due = anyio.current_time() + self._flush_interval
 
-    async def _write_lines(self, pending: list[str], *, ride: bool = False) -> None:
-        """Write the waiting lines as one batch, then close the segment if it is full.
-
-        With ``ride``, the batch rides on the proc sampler's next tick (its thread writes it
-        before the tick's read, so the monitor makes no thread hop of its own for the journal
-        in a steady soak, and the journal is never more than one interval behind); a batch
-        that would fill the segment is written now, so that rotation never runs with a write
-        in flight.  Every other write goes through aiofiles on asyncsoak's pool.
-        """
+    async def _write_lines(self, pending: list[str]) -> None:
+        """Write the waiting lines as one batch, then close the segment if it is full."""
         if not pending:
             return
-        data = await self._settle("".join(pending).encode())
+        data = "".join(pending).encode()
         pending.clear()
-        if (
-            ride
-            and self._rides is not None
-            and self._journal is not None
-            and self.journal_error is None
-            and self._segment_size + len(data) < self._segment_bytes
-        ):
-            self._riding = self._rides.post(
-                partial(_write_all, self._journal_fd, data),
-                JOURNAL_WRITE_TIMEOUT_SECONDS,
-                last=True,
-            )
-            self._riding_data = data
-            self._segment_size += len(data)
-            return
         await self._write(self._journal, data)
         self._segment_size += len(data)
         if self._journal_path is not None and self._segment_size >= self._segment_bytes:
             await self._rotate(self._journal_path)
-
-    async def _settle(self, data: bytes) -> bytes:
-        """Make way for ``data``: the write riding on the next tick, if nobody took it yet, is
-        taken back and put before ``data`` (one write for both, in order); one under way is
-        waited for, within its bound."""
-        ride = self._riding
-        if ride is None:
-            return data
-        self._riding = None
-        assert self._rides is not None
-        if self._rides.withdraw(ride):
-            self._segment_size -= len(self._riding_data)
-            return self._riding_data + data
-        ride.hurry()
-        with anyio.move_on_after(ride.timeout):
-            await ride.done.wait()
-        if not ride.done.is_set():
-            # The tick's thread is stuck in the write (or was abandoned with it): the journal
-            # stops as when an aiofiles write hangs; the artifact keeps every event.
-            self._stuck_ride = ride
-            self._write_abandoned = True
-            self.journal_error = (
-                f"a journal write took longer than {JOURNAL_WRITE_TIMEOUT_SECONDS:g}s "
-                "(a hung filesystem?); writing stopped"
-            )
-            return b""
-        try:
-            ride.outcome()
-        except OSError as exc:
-            self.journal_error = f"journal write failed: {exc}"
-        return data
 
     async def _rotate(self, path: Path) -> None:
         """Close the open segment under its segment name, go on in a new one, compress the old.
@@ -522,13 +482,6 @@ def _start_segment(path: Path, closed: Path) -> tuple[int, int]:
             os.unlink(fresh)
         raise
     return fd, lock_fd
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data`` (in the thread of the tick it rides on)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _close_fd(fd: int) -> None:

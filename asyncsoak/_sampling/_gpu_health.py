@@ -1,279 +1,39 @@
-"""What a GPU says about its own health, judged: Xid errors, ECC, row remaps, a GPU lost.
+"""What a GPU says about its own health, judged: Xid errors, ECC, row remaps, a GPU lost or
+needing a reset, a slow PCIe link.
 
-The GPU sampler feeds :class:`GpuHealthWatch` at every tick: the GPU readings (uncorrectable
-ECC count, remapped rows, pages pending retirement, PCIe link), the lines ``nvidia-smi`` printed
-instead of a row ("Unable to determine the device handle for GPU...: GPU is lost"), and the
-kernel log's new records (``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the
-bus.``).  It returns :class:`~asyncsoak._contract._events.GpuFault` events; the supervisor
-fails the run (``gpu_fault``) for a fault that ``fails`` on a GPU the tree ``used``, and warns
-for the rest.
-
-Which GPUs the tree uses: those ``CUDA_VISIBLE_DEVICES`` names (indices as ``nvidia-smi``
-numbers them, as with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, or ``GPU-`` UUIDs and their prefixes),
-and every GPU on which a process of the tree held memory.  With ``CUDA_VISIBLE_DEVICES`` unset
-and no process of the tree seen on a GPU yet, every GPU counts (the run can use them all; fail
-closed) but one that other work holds: a GPU on which only processes outside the tree were seen,
-each one found in this PID namespace with no tree process among its ancestors (another job on a
-shared node).  A pid that cannot be found here (a container's ``nvidia-smi`` shows the host's
-pids) proves nothing, and the GPU counts.  An entry that cannot be matched (a ``MIG-`` UUID)
-also makes every GPU count.
-
-Xid codes and what to do come from NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors);
-:data:`XID_CODES` keeps the common ones, with which fail the run by default.  An Xid not in the
-table is a warning.
+The GPU sampler feeds :class:`GpuHealthWatch` every iteration's readings, the lines
+``nvidia-smi`` printed instead of a row, and the kernel log's Xid records; it returns
+:class:`~asyncsoak._contract.events.GpuFault` events, which fail the run (``gpu_fault``) when
+the fault ``fails`` on a GPU the tree ``used``, and warn otherwise.  How GPUs are identified
+and which count as used: docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
-from .._contract import GpuFault, GpuFaultKind
-from ._nvidia_smi import GpuReading
+from .._contract import GpuFaultKind, events
+from ._nvidia_smi import RESET_FIELDS, RESET_VALUES, GpuReading
+from ._xid import PciKey, XidRecord, pci_key, xid_info
 
 #: Utilisation (percent) at or above which a GPU is "under load" for the PCIe link check: an
 #: idle GPU trains its link down on purpose to save power.
 LINK_LOAD_PERCENT = 50.0
 #: What to do about a GPU that is lost.
 LOST_ACTION = "drain the node; check the GPU's power and PCIe seating, then reboot"
-
-
-@dataclass(frozen=True, slots=True)
-class Xid:
-    """One Xid code: what it means, what to do, and whether it fails the run by default."""
-
-    code: int
-    meaning: str
-    action: str
-    fails: bool
-
-
-def _xid(code: int, meaning: str, action: str, *, fails: bool) -> tuple[int, Xid]:
-    return code, Xid(code, meaning, action, fails)
-
-
-#: The Xid codes asyncsoak knows (NVIDIA's catalogue).  ``fails``: the documented default of
-#: which fail the run (the hardware, the driver or its firmware broke) and which warn (most
-#: often the application's own error, which its exit status reports anyway).
-XID_CODES: dict[int, Xid] = dict(
-    [
-        _xid(
-            13,
-            "graphics engine exception (an illegal memory access or instruction in a kernel)",
-            "debug the application (compute-sanitizer); if it repeats across applications, "
-            "run the GPU diagnostics (dcgmi diag)",
-            fails=False,
-        ),
-        _xid(
-            31,
-            "GPU memory page fault (a kernel touched an invalid address)",
-            "debug the application (compute-sanitizer); if it repeats across applications, "
-            "run the GPU diagnostics",
-            fails=False,
-        ),
-        _xid(
-            43,
-            "GPU stopped processing (a channel was reset after an application fault)",
-            "the application's error: read its log; the GPU stays usable",
-            fails=False,
-        ),
-        _xid(
-            45,
-            "preemptive cleanup after earlier errors (a process was ended on the GPU)",
-            "look for the Xid logged before it: that one is the cause",
-            fails=False,
-        ),
-        _xid(
-            48,
-            "double-bit (uncorrectable) ECC error",
-            "drain the node and reset the GPU; if it repeats, have the GPU replaced",
-            fails=True,
-        ),
-        _xid(
-            61,
-            "internal micro-controller breakpoint or warning",
-            "reset the GPU; report it to the administrator if it repeats",
-            fails=True,
-        ),
-        _xid(
-            62,
-            "internal micro-controller halt",
-            "drain the node and reset the GPU (or reboot)",
-            fails=True,
-        ),
-        _xid(
-            63,
-            "ECC page retirement or row remapping recorded",
-            "reset the GPU when convenient so the retirement or remap takes effect",
-            fails=False,
-        ),
-        _xid(
-            64,
-            "ECC page retirement or row remapper recording failure",
-            "drain the node, reset the GPU and run the diagnostics; have the GPU replaced if "
-            "it repeats",
-            fails=True,
-        ),
-        _xid(
-            68,
-            "video processor (NVDEC) exception",
-            "debug the application's video decoding; reset the GPU if it repeats",
-            fails=False,
-        ),
-        _xid(
-            69,
-            "graphics engine class error",
-            "debug the application; run the GPU diagnostics if it repeats",
-            fails=False,
-        ),
-        _xid(
-            74,
-            "NVLink error",
-            "drain the node, check the NVLink connections and reset the GPUs on that link",
-            fails=True,
-        ),
-        _xid(
-            79,
-            "GPU has fallen off the bus",
-            "drain the node; check the GPU's power and PCIe seating, then reboot",
-            fails=True,
-        ),
-        _xid(
-            92,
-            "high single-bit ECC error rate",
-            "watch the GPU's ECC counters; reset it and run the diagnostics when convenient",
-            fails=False,
-        ),
-        _xid(
-            94,
-            "contained ECC error (the applications that touched the memory were stopped)",
-            "restart the run from its checkpoint; reset the GPU when it is free",
-            fails=True,
-        ),
-        _xid(
-            95,
-            "uncontained ECC error (every application on the GPU is affected)",
-            "drain the node and reset the GPU before any further work",
-            fails=True,
-        ),
-        _xid(
-            119,
-            "GSP RPC timeout (the GPU's system processor did not answer)",
-            "drain the node and reset the GPU (or reboot)",
-            fails=True,
-        ),
-        _xid(
-            120,
-            "GSP error (the GPU's system processor failed)",
-            "drain the node and reset the GPU (or reboot)",
-            fails=True,
-        ),
-        _xid(
-            140,
-            "unrecovered ECC error",
-            "drain the node and reset the GPU",
-            fails=True,
-        ),
-        _xid(
-            154,
-            "GPU recovery action changed (a reset or reboot is required)",
-            "drain the node and do the recovery action the driver names (reset or reboot)",
-            fails=True,
-        ),
-    ]
+#: Samples in a row of a GPU reading nothing but :data:`RESET_VALUES` that make it a fault.
+RESET_SAMPLES = 2
+RESET_ACTION = (
+    "drain the node and reset the GPU (nvidia-smi -r) or reboot; the kernel log's Xid before "
+    "it says why"
 )
 
-
-def xid_info(code: int) -> Xid:
-    """The table's entry for ``code``; an unknown code is a warning, to be looked up."""
-    return XID_CODES.get(code) or Xid(
-        code,
-        "an Xid asyncsoak does not know",
-        "look it up in NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors)",
-        False,
-    )
-
-
-#: A PCI address's (domain, bus, device): the function is left out, as the Xid line does.
-PciKey = tuple[int, int, int]
-
-_XID_LINE = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[^)]*)\): (?P<code>\d+)\b,?\s*(?P<detail>.*)")
-_XID_MARK = "NVRM: Xid"
 _DEVICE_HANDLE = re.compile(
     r"Unable to determine the device handle for (?:GPU|gpu)\s*(?P<pci>[0-9A-Fa-f:.]+):\s*"
     r"(?P<why>.*)"
 )
-_GPU_IS_LOST = "GPU is lost"
-
-
-def pci_key(address: str) -> PciKey | None:
-    """``00000000:3B:00.0`` (nvidia-smi), ``0000:3b:00`` (an Xid line) -> ``(0, 0x3b, 0)``."""
-    parts = address.strip().split(":")
-    if len(parts) == 2:
-        parts = ["0", *parts]
-    if len(parts) != 3:
-        return None
-    try:
-        return int(parts[0], 16), int(parts[1], 16), int(parts[2].split(".", 1)[0], 16)
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class XidRecord:
-    """One Xid line of the kernel log."""
-
-    pci: PciKey
-    code: int
-    #: The rest of the line (``pid=..., name=..., GPU has fallen off the bus.``).
-    detail: str
-    kernel_seconds: float
-
-
-class MalformedXidError(ValueError):
-    """A kernel log record that says ``NVRM: Xid`` but is not the driver's Xid line."""
-
-
-def parse_xid(message: str, kernel_seconds: float = 0.0) -> XidRecord | None:
-    """The Xid a kernel log message reports; None for any other message.
-
-    Raises :class:`MalformedXidError` for a message that names an Xid but cannot be read.
-    """
-    if _XID_MARK not in message:
-        return None
-    match = _XID_LINE.search(message)
-    pci = None if match is None else pci_key(match["pci"])
-    if match is None or pci is None:
-        raise MalformedXidError(f"unreadable Xid record: {message.strip()[:200]!r}")
-    return XidRecord(pci, int(match["code"]), match["detail"].strip()[:300], kernel_seconds)
-
-
-#: How far up its parents :func:`outside_tree` follows a process before giving up.
-MAX_ANCESTRY = 64
-
-
-def outside_tree(pid: int, tree: Collection[int], proc: Path = Path("/proc")) -> bool:
-    """Whether ``pid`` is proven other work's: found in this PID namespace, with no process of
-    ``tree`` among it and its ancestors (a process the tree started since the tree's pids were
-    read is still the tree's).  A pid not found here (a container's ``nvidia-smi`` reports the
-    host's pids) or an ancestry that cannot be followed proves nothing: False.
-
-    ``/proc/PID/stat`` takes none of the locks that can make ``cmdline`` hang, and this runs
-    only while the tree is on no GPU, once per pid proven another's.
-    """
-    for _ in range(MAX_ANCESTRY):
-        if pid in tree:
-            return False
-        if pid <= 1:
-            return True
-        try:
-            stat = (proc / str(pid) / "stat").read_bytes()
-            pid = int(stat.rpartition(b")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-    return False
 
 
 def lost_gpu_line(line: str) -> tuple[str, str] | None:
@@ -338,6 +98,10 @@ class _Gpu:
     retired_pending: bool | None = None
     link_noted: bool = False
     lost: bool = False
+    #: Whether its first reading (the baseline) was judged.
+    seen: bool = False
+    #: Samples in a row reading nothing but :data:`RESET_VALUES`.
+    unreadable: int = 0
 
 
 class GpuHealthWatch:
@@ -348,14 +112,17 @@ class GpuHealthWatch:
 
     def __init__(self, visible: VisibleDevices) -> None:
         self._visible = visible
+        #: Every GPU by its label (the index of its first reading).
         self._gpus: dict[int, _Gpu] = {}
+        #: Every GPU by its UUID and by its bus id.
+        self._by_id: dict[str, _Gpu] = {}
         #: GPUs on which a process of the tree held memory.
         self._tree_gpus: set[int] = set()
         #: GPUs held by other work only (see the module's docstring): not the run's while
         #: ``CUDA_VISIBLE_DEVICES`` is unset and the tree is on none.  Kept once seen: the
         #: fault that ends the other job also takes its process off the list.
         self._other_gpus: set[int] = set()
-        #: The indices listed by the first complete reading: a GPU missing later is lost.
+        #: The labels listed by the first complete reading: a GPU missing later is lost.
         self._listed: frozenset[int] | None = None
         self._lost_unlisted: set[PciKey] = set()
 
@@ -394,23 +161,64 @@ class GpuHealthWatch:
     def known(self) -> bool:
         return bool(self._gpus)
 
+    # -- identity ----------------------------------------------------------------------
+
+    def identify(self, readings: Sequence[GpuReading]) -> list[GpuReading]:
+        """``readings`` under their GPUs' labels: a GPU is found by UUID, else by bus id (an
+        index read as -1 included); one never seen keeps its index as its label (the next
+        free label when that is taken, or unread)."""
+        out = []
+        for reading in readings:
+            gpu = self._by_id.get(reading.uuid or "")
+            if gpu is not None and gpu.index == reading.index:
+                out.append(reading)  # the usual case, at every sample: nothing to do
+                continue
+            gpu = self._find(reading.uuid, reading.bus_id, reading.index)
+            if gpu is None:
+                label = reading.index
+                if label < 0 or label in self._gpus:
+                    label = max(self._gpus, default=-1) + 1
+                gpu = self._gpus[label] = _Gpu(label, reading.uuid, reading.bus_id)
+            for key in (reading.uuid, reading.bus_id):
+                if key and key not in self._by_id:
+                    self._by_id[key] = gpu
+            gpu.uuid = gpu.uuid or reading.uuid
+            gpu.bus_id = gpu.bus_id or reading.bus_id
+            out.append(reading if reading.index == gpu.index else replace(reading, index=gpu.index))
+        return out
+
+    def gpu_index(self, uuid: str | None, bus_id: str | None) -> int | None:
+        """The label of the GPU a compute app's ``gpu_uuid`` (else ``gpu_bus_id``) names."""
+        gpu = self._find(uuid, bus_id)
+        return None if gpu is None else gpu.index
+
+    def _find(self, uuid: str | None, bus_id: str | None, index: int = -1) -> _Gpu | None:
+        if uuid and uuid in self._by_id:
+            return self._by_id[uuid]
+        if bus_id and bus_id in self._by_id:
+            return self._by_id[bus_id]
+        return None if uuid or bus_id else self._gpus.get(index)
+
     # -- readings ----------------------------------------------------------------------
 
     def readings(
         self, t: float, readings: Sequence[GpuReading], *, whole: bool = True
-    ) -> list[GpuFault]:
-        """Faults in one iteration's readings: counts that rose, flags set, GPUs missing.
+    ) -> list[events.GpuFault]:
+        """Faults in one iteration's readings: counts that rose, flags set, GPUs missing or
+        needing a reset (see :meth:`identify`, which they go through).
 
         ``whole``: every row of the iteration was read.  A row that could not be parsed is no
         GPU missing from the list: then none is judged missing."""
-        faults: list[GpuFault] = []
+        faults: list[events.GpuFault] = []
+        readings = self.identify(readings)
         for reading in readings:
-            gpu = self._gpus.get(reading.index)
-            if gpu is None:
-                gpu = self._gpus[reading.index] = _Gpu(reading.index, reading.uuid, reading.bus_id)
-                faults.extend(self._baseline(t, gpu, reading))
-            else:
+            gpu = self._gpus[reading.index]
+            if gpu.seen:
                 faults.extend(self._changes(t, gpu, reading))
+            else:
+                gpu.seen = True
+                faults.extend(self._baseline(t, gpu, reading))
+            faults.extend(self._reset(t, gpu, reading))
             faults.extend(self._link(t, gpu, reading))
         seen = frozenset(r.index for r in readings)
         if not whole:
@@ -424,11 +232,11 @@ class GpuHealthWatch:
                     faults.append(self.lost(t, gpu, "nvidia-smi no longer lists it"))
         return faults
 
-    def all_lost(self, t: float, why: str) -> list[GpuFault]:
+    def all_lost(self, t: float, why: str) -> list[events.GpuFault]:
         """Every GPU listed at the start is gone ("No devices were found")."""
         return [self.lost(t, gpu, why) for gpu in self._gpus.values() if not gpu.lost]
 
-    def lost_line(self, t: float, address: str, why: str) -> list[GpuFault]:
+    def lost_line(self, t: float, address: str, why: str) -> list[events.GpuFault]:
         """``nvidia-smi`` printed "Unable to determine the device handle" for ``address``."""
         pci = pci_key(address)
         gpu = None if pci is None else self.gpu_of(pci)
@@ -455,7 +263,7 @@ class GpuHealthWatch:
             return []
         return [self.lost(t, gpu, f"nvidia-smi: Unable to determine the device handle: {why}")]
 
-    def lost(self, t: float, gpu: _Gpu, why: str) -> GpuFault:
+    def lost(self, t: float, gpu: _Gpu, why: str) -> events.GpuFault:
         gpu.lost = True
         return self._fault(
             t,
@@ -466,7 +274,7 @@ class GpuHealthWatch:
             action=LOST_ACTION,
         )
 
-    def _baseline(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[GpuFault]:
+    def _baseline(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[events.GpuFault]:
         """The first reading: counts are the baseline; a flag already set is a warning."""
         gpu.ecc_uncorrected = reading.ecc_uncorrected_volatile
         gpu.remapped_pending = reading.remapped_rows_pending
@@ -487,7 +295,7 @@ class GpuHealthWatch:
                 )
         return faults
 
-    def _changes(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[GpuFault]:
+    def _changes(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[events.GpuFault]:
         faults = []
         ecc = reading.ecc_uncorrected_volatile
         if ecc is not None:
@@ -548,7 +356,31 @@ class GpuHealthWatch:
             ),
         ]
 
-    def _link(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[GpuFault]:
+    def _reset(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[events.GpuFault]:
+        """:data:`RESET_SAMPLES` readings in a row of nothing but :data:`RESET_VALUES`: once
+        per episode."""
+        errors = reading.errors
+        if not all(errors.get(name) in RESET_VALUES for name in RESET_FIELDS):
+            gpu.unreadable = 0
+            return []
+        values = [errors.get(name) for name in RESET_FIELDS]
+        gpu.unreadable += 1
+        if gpu.unreadable != RESET_SAMPLES:
+            return []
+        read = " or ".join(sorted({str(v) for v in values}))
+        return [
+            self._fault(
+                t,
+                gpu,
+                GpuFaultKind.RESET_REQUIRED,
+                f"reads {read} for {', '.join(RESET_FIELDS)} in {RESET_SAMPLES} samples in a "
+                "row: it needs a reset",
+                fails=True,
+                action=RESET_ACTION,
+            )
+        ]
+
+    def _link(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[events.GpuFault]:
         """A PCIe link below its maximum while the GPU works: a warning, once per GPU."""
         busy = (reading.utilization_gpu_percent or 0.0) >= LINK_LOAD_PERCENT
         if gpu.link_noted or not busy:
@@ -577,7 +409,7 @@ class GpuHealthWatch:
 
     # -- the kernel log ----------------------------------------------------------------
 
-    def xid(self, t: float, record: XidRecord) -> GpuFault | None:
+    def xid(self, t: float, record: XidRecord) -> events.GpuFault | None:
         """The fault of an Xid on a GPU of this soak; None for another machine's address."""
         gpu = self.gpu_of(record.pci)
         if gpu is None:
@@ -610,11 +442,11 @@ class GpuHealthWatch:
         xid: int | None = None,
         meaning: str | None = None,
         kernel_seconds: float | None = None,
-    ) -> GpuFault:
+    ) -> events.GpuFault:
         index = None if gpu.index < 0 else gpu.index
         name = f"gpu{index}" if index is not None else "a GPU"
         where = ", ".join(p for p in (gpu.bus_id, gpu.uuid) if p)
-        return GpuFault(
+        return events.GpuFault(
             t=t,
             fault=kind,
             gpu=index,
@@ -630,8 +462,8 @@ class GpuHealthWatch:
         )
 
 
-def fault_gpu(fault: GpuFault | Mapping[str, object]) -> dict[str, object]:
+def fault_gpu(fault: events.GpuFault | Mapping[str, object]) -> dict[str, object]:
     """The GPU a fault names, as the failure records it: ``{"index", "uuid", "bus_id"}``."""
-    if isinstance(fault, GpuFault):
+    if isinstance(fault, events.GpuFault):
         return {"index": fault.gpu, "uuid": fault.uuid, "bus_id": fault.bus_id}
     return {"index": fault.get("gpu"), "uuid": fault.get("uuid"), "bus_id": fault.get("bus_id")}

@@ -1,91 +1,47 @@
 """The GPU sampler task: ``nvidia-smi`` through long-lived loop processes, every read bounded.
 
-How it samples:
-
-1. One call of each query (GPU, compute apps) first.  It shows whether there is an
-   ``nvidia-smi`` and a GPU at all (if not: one note, and the task returns; that is not a
-   failure), how many lines one iteration has, and which fields this ``nvidia-smi`` knows.
-2. Then one ``-lms`` loop process per query, read line by line through pipes: on an H200 that
-   costs about 0.5 ms of CPU per sample against 44 ms for spawning both queries each time.
-3. A loop that ends: one call per sample, and the loops are tried again later (the wait
-   doubles each time they end again).
-
-The two loops are not alike.  The compute-apps loop prints nothing at all while no process
-holds a GPU, so its silence is normal and says nothing about ``nvidia-smi``'s health; its
-lines of one iteration share a timestamp, which is how they are grouped.  The GPU loop prints
-every period whatever happens: when it is silent for ``interval + call_timeout``, ``nvidia-smi``
-is hung (a GPU fallen off the bus, a wedged driver).  Then the sampler is degraded (one
-``SamplerDegraded`` per episode), the loops are killed (a process that will not die is
-abandoned and noted, never awaited), calls are retried with a growing backoff, and a
-``SamplerRecovered`` follows when data flows again.  None of this delays the soak's other
-tasks or its shutdown: every wait is bounded, and the stop path is shielded and bounded.
-
-Per-process GPU memory is matched to the supervised tree by pid only.  Inside a container
-without the host PID namespace, ``nvidia-smi`` reports host pids that match nothing here: those
-processes are recorded as not in the tree, never guessed.
+A first call of each query shows whether there is a GPU at all (if not: a note, not a failure)
+and which fields this ``nvidia-smi`` knows; then one ``-lms`` loop process per query is read
+at the soak's ticks, falling back to one call per sample while the loops keep ending.  A GPU
+loop silent for ``interval + call_timeout`` means ``nvidia-smi`` hangs: the sampler is degraded,
+the loops killed, calls retried with a growing backoff.  Mechanism: docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
 
 import anyio
-import psutil
 from anyio.abc import Process
 
 from .._contract import (
-    BlockingCallTimeout,
-    Event,
     EventSink,
-    GpuFault,
-    SamplerDegraded,
-    SamplerNote,
-    SamplerRecovered,
-    SeriesPoints,
-    SummaryLabels,
-    TickSignal,
-    WarningEvent,
+    events,
     next_tick,
     require_positive,
-    run_blocking,
 )
 from .._process import CommandResult, KernelLogFollower, open_command, run_command, stop_process
-from ._gpu_health import (
-    GpuHealthWatch,
-    MalformedXidError,
-    VisibleDevices,
-    lost_gpu_line,
-    outside_tree,
-    parse_xid,
-)
+from ._gpu_find import find_nvidia_smi
+from ._gpu_health import GpuHealthWatch, VisibleDevices
+from ._gpu_sample import SampleRecorder
 from ._nvidia_smi import (
-    APP_FIELDS,
     APPS_QUERY,
     FIELD_FALLBACKS,
     GPU_QUERY,
-    GPU_SAMPLE_FIELDS,
     GpuProcess,
-    GpuReading,
     SmiParseError,
     data_lines,
-    is_error_value,
     line_gpu_index,
     line_timestamp,
-    needs_attention,
     no_devices,
-    parse_gpu_line,
-    parse_process_line,
     query_args,
     rejected_field,
     replace_rejected,
 )
 
-SAMPLER = "gpu"
 #: After the loops end, how long (in sample intervals) to use calls before trying them again;
 #: doubled each time they end again, up to ``MAX_LOOP_RETRY`` seconds.
 LOOP_RETRY_INTERVALS = 10
@@ -102,105 +58,6 @@ MAX_LINE = 65536
 #: Where the kernel logs Xid errors.
 KMSG = Path("/dev/kmsg")
 
-#: Called with each GPU fault once it is recorded (the supervisor's verdict on it).
-FaultHandler = Callable[[GpuFault], Awaitable[None]]
-
-#: Per-GPU series fields (static ones, such as the total memory, stay in the samples).
-SERIES_FIELDS: tuple[str, ...] = (
-    "utilization_gpu_percent",
-    "utilization_memory_percent",
-    "memory_used_mib",
-    "memory_free_mib",
-    "temperature_gpu_c",
-    "temperature_memory_c",
-    "power_draw_w",
-    "power_limit_w",
-    "clocks_sm_mhz",
-    "clocks_mem_mhz",
-    "fan_speed_percent",
-    "ecc_uncorrected_volatile",
-    "ecc_corrected_volatile",
-)
-_ECC_COUNTERS = (
-    ("ecc.errors.uncorrected.volatile.total", "ecc_uncorrected_volatile"),
-    ("ecc.errors.corrected.volatile.total", "ecc_corrected_volatile"),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSample(Event):
-    """Every GPU and every GPU process of one iteration.
-
-    ``processes`` is None when the process list could not be read this time; ``source`` is
-    ``"loop"`` or ``"call"``.
-    """
-
-    KIND: ClassVar[str] = "gpu_sample"
-    DROPPABLE: ClassVar[bool] = True
-
-    gpus: list[GpuReading]
-    processes: list[GpuProcess] | None
-    source: str
-
-    def series_points(self) -> SeriesPoints:
-        points: dict[str, dict[str, float | None]] = {
-            f"gpu{g.index}": {name: getattr(g, name) for name in SERIES_FIELDS} for g in self.gpus
-        }
-        if self.processes is None:
-            points["gpu_tree"] = {
-                "tree_gpu_memory_mib": None,
-                "tree_gpu_processes": None,
-                "other_gpu_memory_mib": None,
-            }
-        else:
-            tree = [p for p in self.processes if p.in_tree]
-            other = [p for p in self.processes if not p.in_tree]
-            points["gpu_tree"] = {
-                "tree_gpu_memory_mib": sum(p.used_gpu_memory_mib or 0.0 for p in tree),
-                "tree_gpu_processes": float(len(tree)),
-                "other_gpu_memory_mib": sum(p.used_gpu_memory_mib or 0.0 for p in other),
-            }
-        return points
-
-    def summary_labels(self) -> SummaryLabels:
-        return {
-            f"gpu{g.index}": {"throttle_reasons": list(g.clock_event_reasons)}
-            for g in self.gpus
-            if g.clock_event_reasons is not None
-        }
-
-
-class EccWatch:
-    """Volatile ECC error counters per GPU: reports a counter that rose, or is not zero at first."""
-
-    def __init__(self) -> None:
-        self._last: dict[tuple[int, str], int] = {}
-
-    def update(self, readings: Sequence[GpuReading]) -> list[tuple[str, dict[str, Any]]]:
-        """``(message, data)`` for each counter that rose since the last readings."""
-        changes = []
-        for reading in readings:
-            for counter, attr in _ECC_COUNTERS:
-                value = getattr(reading, attr)
-                if value is None:
-                    continue
-                before = self._last.get((reading.index, counter))
-                self._last[(reading.index, counter)] = value
-                if (before is None and value > 0) or (before is not None and value > before):
-                    was = "" if before is None else f" (was {before})"
-                    changes.append(
-                        (
-                            f"gpu{reading.index} {counter} is {value}{was}",
-                            {
-                                "gpu": reading.index,
-                                "counter": counter,
-                                "before": before,
-                                "after": value,
-                            },
-                        )
-                    )
-        return changes
-
 
 @dataclass(frozen=True, slots=True)
 class _LoopEnd:
@@ -208,22 +65,9 @@ class _LoopEnd:
     message: str
 
 
-def _state(pid: int) -> str | None:
-    """What /proc says a process is doing ("disk-sleep" for D), None when it is gone."""
-    try:
-        return str(psutil.Process(pid).status())
-    except psutil.Error:
-        return None
-
-
 class _LineReader:
-    """One ``nvidia-smi -lms`` process, its output taken at the soak's ticks.
-
-    The loop prints into a pipe of asyncsoak's own whose read end is non-blocking; at each tick
-    the sampler takes the lines that came since the previous one (an iteration per period), so
-    the loop's lines never wake the event loop on their own: the tick that wakes it for the
-    proc sampler serves both.
-    """
+    """One ``nvidia-smi -lms`` process printing into a non-blocking pipe of our own, read at
+    the soak's ticks (its lines never wake the event loop on their own)."""
 
     def __init__(self, process: Process, fd: int) -> None:
         self.process = process
@@ -286,25 +130,17 @@ async def run_gpu_sampler(
     nvidia_smi: str = "nvidia-smi",
     call_timeout: float = 10.0,
     limiter: anyio.CapacityLimiter | None = None,
-    ticks: TickSignal | None = None,
     visible_devices: str | None = None,
-    on_fault: FaultHandler | None = None,
     kmsg: Path | None = KMSG,
 ) -> None:
-    """Offer a :class:`GpuSample` every ``interval`` seconds until cancelled.
+    """Offer a :class:`GpuSample` every ``interval`` seconds, and each GPU fault, until cancelled.
 
-    ``tree_pids`` gives the supervised tree's current pids; it is called on the event loop,
-    only when a process holds GPU memory, so it must not block (``run_soak`` passes the proc
-    sampler's latest tree).  Blocking reads go through ``limiter`` (a private one-thread
-    limiter when None).  ``call_timeout`` bounds every ``nvidia-smi`` call, and how late a
-    loop's line may be.  With ``ticks`` (the proc sampler's), the loops' output is taken each
-    time a proc sample has been handled, on the same wake-up.  Returns by itself only when
-    there is no GPU data to be had (no ``nvidia-smi``, or no GPU): that is recorded in a note,
-    not raised.  The sampler owns ``sink`` (give it a clone) and closes it.
-
-    GPU health (see ``_gpu_health``): each fault is recorded as a :class:`GpuFault`, then passed
-    to ``on_fault``.  ``visible_devices`` is the command's ``CUDA_VISIBLE_DEVICES`` (None:
-    unset); ``kmsg`` the kernel log followed for Xid errors from now on (None: not read).
+    ``tree_pids`` (called on the event loop: must not block) gives the tree's current pids;
+    blocking reads go through ``limiter``; ``call_timeout`` bounds every ``nvidia-smi`` call and
+    how late a loop's line may be.  ``visible_devices`` is the command's ``CUDA_VISIBLE_DEVICES``
+    (None: unset); ``kmsg`` the kernel log followed for Xid errors (None: not read).  Returns by
+    itself only when there is no GPU data to be had (a note, not an error).  The sampler owns
+    ``sink`` (give it a clone) and closes it.
     """
     async with sink:
         require_positive("interval", interval)
@@ -315,9 +151,7 @@ async def run_gpu_sampler(
             tree_pids=tree_pids,
             call_timeout=call_timeout,
             limiter=limiter if limiter is not None else anyio.CapacityLimiter(1),
-            ticks=ticks,
             health=GpuHealthWatch(VisibleDevices.parse(visible_devices)),
-            on_fault=on_fault,
         )
         # Opened first: an Xid logged while nvidia-smi is first asked is not missed.  On the
         # event loop, as the loops' pipes are read: /dev/kmsg is a character device whose
@@ -332,41 +166,7 @@ async def run_gpu_sampler(
                 kernel_log.close()
 
 
-class _GpuSampler:
-    def __init__(
-        self,
-        sink: EventSink,
-        *,
-        interval: float,
-        tree_pids: Callable[[], Collection[int]],
-        call_timeout: float,
-        limiter: anyio.CapacityLimiter,
-        ticks: TickSignal | None = None,
-        health: GpuHealthWatch | None = None,
-        on_fault: FaultHandler | None = None,
-    ) -> None:
-        self._sink = sink
-        self._ticks = ticks
-        self._interval = interval
-        self._tree_pids = tree_pids
-        self._call_timeout = call_timeout
-        self._limiter = limiter
-        self._executable = ""
-        self._fields = {GPU_QUERY: list(GPU_SAMPLE_FIELDS), APPS_QUERY: list(APP_FIELDS)}
-        self._gpu_lines = 1
-        # The latest complete process list and when it arrived (monotonic).
-        self._apps: tuple[float, list[GpuProcess] | None] | None = None
-        self._degraded_since: float | None = None
-        self._failures = 0
-        self._loop_ends = 0
-        self._noted: set[str] = set()
-        self._ecc = EccWatch()
-        self._other_work_pids: set[int] = set()
-        self._health = health if health is not None else GpuHealthWatch(VisibleDevices.parse(None))
-        self._on_fault = on_fault
-        self.kernel_log: KernelLogFollower | None = None
-        self.kernel_log_path: Path | None = None
-
+class _GpuSampler(SampleRecorder):
     # -- the schedule ----------------------------------------------------------------------
 
     async def run(self, nvidia_smi: str) -> None:
@@ -378,7 +178,7 @@ class _GpuSampler:
             return
         if self.kernel_log is None and self.kernel_log_path is not None:
             await self._sink.emit(
-                WarningEvent(
+                events.WarningEvent(
                     t=self._sink.elapsed(),
                     message=f"the kernel log ({self.kernel_log_path}) cannot be read here: "
                     "GPU Xid errors are not watched (run as root, or with CAP_SYSLOG)",
@@ -394,21 +194,9 @@ class _GpuSampler:
                 next_call = await self._sample_by_call_at(next_call)
 
     async def _find(self, nvidia_smi: str) -> str | None:
-        """The path of ``nvidia_smi``; None (told) where there is none."""
-        try:
-            executable = await run_blocking(
-                shutil.which,
-                nvidia_smi,
-                timeout=self._call_timeout,
-                what=f"looking up {nvidia_smi!r}",
-                limiter=self._limiter,
-            )
-        except BlockingCallTimeout as exc:
-            await self._note(f"no GPU data: {exc}", {"nvidia_smi": nvidia_smi})
-            return None
-        if executable is None:
-            await self._note(f"no GPU data: {nvidia_smi!r} not found", {"nvidia_smi": nvidia_smi})
-        return executable
+        return await find_nvidia_smi(
+            self._sink, nvidia_smi, call_timeout=self._call_timeout, limiter=self._limiter
+        )
 
     async def _first_sample(self) -> bool:
         """Call until a first sample comes, backing off after each failure; False where
@@ -529,11 +317,9 @@ class _GpuSampler:
             deadline = self._call_timeout  # the first line may take as long as a call
             tick = self._sink.clock.start
             while True:
-                # On the proc sampler's wake-up when it runs (a tick missed twice, a degraded
-                # proc sampler, falls back to the grid), else on the grid.
-                if self._ticks is None or not await self._ticks.wait(2 * self._interval):
-                    tick = next_tick(tick, self._interval, anyio.current_time())
-                    await anyio.sleep_until(tick)
+                # On the soak's grid, as the proc sampler.
+                tick = next_tick(tick, self._interval, anyio.current_time())
+                await anyio.sleep_until(tick)
                 await self._read_kernel_log()
                 end = await self._take_apps(apps)
                 if end is not None:
@@ -638,7 +424,12 @@ class _GpuSampler:
         )
 
     async def _apps_iteration(self, lines: list[str]) -> None:
-        self._apps = (anyio.current_time(), await self._parse_processes(lines))
+        processes = await self._parse_processes(lines)
+        if processes:
+            # Stamps in whole seconds make a second's iterations one group: each process
+            # counted once per GPU, at its newest reading.
+            processes = list({(p.pid, p.gpu_uuid): p for p in processes}.values())
+        self._apps = (anyio.current_time(), processes)
 
     def _current_processes(self) -> list[GpuProcess] | None:
         """The latest process list, or none when the process loop has been silent a while."""
@@ -648,209 +439,3 @@ class _GpuSampler:
         if anyio.current_time() - at > self._interval + APPS_SLACK:
             return []
         return processes
-
-    # -- readings ------------------------------------------------------------------------------
-
-    async def _parse_gpus(self, lines: list[str]) -> list[GpuReading]:
-        readings = []
-        for line in lines:
-            try:
-                readings.append(parse_gpu_line(line, self._fields[GPU_QUERY])[1])
-            except SmiParseError as exc:
-                await self._unparsable(exc)
-        return readings
-
-    async def _parse_processes(self, lines: list[str]) -> list[GpuProcess] | None:
-        """The processes of one iteration; None when a line could not be read."""
-        processes = []
-        for line in lines:
-            try:
-                processes.append(parse_process_line(line, self._fields[APPS_QUERY])[1])
-            except SmiParseError as exc:
-                await self._unparsable(exc)
-                return None
-        return processes
-
-    async def _unparsable(self, exc: SmiParseError) -> None:
-        self._sink.counters.sampler_errors += 1
-        await self._note(f"unreadable nvidia-smi output: {exc}", once="unparsable")
-
-    async def _emit(
-        self,
-        readings: list[GpuReading],
-        processes: list[GpuProcess] | None,
-        source: str,
-        *,
-        whole: bool,
-    ) -> None:
-        """One sample; ``whole``: every row of the iteration could be read (a GPU missing
-        from it is then missing from nvidia-smi's list, not from what could be parsed)."""
-        if processes:
-            # No trip to a worker thread: waking one costs more than this call (see
-            # benchmarks/monitor_overhead.py), and this runs at every sample.
-            tree = set(self._tree_pids())
-            index_of: dict[str | None, int] = {r.uuid: r.index for r in readings if r.uuid}
-            processes = [
-                replace(p, in_tree=p.pid in tree, gpu_index=index_of.get(p.gpu_uuid))
-                for p in processes
-            ]
-            if tree and self._health.counts_other_work:
-                self._health.others_on(self._other_work_gpus(processes, tree))
-        await self._recovered()
-        await self._note_readings(readings, processes)
-        self._health.tree_on(
-            p.gpu_index for p in processes or () if p.in_tree and p.gpu_index is not None
-        )
-        t = self._sink.elapsed()
-        self._sink.offer(GpuSample(t=t, gpus=readings, processes=processes, source=source))
-        await self._report(self._health.readings(t, readings, whole=whole))
-
-    def _other_work_gpus(self, processes: list[GpuProcess], tree: set[int]) -> set[int]:
-        """The GPUs on which every listed process is proven other work's (see
-        ``_gpu_health``)."""
-        others: set[int] = set()
-        ours_or_unknown: set[int] = set()
-        for process in processes:
-            if process.gpu_index is None:
-                continue
-            if not process.in_tree and self._other_work(process.pid, tree):
-                others.add(process.gpu_index)
-            else:
-                ours_or_unknown.add(process.gpu_index)
-        return others - ours_or_unknown
-
-    def _other_work(self, pid: int, tree: set[int]) -> bool:
-        if pid in self._other_work_pids:
-            return True
-        if outside_tree(pid, tree):
-            # Kept: a pid proven another's stays so (the tree's own are in ``tree`` first).
-            self._other_work_pids.add(pid)
-            return True
-        return False
-
-    async def _note_readings(
-        self, readings: list[GpuReading], processes: list[GpuProcess] | None
-    ) -> None:
-        for reading in readings:
-            for name, message in reading.errors.items():
-                if is_error_value(message):
-                    self._sink.counters.sampler_errors += 1
-                await self._note(
-                    f"gpu{reading.index} {name}: {message} (recorded as null)",
-                    once=f"value {reading.index} {name} {message}",
-                )
-            for reason in reading.clock_event_reasons or ():
-                if needs_attention(reason):
-                    await self._note(
-                        f"gpu{reading.index} clocks held back: {reason}",
-                        {"gpu": reading.index, "reason": reason},
-                        once=f"reason {reading.index} {reason}",
-                    )
-        for message, data in self._ecc.update(readings):
-            await self._note(message, data)
-        outside = sorted({p.pid for p in processes or () if not p.in_tree})
-        if outside:
-            await self._note(
-                "GPU processes outside the supervised tree (other work on the GPU, or pids "
-                "from another PID namespace, which cannot be matched): recorded as not in "
-                "the tree",
-                {"pids": outside},
-                once="outside",
-            )
-
-    # -- health --------------------------------------------------------------------------------
-
-    async def _without_lost(self, lines: list[str]) -> list[str]:
-        """``lines`` less those saying a GPU cannot be reached, each reported as lost."""
-        kept = []
-        for line in lines:
-            lost = lost_gpu_line(line)
-            if lost is None:
-                kept.append(line)
-            else:
-                await self._report(self._health.lost_line(self._sink.elapsed(), *lost))
-        return kept
-
-    async def _read_kernel_log(self) -> None:
-        """The Xid errors logged since the previous tick, on this soak's GPUs."""
-        if self.kernel_log is None or not self._health.known:
-            return
-        for kernel_seconds, message in self.kernel_log.new_records():
-            try:
-                record = parse_xid(message, kernel_seconds)
-            except MalformedXidError as exc:
-                await self._note(str(exc), once="malformed xid")
-                continue
-            if record is None:
-                continue
-            fault = self._health.xid(self._sink.elapsed(), record)
-            if fault is None:
-                # Said once for all such addresses: a machine's other GPUs (or another
-                # container's) may log many.
-                await self._note(
-                    f"an Xid for PCI {':'.join(f'{n:x}' for n in record.pci)}, which is no GPU "
-                    "nvidia-smi lists here: ignored (and any others like it)",
-                    once="xid elsewhere",
-                )
-                continue
-            await self._report([fault])
-
-    async def _report(self, faults: list[GpuFault]) -> None:
-        """Record each fault; one that fails the run goes to ``on_fault``, the others are
-        warnings."""
-        for fault in faults:
-            await self._sink.emit(fault)
-            if fault.fails and fault.used and self._on_fault is not None:
-                await self._on_fault(fault)
-                continue
-            message = fault.message
-            if fault.fails and not fault.used:
-                message += " (on a GPU this run does not use)"
-            await self._sink.emit(WarningEvent(t=self._sink.elapsed(), message=message))
-
-    # -- records -------------------------------------------------------------------------------
-
-    async def _note(
-        self, message: str, data: dict[str, Any] | None = None, *, once: str = ""
-    ) -> None:
-        if once:
-            if once in self._noted:
-                return
-            self._noted.add(once)
-        await self._sink.emit(
-            SamplerNote(t=self._sink.elapsed(), sampler=SAMPLER, message=message, data=data or {})
-        )
-
-    async def _abandoned(self, pid: int) -> None:
-        try:
-            state = await run_blocking(
-                _state, pid, timeout=self._call_timeout, what="reading a process state"
-            )
-        except BlockingCallTimeout:
-            state = "unknown"
-        await self._note(
-            f"nvidia-smi (pid {pid}) did not exit after SIGKILL (state {state}); abandoned",
-            {"pid": pid, "state": state},
-        )
-
-    async def _failed(self, message: str) -> None:
-        self._failures += 1
-        self._sink.counters.sampler_errors += 1
-        if self._degraded_since is None:
-            self._degraded_since = anyio.current_time()
-            await self._sink.emit(
-                SamplerDegraded(t=self._sink.elapsed(), sampler=SAMPLER, message=message)
-            )
-
-    async def _recovered(self) -> None:
-        self._failures = 0
-        if self._degraded_since is not None:
-            gap = anyio.current_time() - self._degraded_since
-            self._degraded_since = None
-            await self._sink.emit(
-                SamplerRecovered(
-                    t=self._sink.elapsed(),
-                    sampler=SAMPLER,
-                    message=f"nvidia-smi answers again after {gap:.1f} s",
-                )
-            )

@@ -1,17 +1,10 @@
 """Linux inotify through ctypes: the watchdog hears about a write when it happens.
 
-Periodic scans alone would see a change up to a scan interval late, and a late change moves
-the staleness deadline late by as much.  The kernel's notifications let the watchdog date a
-change to within milliseconds whatever the scan interval; the scans stay as the authority
-(they see what inotify cannot: writes through ``mmap``, writes by another machine to a network
-filesystem), so a missing or overflowing inotify only costs promptness, never correctness.
-
-Walking a tree and adding watches touches the filesystem (a hung mount blocks both), so the
-watchdog runs :meth:`Inotify.watch_tree` and :meth:`Inotify.watch_pending` in asyncsoak's
-threads; :meth:`Inotify.read` only reads the inotify descriptor, which never blocks, and queues
-new directories for :meth:`Inotify.watch_pending` instead of walking them.  :meth:`Inotify.close`
-may be called while a thread is still adding watches: the descriptor is closed once no watch is
-being added, so a late ``inotify_add_watch`` never reaches a descriptor number reused since.
+Periodic scans alone would see a change up to a scan interval late, and move the staleness
+deadline late by as much.  The scans stay the authority, so a missing or overflowing inotify
+costs promptness, never correctness.  :meth:`Inotify.read` never blocks; walking and adding
+watches may (a hung mount), so the watchdog runs them in threads, and :meth:`Inotify.close` is
+safe beside them.  How: docs/architecture.md, "The watchdog".
 """
 
 from __future__ import annotations

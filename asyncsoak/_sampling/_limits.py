@@ -2,17 +2,9 @@
 
 The trend rules project a leak onto these: the machine's memory, the limits of the memory
 cgroup the command runs in (a container, a SLURM job or a Kubernetes pod is killed at its
-cgroup's limit long before the machine fills), and the size of the progress and output
-filesystems.
-
-The memory cgroup is the command's, read from ``/proc/PID/cgroup`` (the soak may have put its
-tree in a cgroup of its own): on cgroup v2 the ``0::`` line, whose limits are ``memory.max``
-(the OOM killer's) and ``memory.high`` (throttling); on cgroup v1 the ``memory`` controller's
-line, whose limit is ``memory.limit_in_bytes``.  A hybrid machine has both lines: the memory
-controller is bound to one hierarchy only, and a v1 ``memory`` line says it is v1's.  Limits
-are inherited, so the tightest one from the cgroup up to the hierarchy's root applies.  The
-cgroup's own OOM-kill counter (v2 ``memory.events``, v1 ``memory.oom_control``) counts the
-kills of its members even where the kernel log cannot be read (a container).
+cgroup's limit long before the machine fills), its OOM-kill counter, and the size of the
+progress and output filesystems.  Which cgroup and which files, on v1, v2 and hybrid machines:
+docs/architecture.md, "The proc sampler and the limits".
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """Talking to ``nvidia-smi`` and reading what it prints.
 
-Queries always use ``--format=csv,noheader,nounits`` and are read by position: the header
-names differ from the query names (``clocks.sm`` is headed ``clocks.current.sm [MHz]``).
-A value nvidia-smi cannot give (``[N/A]``, ``[Not Supported]``, ``[Unknown Error]``) or one
-that does not parse becomes ``None`` and an entry in the reading's ``errors``; nothing here
-raises on odd output except :class:`SmiParseError` for a line that is not a row at all.
-
-The clock event (throttle) reasons are decoded bit by bit from nvidia-smi's hex mask, with
-NVML's names for the bits.  Some are part of normal operation (an idle GPU drops its clocks,
-a GPU at full load sits at its power cap); the others mean the hardware or the temperature
-is holding the GPU back, and a user must see them.
+Queries use ``--format=csv,noheader,nounits``, read by position.  A value nvidia-smi cannot give
+or that does not parse becomes ``None`` and an entry in the reading's ``errors``; nothing here
+raises on odd output except :class:`SmiParseError` for a line that is not a row at all.  Clock
+event (throttle) reasons are decoded bit by bit with NVML's names, so a user sees the hardware
+or the temperature holding a GPU back.  Details: docs/architecture.md, "The GPU sampler and GPU
+health".
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +57,14 @@ GPU_FIELDS: tuple[str, ...] = (
 #: The sampler's GPU query: ``timestamp`` first groups the lines of one loop iteration.
 GPU_SAMPLE_FIELDS: tuple[str, ...] = ("timestamp", *GPU_FIELDS)
 #: The sampler's compute-apps query.
-APP_FIELDS: tuple[str, ...] = ("timestamp", "pid", "process_name", "used_gpu_memory", "gpu_uuid")
+APP_FIELDS: tuple[str, ...] = (
+    "timestamp",
+    "pid",
+    "process_name",
+    "used_gpu_memory",
+    "gpu_uuid",
+    "gpu_bus_id",
+)
 #: What the runtime snapshot records about each GPU.
 INVENTORY_FIELDS: tuple[str, ...] = (
     "index",
@@ -104,6 +106,10 @@ NO_DEVICES_EXIT = 6
 
 #: What nvidia-smi prints for a value that does not apply here: recorded, but not an error.
 UNAVAILABLE = frozenset({"[N/A]", "[Not Supported]", "N/A"})
+#: What a GPU that needs a reset (after Xid 79, 48 or 119) reads in place of its values.
+RESET_VALUES = frozenset({"[GPU requires reset]", "[Unknown Error]", "ERR!"})
+#: The readings that all read one of :data:`RESET_VALUES` on such a GPU.
+RESET_FIELDS: tuple[str, ...] = ("utilization.gpu", "memory.used", "temperature.gpu", "power.draw")
 
 CLOCK_EVENT_REASONS: dict[int, str] = {
     0x1: "gpu_idle",
@@ -143,7 +149,8 @@ class SmiParseError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GpuReading:
-    """One GPU in one iteration.  ``errors`` maps a query field to why its value is None."""
+    """One GPU in one iteration.  ``errors`` maps a query field to why its value is None;
+    ``index`` is -1 when it could not be read (the GPU is known by ``uuid`` or ``bus_id``)."""
 
     index: int
     uuid: str | None = None
@@ -190,6 +197,8 @@ class GpuProcess:
     name: str | None = None
     used_gpu_memory_mib: float | None = None
     gpu_uuid: str | None = None
+    gpu_bus_id: str | None = None
+    #: The label (``gpu0``) of the GPU that ``gpu_uuid`` or ``gpu_bus_id`` names.
     gpu_index: int | None = None
     in_tree: bool = False
     errors: dict[str, str] = field(default_factory=dict)
@@ -270,6 +279,7 @@ _APP_SPEC: dict[str, tuple[str, _Converter]] = {
     "process_name": ("name", _text),
     "used_gpu_memory": ("used_gpu_memory_mib", _number),
     "gpu_uuid": ("gpu_uuid", _text),
+    "gpu_bus_id": ("gpu_bus_id", _text),
 }
 _APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
 
@@ -376,7 +386,7 @@ def _convert(
             continue
         attr, convert = target
         kwargs[attr] = None
-        if raw in UNAVAILABLE or (raw.startswith("[") and raw.endswith("]")):
+        if raw in UNAVAILABLE or raw == "ERR!" or (raw.startswith("[") and raw.endswith("]")):
             errors[name] = raw
             continue
         try:
@@ -390,7 +400,9 @@ def parse_gpu_line(line: str, fields: Sequence[str]) -> tuple[str | None, GpuRea
     """One row of a GPU query asked with ``fields``: its timestamp (if asked) and reading."""
     timestamp, kwargs, errors = _convert(line, fields, _GPU_SPEC, _GPU_ALIASES)
     if kwargs.get("index") is None:
-        raise SmiParseError(f"no GPU index in {line.strip()!r}")
+        if not (kwargs.get("uuid") or kwargs.get("bus_id")):
+            raise SmiParseError(f"no GPU index, UUID or bus id in {line.strip()!r}")
+        kwargs["index"] = -1
     return timestamp, GpuReading(**kwargs, errors=errors)
 
 
@@ -442,7 +454,7 @@ def _inventory_entry(line: str, fields: Sequence[str]) -> dict[str, Any]:
         return None if value is None or value in UNAVAILABLE else value
 
     return {
-        "index": reading.index,
+        "index": None if reading.index < 0 else reading.index,
         "uuid": reading.uuid,
         "name": reading.name,
         "bus_id": reading.bus_id,
@@ -456,14 +468,10 @@ def _inventory_entry(line: str, fields: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def gpu_inventory(nvidia_smi: str = "nvidia-smi", timeout: float = 10.0) -> dict[str, Any]:
-    """The machine's GPUs and driver for the runtime snapshot; never raises for a bad GPU setup.
-
-    ``{"available": False, "error": ...}`` when there is no ``nvidia-smi`` or no GPU.
-    """
-    executable = shutil.which(nvidia_smi)
-    if executable is None:
-        return {"available": False, "error": f"{nvidia_smi!r} not found: no GPU data"}
+def gpu_inventory(executable: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The machine's GPUs and driver for the runtime snapshot, asked of ``executable`` (the
+    ``nvidia-smi`` found); never raises for a bad GPU setup: ``{"available": False, "error":
+    ...}`` when there is no GPU."""
     fields = list(INVENTORY_FIELDS)
     errors: list[str] = []
     while True:

@@ -13,6 +13,10 @@ from __future__ import annotations
 import os
 import resource
 from pathlib import Path
+from typing import Any
+
+from .._contract import Masker
+from .._process import launcher_of, parse_rank_environ, read_environ, role
 
 PROC = Path("/proc")
 VANISHED = (FileNotFoundError, ProcessLookupError)
@@ -202,6 +206,16 @@ def count_fds(base: str, files: list[int] | None, by_size: bool) -> int | None:
         return None
 
 
+def kb_field(text: bytes, needle: bytes) -> int | None:
+    """The value of ``needle`` (``b"\\nKey:"``) in kB, as bytes."""
+    # A few lookups by name in ~50 lines: find() beats splitting every line.
+    at = text.find(needle)
+    if at < 0:
+        return None
+    start = at + len(needle)
+    return int(text[start : text.index(b"kB", start)]) * 1024
+
+
 def read_children(base: str, pid: int, files: list[int] | None) -> bytes:
     """The ``children`` file of the process's main thread: the pids it forked, by spaces."""
     path = f"{base}task/{pid}/children"
@@ -217,11 +231,7 @@ def read_shmem(base: str) -> int:
         status = read_proc_file(base + "status", one_piece=True)
     except PermissionError:
         return 0
-    at = status.find(b"\nRssShmem:")
-    if at < 0:
-        return 0
-    start = at + len(b"\nRssShmem:")
-    return int(status[start : status.index(b"kB", start)]) * 1024
+    return kb_field(status, b"\nRssShmem:") or 0
 
 
 def read_memory_shares(base: str) -> tuple[int, int, int] | None:
@@ -241,3 +251,36 @@ def read_memory_shares(base: str) -> tuple[int, int, int] | None:
         elif key in (b"Pss_Anon", b"Pss_Shmem"):
             anon_pss += int(rest.split()[0]) * 1024
     return uss, pss, anon_pss
+
+
+def describe(base: str, name: bytes, masker: Masker) -> tuple[list[str] | None, Any]:
+    """A process's command line and its part in a distributed run."""
+    cmdline = _read_cmdline(base, masker)
+    return cmdline, _read_role(base, name, cmdline)
+
+
+def _read_cmdline(base: str, masker: Masker) -> list[str] | None:
+    try:
+        data = read_proc_file(base + "cmdline")
+    except PermissionError:
+        return None
+    if not data:
+        return []  # a zombie's, or one that cleared its own
+    # Each argument ends with a NUL; an empty last argument is a NUL of its own.
+    args = data[:-1] if data.endswith(b"\0") else data
+    return masker.argv(arg.decode(errors="replace") for arg in args.split(b"\0"))
+
+
+def _read_role(base: str, name: bytes, cmdline: list[str] | None) -> Any:
+    """A new process's part in a distributed run (see
+    :func:`asyncsoak._process._ranks.role`): its rank from a bounded read of its environment,
+    once (an environment does not change)."""
+    text = name.decode("utf-8", "replace")
+    if launcher_of(text, cmdline) is not None:
+        return role(text, cmdline, None)
+    try:
+        rank = parse_rank_environ(read_environ(base + "environ"))
+    except OSError:
+        # Another user's (EACCES), or gone since its stat was read: no rank to tell.
+        rank = None
+    return role(text, cmdline, rank)

@@ -1,25 +1,16 @@
 """The runtime snapshot: where the code, the GPUs, the software and the environment stood.
 
 Synchronous: the soak runs it in a worker thread before the command starts.  Every external
-command (``git``, ``nvidia-smi``, the command's own Python interpreter) runs under a deadline,
-and a missing tool or a failed command is recorded in its section, never raised.
-
-``git`` must not run code from the repository under test.  A repository's config can name
-programs that ``git status`` and ``git diff`` would run: an fsmonitor hook, clean filters, an
-external diff, textconv drivers, hooks.  So every call turns ``core.fsmonitor`` off, points
-hooks nowhere, blanks each clean/smudge/process filter the repository configures, passes
-``--no-ext-diff --no-textconv`` to diffs, and ``--no-optional-locks`` keeps ``git status``
-from rewriting the index.  The caller's ``GIT_*`` variables (``GIT_DIR``,
-``GIT_EXTERNAL_DIFF``...) are not passed on.  A repository owned by another user is refused by
-``git`` itself ("dubious ownership"); that refusal is recorded, not overridden.
+command runs under a deadline, and a missing tool or a failed command is recorded in its
+section, never raised.  ``git`` must not run code from the repository under test (fsmonitor,
+filters, external diffs, hooks): every call turns them off.  How: docs/architecture.md, "The
+runtime snapshot".
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import socket
@@ -27,17 +18,16 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
-if TYPE_CHECKING:
-    from importlib.metadata import Distribution
-
 from .._contract import VERSION, redact_env
 from .._process import CommandResult, run_command_sync
-from ._nvidia_smi import gpu_inventory
 
+#: ``platform.python_implementation()``'s names (that module costs the start 2 ms).
+_IMPLEMENTATIONS = {"cpython": "CPython", "pypy": "PyPy", "ironpython": "IronPython"}
+_IMPLEMENTATION = sys.implementation.name
 #: Environment variables recorded by name...
 ENVIRONMENT_NAMES = frozenset(
     {
@@ -91,18 +81,24 @@ ENVIRONMENT_PREFIXES: tuple[str, ...] = (
 _PYTHON_NAME = re.compile(r"(python|pypy)[0-9.]*")
 # Run by the command's interpreter, which may be any Python 3.8+: standard library only.
 _INTERPRETER_PROBE = """\
-import importlib.metadata as m, json, platform, sys
+import json, os, platform, re, sys
 dists = {}
-for d in m.distributions():
-    name = d.metadata["Name"]
-    if name and name not in dists:
-        dists[name] = d.version
+for entry in sys.path:
+    try:
+        names = sorted(os.listdir(entry or "."))
+    except OSError:
+        continue
+    for name in names:
+        stem, dot, suffix = name.rpartition(".")
+        dist, _, version = stem.partition("-")
+        if dot and suffix in ("dist-info", "egg-info") and version:
+            dists.setdefault(re.sub(r"[-_.]+", "-", dist).lower(), version.split("-")[0])
 print(json.dumps({
     "executable": sys.executable,
     "version": platform.python_version(),
     "implementation": platform.python_implementation(),
     "prefix": sys.prefix,
-    "distributions": dict(sorted(dists.items(), key=lambda kv: kv[0].lower())),
+    "distributions": dict(sorted(dists.items())),
 }))
 """
 
@@ -132,7 +128,7 @@ def collect_snapshot(
         "taken_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "root": str(root.absolute()),
         "source": _section(lambda: source_info(root, timeout)),
-        "gpus": _section(lambda: gpu_inventory(nvidia_smi, timeout)),
+        "gpus": _section(lambda: gpu_section(nvidia_smi, timeout)),
         "software": _section(lambda: software_info(command, environ, timeout)),
         "host": _section(host_info),
         "environment": _section(lambda: environment_info(environ)),
@@ -214,6 +210,8 @@ def source_info(root: Path, timeout: float = 10.0) -> dict[str, Any]:
         errors.append(f"git status: {_git_error(status)}")
     diff_sha256 = None
     if changed and revision is not None:
+        import hashlib  # here: its OpenSSL load is paid only for a changed tree
+
         digest = hashlib.sha256()
         diff = git(
             "diff",
@@ -273,14 +271,16 @@ def software_info(
 ) -> dict[str, Any]:
     info: dict[str, Any] = {
         "python": {
-            "version": platform.python_version(),
-            "implementation": platform.python_implementation(),
+            "version": sys.version.split()[0],  # platform.python_version()'s text
+            "implementation": _IMPLEMENTATIONS.get(
+                sys.implementation.name, sys.implementation.name
+            ),
             "executable": sys.executable,
             "prefix": sys.prefix,
         },
-        "platform": platform.platform(),
+        "platform": _platform(),
         "asyncsoak": VERSION,
-        "distributions": _distributions(),
+        "distributions": distributions(),
     }
     interpreter = command_interpreter(command, environ)
     if interpreter is not None:
@@ -288,36 +288,44 @@ def software_info(
     return info
 
 
-def _distributions() -> dict[str, str]:
-    # Imported here, in the snapshot's thread: it brings the email and zip modules, which the
-    # soak's start would otherwise pay for before the command runs.
-    import importlib.metadata
-
+def distributions(paths: Sequence[str] = ()) -> dict[str, str]:
+    """Installed distributions and their versions, from the names of their ``NAME-VERSION
+    .dist-info`` (or ``.egg-info``) directories on ``paths`` (default: ``sys.path``), the first
+    found winning as in an import; names in their normal form (``charset-normalizer``).  The
+    names alone: parsing every distribution's metadata was most of the snapshot's time."""
     found: dict[str, str] = {}
-    for dist in importlib.metadata.distributions():
-        name, version = _name_and_version(dist)
-        if name and version and name not in found:  # the first on sys.path is the one imported
-            found[name] = version
-    return dict(sorted(found.items(), key=lambda item: item[0].lower()))
+    for entry in paths or sys.path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for name in names:
+            stem, dot, suffix = name.rpartition(".")
+            dist, _, version = stem.partition("-")
+            if dot and suffix in ("dist-info", "egg-info") and version:
+                found.setdefault(re.sub(r"[-_.]+", "-", dist).lower(), version.split("-")[0])
+    return dict(sorted(found.items()))
 
 
-def _name_and_version(dist: Distribution) -> tuple[str | None, str | None]:
-    """``Name`` and ``Version`` from the head of a distribution's metadata.
+def gpu_section(nvidia_smi: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The GPUs and driver (:func:`gpu_inventory`); the GPU modules are imported only where
+    ``nvidia_smi`` is found, so a machine without GPUs pays nothing for them."""
+    executable = shutil.which(nvidia_smi)
+    if executable is None:
+        return {"available": False, "error": f"{nvidia_smi!r} not found: no GPU data"}
+    from ._nvidia_smi import gpu_inventory
 
-    The same fields ``dist.metadata`` gives, read from the header lines alone: the email parser
-    behind ``dist.metadata`` made this scan most of the snapshot's time, and it runs beside the
-    soak's start.
-    """
-    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-    name = version = None
-    for line in text.splitlines():
-        if not line:
-            break  # the header ends at the first empty line
-        if name is None and line.startswith("Name:"):
-            name = line[len("Name:") :].strip()
-        elif version is None and line.startswith("Version:"):
-            version = line[len("Version:") :].strip()
-    return name, version
+    return gpu_inventory(executable, timeout)
+
+
+def _platform() -> str:
+    """``platform.platform()``'s text from ``os.uname()``: that one runs ``uname -p``."""
+    uname = os.uname()
+    try:
+        libc = "-with-" + os.confstr("CS_GNU_LIBC_VERSION").replace(" ", "")  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        libc = ""
+    return f"{uname.sysname}-{uname.release}-{uname.machine}{libc}"
 
 
 def command_interpreter(command: Sequence[str] | None, environ: Mapping[str, str]) -> str | None:
@@ -384,9 +392,9 @@ def _interpreter_info(
 def host_info() -> dict[str, Any]:
     return {
         "hostname": socket.gethostname(),
-        "kernel": platform.release(),
-        "kernel_version": platform.version(),
-        "machine": platform.machine(),
+        "kernel": os.uname().release,
+        "kernel_version": os.uname().version,
+        "machine": os.uname().machine,
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)),

@@ -2,33 +2,20 @@
 
 Pure and clock-free: every call takes ``now`` (seconds since the soak's start), so tests
 drive it with any clock.  :class:`StepTracker` folds what :mod:`._steps` read at a scan;
-:class:`StaleLimit` learns ``--stale-progress auto``'s limit from the run's own gaps.
-
-``--stale-progress auto`` (the documented rule):
-
-* a *gap* is the time between two advances of the progress signal (the step, or a file
-  change while the run has no step source), as the monitor saw them;
-* during the warm-up (the first ``startup_timeout_seconds`` after the first advance, and at
-  least :data:`AUTO_MIN_GAPS` gaps) the limit is the startup limit (or a limit carried from
-  the job's previous runs, when given);
-* then the limit is :data:`AUTO_SAFETY_FACTOR` x the gap below which
-  :data:`AUTO_QUANTILE` of the run's stepping time was spent (a time-weighted quantile: a
-  6-minute checkpoint every hour is 10 % of the time, so it is never an outlier, however few
-  the checkpoints), floored at :data:`AUTO_FLOOR_SECONDS`, capped at :data:`AUTO_CAP_SECONDS`,
-  and never below a carried limit;
-* it is re-learned at each advance, and the limit of a gap is the one in force when the gap
-  began: a hang is caught within ``AUTO_SAFETY_FACTOR`` x the longest normal gap (plus one
-  sample interval), never sooner than the floor.
+:class:`StaleLimit` learns ``--stale-progress auto``'s limit from the run's own gaps, by the
+rule docs/progress.md documents ("A learned stall limit") with the constants here; its
+mechanism is in docs/architecture.md, "The watchdog".
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ._steps import KIND_NAMES, KIND_STATE, StepReading, StepRecord
+from ._step_files import KIND_NAMES, KIND_STATE, StepReading, StepRecord
 
 ProgressSource = Literal["files", "steps", "auto"]
 PROGRESS_SOURCES: tuple[ProgressSource, ...] = ("auto", "files", "steps")
@@ -48,8 +35,12 @@ AUTO_MIN_GAPS = 10
 #: Gaps are kept in logarithmic buckets this wide (a ratio): bounded memory, 5 % resolution.
 _BUCKET_RATIO = 1.05
 
-#: Steps per second over the advances of the last this many seconds (two advances at least).
+#: Steps per second over the last RATE_WINDOW_SECONDS or RATE_WINDOW_STEPS steps, whichever
+#: is shorter (two advances at least); 0 once no step came for RATE_STALE_GAPS x the median
+#: gap between those advances.
 RATE_WINDOW_SECONDS = 30.0
+RATE_WINDOW_STEPS = 10
+RATE_STALE_GAPS = 3.0
 #: Divergence: the median of the last DIVERGENCE_WINDOW losses above DIVERGENCE_FACTOR x the
 #: run's best such median (a positive one), after DIVERGENCE_MIN_LOSSES losses, and having
 #: given back more than DIVERGENCE_GIVEN_BACK of what the run learned (its first such median
@@ -58,6 +49,11 @@ DIVERGENCE_WINDOW = 10
 DIVERGENCE_FACTOR = 2.0
 DIVERGENCE_MIN_LOSSES = 20
 DIVERGENCE_GIVEN_BACK = 0.1
+#: A gradient norm non-finite at this many logged steps in a row (of one file, once it has
+#: logged a finite one) is a failure, as a non-finite loss is (a Trainer's NaN filter logs
+#: such a run's loss as 0.0); fewer, or those before the first finite one (fp16 loss
+#: scaling's start-up search), are the steps loss scaling skips in healthy runs: counted only.
+NONFINITE_GRAD_NORM_STEPS = 5
 
 
 class StaleLimit:
@@ -84,7 +80,7 @@ class StaleLimit:
         """An advance at ``now``, ``gap`` after the one before (None for the first)."""
         if self._first is None:
             self._first = now
-        if gap is None or gap <= 0:
+        if gap is None or not 0 < gap < math.inf:
             return
         self._gaps += 1
         self._longest = max(self._longest, gap)
@@ -127,6 +123,8 @@ class StepUpdate:
     nonfinite: str | None = None
     #: Whether the figures (loss, max_steps) changed without an advance.
     changed: bool = False
+    #: (step, the trainer's own time or None) of each record that raised its source's step.
+    marks: list[tuple[int, float | None]] = field(default_factory=list)
 
 
 class StepTracker:
@@ -145,6 +143,9 @@ class StepTracker:
         self.max_steps: int | None = None
         self.loss: float | None = None
         self.loss_step: int | None = None
+        #: The non-finite loss (or grad_norm) the run failed on (``nan``, ``inf``, ``-inf``):
+        #: its headline loss.
+        self.nonfinite_loss: str | None = None
         self.steps_per_second: float | None = None
         self.tokens_per_second: float | None = None
         self.samples_per_second: float | None = None
@@ -152,7 +153,20 @@ class StepTracker:
         self.lines_since_advance: dict[str, int] = {}
         self.nonfinite_seen = False
         self.diverged = False
+        #: Non-finite gradient norms logged (isolated ones: counted, not failed).
+        self.nonfinite_grad_norms = 0
+        #: Per source (one for every trainer_state.json: the checkpoints' copies are one
+        #: history), the non-finite gradient norms in a row: (how many, the first's step).
+        self._grad_run: dict[str, tuple[int, int]] = {}
+        #: The histories that have logged a finite gradient norm (a streak counts from then).
+        self._grad_finite: set[str] = set()
+        #: Sources that gave this run a step, and those that gave a loss.
+        self._stepped: set[str] = set()
+        self._lossy: set[str] = set()
         self._last_by_source: dict[str, int] = {}
+        #: The highest step each source still present reached (since the last resume): the
+        #: run's step is their maximum, and any of them rising is progress.
+        self._high_by_source: dict[str, int] = {}
         #: The newest step an earlier run left in each source (where this one resumes from).
         self._before_start: dict[str, int] = {}
         #: The epoch of each source's newest record, and the sources that count their step
@@ -172,6 +186,8 @@ class StepTracker:
         self._warned_keys: set[str] = set()
         #: The newest cumulative (tokens, samples) counts, for their rates.
         self._counts: tuple[float | None, float | None] = (None, None)
+        #: What the rules raised (each said once).
+        self._raised: frozenset[str] = frozenset()
 
     @property
     def source_kind(self) -> str | None:
@@ -185,7 +201,30 @@ class StepTracker:
         return max(0.0, (total - step) / rate)
 
     def observe(self, reading: StepReading, now: float) -> StepUpdate:
-        update = StepUpdate(notes=list(reading.notes))
+        """Fold one reading.  A rule that raises on it (a bug, never the run's fault) leaves
+        it unjudged, with a note naming the exception: the run goes on, judged by the rest."""
+        try:
+            return self._observe(reading, now)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            told, self._raised = error in self._raised, self._raised | {error}
+            return StepUpdate(
+                notes=[]
+                if told
+                else [f"the step rules raised {error}: readings they raise on are not judged"]
+            )
+
+    def _observe(self, reading: StepReading, now: float) -> StepUpdate:
+        update = StepUpdate(notes=list(reading.notes), warnings=list(reading.warnings))
+        for name in reading.gone:
+            self._forget(name)
+        if reading.gone and self._high_by_source:
+            # A deleted source (a prep file, a rotated checkpoint) holds the step no longer.
+            source = max(self._high_by_source, key=self._high_by_source.__getitem__)
+            if self._high_by_source[source] != self.step:
+                self._window.clear()  # a rate across two counters means nothing
+            update.changed |= (self.step, self.source) != (self._high_by_source[source], source)
+            self.step, self.source = self._high_by_source[source], source
         if reading.max_steps and reading.max_steps != self.max_steps:
             self.max_steps = reading.max_steps
             update.changed = True
@@ -194,7 +233,7 @@ class StepTracker:
         kinds = [r.kind for r in reading.records if not r.before_start]
         if kinds and (self.kind is None or min(kinds) < self.kind):
             self.kind = min(kinds)
-        previous = self.step
+        previous, moved = self.step, False
         for record in reading.records:
             if record.max_steps and record.max_steps != self.max_steps:
                 self.max_steps = record.max_steps
@@ -213,16 +252,26 @@ class StepTracker:
                 # loss to judge it by (a NaN there is why it was resumed).
                 self._before_start[record.source] = record.step
                 continue
+            if record.where != "global_step" and record.source not in self._stepped:
+                self._stepped.add(record.source)
+                update.changed = True
+            if record.loss is not None:
+                self._lossy.add(record.source)
             self._check_loss(record, update)
+            self._check_grad_norm(record, update)
             if record.kind != self.kind:
                 continue
-            self._follow(record, update)
+            if self._follow(record, update):
+                moved = True
+                update.marks.append((record.step, record.trainer_time))
         if self.source is not None:
             # Judged once a reading is folded: the order files are read in does not matter.
             self._led.add(self.source)
         if self.step is None and reading.without_step:
             self._warn_keys(reading, update)
-        if self.step is not None and self.step != previous:
+        if moved:
+            # Any source's step rising is progress: one that stopped higher (a prep file, an
+            # eval loop's own counter) never freezes the run.
             update.advanced = True
             if self.first_at is None:
                 self.first_at = now
@@ -232,10 +281,24 @@ class StepTracker:
                 self.longest_gap = max(self.longest_gap, update.gap)
             self.last_advance = now
             self.lines_since_advance = {}
+        if self.step is not None and self.step != previous:
             self._rate(now)
+        elif self._rate_is_stale(now):
+            self.steps_per_second = 0.0
+            update.changed = True
         return update
 
-    def _follow(self, record: StepRecord, update: StepUpdate) -> None:
+    def _rate_is_stale(self, now: float) -> bool:
+        """No step for RATE_STALE_GAPS x the median gap of the rate's window: a rate still
+        above 0 is one from before."""
+        times = [t for t, *_ in self._window]
+        if not self.steps_per_second or len(times) < 2:
+            return False
+        gaps = sorted(b - a for a, b in itertools.pairwise(times))
+        return now - times[-1] > RATE_STALE_GAPS * gaps[len(gaps) // 2]
+
+    def _follow(self, record: StepRecord, update: StepUpdate) -> bool:
+        """Fold one record of the followed kind; whether its source's step rose."""
         last = self._last_by_source.get(record.source, self._before_start.pop(record.source, None))
         epoch = self._epoch_by_source.get(record.source)
         if record.epoch is not None:
@@ -267,9 +330,14 @@ class StepTracker:
                 )
             self._window.clear()
             # Every source restarts from here: the run is back at this step.
-            self._last_by_source = {}
+            self._last_by_source, self._high_by_source = {}, {}
         self._last_by_source[record.source] = record.step
-        self.step = max(self._last_by_source.values())
+        high = self._high_by_source.get(record.source)
+        rose = high is None or record.step > high
+        if rose:
+            self._high_by_source[record.source] = record.step
+        # The highest any present source reached: one that stopped holds nothing back.
+        self.step = max(self._high_by_source.values())
         if record.step == self.step:
             self.source = record.source
         if record.loss is not None and math.isfinite(record.loss):
@@ -282,12 +350,16 @@ class StepTracker:
             self.samples_per_second = record.samples_per_second
         if record.tokens is not None or record.samples is not None:
             self._counts = (record.tokens, record.samples)
+        return rose
 
     def _rate(self, now: float) -> None:
         assert self.step is not None
         tokens, samples = self._counts
         self._window.append((now, self.step, tokens, samples))
-        while len(self._window) > 2 and now - self._window[1][0] >= RATE_WINDOW_SECONDS:
+        while len(self._window) > 2 and (
+            now - self._window[1][0] >= RATE_WINDOW_SECONDS
+            or self.step - self._window[1][1] >= RATE_WINDOW_STEPS
+        ):
             self._window.popleft()
         if len(self._window) < 2:
             return
@@ -308,6 +380,9 @@ class StepTracker:
         if not math.isfinite(loss):
             if not self.nonfinite_seen:
                 self.nonfinite_seen = True
+                if self.loss_check == "fail":
+                    self.nonfinite_loss = str(loss)
+                    update.changed = True
                 update.nonfinite = (
                     f"the loss is {_spell(loss)} at step {record.step} "
                     f"({record.source} {record.where})"
@@ -337,6 +412,45 @@ class StepTracker:
                 f"is {median:.4g} at step {record.step}, above {DIVERGENCE_FACTOR:g} x the "
                 f"run's best ({best:.4g})"
             )
+
+    def _check_grad_norm(self, record: StepRecord, update: StepUpdate) -> None:
+        norm = record.grad_norm
+        if norm is None or self.loss_check == "off":
+            return
+        history = KIND_NAMES[KIND_STATE] if record.kind == KIND_STATE else record.source
+        if math.isfinite(norm):
+            self._grad_run.pop(history, None)
+            self._grad_finite.add(history)
+            return
+        self.nonfinite_grad_norms += 1
+        update.changed = True
+        if history not in self._grad_finite:
+            return  # loss scaling's start-up search, not a divergence
+        count, first = self._grad_run.get(history, (0, record.step))
+        self._grad_run[history] = (count + 1, first)
+        if count + 1 == NONFINITE_GRAD_NORM_STEPS and not self.nonfinite_seen:
+            self.nonfinite_seen = True
+            if self.loss_check == "fail":
+                self.nonfinite_loss = str(norm)  # the headline: "loss nan", not the 0.0
+            beside = "" if record.loss is None else f"; the loss beside it is {record.loss:g}"
+            update.nonfinite = (
+                f"the grad_norm is {_spell(norm)} at {NONFINITE_GRAD_NORM_STEPS} logged steps "
+                f"in a row, steps {first} to {record.step} ({record.source} {record.where})"
+                + beside
+            )
+
+    def _forget(self, name: str) -> None:
+        """A source no longer read (its file gone): what was kept of it goes."""
+        kept = (self._last_by_source, self._high_by_source, self._epoch_by_source, self._grad_run)
+        for values in kept:
+            values.pop(name, None)
+        names = (self._led, self._own_counter, self._per_epoch, self._stepped, self._lossy)
+        for held in (*names, self._grad_finite):
+            held.discard(name)
+
+    def sources_without_loss(self) -> list[str]:
+        """The files that gave this run steps but never a loss (``--loss-key`` wrong?)."""
+        return sorted(self._stepped - self._lossy)
 
     def _warn_keys(self, reading: StepReading, update: StepUpdate) -> None:
         for name, keys in sorted(reading.without_step.items()):

@@ -8,28 +8,34 @@ all of them pass.  The same checks serve the job queue (:func:`validate_job`), s
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import Field, asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
-from .._contract import (
-    MAX_METADATA_DEPTH,
-    MAX_SECONDS,
-    ValidationError,
-    ValidationTypeError,
-    check_size,
-    nested_too_deep,
-)
+from .._analysis import CHECKPOINT_GLOBS
+from .._contract import ValidationError, ValidationTypeError, check_size
 from .._sampling import LOSS_CHECKS, PROGRESS_SOURCES, LossCheck, ProgressSource
+from ._checks import (
+    StopMode,
+    check_command,
+    check_cwd,
+    check_deadlines,
+    check_env,
+    check_excluded,
+    check_globs,
+    check_metadata,
+    check_own_signal,
+    check_path,
+    check_progress_dir,
+    check_record_key,
+    check_signal,
+    check_signals,
+    check_stop_mode,
+    seconds,
+)
 
-StopMode = Literal["group", "leader", "stdin"]
-STOP_MODES: tuple[StopMode, ...] = ("group", "leader", "stdin")
 LeakCheck = Literal["warn", "fail", "off"]
 LEAK_CHECKS: tuple[LeakCheck, ...] = ("warn", "fail", "off")
 #: Default cap of the captured output log: the first and the last half are kept.
@@ -42,14 +48,14 @@ MIN_SAMPLE_INTERVAL_SECONDS = 0.05
 #: What a job-settable limit holds, which says how it is checked and how its flag parses:
 #: seconds (``--grace 5``, or ``auto`` where the metadata allows it), a switch
 #: (``--output-is-progress``), one of ``choices`` (``--leak-check fail``), a size
-#: (``--max-rss 2GiB``), a signal (``--dump-signal USR1``) or a record key (``--step-key it``).
-LimitKind = Literal["seconds", "switch", "choice", "size", "signal", "key"]
-#: The longest ``--step-key``/``--loss-key``.
-MAX_KEY_LENGTH = 200
+#: (``--max-rss 2GiB``), a signal (``--dump-signal USR1``), a record key (``--step-key it``) or
+#: deadlines by path pattern (``--expect-every 'checkpoint-*=1800'``, repeatable) or
+#: file name patterns (``--checkpoint-glob '*.ckpt'``, repeatable).
+LimitKind = Literal["seconds", "switch", "choice", "size", "signal", "key", "deadlines", "globs"]
 
 
 def _limit(
-    default: float | bool | str | None,
+    default: float | bool | str | tuple[str, ...] | None,
     flag: str,
     help: str,
     *,
@@ -175,6 +181,23 @@ class SoakLimits:
         "trainer that registered faulthandler)",
         kind="signal",
     )
+    expect_every: dict[str, float] | None = _limit(
+        None,
+        "--expect-every",
+        "a deadline the training keeps: a path below the progress dir with a part matching "
+        "GLOB is new or changed within SECONDS of the first step, then at least every "
+        "SECONDS, while the steps advance (repeatable; e.g. 'checkpoint-*=1800')",
+        kind="deadlines",
+    )
+
+    checkpoint_globs: tuple[str, ...] = _limit(
+        CHECKPOINT_GLOBS,
+        "--checkpoint-glob",
+        "a path below the progress directory any of whose components matches GLOB is a "
+        "checkpoint's (repeatable; default: " + ", ".join(CHECKPOINT_GLOBS) + "): its writes "
+        "are the goodput ledger's checkpoint time",
+        kind="globs",
+    )
 
     def __post_init__(self) -> None:
         for spec in fields(SoakLimits):  # not the subclass's fields: SoakConfig checks those
@@ -196,9 +219,13 @@ def _check_limit(spec: Field[Any], value: object) -> object:
     if kind == "size":
         return check_size(spec.name, value)
     if kind == "signal":
-        return _signal(spec.name, value)
+        return check_signal(spec.name, value)
     if kind == "key":
-        return _record_key(spec.name, value)
+        return check_record_key(spec.name, value)
+    if kind == "deadlines":
+        return check_deadlines(spec.name, value)
+    if kind == "globs":
+        return check_globs(spec.name, value)
     if value is None and spec.default is None:
         return None
     if value == "auto" and spec.metadata["auto"]:
@@ -254,15 +281,18 @@ class SoakConfig(SoakLimits):
     #: ``stale_progress_seconds="auto"``: a limit learned by earlier runs of the same job.
     stale_progress_carried_seconds: float | None = None
     scheduler_grace_seconds: float | None = None
+    #: The highest step an earlier attempt of the same job reached (the queue's worker sets
+    #: it): the goodput ledger counts the steps at or below it as redone (``wasted``).
+    earlier_highest_step: int | None = None
 
     def __post_init__(self) -> None:
         # The checks run in the order of run_soak's documentation, so the first bad argument
         # is the one named; each normalised value replaces the given one.
         given: Any = self
         norm = partial(object.__setattr__, self)
-        norm("command", _command(given.command))
-        norm("progress_dir", _progress_dir(given.progress_dir))
-        output = _path("output_path", given.output_path)
+        norm("command", check_command(given.command))
+        norm("progress_dir", check_progress_dir(given.progress_dir))
+        output = check_path("output_path", given.output_path)
         if output.is_dir():
             raise ValidationError(f"output_path is a directory: {output}")
         if output.suffix in (".jsonl", ".log"):
@@ -276,7 +306,7 @@ class SoakConfig(SoakLimits):
         norm("journal_path", output.with_suffix(".jsonl"))
         norm("steps_path", output.with_name(f"{output.stem}.steps.jsonl"))
         log_path = given.log_path
-        log = output.with_suffix(".log") if log_path is None else _path("log_path", log_path)
+        log = output.with_suffix(".log") if log_path is None else check_path("log_path", log_path)
         if log.is_dir():
             raise ValidationError(f"log_path is a directory: {log}")
         if log in (output, output.with_suffix(".jsonl")):
@@ -284,9 +314,9 @@ class SoakConfig(SoakLimits):
                 f"log_path must not be the artifact's or the journal's path: {log}"
             )
         norm("log_path", log)
-        work_dir = _cwd(given.cwd)
+        work_dir = check_cwd(given.cwd)
         norm("cwd", work_dir)
-        norm("stop_mode", _stop_mode(given.stop_mode))
+        norm("stop_mode", check_stop_mode(given.stop_mode))
         SoakLimits.__post_init__(self)
         nvidia_smi = given.nvidia_smi
         if nvidia_smi is not None and (not isinstance(nvidia_smi, str) or not nvidia_smi):
@@ -304,17 +334,17 @@ class SoakConfig(SoakLimits):
         root = work_dir or Path.cwd()
         norm(
             "snapshot_root",
-            root if snapshot_root is None else _path("snapshot_root", snapshot_root),
+            root if snapshot_root is None else check_path("snapshot_root", snapshot_root),
         )
-        norm("env", _env(given.env))
-        norm("metadata", _metadata(given.metadata))
+        norm("env", check_env(given.env))
+        norm("metadata", check_metadata(given.metadata))
         norm(
             "kill_wait_seconds",
             seconds("kill_wait_seconds", given.kill_wait_seconds, allow_zero=False),
         )
-        norm("progress_exclude", _excluded(given.progress_exclude))
-        norm("forward_signals", _signals("forward_signals", given.forward_signals))
-        norm("requeue_on", _own_signal("requeue_on", given.requeue_on))
+        norm("progress_exclude", check_excluded(given.progress_exclude))
+        norm("forward_signals", check_signals("forward_signals", given.forward_signals))
+        norm("requeue_on", check_own_signal("requeue_on", given.requeue_on))
         carried = given.stale_progress_carried_seconds
         if carried is not None:
             norm(
@@ -326,6 +356,13 @@ class SoakConfig(SoakLimits):
                 "scheduler_grace_seconds",
                 seconds("scheduler_grace_seconds", given.scheduler_grace_seconds),
             )
+        earlier = given.earlier_highest_step
+        if earlier is not None and (
+            isinstance(earlier, bool) or not isinstance(earlier, int) or earlier < 0
+        ):
+            raise ValidationTypeError(
+                f"earlier_highest_step must be a step (an int, 0 or more) or None, got {earlier!r}"
+            )
 
     def effective(self) -> dict[str, Any]:
         """Every effective parameter, as the artifact's ``config`` records it."""
@@ -333,29 +370,6 @@ class SoakConfig(SoakLimits):
         for key in ("command", "env", "metadata"):
             out.pop(key)
         return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
-
-
-def seconds(name: str, value: object, *, allow_zero: bool = True, minimum: float = 0.0) -> float:
-    """A finite duration, ``>= 0`` (``> 0`` unless ``allow_zero``), at least ``minimum`` and
-    at most :data:`MAX_SECONDS` (a year); also for CLI flags."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValidationTypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    try:
-        out = float(value)
-    except OverflowError:  # an int past a float's range
-        out = math.inf
-    if math.isnan(out) or math.isinf(out):
-        raise ValidationError(f"{name} must be a finite number of seconds, got {value!r}")
-    if out < 0 or (out == 0 and not allow_zero):
-        bound = "positive" if not allow_zero else "zero or more"
-        raise ValidationError(f"{name} must be {bound}, got {value!r}")
-    if out < minimum:
-        raise ValidationError(f"{name} must be at least {minimum:g} seconds, got {value!r}")
-    if out > MAX_SECONDS:
-        raise ValidationError(
-            f"{name} must be at most {MAX_SECONDS:g} seconds (a year), got {value!r}"
-        )
-    return out
 
 
 def validate_limits(limits: Mapping[str, object]) -> dict[str, Any]:
@@ -366,113 +380,6 @@ def validate_limits(limits: Mapping[str, object]) -> dict[str, Any]:
             raise ValidationError(f"unknown soak limit {key!r} (known: {', '.join(SOAK_LIMITS)})")
     checked = SoakLimits(**limits)  # type: ignore[arg-type]  # checked in __post_init__
     return {key: getattr(checked, key) for key in limits}
-
-
-def _record_key(name: str, value: object) -> str | None:
-    """A key of the trainer's records (``--step-key``): printable text, or None."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValidationTypeError(f"{name} must be a string, not {type(value).__name__}")
-    if not value or len(value) > MAX_KEY_LENGTH or not value.isprintable():
-        raise ValidationError(
-            f"{name} must be printable text of 1 to {MAX_KEY_LENGTH} characters, got {value!r}"
-        )
-    return value
-
-
-def _path(name: str, value: object) -> Path:
-    if not isinstance(value, str | os.PathLike):
-        raise ValidationTypeError(f"{name} must be a path, not {type(value).__name__}")
-    text = os.fspath(value)
-    if not isinstance(text, str) or not text:
-        raise ValidationError(f"{name} must be a non-empty path")
-    if "\0" in text:
-        raise ValidationError(f"{name} contains a NUL byte")
-    return Path(text).absolute()
-
-
-def _progress_dir(value: object) -> Path:
-    progress = _path("progress_dir", value)
-    if progress.exists() and not progress.is_dir():
-        raise ValidationError(f"progress_dir exists but is not a directory: {progress}")
-    return progress
-
-
-def _cwd(value: object) -> Path | None:
-    work_dir = None if value is None else _path("cwd", value)
-    if work_dir is not None and not work_dir.is_dir():
-        raise ValidationError(f"cwd is not a directory: {work_dir}")
-    return work_dir
-
-
-def _stop_mode(value: object) -> StopMode:
-    if value not in STOP_MODES:
-        raise ValidationError(f"stop_mode must be one of {', '.join(STOP_MODES)}, got {value!r}")
-    return value
-
-
-def _command(command: object) -> tuple[str, ...]:
-    if isinstance(command, str | bytes):
-        raise ValidationTypeError(
-            "command must be a sequence of arguments (argv), not a string: "
-            "asyncsoak never runs commands through a shell"
-        )
-    if not isinstance(command, Sequence):
-        raise ValidationTypeError(
-            f"command must be a sequence of strings, not {type(command).__name__}"
-        )
-    if not command:
-        raise ValidationError("command must not be empty")
-    for i, arg in enumerate(command):
-        if not isinstance(arg, str):
-            raise ValidationTypeError(f"command[{i}] must be a string, not {type(arg).__name__}")
-        if "\0" in arg:
-            raise ValidationError(f"command[{i}] contains a NUL byte")
-    if not command[0]:
-        raise ValidationError("command[0] (the program) must not be empty")
-    return tuple(command)
-
-
-def _env(env: object) -> dict[str, str] | None:
-    if env is None:
-        return None
-    if not isinstance(env, Mapping):
-        raise ValidationTypeError(f"env must be a mapping of strings, not {type(env).__name__}")
-    out: dict[str, str] = {}
-    for key, value in env.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            # The value is not shown: it may be a secret.
-            raise ValidationTypeError(f"env keys and values must be strings (variable {key!r})")
-        if not key or "=" in key or "\0" in key or "\0" in value:
-            raise ValidationError(f"env has an invalid variable name or value: {key!r}")
-        out[key] = value
-    return out
-
-
-def _metadata(metadata: object) -> dict[str, Any]:
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, Mapping):
-        raise ValidationTypeError(f"metadata must be a mapping, not {type(metadata).__name__}")
-    try:
-        data = json.loads(json.dumps(dict(metadata), allow_nan=False))
-        too_deep = nested_too_deep(data, MAX_METADATA_DEPTH)
-    except RecursionError:
-        too_deep = True
-    except (TypeError, ValueError) as exc:
-        raise ValidationError(f"metadata must be JSON-serialisable: {exc}") from None
-    if too_deep:
-        # Every reader refuses documents nested past a bound: the artifact and the journal
-        # that hold the metadata must stay readable.
-        raise ValidationError(f"metadata must not nest more than {MAX_METADATA_DEPTH} levels deep")
-    return cast(dict[str, Any], data)
-
-
-def _excluded(value: object) -> tuple[Path, ...]:
-    if isinstance(value, str | bytes | os.PathLike) or not isinstance(value, Sequence):
-        raise ValidationTypeError("progress_exclude must be a sequence of directory paths")
-    return tuple(_path(f"progress_exclude[{i}]", item) for i, item in enumerate(value))
 
 
 def validate_job(
@@ -490,67 +397,17 @@ def validate_job(
     ``progress_dir`` None means the run directory.  Returns the checked soak limits.
     """
     if command is not None:
-        _command(command)
+        check_command(command)
     if progress_dir is not None:
-        _progress_dir(progress_dir)
-    _cwd(cwd)
-    _env(env)
-    _stop_mode(stop_mode)
+        check_progress_dir(progress_dir)
+    check_cwd(cwd)
+    check_env(env)
+    check_stop_mode(stop_mode)
     return validate_limits(limits)
 
 
 def forwarded_signals(forward_signals: object, requeue_on: object) -> tuple[int, ...]:
     """Every signal a soak passes on to its command, checked as ``run_soak`` checks them."""
-    requeue = _own_signal("requeue_on", requeue_on)
-    forward = _signals("forward_signals", forward_signals)
+    requeue = check_own_signal("requeue_on", requeue_on)
+    forward = check_signals("forward_signals", forward_signals)
     return forward + ((requeue,) if requeue is not None and requeue not in forward else ())
-
-
-def _signals(name: str, values: object) -> tuple[int, ...]:
-    """Signals to pass on to the command; SIGINT/SIGTERM stay the monitor's own stop."""
-    if isinstance(values, str | int) or not isinstance(values, Sequence | frozenset | set):
-        raise ValidationTypeError(f"{name} must be a list of signal numbers or names")
-    out: list[int] = []
-    for i, value in enumerate(values):
-        if value is None:
-            raise ValidationTypeError(f"{name}[{i}] must be a signal number or name, not None")
-        sig = _own_signal(f"{name}[{i}]", value)
-        if sig is not None and sig not in out:
-            out.append(sig)
-    return tuple(out)
-
-
-def _own_signal(name: str, value: object) -> int | None:
-    sig = _signal(name, value)
-    if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-        raise ValidationError(
-            f"{name} cannot be {signal.Signals(sig).name}: the monitor handles it itself"
-        )
-    return sig
-
-
-def _signal(name: str, value: object) -> int | None:
-    """A signal given by number (also as text, ``"10"``, as the command line gives it),
-    ``signal.Signals`` member or name (``"SIGUSR1"``, ``"USR1"``)."""
-    if value is None:
-        return None
-    if isinstance(value, str) and value.strip().isdecimal():
-        value = int(value)
-    if isinstance(value, str):
-        text = value.upper()
-        text = text if text.startswith("SIG") else "SIG" + text
-        try:
-            value = signal.Signals[text]
-        except KeyError:
-            raise ValidationError(f"{name}: unknown signal {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationTypeError(
-            f"{name} must be a signal number or name, not {type(value).__name__}"
-        )
-    try:
-        sig = signal.Signals(value)
-    except ValueError:
-        raise ValidationError(f"{name}: {value!r} is not a signal") from None
-    if sig in (signal.SIGKILL, signal.SIGSTOP):
-        raise ValidationError(f"{name} cannot be {sig.name}: it would end or freeze the run")
-    return int(sig)

@@ -2,36 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
 from .._contract import StopCause, ValidationError
-from .._record import Observer
+from .._record import Observer, RunState
+
+if TYPE_CHECKING:
+    from .._process import Spawner
 
 
 class SoakControl:
     """Pass one to ``run_soak(control=...)`` to watch and stop the soak from another task.
 
-    ``request_stop()`` ends the run the way the soak's stop mode says (SIGTERM to the group or
-    the leader, or closing the command's stdin), waits ``grace_seconds`` (default: the soak's
-    ``post_shutdown_grace_seconds``) for the tree, then kills what is left.  A requested stop is
-    not a failure: the soak returns its artifact with ``status: "cancelled"``.  ``cause`` is
-    the artifact's ``stop.cause``, one of :class:`asyncsoak.artifact.StopCause`
-    (``"scheduler"`` for a scheduler's SIGTERM, whose grace is kept under the scheduler's own
-    kill deadline).  ``kill_now()`` (a second Ctrl-C) ends whatever grace the stop is in and
-    kills the tree at once.
-
-    ``observers`` (appended to before the soak starts) are called with the JSON form of every
-    event as the serializer receives it (the artifact's builder has folded it; its journal
-    line may wait for the next sample's write): the monitor's own knowledge, ahead of the
-    journal (``asyncsoak run``'s live view is one).  An observer
-    is called on the event loop: it must be quick and must not raise.
-
-    ``progress_age`` (set once the watchdog runs) is a blocking look, for a thread, at the
-    files that changed last: seconds since the newest change to them (by their mtimes), or
-    None.  The live view calls it when it draws, so the time since the last progress it shows
-    is the monitor's at that moment, not up to one scan late.
+    ``request_stop()`` ends the run as the soak's stop mode says, waits the grace, then kills
+    what is left; a requested stop is not a failure (``status: "cancelled"``, ``stop.cause`` the
+    given cause).  ``kill_now()`` kills the tree at once.  ``observers`` are called on the event
+    loop with each event's JSON form as the monitor knows it (quick, never raising);
+    ``progress_age`` is a blocking look at the age of the latest file change, for a thread;
+    ``state`` is the run's one :class:`RunState`.  More: docs/running.md (``control``) and
+    docs/architecture.md, "The flow of a soak".
     """
 
     def __init__(self) -> None:
@@ -44,6 +37,8 @@ class SoakControl:
         self.cause = StopCause.REQUESTED
         self.observers: list[Observer] = []
         self.progress_age: Callable[[], float | None] | None = None
+        self.state: RunState | None = None
+        self._reaper: Spawner | None = None
 
     def request_stop(
         self,
@@ -71,6 +66,26 @@ class SoakControl:
         """Stop the soak (if it is not stopping yet) and kill its tree without any grace."""
         self.request_stop(reason="killed")
         self.kill_requested.set()
+
+    async def _launch_reaper(self, stop_mode: str) -> None:
+        """Start the soak's reaper ahead of ``run_soak``'s imports (the command line does: the
+        reaper's start then overlaps them); the soak run with this control takes it."""
+        from .._process import Spawner
+
+        self._reaper = Spawner()
+        with contextlib.suppress(OSError):  # the soak launches one of its own
+            await self._reaper.launch(stop_mode)
+
+    def _take_reaper(self) -> Spawner | None:
+        """The reaper launched ahead for this soak (once)."""
+        reaper, self._reaper = self._reaper, None
+        return reaper
+
+    async def _drop_reaper(self) -> None:
+        """Close the reaper launched ahead if no soak took it (one refused before it began)."""
+        reaper = self._take_reaper()
+        if reaper is not None:
+            await reaper.close()
 
     def _set_started(self, pid: int) -> None:
         self.pid = pid

@@ -11,12 +11,11 @@ import contextlib
 import errno
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from .._contract import (
-    Artifact,
     BlockingCallTimeout,
     Masker,
     SinkCounters,
@@ -25,8 +24,11 @@ from .._contract import (
     abandoned_calls,
     run_blocking,
 )
-from .._record import ArtifactBuilder, Serializer, read_log_tail, write_artifact
+from .._record import RunState, Serializer, read_log_tail, write_artifact
 from ._config import SoakConfig
+
+if TYPE_CHECKING:
+    from .._contract import Artifact  # a type only: a run never imports the schema
 
 #: Bound on writing the last queued events to the journal.
 DRAIN_TIMEOUT_SECONDS = 10.0
@@ -78,7 +80,7 @@ def monitor_section(
 
 
 async def build_artifact(
-    builder: ArtifactBuilder,
+    builder: RunState,
     cfg: SoakConfig,
     masker: Masker,
     *,

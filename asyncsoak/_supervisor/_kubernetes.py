@@ -1,21 +1,10 @@
 """Soaks inside a Kubernetes pod: who the pod is, and how the kubelet stops it.
 
-The kubelet ends a container by sending SIGTERM to its PID 1, waiting the pod's
-``terminationGracePeriodSeconds`` (30 s by default), then sending SIGKILL, for every reason a
-pod is stopped: an eviction, a preemption (the scheduler's or Kueue's), a node drain, a
-deleted Job.  Inside a pod, asyncsoak takes that SIGTERM as the scheduler's stop, as it does
-SLURM's (``stop.cause: "scheduler"``), and keeps the trainer's grace under the pod's, so that
-asyncsoak, not the kubelet, kills what is left and the artifact is written before the
-kubelet's SIGKILL.  The grace period comes from ``--scheduler-grace`` or from the downward
-API (an annotation the shipped manifests set to the pod's own value); Kubernetes' default
-is assumed otherwise.
-
-The pod's identity comes from the variables the shipped manifests set through the downward
-API (``POD_NAME``, ``POD_NAMESPACE``, ``NODE_NAME``, ...), from what Kubernetes sets itself
-(``HOSTNAME``, an Indexed Job's ``JOB_COMPLETION_INDEX``, the service account's namespace
-file), and from the pod's labels when a downward API volume holds them; its CPU and memory
-limits from its cgroup.  Everything here is read from the environment and local files: no
-call to the API server.
+The kubelet's SIGTERM is taken as the scheduler's stop (``stop.cause: "scheduler"``) and the
+trainer's grace kept under the pod's, so that asyncsoak, not the kubelet, kills what is left and
+the artifact is written before the kubelet's SIGKILL.  The pod's identity, grace and limits are
+read from the environment, the downward API and local files: no call to the API server.
+Where each comes from: docs/architecture.md, "SLURM and Kubernetes"; docs/kubernetes.md.
 """
 
 from __future__ import annotations

@@ -14,13 +14,23 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
+import time
 import zlib
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._contract import EventKind, ValidationError, read_json_file
-from .._record import FILE_MODE, JournalDecoder, first_line
+from .._contract import EventKind, ValidationError, bounded
+from .._record import (
+    FILE_MODE,
+    JournalDecoder,
+    create_private_file,
+    first_line,
+    monitor_holds,
+    remove_closed_segments,
+)
 from ._config import SoakConfig
 
 #: Bound on reading what is already at the output paths (a dead mount must not hang the start).
@@ -47,7 +57,7 @@ def _journal_header(path: Path) -> Mapping[str, Any] | None:
 def _artifact(path: Path) -> dict[str, Any] | None:
     """The asyncsoak artifact at ``path``, or None when it is not one."""
     try:
-        data = read_json_file(path)
+        data = bounded.read_json_file(path)
     except (OSError, ValueError):
         return None
     if isinstance(data, dict) and "schema_version" in data and "status" in data:
@@ -87,9 +97,15 @@ def _check_writable(path: Path) -> None:
     except OSError as exc:
         raise OutputLocationError(f"cannot write {path}: {directory}: {exc.strerror}") from None
     if fs.f_flag & os.ST_RDONLY:
-        raise OutputLocationError(f"cannot write {path}: {directory} is on a read-only filesystem")
+        raise OutputLocationError(
+            f"cannot write {path}: {directory} is unwritable (a read-only filesystem)"
+        )
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise OutputLocationError(f"cannot write {path}: {directory} is not writable")
+        raise OutputLocationError(f"cannot write {path}: {directory} is unwritable")
+    if not fs.f_blocks:  # /proc, /sys: writable to root, yet no file can be made there
+        raise OutputLocationError(
+            f"cannot write {path}: {directory} is unwritable (a filesystem that holds no files)"
+        )
     free = fs.f_bavail * fs.f_frsize
     if free < MIN_FREE_BYTES or (fs.f_files and not fs.f_favail):
         raise OutputLocationError(
@@ -107,7 +123,8 @@ def check_outputs(cfg: SoakConfig) -> None:
     """
     for path in (cfg.output_path, cfg.log_path):
         _check_writable(path)
-    owned: set[Path] = set()
+    # An empty journal holds nothing to lose: another soak's, the instant after its start.
+    owned = {cfg.journal_path} if _empty(cfg.journal_path) else set()
     header = _journal_header(cfg.journal_path)
     if header is not None:
         owned |= {cfg.journal_path, *_named(header, "config")}
@@ -121,11 +138,19 @@ def check_outputs(cfg: SoakConfig) -> None:
         (cfg.steps_path, "asyncsoak.trainer.report file"),
     ):
         if path not in owned and os.path.lexists(path):
+            if monitor_holds(cfg.journal_path):
+                # Another soak is writing them (its journal's header not written yet).
+                raise _another_soak(cfg.journal_path)
             raise ValidationError(
                 f"{path} already exists and was not written by an earlier soak; the soak's "
                 f"{role} goes there and would overwrite it: choose another output path "
                 "(or remove the file)"
             )
+
+
+#: Tries at the journal's exclusive lock, and the wait between them.
+LOCK_TRIES = 3
+LOCK_RETRY_SECONDS = 0.005
 
 
 def lock_journal(path: Path) -> int:
@@ -135,15 +160,77 @@ def lock_journal(path: Path) -> int:
     """
     fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ValidationError(
-            f"another soak is running with the journal {path} (the same output path); "
-            "refusing to start a second one over it"
-        ) from None
+        for tries_left in reversed(range(LOCK_TRIES)):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if not tries_left:
+                    raise _another_soak(path) from None
+                # Another soak's or recover's probe (monitor_holds) holds a shared lock for
+                # microseconds: the soak that created the journal must not lose to it.
+                time.sleep(LOCK_RETRY_SECONDS)
     except BaseException:
         with contextlib.suppress(OSError):
             os.close(fd)
         raise
-    return fd
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class SoakFiles:
+    """The soak's own open files, held until it ends: the journal's lock (a second soak over
+    the same output is refused), the journal (until the serializer takes it), the log, and
+    the locks on the journal's later segments."""
+
+    lock_fd: int
+    journal_fd: int
+    log_fd: int
+    segment_locks: list[int] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, cfg: SoakConfig) -> SoakFiles:
+        cfg.output_path.parent.mkdir(parents=True, exist_ok=True)
+        cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = lock_journal(cfg.journal_path)
+        try:
+            journal_fd = create_private_file(cfg.journal_path)
+            # An earlier soak's closed segments would read as the start of this journal.
+            remove_closed_segments(cfg.journal_path)
+            try:
+                log_fd = create_private_file(cfg.log_path)
+            except BaseException:
+                os.close(journal_fd)
+                raise
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls(lock_fd=lock_fd, journal_fd=journal_fd, log_fd=log_fd)
+
+    def take_journal(self) -> int:
+        """The journal's descriptor, now the serializer's to write and close."""
+        fd, self.journal_fd = self.journal_fd, -1
+        return fd
+
+    def close(self) -> None:
+        if self.journal_fd >= 0:
+            os.close(self.journal_fd)
+        os.close(self.log_fd)
+        for fd in self.segment_locks:
+            os.close(fd)
+        os.close(self.lock_fd)
+
+
+def _another_soak(journal: Path) -> ValidationError:
+    return ValidationError(
+        f"another soak is running with the journal {journal} (the same output path); "
+        "refusing to start a second one over it"
+    )
+
+
+def _empty(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0

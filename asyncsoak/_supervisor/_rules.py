@@ -1,18 +1,40 @@
-"""The soak's trend and budget rules: what a sample's figures and the trends say, as verdicts.
+"""The soak's rules: what a folded event, with the run's state, calls for.
 
-Pure: they read the artifact builder's :class:`TrendWatch` and the config, and return what
-fired; the supervisor emits the events and fails the soak.
+Pure: they read the :class:`RunState` (its :class:`TrendWatch`) and the config and return
+what fired; the serializer folds what they return (``Rule``), the supervisor ends the run on
+the state's first failure.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from .._analysis import TrendWatch, describe_growth, format_amount, format_bytes
-from .._contract import FailureReason, format_duration
+from .._analysis import (
+    TrendWatch,
+    agreeing,
+    describe_activity,
+    describe_growth,
+    format_amount,
+    format_bytes,
+    straggler_text,
+)
+from .._contract import EventKind, FailureReason, format_duration, iso
+from .._contract.events import (
+    Event,
+    EventJson,
+    FailureEvent,
+    RuleBrokenJson,
+    SamplerNote,
+    TrendFound,
+    WarningEvent,
+)
+from .._record import RunState, overdue_message
 from ._config import SoakConfig
+from ._stop import HANG_REASONS
 
 #: Trends are judged every this many sample intervals (at least every ``TREND_MIN_PERIOD``
 #: seconds apart): the estimator is cheap, but not free at 1 s over a day.
@@ -34,6 +56,20 @@ def trend_period_seconds(cfg: SoakConfig) -> float:
     return max(TREND_MIN_PERIOD, TREND_EVERY_INTERVALS * cfg.sample_interval_seconds)
 
 
+def trend_due(cfg: SoakConfig, before: float, t: float) -> bool:
+    """Whether a sample at ``t`` (the one before it at ``before``) is judged for trends: every
+    trend period, then, past ``period / TREND_LAG_FRACTION`` of run, every fiftieth of the
+    run's age (a day of samples makes an evaluation cost a few milliseconds)."""
+    period = trend_period_seconds(cfg)
+    linear = period / TREND_LAG_FRACTION
+
+    def ticks(s: float) -> int:  # evaluations due by ``s``: one a period, then log-spaced
+        late = math.log(s / linear) / TREND_LAG_FRACTION if s > linear else 0.0
+        return math.floor(min(s, linear) / period + late)
+
+    return ticks(t) > ticks(before)
+
+
 def leak_transient_seconds(cfg: SoakConfig) -> float:
     """How long a live leak call may last and still be withdrawn without a warning."""
     return max(
@@ -41,6 +77,9 @@ def leak_transient_seconds(cfg: SoakConfig) -> float:
         LEAK_TRANSIENT_EVALUATIONS * trend_period_seconds(cfg),
     )
 
+
+#: The ``sampler`` of the notes telling a rule or an estimator that raised.
+JUDGE = "judge"
 
 #: Series of the whole machine (``/dev/shm``): a rise there may be another process's, so it
 #: is a warning under ``leak_check="fail"`` too, never the failure.
@@ -170,3 +209,215 @@ def leaking(trends: Mapping[str, Mapping[str, Any]]) -> list[str]:
                 out.extend(keys)
                 break
     return out
+
+
+def trend_events(
+    cfg: SoakConfig,
+    state: RunState,
+    trends: Mapping[str, Mapping[str, Any]],
+    findings: list[Finding],
+    t: float,
+    *,
+    final: bool,
+    held_back: Callable[[float, float], str | None] | None = None,
+) -> list[Event]:
+    """What the trend ``findings`` at ``t`` call for, against what the state says was told: a
+    ``trend`` event for each new one and a warning for each new one that is not a leak (a
+    leak's warning is the end's verdict); under ``leak_check="fail"``, a new leak is the
+    failure ``memory_leak``; a live leak call no longer found is withdrawn (a series whose
+    estimator raised withdraws nothing: it was not judged)."""
+    watch = state.trends
+    reported = set(watch.reported)
+    live = {s: c["first_seen"] or 0.0 for s, c in watch.live_calls.items() if not c["withdrawn"]}
+    leaking_now = {f.series for f in findings if f.verdict == "leak"} | watch.not_judged.keys()
+    events: list[Event] = []
+    for series in [s for s in live if s not in leaking_now]:
+        reported -= {(series, "leak"), (series, "breach_projected")}
+        events += _withdrawn(cfg, series, trends.get(series), live[series], t)
+    for key, verdict, entry, message in findings:
+        first_time = (key, verdict) not in reported
+        if first_time:
+            reported.add((key, verdict))
+            events.append(
+                TrendFound(
+                    t=t,
+                    series=key,
+                    verdict=verdict,
+                    slope_per_hour=entry["slope_per_hour"],
+                    growth=entry["growth"],
+                    projected_limit_at=entry["projected_limit_at"],
+                    message=message,
+                )
+            )
+        if verdict != "leak":
+            if first_time:
+                if verdict == "slowing":
+                    held = held_back or state.gpu_health.held_back
+                    message = _slowdown_with_gpus(held, message, entry, t)
+                events.append(WarningEvent(t=t, message=message))
+            continue
+        seen = live.get(key, t)
+        if final and seen < t:
+            message += f" (first seen {format_duration(seen)} into the run)"
+        if cfg.leak_check == "fail" and not key.startswith(MACHINE_WIDE):
+            if first_time:
+                at = state.wall(t) or iso(datetime.now(UTC))
+                message += " (leak_check=fail)"
+                events.append(
+                    FailureEvent(t=t, reason=FailureReason.MEMORY_LEAK, message=message, at=at)
+                )
+        elif final:
+            # The warning is the whole run's verdict: a rise seen during the run (the
+            # ``trend`` event marks when) that turned out to be a long cycle is no leak.
+            events.append(WarningEvent(t=t, message=message))
+    return events
+
+
+def _slowdown_with_gpus(
+    held_back: Callable[[float, float], str | None],
+    message: str,
+    entry: Mapping[str, Any],
+    t: float,
+) -> str:
+    """A slowdown says whether the GPUs were held back over its span (its last quarter,
+    against which the first is compared), by what and for what share of the time."""
+    span = entry.get("span_seconds") or t
+    held = held_back(t - span / 4, t)
+    return f"{message}; {held}" if held else message
+
+
+def _withdrawn(
+    cfg: SoakConfig, series: str, entry: Mapping[str, Any] | None, seen: float, t: float
+) -> list[Event]:
+    """A leak the live judgement called at ``seen`` is no longer one (a ramp that plateaued,
+    a leak that stopped): the live view and the metrics drop it, the artifact records when.
+    Called for longer than the transient, it stays a warning: the live view said LEAK for
+    that long, so the verdict says it too."""
+    label = entry["label"] if entry is not None else series
+    message = (
+        f"{label}: the rise called a leak {format_duration(seen)} into the run "
+        f"stopped; called for {format_duration(t - seen)}"
+    )
+    withdrawn: list[Event] = [
+        TrendFound(
+            t=t,
+            series=series,
+            verdict="withdrawn",
+            slope_per_hour=None if entry is None else entry.get("slope_per_hour"),
+            growth=None if entry is None else entry.get("growth"),
+            projected_limit_at=None,
+            message=message,
+        )
+    ]
+    if t - seen >= leak_transient_seconds(cfg):
+        longer = f"{message}, longer than a transient: a leak that stopped, or a long warm-up"
+        withdrawn.append(WarningEvent(t=t, message=longer))
+    return withdrawn
+
+
+def straggler_warnings(state: RunState, t: float) -> list[Event]:
+    """Each rank the sample at ``t`` found falling behind the others (the fold finds a rank
+    once), as a warning."""
+    found = state.trends.stragglers.values()
+    return [WarningEvent(t=t, message=straggler_text(s)) for s in found if s["t"] == round(t, 3)]
+
+
+def broken_notes(state: RunState, t: float) -> list[Event]:
+    """Each rule or series whose judgement raised, once (the state's notes say which were
+    told), as a sampler note naming it: the run is judged without it."""
+    errors = dict(state.rule_errors)
+    for series, error in state.trends.not_judged.items():
+        errors.setdefault(f"the trend estimator on {series}", error)
+    if not errors:
+        return []
+    told = {(n.get("data") or {}).get("rule") for n in state.sampler_notes if n["sampler"] == JUDGE}
+    return [
+        SamplerNote(
+            t=t,
+            sampler=JUDGE,
+            message=f"{rule} raised {error}; the run is judged without it",
+            data={"rule": rule, "error": error},
+        )
+        for rule, error in errors.items()
+        if rule not in told
+    ]
+
+
+def overdue_failure(state: RunState, event: EventJson) -> list[Event]:
+    """A deadline of ``--expect-every`` the steps advanced past (the progress that folded
+    ``event`` says so) fails the run ``overdue``, unless it has failed already."""
+    if event["kind"] not in (EventKind.PROGRESS, EventKind.STEP) or state.failures:
+        return []
+    started = state.steps_started
+    missed = state.deadlines.missed(started, state.last_progress)
+    if missed is None or started is None:
+        return []
+    t = event["t"]
+    return [
+        FailureEvent(
+            t=t,
+            reason=FailureReason.OVERDUE,
+            message=overdue_message(missed, started, t),
+            at=state.wall(t) or iso(datetime.now(UTC)),
+        )
+    ]
+
+
+def gpu_fault_rule(state: RunState, event: EventJson) -> list[Event]:
+    """A GPU fault that ``fails`` on a GPU the tree ``used`` fails the run (``gpu_fault``), even
+    one ending already: a trainer killed by the fault exits before the kernel log is read.
+    Any other fault is a warning."""
+    if event["kind"] != EventKind.GPU_FAULT:
+        return []
+    fault = event
+    t = fault["t"]
+    if fault["fails"] and fault["used"]:
+        # Imported here: a run without GPUs pays nothing for the GPU modules.
+        from .._sampling import fault_gpu
+
+        return [
+            FailureEvent(
+                t=t,
+                reason=FailureReason.GPU_FAULT,
+                message=fault["message"],
+                at=state.wall(t) or iso(datetime.now(UTC)),
+                gpu=fault_gpu(fault),
+            )
+        ]
+    unused = " (on a GPU this run does not use)" if fault["fails"] else ""
+    return [WarningEvent(t=t, message=fault["message"] + unused)]
+
+
+def broken_rule(state: RunState, event: EventJson, *, ended: bool, forensics: bool) -> list[Event]:
+    """A producer's broken rule (a stall, a blind sampler) fails the run unless it has
+    ``ended``.  A stall whose forensics the supervisor takes fails once they are folded: the
+    rank the others wait for leads its message, the busy/idle label agrees with their dump."""
+    broken = state.broken_rule
+    if event["kind"] == EventKind.RULE_BROKEN:
+        if ended or (event["reason"] in HANG_REASONS and forensics):
+            return []
+        return [_broken_failure(state, event, event["t"], None)]
+    if event["kind"] != EventKind.FORENSICS or broken is None:
+        return []
+    reason = broken["reason"]
+    if reason not in HANG_REASONS or any(f["reason"] == reason for f in state.failures):
+        return []
+    # Dated when the rule broke: the dumps' seconds are not the stall's.
+    return [_broken_failure(state, broken, broken["t"], event["data"])]
+
+
+def _broken_failure(
+    state: RunState, broken: RuleBrokenJson, t: float, dump: Mapping[str, Any] | None
+) -> FailureEvent:
+    """The failure a broken rule calls for, told with the tree's activity when it broke."""
+    reason, message = FailureReason(broken["reason"]), broken["message"]
+    culprit = (dump or {}).get("ranks") or {}
+    if culprit.get("text"):
+        message = f"{culprit['text']}; {message}"
+    activity = state.broken_activity if broken == state.broken_rule else None
+    if activity is not None:
+        activity = agreeing(activity, (dump or {}).get("processes") or [])
+        said = describe_activity(activity)
+        message += "" if said is None else f"; the tree was {said}"
+    at = state.wall(t) or iso(datetime.now(UTC))
+    return FailureEvent(t=t, reason=reason, message=message, at=at, activity=activity)

@@ -1,19 +1,11 @@
 """Soaks inside a SLURM job: who the job is, how the scheduler stops it, and requeues.
 
-SLURM ends a job by sending SIGTERM (to the batch shell, or to every process of the job with
-``proctrack/linuxproc``), waiting ``KillWait`` (30 s by default), then sending SIGKILL.  A soak
-that knows this keeps the trainer's grace under ``KillWait`` so that asyncsoak, not SLURM,
-kills what is left and the artifact is written before SLURM's SIGKILL; it also stops before
-the job's end time, and never lets a requeued run (``SLURM_RESTART_COUNT`` > 0) overwrite the
-artifact of the run before it.
-
-Everything here reads the environment SLURM gives a job's processes; the two facts it does
-not give (``KillWait`` and the end time) come from ``scontrol``, under a deadline, and may be
-missing.
-
-A Kubernetes pod is the other scheduler a soak knows (``_kubernetes``): the same stop by the
-scheduler, its ``kill_wait_seconds`` being the pod's grace period; :class:`SoakJob` and
-:func:`expand_path` serve both.
+The trainer's grace is kept under SLURM's ``KillWait`` so that asyncsoak, not SLURM, kills what
+is left and the artifact is written before SLURM's SIGKILL; a soak stops before the job's end
+time, and a requeued run never overwrites the artifact of the run before it.  Read from the
+job's environment, and ``scontrol`` under a deadline for what it lacks.  :class:`SoakJob` and
+:func:`expand_path` serve Kubernetes pods too.  More: docs/architecture.md, "SLURM and
+Kubernetes"; docs/slurm.md.
 """
 
 from __future__ import annotations
@@ -36,13 +28,12 @@ from anyio.abc import TaskGroup
 from .._contract import (
     BlockingCallTimeout,
     EventSink,
-    Requeued,
-    SignalForwarded,
     StopCause,
     ValidationError,
+    events,
+    exits,
     parse_iso,
     run_blocking,
-    signal_name,
 )
 from .._process import Spawner, run_command_sync
 from . import _kubernetes
@@ -226,10 +217,9 @@ def expand_path(
 ) -> Path:
     """The scheduler's filename patterns in ``path``.  SLURM's: ``%j`` job id, ``%A`` array
     job id (the job id outside an array), ``%a`` array task id (0 outside an array), ``%N``
-    node name, ``%t`` task rank, ``%r`` restart count, ``%%`` a percent sign.
-
-    In a Kubernetes pod, the pod's (see :func:`_kubernetes.pattern_values`): ``%p`` pod name,
-    ``%i`` completion index, ``%J`` JobSet's job index, ``%n`` namespace, ``%N`` node.
+    node name, ``%t`` task rank, ``%r`` restart count, ``%%`` a percent sign.  In a Kubernetes
+    pod, the pod's (see :func:`_kubernetes.pattern_values`): ``%p`` pod name, ``%i`` completion
+    index, ``%J`` JobSet's job index, ``%n`` namespace, ``%N`` node.
 
     Outside both the path is taken as written.  With ``restart_suffix``, a requeued
     run's path without ``%r`` gets ``.restartN`` before its suffix (``soak.restart1.json``),
@@ -308,8 +298,12 @@ async def relay_signals(
         else:
             sent, target = spawner.signal_leader(signum, stopping=stopping), "leader"
         await sink.emit(
-            SignalForwarded(
-                t=sink.elapsed(), signal=signal_name(signum), target=target, pids=pids, sent=sent
+            events.SignalForwarded(
+                t=sink.elapsed(),
+                signal=exits.signal_name(signum),
+                target=target,
+                pids=pids,
+                sent=sent,
             )
         )
         if signum == requeue_on:
@@ -391,7 +385,9 @@ async def requeue_job(sink: EventSink, scheduler: Mapping[str, Any] | None) -> N
             if not ok and not message:
                 message = f"scontrol requeue exited with status {returncode}"
     await sink.emit(
-        Requeued(t=sink.elapsed(), job_id=job_id, ok=ok, returncode=returncode, message=message)
+        events.Requeued(
+            t=sink.elapsed(), job_id=job_id, ok=ok, returncode=returncode, message=message
+        )
     )
 
 

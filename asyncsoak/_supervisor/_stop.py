@@ -18,19 +18,14 @@ from typing import Any, Final, Literal
 import anyio
 
 from .._contract import (
-    Abandoned,
     BlockingCallTimeout,
     EventSink,
     FailureReason,
-    Forensics,
-    Leftover,
     Masker,
-    SignalSent,
-    StdinClosed,
     StopCause,
-    StopRequested,
+    events,
+    exits,
     run_blocking,
-    signal_name,
 )
 from .._process import Spawner, collect_forensics, process_tree, stall_culprit
 from . import _slurm
@@ -96,13 +91,16 @@ class TreeStop:
         #: Cancel scopes of the graceful waits, given up when the caller asks to kill now.
         self._grace_scopes: set[anyio.CancelScope] = set()
         self._marker_scan_hung = False
-        #: Every pid ever seen in the tree, to look up in the kernel's OOM records.
+        #: The pids the command and the stop's walks of the tree saw (the samples' are in
+        #: the state), to look up in the kernel's OOM records.
         self.seen_pids: set[int] = set()
         #: In a stop by the scheduler: when (``anyio.current_time()``) the waits on the tree
         #: must end for the artifact to be written before the scheduler's SIGKILL.
         self.deadline: float | None = None
         #: Whether the hang forensics were taken (once: when the stall rule fired).
         self.forensics_taken = False
+        #: The processes of the hang forensics, once taken (the stall's verdict agrees with them).
+        self.dumped: list[dict[str, Any]] = []
 
     # -- the caller's stop -------------------------------------------------------------
 
@@ -163,7 +161,7 @@ class TreeStop:
         """The monitor ends the run: graceful request, grace, SIGKILL, bounded reap."""
         grace = self._grace(cause, scheduler)
         await sink.emit(
-            StopRequested(
+            events.StopRequested(
                 t=sink.elapsed(), cause=cause, mode=self.cfg.stop_mode, grace_seconds=grace
             )
         )
@@ -210,7 +208,7 @@ class TreeStop:
         cfg = self.cfg
         if cfg.stop_mode == "stdin":
             if spawner.close_stdin():
-                await sink.emit(StdinClosed(t=sink.elapsed()))
+                await sink.emit(events.StdinClosed(t=sink.elapsed()))
             return
         sig = signal.SIGTERM
         pids = []
@@ -223,7 +221,9 @@ class TreeStop:
         sent = spawner.signal_group(sig) if cfg.stop_mode == "group" else spawner.signal_leader(sig)
         if sent:
             await sink.emit(
-                SignalSent(t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids)
+                events.SignalSent(
+                    t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids
+                )
             )
 
     async def after_reaper_lost(self, sink: EventSink, spawner: Spawner) -> None:
@@ -235,7 +235,9 @@ class TreeStop:
             f"the reaper (pid {spawner.reaper_pid}) was lost: {how}; the tree was stopped",
         )
         pids = await self.tree_pids(spawner)
-        await sink.emit(SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids))
+        await sink.emit(
+            events.SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids)
+        )
         with anyio.move_on_after(self.cfg.kill_wait_seconds):
             while pids:
                 await run_blocking(
@@ -248,7 +250,7 @@ class TreeStop:
                 await anyio.sleep(0.05)
                 pids = await self.tree_pids(spawner)
         for info in await self._describe(pids, spawner.pid):
-            await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
+            await sink.emit(events.Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
         # Nothing is left to say the tree is gone: it is, or it is reported abandoned.
         spawner.tree_gone.set()
 
@@ -299,14 +301,16 @@ class TreeStop:
                 info["cmdline"] = (
                     None if info.get("cmdline") is None else self._masker.argv(info["cmdline"])
                 )
-                await sink.emit(Leftover(t=sink.elapsed(), process=info))
+                await sink.emit(events.Leftover(t=sink.elapsed(), process=info))
                 count += 1
         return count
 
     async def kill(self, sink: EventSink, spawner: Spawner) -> None:
         """SIGKILL everything left, again and again (a forking tree races us), within a bound."""
         pids = await self.tree_pids(spawner)
-        await sink.emit(SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids))
+        await sink.emit(
+            events.SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids)
+        )
         wait = max(MIN_KILL_WAIT_SECONDS, self.within_deadline(self.cfg.kill_wait_seconds))
         with anyio.move_on_after(wait):
             while True:
@@ -321,7 +325,7 @@ class TreeStop:
                 if spawner.tree_gone.is_set() and not pids:
                     return
         for info in await self._describe(pids, spawner.pid):
-            await sink.emit(Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
+            await sink.emit(events.Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
 
     def within_deadline(self, seconds: float) -> float:
         """``seconds``, cut to what is left before :attr:`deadline` in a scheduler's stop."""
@@ -342,9 +346,11 @@ class TreeStop:
         self.forensics_taken = True
         cfg = self.cfg
         if cfg.dump_signal is not None and spawner.signal_leader(cfg.dump_signal):
-            name = signal_name(cfg.dump_signal)
+            name = exits.signal_name(cfg.dump_signal)
             await sink.emit(
-                SignalSent(t=sink.elapsed(), signal=name, target="leader", pids=[spawner.pid or 0])
+                events.SignalSent(
+                    t=sink.elapsed(), signal=name, target="leader", pids=[spawner.pid or 0]
+                )
             )
             with self.given_up_on_caller_stop():
                 await anyio.sleep(DUMP_WAIT_SECONDS)
@@ -361,11 +367,14 @@ class TreeStop:
             )
         if scope.cancelled_caught:
             data = {"error": "the caller stopped the soak during the forensics"}
-        culprit = stall_culprit(data.get("processes") or [])
+        self.dumped = data.get("processes") or []
+        culprit = stall_culprit(self.dumped)
         if culprit is not None:
             data["ranks"] = culprit
         # Command lines and py-spy's headers carry argv: masked like argv everywhere else.
-        await sink.emit(Forensics(t=sink.elapsed(), reason=reason, data=self._masker.data(data)))
+        await sink.emit(
+            events.Forensics(t=sink.elapsed(), reason=reason, data=self._masker.data(data))
+        )
         return culprit
 
 

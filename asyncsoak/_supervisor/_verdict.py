@@ -19,25 +19,17 @@ import anyio
 from .._analysis import format_bytes
 from .._contract import (
     BlockingCallTimeout,
-    CrashCause,
-    CrashInLog,
     EventSink,
     FailureReason,
     Masker,
-    OomKill,
-    RankCrash,
     SoakStatus,
     StopCause,
-    WarningEvent,
-    describe_crash,
-    describe_rank_crash,
-    find_exception,
-    find_rank_exception,
+    events,
+    exits,
     run_blocking,
 )
-from .._contract import decode as decode_exit
 from .._process import Spawner, oom_kills, seconds_since_boot
-from .._record import read_log_tail
+from .._record import RunState, read_log_tail
 from .._sampling import MemoryCgroup
 from ._config import SoakConfig
 from ._stop import EndCause, Fail, TreeStop
@@ -56,15 +48,17 @@ class ExitJudge:
         masker: Masker,
         limiter: anyio.CapacityLimiter,
         tree_stop: TreeStop,
+        state: RunState,
         fail: Fail,
     ) -> None:
         self.cfg = cfg
+        self._state = state
         self._masker = masker
         self._limiter = limiter
         self._tree_stop = tree_stop
         self._fail = fail
         #: The OOM kills reported, by pid.
-        self._oom_reported: dict[int, OomKill] = {}
+        self._oom_reported: dict[int, events.OomKill] = {}
         #: The tree's memory cgroup as read at the start (its OOM-kill counter then), if known.
         self.memory_cgroup: MemoryCgroup | None = None
         #: How much of that counter's rise the reports so far account for.
@@ -72,9 +66,19 @@ class ExitJudge:
         self._boot_seconds_at_start = seconds_since_boot()
 
     async def after_exit(
-        self, sink: EventSink, spawner: Spawner, cause: EndCause, *, progress_seen: bool
+        self,
+        sink: EventSink,
+        spawner: Spawner,
+        cause: EndCause,
+        *,
+        progress_seen: bool,
+        missing_dir: Path | None = None,
     ) -> None:
-        """The command ended by itself: judge its exit, then give its tree the grace."""
+        """The command ended by itself: judge its exit, then give its tree the grace.
+
+        A clean exit without any progress is a warning when the progress directory exists (it
+        stayed empty), and the failure ``no_progress`` when it never existed
+        (``missing_dir``): a typo'd ``--progress-dir`` must not pass."""
         cfg = self.cfg
         rc = spawner.returncode
         assert rc is not None
@@ -89,6 +93,12 @@ class ExitJudge:
             if crash is not None:
                 message += f": {crash}"
             await self._fail(reason, message)
+        if rc == 0 and not progress_seen and missing_dir is not None:
+            await self._fail(
+                FailureReason.NO_PROGRESS,
+                f"the progress directory {missing_dir} never existed: the command exited 0 "
+                "without any progress (is --progress-dir where the trainer writes?)",
+            )
         if ran_for < cfg.min_duration_seconds:
             await self._fail(
                 FailureReason.TOO_SHORT,
@@ -106,20 +116,19 @@ class ExitJudge:
                     f"post_shutdown_grace_seconds={cfg.post_shutdown_grace_seconds:g} "
                     "and were killed",
                 )
-        if rc == 0 and not progress_seen:
-            await sink.emit(
-                WarningEvent(
-                    t=sink.elapsed(),
-                    message="the command exited cleanly without any progress in progress_dir",
-                )
+        if rc == 0 and not progress_seen and missing_dir is None:
+            message = (
+                f"the command exited cleanly without any progress in {cfg.progress_dir} "
+                "(it exists, and nothing in it changed)"
             )
+            await sink.emit(events.WarningEvent(t=sink.elapsed(), message=message))
 
     async def _exit_failure(
         self, sink: EventSink, spawner: Spawner, rc: int
     ) -> tuple[FailureReason, str] | None:
         """The failure the exit status ``rc`` is, if any: a signal the monitor did not send
         (an OOM kill named as one), or a nonzero code."""
-        ended = decode_exit(rc)
+        ended = exits.decode(rc)
         if ended.signal is not None and ended.signal not in spawner.signals_to_leader:
             message = f"the command was killed by {spawner.exit_signal}"
             if ended.signal in spawner.signals_forwarded:
@@ -148,7 +157,7 @@ class ExitJudge:
         if cause is None:
             return None
         await sink.emit(
-            CrashCause(
+            events.CrashCause(
                 t=sink.elapsed(),
                 type=self._masker(cause.type),
                 message=self._masker(cause.message),
@@ -159,12 +168,12 @@ class ExitJudge:
             )
         )
         if rank_crash is not None:
-            return self._masker(describe_rank_crash(rank_crash))
-        return self._masker(describe_crash(cause))
+            return self._masker(exits.describe_rank_crash(rank_crash))
+        return self._masker(exits.describe_crash(cause))
 
     async def report_oom_kills(
         self, sink: EventSink, *, command_pid: int | None = None
-    ) -> dict[int, OomKill]:
+    ) -> dict[int, events.OomKill]:
         """Report each OOM kill of the tree once; returns every kill reported so far, by pid.
 
         Two witnesses, joined: the kernel log's records for the tree's pids, and the rise of
@@ -178,7 +187,7 @@ class ExitJudge:
         cgroup = self.memory_cgroup
         kernel_records = partial(
             oom_kills,
-            set(self._tree_stop.seen_pids),
+            self._tree_stop.seen_pids | self._state.seen_pids,
             since_boot_seconds=self._boot_seconds_at_start - KMSG_SLACK_SECONDS,
         )
 
@@ -226,7 +235,7 @@ class ExitJudge:
                 f"{cgroup.path} (its oom_kill counter rose from {counter[0]} to "
                 f"{counter[1]}) that the kernel log does not name"
             )
-            await sink.emit(WarningEvent(t=sink.elapsed(), message=message))
+            await sink.emit(events.WarningEvent(t=sink.elapsed(), message=message))
         return self._oom_reported
 
     async def _report_oom(
@@ -235,7 +244,7 @@ class ExitJudge:
         cgroup = self.memory_cgroup if counted else None
         if counted:
             self._cgroup_kills_seen += 1
-        event = OomKill(
+        event = events.OomKill(
             t=sink.elapsed(),
             pid=kill["pid"],
             name=kill["name"],
@@ -251,7 +260,7 @@ class ExitJudge:
         self._oom_reported[event.pid] = event
         await sink.emit(event)
 
-    def _oom_message(self, kill: OomKill, signal: str | None) -> str:
+    def _oom_message(self, kill: events.OomKill, signal: str | None) -> str:
         """The ``signaled`` failure's words for a command the OOM killer ended."""
         if "cgroup_counter" not in kill.detected_by:
             return (
@@ -271,15 +280,15 @@ class ExitJudge:
         )
 
 
-def _read_crash(log_path: Path) -> tuple[RankCrash | None, CrashInLog | None]:
+def _read_crash(log_path: Path) -> tuple[exits.RankCrash | None, exits.CrashInLog | None]:
     """The crash cause at the end of the log (in a thread: a rank's error file may be read).
 
     A distributed run's launcher reports its ranks' failure in its own words
     (``ChildFailedError``): the rank that failed first, in its own words, is the cause.
     """
     text = read_log_tail(log_path)
-    rank_crash = find_rank_exception(text)
-    return rank_crash, find_exception(text) if rank_crash is None else rank_crash.cause
+    rank_crash = exits.find_rank_exception(text)
+    return rank_crash, exits.find_exception(text) if rank_crash is None else rank_crash.cause
 
 
 def soak_status(

@@ -1,10 +1,11 @@
 """``asyncsoak compare``: two runs of the same training side by side, and what regressed.
 
 A nightly against last week's, a new commit against main: :func:`compare` reads the figures
-both artifacts hold (duration, verdict, peak and final tree memory, leak slopes, progress
-rate, GPU utilisation and memory), gives each its difference, and flags a regression when the
-candidate is worse by more than the threshold (and, for memory, by more than a floor too, so
-noise in a small process is not a regression).
+both artifacts hold (duration, verdict, peak and final tree memory, leak slopes, the step
+rate, file changes at one sample interval, GPU utilisation and memory), gives each its
+difference, and flags a regression when the candidate is worse by more than the threshold
+(and, for memory, by more than a floor too, so noise in a small process is not a
+regression).
 """
 
 from __future__ import annotations
@@ -17,9 +18,17 @@ from typing import Any, Literal
 
 from .._analysis import TREE_MEMORY_SERIES
 from .._contract import Artifact, SoakStatus, format_duration, terminal_text
-from ._evidence import gpu_faults, leaking_series, rate_text, summary_figure
+from ._evidence import gpu_faults, leaking_series, rate_text
 from ._fields import format_value, gpu_index
-from ._sections import column, gpu_health, series_group, training_steps, trend_verdicts
+from ._sections import (
+    column,
+    config_value,
+    gpu_health,
+    series_group,
+    summary_figure,
+    training_steps,
+    trend_verdicts,
+)
 from ._status import PASSED_WITH_WARNINGS, shown_status
 
 #: Relative change (fraction) beyond which a worse figure is a regression.
@@ -137,7 +146,8 @@ def compare(
         MEMORY_FLOOR_BYTES,
     )
     rows.append(_leak_row(baseline, candidate, threshold))
-    figure("progress.rate", "progress rate", "per_minute", _progress_rate, "higher")
+    if _file_changes_comparable(baseline, candidate):
+        figure("progress.rate", "file changes", "per_minute", _progress_rate, "higher")
     figure("steps.rate", "step rate", "steps_per_second", _step_rate, "higher")
     figure("steps.loss.final", "final loss", "loss", _final_loss, "lower")
     figure("gpu.faults", "GPU faults", "", _gpu_fault_count, "lower")
@@ -285,6 +295,14 @@ def _final_rss(artifact: Artifact) -> float | None:
     if not values:
         return _stat("tree", "rss_bytes", "last")(artifact)
     return float(statistics.median(values[-max(3, len(values) // 4) :]))
+
+
+def _file_changes_comparable(baseline: Artifact, candidate: Artifact) -> bool:
+    """File changes are counted once a scan: comparable only at one sample interval, and
+    never when both runs have steps (their rate is the progress)."""
+    intervals = {config_value(a, "sample_interval_seconds") for a in (baseline, candidate)}
+    stepped = training_steps(baseline) is not None and training_steps(candidate) is not None
+    return len(intervals) == 1 and not stepped
 
 
 def _progress_rate(artifact: Artifact) -> float | None:

@@ -17,32 +17,24 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from .._analysis import GpuActivity, median, recorded_gpus, tree_verdict
-from .._contract import (
-    Artifact,
-    EventKind,
-    Failure,
-    FailureReason,
-    ForensicsProcess,
-    Trend,
-    format_duration,
-    last_traceback,
-    parse_iso,
-    readable_processes,
-    series_times,
-)
+from .._contract import Artifact, EventKind, FailureReason, exits, format_duration, schema
 from ._fields import format_bytes, format_value
 from ._sections import (
+    config_setting,
+    config_value,
     counted_steps,
+    event_times,
     gpu_health,
     oom_kills,
     process_role,
     python_stack,
+    seconds_at,
     series_group,
     stall_forensics,
     stall_ranks,
-    summary_entry,
     trend_verdicts,
 )
+from ._status import named_warning
 
 #: Log lines shown at most (a traceback longer than this keeps its end).
 LOG_LINES = 14
@@ -55,7 +47,7 @@ _FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P
 _FRAME = re.compile(r"^(?P<func>.+) \((?P<file>[^()]+):(?P<line>\d+)\)$")
 
 
-class Leak(Trend):
+class Leak(schema.Trend):
     """A ``trends`` entry judged a leak, with its key in ``trends`` (``process.4242.rss_bytes``)."""
 
     series: str
@@ -116,35 +108,6 @@ def gather(artifact: Artifact) -> Evidence:
 # -- shared readings -----------------------------------------------------------------------
 
 
-def seconds_at(artifact: Artifact, iso_time: str | None) -> float | None:
-    """Seconds from the soak's start to an artifact timestamp."""
-    started = artifact["started_at"]
-    if not iso_time or not started:
-        return None
-    try:
-        delta = parse_iso(iso_time) - parse_iso(started)
-    except ValueError:
-        return None
-    return round(delta.total_seconds(), 3)
-
-
-def config_setting(artifact: Artifact, name: str) -> object:
-    """A setting of the run; None when the artifact lacks it."""
-    # A setting the schema does not require (added since version 1) may be absent.
-    settings: Mapping[str, object] = artifact["config"]
-    return settings.get(name)
-
-
-def config_value(artifact: Artifact, name: str) -> float | None:
-    """A numeric setting of the run; None when it is not a number, or missing."""
-    value = config_setting(artifact, name)
-    return float(value) if isinstance(value, int | float) else None
-
-
-def event_times(artifact: Artifact, kind: str) -> list[float]:
-    return [float(e["t"]) for e in artifact["events"] if e["kind"] == kind]
-
-
 def last_progress_at(artifact: Artifact) -> str | None:
     """When the progress that counted was last seen: the step's last advance when the run
     was judged on its steps, else the last file change."""
@@ -180,18 +143,10 @@ def series_typical(
         return None
     values = [
         v
-        for t, v in zip(series_times(series), series[name], strict=False)
+        for t, v in zip(schema.series_times(series), series[name], strict=False)
         if start <= t <= end and v is not None
     ]
     return median(values) if values else None
-
-
-def summary_figure(artifact: Artifact, group: str, name: str, key: str) -> float | None:
-    """``key`` (max, mean, min, last) of a field over the run, from ``summary``; None when
-    the run never sampled the group or the field (no GPU, a sampler that degraded)."""
-    stats = summary_entry(artifact, group, name)
-    value = stats[key] if isinstance(stats, dict) else None
-    return float(value) if isinstance(value, int | float) else None
 
 
 def gpu_faults(artifact: Artifact) -> list[dict[str, Any]]:
@@ -257,13 +212,13 @@ def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity
     ]
 
 
-def is_launcher(process: ForensicsProcess) -> bool:
+def is_launcher(process: schema.ForensicsProcess) -> bool:
     """Whether a process of the forensics is a distributed run's launcher (torchrun...)."""
     role = process_role(process)
     return isinstance(role, Mapping) and "launcher" in role
 
 
-def innermost_python_frame(process: ForensicsProcess) -> str | None:
+def innermost_python_frame(process: schema.ForensicsProcess) -> str | None:
     """The innermost frame of the first thread in a py-spy dump (``func (file:line)``)."""
     stack = python_stack(process)
     if not stack:
@@ -287,7 +242,7 @@ def log_end(tail: str, lines: int = LOG_LINES) -> tuple[list[str], tuple[int, in
     longer than ``lines``): it is what a person looks for.
     """
     every = tail.rstrip("\n").splitlines()
-    found = last_traceback(every)
+    found = exits.last_traceback(every)
     span = None if found is None else found[:2]
     start = max(0, len(every) - lines)
     if span is not None and span[0] < start:
@@ -319,20 +274,28 @@ def _traceback_exception(
 
 
 def last_progress(artifact: Artifact) -> LastProgress | None:
+    """The progress that counted, last: the step's last advance (in its source) when the run
+    was judged on its steps, else the last file change."""
     progress_events = [e for e in artifact["events"] if e["kind"] == EventKind.PROGRESS]
-    if not progress_events:
+    steps = counted_steps(artifact)
+    at = seconds_at(artifact, last_progress_at(artifact))
+    if at is None or (steps is None and not progress_events):
         return None
-    last = progress_events[-1]
+    # The files that changed at that progress (the step's source, a checkpoint beside it).
+    paths = next(
+        (e["paths"] for e in reversed(progress_events) if float(e["t"]) <= at + 0.001),
+        [steps["source"]] if steps is not None else [],
+    )
     checkpoint = None
     for event in reversed(progress_events):
         found = [p for p in event["paths"] if _is_checkpoint(str(p))]
         if found:
             checkpoint = _checkpoint_root(artifact, str(found[0]))
             break
-    t = float(last["t"])
+    t = float(at)
     return LastProgress(
         t=t,
-        paths=[str(p) for p in last["paths"]],
+        paths=[str(p) for p in paths],
         before_end=max(0.0, _end_of_command(artifact) - t),
         checkpoint=checkpoint,
     )
@@ -431,7 +394,7 @@ def _amount(value: object, unit: str, *, like: float | None = None) -> str:
 def _cause(
     artifact: Artifact,
     primary: str | None,
-    failures: Sequence[Failure],
+    failures: Sequence[schema.Failure],
     leaks: Sequence[Leak],
     log_lines: Sequence[str],
     traceback: tuple[int, int] | None,
@@ -459,14 +422,14 @@ def _cause(
         return failures[0]["message"], None, None
     if leaks:
         return trend_text(leaks[0]), None, None
-    return None, None, None
+    return named_warning(artifact["warnings"]), None, None
 
 
 def _stall_cause(
-    artifact: Artifact, failures: Sequence[Failure]
+    artifact: Artifact, failures: Sequence[schema.Failure]
 ) -> tuple[str, str | None, str | None]:
     forensics = stall_forensics(artifact)
-    processes = [] if forensics is None else readable_processes(forensics)
+    processes = [] if forensics is None else schema.readable_processes(forensics)
     ranks = stall_ranks(artifact)
     if ranks is not None and ranks["text"]:
         # The rank the others wait for, never its launcher: a culprit named comes with where
@@ -489,7 +452,7 @@ def _stall_cause(
 
 
 def _source_line(
-    artifact: Artifact, where: str | None, process: ForensicsProcess | None = None
+    artifact: Artifact, where: str | None, process: schema.ForensicsProcess | None = None
 ) -> str | None:
     """The line ``file:line`` names, read from the file when it is on this machine."""
     if not where:

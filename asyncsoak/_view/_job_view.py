@@ -10,7 +10,6 @@ start.  ``asyncsoak summary`` and ``asyncsoak report`` call it when given severa
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,16 +19,14 @@ from .._contract import (
     SoakStatus,
     format_duration,
     parse_iso_or_none,
-    series_times,
     terminal_text,
 )
 from .._process import judge_ranks, states_from_json
+from ._evidence import last_progress_at
 from ._sections import (
     Recorded,
-    column,
     host_probe,
     probes,
-    series_group,
     stall_ranks,
     stop_section,
 )
@@ -47,7 +44,7 @@ class NotOneJobError(ValueError):
 @dataclass(frozen=True, slots=True)
 class JobTask(Recorded):
     """One soak's place in its job: its SLURM task, or a torchrun job's host and lowest
-    rank.  ``snapshot.scheduler`` may lack any key (:class:`~asyncsoak._contract.SlurmJob`):
+    rank.  ``snapshot.scheduler`` may lack any key (:class:`~asyncsoak._contract.schema.SlurmJob`):
     a missing one is null, as SLURM leaves a variable unset."""
 
     job_id: int | str | None = None
@@ -294,7 +291,7 @@ def _first_stalled(
     for soak in _latest_attempt(
         soaks, lambda soak: {"stale_progress", "startup_timeout"} & set(soak["reasons"])
     ):
-        last = by_path[soak["path"]]["progress"]["last_change_at"]
+        last = last_progress_at(by_path[soak["path"]])
         moment = parse_iso_or_none(last)
         if moment is not None:
             stalled.append((moment, soak, last))
@@ -326,7 +323,7 @@ def soak_label(soak: Mapping[str, Any]) -> str:
     return label
 
 
-def _offset(value: float | None) -> str:
+def offset_text(value: float | None) -> str:
     return "?" if value is None else f"+{format_duration(value)}"
 
 
@@ -345,7 +342,7 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
         label = soak_label(first)
         lines.append(
             f"  first failure: {label} on {first['node']} at {first['at']} "
-            f"({_offset(first['offset_seconds'])}): {first['reason']}: {first['message']}"
+            f"({offset_text(first['offset_seconds'])}): {first['reason']}: {first['message']}"
         )
     culprit = combined["culprit"]
     if culprit is not None:
@@ -355,7 +352,7 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
     if stalled is not None:
         lines.append(
             f"  first to stop progressing: {stalled['node']} ({soak_label(stalled)}), last "
-            f"progress at {stalled['last_progress_at']} ({_offset(stalled['offset_seconds'])})"
+            f"progress at {stalled['last_progress_at']} ({offset_text(stalled['offset_seconds'])})"
         )
     labels = [soak_label(x) for x in soaks]
     pad = max(len(label) for label in labels)
@@ -363,7 +360,7 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
         why = ", ".join(soak["reasons"]) or f"stop: {soak['stop_cause']}"
         lines.append(
             f"  {label.ljust(pad)}  {soak['node']!s:<12} {str(soak['status']).upper():<9} "
-            f"started {_offset(soak['start_offset_seconds'])}, "
+            f"started {offset_text(soak['start_offset_seconds'])}, "
             f"ran {format_duration(float(soak['duration_seconds'] or 0))}, "
             f"exit {soak['returncode']}; {why}"
         )
@@ -397,91 +394,5 @@ def _bar(soak: Mapping[str, Any], span: float, width: int) -> str:
     return "".join(cells)
 
 
-def _job_word(combined: Mapping[str, Any]) -> str:
+def job_word(combined: Mapping[str, Any]) -> str:
     return "SLURM job" if combined["kind"] == "slurm" else "torchrun job"
-
-
-def render_job_report(
-    combined: Mapping[str, Any], artifacts: Sequence[tuple[str, Artifact]]
-) -> str:
-    """One HTML page for the job: the verdicts, and each soak's tree CPU and memory on one
-    wall-clock axis with its first failure marked (needs plotly, as every report does)."""
-    from datetime import timedelta
-
-    from .report import PAGE, STYLE, ReportUnavailableError, plot_text
-
-    try:
-        from plotly.subplots import make_subplots
-    except ImportError:
-        raise ReportUnavailableError() from None
-    figure = make_subplots(
-        rows=2,
-        cols=1,
-        shared_xaxes=True,
-        subplot_titles=("tree RSS (MiB)", "tree CPU (% of one core)"),
-    )
-    by_path = dict(artifacts)
-    for soak in combined["soaks"]:
-        artifact = by_path[soak["path"]]
-        start = parse_iso_or_none(artifact["started_at"])
-        tree = series_group(artifact, "tree")
-        if start is None or tree is None:
-            continue
-        xs = [start + timedelta(seconds=float(t)) for t in series_times(tree)]
-        label = plot_text(f"{soak_label(soak)} ({soak['node']})")
-        rss = [None if v is None else v / 2**20 for v in column(tree, "rss_bytes")]
-        figure.add_scatter(x=xs, y=rss, name=label, legendgroup=label, row=1, col=1)
-        figure.add_scatter(
-            x=xs,
-            y=column(tree, "cpu_percent"),
-            name=label,
-            legendgroup=label,
-            showlegend=False,
-            row=2,
-            col=1,
-        )
-        failure = soak["first_failure"]
-        moment = None if failure is None else parse_iso_or_none(failure["at"])
-        if moment is not None:
-            figure.add_vline(x=moment.timestamp() * 1000, line_dash="dot", line_color="#d62728")
-    figure.update_layout(height=560, margin={"t": 40, "l": 60, "r": 20, "b": 40})
-    rows = "".join(
-        "<tr>"
-        + "".join(
-            f"<td>{html.escape(str(v))}</td>"
-            for v in (
-                soak_label(soak),
-                soak["node"],
-                soak["status"],
-                ", ".join(soak["reasons"]) or soak["stop_cause"],
-                _offset(soak["start_offset_seconds"]),
-                format_duration(float(soak["duration_seconds"] or 0)),
-                soak["path"],
-            )
-        )
-        + "</tr>"
-        for soak in combined["soaks"]
-    )
-    first = combined["first_failure"]
-    first_html = (
-        ""
-        if first is None
-        else f"<p>First failure: <b>{html.escape(soak_label(first))}</b> on "
-        f"{html.escape(str(first['node']))} at {html.escape(str(first['at']))}: "
-        f"<code>{html.escape(first['reason'])}</code> {html.escape(first['message'])}</p>"
-    )
-    status = str(combined["status"])
-    body = (
-        f'<div class="verdict {html.escape(status)}"><h1>{html.escape(status.upper())}: '
-        f"{_job_word(combined)} {html.escape(str(combined['job_id']))}, "
-        f"{len(combined['soaks'])} soaks</h1>"
-        f"{first_html}</div>"
-        "<h2>Soaks</h2><table><tr><th>soak</th><th>node</th><th>status</th><th>why</th>"
-        f"<th>started</th><th>ran</th><th>artifact</th></tr>{rows}</table>"
-        "<h2>Timeline (wall clock)</h2>" + figure.to_html(include_plotlyjs=True, full_html=False)
-    )
-    return PAGE.format(
-        title=html.escape(f"{status.upper()}: {_job_word(combined)} {combined['job_id']}"),
-        style=STYLE,
-        body=body,
-    )

@@ -1,51 +1,36 @@
 """The live view's full screen (``asyncsoak watch``, ``--view screen``), drawn with ``rich``.
 
 One frame holds, top to bottom: the verdict so far (the phase, LEAK alerts, warnings), the
-progress (changes, their rate, the time without progress against its limit), the tree's
+training (step, rate, loss), the progress (changes, their rate, the time without progress
+against its limit, ``--expect-every``'s nearest deadline), the tree's
 figures, its processes by memory with their trends, the GPUs, and the last lines of the
 soak's log, as many as the terminal's height leaves room for.  It is drawn from the same
-:class:`~._live.Status` as the line, in the view's worker thread (the log's tail is read
+:class:`~._live_line.Status` as the line, in the view's worker thread (the log's tail is read
 there, bounded).
 """
 
 from __future__ import annotations
 
 import io
-import os
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from .._contract import format_duration, terminal_text
+from .._record import read_log_tail
 from ._fields import format_value
+from ._live_line import Status, phase_style
 
-if TYPE_CHECKING:
-    from ._live import Status
-
-#: Bytes of the log's end read for its last lines.
-LOG_TAIL_BYTES = 16 * 1024
 #: Processes listed at most.
 PROCESS_ROWS = 5
 
 
 def log_tail(path: str | None, lines: int) -> list[str]:
-    """The last ``lines`` lines of the log at ``path`` (its last :data:`LOG_TAIL_BYTES` at
-    most), safe to print; nothing when it cannot be read."""
+    """The last ``lines`` lines of the log at ``path`` (from the same tail the artifact
+    keeps), safe to print; nothing when it cannot be read."""
     if not path or lines <= 0:
         return []
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return []
-    try:
-        size = os.fstat(fd).st_size
-        data = os.pread(fd, LOG_TAIL_BYTES, max(0, size - LOG_TAIL_BYTES))
-    except OSError:
-        return []
-    finally:
-        os.close(fd)
-    text = data.decode("utf-8", errors="replace").replace("\r", "\n")
+    text = read_log_tail(Path(path)).replace("\r", "\n")
     kept = [line for line in text.splitlines() if line.strip()]
-    if size > LOG_TAIL_BYTES and kept:
-        kept = kept[1:]  # the first line read may be cut
     return [terminal_text(line) for line in kept[-lines:]]
 
 
@@ -55,8 +40,6 @@ def render_screen(status: Status, width: int, height: int) -> Any:
     from rich.progress_bar import ProgressBar
     from rich.table import Table
     from rich.text import Text
-
-    from ._live import phase_style
 
     parts: list[Any] = []
     title = Text.assemble(
@@ -77,6 +60,8 @@ def render_screen(status: Status, width: int, height: int) -> Any:
     # The labels keep their width: a long row is cut at its end, not at its label.
     progress.add_column(style="dim", no_wrap=True, min_width=len("progress"))
     progress.add_column(no_wrap=True)
+    if status.training:  # step, rate, loss and ETA, as the line says them
+        progress.add_row("training", terminal_text(status.training))
     rate = status.changes_per_minute
     progress.add_row(
         "progress",
@@ -102,6 +87,9 @@ def render_screen(status: Status, width: int, height: int) -> Any:
             progress.add_row("stall", row)
         else:
             progress.add_row("stall", text)
+    deadline = status.deadline_words()
+    if deadline is not None and not status.finished:
+        progress.add_row("deadline", f"{terminal_text(deadline[0])} {deadline[1]}")
     if status.behind is not None and status.behind >= 1.0:
         progress.add_row("as of", f"{format_duration(status.behind)} ago (the journal's last line)")
     if status.finished:

@@ -8,6 +8,9 @@ run that leaks, or whose monitor could not see everything, never looks like a cl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from .._analysis import MEMORY_NOT_JUDGED
 from .._contract import SoakStatus
 
 #: A pass that carries warnings, as the views name it (never an artifact's ``status``).
@@ -29,3 +32,11 @@ def status_words(status: str) -> str:
 def is_pass(status: str) -> bool:
     """Whether a shown status is a pass (with or without warnings)."""
     return status in (SoakStatus.PASSED, PASSED_WITH_WARNINGS)
+
+
+def named_warning(warnings: Sequence[str]) -> str | None:
+    """The warning a view names beside ``passed with warnings``: the leak check's that could
+    not judge (a check asked to fail the run that judged nothing), else the first."""
+    return next((w for w in warnings if w.startswith(MEMORY_NOT_JUDGED)), None) or (
+        warnings[0] if warnings else None
+    )

@@ -12,53 +12,30 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .._analysis import describe_gpus
+from .._analysis import TREE_MEMORY_SERIES, memory_not_judged
 from .._contract import (
     Artifact,
-    EventKind,
     FailureReason,
-    OomKillEntry,
-    ProcessRecord,
     SoakStatus,
-    describe_exit_status,
     format_duration,
-    forwarded_signals,
-    readable_processes,
     terminal_text,
 )
-from ._evidence import (
-    Leak,
-    config_value,
-    gather,
-    gpu_faults,
-    innermost_python_frame,
-    is_launcher,
-    last_progress_at,
-    leaking_series,
-    seconds_at,
-    stall_verdict,
-    stall_window,
-    summary_figure,
-    trend_text,
-)
+from ._evidence import gather, gpu_faults
 from ._fields import describe, format_clock, format_value, group_kind, group_rank
+from ._hints import exit_text, look_first, process_name, throttled
 from ._job_view import pod_line, scheduler_line
 from ._sections import (
     abandoned_processes,
     counted_steps,
     host_probe,
-    oom_kills,
     probes,
-    process_role,
-    sampler_notes,
+    seconds_at,
     snapshot_gpus,
     software_probe,
-    stall_forensics,
-    stop_section,
-    summary_entry,
+    summary_figure,
 )
 from ._status import is_pass, shown_status, status_words
-from ._training import training_line
+from ._training import goodput_line, training_line
 
 #: The primary reason in plain words.
 REASON_TITLES: dict[FailureReason, str] = {
@@ -76,6 +53,8 @@ REASON_TITLES: dict[FailureReason, str] = {
     FailureReason.DISK_LOW: "The disk is almost full",
     FailureReason.GPU_FAULT: "A GPU the training uses reported a fault",
     FailureReason.NONFINITE_LOSS: "The loss became NaN or infinite",
+    FailureReason.NO_PROGRESS: "The progress directory never existed",
+    FailureReason.OVERDUE: "The training missed a deadline it keeps (--expect-every)",
 }
 STATUS_HEADLINES: dict[SoakStatus, str] = {
     SoakStatus.PASSED: "The soak passed",
@@ -87,8 +66,6 @@ STATUS_HEADLINES: dict[SoakStatus, str] = {
 SCREEN_LINES = 60
 #: The log lines shown however long the rest of the summary is.
 MIN_LOG_LINES = 5
-#: Throttle reasons that mean nothing is held back.
-IDLE_THROTTLE = frozenset({"gpu_idle", "none", "not_active"})
 
 
 def summarize(artifact: Artifact) -> dict[str, Any]:
@@ -106,10 +83,13 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
         }
         for f in a["failures"]
     ]
+    steps = counted_steps(a)
     progress: dict[str, Any] = {
         **a["progress"],
         "last_change_t": seconds_at(a, a["progress"]["last_change_at"]),
         "first_change_t": seconds_at(a, a["progress"]["first_change_at"]),
+        # The progress that counted: the step's last advance (None when files counted).
+        "last_step_t": None if steps is None else seconds_at(a, steps["last_step_at"]),
     }
     evidence = gather(a)
     return {
@@ -136,7 +116,14 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
         "provenance": provenance(artifact),
         "log": {"path": a["log"]["path"], "last_lines": evidence.log_lines},
         "journal_path": a["monitor"]["journal_path"],
+        "goodput": _goodput(a),
     }
+
+
+def _goodput(artifact: Artifact) -> dict[str, Any] | None:
+    """The run's ledger with its line (``text``); None for an artifact from before it."""
+    section = artifact.get("goodput")
+    return None if section is None else {"text": goodput_line(section), **section}
 
 
 def headline(artifact: Artifact, reasons: list[dict[str, Any]]) -> str:
@@ -149,252 +136,6 @@ def headline(artifact: Artifact, reasons: list[dict[str, Any]]) -> str:
     if status == SoakStatus.PASSED and warnings:
         text += f", with {warnings} warning{'s' if warnings > 1 else ''}"
     return text
-
-
-# -- facts -----------------------------------------------------------------------------------
-
-
-def signals_sent(artifact: Artifact) -> list[str]:
-    stop = stop_section(artifact)
-    return [] if stop is None else [s["signal"] for s in stop.get("signals", [])]
-
-
-def oom_killer(kill: OomKillEntry) -> str:
-    """Whose OOM killer an ``oom_kills`` entry says it was: the cgroup's when its counter saw
-    the kill (and its limit, when it has one), the kernel's otherwise."""
-    if "cgroup_counter" not in kill.get("detected_by", ()):
-        return "The kernel's OOM killer"
-    # The counter's sighting is written with its cgroup's path and limit.
-    limit = kill["cgroup_memory_limit_bytes"]
-    within = f" (memory limit {format_value(limit, 'bytes')})" if isinstance(limit, int) else ""
-    return f"The OOM killer of cgroup {kill['cgroup_path']}{within}"
-
-
-def exit_text(artifact: Artifact) -> str:
-    """How the command ended, decoded: ``killed by SIGTERM (signal 15, sent by the monitor)``."""
-    a = artifact
-    if a["exit"]["returncode"] is None and any(
-        f["reason"] == FailureReason.SPAWN_FAILED for f in a["failures"]
-    ):
-        return "never started"
-    return describe_exit_status(
-        a["exit"]["returncode"],
-        sent=signals_sent(artifact),
-        forwarded=forwarded_signals(artifact),
-    )
-
-
-def look_first(artifact: Artifact) -> list[str]:
-    """Plain sentences: what happened and where to look, most important first."""
-    hints: list[str] = []
-    a = artifact
-    failures = a["failures"]
-    primary = failures[0]["reason"] if failures else None
-    progress = a["progress"]
-    if primary == FailureReason.STALE_PROGRESS:
-        hints.extend(_stall_hints(artifact))
-        hints.extend(_forensics_hints(artifact))
-    elif primary == FailureReason.STARTUP_TIMEOUT:
-        limit = config_value(artifact, "startup_timeout_seconds") or 0.0
-        hints.append(
-            f"No file in the progress dir {progress['dir']} changed within "
-            f"{format_duration(limit)} of the start. Check that the trainer writes its metrics "
-            "or checkpoints there (or use --output-is-progress if it only prints)."
-        )
-        hints.extend(_stall_cpu_hints(artifact))
-        hints.extend(_forensics_hints(artifact))
-    elif primary in (
-        FailureReason.NONZERO_EXIT,
-        FailureReason.SPAWN_FAILED,
-        FailureReason.MONITOR_ERROR,
-    ):
-        if gather(artifact).traceback is None:
-            hints.append("The last lines of the log, below, usually say why.")
-    elif primary == FailureReason.SIGNALED:
-        hints.append(f"The command was {exit_text(artifact)}.")
-        if not oom_kills(a):
-            hints.extend(_memory_hints(artifact))
-    elif primary == FailureReason.TOO_SHORT:
-        hints.append(
-            f"It ran {format_duration(float(a['duration_seconds']))}, less than "
-            f"min_duration_seconds={config_value(artifact, 'min_duration_seconds') or 0:g}: "
-            "a crash early on, or a run configured to finish too soon."
-        )
-    elif primary == FailureReason.GPU_FAULT:
-        for fault in gpu_faults(artifact)[:3]:
-            when = format_duration(float(fault["t"]))
-            hints.append(f"GPU fault {when} into the run: {fault['message']}")
-    elif primary == FailureReason.MONITOR_LOST:
-        hints.append(
-            "This artifact was rebuilt from the journal: the figures stop where the monitor "
-            "died. Its reaper stops the command's tree when the monitor goes; look at the "
-            "machine's logs (dmesg, the scheduler) for why the monitor was killed."
-        )
-    for kill in oom_kills(a):
-        hints.append(
-            f"{oom_killer(kill)} killed pid {kill['pid']} ({kill['name']}): {kill['message']}"
-        )
-    leftovers = a["leftover_processes"]
-    if leftovers:
-        names = ", ".join(_process_name(p) for p in leftovers[:4])
-        more = f" and {len(leftovers) - 4} more" if len(leftovers) > 4 else ""
-        hints.append(
-            f"{len(leftovers)} process(es) outlived the command and were killed: {names}{more}."
-        )
-    abandoned = abandoned_processes(a)
-    if abandoned:
-        hints.append(
-            f"{len(abandoned)} process(es) would not die even after "
-            "SIGKILL (often stuck in uninterruptible sleep, D): they may still be running."
-        )
-    throttled = _throttle_seen(artifact)
-    if throttled:
-        hints.append("GPU clocks were held back: " + "; ".join(throttled) + ".")
-    monitor = a["monitor"]
-    if monitor.get("dropped_samples"):
-        hints.append(
-            f"{monitor['dropped_samples']} samples were dropped (the monitor fell behind): "
-            "the plots have gaps."
-        )
-    for note in sampler_notes(a):
-        if note["kind"] == EventKind.SAMPLER_DEGRADED:
-            hints.append(f"The {note['sampler']} sampler degraded: {note['message']}.")
-    if a["status"] == SoakStatus.PASSED:
-        gap = progress["longest_gap_seconds"]
-        stale = config_value(artifact, "stale_progress_seconds")
-        against = f" (limit {format_duration(stale)})" if stale else ""
-        hints.insert(
-            0,
-            f"{progress['changes']} progress changes; the longest quiet gap was "
-            f"{format_duration(gap)}{against}.",
-        )
-    leaks = leaking_series(artifact)
-    # The leak's own warnings (when it became confident, its projection) are said better by
-    # its hint: the final figures.
-    labels = tuple(leak["label"] for leak in leaks if leak["label"])
-    hints.extend(f"Warning: {w}" for w in a["warnings"] if not w.startswith(labels or ("\0",)))
-    # A leak is what a soak exists to catch: it leads, whatever else happened.
-    return [f"Memory leak: {trend_text(leak)}." for leak in _worth_saying(leaks)] + hints
-
-
-def _worth_saying(leaks: list[Leak]) -> list[Leak]:
-    """The leaks to name: a process's leak says more than the tree's, which it explains."""
-    processes = [leak for leak in leaks if leak["series"].startswith("process.")]
-    if not processes:
-        return leaks
-    return [leak for leak in leaks if not leak["series"].startswith("tree.")]
-
-
-def _stall_hints(artifact: Artifact) -> list[str]:
-    window = stall_window(artifact)
-    progress = artifact["progress"]
-    # "auto": the limit the run learned, as the artifact records it.
-    limit = (
-        config_value(artifact, "stale_progress_seconds")
-        or progress.get("stale_limit_seconds")
-        or 0.0
-    )
-    if window is None:
-        return []
-    start, end = window
-    steps = counted_steps(artifact)
-    what = (
-        f"nothing in {progress['dir']} changed"
-        if steps is None
-        else f"the step ({steps['step']:,}, from {steps['source']}) did not advance"
-    )
-    hints = [
-        f"Progress stopped {format_duration(start)} into the run "
-        f"({format_clock(last_progress_at(artifact))}): {what} "
-        f"for {format_duration(limit)}, so the monitor stopped the run at "
-        f"{format_duration(end)}. Look at what the trainer was doing just after "
-        f"{format_duration(start)} (log tail below)."
-    ]
-    return hints + _stall_cpu_hints(artifact)
-
-
-def _stall_cpu_hints(artifact: Artifact) -> list[str]:
-    """What the tree and its GPUs were doing while stalled: the verdict the stall's headline
-    gives (recorded with the failure; see ``_activity``)."""
-    verdict = stall_verdict(artifact)
-    if verdict is None:
-        return []
-    hints = []
-    cpu = verdict.cpu_percent or 0.0
-    if verdict.tree == "idle":
-        hints.append(
-            f"The process tree was idle while stalled (CPU about {cpu:.0f}%): it was waiting "
-            "(a deadlock, a hung collective, blocked I/O), not computing."
-        )
-    elif verdict.tree == "busy":
-        hints.append(
-            f"The process tree kept busy while stalled (CPU about {cpu:.0f}%): a busy loop, "
-            "or work that no longer writes to the progress dir."
-        )
-    gpus = describe_gpus(verdict.gpus)
-    if gpus:
-        hints.append(f"GPUs while stalled: {gpus}.")
-    return hints
-
-
-def _forensics_hints(artifact: Artifact) -> list[str]:
-    forensics = stall_forensics(artifact)
-    if forensics is None:
-        return []
-    processes = readable_processes(forensics)
-    if not processes:
-        return []
-    # The ranks first, launchers last: a launcher only waits for its ranks.
-    processes.sort(key=is_launcher)
-    parts = []
-    for process in processes[:3]:
-        role = process_role(process) or {}
-        label = (
-            f" (rank {role['rank']})"
-            if "rank" in role
-            else f" ({role['launcher']}'s launcher)"
-            if "launcher" in role
-            else ""
-        )
-        text = f"pid {process['pid']} {process['name']}{label} {process['state']}"
-        if process["wchan"] not in (None, "", "0"):
-            text += f" in {process['wchan']}"
-        frame = innermost_python_frame(process)
-        if frame:
-            text += f", Python at {frame}"
-        parts.append(text)
-    more = f"; and {len(processes) - 3} more" if len(processes) > 3 else ""
-    when = f" at {format_duration(float(forensics['t']))}"
-    return [
-        f"What the tree was doing{when}, before the first signal: {'; '.join(parts)}{more}. "
-        "The full stacks are under Forensics."
-    ]
-
-
-def _memory_hints(artifact: Artifact) -> list[str]:
-    rss = summary_figure(artifact, "tree", "rss_bytes", "max")
-    if rss is None:
-        return ["Check the kernel log (dmesg) for the OOM killer."]
-    return [
-        f"Peak memory of the tree was {format_value(rss, 'bytes')}: check the kernel log "
-        "(dmesg) for the OOM killer."
-    ]
-
-
-def _process_name(process: ProcessRecord) -> str:
-    cmdline = process["cmdline"]
-    name = " ".join(cmdline) if cmdline else process["name"] or "?"
-    name = name if len(name) <= 40 else name[:37] + "..."
-    return f"pid {process['pid']} ({name})"
-
-
-def _throttle_seen(artifact: Artifact) -> list[str]:
-    out = []
-    for group in sorted(artifact["summary"]):
-        active = _throttled(artifact, group)
-        if active:
-            out.append(f"{group}: {', '.join(active)}")
-    return out
 
 
 #: Fields that count up from the start: their last value is a total, their mean means nothing.
@@ -410,6 +151,11 @@ def peaks(artifact: Artifact) -> list[dict[str, Any]]:
     figures (the progress and output dirs on one filesystem) as one row.
     """
     rows: list[dict[str, Any]] = []
+    trends = artifact["trends"]
+    # The memory the leak check judges, when it could not judge it (too few samples).
+    unjudged = memory_not_judged(trends) and next(
+        (key for key, _ in TREE_MEMORY_SERIES if key in trends), None
+    )
     for group, fields in sorted(artifact["summary"].items(), key=_group_order):
         if not isinstance(fields, dict) or group_kind(group) == "gpu" or group == "samples":
             continue
@@ -440,6 +186,8 @@ def peaks(artifact: Artifact) -> list[dict[str, Any]]:
                     f"{'lowest' if lowest_matters else 'peak'} {format_value(worst, info.unit)}, "
                     f"mean {format_value(stats['mean'], info.unit, like=worst)}"
                 )
+            if unjudged == f"{group}.{name}":
+                text += "; the leak check could not judge it (too few samples)"
             row = {
                 "group": group,
                 "field": name,
@@ -505,17 +253,10 @@ def gpu_table(artifact: Artifact) -> list[dict[str, Any]]:
                 "memory_used_max_mib": stat("memory_used_mib", "max"),
                 "power_max_w": stat("power_draw_w", "max"),
                 "temperature_max_c": stat("temperature_gpu_c", "max"),
-                "throttle_reasons": _throttled(artifact, group),
+                "throttle_reasons": throttled(artifact, group),
             }
         )
     return rows
-
-
-def _throttled(artifact: Artifact, group: str) -> list[str]:
-    """The reasons a group's GPU clocks were held back over the run (those that mean
-    nothing is held back left out); none for a group without them."""
-    reasons = summary_entry(artifact, group, "throttle_reasons")
-    return [r for r in reasons if r not in IDLE_THROTTLE] if isinstance(reasons, list) else []
 
 
 def provenance(artifact: Artifact) -> dict[str, str]:
@@ -595,19 +336,15 @@ def format_summary(
     training = summary_training(summary)
     if training:
         lines.append(f"  training: {training}")
+    if summary.get("goodput"):
+        lines.append(f"  {summary['goodput']['text']}")
     lines.append(
         f"ran {format_duration(float(summary['duration_seconds']))}, "
         f"{format_clock(summary['started_at'])} to {format_clock(summary['ended_at'])}; "
         f"{summary['exit']['text']}"
     )
     lines.append("command: " + _shorten(shlex.join(summary["command"]).replace("\n", " "), 200))
-    progress = summary["progress"]
-    last = progress["last_change_t"]
-    lines.append(
-        f"progress: {progress['changes']} changes in {progress['dir']}"
-        + (f", last at {format_duration(last)}" if last is not None else ", none seen")
-        + f", longest gap {format_duration(float(progress['longest_gap_seconds']))}"
-    )
+    lines.append(f"progress: {progress_text(summary['progress'])}")
     if summary["provenance"]:
         lines.append("; ".join(f"{k}: {v}" for k, v in summary["provenance"].items()))
     if summary["look_first"]:
@@ -615,7 +352,14 @@ def format_summary(
         lines.append("Look first:")
         for hint in summary["look_first"]:
             lines.extend(
-                textwrap.wrap(hint, width, initial_indent="  - ", subsequent_indent="    ")
+                textwrap.wrap(
+                    hint,
+                    width,
+                    initial_indent="  - ",
+                    subsequent_indent="    ",
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
             )
     if summary["peaks"]:
         lines.append("")
@@ -630,7 +374,7 @@ def format_summary(
         lines.append("")
         lines.append("Leftover processes (killed):")
         for p in summary["leftovers"][:8]:
-            lines.append(f"  {_process_name(p)} state {p['state']}")
+            lines.append(f"  {process_name(p)} state {p['state']}")
     log = summary["log"]
     if log["last_lines"]:
         # The log's tail gives way first when the rest is long: the summary is one screen
@@ -647,6 +391,24 @@ def format_summary(
         lines.append("")
         lines.append(f"Plots: asyncsoak report {artifact_path}")
     return terminal_text("\n".join(lines), one_line=False)
+
+
+def progress_text(progress: Mapping[str, Any], limit: str = "") -> str:
+    """A summary's progress: the step's last advance and longest gap when the steps counted,
+    then the file growth; else the file changes (``limit`` goes after the longest gap)."""
+    steps, last = progress.get("steps"), progress["last_change_t"]
+    files = f"{progress['changes']} changes in {progress['dir']}" + (
+        f", last at {format_duration(last)}" if last is not None else ", none seen"
+    )
+    if progress.get("last_step_t") is None or not steps:
+        gap = format_duration(float(progress["longest_gap_seconds"]))
+        return f"{files}, longest gap {gap}{limit}"
+    gap = format_duration(float(steps["longest_gap_seconds"]))
+    return (
+        f"step {steps['step']:,} in {steps['source']}, last advanced at "
+        f"{format_duration(progress['last_step_t'])}, longest gap {gap}{limit}; "
+        f"file growth: {files}"
+    )
 
 
 def summary_training(summary: Mapping[str, Any]) -> str:
@@ -667,6 +429,7 @@ def evidence_lines(summary: Mapping[str, Any], width: int = 100) -> list[str]:
                 max(width, 40),
                 initial_indent=f"  {label}: ",
                 subsequent_indent="    ",
+                break_long_words=False,  # a path wider than the line stays whole
                 break_on_hyphens=False,
             )
         )

@@ -1,7 +1,7 @@
 """The training's own figures in words: step, rate, loss and ETA, one spelling for every view.
 
-Read from a ``step`` journal line or from the artifact's ``progress.steps``: both hold every
-key read here (the step event's fields, null where the trainer's files do not say):
+Read from a ``step`` journal line or from the artifact's ``progress.steps`` (the step event's
+fields; absent in a journal of an earlier version, null where the trainer's files do not say):
 ``step 1,150/1,200 | 55 steps/s | loss 6.15 | ETA 1m00s``.
 """
 
@@ -15,7 +15,7 @@ from .._contract import format_duration
 
 def step_text(steps: Mapping[str, Any]) -> str:
     """``step 1,150 of 1,200`` (or ``step 1,150`` when the total is unknown)."""
-    step, total = steps["step"], steps["max_steps"]
+    step, total = steps["step"], steps.get("max_steps")
     if not isinstance(step, int):
         return ""
     return f"step {step:,}" + (f" of {total:,}" if isinstance(total, int) and total else "")
@@ -29,19 +29,22 @@ def rate_text(steps: Mapping[str, Any]) -> str:
         ("tokens_per_second", "tokens/s"),
         ("samples_per_second", "samples/s"),
     ):
-        value = steps[key]
+        value = steps.get(key)
         if isinstance(value, int | float):
             out.append(f"{_figure(value)} {unit}")
     return ", ".join(out)
 
 
 def loss_text(steps: Mapping[str, Any]) -> str:
-    loss = steps["loss"]
+    """``loss 6.15``; ``loss nan`` for a run that failed on that loss (whatever came after)."""
+    loss = steps.get("nonfinite_loss") or steps.get("loss")
+    if isinstance(loss, str):
+        return f"loss {loss}"
     return f"loss {loss:.4g}" if isinstance(loss, int | float) else ""
 
 
 def eta_text(steps: Mapping[str, Any]) -> str:
-    eta = steps["eta_seconds"]
+    eta = steps.get("eta_seconds")
     return f"ETA {format_duration(eta)}" if isinstance(eta, int | float) else ""
 
 
@@ -56,6 +59,36 @@ def training_parts(steps: Mapping[str, Any] | None) -> list[str]:
 def training_line(steps: Mapping[str, Any] | None, separator: str = ", ") -> str:
     """``step 1,150 of 1,200, 55 steps/s, loss 6.15, ETA 1m00s``; empty without steps."""
     return separator.join(training_parts(steps))
+
+
+#: The badput kinds as the goodput line names them.
+LOST_WORDS = {
+    "startup": "start-up",
+    "slow_steps": "slow steps",
+    "checkpoint": "checkpoints",
+    "stall": "stall",
+    "wasted": "redone steps",
+    "shutdown": "shutdown",
+    "other": "other",
+    "queue_wait": "queue wait",
+    "recovery": "recovery",
+}
+
+
+def goodput_line(goodput: Mapping[str, Any] | None) -> str:
+    """``goodput 78.6 %: lost 5.1 % start-up, 3.3 % checkpoints, 1.5 % slow steps`` (the
+    three largest lost parts, as shares of the wall time); empty without a ledger."""
+    if not goodput:
+        return ""
+    ratio, wall = goodput.get("ratio"), goodput.get("wall_seconds") or 0.0
+    if not isinstance(ratio, int | float) or wall <= 0:
+        return str(goodput.get("note") or "goodput needs training steps")
+    lost = sorted(
+        ((v, k) for k, v in (goodput.get("badput_seconds") or {}).items() if v >= 0.0005 * wall),
+        reverse=True,
+    )[:3]
+    parts = ", ".join(f"{100 * v / wall:.1f} % {LOST_WORDS.get(k, k)}" for v, k in lost)
+    return f"goodput {100 * ratio:.1f} %" + (f": lost {parts}" if parts else "")
 
 
 def _figure(value: float) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from .._contract import EXECUTOR, ValidationError, terminal_text
 from .._supervisor import seconds
 from . import UsageError
+from ._flags import seconds_arg
 
 #: Where Kubernetes has a container write why it ended (``terminationMessagePath``'s default).
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
@@ -20,7 +21,7 @@ TERMINATION_MESSAGE_MAX_BYTES = 4096
 TERMINATION_WRITE_TIMEOUT_SECONDS = 5.0
 
 
-def add_container_options(parser: argparse.ArgumentParser) -> None:
+def add_container_options(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--detailed-exit-codes",
         action="store_true",
@@ -37,7 +38,7 @@ def add_container_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--scheduler-grace",
-        type=float,
+        type=seconds_arg,
         default=None,
         metavar="S",
         help="seconds between the scheduler's SIGTERM and its SIGKILL (the pod's "

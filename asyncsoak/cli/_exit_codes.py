@@ -7,30 +7,29 @@ import json
 import signal
 from typing import Any
 
-from .._contract import (
-    DETAILED_EXIT_CODES,
-    EXIT_FAILED,
-    EXIT_PASSED,
-    EXIT_USAGE,
-    SHELL_SIGNAL_BASE,
-    FailureReason,
-)
+from .._contract import FailureReason, exits
 from .._view import REASON_TITLES
 from . import EXIT_OK
 
 #: The statuses that hold with or without ``--detailed-exit-codes``.
 FIXED_STATUSES: tuple[tuple[int, str], ...] = (
-    (EXIT_PASSED, "the soak passed (or was stopped on request without a signal)"),
+    (exits.EXIT_PASSED, "the soak passed (or was stopped on request without a signal)"),
     (
-        EXIT_FAILED,
+        exits.EXIT_FAILED,
         "the soak failed; with --detailed-exit-codes: it failed and its artifact could not "
         "be written",
     ),
-    (EXIT_USAGE, "bad usage or input: nothing ran, nothing was written"),
-    (SHELL_SIGNAL_BASE + signal.SIGHUP, "SIGHUP stopped the monitor; the artifact says cancelled"),
-    (SHELL_SIGNAL_BASE + signal.SIGINT, "SIGINT stopped the monitor; the artifact says cancelled"),
+    (exits.EXIT_USAGE, "bad usage or input: nothing ran, nothing was written"),
     (
-        SHELL_SIGNAL_BASE + signal.SIGTERM,
+        exits.SHELL_SIGNAL_BASE + signal.SIGHUP,
+        "SIGHUP stopped the monitor; the artifact says cancelled",
+    ),
+    (
+        exits.SHELL_SIGNAL_BASE + signal.SIGINT,
+        "SIGINT stopped the monitor; the artifact says cancelled",
+    ),
+    (
+        exits.SHELL_SIGNAL_BASE + signal.SIGTERM,
         "SIGTERM stopped the monitor (in a pod or a SLURM job: the scheduler's stop); the "
         "artifact says cancelled",
     ),
@@ -51,7 +50,7 @@ def exit_code_table() -> list[dict[str, Any]]:
     """Every failure reason with its detailed status and what it means, by status."""
     return [
         {"exit_code": code, "reason": str(reason), "title": REASON_TITLES[FailureReason(reason)]}
-        for reason, code in sorted(DETAILED_EXIT_CODES.items(), key=lambda item: item[1])
+        for reason, code in sorted(exits.DETAILED_EXIT_CODES.items(), key=lambda item: item[1])
     ]
 
 

@@ -1,4 +1,5 @@
-"""``asyncsoak report``, ``summary`` and ``recover``: look at a run after it ended."""
+"""``asyncsoak report``, ``summary`` and ``recover``: look at a run after it ended; ``summary``
+and ``report`` given several artifacts of one job (SLURM, or one torchrun rendezvous)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._contract import terminal_text
-from . import EXIT_FAILED, EXIT_OK, UsageError
-from ._job_view import job_report, job_summary
+from . import EXIT_FAILED, EXIT_OK, UsageError, unwritable
 
 if TYPE_CHECKING:
     from .._contract import Artifact
@@ -124,12 +124,12 @@ def load_run(path: Path) -> tuple[Artifact, Path | None]:
             path = journal
         else:
             raise UsageError(f"{path}: no such file")
-    from .._contract import UnreadableFileError, open_regular
+    from .._contract import bounded
 
     try:
         # Never blocks (a FIFO) nor reads without end (/dev/zero): refused at once.
-        open_regular(path).close()
-    except UnreadableFileError as exc:
+        bounded.open_regular(path).close()
+    except bounded.UnreadableFileError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
@@ -164,7 +164,7 @@ def report_command(args: argparse.Namespace) -> int:
     except ReportUnavailableError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
-        raise UsageError(f"cannot write {output}: {exc.strerror}") from None
+        raise unwritable("--output", output, exc) from None
     print(f"asyncsoak: report written; open it in a browser: {output.absolute().as_uri()}")
     return EXIT_OK
 
@@ -221,23 +221,28 @@ def print_text(text: str) -> None:
 
 
 def recover_command(args: argparse.Namespace) -> int:
-    from .._contract import UnreadableFileError
-    from .._record import JournalError, artifact_from_journal, write_artifact
+    from .._contract import bounded
+    from .._record import JournalError, artifact_from_journal, monitor_holds, write_artifact
 
     journal: Path = args.journal
     output: Path = args.output or journal.with_suffix(".json")
+    if monitor_holds(journal):
+        raise UsageError(
+            f"{journal}: its soak is still running (its monitor holds the journal's lock); "
+            "nothing to recover: watch it with: asyncsoak watch " + str(journal)
+        )
     if args.output is None and output.exists():
         raise UsageError(f"{output} already exists: pass -o to choose where the rebuilt one goes")
     try:
         artifact = artifact_from_journal(journal)
     except FileNotFoundError:
         raise UsageError(f"{journal}: no such file") from None
-    except (OSError, JournalError, UnreadableFileError) as exc:
+    except (OSError, JournalError, bounded.UnreadableFileError) as exc:
         raise UsageError(str(exc)) from None
     try:
         write_artifact(artifact, output)
     except OSError as exc:
-        raise UsageError(f"cannot write {output}: {exc.strerror}") from None
+        raise unwritable("--output", output, exc) from None
     reasons = ", ".join(f["reason"] for f in artifact["failures"]) or "none"
     print(
         terminal_text(
@@ -245,4 +250,45 @@ def recover_command(args: argparse.Namespace) -> int:
             f"reasons: {reasons})"
         )
     )
+    return EXIT_OK
+
+
+def _combined(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    from .._view import NotOneJobError, combine
+
+    artifacts = [(str(path), load_run(path)[0]) for path in args.run]
+    try:
+        return combine(artifacts), artifacts
+    except NotOneJobError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def job_summary(args: argparse.Namespace) -> int:
+    from .._view import format_combined
+
+    combined, _ = _combined(args)
+    if args.json:
+        print_text(json.dumps(combined, indent=1, default=str))
+    else:
+        print_text(format_combined(combined))
+    return EXIT_OK
+
+
+def job_report(args: argparse.Namespace) -> int:
+    from .._record import FILE_MODE
+    from .._view import ReportUnavailableError, render_job_report
+
+    combined, artifacts = _combined(args)
+    output: Path = args.output or Path(args.run[0]).with_name(f"job-{combined['job_id']}.html")
+    try:
+        text = render_job_report(combined, artifacts)
+    except ReportUnavailableError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.touch(mode=FILE_MODE)
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise unwritable("--output", output, exc) from None
+    print(f"asyncsoak: report written; open it in a browser: {output.absolute().as_uri()}")
     return EXIT_OK

@@ -10,33 +10,40 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
 from .._contract import (
-    SHELL_SIGNAL_BASE,
     FailureReason,
     SoakFailureError,
     SoakStatus,
     StopCause,
     ValidationError,
-    parse_size,
-    signal_name,
+    exits,
     terminal_text,
-    verdict_exit_code,
 )
 from .._supervisor import STOP_MODES, SoakLimits, seconds
-from .._view import VIEW_MODES, exit_text, live_status
-from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from .._view import VIEW_MODES
+from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, unwritable
 from ._container import (
     Ending,
     add_container_options,
     scheduler_grace,
     termination_log_path,
     write_termination_log,
+)
+from ._flags import (
+    add_metrics_flags,
+    add_soak_limits,
+    flag_error,
+    help_groups,
+    metrics_from_args,
+    parse_pairs,
+    seconds_arg,
+    soak_limits,
 )
 from ._slurm import (
     add_scheduler_options,
@@ -53,163 +60,91 @@ if TYPE_CHECKING:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def parse_pairs(option: str, pairs: list[str]) -> dict[str, str]:
-    """``KEY=VALUE`` options into a dict; a malformed one is a usage error."""
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"{option} expects KEY=VALUE, got {pair!r}")
-        out[key] = value
-    return out
-
-
-def add_soak_limits(parser: argparse.ArgumentParser) -> None:
-    """The soak's limits, shared by ``run`` and the job queue's ``submit``: one flag per
-    field of :class:`SoakLimits` (durations, trend rules, budgets), with its help and default."""
-    for spec in fields(SoakLimits):
-        flag, kind = spec.metadata["flag"], spec.metadata["kind"]
-        help = spec.metadata["help"].replace("%", "%%")  # argparse formats help with %
-        if kind == "switch":
-            parser.add_argument(flag, action="store_true", help=help)
-        elif kind == "choice":
-            parser.add_argument(
-                flag, choices=spec.metadata["choices"], default=spec.default, help=help
-            )
-        elif kind == "size":
-            # Parsed by soak_limits, so a bad size is refused naming the flag.
-            parser.add_argument(flag, default=None, metavar="SIZE", help=help)
-        elif kind == "signal":
-            parser.add_argument(flag, default=None, metavar="SIG", help=help)
-        elif kind == "key":
-            parser.add_argument(flag, default=None, metavar="KEY", help=help)
-        elif spec.metadata["auto"]:
-            shown = "" if spec.default is None else f" (default {spec.default:g})"
-            parser.add_argument(
-                flag,
-                type=_seconds_or_auto,
-                default=spec.default,
-                metavar="S|auto",
-                help=help + shown,
-            )
-        else:
-            shown = "" if spec.default is None else f" (default {spec.default:g})"
-            parser.add_argument(
-                flag, type=float, default=spec.default, metavar="S", help=help + shown
-            )
-
-
-def _seconds_or_auto(text: str) -> float | str:
-    """A duration flag that also takes ``auto`` (the limit learned from the run)."""
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds or 'auto', got {text!r}") from None
-
-
-def soak_limits(args: argparse.Namespace) -> dict[str, Any]:
-    """The soak limits the flags of :func:`add_soak_limits` gave, as ``run_soak`` names them;
-    sizes in bytes (a malformed one is a :class:`ValidationError` naming its flag)."""
-    limits: dict[str, Any] = {}
-    for spec in fields(SoakLimits):
-        flag = spec.metadata["flag"]
-        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
-        if spec.metadata["kind"] == "size" and value is not None:
-            value = parse_size(value, name=flag)
-        limits[spec.name] = value
-    return limits
-
-
-def add_metrics_flags(parser: argparse.ArgumentParser) -> None:
-    """``--metrics-port`` and ``--metrics-address``, shared by ``run`` and ``worker``."""
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        metavar="PORT",
-        help="serve Prometheus metrics at http://ADDR:PORT/metrics",
-    )
-    parser.add_argument(
-        "--metrics-address",
-        default="127.0.0.1",
-        metavar="ADDR",
-        help="address the metrics are served on (default 127.0.0.1: this host only)",
-    )
-
-
-def metrics_from_args(args: argparse.Namespace, textfile: Path | None = None) -> Any:
-    """The ``Metrics`` the flags ask for, or None; refused at once when they make no sense."""
-    if args.metrics_port is None and textfile is None:
-        if args.metrics_address != "127.0.0.1":
-            raise UsageError("--metrics-address needs --metrics-port")
-        return None
-    from .._export import Metrics, validate_metrics
-
-    try:
-        return validate_metrics(
-            Metrics(
-                port=args.metrics_port,
-                address=args.metrics_address,
-                textfile_dir=textfile,
-                linger_seconds=getattr(args, "metrics_linger", 0.0),
-            )
-        )
-    except ValidationError as exc:
-        raise UsageError(str(exc)) from None
-
-
 def register(subparsers: Any) -> None:
     run = subparsers.add_parser(
         "run",
         help="run a command under supervision and write its artifact",
         usage="asyncsoak run --progress-dir DIR --output FILE [options] -- COMMAND [ARG...]",
     )
-    run.add_argument("--progress-dir", type=Path, required=True, metavar="DIR")
-    run.add_argument("--output", type=Path, required=True, metavar="FILE")
-    add_soak_limits(run)
-    run.add_argument("--stop-mode", choices=STOP_MODES, default="group")
-    run.add_argument("--cwd", type=Path, default=None, metavar="DIR")
-    run.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
-    run.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE")
-    run.add_argument(
+    groups = help_groups(run)
+    essentials = groups["essentials"]
+    essentials.add_argument(
+        "--progress-dir",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="where the training shows progress (its metrics, logs or checkpoints); required",
+    )
+    essentials.add_argument(
+        "--output",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="the artifact (JSON) to write; its journal goes beside it; required",
+    )
+    essentials.add_argument(
+        "--cwd", type=Path, default=None, metavar="DIR", help="run the command there"
+    )
+    essentials.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a variable in the command's environment (repeatable)",
+    )
+    add_soak_limits(groups)
+    groups["gpu"].add_argument(
         "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to sample GPUs with"
     )
-    run.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
-    run.add_argument("--quiet", action="store_true", help="no live status on stderr")
-    run.add_argument(
+    groups["gpu"].add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
+    outputs = groups["outputs"]
+    outputs.add_argument(
+        "--metadata",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a fact recorded in the artifact's metadata (repeatable)",
+    )
+    outputs.add_argument("--quiet", action="store_true", help="no live status on stderr")
+    outputs.add_argument(
         "--view",
         choices=VIEW_MODES,
         default="line",
         help="the live status on a terminal: one line (line, the default), the full screen "
         "(screen), or the full screen when the terminal is tall enough (auto)",
     )
-    run.add_argument(
+    outputs.add_argument(
         "--status-interval",
-        type=float,
+        type=seconds_arg,
         default=60.0,
         metavar="S",
         help="seconds between status lines when stderr is not a terminal (default 60)",
     )
-    add_metrics_flags(run)
-    run.add_argument(
+    add_metrics_flags(outputs)
+    outputs.add_argument(
         "--metrics-textfile",
         type=Path,
         default=None,
         metavar="DIR",
         help="write asyncsoak_<soak id>.prom there for node_exporter's textfile collector",
     )
-    run.add_argument(
+    outputs.add_argument(
         "--metrics-linger",
-        type=float,
+        type=seconds_arg,
         default=0.0,
         metavar="S",
         help="after the soak, keep serving metrics until one scrape read the final status, "
         "at most S seconds (default 0)",
     )
-    add_scheduler_options(run)
-    add_container_options(run)
+    add_scheduler_options(groups["scheduler"])
+    add_container_options(groups["scheduler"])
+    groups["advanced"].add_argument(
+        "--stop-mode",
+        choices=STOP_MODES,
+        default="group",
+        help="how the command is asked to stop: SIGTERM to its process group (default), "
+        "to its leader alone, or its stdin closed",
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
     run.set_defaults(handler=run_command)
 
@@ -219,7 +154,7 @@ def register(subparsers: Any) -> None:
     demo.add_argument(
         "--dir", type=Path, default=Path("asyncsoak-demo"), help="where the run and artifact go"
     )
-    demo.add_argument("--seconds", type=float, default=15.0, help="how long the demo trains")
+    demo.add_argument("--seconds", type=seconds_arg, default=15.0, help="how long the demo trains")
     demo.set_defaults(handler=demo_command)
 
 
@@ -283,12 +218,17 @@ def run_command(args: argparse.Namespace) -> int:
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
         scheduler_grace_seconds=flags.scheduler_grace,
-        status=None
-        if args.quiet
-        else live_status(status_interval=flags.status_interval, mode=args.view),
+        status=None if args.quiet else _live_status(flags.status_interval, args.view),
         detailed_exit_codes=args.detailed_exit_codes,
         termination_log=flags.termination_log,
     )
+
+
+def _live_status(status_interval: float = 60.0, mode: str = "line") -> Any:
+    """The live view (imported only when shown: ``--quiet`` pays nothing for it)."""
+    from .._view import live_status
+
+    return live_status(status_interval=status_interval, mode=mode)
 
 
 def supervise(
@@ -335,6 +275,10 @@ def _supervise(
     async def main() -> None:
         nonlocal artifact
         error: Exception | None = None
+        if "stop_mode" in soak:
+            # The reaper starts now, beside the supervisor's imports: the wait before the
+            # command runs otherwise.
+            await control._launch_reaper(soak["stop_mode"])
         with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
             async with anyio.create_task_group() as tg:
                 soak_scope = anyio.CancelScope()
@@ -343,14 +287,14 @@ def _supervise(
                     async for signum in signals:
                         received.append(signum)
                         if len(received) > 1:
-                            name = signal_name(signum)
+                            name = exits.signal_name(signum)
                             print(f"asyncsoak: {name} again: killing the tree now", file=sys.stderr)
                             control.kill_now()
                             return
                         if not stop_by_scheduler(signum, control):
                             soak_scope.cancel()
                         print(
-                            f"asyncsoak: {signal_name(signum)}: stopping the command "
+                            f"asyncsoak: {exits.signal_name(signum)}: stopping the command "
                             "(again to kill it now)",
                             file=sys.stderr,
                         )
@@ -365,6 +309,8 @@ def _supervise(
                     except Exception as exc:
                         # Re-raised outside the task group, so it is never wrapped in a group.
                         error = exc
+                    finally:
+                        await control._drop_reaper()  # a soak refused before it began
                 tg.cancel_scope.cancel()
         if error is not None:
             raise error
@@ -372,7 +318,7 @@ def _supervise(
     try:
         anyio.run(main)
     except ValidationError as exc:
-        raise UsageError(str(exc)) from None
+        raise flag_error(exc) from None
     except SoakFailureError as exc:
         first = f"asyncsoak: soak failed: {exc.reason}: {exc.failures[0]['message']}"
         tell(first)
@@ -381,7 +327,7 @@ def _supervise(
         tell(f"asyncsoak: artifact: {exc.artifact_path}")
         if report is not None:
             report(exc.artifact)
-        code = verdict_exit_code(
+        code = exits.verdict_exit_code(
             exc.artifact["status"], [f["reason"] for f in exc.failures], detailed=detailed
         )
         return Ending(first, code, exc.reason, Path(exc.artifact_path))
@@ -399,16 +345,16 @@ def _supervise(
         if written:
             tell(f"asyncsoak: artifact: {output}")
         reason = FailureReason.MONITOR_ERROR
-        code = verdict_exit_code(SoakStatus.ERROR, [reason], detailed=detailed)
+        code = exits.verdict_exit_code(SoakStatus.ERROR, [reason], detailed=detailed)
         return Ending(first, code, reason, output if written else None)
     reasons = [] if artifact is None else [f["reason"] for f in artifact["failures"]]
     if received:
-        name = signal_name(received[0])
+        name = exits.signal_name(received[0])
         by = "the scheduler" if _stop_cause(artifact) == StopCause.SCHEDULER else name
         line = f"asyncsoak: stopped by {by}" + (f" ({name})" if by != name else "")
         tell(f"{line}; artifact: {output}")
         # 128 + its number, as shells report a process a signal stopped.
-        code = SHELL_SIGNAL_BASE + received[0]
+        code = exits.SHELL_SIGNAL_BASE + received[0]
         return Ending(line, code, reasons[0] if reasons else None, output)
     assert artifact is not None
     line = verdict_line(artifact, output)
@@ -449,11 +395,12 @@ def demo_command(args: argparse.Namespace) -> int:
     try:
         base.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot create the demo directory {base}: {exc.strerror}") from None
+        raise unwritable("--dir", base, exc) from None
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=base))
+    (run_dir / "train").mkdir()  # the progress dir exists from the start, as a trainer's would
     output = run_dir / "soak.json"
     print(f"asyncsoak demo: training a small model for about {args.seconds:g}s under supervision")
-    print(f"  progress dir: {run_dir / 'train'}  (metrics.jsonl grows every epoch)")
+    print(f"  progress dir: {run_dir / 'train'}  (metrics.jsonl: a step and its loss, 5 a second)")
     status = supervise(
         command=[
             sys.executable,
@@ -472,7 +419,7 @@ def demo_command(args: argparse.Namespace) -> int:
         min_duration_seconds=min(5.0, args.seconds / 2),
         metadata={"demo": "logistic regression, pure Python"},
         report=print_demo_summary,
-        status=live_status(),
+        status=_live_status(),
     )
     if status == EXIT_OK:
         print(f"\nThe artifact explains the run: {output}")
@@ -490,8 +437,14 @@ def print_demo_summary(artifact: dict[str, Any]) -> None:
     print(f"\nverdict: {artifact['status']}")
     for failure in artifact["failures"]:
         print(terminal_text(f"  {failure['reason']}: {failure['message']}"))
+    from .._view import exit_text, goodput_line, training_line
+
     # run_soak's artifact, which the package built in the shape ``Artifact`` gives.
     ended = exit_text(cast("Artifact", artifact))
+    training = training_line(progress.get("steps"))
+    if training:  # what asyncsoak read in the trainer's own log
+        print(f"training: {training}")
+        print(goodput_line(artifact.get("goodput")))  # where the run's time went
     print(f"ran for: {artifact['duration_seconds']:.1f}s, {ended}")
     print(
         f"progress: {progress['changes']} file changes, "

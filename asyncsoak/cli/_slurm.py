@@ -10,9 +10,10 @@ from pathlib import Path
 from .._contract import ValidationError
 from .._supervisor import SoakControl, forwarded_signals, kubernetes, slurm
 from . import UsageError
+from ._flags import flag_error
 
 
-def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
+def add_scheduler_options(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--forward-signal",
         action="append",
@@ -36,7 +37,7 @@ def hold_forwarded_signals(args: argparse.Namespace) -> None:
     try:
         signals = forwarded_signals(args.forward_signal, args.requeue_on)
     except ValidationError as exc:
-        raise UsageError(str(exc)) from None
+        raise flag_error(exc) from None
     slurm.catch_early(signals)
 
 

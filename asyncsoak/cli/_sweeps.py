@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._contract import MAX_SECONDS, ValidationError
 from ..queue import (
     DEPENDENCY_FAILED,
     MAX_INFRASTRUCTURE_RETRIES,
@@ -22,8 +23,8 @@ from ..queue import (
     Job,
     JobStore,
     Plan,
-    ids_text,
-    plan_note,
+    check_plan,
+    parse_array,
 )
 from . import EXIT_OK, UsageError
 
@@ -54,7 +55,7 @@ def _gpu_count(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of GPUs, got {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError("a job needs at least 1 GPU")
+        raise argparse.ArgumentTypeError(f"a job needs at least 1 GPU, got {text!r}")
     return value
 
 
@@ -117,46 +118,70 @@ def add_worker_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_not_before(text: str, now: Callable[[], float], host_now: float | None = None) -> float:
+def parse_not_before(
+    text: str,
+    now: Callable[[], float],
+    host_now: float | None = None,
+    *,
+    flag: str = "--not-before",
+    ago: bool = False,
+) -> float:
     """``--not-before`` as the queue's epoch seconds: ``+DURATION`` from the queue's ``now``,
-    an ISO 8601 time (local unless it says), or ``HH:MM[:SS]`` (the next such local time)."""
+    an ISO 8601 time (local unless it says), or ``HH:MM[:SS]`` (the next such local time).
+    With ``ago`` (``goodput --since``) a duration counts back and ``HH:MM`` is the last one."""
     match = _DURATION.match(text.strip())
     if match:
-        return now() + float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        ahead = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        if ahead > MAX_SECONDS:
+            way = "back" if ago else "ahead"
+            raise UsageError(f"{flag} {text!r}: at most a year {way} ({MAX_SECONDS:g}s)")
+        return now() - ahead if ago else now() + ahead
     clock = _CLOCK.match(text.strip())
     if clock:
         hour, minute, second = (int(g or 0) for g in clock.groups())
         if hour > 23 or minute > 59 or second > 59:
-            raise UsageError(f"--not-before {text!r}: not a time of day")
+            raise UsageError(f"{flag} {text!r}: not a time of day")
         current = datetime.datetime.fromtimestamp(host_now if host_now is not None else time.time())
         at = current.replace(hour=hour, minute=minute, second=second, microsecond=0)
-        if at <= current:
+        if ago and at > current:
+            at -= datetime.timedelta(days=1)
+        elif not ago and at <= current:
             at += datetime.timedelta(days=1)
         return at.timestamp()
     try:
         return datetime.datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
+        way = "ago" if ago else "from now"
         raise UsageError(
-            f"--not-before {text!r}: expected an ISO 8601 time (2026-05-01T02:00), HH:MM, "
-            "or +DURATION (+90s, +30m, +2h, +1d)"
+            f"{flag} {text!r}: expected an ISO 8601 time (2026-05-01T02:00), HH:MM, "
+            f"or +DURATION (+90s, +30m, +2h, +1d {way})"
         ) from None
 
 
 def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
     """The submission's sweep options, without ``not_before`` (it needs the queue's clock)."""
-    unknown = sorted(set(args.retry_on + args.no_retry_on) - RETRY_NAMES)
-    if unknown:
-        raise UsageError(
-            f"unknown reason {', '.join(map(repr, unknown))} for --retry-on/--no-retry-on "
-            f"(known: {', '.join(sorted(RETRY_NAMES))})"
-        )
-    return {
+    for flag, names in (("--retry-on", args.retry_on), ("--no-retry-on", args.no_retry_on)):
+        unknown = sorted(set(names) - RETRY_NAMES)
+        if unknown:
+            raise UsageError(
+                f"{flag}: unknown reason {', '.join(map(repr, unknown))} "
+                f"(known: {', '.join(sorted(RETRY_NAMES))})"
+            )
+    options = {
         "after": args.after,
-        "array": args.array,
         "gpus": args.gpus,
         "retry_on": args.retry_on,
         "no_retry_on": args.no_retry_on,
     }
+    try:  # before the queue is opened (or created): a refused job changes nothing
+        check_plan(**options)
+        if args.array is not None:
+            parse_array(args.array)
+        if args.not_before is not None:
+            parse_not_before(args.not_before, time.time)
+    except ValidationError as exc:
+        raise UsageError(str(exc)) from None
+    return {**options, "array": args.array}
 
 
 def print_submitted(store: JobStore, job_id: int, array: str | None) -> None:
@@ -270,3 +295,31 @@ def fault_dicts(faults: Sequence[GpuFault]) -> list[dict[str, Any]]:
         {"gpu": f.gpu, "job_id": f.job_id, "attempt": f.attempt, "at": f.at, "detail": f.detail}
         for f in faults
     ]
+
+
+#: Job ids shown at most in a note (a job ``--after`` an array waits for each of its jobs).
+IDS_SHOWN = 8
+
+
+def ids_text(ids: Sequence[int], separator: str) -> str:
+    """``ids`` for people: the first :data:`IDS_SHOWN`, then how many more."""
+    shown = separator.join(str(i) for i in ids[:IDS_SHOWN])
+    more = len(ids) - IDS_SHOWN
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+def plan_note(plan: Plan, jobs_by_id: Mapping[int, Job], now: float) -> str:
+    """What a queued job waits for, in words (``jobs``' note): "" when nothing."""
+    waits = []
+    pending = [a for a in plan.after if a not in jobs_by_id or jobs_by_id[a].status != "succeeded"]
+    if pending:
+        waits.append("after " + ids_text(pending, ","))
+    if plan.not_before is not None and plan.not_before > now:
+        waits.append(f"not before {plan.not_before - now:.0f}s from now")
+    if plan.retry_at is not None and plan.retry_at > now:
+        waits.append(f"retry backoff {plan.retry_at - now:.0f}s")
+    note = f"waits: {', '.join(waits)}" if waits else ""
+    if plan.gpus is not None:
+        needs = f"needs {plan.gpus} GPU{'s' if plan.gpus != 1 else ''}"
+        note = f"{note}; {needs}" if note else needs
+    return note

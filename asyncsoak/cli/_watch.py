@@ -24,7 +24,8 @@ import anyio
 
 from .._contract import terminal_text
 from . import EXIT_FAILED, EXIT_OK, UsageError
-from ._queue import _guarded, _job_id, db_parser
+from ._flags import seconds_arg
+from ._queue_db import _guarded, _job_id, db_parser
 
 if TYPE_CHECKING:
     from .._view import JournalTail, LiveState, Status
@@ -83,7 +84,7 @@ def register(subparsers: Any) -> None:
     )
     watch.add_argument(
         "--status-interval",
-        type=float,
+        type=seconds_arg,
         default=10.0,
         metavar="S",
         help="seconds between status lines when stdout is not a terminal (default 10)",
@@ -114,7 +115,7 @@ def watch_command(args: argparse.Namespace) -> int:
 
 def job_journal(args: argparse.Namespace) -> Path:
     """The journal of a queue job's latest attempt; refused when it runs on another host."""
-    from ._queue import _open, _queue_call
+    from ._queue_db import _open, _queue_call
 
     with _open(args) as store:
         job = _queue_call(lambda: store.get(args.job))
@@ -161,25 +162,6 @@ def find_journal(target: Path) -> Path:
     return journal
 
 
-def monitor_holds(journal: Path) -> bool:
-    """Whether a monitor still holds ``journal`` (it locks it for as long as its soak runs)."""
-    try:
-        fd = os.open(journal, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
 def _catch_up(journal: Path) -> tuple[LiveState, JournalTail]:
     """The state after the journal's closed segments (a long soak rotates its journal), and
     a tail of its open segment."""
@@ -198,6 +180,7 @@ def _catch_up(journal: Path) -> tuple[LiveState, JournalTail]:
 
 async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
     from .._contract import BlockingCallTimeout, run_blocking
+    from .._record import monitor_holds
     from .._view import VIEW_CALL_TIMEOUT_SECONDS, watch_journal
 
     try:
@@ -352,4 +335,6 @@ def _artifact_line(path: Path) -> tuple[str, str] | None:
         return None
     summary = summarize(artifact)
     first = format_summary(summary).splitlines()[0]
-    return f"{first}; artifact: {path}", str(summary["status"])
+    reasons = ", ".join(dict.fromkeys(r["reason"] for r in summary["reasons"]))
+    why = f" ({reasons})" if reasons else ""
+    return f"{first}{why}; artifact: {path}", str(summary["status"])

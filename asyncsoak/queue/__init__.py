@@ -2,12 +2,8 @@
 worker that runs each job under ``run_soak``, and the final status rules.
 
 Its names load on first use, so the store and the command line's read-only commands do not
-import the soak core.
-
-The worker's defaults stay importable here under their reference names (``POLL_S``,
-``STALE_AFTER_S``, ``CANCEL_GRACE_S``, ``STOP_TIMEOUT_S``, ``KILL_WAIT_S``, ``FINISH_RETRIES``,
-``FINISH_RETRY_WAIT_S``, ``SLICE_S``, ``ERROR_TAIL_LINES``, ``TAIL_BYTES``, ``TRAIN_CMD``);
-they are :class:`WorkerConfig`'s defaults, not names of their own in ``__all__``.
+import the soak core.  The worker's defaults (``POLL_S``, ``STALE_AFTER_S``, ``TRAIN_CMD``...)
+stay importable here: they are :class:`WorkerConfig`'s defaults, not names in ``__all__``.
 """
 
 from __future__ import annotations
@@ -18,6 +14,7 @@ from .._contract import lazy_door
 
 if TYPE_CHECKING:
     from .__main__ import main as main
+    from ._attempt import run_job as run_job
     from ._fleet import COMMAND_WAIT_FOR_DB_S as COMMAND_WAIT_FOR_DB_S
     from ._fleet import LOST as LOST
     from ._fleet import LOST_AFTER_S as LOST_AFTER_S
@@ -25,21 +22,28 @@ if TYPE_CHECKING:
     from ._fleet import WORKER_WAIT_FOR_DB_S as WORKER_WAIT_FOR_DB_S
     from ._fleet import WorkerView as WorkerView
     from ._fleet import open_for_worker as open_for_worker
+    from ._fleet import open_store as open_store
     from ._fleet import open_when_reachable as open_when_reachable
     from ._fleet import worker_views as worker_views
+    from ._goodput import artifact_section as artifact_section
+    from ._goodput import job_goodput as job_goodput
+    from ._goodput import queue_goodput as queue_goodput
     from ._models import INTEGER_MAX as INTEGER_MAX
     from ._models import JOB_STATUSES as JOB_STATUSES
+    from ._models import MAX_TRIES as MAX_TRIES
     from ._models import Attempt as Attempt
     from ._models import DatabaseUnreachableError as DatabaseUnreachableError
     from ._models import Job as Job
     from ._models import JobNotFoundError as JobNotFoundError
     from ._models import JobStateError as JobStateError
     from ._models import QueueDatabaseError as QueueDatabaseError
+    from ._models import QueueDatabaseLostError as QueueDatabaseLostError
     from ._models import QueueError as QueueError
     from ._models import QueueMissingError as QueueMissingError
     from ._models import QueueUnavailableError as QueueUnavailableError
     from ._models import WorkerInfo as WorkerInfo
     from ._models import WorkerNameInUseError as WorkerNameInUseError
+    from ._models import public_job as public_job
     from ._models import validate_submission as validate_submission
     from ._orphans import process_alive as process_alive
     from ._postgres import PostgresStore as PostgresStore
@@ -74,89 +78,17 @@ if TYPE_CHECKING:
     from ._status import with_soak_verdict as with_soak_verdict
     from ._store import JobStore as JobStore
     from ._store import default_data_dir as default_data_dir
-    from ._store import open_store as open_store
+    from ._sweeps import MAX_GPUS as MAX_GPUS
     from ._sweeps import AttemptCause as AttemptCause
     from ._sweeps import GpuFault as GpuFault
     from ._sweeps import Plan as Plan
-    from ._sweeps import ids_text as ids_text
-    from ._sweeps import plan_note as plan_note
+    from ._sweeps import check_plan as check_plan
+    from ._sweeps import parse_array as parse_array
     from ._worker import default_runs_dir as default_runs_dir
     from ._worker import prepare_runs_dir as prepare_runs_dir
-    from ._worker import run_job as run_job
     from ._worker import run_worker as run_worker
-else:
-    __getattr__, __dir__ = lazy_door(
-        __name__,
-        {
-            "main": ".__main__",
-            "COMMAND_WAIT_FOR_DB_S": "._fleet",
-            "LOST": "._fleet",
-            "LOST_AFTER_S": "._fleet",
-            "PRUNE_AFTER_S": "._fleet",
-            "WORKER_WAIT_FOR_DB_S": "._fleet",
-            "WorkerView": "._fleet",
-            "open_for_worker": "._fleet",
-            "open_when_reachable": "._fleet",
-            "worker_views": "._fleet",
-            "Attempt": "._models",
-            "DatabaseUnreachableError": "._models",
-            "INTEGER_MAX": "._models",
-            "JOB_STATUSES": "._models",
-            "Job": "._models",
-            "JobNotFoundError": "._models",
-            "JobStateError": "._models",
-            "QueueDatabaseError": "._models",
-            "QueueError": "._models",
-            "QueueMissingError": "._models",
-            "QueueUnavailableError": "._models",
-            "WorkerInfo": "._models",
-            "WorkerNameInUseError": "._models",
-            "validate_submission": "._models",
-            "process_alive": "._orphans",
-            "PostgresStore": "._postgres",
-            "DEPENDENCY_FAILED": "._retry",
-            "INFRASTRUCTURE_BACKOFF_S": "._retry",
-            "MAX_INFRASTRUCTURE_RETRIES": "._retry",
-            "RETRY_NAMES": "._retry",
-            "TRAIN_CMD": "._settings",
-            "WorkerConfig": "._settings",
-            "checked": "._settings",
-            "SqliteStore": "._sqlite",
-            "CANCEL_GRACE_S": "._status",
-            "ERROR_TAIL_LINES": "._status",
-            "FAILED": "._status",
-            "FINISH_RETRIES": "._status",
-            "FINISH_RETRY_WAIT_S": "._status",
-            "KILLED_BEFORE_SAVING": "._status",
-            "KILL_WAIT_S": "._status",
-            "LOG_TAIL_HEADER": "._status",
-            "Outcome": "._status",
-            "POLL_S": "._status",
-            "SLICE_S": "._status",
-            "STALE_AFTER_S": "._status",
-            "STOP_TIMEOUT_S": "._status",
-            "SUCCEEDED": "._status",
-            "TAIL_BYTES": "._status",
-            "WARNINGS_HEADER": "._status",
-            "JobStatus": "._status",
-            "describe_exit": "._status",
-            "final_status": "._status",
-            "tail": "._status",
-            "with_soak_verdict": "._status",
-            "JobStore": "._store",
-            "default_data_dir": "._store",
-            "open_store": "._store",
-            "AttemptCause": "._sweeps",
-            "GpuFault": "._sweeps",
-            "Plan": "._sweeps",
-            "ids_text": "._sweeps",
-            "plan_note": "._sweeps",
-            "default_runs_dir": "._worker",
-            "prepare_runs_dir": "._worker",
-            "run_job": "._worker",
-            "run_worker": "._worker",
-        },
-    )
+
+__getattr__, __dir__ = lazy_door(__name__, __file__)
 
 __all__ = [
     "Attempt",
@@ -169,6 +101,7 @@ __all__ = [
     "Outcome",
     "PostgresStore",
     "QueueDatabaseError",
+    "QueueDatabaseLostError",
     "QueueError",
     "QueueMissingError",
     "QueueUnavailableError",

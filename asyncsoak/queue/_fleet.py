@@ -1,22 +1,19 @@
-"""What a fleet of workers needs from the queue: workers that start before any job (and
-before their database), and the truth about workers that died.
+"""Opening the queue, and what a fleet of workers needs from it.
 
-- :func:`open_for_worker` opens the queue a worker serves, creating it when it does not
-  exist yet (a fresh PostgreSQL database gets the schema, under an advisory lock; an SQLite
-  path whose directory exists gets a new file) and saying so once in the log, so a typo in
-  ``--db`` still shows.
-- :func:`open_when_reachable` waits for a database server that cannot be reached yet (down,
-  booting, cut off), retrying with backoff and logging once per :data:`DB_WAIT_REPORT_S`.
-- :func:`worker_views` decides what ``asyncsoak workers`` shows: a worker whose heartbeat is
-  older than the limit (or whose process is gone, on this host) is ``lost``, with the time it
-  was last seen; a job is shown under the worker the jobs table names, never a stale claim;
-  workers gone for :data:`PRUNE_AFTER_S` are left out unless asked for.
+:func:`open_store` opens the backend a ``db`` names; :func:`open_for_worker` creates the queue
+a worker serves when it does not exist yet (saying so once in the log, so a typo in ``--db``
+still shows); :func:`open_when_reachable` waits for a database server that cannot be reached
+yet.  :func:`worker_views` decides what ``asyncsoak workers`` shows: a worker silent past the
+limit (or whose process is gone, on this host) is ``lost``; a job is shown under the worker the
+jobs table names; workers gone for :data:`PRUNE_AFTER_S` are left out unless asked for.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,12 +30,12 @@ from ._models import (
     WorkerInfo,
 )
 from ._status import STALE_AFTER_S
-from ._store import JobStore, is_postgres, open_store
+from ._store import JobStore
 
 _log = logging.getLogger("asyncsoak.queue")
 
 #: While a database cannot be reached, one log line per this many seconds says so.
-DB_WAIT_REPORT_S = 30.0
+DB_WAIT_REPORT_SECONDS = 30.0
 #: How long ``submit``, ``jobs`` and the other short commands wait for a database server
 #: that cannot be reached (``--wait-for-db``); a worker waits for ever by default.
 COMMAND_WAIT_FOR_DB_S = 5.0
@@ -53,6 +50,32 @@ PRUNE_AFTER_S = 24 * 3600.0
 ALIVE = "alive"
 LOST = "lost"
 STOPPED = "stopped"
+
+#: A libpq keyword connection string ("host=db1 dbname=queue user=me"): it starts with one
+#: of libpq's keywords and "=", which no sensible SQLite file name does.
+_KEYWORD_CONNINFO = re.compile(
+    r"^\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options"
+    r"|connect_timeout|application_name|target_session_attrs)\s*="
+)
+
+
+def is_postgres(db: str | os.PathLike[str]) -> bool:
+    """Whether ``db`` names a PostgreSQL database (a ``postgresql://`` / ``postgres://`` URL,
+    ``postgresql:`` for libpq's ``PG*`` variables, a keyword string) rather than an SQLite file."""
+    return isinstance(db, str) and (
+        db.startswith(("postgresql:", "postgres:")) or bool(_KEYWORD_CONNINFO.match(db))
+    )
+
+
+def open_store(db: str | os.PathLike[str], **options: Any) -> JobStore:
+    """The store ``db`` names; ``options`` (``create``, ``busy_timeout``...) go to it."""
+    if is_postgres(db):
+        from ._postgres import PostgresStore
+
+        return PostgresStore(str(db), **options)
+    from ._sqlite import SqliteStore
+
+    return SqliteStore(db, **options)
 
 
 def open_when_reachable(
@@ -90,7 +113,7 @@ def open_when_reachable(
                     until,
                     now - first_failure,
                 )
-                next_report = now + DB_WAIT_REPORT_S
+                next_report = now + DB_WAIT_REPORT_SECONDS
             sleep(min(backoff, max(0.0, deadline - now)))
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
             continue

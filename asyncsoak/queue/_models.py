@@ -1,16 +1,16 @@
-"""The job queue's records and errors, shared by both stores: jobs, attempts, workers, and the
-rules every backend applies the same way (what a submission may hold, how an attempt's end
-moves its job)."""
+"""The job queue's records, errors and schema, shared by both stores: jobs, attempts, workers,
+each backend's DDL derived from the records' fields, and the checks of a submission."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from .._analysis import artifact_gpus, highest_step
 from .._contract import (
     AsyncsoakError,
     Masker,
@@ -19,11 +19,10 @@ from .._contract import (
     redact_mapping,
     secret_values,
 )
-from .._supervisor import SOAK_LIMITS as SOAK_LIMITS
-from .._supervisor import StopMode, validate_job
-from ._status import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, Outcome
-from ._status import QUEUED as QUEUED
-from ._status import RUNNING as RUNNING
+from .._supervisor import validate_job
+from ..trainer import Job as Job
+from ..trainer import column, decoded, select_list
+from ._status import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 
 #: Statuses a job can be in; ``interrupted`` is an attempt's outcome (the job returns to queued).
 JOB_STATUSES: tuple[str, ...] = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
@@ -31,6 +30,9 @@ TERMINAL_STATUSES: tuple[str, ...] = (SUCCEEDED, FAILED, CANCELLED)
 DEFAULT_MAX_ATTEMPTS = 3
 #: Priorities and job ids are SQLite INTEGERs: signed 64-bit (PostgreSQL's bigint too).
 INTEGER_MAX = 2**63 - 1
+#: The most attempts a job may have (``--max-attempts``), and the most times a worker retries
+#: a final write (``--finish-retries``).
+MAX_TRIES = 1000
 #: How long a statement waits for another connection's write lock, in seconds.
 BUSY_TIMEOUT_SECONDS = 5.0
 #: The version of the queue's schema this code reads and writes (every backend has it).
@@ -56,6 +58,11 @@ class QueueDatabaseError(QueueError):
 class QueueMissingError(QueueDatabaseError):
     """The database holds no queue yet (an SQLite file not created, a PostgreSQL database
     without the queue's schema): readers show an empty queue, workers create it."""
+
+
+class QueueDatabaseLostError(QueueDatabaseError):
+    """The worker's SQLite file was deleted or replaced while it ran: the jobs it holds are no
+    queue's any more, so it claimed no more and stopped once its running jobs ended."""
 
 
 class DatabaseUnreachableError(QueueDatabaseError):
@@ -99,74 +106,46 @@ class WorkerNameInUseError(QueueError):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A job as the store holds it.  ``attempt`` counts every claim (it fences writes);
-    ``attempts`` counts the attempts that go against ``max_attempts`` (failures, orphans)."""
-
-    id: int
-    name: str | None
-    status: str
-    argv: list[str] | None
-    config: dict[str, Any] | None
-    cwd: str | None
-    env: dict[str, str]
-    progress_dir: str | None
-    soak: dict[str, Any]
-    stop_mode: StopMode
-    priority: int
-    attempt: int
-    attempts: int
-    max_attempts: int
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    heartbeat_at: float | None
-    worker: str | None
-    host: str | None
-    cancel_requested: bool
-    returncode: int | None
-    reason: str | None
-    error: str | None
-    artifact: str | None
-    #: Attempts that ended ``interrupted``, and how the latest attempt ended (None: running).
-    interruptions: int
-    last_outcome: str | None
-
-    def to_public_dict(self) -> dict[str, Any]:
-        """The job for printing: environment values are never shown, only their names, and
-        secrets are masked in the command and redacted in the config."""
-        data = asdict(self)
-        data["env"] = sorted(self.env)
-        if self.argv is not None:
-            secrets = secret_values(os.environ, self.env) | argv_secrets(self.argv)
-            data["argv"] = Masker(secrets).argv(self.argv)
-        if self.config is not None:
-            data["config"] = redact_mapping(self.config)
-        return data
+def public_job(job: Job) -> dict[str, Any]:
+    """The job for printing: environment values are never shown, only their names, and
+    secrets are masked in the command and redacted in the config."""
+    data = dataclasses.asdict(job)
+    data["env"] = sorted(job.env)
+    if job.argv is not None:
+        secrets = secret_values(os.environ, job.env) | argv_secrets(job.argv)
+        data["argv"] = Masker(secrets).argv(job.argv)
+    if job.config is not None:
+        data["config"] = redact_mapping(job.config)
+    return data
 
 
-@dataclass(frozen=True, slots=True)
+_OUTCOMES = "'succeeded', 'failed', 'cancelled', 'interrupted'"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Attempt:
     """One run of a job; kept for ever, written once when it ends."""
 
-    job_id: int
-    attempt: int
-    worker: str
-    host: str
-    started_at: float
-    finished_at: float | None
-    outcome: str | None
-    reason: str | None
-    returncode: int | None
-    error: str | None
-    artifact: str
+    TABLE: ClassVar[str] = "attempts"
+    CONSTRAINTS: ClassVar[tuple[str, ...]] = ("PRIMARY KEY (job_id, attempt)",)
+
+    job_id: int = column("bigint", required=True, references="jobs")
+    attempt: int = column("int", required=True)
+    worker: str = column("text", required=True)
+    host: str = column("text", required=True)
+    started_at: float = column("real", required=True)
+    finished_at: float | None = column("real")
+    outcome: str | None = column("text", check=f"outcome IN ({_OUTCOMES})")
+    reason: str | None = column("text")
+    returncode: int | None = column("int")
+    error: str | None = column("text")
+    artifact: str = column("text", required=True)
     #: What the attempt's artifact said (verdict, failures, warnings, trends), kept in the
     #: database so every host can show it; None while it runs or when no artifact was written.
-    summary: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = column("json", since=2)
     #: What the worker that ended the attempt wants a reader to know (a takeover from
     #: another host, an outcome delivered late from the spool).
-    note: str | None = None
+    note: str | None = column("text", since=2)
 
     @property
     def directory(self) -> Path:
@@ -174,67 +153,123 @@ class Attempt:
         return Path(self.artifact).parent
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class WorkerInfo:
-    name: str
-    host: str
-    pid: int
-    pid_start: int | None
-    started_at: float
-    heartbeat_at: float
-    stopped_at: float | None
-    job_id: int | None
+    TABLE: ClassVar[str] = "workers"
+    CONSTRAINTS: ClassVar[tuple[str, ...]] = ("PRIMARY KEY (name)",)
+
+    name: str = column("text", required=True)
+    host: str = column("text", required=True)
+    pid: int = column("int", required=True)
+    pid_start: int | None = column("bigint")
+    started_at: float = column("real", required=True)
+    heartbeat_at: float = column("real", required=True)
+    stopped_at: float | None = column("real")
+    job_id: int | None = column("bigint")
 
 
-JOB_COLUMNS = (
-    "id, name, status, argv, config, cwd, env, progress_dir, soak, stop_mode, priority, attempt, "
-    "attempts, max_attempts, created_at, started_at, finished_at, heartbeat_at, worker, host, "
-    "cancel_requested, returncode, reason, error, artifact, "
-    "(SELECT count(*) FROM attempts AS a WHERE a.job_id = jobs.id AND a.outcome = 'interrupted'), "
-    "(SELECT a.outcome FROM attempts AS a WHERE a.job_id = jobs.id AND a.attempt = jobs.attempt)"
-)
+JOB_COLUMNS = select_list(Job)
+ATTEMPT_COLUMNS = select_list(Attempt)
+WORKER_COLUMNS = select_list(WorkerInfo)
+#: Each column's kind (``json`` columns are written through the backend's ``_json``).
+JOB_KINDS = {f.name: f.metadata.get("kind") for f in dataclasses.fields(Job)}
+
+#: Each backend's SQL type of a column's kind.
+SQL_TYPES = {
+    "sqlite": {
+        "key": "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "text": "TEXT",
+        "json": "TEXT",
+        "int": "INTEGER",
+        "bigint": "INTEGER",
+        "real": "REAL",
+        "bool": "INTEGER",
+    },
+    "postgres": {
+        "key": "bigserial PRIMARY KEY",
+        "text": "text",
+        "json": "jsonb",
+        "int": "integer",
+        "bigint": "bigint",
+        "real": "double precision",
+        "bool": "boolean",
+    },
+}
 
 
-ATTEMPT_COLUMNS = (
-    "job_id, attempt, worker, host, started_at, finished_at, outcome, reason, returncode, "
-    "error, artifact, summary, note"
-)
-WORKER_COLUMNS = "name, host, pid, pid_start, started_at, heartbeat_at, stopped_at, job_id"
+def _literal(value: object, dialect: str) -> str:
+    if isinstance(value, bool):
+        return ("true" if value else "false") if dialect == "postgres" else str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    text = value if isinstance(value, str) else json.dumps(value)
+    return "'" + text.replace("'", "''") + "'"
 
 
-def _from_json(value: Any) -> Any:
-    # SQLite keeps JSON as text; PostgreSQL's jsonb arrives decoded.
-    return json.loads(value) if isinstance(value, str) else value
+def _column_ddl(spec: dataclasses.Field[Any], dialect: str, prefix: str) -> str:
+    meta = spec.metadata
+    ddl = [spec.name, SQL_TYPES[dialect][meta["kind"]]]
+    if meta["references"]:
+        ddl.append(f"REFERENCES {prefix}{meta['references']} (id)")
+    if meta["required"] and meta["kind"] != "key":
+        ddl.append("NOT NULL")
+    if meta["default"] is not None:
+        ddl.append(f"DEFAULT {_literal(meta['default'], dialect)}")
+    if meta["check"]:
+        ddl.append(f"CHECK ({meta['check']})")
+    return " ".join(ddl)
 
 
-def job_from_row(row: Sequence[Any]) -> Job:
-    values = list(row)
-    for index in (3, 4, 6, 8):  # argv, config, env, soak
-        values[index] = _from_json(values[index])
-    values[20] = bool(values[20])
-    return Job(*values)
+def schema_statements(dialect: str, version: int, prefix: str = "") -> list[str]:
+    """What brings the queue's tables from schema ``version`` (0: none yet) to
+    :data:`SCHEMA_VERSION` on ``dialect`` (``sqlite``, ``postgres``), tables named with
+    ``prefix`` (PostgreSQL's schema)."""
+    statements = []
+    for record in (Job, Attempt, WorkerInfo):
+        columns = [f for f in dataclasses.fields(record) if "kind" in f.metadata]
+        table = prefix + record.TABLE
+        if version == 0:
+            body = [_column_ddl(f, dialect, prefix) for f in columns] + list(record.CONSTRAINTS)
+            statements.append(f"CREATE TABLE {table} ({', '.join(body)})")
+        else:
+            statements += [
+                f"ALTER TABLE {table} ADD COLUMN {_column_ddl(f, dialect, prefix)}"
+                for f in columns
+                if f.metadata["since"] > version
+            ]
+    if version == 0:
+        index = f"jobs_by_claim_order ON {prefix}jobs (status, priority DESC, id)"
+        statements.append(f"CREATE INDEX {index}")
+    return statements
+
+
+class Sql:
+    """One transaction's connection, for SQL written with ``?`` placeholders.  ``for_share``
+    ends a SELECT whose rows must not change before the transaction ends, ``for_update`` one
+    whose rows the transaction will change (PostgreSQL's ``FOR SHARE`` and ``FOR UPDATE``;
+    SQLite's ``BEGIN IMMEDIATE`` already holds the whole database)."""
+
+    def __init__(
+        self, conn: Any, placeholder: str, now: float, for_share: str = "", for_update: str = ""
+    ) -> None:
+        self.conn = conn
+        self.placeholder = placeholder
+        self.now = now
+        self.for_share = for_share
+        self.for_update = for_update
+
+    def __call__(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if self.placeholder != "?":
+            sql = sql.replace("?", self.placeholder)
+        return self.conn.execute(sql, tuple(params))
 
 
 def attempt_from_row(row: Sequence[Any]) -> Attempt:
-    values = list(row)
-    values[11] = _from_json(values[11])
-    return Attempt(*values)
+    return Attempt(*decoded(Attempt, row))
 
 
-def attempt_outcome(
-    outcome: Outcome, attempts: int, max_attempts: int, cancel_requested: bool
-) -> tuple[str, int]:
-    """The job's status after an attempt ended with ``outcome``, and its counted attempts.
-
-    A failure counts against ``max_attempts`` and requeues the job while attempts remain; an
-    interruption requeues it without counting.
-    """
-    if outcome.status == FAILED:
-        attempts += 1
-        return (QUEUED if attempts < max_attempts and not cancel_requested else FAILED), attempts
-    if outcome.status == INTERRUPTED:
-        return (CANCELLED if cancel_requested else QUEUED), attempts
-    return outcome.status, attempts
+def worker_from_row(row: Sequence[Any]) -> WorkerInfo:
+    return WorkerInfo(*row)
 
 
 def artifact_summary(artifact: Mapping[str, Any]) -> dict[str, Any]:
@@ -255,23 +290,11 @@ def artifact_summary(artifact: Mapping[str, Any]) -> dict[str, Any]:
         "failures": failures,
         "warnings": warnings,
         "trends": trends,
+        # What a job's ledger adds up (``asyncsoak goodput``), and the next attempt's start.
+        "goodput": artifact.get("goodput"),
+        "step": highest_step(artifact),
+        "gpus": artifact_gpus(artifact),
     }
-
-
-@dataclass(frozen=True, slots=True)
-class Submission:
-    """A job as checked at submit time, ready for a backend to insert."""
-
-    name: str | None
-    argv: list[str] | None
-    config: dict[str, Any] | None
-    cwd: str | None
-    env: dict[str, str]
-    progress_dir: str | None
-    soak: dict[str, Any]
-    stop_mode: str
-    priority: int
-    max_attempts: int
 
 
 def validate_submission(
@@ -287,7 +310,7 @@ def validate_submission(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
 ) -> dict[str, Any]:
     """Refuse, at submit time, what ``run_soak`` would refuse when the job runs (the same
-    checks); returns the checked soak limits."""
+    checks); returns the job's columns, the soak limits checked."""
     if (argv is None) == (config is None):
         raise ValidationError("a job needs either a command or a config, not both")
     if config is not None and not isinstance(config, Mapping):
@@ -306,6 +329,16 @@ def validate_submission(
         raise ValidationError(f"the priority must be between {-INTEGER_MAX} and {INTEGER_MAX}")
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise ValidationError("max attempts must be an integer >= 1")
-    if max_attempts > INTEGER_MAX:
-        raise ValidationError(f"max attempts must be at most {INTEGER_MAX}")
-    return limits
+    if max_attempts > MAX_TRIES:
+        raise ValidationError(f"--max-attempts must be at most {MAX_TRIES}, got {max_attempts}")
+    return {
+        "argv": None if argv is None else list(argv),
+        "config": None if config is None else dict(config),
+        "cwd": None if cwd is None else os.fspath(cwd),
+        "env": dict(env or {}),
+        "progress_dir": None if progress_dir is None else os.fspath(progress_dir),
+        "soak": limits,
+        "stop_mode": stop_mode,
+        "priority": priority,
+        "max_attempts": max_attempts,
+    }

@@ -13,13 +13,20 @@ from pathlib import Path
 
 import psutil
 
-from .._process import REAPER_MODULE, cmdline, environments, holds_open, start_time_ticks
+from .._process import (
+    REAPER_MODULE,
+    REAPER_SCRIPT,
+    cmdline,
+    environments,
+    holds_open,
+    start_time_ticks,
+)
 from ._status import SLICE_S
 
-#: In the reaper's command line (``_spawn`` starts it as ``python -m REAPER_MODULE``).  The
-#: module's name before the package was split into layers is matched too, for one release,
-#: so a worker upgraded while an older one's reaper outlived it still recognises that reaper.
-_REAPER_MODULES = frozenset({REAPER_MODULE.encode(), b"asyncsoak._reaper"})
+#: In the reaper's command line (``_spawn`` starts it as ``python -I -S REAPER_SCRIPT``).  The
+#: ``python -m`` module names of earlier releases are matched too, for one release, so a worker
+#: upgraded while an older one's reaper outlived it still recognises that reaper.
+_REAPER_ARGS = frozenset({REAPER_SCRIPT.encode(), REAPER_MODULE.encode(), b"asyncsoak._reaper"})
 
 
 def process_alive(pid: int, start_ticks: int | None) -> bool:
@@ -39,13 +46,9 @@ def kill_leftovers(
     """SIGKILL what is left of an orphaned attempt on this host, scanning again until a scan
     finds nothing alive (at most ``timeout``).
 
-    Two kinds of process belong to the attempt.  Its command's tree carries the markers the
-    worker put in the child's environment, which find it wherever it went (double forks, new
-    sessions).  Its reaper carries none and outlives a killed worker: one that had been handed
-    the command but had not started it yet would start it after this scan, beside the job's
-    next attempt.  It is found by the attempt's ``train.log``, which it holds, and killed, so
-    it starts nothing; a command it had just forked holds that log until its exec and carries
-    the markers after it, so the scan repeats until it finds nothing.
+    Its command's tree is found by the markers the worker put in its environment (wherever it
+    went: double forks, new sessions), and its reaper, which carries none and outlives a killed
+    worker, by the attempt's ``train.log`` it holds open (docs/architecture.md says why).
     """
     markers = {
         f"ASYNCSOAK_DB={db}".encode(),
@@ -94,6 +97,6 @@ def _attempt_processes(markers: set[bytes], log_file: tuple[int, int] | None) ->
 
 def _reaper_holding(pid: int, log_file: tuple[int, int]) -> bool:
     args = cmdline(pid)
-    if args is None or _REAPER_MODULES.isdisjoint(args):
+    if args is None or _REAPER_ARGS.isdisjoint(args):
         return False
     return holds_open(pid, log_file)

@@ -1,17 +1,10 @@
 """The job queue on PostgreSQL: one database shared by workers on many hosts.
 
-Same tables and rules as the SQLite store (``_sqlite.py``), in their own schema
-(``asyncsoak``) so the queue can live in a database that holds other things.  What differs:
-
-- Claims lock the chosen row with ``FOR UPDATE SKIP LOCKED``: workers claiming at once take
-  different jobs without waiting on each other.
-- Every time (submitted, started, heartbeats, finished) is the database's ``now()``, never a
-  host's clock, so staleness is right when hosts' clocks disagree.
-- Submit, cancel, requeue and a retry's requeue send ``NOTIFY asyncsoak_queue`` with the
-  transaction; :meth:`PostgresStore.listen` turns them into wake-ups for idle workers.
-- A lost connection is reopened on the next call, after a backoff that grows while the
-  server stays away; calls made during the backoff fail at once with
-  :class:`QueueUnavailableError`, so nothing waits on a dead server.
+The SQLite store's tables and rules, in their own schema (``asyncsoak``).  What differs:
+claims take ``FOR UPDATE SKIP LOCKED``; every time is the database's ``now()``, never a
+host's clock; submit, cancel and requeue send ``NOTIFY asyncsoak_queue``, which
+:meth:`PostgresStore.listen` turns into wake-ups; a lost connection is reopened after a growing
+backoff, calls meanwhile failing at once with :class:`QueueUnavailableError`.
 """
 
 from __future__ import annotations
@@ -21,26 +14,28 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from .._contract import public_conninfo, redact_url_passwords
+from ..trainer import PG_SCHEMA
 from ._models import (
     BACKOFF_MAX_SECONDS,
     BACKOFF_MIN_SECONDS,
     BUSY_TIMEOUT_SECONDS,
     SCHEMA_VERSION,
     DatabaseUnreachableError,
-    Job,
     QueueDatabaseError,
     QueueMissingError,
     QueueUnavailableError,
+    Sql,
+    schema_statements,
 )
 from ._store import JobStore, default_data_dir
-from ._sweeps import LAST_TABLE, Sql
+from ._sweeps import LAST_TABLE
 
 _log = logging.getLogger("asyncsoak.queue")
 
@@ -48,91 +43,14 @@ _log = logging.getLogger("asyncsoak.queue")
 CHANNEL = "asyncsoak_queue"
 #: Seconds a connection attempt may take.
 CONNECT_TIMEOUT_SECONDS = 10
-#: Longest a statement may run, in milliseconds (none of the queue's take more than a few).
-STATEMENT_TIMEOUT_MS = 30_000
+#: Longest a statement may run (none of the queue's take more than a few).
+STATEMENT_TIMEOUT_SECONDS = 30.0
 #: The schema holding the queue's tables.
-SCHEMA = "asyncsoak"
+SCHEMA = PG_SCHEMA
 #: Key of the advisory lock that serialises migrations between workers starting at once.
 _MIGRATION_LOCK = 0x61736F6B
 
 _NOW = "extract(epoch FROM now())::float8"
-
-# Each entry migrates the schema from version i to i + 1, in one transaction; version 2 is
-# the SQLite store's version 2 (the attempt's summary and note).
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
-        f"CREATE TABLE {SCHEMA}.schema_version (version integer NOT NULL)",
-        f"INSERT INTO {SCHEMA}.schema_version VALUES (0)",
-        f"""
-        CREATE TABLE {SCHEMA}.jobs (
-            id bigserial PRIMARY KEY,
-            name text,
-            status text NOT NULL
-                CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
-            argv jsonb,
-            config jsonb,
-            cwd text,
-            env jsonb NOT NULL DEFAULT '{{}}',
-            progress_dir text,
-            soak jsonb NOT NULL DEFAULT '{{}}',
-            stop_mode text NOT NULL DEFAULT 'stdin'
-                CHECK (stop_mode IN ('stdin', 'group', 'leader')),
-            priority integer NOT NULL DEFAULT 0,
-            attempt integer NOT NULL DEFAULT 0,
-            attempts integer NOT NULL DEFAULT 0,
-            max_attempts integer NOT NULL CHECK (max_attempts >= 1),
-            created_at double precision NOT NULL,
-            started_at double precision,
-            finished_at double precision,
-            heartbeat_at double precision,
-            worker text,
-            host text,
-            cancel_requested boolean NOT NULL DEFAULT false,
-            returncode integer,
-            reason text,
-            error text,
-            artifact text,
-            CHECK ((argv IS NULL) != (config IS NULL))
-        )
-        """,
-        f"CREATE INDEX jobs_by_claim_order ON {SCHEMA}.jobs (status, priority DESC, id)",
-        f"""
-        CREATE TABLE {SCHEMA}.attempts (
-            job_id bigint NOT NULL REFERENCES {SCHEMA}.jobs (id),
-            attempt integer NOT NULL,
-            worker text NOT NULL,
-            host text NOT NULL,
-            started_at double precision NOT NULL,
-            finished_at double precision,
-            outcome text
-                CHECK (outcome IN ('succeeded', 'failed', 'cancelled', 'interrupted')),
-            reason text,
-            returncode integer,
-            error text,
-            artifact text NOT NULL,
-            PRIMARY KEY (job_id, attempt)
-        )
-        """,
-        f"""
-        CREATE TABLE {SCHEMA}.workers (
-            name text PRIMARY KEY,
-            host text NOT NULL,
-            pid integer NOT NULL,
-            pid_start bigint,
-            started_at double precision NOT NULL,
-            heartbeat_at double precision NOT NULL,
-            stopped_at double precision,
-            job_id bigint
-        )
-        """,
-    ),
-    (
-        f"ALTER TABLE {SCHEMA}.attempts ADD COLUMN summary jsonb",
-        f"ALTER TABLE {SCHEMA}.attempts ADD COLUMN note text",
-    ),
-)
-assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
 def _conninfo(db: str) -> dict[str, str]:
@@ -183,6 +101,8 @@ class PostgresStore(JobStore):
 
     _soak_max_duration = "soak->>'max_duration_seconds'"
     _claim_lock = " FOR UPDATE SKIP LOCKED"
+    _now_sql = _NOW
+    _same = "IS NOT DISTINCT FROM"
 
     def __init__(
         self,
@@ -238,7 +158,7 @@ class PostgresStore(JobStore):
                     self._params.get("options"),
                     f"-c search_path={SCHEMA}",
                     f"-c lock_timeout={int(self.busy_timeout * 1000)}",
-                    f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                    f"-c statement_timeout={int(STATEMENT_TIMEOUT_SECONDS * 1000)}",
                 ),
             )
         )
@@ -375,9 +295,12 @@ class PostgresStore(JobStore):
                 found = self._schema_version(conn)
                 self.created = found is None
                 version = self._check_version(found, create)
-                for statements in _MIGRATIONS[version:]:
-                    for statement in statements:
-                        conn.execute(statement)
+                if version == 0:
+                    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+                    conn.execute(f"CREATE TABLE {SCHEMA}.schema_version (version integer NOT NULL)")
+                    conn.execute(f"INSERT INTO {SCHEMA}.schema_version VALUES (0)")
+                for statement in schema_statements("postgres", version, f"{SCHEMA}."):
+                    conn.execute(statement)
                 if version < SCHEMA_VERSION:
                     conn.execute(
                         f"UPDATE {SCHEMA}.schema_version SET version = %s", (SCHEMA_VERSION,)
@@ -415,39 +338,13 @@ class PostgresStore(JobStore):
     def _json(self, value: Any) -> Any:
         return _jsonb_type()(value)
 
-    # --- the worker's side -----------------------------------------------------------------
+    def _now(self) -> tuple[float, ...]:
+        return ()
 
-    def worker_heartbeat(self, name: str) -> None:
+    def _one(self, sql: str, params: Sequence[Any]) -> Any:
         with self._session() as conn:
-            conn.execute(f"UPDATE workers SET heartbeat_at = {_NOW} WHERE name = %s", (name,))
-
-    def worker_stopped(self, name: str) -> None:
-        with self._session() as conn:
-            conn.execute(
-                f"UPDATE workers SET heartbeat_at = {_NOW}, stopped_at = {_NOW}, job_id = NULL "
-                "WHERE name = %s",
-                (name,),
-            )
-
-    def heartbeat(self, job_id: int, attempt: int, worker: str) -> bool | None:
-        with self._session() as conn:
-            row = conn.execute(
-                f"UPDATE jobs SET heartbeat_at = {_NOW} "
-                "WHERE id = %s AND attempt = %s AND worker = %s AND status = 'running' "
-                "RETURNING cancel_requested",
-                (job_id, attempt, worker),
-            ).fetchone()
-        return None if row is None else bool(row[0])
-
-    def take_over(self, job: Job, worker: str) -> bool:
-        with self._session() as conn:
-            row = conn.execute(
-                f"UPDATE jobs SET worker = %s, heartbeat_at = {_NOW} "
-                "WHERE id = %s AND attempt = %s AND worker IS NOT DISTINCT FROM %s "
-                "AND status = 'running' AND heartbeat_at IS NOT DISTINCT FROM %s RETURNING id",
-                (worker, job.id, job.attempt, job.worker, job.heartbeat_at),
-            ).fetchone()
-        return row is not None
+            cursor = conn.execute(sql.replace("?", "%s"), tuple(params))
+            return cursor.fetchone() if cursor.description else None
 
     # --- wake-ups --------------------------------------------------------------------------
 
@@ -465,7 +362,9 @@ class PostgresStore(JobStore):
         started = False
         while True:
             try:
-                with anyio.fail_after(CONNECT_TIMEOUT_SECONDS + 1):
+                # Shielded from the worker's stop (still bounded): a connect cancelled once the
+                # server has answered leaves an open connection nobody can close.
+                with anyio.CancelScope(shield=True), anyio.fail_after(CONNECT_TIMEOUT_SECONDS + 1):
                     conn = await psycopg.AsyncConnection.connect(
                         autocommit=True, **self._connect_kwargs()
                     )
@@ -477,20 +376,24 @@ class PostgresStore(JobStore):
                 backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
                 continue
             try:
-                async with conn:
-                    with anyio.fail_after(self.busy_timeout + 1):
-                        await conn.execute(f"LISTEN {CHANNEL}")
-                    backoff = BACKOFF_MIN_SECONDS
-                    if started:
-                        _log.info("queue database %s: listening for new jobs again", self.location)
-                        wake("reconnected")
-                    else:
-                        started = True
-                        task_status.started()
-                    async for notify in conn.notifies():
-                        wake(notify.payload)
+                with anyio.fail_after(self.busy_timeout + 1):
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                backoff = BACKOFF_MIN_SECONDS
+                if started:
+                    _log.info("queue database %s: listening for new jobs again", self.location)
+                    wake("reconnected")
+                else:
+                    started = True
+                    task_status.started()
+                async for notify in conn.notifies():
+                    wake(notify.payload)
             except (psycopg.Error, TimeoutError):
                 pass
+            finally:
+                # Shielded: once the worker stops, every await of its scope is cancelled, and
+                # an unshielded close (``async with``'s) left the connection open.
+                with anyio.move_on_after(CONNECT_TIMEOUT_SECONDS, shield=True):
+                    await conn.close()
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
 

@@ -1,19 +1,11 @@
-"""Retries that know why: each failed attempt is classified by its reason and cause, and the
-class decides whether it counts against ``max_attempts`` and whether the job runs again.
+"""An attempt's end judged: its outcome from the soak's artifact, and what it does to its job.
 
-- **infrastructure** (:data:`INFRASTRUCTURE`: the worker died, the scheduler stopped the job,
-  a GPU faulted, the monitor was lost): not the job's fault, so it does not count against
-  ``max_attempts``; it is retried after a backoff (:func:`infrastructure_backoff`), preferably
-  on another GPU, at most :data:`MAX_INFRASTRUCTURE_RETRIES` times so a job cannot loop for ever.
-- **job** (a Python exception, the command that cannot start, a usage error, inputs the
-  monitor refused): deterministic causes; counted, and a job that fails twice with the same
-  cause (the same exception type at the same ``file:line``) is not retried again.
-- **run** (a stall, a leak, a budget, an OOM, a non-finite loss, any other exit): counted,
-  retried while attempts remain, as before.
-
-``--retry-on`` / ``--no-retry-on`` name reasons (or classes) a job overrides: a reason in
-``no_retry_on`` fails the job at once, a reason in ``retry_on`` is retried even when its cause
-repeats.  Every decision is written into the attempt's note.
+Each failed attempt is classified by its reason and cause: **infrastructure** (the worker
+died, the scheduler stopped it, a GPU faulted: not counted, retried after a backoff, preferably
+on another GPU), **job** (deterministic: a job failing twice with the same cause is not retried)
+or **run** (counted, retried while attempts remain).  ``--retry-on`` / ``--no-retry-on``
+override by reason or class; every decision is written into the attempt's note
+(docs/sweeps.md tells the rules).
 """
 
 from __future__ import annotations
@@ -23,9 +15,24 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._contract import LAUNCHER_EXCEPTIONS, FailureReason, StopCause, ValidationError
-from ._models import QUEUED, attempt_outcome
-from ._status import CANCELLED, FAILED, OUTCOME_LOST, Outcome
+from .._contract import FailureReason, StopCause, ValidationError, exits
+from ._status import (
+    CANCELLED,
+    FAILED,
+    INTERRUPTED,
+    KILLED_BEFORE_SAVING,
+    LOG_TAIL_HEADER,
+    NOT_STARTED,
+    OUTCOME_LOST,
+    QUEUED,
+    SUCCEEDED,
+    WARNINGS_HEADER,
+    Outcome,
+    describe_exit,
+    final_status,
+    signals_sent,
+    with_soak_verdict,
+)
 
 #: Failure classes.
 INFRASTRUCTURE = "infrastructure"
@@ -53,7 +60,9 @@ INFRASTRUCTURE_REASONS = frozenset(
     {ORPHANED, SCHEDULER, GPU_FAULT, FailureReason.MONITOR_LOST.value}
 )
 #: The job's reasons: deterministic, the same cause twice stops the retries.
-JOB_REASONS = frozenset({FailureReason.SPAWN_FAILED.value, INVALID_JOB, USAGE_ERROR})
+JOB_REASONS = frozenset(
+    {FailureReason.SPAWN_FAILED.value, FailureReason.NO_PROGRESS.value, INVALID_JOB, USAGE_ERROR}
+)
 
 #: Infrastructure failures a job may have before it is failed all the same.
 MAX_INFRASTRUCTURE_RETRIES = 10
@@ -120,7 +129,7 @@ def cause_of(artifact: Mapping[str, Any], reason: str | None, log_tail: str) -> 
             # Out of host memory, the run's: a DataLoader worker the OOM killer took raises
             # the same RuntimeError at the same line in the trainer each time.
             kind = OOM
-        elif exception["type"] in LAUNCHER_EXCEPTIONS:
+        elif exception["type"] in exits.LAUNCHER_EXCEPTIONS:
             # A wrapper's ``check_call`` or torchrun's ChildFailedError: every failure of the
             # command it ran (a signal, another exception) ends at that same line.
             kind = LAUNCHER
@@ -260,3 +269,93 @@ def _words(reason: str | None, cause: str | None) -> str:
     if cause and reason and cause != reason:
         return f"{reason}: {cause}"
     return reason or cause or "unknown"
+
+
+def attempt_outcome(
+    outcome: Outcome, attempts: int, max_attempts: int, cancel_requested: bool
+) -> tuple[str, int]:
+    """The job's status after an attempt ended with ``outcome``, and its counted attempts: a
+    failure counts and requeues the job while attempts remain; an interruption requeues it
+    without counting."""
+    if outcome.status == FAILED:
+        attempts += 1
+        return (QUEUED if attempts < max_attempts and not cancel_requested else FAILED), attempts
+    if outcome.status == INTERRUPTED:
+        return (CANCELLED if cancel_requested else QUEUED), attempts
+    return outcome.status, attempts
+
+
+def outcome_from_artifact(
+    artifact: dict[str, Any],
+    *,
+    cancel_requested: bool,
+    stopping: bool,
+    log_tail: str,
+    killed_by_worker: bool = False,
+) -> Outcome:
+    """An attempt's outcome from its soak artifact.
+
+    ``killed_by_worker`` says the worker killed the command's process group itself (a hard
+    stop), which the artifact cannot know.
+
+    When the monitor itself ended the run (a rule fired, or ``max_duration_seconds`` passed),
+    the trainer's exit status only answers the monitor's stop: the soak's verdict decides,
+    so a trainer that saves and exits 4 when its stale run is stopped is ``failed``, not
+    requeued forever as ``interrupted``.
+    """
+    exit_info = artifact.get("exit") or {}
+    stop = artifact.get("stop") or {}
+    rc: int | None = exit_info.get("returncode")
+    killed = bool(stop.get("killed")) or killed_by_worker
+    sent = signals_sent(artifact, killed_by_worker=killed_by_worker)
+    forwarded = exits.forwarded_signals(artifact)
+    failures = artifact.get("failures") or []
+    soak_reason: str | None = failures[0].get("reason") if failures else None
+    if artifact.get("status") == "error" and soak_reason is None:
+        soak_reason = "monitor_error"
+    soak_failed = artifact.get("status") in ("failed", "error")
+
+    if artifact.get("status") == "cancelled" and exit_info.get("pid") is None:
+        # Stopped before the command started: nothing ran, so nothing counts as a failure.
+        if cancel_requested:
+            return Outcome(CANCELLED, None, None, None)
+        return Outcome(INTERRUPTED, None, NOT_STARTED, None)
+    status: str
+    if stop.get("cause") in ("failure", "max_duration"):
+        status = (
+            CANCELLED if cancel_requested and rc != 0 else (FAILED if soak_failed else SUCCEEDED)
+        )
+    else:
+        status = with_soak_verdict(
+            final_status(rc, cancel_requested, stopping, killed), soak_failed
+        )
+
+    if status == FAILED:
+        reason = soak_reason or (OUTCOME_LOST if rc is None else "nonzero_exit")
+        message = failures[0].get("message") if failures else None
+        error = failure_error(rc, reason, message, log_tail, sent=sent, forwarded=forwarded)
+        return Outcome(status, rc, reason, error, cause_of(artifact, reason, log_tail))
+    if status == INTERRUPTED and killed:
+        exit_text = describe_exit(rc, sent=sent, forwarded=forwarded)
+        return Outcome(status, rc, KILLED_BEFORE_SAVING, exit_text)
+    warnings = [str(w) for w in artifact.get("warnings") or []]
+    if status == SUCCEEDED and warnings:
+        return Outcome(status, rc, None, "\n".join([WARNINGS_HEADER, *warnings]))
+    return Outcome(status, rc, None, None)
+
+
+def failure_error(
+    rc: int | None,
+    reason: str,
+    message: str | None,
+    log_tail: str,
+    *,
+    sent: Collection[str] | None = None,
+    forwarded: Collection[str] = (),
+) -> str:
+    """A failed job's error: the soak's primary reason, the decoded exit status, the log tail."""
+    head = f"{reason}: {message}" if message else reason
+    parts = [head, describe_exit(rc, sent=sent, forwarded=forwarded)]
+    if log_tail:
+        parts.append(f"{LOG_TAIL_HEADER}\n{log_tail}")
+    return "\n".join(parts)

@@ -1,26 +1,22 @@
 """A worker's settings: :class:`WorkerConfig`, the one place they are spelled.
 
 ``run_worker`` and ``run_job`` take one; ``asyncsoak worker`` derives its flags (spelling,
-help, default) from its fields' metadata and builds one from them; the reference keyword
-forms of ``run_worker`` and ``run_job`` build one through :data:`REFERENCE_NAMES`.
-
-Durations end in ``_seconds``.  Two heartbeat limits have their own names: a running job whose
-heartbeat is older than ``orphan_after_seconds`` is an orphan (``worker --stale-after``), and a
-worker silent for longer than :data:`~asyncsoak.queue._fleet.LOST_AFTER_S` is shown lost by
-``asyncsoak workers`` (its ``--stale-after``).
+help, default) from its fields' metadata and builds one from them.  Durations end in
+``_seconds``; a running job whose heartbeat is older than ``orphan_after_seconds`` is an orphan
+(``worker --stale-after``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 from .._contract import ValidationError, ValidationTypeError
 from .._supervisor import seconds
+from ._models import MAX_TRIES
 from ._retry import INFRASTRUCTURE_BACKOFF_S
 from ._status import (
     CANCEL_GRACE_S,
@@ -162,35 +158,6 @@ def checked(label: str, spec: dataclasses.Field[Any], value: Any) -> Any:
             raise ValidationTypeError(f"{label} must be an integer, not {type(value).__name__}")
         if value < 0:
             raise ValidationError(f"{label} must be zero or more, got {value!r}")
+        if value > MAX_TRIES:
+            raise ValidationError(f"{label} must be at most {MAX_TRIES}, got {value!r}")
     return value
-
-
-#: The reference keyword names of ``run_worker`` and ``run_job`` (and the worker's
-#: settings before :class:`WorkerConfig` named them in seconds), each with its field.
-REFERENCE_NAMES: Mapping[str, str] = {
-    "runs_dir": "runs_dir",
-    "cmd": "cmd",
-    "gpus": "gpus",
-    "poll": "poll_seconds",
-    "stale_after": "orphan_after_seconds",
-    "cancel_grace": "cancel_grace_seconds",
-    "stop_timeout": "stop_timeout_seconds",
-    "kill_wait": "kill_wait_seconds",
-    "finish_retries": "finish_retries",
-    "finish_retry_wait": "finish_retry_wait_seconds",
-    "nvidia_smi": "nvidia_smi",
-    "until": "until",
-    "retry_backoff": "retry_backoff_seconds",
-}
-
-
-def reference_config(settings: Mapping[str, Any], *, cmd: Sequence[str] | None) -> WorkerConfig:
-    """A :class:`WorkerConfig` from the reference keywords given (the others keep their
-    defaults; a ``cmd`` or ``runs_dir`` of None is the default)."""
-    unknown = sorted(set(settings) - set(REFERENCE_NAMES))
-    if unknown:
-        raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
-    given = {REFERENCE_NAMES[name]: value for name, value in settings.items()}
-    if cmd is not None:
-        given["cmd"] = cmd
-    return WorkerConfig(**given)

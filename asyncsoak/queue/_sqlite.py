@@ -1,20 +1,9 @@
 """The job queue in one SQLite file, shared by the workers and the command line of one host.
 
-WAL lets readers (``asyncsoak jobs``, trainers checking for cancellation) run beside a
-writer, but its shared memory only works on a local filesystem, so a database on a network
-filesystem is refused.  The connection is in autocommit mode (``isolation_level=None``) and
-every read-then-write runs inside an explicit ``BEGIN IMMEDIATE``: the write lock is taken
-before the read, so two workers can never both see a job as free.  No transaction outlives a
-method call, so none is held while a child runs.
-
-Fencing: each claim increments the job's ``attempt``; every later write by the worker names
-``(id, attempt, worker)`` and checks the row count, so a worker that lost its job (declared
-an orphan, taken over) can never overwrite a newer attempt.
-
-Wake-ups: a submit or a requeue touches the wake-up file beside the database
-(``queue.db-wake``) once its transaction commits; an idle worker of the same host watches that
-file with inotify and claims at once.  Polling stays the fallback (no inotify, a file it cannot
-watch, a submit from another host of a shared directory).
+WAL lets readers run beside a writer, but needs a local filesystem, so a database on a network
+filesystem is refused.  Every read-then-write runs inside ``BEGIN IMMEDIATE`` (two workers can
+never both see a job as free), and a submit touches ``queue.db-wake``, which idle workers of
+the host watch with inotify (docs/architecture.md tells the mechanism).
 """
 
 from __future__ import annotations
@@ -39,20 +28,21 @@ from .._contract import BlockingCallTimeout, run_blocking
 from ._models import (
     BUSY_TIMEOUT_SECONDS,
     SCHEMA_VERSION,
-    Job,
     QueueDatabaseError,
     QueueMissingError,
     QueueUnavailableError,
+    Sql,
+    schema_statements,
 )
 from ._store import JobStore
-from ._sweeps import LAST_TABLE, Sql
+from ._sweeps import LAST_TABLE
 
 _log = logging.getLogger("asyncsoak.queue")
 
 #: ``PRAGMA application_id`` of a queue database ("asok").
 APPLICATION_ID = 0x61736F6B
 #: How long touching and watching the wake-up file may take before the worker polls instead.
-WATCH_SETUP_TIMEOUT_S = 5.0
+WATCH_SETUP_TIMEOUT_SECONDS = 5.0
 #: Beside ``queue.db``, the file whose touch wakes its idle workers: ``queue.db-wake``.
 WAKE_SUFFIX = "-wake"
 MOUNTINFO = Path("/proc/self/mountinfo")
@@ -82,80 +72,6 @@ NETWORK_FILESYSTEMS = frozenset(
         "smbfs",
     }
 )
-
-# Each entry migrates the schema from version i to i + 1; statements run in one transaction.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        f"PRAGMA application_id = {APPLICATION_ID}",
-        """
-        CREATE TABLE jobs (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            name TEXT,
-            status TEXT NOT NULL
-                CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
-            argv TEXT,
-            config TEXT,
-            cwd TEXT,
-            env TEXT NOT NULL DEFAULT '{}',
-            progress_dir TEXT,
-            soak TEXT NOT NULL DEFAULT '{}',
-            stop_mode TEXT NOT NULL DEFAULT 'stdin'
-                CHECK (stop_mode IN ('stdin', 'group', 'leader')),
-            priority INTEGER NOT NULL DEFAULT 0,
-            attempt INTEGER NOT NULL DEFAULT 0,
-            attempts INTEGER NOT NULL DEFAULT 0,
-            max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
-            created_at REAL NOT NULL,
-            started_at REAL,
-            finished_at REAL,
-            heartbeat_at REAL,
-            worker TEXT,
-            host TEXT,
-            cancel_requested INTEGER NOT NULL DEFAULT 0,
-            returncode INTEGER,
-            reason TEXT,
-            error TEXT,
-            artifact TEXT,
-            CHECK ((argv IS NULL) != (config IS NULL))
-        )
-        """,
-        "CREATE INDEX jobs_by_claim_order ON jobs (status, priority DESC, id)",
-        """
-        CREATE TABLE attempts (
-            job_id INTEGER NOT NULL REFERENCES jobs (id),
-            attempt INTEGER NOT NULL,
-            worker TEXT NOT NULL,
-            host TEXT NOT NULL,
-            started_at REAL NOT NULL,
-            finished_at REAL,
-            outcome TEXT
-                CHECK (outcome IN ('succeeded', 'failed', 'cancelled', 'interrupted')),
-            reason TEXT,
-            returncode INTEGER,
-            error TEXT,
-            artifact TEXT NOT NULL,
-            PRIMARY KEY (job_id, attempt)
-        )
-        """,
-        """
-        CREATE TABLE workers (
-            name TEXT PRIMARY KEY,
-            host TEXT NOT NULL,
-            pid INTEGER NOT NULL,
-            pid_start INTEGER,
-            started_at REAL NOT NULL,
-            heartbeat_at REAL NOT NULL,
-            stopped_at REAL,
-            job_id INTEGER
-        )
-        """,
-    ),
-    (
-        "ALTER TABLE attempts ADD COLUMN summary TEXT",
-        "ALTER TABLE attempts ADD COLUMN note TEXT",
-    ),
-)
-assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
 def filesystem_type(path: Path, mountinfo: Path = MOUNTINFO) -> str | None:
@@ -222,6 +138,8 @@ class SqliteStore(JobStore):
         if self._check_location(create, mountinfo):
             self._create()
         self._conn = self._connect(self.path)
+        stat = os.stat(self.path)
+        self._identity = (stat.st_dev, stat.st_ino)
 
     def _connect(self, path: Path) -> sqlite3.Connection:
         """Open ``path``, refuse it unless it is a sound queue database, bring its schema up."""
@@ -324,9 +242,10 @@ class SqliteStore(JobStore):
             return
         with self._write() as conn:
             version = self._schema_state(conn)
-            for statements in _MIGRATIONS[version:]:
-                for statement in statements:
-                    conn.execute(statement)
+            if version == 0:
+                conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            for statement in schema_statements("sqlite", version):
+                conn.execute(statement)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -371,6 +290,19 @@ class SqliteStore(JobStore):
     def now(self) -> float:
         return self.clock()
 
+    def file_lost(self) -> str | None:
+        # The open connection keeps a deleted file alive: a new submit makes a new file at
+        # the path, which this connection never sees.
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return "was deleted"
+        except OSError:
+            return None  # unreadable for now: the store's calls say so
+        if (stat.st_dev, stat.st_ino) != self._identity:
+            return "was replaced by another file"
+        return None
+
     def default_runs_dir(self) -> Path:
         """Runs live beside the database: ``queue.db`` keeps them in ``queue.runs/``."""
         return self.path.with_suffix(".runs")
@@ -413,36 +345,6 @@ class SqliteStore(JobStore):
     def _after_submit(self) -> None:
         self._wake_workers()
 
-    # --- the worker's side -----------------------------------------------------------------
-
-    def worker_heartbeat(self, name: str) -> None:
-        self._one("UPDATE workers SET heartbeat_at = ? WHERE name = ?", (self.clock(), name))
-
-    def worker_stopped(self, name: str) -> None:
-        now = self.clock()
-        self._one(
-            "UPDATE workers SET heartbeat_at = ?, stopped_at = ?, job_id = NULL WHERE name = ?",
-            (now, now, name),
-        )
-
-    def heartbeat(self, job_id: int, attempt: int, worker: str) -> bool | None:
-        row = self._one(
-            "UPDATE jobs SET heartbeat_at = ? "
-            "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running' "
-            "RETURNING cancel_requested",
-            (self.clock(), job_id, attempt, worker),
-        )
-        return None if row is None else bool(row[0])
-
-    def take_over(self, job: Job, worker: str) -> bool:
-        row = self._one(
-            "UPDATE jobs SET worker = ?, heartbeat_at = ? "
-            "WHERE id = ? AND attempt = ? AND worker IS ? AND status = 'running' "
-            "AND heartbeat_at IS ? RETURNING id",
-            (worker, self.clock(), job.id, job.attempt, job.worker, job.heartbeat_at),
-        )
-        return row is not None
-
     # --- wake-ups ----------------------------------------------------------------------------
 
     @property
@@ -480,12 +382,14 @@ class SqliteStore(JobStore):
                 # they run in asyncsoak's threads under a deadline (a hung disk costs only
                 # promptness: the poll finds the jobs).
                 await run_blocking(
-                    self._wake_workers, timeout=WATCH_SETUP_TIMEOUT_S, what="touch wake-up file"
+                    self._wake_workers,
+                    timeout=WATCH_SETUP_TIMEOUT_SECONDS,
+                    what="touch wake-up file",
                 )
                 watched = await run_blocking(
                     watcher.watch_file,
                     self.wake_path,
-                    timeout=WATCH_SETUP_TIMEOUT_S,
+                    timeout=WATCH_SETUP_TIMEOUT_SECONDS,
                     what="watch wake-up file",
                 )
             except BlockingCallTimeout:

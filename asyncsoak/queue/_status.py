@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .._contract import describe_exit_status, forwarded_signals
+from .._contract import exits
 from .._record import read_log_tail
 from ..trainer import EXIT_INTERRUPTED
 
@@ -81,24 +81,12 @@ def tail(path: Path, n: int = ERROR_TAIL_LINES) -> str:
 
 
 def final_status(rc: int | None, cancel_requested: bool, stopping: bool, killed: bool) -> str:
-    """A job's final status from how its command ended.
+    """A job's final status from how its command ended (the table in docs/queue.md).
 
     ``rc`` is the child's status as Python reports it (negative for a signal, ``None`` when
     unknown); ``stopping`` means the worker itself asked the child to stop (worker shutdown);
-    ``killed`` means its tree was killed after the stop timeout.
-
-    | rc | cancel_requested | stopping | killed | status |
-    | --- | --- | --- | --- | --- |
-    | 0 | any | any | any | `succeeded` |
-    | ≠ 0 or None | true | any | any | `cancelled` |
-    | 4 (`EXIT_INTERRUPTED`) | false | any | false | `interrupted` (saved; requeued) |
-    | any ≠ 0 | false | true | true | `interrupted` (killed before saving; requeued, noted) |
-    | None | false | false | any | `failed` (outcome lost) |
-    | other | false | false | any | `failed` |
-
-    A soak failure decided by the monitor then turns ``succeeded`` or ``failed`` into
-    ``failed`` with the soak's primary reason, and never turns ``cancelled`` or
-    ``interrupted`` into ``failed`` (:func:`with_soak_verdict`).
+    ``killed`` means its tree was killed after the stop timeout.  A soak failure then turns
+    ``succeeded`` or ``failed`` into ``failed`` (:func:`with_soak_verdict`).
     """
     if rc == 0:
         return SUCCEEDED
@@ -125,7 +113,7 @@ def describe_exit(
     see for ``sent`` and ``forwarded``), and the trainer's own ``EXIT_INTERRUPTED`` said as such."""
     if rc == EXIT_INTERRUPTED:
         return f"exit status {rc} (EXIT_INTERRUPTED: saved and stopped)"
-    return describe_exit_status(rc, sent=sent, forwarded=forwarded)
+    return exits.describe_exit_status(rc, sent=sent, forwarded=forwarded)
 
 
 def signals_sent(
@@ -151,81 +139,3 @@ class Outcome:
     #: What exactly failed (``ValueError at train.py:12``, ``scheduler``...), for the retry
     #: rules of ``_retry.py``; None when nothing more precise than the reason is known.
     cause: str | None = None
-
-
-def outcome_from_artifact(
-    artifact: dict[str, Any],
-    *,
-    cancel_requested: bool,
-    stopping: bool,
-    log_tail: str,
-    killed_by_worker: bool = False,
-) -> Outcome:
-    """An attempt's outcome from its soak artifact.
-
-    ``killed_by_worker`` says the worker killed the command's process group itself (a hard
-    stop), which the artifact cannot know.
-
-    When the monitor itself ended the run (a rule fired, or ``max_duration_seconds`` passed),
-    the trainer's exit status only answers the monitor's stop: the soak's verdict decides,
-    so a trainer that saves and exits 4 when its stale run is stopped is ``failed``, not
-    requeued forever as ``interrupted``.
-    """
-    exit_info = artifact.get("exit") or {}
-    stop = artifact.get("stop") or {}
-    rc: int | None = exit_info.get("returncode")
-    killed = bool(stop.get("killed")) or killed_by_worker
-    sent = signals_sent(artifact, killed_by_worker=killed_by_worker)
-    forwarded = forwarded_signals(artifact)
-    failures = artifact.get("failures") or []
-    soak_reason: str | None = failures[0].get("reason") if failures else None
-    if artifact.get("status") == "error" and soak_reason is None:
-        soak_reason = "monitor_error"
-    soak_failed = artifact.get("status") in ("failed", "error")
-
-    if artifact.get("status") == "cancelled" and exit_info.get("pid") is None:
-        # Stopped before the command started: nothing ran, so nothing counts as a failure.
-        if cancel_requested:
-            return Outcome(CANCELLED, None, None, None)
-        return Outcome(INTERRUPTED, None, NOT_STARTED, None)
-    status: str
-    if stop.get("cause") in ("failure", "max_duration"):
-        status = (
-            CANCELLED if cancel_requested and rc != 0 else (FAILED if soak_failed else SUCCEEDED)
-        )
-    else:
-        status = with_soak_verdict(
-            final_status(rc, cancel_requested, stopping, killed), soak_failed
-        )
-
-    if status == FAILED:
-        reason = soak_reason or (OUTCOME_LOST if rc is None else "nonzero_exit")
-        message = failures[0].get("message") if failures else None
-        error = failure_error(rc, reason, message, log_tail, sent=sent, forwarded=forwarded)
-        from ._retry import cause_of  # the retry rules build on this module
-
-        return Outcome(status, rc, reason, error, cause_of(artifact, reason, log_tail))
-    if status == INTERRUPTED and killed:
-        exit_text = describe_exit(rc, sent=sent, forwarded=forwarded)
-        return Outcome(status, rc, KILLED_BEFORE_SAVING, exit_text)
-    warnings = [str(w) for w in artifact.get("warnings") or []]
-    if status == SUCCEEDED and warnings:
-        return Outcome(status, rc, None, "\n".join([WARNINGS_HEADER, *warnings]))
-    return Outcome(status, rc, None, None)
-
-
-def failure_error(
-    rc: int | None,
-    reason: str,
-    message: str | None,
-    log_tail: str,
-    *,
-    sent: Collection[str] | None = None,
-    forwarded: Collection[str] = (),
-) -> str:
-    """A failed job's error: the soak's primary reason, the decoded exit status, the log tail."""
-    head = f"{reason}: {message}" if message else reason
-    parts = [head, describe_exit(rc, sent=sent, forwarded=forwarded)]
-    if log_tail:
-        parts.append(f"{LOG_TAIL_HEADER}\n{log_tail}")
-    return "\n".join(parts)

@@ -1,23 +1,16 @@
-"""The queue's store: the one interface the worker and the command line use, two backends.
+"""The queue's store: the one interface the worker and the command line use.
 
-:class:`SqliteStore` (``_sqlite.py``) keeps the queue in one file on one host, the embedded
-default.  :class:`PostgresStore` (``_postgres.py``) keeps it in a PostgreSQL database shared
-by workers on many hosts.  Both keep the same records (``_models.py``) under the same rules:
-every method is one short transaction, none is held while a child runs, and every write a
-worker makes about an attempt is fenced on ``(id, attempt, worker)`` with its row count
-checked, so a worker that lost its job can never overwrite a newer attempt.
-
-``JobStore(db)`` (or :func:`open_store`) opens the backend ``db`` names: a
-``postgresql://`` / ``postgres://`` URL, ``postgresql:`` for libpq's ``PG*`` variables, or a
-keyword string (``host=db1 dbname=queue``) is PostgreSQL; anything else is the path of an
-SQLite file.
+Two backends implement it: :class:`SqliteStore` (``_sqlite.py``, one file on one host) and
+:class:`PostgresStore` (``_postgres.py``, one database for many hosts); ``open_store``
+(``_fleet.py``) opens the one a ``db`` names.  Both keep the records of ``_models.py`` under
+the same rules: every method is one short transaction, none is held while a child runs, and
+every write a worker makes about an attempt is fenced on ``(id, attempt, worker)``.
 """
 
 from __future__ import annotations
 
 import abc
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,66 +19,34 @@ import anyio
 import anyio.abc
 
 from .._supervisor import StopMode
+from ..trainer import Job, decoded, select_job
 from ._models import (
     ATTEMPT_COLUMNS,
     BUSY_TIMEOUT_SECONDS,
     DEFAULT_MAX_ATTEMPTS,
     JOB_COLUMNS,
+    JOB_KINDS,
     JOB_STATUSES,
-    QUEUED,
-    RUNNING,
     TERMINAL_STATUSES,
     WORKER_COLUMNS,
     Attempt,
-    Job,
     JobNotFoundError,
     JobStateError,
-    Submission,
+    Sql,
     WorkerInfo,
     WorkerNameInUseError,
     attempt_from_row,
-    job_from_row,
     validate_submission,
+    worker_from_row,
 )
-from ._status import INTERRUPTED, Outcome
-from ._sweeps import GpuOffer, Sql, SweepStore, check_plan, claim_filter, parse_array
-
-#: A libpq keyword connection string ("host=db1 dbname=queue user=me"): it starts with one
-#: of libpq's keywords and "=", which no sensible SQLite file name does.
-_KEYWORD_CONNINFO = re.compile(
-    r"^\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options"
-    r"|connect_timeout|application_name|target_session_attrs)\s*="
-)
-
-
-def is_postgres(db: str | os.PathLike[str]) -> bool:
-    """Whether ``db`` names a PostgreSQL database rather than an SQLite file: a URL, or a
-    keyword connection string."""
-    return isinstance(db, str) and (
-        db.startswith(("postgresql:", "postgres:")) or bool(_KEYWORD_CONNINFO.match(db))
-    )
+from ._status import INTERRUPTED, QUEUED, RUNNING, Outcome
+from ._sweeps import GpuOffer, SweepStore, check_plan, claim_filter, parse_array
 
 
 def default_data_dir() -> Path:
     """``asyncsoak`` in ``$XDG_DATA_HOME`` (``~/.local/share``)."""
     data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data) / "asyncsoak"
-
-
-def backend(db: str | os.PathLike[str]) -> type[JobStore]:
-    """The store class for ``db`` (see the module docstring)."""
-    if is_postgres(db):
-        from ._postgres import PostgresStore
-
-        return PostgresStore
-    from ._sqlite import SqliteStore
-
-    return SqliteStore
-
-
-def open_store(db: str | os.PathLike[str], **options: Any) -> JobStore:
-    """The store ``db`` names; ``options`` (``create``, ``busy_timeout``...) go to it."""
-    return backend(db)(db, **options)
 
 
 class JobStore(SweepStore):
@@ -105,13 +66,12 @@ class JobStore(SweepStore):
     #: What a claim's choice of job ends with: PostgreSQL locks the chosen row, skipping rows
     #: other claims hold; SQLite's ``BEGIN IMMEDIATE`` already holds the whole database.
     _claim_lock: str = ""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> JobStore:
-        # ``JobStore(db)`` opens the backend ``db`` names; the backends construct normally.
-        # Python then runs the chosen class's ``__init__`` with the same arguments.
-        if cls is JobStore:
-            cls = backend(args[0] if args else kwargs.get("db", kwargs.get("path", "")))
-        return super().__new__(cls)
+    #: The queue's time in SQL (its parameters from :meth:`_now`): the store's clock on
+    #: SQLite, the database's ``now()`` on PostgreSQL.
+    _now_sql: str = "?"
+    #: How the backend's SQL says two values are the same, NULL included.
+    _same: str = "IS"
+    clock: Callable[[], float]
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -134,6 +94,11 @@ class JobStore(SweepStore):
     def default_runs_dir(self) -> Path:
         """Where a worker keeps its runs unless told (``--runs-dir``)."""
 
+    def file_lost(self) -> str | None:
+        """How the database's file left its path since it was opened (``"was deleted"``),
+        or None; a server's database has no file."""
+        return None
+
     def child_environment(self) -> dict[str, str]:
         """What a job's processes need to reach this database (``ASYNCSOAK_DB``...)."""
         return {"ASYNCSOAK_DB": self.location}
@@ -148,6 +113,14 @@ class JobStore(SweepStore):
         requeued), until cancelled.  A backend without notifications returns at once: its
         workers find new jobs by polling."""
         task_status.started()
+
+    def _now(self) -> tuple[float, ...]:
+        """The parameters :attr:`_now_sql` takes."""
+        return (self.clock(),)
+
+    @abc.abstractmethod
+    def _one(self, sql: str, params: Sequence[Any]) -> Any:
+        """One statement (``?`` placeholders) outside a transaction: its first row."""
 
     @abc.abstractmethod
     def _json(self, value: Any) -> Any:
@@ -199,8 +172,7 @@ class JobStore(SweepStore):
             no_retry_on=no_retry_on,
         )
         indices = None if array is None else parse_array(array)
-        env = dict(env or {})
-        limits = validate_submission(
+        submission = validate_submission(
             argv=argv,
             config=config,
             cwd=cwd,
@@ -211,23 +183,12 @@ class JobStore(SweepStore):
             priority=priority,
             max_attempts=max_attempts,
         )
-        submission = Submission(
-            name=name,
-            argv=None if argv is None else list(argv),
-            config=None if config is None else dict(config),
-            cwd=None if cwd is None else os.fspath(cwd),
-            env=env,
-            progress_dir=None if progress_dir is None else os.fspath(progress_dir),
-            soak=limits,
-            stop_mode=stop_mode,
-            priority=priority,
-            max_attempts=max_attempts,
-        )
+        submission["name"] = name
         if plan.is_plain() and indices is None:
             return self._insert(submission)
         return self._insert_planned(submission, plan, indices)
 
-    def _insert(self, job: Submission) -> int:
+    def _insert(self, job: dict[str, Any]) -> int:
         """Insert a checked job as ``queued`` (and wake idle workers); returns its id."""
         with self._transaction() as sql:
             job_id = self._insert_row(sql, job)
@@ -235,24 +196,17 @@ class JobStore(SweepStore):
         self._after_submit()
         return job_id
 
-    def _insert_row(self, sql: Sql, job: Submission) -> int:
+    def _insert_row(self, sql: Sql, job: Mapping[str, Any]) -> int:
+        """Insert a checked job's columns as ``queued``; its id."""
+        values = {
+            key: self._json(value) if JOB_KINDS[key] == "json" and value is not None else value
+            for key, value in job.items()
+        }
+        values.update(status="queued", created_at=sql.now)
         row = sql(
-            "INSERT INTO jobs (name, status, argv, config, cwd, env, progress_dir, soak, "
-            "stop_mode, priority, max_attempts, created_at) "
-            "VALUES (?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-            (
-                job.name,
-                None if job.argv is None else self._json(job.argv),
-                None if job.config is None else self._json(job.config),
-                job.cwd,
-                self._json(job.env),
-                job.progress_dir,
-                self._json(job.soak),
-                job.stop_mode,
-                job.priority,
-                job.max_attempts,
-                sql.now,
-            ),
+            f"INSERT INTO jobs ({', '.join(values)}) "
+            f"VALUES ({', '.join('?' * len(values))}) RETURNING id",
+            tuple(values.values()),
         ).fetchone()
         return int(row[0])
 
@@ -263,10 +217,10 @@ class JobStore(SweepStore):
     def get(self, job_id: int) -> Job:
         """One job; :class:`JobNotFoundError` when there is none."""
         with self._reading() as sql:
-            row = sql(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
+            job = select_job(sql, job_id)
+        if job is None:
             raise JobNotFoundError(job_id)
-        return job_from_row(row)
+        return job
 
     def jobs(self, status: str | None = None) -> list[Job]:
         """Jobs in id order; ``status`` may also be ``interrupted``: queued jobs whose last
@@ -284,7 +238,7 @@ class JobStore(SweepStore):
                 rows = sql(
                     f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = ? ORDER BY id", (status,)
                 ).fetchall()
-        return [job_from_row(row) for row in rows]
+        return [Job(*decoded(Job, row)) for row in rows]
 
     def count_by_status(self) -> dict[str, int]:
         """How many jobs are in each status (every status present, 0 when none)."""
@@ -336,6 +290,12 @@ class JobStore(SweepStore):
             if status not in TERMINAL_STATUSES:
                 raise JobStateError(job_id, status, "requeued", TERMINAL_STATUSES)
             self._requeued(sql, job_id)
+            # The job's next wait (its ledger's queue_wait) starts now.
+            sql(
+                "INSERT INTO job_requeues (job_id, attempt, at) SELECT id, attempt, ? FROM jobs "
+                "WHERE id = ? ON CONFLICT (job_id, attempt) DO UPDATE SET at = excluded.at",
+                (sql.now, job_id),
+            )
             sql(
                 "UPDATE jobs SET status = 'queued', cancel_requested = FALSE, attempts = 0, "
                 "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "
@@ -346,11 +306,20 @@ class JobStore(SweepStore):
         self._after_submit()
         return self.get(job_id)
 
+    def requeue_times(self) -> dict[int, dict[int, float]]:
+        """When each finished job was queued again, by job and the attempt it followed."""
+        with self._reading() as sql:
+            rows = sql("SELECT job_id, attempt, at FROM job_requeues").fetchall()
+        out: dict[int, dict[int, float]] = {}
+        for job_id, attempt, at in rows:
+            out.setdefault(int(job_id), {})[int(attempt)] = float(at)
+        return out
+
     def workers(self) -> list[WorkerInfo]:
         """Every worker that ever registered, by name."""
         with self._reading() as sql:
             rows = sql(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY name").fetchall()
-        return [WorkerInfo(*row) for row in rows]
+        return [worker_from_row(row) for row in rows]
 
     # --- the worker's side -----------------------------------------------------------------
 
@@ -369,7 +338,7 @@ class JobStore(SweepStore):
                 f"SELECT {WORKER_COLUMNS} FROM workers WHERE name = ?{sql.for_update}", (name,)
             ).fetchone()
             if row is not None:
-                previous = WorkerInfo(*row)
+                previous = worker_from_row(row)
                 if previous.stopped_at is None and alive(previous):
                     raise WorkerNameInUseError(name, previous.host, previous.pid)
             sql(
@@ -380,13 +349,19 @@ class JobStore(SweepStore):
                 (name, host, pid, pid_start, sql.now, sql.now),
             )
 
-    @abc.abstractmethod
     def worker_heartbeat(self, name: str) -> None:
         """Refresh a worker's heartbeat (its current job is set by claim and finish)."""
+        sql = f"UPDATE workers SET heartbeat_at = {self._now_sql} WHERE name = ?"
+        self._one(sql, (*self._now(), name))
 
-    @abc.abstractmethod
     def worker_stopped(self, name: str) -> None:
         """Record a worker's clean stop."""
+        now = self._now_sql
+        self._one(
+            f"UPDATE workers SET heartbeat_at = {now}, stopped_at = {now}, job_id = NULL "
+            "WHERE name = ?",
+            (*self._now(), *self._now(), name),
+        )
 
     def claim(
         self,
@@ -438,14 +413,20 @@ class JobStore(SweepStore):
             "UPDATE workers SET job_id = ?, heartbeat_at = ? WHERE name = ?",
             (job_id, sql.now, worker),
         )
-        return job_from_row(
-            sql(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        )
+        job = select_job(sql, job_id)
+        assert job is not None
+        return job
 
-    @abc.abstractmethod
     def heartbeat(self, job_id: int, attempt: int, worker: str) -> bool | None:
         """Refresh a running job's heartbeat; returns its cancel request, or None when this
         worker no longer owns the attempt (fenced: stop the child, write nothing more)."""
+        row = self._one(
+            f"UPDATE jobs SET heartbeat_at = {self._now_sql} "
+            "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running' "
+            "RETURNING cancel_requested",
+            (*self._now(), job_id, attempt, worker),
+        )
+        return None if row is None else bool(row[0])
 
     def cancel_requested(self, job_id: int) -> bool:
         """Whether the job's cancellation was asked for."""
@@ -524,11 +505,18 @@ class JobStore(SweepStore):
                 f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY id"
             ).fetchall()
             workers = sql(f"SELECT {WORKER_COLUMNS} FROM workers").fetchall()
-        by_name = {w.name: w for w in (WorkerInfo(*w) for w in workers)}
-        jobs = [job_from_row(row) for row in rows]
+        by_name = {w.name: w for w in map(worker_from_row, workers)}
+        jobs = [Job(*decoded(Job, row)) for row in rows]
         return [(job, by_name.get(job.worker or "")) for job in jobs]
 
-    @abc.abstractmethod
     def take_over(self, job: Job, worker: str) -> bool:
         """Take an orphan from its silent worker, if its heartbeat has not moved since ``job``
         was read (compare and swap); the silent worker is fenced out from then on."""
+        same = self._same
+        row = self._one(
+            f"UPDATE jobs SET worker = ?, heartbeat_at = {self._now_sql} "
+            f"WHERE id = ? AND attempt = ? AND worker {same} ? AND status = 'running' "
+            f"AND heartbeat_at {same} ? RETURNING id",
+            (worker, *self._now(), job.id, job.attempt, job.worker, job.heartbeat_at),
+        )
+        return row is not None

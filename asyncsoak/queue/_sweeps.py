@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._contract import ValidationError
-from ._models import QUEUED, Job, JobNotFoundError, QueueError, Submission
+from ._models import INTEGER_MAX, JobNotFoundError, QueueError, Sql
 from ._retry import DEPENDENCY_FAILED, Decision, RetryPolicy, check_retry_names, decide
-from ._status import CANCELLED, FAILED, Outcome
+from ._status import CANCELLED, FAILED, QUEUED, Outcome
 
 #: The tables, each created when missing (the same text runs on SQLite and PostgreSQL).
 EXTENSION_DDL: tuple[str, ...] = (
@@ -72,35 +72,22 @@ EXTENSION_DDL: tuple[str, ...] = (
         PRIMARY KEY (host, gpu)
     )
     """,
+    # When a finished job was requeued after its attempt ``attempt`` (``JobStore.requeue``).
+    "CREATE TABLE IF NOT EXISTS job_requeues (job_id BIGINT NOT NULL, attempt INTEGER NOT NULL, "
+    "at DOUBLE PRECISION NOT NULL, PRIMARY KEY (job_id, attempt))",
 )
 #: The table created last: present means every one is.
-LAST_TABLE = "gpu_faults"
+LAST_TABLE = "job_requeues"
 #: Largest array (``--array START-END[:STEP]``) one submission may make.
 MAX_ARRAY_JOBS = 10_000
+#: The most GPUs one job may ask for (``--gpus N``), and one more than the highest GPU index
+#: a worker may own (``worker --gpus 0,1``).
+MAX_GPUS = 1024
+#: The latest ``--not-before``: the last second of the year 9999 (epoch seconds).
+LATEST_TIME = 253_402_300_799.0
 #: How long a retried job waits for a worker with a GPU other than the one it failed on,
 #: before any worker takes it (seconds after its retry became due).
 PREFER_OTHER_GPU_S = 30.0
-
-
-class Sql:
-    """One transaction's connection, for SQL written with ``?`` placeholders.  ``for_share``
-    ends a SELECT whose rows must not change before the transaction ends, ``for_update`` one
-    whose rows the transaction will change (PostgreSQL's ``FOR SHARE`` and ``FOR UPDATE``;
-    SQLite's ``BEGIN IMMEDIATE`` already holds the whole database)."""
-
-    def __init__(
-        self, conn: Any, placeholder: str, now: float, for_share: str = "", for_update: str = ""
-    ) -> None:
-        self.conn = conn
-        self.placeholder = placeholder
-        self.now = now
-        self.for_share = for_share
-        self.for_update = for_update
-
-    def __call__(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        if self.placeholder != "?":
-            sql = sql.replace("?", self.placeholder)
-        return self.conn.execute(sql, tuple(params))
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,12 +163,13 @@ def parse_array(text: str) -> range:
         raise ValidationError(
             f"--array {text!r}: expected START-END[:STEP], such as 0-3 or 0-10:2"
         ) from None
-    if not dash or start < 0 or end < start or step < 1:
+    if not dash or start < 0 or end < start or step < 1 or end > INTEGER_MAX:
         raise ValidationError(
-            f"--array {text!r}: expected START-END[:STEP] with 0 <= START <= END and STEP >= 1"
+            f"--array {text!r}: expected START-END[:STEP] with 0 <= START <= END <= "
+            f"{INTEGER_MAX} and STEP >= 1"
         )
     indices = range(start, end + 1, step)
-    if len(indices) > MAX_ARRAY_JOBS:
+    if (end - start) // step >= MAX_ARRAY_JOBS:
         raise ValidationError(f"--array {text!r}: at most {MAX_ARRAY_JOBS} jobs in one array")
     return indices
 
@@ -201,12 +189,20 @@ def check_plan(
 ) -> Plan:
     """A submission's sweep options, checked (a clear ``ValidationError``)."""
     for job_id in after:
-        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+        if (
+            isinstance(job_id, bool)
+            or not isinstance(job_id, int)
+            or not 1 <= job_id <= INTEGER_MAX
+        ):
             raise ValidationError(f"--after: {job_id!r} is not a job id")
-    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
-        raise ValidationError("--gpus: the number of GPUs must be an integer >= 1")
-    if not_before is not None and not isinstance(not_before, int | float):
-        raise ValidationError("--not-before must be a time")
+    if gpus is not None and (
+        isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS
+    ):
+        raise ValidationError(f"--gpus: the number of GPUs must be an integer from 1 to {MAX_GPUS}")
+    if not_before is not None and (
+        not isinstance(not_before, int | float) or not 0 <= not_before <= LATEST_TIME
+    ):
+        raise ValidationError("--not-before must be a time before the year 10000")
     both = set(retry_on) & set(no_retry_on)
     if both:
         raise ValidationError(f"--retry-on and --no-retry-on both name {', '.join(sorted(both))}")
@@ -295,7 +291,7 @@ class SweepStore(abc.ABC):
         """The connection for reads, outside any write transaction (``now`` unused)."""
 
     @abc.abstractmethod
-    def _insert_row(self, sql: Sql, job: Submission) -> int:
+    def _insert_row(self, sql: Sql, job: Mapping[str, Any]) -> int:
         """Insert one checked job as ``queued`` inside ``sql``'s transaction; its id."""
 
     @abc.abstractmethod
@@ -311,7 +307,7 @@ class SweepStore(abc.ABC):
 
     # --- submitting ------------------------------------------------------------------------
 
-    def _insert_planned(self, job: Submission, plan: Plan, array: range | None) -> int:
+    def _insert_planned(self, job: dict[str, Any], plan: Plan, array: range | None) -> int:
         """Insert a job (or an array of jobs) with its plan in one transaction; the first id.
 
         An ``--after`` job that does not exist, or that failed or was cancelled, is refused:
@@ -589,39 +585,10 @@ class SweepStore(abc.ABC):
                 pending.append((int(dependent), CANCELLED))
 
 
-def _array_member(job: Submission, index: int) -> Submission:
-    from dataclasses import replace
-
-    return replace(
-        job,
-        argv=None if job.argv is None else substitute_index(job.argv, index),
-        env={**job.env, "ASYNCSOAK_ARRAY_INDEX": str(index)},
-    )
-
-
-#: Job ids shown at most in a note (a job ``--after`` an array waits for each of its jobs).
-IDS_SHOWN = 8
-
-
-def ids_text(ids: Sequence[int], separator: str) -> str:
-    """``ids`` for people: the first :data:`IDS_SHOWN`, then how many more."""
-    shown = separator.join(str(i) for i in ids[:IDS_SHOWN])
-    more = len(ids) - IDS_SHOWN
-    return f"{shown} and {more} more" if more > 0 else shown
-
-
-def plan_note(plan: Plan, jobs_by_id: Mapping[int, Job], now: float) -> str:
-    """What a queued job waits for, in words (``jobs``' note): "" when nothing."""
-    waits = []
-    pending = [a for a in plan.after if a not in jobs_by_id or jobs_by_id[a].status != "succeeded"]
-    if pending:
-        waits.append("after " + ids_text(pending, ","))
-    if plan.not_before is not None and plan.not_before > now:
-        waits.append(f"not before {plan.not_before - now:.0f}s from now")
-    if plan.retry_at is not None and plan.retry_at > now:
-        waits.append(f"retry backoff {plan.retry_at - now:.0f}s")
-    note = f"waits: {', '.join(waits)}" if waits else ""
-    if plan.gpus is not None:
-        needs = f"needs {plan.gpus} GPU{'s' if plan.gpus != 1 else ''}"
-        note = f"{note}; {needs}" if note else needs
-    return note
+def _array_member(job: dict[str, Any], index: int) -> dict[str, Any]:
+    argv = job["argv"]
+    return {
+        **job,
+        "argv": None if argv is None else substitute_index(argv, index),
+        "env": {**job["env"], "ASYNCSOAK_ARRAY_INDEX": str(index)},
+    }

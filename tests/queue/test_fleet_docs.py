@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from asyncsoak.queue import JobStore, QueueMissingError, WorkerInfo, open_store
+from asyncsoak.queue._fleet import is_postgres
 from asyncsoak.queue._status import STOP_TIMEOUT_S
-from asyncsoak.queue._store import is_postgres
 
 from ..conftest import REPO
 from ..gpu_support import install_fake_nvidia_smi

@@ -47,8 +47,8 @@ def test_submit_list_and_show(tmp_path: Path) -> None:
     db = tmp_path / "q.db"
     out = cli(
         db, "submit", "--name", "lr-3e-4", "--priority", "2", "--env", f"HF_TOKEN={SECRET}",
-        "--max-attempts", "2", "--stale-progress", "30", "--", "python", "train.py", "--lr", "3e-4",
-        "--hf-token", SECRET,
+        "--max-attempts", "2", "--stale-progress", "30", "--expect-every", "checkpoint-*=1800",
+        "--", "python", "train.py", "--lr", "3e-4", "--hf-token", SECRET,
     )  # fmt: skip
     assert out.stdout == "1\n"
     table = cli(db, "jobs").stdout
@@ -63,9 +63,12 @@ def test_submit_list_and_show(tmp_path: Path) -> None:
     assert job["argv"] == ["python", "train.py", "--lr", "3e-4", "--hf-token", "[redacted]"]
     assert job["cwd"] == str(REPO)
     assert job["soak"]["stale_progress_seconds"] == 30.0
+    assert job["soak"]["expect_every"] == {"checkpoint-*": 1800.0}
     assert (job["max_attempts"], job["attempts"]) == (2, [])
     text = cli(db, "job", "1").stdout
     assert "HF_TOKEN (values hidden)" in text
+    assert "expect_every=checkpoint-*=1800s" in text
+    assert "checkpoint_globs" not in text  # the default goes without saying
     assert SECRET not in table + shown + text + json.dumps(listed)
 
 
@@ -268,3 +271,30 @@ async def test_sighup_to_the_worker_requeues_its_job(tmp_path: Path, ready: Read
             assert await worker.wait() == 0
     job = json.loads(cli(db, "job", "1", "--json").stdout)
     assert (job["status"], job["last_outcome"]) == ("queued", "interrupted")
+
+
+def test_a_deleted_queue_file_stops_the_worker_with_status_1(tmp_path: Path) -> None:
+    """An idle worker whose SQLite file is deleted exits 1 (not 75, "try again") within 20 s,
+    its message naming the database."""
+    db = tmp_path / "q.db"
+    SqliteStore(db).close()
+    with subprocess.Popen(
+        [sys.executable, "-m", "asyncsoak", "worker", "--db", str(db), "--no-gpu", "--poll", "1"],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as worker:
+        try:
+            assert worker.stderr is not None
+            for line in worker.stderr:  # the worker's log, until it says it started
+                if "started on" in line:
+                    break
+            db.unlink()
+            assert worker.wait(timeout=20) == 1
+            error = worker.stderr.read().splitlines()[-1]
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+    assert error.startswith("asyncsoak: error: ")
+    assert str(db) in error
+    assert "deleted" in error

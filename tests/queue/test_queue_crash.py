@@ -27,10 +27,11 @@ import anyio
 import pytest
 from anyio.abc import Process
 
+from asyncsoak._process._spawn import REAPER_SCRIPT
 from asyncsoak.queue import Attempt, Job, JobStore, open_store
+from asyncsoak.queue._fleet import is_postgres
 from asyncsoak.queue._models import TERMINAL_STATUSES
 from asyncsoak.queue._retry import INFRASTRUCTURE_REASONS
-from asyncsoak.queue._store import is_postgres
 
 from ..conftest import REPO, ReadyFifo, alive
 from .helpers import FAST_SOAK
@@ -468,7 +469,7 @@ def test_orphan_sweep_kills_a_reaper_that_has_not_started_the_command(
     attempt_dir.mkdir(parents=True)
     log_fd = os.open(attempt_dir / "train.log", os.O_WRONLY | os.O_CREAT, 0o600)
     reaper = subprocess.Popen(
-        [sys.executable, "-m", "asyncsoak._process._reaper"],
+        [sys.executable, "-I", "-S", REAPER_SCRIPT],  # as the spawner starts it
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         pass_fds=[log_fd],

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from asyncsoak import ValidationError
-from asyncsoak.queue import JobStore, SqliteStore, run_worker
+from asyncsoak.queue import JobStore, SqliteStore, WorkerConfig, run_worker
 
 from ..conftest import asyncsoak_cli
 from .helpers import FAST_SOAK, JOB_ENV
@@ -30,7 +30,7 @@ def digest(path: Path) -> str:
 
 #: Submissions ``asyncsoak run`` refuses; ``submit`` used to queue them, to fail hours later.
 REFUSED_SUBMISSIONS = [
-    pytest.param(["--max-duration", "0"], ["true"], "max_duration_seconds", id="max-duration-0"),
+    pytest.param(["--max-duration", "0"], ["true"], "--max-duration", id="max-duration-0"),
     pytest.param(["--sample-interval", "nan"], ["true"], "finite", id="sample-interval-nan"),
     pytest.param(["--progress-dir", "{file}"], ["true"], "not a directory", id="progress-dir-file"),
     pytest.param([], [""], r"command\[0\]", id="empty-program"),
@@ -210,12 +210,12 @@ async def test_internal_value_error_is_a_monitor_error_not_invalid_job(
     store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A ValueError from a bug inside the monitor is `monitor_error`, not `invalid_job`."""
-    import asyncsoak._supervisor._soak
+    import asyncsoak._supervisor._producers
 
     async def broken_sampler(*args: Any, **kwargs: Any) -> None:
         raise ValueError("an internal bug of the monitor")
 
-    monkeypatch.setattr(asyncsoak._supervisor._soak, "run_proc_sampler", broken_sampler)
+    monkeypatch.setattr(asyncsoak._supervisor._producers, "run_proc_sampler", broken_sampler)
     job_id = store.submit(
         argv=[sys.executable, "-c", "import time; time.sleep(60)"],
         env=JOB_ENV,
@@ -223,10 +223,37 @@ async def test_internal_value_error_is_a_monitor_error_not_invalid_job(
         max_attempts=1,
     )
     with anyio.fail_after(LIMIT_S):
-        await run_worker(store, poll=0.1, once=True, runs_dir=tmp_path / "runs", nvidia_smi=None)
+        await run_worker(store, quick_config(tmp_path / "runs"), once=True)
     job = store.get(job_id)
     assert (job.status, job.reason) == ("failed", "monitor_error")
     assert "an internal bug" in (job.error or "")
+
+
+@pytest.mark.asyncio
+async def test_a_setting_the_worker_does_not_know_fails_the_attempt_invalid_job(
+    tmp_path: Path,
+) -> None:
+    """A job row carrying a setting this worker does not know (a newer asyncsoak submitted
+    it, on a mixed fleet): the attempt fails `invalid_job` naming the setting, no traceback,
+    and nothing is started."""
+    marker = tmp_path / "started"
+    with SqliteStore(tmp_path / "queue.db") as store:
+        job_id = store.submit(
+            argv=[sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+            soak=FAST_SOAK,
+            max_attempts=1,
+        )
+    with sqlite3.connect(tmp_path / "queue.db") as conn:
+        soak = json.dumps({**FAST_SOAK, "expect_every_v9": {"checkpoint-*": 60}})
+        conn.execute("UPDATE jobs SET soak = ? WHERE id = ?", (soak, job_id))
+    with SqliteStore(tmp_path / "queue.db") as store:
+        with anyio.fail_after(LIMIT_S):
+            await run_worker(store, quick_config(tmp_path / "runs"), once=True)
+        job = store.get(job_id)
+    assert (job.status, job.reason) == ("failed", "invalid_job")
+    assert "'expect_every_v9'" in (job.error or "")
+    assert "Traceback" not in (job.error or "")
+    assert not marker.exists()
 
 
 #: Attempt 1 fails at once; attempt 2 saves a checkpoint in the run dir, then stalls.
@@ -270,7 +297,7 @@ async def test_other_attempts_files_are_not_progress(store: JobStore, tmp_path: 
     other = await anyio.open_process([sys.executable, "-c", OTHER_MONITOR, str(attempt_1)])
     try:
         with anyio.fail_after(LIMIT_S):
-            await run_worker(store, poll=0.1, once=True, runs_dir=runs, nvidia_smi=None)
+            await run_worker(store, quick_config(runs), once=True)
     finally:
         other.kill()
         await other.wait()
@@ -316,68 +343,56 @@ async def test_full_runs_filesystem_is_the_workers_problem_not_an_invalid_job(
         fill_up(runs)
         job_id = store.submit(argv=[sys.executable, "-c", "pass"], soak=FAST_SOAK, max_attempts=1)
         with anyio.fail_after(LIMIT_S):
-            await run_worker(store, poll=0.1, once=True, runs_dir=runs, nvidia_smi=None)
+            await run_worker(store, quick_config(runs), once=True)
         job = store.get(job_id)
     assert (job.status, job.reason) == ("failed", "monitor_error")
     assert "is full" in (job.error or "")
 
 
+def quick_config(runs: Path) -> WorkerConfig:
+    return WorkerConfig(poll_seconds=0.1, runs_dir=runs, nvidia_smi=None)
+
+
 def test_worker_settings_are_spelled_once() -> None:
-    """run_worker's and run_job's reference keywords each name a WorkerConfig field, a
-    reference form builds the config those keywords say, and WorkerConfig refuses a bad
-    period naming its field."""
+    """The worker functions take a WorkerConfig and the per-call arguments only (no keyword
+    repeats a setting), and WorkerConfig refuses a bad setting naming its field."""
     import dataclasses
     import inspect
-    import typing
 
-    from asyncsoak.queue import WorkerConfig, run_job
-    from asyncsoak.queue._settings import REFERENCE_NAMES, reference_config
+    from asyncsoak.queue import run_job
 
     fields = {f.name for f in dataclasses.fields(WorkerConfig)}
-    assert set(REFERENCE_NAMES.values()) == fields
     # What a call says besides the settings: where, which job, when to stop, who, metrics.
-    per_call = {"store", "job", "once", "stop_event", "kill_event", "name", "metrics"}
+    per_call = {"store", "job", "config", "once", "stop_event", "kill_event", "name", "metrics"}
     for function in (run_worker, run_job):
-        reference = typing.get_overloads(function)[1]
-        for name in inspect.signature(reference).parameters:
-            assert name in REFERENCE_NAMES or name in per_call, (function.__name__, name)
-
-    config = reference_config(
-        {"poll": 0.5, "stale_after": 7, "kill_wait": 2, "retry_backoff": 0}, cmd=["t"]
-    )
-    assert config == WorkerConfig(
-        poll_seconds=0.5,
-        orphan_after_seconds=7.0,
-        kill_wait_seconds=2.0,
-        retry_backoff_seconds=0.0,
-        cmd=["t"],
-    )
+        parameters = set(inspect.signature(function).parameters)
+        assert "config" in parameters
+        assert parameters <= per_call, (function.__name__, parameters - per_call)
+        assert not parameters & fields
     with pytest.raises(ValidationError, match="kill_wait_seconds must be positive"):
         WorkerConfig(kill_wait_seconds=0)
-    with pytest.raises(ValidationError, match="kill_wait_seconds must be positive"):
-        reference_config({"kill_wait": 0}, cmd=None)
     with pytest.raises(ValidationError, match="finish_retries must be zero or more"):
         WorkerConfig(finish_retries=-1)
     with pytest.raises(TypeError, match="stale_afterr"):
-        reference_config({"stale_afterr": 1.0}, cmd=None)
+        WorkerConfig(stale_afterr=1.0)  # type: ignore[call-arg]
 
 
 @pytest.mark.asyncio
-async def test_worker_takes_a_config_or_its_reference_settings_not_both(
+async def test_worker_settings_are_refused_beside_the_config(
     tmp_path: Path, store: JobStore
 ) -> None:
-    """``run_worker(store, config)`` and ``run_job(store, job, config)`` refuse reference
-    settings beside the config, before anything runs."""
-    from asyncsoak.queue import WorkerConfig, run_job
+    """``run_worker(store, config)`` and ``run_job(store, job, config)`` refuse a setting
+    given as a keyword, before anything runs."""
+    from asyncsoak.queue import run_job
 
     config = WorkerConfig(runs_dir=tmp_path / "runs", nvidia_smi=None)
-    with pytest.raises(TypeError, match="not both"):
-        await run_worker(store, config, poll=0.1)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="poll"):
+        await run_worker(store, config, poll=0.1)  # type: ignore[call-arg]
     store.submit(argv=["true"])
     job = store.claim("w", "h", tmp_path / "runs")
     assert job is not None
-    with pytest.raises(TypeError, match="not both"):
-        await run_job(store, job, config, 0.1)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="positional"):
+        await run_job(store, job, config, 0.1)  # type: ignore[arg-type,call-arg]
     assert not (tmp_path / "runs").exists()
 
 
@@ -462,3 +477,92 @@ def test_a_bad_worker_flag_is_refused_by_its_name(
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert not db.exists()
+
+
+#: Numbers past their documented bound: (command, its flags, the flag the error names).
+HUGE_NUMBERS = [
+    ("run", ["--metrics-linger", "1e308"], "--metrics-linger"),
+    ("run", ["--sample-interval", "1e308"], "--sample-interval"),
+    ("run", ["--grace", "-1"], "--grace"),
+    ("submit", ["--stale-progress", "1e308"], "--stale-progress"),
+    ("submit", ["--array", f"0-{10**20}"], "--array"),
+    ("submit", ["--array", f"{10**20}-{10**20}"], "--array"),
+    ("submit", ["--after", str(10**20)], "--after"),
+    ("submit", ["--gpus", str(10**20)], "--gpus"),
+    ("submit", ["--gpus", "100000"], "--gpus"),
+    ("submit", ["--not-before", f"+{10**23}d"], "--not-before"),
+    ("submit", ["--max-attempts", str(10**15)], "--max-attempts"),
+    ("worker", ["--gpus", str(10**20)], "--gpus"),
+    ("worker", ["--finish-retries", str(10**15)], "--finish-retries"),
+    ("worker", ["--wait-for-db", "1e308"], "--wait-for-db"),
+]
+
+
+@pytest.mark.parametrize(("command", "flags", "flag"), HUGE_NUMBERS)
+def test_a_number_past_its_bound_is_refused_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, flags: list[str], flag: str
+) -> None:
+    """``--metrics-linger 1e308``, ``--gpus 10**20``...: exit status 2, the last line of the
+    error naming the flag as typed, no traceback, nothing written (no queue, no artifact)."""
+    from asyncsoak.cli import main
+
+    db = tmp_path / "q.db"
+    argv = {
+        "run": ["run", "--progress-dir", str(tmp_path / "p"), "--output", str(tmp_path / "o.json"),
+                "--quiet", "--no-gpu", *flags, "--", "true"],
+        "submit": ["submit", "--db", str(db), *flags, "--", "true"],
+        "worker": ["worker", "--db", str(db), "--once", "--no-gpu", *flags],
+    }[command]  # fmt: skip
+    status: int | str | None
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # refused by argparse
+        status = exc.code
+    assert status == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert "error" in error, error
+    assert flag in error, error
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_logs_spell_out_escape_sequences(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A train.log holding terminal escapes: `logs` prints them spelled out (\\x1b), as every
+    other view does, never raw; the lines stay lines."""
+    from asyncsoak.cli import main
+
+    db = tmp_path / "q.db"
+    with SqliteStore(db) as store:
+        job_id = store.submit(argv=["true"])
+        assert store.claim("w", "host", tmp_path / "runs") is not None
+        attempt = store.attempts(job_id)[-1]
+    attempt.directory.mkdir(parents=True, exist_ok=True)
+    (attempt.directory / "train.log").write_text(f"step 1 {ESCAPES}\nstep 2\n")
+    assert main(["logs", "--db", str(db), str(job_id)]) == 0
+    out = capsys.readouterr().out
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out), out
+    assert out == "step 1 \\x1b]0;pwned\\x07\\x1b[2J\\x1b[1A\\x0d\nstep 2\n"
+
+
+@pytest.mark.parametrize(("reason", "blamed"), [("stale_progress", False), ("signaled", True)])
+def test_a_kill_the_monitor_sent_is_never_blamed_on_the_oom_killer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], reason: str, blamed: bool
+) -> None:
+    """A job the soak stopped for a stall, whose trainer ignored SIGTERM and died of the
+    monitor's SIGKILL: `jobs` and `job` say the monitor sent it, never "often the kernel's
+    out-of-memory killer"; a SIGKILL the monitor did not send (``signaled``) keeps the hint."""
+    from asyncsoak.cli import main
+    from asyncsoak.queue import Outcome
+
+    db = tmp_path / "q.db"
+    with SqliteStore(db) as store:
+        job_id = store.submit(argv=["true"], max_attempts=1)
+        job = store.claim("w", "host", tmp_path / "runs")
+        assert job is not None
+        assert store.finish(job_id, job.attempt, "w", Outcome("failed", -9, reason, "x"))
+    for view in (["jobs"], ["job", str(job_id)]):
+        assert main([view[0], "--db", str(db), *view[1:]]) == 0
+        out = capsys.readouterr().out
+        assert ("out-of-memory" in out) == blamed, out
+        assert "killed by SIGKILL" in out

@@ -47,7 +47,8 @@ async def test_worker_metrics_follow_its_jobs(
     with anyio.fail_after(LIMIT_S):
         async with anyio.create_task_group() as tg:
             kwargs = worker_kwargs(tmp_path, once=False, stop_event=stop)
-            tg.start_soon(lambda: run_worker(store, metrics=Metrics(port=port), **kwargs))
+            kwargs["metrics"] = Metrics(port=port)
+            tg.start_soon(lambda: run_worker(store, **kwargs))
             assert await ready.line() == f"running {first}"
             running = await scrape_until(
                 port,

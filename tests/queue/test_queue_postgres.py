@@ -8,6 +8,7 @@ than ``--stale-after``, hosts whose clocks disagree, and the schema's refusals.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ import pytest
 
 from asyncsoak.queue import (
     JobStore,
+    Outcome,
     PostgresStore,
     QueueDatabaseError,
     QueueUnavailableError,
@@ -117,13 +119,51 @@ async def test_idle_worker_starts_a_new_job_on_notify(
     stop = anyio.Event()
     with open_store(pg_url) as store, anyio.fail_after(LIMIT_S):
         async with anyio.create_task_group() as tg:
-            kwargs = worker_kwargs(tmp_path, poll=600.0, once=False, stop_event=stop)
+            kwargs = worker_kwargs(tmp_path, poll_seconds=600.0, once=False, stop_event=stop)
             tg.start_soon(lambda: run_worker(store, **kwargs))
             await idle.wait()
             job_id = submit_trainer(store, tmp_path, ready, "exit0")
             assert await ready.line() == "started 1"
             stop.set()
         assert store.get(job_id).status == "succeeded"
+
+
+@pytest.mark.asyncio
+async def test_a_worker_says_it_started_once_its_listener_has(
+    tmp_path: Path, pg_url: str, log_events: LogEvents, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "started on" means a submission is heard from then on: it is said after the listener
+    has connected (said before it, a server restarted meanwhile was the listener's first
+    connection, and "listening again" never came: the reconnect test failed under load)."""
+    said = log_events.event("started on")
+    listened = anyio.Event()
+    stop = anyio.Event()
+    with open_store(pg_url) as store, anyio.fail_after(LIMIT_S):
+        listen = store.listen
+
+        async def slow_listen(wake: Any, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+            assert not said.is_set(), "started before its listener"
+            listened.set()
+            await listen(wake, task_status=task_status)
+
+        monkeypatch.setattr(store, "listen", slow_listen)
+        async with anyio.create_task_group() as tg:
+            kwargs = worker_kwargs(tmp_path, poll_seconds=600.0, once=False, stop_event=stop)
+            tg.start_soon(lambda: run_worker(store, **kwargs))
+            await said.wait()
+            assert listened.is_set()
+            stop.set()
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_listener_closes_its_connection(pg_url: str) -> None:
+    """A worker's stop cancels its listener: the connection is closed, not left to the
+    garbage collector (an open one is a ResourceWarning, an error here)."""
+    with open_store(pg_url) as store, anyio.fail_after(LIMIT_S):
+        async with anyio.create_task_group() as tg:
+            await tg.start(store.listen, lambda payload: None)
+            tg.cancel_scope.cancel()
+    gc.collect()
 
 
 @pytest.mark.slow
@@ -139,7 +179,7 @@ async def test_lost_listening_connection_reconnects(
     stop = anyio.Event()
     with open_store(url) as store, anyio.fail_after(LIMIT_S):
         async with anyio.create_task_group() as tg:
-            kwargs = worker_kwargs(tmp_path, poll=600.0, once=False, stop_event=stop)
+            kwargs = worker_kwargs(tmp_path, poll_seconds=600.0, once=False, stop_event=stop)
             tg.start_soon(lambda: run_worker(store, **kwargs))
             await idle.wait()
             await anyio.to_thread.run_sync(own_pg_cluster.restart)
@@ -270,8 +310,8 @@ async def test_cut_longer_than_stale_after_spools_the_outcome_and_delivers_it(
     with open_store(url) as store:
         job_id = submit_trainer(store, tmp_path, ready, "wait-go", str(go))
         kwargs = worker_kwargs(
-            tmp_path, name="w", once=False, stop_event=stop, stale_after=stale_after,
-            finish_retries=2, finish_retry_wait=0.1,
+            tmp_path, name="w", once=False, stop_event=stop, orphan_after_seconds=stale_after,
+            finish_retries=2, finish_retry_wait_seconds=0.1,
         )  # fmt: skip
         with anyio.fail_after(LIMIT_S):
             async with anyio.create_task_group() as tg:
@@ -373,7 +413,7 @@ async def test_a_host_clock_ten_minutes_ahead_changes_nothing(
         real_time = time.time
         monkeypatch.setattr(time, "time", lambda: real_time() + 600)
         with anyio.fail_after(LIMIT_S):
-            assert await run_worker(store, stale_after=60, **worker_kwargs(tmp_path)) == 1
+            assert await run_worker(store, **worker_kwargs(tmp_path, orphan_after_seconds=60)) == 1
         db_now = store.now()
         assert abs(db_now - real_time()) < 60
         other = store.get(busy)
@@ -408,6 +448,27 @@ def test_newer_schema_and_foreign_schema_refused(pg_url: str, pg_cluster: PgClus
         conn.execute("CREATE TABLE asyncsoak.things (x int)")
     with pytest.raises(QueueDatabaseError, match="not asyncsoak's job queue"):
         open_store(foreign)
+
+
+@pytest.mark.slow
+def test_a_version_1_queue_gains_the_attempts_summary_and_note(pg_url: str) -> None:
+    """A queue of schema 1 (attempts without ``summary`` and ``note``) is migrated when opened."""
+    with open_store(pg_url) as store:
+        job_id = store.submit(argv=["true"])
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE asyncsoak.attempts DROP COLUMN summary, DROP COLUMN note")
+        conn.execute("UPDATE asyncsoak.schema_version SET version = 1")
+    with open_store(pg_url) as store:
+        job = store.claim("w", "h", Path("/nonexistent/runs"))
+        assert job is not None
+        assert job.id == job_id
+        outcome = Outcome("succeeded", 0, None, None)
+        assert store.finish(job_id, job.attempt, "w", outcome, {"verdict": "passed"}, "a note")
+        [attempt] = store.attempts(job_id)
+    assert (attempt.summary, attempt.note) == ({"verdict": "passed"}, "a note")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        version = conn.execute("SELECT version FROM asyncsoak.schema_version").fetchone()
+    assert version == (SCHEMA_VERSION,)
 
 
 def test_unreachable_server_refused_with_the_password_hidden(tmp_path: Path) -> None:

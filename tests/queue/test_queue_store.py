@@ -17,6 +17,7 @@ from asyncsoak.queue import (
     QueueDatabaseError,
     SqliteStore,
     WorkerNameInUseError,
+    public_job,
 )
 from asyncsoak.queue._models import SCHEMA_VERSION
 from asyncsoak.queue._sqlite import filesystem_type
@@ -57,7 +58,7 @@ def test_submit_round_trip(store: JobStore) -> None:
         "group",
     )
     assert (job.priority, job.max_attempts, job.attempt, job.attempts) == (5, 2, 0, 0)
-    assert job.to_public_dict()["env"] == ["WANDB_API_KEY"]
+    assert public_job(job)["env"] == ["WANDB_API_KEY"]
 
 
 def test_database_is_owner_only_wal_and_versioned(tmp_path: Path) -> None:
@@ -70,6 +71,30 @@ def test_database_is_owner_only_wal_and_versioned(tmp_path: Path) -> None:
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     conn.close()
     SqliteStore(path).close()  # reopening an up-to-date database migrates nothing
+
+
+def test_a_version_1_database_gains_the_attempts_summary_and_note(tmp_path: Path) -> None:
+    """A queue of schema 1 (attempts without ``summary`` and ``note``) is migrated when opened:
+    its jobs stay, and an attempt's summary and note are kept from then on."""
+    path = tmp_path / "q.db"
+    with SqliteStore(path) as store:
+        job_id = store.submit(argv=["true"], name="old")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("ALTER TABLE attempts DROP COLUMN summary")
+    conn.execute("ALTER TABLE attempts DROP COLUMN note")
+    conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    with SqliteStore(path) as store:
+        job = store.claim("w", "h", RUNS)
+        assert job is not None
+        assert (job.id, job.name) == (job_id, "old")
+        outcome = Outcome("succeeded", 0, None, None)
+        assert store.finish(job_id, job.attempt, "w", outcome, {"verdict": "passed"}, "a note")
+        [attempt] = store.attempts(job_id)
+    assert (attempt.summary, attempt.note) == ({"verdict": "passed"}, "a note")
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.close()
 
 
 def test_claim_order_priority_then_id(store: JobStore) -> None:

@@ -13,19 +13,21 @@ import pytest
 
 from asyncsoak._contract._errors import ValidationError
 from asyncsoak.cli import main
+from asyncsoak.cli._sweeps import plan_note
 from asyncsoak.queue import JobStore, Outcome, open_store, run_worker
+from asyncsoak.queue._attempt import faulted_gpus
 from asyncsoak.queue._retry import (
     INFRASTRUCTURE,
     JOB,
     MAX_INFRASTRUCTURE_RETRIES,
     RUN,
     RetryPolicy,
+    classify,
     decide,
     infrastructure_backoff,
+    outcome_from_artifact,
 )
-from asyncsoak.queue._status import outcome_from_artifact
-from asyncsoak.queue._sweeps import GpuOffer, plan_note
-from asyncsoak.queue._worker import faulted_gpus
+from asyncsoak.queue._sweeps import GpuOffer
 
 from ..conftest import ReadyFifo
 from ..gpu_support import install_fake_nvidia_smi
@@ -84,7 +86,7 @@ async def test_worker_sigkilled_twice_then_third_attempt_succeeds(
             with anyio.fail_after(LIMIT_S):
                 await worker.wait()
     with anyio.fail_after(LIMIT_S):
-        assert await run_worker(store, retry_backoff=0, **worker_kwargs(tmp_path)) == 1
+        assert await run_worker(store, **worker_kwargs(tmp_path, retry_backoff_seconds=0)) == 1
     assert await ready.line() == "started 3"
     job = store.get(job_id)
     assert (job.status, job.attempts, job.attempt) == ("succeeded", 0, 3)
@@ -193,6 +195,13 @@ def test_decisions_by_class() -> None:
     )
     assert run(Outcome("interrupted", 4, None, None)) == ("queued", 0, False)
     assert [infrastructure_backoff(n, 10.0) for n in (1, 2, 3, 4)] == [0.0, 10.0, 20.0, 40.0]
+
+
+def test_a_progress_dir_that_never_existed_is_the_jobs_failure_like_a_bad_input() -> None:
+    """no_progress (a typo'd --progress-dir) is classed as the job's, like invalid_job: the
+    same cause twice is not retried."""
+    for reason in ("no_progress", "invalid_job"):
+        assert classify(Outcome("failed", 1, reason, "typo", reason)) == JOB
 
 
 def test_causes_read_from_the_artifact() -> None:
@@ -459,8 +468,8 @@ async def test_gpus_2_on_a_4_gpu_worker_run_side_by_side(
     ids = [store.submit(argv=[*argv, str(go)], env=env, soak=FAST_SOAK, gpus=2) for _ in range(3)]
     with anyio.fail_after(LIMIT_S):
         async with anyio.create_task_group() as tg:
-            kwargs = worker_kwargs(tmp_path, nvidia_smi=str(fake.path))
-            tg.start_soon(lambda: run_worker(store, gpus="0,1,2,3", **kwargs))
+            kwargs = worker_kwargs(tmp_path, nvidia_smi=str(fake.path), gpus="0,1,2,3")
+            tg.start_soon(lambda: run_worker(store, **kwargs))
             lines = [await ready.line(), await ready.line()]
             started = dict(line.split() for line in lines)
             assert set(started) == {str(ids[0]), str(ids[1])}
@@ -497,7 +506,7 @@ async def test_faulted_gpu_is_not_claimed_until_cleared(
             argv=[*argv, str(go)], env={"TEST_SIGNALS": str(ready.path)}, soak=FAST_SOAK
         )
         with anyio.fail_after(LIMIT_S):
-            assert await run_worker(store, gpus="0,1", name="w01", **worker_kwargs(tmp_path)) == 1
+            assert await run_worker(store, **worker_kwargs(tmp_path, gpus="0,1", name="w01")) == 1
         assert await ready.line() == f"{job_id} 1"
     capsys.readouterr()
     assert cli("workers", "--db", db) == 0
@@ -525,7 +534,7 @@ async def test_cleared_gpu_is_used_while_the_other_gpus_are_busy(
     first = store.submit(argv=[*argv, str(go)], env=env, soak=FAST_SOAK, gpus=1)
     with anyio.fail_after(LIMIT_S):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: run_worker(store, gpus="0,1", **worker_kwargs(tmp_path)))
+            tg.start_soon(lambda: run_worker(store, **worker_kwargs(tmp_path, gpus="0,1")))
             assert await ready.line() == f"{first} 0"
             second = store.submit(argv=[*argv, str(go)], env=env, soak=FAST_SOAK, gpus=1)
             store.clear_gpu_faults(host, ["1"])
@@ -583,7 +592,8 @@ async def test_gpu_fault_takes_the_named_gpu_out_and_does_not_count(
     of the host out of service, says so in the attempt's note, and is not counted."""
     import socket
 
-    from asyncsoak.queue._worker import WorkerConfig, _Worker
+    from asyncsoak.queue import WorkerConfig
+    from asyncsoak.queue._worker import _Worker
 
     job_id = store.submit(argv=["x"], max_attempts=1, gpus=2)
     offer = GpuOffer(free=4, all_free=True, names=("h:0", "h:1", "h:2", "h:3"))

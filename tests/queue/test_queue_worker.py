@@ -17,12 +17,13 @@ import psutil
 import pytest
 from anyio.abc import Process
 
-from asyncsoak._supervisor._config import StopMode
-from asyncsoak._supervisor._soak import run_soak
+from asyncsoak._supervisor import StopMode
+from asyncsoak._supervisor._front import run_soak
 from asyncsoak.queue import (
     JobStatus,
     JobStore,
     Outcome,
+    QueueDatabaseLostError,
     SqliteStore,
     WorkerConfig,
     open_store,
@@ -67,15 +68,18 @@ if mode == "escaping-helper":
 """
 
 
+#: What a call to ``run_worker`` says besides its ``WorkerConfig``.
+PER_CALL = frozenset({"once", "stop_event", "kill_event", "name", "metrics"})
+
+
 def worker_kwargs(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "poll": 0.1,
-        "once": True,
-        "runs_dir": tmp_path / "runs",
-        "nvidia_smi": None,
-    }
-    kwargs.update(overrides)
-    return kwargs
+    """``run_worker``'s arguments: a quick ``WorkerConfig`` (``overrides`` may set any of its
+    fields) and the per-call ones (``once`` by default)."""
+    settings: dict[str, Any] = {"poll_seconds": 0.1, "runs_dir": tmp_path / "runs"}
+    settings["nvidia_smi"] = None
+    settings.update({k: v for k, v in overrides.items() if k not in PER_CALL})
+    call = {"once": True, **{k: v for k, v in overrides.items() if k in PER_CALL}}
+    return {"config": WorkerConfig(**settings), **call}
 
 
 async def start_worker_process(
@@ -218,7 +222,7 @@ async def test_orphan_whose_attempt_finished_is_not_rerun(tmp_path: Path, store:
         )
     # Any heartbeat is older than a staleness limit of 0: the ghost's job is an orphan now.
     with anyio.fail_after(LIMIT_S):
-        assert await run_worker(store, stale_after=0, **worker_kwargs(tmp_path)) == 0
+        assert await run_worker(store, **worker_kwargs(tmp_path, orphan_after_seconds=0)) == 0
     job = store.get(job_id)
     assert (job.status, job.attempt, job.returncode) == ("succeeded", 1, 0)
     assert [a.outcome for a in store.attempts(job_id)] == ["succeeded"]
@@ -234,7 +238,7 @@ async def test_stale_orphan_from_another_host_is_requeued(
     job_id = submit_trainer(store, tmp_path, ready, "exit0", max_attempts=2)
     assert store.claim("ghost", "elsewhere", tmp_path / "runs") is not None
     with anyio.fail_after(LIMIT_S):
-        assert await run_worker(store, stale_after=0, **worker_kwargs(tmp_path)) == 1
+        assert await run_worker(store, **worker_kwargs(tmp_path, orphan_after_seconds=0)) == 1
     assert await ready.line() == "started 2"
     history = store.attempts(job_id)
     assert (history[0].worker, history[0].outcome, history[0].reason) == (
@@ -300,7 +304,9 @@ sys.exit(trainer.EXIT_INTERRUPTED)
     )
     with anyio.fail_after(LIMIT_S):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: run_worker(store, **worker_kwargs(tmp_path, cancel_grace=600)))
+            tg.start_soon(
+                lambda: run_worker(store, **worker_kwargs(tmp_path, cancel_grace_seconds=600))
+            )
             assert await ready.line() == "ready"
             store.cancel(job_id)
             assert await ready.line() == "saw cancel"
@@ -327,7 +333,7 @@ while True:
     job_id = store.submit(
         argv=argv, env={**JOB_ENV, "TEST_SIGNALS": str(ready.path)}, soak=FAST_SOAK
     )
-    limits = {"cancel_grace": 0.2, "stop_timeout": 0.5, "kill_wait": 5.0}
+    limits = {"cancel_grace_seconds": 0.2, "stop_timeout_seconds": 0.5, "kill_wait_seconds": 5.0}
     with anyio.fail_after(LIMIT_S):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: run_worker(store, **worker_kwargs(tmp_path, **limits)))
@@ -399,7 +405,7 @@ async def test_stale_worker_late_final_write_is_refused(
     """A worker whose job was taken over meanwhile cannot write over the newer attempt."""
     go = tmp_path / "go"
     job_id = submit_trainer(store, tmp_path, ready, "wait-go", str(go), max_attempts=3)
-    slow = worker_kwargs(tmp_path, poll=600.0)  # no heartbeat between the start and the end
+    slow = worker_kwargs(tmp_path, poll_seconds=600.0)  # no heartbeat between the start and the end
     with anyio.fail_after(LIMIT_S):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: run_worker(store, name="stale", **slow))
@@ -439,10 +445,11 @@ async def test_final_status_written_after_the_lock_is_released(
     impatient = SqliteStore(sqlite_store.path, busy_timeout=0.1)
     try:
         with impatient, anyio.fail_after(LIMIT_S):
-            status = await run_job(
-                impatient, job, [], 0.1, anyio.Event(), "w1",
-                runs_dir=tmp_path / "runs", finish_retry_wait=0.05, nvidia_smi=None,
+            config = WorkerConfig(
+                runs_dir=tmp_path / "runs", poll_seconds=0.1, finish_retry_wait_seconds=0.05,
+                nvidia_smi=None,
             )  # fmt: skip
+            status = await run_job(impatient, job, config, name="w1")
     finally:
         logging.getLogger("asyncsoak.queue").removeHandler(handler)
         if blocker.in_transaction:
@@ -549,8 +556,56 @@ async def test_restarted_worker_takes_back_its_predecessors_job(
     assert store.claim("gpu0", socket.gethostname(), tmp_path / "runs") is not None
     with anyio.fail_after(LIMIT_S):
         assert (
-            await run_worker(store, name="gpu0", **worker_kwargs(tmp_path, stale_after=3600)) == 1
+            await run_worker(
+                store, **worker_kwargs(tmp_path, name="gpu0", orphan_after_seconds=3600)
+            )
+            == 1
         )
     assert await ready.line() == "started 2"
     history = store.attempts(job_id)
     assert [(a.outcome, a.reason) for a in history] == [("failed", "orphaned"), ("succeeded", None)]
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_deleted_queue_file_stops_the_worker_once_its_job_ends(
+    tmp_path: Path, sqlite_store: SqliteStore, ready: ReadyFifo, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The queue file deleted under a worker running a job: within a poll it says so, naming
+    the database and the job; it claims nothing more, lets the job finish under supervision
+    (its artifact in its run directory), then ends with QueueDatabaseLostError (the CLI's exit
+    status 1); it used to serve the unlinked file on, claiming its jobs unseen."""
+    go = tmp_path / "go"
+    first = submit_trainer(sqlite_store, tmp_path, ready, "wait-go", str(go))
+    second = submit_trainer(sqlite_store, tmp_path, ready, "exit0")
+
+    class GoOnNotice(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "was deleted" in record.getMessage():
+                go.touch()
+
+    async def delete_once_started() -> None:
+        assert await ready.line() == "started 1"
+        sqlite_store.path.unlink()
+
+    async def work() -> QueueDatabaseLostError:
+        with pytest.raises(QueueDatabaseLostError) as raised:
+            await run_worker(sqlite_store, **worker_kwargs(tmp_path, once=False))
+        return raised.value
+
+    handler = GoOnNotice()
+    logging.getLogger("asyncsoak.queue").addHandler(handler)
+    try:
+        with anyio.fail_after(LIMIT_S):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(delete_once_started)
+                error = await work()
+    finally:
+        logging.getLogger("asyncsoak.queue").removeHandler(handler)
+    assert str(sqlite_store.path) in str(error)
+    notice = next(r.getMessage() for r in caplog.records if "was deleted" in r.getMessage())
+    assert str(sqlite_store.path) in notice
+    assert f"job {first}" in notice
+    assert runs_of(tmp_path) == [f"{first} 1"], f"job {second} was claimed"
+    artifact = tmp_path / "runs" / str(first) / "attempts" / "1" / "soak.json"
+    assert json.loads(artifact.read_text())["status"] in ("passed", "passed_with_warnings")

@@ -1,25 +1,17 @@
 """``asyncsoak report``: one self-contained HTML page that shows what happened, and when.
 
-The page opens offline: plotly's JavaScript is inlined and no font or script is fetched.
-At the top the verdict in plain words, the run's facts and provenance; then one plotly
-figure whose panels share a time axis: a lane of what happened (progress, signals, the
-failure, the exit, GPU throttling), the time since the last progress against its limit, and
-every series group the artifact holds, known fields with their own panels and any other
-field grouped by unit.  The moments that matter are drawn across every panel.  Then the
-events, leftover processes, forensics and the log tail.
-
-By concern: ``_detail`` reads what the journal adds, ``_panels`` plans the panels,
-``_timeline`` decides what the figure shows (its marks, panels and curves, as plain data),
-``_figure`` draws that with plotly, ``_tables`` writes the HTML sections, ``_page``
-assembles the page from them and the files in ``assets/``; ``_text`` escapes what the run
-wrote for plotly, as ``html.escape`` does for the page and ``textContent`` for its scripts.
-
-plotly is an optional extra (``pip install 'asyncsoak[report]'``), imported only by the figure.
+The page opens offline (a partial plotly.js inlined compressed, ``_assets``): the verdict, the
+run's facts, one figure whose panels share a time axis, then the events, leftovers, forensics
+and the log tail.
+By concern: ``_detail`` reads progress and throttling over time, ``_panels`` plans the panels,
+``_timeline`` decides what the figure shows, ``_figure`` draws it with plotly (an optional
+extra, imported only there), ``_tables`` and ``_events`` write the HTML sections, ``_page``
+assembles the page (and a job's page); ``_text`` escapes what the run wrote for plotly.
 """
 
 from ._assets import STYLE as STYLE
-from ._detail import JournalDetail as JournalDetail
-from ._detail import journal_detail_for as journal_detail_for
+from ._detail import RunDetail as RunDetail
+from ._detail import detail_for as detail_for
 from ._detail import read_journal_detail as read_journal_detail
 from ._page import PAGE as PAGE
 from ._page import ReportUnavailableError as ReportUnavailableError
@@ -30,9 +22,9 @@ from ._text import plot_text as plot_text
 __all__ = [
     "PAGE",
     "STYLE",
-    "JournalDetail",
     "ReportUnavailableError",
-    "journal_detail_for",
+    "RunDetail",
+    "detail_for",
     "plot_text",
     "read_journal_detail",
     "render_report",

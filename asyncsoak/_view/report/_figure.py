@@ -16,17 +16,11 @@ from typing import Any, Protocol
 from ..._contract import Artifact, format_duration
 from .._evidence import leaking_series, stall_window
 from .._fields import Field, gpu_index
-from ._assets import READOUT_SCRIPT, RENDERED_SCRIPT
-from ._detail import JournalDetail
-from ._panels import Panel, Scale, group_sort_key, scale_for
+from ._assets import READOUT_SCRIPT, RENDERED_SCRIPT, figure_html
+from ._detail import RunDetail
+from ._panels import Panel, Scale, axis_title, group_sort_key, is_reference, scale_for
 from ._text import plot_text
-from ._timeline import (
-    COLORS,
-    PROGRESS_LINES,
-    TimelineModel,
-    is_reference,
-    thin,
-)
+from ._timeline import COLORS, SPARSE_POINTS, TimelineModel
 
 PALETTE = (
     "#1f77b4",
@@ -48,11 +42,12 @@ class Figure(Protocol):
     def add_trace(self, trace: object, *, row: int, col: int) -> object: ...
     def add_annotation(self, **options: Any) -> object: ...
     def add_vrect(self, **options: Any) -> object: ...
+    def add_vline(self, **options: Any) -> object: ...
     def update_layout(self, changes: Mapping[str, Any] | None = None, **options: Any) -> object: ...
     def update_xaxes(self, **options: Any) -> object: ...
     def update_yaxes(self, **options: Any) -> object: ...
     def get_subplot(self, row: int, col: int) -> Any: ...
-    def to_html(self, **options: Any) -> str: ...
+    def to_json(self) -> str: ...
 
 
 #: ``go.Scatter``: the one trace type the figure draws.
@@ -66,7 +61,7 @@ class Timeline(TimelineModel):
     def __init__(
         self,
         artifact: Artifact,
-        detail: JournalDetail | None,
+        detail: RunDetail | None,
         baseline: Artifact | None = None,
     ) -> None:
         super().__init__(artifact, detail, baseline)
@@ -102,15 +97,12 @@ class Timeline(TimelineModel):
             self._draw_panel(fig, go.Scatter, row, panel)
         self._draw_marks_across(fig)
         self._style(fig, len(heights), plot_height + top + bottom, top, bottom)
-        return str(
-            fig.to_html(
-                full_html=False,
-                include_plotlyjs=True,
-                div_id="timeline",
-                default_height=f"{plot_height + top + bottom}px",
-                config={"displaylogo": False, "responsive": True, "scrollZoom": False},
-                post_script=[self._readout_script(), RENDERED_SCRIPT],
-            )
+        return figure_html(
+            fig,
+            "timeline",
+            f"{plot_height + top + bottom}px",
+            {"displaylogo": False, "responsive": True, "scrollZoom": False},
+            [self._readout_script(), RENDERED_SCRIPT],
         )
 
     def _draw_lanes(self, fig: Figure, scatter: Scatter, lanes: list[str]) -> None:
@@ -128,7 +120,7 @@ class Timeline(TimelineModel):
                 xshift=-8 if window[0] > self.duration * 0.6 else 8,
                 font={"color": COLORS["progress"], "size": 12},
             )
-        if self.progress_times:
+        if self.progress:
             ticks = self._progress_ticks()
             xs = [self.x(t) for t, _ in ticks]
             tick_texts = [plot_text(text) for _, text in ticks]
@@ -200,7 +192,7 @@ class Timeline(TimelineModel):
             row=1,
             col=1,
             tickvals=[y_of[lane] for lane in lanes],
-            ticktext=[plot_text(lane) for lane in lanes],
+            ticktext=[plot_text(self.lane_words(lane)) for lane in lanes],
             range=[-len(lanes) + 0.4, 0.6],
             showgrid=True,
             zeroline=False,
@@ -258,7 +250,7 @@ class Timeline(TimelineModel):
                 font={"color": COLORS["failure"], "size": 12},
             )
         top = max([peak] + [limit.value for limit in limits]) * 1.25 or 1.0
-        fig.update_yaxes(row=2, col=1, range=[0, top])
+        fig.update_yaxes(row=2, col=1, range=[0, top], title_text="since progress (s)")
 
     def _draw_panel(self, fig: Figure, scatter: Scatter, row: int, panel: Panel) -> None:
         processes = self._process_lines() if panel.key == "tree_memory" else []
@@ -291,11 +283,15 @@ class Timeline(TimelineModel):
                 name = label
             dash = "dot" if is_reference(f) else "solid"
             ys = [None if v is None else v / scale.divisor for v in self.values(f)]
+            # A few points (a rate over a short run) are points: a line would draw nothing
+            # between gaps, or invent a ramp.
+            sparse = sum(v is not None for v in ys) < SPARSE_POINTS
             fig.add_trace(
                 scatter(
                     x=[self.x(t) for t in series["t"]],
                     y=ys,
-                    mode="lines",
+                    mode="markers" if sparse else "lines",
+                    marker={"color": color, "size": 7},
                     line={"color": color, "width": 1.8, "dash": dash},
                     name=plot_text(name),
                     legend=legend,
@@ -326,7 +322,9 @@ class Timeline(TimelineModel):
             )
         if panel.key == "tree_memory":
             self._annotate_slopes(fig, row)
-        axis: dict[str, Any] = {"title_text": scale.unit or "count", "rangemode": "tozero"}
+        if panel.key == "loss":
+            self._mark_nonfinite(fig, row)
+        axis: dict[str, Any] = {"title_text": axis_title(panel, scale.unit), "rangemode": "tozero"}
         if panel.unit == "%":
             axis["range"] = [0, max(100.0, peak * 1.05)]
         fig.update_yaxes(row=row, col=1, **axis)
@@ -399,6 +397,27 @@ class Timeline(TimelineModel):
             },
         )
 
+    def _mark_nonfinite(self, fig: Figure, row: int) -> None:
+        """Each NaN or infinite loss on the loss panel, where it came: a line and its words."""
+        for t, text in self.nonfinite_losses():
+            left = t > self.duration * 0.6
+            fig.add_vline(
+                x=self.x(t), line={"color": COLORS["failure"], "dash": "dot"}, row=row, col=1
+            )
+            fig.add_annotation(
+                x=self.x(t),
+                y=0.95,
+                xref=f"x{row}",
+                yref=f"y{row} domain",
+                xanchor="right" if left else "left",
+                yanchor="top",
+                xshift=-4 if left else 4,
+                text=plot_text(text),
+                showarrow=False,
+                bgcolor="rgba(255,255,255,0.8)",
+                font={"color": COLORS["failure"], "size": 12},
+            )
+
     def _draw_marks_across(self, fig: Figure) -> None:
         shapes: list[dict[str, Any]] = []
         window = stall_window(self.artifact)
@@ -419,16 +438,14 @@ class Timeline(TimelineModel):
             )
             fig.add_annotation(
                 x=self.x((window[0] + window[1]) / 2),
-                y=1,
+                y=0.98,
                 xref="x",
                 yref="y2 domain",
-                yanchor="bottom",
+                yanchor="top",
                 text=f"<b>no progress for {format_duration(window[1] - window[0])}</b>",
                 showarrow=False,
                 font={"color": COLORS["failure"], "size": 13},
             )
-        for t in thin(self.progress_times, PROGRESS_LINES):
-            shapes.append(_vline(self.x(t), COLORS["progress"], "solid", 1, 0.35))
         for mark in self.marks:
             if mark.dash is not None:
                 shapes.append(_vline(self.x(mark.t), mark.color, mark.dash, 2, 0.9))
@@ -472,10 +489,10 @@ class Timeline(TimelineModel):
                         "x": 1,
                         "xanchor": "right",
                         "y": domain[1],
-                        "yanchor": "bottom",
+                        "yanchor": "top",
                         "orientation": "h",
                         "font": {"size": 12},
-                        "bgcolor": "rgba(255,255,255,0)",
+                        "bgcolor": "rgba(255,255,255,0.8)",
                     }
                 }
             )
@@ -498,7 +515,7 @@ class Timeline(TimelineModel):
         keys = []
         if stall_window(self.artifact) is not None:
             keys.append(("rgba(214, 39, 40, 0.3)", "no progress before the failure"))
-        if self.progress_times:
+        if self.progress:
             keys.append((COLORS["progress"], "a progress change"))
         if "failure" in lanes:
             keys.append((COLORS["failure"], "the failure"))

@@ -3,29 +3,39 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from ..._contract import VERSION, Artifact, AsyncsoakError
+from ..._contract import (
+    VERSION,
+    Artifact,
+    AsyncsoakError,
+    format_duration,
+    parse_iso_or_none,
+    schema,
+)
 from ..._record import FILE_MODE
+from .._job_view import job_word, offset_text, soak_label
+from .._sections import column, series_group
 from .._status import status_words
 from .._summary import summarize
-from ._assets import STYLE
-from ._detail import journal_detail_for
+from ._assets import PLOTLY_LOADER, STYLE, figure_html
+from ._detail import detail_for
+from ._events import events_html, forensics_html, leftovers_html, log_html
 from ._figure import Timeline
 from ._tables import (
     compare_html,
-    events_html,
     evidence_html,
     facts_html,
-    forensics_html,
     gpu_html,
-    leftovers_html,
-    log_html,
     look_first_html,
     processes_html,
     steady_html,
     verdict_html,
 )
+from ._text import plot_text
 
 
 class ReportUnavailableError(AsyncsoakError):
@@ -56,7 +66,7 @@ def render_report(
         import plotly  # noqa: F401
     except ImportError:
         raise ReportUnavailableError() from None
-    detail = journal_detail_for(artifact, journal)
+    detail = detail_for(artifact, journal)
     summary = summarize(artifact)
     timeline = Timeline(artifact, detail, baseline)
     figure_html = timeline.to_html()
@@ -87,6 +97,7 @@ def render_report(
     return PAGE.format(
         title=html.escape(title),
         style=STYLE,
+        loader=PLOTLY_LOADER,
         body="\n".join(part for part in body if part),
     )
 
@@ -123,7 +134,12 @@ window.addEventListener("error", function (e) {{
   var box = document.getElementById("page-errors");
   if (box) {{ box.hidden = false; box.textContent += (e.message || String(e)) + "\\n"; }}
 }});
+window.addEventListener("unhandledrejection", function (e) {{
+  var box = document.getElementById("page-errors");
+  if (box) {{ box.hidden = false; box.textContent += String(e.reason) + "\\n"; }}
+}});
 </script>
+<script>{loader}</script>
 </head><body>
 <pre id="page-errors" hidden></pre>
 {body}
@@ -137,4 +153,88 @@ def _footer_html(artifact: Artifact, source: str | None) -> str:
     return (
         f"<footer>asyncsoak {VERSION} report{made_from}; journal "
         f"{html.escape(str(journal))}.</footer>"
+    )
+
+
+def render_job_report(
+    combined: Mapping[str, Any], artifacts: Sequence[tuple[str, Artifact]]
+) -> str:
+    """One HTML page for the job: the verdicts, and each soak's tree CPU and memory on one
+    wall-clock axis with its first failure marked (needs plotly, as every report does)."""
+    try:
+        from plotly.subplots import make_subplots
+    except ImportError:
+        raise ReportUnavailableError() from None
+    figure = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        subplot_titles=("tree RSS (MiB)", "tree CPU (% of one core)"),
+    )
+    by_path = dict(artifacts)
+    for soak in combined["soaks"]:
+        artifact = by_path[soak["path"]]
+        start = parse_iso_or_none(artifact["started_at"])
+        tree = series_group(artifact, "tree")
+        if start is None or tree is None:
+            continue
+        xs = [start + timedelta(seconds=float(t)) for t in schema.series_times(tree)]
+        label = plot_text(f"{soak_label(soak)} ({soak['node']})")
+        rss = [None if v is None else v / 2**20 for v in column(tree, "rss_bytes")]
+        figure.add_scatter(x=xs, y=rss, name=label, legendgroup=label, row=1, col=1)
+        figure.add_scatter(
+            x=xs,
+            y=column(tree, "cpu_percent"),
+            name=label,
+            legendgroup=label,
+            showlegend=False,
+            row=2,
+            col=1,
+        )
+        failure = soak["first_failure"]
+        moment = None if failure is None else parse_iso_or_none(failure["at"])
+        if moment is not None:
+            figure.add_vline(x=moment.timestamp() * 1000, line_dash="dot", line_color="#d62728")
+    figure.update_layout(height=560, margin={"t": 40, "l": 60, "r": 20, "b": 40})
+    rows = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(str(v))}</td>"
+            for v in (
+                soak_label(soak),
+                soak["node"],
+                soak["status"],
+                ", ".join(soak["reasons"]) or soak["stop_cause"],
+                offset_text(soak["start_offset_seconds"]),
+                format_duration(float(soak["duration_seconds"] or 0)),
+                soak["path"],
+            )
+        )
+        + "</tr>"
+        for soak in combined["soaks"]
+    )
+    first = combined["first_failure"]
+    first_html = (
+        ""
+        if first is None
+        else f"<p>First failure: <b>{html.escape(soak_label(first))}</b> on "
+        f"{html.escape(str(first['node']))} at {html.escape(str(first['at']))}: "
+        f"<code>{html.escape(first['reason'])}</code> {html.escape(first['message'])}</p>"
+    )
+    status = str(combined["status"])
+    body = (
+        f'<div class="verdict {html.escape(status)}"><h1>{html.escape(status.upper())}: '
+        f"{job_word(combined)} {html.escape(str(combined['job_id']))}, "
+        f"{len(combined['soaks'])} soaks</h1>"
+        f"{first_html}</div>"
+        "<h2>Soaks</h2><table><tr><th>soak</th><th>node</th><th>status</th><th>why</th>"
+        f"<th>started</th><th>ran</th><th>artifact</th></tr>{rows}</table>"
+        "<h2>Timeline (wall clock)</h2>"
+        + figure_html(figure, "job-timeline", "560px", {"displaylogo": False, "responsive": True})
+    )
+    return PAGE.format(
+        title=html.escape(f"{status.upper()}: {job_word(combined)} {combined['job_id']}"),
+        style=STYLE,
+        loader=PLOTLY_LOADER,
+        body=body,
     )

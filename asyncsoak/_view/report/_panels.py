@@ -25,10 +25,14 @@ class _PanelSpec:
     unit: str
     #: (group kind, field name pattern)
     fields: tuple[tuple[str, str], ...]
+    #: What its y axis measures, titled with the unit drawn: ``memory (GiB)``, ``loss``.
+    quantity: str
 
 
 PANELS = (
-    _PanelSpec("tree_cpu", "Process tree CPU (100% = one core)", "%", (("tree", "cpu_percent"),)),
+    _PanelSpec(
+        "tree_cpu", "Process tree CPU (100% = one core)", "%", (("tree", "cpu_percent"),), "CPU"
+    ),
     _PanelSpec(
         "tree_memory",
         "Process tree memory",
@@ -40,15 +44,17 @@ PANELS = (
             ("tree", "pss_bytes"),
             ("tree", "uss_bytes"),
         ),
+        "memory",
     ),
     _PanelSpec(
         "tree_counts",
         "Processes and threads in the tree",
         "",
         (("tree", "processes"), ("tree", "threads")),
+        "processes, threads",
     ),
     _PanelSpec(
-        "machine_cpu", "Machine CPU (100% = every core)", "%", (("machine", "cpu_percent"),)
+        "machine_cpu", "Machine CPU (100% = every core)", "%", (("machine", "cpu_percent"),), "CPU"
     ),
     _PanelSpec(
         "machine_memory",
@@ -59,46 +65,60 @@ PANELS = (
             ("machine", "memory_available_bytes"),
             ("machine", "swap_used_bytes"),
         ),
+        "memory",
     ),
     _PanelSpec(
         "tree_io",
         "Process tree I/O: reads and writes per second",
         "bytes/s",
         (("tree", "read_bytes"), ("tree", "write_bytes")),
+        "I/O",
     ),
     _PanelSpec(
         "progress_rate",
         "Progress rate: file changes per minute",
         "changes/min",
         (("progress_rate", "changes_per_minute"),),
+        "rate",
     ),
     _PanelSpec(
         "progress_bytes",
         "Progress: bytes written to the progress directory per minute",
         "bytes/min",
         (("progress_rate", "bytes_per_minute"),),
+        "written",
     ),
     # The training's own figures, as the trainer's files say (the artifact's ``steps`` series).
-    _PanelSpec("loss", "Training loss", "", (("steps", "loss"),)),
-    _PanelSpec("step_rate", "Training steps per second", "", (("steps", "steps_per_second"),)),
+    _PanelSpec("loss", "Training loss", "", (("steps", "loss"),), "loss"),
+    _PanelSpec(
+        "step_rate", "Training steps per second", "", (("steps", "steps_per_second"),), "steps/s"
+    ),
     _PanelSpec(
         "throughput",
         "Tokens and samples per second",
         "",
         (("steps", "tokens_per_second"), ("steps", "samples_per_second")),
+        "tokens, samples/s",
     ),
-    _PanelSpec("step", "Training step", "", (("steps", "step"),)),
-    _PanelSpec("stale_limit", "Learned stale-progress limit", "s", (("stale_limit", "seconds"),)),
-    _PanelSpec("disk_free", "Disk free", "bytes", (("machine", "disk_free_bytes*"),)),
-    _PanelSpec("gpu_util", "GPU utilisation", "%", (("gpu", "utilization_gpu_percent"),)),
+    _PanelSpec("step", "Training step", "", (("steps", "step"),), "step"),
+    _PanelSpec(
+        "stale_limit", "Learned stale-progress limit", "s", (("stale_limit", "seconds"),), "limit"
+    ),
+    _PanelSpec("disk_free", "Disk free", "bytes", (("machine", "disk_free_bytes*"),), "free"),
+    _PanelSpec(
+        "gpu_util", "GPU utilisation", "%", (("gpu", "utilization_gpu_percent"),), "utilisation"
+    ),
     _PanelSpec(
         "gpu_memory",
         "GPU memory used",
         "MiB",
         (("gpu", "memory_used_mib"), ("gpu", "memory_total_mib")),
+        "memory",
     ),
-    _PanelSpec("gpu_power", "GPU power", "W", (("gpu", "power_draw_w"), ("gpu", "power_limit_w"))),
-    _PanelSpec("gpu_temp", "GPU temperature", "°C", (("gpu", "temperature_gpu_c"),)),
+    _PanelSpec(
+        "gpu_power", "GPU power", "W", (("gpu", "power_draw_w"), ("gpu", "power_limit_w")), "power"
+    ),
+    _PanelSpec("gpu_temp", "GPU temperature", "°C", (("gpu", "temperature_gpu_c"),), "temperature"),
 )
 
 
@@ -131,6 +151,7 @@ class Panel:
     unit: str
     fields: list[Field] = field(default_factory=list)
     is_gpu: bool = False
+    quantity: str = ""
 
 
 def plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[Panel]:
@@ -164,7 +185,14 @@ def plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[Panel
             for f in fields:
                 if f.kind == kind and fnmatch.fnmatchcase(f.name, pattern):
                     panel = panels.setdefault(
-                        spec.key, Panel(spec.key, spec.title, spec.unit, is_gpu=kind == "gpu")
+                        spec.key,
+                        Panel(
+                            spec.key,
+                            spec.title,
+                            spec.unit,
+                            is_gpu=kind == "gpu",
+                            quantity=spec.quantity,
+                        ),
                     )
                     panel.fields.append(f)
                     placed.add((f.group, f.name))
@@ -194,6 +222,14 @@ def other_title(panel: Panel) -> str:
     what = ", ".join(labels[:4]) + (", ..." if len(labels) > 4 else "")
     unit = "" if panel.unit in BYTE_UNITS else panel.unit
     return f"{kind_title(kind)}: {what}" + (f" ({unit})" if unit else "")
+
+
+def axis_title(panel: Panel, unit: str) -> str:
+    """``memory (GiB)``, ``loss``: a panel's y axis, what it measures and the unit drawn (a
+    panel of unknown fields measures its fields)."""
+    labels = dict.fromkeys(field_label(f) for f in panel.fields)
+    quantity = panel.quantity or ", ".join(list(labels)[:2])
+    return f"{quantity} ({unit})" if unit else quantity
 
 
 def field_unit(f: Field) -> str:
@@ -246,3 +282,22 @@ def scale_for(unit: str, peak: float) -> Scale:
         if peak * per >= size:
             return Scale(size / per, name + suffix)
     return Scale(1 / per, "B" + suffix)
+
+
+def is_reference(f: Field) -> bool:
+    """A limit or a total: drawn dotted beside the line it bounds."""
+    return any(word in f.name for word in ("limit", "total"))
+
+
+def rates(times: Sequence[float], counter: Sequence[float | None]) -> list[float | None]:
+    """A counter's rate per second between samples; a counter that went down (a process
+    left the tree, taking its count) gives no rate there."""
+    out: list[float | None] = [None]
+    for i in range(1, len(counter)):
+        before, after = counter[i - 1], counter[i]
+        dt = times[i] - times[i - 1]
+        if before is None or after is None or dt <= 0 or after < before:
+            out.append(None)
+        else:
+            out.append((after - before) / dt)
+    return out

@@ -7,6 +7,7 @@ Nothing here imports plotly, so what the figure shows is tested without it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, timedelta
@@ -17,15 +18,24 @@ from ..._contract import (
     Artifact,
     EventKind,
     FailureReason,
+    file_names,
     format_duration,
     parse_iso,
-    series_times,
+    schema,
 )
 from ..._record import EVENTS_HEAD
-from .._evidence import config_value, event_times, leaking_series, rate_text
+from .._evidence import leaking_series, rate_text
 from .._fields import Field, group_label
-from .._sections import column, events_dropped, top_processes, trend_verdicts
-from ._detail import JournalDetail, file_names
+from .._sections import (
+    column,
+    config_value,
+    event_times,
+    events_dropped,
+    top_processes,
+    trend_verdicts,
+)
+from ._detail import ProgressBin, RunDetail, artifact_detail, in_slices, one_change_bins
+from ._events import exit_label, pids
 from ._panels import (
     ALWAYS_DRAWN,
     COUNTERS,
@@ -35,16 +45,30 @@ from ._panels import (
     field_unit,
     format_in_unit,
     group_sort_key,
+    is_reference,
     other_title,
     plan_panels,
+    rates,
 )
-from ._tables import exit_label, pids
 
-#: Vertical lines drawn for progress changes at most (more are merged by time).
-PROGRESS_LINES = 300
+#: Progress ticks in the lane at most: past it, the changes are binned by time, one tick per
+#: bin naming their count (a day of changes every second would be a solid bar).
+PROGRESS_TICKS = 300
 
-#: Progress ticks in the lane at most (more are merged by time, their count in the hover).
-PROGRESS_TICKS = 1500
+#: A series with fewer values than this is drawn as points, not a line.
+SPARSE_POINTS = 12
+
+#: The lanes of "What happened", in words a newcomer reads (a GPU's throttling is its own).
+LANE_WORDS = {
+    "progress": "progress",
+    "command": "your command",
+    "monitor": "asyncsoak's actions",
+    "failure": "failure",
+    "notes": "warnings, notes",
+}
+
+#: A non-finite loss as the step rules word it: ``the loss is NaN at step 8 (...)``.
+NONFINITE_LOSS = re.compile(r"the loss is (\S+) at step (\d+)")
 
 #: Points of the time-since-progress curve at most.
 PROGRESS_CURVE_POINTS = 2000
@@ -107,11 +131,11 @@ class TimelineModel:
     def __init__(
         self,
         artifact: Artifact,
-        detail: JournalDetail | None,
+        detail: RunDetail | None,
         baseline: Artifact | None = None,
     ) -> None:
         self.artifact = artifact
-        self.detail = detail
+        self.detail = detail if detail is not None else artifact_detail(artifact)
         self.baseline_series: Mapping[str, Mapping[str, Sequence[Any]]] = (
             baseline["series"] if baseline is not None else {}
         )
@@ -125,7 +149,7 @@ class TimelineModel:
         self.series: Mapping[str, Mapping[str, Sequence[Any]]] = artifact["series"]
         self.steady: list[Field] = []
         self.panels = self._fold_steady(plan_panels(self.series))
-        self.progress_times = self._progress_times()
+        self.progress = self._progress_bins()
         self.marks = self._marks()
         self.throttle = self._throttle_spans()
 
@@ -185,18 +209,14 @@ class TimelineModel:
             return None
         return float(events[EVENTS_HEAD - 1]["t"]), float(events[EVENTS_HEAD]["t"])
 
-    def _progress_times(self) -> list[float]:
-        """Every progress time (the journal's when there is one); sets ``progress_files``."""
+    def _progress_bins(self) -> list[ProgressBin]:
+        """Every progress change in bins (the detail's), else those of the events kept."""
         if self.detail is not None:
-            pairs = sorted(zip(self.detail.progress_times, self.detail.progress_files, strict=True))
-        else:
-            pairs = [
-                (float(e["t"]), file_names(e["paths"]))
-                for e in self.artifact["events"]
-                if e["kind"] == EventKind.PROGRESS
-            ]
-        self.progress_files = [files for _, files in pairs]
-        return [t for t, _ in pairs]
+            return self.detail.progress
+        kept = self.artifact["events"]
+        return one_change_bins(
+            (float(e["t"]), file_names(e["paths"])) for e in kept if e["kind"] == EventKind.PROGRESS
+        )
 
     def _marks(self) -> list[Mark]:
         marks: list[Mark] = []
@@ -391,6 +411,23 @@ class TimelineModel:
         """Labels past 60 % of the run are written to the left of their mark."""
         return mark.t > self.duration * 0.6
 
+    def lane_words(self, lane: str) -> str:
+        """A lane's row title: ``your command``, ``GPU 0 held back``."""
+        if lane.endswith(" throttled"):
+            return f"{group_label(lane.removesuffix(' throttled'))} held back"
+        return LANE_WORDS[lane]
+
+    def nonfinite_losses(self) -> list[tuple[float, str]]:
+        """(time, ``loss NaN at step 8``) of each NaN or infinite loss the run reported, as a
+        failure (``nonfinite_loss``) or a warning (``--loss-check warn``)."""
+        found = []
+        for event in self.artifact["events"]:
+            if event["kind"] in (EventKind.FAILURE, EventKind.WARNING):
+                match = NONFINITE_LOSS.match(str(event["message"]))
+                if match is not None:
+                    found.append((float(event["t"]), f"loss {match[1]} at step {match[2]}"))
+        return found
+
     def lanes(self) -> list[str]:
         order = ["progress", "command", "monitor", "failure", "notes"]
         used = {m.lane for m in self.marks} | {"progress", "command"}
@@ -401,56 +438,36 @@ class TimelineModel:
     def _progress_ticks(self) -> list[tuple[float, str]]:
         """(time, hover text) of the lane's progress ticks: one per change, or, past
         PROGRESS_TICKS, one per slice of the run naming how many changes it holds and the
-        files of its last one (a day of changes every second would not draw in time)."""
-        times, files = self.progress_times, self.progress_files
-        if len(times) <= PROGRESS_TICKS:
-            return [
-                (
-                    t,
-                    f"progress at {format_duration(t)} ({self._wall(t)})" + (f"\n{f}" if f else ""),
-                )
-                for t, f in zip(times, files, strict=True)
-            ]
-        width = (times[-1] - times[0]) / PROGRESS_TICKS or 1.0
-        slices: dict[int, list[int]] = {}
-        for i, t in enumerate(times):
-            slices.setdefault(int((t - times[0]) / width), []).append(i)
+        files of its last one."""
         ticks = []
-        for members in slices.values():
-            first, last = times[members[0]], times[members[-1]]
+        for b in in_slices(self.progress, PROGRESS_TICKS):
             text = (
-                f"{len(members)} progress changes, {format_duration(first)} to "
-                f"{format_duration(last)} ({self._wall(last)})"
+                f"progress at {format_duration(b.last)} ({self._wall(b.last)})"
+                if b.changes == 1
+                else f"{b.changes} progress changes, {format_duration(b.first)} to "
+                f"{format_duration(b.last)} ({self._wall(b.last)})"
             )
-            if files[members[-1]]:
-                text += f"\nlast: {files[members[-1]]}"
-            ticks.append((last, text))
+            files = f"\n{b.files}" if b.changes == 1 else f"\nlast: {b.files}"
+            ticks.append((b.last, text + (files if b.files else "")))
         return ticks
 
     def _progress_curve(self) -> tuple[list[float | None], list[float | None]]:
-        """A sawtooth: seconds since the last change (or the start), dropping at each change."""
+        """A sawtooth: seconds since the last change (or the start), dropping at each change
+        (at the longest gap of each bin, whose other changes drop it to zero)."""
         lost = None if self.detail is not None else self._events_lost()
-        times = self.progress_times
-        # Each change's own gap, from the change before it; thinning keeps the true peaks.
-        gaps = [t - before for before, t in zip([0.0, *times], times, strict=False)]
-        kept = (
-            thin_keeping_gaps(gaps, PROGRESS_CURVE_POINTS)
-            if len(times) > PROGRESS_CURVE_POINTS
-            else range(len(times))
-        )
         xs: list[float | None] = [0.0]
         ys: list[float | None] = [0.0]
         previous = 0.0
-        for i in kept:
-            t, gap = times[i], gaps[i]
+        for b in in_slices(self.progress, PROGRESS_CURVE_POINTS):
+            t, gap, last = b.longest_gap_t, b.longest_gap, b.last
             if lost is not None and previous <= lost[0] < t:
                 # The artifact kept no events here: break the curve instead of inventing a gap.
                 xs.extend([self.x(lost[0]), None, self.x(lost[1])])
                 ys.extend([lost[0] - previous, None, 0.0])
                 gap = t - lost[1]
-            xs.extend([self.x(t), self.x(t)])
-            ys.extend([round(gap, 3), 0.0])
-            previous = t
+            xs.extend([self.x(t), self.x(t)] + ([self.x(last)] if last > t else []))
+            ys.extend([round(gap, 3), 0.0] + ([0.0] if last > t else []))
+            previous = last
         # After the command's exit the time since progress means nothing: the curve ends there.
         exits = event_times(self.artifact, EventKind.EXITED)
         end = max(previous, min([self.duration, *exits]))
@@ -467,7 +484,7 @@ class TimelineModel:
                 lines.append(
                     (
                         f"pid {p['pid']} {p['name'] or ''}".strip(),
-                        series_times(series),
+                        schema.series_times(series),
                         series["rss_bytes"],
                     )
                 )
@@ -517,7 +534,7 @@ class TimelineModel:
     def progress_limits(self, peak: float) -> tuple[list[Limit], list[str]]:
         """The liveness limits to draw on the time-since-progress panel, and the labels of
         those too far above every gap (the longest, ``peak``) to draw to scale."""
-        first = self.progress_times[0] if self.progress_times else None
+        first = self.progress[0].first if self.progress else None
         startup = config_value(self.artifact, "startup_timeout_seconds")
         stale = config_value(self.artifact, "stale_progress_seconds")
         in_scale = max(peak, 1e-3) * LIMIT_HEADROOM
@@ -574,41 +591,3 @@ def _merged(group: Sequence[Mark]) -> Mark:
 
 def _overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
-
-
-def is_reference(f: Field) -> bool:
-    """A limit or a total: drawn dotted beside the line it bounds."""
-    return any(word in f.name for word in ("limit", "total"))
-
-
-def rates(times: Sequence[float], counter: Sequence[float | None]) -> list[float | None]:
-    """A counter's rate per second between samples; a counter that went down (a process
-    left the tree, taking its count) gives no rate there."""
-    out: list[float | None] = [None]
-    for i in range(1, len(counter)):
-        before, after = counter[i - 1], counter[i]
-        dt = times[i] - times[i - 1]
-        if before is None or after is None or dt <= 0 or after < before:
-            out.append(None)
-        else:
-            out.append((after - before) / dt)
-    return out
-
-
-def thin(times: Sequence[float], limit: int) -> list[float]:
-    """At most ``limit`` times, one per equal slice of the run."""
-    if len(times) <= limit:
-        return list(times)
-    start, end = times[0], times[-1]
-    width = (end - start) / limit or 1.0
-    kept: dict[int, float] = {}
-    for t in times:
-        kept.setdefault(int((t - start) / width), t)
-    return list(kept.values())
-
-
-def thin_keeping_gaps(gaps: Sequence[float], limit: int) -> list[int]:
-    """About ``limit`` indices: the longest gaps, the first and last, and evenly spaced others."""
-    longest = sorted(range(len(gaps)), key=gaps.__getitem__, reverse=True)[: limit // 2]
-    step = max(1, len(gaps) // max(limit // 2, 1))
-    return sorted({0, len(gaps) - 1, *longest, *range(0, len(gaps), step)})

@@ -5,6 +5,10 @@ var titles = Array.prototype.map.call(
 marker.dataset.subplots = String(plot.querySelectorAll(".cartesianlayer > .subplot").length);
 marker.dataset.traces = String(plot.querySelectorAll(".scatterlayer .trace").length);
 marker.dataset.titles = titles.join("|");
+// Each y axis's title: what it measures, and in what unit.
+marker.dataset.ytitles = Array.prototype.map.call(
+  plot.querySelectorAll('.infolayer text[class$="title"][class^="y"]'),
+  function (e) { return e.textContent; }).join("|");
 marker.dataset.labels = Array.prototype.map.call(
   plot.querySelectorAll(".textpoint"), function (e) { return e.textContent; }).join("|");
 // Where the verdict and the evidence end on the page: a reader must see them without scrolling.

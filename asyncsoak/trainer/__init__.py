@@ -1,29 +1,11 @@
-"""The job queue's side of a training script: stop requests, cancellation, config.
+"""The job queue's side of a training script: stop requests, cancellation, config, steps.
 
 Standard library only (psycopg for a queue on PostgreSQL), so a training script imports it
-without anyio or psutil.  A trainer
-adopts the protocol in three lines::
-
-    from asyncsoak import trainer
-
-    stop = trainer.stop_requested()
-    for step in range(start, steps):
-        ...
-        if stop.is_set() or trainer.cancel_requested():
-            save_checkpoint(step)
-            raise SystemExit(trainer.EXIT_INTERRUPTED)
-
-A trainer that wants to say its step itself (rather than have the monitor read its metrics
-files) calls :func:`report` at each step::
-
-    trainer.report(step, loss=loss.item(), tokens=tokens_seen)
-
-The worker holds the child's stdin open; closing it asks the child to save and exit with
-:data:`EXIT_INTERRUPTED`, and the kernel closes it too when the worker dies, so a trainer
-never runs on unsupervised.  A job submitted with a JSON config reads it with
-:func:`load_config`.  The worker sets ``ASYNCSOAK_JOB_ID``, ``ASYNCSOAK_DB``,
-``ASYNCSOAK_RUN_DIR`` (checkpoints belong there: it is kept across attempts),
-``ASYNCSOAK_ATTEMPT`` and ``ASYNCSOAK_STOP_MODE`` in the child's environment.
+without anyio or psutil.  A trainer saves and exits with :data:`EXIT_INTERRUPTED` once
+``stop_requested().is_set() or cancel_requested()``, reads a ``--config`` job's JSON with
+:func:`load_config`, and may say its step itself with :func:`report`; the worker sets
+``ASYNCSOAK_JOB_ID``, ``ASYNCSOAK_DB``, ``ASYNCSOAK_RUN_DIR`` (checkpoints belong there),
+``ASYNCSOAK_ATTEMPT`` and ``ASYNCSOAK_STOP_MODE`` (docs/queue.md shows the three lines).
 """
 
 from __future__ import annotations
@@ -36,10 +18,18 @@ import signal
 import sys
 import threading
 import time
-import urllib.parse
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the job table's names, for the queue: served by __getattr__ on first use
+    from ._jobs import PG_SCHEMA as PG_SCHEMA
+    from ._jobs import Job as Job
+    from ._jobs import column as column
+    from ._jobs import decoded as decoded
+    from ._jobs import derived as derived
+    from ._jobs import select_job as select_job
+    from ._jobs import select_list as select_list
 
 __all__ = [
     "EXIT_INTERRUPTED",
@@ -52,10 +42,21 @@ __all__ = [
     "stop_requested",
 ]
 
+
+def __getattr__(name: str) -> Any:
+    """The job table's public names, imported when the queue first asks: a soak's start and a
+    trainer outside a queue do without them."""
+    if not name.startswith("_"):
+        from . import _jobs
+
+        if hasattr(_jobs, name):
+            return getattr(_jobs, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 #: Exit status of a trainer that saved its state and stopped because it was asked to.
 EXIT_INTERRUPTED = 4
 
-_DB_TIMEOUT_SECONDS = 5.0
 _stop_lock = threading.Lock()
 _stop_event: threading.Event | None = None
 _cancel_checked_at = float("-inf")
@@ -202,11 +203,12 @@ def cancel_requested(min_interval: float = 1.0) -> bool:
     ident, db = job_id(), os.environ.get("ASYNCSOAK_DB")
     if ident is None or not db:
         return False
+    from ._jobs import read_job  # here: a soak's start and a trainer outside a queue skip it
+
     try:
-        row = _read_job_column(db, ident, "cancel_requested")
+        _cancel_seen = read_job(db, ident).cancel_requested
     except Exception:  # sqlite3 or psycopg: unreadable for now; the worker still enforces it
         return False
-    _cancel_seen = bool(row)
     return _cancel_seen
 
 
@@ -219,41 +221,9 @@ def load_config(job: int | None = None, db: str | os.PathLike[str] | None = None
             "no job to read a config for: ASYNCSOAK_JOB_ID and ASYNCSOAK_DB are unset "
             "(this process was not started by an asyncsoak worker)"
         )
-    text = _read_job_column(os.fspath(path), ident, "config")
-    if text is None:
+    from ._jobs import read_job
+
+    config = read_job(os.fspath(path), ident).config
+    if config is None:
         raise RuntimeError(f"job {ident} was submitted with a command, not a config")
-    config: dict[str, Any] = json.loads(text) if isinstance(text, str) else text
     return config
-
-
-def _read_job_column(db: str, ident: int, column: str) -> Any:
-    if db.startswith(("postgresql:", "postgres:")):
-        return _read_postgres_column(db, ident, column)
-    import sqlite3  # here: the supervisor imports this module for its constants alone
-
-    uri = f"file:{urllib.parse.quote(str(db))}?mode=ro"
-    conn = sqlite3.connect(uri, uri=True, timeout=_DB_TIMEOUT_SECONDS)
-    try:
-        # ``column`` is one of this module's literals, never user input.
-        row = conn.execute(f"SELECT {column} FROM jobs WHERE id = ?", (ident,)).fetchone()
-    finally:
-        conn.close()
-    if row is None:
-        raise RuntimeError(f"job {ident} is not in the queue database {db}")
-    return row[0]
-
-
-def _read_postgres_column(db: str, ident: int, column: str) -> Any:
-    import psycopg
-
-    # The worker put the URL without its password here, and the password in PGPASSWORD.
-    conninfo = "" if db.rstrip("/") in ("postgresql:", "postgres:") else db
-    with psycopg.connect(
-        conninfo, connect_timeout=int(_DB_TIMEOUT_SECONDS), autocommit=True
-    ) as conn:
-        row = conn.execute(
-            f"SELECT {column} FROM asyncsoak.jobs WHERE id = %s", (ident,)
-        ).fetchone()
-    if row is None:
-        raise RuntimeError(f"job {ident} is not in the queue database {db}")
-    return row[0]

@@ -1,0 +1,268 @@
+"""The events of what the samplers and the watchdog read, each beside its JSON form: progress
+and steps, the run's resource limits, the samplers' notes, GPU faults; and the JSON forms of
+the samples themselves (their classes are the samplers')."""
+
+# No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` when evaluated.
+from typing import Any, ClassVar, Literal, NotRequired
+
+from ._event import Event, EventJsonBase
+from ._vocabulary import EventKind
+
+
+class Progress(Event):
+    """One watchdog scan saw files created, grown or touched."""
+
+    KIND: ClassVar[str] = EventKind.PROGRESS
+
+    changed: int
+    paths: list[str]
+    gap_seconds: float | None
+    #: Bytes the changed files grew by (a new file counts its size).
+    grown_bytes: int = 0
+    #: The same for the files that name a rank (``rank1.jsonl``), by rank: each rank's own
+    #: progress, whose rates tell a straggler.
+    rank_grown_bytes: dict[str, int] = {}  # noqa: RUF012 (copied for each event)
+    #: ``--stale-progress auto``: the limit in force from this change on (None otherwise).
+    stale_limit_seconds: float | None = None
+
+
+class ProgressJson(EventJsonBase):
+    kind: Literal[EventKind.PROGRESS]
+    changed: int
+    paths: list[str]
+    gap_seconds: float | None
+    grown_bytes: NotRequired[int]
+    rank_grown_bytes: NotRequired[dict[str, int]]
+    stale_limit_seconds: NotRequired[float | None]
+
+
+class StepProgress(Event):
+    """The trainer's step advanced (or its loss or total changed), as its files say."""
+
+    KIND: ClassVar[str] = EventKind.STEP
+
+    step: int
+    #: The file the step was read from, and its kind (``json_lines``, ``trainer_state``, ...).
+    source: str
+    source_kind: str
+    gap_seconds: float | None
+    max_steps: int | None = None
+    #: The newest finite loss and its step (a non-finite one is a failure or a warning).
+    loss: float | None = None
+    loss_step: int | None = None
+    #: The non-finite loss the run failed on (``nan``, ``inf``, ``-inf``): its headline loss.
+    nonfinite_loss: str | None = None
+    steps_per_second: float | None = None
+    tokens_per_second: float | None = None
+    samples_per_second: float | None = None
+    eta_seconds: float | None = None
+    #: ``--stale-progress auto``: the limit in force from this step on (None otherwise).
+    stale_limit_seconds: float | None = None
+    #: Whether the steps are the progress that counts (else the file changes still are:
+    #: ``trainer_state.json`` alone under ``--progress-source auto``).
+    counts: bool = True
+    #: Non-finite gradient norms logged so far (fewer than 5 in a row: not a failure).
+    nonfinite_grad_norms: int = 0
+    #: The files that gave steps but never a loss so far.
+    sources_without_loss: tuple[str, ...] = ()
+    #: ``(step, trainer time)`` of each step record read in this scan that advanced its file's
+    #: step, oldest first (the newest 256 at most): the goodput ledger's marks, seen at ``t``.
+    #: The trainer time is the record's own (seconds since the epoch), else None.
+    marks: tuple[tuple[int, float | None], ...] = ()
+
+
+class StepJson(EventJsonBase):
+    kind: Literal[EventKind.STEP]
+    step: int
+    source: str
+    source_kind: str
+    gap_seconds: float | None
+    max_steps: NotRequired[int | None]
+    loss: NotRequired[float | None]
+    loss_step: NotRequired[int | None]
+    nonfinite_loss: NotRequired[str | None]
+    steps_per_second: NotRequired[float | None]
+    tokens_per_second: NotRequired[float | None]
+    samples_per_second: NotRequired[float | None]
+    eta_seconds: NotRequired[float | None]
+    stale_limit_seconds: NotRequired[float | None]
+    counts: NotRequired[bool]
+    nonfinite_grad_norms: NotRequired[int]
+    sources_without_loss: NotRequired[list[str]]
+    marks: NotRequired[list[list[float | None]]]
+
+
+class Limits(Event):
+    """What the run's resources cannot exceed: projections are made against these."""
+
+    KIND: ClassVar[str] = EventKind.LIMITS
+
+    memory_total_bytes: int | None
+    #: The hard limit of the command's memory cgroup (v2 ``memory.max``, v1
+    #: ``memory.limit_in_bytes``), the tightest from its cgroup up.
+    cgroup_memory_max_bytes: int | None
+    #: Size of the progress and output filesystems.
+    disk_total_bytes: dict[str, int | None]
+    #: v2 ``memory.high`` (the tightest from the cgroup up).
+    cgroup_memory_high_bytes: int | None = None
+    #: The cgroup's usage at the start (``memory.current``, ``memory.usage_in_bytes``).
+    cgroup_memory_current_bytes: int | None = None
+    #: 1 or 2; None where the command's memory cgroup could not be read.
+    cgroup_version: int | None = None
+    #: The command's memory cgroup, as ``/proc/PID/cgroup`` names it.
+    cgroup_path: str | None = None
+    #: The lowest limit that applies, what it is ("cgroup memory.max (SLURM job 123)",
+    #: "machine memory"), and the cgroup that sets it (None for the machine's).
+    memory_limit_bytes: int | None = None
+    memory_limit_source: str | None = None
+    memory_limit_cgroup: str | None = None
+
+
+class LimitsJson(EventJsonBase):
+    kind: Literal[EventKind.LIMITS]
+    memory_total_bytes: int | None
+    cgroup_memory_max_bytes: int | None
+    disk_total_bytes: dict[str, int | None]
+    cgroup_memory_high_bytes: NotRequired[int | None]
+    cgroup_memory_current_bytes: NotRequired[int | None]
+    cgroup_version: NotRequired[int | None]
+    cgroup_path: NotRequired[str | None]
+    memory_limit_bytes: NotRequired[int | None]
+    memory_limit_source: NotRequired[str | None]
+    memory_limit_cgroup: NotRequired[str | None]
+
+
+#: The ``limits`` fields that say which memory limit applies (the artifact's ``limits`` too).
+MEMORY_CGROUP_LIMITS = (
+    "cgroup_memory_high_bytes",
+    "cgroup_memory_current_bytes",
+    "cgroup_version",
+    "cgroup_path",
+    "memory_limit_bytes",
+    "memory_limit_source",
+    "memory_limit_cgroup",
+)
+
+
+class SamplerDegraded(Event):
+    KIND: ClassVar[str] = EventKind.SAMPLER_DEGRADED
+
+    sampler: str
+    message: str
+
+
+class SamplerDegradedJson(EventJsonBase):
+    kind: Literal[EventKind.SAMPLER_DEGRADED]
+    sampler: str
+    message: str
+
+
+class SamplerRecovered(Event):
+    KIND: ClassVar[str] = EventKind.SAMPLER_RECOVERED
+
+    sampler: str
+    message: str
+
+
+class SamplerRecoveredJson(EventJsonBase):
+    kind: Literal[EventKind.SAMPLER_RECOVERED]
+    sampler: str
+    message: str
+
+
+class SamplerNote(Event):
+    """Something a sampler records once (``nvidia-smi`` missing, an ECC counter rose...)."""
+
+    KIND: ClassVar[str] = EventKind.SAMPLER_NOTE
+
+    sampler: str
+    message: str
+    data: dict[str, Any] = {}  # noqa: RUF012 (copied for each event)
+
+
+class SamplerNoteJson(EventJsonBase):
+    kind: Literal[EventKind.SAMPLER_NOTE]
+    sampler: str
+    message: str
+    data: NotRequired[dict[str, Any]]
+
+
+class RuleBroken(Event):
+    """A producer's rule broken (a stall, a blind sampler): the run's rules turn it into
+    the failure, unless the run has ended (journal only)."""
+
+    KIND: ClassVar[str] = EventKind.RULE_BROKEN
+
+    reason: str
+    message: str
+
+
+class RuleBrokenJson(EventJsonBase):
+    kind: Literal[EventKind.RULE_BROKEN]
+    reason: str
+    message: str
+
+
+class GpuFault(Event):
+    """What a GPU said about its own health: an Xid in the kernel log, an uncorrectable ECC
+    error, a row remap pending or failed, a page pending retirement, the GPU lost, its PCIe link
+    trained down, the GPU needing a reset.  ``gpu`` is its label (its index at its first
+    sample), ``uuid`` and ``bus_id`` its identity.  ``fails``: the rule fails the run for it
+    on a GPU the tree uses (``used``); otherwise it is a warning."""
+
+    KIND: ClassVar[str] = EventKind.GPU_FAULT
+
+    #: A :class:`~._vocabulary.GpuFaultKind`.
+    fault: str
+    gpu: int | None
+    uuid: str | None
+    bus_id: str | None
+    message: str
+    fails: bool
+    used: bool
+    xid: int | None = None
+    meaning: str | None = None
+    action: str | None = None
+    #: The kernel's time of an Xid record (seconds since boot).
+    kernel_seconds: float | None = None
+
+
+class GpuFaultJson(EventJsonBase):
+    kind: Literal[EventKind.GPU_FAULT]
+    fault: str  # a GpuFaultKind
+    gpu: int | None
+    uuid: str | None
+    bus_id: str | None
+    message: str
+    fails: bool
+    used: bool
+    xid: NotRequired[int | None]
+    meaning: NotRequired[str | None]
+    action: NotRequired[str | None]
+    kernel_seconds: NotRequired[float | None]
+
+
+class SampleJson(EventJsonBase):
+    """A sample of the tree (``_sampling._proc_sample.ProcSample``): its figures are the
+    sampler's dataclasses as plain dicts."""
+
+    kind: Literal[EventKind.SAMPLE]
+    root_pid: int
+    tree: dict[str, Any]
+    processes: list[dict[str, Any]]
+    machine: dict[str, Any]
+    disks: dict[str, dict[str, Any]]
+    #: Added by the journal (``SeriesSource``): the series points and summary labels.
+    points: NotRequired[dict[str, dict[str, float | None]]]
+    labels: NotRequired[dict[str, dict[str, list[str]]]]
+
+
+class GpuSampleJson(EventJsonBase):
+    """A sample of the GPUs (``_sampling._gpu_sample.GpuSample``)."""
+
+    kind: Literal[EventKind.GPU_SAMPLE]
+    gpus: list[dict[str, Any]]
+    processes: list[dict[str, Any]] | None
+    source: str
+    points: NotRequired[dict[str, dict[str, float | None]]]
+    labels: NotRequired[dict[str, dict[str, list[str]]]]

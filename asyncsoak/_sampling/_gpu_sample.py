@@ -1,0 +1,417 @@
+"""The GPU sample and its records: readings placed on their GPUs, processes on the tree,
+notes said once, degraded and recovered episodes, health faults reported.
+
+Per-process GPU memory is matched to the supervised tree by pid only: inside a container without
+the host PID namespace, ``nvidia-smi`` reports host pids that match nothing here, and those
+processes are recorded as not in the tree, never guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import anyio
+import psutil
+
+from .._contract import BlockingCallTimeout, EventSink, events, run_blocking
+from .._process import KernelLogFollower
+from ._gpu_find import SAMPLER
+from ._gpu_health import GpuHealthWatch, lost_gpu_line
+from ._nvidia_smi import (
+    APP_FIELDS,
+    APPS_QUERY,
+    GPU_QUERY,
+    GPU_SAMPLE_FIELDS,
+    GpuProcess,
+    GpuReading,
+    SmiParseError,
+    is_error_value,
+    needs_attention,
+    parse_gpu_line,
+    parse_process_line,
+)
+from ._xid import MalformedXidError, parse_xid
+
+#: Called with each GPU fault once it is recorded (the supervisor's verdict on it).
+
+#: Per-GPU series fields (static ones, such as the total memory, stay in the samples).
+SERIES_FIELDS: tuple[str, ...] = (
+    "utilization_gpu_percent",
+    "utilization_memory_percent",
+    "memory_used_mib",
+    "memory_free_mib",
+    "temperature_gpu_c",
+    "temperature_memory_c",
+    "power_draw_w",
+    "power_limit_w",
+    "clocks_sm_mhz",
+    "clocks_mem_mhz",
+    "fan_speed_percent",
+    "ecc_uncorrected_volatile",
+    "ecc_corrected_volatile",
+)
+_ECC_COUNTERS = (
+    ("ecc.errors.uncorrected.volatile.total", "ecc_uncorrected_volatile"),
+    ("ecc.errors.corrected.volatile.total", "ecc_corrected_volatile"),
+)
+
+
+class GpuSample(events.Event):
+    """Every GPU and every GPU process of one iteration.
+
+    ``processes`` is None when the process list could not be read this time; ``source`` is
+    ``"loop"`` or ``"call"``.
+    """
+
+    KIND: ClassVar[str] = "gpu_sample"
+    DROPPABLE: ClassVar[bool] = True
+
+    gpus: list[GpuReading]
+    processes: list[GpuProcess] | None
+    source: str
+
+    def series_points(self) -> events.SeriesPoints:
+        points: dict[str, dict[str, float | None]] = {
+            f"gpu{g.index}": {name: getattr(g, name) for name in SERIES_FIELDS} for g in self.gpus
+        }
+        if self.processes is None:
+            points["gpu_tree"] = {
+                "tree_gpu_memory_mib": None,
+                "tree_gpu_processes": None,
+                "other_gpu_memory_mib": None,
+            }
+        else:
+            tree = [p for p in self.processes if p.in_tree]
+            other = [p for p in self.processes if not p.in_tree]
+            points["gpu_tree"] = {
+                "tree_gpu_memory_mib": sum(p.used_gpu_memory_mib or 0.0 for p in tree),
+                "tree_gpu_processes": float(len(tree)),
+                "other_gpu_memory_mib": sum(p.used_gpu_memory_mib or 0.0 for p in other),
+            }
+        return points
+
+    def summary_labels(self) -> events.SummaryLabels:
+        return {
+            f"gpu{g.index}": {"throttle_reasons": list(g.clock_event_reasons)}
+            for g in self.gpus
+            if g.clock_event_reasons is not None
+        }
+
+
+class EccWatch:
+    """Volatile ECC error counters per GPU: reports a counter that rose, or is not zero at first."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[int, str], int] = {}
+
+    def update(self, readings: Sequence[GpuReading]) -> list[tuple[str, dict[str, Any]]]:
+        """``(message, data)`` for each counter that rose since the last readings."""
+        changes = []
+        for reading in readings:
+            for counter, attr in _ECC_COUNTERS:
+                value = getattr(reading, attr)
+                if value is None:
+                    continue
+                before = self._last.get((reading.index, counter))
+                self._last[(reading.index, counter)] = value
+                if (before is None and value > 0) or (before is not None and value > before):
+                    was = "" if before is None else f" (was {before})"
+                    changes.append(
+                        (
+                            f"gpu{reading.index} {counter} is {value}{was}",
+                            {
+                                "gpu": reading.index,
+                                "uuid": reading.uuid,
+                                "bus_id": reading.bus_id,
+                                "counter": counter,
+                                "before": before,
+                                "after": value,
+                            },
+                        )
+                    )
+        return changes
+
+
+def _state(pid: int) -> str | None:
+    """What /proc says a process is doing ("disk-sleep" for D), None when it is gone."""
+    try:
+        return str(psutil.Process(pid).status())
+    except psutil.Error:
+        return None
+
+
+#: How far up its parents :func:`outside_tree` follows a process before giving up.
+MAX_ANCESTRY = 64
+
+
+def outside_tree(pid: int, tree: Collection[int], proc: Path = Path("/proc")) -> bool:
+    """Whether ``pid`` is proven other work's: found in this PID namespace, with no process of
+    ``tree`` among it and its ancestors (a process the tree started since the tree's pids were
+    read is still the tree's).  A pid not found here (a container's ``nvidia-smi`` reports the
+    host's pids) or an ancestry that cannot be followed proves nothing: False.
+
+    ``/proc/PID/stat`` takes none of the locks that can make ``cmdline`` hang, and this runs
+    only while the tree is on no GPU, once per pid proven another's.
+    """
+    for _ in range(MAX_ANCESTRY):
+        if pid in tree:
+            return False
+        if pid <= 1:
+            return True
+        try:
+            stat = (proc / str(pid) / "stat").read_bytes()
+            pid = int(stat.rpartition(b")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+class SampleRecorder:
+    """What the GPU sampler keeps between samples, and how it records them."""
+
+    def __init__(
+        self,
+        sink: EventSink,
+        *,
+        interval: float,
+        tree_pids: Callable[[], Collection[int]],
+        call_timeout: float,
+        limiter: anyio.CapacityLimiter,
+        health: GpuHealthWatch,
+    ) -> None:
+        self._sink = sink
+        self._interval = interval
+        self._tree_pids = tree_pids
+        self._call_timeout = call_timeout
+        self._limiter = limiter
+        self._executable = ""
+        self._fields = {GPU_QUERY: list(GPU_SAMPLE_FIELDS), APPS_QUERY: list(APP_FIELDS)}
+        self._gpu_lines = 1
+        # The latest complete process list and when it arrived (monotonic).
+        self._apps: tuple[float, list[GpuProcess] | None] | None = None
+        self._degraded_since: float | None = None
+        self._failures = 0
+        self._loop_ends = 0
+        self._noted: set[str] = set()
+        self._ecc = EccWatch()
+        self._other_work_pids: set[int] = set()
+        self._health = health
+        self.kernel_log: KernelLogFollower | None = None
+        self.kernel_log_path: Path | None = None
+
+    async def _parse_gpus(self, lines: list[str]) -> list[GpuReading]:
+        readings = []
+        for line in lines:
+            try:
+                readings.append(parse_gpu_line(line, self._fields[GPU_QUERY])[1])
+            except SmiParseError as exc:
+                await self._unparsable(exc)
+        return readings
+
+    async def _parse_processes(self, lines: list[str]) -> list[GpuProcess] | None:
+        """The processes of one iteration; None when a line could not be read."""
+        processes = []
+        for line in lines:
+            try:
+                processes.append(parse_process_line(line, self._fields[APPS_QUERY])[1])
+            except SmiParseError as exc:
+                await self._unparsable(exc)
+                return None
+        return processes
+
+    async def _unparsable(self, exc: SmiParseError) -> None:
+        self._sink.counters.sampler_errors += 1
+        await self._note(f"unreadable nvidia-smi output: {exc}", once="unparsable")
+
+    async def _emit(
+        self,
+        readings: list[GpuReading],
+        processes: list[GpuProcess] | None,
+        source: str,
+        *,
+        whole: bool,
+    ) -> None:
+        """One sample; ``whole``: every row of the iteration could be read (a GPU missing
+        from it is then missing from nvidia-smi's list, not from what could be parsed).  Each
+        GPU is labelled by its identity (see ``GpuHealthWatch.identify``), each process placed
+        on its GPU by the GPU's UUID or bus id."""
+        health = self._health
+        readings = health.identify(readings)
+        if processes:
+            # No trip to a worker thread: waking one costs more than this call (see
+            # benchmarks/monitor_overhead.py), and this runs at every sample.
+            tree = set(self._tree_pids())
+            processes = [
+                replace(
+                    p, in_tree=p.pid in tree, gpu_index=health.gpu_index(p.gpu_uuid, p.gpu_bus_id)
+                )
+                for p in processes
+            ]
+            if tree and self._health.counts_other_work:
+                self._health.others_on(self._other_work_gpus(processes, tree))
+        await self._recovered()
+        await self._note_readings(readings, processes)
+        self._health.tree_on(
+            p.gpu_index for p in processes or () if p.in_tree and p.gpu_index is not None
+        )
+        t = self._sink.elapsed()
+        self._sink.offer(GpuSample(t=t, gpus=readings, processes=processes, source=source))
+        try:
+            faults = self._health.readings(t, readings, whole=whole)
+        except Exception as exc:  # a rule's bug: said once, and the GPUs are still sampled
+            error = f"{type(exc).__name__}: {exc}"
+            await self._note(f"the GPU health rules raised {error}", {"error": error}, once=error)
+            return
+        await self._report(faults)
+
+    def _other_work_gpus(self, processes: list[GpuProcess], tree: set[int]) -> set[int]:
+        """The GPUs on which every listed process is proven other work's (see
+        ``_gpu_health``)."""
+        others: set[int] = set()
+        ours_or_unknown: set[int] = set()
+        for process in processes:
+            if process.gpu_index is None:
+                continue
+            if not process.in_tree and self._other_work(process.pid, tree):
+                others.add(process.gpu_index)
+            else:
+                ours_or_unknown.add(process.gpu_index)
+        return others - ours_or_unknown
+
+    def _other_work(self, pid: int, tree: set[int]) -> bool:
+        if pid in self._other_work_pids:
+            return True
+        if outside_tree(pid, tree):
+            # Kept: a pid proven another's stays so (the tree's own are in ``tree`` first).
+            self._other_work_pids.add(pid)
+            return True
+        return False
+
+    async def _note_readings(
+        self, readings: list[GpuReading], processes: list[GpuProcess] | None
+    ) -> None:
+        for reading in readings:
+            for name, message in reading.errors.items():
+                if is_error_value(message):
+                    self._sink.counters.sampler_errors += 1
+                await self._note(
+                    f"gpu{reading.index} {name}: {message} (recorded as null)",
+                    once=f"value {reading.index} {name} {message}",
+                )
+            for reason in reading.clock_event_reasons or ():
+                if needs_attention(reason):
+                    await self._note(
+                        f"gpu{reading.index} clocks held back: {reason}",
+                        {
+                            "gpu": reading.index,
+                            "uuid": reading.uuid,
+                            "bus_id": reading.bus_id,
+                            "reason": reason,
+                        },
+                        once=f"reason {reading.index} {reason}",
+                    )
+        for message, data in self._ecc.update(readings):
+            await self._note(message, data)
+        outside = sorted({p.pid for p in processes or () if not p.in_tree})
+        if outside:
+            await self._note(
+                "GPU processes outside the supervised tree (other work on the GPU, or pids "
+                "from another PID namespace, which cannot be matched): recorded as not in "
+                "the tree",
+                {"pids": outside},
+                once="outside",
+            )
+
+    # -- health --------------------------------------------------------------------------------
+
+    async def _without_lost(self, lines: list[str]) -> list[str]:
+        """``lines`` less those saying a GPU cannot be reached, each reported as lost."""
+        kept = []
+        for line in lines:
+            lost = lost_gpu_line(line)
+            if lost is None:
+                kept.append(line)
+            else:
+                await self._report(self._health.lost_line(self._sink.elapsed(), *lost))
+        return kept
+
+    async def _read_kernel_log(self) -> None:
+        """The Xid errors logged since the previous tick, on this soak's GPUs."""
+        if self.kernel_log is None or not self._health.known:
+            return
+        for kernel_seconds, message in self.kernel_log.new_records():
+            try:
+                record = parse_xid(message, kernel_seconds)
+            except MalformedXidError as exc:
+                await self._note(str(exc), once="malformed xid")
+                continue
+            if record is None:
+                continue
+            fault = self._health.xid(self._sink.elapsed(), record)
+            if fault is None:
+                # Said once for all such addresses: a machine's other GPUs (or another
+                # container's) may log many.
+                await self._note(
+                    f"an Xid for PCI {':'.join(f'{n:x}' for n in record.pci)}, which is no GPU "
+                    "nvidia-smi lists here: ignored (and any others like it)",
+                    once="xid elsewhere",
+                )
+                continue
+            await self._report([fault])
+
+    async def _report(self, faults: list[events.GpuFault]) -> None:
+        """Record each fault: the run's GPU fault rule fails the run or warns."""
+        for fault in faults:
+            await self._sink.emit(fault)
+
+    # -- records -------------------------------------------------------------------------------
+
+    async def _note(
+        self, message: str, data: dict[str, Any] | None = None, *, once: str = ""
+    ) -> None:
+        if once:
+            if once in self._noted:
+                return
+            self._noted.add(once)
+        await self._sink.emit(
+            events.SamplerNote(
+                t=self._sink.elapsed(), sampler=SAMPLER, message=message, data=data or {}
+            )
+        )
+
+    async def _abandoned(self, pid: int) -> None:
+        try:
+            state = await run_blocking(
+                _state, pid, timeout=self._call_timeout, what="reading a process state"
+            )
+        except BlockingCallTimeout:
+            state = "unknown"
+        await self._note(
+            f"nvidia-smi (pid {pid}) did not exit after SIGKILL (state {state}); abandoned",
+            {"pid": pid, "state": state},
+        )
+
+    async def _failed(self, message: str) -> None:
+        self._failures += 1
+        self._sink.counters.sampler_errors += 1
+        if self._degraded_since is None:
+            self._degraded_since = anyio.current_time()
+            await self._sink.emit(
+                events.SamplerDegraded(t=self._sink.elapsed(), sampler=SAMPLER, message=message)
+            )
+
+    async def _recovered(self) -> None:
+        self._failures = 0
+        if self._degraded_since is not None:
+            gap = anyio.current_time() - self._degraded_since
+            self._degraded_since = None
+            await self._sink.emit(
+                events.SamplerRecovered(
+                    t=self._sink.elapsed(),
+                    sampler=SAMPLER,
+                    message=f"nvidia-smi answers again after {gap:.1f} s",
+                )
+            )

@@ -1,0 +1,310 @@
+"""The progress rules: :class:`ProgressTracker` judges startup and staleness over successive
+scans and takes ``now`` as an argument, so tests drive it with any clock.
+
+The time of a change is on the monitor's monotonic clock: when inotify told of it, or, for a
+change a scan finds, its file's mtime if that falls between the scan and the one before (the
+window in which the monitor saw the change happen), else the scan's own time: a wall clock
+that jumps, or a file server's clock that lies, never dates a change outside what the
+monitor saw, nor before it happened.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Collection
+from pathlib import Path
+
+from .._contract import SoakClock
+from ._progress_scan import FileKey, FileState, stat_keys
+from ._step_files import KIND_STATE, StepReading
+from ._step_rules import ProgressSource, StaleLimit, StepTracker, StepUpdate
+
+#: A progress file that names a rank: ``rank1.jsonl``, ``metrics_rank_3.csv``, ``rank-0/``.
+RANK_FILE = re.compile(r"(?:^|[^a-z])rank[_-]?(\d+)(?![0-9])", re.IGNORECASE)
+
+
+def rank_of_path(path: str) -> str | None:
+    """The rank a progress file belongs to, from its path (the last part naming one)."""
+    found = RANK_FILE.findall(path)
+    return str(int(found[-1])) if found else None
+
+
+class ProgressTracker:
+    """The startup and staleness rules over successive scans.
+
+    ``now`` is seconds since the soak's start.  Before the first change the deadline is
+    ``startup_timeout``; after it, the last change plus the stale limit (``stale_after``, or
+    what ``auto`` learned).  With ``steps`` and ``source`` ``"steps"`` (or ``"auto"`` once a
+    step was read), the changes that count are the step's advances: a frozen step is a stall
+    however the files grow, and startup ends at the first step.
+    """
+
+    def __init__(
+        self,
+        baseline: dict[str, FileState],
+        *,
+        startup_timeout: float,
+        stale_after: float,
+        auto: StaleLimit | None = None,
+        steps: StepTracker | None = None,
+        source: ProgressSource = "auto",
+    ) -> None:
+        self._files = baseline
+        self.startup_timeout = startup_timeout
+        self.stale_after = stale_after
+        self.auto = auto
+        self.steps = steps
+        self.source: ProgressSource = source if steps is not None else "files"
+        #: Step notes emitted so far (they are bounded: see :data:`STEP_NOTES_MAX`).
+        self.step_notes = 0
+        self.first_change: float | None = None
+        self.last_change: float | None = None
+        self.longest_gap = 0.0
+        #: Bytes the files changed by the last observation grew by.
+        self.grown_bytes = 0
+        #: The same, for the files that name a rank (``rank1.jsonl``), by rank.
+        self.rank_grown_bytes: dict[str, int] = {}
+        #: Directories a scan could not read, as last reported in a warning.
+        self.skipped_dirs = 0
+        #: The paths that changed last, the newest first (:func:`latest_change_age` looks
+        #: at them); replaced whole, never changed in place: a thread reads it.
+        self.recent: tuple[str, ...] = ()
+        #: The progress directory while it does not exist (as last looked at), else None.
+        self.missing_dir: Path | None = None
+        #: ``--expect-every``'s and ``--checkpoint-glob``'s GLOBs: a progress event names a
+        #: match of each (see ``named_paths``).
+        self.named_globs: tuple[str, ...] = ()
+
+    def changed(self, files: dict[str, FileState]) -> list[str]:
+        """The paths of ``files`` that differ from when they were last seen (nothing recorded)."""
+        return [path for path, state in files.items() if self._differs(path, state)]
+
+    def observe(self, files: dict[str, FileState], now: float) -> list[str]:
+        """Record a full scan; return the paths that changed since they were last seen."""
+        changed = self.changed(files)
+        self.grown_bytes = 0
+        self.rank_grown_bytes = {}
+        for path in changed:
+            self._count_growth(path, files[path])
+        self._files = files
+        return self._record(changed, now)
+
+    def observe_some(self, updates: dict[str, FileState | None], now: float) -> list[str]:
+        """Record fresh states of a few paths (None: gone); return those that changed."""
+        changed = []
+        self.grown_bytes = 0
+        self.rank_grown_bytes = {}
+        for path, state in updates.items():
+            if state is None:
+                self._files.pop(path, None)
+            elif self._differs(path, state):
+                changed.append(path)
+                self._count_growth(path, state)
+                self._files[path] = state
+        return self._record(sorted(changed), now)
+
+    def _differs(self, path: str, state: FileState) -> bool:
+        old = self._files.get(path)
+        return (
+            old is None
+            or old.ino != state.ino
+            or old.size != state.size
+            or old.mtime_ns != state.mtime_ns
+        )
+
+    def _count_growth(self, path: str, state: FileState) -> None:
+        grown = self._growth(path, state)
+        self.grown_bytes += grown
+        rank = rank_of_path(path)
+        if rank is not None:
+            self.rank_grown_bytes[rank] = self.rank_grown_bytes.get(rank, 0) + grown
+
+    def _growth(self, path: str, state: FileState) -> int:
+        old = self._files.get(path)
+        if old is None or old.ino != state.ino:
+            return state.size
+        return max(0, state.size - old.size)
+
+    def _record(self, changed: list[str], now: float) -> list[str]:
+        if changed:
+            self.recent = tuple(dict.fromkeys([*changed, *self.recent]))[:RECENT_PATHS]
+            gap = None
+            if self.first_change is None:
+                self.first_change = now
+            else:
+                assert self.last_change is not None
+                gap = now - self.last_change
+                self.longest_gap = max(self.longest_gap, gap)
+            self.last_change = now
+            if self.auto is not None and not self.stepping():
+                self.auto.advance(now, gap)
+        return sorted(changed)
+
+    def stepping(self) -> bool:
+        """Whether the step's advances are the progress that counts (else file changes).
+
+        Under ``auto``, a step from ``trainer_state.json`` alone does not: it moves only at
+        checkpoint saves, and a limit set for file changes would kill the run between two.
+        """
+        if self.steps is None or self.source == "files":
+            return False
+        if self.source == "steps":
+            return True
+        return self.steps.step is not None and self.steps.kind != KIND_STATE
+
+    def observe_steps(self, reading: StepReading, now: float) -> StepUpdate:
+        """Fold what the step sources wrote since the last scan."""
+        assert self.steps is not None
+        was_stepping = self.stepping()
+        update = self.steps.observe(reading, now)
+        if update.advanced and self.auto is not None and self.stepping():
+            if not was_stepping:
+                self.auto.reset()  # learned from file changes until now: steps from here
+            self.auto.advance(now, update.gap if was_stepping else None)
+        return update
+
+    def limit(self) -> float:
+        """The stale limit in force: ``stale_after``, or the one ``auto`` learned."""
+        return self.stale_after if self.auto is None else self.auto.limit
+
+    def deadline(self) -> float:
+        last = self.last_change
+        if self.stepping():
+            assert self.steps is not None
+            last = self.steps.last_advance
+        if last is None:
+            return self.startup_timeout
+        return last + self.limit()
+
+    def _limit_text(self) -> str:
+        if self.auto is None:
+            return f"stale_progress_seconds={self.stale_after:g}"
+        limit = f"stale_progress_seconds=auto, {self.limit():.1f} s"
+        if self.auto.learned is None:
+            return f"{limit} (the startup limit)"
+        # A first pause longer than any before it is the usual false kill: say what was seen.
+        return (
+            f"{limit} learned from gaps of at most {self.auto.longest:.1f} s; a "
+            "--startup-timeout longer than the run's first checkpoint or evaluation lets the "
+            "warm-up see it"
+        )
+
+    def _cadence_hint(self) -> str:
+        """Why a fixed limit may be shorter than the trainer's logging interval, when the
+        steps seen say so (one step only, or steps nearly a limit apart, and nothing logged
+        since): a hang after steady steps, or lines logged at a frozen step, get no such hint."""
+        assert self.steps is not None
+        if self.auto is not None or any(self.steps.lines_since_advance.values()):
+            return ""
+        if self.steps.longest_gap <= 0:
+            seen = "no second step yet"
+        elif self.steps.longest_gap >= self.stale_after / 2:
+            seen = f"steps came up to {self.steps.longest_gap:.1f} s apart"
+        else:
+            return ""
+        return (
+            f"; {seen} in {self.steps.source}: if the trainer logs its step less often than "
+            f"every {self.stale_after:g} s, set --stale-progress above its logging interval, "
+            "or auto"
+        )
+
+    def verdict(self, now: float) -> tuple[str, str] | None:
+        """The rule broken at ``now``, as (reason, message), if any."""
+        if now < self.deadline():
+            return None
+        if self.stepping():
+            assert self.steps is not None
+            if self.steps.last_advance is None:
+                seen = "" if self.last_change is None else " although files changed"
+                keyless = self.steps.sources_without_step()
+                if keyless:
+                    wanted = repr(self.steps.step_key) if self.steps.step_key else "a step key"
+                    seen += f" (no record of {', '.join(keyless)} carries {wanted})"
+                return (
+                    "startup_timeout",
+                    f"no training step within startup_timeout_seconds="
+                    f"{self.startup_timeout:g}{seen}",
+                )
+            return (
+                "stale_progress",
+                f"{self.steps.stall_message(now)} ({self._limit_text()}{self._cadence_hint()})",
+            )
+        if self.last_change is None:
+            missing = self.missing_dir
+            return (
+                "startup_timeout",
+                f"no progress within startup_timeout_seconds={self.startup_timeout:g}"
+                + ("" if missing is None else f": the progress directory {missing} does not exist"),
+            )
+        return (
+            "stale_progress",
+            f"no progress for {self._limit_text()} (last change at {self.last_change:.1f}s)",
+        )
+
+
+#: Paths :attr:`ProgressTracker.recent` keeps: a trainer writes its progress to a few files.
+RECENT_PATHS = 4
+
+
+def latest_change_age(
+    tracker: ProgressTracker, root: Path, ignore: Collection[FileKey]
+) -> float | None:
+    """Seconds since the newest change to the files that changed last, by their mtimes, or
+    None: a stat of a few files, run in a thread.
+
+    A look between the scans for the live view, so the time since the last progress it shows is
+    the monitor's when the line is drawn, not up to one scan interval late, at no wake-up of the
+    watchdog's.  Nothing is recorded: the scans alone decide the stall rules.  An mtime in the
+    future says nothing, and neither does any file once the step's advances are the progress
+    that counts.  More: docs/architecture.md, "The flow of a soak" (``progress_age``).
+    """
+    if tracker.stepping():
+        return None
+    now = time.time()
+    newest = max(
+        (s.mtime_ns for s in stat_keys(root, tracker.recent, ignore).values() if s is not None),
+        default=None,
+    )
+    if newest is None:
+        return None
+    age = now - newest / 1e9 - MTIME_LATENESS_SECONDS
+    return None if age < -FUTURE_MTIME_SECONDS else max(0.0, age)
+
+
+#: An mtime this far ahead of the wall clock is a lying clock's, not a change just made.
+FUTURE_MTIME_SECONDS = 1.0
+
+
+def changed_at(
+    tracker: ProgressTracker,
+    files: dict[str, FileState],
+    *,
+    since: float,
+    now: float,
+    clock: SoakClock,
+) -> float:
+    """When the newest of the changes a scan found happened, in the soak's seconds: its file's
+    mtime (late by the kernel's coarse clock at most, so never early) if it falls between the
+    previous scan (``since``) and this one (``now``), when the monitor saw the change happen;
+    else (a wall clock that jumped, a file server's clock that lies) when the scan saw it."""
+    newest = max((files[key].mtime_ns for key in tracker.changed(files)), default=None)
+    if newest is None:
+        return now
+    wall_to_soak = time.time() - time.monotonic() + clock.start
+    at = newest / 1e9 + MTIME_LATENESS_SECONDS - wall_to_soak
+    return at if since <= at <= now else now
+
+
+def _coarse_clock_resolution() -> float:
+    try:
+        return time.clock_getres(_CLOCK_REALTIME_COARSE)
+    except OSError:
+        return 0.01
+
+
+#: ``CLOCK_REALTIME_COARSE`` of <linux/time.h>, which Python's time module does not name.
+_CLOCK_REALTIME_COARSE = 5
+#: How far behind a file's mtime may be (the kernel dates writes with its coarse clock, one
+#: scheduler tick at most): added, so that a change is never dated before it happened.
+MTIME_LATENESS_SECONDS = _coarse_clock_resolution()

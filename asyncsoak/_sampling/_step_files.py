@@ -1,0 +1,554 @@
+"""The step files trainers write, each read incrementally and bounded: a growing file from where
+the last read stopped, a replaced or truncated one again from its start (past the step it had
+reached), a line too long skipped, NaN and infinities read as the numbers they are.
+
+The kinds, in order of precedence: the file :func:`asyncsoak.trainer.report` appends to
+(``ASYNCSOAK_STEPS_FILE``), JSON Lines (``*.jsonl``, ``*.ndjson``), Lightning's ``metrics.csv``,
+Hugging Face's ``trainer_state.json``.  The reads run in the watchdog's scan thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._contract import STEP_TIME_FIELDS, trainer_seconds
+
+#: Keys that carry the step, in the order they are looked for.
+STEP_KEYS = ("step", "global_step", "iteration", "iter", "trainer/global_step")
+#: Keys that carry the training loss, in the order they are looked for.
+LOSS_KEYS = ("loss", "train_loss", "train/loss")
+#: Else a key ending so carries it (Lightning's ``train_loss_step``, ``train/loss_step``,
+#: ``train_loss_epoch``), the first suffix first.
+LOSS_SUFFIXES = ("loss_step", "_loss_epoch")
+#: Keys that carry the gradient norm (non-finite for 5 logged steps in a row: a failure).
+GRAD_NORM_KEYS = ("grad_norm", "train/grad_norm")
+#: Cumulative counts of tokens and samples (their rate is computed) ...
+TOKEN_KEYS = ("tokens", "num_tokens", "tokens_seen", "num_input_tokens_seen")
+SAMPLE_KEYS = ("samples", "num_samples", "samples_seen")
+#: ... or rates logged as such (taken as they are).
+TOKEN_RATE_KEYS = ("tokens_per_second", "train_tokens_per_second")
+SAMPLE_RATE_KEYS = ("samples_per_second", "train_samples_per_second")
+#: The key of the epoch: a step that restarts when it advances is counted within each epoch.
+EPOCH_KEY = "epoch"
+#: Keys that carry the total number of steps.
+MAX_STEP_KEYS = ("max_steps", "total_steps")
+
+#: The most bytes read from one file in one scan.
+MAX_READ_BYTES = 1024 * 1024
+#: A line longer than this is skipped (and counted), never held.
+MAX_LINE_BYTES = 64 * 1024
+#: A file present before the start is read from its last this many bytes (its newest steps).
+TAIL_START_BYTES = 64 * 1024
+#: ``trainer_state.json`` larger than this is not read (noted once).
+MAX_STATE_BYTES = 32 * 1024 * 1024
+#: A bare non-finite token as a value (``nan``, ``-inf``, ``Infinity``), for ``json`` to read.
+BARE_NONFINITE = re.compile(r"([:\[,]\s*)([-+]?)(nan|inf(?:inity)?)(?=\s*[,}\]])", re.IGNORECASE)
+
+#: Source kinds, in order of precedence (lower first).
+KIND_REPORT, KIND_JSONL, KIND_CSV, KIND_STATE = 0, 1, 2, 3
+KIND_NAMES = {
+    KIND_REPORT: "asyncsoak.trainer.report",
+    KIND_JSONL: "json_lines",
+    KIND_CSV: "lightning_csv",
+    KIND_STATE: "trainer_state",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One record that carries a step: from a line, a CSV row, a ``log_history`` entry."""
+
+    step: int
+    source: str
+    kind: int
+    loss: float | None = None
+    #: Where in its source (``line 31``, ``log_history[4]``).
+    where: str = ""
+    tokens: float | None = None
+    samples: float | None = None
+    tokens_per_second: float | None = None
+    samples_per_second: float | None = None
+    max_steps: int | None = None
+    epoch: float | None = None
+    grad_norm: float | None = None
+    #: Written before the soak started (an earlier run's, in a file it left): it tells where
+    #: the run resumes from, but is neither this run's progress nor its loss.
+    before_start: bool = False
+    #: The trainer's own time of the record (seconds since the epoch), when it carries one.
+    trainer_time: float | None = None
+
+
+@dataclass(slots=True)
+class StepReading:
+    """What one read found: records in the order written, and what was odd."""
+
+    records: list[StepRecord] = field(default_factory=list)
+    #: Lines (rows) read per source, records or not: "metrics.jsonl grew 300 lines".
+    lines: dict[str, int] = field(default_factory=dict)
+    #: Things worth a note (garbage, a skipped backlog, a file replaced); each said once.
+    notes: list[str] = field(default_factory=list)
+    #: ``max_steps`` as the newest source that gives it says.
+    max_steps: int | None = None
+    #: Sources whose records carry numbers but no step key (with the keys seen).
+    without_step: dict[str, list[str]] = field(default_factory=dict)
+    #: Things the run is warned of (the bound on the sources followed reached).
+    warnings: list[str] = field(default_factory=list)
+    #: Sources no longer followed (their file gone, or a higher checkpoint's read instead).
+    gone: list[str] = field(default_factory=list)
+
+
+def number(value: object) -> float | None:
+    """A JSON or CSV value as a float (NaN and infinities kept), None when not a number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if not text or len(text) > 64:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    return None
+
+
+def as_step(value: object) -> int | None:
+    """A step: a whole, finite, non-negative number (``5`` or ``5.0``)."""
+    figure = number(value)
+    if figure is None or not math.isfinite(figure) or figure < 0 or figure != int(figure):
+        return None
+    return int(figure)
+
+
+class KeyChoice:
+    """Which keys carry the step and the loss: ``--step-key``/``--loss-key``, or the known ones."""
+
+    def __init__(self, step_key: str | None = None, loss_key: str | None = None) -> None:
+        self.step_keys = (step_key,) if step_key else STEP_KEYS
+        self.loss_keys = (loss_key,) if loss_key else LOSS_KEYS
+        self._suffixes = () if loss_key else LOSS_SUFFIXES
+
+    def record(
+        self,
+        data: Mapping[str, Any],
+        source: str,
+        kind: int,
+        where: str,
+        *,
+        before_start: bool = False,
+    ) -> StepRecord | None:
+        step = _first(data, self.step_keys, as_step)
+        if step is None:
+            return None
+        return StepRecord(
+            step=step,
+            source=source,
+            kind=kind,
+            loss=self._loss(data),
+            where=where,
+            tokens=_first(data, TOKEN_KEYS, number),
+            samples=_first(data, SAMPLE_KEYS, number),
+            tokens_per_second=_first(data, TOKEN_RATE_KEYS, number),
+            samples_per_second=_first(data, SAMPLE_RATE_KEYS, number),
+            max_steps=_first(data, MAX_STEP_KEYS, as_step),
+            epoch=_first(data, (EPOCH_KEY,), number),
+            grad_norm=_first(data, GRAD_NORM_KEYS, number),
+            before_start=before_start,
+            trainer_time=_first(data, STEP_TIME_FIELDS, trainer_seconds),
+        )
+
+    def _loss(self, data: Mapping[str, Any]) -> float | None:
+        loss: float | None = _first(data, self.loss_keys, number)
+        for suffix in self._suffixes if loss is None else ():
+            loss = _first(data, [k for k in data if str(k).endswith(suffix)], number)
+            if loss is not None:
+                break
+        return loss
+
+
+def _first(data: Mapping[str, Any], keys: Sequence[str], convert: Any) -> Any:
+    for key in keys:
+        if key in data:
+            value = convert(data[key])
+            if value is not None:
+                return value
+    return None
+
+
+class _Tail:
+    """A file read line by line as it grows: offset, inode, the partial last line."""
+
+    def __init__(self, path: Path, name: str, *, from_start: bool, start_size: int = 0) -> None:
+        self.path = path
+        self.name = name
+        self.ino: int | None = None
+        self.offset = 0
+        self.line_no = 0
+        self._partial = b""
+        self._skipping = False  # inside a line longer than MAX_LINE_BYTES
+        self._from_start = from_start
+        #: The file's size when the soak started: lines ending within it were written before.
+        self._start_size = 0 if from_start else start_size
+        self.garbage = 0
+        self.huge = 0
+        #: Read again from its start, and no line read since: the lines may be a replay.
+        self.restarted = False
+        self._noted: set[str] = set()
+
+    def read(self, notes: list[str]) -> list[tuple[int, bytes, bool]]:
+        """The complete lines written since the last read, numbered (bounded), each with
+        whether it was written before the soak started."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return []
+        try:
+            st = os.fstat(fd)
+            if self.ino is None:
+                self.ino = st.st_ino
+                if not self._from_start and st.st_size > TAIL_START_BYTES:
+                    self._restart(st.st_size - TAIL_START_BYTES, mid_line=True)
+            elif st.st_ino != self.ino or st.st_size < self.offset:
+                how = "replaced" if st.st_ino != self.ino else "truncated"
+                if how not in self._noted:
+                    self._noted.add(how)
+                    notes.append(
+                        f"{self.name} was {how}: read again from its start, past the steps "
+                        "already read (said once)"
+                    )
+                self.ino = st.st_ino
+                self._start_size = 0
+                self._restart(0)
+                self.restarted = True
+            pending = st.st_size - self.offset
+            if pending <= 0:
+                return []
+            if pending > MAX_READ_BYTES:
+                skip_to = st.st_size - MAX_READ_BYTES
+                notes.append(
+                    f"{self.name}: {skip_to - self.offset} bytes written faster than read "
+                    "were skipped (their steps are not seen)"
+                )
+                self._restart(skip_to, mid_line=True)
+            data = os.pread(fd, min(st.st_size - self.offset, MAX_READ_BYTES), self.offset)
+        finally:
+            os.close(fd)
+        start = self.offset
+        self.offset += len(data)
+        return self._lines(data, start)
+
+    def _restart(self, offset: int, *, mid_line: bool = False) -> None:
+        self.offset = offset
+        self._partial = b""
+        # Mid-line: the bytes up to the next newline are the end of a line not read whole.
+        self._skipping = mid_line
+        if offset == 0:
+            self.line_no = 0
+
+    def _lines(self, data: bytes, offset: int) -> list[tuple[int, bytes, bool]]:
+        out: list[tuple[int, bytes, bool]] = []
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                break
+            piece = data[start:end]
+            start = end + 1
+            if self._skipping:
+                self._skipping = False
+                self._partial = b""
+                continue
+            line = self._partial + piece
+            self._partial = b""
+            self.line_no += 1
+            if len(line) > MAX_LINE_BYTES:
+                self.huge += 1
+                continue
+            out.append((self.line_no, line, offset + end < self._start_size))
+        rest = data[start:]
+        if not self._skipping:
+            if len(self._partial) + len(rest) > MAX_LINE_BYTES:
+                self.huge += 1
+                self.line_no += 1
+                self._partial = b""
+                self._skipping = True
+            else:
+                self._partial += rest
+        return out
+
+
+class JsonLinesSource:
+    """A JSON Lines metrics file (or the report file)."""
+
+    def __init__(
+        self, path: Path, name: str, kind: int, *, from_start: bool, start_size: int = 0
+    ) -> None:
+        self.name = name
+        self.kind = kind
+        self._tail = _Tail(path, name, from_start=from_start, start_size=start_size)
+        self._noted_garbage = False
+        self._high = _High()
+
+    def read(self, keys: KeyChoice, reading: StepReading) -> None:
+        lines = self._tail.read(reading.notes)
+        if not lines:
+            return
+        reading.lines[self.name] = reading.lines.get(self.name, 0) + len(lines)
+        records: list[StepRecord] = []
+        for line_no, line, before_start in lines:
+            data = _json_object(line)
+            if data is None:
+                if line.strip():
+                    self._tail.garbage += 1
+                    if not self._noted_garbage:
+                        self._noted_garbage = True
+                        reading.notes.append(
+                            f"{self.name} line {line_no} is not a JSON object: skipped "
+                            "(later ones too, counted)"
+                        )
+                continue
+            record = keys.record(
+                data, self.name, self.kind, f"line {line_no}", before_start=before_start
+            )
+            if record is None:
+                if any(number(v) is not None for v in data.values()):
+                    reading.without_step[self.name] = sorted(str(k) for k in data)[:20]
+                continue
+            records.append(record)
+        reading.records += self._high.fresh(records, self._tail)
+        self._note_huge(reading)
+
+    def _note_huge(self, reading: StepReading) -> None:
+        if self._tail.huge:
+            reading.notes.append(
+                f"{self.name}: {self._tail.huge} line(s) longer than {MAX_LINE_BYTES} bytes skipped"
+            )
+            self._tail.huge = 0
+
+    @property
+    def garbage(self) -> int:
+        return self._tail.garbage
+
+
+def _json_object(line: bytes) -> dict[str, Any] | None:
+    """A line's JSON object; bare ``nan``/``inf`` tokens (an f-string's) read as ``json``'s
+    ``NaN``/``Infinity`` when the line is not JSON as it stands.  None when not an object."""
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        try:
+            text, found = BARE_NONFINITE.subn(_spelled, line.decode())
+            data = json.loads(text) if found else None
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            data = None
+    return data if isinstance(data, dict) else None
+
+
+def _spelled(match: re.Match[str]) -> str:
+    before, sign, token = match.groups()
+    if token.lower() == "nan":
+        return before + "NaN"
+    return before + ("-" if sign == "-" else "") + "Infinity"
+
+
+class _High:
+    """The highest step a file gave: a file read again from its start (replaced, truncated,
+    rewritten with a new column) gives only its records past it, unless all of them are
+    below it (a run that started its log over at an earlier step: a resume)."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+
+    def fresh(self, records: list[StepRecord], tail: _Tail) -> list[StepRecord]:
+        restarted, tail.restarted = tail.restarted, False
+        if not records:
+            return records
+        newest = max(r.step for r in records)
+        if restarted and self.step is not None:
+            if newest >= self.step:
+                records = [r for r in records if r.step > self.step]
+            else:
+                self.step = None
+        self.step = newest if self.step is None else max(self.step, newest)
+        return records
+
+
+class CsvSource:
+    """Lightning's ``metrics.csv``: a header, then one row per logging call (empty cells
+    for metrics not logged at that step).  A rewritten file (new columns) is read again."""
+
+    def __init__(self, path: Path, name: str, *, from_start: bool, start_size: int = 0) -> None:
+        self.name = name
+        self.kind = KIND_CSV
+        self._path = path
+        self._tail = _Tail(path, name, from_start=from_start, start_size=start_size)
+        self._columns: list[str] | None = None
+        self.garbage = 0
+        self._high = _High()
+
+    def read(self, keys: KeyChoice, reading: StepReading) -> None:
+        header = _first_line(self._path)
+        if header is None:
+            return
+        columns = _split_csv(header)
+        if self._columns is not None and columns != self._columns:
+            # Lightning rewrites the whole file when a new metric appears.
+            self._tail = _Tail(self._path, self.name, from_start=True)
+            self._tail.restarted = True
+        self._columns = columns
+        lines = self._tail.read(reading.notes)
+        # The header is read on its own: among the lines, it is the one that matches it.
+        rows = [(n, line, before) for n, line, before in lines if _split_csv(line) != columns]
+        if not rows:
+            return
+        reading.lines[self.name] = reading.lines.get(self.name, 0) + len(rows)
+        records: list[StepRecord] = []
+        for line_no, line, before_start in rows:
+            cells = _split_csv(line)
+            if len(cells) != len(columns):
+                self.garbage += 1
+                continue
+            data = dict(zip(columns, cells, strict=True))
+            record = keys.record(
+                data, self.name, self.kind, f"line {line_no}", before_start=before_start
+            )
+            if record is not None:
+                records.append(record)
+            elif any(number(v) is not None for v in data.values()):
+                reading.without_step[self.name] = columns[:20]
+        reading.records += self._high.fresh(records, self._tail)
+
+
+def _first_line(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(MAX_LINE_BYTES)
+    except OSError:
+        return None
+    end = head.find(b"\n")
+    if end < 0:
+        return None
+    return head[:end].decode("utf-8", "replace").rstrip("\r")
+
+
+def _split_csv(line: bytes | str) -> list[str]:
+    text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+    # Lightning writes plain numbers and metric names: no quoting to undo.
+    return [cell.strip().strip('"') for cell in text.rstrip("\r").split(",")]
+
+
+class TrainerStateSource:
+    """A ``trainer_state.json``, read whole (bounded) each time it changes."""
+
+    def __init__(self, path: Path, name: str, *, before_start: bool = False) -> None:
+        self.name = name
+        self.kind = KIND_STATE
+        #: Present at the start: what its first read finds is an earlier run's.
+        self._before_start = before_start
+        self._path = path
+        self._seen: tuple[int, int, int] | None = None
+        #: ``log_history`` entries already read (a rewritten file holds them again).
+        self._history_read = 0
+        self._noted = False
+        self.global_step: int | None = None
+        self.garbage = 0
+
+    def read(self, keys: KeyChoice, reading: StepReading) -> None:
+        data = self._load(reading)
+        if data is None:
+            return
+        before_start, self._before_start = self._before_start, False
+        if not isinstance(data, dict):
+            return
+        global_step = as_step(data.get("global_step"))
+        max_steps = as_step(data.get("max_steps"))
+        if max_steps:
+            reading.max_steps = max_steps
+        history = data.get("log_history")
+        if isinstance(history, list):
+            self._read_history(history, keys, reading, before_start)
+        if global_step is not None:
+            self.global_step = global_step
+            reading.records.append(
+                StepRecord(
+                    step=global_step,
+                    source=self.name,
+                    kind=self.kind,
+                    where="global_step",
+                    max_steps=max_steps or None,
+                    before_start=before_start,
+                )
+            )
+
+    def _load(self, reading: StepReading) -> object | None:
+        """The file's JSON if it changed since it was last read whole (bounded); None if it
+        did not, is too large (noted once), cannot be read, or is being written."""
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            return None
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if seen == self._seen:
+            return None
+        if st.st_size > MAX_STATE_BYTES:
+            if not self._noted:
+                self._noted = True
+                reading.notes.append(
+                    f"{self.name} is larger than {MAX_STATE_BYTES} bytes: not read"
+                )
+            self._seen = seen
+            return None
+        try:
+            with open(self._path, "rb") as handle:
+                data: object = json.loads(handle.read(MAX_STATE_BYTES))
+        except OSError:
+            return None
+        except (ValueError, RecursionError):
+            # Being written: read again when it changes.
+            self.garbage += 1
+            return None
+        self._seen = seen
+        return data
+
+    def _read_history(
+        self, history: list[Any], keys: KeyChoice, reading: StepReading, before_start: bool
+    ) -> None:
+        """The ``log_history`` entries not read before (all of them if the file was rewritten
+        shorter): a record for each step's entry."""
+        new = history[self._history_read :] if len(history) >= self._history_read else history
+        start = self._history_read if len(history) >= self._history_read else 0
+        for index, entry in enumerate(new, start):
+            # The end-of-training entry holds the run's mean loss (train_loss) and its
+            # runtime: a summary, not a step's loss.
+            if isinstance(entry, dict) and "train_runtime" not in entry:
+                record = keys.record(
+                    entry, self.name, self.kind, f"log_history[{index}]", before_start=before_start
+                )
+                if record is not None:
+                    reading.records.append(record)
+        reading.lines[self.name] = reading.lines.get(self.name, 0) + len(new)
+        self._history_read = len(history)
+
+
+Source = JsonLinesSource | CsvSource | TrainerStateSource
+
+
+def source_kind(name: str) -> int | None:
+    """Which kind of step source a file is, by its name; None for none."""
+    base = name.rsplit("/", 1)[-1]
+    if base == "trainer_state.json":
+        return KIND_STATE
+    if base == "metrics.csv":
+        return KIND_CSV
+    if base.endswith((".jsonl", ".ndjson")):
+        return KIND_JSONL
+    return None

@@ -1,0 +1,213 @@
+"""Xid errors: the kernel log's ``NVRM: Xid`` lines read, and what each code means.
+
+Codes and what to do come from NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors):
+:data:`XID_CODES` keeps the common ones, with which fail the run by default; an Xid not in the
+table is a warning.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Xid:
+    """One Xid code: what it means, what to do, and whether it fails the run by default."""
+
+    code: int
+    meaning: str
+    action: str
+    fails: bool
+
+
+#: The Xid codes asyncsoak knows (NVIDIA's catalogue).  ``fails``: the documented default of
+#: which fail the run (the hardware, the driver or its firmware broke) and which warn (most
+#: often the application's own error, which its exit status reports anyway).
+XID_CODES: dict[int, Xid] = {
+    x.code: x
+    for x in (
+        Xid(
+            13,
+            "graphics engine exception (an illegal memory access or instruction in a kernel)",
+            "debug the application (compute-sanitizer); if it repeats across applications, "
+            "run the GPU diagnostics (dcgmi diag)",
+            fails=False,
+        ),
+        Xid(
+            31,
+            "GPU memory page fault (a kernel touched an invalid address)",
+            "debug the application (compute-sanitizer); if it repeats across applications, "
+            "run the GPU diagnostics",
+            fails=False,
+        ),
+        Xid(
+            43,
+            "GPU stopped processing (a channel was reset after an application fault)",
+            "the application's error: read its log; the GPU stays usable",
+            fails=False,
+        ),
+        Xid(
+            45,
+            "preemptive cleanup after earlier errors (a process was ended on the GPU)",
+            "look for the Xid logged before it: that one is the cause",
+            fails=False,
+        ),
+        Xid(
+            48,
+            "double-bit (uncorrectable) ECC error",
+            "drain the node and reset the GPU; if it repeats, have the GPU replaced",
+            fails=True,
+        ),
+        Xid(
+            61,
+            "internal micro-controller breakpoint or warning",
+            "reset the GPU; report it to the administrator if it repeats",
+            fails=True,
+        ),
+        Xid(
+            62,
+            "internal micro-controller halt",
+            "drain the node and reset the GPU (or reboot)",
+            fails=True,
+        ),
+        Xid(
+            63,
+            "ECC page retirement or row remapping recorded",
+            "reset the GPU when convenient so the retirement or remap takes effect",
+            fails=False,
+        ),
+        Xid(
+            64,
+            "ECC page retirement or row remapper recording failure",
+            "drain the node, reset the GPU and run the diagnostics; have the GPU replaced if "
+            "it repeats",
+            fails=True,
+        ),
+        Xid(
+            68,
+            "video processor (NVDEC) exception",
+            "debug the application's video decoding; reset the GPU if it repeats",
+            fails=False,
+        ),
+        Xid(
+            69,
+            "graphics engine class error",
+            "debug the application; run the GPU diagnostics if it repeats",
+            fails=False,
+        ),
+        Xid(
+            74,
+            "NVLink error",
+            "drain the node, check the NVLink connections and reset the GPUs on that link",
+            fails=True,
+        ),
+        Xid(
+            79,
+            "GPU has fallen off the bus",
+            "drain the node; check the GPU's power and PCIe seating, then reboot",
+            fails=True,
+        ),
+        Xid(
+            92,
+            "high single-bit ECC error rate",
+            "watch the GPU's ECC counters; reset it and run the diagnostics when convenient",
+            fails=False,
+        ),
+        Xid(
+            94,
+            "contained ECC error (the applications that touched the memory were stopped)",
+            "restart the run from its checkpoint; reset the GPU when it is free",
+            fails=True,
+        ),
+        Xid(
+            95,
+            "uncontained ECC error (every application on the GPU is affected)",
+            "drain the node and reset the GPU before any further work",
+            fails=True,
+        ),
+        Xid(
+            119,
+            "GSP RPC timeout (the GPU's system processor did not answer)",
+            "drain the node and reset the GPU (or reboot)",
+            fails=True,
+        ),
+        Xid(
+            120,
+            "GSP error (the GPU's system processor failed)",
+            "drain the node and reset the GPU (or reboot)",
+            fails=True,
+        ),
+        Xid(
+            140,
+            "unrecovered ECC error",
+            "drain the node and reset the GPU",
+            fails=True,
+        ),
+        Xid(
+            154,
+            "GPU recovery action changed (a reset or reboot is required)",
+            "drain the node and do the recovery action the driver names (reset or reboot)",
+            fails=True,
+        ),
+    )
+}
+
+
+def xid_info(code: int) -> Xid:
+    """The table's entry for ``code``; an unknown code is a warning, to be looked up."""
+    return XID_CODES.get(code) or Xid(
+        code,
+        "an Xid asyncsoak does not know",
+        "look it up in NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors)",
+        False,
+    )
+
+
+#: A PCI address's (domain, bus, device): the function is left out, as the Xid line does.
+PciKey = tuple[int, int, int]
+
+_XID_LINE = re.compile(r"NVRM: Xid \(PCI:(?P<pci>[^)]*)\): (?P<code>\d+)\b,?\s*(?P<detail>.*)")
+_XID_MARK = "NVRM: Xid"
+
+
+def pci_key(address: str) -> PciKey | None:
+    """``00000000:3B:00.0`` (nvidia-smi), ``0000:3b:00`` (an Xid line) -> ``(0, 0x3b, 0)``."""
+    parts = address.strip().split(":")
+    if len(parts) == 2:
+        parts = ["0", *parts]
+    if len(parts) != 3:
+        return None
+    try:
+        return int(parts[0], 16), int(parts[1], 16), int(parts[2].split(".", 1)[0], 16)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class XidRecord:
+    """One Xid line of the kernel log."""
+
+    pci: PciKey
+    code: int
+    #: The rest of the line (``pid=..., name=..., GPU has fallen off the bus.``).
+    detail: str
+    kernel_seconds: float
+
+
+class MalformedXidError(ValueError):
+    """A kernel log record that says ``NVRM: Xid`` but is not the driver's Xid line."""
+
+
+def parse_xid(message: str, kernel_seconds: float = 0.0) -> XidRecord | None:
+    """The Xid a kernel log message reports; None for any other message.
+
+    Raises :class:`MalformedXidError` for a message that names an Xid but cannot be read.
+    """
+    if _XID_MARK not in message:
+        return None
+    match = _XID_LINE.search(message)
+    pci = None if match is None else pci_key(match["pci"])
+    if match is None or pci is None:
+        raise MalformedXidError(f"unreadable Xid record: {message.strip()[:200]!r}")
+    return XidRecord(pci, int(match["code"]), match["detail"].strip()[:300], kernel_seconds)

@@ -1,0 +1,274 @@
+"""The soak's producers: the progress dir's watch set up (what it skips, its baseline, the step
+reader, the progress tracker), the spawner's watch, the watchdog and the samplers started, each
+with its own clone of the sink, and the last scan once the command has exited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .._contract import BlockingCallTimeout, EventSink, FailureReason, Masker, run_blocking
+from .._process import Spawner
+from .._record import RunState
+from .._sampling import (
+    KeyChoice,
+    ProgressTracker,
+    ScanResult,
+    StaleLimit,
+    StepReader,
+    StepTracker,
+    final_scan,
+    find_nvidia_smi,
+    run_proc_sampler,
+    run_watchdog,
+    scan_progress_dir,
+)
+from ._config import SoakConfig
+from ._outputs import SoakFiles
+from ._stop import Fail, TreeStop
+
+#: Bound on the scan of the progress dir once the command has exited.
+FINAL_SCAN_TIMEOUT_SECONDS = 10.0
+#: Bound on the scan of the progress dir taken before the start (its baseline).
+BASELINE_TIMEOUT_SECONDS = 60.0
+
+
+@dataclass
+class ProgressWatch:
+    """How the progress dir is watched: during the run (the watchdog) and once more when the
+    command has exited (the final scan)."""
+
+    tracker: ProgressTracker
+    #: The training steps' reader; None when only file changes count.
+    steps: StepReader | None
+    #: The soak's own files and the excluded directories, as (device, inode).
+    ignore: set[tuple[int, int]]
+    #: Watched by path besides the dir: the log, when its output counts as progress.
+    also: list[Path]
+
+
+class Producers:
+    """The soak's producers and the progress watch they share: set up before the start,
+    started beside the command, and the last scan once it has exited."""
+
+    def __init__(
+        self,
+        cfg: SoakConfig,
+        *,
+        limiter: anyio.CapacityLimiter,
+        masker: Masker,
+        state: RunState,
+        tree_stop: TreeStop,
+        host_ended: Callable[[], bool],
+        fail: Fail,
+    ) -> None:
+        self.cfg = cfg
+        self._limiter = limiter
+        self._masker = masker
+        self._tree_stop = tree_stop
+        self._host_ended = host_ended
+        self._fail = fail
+        #: The run's one state: the tree's pids as the newest sample showed them.
+        self._state = state
+
+    def own_files(self, files: SoakFiles) -> set[tuple[int, int]]:
+        """What the progress scans skip, as (device, inode): the journal, the log unless its
+        output is progress, and the excluded directories (skipped whole)."""
+        ignore = {_file_key(files.journal_fd)}
+        if not self.cfg.output_is_progress:
+            ignore.add(_file_key(files.log_fd))
+        return ignore | _dir_keys(self.cfg.progress_exclude)
+
+    def also_watched(self) -> list[Path]:
+        """Watched by path besides the progress dir: the log may live outside it."""
+        return [self.cfg.log_path] if self.cfg.output_is_progress else []
+
+    async def scan_baseline(self, ignore: set[tuple[int, int]]) -> tuple[ScanResult, str | None]:
+        """The progress dir before the start, and why it is empty when the scan timed out."""
+        cfg = self.cfg
+        try:
+            with self._tree_stop.given_up_on_caller_stop():
+                try:
+                    baseline = await run_blocking(
+                        partial(scan_progress_dir, cfg.progress_dir, ignore, self.also_watched()),
+                        timeout=BASELINE_TIMEOUT_SECONDS,
+                        what=f"the first scan of {cfg.progress_dir}",
+                        limiter=self._limiter,
+                    )
+                except BlockingCallTimeout as exc:
+                    # Every file will then count as new: the watchdog's own scans, bounded
+                    # too, decide whether the run makes progress.
+                    return ScanResult(files={}), str(exc)
+                else:
+                    return baseline, None
+        except asyncio.CancelledError:
+            # Outside the scope: the caller's stop may have cancelled it at the same instant.
+            if not self._host_ended():
+                raise
+        # The caller stopped the soak during the scan, or the host's loop ended.
+        return ScanResult(files={}), None
+
+    def step_reader(self, baseline: ScanResult) -> StepReader | None:
+        """The training steps' reader, unless only file changes count as progress."""
+        cfg = self.cfg
+        if cfg.progress_source == "files":
+            return None
+        # A file an earlier soak over the same output left (check_outputs made sure).
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(cfg.steps_path)
+        return StepReader(
+            cfg.progress_dir,
+            keys=KeyChoice(cfg.step_key, cfg.loss_key),
+            report_file=cfg.steps_path,
+            baseline={name: state.size for name, state in baseline.files.items()},
+        )
+
+    def progress_tracker(self, baseline: ScanResult, steps: StepReader | None) -> ProgressTracker:
+        cfg = self.cfg
+        stale = cfg.stale_progress_seconds
+        auto = stale == "auto"
+        tracker = ProgressTracker(
+            baseline.files,
+            startup_timeout=cfg.startup_timeout_seconds,
+            stale_after=cfg.startup_timeout_seconds if stale == "auto" else stale,
+            auto=StaleLimit(
+                startup_limit=cfg.startup_timeout_seconds,
+                carried=cfg.stale_progress_carried_seconds,
+            )
+            if auto
+            else None,
+            steps=None
+            if steps is None
+            else StepTracker(loss_check=cfg.loss_check, step_key=cfg.step_key),
+            source=cfg.progress_source,
+        )
+        tracker.skipped_dirs = baseline.errors
+        tracker.named_globs = (*(cfg.expect_every or ()), *cfg.checkpoint_globs)
+        return tracker
+
+    def start(
+        self, producers: TaskGroup, sink: EventSink, spawner: Spawner, watch: ProgressWatch
+    ) -> None:
+        """The producers, each with its own clone of the sink: the spawner's watch, the
+        watchdog and the samplers."""
+        cfg = self.cfg
+        assert spawner.reaper_pid is not None
+        produce(producers, sink, spawner.watch)
+        produce(
+            producers,
+            sink,
+            partial(
+                run_watchdog,
+                progress_dir=cfg.progress_dir,
+                tracker=watch.tracker,
+                ignore=lambda: watch.ignore,
+                also=watch.also,
+                scan_interval=cfg.sample_interval_seconds,
+                limiter=self._limiter,
+                steps=watch.steps,
+            ),
+        )
+        produce(
+            producers,
+            sink,
+            partial(
+                run_proc_sampler,
+                root_pid=spawner.reaper_pid,
+                interval=cfg.sample_interval_seconds,
+                disk_paths={"progress": cfg.progress_dir, "output": cfg.output_path.parent},
+                detailed_memory=cfg.detailed_memory,
+                masker=self._masker,
+                members_file=None if spawner.cgroup is None else spawner.cgroup.procs_file,
+                tree_gone=spawner.tree_gone,
+            ),
+        )
+        if cfg.nvidia_smi is not None:
+            produce(producers, sink, self._sample_gpus)
+
+    async def _sample_gpus(self, sink: EventSink) -> None:
+        """The GPU sampler, its modules imported once ``nvidia-smi`` is found: a soak without
+        GPUs (--no-gpu, or none here) pays nothing for them."""
+        cfg = self.cfg
+        assert cfg.nvidia_smi is not None
+        call_timeout = gpu_call_timeout(cfg.sample_interval_seconds)
+        found = await find_nvidia_smi(
+            sink, cfg.nvidia_smi, call_timeout=call_timeout, limiter=self._limiter
+        )
+        if found is None:
+            return
+        from .._sampling import run_gpu_sampler
+
+        await run_gpu_sampler(
+            sink,
+            interval=cfg.sample_interval_seconds,
+            tree_pids=lambda: self._state.tree_pids,
+            nvidia_smi=found,
+            call_timeout=call_timeout,
+            limiter=self._limiter,
+            visible_devices=(os.environ if cfg.env is None else cfg.env).get(
+                "CUDA_VISIBLE_DEVICES"
+            ),
+        )
+
+    async def last_scan(self, sink: EventSink, watch: ProgressWatch) -> None:
+        """A command shorter than one scan interval: what it wrote still counts."""
+        broken = await final_scan(
+            sink,
+            progress_dir=self.cfg.progress_dir,
+            tracker=watch.tracker,
+            ignore=watch.ignore,
+            also=watch.also,
+            limiter=self._limiter,
+            scan_timeout=FINAL_SCAN_TIMEOUT_SECONDS,
+            steps=watch.steps,
+        )
+        if broken is not None:
+            # The loss went NaN in the last steps before the command exited.
+            reason, message = broken
+            await self._fail(FailureReason(reason), message)
+
+
+def produce(
+    tg: TaskGroup, sink: EventSink, producer: Callable[[EventSink], Awaitable[None]]
+) -> None:
+    """Run a producer with its own clone of the sink, closed when it returns."""
+
+    async def run(clone: EventSink) -> None:
+        async with clone:
+            await producer(clone)
+
+    tg.start_soon(run, sink.clone())
+
+
+def gpu_call_timeout(interval: float) -> float:
+    """How long nvidia-smi may stay silent before the GPU sampler is degraded.
+
+    It answers in tens of milliseconds when healthy; a hang (a GPU off the bus) should show
+    within a few sampling periods, but never sooner than 2 s nor later than 10 s.
+    """
+    return min(10.0, max(2.0, 4 * interval))
+
+
+def _dir_keys(paths: Sequence[Path]) -> set[tuple[int, int]]:
+    keys = set()
+    for path in paths:
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            if stat.S_ISDIR(st.st_mode):
+                keys.add((st.st_dev, st.st_ino))
+    return keys
+
+
+def _file_key(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino)

@@ -1,0 +1,147 @@
+"""A queue job's goodput (``asyncsoak goodput``, ``job N``): its attempts' ledgers, the waits
+before and between them, and the GPUs each had, from what the store keeps.
+
+An attempt's ledger is its artifact's ``goodput`` section as the store's summary of it keeps
+it (every host reads it), else the artifact on this host, else rebuilt from its journal, else
+unknown.  Its GPUs: those the worker gave it (``--gpus``), else those its artifact says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .._analysis import AttemptPart, JobLedger, highest_step, job_ledger
+from .._contract import bounded
+from .._record import JournalError, journal_goodput
+from ..trainer import Job
+from ._models import Attempt
+from ._store import JobStore
+from ._sweeps import AttemptCause, Plan
+
+Section = Mapping[str, Any]
+
+
+def read_artifact(path: Path) -> dict[str, Any] | None:
+    """An attempt's ``soak.json`` if it was written (it is replaced atomically, so it is whole)."""
+    try:
+        data = bounded.read_json_file(path)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def artifact_section(
+    artifact: Mapping[str, Any] | None, earlier_highest_step: int | None = None
+) -> Section | None:
+    """An artifact's ``goodput`` section; folded again from its journal (when it is still
+    there) for an artifact from before the section, or to count its steps at or below
+    ``earlier_highest_step`` as redone; else None (or the section as written)."""
+    if artifact is None:
+        return None
+    written = artifact.get("goodput")
+    section = dict(written) if isinstance(written, Mapping) else None
+    if section is not None and earlier_highest_step is None:
+        return section
+    if earlier_highest_step is None:
+        earlier = (artifact.get("config") or {}).get("earlier_highest_step")
+        earlier_highest_step = earlier if isinstance(earlier, int) else None
+    journal = (artifact.get("monitor") or {}).get("journal_path")
+    if not journal:
+        return section
+    try:
+        return journal_goodput(Path(journal), earlier_highest_step).to_json()
+    except (JournalError, OSError, ValueError):
+        return section
+
+
+def attempt_section(attempt: Attempt) -> Section | None:
+    """An attempt's ledger: as the store keeps it, else from its artifact (on this host)."""
+    kept = (attempt.summary or {}).get("goodput")
+    if isinstance(kept, Mapping):
+        return kept
+    if attempt.outcome is None:
+        return None
+    return artifact_section(read_artifact(Path(attempt.artifact)))
+
+
+def earlier_highest_step(attempts: Sequence[Attempt]) -> int | None:
+    """The highest step the ended ``attempts`` reached (as the store keeps it, else as their
+    artifacts on this host say): a next attempt's steps at or below it are redone."""
+    reached: list[int] = []
+    for attempt in attempts:
+        step = (attempt.summary or {}).get("step")
+        if not isinstance(step, int) and attempt.outcome is not None:
+            step = highest_step(read_artifact(Path(attempt.artifact)) or {})
+        if isinstance(step, int):
+            reached.append(step)
+    return max(reached, default=None)
+
+
+def job_parts(
+    attempts: Sequence[Attempt],
+    *,
+    submitted_at: float,
+    causes: Mapping[int, AttemptCause],
+    requeued: Mapping[int, float],
+    plan: Plan,
+    section: Callable[[Attempt], Section | None] = attempt_section,
+) -> list[AttemptPart]:
+    """The job's attempts as a ledger adds them: the first waited from its submission (or
+    its ``--not-before``), one after a requeue from the requeue, the others followed the
+    previous attempt (``recovery``)."""
+    first = min((a.attempt for a in attempts), default=None)
+    parts = []
+    for a in attempts:
+        queued = requeued.get(a.attempt - 1)
+        if a.attempt == first:
+            queued = max(submitted_at, plan.not_before or 0.0)
+        cause = causes.get(a.attempt)
+        gpus = len(cause.gpus) if cause is not None and cause.gpus else None
+        summary_gpus = (a.summary or {}).get("gpus")
+        if gpus is None and isinstance(summary_gpus, int):
+            gpus = summary_gpus
+        label = f"attempt {a.attempt}" + ("" if a.outcome else " (running)")
+        parts.append(AttemptPart(label, section(a), a.started_at, a.finished_at, queued, gpus))
+    return parts
+
+
+def job_label(job: Job) -> str:
+    return f"job {job.id}" + (f" {job.name}" if job.name else "")
+
+
+def job_goodput(store: JobStore, job: Job, attempts: Sequence[Attempt]) -> JobLedger:
+    """One job's ledger, read from ``store``."""
+    parts = job_parts(
+        attempts,
+        submitted_at=job.created_at,
+        causes=store.attempt_causes(job.id),
+        requeued=store.requeue_times().get(job.id, {}),
+        plan=store.plan(job.id),
+    )
+    return job_ledger(job_label(job), parts)
+
+
+def queue_goodput(store: JobStore, since: float | None = None) -> list[JobLedger]:
+    """The ledger of every job that ran (and, with ``since``, ran at or after it)."""
+    requeues = store.requeue_times()
+    plans = store.plans()
+    out = []
+    for job in store.jobs():
+        attempts = store.attempts(job.id)
+        if not attempts:
+            continue
+        if since is not None and all(
+            a.finished_at is not None and a.finished_at < since for a in attempts
+        ):
+            continue
+        parts = job_parts(
+            attempts,
+            submitted_at=job.created_at,
+            causes=store.attempt_causes(job.id),
+            requeued=requeues.get(job.id, {}),
+            plan=plans.get(job.id, Plan()),
+        )
+        out.append(job_ledger(job_label(job), parts))
+    return out
