@@ -118,6 +118,48 @@ async def test_cancelling_a_command_kills_it(tmp_path: Path) -> None:
     assert exited(int(pidfile.read_text()), 0)
 
 
+#: A host that cancels run_command at each of its first checkpoints, the start of its process
+#: among them, closes its event loop at once, and reports what the loop never saw end.
+CANCELLING_HOST = """
+import sys, threading
+import anyio
+from anyio.lowlevel import checkpoint
+from asyncsoak._process._commands import run_command
+
+async def cancel_after(checkpoints):
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: run_command([sys.executable, "-c", "import time; time.sleep(60)"],
+                                          time_limit=60.0))
+        for _ in range(checkpoints):
+            await checkpoint()
+        tg.cancel_scope.cancel()
+
+for checkpoints in range(8):
+    anyio.run(cancel_after, checkpoints)
+for thread in threading.enumerate():  # asyncio's child watchers, which drop what they held
+    if thread is not threading.current_thread():
+        thread.join(10)
+import gc; gc.collect()
+print("done")
+"""
+
+
+def test_a_command_cancelled_as_it_starts_is_reaped_before_the_cancel_goes_on() -> None:
+    """Cancelled while its process is being started, run_command still kills and reaps it
+    before the cancellation goes on: an embedding host that then closes its event loop sees
+    no process its loop never saw end (asyncio's "loop that handles pid is closed", Python's
+    "subprocess is still running" ResourceWarning)."""
+    host = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", CANCELLING_HOST],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert host.stdout == "done\n", host.stderr
+    assert "is closed" not in host.stderr
+    assert "ResourceWarning" not in host.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_stop_process_escalates_to_sigkill() -> None:

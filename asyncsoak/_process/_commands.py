@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import Process
 
 #: Seconds a process gets to exit after SIGTERM before SIGKILL.
@@ -119,14 +120,21 @@ async def _close_reaped_abandoned() -> None:
 
 async def open_command(argv: Sequence[str], *, stdout: int = subprocess.PIPE) -> Process:
     """Start a command in its own session, stdout and stderr together on one pipe (a new one,
-    or the descriptor ``stdout``)."""
-    return await anyio.open_process(
-        list(argv),
-        stdin=subprocess.DEVNULL,
-        stdout=stdout,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    or the descriptor ``stdout``).
+
+    Shielded once begun: a cancel that came mid-start would leave asyncio a process no one
+    stops or reaps; instead the caller gets it, and the cancel at its next checkpoint (a fork
+    and a pipe's connection: bounded)."""
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    with anyio.CancelScope(shield=True):
+        process = await anyio.open_process(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return process
 
 
 async def run_command(

@@ -106,13 +106,14 @@ class Spawner:
             self._stdin_r, self._stdin_w = os.pipe()
             pass_fds.append(self._stdin_r)
         try:
-            self._reaper = await anyio.open_process(
-                [sys.executable, "-I", "-S", "-c", REAPER_START, REAPER_SCRIPT],
-                stdin=theirs.fileno(),
-                stdout=PIPE,
-                stderr=None,
-                pass_fds=pass_fds,
-            )
+            with anyio.CancelScope(shield=True):  # as open_command: the caller closes it
+                reaper = await anyio.open_process(
+                    [sys.executable, "-I", "-S", "-c", REAPER_START, REAPER_SCRIPT],
+                    stdin=theirs.fileno(),
+                    stdout=PIPE,
+                    stderr=None,
+                    pass_fds=pass_fds,
+                )
         except BaseException:
             mine.close()
             self.close_stdin()
@@ -121,10 +122,11 @@ class Spawner:
             theirs.close()
             if self._stdin_r is not None:
                 os.close(self._stdin_r)  # the reaper's own now: its number goes in the config
+        self._reaper = reaper
         self._lifeline = mine
         self.stop_mode = stop_mode
-        assert self._reaper.stdout is not None
-        self._reports = BufferedByteReceiveStream(self._reaper.stdout)
+        assert reaper.stdout is not None
+        self._reports = BufferedByteReceiveStream(reaper.stdout)
 
     async def start(self, sink: EventSink, req: SpawnRequest) -> bool:
         """Start the command (and the reaper, unless launched); False (after a
