@@ -68,6 +68,16 @@ def memory_warnings(artifact: Mapping[str, Any]) -> list[str]:
 
 
 LEAKER = "keep.append(chunk(100))\nfor i in range(60):\n    keep.append(chunk(6)); tick()\n"
+#: 120 MiB/s paced by the clock, not by the ticks: a straight leak however loaded the machine
+#: (LEAKER's ticks, slowed by a busy machine late in the run, read as a ramp that levels off).
+CLOCKED_LEAKER = """keep.append(chunk(100))
+start, held = time.monotonic(), 0
+for i in range(60):
+    due = int((time.monotonic() - start) * 120)
+    keep.append(chunk(due - held))
+    held = due
+    tick()
+"""
 
 
 @pytest.mark.slow
@@ -605,7 +615,9 @@ def run_args(tmp_path: Path, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_a_passed_soak_with_a_leak_ends_with_the_warning(tmp_path: Path) -> None:
-    result = asyncsoak_cli(*run_args(tmp_path), "--", *child(tmp_path, LEAKER), cwd=tmp_path)
+    result = asyncsoak_cli(
+        *run_args(tmp_path), "--", *child(tmp_path, CLOCKED_LEAKER), cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     last = result.stderr.splitlines()[-1]
     artifact = json.loads((tmp_path / "soak.json").read_text())
