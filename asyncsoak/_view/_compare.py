@@ -1,12 +1,6 @@
-"""``asyncsoak compare``: two runs of the same training side by side, and what regressed.
-
-A nightly against last week's, a new commit against main: :func:`compare` reads the figures
-both artifacts hold (duration, verdict, peak and final tree memory, leak slopes, the step
-rate, file changes at one sample interval, GPU utilisation and memory), gives each its
-difference, and flags a regression when the candidate is worse by more than the threshold
-(and, for memory, by more than a floor too, so noise in a small process is not a
-regression).
-"""
+"""``asyncsoak compare``: two runs of the same training side by side, each figure's change,
+and a regression where the candidate is worse by more than the threshold (memory also by
+more than a floor, so noise in a small process is not one)."""
 
 from __future__ import annotations
 
@@ -129,22 +123,9 @@ def compare(
     rows.append(_status_row(baseline, candidate))
     figure("duration", "duration", "s", _duration, "none")
     figure("warnings", "warnings", "", lambda a: float(len(a["warnings"])), "lower")
-    figure(
-        "tree.rss.peak",
-        "peak tree RSS",
-        "bytes",
-        _stat("tree", "rss_bytes", "max"),
-        "lower",
-        MEMORY_FLOOR_BYTES,
-    )
-    figure(
-        "tree.rss.final",
-        "final tree RSS",
-        "bytes",
-        _final_rss,
-        "lower",
-        MEMORY_FLOOR_BYTES,
-    )
+    peak_rss = _stat("tree", "rss_bytes", "max")
+    figure("tree.rss.peak", "peak tree RSS", "bytes", peak_rss, "lower", MEMORY_FLOOR_BYTES)
+    figure("tree.rss.final", "final tree RSS", "bytes", _final_rss, "lower", MEMORY_FLOOR_BYTES)
     rows.append(_leak_row(baseline, candidate, threshold))
     if _file_changes_comparable(baseline, candidate):
         figure("progress.rate", "file changes", "per_minute", _progress_rate, "higher")
@@ -182,19 +163,13 @@ def compare(
             "the commands differ: "
             f"{shlex.join(baseline['command'])} | {shlex.join(candidate['command'])}"
         )
-    return Comparison(baseline_name, candidate_name, [r for r in rows if _shown(r)], notes)
+    shown = [r for r in rows if r.baseline is not None or r.candidate is not None]
+    return Comparison(baseline_name, candidate_name, shown, notes)
 
 
 def _gpu_fault_count(artifact: Artifact) -> float | None:
-    """How many GPU faults the run saw; None without GPU health (no GPU, or an artifact written
-    before it was judged)."""
-    if not gpu_health(artifact):
-        return None
-    return float(len(gpu_faults(artifact)))
-
-
-def _shown(row: Row) -> bool:
-    return row.baseline is not None or row.candidate is not None
+    """How many GPU faults the run saw; None without GPU health."""
+    return float(len(gpu_faults(artifact))) if gpu_health(artifact) else None
 
 
 def _row(
@@ -287,8 +262,7 @@ def _stat(group: str, name: str, key: str) -> Callable[[Artifact], float | None]
 
 def _final_rss(artifact: Artifact) -> float | None:
     """The tree's memory as the run ended: the median of its last quarter of samples (the
-    very last ones may be a process freeing everything as it exits, in the trend's last
-    window too)."""
+    very last may be a process freeing everything as it exits)."""
     values = [
         v for v in column(series_group(artifact, "tree"), "rss_bytes") if isinstance(v, int | float)
     ]
@@ -306,17 +280,13 @@ def _file_changes_comparable(baseline: Artifact, candidate: Artifact) -> bool:
 
 
 def _progress_rate(artifact: Artifact) -> float | None:
-    """Progress changes per minute over the run (from the first change to the last)."""
-    # A version 2 group, there once progress was seen.
+    """Progress changes per minute over the run."""
     series = series_group(artifact, "progress_rate")
     rates = [] if series is None else [v for v in series["changes_per_minute"] if v is not None]
     if rates:
         return sum(rates) / len(rates)
-    changes = artifact["progress"]["changes"]
     duration = _duration(artifact)
-    if not duration:
-        return None
-    return changes / duration * 60.0
+    return artifact["progress"]["changes"] / duration * 60.0 if duration else None
 
 
 def _step_rate(artifact: Artifact) -> float | None:
@@ -345,8 +315,7 @@ def _gpu_groups(artifact: Artifact) -> set[str]:
 
 
 def format_comparison(comparison: Comparison) -> str:
-    """A table: each figure, both values, the change, and REGRESSED where it is worse (safe
-    to print: control characters in the runs' names spelled out)."""
+    """A table safe to print: each figure, both values, the change, REGRESSED where worse."""
     header = ("", "baseline", "candidate", "change", "")
     table = [header]
     for row in comparison.rows:
@@ -361,11 +330,7 @@ def format_comparison(comparison: Comparison) -> str:
             )
         )
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    lines = [
-        f"baseline:  {comparison.baseline}",
-        f"candidate: {comparison.candidate}",
-        "",
-    ]
+    lines = [f"baseline:  {comparison.baseline}", f"candidate: {comparison.candidate}", ""]
     lines.extend(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table
     )

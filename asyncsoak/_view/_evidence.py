@@ -1,11 +1,6 @@
-"""What decides a run, gathered once for the summary, the report and ``compare``.
-
-:func:`gather` reads an artifact into the few facts a person needs on the first screen: the
-cause in one line (the exception and its frame, the stalled frame with its source line, the
-leaking process with its slope), the last file that changed and when, a next step per reason,
-and the end of the log with the traceback marked.  The summary prints them first; the report
-puts them right under its verdict.
-"""
+"""What decides a run, gathered once for the summary, the report and ``compare``: the cause in
+one line with where it is, the last progress, a next step per reason, and the log's end with
+its traceback marked."""
 
 from __future__ import annotations
 
@@ -55,13 +50,12 @@ class Leak(schema.Trend):
 
 @dataclass(frozen=True, slots=True)
 class LastProgress:
-    """The last progress change: when, and which files."""
+    """The last progress change: when, which files, how long before the end, and the newest
+    checkpoint among the changed files (absolute when the progress dir is known)."""
 
     t: float
     paths: list[str]
-    #: Seconds from that change to the end of the run.
     before_end: float
-    #: The newest checkpoint among the changed files (absolute when the progress dir is known).
     checkpoint: str | None
 
 
@@ -69,9 +63,9 @@ class LastProgress:
 class Evidence:
     """The facts that decide a run, in the order a person reads them."""
 
-    #: The cause in one line, or None for a clean pass.
+    #: The cause in one line (None for a clean pass), where (``trainer.py:17 in train_step``)
+    #: and that source line, when known.
     cause: str | None
-    #: Where the cause is (``trainer.py:17 in train_step``) and that source line, when known.
     where: str | None
     source_line: str | None
     last_progress: LastProgress | None
@@ -93,24 +87,12 @@ def gather(artifact: Artifact) -> Evidence:
     leaks = leaking_series(artifact)
     last = last_progress(artifact)
     cause, where, source = _cause(artifact, primary, failures, leaks, log_lines, traceback)
-    return Evidence(
-        cause=cause,
-        where=where,
-        source_line=source,
-        last_progress=last,
-        next_steps=_next_steps(artifact, primary, where, last, leaks),
-        log_lines=log_lines,
-        traceback=traceback,
-        leaks=leaks,
-    )
-
-
-# -- shared readings -----------------------------------------------------------------------
+    steps = _next_steps(artifact, primary, where, last, leaks)
+    return Evidence(cause, where, source, last, steps, log_lines, traceback, leaks)
 
 
 def last_progress_at(artifact: Artifact) -> str | None:
-    """When the progress that counted was last seen: the step's last advance when the run
-    was judged on its steps, else the last file change."""
+    """When the progress that counted was last seen: the step's last advance, or file change."""
     steps = counted_steps(artifact)
     if steps is not None:
         return steps["last_step_at"]
@@ -133,11 +115,8 @@ def stall_window(artifact: Artifact) -> tuple[float, float] | None:
 def series_typical(
     artifact: Artifact, group: str, name: str, start: float, end: float
 ) -> float | None:
-    """The median of a series field between two times.
-
-    The median, not the mean: the first sample after a stall begins still carries the work
-    just before it, and one such point would drag a short window's mean up.
-    """
+    """The median of a series field between two times (the first sample of a stall still
+    carries the work before it: it would drag a short window's mean up)."""
     series = series_group(artifact, group)
     if series is None or name not in series:
         return None
@@ -150,27 +129,19 @@ def series_typical(
 
 
 def gpu_faults(artifact: Artifact) -> list[dict[str, Any]]:
-    """Every GPU fault of the run (``gpu_health``), those that failed it first, each with the
-    GPU's ``gpu``, ``uuid`` and ``bus_id``."""
-    found = []
-    for health in gpu_health(artifact).values():
-        for fault in health["faults"]:
-            found.append(
-                {
-                    **fault,
-                    "gpu": health["index"],
-                    "uuid": health["uuid"],
-                    "bus_id": health["bus_id"],
-                }
-            )
+    """Every GPU fault of the run, those that failed it first, with its GPU's identity."""
+    found = [
+        {**fault, "gpu": health["index"], "uuid": health["uuid"], "bus_id": health["bus_id"]}
+        for health in gpu_health(artifact).values()
+        for fault in health["faults"]
+    ]
     return sorted(found, key=lambda f: (not (f["fails"] and f["used"]), f["t"]))
 
 
 @dataclass(frozen=True, slots=True)
 class StallVerdict:
-    """What the tree (``busy``, ``idle``, ``uninterruptible``, ``unknown``) and its GPUs were
-    doing over a stall: the verdict recorded with the failure, or, for an artifact written
-    before it was recorded, the same rule applied to the stall window's series."""
+    """What the tree (``busy``, ``idle``, ``uninterruptible``, ``unknown``) and its GPUs did
+    over a stall: as recorded with the failure, else the same rule over the window's series."""
 
     tree: str
     cpu_percent: float | None
@@ -232,15 +203,9 @@ def innermost_python_frame(process: schema.ForensicsProcess) -> str | None:
     return None
 
 
-# -- the log ---------------------------------------------------------------------------------
-
-
 def log_end(tail: str, lines: int = LOG_LINES) -> tuple[list[str], tuple[int, int] | None]:
-    """The last ``lines`` lines of the log, and where in them the last Python traceback is.
-
-    A traceback that ends before the last lines is still shown whole (its end kept when it is
-    longer than ``lines``): it is what a person looks for.
-    """
+    """The last ``lines`` lines of the log, and where in them the last Python traceback is
+    (shown whole even when it ends earlier, its end kept when longer than ``lines``)."""
     every = tail.rstrip("\n").splitlines()
     found = exits.last_traceback(every)
     span = None if found is None else found[:2]
@@ -270,12 +235,8 @@ def _traceback_exception(
     return exception, where
 
 
-# -- progress --------------------------------------------------------------------------------
-
-
 def last_progress(artifact: Artifact) -> LastProgress | None:
-    """The progress that counted, last: the step's last advance (in its source) when the run
-    was judged on its steps, else the last file change."""
+    """The progress that counted, last: the step's last advance, or file change."""
     progress_events = [e for e in artifact["events"] if e["kind"] == EventKind.PROGRESS]
     steps = counted_steps(artifact)
     at = seconds_at(artifact, last_progress_at(artifact))
@@ -292,13 +253,8 @@ def last_progress(artifact: Artifact) -> LastProgress | None:
         if found:
             checkpoint = _checkpoint_root(artifact, str(found[0]))
             break
-    t = float(at)
-    return LastProgress(
-        t=t,
-        paths=[str(p) for p in paths],
-        before_end=max(0.0, _end_of_command(artifact) - t),
-        checkpoint=checkpoint,
-    )
+    end = max(0.0, _end_of_command(artifact) - at)
+    return LastProgress(float(at), [str(p) for p in paths], end, checkpoint)
 
 
 def _is_checkpoint(path: str) -> bool:
@@ -328,9 +284,6 @@ def _end_of_command(artifact: Artifact) -> float:
         if event["kind"] in (EventKind.FAILURE, EventKind.EXITED):
             return float(event["t"])
     return float(artifact["duration_seconds"])
-
-
-# -- trends ----------------------------------------------------------------------------------
 
 
 def leaking_series(artifact: Artifact) -> list[Leak]:
@@ -370,14 +323,10 @@ def trend_text(entry: Leak) -> str:
 
 
 def rate_text(slope_per_hour: float, unit: str, span_seconds: float, *, like: object = None) -> str:
-    """A slope per minute for a short run, per hour for a long one: ``+0.9 GiB/min``.
-
-    ``like``: scale as that value (the growth) is shown, so the two read in one unit.
-    """
+    """A slope per minute for a short run, per hour for a long one: ``+0.9 GiB/min`` (scaled
+    as ``like``, the growth, when it is larger, so the two read in one unit)."""
     per, divisor = ("min", 60.0) if span_seconds < 3 * 3600 else ("h", 1.0)
     value = slope_per_hour / divisor
-    # In the larger of the two units: 0.9 GiB/min beside a 1.0 GiB growth, 3.2 GiB/min
-    # beside 140 MiB, never 3319.2 MiB/min.
     scale = max(abs(value), abs(float(like))) if isinstance(like, int | float) else None
     return f"{'+' if value >= 0 else '-'}{_amount(abs(value), unit, like=scale)}/{per}"
 
@@ -386,9 +335,6 @@ def _amount(value: object, unit: str, *, like: float | None = None) -> str:
     if not isinstance(value, int | float):
         return "?"
     return format_value(float(value), unit, like=like)
-
-
-# -- the cause -------------------------------------------------------------------------------
 
 
 def _cause(
@@ -416,12 +362,10 @@ def _cause(
         return failures[0]["message"], None, None
     if primary in (FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT):
         return _stall_cause(artifact, failures)
-    if primary in (FailureReason.MEMORY_LEAK, FailureReason.MEMORY_BUDGET) and leaks:
+    if leaks and primary in (None, FailureReason.MEMORY_LEAK, FailureReason.MEMORY_BUDGET):
         return trend_text(leaks[0]), None, None
     if primary is not None:
         return failures[0]["message"], None, None
-    if leaks:
-        return trend_text(leaks[0]), None, None
     return named_warning(artifact["warnings"]), None, None
 
 
@@ -432,8 +376,7 @@ def _stall_cause(
     processes = [] if forensics is None else schema.readable_processes(forensics)
     ranks = stall_ranks(artifact)
     if ranks is not None and ranks["text"]:
-        # The rank the others wait for, never its launcher: a culprit named comes with where
-        # it stopped.
+        # The rank the others wait for (never its launcher), with where it stopped.
         where = ranks["where"]
         culprit = next((p for p in processes if p["pid"] == ranks["pid"]), None)
         return ranks["text"], where, _source_line(artifact, where, culprit)
@@ -476,9 +419,6 @@ def _source_line(
     return None
 
 
-# -- next steps ------------------------------------------------------------------------------
-
-
 def _next_steps(
     artifact: Artifact,
     primary: str | None,
@@ -504,13 +444,10 @@ def _next_steps(
                 "(the trainer calls faulthandler.register(signal.SIGUSR1))."
             )
         verdict = stall_verdict(artifact)
-        option = (
-            "--stale-progress" if primary == FailureReason.STALE_PROGRESS else "--startup-timeout"
-        )
-        name = (
-            "stale_progress_seconds"
+        option, name = (
+            ("--stale-progress", "stale_progress_seconds")
             if primary == FailureReason.STALE_PROGRESS
-            else "startup_timeout_seconds"
+            else ("--startup-timeout", "startup_timeout_seconds")
         )
         limit = config_value(artifact, name)
         if verdict is not None and verdict.tree == "busy":

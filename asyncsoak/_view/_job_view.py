@@ -1,12 +1,6 @@
-"""Several artifacts of one scheduler job (one soak per node or task, and per restart) as one.
-
-``srun asyncsoak run ...`` leaves one artifact per task; a requeued job leaves one per run.
-Outside SLURM (a Kubernetes JobSet, plain multi-node torchrun), the ranks' shared torchrun
-rendezvous id (``--rdzv-id``, in their ``TORCHELASTIC_RUN_ID``) says which soaks are one job.
-:func:`combine` checks that they belong to one job and puts them on one wall-clock time axis:
-each soak's verdict, which failed first and why, and when each ran relative to the first
-start.  ``asyncsoak summary`` and ``asyncsoak report`` call it when given several artifacts.
-"""
+"""Several artifacts of one job (a SLURM job's tasks and restarts, or the soaks that shared a
+torchrun rendezvous id) as one: each soak's verdict, which failed first and why, and when
+each ran on one wall-clock axis (``summary`` and ``report`` given several artifacts)."""
 
 from __future__ import annotations
 
@@ -14,22 +8,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._contract import (
-    Artifact,
-    SoakStatus,
-    format_duration,
-    parse_iso_or_none,
-    terminal_text,
-)
+from .._contract import Artifact, SoakStatus, format_duration, parse_iso_or_none, terminal_text
 from .._process import judge_ranks, states_from_json
 from ._evidence import last_progress_at
-from ._sections import (
-    Recorded,
-    host_probe,
-    probes,
-    stall_ranks,
-    stop_section,
-)
+from ._sections import Recorded, host_probe, probes, stall_ranks, stop_section
 
 #: Width of the text timeline's bars, in characters.
 TIMELINE_WIDTH = 48
@@ -43,9 +25,8 @@ class NotOneJobError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class JobTask(Recorded):
-    """One soak's place in its job: its SLURM task, or a torchrun job's host and lowest
-    rank.  ``snapshot.scheduler`` may lack any key (:class:`~asyncsoak._contract.schema.SlurmJob`):
-    a missing one is null, as SLURM leaves a variable unset."""
+    """One soak's place in its job: its SLURM task (a key missing from ``snapshot.scheduler``
+    is null, as SLURM leaves a variable unset), or a torchrun job's host and lowest rank."""
 
     job_id: int | str | None = None
     cluster: str | None = None
@@ -76,9 +57,8 @@ class PodTask(Recorded):
 
 def scheduler_of(artifact: Artifact) -> JobTask | None:
     """The SLURM task a soak ran as; None outside a SLURM job."""
-    scheduler = probes(artifact).scheduler
-    task = None if scheduler is None else JobTask.of(scheduler)
-    return task if task is not None and task.job_id else None
+    task = JobTask.of(probes(artifact).scheduler or {})
+    return task if task.job_id else None
 
 
 def scheduler_line(artifact: Artifact) -> str | None:
@@ -100,23 +80,21 @@ def scheduler_line(artifact: Artifact) -> str | None:
     return f"{job} on {s.node or '?'}" + (f" ({', '.join(details)})" if details else "")
 
 
+def _ranks(artifact: Artifact) -> list[Any]:
+    return list(artifact["ranks"]["ranks"]) if "ranks" in artifact else []  # a distributed run's
+
+
 def rendezvous_of(artifact: Artifact) -> str | None:
-    """The torchrun rendezvous id (``--rdzv-id``) a soak's ranks shared, if they had one:
-    the identity of a multi-node job outside SLURM (a Kubernetes JobSet, plain torchrun).
-    torchrun's default id, ``none``, names no job."""
-    ranks = artifact["ranks"]["ranks"] if "ranks" in artifact else []  # a distributed run's
-    ids = {str(r["run_id"]) for r in ranks if r.get("run_id")}
-    if len(ids) != 1:
-        return None
-    run_id = ids.pop()
-    return None if run_id == "none" else run_id
+    """The torchrun rendezvous id (``--rdzv-id``) a soak's ranks shared: a multi-node job's
+    identity outside SLURM.  torchrun's default id, ``none``, names no job."""
+    ids = {str(r["run_id"]) for r in _ranks(artifact) if r.get("run_id")}
+    return ids.pop() if len(ids) == 1 and ids != {"none"} else None
 
 
 def _rendezvous_task(artifact: Artifact) -> JobTask:
     """A soak of a torchrun job as the job view lists it: its host and its lowest rank."""
-    ranks = artifact["ranks"]["ranks"] if "ranks" in artifact else []  # a distributed run's
     host = host_probe(artifact)
-    lowest = min(ranks, key=lambda r: int(r["rank"]), default=None)
+    lowest = min(_ranks(artifact), key=lambda r: int(r["rank"]), default=None)
     return JobTask(
         node=None if host is None else host["hostname"],
         rank=None if lowest is None else lowest["rank"],
@@ -125,8 +103,7 @@ def _rendezvous_task(artifact: Artifact) -> JobTask:
 
 
 def pod_line(artifact: Artifact) -> str | None:
-    """``ml/train-2-x7k2p on gpu-node-7 (job train, index 2)`` for a soak that ran in a
-    Kubernetes pod."""
+    """``ml/train-2-x7k2p on gpu-node-7 (job train, index 2)`` for a soak run in a pod."""
     scheduler = probes(artifact).scheduler
     if scheduler is None or scheduler["kind"] != "kubernetes":
         return None
@@ -144,11 +121,8 @@ def pod_line(artifact: Artifact) -> str | None:
 
 
 def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
-    """One job's artifacts (``(path, artifact)`` pairs) as one JSON-ready view.
-
-    Raises :class:`NotOneJobError` when one of them did not run in a scheduler's job, or
-    they come from different jobs.
-    """
+    """One job's artifacts (``(path, artifact)`` pairs) as one JSON-ready view; raises
+    :class:`NotOneJobError` when one ran outside a job, or they come from different jobs."""
     keys = set()
     for path, artifact in artifacts:
         s = scheduler_of(artifact)
@@ -246,8 +220,8 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
 def _latest_attempt(
     soaks: Sequence[Mapping[str, Any]], wanted: Callable[[Mapping[str, Any]], object]
 ) -> list[Mapping[str, Any]]:
-    """The soaks of the latest attempt (restart) of the job holding a soak ``wanted`` keeps:
-    the stacks and progress of different attempts are never judged together."""
+    """The soaks ``wanted`` keeps of their latest attempt (restart): different attempts'
+    stacks and progress are never judged together."""
     kept = [soak for soak in soaks if wanted(soak)]
     if not kept:
         return []
@@ -258,13 +232,11 @@ def _latest_attempt(
 def _culprit_across(
     soaks: Sequence[Mapping[str, Any]], artifacts: Sequence[tuple[str, Artifact]]
 ) -> dict[str, Any] | None:
-    """The rank every node's ranks wait for, judged from each node's ranks' stacks at its
-    stall (its forensics) together, within the latest attempt that has them: a rank that is
-    fine on its own node may be the one the ranks of every other node wait for."""
+    """The rank every node's ranks wait for, judged from all nodes' stall stacks together
+    (a rank fine on its own node may be the one every other node waits for)."""
     by_path = dict(artifacts)
 
     def ranks_of(soak: Mapping[str, Any]) -> Any:
-        # The ranks' stacks: recorded at a distributed run's stall only.
         ranks = stall_ranks(by_path[soak["path"]])
         return None if ranks is None else ranks["ranks"]
 
@@ -284,8 +256,7 @@ def _first_stalled(
     artifacts: Sequence[tuple[str, Artifact]],
     offset: Any,
 ) -> dict[str, Any] | None:
-    """The node whose progress stopped first (its last progress the earliest on the wall
-    clock), among the soaks of the latest attempt that stalled."""
+    """The node whose progress stopped first on the wall clock, in the latest attempt."""
     by_path = dict(artifacts)
     stalled = []
     for soak in _latest_attempt(
@@ -328,8 +299,7 @@ def offset_text(value: float | None) -> str:
 
 
 def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH) -> str:
-    """The combined view as plain text: verdicts, the first failure, a wall-clock timeline
-    (safe to print: control characters from the runs spelled out)."""
+    """The combined view as text safe to print: verdicts, the first failure, a timeline."""
     soaks = combined["soaks"]
     lines = [
         f"{combined['kind']} job {combined['job_id']}: {len(soaks)} soaks, {combined['status']} "

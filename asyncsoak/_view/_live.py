@@ -1,13 +1,6 @@
-"""The live view: how a soak is doing, while it runs, as one line or a full screen.
-
-Inside ``asyncsoak run`` the view observes the monitor's own events; ``asyncsoak watch`` reads
-the journal as it grows (:class:`JournalTail`).  Both fold into one ``LiveState``
-(``_live_state``), drawn as the line of ``_live_line`` or the screen of ``_screen``; without a
-terminal (or ``rich``) a plain line is printed when the phase changes and every
-``status_interval`` seconds.  It must never delay or break the soak: reads and writes run in
-worker threads under bounds, and its own errors end the view and nothing else
-(docs/architecture.md).
-"""
+"""The live view, as one line or a full screen: of the monitor's own events inside ``run``, of
+the journal as it grows in ``watch``.  It never delays or breaks the soak: reads and writes
+run in worker threads under bounds, and its errors end the view only (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -41,14 +34,11 @@ VIEW_CALL_TIMEOUT_SECONDS = 10.0
 
 
 class JournalTail:
-    """Complete events appended to a journal since the last read.
+    """Complete events appended to a journal since the last read (:meth:`close` at the end).
 
-    The journal of an earlier run may still sit at the same path until the monitor truncates
-    it, so lines are only taken once the first line is a header written by ``monitor_pid``.
-    The open segment is held open between reads: when the serializer closes it (renames it
-    aside and starts a new one at the path, see ``_journal``), its last lines are still read
-    from the file held, then the tail moves on to the new segment.  Call :meth:`close` at
-    the end.
+    Lines are taken once the first is a header of ``monitor_pid`` (an earlier run's journal
+    may sit at the path until truncated).  The open segment is held between reads, so when
+    the serializer renames it aside its last lines are still read before the new one.
     """
 
     def __init__(
@@ -56,8 +46,7 @@ class JournalTail:
     ) -> None:
         self.path = path
         self.monitor_pid = monitor_pid
-        #: False when attaching to a journal whose earlier segments were read already: the
-        #: open segment then starts with whatever event came after the last rotation.
+        #: False when attaching to a journal whose earlier segments were read already.
         self.header_first = header_first
         self._file: BinaryIO | None = None
         self._offset = 0
@@ -65,9 +54,8 @@ class JournalTail:
         #: In the middle of a line longer than any event, dropped up to its end.
         self._skipping = False
         self._decoder = JournalDecoder()
-        #: Reads begun so far, and the number of the last one that found nothing new, the
-        #: journal read to its end: a read begun after a moment that finds nothing means that
-        #: all written before that moment was read (and folded: there was nothing to fold).
+        #: Reads begun, and the last one that found nothing new at the journal's end: all
+        #: written before such a read began was read (and folded).
         self.reads_begun = 0
         self.last_read_to_end = 0
         #: Whether the last chunk read reached the end of the file.
@@ -205,8 +193,7 @@ class PlainView:
 
 
 class RichView:
-    """One status line kept in place on the terminal with ``rich``; with ``screen``, the full
-    screen of :mod:`._screen` instead (the terminal must be tall enough)."""
+    """One status line kept in place on the terminal with ``rich``, or the full screen."""
 
     def __init__(self, stream: TextIO, *, screen: bool = False) -> None:
         from rich.console import Console
@@ -214,8 +201,7 @@ class RichView:
 
         self._console = Console(file=stream)
         self._screen = screen
-        # No refresh thread of its own and no redirection of sys.stdout/sys.stderr: frames are
-        # drawn only when this view is told to, from its worker thread.
+        # No refresh thread and no redirection: frames are drawn when told, from its thread.
         self._live = Live(
             console=self._console,
             auto_refresh=False,
@@ -287,14 +273,10 @@ async def _drive(
     until_finished: bool = False,
     refine: Callable[[Status], Status] | None = None,
 ) -> Status | None:
-    """Draw what ``step`` gives every ``refresh`` seconds until cancelled (or, with
-    ``until_finished``, until a finished frame was drawn); returns the last frame.
-
-    ``refine`` (blocking) completes a frame on the thread hop that draws it, just before.
-
-    Returns early if the view itself fails, after one line on ``stream`` saying why; only
-    cancellation propagates.
-    """
+    """Draw what ``step`` gives every ``refresh`` seconds until cancelled (or a finished frame
+    was drawn, with ``until_finished``); returns the last frame.  ``refine`` (blocking)
+    completes a frame on the thread hop that draws it.  A failure of the view itself ends it
+    after one line on ``stream`` saying why; only cancellation propagates."""
     limiter = anyio.CapacityLimiter(1)
     view: _View | None = None
     last: Status | None = None
@@ -349,13 +331,8 @@ async def watch_journal(
     tail: JournalTail | None = None,
     state: LiveState | None = None,
 ) -> Status | None:
-    """Show the soak whose journal is ``journal_path`` on ``stream``, read as it grows, until
-    cancelled (or until it finished, with ``until_finished``); returns the last frame.
-
-    What it shows is as of the journal's last line (the monitor writes it once per sample
-    interval); the line says how old that is.  Returns early if the view itself fails, after
-    one line on ``stream`` saying why; only cancellation propagates.
-    """
+    """Show the soak whose journal is ``journal_path`` on ``stream`` as it grows, as of the
+    journal's last line (the line says how old), as :func:`_drive` does."""
     own_tail = tail is None
     tail = tail if tail is not None else JournalTail(journal_path, monitor_pid)
     state = state if state is not None else LiveState()
@@ -386,8 +363,7 @@ async def watch_journal(
 
 
 def _show(view: _View, status: Status, refine: Callable[[Status], Status] | None) -> Status:
-    if refine is not None:
-        status = refine(status)
+    status = refine(status) if refine is not None else status
     view.show(status)
     return status
 
@@ -398,8 +374,8 @@ def _say(stream: TextIO, line: str) -> None:
 
 
 class _Feed:
-    """The monitor's own events as the serializer passes them on (an observer): the view
-    reads the soak's ``RunState``, which the serializer has folded them into."""
+    """The monitor's events as the serializer passes them on, read from the soak's own
+    ``RunState`` (which the serializer folded them into)."""
 
     def __init__(self, control: SoakControl) -> None:
         self.state = LiveState(feed_run=False)
@@ -422,9 +398,8 @@ class _Feed:
 def live_status(
     *, stream: TextIO | None = None, status_interval: float = 60.0, mode: str = "line"
 ) -> Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Status | None]]]:
-    """The live view of a soak run by this process, as ``supervise(status=...)`` takes it:
-    given the soak's control, it becomes an observer of the soak's events (before the soak
-    starts) and returns the task that draws them."""
+    """The live view of a soak run by this process, as ``supervise(status=...)`` takes it: an
+    observer of the soak's events that returns the task drawing them."""
 
     def attach(control: SoakControl) -> Callable[[], Coroutine[Any, Any, Status | None]]:
         feed = _Feed(control)

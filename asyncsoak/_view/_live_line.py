@@ -352,25 +352,32 @@ def phase_style(status: Status) -> str:
     return "bold green"
 
 
+def quiet_bar(status: Status, width: int, finished_style: str = "bar.finished") -> Any:
+    """The quiet time against its limit as a bar, green to red; None without a limit."""
+    from rich.progress_bar import ProgressBar
+
+    quiet, limit = status.quiet_for, status.limit
+    if quiet is None or not limit:
+        return None
+    ratio = min(1.0, quiet / limit)
+    colour = "green" if ratio < 0.5 else "yellow" if ratio < 0.8 else "red"
+    return ProgressBar(
+        total=limit,
+        completed=min(quiet, limit),
+        width=width,
+        complete_style=colour,
+        finished_style=finished_style,
+    )
+
+
 def render_rich(status: Status, width: int = 80) -> Any:
     """One line of at most ``width`` columns: whole pieces only, the bar dropped first, then
     the pieces by :data:`PIECE_IMPORTANCE`."""
-    from rich.progress_bar import ProgressBar
     from rich.table import Table
     from rich.text import Text
 
     pieces = status.pieces()
-    quiet, limit = status.quiet_for, status.limit
-    bar: ProgressBar | None = None
-    if not status.finished and quiet is not None and limit:
-        ratio = min(1.0, quiet / limit)
-        bar = ProgressBar(
-            total=limit,
-            completed=min(quiet, limit),
-            width=BAR_WIDTH,
-            complete_style="green" if ratio < 0.5 else "yellow" if ratio < 0.8 else "red",
-            finished_style="red",
-        )
+    bar = quiet_bar(status, BAR_WIDTH, finished_style="red") if not status.finished else None
     kept = fit_pieces(pieces, width - BAR_WIDTH - 1, SEPARATOR) if bar is not None else []
     if len(kept) < len(pieces):
         # The line does not fit with the bar: the bar goes before any piece does.

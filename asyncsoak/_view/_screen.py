@@ -1,13 +1,6 @@
-"""The live view's full screen (``asyncsoak watch``, ``--view screen``), drawn with ``rich``.
-
-One frame holds, top to bottom: the verdict so far (the phase, LEAK alerts, warnings), the
-training (step, rate, loss), the progress (changes, their rate, the time without progress
-against its limit, ``--expect-every``'s nearest deadline), the tree's
-figures, its processes by memory with their trends, the GPUs, and the last lines of the
-soak's log, as many as the terminal's height leaves room for.  It is drawn from the same
-:class:`~._live_line.Status` as the line, in the view's worker thread (the log's tail is read
-there, bounded).
-"""
+"""The live view's full screen (``--view screen``), drawn with ``rich`` from the line's
+:class:`~._live_line.Status`: the verdict so far, training, progress and its limits, the
+tree and its processes, the GPUs, and as much of the log's end as the height leaves room for."""
 
 from __future__ import annotations
 
@@ -18,7 +11,7 @@ from typing import Any
 from .._contract import format_duration, terminal_text
 from .._record import read_log_tail
 from ._fields import format_value
-from ._live_line import Status, phase_style
+from ._live_line import Status, phase_style, quiet_bar
 
 #: Processes listed at most.
 PROCESS_ROWS = 5
@@ -37,7 +30,6 @@ def log_tail(path: str | None, lines: int) -> list[str]:
 def render_screen(status: Status, width: int, height: int) -> Any:
     """The whole frame for a terminal of ``width`` x ``height``."""
     from rich.console import Group
-    from rich.progress_bar import ProgressBar
     from rich.table import Table
     from rich.text import Text
 
@@ -73,13 +65,7 @@ def render_screen(status: Status, width: int, height: int) -> Any:
         text = Text(f"{format_duration(status.quiet_for)} {label}")
         if status.limit:
             text.append(f" (limit {format_duration(status.limit)})", style="dim")
-            ratio = min(1.0, status.quiet_for / status.limit)
-            bar = ProgressBar(
-                total=status.limit,
-                completed=min(status.quiet_for, status.limit),
-                width=20,
-                complete_style="green" if ratio < 0.5 else "yellow" if ratio < 0.8 else "red",
-            )
+            bar = quiet_bar(status, 20)
             row = Table.grid(padding=(0, 1))
             row.add_column(no_wrap=True)
             row.add_column(no_wrap=True)

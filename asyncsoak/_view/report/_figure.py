@@ -1,71 +1,33 @@
-"""The plotly figure: a lane of what happened, time since progress, one panel per series group.
-
-Its panels share one time axis; the moments that matter are drawn across every panel.  What is
-drawn is decided by :class:`~._timeline.TimelineModel`; this module only draws it.  plotly is
-an optional extra, imported only when a figure is drawn.
-"""
+"""The plotly figure of a :class:`~._timeline.TimelineModel`: a lane of what happened, time
+since progress, one panel per series group, on one time axis (plotly imported only here)."""
 
 from __future__ import annotations
 
 import html
 import json
-from collections.abc import Callable, Mapping
-from datetime import datetime
-from typing import Any, Protocol
+from collections import Counter
+from typing import Any
 
-from ..._contract import Artifact, format_duration
+from ..._contract import Artifact, format_duration, parse_iso
 from .._evidence import leaking_series, stall_window
-from .._fields import Field, gpu_index
+from .._fields import gpu_index
 from ._assets import READOUT_SCRIPT, RENDERED_SCRIPT, figure_html
 from ._detail import RunDetail
-from ._panels import Panel, Scale, axis_title, group_sort_key, is_reference, scale_for
+from ._panels import Panel, axis_title, group_sort_key, is_reference, scale_for
 from ._text import plot_text
 from ._timeline import COLORS, SPARSE_POINTS, TimelineModel
 
-PALETTE = (
-    "#1f77b4",
-    "#9467bd",
-    "#17becf",
-    "#8c564b",
-    "#e377c2",
-    "#bcbd22",
-    "#7f7f7f",
-    "#ff7f0e",
-)
-
-
-class Figure(Protocol):
-    """What the drawing uses of a plotly ``go.Figure`` (plotly ships no type information)."""
-
-    @property
-    def layout(self) -> Any: ...
-    def add_trace(self, trace: object, *, row: int, col: int) -> object: ...
-    def add_annotation(self, **options: Any) -> object: ...
-    def add_vrect(self, **options: Any) -> object: ...
-    def add_vline(self, **options: Any) -> object: ...
-    def update_layout(self, changes: Mapping[str, Any] | None = None, **options: Any) -> object: ...
-    def update_xaxes(self, **options: Any) -> object: ...
-    def update_yaxes(self, **options: Any) -> object: ...
-    def get_subplot(self, row: int, col: int) -> Any: ...
-    def to_json(self) -> str: ...
-
-
-#: ``go.Scatter``: the one trace type the figure draws.
-Scatter = Callable[..., object]
+PALETTE = ("#1f77b4", "#9467bd", "#17becf", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#ff7f0e")
 
 
 class Timeline(TimelineModel):
-    """One plotly figure of a :class:`TimelineModel`: the lane, time since progress, and every
-    series panel."""
+    """One plotly figure of a :class:`TimelineModel` (plotly ships no types: figures are
+    ``Any``)."""
 
     def __init__(
-        self,
-        artifact: Artifact,
-        detail: RunDetail | None,
-        baseline: Artifact | None = None,
+        self, artifact: Artifact, detail: RunDetail | None, baseline: Artifact | None = None
     ) -> None:
         super().__init__(artifact, detail, baseline)
-        self.panel_titles: list[str] = []
         #: The unit each drawn panel's axis got, by panel key.
         self.panel_units: dict[str, str] = {}
 
@@ -74,15 +36,12 @@ class Timeline(TimelineModel):
         from plotly.subplots import make_subplots
 
         lanes = self.lanes()
-        lane_height = 36 + 24 * len(lanes)
         titles = ["What happened", "Time since the last progress (seconds)"]
-        heights = [lane_height, 170]
-        titles.extend(panel.title for panel in self.panels)
-        heights.extend(190 for _ in self.panels)
-        gap = 62
-        top, bottom = 40, 50
+        titles += [panel.title for panel in self.panels]
+        heights = [36 + 24 * len(lanes), 170] + [190] * len(self.panels)
+        gap, top, bottom = 62, 40, 50
         plot_height = sum(heights) + gap * (len(heights) - 1)
-        fig: Figure = make_subplots(
+        fig = make_subplots(
             rows=len(heights),
             cols=1,
             shared_xaxes=True,
@@ -90,7 +49,6 @@ class Timeline(TimelineModel):
             vertical_spacing=gap / plot_height,
             subplot_titles=[plot_text(title) for title in titles],
         )
-        self.panel_titles = titles
         self._draw_lanes(fig, go.Scatter, lanes)
         self._draw_progress(fig, go.Scatter)
         for row, panel in enumerate(self.panels, start=3):
@@ -105,7 +63,7 @@ class Timeline(TimelineModel):
             [self._readout_script(), RENDERED_SCRIPT],
         )
 
-    def _draw_lanes(self, fig: Figure, scatter: Scatter, lanes: list[str]) -> None:
+    def _draw_lanes(self, fig: Any, scatter: Any, lanes: list[str]) -> None:
         y_of = {lane: -i for i, lane in enumerate(lanes)}
         window = stall_window(self.artifact)
         if window is not None and window[0] > 0:
@@ -199,7 +157,7 @@ class Timeline(TimelineModel):
             fixedrange=True,
         )
 
-    def _draw_progress(self, fig: Figure, scatter: Scatter) -> None:
+    def _draw_progress(self, fig: Any, scatter: Any) -> None:
         xs, ys = self._progress_curve()
         fig.add_trace(
             scatter(
@@ -252,74 +210,64 @@ class Timeline(TimelineModel):
         top = max([peak] + [limit.value for limit in limits]) * 1.25 or 1.0
         fig.update_yaxes(row=2, col=1, range=[0, top], title_text="since progress (s)")
 
-    def _draw_panel(self, fig: Figure, scatter: Scatter, row: int, panel: Panel) -> None:
+    def _draw_panel(self, fig: Any, scatter: Any, row: int, panel: Panel) -> None:
         processes = self._process_lines() if panel.key == "tree_memory" else []
-        peak = 0.0
-        for f in panel.fields:
-            values = [v for v in self.values(f) if v is not None]
-            peak = max([peak, *values])
-        for _, _, ys in processes:
-            peak = max([peak, *(v for v in ys if v is not None)])
+        values = [v for f in panel.fields for v in self.values(f) if v is not None]
+        peak = max([0.0, *values, *(v for _, _, ys in processes for v in ys if v is not None)])
         scale = scale_for(panel.unit, peak)
         self.panel_units[panel.key] = scale.unit
         legend = f"legend{row}"
-        gpu_colors = {
-            g: PALETTE[i % len(PALETTE)]
-            for i, g in enumerate(sorted({f.group for f in panel.fields}, key=group_sort_key))
-        }
-        names_per_group = {f.group: 0 for f in panel.fields}
-        for f in panel.fields:
-            names_per_group[f.group] += 1
+        groups = sorted({f.group for f in panel.fields}, key=group_sort_key)
+        gpu_colors = {g: PALETTE[i % len(PALETTE)] for i, g in enumerate(groups)}
+        per_group = Counter(f.group for f in panel.fields)
+
+        def line(xs: list[float], ys: list[float | None], name: str, **style: Any) -> None:
+            fig.add_trace(
+                scatter(
+                    x=[self.x(t) for t in xs],
+                    y=[None if v is None else v / scale.divisor for v in ys],
+                    name=plot_text(name),
+                    legend=legend,
+                    meta=[panel.title, name, scale.unit],
+                    hoverinfo="none",
+                    **style,
+                ),
+                row=row,
+                col=1,
+            )
+
         for i, f in enumerate(panel.fields):
-            series = self.series[f.group]
             label = f"{f.label} {f.qualifier}".strip()
+            color, name = PALETTE[i % len(PALETTE)], label
             if panel.is_gpu:
-                color = gpu_colors[f.group]
-                name = f"GPU {gpu_index(f.group)}"
-                if names_per_group[f.group] > 1:
-                    name += f" {label}"
-            else:
-                color = PALETTE[i % len(PALETTE)]
-                name = label
-            dash = "dot" if is_reference(f) else "solid"
-            ys = [None if v is None else v / scale.divisor for v in self.values(f)]
+                color, name = gpu_colors[f.group], f"GPU {gpu_index(f.group)}"
+                name += f" {label}" if per_group[f.group] > 1 else ""
+            ys = self.values(f)
+            baseline = self.baseline_values(f)
             # A few points (a rate over a short run) are points: a line would draw nothing
             # between gaps, or invent a ramp.
             sparse = sum(v is not None for v in ys) < SPARSE_POINTS
-            fig.add_trace(
-                scatter(
-                    x=[self.x(t) for t in series["t"]],
-                    y=ys,
-                    mode="markers" if sparse else "lines",
-                    marker={"color": color, "size": 7},
-                    line={"color": color, "width": 1.8, "dash": dash},
-                    name=plot_text(name),
-                    legend=legend,
-                    showlegend=len(panel.fields) > 1
-                    or bool(processes)
-                    or self.baseline_values(f) is not None,
-                    meta=[panel.title, name, scale.unit],
-                    hoverinfo="none",
-                ),
-                row=row,
-                col=1,
+            dash = "dot" if is_reference(f) else "solid"
+            line(
+                list(self.series[f.group]["t"]),
+                ys,
+                name,
+                mode="markers" if sparse else "lines",
+                marker={"color": color, "size": 7},
+                line={"color": color, "width": 1.8, "dash": dash},
+                showlegend=len(panel.fields) > 1 or bool(processes) or baseline is not None,
             )
-            self._draw_baseline(fig, scatter, row, f, name, color, scale, legend, panel.title)
-        for j, (pid_name, ts, ys) in enumerate(processes):
-            fig.add_trace(
-                scatter(
-                    x=[self.x(t) for t in ts],
-                    y=[None if v is None else v / scale.divisor for v in ys],
+            if baseline is not None:  # faint and dashed beneath
+                line(
+                    *baseline,
+                    f"{name} (baseline)",
                     mode="lines",
-                    line={"color": PALETTE[(j + 2) % len(PALETTE)], "width": 1.1},
-                    name=plot_text(pid_name),
-                    legend=legend,
-                    meta=[panel.title, pid_name, scale.unit],
-                    hoverinfo="none",
-                ),
-                row=row,
-                col=1,
-            )
+                    line={"color": color, "width": 1.2, "dash": "dash"},
+                    opacity=0.55,
+                )
+        for j, (pid_name, ts, ys) in enumerate(processes):
+            color = PALETTE[(j + 2) % len(PALETTE)]
+            line(ts, ys, pid_name, mode="lines", line={"color": color, "width": 1.1})
         if panel.key == "tree_memory":
             self._annotate_slopes(fig, row)
         if panel.key == "loss":
@@ -328,54 +276,20 @@ class Timeline(TimelineModel):
         if panel.unit == "%":
             axis["range"] = [0, max(100.0, peak * 1.05)]
         fig.update_yaxes(row=row, col=1, **axis)
-        if panel.is_gpu:
-            for group, spans in self.throttle.items():
-                if group in gpu_colors:
-                    for start, end, _ in spans:
-                        fig.add_vrect(
-                            x0=self.x(start),
-                            x1=self.x(end),
-                            fillcolor=COLORS["throttle"],
-                            line_width=0,
-                            layer="below",
-                            row=row,
-                            col=1,
-                        )
+        for group, spans in self.throttle.items():
+            if panel.is_gpu and group in gpu_colors:
+                for start, end, _ in spans:
+                    fig.add_vrect(
+                        x0=self.x(start),
+                        x1=self.x(end),
+                        fillcolor=COLORS["throttle"],
+                        line_width=0,
+                        layer="below",
+                        row=row,
+                        col=1,
+                    )
 
-    def _draw_baseline(
-        self,
-        fig: Figure,
-        scatter: Scatter,
-        row: int,
-        f: Field,
-        name: str,
-        color: str,
-        scale: Scale,
-        legend: str,
-        title: str,
-    ) -> None:
-        """The baseline run's line for the same field, faint and dashed beneath."""
-        baseline = self.baseline_values(f)
-        if baseline is None:
-            return
-        times, values = baseline
-        fig.add_trace(
-            scatter(
-                x=[self.x(t) for t in times],
-                y=[None if v is None else v / scale.divisor for v in values],
-                mode="lines",
-                line={"color": color, "width": 1.2, "dash": "dash"},
-                opacity=0.55,
-                name=plot_text(f"{name} (baseline)"),
-                legend=legend,
-                meta=[title, f"{name} (baseline)", scale.unit],
-                hoverinfo="none",
-            ),
-            row=row,
-            col=1,
-        )
-
-    def _annotate_slopes(self, fig: Figure, row: int) -> None:
+    def _annotate_slopes(self, fig: Any, row: int) -> None:
         """The memory trends on the memory panel: the tree's, and each leaking process's."""
         lines = self.slope_lines()
         if not lines:
@@ -397,7 +311,7 @@ class Timeline(TimelineModel):
             },
         )
 
-    def _mark_nonfinite(self, fig: Figure, row: int) -> None:
+    def _mark_nonfinite(self, fig: Any, row: int) -> None:
         """Each NaN or infinite loss on the loss panel, where it came: a line and its words."""
         for t, text in self.nonfinite_losses():
             left = t > self.duration * 0.6
@@ -418,7 +332,7 @@ class Timeline(TimelineModel):
                 font={"color": COLORS["failure"], "size": 12},
             )
 
-    def _draw_marks_across(self, fig: Figure) -> None:
+    def _draw_marks_across(self, fig: Any) -> None:
         shapes: list[dict[str, Any]] = []
         window = stall_window(self.artifact)
         if window is not None:
@@ -446,12 +360,25 @@ class Timeline(TimelineModel):
                 showarrow=False,
                 font={"color": COLORS["failure"], "size": 13},
             )
-        for mark in self.marks:
-            if mark.dash is not None:
-                shapes.append(_vline(self.x(mark.t), mark.color, mark.dash, 2, 0.9))
+        shapes.extend(
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": self.x(mark.t),
+                "x1": self.x(mark.t),
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": mark.color, "dash": mark.dash, "width": 2},
+                "opacity": 0.9,
+                "layer": "above",
+            }
+            for mark in self.marks
+            if mark.dash is not None
+        )
         fig.update_layout(shapes=[*fig.layout.shapes, *shapes])
 
-    def _style(self, fig: Figure, rows: int, height: int, top: int, bottom: int) -> None:
+    def _style(self, fig: Any, rows: int, height: int, top: int, bottom: int) -> None:
         fig.update_layout(
             template="simple_white",
             height=height,
@@ -499,11 +426,7 @@ class Timeline(TimelineModel):
 
     def _readout_script(self) -> str:
         started = self.artifact["started_at"]
-        start_ms = (
-            datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp() * 1000
-            if started
-            else "null"
-        )
+        start_ms = parse_iso(started).timestamp() * 1000 if started else "null"
         return (
             READOUT_SCRIPT.replace("__START_MS__", str(start_ms))
             .replace("__X_SECONDS__", str(self.x_divisor))
@@ -541,18 +464,3 @@ class Timeline(TimelineModel):
             "Every panel shares one time axis: drag to zoom (all panels follow), "
             "double-click to reset, hover for values." + lost + "<br>" + legend
         )
-
-
-def _vline(x: float, color: str, dash: str, width: float, opacity: float) -> dict[str, Any]:
-    return {
-        "type": "line",
-        "xref": "x",
-        "yref": "paper",
-        "x0": x,
-        "x1": x,
-        "y0": 0,
-        "y1": 1,
-        "line": {"color": color, "dash": dash, "width": width},
-        "opacity": opacity,
-        "layer": "above",
-    }

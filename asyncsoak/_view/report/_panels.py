@@ -23,102 +23,73 @@ class _PanelSpec:
     key: str
     title: str
     unit: str
-    #: (group kind, field name pattern)
-    fields: tuple[tuple[str, str], ...]
+    #: ``kind.pattern`` of its fields (group kind, field name pattern), space-separated.
+    fields: str
     #: What its y axis measures, titled with the unit drawn: ``memory (GiB)``, ``loss``.
     quantity: str
 
 
-PANELS = (
-    _PanelSpec(
-        "tree_cpu", "Process tree CPU (100% = one core)", "%", (("tree", "cpu_percent"),), "CPU"
-    ),
-    _PanelSpec(
-        "tree_memory",
-        "Process tree memory",
-        "bytes",
+_TREE_MEMORY = "tree.rss_bytes tree.anon_bytes tree.anon_pss_bytes tree.pss_bytes tree.uss_bytes"
+_MACHINE_MEMORY = "machine.memory_used_bytes machine.memory_available_bytes machine.swap_used_bytes"
+PANELS = tuple(
+    _PanelSpec(*spec)
+    for spec in (
+        ("tree_cpu", "Process tree CPU (100% = one core)", "%", "tree.cpu_percent", "CPU"),
+        ("tree_memory", "Process tree memory", "bytes", _TREE_MEMORY, "memory"),
         (
-            ("tree", "rss_bytes"),
-            ("tree", "anon_bytes"),
-            ("tree", "anon_pss_bytes"),
-            ("tree", "pss_bytes"),
-            ("tree", "uss_bytes"),
+            "tree_counts",
+            "Processes and threads in the tree",
+            "",
+            "tree.processes tree.threads",
+            "processes, threads",
         ),
-        "memory",
-    ),
-    _PanelSpec(
-        "tree_counts",
-        "Processes and threads in the tree",
-        "",
-        (("tree", "processes"), ("tree", "threads")),
-        "processes, threads",
-    ),
-    _PanelSpec(
-        "machine_cpu", "Machine CPU (100% = every core)", "%", (("machine", "cpu_percent"),), "CPU"
-    ),
-    _PanelSpec(
-        "machine_memory",
-        "Machine memory",
-        "bytes",
+        ("machine_cpu", "Machine CPU (100% = every core)", "%", "machine.cpu_percent", "CPU"),
+        ("machine_memory", "Machine memory", "bytes", _MACHINE_MEMORY, "memory"),
         (
-            ("machine", "memory_used_bytes"),
-            ("machine", "memory_available_bytes"),
-            ("machine", "swap_used_bytes"),
+            "tree_io",
+            "Process tree I/O: reads and writes per second",
+            "bytes/s",
+            "tree.read_bytes tree.write_bytes",
+            "I/O",
         ),
-        "memory",
-    ),
-    _PanelSpec(
-        "tree_io",
-        "Process tree I/O: reads and writes per second",
-        "bytes/s",
-        (("tree", "read_bytes"), ("tree", "write_bytes")),
-        "I/O",
-    ),
-    _PanelSpec(
-        "progress_rate",
-        "Progress rate: file changes per minute",
-        "changes/min",
-        (("progress_rate", "changes_per_minute"),),
-        "rate",
-    ),
-    _PanelSpec(
-        "progress_bytes",
-        "Progress: bytes written to the progress directory per minute",
-        "bytes/min",
-        (("progress_rate", "bytes_per_minute"),),
-        "written",
-    ),
-    # The training's own figures, as the trainer's files say (the artifact's ``steps`` series).
-    _PanelSpec("loss", "Training loss", "", (("steps", "loss"),), "loss"),
-    _PanelSpec(
-        "step_rate", "Training steps per second", "", (("steps", "steps_per_second"),), "steps/s"
-    ),
-    _PanelSpec(
-        "throughput",
-        "Tokens and samples per second",
-        "",
-        (("steps", "tokens_per_second"), ("steps", "samples_per_second")),
-        "tokens, samples/s",
-    ),
-    _PanelSpec("step", "Training step", "", (("steps", "step"),), "step"),
-    _PanelSpec(
-        "stale_limit", "Learned stale-progress limit", "s", (("stale_limit", "seconds"),), "limit"
-    ),
-    _PanelSpec("disk_free", "Disk free", "bytes", (("machine", "disk_free_bytes*"),), "free"),
-    _PanelSpec(
-        "gpu_util", "GPU utilisation", "%", (("gpu", "utilization_gpu_percent"),), "utilisation"
-    ),
-    _PanelSpec(
-        "gpu_memory",
-        "GPU memory used",
-        "MiB",
-        (("gpu", "memory_used_mib"), ("gpu", "memory_total_mib")),
-        "memory",
-    ),
-    _PanelSpec(
-        "gpu_power", "GPU power", "W", (("gpu", "power_draw_w"), ("gpu", "power_limit_w")), "power"
-    ),
-    _PanelSpec("gpu_temp", "GPU temperature", "°C", (("gpu", "temperature_gpu_c"),), "temperature"),
+        (
+            "progress_rate",
+            "Progress rate: file changes per minute",
+            "changes/min",
+            "progress_rate.changes_per_minute",
+            "rate",
+        ),
+        (
+            "progress_bytes",
+            "Progress: bytes written to the progress directory per minute",
+            "bytes/min",
+            "progress_rate.bytes_per_minute",
+            "written",
+        ),
+        # The training's own figures, as the trainer's files say (the ``steps`` series).
+        ("loss", "Training loss", "", "steps.loss", "loss"),
+        ("step_rate", "Training steps per second", "", "steps.steps_per_second", "steps/s"),
+        (
+            "throughput",
+            "Tokens and samples per second",
+            "",
+            "steps.tokens_per_second steps.samples_per_second",
+            "tokens, samples/s",
+        ),
+        ("step", "Training step", "", "steps.step", "step"),
+        ("stale_limit", "Learned stale-progress limit", "s", "stale_limit.seconds", "limit"),
+        ("disk_free", "Disk free", "bytes", "machine.disk_free_bytes*", "free"),
+        ("gpu_util", "GPU utilisation", "%", "gpu.utilization_gpu_percent", "utilisation"),
+        (
+            "gpu_memory",
+            "GPU memory used",
+            "MiB",
+            "gpu.memory_used_mib gpu.memory_total_mib",
+            "memory",
+        ),
+        ("gpu_power", "GPU power", "W", "gpu.power_draw_w gpu.power_limit_w", "power"),
+        ("gpu_temp", "GPU temperature", "°C", "gpu.temperature_gpu_c", "temperature"),
+    )
 )
 
 
@@ -155,11 +126,8 @@ class Panel:
 
 
 def plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[Panel]:
-    """Every field of every group, placed in a known panel or one per (group kind, unit).
-
-    A field with the same values as one before it in its group (the progress and output
-    dirs on one filesystem) is one line named for both.
-    """
+    """Every field of every group, placed in a known panel or one per (group kind, unit); a
+    field with the same values as one before it in its group is one line named for both."""
     fields: list[Field] = []
     seen: dict[tuple[str, str, str], int] = {}
     for group in sorted(series, key=group_sort_key):
@@ -181,30 +149,18 @@ def plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[Panel
     panels: dict[str, Panel] = {}
     placed: set[tuple[str, str]] = set()
     for spec in PANELS:
-        for kind, pattern in spec.fields:
+        for kind, _, pattern in (f.partition(".") for f in spec.fields.split()):
             for f in fields:
                 if f.kind == kind and fnmatch.fnmatchcase(f.name, pattern):
-                    panel = panels.setdefault(
-                        spec.key,
-                        Panel(
-                            spec.key,
-                            spec.title,
-                            spec.unit,
-                            is_gpu=kind == "gpu",
-                            quantity=spec.quantity,
-                        ),
-                    )
-                    panel.fields.append(f)
+                    new = Panel(spec.key, spec.title, spec.unit, [], kind == "gpu", spec.quantity)
+                    panels.setdefault(spec.key, new).fields.append(f)
                     placed.add((f.group, f.name))
     ordered = [panels[spec.key] for spec in PANELS if spec.key in panels]
     others: dict[tuple[str, str], Panel] = {}
     for f in fields:
-        if (f.group, f.name) in placed:
-            continue
-        key = (f.kind, f.unit)
-        if key not in others:
-            others[key] = Panel(f"{f.kind}:{f.unit}", "", f.unit, is_gpu=f.kind == "gpu")
-        others[key].fields.append(f)
+        if (f.group, f.name) not in placed:
+            new = Panel(f"{f.kind}:{f.unit}", "", f.unit, [], f.kind == "gpu")
+            others.setdefault((f.kind, f.unit), new).fields.append(f)
     for panel in others.values():
         panel.title = other_title(panel)
         ordered.append(panel)
@@ -212,11 +168,8 @@ def plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[Panel
 
 
 def other_title(panel: Panel) -> str:
-    """``Machine: CPU (all cores), swap (%)``: the group kind, the fields and the unit.
-
-    A size's unit is left to the axis, which chooses it from the data (a title saying MiB
-    above a GiB axis would contradict it).
-    """
+    """``Machine: CPU (all cores), swap (%)``: the group kind, the fields and the unit (a
+    size's unit is left to the axis, which chooses it from the data)."""
     kind = panel.fields[0].kind
     labels = list(dict.fromkeys(field_label(f) for f in panel.fields))
     what = ", ".join(labels[:4]) + (", ..." if len(labels) > 4 else "")

@@ -1,28 +1,15 @@
-"""What the report's figure shows, as plain data: the marks of the lane, the panels, the
-progress curve and its limits, on one time axis.
-
-:class:`TimelineModel` decides what is drawn and where; ``_figure`` draws it with plotly.
-Nothing here imports plotly, so what the figure shows is tested without it.
-"""
+"""What the report's figure shows, as plain data: the lane's marks, the panels, the progress
+curve and its limits, on one time axis.  ``_figure`` draws it; nothing here imports plotly."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, timedelta
 from typing import Any, NamedTuple
 
 from ..._analysis import TREE_MEMORY_SERIES
-from ..._contract import (
-    Artifact,
-    EventKind,
-    FailureReason,
-    file_names,
-    format_duration,
-    parse_iso,
-    schema,
-)
+from ..._contract import Artifact, EventKind, FailureReason, file_names, format_duration, schema
 from ..._record import EVENTS_HEAD
 from .._evidence import leaking_series, rate_text
 from .._fields import Field, group_label
@@ -33,8 +20,9 @@ from .._sections import (
     events_dropped,
     top_processes,
     trend_verdicts,
+    wall_clock,
 )
-from ._detail import ProgressBin, RunDetail, artifact_detail, in_slices, one_change_bins
+from ._detail import RunDetail, artifact_detail, in_slices, one_change_bins
 from ._events import exit_label, pids
 from ._panels import (
     ALWAYS_DRAWN,
@@ -54,10 +42,8 @@ from ._panels import (
 #: Progress ticks in the lane at most: past it, the changes are binned by time, one tick per
 #: bin naming their count (a day of changes every second would be a solid bar).
 PROGRESS_TICKS = 300
-
 #: A series with fewer values than this is drawn as points, not a line.
 SPARSE_POINTS = 12
-
 #: The lanes of "What happened", in words a newcomer reads (a GPU's throttling is its own).
 LANE_WORDS = {
     "progress": "progress",
@@ -66,28 +52,20 @@ LANE_WORDS = {
     "failure": "failure",
     "notes": "warnings, notes",
 }
-
 #: A non-finite loss as the step rules word it: ``the loss is NaN at step 8 (...)``.
 NONFINITE_LOSS = re.compile(r"the loss is (\S+) at step (\d+)")
-
 #: Points of the time-since-progress curve at most.
 PROGRESS_CURVE_POINTS = 2000
-
 #: Per-process memory lines drawn on the memory panel at most.
 PROCESS_LINES = 4
-
 #: A liveness limit more than this many times the longest gap is not drawn to scale.
 LIMIT_HEADROOM = 4.0
-
-#: A lane label's width, estimated: pixels per character at its size (12 px), and pixels of
-#: its marker and the gap beside it.
+#: A lane label's estimated width: pixels per character (12 px font), and of its marker.
 LABEL_CHAR_PX = 7.5
 LABEL_MARKER_PX = 16
-
 #: The narrowest plot the lane's labels are laid out for (a 1400 px window draws about
 #: 1240 px): labels closer than their width there are merged into one.
 LANE_PLOT_PX = 1100
-
 
 COLORS = {
     "progress": "#2ca02c",
@@ -99,17 +77,32 @@ COLORS = {
     "note": "#7f7f7f",
     "leftover": "#9467bd",
 }
+#: How each kind of mark is drawn: colour, marker, and the line across the panels (or none).
+MARK_STYLES: dict[str, tuple[str, str, str | None]] = {
+    "failure": (COLORS["failure"], "x", "solid"),
+    "signal": (COLORS["signal"], "triangle-down", "dash"),
+    "stop": (COLORS["signal"], "square", None),
+    "exited": (COLORS["exit"], "diamond", "dot"),
+    "started": (COLORS["exit"], "circle-open", None),
+    "forensics": (COLORS["leftover"], "star", None),
+    "oom_kill": (COLORS["failure"], "x-open", "dot"),
+    "leftover": (COLORS["leftover"], "circle", None),
+    "trend": (COLORS["failure"], "triangle-up", None),
+    "note": (COLORS["note"], "circle", None),
+}
+#: Which label names a merged group of marks: the lowest rank.  A leak or an OOM kill leads;
+#: other marks drawn across the panels (a failure, a signal, the exit) rank 1, the rest 2.
+LABEL_RANKS = {"leak": 0, "OOM kill": 0, "breach ahead": 1, "warning": 2, "sampler": 3}
 
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """A moment drawn across every panel and in the lane."""
+    """A moment drawn across every panel and in the lane (plain text: escaped when drawn)."""
 
     t: float
     lane: str
-    #: Plain text, escaped for plotly when drawn (``plot_text``); the hover's lines split by
-    #: newlines.
     label: str
+    #: Its lines split by newlines.
     hover: str
     color: str
     symbol: str
@@ -129,10 +122,7 @@ class TimelineModel:
     """What the figure shows: the lane's marks, the panels, time since progress."""
 
     def __init__(
-        self,
-        artifact: Artifact,
-        detail: RunDetail | None,
-        baseline: Artifact | None = None,
+        self, artifact: Artifact, detail: RunDetail | None, baseline: Artifact | None = None
     ) -> None:
         self.artifact = artifact
         self.detail = detail if detail is not None else artifact_detail(artifact)
@@ -140,18 +130,26 @@ class TimelineModel:
             baseline["series"] if baseline is not None else {}
         )
         self.duration = max(float(artifact["duration_seconds"]), 1e-3)
-        if self.duration <= 900:
-            self.x_divisor, self.x_unit = 1.0, "seconds"
-        elif self.duration <= 36_000:
-            self.x_divisor, self.x_unit = 60.0, "minutes"
-        else:
-            self.x_divisor, self.x_unit = 3600.0, "hours"
+        self.x_divisor, self.x_unit = (
+            (1.0, "seconds")
+            if self.duration <= 900
+            else (60.0, "minutes")
+            if self.duration <= 36_000
+            else (3600.0, "hours")
+        )
         self.series: Mapping[str, Mapping[str, Sequence[Any]]] = artifact["series"]
         self.steady: list[Field] = []
         self.panels = self._fold_steady(plan_panels(self.series))
-        self.progress = self._progress_bins()
+        if self.detail is not None:
+            self.progress = self.detail.progress
+        else:  # the changes of the events kept
+            self.progress = one_change_bins(
+                (float(e["t"]), file_names(e["paths"]))
+                for e in artifact["events"]
+                if e["kind"] == EventKind.PROGRESS
+            )
         self.marks = self._marks()
-        self.throttle = self._throttle_spans()
+        self.throttle = self.detail.throttle_spans if self.detail is not None else {}
 
     def values(self, f: Field) -> list[float | None]:
         """A field's values as drawn: counters as rates per second."""
@@ -161,15 +159,14 @@ class TimelineModel:
         return list(series[f.name])
 
     def _is_steady(self, f: Field) -> bool:
-        """Whether a line stays flat: within STEADY_SHARE of its peak all along."""
+        """Whether a line stays within STEADY_SHARE of its peak all along."""
         values = [v for v in self.values(f) if v is not None]
         return not values or max(values) - min(values) <= STEADY_SHARE * max(abs(max(values)), 1e-9)
 
     def _fold_steady(self, planned: list[Panel]) -> list[Panel]:
-        """The panels with their flat lines taken out (into ``steady``); a panel left with
-        none is not drawn.  ALWAYS_DRAWN panels are drawn whole (flat CPU or memory is itself
-        a finding).  A reference line (a power limit, a memory total) stays beside a line
-        that moves, and is folded with the rest when none does."""
+        """The panels less their flat lines (into ``steady``; a panel left with none is not
+        drawn), but for ALWAYS_DRAWN ones.  A reference line (a limit, a total) stays beside
+        a line that moves, and is folded with the rest when none does."""
         panels = []
         for panel in planned:
             if panel.key in ALWAYS_DRAWN:
@@ -188,15 +185,13 @@ class TimelineModel:
         return panels
 
     def steady_text(self) -> str:
-        """The folded panels in one line: ``open files 3 · disk free 78.8 GiB``."""
+        """The folded lines in one line: ``open files 3 · disk free 78.8 GiB``."""
         items = []
         for f in self.steady:
             values = [v for v in self.values(f) if v is not None]
-            if not values:
-                continue
-            shown = format_in_unit(values[-1], field_unit(f))
-            who = "" if f.group == "tree" else f"{group_label(f.group)} "
-            items.append(f"{who}{field_label(f)} {shown}")
+            if values:
+                who = "" if f.group == "tree" else f"{group_label(f.group)} "
+                items.append(f"{who}{field_label(f)} {format_in_unit(values[-1], field_unit(f))}")
         return " · ".join(items)
 
     def x(self, t: float) -> float:
@@ -209,126 +204,54 @@ class TimelineModel:
             return None
         return float(events[EVENTS_HEAD - 1]["t"]), float(events[EVENTS_HEAD]["t"])
 
-    def _progress_bins(self) -> list[ProgressBin]:
-        """Every progress change in bins (the detail's), else those of the events kept."""
-        if self.detail is not None:
-            return self.detail.progress
-        kept = self.artifact["events"]
-        return one_change_bins(
-            (float(e["t"]), file_names(e["paths"])) for e in kept if e["kind"] == EventKind.PROGRESS
-        )
-
     def _marks(self) -> list[Mark]:
         marks: list[Mark] = []
         artifact = self.artifact
+
+        def add(t: float, lane: str, label: str, hover: str, style: str) -> None:
+            marks.append(Mark(t, lane, label, hover, *MARK_STYLES[style]))
+
         for event in artifact["events"]:
-            # Each branch tests ``event["kind"]`` itself, which narrows the event to its kind's
-            # JSON form.
-            kind = event["kind"]
-            t = float(event["t"])
-            when = f"{format_duration(t)} ({self._wall(t)})"
+            # Each branch tests ``event["kind"]`` itself: that narrows the event to its kind.
+            kind, t = event["kind"], float(event["t"])
+            at = f" at {format_duration(t)} ({self._wall(t)})"
             if event["kind"] == EventKind.FAILURE:
-                marks.append(
-                    Mark(
-                        t,
-                        "failure",
-                        str(event["reason"]),
-                        f"failure {event['reason']} at {when}\n{event['message']}",
-                        COLORS["failure"],
-                        "x",
-                        "solid",
-                    )
-                )
+                hover = f"failure {event['reason']}{at}\n{event['message']}"
+                add(t, "failure", str(event["reason"]), hover, "failure")
             elif event["kind"] == EventKind.SIGNAL:
-                marks.append(
-                    Mark(
-                        t,
-                        "monitor",
-                        str(event["signal"]),
-                        f"{event['signal']} sent to the {event['target']} at {when}"
-                        f"\npids {pids(event['pids'])}",
-                        COLORS["signal"],
-                        "triangle-down",
-                        "dash",
-                    )
+                hover = f"{event['signal']} sent to the {event['target']}{at}"
+                add(
+                    t, "monitor", str(event["signal"]), f"{hover}\npids {pids(event['pids'])}", kind
                 )
-            elif event["kind"] in (EventKind.STOP, EventKind.STDIN_CLOSED):
-                text = (
-                    f"stop ({event['cause']}, grace {event['grace_seconds']}s)"
-                    if event["kind"] == EventKind.STOP
-                    else "stdin closed"
-                )
-                marks.append(
-                    Mark(t, "monitor", "", f"{text} at {when}", COLORS["signal"], "square", None)
-                )
+            elif event["kind"] == EventKind.STOP:
+                hover = f"stop ({event['cause']}, grace {event['grace_seconds']}s){at}"
+                add(t, "monitor", "", hover, "stop")
+            elif event["kind"] == EventKind.STDIN_CLOSED:
+                add(t, "monitor", "", f"stdin closed{at}", "stop")
             elif event["kind"] == EventKind.EXITED:
                 text = exit_label(artifact)
-                marks.append(
-                    Mark(t, "command", text, f"{text} at {when}", COLORS["exit"], "diamond", "dot")
-                )
+                add(t, "command", text, f"{text}{at}", kind)
             elif event["kind"] == EventKind.STARTED:
-                marks.append(
-                    Mark(
-                        t,
-                        "command",
-                        "started",
-                        f"started pid {event['pid']} at {when}",
-                        COLORS["exit"],
-                        "circle-open",
-                        None,
-                    )
-                )
+                add(t, "command", "started", f"started pid {event['pid']}{at}", kind)
             elif event["kind"] == EventKind.FORENSICS:
-                marks.append(
-                    Mark(
-                        t,
-                        "monitor",
-                        "",
-                        f"forensics of {event['processes']} process(es) at {when}"
-                        "\n(see Forensics, below the plots)",
-                        COLORS["leftover"],
-                        "star",
-                        None,
-                    )
-                )
+                hover = f"forensics of {event['processes']} process(es){at}"
+                add(t, "monitor", "", f"{hover}\n(see Forensics, below the plots)", kind)
             elif event["kind"] == EventKind.OOM_KILL:
-                marks.append(
-                    Mark(
-                        t,
-                        "failure",
-                        "OOM kill",
-                        f"the kernel's OOM killer killed pid {event['pid']} "
-                        f"({event['name']}) at {when}",
-                        COLORS["failure"],
-                        "x-open",
-                        "dot",
-                    )
-                )
+                hover = f"the kernel's OOM killer killed pid {event['pid']} ({event['name']}){at}"
+                add(t, "failure", "OOM kill", hover, kind)
             elif event["kind"] in (EventKind.LEFTOVER, EventKind.ABANDONED):
                 process = event["process"]
-                marks.append(
-                    Mark(
-                        t,
-                        "monitor",
-                        "",
-                        f"{kind}: pid {process['pid']} {process['name']} at {when}",
-                        COLORS["leftover"],
-                        "circle",
-                        None,
-                    )
+                add(
+                    t,
+                    "monitor",
+                    "",
+                    f"{kind}: pid {process['pid']} {process['name']}{at}",
+                    "leftover",
                 )
             elif event["kind"] == EventKind.TREND:
-                marks.append(
-                    Mark(
-                        t,
-                        "notes",
-                        "leak" if event["verdict"] == "leak" else "breach ahead",
-                        f"{event['verdict']} ({event['series']}) at {when}\n{event['message']}",
-                        COLORS["failure"],
-                        "triangle-up",
-                        None,
-                    )
-                )
+                label = "leak" if event["verdict"] == "leak" else "breach ahead"
+                hover = f"{event['verdict']} ({event['series']}){at}\n{event['message']}"
+                add(t, "notes", label, hover, kind)
             elif event["kind"] in (
                 EventKind.WARNING,
                 EventKind.SAMPLER_DEGRADED,
@@ -336,68 +259,40 @@ class TimelineModel:
                 EventKind.SAMPLER_NOTE,
             ):
                 who = event.get("sampler", "monitor")  # a warning is the monitor's own
-                marks.append(
-                    Mark(
-                        t,
-                        "notes",
-                        "warning" if event["kind"] == EventKind.WARNING else "sampler",
-                        f"{kind} ({who}) at {when}\n{event['message']}",
-                        COLORS["note"],
-                        "circle",
-                        None,
-                    )
-                )
+                label = "warning" if event["kind"] == EventKind.WARNING else "sampler"
+                add(t, "notes", label, f"{kind} ({who}){at}\n{event['message']}", "note")
         if not event_times(artifact, EventKind.FAILURE):
             # A monitor lost has no failure event: the journal just ends.
             for failure in artifact["failures"]:
                 if failure["reason"] == FailureReason.MONITOR_LOST:
-                    marks.append(
-                        Mark(
-                            self.duration,
-                            "failure",
-                            FailureReason.MONITOR_LOST,
-                            f"the journal ends here: the monitor died\n{failure['message']}",
-                            COLORS["failure"],
-                            "x",
-                            "solid",
-                        )
-                    )
+                    hover = f"the journal ends here: the monitor died\n{failure['message']}"
+                    add(self.duration, "failure", FailureReason.MONITOR_LOST, hover, "failure")
         return marks
 
-    def _throttle_spans(self) -> dict[str, list[tuple[float, float, list[str]]]]:
-        if self.detail is not None:
-            return self.detail.throttle_spans
-        return {}
-
     def _wall(self, t: float) -> str:
-        started = self.artifact["started_at"]
-        if not started:
-            return ""
-        moment = parse_iso(started) + timedelta(seconds=t)
-        return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
+        return wall_clock(self.artifact, t)
 
     def lane_marks(self, lane: str) -> list[Mark]:
         """The lane's marks as drawn: marks whose labels or markers would overlap are merged
         into one, labelled by the most telling of them with ``+N``, every hover kept."""
         per_px = self.duration * 1.02 / LANE_PLOT_PX
         groups = [[m] for m in sorted((m for m in self.marks if m.lane == lane), key=_time)]
-        merging = True
-        while merging:
+        while True:
             # A label drawn to the left can reach past its neighbour: any two groups whose
             # drawn spans meet are merged, until none do.
             spans = [self._label_span(_merged(group), per_px) for group in groups]
-            pairs = (
-                (i, j)
-                for i in range(len(groups))
-                for j in range(i + 1, len(groups))
-                if _overlaps(spans[i], spans[j])
+            pair = next(
+                (
+                    (i, j)
+                    for i in range(len(groups))
+                    for j in range(i + 1, len(groups))
+                    if spans[i][0] < spans[j][1] and spans[j][0] < spans[i][1]
+                ),
+                None,
             )
-            pair = next(pairs, None)
-            merging = pair is not None
-            if pair is not None:
-                i, j = pair
-                groups[i] = sorted(groups[i] + groups.pop(j), key=_time)
-        return [_merged(group) for group in groups]
+            if pair is None:
+                return [_merged(group) for group in groups]
+            groups[pair[0]] = sorted(groups[pair[0]] + groups.pop(pair[1]), key=_time)
 
     def _label_span(self, mark: Mark, per_px: float) -> tuple[float, float]:
         """The time span a mark's marker and label cover on the lane."""
@@ -419,7 +314,7 @@ class TimelineModel:
 
     def nonfinite_losses(self) -> list[tuple[float, str]]:
         """(time, ``loss NaN at step 8``) of each NaN or infinite loss the run reported, as a
-        failure (``nonfinite_loss``) or a warning (``--loss-check warn``)."""
+        failure or a warning (``--loss-check warn``)."""
         found = []
         for event in self.artifact["events"]:
             if event["kind"] in (EventKind.FAILURE, EventKind.WARNING):
@@ -429,16 +324,13 @@ class TimelineModel:
         return found
 
     def lanes(self) -> list[str]:
-        order = ["progress", "command", "monitor", "failure", "notes"]
         used = {m.lane for m in self.marks} | {"progress", "command"}
-        lanes = [lane for lane in order if lane in used]
-        lanes.extend(f"{g} throttled" for g in sorted(self.throttle, key=group_sort_key))
-        return lanes
+        lanes = [lane for lane in LANE_WORDS if lane in used]
+        return lanes + [f"{g} throttled" for g in sorted(self.throttle, key=group_sort_key)]
 
     def _progress_ticks(self) -> list[tuple[float, str]]:
-        """(time, hover text) of the lane's progress ticks: one per change, or, past
-        PROGRESS_TICKS, one per slice of the run naming how many changes it holds and the
-        files of its last one."""
+        """(time, hover) of the lane's progress ticks: one per change, or past PROGRESS_TICKS
+        one per slice of the run, naming its count and the files of its last change."""
         ticks = []
         for b in in_slices(self.progress, PROGRESS_TICKS):
             text = (
@@ -477,57 +369,34 @@ class TimelineModel:
 
     def _process_lines(self) -> list[tuple[str, list[float], list[float | None]]]:
         """(name, t, RSS) of the top processes the artifact kept, at most PROCESS_LINES."""
-        lines = []
-        for p in top_processes(self.artifact)[:PROCESS_LINES]:
-            series = p["series"]
-            if column(series, "t") and column(series, "rss_bytes"):
-                lines.append(
-                    (
-                        f"pid {p['pid']} {p['name'] or ''}".strip(),
-                        schema.series_times(series),
-                        series["rss_bytes"],
-                    )
-                )
-        return lines
+        return [
+            (f"pid {p['pid']} {p['name'] or ''}".strip(), schema.series_times(s), s["rss_bytes"])
+            for p in top_processes(self.artifact)[:PROCESS_LINES]
+            if column(s := p["series"], "t") and column(s, "rss_bytes")
+        ]
 
     def baseline_values(self, f: Field) -> tuple[list[float], list[float | None]] | None:
-        """The baseline run's (times, values as drawn) of the same field; None when there is
-        no baseline, or it did not sample the field."""
+        """The baseline run's (times, values as drawn) of the same field; None without one."""
         base = self.baseline_series.get(f.group)
         if base is None or not column(base, f.name):
             return None
         times, values = list(base["t"]), list(base[f.name])
-        if (f.group, f.name) in COUNTERS:
-            values = rates(times, values)
-        return times, values
+        return times, rates(times, values) if (f.group, f.name) in COUNTERS else values
 
     def slope_lines(self) -> list[str]:
-        """The memory trends written on the memory panel: the tree's, and each leaking
-        process's."""
+        """The memory trends written on the memory panel: the tree's, each leaking process's."""
         trends = trend_verdicts(self.artifact)
         lines = []
         for key, figure in TREE_MEMORY_SERIES:
             entry = trends.get(key)  # a series judged too short has no trend
-            if entry is not None and isinstance(entry["slope_per_hour"], int | float):
-                lines.append(
-                    f"tree memory ({figure}) "
-                    + rate_text(
-                        float(entry["slope_per_hour"]),
-                        "bytes",
-                        float(entry["span_seconds"]),
-                    )
-                    + f" ({entry['verdict']})"
-                )
+            if entry is not None and isinstance(slope := entry["slope_per_hour"], int | float):
+                rate = rate_text(float(slope), "bytes", float(entry["span_seconds"]))
+                lines.append(f"tree memory ({figure}) {rate} ({entry['verdict']})")
         for leak in leaking_series(self.artifact):
-            slope = leak["slope_per_hour"]
+            slope, growth = leak["slope_per_hour"], leak["growth"]
             if leak["series"].startswith("process.") and isinstance(slope, int | float):
-                growth = leak["growth"]
-                rate = rate_text(
-                    float(slope),
-                    "bytes",
-                    float(leak["span_seconds"]),
-                    like=float(growth) if isinstance(growth, int | float) else None,
-                )
+                like = float(growth) if isinstance(growth, int | float) else None
+                rate = rate_text(float(slope), "bytes", float(leak["span_seconds"]), like=like)
                 lines.append(f"{leak['label'] or leak['series']}: {rate} (leak)")
         return lines
 
@@ -555,39 +424,12 @@ def _time(mark: Mark) -> float:
     return mark.t
 
 
-def _label_rank(mark: Mark) -> int:
-    """Which label names a merged group of marks: the lowest rank (the rest are in its
-    hover).  A leak or an OOM kill leads; any other mark drawn as a line across the panels
-    (a failure, a signal, the exit) comes before one that is not."""
-    match mark.label:
-        case "leak" | "OOM kill":
-            return 0
-        case "breach ahead":
-            return 1
-        case "warning":
-            return 2
-        case "sampler":
-            return 3
-        case _:
-            return 2 if mark.dash is None else 1
-
-
 def _merged(group: Sequence[Mark]) -> Mark:
     """One mark for a group: the most telling one's, at its time, ``+N`` the others."""
     if len(group) == 1:
         return group[0]
     labelled = [m for m in group if m.label] or list(group)
-    lead = min(labelled, key=_label_rank)
-    return Mark(
-        lead.t,
-        lead.lane,
-        f"{lead.label} +{len(group) - 1}" if lead.label else "",
-        "\n\n".join(m.hover for m in group),
-        lead.color,
-        lead.symbol,
-        lead.dash,
-    )
-
-
-def _overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    return a[0] < b[1] and b[0] < a[1]
+    lead = min(labelled, key=lambda m: LABEL_RANKS.get(m.label, 2 if m.dash is None else 1))
+    label = f"{lead.label} +{len(group) - 1}" if lead.label else ""
+    hover = "\n\n".join(m.hover for m in group)
+    return Mark(lead.t, lead.lane, label, hover, lead.color, lead.symbol, lead.dash)
