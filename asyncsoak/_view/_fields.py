@@ -9,7 +9,8 @@ whatever a sampler records without knowing it in advance.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from .._contract import format_duration, parse_iso
 
@@ -138,6 +139,23 @@ def describe(group: str, name: str) -> Field:
         )
     label = _KNOWN_LABELS.get((kind, name)) or " ".join(_WORDS.get(w, w) for w in words) or name
     return Field(group, name, kind, label, unit, " ".join(qualifier))
+
+
+def merge_twins(fields: Iterable[tuple[Field, object]]) -> list[Field]:
+    """(field, its figures) in order, less each with a qualifier whose label and figures are
+    those of one before it in its group: that one is named for both (``disk free a, b``)."""
+    out: list[Field] = []
+    seen: dict[tuple[str, str, object], int] = {}
+    for f, figures in fields:
+        key = (f.group, f.label, figures)
+        if f.qualifier and key in seen:
+            twin = out[seen[key]]
+            out[seen[key]] = replace(twin, qualifier=f"{twin.qualifier}, {f.qualifier}")
+            continue
+        if f.qualifier:
+            seen[key] = len(out)
+        out.append(f)
+    return out
 
 
 def format_value(value: float | None, unit: str, *, like: float | None = None) -> str:

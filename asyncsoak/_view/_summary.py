@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 import textwrap
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .._analysis import TREE_MEMORY_SERIES, memory_not_judged
@@ -21,7 +21,14 @@ from .._contract import (
     terminal_text,
 )
 from ._evidence import gather, gpu_faults
-from ._fields import describe, format_clock, format_value, group_kind, group_rank
+from ._fields import (
+    describe,
+    format_clock,
+    format_value,
+    group_kind,
+    group_rank,
+    merge_twins,
+)
 from ._hints import exit_text, look_first, process_name, throttled
 from ._job_view import pod_line, scheduler_line
 from ._sections import (
@@ -64,8 +71,6 @@ STATUS_HEADLINES: dict[SoakStatus, str] = {
 }
 #: The summary's height: one screen of a terminal; the log's tail is cut to keep it.
 SCREEN_LINES = 60
-#: The log lines shown however long the rest of the summary is.
-MIN_LOG_LINES = 5
 
 
 def summarize(artifact: Artifact) -> dict[str, Any]:
@@ -92,12 +97,17 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
         "last_step_t": None if steps is None else seconds_at(a, steps["last_step_at"]),
     }
     evidence = gather(a)
+    warnings = len(a["warnings"])
+    headline = str(reasons[0]["title"]) if reasons else STATUS_HEADLINES[SoakStatus(a["status"])]
+    if not reasons and a["status"] == SoakStatus.PASSED and warnings:
+        headline += f", with {warnings} warning{'s' if warnings > 1 else ''}"
+    goodput = a.get("goodput")  # None in an artifact from before the ledger
     return {
         # What a person reads: a pass with warnings is ``passed_with_warnings`` (the
         # artifact's own status stays ``passed``; ``artifact_status`` keeps it).
-        "status": shown_status(a["status"], len(a["warnings"])),
+        "status": shown_status(a["status"], warnings),
         "artifact_status": a["status"],
-        "headline": headline(a, reasons),
+        "headline": headline,
         "evidence": evidence.as_json(),
         "reasons": reasons,
         "warnings": list(a["warnings"]),
@@ -116,104 +126,14 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
         "provenance": provenance(artifact),
         "log": {"path": a["log"]["path"], "last_lines": evidence.log_lines},
         "journal_path": a["monitor"]["journal_path"],
-        "goodput": _goodput(a),
+        "goodput": None if goodput is None else {"text": goodput_line(goodput), **goodput},
     }
-
-
-def _goodput(artifact: Artifact) -> dict[str, Any] | None:
-    """The run's ledger with its line (``text``); None for an artifact from before it."""
-    section = artifact.get("goodput")
-    return None if section is None else {"text": goodput_line(section), **section}
-
-
-def headline(artifact: Artifact, reasons: list[dict[str, Any]]) -> str:
-    """The verdict in plain words; a pass with warnings says how many."""
-    status = SoakStatus(artifact["status"])
-    if reasons:
-        return str(reasons[0]["title"])
-    text = STATUS_HEADLINES[status]
-    warnings = len(artifact["warnings"])
-    if status == SoakStatus.PASSED and warnings:
-        text += f", with {warnings} warning{'s' if warnings > 1 else ''}"
-    return text
 
 
 #: Fields that count up from the start: their last value is a total, their mean means nothing.
 CUMULATIVE_FIELDS = frozenset({"read_bytes", "write_bytes"})
 #: Fields dropped from the peaks when the field named beside them is there (the same fact).
 SAME_AS = {"memory_percent": "memory_used_bytes"}
-
-
-def peaks(artifact: Artifact) -> list[dict[str, Any]]:
-    """Process tree and machine figures: peak (or lowest, for what is free), mean, last.
-
-    Counters (bytes read and written) are given as totals; two disk series with the same
-    figures (the progress and output dirs on one filesystem) as one row.
-    """
-    rows: list[dict[str, Any]] = []
-    trends = artifact["trends"]
-    # The memory the leak check judges, when it could not judge it (too few samples).
-    unjudged = memory_not_judged(trends) and next(
-        (key for key, _ in TREE_MEMORY_SERIES if key in trends), None
-    )
-    for group, fields in sorted(artifact["summary"].items(), key=_group_order):
-        if not isinstance(fields, dict) or group_kind(group) == "gpu" or group == "samples":
-            continue
-        seen_stats: dict[str, dict[str, Any]] = {}
-        for name in sorted(fields, key=_field_order):
-            stats = fields[name]
-            if not isinstance(stats, dict) or "max" not in stats:
-                continue
-            if SAME_AS.get(name) in fields:
-                continue
-            if name in SHOWN_WHEN_MOVED and stats["max"] == stats["min"]:
-                continue
-            info = describe(group, name)
-            label = f"{info.label} {info.qualifier}".strip()
-            if info.qualifier:
-                twin = seen_stats.get(f"{info.label}:{_stats_key(stats)}")
-                if twin is not None:
-                    twin["label"] += f", {info.qualifier}"
-                    twin["name"] += f", {info.qualifier}"
-                    continue
-            lowest_matters = "free" in name or "available" in name
-            key = "min" if lowest_matters else "max"
-            if name in CUMULATIVE_FIELDS:
-                text = f"total {format_value(stats['last'], info.unit)}"
-            else:
-                worst = stats[key]
-                text = (
-                    f"{'lowest' if lowest_matters else 'peak'} {format_value(worst, info.unit)}, "
-                    f"mean {format_value(stats['mean'], info.unit, like=worst)}"
-                )
-            if unjudged == f"{group}.{name}":
-                text += "; the leak check could not judge it (too few samples)"
-            row = {
-                "group": group,
-                "field": name,
-                "label": label,
-                "name": label if group == "gpu_tree" else f"{group} {label}",
-                "unit": info.unit,
-                "worst": key,
-                key: stats[key],
-                "mean": stats["mean"],
-                "last": stats["last"],
-                "text": text,
-            }
-            rows.append(row)
-            if info.qualifier:
-                seen_stats[f"{info.label}:{_stats_key(stats)}"] = row
-    return rows
-
-
-def _stats_key(stats: Mapping[str, Any]) -> str:
-    return repr(sorted(stats.items()))
-
-
-def _group_order(item: tuple[str, Any]) -> tuple[int, str]:
-    return (group_rank(item[0]), item[0])
-
-
 #: Fields shown first among the peaks, in this order.
 PEAKS_FIRST = (
     "cpu_percent",
@@ -228,77 +148,119 @@ PEAKS_FIRST = (
 SHOWN_WHEN_MOVED = frozenset({"shm_used_bytes"})
 
 
-def _field_order(name: str) -> tuple[int, str]:
-    return (PEAKS_FIRST.index(name) if name in PEAKS_FIRST else len(PEAKS_FIRST), name)
+def peaks(artifact: Artifact) -> list[dict[str, Any]]:
+    """Process tree and machine figures: peak (or lowest, for what is free), mean, last.
+
+    Counters (bytes read and written) are given as totals; two disk series with the same
+    figures (the progress and output dirs on one filesystem) as one row.
+    """
+    rows: list[dict[str, Any]] = []
+    trends = artifact["trends"]
+    # The memory the leak check judges, when it could not judge it (too few samples).
+    unjudged = memory_not_judged(trends) and next(
+        (key for key, _ in TREE_MEMORY_SERIES if key in trends), None
+    )
+    summary = artifact["summary"]
+    for group in sorted(summary, key=lambda group: (group_rank(group), group)):
+        fields = summary[group]
+        if not isinstance(fields, dict) or group_kind(group) == "gpu" or group == "samples":
+            continue
+        order = sorted(fields, key=lambda n: (PEAKS_FIRST.index(n) if n in PEAKS_FIRST else 9, n))
+        shown = [
+            (describe(group, name), repr(sorted(fields[name].items())))
+            for name in order
+            if isinstance(fields[name], dict)
+            and "max" in fields[name]
+            and SAME_AS.get(name) not in fields
+            and not (name in SHOWN_WHEN_MOVED and fields[name]["max"] == fields[name]["min"])
+        ]
+        for info in merge_twins(shown):
+            stats, name = fields[info.name], info.name
+            lowest_matters = "free" in name or "available" in name
+            key = "min" if lowest_matters else "max"
+            if name in CUMULATIVE_FIELDS:
+                text = f"total {format_value(stats['last'], info.unit)}"
+            else:
+                worst = format_value(stats[key], info.unit)
+                mean = format_value(stats["mean"], info.unit, like=stats[key])
+                text = f"{'lowest' if lowest_matters else 'peak'} {worst}, mean {mean}"
+            if unjudged == f"{group}.{name}":
+                text += "; the leak check could not judge it (too few samples)"
+            label = f"{info.label} {info.qualifier}".strip()
+            rows.append(
+                {
+                    "group": group,
+                    "field": name,
+                    "label": label,
+                    "name": label if group == "gpu_tree" else f"{group} {label}",
+                    "unit": info.unit,
+                    "worst": key,
+                    key: stats[key],
+                    "mean": stats["mean"],
+                    "last": stats["last"],
+                    "text": text,
+                }
+            )
+    return rows
 
 
 def gpu_table(artifact: Artifact) -> list[dict[str, Any]]:
     """One row per GPU: name, utilisation, memory, power, temperature, throttle reasons."""
     summary = artifact["summary"]
     names = {g["index"]: g["name"] for g in snapshot_gpus(artifact)}
-    rows = []
-    for group in sorted(summary, key=lambda g: (len(g), g)):
-        if group_kind(group) != "gpu" or not isinstance(summary[group], dict):
-            continue
+    return [
+        {
+            "gpu": group,
+            "name": names.get(int(group[3:])),
+            **{key: summary_figure(artifact, group, name, stat) for key, name, stat in GPU_FIGURES},
+            "throttle_reasons": throttled(artifact, group),
+        }
+        for group in sorted(summary, key=lambda g: (len(g), g))
+        if group_kind(group) == "gpu" and isinstance(summary[group], dict)
+    ]
 
-        def stat(name: str, key: str, group: str = group) -> float | None:
-            return summary_figure(artifact, group, name, key)
 
-        rows.append(
-            {
-                "gpu": group,
-                "name": names.get(int(group[3:])),
-                "utilization_mean_percent": stat("utilization_gpu_percent", "mean"),
-                "utilization_max_percent": stat("utilization_gpu_percent", "max"),
-                "memory_used_max_mib": stat("memory_used_mib", "max"),
-                "power_max_w": stat("power_draw_w", "max"),
-                "temperature_max_c": stat("temperature_gpu_c", "max"),
-                "throttle_reasons": throttled(artifact, group),
-            }
-        )
-    return rows
+#: A GPU's figures in the summary: (key, field, statistic).
+GPU_FIGURES = (
+    ("utilization_mean_percent", "utilization_gpu_percent", "mean"),
+    ("utilization_max_percent", "utilization_gpu_percent", "max"),
+    ("memory_used_max_mib", "memory_used_mib", "max"),
+    ("power_max_w", "power_draw_w", "max"),
+    ("temperature_max_c", "temperature_gpu_c", "max"),
+)
 
 
 def provenance(artifact: Artifact) -> dict[str, str]:
     """Source revision, GPUs, driver, Python and host from the runtime snapshot."""
     out: dict[str, str] = {}
     snapshot = probes(artifact)
-    source = snapshot.source
+    source, gpus = snapshot.source, snapshot.gpus
     if source is not None and "error" in source:
         if source["error"]:
             out["revision"] = f"unknown: {source['error']}"
     elif source is not None and source["revision"]:
-        revision = source["revision"][:12]
+        out["revision"] = source["revision"][:12]
         if source["branch"]:
-            revision += f" ({source['branch']})"
+            out["revision"] += f" ({source['branch']})"
         if source["dirty"]:
-            revision += f", {source['changed_files'] or 'some'} uncommitted change(s)"
-        out["revision"] = revision
-    gpus = snapshot.gpus
-    names = [g["name"] for g in snapshot_gpus(artifact) if g["name"]]
+            out["revision"] += f", {source['changed_files'] or 'some'} uncommitted change(s)"
+    names = Counter(g["name"] for g in snapshot_gpus(artifact) if g["name"])
     if names:
-        out["GPU"] = _counted(names)
+        out["GPU"] = ", ".join(f"{n} x {name}" if n > 1 else name for name, n in names.items())
     elif gpus is not None and "error" in gpus and gpus["error"]:
         out["GPU"] = f"none recorded: {gpus['error']}"
     if gpus is not None and "error" not in gpus and gpus["driver_version"]:
-        driver = gpus["driver_version"]
         cuda = gpus.get("cuda_version")  # when nvidia-smi --version answered
-        out["driver"] = driver + (f" (CUDA {cuda})" if cuda else "")
-    python = _python_version(artifact)
-    if python:
-        out["Python"] = python
+        out["driver"] = gpus["driver_version"] + (f" (CUDA {cuda})" if cuda else "")
     host = host_probe(artifact)
-    if host is not None and host["hostname"]:
-        out["host"] = host["hostname"]
-    job = scheduler_line(artifact)
-    if job:
-        out["slurm job"] = job
-    pod = pod_line(artifact)
-    if pod:
-        out["pod"] = pod
-    if snapshot.error:
-        out["snapshot"] = snapshot.error
-    return out
+    found = {
+        "Python": _python_version(artifact),
+        "host": host["hostname"] if host is not None else None,
+        "slurm job": scheduler_line(artifact),
+        "pod": pod_line(artifact),
+        "snapshot": snapshot.error,
+    }
+    return out | {key: value for key, value in found.items() if value}
 
 
 def _python_version(artifact: Artifact) -> str | None:
@@ -313,11 +275,6 @@ def _python_version(artifact: Artifact) -> str | None:
     return software["python"]["version"]
 
 
-def _counted(names: Iterable[str]) -> str:
-    counts = Counter(names)
-    return ", ".join(f"{n} x {name}" if n > 1 else name for name, n in counts.items())
-
-
 # -- text ------------------------------------------------------------------------------------
 
 
@@ -326,70 +283,49 @@ def format_summary(
 ) -> str:
     """The summary as about one screen of plain text, sentences wrapped at ``width``, safe
     to print (control characters from the run spelled out)."""
-    lines: list[str] = []
-    lines.append(f"{status_words(str(summary['status']))}: {summary['headline']}")
+    lines = [f"{status_words(str(summary['status']))}: {summary['headline']}"]
     for i, reason in enumerate(summary["reasons"]):
         at = f" at {format_duration(reason['t'])}" if reason["t"] is not None else ""
-        lead = "  " if i == 0 else "  also "
-        lines.append(f"{lead}{reason['reason']}{at}: {reason['message']}")
+        lines.append(f"{'  ' if i == 0 else '  also '}{reason['reason']}{at}: {reason['message']}")
     lines.extend(evidence_lines(summary, width))
-    training = summary_training(summary)
+    training = training_line(summary["progress"].get("steps"))
     if training:
         lines.append(f"  training: {training}")
     if summary.get("goodput"):
         lines.append(f"  {summary['goodput']['text']}")
-    lines.append(
+    lines += [
         f"ran {format_duration(float(summary['duration_seconds']))}, "
         f"{format_clock(summary['started_at'])} to {format_clock(summary['ended_at'])}; "
-        f"{summary['exit']['text']}"
-    )
-    lines.append("command: " + _shorten(shlex.join(summary["command"]).replace("\n", " "), 200))
-    lines.append(f"progress: {progress_text(summary['progress'])}")
+        f"{summary['exit']['text']}",
+        "command: " + _shorten(shlex.join(summary["command"]).replace("\n", " "), 200),
+        f"progress: {progress_text(summary['progress'])}",
+    ]
     if summary["provenance"]:
         lines.append("; ".join(f"{k}: {v}" for k, v in summary["provenance"].items()))
     if summary["look_first"]:
-        lines.append("")
-        lines.append("Look first:")
+        lines += ["", "Look first:"]
         for hint in summary["look_first"]:
-            lines.extend(
-                textwrap.wrap(
-                    hint,
-                    width,
-                    initial_indent="  - ",
-                    subsequent_indent="    ",
-                    break_long_words=False,
-                    break_on_hyphens=False,
-                )
-            )
+            lines.extend(_wrap(hint, width, "  - "))
     if summary["peaks"]:
-        lines.append("")
-        lines.append("Peaks:")
+        lines += ["", "Peaks:"]
         width = max(len(p["name"]) for p in summary["peaks"])
-        for p in summary["peaks"]:
-            lines.append(f"  {p['name'].ljust(width)}  {p['text']}")
+        lines.extend(f"  {p['name'].ljust(width)}  {p['text']}" for p in summary["peaks"])
     if summary["gpus"]:
-        lines.append("")
-        lines.append(_gpu_lines(summary["gpus"]))
+        lines += ["", _gpu_lines(summary["gpus"])]
     if summary["leftovers"]:
-        lines.append("")
-        lines.append("Leftover processes (killed):")
-        for p in summary["leftovers"][:8]:
-            lines.append(f"  {process_name(p)} state {p['state']}")
+        lines += ["", "Leftover processes (killed):"]
+        lines.extend(f"  {process_name(p)} state {p['state']}" for p in summary["leftovers"][:8])
     log = summary["log"]
     if log["last_lines"]:
         # The log's tail gives way first when the rest is long: the summary is one screen
-        # (SCREEN_LINES), and the newest lines are the ones that explain the end.
-        closing = 2 if artifact_path else 0
-        # Some entries hold several lines (the GPU table): count what will be printed.
+        # (SCREEN_LINES), and the newest lines are the ones that explain the end.  Some
+        # entries hold several lines (the GPU table): count what will be printed.
         used = sum(entry.count("\n") + 1 for entry in lines)
-        room = SCREEN_LINES - used - 2 - closing
-        tail = log["last_lines"][-max(room, MIN_LOG_LINES) :]
-        lines.append("")
-        lines.append(f"Last log lines ({log['path']}):")
-        lines.extend("  " + _shorten(line, 160) for line in tail)
+        room = SCREEN_LINES - used - 2 - (2 if artifact_path else 0)
+        lines += ["", f"Last log lines ({log['path']}):"]
+        lines.extend("  " + _shorten(line, 160) for line in log["last_lines"][-max(room, 5) :])
     if artifact_path:
-        lines.append("")
-        lines.append(f"Plots: asyncsoak report {artifact_path}")
+        lines += ["", f"Plots: asyncsoak report {artifact_path}"]
     return terminal_text("\n".join(lines), one_line=False)
 
 
@@ -411,69 +347,59 @@ def progress_text(progress: Mapping[str, Any], limit: str = "") -> str:
     )
 
 
-def summary_training(summary: Mapping[str, Any]) -> str:
-    """A summary's training line: empty when the run wrote no steps (or its artifact was
-    written before steps were read)."""
-    return training_line(summary["progress"].get("steps"))
-
-
 def evidence_lines(summary: Mapping[str, Any], width: int = 100) -> list[str]:
     """The cause, its source line, the last progress and the next steps: the first screen."""
-    evidence = summary["evidence"]
+    evidence, width = summary["evidence"], max(width, 40)
     lines: list[str] = []
-
-    def add(label: str, text: str) -> None:
-        lines.extend(
-            textwrap.wrap(
-                text,
-                max(width, 40),
-                initial_indent=f"  {label}: ",
-                subsequent_indent="    ",
-                break_long_words=False,  # a path wider than the line stays whole
-                break_on_hyphens=False,
-            )
-        )
-
     if evidence["cause"]:
-        where = evidence["where"]
-        cause = evidence["cause"]
-        add(
-            "warning" if is_pass(summary["status"]) else "cause",
-            cause + (f" ({where})" if where and where not in cause else ""),
+        where, cause = evidence["where"], evidence["cause"]
+        label = "warning" if is_pass(summary["status"]) else "cause"
+        lines += _wrap(
+            cause + (f" ({where})" if where and where not in cause else ""), width, label
         )
         if evidence["source_line"]:
-            lines.append(f"    > {_shorten(evidence['source_line'], max(width, 40) - 6)}")
+            lines.append(f"    > {_shorten(evidence['source_line'], width - 6)}")
     last = evidence["last_progress"]
     if last is not None:
         files = ", ".join(last["paths"][:3]) + (", ..." if len(last["paths"]) > 3 else "")
         end = "the failure" if summary["reasons"] else "the end"
-        add(
-            "last progress",
-            f"{format_duration(last['t'])}, {format_duration(last['before_end'])} before {end}"
-            + (f": {files}" if files else ""),
-        )
+        text = f"{format_duration(last['t'])}, {format_duration(last['before_end'])} before {end}"
+        lines += _wrap(text + (f": {files}" if files else ""), width, "last progress")
     for step in evidence["next_steps"]:
-        add("next", step)
+        lines += _wrap(step, width, "next")
     return lines
 
 
+def _wrap(text: str, width: int, label: str) -> list[str]:
+    """``text`` wrapped under its label (a list item's ``  - ``); a path wider than the line
+    stays whole."""
+    lead = label if label.startswith(" ") else f"  {label}: "
+    return textwrap.wrap(
+        text,
+        width,
+        initial_indent=lead,
+        subsequent_indent="    ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
 def _gpu_lines(gpus: list[dict[str, Any]]) -> str:
-    header = ("GPU", "name", "util mean/max", "memory max", "power max", "temp max", "throttled")
-    rows = [header]
-    for g in gpus:
-        rows.append(
-            (
-                g["gpu"],
-                str(g["name"] or "n/a"),
-                f"{format_value(g['utilization_mean_percent'], '%')}/"
-                f"{format_value(g['utilization_max_percent'], '%')}",
-                format_value(g["memory_used_max_mib"], "MiB"),
-                format_value(g["power_max_w"], "W"),
-                format_value(g["temperature_max_c"], "°C"),
-                ", ".join(g["throttle_reasons"]) or "-",
-            )
+    rows = [("GPU", "name", "util mean/max", "memory max", "power max", "temp max", "throttled")]
+    rows += [
+        (
+            g["gpu"],
+            str(g["name"] or "n/a"),
+            f"{format_value(g['utilization_mean_percent'], '%')}/"
+            f"{format_value(g['utilization_max_percent'], '%')}",
+            format_value(g["memory_used_max_mib"], "MiB"),
+            format_value(g["power_max_w"], "W"),
+            format_value(g["temperature_max_c"], "°C"),
+            ", ".join(g["throttle_reasons"]) or "-",
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        for g in gpus
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows

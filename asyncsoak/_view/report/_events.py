@@ -8,9 +8,10 @@ import json
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import groupby
 from typing import Any
 
-from ..._contract import Artifact, EventKind, events, exits, format_duration, schema
+from ..._contract import Artifact, EventKind, exits, format_duration, schema
 from ..._record import EVENTS_HEAD
 from .._evidence import innermost_python_frame
 from .._fields import format_value
@@ -25,6 +26,7 @@ from .._sections import (
     stall_forensics,
     stop_section,
 )
+from ._text import head_row, table_row
 
 #: Characters of the command shown before it is folded.
 COMMAND_SHOWN = 240
@@ -52,84 +54,64 @@ def events_html(artifact: Artifact) -> str:
     dropped = events_dropped(artifact)
     rows: list[str] = []
 
-    def wall(t: float) -> str:
-        if start is None:
-            return ""
-        return (start + timedelta(seconds=t)).astimezone(UTC).strftime("%H:%M:%S.%f")[:-3]
-
-    def row(kind: str, t: float, what: str, detail: str | Fields) -> None:
-        cell = detail.html() if isinstance(detail, Fields) else html.escape(detail)
+    def row(kind: str, t: float, what: str, cell: str) -> None:
+        wall = start and (start + timedelta(seconds=t)).astimezone(UTC).strftime("%H:%M:%S.%f")
         rows.append(
-            f'<tr class="{html.escape(kind)}"><td>{format_duration(t)}</td><td>{wall(t)}</td>'
-            f"<td>{html.escape(what)}</td><td>{cell}</td></tr>"
+            f'<tr class="{html.escape(kind)}"><td>{format_duration(t)}</td>'
+            f"<td>{wall[:-3] if wall else ''}</td><td>{html.escape(what)}</td><td>{cell}</td></tr>"
         )
 
-    i = 0
-    while i < len(kept):
-        if dropped and i == EVENTS_HEAD:
+    # Progress events in a row are one line; the events the artifact dropped split them.
+    def key(item: tuple[int, Mapping[str, Any]]) -> tuple[bool, bool]:
+        return item[1]["kind"] == EventKind.PROGRESS, bool(dropped) and item[0] >= EVENTS_HEAD
+
+    for (is_progress, _), group in groupby(enumerate(kept), key):
+        indexed = list(group)
+        run: list[Mapping[str, Any]] = [event for _, event in indexed]
+        if dropped and indexed[0][0] == EVENTS_HEAD:
             rows.append(
                 f'<tr class="gap"><td colspan="4">... {dropped} events not kept in the '
                 "artifact (the journal has them all) ...</td></tr>"
             )
-        event = kept[i]
-        if event["kind"] == EventKind.PROGRESS:
-            j = i
-            paths: dict[str, None] = {}
-            run: list[events.ProgressJson] = []
-            while j < len(kept) and not (dropped and j == EVENTS_HEAD and j != i):
-                progress = kept[j]
-                if progress["kind"] != EventKind.PROGRESS:
-                    break
-                run.append(progress)
-                paths.update(dict.fromkeys(progress.get("paths") or []))
-                j += 1
-            names = ", ".join(str(p) for p in list(paths)[:5])
-            more = ", ..." if len(paths) > 5 else ""
-            changed = sum(int(e["changed"]) for e in run)
-            if len(run) == 1:
-                row("progress", float(event["t"]), "progress", f"{names}{more}")
-            else:
-                # The header counts changed files; say both so the figures agree.
-                row(
-                    "progress",
-                    float(run[0]["t"]),
-                    f"progress x{len(run)}",
-                    f"{changed} changes until {format_duration(float(run[-1]['t']))}: "
-                    f"{names}{more}",
-                )
-            i = j
+        if not is_progress:
+            for event in run:
+                row(event["kind"], float(event["t"]), *_event_text(artifact, event))
             continue
-        row(event["kind"], float(event["t"]), *_event_text(artifact, event))
-        i += 1
+        paths = dict.fromkeys(p for e in run for p in e.get("paths") or [])
+        names = ", ".join(str(p) for p in list(paths)[:5]) + (", ..." if len(paths) > 5 else "")
+        if len(run) == 1:
+            row("progress", float(run[0]["t"]), "progress", html.escape(names))
+        else:
+            # The header counts changed files; say both so the figures agree.
+            changed = sum(int(e["changed"]) for e in run)
+            until = format_duration(float(run[-1]["t"]))
+            text = f"{changed} changes until {until}: {names}"
+            row("progress", float(run[0]["t"]), f"progress x{len(run)}", html.escape(text))
     if not rows:
         return ""
-    head = "<tr><th>since start</th><th>time (UTC)</th><th>event</th><th>details</th></tr>"
+    head = head_row("since start", "time (UTC)", "event", "details")
     return (
         f'<section id="events"><h2>Events</h2><div class="scroll"><table>{head}{"".join(rows)}'
         "</table></div></section>"
     )
 
 
-class Fields:
-    """An event's other keys, shown as named fields (sizes, durations and nested keys read
-    for people), never as JSON."""
+#: An event's fields shown at most, and items of a list.
+FIELDS_SHOWN = 16
+LIST_ITEMS = 5
 
-    #: Fields shown at most, and items of a list.
-    SHOWN = 16
-    ITEMS = 5
 
-    def __init__(self, values: Mapping[str, Any]) -> None:
-        self.items = list(_flat_fields(values))
-
-    def html(self) -> str:
-        shown = self.items[: self.SHOWN]
-        more = len(self.items) - len(shown)
-        cells = "".join(
-            f'<span class="field"><span class="name">{html.escape(name)}</span> '
-            f"{html.escape(value)}</span>"
-            for name, value in shown
-        )
-        return f'<span class="fields">{cells}</span>' + (f" (+{more} more)" if more else "")
+def _fields_html(values: Mapping[str, Any]) -> str:
+    """An event's other keys as named fields (sizes, durations and nested keys read for
+    people), never as JSON."""
+    items = list(_flat_fields(values))
+    cells = "".join(
+        f'<span class="field"><span class="name">{html.escape(name)}</span> '
+        f"{html.escape(value)}</span>"
+        for name, value in items[:FIELDS_SHOWN]
+    )
+    more = len(items) - FIELDS_SHOWN
+    return f'<span class="fields">{cells}</span>' + (f" (+{more} more)" if more > 0 else "")
 
 
 def _flat_fields(
@@ -138,63 +120,59 @@ def _flat_fields(
     """(name, text) of every set value; a nested object's keys as ``outer inner``, read in
     the outer key's unit (``disk_total_bytes: {progress: N}``)."""
     for key, value in values.items():
-        name = f"{prefix}{key}".replace("_", " ")
         if value is None or value == [] or value == {}:
             continue
         if isinstance(value, Mapping):
             yield from _flat_fields(value, f"{prefix}{key} ", str(key))
         else:
-            yield name, _field_text(outer or str(key), value)
+            yield f"{prefix}{key}".replace("_", " "), _field_text(outer or str(key), value)
 
 
 def _field_text(key: str, value: Any) -> str:
     if isinstance(value, list):
-        items = [_field_text(key, v) for v in value[: Fields.ITEMS]]
-        return ", ".join(items) + (", ..." if len(value) > Fields.ITEMS else "")
+        items = [_field_text(key, v) for v in value[:LIST_ITEMS]]
+        return ", ".join(items) + (", ..." if len(value) > LIST_ITEMS else "")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return str(value)
     if key.endswith("_bytes"):
         return format_value(float(value), "bytes")
     if key.endswith("_seconds"):
         return format_duration(float(value))
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _event_text(artifact: Artifact, event: Mapping[str, Any]) -> tuple[str, str | Fields]:
-    """An event's name and details.  An event's fields (``_events``) are all in its line but
-    those added since with a default, read with ``.get``."""
+#: An event's name and details, by kind, from its fields (``pids`` as :func:`pids` says them).
+EVENT_TEXT = {
+    EventKind.STARTED: ("started", "pid {pid} (reaper {reaper_pid})"),
+    EventKind.FAILURE: ("failure: {reason}", "{message}"),
+    EventKind.SIGNAL: ("{signal} sent", "to the {target}: pids {pids}"),
+    EventKind.TREE_GONE: ("tree gone", "every process of the tree has exited"),
+    EventKind.SAMPLER_DEGRADED: ("sampler degraded", "{sampler}: {message}"),
+    EventKind.SAMPLER_RECOVERED: ("sampler recovered", "{sampler}: {message}"),
+    EventKind.SAMPLER_NOTE: ("sampler note", "{sampler}: {message}"),
+    EventKind.WARNING: ("warning", "{message}"),
+    EventKind.FINISHED: ("finished", "status {status}"),
+    EventKind.FORENSICS: ("forensics", "{processes} process(es) recorded (see Forensics)"),
+    EventKind.OOM_KILL: ("OOM kill", "pid {pid} ({name}): {message}"),
+    EventKind.TREND: ("trend: {verdict}", "{series}: {message}"),
+    EventKind.EXCEPTION: ("exception", "{type}: {message} ({where})"),
+}
+
+
+def _event_text(artifact: Artifact, event: Mapping[str, Any]) -> tuple[str, str]:
+    """An event's name and details (HTML); an unknown kind's fields are shown as they are."""
     kind = str(event["kind"])
-    if kind == EventKind.STARTED:
-        return "started", f"pid {event['pid']} (reaper {event['reaper_pid']})"
-    if kind == EventKind.FAILURE:
-        return f"failure: {event['reason']}", str(event["message"])
+    if kind in EVENT_TEXT:
+        what, detail = EVENT_TEXT[EventKind(kind)]
+        fields = {**event, "pids": pids(event.get("pids"))}
+        return what.format_map(event), html.escape(detail.format_map(fields))
     if kind == EventKind.STOP:
-        return "stop", _stop_text(event)
-    if kind == EventKind.SIGNAL:
-        return f"{event['signal']} sent", f"to the {event['target']}: pids {pids(event['pids'])}"
+        return "stop", html.escape(_stop_text(event))
     if kind == EventKind.EXITED:
-        return "command exited", exit_text(artifact)
-    if kind == EventKind.TREE_GONE:
-        return "tree gone", "every process of the tree has exited"
+        return "command exited", html.escape(exit_text(artifact))
     if kind in (EventKind.LEFTOVER, EventKind.ABANDONED):
-        return kind, _process_text(event["process"])
-    if kind in (EventKind.SAMPLER_DEGRADED, EventKind.SAMPLER_RECOVERED, EventKind.SAMPLER_NOTE):
-        return kind.replace("_", " "), f"{event['sampler']}: {event['message']}"
-    if kind == EventKind.WARNING:
-        return "warning", str(event["message"])
-    if kind == EventKind.FINISHED:
-        return "finished", f"status {event['status']}"
-    if kind == EventKind.FORENSICS:
-        return "forensics", f"{event['processes']} process(es) recorded (see Forensics)"
-    if kind == EventKind.OOM_KILL:
-        return "OOM kill", f"pid {event['pid']} ({event['name']}): {event['message']}"
-    if kind == EventKind.TREND:
-        return f"trend: {event['verdict']}", f"{event['series']}: {event['message']}"
-    if kind == EventKind.EXCEPTION:
-        return "exception", f"{event['type']}: {event['message']} ({event['where']})"
-    return kind.replace("_", " "), Fields({k: v for k, v in event.items() if k not in _OWN})
+        return kind, html.escape(_process_text(event["process"]))
+    return kind.replace("_", " "), _fields_html({k: v for k, v in event.items() if k not in _OWN})
 
 
 #: Keys every event has, shown in their own columns.
@@ -204,33 +182,34 @@ _OWN = frozenset({"t", "kind"})
 def _stop_text(stop: Mapping[str, Any]) -> str:
     """``cause failure, mode group, grace 5.0s``, leaving out what was not recorded (a stop
     event, or the artifact's ``stop``, whose grace older artifacts lack)."""
-    parts = [f"cause {stop['cause']}"]
-    if stop["mode"] is not None:
-        parts.append(f"mode {stop['mode']}")
     grace = stop.get("grace_seconds")
-    if isinstance(grace, int | float):
-        parts.append(f"grace {format_duration(float(grace))}")
-    return ", ".join(parts)
+    return ", ".join(
+        [f"cause {stop['cause']}"]
+        + ([f"mode {stop['mode']}"] if stop["mode"] is not None else [])
+        + ([f"grace {format_duration(float(grace))}"] if isinstance(grace, int | float) else [])
+    )
 
 
 def _process_text(process: schema.ProcessRecord) -> str:
-    cmdline = process["cmdline"]
-    command = shlex.join(cmdline) if cmdline else str(process["name"])
     # How it left the group: known for a process that could be read.
     left = process.get("left_group")
+    command = shlex.join(process["cmdline"]) if process["cmdline"] else str(process["name"])
     return f"pid {process['pid']} ({process['state']}): {command}" + (f"; {left}" if left else "")
 
 
 def _process_table(processes: Sequence[schema.ProcessRecord]) -> str:
-    head = "<tr><th>pid</th><th>ppid</th><th>state</th><th>command</th><th>how it left</th></tr>"
-    rows = []
-    for p in processes:
-        cmdline = p["cmdline"]
-        command = shlex.join(cmdline) if cmdline else str(p["name"] or "?")
-        # The parent and how it left: known for a process that could be read.
-        cells = [p["pid"], p.get("ppid", ""), p["state"], command, p.get("left_group", "")]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-    return f"<table>{head}{''.join(rows)}</table>"
+    head = head_row("pid", "ppid", "state", "command", "how it left")
+    # The parent and how it left: known for a process that could be read.
+    rows = "".join(
+        table_row((p["pid"], p.get("ppid", ""), p["state"], _command(p), p.get("left_group", "")))
+        for p in processes
+    )
+    return f"<table>{head}{rows}</table>"
+
+
+def _command(process: schema.ProcessRecord) -> str:
+    cmdline = process["cmdline"]
+    return shlex.join(cmdline) if cmdline else str(process["name"] or "?")
 
 
 def leftovers_html(artifact: Artifact) -> str:
@@ -385,18 +364,11 @@ def _process_details(processes: Sequence[schema.ForensicsProcess], *, open_first
             )
         threads = process["threads"]
         if len(threads) > 1:
+            head = head_row("tid", "name", "state", "waiting in")
             rows = "".join(
-                "<tr>"
-                + "".join(
-                    f"<td>{html.escape(str(th[k]))}</td>" for k in ("tid", "name", "state", "wchan")
-                )
-                + "</tr>"
-                for th in threads
+                table_row(th[k] for k in ("tid", "name", "state", "wchan")) for th in threads
             )
-            body.append(
-                "<h4>Threads</h4><table><tr><th>tid</th><th>name</th><th>state</th>"
-                f"<th>waiting in</th></tr>{rows}</table>"
-            )
+            body.append(f"<h4>Threads</h4><table>{head}{rows}</table>")
         opened = " open" if i == 0 and open_first else ""
         parts.append(f"<details{opened}><summary>{summary}</summary>{''.join(body)}</details>")
     return "\n".join(parts)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._fields import (
@@ -15,6 +15,7 @@ from .._fields import (
     gpu_index,
     group_rank,
     kind_title,
+    merge_twins,
 )
 
 
@@ -128,24 +129,15 @@ class Panel:
 def plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[Panel]:
     """Every field of every group, placed in a known panel or one per (group kind, unit); a
     field with the same values as one before it in its group is one line named for both."""
-    fields: list[Field] = []
-    seen: dict[tuple[str, str, str], int] = {}
-    for group in sorted(series, key=group_sort_key):
-        for name in sorted(series[group]):
-            values = series[group][name]
-            if name == "t" or not any(v is not None for v in values):
-                continue
-            same = SAME_AS.get((group, name))
-            if same is not None and same[1] in series.get(same[0], {}):
-                continue
-            f = describe(group, name)
-            twin = (group, f.label, repr(list(values)))
-            if f.qualifier and twin in seen:
-                i = seen[twin]
-                fields[i] = replace(fields[i], qualifier=f"{fields[i].qualifier}, {f.qualifier}")
-                continue
-            seen[twin] = len(fields)
-            fields.append(f)
+    candidates = [
+        (describe(group, name), repr(list(values)))
+        for group in sorted(series, key=group_sort_key)
+        for name, values in sorted(series[group].items())
+        if name != "t"
+        and any(v is not None for v in values)
+        and not ((same := SAME_AS.get((group, name))) and same[1] in series.get(same[0], {}))
+    ]
+    fields = merge_twins(candidates)
     panels: dict[str, Panel] = {}
     placed: set[tuple[str, str]] = set()
     for spec in PANELS:

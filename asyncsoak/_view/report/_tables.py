@@ -28,7 +28,8 @@ from .._sections import (
     trend_verdicts,
 )
 from .._status import is_pass, status_words
-from .._summary import progress_text, summary_training
+from .._summary import progress_text
+from .._training import training_line
 from ._events import COMMAND_SHOWN
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def verdict_html(summary: Mapping[str, Any]) -> str:
             + "".join(f"<li>{item}</li>" for item in items)
             + "</ul>"
         )
-    training = summary_training(summary)
+    training = training_line(summary["progress"].get("steps"))
     if training:
         parts.append(f'<p class="training">{html.escape(training)}</p>')
     if summary.get("goodput"):
