@@ -30,6 +30,7 @@ class Timeline(TimelineModel):
         super().__init__(artifact, detail, baseline)
         #: The unit each drawn panel's axis got, by panel key.
         self.panel_units: dict[str, str] = {}
+        self._scatter: Any = None  # plotly's Scatter, once drawing
 
     def to_html(self) -> str:
         import plotly.graph_objects as go
@@ -49,10 +50,11 @@ class Timeline(TimelineModel):
             vertical_spacing=gap / plot_height,
             subplot_titles=[plot_text(title) for title in titles],
         )
-        self._draw_lanes(fig, go.Scatter, lanes)
-        self._draw_progress(fig, go.Scatter)
+        self._scatter = go.Scatter
+        self._draw_lanes(fig, lanes)
+        self._draw_progress(fig)
         for row, panel in enumerate(self.panels, start=3):
-            self._draw_panel(fig, go.Scatter, row, panel)
+            self._draw_panel(fig, row, panel)
         self._draw_marks_across(fig)
         self._style(fig, len(heights), plot_height + top + bottom, top, bottom)
         return figure_html(
@@ -63,7 +65,10 @@ class Timeline(TimelineModel):
             [self._readout_script(), RENDERED_SCRIPT],
         )
 
-    def _draw_lanes(self, fig: Any, scatter: Any, lanes: list[str]) -> None:
+    def _add(self, fig: Any, row: int, **trace: Any) -> None:
+        fig.add_trace(self._scatter(**trace), row=row, col=1)
+
+    def _draw_lanes(self, fig: Any, lanes: list[str]) -> None:
         y_of = {lane: -i for i, lane in enumerate(lanes)}
         window = stall_window(self.artifact)
         if window is not None and window[0] > 0:
@@ -82,47 +87,43 @@ class Timeline(TimelineModel):
             ticks = self._progress_ticks()
             xs = [self.x(t) for t, _ in ticks]
             tick_texts = [plot_text(text) for _, text in ticks]
-            fig.add_trace(
-                scatter(
-                    x=xs,
-                    y=[y_of["progress"]] * len(xs),
-                    mode="markers",
-                    marker={"symbol": "line-ns-open", "size": 14, "color": COLORS["progress"]},
-                    name="progress",
-                    hovertext=tick_texts,
-                    hovertemplate="%{hovertext}<extra></extra>",
-                    showlegend=False,
-                ),
-                row=1,
-                col=1,
+            self._add(
+                fig,
+                1,
+                x=xs,
+                y=[y_of["progress"]] * len(xs),
+                mode="markers",
+                marker={"symbol": "line-ns-open", "size": 14, "color": COLORS["progress"]},
+                name="progress",
+                hovertext=tick_texts,
+                hovertemplate="%{hovertext}<extra></extra>",
+                showlegend=False,
             )
         for lane in lanes:
             marks = self.lane_marks(lane)
             if not marks:
                 continue
-            fig.add_trace(
-                scatter(
-                    x=[self.x(m.t) for m in marks],
-                    y=[y_of[lane]] * len(marks),
-                    mode="markers+text",
-                    text=[plot_text(m.label) for m in marks],
-                    textposition=[
-                        "middle left" if self._label_left(m) else "middle right" for m in marks
-                    ],
-                    textfont={"size": 12, "color": [m.color for m in marks]},
-                    marker={
-                        "symbol": [m.symbol for m in marks],
-                        "size": 13,
-                        "color": [m.color for m in marks],
-                        "line": {"width": 2, "color": [m.color for m in marks]},
-                    },
-                    hovertext=[plot_text(m.hover) for m in marks],
-                    hovertemplate="%{hovertext}<extra></extra>",
-                    cliponaxis=False,
-                    showlegend=False,
-                ),
-                row=1,
-                col=1,
+            self._add(
+                fig,
+                1,
+                x=[self.x(m.t) for m in marks],
+                y=[y_of[lane]] * len(marks),
+                mode="markers+text",
+                text=[plot_text(m.label) for m in marks],
+                textposition=[
+                    "middle left" if self._label_left(m) else "middle right" for m in marks
+                ],
+                textfont={"size": 12, "color": [m.color for m in marks]},
+                marker={
+                    "symbol": [m.symbol for m in marks],
+                    "size": 13,
+                    "color": [m.color for m in marks],
+                    "line": {"width": 2, "color": [m.color for m in marks]},
+                },
+                hovertext=[plot_text(m.hover) for m in marks],
+                hovertemplate="%{hovertext}<extra></extra>",
+                cliponaxis=False,
+                showlegend=False,
             )
         for group, spans in self.throttle.items():
             span_xs: list[float | None] = []
@@ -133,18 +134,16 @@ class Timeline(TimelineModel):
                 span_ys.extend([y_of[f"{group} throttled"], y_of[f"{group} throttled"], None])
                 text = plot_text(f"{group} throttled: {', '.join(reasons)}")
                 texts.extend([text, text, None])
-            fig.add_trace(
-                scatter(
-                    x=span_xs,
-                    y=span_ys,
-                    mode="lines",
-                    line={"width": 10, "color": "orange"},
-                    text=texts,
-                    hovertemplate="%{text}<extra></extra>",
-                    showlegend=False,
-                ),
-                row=1,
-                col=1,
+            self._add(
+                fig,
+                1,
+                x=span_xs,
+                y=span_ys,
+                mode="lines",
+                line={"width": 10, "color": "orange"},
+                text=texts,
+                hovertemplate="%{text}<extra></extra>",
+                showlegend=False,
             )
         fig.update_yaxes(
             row=1,
@@ -157,42 +156,38 @@ class Timeline(TimelineModel):
             fixedrange=True,
         )
 
-    def _draw_progress(self, fig: Any, scatter: Any) -> None:
+    def _draw_progress(self, fig: Any) -> None:
         xs, ys = self._progress_curve()
-        fig.add_trace(
-            scatter(
-                x=xs,
-                y=ys,
-                mode="lines",
-                line={"color": COLORS["progress"], "width": 2},
-                fill="tozeroy",
-                fillcolor="rgba(44, 160, 44, 0.12)",
-                name="since last progress",
-                meta=["Time since the last progress", "since the last progress", "s"],
-                hoverinfo="none",
-                showlegend=False,
-                connectgaps=False,
-            ),
-            row=2,
-            col=1,
+        self._add(
+            fig,
+            2,
+            x=xs,
+            y=ys,
+            mode="lines",
+            line={"color": COLORS["progress"], "width": 2},
+            fill="tozeroy",
+            fillcolor="rgba(44, 160, 44, 0.12)",
+            name="since last progress",
+            meta=["Time since the last progress", "since the last progress", "s"],
+            hoverinfo="none",
+            showlegend=False,
+            connectgaps=False,
         )
         peak = max([y for y in ys if y is not None] + [0.0])
         limits, off_scale = self.progress_limits(peak)
         for start, end, value, label in limits:
-            fig.add_trace(
-                scatter(
-                    x=[self.x(start), self.x(end)],
-                    y=[value, value],
-                    mode="lines+text",
-                    line={"color": COLORS["failure"], "dash": "dash", "width": 1.5},
-                    text=[label, ""],
-                    textposition="top right",
-                    textfont={"color": COLORS["failure"], "size": 12},
-                    hoverinfo="skip",
-                    showlegend=False,
-                ),
-                row=2,
-                col=1,
+            self._add(
+                fig,
+                2,
+                x=[self.x(start), self.x(end)],
+                y=[value, value],
+                mode="lines+text",
+                line={"color": COLORS["failure"], "dash": "dash", "width": 1.5},
+                text=[label, ""],
+                textposition="top right",
+                textfont={"color": COLORS["failure"], "size": 12},
+                hoverinfo="skip",
+                showlegend=False,
             )
         if off_scale:
             # A limit far above every gap would flatten the curve: name it instead.
@@ -210,7 +205,7 @@ class Timeline(TimelineModel):
         top = max([peak] + [limit.value for limit in limits]) * 1.25 or 1.0
         fig.update_yaxes(row=2, col=1, range=[0, top], title_text="since progress (s)")
 
-    def _draw_panel(self, fig: Any, scatter: Any, row: int, panel: Panel) -> None:
+    def _draw_panel(self, fig: Any, row: int, panel: Panel) -> None:
         processes = self._process_lines() if panel.key == "tree_memory" else []
         values = [v for f in panel.fields for v in self.values(f) if v is not None]
         peak = max([0.0, *values, *(v for _, _, ys in processes for v in ys if v is not None)])
@@ -222,18 +217,16 @@ class Timeline(TimelineModel):
         per_group = Counter(f.group for f in panel.fields)
 
         def line(xs: list[float], ys: list[float | None], name: str, **style: Any) -> None:
-            fig.add_trace(
-                scatter(
-                    x=[self.x(t) for t in xs],
-                    y=[None if v is None else v / scale.divisor for v in ys],
-                    name=plot_text(name),
-                    legend=legend,
-                    meta=[panel.title, name, scale.unit],
-                    hoverinfo="none",
-                    **style,
-                ),
-                row=row,
-                col=1,
+            self._add(
+                fig,
+                row,
+                x=[self.x(t) for t in xs],
+                y=[None if v is None else v / scale.divisor for v in ys],
+                name=plot_text(name),
+                legend=legend,
+                meta=[panel.title, name, scale.unit],
+                hoverinfo="none",
+                **style,
             )
 
         for i, f in enumerate(panel.fields):
@@ -409,20 +402,10 @@ class Timeline(TimelineModel):
                 x=0, xanchor="left", font={"size": 14}, text=f"<b>{annotation.text}</b>"
             )
         for row in range(3, rows + 1):
-            domain = fig.get_subplot(row, 1).yaxis.domain
-            fig.update_layout(
-                {
-                    f"legend{row}": {
-                        "x": 1,
-                        "xanchor": "right",
-                        "y": domain[1],
-                        "yanchor": "top",
-                        "orientation": "h",
-                        "font": {"size": 12},
-                        "bgcolor": "rgba(255,255,255,0.8)",
-                    }
-                }
-            )
+            top = fig.get_subplot(row, 1).yaxis.domain[1]
+            legend = {"x": 1, "xanchor": "right", "y": top, "yanchor": "top", "orientation": "h"}
+            legend |= {"font": {"size": 12}, "bgcolor": "rgba(255,255,255,0.8)"}
+            fig.update_layout({f"legend{row}": legend})
 
     def _readout_script(self) -> str:
         started = self.artifact["started_at"]
@@ -435,32 +418,37 @@ class Timeline(TimelineModel):
 
     def help_text(self) -> str:
         lanes = {m.lane for m in self.marks}
-        keys = []
-        if stall_window(self.artifact) is not None:
-            keys.append(("rgba(214, 39, 40, 0.3)", "no progress before the failure"))
-        if self.progress:
-            keys.append((COLORS["progress"], "a progress change"))
-        if "failure" in lanes:
-            keys.append((COLORS["failure"], "the failure"))
-        if any(m.lane == "monitor" and m.dash for m in self.marks):
-            keys.append((COLORS["signal"], "a signal sent by the monitor"))
-        if any(m.lane == "command" and m.dash for m in self.marks):
-            keys.append((COLORS["exit"], "the command's exit"))
-        if self.throttle:
-            keys.append((COLORS["throttle"], "GPU clocks held back (throttling)"))
+        dashed = {m.lane for m in self.marks if m.dash}
+        keys = [
+            (color, text)
+            for shown, color, text in (
+                (
+                    stall_window(self.artifact) is not None,
+                    "rgba(214, 39, 40, 0.3)",
+                    "no progress before the failure",
+                ),
+                (bool(self.progress), COLORS["progress"], "a progress change"),
+                ("failure" in lanes, COLORS["failure"], "the failure"),
+                ("monitor" in dashed, COLORS["signal"], "a signal sent by the monitor"),
+                ("command" in dashed, COLORS["exit"], "the command's exit"),
+                (bool(self.throttle), COLORS["throttle"], "GPU clocks held back (throttling)"),
+            )
+            if shown
+        ]
         legend = "".join(
             f'<span class="key" style="background:{color}"></span>{html.escape(text)}'
             for color, text in keys
         )
-        lost = (
-            ""
-            if self.detail is not None or self._events_lost() is None
-            else (
-                " Some events in the middle of the run were not kept in the artifact: keep the "
-                "journal beside it to see them."
-            )
-        )
+        lost = self.detail is None and self._events_lost() is not None
         return (
             "Every panel shares one time axis: drag to zoom (all panels follow), "
-            "double-click to reset, hover for values." + lost + "<br>" + legend
+            "double-click to reset, hover for values."
+            + (
+                " Some events in the middle of the run were not kept in the artifact: keep the "
+                "journal beside it to see them."
+                if lost
+                else ""
+            )
+            + "<br>"
+            + legend
         )

@@ -35,7 +35,7 @@ from ._tables import (
     steady_html,
     verdict_html,
 )
-from ._text import plot_text
+from ._text import head_row, plot_text, table_row
 
 
 class ReportUnavailableError(AsyncsoakError):
@@ -102,23 +102,10 @@ def render_report(
     )
 
 
-def write_report(
-    artifact: Artifact,
-    path: Path,
-    *,
-    journal: Path | None = None,
-    source: str | None = None,
-    baseline: Artifact | None = None,
-    baseline_source: str | None = None,
-) -> None:
-    """Render and write the report, readable by its owner only (like the artifact)."""
-    text = render_report(
-        artifact,
-        journal=journal,
-        source=source,
-        baseline=baseline,
-        baseline_source=baseline_source,
-    )
+def write_report(artifact: Artifact, path: Path, **options: Any) -> None:
+    """Render the report (``options``: :func:`render_report`'s) and write it, readable by
+    its owner only (like the artifact)."""
+    text = render_report(artifact, **options)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=FILE_MODE)
     path.write_text(text, encoding="utf-8")
@@ -197,10 +184,8 @@ def render_job_report(
             figure.add_vline(x=moment.timestamp() * 1000, line_dash="dot", line_color="#d62728")
     figure.update_layout(height=560, margin={"t": 40, "l": 60, "r": 20, "b": 40})
     rows = "".join(
-        "<tr>"
-        + "".join(
-            f"<td>{html.escape(str(v))}</td>"
-            for v in (
+        table_row(
+            (
                 soak_label(soak),
                 soak["node"],
                 soak["status"],
@@ -210,7 +195,6 @@ def render_job_report(
                 soak["path"],
             )
         )
-        + "</tr>"
         for soak in combined["soaks"]
     )
     first = combined["first_failure"]
@@ -227,8 +211,9 @@ def render_job_report(
         f"{job_word(combined)} {html.escape(str(combined['job_id']))}, "
         f"{len(combined['soaks'])} soaks</h1>"
         f"{first_html}</div>"
-        "<h2>Soaks</h2><table><tr><th>soak</th><th>node</th><th>status</th><th>why</th>"
-        f"<th>started</th><th>ran</th><th>artifact</th></tr>{rows}</table>"
+        "<h2>Soaks</h2><table>"
+        + head_row("soak", "node", "status", "why", "started", "ran", "artifact")
+        + f"{rows}</table>"
         "<h2>Timeline (wall clock)</h2>"
         + figure_html(figure, "job-timeline", "560px", {"displaylogo": False, "responsive": True})
     )

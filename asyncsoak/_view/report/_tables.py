@@ -31,6 +31,7 @@ from .._status import is_pass, status_words
 from .._summary import progress_text
 from .._training import training_line
 from ._events import COMMAND_SHOWN
+from ._text import head_row, table_row
 
 if TYPE_CHECKING:
     from ._timeline import TimelineModel
@@ -209,14 +210,8 @@ def role_text(role: object) -> str:
         return f"{role['launcher']} (launcher)"
     # A rank's role (the schema's ``rank``) holds all of these, null where unknown.
     local, world = role["local_rank"], role["world_size"]
-    detail = ", ".join(
-        part
-        for part in (
-            f"local {local}" if local is not None else "",
-            f"of {world}" if world is not None else "",
-        )
-        if part
-    )
+    parts = [f"local {local}"] if local is not None else []
+    detail = ", ".join(parts + ([f"of {world}"] if world is not None else []))
     return f"rank {role['rank']}" + (f" ({detail})" if detail else "")
 
 
@@ -241,7 +236,6 @@ def processes_html(artifact: Artifact) -> str:
             if trend is not None and isinstance(slope, int | float)
             else ""
         )
-        cls = ' class="leak"' if verdict == "leak" else ""
         cells = [
             p["pid"],
             p["name"] or "?",
@@ -254,10 +248,16 @@ def processes_html(artifact: Artifact) -> str:
             else "-",
             p["peak_threads"],
         ]
-        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells))
-    head = (
-        "<tr><th>pid</th><th>name</th><th>role</th><th>RSS first → peak → last</th><th>trend</th>"
-        "<th>CPU mean</th><th>GPU memory peak</th><th>threads</th></tr>"
+        rows.append(table_row(cells, "leak" if verdict == "leak" else ""))
+    head = head_row(
+        "pid",
+        "name",
+        "role",
+        "RSS first → peak → last",
+        "trend",
+        "CPU mean",
+        "GPU memory peak",
+        "threads",
     )
     notes = [
         "The tree's RSS adds up each process's resident memory: pages that forked workers "
@@ -303,22 +303,16 @@ def compare_html(artifact: Artifact, baseline: Artifact | None, name: str | None
     rows = []
     for row in comparison.rows:
         change = f"{row.change:+.0%}" if row.change is not None else ""
-        cls = ' class="regressed"' if row.regressed else ""
-        cells = [
-            row.label,
-            row.text(row.baseline),
-            row.text(row.candidate),
-            change,
-            "regressed" if row.regressed else "",
-        ]
-        rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
+        mark = "regressed" if row.regressed else ""
+        cells = [row.label, row.text(row.baseline), row.text(row.candidate), change, mark]
+        rows.append(table_row(cells, mark))
     regressions = comparison.regressions
     verdict = (
         f"{len(regressions)} regression(s): " + "; ".join(r.note for r in regressions)
         if regressions
         else "no regression against the baseline"
     )
-    head = "<tr><th></th><th>baseline</th><th>this run</th><th>change</th><th></th></tr>"
+    head = head_row("", "baseline", "this run", "change", "")
     notes = "".join(f'<p class="help">{html.escape(n)}</p>' for n in comparison.notes)
     return (
         f'<section id="compare"><h2>Against the baseline {html.escape(name or "")}</h2>'
@@ -336,29 +330,20 @@ def steady_html(timeline: TimelineModel) -> str:
 
 def facts_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
     stale = config_value(artifact, "stale_progress_seconds")
+    limit = f" (stale limit {format_duration(stale)})" if stale else ""
+    metadata = ", ".join(f"{k}={v}" for k, v in artifact["metadata"].items())
     facts: list[tuple[str, str]] = [
         ("Duration", format_duration(float(summary["duration_seconds"]))),
         ("When", f"{format_clock(summary['started_at'])} to {format_clock(summary['ended_at'])}"),
         ("Command", _command_html(summary["command"])),
         ("Exit", html.escape(summary["exit"]["text"])),
-        (
-            "Progress",
-            html.escape(
-                progress_text(
-                    summary["progress"], f" (stale limit {format_duration(stale)})" if stale else ""
-                )
-            ),
+        ("Progress", html.escape(progress_text(summary["progress"], limit))),
+        *(
+            (name[:1].upper() + name[1:], html.escape(v))
+            for name, v in summary["provenance"].items()
         ),
+        *([("Metadata", html.escape(metadata))] if metadata else []),
     ]
-    for name, value in summary["provenance"].items():
-        facts.append((name[:1].upper() + name[1:], html.escape(value)))
-    if artifact["metadata"]:
-        facts.append(
-            (
-                "Metadata",
-                html.escape(", ".join(f"{k}={v}" for k, v in artifact["metadata"].items())),
-            )
-        )
     rows = "".join(f"<dt>{html.escape(name)}</dt><dd>{value}</dd>" for name, value in facts)
     return f'<dl class="facts">{rows}</dl>'
 
@@ -391,20 +376,25 @@ def gpu_html(summary: Mapping[str, Any], timeline: TimelineModel) -> str:
         throttled = ", ".join(g["throttle_reasons"]) or "-"
         if g["throttle_reasons"] and g["gpu"] not in timeline.throttle:
             throttled += " (when: in the journal)"
-        cells = [
-            g["gpu"],
-            g["name"] or "n/a",
-            format_value(g["utilization_mean_percent"], "%"),
-            format_value(g["utilization_max_percent"], "%"),
-            format_value(g["memory_used_max_mib"], "MiB"),
-            format_value(g["power_max_w"], "W"),
-            format_value(g["temperature_max_c"], "°C"),
-            throttled,
+        figures = [
+            format_value(g[key], unit)
+            for key, unit in (
+                ("utilization_mean_percent", "%"),
+                ("utilization_max_percent", "%"),
+                ("memory_used_max_mib", "MiB"),
+                ("power_max_w", "W"),
+                ("temperature_max_c", "°C"),
+            )
         ]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
-    head = (
-        "<tr><th>GPU</th><th>name</th><th>utilisation mean</th><th>max</th>"
-        "<th>memory used max</th><th>power max</th><th>temperature max</th>"
-        "<th>clocks held back by</th></tr>"
+        rows.append(table_row([g["gpu"], g["name"] or "n/a", *figures, throttled]))
+    head = head_row(
+        "GPU",
+        "name",
+        "utilisation mean",
+        "max",
+        "memory used max",
+        "power max",
+        "temperature max",
+        "clocks held back by",
     )
     return f'<section id="gpus"><h2>GPUs</h2><table>{head}{"".join(rows)}</table></section>'
