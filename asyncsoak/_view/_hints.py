@@ -105,7 +105,14 @@ def look_first(artifact: Artifact) -> list[str]:
     elif primary == FailureReason.SIGNALED:
         hints.append(f"The command was {exit_text(artifact)}.")
         if not oom_kills(a):
-            hints.extend(_memory_hints(artifact))
+            rss = summary_figure(artifact, "tree", "rss_bytes", "max")
+            dmesg = "the kernel log (dmesg) for the OOM killer."
+            if rss is None:
+                hints.append(f"Check {dmesg}")
+            else:
+                hints.append(
+                    f"Peak memory of the tree was {format_value(rss, 'bytes')}: check {dmesg}"
+                )
     elif primary == FailureReason.TOO_SHORT:
         hints.append(
             f"It ran {format_duration(float(a['duration_seconds']))}, less than "
@@ -145,9 +152,9 @@ def look_first(artifact: Artifact) -> list[str]:
             f"{len(abandoned)} process(es) would not die even after "
             "SIGKILL (often stuck in uninterruptible sleep, D): they may still be running."
         )
-    throttled = _throttle_seen(artifact)
-    if throttled:
-        hints.append("GPU clocks were held back: " + "; ".join(throttled) + ".")
+    held = [f"{g}: {', '.join(throttled(a, g))}" for g in sorted(a["summary"]) if throttled(a, g)]
+    if held:
+        hints.append("GPU clocks were held back: " + "; ".join(held) + ".")
     monitor = a["monitor"]
     if monitor.get("dropped_samples"):
         hints.append(
@@ -200,23 +207,18 @@ def _step_hints(steps: Mapping[str, Any] | None) -> list[str]:
 
 def _worth_saying(leaks: list[Leak]) -> list[Leak]:
     """The leaks to name: a process's leak says more than the tree's, which it explains."""
-    processes = [leak for leak in leaks if leak["series"].startswith("process.")]
-    if not processes:
+    if not any(leak["series"].startswith("process.") for leak in leaks):
         return leaks
     return [leak for leak in leaks if not leak["series"].startswith("tree.")]
 
 
 def _stall_hints(artifact: Artifact) -> list[str]:
-    window = stall_window(artifact)
-    progress = artifact["progress"]
-    # "auto": the limit the run learned, as the artifact records it.
-    limit = (
-        config_value(artifact, "stale_progress_seconds")
-        or progress.get("stale_limit_seconds")
-        or 0.0
-    )
+    window, progress = stall_window(artifact), artifact["progress"]
     if window is None:
         return []
+    # "auto": the limit the run learned, as the artifact records it.
+    stale = config_value(artifact, "stale_progress_seconds")
+    limit = stale or progress.get("stale_limit_seconds") or 0.0
     start, end = window
     steps = counted_steps(artifact)
     what = (
@@ -240,8 +242,7 @@ def _stall_cpu_hints(artifact: Artifact) -> list[str]:
     verdict = stall_verdict(artifact)
     if verdict is None:
         return []
-    hints = []
-    cpu = verdict.cpu_percent or 0.0
+    hints, cpu = [], verdict.cpu_percent or 0.0
     if verdict.tree == "idle":
         hints.append(
             f"The process tree was idle while stalled (CPU about {cpu:.0f}%): it was waiting "
@@ -253,17 +254,13 @@ def _stall_cpu_hints(artifact: Artifact) -> list[str]:
             "or work that no longer writes to the progress dir."
         )
     gpus = describe_gpus(verdict.gpus)
-    if gpus:
-        hints.append(f"GPUs while stalled: {gpus}.")
-    return hints
+    return hints + ([f"GPUs while stalled: {gpus}."] if gpus else [])
 
 
 def _forensics_hints(artifact: Artifact) -> list[str]:
     forensics = stall_forensics(artifact)
-    if forensics is None:
-        return []
-    processes = schema.readable_processes(forensics)
-    if not processes:
+    processes = [] if forensics is None else schema.readable_processes(forensics)
+    if forensics is None or not processes:
         return []
     # The ranks first, launchers last: a launcher only waits for its ranks.
     processes.sort(key=is_launcher)
@@ -285,20 +282,10 @@ def _forensics_hints(artifact: Artifact) -> list[str]:
             text += f", Python at {frame}"
         parts.append(text)
     more = f"; and {len(processes) - 3} more" if len(processes) > 3 else ""
-    when = f" at {format_duration(float(forensics['t']))}"
+    when = format_duration(float(forensics["t"]))
     return [
-        f"What the tree was doing{when}, before the first signal: {'; '.join(parts)}{more}. "
+        f"What the tree was doing at {when}, before the first signal: {'; '.join(parts)}{more}. "
         "The full stacks are under Forensics."
-    ]
-
-
-def _memory_hints(artifact: Artifact) -> list[str]:
-    rss = summary_figure(artifact, "tree", "rss_bytes", "max")
-    if rss is None:
-        return ["Check the kernel log (dmesg) for the OOM killer."]
-    return [
-        f"Peak memory of the tree was {format_value(rss, 'bytes')}: check the kernel log "
-        "(dmesg) for the OOM killer."
     ]
 
 
@@ -307,15 +294,6 @@ def process_name(process: schema.ProcessRecord) -> str:
     name = " ".join(cmdline) if cmdline else process["name"] or "?"
     name = name if len(name) <= 40 else name[:37] + "..."
     return f"pid {process['pid']} ({name})"
-
-
-def _throttle_seen(artifact: Artifact) -> list[str]:
-    out = []
-    for group in sorted(artifact["summary"]):
-        active = throttled(artifact, group)
-        if active:
-            out.append(f"{group}: {', '.join(active)}")
-    return out
 
 
 def throttled(artifact: Artifact, group: str) -> list[str]:

@@ -23,16 +23,12 @@ def step_text(steps: Mapping[str, Any]) -> str:
 
 def rate_text(steps: Mapping[str, Any]) -> str:
     """``55 steps/s`` (``0.021 steps/s``, ``1.2e+04 tokens/s`` beside it when logged)."""
-    out = []
-    for key, unit in (
-        ("steps_per_second", "steps/s"),
-        ("tokens_per_second", "tokens/s"),
-        ("samples_per_second", "samples/s"),
-    ):
-        value = steps.get(key)
-        if isinstance(value, int | float):
-            out.append(f"{_figure(value)} {unit}")
-    return ", ".join(out)
+    rates = ((steps.get(f"{what}_per_second"), what) for what in ("steps", "tokens", "samples"))
+    return ", ".join(
+        f"{v:,.0f} {what}/s" if v >= 100 else f"{v:.3g} {what}/s"
+        for v, what in rates
+        if isinstance(v, int | float)
+    )
 
 
 def loss_text(steps: Mapping[str, Any]) -> str:
@@ -50,9 +46,7 @@ def eta_text(steps: Mapping[str, Any]) -> str:
 
 def training_parts(steps: Mapping[str, Any] | None) -> list[str]:
     """The pieces that are known: step, rate, loss, ETA."""
-    if not steps:
-        return []
-    parts = (step_text(steps), rate_text(steps), loss_text(steps), eta_text(steps))
+    parts = (step_text(steps), rate_text(steps), loss_text(steps), eta_text(steps)) if steps else ()
     return [part for part in parts if part]
 
 
@@ -89,9 +83,3 @@ def goodput_line(goodput: Mapping[str, Any] | None) -> str:
     )[:3]
     parts = ", ".join(f"{100 * v / wall:.1f} % {LOST_WORDS.get(k, k)}" for v, k in lost)
     return f"goodput {100 * ratio:.1f} %" + (f": lost {parts}" if parts else "")
-
-
-def _figure(value: float) -> str:
-    if value >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"

@@ -5,10 +5,10 @@ them takes them from its journal."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from ..._contract import Artifact, EventKind, bounded, events, file_names
 from ..._record import JournalReader
@@ -73,15 +73,9 @@ def artifact_detail(artifact: Artifact) -> RunDetail | None:
     bins = artifact["progress"].get("bins")
     if bins is None:
         return None
-    rows = zip(
-        bins["first_t"],
-        bins["last_t"],
-        bins["changes"],
-        bins["longest_gap_seconds"],
-        bins["longest_gap_t"],
-        bins["files"],
-        strict=True,
-    )
+    keys = ("first_t", "last_t", "changes", "longest_gap_seconds", "longest_gap_t", "files")
+    columns: Mapping[str, Any] = bins
+    rows = zip(*(columns[k] for k in keys), strict=True)
     detail = RunDetail([ProgressBin(*row) for row in rows])
     for group, health in artifact.get("gpu_health", {}).items():
         for span in health.get("throttle_spans", []):
@@ -159,10 +153,8 @@ def detail_for(artifact: Artifact, journal: Path | None) -> RunDetail | None:
     detail = artifact_detail(artifact)
     if detail is not None:
         return detail
-    path = journal
-    if path is None:
-        recorded = artifact["monitor"]["journal_path"]
-        path = Path(recorded) if recorded else None
+    recorded = artifact["monitor"]["journal_path"]
+    path = journal or (Path(recorded) if recorded else None)
     if path is None or not path.is_file():
         return None
     kept = [e for e in artifact["events"] if e["kind"] == EventKind.PROGRESS]
