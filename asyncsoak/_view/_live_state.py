@@ -1,9 +1,6 @@
-"""The live view's fold: what the soak's events said so far (from the monitor or its journal),
-and the :class:`~._live_line.Status` it makes at a given moment.
-
-Every figure of the run (status, reasons, step and loss, progress, the latest sample, peaks,
-GPU faults, warnings) is read from a ``RunState``, the fold the artifact is built from; this
-fold keeps only the recent history the line's memory trends and leak alerts need."""
+"""The live view's fold: the soak's events so far, and the :class:`~._live_line.Status` they
+make at a moment. The run's figures are read from a ``RunState`` (the artifact's own fold);
+this one keeps only the recent history the memory trends and leak alerts need."""
 
 from __future__ import annotations
 
@@ -271,9 +268,7 @@ class LiveState:
     def elapsed(self, now: float, monotonic_now: float | None = None) -> float:
         """Seconds since the start at ``now`` (Unix time): on the monitor's own monotonic
         clock when ``monotonic_now`` is given and agrees (same host), else the wall clock."""
-        if self.finished is not None:
-            return self.last_t
-        if self.started_at is None:
+        if self.finished is not None or self.started_at is None:
             return self.last_t
         by_wall = now - self.started_at
         start = self._header.get("monotonic_start")
@@ -296,11 +291,8 @@ class LiveState:
         elapsed = self.elapsed(now, monotonic_now)
         known_until = elapsed if current or finished else self.last_t
         if self.last_progress is None:
-            quiet_for, limit, name = (
-                known_until,
-                self._config.get("startup_timeout_seconds"),
-                "startup",
-            )
+            quiet_for, name = known_until, "startup"
+            limit = self._config.get("startup_timeout_seconds")
         else:
             quiet_for = max(0.0, known_until - self.last_progress)
             limit, name = self.stale_limit, "stale"
