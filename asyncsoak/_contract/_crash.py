@@ -9,8 +9,10 @@ import json
 import os
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+from ._exits import signal_name
 
 _TRACEBACK = re.compile(r"^(?P<prefix>.*?)Traceback \(most recent call last\):\s*$")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+)')
@@ -41,13 +43,17 @@ def last_traceback(lines: Sequence[str]) -> tuple[int, int, CrashInLog] | None:
     """The last whole Python traceback in ``lines``: (its ``Traceback`` line, one past its
     exception line, the cause), or None."""
     found: tuple[int, int, CrashInLog] | None = None
+    for index, _, end, cause in _tracebacks(lines):
+        found = (index, end, cause)
+    return found
+
+
+def _tracebacks(lines: Sequence[str]) -> Iterator[tuple[int, str, int, CrashInLog]]:
+    """Each whole traceback: its ``Traceback`` line, prefix, one past its exception, cause."""
     for index, line in enumerate(lines):
         match = _TRACEBACK.match(line)
-        if match is not None:
-            parsed = _traceback(lines, index + 1, match["prefix"])
-            if parsed is not None:
-                found = (index, parsed[0] + 1, parsed[1])
-    return found
+        if match is not None and (parsed := _traceback(lines, index + 1, match["prefix"])):
+            yield index, match["prefix"], parsed[0] + 1, parsed[1]
 
 
 def find_exception(text: str) -> CrashInLog | None:
@@ -193,21 +199,14 @@ def find_rank_exception(text: str) -> RankCrash | None:
 def _rank_tracebacks(lines: Sequence[str]) -> list[tuple[int | None, int | None, CrashInLog]]:
     """Every whole traceback in ``lines`` with the rank (or local rank) its prefix names."""
     found = []
-    for index, line in enumerate(lines):
-        match = _TRACEBACK.match(line)
-        if match is None:
-            continue
-        prefix = match["prefix"]
-        parsed = _traceback(lines, index + 1, prefix)
-        if parsed is None:
-            continue
-        rank_match = _RANK_PREFIX.search(prefix)
-        local_match = _LOCAL_PREFIX.search(prefix)
+    for _, prefix, _, cause in _tracebacks(lines):
+        rank = _RANK_PREFIX.search(prefix)
+        local = _LOCAL_PREFIX.search(prefix)
         found.append(
             (
-                int(rank_match["rank"] or rank_match["mpi"]) if rank_match else None,
-                int(local_match["local"]) if local_match else None,
-                parsed[1],
+                int(rank["rank"] or rank["mpi"]) if rank else None,
+                int(local["local"]) if local else None,
+                cause,
             )
         )
     return found
@@ -252,10 +251,7 @@ def _exit_cause(exitcode: int | None) -> CrashInLog | None:
     if exitcode is None or exitcode == 0:
         return None
     if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
+        name = signal_name(-exitcode)
         oom = " (often the kernel's OOM killer)" if -exitcode == signal.SIGKILL else ""
         return CrashInLog(name, f"killed by {name}{oom}", None, "signal")
     return CrashInLog(f"exit status {exitcode}", "no traceback", None, "exit")

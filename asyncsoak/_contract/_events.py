@@ -11,39 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass
 from typing import Any, ClassVar, Generic, Literal, NotRequired, TypeVar, cast
 
+from . import _sample_events as samples
+from . import _tree_events as tree
 from ._event import Event, EventJsonBase
-from ._sample_events import (
-    GpuFaultJson,
-    GpuSampleJson,
-    LimitsJson,
-    ProgressJson,
-    RuleBrokenJson,
-    SampleJson,
-    SamplerDegradedJson,
-    SamplerNoteJson,
-    SamplerRecoveredJson,
-    StepJson,
-)
-from ._tree_events import (
-    AbandonedJson,
-    ExceptionJson,
-    ExitedJson,
-    FinishedJson,
-    ForensicsJson,
-    ForensicsMentionJson,
-    ForwardedJson,
-    HeaderJson,
-    LeftoverJson,
-    OomKillJson,
-    RequeueJson,
-    SignalJson,
-    SnapshotJson,
-    SpawnFailedJson,
-    StartedJson,
-    StdinClosedJson,
-    StopJson,
-    TreeGoneJson,
-)
 from ._vocabulary import EventKind
 
 
@@ -106,44 +76,44 @@ class TrendJson(EventJsonBase):
 
 #: The kinds ``artifact.events`` keeps as they are.
 _KeptAsIs = (
-    StartedJson
-    | SpawnFailedJson
-    | ExitedJson
-    | TreeGoneJson
-    | ProgressJson
+    tree.StartedJson
+    | tree.SpawnFailedJson
+    | tree.ExitedJson
+    | tree.TreeGoneJson
+    | samples.ProgressJson
     | FailureJson
     | WarningJson
-    | StopJson
-    | SignalJson
-    | ForwardedJson
-    | RequeueJson
-    | StdinClosedJson
-    | LeftoverJson
-    | AbandonedJson
-    | OomKillJson
-    | SamplerDegradedJson
-    | SamplerRecoveredJson
-    | SamplerNoteJson
-    | GpuFaultJson
+    | tree.StopJson
+    | tree.SignalJson
+    | tree.ForwardedJson
+    | tree.RequeueJson
+    | tree.StdinClosedJson
+    | tree.LeftoverJson
+    | tree.AbandonedJson
+    | tree.OomKillJson
+    | samples.SamplerDegradedJson
+    | samples.SamplerRecoveredJson
+    | samples.SamplerNoteJson
+    | samples.GpuFaultJson
     | TrendJson
-    | ExceptionJson
-    | LimitsJson
-    | FinishedJson
+    | tree.ExceptionJson
+    | samples.LimitsJson
+    | tree.FinishedJson
 )
 #: Any event's JSON form, one member per :class:`EventKind`.
 EventJson = (
     _KeptAsIs
-    | HeaderJson
-    | SnapshotJson
-    | StepJson
-    | ForensicsJson
-    | SampleJson
-    | GpuSampleJson
-    | RuleBrokenJson
+    | tree.HeaderJson
+    | tree.SnapshotJson
+    | samples.StepJson
+    | tree.ForensicsJson
+    | samples.SampleJson
+    | samples.GpuSampleJson
+    | samples.RuleBrokenJson
 )
 #: An event as ``artifact.events`` keeps it: not the samples, header, snapshot and steps
 #: (sections of their own hold them), and a forensics event as a mention.
-KeptEventJson = _KeptAsIs | ForensicsMentionJson
+KeptEventJson = _KeptAsIs | tree.ForensicsMentionJson
 
 
 # -- the one dispatch on ``kind`` -------------------------------------------------------------
