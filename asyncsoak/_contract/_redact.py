@@ -1,10 +1,6 @@
-"""Keep secrets out of everything asyncsoak writes or prints.
-
-One rule says which names are credentials (:func:`is_secret_name`), for environment variables,
-metadata keys, options (``--token=V``) and ``NAME=VALUE`` overrides; such a value is redacted
-where it stands and masked wherever else it appears in free text.  So are passwords in URLs and
-connection strings, credentials in a URL's query, Azure keys, and values shaped like well-known
-credentials (``hf_...``, ``AKIA...``, ``ghp_...``, ``Bearer ...``).
+"""Keep secrets out of everything asyncsoak writes or prints: the values of credential names
+(:func:`is_secret_name`), URL and connection-string passwords, Azure keys and credential-shaped
+tokens (``hf_...``, ``Bearer ...``) are redacted where they stand and masked in free text.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Bounded, peak-preserving time series and running statistics for the artifact.
-
-When a group fills up, neighbouring points merge in pairs, each keeping its bucket's maximum
-(a short spike is never averaged away); means live in :class:`RunningStats`, over every sample.
-"""
+"""Bounded, peak-preserving time series (full, neighbours merge in pairs keeping the maximum:
+a spike is never averaged away) and running statistics (means over every sample)."""
 
 from __future__ import annotations
 
@@ -107,11 +104,9 @@ class SeriesBuffer:
 
 
 class ProgressBins:
-    """Every progress change in at most ``max_bins`` bins, in time order: what the report's
-    progress strip and time-since-progress curve draw, without the journal.  A bin holds its
-    first and last change, how many, the longest gap that ended in it (from the change
-    before, or the start) and when, and the files of its last change; when full, neighbours
-    merge in pairs as :class:`SeriesBuffer`'s points do."""
+    """Every progress change in at most ``max_bins`` bins (merged in pairs when full), what the
+    report draws of progress without the journal: a bin's first and last change, how many,
+    the longest gap that ended in it and when, the files of its last change."""
 
     def __init__(self, max_bins: int = SERIES_POINTS) -> None:
         self._max_bins = max_bins
