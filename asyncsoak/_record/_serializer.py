@@ -116,22 +116,11 @@ class _JournalExecutor(Executor):
     def when_idle(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (in a pool thread, or now) once no call of this journal runs."""
         with self._lock:
-            pending = [f for f in self._running if not f.done()]
-        if not pending:
+            pending = next((f for f in self._running if not f.done()), None)
+        if pending is None:
             callback()
-            return
-        left = [len(pending)]
-        lock = threading.Lock()
-
-        def one_done(_: Future[Any]) -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                callback()
-
-        for future in pending:
-            future.add_done_callback(one_done)
+        else:  # asked again once that one returns
+            pending.add_done_callback(lambda _: self.when_idle(callback))
 
 
 #: A rule: what the state, with one more event folded, calls for (failures, warnings,
