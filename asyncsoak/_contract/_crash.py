@@ -162,15 +162,9 @@ class _RootCause:
 
 
 def find_rank_exception(text: str) -> RankCrash | None:
-    """The rank of a distributed run that failed first and its exception, from the end of the
-    log; None when the log shows no rank's failure (not a distributed run).
-
-    The rank is torchrun's "first observed failure" where it reports one, else the rank whose
-    traceback comes first.  Its exception is lifted from torchelastic's error file (what
-    ``@record`` writes), else from the rank's own traceback in the log, told apart by the
-    prefixes torch.distributed (``[rank1]:``) and ``torchrun --tee`` (``[default1]:``) put on
-    each line.  A launcher's own exception (``ChildFailedError``) is never the cause.
-    """
+    """The rank of a distributed run that failed first (torchrun's "first observed failure",
+    else the first rank's traceback) and its exception (torchelastic's error file, else the
+    rank's prefixed traceback, never a launcher's), from the log's end; None if none shows."""
     lines = text.splitlines()
     root = _root_cause(lines)
     tracebacks = [t for t in _rank_tracebacks(lines) if t[2].type not in LAUNCHER_EXCEPTIONS]

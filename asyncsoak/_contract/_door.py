@@ -1,9 +1,5 @@
-"""A room's door that opens on first use: touching one name imports one module, so the reaper,
-the parser and ``import asyncsoak.trainer`` do not pay for the rooms they never use.
-
-Every door names its exports once, as imports only the type checker runs (``if TYPE_CHECKING:``);
-:func:`lazy_door` reads the same lines from the door's source.
-"""
+"""A room's door that opens on first use: it names its exports once, as imports only the type
+checker runs, and :func:`lazy_door` imports a name's module when the name is first used."""
 
 from __future__ import annotations
 

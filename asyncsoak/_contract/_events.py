@@ -1,10 +1,6 @@
-"""The verdicts' events (a failure, a warning, a trend), any event's JSON form, and the one
-dispatch on its ``kind``.
-
-:data:`EventJson` is the union of every kind's JSON form, what the folds (artifact, live view,
-metrics) read; :class:`EventFold` is the one dispatch on ``kind`` those folds share, and
-:func:`event_to_json` the only place an event becomes JSON.
-"""
+"""The verdicts' events, :data:`EventJson` (any event's JSON form, what the folds read),
+:class:`EventFold` (the folds' one dispatch on ``kind``) and :func:`event_to_json` (the only
+place an event becomes JSON)."""
 
 # No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` when evaluated.
 from collections.abc import Callable, Mapping
@@ -116,8 +112,6 @@ EventJson = (
 KeptEventJson = _KeptAsIs | tree.ForensicsMentionJson
 
 
-# -- the one dispatch on ``kind`` -------------------------------------------------------------
-
 Owner = TypeVar("Owner")
 #: A fold's handler of one kind: ``(the fold, t, the event's JSON form)``.  The event is typed
 #: ``Any`` here so each handler names its own kind's TypedDict (``tests/test_event_json.py``
@@ -127,18 +121,13 @@ AnyHandler = TypeVar("AnyHandler", bound=Callable[..., None])
 
 
 class EventFold(Generic[Owner]):
-    """A fold's handlers, one per kind it reads; a kind without one is ignored (a journal
-    holds kinds each fold has no use for, and may come from a newer asyncsoak).  Declared in
-    the folding class's body (``_fold: ClassVar[EventFold[Builder]] = EventFold()``), its
-    handlers registered with ``@_fold.on(EventKind.STARTED)``.  :meth:`dispatch` hands any
-    mapping (an event's JSON form, a journal line read back) to the handler of its ``kind``,
-    which reads it as that kind's TypedDict; keys journals of other versions may lack are read
-    with ``.get``."""
+    """A fold's handlers (``@_fold.on(EventKind.STARTED)``), one per kind it reads, each reading
+    its kind's TypedDict (``.get`` for keys other versions may lack); other kinds are ignored.
+    """
 
     __slots__ = ("handlers",)
 
     def __init__(self) -> None:
-        #: Kind -> handler (a StrEnum member hashes as its string: a journal's kind finds it).
         self.handlers: dict[str, Handler[Owner]] = {}
 
     def on(self, *kinds: EventKind) -> Callable[[AnyHandler], AnyHandler]:

@@ -1,8 +1,5 @@
-"""The artifact: one JSON object that explains a soak after every process is gone.
-
-:class:`RunState` folds the journal's events into the run's one bounded state, live in the
-serializer and offline in ``asyncsoak recover``, so both build artifacts of the same shape.
-"""
+"""The artifact: one JSON object that explains a soak after every process is gone, built by
+:class:`RunState`, which folds the events live in the serializer and offline in ``recover``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The serializer: drains the event queue into the journal and the run's state.
-
-A journal that cannot be written, or whose write hangs, is recorded and abandoned, never let
-back up the queue; one bad value never costs the artifact.  How: docs/architecture.md, "The
-journal and the serializer".
-"""
+"""The serializer: drains the event queue into the journal and the run's state; a journal
+that fails or hangs is abandoned, never let back up the queue (docs/architecture.md)."""
 
 from __future__ import annotations
 
