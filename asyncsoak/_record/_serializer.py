@@ -273,30 +273,18 @@ class Serializer:
     async def _drain_batches(
         self, receive: MemoryObjectReceiveStream[Event], pending: list[str]
     ) -> None:
-        due: float | None = None
+        due: float | None = None  # when the waiting lines must be written
         while True:
             if self._emptied is not None and not receive.statistics().current_buffer_used:
                 self._emptied.set()
             try:
-                # No turn of the loop when there (anyio's receive() always takes one).
-                first = receive.receive_nowait()
-            except anyio.WouldBlock:
-                try:
-                    if due is None:
-                        first = await receive.receive()
-                    else:
-                        received: Event | None = None
-                        with anyio.move_on_after(max(0.0, due - anyio.current_time())):
-                            received = await receive.receive()
-                        if received is None:  # the waiting samples' interval is up
-                            await self._write_lines(pending)
-                            due = None
-                            continue
-                        first = received
-                except anyio.EndOfStream:
-                    break
+                first = await _take(receive, due)
             except anyio.EndOfStream:
                 break
+            if first is None:  # the waiting samples' interval is up
+                await self._write_lines(pending)
+                due = None
+                continue
             batch: list[Event] = [first]
             while len(batch) < BATCH:
                 try:
@@ -408,6 +396,19 @@ class Serializer:
     def _fold_failed(self, exc: Exception) -> None:
         self.fold_errors += 1
         self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
+
+
+async def _take(receive: MemoryObjectReceiveStream[Event], due: float | None) -> Event | None:
+    """The next event, None once ``due`` passed; no turn of the loop when one is there."""
+    try:
+        return receive.receive_nowait()
+    except anyio.WouldBlock:
+        pass
+    if due is None:
+        return await receive.receive()
+    with anyio.move_on_after(max(0.0, due - anyio.current_time())):
+        return await receive.receive()
+    return None
 
 
 def _file_key(fd: int) -> tuple[int, int]:
