@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._contract import BlockingCallTimeout, ValidationError, run_blocking
-from ._metrics import Metrics, new_registry, render, textfile_path, write_textfile
+from ._metrics import Metrics, new_registry, render, write_textfile
 from ._soak_metrics import SoakMetrics
 
 if TYPE_CHECKING:
@@ -340,7 +340,7 @@ class SoakMetricsRuntime:
         self.textfile = (
             None
             if config.textfile_dir is None
-            else textfile_path(config.textfile_dir, soak.soak_id)
+            else config.textfile_dir / f"asyncsoak_{soak.soak_id}.prom"
         )
         self.textfile_error: str | None = None
         self._dirty = anyio.Event()
