@@ -12,29 +12,19 @@ SERIES_POINTS = 1000
 
 
 def _max(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a if a >= b else b
+    return b if a is None else a if b is None or a >= b else b
 
 
 def _min(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a if a <= b else b
+    return b if a is None else a if b is None or a <= b else b
 
 
 Combine = Callable[[float | None, float | None], float | None]
 
 
 class SeriesBuffer:
-    """One group's series (several fields sharing a time axis), bounded in points.
-
-    ``keep="min"`` merges a bucket into its minimum instead: the trend rules want floors.
-    """
+    """One group's series (fields sharing a time axis), bounded in points; ``keep="min"``
+    merges a bucket into its minimum instead (the trend rules want floors)."""
 
     def __init__(self, max_points: int = SERIES_POINTS, *, keep: str = "max") -> None:
         if max_points < 2:
