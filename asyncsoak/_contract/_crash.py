@@ -23,6 +23,8 @@ _NCCL = re.compile(
     r"NCCL (?:error|Error)|nccl(?:Internal|System|UnhandledCuda|Invalid\w*)Error"
     r"|Watchdog caught collective operation timeout"
 )
+#: The errors a line names without a traceback: (kind, pattern, the cause's type).
+_RAW_ERRORS = (("cuda_oom", _CUDA_OOM, "CUDA out of memory"), ("nccl", _NCCL, "NCCL error"))
 #: bash: ``bash: line 1: 1234 Killed  python train.py`` (a script), ``bash: 1234 Killed ...``
 #: (``bash -c``); dash prints ``Killed`` alone.
 _KILLED = re.compile(r"^(?:\S+: (?:line \d+: +)?\d+ +)?Killed(?:\s.*)?$")
@@ -66,10 +68,9 @@ def find_exception(text: str) -> CrashInLog | None:
         line = lines[index].strip()
         if _KILLED.match(line):
             return CrashInLog("Killed", line, None, "killed")
-        if _CUDA_OOM.search(line):
-            return CrashInLog("CUDA out of memory", _clip(line), None, "cuda_oom")
-        if _NCCL.search(line):
-            return CrashInLog("NCCL error", _clip(line), None, "nccl")
+        for kind, pattern, name in _RAW_ERRORS:
+            if pattern.search(line):
+                return CrashInLog(name, _clip(line), None, kind)
     return None if found is None else found[1]
 
 
@@ -90,13 +91,8 @@ def _traceback(lines: Sequence[str], start: int, prefix: str) -> tuple[int, Cras
         match = _EXCEPTION.match(raw.rstrip())
         if match is None or where is None:
             return None
-        message = match["message"] or ""
-        kind = "python"
-        if _CUDA_OOM.search(raw):
-            kind = "cuda_oom"
-        elif _NCCL.search(raw):
-            kind = "nccl"
-        return index, CrashInLog(match["type"], _clip(message), where, kind)
+        kind = next((kind for kind, pattern, _ in _RAW_ERRORS if pattern.search(raw)), "python")
+        return index, CrashInLog(match["type"], _clip(match["message"] or ""), where, kind)
     return None
 
 
