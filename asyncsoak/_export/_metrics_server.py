@@ -353,7 +353,7 @@ class SoakMetricsRuntime:
 
     def _render(self, accept: str) -> tuple[bytes, str]:
         page = render(self.registry, accept)
-        if self.soak.status is not None:
+        if self.soak.run.status is not None:
             self._final_scraped.set()
         return page
 

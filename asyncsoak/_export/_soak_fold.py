@@ -14,7 +14,7 @@ from itertools import islice
 from typing import Any
 
 from .._analysis import TREE_MEMORY_SERIES
-from .._contract import EventKind, FailureReason, SoakStatus, epoch, redact_url_passwords
+from .._contract import EventKind, epoch, redact_url_passwords
 from .._process import RoleFold
 from .._record import RunState
 
@@ -71,15 +71,6 @@ class SoakFold:
     @property
     def config(self) -> Mapping[str, Any]:
         return self.header.get("config") or {}
-
-    @property
-    def status(self) -> SoakStatus | None:
-        return self.run.status
-
-    @property
-    def reason(self) -> FailureReason | None:
-        """The first failure's reason."""
-        return self.run.failures[0]["reason"] if self.run.failures else None
 
     @property
     def started_epoch(self) -> float | None:
@@ -207,8 +198,8 @@ class SoakFold:
     def health(self) -> tuple[bool, str]:
         """Whether the samplers are alive (a sample within HEALTH_STALE_SAMPLES intervals, on the
         monotonic clock), and what to say."""
-        if self.status is not None:
-            return True, f"ok: the soak finished ({self.status})"
+        if self.run.status is not None:
+            return True, f"ok: the soak finished ({self.run.status})"
         elapsed = self.elapsed()
         if elapsed is None:
             return True, "ok: starting"

@@ -151,7 +151,7 @@ class SoakMetrics(SoakFold):
                 ((name, name == run.status) for name in SoakStatus),
             )
         if run.status is not None and run.status != SoakStatus.CANCELLED:
-            reasons = [] if self.reason is None else [self.reason]
+            reasons = [failure["reason"] for failure in run.failures[:1]]
             gauge(
                 "asyncsoak_soak_exit_code",
                 "The soak's status under --detailed-exit-codes once it ended: 0 passed, else "
