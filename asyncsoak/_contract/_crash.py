@@ -112,8 +112,6 @@ def describe_crash(cause: CrashInLog) -> str:
     return head if cause.where is None else f"{head} ({cause.where})"
 
 
-# -- distributed runs: the rank that failed first --------------------------------------------
-
 #: ``[rank1]:`` (torch.distributed's own prefix on a rank's traceback) and ``[1,1]<stderr>:``
 #: (``mpirun --tag-output``: the job and the rank).
 _RANK_PREFIX = re.compile(r"\[rank(?P<rank>\d+)\]:|\[\d+,(?P<mpi>\d+)\]<std(?:out|err)>:")
