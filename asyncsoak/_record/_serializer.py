@@ -378,20 +378,16 @@ class Serializer:
         """The event's journal line and JSON form; None (counted) if it cannot be encoded."""
         try:
             data = journal_line_data(event)
-            return self._encoder.encode(data), data
-        except ValueError:
-            pass  # a NaN or an infinity: retried below with those numbers as null
+            try:
+                return self._encoder.encode(data), data
+            except ValueError:  # a NaN or an infinity: written as null
+                data = _finite(data)
+                line = self._encoder.encode(data)
+                self.nonfinite_events += 1
+                return line, data
         except Exception as exc:
             self._fold_failed(exc)
             return None
-        try:
-            data = _finite(journal_line_data(event))
-            line = self._encoder.encode(data)
-        except Exception as exc:
-            self._fold_failed(exc)
-            return None
-        self.nonfinite_events += 1
-        return line, data
 
     def _fold_failed(self, exc: Exception) -> None:
         self.fold_errors += 1
