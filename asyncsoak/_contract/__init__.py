@@ -1,10 +1,6 @@
-"""The contract every room shares.
-
-The vocabulary, the artifact, series, the event sink and the soak's clock, errors, units,
-timestamps, secret masking, terminal-safe text, the version, and ``run_blocking`` are names;
-the events and their JSON form (``events``), the artifact's sections (``schema``), exit
-statuses and the decoding of exits and crashes (``exits``) and bounded reads (``bounded``) are
-namespaces it hands out whole.  It imports no other room.
+"""The contract every room shares, importing no other room: the vocabulary, errors, units and
+the like as names; the events, the artifact's sections, exits and bounded reads as namespaces
+(``events``, ``schema``, ``exits``, ``bounded``) it hands out whole.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The one way asyncsoak runs blocking work: always under a deadline, in its own daemon threads.
-
-Blocking calls (``/proc`` reads, scans, ``git``, SQLite, the journal's writes) never run on the
-event loop and never wait without a bound.  They run on :data:`EXECUTOR`, at most
-:data:`MAX_THREADS` daemon threads registered nowhere at exit, so a call stuck for good (a dead
-NFS mount, a wedged process's ``/proc/PID/environ``) neither keeps the process from exiting
-nor makes threads grow.  A call whose caller stops waiting while it runs is *abandoned*: left
-to finish, counted (:func:`abandoned_calls`, in ``artifact.monitor``).
+"""The one way asyncsoak runs blocking work: under a deadline, on :data:`EXECUTOR`'s bounded
+daemon threads, so a call stuck for good (a dead NFS mount) neither keeps the process from
+exiting nor makes threads grow; a call its caller stops waiting for is *abandoned* and counted.
 """
 
 from __future__ import annotations
@@ -25,10 +20,8 @@ from ._errors import AsyncsoakError
 
 T = TypeVar("T")
 
-#: Threads of the pool at most, stuck ones included.
-MAX_THREADS = 16
-#: An idle thread exits after this long without work.
-IDLE_SECONDS = 30.0
+MAX_THREADS = 16  # stuck ones included
+IDLE_SECONDS = 30.0  # an idle thread exits after this long without work
 
 
 class BlockingCallTimeout(TimeoutError):
@@ -130,14 +123,9 @@ def require_asyncio(what: str) -> None:
 
 
 def host_cancelled() -> bool:
-    """In an ``except CancelledError`` under asyncsoak's shielded scopes: whether the
-    cancellation is the host's, not one of anyio's scopes, and if so take it back.
-
-    ``asyncio.run``, ``asyncio.Runner`` and ``anyio.run`` cancel every task of their loop at
-    once when ``main`` ends (returns, raises, Ctrl-C), a soak's own tasks included, and then
-    wait for them: a task of the soak takes that cancel back (``Task.uncancel``, so anyio's
-    scopes count right) and finishes what the artifact needs, every step still bounded.
-    """
+    """In an ``except CancelledError``: whether the cancellation is the host's (its loop
+    ending cancels every task, then waits for them), not an anyio scope's; if so it is taken
+    back (``Task.uncancel``), so the soak finishes what the artifact needs, still bounded."""
     if anyio.current_effective_deadline() == -math.inf:
         return False  # an anyio scope of ours (or the caller's) is cancelled: not the host's
     task = asyncio.current_task()
@@ -153,12 +141,8 @@ async def run_blocking(
     what: str,
     limiter: anyio.CapacityLimiter | None = None,
 ) -> T:
-    """Run ``func(*args)`` on :data:`EXECUTOR`, waiting at most ``timeout`` seconds.
-
-    Past the deadline the call is abandoned (left running, counted) and
-    :class:`BlockingCallTimeout` naming ``what`` is raised; cancelling the caller abandons it
-    at once.  ``limiter`` bounds how many calls of one caller run at a time.
-    """
+    """Run ``func(*args)`` on :data:`EXECUTOR` within ``timeout`` seconds, else abandon it and
+    raise :class:`BlockingCallTimeout` naming ``what``; ``limiter`` bounds a caller's calls."""
     with anyio.move_on_after(timeout):
         if limiter is None:
             return await _wait(func, args)

@@ -1,10 +1,6 @@
-"""Reading files anyone may have put there: bounded in kind, size, line length and nesting.
-
-The views and the soak's checks of its output paths read files a person named, which may be a
-device, a FIFO, many gigabytes, a line without end or JSON nested thousands deep.  Every such
-reader goes through here and refuses them with one :class:`UnreadableFileError` naming the file,
-instead of blocking, exhausting memory or printing a traceback.  The bounds are far above
-anything asyncsoak writes.
+"""Reading files anyone may have put there (a FIFO, gigabytes, a line without end, JSON nested
+thousands deep): bounded in kind, size, line length and nesting, refused with one
+:class:`UnreadableFileError` naming the file.  The bounds are far above anything asyncsoak writes.
 """
 
 from __future__ import annotations
@@ -30,9 +26,8 @@ MAX_METADATA_DEPTH = 32
 
 
 class UnreadableFileError(ValidationError):
-    """A file no reader takes: not a regular file, too large, a line too long, JSON nested
-    too deep, a journal patch that inflates: never what asyncsoak writes, nor what a crash
-    leaves (a truncated line is only skipped)."""
+    """A file no reader takes, never one asyncsoak writes nor a crash leaves: not regular, too
+    large, a line too long, JSON nested too deep, a journal patch that inflates."""
 
 
 def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
@@ -64,10 +59,8 @@ def _kind(mode: int) -> str:
 
 
 def nested_too_deep(value: Any, limit: int = MAX_NESTING_DEPTH) -> bool:
-    """Whether ``value`` (decoded JSON) holds containers more than ``limit`` deep.
-
-    Walked with a stack, never by recursion, so any depth is measured.
-    """
+    """Whether ``value`` (decoded JSON) holds containers more than ``limit`` deep (walked with
+    a stack, so any depth is measured)."""
     if not isinstance(value, dict | list):
         return False
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -83,9 +76,8 @@ def nested_too_deep(value: Any, limit: int = MAX_NESTING_DEPTH) -> bool:
 
 
 def loads_bounded(text: bytes | str) -> Any:
-    """``json.loads(text)``, with nesting bounded: :class:`UnreadableFileError` for JSON
-    nested deeper than :data:`MAX_NESTING_DEPTH` (never a ``RecursionError``), a plain
-    ``ValueError`` for text that is not JSON."""
+    """``json.loads(text)``; :class:`UnreadableFileError` for JSON nested deeper than
+    :data:`MAX_NESTING_DEPTH` (never a ``RecursionError``)."""
     try:
         value = json.loads(text)
     except RecursionError:
@@ -101,16 +93,11 @@ def loads_bounded(text: bytes | str) -> Any:
 
 
 def read_json_file(path: str | os.PathLike[str], max_bytes: int = MAX_ARTIFACT_BYTES) -> Any:
-    """The JSON document in the regular file at ``path``, at most ``max_bytes`` long.
-
-    :class:`UnreadableFileError` (naming the file) for a file that is not regular, is too
-    large or nests too deep, a plain ``ValueError`` for one that is not JSON, ``OSError`` when
-    it cannot be read.
-    """
+    """The JSON document in the regular file at ``path``, at most ``max_bytes`` long;
+    :class:`UnreadableFileError` naming the file when not, ``ValueError`` when not JSON."""
     name = os.fspath(path)
     with open_regular(path) as f:
-        # The size first, so a huge file is refused unread; the read is bounded all the same
-        # (the file may grow meanwhile).
+        # A huge file is refused unread; the read is bounded all the same (it may grow).
         too_large = os.fstat(f.fileno()).st_size > max_bytes
         data = b"" if too_large else f.read(max_bytes + 1)
     if too_large or len(data) > max_bytes:

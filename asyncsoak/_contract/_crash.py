@@ -9,8 +9,10 @@ import json
 import os
 import re
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+from ._exits import signal_name
 
 _TRACEBACK = re.compile(r"^(?P<prefix>.*?)Traceback \(most recent call last\):\s*$")
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+)')
@@ -21,6 +23,8 @@ _NCCL = re.compile(
     r"NCCL (?:error|Error)|nccl(?:Internal|System|UnhandledCuda|Invalid\w*)Error"
     r"|Watchdog caught collective operation timeout"
 )
+#: The errors a line names without a traceback: (kind, pattern, the cause's type).
+_RAW_ERRORS = (("cuda_oom", _CUDA_OOM, "CUDA out of memory"), ("nccl", _NCCL, "NCCL error"))
 #: bash: ``bash: line 1: 1234 Killed  python train.py`` (a script), ``bash: 1234 Killed ...``
 #: (``bash -c``); dash prints ``Killed`` alone.
 _KILLED = re.compile(r"^(?:\S+: (?:line \d+: +)?\d+ +)?Killed(?:\s.*)?$")
@@ -41,13 +45,17 @@ def last_traceback(lines: Sequence[str]) -> tuple[int, int, CrashInLog] | None:
     """The last whole Python traceback in ``lines``: (its ``Traceback`` line, one past its
     exception line, the cause), or None."""
     found: tuple[int, int, CrashInLog] | None = None
+    for index, _, end, cause in _tracebacks(lines):
+        found = (index, end, cause)
+    return found
+
+
+def _tracebacks(lines: Sequence[str]) -> Iterator[tuple[int, str, int, CrashInLog]]:
+    """Each whole traceback: its ``Traceback`` line, prefix, one past its exception, cause."""
     for index, line in enumerate(lines):
         match = _TRACEBACK.match(line)
-        if match is not None:
-            parsed = _traceback(lines, index + 1, match["prefix"])
-            if parsed is not None:
-                found = (index, parsed[0] + 1, parsed[1])
-    return found
+        if match is not None and (parsed := _traceback(lines, index + 1, match["prefix"])):
+            yield index, match["prefix"], parsed[0] + 1, parsed[1]
 
 
 def find_exception(text: str) -> CrashInLog | None:
@@ -60,10 +68,9 @@ def find_exception(text: str) -> CrashInLog | None:
         line = lines[index].strip()
         if _KILLED.match(line):
             return CrashInLog("Killed", line, None, "killed")
-        if _CUDA_OOM.search(line):
-            return CrashInLog("CUDA out of memory", _clip(line), None, "cuda_oom")
-        if _NCCL.search(line):
-            return CrashInLog("NCCL error", _clip(line), None, "nccl")
+        for kind, pattern, name in _RAW_ERRORS:
+            if pattern.search(line):
+                return CrashInLog(name, _clip(line), None, kind)
     return None if found is None else found[1]
 
 
@@ -84,13 +91,8 @@ def _traceback(lines: Sequence[str], start: int, prefix: str) -> tuple[int, Cras
         match = _EXCEPTION.match(raw.rstrip())
         if match is None or where is None:
             return None
-        message = match["message"] or ""
-        kind = "python"
-        if _CUDA_OOM.search(raw):
-            kind = "cuda_oom"
-        elif _NCCL.search(raw):
-            kind = "nccl"
-        return index, CrashInLog(match["type"], _clip(message), where, kind)
+        kind = next((kind for kind, pattern, _ in _RAW_ERRORS if pattern.search(raw)), "python")
+        return index, CrashInLog(match["type"], _clip(match["message"] or ""), where, kind)
     return None
 
 
@@ -109,8 +111,6 @@ def describe_crash(cause: CrashInLog) -> str:
         head = cause.type
     return head if cause.where is None else f"{head} ({cause.where})"
 
-
-# -- distributed runs: the rank that failed first --------------------------------------------
 
 #: ``[rank1]:`` (torch.distributed's own prefix on a rank's traceback) and ``[1,1]<stderr>:``
 #: (``mpirun --tag-output``: the job and the rank).
@@ -156,15 +156,9 @@ class _RootCause:
 
 
 def find_rank_exception(text: str) -> RankCrash | None:
-    """The rank of a distributed run that failed first and its exception, from the end of the
-    log; None when the log shows no rank's failure (not a distributed run).
-
-    The rank is torchrun's "first observed failure" where it reports one, else the rank whose
-    traceback comes first.  Its exception is lifted from torchelastic's error file (what
-    ``@record`` writes), else from the rank's own traceback in the log, told apart by the
-    prefixes torch.distributed (``[rank1]:``) and ``torchrun --tee`` (``[default1]:``) put on
-    each line.  A launcher's own exception (``ChildFailedError``) is never the cause.
-    """
+    """The rank of a distributed run that failed first (torchrun's "first observed failure",
+    else the first rank's traceback) and its exception (torchelastic's error file, else the
+    rank's prefixed traceback, never a launcher's), from the log's end; None if none shows."""
     lines = text.splitlines()
     root = _root_cause(lines)
     tracebacks = [t for t in _rank_tracebacks(lines) if t[2].type not in LAUNCHER_EXCEPTIONS]
@@ -193,21 +187,14 @@ def find_rank_exception(text: str) -> RankCrash | None:
 def _rank_tracebacks(lines: Sequence[str]) -> list[tuple[int | None, int | None, CrashInLog]]:
     """Every whole traceback in ``lines`` with the rank (or local rank) its prefix names."""
     found = []
-    for index, line in enumerate(lines):
-        match = _TRACEBACK.match(line)
-        if match is None:
-            continue
-        prefix = match["prefix"]
-        parsed = _traceback(lines, index + 1, prefix)
-        if parsed is None:
-            continue
-        rank_match = _RANK_PREFIX.search(prefix)
-        local_match = _LOCAL_PREFIX.search(prefix)
+    for _, prefix, _, cause in _tracebacks(lines):
+        rank = _RANK_PREFIX.search(prefix)
+        local = _LOCAL_PREFIX.search(prefix)
         found.append(
             (
-                int(rank_match["rank"] or rank_match["mpi"]) if rank_match else None,
-                int(local_match["local"]) if local_match else None,
-                parsed[1],
+                int(rank["rank"] or rank["mpi"]) if rank else None,
+                int(local["local"]) if local else None,
+                cause,
             )
         )
     return found
@@ -252,10 +239,7 @@ def _exit_cause(exitcode: int | None) -> CrashInLog | None:
     if exitcode is None or exitcode == 0:
         return None
     if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
+        name = signal_name(-exitcode)
         oom = " (often the kernel's OOM killer)" if -exitcode == signal.SIGKILL else ""
         return CrashInLog(name, f"killed by {name}{oom}", None, "signal")
     return CrashInLog(f"exit status {exitcode}", "no traceback", None, "exit")

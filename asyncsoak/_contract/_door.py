@@ -1,11 +1,5 @@
-"""A room's door that opens on first use.
-
-Every room's ``__init__`` names what other rooms may use once, as imports that only the type
-checker runs (``if TYPE_CHECKING:``); :func:`lazy_door` reads the same lines from the door's
-source and imports a name's module when the name is first used, so touching one name costs one
-module: the reaper, the command line's parser and ``import asyncsoak.trainer`` do not pay for
-the rooms they never use.
-"""
+"""A room's door that opens on first use: it names its exports once, as imports only the type
+checker runs, and :func:`lazy_door` imports a name's module when the name is first used."""
 
 from __future__ import annotations
 
@@ -19,9 +13,8 @@ _IMPORT = re.compile(r"^\s+from (\.[\w.]*) import (\([^)]*\)|[^\n]*)", re.MULTIL
 
 
 def door_names(source: str) -> dict[str, tuple[str, str | None]]:
-    """What a door's ``if TYPE_CHECKING:`` block imports: each name -> the module that defines
-    it and the name there (``("._config", "SoakConfig")``), or a module exported whole
-    (``from . import _cgroup as cgroups``: ``("._cgroup", None)``)."""
+    """What a door's ``if TYPE_CHECKING:`` block imports: name -> (module, name there), or
+    (module, None) for a module handed out whole (``from . import _cgroup as cgroups``)."""
     block = source.partition("if TYPE_CHECKING:\n")[2].partition("\n\n")[0]
     names: dict[str, tuple[str, str | None]] = {}
     for module, imported in _IMPORT.findall(block):
@@ -34,9 +27,8 @@ def door_names(source: str) -> dict[str, tuple[str, str | None]]:
 
 
 def lazy_door(room: str, init_file: str) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The ``__getattr__`` and ``__dir__`` of the door of ``room`` (its ``__name__``): the
-    names its ``__init__`` (``init_file``) imports for the type checker.  A namespace a door
-    hands out whole (the contract's ``events``) may open the same way."""
+    """The ``__getattr__`` and ``__dir__`` of the door of ``room`` (its ``__name__``), whose
+    ``__init__`` is ``init_file``; a namespace handed out whole may open the same way."""
     with open(init_file, encoding="utf-8") as source:
         names = door_names(source.read())
 

@@ -1,10 +1,6 @@
-"""What every event is, and the base of its JSON form.
-
-An event is a small immutable record with a ``KIND`` tag and ``t``: seconds since the soak's
-start on the monitor's monotonic clock.  Its class declares fields as a dataclass does, but is a
-plain slotted class: 29 frozen dataclasses cost ~18 ms of every start-up.  Samples
-(``DROPPABLE``) may be dropped when the serializer falls behind; every other kind is always
-delivered.
+"""What every event is: a small immutable record with a ``KIND`` tag and ``t``, seconds since
+the soak's start.  Its class declares fields as a dataclass does, but is a plain slotted class:
+29 frozen dataclasses cost ~18 ms of every start-up.
 """
 
 from collections.abc import Mapping
@@ -29,8 +25,8 @@ class SeriesSource(Protocol):
 
 @dataclass_transform(frozen_default=True)
 class _EventClass(type):
-    """Makes each annotated name of the class body (not a ``ClassVar``) a slot and a field;
-    a value given there is its default (a dict or list one is copied for each event)."""
+    """Makes each annotated name of the body (not a ``ClassVar``) a slot and a field; a value
+    given there is its default (a dict or list one copied for each event)."""
 
     FIELDS: tuple[str, ...]
     DEFAULTS: dict[str, Any]
@@ -94,8 +90,7 @@ class Event(metaclass=_EventClass):
 
 class EventJsonBase(TypedDict):
     """What every event's JSON form holds (each kind's adds ``kind`` and its fields).  Words of
-    the vocabulary (a reason, a cause, a status) are ``str`` there: read back from a journal
-    they are plain strings, which compare equal to the enum members.  A field with a default is
-    ``NotRequired``: journals written before it was added lack it."""
+    the vocabulary are ``str`` (a journal's are); a field with a default is ``NotRequired``
+    (older journals lack it)."""
 
     t: float

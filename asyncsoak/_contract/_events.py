@@ -1,49 +1,15 @@
-"""The verdicts' events (a failure, a warning, a trend), any event's JSON form, and the one
-dispatch on its ``kind``.
-
-:data:`EventJson` is the union of every kind's JSON form, what the folds (artifact, live view,
-metrics) read; :class:`EventFold` is the one dispatch on ``kind`` those folds share, and
-:func:`event_to_json` the only place an event becomes JSON.
-"""
+"""The verdicts' events, :data:`EventJson` (any event's JSON form, what the folds read),
+:class:`EventFold` (the folds' one dispatch on ``kind``) and :func:`event_to_json` (the only
+place an event becomes JSON)."""
 
 # No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` when evaluated.
 from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass
 from typing import Any, ClassVar, Generic, Literal, NotRequired, TypeVar, cast
 
+from . import _sample_events as samples
+from . import _tree_events as tree
 from ._event import Event, EventJsonBase
-from ._sample_events import (
-    GpuFaultJson,
-    GpuSampleJson,
-    LimitsJson,
-    ProgressJson,
-    RuleBrokenJson,
-    SampleJson,
-    SamplerDegradedJson,
-    SamplerNoteJson,
-    SamplerRecoveredJson,
-    StepJson,
-)
-from ._tree_events import (
-    AbandonedJson,
-    ExceptionJson,
-    ExitedJson,
-    FinishedJson,
-    ForensicsJson,
-    ForensicsMentionJson,
-    ForwardedJson,
-    HeaderJson,
-    LeftoverJson,
-    OomKillJson,
-    RequeueJson,
-    SignalJson,
-    SnapshotJson,
-    SpawnFailedJson,
-    StartedJson,
-    StdinClosedJson,
-    StopJson,
-    TreeGoneJson,
-)
 from ._vocabulary import EventKind
 
 
@@ -106,47 +72,45 @@ class TrendJson(EventJsonBase):
 
 #: The kinds ``artifact.events`` keeps as they are.
 _KeptAsIs = (
-    StartedJson
-    | SpawnFailedJson
-    | ExitedJson
-    | TreeGoneJson
-    | ProgressJson
+    tree.StartedJson
+    | tree.SpawnFailedJson
+    | tree.ExitedJson
+    | tree.TreeGoneJson
+    | samples.ProgressJson
     | FailureJson
     | WarningJson
-    | StopJson
-    | SignalJson
-    | ForwardedJson
-    | RequeueJson
-    | StdinClosedJson
-    | LeftoverJson
-    | AbandonedJson
-    | OomKillJson
-    | SamplerDegradedJson
-    | SamplerRecoveredJson
-    | SamplerNoteJson
-    | GpuFaultJson
+    | tree.StopJson
+    | tree.SignalJson
+    | tree.ForwardedJson
+    | tree.RequeueJson
+    | tree.StdinClosedJson
+    | tree.LeftoverJson
+    | tree.AbandonedJson
+    | tree.OomKillJson
+    | samples.SamplerDegradedJson
+    | samples.SamplerRecoveredJson
+    | samples.SamplerNoteJson
+    | samples.GpuFaultJson
     | TrendJson
-    | ExceptionJson
-    | LimitsJson
-    | FinishedJson
+    | tree.ExceptionJson
+    | samples.LimitsJson
+    | tree.FinishedJson
 )
 #: Any event's JSON form, one member per :class:`EventKind`.
 EventJson = (
     _KeptAsIs
-    | HeaderJson
-    | SnapshotJson
-    | StepJson
-    | ForensicsJson
-    | SampleJson
-    | GpuSampleJson
-    | RuleBrokenJson
+    | tree.HeaderJson
+    | tree.SnapshotJson
+    | samples.StepJson
+    | tree.ForensicsJson
+    | samples.SampleJson
+    | samples.GpuSampleJson
+    | samples.RuleBrokenJson
 )
 #: An event as ``artifact.events`` keeps it: not the samples, header, snapshot and steps
 #: (sections of their own hold them), and a forensics event as a mention.
-KeptEventJson = _KeptAsIs | ForensicsMentionJson
+KeptEventJson = _KeptAsIs | tree.ForensicsMentionJson
 
-
-# -- the one dispatch on ``kind`` -------------------------------------------------------------
 
 Owner = TypeVar("Owner")
 #: A fold's handler of one kind: ``(the fold, t, the event's JSON form)``.  The event is typed
@@ -157,18 +121,13 @@ AnyHandler = TypeVar("AnyHandler", bound=Callable[..., None])
 
 
 class EventFold(Generic[Owner]):
-    """A fold's handlers, one per kind it reads; a kind without one is ignored (a journal
-    holds kinds each fold has no use for, and may come from a newer asyncsoak).  Declared in
-    the folding class's body (``_fold: ClassVar[EventFold[Builder]] = EventFold()``), its
-    handlers registered with ``@_fold.on(EventKind.STARTED)``.  :meth:`dispatch` hands any
-    mapping (an event's JSON form, a journal line read back) to the handler of its ``kind``,
-    which reads it as that kind's TypedDict; keys journals of other versions may lack are read
-    with ``.get``."""
+    """A fold's handlers (``@_fold.on(EventKind.STARTED)``), one per kind it reads, each reading
+    its kind's TypedDict (``.get`` for keys other versions may lack); other kinds are ignored.
+    """
 
     __slots__ = ("handlers",)
 
     def __init__(self) -> None:
-        #: Kind -> handler (a StrEnum member hashes as its string: a journal's kind finds it).
         self.handlers: dict[str, Handler[Owner]] = {}
 
     def on(self, *kinds: EventKind) -> Callable[[AnyHandler], AnyHandler]:

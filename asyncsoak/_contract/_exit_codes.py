@@ -1,11 +1,6 @@
-"""Exit statuses: the plain contract, and one status per failure reason for
-``--detailed-exit-codes``, so what reads only the status (a Kubernetes ``podFailurePolicy``, a CI
-step) can tell a stall from a crash.
-
-Detailed statuses lie in 3..125, clear of the plain ones, a shell's 126/127 and 128 + N, grouped
-by tens (the command's end 1x, progress 2x, resources 3x, training health 4x, the monitor 5x).
-A reason's status never changes once released; ``tests/test_exit_codes.py`` pins the table.
-"""
+"""Exit statuses: the plain contract, and one per failure reason for ``--detailed-exit-codes``
+(3..125, clear of a shell's 126/127 and 128 + N, by tens: the command's end 1x, progress 2x,
+resources 3x, training health 4x, the monitor 5x; never renumbered)."""
 
 from __future__ import annotations
 
@@ -19,10 +14,6 @@ EXIT_PASSED = 0
 #: (the artifact could not be written), whose reason is not known.
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-#: The statuses a detailed code may take: above the plain contract, below a shell's 126.
-DETAILED_RANGE = range(3, 126)
-
-#: The status of each failure reason under ``--detailed-exit-codes``; never renumbered.
 DETAILED_EXIT_CODES: Mapping[str, int] = MappingProxyType(
     {
         FailureReason.SPAWN_FAILED: 10,
@@ -46,17 +37,13 @@ DETAILED_EXIT_CODES: Mapping[str, int] = MappingProxyType(
 
 
 def detailed_exit_code(reason: str | None) -> int:
-    """The detailed status of a failure's primary ``reason``; :data:`EXIT_FAILED` when it is
-    not known (no reason, or one this version does not have)."""
-    if reason is None:
-        return EXIT_FAILED
-    return DETAILED_EXIT_CODES.get(reason, EXIT_FAILED)
+    """The detailed status of a failure's primary ``reason``; :data:`EXIT_FAILED` if unknown."""
+    return EXIT_FAILED if reason is None else DETAILED_EXIT_CODES.get(reason, EXIT_FAILED)
 
 
 def verdict_exit_code(status: str, reasons: Sequence[str], *, detailed: bool) -> int:
-    """The exit status of a soak that ended with ``status`` and failure ``reasons`` (primary
-    first) and was not stopped by a signal: 0 for a pass or a requested stop, else 1, or the
-    primary reason's detailed status."""
+    """The exit status of a soak that ended with ``status`` and ``reasons`` (primary first),
+    not by a signal: 0 for a pass or a requested stop, else 1 or the detailed status."""
     if status not in ("failed", "error"):
         return EXIT_PASSED
     if not detailed:

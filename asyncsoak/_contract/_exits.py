@@ -1,9 +1,5 @@
-"""Exit statuses decoded in one place, and said in one set of words.
-
-Python reports a child killed by signal N as returncode ``-N``; a shell wrapper (``bash -c``,
-a job script) that lost its child to signal N exits ``128 + N`` instead.  ``-9`` is SIGKILL,
-which on a training node is often the kernel's OOM killer.
-"""
+"""Exit statuses decoded in one place, and said in one set of words: Python reports a child
+killed by signal N as ``-N``, a shell wrapper as ``128 + N``."""
 
 from __future__ import annotations
 
@@ -72,14 +68,9 @@ def describe_exit_status(
     sent: Collection[str] | None = None,
     forwarded: Collection[str] = (),
 ) -> str:
-    """An exit status in words, the one wording every view and error uses.
-
-    ``sent`` is the names of the signals the monitor sent (``["SIGTERM"]``), when known: the
-    words then say whether the killing signal was the monitor's.  ``forwarded`` is the names of
-    the signals it passed on to the command (``--forward-signal``): one of them that killed the
-    command is named as forwarded, not blamed on someone else.  SIGKILL that the monitor did
-    not send (or may not have) is often the kernel's OOM killer, directly or through a shell.
-    """
+    """An exit status in the words every view and error uses.  ``sent``: the signals the
+    monitor sent, when known, to say whether the killing one was its own; ``forwarded``: those
+    it passed on (``--forward-signal``).  A SIGKILL not the monitor's may be the OOM killer."""
     status = decode(returncode)
     if status.returncode is None:
         return "exit status unknown (no exit was recorded)"

@@ -126,8 +126,7 @@ def _object(cls: Any, named: dict[str, Any], defs: dict[str, Any]) -> dict[str, 
 
 @cache
 def _comments() -> dict[tuple[str, str], str]:
-    """Each field's ``#:`` comment in the schema's files (``_schema*.py``: a class's
-    ``__module__`` may be its public one), by class and field."""
+    """Each field's ``#:`` comment in the schema's files (``_schema*.py``), by class and field."""
     found: dict[tuple[str, str], str] = {}
     comment: list[str] = []
     cls = ""

@@ -1,17 +1,13 @@
-"""Keep secrets out of everything asyncsoak writes or prints.
-
-One rule says which names are credentials (:func:`is_secret_name`), for environment variables,
-metadata keys, options (``--token=V``) and ``NAME=VALUE`` overrides; such a value is redacted
-where it stands and masked wherever else it appears in free text.  So are passwords in URLs and
-connection strings, credentials in a URL's query, Azure keys, and values shaped like well-known
-credentials (``hf_...``, ``AKIA...``, ``ghp_...``, ``Bearer ...``).
+"""Keep secrets out of everything asyncsoak writes or prints: the values of credential names
+(:func:`is_secret_name`), URL and connection-string passwords, Azure keys and credential-shaped
+tokens (``hf_...``, ``Bearer ...``) are redacted where they stand and masked in free text.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 REDACTED = "[redacted]"
@@ -157,20 +153,26 @@ def argv_secrets(argv: Iterable[str]) -> frozenset[str]:
     overrides (``db.password=V``), also inside an argument that is itself a command line
     (``sh -c "train.py --token V"``)."""
     values: set[str] = set()
-    hide_next = False
-    for arg in argv:
-        if hide_next and not arg.startswith("-"):
+    for arg, hidden, secret in _arguments(argv):
+        if hidden:
             values.add(arg)
-        hide_next = False
-        secret = _secret_argument(arg)
         if secret is not None:
-            if secret[1] is None:
-                hide_next = True
-            else:
+            if secret[1] is not None:
                 values.add(secret[1])
         elif _WHITESPACE.search(arg):
             values.update(argv_secrets(arg.split()))
     return frozenset(v for v in values if len(v) >= _MIN_MASKED_LEN)
+
+
+def _arguments(argv: Iterable[str]) -> Iterator[tuple[str, bool, tuple[str, str | None] | None]]:
+    """Each argument, whether it is the value of a credential option before it (``--token
+    V``), and how it carries a credential itself (:func:`_secret_argument`)."""
+    hide_next = False
+    for arg in argv:
+        hidden = hide_next and not arg.startswith("-")
+        secret = _secret_argument(arg)
+        hide_next = secret is not None and secret[1] is None
+        yield arg, hidden, secret
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -228,19 +230,13 @@ class Masker:
         """``argv`` with secrets masked, and the values of credential-named options and
         overrides redacted (``--token=[redacted]``, ``db.password=[redacted]``)."""
         out: list[str] = []
-        hide_next = False
-        for arg in argv:
-            if hide_next and not arg.startswith("-"):
+        for arg, hidden, secret in _arguments(argv):
+            if hidden:
                 out.append(REDACTED)
-                hide_next = False
-                continue
-            hide_next = False
-            secret = _secret_argument(arg)
-            if secret is not None and secret[1] is not None:
+            elif secret is not None and secret[1] is not None:
                 out.append(f"{secret[0]}={REDACTED}")
-                continue
-            hide_next = secret is not None
-            out.append(self._command_line(arg) if _WHITESPACE.search(arg) else self(arg))
+            else:
+                out.append(self._command_line(arg) if _WHITESPACE.search(arg) else self(arg))
         return out
 
     def _command_line(self, arg: str) -> str:

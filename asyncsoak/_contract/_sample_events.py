@@ -1,6 +1,5 @@
-"""The events of what the samplers and the watchdog read, each beside its JSON form: progress
-and steps, the run's resource limits, the samplers' notes, GPU faults; and the JSON forms of
-the samples themselves (their classes are the samplers')."""
+"""The events of what the samplers and the watchdog read, each beside its JSON form, and the
+JSON forms of the samples themselves (their classes are the samplers')."""
 
 # No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` when evaluated.
 from typing import Any, ClassVar, Literal, NotRequired
@@ -19,8 +18,7 @@ class Progress(Event):
     gap_seconds: float | None
     #: Bytes the changed files grew by (a new file counts its size).
     grown_bytes: int = 0
-    #: The same for the files that name a rank (``rank1.jsonl``), by rank: each rank's own
-    #: progress, whose rates tell a straggler.
+    #: The same for the files that name a rank (``rank1.jsonl``), by rank: tells a straggler.
     rank_grown_bytes: dict[str, int] = {}  # noqa: RUF012 (copied for each event)
     #: ``--stale-progress auto``: the limit in force from this change on (None otherwise).
     stale_limit_seconds: float | None = None
@@ -58,16 +56,14 @@ class StepProgress(Event):
     eta_seconds: float | None = None
     #: ``--stale-progress auto``: the limit in force from this step on (None otherwise).
     stale_limit_seconds: float | None = None
-    #: Whether the steps are the progress that counts (else the file changes still are:
-    #: ``trainer_state.json`` alone under ``--progress-source auto``).
+    #: Whether the steps are the progress that counts (else the file changes still are).
     counts: bool = True
     #: Non-finite gradient norms logged so far (fewer than 5 in a row: not a failure).
     nonfinite_grad_norms: int = 0
     #: The files that gave steps but never a loss so far.
     sources_without_loss: tuple[str, ...] = ()
-    #: ``(step, trainer time)`` of each step record read in this scan that advanced its file's
-    #: step, oldest first (the newest 256 at most): the goodput ledger's marks, seen at ``t``.
-    #: The trainer time is the record's own (seconds since the epoch), else None.
+    #: ``(step, the record's own epoch time or None)`` of each record of this scan that advanced
+    #: its file's step, oldest first (256 at most): the goodput ledger's marks.
     marks: tuple[tuple[int, float | None], ...] = ()
 
 
@@ -98,8 +94,7 @@ class Limits(Event):
     KIND: ClassVar[str] = EventKind.LIMITS
 
     memory_total_bytes: int | None
-    #: The hard limit of the command's memory cgroup (v2 ``memory.max``, v1
-    #: ``memory.limit_in_bytes``), the tightest from its cgroup up.
+    #: The tightest hard limit from the command's memory cgroup up (``memory.max``, v1's too).
     cgroup_memory_max_bytes: int | None
     #: Size of the progress and output filesystems.
     disk_total_bytes: dict[str, int | None]
@@ -111,8 +106,7 @@ class Limits(Event):
     cgroup_version: int | None = None
     #: The command's memory cgroup, as ``/proc/PID/cgroup`` names it.
     cgroup_path: str | None = None
-    #: The lowest limit that applies, what it is ("cgroup memory.max (SLURM job 123)",
-    #: "machine memory"), and the cgroup that sets it (None for the machine's).
+    #: The lowest limit that applies, what it is, and the cgroup that sets it (None: machine's).
     memory_limit_bytes: int | None = None
     memory_limit_source: str | None = None
     memory_limit_cgroup: str | None = None
@@ -204,11 +198,9 @@ class RuleBrokenJson(EventJsonBase):
 
 
 class GpuFault(Event):
-    """What a GPU said about its own health: an Xid in the kernel log, an uncorrectable ECC
-    error, a row remap pending or failed, a page pending retirement, the GPU lost, its PCIe link
-    trained down, the GPU needing a reset.  ``gpu`` is its label (its index at its first
-    sample), ``uuid`` and ``bus_id`` its identity.  ``fails``: the rule fails the run for it
-    on a GPU the tree uses (``used``); otherwise it is a warning."""
+    """What a GPU said about its own health (an Xid, an uncorrectable ECC error...).  ``gpu`` is
+    its index at its first sample; ``fails``: the rule fails the run for it on a GPU the tree
+    uses (``used``), else it is a warning."""
 
     KIND: ClassVar[str] = EventKind.GPU_FAULT
 

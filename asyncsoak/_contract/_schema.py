@@ -1,11 +1,6 @@
-"""The artifact as types: the one definition of its shape.
-
-These :class:`~typing.TypedDict` s (with those of ``_schema_tree`` and ``_schema_snapshot``) are
-what the package writes and what its readers may index, and ``artifact.schema.json`` is
-generated from them (:func:`schema_text`; ``python -m asyncsoak._contract._schema``
-rewrites it, a test holds it equal).  A key every artifact holds is a plain key (an artifact is
-checked against the schema when it is loaded, so a reader indexes it); one some lack (added in
-schema version 2, or written only by some paths) is ``NotRequired`` and read with ``.get``.
+"""The artifact as types, the one definition of its shape: ``artifact.schema.json`` is generated
+from them (``python -m asyncsoak._contract._schema``).  A key some artifacts lack is
+``NotRequired``, read with ``.get``; the others are checked on load, so readers index them.
 """
 
 # No ``from __future__ import annotations``: the generator reads evaluated annotations.

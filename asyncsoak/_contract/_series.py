@@ -1,8 +1,5 @@
-"""Bounded, peak-preserving time series and running statistics for the artifact.
-
-When a group fills up, neighbouring points merge in pairs, each keeping its bucket's maximum
-(a short spike is never averaged away); means live in :class:`RunningStats`, over every sample.
-"""
+"""Bounded, peak-preserving time series (full, neighbours merge in pairs keeping the maximum:
+a spike is never averaged away) and running statistics (means over every sample)."""
 
 from __future__ import annotations
 
@@ -15,29 +12,19 @@ SERIES_POINTS = 1000
 
 
 def _max(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a if a >= b else b
+    return b if a is None else a if b is None or a >= b else b
 
 
 def _min(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a if a <= b else b
+    return b if a is None else a if b is None or a <= b else b
 
 
 Combine = Callable[[float | None, float | None], float | None]
 
 
 class SeriesBuffer:
-    """One group's series (several fields sharing a time axis), bounded in points.
-
-    ``keep="min"`` merges a bucket into its minimum instead: the trend rules want floors.
-    """
+    """One group's series (fields sharing a time axis), bounded in points; ``keep="min"``
+    merges a bucket into its minimum instead (the trend rules want floors)."""
 
     def __init__(self, max_points: int = SERIES_POINTS, *, keep: str = "max") -> None:
         if max_points < 2:
@@ -107,11 +94,9 @@ class SeriesBuffer:
 
 
 class ProgressBins:
-    """Every progress change in at most ``max_bins`` bins, in time order: what the report's
-    progress strip and time-since-progress curve draw, without the journal.  A bin holds its
-    first and last change, how many, the longest gap that ended in it (from the change
-    before, or the start) and when, and the files of its last change; when full, neighbours
-    merge in pairs as :class:`SeriesBuffer`'s points do."""
+    """Every progress change in at most ``max_bins`` bins (merged in pairs when full), what the
+    report draws of progress without the journal: a bin's first and last change, how many,
+    the longest gap that ended in it and when, the files of its last change."""
 
     def __init__(self, max_bins: int = SERIES_POINTS) -> None:
         self._max_bins = max_bins

@@ -1,16 +1,11 @@
-"""The soak's event queue: one bounded anyio memory object stream, a clone per producer.
-
-Producers never see the stream itself, only an :class:`EventSink`: ``await emit(event)``
-for events that must arrive (progress, failure, signals, exit), ``offer(sample)`` for samples,
-which are dropped and counted rather than stalling a producer when the serializer is behind.
-The serializer's ``async for`` ends when the last sink is closed.
-"""
+"""The soak's event queue: one bounded anyio memory object stream, an :class:`EventSink` per
+producer; ``emit`` what must arrive, ``offer`` samples, dropped and counted rather than stall a
+producer when the serializer is behind."""
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from types import TracebackType
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -97,12 +92,7 @@ class EventSink:
     async def __aenter__(self) -> EventSink:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self.close()
 
 

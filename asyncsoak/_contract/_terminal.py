@@ -1,9 +1,5 @@
-"""Text from a run as it may reach a terminal: control characters spelled out.
-
-A process name, a file name or an exception message may hold what a terminal acts on (``ESC ]
-52`` writes the clipboard, bidi overrides reorder text); every view prints such text through
-:func:`terminal_text`, which spells them out as Python would (``\\x1b``), so they do nothing.
-"""
+"""Text from a run as it may reach a terminal: what a terminal acts on (``ESC ] 52`` writes the
+clipboard, bidi overrides reorder text) spelled out as Python would (``\\x1b``)."""
 
 from __future__ import annotations
 
@@ -21,10 +17,7 @@ def _spelled(match: re.Match[str]) -> str:
 
 
 def terminal_text(text: str, *, one_line: bool = True) -> str:
-    """``text`` safe to print: control characters spelled out (``\\x1b``, ``\\u202e``), and
-    newlines too (``\\n``) unless ``one_line`` is false and the text is shown as lines.
-
-    Spelling out is idempotent: what it writes holds no control character.
-    """
+    """``text`` safe to print: control characters spelled out (``\\x1b``, ``\\u202e``), newlines
+    too unless not ``one_line``.  Idempotent: what it writes holds no control character."""
     text = _CONTROL.sub(_spelled, text)
     return text.replace("\n", "\\n") if one_line else text

@@ -1,8 +1,5 @@
-"""The artifact's timestamps: ISO 8601 in UTC with milliseconds (``2026-11-29T19:50:04.120Z``).
-
-One writer and one parser, so every reader (the views, the metrics exporter, the job view)
-understands the same spellings: the ``Z`` the package writes and the offsets others write.
-"""
+"""The artifact's timestamps: ISO 8601 in UTC with milliseconds (``2026-11-29T19:50:04.120Z``);
+one writer, and one parser for the ``Z`` the package writes and the offsets others write."""
 
 from __future__ import annotations
 
@@ -40,8 +37,7 @@ def epoch(text: object) -> float | None:
     return None if moment is None else moment.timestamp()
 
 
-#: A record's time below this is no time since the epoch (a step's duration, an uptime):
-#: 2001-09-09.  Above it by 100x and more, the trainer wrote milliseconds (or finer).
+#: A record's time below this (2001-09-09) is no epoch time; 100x above, it is ms (or finer).
 EPOCH_SECONDS_MIN = 1e9
 
 

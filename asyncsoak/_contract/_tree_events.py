@@ -1,6 +1,5 @@
-"""The events of the process tree's life and its stop, each beside its JSON form: the header
-and snapshot, the start and exit, the stop sequence and its signals, the processes left over,
-the forensics of a stall, OOM kills, the command's crash and the end of the journal."""
+"""The events of the process tree's life and its stop, each beside its JSON form, from the
+journal's header to its end."""
 
 # No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` when evaluated.
 from typing import Any, ClassVar, Literal, NotRequired
@@ -23,8 +22,7 @@ class Header(Event):
     log_path: str
     output_path: str
     monitor_pid: int
-    #: The monitor's monotonic clock at the start, to line ``t`` up with other processes'
-    #: ``time.monotonic()`` (CLOCK_MONOTONIC is system-wide).
+    #: The monitor's monotonic clock at the start (CLOCK_MONOTONIC is system-wide).
     monotonic_start: float
 
 
@@ -243,8 +241,7 @@ class OomKill(Event):
     pid: int
     name: str
     message: str
-    #: What saw it: ``kernel_log`` (the kernel's "Killed process" record), ``cgroup_counter``
-    #: (the ``oom_kill`` counter of the tree's memory cgroup rose), or both.
+    #: What saw it: ``kernel_log`` (a "Killed process" record), ``cgroup_counter``, or both.
     detected_by: tuple[str, ...] = ("kernel_log",)
     #: The memory cgroup whose counter rose, and its hard limit, when the counter saw it.
     cgroup_path: str | None = None
@@ -269,8 +266,8 @@ class CrashCause(Event):
     type: str
     message: str
     where: str | None
-    #: ``python`` (a traceback), ``cuda_oom``, ``nccl``, ``killed`` (a shell's "Killed");
-    #: ``signal`` or ``exit`` for a rank that left no exception (torchrun's report of it).
+    #: ``python``, ``cuda_oom``, ``nccl``, ``killed`` (a shell's); ``signal`` or ``exit`` for a
+    #: rank that left no exception.
     exception_kind: str
     #: A distributed run: the rank that failed first (whose exception this is), its pid.
     rank: int | None = None

@@ -10,15 +10,7 @@ from ._errors import ValidationError, ValidationTypeError
 
 #: Binary multiples; the SI spellings (``G``, ``GB``) are taken as binary too, as ``free -h``,
 #: ``ls -h`` and Slurm's ``--mem`` do: nobody budgets memory in powers of ten.
-_MULTIPLES = {
-    "": 1,
-    "b": 1,
-    "k": 2**10,
-    "m": 2**20,
-    "g": 2**30,
-    "t": 2**40,
-    "p": 2**50,
-}
+_MULTIPLES = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "p": 2**50}
 #: The longest duration any limit or period takes: a year.  More is a typo (or ``1e308``,
 #: which ``float()`` takes as readily as ``inf``) and would make every bounded wait unbounded.
 MAX_SECONDS = 365 * 24 * 3600.0
@@ -29,11 +21,8 @@ _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*")
 
 
 def parse_size(text: str, *, name: str = "size") -> int:
-    """Bytes from ``text``; a :class:`ValidationError` naming ``name`` when it is not a size.
-
-    Accepted: a plain number of bytes, or a number followed by ``B``, ``K``/``KB``/``KiB``,
-    ``M``/``MB``/``MiB``, ``G``/``GB``/``GiB``, ``T``..., ``P``... (case-insensitive).
-    """
+    """Bytes from ``text`` (bytes, or a number and ``B``, ``K``/``KB``/``KiB`` ... ``P``, any
+    case); a :class:`ValidationError` naming ``name`` when it is not a size."""
     match = _SIZE.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise ValidationError(f"{name}: {text!r} is not a size (say 512MiB, 2GiB, 1.5G or bytes)")

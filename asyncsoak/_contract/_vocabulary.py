@@ -1,8 +1,5 @@
-"""The words asyncsoak writes into its journal and artifact, one spelling each.
-
-Each enum is a :class:`~enum.StrEnum`, so a member compares equal to the string read back from
-JSON; ``tests/test_vocabulary.py`` keeps them in step with the schema and the events emitted.
-"""
+"""The words asyncsoak writes into its journal and artifact, one spelling each: a
+:class:`~enum.StrEnum` member compares equal to the string read back from JSON."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The events, a namespace the contract's door hands out whole (``events.SampleJson``).
-
-Every event kind beside its JSON form: the base :class:`Event` (``_event``), what the samplers
-and the watchdog read (``_sample_events``), the process tree's life and stop (``_tree_events``),
-and the verdicts' events with the one dispatch on ``kind`` (``_events``).  Each name's module
-is imported on its first use, as the door does.
-"""
+"""The events beside their JSON forms, a namespace the contract's door hands out whole
+(``events.SampleJson``), each name's module imported on its first use."""
 
 from __future__ import annotations
 

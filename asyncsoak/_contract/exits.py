@@ -1,8 +1,5 @@
-"""How a run ended, a namespace the contract's door hands out whole (``exits.decode``):
-exit statuses and signals decoded (``_exits``), the statuses asyncsoak itself exits with
-(``_exit_codes``), and the crash found in the command's output (``_crash``).  Each name's module
-is imported on its first use, as the door does.
-"""
+"""How a run ended (exit statuses decoded, asyncsoak's own, the crash in the output), a
+namespace the contract's door hands out whole, each name's module imported on its first use."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """The artifact's sections as types, a namespace the contract's door hands out whole
-(``schema.Failure``): those of ``_schema`` and of its tree (``_schema_tree``) and snapshot
-(``_schema_snapshot``) sections.  The door names :class:`Artifact` itself.  Each name's module
-is imported on its first use, as the door does.
-"""
+(``schema.Failure``), each name's module imported on its first use."""
 
 from __future__ import annotations
 

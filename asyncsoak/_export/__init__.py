@@ -1,7 +1,4 @@
-"""Live metrics for Prometheus.
-
-The soak's and the worker's metrics, the bounded HTTP endpoint and the textfile.
-"""
+"""Live metrics for Prometheus: the soak's and the worker's, the bounded endpoint, the textfile."""
 
 from __future__ import annotations
 

@@ -103,10 +103,6 @@ def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
     return encoder(registry), content_type
 
 
-def textfile_path(directory: Path, soak_id: str) -> Path:
-    return directory / f"asyncsoak_{soak_id}.prom"
-
-
 def write_textfile(path: Path, data: bytes) -> None:
     """Replace ``path`` at once: node_exporter reads only ``*.prom``, never the temp name."""
     temp = path.with_name(f".{path.name}.tmp")

@@ -1,11 +1,6 @@
-"""Serving live metrics: a small, bounded HTTP server for ``/metrics`` (and ``/healthz``) on
-the soak's own event loop, and the node_exporter textfile.
-
-Every connection is bounded in time, number and request size, so a slow, silent or malformed
-client costs a few bytes and one slot, never the soak's time; clients that connect and never
-send cannot keep a scraper out (docs/architecture.md says how).  ``prometheus_client`` writes
-the page; a server that keeps failing ends itself and leaves the soak alone.
-"""
+"""Serving live metrics: a small HTTP server for ``/metrics`` and ``/healthz`` on the soak's
+own event loop, bounded in time, connections and request size (docs/architecture.md), and the
+node_exporter textfile."""
 
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._contract import BlockingCallTimeout, ValidationError, run_blocking
-from ._metrics import Metrics, new_registry, render, textfile_path, write_textfile
+from ._metrics import Metrics, new_registry, render, write_textfile
 from ._soak_metrics import SoakMetrics
 
 if TYPE_CHECKING:
@@ -50,10 +45,8 @@ Health = Callable[[], tuple[bool, str]]
 
 @dataclass(slots=True)
 class ServerStats:
-    #: New connections closed at once: every slot was sending an answer.
-    refused: int = 0
-    #: Idle connections closed to make room for a new one.
-    evicted: int = 0
+    refused: int = 0  # new connections closed at once: every slot was answering
+    evicted: int = 0  # idle connections closed to make room for a new one
 
 
 @dataclass(slots=True, eq=False)
@@ -69,7 +62,7 @@ class _NotYet(Exception):
 
 
 # Not prometheus_client's start_http_server: a thread per connection, unbounded in number and
-# time (silent clients pile up, none is evicted for a scraper), 64 KiB heads, and no /healthz.
+# time, 64 KiB heads, and no /healthz.
 class MetricsServer:
     """Serve ``render``'s page at ``/metrics`` on the listening socket until cancelled, and
     ``/healthz`` (200 while ``health`` says alive, 503 when not; 200 without ``health``: an
@@ -83,10 +76,8 @@ class MetricsServer:
         self.health = health
         self.stats = ServerStats()
         self._active = 0
-        #: Connections waiting for their request, oldest first (a dict as an ordered set).
         self._waiting: dict[_Waiting, None] = {}
         self._failures = 0
-        #: Connections the reader callback hands to tasks (see :meth:`_spawn`).
         self._handoff: deque[
             tuple[Callable[..., Coroutine[Any, Any, None]], tuple[object, ...]]
         ] = deque()
@@ -101,9 +92,7 @@ class MetricsServer:
 
     async def serve(self) -> None:
         """Answer until cancelled; the listening socket is closed at the end."""
-        # A reader callback on asyncio's loop, not a task waiting on the socket: a scrape
-        # then costs one wake-up and a few system calls, with no task, future or epoll
-        # registration made and unmade each time.
+        # A reader callback, not a task waiting on the socket: a scrape costs one wake-up.
         self._loop = asyncio.get_running_loop()
         with self.listener:
             async with anyio.create_task_group() as tg:
@@ -126,9 +115,8 @@ class MetricsServer:
             except BlockingIOError:
                 return
             except OSError as exc:
-                # Out of descriptors, say: the connection stays queued, and accepting pauses
-                # (the socket would be readable again at once); a server that keeps failing
-                # gives up and leaves the soak alone.
+                # Out of descriptors, say: accepting pauses (the socket stays readable), and a
+                # server that keeps failing gives up and leaves the soak alone.
                 self._failures += 1
                 if self._failures >= MAX_ACCEPT_FAILURES:
                     _log.warning("metrics server stopped: accept failed: %s", exc)
@@ -141,12 +129,9 @@ class MetricsServer:
             self._accepted(conn)
 
     def _spawn(self, func: Callable[..., Coroutine[Any, Any, None]], *args: object) -> None:
-        """Start ``func(*args)`` in a task of the server, from the reader callback.
-
-        The callback runs outside any task, where anyio cannot start one (with ``sniffio``
-        installed, as trio brings it, it cannot even tell which event loop runs): the call is
-        handed to :meth:`_start_handed_off`, woken through a plain asyncio event.
-        """
+        """Start ``func(*args)`` in a task, from the reader callback: outside any task anyio
+        cannot start one (with trio's ``sniffio`` it cannot even tell the loop), so a task of
+        the server does, woken through a plain asyncio event."""
         self._handoff.append((func, args))
         self._handoff_ready.set()
 
@@ -174,8 +159,7 @@ class MetricsServer:
             head = _read_head(conn, b"")
             response = self._answer(head)
             rest = response[conn.send(response) :]
-        except _NotYet as partial:
-            # Not all there yet (or a slow client): its own task, under the deadline.
+        except _NotYet as partial:  # a slow client: its own task, under the deadline
             self._active += 1
             self._spawn(self._connection, conn, partial.args[0])
             return
@@ -183,8 +167,7 @@ class MetricsServer:
             pass  # the client went away
         except Exception as exc:  # a bug answering one request must not end the server
             _log.warning("metrics request failed: %r", exc)
-        if rest:
-            # The kernel took less than the page (a small send buffer): the rest in a task.
+        if rest:  # the kernel took less than the page: the rest in a task
             self._active += 1
             self._spawn(self._send_rest, conn, rest)
             return
@@ -195,8 +178,7 @@ class MetricsServer:
         when none is waiting (every slot is sending an answer)."""
         for waiting in self._waiting:
             del self._waiting[waiting]
-            # Its task closes the socket (it may be inside wait_readable on it); the slot is
-            # free from now on.
+            # Its task closes the socket (it may be waiting on it); the slot is free now.
             waiting.evicted = True
             waiting.scope.cancel()
             self._active -= 1
@@ -219,7 +201,6 @@ class MetricsServer:
                             break
                         except _NotYet as partial:
                             data = partial.args[0]
-                    # The request is in: answering, no longer idle.
                     self._waiting.pop(waiting, None)
                     await _send_all(conn, self._answer(head))
                 except OSError:
@@ -263,11 +244,9 @@ class MetricsServer:
 
 
 def _read_head(conn: socket.socket, data: bytes) -> bytes | None:
-    """The request head up to its blank line, with what was read before; None when too long.
-
-    Raises :class:`_NotYet` (with the bytes so far) when the head has not all arrived, and
-    ``ConnectionError`` when the client closed before sending it.
-    """
+    """The request head up to its blank line, with what was read before; None when too long;
+    :class:`_NotYet` (with the bytes so far) before it all arrived, ``ConnectionError`` when
+    the client closed first."""
     while b"\r\n\r\n" not in data and b"\n\n" not in data:
         if len(data) > MAX_HEAD:
             return None
@@ -341,11 +320,8 @@ TEXTFILE_TIMEOUT_SECONDS = 5.0
 
 
 class SoakMetricsRuntime:
-    """Everything a soak's metrics need while it runs: the server, the textfile, the registry.
-
-    :meth:`run` runs beside the soak; :meth:`finish` after it: the last textfile write, then
-    the linger (until one scrape has read the final status, at most ``linger_seconds``).
-    """
+    """A soak's metrics while it runs (:meth:`run`, beside it): the server, the textfile, the
+    registry; :meth:`finish` writes the last textfile and lingers for a scrape of the end."""
 
     def __init__(
         self,
@@ -364,7 +340,7 @@ class SoakMetricsRuntime:
         self.textfile = (
             None
             if config.textfile_dir is None
-            else textfile_path(config.textfile_dir, soak.soak_id)
+            else config.textfile_dir / f"asyncsoak_{soak.soak_id}.prom"
         )
         self.textfile_error: str | None = None
         self._dirty = anyio.Event()
@@ -377,7 +353,7 @@ class SoakMetricsRuntime:
 
     def _render(self, accept: str) -> tuple[bytes, str]:
         page = render(self.registry, accept)
-        if self.soak.status is not None:
+        if self.soak.run.status is not None:
             self._final_scraped.set()
         return page
 
@@ -412,8 +388,7 @@ class SoakMetricsRuntime:
                     what=f"writing the metrics textfile {path}",
                     limiter=self._limiter,
                 )
-            except BlockingCallTimeout as exc:
-                # A hung filesystem: one abandoned write, then no more for this soak.
+            except BlockingCallTimeout as exc:  # a hung filesystem: no more writes
                 self.textfile_error = str(exc)
                 _log.warning("metrics textfile: %s; writing stopped", exc)
             except OSError as exc:
@@ -436,8 +411,7 @@ class SoakMetricsRuntime:
 async def open_soak_metrics(
     config: Metrics, soak_id: str, limiter: anyio.CapacityLimiter, run: RunState | None
 ) -> SoakMetricsRuntime:
-    """Bind what the soak's metrics need before anything is launched (errors are ValueErrors);
-    they read ``run``, the soak's state."""
+    """Bind what the soak's metrics (read from ``run``) need before anything is launched."""
     listener = None
     if config.port is not None:
         listener = await open_listener(config.address, config.port)

@@ -1,6 +1,5 @@
-"""One soak's figures for its metrics, read from the run's one ``RunState``: the soak's own
-(folded by its serializer), or one this fold feeds from the events it observes (a journal's,
-a test's); :class:`~._soak_metrics.SoakMetrics` exports them."""
+"""One soak's figures for its metrics, read from its ``RunState`` (the serializer's, or one fed
+from the events observed); :class:`~._soak_metrics.SoakMetrics` exports them."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from itertools import islice
 from typing import Any
 
 from .._analysis import TREE_MEMORY_SERIES
-from .._contract import EventKind, FailureReason, SoakStatus, epoch, redact_url_passwords
+from .._contract import EventKind, epoch, redact_url_passwords
 from .._process import RoleFold
 from .._record import RunState
 
@@ -24,17 +23,8 @@ from .._record import RunState
 HEALTH_STALE_SAMPLES = 10
 HEALTH_MIN_SECONDS = 60.0
 
-#: The events after which a textfile is written again (the others change what it says only
-#: along with the next sample).
-_CHANGES_TEXTFILE = frozenset(
-    {
-        EventKind.SAMPLE,
-        EventKind.STARTED,
-        EventKind.FINISHED,
-        EventKind.FAILURE,
-        EventKind.GPU_FAULT,
-    }
-)
+#: The events after which a textfile is written again (others change it only with a sample).
+_CHANGES_TEXTFILE = frozenset({"sample", "started", "finished", "failure", "gpu_fault"})
 
 
 class SoakFold:
@@ -54,7 +44,7 @@ class SoakFold:
         self._feed = run is None
         self._now = now
         self.host = host if host is not None else socket.gethostname()
-        #: The role of the tree's processes, and each rank's CPU in the newest sample, in cores.
+        #: The tree's processes' roles, and each rank's CPU in the newest sample, in cores.
         self.roles = RoleFold()
         self.rank_cpu: dict[int, float] = {}
         self.growth_bytes_per_second: float | None = None
@@ -65,7 +55,6 @@ class SoakFold:
     def observe(self, event: Mapping[str, Any]) -> None:
         """Take one event in its JSON form (as the journal holds it)."""
         if self._feed:
-            # A hand-made line (a key missing, a word unknown) is refused by the state.
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 self.run.add(event)
         if event["kind"] == EventKind.SAMPLE:
@@ -84,15 +73,6 @@ class SoakFold:
         return self.header.get("config") or {}
 
     @property
-    def status(self) -> SoakStatus | None:
-        return self.run.status
-
-    @property
-    def reason(self) -> FailureReason | None:
-        """The first failure's reason."""
-        return self.run.failures[0]["reason"] if self.run.failures else None
-
-    @property
     def started_epoch(self) -> float | None:
         return epoch(self.header.get("started_at"))
 
@@ -105,7 +85,7 @@ class SoakFold:
         return ((self.run.latest.get("sample") or {}).get("points") or {}).get("tree") or {}
 
     def info(self) -> tuple[tuple[str, str], ...] | None:
-        """``asyncsoak_soak_info``'s labels, once the header is folded: what a person calls the
+        """``asyncsoak_soak_info``'s labels once the header is folded: what a person calls the
         run (the queue job's name, else SLURM's, else the program) and its start."""
         if self.run.header is None:
             return None
@@ -134,7 +114,7 @@ class SoakFold:
         )
 
     def gpus(self) -> dict[str, tuple[str, Mapping[str, Any], float | None]]:
-        """The newest GPU sample's readings by index: (uuid, reading, the tree's memory on it,
+        """The newest GPU sample's readings by index: (uuid, reading, the tree's memory on it
         when the sample listed the GPUs' processes)."""
         event = self.run.latest.get("gpu_sample") or {}
         readings = {str(r.get("index")): r for r in event.get("gpus") or []}
@@ -162,18 +142,17 @@ class SoakFold:
         return degraded
 
     def observe_trends(self, trends: Mapping[str, Mapping[str, Any]]) -> None:
-        """Take the tree's memory trend from every evaluation of the soak's trends (``trend``
-        events come once, and may name a process's series rather than the tree's)."""
+        """Take the tree's memory trend from each evaluation of the soak's trends (``trend``
+        events come once, maybe for a process's series)."""
         entry = next((trends[key] for key, _ in TREE_MEMORY_SERIES if key in trends), None)
         if entry is None:
             return
         slope = number(entry.get("slope_per_hour"))
-        self.growth_bytes_per_second = None if slope is None else slope / 3600.0  # per second
+        self.growth_bytes_per_second = None if slope is None else slope / 3600.0
         self.projected_exhaustion = epoch(entry.get("projected_limit_at"))
 
     def title(self, job_name: str, started_at: str) -> str:
-        """The soak as a dashboard's selector shows it: ``resnet on gpu-node-3, 2026-12-02
-        00:37 UTC`` (the job name, the host, the start)."""
+        """The soak in a dashboard's selector: ``resnet on gpu-node-3, 2026-12-02 00:37 UTC``."""
         started = started_at.replace("T", " ")[:16]
         where = " " + _label_text(f"on {self.host}" + (f", {started} UTC" if started else ""))
         # A long job name is shortened, never the host and the start that tell soaks apart.
@@ -217,10 +196,10 @@ class SoakFold:
         return number(self.config.get("stale_progress_seconds"))
 
     def health(self) -> tuple[bool, str]:
-        """Whether the monitor's samplers are alive (a sample came within HEALTH_STALE_SAMPLES
-        intervals), and what to say; aged on the monotonic clock, which never steps."""
-        if self.status is not None:
-            return True, f"ok: the soak finished ({self.status})"
+        """Whether the samplers are alive (a sample within HEALTH_STALE_SAMPLES intervals, on the
+        monotonic clock), and what to say."""
+        if self.run.status is not None:
+            return True, f"ok: the soak finished ({self.run.status})"
         elapsed = self.elapsed()
         if elapsed is None:
             return True, "ok: starting"

@@ -78,6 +78,7 @@ _GPU_METRICS = (
     ("asyncsoak_gpu_temperature_celsius", "temperature_gpu_c", 1.0, "GPU temperature."),
 )
 _TREE_GPU = "asyncsoak_tree_gpu_memory_bytes"
+_THROTTLE = "asyncsoak_gpu_throttle"
 
 #: Every metric name asyncsoak exports (as a scrape shows them), the soak's and the worker's,
 #: for the shipped rules.
@@ -150,7 +151,7 @@ class SoakMetrics(SoakFold):
                 ((name, name == run.status) for name in SoakStatus),
             )
         if run.status is not None and run.status != SoakStatus.CANCELLED:
-            reasons = [] if self.reason is None else [self.reason]
+            reasons = [failure["reason"] for failure in run.failures[:1]]
             gauge(
                 "asyncsoak_soak_exit_code",
                 "The soak's status under --detailed-exit-codes once it ended: 0 passed, else "
@@ -158,11 +159,10 @@ class SoakMetrics(SoakFold):
                 float(exits.verdict_exit_code(run.status, reasons, detailed=True)),
             )
         rows.append(
-            (
+            _counter(
                 "asyncsoak_progress_changes",
-                "counter",
                 "File changes seen in the progress directory.",
-                [("asyncsoak_progress_changes_total", soak, float(run.progress_changes))],
+                [(soak, float(run.progress_changes))],
             )
         )
         start, sampled = self.started_epoch, self.sample_t()
@@ -195,7 +195,25 @@ class SoakMetrics(SoakFold):
             gauge("asyncsoak_step", "The training step, as the trainer's files say.", step["step"])
             for name, key, help_text in _STEP_METRICS:
                 gauge(name, help_text, number(step.get(key)))
-        rows.extend(self._goodput_rows())  # 0 until the trainer's second step
+        # The run's time so far as productive and lost (docs/goodput.md), counted once final:
+        # 0 until the trainer's second step.
+        goodput = run.goodput_fold
+        rows.append(
+            _counter(
+                "asyncsoak_productive_seconds",
+                "Seconds of the run spent in productive training steps (the ideal step x the "
+                "new steps), counted when each step is final.",
+                [(soak, goodput.productive_seconds)],
+            )
+        )
+        rows.append(
+            _counter(
+                "asyncsoak_badput_seconds",
+                "Seconds of the run lost, by kind (startup, slow_steps, checkpoint, stall, "
+                "wasted, shutdown, other), counted when final.",
+                [((("kind", k), *soak), v) for k, v in goodput.badput_seconds.items()],
+            )
+        )
         tree = self.tree()
         for name, key, scale, help_text in _TREE_METRICS:
             gauge(name, help_text, scaled(tree.get(key), scale))
@@ -233,35 +251,9 @@ class SoakMetrics(SoakFold):
         )
         return rows
 
-    def _goodput_rows(self) -> list[Row]:
-        """The run's time so far as productive and lost (docs/goodput.md), counted once final:
-        a step's when the next one came, divided by the ideal step known then."""
-        fold = self.run.goodput_fold
-        soak = ("soak_id", self.soak_id)
-        return [
-            (
-                "asyncsoak_productive_seconds",
-                "counter",
-                "Seconds of the run spent in productive training steps (the ideal step x the "
-                "new steps), counted when each step is final.",
-                [("asyncsoak_productive_seconds_total", (soak,), fold.productive_seconds)],
-            ),
-            (
-                "asyncsoak_badput_seconds",
-                "counter",
-                "Seconds of the run lost, by kind (startup, slow_steps, checkpoint, stall, "
-                "wasted, shutdown, other), counted when final.",
-                [
-                    ("asyncsoak_badput_seconds_total", (("kind", kind), soak), seconds)
-                    for kind, seconds in fold.badput_seconds.items()
-                ],
-            ),
-        ]
-
     def _gpu_rows(self) -> list[Row]:
         samples: dict[str, list[Sample]] = {name: [] for name, *_ in _GPU_METRICS}
-        held: list[Sample] = []
-        throttle: list[Sample] = []
+        samples[_TREE_GPU], samples[_THROTTLE] = [], []
         for index, (uuid, reading, tree_bytes) in sorted(self.gpus().items()):
             key = (("gpu", index), ("soak_id", self.soak_id), ("uuid", uuid))
             for name, field, scale, _ in _GPU_METRICS:
@@ -269,31 +261,19 @@ class SoakMetrics(SoakFold):
                 if value is not None:
                     samples[name].append((name, key, value))
             if tree_bytes is not None:
-                held.append((_TREE_GPU, key, tree_bytes))
+                samples[_TREE_GPU].append((_TREE_GPU, key, tree_bytes))
             reasons = reading.get("clock_event_reasons")
             if reasons is not None:
                 active = {str(r) for r in reasons}
                 for reason in sorted(set(CLOCK_EVENT_REASONS.values()) | active):
                     labels = (key[0], ("reason", reason), key[1], key[2])
-                    throttle.append(("asyncsoak_gpu_throttle", labels, float(reason in active)))
-        rows: list[Row] = [
-            (name, "gauge", help_text, samples[name])
-            for name, _, _, help_text in _GPU_METRICS
-            if samples[name]
+                    samples[_THROTTLE].append((_THROTTLE, labels, float(reason in active)))
+        helps = [(name, help_text) for name, _, _, help_text in _GPU_METRICS]
+        helps += [
+            (_TREE_GPU, "GPU memory held by the supervised tree's processes."),
+            (_THROTTLE, "1 for each clock event reason active on the GPU (NVML's names)."),
         ]
-        if held:
-            help_text = "GPU memory held by the supervised tree's processes."
-            rows.append((_TREE_GPU, "gauge", help_text, held))
-        if throttle:
-            rows.append(
-                (
-                    "asyncsoak_gpu_throttle",
-                    "gauge",
-                    "1 for each clock event reason active on the GPU (NVML's names).",
-                    throttle,
-                )
-            )
-        return rows
+        return [(name, "gauge", text, samples[name]) for name, text in helps if samples[name]]
 
     def _gpu_health_rows(self) -> list[Row]:
         """The Xid counter by code and the fault gauge per GPU, labelled as dcgm-exporter
@@ -324,16 +304,11 @@ class SoakMetrics(SoakFold):
             )
         if xids:
             rows.append(
-                (
+                _counter(
                     "asyncsoak_gpu_xid_errors",
-                    "counter",
                     "Xid errors the kernel logged for the GPU, by Xid code.",
                     [
-                        (
-                            "asyncsoak_gpu_xid_errors_total",
-                            (("UUID", uuid), ("gpu", index), soak, ("xid", xid)),
-                            float(count),
-                        )
+                        ((("UUID", uuid), ("gpu", index), soak, ("xid", xid)), float(count))
                         for (index, uuid, xid), count in sorted(xids.items())
                     ],
                 )
@@ -349,3 +324,10 @@ class SoakMetrics(SoakFold):
             for sample_name, labels, value in samples:
                 family.add_sample(sample_name, dict(labels), value)
             yield family
+
+
+def _counter(
+    name: str, help_text: str, samples: list[tuple[tuple[tuple[str, str], ...], float]]
+) -> Row:
+    """A counter's row: its samples are ``NAME_total``."""
+    return (name, "counter", help_text, [(f"{name}_total", labels, v) for labels, v in samples])

@@ -1,8 +1,5 @@
-"""Recording.
-
-The serializer that drains the events into the journal, the journal's format, the artifact
-builder (every event folded into one artifact) and recovery of an artifact from a journal.
-"""
+"""Recording: the serializer, the journal's format, the run's state that builds the artifact,
+and recovery of an artifact from a journal."""
 
 from __future__ import annotations
 

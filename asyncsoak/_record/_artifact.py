@@ -1,10 +1,5 @@
-"""The artifact: one JSON object that explains a soak after every process is gone.
-
-:class:`RunState` folds journal events (their JSON form) into the run's one bounded state:
-the same fold runs live in the serializer and offline in ``asyncsoak recover``, so an artifact
-rebuilt from a dead monitor's journal has the same shape as one written at the end of a run.
-The first failure folded is the run's end cause, which the supervisor waits on.
-"""
+"""The artifact: one JSON object that explains a soak after every process is gone, built by
+:class:`RunState`, which folds the events live in the serializer and offline in ``recover``."""
 
 from __future__ import annotations
 
@@ -24,11 +19,9 @@ from .._contract import (
     SoakStatus,
     StopCause,
     events,
+    iso,
     parse_iso,
 )
-
-# Re-exported: the supervisor writes its times through the artifact module.
-from .._contract import iso as iso
 from ._deadlines import Deadlines
 
 if TYPE_CHECKING:
@@ -41,27 +34,18 @@ SCHEMA_VERSIONS = frozenset({1, 2})
 #: Events kept in the artifact (the journal keeps them all): the first and the last ones.
 EVENTS_HEAD = 500
 EVENTS_TAIL = 1500
-#: Event kinds that live only in the journal (their figures are in series and summary).
-SAMPLE_KINDS = frozenset({EventKind.SAMPLE, EventKind.GPU_SAMPLE})
-#: Event kinds not kept as they are in ``artifact.events``: the samples, and the header and
-#: snapshot, which have sections of their own.
-#: Step events (one a scan at most) live on in ``progress.steps`` and the ``steps`` series.
-#: A forensics record is large: kept once in its own section, and mentioned among the events.
-_NOT_KEPT_AS_IS = SAMPLE_KINDS | {
-    EventKind.HEADER,
-    EventKind.SNAPSHOT,
-    EventKind.STEP,
-    EventKind.FORENSICS,
-    EventKind.RULE_BROKEN,
-}
+#: Event kinds not kept as they are in ``artifact.events``: sections of their own hold them
+#: (a forensics record, being large, is only mentioned among the events).
+_NOT_KEPT_AS_IS = frozenset(
+    {"sample", "gpu_sample", "header", "snapshot", "step", "forensics", "rule_broken"}
+)
 #: The series groups of the training steps, and of ``--stale-progress auto``'s limit.
 STEPS_SERIES = "steps"
 STALE_LIMIT_SERIES = "stale_limit"
 
 
 class UnknownWordError(ValueError):
-    """An event names a status, reason or stop cause outside this asyncsoak's vocabulary: the
-    journal may come from a newer asyncsoak."""
+    """An event's status, reason or stop cause is no word of this asyncsoak's (a newer one's)."""
 
 
 _Word = TypeVar("_Word", FailureReason, StopCause, SoakStatus)
@@ -96,11 +80,9 @@ class RunState:
         self.latest: dict[str, Any] = {}
         self.started_t: float | None = None
         self.failures: list[schema.Failure] = []
-        #: Set (an ``anyio.Event``, made by a wait) when a failure or broken rule is folded.
-        self._woken: Any = None
+        self._woken: Any = None  # an anyio.Event while a wait waits
         self.warnings: list[str] = []
-        #: The first rule a producer found broken (a stall, a blind sampler), and what the
-        #: tree and its GPUs were doing then (None when that could not be worked out).
+        #: The first rule a producer found broken, and what the tree and its GPUs did then.
         self.broken_rule: events.RuleBrokenJson | None = None
         self.broken_activity: dict[str, Any] | None = None
         #: Rules (and series) whose judgement raised -> the exception.
@@ -111,11 +93,8 @@ class RunState:
             "pid": None,
             "exception": None,
         }
-        #: Trends, per-process records and the progress rate (bounded).
         self.trends = TrendWatch()
-        #: Each GPU's health (Xid errors, ECC, remaps, link, throttling).
         self.gpu_health = GpuHealthFold()
-        #: The goodput ledger's inputs (step marks, checkpoint writes, ends) and live counters.
         self.goodput_fold = GoodputFold()
         self.exit_t: float | None = None
         self.stop: schema.Stop = {
@@ -132,7 +111,6 @@ class RunState:
         self.oom_kills: list[schema.OomKillEntry] = []
         self.progress_changes = 0
         self.progress_bins = ProgressBins()
-        #: The newest step event, when the trainer wrote steps; when the first came.
         self.step: events.StepJson | None = None
         self.step_first: float | None = None
         #: When the step last moved (a loss logged at the same step is not an advance).
@@ -140,7 +118,6 @@ class RunState:
         #: Whether the steps were the progress that counted (else the file changes were).
         self.steps_count = False
         self.step_longest_gap = 0.0
-        #: ``--expect-every``: each GLOB's period and newest match.
         self.deadlines = Deadlines()
         #: ``--stale-progress auto``: the limit in force, as the newest event said.
         self.stale_limit: float | None = None
@@ -156,8 +133,6 @@ class RunState:
         self.status: SoakStatus | None = None
         self.snapshot: schema.SnapshotSection = {}
 
-    # -- folding -------------------------------------------------------------------------
-
     _fold: ClassVar[events.EventFold[RunState]] = events.EventFold()
 
     async def wait_failed(self, reason: FailureReason | None = None) -> schema.Failure:
@@ -167,8 +142,8 @@ class RunState:
         )
 
     async def wait_for(self, found: Callable[[], _Found | None]) -> _Found:
-        """``found()`` once it is not None, tried again as each failure or broken rule (or a
-        GPU reading after the tree was gone) is folded (what the supervisor waits on)."""
+        """``found()`` once not None, tried again as each failure or broken rule (or a GPU
+        reading after the tree was gone) is folded."""
         while (value := found()) is None:
             if self._woken is None:
                 import anyio  # only live soaks wait: views that fold never import it
@@ -333,13 +308,10 @@ class RunState:
             "t": event["t"],
         }
 
-    @_fold.on(EventKind.LEFTOVER)
-    def _on_leftover(self, t: float, event: events.LeftoverJson) -> None:
-        self.leftovers.append(cast("schema.ProcessRecord", event["process"]))
-
-    @_fold.on(EventKind.ABANDONED)
-    def _on_abandoned(self, t: float, event: events.AbandonedJson) -> None:
-        self.abandoned.append(cast("schema.ProcessRecord", event["process"]))
+    @_fold.on(EventKind.LEFTOVER, EventKind.ABANDONED)
+    def _on_leftover(self, t: float, event: events.LeftoverJson | events.AbandonedJson) -> None:
+        into = self.leftovers if event["kind"] == EventKind.LEFTOVER else self.abandoned
+        into.append(cast("schema.ProcessRecord", event["process"]))
 
     @_fold.on(EventKind.FORENSICS)
     def _on_forensics(self, t: float, event: events.ForensicsJson) -> None:
@@ -347,7 +319,6 @@ class RunState:
         self._keep_event(
             {"t": t, "kind": EventKind.FORENSICS, "processes": len(data.get("processes", []))}
         )
-        # The collector's own record (see ``Forensics``), under the event's reason.
         self.forensics = cast(
             "schema.ForensicsSection", {"reason": event["reason"], "t": t, **data}
         )
@@ -483,12 +454,6 @@ class RunState:
         stats = self._stats.get(group, {}).get(name)
         return None if stats is None else stats.max
 
-    # -- the artifact ----------------------------------------------------------------------
-
-    def _ranks(self) -> dict[str, Any] | None:
-        """``ranks`` when the tree had ranks or a launcher (a distributed run)."""
-        return self.trends.role_fold.section()
-
     def wall(self, t: float | None) -> str | None:
         """Seconds since the start as an ISO 8601 UTC time."""
         if t is None or self.header is None:
@@ -503,8 +468,7 @@ class RunState:
         log_tail: str,
         monitor: dict[str, Any],
     ) -> dict[str, Any]:
-        """The artifact as a plain dict (see :meth:`build_typed`), ``status`` one of the
-        statuses' words."""
+        """:meth:`build_typed` as a plain dict, ``status`` a word."""
         artifact = self.build_typed(
             status=SoakStatus(status), ended_t=ended_t, log_tail=log_tail, monitor=monitor
         )
@@ -535,8 +499,6 @@ class RunState:
         series = {group: s.to_json() for group, s in sorted(self._series.items())}
         if self.trends.rate.times:
             series["progress_rate"] = self.trends.rate.to_json()
-        # Typed as the schema's ``Artifact``, so mypy checks what is written against what the
-        # readers index.
         artifact: Artifact = {
             "schema_version": SCHEMA_VERSION,
             "status": status,
@@ -591,7 +553,7 @@ class RunState:
                 **monitor,  # type: ignore[typeddict-item]
             },
         }
-        ranks = self._ranks()
+        ranks = self.trends.role_fold.section()  # a distributed run's
         if ranks is not None:
             artifact["ranks"] = ranks
         if self.trends.stragglers:

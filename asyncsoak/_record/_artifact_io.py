@@ -51,10 +51,9 @@ class ArtifactError(ValidationError):
 
 
 def check_artifact(data: object) -> Artifact:
-    """``data`` when it is an artifact of a known schema version holding every field the
-    shipped schema requires, with the types it gives; else :class:`ArtifactError` saying what
-    is wrong.  The views (report, summary) load through it, so a truncated or foreign file is
-    a clear error, never a ``KeyError`` half-way through a report."""
+    """``data`` when it is an artifact of a known schema version with every field the shipped
+    schema requires, of its types; else :class:`ArtifactError` saying what is wrong (never a
+    ``KeyError`` half-way through a view)."""
     if not isinstance(data, dict) or "schema_version" not in data:
         raise ArtifactError("not an asyncsoak artifact (no schema_version)")
     version = data["schema_version"]
@@ -69,16 +68,13 @@ def check_artifact(data: object) -> Artifact:
     if problem is not None:
         raise ArtifactError(f"incomplete or damaged artifact: {problem}")
     _words_as_members(data)
-    # The one cast from JSON to the typed artifact, and a sound one: ``data`` has every key
-    # the schema requires, with the schema's types, and the TypedDicts in ``_schema`` mirror
-    # that schema (``tests/test_vocabulary.py`` compares their required keys).
+    # Sound: the TypedDicts mirror the schema checked (tests/test_vocabulary.py).
     return cast("Artifact", data)
 
 
 def _words_as_members(data: dict[str, Any]) -> None:
     """The status, the failures' reasons and the stop's cause as the enums' members, as the
-    ``Artifact`` type gives them (the schema check let only the vocabulary's words through;
-    a member compares and serialises as its word)."""
+    ``Artifact`` type gives them (the schema let only their words through)."""
     data["status"] = SoakStatus(data["status"])
     for failure in data["failures"]:
         failure["reason"] = FailureReason(failure["reason"])
@@ -117,7 +113,6 @@ def _problem(value: Any, schema: dict[str, Any], where: str, defs: dict[str, Any
                 found = _problem(value[key], sub, f"{where}.{key}".lstrip("."), defs)
                 if found is not None:
                     return found
-        # The sections keyed by data (trends, series groups): each entry has the schema's shape.
         extra = schema.get("additionalProperties")
         if isinstance(extra, dict):
             for key, item in value.items():
@@ -139,10 +134,7 @@ def create_private_file(path: Path) -> int:
 
 
 def write_artifact(artifact: Mapping[str, Any], path: Path) -> None:
-    """Write atomically: a temporary file in the same directory, fsync, then ``os.replace``.
-
-    ``mkstemp`` creates the file readable by its owner only, and ``os.replace`` keeps that.
-    """
+    """Write atomically, readable by the owner only: ``mkstemp`` beside it, fsync, replace."""
     data = json.dumps(artifact, indent=1, allow_nan=False, default=str).encode() + b"\n"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -158,9 +150,8 @@ def write_artifact(artifact: Mapping[str, Any], path: Path) -> None:
 
 
 def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES) -> str:
-    """The last ``max_bytes`` of the captured output, decoded leniently ("" when it cannot
-    be read, or is no regular file: a journal rebuilt by ``recover`` names its log, and a
-    doctored one may name a FIFO or ``/dev/zero``)."""
+    """The last ``max_bytes`` of the captured output, decoded leniently; "" when it cannot be
+    read or is no regular file (a doctored journal may name ``/dev/zero``)."""
     try:
         with bounded.open_regular(path) as f:
             f.seek(0, os.SEEK_END)
@@ -170,7 +161,4 @@ def read_log_tail(path: Path, max_bytes: int = LOG_TAIL_BYTES) -> str:
     except (OSError, bounded.UnreadableFileError):
         return ""
     text = data.decode("utf-8", errors="replace")
-    if size > max_bytes:
-        # Drop the partial first line.
-        text = text.partition("\n")[2]
-    return text
+    return text.partition("\n")[2] if size > max_bytes else text  # no partial first line

@@ -1,10 +1,6 @@
-"""The deadlines the training keeps (``--expect-every GLOB=SECONDS``), folded from the run's
-progress events: per GLOB, its period and its newest match.
-
-The first match of a GLOB is due SECONDS after the steps started (the first progress, for a run
-without steps), each next one SECONDS after the last.  A deadline is missed *while the steps
-still advance* once the steps advanced after it: only then is the run known to go on without
-keeping it (steps that stopped before it are a stall, ``stale_progress``'s to tell).
+"""The deadlines the training keeps (``--expect-every GLOB=SECONDS``): a GLOB's first match is
+due SECONDS after the steps started, each next SECONDS after the last; one is missed once the
+steps advanced past it (steps that stopped are a stall, ``stale_progress``'s to tell).
 """
 
 from __future__ import annotations
@@ -26,12 +22,10 @@ class Deadline(NamedTuple):
 
 
 class Deadlines:
-    """Each ``--expect-every`` GLOB's period and newest match (a new or changed path below the
-    progress dir with a part matching it), as the progress events said."""
+    """Each ``--expect-every`` GLOB's period and newest match, as the progress events said."""
 
     def __init__(self) -> None:
         self.every: dict[str, float] = {}
-        #: The monitor looks at the files this often: it cannot date a match finer.
         self.look_seconds = 0.0
         self.matched: dict[str, tuple[float, str]] = {}
 
@@ -58,9 +52,8 @@ class Deadlines:
         return sorted(out, key=lambda d: d.due)
 
     def missed(self, started: float | None, advanced: float | None) -> Deadline | None:
-        """The first deadline the steps advanced past (their last advance at ``advanced``) by
-        more than a look at the files (at most half the period): a checkpoint written on the
-        period's dot, seen a scan later, is no miss."""
+        """The first deadline the steps advanced past (at ``advanced``) by more than a look at the
+        files, at most half the period: a checkpoint seen a scan late is no miss."""
         if advanced is None:
             return None
         return next(

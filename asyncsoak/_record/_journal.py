@@ -1,13 +1,7 @@
-"""The journal's format: how the serializer writes it and how every reader reads it back.
-
-JSON Lines in segments (the open one plain, closed ones gzipped beside it), each line one event,
-full or compact (a patch of the previous event of its kind in its segment), so a sample of a
-tree whose figures barely move costs a few dozen bytes and a crash loses nothing written.
-Reading is bounded: a line no writer or crash makes is refused (:class:`UnreadableFileError`,
-naming the line), never decoded into a huge event; a line that is merely not JSON is skipped
-and counted.  The segments, the patch grammar and the bounds: docs/architecture.md, "The
-journal and the serializer".
-"""
+"""The journal's format: JSON Lines in segments, each line one event, full or a patch of the
+previous event of its kind; written by the serializer, read back bounded by every reader.
+The segments, the patch grammar and the bounds: docs/architecture.md, "The journal and the
+serializer"."""
 
 from __future__ import annotations
 
@@ -29,8 +23,7 @@ SEGMENT_BYTES = 4 * 1024 * 1024
 #: ``soak.jsonl.000001`` and ``soak.jsonl.000001.gz``: the closed segments' suffixes.
 _SEGMENT_SUFFIX = re.compile(r"\.(\d{6})(\.gz)?$")
 _PATCH_KEY = "~"
-#: Event kinds whose last event a decoder keeps for the patches that follow (a journal has
-#: about twenty kinds; a hostile one with millions must not keep millions of events).
+#: Event kinds whose last event a decoder keeps for the patches (a hostile journal has millions).
 MAX_KINDS = 256
 
 
@@ -40,11 +33,8 @@ def segment_path(journal: Path, index: int, *, compressed: bool = False) -> Path
 
 
 def journal_segments(path: Path) -> list[Path]:
-    """The journal's segments in order: the closed ones, then the open one (if it exists).
-
-    A closed segment present both plain and compressed is read plain: the compressed file is
-    only complete once the plain one is gone.
-    """
+    """The journal's segments in order: the closed ones, then the open one (if it exists).  A
+    closed one both plain and compressed is read plain (the ``.gz`` may be incomplete)."""
     path = Path(path)
     closed: dict[int, Path] = {}
     try:
@@ -67,16 +57,12 @@ def journal_segments(path: Path) -> list[Path]:
     return segments
 
 
-# -- encoding ---------------------------------------------------------------------------------
-
-
 def make_patch(old: Any, new: Any) -> Any:
     """A patch turning ``old`` into ``new``; ``_UNCHANGED`` when they are the same."""
     if type(old) is not type(new):
         return _literal(new)
-    # One comparison in C settles most of a sample (processes whose figures did not move).
-    # Inside it 1 == 1.0: a field would have to flip between the two while equal to lose its
-    # type, which no sampler does.
+    # One comparison in C settles most of a sample.  Inside it 1 == 1.0: a field would have to
+    # flip between the two while equal to lose its type, which no sampler does.
     if old == new:
         return _UNCHANGED
     if isinstance(new, dict):
@@ -120,12 +106,9 @@ _UNCHANGED: Any = _Unchanged()
 
 
 def apply_patch(old: Any, patch: Any) -> Any:
-    """``old`` patched (a new value: ``old`` itself is left as it is).
-
-    A ``ValueError`` (or ``TypeError``, ``KeyError``) for a patch the encoder never writes (a
-    list patch whose length is not a count, whose indices are out of range or negative), and
-    :class:`UnreadableFileError` for one that pads a list past the items it lists.
-    """
+    """``old`` patched, as a new value; a ``ValueError`` (``TypeError``, ``KeyError``) for a
+    patch the encoder never writes, :class:`UnreadableFileError` for one that pads a list past
+    the items it lists (a memory bomb)."""
     if not isinstance(patch, dict):
         return patch
     if "=" in patch:
@@ -138,8 +121,6 @@ def apply_patch(old: Any, patch: Any) -> Any:
         if not isinstance(items, list):
             raise TypeError("a list patch's items must be a list")
         if length - len(base) > len(items):
-            # Every item past the old end is listed by the encoder: padding the list with
-            # more nulls than the line holds items is no patch of ours (a memory bomb).
             raise bounded.UnreadableFileError(
                 f"a list patch pads a list of {len(base)} to {length} with {len(items)} items"
             )
@@ -165,16 +146,11 @@ def _dumps(data: Any) -> str:
 
 
 class JournalEncoder:
-    """Turns events' JSON forms into journal lines, compact where that is shorter.
-
-    Only kinds that come again and again (``compact_kinds``: samples) are patched; other
-    events stay full, so a reader skimming the journal for them (progress, failures) finds
-    them whole.
-    """
+    """Turns events' JSON forms into journal lines: ``compact_kinds`` (the samples) patched,
+    the others full, so a reader skimming for them finds them whole."""
 
     def __init__(self, compact_kinds: frozenset[str] = frozenset({"sample", "gpu_sample"})) -> None:
         self._compact_kinds = compact_kinds
-        #: The previous event of each kind, as it was encoded (its JSON-native form).
         self._previous: dict[str, dict[str, Any]] = {}
 
     def reset(self) -> None:
@@ -184,35 +160,24 @@ class JournalEncoder:
     def encode(self, data: Mapping[str, Any]) -> str:
         """The journal line (ending in a newline) of an event's JSON form."""
         kind = data.get("kind")
-        if _PATCH_KEY in data:
-            # A field of that name would read as a patch: written as a patch of the whole.
-            body = {k: v for k, v in data.items() if k != "t" and k != "kind"}
-            text = _dumps({"t": data.get("t"), "kind": kind, _PATCH_KEY: {"=": body}})
-            if isinstance(kind, str) and kind in self._compact_kinds:
-                self._previous[kind] = body
-            return text + "\n"
-        if not isinstance(kind, str) or kind not in self._compact_kinds:
+        key = kind if isinstance(kind, str) else ""
+        compact = key in self._compact_kinds
+        if not compact and _PATCH_KEY not in data:
             return _dumps(data) + "\n"
-        # ``data`` is the event's JSON form (``event_to_json``: plain dicts, lists, strings
-        # and numbers), kept as the next base; nobody changes it once folded.
+        # ``data`` (plain JSON values, never changed once folded) is kept as the next base.
         body = {k: v for k, v in data.items() if k != "t" and k != "kind"}
-        previous = self._previous.get(kind)
-        if previous is None:
-            text = _dumps(data)
-        else:
+        previous = self._previous.get(key) if compact else None
+        patch: Any = None
+        if _PATCH_KEY in data:  # a field of that name would read as a patch: patch the whole
+            patch = {"=": body}
+        elif previous is not None:
             patch = make_patch(previous, body)
-            line = {
-                "t": data.get("t"),
-                "kind": kind,
-                _PATCH_KEY: {} if patch is _UNCHANGED else patch,
-            }
-            text = _dumps(line)
-        # Only once written (a NaN makes dumps raise): the next line patches what was written.
-        self._previous[kind] = body
+            patch = {} if patch is _UNCHANGED else patch
+        line = data if patch is None else {"t": data.get("t"), "kind": kind, _PATCH_KEY: patch}
+        text = _dumps(line)
+        if compact:  # only once written (a NaN makes dumps raise): the next line patches it
+            self._previous[key] = body
         return text + "\n"
-
-
-# -- decoding ---------------------------------------------------------------------------------
 
 
 class JournalDecoder:
@@ -229,12 +194,9 @@ class JournalDecoder:
         self._damaged = False
 
     def decode(self, line: bytes | str) -> events.EventJson | None:
-        """The event on ``line``; None for a line that is not one (truncated, garbage).
-
-        :class:`UnreadableFileError` for a line past the bounds on length, nesting and growth
-        (a patch that inflates a list only while no line of the segment was lost: after a lost
-        line, a patch may meet an older base than the one it was made from).
-        """
+        """The event on ``line``; None for a line that is not one (truncated, garbage);
+        :class:`UnreadableFileError` for one past the bounds (a list patch's growth only while
+        no line of the segment was lost: then a patch may meet an older base)."""
         event = self._decode(line)
         if event is None:
             self._damaged = True
@@ -273,23 +235,16 @@ class JournalDecoder:
         body = {k: v for k, v in event.items() if k not in ("t", "kind")}
         if kind in self._previous or len(self._previous) < MAX_KINDS:
             self._previous[kind] = body
-        # A line with a kind is read as that kind's JSON form.  A journal is not checked
-        # against a schema (and may come from another asyncsoak): the folds read a key that
-        # journals of other versions may lack with ``.get``, and ``recover`` refuses one whose
-        # events are damaged.
+        # Read as its kind's JSON form, unchecked: the folds ``.get`` what other versions may
+        # lack, and ``recover`` refuses damaged events.
         return cast(events.EventJson, event)
 
 
 class JournalReader:
-    """Every event of a journal, in order, across its segments.
-
-    Lines that cannot be read (a truncated last line, garbage, a compressed segment cut
-    short) are skipped and counted in :attr:`unreadable`.  A segment that is not a regular
-    file, a line past the bounds of ``JournalDecoder.decode``, or more than
-    ``MAX_JOURNAL_BYTES`` of text in all is an :class:`UnreadableFileError` naming the file.
-    Given ``kinds``, only events of those kinds are read: a line whose head names another kind
-    (``{"t":T,"kind":"K"``, as the encoder writes it) is passed over undecoded.
-    """
+    """Every event of a journal (of ``kinds``: others passed over undecoded), in order, across
+    its segments.  Unreadable lines are skipped and counted in :attr:`unreadable`; a segment
+    not a regular file, a line past the bounds or more than ``MAX_JOURNAL_BYTES`` in all is an
+    :class:`UnreadableFileError` naming the file."""
 
     def __init__(self, path: Path | str, kinds: Collection[str] | None = None) -> None:
         self.path = Path(path)
@@ -335,8 +290,7 @@ class JournalReader:
 
 
 def _skipped(line: bytes, kinds: set[bytes]) -> bool:
-    """Whether ``line``'s head names a kind not in ``kinds`` (a kind's patches chain only
-    within that kind, so its lines may all be passed over)."""
+    """Whether ``line``'s head names a kind not in ``kinds`` (patches chain within a kind)."""
     start = line.find(b',"kind":"', 0, 64) + 9
     end = line.find(b'"', start, start + 64) if start > 8 and line.startswith(b'{"t":') else -1
     return end > 0 and line[start:end] not in kinds
@@ -366,12 +320,8 @@ class _Decompressed(gzip.GzipFile):
 
 
 def read_journal(path: Path | str) -> Iterator[dict[str, Any]]:
-    """Every event of the soak journal at ``path``, as plain dicts, in order.
-
-    Reads every form asyncsoak has written: closed segments (compressed or not) and the
-    open one, full and compact lines.  Lines that cannot be read are skipped.
-    """
-    # The events' JSON forms (``EventJson``), offered as the plain dicts they are.
+    """Every event of the soak journal at ``path``, as plain dicts, in order (every form
+    asyncsoak has written; unreadable lines skipped)."""
     return cast("Iterator[dict[str, Any]]", iter(JournalReader(path)))
 
 
@@ -420,12 +370,9 @@ def remove_closed_segments(path: Path) -> None:
 
 
 def compress_segment(plain: Path, created: Callable[[tuple[int, int]], None] | None = None) -> Path:
-    """Compress a closed segment beside itself, then remove the plain file (blocking).
-
-    The compressed file is written under a temporary name and renamed once complete and
-    flushed, so at any moment one complete copy exists.  ``created`` is told its (device,
-    inode) as soon as it exists (a file asyncsoak writes is never progress).
-    """
+    """Compress a closed segment beside itself (under a temporary name until complete), then
+    remove the plain file (blocking).  ``created`` is told its (device, inode) at once: a
+    file asyncsoak writes is never progress."""
     target = plain.with_name(plain.name + ".gz")
     partial = plain.with_name(plain.name + ".gz.tmp")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)

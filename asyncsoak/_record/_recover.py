@@ -1,11 +1,5 @@
-"""Rebuild an artifact from a soak's journal: the record a dead monitor leaves behind.
-
-The journal is flushed on every batch, so it holds everything up to the moment the monitor
-died; it is read through ``_journal`` (its segments, compressed or not, full and compact
-lines).  Folding it through the same :class:`RunState` the serializer uses gives an
-artifact of the same shape; a journal without a ``finished`` line means the monitor never
-finished, which is the ``monitor_lost`` failure.
-"""
+"""Rebuild an artifact from a soak's journal, the record a dead monitor leaves, folded through
+the serializer's :class:`RunState`; without a ``finished`` line, the monitor was lost."""
 
 from __future__ import annotations
 
@@ -28,11 +22,8 @@ _DAMAGE = (KeyError, TypeError, ValueError, AttributeError, IndexError, Overflow
 
 
 def artifact_from_journal(path: Path) -> Artifact:
-    """The artifact of the soak whose journal is ``path``, valid against the schema.
-
-    A truncated last line (the monitor died mid-write) and any other unreadable line are
-    skipped and counted in ``monitor.unreadable_journal_lines``.
-    """
+    """The artifact of the soak whose journal is ``path``, valid against the schema (lines it
+    cannot read skipped, counted in ``monitor.unreadable_journal_lines``)."""
     builder, folded, unreadable = _fold(path)
     header = builder.header
     assert header is not None
@@ -47,8 +38,7 @@ def artifact_from_journal(path: Path) -> Artifact:
 
 def journal_goodput(path: Path, earlier_highest_step: int | None) -> Ledger:
     """The goodput ledger of the soak whose journal is ``path``, its steps at or below
-    ``earlier_highest_step`` (an earlier attempt's highest) counted as redone: ``goodput``
-    joining a scheduler's restarts of one job."""
+    ``earlier_highest_step`` (an earlier attempt's) counted as redone."""
     return _fold(path)[0].goodput(earlier_highest_step)
 
 
@@ -62,9 +52,7 @@ def _fold(path: Path) -> tuple[RunState, int, int]:
             builder.add(event)
         except UnknownWordError as exc:
             raise JournalError(f"{path}: event {folded + 1}: {exc}") from None
-        except _DAMAGE as exc:
-            # A line that reads as JSON but is no event asyncsoak wrote (a foreign or doctored
-            # file): the whole journal is refused, never a traceback half-way through a view.
+        except _DAMAGE as exc:  # a foreign or doctored file: refused whole, never a traceback
             raise JournalError(
                 f"{path}: event {folded + 1} ({str(event.get('kind'))[:40]!r}) is damaged "
                 f"({type(exc).__name__}: {str(exc)[:80]}): not a journal asyncsoak wrote"

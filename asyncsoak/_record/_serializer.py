@@ -1,12 +1,5 @@
-"""The serializer: drains the event queue into the journal and the artifact builder.
-
-Every event is appended to the journal in batches that a SIGKILL of the monitor can cost at most
-the last interval of; a journal that cannot be written, or whose write hangs, is recorded and
-abandoned, never allowed to back up the event queue and stall the watchdog.  An event that
-cannot be encoded is written with its non-finite numbers as null, or dropped and counted: one
-bad value never costs the artifact.  How (batches, rotation, the deadlines, the thread pool):
-docs/architecture.md, "The journal and the serializer".
-"""
+"""The serializer: drains the event queue into the journal and the run's state; a journal
+that fails or hangs is abandoned, never let back up the queue (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -46,13 +39,9 @@ from ._journal import SEGMENT_BYTES, JournalEncoder, compress_segment, segment_p
 BATCH = 256
 #: Bound on one journal write; past it the journal is given up for this soak.
 JOURNAL_WRITE_TIMEOUT_SECONDS = 5.0
-#: Events that wait for the interval's write like samples do: they come every second from a
-#: busy trainer (a step with its progress), and losing the last interval of them to a SIGKILL
-#: loses nothing of note.
+#: Events that wait for the interval's write like samples do (a busy trainer's every second).
 _BATCHED_KINDS = frozenset({"progress", "step"})
-#: The proc sampler's samples set the interval's clock: each one writes what waits with it at
-#: once, so in a steady soak what waits (a GPU sample, progress) goes out with the next sample,
-#: within one interval, and no timer of the journal's own wakes the monitor.
+#: The proc sampler's samples write what waits with them: no timer of the journal's own.
 _FLUSHING_KINDS = frozenset({"sample"})
 #: Bound on opening and on closing the journal (a flush on close can hang on NFS).
 JOURNAL_CLOSE_TIMEOUT_SECONDS = 5.0
@@ -60,8 +49,7 @@ JOURNAL_CLOSE_TIMEOUT_SECONDS = 5.0
 T = TypeVar("T")
 
 
-#: Whether each event class is a SeriesSource: a runtime protocol check walks the protocol's
-#: members at every call, and every sample passes here.
+#: Whether each event class is a SeriesSource (a protocol check at every sample is slow).
 _SERIES_SOURCE_TYPES: dict[type, bool] = {}
 
 
@@ -82,7 +70,6 @@ def journal_line_data(event: Event) -> EventJson:
     """The JSON form of an event as the journal holds it (samples carry their series points)."""
     data = event_to_json(event)
     if _is_series_source(event):
-        # A sample (the series sources are): ``SampleJson`` and ``GpuSampleJson`` have these.
         sample = cast("SampleJson | GpuSampleJson", data)
         sample["points"] = {g: dict(v) for g, v in event.series_points().items()}
         labels = event.summary_labels()
@@ -103,13 +90,9 @@ def _finite(value: Any) -> Any:
 
 
 class _JournalExecutor(Executor):
-    """The shared pool, remembering which of this journal's calls are still running.
-
-    When a write is abandoned, the descriptor must stay open until that write returns:
-    closed earlier, its number could be reused by a file opened later, and a write still on
-    its way to the kernel would land there.  :meth:`when_idle` closes it then (and never,
-    if the write never returns: one descriptor per thread stuck for good, a bounded number).
-    """
+    """The shared pool, remembering which of this journal's calls still run: the descriptor
+    of an abandoned write is closed only once it returns (:meth:`when_idle`), or its number,
+    reused by a later file, would take the write."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -129,22 +112,11 @@ class _JournalExecutor(Executor):
     def when_idle(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (in a pool thread, or now) once no call of this journal runs."""
         with self._lock:
-            pending = [f for f in self._running if not f.done()]
-        if not pending:
+            pending = next((f for f in self._running if not f.done()), None)
+        if pending is None:
             callback()
-            return
-        left = [len(pending)]
-        lock = threading.Lock()
-
-        def one_done(_: Future[Any]) -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                callback()
-
-        for future in pending:
-            future.add_done_callback(one_done)
+        else:  # asked again once that one returns
+            pending.add_done_callback(lambda _: self.when_idle(callback))
 
 
 #: A rule: what the state, with one more event folded, calls for (failures, warnings,
@@ -174,10 +146,8 @@ class Serializer:
     ) -> None:
         self._journal_fd = journal_fd
         self.rules = rules
-        #: With a path, the journal is rotated into compressed segments (see ``_journal``).
         self._journal_path = journal_path
-        #: Samples and progress events wait at most this long for the write that carries them
-        #: (None: no wait); every other event is written at once, with whatever is waiting.
+        #: How long samples and progress may wait for their write (None: no wait).
         self._flush_interval = flush_interval
         #: (device, inode) of the files the serializer creates: never progress.
         self.own_files = own_files if own_files is not None else set()
@@ -200,16 +170,13 @@ class Serializer:
         self.nonfinite_events = 0
         self._write_abandoned = False
         self._executor = _JournalExecutor()
-        #: When closing the journal must be given up (``run_soak`` sets its drain deadline).
+        #: When closing the journal must be given up (``run_soak``'s drain deadline).
         self.close_deadline: float | None = None
-        #: Set once the drain has ended and the journal is closed.
         self.drained = anyio.Event()
-        #: Set when the queue is found empty, every event taken folded (see :meth:`folded`).
         self._emptied: anyio.Event | None = None
 
     async def folded(self, sink: EventSink) -> None:
-        """Until every event queued so far on ``sink`` is folded (a batch is folded as it
-        is taken)."""
+        """Until every event queued so far on ``sink`` is folded."""
         if sink.waiting() and not self.drained.is_set():
             self._emptied = anyio.Event()
             await self._emptied.wait()
@@ -290,8 +257,8 @@ class Serializer:
             )
 
     async def _drain(self, receive: MemoryObjectReceiveStream[Event]) -> None:
-        """Drain until the last producer closes its end.  The host's cancel (its loop ending:
-        see :func:`host_cancelled`) is taken back, for the soak still has its end to write."""
+        """Drain until the last producer closes its end; the host's cancel is taken back, for
+        the soak still has its end to write."""
         pending: list[str] = []
         async with receive:
             while True:
@@ -306,33 +273,18 @@ class Serializer:
     async def _drain_batches(
         self, receive: MemoryObjectReceiveStream[Event], pending: list[str]
     ) -> None:
-        #: When the oldest waiting line must be written (samples wait one interval at most).
-        due: float | None = None
+        due: float | None = None  # when the waiting lines must be written
         while True:
             if self._emptied is not None and not receive.statistics().current_buffer_used:
                 self._emptied.set()
             try:
-                # Taken without a turn of the loop when there (anyio's receive() always
-                # takes one): each turn is the monitor's CPU.
-                first = receive.receive_nowait()
-            except anyio.WouldBlock:
-                try:
-                    if due is None:
-                        first = await receive.receive()
-                    else:
-                        received: Event | None = None
-                        with anyio.move_on_after(max(0.0, due - anyio.current_time())):
-                            received = await receive.receive()
-                        if received is None:
-                            # The waiting samples' interval is up: no later than now.
-                            await self._write_lines(pending)
-                            due = None
-                            continue
-                        first = received
-                except anyio.EndOfStream:
-                    break
+                first = await _take(receive, due)
             except anyio.EndOfStream:
                 break
+            if first is None:  # the waiting samples' interval is up
+                await self._write_lines(pending)
+                due = None
+                continue
             batch: list[Event] = [first]
             while len(batch) < BATCH:
                 try:
@@ -365,10 +317,8 @@ class Serializer:
                         found = rule(self.builder, data)
                         brought += len(found)
                         todo.extendleft((e, False) for e in reversed(found))
-                except Exception as exc:
-                    # A bug folding one event must not cost the journal or the artifact.
-                    self.fold_errors += 1
-                    self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
+                except Exception as exc:  # a bug must not cost the journal or the artifact
+                    self._fold_failed(exc)
             if urgent or by_sample:
                 await self._write_lines(pending)
                 due = None
@@ -388,14 +338,9 @@ class Serializer:
             await self._rotate(self._journal_path)
 
     async def _rotate(self, path: Path) -> None:
-        """Close the open segment under its segment name, go on in a new one, compress the old.
-
-        The new file is created and locked under a temporary name, the full segment gets its
-        own name by a hard link, then the new file replaces the journal's path in one rename:
-        at no moment is the path missing or unlocked (a second soak over the same output is
-        still refused).  Anything failing leaves the journal as it was: writing goes on in
-        the same segment, and rotation is off for this soak.
-        """
+        """Close the open segment under its segment name, go on in a new one, compress the old;
+        the journal's path is never missing or unlocked (docs/architecture.md).  On failure
+        writing goes on in the same segment, and rotation is off for this soak."""
         if self.journal_error is not None or self._journal is None:
             return
         index = self.segments + 1
@@ -426,33 +371,40 @@ class Serializer:
         self._encoder.reset()
         await old.close()
         self._executor.when_idle(partial(_close_fd, old_fd))
-        # Compressing takes a fraction of a second per segment; it runs in the pool without
-        # holding the queue, and a segment left plain (a hung disk, the monitor gone) is read
-        # as it is.
+        # In the pool, never holding the queue; a segment left plain is read as it is.
         self._compressions.append(EXECUTOR.submit(compress_segment, closed, self.own_files.add))
 
     def _encode(self, event: Event) -> tuple[str, EventJson] | None:
         """The event's journal line and JSON form; None (counted) if it cannot be encoded."""
         try:
             data = journal_line_data(event)
-            return self._encoder.encode(data), data
-        except ValueError:
-            pass  # a NaN or an infinity: retried below with those numbers as null
+            try:
+                return self._encoder.encode(data), data
+            except ValueError:  # a NaN or an infinity: written as null
+                data = _finite(data)
+                line = self._encoder.encode(data)
+                self.nonfinite_events += 1
+                return line, data
         except Exception as exc:
             self._fold_failed(exc)
             return None
-        try:
-            data = _finite(journal_line_data(event))
-            line = self._encoder.encode(data)
-        except Exception as exc:
-            self._fold_failed(exc)
-            return None
-        self.nonfinite_events += 1
-        return line, data
 
     def _fold_failed(self, exc: Exception) -> None:
         self.fold_errors += 1
         self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
+
+
+async def _take(receive: MemoryObjectReceiveStream[Event], due: float | None) -> Event | None:
+    """The next event, None once ``due`` passed; no turn of the loop when one is there."""
+    try:
+        return receive.receive_nowait()
+    except anyio.WouldBlock:
+        pass
+    if due is None:
+        return await receive.receive()
+    with anyio.move_on_after(max(0.0, due - anyio.current_time())):
+        return await receive.receive()
+    return None
 
 
 def _file_key(fd: int) -> tuple[int, int]:
