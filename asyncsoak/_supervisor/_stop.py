@@ -202,10 +202,7 @@ class TreeStop:
             FailureReason.MONITOR_ERROR,
             f"the reaper (pid {spawner.reaper_pid}) was lost: {how}; the tree was stopped",
         )
-        pids = await self.tree_pids(spawner)
-        await sink.emit(
-            events.SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids)
-        )
+        pids = await self._announce_kill(sink, spawner)
         with anyio.move_on_after(self.cfg.kill_wait_seconds):
             while pids:
                 await run_blocking(
@@ -217,8 +214,7 @@ class TreeStop:
                 )
                 await anyio.sleep(0.05)
                 pids = await self.tree_pids(spawner)
-        for info in await self._describe(pids, spawner.pid):
-            await sink.emit(events.Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
+        await self._abandon(sink, spawner, pids)
         # Nothing is left to say the tree is gone: it is, or it is reported abandoned.
         spawner.tree_gone.set()
 
@@ -268,22 +264,16 @@ class TreeStop:
 
     async def record_leftovers(self, sink: EventSink, spawner: Spawner) -> int:
         """Record each process still alive after the grace; the count of them."""
-        count = 0
-        for info in await self._describe(await self.tree_pids(spawner), spawner.pid):
-            if info is not None:
-                info["cmdline"] = (
-                    None if info.get("cmdline") is None else self._masker.argv(info["cmdline"])
-                )
-                await sink.emit(events.Leftover(t=sink.elapsed(), process=info))
-                count += 1
-        return count
+        leftovers = await self._describe(await self.tree_pids(spawner), spawner.pid)
+        for info in leftovers:
+            if info.get("cmdline") is not None:
+                info["cmdline"] = self._masker.argv(info["cmdline"])
+            await sink.emit(events.Leftover(t=sink.elapsed(), process=info))
+        return len(leftovers)
 
     async def kill(self, sink: EventSink, spawner: Spawner) -> None:
         """SIGKILL everything left, again and again (a forking tree races us), within a bound."""
-        pids = await self.tree_pids(spawner)
-        await sink.emit(
-            events.SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids)
-        )
+        pids = await self._announce_kill(sink, spawner)
         wait = max(MIN_KILL_WAIT_SECONDS, self.within_deadline(self.cfg.kill_wait_seconds))
         with anyio.move_on_after(wait):
             while True:
@@ -297,6 +287,18 @@ class TreeStop:
                 pids = await self.tree_pids(spawner)
                 if spawner.tree_gone.is_set() and not pids:
                     return
+        await self._abandon(sink, spawner, pids)
+
+    async def _announce_kill(self, sink: EventSink, spawner: Spawner) -> list[int]:
+        """The tree's pids, told as the SIGKILL's targets."""
+        pids = await self.tree_pids(spawner)
+        await sink.emit(
+            events.SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids)
+        )
+        return pids
+
+    async def _abandon(self, sink: EventSink, spawner: Spawner, pids: list[int]) -> None:
+        """Each process the kill could not end, told as abandoned."""
         for info in await self._describe(pids, spawner.pid):
             await sink.emit(events.Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
 
