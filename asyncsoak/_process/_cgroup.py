@@ -14,6 +14,8 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: Bound on waiting for a v1 freezer to report the group frozen.
 FREEZE_WAIT_SECONDS = 1.0
+#: Bound on waiting for the killed members to be reaped before the group can be removed.
+REMOVE_WAIT_SECONDS = 0.5
 
 
 class TreeCgroup:
@@ -61,9 +63,9 @@ class TreeCgroup:
                 with contextlib.suppress(OSError):
                     state.write_text("THAWED")
 
-    def remove(self, timeout: float = 0.5) -> bool:
-        """Remove the group once empty; False if still there after ``timeout`` (a member in D)."""
-        deadline = time.monotonic() + timeout
+    def remove(self) -> bool:
+        """Remove the group once empty; False if still there after a bound (a member in D)."""
+        deadline = time.monotonic() + REMOVE_WAIT_SECONDS
         while True:
             try:
                 self.path.rmdir()

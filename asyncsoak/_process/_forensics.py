@@ -91,12 +91,10 @@ def py_spy_dump(py_spy: str, pid: int, timeout: float = PY_SPY_TIMEOUT_SECONDS) 
     return {"stack": out}
 
 
-def collect_forensics(
-    pids: Iterable[int], *, timeout: float, py_spy: str | None = None
-) -> dict[str, Any]:
+def collect_forensics(pids: Iterable[int], *, timeout: float) -> dict[str, Any]:
     """What every process was doing, within ``timeout`` seconds in all."""
     deadline = time.monotonic() + timeout
-    py_spy = py_spy if py_spy is not None else find_py_spy()
+    py_spy = find_py_spy()
     processes: list[dict[str, Any]] = []
     skipped = 0
     dumped = 0
@@ -251,11 +249,11 @@ class KernelLogFollower:
             return None
         return cls(fd)
 
-    def new_records(self, limit: int = MAX_KMSG_RECORDS_PER_READ) -> list[tuple[float, str]]:
-        """The records logged since the previous call (``limit`` at most; the rest wait)."""
+    def new_records(self) -> list[tuple[float, str]]:
+        """The records logged since the previous call (a bounded number; the rest wait)."""
         if self._fd is None:
             return []
-        return list(kernel_log_records(self._fd, limit))
+        return list(kernel_log_records(self._fd, MAX_KMSG_RECORDS_PER_READ))
 
     def close(self) -> None:
         if self._fd is not None:

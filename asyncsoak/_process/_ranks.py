@@ -80,14 +80,14 @@ def parse_rank_environ(environ: bytes) -> dict[str, Any] | None:
     return None
 
 
-def read_environ(path: str, limit: int = ENVIRON_BYTES) -> bytes:
-    """At most ``limit`` bytes of an ``environ`` file (raises OSError as ``open`` does)."""
+def read_environ(path: str) -> bytes:
+    """At most ``ENVIRON_BYTES`` of an ``environ`` file (raises OSError as ``open`` does)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks: list[bytes] = []
         size = 0
-        while size < limit:
-            chunk = os.read(fd, min(65536, limit - size))
+        while size < ENVIRON_BYTES:
+            chunk = os.read(fd, min(65536, ENVIRON_BYTES - size))
             if not chunk:
                 break
             chunks.append(chunk)
@@ -97,10 +97,10 @@ def read_environ(path: str, limit: int = ENVIRON_BYTES) -> bytes:
         os.close(fd)
 
 
-def read_rank(pid: int, proc: str = "/proc") -> dict[str, Any] | None:
+def read_rank(pid: int) -> dict[str, Any] | None:
     """The rank of ``pid`` from its environment; None when it has none or may not be read."""
     try:
-        return parse_rank_environ(read_environ(f"{proc}/{pid}/environ"))
+        return parse_rank_environ(read_environ(f"/proc/{pid}/environ"))
     except OSError:
         return None
 

@@ -8,23 +8,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-_PROC = Path("/proc")
+_HAS_CHILDREN_FILES = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
 
 
-def _children_files_supported() -> bool:
-    return Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
-
-
-_HAS_CHILDREN_FILES = _children_files_supported()
-
-
-def children(pid: int, proc: Path = _PROC) -> list[int]:
+def children(pid: int) -> list[int]:
     """Direct children of ``pid`` (empty when it is gone)."""
-    if not _HAS_CHILDREN_FILES or proc != _PROC:
+    if not _HAS_CHILDREN_FILES:
         try:
             import psutil  # the fallback only: the reaper starts without it
         except ImportError:
-            return [p for p in map(int, filter(str.isdigit, os.listdir(proc))) if _ppid(p) == pid]
+            return [
+                p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if _ppid(p) == pid
+            ]
         try:
             return [c.pid for c in psutil.Process(pid).children()]
         except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -95,28 +95,22 @@ def job_identity(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     return out
 
 
-def scheduler_snapshot(
-    env: Mapping[str, str] | None = None,
-    *,
-    timeout: float = SCONTROL_TIMEOUT_SECONDS,
-    scontrol: str = "scontrol",
-) -> dict[str, Any] | None:
+def scheduler_snapshot() -> dict[str, Any] | None:
     """``snapshot.scheduler``: the identity plus ``KillWait`` and the job's end time (blocking:
     two ``scontrol`` calls); what they cannot tell is None, why in ``errors``."""
-    environ = os.environ if env is None else env
-    identity = job_identity(environ)
+    identity = job_identity()
     if identity is None:
         return None
     errors: list[str] = []
     identity.update(kill_wait_seconds=None, end_time=None, end_time_epoch=None, time_limit=None)
-    query_env = dict(environ)
-    config = run_command_sync([scontrol, "show", "config"], timeout=timeout, env=query_env)
+    timeout = SCONTROL_TIMEOUT_SECONDS
+    config = run_command_sync(["scontrol", "show", "config"], timeout=timeout)
     if config.ok:
         identity["kill_wait_seconds"] = parse_kill_wait(config.output)
     else:
         errors.append(f"scontrol show config: {config.describe()}")
     job = run_command_sync(
-        [scontrol, "-o", "show", "job", str(identity["job_id"])], timeout=timeout, env=query_env
+        ["scontrol", "-o", "show", "job", str(identity["job_id"])], timeout=timeout
     )
     if job.ok:
         fields = parse_fields(job.output)
@@ -161,9 +155,6 @@ def parse_time(text: str | None) -> datetime | None:
         return None
 
 
-# -- the scheduler's stop ------------------------------------------------------------------
-
-
 def kill_wait_of(scheduler: Mapping[str, Any] | None) -> float:
     """``KillWait`` of the job's cluster, or SLURM's default when it is not known."""
     value = None if scheduler is None else scheduler.get("kill_wait_seconds")
@@ -189,8 +180,6 @@ def seconds_until_end_stop(
     current = time.time() if now is None else now
     return max(0.0, end - (grace + END_TIME_MARGIN_SECONDS) - current)
 
-
-# -- file names ----------------------------------------------------------------------------
 
 _PATTERN = re.compile(r"%(.)")
 
@@ -246,9 +235,6 @@ def expand_path(
     if restart_suffix and restarts > 0 and "%r" not in text:
         expanded = expanded.with_name(f"{expanded.stem}.restart{restarts}{expanded.suffix}")
     return expanded
-
-
-# -- inside the soak -----------------------------------------------------------------------
 
 
 async def relay_signals(
@@ -423,9 +409,6 @@ class SoakJob:
                 t=sink.elapsed(), job_id=job_id, ok=ok, returncode=returncode, message=message
             )
         )
-
-
-# -- the queue's worker as a SLURM job -------------------------------------------------------
 
 
 def allocation_gpus(env: Mapping[str, str] | None = None) -> str | None:
