@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import anyio
 from anyio.abc import TaskGroup
 
-from .._contract import BlockingCallTimeout, EventSink, FailureReason, Masker, run_blocking
+from .._contract import BlockingCallTimeout, EventSink, FailureReason, run_blocking
 from .._process import Spawner
 from .._record import RunState
 from .._sampling import (
@@ -31,9 +30,8 @@ from .._sampling import (
     run_watchdog,
     scan_progress_dir,
 )
-from ._config import SoakConfig
 from ._outputs import SoakFiles
-from ._stop import Fail, TreeStop
+from ._stop import TreeStop
 
 #: Bound on the scan of the progress dir once the command has exited.
 FINAL_SCAN_TIMEOUT_SECONDS = 10.0
@@ -58,23 +56,17 @@ class Producers:
     """The soak's producers and the progress watch they share."""
 
     def __init__(
-        self,
-        cfg: SoakConfig,
-        *,
-        limiter: anyio.CapacityLimiter,
-        masker: Masker,
-        state: RunState,
-        tree_stop: TreeStop,
-        host_ended: Callable[[], bool],
-        fail: Fail,
+        self, tree_stop: TreeStop, state: RunState, *, host_ended: Callable[[], bool]
     ) -> None:
-        self.cfg = cfg
-        self._limiter = limiter
-        self._masker = masker
+        self.cfg = tree_stop.cfg
         self._tree_stop = tree_stop
-        self._host_ended = host_ended
-        self._fail = fail
         self._state = state
+        self._host_ended = host_ended
+        self._masker, self._limiter, self._fail = (
+            tree_stop.masker,
+            tree_stop.limiter,
+            tree_stop.fail,
+        )
 
     def own_files(self, files: SoakFiles) -> set[tuple[int, int]]:
         """What the progress scans skip, as (device, inode): the journal, the log unless its

@@ -159,23 +159,8 @@ class _Soak:
             limiter=self.limiter,
             fail=self._fail,
         )
-        self._exit_judge = ExitJudge(
-            cfg,
-            masker=self._masker,
-            limiter=self.limiter,
-            tree_stop=self._tree_stop,
-            state=self._builder,
-            fail=self._fail,
-        )
-        self._producers = Producers(
-            cfg,
-            limiter=self.limiter,
-            masker=self._masker,
-            state=self._builder,
-            tree_stop=self._tree_stop,
-            host_ended=self._host_ended,
-            fail=self._fail,
-        )
+        self._exit_judge = ExitJudge(self._tree_stop, self._builder)
+        self._producers = Producers(self._tree_stop, self._builder, host_ended=self._host_ended)
         self._job = _slurm.SoakJob(cfg, self.limiter)
         self._run_judge = RunJudge(cfg, self._builder, ended=lambda: self.cause is not None)
         #: Called with every evaluation of the trends (the artifact's ``trends`` shape).

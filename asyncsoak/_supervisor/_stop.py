@@ -71,10 +71,9 @@ class TreeStop:
     ) -> None:
         self.cfg = cfg
         self.control = control
-        self._masker = masker
+        #: Shared with the soak's other parts (its exit's judge, its producers).
+        self.masker, self.limiter, self.fail = masker, limiter, fail
         self._marker = marker
-        self._limiter = limiter
-        self._fail = fail
         #: Set when the caller stops the soak: the waits not needed to stop the tree end.
         self.caller_stop = anyio.Event()
         #: Scopes given up when the caller stops the soak; the graceful ones on a kill now.
@@ -155,7 +154,7 @@ class TreeStop:
             leftovers = await self.record_leftovers(sink, spawner)
         await self.kill(sink, spawner)
         if leftovers and cause in (StopCause.FAILURE, StopCause.MAX_DURATION):
-            await self._fail(
+            await self.fail(
                 FailureReason.LEFTOVER_PROCESSES,
                 f"{leftovers} process(es) outlived the command by {grace:g}s and were killed",
             )
@@ -198,7 +197,7 @@ class TreeStop:
         """The reaper died: nothing reports the tree any more, so it is killed at once, every
         member found by cgroup (or marker)."""
         how = await spawner.reaper_exit(1.0)
-        await self._fail(
+        await self.fail(
             FailureReason.MONITOR_ERROR,
             f"the reaper (pid {spawner.reaper_pid}) was lost: {how}; the tree was stopped",
         )
@@ -267,7 +266,7 @@ class TreeStop:
         leftovers = await self._describe(await self.tree_pids(spawner), spawner.pid)
         for info in leftovers:
             if info.get("cmdline") is not None:
-                info["cmdline"] = self._masker.argv(info["cmdline"])
+                info["cmdline"] = self.masker.argv(info["cmdline"])
             await sink.emit(events.Leftover(t=sink.elapsed(), process=info))
         return len(leftovers)
 
@@ -300,7 +299,7 @@ class TreeStop:
     async def _abandon(self, sink: EventSink, spawner: Spawner, pids: list[int]) -> None:
         """Each process the kill could not end, told as abandoned."""
         for info in await self._describe(pids, spawner.pid):
-            await sink.emit(events.Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
+            await sink.emit(events.Abandoned(t=sink.elapsed(), process=self.masker.data(info)))
 
     def within_deadline(self, seconds: float) -> float:
         """``seconds``, cut to what is left before :attr:`deadline` in a scheduler's stop."""
@@ -335,7 +334,7 @@ class TreeStop:
                 partial(collect_forensics, pids, timeout=FORENSICS_SECONDS),
                 timeout=FORENSICS_SECONDS + 2.0,
                 what="the hang forensics",
-                limiter=self._limiter,
+                limiter=self.limiter,
             )
         if scope.cancelled_caught:
             data = {"error": "the caller stopped the soak during the forensics"}
@@ -345,7 +344,7 @@ class TreeStop:
             data["ranks"] = culprit
         # Command lines and py-spy's headers carry argv: masked like argv everywhere else.
         await sink.emit(
-            events.Forensics(t=sink.elapsed(), reason=reason, data=self._masker.data(data))
+            events.Forensics(t=sink.elapsed(), reason=reason, data=self.masker.data(data))
         )
         return culprit
 

@@ -9,14 +9,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from .._analysis import format_bytes
 from .._contract import (
     BlockingCallTimeout,
     EventSink,
     FailureReason,
-    Masker,
     SoakStatus,
     StopCause,
     events,
@@ -26,8 +23,7 @@ from .._contract import (
 from .._process import Spawner, oom_kills, seconds_since_boot
 from .._record import RunState, read_log_tail
 from .._sampling import MemoryCgroup
-from ._config import SoakConfig
-from ._stop import EndCause, Fail, TreeStop
+from ._stop import EndCause, TreeStop
 
 #: The kernel log's clock and the monitor's may drift apart a little.
 KMSG_SLACK_SECONDS = 5.0
@@ -36,22 +32,15 @@ KMSG_SLACK_SECONDS = 5.0
 class ExitJudge:
     """Judges how the command ended by itself, and reports the tree's OOM kills once each."""
 
-    def __init__(
-        self,
-        cfg: SoakConfig,
-        *,
-        masker: Masker,
-        limiter: anyio.CapacityLimiter,
-        tree_stop: TreeStop,
-        state: RunState,
-        fail: Fail,
-    ) -> None:
-        self.cfg = cfg
+    def __init__(self, tree_stop: TreeStop, state: RunState) -> None:
+        self.cfg = tree_stop.cfg
         self._state = state
-        self._masker = masker
-        self._limiter = limiter
         self._tree_stop = tree_stop
-        self._fail = fail
+        self._masker, self._limiter, self._fail = (
+            tree_stop.masker,
+            tree_stop.limiter,
+            tree_stop.fail,
+        )
         self._oom_reported: dict[int, events.OomKill] = {}
         #: The tree's memory cgroup as read at the start (its OOM-kill counter then), if known.
         self.memory_cgroup: MemoryCgroup | None = None
