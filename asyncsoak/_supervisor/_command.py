@@ -10,20 +10,17 @@ import anyio
 
 from .._contract import BlockingCallTimeout, EventSink, FailureReason, StopCause, run_blocking
 from .._process import REAPER_CLOSE_TIMEOUT_SECONDS, Spawner, SpawnRequest, cgroups
-from .._sampling import ProgressTracker, StepReader
+from .._sampling import StepReader
 from ..trainer import STEPS_FILE_VARIABLE
 from ._config import SoakConfig
 from ._producers import produce
 from ._stop import (
-    REAPER_LOST,
     SOAK_ID_VARIABLE,
     TREE_LOOK_TIMEOUT_SECONDS,
     TREE_WALK_TIMEOUT_SECONDS,
-    EndCause,
     Fail,
     TreeStop,
 )
-from ._verdict import ExitJudge
 
 #: Give each soak's tree a cgroup where allowed; tests turn it off for the marker fallback.
 USE_CGROUP = True
@@ -87,34 +84,6 @@ async def start_command(
             ):
                 spawner.cgroup = cgroup
     return True
-
-
-async def end_tree(
-    sink: EventSink,
-    spawner: Spawner,
-    cause: EndCause | None,
-    tracker: ProgressTracker,
-    *,
-    exit_judge: ExitJudge,
-    tree_stop: TreeStop,
-    first_failure: FailureReason | None,
-    scheduler: dict[str, Any] | None,
-) -> None:
-    """The exit judged, the tree killed (the reaper was lost), or the stop sequence."""
-    if cause == StopCause.EXITED:
-        await exit_judge.after_exit(
-            sink,
-            spawner,
-            cause,
-            progress_seen=tracker.first_change is not None
-            or (tracker.steps is not None and tracker.steps.step is not None),
-            missing_dir=tracker.missing_dir,
-        )
-    elif cause == REAPER_LOST:
-        await tree_stop.after_reaper_lost(sink, spawner)
-    else:
-        assert isinstance(cause, StopCause)
-        await tree_stop.stop(sink, spawner, cause, first_failure=first_failure, scheduler=scheduler)
 
 
 async def stop_for_the_host(

@@ -42,7 +42,6 @@ from .._sampling import ScanResult, latest_change_age, skipped_message
 from . import _slurm
 from ._command import (
     create_cgroup,
-    end_tree,
     leave_nothing_behind,
     spawn_request,
     start_command,
@@ -474,18 +473,24 @@ class _Soak:
             # The stop request and the exit crossed (a scheduler that signals every
             # process of the job: the trainer saved and exited on the same SIGTERM).
             self.cause = self.control.cause
-        if self.cause == StopCause.EXITED:
+        cause, tracker = self.cause, watch.tracker
+        if cause == StopCause.EXITED:
             await self._producers.last_scan(sink, watch)
-        await end_tree(
-            sink,
-            spawner,
-            self.cause,
-            watch.tracker,
-            exit_judge=self._exit_judge,
-            tree_stop=self._tree_stop,
-            first_failure=self._failures[0] if self._failures else None,
-            scheduler=self._job.facts,
-        )
+            steps = tracker.steps
+            seen = tracker.first_change is not None or (
+                steps is not None and steps.step is not None
+            )
+            await self._exit_judge.after_exit(
+                sink, spawner, cause, progress_seen=seen, missing_dir=tracker.missing_dir
+            )
+        elif cause == REAPER_LOST:
+            await self._tree_stop.after_reaper_lost(sink, spawner)
+        else:
+            assert isinstance(cause, StopCause)
+            first = self._failures[0] if self._failures else None
+            await self._tree_stop.stop(
+                sink, spawner, cause, first_failure=first, scheduler=self._job.facts
+            )
         if self.cause == StopCause.REQUEUED:
             await self._job.requeue(sink)
         await self._exit_judge.report_oom_kills(sink)
