@@ -305,15 +305,16 @@ class SoakConfig(SoakLimits):
             norm("snapshot_root", work_dir or Path.cwd())
         else:
             norm("snapshot_root", check_path("snapshot_root", snapshot_root))
-        norm("env", check_env(given.env))
-        norm("metadata", check_metadata(given.metadata))
-        norm(
-            "kill_wait_seconds",
-            seconds("kill_wait_seconds", given.kill_wait_seconds, allow_zero=False),
+        checks: tuple[tuple[str, Callable[[Any], object]], ...] = (
+            ("env", check_env),
+            ("metadata", check_metadata),
+            ("kill_wait_seconds", partial(seconds, "kill_wait_seconds", allow_zero=False)),
+            ("progress_exclude", check_excluded),
+            ("forward_signals", partial(check_signals, "forward_signals")),
+            ("requeue_on", partial(check_own_signal, "requeue_on")),
         )
-        norm("progress_exclude", check_excluded(given.progress_exclude))
-        norm("forward_signals", check_signals("forward_signals", given.forward_signals))
-        norm("requeue_on", check_own_signal("requeue_on", given.requeue_on))
+        for name, check in checks:
+            norm(name, check(getattr(self, name)))
         for name, allow_zero in (
             ("stale_progress_carried_seconds", False),
             ("scheduler_grace_seconds", True),
@@ -330,10 +331,8 @@ class SoakConfig(SoakLimits):
 
     def effective(self) -> dict[str, Any]:
         """Every effective parameter, as the artifact's ``config`` records it."""
-        out = asdict(self)
-        for key in ("command", "env", "metadata"):
-            out.pop(key)
-        return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
+        kept = ((k, v) for k, v in asdict(self).items() if k not in ("command", "env", "metadata"))
+        return {k: str(v) if isinstance(v, Path) else v for k, v in kept}
 
 
 def validate_limits(limits: Mapping[str, object]) -> dict[str, Any]:
