@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from subprocess import PIPE
 from typing import Any
@@ -124,30 +124,19 @@ class Spawner:
         if self._lifeline is None:
             await self.launch(req.stop_mode)
         assert self._lifeline is not None
-        config: dict[str, Any] = {
-            "argv": list(req.argv),
-            "cwd": req.cwd,
-            "env": dict(req.env),
-            "stdin_fd": self._stdin_r,
-            "log_max_bytes": req.log_max_bytes,
-            "stop_mode": req.stop_mode,
-            "grace_seconds": req.grace_seconds,
-            "cgroup": req.cgroup,
-            "kill_wait_seconds": req.kill_wait_seconds,
-        }
-        line = json.dumps(config).encode() + b"\n"
+        # The log's descriptor goes beside the line (SCM_RIGHTS), not in it.
+        config = {k: v for k, v in asdict(req).items() if k != "log_fd"}
+        line = json.dumps({**config, "stdin_fd": self._stdin_r}).encode() + b"\n"
         self._lifeline.setblocking(False)
-        try:
-            sent = socket.send_fds(self._lifeline, [line], [req.log_fd])
-        except BlockingIOError:
-            sent = 0  # nothing taken: the descriptor goes with the next try
+        sent = 0
         while sent < len(line):  # a large environment: the reaper reads as it starts
-            await anyio.wait_writable(self._lifeline)
-            with contextlib.suppress(BlockingIOError):
+            try:
                 if sent:
                     sent += self._lifeline.send(line[sent:])
-                else:
+                else:  # nothing taken yet: the descriptor goes with this try
                     sent = socket.send_fds(self._lifeline, [line], [req.log_fd])
+            except BlockingIOError:
+                await anyio.wait_writable(self._lifeline)
         self.starting = True
         return await self.take_first_report(sink)
 
