@@ -26,30 +26,30 @@ GRACE_ANNOTATION = "asyncsoak.dev/termination-grace-period-seconds"
 #: Kubernetes' default ``terminationGracePeriodSeconds``, assumed when nothing says.
 DEFAULT_TERMINATION_GRACE_SECONDS = 30.0
 
-#: ``snapshot.scheduler`` key → (variables, then labels, that may say it; integer?).
-_IDENTITY: tuple[tuple[str, tuple[str, ...], tuple[str, ...], bool], ...] = (
-    ("pod_name", ("POD_NAME",), (), False),
-    ("namespace", ("POD_NAMESPACE",), (), False),
-    ("node", ("NODE_NAME",), (), False),
-    ("pod_uid", ("POD_UID",), (), False),
-    ("pod_ip", ("POD_IP",), (), False),
-    ("service_account", ("POD_SERVICE_ACCOUNT",), (), False),
-    ("hostname", ("HOSTNAME",), (), False),
-    ("job_name", ("JOB_NAME",), ("batch.kubernetes.io/job-name", "job-name"), False),
+#: ``snapshot.scheduler`` key → (the variable, then the labels, that may say it; integer?).
+_IDENTITY: tuple[tuple[str, str, tuple[str, ...], bool], ...] = (
+    ("pod_name", "POD_NAME", (), False),
+    ("namespace", "POD_NAMESPACE", (), False),
+    ("node", "NODE_NAME", (), False),
+    ("pod_uid", "POD_UID", (), False),
+    ("pod_ip", "POD_IP", (), False),
+    ("service_account", "POD_SERVICE_ACCOUNT", (), False),
+    ("hostname", "HOSTNAME", (), False),
+    ("job_name", "JOB_NAME", ("batch.kubernetes.io/job-name", "job-name"), False),
     (
         "completion_index",
-        ("JOB_COMPLETION_INDEX",),
+        "JOB_COMPLETION_INDEX",
         ("batch.kubernetes.io/job-completion-index",),
         True,
     ),
-    ("jobset_name", ("JOBSET_NAME",), ("jobset.sigs.k8s.io/jobset-name",), False),
+    ("jobset_name", "JOBSET_NAME", ("jobset.sigs.k8s.io/jobset-name",), False),
     (
         "replicated_job_name",
-        ("REPLICATED_JOB_NAME",),
+        "REPLICATED_JOB_NAME",
         ("jobset.sigs.k8s.io/replicatedjob-name",),
         False,
     ),
-    ("job_index", ("JOB_INDEX",), ("jobset.sigs.k8s.io/job-index",), True),
+    ("job_index", "JOB_INDEX", ("jobset.sigs.k8s.io/job-index",), True),
 )
 
 
@@ -127,12 +127,8 @@ def _names(environ: Mapping[str, str], service_account: Path) -> dict[str, Any]:
     """The pod's names and indexes, for the snapshot and the ``--output`` patterns."""
     labels = read_podinfo(podinfo_dir(environ) / "labels")
     out: dict[str, Any] = {}
-    for key, variables, label_names, integer in _IDENTITY:
-        value: str | None = None
-        for name in variables:
-            value = value or environ.get(name) or None
-        for name in label_names:
-            value = value or labels.get(name) or None
+    for key, variable, label_names, integer in _IDENTITY:
+        value = environ.get(variable) or next(filter(None, map(labels.get, label_names)), None)
         out[key] = int(value) if integer and value is not None and value.isdigit() else value
     if out["hostname"] is None:
         out["hostname"] = socket.gethostname()
