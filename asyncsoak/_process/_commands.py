@@ -56,9 +56,8 @@ class CommandResult:
         """One line for a human: the error, or the exit status and the first output line."""
         if self.error is not None:
             return self.error
-        first = next((line.strip() for line in self.output.splitlines() if line.strip()), "")
-        if not first:
-            first = next((line.strip() for line in self.stderr.splitlines() if line.strip()), "")
+        lines = (line.strip() for text in (self.output, self.stderr) for line in text.splitlines())
+        first = next(filter(None, lines), "")
         return f"exit status {self.returncode}" + (f": {first}" if first else "")
 
 

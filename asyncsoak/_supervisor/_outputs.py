@@ -174,19 +174,15 @@ class SoakFiles:
     def open(cls, cfg: SoakConfig) -> SoakFiles:
         cfg.output_path.parent.mkdir(parents=True, exist_ok=True)
         cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
-        lock_fd = lock_journal(cfg.journal_path)
-        try:
+        with contextlib.ExitStack() as undo:  # closes what was opened if a later step fails
+            lock_fd = lock_journal(cfg.journal_path)
+            undo.callback(os.close, lock_fd)
             journal_fd = create_private_file(cfg.journal_path)
+            undo.callback(os.close, journal_fd)
             # An earlier soak's closed segments would read as the start of this journal.
             remove_closed_segments(cfg.journal_path)
-            try:
-                log_fd = create_private_file(cfg.log_path)
-            except BaseException:
-                os.close(journal_fd)
-                raise
-        except BaseException:
-            os.close(lock_fd)
-            raise
+            log_fd = create_private_file(cfg.log_path)
+            undo.pop_all()
         return cls(lock_fd=lock_fd, journal_fd=journal_fd, log_fd=log_fd)
 
     def take_journal(self) -> int:
