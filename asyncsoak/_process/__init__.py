@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from ._forensics import collect_forensics as collect_forensics
     from ._forensics import oom_kills as oom_kills
     from ._forensics import seconds_since_boot as seconds_since_boot
-    from ._ranks import WRAPPER_NAMES as WRAPPER_NAMES
     from ._ranks import RoleFold as RoleFold
     from ._ranks import judge_ranks as judge_ranks
     from ._ranks import launcher_of as launcher_of

@@ -1,10 +1,6 @@
-"""A cgroup for the soak's tree, where the kernel lets us make one: membership decides.
-
-A process that scrubs its environment and calls ``setsid`` after the reaper is gone escapes the
-environment markers and the parentage; a cgroup holds every descendant whatever it does.  A
-child of our own cgroup v2 (``cgroup.kill``), else as root a v1 ``freezer`` group, else None.
-Filesystem work on cgroupfs: callers run it through ``run_blocking``.
-"""
+"""A cgroup for the soak's tree where the kernel allows one: it holds every descendant whatever
+it does (``setsid``, a scrubbed environment).  A child of our own v2 cgroup, else as root a v1
+``freezer`` group, else None; blocking cgroupfs work, for ``run_blocking``."""
 
 from __future__ import annotations
 
@@ -18,6 +14,8 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: Bound on waiting for a v1 freezer to report the group frozen.
 FREEZE_WAIT_SECONDS = 1.0
+#: Bound on waiting for the killed members to be reaped before the group can be removed.
+REMOVE_WAIT_SECONDS = 0.5
 
 
 class TreeCgroup:
@@ -61,15 +59,13 @@ class TreeCgroup:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
         finally:
-            if frozen:
-                # Killed frozen tasks die once thawed.
+            if frozen:  # killed frozen tasks die once thawed
                 with contextlib.suppress(OSError):
                     state.write_text("THAWED")
 
-    def remove(self, timeout: float = 0.5) -> bool:
-        """Remove the group once it is empty (killed members take a moment to be reaped);
-        False if it is still there after ``timeout`` (a member stuck in ``D``)."""
-        deadline = time.monotonic() + timeout
+    def remove(self) -> bool:
+        """Remove the group once empty; False if still there after a bound (a member in D)."""
+        deadline = time.monotonic() + REMOVE_WAIT_SECONDS
         while True:
             try:
                 self.path.rmdir()
@@ -101,9 +97,7 @@ def create(name: str, root: Path = CGROUP_ROOT) -> TreeCgroup | None:
 
 
 def _sweep(parent: Path) -> None:
-    """Remove the empty groups of soaks whose monitor is gone (killed with its reaper, the
-    group could not be removed by either).  A group still in use is never empty, and rmdir
-    refuses a populated one."""
+    """Remove the empty groups of soaks whose monitor is gone (rmdir refuses a populated one)."""
     try:
         entries = list(parent.glob("asyncsoak-*-*"))
     except OSError:

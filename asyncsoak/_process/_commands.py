@@ -1,9 +1,5 @@
-"""Short external commands under a deadline: ``nvidia-smi``, ``git``, a command's interpreter.
-
-One that overruns is killed; one that survives SIGKILL's bounded wait (``D`` state) is abandoned,
-reported, and reaped by a later call, never awaited forever.  They start in their own session,
-so a Ctrl-C at the monitor's terminal does not reach them.
-"""
+"""Short external commands under a deadline (``nvidia-smi``, ``git``), in their own session: one
+that overruns is killed; one that survives SIGKILL (``D`` state) is abandoned, reaped later."""
 
 from __future__ import annotations
 
@@ -60,9 +56,8 @@ class CommandResult:
         """One line for a human: the error, or the exit status and the first output line."""
         if self.error is not None:
             return self.error
-        first = next((line.strip() for line in self.output.splitlines() if line.strip()), "")
-        if not first:
-            first = next((line.strip() for line in self.stderr.splitlines() if line.strip()), "")
+        lines = (line.strip() for text in (self.output, self.stderr) for line in text.splitlines())
+        first = next(filter(None, lines), "")
         return f"exit status {self.returncode}" + (f": {first}" if first else "")
 
 
@@ -70,14 +65,33 @@ def _start_error(argv: Sequence[str], exc: OSError) -> str:
     return f"could not run {argv[0]!r}: {exc.strerror or exc}"
 
 
-def _timeout_error(timeout: float, abandoned: bool) -> str:
-    message = f"no answer within {timeout:g} s; killed"
-    if abandoned:
-        message += ", but it did not exit after SIGKILL (abandoned)"
-    return message
-
-
-# -- async (the samplers) ----------------------------------------------------------------------
+def _finished(
+    argv: list[str],
+    returncode: int | None,
+    output: str,
+    *,
+    limit: float,
+    timed_out: bool,
+    abandoned_pid: int | None,
+    duration: float,
+    stderr: str = "",
+) -> CommandResult:
+    """The result of a command that started: its status, or why it has none."""
+    error = None
+    if timed_out:
+        error = f"no answer within {limit:g} s; killed"
+        if abandoned_pid is not None:
+            error += ", but it did not exit after SIGKILL (abandoned)"
+    return CommandResult(
+        argv,
+        None if timed_out else returncode,
+        output,
+        stderr=stderr,
+        error=error,
+        timed_out=timed_out,
+        abandoned_pid=abandoned_pid,
+        duration=duration,
+    )
 
 
 async def stop_process(
@@ -86,12 +100,8 @@ async def stop_process(
     terminate_grace_seconds: float = COMMAND_TERMINATE_GRACE_SECONDS,
     kill_wait_seconds: float = COMMAND_KILL_WAIT_SECONDS,
 ) -> bool:
-    """SIGTERM, bounded wait, SIGKILL, bounded wait; False when the process had to be abandoned.
-
-    Shielded, so it also runs to its (bounded) end when the caller is being cancelled.  anyio's
-    ``Process.aclose()`` waits without a bound when cancelled, so it is only called once the
-    process has been reaped, to close the pipes.
-    """
+    """SIGTERM, bounded wait, SIGKILL, bounded wait, shielded; False when abandoned.  anyio's
+    ``aclose()`` waits unbounded when cancelled: only called once the process is reaped."""
     with anyio.CancelScope(shield=True):
         await _close_reaped_abandoned()
         if process.returncode is None and terminate_grace_seconds > 0:
@@ -119,12 +129,8 @@ async def _close_reaped_abandoned() -> None:
 
 
 async def open_command(argv: Sequence[str], *, stdout: int = subprocess.PIPE) -> Process:
-    """Start a command in its own session, stdout and stderr together on one pipe (a new one,
-    or the descriptor ``stdout``).
-
-    Shielded once begun: a cancel that came mid-start would leave asyncio a process no one
-    stops or reaps; instead the caller gets it, and the cancel at its next checkpoint (a fork
-    and a pipe's connection: bounded)."""
+    """Start a command in its own session, stdout and stderr on one pipe (or ``stdout``).
+    Shielded once begun (bounded): a cancel mid-start would leave a process no one reaps."""
     await anyio.lowlevel.checkpoint_if_cancelled()
     with anyio.CancelScope(shield=True):
         process = await anyio.open_process(
@@ -137,9 +143,7 @@ async def open_command(argv: Sequence[str], *, stdout: int = subprocess.PIPE) ->
     return process
 
 
-async def run_command(
-    argv: Sequence[str], *, time_limit: float, kill_wait_seconds: float = COMMAND_KILL_WAIT_SECONDS
-) -> CommandResult:
+async def run_command(argv: Sequence[str], *, time_limit: float) -> CommandResult:
     """Run a command to its end or its deadline; stdout and stderr together in ``output``."""
     argv = list(argv)
     started = anyio.current_time()
@@ -152,7 +156,6 @@ async def run_command(
     chunks: list[bytes] = []
     kept = 0
     timed_out = False
-    gone = True
     try:
         with anyio.fail_after(time_limit):
             if process.stdout is not None:
@@ -165,15 +168,12 @@ async def run_command(
         timed_out = True
     finally:
         # A one-shot query that overran is not asked politely: it gets SIGKILL at once.
-        gone = await stop_process(
-            process, terminate_grace_seconds=0, kill_wait_seconds=kill_wait_seconds
-        )
-    output = b"".join(chunks).decode(errors="replace")
-    return CommandResult(
+        gone = await stop_process(process, terminate_grace_seconds=0)
+    return _finished(
         argv,
-        None if timed_out else process.returncode,
-        output,
-        error=_timeout_error(time_limit, not gone) if timed_out else None,
+        process.returncode,
+        b"".join(chunks).decode(errors="replace"),
+        limit=time_limit,
         timed_out=timed_out,
         abandoned_pid=None if gone else process.pid,
         duration=anyio.current_time() - started,
@@ -184,9 +184,6 @@ def _is_missing(exc: OSError) -> bool:
     return isinstance(exc, FileNotFoundError | NotADirectoryError)
 
 
-# -- sync (the snapshot, which runs in a worker thread) -----------------------------------------
-
-
 def run_command_sync(
     argv: Sequence[str],
     *,
@@ -194,14 +191,9 @@ def run_command_sync(
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     consume: Callable[[bytes], None] | None = None,
-    kill_wait_seconds: float = COMMAND_KILL_WAIT_SECONDS,
 ) -> CommandResult:
-    """Run a command to its end or its deadline, reading its pipes without blocking.
-
-    ``consume`` receives stdout chunk by chunk instead of ``output`` keeping it (hashing a
-    large diff without holding it).  On the deadline the command's whole process group is
-    killed.
-    """
+    """Run a command to its end or its deadline (then its group is killed); ``consume`` gets
+    stdout chunk by chunk instead of ``output`` (a large diff hashed, not held)."""
     argv = list(argv)
     started = time.monotonic()
     deadline = started + timeout
@@ -231,16 +223,16 @@ def run_command_sync(
         pass
     finally:
         # Also reached when ``consume`` raises: the command never outlives this call.
-        gone = not timed_out or _kill_group(proc, kill_wait_seconds)
+        gone = not timed_out or _kill_group(proc)
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
-    return CommandResult(
+    return _finished(
         argv,
-        None if timed_out else proc.returncode,
+        proc.returncode,
         out.decode(errors="replace"),
         stderr=err.decode(errors="replace"),
-        error=_timeout_error(timeout, not gone) if timed_out else None,
+        limit=timeout,
         timed_out=timed_out,
         abandoned_pid=None if gone else proc.pid,
         duration=time.monotonic() - started,
@@ -274,12 +266,12 @@ def _read_until(
     return False
 
 
-def _kill_group(proc: subprocess.Popen[bytes], kill_wait_seconds: float) -> bool:
+def _kill_group(proc: subprocess.Popen[bytes]) -> bool:
     """SIGKILL the command's process group; False when the command had to be abandoned."""
     with contextlib.suppress(OSError):
         os.killpg(proc.pid, signal.SIGKILL)
     try:
-        proc.wait(kill_wait_seconds)
+        proc.wait(COMMAND_KILL_WAIT_SECONDS)
     except subprocess.TimeoutExpired:
         with _abandoned_sync_lock:
             _abandoned_sync.append(proc)

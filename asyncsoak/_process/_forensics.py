@@ -1,10 +1,5 @@
-"""Hang forensics and the kernel's word on why a process died.
-
-At a stall, before the first signal, the monitor records what every process of the tree was
-doing (state, ``wchan``, kernel stack, threads, a ``py-spy`` dump), each read bounded in time so
-a ``D``-state process cannot hold up the stop.  :func:`oom_kills` and :class:`KernelLogFollower`
-read the kernel log (OOM kills; the GPU sampler's Xid errors) through :func:`kernel_log_records`.
-"""
+"""Hang forensics (what every process of the tree was doing, each read bounded so a ``D``-state
+process cannot hold up the stop), and the kernel log's word on OOM kills and Xid errors."""
 
 from __future__ import annotations
 
@@ -28,8 +23,7 @@ from ._ranks import read_rank, role
 MAX_THREADS = 64
 #: Bytes kept of one py-spy dump.
 MAX_DUMP_BYTES = 32 * 1024
-#: Python processes dumped with py-spy at most (the first ones of the tree: the trainer and
-#: its nearest workers); a tree of hundreds of workers would spend the whole budget otherwise.
+#: Python processes dumped with py-spy at most (the first: the trainer and its nearest workers).
 MAX_PY_SPY = 16
 #: Bound on one py-spy call.
 PY_SPY_TIMEOUT_SECONDS = 5.0
@@ -57,14 +51,8 @@ def _thread_info(pid: int) -> list[dict[str, Any]]:
         stat = _read(f"/proc/{pid}/task/{tid}/stat") or ""
         comm = stat[stat.find("(") + 1 : stat.rfind(")")] if "(" in stat else None
         state = stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] if ")" in stat else None
-        threads.append(
-            {
-                "tid": tid,
-                "name": comm,
-                "state": state,
-                "wchan": _read(f"/proc/{pid}/task/{tid}/wchan"),
-            }
-        )
+        wchan = _read(f"/proc/{pid}/task/{tid}/wchan")
+        threads.append({"tid": tid, "name": comm, "state": state, "wchan": wchan})
     return threads
 
 
@@ -86,12 +74,8 @@ PTRACE_REFUSALS = ("operation not permitted", "permission denied", "os error 1)"
 def py_spy_dump(py_spy: str, pid: int, timeout: float = PY_SPY_TIMEOUT_SECONDS) -> dict[str, Any]:
     """``py-spy dump`` of one process, or why there is none (ptrace refused, timeout...)."""
     try:
-        result = subprocess.run(
-            [py_spy, "dump", "--pid", str(pid)],
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
+        argv = [py_spy, "dump", "--pid", str(pid)]
+        result = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"py-spy did not answer within {timeout:g}s"}
     except OSError as exc:
@@ -100,20 +84,17 @@ def py_spy_dump(py_spy: str, pid: int, timeout: float = PY_SPY_TIMEOUT_SECONDS) 
     if result.returncode != 0:
         err = result.stderr.decode("utf-8", errors="replace").strip()
         reason = err or out.strip() or f"exit status {result.returncode}"
-        # Only a refusal is a permission problem: py-spy's other ptrace errors ("PtraceEvent",
-        # a process that exited or stopped mid-dump) are not fixed by any permission.
+        # Only a refusal is a permission problem (not py-spy's other ptrace errors).
         if any(refusal in reason.lower() for refusal in PTRACE_REFUSALS):
             reason += " (ptrace is not allowed: run as the same user with ptrace permitted)"
         return {"error": reason[:2000]}
     return {"stack": out}
 
 
-def collect_forensics(
-    pids: Iterable[int], *, timeout: float, py_spy: str | None = None
-) -> dict[str, Any]:
+def collect_forensics(pids: Iterable[int], *, timeout: float) -> dict[str, Any]:
     """What every process was doing, within ``timeout`` seconds in all."""
     deadline = time.monotonic() + timeout
-    py_spy = py_spy if py_spy is not None else find_py_spy()
+    py_spy = find_py_spy()
     processes: list[dict[str, Any]] = []
     skipped = 0
     dumped = 0
@@ -142,7 +123,6 @@ def collect_forensics(
             processes.append({"pid": pid, "error": "access denied"})
             continue
         info["cmdline"] = cmdline
-        # A distributed run's launcher or rank: which rank a stall waits on is told from these.
         info["role"] = role(name, cmdline, read_rank(pid))
         info["wchan"] = _read(f"/proc/{pid}/wchan")
         info["kernel_stack"] = _read(f"/proc/{pid}/stack")
@@ -174,11 +154,7 @@ def oom_kills(
     pids: Collection[int], *, since_boot_seconds: float, kmsg: Path = Path("/dev/kmsg")
 ) -> list[dict[str, Any]] | None:
     """OOM-killer records for ``pids`` logged after ``since_boot_seconds``; None if unreadable.
-
-    Every soak reads the kernel log as it ends, and many soaks of one process end at once (a
-    sweep cancelled): one read serves every call made before it started (see
-    :class:`_KernelOomLog`), instead of one read of the whole log each.
-    """
+    Many soaks of one process end at once (a sweep cancelled): one read serves them all."""
     if not pids:
         return []
     records = _OOM_LOGS.setdefault(kmsg, _KernelOomLog(kmsg)).records(time.monotonic())
@@ -196,9 +172,8 @@ _OomRecord = tuple[float, int, str, str]
 
 
 class _KernelOomLog:
-    """The kernel log's OOM-kill records, read once for every caller that asked before the
-    read began (a kill is logged before its victim's parent can see it die, so a read begun
-    after a call sees what that call needs)."""
+    """The kernel log's OOM-kill records, read once for every caller that asked before the read
+    began (a kill is logged before its victim's parent sees it die)."""
 
     def __init__(self, kmsg: Path) -> None:
         self._kmsg = kmsg
@@ -236,9 +211,8 @@ def _read_oom_records(kmsg: Path) -> list[_OomRecord] | None:
 
 
 def kernel_log_records(fd: int, limit: int) -> Iterator[tuple[float, str]]:
-    """``(seconds since boot, message)`` of each record readable now from an open, non-blocking
-    ``/dev/kmsg``, ``limit`` at most: the one parse of the kernel log's records (``EPIPE``:
-    records were overwritten, read on; ``EINVAL``: a record too large, skipped)."""
+    """``(seconds since boot, message)`` of each record readable now from a non-blocking
+    ``/dev/kmsg``, ``limit`` at most (an overwritten or too large record is passed over)."""
     for _ in range(limit):
         try:
             record = os.read(fd, 8192)
@@ -255,12 +229,8 @@ def kernel_log_records(fd: int, limit: int) -> Iterator[tuple[float, str]]:
 
 
 class KernelLogFollower:
-    """The kernel log from now on: records logged after :meth:`open`, never the old ones.
-
-    Reads never block (the soak's ticks call :meth:`new_records` on the event loop); ``None``
-    from :meth:`open` means the log cannot be read here (a container without the capability,
-    a system without ``/dev/kmsg``).
-    """
+    """The kernel log's records logged after :meth:`open` (None: not readable here); reads
+    never block (called on the event loop)."""
 
     def __init__(self, fd: int) -> None:
         self._fd: int | None = fd
@@ -279,11 +249,11 @@ class KernelLogFollower:
             return None
         return cls(fd)
 
-    def new_records(self, limit: int = MAX_KMSG_RECORDS_PER_READ) -> list[tuple[float, str]]:
-        """The records logged since the previous call (``limit`` at most; the rest wait)."""
+    def new_records(self) -> list[tuple[float, str]]:
+        """The records logged since the previous call (a bounded number; the rest wait)."""
         if self._fd is None:
             return []
-        return list(kernel_log_records(self._fd, limit))
+        return list(kernel_log_records(self._fd, MAX_KMSG_RECORDS_PER_READ))
 
     def close(self) -> None:
         if self._fd is not None:

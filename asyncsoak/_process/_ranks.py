@@ -1,9 +1,8 @@
 """Ranks and launchers of a distributed run, and which rank a stall is waiting on.
 
-Each rank's role is read from the few rank variables of its ``/proc/PID/environ`` (bounded,
-nothing else kept, so no secret is recorded); a launcher, recognised by its command line, is
-never blamed for a crash or a stall.  At a stall :func:`stall_culprit` names the ranks whose
-py-spy stack is outside the collective the others wait in.
+A rank is read from the rank variables of its ``/proc/PID/environ`` alone (no secret kept); a
+launcher, known by its command line, is never blamed.  :func:`stall_culprit` names the ranks
+whose py-spy stack is outside the collective the others wait in.
 """
 
 from __future__ import annotations
@@ -12,47 +11,26 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-#: The variables that say which rank a process is, by family, the most specific first: under
-#: ``srun torchrun ...`` a worker holds both ``SLURM_PROCID`` (its node's task) and ``RANK``.
-RANK_VARIABLES: tuple[tuple[str, Mapping[str, str]], ...] = (
-    (
-        "torch",
-        {
-            "rank": "RANK",
-            "local_rank": "LOCAL_RANK",
-            "world_size": "WORLD_SIZE",
-            "group_rank": "GROUP_RANK",
-        },
-    ),
-    (
-        "openmpi",
-        {
-            "rank": "OMPI_COMM_WORLD_RANK",
-            "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK",
-            "world_size": "OMPI_COMM_WORLD_SIZE",
-        },
-    ),
-    ("pmi", {"rank": "PMI_RANK", "local_rank": "MPI_LOCALRANKID", "world_size": "PMI_SIZE"}),
-    (
-        "slurm",
-        {
-            "rank": "SLURM_PROCID",
-            "local_rank": "SLURM_LOCALID",
-            "world_size": "SLURM_NTASKS",
-            "group_rank": "SLURM_NODEID",
-        },
-    ),
+#: The variables that say which rank a process is (rank, local rank, world size, group rank),
+#: by family, the most specific first: under ``srun torchrun`` a worker holds both families'.
+_RANK_KEYS = ("rank", "local_rank", "world_size", "group_rank")
+RANK_VARIABLES: tuple[tuple[str, Mapping[str, str]], ...] = tuple(
+    (family, {key: name for key, name in zip(_RANK_KEYS, names.split(), strict=False)})
+    for family, names in (
+        ("torch", "RANK LOCAL_RANK WORLD_SIZE GROUP_RANK"),
+        ("openmpi", "OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_SIZE"),
+        ("pmi", "PMI_RANK MPI_LOCALRANKID PMI_SIZE"),
+        ("slurm", "SLURM_PROCID SLURM_LOCALID SLURM_NTASKS SLURM_NODEID"),
+    )
 )
 _WANTED = frozenset(name.encode() for _, names in RANK_VARIABLES for name in names.values())
-#: torchrun's rendezvous id (``--rdzv-id``): one job's ranks share it across its nodes (a
-#: SLURM job id, a Kubernetes JobSet's name, as the launch script passes it).
+#: torchrun's rendezvous id (``--rdzv-id``): one job's ranks share it across its nodes.
 RUN_ID_VARIABLE = b"TORCHELASTIC_RUN_ID"
 _RUN_ID = re.compile(rb"[\w.:-]{1,128}")
-#: Bytes of ``/proc/PID/environ`` read at most: a launcher appends the rank variables to the
-#: environment it inherited, so they come last, after whatever the shell exported.
+#: Bytes of ``/proc/PID/environ`` read at most (a launcher appends the rank variables last).
 ENVIRON_BYTES = 256 * 1024
 
 #: Programs that launch ranks, by the base name of the program or script they run.
@@ -80,10 +58,8 @@ LAUNCHER_NAMES: Mapping[str, str] = {"pt_elastic": "torchrun"}
 
 
 def parse_rank_environ(environ: bytes) -> dict[str, Any] | None:
-    """The rank a process's environment (``/proc/PID/environ``) gives it, or None.
-
-    Only the rank variables are looked at, and only whole integers are kept.
-    """
+    """The rank a process's environment (``/proc/PID/environ``) gives it, or None: only the
+    rank variables are looked at, and only whole integers kept."""
     found: dict[str, int] = {}
     run_id: str | None = None
     for entry in environ.split(b"\0"):
@@ -95,7 +71,7 @@ def parse_rank_environ(environ: bytes) -> dict[str, Any] | None:
     for source, names in RANK_VARIABLES:
         if names["rank"] in found:
             rank: dict[str, Any] = {"rank": found[names["rank"]], "source": source}
-            for key in ("local_rank", "world_size", "group_rank"):
+            for key in _RANK_KEYS[1:]:
                 variable = names.get(key)
                 rank[key] = found.get(variable) if variable else None
             if source == "torch" and run_id is not None:
@@ -104,14 +80,14 @@ def parse_rank_environ(environ: bytes) -> dict[str, Any] | None:
     return None
 
 
-def read_environ(path: str, limit: int = ENVIRON_BYTES) -> bytes:
-    """At most ``limit`` bytes of an ``environ`` file (raises OSError as ``open`` does)."""
+def read_environ(path: str) -> bytes:
+    """At most ``ENVIRON_BYTES`` of an ``environ`` file (raises OSError as ``open`` does)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks: list[bytes] = []
         size = 0
-        while size < limit:
-            chunk = os.read(fd, min(65536, limit - size))
+        while size < ENVIRON_BYTES:
+            chunk = os.read(fd, min(65536, ENVIRON_BYTES - size))
             if not chunk:
                 break
             chunks.append(chunk)
@@ -121,10 +97,10 @@ def read_environ(path: str, limit: int = ENVIRON_BYTES) -> bytes:
         os.close(fd)
 
 
-def read_rank(pid: int, proc: str = "/proc") -> dict[str, Any] | None:
+def read_rank(pid: int) -> dict[str, Any] | None:
     """The rank of ``pid`` from its environment; None when it has none or may not be read."""
     try:
-        return parse_rank_environ(read_environ(f"{proc}/{pid}/environ"))
+        return parse_rank_environ(read_environ(f"/proc/{pid}/environ"))
     except OSError:
         return None
 
@@ -156,20 +132,16 @@ def launcher_of(name: str, cmdline: Sequence[str] | None) -> str | None:
 
 
 def role(name: str, cmdline: Sequence[str] | None, rank: Mapping[str, Any] | None) -> Any:
-    """A process's role: ``{"launcher": "torchrun"}``, its rank, or None (neither).
-
-    A launcher stays a launcher whatever its environment says (``srun torchrun``: the agent
-    holds ``SLURM_PROCID``, its workers are the ranks).
-    """
+    """A process's role: ``{"launcher": "torchrun"}`` (whatever its environment says), its
+    rank, or None."""
     launcher = launcher_of(name, cmdline)
     if launcher is not None:
         return {"launcher": launcher}
     return dict(rank) if rank is not None else None
 
 
-#: Shells and exec helpers that start a rank's program (``srun bash -c 'python train.py'``,
-#: ``torchrun --no-python run.sh``, ``numactl ... python``): they hold the rank's variables
-#: too, but the rank runs in the process they start.
+#: Shells and exec helpers that start a rank's program (``srun bash -c 'python train.py'``):
+#: they hold the rank's variables too, but the rank runs in the process they start.
 WRAPPER_NAMES = frozenset(
     {
         "sh",
@@ -193,9 +165,8 @@ WRAPPER_NAMES = frozenset(
 
 
 def rank_leaders(processes: Iterable[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
-    """The process of each rank: of the processes holding one rank, the one whose parent does
-    not hold it (a rank's data-loader workers inherit its environment, hence its rank), past
-    the shells and exec helpers that started it (:data:`WRAPPER_NAMES`)."""
+    """The process of each rank: of those holding one rank, the one whose parent does not (its
+    data-loader workers inherit it), past the wrappers that started it."""
     by_pid = {int(p["pid"]): p for p in processes if p.get("pid") is not None}
     ranked_children: set[tuple[int, int]] = set()  # (parent pid, rank)
     for process in by_pid.values():
@@ -227,8 +198,7 @@ def ranks_section(
     parents: Mapping[int, int],
     names: Mapping[int, str],
 ) -> dict[str, Any] | None:
-    """The artifact's ``ranks``: the process of each rank and the launchers; None when the
-    tree had neither."""
+    """The artifact's ``ranks``: each rank's process and the launchers; None without either."""
     if not roles:
         return None
     processes = [
@@ -248,15 +218,13 @@ def ranks_section(
     }
 
 
-#: Processes whose role (rank, launcher) is kept at most: a rank's data-loader workers inherit
-#: its rank, and come and go with every epoch.
+#: Processes whose role is kept at most (a rank's data-loader workers come and go each epoch).
 MAX_ROLES = 4096
 
 
 class RoleFold:
-    """The role (a rank, a launcher) of each process of the tree, as the samples said it (a
-    process is described when new or after an exec, and keeps its role between).  At most
-    MAX_ROLES are kept; a gone process that inherited its parent's role is forgotten first."""
+    """The role of each process of the tree, as the samples described it (when new or after an
+    exec); at most MAX_ROLES, a gone process that inherited its parent's role forgotten."""
 
     __slots__ = ("names", "parents", "roles")
 
@@ -267,15 +235,13 @@ class RoleFold:
         self.names: dict[int, str] = {}
 
     def add(self, processes: Sequence[Mapping[str, Any]]) -> dict[int, float | None]:
-        """Note each process's role as it is described; return each rank's CPU percent in this
-        sample (its process and the workers that inherit its rank; None when none of them has
-        a figure), ranks in the order the sample lists them."""
+        """Note each process's role as described; return each rank's CPU percent in this sample
+        (its process and its workers; None when none has a figure), in the sample's order."""
         cpu: dict[int, float | None] = {}
         roles = self.roles
         for proc in processes:
             described = proc.get("role")
-            if proc.get("cmdline") is not None or described:
-                # Described (new, or after an exec): its role is what it says now.
+            if proc.get("cmdline") is not None or described:  # new, or after an exec
                 pid = int(proc["pid"])
                 if described:
                     if pid in roles or len(roles) < MAX_ROLES:
@@ -305,8 +271,7 @@ class RoleFold:
         return "rank" in self.roles.get(pid, {})
 
     def _inherited(self, pid: int) -> bool:
-        """Whether ``pid``'s role is its parent's (a rank's worker; a rank that a shell
-        started is not: see :func:`rank_leaders`)."""
+        """Whether ``pid``'s role is its parent's (a rank's worker; not a wrapper's rank)."""
         ppid = self.parents.get(pid, 0)
         parent = self.roles.get(ppid)
         if parent is None or self.names.get(ppid) in WRAPPER_NAMES:
@@ -326,12 +291,9 @@ def _rank_number(process: Mapping[str, Any]) -> int | None:
     return rank if isinstance(rank, int) else None
 
 
-# -- stacks ------------------------------------------------------------------------------------
-
 _PY_SPY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+):(?P<line>\d+)\)$")
-#: Collective operations, named alike in torch.distributed, DeepSpeed's ``deepspeed.comm``
-#: and Megatron's ``parallel_state``/``tensor_parallel`` helpers: a frame of one of these
-#: names is a wait in a collective wherever it is.
+#: Collective operations, named alike in torch.distributed, DeepSpeed and Megatron: a frame of
+#: one of these names is a wait in a collective wherever it is.
 COLLECTIVES = frozenset(
     {
         "all_reduce",
@@ -414,8 +376,7 @@ def collective_of(frames: Sequence[Frame]) -> str | None:
 
 
 def stopped_frame(frames: Sequence[Frame]) -> Frame | None:
-    """Where a stack stands: its innermost frame of the trainer's own code when there is one
-    (not an installed library), else its innermost frame."""
+    """Where a stack stands: its innermost frame of the trainer's own code, else its innermost."""
     for frame in frames:
         if not any(p in frame.file for p in LIBRARY_PATHS):
             return frame
@@ -474,19 +435,14 @@ def states_from_json(ranks: Iterable[Mapping[str, Any]], node: str | None) -> li
 
 
 def stall_culprit(processes: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """Which rank(s) the others wait for, from the forensics' processes; None without ranks
-    (see :func:`judge_ranks`)."""
+    """Which rank(s) the others wait for, from the forensics' processes; None without ranks."""
     return judge_ranks(rank_states(processes))
 
 
 def judge_ranks(states: Sequence[RankState]) -> dict[str, Any] | None:
-    """Which rank(s) the others wait for; None without ranks.
-
-    A rank stopped by a signal (state ``stopped``) is a culprit wherever its stack is; a rank
-    outside any collective, or in another collective than most ranks, is one too.  When every
-    rank waits in the same collective, no rank here is: a hung communicator or a peer on
-    another node.  With no rank in a known collective nothing is concluded.
-    """
+    """Which rank(s) the others wait for; None without ranks.  A culprit is stopped (SIGSTOP),
+    outside any collective, or in another than most; all in one: none here (a hung
+    communicator, a peer on another node); none in a known one: nothing concluded."""
     if not states:
         return None
     states = sorted(states, key=lambda s: s.rank)
@@ -547,14 +503,4 @@ def _waiting_text(states: Sequence[RankState], collective: str | None) -> str:
 
 
 def _json(states: Sequence[RankState]) -> list[dict[str, Any]]:
-    return [
-        {
-            "rank": s.rank,
-            "pid": s.pid,
-            "state": s.state,
-            "collective": s.collective,
-            "where": s.where,
-            "has_stack": s.has_stack,
-        }
-        for s in states
-    ]
+    return [{k: v for k, v in asdict(s).items() if k != "node"} for s in states]

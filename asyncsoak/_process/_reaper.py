@@ -1,12 +1,7 @@
-"""The per-soak reaper: a small single-threaded process between the monitor and the command.
-
-A library must not make its host a subreaper nor ``waitpid(-1)``; this process does both for
-the soak alone, copies the command's output into a capped log, and stops the tree when its
-stdin (the monitor's lifeline) closes.  It reports on stdout one JSON object per line
-(``spawned``, ``spawn_failed``, ``exited`` with the raw wait status, ``empty``).  It runs as a
-lean interpreter (``python -I -S``) that imports this file from its directory (its byte code
-cached).  docs/architecture.md ("The reaper and the cgroup") says how.
-"""
+"""The per-soak reaper, between the monitor and the command: the subreaper and ``waitpid(-1)`` a
+library must not make its host; it copies the output into a capped log, reports JSON lines on
+stdout, and stops the tree when its stdin (the lifeline) closes.  It runs as ``python -I -S``:
+no package import.  docs/architecture.md, "The reaper and the cgroup"."""
 
 from __future__ import annotations
 
@@ -29,14 +24,11 @@ if TYPE_CHECKING:
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-#: The output pipe's capacity asked for (Linux's default ceiling for unprivileged users): a
-#: chatty command runs ahead of the copy instead of blocking at every 64 KiB.
+#: The output pipe's capacity asked for (the unprivileged ceiling): no block at every 64 KiB.
 _PIPE_SIZE = 1 << 20
-#: The most read at once: small enough that the buffer stays in the CPU cache between the
-#: copy out of the pipe and the copy into the log (a megabyte at a time is twice as slow).
+#: The most read at once: small enough to stay in the CPU cache (a megabyte is twice as slow).
 _READ_CHUNK = 128 * 1024
-#: After SIGKILL, how long the reaper keeps reaping before it gives up and exits, unless the
-#: configuration says (``kill_wait_seconds``: the soak's own kill wait).
+#: After SIGKILL, how long the reaper keeps reaping, unless the configuration says.
 _LIFELINE_KILL_WAIT_SECONDS = 5.0
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -49,25 +41,20 @@ def _prctl(option: int, value: int) -> None:
 
 
 class CappedLog:
-    """Writes output to a file, keeping the first ``max_bytes / 2`` bytes and a recent tail.
-
-    Past the head, output is appended until the tail region (the other half) is full; then its
-    latest quarter is rewritten right after the head, behind a marker counting what was left
-    out.  The file never exceeds the cap (plus the marker), and a compaction copies a quarter
-    of the region for every three quarters printed.
-    """
+    """Writes output to a file, keeping the first ``max_bytes / 2`` bytes and a recent tail: a
+    full tail region is compacted to its latest quarter, behind a marker counting what was left
+    out (a quarter copied for every three quarters printed)."""
 
     def __init__(self, fd: int, max_bytes: int) -> None:
         self._fd = fd
-        #: Set when the file cannot be written (full or read-only disk): output is then
-        #: still read and dropped, so the command never blocks on a full pipe.
+        #: Set when the file cannot be written: output is then read and dropped (never blocks).
         self.error: OSError | None = None
         self._head_cap = max_bytes // 2
         self._tail_cap = max_bytes - self._head_cap
         #: What a compaction keeps of the tail region.
         self._keep = self._tail_cap // 4
         self._head_written = 0
-        #: After the head: the marker (once output was left out), then this much output.
+        #: After the head: the marker (once output was left out), then ``_content`` bytes.
         self._marker_size = 0
         self._content = 0
         self._omitted = 0
@@ -143,8 +130,7 @@ class Reaper:
             self.out.write(json.dumps(event) + "\n")
             self.out.flush()
         except (BrokenPipeError, ValueError):
-            # The monitor is gone: nobody to tell, the lifeline will close too.
-            pass
+            pass  # the monitor is gone: the lifeline will close too
 
     def spawn(self, output_w: int) -> None:
         cfg = self.config
@@ -153,9 +139,8 @@ class Reaper:
         cgroup_procs = None if cfg.get("cgroup") is None else f"{cfg['cgroup']}/cgroup.procs"
 
         def in_child() -> None:
-            # The command joins the soak's cgroup before exec, so every descendant is born in
-            # it and the reaper stays outside (killing the group never kills the reaper).  A
-            # refused join only costs the monitor its membership check: it falls back.
+            # Joined before exec: every descendant is born in the cgroup, the reaper stays out.
+            # A refused join only costs the monitor its membership check.
             if cgroup_procs is not None:
                 try:
                     fd = os.open(cgroup_procs, os.O_WRONLY)
@@ -288,9 +273,8 @@ class Reaper:
                     self.kill_deadline is not None and now >= self.kill_deadline
                 ):
                     break
-            # Every wake-up has a cause: output, a child's exit (SIGCHLD through the wake-up
-            # pipe), the lifeline, or a stop deadline.  Until the lifeline closes nothing is
-            # due, so the reaper sleeps without a timer.
+            # Every wake-up has a cause (output, SIGCHLD, the lifeline, a deadline): until the
+            # lifeline closes the reaper sleeps without a timer.
             timeout: float | None = None
             if not self.lifeline_open:
                 timeout = 0.05
@@ -332,9 +316,8 @@ class Reaper:
 
 
 def main() -> int:
-    # Ctrl-C and service-manager signals reach the monitor's whole process group; the
-    # monitor decides how the tree stops, and this process must outlive it to do so (it is
-    # started before the monitor has the command for it).
+    # Ctrl-C reaches the monitor's whole group: the monitor decides how the tree stops, and
+    # this process must outlive it to do so.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)
     lifeline = sys.stdin.fileno()
@@ -362,16 +345,14 @@ def main() -> int:
 
 
 def _closed(lifeline: int) -> bool:
-    """Whether the monitor's end of the lifeline is closed (it writes nothing after the
-    configuration, so anything to read now is its end of file)."""
+    """Whether the monitor's end of the lifeline is closed (nothing follows the configuration)."""
     poller = select.poll()
     poller.register(lifeline, select.POLLIN | select.POLLRDHUP)
     return any(events & (select.POLLHUP | select.POLLRDHUP) for _, events in poller.poll(0))
 
 
 def _first_read(lifeline: int) -> tuple[bytes, list[int]]:
-    """The lifeline's first bytes and, from a socket (the spawner's), the log's descriptor
-    they carry; a pipe carries none (the log's number is in the configuration)."""
+    """The lifeline's first bytes and, from a socket, the log's descriptor they carry."""
     if not stat.S_ISSOCK(os.fstat(lifeline).st_mode):
         return os.read(lifeline, 65536), []
     import socket  # here: a pipe's reaper does without it
@@ -397,12 +378,9 @@ def _remove_cgroup(path: str, timeout: float = 1.0) -> None:
 
 
 def run() -> NoReturn:
-    """The reaper's life, then out without the interpreter's teardown."""
+    """The reaper's life, then out without the interpreter's teardown (25 ms of CPU: 64 soaks
+    stopped together waited 0.7 to 1.1 s, 0.1 to 0.2 s so); every report is flushed already."""
     exit_status = main()
-    # Out without the interpreter's teardown, which costs a reaper about 25 ms of CPU here:
-    # 64 soaks stopped together on a busy machine waited 0.7 to 1.1 s for their reapers to
-    # exit, 0.1 to 0.2 s like this.  Nothing is lost: the log is written unbuffered and every
-    # report is flushed as it is made.
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     os._exit(exit_status)

@@ -1,10 +1,6 @@
-"""The spawner: the monitor's side of the reaper (see ``_reaper`` for why it exists).
-
-:class:`Spawner` starts the reaper, hands it the command over the lifeline pipe, reports the
-command's start, exit and the end of its whole tree as events, and sends the signals of the
-stop sequence.  Closing the lifeline tells the reaper to finish; if the monitor dies, the
-kernel closes it, and the reaper stops the tree on its own.
-"""
+"""The spawner: the monitor's side of the reaper (``_reaper``).  It hands the reaper the command
+over the lifeline, reports the command's start, exit and tree's end as events, and signals it;
+a closed lifeline (the monitor done, or dead) tells the reaper to stop the tree and finish."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from subprocess import PIPE
 from typing import Any
@@ -28,12 +24,10 @@ from .._contract import EventSink, events, exits
 from . import _tree
 from ._cgroup import TreeCgroup
 
-#: The reaper runs as ``python -I -S -c REAPER_START REAPER_SCRIPT`` (a lean interpreter: no
-#: site, no package import); the job queue recognises an orphaned attempt's reaper by this
-#: argument, or by ``REAPER_MODULE`` (``python -m``), as reapers of earlier releases ran.
+#: The reaper runs as ``python -I -S -c REAPER_START REAPER_SCRIPT`` (no site, no package
+#: import); the queue recognises an orphaned reaper by it, or by ``REAPER_MODULE`` (older ones).
 REAPER_SCRIPT = str(Path(__file__).resolve().with_name("_reaper.py"))
-#: The script imported from its directory, so its byte code is cached (a script run by path is
-#: compiled at every start: 6 ms of the wait before each command).
+#: Imported from its directory, so its byte code is cached (6 ms a start otherwise).
 REAPER_START = (
     "import sys; sys.path.insert(0, sys.argv[1].rpartition('/')[0]); import _reaper; _reaper.run()"
 )
@@ -56,8 +50,7 @@ class SpawnRequest:
     grace_seconds: float
     #: The soak's cgroup (``cgroup.procs`` is joined by the command before exec), if any.
     cgroup: str | None = None
-    #: How long the reaper waits for the tree after its SIGKILL once the lifeline is lost
-    #: (the soak's ``kill_wait_seconds``); ``None``: the reaper's default.
+    #: The reaper's wait after its SIGKILL once the lifeline is lost (None: its default).
     kill_wait_seconds: float | None = None
 
 
@@ -69,7 +62,6 @@ class Spawner:
         self._reports: BufferedByteReceiveStream | None = None
         self._stdin_r: int | None = None
         self._stdin_w: int | None = None
-        #: The monitor's end of the reaper's stdin: closed, it tells the reaper to finish.
         self._lifeline: socket.socket | None = None
         #: The stop mode the reaper was launched for (``"stdin"`` gives it the command's stdin).
         self.stop_mode: str | None = None
@@ -81,8 +73,7 @@ class Spawner:
         self.exit_signal: str | None = None
         self.exited = anyio.Event()
         self.tree_gone = anyio.Event()
-        #: Set when the reaper's reports end before the monitor closed the lifeline: the
-        #: reaper died (a trainer that killed its parent), and the tree runs unsupervised.
+        #: Set when the reaper's reports end before the lifeline closed: the reaper died.
         self.reaper_lost = anyio.Event()
         #: The tree's cgroup once the command is known to be in it (membership decides).
         self.cgroup: TreeCgroup | None = None
@@ -97,9 +88,8 @@ class Spawner:
         return self._reaper.pid if self._reaper is not None else None
 
     async def launch(self, stop_mode: str) -> None:
-        """Start the reaper, which waits on its lifeline for the command: launched early, its
-        interpreter starts while the soak gets ready (most of the wait before the command).
-        The lifeline is a socket, so the log's descriptor follows with the command."""
+        """Start the reaper, early (its interpreter's start overlaps the soak's), to wait on its
+        lifeline (a socket: the log's descriptor follows with the command)."""
         mine, theirs = socket.socketpair()
         pass_fds = []
         if stop_mode == "stdin":
@@ -129,35 +119,24 @@ class Spawner:
         self._reports = BufferedByteReceiveStream(reaper.stdout)
 
     async def start(self, sink: EventSink, req: SpawnRequest) -> bool:
-        """Start the command (and the reaper, unless launched); False (after a
-        ``spawn_failed`` event) if it failed."""
+        """Start the command (and the reaper, unless launched); False (after a ``spawn_failed``
+        event) if it failed."""
         if self._lifeline is None:
             await self.launch(req.stop_mode)
         assert self._lifeline is not None
-        config: dict[str, Any] = {
-            "argv": list(req.argv),
-            "cwd": req.cwd,
-            "env": dict(req.env),
-            "stdin_fd": self._stdin_r,
-            "log_max_bytes": req.log_max_bytes,
-            "stop_mode": req.stop_mode,
-            "grace_seconds": req.grace_seconds,
-            "cgroup": req.cgroup,
-            "kill_wait_seconds": req.kill_wait_seconds,
-        }
-        line = json.dumps(config).encode() + b"\n"
+        # The log's descriptor goes beside the line (SCM_RIGHTS), not in it.
+        config = {k: v for k, v in asdict(req).items() if k != "log_fd"}
+        line = json.dumps({**config, "stdin_fd": self._stdin_r}).encode() + b"\n"
         self._lifeline.setblocking(False)
-        try:
-            sent = socket.send_fds(self._lifeline, [line], [req.log_fd])
-        except BlockingIOError:
-            sent = 0  # nothing taken: the descriptor goes with the next try
+        sent = 0
         while sent < len(line):  # a large environment: the reaper reads as it starts
-            await anyio.wait_writable(self._lifeline)
-            with contextlib.suppress(BlockingIOError):
+            try:
                 if sent:
                     sent += self._lifeline.send(line[sent:])
-                else:
+                else:  # nothing taken yet: the descriptor goes with this try
                     sent = socket.send_fds(self._lifeline, [line], [req.log_fd])
+            except BlockingIOError:
+                await anyio.wait_writable(self._lifeline)
         self.starting = True
         return await self.take_first_report(sink)
 
@@ -236,17 +215,15 @@ class Spawner:
         return f"it exited with status {status.returncode}"
 
     def tree_pids(self) -> list[int]:
-        """Every live process of the tree (the reaper itself excluded): the reaper's
-        descendants, and every member of the tree's cgroup (which nothing can leave)."""
+        """Every live process of the tree but the reaper: its cgroup's members (one read, and
+        none can leave), else the reaper's descendants."""
         reaper = self.reaper_pid
         if self.cgroup is not None:
-            # One read, whatever the tree's size or shape.
             return [pid for pid in self.cgroup.pids() if pid != reaper]
         return _tree.descendants(reaper) if reaper is not None else []
 
     def signal_group(self, sig: int, *, stopping: bool = True) -> bool:
-        """Signal the command's group; ``stopping=False`` for a signal passed on that is not
-        the monitor's stop (the command dying of it is then its own failure)."""
+        """Signal the command's group; ``stopping=False``: passed on, not the monitor's stop."""
         if self.pid is None:
             return False
         return self._send(os.killpg, self.pid, sig, stopping)
@@ -257,8 +234,7 @@ class Spawner:
         return self._send(os.kill, self.pid, sig, stopping)
 
     def _send(self, kill: Callable[[int, int], None], pid: int, sig: int, stopping: bool) -> bool:
-        """``kill(pid, sig)``, remembered as the monitor's stop or as passed on; False when
-        the process (or group) is gone."""
+        """``kill(pid, sig)``, remembered as a stop or as passed on; False when it is gone."""
         try:
             kill(pid, sig)
         except OSError:
@@ -273,7 +249,7 @@ class Spawner:
         self._stdin_w = None
         return True
 
-    def kill_tree(self) -> list[int]:
+    def kill_tree(self) -> None:
         """SIGKILL the command's group and every process below the reaper."""
         if not self.exited.is_set():
             self.signals_to_leader.add(signal.SIGKILL)
@@ -282,14 +258,9 @@ class Spawner:
                 os.killpg(self.pid, signal.SIGKILL)
         if self.cgroup is not None:
             self.cgroup.kill()
-        killed = []
         for pid in self.tree_pids():
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except OSError:
-                pass
-        return killed
 
     async def close(self, wait_seconds: float = REAPER_CLOSE_TIMEOUT_SECONDS) -> None:
         """Close the lifeline and wait (bounded, shielded) for the reaper to finish; once."""

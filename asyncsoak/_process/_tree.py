@@ -1,9 +1,5 @@
-"""The supervised process tree as /proc shows it: every descendant of the soak's reaper.
-
-Walks ``/proc/PID/task/TID/children`` (a read per process of the tree, not a scan of the
-machine), with a full scan as the fallback on kernels without ``CONFIG_PROC_CHILDREN``.  A
-process that vanishes mid-read is normal here, never an error.
-"""
+"""The supervised process tree as /proc shows it: every descendant of the soak's reaper, from
+``/proc/PID/task/TID/children`` (a scan where the kernel lacks it); a vanished process is normal."""
 
 from __future__ import annotations
 
@@ -12,23 +8,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-_PROC = Path("/proc")
+_HAS_CHILDREN_FILES = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
 
 
-def _children_files_supported() -> bool:
-    return Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists()
-
-
-_HAS_CHILDREN_FILES = _children_files_supported()
-
-
-def children(pid: int, proc: Path = _PROC) -> list[int]:
+def children(pid: int) -> list[int]:
     """Direct children of ``pid`` (empty when it is gone)."""
-    if not _HAS_CHILDREN_FILES or proc != _PROC:
+    if not _HAS_CHILDREN_FILES:
         try:
             import psutil  # the fallback only: the reaper starts without it
         except ImportError:
-            return [p for p in map(int, filter(str.isdigit, os.listdir(proc))) if _ppid(p) == pid]
+            return [
+                p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if _ppid(p) == pid
+            ]
         try:
             return [c.pid for c in psutil.Process(pid).children()]
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -49,9 +40,16 @@ def children(pid: int, proc: Path = _PROC) -> list[int]:
 
 def _ppid(pid: int) -> int | None:
     """Field 4 of ``/proc/PID/stat`` (None when the process is gone)."""
+    return _stat_field(pid, 1)
+
+
+def _stat_field(pid: int, index: int) -> int | None:
+    """Field ``index + 3`` of ``/proc/PID/stat``, an integer (None when gone or unreadable)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
+            stat = f.read()
+        # comm (field 2) may contain spaces and parentheses: split after the last ')'.
+        return int(stat.rsplit(b")", 1)[1].split()[index])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -72,17 +70,7 @@ def descendants(pid: int) -> list[int]:
 
 def start_time_ticks(pid: int) -> int | None:
     """Field 22 of ``/proc/PID/stat``: with the pid, a process identity that survives reuse."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    return _stat_field(pid, 19)
 
 
 def describe(pid: int, *, leader_pgid: int | None = None) -> dict[str, Any] | None:
@@ -115,10 +103,8 @@ def describe(pid: int, *, leader_pgid: int | None = None) -> dict[str, Any] | No
 
 
 def how_it_left(info: dict[str, Any], leader_pgid: int) -> str:
-    """In words, how a process left the command's process group (or that it did not).
-
-    The command leads its own session, so its pid is also its session id and group id.
-    """
+    """In words, how a process left the command's process group (the command's pid is also
+    its session's and group's id), or that it did not."""
     if info.get("pgid") == leader_pgid:
         return "still in the command's process group"
     if info.get("sid") != leader_pgid:
@@ -127,22 +113,15 @@ def how_it_left(info: dict[str, Any], leader_pgid: int) -> str:
 
 
 def find_marked(variable: str, value: str) -> list[int]:
-    """Processes whose environment holds ``variable=value`` (the soak's marker).
-
-    This finds processes of the tree that are no longer below the reaper (re-parented to a
-    subreaper of their own, say).  It reads every process's environment, so it is used only
-    when the tree is being stopped, never on the sampling path.
-    """
+    """Processes whose environment holds ``variable=value`` (the soak's marker): the tree's
+    that left the reaper.  Reads every environ: for the stop only, never for sampling."""
     needle = f"{variable}={value}".encode()
     return [pid for pid, environ in environments() if needle in environ]
 
 
 def environments(*, skip: int | None = None) -> Iterator[tuple[int, list[bytes]]]:
-    """Every process's pid and its environment's ``NAME=value`` entries, from ``/proc``.
-
-    A process that vanished or whose environment may not be read (another user's) is left
-    out.  Each read waits on the target's mmap lock, so callers bound the whole scan.
-    """
+    """Every readable process's pid and ``NAME=value`` entries; each read waits on the target's
+    mmap lock, so callers bound the whole scan."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == skip:
             continue

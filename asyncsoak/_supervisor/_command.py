@@ -1,7 +1,5 @@
-"""The soak's command as a process tree: its cgroup, its spawn request and start, its end (the
-exit judged, the tree killed, or the stop sequence), and the bounded clean-up that leaves
-nothing of it behind.
-"""
+"""The soak's command as a process tree: its cgroup, its start, its end, and the bounded
+clean-up that leaves nothing of it behind."""
 
 from __future__ import annotations
 
@@ -12,23 +10,19 @@ import anyio
 
 from .._contract import BlockingCallTimeout, EventSink, FailureReason, StopCause, run_blocking
 from .._process import REAPER_CLOSE_TIMEOUT_SECONDS, Spawner, SpawnRequest, cgroups
-from .._sampling import ProgressTracker, StepReader
+from .._sampling import StepReader
 from ..trainer import STEPS_FILE_VARIABLE
 from ._config import SoakConfig
 from ._producers import produce
 from ._stop import (
-    REAPER_LOST,
     SOAK_ID_VARIABLE,
     TREE_LOOK_TIMEOUT_SECONDS,
     TREE_WALK_TIMEOUT_SECONDS,
-    EndCause,
     Fail,
     TreeStop,
 )
-from ._verdict import ExitJudge
 
-#: Give each soak's tree a cgroup where the kernel allows it (membership, not markers); tests
-#: turn it off to exercise the environment-marker fallback.
+#: Give each soak's tree a cgroup where allowed; tests turn it off for the marker fallback.
 USE_CGROUP = True
 
 
@@ -54,8 +48,7 @@ def spawn_request(
     steps: StepReader | None,
     cgroup: cgroups.TreeCgroup | None,
 ) -> SpawnRequest:
-    child_env = dict(env)
-    child_env[SOAK_ID_VARIABLE] = marker
+    child_env = {**env, SOAK_ID_VARIABLE: marker}
     if steps is not None:
         child_env[STEPS_FILE_VARIABLE] = str(cfg.steps_path)
     return SpawnRequest(
@@ -79,60 +72,25 @@ async def start_command(
     fail: Fail,
 ) -> bool:
     """Start the command; False (its failure recorded) when it could not be started."""
-    started = await spawner.start(sink, request)
-    if started and cgroup is not None and spawner.pid is not None:
+    if not await spawner.start(sink, request):
+        message = f"could not start {request.argv[0]!r}: {spawner.spawn_error}"
+        await fail(FailureReason.SPAWN_FAILED, message)
+        return False
+    if cgroup is not None and spawner.pid is not None:
         # Membership decides only if the command really joined the group.
         with contextlib.suppress(BlockingCallTimeout):
             if await run_blocking(
-                cgroup.holds,
-                spawner.pid,
-                timeout=TREE_LOOK_TIMEOUT_SECONDS,
-                what="a cgroup",
+                cgroup.holds, spawner.pid, timeout=TREE_LOOK_TIMEOUT_SECONDS, what="a cgroup"
             ):
                 spawner.cgroup = cgroup
-    if not started:
-        await fail(
-            FailureReason.SPAWN_FAILED,
-            f"could not start {request.argv[0]!r}: {spawner.spawn_error}",
-        )
-        return False
     return True
-
-
-async def end_tree(
-    sink: EventSink,
-    spawner: Spawner,
-    cause: EndCause | None,
-    tracker: ProgressTracker,
-    *,
-    exit_judge: ExitJudge,
-    tree_stop: TreeStop,
-    first_failure: FailureReason | None,
-    scheduler: dict[str, Any] | None,
-) -> None:
-    """The exit judged (the command ended by itself), the tree killed (the reaper was
-    lost), or the stop sequence (every other cause)."""
-    if cause == StopCause.EXITED:
-        await exit_judge.after_exit(
-            sink,
-            spawner,
-            cause,
-            progress_seen=tracker.first_change is not None
-            or (tracker.steps is not None and tracker.steps.step is not None),
-            missing_dir=tracker.missing_dir,
-        )
-    elif cause == REAPER_LOST:
-        await tree_stop.after_reaper_lost(sink, spawner)
-    else:
-        assert isinstance(cause, StopCause)
-        await tree_stop.stop(sink, spawner, cause, first_failure=first_failure, scheduler=scheduler)
 
 
 async def stop_for_the_host(
     sink: EventSink, spawner: Spawner, tree_stop: TreeStop, scheduler: dict[str, Any] | None
 ) -> None:
-    """The host's loop ended and cancelled every task of the soak at once: the tree is
-    stopped as on any cancel, beside a watch of its own on the reaper's reports."""
+    """The host's loop ended, cancelling every task: the tree is stopped as on any cancel,
+    beside a watch of its own on the reaper's reports."""
     if spawner.pid is None or spawner.tree_gone.is_set():
         return
     async with anyio.create_task_group() as watch:
@@ -146,11 +104,10 @@ async def stop_for_the_host(
 async def leave_nothing_behind(
     spawner: Spawner | None, cgroup: cgroups.TreeCgroup | None, tree_stop: TreeStop
 ) -> None:
-    """Shielded, bounded clean-up: the tree killed if the supervisor broke, the reaper
-    closed, the cgroup removed."""
+    """Bounded clean-up: the tree killed if the supervisor broke, the reaper closed, the cgroup
+    removed."""
     if spawner is not None:
         if not spawner.tree_gone.is_set() and spawner.pid is not None:
-            # Only reached when the supervisor itself broke: leave nothing running.
             with contextlib.suppress(BlockingCallTimeout):
                 await run_blocking(
                     spawner.kill_tree,
@@ -163,7 +120,5 @@ async def leave_nothing_behind(
     if cgroup is not None:
         with contextlib.suppress(BlockingCallTimeout):
             await run_blocking(
-                cgroup.remove,
-                timeout=TREE_LOOK_TIMEOUT_SECONDS,
-                what="removing a cgroup",
+                cgroup.remove, timeout=TREE_LOOK_TIMEOUT_SECONDS, what="removing a cgroup"
             )

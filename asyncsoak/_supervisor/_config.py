@@ -1,14 +1,9 @@
-"""Validate ``run_soak``'s arguments into one :class:`SoakConfig`, before anything happens.
-
-Every check raises :class:`ValidationError` (a ``ValueError``) or :class:`ValidationTypeError`
-(also a ``TypeError``) with a message naming the argument; nothing is launched or written until
-all of them pass.  The same checks serve the job queue (:func:`validate_job`), so a job that
-``run_soak`` would refuse is refused when it is submitted, not hours later by a worker.
-"""
+"""``run_soak``'s settings checked into one :class:`SoakConfig` before anything happens; the
+same checks refuse a queued job at submit time (:func:`validate_job`), not hours later."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import Field, asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
@@ -45,12 +40,7 @@ LOG_MAX_BYTES = 16 * 1024 * 1024
 MIN_SAMPLE_INTERVAL_SECONDS = 0.05
 
 
-#: What a job-settable limit holds, which says how it is checked and how its flag parses:
-#: seconds (``--grace 5``, or ``auto`` where the metadata allows it), a switch
-#: (``--output-is-progress``), one of ``choices`` (``--leak-check fail``), a size
-#: (``--max-rss 2GiB``), a signal (``--dump-signal USR1``), a record key (``--step-key it``) or
-#: deadlines by path pattern (``--expect-every 'checkpoint-*=1800'``, repeatable) or
-#: file name patterns (``--checkpoint-glob '*.ckpt'``, repeatable).
+#: What a job-settable limit holds: how it is checked and how its flag parses.
 LimitKind = Literal["seconds", "switch", "choice", "size", "signal", "key", "deadlines", "globs"]
 
 
@@ -65,27 +55,15 @@ def _limit(
     choices: tuple[str, ...] = (),
     auto: bool = False,
 ) -> Any:
-    """A job-settable soak limit: its default (``run_soak``'s), its CLI flag and help, its
-    kind, and for seconds whether zero is allowed and the least value (None is allowed where
-    the default is None); every duration is at most :data:`MAX_SECONDS`."""
-    metadata = {
-        "flag": flag,
-        "help": help,
-        "kind": kind,
-        "allow_zero": allow_zero,
-        "minimum": minimum,
-        "auto": auto,
-    }
-    return field(default=default, metadata={**metadata, "choices": choices})
+    """A job-settable soak limit: its default, CLI flag and help, kind, and how it is checked."""
+    checks = {"allow_zero": allow_zero, "minimum": minimum, "auto": auto, "choices": choices}
+    return field(default=default, metadata={"flag": flag, "help": help, "kind": kind, **checks})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SoakLimits:
-    """The ``run_soak`` parameters a queued job may set: the one place they are spelled.
-
-    The queue checks a job's limits against it at submit time, ``run_soak`` checks its own
-    arguments with it, and the CLI derives its flags (name, help, default) from its fields.
-    """
+    """The ``run_soak`` settings a queued job may set, spelled once: the queue checks jobs with
+    it, ``run_soak`` its arguments, and the CLI derives its flags from its fields."""
 
     sample_interval_seconds: float = _limit(
         5.0,
@@ -189,7 +167,6 @@ class SoakLimits:
         "SECONDS, while the steps advance (repeatable; e.g. 'checkpoint-*=1800')",
         kind="deadlines",
     )
-
     checkpoint_globs: tuple[str, ...] = _limit(
         CHECKPOINT_GLOBS,
         "--checkpoint-glob",
@@ -207,25 +184,15 @@ class SoakLimits:
 def _check_limit(spec: Field[Any], value: object) -> object:
     """One job-settable limit checked as its kind says; sizes become bytes (``"2GiB"`` too)."""
     kind = spec.metadata["kind"]
+    if kind in _KIND_CHECKS:
+        return _KIND_CHECKS[kind](spec.name, value)
     if kind == "switch":
-        if not isinstance(value, bool):
-            raise ValidationTypeError(f"{spec.name} must be a bool")
-        return value
+        return _check_bool(spec.name, value)
     if kind == "choice":
         choices = spec.metadata["choices"]
         if value not in choices:
             raise ValidationError(f"{spec.name} must be one of {', '.join(choices)}, got {value!r}")
         return value
-    if kind == "size":
-        return check_size(spec.name, value)
-    if kind == "signal":
-        return check_signal(spec.name, value)
-    if kind == "key":
-        return check_record_key(spec.name, value)
-    if kind == "deadlines":
-        return check_deadlines(spec.name, value)
-    if kind == "globs":
-        return check_globs(spec.name, value)
     if value is None and spec.default is None:
         return None
     if value == "auto" and spec.metadata["auto"]:
@@ -235,28 +202,33 @@ def _check_limit(spec: Field[Any], value: object) -> object:
     )
 
 
+_KIND_CHECKS: dict[str, Callable[[str, Any], object]] = {
+    "size": check_size,
+    "signal": check_signal,
+    "key": check_record_key,
+    "deadlines": check_deadlines,
+    "globs": check_globs,
+}
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValidationTypeError(f"{name} must be a bool")
+    return value
+
+
+#: The default of a field that None leaves to the check to fill (``log_path`` beside the artifact).
+_FILLED: Any = None
 #: The names of :class:`SoakLimits`' fields, in their order.
 SOAK_LIMITS: tuple[str, ...] = tuple(spec.name for spec in fields(SoakLimits))
 
 
-def _given(default: object) -> Any:
-    """A field given as ``run_soak``'s keyword of the same name is, with that default; the
-    field's type is the checked value's (a path given as text becomes a ``Path``, None for
-    ``log_path`` the path beside the artifact)."""
-    return field(default=default)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SoakConfig(SoakLimits):
-    """Everything one soak runs with, checked when it is made: :func:`asyncsoak.run_soak`
-    builds it from its keyword arguments, whose documentation says what each one means, or
-    takes it whole (``run_soak(config=SoakConfig(command=..., progress_dir=...,
-    output_path=...))``); every other field has ``run_soak``'s default.
-
-    Construction raises :class:`asyncsoak.ValidationError` naming the first bad argument;
-    paths become absolute, durations floats, signals numbers and sizes bytes, ``log_path``
-    None means beside the artifact and ``snapshot_root`` None the working directory.
-    """
+    """Everything one soak runs with, checked when made (``run_soak(config=SoakConfig(...))``,
+    or built from ``run_soak``'s keywords); :class:`asyncsoak.ValidationError` names the first
+    bad argument.  Paths become absolute, durations floats, signals numbers, sizes bytes;
+    ``log_path`` None means beside the artifact, ``snapshot_root`` None the working directory."""
 
     command: tuple[str, ...]
     progress_dir: Path
@@ -265,12 +237,12 @@ class SoakConfig(SoakLimits):
     journal_path: Path = field(init=False)
     #: Derived: where ``asyncsoak.trainer.report`` appends (the artifact's ``.steps.jsonl``).
     steps_path: Path = field(init=False)
-    log_path: Path = _given(None)
+    log_path: Path = _FILLED
     cwd: Path | None = None
     env: dict[str, str] | None = None
-    metadata: dict[str, Any] = _given(None)
+    metadata: dict[str, Any] = _FILLED
     stop_mode: StopMode = "group"
-    snapshot_root: Path = _given(None)
+    snapshot_root: Path = _FILLED
     nvidia_smi: str | None = "nvidia-smi"
     kill_wait_seconds: float = 5.0
     log_max_bytes: int = LOG_MAX_BYTES
@@ -286,8 +258,7 @@ class SoakConfig(SoakLimits):
     earlier_highest_step: int | None = None
 
     def __post_init__(self) -> None:
-        # The checks run in the order of run_soak's documentation, so the first bad argument
-        # is the one named; each normalised value replaces the given one.
+        # Checked in the order of run_soak's documentation: the first bad argument is named.
         given: Any = self
         norm = partial(object.__setattr__, self)
         norm("command", check_command(given.command))
@@ -328,34 +299,28 @@ class SoakConfig(SoakLimits):
             raise ValidationTypeError("log_max_bytes must be an int")
         if log_max_bytes < 4096:
             raise ValidationError("log_max_bytes must be at least 4096")
-        if not isinstance(given.forensics, bool):
-            raise ValidationTypeError("forensics must be a bool")
+        _check_bool("forensics", given.forensics)
         snapshot_root = given.snapshot_root
-        root = work_dir or Path.cwd()
-        norm(
-            "snapshot_root",
-            root if snapshot_root is None else check_path("snapshot_root", snapshot_root),
+        if snapshot_root is None:
+            norm("snapshot_root", work_dir or Path.cwd())
+        else:
+            norm("snapshot_root", check_path("snapshot_root", snapshot_root))
+        checks: tuple[tuple[str, Callable[[Any], object]], ...] = (
+            ("env", check_env),
+            ("metadata", check_metadata),
+            ("kill_wait_seconds", partial(seconds, "kill_wait_seconds", allow_zero=False)),
+            ("progress_exclude", check_excluded),
+            ("forward_signals", partial(check_signals, "forward_signals")),
+            ("requeue_on", partial(check_own_signal, "requeue_on")),
         )
-        norm("env", check_env(given.env))
-        norm("metadata", check_metadata(given.metadata))
-        norm(
-            "kill_wait_seconds",
-            seconds("kill_wait_seconds", given.kill_wait_seconds, allow_zero=False),
-        )
-        norm("progress_exclude", check_excluded(given.progress_exclude))
-        norm("forward_signals", check_signals("forward_signals", given.forward_signals))
-        norm("requeue_on", check_own_signal("requeue_on", given.requeue_on))
-        carried = given.stale_progress_carried_seconds
-        if carried is not None:
-            norm(
-                "stale_progress_carried_seconds",
-                seconds("stale_progress_carried_seconds", carried, allow_zero=False),
-            )
-        if given.scheduler_grace_seconds is not None:
-            norm(
-                "scheduler_grace_seconds",
-                seconds("scheduler_grace_seconds", given.scheduler_grace_seconds),
-            )
+        for name, check in checks:
+            norm(name, check(getattr(self, name)))
+        for name, allow_zero in (
+            ("stale_progress_carried_seconds", False),
+            ("scheduler_grace_seconds", True),
+        ):
+            if getattr(self, name) is not None:
+                norm(name, seconds(name, getattr(self, name), allow_zero=allow_zero))
         earlier = given.earlier_highest_step
         if earlier is not None and (
             isinstance(earlier, bool) or not isinstance(earlier, int) or earlier < 0
@@ -366,15 +331,12 @@ class SoakConfig(SoakLimits):
 
     def effective(self) -> dict[str, Any]:
         """Every effective parameter, as the artifact's ``config`` records it."""
-        out = asdict(self)
-        for key in ("command", "env", "metadata"):
-            out.pop(key)
-        return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
+        kept = ((k, v) for k, v in asdict(self).items() if k not in ("command", "env", "metadata"))
+        return {k: str(v) if isinstance(v, Path) else v for k, v in kept}
 
 
 def validate_limits(limits: Mapping[str, object]) -> dict[str, Any]:
-    """The soak limits a job carries (a subset of :data:`SOAK_LIMITS`), checked as run_soak
-    does; returns the given ones, normalised (durations as floats)."""
+    """The soak limits a job carries (a subset of :data:`SOAK_LIMITS`), checked and normalised."""
     for key in limits:
         if key not in SOAK_LIMITS:
             raise ValidationError(f"unknown soak limit {key!r} (known: {', '.join(SOAK_LIMITS)})")
@@ -391,11 +353,8 @@ def validate_job(
     stop_mode: object,
     limits: Mapping[str, object],
 ) -> dict[str, Any]:
-    """What a queued job gives ``run_soak``, checked with ``run_soak``'s own rules.
-
-    ``command`` is None for a job run through the worker's trainer command (``--config``);
-    ``progress_dir`` None means the run directory.  Returns the checked soak limits.
-    """
+    """What a queued job gives ``run_soak``, checked by its rules; returns the checked limits.
+    ``command`` None: the worker's trainer command; ``progress_dir`` None: the run directory."""
     if command is not None:
         check_command(command)
     if progress_dir is not None:

@@ -18,13 +18,10 @@ if TYPE_CHECKING:
 class SoakControl:
     """Pass one to ``run_soak(control=...)`` to watch and stop the soak from another task.
 
-    ``request_stop()`` ends the run as the soak's stop mode says, waits the grace, then kills
-    what is left; a requested stop is not a failure (``status: "cancelled"``, ``stop.cause`` the
-    given cause).  ``kill_now()`` kills the tree at once.  ``observers`` are called on the event
-    loop with each event's JSON form as the monitor knows it (quick, never raising);
-    ``progress_age`` is a blocking look at the age of the latest file change, for a thread;
-    ``state`` is the run's one :class:`RunState`.  More: docs/running.md (``control``) and
-    docs/architecture.md, "The flow of a soak".
+    ``request_stop()`` stops the run as its stop mode says (``status: "cancelled"``, not a
+    failure); ``kill_now()`` kills the tree at once; ``observers`` get each event's JSON form
+    on the loop (quick, never raising); ``progress_age`` is a blocking look at the latest file
+    change's age; ``state`` is the run's :class:`RunState`.  More: docs/running.md.
     """
 
     def __init__(self) -> None:
@@ -47,9 +44,7 @@ class SoakControl:
         grace_seconds: float | None = None,
         cause: str = StopCause.REQUESTED,
     ) -> None:
-        """Ask the soak to stop; later calls do not change the first request.
-
-        Raises :class:`asyncsoak.ValidationError` for a ``cause`` that is no stop cause."""
+        """Ask the soak to stop (the first request holds); ``cause`` must be a stop cause."""
         try:
             stop_cause = StopCause(cause)
         except ValueError:
@@ -68,8 +63,7 @@ class SoakControl:
         self.kill_requested.set()
 
     async def _launch_reaper(self, stop_mode: str) -> None:
-        """Start the soak's reaper ahead of ``run_soak``'s imports (the command line does: the
-        reaper's start then overlaps them); the soak run with this control takes it."""
+        """Start the reaper ahead of ``run_soak``'s imports (the CLI does), for the soak to take."""
         from .._process import Spawner
 
         self._reaper = Spawner()
@@ -82,7 +76,7 @@ class SoakControl:
         return reaper
 
     async def _drop_reaper(self) -> None:
-        """Close the reaper launched ahead if no soak took it (one refused before it began)."""
+        """Close the reaper launched ahead if no soak took it."""
         reaper = self._take_reaper()
         if reaper is not None:
             await reaper.close()

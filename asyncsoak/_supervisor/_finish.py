@@ -1,9 +1,5 @@
-"""The soak's last step: drain the journal, build the artifact and write it, each bounded.
-
-A journal or an output on a hung filesystem must not hold the soak forever: the drain has a
-deadline and the artifact is built regardless; a write that does not finish in time is an
-``OSError`` naming the path and the journal that still holds the run.
-"""
+"""The soak's last step: drain the journal, build the artifact and write it, each bounded (a
+hung filesystem must not hold the soak forever; the artifact is built regardless)."""
 
 from __future__ import annotations
 
@@ -37,19 +33,15 @@ ARTIFACT_WRITE_TIMEOUT_SECONDS = 10.0
 
 
 def bound_drain(scope: anyio.CancelScope, serializer: Serializer) -> None:
-    """Give the drain of the last queued events (under ``scope``) its deadline."""
-    scope.deadline = anyio.current_time() + DRAIN_TIMEOUT_SECONDS
-    # Closing the journal is shielded (it must happen), but not past this bound.
-    serializer.close_deadline = scope.deadline
+    """The drain of the last events (under ``scope``) and the journal's shielded close get a
+    deadline."""
+    scope.deadline = serializer.close_deadline = anyio.current_time() + DRAIN_TIMEOUT_SECONDS
 
 
 def note_drain(scope: anyio.CancelScope, serializer: Serializer) -> None:
     """A drain cut short at its deadline is the journal's error in the artifact."""
-    if scope.cancelled_caught:
-        serializer.journal_error = (
-            serializer.journal_error
-            or f"the journal did not drain within {DRAIN_TIMEOUT_SECONDS:g}s"
-        )
+    if scope.cancelled_caught and not serializer.journal_error:
+        serializer.journal_error = f"the journal did not drain within {DRAIN_TIMEOUT_SECONDS:g}s"
 
 
 def monitor_section(
@@ -88,8 +80,7 @@ async def build_artifact(
     clock: SoakClock,
     monitor: dict[str, Any],
 ) -> Artifact:
-    """The artifact, with the log's tail (bounded; empty when the read does not finish),
-    ending now on the soak's ``clock``."""
+    """The artifact ending now, with the log's tail (empty when the bounded read fails)."""
     log_tail = ""
     with contextlib.suppress(BlockingCallTimeout):
         log_tail = await run_blocking(
@@ -108,26 +99,26 @@ async def build_artifact(
 
 async def write_soak_artifact(artifact: Artifact, cfg: SoakConfig) -> None:
     """Write the artifact to ``cfg.output_path``; an ``OSError`` naming the journal if not."""
+    path, journal = cfg.output_path, cfg.journal_path
     try:
         await run_blocking(
             write_artifact,
             artifact,
-            cfg.output_path,
+            path,
             timeout=ARTIFACT_WRITE_TIMEOUT_SECONDS,
-            what=f"writing the artifact {cfg.output_path}",
+            what=f"writing the artifact {path}",
         )
     except BlockingCallTimeout as exc:
         raise OSError(
             errno.ETIMEDOUT,
             f"could not write the soak artifact within {ARTIFACT_WRITE_TIMEOUT_SECONDS:g}s "
-            f"(a hung filesystem? the tree was stopped; the journal is "
-            f"{cfg.journal_path})",
-            str(cfg.output_path),
+            f"(a hung filesystem? the tree was stopped; the journal is {journal})",
+            str(path),
         ) from exc
     except OSError as exc:
         raise OSError(
             exc.errno,
-            f"could not write the soak artifact (the tree was stopped; the journal "
-            f"is {cfg.journal_path}): {exc.strerror}",
-            str(cfg.output_path),
+            "could not write the soak artifact (the tree was stopped; the journal "
+            f"is {journal}): {exc.strerror}",
+            str(path),
         ) from exc

@@ -1,8 +1,5 @@
-"""``run_soak``, the front door: light enough to import on a host's event loop thread.
-
-The supervisor behind it (anyio, psutil and the rest: 0.2 s of imports) is imported in a thread
-of its own at the first call, so a host's loop never stalls on it.
-"""
+"""``run_soak``, the front door: light to import; the supervisor behind it (0.2 s of imports)
+is imported in a thread at the first call, so a host's loop never stalls on it."""
 
 from __future__ import annotations
 
@@ -73,8 +70,8 @@ async def _import_supervisor() -> None:
 
 
 class SoakSettings(TypedDict, total=False):
-    """``run_soak``'s keywords beyond the reference's: the other fields of :class:`SoakConfig`,
-    which defines their defaults and checks (tests/test_api.py holds the two equal)."""
+    """``run_soak``'s keywords beyond the reference's, typed: :class:`SoakConfig`'s other fields,
+    which define their defaults and checks (tests/test_api.py holds the two equal)."""
 
     max_duration_seconds: float | None
     stop_mode: StopMode
@@ -115,15 +112,9 @@ _NOT_SETTINGS = frozenset({"config", "control", "metrics"})
 def _settings_as_config(
     soak: Callable[_P, Coroutine[Any, Any, Artifact]],
 ) -> Callable[_P, Coroutine[Any, Any, Artifact]]:
-    """``run_soak`` takes its settings as keywords or as one :class:`SoakConfig`, never both.
-
-    Only the keywords the caller wrote tell which (one given at its default value is given
-    all the same), so this looks at them before the defaults fill in; the keywords become the
-    ``config`` (checked by :class:`SoakConfig`, with its messages), so the wrapped function
-    receives ``config``, ``control`` and ``metrics`` alone.
-    """
+    """Settings as keywords or one :class:`SoakConfig`, never both: told by the keywords the
+    caller wrote (before defaults fill in), made into the ``config`` the wrapped function gets."""
     signature = inspect.signature(soak)
-    # Called with exactly the three arguments it declares besides the settings.
     configured = cast("Callable[..., Coroutine[Any, Any, Artifact]]", soak)
 
     @functools.wraps(soak)
@@ -190,8 +181,6 @@ async def run_soak(
     Raises :class:`SoakFailureError` when a rule fired, after writing it; on the caller's
     cancellation, the tree is stopped and a ``cancelled`` artifact written before it propagates.
     """
-    # The settings arrive as ``config`` alone: the keywords were made into it
-    # (see _settings_as_config), which refused a call that gave both.
     assert config is not None
     from ._soak import run_configured
 

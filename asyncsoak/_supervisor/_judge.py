@@ -1,8 +1,5 @@
-"""Judging the run while it runs: the serializer's rules that read the judge's config.
-
-The rules themselves are pure (:mod:`._rules`); this binds them to the soak (its config, its
-end, the live metrics' view of the trends) and judges the trends once more at the end.
-"""
+"""Judging the run while it runs: the pure rules (:mod:`._rules`) bound to the soak, and the
+trends judged once more at the end."""
 
 from __future__ import annotations
 
@@ -15,21 +12,8 @@ from typing import Any, TypeVar
 import anyio
 
 from .._analysis import GPU_SETTLE_SECONDS, memory_not_judged
-from .._contract import (
-    BlockingCallTimeout,
-    EventKind,
-    EventSink,
-    FailureReason,
-    iso,
-    run_blocking,
-)
-from .._contract.events import (
-    Event,
-    EventJson,
-    FailureEvent,
-    Limits,
-    WarningEvent,
-)
+from .._contract import BlockingCallTimeout, EventKind, EventSink, FailureReason, iso, run_blocking
+from .._contract.events import Event, EventJson, FailureEvent, Limits, WarningEvent
 from .._record import RunState
 from .._sampling import MemoryCgroup, read_limits
 from ._config import SoakConfig
@@ -44,16 +28,14 @@ from ._rules import (
     trend_findings,
 )
 
-#: How long at most the end of a run whose tree held GPU memory waits for a GPU reading that
-#: tells what the tree left (``GPU_SETTLE_SECONDS`` after the tree was gone, and an interval).
+#: The longest wait at the end for a GPU reading that tells what memory the tree left.
 GPU_RELEASE_WAIT_MAX_SECONDS = 10.0
 
 _T = TypeVar("_T")
 
 
 class RunJudge:
-    """The budgets, trends and stragglers of one soak, judged by the serializer's rules as
-    its events are folded; ``ended`` says whether the soak has an end cause already."""
+    """The serializer's rules for one soak; ``ended`` says whether it has an end cause."""
 
     def __init__(self, cfg: SoakConfig, state: RunState, *, ended: Callable[[], bool]) -> None:
         self.cfg = cfg
@@ -63,9 +45,8 @@ class RunJudge:
         self.trend_observers: list[Callable[[Mapping[str, Mapping[str, Any]]], None]] = []
 
     def _apply(self, rule: str, judge: Callable[[], _T], default: _T) -> _T:
-        """``judge()``, a rule's or an estimator's pure part; when it raises (a bug, never the
-        run's fault), ``default``, and the exception is kept in the state's ``rule_errors``
-        (told by :func:`broken_notes`): the run goes on, judged by everything else."""
+        """``judge()``, or ``default`` when it raises (a bug, never the run's fault): the error
+        is kept in the state's ``rule_errors`` and the run is judged by everything else."""
         try:
             return judge()
         except Exception as exc:
@@ -73,14 +54,13 @@ class RunJudge:
             return default
 
     def broken_rule(self, state: RunState, event: EventJson) -> list[Event]:
-        """The serializer's rule: a producer's broken rule fails the run (see
-        :func:`broken_rule`)."""
+        """A producer's broken rule fails the run (:func:`broken_rule`)."""
         rule = partial(broken_rule, state, event, ended=self._ended(), forensics=self.cfg.forensics)
         return self._apply("the stall rule", rule, [])
 
     async def emit_limits(self, sink: EventSink, pid: int) -> MemoryCgroup | None:
-        """The limits the run is judged against (memory, the cgroup of the command ``pid``,
-        disks), as one event; returns that memory cgroup (its OOM-kill counter now)."""
+        """The limits the run is judged against, as one event; returns the memory cgroup of the
+        command ``pid`` (its OOM-kill counter now)."""
         paths = {"progress": self.cfg.progress_dir, "output": self.cfg.output_path.parent}
         environ = os.environ if self.cfg.env is None else self.cfg.env
         try:
@@ -100,8 +80,7 @@ class RunJudge:
         return cgroup
 
     def budget_rule(self, state: RunState, event: Mapping[str, Any]) -> list[Event]:
-        """The serializer's rule: a sample that puts the tree over a budget fails the run
-        (the first failure is the run's end: the supervisor waits on it)."""
+        """A sample that puts the tree over a budget fails the run."""
         if event["kind"] != EventKind.SAMPLE or state.failures or self._ended():
             return []
         breach = self._apply(
@@ -115,15 +94,13 @@ class RunJudge:
         ]
 
     def overdue_rule(self, state: RunState, event: EventJson) -> list[Event]:
-        """The serializer's rule until the end: a deadline the steps advanced past fails the
-        run (see :func:`overdue_failure`)."""
+        """Until the end: a deadline the steps advanced past fails the run."""
         if self._ended():
             return []
         return self._apply("the overdue rule", partial(overdue_failure, state, event), [])
 
     def trend_rule(self, state: RunState, event: EventJson) -> list[Event]:
-        """The serializer's rule at each sample until the end: the ranks found straggling,
-        the trends every trend period (see :func:`trend_due`), the rules found broken."""
+        """At each sample until the end: stragglers, trends when due, rules found broken."""
         if event["kind"] != EventKind.SAMPLE or self._ended():
             return []
         t = event["t"]
@@ -134,8 +111,8 @@ class RunJudge:
         return found + broken_notes(state, t)
 
     def _judge_trends(self, t: float, *, final: bool) -> list[Event]:
-        """What the trends say at ``t`` (:func:`trend_events`); at the end, also a
-        ``leak_check="fail"`` that could not judge, and the GPUs' throttling."""
+        """What the trends say at ``t``; at the end, also a ``leak_check="fail"`` that could not
+        judge, and the GPUs' throttling."""
         cfg, state = self.cfg, self._state
         evaluate = partial(state.trends.evaluate, state.wall, live=not final)
         trends = self._apply("the trend estimator", evaluate, None)
@@ -168,9 +145,8 @@ class RunJudge:
         return events + [WarningEvent(t=t, message=message) for message in throttled]
 
     async def judge_final(self, sink: EventSink) -> list[FailureReason]:
-        """The end's judgement of the trends, read against what the run's state says was
-        told while it ran; then the rules found broken.  The failures it made (the soak's
-        status counts them even if their fold is late)."""
+        """The end's judgement of the trends and the rules found broken; returns the failures
+        made (the status counts them even if their fold is late)."""
         t = sink.elapsed()
         judged = self._judge_trends(t, final=True) + broken_notes(self._state, t)
         for event in judged:
@@ -178,10 +154,8 @@ class RunJudge:
         return [FailureReason(e.reason) for e in judged if isinstance(e, FailureEvent)]
 
     async def check_gpus_released(self, sink: EventSink) -> None:
-        """Once the tree is gone: did the GPUs it used get their memory back?  Waits for one
-        settled GPU reading after the tree was gone, ``GPU_SETTLE_SECONDS``, four sample
-        intervals and 0.5 s at most (``GPU_RELEASE_WAIT_MAX_SECONDS``); only if the tree held GPU
-        memory, so a soak without a GPU never waits."""
+        """Once the tree is gone: did the GPUs it used get their memory back?  Waits (bounded)
+        for one settled reading, only if the tree held GPU memory."""
         trends = self._state.trends
         if self.cfg.nvidia_smi is None or not trends.gpus_of_tree:
             return

@@ -1,12 +1,7 @@
 """The soak's own files (artifact, journal, log): never someone else's, never two soaks' at once.
 
-A soak truncates its journal and its log when it starts and replaces its artifact when it ends.
-A file already at one of those paths is overwritten only when an earlier soak wrote it: the
-journal starts with asyncsoak's ``header`` event, the artifact is an asyncsoak artifact, and
-either of them names the log.  Anything else (a trainer's ``metrics.jsonl`` beside
-``--output metrics.json``) is refused before anything starts.  A soak holds an exclusive
-``flock`` on its journal for its whole life, so a second soak given the same output is refused
-instead of truncating the first one's files.
+A file at one of those paths is overwritten only when an earlier soak wrote it (an asyncsoak
+journal or artifact names it); a soak holds an exclusive ``flock`` on its journal for its life.
 """
 
 from __future__ import annotations
@@ -35,14 +30,12 @@ from ._config import SoakConfig
 
 #: Bound on reading what is already at the output paths (a dead mount must not hang the start).
 CHECK_TIMEOUT_SECONDS = 10.0
-#: Free space below which the output filesystem counts as full before the start: room for the
-#: journal's first events and a small artifact.
+#: Free space below which the output filesystem counts as full (the first events, an artifact).
 MIN_FREE_BYTES = 64 * 1024
 
 
 def _journal_header(path: Path) -> Mapping[str, Any] | None:
-    """The header of the asyncsoak journal at ``path`` (its first segment's first line: a
-    long journal's open segment starts elsewhere), or None when it is not one."""
+    """The header of the asyncsoak journal at ``path`` (its first segment's), or None."""
     if not os.path.lexists(path):
         return None
     try:
@@ -79,16 +72,12 @@ def _named(record: Mapping[str, Any], *sections: str) -> set[Path]:
 
 
 class OutputLocationError(ValidationError):
-    """The output location cannot take the soak's files (read-only, not writable, full).
-
-    Bad input for ``asyncsoak run`` (exit status 2: the user chose the path); for the job
-    queue's worker, whose runs directory it is, a problem of the worker, not of the job.
-    """
+    """The output location cannot take the soak's files (read-only, not writable, full): bad
+    input for ``asyncsoak run`` (exit status 2), the worker's problem (not the job's)."""
 
 
 def _check_writable(path: Path) -> None:
-    """Refuse a file that cannot be created: its directory (or the first existing one above,
-    which the soak would create it in) read-only, not writable, or its filesystem full."""
+    """Refuse a file that cannot be created in its directory (or the first existing one above)."""
     directory = path.parent
     while not directory.exists() and directory != directory.parent:
         directory = directory.parent
@@ -115,12 +104,8 @@ def _check_writable(path: Path) -> None:
 
 
 def check_outputs(cfg: SoakConfig) -> None:
-    """Refuse, before anything starts, output paths the soak cannot or must not write
-    (blocking: run in a thread).
-
-    Raises :class:`ValidationError` naming the path: a file there that no earlier soak wrote,
-    a read-only or full filesystem.  Reads, never writes.
-    """
+    """Refuse (blocking, reading only) output paths the soak cannot or must not write: a file
+    there that no earlier soak wrote, a read-only or full filesystem."""
     for path in (cfg.output_path, cfg.log_path):
         _check_writable(path)
     # An empty journal holds nothing to lose: another soak's, the instant after its start.
@@ -155,9 +140,7 @@ LOCK_RETRY_SECONDS = 0.005
 
 def lock_journal(path: Path) -> int:
     """Take the soak's exclusive lock on its journal; returns the lock's fd (close to release).
-
-    Raises :class:`ValidationError` when another soak holds it (the same output path).
-    """
+    Raises :class:`ValidationError` when another soak holds it (the same output path)."""
     fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
         for tries_left in reversed(range(LOCK_TRIES)):
@@ -179,9 +162,8 @@ def lock_journal(path: Path) -> int:
 
 @dataclass
 class SoakFiles:
-    """The soak's own open files, held until it ends: the journal's lock (a second soak over
-    the same output is refused), the journal (until the serializer takes it), the log, and
-    the locks on the journal's later segments."""
+    """The soak's own open files, held until it ends: the journal's lock, the journal (until the
+    serializer takes it), the log, the locks on the journal's later segments."""
 
     lock_fd: int
     journal_fd: int
@@ -192,19 +174,15 @@ class SoakFiles:
     def open(cls, cfg: SoakConfig) -> SoakFiles:
         cfg.output_path.parent.mkdir(parents=True, exist_ok=True)
         cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
-        lock_fd = lock_journal(cfg.journal_path)
-        try:
+        with contextlib.ExitStack() as undo:  # closes what was opened if a later step fails
+            lock_fd = lock_journal(cfg.journal_path)
+            undo.callback(os.close, lock_fd)
             journal_fd = create_private_file(cfg.journal_path)
+            undo.callback(os.close, journal_fd)
             # An earlier soak's closed segments would read as the start of this journal.
             remove_closed_segments(cfg.journal_path)
-            try:
-                log_fd = create_private_file(cfg.log_path)
-            except BaseException:
-                os.close(journal_fd)
-                raise
-        except BaseException:
-            os.close(lock_fd)
-            raise
+            log_fd = create_private_file(cfg.log_path)
+            undo.pop_all()
         return cls(lock_fd=lock_fd, journal_fd=journal_fd, log_fd=log_fd)
 
     def take_journal(self) -> int:

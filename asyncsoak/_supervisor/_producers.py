@@ -1,7 +1,5 @@
-"""The soak's producers: the progress dir's watch set up (what it skips, its baseline, the step
-reader, the progress tracker), the spawner's watch, the watchdog and the samplers started, each
-with its own clone of the sink, and the last scan once the command has exited.
-"""
+"""The soak's producers: the progress dir's watch set up, the spawner's watch, the watchdog and
+the samplers started (each with its own clone of the sink), and the last scan after the exit."""
 
 from __future__ import annotations
 
@@ -14,10 +12,9 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import anyio
 from anyio.abc import TaskGroup
 
-from .._contract import BlockingCallTimeout, EventSink, FailureReason, Masker, run_blocking
+from .._contract import BlockingCallTimeout, EventSink, FailureReason, run_blocking
 from .._process import Spawner
 from .._record import RunState
 from .._sampling import (
@@ -33,9 +30,8 @@ from .._sampling import (
     run_watchdog,
     scan_progress_dir,
 )
-from ._config import SoakConfig
 from ._outputs import SoakFiles
-from ._stop import Fail, TreeStop
+from ._stop import TreeStop
 
 #: Bound on the scan of the progress dir once the command has exited.
 FINAL_SCAN_TIMEOUT_SECONDS = 10.0
@@ -45,8 +41,7 @@ BASELINE_TIMEOUT_SECONDS = 60.0
 
 @dataclass
 class ProgressWatch:
-    """How the progress dir is watched: during the run (the watchdog) and once more when the
-    command has exited (the final scan)."""
+    """How the progress dir is watched, by the watchdog and by the final scan."""
 
     tracker: ProgressTracker
     #: The training steps' reader; None when only file changes count.
@@ -58,32 +53,24 @@ class ProgressWatch:
 
 
 class Producers:
-    """The soak's producers and the progress watch they share: set up before the start,
-    started beside the command, and the last scan once it has exited."""
+    """The soak's producers and the progress watch they share."""
 
     def __init__(
-        self,
-        cfg: SoakConfig,
-        *,
-        limiter: anyio.CapacityLimiter,
-        masker: Masker,
-        state: RunState,
-        tree_stop: TreeStop,
-        host_ended: Callable[[], bool],
-        fail: Fail,
+        self, tree_stop: TreeStop, state: RunState, *, host_ended: Callable[[], bool]
     ) -> None:
-        self.cfg = cfg
-        self._limiter = limiter
-        self._masker = masker
+        self.cfg = tree_stop.cfg
         self._tree_stop = tree_stop
-        self._host_ended = host_ended
-        self._fail = fail
-        #: The run's one state: the tree's pids as the newest sample showed them.
         self._state = state
+        self._host_ended = host_ended
+        self._masker, self._limiter, self._fail = (
+            tree_stop.masker,
+            tree_stop.limiter,
+            tree_stop.fail,
+        )
 
     def own_files(self, files: SoakFiles) -> set[tuple[int, int]]:
         """What the progress scans skip, as (device, inode): the journal, the log unless its
-        output is progress, and the excluded directories (skipped whole)."""
+        output is progress, the excluded directories."""
         ignore = {_file_key(files.journal_fd)}
         if not self.cfg.output_is_progress:
             ignore.add(_file_key(files.log_fd))
@@ -106,8 +93,7 @@ class Producers:
                         limiter=self._limiter,
                     )
                 except BlockingCallTimeout as exc:
-                    # Every file will then count as new: the watchdog's own scans, bounded
-                    # too, decide whether the run makes progress.
+                    # Every file will then count as new: the watchdog's bounded scans decide.
                     return ScanResult(files={}), str(exc)
                 else:
                     return baseline, None
@@ -135,21 +121,15 @@ class Producers:
 
     def progress_tracker(self, baseline: ScanResult, steps: StepReader | None) -> ProgressTracker:
         cfg = self.cfg
-        stale = cfg.stale_progress_seconds
-        auto = stale == "auto"
+        stale, startup = cfg.stale_progress_seconds, cfg.startup_timeout_seconds
+        auto = StaleLimit(startup_limit=startup, carried=cfg.stale_progress_carried_seconds)
+        step_tracker = StepTracker(loss_check=cfg.loss_check, step_key=cfg.step_key)
         tracker = ProgressTracker(
             baseline.files,
-            startup_timeout=cfg.startup_timeout_seconds,
-            stale_after=cfg.startup_timeout_seconds if stale == "auto" else stale,
-            auto=StaleLimit(
-                startup_limit=cfg.startup_timeout_seconds,
-                carried=cfg.stale_progress_carried_seconds,
-            )
-            if auto
-            else None,
-            steps=None
-            if steps is None
-            else StepTracker(loss_check=cfg.loss_check, step_key=cfg.step_key),
+            startup_timeout=startup,
+            stale_after=startup if stale == "auto" else stale,
+            auto=auto if stale == "auto" else None,
+            steps=None if steps is None else step_tracker,
             source=cfg.progress_source,
         )
         tracker.skipped_dirs = baseline.errors
@@ -159,8 +139,7 @@ class Producers:
     def start(
         self, producers: TaskGroup, sink: EventSink, spawner: Spawner, watch: ProgressWatch
     ) -> None:
-        """The producers, each with its own clone of the sink: the spawner's watch, the
-        watchdog and the samplers."""
+        """The spawner's watch, the watchdog and the samplers."""
         cfg = self.cfg
         assert spawner.reaper_pid is not None
         produce(producers, sink, spawner.watch)
@@ -196,8 +175,7 @@ class Producers:
             produce(producers, sink, self._sample_gpus)
 
     async def _sample_gpus(self, sink: EventSink) -> None:
-        """The GPU sampler, its modules imported once ``nvidia-smi`` is found: a soak without
-        GPUs (--no-gpu, or none here) pays nothing for them."""
+        """The GPU sampler, its modules imported only once ``nvidia-smi`` is found."""
         cfg = self.cfg
         assert cfg.nvidia_smi is not None
         call_timeout = gpu_call_timeout(cfg.sample_interval_seconds)
@@ -232,8 +210,7 @@ class Producers:
             scan_timeout=FINAL_SCAN_TIMEOUT_SECONDS,
             steps=watch.steps,
         )
-        if broken is not None:
-            # The loss went NaN in the last steps before the command exited.
+        if broken is not None:  # the loss went NaN in the last steps
             reason, message = broken
             await self._fail(FailureReason(reason), message)
 
@@ -251,11 +228,8 @@ def produce(
 
 
 def gpu_call_timeout(interval: float) -> float:
-    """How long nvidia-smi may stay silent before the GPU sampler is degraded.
-
-    It answers in tens of milliseconds when healthy; a hang (a GPU off the bus) should show
-    within a few sampling periods, but never sooner than 2 s nor later than 10 s.
-    """
+    """How long nvidia-smi may stay silent before the GPU sampler is degraded: a few sampling
+    periods (it answers in tens of milliseconds), 2 s to 10 s."""
     return min(10.0, max(2.0, 4 * interval))
 
 

@@ -1,9 +1,5 @@
-"""The soak's rules: what a folded event, with the run's state, calls for.
-
-Pure: they read the :class:`RunState` (its :class:`TrendWatch`) and the config and return
-what fired; the serializer folds what they return (``Rule``), the supervisor ends the run on
-the state's first failure.
-"""
+"""The soak's rules: pure functions of a folded event, the run's state and the config that
+return what fired; the serializer folds it, the supervisor ends on the first failure."""
 
 from __future__ import annotations
 
@@ -44,9 +40,8 @@ TREND_LAG_FRACTION = 0.02
 #: A leak projected to reach a limit within this long (or ``stale_progress_seconds`` x 10,
 #: whichever is longer) is a warning at once.
 BREACH_HORIZON_SECONDS = 3600.0
-#: A live leak call withdrawn within this many sample intervals (and at least three trend
-#: evaluations) was a transient: recorded as withdrawn, with no warning.  Held longer, the
-#: live view said LEAK for that long, and the verdict keeps it as a warning.
+#: A live leak call withdrawn within this many sample intervals (and trend evaluations) was a
+#: transient: no warning.  Held longer, the live view said LEAK that long: a warning.
 LEAK_TRANSIENT_INTERVALS = 30
 LEAK_TRANSIENT_EVALUATIONS = 3
 
@@ -57,9 +52,8 @@ def trend_period_seconds(cfg: SoakConfig) -> float:
 
 
 def trend_due(cfg: SoakConfig, before: float, t: float) -> bool:
-    """Whether a sample at ``t`` (the one before it at ``before``) is judged for trends: every
-    trend period, then, past ``period / TREND_LAG_FRACTION`` of run, every fiftieth of the
-    run's age (a day of samples makes an evaluation cost a few milliseconds)."""
+    """Whether a sample at ``t`` (the one before at ``before``) is judged for trends: every
+    period, then every fiftieth of the run's age (a day of samples costs milliseconds)."""
     period = trend_period_seconds(cfg)
     linear = period / TREND_LAG_FRACTION
 
@@ -81,8 +75,7 @@ def leak_transient_seconds(cfg: SoakConfig) -> float:
 #: The ``sampler`` of the notes telling a rule or an estimator that raised.
 JUDGE = "judge"
 
-#: Series of the whole machine (``/dev/shm``): a rise there may be another process's, so it
-#: is a warning under ``leak_check="fail"`` too, never the failure.
+#: Series of the whole machine (``/dev/shm``): maybe another process's, so never the failure.
 MACHINE_WIDE = "machine."
 
 
@@ -177,8 +170,7 @@ def trend_findings(cfg: SoakConfig, trends: Mapping[str, Mapping[str, Any]]) -> 
 
 
 def slowdown(trends: Mapping[str, Mapping[str, Any]]) -> Finding | None:
-    """The run slowing down: judged on the step rate when the trainer writes steps, on the
-    rate of file changes otherwise."""
+    """The run slowing down: the step rate when the trainer writes steps, else file changes'."""
     key = "progress.steps_per_second"
     rate = trends.get(key)
     unit, spec = "steps/s", ".3g"
@@ -191,7 +183,6 @@ def slowdown(trends: Mapping[str, Mapping[str, Any]]) -> Finding | None:
         f"progress slowing: {rate['last']:{spec}} {unit} in the last quarter "
         f"against {rate['first']:{spec}} in the first"
     )
-    # What the GPUs did over the slow span is the judge's to add (it holds their health).
     return Finding(key, "slowing", rate, message)
 
 
@@ -221,11 +212,9 @@ def trend_events(
     final: bool,
     held_back: Callable[[float, float], str | None] | None = None,
 ) -> list[Event]:
-    """What the trend ``findings`` at ``t`` call for, against what the state says was told: a
-    ``trend`` event for each new one and a warning for each new one that is not a leak (a
-    leak's warning is the end's verdict); under ``leak_check="fail"``, a new leak is the
-    failure ``memory_leak``; a live leak call no longer found is withdrawn (a series whose
-    estimator raised withdraws nothing: it was not judged)."""
+    """The events the trend ``findings`` at ``t`` call for beside what was told: a ``trend`` for
+    each new one, a warning for each new non-leak (a leak's is the end's verdict), the failure
+    ``memory_leak`` under ``leak_check="fail"``, a withdrawal for a live call no longer found."""
     watch = state.trends
     reported = set(watch.reported)
     live = {s: c["first_seen"] or 0.0 for s, c in watch.live_calls.items() if not c["withdrawn"]}
@@ -261,11 +250,8 @@ def trend_events(
             message += f" (first seen {format_duration(seen)} into the run)"
         if cfg.leak_check == "fail" and not key.startswith(MACHINE_WIDE):
             if first_time:
-                at = state.wall(t) or iso(datetime.now(UTC))
                 message += " (leak_check=fail)"
-                events.append(
-                    FailureEvent(t=t, reason=FailureReason.MEMORY_LEAK, message=message, at=at)
-                )
+                events.append(_failure(state, t, FailureReason.MEMORY_LEAK, message))
         elif final:
             # The warning is the whole run's verdict: a rise seen during the run (the
             # ``trend`` event marks when) that turned out to be a long cycle is no leak.
@@ -279,8 +265,7 @@ def _slowdown_with_gpus(
     entry: Mapping[str, Any],
     t: float,
 ) -> str:
-    """A slowdown says whether the GPUs were held back over its span (its last quarter,
-    against which the first is compared), by what and for what share of the time."""
+    """A slowdown says whether the GPUs were held back over its last quarter, and by what."""
     span = entry.get("span_seconds") or t
     held = held_back(t - span / 4, t)
     return f"{message}; {held}" if held else message
@@ -289,10 +274,8 @@ def _slowdown_with_gpus(
 def _withdrawn(
     cfg: SoakConfig, series: str, entry: Mapping[str, Any] | None, seen: float, t: float
 ) -> list[Event]:
-    """A leak the live judgement called at ``seen`` is no longer one (a ramp that plateaued,
-    a leak that stopped): the live view and the metrics drop it, the artifact records when.
-    Called for longer than the transient, it stays a warning: the live view said LEAK for
-    that long, so the verdict says it too."""
+    """A leak called live at ``seen`` is no longer one (a ramp that plateaued): withdrawn, and
+    a warning too when it was called for longer than a transient."""
     label = entry["label"] if entry is not None else series
     message = (
         f"{label}: the rise called a leak {format_duration(seen)} into the run "
@@ -316,15 +299,13 @@ def _withdrawn(
 
 
 def straggler_warnings(state: RunState, t: float) -> list[Event]:
-    """Each rank the sample at ``t`` found falling behind the others (the fold finds a rank
-    once), as a warning."""
+    """A warning for each rank the sample at ``t`` found falling behind the others."""
     found = state.trends.stragglers.values()
     return [WarningEvent(t=t, message=straggler_text(s)) for s in found if s["t"] == round(t, 3)]
 
 
 def broken_notes(state: RunState, t: float) -> list[Event]:
-    """Each rule or series whose judgement raised, once (the state's notes say which were
-    told), as a sampler note naming it: the run is judged without it."""
+    """A sampler note, once, for each rule or series whose judgement raised."""
     errors = dict(state.rule_errors)
     for series, error in state.trends.not_judged.items():
         errors.setdefault(f"the trend estimator on {series}", error)
@@ -344,8 +325,7 @@ def broken_notes(state: RunState, t: float) -> list[Event]:
 
 
 def overdue_failure(state: RunState, event: EventJson) -> list[Event]:
-    """A deadline of ``--expect-every`` the steps advanced past (the progress that folded
-    ``event`` says so) fails the run ``overdue``, unless it has failed already."""
+    """A deadline of ``--expect-every`` the steps advanced past fails the run ``overdue``."""
     if event["kind"] not in (EventKind.PROGRESS, EventKind.STEP) or state.failures:
         return []
     started = state.steps_started
@@ -353,20 +333,12 @@ def overdue_failure(state: RunState, event: EventJson) -> list[Event]:
     if missed is None or started is None:
         return []
     t = event["t"]
-    return [
-        FailureEvent(
-            t=t,
-            reason=FailureReason.OVERDUE,
-            message=overdue_message(missed, started, t),
-            at=state.wall(t) or iso(datetime.now(UTC)),
-        )
-    ]
+    return [_failure(state, t, FailureReason.OVERDUE, overdue_message(missed, started, t))]
 
 
 def gpu_fault_rule(state: RunState, event: EventJson) -> list[Event]:
     """A GPU fault that ``fails`` on a GPU the tree ``used`` fails the run (``gpu_fault``), even
-    one ending already: a trainer killed by the fault exits before the kernel log is read.
-    Any other fault is a warning."""
+    one ending already (a trainer killed by it exits first); any other fault is a warning."""
     if event["kind"] != EventKind.GPU_FAULT:
         return []
     fault = event
@@ -375,23 +347,14 @@ def gpu_fault_rule(state: RunState, event: EventJson) -> list[Event]:
         # Imported here: a run without GPUs pays nothing for the GPU modules.
         from .._sampling import fault_gpu
 
-        return [
-            FailureEvent(
-                t=t,
-                reason=FailureReason.GPU_FAULT,
-                message=fault["message"],
-                at=state.wall(t) or iso(datetime.now(UTC)),
-                gpu=fault_gpu(fault),
-            )
-        ]
+        return [_failure(state, t, FailureReason.GPU_FAULT, fault["message"], gpu=fault_gpu(fault))]
     unused = " (on a GPU this run does not use)" if fault["fails"] else ""
     return [WarningEvent(t=t, message=fault["message"] + unused)]
 
 
 def broken_rule(state: RunState, event: EventJson, *, ended: bool, forensics: bool) -> list[Event]:
-    """A producer's broken rule (a stall, a blind sampler) fails the run unless it has
-    ``ended``.  A stall whose forensics the supervisor takes fails once they are folded: the
-    rank the others wait for leads its message, the busy/idle label agrees with their dump."""
+    """A producer's broken rule fails the run unless it has ``ended``; a stall whose forensics
+    the supervisor takes fails once they are folded, told with what they found."""
     broken = state.broken_rule
     if event["kind"] == EventKind.RULE_BROKEN:
         if ended or (event["reason"] in HANG_REASONS and forensics):
@@ -419,5 +382,12 @@ def _broken_failure(
         activity = agreeing(activity, (dump or {}).get("processes") or [])
         said = describe_activity(activity)
         message += "" if said is None else f"; the tree was {said}"
+    return _failure(state, t, reason, message, activity=activity)
+
+
+def _failure(
+    state: RunState, t: float, reason: FailureReason, message: str, **more: Any
+) -> FailureEvent:
+    """The failure at ``t``, dated by the state's wall clock (now when it has none)."""
     at = state.wall(t) or iso(datetime.now(UTC))
-    return FailureEvent(t=t, reason=reason, message=message, at=at, activity=activity)
+    return FailureEvent(t=t, reason=reason, message=message, at=at, **more)

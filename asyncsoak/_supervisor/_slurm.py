@@ -1,12 +1,5 @@
-"""Soaks inside a SLURM job: who the job is, how the scheduler stops it, and requeues.
-
-The trainer's grace is kept under SLURM's ``KillWait`` so that asyncsoak, not SLURM, kills what
-is left and the artifact is written before SLURM's SIGKILL; a soak stops before the job's end
-time, and a requeued run never overwrites the artifact of the run before it.  Read from the
-job's environment, and ``scontrol`` under a deadline for what it lacks.  :class:`SoakJob` and
-:func:`expand_path` serve Kubernetes pods too.  More: docs/architecture.md, "SLURM and
-Kubernetes"; docs/slurm.md.
-"""
+"""Soaks inside a SLURM job (and a pod: :class:`SoakJob`, :func:`expand_path`): who the job is,
+a grace kept under ``KillWait`` and the job's end, requeues.  More: docs/slurm.md."""
 
 from __future__ import annotations
 
@@ -54,10 +47,8 @@ REQUEUE_TIMEOUT_SECONDS = 10.0
 KILL_WAIT_MARGIN_SECONDS = 3.0
 #: How long before the job's end time, on top of the grace, the soak stops by itself.
 END_TIME_MARGIN_SECONDS = 10.0
-#: ``stop.cause`` of a stop by the scheduler (SIGTERM, the end time) and of a requeue; names
-#: kept for the callers that spell them so, the values are the vocabulary's.
+#: ``stop.cause`` of a stop by the scheduler (SIGTERM, the end time).
 CAUSE_SCHEDULER = StopCause.SCHEDULER
-CAUSE_REQUEUED = StopCause.REQUEUED
 
 #: ``snapshot.scheduler`` key → the variable SLURM sets; integers where SLURM's are.
 _IDENTITY: tuple[tuple[str, str, bool], ...] = (
@@ -104,31 +95,22 @@ def job_identity(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     return out
 
 
-def scheduler_snapshot(
-    env: Mapping[str, str] | None = None,
-    *,
-    timeout: float = SCONTROL_TIMEOUT_SECONDS,
-    scontrol: str = "scontrol",
-) -> dict[str, Any] | None:
-    """``snapshot.scheduler``: the identity plus ``KillWait`` and the job's end time.
-
-    Blocking (two ``scontrol`` calls, each under ``timeout``); what they cannot tell is None
-    and the reason is in ``errors``.  None outside a SLURM job.
-    """
-    environ = os.environ if env is None else env
-    identity = job_identity(environ)
+def scheduler_snapshot() -> dict[str, Any] | None:
+    """``snapshot.scheduler``: the identity plus ``KillWait`` and the job's end time (blocking:
+    two ``scontrol`` calls); what they cannot tell is None, why in ``errors``."""
+    identity = job_identity()
     if identity is None:
         return None
     errors: list[str] = []
     identity.update(kill_wait_seconds=None, end_time=None, end_time_epoch=None, time_limit=None)
-    query_env = dict(environ)
-    config = run_command_sync([scontrol, "show", "config"], timeout=timeout, env=query_env)
+    timeout = SCONTROL_TIMEOUT_SECONDS
+    config = run_command_sync(["scontrol", "show", "config"], timeout=timeout)
     if config.ok:
         identity["kill_wait_seconds"] = parse_kill_wait(config.output)
     else:
         errors.append(f"scontrol show config: {config.describe()}")
     job = run_command_sync(
-        [scontrol, "-o", "show", "job", str(identity["job_id"])], timeout=timeout, env=query_env
+        ["scontrol", "-o", "show", "job", str(identity["job_id"])], timeout=timeout
     )
     if job.ok:
         fields = parse_fields(job.output)
@@ -173,9 +155,6 @@ def parse_time(text: str | None) -> datetime | None:
         return None
 
 
-# -- the scheduler's stop ------------------------------------------------------------------
-
-
 def kill_wait_of(scheduler: Mapping[str, Any] | None) -> float:
     """``KillWait`` of the job's cluster, or SLURM's default when it is not known."""
     value = None if scheduler is None else scheduler.get("kill_wait_seconds")
@@ -183,8 +162,8 @@ def kill_wait_of(scheduler: Mapping[str, Any] | None) -> float:
 
 
 def stop_grace(grace: float, scheduler: Mapping[str, Any] | None) -> float:
-    """The grace after the scheduler's SIGTERM: short enough that asyncsoak, not SLURM's
-    SIGKILL, ends the tree, and the artifact is written before that SIGKILL."""
+    """The grace after the scheduler's SIGTERM: short enough that asyncsoak ends the tree and
+    writes the artifact before the scheduler's SIGKILL."""
     kill_wait = kill_wait_of(scheduler)
     margin = KILL_WAIT_MARGIN_SECONDS + kill_wait / 10
     return max(0.0, min(grace, kill_wait - margin))
@@ -193,8 +172,8 @@ def stop_grace(grace: float, scheduler: Mapping[str, Any] | None) -> float:
 def seconds_until_end_stop(
     scheduler: Mapping[str, Any] | None, grace: float, now: float | None = None
 ) -> float | None:
-    """Seconds from ``now`` (wall clock) until the soak should stop before the job's end
-    time, leaving the grace and a margin; None when the end time is not known."""
+    """Seconds from ``now`` until the soak stops before the job's end time, leaving the grace
+    and a margin; None when the end time is not known."""
     end = None if scheduler is None else scheduler.get("end_time_epoch")
     if not isinstance(end, int | float) or not math.isfinite(end):
         return None
@@ -202,29 +181,20 @@ def seconds_until_end_stop(
     return max(0.0, end - (grace + END_TIME_MARGIN_SECONDS) - current)
 
 
-# -- file names ----------------------------------------------------------------------------
-
 _PATTERN = re.compile(r"%(.)")
 
 
 class PatternError(ValidationError):
-    """A ``%`` pattern in a path that the scheduler's environment (SLURM's, a pod's) cannot
-    fill."""
+    """A ``%`` pattern in a path that the scheduler's environment cannot fill."""
 
 
 def expand_path(
     path: Path, env: Mapping[str, str] | None = None, *, restart_suffix: bool = False
 ) -> Path:
-    """The scheduler's filename patterns in ``path``.  SLURM's: ``%j`` job id, ``%A`` array
-    job id (the job id outside an array), ``%a`` array task id (0 outside an array), ``%N``
-    node name, ``%t`` task rank, ``%r`` restart count, ``%%`` a percent sign.  In a Kubernetes
-    pod, the pod's (see :func:`_kubernetes.pattern_values`): ``%p`` pod name, ``%i`` completion
-    index, ``%J`` JobSet's job index, ``%n`` namespace, ``%N`` node.
-
-    Outside both the path is taken as written.  With ``restart_suffix``, a requeued
-    run's path without ``%r`` gets ``.restartN`` before its suffix (``soak.restart1.json``),
-    so the artifact of the run before it is kept.
-    """
+    """The scheduler's filename patterns in ``path`` (docs/slurm.md): SLURM's ``%j %A %a %N %t
+    %r %%``, a pod's (:func:`_kubernetes.pattern_values`); as written outside both.  With
+    ``restart_suffix``, a requeued run's path without ``%r`` gets ``.restartN`` before its
+    suffix, so the artifact of the run before it is kept."""
     environ = os.environ if env is None else env
     if in_job(environ):
         job = environ[JOB_VARIABLE]
@@ -267,9 +237,6 @@ def expand_path(
     return expanded
 
 
-# -- inside the soak -----------------------------------------------------------------------
-
-
 async def relay_signals(
     sink: EventSink,
     spawner: Spawner,
@@ -279,12 +246,9 @@ async def relay_signals(
     requeue_on: int | None,
     on_requeue: Callable[[], None],
 ) -> None:
-    """Pass each of ``signals`` the monitor receives on to the command (its process group, or
-    its leader in stop modes ``leader`` and ``stdin``), recorded as a ``forwarded`` event; the
-    ``requeue_on`` signal then ends the soak with cause ``requeued`` (see :func:`requeue`).
-
-    Signal handlers belong to the main thread: run the soak there to forward signals.
-    """
+    """Pass each of ``signals`` the monitor receives on to the command (its group, or its leader
+    in stop modes ``leader`` and ``stdin``); ``requeue_on`` then ends the soak as ``requeued``.
+    Signal handlers belong to the main thread: run the soak there to forward signals."""
     numbers = [*signals, *([] if requeue_on is None else [requeue_on])]
     wanted = [signal.Signals(n) for n in dict.fromkeys(numbers)]
 
@@ -297,16 +261,13 @@ async def relay_signals(
             sent, target = spawner.signal_group(signum, stopping=stopping), "group"
         else:
             sent, target = spawner.signal_leader(signum, stopping=stopping), "leader"
+        name = exits.signal_name(signum)
         await sink.emit(
             events.SignalForwarded(
-                t=sink.elapsed(),
-                signal=exits.signal_name(signum),
-                target=target,
-                pids=pids,
-                sent=sent,
+                t=sink.elapsed(), signal=name, target=target, pids=pids, sent=sent
             )
         )
-        if signum == requeue_on:
+        if stopping:
             on_requeue()
 
     with anyio.open_signal_receiver(*wanted) as received:
@@ -323,78 +284,16 @@ _early_signals: list[int] = []
 
 
 def catch_early(signals: Sequence[int]) -> None:
-    """Hold the signals to forward from now on (main thread), so that one arriving while
-    the monitor starts does not end it (SIGUSR1's default action); the soak forwards them
-    once the command runs.  A handled signal is reset to its default in the command at
-    exec, so the command is not affected."""
-
-    def hold(signum: int, frame: object) -> None:
-        _early_signals.append(signum)
-
+    """Hold the signals to forward from now on (main thread), so that one arriving while the
+    monitor starts does not end it; the soak forwards them once the command runs (exec resets
+    a handled signal in the command)."""
     for sig in signals:
-        signal.signal(sig, hold)
-
-
-async def query_scheduler(limiter: anyio.CapacityLimiter) -> dict[str, Any] | None:
-    """The job's facts (identity, ``KillWait``, end time) under a deadline: None outside a
-    job, the identity and the error when ``scontrol`` does not answer in time."""
-    if not in_job():
-        return None
-    try:
-        return await run_blocking(
-            scheduler_snapshot,
-            timeout=SNAPSHOT_TIMEOUT_SECONDS,
-            what="scontrol (the SLURM job's facts)",
-            limiter=limiter,
-        )
-    except BlockingCallTimeout as exc:
-        return {**(job_identity() or {}), "errors": [str(exc)]}
-
-
-async def end_before_job_end(
-    known: anyio.Event,
-    scheduler: Callable[[], Mapping[str, Any] | None],
-    grace: float,
-    on_end: Callable[[], None],
-) -> None:
-    """Once the job's end time is known, stop the soak that long before it that the trainer
-    gets its grace and the artifact is written while the job still runs."""
-    await known.wait()
-    delay = seconds_until_end_stop(scheduler(), grace)
-    if delay is None:
-        return
-    await anyio.sleep(delay)
-    on_end()
-
-
-async def requeue_job(sink: EventSink, scheduler: Mapping[str, Any] | None) -> None:
-    """``scontrol requeue JOB`` under a deadline; SLURM's answer becomes a ``requeue`` event
-    (the artifact's ``stop.requeue``)."""
-    job_id = str((scheduler or {}).get("job_id") or os.environ.get(JOB_VARIABLE, ""))
-    ok, returncode, message = False, None, "not inside a SLURM job: nothing to requeue"
-    if job_id:
-        try:
-            result = await run_blocking(
-                _requeue, job_id, timeout=REQUEUE_TIMEOUT_SECONDS + 2, what="scontrol requeue"
-            )
-        except BlockingCallTimeout as exc:
-            message = str(exc)
-        else:
-            ok, returncode = result.returncode == 0, result.returncode
-            message = (result.stdout + result.stderr).strip()[-500:]
-            if not ok and not message:
-                message = f"scontrol requeue exited with status {returncode}"
-    await sink.emit(
-        events.Requeued(
-            t=sink.elapsed(), job_id=job_id, ok=ok, returncode=returncode, message=message
-        )
-    )
+        signal.signal(sig, lambda signum, frame: _early_signals.append(signum))
 
 
 def _requeue(job_id: str) -> subprocess.CompletedProcess[str]:
-    """``scontrol requeue`` is a process of the job it requeues: SLURM's SIGTERM to the job's
-    processes (``proctrack/linuxproc``) would kill it before it says that the requeue was
-    done, so it ignores SIGTERM (an ignored signal stays ignored across exec)."""
+    """``scontrol requeue`` is a process of the job it requeues: it ignores SLURM's SIGTERM to
+    the job (an ignored signal stays ignored across exec) to live to say it was done."""
     try:
         return subprocess.run(
             ["scontrol", "requeue", job_id],
@@ -417,8 +316,8 @@ def _ignore_sigterm() -> None:
 
 
 class SoakJob:
-    """One soak's view of the scheduler's job it runs in: the job's facts once queried, and
-    the tasks that act on them (signal forwarding, the stop before the job's end, the requeue)."""
+    """One soak's view of the scheduler's job it runs in: its facts once queried, and the
+    tasks that act on them (signal forwarding, the stop before the job's end, the requeue)."""
 
     def __init__(self, cfg: SoakConfig, limiter: anyio.CapacityLimiter) -> None:
         self.cfg = cfg
@@ -429,11 +328,19 @@ class SoakJob:
         self.known = anyio.Event()
 
     async def query(self) -> None:
-        """The scheduler's job (identity, KillWait, end time), or the pod the soak runs in,
-        before the rest of the snapshot: the stop needs it."""
+        """The SLURM job's facts or the pod's, under a deadline, before the rest of the
+        snapshot: the stop needs them."""
         grace = self.cfg.scheduler_grace_seconds
         if in_job():
-            self.facts = await query_scheduler(self._limiter)
+            try:
+                self.facts = await run_blocking(
+                    scheduler_snapshot,
+                    timeout=SNAPSHOT_TIMEOUT_SECONDS,
+                    what="scontrol (the SLURM job's facts)",
+                    limiter=self._limiter,
+                )
+            except BlockingCallTimeout as exc:
+                self.facts = {**(job_identity() or {}), "errors": [str(exc)]}
             if self.facts is not None and grace is not None:
                 self.facts["kill_wait_seconds"] = grace
         elif _kubernetes.in_pod():
@@ -466,29 +373,46 @@ class SoakJob:
                     signals=cfg.forward_signals,
                     stop_mode=cfg.stop_mode,
                     requeue_on=cfg.requeue_on,
-                    on_requeue=partial(end, CAUSE_REQUEUED),
+                    on_requeue=partial(end, StopCause.REQUEUED),
                 )
             )
         if in_job():
-            tg.start_soon(
-                end_before_job_end,
-                self.known,
-                lambda: self.facts,
-                cfg.post_shutdown_grace_seconds,
-                partial(end, CAUSE_SCHEDULER),
-            )
+            tg.start_soon(self._end_before_job_end, end)
+
+    async def _end_before_job_end(self, end: Callable[[StopCause], None]) -> None:
+        """Once the job's end time is known, stop the soak early enough for the trainer's
+        grace and the artifact to fit before it."""
+        await self.known.wait()
+        delay = seconds_until_end_stop(self.facts, self.cfg.post_shutdown_grace_seconds)
+        if delay is not None:
+            await anyio.sleep(delay)
+            end(CAUSE_SCHEDULER)
 
     async def requeue(self, sink: EventSink) -> None:
-        """Requeue the job (see :func:`requeue_job`)."""
-        await requeue_job(sink, self.facts)
-
-
-# -- the queue's worker as a SLURM job -------------------------------------------------------
+        """``scontrol requeue JOB`` under a deadline; SLURM's answer is a ``requeue`` event."""
+        job_id = str((self.facts or {}).get("job_id") or os.environ.get(JOB_VARIABLE, ""))
+        ok, returncode, message = False, None, "not inside a SLURM job: nothing to requeue"
+        if job_id:
+            try:
+                result = await run_blocking(
+                    _requeue, job_id, timeout=REQUEUE_TIMEOUT_SECONDS + 2, what="scontrol requeue"
+                )
+            except BlockingCallTimeout as exc:
+                message = str(exc)
+            else:
+                ok, returncode = result.returncode == 0, result.returncode
+                message = (result.stdout + result.stderr).strip()[-500:]
+                if not ok and not message:
+                    message = f"scontrol requeue exited with status {returncode}"
+        await sink.emit(
+            events.Requeued(
+                t=sink.elapsed(), job_id=job_id, ok=ok, returncode=returncode, message=message
+            )
+        )
 
 
 def allocation_gpus(env: Mapping[str, str] | None = None) -> str | None:
-    """The GPUs SLURM gave the job: what it put in ``CUDA_VISIBLE_DEVICES``, else the step's
-    or the job's GPU indices; None without GPUs."""
+    """The GPUs SLURM gave the job (``CUDA_VISIBLE_DEVICES``, the step's, the job's), or None."""
     environ = os.environ if env is None else env
     for variable in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
         value = environ.get(variable, "").strip()
@@ -508,8 +432,8 @@ def worker_name(identity: Mapping[str, Any], host: str) -> str:
 def seconds_left_for_jobs(
     until: float | None, stop_timeout: float, now: float | None = None
 ) -> float | None:
-    """How long a job the worker takes now may run before the allocation ends, leaving it
-    ``stop_timeout`` to save and a margin; None when the end is not known."""
+    """How long a job taken now may run before the allocation ends, leaving ``stop_timeout``
+    and a margin; None when the end is not known."""
     if until is None:
         return None
     current = time.time() if now is None else now

@@ -1,9 +1,5 @@
-"""The runtime snapshot task: what the soak ran on, taken beside the soak and sent as an event.
-
-It runs beside the trainer rather than before it, so that a hung nvidia-smi or a slow git
-cannot delay the trainer's start; every call in it is bounded, and so is the whole.  The
-scheduler's job is queried first: the stop sequence needs its facts.
-"""
+"""The runtime snapshot, taken beside the trainer (a hung nvidia-smi must not delay its start),
+bounded, after the scheduler's job (the stop needs its facts)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """``run_soak``: supervise one command and always leave an artifact that explains it.
 
-One task group per soak: producers feed one bounded event queue that the serializer drains; the
-supervisor waits for the first end cause, runs the stop sequence, then closes the producers.  A
-caller's cancellation becomes a stop with cause ``cancelled`` inside a shielded scope, so the
-tree is stopped and the artifact written before it propagates.  The shape: DESIGN.md, "The
-shape"; docs/architecture.md, "The flow of a soak".
-"""
+The shape: DESIGN.md, "The shape"; docs/architecture.md, "The flow of a soak"."""
 
 from __future__ import annotations
 
@@ -47,7 +42,6 @@ from .._sampling import ScanResult, latest_change_age, skipped_message
 from . import _slurm
 from ._command import (
     create_cgroup,
-    end_tree,
     leave_nothing_behind,
     spawn_request,
     start_command,
@@ -141,7 +135,7 @@ class _Soak:
         self.done = anyio.Event()
         self.cause: EndCause | None = None
         self._ended = anyio.Event()
-        self.limiter = self._limiter = anyio.CapacityLimiter(THREADS)
+        self.limiter = anyio.CapacityLimiter(THREADS)
         #: Shared with the soak's tree (``ASYNCSOAK_SOAK_ID``) and its metrics' ``soak_id``.
         self.soak_id = f"{os.getpid()}-{time.time_ns()}"
         #: Called with the JSON form of every event, after the journal and the artifact.
@@ -161,33 +155,15 @@ class _Soak:
             control,
             masker=self._masker,
             marker=self.soak_id,
-            limiter=self._limiter,
+            limiter=self.limiter,
             fail=self._fail,
         )
-        self._exit_judge = ExitJudge(
-            cfg,
-            masker=self._masker,
-            limiter=self._limiter,
-            tree_stop=self._tree_stop,
-            state=self._builder,
-            fail=self._fail,
-        )
-        self._producers = Producers(
-            cfg,
-            limiter=self._limiter,
-            masker=self._masker,
-            state=self._builder,
-            tree_stop=self._tree_stop,
-            host_ended=self._host_ended,
-            fail=self._fail,
-        )
-        #: The scheduler's job the soak runs in, if any.
-        self._job = _slurm.SoakJob(cfg, self._limiter)
+        self._exit_judge = ExitJudge(self._tree_stop, self._builder)
+        self._producers = Producers(self._tree_stop, self._builder, host_ended=self._host_ended)
+        self._job = _slurm.SoakJob(cfg, self.limiter)
         self._run_judge = RunJudge(cfg, self._builder, ended=lambda: self.cause is not None)
         #: Called with every evaluation of the trends (the artifact's ``trends`` shape).
         self.trend_observers = self._run_judge.trend_observers
-
-    # -- end causes ----------------------------------------------------------------------
 
     def end(self, cause: EndCause) -> None:
         """The first end cause wins; a caller's stop also cuts short the phase under way."""
@@ -224,24 +200,21 @@ class _Soak:
         )
 
     def _host_ended(self) -> bool:
-        """In an ``except CancelledError``: whether the host's loop ended (see
-        :func:`host_cancelled`); if so the soak ends as cancelled."""
+        """In an ``except CancelledError``: whether the host's loop ended (the soak then ends
+        as cancelled)."""
         if not host_cancelled():
             return False
         self.end(StopCause.CANCELLED)
         return True
 
     async def _despite_host(self, call: Callable[[], Awaitable[_T]]) -> _T:
-        """``call()``, made once more when the host's loop ending cancelled it (it does so
-        once: the soak's end is written all the same)."""
+        """``call()``, made once more if the host's loop ending cancelled it (that happens once)."""
         try:
             return await call()
         except asyncio.CancelledError:
             if not self._host_ended():
                 raise
             return await call()
-
-    # -- life ----------------------------------------------------------------------------
 
     async def run(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -281,8 +254,7 @@ class _Soak:
             files.close()
 
     async def _record(self, files: SoakFiles) -> None:
-        """The soak between its files: the serializer drains the event stream into the
-        journal and the artifact's builder while the soak runs; then the artifact is written."""
+        """The soak, its events drained into the journal and the state; then the artifact."""
         cfg = self.cfg
         cpu_start = time.process_time()
         abandoned_at_start = abandoned_calls()
@@ -373,9 +345,8 @@ class _Soak:
         baseline: ScanResult,
         ignore: set[tuple[int, int]],
     ) -> Exception | None:
-        """Supervise the command while the runtime snapshot is taken beside it (a hung
-        nvidia-smi or a slow git must not delay the trainer's start); the monitor's own
-        error, if it broke, recorded as its failure."""
+        """Supervise beside the runtime snapshot (a hung nvidia-smi must not delay the start);
+        returns the monitor's own error, recorded as its failure."""
         snapshot_scope = anyio.CancelScope()
         snapshot_done = anyio.Event()
         tg.start_soon(
@@ -387,7 +358,7 @@ class _Soak:
                 cfg=self.cfg,
                 env=self._child_env,
                 job=self._job,
-                limiter=self._limiter,
+                limiter=self.limiter,
             )
         )
         error: Exception | None = None
@@ -417,8 +388,6 @@ class _Soak:
             monotonic_start=clock.start,
         )
 
-    # -- the supervision: start, watch until the first end cause, stop --------------------
-
     async def _supervise(
         self,
         sink: EventSink,
@@ -426,10 +395,8 @@ class _Soak:
         baseline: ScanResult,
         ignore: set[tuple[int, int]],
     ) -> None:
-        """Start the command; the producers feed the event stream until the first end cause;
-        then the stop sequence, and whatever the supervisor broke is still cleaned up."""
+        """Start the command, produce events until the first end cause, stop, clean up."""
         if self.cause is not None:
-            # Cancelled or asked to stop before the command started: nothing to start.
             await sink.emit(
                 events.WarningEvent(t=sink.elapsed(), message=f"{self.cause} before start")
             )
@@ -480,17 +447,20 @@ class _Soak:
     async def _start_tasks(
         self, producers: TaskGroup, sink: EventSink, spawner: Spawner, watch: ProgressWatch
     ) -> None:
-        """The producers, each with its own clone of the sink, and the limits they are
-        judged against; then the tasks that wait for an end cause."""
+        """The producers and the limits they are judged against; the tasks that end the soak."""
         assert spawner.pid is not None
         self._producers.start(producers, sink, spawner, watch)
         self._exit_judge.memory_cgroup = await self._run_judge.emit_limits(sink, spawner.pid)
-        producers.start_soon(self._end_when_set, spawner.exited, StopCause.EXITED)
-        producers.start_soon(self._end_when_set, spawner.reaper_lost, REAPER_LOST)
-        producers.start_soon(self._end_when_requested)
+        control = self.control
+        for event, then in (
+            (spawner.exited, partial(self.end, StopCause.EXITED)),
+            (spawner.reaper_lost, partial(self.end, REAPER_LOST)),
+            (control.stop_requested, lambda: self.end(control.cause)),
+        ):
+            producers.start_soon(_after, event, then)
         producers.start_soon(self._end_on_failure)
         producers.start_soon(self._forensics_on_stall, sink, spawner)
-        producers.start_soon(self._kill_when_asked)
+        producers.start_soon(_after, control.kill_requested, self.kill_now)
         self._job.start_tasks(producers, sink, spawner, self.end)
         if self.cfg.max_duration_seconds is not None:
             producers.start_soon(self._end_after_max_duration, sink)
@@ -498,36 +468,35 @@ class _Soak:
     async def _stop_after_end(
         self, sink: EventSink, spawner: Spawner, watch: ProgressWatch
     ) -> None:
-        """The first end cause is in: judge the exit or run the stop sequence, then what
-        follows either (a requeue, the OOM kills, the GPUs' release)."""
+        """Judge the exit or run the stop sequence; then a requeue, OOM kills, GPUs' release."""
         if self.cause == StopCause.EXITED and self.control.stop_requested.is_set():
             # The stop request and the exit crossed (a scheduler that signals every
             # process of the job: the trainer saved and exited on the same SIGTERM).
             self.cause = self.control.cause
-        if self.cause == StopCause.EXITED:
+        cause, tracker = self.cause, watch.tracker
+        if cause == StopCause.EXITED:
             await self._producers.last_scan(sink, watch)
-        await end_tree(
-            sink,
-            spawner,
-            self.cause,
-            watch.tracker,
-            exit_judge=self._exit_judge,
-            tree_stop=self._tree_stop,
-            first_failure=self._failures[0] if self._failures else None,
-            scheduler=self._job.facts,
-        )
+            steps = tracker.steps
+            seen = tracker.first_change is not None or (
+                steps is not None and steps.step is not None
+            )
+            await self._exit_judge.after_exit(
+                sink, spawner, cause, progress_seen=seen, missing_dir=tracker.missing_dir
+            )
+        elif cause == REAPER_LOST:
+            await self._tree_stop.after_reaper_lost(sink, spawner)
+        else:
+            assert isinstance(cause, StopCause)
+            first = self._failures[0] if self._failures else None
+            await self._tree_stop.stop(
+                sink, spawner, cause, first_failure=first, scheduler=self._job.facts
+            )
         if self.cause == StopCause.REQUEUED:
             await self._job.requeue(sink)
         await self._exit_judge.report_oom_kills(sink)
         if self.cause == StopCause.EXITED and spawner.tree_gone.is_set():
             # A run that ended by itself; a stop (a scheduler's) has no time to spare.
             await self._run_judge.check_gpus_released(sink)
-
-    # -- the end-cause tasks -----------------------------------------------------------
-
-    async def _end_when_set(self, event: anyio.Event, cause: EndCause) -> None:
-        await event.wait()
-        self.end(cause)
 
     async def _end_on_failure(self) -> None:
         """The run's state has folded a failure (a rule's): the run ends."""
@@ -537,9 +506,8 @@ class _Soak:
         self.end(StopCause.FAILURE)
 
     async def _forensics_on_stall(self, sink: EventSink, spawner: Spawner) -> None:
-        """A stall the rules leave to the supervisor: its forensics are taken before it is
-        told (the cause claimed, so an exit meanwhile does not take it); the rules make the
-        failure of them once they are folded."""
+        """A stall's forensics, taken before the tree is told (the cause claimed first, so an
+        exit meanwhile does not take it); the rules make the failure once folded."""
         broken = await self._builder.wait_for(lambda: self._builder.broken_rule)
         reason = FailureReason(broken["reason"])
         if self.cause is not None or reason not in HANG_REASONS or not self.cfg.forensics:
@@ -553,18 +521,15 @@ class _Soak:
             self._failures.append(reason)
             self._ended.set()
 
-    async def _kill_when_asked(self) -> None:
-        await self.control.kill_requested.wait()
-        self.kill_now()
-
-    async def _end_when_requested(self) -> None:
-        await self.control.stop_requested.wait()
-        self.end(self.control.cause)
-
     async def _end_after_max_duration(self, sink: EventSink) -> None:
         assert self.cfg.max_duration_seconds is not None
         await anyio.sleep(max(0.0, self.cfg.max_duration_seconds - sink.elapsed()))
         self.end(StopCause.MAX_DURATION)
+
+
+async def _after(event: anyio.Event, then: Callable[[], None]) -> None:
+    await event.wait()
+    then()
 
 
 def _unwrap(exc: Exception) -> Exception:

@@ -1,10 +1,6 @@
-"""The stop sequence of a soak's tree: graceful request, bounded grace, SIGKILL, leftovers.
-
-It follows trio's ``_subprocess.py``: ask, wait under a bounded scope, kill, wait under a
-bounded scope.  Every wait here ends: the graceful ones when the caller asks to kill now, the
-monitor's own ones as soon as the caller stops the soak.  A stalled run's forensics are taken
-here too, before the first signal, since the signal changes what the tree is doing.
-"""
+"""The stop sequence of a soak's tree: ask, bounded grace, SIGKILL, bounded reap (as trio's
+``_subprocess.py``).  Graceful waits end when the caller asks to kill now, the monitor's own when
+the caller stops the soak; a stall's forensics are taken before the first signal."""
 
 from __future__ import annotations
 
@@ -32,20 +28,17 @@ from . import _slurm
 from ._config import SoakConfig
 from ._control import SoakControl
 
-#: Bound on one look at the tree during the stop (the environment-marker scan reads every
-#: process's environ, which waits on each target's mmap lock: a wedged CUDA process holds it).
+#: Bound on one look at the tree during the stop (the marker scan reads every environ, which
+#: waits on each target's mmap lock: a wedged CUDA process holds it).
 TREE_LOOK_TIMEOUT_SECONDS = 1.0
-#: Bound on one walk of the tree below the reaper (no cgroup): a read per process, so a big
-#: tree (a fork bomb) takes a while, but it never waits on another process's locks.
+#: Bound on one walk of the tree below the reaper (a read per process, no other's locks).
 TREE_WALK_TIMEOUT_SECONDS = 5.0
 #: Time given to the trainer to print what ``dump_signal`` asked for before forensics start.
 DUMP_WAIT_SECONDS = 1.0
 #: Bound on the hang forensics (py-spy of every Python process included).
 FORENSICS_SECONDS = 10.0
-#: Of the margin a scheduler's stop keeps under its SIGKILL, what is kept for the end after
-#: the kill (the reaper's close, the artifact, the termination message): waiting on a tree
-#: that SIGKILL cannot end at once (a process in uninterruptible sleep) stops this long
-#: before the scheduler's deadline.
+#: Of a scheduler's stop's margin under its SIGKILL, what is kept for the end after the kill
+#: (the reaper's close, the artifact): waits on an unkillable tree stop this long before it.
 FINISH_RESERVE_SECONDS = 1.5
 #: The kill's wait is never cut below this: every member gets its SIGKILL at least once.
 MIN_KILL_WAIT_SECONDS = 0.5
@@ -57,8 +50,7 @@ SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
 #: Records a failure (reason, message) in the soak's artifact.
 Fail = Callable[[FailureReason, str], Awaitable[None]]
 
-#: The soak's end cause when its reaper died: the tree is killed at once, with no stop
-#: sequence (so it is never the artifact's ``stop.cause``).
+#: The soak's end cause when its reaper died: the tree is killed at once (never a ``stop.cause``).
 REAPER_LOST: Final = "reaper_lost"
 #: What ended the soak: a stop cause, or the reaper's loss.
 EndCause = StopCause | Literal["reaper_lost"]
@@ -79,30 +71,22 @@ class TreeStop:
     ) -> None:
         self.cfg = cfg
         self.control = control
-        self._masker = masker
+        #: Shared with the soak's other parts (its exit's judge, its producers).
+        self.masker, self.limiter, self.fail = masker, limiter, fail
         self._marker = marker
-        self._limiter = limiter
-        self._fail = fail
-        #: Set when the caller stops the soak (cancellation or a stop request), whatever the
-        #: phase: every wait of the stop path that is not needed to stop the tree ends at once.
+        #: Set when the caller stops the soak: the waits not needed to stop the tree end.
         self.caller_stop = anyio.Event()
-        #: Cancel scopes of waits given up when the caller stops the soak.
+        #: Scopes given up when the caller stops the soak; the graceful ones on a kill now.
         self._stop_scopes: set[anyio.CancelScope] = set()
-        #: Cancel scopes of the graceful waits, given up when the caller asks to kill now.
         self._grace_scopes: set[anyio.CancelScope] = set()
         self._marker_scan_hung = False
-        #: The pids the command and the stop's walks of the tree saw (the samples' are in
-        #: the state), to look up in the kernel's OOM records.
+        #: The pids the command and the stop's walks saw, for the kernel's OOM records.
         self.seen_pids: set[int] = set()
-        #: In a stop by the scheduler: when (``anyio.current_time()``) the waits on the tree
-        #: must end for the artifact to be written before the scheduler's SIGKILL.
+        #: In a scheduler's stop: when (``anyio.current_time()``) the waits on the tree end.
         self.deadline: float | None = None
-        #: Whether the hang forensics were taken (once: when the stall rule fired).
         self.forensics_taken = False
-        #: The processes of the hang forensics, once taken (the stall's verdict agrees with them).
+        #: The processes of the hang forensics, once taken.
         self.dumped: list[dict[str, Any]] = []
-
-    # -- the caller's stop -------------------------------------------------------------
 
     def caller_stopped(self) -> None:
         """The caller stopped the soak: the waits not needed to stop the tree end now."""
@@ -118,11 +102,8 @@ class TreeStop:
 
     @contextlib.contextmanager
     def given_up_on_caller_stop(self, *, grace: bool = False) -> Iterator[anyio.CancelScope]:
-        """A scope cancelled as soon as the caller stops the soak (at once if it already has).
-
-        With ``grace``, the wait is the graceful period of the caller's own stop: it is given up
-        only when the caller asks to kill now.
-        """
+        """A scope cancelled as soon as the caller stops the soak (at once if it has); with
+        ``grace`` (the caller's own stop's graceful period), only when it asks to kill now."""
         scopes = self._grace_scopes if grace else self._stop_scopes
         with anyio.CancelScope() as scope:
             if self.control.kill_requested.is_set() or (not grace and self.caller_stop.is_set()):
@@ -136,18 +117,11 @@ class TreeStop:
     async def wait_tree_gone(
         self, spawner: Spawner, seconds: float, cause: EndCause | None
     ) -> None:
-        """Wait up to ``seconds`` for the tree to be gone.
-
-        A caller's stop that comes during the wait ends it at once; when the caller's stop is
-        what started this stop, the wait is its graceful period and is kept.
-        """
-        # A stop from outside (the caller, a scheduler) keeps its grace; the monitor's own
-        # (an exit, a rule, max_duration) gives way to the caller's stop.
+        """Wait up to ``seconds`` for the tree to be gone: a stop from outside (the caller, a
+        scheduler) keeps its grace; the monitor's own gives way to the caller's stop."""
         own_stop = cause not in (StopCause.EXITED, StopCause.FAILURE, StopCause.MAX_DURATION)
         with self.given_up_on_caller_stop(grace=own_stop), anyio.move_on_after(seconds):
             await spawner.tree_gone.wait()
-
-    # -- the stop ------------------------------------------------------------------------
 
     async def stop(
         self,
@@ -180,14 +154,14 @@ class TreeStop:
             leftovers = await self.record_leftovers(sink, spawner)
         await self.kill(sink, spawner)
         if leftovers and cause in (StopCause.FAILURE, StopCause.MAX_DURATION):
-            await self._fail(
+            await self.fail(
                 FailureReason.LEFTOVER_PROCESSES,
                 f"{leftovers} process(es) outlived the command by {grace:g}s and were killed",
             )
 
     def _grace(self, cause: StopCause, scheduler: dict[str, Any] | None) -> float:
-        """The tree's grace: the soak's, the caller's stop's, or what a scheduler's stop leaves
-        under its SIGKILL (which also sets :attr:`deadline`)."""
+        """The soak's grace, the caller's, or what a scheduler's stop leaves under its SIGKILL
+        (which also sets :attr:`deadline`)."""
         cfg = self.cfg
         grace = cfg.post_shutdown_grace_seconds
         if self.control.stop_requested.is_set() and self.control.grace_seconds is not None:
@@ -203,21 +177,14 @@ class TreeStop:
         return grace
 
     async def _ask_to_stop(self, sink: EventSink, spawner: Spawner) -> None:
-        """The graceful request, as the stop mode says: close stdin, or SIGTERM to the group
-        or the leader."""
+        """The graceful request: close stdin, or SIGTERM to the group or the leader."""
         cfg = self.cfg
         if cfg.stop_mode == "stdin":
             if spawner.close_stdin():
                 await sink.emit(events.StdinClosed(t=sink.elapsed()))
             return
+        pids = await self._walk(spawner)
         sig = signal.SIGTERM
-        pids = []
-        with contextlib.suppress(BlockingCallTimeout):
-            pids = await run_blocking(
-                spawner.tree_pids,
-                timeout=TREE_WALK_TIMEOUT_SECONDS,
-                what="walking the tree",
-            )
         sent = spawner.signal_group(sig) if cfg.stop_mode == "group" else spawner.signal_leader(sig)
         if sent:
             await sink.emit(
@@ -227,17 +194,14 @@ class TreeStop:
             )
 
     async def after_reaper_lost(self, sink: EventSink, spawner: Spawner) -> None:
-        """The reaper died (the trainer killed its parent, say): nothing reports the tree any
-        more, so it is stopped at once, every member found by cgroup (or marker) killed."""
+        """The reaper died: nothing reports the tree any more, so it is killed at once, every
+        member found by cgroup (or marker)."""
         how = await spawner.reaper_exit(1.0)
-        await self._fail(
+        await self.fail(
             FailureReason.MONITOR_ERROR,
             f"the reaper (pid {spawner.reaper_pid}) was lost: {how}; the tree was stopped",
         )
-        pids = await self.tree_pids(spawner)
-        await sink.emit(
-            events.SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids)
-        )
+        pids = await self._announce_kill(sink, spawner)
         with anyio.move_on_after(self.cfg.kill_wait_seconds):
             while pids:
                 await run_blocking(
@@ -249,18 +213,13 @@ class TreeStop:
                 )
                 await anyio.sleep(0.05)
                 pids = await self.tree_pids(spawner)
-        for info in await self._describe(pids, spawner.pid):
-            await sink.emit(events.Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
+        await self._abandon(sink, spawner, pids)
         # Nothing is left to say the tree is gone: it is, or it is reported abandoned.
         spawner.tree_gone.set()
 
     async def tree_pids(self, spawner: Spawner) -> list[int]:
         """The tree below the reaper, plus marked processes that left it (bounded)."""
-        pids: list[int] = []
-        with contextlib.suppress(BlockingCallTimeout):
-            pids = await run_blocking(
-                spawner.tree_pids, timeout=TREE_WALK_TIMEOUT_SECONDS, what="walking the tree"
-            )
+        pids = await self._walk(spawner)
         if not self._marker_scan_hung and spawner.cgroup is None:
             # Without a cgroup, the environment marker finds what left the reaper's tree.
             try:
@@ -280,6 +239,15 @@ class TreeStop:
         self.seen_pids.update(pids)
         return pids
 
+    @staticmethod
+    async def _walk(spawner: Spawner) -> list[int]:
+        """The tree below the reaper (bounded: empty past the bound)."""
+        with contextlib.suppress(BlockingCallTimeout):
+            return await run_blocking(
+                spawner.tree_pids, timeout=TREE_WALK_TIMEOUT_SECONDS, what="walking the tree"
+            )
+        return []
+
     async def _describe(self, pids: list[int], leader_pgid: int | None) -> list[dict[str, Any]]:
         """What the artifact says about each live pid; psutil's reads run off the loop."""
         try:
@@ -295,22 +263,16 @@ class TreeStop:
 
     async def record_leftovers(self, sink: EventSink, spawner: Spawner) -> int:
         """Record each process still alive after the grace; the count of them."""
-        count = 0
-        for info in await self._describe(await self.tree_pids(spawner), spawner.pid):
-            if info is not None:
-                info["cmdline"] = (
-                    None if info.get("cmdline") is None else self._masker.argv(info["cmdline"])
-                )
-                await sink.emit(events.Leftover(t=sink.elapsed(), process=info))
-                count += 1
-        return count
+        leftovers = await self._describe(await self.tree_pids(spawner), spawner.pid)
+        for info in leftovers:
+            if info.get("cmdline") is not None:
+                info["cmdline"] = self.masker.argv(info["cmdline"])
+            await sink.emit(events.Leftover(t=sink.elapsed(), process=info))
+        return len(leftovers)
 
     async def kill(self, sink: EventSink, spawner: Spawner) -> None:
         """SIGKILL everything left, again and again (a forking tree races us), within a bound."""
-        pids = await self.tree_pids(spawner)
-        await sink.emit(
-            events.SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids)
-        )
+        pids = await self._announce_kill(sink, spawner)
         wait = max(MIN_KILL_WAIT_SECONDS, self.within_deadline(self.cfg.kill_wait_seconds))
         with anyio.move_on_after(wait):
             while True:
@@ -324,8 +286,20 @@ class TreeStop:
                 pids = await self.tree_pids(spawner)
                 if spawner.tree_gone.is_set() and not pids:
                     return
+        await self._abandon(sink, spawner, pids)
+
+    async def _announce_kill(self, sink: EventSink, spawner: Spawner) -> list[int]:
+        """The tree's pids, told as the SIGKILL's targets."""
+        pids = await self.tree_pids(spawner)
+        await sink.emit(
+            events.SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids)
+        )
+        return pids
+
+    async def _abandon(self, sink: EventSink, spawner: Spawner, pids: list[int]) -> None:
+        """Each process the kill could not end, told as abandoned."""
         for info in await self._describe(pids, spawner.pid):
-            await sink.emit(events.Abandoned(t=sink.elapsed(), process=self._masker.data(info)))
+            await sink.emit(events.Abandoned(t=sink.elapsed(), process=self.masker.data(info)))
 
     def within_deadline(self, seconds: float) -> float:
         """``seconds``, cut to what is left before :attr:`deadline` in a scheduler's stop."""
@@ -336,11 +310,8 @@ class TreeStop:
     async def hang_forensics(
         self, sink: EventSink, spawner: Spawner, reason: FailureReason
     ) -> dict[str, Any] | None:
-        """Before the first signal: ask for a stack dump, then record what the tree is doing.
-
-        Taken once per soak; returns which rank(s) a distributed run's stall waits on
-        (:func:`.stall_culprit`), or None.
-        """
+        """Before the first signal, once: ask for a stack dump, record what the tree is doing;
+        returns which rank(s) a distributed run's stall waits on, or None."""
         if self.forensics_taken:
             return None
         self.forensics_taken = True
@@ -363,7 +334,7 @@ class TreeStop:
                 partial(collect_forensics, pids, timeout=FORENSICS_SECONDS),
                 timeout=FORENSICS_SECONDS + 2.0,
                 what="the hang forensics",
-                limiter=self._limiter,
+                limiter=self.limiter,
             )
         if scope.cancelled_caught:
             data = {"error": "the caller stopped the soak during the forensics"}
@@ -373,7 +344,7 @@ class TreeStop:
             data["ranks"] = culprit
         # Command lines and py-spy's headers carry argv: masked like argv everywhere else.
         await sink.emit(
-            events.Forensics(t=sink.elapsed(), reason=reason, data=self._masker.data(data))
+            events.Forensics(t=sink.elapsed(), reason=reason, data=self.masker.data(data))
         )
         return culprit
 

@@ -1,10 +1,5 @@
-"""The verdict on the command's own exit, and the soak's status from everything that happened.
-
-An exit is judged by its status (a signal the monitor did not send, a nonzero code), the
-kernel's OOM records and the OOM-kill counter of the tree's memory cgroup, the crash cause
-lifted from the end of the log, the run's length, and whatever outlived the command's grace;
-each finding is a failure in the artifact.
-"""
+"""The verdict on the command's own exit (its status, OOM kills, the crash in the log, its
+length, its leftovers), and the soak's status from everything that happened."""
 
 from __future__ import annotations
 
@@ -14,14 +9,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from .._analysis import format_bytes
 from .._contract import (
     BlockingCallTimeout,
     EventSink,
     FailureReason,
-    Masker,
     SoakStatus,
     StopCause,
     events,
@@ -31,8 +23,7 @@ from .._contract import (
 from .._process import Spawner, oom_kills, seconds_since_boot
 from .._record import RunState, read_log_tail
 from .._sampling import MemoryCgroup
-from ._config import SoakConfig
-from ._stop import EndCause, Fail, TreeStop
+from ._stop import EndCause, TreeStop
 
 #: The kernel log's clock and the monitor's may drift apart a little.
 KMSG_SLACK_SECONDS = 5.0
@@ -41,23 +32,15 @@ KMSG_SLACK_SECONDS = 5.0
 class ExitJudge:
     """Judges how the command ended by itself, and reports the tree's OOM kills once each."""
 
-    def __init__(
-        self,
-        cfg: SoakConfig,
-        *,
-        masker: Masker,
-        limiter: anyio.CapacityLimiter,
-        tree_stop: TreeStop,
-        state: RunState,
-        fail: Fail,
-    ) -> None:
-        self.cfg = cfg
+    def __init__(self, tree_stop: TreeStop, state: RunState) -> None:
+        self.cfg = tree_stop.cfg
         self._state = state
-        self._masker = masker
-        self._limiter = limiter
         self._tree_stop = tree_stop
-        self._fail = fail
-        #: The OOM kills reported, by pid.
+        self._masker, self._limiter, self._fail = (
+            tree_stop.masker,
+            tree_stop.limiter,
+            tree_stop.fail,
+        )
         self._oom_reported: dict[int, events.OomKill] = {}
         #: The tree's memory cgroup as read at the start (its OOM-kill counter then), if known.
         self.memory_cgroup: MemoryCgroup | None = None
@@ -74,11 +57,8 @@ class ExitJudge:
         progress_seen: bool,
         missing_dir: Path | None = None,
     ) -> None:
-        """The command ended by itself: judge its exit, then give its tree the grace.
-
-        A clean exit without any progress is a warning when the progress directory exists (it
-        stayed empty), and the failure ``no_progress`` when it never existed
-        (``missing_dir``): a typo'd ``--progress-dir`` must not pass."""
+        """The command ended by itself: judge its exit, give its tree the grace.  A clean exit
+        without progress is a warning, or ``no_progress`` when the directory never existed."""
         cfg = self.cfg
         rc = spawner.returncode
         assert rc is not None
@@ -126,8 +106,7 @@ class ExitJudge:
     async def _exit_failure(
         self, sink: EventSink, spawner: Spawner, rc: int
     ) -> tuple[FailureReason, str] | None:
-        """The failure the exit status ``rc`` is, if any: a signal the monitor did not send
-        (an OOM kill named as one), or a nonzero code."""
+        """The failure the exit status ``rc`` is: a signal the monitor did not send, or a code."""
         ended = exits.decode(rc)
         if ended.signal is not None and ended.signal not in spawner.signals_to_leader:
             message = f"the command was killed by {spawner.exit_signal}"
@@ -176,13 +155,9 @@ class ExitJudge:
     ) -> dict[int, events.OomKill]:
         """Report each OOM kill of the tree once; returns every kill reported so far, by pid.
 
-        Two witnesses, joined: the kernel log's records for the tree's pids, and the rise of
-        the ``oom_kill`` counter of the tree's memory cgroup since the start (readable in a
-        container, where the kernel log often is not; it does not name the victim).  A kernel
-        record that the counter's rise accounts for is the cgroup's kill.  ``command_pid`` is
-        given when the command died of a SIGKILL the monitor did not send: a rise that no
-        kernel record accounts for is then its kill.  At the end (no ``command_pid``), a rise
-        still unaccounted for is a warning: processes of the cgroup died that no record names.
+        Two witnesses: the kernel log's records, and the rise of the tree's memory cgroup's
+        ``oom_kill`` counter (nameless).  A rise no record accounts for is the kill of
+        ``command_pid`` (a command SIGKILLed by no one), else, at the end, a warning.
         """
         cgroup = self.memory_cgroup
         kernel_records = partial(
@@ -192,7 +167,6 @@ class ExitJudge:
         )
 
         def read_both() -> tuple[list[dict[str, Any]] | None, int | None]:
-            # One trip to a thread for both witnesses.
             counted = None if cgroup is None else cgroup.read_oom_kills()
             return kernel_records(), counted
 
@@ -281,11 +255,8 @@ class ExitJudge:
 
 
 def _read_crash(log_path: Path) -> tuple[exits.RankCrash | None, exits.CrashInLog | None]:
-    """The crash cause at the end of the log (in a thread: a rank's error file may be read).
-
-    A distributed run's launcher reports its ranks' failure in its own words
-    (``ChildFailedError``): the rank that failed first, in its own words, is the cause.
-    """
+    """The crash cause at the end of the log (blocking): a distributed run's is its first
+    failed rank's, in its own words."""
     text = read_log_tail(log_path)
     rank_crash = exits.find_rank_exception(text)
     return rank_crash, exits.find_exception(text) if rank_crash is None else rank_crash.cause
@@ -301,12 +272,7 @@ def soak_status(
     """The artifact's ``status`` from the end cause, the failures and the monitor's own error."""
     if error is not None:
         return SoakStatus.ERROR
-    if cause in (
-        StopCause.REQUESTED,
-        StopCause.CANCELLED,
-        StopCause.SCHEDULER,
-        StopCause.REQUEUED,
-    ):
+    if cause in (StopCause.REQUESTED, StopCause.CANCELLED, StopCause.SCHEDULER, StopCause.REQUEUED):
         return SoakStatus.CANCELLED
     if FailureReason.MONITOR_ERROR in failures:
         return SoakStatus.ERROR  # the reaper was lost
