@@ -22,53 +22,20 @@ from ._status import CANCELLED, FAILED, QUEUED, Outcome
 
 #: The tables, each created when missing (the same text runs on SQLite and PostgreSQL).
 EXTENSION_DDL: tuple[str, ...] = (
-    """
-    CREATE TABLE IF NOT EXISTS job_plans (
-        job_id BIGINT PRIMARY KEY REFERENCES jobs (id),
-        array_id BIGINT,
-        array_index BIGINT,
-        not_before DOUBLE PRECISION,
-        gpus INTEGER CHECK (gpus IS NULL OR gpus >= 1),
-        retry_on TEXT,
-        no_retry_on TEXT,
-        infra_failures INTEGER NOT NULL DEFAULT 0,
-        retry_at DOUBLE PRECISION,
-        avoid TEXT
-    )
-    """,
+    "CREATE TABLE IF NOT EXISTS job_plans (job_id BIGINT PRIMARY KEY REFERENCES jobs (id), "
+    "array_id BIGINT, array_index BIGINT, not_before DOUBLE PRECISION, "
+    "gpus INTEGER CHECK (gpus IS NULL OR gpus >= 1), retry_on TEXT, no_retry_on TEXT, "
+    "infra_failures INTEGER NOT NULL DEFAULT 0, retry_at DOUBLE PRECISION, avoid TEXT)",
     "CREATE INDEX IF NOT EXISTS job_plans_by_array ON job_plans (array_id)",
-    """
-    CREATE TABLE IF NOT EXISTS job_deps (
-        job_id BIGINT NOT NULL REFERENCES jobs (id),
-        after_id BIGINT NOT NULL REFERENCES jobs (id),
-        PRIMARY KEY (job_id, after_id)
-    )
-    """,
+    "CREATE TABLE IF NOT EXISTS job_deps (job_id BIGINT NOT NULL REFERENCES jobs (id), "
+    "after_id BIGINT NOT NULL REFERENCES jobs (id), PRIMARY KEY (job_id, after_id))",
     "CREATE INDEX IF NOT EXISTS job_deps_by_after ON job_deps (after_id)",
-    """
-    CREATE TABLE IF NOT EXISTS attempt_causes (
-        job_id BIGINT NOT NULL,
-        attempt INTEGER NOT NULL,
-        gpus TEXT,
-        failure_class TEXT,
-        cause TEXT,
-        counted INTEGER,
-        PRIMARY KEY (job_id, attempt)
-    )
-    """,
+    "CREATE TABLE IF NOT EXISTS attempt_causes (job_id BIGINT NOT NULL, attempt INTEGER NOT NULL, "
+    "gpus TEXT, failure_class TEXT, cause TEXT, counted INTEGER, PRIMARY KEY (job_id, attempt))",
     "CREATE TABLE IF NOT EXISTS worker_gpus (name TEXT PRIMARY KEY, gpus TEXT NOT NULL)",
-    """
-    CREATE TABLE IF NOT EXISTS gpu_faults (
-        host TEXT NOT NULL,
-        gpu TEXT NOT NULL,
-        worker TEXT,
-        job_id BIGINT,
-        attempt INTEGER,
-        at DOUBLE PRECISION NOT NULL,
-        detail TEXT,
-        PRIMARY KEY (host, gpu)
-    )
-    """,
+    "CREATE TABLE IF NOT EXISTS gpu_faults (host TEXT NOT NULL, gpu TEXT NOT NULL, worker TEXT, "
+    "job_id BIGINT, attempt INTEGER, at DOUBLE PRECISION NOT NULL, detail TEXT, "
+    "PRIMARY KEY (host, gpu))",
     # When a finished job was requeued after its attempt ``attempt`` (``JobStore.requeue``).
     "CREATE TABLE IF NOT EXISTS job_requeues (job_id BIGINT NOT NULL, attempt INTEGER NOT NULL, "
     "at DOUBLE PRECISION NOT NULL, PRIMARY KEY (job_id, attempt))",
