@@ -14,7 +14,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,6 @@ class PostgresStore(JobStore):
 
     _soak_max_duration = "soak->>'max_duration_seconds'"
     _claim_lock = " FOR UPDATE SKIP LOCKED"
-    _now_sql = _NOW
     _same = "IS NOT DISTINCT FROM"
 
     def __init__(
@@ -305,11 +304,6 @@ class PostgresStore(JobStore):
         from psycopg.types.json import Jsonb
 
         return Jsonb(value)
-
-    def _one(self, sql: str, params: Sequence[Any]) -> Any:
-        with self._session() as conn:
-            cursor = conn.execute(sql.replace("?", "%s"), tuple(params))
-            return cursor.fetchone() if cursor.description else None
 
     # --- wake-ups --------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,6 @@ class SqliteStore(JobStore):
     """
 
     _soak_max_duration = "json_extract(soak, '$.max_duration_seconds')"
-    _now_sql = "asyncsoak_now()"
 
     def __init__(
         self,
@@ -155,7 +154,6 @@ class SqliteStore(JobStore):
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise self._refuse(f"cannot use WAL journaling (got {mode})")
-            conn.create_function("asyncsoak_now", 0, lambda: self.clock())
             self._migrate()
         except sqlite3.DatabaseError as exc:
             conn.close()
@@ -301,10 +299,6 @@ class SqliteStore(JobStore):
     def _reading(self) -> Iterator[Sql]:
         with self._unavailable():
             yield Sql(self._conn, "?", self.clock())
-
-    def _one(self, sql: str, params: Sequence[Any]) -> Any:
-        with self._unavailable():
-            return self._conn.execute(sql, params).fetchone()
 
     def _json(self, value: Any) -> str:
         return json.dumps(value)

@@ -61,11 +61,10 @@ class JobStore(SweepStore):
     location: str
     clock: Callable[[], float]
     #: The backend's SQL for: a job's ``soak`` ``max_duration_seconds``; what ends a claim's
-    #: choice of job (PostgreSQL skips rows other claims lock); the queue's time (the
-    #: database's own on PostgreSQL); two values being the same, NULL included.
+    #: choice of job (PostgreSQL skips rows other claims lock); two values being the same,
+    #: NULL included.
     _soak_max_duration: str
     _claim_lock: str = ""
-    _now_sql: str
     _same: str = "IS"
 
     @abc.abstractmethod
@@ -103,10 +102,6 @@ class JobStore(SweepStore):
         """Call ``wake(what)`` whenever a job may be waiting, until cancelled.  A backend
         without notifications returns at once: its workers find new jobs by polling."""
         task_status.started()
-
-    @abc.abstractmethod
-    def _one(self, sql: str, params: Sequence[Any]) -> Any:
-        """One statement (``?`` placeholders) outside a transaction: its first row."""
 
     @abc.abstractmethod
     def _json(self, value: Any) -> Any:
@@ -320,16 +315,16 @@ class JobStore(SweepStore):
 
     def worker_heartbeat(self, name: str) -> None:
         """Refresh a worker's heartbeat (its current job is set by claim and finish)."""
-        self._one(f"UPDATE workers SET heartbeat_at = {self._now_sql} WHERE name = ?", (name,))
+        with self._transaction() as sql:
+            sql("UPDATE workers SET heartbeat_at = ? WHERE name = ?", (sql.now, name))
 
     def worker_stopped(self, name: str) -> None:
         """Record a worker's clean stop."""
-        now = self._now_sql
-        self._one(
-            f"UPDATE workers SET heartbeat_at = {now}, stopped_at = {now}, job_id = NULL "
-            "WHERE name = ?",
-            (name,),
-        )
+        with self._transaction() as sql:
+            sql(
+                "UPDATE workers SET heartbeat_at = ?, stopped_at = ?, job_id = NULL WHERE name = ?",
+                (sql.now, sql.now, name),
+            )
 
     def claim(
         self,
@@ -375,12 +370,12 @@ class JobStore(SweepStore):
     def heartbeat(self, job_id: int, attempt: int, worker: str) -> bool | None:
         """Refresh a running job's heartbeat; returns its cancel request, or None when this
         worker no longer owns the attempt (fenced: stop the child, write nothing more)."""
-        row = self._one(
-            f"UPDATE jobs SET heartbeat_at = {self._now_sql} "
-            "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running' "
-            "RETURNING cancel_requested",
-            (job_id, attempt, worker),
-        )
+        with self._transaction() as sql:
+            row = sql(
+                "UPDATE jobs SET heartbeat_at = ? WHERE id = ? AND attempt = ? AND worker = ? "
+                "AND status = 'running' RETURNING cancel_requested",
+                (sql.now, job_id, attempt, worker),
+            ).fetchone()
         return None if row is None else bool(row[0])
 
     def cancel_requested(self, job_id: int) -> bool:
@@ -454,23 +449,19 @@ class JobStore(SweepStore):
 
     def running(self) -> list[tuple[Job, WorkerInfo | None]]:
         """Running jobs with the worker that holds each (for orphan detection)."""
-        with self._reading() as sql:
-            rows = sql(
-                f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY id"
-            ).fetchall()
-            workers = sql(f"SELECT {WORKER_COLUMNS} FROM workers").fetchall()
-        by_name = {row[0]: WorkerInfo(*row) for row in workers}
-        jobs = [Job(*decoded(Job, row)) for row in rows]
+        jobs = self.jobs(RUNNING)
+        by_name = {w.name: w for w in self.workers()}
         return [(job, by_name.get(job.worker or "")) for job in jobs]
 
     def take_over(self, job: Job, worker: str) -> bool:
         """Take an orphan from its silent worker, if its heartbeat has not moved since ``job``
         was read (compare and swap); the silent worker is fenced out from then on."""
         same = self._same
-        row = self._one(
-            f"UPDATE jobs SET worker = ?, heartbeat_at = {self._now_sql} "
-            f"WHERE id = ? AND attempt = ? AND worker {same} ? AND status = 'running' "
-            f"AND heartbeat_at {same} ? RETURNING id",
-            (worker, job.id, job.attempt, job.worker, job.heartbeat_at),
-        )
+        with self._transaction() as sql:
+            row = sql(
+                f"UPDATE jobs SET worker = ?, heartbeat_at = ? WHERE id = ? AND attempt = ? "
+                f"AND worker {same} ? AND status = 'running' AND heartbeat_at {same} ? "
+                "RETURNING id",
+                (worker, sql.now, job.id, job.attempt, job.worker, job.heartbeat_at),
+            ).fetchone()
         return row is not None
