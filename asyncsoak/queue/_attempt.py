@@ -58,6 +58,7 @@ STORE_CALL_TIMEOUT_FACTOR = 4
 _log = logging.getLogger("asyncsoak.queue")
 _PLACEHOLDER = re.compile(r"\{(job_id|db|run_dir)\}")
 _T = TypeVar("_T")
+_F = TypeVar("_F")
 
 
 @dataclasses.dataclass(slots=True)
@@ -133,6 +134,17 @@ class Runner:
             fn, *args, timeout=self._call_timeout, what=what, limiter=self.limiter
         )
 
+    async def _or(
+        self, fallback: _F, warning: str | None, fn: Callable[..., _T], *args: Any
+    ) -> _T | _F:
+        """A store call, or ``fallback`` while it fails for now (``warning`` says so)."""
+        try:
+            return await self._call(fn, *args)
+        except UNAVAILABLE as exc:
+            if warning is not None:
+                _log.warning("%s: %s", warning, exc)
+            return fallback
+
     async def _try(self, doing: str, fn: Callable[..., _T], *args: Any) -> _T | None:
         """A store call, or None (said once, see :meth:`_lost_database`) while it fails."""
         try:
@@ -181,10 +193,9 @@ class Runner:
     async def _earlier_highest_step(self, job: Job) -> int | None:
         """The highest step the job's earlier attempts reached: this one's steps at or below
         it are redone (its ledger's ``wasted``); None when unknown."""
-        try:
-            attempts = await self._call(self.store.attempts, job.id)
-        except UNAVAILABLE as exc:
-            _log.warning("job %d: the earlier attempts' steps: %s", job.id, exc)
+        warning = f"job {job.id}: the earlier attempts' steps"
+        attempts = await self._or(None, warning, self.store.attempts, job.id)
+        if attempts is None:
             return None
         earlier = [a for a in attempts if a.attempt < job.attempt]
         return await self._call(earlier_highest_step, earlier)
@@ -307,10 +318,7 @@ class Runner:
         return f"GPU {listed} of {self.host} taken out of service after this fault, until {clear}"
 
     async def _cancel_requested(self, job: Job) -> bool:
-        try:
-            return await self._call(self.store.cancel_requested, job.id)
-        except UNAVAILABLE:
-            return job.cancel_requested
+        return await self._or(job.cancel_requested, None, self.store.cancel_requested, job.id)
 
     @staticmethod
     def _outcome(

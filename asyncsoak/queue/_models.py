@@ -21,7 +21,7 @@ from .._contract import (
 )
 from .._supervisor import validate_job
 from ..trainer import Job as Job
-from ..trainer import column, decoded, select_list
+from ..trainer import column, select_list
 from ._status import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 
 #: Statuses a job can be in; ``interrupted`` is an attempt's outcome (the job returns to queued).
@@ -240,10 +240,6 @@ class Sql:
 
     def __call__(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self.conn.execute(sql.replace("?", self.placeholder), tuple(params))
-
-
-def attempt_from_row(row: Sequence[Any]) -> Attempt:
-    return Attempt(*decoded(Attempt, row))
 
 
 def artifact_summary(artifact: Mapping[str, Any] | None) -> dict[str, Any] | None:

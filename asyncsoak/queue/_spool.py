@@ -67,27 +67,16 @@ class Spool:
 
     def pending(self) -> list[SpoolEntry]:
         """The kept writes, oldest attempt first; unreadable files are left for a person."""
-        try:
-            paths = sorted(self.dir.glob("*.json"))
-        except OSError:
-            return []
         entries = []
-        for path in paths:
-            try:
-                data = json.loads(path.read_text())
-                entries.append(
-                    SpoolEntry(
-                        job_id=int(data["job_id"]),
-                        attempt=int(data["attempt"]),
-                        worker=str(data["worker"]),
-                        outcome=Outcome(**data["outcome"]),
-                        summary=data.get("summary"),
-                        note=data.get("note"),
-                        path=path,
+        with contextlib.suppress(OSError):
+            for path in sorted(self.dir.glob("*.json")):
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                    data = json.loads(path.read_text())
+                    ids = (int(data["job_id"]), int(data["attempt"]), str(data["worker"]))
+                    outcome = Outcome(**data["outcome"])
+                    entries.append(
+                        SpoolEntry(*ids, outcome, data.get("summary"), data.get("note"), path)
                     )
-                )
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
         return entries
 
     def remove(self, entry: SpoolEntry) -> None:

@@ -34,7 +34,6 @@ from ._models import (
     Sql,
     WorkerInfo,
     WorkerNameInUseError,
-    attempt_from_row,
     validate_submission,
 )
 from ._status import INTERRUPTED, QUEUED, RUNNING, Outcome
@@ -220,7 +219,7 @@ class JobStore(SweepStore):
                 f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt",
                 (job_id,),
             ).fetchall()
-        return [attempt_from_row(row) for row in rows]
+        return [Attempt(*decoded(Attempt, row)) for row in rows]
 
     def _status_for_update(self, sql: Sql, job_id: int) -> str:
         """A job's status, its row locked for the rest of the transaction."""

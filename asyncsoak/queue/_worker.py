@@ -9,7 +9,6 @@ killed, and its outcome written from its artifact, or as a failure that requeues
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -32,7 +31,7 @@ from ._retry import ORPHANED, outcome_from_artifact
 from ._settings import WorkerConfig
 from ._status import CANCELLED, FAILED, Outcome, tail
 from ._store import JobStore
-from ._sweeps import GpuOffer, pick_gpus
+from ._sweeps import GpuOffer, Plan, pick_gpus
 
 #: How soon an idle worker looks at the queue again while the database is unavailable.
 _UNAVAILABLE_RETRY_SECONDS = 1.0
@@ -125,10 +124,8 @@ class _Worker(Runner):
         await self._call(register, self.name)
         if self.devices:
             # For `workers` only: a worker that cannot record them now still runs.
-            try:
-                await self._call(self.store.set_worker_gpus, self.name, self.devices)
-            except UNAVAILABLE as exc:
-                _log.warning("worker %s: its GPUs not recorded for `workers`: %s", self.name, exc)
+            warning = f"worker {self.name}: its GPUs not recorded for `workers`"
+            await self._or(None, warning, self.store.set_worker_gpus, self.name, self.devices)
         ran = 0
         try:
             async with anyio.create_task_group() as tg:
@@ -175,10 +172,8 @@ class _Worker(Runner):
                 tg.cancel_scope.cancel()
         finally:
             with anyio.move_on_after(self.store.busy_timeout, shield=True):
-                try:
-                    await self._call(self.store.worker_stopped, self.name)
-                except UNAVAILABLE as exc:
-                    _log.warning("worker %s: could not record its stop: %s", self.name, exc)
+                warning = f"worker {self.name}: could not record its stop"
+                await self._or(None, warning, self.store.worker_stopped, self.name)
         _log.info("worker %s stopped after %d job(s)", self.name, ran)
         if self.db_lost.is_set():
             raise QueueDatabaseLostError(
@@ -244,13 +239,9 @@ class _Worker(Runner):
         devices: list[str] = []
         if self.devices and offer is not None:
             free = [name.split(":")[-1] for name in offer.names]
-            try:
-                plan = await self._call(self.store.plan, job.id)
-                devices = pick_gpus(plan.gpus, free, plan.avoid, self.host)
-            except UNAVAILABLE:
-                devices = list(free)
-            with contextlib.suppress(*UNAVAILABLE):
-                await self._call(self.store.record_attempt_gpus, job.id, job.attempt, devices)
+            plan = await self._or(Plan(), None, self.store.plan, job.id)
+            devices = pick_gpus(plan.gpus, free, plan.avoid, self.host)
+            await self._or(None, None, self.store.record_attempt_gpus, job.id, job.attempt, devices)
         self.running[job.id] = devices
         if self.metrics is not None:
             self.metrics.current_job, self.metrics.current_attempt = job.id, job.attempt
@@ -368,11 +359,8 @@ class _Worker(Runner):
                 await self._resolve_orphan(job)
 
     async def _resolve_orphan(self, job: Job) -> None:
-        try:
-            if not await self._call(self.store.take_over, job, self.name):
-                return
-        except UNAVAILABLE as exc:
-            _log.warning("job %d: could not take the orphan over: %s", job.id, exc)
+        warning = f"job {job.id}: could not take the orphan over"
+        if not await self._or(False, warning, self.store.take_over, job, self.name):
             return
         _log.warning(
             "job %d attempt %d: orphan of worker %s; taken over", job.id, job.attempt, job.worker
