@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._record import write_artifact
 from ._status import Outcome
 
 SPOOL_DIR = ".spool"
@@ -57,12 +57,7 @@ class Spool:
             "summary": None if summary is None else dict(summary),
             "note": note,
         }
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_artifact(record, path)
         return path
 
     def pending(self) -> list[SpoolEntry]:

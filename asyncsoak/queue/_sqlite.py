@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -37,6 +37,9 @@ from ._models import (
 )
 from ._store import JobStore
 from ._sweeps import EXTENSION_DDL, LAST_TABLE
+
+if TYPE_CHECKING:
+    from .._sampling import Inotify
 
 _log = logging.getLogger("asyncsoak.queue")
 
@@ -317,6 +320,10 @@ class SqliteStore(JobStore):
         with contextlib.suppress(OSError):
             os.close(os.open(self.wake_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
 
+    def _watch(self, watcher: Inotify) -> bool:
+        self._wake_workers()
+        return watcher.watch_file(self.wake_path)
+
     async def listen(
         self,
         wake: Callable[[str], None],
@@ -336,17 +343,12 @@ class SqliteStore(JobStore):
             task_status.started()
             return
         try:
-            # The file must exist to be watched; both calls touch the filesystem, so they run
-            # in asyncsoak's threads under a deadline (a hung disk costs only promptness).
+            # The file must exist to be watched; both touch the filesystem, so they run in
+            # asyncsoak's threads under a deadline (a hung disk costs only promptness).
             try:
-                await run_blocking(
-                    self._wake_workers,
-                    timeout=WATCH_SETUP_TIMEOUT_SECONDS,
-                    what="touch wake-up file",
-                )
                 watched = await run_blocking(
-                    watcher.watch_file,
-                    self.wake_path,
+                    self._watch,
+                    watcher,
                     timeout=WATCH_SETUP_TIMEOUT_SECONDS,
                     what="watch wake-up file",
                 )

@@ -141,11 +141,8 @@ class _Worker(Runner):
                 )
                 tg.start_soon(self._beat)
                 async with anyio.create_task_group() as jobs:
-                    while not (
-                        self.stop_event.is_set()
-                        or self.kill_event.is_set()
-                        or self.db_lost.is_set()
-                    ):
+                    ending = (self.stop_event, self.kill_event, self.db_lost)
+                    while not any(event.is_set() for event in ending):
                         # Fresh events before the claim: a job submitted (or ended) after the
                         # claim found nothing wakes the wait below.
                         self.wake = anyio.Event()
@@ -184,10 +181,8 @@ class _Worker(Runner):
         return ran
 
     async def _idle(self) -> None:
-        """Wait for a reason to look at the queue again: a stop, a job's end, a wake-up or the
-        poll; while the database is away, sooner (the store's own backoff spaces the
-        connection attempts).  Busy on every GPU (or on its one job), no wake-up nor poll:
-        nothing can be claimed until a job ends."""
+        """Wait for a stop, a job's end, a wake-up or the poll (sooner while the database is
+        away); busy on every GPU (or its one job), for a stop or a job's end only."""
         wait = self.settings.poll_seconds
         if self._unreachable:
             wait = min(wait, _UNAVAILABLE_RETRY_SECONDS)
