@@ -82,10 +82,8 @@ async def run_job(
     stop_event: anyio.Event | None = None,
     name: str | None = None,
 ) -> str:
-    """Run one claimed job under ``run_soak`` with ``config``'s settings and write its final
-    status.  ``name`` is the worker that claimed it (default: the job's ``worker``).  Returns
-    the attempt's outcome (a :class:`JobStatus`), or ``lost`` when another worker took the job
-    over meanwhile (nothing is written then)."""
+    """Run one claimed job under ``run_soak`` and write its final status; returns the
+    attempt's outcome, or ``lost`` when another worker took the job over (nothing written)."""
     require_asyncio("run_job")
     name = name or job.worker or default_worker_name()
     runner = Runner(store, config, stop_event or anyio.Event(), anyio.Event(), name)

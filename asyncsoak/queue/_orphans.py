@@ -44,12 +44,8 @@ def kill_leftovers(
     db: str, job_id: int, attempt: int, log: Path | None, timeout: float
 ) -> list[int]:
     """SIGKILL what is left of an orphaned attempt on this host, scanning again until a scan
-    finds nothing alive (at most ``timeout``).
-
-    Its command's tree is found by the markers the worker put in its environment (wherever it
-    went: double forks, new sessions), and its reaper, which carries none and outlives a killed
-    worker, by the attempt's ``train.log`` it holds open (docs/architecture.md says why).
-    """
+    finds nothing alive (at most ``timeout``): its tree by the markers in its environment, its
+    reaper by the ``train.log`` it holds open (docs/architecture.md says why)."""
     markers = {
         f"ASYNCSOAK_DB={db}".encode(),
         f"ASYNCSOAK_JOB_ID={job_id}".encode(),

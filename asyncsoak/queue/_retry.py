@@ -254,16 +254,10 @@ def outcome_from_artifact(
     log_tail: str,
     killed_by_worker: bool = False,
 ) -> Outcome:
-    """An attempt's outcome from its soak artifact.
-
-    ``killed_by_worker`` says the worker killed the command's process group itself (a hard
-    stop), which the artifact cannot know.
-
-    When the monitor itself ended the run (a rule fired, or ``max_duration_seconds`` passed),
-    the trainer's exit status only answers the monitor's stop: the soak's verdict decides,
-    so a trainer that saves and exits 4 when its stale run is stopped is ``failed``, not
-    requeued forever as ``interrupted``.
-    """
+    """An attempt's outcome from its soak artifact (``killed_by_worker``: the worker killed
+    the group itself, which the artifact cannot know).  When the monitor ended the run (a rule
+    fired, ``max_duration_seconds``), the soak's verdict decides, not the exit status: a
+    trainer that saves and exits 4 when stopped for a stall is ``failed``, not requeued."""
     exit_info = artifact.get("exit") or {}
     stop = artifact.get("stop") or {}
     rc: int | None = exit_info.get("returncode")

@@ -65,10 +65,8 @@ async def run_worker(
 ) -> int:
     """Take and run jobs with ``config``'s settings until ``stop_event`` is set (or, ``once``,
     the queue is drained); returns how many ran.  ``stop_event`` stops the running jobs the
-    graceful way (requeued ``interrupted``), ``kill_event`` kills their groups at once.
-    ``name`` defaults to ``host:gpuN`` with GPUs, else ``host:pid``; ``metrics`` (with a port)
-    serves the worker's metrics.  Raises :class:`QueueError` (an unusable runs directory, a
-    name a live worker holds) or :class:`ValidationError` before any job is claimed."""
+    graceful way (requeued ``interrupted``), ``kill_event`` kills them at once.  Raises
+    :class:`QueueError` or :class:`ValidationError` before any job is claimed."""
     require_asyncio("run_worker")
     name = name or default_worker_name(config.gpus)
     worker = _Worker(store, config, stop_event or anyio.Event(), kill_event or anyio.Event(), name)
