@@ -121,7 +121,7 @@ class PostgresStore(JobStore):
         self.clock = clock
         self.busy_timeout = busy_timeout
         self._params = _conninfo(db)
-        self.password = self._params.pop("password", None)
+        self.password = self._params.get("password")
         self.location = public_conninfo(db)
         self._lock = threading.RLock()
         self._conn: Any = None
@@ -153,7 +153,7 @@ class PostgresStore(JobStore):
             f"-c lock_timeout={int(self.busy_timeout * 1000)}",
             f"-c statement_timeout={int(STATEMENT_TIMEOUT_SECONDS * 1000)}",
         ]
-        kwargs: dict[str, Any] = {
+        return {
             "connect_timeout": CONNECT_TIMEOUT_SECONDS,
             "application_name": "asyncsoak",
             # A server that vanished without closing the connection (a cut network) is
@@ -166,9 +166,6 @@ class PostgresStore(JobStore):
             **self._params,
             "options": " ".join(filter(None, options)),
         }
-        if self.password is not None:
-            kwargs["password"] = self.password
-        return kwargs
 
     def _connect(self) -> Any:
         """The open connection, opening one if needed; backs off while the server is away."""

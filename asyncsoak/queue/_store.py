@@ -406,42 +406,24 @@ class JobStore(SweepStore):
             ).fetchone()
             if row is None:
                 return False
-            decision = self._decide(
-                sql, job_id, attempt, outcome, row[0], row[1], bool(row[2]), backoff
-            )
+            decision = self._judge(sql, job_id, attempt, outcome, row, backoff)
             status = decision.status
             done = sql.now if status in TERMINAL_STATUSES else None
+            rc, reason, error = outcome.returncode, outcome.reason, outcome.error
             sql(
                 "UPDATE jobs SET status = ?, attempts = ?, finished_at = ?, heartbeat_at = NULL, "
                 "returncode = ?, reason = ?, error = ? WHERE id = ?",
-                (
-                    status,
-                    decision.attempts,
-                    done,
-                    outcome.returncode,
-                    outcome.reason,
-                    outcome.error,
-                    job_id,
-                ),
+                (status, decision.attempts, done, rc, reason, error, job_id),
             )
+            kept = None if summary is None else self._json(dict(summary))
+            note = "; ".join(n for n in (note, decision.note) if n) or None
             sql(
                 "UPDATE attempts SET finished_at = ?, outcome = ?, reason = ?, returncode = ?, "
                 "error = ?, summary = ?, note = ? WHERE job_id = ? AND attempt = ? "
                 "AND outcome IS NULL",
-                (
-                    sql.now,
-                    outcome.status,
-                    outcome.reason,
-                    outcome.returncode,
-                    outcome.error,
-                    None if summary is None else self._json(dict(summary)),
-                    "; ".join(n for n in (note, decision.note) if n) or None,
-                    job_id,
-                    attempt,
-                ),
+                (sql.now, outcome.status, reason, rc, error, kept, note, job_id, attempt),
             )
             sql("UPDATE workers SET job_id = NULL WHERE name = ? AND job_id = ?", (worker, job_id))
-            self._record_decision(sql, job_id, attempt, decision, row[3])
             if status == QUEUED:
                 self._announce(sql, f"requeue {job_id}")
         return True

@@ -420,17 +420,19 @@ class SweepStore(abc.ABC):
             (job_id,),
         )
 
-    def _decide(
+    def _judge(
         self,
         sql: Sql,
         job_id: int,
         attempt: int,
         outcome: Outcome,
-        attempts: int,
-        max_attempts: int,
-        cancel_requested: bool,
+        job: Sequence[Any],
         backoff: float,
     ) -> Decision:
+        """The retry rules' decision on an attempt (``job``: the job's attempts, max_attempts,
+        cancel_requested and host), written: the attempt's class and cause, the job's retry
+        state, the cancellation of the jobs that waited for one that will not succeed."""
+        attempts, max_attempts, cancel_requested, host = job
         row = sql(f"SELECT {_PLAN_COLUMNS} FROM job_plans WHERE job_id = ?", (job_id,)).fetchone()
         plan = Plan() if row is None else _plan_from_row(row, ())
         earlier = sql(
@@ -438,22 +440,16 @@ class SweepStore(abc.ABC):
             "AND counted = 1 AND failure_class = 'job' ORDER BY attempt DESC",
             (job_id, attempt),
         ).fetchall()
-        return decide(
+        decision = decide(
             outcome,
             attempts=attempts,
             max_attempts=max_attempts,
-            cancel_requested=cancel_requested,
+            cancel_requested=bool(cancel_requested),
             infrastructure_failures=plan.infra_failures,
             previous_causes={str(c): int(n) for n, c in earlier if c is not None},
             policy=plan.policy,
             backoff=backoff,
         )
-
-    def _record_decision(
-        self, sql: Sql, job_id: int, attempt: int, decision: Decision, host: str | None
-    ) -> None:
-        """Write what ``_decide`` decided: the attempt's class and cause, the job's retry
-        state, and the cancellation of the jobs that waited for a job that will not succeed."""
         if decision.failure_class is not None:
             sql(
                 "INSERT INTO attempt_causes (job_id, attempt, failure_class, cause, counted) "
@@ -467,21 +463,18 @@ class SweepStore(abc.ABC):
                 "SELECT gpus FROM attempt_causes WHERE job_id = ? AND attempt = ?",
                 (job_id, attempt),
             ).fetchone()
-            avoid = [f"{host}:{gpu}" for gpu in _names(gpus[0] if gpus else None)]
+            avoid = _names_json([f"{host}:{gpu}" for gpu in _names(gpus[0] if gpus else None)])
+            retry_at = sql.now + decision.retry_in
             sql(
                 "INSERT INTO job_plans (job_id, infra_failures, retry_at, avoid) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT (job_id) DO UPDATE SET "
                 "infra_failures = excluded.infra_failures, retry_at = excluded.retry_at, "
                 "avoid = excluded.avoid",
-                (
-                    job_id,
-                    decision.infrastructure_failures,
-                    sql.now + decision.retry_in,
-                    _names_json(avoid),
-                ),
+                (job_id, decision.infrastructure_failures, retry_at, avoid),
             )
         if decision.status in (FAILED, CANCELLED):
             self._cancel_dependents(sql, job_id, decision.status)
+        return decision
 
     def _cancel_dependents(self, sql: Sql, job_id: int, status: str) -> None:
         """Cancel the queued jobs that run ``--after`` ``job_id`` (which ended ``status``),
