@@ -77,10 +77,13 @@ async def run_worker(
 
     worker.metrics = WorkerMetrics(worker.name, host=worker.host)
     worker.registry = new_registry(worker.metrics)
+    server = None
+    if metrics_config.port is not None:
+        listener = await open_listener(metrics_config.address, metrics_config.port)
+        server = MetricsServer(listener, partial(render, worker.registry))
     async with anyio.create_task_group() as tg:
-        if metrics_config.port is not None:
-            listener = await open_listener(metrics_config.address, metrics_config.port)
-            tg.start_soon(MetricsServer(listener, partial(render, worker.registry)).serve)
+        if server is not None:
+            tg.start_soon(server.serve)
         try:
             ran = await worker.run(once)
         finally:
