@@ -2,10 +2,8 @@
 
 Each attempt runs in ``<runs>/<id>/attempts/<k>/`` (``train.log``, ``soak.json``, its journal),
 with ``<runs>/<id>/`` as the run directory kept across attempts.  Beside the soak, a task
-heartbeats the job every ``poll_seconds`` and turns a cancellation, a lost fence or the
-worker's stop into a stop request to the soak (stdin closed or its stop signal sent, the tree
-killed ``stop_timeout_seconds`` later).  A final write the database refuses for now is retried,
-then kept in the spool (``_spool.py``).
+heartbeats the job and turns a cancellation, a lost fence or the worker's stop into a stop
+request to the soak.  A final write the database refuses for now is retried, then spooled.
 """
 
 from __future__ import annotations
@@ -60,6 +58,7 @@ STORE_CALL_TIMEOUT_FACTOR = 4
 _log = logging.getLogger("asyncsoak.queue")
 _PLACEHOLDER = re.compile(r"\{(job_id|db|run_dir)\}")
 _T = TypeVar("_T")
+_F = TypeVar("_F")
 
 
 @dataclasses.dataclass(slots=True)
@@ -83,10 +82,8 @@ async def run_job(
     stop_event: anyio.Event | None = None,
     name: str | None = None,
 ) -> str:
-    """Run one claimed job under ``run_soak`` with ``config``'s settings and write its final
-    status.  ``name`` is the worker that claimed it (default: the job's ``worker``).  Returns
-    the attempt's outcome (a :class:`JobStatus`), or ``lost`` when another worker took the job
-    over meanwhile (nothing is written then)."""
+    """Run one claimed job under ``run_soak`` and write its final status; returns the
+    attempt's outcome, or ``lost`` when another worker took the job over (nothing written)."""
     require_asyncio("run_job")
     name = name or job.worker or default_worker_name()
     runner = Runner(store, config, stop_event or anyio.Event(), anyio.Event(), name)
@@ -112,44 +109,63 @@ class Runner:
         self.kill_event = kill_event
         self.name = name
         self.host = socket.gethostname()
+        self.devices = gpu_list(settings.gpus)
         # One thread for the loop, one for the worker's heartbeat, one for each job it may run
         # at once: no job's heartbeat waits behind a slow call and goes stale.
-        self.devices = gpu_list(settings.gpus)
         self.limiter = anyio.CapacityLimiter(2 + max(1, len(self.devices)))
         #: Set by ``run_worker`` when the worker serves metrics.
         self.metrics: WorkerMetrics | None = None
         self.registry: CollectorRegistry | None = None
         self.spool = Spool(self.runs_dir)
         self._unreachable = False
-
-    async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         # A store call waits at most the busy timeout for a lock (or a connection attempt);
         # past a generous multiple of it the database's disk or network is hung, and the call
-        # is abandoned rather than awaited: the caller treats the database as unavailable.
+        # is abandoned: the caller treats the database as unavailable.
+        self._call_timeout = STORE_CALL_TIMEOUT_FACTOR * store.busy_timeout + 10.0
+        per_try = self._call_timeout + settings.finish_retry_wait_seconds
+        #: The longest a final write may take, all its retries and a kill's wait included.
+        self._finish_bound = settings.finish_retries * per_try + settings.kill_wait_seconds
+
+    async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        what = f"the queue store call {getattr(fn, '__name__', 'call')}"
         return await run_blocking(
-            fn,
-            *args,
-            timeout=self._call_timeout(),
-            what=f"the queue store call {getattr(fn, '__name__', 'call')}",
-            limiter=self.limiter,
+            fn, *args, timeout=self._call_timeout, what=what, limiter=self.limiter
         )
 
-    def _call_timeout(self) -> float:
-        return STORE_CALL_TIMEOUT_FACTOR * self.store.busy_timeout + 10.0
+    async def _or(
+        self, fallback: _F, warning: str | None, fn: Callable[..., _T], *args: Any
+    ) -> _T | _F:
+        """A store call, or ``fallback`` while it fails for now (``warning`` says so)."""
+        try:
+            return await self._call(fn, *args)
+        except UNAVAILABLE as exc:
+            if warning is not None:
+                _log.warning("%s: %s", warning, exc)
+            return fallback
+
+    async def _try(self, doing: str, fn: Callable[..., _T], *args: Any) -> _T | None:
+        """A store call, or None (said once, see :meth:`_lost_database`) while it fails."""
+        try:
+            result = await self._call(fn, *args)
+        except UNAVAILABLE as exc:
+            self._lost_database(doing, exc)
+            return None
+        self._reached_database()
+        return result
 
     def _lost_database(self, doing: str, exc: BaseException) -> None:
         """Log a failed store call: a warning when the database goes away, then quiet."""
-        if not self._unreachable:
-            self._unreachable = True
-            _log.warning(
-                "worker %s: the queue database is unavailable (%s: %s); running jobs stay "
-                "supervised, retrying with backoff",
-                self.name,
-                doing,
-                exc,
-            )
-        else:
+        if self._unreachable:
             _log.debug("worker %s: %s: %s", self.name, doing, exc)
+            return
+        self._unreachable = True
+        _log.warning(
+            "worker %s: the queue database is unavailable (%s: %s); running jobs stay "
+            "supervised, retrying with backoff",
+            self.name,
+            doing,
+            exc,
+        )
 
     def _reached_database(self) -> None:
         if self._unreachable:
@@ -163,12 +179,11 @@ class Runner:
         same name learned; after it (``artifact`` given), keep what this one learned."""
         if job.soak.get("stale_progress_seconds") != "auto":
             return None
-        runs = self.runs_dir
         try:
             if artifact is not None:
-                await self._call(remember_limit, runs, job.name, artifact)
+                await self._call(remember_limit, self.runs_dir, job.name, artifact)
                 return None
-            return await self._call(carried_limit, runs, job.name)
+            return await self._call(carried_limit, self.runs_dir, job.name)
         except (OSError, BlockingCallTimeout) as exc:
             _log.warning("job %d: the learned stale limit: %s", job.id, exc)
             return None
@@ -176,13 +191,12 @@ class Runner:
     async def _earlier_highest_step(self, job: Job) -> int | None:
         """The highest step the job's earlier attempts reached: this one's steps at or below
         it are redone (its ledger's ``wasted``); None when unknown."""
-        try:
-            attempts = await self._call(self.store.attempts, job.id)
-            earlier = [a for a in attempts if a.attempt < job.attempt]
-            return await self._call(earlier_highest_step, earlier)
-        except UNAVAILABLE as exc:
-            _log.warning("job %d: the earlier attempts' steps: %s", job.id, exc)
+        warning = f"job {job.id}: the earlier attempts' steps"
+        attempts = await self._or(None, warning, self.store.attempts, job.id)
+        if attempts is None:
             return None
+        earlier = [a for a in attempts if a.attempt < job.attempt]
+        return await self._call(earlier_highest_step, earlier)
 
     async def run_job(self, job: Job, devices: Sequence[str] | None = None) -> str:
         """Run one claimed attempt; ``devices``: its GPUs (None: the worker's ``gpus``)."""
@@ -196,11 +210,20 @@ class Runner:
         state = _JobState()
         artifact: dict[str, Any] | None = None
         problem: BaseException | None = None
+        gpus = gpu_list(env.get("CUDA_VISIBLE_DEVICES"))  # for its artifact's GPU-hours
+        metadata = {
+            "job_id": job.id,
+            "job_name": job.name,
+            "attempt": job.attempt,
+            "worker": self.name,
+            "host": self.host,
+            **({"gpus": gpus} if gpus else {}),
+        }
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._supervise, job, control, state)
                 try:
-                    await self._call(_make_dirs, attempt_dir)
+                    await self._call(partial(attempt_dir.mkdir, 0o700, True, True))
                     carried = await self._learned_limit(job)
                     _check_settings_known(job)
                     earlier = await self._earlier_highest_step(job)
@@ -212,14 +235,7 @@ class Runner:
                         output_path=output_path,
                         cwd=Path(job.cwd) if job.cwd else None,
                         env=env,
-                        metadata={
-                            "job_id": job.id,
-                            "job_name": job.name,
-                            "attempt": job.attempt,
-                            "worker": self.name,
-                            "host": self.host,
-                            **_gpus_given(env),
-                        },
+                        metadata=metadata,
                         stop_mode=cast("StopMode", job.stop_mode),
                         control=control,
                         log_path=attempt_dir / "train.log",
@@ -230,7 +246,6 @@ class Runner:
                         earlier_highest_step=earlier,
                         metrics=None if self.registry is None else Metrics(registry=self.registry),
                     )
-                    # Read below as the plain dict it is, like a failed soak's or a saved one.
                     artifact = cast("dict[str, Any]", soaked)
                 except SoakFailureError as exc:
                     artifact = exc.artifact
@@ -243,12 +258,12 @@ class Runner:
             # The worker itself is being cancelled: run_soak has stopped the tree and written
             # its artifact; record the attempt from it before the cancellation goes on.
             state.stopping = True
-            with anyio.move_on_after(self._finish_bound(), shield=True):
+            with anyio.move_on_after(self._finish_bound, shield=True):
                 if not state.lost:
                     saved = await self._call(read_artifact, output_path)
                     cancel = await self._cancel_requested(job)
                     outcome = self._outcome(saved, None, state, cancel, masker, attempt_dir)
-                    await self._finish(job, outcome, summary_of(saved))
+                    await self._finish(job, outcome, saved)
             raise
         if state.lost:
             _log.warning(
@@ -260,15 +275,10 @@ class Runner:
         cancel = await self._cancel_requested(job)
         outcome = self._outcome(artifact, problem, state, cancel, masker, attempt_dir)
         note = await self._take_out_faulted(job, artifact, devices)
-        with anyio.move_on_after(self._finish_bound(), shield=True):
-            await self._finish(job, outcome, summary_of(artifact), note)
-        _log.info(
-            "job %d attempt %d: %s%s",
-            job.id,
-            job.attempt,
-            outcome.status,
-            f" ({outcome.reason})" if outcome.reason else "",
-        )
+        with anyio.move_on_after(self._finish_bound, shield=True):
+            await self._finish(job, outcome, artifact, note)
+        reason = f" ({outcome.reason})" if outcome.reason else ""
+        _log.info("job %d attempt %d: %s%s", job.id, job.attempt, outcome.status, reason)
         return outcome.status
 
     async def _take_out_faulted(
@@ -276,46 +286,37 @@ class Runner:
     ) -> str | None:
         """After an attempt that failed ``gpu_fault``: take the GPU it names (else every GPU
         the job had) out of service on this host; the note saying so, or None."""
-        failures = (artifact or {}).get("failures") or []
-        if not any(isinstance(f, dict) and f.get("reason") == GPU_FAULT for f in failures):
+        failures = [f for f in (artifact or {}).get("failures") or [] if isinstance(f, dict)]
+        faults = [f for f in failures if f.get("reason") == GPU_FAULT]
+        if not faults:
             return None
-        owned = gpu_list(self.settings.gpus) if devices is None else list(devices)
+        owned = self.devices if devices is None else list(devices)
         gpus = faulted_gpus(artifact, owned) or ["all"]
-        detail = next(str(f.get("message")) for f in failures if f.get("reason") == GPU_FAULT)
+        record = partial(
+            self.store.record_gpu_fault,
+            worker=self.name,
+            job_id=job.id,
+            attempt=job.attempt,
+            detail=str(faults[0].get("message")),
+        )
         try:
-            await self._call(
-                partial(
-                    self.store.record_gpu_fault,
-                    worker=self.name,
-                    job_id=job.id,
-                    attempt=job.attempt,
-                    detail=detail,
-                ),
-                self.host,
-                gpus,
-            )
+            await self._call(record, self.host, gpus)
         except UNAVAILABLE as exc:
             _log.warning("job %d: GPU fault not recorded: %s", job.id, exc)
             return None
         listed = ",".join(gpus)
+        clear = f"asyncsoak worker --clear-fault {listed}"
         _log.warning(
-            "job %d: GPU %s of %s out of service after a fault; clear it with "
-            "asyncsoak worker --clear-fault %s",
+            "job %d: GPU %s of %s out of service after a fault; clear it with %s",
             job.id,
             listed,
             self.host,
-            listed,
+            clear,
         )
-        return (
-            f"GPU {listed} of {self.host} taken out of service after this fault, until "
-            f"asyncsoak worker --clear-fault {listed}"
-        )
+        return f"GPU {listed} of {self.host} taken out of service after this fault, until {clear}"
 
     async def _cancel_requested(self, job: Job) -> bool:
-        try:
-            return await self._call(self.store.cancel_requested, job.id)
-        except UNAVAILABLE:
-            return job.cancel_requested
+        return await self._or(job.cancel_requested, None, self.store.cancel_requested, job.id)
 
     @staticmethod
     def _outcome(
@@ -326,20 +327,8 @@ class Runner:
         masker: Masker,
         attempt_dir: Path,
     ) -> Outcome:
-        if artifact is None:
-            status = CANCELLED if cancel_requested else FAILED
-            if problem is None:
-                # The worker was cancelled before the soak could write its artifact.
-                status = CANCELLED if cancel_requested else INTERRUPTED
-                outcome = Outcome(status, None, WORKER_CANCELLED, None)
-            elif isinstance(problem, ValidationError) and not isinstance(
-                problem, OutputLocationError
-            ):
-                outcome = Outcome(status, None, INVALID_JOB, f"the job cannot run: {problem}")
-            else:
-                detail = f"the monitor could not run the attempt: {problem!r}"
-                outcome = Outcome(status, None, MONITOR_ERROR, detail)
-        else:
+        status = CANCELLED if cancel_requested else FAILED
+        if artifact is not None:
             outcome = outcome_from_artifact(
                 artifact,
                 cancel_requested=cancel_requested,
@@ -347,9 +336,15 @@ class Runner:
                 killed_by_worker=state.killed,
                 log_tail=tail(attempt_dir / "train.log"),
             )
-        if outcome.error is None:
-            return outcome
-        return dataclasses.replace(outcome, error=masker(outcome.error))
+        elif problem is None:  # the worker was cancelled before the soak wrote its artifact
+            status = CANCELLED if cancel_requested else INTERRUPTED
+            outcome = Outcome(status, None, WORKER_CANCELLED, None)
+        elif isinstance(problem, ValidationError) and not isinstance(problem, OutputLocationError):
+            outcome = Outcome(status, None, INVALID_JOB, f"the job cannot run: {problem}")
+        else:
+            detail = f"the monitor could not run the attempt: {problem!r}"
+            outcome = Outcome(status, None, MONITOR_ERROR, detail)
+        return masked(outcome, masker)
 
     def _command(self, job: Job, run_dir: Path) -> list[str]:
         db = self.store.location
@@ -362,21 +357,22 @@ class Runner:
         self, job: Job, run_dir: Path, devices: Sequence[str] | None = None
     ) -> dict[str, str]:
         """The worker's environment, then the job's overrides, then what the worker owns."""
-        env = dict(os.environ)
-        env.update(job.env)
+        env = {**os.environ, **job.env}
         gpus = self.settings.gpus if devices is None else ",".join(devices)
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = gpus
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env.update(CUDA_VISIBLE_DEVICES=gpus, CUDA_DEVICE_ORDER="PCI_BUS_ID")
         env["ASYNCSOAK_JOB_ID"] = str(job.id)
         env.update(self.store.child_environment())
-        env["ASYNCSOAK_RUN_DIR"] = str(run_dir)
-        env["ASYNCSOAK_ATTEMPT"] = str(job.attempt)
-        env["ASYNCSOAK_STOP_MODE"] = job.stop_mode
+        env.update(
+            ASYNCSOAK_RUN_DIR=str(run_dir),
+            ASYNCSOAK_ATTEMPT=str(job.attempt),
+            ASYNCSOAK_STOP_MODE=job.stop_mode,
+        )
         return env
 
     async def _supervise(self, job: Job, control: SoakControl, state: _JobState) -> None:
         """Heartbeat the job, and turn cancellation, fencing and worker stop into a stop."""
+        settings = self.settings
         cancel_deadline: float | None = None
         while True:
             try:
@@ -396,64 +392,53 @@ class Runner:
                 return
             now = anyio.current_time()
             if cancel and cancel_deadline is None:
-                cancel_deadline = now + self.settings.cancel_grace_seconds
+                cancel_deadline = now + settings.cancel_grace_seconds
                 _log.info(
                     "job %d: cancel requested; stopping it in %.0fs unless it stops itself",
                     job.id,
-                    self.settings.cancel_grace_seconds,
+                    settings.cancel_grace_seconds,
                 )
             if cancel_deadline is not None and now >= cancel_deadline:
                 control.request_stop(
-                    reason="cancel requested", grace_seconds=self.settings.stop_timeout_seconds
+                    reason="cancel requested", grace_seconds=settings.stop_timeout_seconds
                 )
             stop_now = self.kill_event.is_set()
             if (self.stop_event.is_set() or stop_now) and not state.stopping:
                 state.stopping = True
                 control.request_stop(
-                    reason="worker stopping", grace_seconds=self.settings.stop_timeout_seconds
+                    reason="worker stopping", grace_seconds=settings.stop_timeout_seconds
                 )
             if stop_now and not state.killed and control.pid is not None:
                 state.killed = True
-                _kill_group(control.pid)
+                # The reaper starts the command as a session leader: its group is the tree.
+                with contextlib.suppress(OSError):
+                    os.killpg(control.pid, signal.SIGKILL)
                 _log.warning("job %d: killed its process group at once", job.id)
-            wake = now + self.settings.poll_seconds
+            wake = now + settings.poll_seconds
             if cancel_deadline is not None and not control.stop_requested.is_set():
                 wake = min(wake, cancel_deadline)
             with anyio.move_on_after(wake - now):
                 if state.killed:
                     await anyio.sleep_forever()
-                elif state.stopping:
-                    await self.kill_event.wait()
-                else:
-                    await self.stop_event.wait()
-
-    def _finish_bound(self) -> float:
-        per_try = self._call_timeout() + self.settings.finish_retry_wait_seconds
-        return self.settings.finish_retries * per_try + self.settings.kill_wait_seconds
+                await (self.kill_event if state.stopping else self.stop_event).wait()
 
     async def _finish(
         self,
         job: Job,
         outcome: Outcome,
-        summary: dict[str, Any] | None = None,
+        artifact: dict[str, Any] | None = None,
         note: str | None = None,
     ) -> bool:
         """Write the final status, retrying while the database is unavailable, then keeping
         it in the spool for later delivery; warns, never raises."""
+        summary = artifact_summary(artifact)
         retries = self.settings.finish_retries
+        finish = partial(self.store.finish, backoff=self.settings.retry_backoff_seconds)
         for attempt in range(1, retries + 1):
             try:
                 written = await self._call(
-                    partial(self.store.finish, backoff=self.settings.retry_backoff_seconds),
-                    job.id,
-                    job.attempt,
-                    self.name,
-                    outcome,
-                    summary,
-                    note,
+                    finish, job.id, job.attempt, self.name, outcome, summary, note
                 )
-                if written and self.metrics is not None:
-                    self.metrics.outcome(outcome.status, outcome.reason)
             except UNAVAILABLE as exc:
                 _log.warning(
                     "job %d: final status not written (%s), try %d of %d",
@@ -474,6 +459,8 @@ class Runner:
                     job.id,
                     job.attempt,
                 )
+            elif self.metrics is not None:
+                self.metrics.outcome(outcome.status, outcome.reason)
             return written
         try:
             path = await self._call(
@@ -496,6 +483,13 @@ class Runner:
         return False
 
 
+def masked(outcome: Outcome, masker: Callable[[str], str]) -> Outcome:
+    """``outcome`` with the secrets in its error masked."""
+    if outcome.error is None:
+        return outcome
+    return dataclasses.replace(outcome, error=masker(outcome.error))
+
+
 def gpu_list(gpus: str | None) -> list[str]:
     """``--gpus 0,1,2,3`` as the list of GPUs a worker owns ([] for none)."""
     return [gpu.strip() for gpu in (gpus or "").split(",") if gpu.strip()]
@@ -515,8 +509,7 @@ def faulted_gpus(artifact: dict[str, Any] | None, devices: Sequence[str]) -> lis
         if not devices and gpu.get("index") is not None and str(gpu["index"]) not in named:
             named.append(str(gpu["index"]))
 
-    failures = (artifact or {}).get("failures") or []
-    for failure in failures:
+    for failure in (artifact or {}).get("failures") or []:
         if isinstance(failure, dict) and failure.get("reason") == GPU_FAULT:
             name(failure.get("gpu"))
     if not named:
@@ -525,24 +518,6 @@ def faulted_gpus(artifact: dict[str, Any] | None, devices: Sequence[str]) -> lis
             if any(isinstance(f, dict) and f.get("fails") and f.get("used") for f in faults or []):
                 name(health)
     return named or list(devices)
-
-
-def _gpus_given(env: dict[str, str]) -> dict[str, Any]:
-    """The attempt's GPUs for its artifact's metadata (its GPU-hours): its
-    ``CUDA_VISIBLE_DEVICES``, as the worker's ``--gpus`` or the environment set it."""
-    gpus = gpu_list(env.get("CUDA_VISIBLE_DEVICES"))
-    return {"gpus": gpus} if gpus else {}
-
-
-def summary_of(artifact: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if artifact is None else artifact_summary(artifact)
-
-
-def _kill_group(pid: int) -> None:
-    """SIGKILL the command's process group (the reaper starts it as a session leader); the
-    soak then sees it exit and stops whatever else is left of its tree."""
-    with contextlib.suppress(OSError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def _check_settings_known(job: Job) -> None:
@@ -554,7 +529,3 @@ def _check_settings_known(job: Job) -> None:
             f"the job sets {', '.join(map(repr, unknown))}, which this worker (asyncsoak "
             f"{VERSION}) does not know: a newer asyncsoak submitted it; upgrade the worker"
         )
-
-
-def _make_dirs(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)

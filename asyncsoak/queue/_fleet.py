@@ -1,12 +1,5 @@
-"""Opening the queue, and what a fleet of workers needs from it.
-
-:func:`open_store` opens the backend a ``db`` names; :func:`open_for_worker` creates the queue
-a worker serves when it does not exist yet (saying so once in the log, so a typo in ``--db``
-still shows); :func:`open_when_reachable` waits for a database server that cannot be reached
-yet.  :func:`worker_views` decides what ``asyncsoak workers`` shows: a worker silent past the
-limit (or whose process is gone, on this host) is ``lost``; a job is shown under the worker the
-jobs table names; workers gone for :data:`PRUNE_AFTER_S` are left out unless asked for.
-"""
+"""Opening the queue (the backend a ``db`` names, a server not up yet waited for, a worker's
+queue created), and what ``asyncsoak workers`` shows of a fleet."""
 
 from __future__ import annotations
 
@@ -26,7 +19,6 @@ from ._models import (
     DatabaseUnreachableError,
     Job,
     QueueDatabaseError,
-    QueueMissingError,
     WorkerInfo,
 )
 from ._status import STALE_AFTER_S
@@ -86,10 +78,9 @@ def open_when_reachable(
     sleep: Callable[[float], None] = time.sleep,
     **options: Any,
 ) -> JobStore:
-    """Open ``db``, waiting up to ``wait`` seconds (``math.inf``: for ever) for a server that
-    cannot be reached yet; backs off from :data:`BACKOFF_MIN_SECONDS` to
-    :data:`BACKOFF_MAX_SECONDS` between attempts.  Raises the last
-    :class:`DatabaseUnreachableError` when the wait is over; any other refusal at once."""
+    """Open ``db``, waiting up to ``wait`` seconds (``math.inf``: for ever), with a growing
+    backoff, for a server that cannot be reached yet: the last
+    :class:`DatabaseUnreachableError` when the wait is over, any other refusal at once."""
     deadline = time.monotonic() + wait
     backoff = BACKOFF_MIN_SECONDS
     first_failure: float | None = None
@@ -127,45 +118,34 @@ def open_when_reachable(
 
 def _say_reached(where: object, first_failure: float | None) -> None:
     if first_failure is not None:
-        _log.warning(
-            "queue database %s reached after %.0fs", where, time.monotonic() - first_failure
-        )
+        waited = time.monotonic() - first_failure
+        _log.warning("queue database %s reached after %.0fs", where, waited)
 
 
 def open_for_worker(db: str, *, wait: float, default_location: bool = False) -> JobStore:
-    """The queue a worker serves, created if it does not exist yet (see the module).
-
-    An SQLite path is created only where its directory exists (``default_location``: the
-    default path, whose directory is made): a typo in ``--db`` is refused, not served."""
-    if not is_postgres(db):
+    """The queue a worker serves, created if it does not exist yet (saying so, so that a typo
+    in ``--db`` still shows).  An SQLite path is created only where its directory exists
+    (``default_location``: the default path, whose directory is made)."""
+    if is_postgres(db):
+        # Every worker of a fleet may get here at once: the store creates the schema under an
+        # advisory lock, once; the others find it made.
+        store = open_when_reachable(db, wait=wait, create=True)
+        made = "held no job queue: created its schema" if getattr(store, "created", 0) else ""
+    else:
         path = Path(db).expanduser()
-        if not path.exists():
-            if not path.parent.is_dir() and not default_location:
-                raise QueueDatabaseError(
-                    path,
-                    f"its directory {path.parent} does not exist (check --db; a worker creates "
-                    "a new queue only in an existing directory)",
-                )
-            store = open_store(db, create=True)
-            _log.warning(
-                "queue database %s did not exist: created an empty queue; waiting for jobs "
-                "(check --db if you expected an existing queue)",
-                store.location,
+        made = "" if path.exists() else "did not exist: created an empty queue"
+        if made and not path.parent.is_dir() and not default_location:
+            raise QueueDatabaseError(
+                path,
+                f"its directory {path.parent} does not exist (check --db; a worker creates "
+                "a new queue only in an existing directory)",
             )
-            return store
-        return open_store(db, create=True)
-    try:
-        return open_when_reachable(db, wait=wait, create=False)
-    except QueueMissingError:
-        pass
-    # Every worker of a fleet may get here at once: the store creates the schema under an
-    # advisory lock, once; the others find it made.
-    store = open_when_reachable(db, wait=wait, create=True)
-    if getattr(store, "created", False):
+        store = open_store(db, create=True)
+    if made:
         _log.warning(
-            "queue database %s held no job queue: created its schema; waiting for jobs "
-            "(check --db if you expected an existing queue)",
+            "queue database %s %s; waiting for jobs (check --db if you expected an existing queue)",
             store.location,
+            made,
         )
     return store
 
@@ -183,43 +163,19 @@ class WorkerView:
     jobs: list[int] = field(default_factory=list)
 
 
-def worker_state(
-    worker: WorkerInfo,
-    now: float,
-    *,
-    lost_after: float = LOST_AFTER_S,
-    this_host: str | None = None,
-    process_alive: Callable[[int, int | None], bool] | None = None,
-) -> str:
-    """``stopped``, ``lost`` or ``alive``: a worker is lost once its heartbeat is older than
-    ``lost_after``, or at once when it ran on ``this_host`` and its process is gone."""
-    if worker.stopped_at is not None:
-        return STOPPED
-    if now - worker.heartbeat_at > lost_after:
-        return LOST
-    gone_here = (
-        process_alive is not None
-        and worker.host == this_host
-        and not process_alive(worker.pid, worker.pid_start)
-    )
-    if gone_here:
-        return LOST
-    return ALIVE
-
-
 def worker_views(
     workers: Iterable[WorkerInfo],
     running: Iterable[Job],
     now: float,
     *,
     lost_after: float = LOST_AFTER_S,
-    prune_after: float = PRUNE_AFTER_S,
     show_all: bool = False,
     this_host: str | None = None,
     process_alive: Callable[[int, int | None], bool] | None = None,
 ) -> tuple[list[WorkerView], int]:
     """The workers to show, and how many were left out as gone for longer than
-    ``prune_after``."""
+    :data:`PRUNE_AFTER_S`.  A worker is lost once its heartbeat is older than ``lost_after``,
+    or at once when it ran on ``this_host`` and its process is gone."""
     held: dict[str, list[int]] = {}
     for job in running:
         if job.worker is not None:
@@ -227,12 +183,19 @@ def worker_views(
     shown: list[WorkerView] = []
     pruned = 0
     for w in workers:
-        state = worker_state(
-            w, now, lost_after=lost_after, this_host=this_host, process_alive=process_alive
+        gone_here = (
+            process_alive is not None
+            and w.host == this_host
+            and not process_alive(w.pid, w.pid_start)
         )
+        state = ALIVE
+        if w.stopped_at is not None:
+            state = STOPPED
+        elif now - w.heartbeat_at > lost_after or gone_here:
+            state = LOST
         last_seen = w.heartbeat_at if w.stopped_at is None else max(w.heartbeat_at, w.stopped_at)
-        if state != ALIVE and now - last_seen > prune_after and not show_all:
+        if state != ALIVE and now - last_seen > PRUNE_AFTER_S and not show_all:
             pruned += 1
-            continue
-        shown.append(WorkerView(w, state, last_seen, sorted(held.get(w.name, []))))
+        else:
+            shown.append(WorkerView(w, state, last_seen, sorted(held.get(w.name, []))))
     return shown, pruned

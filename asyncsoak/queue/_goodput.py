@@ -8,7 +8,7 @@ unknown.  Its GPUs: those the worker gave it (``--gpus``), else those its artifa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +86,10 @@ def job_parts(
     causes: Mapping[int, AttemptCause],
     requeued: Mapping[int, float],
     plan: Plan,
-    section: Callable[[Attempt], Section | None] = attempt_section,
 ) -> list[AttemptPart]:
     """The job's attempts as a ledger adds them: the first waited from its submission (or
     its ``--not-before``), one after a requeue from the requeue, the others followed the
-    previous attempt (``recovery``)."""
+    previous attempt (``recovery``).  Its GPUs: those the worker gave it, else its summary's."""
     first = min((a.attempt for a in attempts), default=None)
     parts = []
     for a in attempts:
@@ -99,28 +98,33 @@ def job_parts(
             queued = max(submitted_at, plan.not_before or 0.0)
         cause = causes.get(a.attempt)
         gpus = len(cause.gpus) if cause is not None and cause.gpus else None
-        summary_gpus = (a.summary or {}).get("gpus")
-        if gpus is None and isinstance(summary_gpus, int):
-            gpus = summary_gpus
+        kept = (a.summary or {}).get("gpus")
+        if gpus is None and isinstance(kept, int):
+            gpus = kept
         label = f"attempt {a.attempt}" + ("" if a.outcome else " (running)")
-        parts.append(AttemptPart(label, section(a), a.started_at, a.finished_at, queued, gpus))
+        section = attempt_section(a)
+        parts.append(AttemptPart(label, section, a.started_at, a.finished_at, queued, gpus))
     return parts
 
 
-def job_label(job: Job) -> str:
-    return f"job {job.id}" + (f" {job.name}" if job.name else "")
+def _ledger(
+    store: JobStore,
+    job: Job,
+    attempts: Sequence[Attempt],
+    requeued: Mapping[int, float],
+    plan: Plan,
+) -> JobLedger:
+    causes = store.attempt_causes(job.id)
+    parts = job_parts(
+        attempts, submitted_at=job.created_at, causes=causes, requeued=requeued, plan=plan
+    )
+    return job_ledger(f"job {job.id}" + (f" {job.name}" if job.name else ""), parts)
 
 
 def job_goodput(store: JobStore, job: Job, attempts: Sequence[Attempt]) -> JobLedger:
     """One job's ledger, read from ``store``."""
-    parts = job_parts(
-        attempts,
-        submitted_at=job.created_at,
-        causes=store.attempt_causes(job.id),
-        requeued=store.requeue_times().get(job.id, {}),
-        plan=store.plan(job.id),
-    )
-    return job_ledger(job_label(job), parts)
+    requeued = store.requeue_times().get(job.id, {})
+    return _ledger(store, job, attempts, requeued, store.plan(job.id))
 
 
 def queue_goodput(store: JobStore, since: float | None = None) -> list[JobLedger]:
@@ -130,18 +134,10 @@ def queue_goodput(store: JobStore, since: float | None = None) -> list[JobLedger
     out = []
     for job in store.jobs():
         attempts = store.attempts(job.id)
-        if not attempts:
-            continue
-        if since is not None and all(
-            a.finished_at is not None and a.finished_at < since for a in attempts
-        ):
-            continue
-        parts = job_parts(
-            attempts,
-            submitted_at=job.created_at,
-            causes=store.attempt_causes(job.id),
-            requeued=requeues.get(job.id, {}),
-            plan=plans.get(job.id, Plan()),
+        recent = since is None or any(
+            a.finished_at is None or a.finished_at >= since for a in attempts
         )
-        out.append(job_ledger(job_label(job), parts))
+        if attempts and recent:
+            plan = plans.get(job.id, Plan())
+            out.append(_ledger(store, job, attempts, requeues.get(job.id, {}), plan))
     return out

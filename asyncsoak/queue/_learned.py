@@ -8,14 +8,14 @@ The file's name is a hash, so no path is ever built from the name itself.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from .._record import write_artifact
 
 #: Below the runs directory: one small file per job name.
 LEARNED_DIR = "stale-limits"
@@ -55,14 +55,8 @@ def remember_limit(runs_dir: Path, name: str | None, artifact: Mapping[str, Any]
     learned = progress.get("stale_limit_seconds")
     if config.get("stale_progress_seconds") != "auto" or not isinstance(learned, int | float):
         return
-    if learned == config.get("startup_timeout_seconds"):
+    if not math.isfinite(learned) or learned == config.get("startup_timeout_seconds"):
         return  # the warm-up never ended: nothing was learned
     path = _path(runs_dir, name)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        temporary.write_text(json.dumps({"name": name, "stale_limit_seconds": learned}))
-        os.replace(temporary, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
+    write_artifact({"name": name, "stale_limit_seconds": learned}, path)

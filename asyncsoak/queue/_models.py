@@ -21,7 +21,7 @@ from .._contract import (
 )
 from .._supervisor import validate_job
 from ..trainer import Job as Job
-from ..trainer import column, decoded, select_list
+from ..trainer import column, select_list
 from ._status import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 
 #: Statuses a job can be in; ``interrupted`` is an attempt's outcome (the job returns to queued).
@@ -56,18 +56,17 @@ class QueueDatabaseError(QueueError):
 
 
 class QueueMissingError(QueueDatabaseError):
-    """The database holds no queue yet (an SQLite file not created, a PostgreSQL database
-    without the queue's schema): readers show an empty queue, workers create it."""
+    """The database holds no queue yet: readers show an empty queue, workers create it."""
 
 
 class QueueDatabaseLostError(QueueDatabaseError):
-    """The worker's SQLite file was deleted or replaced while it ran: the jobs it holds are no
-    queue's any more, so it claimed no more and stopped once its running jobs ended."""
+    """The worker's SQLite file was deleted or replaced while it ran: it claimed no more jobs
+    and stopped once its running ones ended."""
 
 
 class DatabaseUnreachableError(QueueDatabaseError):
-    """The database server cannot be reached (down, booting, cut off): a worker waits for it
-    (``--wait-for-db``), the other commands for a few seconds."""
+    """The database server cannot be reached: a worker waits for it (``--wait-for-db``), the
+    other commands for a few seconds."""
 
 
 class QueueUnavailableError(QueueError):
@@ -92,9 +91,8 @@ class JobStateError(QueueError):
     def __init__(self, job_id: int, status: str, action: str, allowed: Sequence[str]) -> None:
         self.job_id = job_id
         self.status = status
-        super().__init__(
-            f"job {job_id} is {status}; only {' or '.join(allowed)} jobs can be {action}"
-        )
+        only = " or ".join(allowed)
+        super().__init__(f"job {job_id} is {status}; only {only} jobs can be {action}")
 
 
 class WorkerNameInUseError(QueueError):
@@ -140,11 +138,9 @@ class Attempt:
     returncode: int | None = column("int")
     error: str | None = column("text")
     artifact: str = column("text", required=True)
-    #: What the attempt's artifact said (verdict, failures, warnings, trends), kept in the
-    #: database so every host can show it; None while it runs or when no artifact was written.
+    #: What the attempt's artifact said (:func:`artifact_summary`), for every host to show.
     summary: dict[str, Any] | None = column("json", since=2)
-    #: What the worker that ended the attempt wants a reader to know (a takeover from
-    #: another host, an outcome delivered late from the spool).
+    #: What the worker that ended the attempt wants a reader to know (a takeover, a late spool).
     note: str | None = column("text", since=2)
 
     @property
@@ -174,47 +170,33 @@ WORKER_COLUMNS = select_list(WorkerInfo)
 #: Each column's kind (``json`` columns are written through the backend's ``_json``).
 JOB_KINDS = {f.name: f.metadata.get("kind") for f in dataclasses.fields(Job)}
 
-#: Each backend's SQL type of a column's kind.
+#: The SQL type of a column's kind: (SQLite's, PostgreSQL's).
 SQL_TYPES = {
-    "sqlite": {
-        "key": "INTEGER PRIMARY KEY AUTOINCREMENT",
-        "text": "TEXT",
-        "json": "TEXT",
-        "int": "INTEGER",
-        "bigint": "INTEGER",
-        "real": "REAL",
-        "bool": "INTEGER",
-    },
-    "postgres": {
-        "key": "bigserial PRIMARY KEY",
-        "text": "text",
-        "json": "jsonb",
-        "int": "integer",
-        "bigint": "bigint",
-        "real": "double precision",
-        "bool": "boolean",
-    },
+    "key": ("INTEGER PRIMARY KEY AUTOINCREMENT", "bigserial PRIMARY KEY"),
+    "text": ("TEXT", "text"),
+    "json": ("TEXT", "jsonb"),
+    "int": ("INTEGER", "integer"),
+    "bigint": ("INTEGER", "bigint"),
+    "real": ("REAL", "double precision"),
+    "bool": ("INTEGER", "boolean"),
 }
 
 
-def _literal(value: object, dialect: str) -> str:
-    if isinstance(value, bool):
-        return ("true" if value else "false") if dialect == "postgres" else str(int(value))
-    if isinstance(value, int):
-        return str(value)
-    text = value if isinstance(value, str) else json.dumps(value)
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _column_ddl(spec: dataclasses.Field[Any], dialect: str, prefix: str) -> str:
+def _column_ddl(spec: dataclasses.Field[Any], postgres: bool, prefix: str) -> str:
     meta = spec.metadata
-    ddl = [spec.name, SQL_TYPES[dialect][meta["kind"]]]
+    ddl = [spec.name, SQL_TYPES[meta["kind"]][postgres]]
     if meta["references"]:
         ddl.append(f"REFERENCES {prefix}{meta['references']} (id)")
     if meta["required"] and meta["kind"] != "key":
         ddl.append("NOT NULL")
-    if meta["default"] is not None:
-        ddl.append(f"DEFAULT {_literal(meta['default'], dialect)}")
+    default = meta["default"]
+    if isinstance(default, bool):
+        ddl.append(f"DEFAULT {str(default).lower() if postgres else int(default)}")
+    elif isinstance(default, int):
+        ddl.append(f"DEFAULT {default}")
+    elif default is not None:
+        text = default if isinstance(default, str) else json.dumps(default)
+        ddl.append("DEFAULT '" + text.replace("'", "''") + "'")
     if meta["check"]:
         ddl.append(f"CHECK ({meta['check']})")
     return " ".join(ddl)
@@ -224,16 +206,17 @@ def schema_statements(dialect: str, version: int, prefix: str = "") -> list[str]
     """What brings the queue's tables from schema ``version`` (0: none yet) to
     :data:`SCHEMA_VERSION` on ``dialect`` (``sqlite``, ``postgres``), tables named with
     ``prefix`` (PostgreSQL's schema)."""
+    postgres = dialect == "postgres"
     statements = []
     for record in (Job, Attempt, WorkerInfo):
         columns = [f for f in dataclasses.fields(record) if "kind" in f.metadata]
         table = prefix + record.TABLE
         if version == 0:
-            body = [_column_ddl(f, dialect, prefix) for f in columns] + list(record.CONSTRAINTS)
+            body = [_column_ddl(f, postgres, prefix) for f in columns] + list(record.CONSTRAINTS)
             statements.append(f"CREATE TABLE {table} ({', '.join(body)})")
         else:
             statements += [
-                f"ALTER TABLE {table} ADD COLUMN {_column_ddl(f, dialect, prefix)}"
+                f"ALTER TABLE {table} ADD COLUMN {_column_ddl(f, postgres, prefix)}"
                 for f in columns
                 if f.metadata["since"] > version
             ]
@@ -243,37 +226,26 @@ def schema_statements(dialect: str, version: int, prefix: str = "") -> list[str]
     return statements
 
 
+@dataclasses.dataclass(slots=True)
 class Sql:
-    """One transaction's connection, for SQL written with ``?`` placeholders.  ``for_share``
-    ends a SELECT whose rows must not change before the transaction ends, ``for_update`` one
-    whose rows the transaction will change (PostgreSQL's ``FOR SHARE`` and ``FOR UPDATE``;
-    SQLite's ``BEGIN IMMEDIATE`` already holds the whole database)."""
+    """One transaction's connection, for SQL written with ``?`` placeholders, and its time.
+    ``for_share`` / ``for_update`` end a SELECT whose rows must stay / will change until it
+    ends (PostgreSQL's row locks; SQLite's ``BEGIN IMMEDIATE`` already holds everything)."""
 
-    def __init__(
-        self, conn: Any, placeholder: str, now: float, for_share: str = "", for_update: str = ""
-    ) -> None:
-        self.conn = conn
-        self.placeholder = placeholder
-        self.now = now
-        self.for_share = for_share
-        self.for_update = for_update
+    conn: Any
+    placeholder: str
+    now: float
+    for_share: str = ""
+    for_update: str = ""
 
     def __call__(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        if self.placeholder != "?":
-            sql = sql.replace("?", self.placeholder)
-        return self.conn.execute(sql, tuple(params))
+        return self.conn.execute(sql.replace("?", self.placeholder), tuple(params))
 
 
-def attempt_from_row(row: Sequence[Any]) -> Attempt:
-    return Attempt(*decoded(Attempt, row))
-
-
-def worker_from_row(row: Sequence[Any]) -> WorkerInfo:
-    return WorkerInfo(*row)
-
-
-def artifact_summary(artifact: Mapping[str, Any]) -> dict[str, Any]:
+def artifact_summary(artifact: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """What every host should see of an attempt's artifact, which lives on one host only."""
+    if artifact is None:
+        return None
     failures = [
         {key: f.get(key) for key in ("reason", "message") if key in f}
         for f in artifact.get("failures") or []
@@ -284,17 +256,20 @@ def artifact_summary(artifact: Mapping[str, Any]) -> dict[str, Any]:
         for key, t in (artifact.get("trends") or {}).items()
         if isinstance(t, Mapping)
     }
-    warnings = [str(w) for w in artifact.get("warnings") or []]
     return {
         "verdict": artifact.get("status"),
         "failures": failures,
-        "warnings": warnings,
+        "warnings": [str(w) for w in artifact.get("warnings") or []],
         "trends": trends,
         # What a job's ledger adds up (``asyncsoak goodput``), and the next attempt's start.
         "goodput": artifact.get("goodput"),
         "step": highest_step(artifact),
         "gpus": artifact_gpus(artifact),
     }
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def validate_submission(
@@ -323,11 +298,11 @@ def validate_submission(
         stop_mode=stop_mode,
         limits=soak or {},
     )
-    if isinstance(priority, bool) or not isinstance(priority, int):
+    if not _integer(priority):
         raise ValidationError("the priority must be an integer")
     if not -INTEGER_MAX <= priority <= INTEGER_MAX:
         raise ValidationError(f"the priority must be between {-INTEGER_MAX} and {INTEGER_MAX}")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+    if not _integer(max_attempts) or max_attempts < 1:
         raise ValidationError("max attempts must be an integer >= 1")
     if max_attempts > MAX_TRIES:
         raise ValidationError(f"--max-attempts must be at most {MAX_TRIES}, got {max_attempts}")

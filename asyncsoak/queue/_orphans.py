@@ -44,31 +44,23 @@ def kill_leftovers(
     db: str, job_id: int, attempt: int, log: Path | None, timeout: float
 ) -> list[int]:
     """SIGKILL what is left of an orphaned attempt on this host, scanning again until a scan
-    finds nothing alive (at most ``timeout``).
-
-    Its command's tree is found by the markers the worker put in its environment (wherever it
-    went: double forks, new sessions), and its reaper, which carries none and outlives a killed
-    worker, by the attempt's ``train.log`` it holds open (docs/architecture.md says why).
-    """
+    finds nothing alive (at most ``timeout``): its tree by the markers in its environment, its
+    reaper by the ``train.log`` it holds open (docs/architecture.md says why)."""
     markers = {
         f"ASYNCSOAK_DB={db}".encode(),
         f"ASYNCSOAK_JOB_ID={job_id}".encode(),
         f"ASYNCSOAK_ATTEMPT={attempt}".encode(),
     }
     log_file: tuple[int, int] | None = None
-    if log is not None:
-        with contextlib.suppress(OSError):  # never created: no reaper was started
-            st = log.stat()
-            log_file = (st.st_dev, st.st_ino)
+    with contextlib.suppress(OSError):  # never created: no reaper was started
+        st = log.stat() if log is not None else None
+        log_file = None if st is None else (st.st_dev, st.st_ino)
     killed: list[int] = []
     deadline = time.monotonic() + timeout
     quiet = False
     while True:
-        targets = []
-        for pid in _attempt_processes(markers, log_file):
-            ticks = start_time_ticks(pid)
-            if process_alive(pid, ticks):
-                targets.append((pid, ticks))
+        found = [(pid, start_time_ticks(pid)) for pid in _attempt_processes(markers, log_file)]
+        targets = [(pid, ticks) for pid, ticks in found if process_alive(pid, ticks)]
         # After a kill, one more quiet scan: a command the killed reaper had just forked may
         # have been between closing the fds it inherited and its exec.
         if not targets and (quiet or not killed):
@@ -97,6 +89,4 @@ def _attempt_processes(markers: set[bytes], log_file: tuple[int, int] | None) ->
 
 def _reaper_holding(pid: int, log_file: tuple[int, int]) -> bool:
     args = cmdline(pid)
-    if args is None or _REAPER_ARGS.isdisjoint(args):
-        return False
-    return holds_open(pid, log_file)
+    return args is not None and not _REAPER_ARGS.isdisjoint(args) and holds_open(pid, log_file)

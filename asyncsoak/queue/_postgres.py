@@ -14,7 +14,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from ._models import (
     schema_statements,
 )
 from ._store import JobStore, default_data_dir
-from ._sweeps import LAST_TABLE
+from ._sweeps import EXTENSION_DDL, LAST_TABLE
 
 _log = logging.getLogger("asyncsoak.queue")
 
@@ -49,8 +49,20 @@ STATEMENT_TIMEOUT_SECONDS = 30.0
 SCHEMA = PG_SCHEMA
 #: Key of the advisory lock that serialises migrations between workers starting at once.
 _MIGRATION_LOCK = 0x61736F6B
-
 _NOW = "extract(epoch FROM now())::float8"
+_QUOTED = re.compile(r'"[^"]*"')
+#: What a server says while it cannot take connections for now: worth waiting for.  Any
+#: other refusal from the server itself ("FATAL:": no such database or role, a bad password)
+#: needs a person, not a retry.
+_TRANSIENT_REFUSALS = (
+    "starting up",
+    "shutting down",
+    "in recovery mode",
+    "not yet accepting connections",
+    "not accepting connections",
+    "too many clients",
+    "remaining connection slots",
+)
 
 
 def _conninfo(db: str) -> dict[str, str]:
@@ -68,27 +80,15 @@ def _conninfo(db: str) -> dict[str, str]:
     return {k: str(v) for k, v in params.items() if v is not None}
 
 
-_QUOTED = re.compile(r'"[^"]*"')
-#: What a server says while it cannot take connections yet (or for now): worth waiting for.
-#: Any other refusal from the server itself ("FATAL:": no such database or role, a bad
-#: password) needs a person, not a retry.
-_TRANSIENT_REFUSALS = (
-    "starting up",
-    "shutting down",
-    "in recovery mode",
-    "not yet accepting connections",
-    "not accepting connections",
-    "too many clients",
-    "remaining connection slots",
-)
-
-
 def unreachable(detail: str) -> bool:
     """Whether a failed connection attempt (libpq's message) is worth retrying: the server
     was not reached, or said it cannot take connections for now."""
-    if "FATAL:" not in detail:
-        return True
-    return any(phrase in detail for phrase in _TRANSIENT_REFUSALS)
+    return "FATAL:" not in detail or any(phrase in detail for phrase in _TRANSIENT_REFUSALS)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class PostgresStore(JobStore):
@@ -101,7 +101,6 @@ class PostgresStore(JobStore):
 
     _soak_max_duration = "soak->>'max_duration_seconds'"
     _claim_lock = " FOR UPDATE SKIP LOCKED"
-    _now_sql = _NOW
     _same = "IS NOT DISTINCT FROM"
 
     def __init__(
@@ -116,16 +115,14 @@ class PostgresStore(JobStore):
             import psycopg
         except ImportError as exc:
             raise QueueDatabaseError(
-                public_conninfo(db),
-                "PostgreSQL needs psycopg: pip install 'asyncsoak[postgres]'",
+                public_conninfo(db), "PostgreSQL needs psycopg: pip install 'asyncsoak[postgres]'"
             ) from exc
         self._psycopg = psycopg
         self.clock = clock
         self.busy_timeout = busy_timeout
-        params = _conninfo(db)
-        self.password = params.pop("password", None)
+        self._params = _conninfo(db)
+        self.password = self._params.get("password")
         self.location = public_conninfo(db)
-        self._params = params
         self._lock = threading.RLock()
         self._conn: Any = None
         self._backoff = BACKOFF_MIN_SECONDS
@@ -140,7 +137,6 @@ class PostgresStore(JobStore):
             raise error(self.location, f"cannot connect: {exc.detail}") from None
         try:
             self._migrate(conn, create)
-            self._extend(conn)
         except QueueDatabaseError:
             self.close()
             raise
@@ -151,18 +147,13 @@ class PostgresStore(JobStore):
     # --- connections -------------------------------------------------------------------------
 
     def _connect_kwargs(self) -> dict[str, Any]:
-        options = " ".join(
-            filter(
-                None,
-                (
-                    self._params.get("options"),
-                    f"-c search_path={SCHEMA}",
-                    f"-c lock_timeout={int(self.busy_timeout * 1000)}",
-                    f"-c statement_timeout={int(STATEMENT_TIMEOUT_SECONDS * 1000)}",
-                ),
-            )
-        )
-        kwargs: dict[str, Any] = {
+        options = [
+            self._params.get("options"),
+            f"-c search_path={SCHEMA}",
+            f"-c lock_timeout={int(self.busy_timeout * 1000)}",
+            f"-c statement_timeout={int(STATEMENT_TIMEOUT_SECONDS * 1000)}",
+        ]
+        return {
             "connect_timeout": CONNECT_TIMEOUT_SECONDS,
             "application_name": "asyncsoak",
             # A server that vanished without closing the connection (a cut network) is
@@ -173,11 +164,8 @@ class PostgresStore(JobStore):
             "keepalives_count": 3,
             "tcp_user_timeout": int(self.busy_timeout * 2000),
             **self._params,
-            "options": options,
+            "options": " ".join(filter(None, options)),
         }
-        if self.password is not None:
-            kwargs["password"] = self.password
-        return kwargs
 
     def _connect(self) -> Any:
         """The open connection, opening one if needed; backs off while the server is away."""
@@ -191,20 +179,16 @@ class PostgresStore(JobStore):
         try:
             self._conn = self._psycopg.connect(autocommit=True, **self._connect_kwargs())
         except self._psycopg.Error as exc:
-            self._failed()
+            # The next attempt waits out a backoff that doubles.
+            self._lost()
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, BACKOFF_MAX_SECONDS)
             raise QueueUnavailableError(self.location, _first_line(exc)) from exc
         self._backoff = BACKOFF_MIN_SECONDS
         return self._conn
 
-    def _failed(self) -> None:
-        """A connection attempt failed: the next waits out a backoff that doubles."""
-        self._lost()
-        self._retry_at = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX_SECONDS)
-
     def _lost(self) -> None:
-        """An open connection broke (the server restarted...): the next call reconnects at
-        once, and backs off only if that fails."""
+        """Drop the connection (broken, or the store closing): the next call reconnects."""
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 self._conn.close()
@@ -214,34 +198,25 @@ class PostgresStore(JobStore):
     def _session(self, transaction: bool = False) -> Iterator[Any]:
         """The connection, inside a transaction if asked; a lost connection (or a lock
         held past ``busy_timeout``) becomes :class:`QueueUnavailableError`."""
-        psycopg = self._psycopg
+        errors = self._psycopg.errors
         with self._lock:
             conn = self._connect()
             try:
-                if transaction:
-                    with conn.transaction():
-                        yield conn
-                else:
+                with conn.transaction() if transaction else contextlib.nullcontext():
                     yield conn
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                if isinstance(exc, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled):
-                    raise QueueUnavailableError(self.location, _first_line(exc)) from exc
-                self._lost()
+            except (self._psycopg.OperationalError, self._psycopg.InterfaceError) as exc:
+                if not isinstance(exc, errors.LockNotAvailable | errors.QueryCanceled):
+                    self._lost()
                 raise QueueUnavailableError(self.location, _first_line(exc)) from exc
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            if self._conn is not None:
-                with contextlib.suppress(Exception):
-                    self._conn.close()
-                self._conn = None
+            self._lost()
 
     def child_environment(self) -> dict[str, str]:
-        env = {"ASYNCSOAK_DB": self.location}
-        if self.password is not None:
-            env["PGPASSWORD"] = self.password
-        return env
+        password = {} if self.password is None else {"PGPASSWORD": self.password}
+        return {"ASYNCSOAK_DB": self.location, **password}
 
     def default_runs_dir(self) -> Path:
         return default_data_dir() / "queue.runs"
@@ -253,26 +228,20 @@ class PostgresStore(JobStore):
 
     # --- schema --------------------------------------------------------------------------
 
-    def _schema_version(self, conn: Any) -> int | None:
-        """The schema version, or None where the queue's schema does not exist yet."""
+    def _schema_version(self, conn: Any, create: bool) -> int:
+        """The schema version (0: none yet, to be created), after refusing a database this
+        code must not touch (or holding no queue, unless ``create``)."""
         if conn.execute("SELECT to_regnamespace(%s)", (SCHEMA,)).fetchone()[0] is None:
-            return None
-        if conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.schema_version",)).fetchone()[0]:
-            version: int = conn.execute(f"SELECT version FROM {SCHEMA}.schema_version").fetchone()[
-                0
-            ]
-            return version
-        raise QueueDatabaseError(
-            self.location, f"has a schema {SCHEMA!r} that is not asyncsoak's job queue"
-        )
-
-    def _check_version(self, version: int | None, create: bool) -> int:
-        if version is None:
             if not create:
                 raise QueueMissingError(
                     self.location, "holds no job queue (submit a job first, or check --db)"
                 )
             return 0
+        if not conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.schema_version",)).fetchone()[0]:
+            raise QueueDatabaseError(
+                self.location, f"has a schema {SCHEMA!r} that is not asyncsoak's job queue"
+            )
+        version: int = conn.execute(f"SELECT version FROM {SCHEMA}.schema_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise QueueDatabaseError(
                 self.location,
@@ -282,9 +251,14 @@ class PostgresStore(JobStore):
         return version
 
     def _migrate(self, conn: Any, create: bool) -> None:
-        # Reading the version needs no lock; only a database that needs migrating waits for
-        # the advisory lock, then reads the version again (another worker may have done it).
-        if self._check_version(self._schema_version(conn), create) == SCHEMA_VERSION:
+        """Bring the schema and the sweeps' tables up to date.  Reading the version needs no
+        lock; only a database that needs migrating waits for the advisory lock, then reads the
+        version again (another worker may have done it)."""
+        last = f"{SCHEMA}.{LAST_TABLE}"
+        if (
+            self._schema_version(conn, create) == SCHEMA_VERSION
+            and conn.execute("SELECT to_regclass(%s)", (last,)).fetchone()[0]
+        ):
             return
         # The session's lock, taken before the transaction: a transaction that began before
         # the lock was granted could read the catalog as it was then (a schema just created
@@ -292,38 +266,26 @@ class PostgresStore(JobStore):
         conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
         try:
             with conn.transaction():
-                found = self._schema_version(conn)
-                self.created = found is None
-                version = self._check_version(found, create)
+                version = self._schema_version(conn, create)
                 if version == 0:
+                    self.created = True
                     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
                     conn.execute(f"CREATE TABLE {SCHEMA}.schema_version (version integer NOT NULL)")
                     conn.execute(f"INSERT INTO {SCHEMA}.schema_version VALUES (0)")
                 for statement in schema_statements("postgres", version, f"{SCHEMA}."):
                     conn.execute(statement)
-                if version < SCHEMA_VERSION:
-                    conn.execute(
-                        f"UPDATE {SCHEMA}.schema_version SET version = %s", (SCHEMA_VERSION,)
-                    )
+                for statement in EXTENSION_DDL:
+                    conn.execute(statement)
+                conn.execute(f"UPDATE {SCHEMA}.schema_version SET version = %s", (SCHEMA_VERSION,))
         finally:
             # A broken connection releases the lock itself, and its error is the one to see.
             with contextlib.suppress(self._psycopg.Error):
                 conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
 
-    def _extend(self, conn: Any) -> None:
-        """Create the sweep and retry tables (``_sweeps.py``) where they are missing, under
-        the migrations' advisory lock (workers starting at once create them once)."""
-        if conn.execute("SELECT to_regclass(%s)", (f"{SCHEMA}.{LAST_TABLE}",)).fetchone()[0]:
-            return
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            self._ensure_extension(Sql(conn, "%s", 0.0))
-
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[Sql]:
         with self._session(transaction=True) as conn:
-            # now() is the transaction's start: this ``now`` is the time every statement of
-            # the transaction sees.
+            # now() is the transaction's start: the time every statement of it sees.
             now = conn.execute(f"SELECT {_NOW}").fetchone()[0]
             yield Sql(conn, "%s", now, " FOR SHARE", " FOR UPDATE")
 
@@ -336,15 +298,9 @@ class PostgresStore(JobStore):
         sql("SELECT pg_notify(?, ?)", (CHANNEL, event))
 
     def _json(self, value: Any) -> Any:
-        return _jsonb_type()(value)
+        from psycopg.types.json import Jsonb
 
-    def _now(self) -> tuple[float, ...]:
-        return ()
-
-    def _one(self, sql: str, params: Sequence[Any]) -> Any:
-        with self._session() as conn:
-            cursor = conn.execute(sql.replace("?", "%s"), tuple(params))
-            return cursor.fetchone() if cursor.description else None
+        return Jsonb(value)
 
     # --- wake-ups --------------------------------------------------------------------------
 
@@ -396,14 +352,3 @@ class PostgresStore(JobStore):
                     await conn.close()
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
-
-
-def _jsonb_type() -> Any:
-    from psycopg.types.json import Jsonb
-
-    return Jsonb
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -56,12 +56,10 @@ DEPENDENCY_FAILED = "dependency_failed"
 
 GPU_FAULT = FailureReason.GPU_FAULT.value
 #: The infrastructure's reasons: never the job's fault.
-INFRASTRUCTURE_REASONS = frozenset(
-    {ORPHANED, SCHEDULER, GPU_FAULT, FailureReason.MONITOR_LOST.value}
-)
+INFRASTRUCTURE_REASONS = frozenset({ORPHANED, SCHEDULER, GPU_FAULT, FailureReason.MONITOR_LOST})
 #: The job's reasons: deterministic, the same cause twice stops the retries.
 JOB_REASONS = frozenset(
-    {FailureReason.SPAWN_FAILED.value, FailureReason.NO_PROGRESS.value, INVALID_JOB, USAGE_ERROR}
+    {FailureReason.SPAWN_FAILED, FailureReason.NO_PROGRESS, INVALID_JOB, USAGE_ERROR}
 )
 
 #: Infrastructure failures a job may have before it is failed all the same.
@@ -74,15 +72,7 @@ INFRASTRUCTURE_BACKOFF_MAX_S = 600.0
 #: Every name ``--retry-on`` / ``--no-retry-on`` accept: the failure reasons, the queue's own,
 #: and the class names (which stand for all their reasons).
 RETRY_NAMES = frozenset(
-    {
-        *(r.value for r in FailureReason),
-        ORPHANED,
-        SCHEDULER,
-        INVALID_JOB,
-        USAGE_ERROR,
-        OUTCOME_LOST,
-        *CLASSES,
-    }
+    {*FailureReason, ORPHANED, SCHEDULER, INVALID_JOB, USAGE_ERROR, OUTCOME_LOST, *CLASSES}
 )
 
 _USAGE_LINE = re.compile(r"^usage: ", re.MULTILINE)
@@ -178,9 +168,6 @@ class RetryPolicy:
     retry_on: frozenset[str] = frozenset()
     no_retry_on: frozenset[str] = frozenset()
 
-    def names(self, outcome: Outcome, failure_class: str) -> set[str]:
-        return {n for n in (outcome.reason, outcome.cause, failure_class) if n}
-
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -208,81 +195,55 @@ def decide(
     policy: RetryPolicy,
     backoff: float = 0.0,
 ) -> Decision:
-    """The job's next status after an attempt ended with ``outcome``.
-
-    ``previous_causes``: the causes of the job's earlier counted failures, each with the
-    attempt it was seen in.  ``backoff``: :data:`INFRASTRUCTURE_BACKOFF_S` or a worker's own.
-    """
+    """The job's next status after an attempt ended with ``outcome``: an interruption requeues
+    it, uncounted; a failure as its class says (the module's docstring).  ``previous_causes``:
+    the causes of the job's earlier counted failures, each with the attempt it was seen in;
+    ``backoff``: :data:`INFRASTRUCTURE_BACKOFF_S` or a worker's own."""
     if outcome.status != FAILED:
-        status, _ = attempt_outcome(outcome, attempts, max_attempts, cancel_requested)
+        status = outcome.status
+        if status == INTERRUPTED:
+            status = CANCELLED if cancel_requested else QUEUED
         return Decision(status, attempts, infrastructure_failures, False, None, None, 0.0, None)
-
-    failure_class = classify(outcome)
+    kind = classify(outcome)
     cause = outcome.cause or outcome.reason
-    names = policy.names(outcome, failure_class)
-    label = f"{failure_class} failure ({_words(outcome.reason, cause)})"
-
-    def done(
-        status: str, counted: bool, note: str, used: int, infra: int, retry_in: float = 0.0
-    ) -> Decision:
-        return Decision(status, used, infra, counted, failure_class, cause, retry_in, note)
-
+    names = {n for n in (outcome.reason, outcome.cause, kind) if n}
+    refused = ",".join(sorted(names & policy.no_retry_on))
+    forced = ",".join(sorted(names & policy.retry_on))
+    infra = kind == INFRASTRUCTURE
+    counted = not infra and not cancel_requested
+    used = attempts + counted
+    failures = infrastructure_failures + (infra and not cancel_requested and not refused)
+    limit = MAX_INFRASTRUCTURE_RETRIES
+    status, retry_in = FAILED, 0.0
     if cancel_requested:
-        return done(CANCELLED, False, f"{label}; cancel requested: not retried", attempts,
-                    infrastructure_failures)  # fmt: skip
-    refused = sorted(names & policy.no_retry_on)
-    if refused:
-        used = attempts + (failure_class != INFRASTRUCTURE)
-        return done(FAILED, failure_class != INFRASTRUCTURE,
-                    f"{label}; not retried: the job says --no-retry-on {','.join(refused)}",
-                    used, infrastructure_failures)  # fmt: skip
-
-    if failure_class == INFRASTRUCTURE:
-        infra = infrastructure_failures + 1
-        if infra > MAX_INFRASTRUCTURE_RETRIES:
-            return done(FAILED, False,
-                        f"{label}; not retried: {infra} infrastructure failures, more than the "
-                        f"limit of {MAX_INFRASTRUCTURE_RETRIES}", attempts, infra)  # fmt: skip
-        wait = infrastructure_backoff(infra, backoff)
-        when = f"retrying in {wait:g}s" if wait else "retrying now"
-        return done(QUEUED, False,
-                    f"{label}: not counted against --max-attempts ({attempts}/{max_attempts} "
-                    f"used; infrastructure retry {infra} of {MAX_INFRASTRUCTURE_RETRIES}); "
-                    f"{when}, preferably on another GPU", attempts, infra, wait)  # fmt: skip
-
-    used = attempts + 1
-    forced = sorted(names & policy.retry_on)
-    if failure_class == JOB and cause is not None and cause in previous_causes and not forced:
-        return done(FAILED, True,
-                    f"{label}; not retried: the same cause ({cause}) as attempt "
-                    f"{previous_causes[cause]}, a deterministic failure (--retry-on "
-                    f"{outcome.reason} overrides)", used, infrastructure_failures)  # fmt: skip
-    if used >= max_attempts:
-        return done(FAILED, True, f"{label}: counted, {used}/{max_attempts} attempts used; "
-                    "no attempts left", used, infrastructure_failures)  # fmt: skip
-    why = f" (--retry-on {','.join(forced)})" if forced else ""
-    return done(QUEUED, True, f"{label}: counted, {used}/{max_attempts} attempts used; "
-                f"retrying{why}", used, infrastructure_failures)  # fmt: skip
-
-
-def _words(reason: str | None, cause: str | None) -> str:
-    if cause and reason and cause != reason:
-        return f"{reason}: {cause}"
-    return reason or cause or "unknown"
-
-
-def attempt_outcome(
-    outcome: Outcome, attempts: int, max_attempts: int, cancel_requested: bool
-) -> tuple[str, int]:
-    """The job's status after an attempt ended with ``outcome``, and its counted attempts: a
-    failure counts and requeues the job while attempts remain; an interruption requeues it
-    without counting."""
-    if outcome.status == FAILED:
-        attempts += 1
-        return (QUEUED if attempts < max_attempts and not cancel_requested else FAILED), attempts
-    if outcome.status == INTERRUPTED:
-        return (CANCELLED if cancel_requested else QUEUED), attempts
-    return outcome.status, attempts
+        status, why = CANCELLED, "; cancel requested: not retried"
+    elif refused:
+        why = f"; not retried: the job says --no-retry-on {refused}"
+    elif infra and failures > limit:
+        why = f"; not retried: {failures} infrastructure failures, more than the limit of {limit}"
+    elif infra:
+        status, retry_in = QUEUED, infrastructure_backoff(failures, backoff)
+        when = f"retrying in {retry_in:g}s" if retry_in else "retrying now"
+        why = (
+            f": not counted against --max-attempts ({attempts}/{max_attempts} used; "
+            f"infrastructure retry {failures} of {limit}); {when}, preferably on another GPU"
+        )
+    elif kind == JOB and cause is not None and cause in previous_causes and not forced:
+        why = (
+            f"; not retried: the same cause ({cause}) as attempt {previous_causes[cause]}, a "
+            f"deterministic failure (--retry-on {outcome.reason} overrides)"
+        )
+    elif used >= max_attempts:
+        why = f": counted, {used}/{max_attempts} attempts used; no attempts left"
+    else:
+        status = QUEUED
+        why = f": counted, {used}/{max_attempts} attempts used; retrying"
+        why += f" (--retry-on {forced})" if forced else ""
+    words = outcome.reason or cause or "unknown"
+    if cause and outcome.reason and cause != outcome.reason:
+        words = f"{outcome.reason}: {cause}"
+    note = f"{kind} failure ({words}){why}"
+    return Decision(status, used, failures, counted, kind, cause, retry_in, note)
 
 
 def outcome_from_artifact(
@@ -293,22 +254,16 @@ def outcome_from_artifact(
     log_tail: str,
     killed_by_worker: bool = False,
 ) -> Outcome:
-    """An attempt's outcome from its soak artifact.
-
-    ``killed_by_worker`` says the worker killed the command's process group itself (a hard
-    stop), which the artifact cannot know.
-
-    When the monitor itself ended the run (a rule fired, or ``max_duration_seconds`` passed),
-    the trainer's exit status only answers the monitor's stop: the soak's verdict decides,
-    so a trainer that saves and exits 4 when its stale run is stopped is ``failed``, not
-    requeued forever as ``interrupted``.
-    """
+    """An attempt's outcome from its soak artifact (``killed_by_worker``: the worker killed
+    the group itself, which the artifact cannot know).  When the monitor ended the run (a rule
+    fired, ``max_duration_seconds``), the soak's verdict decides, not the exit status: a
+    trainer that saves and exits 4 when stopped for a stall is ``failed``, not requeued."""
     exit_info = artifact.get("exit") or {}
     stop = artifact.get("stop") or {}
     rc: int | None = exit_info.get("returncode")
     killed = bool(stop.get("killed")) or killed_by_worker
     sent = signals_sent(artifact, killed_by_worker=killed_by_worker)
-    forwarded = exits.forwarded_signals(artifact)
+    exit_text = describe_exit(rc, sent=sent, forwarded=exits.forwarded_signals(artifact))
     failures = artifact.get("failures") or []
     soak_reason: str | None = failures[0].get("reason") if failures else None
     if artifact.get("status") == "error" and soak_reason is None:
@@ -332,30 +287,15 @@ def outcome_from_artifact(
 
     if status == FAILED:
         reason = soak_reason or (OUTCOME_LOST if rc is None else "nonzero_exit")
+        # The soak's primary reason, the decoded exit status, the log tail.
         message = failures[0].get("message") if failures else None
-        error = failure_error(rc, reason, message, log_tail, sent=sent, forwarded=forwarded)
-        return Outcome(status, rc, reason, error, cause_of(artifact, reason, log_tail))
+        parts = [f"{reason}: {message}" if message else reason, exit_text]
+        if log_tail:
+            parts.append(f"{LOG_TAIL_HEADER}\n{log_tail}")
+        return Outcome(status, rc, reason, "\n".join(parts), cause_of(artifact, reason, log_tail))
     if status == INTERRUPTED and killed:
-        exit_text = describe_exit(rc, sent=sent, forwarded=forwarded)
         return Outcome(status, rc, KILLED_BEFORE_SAVING, exit_text)
     warnings = [str(w) for w in artifact.get("warnings") or []]
     if status == SUCCEEDED and warnings:
         return Outcome(status, rc, None, "\n".join([WARNINGS_HEADER, *warnings]))
     return Outcome(status, rc, None, None)
-
-
-def failure_error(
-    rc: int | None,
-    reason: str,
-    message: str | None,
-    log_tail: str,
-    *,
-    sent: Collection[str] | None = None,
-    forwarded: Collection[str] = (),
-) -> str:
-    """A failed job's error: the soak's primary reason, the decoded exit status, the log tail."""
-    head = f"{reason}: {message}" if message else reason
-    parts = [head, describe_exit(rc, sent=sent, forwarded=forwarded)]
-    if log_tail:
-        parts.append(f"{LOG_TAIL_HEADER}\n{log_tail}")
-    return "\n".join(parts)

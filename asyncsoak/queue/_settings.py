@@ -1,9 +1,7 @@
 """A worker's settings: :class:`WorkerConfig`, the one place they are spelled.
 
 ``run_worker`` and ``run_job`` take one; ``asyncsoak worker`` derives its flags (spelling,
-help, default) from its fields' metadata and builds one from them.  Durations end in
-``_seconds``; a running job whose heartbeat is older than ``orphan_after_seconds`` is an orphan
-(``worker --stale-after``).
+help, default) from its fields' metadata and builds one from them.
 """
 
 from __future__ import annotations
@@ -65,7 +63,6 @@ class WorkerConfig:
     """How a worker runs its jobs, checked when it is made (a bad period raises
     ``ValidationError`` naming the field).  ``asyncsoak worker`` has one flag per field."""
 
-    #: Where runs live; None: the store's default (beside an SQLite file).
     runs_dir: Path | None = _setting(
         None, "--runs-dir", "where runs live (default: beside the database)", kind="path"
     )
@@ -76,7 +73,6 @@ class WorkerConfig:
         "train.py); --job-id N --db PATH --watch-stdin are appended",
         kind="command",
     )
-    #: GPUs the worker owns (``"0,1,2,3"``): jobs run side by side on them, never sharing one.
     gpus: str | None = _setting(
         None,
         "--gpus",
@@ -84,31 +80,25 @@ class WorkerConfig:
         "own CUDA_VISIBLE_DEVICES (submit --gpus N), never sharing a GPU",
         kind="text",
     )
-    #: Period of polling the queue and of heartbeats.
     poll_seconds: float = _setting(POLL_S, "--poll", "poll/heartbeat period", allow_zero=False)
-    #: A running job whose heartbeat is older than this is an orphan another worker takes over;
-    #: a worker on another host as silent no longer holds its name.
+    #: Also how long a worker on another host may be silent and still hold its name.
     orphan_after_seconds: float = _setting(
         STALE_AFTER_S, "--stale-after", "heartbeat age that makes a running job an orphan"
     )
-    #: Time a job whose cancellation was requested gets to stop by itself.
     cancel_grace_seconds: float = _setting(
         CANCEL_GRACE_S, "--cancel-grace", "time a cancelled job gets to stop by itself"
     )
-    #: Time a job gets to save once asked to stop, before its tree is killed.
     stop_timeout_seconds: float = _setting(
         STOP_TIMEOUT_S,
         "--stop-timeout",
         "time a job gets to save once asked to stop, before it is killed",
     )
-    #: Longest wait for a killed tree to go (the soak's ``kill_wait_seconds``).
     kill_wait_seconds: float = _setting(
         KILL_WAIT_S,
         "--kill-wait",
         "longest wait for a killed job's processes to go",
         allow_zero=False,
     )
-    #: Attempts at writing a final status before it is spooled for later delivery.
     finish_retries: int = _setting(
         FINISH_RETRIES,
         "--finish-retries",
@@ -121,19 +111,18 @@ class WorkerConfig:
         "--finish-retry-wait",
         "wait between two attempts at writing a job's final status",
     )
-    #: First wait of an infrastructure retry's backoff (``_retry.infrastructure_backoff``).
     retry_backoff_seconds: float = _setting(
         INFRASTRUCTURE_BACKOFF_S,
         "--retry-backoff",
         "wait before a job's second infrastructure retry (the first is at once), doubling for "
         "each later one",
     )
-    #: nvidia-smi to sample GPUs with; None: no GPU sampling (``--no-gpu``).
+    #: None: no GPU sampling (``--no-gpu``).
     nvidia_smi: str | None = _setting(
         "nvidia-smi", "--nvidia-smi", "nvidia-smi to sample GPUs with", kind="text", metavar="PATH"
     )
-    #: Wall-clock end of the worker's allocation (a SLURM job), or None: no job is taken that
-    #: would not fit.  Not a flag: ``asyncsoak worker`` reads it from its SLURM job.
+    #: Wall-clock end of the worker's allocation (a SLURM job): no job is taken that would not
+    #: fit.  Not a flag: ``asyncsoak worker`` reads it from its SLURM job.
     until: float | None = _setting(
         None, None, "the end of the worker's SLURM allocation, read from the job", kind="none"
     )

@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._record import write_artifact
 from ._status import Outcome
 
 SPOOL_DIR = ".spool"
@@ -57,37 +57,21 @@ class Spool:
             "summary": None if summary is None else dict(summary),
             "note": note,
         }
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_artifact(record, path)
         return path
 
     def pending(self) -> list[SpoolEntry]:
         """The kept writes, oldest attempt first; unreadable files are left for a person."""
-        try:
-            paths = sorted(self.dir.glob("*.json"))
-        except OSError:
-            return []
         entries = []
-        for path in paths:
-            try:
-                data = json.loads(path.read_text())
-                entries.append(
-                    SpoolEntry(
-                        job_id=int(data["job_id"]),
-                        attempt=int(data["attempt"]),
-                        worker=str(data["worker"]),
-                        outcome=Outcome(**data["outcome"]),
-                        summary=data.get("summary"),
-                        note=data.get("note"),
-                        path=path,
+        with contextlib.suppress(OSError):
+            for path in sorted(self.dir.glob("*.json")):
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                    data = json.loads(path.read_text())
+                    ids = (int(data["job_id"]), int(data["attempt"]), str(data["worker"]))
+                    outcome = Outcome(**data["outcome"])
+                    entries.append(
+                        SpoolEntry(*ids, outcome, data.get("summary"), data.get("note"), path)
                     )
-                )
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
         return entries
 
     def remove(self, entry: SpoolEntry) -> None:

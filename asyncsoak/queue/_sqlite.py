@@ -12,14 +12,15 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -35,7 +36,10 @@ from ._models import (
     schema_statements,
 )
 from ._store import JobStore
-from ._sweeps import LAST_TABLE
+from ._sweeps import EXTENSION_DDL, LAST_TABLE
+
+if TYPE_CHECKING:
+    from .._sampling import Inotify
 
 _log = logging.getLogger("asyncsoak.queue")
 
@@ -72,6 +76,8 @@ NETWORK_FILESYSTEMS = frozenset(
         "smbfs",
     }
 )
+#: mountinfo writes space, tab, newline and backslash as octal escapes (``\040``...).
+_OCTAL = re.compile(r"\\([0-7]{3})")
 
 
 def filesystem_type(path: Path, mountinfo: Path = MOUNTINFO) -> str | None:
@@ -87,29 +93,12 @@ def filesystem_type(path: Path, mountinfo: Path = MOUNTINFO) -> str | None:
         fields = head.split()
         if not sep or len(fields) < 5 or not tail:
             continue
-        mount_point = _unescape_mount(fields[4])
-        inside = (
-            mount_point == "/"
-            or target == mount_point
-            or target.startswith(mount_point.rstrip("/") + "/")
-        )
+        mount = _OCTAL.sub(lambda m: chr(int(m[1], 8)), fields[4])
+        inside = mount == "/" or target == mount or target.startswith(mount.rstrip("/") + "/")
         # Among mounts on the same point, the last one listed is on top.
-        if inside and (best is None or len(mount_point) >= best[0]):
-            best = (len(mount_point), tail.split()[0])
+        if inside and (best is None or len(mount) >= best[0]):
+            best = (len(mount), tail.split()[0])
     return best[1] if best else None
-
-
-def _unescape_mount(field: str) -> str:
-    # mountinfo writes space, tab, newline and backslash as octal escapes (\040...).
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit() and len(field[i + 1 : i + 4]) == 3:
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
 
 
 class SqliteStore(JobStore):
@@ -141,6 +130,9 @@ class SqliteStore(JobStore):
         stat = os.stat(self.path)
         self._identity = (stat.st_dev, stat.st_ino)
 
+    def _refuse(self, problem: str) -> QueueDatabaseError:
+        return QueueDatabaseError(self.path, problem)
+
     def _connect(self, path: Path) -> sqlite3.Connection:
         """Open ``path``, refuse it unless it is a sound queue database, bring its schema up."""
         try:
@@ -148,59 +140,50 @@ class SqliteStore(JobStore):
                 path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
             )
         except sqlite3.Error as exc:
-            raise QueueDatabaseError(self.path, f"cannot open: {exc}") from exc
+            raise self._refuse(f"cannot open: {exc}") from exc
         self._conn = conn
         try:
             # Before anything writes (the WAL switch, a migration, a worker's registration):
             # a damaged file is refused as it is, never written to.
             problems = [row[0] for row in conn.execute("PRAGMA quick_check(3)").fetchall()]
             if problems != ["ok"]:
-                # SQLite's findings span lines ("*** in database main ***\nOn tree page..."):
-                # one line of them, the first few.
+                # SQLite's findings span lines: one line of them, the first few.
                 found = "; ".join(" ".join(str(p).split()) for p in problems)
-                raise QueueDatabaseError(
-                    self.path,
+                raise self._refuse(
                     f"is corrupt ({found}); restore it from a backup, "
-                    "or recover what it holds with: sqlite3 FILE .recover",
+                    "or recover what it holds with: sqlite3 FILE .recover"
                 )
             conn.execute("PRAGMA foreign_keys = ON")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
-                raise QueueDatabaseError(self.path, f"cannot use WAL journaling (got {mode})")
+                raise self._refuse(f"cannot use WAL journaling (got {mode})")
             self._migrate()
-            self._extend()
         except sqlite3.DatabaseError as exc:
             conn.close()
-            raise QueueDatabaseError(
-                self.path, f"cannot be used as a queue database ({exc})"
-            ) from exc
+            raise self._refuse(f"cannot be used as a queue database ({exc})") from exc
         except BaseException:
             conn.close()
             raise
         return conn
 
     def _create(self) -> None:
-        """Build the schema in a temporary file beside the database, then link it into place.
-
-        The database never exists half-made, so a zero-byte file at its path was not made by
-        asyncsoak and is refused.  Two processes creating it at once: the first link wins.
-        """
+        """Build the schema in a temporary file beside the database, then link it into place:
+        the database never exists half-made (a zero-byte file there is not asyncsoak's), and
+        of two processes creating it at once the first link wins."""
         try:
             fd, name = tempfile.mkstemp(
                 prefix=f".{self.path.name}.", suffix=".new", dir=self.path.parent
             )
+            os.close(fd)
         except OSError as exc:
-            raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
-        os.close(fd)
+            raise self._refuse(f"cannot create: {exc.strerror}") from exc
         tmp = Path(name)
         try:
             self._connect(tmp).close()
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.link(tmp, self.path)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
+        except OSError as exc:
+            raise self._refuse(f"cannot create: {exc.strerror}") from exc
         finally:
             for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
                 with contextlib.suppress(OSError):
@@ -208,79 +191,60 @@ class SqliteStore(JobStore):
 
     def _check_location(self, create: bool, mountinfo: Path) -> bool:
         """Refuse an unusable path; True when the database must be created."""
-        if self.path.exists():
-            if not self.path.is_file():
-                raise QueueDatabaseError(self.path, "is not a file")
-            if self.path.stat().st_size == 0:
-                raise QueueDatabaseError(
-                    self.path,
-                    "is an empty file, not a queue database (asyncsoak never leaves one "
-                    "empty); check --db, or remove the file to start a new queue",
-                )
-        elif not create:
+        exists = self.path.exists()
+        if exists and not self.path.is_file():
+            raise self._refuse("is not a file")
+        if exists and self.path.stat().st_size == 0:
+            raise self._refuse(
+                "is an empty file, not a queue database (asyncsoak never leaves one "
+                "empty); check --db, or remove the file to start a new queue"
+            )
+        if not exists and not create:
             raise QueueMissingError(self.path, "does not exist (submit a job first, or check --db)")
         directory = self.path.parent
-        if directory.is_dir():
-            fstype = filesystem_type(directory, mountinfo)
-            if fstype in NETWORK_FILESYSTEMS:
-                raise QueueDatabaseError(
-                    self.path,
-                    f"is on a network filesystem ({fstype}); SQLite's WAL needs a local "
-                    "filesystem: put the database on a local disk (--db or ASYNCSOAK_DB)",
-                )
-        if self.path.exists():
+        fstype = filesystem_type(directory, mountinfo) if directory.is_dir() else None
+        if fstype in NETWORK_FILESYSTEMS:
+            raise self._refuse(
+                f"is on a network filesystem ({fstype}); SQLite's WAL needs a local "
+                "filesystem: put the database on a local disk (--db or ASYNCSOAK_DB)"
+            )
+        if exists:
             return False
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
-            raise QueueDatabaseError(self.path, f"cannot create: {exc.strerror}") from exc
+            raise self._refuse(f"cannot create: {exc.strerror}") from exc
         return True
 
     def _migrate(self) -> None:
-        # An up-to-date database needs no write lock: opening one never waits on a writer.
-        if self._schema_state(self._conn) == SCHEMA_VERSION:
+        """Bring the schema and the sweeps' tables up to date.  An up-to-date database needs
+        no write lock: opening one never waits on a writer."""
+        query = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
+        current = self._schema_state(self._conn) == SCHEMA_VERSION
+        if current and self._conn.execute(query, (LAST_TABLE,)).fetchone()[0]:
             return
         with self._write() as conn:
             version = self._schema_state(conn)
             if version == 0:
                 conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            for statement in schema_statements("sqlite", version):
+            for statement in (*schema_statements("sqlite", version), *EXTENSION_DDL):
                 conn.execute(statement)
-            if version < SCHEMA_VERSION:
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    def _extend(self) -> None:
-        """Create the sweep and retry tables (``_sweeps.py``) where they are missing."""
-        query = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
-        if self._conn.execute(query, (LAST_TABLE,)).fetchone()[0]:
-            return
-        with self._transaction() as sql:
-            self._ensure_extension(sql)
-
-    @contextmanager
-    def _transaction(self) -> Iterator[Sql]:
-        with self._write() as conn:
-            yield Sql(conn, "?", self.clock())
-
-    @contextmanager
-    def _reading(self) -> Iterator[Sql]:
-        with self._lock, self._unavailable():
-            yield Sql(self._conn, "?", self.clock())
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _schema_state(self, conn: sqlite3.Connection) -> int:
         """The schema version, after refusing databases this code must not touch."""
         version: int = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise QueueDatabaseError(
-                self.path,
+            raise self._refuse(
                 f"has schema version {version}, newer than this asyncsoak understands "
-                f"({SCHEMA_VERSION}); upgrade asyncsoak",
+                f"({SCHEMA_VERSION}); upgrade asyncsoak"
             )
         if version == 0:
-            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-                raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
-        elif conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
-            raise QueueDatabaseError(self.path, "is an SQLite database, not a job queue")
+            foreign = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        else:
+            foreign = conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID
+        if foreign:
+            raise self._refuse("is an SQLite database, not a job queue")
         return version
 
     def close(self) -> None:
@@ -310,42 +274,40 @@ class SqliteStore(JobStore):
     @contextmanager
     def _unavailable(self) -> Iterator[None]:
         """A lock held past ``busy_timeout`` (or a failing disk) as QueueUnavailableError."""
-        try:
-            yield
-        except sqlite3.OperationalError as exc:
-            raise QueueUnavailableError(self.path, str(exc)) from exc
+        with self._lock:
+            try:
+                yield
+            except sqlite3.OperationalError as exc:
+                raise QueueUnavailableError(self.path, str(exc)) from exc
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction: the write lock is held from the first read."""
-        with self._lock, self._unavailable():
+        with self._unavailable():
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            try:
                 self._conn.execute("COMMIT")
             except BaseException:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
 
-    def _one(self, sql: str, params: Sequence[Any]) -> Any:
-        """One statement outside a transaction (an UPDATE ... RETURNING): its first row."""
-        with self._lock, self._unavailable():
-            return self._conn.execute(sql, params).fetchone()
+    @contextmanager
+    def _transaction(self) -> Iterator[Sql]:
+        with self._write() as conn:
+            yield Sql(conn, "?", self.clock())
 
-    # --- the command line's side ---------------------------------------------------------
+    @contextmanager
+    def _reading(self) -> Iterator[Sql]:
+        with self._unavailable():
+            yield Sql(self._conn, "?", self.clock())
 
     def _json(self, value: Any) -> str:
         return json.dumps(value)
 
     def _after_submit(self) -> None:
         self._wake_workers()
-
-    # --- wake-ups ----------------------------------------------------------------------------
 
     @property
     def wake_path(self) -> Path:
@@ -357,6 +319,10 @@ class SqliteStore(JobStore):
         A file that cannot be touched costs only promptness: the workers' poll finds the job."""
         with contextlib.suppress(OSError):
             os.close(os.open(self.wake_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
+
+    def _watch(self, watcher: Inotify) -> bool:
+        self._wake_workers()
+        return watcher.watch_file(self.wake_path)
 
     async def listen(
         self,
@@ -377,32 +343,25 @@ class SqliteStore(JobStore):
             task_status.started()
             return
         try:
+            # The file must exist to be watched; both touch the filesystem, so they run in
+            # asyncsoak's threads under a deadline (a hung disk costs only promptness).
             try:
-                # The file must exist to be watched; both calls touch the filesystem, so
-                # they run in asyncsoak's threads under a deadline (a hung disk costs only
-                # promptness: the poll finds the jobs).
-                await run_blocking(
-                    self._wake_workers,
-                    timeout=WATCH_SETUP_TIMEOUT_SECONDS,
-                    what="touch wake-up file",
-                )
                 watched = await run_blocking(
-                    watcher.watch_file,
-                    self.wake_path,
+                    self._watch,
+                    watcher,
                     timeout=WATCH_SETUP_TIMEOUT_SECONDS,
                     what="watch wake-up file",
                 )
             except BlockingCallTimeout:
                 watched = False
+            task_status.started()
             if not watched:
                 _log.info(
                     "queue database %s: cannot watch %s; new jobs found by polling",
                     self.location,
                     self.wake_path,
                 )
-                task_status.started()
                 return
-            task_status.started()
             while True:
                 await anyio.wait_readable(watcher.fd)
                 if watcher.read(self.wake_path):

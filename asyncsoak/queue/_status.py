@@ -1,8 +1,5 @@
-"""A job's final status, from how its command ended and what the soak decided.
-
-Also the statuses (:class:`JobStatus`), the worker's constants (the defaults of
-:class:`~asyncsoak.queue.WorkerConfig`, importable under their reference names) and the helpers
-that turn an attempt's end into words: the tail of ``train.log`` and the decoded exit status.
+"""A job's final status, from how its command ended and what the soak decided; the statuses,
+the worker's defaults (:class:`~asyncsoak.queue.WorkerConfig`'s) and an attempt's end in words.
 """
 
 from __future__ import annotations
@@ -21,10 +18,9 @@ from ..trainer import EXIT_INTERRUPTED
 POLL_S = 5.0
 #: Heartbeat age beyond which a running job is an orphan.
 STALE_AFTER_S = 60.0
-#: Time the child gets to save after its stdin closes (or its stop signal) before its tree
-#: is killed.
+#: Time the child gets to save once asked to stop, before its tree is killed.
 STOP_TIMEOUT_S = 60.0
-#: Time after which the worker itself closes the stdin of a job whose cancellation was requested.
+#: Time a job whose cancellation was requested gets to stop by itself.
 CANCEL_GRACE_S = 60.0
 #: Longest wait for the child to end after it is killed, in seconds.
 KILL_WAIT_S = 10.0
@@ -41,9 +37,8 @@ FINISH_RETRY_WAIT_S = 2.0
 
 
 class JobStatus(StrEnum):
-    """A job's status, and an attempt's outcome.  The values are stored in the queue's
-    databases and printed by ``jobs --json``: they never change.  Each member is its string
-    (``JobStatus.FAILED == "failed"``), so a status read from a database compares equal."""
+    """A job's status, and an attempt's outcome: stored and printed, so they never change.
+    Each member is its string, so a status read from a database compares equal."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -54,12 +49,7 @@ class JobStatus(StrEnum):
     INTERRUPTED = "interrupted"
 
 
-QUEUED = JobStatus.QUEUED
-RUNNING = JobStatus.RUNNING
-SUCCEEDED = JobStatus.SUCCEEDED
-FAILED = JobStatus.FAILED
-CANCELLED = JobStatus.CANCELLED
-INTERRUPTED = JobStatus.INTERRUPTED
+QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, INTERRUPTED = JobStatus
 
 #: Reason recorded when the stop killed the trainer before it could save.
 KILLED_BEFORE_SAVING = "killed_before_saving"
@@ -81,13 +71,9 @@ def tail(path: Path, n: int = ERROR_TAIL_LINES) -> str:
 
 
 def final_status(rc: int | None, cancel_requested: bool, stopping: bool, killed: bool) -> str:
-    """A job's final status from how its command ended (the table in docs/queue.md).
-
-    ``rc`` is the child's status as Python reports it (negative for a signal, ``None`` when
-    unknown); ``stopping`` means the worker itself asked the child to stop (worker shutdown);
-    ``killed`` means its tree was killed after the stop timeout.  A soak failure then turns
-    ``succeeded`` or ``failed`` into ``failed`` (:func:`with_soak_verdict`).
-    """
+    """A job's final status from how its command ended (the table in docs/queue.md): ``rc``
+    as Python reports it (None: unknown), ``stopping`` when the worker asked it to stop,
+    ``killed`` when its tree was killed after the stop timeout."""
     if rc == 0:
         return SUCCEEDED
     if cancel_requested:
@@ -100,17 +86,15 @@ def final_status(rc: int | None, cancel_requested: bool, stopping: bool, killed:
 
 
 def with_soak_verdict(status: str, soak_failed: bool) -> str:
-    """Combine :func:`final_status` with the soak's verdict (see its docstring)."""
-    if soak_failed and status in (SUCCEEDED, FAILED):
-        return FAILED
-    return status
+    """:func:`final_status` with the soak's verdict: a soak failure fails a finished job."""
+    return FAILED if soak_failed and status in (SUCCEEDED, FAILED) else status
 
 
 def describe_exit(
     rc: int | None, *, sent: Collection[str] | None = None, forwarded: Collection[str] = ()
 ) -> str:
-    """An exit status in words (:func:`asyncsoak._contract._exits.describe_exit_status`, which
-    see for ``sent`` and ``forwarded``), and the trainer's own ``EXIT_INTERRUPTED`` said as such."""
+    """An exit status in words (``exits.describe_exit_status``), the trainer's own
+    ``EXIT_INTERRUPTED`` said as such."""
     if rc == EXIT_INTERRUPTED:
         return f"exit status {rc} (EXIT_INTERRUPTED: saved and stopped)"
     return exits.describe_exit_status(rc, sent=sent, forwarded=forwarded)

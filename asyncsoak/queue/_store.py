@@ -1,10 +1,9 @@
 """The queue's store: the one interface the worker and the command line use.
 
-Two backends implement it: :class:`SqliteStore` (``_sqlite.py``, one file on one host) and
-:class:`PostgresStore` (``_postgres.py``, one database for many hosts); ``open_store``
-(``_fleet.py``) opens the one a ``db`` names.  Both keep the records of ``_models.py`` under
-the same rules: every method is one short transaction, none is held while a child runs, and
-every write a worker makes about an attempt is fenced on ``(id, attempt, worker)``.
+Two backends implement it: :class:`SqliteStore` (one file on one host) and
+:class:`PostgresStore` (one database for many hosts).  Every method is one short transaction,
+none is held while a child runs, and every write a worker makes about an attempt is fenced on
+``(id, attempt, worker)``.
 """
 
 from __future__ import annotations
@@ -35,12 +34,10 @@ from ._models import (
     Sql,
     WorkerInfo,
     WorkerNameInUseError,
-    attempt_from_row,
     validate_submission,
-    worker_from_row,
 )
 from ._status import INTERRUPTED, QUEUED, RUNNING, Outcome
-from ._sweeps import GpuOffer, SweepStore, check_plan, claim_filter, parse_array
+from ._sweeps import GpuOffer, SweepStore, array_member, check_plan, claim_filter, parse_array
 
 
 def default_data_dir() -> Path:
@@ -61,17 +58,13 @@ class JobStore(SweepStore):
     busy_timeout: float = BUSY_TIMEOUT_SECONDS
     #: How child processes and messages name this database (never with a password).
     location: str
-    #: A job's ``soak`` ``max_duration_seconds`` (NULL where unset), in the backend's SQL.
-    _soak_max_duration: str
-    #: What a claim's choice of job ends with: PostgreSQL locks the chosen row, skipping rows
-    #: other claims hold; SQLite's ``BEGIN IMMEDIATE`` already holds the whole database.
-    _claim_lock: str = ""
-    #: The queue's time in SQL (its parameters from :meth:`_now`): the store's clock on
-    #: SQLite, the database's ``now()`` on PostgreSQL.
-    _now_sql: str = "?"
-    #: How the backend's SQL says two values are the same, NULL included.
-    _same: str = "IS"
     clock: Callable[[], float]
+    #: The backend's SQL for: a job's ``soak`` ``max_duration_seconds``; what ends a claim's
+    #: choice of job (PostgreSQL skips rows other claims lock); two values being the same,
+    #: NULL included.
+    _soak_max_duration: str
+    _claim_lock: str = ""
+    _same: str = "IS"
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -80,23 +73,19 @@ class JobStore(SweepStore):
     def __enter__(self) -> JobStore:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, *_: object) -> None:
         self.close()
-
-    # --- where things are --------------------------------------------------------------
 
     @abc.abstractmethod
     def now(self) -> float:
-        """The queue's current time (epoch seconds), the clock its heartbeats are written
-        with: the database's own on PostgreSQL, so hosts' clocks never matter."""
+        """The queue's current time (epoch seconds), the clock of its heartbeats."""
 
     @abc.abstractmethod
     def default_runs_dir(self) -> Path:
         """Where a worker keeps its runs unless told (``--runs-dir``)."""
 
     def file_lost(self) -> str | None:
-        """How the database's file left its path since it was opened (``"was deleted"``),
-        or None; a server's database has no file."""
+        """How the database's file left its path since it was opened, or None."""
         return None
 
     def child_environment(self) -> dict[str, str]:
@@ -109,28 +98,20 @@ class JobStore(SweepStore):
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Call ``wake(what)`` whenever a job may be waiting (submitted, cancelled,
-        requeued), until cancelled.  A backend without notifications returns at once: its
-        workers find new jobs by polling."""
+        """Call ``wake(what)`` whenever a job may be waiting, until cancelled.  A backend
+        without notifications returns at once: its workers find new jobs by polling."""
         task_status.started()
-
-    def _now(self) -> tuple[float, ...]:
-        """The parameters :attr:`_now_sql` takes."""
-        return (self.clock(),)
-
-    @abc.abstractmethod
-    def _one(self, sql: str, params: Sequence[Any]) -> Any:
-        """One statement (``?`` placeholders) outside a transaction: its first row."""
 
     @abc.abstractmethod
     def _json(self, value: Any) -> Any:
-        """``value`` as the backend's JSON columns take it (text on SQLite, jsonb on
-        PostgreSQL)."""
+        """``value`` as the backend's JSON columns take it."""
 
     def _announce(self, sql: Sql, event: str) -> None:
-        """Tell idle workers ``event`` (``submit 7``, ``cancel 7``, ``requeue 7``) with
-        ``sql``'s transaction, where the backend has a channel for it (PostgreSQL's NOTIFY).
-        SQLite wakes its workers after the commit instead (``_after_submit``)."""
+        """Tell idle workers ``event`` (``submit 7``...) within ``sql``'s transaction, where
+        the backend has a channel for it (PostgreSQL's NOTIFY)."""
+
+    def _after_submit(self) -> None:
+        """After a submission committed: a wake-up that must follow it (SQLite's)."""
 
     # --- the command line's side ---------------------------------------------------------
 
@@ -154,15 +135,10 @@ class JobStore(SweepStore):
         retry_on: Sequence[str] = (),
         no_retry_on: Sequence[str] = (),
     ) -> int:
-        """Queue a job; returns its id.
+        """Queue a job (an array of jobs: the first's id, the array's); returns its id.
 
-        ``argv`` may contain ``{job_id}``, ``{db}`` and ``{run_dir}``, replaced when it runs.
-
-        Sweeps (``_sweeps.py``): ``after`` (ids of jobs that must succeed first), ``array``
-        (``START-END[:STEP]``: one job per index, ``%a`` in ``argv`` and
-        ``ASYNCSOAK_ARRAY_INDEX`` in the environment; the first job's id, returned, is the
-        array's), ``not_before`` (the queue's epoch seconds), ``gpus`` (GPUs the job needs
-        on one worker), ``retry_on`` / ``no_retry_on`` (reasons, see ``_retry.py``).
+        ``argv`` may contain ``{job_id}``, ``{db}`` and ``{run_dir}``, replaced when it runs,
+        and ``%a`` in an array (``START-END[:STEP]``); docs/sweeps.md tells the sweep options.
         """
         plan = check_plan(
             after=after,
@@ -172,7 +148,7 @@ class JobStore(SweepStore):
             no_retry_on=no_retry_on,
         )
         indices = None if array is None else parse_array(array)
-        submission = validate_submission(
+        job = validate_submission(
             argv=argv,
             config=config,
             cwd=cwd,
@@ -183,36 +159,28 @@ class JobStore(SweepStore):
             priority=priority,
             max_attempts=max_attempts,
         )
-        submission["name"] = name
-        if plan.is_plain() and indices is None:
-            return self._insert(submission)
-        return self._insert_planned(submission, plan, indices)
-
-    def _insert(self, job: dict[str, Any]) -> int:
-        """Insert a checked job as ``queued`` (and wake idle workers); returns its id."""
+        job["name"] = name
         with self._transaction() as sql:
-            job_id = self._insert_row(sql, job)
-            self._submitted(sql, [job_id])
+            after_ids = self._check_after(sql, plan.after)
+            ids: list[int] = []
+            for index in [None] if indices is None else indices:
+                member = job if index is None else array_member(job, index)
+                values = {
+                    k: self._json(v) if JOB_KINDS[k] == "json" and v is not None else v
+                    for k, v in member.items()
+                }
+                values.update(status="queued", created_at=sql.now)
+                row = sql(
+                    f"INSERT INTO jobs ({', '.join(values)}) "
+                    f"VALUES ({', '.join('?' * len(values))}) RETURNING id",
+                    tuple(values.values()),
+                ).fetchone()
+                ids.append(int(row[0]))
+                if indices is not None or not plan.is_plain():
+                    self._insert_plan(sql, ids[-1], plan, ids[0], index, after_ids)
+                self._announce(sql, f"submit {ids[-1]}")
         self._after_submit()
-        return job_id
-
-    def _insert_row(self, sql: Sql, job: Mapping[str, Any]) -> int:
-        """Insert a checked job's columns as ``queued``; its id."""
-        values = {
-            key: self._json(value) if JOB_KINDS[key] == "json" and value is not None else value
-            for key, value in job.items()
-        }
-        values.update(status="queued", created_at=sql.now)
-        row = sql(
-            f"INSERT INTO jobs ({', '.join(values)}) "
-            f"VALUES ({', '.join('?' * len(values))}) RETURNING id",
-            tuple(values.values()),
-        ).fetchone()
-        return int(row[0])
-
-    def _submitted(self, sql: Sql, job_ids: Sequence[int]) -> None:
-        for job_id in job_ids:
-            self._announce(sql, f"submit {job_id}")
+        return ids[0]
 
     def get(self, job_id: int) -> Job:
         """One job; :class:`JobNotFoundError` when there is none."""
@@ -225,29 +193,24 @@ class JobStore(SweepStore):
     def jobs(self, status: str | None = None) -> list[Job]:
         """Jobs in id order; ``status`` may also be ``interrupted``: queued jobs whose last
         attempt was interrupted, waiting to resume."""
+        where = ""
+        params: tuple[str, ...] = ()
+        if status == INTERRUPTED:
+            where = (
+                " WHERE status = 'queued' AND EXISTS (SELECT 1 FROM attempts AS a WHERE "
+                "a.job_id = jobs.id AND a.attempt = jobs.attempt AND a.outcome = 'interrupted')"
+            )
+        elif status is not None:
+            where, params = " WHERE status = ?", (status,)
         with self._reading() as sql:
-            if status is None:
-                rows = sql(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY id").fetchall()
-            elif status == INTERRUPTED:
-                rows = sql(
-                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'queued' AND EXISTS ("
-                    "SELECT 1 FROM attempts AS a WHERE a.job_id = jobs.id "
-                    "AND a.attempt = jobs.attempt AND a.outcome = 'interrupted') ORDER BY id"
-                ).fetchall()
-            else:
-                rows = sql(
-                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = ? ORDER BY id", (status,)
-                ).fetchall()
+            rows = sql(f"SELECT {JOB_COLUMNS} FROM jobs{where} ORDER BY id", params).fetchall()
         return [Job(*decoded(Job, row)) for row in rows]
 
     def count_by_status(self) -> dict[str, int]:
         """How many jobs are in each status (every status present, 0 when none)."""
-        counts = dict.fromkeys(JOB_STATUSES, 0)
         with self._reading() as sql:
             rows = sql("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()
-        for status, count in rows:
-            counts[str(status)] = int(count)
-        return counts
+        return dict.fromkeys(JOB_STATUSES, 0) | {str(s): int(n) for s, n in rows}
 
     def attempts(self, job_id: int) -> list[Attempt]:
         """A job's attempts, first first."""
@@ -256,7 +219,7 @@ class JobStore(SweepStore):
                 f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt",
                 (job_id,),
             ).fetchall()
-        return [attempt_from_row(row) for row in rows]
+        return [Attempt(*decoded(Attempt, row)) for row in rows]
 
     def _status_for_update(self, sql: Sql, job_id: int) -> str:
         """A job's status, its row locked for the rest of the transaction."""
@@ -319,7 +282,7 @@ class JobStore(SweepStore):
         """Every worker that ever registered, by name."""
         with self._reading() as sql:
             rows = sql(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY name").fetchall()
-        return [worker_from_row(row) for row in rows]
+        return [WorkerInfo(*row) for row in rows]
 
     # --- the worker's side -----------------------------------------------------------------
 
@@ -338,7 +301,7 @@ class JobStore(SweepStore):
                 f"SELECT {WORKER_COLUMNS} FROM workers WHERE name = ?{sql.for_update}", (name,)
             ).fetchone()
             if row is not None:
-                previous = worker_from_row(row)
+                previous = WorkerInfo(*row)
                 if previous.stopped_at is None and alive(previous):
                     raise WorkerNameInUseError(name, previous.host, previous.pid)
             sql(
@@ -351,17 +314,16 @@ class JobStore(SweepStore):
 
     def worker_heartbeat(self, name: str) -> None:
         """Refresh a worker's heartbeat (its current job is set by claim and finish)."""
-        sql = f"UPDATE workers SET heartbeat_at = {self._now_sql} WHERE name = ?"
-        self._one(sql, (*self._now(), name))
+        with self._transaction() as sql:
+            sql("UPDATE workers SET heartbeat_at = ? WHERE name = ?", (sql.now, name))
 
     def worker_stopped(self, name: str) -> None:
         """Record a worker's clean stop."""
-        now = self._now_sql
-        self._one(
-            f"UPDATE workers SET heartbeat_at = {now}, stopped_at = {now}, job_id = NULL "
-            "WHERE name = ?",
-            (*self._now(), *self._now(), name),
-        )
+        with self._transaction() as sql:
+            sql(
+                "UPDATE workers SET heartbeat_at = ?, stopped_at = ?, job_id = NULL WHERE name = ?",
+                (sql.now, sql.now, name),
+            )
 
     def claim(
         self,
@@ -373,13 +335,8 @@ class JobStore(SweepStore):
         offer: GpuOffer | None = None,
     ) -> Job | None:
         """Take the next queued job (highest priority, then lowest id) that may run now
-        (``_sweeps.claim_filter``: its ``--after`` jobs succeeded, its ``--not-before`` and
-        retry backoff passed, its GPUs fit ``offer``), or None; the attempt number is
-        incremented in the same statement.
-
-        ``max_duration``: only a job whose ``max_duration_seconds`` is at most this (or that
-        sets none); the others are left for a worker with more time (a SLURM allocation
-        that ends soon)."""
+        (``claim_filter``) and whose ``max_duration_seconds`` is at most ``max_duration``
+        (a SLURM allocation that ends soon), or None; its attempt number goes up by one."""
         # Typed casts: PostgreSQL cannot infer the type of a parameter that may be NULL.
         limit = f"CAST({self._soak_max_duration} AS double precision)"
         with self._transaction() as sql:
@@ -395,37 +352,29 @@ class JobStore(SweepStore):
             ).fetchone()
             if row is None:
                 return None
-            return self._start_attempt(sql, row[0], row[1], worker, host, runs_dir)
-
-    def _start_attempt(
-        self, sql: Sql, job_id: int, attempt: int, worker: str, host: str, runs_dir: Path
-    ) -> Job:
-        """Inside a claim's transaction, once the job's row is ``running`` under ``attempt``:
-        record the attempt and its artifact's path, and the worker's current job."""
-        artifact = str(runs_dir / str(int(job_id)) / "attempts" / str(int(attempt)) / "soak.json")
-        sql("UPDATE jobs SET artifact = ? WHERE id = ?", (artifact, job_id))
-        sql(
-            "INSERT INTO attempts (job_id, attempt, worker, host, started_at, artifact) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (job_id, attempt, worker, host, sql.now, artifact),
-        )
-        sql(
-            "UPDATE workers SET job_id = ?, heartbeat_at = ? WHERE name = ?",
-            (job_id, sql.now, worker),
-        )
-        job = select_job(sql, job_id)
-        assert job is not None
-        return job
+            job_id, attempt = row
+            artifact = str(runs_dir / str(job_id) / "attempts" / str(attempt) / "soak.json")
+            sql("UPDATE jobs SET artifact = ? WHERE id = ?", (artifact, job_id))
+            sql(
+                "INSERT INTO attempts (job_id, attempt, worker, host, started_at, artifact) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, attempt, worker, host, sql.now, artifact),
+            )
+            sql(
+                "UPDATE workers SET job_id = ?, heartbeat_at = ? WHERE name = ?",
+                (job_id, sql.now, worker),
+            )
+            return select_job(sql, job_id)
 
     def heartbeat(self, job_id: int, attempt: int, worker: str) -> bool | None:
         """Refresh a running job's heartbeat; returns its cancel request, or None when this
         worker no longer owns the attempt (fenced: stop the child, write nothing more)."""
-        row = self._one(
-            f"UPDATE jobs SET heartbeat_at = {self._now_sql} "
-            "WHERE id = ? AND attempt = ? AND worker = ? AND status = 'running' "
-            "RETURNING cancel_requested",
-            (*self._now(), job_id, attempt, worker),
-        )
+        with self._transaction() as sql:
+            row = sql(
+                "UPDATE jobs SET heartbeat_at = ? WHERE id = ? AND attempt = ? AND worker = ? "
+                "AND status = 'running' RETURNING cancel_requested",
+                (sql.now, job_id, attempt, worker),
+            ).fetchone()
         return None if row is None else bool(row[0])
 
     def cancel_requested(self, job_id: int) -> bool:
@@ -445,10 +394,9 @@ class JobStore(SweepStore):
         *,
         backoff: float = 0.0,
     ) -> bool:
-        """Record how an attempt ended (with its artifact's ``summary`` and a ``note``);
-        False (nothing written) when fenced.  The job's next status follows the retry rules
-        (:func:`~asyncsoak.queue._retry.decide`, which explains itself in the note);
-        ``backoff`` is the first wait of an infrastructure retry's backoff."""
+        """Record how an attempt ended (its artifact's ``summary``, a ``note``); False
+        (nothing written) when fenced.  The job's next status follows the retry rules
+        (``_retry.decide``, whose note is added); ``backoff``: an infrastructure retry's."""
         with self._transaction() as sql:
             row = sql(
                 "SELECT attempts, max_attempts, cancel_requested, host FROM jobs "
@@ -458,65 +406,43 @@ class JobStore(SweepStore):
             ).fetchone()
             if row is None:
                 return False
-            decision = self._decide(
-                sql, job_id, attempt, outcome, row[0], row[1], bool(row[2]), backoff
-            )
+            decision = self._judge(sql, job_id, attempt, outcome, row, backoff)
             status = decision.status
-            note = "; ".join(n for n in (note, decision.note) if n) or None
+            done = sql.now if status in TERMINAL_STATUSES else None
+            rc, reason, error = outcome.returncode, outcome.reason, outcome.error
             sql(
                 "UPDATE jobs SET status = ?, attempts = ?, finished_at = ?, heartbeat_at = NULL, "
                 "returncode = ?, reason = ?, error = ? WHERE id = ?",
-                (
-                    status,
-                    decision.attempts,
-                    sql.now if status in TERMINAL_STATUSES else None,
-                    outcome.returncode,
-                    outcome.reason,
-                    outcome.error,
-                    job_id,
-                ),
+                (status, decision.attempts, done, rc, reason, error, job_id),
             )
+            kept = None if summary is None else self._json(dict(summary))
+            note = "; ".join(n for n in (note, decision.note) if n) or None
             sql(
                 "UPDATE attempts SET finished_at = ?, outcome = ?, reason = ?, returncode = ?, "
                 "error = ?, summary = ?, note = ? WHERE job_id = ? AND attempt = ? "
                 "AND outcome IS NULL",
-                (
-                    sql.now,
-                    outcome.status,
-                    outcome.reason,
-                    outcome.returncode,
-                    outcome.error,
-                    None if summary is None else self._json(dict(summary)),
-                    note,
-                    job_id,
-                    attempt,
-                ),
+                (sql.now, outcome.status, reason, rc, error, kept, note, job_id, attempt),
             )
             sql("UPDATE workers SET job_id = NULL WHERE name = ? AND job_id = ?", (worker, job_id))
-            self._record_decision(sql, job_id, attempt, decision, row[3])
             if status == QUEUED:
                 self._announce(sql, f"requeue {job_id}")
         return True
 
     def running(self) -> list[tuple[Job, WorkerInfo | None]]:
         """Running jobs with the worker that holds each (for orphan detection)."""
-        with self._reading() as sql:
-            rows = sql(
-                f"SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY id"
-            ).fetchall()
-            workers = sql(f"SELECT {WORKER_COLUMNS} FROM workers").fetchall()
-        by_name = {w.name: w for w in map(worker_from_row, workers)}
-        jobs = [Job(*decoded(Job, row)) for row in rows]
+        jobs = self.jobs(RUNNING)
+        by_name = {w.name: w for w in self.workers()}
         return [(job, by_name.get(job.worker or "")) for job in jobs]
 
     def take_over(self, job: Job, worker: str) -> bool:
         """Take an orphan from its silent worker, if its heartbeat has not moved since ``job``
         was read (compare and swap); the silent worker is fenced out from then on."""
         same = self._same
-        row = self._one(
-            f"UPDATE jobs SET worker = ?, heartbeat_at = {self._now_sql} "
-            f"WHERE id = ? AND attempt = ? AND worker {same} ? AND status = 'running' "
-            f"AND heartbeat_at {same} ? RETURNING id",
-            (worker, *self._now(), job.id, job.attempt, job.worker, job.heartbeat_at),
-        )
+        with self._transaction() as sql:
+            row = sql(
+                f"UPDATE jobs SET worker = ?, heartbeat_at = ? WHERE id = ? AND attempt = ? "
+                f"AND worker {same} ? AND status = 'running' AND heartbeat_at {same} ? "
+                "RETURNING id",
+                (worker, sql.now, job.id, job.attempt, job.worker, job.heartbeat_at),
+            ).fetchone()
         return row is not None

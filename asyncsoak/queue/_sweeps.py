@@ -2,11 +2,8 @@
 retry's backoff, ``--gpus N``), arrays, the retry decision of each attempt, and the GPUs a
 fault took out of service.  One implementation for both backends.
 
-It keeps its own tables beside the queue's (``job_plans``, ``job_deps``, ``attempt_causes``,
-``worker_gpus``, ``gpu_faults``), created when missing each time a store opens, so the
-queue's numbered schema is left alone.  Its SQL is written once with ``?`` placeholders;
-:class:`Sql` turns them into the backend's and carries the transaction's time (the
-database's own ``now()`` on PostgreSQL).
+Its tables sit beside the queue's, created when missing each time a store opens, so the
+queue's numbered schema is left alone.
 """
 
 from __future__ import annotations
@@ -14,8 +11,8 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .._contract import ValidationError
@@ -25,53 +22,20 @@ from ._status import CANCELLED, FAILED, QUEUED, Outcome
 
 #: The tables, each created when missing (the same text runs on SQLite and PostgreSQL).
 EXTENSION_DDL: tuple[str, ...] = (
-    """
-    CREATE TABLE IF NOT EXISTS job_plans (
-        job_id BIGINT PRIMARY KEY REFERENCES jobs (id),
-        array_id BIGINT,
-        array_index BIGINT,
-        not_before DOUBLE PRECISION,
-        gpus INTEGER CHECK (gpus IS NULL OR gpus >= 1),
-        retry_on TEXT,
-        no_retry_on TEXT,
-        infra_failures INTEGER NOT NULL DEFAULT 0,
-        retry_at DOUBLE PRECISION,
-        avoid TEXT
-    )
-    """,
+    "CREATE TABLE IF NOT EXISTS job_plans (job_id BIGINT PRIMARY KEY REFERENCES jobs (id), "
+    "array_id BIGINT, array_index BIGINT, not_before DOUBLE PRECISION, "
+    "gpus INTEGER CHECK (gpus IS NULL OR gpus >= 1), retry_on TEXT, no_retry_on TEXT, "
+    "infra_failures INTEGER NOT NULL DEFAULT 0, retry_at DOUBLE PRECISION, avoid TEXT)",
     "CREATE INDEX IF NOT EXISTS job_plans_by_array ON job_plans (array_id)",
-    """
-    CREATE TABLE IF NOT EXISTS job_deps (
-        job_id BIGINT NOT NULL REFERENCES jobs (id),
-        after_id BIGINT NOT NULL REFERENCES jobs (id),
-        PRIMARY KEY (job_id, after_id)
-    )
-    """,
+    "CREATE TABLE IF NOT EXISTS job_deps (job_id BIGINT NOT NULL REFERENCES jobs (id), "
+    "after_id BIGINT NOT NULL REFERENCES jobs (id), PRIMARY KEY (job_id, after_id))",
     "CREATE INDEX IF NOT EXISTS job_deps_by_after ON job_deps (after_id)",
-    """
-    CREATE TABLE IF NOT EXISTS attempt_causes (
-        job_id BIGINT NOT NULL,
-        attempt INTEGER NOT NULL,
-        gpus TEXT,
-        failure_class TEXT,
-        cause TEXT,
-        counted INTEGER,
-        PRIMARY KEY (job_id, attempt)
-    )
-    """,
+    "CREATE TABLE IF NOT EXISTS attempt_causes (job_id BIGINT NOT NULL, attempt INTEGER NOT NULL, "
+    "gpus TEXT, failure_class TEXT, cause TEXT, counted INTEGER, PRIMARY KEY (job_id, attempt))",
     "CREATE TABLE IF NOT EXISTS worker_gpus (name TEXT PRIMARY KEY, gpus TEXT NOT NULL)",
-    """
-    CREATE TABLE IF NOT EXISTS gpu_faults (
-        host TEXT NOT NULL,
-        gpu TEXT NOT NULL,
-        worker TEXT,
-        job_id BIGINT,
-        attempt INTEGER,
-        at DOUBLE PRECISION NOT NULL,
-        detail TEXT,
-        PRIMARY KEY (host, gpu)
-    )
-    """,
+    "CREATE TABLE IF NOT EXISTS gpu_faults (host TEXT NOT NULL, gpu TEXT NOT NULL, worker TEXT, "
+    "job_id BIGINT, attempt INTEGER, at DOUBLE PRECISION NOT NULL, detail TEXT, "
+    "PRIMARY KEY (host, gpu))",
     # When a finished job was requeued after its attempt ``attempt`` (``JobStore.requeue``).
     "CREATE TABLE IF NOT EXISTS job_requeues (job_id BIGINT NOT NULL, attempt INTEGER NOT NULL, "
     "at DOUBLE PRECISION NOT NULL, PRIMARY KEY (job_id, attempt))",
@@ -97,8 +61,7 @@ class Plan:
     after: tuple[int, ...] = ()
     #: Not before this time (the queue's clock, epoch seconds).
     not_before: float | None = None
-    #: GPUs the job needs on one worker; None: all the worker's (the behaviour before
-    #: ``--gpus``).
+    #: GPUs the job needs on one worker; None: all the worker's.
     gpus: int | None = None
     retry_on: frozenset[str] = frozenset()
     no_retry_on: frozenset[str] = frozenset()
@@ -142,14 +105,12 @@ class GpuFault:
 
 @dataclass(frozen=True, slots=True)
 class GpuOffer:
-    """What a claiming worker can give a job: how many of its healthy GPUs are free, and
-    whether all of them are (a job without ``--gpus`` takes them all)."""
+    """What a claiming worker can give a job: how many of its healthy GPUs are free, whether
+    all of them are (a job without ``--gpus`` takes them all), and which (``host:gpu``)."""
 
     free: int = 0
     all_free: bool = True
-    #: The free GPUs as ``host:gpu``: a retry waits a little for a worker whose free GPUs are
-    #: not the ones it failed on.
-    names: tuple[str, ...] = field(default=())
+    names: tuple[str, ...] = ()
 
 
 def parse_array(text: str) -> range:
@@ -168,15 +129,22 @@ def parse_array(text: str) -> range:
             f"--array {text!r}: expected START-END[:STEP] with 0 <= START <= END <= "
             f"{INTEGER_MAX} and STEP >= 1"
         )
-    indices = range(start, end + 1, step)
     if (end - start) // step >= MAX_ARRAY_JOBS:
         raise ValidationError(f"--array {text!r}: at most {MAX_ARRAY_JOBS} jobs in one array")
-    return indices
+    return range(start, end + 1, step)
 
 
-def substitute_index(argv: Sequence[str], index: int) -> list[str]:
-    """``%a`` in an array job's command is its index (``%%`` is a literal ``%``)."""
-    return [arg.replace("%%", "\0").replace("%a", str(index)).replace("\0", "%") for arg in argv]
+def array_member(job: dict[str, Any], index: int) -> dict[str, Any]:
+    """An array's job ``index``: ``%a`` in its command (``%%`` is a literal ``%``), and
+    ``ASYNCSOAK_ARRAY_INDEX`` in its environment."""
+    argv = job["argv"]
+    if argv is not None:
+        argv = [a.replace("%%", "\0").replace("%a", str(index)).replace("\0", "%") for a in argv]
+    return {**job, "argv": argv, "env": {**job["env"], "ASYNCSOAK_ARRAY_INDEX": str(index)}}
+
+
+def _whole(value: object, low: int, high: float) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def check_plan(
@@ -189,15 +157,9 @@ def check_plan(
 ) -> Plan:
     """A submission's sweep options, checked (a clear ``ValidationError``)."""
     for job_id in after:
-        if (
-            isinstance(job_id, bool)
-            or not isinstance(job_id, int)
-            or not 1 <= job_id <= INTEGER_MAX
-        ):
+        if not _whole(job_id, 1, INTEGER_MAX):
             raise ValidationError(f"--after: {job_id!r} is not a job id")
-    if gpus is not None and (
-        isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS
-    ):
+    if gpus is not None and not _whole(gpus, 1, MAX_GPUS):
         raise ValidationError(f"--gpus: the number of GPUs must be an integer from 1 to {MAX_GPUS}")
     if not_before is not None and (
         not isinstance(not_before, int | float) or not 0 <= not_before <= LATEST_TIME
@@ -218,6 +180,10 @@ def check_plan(
 def _names(value: str | None) -> list[Any]:
     loaded = json.loads(value) if value else []
     return loaded if isinstance(loaded, list) else []
+
+
+def _names_json(names: Sequence[str]) -> str | None:
+    return json.dumps(list(names)) if names else None
 
 
 _PLAN_COLUMNS = (
@@ -244,26 +210,24 @@ def _plan_from_row(row: Sequence[Any], after: Sequence[int]) -> Plan:
 def claim_filter(offer: GpuOffer, now: float) -> tuple[str, list[Any]]:
     """The condition (``?`` placeholders, on the ``jobs`` row) a claimable job meets: its
     ``--after`` jobs succeeded, its time came, its retry's backoff passed, its GPUs fit."""
+    plan = "SELECT 1 FROM job_plans AS p WHERE p.job_id = jobs.id AND "
     sql = (
         " AND NOT EXISTS (SELECT 1 FROM job_deps AS d JOIN jobs AS dep ON dep.id = d.after_id "
         "WHERE d.job_id = jobs.id AND dep.status <> 'succeeded')"
-        " AND NOT EXISTS (SELECT 1 FROM job_plans AS p WHERE p.job_id = jobs.id AND ("
+        f" AND NOT EXISTS ({plan}("
         "p.not_before > ? OR p.retry_at > ? OR (p.gpus IS NOT NULL AND p.gpus > ?)))"
-        " AND (? = 1 OR EXISTS (SELECT 1 FROM job_plans AS p WHERE p.job_id = jobs.id "
-        "AND p.gpus IS NOT NULL))"
+        f" AND (? = 1 OR EXISTS ({plan}p.gpus IS NOT NULL))"
     )
     params: list[Any] = [now, now, offer.free, 1 if offer.all_free else 0]
     # A retry after an infrastructure failure waits PREFER_OTHER_GPU_S for a worker with other
     # GPUs free; workers with only the GPUs it failed on leave it meanwhile.
     if offer.names:
+        like = "".join(" AND p.avoid LIKE ?" for _ in offer.names)
         sql += (
-            " AND NOT EXISTS (SELECT 1 FROM job_plans AS p WHERE p.job_id = jobs.id "
-            "AND p.avoid IS NOT NULL AND p.retry_at IS NOT NULL AND p.retry_at > ?"
-            + "".join(" AND p.avoid LIKE ?" for _ in offer.names)
-            + ")"
+            f" AND NOT EXISTS ({plan}p.avoid IS NOT NULL AND p.retry_at IS NOT NULL "
+            f"AND p.retry_at > ?{like})"
         )
-        params.append(now - PREFER_OTHER_GPU_S)
-        params.extend(f'%"{name}"%' for name in offer.names)
+        params += [now - PREFER_OTHER_GPU_S, *(f'%"{name}"%' for name in offer.names)]
     return sql, params
 
 
@@ -272,94 +236,64 @@ def pick_gpus(need: int | None, free: Sequence[str], avoid: Sequence[str], host:
     did not fail on first."""
     if need is None:
         return list(free)
-    avoided = set(avoid)
-    ranked = sorted(free, key=lambda gpu: f"{host}:{gpu}" in avoided)
+    ranked = sorted(free, key=lambda gpu: f"{host}:{gpu}" in avoid)
     return sorted(ranked[:need], key=list(free).index)
 
 
 class SweepStore(abc.ABC):
-    """The store's sweep and retry side (mixed into :class:`~._store.JobStore`)."""
-
-    # --- what a backend provides ----------------------------------------------------------
+    """The store's sweep and retry side (the base of :class:`~._store.JobStore`)."""
 
     @abc.abstractmethod
     def _transaction(self) -> contextlib.AbstractContextManager[Sql]:
-        """One write transaction, as :class:`Sql`."""
+        """One write transaction."""
 
     @abc.abstractmethod
     def _reading(self) -> contextlib.AbstractContextManager[Sql]:
         """The connection for reads, outside any write transaction (``now`` unused)."""
 
-    @abc.abstractmethod
-    def _insert_row(self, sql: Sql, job: Mapping[str, Any]) -> int:
-        """Insert one checked job as ``queued`` inside ``sql``'s transaction; its id."""
+    def _check_after(self, sql: Sql, after: Sequence[int]) -> list[int]:
+        """The jobs a submission waits for: an array's id stands for all its jobs (as SLURM's
+        dependency on an array).  One missing, failed or cancelled refuses the submission."""
+        ids: list[int] = []
+        for after_id in after:
+            # Held until the dependents are in: a job failing meanwhile waits, then
+            # cancels them (its finish reads them after this commits).
+            row = sql(
+                f"SELECT status FROM jobs WHERE id = ?{sql.for_share}", (after_id,)
+            ).fetchone()
+            if row is None:
+                raise JobNotFoundError(after_id)
+            members = sql(
+                "SELECT jobs.id, jobs.status FROM jobs JOIN job_plans AS p "
+                f"ON p.job_id = jobs.id WHERE p.array_id = ? ORDER BY jobs.id{sql.for_share}",
+                (after_id,),
+            ).fetchall()
+            for job_id, status in members or [(after_id, row[0])]:
+                if status in (FAILED, CANCELLED):
+                    raise ValidationError(
+                        f"--after {after_id}: job {job_id} is {status}, so this job would "
+                        f"never run (requeue job {job_id} first)"
+                    )
+                ids.append(int(job_id))
+        return sorted(set(ids))
 
-    @abc.abstractmethod
-    def _submitted(self, sql: Sql, job_ids: Sequence[int]) -> None:
-        """Wake idle workers for new jobs (inside the transaction), where the backend can."""
-
-    def _after_submit(self) -> None:  # noqa: B027 (a hook most backends leave empty)
-        """After a submission's transaction committed: a wake-up that must follow it."""
-
-    def _ensure_extension(self, sql: Sql) -> None:
-        for statement in EXTENSION_DDL:
-            sql(statement)
-
-    # --- submitting ------------------------------------------------------------------------
-
-    def _insert_planned(self, job: dict[str, Any], plan: Plan, array: range | None) -> int:
-        """Insert a job (or an array of jobs) with its plan in one transaction; the first id.
-
-        An ``--after`` job that does not exist, or that failed or was cancelled, is refused:
-        nothing is inserted.  An array's id stands for every job of the array (as SLURM's
-        dependency on an array job): the dependent waits for all of them."""
-        with self._transaction() as sql:
-            after: list[int] = []
-            for after_id in plan.after:
-                # Held until the dependents are in: a job failing meanwhile waits, then
-                # cancels them (its finish reads them after this commits).
-                row = sql(
-                    f"SELECT status FROM jobs WHERE id = ?{sql.for_share}", (after_id,)
-                ).fetchone()
-                if row is None:
-                    raise JobNotFoundError(after_id)
-                members = sql(
-                    "SELECT jobs.id, jobs.status FROM jobs JOIN job_plans AS p "
-                    f"ON p.job_id = jobs.id WHERE p.array_id = ? ORDER BY jobs.id{sql.for_share}",
-                    (after_id,),
-                ).fetchall()
-                for job_id, status in members or [(after_id, row[0])]:
-                    if status in (FAILED, CANCELLED):
-                        raise ValidationError(
-                            f"--after {after_id}: job {job_id} is {status}, so this job would "
-                            f"never run (requeue job {job_id} first)"
-                        )
-                    after.append(int(job_id))
-            ids: list[int] = []
-            for index in array if array is not None else [None]:
-                member = job
-                if index is not None:
-                    member = _array_member(job, index)
-                job_id = self._insert_row(sql, member)
-                ids.append(job_id)
-                sql(
-                    f"INSERT INTO job_plans ({_PLAN_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, 0, NULL, NULL)",
-                    (
-                        job_id,
-                        None if index is None else ids[0],
-                        index,
-                        plan.not_before,
-                        plan.gpus,
-                        json.dumps(sorted(plan.retry_on)) if plan.retry_on else None,
-                        json.dumps(sorted(plan.no_retry_on)) if plan.no_retry_on else None,
-                    ),
-                )
-                for after_id in sorted(set(after)):
-                    sql("INSERT INTO job_deps (job_id, after_id) VALUES (?, ?)", (job_id, after_id))
-            self._submitted(sql, ids)
-        self._after_submit()
-        return ids[0]
+    def _insert_plan(
+        self, sql: Sql, job_id: int, plan: Plan, array_id: int, index: int | None, after: list[int]
+    ) -> None:
+        sql(
+            f"INSERT INTO job_plans ({_PLAN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, 0, NULL, NULL)",
+            (
+                job_id,
+                None if index is None else array_id,
+                index,
+                plan.not_before,
+                plan.gpus,
+                _names_json(sorted(plan.retry_on)),
+                _names_json(sorted(plan.no_retry_on)),
+            ),
+        )
+        for after_id in after:
+            sql("INSERT INTO job_deps (job_id, after_id) VALUES (?, ?)", (job_id, after_id))
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -371,11 +305,10 @@ class SweepStore(abc.ABC):
             deps: dict[int, list[int]] = {}
             for job_id, after_id in sql("SELECT job_id, after_id FROM job_deps").fetchall():
                 deps.setdefault(int(job_id), []).append(int(after_id))
-        wanted = None if job_ids is None else set(job_ids)
         return {
             int(row[0]): _plan_from_row(row, deps.get(int(row[0]), ()))
             for row in rows
-            if wanted is None or int(row[0]) in wanted
+            if job_ids is None or int(row[0]) in job_ids
         }
 
     def plan(self, job_id: int) -> Plan:
@@ -386,8 +319,7 @@ class SweepStore(abc.ABC):
         """The jobs of an array, by index; [] when ``array_id`` is not an array's."""
         with self._reading() as sql:
             rows = sql(
-                "SELECT job_id FROM job_plans WHERE array_id = ? ORDER BY array_index",
-                (array_id,),
+                "SELECT job_id FROM job_plans WHERE array_id = ? ORDER BY array_index", (array_id,)
             ).fetchall()
         return [int(row[0]) for row in rows]
 
@@ -400,10 +332,8 @@ class SweepStore(abc.ABC):
                 (job_id,),
             ).fetchall()
         return {
-            int(r[0]): AttemptCause(
-                tuple(_names(r[1])), r[2], r[3], None if r[4] is None else bool(r[4])
-            )
-            for r in rows
+            int(n): AttemptCause(tuple(_names(gpus)), kind, cause, None if c is None else bool(c))
+            for n, gpus, kind, cause, c in rows
         }
 
     # --- GPUs --------------------------------------------------------------------------------
@@ -413,10 +343,7 @@ class SweepStore(abc.ABC):
         with self._transaction() as sql:
             sql("DELETE FROM worker_gpus WHERE name = ?", (name,))
             if gpus:
-                sql(
-                    "INSERT INTO worker_gpus (name, gpus) VALUES (?, ?)",
-                    (name, json.dumps(list(gpus))),
-                )
+                sql("INSERT INTO worker_gpus (name, gpus) VALUES (?, ?)", (name, _names_json(gpus)))
 
     def worker_gpus(self) -> dict[str, list[str]]:
         with self._reading() as sql:
@@ -455,8 +382,8 @@ class SweepStore(abc.ABC):
 
     def gpu_faults(self, host: str | None = None) -> list[GpuFault]:
         """GPUs out of service (on ``host``, or everywhere), by host and GPU."""
+        query = "SELECT host, gpu, worker, job_id, attempt, at, detail FROM gpu_faults"
         with self._reading() as sql:
-            query = "SELECT host, gpu, worker, job_id, attempt, at, detail FROM gpu_faults"
             if host is None:
                 rows = sql(f"{query} ORDER BY host, gpu").fetchall()
             else:
@@ -472,9 +399,11 @@ class SweepStore(abc.ABC):
                 sql("DELETE FROM gpu_faults WHERE host = ? AND gpu = ?", (host, fault.gpu))
         return cleared
 
+    # --- inside a backend's requeue and finish -----------------------------------------------
+
     def _requeued(self, sql: Sql, job_id: int) -> None:
-        """Inside a backend's requeue: refuse a job whose ``--after`` job did not succeed
-        (it would wait for ever), and give the job a fresh infrastructure budget."""
+        """Refuse a job whose ``--after`` job did not succeed (it would wait for ever), and
+        give the job a fresh infrastructure budget."""
         row = sql(
             "SELECT d.after_id, j.status FROM job_deps AS d JOIN jobs AS j ON j.id = d.after_id "
             "WHERE d.job_id = ? AND j.status IN ('failed', 'cancelled') ORDER BY d.after_id",
@@ -491,46 +420,36 @@ class SweepStore(abc.ABC):
             (job_id,),
         )
 
-    # --- the retry decision, inside a backend's finish ---------------------------------------
-
-    def _decide(
+    def _judge(
         self,
         sql: Sql,
         job_id: int,
         attempt: int,
         outcome: Outcome,
-        attempts: int,
-        max_attempts: int,
-        cancel_requested: bool,
+        job: Sequence[Any],
         backoff: float,
     ) -> Decision:
+        """The retry rules' decision on an attempt (``job``: the job's attempts, max_attempts,
+        cancel_requested and host), written: the attempt's class and cause, the job's retry
+        state, the cancellation of the jobs that waited for one that will not succeed."""
+        attempts, max_attempts, cancel_requested, host = job
         row = sql(f"SELECT {_PLAN_COLUMNS} FROM job_plans WHERE job_id = ?", (job_id,)).fetchone()
         plan = Plan() if row is None else _plan_from_row(row, ())
-        previous = {
-            str(cause): int(number)
-            for number, cause in sql(
-                "SELECT attempt, cause FROM attempt_causes WHERE job_id = ? AND attempt < ? "
-                "AND counted = 1 AND failure_class = 'job' ORDER BY attempt DESC",
-                (job_id, attempt),
-            ).fetchall()
-            if cause is not None
-        }
-        return decide(
+        earlier = sql(
+            "SELECT attempt, cause FROM attempt_causes WHERE job_id = ? AND attempt < ? "
+            "AND counted = 1 AND failure_class = 'job' ORDER BY attempt DESC",
+            (job_id, attempt),
+        ).fetchall()
+        decision = decide(
             outcome,
             attempts=attempts,
             max_attempts=max_attempts,
-            cancel_requested=cancel_requested,
+            cancel_requested=bool(cancel_requested),
             infrastructure_failures=plan.infra_failures,
-            previous_causes=previous,
+            previous_causes={str(c): int(n) for n, c in earlier if c is not None},
             policy=plan.policy,
             backoff=backoff,
         )
-
-    def _record_decision(
-        self, sql: Sql, job_id: int, attempt: int, decision: Decision, host: str | None
-    ) -> None:
-        """Write what ``_decide`` decided: the attempt's class and cause, the job's retry
-        state, and the cancellation of the jobs that waited for a job that will not succeed."""
         if decision.failure_class is not None:
             sql(
                 "INSERT INTO attempt_causes (job_id, attempt, failure_class, cause, counted) "
@@ -540,25 +459,22 @@ class SweepStore(abc.ABC):
                 (job_id, attempt, decision.failure_class, decision.cause, int(decision.counted)),
             )
         if decision.failure_class == "infrastructure":
-            gpus_row = sql(
+            gpus = sql(
                 "SELECT gpus FROM attempt_causes WHERE job_id = ? AND attempt = ?",
                 (job_id, attempt),
             ).fetchone()
-            avoid = [f"{host}:{gpu}" for gpu in _names(gpus_row[0] if gpus_row else None)]
+            avoid = _names_json([f"{host}:{gpu}" for gpu in _names(gpus[0] if gpus else None)])
+            retry_at = sql.now + decision.retry_in
             sql(
                 "INSERT INTO job_plans (job_id, infra_failures, retry_at, avoid) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT (job_id) DO UPDATE SET "
                 "infra_failures = excluded.infra_failures, retry_at = excluded.retry_at, "
                 "avoid = excluded.avoid",
-                (
-                    job_id,
-                    decision.infrastructure_failures,
-                    sql.now + decision.retry_in,
-                    json.dumps(avoid) if avoid else None,
-                ),
+                (job_id, decision.infrastructure_failures, retry_at, avoid),
             )
         if decision.status in (FAILED, CANCELLED):
             self._cancel_dependents(sql, job_id, decision.status)
+        return decision
 
     def _cancel_dependents(self, sql: Sql, job_id: int, status: str) -> None:
         """Cancel the queued jobs that run ``--after`` ``job_id`` (which ended ``status``),
@@ -583,12 +499,3 @@ class SweepStore(abc.ABC):
                     ),
                 )
                 pending.append((int(dependent), CANCELLED))
-
-
-def _array_member(job: dict[str, Any], index: int) -> dict[str, Any]:
-    argv = job["argv"]
-    return {
-        **job,
-        "argv": None if argv is None else substitute_index(argv, index),
-        "env": {**job["env"], "ASYNCSOAK_ARRAY_INDEX": str(index)},
-    }

@@ -9,8 +9,6 @@ killed, and its outcome written from its artifact, or as a failure that requeues
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -25,12 +23,7 @@ from .._export import Metrics, WorkerMetrics, new_registry, render, validate_met
 from .._process import start_time_ticks
 from .._supervisor import slurm
 from ..trainer import Job
-from ._attempt import (
-    UNAVAILABLE,
-    Runner,
-    default_worker_name,
-    summary_of,
-)
+from ._attempt import UNAVAILABLE, Runner, default_worker_name, masked
 from ._goodput import read_artifact
 from ._models import QueueDatabaseLostError, QueueError, WorkerInfo
 from ._orphans import kill_leftovers, process_alive
@@ -38,7 +31,7 @@ from ._retry import ORPHANED, outcome_from_artifact
 from ._settings import WorkerConfig
 from ._status import CANCELLED, FAILED, Outcome, tail
 from ._store import JobStore
-from ._sweeps import GpuOffer, pick_gpus
+from ._sweeps import GpuOffer, Plan, pick_gpus
 
 #: How soon an idle worker looks at the queue again while the database is unavailable.
 _UNAVAILABLE_RETRY_SECONDS = 1.0
@@ -51,6 +44,15 @@ def default_runs_dir(store: JobStore) -> Path:
     return store.default_runs_dir()
 
 
+def prepare_runs_dir(runs_dir: Path) -> None:
+    try:
+        runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise QueueError(f"runs directory {runs_dir}: cannot create it: {exc.strerror}") from exc
+    if not os.access(runs_dir, os.W_OK | os.X_OK):
+        raise QueueError(f"runs directory {runs_dir} is unwritable")
+
+
 async def run_worker(
     store: JobStore,
     config: WorkerConfig,
@@ -61,22 +63,13 @@ async def run_worker(
     name: str | None = None,
     metrics: Metrics | None = None,
 ) -> int:
-    """Take and run jobs with ``config``'s settings until ``stop_event`` is set; returns how
-    many ran.  ``once`` drains what is queued and returns.  ``stop_event`` stops the running
-    jobs the graceful way (they are requeued ``interrupted``), then the worker; ``kill_event``
-    too kills their process groups at once (a second Ctrl-C).  ``name`` defaults to
-    ``host:gpuN`` with GPUs, else ``host:pid``; ``metrics`` (with a port) serves the worker's,
-    the queue's and the running soak's metrics.  Raises :class:`QueueError` (an unusable runs
-    directory, a name a live worker holds) or :class:`ValidationError` (bad metrics settings,
-    a port that cannot be served) before any job is claimed."""
+    """Take and run jobs with ``config``'s settings until ``stop_event`` is set (or, ``once``,
+    the queue is drained); returns how many ran.  ``stop_event`` stops the running jobs the
+    graceful way (requeued ``interrupted``), ``kill_event`` kills them at once.  Raises
+    :class:`QueueError` or :class:`ValidationError` before any job is claimed."""
     require_asyncio("run_worker")
-    worker = _Worker(
-        store,
-        config,
-        stop_event or anyio.Event(),
-        kill_event or anyio.Event(),
-        name or default_worker_name(config.gpus),
-    )
+    name = name or default_worker_name(config.gpus)
+    worker = _Worker(store, config, stop_event or anyio.Event(), kill_event or anyio.Event(), name)
     metrics_config = validate_metrics(metrics)
     if metrics_config is None:
         return await worker.run(once)
@@ -110,47 +103,47 @@ class _Worker(Runner):
         super().__init__(store, settings, stop_event, kill_event, name)
         #: The jobs running, each with the GPUs it was given.
         self.running: dict[int, list[str]] = {}
-        #: Set when a job ends: its GPUs may take another.
+        #: Set when a job ends (its GPUs may take another), and when the store says a job
+        #: may be waiting.
         self.job_done = anyio.Event()
-        self._faulted: set[str] = set()
-        # Set by the store's notifications: a job may be waiting.
         self.wake = anyio.Event()
         #: Set when the database's file left its path (``file_lost``): claim no more.
         self.db_lost = anyio.Event()
         self._db_lost_how = ""
-
-    def _on_notify(self, payload: str) -> None:
-        self.wake.set()
+        self._faulted: set[str] = set()
 
     async def run(self, once: bool) -> int:
         await self._call(prepare_runs_dir, self.runs_dir)
-        await self._call(self._register)
+        pid = os.getpid()
+        register = partial(
+            self.store.register_worker,
+            host=self.host,
+            pid=pid,
+            pid_start=start_time_ticks(pid),
+            alive=self._worker_alive,
+        )
+        await self._call(register, self.name)
         if self.devices:
             # For `workers` only: a worker that cannot record them now still runs.
-            try:
-                await self._call(self.store.set_worker_gpus, self.name, self.devices)
-            except UNAVAILABLE as exc:
-                _log.warning("worker %s: its GPUs not recorded for `workers`: %s", self.name, exc)
+            warning = f"worker {self.name}: its GPUs not recorded for `workers`"
+            await self._or(None, warning, self.store.set_worker_gpus, self.name, self.devices)
         ran = 0
         try:
             async with anyio.create_task_group() as tg:
                 if not once:  # a draining worker never waits for a job: nothing to hear
-                    await tg.start(self.store.listen, self._on_notify)
+                    await tg.start(self.store.listen, lambda _: self.wake.set())
                 # Said once it can hear a submission (its listener has tried the database).
                 _log.info(
                     "worker %s started on %s (pid %d, runs in %s)",
                     self.name,
                     self.host,
-                    os.getpid(),
+                    pid,
                     self.runs_dir,
                 )
                 tg.start_soon(self._beat)
                 async with anyio.create_task_group() as jobs:
-                    while not (
-                        self.stop_event.is_set()
-                        or self.kill_event.is_set()
-                        or self.db_lost.is_set()
-                    ):
+                    ending = (self.stop_event, self.kill_event, self.db_lost)
+                    while not any(event.is_set() for event in ending):
                         # Fresh events before the claim: a job submitted (or ended) after the
                         # claim found nothing wakes the wait below.
                         self.wake = anyio.Event()
@@ -168,39 +161,17 @@ class _Worker(Runner):
                         offer = await self._offer()
                         job = None if offer is None else await self._claim(fits, offer)
                         if job is not None:
-                            devices = await self._place(job, offer)
-                            self.running[job.id] = devices
-                            if self.metrics is not None:
-                                self.metrics.current_job = job.id
-                                self.metrics.current_attempt = job.attempt
-                            jobs.start_soon(self._run_claimed, job, devices)
+                            jobs.start_soon(self._run_claimed, job, await self._place(job, offer))
                             ran += 1
                             continue
                         if once and not self.running:
                             break
-                        # While the database is away, look again soon (the store's own
-                        # backoff spaces the connection attempts): a job may be waiting.
-                        wait: float | None = self.settings.poll_seconds
-                        if self._unreachable:
-                            wait = min(self.settings.poll_seconds, _UNAVAILABLE_RETRY_SECONDS)
-                        elif self._full():
-                            # Busy on every GPU (or on its one job): nothing to claim, and no
-                            # need to spin, until a job ends.
-                            wait = None
-                        events = [self.stop_event, self.kill_event, self.job_done, self.db_lost]
-                        if wait is not None:
-                            events.append(self.wake)
-                        with anyio.move_on_after(math.inf if wait is None else wait):
-                            async with anyio.create_task_group() as waits:
-                                for event in events:
-                                    waits.start_soon(_set_then_cancel, event, waits.cancel_scope)
+                        await self._idle()
                 tg.cancel_scope.cancel()
         finally:
             with anyio.move_on_after(self.store.busy_timeout, shield=True):
-                try:
-                    await self._call(self.store.worker_stopped, self.name)
-                except UNAVAILABLE as exc:
-                    _log.warning("worker %s: could not record its stop: %s", self.name, exc)
+                warning = f"worker {self.name}: could not record its stop"
+                await self._or(None, warning, self.store.worker_stopped, self.name)
         _log.info("worker %s stopped after %d job(s)", self.name, ran)
         if self.db_lost.is_set():
             raise QueueDatabaseLostError(
@@ -210,74 +181,66 @@ class _Worker(Runner):
             )
         return ran
 
-    def _register(self) -> None:
-        pid = os.getpid()
-        self.store.register_worker(
-            self.name,
-            host=self.host,
-            pid=pid,
-            pid_start=start_time_ticks(pid),
-            alive=self._worker_alive,
-        )
+    async def _idle(self) -> None:
+        """Wait for a stop, a job's end, a wake-up or the poll (sooner while the database is
+        away); busy on every GPU (or its one job), for a stop or a job's end only."""
+        wait = self.settings.poll_seconds
+        if self._unreachable:
+            wait = min(wait, _UNAVAILABLE_RETRY_SECONDS)
+        events = [self.stop_event, self.kill_event, self.job_done, self.db_lost]
+        if self._unreachable or not self._full():
+            events.append(self.wake)
+        else:
+            wait = math.inf
+        with anyio.move_on_after(wait):
+            async with anyio.create_task_group() as waits:
+                for event in events:
+                    waits.start_soon(_set_then_cancel, event, waits.cancel_scope)
 
     async def _offer(self) -> GpuOffer | None:
         """What this worker can give a job now, or None when it can take none: a worker
         without GPUs runs one job at a time; one with GPUs offers its free, healthy ones."""
-        try:
-            faults = await self._call(self.store.gpu_faults, self.host)
-        except UNAVAILABLE as exc:
-            self._lost_database("reading GPU faults", exc)
+        faults = await self._try("reading GPU faults", self.store.gpu_faults, self.host)
+        if faults is None:
             return None
         faulted = {f.gpu for f in faults}
-        if faulted != self._faulted:
-            for gpu in sorted(faulted - self._faulted):
-                _log.warning(
-                    "worker %s: GPU %s of %s had a fault; no jobs on it until an operator "
-                    "clears it (asyncsoak worker --clear-fault %s)",
-                    self.name,
-                    gpu,
-                    self.host,
-                    gpu,
-                )
-            for gpu in sorted(self._faulted - faulted):
-                _log.warning("worker %s: GPU %s cleared; back in service", self.name, gpu)
-            self._faulted = faulted
+        for gpu in sorted(faulted - self._faulted):
+            _log.warning(
+                "worker %s: GPU %s of %s had a fault; no jobs on it until an operator "
+                "clears it (asyncsoak worker --clear-fault %s)",
+                self.name,
+                gpu,
+                self.host,
+                gpu,
+            )
+        for gpu in sorted(self._faulted - faulted):
+            _log.warning("worker %s: GPU %s cleared; back in service", self.name, gpu)
+        self._faulted = faulted
         if not self.devices:
             # Its jobs see every GPU of the host: a fault on any of them stops its claims.
             return None if self.running or faulted else GpuOffer()
-        healthy = [gpu for gpu in self.devices if gpu not in faulted]
-        busy = {gpu for devices in self.running.values() for gpu in devices}
-        free = [gpu for gpu in healthy if gpu not in busy]
-        if not free:
-            return None
-        return GpuOffer(
-            free=len(free),
-            all_free=not self.running,
-            names=tuple(f"{self.host}:{gpu}" for gpu in free),
-        )
+        taken = faulted.union(*self.running.values())
+        free = [gpu for gpu in self.devices if gpu not in taken]
+        names = tuple(f"{self.host}:{gpu}" for gpu in free)
+        return GpuOffer(len(free), not self.running, names) if free else None
 
     def _full(self) -> bool:
         """Whether every job this worker can run at once is running.  A faulted GPU is not
-        busy: the worker keeps looking, so that a GPU an operator clears takes a job at once,
-        not only once a running job ends."""
-        if not self.running:
-            return False
+        busy: a GPU an operator clears takes a job at once, not only once a job ends."""
         busy = {gpu for devices in self.running.values() for gpu in devices}
-        return not self.devices or all(gpu in busy for gpu in self.devices)
+        return bool(self.running) and all(gpu in busy for gpu in self.devices)
 
     async def _place(self, job: Job, offer: GpuOffer | None) -> list[str]:
         """The GPUs a claimed job runs on (none for a worker without GPUs)."""
-        if not self.devices or offer is None:
-            return []
-        free = [name.split(":")[-1] for name in offer.names]
-        try:
-            plan = await self._call(self.store.plan, job.id)
-        except UNAVAILABLE:
-            plan = None
-        need = None if plan is None else plan.gpus
-        devices = pick_gpus(need, free, () if plan is None else plan.avoid, self.host)
-        with contextlib.suppress(*UNAVAILABLE):
-            await self._call(self.store.record_attempt_gpus, job.id, job.attempt, devices)
+        devices: list[str] = []
+        if self.devices and offer is not None:
+            free = [name.split(":")[-1] for name in offer.names]
+            plan = await self._or(Plan(), None, self.store.plan, job.id)
+            devices = pick_gpus(plan.gpus, free, plan.avoid, self.host)
+            await self._or(None, None, self.store.record_attempt_gpus, job.id, job.attempt, devices)
+        self.running[job.id] = devices
+        if self.metrics is not None:
+            self.metrics.current_job, self.metrics.current_attempt = job.id, job.attempt
         return devices
 
     async def _run_claimed(self, job: Job, devices: list[str]) -> None:
@@ -327,58 +290,41 @@ class _Worker(Runner):
         )
         self.db_lost.set()
 
-    async def _claim(self, fits: float | None = None, offer: GpuOffer | None = None) -> Job | None:
-        try:
-            job = await self._call(
-                partial(self.store.claim, max_duration=fits, offer=offer),
-                self.name,
-                self.host,
-                self.runs_dir,
-            )
-        except UNAVAILABLE as exc:
-            self._lost_database("claim", exc)
-            return None
-        self._reached_database()
+    async def _claim(self, fits: float | None, offer: GpuOffer) -> Job | None:
+        claim = partial(self.store.claim, max_duration=fits, offer=offer)
+        job = await self._try("claim", claim, self.name, self.host, self.runs_dir)
         if job is not None:
             _log.info("job %d claimed (attempt %d)", job.id, job.attempt)
         return job
 
     async def _deliver_spool(self) -> None:
         """Deliver final writes kept while the database was away (fenced like any other)."""
+        finish = partial(self.store.finish, backoff=self.settings.retry_backoff_seconds)
+        late = (
+            f"final status delivered late, from the spool on {self.host}: the database was "
+            "unavailable when the attempt ended"
+        )
         for entry in await self._call(self.spool.pending):
+            note = "; ".join(n for n in (entry.note, late) if n)
             try:
                 written = await self._call(
-                    partial(self.store.finish, backoff=self.settings.retry_backoff_seconds),
+                    finish,
                     entry.job_id,
                     entry.attempt,
                     entry.worker,
                     entry.outcome,
                     entry.summary,
-                    _joined(
-                        entry.note,
-                        f"final status delivered late, from the spool on {self.host}: the "
-                        "database was unavailable when the attempt ended",
-                    ),
+                    note,
                 )
             except UNAVAILABLE as exc:
                 self._lost_database("delivering a spooled outcome", exc)
                 return
             await self._call(self.spool.remove, entry)
             if written:
-                _log.warning(
-                    "job %d attempt %d: outcome %s delivered from the spool",
-                    entry.job_id,
-                    entry.attempt,
-                    entry.outcome.status,
-                )
+                what = f"outcome {entry.outcome.status} delivered from the spool"
             else:
-                _log.warning(
-                    "job %d attempt %d: spooled outcome dropped: the job was taken over meanwhile",
-                    entry.job_id,
-                    entry.attempt,
-                )
-
-    # --- one attempt ---------------------------------------------------------------------
+                what = "spooled outcome dropped: the job was taken over meanwhile"
+            _log.warning("job %d attempt %d: %s", entry.job_id, entry.attempt, what)
 
     # --- orphans -------------------------------------------------------------------------
 
@@ -390,28 +336,27 @@ class _Worker(Runner):
             self._lost_database("looking for orphans", exc)
             return
         for job, holder in running:
-            if job.id in self.running and job.worker == self.name:
+            mine = job.worker == self.name
+            if job.id in self.running and mine:
                 continue  # its own, heartbeating beside this loop
-            limit = self.settings.orphan_after_seconds
-            silent = job.heartbeat_at is None or now - job.heartbeat_at > limit
+            silent = (
+                job.heartbeat_at is None
+                or now - job.heartbeat_at > self.settings.orphan_after_seconds
+            )
             # A worker's own name on a job it is not running: left by a dead worker of the
             # same name (registration refuses the name while that one lives).
-            inherited = job.worker == self.name and job.id not in self.running
             gone = (
                 holder is not None
                 and holder.host == self.host
                 and holder.name != self.name
                 and not process_alive(holder.pid, holder.pid_start)
             )
-            if silent or inherited or gone:
+            if silent or mine or gone:
                 await self._resolve_orphan(job)
 
     async def _resolve_orphan(self, job: Job) -> None:
-        try:
-            if not await self._call(self.store.take_over, job, self.name):
-                return
-        except UNAVAILABLE as exc:
-            _log.warning("job %d: could not take the orphan over: %s", job.id, exc)
+        warning = f"job {job.id}: could not take the orphan over"
+        if not await self._or(False, warning, self.store.take_over, job, self.name):
             return
         _log.warning(
             "job %d attempt %d: orphan of worker %s; taken over", job.id, job.attempt, job.worker
@@ -420,14 +365,10 @@ class _Worker(Runner):
         artifact = await self._call(read_artifact, output_path) if output_path else None
         note = None
         if job.host == self.host:
-            killed = await self._call(
-                kill_leftovers,
-                self.store.location,
-                job.id,
-                job.attempt,
-                Path(job.artifact).parent / "train.log" if job.artifact else None,
-                self.settings.kill_wait_seconds,
-            )
+            log = output_path.parent / "train.log" if output_path else None
+            wait = self.settings.kill_wait_seconds
+            args = (self.store.location, job.id, job.attempt, log, wait)
+            killed = await self._call(kill_leftovers, *args)
             if killed:
                 _log.warning(
                     "job %d: killed %d unsupervised process(es): %s", job.id, len(killed), killed
@@ -440,10 +381,7 @@ class _Worker(Runner):
                 f"{job.host}, whose processes were not touched from {self.host}"
             )
             _log.warning("job %d: %s", job.id, note)
-        try:
-            cancel = await self._call(self.store.cancel_requested, job.id)
-        except UNAVAILABLE:
-            cancel = job.cancel_requested
+        cancel = await self._cancel_requested(job)
         if artifact is not None and output_path is not None:
             stop_cause = (artifact.get("stop") or {}).get("cause")
             outcome = outcome_from_artifact(
@@ -452,17 +390,12 @@ class _Worker(Runner):
                 stopping=stop_cause in ("requested", "cancelled"),
                 log_tail=tail(output_path.parent / "train.log"),
             )
-            if outcome.error is not None:
-                env = self._environment(job, self.runs_dir / str(job.id))
-                outcome = dataclasses.replace(
-                    outcome, error=Masker(secret_values(env))(outcome.error)
-                )
+            env = self._environment(job, self.runs_dir / str(job.id))
+            outcome = masked(outcome, Masker(secret_values(env)))
         else:
-            heartbeat = (
-                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.heartbeat_at))
-                if job.heartbeat_at
-                else "never"
-            )
+            heartbeat = "never"
+            if job.heartbeat_at:
+                heartbeat = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.heartbeat_at))
             outcome = Outcome(
                 CANCELLED if cancel else FAILED,
                 None,
@@ -470,23 +403,10 @@ class _Worker(Runner):
                 f"worker {job.worker} went silent (last heartbeat {heartbeat}) before the "
                 "attempt finished; its outcome is lost",
             )
-        with anyio.move_on_after(self._finish_bound(), shield=True):
-            await self._finish(job, outcome, summary_of(artifact), note)
-
-
-def _joined(*notes: str | None) -> str:
-    return "; ".join(n for n in notes if n)
+        with anyio.move_on_after(self._finish_bound, shield=True):
+            await self._finish(job, outcome, artifact, note)
 
 
 async def _set_then_cancel(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
-
-
-def prepare_runs_dir(runs_dir: Path) -> None:
-    try:
-        runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise QueueError(f"runs directory {runs_dir}: cannot create it: {exc.strerror}") from exc
-    if not os.access(runs_dir, os.W_OK | os.X_OK):
-        raise QueueError(f"runs directory {runs_dir} is unwritable")

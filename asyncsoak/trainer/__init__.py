@@ -11,6 +11,7 @@ without anyio or psutil.  A trainer saves and exits with :data:`EXIT_INTERRUPTED
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import math
 import os
@@ -19,7 +20,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the job table's names, for the queue: served by __getattr__ on first use
@@ -79,12 +79,10 @@ def report(step: int, **metrics: float) -> None:
     """Tell the monitor this process is at ``step``, with figures such as ``loss``,
     ``tokens`` or ``samples`` (cumulative counts), ``learning_rate``.
 
-    Cheap enough for every step: a dict made into one short line, written at most every
-    :data:`REPORT_MIN_INTERVAL_SECONDS` (the newest is kept meanwhile and written at exit),
-    at once when the loss is NaN or infinite.  Outside asyncsoak (no ``ASYNCSOAK_STEPS_FILE``)
-    it does nothing.  A step that is not a whole number >= 0, or a figure that is not a number,
-    raises ``TypeError``/``ValueError``; a file that cannot be written is ignored (the monitor
-    then sees no step).
+    Cheap enough for every step: one short line at most every
+    :data:`REPORT_MIN_INTERVAL_SECONDS` (the newest kept meanwhile, written at exit), at once
+    for a NaN or infinite loss; nothing outside asyncsoak.  A bad step or figure raises
+    ``TypeError``/``ValueError``; a file that cannot be written is ignored.
     """
     global _report_written_at, _report_pending
     if isinstance(step, bool) or not isinstance(step, int):
@@ -113,13 +111,11 @@ def report(step: int, **metrics: float) -> None:
 
 def _write_report(path: str, line: bytes) -> None:
     global _report_fd
-    try:
+    with contextlib.suppress(OSError):
         if _report_fd is None:
             _report_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             atexit.register(_flush_report)
         os.write(_report_fd, line)
-    except OSError:
-        pass
 
 
 def _flush_report() -> None:
@@ -133,13 +129,16 @@ def _flush_report() -> None:
 
 def job_id() -> int | None:
     """The id of the job this process runs, or None outside the queue."""
-    value = os.environ.get("ASYNCSOAK_JOB_ID")
-    return int(value) if value else None
+    return _int_variable("ASYNCSOAK_JOB_ID")
 
 
 def attempt() -> int | None:
     """This attempt's number (1 for the first run, counting interrupted runs), or None."""
-    value = os.environ.get("ASYNCSOAK_ATTEMPT")
+    return _int_variable("ASYNCSOAK_ATTEMPT")
+
+
+def _int_variable(name: str) -> int | None:
+    value = os.environ.get(name)
     return int(value) if value else None
 
 
@@ -150,13 +149,9 @@ def run_dir() -> Path | None:
 
 
 def stop_requested() -> threading.Event:
-    """An event set when the worker asks this process to save and stop.
-
-    Under the queue's stdin protocol (``ASYNCSOAK_STOP_MODE=stdin`` or ``--watch-stdin`` on
-    the command line) it is set when stdin reaches end of file; otherwise when SIGTERM
-    arrives (stop modes ``group`` and ``leader``, and ``asyncsoak run``).  Every call returns
-    the same event.
-    """
+    """The one event set when the worker asks this process to save and stop: when stdin
+    reaches end of file under the queue's stdin protocol (``ASYNCSOAK_STOP_MODE=stdin`` or
+    ``--watch-stdin``), else when SIGTERM arrives (stop modes ``group`` and ``leader``)."""
     global _stop_event
     with _stop_lock:
         if _stop_event is not None:
@@ -167,32 +162,23 @@ def stop_requested() -> threading.Event:
                 target=_watch_stdin, args=(event,), name="asyncsoak-stdin", daemon=True
             ).start()
         elif threading.current_thread() is threading.main_thread():
-
-            def on_sigterm(signum: int, frame: FrameType | None) -> None:
-                event.set()
-
-            signal.signal(signal.SIGTERM, on_sigterm)
+            signal.signal(signal.SIGTERM, lambda signum, frame: event.set())
         _stop_event = event
         return event
 
 
 def _watch_stdin(event: threading.Event) -> None:
     # Whatever the worker writes is ignored: only end of file means something.
-    try:
+    with contextlib.suppress(OSError):
         while os.read(0, 65536):
             pass
-    except OSError:
-        pass
     event.set()
 
 
 def cancel_requested(min_interval: float = 1.0) -> bool:
-    """Whether this job's cancellation was requested (False outside the queue).
-
-    Reads the queue database at most once per ``min_interval`` seconds, so calling it on
-    every step costs nothing; once True it stays True.  An unreadable database reads as
-    False: the worker still enforces the cancellation after its grace period.
-    """
+    """Whether this job's cancellation was requested (False outside the queue): the database
+    read at most once per ``min_interval`` seconds; once True it stays True.  An unreadable
+    database reads as False (the worker still enforces the cancellation)."""
     global _cancel_checked_at, _cancel_seen
     if _cancel_seen:
         return True

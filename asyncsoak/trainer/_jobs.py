@@ -1,9 +1,6 @@
 """The queue's jobs table, defined once: :class:`Job`'s fields are its columns (each with its
-SQL kind, default and check), and :func:`select_job` is the one read of a row, shared by the
-queue's stores and a training script (:func:`read_job`).
-
-Standard library only (psycopg for PostgreSQL), so a trainer reads its job without anyio or
-psutil; the stores derive each backend's DDL from these fields.
+SQL kind, default and check), from which the stores derive each backend's DDL, and
+:func:`select_job` is the one read of a row, the stores' and a training script's.
 """
 
 from __future__ import annotations
