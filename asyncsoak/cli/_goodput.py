@@ -23,11 +23,11 @@ from .._analysis import (
     lost_by_cause,
     run_span,
 )
-from .._contract import format_duration, terminal_text
+from .._contract import exits, format_duration, terminal_text
 from .._view import goodput_line
 from ..artifact import load
 from ..queue import artifact_section, queue_goodput
-from . import EXIT_OK, UsageError
+from . import UsageError
 from ._queue_db import _guarded, _open_existing, _queue_call, db_parser
 from ._sweeps import parse_not_before
 
@@ -69,9 +69,9 @@ def _goodput(args: argparse.Namespace) -> int:
     if args.json:
         out = {"jobs": [job.to_json() for job in jobs], "total": fleet_total(jobs)}
         print(json.dumps(out, indent=2, sort_keys=True))
-        return EXIT_OK
+        return exits.EXIT_PASSED
     print(terminal_text(render(jobs), one_line=False), end="")
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _from_queue(args: argparse.Namespace, since: float | None) -> list[JobLedger]:

@@ -51,7 +51,7 @@ from ..queue import (
     public_job,
     worker_views,
 )
-from . import EXIT_OK, UsageError
+from . import UsageError
 from ._queue_db import _existing_for, _open_existing, _queue_call
 from ._sweeps import (
     attempt_cells,
@@ -179,10 +179,10 @@ def _jobs(args: argparse.Namespace) -> int:
         jobs = [job for job in jobs if job.id in plans and plans[job.id].array_id == args.array]
     if args.json:
         _print_json([{**public_job(job), **plan_dict(plans.get(job.id))} for job in jobs])
-        return EXIT_OK
+        return exits.EXIT_PASSED
     if not jobs:
         print("no jobs" + (f" {args.status}" if args.status else ""))
-        return EXIT_OK
+        return exits.EXIT_PASSED
     rows = [
         [
             str(job.id),
@@ -204,7 +204,7 @@ def _jobs(args: argparse.Namespace) -> int:
     ]
     headers = ["ID", "NAME", "STATUS", "PRI", "RUNS", "SUBMITTED", "FINISHED", "WORKER", "NOTE"]
     print(_table(headers, rows, right=(0, 3, 4)))
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _job(args: argparse.Namespace) -> int:
@@ -223,7 +223,7 @@ def _job(args: argparse.Namespace) -> int:
             {**_attempt_dict(a), **_cause_dict(causes.get(a.attempt))} for a in attempts
         ]
         _print_json(data)
-        return EXIT_OK
+        return exits.EXIT_PASSED
     status = job.status + (f" ({job.reason})" if job.reason else "")
     if job.cancel_requested and job.status == "running":
         status += ", cancel requested"
@@ -285,7 +285,7 @@ def _job(args: argparse.Namespace) -> int:
             if lines:
                 print(f"\nattempt {a.attempt}:")
                 print("\n".join("  " + terminal_text(line) for line in lines))
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _goodput_text(ledger: JobLedger) -> str:
@@ -427,7 +427,7 @@ def _logs(args: argparse.Namespace) -> int:
                 raise UsageError(_log_elsewhere(job, chosen, path)) from None
         except KeyboardInterrupt:
             pass
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _exit_words(job: Job) -> str:
@@ -501,7 +501,7 @@ def _workers(args: argparse.Namespace) -> int:
                 for v in views
             ]
         )
-        return EXIT_OK
+        return exits.EXIT_PASSED
     if not views:
         print("no workers")
     else:
@@ -525,7 +525,7 @@ def _workers(args: argparse.Namespace) -> int:
             f"({_count(pruned, 'worker')} gone for more than {PRUNE_AFTER_S / 3600:g}h not shown: "
             "--all lists them)"
         )
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _worker_state_text(v: WorkerView, now: float) -> str:

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._contract import terminal_text
-from . import EXIT_FAILED, EXIT_OK, UsageError, unwritable
+from .._contract import exits, terminal_text
+from . import UsageError, unwritable
 
 if TYPE_CHECKING:
     from .._contract import Artifact
@@ -166,7 +166,7 @@ def report_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise unwritable("--output", output, exc) from None
     print(f"asyncsoak: report written; open it in a browser: {output.absolute().as_uri()}")
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def compare_command(args: argparse.Namespace) -> int:
@@ -191,7 +191,11 @@ def compare_command(args: argparse.Namespace) -> int:
         print(json.dumps(comparison.as_json(), indent=1))
     else:
         print_text(format_comparison(comparison))
-    return EXIT_FAILED if args.fail_on_regression and comparison.regressions else EXIT_OK
+    return (
+        exits.EXIT_FAILED
+        if args.fail_on_regression and comparison.regressions
+        else exits.EXIT_PASSED
+    )
 
 
 def summary_command(args: argparse.Namespace) -> int:
@@ -208,7 +212,7 @@ def summary_command(args: argparse.Namespace) -> int:
         width = min(120, shutil.get_terminal_size().columns) - 1
         text = format_summary(summary, artifact_path=str(args.run), width=width)
     print_text(text)
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def print_text(text: str) -> None:
@@ -250,7 +254,7 @@ def recover_command(args: argparse.Namespace) -> int:
             f"reasons: {reasons})"
         )
     )
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _combined(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
@@ -271,7 +275,7 @@ def job_summary(args: argparse.Namespace) -> int:
         print_text(json.dumps(combined, indent=1, default=str))
     else:
         print_text(format_combined(combined))
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def job_report(args: argparse.Namespace) -> int:
@@ -291,4 +295,4 @@ def job_report(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise unwritable("--output", output, exc) from None
     print(f"asyncsoak: report written; open it in a browser: {output.absolute().as_uri()}")
-    return EXIT_OK
+    return exits.EXIT_PASSED

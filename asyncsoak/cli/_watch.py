@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._contract import terminal_text
-from . import EXIT_FAILED, EXIT_OK, UsageError
+from .._contract import exits, terminal_text
+from . import UsageError
 from ._flags import seconds_arg
 from ._queue_db import _guarded, _job_id, db_parser
 
@@ -189,7 +189,7 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
         )
     except BlockingCallTimeout as exc:
         print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
-        return EXIT_FAILED
+        return exits.EXIT_FAILED
     try:
         if once:
             try:
@@ -198,11 +198,11 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
                 )
             except BlockingCallTimeout as exc:
                 print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
-                return EXIT_FAILED
+                return exits.EXIT_FAILED
             if status is None:
                 raise UsageError(terminal_text(f"{journal}: no soak has started there yet"))
             _print_frame(status, mode)
-            return EXIT_OK
+            return exits.EXIT_PASSED
         monitor_gone = False
         async with anyio.create_task_group() as tg:
 
@@ -259,7 +259,7 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
                     ),
                     flush=True,
                 )
-            return EXIT_FAILED
+            return exits.EXIT_FAILED
         return await _verdict(journal, state)
     finally:
         tail.close()
@@ -307,7 +307,7 @@ async def _verdict(journal: Path, state: LiveState) -> int:
     else:
         line, shown = found
     print(terminal_text(f"asyncsoak: {line}"), flush=True)
-    return EXIT_OK if is_pass(shown) else EXIT_FAILED
+    return exits.EXIT_PASSED if is_pass(shown) else exits.EXIT_FAILED
 
 
 def wait_for_monitor(journal: Path) -> None:
