@@ -1,10 +1,6 @@
-"""The training loop ``asyncsoak demo`` supervises: pure Python, about 15 seconds.
-
-Logistic regression by mini-batch gradient descent on a synthetic, linearly separable data set.
-After every step it appends ``{"step", "loss", "accuracy", "time"}`` to ``metrics.jsonl`` in the
-output directory (asyncsoak reads the step, the loss and the trainer's own timestamps there),
-and every 20 steps it writes ``checkpoint-N/trainer_state.json``.
-"""
+"""The training loop ``asyncsoak demo`` supervises: logistic regression in pure Python on
+synthetic data; each step appends ``{"step", "loss", "accuracy", "time"}`` to ``metrics.jsonl``,
+every 20th writes ``checkpoint-N/trainer_state.json``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""``asyncsoak goodput``: where the GPU-hours of runs, jobs or a whole queue went.
-
-Runs given as artifacts (or a directory of them) are joined by job (a queue job's attempts, a
-SLURM requeue, a Kubernetes restart: ``_analysis/_goodput_sum.py``); with no argument, or
-``--db``, the queue's jobs are read as ``jobs`` reads them.  The arithmetic is pure
-(``_analysis``, ``queue/_goodput.py``); this module reads and prints.
-"""
+"""``asyncsoak goodput``: where the GPU-hours of runs (artifacts, joined by job), or of the
+queue's jobs, went; the arithmetic is ``_analysis``'s, this module reads and prints."""
 
 from __future__ import annotations
 

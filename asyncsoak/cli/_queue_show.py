@@ -1,9 +1,5 @@
-"""The job queue's read commands: ``jobs``, ``job``, ``logs`` and ``workers``.
-
-Tables are for people (aligned, ages like "3m ago"), ``--json`` is for scripts; a job's
-environment values are never printed, only their names.  A queue that does not exist yet lists
-as empty.
-"""
+"""The job queue's read commands: ``jobs``, ``job``, ``logs`` and ``workers``: tables for
+people, ``--json`` for scripts; a job's environment values are never printed, only names."""
 
 from __future__ import annotations
 
@@ -57,6 +53,7 @@ from ._sweeps import (
     attempt_cells,
     fault_dicts,
     job_note,
+    local_time,
     plan_dict,
     plan_fields,
     why_not_retried,
@@ -74,17 +71,15 @@ def _age(ts: float | None, now: float) -> str:
     seconds = max(0.0, now - ts)
     if seconds < 60:
         return f"{seconds:.0f}s ago"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f}m ago"
-    if seconds < 86400:
-        return f"{seconds // 3600:.0f}h ago"
-    return f"{seconds // 86400:.0f}d ago"
+    unit, size = next((u, s) for u, s, below in _AGE_UNITS if seconds < below)
+    return f"{seconds // size:.0f}{unit} ago"
+
+
+_AGE_UNITS = (("m", 60, 3600), ("h", 3600, 86400), ("d", 86400, float("inf")))
 
 
 def _when(ts: float | None, now: float) -> str:
-    if ts is None:
-        return "-"
-    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ts))} ({_age(ts, now)})"
+    return "-" if ts is None else f"{local_time(ts)} ({_age(ts, now)})"
 
 
 def _clip(text: str, width: int) -> str:
@@ -93,16 +88,15 @@ def _clip(text: str, width: int) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    rows = [[terminal_text(str(cell)) for cell in row] for row in rows]
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    lines = []
-    for row in [headers, *rows]:
-        cells = [
-            str(cell).rjust(widths[i]) if i in right else str(cell).ljust(widths[i])
+    table = [list(headers), *([terminal_text(str(cell)) for cell in row] for row in rows)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
             for i, cell in enumerate(row)
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+        ).rstrip()
+        for row in table
+    )
 
 
 def _masker(job: Job) -> Masker:
@@ -431,9 +425,8 @@ def _logs(args: argparse.Namespace) -> int:
 
 
 def _exit_words(job: Job) -> str:
-    """How the job's command ended, in words.  A signal that ended a job failed for anything
-    but that signal (``signaled``) or a shell's status (``nonzero_exit``) was the monitor's stop
-    (or the worker's kill), never the OOM killer."""
+    """How the job's command ended, in words; a signal that ended a job failed for another
+    reason than ``signaled`` or ``nonzero_exit`` was the monitor's stop, never the OOM killer."""
     ended = exits.decode(job.returncode)
     number = ended.signal or ended.shell_signal
     ours = number is not None and job.reason not in (None, "signaled", "nonzero_exit")

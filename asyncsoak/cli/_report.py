@@ -104,11 +104,8 @@ def register(subparsers: Any) -> None:
 
 
 def load_run(path: Path) -> tuple[Artifact, Path | None]:
-    """An artifact from an artifact or a journal file, and the journal when one was read.
-
-    A missing ``soak.json`` whose journal ``soak.jsonl`` is there (the monitor died before
-    writing it) is rebuilt from the journal.
-    """
+    """The artifact of an artifact or journal file, and the journal when one was read (a
+    missing ``soak.json`` is rebuilt from its ``soak.jsonl``: the monitor died first)."""
     from .._record import is_journal
 
     if not path.exists():

@@ -203,6 +203,10 @@ def job_note(job: Job, plan: Plan | None, jobs_by_id: Mapping[int, Job], now: fl
     return plan_note(plan, jobs_by_id, now) or None
 
 
+def local_time(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
 def plan_fields(plan: Plan, now: float) -> list[tuple[str, str]]:
     """``job N``'s lines about its plan."""
     fields = []
@@ -211,8 +215,7 @@ def plan_fields(plan: Plan, now: float) -> list[tuple[str, str]]:
     if plan.after:
         fields.append(("after", ids_text(plan.after, ", ")))
     if plan.not_before is not None:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(plan.not_before))
-        fields.append(("not before", when))
+        fields.append(("not before", local_time(plan.not_before)))
     if plan.gpus is not None:
         fields.append(("gpus", str(plan.gpus)))
     if plan.retry_on:

@@ -1,12 +1,6 @@
-"""``asyncsoak watch``: the live view of a soak that is already running, from its journal.
-
-The soak may run anywhere on this host: ``asyncsoak run`` in another terminal or under
-``nohup``, an ``sbatch`` job, a queue worker.  The view reads the soak's journal as it grows
-(bounded incremental reads, :class:`~asyncsoak._view._live.JournalTail`) and ends with the
-verdict once the soak finished.  Whether the soak's monitor is still there is told by the lock
-it holds on its journal for as long as it runs (``flock``): a journal nobody holds any more and
-that never said ``finished`` belongs to a monitor that died.
-"""
+"""``asyncsoak watch``: the live view of a soak already running on this host, read from its
+journal as it grows, to its verdict; a journal whose monitor no longer holds its lock
+(``flock``) and that never said ``finished`` belongs to a monitor that died."""
 
 from __future__ import annotations
 
