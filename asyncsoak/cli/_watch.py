@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import fcntl
 import os
+import signal
 import socket
 import sys
 import time
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._contract import exits, terminal_text
-from . import UsageError
+from . import UsageError, refused
 from ._flags import seconds_arg
 from ._queue_db import _guarded, _job_id, db_parser
 
@@ -35,8 +36,6 @@ ONCE_READS = 256
 #: Bound on catching up with what the journal holds when ``watch`` attaches (the closed
 #: segments of a long soak, compressed, are decoded whole).
 CATCH_UP_SECONDS = 300.0
-#: Exit status when the watch is interrupted (Ctrl-C), as shells report SIGINT.
-EXIT_INTERRUPTED = 130
 
 
 def register(subparsers: Any) -> None:
@@ -87,24 +86,20 @@ def register(subparsers: Any) -> None:
 
 
 def watch_command(args: argparse.Namespace) -> int:
-    from .._contract import ValidationError
     from .._supervisor import seconds
 
-    try:
+    with refused():
         interval = seconds("--status-interval", args.status_interval, allow_zero=False)
-    except ValidationError as exc:
-        raise UsageError(str(exc)) from None
     if (args.target is None) == (args.job is None):
         raise UsageError("watch needs one TARGET (an artifact, journal or run directory) or --job")
-    if args.db is not None and args.job is None:
-        raise UsageError("--db goes with --job")
-    if args.wait_for_db is not None and args.job is None:
-        raise UsageError("--wait-for-db goes with --job")
+    for flag, value in (("--db", args.db), ("--wait-for-db", args.wait_for_db)):
+        if value is not None and args.job is None:
+            raise UsageError(f"{flag} goes with --job")
     journal = job_journal(args) if args.job is not None else find_journal(args.target)
     try:
         return anyio.run(_watch, journal, args.once, args.view, interval)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # as shells report SIGINT
+        return exits.SHELL_SIGNAL_BASE + signal.SIGINT
 
 
 def job_journal(args: argparse.Namespace) -> Path:
@@ -119,10 +114,8 @@ def job_journal(args: argparse.Namespace) -> Path:
     attempt = attempts[-1]
     if attempt.host != socket.gethostname():
         raise UsageError(
-            terminal_text(
-                f"job {job.id} attempt {attempt.attempt} runs on {attempt.host}: "
-                "watch it there (its journal is on that host)"
-            )
+            f"job {job.id} attempt {attempt.attempt} runs on {attempt.host}: "
+            "watch it there (its journal is on that host)"
         )
     return Path(attempt.artifact).with_suffix(".jsonl")
 
@@ -143,16 +136,16 @@ def find_journal(target: Path) -> Path:
             return find_journal(numbered[-1])
         journals = [p for p in target.glob("*.jsonl") if p.is_file() and is_journal(p)]
         if not journals:
-            raise UsageError(terminal_text(f"{target}: no soak journal (*.jsonl) in it"))
+            raise UsageError(f"{target}: no soak journal (*.jsonl) in it")
         # Several soaks wrote there: the one written last is the one running.
         return max(journals, key=lambda p: p.stat().st_mtime)
     journal = target if target.suffix == ".jsonl" else target.with_suffix(".jsonl")
     if not journal.exists():
         if target.exists():
-            raise UsageError(terminal_text(f"{target}: its journal {journal} is not there"))
-        raise UsageError(terminal_text(f"{target}: no such file"))
+            raise UsageError(f"{target}: its journal {journal} is not there")
+        raise UsageError(f"{target}: no such file")
     if not is_journal(journal):
-        raise UsageError(terminal_text(f"{journal}: not a soak journal"))
+        raise UsageError(f"{journal}: not a soak journal")
     return journal
 
 
@@ -194,7 +187,7 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
                 print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
                 return exits.EXIT_FAILED
             if status is None:
-                raise UsageError(terminal_text(f"{journal}: no soak has started there yet"))
+                raise UsageError(f"{journal}: no soak has started there yet")
             _print_frame(status, mode)
             return exits.EXIT_PASSED
         monitor_gone = False
