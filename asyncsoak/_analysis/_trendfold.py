@@ -1,8 +1,5 @@
-"""The fold of a run's series in bounded memory: the tree's, its processes', the GPUs', the
-progress rate and the ranks' progress, which :class:`~._trendwatch.TrendWatch` judges.
-
-The same fold runs live (the rules read it) and offline (``recover`` rebuilds it from a journal).
-"""
+"""The fold of a run's series in bounded memory (the tree's, its processes', the GPUs', the
+progress rates), live and in ``recover``, which :class:`~._trendwatch.TrendWatch` judges."""
 
 from __future__ import annotations
 

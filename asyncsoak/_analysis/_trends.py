@@ -1,8 +1,5 @@
-"""The trend estimator: is a series (memory, open files, free disk) rising for good?
-
-Pure functions of times and values, so every view judges a series the same way and tests drive
-it with synthetic series. The method is in docs/architecture.md ("Trends").
-"""
+"""The trend estimator: is a series (memory, open files, free disk) rising for good?  Pure
+functions, so every view judges alike (the method: docs/architecture.md, "Trends")."""
 
 from __future__ import annotations
 
@@ -144,11 +141,8 @@ def estimate_trend(
     warm_up_seconds: float | None = None,
     direction: Direction = "up",
 ) -> Trend:
-    """Judge one series (``t`` on the same clock as ``warm_up_seconds``).
-
-    ``direction="down"`` judges a series whose fall matters (free disk).  Whatever the series,
-    every figure is finite: one that cannot be judged is ``inconclusive``.
-    """
+    """Judge one series (``direction="down"``: one whose fall matters, free disk); every
+    figure is finite, and a series that cannot be judged is ``inconclusive``."""
     sign = 1.0 if direction == "up" else -1.0
     pairs = sorted((ti, sign * v) for ti, v in _finite(t, values))
     times = [p[0] for p in pairs]

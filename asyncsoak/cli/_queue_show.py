@@ -18,7 +18,6 @@ from typing import Any
 from .._analysis import CHECKPOINT_GLOBS, JobLedger, format_bytes
 from .._contract import (
     Masker,
-    ValidationError,
     argv_secrets,
     exits,
     format_duration,
@@ -47,7 +46,7 @@ from ..queue import (
     public_job,
     worker_views,
 )
-from . import UsageError
+from . import UsageError, refused
 from ._queue_db import _existing_for, _open_existing, _queue_call
 from ._sweeps import (
     attempt_cells,
@@ -151,8 +150,9 @@ def _count(n: int, thing: str) -> str:
     return f"{n} {thing}" + ("s" if n != 1 else "")
 
 
-def _print_json(data: Any) -> None:
+def _print_json(data: Any) -> int:
     print(json.dumps(data, indent=2, sort_keys=True))
+    return exits.EXIT_PASSED
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -172,8 +172,7 @@ def _jobs(args: argparse.Namespace) -> int:
     if args.array is not None:
         jobs = [job for job in jobs if job.id in plans and plans[job.id].array_id == args.array]
     if args.json:
-        _print_json([{**public_job(job), **plan_dict(plans.get(job.id))} for job in jobs])
-        return exits.EXIT_PASSED
+        return _print_json([{**public_job(job), **plan_dict(plans.get(job.id))} for job in jobs])
     if not jobs:
         print("no jobs" + (f" {args.status}" if args.status else ""))
         return exits.EXIT_PASSED
@@ -216,8 +215,7 @@ def _job(args: argparse.Namespace) -> int:
         data["attempts"] = [
             {**_attempt_dict(a), **_cause_dict(causes.get(a.attempt))} for a in attempts
         ]
-        _print_json(data)
-        return exits.EXIT_PASSED
+        return _print_json(data)
     status = job.status + (f" ({job.reason})" if job.reason else "")
     if job.cancel_requested and job.status == "running":
         status += ", cancel requested"
@@ -366,14 +364,8 @@ def queue_exit_code(status: str | None, reason: str | None) -> int | None:
 
 
 def _cause_dict(cause: Any) -> dict[str, Any]:
-    if cause is None:
-        return {"failure_class": None, "cause": None, "counted": None, "gpus": []}
-    return {
-        "failure_class": cause.failure_class,
-        "cause": cause.cause,
-        "counted": cause.counted,
-        "gpus": list(cause.gpus),
-    }
+    figures = {key: getattr(cause, key, None) for key in ("failure_class", "cause", "counted")}
+    return figures | {"gpus": list(cause.gpus) if cause is not None else []}
 
 
 def _log_elsewhere(job: Job, a: Attempt, path: Path) -> str:
@@ -395,14 +387,11 @@ def _logs(args: argparse.Namespace) -> int:
         attempts = store.attempts(args.id)
         if not attempts:
             raise UsageError(f"job {job.id} has not run yet: no logs")
-        if args.attempt is None:
-            chosen = attempts[-1]
-        else:
-            matching = [a for a in attempts if a.attempt == args.attempt]
-            if not matching:
-                known = ", ".join(str(a.attempt) for a in attempts)
-                raise UsageError(f"job {job.id} has no attempt {args.attempt} (it has {known})")
-            chosen = matching[0]
+        wanted = attempts[-1].attempt if args.attempt is None else args.attempt
+        chosen = next((a for a in attempts if a.attempt == wanted), None)
+        if chosen is None:
+            known = ", ".join(str(a.attempt) for a in attempts)
+            raise UsageError(f"job {job.id} has no attempt {args.attempt} (it has {known})")
         masker = _masker(job)
         path = chosen.directory / "train.log"
         try:
@@ -457,10 +446,8 @@ def _follow(f: Any, masker: Masker, running: Callable[[], bool]) -> None:
 
 
 def _workers(args: argparse.Namespace) -> int:
-    try:
+    with refused():
         seconds("--stale-after", args.stale_after)
-    except ValidationError as exc:
-        raise UsageError(str(exc)) from None
     views: list[WorkerView] = []
     pruned, now = 0, time.time()
     owned: dict[str, list[str]] = {}
@@ -484,7 +471,7 @@ def _workers(args: argparse.Namespace) -> int:
         )
     on_host = {v.info.host: [f for f in faults if f.host == v.info.host] for v in views}
     if args.json:
-        _print_json(
+        return _print_json(
             [
                 {
                     **_worker_dict(v),
@@ -494,7 +481,6 @@ def _workers(args: argparse.Namespace) -> int:
                 for v in views
             ]
         )
-        return exits.EXIT_PASSED
     if not views:
         print("no workers")
     else:
@@ -522,9 +508,7 @@ def _workers(args: argparse.Namespace) -> int:
 
 
 def _worker_state_text(v: WorkerView, now: float) -> str:
-    if v.state == LOST:
-        return f"lost (last seen {_when(v.last_seen, now)})"
-    return v.state
+    return f"lost (last seen {_when(v.last_seen, now)})" if v.state == LOST else v.state
 
 
 def _worker_dict(v: WorkerView) -> dict[str, Any]:

@@ -209,29 +209,22 @@ def local_time(ts: float) -> str:
 
 def plan_fields(plan: Plan, now: float) -> list[tuple[str, str]]:
     """``job N``'s lines about its plan."""
-    fields = []
-    if plan.array_id is not None:
-        fields.append(("array", f"{plan.array_id} index {plan.array_index}"))
-    if plan.after:
-        fields.append(("after", ids_text(plan.after, ", ")))
-    if plan.not_before is not None:
-        fields.append(("not before", local_time(plan.not_before)))
-    if plan.gpus is not None:
-        fields.append(("gpus", str(plan.gpus)))
-    if plan.retry_on:
-        fields.append(("retry on", ",".join(sorted(plan.retry_on))))
-    if plan.no_retry_on:
-        fields.append(("no retry on", ",".join(sorted(plan.no_retry_on))))
-    if plan.infra_failures:
-        fields.append(
-            (
-                "infra retries",
-                f"{plan.infra_failures} of {MAX_INFRASTRUCTURE_RETRIES} (not counted)",
-            )
-        )
-    if plan.retry_at is not None and plan.retry_at > now:
-        fields.append(("retry in", f"{plan.retry_at - now:.0f}s (backoff)"))
-    return fields
+    retry_in = plan.retry_at is not None and plan.retry_at > now
+    fields: list[tuple[str, Any]] = [
+        ("array", plan.array_id is not None and f"{plan.array_id} index {plan.array_index}"),
+        ("after", plan.after and ids_text(plan.after, ", ")),
+        ("not before", plan.not_before is not None and local_time(plan.not_before)),
+        ("gpus", plan.gpus is not None and str(plan.gpus)),
+        ("retry on", ",".join(sorted(plan.retry_on))),
+        ("no retry on", ",".join(sorted(plan.no_retry_on))),
+        (
+            "infra retries",
+            plan.infra_failures
+            and f"{plan.infra_failures} of {MAX_INFRASTRUCTURE_RETRIES} (not counted)",
+        ),
+        ("retry in", retry_in and f"{(plan.retry_at or now) - now:.0f}s (backoff)"),
+    ]
+    return [(key, value) for key, value in fields if value]
 
 
 def attempt_cells(cause: AttemptCause | None) -> list[str]:
