@@ -134,10 +134,8 @@ def parse_not_before(
             raise UsageError(f"{flag} {text!r}: not a time of day")
         current = datetime.datetime.fromtimestamp(host_now if host_now is not None else time.time())
         at = current.replace(hour=hour, minute=minute, second=second, microsecond=0)
-        if ago and at > current:
-            at -= datetime.timedelta(days=1)
-        elif not ago and at <= current:
-            at += datetime.timedelta(days=1)
+        if (at > current) if ago else (at <= current):
+            at += datetime.timedelta(days=-1 if ago else 1)
         return at.timestamp()
     try:
         return datetime.datetime.fromisoformat(text.strip()).timestamp()
@@ -158,12 +156,7 @@ def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
                 f"{flag}: unknown reason {', '.join(map(repr, unknown))} "
                 f"(known: {', '.join(sorted(RETRY_NAMES))})"
             )
-    options = {
-        "after": args.after,
-        "gpus": args.gpus,
-        "retry_on": args.retry_on,
-        "no_retry_on": args.no_retry_on,
-    }
+    options = {key: getattr(args, key) for key in ("after", "gpus", "retry_on", "no_retry_on")}
     with refused():  # before the queue is opened (or created): a refused job changes nothing
         check_plan(**options)
         if args.array is not None:
