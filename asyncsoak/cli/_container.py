@@ -34,7 +34,6 @@ def add_scheduler_options(parser: argparse._ActionsContainer) -> None:
     )
     parser.add_argument(
         "--requeue-on",
-        default=None,
         metavar="SIG",
         help="forward this signal, wait for the command to exit, then requeue the SLURM job "
         "(scontrol requeue); the artifact says cancelled, cause requeued",
@@ -47,7 +46,6 @@ def add_scheduler_options(parser: argparse._ActionsContainer) -> None:
     )
     parser.add_argument(
         "--termination-log",
-        default=None,
         metavar="PATH",
         help="write the verdict, the reason, the exit status and the artifact's path there "
         f"before exiting (at most {TERMINATION_MESSAGE_MAX_BYTES} bytes); default "
@@ -56,7 +54,6 @@ def add_scheduler_options(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--scheduler-grace",
         type=seconds_arg,
-        default=None,
         metavar="S",
         help="seconds between the scheduler's SIGTERM and its SIGKILL (the pod's "
         "terminationGracePeriodSeconds); default: the downward API's annotation, SLURM's "

@@ -49,11 +49,11 @@ _GROUP_OF = {name: group for group, names in _LIMIT_GROUPS.items() for name in n
 #: is parsed by soak_limits, so a bad one is refused naming the flag).
 _KINDS: dict[str, dict[str, Any]] = {
     "switch": {"action": "store_true"},
-    "size": {"default": None, "metavar": "SIZE"},
-    "signal": {"default": None, "metavar": "SIG"},
-    "key": {"default": None, "metavar": "KEY"},
+    "size": {"metavar": "SIZE"},
+    "signal": {"metavar": "SIG"},
+    "key": {"metavar": "KEY"},
     "deadlines": {"action": "append", "metavar": "GLOB=SECONDS"},
-    "globs": {"action": "append", "default": None, "metavar": "GLOB"},
+    "globs": {"action": "append", "metavar": "GLOB"},
 }
 Groups = dict[str, "argparse._ArgumentGroup"]
 
@@ -163,7 +163,6 @@ def add_metrics_flags(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--metrics-port",
         type=lambda text: typed(int, text, "a port number from 1 to 65535"),
-        default=None,
         metavar="PORT",
         help="serve Prometheus metrics at http://ADDR:PORT/metrics",
     )

@@ -93,7 +93,6 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--max-attempts",
         type=_count_arg,
-        default=None,
         metavar="K",
         help="runs that fail (or lose their worker) before the job is failed (default 3)",
     )

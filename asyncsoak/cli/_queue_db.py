@@ -54,7 +54,6 @@ def db_parser() -> argparse.ArgumentParser:
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument(
         "--db",
-        default=None,
         metavar="PATH|URL",
         help="queue database: an SQLite file, or postgresql://... for a queue shared by many "
         "hosts (default: $ASYNCSOAK_DB, else ~/.local/share/asyncsoak/queue.db)",
@@ -62,7 +61,6 @@ def db_parser() -> argparse.ArgumentParser:
     db.add_argument(
         "--wait-for-db",
         type=_wait_seconds,
-        default=None,
         metavar="S",
         help="how long to wait for a database server that cannot be reached, retrying with "
         f"backoff ('inf': for ever; default: for ever for a worker, {COMMAND_WAIT_FOR_DB_S:g}s "

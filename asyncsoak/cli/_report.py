@@ -33,14 +33,12 @@ def register(subparsers: Any) -> None:
         "-o",
         "--output",
         type=Path,
-        default=None,
         metavar="REPORT.html",
         help="where to write it (default: beside the artifact, ending in .html)",
     )
     report.add_argument(
         "--compare",
         type=Path,
-        default=None,
         metavar="BASELINE",
         help="draw this earlier run's series beneath the run's own, and its figures beside",
     )
@@ -86,7 +84,6 @@ def register(subparsers: Any) -> None:
         "-o",
         "--output",
         type=Path,
-        default=None,
         metavar="ARTIFACT",
         help="where to write it (default: the journal's path ending in .json, if free)",
     )

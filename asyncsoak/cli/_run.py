@@ -78,9 +78,7 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="the artifact (JSON) to write; its journal goes beside it; required",
     )
-    essentials.add_argument(
-        "--cwd", type=Path, default=None, metavar="DIR", help="run the command there"
-    )
+    essentials.add_argument("--cwd", type=Path, metavar="DIR", help="run the command there")
     essentials.add_argument(
         "--env",
         action="append",
@@ -120,7 +118,6 @@ def register(subparsers: Any) -> None:
     outputs.add_argument(
         "--metrics-textfile",
         type=Path,
-        default=None,
         metavar="DIR",
         help="write asyncsoak_<soak id>.prom there for node_exporter's textfile collector",
     )

@@ -55,7 +55,6 @@ def register(subparsers: Any) -> None:
         "target",
         type=Path,
         nargs="?",
-        default=None,
         metavar="TARGET",
         help="the soak's artifact (soak.json), journal (soak.jsonl) or run directory "
         "(a queue job's run directory: its latest attempt)",
@@ -63,7 +62,6 @@ def register(subparsers: Any) -> None:
     watch.add_argument(
         "--job",
         type=_job_id,
-        default=None,
         metavar="ID",
         help="a queue job's id (its latest attempt), in the queue --db names",
     )
