@@ -65,7 +65,7 @@ def section_ledger(section: Mapping[str, Any] | None) -> Ledger | None:
     if not isinstance(section, Mapping) or not isinstance(section.get("badput_seconds"), Mapping):
         return None
     try:
-        out = Ledger(
+        return Ledger(
             wall_seconds=float(section["wall_seconds"]),
             productive_seconds=float(section["productive_seconds"]),
             ideal_step_seconds=section.get("ideal_step_seconds"),
@@ -75,7 +75,6 @@ def section_ledger(section: Mapping[str, Any] | None) -> Ledger | None:
         )
     except (KeyError, TypeError, ValueError):
         return None
-    return out
 
 
 def add(into: Ledger, part: Ledger, scale: float = 1.0) -> None:
@@ -155,9 +154,6 @@ def lost_by_cause(ledger: Ledger) -> list[tuple[str, float]]:
     """The badput kinds with time in them, largest first."""
     lost = [(kind, seconds) for kind, seconds in ledger.badput_seconds.items() if seconds > 0]
     return sorted(lost, key=lambda item: -item[1])
-
-
-# --- runs given as artifacts ------------------------------------------------------------
 
 
 def artifact_gpus(artifact: Mapping[str, Any]) -> int | None:
