@@ -1,8 +1,5 @@
-"""asyncsoak: supervise long training runs and explain them afterwards.
-
-Imports are lazy so that ``import asyncsoak.trainer`` (used inside training scripts) pulls in
-neither anyio nor psutil.
-"""
+"""asyncsoak: supervise long training runs and explain them afterwards.  Imports are lazy:
+``import asyncsoak.trainer`` (inside training scripts) pulls in neither anyio nor psutil."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The training loop ``asyncsoak demo`` supervises: pure Python, about 15 seconds.
-
-Logistic regression by mini-batch gradient descent on a synthetic, linearly separable data set.
-After every step it appends ``{"step", "loss", "accuracy", "time"}`` to ``metrics.jsonl`` in the
-output directory (asyncsoak reads the step, the loss and the trainer's own timestamps there),
-and every 20 steps it writes ``checkpoint-N/trainer_state.json``.
-"""
+"""The training loop ``asyncsoak demo`` supervises: logistic regression in pure Python on
+synthetic data; each step appends ``{"step", "loss", "accuracy", "time"}`` to ``metrics.jsonl``,
+every 20th writes ``checkpoint-N/trainer_state.json``."""
 
 from __future__ import annotations
 
@@ -16,16 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-
-def make_data(n: int, rng: random.Random) -> list[tuple[float, float, int]]:
-    data = []
-    for _ in range(n):
-        x, y = rng.uniform(-1, 1), rng.uniform(-1, 1)
-        label = 1 if 0.8 * x - 0.5 * y + 0.1 > 0 else 0
-        data.append((x, y, label))
-    return data
-
-
 #: Examples per step, and steps a second at most (the demo shows a run over time).
 BATCH = 2_000
 STEPS_PER_SECOND = 5
@@ -35,7 +21,8 @@ CHECKPOINT_EVERY = 20
 def train(out: Path, seconds: float, seed: int) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    data = make_data(30_000, rng)
+    points = [(rng.uniform(-1, 1), rng.uniform(-1, 1)) for _ in range(30_000)]
+    data = [(x, y, int(0.8 * x - 0.5 * y + 0.1 > 0)) for x, y in points]
     w = [0.0, 0.0, 0.0]
     lr = 0.5
     started = time.monotonic()

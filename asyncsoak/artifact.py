@@ -1,12 +1,6 @@
-"""Read what a soak wrote: its artifact, or its journal when the monitor never wrote one.
-
-``artifact.load("runs/7/soak.json")`` (or ``soak.jsonl``, rebuilt as ``asyncsoak recover``
-does) returns an :class:`Artifact`; ``artifact.summarize(run)`` is what ``asyncsoak summary
---json`` prints.  The artifact's shape is the JSON Schema :func:`schema` returns
-(``artifact.schema.json`` in the package); its statuses, failure reasons, stop causes and event
-kinds are the enums here.  :class:`Artifact` is the ``TypedDict`` that schema is generated from,
-so ``mypy --strict`` checks what a script indexes.  Examples: docs/artifact.md.
-"""
+"""Read what a soak wrote: :func:`load` gives the :class:`Artifact` (a ``TypedDict``, so
+``mypy --strict`` checks what a script indexes) of a ``soak.json``, or of its journal;
+:func:`summarize` is ``asyncsoak summary --json``; :func:`schema` the JSON Schema."""
 
 from __future__ import annotations
 
@@ -40,34 +34,27 @@ __all__ = [
 
 
 def load(path: str | os.PathLike[str]) -> Artifact:
-    """The artifact at ``path``: a ``soak.json``, or a soak journal (``soak.jsonl``).
-
-    A journal is folded into an artifact as ``asyncsoak recover`` does: a journal without its
-    ``finished`` line (the monitor died) gives status ``failed`` with reason ``monitor_lost``.
-    An artifact is checked against the schema of its version.  Raises :class:`ArtifactError`
-    (a ``ValueError``) for a file that is neither (a device or a FIFO, an artifact larger than
-    256 MiB, JSON nested more than 64 deep), and ``OSError`` when it cannot be read.
-    """
+    """The artifact at ``path`` (``soak.json``), or rebuilt from a journal (``soak.jsonl``) as
+    ``recover`` does (no ``finished`` line: ``failed``, ``monitor_lost``); checked against its
+    version's schema.  :class:`ArtifactError` (a ``ValueError``) for a file that is neither (a
+    FIFO, over 256 MiB, nested over 64 deep), ``OSError`` when it cannot be read."""
     path = Path(path)
     if _is_journal(path):
         try:
-            rebuilt = _artifact_from_journal(path)
+            data: Any = _artifact_from_journal(path)
         except (_JournalError, _bounded.UnreadableFileError) as exc:
             raise ArtifactError(str(exc)) from exc
+    else:
         try:
-            # Checked as a written artifact is: a doctored journal's values reach the views.
-            return _check_artifact(rebuilt)
-        except ArtifactError as exc:
-            raise ArtifactError(f"{path}: {exc}") from exc
+            data = _bounded.read_json_file(path)
+        except _bounded.UnreadableFileError as exc:
+            raise ArtifactError(str(exc)) from exc
+        except ValueError as exc:
+            raise ArtifactError(f"{path} is not an asyncsoak artifact or journal: {exc}") from exc
+        if not isinstance(data, dict) or "schema_version" not in data:
+            raise ArtifactError(f"{path} is not an asyncsoak artifact or journal")
     try:
-        data = _bounded.read_json_file(path)
-    except _bounded.UnreadableFileError as exc:
-        raise ArtifactError(str(exc)) from exc
-    except ValueError as exc:
-        raise ArtifactError(f"{path} is not an asyncsoak artifact or journal: {exc}") from exc
-    if not isinstance(data, dict) or "schema_version" not in data:
-        raise ArtifactError(f"{path} is not an asyncsoak artifact or journal")
-    try:
+        # A rebuilt journal too: a doctored journal's values reach the views.
         return _check_artifact(data)
     except ArtifactError as exc:
         raise ArtifactError(f"{path}: {exc}") from exc

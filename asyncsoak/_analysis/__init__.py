@@ -1,8 +1,5 @@
-"""Judgement over time.
-
-The trend estimator and the fold of a run's series that the trend rules read; the goodput
-ledger.
-"""
+"""Judgement over time: the trend estimator, the fold of a run's series that the rules read,
+what a stall was doing, GPU health, and the goodput ledger."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""What a stalled run was doing: one verdict, read by the stall's headline, the summary's hints
-and the report's advice alike, so they never disagree.
-
-Pure functions of the figures (the tree's CPU, its processes in uninterruptible sleep, each GPU's
-utilisation and power); callers choose the figures, never the thresholds.  The verdict is taken
-once, when the stall's rule fires, and recorded in ``failures[].activity``.  What each verdict
-means is in docs/architecture.md ("What a stall was doing").
-"""
+"""What a stalled run was doing: one verdict, taken when the stall's rule fires and recorded
+in ``failures[].activity``, which the headline, the hints and the report all read; pure
+functions of the figures (docs/architecture.md, "What a stall was doing")."""
 
 from __future__ import annotations
 
@@ -52,9 +47,8 @@ def describe_tree(
     *,
     cpu_of: str = "tree",
 ) -> str:
-    """The tree's verdict with its figures, as the stall's headline says it.  ``cpu_of``:
-    ``ranks`` when the figures are the ranks' alone (a launcher polls its ranks and is busy
-    or idle whatever they do), ``tree`` otherwise."""
+    """The tree's verdict with its figures, as the stall's headline says it (``cpu_of``:
+    ``ranks`` when they are the ranks' alone, ``tree`` otherwise)."""
     verdict = tree_verdict(cpu_percent, uninterruptible, running_share)
     if verdict == "uninterruptible":
         return "in uninterruptible sleep (I/O): " + ", ".join(uninterruptible[:4])
@@ -108,34 +102,31 @@ class GpuActivity:
 
 
 def describe_gpus(gpus: Sequence[GpuActivity]) -> str | None:
-    """What the GPUs were doing over a stall, with the figures; None without GPU figures.
-
-    ``gpu0 busy with no progress (100% utilisation at 17% of its power limit (119 W of 700 W)):
-    the signature of a hung collective or a spinning kernel``.
-    """
+    """What the GPUs were doing over a stall, with the figures (``gpu0 busy with no progress
+    (100% utilisation at 17% of its power limit ...``); None without GPU figures."""
     known = [g for g in gpus if g.verdict != "unknown"]
     if not known:
         return None
     if all(g.verdict == "idle" for g in known):
         figures = ", ".join(f"gpu{g.index} {g.utilization_percent:.0f}%" for g in known)
         return f"idle ({figures} utilisation)"
-    parts = []
-    for gpu in known:
-        verdict = gpu.verdict
-        if verdict == "spinning":
-            parts.append(f"gpu{gpu.index} busy with no progress ({gpu.figures()})")
-        elif verdict == "busy":
-            parts.append(f"gpu{gpu.index} busy ({gpu.figures()})")
-        else:
-            # An idle GPU's power says nothing more.
-            parts.append(f"gpu{gpu.index} idle ({gpu.utilization_percent:.0f}% utilisation)")
-    text = ", ".join(parts)
+    text = ", ".join(
+        f"gpu{gpu.index} {_GPU_WORDS[gpu.verdict]} ({gpu.figures()})"
+        if gpu.verdict != "idle"
+        # An idle GPU's power says nothing more.
+        else f"gpu{gpu.index} idle ({gpu.utilization_percent:.0f}% utilisation)"
+        for gpu in known
+    )
     if any(g.verdict == "spinning" for g in known):
         text += (
             ": near-full utilisation at low power, the signature of a hung collective "
             "(a rank waiting for a peer) or a spinning kernel"
         )
     return text
+
+
+_GPU_FIGURES = ("utilization_percent", "power_w", "power_limit_w")
+_GPU_WORDS = {"spinning": "busy with no progress", "busy": "busy"}
 
 
 def stall_activity(
@@ -154,13 +145,8 @@ def stall_activity(
         "running_share": None if running_share is None else round(running_share, 3),
         "uninterruptible": list(uninterruptible[:4]),
         "gpus": [
-            {
-                "index": g.index,
-                "verdict": g.verdict,
-                "utilization_percent": g.utilization_percent,
-                "power_w": g.power_w,
-                "power_limit_w": g.power_limit_w,
-            }
+            {"index": g.index, "verdict": g.verdict}
+            | {key: getattr(g, key) for key in _GPU_FIGURES}
             for g in gpus
         ],
     }
@@ -169,12 +155,7 @@ def stall_activity(
 def recorded_gpus(activity: Mapping[str, Any]) -> list[GpuActivity]:
     """The GPUs of a recorded ``activity``."""
     return [
-        GpuActivity(
-            int(g["index"]),
-            g.get("utilization_percent"),
-            g.get("power_w"),
-            g.get("power_limit_w"),
-        )
+        GpuActivity(int(g["index"]), *(g.get(key) for key in _GPU_FIGURES))
         for g in activity.get("gpus") or []
     ]
 
@@ -196,8 +177,7 @@ def describe_activity(activity: Mapping[str, Any]) -> str | None:
 
 def agreeing(activity: dict[str, Any], processes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``activity`` with a ``busy`` verdict withdrawn (``unknown``) when the stack dump taken
-    as the rule fired found every process asleep (none running, py-spy's threads all idle):
-    the headline never calls busy a tree whose cause line says idle."""
+    as the rule fired found every process asleep: busy never contradicts an idle cause line."""
     if activity.get("tree") != "busy" or not processes:
         return activity
     for process in processes:

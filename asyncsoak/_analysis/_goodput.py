@@ -1,9 +1,6 @@
-"""Goodput from outside the trainer: a run's wall time split into productive time and badput.
-
-Pure functions of the run's step marks, checkpoint writes and ends, so the live fold, the
-artifact, the journal's rebuild and ``asyncsoak goodput`` divide time the same way. The
-definitions (after ml-goodput-measurement's, without its 1 s step floor) are in docs/goodput.md.
-"""
+"""Goodput from outside the trainer: a run's wall time split into productive time and badput,
+by pure functions that the live fold, the artifact, ``recover`` and ``asyncsoak goodput`` share
+(definitions: docs/goodput.md)."""
 
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ NO_STEPS = "goodput needs training steps: write a step (and its time) in the pro
 
 @dataclass(frozen=True, slots=True)
 class StepMark:
-    """A step as the monitor saw it: when (seconds since launch) and, if the record said, the
-    trainer's own time of it (seconds since the epoch)."""
+    """A step as the monitor saw it (seconds since launch) and the trainer's time of it."""
 
     step: int
     seen_t: float
@@ -39,8 +35,8 @@ class StepMark:
 
 @dataclass(frozen=True, slots=True)
 class RunEnds:
-    """The instants the ledger divides by, in seconds since launch: the tree's end, the failure
-    (if any, and whether it was a stall: stale_progress or overdue) and a stop request."""
+    """The instants the ledger divides by (seconds since launch): the tree's end, the failure
+    (and whether it was a stall) and a stop request."""
 
     end_t: float
     failure_t: float | None = None
@@ -92,10 +88,8 @@ def step_times(marks: Sequence[StepMark], lag_seconds: float = 0.0) -> list[floa
 def times_of(
     seen: Sequence[float], stamps: Sequence[float | None], lag_seconds: float = 0.0
 ) -> list[float]:
-    """The trainer's own times (``stamps``; None or NaN where a record had none), shifted by
-    the smallest delay with which the monitor saw one, when every mark has one, they run
-    forward and their span agrees with the monitor's (within a scan, a second and a tenth);
-    else ``seen``, when the monitor saw each step."""
+    """The trainer's own ``stamps`` shifted by the smallest delay the monitor saw one with, when
+    all are there, run forward and span what the monitor's ``seen`` span; else ``seen``."""
     if not stamps or any(t is None or t != t for t in stamps):
         return list(seen)
     first = stamps[0] or 0.0
@@ -118,8 +112,8 @@ def slow_threshold(durations: Iterable[float]) -> float:
 
 @dataclass(slots=True)
 class Gap:
-    """The steps done between two instants the monitor can tell apart: ``count`` steps ending
-    at ``step``; after a step counter that went back (to ``reset_low``, from ``reset_from``)."""
+    """``count`` steps ending at ``step`` between two instants the monitor tells apart (after a
+    counter that went back: to ``reset_low``, from ``reset_from``)."""
 
     count: int
     step: int
@@ -140,9 +134,8 @@ def stride_of(steps: Sequence[int]) -> int:
 
 
 def _gaps(steps: Sequence[int], times: Sequence[float]) -> tuple[Gap, list[Gap]]:
-    """The first step's batch and the gaps after it. Marks at one instant (a scan's batch, or
-    trainer times to the second) are one gap ending at the last of them; a step counter that
-    goes back counts its new steps from there (an epoch's counter, or a restart)."""
+    """The first step's batch and the gaps after it; marks at one instant are one gap, and a
+    counter that goes back counts its new steps from there (an epoch's, or a restart)."""
     stride = stride_of(steps)
     first = Gap(stride, steps[0], 0.0, times[0])
     gaps: list[Gap] = []
@@ -205,15 +198,10 @@ def divide(
     lag_seconds: float = 0.0,
     earlier_highest_step: int | None = None,
 ) -> Ledger:
-    """Divide launch -> ``ends.end_t`` into productive time and badput (docs/goodput.md): the
-    steps, when the monitor saw each (seconds since launch) and the trainer's own times.
-
-    ``checkpoint_times``: when the monitor saw a checkpoint path grow, in order; a slow step is
-    a checkpoint's when one grew during it or within ``lag_seconds`` (a scan) after it.
-    ``earlier_highest_step``: the highest step an earlier attempt reached (steps at or below it
-    are redone: wasted). A step counter that goes back after a slow gap is a restart (its
-    steps up to the highest before are redone); after a gap of a normal step, an epoch's.
-    """
+    """Divide launch -> ``ends.end_t`` into productive time and badput (docs/goodput.md): a
+    slow step is a checkpoint's when a checkpoint path grew during it or a scan after it; steps
+    at or below ``earlier_highest_step`` (an earlier attempt's), or redone after a restart (a
+    counter gone back after a slow gap), are wasted."""
     wall = max(ends.end_t, 0.0)
     out = Ledger(wall_seconds=wall)
     if not steps:

@@ -1,10 +1,6 @@
-"""The goodput ledger's inputs, folded from a run's events, and its live counters.
-
-A day at 10 steps/s is 864,000 marks: they are kept in arrays (24 bytes a step), not as
-objects; checkpoint writes as the newest :data:`CHECKPOINT_TIMES_MAX` times.  The live
-counters (Prometheus's) count a step's time once the next step arrives, divided by the ideal
-known then; the artifact's ledger divides the whole run again by the final ideal.
-"""
+"""The goodput ledger's inputs folded from a run's events (step marks in arrays: a day at 10
+steps/s is 864,000), and the live counters, which count a step's time by the ideal known when
+the next arrives; the artifact's ledger divides the whole run again by the final ideal."""
 
 from __future__ import annotations
 
@@ -169,9 +165,8 @@ class GoodputFold:
         self.badput_seconds["shutdown"] += max(0.0, t - since)
 
     def ledger(self, end_t: float, earlier_highest_step: int | None = None) -> Ledger:
-        """The run's ledger, launch -> its tree's end (``end_t`` when not folded yet);
-        ``earlier_highest_step``: an earlier attempt's highest step (None: the header's
-        ``config.earlier_highest_step``, which the queue's worker sets)."""
+        """The run's ledger, launch -> its tree's end (``end_t`` when not folded yet); an earlier
+        attempt's highest step, else the header's (the queue's worker sets it)."""
         if earlier_highest_step is None and self._high_configured >= 0:
             earlier_highest_step = self._high_configured
         ends = RunEnds(

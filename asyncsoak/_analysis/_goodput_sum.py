@@ -1,11 +1,6 @@
-"""Goodput across attempts, jobs and a fleet: runs' ledgers added up, with the time between.
-
-A job's ledger adds its attempts' ``goodput`` sections, the time it waited in a queue
-(``queue_wait``: submitted or requeued -> claimed) and between attempts (``recovery``: an
-attempt's end -> the next start).  GPU-hours are each part's seconds x the attempt's GPUs.
-Runs a scheduler restarted (a SLURM requeue, a Kubernetes restart) join one job by
-:func:`run_key`.  Pure functions of recorded sections and times (docs/goodput.md).
-"""
+"""Goodput across attempts, jobs and a fleet: the attempts' ledgers added, with the time in
+the queue (``queue_wait``) and between attempts (``recovery``), in seconds and GPU-seconds;
+runs a scheduler restarted join one job by :func:`run_key` (docs/goodput.md)."""
 
 from __future__ import annotations
 
@@ -25,9 +20,8 @@ _GPU_KEY = re.compile(r"^gpu\d+$")
 
 @dataclass(frozen=True, slots=True)
 class AttemptPart:
-    """One attempt of a job: its run's ``goodput`` section (None: unknown), when it started
-    and ended (epoch seconds), when it was queued (submitted or requeued: a ``queue_wait``
-    before it; None: it followed the previous attempt) and the GPUs it had (None: unknown)."""
+    """One attempt of a job: its ``goodput`` section, its start and end (epoch seconds), when
+    it was queued (None: it followed the previous attempt) and its GPUs (None: unknown)."""
 
     label: str
     section: Mapping[str, Any] | None
@@ -71,7 +65,7 @@ def section_ledger(section: Mapping[str, Any] | None) -> Ledger | None:
     if not isinstance(section, Mapping) or not isinstance(section.get("badput_seconds"), Mapping):
         return None
     try:
-        out = Ledger(
+        return Ledger(
             wall_seconds=float(section["wall_seconds"]),
             productive_seconds=float(section["productive_seconds"]),
             ideal_step_seconds=section.get("ideal_step_seconds"),
@@ -81,7 +75,6 @@ def section_ledger(section: Mapping[str, Any] | None) -> Ledger | None:
         )
     except (KeyError, TypeError, ValueError):
         return None
-    return out
 
 
 def add(into: Ledger, part: Ledger, scale: float = 1.0) -> None:
@@ -146,9 +139,8 @@ def fleet_ledgers(jobs: Sequence[JobLedger]) -> tuple[Ledger, Ledger | None]:
 
 
 def fleet_total(jobs: Sequence[JobLedger]) -> dict[str, Any]:
-    """The jobs' ledgers added: shaped like a run's ``goodput`` section (its ``badput_seconds``
-    also holding ``queue_wait`` and ``recovery``), with the jobs counted and GPU-hours when
-    every job's are known."""
+    """The jobs' ledgers added, shaped like a run's ``goodput`` section, with the jobs counted
+    and GPU-hours when every job's are known."""
     total, gpus = fleet_ledgers(jobs)
     return {
         **total.to_json(),
@@ -162,9 +154,6 @@ def lost_by_cause(ledger: Ledger) -> list[tuple[str, float]]:
     """The badput kinds with time in them, largest first."""
     lost = [(kind, seconds) for kind, seconds in ledger.badput_seconds.items() if seconds > 0]
     return sorted(lost, key=lambda item: -item[1])
-
-
-# --- runs given as artifacts ------------------------------------------------------------
 
 
 def artifact_gpus(artifact: Mapping[str, Any]) -> int | None:
@@ -231,9 +220,8 @@ def join_runs(
     runs: Sequence[tuple[str, Mapping[str, Any]]],
     regoodput: Callable[[str, Mapping[str, Any], int], Mapping[str, Any] | None],
 ) -> list[JobLedger]:
-    """The ledgers of ``(label, artifact)`` runs, those of one job (:func:`run_key`) joined:
-    a later attempt's steps at or below an earlier one's highest are wasted, its ledger
-    divided again by ``regoodput(label, artifact, earlier_highest_step)`` (None: kept)."""
+    """The ledgers of ``(label, artifact)`` runs, one job's joined; a later attempt's divided
+    again by ``regoodput(label, artifact, earlier_highest_step)`` (None: kept as it is)."""
     groups: dict[Any, list[tuple[str, Mapping[str, Any]]]] = {}
     for label, artifact in runs:
         key = run_key(artifact)

@@ -1,9 +1,9 @@
-"""Each GPU's health over a run, folded from ``gpu_sample`` and ``gpu_fault`` events: the
-artifact's ``gpu_health`` (so ``recover`` rebuilds it too), in bounded memory.
-"""
+"""Each GPU's health over a run, folded from ``gpu_sample`` and ``gpu_fault`` events in
+bounded memory: the artifact's ``gpu_health`` (``recover`` rebuilds it too)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +24,7 @@ THROTTLE_BUCKETS = 256
 class _Bucket:
     start: float
     samples: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
+    reasons: Counter[str] = field(default_factory=Counter)
 
 
 class ThrottleTimeline:
@@ -33,17 +33,12 @@ class ThrottleTimeline:
     def __init__(self, width: float = 1.0) -> None:
         self.width = width
         self._buckets: list[_Bucket] = []
-        self.samples = 0
-        self.totals: dict[str, int] = {}
         self._first_t: float | None = None
         self._last_t = 0.0
 
     def add(self, t: float, reasons: list[str]) -> None:
-        self.samples += 1
         self._first_t = t if self._first_t is None else self._first_t
         self._last_t = t
-        for reason in reasons:
-            self.totals[reason] = self.totals.get(reason, 0) + 1
         start = t - t % self.width
         if not self._buckets or start >= self._buckets[-1].start + self.width:
             self._buckets.append(_Bucket(start))
@@ -51,8 +46,7 @@ class ThrottleTimeline:
                 self._merge()
         bucket = self._buckets[-1]
         bucket.samples += 1
-        for reason in reasons:
-            bucket.reasons[reason] = bucket.reasons.get(reason, 0) + 1
+        bucket.reasons.update(reasons)
 
     def _merge(self) -> None:
         self.width *= 2
@@ -61,10 +55,8 @@ class ThrottleTimeline:
             start = bucket.start - bucket.start % self.width
             if not merged or merged[-1].start != start:
                 merged.append(_Bucket(start))
-            target = merged[-1]
-            target.samples += bucket.samples
-            for reason, count in bucket.reasons.items():
-                target.reasons[reason] = target.reasons.get(reason, 0) + count
+            merged[-1].samples += bucket.samples
+            merged[-1].reasons.update(bucket.reasons)
         self._buckets = merged
 
     def spans(self) -> list[dict[str, Any]]:
@@ -88,12 +80,11 @@ class ThrottleTimeline:
     def shares(self, since: float = float("-inf"), until: float = float("inf")) -> dict[str, float]:
         """Each reason's share of the samples in the buckets that start within the span."""
         samples = 0
-        counts: dict[str, int] = {}
+        counts: Counter[str] = Counter()
         for bucket in self._buckets:
             if since - self.width < bucket.start <= until:
                 samples += bucket.samples
-                for reason, count in bucket.reasons.items():
-                    counts[reason] = counts.get(reason, 0) + count
+                counts.update(bucket.reasons)
         if not samples:
             return {}
         return {
@@ -103,8 +94,15 @@ class ThrottleTimeline:
         }
 
 
-def _start_end() -> dict[str, Any]:
-    return {"start": None, "end": None}
+#: The counters a GPU's readings carry, kept as their first and last value.
+_COUNTERS = (
+    "ecc_uncorrected_volatile",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+    "retired_pages_pending",
+)
 
 
 @dataclass(slots=True)
@@ -113,12 +111,9 @@ class _GpuHealth:
     uuid: str | None = None
     bus_id: str | None = None
     samples: int = 0
-    ecc_uncorrected: dict[str, Any] = field(default_factory=_start_end)
-    remapped_rows_correctable: dict[str, Any] = field(default_factory=_start_end)
-    remapped_rows_uncorrectable: dict[str, Any] = field(default_factory=_start_end)
-    remapped_rows_pending: dict[str, Any] = field(default_factory=_start_end)
-    remapped_rows_failure: dict[str, Any] = field(default_factory=_start_end)
-    retired_pages_pending: dict[str, Any] = field(default_factory=_start_end)
+    counters: dict[str, dict[str, Any]] = field(
+        default_factory=lambda: {name: {"start": None, "end": None} for name in _COUNTERS}
+    )
     link: dict[str, Any] = field(default_factory=dict)
     throttle: ThrottleTimeline = field(default_factory=ThrottleTimeline)
     faults: list[dict[str, Any]] = field(default_factory=list)
@@ -126,10 +121,10 @@ class _GpuHealth:
     lost: bool = False
     #: Whether a fault that fails a run was seen; Xid code -> errors seen (all, not only kept).
     failed: bool = False
-    xids: dict[str, int] = field(default_factory=dict)
+    xids: Counter[str] = field(default_factory=Counter)
 
     def to_json(self, wall: Callable[[float | None], str | None]) -> dict[str, Any]:
-        xids = [f for f in self.faults if f["fault"] == "xid"]
+        counters = {name: dict(figures) for name, figures in self.counters.items()}
         return {
             "index": self.index,
             "uuid": self.uuid,
@@ -139,38 +134,24 @@ class _GpuHealth:
             "faults": [{**f, "at": wall(f["t"])} for f in self.faults],
             "faults_dropped": self.faults_seen - len(self.faults),
             "xid": [
-                {
-                    "t": f["t"],
-                    "at": wall(f["t"]),
-                    "code": f["xid"],
-                    "meaning": f["meaning"],
-                    "action": f["action"],
-                    "fails": f["fails"],
-                }
-                for f in xids
+                {"t": f["t"], "at": wall(f["t"]), "code": f["xid"]}
+                | {key: f[key] for key in ("meaning", "action", "fails")}
+                for f in self.faults
+                if f["fault"] == "xid"
             ],
-            "ecc_uncorrected": dict(self.ecc_uncorrected),
+            "ecc_uncorrected": counters.pop("ecc_uncorrected_volatile"),
             "remapped_rows": {
-                "correctable": dict(self.remapped_rows_correctable),
-                "uncorrectable": dict(self.remapped_rows_uncorrectable),
-                "pending": dict(self.remapped_rows_pending),
-                "failure": dict(self.remapped_rows_failure),
+                kind: counters.pop(f"remapped_rows_{kind}")
+                for kind in ("correctable", "uncorrectable", "pending", "failure")
             },
-            "retired_pages_pending": dict(self.retired_pages_pending),
+            "retired_pages_pending": counters.pop("retired_pages_pending"),
             "pcie_link": dict(self.link),
             "throttle_shares": self.throttle.shares(),
             "throttle_spans": self.throttle.spans(),
         }
 
 
-_READING_COUNTS = (
-    ("ecc_uncorrected_volatile", "ecc_uncorrected"),
-    ("remapped_rows_correctable", "remapped_rows_correctable"),
-    ("remapped_rows_uncorrectable", "remapped_rows_uncorrectable"),
-    ("remapped_rows_pending", "remapped_rows_pending"),
-    ("remapped_rows_failure", "remapped_rows_failure"),
-    ("retired_pages_pending", "retired_pages_pending"),
-)
+_FAULT_KEYS = ("fault", "message", "fails", "used", "xid", "meaning", "action")
 _LINK = (
     ("pcie_link_gen_current", "gen"),
     ("pcie_link_width_current", "width"),
@@ -184,10 +165,9 @@ class GpuHealthFold:
         self.gpus: dict[int, _GpuHealth] = {}
 
     def _gpu(self, index: int) -> _GpuHealth:
-        gpu = self.gpus.get(index)
-        if gpu is None:
-            gpu = self.gpus[index] = _GpuHealth(index)
-        return gpu
+        if index not in self.gpus:
+            self.gpus[index] = _GpuHealth(index)
+        return self.gpus[index]
 
     def add_sample(self, t: float, event: Mapping[str, Any]) -> None:
         for reading in event.get("gpus") or []:
@@ -198,10 +178,9 @@ class GpuHealthFold:
             gpu.uuid = reading.get("uuid") or gpu.uuid
             gpu.bus_id = reading.get("bus_id") or gpu.bus_id
             gpu.samples += 1
-            for name, attr in _READING_COUNTS:
+            for name, figures in gpu.counters.items():
                 value = reading.get(name)
                 if value is not None:
-                    figures = getattr(gpu, attr)
                     if figures["start"] is None:
                         figures["start"] = value
                     figures["end"] = value
@@ -236,20 +215,11 @@ class GpuHealthFold:
         gpu.failed = gpu.failed or bool(event.get("fails"))
         xid = event.get("xid")
         if xid is not None:
-            gpu.xids[str(xid)] = gpu.xids.get(str(xid), 0) + 1
+            gpu.xids[str(xid)] += 1
         if len(gpu.faults) < MAX_FAULTS:
-            gpu.faults.append(
-                {
-                    "t": t,
-                    "fault": event.get("fault"),
-                    "message": event.get("message"),
-                    "fails": bool(event.get("fails")),
-                    "used": bool(event.get("used")),
-                    "xid": event.get("xid"),
-                    "meaning": event.get("meaning"),
-                    "action": event.get("action"),
-                }
-            )
+            fault = {"t": t} | {key: event.get(key) for key in _FAULT_KEYS}
+            fault["fails"], fault["used"] = bool(fault["fails"]), bool(fault["used"])
+            gpu.faults.append(fault)
 
     def to_json(self, wall: Callable[[float | None], str | None]) -> dict[str, Any]:
         return {

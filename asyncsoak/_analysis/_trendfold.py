@@ -1,8 +1,5 @@
-"""The fold of a run's series in bounded memory: the tree's, its processes', the GPUs', the
-progress rate and the ranks' progress, which :class:`~._trendwatch.TrendWatch` judges.
-
-The same fold runs live (the rules read it) and offline (``recover`` rebuilds it from a journal).
-"""
+"""The fold of a run's series in bounded memory (the tree's, its processes', the GPUs', the
+progress rates), live and in ``recover``, which :class:`~._trendwatch.TrendWatch` judges."""
 
 from __future__ import annotations
 
@@ -87,6 +84,12 @@ class ProcessRecord:
     figures: dict[str, Any] | None = None
     #: The last point of ``series``, given again while its figures are.
     point: dict[str, Any] | None = None
+
+    def label(self, what: str) -> str:
+        return f"{what} of pid {self.pid} ({self.name})"
+
+    def track(self, what: str) -> Track:
+        return Track("bytes", self.label(what), pid=self.pid, name=self.name)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -329,8 +332,7 @@ class TrendFold:
             record.name = str(name)
             for track, what in ((record.rss, "memory"), (record.gpu, "GPU memory")):
                 if track is not None:
-                    track.name = record.name
-                    track.label = f"{what} of pid {pid} ({record.name})"
+                    track.name, track.label = record.name, record.label(what)
         record.peak_rss = max(record.peak_rss, rss)
         record.peak_anon = max(record.peak_anon, judged)
         threads = proc.get("threads")
@@ -338,9 +340,7 @@ class TrendFold:
             record.peak_threads = max(record.peak_threads, int(threads))
         self._add_point(t, record, proc, rss, anon)
         if record.rss is None:
-            record.rss = Track(
-                "bytes", f"memory of pid {pid} ({record.name})", pid=pid, name=record.name
-            )
+            record.rss = record.track("memory")
             record.memory_key = key
         record.rss.add(t, judged)
         record.figures = proc
@@ -435,12 +435,7 @@ class TrendFold:
                 record.gpu_now = value
                 record.peak_gpu = max(record.peak_gpu or 0, value)
                 if record.gpu is None:
-                    record.gpu = Track(
-                        "bytes",
-                        f"GPU memory of pid {record.pid} ({record.name})",
-                        pid=record.pid,
-                        name=record.name,
-                    )
+                    record.gpu = record.track("GPU memory")
                 record.gpu.add(t, value)
         self.tree_gpu_bytes = tree_total
         self._track("tree.gpu_memory_bytes", "bytes", "GPU memory of the tree").add(t, tree_total)

@@ -1,8 +1,5 @@
-"""The trend estimator: is a series (memory, open files, free disk) rising for good?
-
-Pure functions of times and values, so every view judges a series the same way and tests drive
-it with synthetic series. The method is in docs/architecture.md ("Trends").
-"""
+"""The trend estimator: is a series (memory, open files, free disk) rising for good?  Pure
+functions, so every view judges alike (the method: docs/architecture.md, "Trends")."""
 
 from __future__ import annotations
 
@@ -38,34 +35,28 @@ RECENT_FRACTIONS = (0.75, 0.5, 0.375, 0.25)
 
 @dataclass(frozen=True, slots=True)
 class Trend:
-    """The judgement of one series.  Slopes are per hour, in the series' unit."""
+    """The judgement of one series: slopes per hour in its unit, ``growth`` over the judged span,
+    ``first`` and ``last`` its first and last window's floor (sample, when too few), ``onset``
+    where the judged rise starts, ``reason`` why, for people."""
 
     verdict: Verdict
     slope_per_hour: float | None
     slope_interval_per_hour: tuple[float, float] | None
-    #: Fitted growth over the judged span (the recent part, for a leak found there).
     growth: float | None
     span_seconds: float
-    #: Time (same clock as the input) where the analysed span starts.
     analysed_from: float | None
-    #: The first and the last window's minimum (maximum for ``direction="down"``); the first
-    #: and the last sample when there were too few to judge.
     first: float | None
     last: float | None
     samples: int
     windows: int
-    #: Why: a short sentence for people ("too few samples", "lower bound above zero ...").
     reason: str
-    #: Where the judged rise starts: ``analysed_from``, or later for a leak that started in
-    #: the recent part of the span (step 5 of the method).
     onset: float | None = None
 
     def seconds_to(self, limit: float) -> float | None:
         """Projected seconds from ``last`` until the series reaches ``limit`` at this slope."""
         if self.slope_per_hour is None or self.last is None or self.slope_per_hour == 0:
             return None
-        per_second = self.slope_per_hour / 3600.0
-        remaining = (limit - self.last) / per_second
+        remaining = (limit - self.last) / (self.slope_per_hour / 3600.0)
         return remaining if 0 <= remaining < math.inf else None
 
 
@@ -95,16 +86,10 @@ def windowed_minima(
     mins: list[float | None] = [None] * windows
     for ti, v in pairs:
         i = windows - 1 if width <= 0 else min(windows - 1, int((ti - start) / width))
-        m = mins[i]
-        if m is None or v < m:
+        if (m := mins[i]) is None or v < m:
             mins[i] = v
-    out_t: list[float] = []
-    out_v: list[float] = []
-    for i, m in enumerate(mins):
-        if m is not None:
-            out_t.append(start + (i + 0.5) * width)
-            out_v.append(m)
-    return out_t, out_v
+    kept = [(start + (i + 0.5) * width, m) for i, m in enumerate(mins) if m is not None]
+    return [ti for ti, _ in kept], [m for _, m in kept]
 
 
 def theil_sen(
@@ -144,11 +129,8 @@ def estimate_trend(
     warm_up_seconds: float | None = None,
     direction: Direction = "up",
 ) -> Trend:
-    """Judge one series (``t`` on the same clock as ``warm_up_seconds``).
-
-    ``direction="down"`` judges a series whose fall matters (free disk).  Whatever the series,
-    every figure is finite: one that cannot be judged is ``inconclusive``.
-    """
+    """Judge one series (``direction="down"``: one whose fall matters, free disk); every
+    figure is finite, and a series that cannot be judged is ``inconclusive``."""
     sign = 1.0 if direction == "up" else -1.0
     pairs = sorted((ti, sign * v) for ti, v in _finite(t, values))
     times = [p[0] for p in pairs]

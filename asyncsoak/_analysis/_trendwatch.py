@@ -68,6 +68,12 @@ GPU_RELEASE_FLOOR_RATIO = 0.02
 #: A trend entry's keys about a limit (none for a rate).
 NO_LIMIT = ("limit", "limit_source", "projected_seconds_to_limit", "projected_limit_at")
 
+#: The note of a tree's summed memory above the machine's used memory.
+SHARED_PAGES = (
+    "the tree's summed memory counts pages shared between processes (forked workers) once per "
+    "process, so it can exceed the machine's used memory; --detailed-memory uses PSS instead"
+)
+
 _Reading = TypeVar("_Reading")
 
 
@@ -94,14 +100,12 @@ class TrendWatch(TrendFold):
     def judged(self) -> Iterable[tuple[str, Track]]:
         """Every judged series with its key: the tree's and machine's, then the top processes."""
         yield from self.tracks.items()
-        top = sorted(self.processes.values(), key=lambda r: -r.peak_anon)[:8]
-        with_gpu = [r for r in self.processes.values() if r.gpu is not None]
-        for record in top:
+        for record in sorted(self.processes.values(), key=lambda r: -r.peak_anon)[:8]:
             if record.rss is not None:
                 yield f"process.{record.pid}.{record.memory_key}", record.rss
-        for record in with_gpu:
-            assert record.gpu is not None
-            yield f"process.{record.pid}.gpu_memory_bytes", record.gpu
+        for record in list(self.processes.values()):
+            if record.gpu is not None:
+                yield f"process.{record.pid}.gpu_memory_bytes", record.gpu
 
     def evaluate(
         self, wall: Callable[[float], str | None], *, live: bool = False
@@ -180,19 +184,10 @@ class TrendWatch(TrendFold):
         wall: Callable[[float], str | None],
     ) -> dict[str, Any]:
         limit, source = self._limit(key, track)
-        seconds = None
-        if trend.verdict == "leak" and limit is not None:
-            seconds = trend.seconds_to(limit)
+        seconds = trend.seconds_to(limit) if trend.verdict == "leak" and limit is not None else None
         interval = trend.slope_interval_per_hour
-        note = None
-        if key in ("tree.anon_bytes", "tree.rss_bytes") and (self.peak_tree_rss or 0) > (
-            self.peak_machine_used or 0
-        ):
-            note = (
-                "the tree's summed memory counts pages shared between processes (forked "
-                "workers) once per process, so it can exceed the machine's used memory; "
-                "--detailed-memory uses PSS instead"
-            )
+        above = (self.peak_tree_rss or 0) > (self.peak_machine_used or 0)
+        shared = above and key in ("tree.anon_bytes", "tree.rss_bytes")
         return {
             "verdict": trend.verdict,
             "unit": track.unit,
@@ -214,7 +209,7 @@ class TrendWatch(TrendFold):
             "projected_seconds_to_limit": _round(seconds),
             "projected_limit_at": None if seconds is None else wall(self.last_t + seconds),
             "reason": trend.reason,
-            "note": note,
+            "note": SHARED_PAGES if shared else None,
             "onset": _round(trend.onset),
             "live": self.live_calls.get(key),
         }
@@ -232,16 +227,15 @@ class TrendWatch(TrendFold):
                     (self.limits["memory_total_bytes"], "machine memory"),
                     (self.limits["cgroup_memory_max_bytes"], "cgroup memory.max"),
                 ]
-            candidates = memory
-            if not key.startswith("machine."):  # the budget is the tree's, not /dev/shm's
-                candidates = [*memory, (budgets.max_rss_bytes, "max_rss_bytes")]
+            # The budget is the tree's, not /dev/shm's.
+            tree = not key.startswith("machine.")
+            candidates = [*memory, (budgets.max_rss_bytes, "max_rss_bytes")] if tree else memory
         elif key.startswith("gpu") and key.endswith(".memory_used_bytes"):
             index = int(key[3 : key.index(".")])
             candidates = [(self.gpu_total.get(index), "GPU memory")]
         elif key.endswith("gpu_memory_bytes"):
-            total = max(self.gpu_total.values()) if self.gpu_total else None
-            if key.startswith("tree."):
-                total = sum(self.gpu_total.values()) if self.gpu_total else None
+            whole = sum if key.startswith("tree.") else max
+            total = whole(self.gpu_total.values()) if self.gpu_total else None
             candidates = [
                 (total, "GPU memory"),
                 (budgets.max_gpu_memory_bytes, "max_gpu_memory_bytes"),
@@ -251,9 +245,7 @@ class TrendWatch(TrendFold):
                 return budgets.min_disk_free_bytes, "min_disk_free_bytes"
             return 0, "filesystem"
         known = [(value, source) for value, source in candidates if value is not None]
-        if not known:
-            return None, None
-        return min(known)
+        return min(known) if known else (None, None)
 
     def _rate_entry(self, start: float, series: SeriesBuffer, name: str) -> dict[str, Any] | None:
         times = series.times

@@ -1,8 +1,5 @@
-"""The ``asyncsoak`` command line: one module per group of subcommands.
-
-Each module in :data:`COMMAND_MODULES` has ``register(subparsers)``, which adds its
-subcommands and sets ``handler`` (``(args) -> int``, the exit status) on each.
-"""
+"""The ``asyncsoak`` command line: each module of :data:`COMMANDS` has ``register(subparsers)``,
+which adds its subcommands with a ``handler`` (``(args) -> int``, the exit status) on each."""
 
 from __future__ import annotations
 
@@ -11,15 +8,14 @@ import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Callable, Iterator, Sequence
+from typing import NoReturn, TypeVar
 
-from .._contract import terminal_text
+from .._contract import ValidationError, exits, terminal_text
 
-#: The module that registers each subcommand, in the order ``--help`` lists them: the order a
-#: newcomer meets them.  ``asyncsoak run`` imports the run module alone, so a soak's start
-#: pays for neither the queue nor the report; ``--help`` and an unknown command import them
-#: all.  tests/test_cli.py holds this table to what the modules register.
+#: The module of each subcommand, in the order ``--help`` lists them (a newcomer's).  ``run``
+#: imports its module alone (a soak's start pays for neither the queue nor the report);
+#: ``--help`` and an unknown command import them all.  tests/test_cli.py holds this table.
 COMMANDS = {
     "demo": "_run",
     "run": "_run",
@@ -29,7 +25,7 @@ COMMANDS = {
     "compare": "_report",
     "recover": "_report",
     "exit-codes": "_exit_codes",
-    "snapshot": "_snapshot",
+    "snapshot": "_exit_codes",
     "submit": "_queue",
     "worker": "_queue",
     "jobs": "_queue",
@@ -41,31 +37,45 @@ COMMANDS = {
     "workers": "_queue",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
-
-#: Exit statuses shared by every subcommand.
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+#: The contract's exit statuses, under the names docs/gen_reference.py imports them by.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = exits.EXIT_PASSED, exits.EXIT_FAILED, exits.EXIT_USAGE
 
 
 class UsageError(Exception):
     """Bad usage or input: reported on stderr with exit status 2, nothing changed."""
 
 
+_T = TypeVar("_T")
+
+
+def typed(convert: Callable[[str], _T], text: str, expected: str) -> _T:
+    """``convert(text)`` for an argparse type, or its error saying what was expected."""
+    try:
+        return convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+@contextlib.contextmanager
+def refused(told: Callable[[ValidationError], UsageError] | None = None) -> Iterator[None]:
+    """A :class:`ValidationError` inside told as a usage error: by ``told``, else as it is."""
+    try:
+        yield
+    except ValidationError as exc:
+        raise (UsageError(str(exc)) if told is None else told(exc)) from None
+
+
 def unwritable(flag: str, path: object, exc: OSError) -> UsageError:
-    """``flag`` names a path that cannot be written: the flag, the path, and why."""
     return UsageError(f"{flag} {path}: unwritable ({exc.strerror})")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand, or of ``command``'s module only when it is one."""
     parser = argparse.ArgumentParser(
-        prog="asyncsoak",
-        description="Supervise long training runs and explain them afterwards.",
+        prog="asyncsoak", description="Supervise long training runs and explain them afterwards."
     )
     subparsers = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
-    modules = (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES
-    for name in modules:
+    for name in (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES:
         importlib.import_module(f"{__name__}.{name}").register(subparsers)
     order = list(COMMANDS)
     subparsers._choices_actions.sort(key=lambda action: order.index(action.dest))
@@ -75,21 +85,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     # The subcommand comes first (the top level has no option but --help).
-    parser = build_parser(arguments[0] if arguments else None)
-    args = parser.parse_args(arguments)
+    args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
     try:
         status: int = args.handler(args)
     except UsageError as exc:
         # One line, whatever the input held: a file name or a field may carry escapes.
         print(terminal_text(f"asyncsoak: error: {exc}"), file=sys.stderr)
-        return EXIT_USAGE
+        return exits.EXIT_USAGE
     return status
 
 
 def entry() -> NoReturn:
-    """The program (``asyncsoak``, ``python -m asyncsoak``): :func:`main`, then out without the
-    interpreter's teardown, which a short soak would pay for in wall time (every stream is
-    flushed first; :func:`main` returns only once its files are written and closed)."""
+    """The program: :func:`main`, then out without the interpreter's teardown (a short soak
+    would pay for it in wall time); every stream is flushed first."""
     try:
         status = main()
     except BrokenPipeError:

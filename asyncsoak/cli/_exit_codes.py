@@ -1,15 +1,15 @@
-"""``asyncsoak exit-codes [--json]``: what each exit status of ``asyncsoak run`` means."""
+"""``asyncsoak exit-codes``: what each exit status of ``asyncsoak run`` means; and ``asyncsoak
+snapshot``: the runtime snapshot of a source tree and this machine."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import signal
+from pathlib import Path
 from typing import Any
 
 from .._contract import FailureReason, exits
-from .._view import REASON_TITLES
-from . import EXIT_OK
 
 #: The statuses that hold with or without ``--detailed-exit-codes``.
 FIXED_STATUSES: tuple[tuple[int, str], ...] = (
@@ -20,18 +20,16 @@ FIXED_STATUSES: tuple[tuple[int, str], ...] = (
         "be written",
     ),
     (exits.EXIT_USAGE, "bad usage or input: nothing ran, nothing was written"),
-    (
-        exits.SHELL_SIGNAL_BASE + signal.SIGHUP,
-        "SIGHUP stopped the monitor; the artifact says cancelled",
-    ),
-    (
-        exits.SHELL_SIGNAL_BASE + signal.SIGINT,
-        "SIGINT stopped the monitor; the artifact says cancelled",
-    ),
-    (
-        exits.SHELL_SIGNAL_BASE + signal.SIGTERM,
-        "SIGTERM stopped the monitor (in a pod or a SLURM job: the scheduler's stop); the "
-        "artifact says cancelled",
+    *(
+        (
+            exits.SHELL_SIGNAL_BASE + signum,
+            f"{signum.name} stopped the monitor{why}; the artifact says cancelled",
+        )
+        for signum, why in (
+            (signal.SIGHUP, ""),
+            (signal.SIGINT, ""),
+            (signal.SIGTERM, " (in a pod or a SLURM job: the scheduler's stop)"),
+        )
     ),
 )
 
@@ -44,22 +42,32 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="JSON for scripts")
     parser.set_defaults(handler=exit_codes_command)
-
-
-def exit_code_table() -> list[dict[str, Any]]:
-    """Every failure reason with its detailed status and what it means, by status."""
-    return [
-        {"exit_code": code, "reason": str(reason), "title": REASON_TITLES[FailureReason(reason)]}
-        for reason, code in sorted(exits.DETAILED_EXIT_CODES.items(), key=lambda item: item[1])
-    ]
+    parser = subparsers.add_parser(
+        "snapshot", help="print the source, GPU, software, host and environment provenance as JSON"
+    )
+    parser.add_argument(
+        "root", nargs="?", type=Path, default=Path("."), help="source tree (default: .)"
+    )
+    parser.add_argument(
+        "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to ask"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, metavar="S", help="bound on each external command"
+    )
+    parser.set_defaults(handler=snapshot_command)
 
 
 def exit_codes_command(args: argparse.Namespace) -> int:
-    table = exit_code_table()
+    from .._view import REASON_TITLES
+
+    table: list[dict[str, Any]] = [
+        {"exit_code": code, "reason": str(reason), "title": REASON_TITLES[FailureReason(reason)]}
+        for reason, code in sorted(exits.DETAILED_EXIT_CODES.items(), key=lambda item: item[1])
+    ]
     if args.json:
         fixed = [{"exit_code": code, "meaning": meaning} for code, meaning in FIXED_STATUSES]
         print(json.dumps({"reasons": table, "statuses": fixed}, indent=2))
-        return EXIT_OK
+        return exits.EXIT_PASSED
     print("asyncsoak run exits with (128+N when signal N stopped it):")
     for code, meaning in FIXED_STATUSES:
         print(f"  {code:>6}  {meaning}")
@@ -67,4 +75,12 @@ def exit_codes_command(args: argparse.Namespace) -> int:
     width = max(len(row["reason"]) for row in table)
     for row in table:
         print(f"  {row['exit_code']:>6}  {row['reason']:<{width}}  {row['title']}")
-    return EXIT_OK
+    return exits.EXIT_PASSED
+
+
+def snapshot_command(args: argparse.Namespace) -> int:
+    from .._sampling import collect_snapshot
+
+    snapshot = collect_snapshot(args.root, nvidia_smi=args.nvidia_smi, timeout=args.timeout)
+    print(json.dumps(snapshot, indent=2, allow_nan=False))
+    return exits.EXIT_PASSED

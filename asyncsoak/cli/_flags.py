@@ -1,6 +1,5 @@
-"""The soak's flags, shared by ``asyncsoak run`` and the queue's ``submit``: the limits (one
-flag per field of :class:`SoakLimits`), the metrics, ``KEY=VALUE`` pairs, and the titled groups
-``--help`` shows them in."""
+"""The soak's flags, shared by ``run`` and the queue's ``submit``: one flag per field of
+:class:`SoakLimits`, the metrics, ``KEY=VALUE`` pairs, and the groups ``--help`` shows."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from typing import Any
 
 from .._contract import MAX_SECONDS, ValidationError, parse_size
 from .._supervisor import SoakLimits, seconds
-from . import UsageError
+from . import UsageError, refused, typed
 
 
 def parse_pairs(option: str, pairs: list[str]) -> dict[str, str]:
@@ -37,22 +36,24 @@ HELP_GROUPS = {
     "outputs": "outputs, live views and metrics",
     "advanced": "advanced",
 }
-#: The group of each soak limit that is not about time.
+#: The soak limits of each group but "time" (the rest).
 _LIMIT_GROUPS = {
-    "output_is_progress": "progress",
-    "progress_source": "progress",
-    "step_key": "progress",
-    "loss_key": "progress",
-    "loss_check": "progress",
-    "expect_every": "progress",
-    "warm_up_seconds": "memory",
-    "leak_check": "memory",
-    "max_rss_bytes": "memory",
-    "min_disk_free_bytes": "memory",
-    "detailed_memory": "memory",
-    "max_gpu_memory_bytes": "gpu",
-    "dump_signal": "advanced",
-    "checkpoint_globs": "progress",
+    "progress": "output_is_progress progress_source step_key loss_key loss_check expect_every "
+    "checkpoint_globs",
+    "memory": "warm_up_seconds leak_check max_rss_bytes min_disk_free_bytes detailed_memory",
+    "gpu": "max_gpu_memory_bytes",
+    "advanced": "dump_signal",
+}
+_GROUP_OF = {name: group for group, names in _LIMIT_GROUPS.items() for name in names.split()}
+#: The argparse keywords of each kind of limit but durations and choices (a size or a deadline
+#: is parsed by soak_limits, so a bad one is refused naming the flag).
+_KINDS: dict[str, dict[str, Any]] = {
+    "switch": {"action": "store_true"},
+    "size": {"metavar": "SIZE"},
+    "signal": {"metavar": "SIG"},
+    "key": {"metavar": "KEY"},
+    "deadlines": {"action": "append", "metavar": "GLOB=SECONDS"},
+    "globs": {"action": "append", "metavar": "GLOB"},
 }
 Groups = dict[str, "argparse._ArgumentGroup"]
 
@@ -63,81 +64,44 @@ def help_groups(parser: argparse.ArgumentParser) -> Groups:
 
 
 def add_soak_limits(groups: Groups) -> None:
-    """The soak's limits, shared by ``run`` and the job queue's ``submit``: one flag per
-    field of :class:`SoakLimits` (durations, trend rules, budgets), with its help and default."""
+    """One flag per field of :class:`SoakLimits`, with its help and default."""
     for spec in fields(SoakLimits):
-        flag, kind = spec.metadata["flag"], spec.metadata["kind"]
-        parser = groups[_LIMIT_GROUPS.get(spec.name, "time")]
-        help = spec.metadata["help"].replace("%", "%%")  # argparse formats help with %
-        if kind == "switch":
-            parser.add_argument(flag, action="store_true", help=help)
-        elif kind == "choice":
-            parser.add_argument(
-                flag, choices=spec.metadata["choices"], default=spec.default, help=help
-            )
-        elif kind == "size":
-            # Parsed by soak_limits, so a bad size is refused naming the flag.
-            parser.add_argument(flag, default=None, metavar="SIZE", help=help)
-        elif kind == "signal":
-            parser.add_argument(flag, default=None, metavar="SIG", help=help)
-        elif kind == "key":
-            parser.add_argument(flag, default=None, metavar="KEY", help=help)
-        elif kind == "deadlines":
-            # Parsed by soak_limits, so a bad pair is refused naming the flag and the value.
-            parser.add_argument(flag, action="append", metavar="GLOB=SECONDS", help=help)
-        elif kind == "globs":
-            parser.add_argument(flag, action="append", default=None, metavar="GLOB", help=help)
-        elif spec.metadata["auto"]:
-            shown = "" if spec.default is None else f" (default {spec.default:g})"
-            parser.add_argument(
-                flag,
-                type=_seconds_or_auto,
-                default=spec.default,
-                metavar="S|auto",
-                help=help + shown,
-            )
+        meta, kind = spec.metadata, spec.metadata["kind"]
+        help = meta["help"].replace("%", "%%")  # argparse formats help with %
+        if kind == "choice":
+            options: dict[str, Any] = {"choices": meta["choices"], "default": spec.default}
+        elif kind in _KINDS:
+            options = _KINDS[kind]
         else:
-            shown = "" if spec.default is None else f" (default {spec.default:g})"
-            parser.add_argument(
-                flag, type=seconds_arg, default=spec.default, metavar="S", help=help + shown
-            )
+            auto = meta["auto"]
+            type = _seconds_or_auto if auto else seconds_arg
+            options = {"type": type, "default": spec.default, "metavar": "S|auto" if auto else "S"}
+            help += "" if spec.default is None else f" (default {spec.default:g})"
+        groups[_GROUP_OF.get(spec.name, "time")].add_argument(meta["flag"], help=help, **options)
 
 
 def seconds_arg(text: str) -> float:
-    """The argparse type of every duration flag: a number of seconds (its bounds are checked
-    with :func:`seconds`, naming the flag)."""
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected seconds, e.g. 30 or 1.5, got {text!r}"
-        ) from None
+    """A duration flag's type (its bounds are checked by :func:`seconds`, naming the flag)."""
+    return typed(float, text, "seconds, e.g. 30 or 1.5")
 
 
 def _seconds_or_auto(text: str) -> float | str:
     """A duration flag that also takes ``auto`` (the limit learned from the run)."""
-    if text == "auto":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected seconds or 'auto', e.g. 30 or 1.5, got {text!r}"
-        ) from None
+    return text if text == "auto" else typed(float, text, "seconds or 'auto', e.g. 30 or 1.5")
 
 
 def soak_limits(args: argparse.Namespace) -> dict[str, Any]:
-    """The soak limits the flags of :func:`add_soak_limits` gave, as ``run_soak`` names them;
-    sizes in bytes (a malformed one is a :class:`ValidationError` naming its flag)."""
+    """The limits the flags of :func:`add_soak_limits` gave, as ``run_soak`` names them; a
+    bad one is a :class:`ValidationError` naming its flag."""
     limits: dict[str, Any] = {}
     for spec in fields(SoakLimits):
-        flag = spec.metadata["flag"]
+        flag, kind = spec.metadata["flag"], spec.metadata["kind"]
         value = getattr(args, flag.removeprefix("--").replace("-", "_"))
-        if spec.metadata["kind"] == "size" and value is not None:
+        if kind == "size" and value is not None:
             value = parse_size(value, name=flag)
-        if spec.metadata["kind"] == "deadlines" and value is not None:
+        if kind == "deadlines" and value is not None:
             value = _deadline_pairs(flag, value)
-        if spec.metadata["kind"] == "globs":
+        if kind == "globs":
             value = spec.default if value is None else tuple(value)
         try:
             SoakLimits(**{spec.name: value})
@@ -166,8 +130,8 @@ _FLAGS = {
 
 
 def flag_error(exc: ValidationError) -> UsageError:
-    """A refusal that names a ``run_soak`` keyword (``cwd is not a directory: ...``), told as
-    the command line's user typed it: by the flag (``--cwd is not a directory: ...``)."""
+    """A refusal naming a ``run_soak`` keyword (``cwd is not a directory``) told by the flag
+    the user typed (``--cwd is not a directory``)."""
     text = str(exc)
     for name, flag in _FLAGS.items():
         rest = re.sub(r"^\[\d+\]", "", text.removeprefix(name))
@@ -177,8 +141,8 @@ def flag_error(exc: ValidationError) -> UsageError:
 
 
 def _deadline_pairs(flag: str, pairs: list[str]) -> dict[str, float]:
-    """``GLOB=SECONDS`` values (split at the last ``=``) into a dict; a malformed one is refused
-    naming ``flag`` and the value as typed."""
+    """``GLOB=SECONDS`` values (split at the last ``=``); a malformed one is refused naming
+    ``flag`` and the value as typed."""
     out: dict[str, float] = {}
     for pair in pairs:
         glob, _, every = pair.rpartition("=")
@@ -198,8 +162,7 @@ def add_metrics_flags(parser: argparse._ActionsContainer) -> None:
     """``--metrics-port`` and ``--metrics-address``, shared by ``run`` and ``worker``."""
     parser.add_argument(
         "--metrics-port",
-        type=_port,
-        default=None,
+        type=lambda text: typed(int, text, "a port number from 1 to 65535"),
         metavar="PORT",
         help="serve Prometheus metrics at http://ADDR:PORT/metrics",
     )
@@ -211,21 +174,11 @@ def add_metrics_flags(parser: argparse._ActionsContainer) -> None:
     )
 
 
-def _port(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a port number from 1 to 65535, got {text!r}"
-        ) from None
-
-
 def metrics_from_args(args: argparse.Namespace, textfile: Path | None = None) -> Any:
     """The ``Metrics`` the flags ask for, or None; refused at once when they make no sense."""
-    try:
-        seconds("--metrics-linger", getattr(args, "metrics_linger", 0.0))
-    except ValidationError as exc:
-        raise flag_error(exc) from None
+    linger = getattr(args, "metrics_linger", 0.0)
+    with refused(flag_error):
+        seconds("--metrics-linger", linger)
     if args.metrics_port is None and textfile is None:
         if args.metrics_address != "127.0.0.1":
             raise UsageError("--metrics-address needs --metrics-port")
@@ -238,10 +191,10 @@ def metrics_from_args(args: argparse.Namespace, textfile: Path | None = None) ->
                 port=args.metrics_port,
                 address=args.metrics_address,
                 textfile_dir=textfile,
-                linger_seconds=getattr(args, "metrics_linger", 0.0),
+                linger_seconds=linger,
             )
         )
-    except MetricsUnavailableError:
+    except MetricsUnavailableError:  # a ValidationError: told by the flag that asked for it
         flag = "--metrics-port" if args.metrics_port is not None else "--metrics-textfile"
         raise UsageError(str(MetricsUnavailableError(flag))) from None
     except ValidationError as exc:

@@ -1,10 +1,5 @@
-"""``asyncsoak goodput``: where the GPU-hours of runs, jobs or a whole queue went.
-
-Runs given as artifacts (or a directory of them) are joined by job (a queue job's attempts, a
-SLURM requeue, a Kubernetes restart: ``_analysis/_goodput_sum.py``); with no argument, or
-``--db``, the queue's jobs are read as ``jobs`` reads them.  The arithmetic is pure
-(``_analysis``, ``queue/_goodput.py``); this module reads and prints.
-"""
+"""``asyncsoak goodput``: where the GPU-hours of runs (artifacts, joined by job), or of the
+queue's jobs, went; the arithmetic is ``_analysis``'s, this module reads and prints."""
 
 from __future__ import annotations
 
@@ -23,11 +18,11 @@ from .._analysis import (
     lost_by_cause,
     run_span,
 )
-from .._contract import format_duration, terminal_text
+from .._contract import exits, format_duration, terminal_text
 from .._view import goodput_line
 from ..artifact import load
 from ..queue import artifact_section, queue_goodput
-from . import EXIT_OK, UsageError
+from . import UsageError
 from ._queue_db import _guarded, _open_existing, _queue_call, db_parser
 from ._sweeps import parse_not_before
 
@@ -69,9 +64,9 @@ def _goodput(args: argparse.Namespace) -> int:
     if args.json:
         out = {"jobs": [job.to_json() for job in jobs], "total": fleet_total(jobs)}
         print(json.dumps(out, indent=2, sort_keys=True))
-        return EXIT_OK
+        return exits.EXIT_PASSED
     print(terminal_text(render(jobs), one_line=False), end="")
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _from_queue(args: argparse.Namespace, since: float | None) -> list[JobLedger]:

@@ -1,11 +1,5 @@
 """The job queue's commands: submit, cancel, requeue and worker here, the read commands
-(jobs, job, logs, workers) in ``_queue_show.py``, opening the queue in ``_queue_db.py``.
-
-``--db`` defaults to ``$ASYNCSOAK_DB``, else ``queue.db`` in the user's data directory; a
-``postgresql://`` URL (or ``postgresql:`` with libpq's ``PG*`` variables) is a PostgreSQL queue
-shared by many hosts.  Runs live beside an SQLite database (``queue.runs/``), or in the user's
-data directory for PostgreSQL, unless ``asyncsoak worker --runs-dir`` says otherwise.
-"""
+(jobs, job, logs, workers) in ``_queue_show.py``, opening the queue in ``_queue_db.py``."""
 
 from __future__ import annotations
 
@@ -42,7 +36,8 @@ from ..queue import (
     open_for_worker,
     validate_submission,
 )
-from . import EXIT_FAILED, EXIT_OK, UsageError
+from . import UsageError, refused
+from ._container import worker_in_allocation
 from ._flags import (
     add_metrics_flags,
     add_soak_limits,
@@ -66,7 +61,6 @@ from ._queue_db import (
     default_db,
 )
 from ._queue_show import _job, _jobs, _logs, _workers
-from ._slurm import worker_in_allocation
 from ._sweeps import (
     add_submit_flags,
     add_worker_flags,
@@ -82,9 +76,14 @@ _GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za
 def register(subparsers: Any) -> None:
     db = db_parser()
 
-    p = subparsers.add_parser(
+    def command(name: str, handler: Any, **options: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = subparsers.add_parser(name, parents=[db], **options)
+        parser.set_defaults(handler=_guarded(handler))
+        return parser
+
+    p = command(
         "submit",
-        parents=[db],
+        _submit,
         help="queue a training job",
         description="Queue a training job and print its id.  The command may contain {job_id}, "
         "{db} and {run_dir}; it runs in --cwd (default: the current directory).",
@@ -94,7 +93,6 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--max-attempts",
         type=_count_arg,
-        default=None,
         metavar="K",
         help="runs that fail (or lose their worker) before the job is failed (default 3)",
     )
@@ -122,41 +120,34 @@ def register(subparsers: Any) -> None:
     add_submit_flags(p)
     p.add_argument("--config", type=Path, help="a JSON config for the worker's trainer command")
     p.add_argument("command", nargs="*", help="after --: the command and its arguments")
-    p.set_defaults(handler=_guarded(_submit))
 
-    p = subparsers.add_parser("jobs", parents=[db], help="list jobs")
+    p = command("jobs", _jobs, help="list jobs")
     statuses = [status.value for status in JobStatus]  # as stored, attempts' interrupted too
     p.add_argument("--status", choices=statuses, help="only these jobs")
     p.add_argument("--array", type=_job_id, metavar="ID", help="only the jobs of this array")
     p.add_argument("--json", action="store_true", help="JSON for scripts")
-    p.set_defaults(handler=_guarded(_jobs))
 
-    p = subparsers.add_parser("job", parents=[db], help="show one job and its attempts")
+    p = command("job", _job, help="show one job and its attempts")
     p.add_argument("id", type=_job_id)
     p.add_argument("--json", action="store_true", help="JSON for scripts")
-    p.set_defaults(handler=_guarded(_job))
 
-    p = subparsers.add_parser("cancel", parents=[db], help="cancel a queued or running job")
+    p = command("cancel", _cancel, help="cancel a queued or running job")
     p.add_argument("id", type=_job_id)
     p.add_argument(
         "--array", action="store_true", help="ID is an array's: cancel all of its jobs not ended"
     )
-    p.set_defaults(handler=_guarded(_cancel))
 
-    p = subparsers.add_parser("requeue", parents=[db], help="queue a finished job again")
-    p.add_argument("id", type=_job_id)
-    p.set_defaults(handler=_guarded(_requeue))
+    command("requeue", _requeue, help="queue a finished job again").add_argument("id", type=_job_id)
 
-    p = subparsers.add_parser("logs", parents=[db], help="print a job's train.log")
+    p = command("logs", _logs, help="print a job's train.log")
     p.add_argument("id", type=_job_id)
     p.add_argument("--attempt", type=_job_id, metavar="K", help="which attempt (default: the last)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
     p.add_argument("--lines", "-n", type=_count_arg, metavar="N", help="only the last N lines")
-    p.set_defaults(handler=_guarded(_logs))
 
-    p = subparsers.add_parser(
+    p = command(
         "workers",
-        parents=[db],
+        _workers,
         help="list workers",
         description="List workers: alive, stopped, or lost (silent for longer than "
         "--stale-after, or its process gone on this host), with when each was last seen.  "
@@ -171,11 +162,10 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help=f"heartbeat age that makes a worker lost (default {LOST_AFTER_S:g})",
     )
-    p.set_defaults(handler=_guarded(_workers))
 
-    p = subparsers.add_parser(
+    p = command(
         "worker",
-        parents=[db],
+        _worker,
         help="run queued jobs (one at a time, or side by side on several --gpus)",
         description="Run queued jobs, each under the soak monitor: one at a time, or side by "
         "side on the GPUs of --gpus (submit --gpus N).  SIGINT, SIGTERM or SIGHUP stops the "
@@ -188,10 +178,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     add_worker_flags(p)
     add_metrics_flags(p)
-    p.set_defaults(handler=_guarded(_worker))
-
-
-# --- helpers ---------------------------------------------------------------------------
 
 
 def _worker_flags() -> list[dataclasses.Field[Any]]:
@@ -220,11 +206,9 @@ def add_worker_settings(p: argparse.ArgumentParser) -> None:
 
 def _checked_worker_flags(args: argparse.Namespace) -> None:
     """Refuse a bad duration or count among the worker's flags, naming the flag."""
-    for spec in _worker_flags():
-        try:
+    with refused():
+        for spec in _worker_flags():
             checked(spec.metadata["flag"], spec, getattr(args, spec.name))
-        except ValidationError as exc:
-            raise UsageError(str(exc)) from None
 
 
 def worker_config(args: argparse.Namespace, *, until: float | None = None) -> WorkerConfig:
@@ -239,10 +223,8 @@ def worker_config(args: argparse.Namespace, *, until: float | None = None) -> Wo
             raise UsageError("--train-cmd is empty")
     if args.no_gpu:
         settings["nvidia_smi"] = None
-    try:
+    with refused():
         return WorkerConfig(**settings, until=until)
-    except ValidationError as exc:
-        raise UsageError(str(exc)) from None
 
 
 class _TerminalFormatter(logging.Formatter):
@@ -275,10 +257,8 @@ def _submit(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--max-attempts must be between 1 and {MAX_TRIES}, got {args.max_attempts}"
         )
-    try:
+    with refused(flag_error):
         soak = soak_limits(args)
-    except ValidationError as exc:
-        raise flag_error(exc) from None
     job: dict[str, Any] = {
         "argv": command or None,
         "config": config,
@@ -292,7 +272,7 @@ def _submit(args: argparse.Namespace) -> int:
     if args.max_attempts is not None:
         job["max_attempts"] = args.max_attempts
     sweeps = sweep_options(args)
-    try:
+    with refused(flag_error):
         # Before the database is opened (or created): a refused job changes nothing.
         validate_submission(**job)
         with _open(args, create=True) as store:
@@ -300,9 +280,7 @@ def _submit(args: argparse.Namespace) -> int:
                 sweeps["not_before"] = parse_not_before(args.not_before, store.now)
             job_id = _queue_call(lambda: store.submit(name=args.name, **job, **sweeps))
             print_submitted(store, job_id, args.array)
-    except ValidationError as exc:
-        raise flag_error(exc) from None
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _cancel(args: argparse.Namespace) -> int:
@@ -313,12 +291,12 @@ def _cancel(args: argparse.Namespace) -> int:
     if job.status == "cancelled":
         print(f"job {job.id} cancelled")
     else:
+        worker = terminal_text(job.worker or "?")
         print(
-            f"job {job.id}: cancel requested; it is running on {terminal_text(job.worker or '?')}, "
-            "which stops it "
+            f"job {job.id}: cancel requested; it is running on {worker}, which stops it "
             "(it may stop itself first)"
         )
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _cancel_array(args: argparse.Namespace) -> int:
@@ -333,14 +311,14 @@ def _cancel_array(args: argparse.Namespace) -> int:
                 _queue_call(partial(store.cancel, job_id))
                 done += 1
     print(f"array {args.id}: cancel sent to {done} of {len(members)} jobs (the others had ended)")
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _requeue(args: argparse.Namespace) -> int:
     with _existing_for(args) as store:
         job = _queue_call(lambda: store.requeue(args.id))
     print(f"job {job.id} queued again")
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -378,39 +356,32 @@ def _worker(args: argparse.Namespace) -> int:
     except QueueError as exc:
         raise UsageError(str(exc)) from exc
     except KeyboardInterrupt:
-        return 130
+        return exits.SHELL_SIGNAL_BASE + signal.SIGINT
     with store:
         runs_dir = (config.runs_dir or default_runs_dir(store)).absolute()
         _queue_call(lambda: prepare_runs_dir(runs_dir))
         config = dataclasses.replace(config, runs_dir=runs_dir)
         try:
-            anyio.run(_work, args, store, config)
-        except BaseExceptionGroup as group:
-            inner: BaseException = group
-            while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
-                inner = inner.exceptions[0]
-            # The database gone again before the worker registered: try again later (75).
-            if isinstance(inner, QueueUnavailableError):
+            try:
+                anyio.run(_work, args, store, config)
+            except BaseExceptionGroup as group:
+                inner: BaseException = group
+                while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+                    inner = inner.exceptions[0]
+                if not isinstance(inner, QueueError | ValidationError):
+                    raise
                 raise inner from group
-            if isinstance(inner, QueueDatabaseLostError):
-                return _database_lost(inner)
-            # A metrics port already taken is found once the worker starts: still exit 2.
-            if isinstance(inner, QueueError | ValidationError):
-                raise UsageError(str(inner)) from inner
-            raise
+        # The database gone again before the worker registered: try again later (75).
         except QueueUnavailableError:
             raise
         except QueueDatabaseLostError as exc:
-            return _database_lost(exc)
+            # The SQLite file deleted or replaced under the worker: exit 1, not 75.
+            print(terminal_text(f"asyncsoak: error: {exc}"), file=sys.stderr)
+            return exits.EXIT_FAILED
+        # A metrics port already taken is found once the worker starts: still exit 2.
         except (QueueError, ValidationError) as exc:
             raise UsageError(str(exc)) from exc
-    return EXIT_OK
-
-
-def _database_lost(exc: QueueDatabaseLostError) -> int:
-    """The worker's SQLite file deleted or replaced under it: exit 1, not 75 ("try again")."""
-    print(terminal_text(f"asyncsoak: error: {exc}"), file=sys.stderr)
-    return EXIT_FAILED
+    return exits.EXIT_PASSED
 
 
 async def _work(args: argparse.Namespace, store: JobStore, config: WorkerConfig) -> None:

@@ -25,7 +25,7 @@ from ..queue import (
     default_data_dir,
     open_when_reachable,
 )
-from . import UsageError
+from . import UsageError, typed
 
 #: Exit status of a queue command whose database could not be reached in time (sysexits'
 #: EX_TEMPFAIL: try again later), apart from bad usage's 2, so a service manager restarts it.
@@ -39,30 +39,21 @@ def default_db() -> str:
 
 def _integer(text: str, *, minimum: int = -INTEGER_MAX) -> int:
     """An argparse type: an integer the database can hold (SQLite's are 64-bit)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    value = typed(int, text, "an integer")
     if not minimum <= value <= INTEGER_MAX:
         raise argparse.ArgumentTypeError(f"{text} is out of range ({minimum} to {INTEGER_MAX})")
     return value
 
 
-def _job_id(text: str) -> int:
-    return _integer(text, minimum=1)
-
-
-def _count_arg(text: str) -> int:
-    return _integer(text, minimum=0)
+_job_id = functools.partial(_integer, minimum=1)
+_count_arg = functools.partial(_integer, minimum=0)
 
 
 def db_parser() -> argparse.ArgumentParser:
-    """The ``--db`` and ``--wait-for-db`` flags of every command that opens the queue
-    (``watch --job`` too)."""
+    """The ``--db`` and ``--wait-for-db`` flags of every command that opens the queue."""
     db = argparse.ArgumentParser(add_help=False)
     db.add_argument(
         "--db",
-        default=None,
         metavar="PATH|URL",
         help="queue database: an SQLite file, or postgresql://... for a queue shared by many "
         "hosts (default: $ASYNCSOAK_DB, else ~/.local/share/asyncsoak/queue.db)",
@@ -70,7 +61,6 @@ def db_parser() -> argparse.ArgumentParser:
     db.add_argument(
         "--wait-for-db",
         type=_wait_seconds,
-        default=None,
         metavar="S",
         help="how long to wait for a database server that cannot be reached, retrying with "
         f"backoff ('inf': for ever; default: for ever for a worker, {COMMAND_WAIT_FOR_DB_S:g}s "
@@ -81,10 +71,7 @@ def db_parser() -> argparse.ArgumentParser:
 
 def _wait_seconds(text: str) -> float:
     """An argparse type: seconds to wait, ``inf`` for ever."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds or 'inf', got {text!r}") from None
+    value = typed(float, text, "seconds or 'inf'")
     if math.isnan(value) or value < 0 or MAX_SECONDS < value < math.inf:
         raise argparse.ArgumentTypeError(
             f"expected seconds from 0 to {MAX_SECONDS:g} (a year), or 'inf', got {text!r}"
@@ -93,8 +80,7 @@ def _wait_seconds(text: str) -> float:
 
 
 def _wait_for_db(args: argparse.Namespace, default: float = COMMAND_WAIT_FOR_DB_S) -> float:
-    wait: float | None = args.wait_for_db
-    return default if wait is None else wait
+    return default if args.wait_for_db is None else float(args.wait_for_db)
 
 
 def _open(args: argparse.Namespace, *, create: bool = False) -> JobStore:

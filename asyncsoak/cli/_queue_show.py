@@ -1,9 +1,5 @@
-"""The job queue's read commands: ``jobs``, ``job``, ``logs`` and ``workers``.
-
-Tables are for people (aligned, ages like "3m ago"), ``--json`` is for scripts; a job's
-environment values are never printed, only their names.  A queue that does not exist yet lists
-as empty.
-"""
+"""The job queue's read commands: ``jobs``, ``job``, ``logs`` and ``workers``: tables for
+people, ``--json`` for scripts; a job's environment values are never printed, only names."""
 
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ from typing import Any
 from .._analysis import CHECKPOINT_GLOBS, JobLedger, format_bytes
 from .._contract import (
     Masker,
-    ValidationError,
     argv_secrets,
     exits,
     format_duration,
@@ -51,12 +46,13 @@ from ..queue import (
     public_job,
     worker_views,
 )
-from . import EXIT_OK, UsageError
+from . import UsageError, refused
 from ._queue_db import _existing_for, _open_existing, _queue_call
 from ._sweeps import (
     attempt_cells,
     fault_dicts,
     job_note,
+    local_time,
     plan_dict,
     plan_fields,
     why_not_retried,
@@ -74,17 +70,15 @@ def _age(ts: float | None, now: float) -> str:
     seconds = max(0.0, now - ts)
     if seconds < 60:
         return f"{seconds:.0f}s ago"
-    if seconds < 3600:
-        return f"{seconds // 60:.0f}m ago"
-    if seconds < 86400:
-        return f"{seconds // 3600:.0f}h ago"
-    return f"{seconds // 86400:.0f}d ago"
+    unit, size = next((u, s) for u, s, below in _AGE_UNITS if seconds < below)
+    return f"{seconds // size:.0f}{unit} ago"
+
+
+_AGE_UNITS = (("m", 60, 3600), ("h", 3600, 86400), ("d", 86400, float("inf")))
 
 
 def _when(ts: float | None, now: float) -> str:
-    if ts is None:
-        return "-"
-    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ts))} ({_age(ts, now)})"
+    return "-" if ts is None else f"{local_time(ts)} ({_age(ts, now)})"
 
 
 def _clip(text: str, width: int) -> str:
@@ -93,16 +87,15 @@ def _clip(text: str, width: int) -> str:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    rows = [[terminal_text(str(cell)) for cell in row] for row in rows]
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    lines = []
-    for row in [headers, *rows]:
-        cells = [
-            str(cell).rjust(widths[i]) if i in right else str(cell).ljust(widths[i])
+    table = [list(headers), *([terminal_text(str(cell)) for cell in row] for row in rows)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
             for i, cell in enumerate(row)
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+        ).rstrip()
+        for row in table
+    )
 
 
 def _masker(job: Job) -> Masker:
@@ -157,8 +150,9 @@ def _count(n: int, thing: str) -> str:
     return f"{n} {thing}" + ("s" if n != 1 else "")
 
 
-def _print_json(data: Any) -> None:
+def _print_json(data: Any) -> int:
     print(json.dumps(data, indent=2, sort_keys=True))
+    return exits.EXIT_PASSED
 
 
 def _jobs(args: argparse.Namespace) -> int:
@@ -178,11 +172,10 @@ def _jobs(args: argparse.Namespace) -> int:
     if args.array is not None:
         jobs = [job for job in jobs if job.id in plans and plans[job.id].array_id == args.array]
     if args.json:
-        _print_json([{**public_job(job), **plan_dict(plans.get(job.id))} for job in jobs])
-        return EXIT_OK
+        return _print_json([{**public_job(job), **plan_dict(plans.get(job.id))} for job in jobs])
     if not jobs:
         print("no jobs" + (f" {args.status}" if args.status else ""))
-        return EXIT_OK
+        return exits.EXIT_PASSED
     rows = [
         [
             str(job.id),
@@ -204,7 +197,7 @@ def _jobs(args: argparse.Namespace) -> int:
     ]
     headers = ["ID", "NAME", "STATUS", "PRI", "RUNS", "SUBMITTED", "FINISHED", "WORKER", "NOTE"]
     print(_table(headers, rows, right=(0, 3, 4)))
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _job(args: argparse.Namespace) -> int:
@@ -222,8 +215,7 @@ def _job(args: argparse.Namespace) -> int:
         data["attempts"] = [
             {**_attempt_dict(a), **_cause_dict(causes.get(a.attempt))} for a in attempts
         ]
-        _print_json(data)
-        return EXIT_OK
+        return _print_json(data)
     status = job.status + (f" ({job.reason})" if job.reason else "")
     if job.cancel_requested and job.status == "running":
         status += ", cancel requested"
@@ -285,7 +277,7 @@ def _job(args: argparse.Namespace) -> int:
             if lines:
                 print(f"\nattempt {a.attempt}:")
                 print("\n".join("  " + terminal_text(line) for line in lines))
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _goodput_text(ledger: JobLedger) -> str:
@@ -372,14 +364,8 @@ def queue_exit_code(status: str | None, reason: str | None) -> int | None:
 
 
 def _cause_dict(cause: Any) -> dict[str, Any]:
-    if cause is None:
-        return {"failure_class": None, "cause": None, "counted": None, "gpus": []}
-    return {
-        "failure_class": cause.failure_class,
-        "cause": cause.cause,
-        "counted": cause.counted,
-        "gpus": list(cause.gpus),
-    }
+    figures = {key: getattr(cause, key, None) for key in ("failure_class", "cause", "counted")}
+    return figures | {"gpus": list(cause.gpus) if cause is not None else []}
 
 
 def _log_elsewhere(job: Job, a: Attempt, path: Path) -> str:
@@ -401,14 +387,11 @@ def _logs(args: argparse.Namespace) -> int:
         attempts = store.attempts(args.id)
         if not attempts:
             raise UsageError(f"job {job.id} has not run yet: no logs")
-        if args.attempt is None:
-            chosen = attempts[-1]
-        else:
-            matching = [a for a in attempts if a.attempt == args.attempt]
-            if not matching:
-                known = ", ".join(str(a.attempt) for a in attempts)
-                raise UsageError(f"job {job.id} has no attempt {args.attempt} (it has {known})")
-            chosen = matching[0]
+        wanted = attempts[-1].attempt if args.attempt is None else args.attempt
+        chosen = next((a for a in attempts if a.attempt == wanted), None)
+        if chosen is None:
+            known = ", ".join(str(a.attempt) for a in attempts)
+            raise UsageError(f"job {job.id} has no attempt {args.attempt} (it has {known})")
         masker = _masker(job)
         path = chosen.directory / "train.log"
         try:
@@ -427,13 +410,12 @@ def _logs(args: argparse.Namespace) -> int:
                 raise UsageError(_log_elsewhere(job, chosen, path)) from None
         except KeyboardInterrupt:
             pass
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _exit_words(job: Job) -> str:
-    """How the job's command ended, in words.  A signal that ended a job failed for anything
-    but that signal (``signaled``) or a shell's status (``nonzero_exit``) was the monitor's stop
-    (or the worker's kill), never the OOM killer."""
+    """How the job's command ended, in words; a signal that ended a job failed for another
+    reason than ``signaled`` or ``nonzero_exit`` was the monitor's stop, never the OOM killer."""
     ended = exits.decode(job.returncode)
     number = ended.signal or ended.shell_signal
     ours = number is not None and job.reason not in (None, "signaled", "nonzero_exit")
@@ -464,10 +446,8 @@ def _follow(f: Any, masker: Masker, running: Callable[[], bool]) -> None:
 
 
 def _workers(args: argparse.Namespace) -> int:
-    try:
+    with refused():
         seconds("--stale-after", args.stale_after)
-    except ValidationError as exc:
-        raise UsageError(str(exc)) from None
     views: list[WorkerView] = []
     pruned, now = 0, time.time()
     owned: dict[str, list[str]] = {}
@@ -491,7 +471,7 @@ def _workers(args: argparse.Namespace) -> int:
         )
     on_host = {v.info.host: [f for f in faults if f.host == v.info.host] for v in views}
     if args.json:
-        _print_json(
+        return _print_json(
             [
                 {
                     **_worker_dict(v),
@@ -501,7 +481,6 @@ def _workers(args: argparse.Namespace) -> int:
                 for v in views
             ]
         )
-        return EXIT_OK
     if not views:
         print("no workers")
     else:
@@ -525,13 +504,11 @@ def _workers(args: argparse.Namespace) -> int:
             f"({_count(pruned, 'worker')} gone for more than {PRUNE_AFTER_S / 3600:g}h not shown: "
             "--all lists them)"
         )
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _worker_state_text(v: WorkerView, now: float) -> str:
-    if v.state == LOST:
-        return f"lost (last seen {_when(v.last_seen, now)})"
-    return v.state
+    return f"lost (last seen {_when(v.last_seen, now)})" if v.state == LOST else v.state
 
 
 def _worker_dict(v: WorkerView) -> dict[str, Any]:

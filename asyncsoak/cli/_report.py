@@ -4,16 +4,18 @@ and ``report`` given several artifacts of one job (SLURM, or one torchrun rendez
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._contract import terminal_text
-from . import EXIT_FAILED, EXIT_OK, UsageError, unwritable
+from .._contract import exits, terminal_text
+from . import UsageError, unwritable
 
 if TYPE_CHECKING:
     from .._contract import Artifact
@@ -26,25 +28,17 @@ def register(subparsers: Any) -> None:
         description="Write one HTML file that opens offline: the verdict, provenance, "
         "zoomable plots on one time axis, events, leftovers and the log tail.",
     )
-    report.add_argument(
-        "run",
-        type=Path,
-        nargs="+",
-        metavar="ARTIFACT",
-        help="a run's artifact (soak.json) or journal; several of one SLURM job are shown as one",
-    )
+    add_runs(report)
     report.add_argument(
         "-o",
         "--output",
         type=Path,
-        default=None,
         metavar="REPORT.html",
         help="where to write it (default: beside the artifact, ending in .html)",
     )
     report.add_argument(
         "--compare",
         type=Path,
-        default=None,
         metavar="BASELINE",
         help="draw this earlier run's series beneath the run's own, and its figures beside",
     )
@@ -78,13 +72,7 @@ def register(subparsers: Any) -> None:
     summary = subparsers.add_parser(
         "summary", help="the verdict and what to look at first, on one screen"
     )
-    summary.add_argument(
-        "run",
-        type=Path,
-        nargs="+",
-        metavar="ARTIFACT",
-        help="a run's artifact (soak.json) or journal; several of one SLURM job are shown as one",
-    )
+    add_runs(summary)
     summary.add_argument("--json", action="store_true", help="print the summary as JSON")
     summary.set_defaults(handler=summary_command)
 
@@ -96,19 +84,20 @@ def register(subparsers: Any) -> None:
         "-o",
         "--output",
         type=Path,
-        default=None,
         metavar="ARTIFACT",
         help="where to write it (default: the journal's path ending in .json, if free)",
     )
     recover.set_defaults(handler=recover_command)
 
 
-def load_run(path: Path) -> tuple[Artifact, Path | None]:
-    """An artifact from an artifact or a journal file, and the journal when one was read.
+def add_runs(parser: argparse.ArgumentParser) -> None:
+    runs = "a run's artifact (soak.json) or journal; several of one SLURM job are shown as one"
+    parser.add_argument("run", type=Path, nargs="+", metavar="ARTIFACT", help=runs)
 
-    A missing ``soak.json`` whose journal ``soak.jsonl`` is there (the monitor died before
-    writing it) is rebuilt from the journal.
-    """
+
+def load_run(path: Path) -> tuple[Artifact, Path | None]:
+    """The artifact of an artifact or journal file, and the journal when one was read (a
+    missing ``soak.json`` is rebuilt from its ``soak.jsonl``: the monitor died first)."""
     from .._record import is_journal
 
     if not path.exists():
@@ -125,48 +114,56 @@ def load_run(path: Path) -> tuple[Artifact, Path | None]:
         else:
             raise UsageError(f"{path}: no such file")
     from .._contract import bounded
+    from ..artifact import ArtifactError, load
 
     try:
         # Never blocks (a FIFO) nor reads without end (/dev/zero): refused at once.
         bounded.open_regular(path).close()
-    except bounded.UnreadableFileError as exc:
-        raise UsageError(str(exc)) from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    from ..artifact import ArtifactError, load
-
-    try:
         return load(path), path if is_journal(path) else None
-    except ArtifactError as exc:
+    except (bounded.UnreadableFileError, ArtifactError) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from .._view import ReportUnavailableError, write_report
+    from .._view import ReportUnavailableError, render_job_report, write_report
 
+    first: Path = args.run[0]
+    write: Callable[[], None]
     if len(args.run) > 1:
-        return job_report(args)
-    args.run = args.run[0]
-    artifact, journal = load_run(args.run)
-    baseline = load_run(args.compare)[0] if args.compare is not None else None
-    output: Path = args.output or args.run.with_suffix(".html")
-    try:
-        write_report(
+        combined, artifacts = _combined(args)
+        output: Path = args.output or first.with_name(f"job-{combined['job_id']}.html")
+
+        def write() -> None:
+            from .._record import FILE_MODE
+
+            text = render_job_report(combined, artifacts)
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.touch(mode=FILE_MODE)
+            output.write_text(text, encoding="utf-8")
+
+    else:
+        artifact, journal = load_run(first)
+        baseline = load_run(args.compare)[0] if args.compare is not None else None
+        output = args.output or first.with_suffix(".html")
+        write = functools.partial(
+            write_report,
             artifact,
             output,
             journal=journal,
-            source=str(args.run),
+            source=str(first),
             baseline=baseline,
             baseline_source=str(args.compare) if args.compare is not None else None,
         )
+    try:
+        write()
     except ReportUnavailableError as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
         raise unwritable("--output", output, exc) from None
     print(f"asyncsoak: report written; open it in a browser: {output.absolute().as_uri()}")
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def compare_command(args: argparse.Namespace) -> int:
@@ -191,24 +188,24 @@ def compare_command(args: argparse.Namespace) -> int:
         print(json.dumps(comparison.as_json(), indent=1))
     else:
         print_text(format_comparison(comparison))
-    return EXIT_FAILED if args.fail_on_regression and comparison.regressions else EXIT_OK
+    return (
+        exits.EXIT_FAILED
+        if args.fail_on_regression and comparison.regressions
+        else exits.EXIT_PASSED
+    )
 
 
 def summary_command(args: argparse.Namespace) -> int:
-    from .._view import format_summary, summarize
+    from .._view import format_combined, format_summary, summarize
 
     if len(args.run) > 1:
-        return job_summary(args)
-    args.run = args.run[0]
-    artifact, _ = load_run(args.run)
-    summary = summarize(artifact)
-    if args.json:
-        text = json.dumps(summary, indent=1, default=str)
+        summary, text = _combined(args)[0], format_combined
     else:
+        summary = summarize(load_run(args.run[0])[0])
         width = min(120, shutil.get_terminal_size().columns) - 1
-        text = format_summary(summary, artifact_path=str(args.run), width=width)
-    print_text(text)
-    return EXIT_OK
+        text = functools.partial(format_summary, artifact_path=str(args.run[0]), width=width)
+    print_text(json.dumps(summary, indent=1, default=str) if args.json else text(summary))
+    return exits.EXIT_PASSED
 
 
 def print_text(text: str) -> None:
@@ -250,7 +247,7 @@ def recover_command(args: argparse.Namespace) -> int:
             f"reasons: {reasons})"
         )
     )
-    return EXIT_OK
+    return exits.EXIT_PASSED
 
 
 def _combined(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
@@ -261,34 +258,3 @@ def _combined(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[str,
         return combine(artifacts), artifacts
     except NotOneJobError as exc:
         raise UsageError(str(exc)) from None
-
-
-def job_summary(args: argparse.Namespace) -> int:
-    from .._view import format_combined
-
-    combined, _ = _combined(args)
-    if args.json:
-        print_text(json.dumps(combined, indent=1, default=str))
-    else:
-        print_text(format_combined(combined))
-    return EXIT_OK
-
-
-def job_report(args: argparse.Namespace) -> int:
-    from .._record import FILE_MODE
-    from .._view import ReportUnavailableError, render_job_report
-
-    combined, artifacts = _combined(args)
-    output: Path = args.output or Path(args.run[0]).with_name(f"job-{combined['job_id']}.html")
-    try:
-        text = render_job_report(combined, artifacts)
-    except ReportUnavailableError as exc:
-        raise UsageError(str(exc)) from None
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.touch(mode=FILE_MODE)
-        output.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise unwritable("--output", output, exc) from None
-    print(f"asyncsoak: report written; open it in a browser: {output.absolute().as_uri()}")
-    return EXIT_OK

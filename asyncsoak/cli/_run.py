@@ -10,7 +10,6 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,11 +26,14 @@ from .._contract import (
 )
 from .._supervisor import STOP_MODES, SoakLimits, seconds
 from .._view import VIEW_MODES
-from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, unwritable
+from . import UsageError, refused, unwritable
 from ._container import (
     Ending,
-    add_container_options,
+    add_scheduler_options,
+    hold_forwarded_signals,
     scheduler_grace,
+    scheduler_paths,
+    stop_by_scheduler,
     termination_log_path,
     write_termination_log,
 )
@@ -44,12 +46,6 @@ from ._flags import (
     parse_pairs,
     seconds_arg,
     soak_limits,
-)
-from ._slurm import (
-    add_scheduler_options,
-    hold_forwarded_signals,
-    scheduler_paths,
-    stop_by_scheduler,
 )
 
 if TYPE_CHECKING:
@@ -82,9 +78,7 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="the artifact (JSON) to write; its journal goes beside it; required",
     )
-    essentials.add_argument(
-        "--cwd", type=Path, default=None, metavar="DIR", help="run the command there"
-    )
+    essentials.add_argument("--cwd", type=Path, metavar="DIR", help="run the command there")
     essentials.add_argument(
         "--env",
         action="append",
@@ -124,7 +118,6 @@ def register(subparsers: Any) -> None:
     outputs.add_argument(
         "--metrics-textfile",
         type=Path,
-        default=None,
         metavar="DIR",
         help="write asyncsoak_<soak id>.prom there for node_exporter's textfile collector",
     )
@@ -137,7 +130,6 @@ def register(subparsers: Any) -> None:
         "at most S seconds (default 0)",
     )
     add_scheduler_options(groups["scheduler"])
-    add_container_options(groups["scheduler"])
     groups["advanced"].add_argument(
         "--stop-mode",
         choices=STOP_MODES,
@@ -158,23 +150,9 @@ def register(subparsers: Any) -> None:
     demo.set_defaults(handler=demo_command)
 
 
-@dataclass(frozen=True, slots=True)
-class RunFlags:
-    """What ``run``'s flags say, checked: nothing started, nothing written."""
-
-    command: list[str]
-    env: dict[str, str]
-    metadata: dict[str, str]
-    limits: dict[str, Any]
-    status_interval: float
-    metrics: Any
-    termination_log: Path | None
-    scheduler_grace: float | None
-
-
-def check_run_flags(args: argparse.Namespace) -> RunFlags:
-    """``run``'s flags checked as the soak would check them; a :class:`UsageError` for the
-    first bad one (a limit out of bounds, a malformed pair, no command)."""
+def check_run_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """``run``'s flags checked as the soak would check them, as :func:`supervise`'s keywords
+    (but the paths); a :class:`UsageError` for the first bad one, nothing started."""
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -182,45 +160,38 @@ def check_run_flags(args: argparse.Namespace) -> RunFlags:
         raise UsageError("no command given: asyncsoak run [options] -- COMMAND [ARG...]")
     env = dict(os.environ)
     env.update(parse_pairs("--env", args.env))
-    try:
+    with refused():
         status_interval = seconds("--status-interval", args.status_interval, allow_zero=False)
         limits = soak_limits(args)
         SoakLimits(**limits)  # each limit within its bounds, named by its flag's field
-    except ValidationError as exc:
-        raise UsageError(str(exc)) from None
-    return RunFlags(
-        command=command,
-        env=env,
-        metadata=parse_pairs("--metadata", args.metadata),
-        limits=limits,
-        status_interval=status_interval,
-        metrics=metrics_from_args(args, args.metrics_textfile),
-        termination_log=termination_log_path(args.termination_log),
-        scheduler_grace=scheduler_grace(args.scheduler_grace),
-    )
+    return {
+        "command": command,
+        "env": env,
+        **limits,
+        "metadata": parse_pairs("--metadata", args.metadata),
+        "status_interval": status_interval,
+        "metrics": metrics_from_args(args, args.metrics_textfile),
+        "termination_log": termination_log_path(args.termination_log),
+        "scheduler_grace_seconds": scheduler_grace(args.scheduler_grace),
+    }
 
 
 def run_command(args: argparse.Namespace) -> int:
-    flags = check_run_flags(args)
+    soak = check_run_flags(args)
     progress_dir, output = scheduler_paths(args.progress_dir, args.output)
     hold_forwarded_signals(args)
+    status_interval = soak.pop("status_interval")
     return supervise(
-        command=flags.command,
+        **soak,
         progress_dir=progress_dir,
         output_path=output,
-        **flags.limits,
         stop_mode=args.stop_mode,
         cwd=args.cwd,
-        env=flags.env,
-        metadata=flags.metadata,
         nvidia_smi=None if args.no_gpu else args.nvidia_smi,
-        metrics=flags.metrics,
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
-        scheduler_grace_seconds=flags.scheduler_grace,
-        status=None if args.quiet else _live_status(flags.status_interval, args.view),
+        status=None if args.quiet else _live_status(status_interval, args.view),
         detailed_exit_codes=args.detailed_exit_codes,
-        termination_log=flags.termination_log,
     )
 
 
@@ -239,16 +210,9 @@ def supervise(
     termination_log: Path | None = None,
     **soak: Any,
 ) -> int:
-    """Run one soak with SIGINT/SIGTERM/SIGHUP stopping it; the exit status says how it ended.
-
-    SIGHUP (a closed terminal, a dropped ssh session) is a stop like SIGTERM.  A second signal
-    kills the tree at once instead of waiting out the grace.
-
-    ``status`` (the live view) is given the soak's control before the soak starts (to observe
-    its events) and returns a task that runs beside the soak, cancelled when the soak ends.
-    With ``detailed_exit_codes`` a failure exits with its primary reason's status;
-    ``termination_log`` gets the verdict before the exit, whatever the end.
-    """
+    """Run one soak that SIGINT, SIGTERM or SIGHUP stops (a second one kills the tree at once);
+    the exit status says how it ended.  ``status`` (the live view) gets the soak's control
+    and returns a task run beside the soak; ``termination_log`` gets the verdict."""
     ending = _supervise(report=report, status=status, detailed=detailed_exit_codes, soak=soak)
     if termination_log is not None:
         error = write_termination_log(termination_log, ending)
@@ -286,16 +250,15 @@ def _supervise(
                 async def stop_on_signal() -> None:
                     async for signum in signals:
                         received.append(signum)
+                        name = exits.signal_name(signum)
                         if len(received) > 1:
-                            name = exits.signal_name(signum)
                             print(f"asyncsoak: {name} again: killing the tree now", file=sys.stderr)
                             control.kill_now()
                             return
                         if not stop_by_scheduler(signum, control):
                             soak_scope.cancel()
                         print(
-                            f"asyncsoak: {exits.signal_name(signum)}: stopping the command "
-                            "(again to kill it now)",
+                            f"asyncsoak: {name}: stopping the command (again to kill it now)",
                             file=sys.stderr,
                         )
 
@@ -335,7 +298,7 @@ def _supervise(
         # The artifact could not be written (the disk filled up during the run): the tree was
         # stopped and the message says where the journal is.
         tell(f"asyncsoak: {exc}")
-        return Ending(f"asyncsoak: {exc}", EXIT_FAILED, None, None)
+        return Ending(f"asyncsoak: {exc}", exits.EXIT_FAILED, None, None)
     except Exception as exc:
         # Not the input: the monitor itself broke.  Its artifact says ``error``.
         traceback.print_exc()
@@ -347,10 +310,12 @@ def _supervise(
         reason = FailureReason.MONITOR_ERROR
         code = exits.verdict_exit_code(SoakStatus.ERROR, [reason], detailed=detailed)
         return Ending(first, code, reason, output if written else None)
-    reasons = [] if artifact is None else [f["reason"] for f in artifact["failures"]]
     if received:
+        reasons = [] if artifact is None else [f["reason"] for f in artifact["failures"]]
         name = exits.signal_name(received[0])
-        by = "the scheduler" if _stop_cause(artifact) == StopCause.SCHEDULER else name
+        stop = None if artifact is None else artifact.get("stop")
+        cause = stop.get("cause") if isinstance(stop, dict) else None
+        by = "the scheduler" if cause == StopCause.SCHEDULER else name
         line = f"asyncsoak: stopped by {by}" + (f" ({name})" if by != name else "")
         tell(f"{line}; artifact: {output}")
         # 128 + its number, as shells report a process a signal stopped.
@@ -361,17 +326,11 @@ def _supervise(
     tell(line)
     if report is not None:
         report(artifact)
-    return Ending(line, EXIT_OK, None, output)
-
-
-def _stop_cause(artifact: dict[str, Any] | None) -> str | None:
-    stop = None if artifact is None else artifact.get("stop")
-    return stop.get("cause") if isinstance(stop, dict) else None
+    return Ending(line, exits.EXIT_PASSED, None, output)
 
 
 def tell(text: str) -> None:
-    """A message on stderr, with the control characters of what the run put in it (a
-    failure's message, a warning, a path) spelled out: ``\\x1b``, not an escape sequence."""
+    """A message on stderr, the control characters of what the run put in it spelled out."""
     print(terminal_text(text, one_line=False), file=sys.stderr)
 
 
@@ -387,31 +346,23 @@ def verdict_line(artifact: dict[str, Any], output: Path) -> str:
 
 
 def demo_command(args: argparse.Namespace) -> int:
-    try:
+    with refused():
         seconds("--seconds", args.seconds, allow_zero=False)
-    except ValidationError as exc:
-        raise UsageError(str(exc)) from None
     base: Path = args.dir
     try:
         base.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise unwritable("--dir", base, exc) from None
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=base))
-    (run_dir / "train").mkdir()  # the progress dir exists from the start, as a trainer's would
+    train = run_dir / "train"
+    train.mkdir()  # the progress dir exists from the start, as a trainer's would
     output = run_dir / "soak.json"
     print(f"asyncsoak demo: training a small model for about {args.seconds:g}s under supervision")
-    print(f"  progress dir: {run_dir / 'train'}  (metrics.jsonl: a step and its loss, 5 a second)")
+    print(f"  progress dir: {train}  (metrics.jsonl: a step and its loss, 5 a second)")
+    trainer = [sys.executable, "-m", "asyncsoak._demo_trainer", "--out", str(train)]
     status = supervise(
-        command=[
-            sys.executable,
-            "-m",
-            "asyncsoak._demo_trainer",
-            "--out",
-            str(run_dir / "train"),
-            "--seconds",
-            str(args.seconds),
-        ],
-        progress_dir=run_dir / "train",
+        command=[*trainer, "--seconds", str(args.seconds)],
+        progress_dir=train,
         output_path=output,
         sample_interval_seconds=1.0,
         startup_timeout_seconds=60.0,
@@ -421,15 +372,17 @@ def demo_command(args: argparse.Namespace) -> int:
         report=print_demo_summary,
         status=_live_status(),
     )
-    if status == EXIT_OK:
+    if status == exits.EXIT_PASSED:
         print(f"\nThe artifact explains the run: {output}")
         print(f"The training loop's own output: {output.with_suffix('.log')}")
     if output.exists():
         print_report_hint(output)
-    return status if status != EXIT_USAGE else EXIT_FAILED
+    return status if status != exits.EXIT_USAGE else exits.EXIT_FAILED
 
 
 def print_demo_summary(artifact: dict[str, Any]) -> None:
+    from .._view import exit_text, goodput_line, training_line
+
     progress = artifact["progress"]
     tree = artifact["summary"].get("tree", {})
     rss = (tree.get("rss_bytes") or {}).get("max")
@@ -437,15 +390,12 @@ def print_demo_summary(artifact: dict[str, Any]) -> None:
     print(f"\nverdict: {artifact['status']}")
     for failure in artifact["failures"]:
         print(terminal_text(f"  {failure['reason']}: {failure['message']}"))
-    from .._view import exit_text, goodput_line, training_line
-
-    # run_soak's artifact, which the package built in the shape ``Artifact`` gives.
-    ended = exit_text(cast("Artifact", artifact))
     training = training_line(progress.get("steps"))
     if training:  # what asyncsoak read in the trainer's own log
         print(f"training: {training}")
         print(goodput_line(artifact.get("goodput")))  # where the run's time went
-    print(f"ran for: {artifact['duration_seconds']:.1f}s, {ended}")
+    # run_soak's artifact, which the package built in the shape ``Artifact`` gives.
+    print(f"ran for: {artifact['duration_seconds']:.1f}s, {exit_text(cast('Artifact', artifact))}")
     print(
         f"progress: {progress['changes']} file changes, "
         f"longest gap {progress['longest_gap_seconds']:.1f}s"
@@ -462,8 +412,7 @@ def print_report_hint(artifact_path: Path) -> None:
 
     html_path = artifact_path.with_suffix(".html")
     try:
-        artifact = json.loads(artifact_path.read_text())
-        write_report(artifact, html_path, source=str(artifact_path))
+        write_report(json.loads(artifact_path.read_text()), html_path, source=str(artifact_path))
     except ReportUnavailableError:
         print("\nSee it in plots: pip install 'asyncsoak[report]', then")
         print(f"  asyncsoak report {artifact_path}")

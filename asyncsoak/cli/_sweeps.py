@@ -1,6 +1,5 @@
-"""The job queue's sweep and retry options on the command line: ``submit --after / --array /
---not-before / --gpus / --retry-on / --no-retry-on``, ``worker --clear-fault``, and
-what ``jobs``, ``job`` and ``workers`` show of them."""
+"""The job queue's sweep and retry options: ``submit --after --array --not-before --gpus
+--retry-on --no-retry-on``, ``worker --clear-fault``, and what the listings show of them."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._contract import MAX_SECONDS, ValidationError
+from .._contract import MAX_SECONDS, exits
 from ..queue import (
     DEPENDENCY_FAILED,
     MAX_INFRASTRUCTURE_RETRIES,
@@ -26,7 +25,7 @@ from ..queue import (
     check_plan,
     parse_array,
 )
-from . import EXIT_OK, UsageError
+from . import UsageError, refused, typed
 
 _DURATION = re.compile(r"^\+\s*([0-9]*\.?[0-9]+)\s*([smhd]?)$")
 _UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -34,14 +33,10 @@ _CLOCK = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?$")
 
 
 def _ids(text: str) -> list[int]:
-    try:
-        ids = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected job ids such as 3 or 3,4, got {text!r}"
-        ) from None
-    if not ids or any(i < 1 for i in ids):
-        raise argparse.ArgumentTypeError(f"expected job ids such as 3 or 3,4, got {text!r}")
+    expected = "job ids such as 3 or 3,4"
+    ids = typed(lambda t: [int(part) for part in t.split(",") if part.strip()], text, expected)
+    if not ids or min(ids) < 1:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return ids
 
 
@@ -50,10 +45,7 @@ def _names(text: str) -> list[str]:
 
 
 def _gpu_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of GPUs, got {text!r}") from None
+    value = typed(int, text, "a number of GPUs")
     if value < 1:
         raise argparse.ArgumentTypeError(f"a job needs at least 1 GPU, got {text!r}")
     return value
@@ -107,7 +99,6 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_worker_flags(p: argparse.ArgumentParser) -> None:
-    """``worker --clear-fault`` (its ``--retry-backoff`` is a WorkerConfig setting)."""
     p.add_argument(
         "--clear-fault",
         nargs="?",
@@ -126,9 +117,9 @@ def parse_not_before(
     flag: str = "--not-before",
     ago: bool = False,
 ) -> float:
-    """``--not-before`` as the queue's epoch seconds: ``+DURATION`` from the queue's ``now``,
-    an ISO 8601 time (local unless it says), or ``HH:MM[:SS]`` (the next such local time).
-    With ``ago`` (``goodput --since``) a duration counts back and ``HH:MM`` is the last one."""
+    """``--not-before`` in the queue's epoch seconds: ``+DURATION`` from ``now()``, ISO 8601
+    (local unless it says) or the next ``HH:MM[:SS]``; ``ago`` (``goodput --since``) counts
+    back, to the last ``HH:MM``."""
     match = _DURATION.match(text.strip())
     if match:
         ahead = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
@@ -143,10 +134,8 @@ def parse_not_before(
             raise UsageError(f"{flag} {text!r}: not a time of day")
         current = datetime.datetime.fromtimestamp(host_now if host_now is not None else time.time())
         at = current.replace(hour=hour, minute=minute, second=second, microsecond=0)
-        if ago and at > current:
-            at -= datetime.timedelta(days=1)
-        elif not ago and at <= current:
-            at += datetime.timedelta(days=1)
+        if (at > current) if ago else (at <= current):
+            at += datetime.timedelta(days=-1 if ago else 1)
         return at.timestamp()
     try:
         return datetime.datetime.fromisoformat(text.strip()).timestamp()
@@ -167,29 +156,19 @@ def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
                 f"{flag}: unknown reason {', '.join(map(repr, unknown))} "
                 f"(known: {', '.join(sorted(RETRY_NAMES))})"
             )
-    options = {
-        "after": args.after,
-        "gpus": args.gpus,
-        "retry_on": args.retry_on,
-        "no_retry_on": args.no_retry_on,
-    }
-    try:  # before the queue is opened (or created): a refused job changes nothing
+    options = {key: getattr(args, key) for key in ("after", "gpus", "retry_on", "no_retry_on")}
+    with refused():  # before the queue is opened (or created): a refused job changes nothing
         check_plan(**options)
         if args.array is not None:
             parse_array(args.array)
         if args.not_before is not None:
             parse_not_before(args.not_before, time.time)
-    except ValidationError as exc:
-        raise UsageError(str(exc)) from None
     return {**options, "array": args.array}
 
 
 def print_submitted(store: JobStore, job_id: int, array: str | None) -> None:
     """The new job's id, or every id of a new array (the first is the array's)."""
-    if array is None:
-        print(job_id)
-        return
-    for member in store.array_members(job_id):
+    for member in [job_id] if array is None else store.array_members(job_id):
         print(member)
 
 
@@ -201,14 +180,11 @@ def clear_faults(args: argparse.Namespace, store: JobStore) -> int:
         print(
             f"no GPU of {host} is out of service" + (f" among {args.clear_fault}" if wanted else "")
         )
-        return EXIT_OK
+        return exits.EXIT_PASSED
     for fault in cleared:
         what = f"fault of job {fault.job_id}: {fault.detail}"
         print(f"GPU {fault.gpu} of {host} back in service ({what})")
-    return EXIT_OK
-
-
-# --- what the listings show ------------------------------------------------------------------
+    return exits.EXIT_PASSED
 
 
 def job_note(job: Job, plan: Plan | None, jobs_by_id: Mapping[int, Job], now: float) -> str | None:
@@ -220,32 +196,28 @@ def job_note(job: Job, plan: Plan | None, jobs_by_id: Mapping[int, Job], now: fl
     return plan_note(plan, jobs_by_id, now) or None
 
 
+def local_time(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
 def plan_fields(plan: Plan, now: float) -> list[tuple[str, str]]:
     """``job N``'s lines about its plan."""
-    fields = []
-    if plan.array_id is not None:
-        fields.append(("array", f"{plan.array_id} index {plan.array_index}"))
-    if plan.after:
-        fields.append(("after", ids_text(plan.after, ", ")))
-    if plan.not_before is not None:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(plan.not_before))
-        fields.append(("not before", when))
-    if plan.gpus is not None:
-        fields.append(("gpus", str(plan.gpus)))
-    if plan.retry_on:
-        fields.append(("retry on", ",".join(sorted(plan.retry_on))))
-    if plan.no_retry_on:
-        fields.append(("no retry on", ",".join(sorted(plan.no_retry_on))))
-    if plan.infra_failures:
-        fields.append(
-            (
-                "infra retries",
-                f"{plan.infra_failures} of {MAX_INFRASTRUCTURE_RETRIES} (not counted)",
-            )
-        )
-    if plan.retry_at is not None and plan.retry_at > now:
-        fields.append(("retry in", f"{plan.retry_at - now:.0f}s (backoff)"))
-    return fields
+    retry_in = plan.retry_at is not None and plan.retry_at > now
+    fields: list[tuple[str, Any]] = [
+        ("array", plan.array_id is not None and f"{plan.array_id} index {plan.array_index}"),
+        ("after", plan.after and ids_text(plan.after, ", ")),
+        ("not before", plan.not_before is not None and local_time(plan.not_before)),
+        ("gpus", plan.gpus is not None and str(plan.gpus)),
+        ("retry on", ",".join(sorted(plan.retry_on))),
+        ("no retry on", ",".join(sorted(plan.no_retry_on))),
+        (
+            "infra retries",
+            plan.infra_failures
+            and f"{plan.infra_failures} of {MAX_INFRASTRUCTURE_RETRIES} (not counted)",
+        ),
+        ("retry in", retry_in and f"{(plan.retry_at or now) - now:.0f}s (backoff)"),
+    ]
+    return [(key, value) for key, value in fields if value]
 
 
 def attempt_cells(cause: AttemptCause | None) -> list[str]:

@@ -1,12 +1,6 @@
-"""``asyncsoak watch``: the live view of a soak that is already running, from its journal.
-
-The soak may run anywhere on this host: ``asyncsoak run`` in another terminal or under
-``nohup``, an ``sbatch`` job, a queue worker.  The view reads the soak's journal as it grows
-(bounded incremental reads, :class:`~asyncsoak._view._live.JournalTail`) and ends with the
-verdict once the soak finished.  Whether the soak's monitor is still there is told by the lock
-it holds on its journal for as long as it runs (``flock``): a journal nobody holds any more and
-that never said ``finished`` belongs to a monitor that died.
-"""
+"""``asyncsoak watch``: the live view of a soak already running on this host, read from its
+journal as it grows, to its verdict; a journal whose monitor no longer holds its lock
+(``flock``) and that never said ``finished`` belongs to a monitor that died."""
 
 from __future__ import annotations
 
@@ -14,6 +8,7 @@ import argparse
 import contextlib
 import fcntl
 import os
+import signal
 import socket
 import sys
 import time
@@ -22,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._contract import terminal_text
-from . import EXIT_FAILED, EXIT_OK, UsageError
+from .._contract import exits, terminal_text
+from . import UsageError, refused
 from ._flags import seconds_arg
 from ._queue_db import _guarded, _job_id, db_parser
 
@@ -41,8 +36,6 @@ ONCE_READS = 256
 #: Bound on catching up with what the journal holds when ``watch`` attaches (the closed
 #: segments of a long soak, compressed, are decoded whole).
 CATCH_UP_SECONDS = 300.0
-#: Exit status when the watch is interrupted (Ctrl-C), as shells report SIGINT.
-EXIT_INTERRUPTED = 130
 
 
 def register(subparsers: Any) -> None:
@@ -62,7 +55,6 @@ def register(subparsers: Any) -> None:
         "target",
         type=Path,
         nargs="?",
-        default=None,
         metavar="TARGET",
         help="the soak's artifact (soak.json), journal (soak.jsonl) or run directory "
         "(a queue job's run directory: its latest attempt)",
@@ -70,7 +62,6 @@ def register(subparsers: Any) -> None:
     watch.add_argument(
         "--job",
         type=_job_id,
-        default=None,
         metavar="ID",
         help="a queue job's id (its latest attempt), in the queue --db names",
     )
@@ -93,24 +84,20 @@ def register(subparsers: Any) -> None:
 
 
 def watch_command(args: argparse.Namespace) -> int:
-    from .._contract import ValidationError
     from .._supervisor import seconds
 
-    try:
+    with refused():
         interval = seconds("--status-interval", args.status_interval, allow_zero=False)
-    except ValidationError as exc:
-        raise UsageError(str(exc)) from None
     if (args.target is None) == (args.job is None):
         raise UsageError("watch needs one TARGET (an artifact, journal or run directory) or --job")
-    if args.db is not None and args.job is None:
-        raise UsageError("--db goes with --job")
-    if args.wait_for_db is not None and args.job is None:
-        raise UsageError("--wait-for-db goes with --job")
+    for flag, value in (("--db", args.db), ("--wait-for-db", args.wait_for_db)):
+        if value is not None and args.job is None:
+            raise UsageError(f"{flag} goes with --job")
     journal = job_journal(args) if args.job is not None else find_journal(args.target)
     try:
         return anyio.run(_watch, journal, args.once, args.view, interval)
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # as shells report SIGINT
+        return exits.SHELL_SIGNAL_BASE + signal.SIGINT
 
 
 def job_journal(args: argparse.Namespace) -> Path:
@@ -125,10 +112,8 @@ def job_journal(args: argparse.Namespace) -> Path:
     attempt = attempts[-1]
     if attempt.host != socket.gethostname():
         raise UsageError(
-            terminal_text(
-                f"job {job.id} attempt {attempt.attempt} runs on {attempt.host}: "
-                "watch it there (its journal is on that host)"
-            )
+            f"job {job.id} attempt {attempt.attempt} runs on {attempt.host}: "
+            "watch it there (its journal is on that host)"
         )
     return Path(attempt.artifact).with_suffix(".jsonl")
 
@@ -149,16 +134,16 @@ def find_journal(target: Path) -> Path:
             return find_journal(numbered[-1])
         journals = [p for p in target.glob("*.jsonl") if p.is_file() and is_journal(p)]
         if not journals:
-            raise UsageError(terminal_text(f"{target}: no soak journal (*.jsonl) in it"))
+            raise UsageError(f"{target}: no soak journal (*.jsonl) in it")
         # Several soaks wrote there: the one written last is the one running.
         return max(journals, key=lambda p: p.stat().st_mtime)
     journal = target if target.suffix == ".jsonl" else target.with_suffix(".jsonl")
     if not journal.exists():
         if target.exists():
-            raise UsageError(terminal_text(f"{target}: its journal {journal} is not there"))
-        raise UsageError(terminal_text(f"{target}: no such file"))
+            raise UsageError(f"{target}: its journal {journal} is not there")
+        raise UsageError(f"{target}: no such file")
     if not is_journal(journal):
-        raise UsageError(terminal_text(f"{journal}: not a soak journal"))
+        raise UsageError(f"{journal}: not a soak journal")
     return journal
 
 
@@ -189,7 +174,7 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
         )
     except BlockingCallTimeout as exc:
         print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
-        return EXIT_FAILED
+        return exits.EXIT_FAILED
     try:
         if once:
             try:
@@ -198,11 +183,11 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
                 )
             except BlockingCallTimeout as exc:
                 print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
-                return EXIT_FAILED
+                return exits.EXIT_FAILED
             if status is None:
-                raise UsageError(terminal_text(f"{journal}: no soak has started there yet"))
+                raise UsageError(f"{journal}: no soak has started there yet")
             _print_frame(status, mode)
-            return EXIT_OK
+            return exits.EXIT_PASSED
         monitor_gone = False
         async with anyio.create_task_group() as tg:
 
@@ -259,7 +244,7 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
                     ),
                     flush=True,
                 )
-            return EXIT_FAILED
+            return exits.EXIT_FAILED
         return await _verdict(journal, state)
     finally:
         tail.close()
@@ -307,7 +292,7 @@ async def _verdict(journal: Path, state: LiveState) -> int:
     else:
         line, shown = found
     print(terminal_text(f"asyncsoak: {line}"), flush=True)
-    return EXIT_OK if is_pass(shown) else EXIT_FAILED
+    return exits.EXIT_PASSED if is_pass(shown) else exits.EXIT_FAILED
 
 
 def wait_for_monitor(journal: Path) -> None:
