@@ -39,6 +39,10 @@ PASSING_TRAINER = """
 import pathlib, sys, time
 progress = pathlib.Path(sys.argv[1])
 progress.mkdir(exist_ok=True)
+seen = pathlib.Path(sys.argv[2])  # the fake nvidia-smi has printed its first GPU reading
+deadline = time.monotonic() + 30
+while not seen.exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
 for step in range(5):
     (progress / "metrics.jsonl").open("a").write(f"step {step}\\n")
     print(f"step {step}", flush=True)
@@ -170,7 +174,10 @@ def run_args(base: Path, *extra: str) -> list[str]:
 def passing_soak(base: Path) -> Path:
     """A soak that passes, its two GPUs sampled through the fake nvidia-smi; the artifact path."""
     base.mkdir(parents=True, exist_ok=True)
-    fake = install_fake_nvidia_smi(base, mode="load", gpus=2)
+    # The fault file is never written: its ".seen" says the GPUs were read, and the trainer
+    # waits for it (a loaded machine can start the fake after a short trainer has ended).
+    fault = base / "no-fault"
+    fake = install_fake_nvidia_smi(base, mode="load", gpus=2, fault_file=fault)
     args = [a for a in run_args(base) if a != "--no-gpu"]
     result = asyncsoak_cli(
         *args,
@@ -179,6 +186,7 @@ def passing_soak(base: Path) -> Path:
         "--",
         *py(PASSING_TRAINER),
         str(base / "progress"),
+        f"{fault}.seen",
         cwd=base,
     )
     assert result.returncode == 0, result.stderr
