@@ -292,7 +292,9 @@ def replace_rejected(fields: Sequence[str], rejected: str) -> list[str] | None:
     if rejected not in fields or rejected in REQUIRED_FIELDS:
         return None
     fallback = FIELD_FALLBACKS.get(rejected)
-    return [fallback if f == rejected else f for f in fields if f != rejected or fallback]
+    if fallback is None:
+        return [f for f in fields if f != rejected]
+    return [fallback if f == rejected else f for f in fields]
 
 
 def no_devices(result: CommandResult) -> bool:
@@ -356,7 +358,7 @@ def parse_process_line(line: str, fields: Sequence[str]) -> tuple[str | None, Gp
 def parse_remapped_rows_line(line: str) -> dict[str, Any]:
     """One row of ``--query-remapped-rows`` asked with :data:`REMAPPED_ROWS_FIELDS`:
     ``{"bus_id", "uuid", "remapped_rows_correctable", ..., "errors"}``."""
-    spec = {**_GPU_SPEC, "gpu_bus_id": ("bus_id", str), "gpu_uuid": ("uuid", str)}
+    spec: _Spec = {**_GPU_SPEC, "gpu_bus_id": ("bus_id", str), "gpu_uuid": ("uuid", str)}
     _, values, errors = _convert(line, REMAPPED_ROWS_FIELDS, spec, _GPU_ALIASES)
     return {**values, "errors": errors}
 
