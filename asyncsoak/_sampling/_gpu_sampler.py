@@ -17,12 +17,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import Process
 
-from .._contract import (
-    EventSink,
-    events,
-    next_tick,
-    require_positive,
-)
+from .._contract import EventSink, events, next_tick, require_positive
 from .._process import CommandResult, KernelLogFollower, open_command, run_command, stop_process
 from ._gpu_find import find_nvidia_smi
 from ._gpu_health import GpuHealthWatch, VisibleDevices
@@ -145,45 +140,42 @@ async def run_gpu_sampler(
     async with sink:
         require_positive("interval", interval)
         require_positive("call_timeout", call_timeout)
-        sampler = _GpuSampler(
-            sink,
-            interval=interval,
-            tree_pids=tree_pids,
-            call_timeout=call_timeout,
-            limiter=limiter if limiter is not None else anyio.CapacityLimiter(1),
-            health=GpuHealthWatch(VisibleDevices.parse(visible_devices)),
-        )
         # Opened first: an Xid logged while nvidia-smi is first asked is not missed.  On the
         # event loop, as the loops' pipes are read: /dev/kmsg is a character device whose
         # open and non-blocking reads never wait on a disk.
         kernel_log = None if kmsg is None else KernelLogFollower.open(kmsg)
-        sampler.kernel_log = kernel_log
-        sampler.kernel_log_path = kmsg
         try:
-            await sampler.run(nvidia_smi)
+            await _GpuSampler(
+                sink,
+                interval=interval,
+                tree_pids=tree_pids,
+                call_timeout=call_timeout,
+                limiter=limiter if limiter is not None else anyio.CapacityLimiter(1),
+                health=GpuHealthWatch(VisibleDevices.parse(visible_devices)),
+                kernel_log=kernel_log,
+                kernel_log_path=kmsg,
+            ).run(nvidia_smi)
         finally:
             if kernel_log is not None:
                 kernel_log.close()
 
 
 class _GpuSampler(SampleRecorder):
-    # -- the schedule ----------------------------------------------------------------------
-
     async def run(self, nvidia_smi: str) -> None:
-        executable = await self._find(nvidia_smi)
+        executable = await find_nvidia_smi(
+            self._sink, nvidia_smi, call_timeout=self._call_timeout, limiter=self._limiter
+        )
         if executable is None:
             return
         self._executable = executable
         if not await self._first_sample():
             return
         if self.kernel_log is None and self.kernel_log_path is not None:
-            await self._sink.emit(
-                events.WarningEvent(
-                    t=self._sink.elapsed(),
-                    message=f"the kernel log ({self.kernel_log_path}) cannot be read here: "
-                    "GPU Xid errors are not watched (run as root, or with CAP_SYSLOG)",
-                )
+            message = (
+                f"the kernel log ({self.kernel_log_path}) cannot be read here: GPU Xid errors "
+                "are not watched (run as root, or with CAP_SYSLOG)"
             )
+            await self._sink.emit(events.WarningEvent(t=self._sink.elapsed(), message=message))
         await self._read_kernel_log()
         loop_at = anyio.current_time()
         next_call = loop_at + self._interval
@@ -192,11 +184,6 @@ class _GpuSampler(SampleRecorder):
                 loop_at, next_call = await self._loop_until_it_ends()
             else:
                 next_call = await self._sample_by_call_at(next_call)
-
-    async def _find(self, nvidia_smi: str) -> str | None:
-        return await find_nvidia_smi(
-            self._sink, nvidia_smi, call_timeout=self._call_timeout, limiter=self._limiter
-        )
 
     async def _first_sample(self) -> bool:
         """Call until a first sample comes, backing off after each failure; False where
@@ -217,8 +204,7 @@ class _GpuSampler(SampleRecorder):
         now = anyio.current_time()
         self._loop_ends = 1 if now - started >= MAX_LOOP_RETRY else self._loop_ends + 1
         retry = min(
-            MAX_LOOP_RETRY,
-            LOOP_RETRY_INTERVALS * self._interval * 2.0 ** (self._loop_ends - 1),
+            MAX_LOOP_RETRY, LOOP_RETRY_INTERVALS * self._interval * 2 ** (self._loop_ends - 1)
         )
         if not end.hung:
             await self._note(
@@ -238,10 +224,9 @@ class _GpuSampler(SampleRecorder):
         return anyio.current_time() + self._backoff()
 
     def _backoff(self) -> float:
-        ceiling = max(MAX_BACKOFF, self._interval)
-        return min(ceiling, self._interval * 2.0 ** min(self._failures, 16))
-
-    # -- one call per sample -----------------------------------------------------------------
+        return min(
+            max(MAX_BACKOFF, self._interval), self._interval * 2.0 ** min(self._failures, 16)
+        )
 
     async def _sample_by_call(self, first: bool = False) -> bool | None:
         """One sample from one call of each query: True, False (failed), None (no GPU here)."""
@@ -274,7 +259,7 @@ class _GpuSampler(SampleRecorder):
             await self._note(
                 f"nvidia-smi could not list GPU processes: {apps.describe()}", once="apps-call"
             )
-        await self._emit(readings, processes, "call", whole=len(readings) == len(lines))
+        await self._emit(readings, processes, "call", len(readings) == len(lines))
         return True
 
     async def _query(self, query: str) -> CommandResult:
@@ -294,8 +279,6 @@ class _GpuSampler(SampleRecorder):
             fallback = FIELD_FALLBACKS.get(rejected or "")
             instead = f"asking for {fallback!r} instead" if fallback else "it stays null"
             await self._note(f"nvidia-smi does not know the field {rejected!r}; {instead}")
-
-    # -- loops ---------------------------------------------------------------------------------
 
     async def _run_loops(self) -> _LoopEnd:
         """Sample from the two loop processes until one ends or the GPU loop hangs.
@@ -419,9 +402,7 @@ class _GpuSampler(SampleRecorder):
         if not readings:
             await self._failed(f"no GPU reading in nvidia-smi's output: {lines[0].strip()!r}")
             return
-        await self._emit(
-            readings, self._current_processes(), "loop", whole=len(readings) == len(lines)
-        )
+        await self._emit(readings, self._current_processes(), "loop", len(readings) == len(lines))
 
     async def _apps_iteration(self, lines: list[str]) -> None:
         processes = await self._parse_processes(lines)
