@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -52,12 +51,6 @@ NOTE_TIMEOUT_SECONDS = 1.0
 MAX_LINE = 65536
 #: Where the kernel logs Xid errors.
 KMSG = Path("/dev/kmsg")
-
-
-@dataclass(frozen=True, slots=True)
-class _LoopEnd:
-    hung: bool
-    message: str
 
 
 class _LineReader:
@@ -206,12 +199,12 @@ class _GpuSampler(SampleRecorder):
         retry = min(
             MAX_LOOP_RETRY, LOOP_RETRY_INTERVALS * self._interval * 2 ** (self._loop_ends - 1)
         )
-        if not end.hung:
+        if end is not None:
             await self._note(
-                f"{end.message}; one nvidia-smi call per sample until the loop is "
+                f"{end}; one nvidia-smi call per sample until the loop is "
                 f"tried again in {retry:.3g} s"
             )
-        return now + retry, now + (self._backoff() if end.hung else self._interval)
+        return now + retry, now + (self._backoff() if end is None else self._interval)
 
     async def _sample_by_call_at(self, due: float) -> float:
         """One sample by one call of each query at ``due``; when the next one is due."""
@@ -280,12 +273,10 @@ class _GpuSampler(SampleRecorder):
             instead = f"asking for {fallback!r} instead" if fallback else "it stays null"
             await self._note(f"nvidia-smi does not know the field {rejected!r}; {instead}")
 
-    async def _run_loops(self) -> _LoopEnd:
-        """Sample from the two loop processes until one ends or the GPU loop hangs.
-
-        Their output is taken at the soak's ticks (the proc sampler's grid), the process
-        list first, so that each GPU sample carries the freshest one.
-        """
+    async def _run_loops(self) -> str | None:
+        """Sample from the two loop processes until one ends (why: returned) or the GPU loop
+        hangs (None).  Taken at the soak's ticks, the process list first: each GPU sample
+        carries the freshest one."""
         loop_ms = str(max(1, round(self._interval * 1000)))
         readers: list[_LineReader] = []
         try:
@@ -294,7 +285,7 @@ class _GpuSampler(SampleRecorder):
                 try:
                     readers.append(await _open_loop(argv))
                 except OSError as exc:
-                    return _LoopEnd(False, f"could not start nvidia-smi: {exc.strerror or exc}")
+                    return f"could not start nvidia-smi: {exc.strerror or exc}"
             gpu, apps = readers
             heard = anyio.current_time()
             deadline = self._call_timeout  # the first line may take as long as a call
@@ -310,19 +301,19 @@ class _GpuSampler(SampleRecorder):
                 try:
                     got = await self._take_gpus(gpu)
                 except SmiParseError as exc:
-                    return _LoopEnd(False, f"the nvidia-smi GPU loop printed {exc}")
+                    return f"the nvidia-smi GPU loop printed {exc}"
                 now = anyio.current_time()
                 if got:
                     heard = now
                     deadline = self._interval + self._call_timeout
                 elif gpu.ended:
                     status = await gpu.exit_status()
-                    return _LoopEnd(False, f"the nvidia-smi GPU loop ended ({status})")
+                    return f"the nvidia-smi GPU loop ended ({status})"
                 elif now - heard > deadline:
                     await self._failed(
                         f"nvidia-smi printed nothing for {deadline:.3g} s; stopping it"
                     )
-                    return _LoopEnd(True, "hung")
+                    return None
         finally:
             await self._stop_loops(readers)
 
@@ -375,7 +366,7 @@ class _GpuSampler(SampleRecorder):
                 return index <= before
         return False
 
-    async def _take_apps(self, reader: _LineReader) -> _LoopEnd | None:
+    async def _take_apps(self, reader: _LineReader) -> str | None:
         """The process loop's lines since the previous tick; its end, if it ended.
 
         Silence is normal here (no process holds a GPU): no deadline.  nvidia-smi prints an
@@ -385,7 +376,7 @@ class _GpuSampler(SampleRecorder):
         try:
             lines = [line for line in reader.lines() if line.strip()]
         except SmiParseError as exc:
-            return _LoopEnd(False, f"the nvidia-smi process loop printed {exc}")
+            return f"the nvidia-smi process loop printed {exc}"
         for line in lines:
             if reader.group and line_timestamp(line) != line_timestamp(reader.group[0]):
                 reader.group = []
@@ -394,7 +385,7 @@ class _GpuSampler(SampleRecorder):
             await self._apps_iteration(reader.group)
         elif reader.ended:
             status = await reader.exit_status()
-            return _LoopEnd(False, f"the nvidia-smi process loop ended ({status})")
+            return f"the nvidia-smi process loop ended ({status})"
         return None
 
     async def _gpu_iteration(self, lines: list[str]) -> None:
