@@ -109,9 +109,9 @@ class Scanner:
         also: Collection[Path],
         steps: StepReader | None = None,
     ) -> None:
-        self._progress_dir = progress_dir
-        self._ignore = ignore
-        self._also = also
+        self.progress_dir = progress_dir
+        self.ignore = ignore
+        self.also = also
         self.steps = steps
         #: ``time.monotonic()`` when the scan under way started; None when none runs.
         self.running_since: float | None = None
@@ -122,7 +122,7 @@ class Scanner:
         self.running_since = time.monotonic()
         cpu = time.thread_time()
         try:
-            result = scan_progress_dir(self._progress_dir, self._ignore(), self._also)
+            result = scan_progress_dir(self.progress_dir, self.ignore(), self.also)
             if self.steps is not None:
                 # In the same thread hop as the scan.
                 result.steps = self.steps.read(result.files)
