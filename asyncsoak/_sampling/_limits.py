@@ -96,7 +96,7 @@ def memory_cgroup(
         lines = proc_cgroup.read_text().splitlines()
     except OSError:
         return None
-    found = _memory_hierarchy(lines, root)
+    found = _controller_hierarchy(lines, root, "memory")
     if found is None:
         return None
     version, mount, relative = found
@@ -210,11 +210,6 @@ def read_limits(
     return fields, cgroup
 
 
-def _memory_hierarchy(lines: list[str], root: Path) -> tuple[int, Path, str] | None:
-    """(version, mount point, cgroup path) of the memory controller's line, or None."""
-    return _controller_hierarchy(lines, root, "memory")
-
-
 def _controller_hierarchy(
     lines: list[str], root: Path, controller: str
 ) -> tuple[int, Path, str] | None:
@@ -256,15 +251,10 @@ def cgroup_cpu_limit_cores(
     version, mount, relative = found
     hierarchy = _Hierarchy(mount, relative)
     marker = "cpu.max" if version == 2 else "cpu.cfs_quota_us"
-    directory = hierarchy.nearest(relative, marker)
-    tightest: float | None = None
-    while True:
-        cores = _cpu_quota_cores(directory, version)
-        if cores is not None and (tightest is None or cores < tightest):
-            tightest = cores
-        if directory == mount:
-            return tightest
-        directory = directory.parent
+    quotas = (
+        _cpu_quota_cores(d, version) for d in hierarchy.up(hierarchy.nearest(relative, marker))
+    )
+    return min((cores for cores in quotas if cores is not None), default=None)
 
 
 def _cpu_quota_cores(directory: Path, version: int) -> float | None:
@@ -303,18 +293,20 @@ class _Hierarchy:
             directory = directory.parent
         return directory
 
+    def up(self, directory: Path) -> list[Path]:
+        """``directory`` and its parents up to the mount: limits are inherited."""
+        return [directory, *directory.parents[: len(directory.relative_to(self.mount).parts)]]
+
     def tightest(self, directory: Path, file: str, machine_bytes: int | None) -> CgroupLimit | None:
-        """The lowest limit in ``file`` from ``directory`` up to the root: limits are inherited.
-        "max" (v2's "no limit") and a value at or above the machine's memory are no limit."""
-        tightest: CgroupLimit | None = None
-        while True:
-            value = _read_int(directory / file)
-            is_limit = value is not None and (machine_bytes is None or value < machine_bytes)
-            if is_limit and value is not None and (tightest is None or value < tightest.bytes):
-                tightest = CgroupLimit(value, file, self.name(directory))
-            if directory == self.mount:
-                return tightest
-            directory = directory.parent
+        """The lowest limit in ``file`` from ``directory`` up to the root.  "max" (v2's "no
+        limit") and a value at or above the machine's memory are no limit."""
+        limits = [
+            CgroupLimit(value, file, self.name(cgroup))
+            for cgroup in self.up(directory)
+            if (value := _read_int(cgroup / file)) is not None
+            and (machine_bytes is None or value < machine_bytes)
+        ]
+        return min(limits, key=lambda limit: limit.bytes, default=None)
 
 
 def _oom_kill_counter(path: Path) -> int | None:
