@@ -1,11 +1,9 @@
 """The proc sampler: the supervised process tree and the machine, read straight from /proc.
 
-Every ``interval`` the tree is walked afresh from the soak's reaper (or named by its cgroup) and
-measured in the same pass, a handful of system calls per process where psutil would cost
-several times that.  A process is known by its pid and start time, so a reused pid never makes
-a bogus delta; one that vanishes is absent, one we may not read keeps what could be read.
-Which files, and what is kept open or left unread between samples: docs/architecture.md, "The
-proc sampler and the limits".
+The tree is walked afresh at each reading and measured in the same pass.  A process is known by
+its pid and start time, so a reused pid never makes a bogus delta.  Which files, and what is
+kept open or left unread between samples: docs/architecture.md, "The proc sampler and the
+limits".
 """
 
 from __future__ import annotations
@@ -70,11 +68,8 @@ FULL_READ_SECONDS = 10.0
 
 
 class ProcSampler:
-    """Reads the tree below ``root_pid`` and the machine; keeps what CPU deltas need.
-
-    :meth:`read` is blocking (call it in a worker thread) and never runs twice at once: a
-    call made while another is still running returns None at once.
-    """
+    """Reads the tree below ``root_pid`` and the machine (blocking: call :meth:`read` in a
+    thread; a call made while another still runs returns None at once)."""
 
     def __init__(
         self,
@@ -226,12 +221,8 @@ class ProcSampler:
         )
 
     def _read_process(self, pid: int, walk: Walk) -> None:
-        """Add one process to ``walk`` and its children to the walk's stack.
-
-        A process that vanishes while being read is left out.  This runs for every process
-        at every sample, so it is written for speed (benchmarks/proc_sampling.py): one reader
-        per file (:mod:`._procfs`), and what an idle process's files said last time stands.
-        """
+        """Add one process to ``walk`` (left out if it vanishes meanwhile) and its children to
+        the walk's stack.  Written for speed: it runs for every process at every sample."""
         base = f"{self._proc}/{pid}/"
         files: list[int] | None = None
         try:
@@ -308,10 +299,8 @@ class ProcSampler:
     def _same_again(
         self, pid: int, base: str, files: list[int] | None, idle: Kept, walk: Walk
     ) -> bool:
-        """Whether an idle process is added with the previous sample's figures: it slept
-        through that sample too (0 % CPU), was described before it and needs no smaps
-        (``--detailed-memory``).  Everything the figures hold then stands, and rebuilding
-        them is most of a sample's cost in a tree of sleeping workers."""
+        """Whether an idle process that slept through the previous sample too (0 % CPU), was
+        described and needs no smaps is added with that sample's figures, unchanged."""
         figures = idle[7]
         if figures.cpu_percent != 0.0 or figures.cmdline is not None or figures.role is not None:
             return False
@@ -337,13 +326,9 @@ class ProcSampler:
         return open_files.get(pid), kept_before
 
     def _idle_since_last_sample(self, pid: int, files: list[int] | None, walk: Walk) -> Kept | None:
-        """What the previous sample read of ``pid``, if it still stands: one read instead of
-        four.
-
-        A single-threaded process that has not run since then (its schedstat run time, its
-        one thread's, exact to the nanosecond, has not moved) has changed neither its stat
-        nor its children, done no IO and opened no file.  Never on a full read.
-        """
+        """What the previous sample read of ``pid`` if it still stands (never on a full read):
+        a single-threaded process whose schedstat run time has not moved has changed neither
+        its stat nor its children, done no IO and opened no file."""
         if files is None or walk.full:
             return None
         kept = self._ran.get(pid)

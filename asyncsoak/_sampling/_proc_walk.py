@@ -15,11 +15,8 @@ Kept = tuple[bytes, int, list[bytes], int | None, bytes, bytes | None, bytes, Pr
 
 
 class Walk:
-    """What one reading gathers on its way down the tree.
-
-    A plain class: built at every sample, and a dataclass with default factories and an
-    ``InitVar`` costs twice as much to build.
-    """
+    """What one reading gathers on its way down the tree (a plain class: built at every
+    sample, a dataclass costs twice as much to build)."""
 
     __slots__ = (
         "anon_bytes",

@@ -1,11 +1,9 @@
 """Reading procfs: the fewest system calls per file, and files kept open between readings.
 
-``pread(2)`` of an open procfs file makes the kernel build it afresh and ``fstat(2)`` of an open
-``/proc/PID/fd`` directory counts the open files, so with :class:`OpenFiles` a process costs one
-system call per file instead of a path walk, an open, a read and a close: about five times less
-CPU for a tree's files (benchmarks/proc_sampling.py).  An open file keeps the process it was
-opened for, never a later one with the same pid: once that process is gone, reading it fails
-(``ESRCH``), and the caller opens the pid afresh.
+``pread(2)`` of an open procfs file makes the kernel build it afresh, so a kept file costs one
+system call instead of four.  An open file keeps the process it was opened for, never a later
+one with the same pid: once that one is gone, reading fails (``ESRCH``) and the pid is opened
+afresh.
 """
 
 from __future__ import annotations
@@ -36,12 +34,8 @@ FD_DIR_SIZE_IS_COUNT = _fd_dir_size_is_count()
 
 
 def read_proc_file(path: str, *, one_piece: bool = False) -> bytes:
-    """The whole content of a /proc file, with the fewest system calls.
-
-    ``one_piece``: procfs builds the file in one go (``single_open``: stat, io, meminfo...),
-    so a read shorter than the buffer is the end of it.  Other files (``children``) come a
-    page at a time and are read until a read returns nothing.
-    """
+    """The whole content of a /proc file.  ``one_piece``: procfs builds it in one go (stat,
+    io, meminfo...), so a short read is its end; others (``children``) come a page at a time."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         data = os.read(fd, CHUNK)
@@ -79,11 +73,8 @@ CLOSED = -2
 
 
 class OpenFiles:
-    """The tree's ``/proc`` files kept open between samples (see the module docstring).
-
-    Only the reading thread touches it, under the sampler's lock.  Processes past the budget
-    of descriptors are read the plain way, by path.
-    """
+    """The tree's ``/proc`` files kept open between samples, touched only under the sampler's
+    lock.  Processes past the budget of descriptors are read by path."""
 
     def __init__(self, proc: str, budget: int) -> None:
         self._proc = proc
@@ -129,11 +120,8 @@ class OpenFiles:
 
 
 def pread_all(fd: int) -> bytes:
-    """The whole of an open procfs file, read again from its start.
-
-    Like :func:`read_proc_file` without ``one_piece``: a ``children`` file comes a page at a
-    time, so it is read until a read returns nothing (at once for a leaf).
-    """
+    """The whole of an open procfs file, read again from its start until a read returns
+    nothing (a ``children`` file comes a page at a time)."""
     data = os.pread(fd, CHUNK, 0)
     if not data:
         return data
@@ -145,9 +133,8 @@ def pread_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-# One reader per file of a process.  ``base`` is the process's directory with a trailing
-# slash; ``files`` its descriptors kept open (:meth:`OpenFiles.get`), or None to read by path.
-# A process that is gone raises one of VANISHED.
+# Per file of a process: ``base`` is its directory with a trailing slash, ``files`` its kept
+# descriptors or None to read by path.  A process that is gone raises one of VANISHED.
 
 
 def read_stat(base: str, files: list[int] | None) -> bytes:
@@ -190,10 +177,7 @@ def read_io(base: str, files: list[int] | None) -> list[bytes]:
 
 def count_fds(base: str, files: list[int] | None, by_size: bool) -> int | None:
     """The files a process has open; None where its ``fd`` directory may not be read.
-
-    ``by_size``: the size of the directory is the count (see :data:`FD_DIR_SIZE_IS_COUNT`),
-    one ``fstat`` of the kept directory; else the directory is listed.
-    """
+    ``by_size``: the directory's size is the count (:data:`FD_DIR_SIZE_IS_COUNT`)."""
     if files is not None and by_size:
         fd = OpenFiles.open(files, FD_DIR, base + "fd", os.O_DIRECTORY)
         if fd >= 0:
