@@ -92,15 +92,10 @@ def memory_cgroup(
     v2 at ``root`` itself or at ``root/unified`` (a hybrid machine).  A limit at or above
     ``machine_bytes`` is no limit (v1 writes "none" as a huge number, 9223372036854771712).
     """
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    found = _controller_hierarchy(lines, root, "memory")
+    found = _controller_hierarchy(proc_cgroup, root, "memory")
     if found is None:
         return None
-    version, mount, relative = found
-    hierarchy = _Hierarchy(mount, relative)
+    version, hierarchy, relative = found
     # The nearest cgroup that holds the usage and counter files: a v2 group (the soak's own
     # tree group, say) whose parent did not enable the memory controller for it has none.
     directory = hierarchy.nearest(relative, _USAGE_FILE[version])
@@ -211,9 +206,13 @@ def read_limits(
 
 
 def _controller_hierarchy(
-    lines: list[str], root: Path, controller: str
-) -> tuple[int, Path, str] | None:
-    """(version, mount point, cgroup path) of ``controller``'s line, or None."""
+    proc_cgroup: Path, root: Path, controller: str
+) -> tuple[int, _Hierarchy, str] | None:
+    """(version, hierarchy, cgroup path) of ``controller``'s line in ``proc_cgroup``, or None."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
     unified: str | None = None
     for line in lines:
         _, controllers, path = [*line.split(":", 2), "", ""][:3]
@@ -222,12 +221,12 @@ def _controller_hierarchy(
         elif controller in controllers.split(","):
             for name in (controllers, controller):
                 if (root / name / "cgroup.procs").exists():
-                    return 1, root / name, path
+                    return 1, _Hierarchy(root / name, path), path
     if unified is None:
         return None
     for mount in (root, root / "unified"):
         if controller in (_read_text(mount / "cgroup.controllers") or "").split():
-            return 2, mount, unified
+            return 2, _Hierarchy(mount, unified), unified
     return None
 
 
@@ -235,21 +234,12 @@ def cgroup_cpu_limit_cores(
     proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
 ) -> float | None:
     """The tightest CPU quota of the cgroup ``proc_cgroup`` names, in cores (a container's
-    ``resources.limits.cpu``), or None when there is none.
-
-    cgroup v2's ``cpu.max`` ("QUOTA PERIOD", "max" for none); v1's ``cpu.cfs_quota_us`` over
-    ``cpu.cfs_period_us`` (-1 for none).  Quotas are inherited: the lowest from the cgroup up
-    to the hierarchy's root applies.
-    """
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    found = _controller_hierarchy(lines, root, "cpu")
+    ``resources.limits.cpu``), or None: v2's ``cpu.max`` ("max" for none), v1's
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` (-1 for none), inherited."""
+    found = _controller_hierarchy(proc_cgroup, root, "cpu")
     if found is None:
         return None
-    version, mount, relative = found
-    hierarchy = _Hierarchy(mount, relative)
+    version, hierarchy, relative = found
     marker = "cpu.max" if version == 2 else "cpu.cfs_quota_us"
     quotas = (
         _cpu_quota_cores(d, version) for d in hierarchy.up(hierarchy.nearest(relative, marker))

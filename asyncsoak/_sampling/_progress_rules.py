@@ -1,11 +1,6 @@
 """The progress rules: :class:`ProgressTracker` judges startup and staleness over successive
-scans and takes ``now`` as an argument, so tests drive it with any clock.
-
-The time of a change is on the monitor's monotonic clock: when inotify told of it, or, for a
-change a scan finds, its file's mtime if that falls between the scan and the one before (the
-window in which the monitor saw the change happen), else the scan's own time: a wall clock
-that jumps, or a file server's clock that lies, never dates a change outside what the
-monitor saw, nor before it happened.
+scans, on the monitor's clock (``now`` is an argument, so tests drive it with any clock).
+How a change is dated: :func:`changed_at`.
 """
 
 from __future__ import annotations
@@ -31,14 +26,9 @@ def rank_of_path(path: str) -> str | None:
 
 
 class ProgressTracker:
-    """The startup and staleness rules over successive scans.
-
-    ``now`` is seconds since the soak's start.  Before the first change the deadline is
-    ``startup_timeout``; after it, the last change plus the stale limit (``stale_after``, or
-    what ``auto`` learned).  With ``steps`` and ``source`` ``"steps"`` (or ``"auto"`` once a
-    step was read), the changes that count are the step's advances: a frozen step is a stall
-    however the files grow, and startup ends at the first step.
-    """
+    """The startup and staleness rules over successive scans: ``startup_timeout`` until the
+    first change, then the stale limit (``stale_after``, or what ``auto`` learned).  Where the
+    step's advances count (:meth:`stepping`), a frozen step is a stall however files grow."""
 
     def __init__(
         self,
@@ -251,13 +241,8 @@ def latest_change_age(
     tracker: ProgressTracker, root: Path, ignore: Collection[FileKey]
 ) -> float | None:
     """Seconds since the newest change to the files that changed last, by their mtimes, or
-    None: a stat of a few files, run in a thread.
-
-    A look between the scans for the live view, so the time since the last progress it shows is
-    the monitor's when the line is drawn, not up to one scan interval late, at no wake-up of the
-    watchdog's.  Nothing is recorded: the scans alone decide the stall rules.  An mtime in the
-    future says nothing, and neither does any file once the step's advances are the progress
-    that counts.  More: docs/architecture.md, "The flow of a soak" (``progress_age``).
+    None (a stat of a few files: run it in a thread).  The live view's look between scans;
+    nothing is recorded.  More: docs/architecture.md, "The flow of a soak" (``progress_age``).
     """
     if tracker.stepping():
         return None

@@ -36,15 +36,9 @@ CHECKPOINT_STATE = re.compile(r"(?:^|/)checkpoint-(\d+)/trainer_state\.json$")
 
 
 class StepReader:
-    """The step sources below a progress directory, read at each scan.
-
-    ``read(files, ...)`` takes the scan's files (relative path -> state with ``ino``), follows
-    every step source among them (of ``checkpoint-N/trainer_state.json``, the highest N; past
-    :data:`MAX_SOURCES`, the newest, and a warning), forgets those gone, and reads what each
-    wrote since the last read.  ``baseline`` gives the files present at the start, with
-    their sizes: those are read from their newest part, not from the start of an earlier run's
-    history, and what they held then is marked :attr:`StepRecord.before_start`.
-    """
+    """The step sources below a progress directory, read at each scan.  ``baseline``: the
+    files present at the start and their sizes, read from their newest part (what they held
+    then is :attr:`StepRecord.before_start`)."""
 
     def __init__(
         self,
