@@ -226,7 +226,9 @@ class ProcSampler:
         base = f"{self._proc}/{pid}/"
         files: list[int] | None = None
         try:
-            files, kept_before = self._kept_files(pid)
+            open_files = self._open_files
+            kept_before = open_files is not None and pid in open_files.by_pid
+            files = None if open_files is None else open_files.get(pid)
             idle = self._idle_since_last_sample(pid, files, walk)
             if idle is not None and self._same_again(pid, base, files, idle, walk):
                 return
@@ -315,15 +317,6 @@ class ProcSampler:
         walk.shmem[pid] = self._shmem[pid]
         walk.add(figures)
         return True
-
-    def _kept_files(self, pid: int) -> tuple[list[int] | None, bool]:
-        """The files of ``pid`` kept open (None: read it by path), and whether they were
-        open before this sample."""
-        open_files = self._open_files
-        if open_files is None:
-            return None, False
-        kept_before = pid in open_files.by_pid
-        return open_files.get(pid), kept_before
 
     def _idle_since_last_sample(self, pid: int, files: list[int] | None, walk: Walk) -> Kept | None:
         """What the previous sample read of ``pid`` if it still stands (never on a full read):

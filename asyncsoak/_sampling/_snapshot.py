@@ -144,9 +144,6 @@ def _section(build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-# -- source ------------------------------------------------------------------------------------
-
-
 class _Git:
     """``git`` in one repository, configured so that the repository cannot run code."""
 
@@ -261,9 +258,6 @@ def _count_status(porcelain: str) -> tuple[int, int]:
         if code[0] in "RC":
             next(entries, None)  # a rename or copy is followed by its source path
     return changed, untracked
-
-
-# -- software ----------------------------------------------------------------------------------
 
 
 def software_info(
@@ -384,9 +378,6 @@ def _interpreter_info(
     except ValueError:
         return {"executable": interpreter, "error": f"unreadable answer: {result.output[:200]!r}"}
     return info
-
-
-# -- host and environment ----------------------------------------------------------------------
 
 
 def host_info() -> dict[str, Any]:
