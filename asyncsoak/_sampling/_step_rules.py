@@ -68,9 +68,9 @@ class StaleLimit:
         """Start over (the run's progress signal changed from file changes to steps)."""
         self._first: float | None = None
         self._gaps = 0
-        self._longest = 0.0
+        #: The longest gap seen (since the last reset).
+        self.longest = 0.0
         self._buckets: dict[int, float] = {}
-        self._total = 0.0
         #: The limit in force for the gap under way.
         self.limit = self.carried if self.carried is not None else self.startup_limit
         #: The learned limit once the warm-up is over (None before).
@@ -83,10 +83,9 @@ class StaleLimit:
         if gap is None or not 0 < gap < math.inf:
             return
         self._gaps += 1
-        self._longest = max(self._longest, gap)
+        self.longest = max(self.longest, gap)
         index = math.floor(math.log(gap) / math.log(_BUCKET_RATIO))
         self._buckets[index] = self._buckets.get(index, 0.0) + gap
-        self._total += gap
         if self._gaps < AUTO_MIN_GAPS or now - self._first < self.startup_limit:
             return
         learned = min(AUTO_CAP_SECONDS, max(AUTO_FLOOR_SECONDS, AUTO_SAFETY_FACTOR * self.high()))
@@ -94,20 +93,15 @@ class StaleLimit:
             learned = max(learned, self.carried)
         self.learned = self.limit = learned
 
-    @property
-    def longest(self) -> float:
-        """The longest gap seen (since the last reset)."""
-        return self._longest
-
     def high(self) -> float:
         """The gap below which :data:`AUTO_QUANTILE` of the time between advances was spent."""
-        wanted = AUTO_QUANTILE * self._total
+        wanted = AUTO_QUANTILE * sum(self._buckets.values())
         seen = 0.0
         for index in sorted(self._buckets):
             seen += self._buckets[index]
             if seen >= wanted:
-                return min(self._longest, _BUCKET_RATIO ** (index + 1))
-        return self._longest
+                return min(self.longest, _BUCKET_RATIO ** (index + 1))
+        return self.longest
 
 
 @dataclass(slots=True)
@@ -208,11 +202,8 @@ class StepTracker:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             told, self._raised = error in self._raised, self._raised | {error}
-            return StepUpdate(
-                notes=[]
-                if told
-                else [f"the step rules raised {error}: readings they raise on are not judged"]
-            )
+            note = f"the step rules raised {error}: readings they raise on are not judged"
+            return StepUpdate(notes=[] if told else [note])
 
     def _observe(self, reading: StepReading, now: float) -> StepUpdate:
         update = StepUpdate(notes=list(reading.notes), warnings=list(reading.warnings))
