@@ -83,8 +83,7 @@ class ProcSampler:
         members_file: str | None = None,
     ) -> None:
         self.root_pid = root_pid
-        #: The ``cgroup.procs`` of a cgroup that holds the tree (the reaper outside it): one
-        #: read gives every member, instead of a ``children`` file per process.
+        #: The ``cgroup.procs`` of a cgroup holding the tree: every member in one read.
         self.members_file = members_file
         self._members_fd: int | None = None
         self.disk_paths = dict(disk_paths or {})
@@ -96,21 +95,19 @@ class ProcSampler:
         #: Count open files with one stat() of /proc/PID/fd rather than listing it.
         self.counts_fds_by_size = FD_DIR_SIZE_IS_COUNT and proc == PROC
         self._lock = threading.Lock()
-        #: Files kept open between samples; only on the real /proc (a test's fake tree may
-        #: replace its files, and an open file would keep reading the replaced one).
+        #: Files kept open between samples, only on the real /proc (a test's fake tree
+        #: replaces its files).
         self._open_files = OpenFiles(self._proc, descriptor_budget()) if proc == PROC else None
         self._machine = MachineReader(self._proc, keep_open=proc == PROC)
         self._closed = False
         #: pid -> (start time, CPU ticks, when read) at the previous sample.
         self._history: dict[int, tuple[int, int, float]] = {}
-        #: pid -> what was read of each single-threaded process at the previous sample (see
-        #: _read_process).
+        #: pid -> what the previous sample read of each single-threaded process.
         self._ran: dict[int, Kept] = {}
         #: When the last full read (or the first read) began, by ``clock``.
         self._full_at: float | None = None
-        #: pid -> its ``RssShmem`` in bytes, from ``/proc/PID/status``: read when a process
-        #: is first seen and at every full read (FULL_READ_SECONDS), as that file costs five
-        #: times ``statm`` (whose "shared" lumps shared memory in with file pages).
+        #: pid -> its ``RssShmem`` bytes: ``status`` costs five times ``statm``, so it is read
+        #: when a process is first seen and at every full read.
         self._shmem: dict[int, int] = {}
         #: pid -> (start time, name) of the processes whose cmdline has been handed out.
         self._described: dict[int, tuple[int, bytes]] = {}

@@ -137,8 +137,7 @@ class StepTracker:
         self.max_steps: int | None = None
         self.loss: float | None = None
         self.loss_step: int | None = None
-        #: The non-finite loss (or grad_norm) the run failed on (``nan``, ``inf``, ``-inf``):
-        #: its headline loss.
+        #: The non-finite loss (or grad_norm) the run failed on: its headline loss.
         self.nonfinite_loss: str | None = None
         self.steps_per_second: float | None = None
         self.tokens_per_second: float | None = None
@@ -149,8 +148,8 @@ class StepTracker:
         self.diverged = False
         #: Non-finite gradient norms logged (isolated ones: counted, not failed).
         self.nonfinite_grad_norms = 0
-        #: Per source (one for every trainer_state.json: the checkpoints' copies are one
-        #: history), the non-finite gradient norms in a row: (how many, the first's step).
+        #: Per history (all trainer_state.json copies are one): (non-finite norms in a row,
+        #: the first's step).
         self._grad_run: dict[str, tuple[int, int]] = {}
         #: The histories that have logged a finite gradient norm (a streak counts from then).
         self._grad_finite: set[str] = set()
@@ -158,13 +157,12 @@ class StepTracker:
         self._stepped: set[str] = set()
         self._lossy: set[str] = set()
         self._last_by_source: dict[str, int] = {}
-        #: The highest step each source still present reached (since the last resume): the
-        #: run's step is their maximum, and any of them rising is progress.
+        #: The highest step each present source reached since the last resume: the run's
+        #: step is their maximum, and any of them rising is progress.
         self._high_by_source: dict[str, int] = {}
         #: The newest step an earlier run left in each source (where this one resumes from).
         self._before_start: dict[str, int] = {}
-        #: The epoch of each source's newest record, and the sources that count their step
-        #: within each epoch (said once each).
+        #: Each source's newest epoch, and the sources that count their step per epoch.
         self._epoch_by_source: dict[str, float] = {}
         self._per_epoch: set[str] = set()
         #: Sources that went back while another was ahead: their own counter (said once each).
