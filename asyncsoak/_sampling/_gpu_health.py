@@ -1,11 +1,6 @@
 """What a GPU says about its own health, judged: Xid errors, ECC, row remaps, a GPU lost or
-needing a reset, a slow PCIe link.
-
-:class:`GpuHealthWatch` takes every iteration's readings, the lines ``nvidia-smi`` printed
-instead of a row, and the kernel log's Xid records; it returns
-:class:`~asyncsoak._contract.events.GpuFault` events, which fail the run (``gpu_fault``) when
-the fault ``fails`` on a GPU the tree ``used``, and warn otherwise.  How GPUs are identified
-and which count as used: docs/architecture.md.
+needing a reset, a slow PCIe link.  How GPUs are identified and which count as the run's:
+docs/architecture.md, "The GPU sampler and GPU health".
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The GPU sample and its records: readings placed on their GPUs, processes on the tree,
+"""The GPU sample and its records: readings placed on their GPUs, processes on the tree (by pid
+only: a container's ``nvidia-smi`` reports host pids, recorded as not the tree's, never guessed),
 notes said once, degraded and recovered episodes, health faults reported.
-
-Per-process GPU memory is matched to the supervised tree by pid only: inside a container without
-the host PID namespace, ``nvidia-smi`` reports host pids that match nothing here, and those
-processes are recorded as not in the tree, never guessed.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The GPU sampler task: ``nvidia-smi`` through long-lived loop processes, every read bounded.
-
-A first call of each query shows whether there is a GPU at all (if not: a note, not a failure)
-and which fields this ``nvidia-smi`` knows; then one ``-lms`` loop process per query is read
-at the soak's ticks, falling back to one call per sample while the loops keep ending.  A GPU
-loop silent for ``interval + call_timeout`` means ``nvidia-smi`` hangs: the sampler is degraded,
-the loops killed, calls retried with a growing backoff.  Mechanism: docs/architecture.md.
+"""The GPU sampler task: ``nvidia-smi`` through long-lived loop processes, every read bounded,
+one call per sample while the loops keep ending.  Mechanism: docs/architecture.md, "The GPU
+sampler and GPU health".
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Linux inotify through ctypes: the watchdog hears about a write when it happens.
 
-Periodic scans alone would see a change up to a scan interval late, and move the staleness
-deadline late by as much.  The scans stay the authority, so a missing or overflowing inotify
-costs promptness, never correctness.  :meth:`Inotify.read` never blocks; walking and adding
-watches may (a hung mount), so the watchdog runs them in threads, and :meth:`Inotify.close` is
-safe beside them.  How: docs/architecture.md, "The watchdog".
+The scans stay the authority: a missing or overflowing inotify costs promptness, never
+correctness.  :meth:`Inotify.read` never blocks; walking and adding watches may (a hung mount),
+so they run in threads, and :meth:`Inotify.close` is safe beside them.
 """
 
 from __future__ import annotations

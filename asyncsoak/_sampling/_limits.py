@@ -1,10 +1,6 @@
-"""What a run's memory and disks cannot exceed, read once at the start (blocking: use a thread).
-
-The trend rules project a leak onto these: the machine's memory, the limits of the memory
-cgroup the command runs in (a container, a SLURM job or a Kubernetes pod is killed at its
-cgroup's limit long before the machine fills), its OOM-kill counter, and the size of the
-progress and output filesystems.  Which cgroup and which files, on v1, v2 and hybrid machines:
-docs/architecture.md, "The proc sampler and the limits".
+"""What a run's memory and disks cannot exceed, read once at the start (blocking: use a thread):
+the machine's memory, the command's memory cgroup and its OOM-kill counter, the filesystems.
+Which cgroup and which files: docs/architecture.md, "The proc sampler and the limits".
 """
 
 from __future__ import annotations

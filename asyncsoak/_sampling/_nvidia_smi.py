@@ -1,8 +1,5 @@
-"""Talking to ``nvidia-smi`` and reading what it prints.
-
-Queries use ``--format=csv,noheader,nounits``, read by position.  A value nvidia-smi cannot give
-or that does not parse becomes ``None`` and an entry in the reading's ``errors``; only a line
-that is no row at all raises (:class:`SmiParseError`).  Details: docs/architecture.md, "The GPU
+"""Talking to ``nvidia-smi`` and reading what it prints (CSV without units, read by position;
+an odd value is None and an entry in ``errors``).  Details: docs/architecture.md, "The GPU
 sampler and GPU health".
 """
 

@@ -1,8 +1,7 @@
 """The proc sampler: the supervised process tree and the machine, read straight from /proc.
 
-The tree is walked afresh at each reading and measured in the same pass.  A process is known by
-its pid and start time, so a reused pid never makes a bogus delta.  Which files, and what is
-kept open or left unread between samples: docs/architecture.md, "The proc sampler and the
+A process is known by its pid and start time, so a reused pid never makes a bogus delta.  Which
+files, and what is kept open or left unread: docs/architecture.md, "The proc sampler and the
 limits".
 """
 

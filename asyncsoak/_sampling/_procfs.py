@@ -1,9 +1,6 @@
-"""Reading procfs: the fewest system calls per file, and files kept open between readings.
-
-``pread(2)`` of an open procfs file makes the kernel build it afresh, so a kept file costs one
-system call instead of four.  An open file keeps the process it was opened for, never a later
-one with the same pid: once that one is gone, reading fails (``ESRCH``) and the pid is opened
-afresh.
+"""Reading procfs with the fewest system calls, files kept open between readings (a ``pread``
+makes the kernel build the file afresh).  An open file keeps its process, never a later one with
+the same pid: reading it then fails (``ESRCH``) and the pid is opened afresh.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The runtime snapshot: where the code, the GPUs, the software and the environment stood.
 
-Synchronous: the soak runs it in a worker thread before the command starts.  Every external
-command runs under a deadline, and a missing tool or a failed command is recorded in its
-section, never raised.  ``git`` must not run code from the repository under test (fsmonitor,
-filters, external diffs, hooks): every call turns them off.  How: docs/architecture.md, "The
-runtime snapshot".
+Synchronous (the soak runs it in a thread); every external command runs under a deadline, and
+``git`` may not run the repository's code.  How: docs/architecture.md, "The runtime snapshot".
 """
 
 from __future__ import annotations

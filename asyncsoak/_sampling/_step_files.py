@@ -1,10 +1,7 @@
-"""The step files trainers write, each read incrementally and bounded: a growing file from where
-the last read stopped, a replaced or truncated one again from its start (past the step it had
-reached), a line too long skipped, NaN and infinities read as the numbers they are.
-
-The kinds, in order of precedence: the file :func:`asyncsoak.trainer.report` appends to
-(``ASYNCSOAK_STEPS_FILE``), JSON Lines (``*.jsonl``, ``*.ndjson``), Lightning's ``metrics.csv``,
-Hugging Face's ``trainer_state.json``.  The reads run in the watchdog's scan thread.
+"""The step files trainers write, each read incrementally and bounded (a replaced or truncated
+one again from its start, past the step it had reached; NaN and infinities read as such).
+Kinds, by precedence: ``asyncsoak.trainer.report``'s file, JSON Lines, Lightning's
+``metrics.csv``, Hugging Face's ``trainer_state.json``.
 """
 
 from __future__ import annotations

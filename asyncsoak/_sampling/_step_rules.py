@@ -1,10 +1,7 @@
 """The rules over the steps a trainer writes: advance, rate, ETA, loss, and a learned limit.
 
-Pure and clock-free: every call takes ``now`` (seconds since the soak's start), so tests
-drive it with any clock.  :class:`StepTracker` folds what :mod:`._steps` read at a scan;
-:class:`StaleLimit` learns ``--stale-progress auto``'s limit from the run's own gaps, by the
-rule docs/progress.md documents ("A learned stall limit") with the constants here; its
-mechanism is in docs/architecture.md, "The watchdog".
+Clock-free: every call takes ``now``.  The learned limit's rule: docs/progress.md ("A learned
+stall limit"); its mechanism: docs/architecture.md, "The watchdog".
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The step sources below a progress directory, followed and read at each scan.
-
-Which files are step sources (see ``_step_files``), which of them are followed (of
-``checkpoint-N/trainer_state.json`` the highest N's; at most :data:`MAX_SOURCES`, the newest),
-and what each wrote since the last read.  The run's step is the highest step any file of the
-highest kind that has given one reached.
+"""The step sources below a progress directory, followed and read at each scan: of
+``checkpoint-N/trainer_state.json`` the highest N's, at most :data:`MAX_SOURCES` (the newest).
+The run's step is the highest any file of the highest kind that gave one reached.
 """
 
 from __future__ import annotations

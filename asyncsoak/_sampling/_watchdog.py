@@ -1,10 +1,7 @@
 """The watchdog: file growth in the progress directory is the run's sign of life.
 
-A regular file below ``progress_dir`` that is created, grows or whose mtime changes is progress;
-asyncsoak's own files never count.  :func:`run_watchdog` wakes at the next scan or the next
-deadline, and judges on time even when a scan does not come back (fail closed: a monitor that
-cannot see never passes a stall).  A huge tree is scanned whole less often, inotify heard
-between its scans.  When inotify is listened to, and how scans are spaced: docs/architecture.md,
+It wakes at the next scan or deadline and judges on time even when a scan does not come back
+(fail closed).  When inotify is listened to, and how scans are spaced: docs/architecture.md,
 "The watchdog".
 """
 

@@ -1,8 +1,5 @@
-"""Xid errors: the kernel log's ``NVRM: Xid`` lines read, and what each code means.
-
-Codes and what to do come from NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors):
-:data:`XID_CODES` keeps the common ones, with which fail the run by default; an Xid not in the
-table is a warning.
+"""Xid errors: the kernel log's ``NVRM: Xid`` lines read, and what each code means (NVIDIA's
+catalogue, docs.nvidia.com/deploy/xid-errors; a code not in :data:`XID_CODES` is a warning).
 """
 
 from __future__ import annotations
