@@ -64,10 +64,8 @@ def lost_gpu_line(line: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True, slots=True)
 class VisibleDevices:
-    """``CUDA_VISIBLE_DEVICES`` read: the indices and UUID prefixes it names.
-
-    ``everything``: unset, or an entry that cannot be matched to a GPU (every GPU counts).
-    """
+    """``CUDA_VISIBLE_DEVICES`` read: the indices and UUID prefixes it names.  ``everything``:
+    unset, or an entry that cannot be matched to a GPU (every GPU counts)."""
 
     indices: frozenset[int]
     uuids: tuple[str, ...]
@@ -119,10 +117,8 @@ class _Gpu:
 
 
 class GpuHealthWatch:
-    """The health of every GPU of one soak, judged reading after reading.
-
-    Each method returns the new faults, as events stamped ``t``.
-    """
+    """The health of every GPU of one soak, judged reading after reading: each method returns
+    the new faults, as events stamped ``t``."""
 
     def __init__(self, visible: VisibleDevices) -> None:
         self._visible = visible

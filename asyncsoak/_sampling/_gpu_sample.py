@@ -57,11 +57,8 @@ MAX_ANCESTRY = 64
 
 
 class GpuSample(events.Event):
-    """Every GPU and every GPU process of one iteration.
-
-    ``processes`` is None when the process list could not be read this time; ``source`` is
-    ``"loop"`` or ``"call"``.
-    """
+    """Every GPU and every GPU process of one iteration (``processes`` None when the list could
+    not be read); ``source`` is ``"loop"`` or ``"call"``."""
 
     KIND: ClassVar[str] = "gpu_sample"
     DROPPABLE: ClassVar[bool] = True
@@ -127,12 +124,9 @@ def _state(pid: int) -> str | None:
 
 def outside_tree(pid: int, tree: Collection[int], proc: Path = Path("/proc")) -> bool:
     """Whether ``pid`` is proven other work's: found in this PID namespace, with no process of
-    ``tree`` among it and its ancestors (a process the tree started since the tree's pids were
-    read is still the tree's).  A pid not found here (a container's ``nvidia-smi`` reports the
-    host's pids) or an ancestry that cannot be followed proves nothing: False.
-
-    ``/proc/PID/stat`` takes none of the locks that can make ``cmdline`` hang.
-    """
+    ``tree`` among it and its ancestors.  A pid not found here (a container's ``nvidia-smi``
+    reports the host's) or an ancestry that cannot be followed proves nothing: False.  (``stat``
+    takes none of the locks that can make ``cmdline`` hang.)"""
     for _ in range(MAX_ANCESTRY):
         if pid in tree:
             return False

@@ -119,12 +119,11 @@ async def run_gpu_sampler(
 ) -> None:
     """Offer a :class:`GpuSample` every ``interval`` seconds, and each GPU fault, until cancelled.
 
-    ``tree_pids`` (called on the event loop: must not block) gives the tree's current pids;
-    blocking reads go through ``limiter``; ``call_timeout`` bounds every ``nvidia-smi`` call and
-    how late a loop's line may be.  ``visible_devices`` is the command's ``CUDA_VISIBLE_DEVICES``
-    (None: unset); ``kmsg`` the kernel log followed for Xid errors (None: not read).  Returns by
-    itself only when there is no GPU data to be had (a note, not an error).  The sampler owns
-    ``sink`` (give it a clone) and closes it.
+    ``tree_pids`` (called on the event loop: must not block) gives the tree's pids;
+    ``call_timeout`` bounds every ``nvidia-smi`` call and how late a loop's line may be;
+    ``visible_devices`` is the command's ``CUDA_VISIBLE_DEVICES``; ``kmsg`` the kernel log
+    followed for Xid errors (None: not read).  Returns by itself only where there is no GPU
+    data (a note).  The sampler owns ``sink`` (give it a clone) and closes it.
     """
     async with sink:
         require_positive("interval", interval)
@@ -363,12 +362,9 @@ class _GpuSampler(SampleRecorder):
         return False
 
     async def _take_apps(self, reader: _LineReader) -> str | None:
-        """The process loop's lines since the previous tick; its end, if it ended.
-
-        Silence is normal here (no process holds a GPU): no deadline.  nvidia-smi prints an
-        iteration at once, so what has come is taken as whole; a straggler of the same
-        iteration (same timestamp) at the next tick extends it and it is read again.
-        """
+        """The process loop's lines since the previous tick; its end, if it ended.  Silence is
+        normal here (no process holds a GPU): no deadline.  A straggler of an iteration (same
+        timestamp) at the next tick extends it, and it is read again."""
         try:
             lines = [line for line in reader.lines() if line.strip()]
         except SmiParseError as exc:

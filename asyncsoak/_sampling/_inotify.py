@@ -103,11 +103,8 @@ class Inotify:
         return self._add(str(path), str(path), is_dir=False) is not None
 
     def watch_tree(self, root: Path, prefix: str = "") -> list[str]:
-        """Watch ``root`` and its subdirectories (symlinks not followed).
-
-        Returns the keys of the files found below, which may have been written before the
-        watches were in place.
-        """
+        """Watch ``root`` and its subdirectories (symlinks not followed); the keys of the files
+        found below, which may have been written before their watch was in place."""
         found: list[str] = []
         stack = [(str(root), prefix)]
         while stack and not self.full and not self._closing:

@@ -82,12 +82,9 @@ def memory_cgroup(
     *,
     machine_bytes: int | None = None,
 ) -> MemoryCgroup | None:
-    """The memory cgroup named by ``proc_cgroup`` (a ``/proc/PID/cgroup``), or None.
-
-    ``root`` is where cgroup filesystems are mounted: v1 controllers in ``root/<controllers>``,
-    v2 at ``root`` itself or at ``root/unified`` (a hybrid machine).  A limit at or above
-    ``machine_bytes`` is no limit (v1 writes "none" as a huge number, 9223372036854771712).
-    """
+    """The memory cgroup named by ``proc_cgroup`` (a ``/proc/PID/cgroup``), or None.  ``root``:
+    where cgroup filesystems are mounted.  A limit at or above ``machine_bytes`` is no limit (v1
+    writes "none" as a huge number, 9223372036854771712)."""
     found = _controller_hierarchy(proc_cgroup, root, "memory")
     if found is None:
         return None
@@ -123,12 +120,9 @@ def memory_limit(
     cgroup: MemoryCgroup | None,
     environ: Mapping[str, str] = os.environ,
 ) -> tuple[int | None, str | None, str | None]:
-    """The lowest memory limit that applies: (bytes, what it is, the cgroup that sets it).
-
-    What it is reads "machine memory", "cgroup memory.limit_in_bytes", or, with what the
-    cgroup belongs to, "cgroup memory.max (SLURM job 123)", "cgroup memory.high (Kubernetes
-    pod)".
-    """
+    """The lowest memory limit that applies: (bytes, what it is, the cgroup that sets it); what
+    it is reads "machine memory", "cgroup memory.limit_in_bytes" or, with its owner, "cgroup
+    memory.max (SLURM job 123)", "cgroup memory.high (Kubernetes pod)"."""
     candidates: list[tuple[int, str, str | None]] = []
     if machine_bytes is not None:
         candidates.append((machine_bytes, "machine memory", None))
@@ -174,11 +168,8 @@ def read_limits(
     environ: Mapping[str, str] = os.environ,
     root: Path = CGROUP_ROOT,
 ) -> tuple[dict[str, Any], MemoryCgroup | None]:
-    """The ``limits`` event's fields, and the memory cgroup of process ``pid`` (the command).
-
-    The command's cgroup, not the monitor's: the soak may have made one for its tree, and a
-    wrapper may have moved it.  A command already gone is answered for this process instead.
-    """
+    """The ``limits`` event's fields, and the memory cgroup of process ``pid``: the command's,
+    not the monitor's (the soak may have made one for its tree); this process's once it is gone."""
     machine = memory_total_bytes()
     cgroup = None
     if pid is not None:

@@ -139,11 +139,8 @@ class GpuReading:
 
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
-    """One process holding GPU memory, as ``--query-compute-apps`` reports it.
-
-    ``pid`` is the host's: inside a container without the host PID namespace it matches
-    nothing here, so ``in_tree`` is decided by pid only.
-    """
+    """One process holding GPU memory, as ``--query-compute-apps`` reports it (``pid`` is the
+    host's: ``in_tree`` is decided by pid only)."""
 
     pid: int
     name: str | None = None

@@ -55,13 +55,10 @@ async def run_proc_sampler(
     members_file: str | None = None,
     tree_gone: anyio.Event | None = None,
 ) -> None:
-    """Offer a :class:`ProcSample` at each tick of the soak's grid (start + k * interval)
-    until cancelled, or until the tree is gone (``tree_gone`` set, and a read finds it empty).
-
-    A read that outlives ``read_timeout`` degrades the sampler until a read succeeds again;
-    no sample for :func:`blind_limit` seconds posts a ``rule_broken`` (``monitor_error``)
-    once.  The sampler owns ``sink`` (give it a clone) and closes it.
-    """
+    """Offer a :class:`ProcSample` at each tick of the soak's grid until cancelled, or until the
+    tree is gone (``tree_gone`` set, and a read finds it empty).  A read that outlives
+    ``read_timeout`` degrades the sampler; no sample for :func:`blind_limit` seconds posts a
+    ``rule_broken`` (``monitor_error``).  The sampler owns ``sink`` and closes it."""
     async with sink:
         require_positive("interval", interval)
         require_positive("read_timeout", read_timeout)

@@ -132,11 +132,9 @@ class ProgressTracker:
         return sorted(changed)
 
     def stepping(self) -> bool:
-        """Whether the step's advances are the progress that counts (else file changes).
-
-        Under ``auto``, a step from ``trainer_state.json`` alone does not: it moves only at
-        checkpoint saves, and a limit set for file changes would kill the run between two.
-        """
+        """Whether the step's advances are the progress that counts (else file changes).  Under
+        ``auto``, a step from ``trainer_state.json`` alone does not: it moves only at checkpoint
+        saves, and a limit set for file changes would kill the run between two."""
         if self.steps is None or self.source == "files":
             return False
         if self.source == "steps":

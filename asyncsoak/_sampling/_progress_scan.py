@@ -44,12 +44,9 @@ def path_matches(glob: str, path: str) -> bool:
 def scan_progress_dir(
     root: Path, ignore: Collection[FileKey] = (), also: Collection[Path] = ()
 ) -> ScanResult:
-    """Every regular file below ``root`` by relative path, plus the files in ``also``.
-
-    ``ignore`` holds the (device, inode) keys of files that never count and of directories
-    skipped whole.  A directory that cannot be opened or listed to the end (``/proc/1/map_files``
-    below ``--progress-dir /``) is counted in ``errors``, never raised: the scan goes on around it.
-    """
+    """Every regular file below ``root`` by relative path, plus the files in ``also``, less the
+    (device, inode) keys in ``ignore`` (files, and directories skipped whole).  A directory that
+    cannot be listed (``/proc/1/map_files``) is counted in ``errors``: the scan goes on."""
     result = ScanResult(files={})
     for path in also:
         try:

@@ -113,12 +113,9 @@ def collect_snapshot(
     nvidia_smi: str = "nvidia-smi",
     timeout: float = 10.0,
 ) -> dict[str, Any]:
-    """The snapshot of ``root``'s source and of this machine for a run of ``command``.
-
-    ``env`` is the command's environment (default: this process's).  ``timeout`` bounds each
-    external command.  When ``command`` runs another Python interpreter than this one (directly
-    or through a script's ``#!`` line), that interpreter's packages are recorded too.
-    """
+    """The snapshot of ``root``'s source and of this machine for a run of ``command`` in ``env``
+    (default: this process's); ``timeout`` bounds each external command.  Another Python that
+    ``command`` runs (itself or by its ``#!`` line) has its packages recorded too."""
     root = Path(root)
     environ: Mapping[str, str] = os.environ if env is None else env
     return {
@@ -320,11 +317,8 @@ def _platform() -> str:
 
 
 def command_interpreter(command: Sequence[str] | None, environ: Mapping[str, str]) -> str | None:
-    """The Python interpreter ``command`` runs, when it is not this one.
-
-    Either ``command[0]`` itself (``python3 train.py``) or the interpreter named by its
-    ``#!`` line (``torchrun``, ``accelerate`` and other console scripts).
-    """
+    """The Python interpreter ``command`` runs when it is not this one: ``command[0]`` itself,
+    or the one its ``#!`` line names (``torchrun`` and other console scripts)."""
     if not command:
         return None
     path = environ.get("PATH", os.defpath)

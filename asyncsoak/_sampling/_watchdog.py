@@ -61,10 +61,8 @@ async def run_watchdog(
     """Watch until a rule fires (then post it, a ``rule_broken`` event) or the task is cancelled.
 
     Between scans it waits on inotify, so a change is dated when it happens; a scan runs every
-    ``scan_interval`` and at each deadline, and decides whether the deadline was met.  With
-    ``steps`` (and a tracker that holds a :class:`StepTracker`), each scan also reads what the
-    step sources wrote, in the same thread hop.
-    """
+    ``scan_interval`` and at each deadline.  With ``steps``, each scan also reads what the step
+    sources wrote, in the same thread hop."""
     watcher = None
     if use_inotify:
         with contextlib.suppress(OSError):  # no inotify here: the scans alone keep watch

@@ -179,10 +179,8 @@ class MalformedXidError(ValueError):
 
 
 def parse_xid(message: str, kernel_seconds: float = 0.0) -> XidRecord | None:
-    """The Xid a kernel log message reports; None for any other message.
-
-    Raises :class:`MalformedXidError` for a message that names an Xid but cannot be read.
-    """
+    """The Xid a kernel log message reports; None for any other message.  Raises
+    :class:`MalformedXidError` for one that names an Xid but cannot be read."""
     if _XID_MARK not in message:
         return None
     match = _XID_LINE.search(message)
