@@ -5,6 +5,7 @@ the same pid: reading it then fails (``ESRCH``) and the pid is opened afresh.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 from pathlib import Path
@@ -235,33 +236,21 @@ def read_memory_shares(base: str) -> tuple[int, int, int] | None:
 
 
 def describe(base: str, name: bytes, masker: Masker) -> tuple[list[str] | None, Any]:
-    """A process's command line and its part in a distributed run."""
-    cmdline = _read_cmdline(base, masker)
-    return cmdline, _read_role(base, name, cmdline)
-
-
-def _read_cmdline(base: str, masker: Masker) -> list[str] | None:
-    try:
-        data = read_proc_file(base + "cmdline")
-    except PermissionError:
-        return None
-    if not data:
-        return []  # a zombie's, or one that cleared its own
-    # Each argument ends with a NUL; an empty last argument is a NUL of its own.
-    args = data[:-1] if data.endswith(b"\0") else data
-    return masker.argv(arg.decode(errors="replace") for arg in args.split(b"\0"))
-
-
-def _read_role(base: str, name: bytes, cmdline: list[str] | None) -> Any:
-    """A new process's part in a distributed run (see
+    """A new process's command line and its part in a distributed run (see
     :func:`asyncsoak._process._ranks.role`): its rank from a bounded read of its environment,
     once (an environment does not change)."""
+    cmdline: list[str] | None = None
+    with contextlib.suppress(PermissionError):
+        data = read_proc_file(base + "cmdline")  # empty: a zombie's, or one that cleared it
+        # Each argument ends with a NUL; an empty last argument is a NUL of its own.
+        args = data.removesuffix(b"\0").split(b"\0")
+        cmdline = masker.argv(arg.decode(errors="replace") for arg in args) if data else []
     text = name.decode("utf-8", "replace")
     if launcher_of(text, cmdline) is not None:
-        return role(text, cmdline, None)
+        return cmdline, role(text, cmdline, None)
     try:
         rank = parse_rank_environ(read_environ(base + "environ"))
     except OSError:
         # Another user's (EACCES), or gone since its stat was read: no rank to tell.
         rank = None
-    return role(text, cmdline, rank)
+    return cmdline, role(text, cmdline, rank)

@@ -10,7 +10,7 @@ import anyio
 
 from .._contract import BlockingCallTimeout, EventSink, events, run_blocking
 from ._progress_rules import ProgressTracker
-from ._progress_scan import FileKey, ScanResult, path_matches, scan_progress_dir
+from ._progress_scan import FileKey, Scanner, ScanResult, path_matches
 from ._step_files import StepReading
 from ._steps import StepReader
 
@@ -95,14 +95,8 @@ async def final_scan(
     even when it lived less than one scan interval (its last steps too).  Returns the rule
     its last steps broke (a non-finite loss), if any."""
     previous = tracker.last_change
-
-    def scan() -> ScanResult:
-        result = scan_progress_dir(progress_dir, ignore, also)
-        if steps is not None:
-            # A scan of the watchdog's still stuck holds the reader: not waited for long.
-            result.steps = steps.read(result.files, wait=scan_timeout / 2)
-        return result
-
+    # A scan of the watchdog's still stuck holds the step reader: not waited for long.
+    scan = Scanner(progress_dir, lambda: ignore, also, steps, wait=scan_timeout / 2)
     try:
         result = await run_blocking(
             scan,

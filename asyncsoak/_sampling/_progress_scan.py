@@ -105,11 +105,14 @@ class Scanner:
         ignore: Callable[[], Collection[FileKey]],
         also: Collection[Path],
         steps: StepReader | None = None,
+        wait: float = -1,
     ) -> None:
         self.progress_dir = progress_dir
         self.ignore = ignore
         self.also = also
         self.steps = steps
+        #: How long the step reads wait for a read that holds the reader (forever if < 0).
+        self.wait = wait
         #: ``time.monotonic()`` when the scan under way started; None when none runs.
         self.running_since: float | None = None
         #: The CPU time (of its thread) the last scan took.
@@ -122,7 +125,7 @@ class Scanner:
             result = scan_progress_dir(self.progress_dir, self.ignore(), self.also)
             if self.steps is not None:
                 # In the same thread hop as the scan.
-                result.steps = self.steps.read(result.files)
+                result.steps = self.steps.read(result.files, wait=self.wait)
             return result
         finally:
             self.last_cost = time.thread_time() - cpu
