@@ -24,7 +24,7 @@ from .._process import CommandResult, run_command_sync
 
 #: ``platform.python_implementation()``'s names (that module costs the start 2 ms).
 _IMPLEMENTATIONS = {"cpython": "CPython", "pypy": "PyPy", "ironpython": "IronPython"}
-_IMPLEMENTATION = sys.implementation.name
+_IMPLEMENTATION = _IMPLEMENTATIONS.get(sys.implementation.name, sys.implementation.name)
 #: Environment variables recorded by name...
 ENVIRONMENT_NAMES = frozenset(
     {
@@ -260,9 +260,7 @@ def software_info(
     info: dict[str, Any] = {
         "python": {
             "version": sys.version.split()[0],  # platform.python_version()'s text
-            "implementation": _IMPLEMENTATIONS.get(
-                sys.implementation.name, sys.implementation.name
-            ),
+            "implementation": _IMPLEMENTATION,
             "executable": sys.executable,
             "prefix": sys.prefix,
         },
