@@ -15,20 +15,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .._contract import Masker
-from ._machine import MachineReader, read_disks
 from ._proc_sample import ProcessFigures, ProcSample, TreeFigures, percent_of
-from ._proc_walk import Kept, Walk, find_children, scan_parents
 from ._procfs import (
     FD_DIR_SIZE_IS_COUNT,
     PROC,
     SCHEDSTAT,
     VANISHED,
+    Kept,
+    MachineReader,
     OpenFiles,
+    Walk,
     count_fds,
     describe,
     descriptor_budget,
+    find_children,
     pread_all,
     read_children,
+    read_disks,
     read_io,
     read_memory_shares,
     read_run_time,
@@ -36,6 +39,7 @@ from ._procfs import (
     read_stat,
     read_statm,
     run_time,
+    scan_parents,
 )
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
