@@ -19,14 +19,15 @@ import anyio
 
 from .._contract import EXECUTOR, BlockingCallTimeout, EventSink, events, run_blocking
 from ._inotify import Inotify
-from ._progress_report import (
+from ._progress_rules import (
+    ProgressTracker,
     auto_limit,
+    changed_at,
     note_missing_dir,
     report_progress,
     report_steps,
     skipped_message,
 )
-from ._progress_rules import ProgressTracker, changed_at
 from ._progress_scan import FileKey, Scanner, ScanResult, stat_and_read, stat_keys
 from ._steps import StepReader
 
