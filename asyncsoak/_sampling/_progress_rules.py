@@ -108,17 +108,12 @@ class ProgressTracker:
         )
 
     def _count_growth(self, path: str, state: FileState) -> None:
-        grown = self._growth(path, state)
+        old = self._files.get(path)
+        grown = state.size if old is None or old.ino != state.ino else max(0, state.size - old.size)
         self.grown_bytes += grown
         rank = rank_of_path(path)
         if rank is not None:
             self.rank_grown_bytes[rank] = self.rank_grown_bytes.get(rank, 0) + grown
-
-    def _growth(self, path: str, state: FileState) -> int:
-        old = self._files.get(path)
-        if old is None or old.ino != state.ino:
-            return state.size
-        return max(0, state.size - old.size)
 
     def _record(self, changed: list[str], now: float) -> list[str]:
         if changed:

@@ -80,8 +80,10 @@ def scan_progress_dir(
                 name = f"{rel}{entry.name}"
                 try:
                     if entry.is_dir(follow_symlinks=False):
-                        if entry.inode() in ignored_inodes and _key(entry) in ignore:
-                            continue
+                        if entry.inode() in ignored_inodes:
+                            st = entry.stat(follow_symlinks=False)
+                            if (st.st_dev, st.st_ino) in ignore:
+                                continue
                         stack.append((entry.path, name + "/"))
                         continue
                     st = entry.stat(follow_symlinks=False)
@@ -130,11 +132,6 @@ class Scanner:
         finally:
             self.last_cost = time.thread_time() - cpu
             self.running_since = None
-
-
-def _key(entry: os.DirEntry[str]) -> FileKey:
-    st = entry.stat(follow_symlinks=False)
-    return (st.st_dev, st.st_ino)
 
 
 def stat_keys(

@@ -196,7 +196,11 @@ class _WatchLoop:
             await note_missing_dir(self.sink, self.tracker, self.progress_dir, missing=not exists)
         while True:
             wake = min(self.next_scan, self.tracker.deadline())
-            if self.watcher is not None and self._listening():
+            # Not listening to inotify with the next scan near (an interval of a second or
+            # less): what it has is read as the scan comes back, a change dated by its file's
+            # mtime, so a trainer's every write does not wake the monitor.
+            near = self.next_scan - self.sink.elapsed() <= HEARD_WAIT_SECONDS
+            if self.watcher is not None and (self.rescan or not near):
                 with anyio.move_on_after(max(0.0, wake - self.sink.elapsed())):
                     await anyio.wait_readable(self.watcher.fd)
                     broken = await self._hear_inotify()
@@ -219,12 +223,6 @@ class _WatchLoop:
                 return broken
             if self.watcher is not None and not self.root_watched:
                 await self._watch_progress_dir_once_created()
-
-    def _listening(self) -> bool:
-        """Whether to listen to inotify while waiting: not with the next scan near (an
-        interval of a second or less), when what it has is read as the scan comes back and a
-        change is dated by its file's mtime, so a trainer's every write does not wake us."""
-        return self.rescan or self.next_scan - self.sink.elapsed() > HEARD_WAIT_SECONDS
 
     async def _catch_up(self, now: float) -> list[str]:
         """Rescan at ``now`` if inotify lost events; watch the new directories it saw (the
