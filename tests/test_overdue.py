@@ -14,7 +14,7 @@ import pytest
 from asyncsoak import run_soak
 from asyncsoak._contract import events
 from asyncsoak._record import RunState
-from asyncsoak._sampling._progress_report import PATHS_PER_EVENT, named_paths
+from asyncsoak._sampling._progress_rules import PATHS_PER_EVENT, named_paths
 from asyncsoak._supervisor._rules import overdue_failure
 from asyncsoak._view._live_state import LiveState
 

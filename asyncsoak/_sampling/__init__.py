@@ -22,10 +22,10 @@ if TYPE_CHECKING:
     from ._limits import read_limits as read_limits
     from ._nvidia_smi import CLOCK_EVENT_REASONS as CLOCK_EVENT_REASONS
     from ._proc_task import run_proc_sampler as run_proc_sampler
-    from ._progress_report import final_scan as final_scan
-    from ._progress_report import skipped_message as skipped_message
     from ._progress_rules import ProgressTracker as ProgressTracker
+    from ._progress_rules import final_scan as final_scan
     from ._progress_rules import latest_change_age as latest_change_age
+    from ._progress_rules import skipped_message as skipped_message
     from ._progress_scan import ScanResult as ScanResult
     from ._progress_scan import path_matches as path_matches
     from ._progress_scan import scan_progress_dir as scan_progress_dir

@@ -1,18 +1,14 @@
 """What a GPU says about its own health, judged: Xid errors, ECC, row remaps, a GPU lost or
-needing a reset, a slow PCIe link.
-
-The GPU sampler feeds :class:`GpuHealthWatch` every iteration's readings, the lines
-``nvidia-smi`` printed instead of a row, and the kernel log's Xid records; it returns
-:class:`~asyncsoak._contract.events.GpuFault` events, which fail the run (``gpu_fault``) when
-the fault ``fails`` on a GPU the tree ``used``, and warn otherwise.  How GPUs are identified
-and which count as used: docs/architecture.md.
+needing a reset, a slow PCIe link.  How GPUs are identified and which count as the run's:
+docs/architecture.md, "The GPU sampler and GPU health".
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .._contract import GpuFaultKind, events
 from ._nvidia_smi import RESET_FIELDS, RESET_VALUES, GpuReading
@@ -28,6 +24,28 @@ RESET_SAMPLES = 2
 RESET_ACTION = (
     "drain the node and reset the GPU (nvidia-smi -r) or reboot; the kernel log's Xid before "
     "it says why"
+)
+_FLAG_ACTION = (
+    "drain the node and reset the GPU so the memory repair takes effect; have it replaced if "
+    "rows cannot be remapped"
+)
+#: The flags a GPU raises about its memory: the fault, the reading's attribute, what it says.
+_FLAGS = (
+    (
+        GpuFaultKind.REMAPPED_ROWS_PENDING,
+        "remapped_rows_pending",
+        "row remapping pending (remapped_rows.pending)",
+    ),
+    (
+        GpuFaultKind.REMAPPED_ROWS_FAILURE,
+        "remapped_rows_failure",
+        "row remapping failed (remapped_rows.failure)",
+    ),
+    (
+        GpuFaultKind.RETIRED_PAGES_PENDING,
+        "retired_pages_pending",
+        "memory pages pending retirement (retired_pages.pending)",
+    ),
 )
 
 _DEVICE_HANDLE = re.compile(
@@ -46,10 +64,8 @@ def lost_gpu_line(line: str) -> tuple[str, str] | None:
 
 @dataclass(frozen=True, slots=True)
 class VisibleDevices:
-    """``CUDA_VISIBLE_DEVICES`` read: the indices and UUID prefixes it names.
-
-    ``everything``: unset, or an entry that cannot be matched to a GPU (every GPU counts).
-    """
+    """``CUDA_VISIBLE_DEVICES`` read: the indices and UUID prefixes it names.  ``everything``:
+    unset, or an entry that cannot be matched to a GPU (every GPU counts)."""
 
     indices: frozenset[int]
     uuids: tuple[str, ...]
@@ -65,16 +81,13 @@ class VisibleDevices:
         everything = False
         for raw in value.split(","):
             item = raw.strip()
-            if not item:
-                continue
             if item.lstrip("-").isdigit():
-                number = int(item)
-                if number < 0:
+                if int(item) < 0:
                     break  # CUDA stops at the first invalid index
-                indices.add(number)
+                indices.add(int(item))
             elif item.startswith("GPU-"):
                 uuids.append(item)
-            else:
+            elif item:
                 # A MIG instance or a name CUDA may resolve another way: cannot be matched.
                 everything = True
         return cls(frozenset(indices), tuple(uuids), everything=everything, unset=False)
@@ -93,9 +106,8 @@ class _Gpu:
     uuid: str | None
     bus_id: str | None
     ecc_uncorrected: int | None = None
-    remapped_pending: bool | None = None
-    remapped_failure: bool | None = None
-    retired_pending: bool | None = None
+    #: Each of :data:`_FLAGS` by its attribute, once raised (or as first read).
+    flags: dict[str, bool | None] = field(default_factory=dict)
     link_noted: bool = False
     lost: bool = False
     #: Whether its first reading (the baseline) was judged.
@@ -105,10 +117,8 @@ class _Gpu:
 
 
 class GpuHealthWatch:
-    """The health of every GPU of one soak, judged reading after reading.
-
-    Each method returns the new faults, as events stamped ``t``.
-    """
+    """The health of every GPU of one soak, judged reading after reading: each method returns
+    the new faults, as events stamped ``t``."""
 
     def __init__(self, visible: VisibleDevices) -> None:
         self._visible = visible
@@ -118,15 +128,13 @@ class GpuHealthWatch:
         self._by_id: dict[str, _Gpu] = {}
         #: GPUs on which a process of the tree held memory.
         self._tree_gpus: set[int] = set()
-        #: GPUs held by other work only (see the module's docstring): not the run's while
-        #: ``CUDA_VISIBLE_DEVICES`` is unset and the tree is on none.  Kept once seen: the
-        #: fault that ends the other job also takes its process off the list.
+        #: GPUs held by other work only: not the run's while ``CUDA_VISIBLE_DEVICES`` is unset
+        #: and the tree is on none.  Kept once seen: the fault that ends the other job also
+        #: takes its process off the list.
         self._other_gpus: set[int] = set()
         #: The labels listed by the first complete reading: a GPU missing later is lost.
         self._listed: frozenset[int] | None = None
         self._lost_unlisted: set[PciKey] = set()
-
-    # -- who uses what -----------------------------------------------------------------
 
     def tree_on(self, indices: Iterable[int]) -> None:
         self._tree_gpus.update(indices)
@@ -142,26 +150,22 @@ class GpuHealthWatch:
         self._other_gpus.update(indices)
 
     def used(self, index: int | None, uuid: str | None) -> bool:
-        """Whether the tree uses this GPU (see the module's docstring)."""
-        if index is None:
-            return True
-        if index in self._tree_gpus:
+        """Whether the tree uses this GPU."""
+        if index is None or index in self._tree_gpus:
             return True
         if self._visible.unset:
             return not self._tree_gpus and index not in self._other_gpus
         return self._visible.names(index, uuid)
 
     def gpu_of(self, pci: PciKey) -> _Gpu | None:
-        for gpu in self._gpus.values():
-            if gpu.bus_id is not None and pci_key(gpu.bus_id) == pci:
-                return gpu
-        return None
+        return next(
+            (g for g in self._gpus.values() if g.bus_id is not None and pci_key(g.bus_id) == pci),
+            None,
+        )
 
     @property
     def known(self) -> bool:
         return bool(self._gpus)
-
-    # -- identity ----------------------------------------------------------------------
 
     def identify(self, readings: Sequence[GpuReading]) -> list[GpuReading]:
         """``readings`` under their GPUs' labels: a GPU is found by UUID, else by bus id (an
@@ -199,37 +203,29 @@ class GpuHealthWatch:
             return self._by_id[bus_id]
         return None if uuid or bus_id else self._gpus.get(index)
 
-    # -- readings ----------------------------------------------------------------------
-
     def readings(
         self, t: float, readings: Sequence[GpuReading], *, whole: bool = True
     ) -> list[events.GpuFault]:
         """Faults in one iteration's readings: counts that rose, flags set, GPUs missing or
-        needing a reset (see :meth:`identify`, which they go through).
-
-        ``whole``: every row of the iteration was read.  A row that could not be parsed is no
-        GPU missing from the list: then none is judged missing."""
+        needing a reset.  ``whole``: every row of the iteration was read (a row that could
+        not be parsed is no GPU missing from the list: then none is judged missing)."""
         faults: list[events.GpuFault] = []
         readings = self.identify(readings)
         for reading in readings:
             gpu = self._gpus[reading.index]
-            if gpu.seen:
-                faults.extend(self._changes(t, gpu, reading))
-            else:
-                gpu.seen = True
-                faults.extend(self._baseline(t, gpu, reading))
-            faults.extend(self._reset(t, gpu, reading))
-            faults.extend(self._link(t, gpu, reading))
+            faults += (
+                self._changes(t, gpu, reading) if gpu.seen else self._baseline(t, gpu, reading)
+            )
+            gpu.seen = True
+            faults += self._reset(t, gpu, reading) + self._link(t, gpu, reading)
         seen = frozenset(r.index for r in readings)
         if not whole:
             return faults
         if self._listed is None:
             self._listed = seen
-        else:
-            for index in sorted(self._listed - seen):
-                gpu = self._gpus[index]
-                if not gpu.lost:
-                    faults.append(self.lost(t, gpu, "nvidia-smi no longer lists it"))
+        for index in sorted(self._listed - seen):
+            if not self._gpus[index].lost:
+                faults.append(self.lost(t, self._gpus[index], "nvidia-smi no longer lists it"))
         return faults
 
     def all_lost(self, t: float, why: str) -> list[events.GpuFault]:
@@ -240,145 +236,72 @@ class GpuHealthWatch:
         """``nvidia-smi`` printed "Unable to determine the device handle" for ``address``."""
         pci = pci_key(address)
         gpu = None if pci is None else self.gpu_of(pci)
+        said = f"nvidia-smi: Unable to determine the device handle: {why}"
         if gpu is None:
             if pci is None or self._gpus or pci in self._lost_unlisted:
                 return []  # an address that is no GPU of this soak, or said already
             # Lost before nvidia-smi ever listed it: the run cannot be using it (CUDA does not
             # list it either), so it is a warning, whichever GPU it was.
             self._lost_unlisted.add(pci)
-            gpu = _Gpu(-1, None, address)
-            gpu.lost = True
-            return [
-                self._fault(
-                    t,
-                    gpu,
-                    GpuFaultKind.LOST,
-                    f"GPU is lost already at the start (nvidia-smi: Unable to determine the "
-                    f"device handle: {why})",
-                    fails=False,
-                    action=LOST_ACTION,
-                )
-            ]
-        if gpu.lost:
-            return []
-        return [self.lost(t, gpu, f"nvidia-smi: Unable to determine the device handle: {why}")]
+            gpu = _Gpu(-1, None, address, lost=True)
+            what = f"GPU is lost already at the start ({said})"
+            return [self._fault(t, gpu, GpuFaultKind.LOST, what, False, LOST_ACTION)]
+        return [] if gpu.lost else [self.lost(t, gpu, said)]
 
     def lost(self, t: float, gpu: _Gpu, why: str) -> events.GpuFault:
         gpu.lost = True
-        return self._fault(
-            t,
-            gpu,
-            GpuFaultKind.LOST,
-            f"GPU is lost ({why})",
-            fails=True,
-            action=LOST_ACTION,
-        )
+        return self._fault(t, gpu, GpuFaultKind.LOST, f"GPU is lost ({why})", True, LOST_ACTION)
 
     def _baseline(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[events.GpuFault]:
         """The first reading: counts are the baseline; a flag already set is a warning."""
         gpu.ecc_uncorrected = reading.ecc_uncorrected_volatile
-        gpu.remapped_pending = reading.remapped_rows_pending
-        gpu.remapped_failure = reading.remapped_rows_failure
-        gpu.retired_pending = reading.retired_pages_pending
         faults = []
-        for kind, flag, what in self._flags(reading):
-            if flag:
+        for kind, attr, what in _FLAGS:
+            gpu.flags[attr] = getattr(reading, attr)
+            if gpu.flags[attr]:
+                what = f"{what} already at the start of the run"
                 faults.append(
-                    self._fault(
-                        t,
-                        gpu,
-                        kind,
-                        f"{what} already at the start of the run",
-                        fails=False,
-                        action="reset the GPU before the next run",
-                    )
+                    self._fault(t, gpu, kind, what, False, "reset the GPU before the next run")
                 )
         return faults
 
     def _changes(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[events.GpuFault]:
         faults = []
-        ecc = reading.ecc_uncorrected_volatile
+        ecc, before = reading.ecc_uncorrected_volatile, gpu.ecc_uncorrected
         if ecc is not None:
-            before = gpu.ecc_uncorrected
             if before is not None and ecc > before:
-                faults.append(
-                    self._fault(
-                        t,
-                        gpu,
-                        GpuFaultKind.ECC_UNCORRECTED,
-                        f"uncorrectable ECC errors rose from {before} to {ecc} "
-                        "(ecc.errors.uncorrected.volatile.total)",
-                        fails=True,
-                        action="drain the node and reset the GPU; have it replaced if it repeats",
-                    )
+                what = (
+                    f"uncorrectable ECC errors rose from {before} to {ecc} "
+                    "(ecc.errors.uncorrected.volatile.total)"
                 )
+                action = "drain the node and reset the GPU; have it replaced if it repeats"
+                faults.append(self._fault(t, gpu, GpuFaultKind.ECC_UNCORRECTED, what, True, action))
             gpu.ecc_uncorrected = ecc if before is None else max(before, ecc)
-        previous = {
-            GpuFaultKind.REMAPPED_ROWS_PENDING: gpu.remapped_pending,
-            GpuFaultKind.REMAPPED_ROWS_FAILURE: gpu.remapped_failure,
-            GpuFaultKind.RETIRED_PAGES_PENDING: gpu.retired_pending,
-        }
-        for kind, flag, what in self._flags(reading):
-            if flag and not previous[kind]:
+        for kind, attr, what in _FLAGS:
+            flag = getattr(reading, attr)
+            if flag and not gpu.flags[attr]:
                 faults.append(
-                    self._fault(
-                        t,
-                        gpu,
-                        kind,
-                        f"{what} during the run",
-                        fails=True,
-                        action="drain the node and reset the GPU so the memory repair takes "
-                        "effect; have it replaced if rows cannot be remapped",
-                    )
+                    self._fault(t, gpu, kind, f"{what} during the run", True, _FLAG_ACTION)
                 )
-        gpu.remapped_pending = reading.remapped_rows_pending or gpu.remapped_pending
-        gpu.remapped_failure = reading.remapped_rows_failure or gpu.remapped_failure
-        gpu.retired_pending = reading.retired_pages_pending or gpu.retired_pending
+            gpu.flags[attr] = flag or gpu.flags[attr]
         return faults
-
-    @staticmethod
-    def _flags(reading: GpuReading) -> list[tuple[GpuFaultKind, bool | None, str]]:
-        return [
-            (
-                GpuFaultKind.REMAPPED_ROWS_PENDING,
-                reading.remapped_rows_pending,
-                "row remapping pending (remapped_rows.pending)",
-            ),
-            (
-                GpuFaultKind.REMAPPED_ROWS_FAILURE,
-                reading.remapped_rows_failure,
-                "row remapping failed (remapped_rows.failure)",
-            ),
-            (
-                GpuFaultKind.RETIRED_PAGES_PENDING,
-                reading.retired_pages_pending,
-                "memory pages pending retirement (retired_pages.pending)",
-            ),
-        ]
 
     def _reset(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[events.GpuFault]:
         """:data:`RESET_SAMPLES` readings in a row of nothing but :data:`RESET_VALUES`: once
         per episode."""
-        errors = reading.errors
-        if not all(errors.get(name) in RESET_VALUES for name in RESET_FIELDS):
+        values = [reading.errors.get(name) for name in RESET_FIELDS]
+        if not all(value in RESET_VALUES for value in values):
             gpu.unreadable = 0
             return []
-        values = [errors.get(name) for name in RESET_FIELDS]
         gpu.unreadable += 1
         if gpu.unreadable != RESET_SAMPLES:
             return []
         read = " or ".join(sorted({str(v) for v in values}))
-        return [
-            self._fault(
-                t,
-                gpu,
-                GpuFaultKind.RESET_REQUIRED,
-                f"reads {read} for {', '.join(RESET_FIELDS)} in {RESET_SAMPLES} samples in a "
-                "row: it needs a reset",
-                fails=True,
-                action=RESET_ACTION,
-            )
-        ]
+        what = (
+            f"reads {read} for {', '.join(RESET_FIELDS)} in {RESET_SAMPLES} samples in a "
+            "row: it needs a reset"
+        )
+        return [self._fault(t, gpu, GpuFaultKind.RESET_REQUIRED, what, True, RESET_ACTION)]
 
     def _link(self, t: float, gpu: _Gpu, reading: GpuReading) -> list[events.GpuFault]:
         """A PCIe link below its maximum while the GPU works: a warning, once per GPU."""
@@ -386,28 +309,18 @@ class GpuHealthWatch:
         if gpu.link_noted or not busy:
             return []
         below = []
-        for what, current, top in (
-            ("generation", reading.pcie_link_gen_current, reading.pcie_link_gen_max),
-            ("width", reading.pcie_link_width_current, reading.pcie_link_width_max),
+        for what, unit, current, top in (
+            ("generation", "", reading.pcie_link_gen_current, reading.pcie_link_gen_max),
+            ("width", "x", reading.pcie_link_width_current, reading.pcie_link_width_max),
         ):
             if current is not None and top is not None and current < top:
-                shown = f"x{current} of x{top}" if what == "width" else f"{current} of {top}"
-                below.append(f"{what} {shown}")
+                below.append(f"{what} {unit}{current} of {unit}{top}")
         if not below:
             return []
         gpu.link_noted = True
-        return [
-            self._fault(
-                t,
-                gpu,
-                GpuFaultKind.PCIE_LINK,
-                f"PCIe link below its maximum under load: {', '.join(below)}",
-                fails=False,
-                action="reseat the GPU or check its riser and slot; transfers to it are slower",
-            )
-        ]
-
-    # -- the kernel log ----------------------------------------------------------------
+        what = f"PCIe link below its maximum under load: {', '.join(below)}"
+        action = "reseat the GPU or check its riser and slot; transfers to it are slower"
+        return [self._fault(t, gpu, GpuFaultKind.PCIE_LINK, what, False, action)]
 
     def xid(self, t: float, record: XidRecord) -> events.GpuFault | None:
         """The fault of an Xid on a GPU of this soak; None for another machine's address."""
@@ -415,20 +328,20 @@ class GpuHealthWatch:
         if gpu is None:
             return None
         info = xid_info(record.code)
-        detail = f" ({record.detail})" if record.detail else ""
+        what = f"Xid {record.code}: {info.meaning}" + (
+            f" ({record.detail})" if record.detail else ""
+        )
         return self._fault(
             t,
             gpu,
             GpuFaultKind.XID,
-            f"Xid {record.code}: {info.meaning}{detail}",
-            fails=info.fails,
-            action=info.action,
+            what,
+            info.fails,
+            info.action,
             xid=record.code,
             meaning=info.meaning,
             kernel_seconds=record.kernel_seconds,
         )
-
-    # -- events ------------------------------------------------------------------------
 
     def _fault(
         self,
@@ -436,12 +349,9 @@ class GpuHealthWatch:
         gpu: _Gpu,
         kind: GpuFaultKind,
         what: str,
-        *,
         fails: bool,
         action: str,
-        xid: int | None = None,
-        meaning: str | None = None,
-        kernel_seconds: float | None = None,
+        **xid: Any,
     ) -> events.GpuFault:
         index = None if gpu.index < 0 else gpu.index
         name = f"gpu{index}" if index is not None else "a GPU"
@@ -455,10 +365,8 @@ class GpuHealthWatch:
             message=f"{name} ({where}) {what}. Action: {action}",
             fails=fails,
             used=self.used(index, gpu.uuid),
-            xid=xid,
-            meaning=meaning,
             action=action,
-            kernel_seconds=kernel_seconds,
+            **xid,
         )
 
 

@@ -1,9 +1,6 @@
-"""The GPU sample and its records: readings placed on their GPUs, processes on the tree,
+"""The GPU sample and its records: readings placed on their GPUs, processes on the tree (by pid
+only: a container's ``nvidia-smi`` reports host pids, recorded as not the tree's, never guessed),
 notes said once, degraded and recovered episodes, health faults reported.
-
-Per-process GPU memory is matched to the supervised tree by pid only: inside a container without
-the host PID namespace, ``nvidia-smi`` reports host pids that match nothing here, and those
-processes are recorded as not in the tree, never guessed.
 """
 
 from __future__ import annotations
@@ -35,8 +32,6 @@ from ._nvidia_smi import (
 )
 from ._xid import MalformedXidError, parse_xid
 
-#: Called with each GPU fault once it is recorded (the supervisor's verdict on it).
-
 #: Per-GPU series fields (static ones, such as the total memory, stay in the samples).
 SERIES_FIELDS: tuple[str, ...] = (
     "utilization_gpu_percent",
@@ -57,14 +52,13 @@ _ECC_COUNTERS = (
     ("ecc.errors.uncorrected.volatile.total", "ecc_uncorrected_volatile"),
     ("ecc.errors.corrected.volatile.total", "ecc_corrected_volatile"),
 )
+#: How far up its parents :func:`outside_tree` follows a process before giving up.
+MAX_ANCESTRY = 64
 
 
 class GpuSample(events.Event):
-    """Every GPU and every GPU process of one iteration.
-
-    ``processes`` is None when the process list could not be read this time; ``source`` is
-    ``"loop"`` or ``"call"``.
-    """
+    """Every GPU and every GPU process of one iteration (``processes`` None when the list could
+    not be read); ``source`` is ``"loop"`` or ``"call"``."""
 
     KIND: ClassVar[str] = "gpu_sample"
     DROPPABLE: ClassVar[bool] = True
@@ -77,20 +71,15 @@ class GpuSample(events.Event):
         points: dict[str, dict[str, float | None]] = {
             f"gpu{g.index}": {name: getattr(g, name) for name in SERIES_FIELDS} for g in self.gpus
         }
+        names = ("tree_gpu_memory_mib", "tree_gpu_processes", "other_gpu_memory_mib")
         if self.processes is None:
-            points["gpu_tree"] = {
-                "tree_gpu_memory_mib": None,
-                "tree_gpu_processes": None,
-                "other_gpu_memory_mib": None,
-            }
-        else:
-            tree = [p for p in self.processes if p.in_tree]
-            other = [p for p in self.processes if not p.in_tree]
-            points["gpu_tree"] = {
-                "tree_gpu_memory_mib": sum(p.used_gpu_memory_mib or 0.0 for p in tree),
-                "tree_gpu_processes": float(len(tree)),
-                "other_gpu_memory_mib": sum(p.used_gpu_memory_mib or 0.0 for p in other),
-            }
+            points["gpu_tree"] = dict.fromkeys(names)
+            return points
+        tree = [p.used_gpu_memory_mib or 0.0 for p in self.processes if p.in_tree]
+        other = [p.used_gpu_memory_mib or 0.0 for p in self.processes if not p.in_tree]
+        points["gpu_tree"] = dict(
+            zip(names, (sum(tree), float(len(tree)), sum(other)), strict=True)
+        )
         return points
 
     def summary_labels(self) -> events.SummaryLabels:
@@ -110,28 +99,18 @@ class EccWatch:
     def update(self, readings: Sequence[GpuReading]) -> list[tuple[str, dict[str, Any]]]:
         """``(message, data)`` for each counter that rose since the last readings."""
         changes = []
-        for reading in readings:
+        for r in readings:
             for counter, attr in _ECC_COUNTERS:
-                value = getattr(reading, attr)
+                value = getattr(r, attr)
                 if value is None:
                     continue
-                before = self._last.get((reading.index, counter))
-                self._last[(reading.index, counter)] = value
-                if (before is None and value > 0) or (before is not None and value > before):
+                before = self._last.get((r.index, counter))
+                self._last[(r.index, counter)] = value
+                if value > (0 if before is None else before):
                     was = "" if before is None else f" (was {before})"
-                    changes.append(
-                        (
-                            f"gpu{reading.index} {counter} is {value}{was}",
-                            {
-                                "gpu": reading.index,
-                                "uuid": reading.uuid,
-                                "bus_id": reading.bus_id,
-                                "counter": counter,
-                                "before": before,
-                                "after": value,
-                            },
-                        )
-                    )
+                    data = {"gpu": r.index, "uuid": r.uuid, "bus_id": r.bus_id, "counter": counter}
+                    data |= {"before": before, "after": value}
+                    changes.append((f"gpu{r.index} {counter} is {value}{was}", data))
         return changes
 
 
@@ -143,19 +122,11 @@ def _state(pid: int) -> str | None:
         return None
 
 
-#: How far up its parents :func:`outside_tree` follows a process before giving up.
-MAX_ANCESTRY = 64
-
-
 def outside_tree(pid: int, tree: Collection[int], proc: Path = Path("/proc")) -> bool:
     """Whether ``pid`` is proven other work's: found in this PID namespace, with no process of
-    ``tree`` among it and its ancestors (a process the tree started since the tree's pids were
-    read is still the tree's).  A pid not found here (a container's ``nvidia-smi`` reports the
-    host's pids) or an ancestry that cannot be followed proves nothing: False.
-
-    ``/proc/PID/stat`` takes none of the locks that can make ``cmdline`` hang, and this runs
-    only while the tree is on no GPU, once per pid proven another's.
-    """
+    ``tree`` among it and its ancestors.  A pid not found here (a container's ``nvidia-smi``
+    reports the host's) or an ancestry that cannot be followed proves nothing: False.  (``stat``
+    takes none of the locks that can make ``cmdline`` hang.)"""
     for _ in range(MAX_ANCESTRY):
         if pid in tree:
             return False
@@ -181,26 +152,29 @@ class SampleRecorder:
         call_timeout: float,
         limiter: anyio.CapacityLimiter,
         health: GpuHealthWatch,
+        kernel_log: KernelLogFollower | None,
+        kernel_log_path: Path | None,
     ) -> None:
         self._sink = sink
         self._interval = interval
         self._tree_pids = tree_pids
         self._call_timeout = call_timeout
         self._limiter = limiter
+        self._health = health
+        self.kernel_log = kernel_log
+        self.kernel_log_path = kernel_log_path
         self._executable = ""
         self._fields = {GPU_QUERY: list(GPU_SAMPLE_FIELDS), APPS_QUERY: list(APP_FIELDS)}
         self._gpu_lines = 1
-        # The latest complete process list and when it arrived (monotonic).
+        #: The latest complete process list and when it arrived (monotonic).
         self._apps: tuple[float, list[GpuProcess] | None] | None = None
         self._degraded_since: float | None = None
         self._failures = 0
         self._loop_ends = 0
         self._noted: set[str] = set()
         self._ecc = EccWatch()
+        #: Pids proven another's stay so (the tree's own are in the tree's pids first).
         self._other_work_pids: set[int] = set()
-        self._health = health
-        self.kernel_log: KernelLogFollower | None = None
-        self.kernel_log_path: Path | None = None
 
     async def _parse_gpus(self, lines: list[str]) -> list[GpuReading]:
         readings = []
@@ -213,14 +187,11 @@ class SampleRecorder:
 
     async def _parse_processes(self, lines: list[str]) -> list[GpuProcess] | None:
         """The processes of one iteration; None when a line could not be read."""
-        processes = []
-        for line in lines:
-            try:
-                processes.append(parse_process_line(line, self._fields[APPS_QUERY])[1])
-            except SmiParseError as exc:
-                await self._unparsable(exc)
-                return None
-        return processes
+        try:
+            return [parse_process_line(line, self._fields[APPS_QUERY])[1] for line in lines]
+        except SmiParseError as exc:
+            await self._unparsable(exc)
+            return None
 
     async def _unparsable(self, exc: SmiParseError) -> None:
         self._sink.counters.sampler_errors += 1
@@ -231,13 +202,11 @@ class SampleRecorder:
         readings: list[GpuReading],
         processes: list[GpuProcess] | None,
         source: str,
-        *,
         whole: bool,
     ) -> None:
         """One sample; ``whole``: every row of the iteration could be read (a GPU missing
         from it is then missing from nvidia-smi's list, not from what could be parsed).  Each
-        GPU is labelled by its identity (see ``GpuHealthWatch.identify``), each process placed
-        on its GPU by the GPU's UUID or bus id."""
+        process is placed on its GPU by the GPU's UUID or bus id."""
         health = self._health
         readings = health.identify(readings)
         if processes:
@@ -250,17 +219,17 @@ class SampleRecorder:
                 )
                 for p in processes
             ]
-            if tree and self._health.counts_other_work:
-                self._health.others_on(self._other_work_gpus(processes, tree))
+            if tree and health.counts_other_work:
+                health.others_on(self._other_work_gpus(processes, tree))
         await self._recovered()
         await self._note_readings(readings, processes)
-        self._health.tree_on(
+        health.tree_on(
             p.gpu_index for p in processes or () if p.in_tree and p.gpu_index is not None
         )
         t = self._sink.elapsed()
         self._sink.offer(GpuSample(t=t, gpus=readings, processes=processes, source=source))
         try:
-            faults = self._health.readings(t, readings, whole=whole)
+            faults = health.readings(t, readings, whole=whole)
         except Exception as exc:  # a rule's bug: said once, and the GPUs are still sampled
             error = f"{type(exc).__name__}: {exc}"
             await self._note(f"the GPU health rules raised {error}", {"error": error}, once=error)
@@ -268,51 +237,34 @@ class SampleRecorder:
         await self._report(faults)
 
     def _other_work_gpus(self, processes: list[GpuProcess], tree: set[int]) -> set[int]:
-        """The GPUs on which every listed process is proven other work's (see
-        ``_gpu_health``)."""
+        """The GPUs on which every listed process is proven other work's."""
         others: set[int] = set()
         ours_or_unknown: set[int] = set()
-        for process in processes:
-            if process.gpu_index is None:
+        for p in processes:
+            if p.gpu_index is None:
                 continue
-            if not process.in_tree and self._other_work(process.pid, tree):
-                others.add(process.gpu_index)
+            if not p.in_tree and (p.pid in self._other_work_pids or outside_tree(p.pid, tree)):
+                self._other_work_pids.add(p.pid)
+                others.add(p.gpu_index)
             else:
-                ours_or_unknown.add(process.gpu_index)
+                ours_or_unknown.add(p.gpu_index)
         return others - ours_or_unknown
-
-    def _other_work(self, pid: int, tree: set[int]) -> bool:
-        if pid in self._other_work_pids:
-            return True
-        if outside_tree(pid, tree):
-            # Kept: a pid proven another's stays so (the tree's own are in ``tree`` first).
-            self._other_work_pids.add(pid)
-            return True
-        return False
 
     async def _note_readings(
         self, readings: list[GpuReading], processes: list[GpuProcess] | None
     ) -> None:
-        for reading in readings:
-            for name, message in reading.errors.items():
+        for r in readings:
+            for name, message in r.errors.items():
                 if is_error_value(message):
                     self._sink.counters.sampler_errors += 1
                 await self._note(
-                    f"gpu{reading.index} {name}: {message} (recorded as null)",
-                    once=f"value {reading.index} {name} {message}",
+                    f"gpu{r.index} {name}: {message} (recorded as null)",
+                    once=f"value {r.index} {name} {message}",
                 )
-            for reason in reading.clock_event_reasons or ():
-                if needs_attention(reason):
-                    await self._note(
-                        f"gpu{reading.index} clocks held back: {reason}",
-                        {
-                            "gpu": reading.index,
-                            "uuid": reading.uuid,
-                            "bus_id": reading.bus_id,
-                            "reason": reason,
-                        },
-                        once=f"reason {reading.index} {reason}",
-                    )
+            for reason in filter(needs_attention, r.clock_event_reasons or ()):
+                data = {"gpu": r.index, "uuid": r.uuid, "bus_id": r.bus_id, "reason": reason}
+                message = f"gpu{r.index} clocks held back: {reason}"
+                await self._note(message, data, once=f"reason {r.index} {reason}")
         for message, data in self._ecc.update(readings):
             await self._note(message, data)
         outside = sorted({p.pid for p in processes or () if not p.in_tree})
@@ -324,8 +276,6 @@ class SampleRecorder:
                 {"pids": outside},
                 once="outside",
             )
-
-    # -- health --------------------------------------------------------------------------------
 
     async def _without_lost(self, lines: list[str]) -> list[str]:
         """``lines`` less those saying a GPU cannot be reached, each reported as lost."""
@@ -351,7 +301,9 @@ class SampleRecorder:
             if record is None:
                 continue
             fault = self._health.xid(self._sink.elapsed(), record)
-            if fault is None:
+            if fault is not None:
+                await self._report([fault])
+            else:
                 # Said once for all such addresses: a machine's other GPUs (or another
                 # container's) may log many.
                 await self._note(
@@ -359,28 +311,21 @@ class SampleRecorder:
                     "nvidia-smi lists here: ignored (and any others like it)",
                     once="xid elsewhere",
                 )
-                continue
-            await self._report([fault])
 
     async def _report(self, faults: list[events.GpuFault]) -> None:
         """Record each fault: the run's GPU fault rule fails the run or warns."""
         for fault in faults:
             await self._sink.emit(fault)
 
-    # -- records -------------------------------------------------------------------------------
-
     async def _note(
         self, message: str, data: dict[str, Any] | None = None, *, once: str = ""
     ) -> None:
+        if once in self._noted:
+            return
         if once:
-            if once in self._noted:
-                return
             self._noted.add(once)
-        await self._sink.emit(
-            events.SamplerNote(
-                t=self._sink.elapsed(), sampler=SAMPLER, message=message, data=data or {}
-            )
-        )
+        note = events.SamplerNote(self._sink.elapsed(), SAMPLER, message, data or {})
+        await self._sink.emit(note)
 
     async def _abandoned(self, pid: int) -> None:
         try:
@@ -399,19 +344,12 @@ class SampleRecorder:
         self._sink.counters.sampler_errors += 1
         if self._degraded_since is None:
             self._degraded_since = anyio.current_time()
-            await self._sink.emit(
-                events.SamplerDegraded(t=self._sink.elapsed(), sampler=SAMPLER, message=message)
-            )
+            await self._sink.emit(events.SamplerDegraded(self._sink.elapsed(), SAMPLER, message))
 
     async def _recovered(self) -> None:
         self._failures = 0
         if self._degraded_since is not None:
             gap = anyio.current_time() - self._degraded_since
             self._degraded_since = None
-            await self._sink.emit(
-                events.SamplerRecovered(
-                    t=self._sink.elapsed(),
-                    sampler=SAMPLER,
-                    message=f"nvidia-smi answers again after {gap:.1f} s",
-                )
-            )
+            message = f"nvidia-smi answers again after {gap:.1f} s"
+            await self._sink.emit(events.SamplerRecovered(self._sink.elapsed(), SAMPLER, message))

@@ -1,28 +1,18 @@
-"""The GPU sampler task: ``nvidia-smi`` through long-lived loop processes, every read bounded.
-
-A first call of each query shows whether there is a GPU at all (if not: a note, not a failure)
-and which fields this ``nvidia-smi`` knows; then one ``-lms`` loop process per query is read
-at the soak's ticks, falling back to one call per sample while the loops keep ending.  A GPU
-loop silent for ``interval + call_timeout`` means ``nvidia-smi`` hangs: the sampler is degraded,
-the loops killed, calls retried with a growing backoff.  Mechanism: docs/architecture.md.
+"""The GPU sampler task: ``nvidia-smi`` through long-lived loop processes, every read bounded,
+one call per sample while the loops keep ending.  Mechanism: docs/architecture.md, "The GPU
+sampler and GPU health".
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 from anyio.abc import Process
 
-from .._contract import (
-    EventSink,
-    events,
-    next_tick,
-    require_positive,
-)
+from .._contract import EventSink, events, next_tick, require_positive
 from .._process import CommandResult, KernelLogFollower, open_command, run_command, stop_process
 from ._gpu_find import find_nvidia_smi
 from ._gpu_health import GpuHealthWatch, VisibleDevices
@@ -57,12 +47,6 @@ NOTE_TIMEOUT_SECONDS = 1.0
 MAX_LINE = 65536
 #: Where the kernel logs Xid errors.
 KMSG = Path("/dev/kmsg")
-
-
-@dataclass(frozen=True, slots=True)
-class _LoopEnd:
-    hung: bool
-    message: str
 
 
 class _LineReader:
@@ -135,55 +119,51 @@ async def run_gpu_sampler(
 ) -> None:
     """Offer a :class:`GpuSample` every ``interval`` seconds, and each GPU fault, until cancelled.
 
-    ``tree_pids`` (called on the event loop: must not block) gives the tree's current pids;
-    blocking reads go through ``limiter``; ``call_timeout`` bounds every ``nvidia-smi`` call and
-    how late a loop's line may be.  ``visible_devices`` is the command's ``CUDA_VISIBLE_DEVICES``
-    (None: unset); ``kmsg`` the kernel log followed for Xid errors (None: not read).  Returns by
-    itself only when there is no GPU data to be had (a note, not an error).  The sampler owns
-    ``sink`` (give it a clone) and closes it.
+    ``tree_pids`` (called on the event loop: must not block) gives the tree's pids;
+    ``call_timeout`` bounds every ``nvidia-smi`` call and how late a loop's line may be;
+    ``visible_devices`` is the command's ``CUDA_VISIBLE_DEVICES``; ``kmsg`` the kernel log
+    followed for Xid errors (None: not read).  Returns by itself only where there is no GPU
+    data (a note).  The sampler owns ``sink`` (give it a clone) and closes it.
     """
     async with sink:
         require_positive("interval", interval)
         require_positive("call_timeout", call_timeout)
-        sampler = _GpuSampler(
-            sink,
-            interval=interval,
-            tree_pids=tree_pids,
-            call_timeout=call_timeout,
-            limiter=limiter if limiter is not None else anyio.CapacityLimiter(1),
-            health=GpuHealthWatch(VisibleDevices.parse(visible_devices)),
-        )
         # Opened first: an Xid logged while nvidia-smi is first asked is not missed.  On the
         # event loop, as the loops' pipes are read: /dev/kmsg is a character device whose
         # open and non-blocking reads never wait on a disk.
         kernel_log = None if kmsg is None else KernelLogFollower.open(kmsg)
-        sampler.kernel_log = kernel_log
-        sampler.kernel_log_path = kmsg
         try:
-            await sampler.run(nvidia_smi)
+            await _GpuSampler(
+                sink,
+                interval=interval,
+                tree_pids=tree_pids,
+                call_timeout=call_timeout,
+                limiter=limiter if limiter is not None else anyio.CapacityLimiter(1),
+                health=GpuHealthWatch(VisibleDevices.parse(visible_devices)),
+                kernel_log=kernel_log,
+                kernel_log_path=kmsg,
+            ).run(nvidia_smi)
         finally:
             if kernel_log is not None:
                 kernel_log.close()
 
 
 class _GpuSampler(SampleRecorder):
-    # -- the schedule ----------------------------------------------------------------------
-
     async def run(self, nvidia_smi: str) -> None:
-        executable = await self._find(nvidia_smi)
+        executable = await find_nvidia_smi(
+            self._sink, nvidia_smi, call_timeout=self._call_timeout, limiter=self._limiter
+        )
         if executable is None:
             return
         self._executable = executable
         if not await self._first_sample():
             return
         if self.kernel_log is None and self.kernel_log_path is not None:
-            await self._sink.emit(
-                events.WarningEvent(
-                    t=self._sink.elapsed(),
-                    message=f"the kernel log ({self.kernel_log_path}) cannot be read here: "
-                    "GPU Xid errors are not watched (run as root, or with CAP_SYSLOG)",
-                )
+            message = (
+                f"the kernel log ({self.kernel_log_path}) cannot be read here: GPU Xid errors "
+                "are not watched (run as root, or with CAP_SYSLOG)"
             )
+            await self._sink.emit(events.WarningEvent(t=self._sink.elapsed(), message=message))
         await self._read_kernel_log()
         loop_at = anyio.current_time()
         next_call = loop_at + self._interval
@@ -192,11 +172,6 @@ class _GpuSampler(SampleRecorder):
                 loop_at, next_call = await self._loop_until_it_ends()
             else:
                 next_call = await self._sample_by_call_at(next_call)
-
-    async def _find(self, nvidia_smi: str) -> str | None:
-        return await find_nvidia_smi(
-            self._sink, nvidia_smi, call_timeout=self._call_timeout, limiter=self._limiter
-        )
 
     async def _first_sample(self) -> bool:
         """Call until a first sample comes, backing off after each failure; False where
@@ -217,15 +192,14 @@ class _GpuSampler(SampleRecorder):
         now = anyio.current_time()
         self._loop_ends = 1 if now - started >= MAX_LOOP_RETRY else self._loop_ends + 1
         retry = min(
-            MAX_LOOP_RETRY,
-            LOOP_RETRY_INTERVALS * self._interval * 2.0 ** (self._loop_ends - 1),
+            MAX_LOOP_RETRY, LOOP_RETRY_INTERVALS * self._interval * 2 ** (self._loop_ends - 1)
         )
-        if not end.hung:
+        if end is not None:
             await self._note(
-                f"{end.message}; one nvidia-smi call per sample until the loop is "
+                f"{end}; one nvidia-smi call per sample until the loop is "
                 f"tried again in {retry:.3g} s"
             )
-        return now + retry, now + (self._backoff() if end.hung else self._interval)
+        return now + retry, now + (self._backoff() if end is None else self._interval)
 
     async def _sample_by_call_at(self, due: float) -> float:
         """One sample by one call of each query at ``due``; when the next one is due."""
@@ -238,10 +212,9 @@ class _GpuSampler(SampleRecorder):
         return anyio.current_time() + self._backoff()
 
     def _backoff(self) -> float:
-        ceiling = max(MAX_BACKOFF, self._interval)
-        return min(ceiling, self._interval * 2.0 ** min(self._failures, 16))
-
-    # -- one call per sample -----------------------------------------------------------------
+        return min(
+            max(MAX_BACKOFF, self._interval), self._interval * 2.0 ** min(self._failures, 16)
+        )
 
     async def _sample_by_call(self, first: bool = False) -> bool | None:
         """One sample from one call of each query: True, False (failed), None (no GPU here)."""
@@ -274,7 +247,7 @@ class _GpuSampler(SampleRecorder):
             await self._note(
                 f"nvidia-smi could not list GPU processes: {apps.describe()}", once="apps-call"
             )
-        await self._emit(readings, processes, "call", whole=len(readings) == len(lines))
+        await self._emit(readings, processes, "call", len(readings) == len(lines))
         return True
 
     async def _query(self, query: str) -> CommandResult:
@@ -295,14 +268,10 @@ class _GpuSampler(SampleRecorder):
             instead = f"asking for {fallback!r} instead" if fallback else "it stays null"
             await self._note(f"nvidia-smi does not know the field {rejected!r}; {instead}")
 
-    # -- loops ---------------------------------------------------------------------------------
-
-    async def _run_loops(self) -> _LoopEnd:
-        """Sample from the two loop processes until one ends or the GPU loop hangs.
-
-        Their output is taken at the soak's ticks (the proc sampler's grid), the process
-        list first, so that each GPU sample carries the freshest one.
-        """
+    async def _run_loops(self) -> str | None:
+        """Sample from the two loop processes until one ends (why: returned) or the GPU loop
+        hangs (None).  Taken at the soak's ticks, the process list first: each GPU sample
+        carries the freshest one."""
         loop_ms = str(max(1, round(self._interval * 1000)))
         readers: list[_LineReader] = []
         try:
@@ -311,7 +280,7 @@ class _GpuSampler(SampleRecorder):
                 try:
                     readers.append(await _open_loop(argv))
                 except OSError as exc:
-                    return _LoopEnd(False, f"could not start nvidia-smi: {exc.strerror or exc}")
+                    return f"could not start nvidia-smi: {exc.strerror or exc}"
             gpu, apps = readers
             heard = anyio.current_time()
             deadline = self._call_timeout  # the first line may take as long as a call
@@ -327,19 +296,19 @@ class _GpuSampler(SampleRecorder):
                 try:
                     got = await self._take_gpus(gpu)
                 except SmiParseError as exc:
-                    return _LoopEnd(False, f"the nvidia-smi GPU loop printed {exc}")
+                    return f"the nvidia-smi GPU loop printed {exc}"
                 now = anyio.current_time()
                 if got:
                     heard = now
                     deadline = self._interval + self._call_timeout
                 elif gpu.ended:
                     status = await gpu.exit_status()
-                    return _LoopEnd(False, f"the nvidia-smi GPU loop ended ({status})")
+                    return f"the nvidia-smi GPU loop ended ({status})"
                 elif now - heard > deadline:
                     await self._failed(
                         f"nvidia-smi printed nothing for {deadline:.3g} s; stopping it"
                     )
-                    return _LoopEnd(True, "hung")
+                    return None
         finally:
             await self._stop_loops(readers)
 
@@ -392,17 +361,14 @@ class _GpuSampler(SampleRecorder):
                 return index <= before
         return False
 
-    async def _take_apps(self, reader: _LineReader) -> _LoopEnd | None:
-        """The process loop's lines since the previous tick; its end, if it ended.
-
-        Silence is normal here (no process holds a GPU): no deadline.  nvidia-smi prints an
-        iteration at once, so what has come is taken as whole; a straggler of the same
-        iteration (same timestamp) at the next tick extends it and it is read again.
-        """
+    async def _take_apps(self, reader: _LineReader) -> str | None:
+        """The process loop's lines since the previous tick; its end, if it ended.  Silence is
+        normal here (no process holds a GPU): no deadline.  A straggler of an iteration (same
+        timestamp) at the next tick extends it, and it is read again."""
         try:
             lines = [line for line in reader.lines() if line.strip()]
         except SmiParseError as exc:
-            return _LoopEnd(False, f"the nvidia-smi process loop printed {exc}")
+            return f"the nvidia-smi process loop printed {exc}"
         for line in lines:
             if reader.group and line_timestamp(line) != line_timestamp(reader.group[0]):
                 reader.group = []
@@ -411,7 +377,7 @@ class _GpuSampler(SampleRecorder):
             await self._apps_iteration(reader.group)
         elif reader.ended:
             status = await reader.exit_status()
-            return _LoopEnd(False, f"the nvidia-smi process loop ended ({status})")
+            return f"the nvidia-smi process loop ended ({status})"
         return None
 
     async def _gpu_iteration(self, lines: list[str]) -> None:
@@ -419,9 +385,7 @@ class _GpuSampler(SampleRecorder):
         if not readings:
             await self._failed(f"no GPU reading in nvidia-smi's output: {lines[0].strip()!r}")
             return
-        await self._emit(
-            readings, self._current_processes(), "loop", whole=len(readings) == len(lines)
-        )
+        await self._emit(readings, self._current_processes(), "loop", len(readings) == len(lines))
 
     async def _apps_iteration(self, lines: list[str]) -> None:
         processes = await self._parse_processes(lines)

@@ -1,10 +1,8 @@
 """Linux inotify through ctypes: the watchdog hears about a write when it happens.
 
-Periodic scans alone would see a change up to a scan interval late, and move the staleness
-deadline late by as much.  The scans stay the authority, so a missing or overflowing inotify
-costs promptness, never correctness.  :meth:`Inotify.read` never blocks; walking and adding
-watches may (a hung mount), so the watchdog runs them in threads, and :meth:`Inotify.close` is
-safe beside them.  How: docs/architecture.md, "The watchdog".
+The scans stay the authority: a missing or overflowing inotify costs promptness, never
+correctness.  :meth:`Inotify.read` never blocks; walking and adding watches may (a hung mount),
+so they run in threads, and :meth:`Inotify.close` is safe beside them.
 """
 
 from __future__ import annotations
@@ -15,8 +13,6 @@ import struct
 import threading
 from pathlib import Path
 
-_IN_NONBLOCK = os.O_NONBLOCK
-_IN_CLOEXEC = os.O_CLOEXEC
 IN_MODIFY = 0x002
 IN_ATTRIB = 0x004
 IN_CLOSE_WRITE = 0x008
@@ -38,7 +34,7 @@ class Inotify:
     """Watches a directory tree (and single files) for writes, creations and touches."""
 
     def __init__(self) -> None:
-        fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
@@ -105,11 +101,8 @@ class Inotify:
         return self._add(str(path), str(path), is_dir=False) is not None
 
     def watch_tree(self, root: Path, prefix: str = "") -> list[str]:
-        """Watch ``root`` and its subdirectories (symlinks not followed).
-
-        Returns the keys of the files found below, which may have been written before the
-        watches were in place.
-        """
+        """Watch ``root`` and its subdirectories (symlinks not followed); the keys of the files
+        found below, which may have been written before their watch was in place."""
         found: list[str] = []
         stack = [(str(root), prefix)]
         while stack and not self.full and not self._closing:

@@ -1,10 +1,6 @@
-"""What a run's memory and disks cannot exceed, read once at the start (blocking: use a thread).
-
-The trend rules project a leak onto these: the machine's memory, the limits of the memory
-cgroup the command runs in (a container, a SLURM job or a Kubernetes pod is killed at its
-cgroup's limit long before the machine fills), its OOM-kill counter, and the size of the
-progress and output filesystems.  Which cgroup and which files, on v1, v2 and hybrid machines:
-docs/architecture.md, "The proc sampler and the limits".
+"""What a run's memory and disks cannot exceed, read once at the start (blocking: use a thread):
+the machine's memory, the command's memory cgroup and its OOM-kill counter, the filesystems.
+Which cgroup and which files: docs/architecture.md, "The proc sampler and the limits".
 """
 
 from __future__ import annotations
@@ -86,21 +82,13 @@ def memory_cgroup(
     *,
     machine_bytes: int | None = None,
 ) -> MemoryCgroup | None:
-    """The memory cgroup named by ``proc_cgroup`` (a ``/proc/PID/cgroup``), or None.
-
-    ``root`` is where cgroup filesystems are mounted: v1 controllers in ``root/<controllers>``,
-    v2 at ``root`` itself or at ``root/unified`` (a hybrid machine).  A limit at or above
-    ``machine_bytes`` is no limit (v1 writes "none" as a huge number, 9223372036854771712).
-    """
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    found = _memory_hierarchy(lines, root)
+    """The memory cgroup named by ``proc_cgroup`` (a ``/proc/PID/cgroup``), or None.  ``root``:
+    where cgroup filesystems are mounted.  A limit at or above ``machine_bytes`` is no limit (v1
+    writes "none" as a huge number, 9223372036854771712)."""
+    found = _controller_hierarchy(proc_cgroup, root, "memory")
     if found is None:
         return None
-    version, mount, relative = found
-    hierarchy = _Hierarchy(mount, relative)
+    version, hierarchy, relative = found
     # The nearest cgroup that holds the usage and counter files: a v2 group (the soak's own
     # tree group, say) whose parent did not enable the memory controller for it has none.
     directory = hierarchy.nearest(relative, _USAGE_FILE[version])
@@ -132,12 +120,9 @@ def memory_limit(
     cgroup: MemoryCgroup | None,
     environ: Mapping[str, str] = os.environ,
 ) -> tuple[int | None, str | None, str | None]:
-    """The lowest memory limit that applies: (bytes, what it is, the cgroup that sets it).
-
-    What it is reads "machine memory", "cgroup memory.limit_in_bytes", or, with what the
-    cgroup belongs to, "cgroup memory.max (SLURM job 123)", "cgroup memory.high (Kubernetes
-    pod)".
-    """
+    """The lowest memory limit that applies: (bytes, what it is, the cgroup that sets it); what
+    it is reads "machine memory", "cgroup memory.limit_in_bytes" or, with its owner, "cgroup
+    memory.max (SLURM job 123)", "cgroup memory.high (Kubernetes pod)"."""
     candidates: list[tuple[int, str, str | None]] = []
     if machine_bytes is not None:
         candidates.append((machine_bytes, "machine memory", None))
@@ -183,11 +168,8 @@ def read_limits(
     environ: Mapping[str, str] = os.environ,
     root: Path = CGROUP_ROOT,
 ) -> tuple[dict[str, Any], MemoryCgroup | None]:
-    """The ``limits`` event's fields, and the memory cgroup of process ``pid`` (the command).
-
-    The command's cgroup, not the monitor's: the soak may have made one for its tree, and a
-    wrapper may have moved it.  A command already gone is answered for this process instead.
-    """
+    """The ``limits`` event's fields, and the memory cgroup of process ``pid``: the command's,
+    not the monitor's (the soak may have made one for its tree); this process's once it is gone."""
     machine = memory_total_bytes()
     cgroup = None
     if pid is not None:
@@ -210,15 +192,14 @@ def read_limits(
     return fields, cgroup
 
 
-def _memory_hierarchy(lines: list[str], root: Path) -> tuple[int, Path, str] | None:
-    """(version, mount point, cgroup path) of the memory controller's line, or None."""
-    return _controller_hierarchy(lines, root, "memory")
-
-
 def _controller_hierarchy(
-    lines: list[str], root: Path, controller: str
-) -> tuple[int, Path, str] | None:
-    """(version, mount point, cgroup path) of ``controller``'s line, or None."""
+    proc_cgroup: Path, root: Path, controller: str
+) -> tuple[int, _Hierarchy, str] | None:
+    """(version, hierarchy, cgroup path) of ``controller``'s line in ``proc_cgroup``, or None."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
     unified: str | None = None
     for line in lines:
         _, controllers, path = [*line.split(":", 2), "", ""][:3]
@@ -227,12 +208,12 @@ def _controller_hierarchy(
         elif controller in controllers.split(","):
             for name in (controllers, controller):
                 if (root / name / "cgroup.procs").exists():
-                    return 1, root / name, path
+                    return 1, _Hierarchy(root / name, path), path
     if unified is None:
         return None
     for mount in (root, root / "unified"):
         if controller in (_read_text(mount / "cgroup.controllers") or "").split():
-            return 2, mount, unified
+            return 2, _Hierarchy(mount, unified), unified
     return None
 
 
@@ -240,31 +221,17 @@ def cgroup_cpu_limit_cores(
     proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
 ) -> float | None:
     """The tightest CPU quota of the cgroup ``proc_cgroup`` names, in cores (a container's
-    ``resources.limits.cpu``), or None when there is none.
-
-    cgroup v2's ``cpu.max`` ("QUOTA PERIOD", "max" for none); v1's ``cpu.cfs_quota_us`` over
-    ``cpu.cfs_period_us`` (-1 for none).  Quotas are inherited: the lowest from the cgroup up
-    to the hierarchy's root applies.
-    """
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    found = _controller_hierarchy(lines, root, "cpu")
+    ``resources.limits.cpu``), or None: v2's ``cpu.max`` ("max" for none), v1's
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` (-1 for none), inherited."""
+    found = _controller_hierarchy(proc_cgroup, root, "cpu")
     if found is None:
         return None
-    version, mount, relative = found
-    hierarchy = _Hierarchy(mount, relative)
+    version, hierarchy, relative = found
     marker = "cpu.max" if version == 2 else "cpu.cfs_quota_us"
-    directory = hierarchy.nearest(relative, marker)
-    tightest: float | None = None
-    while True:
-        cores = _cpu_quota_cores(directory, version)
-        if cores is not None and (tightest is None or cores < tightest):
-            tightest = cores
-        if directory == mount:
-            return tightest
-        directory = directory.parent
+    quotas = (
+        _cpu_quota_cores(d, version) for d in hierarchy.up(hierarchy.nearest(relative, marker))
+    )
+    return min((cores for cores in quotas if cores is not None), default=None)
 
 
 def _cpu_quota_cores(directory: Path, version: int) -> float | None:
@@ -303,18 +270,20 @@ class _Hierarchy:
             directory = directory.parent
         return directory
 
+    def up(self, directory: Path) -> list[Path]:
+        """``directory`` and its parents up to the mount: limits are inherited."""
+        return [directory, *directory.parents[: len(directory.relative_to(self.mount).parts)]]
+
     def tightest(self, directory: Path, file: str, machine_bytes: int | None) -> CgroupLimit | None:
-        """The lowest limit in ``file`` from ``directory`` up to the root: limits are inherited.
-        "max" (v2's "no limit") and a value at or above the machine's memory are no limit."""
-        tightest: CgroupLimit | None = None
-        while True:
-            value = _read_int(directory / file)
-            is_limit = value is not None and (machine_bytes is None or value < machine_bytes)
-            if is_limit and value is not None and (tightest is None or value < tightest.bytes):
-                tightest = CgroupLimit(value, file, self.name(directory))
-            if directory == self.mount:
-                return tightest
-            directory = directory.parent
+        """The lowest limit in ``file`` from ``directory`` up to the root.  "max" (v2's "no
+        limit") and a value at or above the machine's memory are no limit."""
+        limits = [
+            CgroupLimit(value, file, self.name(cgroup))
+            for cgroup in self.up(directory)
+            if (value := _read_int(cgroup / file)) is not None
+            and (machine_bytes is None or value < machine_bytes)
+        ]
+        return min(limits, key=lambda limit: limit.bytes, default=None)
 
 
 def _oom_kill_counter(path: Path) -> int | None:

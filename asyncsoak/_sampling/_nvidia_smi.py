@@ -1,11 +1,6 @@
-"""Talking to ``nvidia-smi`` and reading what it prints.
-
-Queries use ``--format=csv,noheader,nounits``, read by position.  A value nvidia-smi cannot give
-or that does not parse becomes ``None`` and an entry in the reading's ``errors``; nothing here
-raises on odd output except :class:`SmiParseError` for a line that is not a row at all.  Clock
-event (throttle) reasons are decoded bit by bit with NVML's names, so a user sees the hardware
-or the temperature holding a GPU back.  Details: docs/architecture.md, "The GPU sampler and GPU
-health".
+"""Talking to ``nvidia-smi`` and reading what it prints (CSV without units, read by position;
+an odd value is None and an entry in ``errors``).  Details: docs/architecture.md, "The GPU
+sampler and GPU health".
 """
 
 from __future__ import annotations
@@ -17,46 +12,20 @@ from typing import Any
 
 from .._process import CommandResult, run_command_sync
 
-#: What a GPU says about its own health, beyond the ECC counters (see ``_gpu_health``): each
-#: is dropped, with a note, by an nvidia-smi that does not know it.
-HEALTH_FIELDS: tuple[str, ...] = (
-    "remapped_rows.pending",
-    "remapped_rows.failure",
+GPU_QUERY = "--query-gpu"
+APPS_QUERY = "--query-compute-apps"
+#: ``nvidia-smi --query-remapped-rows``: the same figures as the ``remapped_rows.*`` GPU fields;
+#: ``benchmarks/gpu_check.py`` compares both.
+REMAPPED_ROWS_QUERY = "--query-remapped-rows"
+REMAPPED_ROWS_FIELDS: tuple[str, ...] = (
+    "gpu_bus_id",
+    "gpu_uuid",
     "remapped_rows.correctable",
     "remapped_rows.uncorrectable",
-    "retired_pages.pending",
-    "pcie.link.gen.gpucurrent",
-    "pcie.link.gen.max",
-    "pcie.link.width.current",
-    "pcie.link.width.max",
+    "remapped_rows.pending",
+    "remapped_rows.failure",
 )
-GPU_FIELDS: tuple[str, ...] = (
-    "index",
-    "uuid",
-    "name",
-    "pci.bus_id",
-    "pstate",
-    "utilization.gpu",
-    "utilization.memory",
-    "memory.total",
-    "memory.used",
-    "memory.free",
-    "temperature.gpu",
-    "temperature.memory",
-    "power.draw",
-    "power.limit",
-    "clocks.sm",
-    "clocks.mem",
-    "clocks.max.sm",
-    "fan.speed",
-    "clocks_event_reasons.active",
-    "ecc.errors.uncorrected.volatile.total",
-    "ecc.errors.corrected.volatile.total",
-    *HEALTH_FIELDS,
-)
-#: The sampler's GPU query: ``timestamp`` first groups the lines of one loop iteration.
-GPU_SAMPLE_FIELDS: tuple[str, ...] = ("timestamp", *GPU_FIELDS)
-#: The sampler's compute-apps query.
+#: The sampler's compute-apps query (``timestamp`` first groups the lines of one iteration).
 APP_FIELDS: tuple[str, ...] = (
     "timestamp",
     "pid",
@@ -86,21 +55,6 @@ FIELD_FALLBACKS: dict[str, str] = {
 }
 #: Fields without which a row means nothing: a rejection of one of them cannot be worked around.
 REQUIRED_FIELDS = frozenset({"timestamp", "index", "pid"})
-
-#: ``nvidia-smi --query-remapped-rows``: the same figures as the ``remapped_rows.*`` GPU fields
-#: (the sampler asks those, in its one GPU query); ``benchmarks/gpu_check.py`` compares both.
-REMAPPED_ROWS_QUERY = "--query-remapped-rows"
-REMAPPED_ROWS_FIELDS: tuple[str, ...] = (
-    "gpu_bus_id",
-    "gpu_uuid",
-    "remapped_rows.correctable",
-    "remapped_rows.uncorrectable",
-    "remapped_rows.pending",
-    "remapped_rows.failure",
-)
-
-GPU_QUERY = "--query-gpu"
-APPS_QUERY = "--query-compute-apps"
 #: nvidia-smi's exit status when it sees no GPU.
 NO_DEVICES_EXIT = 6
 
@@ -111,32 +65,30 @@ RESET_VALUES = frozenset({"[GPU requires reset]", "[Unknown Error]", "ERR!"})
 #: The readings that all read one of :data:`RESET_VALUES` on such a GPU.
 RESET_FIELDS: tuple[str, ...] = ("utilization.gpu", "memory.used", "temperature.gpu", "power.draw")
 
+#: NVML's names of the clock event (throttle) reason bits, lowest first.
 CLOCK_EVENT_REASONS: dict[int, str] = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
+    1 << bit: name
+    for bit, name in enumerate(
+        (
+            "gpu_idle",
+            "applications_clocks_setting",
+            "sw_power_cap",
+            "hw_slowdown",
+            "sync_boost",
+            "sw_thermal_slowdown",
+            "hw_thermal_slowdown",
+            "hw_power_brake_slowdown",
+            "display_clock_setting",
+        )
+    )
 }
-#: Reasons that are part of normal operation: idle, clocks set by an administrator or an
-#: application, the power cap of a GPU working flat out, boost synchronised across GPUs.
-NORMAL_CLOCK_EVENT_REASONS = frozenset(
-    {
-        "gpu_idle",
-        "applications_clocks_setting",
-        "sw_power_cap",
-        "sync_boost",
-        "display_clock_setting",
-    }
-)
 #: Reasons a user must see: the hardware, the temperature or the power supply slows the GPU.
 ATTENTION_CLOCK_EVENT_REASONS = frozenset(
     {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
 )
+#: Normal operation: idle, clocks set by hand or an application, the power cap of a GPU
+#: working flat out, boost synchronised across GPUs.
+NORMAL_CLOCK_EVENT_REASONS = frozenset(CLOCK_EVENT_REASONS.values()) - ATTENTION_CLOCK_EVENT_REASONS
 
 _REJECTED_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
 _NUMBER = re.compile(r"^(-?\d+(?:\.\d+)?)(?: (?:%|MiB|W|MHz|C))?$")
@@ -187,11 +139,8 @@ class GpuReading:
 
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
-    """One process holding GPU memory, as ``--query-compute-apps`` reports it.
-
-    ``pid`` is the pid nvidia-smi sees, which is the host's: inside a container without the
-    host PID namespace it matches nothing here, so ``in_tree`` is decided by pid only.
-    """
+    """One process holding GPU memory, as ``--query-compute-apps`` reports it (``pid`` is the
+    host's: ``in_tree`` is decided by pid only)."""
 
     pid: int
     name: str | None = None
@@ -218,28 +167,32 @@ def _integer(raw: str) -> int:
     return int(value)
 
 
-def _text(raw: str) -> str:
-    return raw
-
-
 def _yes_no(raw: str) -> bool:
     if raw in ("Yes", "No"):
         return raw == "Yes"
     raise ValueError(raw)
 
 
-def _reasons(raw: str) -> list[str]:
-    return decode_clock_event_reasons(int(raw, 16))
+def decode_clock_event_reasons(mask: int) -> list[str]:
+    """NVML's names for the bits set in a clock event reason mask (unknown bits by value)."""
+    names = []
+    bit = 1
+    while bit <= mask:
+        if mask & bit:
+            names.append(CLOCK_EVENT_REASONS.get(bit, f"unknown_0x{bit:x}"))
+        bit <<= 1
+    return names
 
 
-_Converter = Callable[[str], Any]
+_Spec = dict[str, tuple[str, Callable[[str], Any]]]
 
-_GPU_SPEC: dict[str, tuple[str, _Converter]] = {
+#: Each GPU field asked, in the order asked: the reading's attribute and its converter.
+_GPU_SPEC: _Spec = {
     "index": ("index", _integer),
-    "uuid": ("uuid", _text),
-    "name": ("name", _text),
-    "pci.bus_id": ("bus_id", _text),
-    "pstate": ("pstate", _text),
+    "uuid": ("uuid", str),
+    "name": ("name", str),
+    "pci.bus_id": ("bus_id", str),
+    "pstate": ("pstate", str),
     "utilization.gpu": ("utilization_gpu_percent", _number),
     "utilization.memory": ("utilization_memory_percent", _number),
     "memory.total": ("memory_total_mib", _number),
@@ -253,7 +206,10 @@ _GPU_SPEC: dict[str, tuple[str, _Converter]] = {
     "clocks.mem": ("clocks_mem_mhz", _number),
     "clocks.max.sm": ("clocks_max_sm_mhz", _number),
     "fan.speed": ("fan_speed_percent", _number),
-    "clocks_event_reasons.active": ("clock_event_reasons", _reasons),
+    "clocks_event_reasons.active": (
+        "clock_event_reasons",
+        lambda raw: decode_clock_event_reasons(int(raw, 16)),
+    ),
     "ecc.errors.uncorrected.volatile.total": ("ecc_uncorrected_volatile", _integer),
     "ecc.errors.corrected.volatile.total": ("ecc_corrected_volatile", _integer),
     "remapped_rows.pending": ("remapped_rows_pending", _yes_no),
@@ -266,6 +222,12 @@ _GPU_SPEC: dict[str, tuple[str, _Converter]] = {
     "pcie.link.width.current": ("pcie_link_width_current", _integer),
     "pcie.link.width.max": ("pcie_link_width_max", _integer),
 }
+GPU_FIELDS: tuple[str, ...] = tuple(_GPU_SPEC)
+#: What a GPU says about its own health beyond the ECC counters (see ``_gpu_health``): each is
+#: dropped, with a note, by an nvidia-smi that does not know it.
+HEALTH_FIELDS: tuple[str, ...] = GPU_FIELDS[GPU_FIELDS.index("remapped_rows.pending") :]
+#: The sampler's GPU query: ``timestamp`` first groups the lines of one loop iteration.
+GPU_SAMPLE_FIELDS: tuple[str, ...] = ("timestamp", *GPU_FIELDS)
 _GPU_ALIASES = {
     "clocks.current.sm": "clocks.sm",
     "clocks.current.memory": "clocks.mem",
@@ -274,25 +236,14 @@ _GPU_ALIASES = {
     "remapped_rows.sbe": "remapped_rows.correctable",
     "remapped_rows.dbe": "remapped_rows.uncorrectable",
 }
-_APP_SPEC: dict[str, tuple[str, _Converter]] = {
+_APP_SPEC: _Spec = {
     "pid": ("pid", _integer),
-    "process_name": ("name", _text),
+    "process_name": ("name", str),
     "used_gpu_memory": ("used_gpu_memory_mib", _number),
-    "gpu_uuid": ("gpu_uuid", _text),
-    "gpu_bus_id": ("gpu_bus_id", _text),
+    "gpu_uuid": ("gpu_uuid", str),
+    "gpu_bus_id": ("gpu_bus_id", str),
 }
 _APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
-
-
-def decode_clock_event_reasons(mask: int) -> list[str]:
-    """NVML's names for the bits set in a clock event reason mask (unknown bits by value)."""
-    names = []
-    bit = 1
-    while bit <= mask:
-        if mask & bit:
-            names.append(CLOCK_EVENT_REASONS.get(bit, f"unknown_0x{bit:x}"))
-        bit <<= 1
-    return names
 
 
 def needs_attention(reason: str) -> bool:
@@ -308,9 +259,7 @@ def is_error_value(message: str) -> bool:
 def query_args(query: str, fields: Sequence[str], loop_ms: int | None = None) -> list[str]:
     """Arguments for one query (``GPU_QUERY`` or ``APPS_QUERY``), looping every ``loop_ms``."""
     args = [f"{query}={','.join(fields)}", "--format=csv,noheader,nounits"]
-    if loop_ms is not None:
-        args += ["-lms", str(loop_ms)]
-    return args
+    return args if loop_ms is None else [*args, "-lms", str(loop_ms)]
 
 
 def line_timestamp(line: str) -> str:
@@ -320,21 +269,15 @@ def line_timestamp(line: str) -> str:
 
 def line_gpu_index(line: str, fields: Sequence[str]) -> int | None:
     """The ``index`` column of a GPU row; None when it cannot be read."""
-    if "index" not in fields:
-        return None
     parts = line.split(",")
-    position = fields.index("index")
-    if position >= len(parts):
-        return None
-    value = parts[position].strip()
+    position = fields.index("index") if "index" in fields else len(parts)
+    value = parts[position].strip() if position < len(parts) else ""
     return int(value) if value.isdigit() else None
 
 
 def rejected_field(result: CommandResult) -> str | None:
     """The field nvidia-smi refused (exit status 2, message on stdout), if that is the failure."""
-    if result.returncode == 0:
-        return None
-    match = _REJECTED_FIELD.search(result.output)
+    match = None if result.returncode == 0 else _REJECTED_FIELD.search(result.output)
     return match.group(1) if match else None
 
 
@@ -343,9 +286,9 @@ def replace_rejected(fields: Sequence[str], rejected: str) -> list[str] | None:
     if rejected not in fields or rejected in REQUIRED_FIELDS:
         return None
     fallback = FIELD_FALLBACKS.get(rejected)
-    if fallback is not None:
-        return [fallback if f == rejected else f for f in fields]
-    return [f for f in fields if f != rejected]
+    if fallback is None:
+        return [f for f in fields if f != rejected]
+    return [fallback if f == rejected else f for f in fields]
 
 
 def no_devices(result: CommandResult) -> bool:
@@ -355,7 +298,7 @@ def no_devices(result: CommandResult) -> bool:
 def _split(line: str, fields: Sequence[str], free_text: str | None) -> list[str]:
     parts = [part.strip() for part in line.rstrip("\r\n").split(_SEPARATOR)]
     extra = len(parts) - len(fields)
-    if extra > 0 and free_text is not None and free_text in fields:
+    if extra > 0 and free_text in fields:
         # A process name may itself contain ", ": the other columns are fixed, so the surplus
         # belongs to the free-text one.
         i = fields.index(free_text)
@@ -366,33 +309,25 @@ def _split(line: str, fields: Sequence[str], free_text: str | None) -> list[str]
 
 
 def _convert(
-    line: str,
-    fields: Sequence[str],
-    spec: dict[str, tuple[str, _Converter]],
-    aliases: dict[str, str],
-    free_text: str | None = None,
+    line: str, fields: Sequence[str], spec: _Spec, aliases: dict[str, str], free_text: str = ""
 ) -> tuple[str | None, dict[str, Any], dict[str, str]]:
     canonical = [aliases.get(name, name) for name in fields]
-    values = _split(line, canonical, free_text)
     timestamp = None
     kwargs: dict[str, Any] = {}
     errors: dict[str, str] = {}
-    for name, raw in zip(canonical, values, strict=True):
+    for name, raw in zip(canonical, _split(line, canonical, free_text), strict=True):
         if name == "timestamp":
             timestamp = raw
-            continue
-        target = spec.get(name)
-        if target is None:
-            continue
-        attr, convert = target
-        kwargs[attr] = None
-        if raw in UNAVAILABLE or raw == "ERR!" or (raw.startswith("[") and raw.endswith("]")):
-            errors[name] = raw
-            continue
-        try:
-            kwargs[attr] = convert(raw)
-        except ValueError:
-            errors[name] = f"unparsable {raw!r}"
+        elif name in spec:
+            attr, convert = spec[name]
+            kwargs[attr] = None
+            if raw in UNAVAILABLE or raw == "ERR!" or (raw.startswith("[") and raw.endswith("]")):
+                errors[name] = raw
+                continue
+            try:
+                kwargs[attr] = convert(raw)
+            except ValueError:
+                errors[name] = f"unparsable {raw!r}"
     return timestamp, kwargs, errors
 
 
@@ -417,11 +352,7 @@ def parse_process_line(line: str, fields: Sequence[str]) -> tuple[str | None, Gp
 def parse_remapped_rows_line(line: str) -> dict[str, Any]:
     """One row of ``--query-remapped-rows`` asked with :data:`REMAPPED_ROWS_FIELDS`:
     ``{"bus_id", "uuid", "remapped_rows_correctable", ..., "errors"}``."""
-    spec = {
-        **_GPU_SPEC,
-        "gpu_bus_id": ("bus_id", _text),
-        "gpu_uuid": ("uuid", _text),
-    }
+    spec: _Spec = {**_GPU_SPEC, "gpu_bus_id": ("bus_id", str), "gpu_uuid": ("uuid", str)}
     _, values, errors = _convert(line, REMAPPED_ROWS_FIELDS, spec, _GPU_ALIASES)
     return {**values, "errors": errors}
 
@@ -447,12 +378,10 @@ def parse_version(output: str) -> dict[str, str]:
 
 def _inventory_entry(line: str, fields: Sequence[str]) -> dict[str, Any]:
     _, reading = parse_gpu_line(line, fields)
-    values = dict(zip(fields, _split(line, fields, None), strict=True))
-
-    def text(name: str) -> str | None:
-        value = values.get(name)
-        return None if value is None or value in UNAVAILABLE else value
-
+    texts = {
+        name: None if value in UNAVAILABLE else value
+        for name, value in zip(fields, _split(line, fields, None), strict=True)
+    }
     return {
         "index": None if reading.index < 0 else reading.index,
         "uuid": reading.uuid,
@@ -461,17 +390,16 @@ def _inventory_entry(line: str, fields: Sequence[str]) -> dict[str, Any]:
         "memory_total_mib": reading.memory_total_mib,
         "power_limit_w": reading.power_limit_w,
         "clocks_max_sm_mhz": reading.clocks_max_sm_mhz,
-        "driver_version": text("driver_version"),
-        "compute_mode": text("compute_mode"),
-        "persistence_mode": text("persistence_mode"),
-        "mig_mode": text("mig.mode.current"),
+        "driver_version": texts.get("driver_version"),
+        "compute_mode": texts.get("compute_mode"),
+        "persistence_mode": texts.get("persistence_mode"),
+        "mig_mode": texts.get("mig.mode.current"),
     }
 
 
 def gpu_inventory(executable: str, timeout: float = 10.0) -> dict[str, Any]:
-    """The machine's GPUs and driver for the runtime snapshot, asked of ``executable`` (the
-    ``nvidia-smi`` found); never raises for a bad GPU setup: ``{"available": False, "error":
-    ...}`` when there is no GPU."""
+    """The machine's GPUs and driver for the runtime snapshot, asked of ``executable``; never
+    raises for a bad GPU setup: ``{"available": False, "error": ...}`` when there is no GPU."""
     fields = list(INVENTORY_FIELDS)
     errors: list[str] = []
     while True:
@@ -483,11 +411,8 @@ def gpu_inventory(executable: str, timeout: float = 10.0) -> dict[str, Any]:
         errors.append(f"nvidia-smi does not know the field {rejected!r}")
         fields = narrower
     if not result.ok:
-        return {
-            "available": False,
-            "nvidia_smi": executable,
-            "error": "no GPU data: " + result.describe(),
-        }
+        error = "no GPU data: " + result.describe()
+        return {"available": False, "nvidia_smi": executable, "error": error}
     gpus = []
     for line in data_lines(result.output, fields):
         try:
@@ -501,6 +426,4 @@ def gpu_inventory(executable: str, timeout: float = 10.0) -> dict[str, Any]:
     else:
         errors.append("nvidia-smi --version: " + version.describe())
     inventory.setdefault("driver_version", next((g["driver_version"] for g in gpus), None))
-    inventory["gpus"] = gpus
-    inventory["errors"] = errors
-    return inventory
+    return {**inventory, "gpus": gpus, "errors": errors}

@@ -1,11 +1,8 @@
 """The proc sampler: the supervised process tree and the machine, read straight from /proc.
 
-Every ``interval`` the tree is walked afresh from the soak's reaper (or named by its cgroup) and
-measured in the same pass, a handful of system calls per process where psutil would cost
-several times that.  A process is known by its pid and start time, so a reused pid never makes
-a bogus delta; one that vanishes is absent, one we may not read keeps what could be read.
-Which files, and what is kept open or left unread between samples: docs/architecture.md, "The
-proc sampler and the limits".
+A process is known by its pid and start time, so a reused pid never makes a bogus delta.  Which
+files, and what is kept open or left unread: docs/architecture.md, "The proc sampler and the
+limits".
 """
 
 from __future__ import annotations
@@ -18,20 +15,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .._contract import Masker
-from ._machine import MachineReader, read_disks
 from ._proc_sample import ProcessFigures, ProcSample, TreeFigures, percent_of
-from ._proc_walk import Kept, Walk, find_children, scan_parents
 from ._procfs import (
     FD_DIR_SIZE_IS_COUNT,
     PROC,
     SCHEDSTAT,
     VANISHED,
+    Kept,
+    MachineReader,
     OpenFiles,
+    Walk,
     count_fds,
     describe,
     descriptor_budget,
+    find_children,
     pread_all,
     read_children,
+    read_disks,
     read_io,
     read_memory_shares,
     read_run_time,
@@ -39,6 +39,7 @@ from ._procfs import (
     read_stat,
     read_statm,
     run_time,
+    scan_parents,
 )
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -70,11 +71,8 @@ FULL_READ_SECONDS = 10.0
 
 
 class ProcSampler:
-    """Reads the tree below ``root_pid`` and the machine; keeps what CPU deltas need.
-
-    :meth:`read` is blocking (call it in a worker thread) and never runs twice at once: a
-    call made while another is still running returns None at once.
-    """
+    """Reads the tree below ``root_pid`` and the machine (blocking: call :meth:`read` in a
+    thread; a call made while another still runs returns None at once)."""
 
     def __init__(
         self,
@@ -88,8 +86,7 @@ class ProcSampler:
         members_file: str | None = None,
     ) -> None:
         self.root_pid = root_pid
-        #: The ``cgroup.procs`` of a cgroup that holds the tree (the reaper outside it): one
-        #: read gives every member, instead of a ``children`` file per process.
+        #: The ``cgroup.procs`` of a cgroup holding the tree: every member in one read.
         self.members_file = members_file
         self._members_fd: int | None = None
         self.disk_paths = dict(disk_paths or {})
@@ -101,21 +98,19 @@ class ProcSampler:
         #: Count open files with one stat() of /proc/PID/fd rather than listing it.
         self.counts_fds_by_size = FD_DIR_SIZE_IS_COUNT and proc == PROC
         self._lock = threading.Lock()
-        #: Files kept open between samples; only on the real /proc (a test's fake tree may
-        #: replace its files, and an open file would keep reading the replaced one).
+        #: Files kept open between samples, only on the real /proc (a test's fake tree
+        #: replaces its files).
         self._open_files = OpenFiles(self._proc, descriptor_budget()) if proc == PROC else None
         self._machine = MachineReader(self._proc, keep_open=proc == PROC)
         self._closed = False
         #: pid -> (start time, CPU ticks, when read) at the previous sample.
         self._history: dict[int, tuple[int, int, float]] = {}
-        #: pid -> what was read of each single-threaded process at the previous sample (see
-        #: _read_process).
+        #: pid -> what the previous sample read of each single-threaded process.
         self._ran: dict[int, Kept] = {}
         #: When the last full read (or the first read) began, by ``clock``.
         self._full_at: float | None = None
-        #: pid -> its ``RssShmem`` in bytes, from ``/proc/PID/status``: read when a process
-        #: is first seen and at every full read (FULL_READ_SECONDS), as that file costs five
-        #: times ``statm`` (whose "shared" lumps shared memory in with file pages).
+        #: pid -> its ``RssShmem`` bytes: ``status`` costs five times ``statm``, so it is read
+        #: when a process is first seen and at every full read.
         self._shmem: dict[int, int] = {}
         #: pid -> (start time, name) of the processes whose cmdline has been handed out.
         self._described: dict[int, tuple[int, bytes]] = {}
@@ -226,16 +221,14 @@ class ProcSampler:
         )
 
     def _read_process(self, pid: int, walk: Walk) -> None:
-        """Add one process to ``walk`` and its children to the walk's stack.
-
-        A process that vanishes while being read is left out.  This runs for every process
-        at every sample, so it is written for speed (benchmarks/proc_sampling.py): one reader
-        per file (:mod:`._procfs`), and what an idle process's files said last time stands.
-        """
+        """Add one process to ``walk`` (left out if it vanishes meanwhile) and its children to
+        the walk's stack.  Written for speed: it runs for every process at every sample."""
         base = f"{self._proc}/{pid}/"
         files: list[int] | None = None
         try:
-            files, kept_before = self._kept_files(pid)
+            open_files = self._open_files
+            kept_before = open_files is not None and pid in open_files.by_pid
+            files = None if open_files is None else open_files.get(pid)
             idle = self._idle_since_last_sample(pid, files, walk)
             if idle is not None and self._same_again(pid, base, files, idle, walk):
                 return
@@ -308,10 +301,8 @@ class ProcSampler:
     def _same_again(
         self, pid: int, base: str, files: list[int] | None, idle: Kept, walk: Walk
     ) -> bool:
-        """Whether an idle process is added with the previous sample's figures: it slept
-        through that sample too (0 % CPU), was described before it and needs no smaps
-        (``--detailed-memory``).  Everything the figures hold then stands, and rebuilding
-        them is most of a sample's cost in a tree of sleeping workers."""
+        """Whether an idle process that slept through the previous sample too (0 % CPU), was
+        described and needs no smaps is added with that sample's figures, unchanged."""
         figures = idle[7]
         if figures.cpu_percent != 0.0 or figures.cmdline is not None or figures.role is not None:
             return False
@@ -327,23 +318,10 @@ class ProcSampler:
         walk.add(figures)
         return True
 
-    def _kept_files(self, pid: int) -> tuple[list[int] | None, bool]:
-        """The files of ``pid`` kept open (None: read it by path), and whether they were
-        open before this sample."""
-        open_files = self._open_files
-        if open_files is None:
-            return None, False
-        kept_before = pid in open_files.by_pid
-        return open_files.get(pid), kept_before
-
     def _idle_since_last_sample(self, pid: int, files: list[int] | None, walk: Walk) -> Kept | None:
-        """What the previous sample read of ``pid``, if it still stands: one read instead of
-        four.
-
-        A single-threaded process that has not run since then (its schedstat run time, its
-        one thread's, exact to the nanosecond, has not moved) has changed neither its stat
-        nor its children, done no IO and opened no file.  Never on a full read.
-        """
+        """What the previous sample read of ``pid`` if it still stands (never on a full read):
+        a single-threaded process whose schedstat run time has not moved has changed neither
+        its stat nor its children, done no IO and opened no file."""
         if files is None or walk.full:
             return None
         kept = self._ran.get(pid)

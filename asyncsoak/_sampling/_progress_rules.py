@@ -1,11 +1,7 @@
 """The progress rules: :class:`ProgressTracker` judges startup and staleness over successive
-scans and takes ``now`` as an argument, so tests drive it with any clock.
-
-The time of a change is on the monitor's monotonic clock: when inotify told of it, or, for a
-change a scan finds, its file's mtime if that falls between the scan and the one before (the
-window in which the monitor saw the change happen), else the scan's own time: a wall clock
-that jumps, or a file server's clock that lies, never dates a change outside what the
-monitor saw, nor before it happened.
+scans, on the monitor's clock (``now`` is an argument, so tests drive it with any clock); what
+the watchdog tells of them (progress and step events, notes, the final scan).  How a change is
+dated: :func:`changed_at`.
 """
 
 from __future__ import annotations
@@ -15,10 +11,13 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
-from .._contract import SoakClock
-from ._progress_scan import FileKey, FileState, stat_keys
+import anyio
+
+from .._contract import BlockingCallTimeout, EventSink, SoakClock, events, run_blocking
+from ._progress_scan import FileKey, FileState, Scanner, ScanResult, path_matches, stat_keys
 from ._step_files import KIND_STATE, StepReading
 from ._step_rules import ProgressSource, StaleLimit, StepTracker, StepUpdate
+from ._steps import StepReader
 
 #: A progress file that names a rank: ``rank1.jsonl``, ``metrics_rank_3.csv``, ``rank-0/``.
 RANK_FILE = re.compile(r"(?:^|[^a-z])rank[_-]?(\d+)(?![0-9])", re.IGNORECASE)
@@ -31,14 +30,9 @@ def rank_of_path(path: str) -> str | None:
 
 
 class ProgressTracker:
-    """The startup and staleness rules over successive scans.
-
-    ``now`` is seconds since the soak's start.  Before the first change the deadline is
-    ``startup_timeout``; after it, the last change plus the stale limit (``stale_after``, or
-    what ``auto`` learned).  With ``steps`` and ``source`` ``"steps"`` (or ``"auto"`` once a
-    step was read), the changes that count are the step's advances: a frozen step is a stall
-    however the files grow, and startup ends at the first step.
-    """
+    """The startup and staleness rules over successive scans: ``startup_timeout`` until the
+    first change, then the stale limit (``stale_after``, or what ``auto`` learned).  Where the
+    step's advances count (:meth:`stepping`), a frozen step is a stall however files grow."""
 
     def __init__(
         self,
@@ -114,17 +108,12 @@ class ProgressTracker:
         )
 
     def _count_growth(self, path: str, state: FileState) -> None:
-        grown = self._growth(path, state)
+        old = self._files.get(path)
+        grown = state.size if old is None or old.ino != state.ino else max(0, state.size - old.size)
         self.grown_bytes += grown
         rank = rank_of_path(path)
         if rank is not None:
             self.rank_grown_bytes[rank] = self.rank_grown_bytes.get(rank, 0) + grown
-
-    def _growth(self, path: str, state: FileState) -> int:
-        old = self._files.get(path)
-        if old is None or old.ino != state.ino:
-            return state.size
-        return max(0, state.size - old.size)
 
     def _record(self, changed: list[str], now: float) -> list[str]:
         if changed:
@@ -142,11 +131,9 @@ class ProgressTracker:
         return sorted(changed)
 
     def stepping(self) -> bool:
-        """Whether the step's advances are the progress that counts (else file changes).
-
-        Under ``auto``, a step from ``trainer_state.json`` alone does not: it moves only at
-        checkpoint saves, and a limit set for file changes would kill the run between two.
-        """
+        """Whether the step's advances are the progress that counts (else file changes).  Under
+        ``auto``, a step from ``trainer_state.json`` alone does not: it moves only at checkpoint
+        saves, and a limit set for file changes would kill the run between two."""
         if self.steps is None or self.source == "files":
             return False
         if self.source == "steps":
@@ -251,13 +238,8 @@ def latest_change_age(
     tracker: ProgressTracker, root: Path, ignore: Collection[FileKey]
 ) -> float | None:
     """Seconds since the newest change to the files that changed last, by their mtimes, or
-    None: a stat of a few files, run in a thread.
-
-    A look between the scans for the live view, so the time since the last progress it shows is
-    the monitor's when the line is drawn, not up to one scan interval late, at no wake-up of the
-    watchdog's.  Nothing is recorded: the scans alone decide the stall rules.  An mtime in the
-    future says nothing, and neither does any file once the step's advances are the progress
-    that counts.  More: docs/architecture.md, "The flow of a soak" (``progress_age``).
+    None (a stat of a few files: run it in a thread).  The live view's look between scans;
+    nothing is recorded.  More: docs/architecture.md, "The flow of a soak" (``progress_age``).
     """
     if tracker.stepping():
         return None
@@ -308,3 +290,168 @@ _CLOCK_REALTIME_COARSE = 5
 #: How far behind a file's mtime may be (the kernel dates writes with its coarse clock, one
 #: scheduler tick at most): added, so that a change is never dated before it happened.
 MTIME_LATENESS_SECONDS = _coarse_clock_resolution()
+
+
+#: How many changed paths a progress event names.
+PATHS_PER_EVENT = 5
+#: How many step marks a step event carries (the newest): a scan that read more (a trainer
+#: far faster than the scans, or a backlog) gives the ledger only its newest steps.
+MARKS_PER_EVENT = 256
+
+
+async def report_progress(
+    sink: EventSink,
+    tracker: ProgressTracker,
+    changed: list[str],
+    now: float,
+    previous: float | None,
+    stale_limit: float | None = None,
+) -> None:
+    """A ``progress`` event for the paths the tracker's last observation found changed."""
+    if changed:
+        gap = None if previous is None else now - previous
+        await sink.emit(
+            events.Progress(
+                t=now,
+                changed=len(changed),
+                paths=named_paths(changed, tracker.named_globs),
+                gap_seconds=gap,
+                grown_bytes=tracker.grown_bytes,
+                rank_grown_bytes=dict(tracker.rank_grown_bytes),
+                stale_limit_seconds=stale_limit,
+            )
+        )
+
+
+def named_paths(changed: list[str], globs: Collection[str]) -> list[str]:
+    """The paths a progress event names: the first :data:`PATHS_PER_EVENT`, and the first
+    match of each GLOB they leave out (``--expect-every``'s, ``--checkpoint-glob``'s), so that
+    the deadline and the goodput ledger see it."""
+    named = changed[:PATHS_PER_EVENT]
+    for glob in globs:
+        if not any(path_matches(glob, path) for path in named):
+            named += [path for path in changed if path_matches(glob, path)][:1]
+    return named
+
+
+async def note_missing_dir(
+    sink: EventSink, tracker: ProgressTracker, progress_dir: Path, *, missing: bool
+) -> None:
+    """Tell (a ``sampler_note``, which the live line shows) when the progress directory is
+    found missing, or found created after that."""
+    if missing == (tracker.missing_dir is not None):
+        return
+    tracker.missing_dir = progress_dir if missing else None
+    message = f"the progress directory {progress_dir} " + (
+        "does not exist (yet)" if missing else "was created"
+    )
+    data = {"progress_dir": str(progress_dir), "exists": not missing}
+    await sink.emit(
+        events.SamplerNote(t=sink.elapsed(), sampler="watchdog", message=message, data=data)
+    )
+
+
+def skipped_message(progress_dir: Path, result: ScanResult) -> str:
+    return (
+        f"{result.errors} director{'y' if result.errors == 1 else 'ies'} below {progress_dir} "
+        "could not be read and were skipped (their files are not watched for progress)"
+    )
+
+
+async def final_scan(
+    sink: EventSink,
+    *,
+    progress_dir: Path,
+    tracker: ProgressTracker,
+    ignore: Collection[FileKey],
+    also: Collection[Path] = (),
+    limiter: anyio.CapacityLimiter,
+    scan_timeout: float,
+    steps: StepReader | None = None,
+) -> tuple[str, str] | None:
+    """One last scan when the command has exited: what it wrote since the last scan counts,
+    even when it lived less than one scan interval (its last steps too).  Returns the rule
+    its last steps broke (a non-finite loss), if any."""
+    previous = tracker.last_change
+    # A scan of the watchdog's still stuck holds the step reader: not waited for long.
+    scan = Scanner(progress_dir, lambda: ignore, also, steps, wait=scan_timeout / 2)
+    try:
+        result = await run_blocking(
+            scan,
+            timeout=scan_timeout,
+            what="the final scan of the progress dir",
+            limiter=limiter,
+        )
+    except BlockingCallTimeout:
+        return None
+    now = sink.elapsed()
+    await note_missing_dir(sink, tracker, progress_dir, missing=result.missing)
+    await report_progress(sink, tracker, tracker.observe(result.files, now), now, previous)
+    if result.steps is not None and tracker.steps is not None:
+        return await report_steps(sink, tracker, result.steps, now)
+    return None
+
+
+#: Notes about the step sources (garbage, a step going back, a skipped backlog) a soak
+#: records at most; the rest are counted in the last one.
+STEP_NOTES_MAX = 20
+
+
+def auto_limit(tracker: ProgressTracker, steps: bool) -> float | None:
+    """The learned limit to record with a progress (``steps``: a step) event, if auto."""
+    if tracker.auto is None or tracker.stepping() != steps:
+        return None
+    return round(tracker.auto.limit, 3)
+
+
+async def report_steps(
+    sink: EventSink, tracker: ProgressTracker, reading: StepReading, now: float
+) -> tuple[str, str] | None:
+    """Fold and emit what the step sources wrote; a non-finite loss under
+    ``--loss-check fail`` is returned as the rule it broke."""
+    steps = tracker.steps
+    assert steps is not None
+    update = tracker.observe_steps(reading, now)
+    for note in update.notes:
+        tracker.step_notes += 1
+        if tracker.step_notes < STEP_NOTES_MAX:
+            await sink.emit(events.SamplerNote(t=now, sampler="steps", message=note))
+        elif tracker.step_notes == STEP_NOTES_MAX:
+            message = f"{note} (and no further notes about the step sources)"
+            await sink.emit(events.SamplerNote(t=now, sampler="steps", message=message))
+    for warning in update.warnings:
+        await sink.emit(events.WarningEvent(t=now, message=warning))
+    if (update.advanced or update.changed) and steps.step is not None:
+        assert steps.source is not None
+        assert steps.source_kind is not None
+        await sink.emit(
+            events.StepProgress(
+                t=now,
+                step=steps.step,
+                source=steps.source,
+                source_kind=steps.source_kind,
+                gap_seconds=update.gap,
+                max_steps=steps.max_steps,
+                loss=steps.loss,
+                loss_step=steps.loss_step,
+                nonfinite_loss=steps.nonfinite_loss,
+                steps_per_second=_rounded(steps.steps_per_second),
+                tokens_per_second=_rounded(steps.tokens_per_second),
+                samples_per_second=_rounded(steps.samples_per_second),
+                eta_seconds=_rounded(steps.eta_seconds()),
+                stale_limit_seconds=auto_limit(tracker, True),
+                counts=tracker.stepping(),
+                nonfinite_grad_norms=steps.nonfinite_grad_norms,
+                sources_without_loss=tuple(steps.sources_without_loss()),
+                marks=tuple(update.marks[-MARKS_PER_EVENT:]),
+            )
+        )
+    if update.nonfinite is not None:
+        if steps.loss_check == "fail":
+            return ("nonfinite_loss", f"{update.nonfinite} (loss_check=fail)")
+        await sink.emit(events.WarningEvent(t=now, message=update.nonfinite))
+    return None
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

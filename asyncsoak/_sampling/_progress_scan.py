@@ -44,12 +44,9 @@ def path_matches(glob: str, path: str) -> bool:
 def scan_progress_dir(
     root: Path, ignore: Collection[FileKey] = (), also: Collection[Path] = ()
 ) -> ScanResult:
-    """Every regular file below ``root`` by relative path, plus the files in ``also``.
-
-    ``ignore`` holds the (device, inode) keys of files that never count and of directories
-    skipped whole.  A directory that cannot be opened or listed to the end (``/proc/1/map_files``
-    below ``--progress-dir /``) is counted in ``errors``, never raised: the scan goes on around it.
-    """
+    """Every regular file below ``root`` by relative path, plus the files in ``also``, less the
+    (device, inode) keys in ``ignore`` (files, and directories skipped whole).  A directory that
+    cannot be listed (``/proc/1/map_files``) is counted in ``errors``: the scan goes on."""
     result = ScanResult(files={})
     for path in also:
         try:
@@ -83,8 +80,10 @@ def scan_progress_dir(
                 name = f"{rel}{entry.name}"
                 try:
                     if entry.is_dir(follow_symlinks=False):
-                        if entry.inode() in ignored_inodes and _key(entry) in ignore:
-                            continue
+                        if entry.inode() in ignored_inodes:
+                            st = entry.stat(follow_symlinks=False)
+                            if (st.st_dev, st.st_ino) in ignore:
+                                continue
                         stack.append((entry.path, name + "/"))
                         continue
                     st = entry.stat(follow_symlinks=False)
@@ -108,11 +107,14 @@ class Scanner:
         ignore: Callable[[], Collection[FileKey]],
         also: Collection[Path],
         steps: StepReader | None = None,
+        wait: float = -1,
     ) -> None:
-        self._progress_dir = progress_dir
-        self._ignore = ignore
-        self._also = also
+        self.progress_dir = progress_dir
+        self.ignore = ignore
+        self.also = also
         self.steps = steps
+        #: How long the step reads wait for a read that holds the reader (forever if < 0).
+        self.wait = wait
         #: ``time.monotonic()`` when the scan under way started; None when none runs.
         self.running_since: float | None = None
         #: The CPU time (of its thread) the last scan took.
@@ -122,19 +124,14 @@ class Scanner:
         self.running_since = time.monotonic()
         cpu = time.thread_time()
         try:
-            result = scan_progress_dir(self._progress_dir, self._ignore(), self._also)
+            result = scan_progress_dir(self.progress_dir, self.ignore(), self.also)
             if self.steps is not None:
                 # In the same thread hop as the scan.
-                result.steps = self.steps.read(result.files)
+                result.steps = self.steps.read(result.files, wait=self.wait)
             return result
         finally:
             self.last_cost = time.thread_time() - cpu
             self.running_since = None
-
-
-def _key(entry: os.DirEntry[str]) -> FileKey:
-    st = entry.stat(follow_symlinks=False)
-    return (st.st_dev, st.st_ino)
 
 
 def stat_keys(

@@ -1,10 +1,7 @@
 """The runtime snapshot: where the code, the GPUs, the software and the environment stood.
 
-Synchronous: the soak runs it in a worker thread before the command starts.  Every external
-command runs under a deadline, and a missing tool or a failed command is recorded in its
-section, never raised.  ``git`` must not run code from the repository under test (fsmonitor,
-filters, external diffs, hooks): every call turns them off.  How: docs/architecture.md, "The
-runtime snapshot".
+Synchronous (the soak runs it in a thread); every external command runs under a deadline, and
+``git`` may not run the repository's code.  How: docs/architecture.md, "The runtime snapshot".
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from .._process import CommandResult, run_command_sync
 
 #: ``platform.python_implementation()``'s names (that module costs the start 2 ms).
 _IMPLEMENTATIONS = {"cpython": "CPython", "pypy": "PyPy", "ironpython": "IronPython"}
-_IMPLEMENTATION = sys.implementation.name
+_IMPLEMENTATION = _IMPLEMENTATIONS.get(sys.implementation.name, sys.implementation.name)
 #: Environment variables recorded by name...
 ENVIRONMENT_NAMES = frozenset(
     {
@@ -116,12 +113,9 @@ def collect_snapshot(
     nvidia_smi: str = "nvidia-smi",
     timeout: float = 10.0,
 ) -> dict[str, Any]:
-    """The snapshot of ``root``'s source and of this machine for a run of ``command``.
-
-    ``env`` is the command's environment (default: this process's).  ``timeout`` bounds each
-    external command.  When ``command`` runs another Python interpreter than this one (directly
-    or through a script's ``#!`` line), that interpreter's packages are recorded too.
-    """
+    """The snapshot of ``root``'s source and of this machine for a run of ``command`` in ``env``
+    (default: this process's); ``timeout`` bounds each external command.  Another Python that
+    ``command`` runs (itself or by its ``#!`` line) has its packages recorded too."""
     root = Path(root)
     environ: Mapping[str, str] = os.environ if env is None else env
     return {
@@ -142,9 +136,6 @@ def _section(build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return build()
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
-
-
-# -- source ------------------------------------------------------------------------------------
 
 
 class _Git:
@@ -263,18 +254,13 @@ def _count_status(porcelain: str) -> tuple[int, int]:
     return changed, untracked
 
 
-# -- software ----------------------------------------------------------------------------------
-
-
 def software_info(
     command: Sequence[str] | None, environ: Mapping[str, str], timeout: float = 10.0
 ) -> dict[str, Any]:
     info: dict[str, Any] = {
         "python": {
             "version": sys.version.split()[0],  # platform.python_version()'s text
-            "implementation": _IMPLEMENTATIONS.get(
-                sys.implementation.name, sys.implementation.name
-            ),
+            "implementation": _IMPLEMENTATION,
             "executable": sys.executable,
             "prefix": sys.prefix,
         },
@@ -329,11 +315,8 @@ def _platform() -> str:
 
 
 def command_interpreter(command: Sequence[str] | None, environ: Mapping[str, str]) -> str | None:
-    """The Python interpreter ``command`` runs, when it is not this one.
-
-    Either ``command[0]`` itself (``python3 train.py``) or the interpreter named by its
-    ``#!`` line (``torchrun``, ``accelerate`` and other console scripts).
-    """
+    """The Python interpreter ``command`` runs when it is not this one: ``command[0]`` itself,
+    or the one its ``#!`` line names (``torchrun`` and other console scripts)."""
     if not command:
         return None
     path = environ.get("PATH", os.defpath)
@@ -384,9 +367,6 @@ def _interpreter_info(
     except ValueError:
         return {"executable": interpreter, "error": f"unreadable answer: {result.output[:200]!r}"}
     return info
-
-
-# -- host and environment ----------------------------------------------------------------------
 
 
 def host_info() -> dict[str, Any]:

@@ -1,10 +1,7 @@
-"""The step files trainers write, each read incrementally and bounded: a growing file from where
-the last read stopped, a replaced or truncated one again from its start (past the step it had
-reached), a line too long skipped, NaN and infinities read as the numbers they are.
-
-The kinds, in order of precedence: the file :func:`asyncsoak.trainer.report` appends to
-(``ASYNCSOAK_STEPS_FILE``), JSON Lines (``*.jsonl``, ``*.ndjson``), Lightning's ``metrics.csv``,
-Hugging Face's ``trainer_state.json``.  The reads run in the watchdog's scan thread.
+"""The step files trainers write, each read incrementally and bounded (a replaced or truncated
+one again from its start, past the step it had reached; NaN and infinities read as such).
+Kinds, by precedence: ``asyncsoak.trainer.report``'s file, JSON Lines, Lightning's
+``metrics.csv``, Hugging Face's ``trainer_state.json``.
 """
 
 from __future__ import annotations
@@ -198,7 +195,6 @@ class _Tail:
         self._from_start = from_start
         #: The file's size when the soak started: lines ending within it were written before.
         self._start_size = 0 if from_start else start_size
-        self.garbage = 0
         self.huge = 0
         #: Read again from its start, and no line read since: the lines may be a replay.
         self.restarted = False
@@ -294,38 +290,47 @@ class JsonLinesSource:
     ) -> None:
         self.name = name
         self.kind = kind
+        self._path = path
         self._tail = _Tail(path, name, from_start=from_start, start_size=start_size)
-        self._noted_garbage = False
         self._high = _High()
+        #: Lines (rows) skipped as unreadable.
+        self.garbage = 0
 
     def read(self, keys: KeyChoice, reading: StepReading) -> None:
-        lines = self._tail.read(reading.notes)
+        lines = self._new_lines(reading)
         if not lines:
             return
         reading.lines[self.name] = reading.lines.get(self.name, 0) + len(lines)
         records: list[StepRecord] = []
         for line_no, line, before_start in lines:
-            data = _json_object(line)
+            data = self._parse(line, line_no, reading)
             if data is None:
-                if line.strip():
-                    self._tail.garbage += 1
-                    if not self._noted_garbage:
-                        self._noted_garbage = True
-                        reading.notes.append(
-                            f"{self.name} line {line_no} is not a JSON object: skipped "
-                            "(later ones too, counted)"
-                        )
                 continue
-            record = keys.record(
-                data, self.name, self.kind, f"line {line_no}", before_start=before_start
-            )
-            if record is None:
-                if any(number(v) is not None for v in data.values()):
-                    reading.without_step[self.name] = sorted(str(k) for k in data)[:20]
-                continue
-            records.append(record)
+            where = f"line {line_no}"
+            record = keys.record(data, self.name, self.kind, where, before_start=before_start)
+            if record is not None:
+                records.append(record)
+            elif any(number(v) is not None for v in data.values()):
+                reading.without_step[self.name] = self._keys(data)
         reading.records += self._high.fresh(records, self._tail)
         self._note_huge(reading)
+
+    def _new_lines(self, reading: StepReading) -> list[tuple[int, bytes, bool]]:
+        return self._tail.read(reading.notes)
+
+    def _parse(self, line: bytes, line_no: int, reading: StepReading) -> dict[str, Any] | None:
+        data = _json_object(line)
+        if data is None and line.strip():
+            self.garbage += 1
+            if self.garbage == 1:
+                reading.notes.append(
+                    f"{self.name} line {line_no} is not a JSON object: skipped "
+                    "(later ones too, counted)"
+                )
+        return data
+
+    def _keys(self, data: dict[str, Any]) -> list[str]:
+        return sorted(str(k) for k in data)[:20]
 
     def _note_huge(self, reading: StepReading) -> None:
         if self._tail.huge:
@@ -333,10 +338,6 @@ class JsonLinesSource:
                 f"{self.name}: {self._tail.huge} line(s) longer than {MAX_LINE_BYTES} bytes skipped"
             )
             self._tail.huge = 0
-
-    @property
-    def garbage(self) -> int:
-        return self._tail.garbage
 
 
 def _json_object(line: bytes) -> dict[str, Any] | None:
@@ -382,50 +383,40 @@ class _High:
         return records
 
 
-class CsvSource:
+class CsvSource(JsonLinesSource):
     """Lightning's ``metrics.csv``: a header, then one row per logging call (empty cells
     for metrics not logged at that step).  A rewritten file (new columns) is read again."""
 
     def __init__(self, path: Path, name: str, *, from_start: bool, start_size: int = 0) -> None:
-        self.name = name
-        self.kind = KIND_CSV
-        self._path = path
-        self._tail = _Tail(path, name, from_start=from_start, start_size=start_size)
-        self._columns: list[str] | None = None
-        self.garbage = 0
-        self._high = _High()
+        super().__init__(path, name, KIND_CSV, from_start=from_start, start_size=start_size)
+        self._columns: list[str] = []
 
-    def read(self, keys: KeyChoice, reading: StepReading) -> None:
+    def _new_lines(self, reading: StepReading) -> list[tuple[int, bytes, bool]]:
         header = _first_line(self._path)
         if header is None:
-            return
+            return []
         columns = _split_csv(header)
-        if self._columns is not None and columns != self._columns:
+        if self._columns and columns != self._columns:
             # Lightning rewrites the whole file when a new metric appears.
             self._tail = _Tail(self._path, self.name, from_start=True)
             self._tail.restarted = True
         self._columns = columns
-        lines = self._tail.read(reading.notes)
         # The header is read on its own: among the lines, it is the one that matches it.
-        rows = [(n, line, before) for n, line, before in lines if _split_csv(line) != columns]
-        if not rows:
-            return
-        reading.lines[self.name] = reading.lines.get(self.name, 0) + len(rows)
-        records: list[StepRecord] = []
-        for line_no, line, before_start in rows:
-            cells = _split_csv(line)
-            if len(cells) != len(columns):
-                self.garbage += 1
-                continue
-            data = dict(zip(columns, cells, strict=True))
-            record = keys.record(
-                data, self.name, self.kind, f"line {line_no}", before_start=before_start
-            )
-            if record is not None:
-                records.append(record)
-            elif any(number(v) is not None for v in data.values()):
-                reading.without_step[self.name] = columns[:20]
-        reading.records += self._high.fresh(records, self._tail)
+        lines = self._tail.read(reading.notes)
+        return [(n, line, before) for n, line, before in lines if _split_csv(line) != columns]
+
+    def _parse(self, line: bytes, line_no: int, reading: StepReading) -> dict[str, Any] | None:
+        cells = _split_csv(line)
+        if len(cells) != len(self._columns):
+            self.garbage += 1
+            return None
+        return dict(zip(self._columns, cells, strict=True))
+
+    def _keys(self, data: dict[str, Any]) -> list[str]:
+        return self._columns[:20]
+
+    def _note_huge(self, reading: StepReading) -> None:
+        pass  # rows too long are skipped and counted, without a note
 
 
 def _first_line(path: Path) -> str | None:

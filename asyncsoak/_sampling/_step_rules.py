@@ -1,10 +1,7 @@
 """The rules over the steps a trainer writes: advance, rate, ETA, loss, and a learned limit.
 
-Pure and clock-free: every call takes ``now`` (seconds since the soak's start), so tests
-drive it with any clock.  :class:`StepTracker` folds what :mod:`._steps` read at a scan;
-:class:`StaleLimit` learns ``--stale-progress auto``'s limit from the run's own gaps, by the
-rule docs/progress.md documents ("A learned stall limit") with the constants here; its
-mechanism is in docs/architecture.md, "The watchdog".
+Clock-free: every call takes ``now``.  The learned limit's rule: docs/progress.md ("A learned
+stall limit"); its mechanism: docs/architecture.md, "The watchdog".
 """
 
 from __future__ import annotations
@@ -68,9 +65,9 @@ class StaleLimit:
         """Start over (the run's progress signal changed from file changes to steps)."""
         self._first: float | None = None
         self._gaps = 0
-        self._longest = 0.0
+        #: The longest gap seen (since the last reset).
+        self.longest = 0.0
         self._buckets: dict[int, float] = {}
-        self._total = 0.0
         #: The limit in force for the gap under way.
         self.limit = self.carried if self.carried is not None else self.startup_limit
         #: The learned limit once the warm-up is over (None before).
@@ -83,10 +80,9 @@ class StaleLimit:
         if gap is None or not 0 < gap < math.inf:
             return
         self._gaps += 1
-        self._longest = max(self._longest, gap)
+        self.longest = max(self.longest, gap)
         index = math.floor(math.log(gap) / math.log(_BUCKET_RATIO))
         self._buckets[index] = self._buckets.get(index, 0.0) + gap
-        self._total += gap
         if self._gaps < AUTO_MIN_GAPS or now - self._first < self.startup_limit:
             return
         learned = min(AUTO_CAP_SECONDS, max(AUTO_FLOOR_SECONDS, AUTO_SAFETY_FACTOR * self.high()))
@@ -94,20 +90,15 @@ class StaleLimit:
             learned = max(learned, self.carried)
         self.learned = self.limit = learned
 
-    @property
-    def longest(self) -> float:
-        """The longest gap seen (since the last reset)."""
-        return self._longest
-
     def high(self) -> float:
         """The gap below which :data:`AUTO_QUANTILE` of the time between advances was spent."""
-        wanted = AUTO_QUANTILE * self._total
+        wanted = AUTO_QUANTILE * sum(self._buckets.values())
         seen = 0.0
         for index in sorted(self._buckets):
             seen += self._buckets[index]
             if seen >= wanted:
-                return min(self._longest, _BUCKET_RATIO ** (index + 1))
-        return self._longest
+                return min(self.longest, _BUCKET_RATIO ** (index + 1))
+        return self.longest
 
 
 @dataclass(slots=True)
@@ -143,8 +134,7 @@ class StepTracker:
         self.max_steps: int | None = None
         self.loss: float | None = None
         self.loss_step: int | None = None
-        #: The non-finite loss (or grad_norm) the run failed on (``nan``, ``inf``, ``-inf``):
-        #: its headline loss.
+        #: The non-finite loss (or grad_norm) the run failed on: its headline loss.
         self.nonfinite_loss: str | None = None
         self.steps_per_second: float | None = None
         self.tokens_per_second: float | None = None
@@ -155,8 +145,8 @@ class StepTracker:
         self.diverged = False
         #: Non-finite gradient norms logged (isolated ones: counted, not failed).
         self.nonfinite_grad_norms = 0
-        #: Per source (one for every trainer_state.json: the checkpoints' copies are one
-        #: history), the non-finite gradient norms in a row: (how many, the first's step).
+        #: Per history (all trainer_state.json copies are one): (non-finite norms in a row,
+        #: the first's step).
         self._grad_run: dict[str, tuple[int, int]] = {}
         #: The histories that have logged a finite gradient norm (a streak counts from then).
         self._grad_finite: set[str] = set()
@@ -164,13 +154,12 @@ class StepTracker:
         self._stepped: set[str] = set()
         self._lossy: set[str] = set()
         self._last_by_source: dict[str, int] = {}
-        #: The highest step each source still present reached (since the last resume): the
-        #: run's step is their maximum, and any of them rising is progress.
+        #: The highest step each present source reached since the last resume: the run's
+        #: step is their maximum, and any of them rising is progress.
         self._high_by_source: dict[str, int] = {}
         #: The newest step an earlier run left in each source (where this one resumes from).
         self._before_start: dict[str, int] = {}
-        #: The epoch of each source's newest record, and the sources that count their step
-        #: within each epoch (said once each).
+        #: Each source's newest epoch, and the sources that count their step per epoch.
         self._epoch_by_source: dict[str, float] = {}
         self._per_epoch: set[str] = set()
         #: Sources that went back while another was ahead: their own counter (said once each).
@@ -208,11 +197,8 @@ class StepTracker:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             told, self._raised = error in self._raised, self._raised | {error}
-            return StepUpdate(
-                notes=[]
-                if told
-                else [f"the step rules raised {error}: readings they raise on are not judged"]
-            )
+            note = f"the step rules raised {error}: readings they raise on are not judged"
+            return StepUpdate(notes=[] if told else [note])
 
     def _observe(self, reading: StepReading, now: float) -> StepUpdate:
         update = StepUpdate(notes=list(reading.notes), warnings=list(reading.warnings))

@@ -1,9 +1,6 @@
-"""The step sources below a progress directory, followed and read at each scan.
-
-Which files are step sources (see ``_step_files``), which of them are followed (of
-``checkpoint-N/trainer_state.json`` the highest N's; at most :data:`MAX_SOURCES`, the newest),
-and what each wrote since the last read.  The run's step is the highest step any file of the
-highest kind that has given one reached.
+"""The step sources below a progress directory, followed and read at each scan: of
+``checkpoint-N/trainer_state.json`` the highest N's, at most :data:`MAX_SOURCES` (the newest).
+The run's step is the highest any file of the highest kind that gave one reached.
 """
 
 from __future__ import annotations
@@ -36,15 +33,9 @@ CHECKPOINT_STATE = re.compile(r"(?:^|/)checkpoint-(\d+)/trainer_state\.json$")
 
 
 class StepReader:
-    """The step sources below a progress directory, read at each scan.
-
-    ``read(files, ...)`` takes the scan's files (relative path -> state with ``ino``), follows
-    every step source among them (of ``checkpoint-N/trainer_state.json``, the highest N; past
-    :data:`MAX_SOURCES`, the newest, and a warning), forgets those gone, and reads what each
-    wrote since the last read.  ``baseline`` gives the files present at the start, with
-    their sizes: those are read from their newest part, not from the start of an earlier run's
-    history, and what they held then is marked :attr:`StepRecord.before_start`.
-    """
+    """The step sources below a progress directory, read at each scan.  ``baseline``: the
+    files present at the start and their sizes, read from their newest part (what they held
+    then is :attr:`StepRecord.before_start`)."""
 
     def __init__(
         self,

@@ -1,8 +1,5 @@
-"""Xid errors: the kernel log's ``NVRM: Xid`` lines read, and what each code means.
-
-Codes and what to do come from NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors):
-:data:`XID_CODES` keeps the common ones, with which fail the run by default; an Xid not in the
-table is a warning.
+"""Xid errors: the kernel log's ``NVRM: Xid`` lines read, and what each code means (NVIDIA's
+catalogue, docs.nvidia.com/deploy/xid-errors; a code not in :data:`XID_CODES` is a warning).
 """
 
 from __future__ import annotations
@@ -21,6 +18,10 @@ class Xid:
     fails: bool
 
 
+_DEBUG = "debug the application (compute-sanitizer); if it repeats across applications, run "
+_RESET = "drain the node and reset the GPU"
+_REBOOT = f"{_RESET} (or reboot)"
+
 #: The Xid codes asyncsoak knows (NVIDIA's catalogue).  ``fails``: the documented default of
 #: which fail the run (the hardware, the driver or its firmware broke) and which warn (most
 #: often the application's own error, which its exit status reports anyway).
@@ -30,125 +31,103 @@ XID_CODES: dict[int, Xid] = {
         Xid(
             13,
             "graphics engine exception (an illegal memory access or instruction in a kernel)",
-            "debug the application (compute-sanitizer); if it repeats across applications, "
-            "run the GPU diagnostics (dcgmi diag)",
-            fails=False,
+            _DEBUG + "the GPU diagnostics (dcgmi diag)",
+            False,
         ),
         Xid(
             31,
             "GPU memory page fault (a kernel touched an invalid address)",
-            "debug the application (compute-sanitizer); if it repeats across applications, "
-            "run the GPU diagnostics",
-            fails=False,
+            _DEBUG + "the GPU diagnostics",
+            False,
         ),
         Xid(
             43,
             "GPU stopped processing (a channel was reset after an application fault)",
             "the application's error: read its log; the GPU stays usable",
-            fails=False,
+            False,
         ),
         Xid(
             45,
             "preemptive cleanup after earlier errors (a process was ended on the GPU)",
             "look for the Xid logged before it: that one is the cause",
-            fails=False,
+            False,
         ),
         Xid(
             48,
             "double-bit (uncorrectable) ECC error",
-            "drain the node and reset the GPU; if it repeats, have the GPU replaced",
-            fails=True,
+            f"{_RESET}; if it repeats, have the GPU replaced",
+            True,
         ),
         Xid(
             61,
             "internal micro-controller breakpoint or warning",
             "reset the GPU; report it to the administrator if it repeats",
-            fails=True,
+            True,
         ),
-        Xid(
-            62,
-            "internal micro-controller halt",
-            "drain the node and reset the GPU (or reboot)",
-            fails=True,
-        ),
+        Xid(62, "internal micro-controller halt", _REBOOT, True),
         Xid(
             63,
             "ECC page retirement or row remapping recorded",
             "reset the GPU when convenient so the retirement or remap takes effect",
-            fails=False,
+            False,
         ),
         Xid(
             64,
             "ECC page retirement or row remapper recording failure",
             "drain the node, reset the GPU and run the diagnostics; have the GPU replaced if "
             "it repeats",
-            fails=True,
+            True,
         ),
         Xid(
             68,
             "video processor (NVDEC) exception",
             "debug the application's video decoding; reset the GPU if it repeats",
-            fails=False,
+            False,
         ),
         Xid(
             69,
             "graphics engine class error",
             "debug the application; run the GPU diagnostics if it repeats",
-            fails=False,
+            False,
         ),
         Xid(
             74,
             "NVLink error",
             "drain the node, check the NVLink connections and reset the GPUs on that link",
-            fails=True,
+            True,
         ),
         Xid(
             79,
             "GPU has fallen off the bus",
             "drain the node; check the GPU's power and PCIe seating, then reboot",
-            fails=True,
+            True,
         ),
         Xid(
             92,
             "high single-bit ECC error rate",
             "watch the GPU's ECC counters; reset it and run the diagnostics when convenient",
-            fails=False,
+            False,
         ),
         Xid(
             94,
             "contained ECC error (the applications that touched the memory were stopped)",
             "restart the run from its checkpoint; reset the GPU when it is free",
-            fails=True,
+            True,
         ),
         Xid(
             95,
             "uncontained ECC error (every application on the GPU is affected)",
-            "drain the node and reset the GPU before any further work",
-            fails=True,
+            f"{_RESET} before any further work",
+            True,
         ),
-        Xid(
-            119,
-            "GSP RPC timeout (the GPU's system processor did not answer)",
-            "drain the node and reset the GPU (or reboot)",
-            fails=True,
-        ),
-        Xid(
-            120,
-            "GSP error (the GPU's system processor failed)",
-            "drain the node and reset the GPU (or reboot)",
-            fails=True,
-        ),
-        Xid(
-            140,
-            "unrecovered ECC error",
-            "drain the node and reset the GPU",
-            fails=True,
-        ),
+        Xid(119, "GSP RPC timeout (the GPU's system processor did not answer)", _REBOOT, True),
+        Xid(120, "GSP error (the GPU's system processor failed)", _REBOOT, True),
+        Xid(140, "unrecovered ECC error", _RESET, True),
         Xid(
             154,
             "GPU recovery action changed (a reset or reboot is required)",
             "drain the node and do the recovery action the driver names (reset or reboot)",
-            fails=True,
+            True,
         ),
     )
 }
@@ -200,10 +179,8 @@ class MalformedXidError(ValueError):
 
 
 def parse_xid(message: str, kernel_seconds: float = 0.0) -> XidRecord | None:
-    """The Xid a kernel log message reports; None for any other message.
-
-    Raises :class:`MalformedXidError` for a message that names an Xid but cannot be read.
-    """
+    """The Xid a kernel log message reports; None for any other message.  Raises
+    :class:`MalformedXidError` for one that names an Xid but cannot be read."""
     if _XID_MARK not in message:
         return None
     match = _XID_LINE.search(message)
