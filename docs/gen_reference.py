@@ -70,8 +70,8 @@ def _help(parser: argparse.ArgumentParser) -> str:
 def reasons_reference() -> str:
     """The statuses, the failure reasons with their titles, stop causes, exit statuses."""
     from asyncsoak._contract._vocabulary import FailureReason, SoakStatus, StopCause
+    from asyncsoak._contract.exits import EXIT_FAILED, EXIT_PASSED, EXIT_USAGE
     from asyncsoak._view._summary import REASON_TITLES, STATUS_HEADLINES
-    from asyncsoak.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
     from asyncsoak.cli._run import STOP_SIGNALS
 
     lines = [
@@ -124,7 +124,7 @@ def reasons_reference() -> str:
         "",
         "| exit status | meaning |",
         "| --- | --- |",
-        f"| {EXIT_OK} | the soak passed |",
+        f"| {EXIT_PASSED} | the soak passed |",
         f"| {EXIT_FAILED} | the soak failed, or the monitor itself failed (`monitor_error`) |",
         f"| {EXIT_USAGE} | bad usage or input: nothing was launched or written |",
     ]

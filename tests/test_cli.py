@@ -301,7 +301,6 @@ def test_a_soak_does_not_load_the_queue_the_report_or_the_other_commands() -> No
             not in (
                 "asyncsoak.cli._run",
                 "asyncsoak.cli._flags",
-                "asyncsoak.cli._slurm",
                 "asyncsoak.cli._container",
             )
         )

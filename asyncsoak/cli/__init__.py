@@ -37,8 +37,6 @@ COMMANDS = {
     "workers": "_queue",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
-#: The contract's exit statuses, under the names docs/gen_reference.py imports them by.
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = exits.EXIT_PASSED, exits.EXIT_FAILED, exits.EXIT_USAGE
 
 
 class UsageError(Exception):

@@ -26,6 +26,7 @@ from ..queue import (
     PRUNE_AFTER_S,
     WORKER_WAIT_FOR_DB_S,
     DatabaseUnreachableError,
+    JobOptions,
     JobStatus,
     JobStore,
     QueueDatabaseLostError,
@@ -259,16 +260,16 @@ def _submit(args: argparse.Namespace) -> int:
         )
     with refused(flag_error):
         soak = soak_limits(args)
-    job: dict[str, Any] = {
-        "argv": command or None,
-        "config": config,
-        "cwd": cwd,
-        "env": env,
-        "progress_dir": args.progress_dir.absolute() if args.progress_dir else None,
-        "soak": soak,
-        "stop_mode": args.stop_mode,
-        "priority": args.priority,
-    }
+    job = JobOptions(
+        argv=command or None,
+        config=config,
+        cwd=cwd,
+        env=env,
+        progress_dir=args.progress_dir.absolute() if args.progress_dir else None,
+        soak=soak,
+        stop_mode=args.stop_mode,
+        priority=args.priority,
+    )
     if args.max_attempts is not None:
         job["max_attempts"] = args.max_attempts
     sweeps = sweep_options(args)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._models import DatabaseUnreachableError as DatabaseUnreachableError
     from ._models import Job as Job
     from ._models import JobNotFoundError as JobNotFoundError
+    from ._models import JobOptions as JobOptions
     from ._models import JobStateError as JobStateError
     from ._models import QueueDatabaseError as QueueDatabaseError
     from ._models import QueueDatabaseLostError as QueueDatabaseLostError

@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict, Unpack
 
 from .._analysis import artifact_gpus, highest_step
 from .._contract import (
@@ -19,7 +19,7 @@ from .._contract import (
     redact_mapping,
     secret_values,
 )
-from .._supervisor import validate_job
+from .._supervisor import StopMode, validate_job
 from ..trainer import Job as Job
 from ..trainer import column, select_list
 from ._status import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
@@ -272,20 +272,28 @@ def _integer(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def validate_submission(
-    *,
-    argv: Sequence[str] | None = None,
-    config: Mapping[str, Any] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    progress_dir: str | os.PathLike[str] | None = None,
-    soak: Mapping[str, Any] | None = None,
-    stop_mode: str = "stdin",
-    priority: int = 0,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-) -> dict[str, Any]:
+class JobOptions(TypedDict, total=False):
+    """A submission's options: ``JobStore.submit`` and ``validate_submission`` take them."""
+
+    argv: Sequence[str] | None
+    config: Mapping[str, Any] | None
+    cwd: str | os.PathLike[str] | None
+    env: Mapping[str, str] | None
+    progress_dir: str | os.PathLike[str] | None
+    soak: Mapping[str, Any] | None
+    stop_mode: StopMode
+    priority: int
+    max_attempts: int
+
+
+def validate_submission(**options: Unpack[JobOptions]) -> dict[str, Any]:
     """Refuse, at submit time, what ``run_soak`` would refuse when the job runs (the same
     checks); returns the job's columns, the soak limits checked."""
+    argv, config = options.get("argv"), options.get("config")
+    cwd, progress_dir = options.get("cwd"), options.get("progress_dir")
+    env, stop_mode = options.get("env") or {}, options.get("stop_mode", "stdin")
+    priority = options.get("priority", 0)
+    max_attempts = options.get("max_attempts", DEFAULT_MAX_ATTEMPTS)
     if (argv is None) == (config is None):
         raise ValidationError("a job needs either a command or a config, not both")
     if config is not None and not isinstance(config, Mapping):
@@ -296,7 +304,7 @@ def validate_submission(
         cwd=cwd,
         env=env,
         stop_mode=stop_mode,
-        limits=soak or {},
+        limits=options.get("soak") or {},
     )
     if not _integer(priority):
         raise ValidationError("the priority must be an integer")
@@ -310,7 +318,7 @@ def validate_submission(
         "argv": None if argv is None else list(argv),
         "config": None if config is None else dict(config),
         "cwd": None if cwd is None else os.fspath(cwd),
-        "env": dict(env or {}),
+        "env": dict(env),
         "progress_dir": None if progress_dir is None else os.fspath(progress_dir),
         "soak": limits,
         "stop_mode": stop_mode,

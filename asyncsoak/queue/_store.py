@@ -12,17 +12,15 @@ import abc
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 import anyio.abc
 
-from .._supervisor import StopMode
 from ..trainer import Job, decoded, select_job
 from ._models import (
     ATTEMPT_COLUMNS,
     BUSY_TIMEOUT_SECONDS,
-    DEFAULT_MAX_ATTEMPTS,
     JOB_COLUMNS,
     JOB_KINDS,
     JOB_STATUSES,
@@ -30,6 +28,7 @@ from ._models import (
     WORKER_COLUMNS,
     Attempt,
     JobNotFoundError,
+    JobOptions,
     JobStateError,
     Sql,
     WorkerInfo,
@@ -118,22 +117,14 @@ class JobStore(SweepStore):
     def submit(
         self,
         *,
-        argv: Sequence[str] | None = None,
-        config: Mapping[str, Any] | None = None,
         name: str | None = None,
-        cwd: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None,
-        progress_dir: str | os.PathLike[str] | None = None,
-        soak: Mapping[str, Any] | None = None,
-        stop_mode: StopMode = "stdin",
-        priority: int = 0,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         after: Sequence[int] = (),
         array: str | None = None,
         not_before: float | None = None,
         gpus: int | None = None,
         retry_on: Sequence[str] = (),
         no_retry_on: Sequence[str] = (),
+        **options: Unpack[JobOptions],
     ) -> int:
         """Queue a job (an array of jobs: the first's id, the array's); returns its id.
 
@@ -148,17 +139,7 @@ class JobStore(SweepStore):
             no_retry_on=no_retry_on,
         )
         indices = None if array is None else parse_array(array)
-        job = validate_submission(
-            argv=argv,
-            config=config,
-            cwd=cwd,
-            env=env,
-            progress_dir=progress_dir,
-            soak=soak,
-            stop_mode=stop_mode,
-            priority=priority,
-            max_attempts=max_attempts,
-        )
+        job = validate_submission(**options)
         job["name"] = name
         with self._transaction() as sql:
             after_ids = self._check_after(sql, plan.after)
