@@ -341,7 +341,7 @@ def _worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     import anyio
 
-    from ..queue import default_runs_dir, prepare_runs_dir
+    from ..queue import prepare_runs_dir
 
     db = args.db or default_db()
     try:
@@ -359,7 +359,7 @@ def _worker(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return exits.SHELL_SIGNAL_BASE + signal.SIGINT
     with store:
-        runs_dir = (config.runs_dir or default_runs_dir(store)).absolute()
+        runs_dir = (config.runs_dir or store.default_runs_dir()).absolute()
         _queue_call(lambda: prepare_runs_dir(runs_dir))
         config = dataclasses.replace(config, runs_dir=runs_dir)
         try:

@@ -85,7 +85,6 @@ if TYPE_CHECKING:
     from ._sweeps import Plan as Plan
     from ._sweeps import check_plan as check_plan
     from ._sweeps import parse_array as parse_array
-    from ._worker import default_runs_dir as default_runs_dir
     from ._worker import prepare_runs_dir as prepare_runs_dir
     from ._worker import run_worker as run_worker
 

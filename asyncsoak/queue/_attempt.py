@@ -118,6 +118,15 @@ class Runner:
         self.registry: CollectorRegistry | None = None
         self.spool = Spool(self.runs_dir)
         self._unreachable = False
+        # The worker's (``_worker.py``): the jobs running, each with the GPUs it was given;
+        # set when a job ends (its GPUs may take another), and when a job may be waiting.
+        self.running: dict[int, list[str]] = {}
+        self.job_done = anyio.Event()
+        self.wake = anyio.Event()
+        #: Set when the database's file left its path (``file_lost``): claim no more.
+        self.db_lost = anyio.Event()
+        self._db_lost_how = ""
+        self._faulted: set[str] = set()
         # A store call waits at most the busy timeout for a lock (or a connection attempt);
         # past a generous multiple of it the database's disk or network is hung, and the call
         # is abandoned: the caller treats the database as unavailable.

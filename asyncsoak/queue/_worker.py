@@ -39,11 +39,6 @@ _UNAVAILABLE_RETRY_SECONDS = 1.0
 _log = logging.getLogger("asyncsoak.queue")
 
 
-def default_runs_dir(store: JobStore) -> Path:
-    """Where the store keeps runs unless told: beside an SQLite file (``queue.runs/``)."""
-    return store.default_runs_dir()
-
-
 def prepare_runs_dir(runs_dir: Path) -> None:
     try:
         runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -92,26 +87,6 @@ async def run_worker(
 
 
 class _Worker(Runner):
-    def __init__(
-        self,
-        store: JobStore,
-        settings: WorkerConfig,
-        stop_event: anyio.Event,
-        kill_event: anyio.Event,
-        name: str,
-    ) -> None:
-        super().__init__(store, settings, stop_event, kill_event, name)
-        #: The jobs running, each with the GPUs it was given.
-        self.running: dict[int, list[str]] = {}
-        #: Set when a job ends (its GPUs may take another), and when the store says a job
-        #: may be waiting.
-        self.job_done = anyio.Event()
-        self.wake = anyio.Event()
-        #: Set when the database's file left its path (``file_lost``): claim no more.
-        self.db_lost = anyio.Event()
-        self._db_lost_how = ""
-        self._faulted: set[str] = set()
-
     async def run(self, once: bool) -> int:
         await self._call(prepare_runs_dir, self.runs_dir)
         pid = os.getpid()
