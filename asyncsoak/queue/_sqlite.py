@@ -306,22 +306,19 @@ class SqliteStore(JobStore):
     def _json(self, value: Any) -> str:
         return json.dumps(value)
 
-    def _after_submit(self) -> None:
-        self._wake_workers()
-
     @property
     def wake_path(self) -> Path:
         """The file whose touch wakes this queue's idle workers (see the module docstring)."""
         return self.path.with_name(self.path.name + WAKE_SUFFIX)
 
-    def _wake_workers(self) -> None:
+    def _after_submit(self) -> None:
         """Touch the wake-up file (opened for writing and closed: inotify's CLOSE_WRITE).
         A file that cannot be touched costs only promptness: the workers' poll finds the job."""
         with contextlib.suppress(OSError):
             os.close(os.open(self.wake_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
 
     def _watch(self, watcher: Inotify) -> bool:
-        self._wake_workers()
+        self._after_submit()
         return watcher.watch_file(self.wake_path)
 
     async def listen(
