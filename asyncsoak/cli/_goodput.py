@@ -74,8 +74,7 @@ def _from_queue(args: argparse.Namespace, since: float | None) -> list[JobLedger
     if store is None:
         return []
     with store:
-        jobs: list[JobLedger] = _queue_call(lambda: queue_goodput(store, since))
-    return jobs
+        return _queue_call(lambda: queue_goodput(store, since))
 
 
 def _artifact_files(paths: Sequence[str]) -> list[Path]:

@@ -334,7 +334,7 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError(f"--gpus {args.gpus!r}: a GPU index is below {MAX_GPUS}")
     if args.clear_fault is not None:
         with _open(args) as store:
-            return int(_queue_call(lambda: clear_faults(args, store)))
+            return _queue_call(lambda: clear_faults(args, store))
     config = worker_config(args, until=until)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_TerminalFormatter("%(asctime)s %(levelname)s %(message)s"))

@@ -10,7 +10,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 from .._contract import MAX_SECONDS, redact_url_passwords, terminal_text
 from ..queue import (
@@ -30,6 +30,8 @@ from . import UsageError, typed
 #: Exit status of a queue command whose database could not be reached in time (sysexits'
 #: EX_TEMPFAIL: try again later), apart from bad usage's 2, so a service manager restarts it.
 EXIT_DB_UNAVAILABLE = 75
+
+_T = TypeVar("_T")
 
 
 def default_db() -> str:
@@ -108,7 +110,7 @@ def _open_existing(args: argparse.Namespace) -> JobStore | None:
         raise
 
 
-def _queue_call(fn: Callable[[], Any]) -> Any:
+def _queue_call(fn: Callable[[], _T]) -> _T:
     try:
         return fn()
     except QueueUnavailableError:
