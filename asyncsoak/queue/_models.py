@@ -291,7 +291,7 @@ def validate_submission(**options: Unpack[JobOptions]) -> dict[str, Any]:
     checks); returns the job's columns, the soak limits checked."""
     argv, config = options.get("argv"), options.get("config")
     cwd, progress_dir = options.get("cwd"), options.get("progress_dir")
-    env, stop_mode = options.get("env") or {}, options.get("stop_mode", "stdin")
+    env, stop_mode = options.get("env"), options.get("stop_mode", "stdin")
     priority = options.get("priority", 0)
     max_attempts = options.get("max_attempts", DEFAULT_MAX_ATTEMPTS)
     if (argv is None) == (config is None):
@@ -318,7 +318,7 @@ def validate_submission(**options: Unpack[JobOptions]) -> dict[str, Any]:
         "argv": None if argv is None else list(argv),
         "config": None if config is None else dict(config),
         "cwd": None if cwd is None else os.fspath(cwd),
-        "env": dict(env),
+        "env": dict(env or {}),
         "progress_dir": None if progress_dir is None else os.fspath(progress_dir),
         "soak": limits,
         "stop_mode": stop_mode,
