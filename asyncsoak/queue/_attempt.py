@@ -205,7 +205,7 @@ class Runner:
         if attempts is None:
             return None
         earlier = [a for a in attempts if a.attempt < job.attempt]
-        return await self._call(earlier_highest_step, earlier)
+        return await self._or(None, warning, earlier_highest_step, earlier)
 
     async def run_job(self, job: Job, devices: Sequence[str] | None = None) -> str:
         """Run one claimed attempt; ``devices``: its GPUs (None: the worker's ``gpus``)."""
@@ -448,6 +448,8 @@ class Runner:
                 written = await self._call(
                     finish, job.id, job.attempt, self.name, outcome, summary, note
                 )
+                if written and self.metrics is not None:
+                    self.metrics.outcome(outcome.status, outcome.reason)
             except UNAVAILABLE as exc:
                 _log.warning(
                     "job %d: final status not written (%s), try %d of %d",
@@ -468,8 +470,6 @@ class Runner:
                     job.id,
                     job.attempt,
                 )
-            elif self.metrics is not None:
-                self.metrics.outcome(outcome.status, outcome.reason)
             return written
         try:
             path = await self._call(

@@ -289,6 +289,8 @@ class JobOptions(TypedDict, total=False):
 def validate_submission(**options: Unpack[JobOptions]) -> dict[str, Any]:
     """Refuse, at submit time, what ``run_soak`` would refuse when the job runs (the same
     checks); returns the job's columns, the soak limits checked."""
+    if unknown := sorted(options.keys() - JobOptions.__annotations__.keys()):
+        raise TypeError(f"submit() got an unexpected keyword argument {unknown[0]!r}")
     argv, config = options.get("argv"), options.get("config")
     cwd, progress_dir = options.get("cwd"), options.get("progress_dir")
     env, stop_mode = options.get("env"), options.get("stop_mode", "stdin")

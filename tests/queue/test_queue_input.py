@@ -84,6 +84,14 @@ def test_store_submit_refuses_what_run_soak_refuses(
     assert store.jobs() == []
 
 
+def test_store_submit_refuses_a_misspelled_keyword(store: JobStore) -> None:
+    """A keyword JobStore.submit does not take is a TypeError, as for any Python function: a
+    typo'd ``max_attempt`` never queues a job with the default attempts."""
+    with pytest.raises(TypeError, match="'max_attempt'"):
+        store.submit(argv=["true"], max_attempt=5)  # type: ignore[call-arg]
+    assert store.jobs() == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "flag", ["--poll=nan", "--cancel-grace=nan", "--stale-after=-1", "--stop-timeout=inf"]

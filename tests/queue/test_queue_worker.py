@@ -286,6 +286,28 @@ async def test_run_job_with_a_worker_config(tmp_path: Path, store: JobStore) -> 
 
 
 @pytest.mark.asyncio
+async def test_earlier_attempts_unreadable_in_time_still_run_the_job(
+    tmp_path: Path, store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading the earlier attempts' artifacts (a hung filesystem) past its deadline costs only
+    the ledger's ``wasted``: the attempt runs and succeeds."""
+    from asyncsoak._contract import BlockingCallTimeout
+
+    def hung(attempts: object) -> None:
+        raise BlockingCallTimeout("reading the earlier attempts' artifacts", 1.0)
+
+    monkeypatch.setattr("asyncsoak.queue._attempt.earlier_highest_step", hung)
+    job_id = store.submit(argv=[sys.executable, "-c", "pass"], soak=FAST_SOAK)
+    job = store.claim("w", socket.gethostname(), tmp_path / "runs")
+    assert job is not None
+    config = WorkerConfig(runs_dir=tmp_path / "runs", poll_seconds=0.1, nvidia_smi=None)
+    with anyio.fail_after(LIMIT_S):
+        status = await run_job(store, job, config)
+    assert status is JobStatus.SUCCEEDED
+    assert store.get(job_id).status == "succeeded"
+
+
+@pytest.mark.asyncio
 async def test_cancel_honoured_by_the_trainer(
     tmp_path: Path, store: JobStore, ready: ReadyFifo
 ) -> None:
