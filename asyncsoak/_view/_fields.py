@@ -92,21 +92,19 @@ def gpu_index(group: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+_GROUP_LABELS = {
+    "tree": "Process tree",
+    "machine": "Machine",
+    "gpu_tree": "GPU use",
+    "progress_rate": "Progress",
+}
+
+
 def group_label(group: str) -> str:
     index = gpu_index(group)
     if index is not None:
         return f"GPU {index}"
-    match group:
-        case "tree":
-            return "Process tree"
-        case "machine":
-            return "Machine"
-        case "gpu_tree":
-            return "GPU use"
-        case "progress_rate":
-            return "Progress"
-        case _:
-            return group.replace("_", " ")
+    return _GROUP_LABELS.get(group, group.replace("_", " "))
 
 
 def kind_title(kind: str) -> str:
@@ -116,13 +114,7 @@ def kind_title(kind: str) -> str:
 
 def group_rank(group: str) -> int:
     """Where a group comes among others: the tree, the machine, each GPU, then the rest."""
-    match group:
-        case "tree":
-            return 0
-        case "machine":
-            return 1
-        case _:
-            return 3 if gpu_index(group) is None else 2
+    return {"tree": 0, "machine": 1}.get(group, 3 if gpu_index(group) is None else 2)
 
 
 def describe(group: str, name: str) -> Field:
