@@ -119,11 +119,8 @@ class Status:
     goodput: str = ""
 
     def pieces(self) -> list[Piece]:
-        """The line's pieces in the order they are shown (see :data:`PIECE_IMPORTANCE`).
-
-        What the journal said (reasons, series, groups) comes with its control characters
-        spelled out: the pieces go to a terminal.
-        """
+        """The line's pieces in the order shown (:data:`PIECE_IMPORTANCE`); what the journal
+        said has its control characters spelled out: the pieces go to a terminal."""
         pieces = [Piece("phase", f"{format_duration(self.elapsed)} {self.phase}")]
         if self.training:
             pieces.append(Piece("training", self.training))
@@ -278,15 +275,9 @@ def _safe(pieces: list[Piece]) -> list[Piece]:
 def fit_pieces(
     pieces: Sequence[Piece], width: int, separator: str = " | "
 ) -> list[tuple[Piece, str]]:
-    """The pieces that fit in ``width`` columns, each with the wording chosen, in their order.
-
-    First the pieces given up last (:data:`LAST_DROPPED`), by importance, each in a short
-    wording that leaves room for the shortest wordings of those after it; then the others by
-    importance, each in its shortest wording (a piece that does not fit is left out, never cut
-    mid-word; a less important, shorter one may still fit); then the room left goes to longer
-    wordings, the most important pieces first.  Only the first piece, alone too wide, is
-    shortened at a word.
-    """
+    """The pieces that fit in ``width`` columns, each with the wording chosen, in their order
+    (the order of choice is in docs/architecture.md): a piece is left out, never cut mid-word,
+    except the first, alone too wide."""
     chosen: dict[int, str] = {}
 
     def room_for(text: str, reserve: int = 0) -> bool:

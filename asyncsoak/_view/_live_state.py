@@ -1,6 +1,5 @@
-"""The live view's fold: the soak's events so far, and the :class:`~._live_line.Status` they
-make at a moment. The run's figures are read from a ``RunState`` (the artifact's own fold);
-this one keeps only the recent history the memory trends and leak alerts need."""
+"""The live view's fold: the soak's events so far and the :class:`~._live_line.Status` they make
+at a moment, the run's figures from a ``RunState``, plus the history the memory trends need."""
 
 from __future__ import annotations
 
@@ -269,12 +268,9 @@ class LiveState:
     def status(
         self, now: float, monotonic_now: float | None = None, *, current: bool = True
     ) -> Status:
-        """The frame at ``now`` (Unix time).
-
-        ``current``: the events folded are the monitor's knowledge up to now (``run``'s view,
-        an observer of the monitor); else they stop at the journal's last line (``watch``),
-        and the quiet time is as of that line, with how old it is.
-        """
+        """The frame at ``now`` (Unix time); ``current``: the events are the monitor's knowledge
+        up to now (``run``), else they stop at the journal's last line (``watch``): the quiet
+        time is as of that line, with how old it is."""
         finished = self.finished is not None
         elapsed = self.elapsed(now, monotonic_now)
         known_until = elapsed if current or finished else self.run.last_t
