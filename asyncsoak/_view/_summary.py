@@ -10,22 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._analysis import TREE_MEMORY_SERIES, memory_not_judged
-from .._contract import (
-    Artifact,
-    FailureReason,
-    SoakStatus,
-    format_duration,
-    terminal_text,
-)
+from .._contract import Artifact, FailureReason, SoakStatus, format_duration, terminal_text
 from ._evidence import gather, gpu_faults
-from ._fields import (
-    describe,
-    format_clock,
-    format_value,
-    group_kind,
-    group_rank,
-    merge_twins,
-)
+from ._fields import describe, format_clock, format_value, group_kind, group_rank, merge_twins
 from ._hints import exit_text, look_first, process_name, throttled
 from ._job_view import pod_line, scheduler_line
 from ._sections import (

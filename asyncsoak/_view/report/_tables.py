@@ -9,12 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..._contract import (
-    Artifact,
-    FailureReason,
-    SoakStatus,
-    format_duration,
-)
+from ..._contract import Artifact, FailureReason, SoakStatus, format_duration
 from .._evidence import rate_text
 from .._fields import format_clock, format_value
 from .._sections import (
