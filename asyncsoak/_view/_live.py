@@ -296,11 +296,9 @@ async def _drive(
     except Exception as exc:
         # The view is a convenience: a broken terminal or an unreadable journal ends it, and
         # the soak goes on untouched; the user is told why the view went away.
-        line = (
-            terminal_text(f"asyncsoak: the live view stopped: {type(exc).__name__}: {exc}") + "\n"
-        )
+        line = terminal_text(f"asyncsoak: the live view stopped: {type(exc).__name__}: {exc}")
         with contextlib.suppress(Exception):
-            await in_thread(partial(_say, stream, line))
+            await in_thread(partial(_say, stream, line + "\n"))
         view = None  # nothing more is drawn on it
         return last
     finally:
