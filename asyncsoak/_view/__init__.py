@@ -1,8 +1,5 @@
-"""What a person reads.
-
-The evidence, the summary, the live view, the HTML report, comparisons, several artifacts of one
-job, and the labels of the sampled fields.
-"""
+"""What a person reads: the evidence, the summary, the live view, the HTML report,
+comparisons, several artifacts of one job, and the labels of the sampled fields."""
 
 from __future__ import annotations
 

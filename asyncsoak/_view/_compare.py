@@ -40,6 +40,14 @@ STATUS_RANK: dict[str, int] = {
 }
 
 Better = Literal["lower", "higher", "none"]
+#: How a figure of each of the comparison's own units is written (any other: ``format_value``).
+UNIT_WORDS: dict[str, Callable[[float], str]] = {
+    "s": format_duration,
+    "per_minute": lambda value: f"{value:.1f}/min",
+    "steps_per_second": lambda value: f"{value:.3g} steps/s",
+    "loss": lambda value: f"{value:.4g}",
+    "slope_bytes": lambda value: rate_text(value, "bytes", 0.0),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,17 +70,8 @@ class Row:
             return "-"
         if isinstance(value, str):
             return value
-        if self.unit == "s":
-            return format_duration(value)
-        if self.unit == "per_minute":
-            return f"{value:.1f}/min"
-        if self.unit == "steps_per_second":
-            return f"{value:.3g} steps/s"
-        if self.unit == "loss":
-            return f"{value:.4g}"
-        if self.unit == "slope_bytes":
-            return rate_text(value, "bytes", 0.0)
-        return format_value(value, self.unit)
+        words = UNIT_WORDS.get(self.unit)
+        return words(value) if words is not None else format_value(value, self.unit)
 
 
 @dataclass(frozen=True, slots=True)

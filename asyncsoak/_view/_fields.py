@@ -1,10 +1,6 @@
-"""Names people read for the artifact's series fields, and their values with units.
-
-Samplers name a field ``<what>_<unit>[_<qualifier>]`` (``rss_bytes``, ``power_draw_w``,
-``disk_free_bytes_output``).  Known fields get hand-written labels; any other field is still
-labelled and formatted from its name, so the report, the summary and the live view show
-whatever a sampler records without knowing it in advance.
-"""
+"""Names and units people read for the series fields, ``<what>_<unit>[_<qualifier>]``: known
+fields have hand-written labels, any other is read from its name, so every view shows whatever
+a sampler records."""
 
 from __future__ import annotations
 
@@ -92,21 +88,19 @@ def gpu_index(group: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+_GROUP_LABELS = {
+    "tree": "Process tree",
+    "machine": "Machine",
+    "gpu_tree": "GPU use",
+    "progress_rate": "Progress",
+}
+
+
 def group_label(group: str) -> str:
     index = gpu_index(group)
     if index is not None:
         return f"GPU {index}"
-    match group:
-        case "tree":
-            return "Process tree"
-        case "machine":
-            return "Machine"
-        case "gpu_tree":
-            return "GPU use"
-        case "progress_rate":
-            return "Progress"
-        case _:
-            return group.replace("_", " ")
+    return _GROUP_LABELS.get(group, group.replace("_", " "))
 
 
 def kind_title(kind: str) -> str:
@@ -116,13 +110,7 @@ def kind_title(kind: str) -> str:
 
 def group_rank(group: str) -> int:
     """Where a group comes among others: the tree, the machine, each GPU, then the rest."""
-    match group:
-        case "tree":
-            return 0
-        case "machine":
-            return 1
-        case _:
-            return 3 if gpu_index(group) is None else 2
+    return {"tree": 0, "machine": 1}.get(group, 3 if gpu_index(group) is None else 2)
 
 
 def describe(group: str, name: str) -> Field:
@@ -159,11 +147,8 @@ def merge_twins(fields: Iterable[tuple[Field, object]]) -> list[Field]:
 
 
 def format_value(value: float | None, unit: str, *, like: float | None = None) -> str:
-    """``value`` with its unit, scaled for reading (bytes to MiB or GiB...).
-
-    ``like``: scale as that value would be, so figures shown together share one unit
-    (``peak 1.1 GiB, mean 1.0 GiB``, not ``mean 1007.5 MiB``).
-    """
+    """``value`` with its unit, scaled for reading; ``like``: scaled as that value would be,
+    so figures shown together share one unit (``peak 1.1 GiB, mean 1.0 GiB``)."""
     if value is None:
         return "n/a"
     if unit == "bytes":

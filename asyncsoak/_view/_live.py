@@ -34,12 +34,8 @@ VIEW_CALL_TIMEOUT_SECONDS = 10.0
 
 
 class JournalTail:
-    """Complete events appended to a journal since the last read (:meth:`close` at the end).
-
-    Lines are taken once the first is a header of ``monitor_pid`` (an earlier run's journal
-    may sit at the path until truncated).  The open segment is held between reads, so when
-    the serializer renames it aside its last lines are still read before the new one.
-    """
+    """Complete events appended to a journal since the last read (:meth:`close` at the end);
+    an earlier run's journal and a segment renamed aside are handled (docs/architecture.md)."""
 
     def __init__(
         self, path: Path, monitor_pid: int | None = None, *, header_first: bool = True
@@ -273,10 +269,9 @@ async def _drive(
     until_finished: bool = False,
     refine: Callable[[Status], Status] | None = None,
 ) -> Status | None:
-    """Draw what ``step`` gives every ``refresh`` seconds until cancelled (or a finished frame
-    was drawn, with ``until_finished``); returns the last frame.  ``refine`` (blocking)
-    completes a frame on the thread hop that draws it.  A failure of the view itself ends it
-    after one line on ``stream`` saying why; only cancellation propagates."""
+    """Draw ``step``'s frame every ``refresh`` seconds until cancelled (or finished, with
+    ``until_finished``); the last frame.  ``refine`` (blocking) runs on the drawing thread; a
+    failure of the view ends it with one line on ``stream``: only cancellation propagates."""
     limiter = anyio.CapacityLimiter(1)
     view: _View | None = None
     last: Status | None = None
@@ -301,11 +296,9 @@ async def _drive(
     except Exception as exc:
         # The view is a convenience: a broken terminal or an unreadable journal ends it, and
         # the soak goes on untouched; the user is told why the view went away.
-        line = (
-            terminal_text(f"asyncsoak: the live view stopped: {type(exc).__name__}: {exc}") + "\n"
-        )
+        line = terminal_text(f"asyncsoak: the live view stopped: {type(exc).__name__}: {exc}")
         with contextlib.suppress(Exception):
-            await in_thread(partial(_say, stream, line))
+            await in_thread(partial(_say, stream, line + "\n"))
         view = None  # nothing more is drawn on it
         return last
     finally:

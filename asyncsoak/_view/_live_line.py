@@ -119,11 +119,8 @@ class Status:
     goodput: str = ""
 
     def pieces(self) -> list[Piece]:
-        """The line's pieces in the order they are shown (see :data:`PIECE_IMPORTANCE`).
-
-        What the journal said (reasons, series, groups) comes with its control characters
-        spelled out: the pieces go to a terminal.
-        """
+        """The line's pieces in the order shown (:data:`PIECE_IMPORTANCE`); what the journal
+        said has its control characters spelled out: the pieces go to a terminal."""
         pieces = [Piece("phase", f"{format_duration(self.elapsed)} {self.phase}")]
         if self.training:
             pieces.append(Piece("training", self.training))
@@ -132,22 +129,14 @@ class Status:
                 pieces.append(Piece("goodput", self.goodput, self.goodput.partition(":")[0]))
             # The last line sums the run up: its peaks, not the last sample of an idle tree.
             if self.peak_cpu_percent is not None or self.peak_rss_bytes is not None:
-                pieces.append(
-                    Piece(
-                        "memory",
-                        f"peak CPU {format_value(self.peak_cpu_percent, '%')} "
-                        f"RSS {format_value(self.peak_rss_bytes, 'bytes')}",
-                    )
-                )
+                peak = _figures(self.peak_cpu_percent, self.peak_rss_bytes)
+                pieces.append(Piece("memory", f"peak {peak}"))
             pieces.extend(_alert_piece(alert) for alert in self.alerts)
             pieces.extend(self._warnings_pieces())
-            for group, util, memory in self.peak_gpus:
-                pieces.append(
-                    Piece(
-                        "gpu",
-                        f"{group} peak {format_value(util, '%')} {format_value(memory, 'MiB')}",
-                    )
-                )
+            pieces.extend(
+                Piece("gpu", f"{group} peak {_gpu_figures(util, memory)}")
+                for group, util, memory in self.peak_gpus
+            )
             return _safe(pieces)
         # A leak or a projected breach matters more than any figure: it comes first.
         pieces.extend(_alert_piece(alert) for alert in self.alerts)
@@ -158,10 +147,7 @@ class Status:
         if not self.sampled:
             pieces.append(Piece("memory", NOT_SAMPLED_YET))
         elif self.tree_cpu_percent is not None or self.tree_rss_bytes is not None:
-            figures = (
-                f"CPU {format_value(self.tree_cpu_percent, '%')} "
-                f"RSS {format_value(self.tree_rss_bytes, 'bytes')}"
-            )
+            figures = _figures(self.tree_cpu_percent, self.tree_rss_bytes)
             trend = self.memory_trend
             pieces.append(
                 Piece(
@@ -171,31 +157,21 @@ class Status:
                     f"RSS {format_value(self.tree_rss_bytes, 'bytes')}",
                 )
             )
-        for group, util, memory in self.gpus:
-            if util is None and memory is None:
-                continue  # not sampled yet: no placeholder figures
-            pieces.append(
-                Piece("gpu", f"{group} {format_value(util, '%')} {format_value(memory, 'MiB')}")
-            )
+        pieces.extend(
+            Piece("gpu", f"{group} {_gpu_figures(util, memory)}")
+            for group, util, memory in self.gpus
+            if util is not None or memory is not None  # not sampled yet: no placeholder figures
+        )
         if self.changes:
             rate = self.changes_per_minute
             per_minute = f", {rate:.0f}/min" if rate is not None else ""
             what = "file" if self.steps_count else "progress"
-            pieces.append(
-                Piece(
-                    "changes",
-                    f"{self.changes} {what} change{'s' if self.changes != 1 else ''}" + per_minute,
-                    f"{self.changes} change{'s' if self.changes != 1 else ''}",
-                )
-            )
+            changes = f"change{'s' if self.changes != 1 else ''}"
+            text = f"{self.changes} {what} {changes}{per_minute}"
+            pieces.append(Piece("changes", text, f"{self.changes} {changes}"))
         if self.behind is not None and self.behind >= AS_OF_SHOWN_SECONDS:
-            pieces.append(
-                Piece(
-                    "as_of",
-                    f"as of {format_duration(self.behind)} ago (the journal's last line)",
-                    f"as of {format_duration(self.behind)} ago",
-                )
-            )
+            ago = f"as of {format_duration(self.behind)} ago"
+            pieces.append(Piece("as_of", f"{ago} (the journal's last line)", ago))
         return _safe(pieces)
 
     def with_progress_age(self, age: float | None) -> Status:
@@ -246,9 +222,9 @@ class Status:
             return [Piece("warnings", f"{count}: {terminal_text(self.warning)}", count)]
         return [Piece("warnings", count)]
 
-    def parts(self, *, compact: bool = False) -> list[str]:
-        """The pieces' wordings in order: the short ones with ``compact``."""
-        return [piece.shortest() if compact else piece.text for piece in self.pieces()]
+    def parts(self) -> list[str]:
+        """The pieces' wordings in order."""
+        return [piece.text for piece in self.pieces()]
 
     def plain(self) -> str:
         return "asyncsoak: " + " | ".join(self.parts())
@@ -267,6 +243,14 @@ def _alert_piece(alert: str) -> Piece:
     return Piece("alert", alert, short, " ".join(words[:who]) if words[0] == "LEAK" else "")
 
 
+def _figures(cpu: float | None, rss: float | None) -> str:
+    return f"CPU {format_value(cpu, '%')} RSS {format_value(rss, 'bytes')}"
+
+
+def _gpu_figures(util: float | None, memory: float | None) -> str:
+    return f"{format_value(util, '%')} {format_value(memory, 'MiB')}"
+
+
 def _safe(pieces: list[Piece]) -> list[Piece]:
     return [
         Piece(p.name, *(terminal_text(form) if form else "" for form in (p.text, p.short, p.tiny)))
@@ -278,15 +262,9 @@ def _safe(pieces: list[Piece]) -> list[Piece]:
 def fit_pieces(
     pieces: Sequence[Piece], width: int, separator: str = " | "
 ) -> list[tuple[Piece, str]]:
-    """The pieces that fit in ``width`` columns, each with the wording chosen, in their order.
-
-    First the pieces given up last (:data:`LAST_DROPPED`), by importance, each in a short
-    wording that leaves room for the shortest wordings of those after it; then the others by
-    importance, each in its shortest wording (a piece that does not fit is left out, never cut
-    mid-word; a less important, shorter one may still fit); then the room left goes to longer
-    wordings, the most important pieces first.  Only the first piece, alone too wide, is
-    shortened at a word.
-    """
+    """The pieces that fit in ``width`` columns, each with the wording chosen, in their order
+    (the order of choice is in docs/architecture.md): a piece is left out, never cut mid-word,
+    except the first, alone too wide."""
     chosen: dict[int, str] = {}
 
     def room_for(text: str, reserve: int = 0) -> bool:
@@ -316,12 +294,6 @@ def fit_pieces(
             current = chosen.pop(i)
             chosen[i] = next((f for f in pieces[i].forms if room_for(f)), current)
     return [(pieces[i], chosen[i]) for i in sorted(chosen)]
-
-
-def fit(parts: Sequence[str], width: int, separator: str = " | ") -> list[str]:
-    """The parts that fit in ``width`` columns, whole and in order (earlier ones first)."""
-    pieces = [Piece(PIECE_IMPORTANCE[0], part) for part in parts]
-    return [text for _, text in fit_pieces(pieces, width, separator)]
 
 
 def _shorten_words(text: str, width: int) -> str:

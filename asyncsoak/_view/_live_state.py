@@ -1,6 +1,5 @@
-"""The live view's fold: the soak's events so far, and the :class:`~._live_line.Status` they
-make at a moment. The run's figures are read from a ``RunState`` (the artifact's own fold);
-this one keeps only the recent history the memory trends and leak alerts need."""
+"""The live view's fold: the soak's events so far and the :class:`~._live_line.Status` they make
+at a moment, the run's figures from a ``RunState``, plus the history the memory trends need."""
 
 from __future__ import annotations
 
@@ -83,10 +82,6 @@ class LiveState:
     # -- the run's figures, as the RunState holds them -----------------------------------------
 
     @property
-    def last_t(self) -> float:
-        return self.run.last_t
-
-    @property
     def _header(self) -> Mapping[str, Any]:
         return self.run.header or {}
 
@@ -112,14 +107,6 @@ class LiveState:
     @property
     def warnings(self) -> int:
         return len(self.run.warnings)
-
-    @property
-    def step(self) -> events.StepJson | None:
-        return self.run.step
-
-    @property
-    def last_progress(self) -> float | None:
-        return self.run.last_progress
 
     @property
     def stale_limit(self) -> float | None:
@@ -258,10 +245,10 @@ class LiveState:
             return "command exited, waiting for its tree"
         if self.run.started_t is None:
             return "starting"
-        missing = self._missing_dir() if self.last_progress is None else None
+        missing = self._missing_dir() if self.run.last_progress is None else None
         if missing is not None:
             return f"waiting for the first progress: {missing} does not exist (yet)"
-        if self.last_progress is None:
+        if self.run.last_progress is None:
             return "waiting for the first progress"
         return "running"
 
@@ -269,32 +256,29 @@ class LiveState:
         """Seconds since the start at ``now`` (Unix time): on the monitor's own monotonic
         clock when ``monotonic_now`` is given and agrees (same host), else the wall clock."""
         if self.finished is not None or self.started_at is None:
-            return self.last_t
+            return self.run.last_t
         by_wall = now - self.started_at
         start = self._header.get("monotonic_start")
         if monotonic_now is not None and isinstance(start, int | float):
             by_monotonic = monotonic_now - start
             if abs(by_monotonic - by_wall) <= SAME_CLOCK_TOLERANCE_SECONDS:
-                return max(self.last_t, by_monotonic)
-        return max(self.last_t, by_wall)
+                return max(self.run.last_t, by_monotonic)
+        return max(self.run.last_t, by_wall)
 
     def status(
         self, now: float, monotonic_now: float | None = None, *, current: bool = True
     ) -> Status:
-        """The frame at ``now`` (Unix time).
-
-        ``current``: the events folded are the monitor's knowledge up to now (``run``'s view,
-        an observer of the monitor); else they stop at the journal's last line (``watch``),
-        and the quiet time is as of that line, with how old it is.
-        """
+        """The frame at ``now`` (Unix time); ``current``: the events are the monitor's knowledge
+        up to now (``run``), else they stop at the journal's last line (``watch``): the quiet
+        time is as of that line, with how old it is."""
         finished = self.finished is not None
         elapsed = self.elapsed(now, monotonic_now)
-        known_until = elapsed if current or finished else self.last_t
-        if self.last_progress is None:
+        known_until = elapsed if current or finished else self.run.last_t
+        if self.run.last_progress is None:
             quiet_for, name = known_until, "startup"
             limit = self._config.get("startup_timeout_seconds")
         else:
-            quiet_for = max(0.0, known_until - self.last_progress)
+            quiet_for = max(0.0, known_until - self.run.last_progress)
             limit, name = self.stale_limit, "stale"
         deadline = self._nearest_deadline(known_until, quiet_for, limit)
         points, peak = self._points(), self.run.peak
@@ -340,7 +324,7 @@ class LiveState:
             # A tree's first sample has no CPU rate, and its memory is the command's before it
             # loaded anything: no figure is shown until one with a rate.
             sampled=tree.get("cpu_percent") is not None or peak("tree", "cpu_percent") is not None,
-            behind=None if current or finished else max(0.0, elapsed - self.last_t),
+            behind=None if current or finished else max(0.0, elapsed - self.run.last_t),
             # The progress rate's newest point (the artifact's ``series.progress_rate``).
             changes_per_minute=rate[-1] if rate else None,
             processes=tuple(
@@ -349,7 +333,7 @@ class LiveState:
             ),
             log_path=self._header.get("log_path"),
             status=self.finished,
-            training=training_line(self.step),
+            training=training_line(self.run.step),
             steps_count=self.run.steps_count,
             deadline=deadline,
             goodput=self._goodput() if finished else "",
@@ -369,7 +353,9 @@ class LiveState:
     def _goodput(self) -> str:
         """The finished run's goodput line (worked out once: a long run has many steps)."""
         if self._goodput_shown is None:
-            self._goodput_shown = goodput_line(self.run.goodput().to_json()) if self.step else ""
+            self._goodput_shown = (
+                goodput_line(self.run.goodput().to_json()) if self.run.step else ""
+            )
         return self._goodput_shown
 
 

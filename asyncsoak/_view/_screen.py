@@ -11,7 +11,7 @@ from typing import Any
 from .._contract import format_duration, terminal_text
 from .._record import read_log_tail
 from ._fields import format_value
-from ._live_line import Status, phase_style, quiet_bar
+from ._live_line import AS_OF_SHOWN_SECONDS, Status, phase_style, quiet_bar
 
 #: Processes listed at most.
 PROCESS_ROWS = 5
@@ -45,8 +45,7 @@ def render_screen(status: Status, width: int, height: int) -> Any:
             f"  {status.warnings} warning{'s' if status.warnings != 1 else ''}", style="yellow"
         )
     parts.append(title)
-    for alert in status.alerts:
-        parts.append(Text(terminal_text(alert), style="bold red"))
+    parts += (Text(terminal_text(alert), style="bold red") for alert in status.alerts)
 
     progress = Table.grid(padding=(0, 2))
     # The labels keep their width: a long row is cut at its end, not at its label.
@@ -76,7 +75,7 @@ def render_screen(status: Status, width: int, height: int) -> Any:
     deadline = status.deadline_words()
     if deadline is not None and not status.finished:
         progress.add_row("deadline", f"{terminal_text(deadline[0])} {deadline[1]}")
-    if status.behind is not None and status.behind >= 1.0:
+    if status.behind is not None and status.behind >= AS_OF_SHOWN_SECONDS:
         progress.add_row("as of", f"{format_duration(status.behind)} ago (the journal's last line)")
     if status.finished:
         # A run shorter than a sample has no peaks: no placeholder figures for them.
@@ -111,8 +110,7 @@ def render_screen(status: Status, width: int, height: int) -> Any:
                 format_value(process.memory_bytes, "bytes"),
                 Text(trend, style="red" if trend.startswith("+") else ""),
             )
-        parts.append(Text(""))
-        parts.append(table)
+        parts += [Text(""), table]
 
     gpus = status.peak_gpus if status.finished else status.gpus
     shown = [g for g in gpus if g[1] is not None or g[2] is not None]
@@ -125,15 +123,11 @@ def render_screen(status: Status, width: int, height: int) -> Any:
             table.add_row(
                 terminal_text(group), format_value(util, "%"), format_value(memory, "MiB")
             )
-        parts.append(Text(""))
-        parts.append(table)
+        parts += [Text(""), table]
 
-    used = _rows(parts, width)
-    room = height - used - 3
-    lines = log_tail(status.log_path, room)
+    lines = log_tail(status.log_path, height - _rows(parts, width) - 3)
     if lines:
-        parts.append(Text(""))
-        parts.append(Text(f"log: {terminal_text(status.log_path or '')}", style="dim"))
+        parts += [Text(""), Text(f"log: {terminal_text(status.log_path or '')}", style="dim")]
         parts.extend(Text(line, no_wrap=True, overflow="ellipsis") for line in lines)
     return Group(*parts)
 

@@ -1,10 +1,6 @@
-"""The status a person reads: the artifact's, except a pass that carries warnings.
-
-The artifact's ``status`` stays one of ``passed | failed | cancelled | error`` (a contract every
-reader of artifacts relies on).  The views (``summary``, ``summary --json``, ``compare``, the
-live line and ``watch``) say ``passed_with_warnings`` for a pass with at least one warning, so a
-run that leaks, or whose monitor could not see everything, never looks like a clean one.
-"""
+"""The status a person reads: the artifact's (a contract), except that every view says
+``passed_with_warnings`` for a pass with a warning, so a run that leaks, or whose monitor could
+not see everything, never looks like a clean one."""
 
 from __future__ import annotations
 

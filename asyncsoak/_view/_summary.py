@@ -1,8 +1,5 @@
-"""``asyncsoak summary``: the verdict and what to look at first, on one screen.
-
-:func:`summarize` reads an artifact into plain facts and sentences (also used by the HTML
-report's header); :func:`format_summary` lays them out as text.
-"""
+"""``asyncsoak summary``: the verdict and what to look at first, on one screen; the facts of
+:func:`summarize` also head the HTML report."""
 
 from __future__ import annotations
 
@@ -13,22 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._analysis import TREE_MEMORY_SERIES, memory_not_judged
-from .._contract import (
-    Artifact,
-    FailureReason,
-    SoakStatus,
-    format_duration,
-    terminal_text,
-)
+from .._contract import Artifact, FailureReason, SoakStatus, format_duration, terminal_text
 from ._evidence import gather, gpu_faults
-from ._fields import (
-    describe,
-    format_clock,
-    format_value,
-    group_kind,
-    group_rank,
-    merge_twins,
-)
+from ._fields import describe, format_clock, format_value, group_kind, group_rank, merge_twins
 from ._hints import exit_text, look_first, process_name, throttled
 from ._job_view import pod_line, scheduler_line
 from ._sections import (
@@ -149,11 +133,8 @@ SHOWN_WHEN_MOVED = frozenset({"shm_used_bytes"})
 
 
 def peaks(artifact: Artifact) -> list[dict[str, Any]]:
-    """Process tree and machine figures: peak (or lowest, for what is free), mean, last.
-
-    Counters (bytes read and written) are given as totals; two disk series with the same
-    figures (the progress and output dirs on one filesystem) as one row.
-    """
+    """Process tree and machine figures: peak (lowest, for what is free), mean, last; counters
+    as totals; two disk series with the same figures (one filesystem) as one row."""
     rows: list[dict[str, Any]] = []
     trends = artifact["trends"]
     # The memory the leak check judges, when it could not judge it (too few samples).

@@ -1,9 +1,5 @@
-"""The training's own figures in words: step, rate, loss and ETA, one spelling for every view.
-
-Read from a ``step`` journal line or from the artifact's ``progress.steps`` (the step event's
-fields; absent in a journal of an earlier version, null where the trainer's files do not say):
-``step 1,150/1,200 | 55 steps/s | loss 6.15 | ETA 1m00s``.
-"""
+"""The training's own figures in words, one spelling for every view, from a ``step`` line or
+the artifact's ``progress.steps``: ``step 1,150/1,200 | 55 steps/s | loss 6.15 | ETA 1m00s``."""
 
 from __future__ import annotations
 

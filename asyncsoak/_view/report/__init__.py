@@ -1,13 +1,6 @@
-"""``asyncsoak report``: one self-contained HTML page that shows what happened, and when.
-
-The page opens offline (a partial plotly.js inlined compressed, ``_assets``): the verdict, the
-run's facts, one figure whose panels share a time axis, then the events, leftovers, forensics
-and the log tail.
-By concern: ``_detail`` reads progress and throttling over time, ``_panels`` plans the panels,
-``_timeline`` decides what the figure shows, ``_figure`` draws it with plotly (an optional
-extra, imported only there), ``_tables`` and ``_events`` write the HTML sections, ``_page``
-assembles the page (and a job's page); ``_text`` escapes what the run wrote for plotly.
-"""
+"""``asyncsoak report``: one self-contained HTML page (plotly.js inlined, ``_assets``) of what
+happened, and when; ``_page`` lists its sections in order, ``_figure`` draws its one figure
+(plotly, an optional extra, imported only there)."""
 
 from ._assets import STYLE as STYLE
 from ._detail import RunDetail as RunDetail

@@ -1,7 +1,5 @@
-"""What the report draws of the run over time beyond the series: every progress change (in
-bins) and when each GPU was held back.  The artifact holds both (``progress.bins``,
-``gpu_health[gpu].throttle_spans``), so no journal line is read; an artifact written before
-them takes them from its journal."""
+"""What the report draws over time beyond the series: the progress changes (in bins) and when
+each GPU was held back, from the artifact, or the journal for an artifact older than both."""
 
 from __future__ import annotations
 
@@ -146,10 +144,8 @@ class _DetailFold:
 
 
 def detail_for(artifact: Artifact, journal: Path | None) -> RunDetail | None:
-    """The run's detail: the artifact's, else (an artifact written before ``progress.bins``)
-    read from its journal (``journal``, else the one the artifact names) only for what the
-    artifact lacks: the progress changes it dropped, and the GPU samples when it says a GPU
-    was held back.  None for such an artifact without a journal that can be read."""
+    """The run's detail: the artifact's, else what an older artifact lacks read from its
+    journal (``journal``, else the one it names); None when that journal cannot be read."""
     detail = artifact_detail(artifact)
     if detail is not None:
         return detail

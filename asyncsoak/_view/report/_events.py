@@ -226,8 +226,7 @@ def forensics_html(artifact: Artifact) -> str:
     parts = ['<section id="forensics"><h2>Forensics</h2>']
     abandoned = abandoned_processes(artifact)
     if abandoned:
-        parts.append("<h3>Processes that would not die (abandoned)</h3>")
-        parts.append(_process_table(abandoned))
+        parts += ["<h3>Processes that would not die (abandoned)</h3>", _process_table(abandoned)]
     kills = oom_kills(artifact)
     if kills:
         items = "".join(
@@ -240,7 +239,6 @@ def forensics_html(artifact: Artifact) -> str:
     stall = stall_forensics(artifact)
     if stall is not None:
         parts.append(_stall_forensics_html(stall, artifact["exit"]["pid"]))
-    monitor = artifact["monitor"]
     notes = sampler_notes(artifact)
     if notes:
         items = "".join(
@@ -251,27 +249,21 @@ def forensics_html(artifact: Artifact) -> str:
         parts.append(f"<h3>Sampler notes</h3><ul>{items}</ul>")
     stop = stop_section(artifact)
     if stop is not None and stop["cause"]:
-        parts.append(
-            "<p>Stop: "
-            + html.escape(
-                f"{_stop_text(stop)}, SIGKILL needed: {'yes' if stop['killed'] else 'no'}"
-            )
-            + "</p>"
-        )
+        killed = "yes" if stop["killed"] else "no"
+        parts.append(f"<p>Stop: {html.escape(f'{_stop_text(stop)}, SIGKILL needed: {killed}')}</p>")
     # The monotonic start only serves to date kernel records; it means nothing to a reader.
     shown = {
         k: v
-        for k, v in monitor.items()
+        for k, v in artifact["monitor"].items()
         if v not in (None, {}, [], "") and k not in ("monotonic_start", "sampler_notes")
     }
-    parts.append(
-        "<p>Monitor: "
-        + html.escape(", ".join(f"{k.replace('_', ' ')} {_plain(v)}" for k, v in shown.items()))
-        + "</p>"
-    )
-    parts.append(_json_details("Effective configuration", artifact["config"]))
-    parts.append(_json_details("Runtime snapshot (provenance)", artifact["snapshot"]))
-    parts.append("</section>")
+    said = ", ".join(f"{k.replace('_', ' ')} {_plain(v)}" for k, v in shown.items())
+    parts += [
+        f"<p>Monitor: {html.escape(said)}</p>",
+        _json_details("Effective configuration", artifact["config"]),
+        _json_details("Runtime snapshot (provenance)", artifact["snapshot"]),
+        "</section>",
+    ]
     return "\n".join(parts)
 
 
@@ -303,13 +295,9 @@ def _stall_forensics_html(forensics: schema.ForensicsSection, main_pid: int | No
     if idle:
         # Idle workers (dataloaders waiting on their queue) say little: folded, one line.
         names = ", ".join(f"{p['pid']} {p['name']}" for p in idle[:8])
-        parts.append(
-            f"<details><summary>{len(idle)} idle process(es): {html.escape(names)}"
-            + (" ..." if len(idle) > 8 else "")
-            + "</summary>"
-            + _process_details(idle, open_first=False)
-            + "</details>"
-        )
+        more = " ..." if len(idle) > 8 else ""
+        summary = f"{len(idle)} idle process(es): {html.escape(names)}{more}"
+        parts.append(_details(summary, _process_details(idle, open_first=False)))
     return "\n".join(parts)
 
 
@@ -346,22 +334,18 @@ def _process_details(processes: Sequence[schema.ForensicsProcess], *, open_first
         )
         body = [f'<p class="mono">{html.escape(_short_command(process["cmdline"]))}</p>']
         # py-spy's dump, or why there is none (a Python process only).
-        stack = python_stack(process)
-        stack_error = python_stack_error(process)
+        stack, stack_error = python_stack(process), python_stack_error(process)
         if stack:
             main, rest = _split_threads(stack)
             body.append(f"<h4>Python stack (py-spy)</h4><pre>{html.escape(main)}</pre>")
             if rest:
-                body.append(
-                    f"<details><summary>{rest.count('Thread ')} other thread(s)</summary>"
-                    f"<pre>{html.escape(rest)}</pre></details>"
-                )
+                others = f"{rest.count('Thread ')} other thread(s)"
+                body.append(_details(others, f"<pre>{html.escape(rest)}</pre>"))
         elif stack_error:
             body.append(f"<p>Python stack: {html.escape(stack_error)}</p>")
-        if process["kernel_stack"]:
-            body.append(
-                f"<h4>Kernel stack</h4><pre>{html.escape(str(process['kernel_stack']))}</pre>"
-            )
+        kernel = process["kernel_stack"]
+        if kernel:
+            body.append(f"<h4>Kernel stack</h4><pre>{html.escape(str(kernel))}</pre>")
         threads = process["threads"]
         if len(threads) > 1:
             head = head_row("tid", "name", "state", "waiting in")
@@ -369,8 +353,7 @@ def _process_details(processes: Sequence[schema.ForensicsProcess], *, open_first
                 table_row(th[k] for k in ("tid", "name", "state", "wchan")) for th in threads
             )
             body.append(f"<h4>Threads</h4><table>{head}{rows}</table>")
-        opened = " open" if i == 0 and open_first else ""
-        parts.append(f"<details{opened}><summary>{summary}</summary>{''.join(body)}</details>")
+        parts.append(_details(summary, "".join(body), opened=i == 0 and open_first))
     return "\n".join(parts)
 
 
@@ -389,9 +372,11 @@ def _plain(value: object) -> str:
 
 def _json_details(title: str, value: object) -> str:
     text = json.dumps(value, indent=1, default=str)
-    return (
-        f"<details><summary>{html.escape(title)}</summary><pre>{html.escape(text)}</pre></details>"
-    )
+    return _details(html.escape(title), f"<pre>{html.escape(text)}</pre>")
+
+
+def _details(summary: str, body: str, *, opened: bool = False) -> str:
+    return f"<details{' open' if opened else ''}><summary>{summary}</summary>{body}</details>"
 
 
 def log_html(artifact: Artifact) -> str:

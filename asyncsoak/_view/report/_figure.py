@@ -17,6 +17,8 @@ from ._panels import Panel, axis_title, group_sort_key, is_reference, scale_for
 from ._text import plot_text
 from ._timeline import COLORS, SPARSE_POINTS, TimelineModel
 
+#: Behind a note on a panel: the lines show through, faintly.
+_VEIL = "rgba(255,255,255,0.8)"
 PALETTE = ("#1f77b4", "#9467bd", "#17becf", "#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#ff7f0e")
 
 
@@ -72,16 +74,17 @@ class Timeline(TimelineModel):
         y_of = {lane: -i for i, lane in enumerate(lanes)}
         window = stall_window(self.artifact)
         if window is not None and window[0] > 0:
-            fig.add_annotation(
+            left = window[0] > self.duration * 0.6
+            _note(
+                fig,
+                f"last progress {format_duration(window[0])}",
+                COLORS["progress"],
                 x=self.x(window[0]),
                 y=y_of["progress"],
                 xref="x",
                 yref="y",
-                xanchor="right" if window[0] > self.duration * 0.6 else "left",
-                text=f"last progress {format_duration(window[0])}",
-                showarrow=False,
-                xshift=-8 if window[0] > self.duration * 0.6 else 8,
-                font={"color": COLORS["progress"], "size": 12},
+                xanchor="right" if left else "left",
+                xshift=-8 if left else 8,
             )
         if self.progress:
             ticks = self._progress_ticks()
@@ -191,16 +194,15 @@ class Timeline(TimelineModel):
             )
         if off_scale:
             # A limit far above every gap would flatten the curve: name it instead.
-            fig.add_annotation(
+            _note(
+                fig,
+                f"{' and '.join(off_scale)}: far above every gap",
                 x=1,
                 y=1,
                 xref="x2 domain",
                 yref="y2 domain",
                 xanchor="right",
                 yanchor="top",
-                text=f"{' and '.join(off_scale)}: far above every gap",
-                showarrow=False,
-                font={"color": COLORS["failure"], "size": 12},
             )
         top = max([peak] + [limit.value for limit in limits]) * 1.25 or 1.0
         fig.update_yaxes(row=2, col=1, range=[0, top], title_text="since progress (s)")
@@ -287,7 +289,10 @@ class Timeline(TimelineModel):
         lines = self.slope_lines()
         if not lines:
             return
-        fig.add_annotation(
+        _note(
+            fig,
+            plot_text("\n".join(lines)),
+            COLORS["failure"] if leaking_series(self.artifact) else "#333",
             x=0.01,
             y=0.98,
             xref=f"x{row} domain",
@@ -295,13 +300,7 @@ class Timeline(TimelineModel):
             xanchor="left",
             yanchor="top",
             align="left",
-            text=plot_text("\n".join(lines)),
-            showarrow=False,
-            bgcolor="rgba(255,255,255,0.8)",
-            font={
-                "color": COLORS["failure"] if leaking_series(self.artifact) else "#333",
-                "size": 12,
-            },
+            bgcolor=_VEIL,
         )
 
     def _mark_nonfinite(self, fig: Any, row: int) -> None:
@@ -311,7 +310,9 @@ class Timeline(TimelineModel):
             fig.add_vline(
                 x=self.x(t), line={"color": COLORS["failure"], "dash": "dot"}, row=row, col=1
             )
-            fig.add_annotation(
+            _note(
+                fig,
+                plot_text(text),
                 x=self.x(t),
                 y=0.95,
                 xref=f"x{row}",
@@ -319,53 +320,34 @@ class Timeline(TimelineModel):
                 xanchor="right" if left else "left",
                 yanchor="top",
                 xshift=-4 if left else 4,
-                text=plot_text(text),
-                showarrow=False,
-                bgcolor="rgba(255,255,255,0.8)",
-                font={"color": COLORS["failure"], "size": 12},
+                bgcolor=_VEIL,
             )
 
     def _draw_marks_across(self, fig: Any) -> None:
         shapes: list[dict[str, Any]] = []
         window = stall_window(self.artifact)
         if window is not None:
-            shapes.append(
-                {
-                    "type": "rect",
-                    "xref": "x",
-                    "yref": "paper",
-                    "x0": self.x(window[0]),
-                    "x1": self.x(window[1]),
-                    "y0": 0,
-                    "y1": 1,
-                    "fillcolor": COLORS["stall"],
-                    "line": {"width": 0},
-                    "layer": "below",
-                }
-            )
-            fig.add_annotation(
+            start, end = self.x(window[0]), self.x(window[1])
+            shapes.append(_across("rect", start, end, fillcolor=COLORS["stall"], line={"width": 0}))
+            _note(
+                fig,
+                f"<b>no progress for {format_duration(window[1] - window[0])}</b>",
+                size=13,
                 x=self.x((window[0] + window[1]) / 2),
                 y=0.98,
                 xref="x",
                 yref="y2 domain",
                 yanchor="top",
-                text=f"<b>no progress for {format_duration(window[1] - window[0])}</b>",
-                showarrow=False,
-                font={"color": COLORS["failure"], "size": 13},
             )
         shapes.extend(
-            {
-                "type": "line",
-                "xref": "x",
-                "yref": "paper",
-                "x0": self.x(mark.t),
-                "x1": self.x(mark.t),
-                "y0": 0,
-                "y1": 1,
-                "line": {"color": mark.color, "dash": mark.dash, "width": 2},
-                "opacity": 0.9,
-                "layer": "above",
-            }
+            _across(
+                "line",
+                self.x(mark.t),
+                self.x(mark.t),
+                line={"color": mark.color, "dash": mark.dash, "width": 2},
+                opacity=0.9,
+                layer="above",
+            )
             for mark in self.marks
             if mark.dash is not None
         )
@@ -404,7 +386,7 @@ class Timeline(TimelineModel):
         for row in range(3, rows + 1):
             top = fig.get_subplot(row, 1).yaxis.domain[1]
             legend = {"x": 1, "xanchor": "right", "y": top, "yanchor": "top", "orientation": "h"}
-            legend |= {"font": {"size": 12}, "bgcolor": "rgba(255,255,255,0.8)"}
+            legend |= {"font": {"size": 12}, "bgcolor": _VEIL}
             fig.update_layout({f"legend{row}": legend})
 
     def _readout_script(self) -> str:
@@ -452,3 +434,14 @@ class Timeline(TimelineModel):
             + "<br>"
             + legend
         )
+
+
+def _note(fig: Any, text: str, color: str = COLORS["failure"], size: int = 12, **at: Any) -> None:
+    """Words on the figure, no arrow, in ``color``."""
+    fig.add_annotation(text=text, showarrow=False, font={"color": color, "size": size}, **at)
+
+
+def _across(kind: str, x0: float, x1: float, **style: Any) -> dict[str, Any]:
+    """A shape across every panel, from ``x0`` to ``x1`` (beneath them unless ``layer``)."""
+    shape = {"type": kind, "xref": "x", "yref": "paper", "x0": x0, "x1": x1, "y0": 0, "y1": 1}
+    return {**shape, "layer": "below", **style}

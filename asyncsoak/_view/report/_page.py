@@ -55,13 +55,9 @@ def render_report(
     baseline: Artifact | None = None,
     baseline_source: str | None = None,
 ) -> str:
-    """The report of one run as a self-contained HTML page.
-
-    ``journal`` adds what only the journal holds (throttle spans, progress events the
-    artifact did not keep); by default the journal the artifact names is used if it is there.
-    ``source`` names the file the report was made from.  ``baseline``: an earlier run of the
-    same training, drawn beneath this one's panels and compared figure by figure.
-    """
+    """The report of one run as a self-contained HTML page; ``journal`` (by default the one the
+    artifact names) fills what an older artifact lacks; ``baseline``, an earlier run of the
+    same training, is drawn beneath the panels and compared figure by figure."""
     try:
         import plotly  # noqa: F401
     except ImportError:

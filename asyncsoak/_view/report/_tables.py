@@ -9,12 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..._contract import (
-    Artifact,
-    FailureReason,
-    SoakStatus,
-    format_duration,
-)
+from ..._contract import Artifact, FailureReason, SoakStatus, format_duration
 from .._evidence import rate_text
 from .._fields import format_clock, format_value
 from .._sections import (
@@ -145,9 +140,7 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
         rows.append(
             f"<dt>Last progress</dt><dd>{format_duration(last['t'])} "
             f"({html.escape(_wall_clock(artifact, last['t']))}), "
-            f"{format_duration(last['before_end'])} before {end}"
-            + (f": {files}" if files else "")
-            + "</dd>"
+            f"{format_duration(last['before_end'])} before {end}{': ' if files else ''}{files}</dd>"
         )
     elif artifact["status"] != SoakStatus.PASSED:
         rows.append("<dt>Last progress</dt><dd>none: no file in the progress dir changed</dd>")
@@ -155,18 +148,12 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
         rows.append(f"<dt>{'Next step' if i == 0 else ''}</dt><dd>{html.escape(step)}</dd>")
     log = _log_excerpt_html(evidence["log_lines"], evidence["traceback"])
     # Sections the page leaves out when there is nothing to show; the others are always there.
-    empty = {
-        anchor
-        for anchor, shown in (
-            ("processes", top_processes(artifact)),
-            ("events", artifact["events"]),
-            ("forensics", stall_forensics(artifact) or abandoned_processes(artifact)),
-        )
-        if not shown
+    shown = {
+        "processes": top_processes(artifact),
+        "events": artifact["events"],
+        "forensics": stall_forensics(artifact) or abandoned_processes(artifact),
     }
-    links = " · ".join(
-        f'<a href="#{anchor}">{name}</a>' for anchor, name in ANCHORS if anchor not in empty
-    )
+    links = " · ".join(f'<a href="#{a}">{name}</a>' for a, name in ANCHORS if shown.get(a, True))
     return (
         '<section id="evidence" class="evidence">'
         f'<div class="evidence-facts"><dl>{"".join(rows)}</dl>'

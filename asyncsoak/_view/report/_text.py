@@ -1,12 +1,5 @@
-"""Text from the run as plotly draws it: the one escaping function of the figures' strings.
-
-plotly reads the strings it draws (subplot titles, legend names, hover texts, axis tick
-labels, annotations) as a small HTML: tags (``<a href>``, ``<span style>``, ``<br>``) and
-entities.  A process names itself, a file is named by whoever wrote it, a series field comes
-from the artifact: each goes through :func:`plot_text` before plotly sees it, so it is drawn
-as written.  The page's own HTML escapes with :func:`html.escape`, and the readout script
-writes with ``textContent``.
-"""
+"""Text from the run as plotly draws it: plotly reads every string it draws as a small HTML,
+so what a process, a file or a series names goes through :func:`plot_text` first."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from ..._analysis import TREE_MEMORY_SERIES
@@ -214,15 +215,14 @@ class TimelineModel:
         for event in artifact["events"]:
             # Each branch tests ``event["kind"]`` itself: that narrows the event to its kind.
             kind, t = event["kind"], float(event["t"])
-            at = f" at {format_duration(t)} ({self._wall(t)})"
+            at = f" at {format_duration(t)} ({wall_clock(self.artifact, t)})"
             if event["kind"] == EventKind.FAILURE:
                 hover = f"failure {event['reason']}{at}\n{event['message']}"
                 add(t, "failure", str(event["reason"]), hover, "failure")
             elif event["kind"] == EventKind.SIGNAL:
                 hover = f"{event['signal']} sent to the {event['target']}{at}"
-                add(
-                    t, "monitor", str(event["signal"]), f"{hover}\npids {pids(event['pids'])}", kind
-                )
+                hover += f"\npids {pids(event['pids'])}"
+                add(t, "monitor", str(event["signal"]), hover, kind)
             elif event["kind"] == EventKind.STOP:
                 hover = f"stop ({event['cause']}, grace {event['grace_seconds']}s){at}"
                 add(t, "monitor", "", hover, "stop")
@@ -241,13 +241,8 @@ class TimelineModel:
                 add(t, "failure", "OOM kill", hover, kind)
             elif event["kind"] in (EventKind.LEFTOVER, EventKind.ABANDONED):
                 process = event["process"]
-                add(
-                    t,
-                    "monitor",
-                    "",
-                    f"{kind}: pid {process['pid']} {process['name']}{at}",
-                    "leftover",
-                )
+                hover = f"{kind}: pid {process['pid']} {process['name']}{at}"
+                add(t, "monitor", "", hover, "leftover")
             elif event["kind"] == EventKind.TREND:
                 label = "leak" if event["verdict"] == "leak" else "breach ahead"
                 hover = f"{event['verdict']} ({event['series']}){at}\n{event['message']}"
@@ -269,14 +264,13 @@ class TimelineModel:
                     add(self.duration, "failure", FailureReason.MONITOR_LOST, hover, "failure")
         return marks
 
-    def _wall(self, t: float) -> str:
-        return wall_clock(self.artifact, t)
-
     def lane_marks(self, lane: str) -> list[Mark]:
         """The lane's marks as drawn: marks whose labels or markers would overlap are merged
         into one, labelled by the most telling of them with ``+N``, every hover kept."""
         per_px = self.duration * 1.02 / LANE_PLOT_PX
-        groups = [[m] for m in sorted((m for m in self.marks if m.lane == lane), key=_time)]
+        groups = [
+            [m] for m in sorted((m for m in self.marks if m.lane == lane), key=attrgetter("t"))
+        ]
         while True:
             # A label drawn to the left can reach past its neighbour: any two groups whose
             # drawn spans meet are merged, until none do.
@@ -292,7 +286,7 @@ class TimelineModel:
             )
             if pair is None:
                 return [_merged(group) for group in groups]
-            groups[pair[0]] = sorted(groups[pair[0]] + groups.pop(pair[1]), key=_time)
+            groups[pair[0]] = sorted(groups[pair[0]] + groups.pop(pair[1]), key=attrgetter("t"))
 
     def _label_span(self, mark: Mark, per_px: float) -> tuple[float, float]:
         """The time span a mark's marker and label cover on the lane."""
@@ -334,10 +328,10 @@ class TimelineModel:
         ticks = []
         for b in in_slices(self.progress, PROGRESS_TICKS):
             text = (
-                f"progress at {format_duration(b.last)} ({self._wall(b.last)})"
+                f"progress at {format_duration(b.last)} ({wall_clock(self.artifact, b.last)})"
                 if b.changes == 1
                 else f"{b.changes} progress changes, {format_duration(b.first)} to "
-                f"{format_duration(b.last)} ({self._wall(b.last)})"
+                f"{format_duration(b.last)} ({wall_clock(self.artifact, b.last)})"
             )
             files = f"\n{b.files}" if b.changes == 1 else f"\nlast: {b.files}"
             ticks.append((b.last, text + (files if b.files else "")))
@@ -418,10 +412,6 @@ class TimelineModel:
             limits.append(Limit(0.0, end, startup, f"startup limit {format_duration(startup)}"))
         shown = [limit for limit in limits if limit.value <= in_scale]
         return shown, [limit.label for limit in limits if limit not in shown]
-
-
-def _time(mark: Mark) -> float:
-    return mark.t
 
 
 def _merged(group: Sequence[Mark]) -> Mark:
