@@ -242,25 +242,19 @@ class _Tail:
 
     def _lines(self, data: bytes, offset: int) -> list[tuple[int, bytes, bool]]:
         out: list[tuple[int, bytes, bool]] = []
-        start = 0
-        while True:
-            end = data.find(b"\n", start)
-            if end < 0:
-                break
-            piece = data[start:end]
-            start = end + 1
+        *pieces, rest = data.split(b"\n")
+        end = offset - 1  # where each piece's newline is in the file
+        for piece in pieces:
+            end += len(piece) + 1
+            line, self._partial = self._partial + piece, b""
             if self._skipping:
                 self._skipping = False
-                self._partial = b""
                 continue
-            line = self._partial + piece
-            self._partial = b""
             self.line_no += 1
             if len(line) > MAX_LINE_BYTES:
                 self.huge += 1
-                continue
-            out.append((self.line_no, line, offset + end < self._start_size))
-        rest = data[start:]
+            else:
+                out.append((self.line_no, line, end < self._start_size))
         if not self._skipping:
             if len(self._partial) + len(rest) > MAX_LINE_BYTES:
                 self.huge += 1
