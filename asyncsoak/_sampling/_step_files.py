@@ -174,7 +174,7 @@ def _first(data: Mapping[str, Any], keys: Sequence[str], convert: Any) -> Any:
 class _Tail:
     """A file read line by line as it grows: offset, inode, the partial last line."""
 
-    def __init__(self, path: Path, name: str, *, from_start: bool, start_size: int = 0) -> None:
+    def __init__(self, path: Path, name: str, start_size: int | None = None) -> None:
         self.path = path
         self.name = name
         self.ino: int | None = None
@@ -182,9 +182,10 @@ class _Tail:
         self.line_no = 0
         self._partial = b""
         self._skipping = False  # inside a line longer than MAX_LINE_BYTES
-        self._from_start = from_start
-        #: The file's size when the soak started: lines ending within it were written before.
-        self._start_size = 0 if from_start else start_size
+        #: The file's size when the soak started (None: it did not exist, read from its start):
+        #: lines ending within it were written before.
+        self._from_start = start_size is None
+        self._start_size = start_size or 0
         self.huge = 0
         #: Read again from its start, and no line read since: the lines may be a replay.
         self.restarted = False
@@ -269,13 +270,11 @@ class _Tail:
 class JsonLinesSource:
     """A JSON Lines metrics file (or the report file)."""
 
-    def __init__(
-        self, path: Path, name: str, kind: int, *, from_start: bool, start_size: int = 0
-    ) -> None:
+    def __init__(self, path: Path, name: str, kind: int, start_size: int | None = None) -> None:
         self.name = name
         self.kind = kind
         self._path = path
-        self._tail = _Tail(path, name, from_start=from_start, start_size=start_size)
+        self._tail = _Tail(path, name, start_size)
         #: The highest step the file gave (see :meth:`_fresh`).
         self._high: int | None = None
         #: Lines (rows) skipped as unreadable.
@@ -361,8 +360,8 @@ class CsvSource(JsonLinesSource):
     """Lightning's ``metrics.csv``: a header, then one row per logging call (empty cells
     for metrics not logged at that step).  A rewritten file (new columns) is read again."""
 
-    def __init__(self, path: Path, name: str, *, from_start: bool, start_size: int = 0) -> None:
-        super().__init__(path, name, KIND_CSV, from_start=from_start, start_size=start_size)
+    def __init__(self, path: Path, name: str, start_size: int | None = None) -> None:
+        super().__init__(path, name, KIND_CSV, start_size)
         self._columns: list[str] = []
 
     def _new_lines(self, reading: StepReading) -> list[tuple[int, bytes, bool]]:
@@ -372,7 +371,7 @@ class CsvSource(JsonLinesSource):
         columns = _split_csv(header)
         if self._columns and columns != self._columns:
             # Lightning rewrites the whole file when a new metric appears.
-            self._tail = _Tail(self._path, self.name, from_start=True)
+            self._tail = _Tail(self._path, self.name)
             self._tail.restarted = True
         self._columns = columns
         # The header is read on its own: among the lines, it is the one that matches it.
