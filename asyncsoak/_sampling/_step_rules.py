@@ -170,7 +170,7 @@ class StepTracker:
         self._window: deque[tuple[float, int, float | None, float | None]] = deque()
         self._losses: deque[float] = deque(maxlen=DIVERGENCE_WINDOW)
         self._loss_count = 0
-        self._best_median: float | None = None
+        self._best_median = math.inf
         self._first_median: float | None = None
         self._warned_keys: set[str] = set()
         #: The newest cumulative (tokens, samples) counts, for their rates.
@@ -369,11 +369,9 @@ class StepTracker:
         if len(self._losses) < DIVERGENCE_WINDOW:
             return
         median = sorted(self._losses)[len(self._losses) // 2]
-        if self._best_median is None or median < self._best_median:
-            self._best_median = median
+        best = self._best_median = min(median, self._best_median)
         if self._first_median is None:
             self._first_median = median
-        best = self._best_median
         learned = max(0.0, self._first_median - best)
         if (
             not self.diverged
