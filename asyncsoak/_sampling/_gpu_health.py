@@ -29,23 +29,15 @@ _FLAG_ACTION = (
     "drain the node and reset the GPU so the memory repair takes effect; have it replaced if "
     "rows cannot be remapped"
 )
-#: The flags a GPU raises about its memory: the fault, the reading's attribute, what it says.
-_FLAGS = (
-    (
-        GpuFaultKind.REMAPPED_ROWS_PENDING,
-        "remapped_rows_pending",
-        "row remapping pending (remapped_rows.pending)",
-    ),
-    (
-        GpuFaultKind.REMAPPED_ROWS_FAILURE,
-        "remapped_rows_failure",
-        "row remapping failed (remapped_rows.failure)",
-    ),
-    (
-        GpuFaultKind.RETIRED_PAGES_PENDING,
-        "retired_pages_pending",
-        "memory pages pending retirement (retired_pages.pending)",
-    ),
+#: The flags a GPU raises about its memory: the fault (named as the reading's attribute, and
+#: as the query field with its last "_" a "."), what it says.
+_FLAGS = tuple(
+    (kind, kind.value, "{} ({}.{})".format(what, *kind.value.rsplit("_", 1)))
+    for kind, what in (
+        (GpuFaultKind.REMAPPED_ROWS_PENDING, "row remapping pending"),
+        (GpuFaultKind.REMAPPED_ROWS_FAILURE, "row remapping failed"),
+        (GpuFaultKind.RETIRED_PAGES_PENDING, "memory pages pending retirement"),
+    )
 )
 
 _DEVICE_HANDLE = re.compile(

@@ -20,8 +20,10 @@ from ._gpu_health import GpuHealthWatch, lost_gpu_line
 from ._nvidia_smi import (
     APP_FIELDS,
     APPS_QUERY,
+    GPU_ATTRIBUTES,
     GPU_QUERY,
     GPU_SAMPLE_FIELDS,
+    HEALTH_FIELDS,
     GpuProcess,
     GpuReading,
     SmiParseError,
@@ -32,21 +34,13 @@ from ._nvidia_smi import (
 )
 from ._xid import MalformedXidError, parse_xid
 
-#: Per-GPU series fields (static ones, such as the total memory, stay in the samples).
-SERIES_FIELDS: tuple[str, ...] = (
-    "utilization_gpu_percent",
-    "utilization_memory_percent",
-    "memory_used_mib",
-    "memory_free_mib",
-    "temperature_gpu_c",
-    "temperature_memory_c",
-    "power_draw_w",
-    "power_limit_w",
-    "clocks_sm_mhz",
-    "clocks_mem_mhz",
-    "fan_speed_percent",
-    "ecc_uncorrected_volatile",
-    "ecc_corrected_volatile",
+#: Per-GPU series fields: the varying figures (static ones, such as the total memory, and the
+#: health fields after the ECC counters stay in the samples).
+_ATTRIBUTES = tuple(GPU_ATTRIBUTES.values())
+SERIES_FIELDS: tuple[str, ...] = tuple(
+    name
+    for name in _ATTRIBUTES[_ATTRIBUTES.index("utilization_gpu_percent") : -len(HEALTH_FIELDS)]
+    if name not in ("memory_total_mib", "clocks_max_sm_mhz", "clock_event_reasons")
 )
 _ECC_COUNTERS = (
     ("ecc.errors.uncorrected.volatile.total", "ecc_uncorrected_volatile"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .._process import CommandResult, run_command_sync
@@ -186,43 +186,46 @@ def decode_clock_event_reasons(mask: int) -> list[str]:
 
 _Spec = dict[str, tuple[str, Callable[[str], Any]]]
 
-#: Each GPU field asked, in the order asked: the reading's attribute and its converter.
+#: Each GPU field asked, in the order asked and of :class:`GpuReading`'s attributes: its converter.
+_GPU_CONVERTERS: dict[str, Callable[[str], Any]] = {
+    "index": _integer,
+    "uuid": str,
+    "name": str,
+    "pci.bus_id": str,
+    "pstate": str,
+    "utilization.gpu": _number,
+    "utilization.memory": _number,
+    "memory.total": _number,
+    "memory.used": _number,
+    "memory.free": _number,
+    "temperature.gpu": _number,
+    "temperature.memory": _number,
+    "power.draw": _number,
+    "power.limit": _number,
+    "clocks.sm": _number,
+    "clocks.mem": _number,
+    "clocks.max.sm": _number,
+    "fan.speed": _number,
+    "clocks_event_reasons.active": lambda raw: decode_clock_event_reasons(int(raw, 16)),
+    "ecc.errors.uncorrected.volatile.total": _integer,
+    "ecc.errors.corrected.volatile.total": _integer,
+    "remapped_rows.pending": _yes_no,
+    "remapped_rows.failure": _yes_no,
+    "remapped_rows.correctable": _integer,
+    "remapped_rows.uncorrectable": _integer,
+    "retired_pages.pending": _yes_no,
+    "pcie.link.gen.gpucurrent": _integer,
+    "pcie.link.gen.max": _integer,
+    "pcie.link.width.current": _integer,
+    "pcie.link.width.max": _integer,
+}
 _GPU_SPEC: _Spec = {
-    "index": ("index", _integer),
-    "uuid": ("uuid", str),
-    "name": ("name", str),
-    "pci.bus_id": ("bus_id", str),
-    "pstate": ("pstate", str),
-    "utilization.gpu": ("utilization_gpu_percent", _number),
-    "utilization.memory": ("utilization_memory_percent", _number),
-    "memory.total": ("memory_total_mib", _number),
-    "memory.used": ("memory_used_mib", _number),
-    "memory.free": ("memory_free_mib", _number),
-    "temperature.gpu": ("temperature_gpu_c", _number),
-    "temperature.memory": ("temperature_memory_c", _number),
-    "power.draw": ("power_draw_w", _number),
-    "power.limit": ("power_limit_w", _number),
-    "clocks.sm": ("clocks_sm_mhz", _number),
-    "clocks.mem": ("clocks_mem_mhz", _number),
-    "clocks.max.sm": ("clocks_max_sm_mhz", _number),
-    "fan.speed": ("fan_speed_percent", _number),
-    "clocks_event_reasons.active": (
-        "clock_event_reasons",
-        lambda raw: decode_clock_event_reasons(int(raw, 16)),
-    ),
-    "ecc.errors.uncorrected.volatile.total": ("ecc_uncorrected_volatile", _integer),
-    "ecc.errors.corrected.volatile.total": ("ecc_corrected_volatile", _integer),
-    "remapped_rows.pending": ("remapped_rows_pending", _yes_no),
-    "remapped_rows.failure": ("remapped_rows_failure", _yes_no),
-    "remapped_rows.correctable": ("remapped_rows_correctable", _integer),
-    "remapped_rows.uncorrectable": ("remapped_rows_uncorrectable", _integer),
-    "retired_pages.pending": ("retired_pages_pending", _yes_no),
-    "pcie.link.gen.gpucurrent": ("pcie_link_gen_current", _integer),
-    "pcie.link.gen.max": ("pcie_link_gen_max", _integer),
-    "pcie.link.width.current": ("pcie_link_width_current", _integer),
-    "pcie.link.width.max": ("pcie_link_width_max", _integer),
+    name: (f.name, convert)
+    for (name, convert), f in zip(_GPU_CONVERTERS.items(), fields(GpuReading), strict=False)
 }
 GPU_FIELDS: tuple[str, ...] = tuple(_GPU_SPEC)
+#: Each GPU field's attribute of :class:`GpuReading`.
+GPU_ATTRIBUTES = {name: attribute for name, (attribute, _) in _GPU_SPEC.items()}
 #: What a GPU says about its own health beyond the ECC counters (see ``_gpu_health``): each is
 #: dropped, with a note, by an nvidia-smi that does not know it.
 HEALTH_FIELDS: tuple[str, ...] = GPU_FIELDS[GPU_FIELDS.index("remapped_rows.pending") :]

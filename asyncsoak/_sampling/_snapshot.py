@@ -142,17 +142,8 @@ class _Git:
     """``git`` in one repository, configured so that the repository cannot run code."""
 
     def __init__(self, executable: str, root: Path, timeout: float) -> None:
-        self._base = [
-            executable,
-            "--no-pager",
-            "--no-optional-locks",
-            "-c",
-            "core.fsmonitor=false",
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-C",
-            str(root),
-        ]
+        self._base = [executable, "--no-pager", "--no-optional-locks", "-c", "core.fsmonitor=false"]
+        self._base += ["-c", "core.hooksPath=/dev/null", "-C", str(root)]
         self._timeout = timeout
         self._env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         self._env.update(GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", LC_ALL="C")

@@ -50,12 +50,7 @@ BARE_NONFINITE = re.compile(r"([:\[,]\s*)([-+]?)(nan|inf(?:inity)?)(?=\s*[,}\]])
 
 #: Source kinds, in order of precedence (lower first).
 KIND_REPORT, KIND_JSONL, KIND_CSV, KIND_STATE = 0, 1, 2, 3
-KIND_NAMES = {
-    KIND_REPORT: "asyncsoak.trainer.report",
-    KIND_JSONL: "json_lines",
-    KIND_CSV: "lightning_csv",
-    KIND_STATE: "trainer_state",
-}
+KIND_NAMES = ("asyncsoak.trainer.report", "json_lines", "lightning_csv", "trainer_state")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,19 +98,14 @@ class StepReading:
 
 def number(value: object) -> float | None:
     """A JSON or CSV value as a float (NaN and infinities kept), None when not a number."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
+    if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    if isinstance(value, str):
-        text = value.strip()
-        if not text or len(text) > 64:
-            return None
-        try:
-            return float(text)
-        except ValueError:
-            return None
-    return None
+    if not isinstance(value, str) or len(value.strip()) > 64:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 def as_step(value: object) -> int | None:
@@ -184,7 +174,7 @@ def _first(data: Mapping[str, Any], keys: Sequence[str], convert: Any) -> Any:
 class _Tail:
     """A file read line by line as it grows: offset, inode, the partial last line."""
 
-    def __init__(self, path: Path, name: str, *, from_start: bool, start_size: int = 0) -> None:
+    def __init__(self, path: Path, name: str, start_size: int | None = None) -> None:
         self.path = path
         self.name = name
         self.ino: int | None = None
@@ -192,9 +182,10 @@ class _Tail:
         self.line_no = 0
         self._partial = b""
         self._skipping = False  # inside a line longer than MAX_LINE_BYTES
-        self._from_start = from_start
-        #: The file's size when the soak started: lines ending within it were written before.
-        self._start_size = 0 if from_start else start_size
+        #: The file's size when the soak started (None: it did not exist, read from its start):
+        #: lines ending within it were written before.
+        self._from_start = start_size is None
+        self._start_size = start_size or 0
         self.huge = 0
         #: Read again from its start, and no line read since: the lines may be a replay.
         self.restarted = False
@@ -252,25 +243,19 @@ class _Tail:
 
     def _lines(self, data: bytes, offset: int) -> list[tuple[int, bytes, bool]]:
         out: list[tuple[int, bytes, bool]] = []
-        start = 0
-        while True:
-            end = data.find(b"\n", start)
-            if end < 0:
-                break
-            piece = data[start:end]
-            start = end + 1
+        *pieces, rest = data.split(b"\n")
+        end = offset - 1  # where each piece's newline is in the file
+        for piece in pieces:
+            end += len(piece) + 1
+            line, self._partial = self._partial + piece, b""
             if self._skipping:
                 self._skipping = False
-                self._partial = b""
                 continue
-            line = self._partial + piece
-            self._partial = b""
             self.line_no += 1
             if len(line) > MAX_LINE_BYTES:
                 self.huge += 1
-                continue
-            out.append((self.line_no, line, offset + end < self._start_size))
-        rest = data[start:]
+            else:
+                out.append((self.line_no, line, end < self._start_size))
         if not self._skipping:
             if len(self._partial) + len(rest) > MAX_LINE_BYTES:
                 self.huge += 1
@@ -285,14 +270,13 @@ class _Tail:
 class JsonLinesSource:
     """A JSON Lines metrics file (or the report file)."""
 
-    def __init__(
-        self, path: Path, name: str, kind: int, *, from_start: bool, start_size: int = 0
-    ) -> None:
+    def __init__(self, path: Path, name: str, kind: int, start_size: int | None = None) -> None:
         self.name = name
         self.kind = kind
         self._path = path
-        self._tail = _Tail(path, name, from_start=from_start, start_size=start_size)
-        self._high = _High()
+        self._tail = _Tail(path, name, start_size)
+        #: The highest step the file gave (see :meth:`_fresh`).
+        self._high: int | None = None
         #: Lines (rows) skipped as unreadable.
         self.garbage = 0
 
@@ -312,8 +296,28 @@ class JsonLinesSource:
                 records.append(record)
             elif any(number(v) is not None for v in data.values()):
                 reading.without_step[self.name] = self._keys(data)
-        reading.records += self._high.fresh(records, self._tail)
-        self._note_huge(reading)
+        reading.records += self._fresh(records)
+        if self._tail.huge and self.kind != KIND_CSV:  # a CSV's long rows: counted, no note
+            reading.notes.append(
+                f"{self.name}: {self._tail.huge} line(s) longer than {MAX_LINE_BYTES} bytes skipped"
+            )
+        self._tail.huge = 0
+
+    def _fresh(self, records: list[StepRecord]) -> list[StepRecord]:
+        """A file read again from its start (replaced, truncated, rewritten with a new column)
+        gives only its records past its highest step, unless all of them are below it (a run
+        that started its log over at an earlier step: a resume)."""
+        restarted, self._tail.restarted = self._tail.restarted, False
+        if not records:
+            return records
+        newest = max(r.step for r in records)
+        if restarted and self._high is not None:
+            if newest >= self._high:
+                records = [r for r in records if r.step > self._high]
+            else:
+                self._high = None
+        self._high = newest if self._high is None else max(self._high, newest)
+        return records
 
     def _new_lines(self, reading: StepReading) -> list[tuple[int, bytes, bool]]:
         return self._tail.read(reading.notes)
@@ -332,13 +336,6 @@ class JsonLinesSource:
     def _keys(self, data: dict[str, Any]) -> list[str]:
         return sorted(str(k) for k in data)[:20]
 
-    def _note_huge(self, reading: StepReading) -> None:
-        if self._tail.huge:
-            reading.notes.append(
-                f"{self.name}: {self._tail.huge} line(s) longer than {MAX_LINE_BYTES} bytes skipped"
-            )
-            self._tail.huge = 0
-
 
 def _json_object(line: bytes) -> dict[str, Any] | None:
     """A line's JSON object; bare ``nan``/``inf`` tokens (an f-string's) read as ``json``'s
@@ -356,39 +353,15 @@ def _json_object(line: bytes) -> dict[str, Any] | None:
 
 def _spelled(match: re.Match[str]) -> str:
     before, sign, token = match.groups()
-    if token.lower() == "nan":
-        return before + "NaN"
-    return before + ("-" if sign == "-" else "") + "Infinity"
-
-
-class _High:
-    """The highest step a file gave: a file read again from its start (replaced, truncated,
-    rewritten with a new column) gives only its records past it, unless all of them are
-    below it (a run that started its log over at an earlier step: a resume)."""
-
-    def __init__(self) -> None:
-        self.step: int | None = None
-
-    def fresh(self, records: list[StepRecord], tail: _Tail) -> list[StepRecord]:
-        restarted, tail.restarted = tail.restarted, False
-        if not records:
-            return records
-        newest = max(r.step for r in records)
-        if restarted and self.step is not None:
-            if newest >= self.step:
-                records = [r for r in records if r.step > self.step]
-            else:
-                self.step = None
-        self.step = newest if self.step is None else max(self.step, newest)
-        return records
+    return before + ("NaN" if token.lower() == "nan" else sign.lstrip("+") + "Infinity")
 
 
 class CsvSource(JsonLinesSource):
     """Lightning's ``metrics.csv``: a header, then one row per logging call (empty cells
     for metrics not logged at that step).  A rewritten file (new columns) is read again."""
 
-    def __init__(self, path: Path, name: str, *, from_start: bool, start_size: int = 0) -> None:
-        super().__init__(path, name, KIND_CSV, from_start=from_start, start_size=start_size)
+    def __init__(self, path: Path, name: str, start_size: int | None = None) -> None:
+        super().__init__(path, name, KIND_CSV, start_size)
         self._columns: list[str] = []
 
     def _new_lines(self, reading: StepReading) -> list[tuple[int, bytes, bool]]:
@@ -398,7 +371,7 @@ class CsvSource(JsonLinesSource):
         columns = _split_csv(header)
         if self._columns and columns != self._columns:
             # Lightning rewrites the whole file when a new metric appears.
-            self._tail = _Tail(self._path, self.name, from_start=True)
+            self._tail = _Tail(self._path, self.name)
             self._tail.restarted = True
         self._columns = columns
         # The header is read on its own: among the lines, it is the one that matches it.
@@ -414,9 +387,6 @@ class CsvSource(JsonLinesSource):
 
     def _keys(self, data: dict[str, Any]) -> list[str]:
         return self._columns[:20]
-
-    def _note_huge(self, reading: StepReading) -> None:
-        pass  # rows too long are skipped and counted, without a note
 
 
 def _first_line(path: Path) -> str | None:
@@ -515,9 +485,8 @@ class TrainerStateSource:
     ) -> None:
         """The ``log_history`` entries not read before (all of them if the file was rewritten
         shorter): a record for each step's entry."""
-        new = history[self._history_read :] if len(history) >= self._history_read else history
         start = self._history_read if len(history) >= self._history_read else 0
-        for index, entry in enumerate(new, start):
+        for index, entry in enumerate(history[start:], start):
             # The end-of-training entry holds the run's mean loss (train_loss) and its
             # runtime: a summary, not a step's loss.
             if isinstance(entry, dict) and "train_runtime" not in entry:
@@ -526,7 +495,7 @@ class TrainerStateSource:
                 )
                 if record is not None:
                     reading.records.append(record)
-        reading.lines[self.name] = reading.lines.get(self.name, 0) + len(new)
+        reading.lines[self.name] = reading.lines.get(self.name, 0) + len(history) - start
         self._history_read = len(history)
 
 
@@ -536,10 +505,6 @@ Source = JsonLinesSource | CsvSource | TrainerStateSource
 def source_kind(name: str) -> int | None:
     """Which kind of step source a file is, by its name; None for none."""
     base = name.rsplit("/", 1)[-1]
-    if base == "trainer_state.json":
-        return KIND_STATE
-    if base == "metrics.csv":
-        return KIND_CSV
     if base.endswith((".jsonl", ".ndjson")):
         return KIND_JSONL
-    return None
+    return {"trainer_state.json": KIND_STATE, "metrics.csv": KIND_CSV}.get(base)

@@ -170,7 +170,7 @@ class StepTracker:
         self._window: deque[tuple[float, int, float | None, float | None]] = deque()
         self._losses: deque[float] = deque(maxlen=DIVERGENCE_WINDOW)
         self._loss_count = 0
-        self._best_median: float | None = None
+        self._best_median = math.inf
         self._first_median: float | None = None
         self._warned_keys: set[str] = set()
         #: The newest cumulative (tokens, samples) counts, for their rates.
@@ -211,9 +211,9 @@ class StepTracker:
                 self._window.clear()  # a rate across two counters means nothing
             update.changed |= (self.step, self.source) != (self._high_by_source[source], source)
             self.step, self.source = self._high_by_source[source], source
-        if reading.max_steps and reading.max_steps != self.max_steps:
-            self.max_steps = reading.max_steps
-            update.changed = True
+        for max_steps in (reading.max_steps, *(r.max_steps for r in reading.records)):
+            if max_steps and max_steps != self.max_steps:
+                self.max_steps, update.changed = max_steps, True
         for name, count in reading.lines.items():
             self.lines_since_advance[name] = self.lines_since_advance.get(name, 0) + count
         kinds = [r.kind for r in reading.records if not r.before_start]
@@ -221,9 +221,6 @@ class StepTracker:
             self.kind = min(kinds)
         previous, moved = self.step, False
         for record in reading.records:
-            if record.max_steps and record.max_steps != self.max_steps:
-                self.max_steps = record.max_steps
-                update.changed = True
             if record.kind == KIND_STATE:
                 # Every checkpoint-N/ holds the whole history up to N, and one scan may
                 # read several copies (newest first): an older copy's entries, or its
@@ -364,26 +361,17 @@ class StepTracker:
         if loss is None or self.loss_check == "off":
             return
         if not math.isfinite(loss):
-            if not self.nonfinite_seen:
-                self.nonfinite_seen = True
-                if self.loss_check == "fail":
-                    self.nonfinite_loss = str(loss)
-                    update.changed = True
-                update.nonfinite = (
-                    f"the loss is {_spell(loss)} at step {record.step} "
-                    f"({record.source} {record.where})"
-                )
+            where = f"at step {record.step} ({record.source} {record.where})"
+            self._fail(loss, f"the loss is {_spell(loss)} {where}", update)
             return
         self._losses.append(loss)
         self._loss_count += 1
         if len(self._losses) < DIVERGENCE_WINDOW:
             return
         median = sorted(self._losses)[len(self._losses) // 2]
-        if self._best_median is None or median < self._best_median:
-            self._best_median = median
+        best = self._best_median = min(median, self._best_median)
         if self._first_median is None:
             self._first_median = median
-        best = self._best_median
         learned = max(0.0, self._first_median - best)
         if (
             not self.diverged
@@ -414,16 +402,23 @@ class StepTracker:
             return  # loss scaling's start-up search, not a divergence
         count, first = self._grad_run.get(history, (0, record.step))
         self._grad_run[history] = (count + 1, first)
-        if count + 1 == NONFINITE_GRAD_NORM_STEPS and not self.nonfinite_seen:
-            self.nonfinite_seen = True
-            if self.loss_check == "fail":
-                self.nonfinite_loss = str(norm)  # the headline: "loss nan", not the 0.0
+        if count + 1 == NONFINITE_GRAD_NORM_STEPS:
             beside = "" if record.loss is None else f"; the loss beside it is {record.loss:g}"
-            update.nonfinite = (
+            message = (
                 f"the grad_norm is {_spell(norm)} at {NONFINITE_GRAD_NORM_STEPS} logged steps "
                 f"in a row, steps {first} to {record.step} ({record.source} {record.where})"
-                + beside
             )
+            self._fail(norm, message + beside, update)
+
+    def _fail(self, value: float, message: str, update: StepUpdate) -> None:
+        """The run's first non-finite loss (or grad_norm streak): its headline is the value
+        ("loss nan", not a NaN filter's 0.0)."""
+        if not self.nonfinite_seen:
+            self.nonfinite_seen = True
+            if self.loss_check == "fail":
+                self.nonfinite_loss = str(value)
+                update.changed = True
+            update.nonfinite = message
 
     def _forget(self, name: str) -> None:
         """A source no longer read (its file gone): what was kept of it goes."""

@@ -52,9 +52,7 @@ class StepReader:
         self._report: JsonLinesSource | None = None
         self._report_key: tuple[int, int] | None = None
         if report_file is not None:
-            self._report = JsonLinesSource(
-                report_file, report_file.name, KIND_REPORT, from_start=True
-            )
+            self._report = JsonLinesSource(report_file, report_file.name, KIND_REPORT)
             try:
                 st = os.stat(report_file)
                 self._report_key = (st.st_dev, st.st_ino)
@@ -174,14 +172,13 @@ class StepReader:
     def _open(self, name: str) -> Source:
         kind = source_kind(name)
         path = self.root / name
-        from_start = name not in self._baseline
-        start_size = self._baseline.get(name, 0)
+        start_size = self._baseline.get(name)
         if kind == KIND_STATE:
-            return TrainerStateSource(path, name, before_start=not from_start)
+            return TrainerStateSource(path, name, before_start=start_size is not None)
         if kind == KIND_CSV:
-            return CsvSource(path, name, from_start=from_start, start_size=start_size)
+            return CsvSource(path, name, start_size)
         assert kind is not None
-        return JsonLinesSource(path, name, kind, from_start=from_start, start_size=start_size)
+        return JsonLinesSource(path, name, kind, start_size)
 
     def garbage(self) -> dict[str, int]:
         """Lines (or rows) skipped as unreadable, per source."""
