@@ -10,12 +10,12 @@ import os
 import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 from .._contract import MAX_SECONDS, ValidationError, ValidationTypeError, bounded
 
 StopMode = Literal["group", "leader", "stdin"]
-STOP_MODES: tuple[StopMode, ...] = ("group", "leader", "stdin")
+STOP_MODES: tuple[StopMode, ...] = get_args(StopMode)
 #: What a signal is given as, said when one is refused.
 SIGNAL_FORMS = "a signal name or number, e.g. USR1, SIGUSR1 or 10"
 #: The longest ``--step-key``/``--loss-key`` (and ``--checkpoint-glob``).

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import Field, asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from .._analysis import CHECKPOINT_GLOBS
 from .._contract import ValidationError, ValidationTypeError, check_size
@@ -32,7 +32,7 @@ from ._checks import (
 )
 
 LeakCheck = Literal["warn", "fail", "off"]
-LEAK_CHECKS: tuple[LeakCheck, ...] = ("warn", "fail", "off")
+LEAK_CHECKS: tuple[LeakCheck, ...] = get_args(LeakCheck)
 #: Default cap of the captured output log: the first and the last half are kept.
 LOG_MAX_BYTES = 16 * 1024 * 1024
 #: The shortest sample interval: below it the sampler is a busy loop that burns a core (a

@@ -86,16 +86,14 @@ class ExitJudge:
                 f"min_duration_seconds={cfg.min_duration_seconds:g}",
             )
         if not spawner.tree_gone.is_set():
-            leftovers = await self._tree_stop.record_leftovers(sink, spawner)
-            await self._tree_stop.kill(sink, spawner)
             # The caller stopped the soak during the grace: its stop, not a leftover failure.
-            if leftovers and not self._tree_stop.caller_stop.is_set():
-                await self._fail(
-                    FailureReason.LEFTOVER_PROCESSES,
-                    f"{leftovers} process(es) outlived the command by "
-                    f"post_shutdown_grace_seconds={cfg.post_shutdown_grace_seconds:g} "
-                    "and were killed",
-                )
+            stop = self._tree_stop
+            await stop.kill_leftovers(
+                sink,
+                spawner,
+                f"post_shutdown_grace_seconds={cfg.post_shutdown_grace_seconds:g}",
+                lambda: not stop.caller_stop.is_set(),
+            )
         if rc == 0 and not progress_seen and missing_dir is None:
             message = (
                 f"the command exited cleanly without any progress in {cfg.progress_dir} "
