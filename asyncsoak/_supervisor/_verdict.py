@@ -36,11 +36,9 @@ class ExitJudge:
         self.cfg = tree_stop.cfg
         self._state = state
         self._tree_stop = tree_stop
-        self._masker, self._limiter, self._fail = (
-            tree_stop.masker,
-            tree_stop.limiter,
-            tree_stop.fail,
-        )
+        self._masker = tree_stop.masker
+        self._limiter = tree_stop.limiter
+        self._fail = tree_stop.fail
         self._oom_reported: dict[int, events.OomKill] = {}
         #: The tree's memory cgroup as read at the start (its OOM-kill counter then), if known.
         self.memory_cgroup: MemoryCgroup | None = None
