@@ -123,9 +123,9 @@ def check_cwd(value: object) -> Path | None:
     return work_dir
 
 
-def check_stop_mode(value: object) -> StopMode:
-    if value not in STOP_MODES:
-        raise ValidationError(f"stop_mode must be one of {', '.join(STOP_MODES)}, got {value!r}")
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> object:
+    if value not in choices:
+        raise ValidationError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
 
 
