@@ -157,7 +157,7 @@ def oom_kills(
     Many soaks of one process end at once (a sweep cancelled): one read serves them all."""
     if not pids:
         return []
-    records = _OOM_LOGS.setdefault(kmsg, _KernelOomLog(kmsg)).records(time.monotonic())
+    records = _oom_records(kmsg, time.monotonic())
     if records is None:
         return None
     return [
@@ -169,27 +169,21 @@ def oom_kills(
 
 #: (seconds since boot, pid, name, first line of the message) of one OOM kill.
 _OomRecord = tuple[float, int, str, str]
+_OOM_LOCK = threading.Lock()
+#: Per kernel log: when its last read began, and the records it found.
+_OOM_READS: dict[Path, tuple[float, list[_OomRecord] | None]] = {}
 
 
-class _KernelOomLog:
+def _oom_records(kmsg: Path, asked_at: float) -> list[_OomRecord] | None:
     """The kernel log's OOM-kill records, read once for every caller that asked before the read
     began (a kill is logged before its victim's parent sees it die)."""
-
-    def __init__(self, kmsg: Path) -> None:
-        self._kmsg = kmsg
-        self._lock = threading.Lock()
-        self._read_began = -math.inf
-        self._records: list[_OomRecord] | None = None
-
-    def records(self, asked_at: float) -> list[_OomRecord] | None:
-        with self._lock:
-            if self._read_began < asked_at:
-                self._read_began = time.monotonic()
-                self._records = _read_oom_records(self._kmsg)
-            return self._records
-
-
-_OOM_LOGS: dict[Path, _KernelOomLog] = {}
+    with _OOM_LOCK:
+        began, records = _OOM_READS.get(kmsg, (-math.inf, None))
+        if began < asked_at:
+            began = time.monotonic()
+            records = _read_oom_records(kmsg)
+            _OOM_READS[kmsg] = (began, records)
+        return records
 
 
 def _read_oom_records(kmsg: Path) -> list[_OomRecord] | None:

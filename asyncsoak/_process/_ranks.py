@@ -493,13 +493,10 @@ def _ranks_list(states: Sequence[RankState]) -> str:
     return ", ".join(str(s.rank) for s in states)
 
 
-def _ranks_text(states: Sequence[RankState]) -> str:
-    return f"rank{'s' if len(states) > 1 else ''} {_ranks_list(states)}"
-
-
 def _waiting_text(states: Sequence[RankState], collective: str | None) -> str:
     """``rank 0 waits in all_reduce``, ``ranks 0, 2 wait in all_reduce``."""
-    return f"{_ranks_text(states)} {'waits' if len(states) == 1 else 'wait'} in {collective}"
+    ranks, verb = ("rank", "waits") if len(states) == 1 else ("ranks", "wait")
+    return f"{ranks} {_ranks_list(states)} {verb} in {collective}"
 
 
 def _json(states: Sequence[RankState]) -> list[dict[str, Any]]:

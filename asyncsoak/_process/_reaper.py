@@ -142,20 +142,17 @@ class Reaper:
             # Joined before exec: every descendant is born in the cgroup, the reaper stays out.
             # A refused join only costs the monitor its membership check.
             if cgroup_procs is not None:
-                try:
+                with contextlib.suppress(OSError):
                     fd = os.open(cgroup_procs, os.O_WRONLY)
                     try:
                         os.write(fd, b"0")  # "0": the writing process itself
                     finally:
                         os.close(fd)
-                except OSError:
-                    pass
             # If the reaper is SIGKILLed, the command's leader goes with it; the rest of the
             # tree is in its process group and is reached by the monitor's group kill.
             _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGHUP, signal.SIG_DFL)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
 
         try:
             proc = subprocess.Popen(
@@ -213,14 +210,12 @@ class Reaper:
             return
         mode = self.config["stop_mode"]
         if not self.exited and self.pid is not None:
-            try:
+            with contextlib.suppress(OSError):
                 if mode == "group":
                     os.killpg(self.pid, signal.SIGTERM)
                 elif mode == "leader":
                     os.kill(self.pid, signal.SIGTERM)
                 # "stdin": the kernel closed the command's stdin with the monitor's end.
-            except OSError:
-                pass
         self.stop_deadline = now + float(self.config["grace_seconds"])
         kill_wait = self.config.get("kill_wait_seconds")
         if kill_wait is None:
@@ -282,11 +277,9 @@ class Reaper:
                     timeout = max(timeout, self.stop_deadline - now)
             for key, _ in sel.select(timeout):
                 if key.data == "wake":
-                    try:
+                    with contextlib.suppress(BlockingIOError):
                         while os.read(wake_r, 512):
                             pass
-                    except BlockingIOError:
-                        pass
                     self.reap()
                 elif key.data == "output":
                     got = os.readv(output_r, [read_buffer])
@@ -306,11 +299,9 @@ class Reaper:
         # Whatever is still readable from processes that just died belongs in the log.
         if output_open:
             os.set_blocking(output_r, False)
-            try:
+            with contextlib.suppress(BlockingIOError):
                 while got := os.readv(output_r, [read_buffer]):
                     self.log.write(read_view[:got])
-            except BlockingIOError:
-                pass
         self.reap()
         return 0
 

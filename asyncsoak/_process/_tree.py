@@ -18,7 +18,9 @@ def children(pid: int) -> list[int]:
             import psutil  # the fallback only: the reaper starts without it
         except ImportError:
             return [
-                p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if _ppid(p) == pid
+                p
+                for p in map(int, filter(str.isdigit, os.listdir("/proc")))
+                if _stat_field(p, 1) == pid  # its ppid
             ]
         try:
             return [c.pid for c in psutil.Process(pid).children()]
@@ -36,11 +38,6 @@ def children(pid: int) -> list[int]:
         except OSError:
             continue
     return out
-
-
-def _ppid(pid: int) -> int | None:
-    """Field 4 of ``/proc/PID/stat`` (None when the process is gone)."""
-    return _stat_field(pid, 1)
 
 
 def _stat_field(pid: int, index: int) -> int | None:

@@ -10,12 +10,12 @@ import os
 import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 from .._contract import MAX_SECONDS, ValidationError, ValidationTypeError, bounded
 
 StopMode = Literal["group", "leader", "stdin"]
-STOP_MODES: tuple[StopMode, ...] = ("group", "leader", "stdin")
+STOP_MODES: tuple[StopMode, ...] = get_args(StopMode)
 #: What a signal is given as, said when one is refused.
 SIGNAL_FORMS = "a signal name or number, e.g. USR1, SIGUSR1 or 10"
 #: The longest ``--step-key``/``--loss-key`` (and ``--checkpoint-glob``).
@@ -123,9 +123,9 @@ def check_cwd(value: object) -> Path | None:
     return work_dir
 
 
-def check_stop_mode(value: object) -> StopMode:
-    if value not in STOP_MODES:
-        raise ValidationError(f"stop_mode must be one of {', '.join(STOP_MODES)}, got {value!r}")
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> object:
+    if value not in choices:
+        raise ValidationError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
 
 

@@ -7,13 +7,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import Field, asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from .._analysis import CHECKPOINT_GLOBS
 from .._contract import ValidationError, ValidationTypeError, check_size
 from .._sampling import LOSS_CHECKS, PROGRESS_SOURCES, LossCheck, ProgressSource
 from ._checks import (
+    STOP_MODES,
     StopMode,
+    check_choice,
     check_command,
     check_cwd,
     check_deadlines,
@@ -27,12 +29,11 @@ from ._checks import (
     check_record_key,
     check_signal,
     check_signals,
-    check_stop_mode,
     seconds,
 )
 
 LeakCheck = Literal["warn", "fail", "off"]
-LEAK_CHECKS: tuple[LeakCheck, ...] = ("warn", "fail", "off")
+LEAK_CHECKS: tuple[LeakCheck, ...] = get_args(LeakCheck)
 #: Default cap of the captured output log: the first and the last half are kept.
 LOG_MAX_BYTES = 16 * 1024 * 1024
 #: The shortest sample interval: below it the sampler is a busy loop that burns a core (a
@@ -189,10 +190,7 @@ def _check_limit(spec: Field[Any], value: object) -> object:
     if kind == "switch":
         return _check_bool(spec.name, value)
     if kind == "choice":
-        choices = spec.metadata["choices"]
-        if value not in choices:
-            raise ValidationError(f"{spec.name} must be one of {', '.join(choices)}, got {value!r}")
-        return value
+        return check_choice(spec.name, value, spec.metadata["choices"])
     if value is None and spec.default is None:
         return None
     if value == "auto" and spec.metadata["auto"]:
@@ -287,7 +285,7 @@ class SoakConfig(SoakLimits):
         norm("log_path", log)
         work_dir = check_cwd(given.cwd)
         norm("cwd", work_dir)
-        norm("stop_mode", check_stop_mode(given.stop_mode))
+        norm("stop_mode", check_choice("stop_mode", given.stop_mode, STOP_MODES))
         SoakLimits.__post_init__(self)
         nvidia_smi = given.nvidia_smi
         if nvidia_smi is not None and (not isinstance(nvidia_smi, str) or not nvidia_smi):
@@ -361,7 +359,7 @@ def validate_job(
         check_progress_dir(progress_dir)
     check_cwd(cwd)
     check_env(env)
-    check_stop_mode(stop_mode)
+    check_choice("stop_mode", stop_mode, STOP_MODES)
     return validate_limits(limits)
 
 

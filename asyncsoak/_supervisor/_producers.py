@@ -62,11 +62,9 @@ class Producers:
         self._tree_stop = tree_stop
         self._state = state
         self._host_ended = host_ended
-        self._masker, self._limiter, self._fail = (
-            tree_stop.masker,
-            tree_stop.limiter,
-            tree_stop.fail,
-        )
+        self._masker = tree_stop.masker
+        self._limiter = tree_stop.limiter
+        self._fail = tree_stop.fail
 
     def own_files(self, files: SoakFiles) -> set[tuple[int, int]]:
         """What the progress scans skip, as (device, inode): the journal, the log unless its

@@ -332,31 +332,24 @@ class SoakJob:
         snapshot: the stop needs them."""
         grace = self.cfg.scheduler_grace_seconds
         if in_job():
-            try:
-                self.facts = await run_blocking(
-                    scheduler_snapshot,
-                    timeout=SNAPSHOT_TIMEOUT_SECONDS,
-                    what="scontrol (the SLURM job's facts)",
-                    limiter=self._limiter,
-                )
-            except BlockingCallTimeout as exc:
-                self.facts = {**(job_identity() or {}), "errors": [str(exc)]}
-            if self.facts is not None and grace is not None:
-                self.facts["kill_wait_seconds"] = grace
+            read: Callable[[], dict[str, Any] | None] = scheduler_snapshot
+            what, lost = "scontrol (the SLURM job's facts)", job_identity() or {}
         elif _kubernetes.in_pod():
-            try:
-                self.facts = await run_blocking(
-                    partial(_kubernetes.pod_identity, grace=grace),
-                    timeout=SNAPSHOT_TIMEOUT_SECONDS,
-                    what="the pod's identity and cgroup limits",
-                    limiter=self._limiter,
-                )
-            except BlockingCallTimeout as exc:
-                self.facts = {
-                    "kind": "kubernetes",
-                    "kill_wait_seconds": grace,
-                    "errors": [str(exc)],
-                }
+            read = partial(_kubernetes.pod_identity, grace=grace)
+            lost = {"kind": "kubernetes", "kill_wait_seconds": grace}
+            what = "the pod's identity and cgroup limits"
+        else:
+            self.known.set()
+            return
+        try:
+            self.facts = await run_blocking(
+                read, timeout=SNAPSHOT_TIMEOUT_SECONDS, what=what, limiter=self._limiter
+            )
+        except BlockingCallTimeout as exc:
+            self.facts = {**lost, "errors": [str(exc)]}
+        if self.facts is not None and grace is not None:
+            # A pod's grace is its kill wait already (pod_identity).
+            self.facts["kill_wait_seconds"] = grace
         self.known.set()
 
     def start_tasks(

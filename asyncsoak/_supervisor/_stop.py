@@ -148,16 +148,12 @@ class TreeStop:
         await self.wait_tree_gone(spawner, grace, cause)
         if spawner.tree_gone.is_set():
             return
-        leftovers = 0
-        if spawner.exited.is_set():
-            # The command is gone but some of its tree outlived it by the grace.
-            leftovers = await self.record_leftovers(sink, spawner)
-        await self.kill(sink, spawner)
-        if leftovers and cause in (StopCause.FAILURE, StopCause.MAX_DURATION):
-            await self.fail(
-                FailureReason.LEFTOVER_PROCESSES,
-                f"{leftovers} process(es) outlived the command by {grace:g}s and were killed",
-            )
+        if not spawner.exited.is_set():
+            await self.kill(sink, spawner)
+            return
+        # The command is gone but some of its tree outlived it by the grace.
+        counted = cause in (StopCause.FAILURE, StopCause.MAX_DURATION)
+        await self.kill_leftovers(sink, spawner, f"{grace:g}s", lambda: counted)
 
     def _grace(self, cause: StopCause, scheduler: dict[str, Any] | None) -> float:
         """The soak's grace, the caller's, or what a scheduler's stop leaves under its SIGKILL
@@ -261,14 +257,22 @@ class TreeStop:
         except BlockingCallTimeout:
             return [{"pid": pid, "name": None, "state": "unknown", "cmdline": None} for pid in pids]
 
-    async def record_leftovers(self, sink: EventSink, spawner: Spawner) -> int:
-        """Record each process still alive after the grace; the count of them."""
+    async def kill_leftovers(
+        self, sink: EventSink, spawner: Spawner, grace: str, counts: Callable[[], bool]
+    ) -> None:
+        """Record each process alive after the grace, kill the tree; the leftovers are a
+        failure if ``counts()`` still says so once they are killed."""
         leftovers = await self._describe(await self.tree_pids(spawner), spawner.pid)
         for info in leftovers:
             if info.get("cmdline") is not None:
                 info["cmdline"] = self.masker.argv(info["cmdline"])
             await sink.emit(events.Leftover(t=sink.elapsed(), process=info))
-        return len(leftovers)
+        await self.kill(sink, spawner)
+        if leftovers and counts():
+            await self.fail(
+                FailureReason.LEFTOVER_PROCESSES,
+                f"{len(leftovers)} process(es) outlived the command by {grace} and were killed",
+            )
 
     async def kill(self, sink: EventSink, spawner: Spawner) -> None:
         """SIGKILL everything left, again and again (a forking tree races us), within a bound."""

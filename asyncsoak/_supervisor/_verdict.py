@@ -36,11 +36,9 @@ class ExitJudge:
         self.cfg = tree_stop.cfg
         self._state = state
         self._tree_stop = tree_stop
-        self._masker, self._limiter, self._fail = (
-            tree_stop.masker,
-            tree_stop.limiter,
-            tree_stop.fail,
-        )
+        self._masker = tree_stop.masker
+        self._limiter = tree_stop.limiter
+        self._fail = tree_stop.fail
         self._oom_reported: dict[int, events.OomKill] = {}
         #: The tree's memory cgroup as read at the start (its OOM-kill counter then), if known.
         self.memory_cgroup: MemoryCgroup | None = None
@@ -86,16 +84,14 @@ class ExitJudge:
                 f"min_duration_seconds={cfg.min_duration_seconds:g}",
             )
         if not spawner.tree_gone.is_set():
-            leftovers = await self._tree_stop.record_leftovers(sink, spawner)
-            await self._tree_stop.kill(sink, spawner)
             # The caller stopped the soak during the grace: its stop, not a leftover failure.
-            if leftovers and not self._tree_stop.caller_stop.is_set():
-                await self._fail(
-                    FailureReason.LEFTOVER_PROCESSES,
-                    f"{leftovers} process(es) outlived the command by "
-                    f"post_shutdown_grace_seconds={cfg.post_shutdown_grace_seconds:g} "
-                    "and were killed",
-                )
+            stop = self._tree_stop
+            await stop.kill_leftovers(
+                sink,
+                spawner,
+                f"post_shutdown_grace_seconds={cfg.post_shutdown_grace_seconds:g}",
+                lambda: not stop.caller_stop.is_set(),
+            )
         if rc == 0 and not progress_seen and missing_dir is None:
             message = (
                 f"the command exited cleanly without any progress in {cfg.progress_dir} "
