@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import textwrap
 import threading
@@ -118,6 +119,28 @@ def test_scan_finds_nested_files_and_skips_symlinks_and_ignored(tmp_path: Path) 
     own = (tmp_path / "own.jsonl").stat()
     result = scan_progress_dir(tmp_path, ignore={(own.st_dev, own.st_ino)})
     assert sorted(result.files) == ["a/b/deep.txt", "top.txt"]
+
+
+def test_a_directory_deleted_as_it_is_scanned_is_no_unreadable_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint directory the trainer rotates away (``save_total_limit``) between the
+    listing of its parent and its own scan is gone, not unreadable: no skipped-directory
+    warning for it."""
+    (tmp_path / "checkpoint-1").mkdir()
+    (tmp_path / "checkpoint-1" / "state.json").write_text("{}")
+    (tmp_path / "train.jsonl").write_text("{}")
+    real_scandir = os.scandir
+
+    def rotating_scandir(path: Any) -> Any:
+        if isinstance(path, str) and path.endswith("checkpoint-1"):
+            shutil.rmtree(path)  # the trainer's rotation, just before this directory's turn
+        return real_scandir(path)
+
+    monkeypatch.setattr(_progress_scan.os, "scandir", rotating_scandir)
+    result = scan_progress_dir(tmp_path)
+    assert list(result.files) == ["train.jsonl"]
+    assert result.errors == 0
 
 
 def test_scan_of_a_missing_dir_is_empty(tmp_path: Path) -> None:

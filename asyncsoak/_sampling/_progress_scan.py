@@ -64,6 +64,8 @@ def scan_progress_dir(
         directory, rel = stack.pop()
         try:
             entries = os.scandir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # gone since its parent was listed (a rotated checkpoint): not unreadable
         except OSError:
             result.errors += 1
             continue
