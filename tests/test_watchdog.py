@@ -17,7 +17,7 @@ import pytest
 
 from asyncsoak import SoakFailureError, run_soak
 from asyncsoak._contract._sink import SoakClock
-from asyncsoak._sampling import _progress_scan, _watchdog
+from asyncsoak._sampling import _inotify, _progress_scan, _watchdog
 from asyncsoak._sampling._progress_rules import MTIME_LATENESS_SECONDS, ProgressTracker, changed_at
 from asyncsoak._sampling._progress_scan import FileState, scan_progress_dir
 
@@ -137,7 +137,7 @@ def test_a_directory_deleted_as_it_is_scanned_is_no_unreadable_directory(
             shutil.rmtree(path)  # the trainer's rotation, just before this directory's turn
         return real_scandir(path)
 
-    monkeypatch.setattr(_progress_scan.os, "scandir", rotating_scandir)
+    monkeypatch.setattr(os, "scandir", rotating_scandir)
     result = scan_progress_dir(tmp_path)
     assert list(result.files) == ["train.jsonl"]
     assert result.errors == 0
@@ -201,6 +201,41 @@ for step in range(4):
     time.sleep(0.7)
 time.sleep(60)
 """
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_progress_dir_created_as_its_parent_is_being_watched_is_seen_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer creates the progress dir and writes in it just before the watch on its
+    parent is in place (the parent's creation event never comes): the write is still seen
+    when the watches are placed, not at the next scan 5 s later, so the stall after it is
+    called at its deadline."""
+    progress = tmp_path / "progress"
+    real_watch = _inotify.Inotify.watch_for_creation
+
+    def created_meanwhile(watcher: _inotify.Inotify, root: Path) -> None:
+        root.mkdir()  # the trainer, between the monitor's look and its watch
+        (root / "metrics.txt").write_text("step\n")
+        real_watch(watcher, root)
+
+    monkeypatch.setattr(_inotify.Inotify, "watch_for_creation", created_meanwhile)
+    with anyio.fail_after(60), pytest.raises(SoakFailureError) as info:
+        await run_soak(
+            command=[sys.executable, "-c", "import time; time.sleep(60)"],
+            progress_dir=progress,
+            output_path=tmp_path / "out" / "soak.json",
+            sample_interval_seconds=5.0,
+            startup_timeout_seconds=30.0,
+            stale_progress_seconds=0.5,
+            nvidia_smi=None,
+            forensics=False,
+        )
+    assert info.value.reason == "stale_progress"
+    events = info.value.artifact["events"]
+    failure_t = next(e["t"] for e in events if e["kind"] == "failure")
+    assert failure_t < 4.0  # at the stall's deadline, not after the first 5 s scan
 
 
 @pytest.mark.slow

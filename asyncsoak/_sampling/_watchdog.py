@@ -120,6 +120,10 @@ class _WatchLoop:
         self.heard: dict[str, float] = {}
         #: inotify lost events: scan at once rather than at the next tick.
         self.rescan = False
+        #: The wait on inotify under way: the first watches' look at the files cuts it short
+        #: when it moved the deadline (it runs beside the loop), and sets ``replan``.
+        self.waiting: anyio.CancelScope | None = None
+        self.replan = False
         #: When the last scan came back: a change a scan finds happened after it.
         self.scanned_at = sink.elapsed()
 
@@ -160,10 +164,11 @@ class _WatchLoop:
             watcher.skip = frozenset(ignore)
             for path in self.scanner.also:
                 watcher.watch_file(path)
+            if not self.progress_dir.is_dir() and self.progress_dir.parent.is_dir():
+                watcher.watch_for_creation(self.progress_dir)
+            # Looked at again once the parent is watched: created just before, no event comes.
             if self.progress_dir.is_dir():
                 return watcher.watch_tree(self.progress_dir)
-            if self.progress_dir.parent.is_dir():
-                watcher.watch_for_creation(self.progress_dir)
             return []
 
         with contextlib.suppress(BlockingCallTimeout):
@@ -188,6 +193,9 @@ class _WatchLoop:
         )
         changed = self.tracker.observe_some(updates, now)
         await report_progress(self.sink, self.tracker, changed, now, previous)
+        if changed and self.waiting is not None:
+            self.replan = True
+            self.waiting.cancel()
 
     async def run(self, limiter: anyio.CapacityLimiter) -> Verdict:
         exists = await self._progress_dir_exists(f"a stat of {self.progress_dir}")
@@ -201,12 +209,19 @@ class _WatchLoop:
             # mtime, so a trainer's every write does not wake the monitor.
             near = self.next_scan - self.sink.elapsed() <= HEARD_WAIT_SECONDS
             if self.watcher is not None and (self.rescan or not near):
-                with anyio.move_on_after(max(0.0, wake - self.sink.elapsed())):
-                    await anyio.wait_readable(self.watcher.fd)
+                with anyio.move_on_after(max(0.0, wake - self.sink.elapsed())) as waiting:
+                    self.waiting = waiting
+                    try:
+                        await anyio.wait_readable(self.watcher.fd)
+                    finally:
+                        self.waiting = None
                     broken = await self._hear_inotify()
                     if broken is not None:
                         return broken
                     continue
+                if self.replan:
+                    self.replan = False
+                    continue  # a new deadline: wait for it instead
             else:
                 # A plain sleep until the next scan or the deadline: no scope to cancel.
                 await anyio.sleep(max(0.0, wake - self.sink.elapsed()))
