@@ -15,6 +15,22 @@ from .conftest import CLI_ENV, ReadyFifo, alive
 
 pytestmark = pytest.mark.slow
 
+#: The soaked command of both hosts: a trainer and a worker it forked; argv: the progress dir,
+#: the FIFO on which it says both pids.
+FORKING_TRAINER = """
+import os, sys, time
+from pathlib import Path
+Path(sys.argv[1]).mkdir(exist_ok=True)
+(Path(sys.argv[1]) / "m.txt").write_text("step")
+worker = os.fork()
+if worker == 0:
+    time.sleep(60)
+    os._exit(0)
+with open(sys.argv[2], "w") as f:
+    f.write(f"{os.getpid()} {worker}\\n")
+time.sleep(60)
+"""
+
 #: A host that starts a soak as a task of its own and leaves it running: ``main`` returns,
 #: raises, or is interrupted (SIGINT, as Ctrl-C).  argv: tmp dir, how main ends, the FIFO.
 HOST = """
@@ -29,19 +45,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 tmp, how = Path(sys.argv[1]), sys.argv[2]
 fifo = tmp / "ready.fifo"
 os.mkfifo(fifo)
-TRAINER = '''
-import os, sys, time
-from pathlib import Path
-Path(sys.argv[1]).mkdir(exist_ok=True)
-(Path(sys.argv[1]) / "m.txt").write_text("step")
-worker = os.fork()
-if worker == 0:
-    time.sleep(60)
-    os._exit(0)
-with open(sys.argv[2], "w") as f:
-    f.write(f"{os.getpid()} {worker}\\\\n")
-time.sleep(60)
-'''
+TRAINER = os.environ["SOAK_TRAINER"]
 
 def pids():
     with open(fifo) as f:
@@ -75,7 +79,7 @@ def test_a_soak_left_running_when_the_hosts_loop_ends_is_cancelled(
     says cancelled."""
     host = subprocess.run(
         [sys.executable, "-c", HOST, str(tmp_path), how],
-        env=CLI_ENV,
+        env={**CLI_ENV, "SOAK_TRAINER": FORKING_TRAINER},
         capture_output=True,
         text=True,
         timeout=60,
@@ -141,19 +145,7 @@ import anyio
 import asyncsoak
 
 TMP = Path(os.environ["SOAK_TMP"])
-TRAINER = '''
-import os, sys, time
-from pathlib import Path
-Path(sys.argv[1]).mkdir(exist_ok=True)
-(Path(sys.argv[1]) / "m.txt").write_text("step")
-worker = os.fork()
-if worker == 0:
-    time.sleep(60)
-    os._exit(0)
-with open(sys.argv[2], "w") as f:
-    f.write(f"{os.getpid()} {worker}\\\\n")
-time.sleep(60)
-'''
+TRAINER = os.environ["SOAK_TRAINER"]
 
 
 async def app(scope, receive, send):
@@ -189,7 +181,12 @@ def test_uvicorn_stopped_by_sigterm_cancels_the_soaks_of_its_lifespan(
             "--lifespan",
             "on",
         ],
-        env={**CLI_ENV, "SOAK_TMP": str(tmp_path), "FIFO": str(ready.path)},
+        env={
+            **CLI_ENV,
+            "SOAK_TMP": str(tmp_path),
+            "FIFO": str(ready.path),
+            "SOAK_TRAINER": FORKING_TRAINER,
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
