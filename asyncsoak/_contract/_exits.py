@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 #: A shell reports a child killed by signal N as exit status ``SHELL_SIGNAL_BASE + N``.
 SHELL_SIGNAL_BASE = 128
@@ -47,6 +48,18 @@ def signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def signals_sent(
+    artifact: Mapping[str, Any], *, killed_by_worker: bool = False
+) -> list[str] | None:
+    """The signals the monitor (or the worker, killing the tree itself) sent, or None when the
+    artifact does not say."""
+    stop = artifact.get("stop") or {}
+    if "signals" not in stop and not killed_by_worker:
+        return None
+    sent = [str(s.get("signal")) for s in stop.get("signals") or []]
+    return [*sent, "SIGKILL"] if killed_by_worker else sent
 
 
 def forwarded_signals(artifact: Mapping[str, object]) -> list[str]:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ._exits import describe_exit_status as describe_exit_status
     from ._exits import forwarded_signals as forwarded_signals
     from ._exits import signal_name as signal_name
+    from ._exits import signals_sent as signals_sent
 
 if not TYPE_CHECKING:  # the type checker reads the names above, and only those
     __getattr__, __dir__ = lazy_door(__name__, __file__)

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 #: Version 2 added ``trends``, ``processes``, ``limits``, ``exit.exception`` and
 #: ``series.progress_rate``; readers still take version 1 artifacts.
 SCHEMA_VERSION = 2
-SCHEMA_VERSIONS = frozenset({1, 2})
 #: Events kept in the artifact (the journal keeps them all): the first and the last ones.
 EVENTS_HEAD = 500
 EVENTS_TAIL = 1500

@@ -37,18 +37,12 @@ from ._sections import (
     process_role,
     sampler_notes,
     stall_forensics,
-    stop_section,
     summary_entry,
     summary_figure,
 )
 
 #: Throttle reasons that mean nothing is held back.
 IDLE_THROTTLE = frozenset({"gpu_idle", "none", "not_active"})
-
-
-def signals_sent(artifact: Artifact) -> list[str]:
-    stop = stop_section(artifact)
-    return [] if stop is None else [s["signal"] for s in stop.get("signals", [])]
 
 
 def oom_killer(kill: schema.OomKillEntry) -> str:
@@ -71,7 +65,7 @@ def exit_text(artifact: Artifact) -> str:
         return "never started"
     return exits.describe_exit_status(
         a["exit"]["returncode"],
-        sent=signals_sent(artifact),
+        sent=exits.signals_sent(artifact) or [],
         forwarded=exits.forwarded_signals(artifact),
     )
 

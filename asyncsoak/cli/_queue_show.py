@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shlex
 import socket
@@ -65,7 +66,7 @@ _NOTE_WIDTH = 90
 
 
 def _age(ts: float | None, now: float) -> str:
-    if ts is None:
+    if ts is None or not math.isfinite(now - ts):
         return "-"
     seconds = max(0.0, now - ts)
     if seconds < 60:

@@ -30,7 +30,6 @@ from ._status import (
     Outcome,
     describe_exit,
     final_status,
-    signals_sent,
     with_soak_verdict,
 )
 
@@ -262,7 +261,7 @@ def outcome_from_artifact(
     stop = artifact.get("stop") or {}
     rc: int | None = exit_info.get("returncode")
     killed = bool(stop.get("killed")) or killed_by_worker
-    sent = signals_sent(artifact, killed_by_worker=killed_by_worker)
+    sent = exits.signals_sent(artifact, killed_by_worker=killed_by_worker)
     exit_text = describe_exit(rc, sent=sent, forwarded=exits.forwarded_signals(artifact))
     failures = artifact.get("failures") or []
     soak_reason: str | None = failures[0].get("reason") if failures else None

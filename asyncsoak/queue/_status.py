@@ -4,11 +4,10 @@ the worker's defaults (:class:`~asyncsoak.queue.WorkerConfig`'s) and an attempt'
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from .._contract import exits
 from .._record import read_log_tail
@@ -98,18 +97,6 @@ def describe_exit(
     if rc == EXIT_INTERRUPTED:
         return f"exit status {rc} (EXIT_INTERRUPTED: saved and stopped)"
     return exits.describe_exit_status(rc, sent=sent, forwarded=forwarded)
-
-
-def signals_sent(
-    artifact: Mapping[str, Any], *, killed_by_worker: bool = False
-) -> list[str] | None:
-    """The signals the monitor (or the worker, killing the tree itself) sent, or None when the
-    artifact does not say."""
-    stop = artifact.get("stop") or {}
-    if "signals" not in stop and not killed_by_worker:
-        return None
-    sent = [str(s.get("signal")) for s in stop.get("signals") or []]
-    return [*sent, "SIGKILL"] if killed_by_worker else sent
 
 
 @dataclass(frozen=True, slots=True)

@@ -474,3 +474,21 @@ def test_password_in_any_form_of_url_never_printed_handed_on_or_recorded(
         recorded = [p.read_text(errors="replace") for p in runs.rglob("*") if p.is_file()]
         for text in outputs + recorded:
             assert secret not in text, form
+
+
+def test_ages_in_the_tables_read_whole_units_and_a_time_out_of_range_as_unknown() -> None:
+    """A worker's or job's age: seconds, then whole minutes, hours and days; a stored time that
+    is not a finite number (a row written by hand or by a broken clock) reads as "-", not as a
+    crash of ``workers`` or ``jobs``."""
+    from asyncsoak.cli._queue_show import _age
+
+    now = 1_800_000_000.0
+    assert [_age(now - s, now) for s in (5, 125, 7300, 3 * 86400 + 5)] == [
+        "5s ago",
+        "2m ago",
+        "2h ago",
+        "3d ago",
+    ]
+    assert _age(None, now) == "-"
+    assert _age(float("-inf"), now) == "-"
+    assert _age(float("nan"), now) == "-"
