@@ -183,15 +183,15 @@ def worker_views(
     shown: list[WorkerView] = []
     pruned = 0
     for w in workers:
-        gone_here = (
-            process_alive is not None
-            and w.host == this_host
-            and not process_alive(w.pid, w.pid_start)
-        )
         state = ALIVE
         if w.stopped_at is not None:
             state = STOPPED
-        elif now - w.heartbeat_at > lost_after or gone_here:
+        elif now - w.heartbeat_at > lost_after or (
+            # /proc is read only for the workers still alive by their heartbeat
+            process_alive is not None
+            and w.host == this_host
+            and not process_alive(w.pid, w.pid_start)
+        ):
             state = LOST
         last_seen = w.heartbeat_at if w.stopped_at is None else max(w.heartbeat_at, w.stopped_at)
         if state != ALIVE and now - last_seen > PRUNE_AFTER_S and not show_all:

@@ -492,3 +492,30 @@ def test_ages_in_the_tables_read_whole_units_and_a_time_out_of_range_as_unknown(
     assert _age(None, now) == "-"
     assert _age(float("-inf"), now) == "-"
     assert _age(float("nan"), now) == "-"
+
+
+def test_workers_reads_proc_only_for_the_workers_alive_by_their_heartbeat() -> None:
+    """``workers`` on a host with a long history: a stopped worker or one whose heartbeat is
+    already stale is judged without a look at /proc; a live one whose process is gone is lost
+    at once."""
+    from asyncsoak.queue import WorkerInfo, worker_views
+
+    now = 1_800_000_000.0
+    history = [
+        WorkerInfo(f"old-{i}", "here", 1000 + i, None, now - 9000, now - 8000, now - 7000, None)
+        for i in range(500)
+    ]
+    stale = WorkerInfo("stale", "here", 7, None, now - 600, now - 500, None, None)
+    live = WorkerInfo("live", "here", 8, None, now - 60, now - 1, None, None)
+    looked: list[int] = []
+
+    def alive(pid: int, start: int | None) -> bool:
+        looked.append(pid)
+        return False
+
+    views, _ = worker_views(
+        [*history, stale, live], [], now, show_all=True, this_host="here", process_alive=alive
+    )
+    assert looked == [8]
+    assert {v.info.name: v.state for v in views}["live"] == "lost"
+    assert {v.state for v in views if v.info.name != "live"} == {"stopped", "lost"}
