@@ -148,6 +148,8 @@ def collect_forensics(pids: Iterable[int], *, timeout: float) -> dict[str, Any]:
 
 
 _KILLED = re.compile(r"Killed process (?P<pid>\d+) \((?P<name>[^)]*)\)")
+#: What every record :data:`_KILLED` matches holds: a boot's thousands of records are not decoded.
+_KILLED_WORDS = b"Killed process "
 
 
 def oom_kills(
@@ -193,7 +195,7 @@ def _read_oom_records(kmsg: Path) -> list[_OomRecord] | None:
         return None
     found: list[_OomRecord] = []
     try:
-        for at, message in kernel_log_records(fd, MAX_KMSG_RECORDS):
+        for at, message in kernel_log_records(fd, MAX_KMSG_RECORDS, containing=_KILLED_WORDS):
             match = _KILLED.search(message)
             if match:
                 found.append(
@@ -204,9 +206,12 @@ def _read_oom_records(kmsg: Path) -> list[_OomRecord] | None:
     return found
 
 
-def kernel_log_records(fd: int, limit: int) -> Iterator[tuple[float, str]]:
+def kernel_log_records(
+    fd: int, limit: int, *, containing: bytes | None = None
+) -> Iterator[tuple[float, str]]:
     """``(seconds since boot, message)`` of each record readable now from a non-blocking
-    ``/dev/kmsg``, ``limit`` at most (an overwritten or too large record is passed over)."""
+    ``/dev/kmsg``, ``limit`` at most (an overwritten or too large record is passed over);
+    ``containing``: only the records with those bytes (the others are not decoded)."""
     for _ in range(limit):
         try:
             record = os.read(fd, 8192)
@@ -216,6 +221,8 @@ def kernel_log_records(fd: int, limit: int) -> Iterator[tuple[float, str]]:
             continue
         if not record:
             return
+        if containing is not None and containing not in record:
+            continue
         head, _, message = record.decode("utf-8", errors="replace").partition(";")
         fields = head.split(",")
         if len(fields) >= 3 and fields[2].isdigit():
