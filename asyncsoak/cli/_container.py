@@ -9,11 +9,15 @@ import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._contract import EXECUTOR, terminal_text
-from .._supervisor import SoakControl, forwarded_signals, kubernetes, seconds, slurm
+from .._supervisor import forwarded_signals, kubernetes, seconds, slurm
 from . import UsageError, refused
 from ._flags import flag_error, seconds_arg
+
+if TYPE_CHECKING:
+    from .._supervisor import SoakControl
 
 #: Where Kubernetes has a container write why it ended (``terminationMessagePath``'s default).
 DEFAULT_TERMINATION_LOG = Path("/dev/termination-log")
