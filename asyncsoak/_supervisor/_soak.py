@@ -18,6 +18,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._contract import (
+    EXECUTOR,
     EventSink,
     FailureReason,
     Masker,
@@ -36,7 +37,7 @@ from .._contract import (
     run_blocking,
     secret_values,
 )
-from .._process import REAPER_CLOSE_TIMEOUT_SECONDS, Spawner, cgroups
+from .._process import REAPER_CLOSE_TIMEOUT_SECONDS, Spawner, cgroups, prefetch_oom_records
 from .._record import Observer, RunState, Serializer
 from .._sampling import ScanResult, latest_change_age, skipped_message
 from . import _slurm
@@ -412,6 +413,9 @@ class _Soak:
             request = spawn_request(self.cfg, self._child_env, self.soak_id, log_fd, steps, cgroup)
             spawner = self._spawner
             assert spawner is not None
+            # The kernel log read while the command starts (a wait: the reaper's fork, the
+            # cgroup's join): the OOM check at the end reads on from there, not from the boot.
+            EXECUTOR.submit(prefetch_oom_records)
             if not await start_command(sink, spawner, request, cgroup, self._fail):
                 return
             assert spawner.pid is not None
