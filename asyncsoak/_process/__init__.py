@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._forensics import KernelLogFollower as KernelLogFollower
     from ._forensics import collect_forensics as collect_forensics
     from ._forensics import oom_kills as oom_kills
+    from ._forensics import prefetch_oom_records as prefetch_oom_records
     from ._forensics import seconds_since_boot as seconds_since_boot
     from ._ranks import RoleFold as RoleFold
     from ._ranks import judge_ranks as judge_ranks

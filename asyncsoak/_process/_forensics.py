@@ -148,6 +148,8 @@ def collect_forensics(pids: Iterable[int], *, timeout: float) -> dict[str, Any]:
 
 
 _KILLED = re.compile(r"Killed process (?P<pid>\d+) \((?P<name>[^)]*)\)")
+#: What every record :data:`_KILLED` matches holds: a boot's thousands of records are not decoded.
+_KILLED_WORDS = b"Killed process "
 
 
 def oom_kills(
@@ -170,43 +172,56 @@ def oom_kills(
 #: (seconds since boot, pid, name, first line of the message) of one OOM kill.
 _OomRecord = tuple[float, int, str, str]
 _OOM_LOCK = threading.Lock()
-#: Per kernel log: when its last read began, and the records it found.
-_OOM_READS: dict[Path, tuple[float, list[_OomRecord] | None]] = {}
+#: Per kernel log and process (a forked child reads on its own): when its last read began,
+#: its descriptor (read on from there: a boot's thousands of records are read once) and the
+#: OOM-kill records found so far (None: unreadable).
+_OOM_READS: dict[tuple[Path, int], tuple[float, int | None, list[_OomRecord] | None]] = {}
+
+
+def prefetch_oom_records(kmsg: Path = Path("/dev/kmsg")) -> None:
+    """Read the kernel log's records so far (blocking), so that :func:`oom_kills` at a run's
+    end reads only those logged since: a soak does it while its command starts."""
+    _oom_records(kmsg, time.monotonic())
 
 
 def _oom_records(kmsg: Path, asked_at: float) -> list[_OomRecord] | None:
     """The kernel log's OOM-kill records, read once for every caller that asked before the read
     began (a kill is logged before its victim's parent sees it die)."""
+    key = (kmsg, os.getpid())
     with _OOM_LOCK:
-        began, records = _OOM_READS.get(kmsg, (-math.inf, None))
+        began, fd, records = _OOM_READS.get(key, (-math.inf, None, None))
         if began < asked_at:
             began = time.monotonic()
-            records = _read_oom_records(kmsg)
-            _OOM_READS[kmsg] = (began, records)
+            if fd is None:
+                try:
+                    fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                except OSError:
+                    fd = None
+                records = None if fd is None else []
+            if fd is not None and records is not None:
+                records = [*records, *_read_oom_records(fd)][-MAX_KMSG_RECORDS:]
+            _OOM_READS[key] = (began, fd, records)
         return records
 
 
-def _read_oom_records(kmsg: Path) -> list[_OomRecord] | None:
-    try:
-        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
+def _read_oom_records(fd: int) -> list[_OomRecord]:
+    """The OOM-kill records readable now from ``fd`` (a kernel log), from where it stands."""
     found: list[_OomRecord] = []
-    try:
-        for at, message in kernel_log_records(fd, MAX_KMSG_RECORDS):
-            match = _KILLED.search(message)
-            if match:
-                found.append(
-                    (at, int(match["pid"]), match["name"], message.strip().splitlines()[0][:500])
-                )
-    finally:
-        os.close(fd)
+    for at, message in kernel_log_records(fd, MAX_KMSG_RECORDS, containing=_KILLED_WORDS):
+        match = _KILLED.search(message)
+        if match:
+            found.append(
+                (at, int(match["pid"]), match["name"], message.strip().splitlines()[0][:500])
+            )
     return found
 
 
-def kernel_log_records(fd: int, limit: int) -> Iterator[tuple[float, str]]:
+def kernel_log_records(
+    fd: int, limit: int, *, containing: bytes | None = None
+) -> Iterator[tuple[float, str]]:
     """``(seconds since boot, message)`` of each record readable now from a non-blocking
-    ``/dev/kmsg``, ``limit`` at most (an overwritten or too large record is passed over)."""
+    ``/dev/kmsg``, ``limit`` at most (an overwritten or too large record is passed over);
+    ``containing``: only the records with those bytes (the others are not decoded)."""
     for _ in range(limit):
         try:
             record = os.read(fd, 8192)
@@ -216,6 +231,8 @@ def kernel_log_records(fd: int, limit: int) -> Iterator[tuple[float, str]]:
             continue
         if not record:
             return
+        if containing is not None and containing not in record:
+            continue
         head, _, message = record.decode("utf-8", errors="replace").partition(";")
         fields = head.split(",")
         if len(fields) >= 3 and fields[2].isdigit():

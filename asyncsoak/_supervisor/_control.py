@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .._contract import StopCause, ValidationError
-from .._record import Observer, RunState
 
 if TYPE_CHECKING:
     from .._process import Spawner
+    from .._record import Observer, RunState
 
 
 class SoakControl:

@@ -18,6 +18,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._contract import (
+    EXECUTOR,
     EventSink,
     FailureReason,
     Masker,
@@ -29,6 +30,7 @@ from .._contract import (
     abandoned_calls,
     argv_secrets,
     events,
+    exits,
     host_cancelled,
     iso,
     open_event_queue,
@@ -36,7 +38,7 @@ from .._contract import (
     run_blocking,
     secret_values,
 )
-from .._process import REAPER_CLOSE_TIMEOUT_SECONDS, Spawner, cgroups
+from .._process import REAPER_CLOSE_TIMEOUT_SECONDS, Spawner, cgroups, prefetch_oom_records
 from .._record import Observer, RunState, Serializer
 from .._sampling import ScanResult, latest_change_age, skipped_message
 from . import _slurm
@@ -412,6 +414,7 @@ class _Soak:
             request = spawn_request(self.cfg, self._child_env, self.soak_id, log_fd, steps, cgroup)
             spawner = self._spawner
             assert spawner is not None
+            EXECUTOR.submit(_ahead_of_the_end)
             if not await start_command(sink, spawner, request, cgroup, self._fail):
                 return
             assert spawner.pid is not None
@@ -525,6 +528,15 @@ class _Soak:
         assert self.cfg.max_duration_seconds is not None
         await anyio.sleep(max(0.0, self.cfg.max_duration_seconds - sink.elapsed()))
         self.end(StopCause.MAX_DURATION)
+
+
+def _ahead_of_the_end() -> None:
+    """What the end needs, read in a thread while the command starts (the reaper's fork and the
+    cgroup's join leave the monitor waiting): the kernel log so far (the OOM check at the end
+    reads on from there, not from the boot), and the exit statuses' modules (imported on the
+    loop at the command's exit otherwise)."""
+    prefetch_oom_records()
+    exits.decode, exits.verdict_exit_code  # noqa: B018 (their modules' import is the point)
 
 
 async def _after(event: anyio.Event, then: Callable[[], None]) -> None:

@@ -26,7 +26,7 @@ from .._contract import (
 )
 from .._supervisor import STOP_MODES, SoakLimits, seconds
 from .._view import VIEW_MODES
-from . import UsageError, refused, unwritable
+from . import UsageError, refused, release_collector, unwritable
 from ._container import (
     Ending,
     add_scheduler_options,
@@ -138,7 +138,7 @@ def register(subparsers: Any) -> None:
         "to its leader alone, or its stdin closed",
     )
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG...]")
-    run.set_defaults(handler=run_command)
+    run.set_defaults(handler=run_command, hold_collector=True)
 
     demo = subparsers.add_parser(
         "demo", help="soak a small bundled training loop (about 15 seconds) and show the result"
@@ -263,6 +263,7 @@ def _supervise(
                         )
 
                 tg.start_soon(stop_on_signal)
+                tg.start_soon(_release_collector_once_started, control)
                 if view is not None:
                     tg.start_soon(view)
                 with soak_scope:
@@ -327,6 +328,13 @@ def _supervise(
     if report is not None:
         report(artifact)
     return Ending(line, exits.EXIT_PASSED, None, output)
+
+
+async def _release_collector_once_started(control: SoakControl) -> None:
+    """The garbage collector held off for the start-up (:func:`entry`) runs once the command
+    does; a soak that never starts it ends soon."""
+    await control.started.wait()
+    release_collector()
 
 
 def tell(text: str) -> None:
