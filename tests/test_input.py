@@ -600,6 +600,15 @@ REFUSALS: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
     (("jobs", "--db", "mysql://u:secret@h/q"), ("--db", "mysql://", "a postgresql:// URL")),
     ((*_WORKER, "--poll", "x"), ("--poll", "'x'", "expected seconds")),
     ((*_WORKER, "--stop-timeout", "-3"), ("--stop-timeout must be zero or more, got -3",)),
+    (
+        (*_RUN, "--stall-timeout", "2"),
+        ("asyncsoak run: error: unrecognized arguments: --stall-timeout", "--startup-timeout?"),
+    ),
+    (
+        (*_RUN, "--leak-chek=fail"),
+        ("arguments: --leak-chek=fail", "(did you mean --leak-check or --loss-check?)"),
+    ),
+    (("jobs", "--bogus"), ("asyncsoak jobs: error: unrecognized arguments: --bogus",)),
 ]
 
 

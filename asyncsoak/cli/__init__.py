@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import gc
 import importlib
 import os
@@ -98,7 +99,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     # The subcommand comes first (the top level has no option but --help).
-    args = build_parser(arguments[0] if arguments else None).parse_args(arguments)
+    parser = build_parser(arguments[0] if arguments else None)
+    args, unknown = parser.parse_known_args(arguments)
+    if unknown:
+        _refuse_unknown(parser, args.subcommand, unknown)
     if not getattr(args, "hold_collector", False):
         release_collector()  # ``run`` releases it once its command runs
     try:
@@ -108,6 +112,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(terminal_text(f"asyncsoak: error: {exc}"), file=sys.stderr)
         return exits.EXIT_USAGE
     return status
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> NoReturn:
+    """Unknown options, refused by the subcommand's own parser (its usage, its name) with the
+    nearest of its options when one is close: ``--stall-timeout`` -> ``--stale-progress``."""
+    [choices] = [a.choices for a in parser._actions if isinstance(a.choices, dict)]
+    subparser = choices[command]
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    typed = next((a.split("=", 1)[0] for a in unknown if a.startswith("--")), None)
+    known = [o for a in subparser._actions for o in a.option_strings if o.startswith("--")]
+    near = difflib.get_close_matches(typed, known, n=3, cutoff=0.6) if typed else []
+    if near:
+        listed = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
+        message += f" (did you mean {listed}?)"
+    subparser.error(message)
+    raise AssertionError("argparse's error() exits")
 
 
 def entry() -> NoReturn:
