@@ -10,7 +10,6 @@ from .._contract import lazy_door
 if TYPE_CHECKING:
     from ._compare import compare as compare
     from ._compare import format_comparison as format_comparison
-    from ._fields import VIEW_MODES as VIEW_MODES
     from ._hints import exit_text as exit_text
     from ._job_view import NotOneJobError as NotOneJobError
     from ._job_view import combine as combine

@@ -10,8 +10,6 @@ from dataclasses import dataclass, replace
 
 from .._contract import format_duration, parse_iso
 
-#: ``--view``: ``auto`` (the full screen on a terminal tall enough, else the line), or one.
-VIEW_MODES = ("auto", "line", "screen")
 #: The unit a name token stands for.
 UNIT_TOKENS = {
     "bytes": "bytes",

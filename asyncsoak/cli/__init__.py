@@ -39,6 +39,8 @@ COMMANDS = {
     "workers": "_queue",
 }
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
+#: ``--view``: ``auto`` (the full screen on a terminal tall enough, else the line), or one.
+VIEW_MODES = ("auto", "line", "screen")
 
 
 #: Whether :func:`entry` holds the cyclic garbage collector off (see :func:`release_collector`).

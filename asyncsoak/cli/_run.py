@@ -25,8 +25,7 @@ from .._contract import (
     terminal_text,
 )
 from .._supervisor import STOP_MODES, SoakLimits, seconds
-from .._view import VIEW_MODES
-from . import UsageError, refused, release_collector, unwritable
+from . import VIEW_MODES, UsageError, refused, release_collector, unwritable
 from ._container import (
     Ending,
     add_scheduler_options,

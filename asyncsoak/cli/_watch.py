@@ -39,7 +39,7 @@ CATCH_UP_SECONDS = 300.0
 
 
 def register(subparsers: Any) -> None:
-    from .._view import VIEW_MODES
+    from . import VIEW_MODES
 
     watch = subparsers.add_parser(
         "watch",
