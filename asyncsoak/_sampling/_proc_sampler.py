@@ -263,7 +263,7 @@ class ProcSampler:
             cmdline, role = (None, None) if described else describe(base, name, self._masker)
             shmem = self._shmem.get(pid)
             if shmem is None or not described or walk.full:
-                shmem = read_shmem(base)
+                shmem = read_shmem(base, files)
         except VANISHED:
             if files is not None and self._open_files is not None:
                 self._open_files.drop(pid)

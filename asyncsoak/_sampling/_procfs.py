@@ -63,10 +63,10 @@ def descriptor_budget() -> int:
 
 
 #: The files of one process kept open: stat, io, the fd directory, the main thread's children,
-#: its schedstat and statm.
-FILES_PER_PROCESS = 6
+#: its schedstat, statm and status.
+FILES_PER_PROCESS = 7
 #: Where each of those files is in a process's list of descriptors (:attr:`OpenFiles.by_pid`).
-STAT, IO, FD_DIR, CHILDREN, SCHEDSTAT, STATM = range(FILES_PER_PROCESS)
+STAT, IO, FD_DIR, CHILDREN, SCHEDSTAT, STATM, STATUS = range(FILES_PER_PROCESS)
 #: A file that could not be opened for want of permission (``io`` of another user's process).
 DENIED = -1
 #: A file not opened (yet).
@@ -80,8 +80,8 @@ class OpenFiles:
     def __init__(self, proc: str, budget: int) -> None:
         self._proc = proc
         self._max_processes = budget // FILES_PER_PROCESS
-        #: pid -> [stat, io, fd directory, children, schedstat, statm] descriptors (or
-        #: DENIED, CLOSED), at the indices STAT, IO, FD_DIR, CHILDREN, SCHEDSTAT, STATM.
+        #: pid -> [stat, io, fd directory, children, schedstat, statm, status] descriptors (or
+        #: DENIED, CLOSED), at the indices STAT, IO, FD_DIR, CHILDREN, SCHEDSTAT, STATM, STATUS.
         self.by_pid: dict[int, list[int]] = {}
 
     def get(self, pid: int) -> list[int] | None:
@@ -91,7 +91,7 @@ class OpenFiles:
             if len(self.by_pid) >= self._max_processes:
                 return None
             stat = os.open(f"{self._proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-            files = self.by_pid[pid] = [stat, CLOSED, CLOSED, CLOSED, CLOSED, CLOSED]
+            files = self.by_pid[pid] = [stat, *[CLOSED] * (FILES_PER_PROCESS - 1)]
         return files
 
     @staticmethod
@@ -210,10 +210,17 @@ def read_children(base: str, pid: int, files: list[int] | None) -> bytes:
     return pread_all(fd) if fd >= 0 else b""
 
 
-def read_shmem(base: str) -> int:
-    """``RssShmem`` of ``status`` in bytes (0 where the kernel does not say, or if denied)."""
+def read_shmem(base: str, files: list[int] | None = None) -> int:
+    """``RssShmem`` of ``status`` in bytes (0 where the kernel does not say, or if denied);
+    read from the kept descriptor when there is one (a full read reads every process's)."""
     try:
-        status = read_proc_file(base + "status", one_piece=True)
+        if files is None:
+            status = read_proc_file(base + "status", one_piece=True)
+        else:
+            fd = OpenFiles.open(files, STATUS, base + "status")
+            status = os.pread(fd, CHUNK, 0) if fd >= 0 else b""
+            if len(status) == CHUNK:  # built in one go: a short read is its end
+                status = pread_all(fd)
     except PermissionError:
         return 0
     return kb_field(status, b"\nRssShmem:") or 0
