@@ -24,7 +24,8 @@ processes of their own:
 
 Target: the whole monitor's CPU per sample at most 1/4 of psrecord's, by the scheduler's
 clock.  Wake-ups per sample are shown for information: CPU per sample is the target, not
-wake-ups.
+wake-ups.  ``ASYNCSOAK_BASELINE=DIR`` also runs the package in DIR (another checkout) right
+after this one at each interval, for a before/after under the machine's load of the moment.
 """
 
 from __future__ import annotations
@@ -240,6 +241,17 @@ async def soak_and_measure(
     return measured
 
 
+def baseline_cwd(baseline: Path, tmp: Path) -> Path:
+    """A directory where ``python -m benchmarks.monitor_overhead`` runs this checkout's
+    benchmark on the package of ``baseline`` (``-m`` puts the current directory first)."""
+    shim = tmp / "baseline"
+    shim.mkdir()
+    (shim / "asyncsoak").symlink_to(baseline / "asyncsoak")
+    for name in ("benchmarks", "tests"):
+        (shim / name).symlink_to(REPO / name)
+    return shim
+
+
 def child_main(args: argparse.Namespace) -> None:
     import anyio
 
@@ -272,16 +284,27 @@ class Running:
         return result
 
     def finish(self) -> Section:
+        baseline = os.environ.get("ASYNCSOAK_BASELINE")
         try:
-            results = [self._wait(self.child)]
-            for interval in INTERVALS[1:]:
-                command = [*self.command, "--interval", str(interval)]
-                child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
-                results.append(self._wait(child))
+            with tempfile.TemporaryDirectory(prefix="asyncsoak-bench-") as tmp:
+                shim = baseline_cwd(Path(baseline).resolve(), Path(tmp)) if baseline else None
+                results, baselines = [self._wait(self.child)], []
+                for i, interval in enumerate(INTERVALS):
+                    command = [*self.command, "--interval", str(interval)]
+                    if i > 0:
+                        child = subprocess.Popen(
+                            command, cwd=REPO, stdout=subprocess.PIPE, text=True
+                        )
+                        results.append(self._wait(child))
+                    if shim is not None:
+                        child = subprocess.Popen(
+                            command, cwd=shim, stdout=subprocess.PIPE, text=True
+                        )
+                        baselines.append(self._wait(child))
         finally:
             if self.fake_dir is not None:
                 self.fake_dir.cleanup()
-        return section_from(results, self.fake_gpu)
+        return section_from(results, self.fake_gpu, baselines)
 
 
 def start(quick: bool = False) -> Running:
@@ -329,7 +352,17 @@ def median_part(parts: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
     return float(part["wall"]), part["clocks"]
 
 
-def section_from(results: list[dict[str, Any]], fake_gpu: bool) -> Section:
+def whole_per_sample(m: dict[str, Any]) -> tuple[float, float]:
+    """(whole monitor, psrecord) CPU seconds per sample of a result's median part."""
+    wall, clocks = median_part(m["parts"])
+    samples = wall / float(m["interval"])
+    whole = clocks["monitor"][0] + clocks["reaper"][0] + clocks["nvidia_smi"][0]
+    return whole / samples, clocks["psrecord"][0] / samples
+
+
+def section_from(
+    results: list[dict[str, Any]], fake_gpu: bool, baselines: list[dict[str, Any]] | None = None
+) -> Section:
     section = Section("monitor_overhead", "2. Whole-monitor overhead")
     for m in results:
         interval = float(m["interval"])
@@ -393,6 +426,30 @@ def section_from(results: list[dict[str, Any]], fake_gpu: bool) -> Section:
             f"{m['tree_processes']} processes, {m['samples']} samples in the soak, "
             f"{m['dropped']} dropped, status {m['status']}, "
             f"{m['nvidia_smi_processes']} nvidia-smi loops"
+        )
+    for old in baselines or []:
+        (whole, psrecord), (new, _) = (
+            whole_per_sample(old),
+            whole_per_sample(next(m for m in results if m["interval"] == old["interval"])),
+        )
+        at = f"at {float(old['interval']):g} s"
+        section.add(
+            Figure(
+                f"{at}: baseline (ASYNCSOAK_BASELINE), whole monitor CPU per sample",
+                whole * 1e3,
+                "ms",
+                reference=f"psrecord {psrecord * 1e3:.2f} ms",
+                ratio=whole / max(psrecord, 1e-9),
+            )
+        )
+        section.add(
+            Figure(
+                f"{at}: this checkout's whole monitor against the baseline's",
+                new * 1e3,
+                "ms",
+                reference=f"baseline {whole * 1e3:.2f} ms",
+                ratio=new / max(whole, 1e-9),
+            )
         )
     section.note(
         "CPU by the scheduler's clock: each process's CPU-time clock (clock_gettime on "
