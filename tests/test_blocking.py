@@ -95,6 +95,29 @@ def test_threads_are_daemons_and_bounded() -> None:
     assert all(c.result(timeout=5) for c in calls[:4])
 
 
+def test_calls_go_to_the_warmest_thread_and_spare_threads_leave() -> None:
+    """Calls one after another run on the thread idle for the shortest time (its caches warm,
+    one wake-up), not in turn on every thread the pool ever started; so the threads a burst
+    started and the steady work does not need leave after their idle spell."""
+    pool = _blocking._Pool(max_threads=4, idle_seconds=0.5)
+    gate = threading.Event()
+    burst = [pool.submit(gate.wait) for _ in range(4)]
+    for _ in range(200):
+        if sum(c.running() for c in burst) == 4:
+            break
+        time.sleep(0.01)  # polling the pool's own state, bounded
+    assert pool.threads == 4
+    gate.set()
+    assert all(c.result(timeout=5) for c in burst)
+    ran_on = set()
+    deadline = time.monotonic() + 10
+    while pool.threads > 1 and time.monotonic() < deadline:
+        ran_on.add(pool.submit(threading.get_ident).result(timeout=5))
+        time.sleep(0.02)  # steady work: a call every 20 ms, far below the idle spell
+    assert pool.threads == 1, "threads the steady work does not need stay"
+    assert len(ran_on) <= 2, ran_on  # the warmest thread (a first call may meet another)
+
+
 @pytest.mark.slow
 def test_a_stuck_call_does_not_keep_the_process_alive(tmp_path: Path) -> None:
     """A process whose blocking call hangs for good exits as soon as its main code returns."""

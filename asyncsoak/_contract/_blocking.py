@@ -9,6 +9,7 @@ import asyncio
 import math
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from functools import partial
@@ -48,25 +49,38 @@ class _Call(Future[Any]):
         return False
 
 
+_Work = tuple[_Call, Callable[[], Any]]
+
+
 class _Pool(Executor):
-    """Daemon threads started on demand up to a bound, each leaving after an idle spell."""
+    """Daemon threads started on demand up to a bound, each leaving after an idle spell.  A call
+    goes to the thread idle for the shortest time (its caches warm): the threads a burst
+    started and the steady work does not need go idle for good, and leave."""
 
     def __init__(self, max_threads: int = MAX_THREADS, idle_seconds: float = IDLE_SECONDS) -> None:
         self._max_threads = max_threads
         self._idle_seconds = idle_seconds
-        self._queue: queue.SimpleQueue[tuple[_Call, Callable[[], Any]]] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self.threads = self._idle = self._queued = self.abandoned_total = 0
+        #: The idle threads' mailboxes, the most recently idle last.
+        self._idle: list[queue.SimpleQueue[_Work]] = []
+        #: Calls waiting for a thread (every one busy, at the bound).
+        self._pending: deque[_Work] = deque()
+        self.threads = self.abandoned_total = 0
         self._stuck: set[_Call] = set()
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         call = _Call(self)
+        work = (call, partial(fn, *args, **kwargs))
         with self._lock:
-            self._queued += 1
-            self._queue.put((call, partial(fn, *args, **kwargs)))
-            if self._idle < self._queued and self.threads < self._max_threads:
+            if self._idle:
+                self._idle.pop().put(work)
+            elif self.threads < self._max_threads:
                 self.threads += 1
-                threading.Thread(target=self._work, name="asyncsoak-blocking", daemon=True).start()
+                threading.Thread(
+                    target=self._work, args=(work,), name="asyncsoak-blocking", daemon=True
+                ).start()
+            else:
+                self._pending.append(work)
         return call
 
     def abandon(self, call: _Call) -> None:
@@ -75,20 +89,10 @@ class _Pool(Executor):
                 self.abandoned_total += 1
                 self._stuck.add(call)
 
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                self._idle += 1
-            try:
-                call, fn = self._queue.get(timeout=self._idle_seconds)
-            except queue.Empty:
-                with self._lock:
-                    self._idle -= 1
-                    self.threads -= 1
-                return
-            with self._lock:
-                self._idle -= 1
-                self._queued -= 1
+    def _work(self, work: _Work | None) -> None:
+        mailbox: queue.SimpleQueue[_Work] = queue.SimpleQueue()
+        while work is not None:
+            call, fn = work
             if call.set_running_or_notify_cancel():
                 try:
                     call.set_result(fn())
@@ -96,7 +100,24 @@ class _Pool(Executor):
                     call.set_exception(exc)
                 with self._lock:
                     self._stuck.discard(call)
-            del call, fn
+            del call, fn, work
+            work = self._next(mailbox)
+
+    def _next(self, mailbox: queue.SimpleQueue[_Work]) -> _Work | None:
+        """The next call for this thread, or None when it stayed idle for its spell."""
+        with self._lock:
+            if self._pending:
+                return self._pending.popleft()
+            self._idle.append(mailbox)
+        try:
+            return mailbox.get(timeout=self._idle_seconds)
+        except queue.Empty:
+            with self._lock:
+                if mailbox in self._idle:
+                    self._idle.remove(mailbox)
+                    self.threads -= 1
+                    return None
+            return mailbox.get_nowait()  # handed a call as the spell ended (put with the pop)
 
 
 #: The process-wide pool every blocking call of asyncsoak runs on.
