@@ -25,9 +25,6 @@ from .._sampling import (
     StepReader,
     StepTracker,
     final_scan,
-    find_nvidia_smi,
-    run_proc_sampler,
-    run_watchdog,
     scan_progress_dir,
 )
 from ._outputs import SoakFiles
@@ -50,6 +47,12 @@ class ProgressWatch:
     ignore: set[tuple[int, int]]
     #: Watched by path besides the dir: the log, when its output counts as progress.
     also: list[Path]
+
+
+def import_samplers() -> None:
+    """Import the samplers' modules (blocking): a soak does it in a thread while its command
+    starts, when the monitor only waits."""
+    from .._sampling import find_nvidia_smi, run_proc_sampler, run_watchdog  # noqa: F401
 
 
 class Producers:
@@ -137,7 +140,10 @@ class Producers:
     def start(
         self, producers: TaskGroup, sink: EventSink, spawner: Spawner, watch: ProgressWatch
     ) -> None:
-        """The spawner's watch, the watchdog and the samplers."""
+        """The spawner's watch, the watchdog and the samplers (their modules imported here:
+        :func:`import_samplers` has them ready while the command starts)."""
+        from .._sampling import run_proc_sampler, run_watchdog
+
         cfg = self.cfg
         assert spawner.reaper_pid is not None
         produce(producers, sink, spawner.watch)
@@ -177,6 +183,8 @@ class Producers:
         cfg = self.cfg
         assert cfg.nvidia_smi is not None
         call_timeout = gpu_call_timeout(cfg.sample_interval_seconds)
+        from .._sampling import find_nvidia_smi
+
         found = await find_nvidia_smi(
             sink, cfg.nvidia_smi, call_timeout=call_timeout, limiter=self._limiter
         )

@@ -60,7 +60,7 @@ from ._finish import (
 )
 from ._judge import RunJudge
 from ._outputs import CHECK_TIMEOUT_SECONDS, SoakFiles, check_outputs
-from ._producers import Producers, ProgressWatch
+from ._producers import Producers, ProgressWatch, import_samplers
 from ._rules import gpu_fault_rule
 from ._snapshot_task import SNAPSHOT_TIMEOUT_SECONDS, take_snapshot
 from ._stop import HANG_REASONS, REAPER_LOST, EndCause, TreeStop
@@ -414,7 +414,7 @@ class _Soak:
             request = spawn_request(self.cfg, self._child_env, self.soak_id, log_fd, steps, cgroup)
             spawner = self._spawner
             assert spawner is not None
-            EXECUTOR.submit(_ahead_of_the_end)
+            EXECUTOR.submit(_while_the_command_starts)
             if not await start_command(sink, spawner, request, cgroup, self._fail):
                 return
             assert spawner.pid is not None
@@ -530,11 +530,12 @@ class _Soak:
         self.end(StopCause.MAX_DURATION)
 
 
-def _ahead_of_the_end() -> None:
-    """What the end needs, read in a thread while the command starts (the reaper's fork and the
-    cgroup's join leave the monitor waiting): the kernel log so far (the OOM check at the end
-    reads on from there, not from the boot), and the exit statuses' modules (imported on the
-    loop at the command's exit otherwise)."""
+def _while_the_command_starts() -> None:
+    """What comes next, made ready in a thread while the command starts (the reaper's fork and
+    the cgroup's join leave the monitor waiting): the samplers' modules, the kernel log so far
+    (the OOM check at the end reads on from there, not from the boot), and the exit statuses'
+    modules (imported on the loop at the command's exit otherwise)."""
+    import_samplers()
     prefetch_oom_records()
     exits.decode, exits.verdict_exit_code  # noqa: B018 (their modules' import is the point)
 
