@@ -17,7 +17,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 import asyncsoak
-import asyncsoak._supervisor._producers
+import asyncsoak._sampling
 from asyncsoak import SoakControl, SoakFailureError, run_soak
 
 from .conftest import ReadyFifo, alive, assert_valid, fast_limits, journal, py
@@ -526,7 +526,7 @@ async def test_monitor_error_writes_an_error_artifact_and_reraises(
         await ready.line()
         raise RuntimeError("watchdog exploded")
 
-    monkeypatch.setattr(asyncsoak._supervisor._producers, "run_watchdog", broken_watchdog)
+    monkeypatch.setattr(asyncsoak._sampling, "run_watchdog", broken_watchdog)
     body = "say(str(os.getpid()))\ntime.sleep(60)"
     with anyio.fail_after(60), pytest.raises(RuntimeError, match="watchdog exploded"):
         await run_soak(command=child(tmp_path, body, ready), **fast_limits(tmp_path))

@@ -218,12 +218,12 @@ async def test_internal_value_error_is_a_monitor_error_not_invalid_job(
     store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A ValueError from a bug inside the monitor is `monitor_error`, not `invalid_job`."""
-    import asyncsoak._supervisor._producers
+    import asyncsoak._sampling
 
     async def broken_sampler(*args: Any, **kwargs: Any) -> None:
         raise ValueError("an internal bug of the monitor")
 
-    monkeypatch.setattr(asyncsoak._supervisor._producers, "run_proc_sampler", broken_sampler)
+    monkeypatch.setattr(asyncsoak._sampling, "run_proc_sampler", broken_sampler)
     job_id = store.submit(
         argv=[sys.executable, "-c", "import time; time.sleep(60)"],
         env=JOB_ENV,
