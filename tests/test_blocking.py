@@ -242,3 +242,34 @@ async def test_a_soak_never_uses_asyncios_default_executor(tmp_path: Path) -> No
         artifact = await run_soak(command=command, **fast_limits(tmp_path))
     assert artifact["status"] == "passed"
     assert loop._default_executor is None, "something ran on asyncio's default executor"  # type: ignore[attr-defined]
+
+
+def test_a_forked_child_runs_its_blocking_calls_on_threads_of_its_own() -> None:
+    """A process forked from one whose pool had idle threads (a worker's child, a launcher)
+    runs its calls on threads it starts: the parent's idle threads are not in the child."""
+    code = textwrap.dedent(
+        """
+        import os, sys
+        from asyncsoak._contract._blocking import EXECUTOR
+
+        assert EXECUTOR.submit(os.getpid).result(timeout=5) == os.getpid()  # a thread, idle now
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ok = EXECUTOR.submit(lambda: 42).result(timeout=5) == 42
+            except BaseException:
+                ok = False
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(status))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", code],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr

@@ -407,3 +407,30 @@ def test_the_commands_are_listed_in_the_order_a_newcomer_meets_them() -> None:
         "snapshot", "submit", "worker", "jobs", "job", "goodput", "logs", "cancel", "requeue",
         "workers",
     ]  # fmt: skip
+
+
+def test_the_collector_held_off_for_the_start_up_runs_again_once_the_command_runs(
+    tmp_path: Path,
+) -> None:
+    """The program holds the garbage collector off while it starts (its imports free little);
+    a soak, which may run for days, collects again once its command runs."""
+    import gc
+
+    import asyncsoak.cli
+
+    progress = tmp_path / "p"
+    progress.mkdir()
+    asyncsoak.cli._collector_held = True
+    gc.disable()
+    try:
+        result = asyncsoak_main(
+            "run", "--quiet", "--no-gpu", "--progress-dir", str(progress),
+            "--output", str(tmp_path / "soak.json"),
+            "--", "sh", "-c", f"echo step >> {progress}/log",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert gc.isenabled()
+    finally:
+        asyncsoak.cli._collector_held = False
+        gc.enable()
+        gc.unfreeze()

@@ -36,7 +36,7 @@ from asyncsoak._record._serializer import journal_line_data
 from asyncsoak._sampling._proc_sample import ProcessFigures, ProcSample
 from asyncsoak._sampling._proc_sampler import CLOCK_TICKS, FULL_READ_SECONDS, PAGE_SIZE, ProcSampler
 from asyncsoak._sampling._proc_task import run_proc_sampler
-from asyncsoak._sampling._procfs import OpenFiles, read_proc_file
+from asyncsoak._sampling._procfs import FILES_PER_PROCESS, OpenFiles, read_proc_file
 
 MIB = 1 << 20
 
@@ -544,8 +544,17 @@ def test_files_of_a_gone_process_are_never_read_as_the_pids_next_owner(
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     files = [
         os.open(f"/proc/{gone.pid}/{name}", os.O_RDONLY)
-        for name in ("stat", "io", "fd", f"task/{gone.pid}/children", "schedstat")
+        for name in (
+            "stat",
+            "io",
+            "fd",
+            f"task/{gone.pid}/children",
+            "schedstat",
+            "statm",
+            "status",
+        )
     ]
+    assert len(files) == FILES_PER_PROCESS
     gone.wait(timeout=10)
     member = min(tree.pids())
     open_files.drop(member)

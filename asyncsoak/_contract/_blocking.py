@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import queue
 import threading
 from collections import deque
@@ -75,13 +76,19 @@ class _Pool(Executor):
             if self._idle:
                 self._idle.pop().put(work)
             elif self.threads < self._max_threads:
-                self.threads += 1
                 threading.Thread(
                     target=self._work, args=(work,), name="asyncsoak-blocking", daemon=True
-                ).start()
+                ).start()  # counted once started: a thread that could not start holds no place
+                self.threads += 1
             else:
                 self._pending.append(work)
         return call
+
+    def forget_threads(self) -> None:
+        """In a forked child: the parent's threads are not there; start afresh."""
+        self._lock = threading.Lock()
+        self._idle, self._pending, self._stuck = [], deque(), set()
+        self.threads = 0
 
     def abandon(self, call: _Call) -> None:
         with self._lock:
@@ -122,6 +129,7 @@ class _Pool(Executor):
 
 #: The process-wide pool every blocking call of asyncsoak runs on.
 EXECUTOR = _Pool()
+os.register_at_fork(after_in_child=EXECUTOR.forget_threads)
 
 
 def abandoned_calls() -> int:

@@ -172,6 +172,15 @@ def oom_kills(
 #: (seconds since boot, pid, name, first line of the message) of one OOM kill.
 _OomRecord = tuple[float, int, str, str]
 _OOM_LOCK = threading.Lock()
+
+
+def _new_oom_lock() -> None:
+    """In a forked child: the lock as no thread holds it (the parent's may have)."""
+    global _OOM_LOCK
+    _OOM_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_oom_lock)
 #: Per kernel log and process (a forked child reads on its own): when its last read began,
 #: its descriptor (read on from there: a boot's thousands of records are read once) and the
 #: OOM-kill records found so far (None: unreadable).

@@ -81,16 +81,8 @@ class SpawnRequest:
 
     def config(self) -> dict[str, Any]:
         """The reaper's configuration: every field but ``log_fd`` (it goes beside the line)."""
-        return {
-            "argv": list(self.argv),
-            "cwd": self.cwd,
-            "env": dict(self.env),
-            "log_max_bytes": self.log_max_bytes,
-            "stop_mode": self.stop_mode,
-            "grace_seconds": self.grace_seconds,
-            "cgroup": self.cgroup,
-            "kill_wait_seconds": self.kill_wait_seconds,
-        }
+        config = {name: getattr(self, name) for name in self.__slots__ if name != "log_fd"}
+        return {**config, "argv": list(self.argv), "env": dict(self.env)}
 
 
 class Spawner:

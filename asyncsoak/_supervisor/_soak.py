@@ -534,7 +534,7 @@ def _while_the_command_starts() -> None:
     """What comes next, made ready in a thread while the command starts (the reaper's fork and
     the cgroup's join leave the monitor waiting): the samplers' modules, the kernel log so far
     (the OOM check at the end reads on from there, not from the boot), and the exit statuses'
-    modules (imported on the loop at the command's exit otherwise)."""
+    modules.  Not waited for: a failure here only leaves the work to its first use."""
     import_samplers()
     prefetch_oom_records()
     exits.decode, exits.verdict_exit_code  # noqa: B018 (their modules' import is the point)

@@ -118,13 +118,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> NoReturn:
     """Unknown options, refused by the subcommand's own parser (its usage, its name) with the
-    nearest of its options when one is close: ``--stall-timeout`` -> ``--stale-progress``."""
+    nearest of its options when one is close (``--outptu``: ``--output``), the names compared
+    without their dashes (which every option shares)."""
     [choices] = [a.choices for a in parser._actions if isinstance(a.choices, dict)]
     subparser = choices[command]
     message = f"unrecognized arguments: {' '.join(unknown)}"
-    typed = next((a.split("=", 1)[0] for a in unknown if a.startswith("--")), None)
-    known = [o for a in subparser._actions for o in a.option_strings if o.startswith("--")]
-    near = difflib.get_close_matches(typed, known, n=3, cutoff=0.6) if typed else []
+    typed = next((a[2:].split("=", 1)[0] for a in unknown if a.startswith("--")), "")
+    known = [o[2:] for a in subparser._actions for o in a.option_strings if o.startswith("--")]
+    near = [f"--{name}" for name in difflib.get_close_matches(typed, known, n=3, cutoff=0.7)]
     if near:
         listed = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
         message += f" (did you mean {listed}?)"
