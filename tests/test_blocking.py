@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import anyio
@@ -77,15 +78,19 @@ async def test_cancelling_the_caller_abandons_the_call_at_once(tmp_path: Path) -
     _release(fifo)
 
 
+def _wait_running(calls: list[Future[bool]], count: int) -> None:
+    for _ in range(200):
+        if sum(c.running() for c in calls) == count:
+            return
+        time.sleep(0.01)  # polling the pool's own state, bounded
+
+
 def test_threads_are_daemons_and_bounded() -> None:
     """Stuck calls never make more than max_threads threads; queued calls still time out."""
     pool = _blocking._Pool(max_threads=2, idle_seconds=1)
     gate = threading.Event()
     calls = [pool.submit(gate.wait) for _ in range(5)]
-    for _ in range(200):
-        if sum(c.running() for c in calls) == 2:
-            break
-        time.sleep(0.01)  # polling the pool's own state, bounded
+    _wait_running(calls, 2)
     assert pool.threads == 2
     assert all(t.daemon for t in threading.enumerate() if t.name == "asyncsoak-blocking"), (
         "pool threads must be daemon threads"
@@ -102,10 +107,7 @@ def test_calls_go_to_the_warmest_thread_and_spare_threads_leave() -> None:
     pool = _blocking._Pool(max_threads=4, idle_seconds=0.5)
     gate = threading.Event()
     burst = [pool.submit(gate.wait) for _ in range(4)]
-    for _ in range(200):
-        if sum(c.running() for c in burst) == 4:
-            break
-        time.sleep(0.01)  # polling the pool's own state, bounded
+    _wait_running(burst, 4)
     assert pool.threads == 4
     gate.set()
     assert all(c.result(timeout=5) for c in burst)
