@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -235,15 +236,20 @@ def killed_monitor_journal(base: Path) -> Path:
         env=CLI_ENV,
         stderr=subprocess.DEVNULL,
     )
+    journal = base / "soak.jsonl"
     try:
         assert fifo.line_sync() == "ready"
+        # The journal is written by the interval: the kill comes once it holds the progress
+        # the trainer made (what a recover rebuilds), however far a loaded machine lags.
+        deadline = time.monotonic() + 30
+        while b'"kind":"progress"' not in journal.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.02)
         monitor.kill()
         monitor.wait(timeout=10)
     finally:
         monitor.kill()
         monitor.wait()
         fifo.close()
-    journal = base / "soak.jsonl"
     assert not (base / "soak.json").exists()
     return journal
 
