@@ -111,15 +111,6 @@ class ProcessRecord:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Budgets:
-    """The caller's budgets (None: no budget), which projections are judged against."""
-
-    max_rss_bytes: int | None = None
-    max_gpu_memory_bytes: int | None = None
-    min_disk_free_bytes: int | None = None
-
-
 class TrendFold:
     """Folds samples, GPU samples, progress and limits into bounded trend state."""
 
@@ -142,7 +133,8 @@ class TrendFold:
         self.gpu_after_tree: events.GpuSampleJson | None = None
         self.interval: float | None = None
         self.warm_up_seconds: float | None = None
-        self.budgets = Budgets()
+        #: The caller's budgets (None: no budget), which projections are judged against.
+        self.budgets: dict[str, int | None] = {}
         self.first_t: float | None = None
         self.last_t = 0.0
         self.end_t: float | None = None
@@ -187,15 +179,11 @@ class TrendFold:
 
     def configure(self, config: dict[str, Any]) -> None:
         """Take the soak's settings from the journal header's ``config``."""
-        interval = config.get("sample_interval_seconds")
+        interval, warm_up = config.get("sample_interval_seconds"), config.get("warm_up_seconds")
         self.interval = float(interval) if isinstance(interval, int | float) else None
-        warm_up = config.get("warm_up_seconds")
         self.warm_up_seconds = float(warm_up) if isinstance(warm_up, int | float) else None
-        self.budgets = Budgets(
-            max_rss_bytes=config.get("max_rss_bytes"),
-            max_gpu_memory_bytes=config.get("max_gpu_memory_bytes"),
-            min_disk_free_bytes=config.get("min_disk_free_bytes"),
-        )
+        budgets = ("max_rss_bytes", "max_gpu_memory_bytes", "min_disk_free_bytes")
+        self.budgets = {key: config.get(key) for key in budgets}
 
     def add_limits(self, event: events.LimitsJson) -> None:
         fields: Mapping[str, Any] = event
@@ -247,9 +235,8 @@ class TrendFold:
                 break
         self._track("tree.fds", "count", "open files of the tree").add(t, tree.get("fds"))
         self._track("tree.threads", "count", "threads of the tree").add(t, tree.get("threads"))
-        self._track("tree.processes", "count", "processes of the tree").add(
-            t, tree.get("processes")
-        )
+        count = tree.get("processes")
+        self._track("tree.processes", "count", "processes of the tree").add(t, count)
         cpu = tree.get("cpu_percent")
         ranks = self.role_fold.add(event.get("processes") or [])
         ranks_cpu = [figure for figure in ranks.values() if figure is not None]
@@ -400,15 +387,10 @@ class TrendFold:
             index = gpu.get("index")
             if index is None:
                 continue
+            power = (gpu.get("power_draw_w"), gpu.get("power_limit_w"))
+            readings = (gpu.get("utilization_gpu_percent"), *power)
             self.recent_gpus.setdefault(int(index), deque(maxlen=ACTIVITY_SAMPLES)).append(
-                (
-                    t,
-                    (
-                        gpu.get("utilization_gpu_percent"),
-                        gpu.get("power_draw_w"),
-                        gpu.get("power_limit_w"),
-                    ),
-                )
+                (t, readings)
             )
             total = gpu.get("memory_total_mib")
             if total is not None:
@@ -501,13 +483,9 @@ class TrendFold:
         if t - start < width:
             return
         minutes = (t - start) / 60
-        self.rate.add(
-            t,
-            {
-                "changes_per_minute": round(self._rate_changes / minutes, 3),
-                "bytes_per_minute": round(self._rate_bytes / minutes, 1),
-            },
+        changes, grown = (
+            round(self._rate_changes / minutes, 3),
+            round(self._rate_bytes / minutes, 1),
         )
-        self._rate_start = t
-        self._rate_changes = 0
-        self._rate_bytes = 0
+        self.rate.add(t, {"changes_per_minute": changes, "bytes_per_minute": grown})
+        self._rate_start, self._rate_changes, self._rate_bytes = t, 0, 0

@@ -229,7 +229,9 @@ class TrendWatch(TrendFold):
                 ]
             # The budget is the tree's, not /dev/shm's.
             tree = not key.startswith("machine.")
-            candidates = [*memory, (budgets.max_rss_bytes, "max_rss_bytes")] if tree else memory
+            candidates = (
+                [*memory, (budgets.get("max_rss_bytes"), "max_rss_bytes")] if tree else memory
+            )
         elif key.startswith("gpu") and key.endswith(".memory_used_bytes"):
             index = int(key[3 : key.index(".")])
             candidates = [(self.gpu_total.get(index), "GPU memory")]
@@ -238,12 +240,11 @@ class TrendWatch(TrendFold):
             total = whole(self.gpu_total.values()) if self.gpu_total else None
             candidates = [
                 (total, "GPU memory"),
-                (budgets.max_gpu_memory_bytes, "max_gpu_memory_bytes"),
+                (budgets.get("max_gpu_memory_bytes"), "max_gpu_memory_bytes"),
             ]
         elif track.direction == "down":
-            if budgets.min_disk_free_bytes is not None:
-                return budgets.min_disk_free_bytes, "min_disk_free_bytes"
-            return 0, "filesystem"
+            disk_floor = budgets.get("min_disk_free_bytes")
+            return (0, "filesystem") if disk_floor is None else (disk_floor, "min_disk_free_bytes")
         known = [(value, source) for value, source in candidates if value is not None]
         return min(known) if known else (None, None)
 

@@ -44,10 +44,8 @@ class CrashInLog:
 def last_traceback(lines: Sequence[str]) -> tuple[int, int, CrashInLog] | None:
     """The last whole Python traceback in ``lines``: (its ``Traceback`` line, one past its
     exception line, the cause), or None."""
-    found: tuple[int, int, CrashInLog] | None = None
-    for index, _, end, cause in _tracebacks(lines):
-        found = (index, end, cause)
-    return found
+    found = [(index, end, cause) for index, _, end, cause in _tracebacks(lines)]
+    return found[-1] if found else None
 
 
 def _tracebacks(lines: Sequence[str]) -> Iterator[tuple[int, str, int, CrashInLog]]:
@@ -103,12 +101,9 @@ def _clip(text: str) -> str:
 
 def describe_crash(cause: CrashInLog) -> str:
     """``RuntimeError: injected crash at step 200 (hf_train.py:28)``."""
+    head = f"{cause.type}: {cause.message}" if cause.message else cause.type
     if cause.kind == "killed":
         head = "Killed (reported by the shell; often the OOM killer)"
-    elif cause.message:
-        head = f"{cause.type}: {cause.message}"
-    else:
-        head = cause.type
     return head if cause.where is None else f"{head} ({cause.where})"
 
 
@@ -188,23 +183,16 @@ def _rank_tracebacks(lines: Sequence[str]) -> list[tuple[int | None, int | None,
     """Every whole traceback in ``lines`` with the rank (or local rank) its prefix names."""
     found = []
     for _, prefix, _, cause in _tracebacks(lines):
-        rank = _RANK_PREFIX.search(prefix)
-        local = _LOCAL_PREFIX.search(prefix)
-        found.append(
-            (
-                int(rank["rank"] or rank["mpi"]) if rank else None,
-                int(local["local"]) if local else None,
-                cause,
-            )
-        )
+        rank, local = _RANK_PREFIX.search(prefix), _LOCAL_PREFIX.search(prefix)
+        number = int(rank["rank"] or rank["mpi"]) if rank else None
+        found.append((number, int(local["local"]) if local else None, cause))
     return found
 
 
 def _root_cause(lines: Sequence[str]) -> _RootCause | None:
     """torchrun's report of the first observed failure, when the log holds one."""
-    try:
-        start = max(i for i, line in enumerate(lines) if line.strip() == _ROOT_CAUSE)
-    except ValueError:
+    start = max((i for i, line in enumerate(lines) if line.strip() == _ROOT_CAUSE), default=-1)
+    if start < 0:
         return None
     rank = local = pid = exitcode = None
     error_file = traceback = None

@@ -19,9 +19,7 @@ class FailureEvent(Event):
     reason: str
     message: str
     at: str
-    #: The GPU a ``gpu_fault`` is about: ``{"index", "uuid", "bus_id"}`` (the queue reads it).
     gpu: dict[str, Any] | None = None
-    #: A stall's verdict on what the tree and its GPUs were doing (``_analysis._activity``).
     activity: dict[str, Any] | None = None
 
 

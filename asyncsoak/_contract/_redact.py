@@ -95,9 +95,8 @@ def _query_sub(match: re.Match[str]) -> str:
 def redact_url_passwords(text: str) -> str:
     """``text`` with the passwords of URLs and connection strings, the credentials of URL
     queries and the keys of Azure connection strings replaced by the mark."""
-    text = _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
-    text = _CONNINFO_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
-    text = _AZURE_KEY.sub(lambda m: m.group("head") + REDACTED, text)
+    for pattern in (_URL_PASSWORD, _CONNINFO_PASSWORD, _AZURE_KEY):
+        text = pattern.sub(lambda m: m.group("head") + REDACTED, text)
     return _QUERY_PARAMETER.sub(_query_sub, text)
 
 
@@ -185,17 +184,15 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def redact_mapping(data: Mapping[str, Any]) -> dict[str, Any]:
     """Redact credential-looking keys (recursively) in user metadata."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if is_secret_name(str(key)):
-            out[key] = REDACTED
-        elif isinstance(value, Mapping):
-            out[key] = redact_mapping(value)
-        elif isinstance(value, str):
-            out[key] = redact_url_passwords(value)
-        else:
-            out[key] = value
-    return out
+    return {key: _redacted(key, value) for key, value in data.items()}
+
+
+def _redacted(key: object, value: Any) -> Any:
+    if is_secret_name(str(key)):
+        return REDACTED
+    if isinstance(value, Mapping):
+        return redact_mapping(value)
+    return redact_url_passwords(value) if isinstance(value, str) else value
 
 
 def secret_values(*sources: Mapping[str, Any]) -> frozenset[str]:
@@ -205,12 +202,10 @@ def secret_values(*sources: Mapping[str, Any]) -> frozenset[str]:
         for name, value in source.items():
             if not isinstance(value, str):
                 continue
-            if is_secret_name(str(name)) and len(value) >= _MIN_MASKED_LEN:
+            if is_secret_name(str(name)):
                 values.add(value)
-            for password in _conninfo_passwords(value):
-                if len(password) >= _MIN_MASKED_LEN:
-                    values.add(password)
-    return frozenset(values)
+            values.update(_conninfo_passwords(value))
+    return frozenset(v for v in values if len(v) >= _MIN_MASKED_LEN)
 
 
 class Masker:

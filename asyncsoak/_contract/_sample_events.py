@@ -16,11 +16,9 @@ class Progress(Event):
     changed: int
     paths: list[str]
     gap_seconds: float | None
-    #: Bytes the changed files grew by (a new file counts its size).
     grown_bytes: int = 0
-    #: The same for the files that name a rank (``rank1.jsonl``), by rank: tells a straggler.
+    #: Bytes grown by the files that name a rank (``rank1.jsonl``), by rank: tells a straggler.
     rank_grown_bytes: dict[str, int] = {}  # noqa: RUF012 (copied for each event)
-    #: ``--stale-progress auto``: the limit in force from this change on (None otherwise).
     stale_limit_seconds: float | None = None
 
 
@@ -40,30 +38,23 @@ class StepProgress(Event):
     KIND: ClassVar[str] = EventKind.STEP
 
     step: int
-    #: The file the step was read from, and its kind (``json_lines``, ``trainer_state``, ...).
     source: str
     source_kind: str
     gap_seconds: float | None
     max_steps: int | None = None
-    #: The newest finite loss and its step (a non-finite one is a failure or a warning).
     loss: float | None = None
     loss_step: int | None = None
-    #: The non-finite loss the run failed on (``nan``, ``inf``, ``-inf``): its headline loss.
     nonfinite_loss: str | None = None
     steps_per_second: float | None = None
     tokens_per_second: float | None = None
     samples_per_second: float | None = None
     eta_seconds: float | None = None
-    #: ``--stale-progress auto``: the limit in force from this step on (None otherwise).
     stale_limit_seconds: float | None = None
     #: Whether the steps are the progress that counts (else the file changes still are).
     counts: bool = True
-    #: Non-finite gradient norms logged so far (fewer than 5 in a row: not a failure).
     nonfinite_grad_norms: int = 0
-    #: The files that gave steps but never a loss so far.
     sources_without_loss: tuple[str, ...] = ()
-    #: ``(step, the record's own epoch time or None)`` of each record of this scan that advanced
-    #: its file's step, oldest first (256 at most): the goodput ledger's marks.
+    #: ``(step, the record's epoch time or None)`` per record that advanced: the ledger's marks.
     marks: tuple[tuple[int, float | None], ...] = ()
 
 
@@ -94,19 +85,12 @@ class Limits(Event):
     KIND: ClassVar[str] = EventKind.LIMITS
 
     memory_total_bytes: int | None
-    #: The tightest hard limit from the command's memory cgroup up (``memory.max``, v1's too).
     cgroup_memory_max_bytes: int | None
-    #: Size of the progress and output filesystems.
     disk_total_bytes: dict[str, int | None]
-    #: v2 ``memory.high`` (the tightest from the cgroup up).
     cgroup_memory_high_bytes: int | None = None
-    #: The cgroup's usage at the start (``memory.current``, ``memory.usage_in_bytes``).
     cgroup_memory_current_bytes: int | None = None
-    #: 1 or 2; None where the command's memory cgroup could not be read.
     cgroup_version: int | None = None
-    #: The command's memory cgroup, as ``/proc/PID/cgroup`` names it.
     cgroup_path: str | None = None
-    #: The lowest limit that applies, what it is, and the cgroup that sets it (None: machine's).
     memory_limit_bytes: int | None = None
     memory_limit_source: str | None = None
     memory_limit_cgroup: str | None = None
@@ -204,7 +188,6 @@ class GpuFault(Event):
 
     KIND: ClassVar[str] = EventKind.GPU_FAULT
 
-    #: A :class:`~._vocabulary.GpuFaultKind`.
     fault: str
     gpu: int | None
     uuid: str | None

@@ -241,9 +241,7 @@ class OomKill(Event):
     pid: int
     name: str
     message: str
-    #: What saw it: ``kernel_log`` (a "Killed process" record), ``cgroup_counter``, or both.
     detected_by: tuple[str, ...] = ("kernel_log",)
-    #: The memory cgroup whose counter rose, and its hard limit, when the counter saw it.
     cgroup_path: str | None = None
     cgroup_memory_limit_bytes: int | None = None
 
@@ -266,10 +264,7 @@ class CrashCause(Event):
     type: str
     message: str
     where: str | None
-    #: ``python``, ``cuda_oom``, ``nccl``, ``killed`` (a shell's); ``signal`` or ``exit`` for a
-    #: rank that left no exception.
     exception_kind: str
-    #: A distributed run: the rank that failed first (whose exception this is), its pid.
     rank: int | None = None
     rank_pid: int | None = None
 
