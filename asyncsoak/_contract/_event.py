@@ -31,10 +31,12 @@ class _EventClass(type):
     FIELDS: tuple[str, ...]
     DEFAULTS: dict[str, Any]
 
-    def __new__(mcs, name: str, bases: tuple[type, ...], body: dict[str, Any]) -> "_EventClass":
+    def __new__(
+        mcs, name: str, bases: tuple[type, ...], body: dict[str, Any], **kind: Any
+    ) -> "_EventClass":
         own = [k for k, v in body.get("__annotations__", {}).items() if "ClassVar" not in str(v)]
         defaults = {k: body.pop(k) for k in own if k in body}
-        cls = super().__new__(mcs, name, bases, {**body, "__slots__": tuple(own)})
+        cls = super().__new__(mcs, name, bases, {**body, "__slots__": tuple(own)}, **kind)
         cls.FIELDS = (*getattr(cls, "FIELDS", ()), *own)
         cls.DEFAULTS = {**getattr(cls, "DEFAULTS", {}), **defaults}
         return cls
@@ -51,6 +53,12 @@ class Event(metaclass=_EventClass):
     DEFAULTS: ClassVar[dict[str, Any]]
 
     t: float
+
+    def __init_subclass__(cls, kind: str = "", **kwargs: Any) -> None:
+        """``class Started(Event, kind=EventKind.STARTED)`` sets its ``KIND``."""
+        super().__init_subclass__(**kwargs)
+        if kind:
+            cls.KIND = kind
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         given = dict(zip(self.FIELDS, args, strict=False)) | kwargs

@@ -5,7 +5,7 @@ place an event becomes JSON)."""
 # No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` when evaluated.
 from collections.abc import Callable, Mapping
 from dataclasses import fields, is_dataclass
-from typing import Any, ClassVar, Generic, Literal, NotRequired, TypeVar, cast
+from typing import Any, Generic, Literal, NotRequired, TypeVar, cast
 
 from . import _sample_events as samples
 from . import _tree_events as tree
@@ -13,9 +13,7 @@ from ._event import Event, EventJsonBase
 from ._vocabulary import EventKind
 
 
-class FailureEvent(Event):
-    KIND: ClassVar[str] = EventKind.FAILURE
-
+class FailureEvent(Event, kind=EventKind.FAILURE):
     reason: str
     message: str
     at: str
@@ -32,10 +30,8 @@ class FailureJson(EventJsonBase):
     activity: NotRequired[dict[str, Any] | None]
 
 
-class WarningEvent(Event):
+class WarningEvent(Event, kind=EventKind.WARNING):
     """Something worth knowing that is no failure (a skipped directory, a late start)."""
-
-    KIND: ClassVar[str] = EventKind.WARNING
 
     message: str
 
@@ -45,10 +41,8 @@ class WarningJson(EventJsonBase):
     message: str
 
 
-class TrendFound(Event):
+class TrendFound(Event, kind=EventKind.TREND):
     """A series' trend became confident: a leak, a projected breach, progress slowing."""
-
-    KIND: ClassVar[str] = EventKind.TREND
 
     series: str
     verdict: str

@@ -2,16 +2,14 @@
 JSON forms of the samples themselves (their classes are the samplers')."""
 
 # No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` when evaluated.
-from typing import Any, ClassVar, Literal, NotRequired
+from typing import Any, Literal, NotRequired
 
 from ._event import Event, EventJsonBase
 from ._vocabulary import EventKind
 
 
-class Progress(Event):
+class Progress(Event, kind=EventKind.PROGRESS):
     """One watchdog scan saw files created, grown or touched."""
-
-    KIND: ClassVar[str] = EventKind.PROGRESS
 
     changed: int
     paths: list[str]
@@ -32,10 +30,8 @@ class ProgressJson(EventJsonBase):
     stale_limit_seconds: NotRequired[float | None]
 
 
-class StepProgress(Event):
+class StepProgress(Event, kind=EventKind.STEP):
     """The trainer's step advanced (or its loss or total changed), as its files say."""
-
-    KIND: ClassVar[str] = EventKind.STEP
 
     step: int
     source: str
@@ -79,10 +75,8 @@ class StepJson(EventJsonBase):
     marks: NotRequired[list[list[float | None]]]
 
 
-class Limits(Event):
+class Limits(Event, kind=EventKind.LIMITS):
     """What the run's resources cannot exceed: projections are made against these."""
-
-    KIND: ClassVar[str] = EventKind.LIMITS
 
     memory_total_bytes: int | None
     cgroup_memory_max_bytes: int | None
@@ -122,9 +116,7 @@ MEMORY_CGROUP_LIMITS = (
 )
 
 
-class SamplerDegraded(Event):
-    KIND: ClassVar[str] = EventKind.SAMPLER_DEGRADED
-
+class SamplerDegraded(Event, kind=EventKind.SAMPLER_DEGRADED):
     sampler: str
     message: str
 
@@ -135,9 +127,7 @@ class SamplerDegradedJson(EventJsonBase):
     message: str
 
 
-class SamplerRecovered(Event):
-    KIND: ClassVar[str] = EventKind.SAMPLER_RECOVERED
-
+class SamplerRecovered(Event, kind=EventKind.SAMPLER_RECOVERED):
     sampler: str
     message: str
 
@@ -148,10 +138,8 @@ class SamplerRecoveredJson(EventJsonBase):
     message: str
 
 
-class SamplerNote(Event):
+class SamplerNote(Event, kind=EventKind.SAMPLER_NOTE):
     """Something a sampler records once (``nvidia-smi`` missing, an ECC counter rose...)."""
-
-    KIND: ClassVar[str] = EventKind.SAMPLER_NOTE
 
     sampler: str
     message: str
@@ -165,11 +153,9 @@ class SamplerNoteJson(EventJsonBase):
     data: NotRequired[dict[str, Any]]
 
 
-class RuleBroken(Event):
+class RuleBroken(Event, kind=EventKind.RULE_BROKEN):
     """A producer's rule broken (a stall, a blind sampler): the run's rules turn it into
     the failure, unless the run has ended (journal only)."""
-
-    KIND: ClassVar[str] = EventKind.RULE_BROKEN
 
     reason: str
     message: str
@@ -181,12 +167,10 @@ class RuleBrokenJson(EventJsonBase):
     message: str
 
 
-class GpuFault(Event):
+class GpuFault(Event, kind=EventKind.GPU_FAULT):
     """What a GPU said about its own health (an Xid, an uncorrectable ECC error...).  ``gpu`` is
     its index at its first sample; ``fails``: the rule fails the run for it on a GPU the tree
     uses (``used``), else it is a warning."""
-
-    KIND: ClassVar[str] = EventKind.GPU_FAULT
 
     fault: str
     gpu: int | None

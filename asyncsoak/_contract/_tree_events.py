@@ -2,16 +2,14 @@
 journal's header to its end."""
 
 # No ``from __future__ import annotations``: TypedDict reads ``NotRequired`` when evaluated.
-from typing import Any, ClassVar, Literal, NotRequired
+from typing import Any, Literal, NotRequired
 
 from ._event import Event, EventJsonBase
 from ._vocabulary import EventKind
 
 
-class Header(Event):
+class Header(Event, kind=EventKind.HEADER):
     """First journal line: everything needed to rebuild the artifact from the journal."""
-
-    KIND: ClassVar[str] = EventKind.HEADER
 
     command: list[str]
     cwd: str
@@ -40,10 +38,8 @@ class HeaderJson(EventJsonBase):
     monotonic_start: float
 
 
-class Snapshot(Event):
+class Snapshot(Event, kind=EventKind.SNAPSHOT):
     """Where the run came from: source, GPUs, software, host, environment (redacted)."""
-
-    KIND: ClassVar[str] = EventKind.SNAPSHOT
 
     data: dict[str, Any]
 
@@ -53,10 +49,8 @@ class SnapshotJson(EventJsonBase):
     data: dict[str, Any]
 
 
-class Started(Event):
+class Started(Event, kind=EventKind.STARTED):
     """The command is running; ``pid`` leads its own session and process group."""
-
-    KIND: ClassVar[str] = EventKind.STARTED
 
     pid: int
     reaper_pid: int
@@ -68,9 +62,7 @@ class StartedJson(EventJsonBase):
     reaper_pid: int
 
 
-class SpawnFailed(Event):
-    KIND: ClassVar[str] = EventKind.SPAWN_FAILED
-
+class SpawnFailed(Event, kind=EventKind.SPAWN_FAILED):
     message: str
 
 
@@ -79,10 +71,8 @@ class SpawnFailedJson(EventJsonBase):
     message: str
 
 
-class Exited(Event):
+class Exited(Event, kind=EventKind.EXITED):
     """The command itself ended.  ``returncode`` is negative for a signal, as in Python."""
-
-    KIND: ClassVar[str] = EventKind.EXITED
 
     pid: int
     returncode: int
@@ -96,20 +86,16 @@ class ExitedJson(EventJsonBase):
     signal: str | None
 
 
-class TreeGone(Event):
+class TreeGone(Event, kind=EventKind.TREE_GONE):
     """Every process of the tree has been reaped."""
-
-    KIND: ClassVar[str] = EventKind.TREE_GONE
 
 
 class TreeGoneJson(EventJsonBase):
     kind: Literal[EventKind.TREE_GONE]
 
 
-class StopRequested(Event):
+class StopRequested(Event, kind=EventKind.STOP):
     """The monitor decided to end the run: ``cause`` is why."""
-
-    KIND: ClassVar[str] = EventKind.STOP
 
     cause: str
     mode: str
@@ -123,9 +109,7 @@ class StopJson(EventJsonBase):
     grace_seconds: float
 
 
-class SignalSent(Event):
-    KIND: ClassVar[str] = EventKind.SIGNAL
-
+class SignalSent(Event, kind=EventKind.SIGNAL):
     signal: str
     target: str
     pids: list[int]
@@ -138,10 +122,8 @@ class SignalJson(EventJsonBase):
     pids: list[int]
 
 
-class SignalForwarded(Event):
+class SignalForwarded(Event, kind=EventKind.FORWARDED):
     """A signal the monitor received (``--forward-signal``), passed on to the command."""
-
-    KIND: ClassVar[str] = EventKind.FORWARDED
 
     signal: str
     target: str
@@ -157,10 +139,8 @@ class ForwardedJson(EventJsonBase):
     sent: bool
 
 
-class Requeued(Event):
+class Requeued(Event, kind=EventKind.REQUEUE):
     """The scheduler was asked to requeue the job (``--requeue-on``): its answer."""
-
-    KIND: ClassVar[str] = EventKind.REQUEUE
 
     job_id: str
     ok: bool
@@ -176,18 +156,16 @@ class RequeueJson(EventJsonBase):
     message: str
 
 
-class StdinClosed(Event):
-    KIND: ClassVar[str] = EventKind.STDIN_CLOSED
+class StdinClosed(Event, kind=EventKind.STDIN_CLOSED):
+    pass
 
 
 class StdinClosedJson(EventJsonBase):
     kind: Literal[EventKind.STDIN_CLOSED]
 
 
-class Leftover(Event):
+class Leftover(Event, kind=EventKind.LEFTOVER):
     """A process of the tree still alive when it should have been gone."""
-
-    KIND: ClassVar[str] = EventKind.LEFTOVER
 
     process: dict[str, Any]
 
@@ -197,10 +175,8 @@ class LeftoverJson(EventJsonBase):
     process: dict[str, Any]
 
 
-class Abandoned(Event):
+class Abandoned(Event, kind=EventKind.ABANDONED):
     """A process that would not die within the bounded wait (often stuck in ``D``)."""
-
-    KIND: ClassVar[str] = EventKind.ABANDONED
 
     process: dict[str, Any]
 
@@ -210,10 +186,8 @@ class AbandonedJson(EventJsonBase):
     process: dict[str, Any]
 
 
-class Forensics(Event):
+class Forensics(Event, kind=EventKind.FORENSICS):
     """What every process of a stalled tree was doing, recorded before the first signal."""
-
-    KIND: ClassVar[str] = EventKind.FORENSICS
 
     reason: str
     data: dict[str, Any]
@@ -233,10 +207,8 @@ class ForensicsMentionJson(EventJsonBase):
     processes: int
 
 
-class OomKill(Event):
+class OomKill(Event, kind=EventKind.OOM_KILL):
     """The kernel's OOM killer ended a process of the tree."""
-
-    KIND: ClassVar[str] = EventKind.OOM_KILL
 
     pid: int
     name: str
@@ -256,10 +228,8 @@ class OomKillJson(EventJsonBase):
     cgroup_memory_limit_bytes: NotRequired[int | None]
 
 
-class CrashCause(Event):
+class CrashCause(Event, kind=EventKind.EXCEPTION):
     """What the end of a failed command's log says killed it (``exit.exception``)."""
-
-    KIND: ClassVar[str] = EventKind.EXCEPTION
 
     type: str
     message: str
@@ -279,10 +249,8 @@ class ExceptionJson(EventJsonBase):
     rank_pid: NotRequired[int | None]
 
 
-class Finished(Event):
+class Finished(Event, kind=EventKind.FINISHED):
     """Last journal line of a soak whose monitor lived to the end."""
-
-    KIND: ClassVar[str] = EventKind.FINISHED
 
     status: str
 
