@@ -178,37 +178,27 @@ def highest_step(artifact: Mapping[str, Any]) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def run_key(artifact: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """What a scheduler's restarts of one job share: a queue job's id, a SLURM job's id and
-    name, a Kubernetes Job's namespace, name and index (a bare pod: its name); None: none."""
+def run_key(artifact: Mapping[str, Any]) -> tuple[tuple[Any, ...], str] | None:
+    """What a scheduler's restarts of one job share (a queue job's id, a SLURM job's id and
+    name, a Kubernetes Job's namespace, name and index, a bare pod's name) and how ``goodput``
+    names that job; None: none."""
     metadata = artifact.get("metadata") or {}
-    if metadata.get("job_id") is not None and "attempt" in metadata:
-        return ("queue", metadata.get("job_id"), metadata.get("job_name"))
+    job_id, name = metadata.get("job_id"), metadata.get("job_name")
+    if job_id is not None and "attempt" in metadata:
+        return ("queue", job_id, name), f"job {job_id}" + (f" {name}" if name else "")
     facts = (artifact.get("snapshot") or {}).get("scheduler") or {}
     if not isinstance(facts, Mapping):
         return None
-    if facts.get("kind") == "slurm" and facts.get("job_id") is not None:
-        return ("slurm", facts.get("cluster"), facts.get("job_id"), facts.get("job_name"))
-    if facts.get("kind") == "kubernetes":
-        name = facts.get("job_name") or facts.get("pod_name")
-        if name is None:
-            return None
-        index = (facts.get("completion_index"), facts.get("job_index"))
-        return ("kubernetes", facts.get("namespace"), facts.get("jobset_name"), name, *index)
-    return None
-
-
-def job_label(key: tuple[Any, ...] | None, fallback: str) -> str:
-    """How ``goodput`` names a job joined by :func:`run_key`."""
-    if key is None:
-        return fallback
-    kind, *rest = key
-    if kind == "queue":
-        return f"job {rest[0]}" + (f" {rest[1]}" if rest[1] else "")
-    if kind == "slurm":
-        return f"slurm job {rest[1]}" + (f" {rest[2]}" if rest[2] else "")
-    parts = [str(p) for p in rest if p is not None]
-    return "kubernetes " + "/".join(parts)
+    job_id, name = facts.get("job_id"), facts.get("job_name")
+    if facts.get("kind") == "slurm" and job_id is not None:
+        label = f"slurm job {job_id}" + (f" {name}" if name else "")
+        return ("slurm", facts.get("cluster"), job_id, name), label
+    name = name or facts.get("pod_name")
+    if facts.get("kind") != "kubernetes" or name is None:
+        return None
+    index = (facts.get("completion_index"), facts.get("job_index"))
+    key = ("kubernetes", facts.get("namespace"), facts.get("jobset_name"), name, *index)
+    return key, "kubernetes " + "/".join(str(p) for p in key[1:] if p is not None)
 
 
 def run_span(artifact: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -222,12 +212,12 @@ def join_runs(
 ) -> list[JobLedger]:
     """The ledgers of ``(label, artifact)`` runs, one job's joined; a later attempt's divided
     again by ``regoodput(label, artifact, earlier_highest_step)`` (None: kept as it is)."""
-    groups: dict[Any, list[tuple[str, Mapping[str, Any]]]] = {}
+    groups: dict[Any, tuple[str, list[tuple[str, Mapping[str, Any]]]]] = {}
     for label, artifact in runs:
-        key = run_key(artifact)
-        groups.setdefault(("alone", label) if key is None else key, []).append((label, artifact))
+        key, name = run_key(artifact) or (("alone", label), label)
+        groups.setdefault(key, (name, []))[1].append((label, artifact))
     out = []
-    for key, members in groups.items():
+    for name, members in groups.values():
         members.sort(key=lambda m: run_span(m[1])[0] or 0.0)
         parts, earlier = [], None
         for label, artifact in members:
@@ -239,6 +229,5 @@ def join_runs(
             reached = highest_step(artifact)
             if reached is not None:
                 earlier = reached if earlier is None else max(earlier, reached)
-        name = members[0][0] if key[0] == "alone" else job_label(key, members[0][0])
         out.append(job_ledger(name, parts))
     return out
