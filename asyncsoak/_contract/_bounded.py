@@ -25,6 +25,16 @@ MAX_NESTING_DEPTH = 64
 MAX_METADATA_DEPTH = 32
 
 
+#: What a file is, by the letter ``stat.filemode`` gives its type.
+_KINDS = {
+    "d": "a directory",
+    "c": "a character device",
+    "b": "a block device",
+    "p": "a named pipe",
+    "s": "a socket",
+}
+
+
 class UnreadableFileError(ValidationError):
     """A file no reader takes, never one asyncsoak writes nor a crash leaves: not regular, too
     large, a line too long, JSON nested too deep, a journal patch that inflates."""
@@ -37,25 +47,13 @@ def open_regular(path: str | os.PathLike[str]) -> IO[bytes]:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise UnreadableFileError(f"{os.fspath(path)} is not a regular file ({_kind(mode)})")
+            kind = _KINDS.get(stat.filemode(mode)[0], "not a plain file")
+            raise UnreadableFileError(f"{os.fspath(path)} is not a regular file ({kind})")
         os.set_blocking(fd, True)
         return open(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a plain file"
 
 
 def nested_too_deep(value: Any, limit: int = MAX_NESTING_DEPTH) -> bool:
