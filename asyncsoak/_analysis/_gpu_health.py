@@ -164,19 +164,21 @@ class GpuHealthFold:
     def __init__(self) -> None:
         self.gpus: dict[int, _GpuHealth] = {}
 
-    def _gpu(self, index: int) -> _GpuHealth:
-        if index not in self.gpus:
-            self.gpus[index] = _GpuHealth(index)
-        return self.gpus[index]
+    def _gpu(self, index: int, named: Mapping[str, Any]) -> _GpuHealth:
+        """The GPU of ``index``, its uuid and bus id as ``named`` gives them (when it does)."""
+        gpu = self.gpus.get(index)
+        if gpu is None:
+            gpu = self.gpus[index] = _GpuHealth(index)
+        gpu.uuid = named.get("uuid") or gpu.uuid
+        gpu.bus_id = named.get("bus_id") or gpu.bus_id
+        return gpu
 
     def add_sample(self, t: float, event: Mapping[str, Any]) -> None:
         for reading in event.get("gpus") or []:
             index = reading.get("index")
             if not isinstance(index, int):
                 continue
-            gpu = self._gpu(index)
-            gpu.uuid = reading.get("uuid") or gpu.uuid
-            gpu.bus_id = reading.get("bus_id") or gpu.bus_id
+            gpu = self._gpu(index, reading)
             gpu.samples += 1
             for name, figures in gpu.counters.items():
                 value = reading.get(name)
@@ -206,9 +208,7 @@ class GpuHealthFold:
 
     def add_fault(self, t: float, event: Mapping[str, Any]) -> None:
         index = event.get("gpu")
-        gpu = self._gpu(index if isinstance(index, int) else -1)
-        gpu.uuid = event.get("uuid") or gpu.uuid
-        gpu.bus_id = event.get("bus_id") or gpu.bus_id
+        gpu = self._gpu(index if isinstance(index, int) else -1, event)
         if event.get("fault") == "lost":
             gpu.lost = True
         gpu.faults_seen += 1

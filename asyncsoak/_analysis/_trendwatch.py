@@ -149,14 +149,13 @@ class TrendWatch(TrendFold):
                     direction=track.direction,
                 )
                 out[key] = self._entry(key, track, trend, wall)
-        for key, series, name in (
-            ("progress.changes_per_minute", self.rate, "changes_per_minute"),
-            ("progress.steps_per_second", self.step_rate, "steps_per_second"),
+        for series, name in (
+            (self.rate, "changes_per_minute"),
+            (self.step_rate, "steps_per_second"),
         ):
-            with self._judging(key):
-                rate = self._rate_entry(start, series, name)
-                if rate is not None:
-                    out[key] = rate
+            with self._judging(f"progress.{name}"):
+                if (rate := self._rate_entry(start, series, name)) is not None:
+                    out[f"progress.{name}"] = rate
         return out
 
     @contextlib.contextmanager
