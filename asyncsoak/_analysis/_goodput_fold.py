@@ -169,12 +169,8 @@ class GoodputFold:
         attempt's highest step, else the header's (the queue's worker sets it)."""
         if earlier_highest_step is None and self._high_configured >= 0:
             earlier_highest_step = self._high_configured
-        ends = RunEnds(
-            end_t=self.end_t if self.end_t is not None else end_t,
-            failure_t=self.failure_t,
-            stalled=self.stalled,
-            stop_t=self.stop_t,
-        )
+        end = self.end_t if self.end_t is not None else end_t
+        ends = RunEnds(end, self.failure_t, self.stalled, self.stop_t)
         return divide(
             self._steps,
             self._seen,

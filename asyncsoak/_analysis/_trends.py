@@ -40,16 +40,16 @@ class Trend:
     where the judged rise starts, ``reason`` why, for people."""
 
     verdict: Verdict
-    slope_per_hour: float | None
-    slope_interval_per_hour: tuple[float, float] | None
-    growth: float | None
     span_seconds: float
+    samples: int
+    reason: str
     analysed_from: float | None
     first: float | None
     last: float | None
-    samples: int
-    windows: int
-    reason: str
+    slope_per_hour: float | None = None
+    slope_interval_per_hour: tuple[float, float] | None = None
+    growth: float | None = None
+    windows: int = 0
     onset: float | None = None
 
     def seconds_to(self, limit: float) -> float | None:
@@ -249,16 +249,12 @@ def _not_judged(analysed: Sequence[tuple[float, float]], span: float, reason: st
     """The ``inconclusive`` verdict of a span that cannot be judged, saying why."""
     return Trend(
         verdict="inconclusive",
-        slope_per_hour=None,
-        slope_interval_per_hour=None,
-        growth=None,
         span_seconds=span if math.isfinite(span) else 0.0,
+        samples=len(analysed),
+        reason=reason,
         analysed_from=analysed[0][0] if analysed else None,
         first=analysed[0][1] if analysed else None,
         last=analysed[-1][1] if analysed else None,
-        samples=len(analysed),
-        windows=0,
-        reason=reason,
     )
 
 
