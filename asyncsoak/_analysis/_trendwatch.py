@@ -324,18 +324,11 @@ class TrendWatch(TrendFold):
 
     def recent_gpu_activity(self) -> list[GpuActivity]:
         """The tree's GPUs (all while none is known), their medians over the stall."""
-        indices = sorted(self.gpus_of_tree or self.recent_gpus)
         activity = []
-        for index in indices:
+        for index in sorted(self.gpus_of_tree or self.recent_gpus):
             readings = self.stalled(self.recent_gpus.get(index, deque()))
-            activity.append(
-                GpuActivity(
-                    index,
-                    _median([u for u, _, _ in readings]),
-                    _median([p for _, p, _ in readings]),
-                    _median([limit for _, _, limit in readings]),
-                )
-            )
+            medians = [_median([reading[i] for reading in readings]) for i in range(3)]
+            activity.append(GpuActivity(index, *medians))
         return activity
 
     def stalled(self, recent: deque[tuple[float, _Reading]]) -> list[_Reading]:
