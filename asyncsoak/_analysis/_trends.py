@@ -111,9 +111,7 @@ def theil_sen(
     )
     if not slopes:
         raise ValueError("theil_sen needs at least two distinct times")
-    count = len(slopes)
-    half = count // 2
-    slope = slopes[half] if count % 2 else (slopes[half - 1] + slopes[half]) / 2
+    count, slope = len(slopes), median(slopes)
     c = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
     lo_rank = max(0, math.floor((count - c) / 2))
     hi_rank = min(count - 1, math.ceil((count + c) / 2))

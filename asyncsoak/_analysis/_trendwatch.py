@@ -255,10 +255,9 @@ class TrendWatch(TrendFold):
         slowing = progress_slowing(times, rates, analysed_from=start)
         analysed = [r for ti, r in zip(times, rates, strict=True) if ti >= start and r is not None]
         rated = name == "changes_per_minute"
+        verdict = "slowing" if slowing else "stable" if len(analysed) >= 8 else "inconclusive"
         return {
-            "verdict": "slowing"
-            if slowing
-            else ("stable" if len(analysed) >= 8 else "inconclusive"),
+            "verdict": verdict,
             "unit": "per_minute" if rated else "per_second",
             "label": "progress rate" if rated else "step rate",
             **dict.fromkeys(("pid", "name", "slope_per_hour", "slope_interval_per_hour", "growth")),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 #: Points per series group in the artifact (a day at 1 s is 86,400 samples).
 SERIES_POINTS = 1000
@@ -26,11 +26,11 @@ class SeriesBuffer:
     """One group's series (fields sharing a time axis), bounded in points; ``keep="min"``
     merges a bucket into its minimum instead (the trend rules want floors)."""
 
-    def __init__(self, max_points: int = SERIES_POINTS, *, keep: str = "max") -> None:
+    def __init__(
+        self, max_points: int = SERIES_POINTS, *, keep: Literal["max", "min"] = "max"
+    ) -> None:
         if max_points < 2:
             raise ValueError("max_points must be at least 2")
-        if keep not in ("max", "min"):
-            raise ValueError("keep must be 'max' or 'min'")
         self._combine: Combine = _max if keep == "max" else _min
         self._max_points = max_points
         self._t: list[float] = []
