@@ -157,26 +157,21 @@ def find_rank_exception(text: str) -> RankCrash | None:
     lines = text.splitlines()
     root = _root_cause(lines)
     tracebacks = [t for t in _rank_tracebacks(lines) if t[2].type not in LAUNCHER_EXCEPTIONS]
-    chosen: tuple[int | None, int | None, CrashInLog] | None = None
-    if root is not None:
-        for rank, local, cause in tracebacks:
-            if rank == root.rank or (rank is None and local == root.local_rank):
-                chosen = (root.rank, root.local_rank, cause)
-                break
-        if chosen is None:
-            reported = _error_file_cause(root.error_file) or (
-                find_exception(root.traceback) if root.traceback else None
-            )
-            if reported is None or reported.type in LAUNCHER_EXCEPTIONS:
-                # No words from the rank (killed by a signal, or no traceback): its exit.
-                reported = _exit_cause(root.exitcode)
-            if reported is not None:
-                chosen = (root.rank, root.local_rank, reported)
-    elif tracebacks and any(r is not None or loc is not None for r, loc, _ in tracebacks):
-        chosen = next(t for t in tracebacks if t[0] is not None or t[1] is not None)
-    if chosen is None:
-        return None
-    return RankCrash(chosen[0], chosen[1], root.pid if root is not None else None, chosen[2])
+    if root is None:
+        first = next((t for t in tracebacks if t[0] is not None or t[1] is not None), None)
+        return None if first is None else RankCrash(first[0], first[1], None, first[2])
+    own = (
+        c for r, loc, c in tracebacks if r == root.rank or (r is None and loc == root.local_rank)
+    )
+    cause = next(own, None)
+    if cause is None:
+        cause = _error_file_cause(root.error_file) or (
+            find_exception(root.traceback) if root.traceback else None
+        )
+        if cause is None or cause.type in LAUNCHER_EXCEPTIONS:
+            # No words from the rank (killed by a signal, or no traceback): its exit.
+            cause = _exit_cause(root.exitcode)
+    return None if cause is None else RankCrash(root.rank, root.local_rank, root.pid, cause)
 
 
 def _rank_tracebacks(lines: Sequence[str]) -> list[tuple[int | None, int | None, CrashInLog]]:
