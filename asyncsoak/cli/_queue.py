@@ -64,10 +64,8 @@ from ._queue_db import (
 from ._queue_show import _job, _jobs, _logs, _workers
 from ._sweeps import (
     add_submit_flags,
-    add_worker_flags,
     clear_faults,
     parse_not_before,
-    print_submitted,
     sweep_options,
 )
 
@@ -177,7 +175,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--name", help="worker name (default: host:gpuN with --gpus, else host:pid)")
     add_worker_settings(p)
     p.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
-    add_worker_flags(p)
+    p.add_argument(
+        "--clear-fault",
+        nargs="?",
+        const="",
+        metavar="GPU[,GPU]",
+        help="put this host's GPUs that had a fault back in service (all of them without a "
+        "list), then exit",
+    )
     add_metrics_flags(p)
 
 
@@ -203,13 +208,6 @@ def add_worker_settings(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             flag, dest=spec.name, type=parse, default=default, metavar=metavar, help=help
         )
-
-
-def _checked_worker_flags(args: argparse.Namespace) -> None:
-    """Refuse a bad duration or count among the worker's flags, naming the flag."""
-    with refused():
-        for spec in _worker_flags():
-            checked(spec.metadata["flag"], spec, getattr(args, spec.name))
 
 
 def worker_config(args: argparse.Namespace, *, until: float | None = None) -> WorkerConfig:
@@ -280,7 +278,8 @@ def _submit(args: argparse.Namespace) -> int:
             if args.not_before is not None:
                 sweeps["not_before"] = parse_not_before(args.not_before, store.now)
             job_id = _queue_call(lambda: store.submit(name=args.name, **job, **sweeps))
-            print_submitted(store, job_id, args.array)
+            for member in [job_id] if args.array is None else store.array_members(job_id):
+                print(member)  # a new array's every id, the first being the array's
     return exits.EXIT_PASSED
 
 
@@ -323,14 +322,15 @@ def _requeue(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    _checked_worker_flags(args)
+    with refused():  # a bad duration or count, named by its flag
+        for spec in _worker_flags():
+            checked(spec.metadata["flag"], spec, getattr(args, spec.name))
     metrics_from_args(args)  # refused before the database is opened
     until = worker_in_allocation(args)
-    if args.gpus is not None and not _GPU_LIST.match(args.gpus):
+    gpus = args.gpus.split(",") if args.gpus is not None else []
+    if gpus and not _GPU_LIST.match(args.gpus):
         raise UsageError(f"--gpus {args.gpus!r}: expected a list such as 0 or 2,3 (or GPU UUIDs)")
-    if args.gpus is not None and any(
-        g.isdigit() and int(g) >= MAX_GPUS for g in args.gpus.split(",")
-    ):
+    if any(g.isdigit() and int(g) >= MAX_GPUS for g in gpus):
         raise UsageError(f"--gpus {args.gpus!r}: a GPU index is below {MAX_GPUS}")
     if args.clear_fault is not None:
         with _open(args) as store:

@@ -17,14 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._analysis import CHECKPOINT_GLOBS, JobLedger, format_bytes
-from .._contract import (
-    Masker,
-    argv_secrets,
-    exits,
-    format_duration,
-    secret_values,
-    terminal_text,
-)
+from .._contract import Masker, argv_secrets, exits, format_duration, secret_values, terminal_text
 from .._supervisor import seconds
 from .._view import goodput_line
 from ..queue import (
@@ -76,6 +69,10 @@ def _age(ts: float | None, now: float) -> str:
 
 
 _AGE_UNITS = (("m", 60, 3600), ("h", 3600, 86400), ("d", 86400, float("inf")))
+
+
+def _indented(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
 
 
 def _when(ts: float | None, now: float) -> str:
@@ -250,10 +247,7 @@ def _job(args: argparse.Namespace) -> int:
         print(f"  {key:<13} {terminal_text(value)}")
     # A succeeded job's warnings are listed with its attempts, below.
     if job.error and not job.error.startswith(WARNINGS_HEADER):
-        print("\nerror:")
-        print(
-            "\n".join("  " + line for line in terminal_text(job.error, one_line=False).splitlines())
-        )
+        print("\nerror:\n" + _indented(terminal_text(job.error, one_line=False)))
     if attempts:
         print("\nattempts:")
         rows = [
@@ -272,7 +266,7 @@ def _job(args: argparse.Namespace) -> int:
         ]
         headers = ["#", "WORKER", "HOST", "STARTED", "TOOK", "OUTCOME", "REASON", "RC"]
         headers += ["CLASS", "COUNTED", "GPUS"]
-        print("\n".join("  " + line for line in _table(headers, rows, right=(0,)).splitlines()))
+        print(_indented(_table(headers, rows, right=(0,))))
         for a in attempts:
             lines = _attempt_details(a, masker)
             if lines:
@@ -397,13 +391,11 @@ def _logs(args: argparse.Namespace) -> int:
         path = chosen.directory / "train.log"
         try:
             with open(path, "rb") as f:
-                data = f.read()
-                text = data.decode("utf-8", errors="replace")
+                text = f.read().decode("utf-8", errors="replace")
                 if args.lines is not None:
                     lines = text.splitlines(keepends=True)
                     text = "".join(lines[-args.lines :]) if args.lines else ""
-                sys.stdout.write(terminal_text(masker(text), one_line=False))
-                sys.stdout.flush()
+                _write(masker(text))
                 if args.follow:
                     _follow(f, masker, lambda: _attempt_running(store, chosen))
         except FileNotFoundError:
@@ -431,15 +423,18 @@ def _attempt_running(store: JobStore, attempt: Attempt) -> bool:
     )
 
 
+def _write(text: str) -> None:
+    sys.stdout.write(terminal_text(text, one_line=False))
+    sys.stdout.flush()
+
+
 def _follow(f: Any, masker: Masker, running: Callable[[], bool]) -> None:
     # The log grows by whole lines in practice; a line cut by a read is printed in two parts.
     while True:
         still_running = running()
         chunk = f.read()
         if chunk:
-            text = masker(chunk.decode("utf-8", errors="replace"))
-            sys.stdout.write(terminal_text(text, one_line=False))
-            sys.stdout.flush()
+            _write(masker(chunk.decode("utf-8", errors="replace")))
         elif not still_running:
             return
         else:

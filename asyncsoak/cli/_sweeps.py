@@ -98,17 +98,6 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_worker_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--clear-fault",
-        nargs="?",
-        const="",
-        metavar="GPU[,GPU]",
-        help="put this host's GPUs that had a fault back in service (all of them without a "
-        "list), then exit",
-    )
-
-
 def parse_not_before(
     text: str,
     now: Callable[[], float],
@@ -164,12 +153,6 @@ def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
         if args.not_before is not None:
             parse_not_before(args.not_before, time.time)
     return {**options, "array": args.array}
-
-
-def print_submitted(store: JobStore, job_id: int, array: str | None) -> None:
-    """The new job's id, or every id of a new array (the first is the array's)."""
-    for member in [job_id] if array is None else store.array_members(job_id):
-        print(member)
 
 
 def clear_faults(args: argparse.Namespace, store: JobStore) -> int:
