@@ -332,14 +332,15 @@ def first_line(path: Path | str) -> bytes:
         return stream.readline(bounded.MAX_LINE_BYTES + 1)
 
 
-def monitor_holds(journal: Path) -> bool:
-    """Whether a monitor still holds ``journal``: a soak locks it for as long as it runs."""
+def monitor_holds(journal: Path, wait: bool = False) -> bool:
+    """Whether a monitor still holds ``journal``: a soak locks it for as long as it runs;
+    ``wait``: block until none does (run it in a thread, under a deadline)."""
     try:
         fd = os.open(journal, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         return True
     except OSError:

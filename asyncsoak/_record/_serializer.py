@@ -353,14 +353,12 @@ class Serializer:
                 timeout=JOURNAL_CLOSE_TIMEOUT_SECONDS,
                 what="rotating the journal",
             )
+            journal = await self._open(fd)
+            if journal is None:
+                raise OSError("the new segment did not open in time")
         except (OSError, BlockingCallTimeout) as exc:
             self._segment_bytes = 1 << 62
             self.rotation_error = f"journal rotation failed: {exc}"
-            return
-        journal = await self._open(fd)
-        if journal is None:
-            self._segment_bytes = 1 << 62
-            self.rotation_error = "journal rotation failed: the new segment did not open in time"
             return
         old, old_fd = self._journal, self._journal_fd
         self._journal, self._journal_fd = journal, fd

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import os
 import signal
 import socket
 import sys
@@ -273,14 +271,16 @@ def _print_frame(status: Status, mode: str) -> None:
 async def _verdict(journal: Path, state: LiveState) -> int:
     """The soak's verdict, from its artifact once the monitor wrote it (else the journal's)."""
     from .._contract import BlockingCallTimeout, run_blocking
+    from .._record import monitor_holds
     from .._view import is_pass, status_words
 
     artifact_path = journal.with_suffix(".json")
     # The monitor lets go of its journal once the artifact is written.
     with contextlib.suppress(BlockingCallTimeout):
         await run_blocking(
-            wait_for_monitor,
+            monitor_holds,
             journal,
+            True,
             timeout=ARTIFACT_WAIT_SECONDS,
             what="waiting for the monitor to write the artifact",
         )
@@ -293,20 +293,6 @@ async def _verdict(journal: Path, state: LiveState) -> int:
         line, shown = found
     print(terminal_text(f"asyncsoak: {line}"), flush=True)
     return exits.EXIT_PASSED if is_pass(shown) else exits.EXIT_FAILED
-
-
-def wait_for_monitor(journal: Path) -> None:
-    """Block until no monitor holds ``journal`` (run it in a thread, under a deadline)."""
-    try:
-        fd = os.open(journal, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    except OSError:
-        return
-    finally:
-        os.close(fd)
 
 
 def _artifact_line(path: Path) -> tuple[str, str] | None:
