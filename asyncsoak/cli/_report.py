@@ -188,11 +188,8 @@ def compare_command(args: argparse.Namespace) -> int:
         print(json.dumps(comparison.as_json(), indent=1))
     else:
         print_text(format_comparison(comparison))
-    return (
-        exits.EXIT_FAILED
-        if args.fail_on_regression and comparison.regressions
-        else exits.EXIT_PASSED
-    )
+    regressed = args.fail_on_regression and comparison.regressions
+    return exits.EXIT_FAILED if regressed else exits.EXIT_PASSED
 
 
 def summary_command(args: argparse.Namespace) -> int:
@@ -241,12 +238,8 @@ def recover_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise unwritable("--output", output, exc) from None
     reasons = ", ".join(f["reason"] for f in artifact["failures"]) or "none"
-    print(
-        terminal_text(
-            f"asyncsoak: artifact rebuilt: {output} (status {artifact['status']}; "
-            f"reasons: {reasons})"
-        )
-    )
+    rebuilt = f"{output} (status {artifact['status']}; reasons: {reasons})"
+    print(terminal_text(f"asyncsoak: artifact rebuilt: {rebuilt}"))
     return exits.EXIT_PASSED
 
 

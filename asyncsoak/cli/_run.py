@@ -152,9 +152,7 @@ def register(subparsers: Any) -> None:
 def check_run_flags(args: argparse.Namespace) -> dict[str, Any]:
     """``run``'s flags checked as the soak would check them, as :func:`supervise`'s keywords
     (but the paths); a :class:`UsageError` for the first bad one, nothing started."""
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
     if not command:
         raise UsageError("no command given: asyncsoak run [options] -- COMMAND [ARG...]")
     env = dict(os.environ)
@@ -180,7 +178,8 @@ def run_command(args: argparse.Namespace) -> int:
     progress_dir, output = scheduler_paths(args.progress_dir, args.output)
     hold_forwarded_signals(args)
     status_interval = soak.pop("status_interval")
-    return supervise(
+    termination_log = soak.pop("termination_log")
+    ending = supervise(
         **soak,
         progress_dir=progress_dir,
         output_path=output,
@@ -190,8 +189,13 @@ def run_command(args: argparse.Namespace) -> int:
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
         status=None if args.quiet else _live_status(status_interval, args.view),
-        detailed_exit_codes=args.detailed_exit_codes,
+        detailed=args.detailed_exit_codes,
     )
+    if termination_log is not None:
+        error = write_termination_log(termination_log, ending)
+        if error is not None:
+            tell(f"asyncsoak: termination message not written: {error}")
+    return ending.exit_code
 
 
 def _live_status(status_interval: float = 60.0, mode: str = "line") -> Any:
@@ -205,28 +209,12 @@ def supervise(
     *,
     report: Callable[[dict[str, Any]], None] | None = None,
     status: Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Any]]] | None = None,
-    detailed_exit_codes: bool = False,
-    termination_log: Path | None = None,
+    detailed: bool = False,
     **soak: Any,
-) -> int:
-    """Run one soak that SIGINT, SIGTERM or SIGHUP stops (a second one kills the tree at once);
-    the exit status says how it ended.  ``status`` (the live view) gets the soak's control
-    and returns a task run beside the soak; ``termination_log`` gets the verdict."""
-    ending = _supervise(report=report, status=status, detailed=detailed_exit_codes, soak=soak)
-    if termination_log is not None:
-        error = write_termination_log(termination_log, ending)
-        if error is not None:
-            tell(f"asyncsoak: termination message not written: {error}")
-    return ending.exit_code
-
-
-def _supervise(
-    *,
-    report: Callable[[dict[str, Any]], None] | None,
-    status: Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Any]]] | None,
-    detailed: bool,
-    soak: dict[str, Any],
 ) -> Ending:
+    """Run one soak that SIGINT, SIGTERM or SIGHUP stops (a second one kills the tree at once);
+    how it ended gives the exit status.  ``status`` (the live view) gets the soak's control
+    and returns a task run beside the soak."""
     from .._supervisor import SoakControl, run_soak
 
     control = soak.setdefault("control", SoakControl())
@@ -378,7 +366,7 @@ def demo_command(args: argparse.Namespace) -> int:
         metadata={"demo": "logistic regression, pure Python"},
         report=print_demo_summary,
         status=_live_status(),
-    )
+    ).exit_code
     if status == exits.EXIT_PASSED:
         print(f"\nThe artifact explains the run: {output}")
         print(f"The training loop's own output: {output.with_suffix('.log')}")

@@ -82,6 +82,7 @@ def register(subparsers: Any) -> None:
 
 
 def watch_command(args: argparse.Namespace) -> int:
+    from .._contract import BlockingCallTimeout
     from .._supervisor import seconds
 
     with refused():
@@ -96,6 +97,9 @@ def watch_command(args: argparse.Namespace) -> int:
         return anyio.run(_watch, journal, args.once, args.view, interval)
     except KeyboardInterrupt:  # as shells report SIGINT
         return exits.SHELL_SIGNAL_BASE + signal.SIGINT
+    except BlockingCallTimeout as exc:  # catching up with (or reading) the journal
+        print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
+        return exits.EXIT_FAILED
 
 
 def job_journal(args: argparse.Namespace) -> Path:
@@ -162,26 +166,18 @@ def _catch_up(journal: Path) -> tuple[LiveState, JournalTail]:
 
 
 async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
-    from .._contract import BlockingCallTimeout, run_blocking
+    from .._contract import run_blocking
     from .._record import monitor_holds
     from .._view import VIEW_CALL_TIMEOUT_SECONDS, watch_journal
 
-    try:
-        state, tail = await run_blocking(
-            _catch_up, journal, timeout=CATCH_UP_SECONDS, what="reading the journal's segments"
-        )
-    except BlockingCallTimeout as exc:
-        print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
-        return exits.EXIT_FAILED
+    state, tail = await run_blocking(
+        _catch_up, journal, timeout=CATCH_UP_SECONDS, what="reading the journal's segments"
+    )
     try:
         if once:
-            try:
-                status = await run_blocking(
-                    _read_all, tail, state, timeout=CATCH_UP_SECONDS, what="reading the journal"
-                )
-            except BlockingCallTimeout as exc:
-                print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
-                return exits.EXIT_FAILED
+            status = await run_blocking(
+                _read_all, tail, state, timeout=CATCH_UP_SECONDS, what="reading the journal"
+            )
             if status is None:
                 raise UsageError(f"{journal}: no soak has started there yet")
             _print_frame(status, mode)
