@@ -37,18 +37,8 @@ from ..queue import (
     open_for_worker,
     validate_submission,
 )
-from . import UsageError, refused
+from . import UsageError, _flags, refused
 from ._container import worker_in_allocation
-from ._flags import (
-    add_metrics_flags,
-    add_soak_limits,
-    flag_error,
-    help_groups,
-    metrics_from_args,
-    parse_pairs,
-    seconds_arg,
-    soak_limits,
-)
 from ._queue_db import (
     _count_arg,
     _existing_for,
@@ -95,7 +85,7 @@ def register(subparsers: Any) -> None:
         metavar="K",
         help="runs that fail (or lose their worker) before the job is failed (default 3)",
     )
-    groups = help_groups(p)
+    groups = _flags.help_groups(p)
     essentials = groups["essentials"]
     essentials.add_argument("--cwd", type=Path, help="working directory (default: the current one)")
     essentials.add_argument(
@@ -115,7 +105,7 @@ def register(subparsers: Any) -> None:
         help="how the worker asks the job to stop: close its stdin (default), or SIGTERM "
         "to its process group or to its leader",
     )
-    add_soak_limits(groups)
+    _flags.add_soak_limits(groups)
     add_submit_flags(p)
     p.add_argument("--config", type=Path, help="a JSON config for the worker's trainer command")
     p.add_argument("command", nargs="*", help="after --: the command and its arguments")
@@ -156,7 +146,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--all", action="store_true", help="also workers gone for long")
     p.add_argument(
         "--stale-after",
-        type=seconds_arg,
+        type=_flags.seconds_arg,
         default=LOST_AFTER_S,
         metavar="S",
         help=f"heartbeat age that makes a worker lost (default {LOST_AFTER_S:g})",
@@ -183,7 +173,7 @@ def register(subparsers: Any) -> None:
         help="put this host's GPUs that had a fault back in service (all of them without a "
         "list), then exit",
     )
-    add_metrics_flags(p)
+    _flags.add_metrics_flags(p)
 
 
 def _worker_flags() -> list[dataclasses.Field[Any]]:
@@ -200,7 +190,7 @@ def add_worker_settings(p: argparse.ArgumentParser) -> None:
         metavar = spec.metadata["metavar"] or flag.lstrip("-").replace("-", "_").upper()
         if kind in ("seconds", "count"):
             # Checked by _checked_worker_flags, so a bad value is refused naming the flag.
-            parse: Callable[[str], Any] = seconds_arg if kind == "seconds" else _integer
+            parse: Callable[[str], Any] = _flags.seconds_arg if kind == "seconds" else _integer
             help = f"{help} (default {spec.default:g})"
         else:
             parse = Path if kind == "path" else str
@@ -238,7 +228,7 @@ def _submit(args: argparse.Namespace) -> int:
     command: list[str] = args.command
     if bool(command) == (args.config is not None):
         raise UsageError("give either a command after -- or --config FILE.json (one of them)")
-    env = parse_pairs("--env", args.env)
+    env = _flags.parse_pairs("--env", args.env)
     config = None
     if args.config is not None:
         try:
@@ -256,8 +246,8 @@ def _submit(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--max-attempts must be between 1 and {MAX_TRIES}, got {args.max_attempts}"
         )
-    with refused(flag_error):
-        soak = soak_limits(args)
+    with refused(_flags.flag_error):
+        soak = _flags.soak_limits(args)
     job = JobOptions(
         argv=command or None,
         config=config,
@@ -271,7 +261,7 @@ def _submit(args: argparse.Namespace) -> int:
     if args.max_attempts is not None:
         job["max_attempts"] = args.max_attempts
     sweeps = sweep_options(args)
-    with refused(flag_error):
+    with refused(_flags.flag_error):
         # Before the database is opened (or created): a refused job changes nothing.
         validate_submission(**job)
         with _open(args, create=True) as store:
@@ -325,7 +315,7 @@ def _worker(args: argparse.Namespace) -> int:
     with refused():  # a bad duration or count, named by its flag
         for spec in _worker_flags():
             checked(spec.metadata["flag"], spec, getattr(args, spec.name))
-    metrics_from_args(args)  # refused before the database is opened
+    _flags.metrics_from_args(args)  # refused before the database is opened
     until = worker_in_allocation(args)
     gpus = args.gpus.split(",") if args.gpus is not None else []
     if gpus and not _GPU_LIST.match(args.gpus):
@@ -421,7 +411,7 @@ async def _work(args: argparse.Namespace, store: JobStore, config: WorkerConfig)
                 stop_event=stop,
                 kill_event=kill,
                 name=args.name,
-                metrics=metrics_from_args(args),
+                metrics=_flags.metrics_from_args(args),
             )
         finally:
             tg.cancel_scope.cancel()

@@ -40,18 +40,8 @@ from ..queue import (
     public_job,
     worker_views,
 )
-from . import UsageError, refused
+from . import UsageError, _sweeps, refused
 from ._queue_db import _existing_for, _open_existing, _queue_call
-from ._sweeps import (
-    attempt_cells,
-    fault_dicts,
-    job_note,
-    local_time,
-    plan_dict,
-    plan_fields,
-    why_not_retried,
-    worker_gpu_text,
-)
 
 _FOLLOW_INTERVAL_SECONDS = 0.5
 _NAME_WIDTH = 28
@@ -76,7 +66,7 @@ def _indented(text: str) -> str:
 
 
 def _when(ts: float | None, now: float) -> str:
-    return "-" if ts is None else f"{local_time(ts)} ({_age(ts, now)})"
+    return "-" if ts is None else f"{_sweeps.local_time(ts)} ({_age(ts, now)})"
 
 
 def _clip(text: str, width: int) -> str:
@@ -170,7 +160,9 @@ def _jobs(args: argparse.Namespace) -> int:
     if args.array is not None:
         jobs = [job for job in jobs if job.id in plans and plans[job.id].array_id == args.array]
     if args.json:
-        return _print_json([{**public_job(job), **plan_dict(plans.get(job.id))} for job in jobs])
+        return _print_json(
+            [{**public_job(job), **_sweeps.plan_dict(plans.get(job.id))} for job in jobs]
+        )
     if not jobs:
         print("no jobs" + (f" {args.status}" if args.status else ""))
         return exits.EXIT_PASSED
@@ -186,7 +178,9 @@ def _jobs(args: argparse.Namespace) -> int:
             job.worker or "-",
             _clip(
                 "; ".join(
-                    n for n in (job_note(job, plans.get(job.id), by_id, now), _note(job, now)) if n
+                    n
+                    for n in (_sweeps.job_note(job, plans.get(job.id), by_id, now), _note(job, now))
+                    if n
                 ),
                 _NOTE_WIDTH,
             ),
@@ -208,7 +202,7 @@ def _job(args: argparse.Namespace) -> int:
         ledger = _queue_call(lambda: job_goodput(store, job, attempts))
     masker = _masker(job)
     if args.json:
-        data = {**public_job(job), **plan_dict(plan), "goodput": ledger.to_json()}
+        data = {**public_job(job), **_sweeps.plan_dict(plan), "goodput": ledger.to_json()}
         data["exit_code"] = queue_exit_code(job.status, job.reason)
         data["attempts"] = [
             {**_attempt_dict(a), **_cause_dict(causes.get(a.attempt))} for a in attempts
@@ -237,9 +231,9 @@ def _job(args: argparse.Namespace) -> int:
         ("exit", _exit_words(job) if job.attempt and job.status != "running" else "-"),
         ("artifact", job.artifact or "-"),
         ("goodput", _goodput_text(ledger)),
-        *plan_fields(plan, now),
+        *_sweeps.plan_fields(plan, now),
     ]
-    why = why_not_retried(job, attempts)
+    why = _sweeps.why_not_retried(job, attempts)
     if why:
         fields.insert(1, ("why", why))
     print(f"job {job.id}" + (f"  {terminal_text(job.name)}" if job.name else ""))
@@ -260,7 +254,7 @@ def _job(args: argparse.Namespace) -> int:
                 a.outcome or "running",
                 a.reason or "-",
                 "-" if a.returncode is None else str(a.returncode),
-                *attempt_cells(causes.get(a.attempt)),
+                *_sweeps.attempt_cells(causes.get(a.attempt)),
             ]
             for a in attempts
         ]
@@ -472,7 +466,7 @@ def _workers(args: argparse.Namespace) -> int:
                 {
                     **_worker_dict(v),
                     "gpus": owned.get(v.info.name, []),
-                    "gpu_faults": fault_dicts(on_host[v.info.host]),
+                    "gpu_faults": _sweeps.fault_dicts(on_host[v.info.host]),
                 }
                 for v in views
             ]
@@ -489,7 +483,7 @@ def _workers(args: argparse.Namespace) -> int:
                 _age(v.last_seen, now),
                 _worker_state_text(v, now),
                 ",".join(map(str, v.jobs)) or "-",
-                worker_gpu_text(owned.get(v.info.name, []), on_host[v.info.host]),
+                _sweeps.worker_gpu_text(owned.get(v.info.name, []), on_host[v.info.host]),
             ]
             for v in views
         ]
