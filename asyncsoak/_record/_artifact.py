@@ -464,12 +464,7 @@ class RunState:
         return cast("dict[str, Any]", artifact)
 
     def build_typed(
-        self,
-        *,
-        status: SoakStatus,
-        ended_t: float,
-        log_tail: str,
-        monitor: dict[str, Any],
+        self, *, status: SoakStatus, ended_t: float, log_tail: str, monitor: dict[str, Any]
     ) -> Artifact:
         """The artifact of the events folded so far, typed as the schema's ``Artifact``."""
         # A journal without its header (recover refuses one) leaves the defaults below.

@@ -52,12 +52,7 @@ from ._queue_db import (
     default_db,
 )
 from ._queue_show import _job, _jobs, _logs, _workers
-from ._sweeps import (
-    add_submit_flags,
-    clear_faults,
-    parse_not_before,
-    sweep_options,
-)
+from ._sweeps import add_submit_flags, clear_faults, parse_not_before, sweep_options
 
 _GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za-z-]+))*$")
 
