@@ -127,13 +127,8 @@ def find_journal(target: Path) -> Path:
 
     if target.is_dir():
         attempts = target / "attempts"
-        numbered = (
-            sorted((p for p in attempts.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-            if attempts.is_dir()
-            else []
-        )
-        if numbered:
-            return find_journal(numbered[-1])
+        if attempts.is_dir() and (numbered := [p for p in attempts.iterdir() if p.name.isdigit()]):
+            return find_journal(max(numbered, key=lambda p: int(p.name)))
         journals = [p for p in target.glob("*.jsonl") if p.is_file() and is_journal(p)]
         if not journals:
             raise UsageError(f"{target}: no soak journal (*.jsonl) in it")
