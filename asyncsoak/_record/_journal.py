@@ -20,8 +20,6 @@ from .._contract import EventKind, bounded, events
 
 #: An open segment larger than this is closed (and compressed) after the batch that crossed it.
 SEGMENT_BYTES = 4 * 1024 * 1024
-#: ``soak.jsonl.000001`` and ``soak.jsonl.000001.gz``: the closed segments' suffixes.
-_SEGMENT_SUFFIX = re.compile(r"\.(\d{6})(\.gz)?$")
 _PATCH_KEY = "~"
 #: Event kinds whose last event a decoder keeps for the patches (a hostile journal has millions).
 MAX_KINDS = 256
@@ -36,21 +34,16 @@ def journal_segments(path: Path) -> list[Path]:
     """The journal's segments in order: the closed ones, then the open one (if it exists).  A
     closed one both plain and compressed is read plain (the ``.gz`` may be incomplete)."""
     path = Path(path)
-    closed: dict[int, Path] = {}
     try:
         names = os.listdir(path.parent or ".")
     except OSError:
         names = []
-    prefix = path.name
-    for name in names:
-        if not name.startswith(prefix) or name == prefix:
-            continue
-        match = _SEGMENT_SUFFIX.fullmatch(name[len(prefix) :])
-        if match is None:
-            continue
-        index = int(match.group(1))
-        if match.group(2) is None or index not in closed:
-            closed[index] = path.with_name(name)
+    # ``soak.jsonl.000001`` and ``soak.jsonl.000001.gz``: the closed segments.
+    segment = re.compile(re.escape(path.name) + r"\.(\d{6})(\.gz)?")
+    closed: dict[int, Path] = {}
+    for match in filter(None, map(segment.fullmatch, names)):
+        if match[2] is None or int(match[1]) not in closed:
+            closed[int(match[1])] = path.with_name(match[0])
     segments = [closed[i] for i in sorted(closed)]
     if path.exists() or not segments:
         segments.append(path)

@@ -184,7 +184,7 @@ def add_worker_settings(p: argparse.ArgumentParser) -> None:
         help = spec.metadata["help"].replace("%", "%%")  # argparse formats help with %
         metavar = spec.metadata["metavar"] or flag.lstrip("-").replace("-", "_").upper()
         if kind in ("seconds", "count"):
-            # Checked by _checked_worker_flags, so a bad value is refused naming the flag.
+            # Checked by _worker, so a bad value is refused naming the flag.
             parse: Callable[[str], Any] = _flags.seconds_arg if kind == "seconds" else _integer
             help = f"{help} (default {spec.default:g})"
         else:
