@@ -68,9 +68,17 @@ def _fold_end(path: Path, builder: RunState, folded: int, unreadable: int) -> Ar
     status = builder.status
     if status is None:
         status = SoakStatus.FAILED
+        message = (
+            f"the monitor stopped {builder.last_t:.1f}s into the run without finishing its "
+            "journal (killed, out of memory, or the machine went down); "
+        )
+        if builder.exit_t is not None:
+            message += f"the command had exited with status {builder.exit['returncode']}"
+        else:
+            message += "what the command did after that is unknown"
         lost = FailureReason.MONITOR_LOST
         at = builder.wall(builder.last_t)
-        builder.failures.append({"reason": lost, "message": _lost_message(builder), "at": at})
+        builder.failures.append({"reason": lost, "message": message, "at": at})
     log_tail = ""
     log_path = header.get("log_path")
     if log_path:
@@ -91,14 +99,3 @@ def _fold_end(path: Path, builder: RunState, folded: int, unreadable: int) -> Ar
     if artifact["monitor"]["journal_path"] is None:
         artifact["monitor"]["journal_path"] = str(path)
     return artifact
-
-
-def _lost_message(builder: RunState) -> str:
-    message = (
-        f"the monitor stopped {builder.last_t:.1f}s into the run without finishing its "
-        "journal (killed, out of memory, or the machine went down)"
-    )
-    if builder.exit_t is not None:
-        returncode = builder.exit["returncode"]
-        return f"{message}; the command had exited with status {returncode}"
-    return f"{message}; what the command did after that is unknown"

@@ -481,7 +481,7 @@ def _workers(args: argparse.Namespace) -> int:
                 str(v.info.pid),
                 _age(v.info.started_at, now),
                 _age(v.last_seen, now),
-                _worker_state_text(v, now),
+                f"lost (last seen {_when(v.last_seen, now)})" if v.state == LOST else v.state,
                 ",".join(map(str, v.jobs)) or "-",
                 _sweeps.worker_gpu_text(owned.get(v.info.name, []), on_host[v.info.host]),
             ]
@@ -495,10 +495,6 @@ def _workers(args: argparse.Namespace) -> int:
             "--all lists them)"
         )
     return exits.EXIT_PASSED
-
-
-def _worker_state_text(v: WorkerView, now: float) -> str:
-    return f"lost (last seen {_when(v.last_seen, now)})" if v.state == LOST else v.state
 
 
 def _worker_dict(v: WorkerView) -> dict[str, Any]:

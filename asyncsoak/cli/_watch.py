@@ -163,7 +163,7 @@ def _catch_up(journal: Path) -> tuple[LiveState, JournalTail]:
 async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
     from .._contract import run_blocking
     from .._record import monitor_holds
-    from .._view import VIEW_CALL_TIMEOUT_SECONDS, watch_journal
+    from .._view import VIEW_CALL_TIMEOUT_SECONDS, make_view, watch_journal
 
     state, tail = await run_blocking(
         _catch_up, journal, timeout=CATCH_UP_SECONDS, what="reading the journal's segments"
@@ -175,7 +175,9 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
             )
             if status is None:
                 raise UsageError(f"{journal}: no soak has started there yet")
-            _print_frame(status, mode)
+            frame = make_view(sys.stdout, 0.0, mode)
+            frame.show(status)
+            frame.close(None)
             return exits.EXIT_PASSED
         monitor_gone = False
         async with anyio.create_task_group() as tg:
@@ -249,14 +251,6 @@ def _read_all(tail: JournalTail, state: LiveState) -> Status | None:
     if state.started_at is None:
         return None
     return state.status(time.time(), time.monotonic(), current=False)
-
-
-def _print_frame(status: Status, mode: str) -> None:
-    from .._view import make_view
-
-    view = make_view(sys.stdout, 0.0, mode)
-    view.show(status)
-    view.close(None)
 
 
 async def _verdict(journal: Path, state: LiveState) -> int:
