@@ -79,23 +79,16 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="GPUs the job needs on one worker (default: all of the worker's)",
     )
-    p.add_argument(
-        "--retry-on",
-        type=_names,
-        action="extend",
-        default=[],
-        metavar="REASON[,...]",
-        help="retry failures with these reasons (or classes: infrastructure, job, run) even "
-        "when their cause repeats",
-    )
-    p.add_argument(
-        "--no-retry-on",
-        type=_names,
-        action="extend",
-        default=[],
-        metavar="REASON[,...]",
-        help="never retry failures with these reasons (or classes)",
-    )
+    for flag, help in (
+        (
+            "--retry-on",
+            "retry failures with these reasons (or classes: infrastructure, job, run) "
+            "even when their cause repeats",
+        ),
+        ("--no-retry-on", "never retry failures with these reasons (or classes)"),
+    ):
+        kinds: dict[str, Any] = {"type": _names, "action": "extend", "metavar": "REASON[,...]"}
+        p.add_argument(flag, default=[], help=help, **kinds)
 
 
 def parse_not_before(
