@@ -23,6 +23,7 @@ SEGMENT_BYTES = 4 * 1024 * 1024
 _PATCH_KEY = "~"
 #: Event kinds whose last event a decoder keeps for the patches (a hostile journal has millions).
 MAX_KINDS = 256
+_TOO_LONG = f"a line longer than {bounded.MAX_LINE_BYTES // 2**20} MiB"
 
 
 def segment_path(journal: Path, index: int, *, compressed: bool = False) -> Path:
@@ -197,9 +198,7 @@ class JournalDecoder:
 
     def _decode(self, line: bytes | str) -> events.EventJson | None:
         if len(line) > bounded.MAX_LINE_BYTES + 1:
-            raise bounded.UnreadableFileError(
-                f"a line longer than {bounded.MAX_LINE_BYTES // 2**20} MiB"
-            )
+            raise bounded.UnreadableFileError(_TOO_LONG)
         try:
             event = bounded.loads_bounded(line)
         except bounded.UnreadableFileError:
@@ -258,9 +257,7 @@ class JournalReader:
                     for number, line in enumerate(bounded.bounded_lines(stream), 1):
                         try:
                             if line is None:
-                                raise bounded.UnreadableFileError(
-                                    f"a line longer than {bounded.MAX_LINE_BYTES // 2**20} MiB"
-                                )
+                                raise bounded.UnreadableFileError(_TOO_LONG)
                             read += len(line)
                             if read > bounded.MAX_JOURNAL_BYTES:
                                 raise bounded.UnreadableFileError(

@@ -57,7 +57,6 @@ def register(subparsers: Any) -> None:
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
     compare.add_argument(
         "--threshold",
-        type=str,
         default="10",
         metavar="PERCENT",
         help="how much worse a figure must be to regress (default 10)",

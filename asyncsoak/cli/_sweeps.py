@@ -217,16 +217,12 @@ def why_not_retried(job: Job, attempts: Sequence[Attempt]) -> str | None:
 def plan_dict(plan: Plan | None) -> dict[str, Any]:
     """The plan's keys in ``--json`` listings."""
     plan = plan or Plan()
-    return {
+    same = ("array_id", "array_index", "not_before", "gpus", "retry_at")
+    return {key: getattr(plan, key) for key in same} | {
         "after": list(plan.after),
-        "array_id": plan.array_id,
-        "array_index": plan.array_index,
-        "not_before": plan.not_before,
-        "gpus": plan.gpus,
         "retry_on": sorted(plan.retry_on),
         "no_retry_on": sorted(plan.no_retry_on),
         "infrastructure_failures": plan.infra_failures,
-        "retry_at": plan.retry_at,
     }
 
 
