@@ -102,13 +102,8 @@ def load_run(path: Path) -> tuple[Artifact, Path | None]:
     if not path.exists():
         journal = path.with_suffix(".jsonl")
         if path.suffix == ".json" and journal.is_file():
-            print(
-                terminal_text(
-                    f"asyncsoak: {path} is missing (the monitor did not finish); "
-                    f"reading its journal {journal}"
-                ),
-                file=sys.stderr,
-            )
+            why = "is missing (the monitor did not finish); reading its journal"
+            print(terminal_text(f"asyncsoak: {path} {why} {journal}"), file=sys.stderr)
             path = journal
         else:
             raise UsageError(f"{path}: no such file")

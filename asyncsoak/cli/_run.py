@@ -221,15 +221,12 @@ def supervise(
                         received.append(signum)
                         name = exits.signal_name(signum)
                         if len(received) > 1:
-                            print(f"asyncsoak: {name} again: killing the tree now", file=sys.stderr)
+                            tell(f"asyncsoak: {name} again: killing the tree now")
                             control.kill_now()
                             return
                         if not _container.stop_by_scheduler(signum, control):
                             soak_scope.cancel()
-                        print(
-                            f"asyncsoak: {name}: stopping the command (again to kill it now)",
-                            file=sys.stderr,
-                        )
+                        tell(f"asyncsoak: {name}: stopping the command (again to kill it now)")
 
                 tg.start_soon(stop_on_signal)
                 tg.start_soon(_release_collector_once_started, control)

@@ -228,13 +228,9 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
             tg.start_soon(check_monitor)
         if state.finished is None:
             if monitor_gone:
-                print(
-                    terminal_text(
-                        f"asyncsoak: the monitor of {journal} is gone and never gave a verdict; "
-                        f"rebuild its artifact with: asyncsoak recover {journal}"
-                    ),
-                    flush=True,
-                )
+                gone = f"asyncsoak: the monitor of {journal} is gone and never gave a verdict; "
+                gone += f"rebuild its artifact with: asyncsoak recover {journal}"
+                print(terminal_text(gone), flush=True)
             return exits.EXIT_FAILED
         return await _verdict(journal, state)
     finally:
