@@ -41,6 +41,8 @@ _NOT_KEPT_AS_IS = frozenset(
 #: The series groups of the training steps, and of ``--stale-progress auto``'s limit.
 STEPS_SERIES = "steps"
 STALE_LIMIT_SERIES = "stale_limit"
+#: A step event's figures kept in the steps series.
+_STEP_FIGURES = ("step", "steps_per_second", "loss", "tokens_per_second", "samples_per_second")
 
 
 class UnknownWordError(ValueError):
@@ -167,9 +169,8 @@ class RunState:
     @_fold.on(EventKind.HEADER)
     def _on_header(self, t: float, event: events.HeaderJson) -> None:
         self.header = event
-        self.trends.configure(event.get("config") or {})
-        self.deadlines.configure(event.get("config") or {})
-        self.goodput_fold.configure(event.get("config") or {})
+        for fold in (self.trends, self.deadlines, self.goodput_fold):
+            fold.configure(event.get("config") or {})
 
     @_fold.on(EventKind.SNAPSHOT)
     def _on_snapshot(self, t: float, event: events.SnapshotJson) -> None:
@@ -363,14 +364,8 @@ class RunState:
         self.goodput_fold.add_steps(t, event.get("marks") or ())
         rate = event.get("steps_per_second")
         self.trends.add_step_rate(t, rate)
-        values = {
-            "step": event.get("step"),
-            "steps_per_second": rate,
-            "loss": event.get("loss"),
-            "tokens_per_second": event.get("tokens_per_second"),
-            "samples_per_second": event.get("samples_per_second"),
-        }
-        self._series_of(STEPS_SERIES).add(t, {k: v for k, v in values.items() if v is not None})
+        values: dict[str, Any] = {k: v for k in _STEP_FIGURES if (v := event.get(k)) is not None}
+        self._series_of(STEPS_SERIES).add(t, values)
         self._add_stale_limit(t, event)
 
     def _add_stale_limit(self, t: float, event: events.ProgressJson | events.StepJson) -> None:
@@ -460,12 +455,7 @@ class RunState:
         return iso(parse_iso(self.header["started_at"]) + timedelta(seconds=t))
 
     def build(
-        self,
-        *,
-        status: str,
-        ended_t: float,
-        log_tail: str,
-        monitor: dict[str, Any],
+        self, *, status: str, ended_t: float, log_tail: str, monitor: dict[str, Any]
     ) -> dict[str, Any]:
         """:meth:`build_typed` as a plain dict, ``status`` a word."""
         artifact = self.build_typed(
@@ -474,12 +464,7 @@ class RunState:
         return cast("dict[str, Any]", artifact)
 
     def build_typed(
-        self,
-        *,
-        status: SoakStatus,
-        ended_t: float,
-        log_tail: str,
-        monitor: dict[str, Any],
+        self, *, status: SoakStatus, ended_t: float, log_tail: str, monitor: dict[str, Any]
     ) -> Artifact:
         """The artifact of the events folded so far, typed as the schema's ``Artifact``."""
         # A journal without its header (recover refuses one) leaves the defaults below.

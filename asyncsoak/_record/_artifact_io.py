@@ -67,20 +67,15 @@ def check_artifact(data: object) -> Artifact:
     problem = _problem(data, schema, "", schema.get("$defs", {}))
     if problem is not None:
         raise ArtifactError(f"incomplete or damaged artifact: {problem}")
-    _words_as_members(data)
-    # Sound: the TypedDicts mirror the schema checked (tests/test_vocabulary.py).
-    return cast("Artifact", data)
-
-
-def _words_as_members(data: dict[str, Any]) -> None:
-    """The status, the failures' reasons and the stop's cause as the enums' members, as the
-    ``Artifact`` type gives them (the schema let only their words through)."""
+    # The words the schema let through as the enums' members, as ``Artifact`` gives them.
     data["status"] = SoakStatus(data["status"])
     for failure in data["failures"]:
         failure["reason"] = FailureReason(failure["reason"])
     stop = data.get("stop")
     if stop is not None and stop["cause"] is not None:
         stop["cause"] = StopCause(stop["cause"])
+    # Sound: the TypedDicts mirror the schema checked (tests/test_vocabulary.py).
+    return cast("Artifact", data)
 
 
 def _problem(value: Any, schema: dict[str, Any], where: str, defs: dict[str, Any]) -> str | None:

@@ -54,16 +54,11 @@ class Deadlines:
     def missed(self, started: float | None, advanced: float | None) -> Deadline | None:
         """The first deadline the steps advanced past (at ``advanced``) by more than a look at the
         files, at most half the period: a checkpoint seen a scan late is no miss."""
-        if advanced is None:
-            return None
-        return next(
-            (
-                d
-                for d in self.pending(started)
-                if d.due + min(self.look_seconds, d.every / 2) < advanced
-            ),
-            None,
-        )
+        if advanced is not None:
+            for d in self.pending(started):
+                if d.due + min(self.look_seconds, d.every / 2) < advanced:
+                    return d
+        return None
 
 
 def overdue_message(deadline: Deadline, started: float, now: float) -> str:

@@ -20,11 +20,10 @@ from .._contract import EventKind, bounded, events
 
 #: An open segment larger than this is closed (and compressed) after the batch that crossed it.
 SEGMENT_BYTES = 4 * 1024 * 1024
-#: ``soak.jsonl.000001`` and ``soak.jsonl.000001.gz``: the closed segments' suffixes.
-_SEGMENT_SUFFIX = re.compile(r"\.(\d{6})(\.gz)?$")
 _PATCH_KEY = "~"
 #: Event kinds whose last event a decoder keeps for the patches (a hostile journal has millions).
 MAX_KINDS = 256
+_TOO_LONG = f"a line longer than {bounded.MAX_LINE_BYTES // 2**20} MiB"
 
 
 def segment_path(journal: Path, index: int, *, compressed: bool = False) -> Path:
@@ -36,21 +35,16 @@ def journal_segments(path: Path) -> list[Path]:
     """The journal's segments in order: the closed ones, then the open one (if it exists).  A
     closed one both plain and compressed is read plain (the ``.gz`` may be incomplete)."""
     path = Path(path)
-    closed: dict[int, Path] = {}
     try:
         names = os.listdir(path.parent or ".")
     except OSError:
         names = []
-    prefix = path.name
-    for name in names:
-        if not name.startswith(prefix) or name == prefix:
-            continue
-        match = _SEGMENT_SUFFIX.fullmatch(name[len(prefix) :])
-        if match is None:
-            continue
-        index = int(match.group(1))
-        if match.group(2) is None or index not in closed:
-            closed[index] = path.with_name(name)
+    # ``soak.jsonl.000001`` and ``soak.jsonl.000001.gz``: the closed segments.
+    segment = re.compile(re.escape(path.name) + r"\.(\d{6})(\.gz)?")
+    closed: dict[int, Path] = {}
+    for match in filter(None, map(segment.fullmatch, names)):
+        if match[2] is None or int(match[1]) not in closed:
+            closed[int(match[1])] = path.with_name(match[0])
     segments = [closed[i] for i in sorted(closed)]
     if path.exists() or not segments:
         segments.append(path)
@@ -204,9 +198,7 @@ class JournalDecoder:
 
     def _decode(self, line: bytes | str) -> events.EventJson | None:
         if len(line) > bounded.MAX_LINE_BYTES + 1:
-            raise bounded.UnreadableFileError(
-                f"a line longer than {bounded.MAX_LINE_BYTES // 2**20} MiB"
-            )
+            raise bounded.UnreadableFileError(_TOO_LONG)
         try:
             event = bounded.loads_bounded(line)
         except bounded.UnreadableFileError:
@@ -265,9 +257,7 @@ class JournalReader:
                     for number, line in enumerate(bounded.bounded_lines(stream), 1):
                         try:
                             if line is None:
-                                raise bounded.UnreadableFileError(
-                                    f"a line longer than {bounded.MAX_LINE_BYTES // 2**20} MiB"
-                                )
+                                raise bounded.UnreadableFileError(_TOO_LONG)
                             read += len(line)
                             if read > bounded.MAX_JOURNAL_BYTES:
                                 raise bounded.UnreadableFileError(
@@ -332,14 +322,15 @@ def first_line(path: Path | str) -> bytes:
         return stream.readline(bounded.MAX_LINE_BYTES + 1)
 
 
-def monitor_holds(journal: Path) -> bool:
-    """Whether a monitor still holds ``journal``: a soak locks it for as long as it runs."""
+def monitor_holds(journal: Path, wait: bool = False) -> bool:
+    """Whether a monitor still holds ``journal``: a soak locks it for as long as it runs;
+    ``wait``: block until none does (run it in a thread, under a deadline)."""
     try:
         fd = os.open(journal, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         return True
     except OSError:

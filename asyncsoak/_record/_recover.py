@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from .._analysis import Ledger
-from .._contract import Artifact, FailureReason, Masker, SoakStatus, events, secret_values
+from .._contract import Artifact, FailureReason, Masker, SoakStatus, secret_values
 from ._artifact import RunState, UnknownWordError
 from ._artifact_io import read_log_tail
 from ._journal import JournalReader
@@ -25,10 +25,8 @@ def artifact_from_journal(path: Path) -> Artifact:
     """The artifact of the soak whose journal is ``path``, valid against the schema (lines it
     cannot read skipped, counted in ``monitor.unreadable_journal_lines``)."""
     builder, folded, unreadable = _fold(path)
-    header = builder.header
-    assert header is not None
     try:
-        return _fold_end(path, builder, header, folded, unreadable)
+        return _fold_end(path, builder, folded, unreadable)
     except _DAMAGE as exc:
         raise JournalError(
             f"{path}: its header or events are damaged ({type(exc).__name__}: "
@@ -63,20 +61,24 @@ def _fold(path: Path) -> tuple[RunState, int, int]:
     return builder, folded, reader.unreadable
 
 
-def _fold_end(
-    path: Path, builder: RunState, header: events.HeaderJson, folded: int, unreadable: int
-) -> Artifact:
+def _fold_end(path: Path, builder: RunState, folded: int, unreadable: int) -> Artifact:
     """The artifact once every event is folded: the lost monitor, the log's tail."""
+    header = builder.header
+    assert header is not None  # _fold refuses a journal without one
     status = builder.status
     if status is None:
         status = SoakStatus.FAILED
-        builder.failures.append(
-            {
-                "reason": FailureReason.MONITOR_LOST,
-                "message": _lost_message(builder),
-                "at": builder.wall(builder.last_t),
-            }
+        message = (
+            f"the monitor stopped {builder.last_t:.1f}s into the run without finishing its "
+            "journal (killed, out of memory, or the machine went down); "
         )
+        if builder.exit_t is not None:
+            message += f"the command had exited with status {builder.exit['returncode']}"
+        else:
+            message += "what the command did after that is unknown"
+        lost = FailureReason.MONITOR_LOST
+        at = builder.wall(builder.last_t)
+        builder.failures.append({"reason": lost, "message": message, "at": at})
     log_tail = ""
     log_path = header.get("log_path")
     if log_path:
@@ -97,14 +99,3 @@ def _fold_end(
     if artifact["monitor"]["journal_path"] is None:
         artifact["monitor"]["journal_path"] = str(path)
     return artifact
-
-
-def _lost_message(builder: RunState) -> str:
-    message = (
-        f"the monitor stopped {builder.last_t:.1f}s into the run without finishing its "
-        "journal (killed, out of memory, or the machine went down)"
-    )
-    if builder.exit_t is not None:
-        returncode = builder.exit["returncode"]
-        return f"{message}; the command had exited with status {returncode}"
-    return f"{message}; what the command did after that is unknown"

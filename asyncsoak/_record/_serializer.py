@@ -11,7 +11,7 @@ import math
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor, Future
 from functools import partial
 from pathlib import Path
@@ -184,13 +184,7 @@ class Serializer:
     async def run(self, receive: MemoryObjectReceiveStream[Event]) -> None:
         """Drain until the last producer closes its end of the queue, then close the journal."""
         try:
-            while True:
-                try:
-                    self._journal = await self._open(self._journal_fd)
-                    break
-                except asyncio.CancelledError:
-                    if not host_cancelled():
-                        raise
+            self._journal = await _despite_the_host(lambda: self._open(self._journal_fd))
             if self._journal is None:
                 self.journal_error = (
                     f"the journal could not be opened within {JOURNAL_CLOSE_TIMEOUT_SECONDS:g}s"
@@ -261,13 +255,7 @@ class Serializer:
         the soak still has its end to write."""
         pending: list[str] = []
         async with receive:
-            while True:
-                try:
-                    await self._drain_batches(receive, pending)
-                    break
-                except asyncio.CancelledError:
-                    if not host_cancelled():
-                        raise
+            await _despite_the_host(lambda: self._drain_batches(receive, pending))
         await self._write_lines(pending)
 
     async def _drain_batches(
@@ -353,14 +341,12 @@ class Serializer:
                 timeout=JOURNAL_CLOSE_TIMEOUT_SECONDS,
                 what="rotating the journal",
             )
+            journal = await self._open(fd)
+            if journal is None:
+                raise OSError("the new segment did not open in time")
         except (OSError, BlockingCallTimeout) as exc:
             self._segment_bytes = 1 << 62
             self.rotation_error = f"journal rotation failed: {exc}"
-            return
-        journal = await self._open(fd)
-        if journal is None:
-            self._segment_bytes = 1 << 62
-            self.rotation_error = "journal rotation failed: the new segment did not open in time"
             return
         old, old_fd = self._journal, self._journal_fd
         self._journal, self._journal_fd = journal, fd
@@ -392,6 +378,16 @@ class Serializer:
     def _fold_failed(self, exc: Exception) -> None:
         self.fold_errors += 1
         self.fold_error = self.fold_error or f"{type(exc).__name__}: {exc}"
+
+
+async def _despite_the_host(call: Callable[[], Awaitable[T]]) -> T:
+    """``await call()``, called again each time the host's cancel (taken back) interrupts it."""
+    while True:
+        try:
+            return await call()
+        except asyncio.CancelledError:
+            if not host_cancelled():
+                raise
 
 
 async def _take(receive: MemoryObjectReceiveStream[Event], due: float | None) -> Event | None:

@@ -10,14 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .._analysis import (
-    JobLedger,
-    fleet_ledgers,
-    fleet_total,
-    join_runs,
-    lost_by_cause,
-    run_span,
-)
+from .._analysis import JobLedger, fleet_ledgers, fleet_total, join_runs, lost_by_cause, run_span
 from .._contract import exits, format_duration, terminal_text
 from .._view import goodput_line
 from ..artifact import load

@@ -37,18 +37,8 @@ from ..queue import (
     open_for_worker,
     validate_submission,
 )
-from . import UsageError, refused
+from . import UsageError, _flags, refused
 from ._container import worker_in_allocation
-from ._flags import (
-    add_metrics_flags,
-    add_soak_limits,
-    flag_error,
-    help_groups,
-    metrics_from_args,
-    parse_pairs,
-    seconds_arg,
-    soak_limits,
-)
 from ._queue_db import (
     _count_arg,
     _existing_for,
@@ -62,14 +52,7 @@ from ._queue_db import (
     default_db,
 )
 from ._queue_show import _job, _jobs, _logs, _workers
-from ._sweeps import (
-    add_submit_flags,
-    add_worker_flags,
-    clear_faults,
-    parse_not_before,
-    print_submitted,
-    sweep_options,
-)
+from ._sweeps import add_submit_flags, clear_faults, parse_not_before, sweep_options
 
 _GPU_LIST = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)(,(\d+|(GPU|MIG)-[0-9A-Za-z-]+))*$")
 
@@ -97,7 +80,7 @@ def register(subparsers: Any) -> None:
         metavar="K",
         help="runs that fail (or lose their worker) before the job is failed (default 3)",
     )
-    groups = help_groups(p)
+    groups = _flags.help_groups(p)
     essentials = groups["essentials"]
     essentials.add_argument("--cwd", type=Path, help="working directory (default: the current one)")
     essentials.add_argument(
@@ -117,7 +100,7 @@ def register(subparsers: Any) -> None:
         help="how the worker asks the job to stop: close its stdin (default), or SIGTERM "
         "to its process group or to its leader",
     )
-    add_soak_limits(groups)
+    _flags.add_soak_limits(groups)
     add_submit_flags(p)
     p.add_argument("--config", type=Path, help="a JSON config for the worker's trainer command")
     p.add_argument("command", nargs="*", help="after --: the command and its arguments")
@@ -158,7 +141,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--all", action="store_true", help="also workers gone for long")
     p.add_argument(
         "--stale-after",
-        type=seconds_arg,
+        type=_flags.seconds_arg,
         default=LOST_AFTER_S,
         metavar="S",
         help=f"heartbeat age that makes a worker lost (default {LOST_AFTER_S:g})",
@@ -177,8 +160,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--name", help="worker name (default: host:gpuN with --gpus, else host:pid)")
     add_worker_settings(p)
     p.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
-    add_worker_flags(p)
-    add_metrics_flags(p)
+    p.add_argument(
+        "--clear-fault",
+        nargs="?",
+        const="",
+        metavar="GPU[,GPU]",
+        help="put this host's GPUs that had a fault back in service (all of them without a "
+        "list), then exit",
+    )
+    _flags.add_metrics_flags(p)
 
 
 def _worker_flags() -> list[dataclasses.Field[Any]]:
@@ -194,8 +184,8 @@ def add_worker_settings(p: argparse.ArgumentParser) -> None:
         help = spec.metadata["help"].replace("%", "%%")  # argparse formats help with %
         metavar = spec.metadata["metavar"] or flag.lstrip("-").replace("-", "_").upper()
         if kind in ("seconds", "count"):
-            # Checked by _checked_worker_flags, so a bad value is refused naming the flag.
-            parse: Callable[[str], Any] = seconds_arg if kind == "seconds" else _integer
+            # Checked by _worker, so a bad value is refused naming the flag.
+            parse: Callable[[str], Any] = _flags.seconds_arg if kind == "seconds" else _integer
             help = f"{help} (default {spec.default:g})"
         else:
             parse = Path if kind == "path" else str
@@ -203,13 +193,6 @@ def add_worker_settings(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             flag, dest=spec.name, type=parse, default=default, metavar=metavar, help=help
         )
-
-
-def _checked_worker_flags(args: argparse.Namespace) -> None:
-    """Refuse a bad duration or count among the worker's flags, naming the flag."""
-    with refused():
-        for spec in _worker_flags():
-            checked(spec.metadata["flag"], spec, getattr(args, spec.name))
 
 
 def worker_config(args: argparse.Namespace, *, until: float | None = None) -> WorkerConfig:
@@ -240,7 +223,7 @@ def _submit(args: argparse.Namespace) -> int:
     command: list[str] = args.command
     if bool(command) == (args.config is not None):
         raise UsageError("give either a command after -- or --config FILE.json (one of them)")
-    env = parse_pairs("--env", args.env)
+    env = _flags.parse_pairs("--env", args.env)
     config = None
     if args.config is not None:
         try:
@@ -258,8 +241,8 @@ def _submit(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--max-attempts must be between 1 and {MAX_TRIES}, got {args.max_attempts}"
         )
-    with refused(flag_error):
-        soak = soak_limits(args)
+    with refused(_flags.flag_error):
+        soak = _flags.soak_limits(args)
     job = JobOptions(
         argv=command or None,
         config=config,
@@ -273,14 +256,15 @@ def _submit(args: argparse.Namespace) -> int:
     if args.max_attempts is not None:
         job["max_attempts"] = args.max_attempts
     sweeps = sweep_options(args)
-    with refused(flag_error):
+    with refused(_flags.flag_error):
         # Before the database is opened (or created): a refused job changes nothing.
         validate_submission(**job)
         with _open(args, create=True) as store:
             if args.not_before is not None:
                 sweeps["not_before"] = parse_not_before(args.not_before, store.now)
             job_id = _queue_call(lambda: store.submit(name=args.name, **job, **sweeps))
-            print_submitted(store, job_id, args.array)
+            for member in [job_id] if args.array is None else store.array_members(job_id):
+                print(member)  # a new array's every id, the first being the array's
     return exits.EXIT_PASSED
 
 
@@ -323,14 +307,15 @@ def _requeue(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    _checked_worker_flags(args)
-    metrics_from_args(args)  # refused before the database is opened
+    with refused():  # a bad duration or count, named by its flag
+        for spec in _worker_flags():
+            checked(spec.metadata["flag"], spec, getattr(args, spec.name))
+    _flags.metrics_from_args(args)  # refused before the database is opened
     until = worker_in_allocation(args)
-    if args.gpus is not None and not _GPU_LIST.match(args.gpus):
+    gpus = args.gpus.split(",") if args.gpus is not None else []
+    if gpus and not _GPU_LIST.match(args.gpus):
         raise UsageError(f"--gpus {args.gpus!r}: expected a list such as 0 or 2,3 (or GPU UUIDs)")
-    if args.gpus is not None and any(
-        g.isdigit() and int(g) >= MAX_GPUS for g in args.gpus.split(",")
-    ):
+    if any(g.isdigit() and int(g) >= MAX_GPUS for g in gpus):
         raise UsageError(f"--gpus {args.gpus!r}: a GPU index is below {MAX_GPUS}")
     if args.clear_fault is not None:
         with _open(args) as store:
@@ -421,7 +406,7 @@ async def _work(args: argparse.Namespace, store: JobStore, config: WorkerConfig)
                 stop_event=stop,
                 kill_event=kill,
                 name=args.name,
-                metrics=metrics_from_args(args),
+                metrics=_flags.metrics_from_args(args),
             )
         finally:
             tg.cancel_scope.cancel()

@@ -17,14 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._analysis import CHECKPOINT_GLOBS, JobLedger, format_bytes
-from .._contract import (
-    Masker,
-    argv_secrets,
-    exits,
-    format_duration,
-    secret_values,
-    terminal_text,
-)
+from .._contract import Masker, argv_secrets, exits, format_duration, secret_values, terminal_text
 from .._supervisor import seconds
 from .._view import goodput_line
 from ..queue import (
@@ -47,18 +40,8 @@ from ..queue import (
     public_job,
     worker_views,
 )
-from . import UsageError, refused
+from . import UsageError, _sweeps, refused
 from ._queue_db import _existing_for, _open_existing, _queue_call
-from ._sweeps import (
-    attempt_cells,
-    fault_dicts,
-    job_note,
-    local_time,
-    plan_dict,
-    plan_fields,
-    why_not_retried,
-    worker_gpu_text,
-)
 
 _FOLLOW_INTERVAL_SECONDS = 0.5
 _NAME_WIDTH = 28
@@ -78,8 +61,12 @@ def _age(ts: float | None, now: float) -> str:
 _AGE_UNITS = (("m", 60, 3600), ("h", 3600, 86400), ("d", 86400, float("inf")))
 
 
+def _indented(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
 def _when(ts: float | None, now: float) -> str:
-    return "-" if ts is None else f"{local_time(ts)} ({_age(ts, now)})"
+    return "-" if ts is None else f"{_sweeps.local_time(ts)} ({_age(ts, now)})"
 
 
 def _clip(text: str, width: int) -> str:
@@ -173,7 +160,9 @@ def _jobs(args: argparse.Namespace) -> int:
     if args.array is not None:
         jobs = [job for job in jobs if job.id in plans and plans[job.id].array_id == args.array]
     if args.json:
-        return _print_json([{**public_job(job), **plan_dict(plans.get(job.id))} for job in jobs])
+        return _print_json(
+            [{**public_job(job), **_sweeps.plan_dict(plans.get(job.id))} for job in jobs]
+        )
     if not jobs:
         print("no jobs" + (f" {args.status}" if args.status else ""))
         return exits.EXIT_PASSED
@@ -189,7 +178,9 @@ def _jobs(args: argparse.Namespace) -> int:
             job.worker or "-",
             _clip(
                 "; ".join(
-                    n for n in (job_note(job, plans.get(job.id), by_id, now), _note(job, now)) if n
+                    n
+                    for n in (_sweeps.job_note(job, plans.get(job.id), by_id, now), _note(job, now))
+                    if n
                 ),
                 _NOTE_WIDTH,
             ),
@@ -211,7 +202,7 @@ def _job(args: argparse.Namespace) -> int:
         ledger = _queue_call(lambda: job_goodput(store, job, attempts))
     masker = _masker(job)
     if args.json:
-        data = {**public_job(job), **plan_dict(plan), "goodput": ledger.to_json()}
+        data = {**public_job(job), **_sweeps.plan_dict(plan), "goodput": ledger.to_json()}
         data["exit_code"] = queue_exit_code(job.status, job.reason)
         data["attempts"] = [
             {**_attempt_dict(a), **_cause_dict(causes.get(a.attempt))} for a in attempts
@@ -240,9 +231,9 @@ def _job(args: argparse.Namespace) -> int:
         ("exit", _exit_words(job) if job.attempt and job.status != "running" else "-"),
         ("artifact", job.artifact or "-"),
         ("goodput", _goodput_text(ledger)),
-        *plan_fields(plan, now),
+        *_sweeps.plan_fields(plan, now),
     ]
-    why = why_not_retried(job, attempts)
+    why = _sweeps.why_not_retried(job, attempts)
     if why:
         fields.insert(1, ("why", why))
     print(f"job {job.id}" + (f"  {terminal_text(job.name)}" if job.name else ""))
@@ -250,10 +241,7 @@ def _job(args: argparse.Namespace) -> int:
         print(f"  {key:<13} {terminal_text(value)}")
     # A succeeded job's warnings are listed with its attempts, below.
     if job.error and not job.error.startswith(WARNINGS_HEADER):
-        print("\nerror:")
-        print(
-            "\n".join("  " + line for line in terminal_text(job.error, one_line=False).splitlines())
-        )
+        print("\nerror:\n" + _indented(terminal_text(job.error, one_line=False)))
     if attempts:
         print("\nattempts:")
         rows = [
@@ -266,13 +254,13 @@ def _job(args: argparse.Namespace) -> int:
                 a.outcome or "running",
                 a.reason or "-",
                 "-" if a.returncode is None else str(a.returncode),
-                *attempt_cells(causes.get(a.attempt)),
+                *_sweeps.attempt_cells(causes.get(a.attempt)),
             ]
             for a in attempts
         ]
         headers = ["#", "WORKER", "HOST", "STARTED", "TOOK", "OUTCOME", "REASON", "RC"]
         headers += ["CLASS", "COUNTED", "GPUS"]
-        print("\n".join("  " + line for line in _table(headers, rows, right=(0,)).splitlines()))
+        print(_indented(_table(headers, rows, right=(0,))))
         for a in attempts:
             lines = _attempt_details(a, masker)
             if lines:
@@ -397,13 +385,11 @@ def _logs(args: argparse.Namespace) -> int:
         path = chosen.directory / "train.log"
         try:
             with open(path, "rb") as f:
-                data = f.read()
-                text = data.decode("utf-8", errors="replace")
+                text = f.read().decode("utf-8", errors="replace")
                 if args.lines is not None:
                     lines = text.splitlines(keepends=True)
                     text = "".join(lines[-args.lines :]) if args.lines else ""
-                sys.stdout.write(terminal_text(masker(text), one_line=False))
-                sys.stdout.flush()
+                _write(masker(text))
                 if args.follow:
                     _follow(f, masker, lambda: _attempt_running(store, chosen))
         except FileNotFoundError:
@@ -431,15 +417,18 @@ def _attempt_running(store: JobStore, attempt: Attempt) -> bool:
     )
 
 
+def _write(text: str) -> None:
+    sys.stdout.write(terminal_text(text, one_line=False))
+    sys.stdout.flush()
+
+
 def _follow(f: Any, masker: Masker, running: Callable[[], bool]) -> None:
     # The log grows by whole lines in practice; a line cut by a read is printed in two parts.
     while True:
         still_running = running()
         chunk = f.read()
         if chunk:
-            text = masker(chunk.decode("utf-8", errors="replace"))
-            sys.stdout.write(terminal_text(text, one_line=False))
-            sys.stdout.flush()
+            _write(masker(chunk.decode("utf-8", errors="replace")))
         elif not still_running:
             return
         else:
@@ -477,7 +466,7 @@ def _workers(args: argparse.Namespace) -> int:
                 {
                     **_worker_dict(v),
                     "gpus": owned.get(v.info.name, []),
-                    "gpu_faults": fault_dicts(on_host[v.info.host]),
+                    "gpu_faults": _sweeps.fault_dicts(on_host[v.info.host]),
                 }
                 for v in views
             ]
@@ -492,9 +481,9 @@ def _workers(args: argparse.Namespace) -> int:
                 str(v.info.pid),
                 _age(v.info.started_at, now),
                 _age(v.last_seen, now),
-                _worker_state_text(v, now),
+                f"lost (last seen {_when(v.last_seen, now)})" if v.state == LOST else v.state,
                 ",".join(map(str, v.jobs)) or "-",
-                worker_gpu_text(owned.get(v.info.name, []), on_host[v.info.host]),
+                _sweeps.worker_gpu_text(owned.get(v.info.name, []), on_host[v.info.host]),
             ]
             for v in views
         ]
@@ -506,10 +495,6 @@ def _workers(args: argparse.Namespace) -> int:
             "--all lists them)"
         )
     return exits.EXIT_PASSED
-
-
-def _worker_state_text(v: WorkerView, now: float) -> str:
-    return f"lost (last seen {_when(v.last_seen, now)})" if v.state == LOST else v.state
 
 
 def _worker_dict(v: WorkerView) -> dict[str, Any]:

@@ -57,7 +57,6 @@ def register(subparsers: Any) -> None:
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
     compare.add_argument(
         "--threshold",
-        type=str,
         default="10",
         metavar="PERCENT",
         help="how much worse a figure must be to regress (default 10)",
@@ -103,13 +102,8 @@ def load_run(path: Path) -> tuple[Artifact, Path | None]:
     if not path.exists():
         journal = path.with_suffix(".jsonl")
         if path.suffix == ".json" and journal.is_file():
-            print(
-                terminal_text(
-                    f"asyncsoak: {path} is missing (the monitor did not finish); "
-                    f"reading its journal {journal}"
-                ),
-                file=sys.stderr,
-            )
+            why = "is missing (the monitor did not finish); reading its journal"
+            print(terminal_text(f"asyncsoak: {path} {why} {journal}"), file=sys.stderr)
             path = journal
         else:
             raise UsageError(f"{path}: no such file")
@@ -188,11 +182,8 @@ def compare_command(args: argparse.Namespace) -> int:
         print(json.dumps(comparison.as_json(), indent=1))
     else:
         print_text(format_comparison(comparison))
-    return (
-        exits.EXIT_FAILED
-        if args.fail_on_regression and comparison.regressions
-        else exits.EXIT_PASSED
-    )
+    regressed = args.fail_on_regression and comparison.regressions
+    return exits.EXIT_FAILED if regressed else exits.EXIT_PASSED
 
 
 def summary_command(args: argparse.Namespace) -> int:
@@ -241,12 +232,8 @@ def recover_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise unwritable("--output", output, exc) from None
     reasons = ", ".join(f["reason"] for f in artifact["failures"]) or "none"
-    print(
-        terminal_text(
-            f"asyncsoak: artifact rebuilt: {output} (status {artifact['status']}; "
-            f"reasons: {reasons})"
-        )
-    )
+    rebuilt = f"{output} (status {artifact['status']}; reasons: {reasons})"
+    print(terminal_text(f"asyncsoak: artifact rebuilt: {rebuilt}"))
     return exits.EXIT_PASSED
 
 

@@ -25,27 +25,7 @@ from .._contract import (
     terminal_text,
 )
 from .._supervisor import STOP_MODES, SoakLimits, seconds
-from . import VIEW_MODES, UsageError, refused, release_collector, unwritable
-from ._container import (
-    Ending,
-    add_scheduler_options,
-    hold_forwarded_signals,
-    scheduler_grace,
-    scheduler_paths,
-    stop_by_scheduler,
-    termination_log_path,
-    write_termination_log,
-)
-from ._flags import (
-    add_metrics_flags,
-    add_soak_limits,
-    flag_error,
-    help_groups,
-    metrics_from_args,
-    parse_pairs,
-    seconds_arg,
-    soak_limits,
-)
+from . import VIEW_MODES, UsageError, _container, _flags, refused, release_collector, unwritable
 
 if TYPE_CHECKING:
     from .._contract import Artifact
@@ -61,7 +41,7 @@ def register(subparsers: Any) -> None:
         help="run a command under supervision and write its artifact",
         usage="asyncsoak run --progress-dir DIR --output FILE [options] -- COMMAND [ARG...]",
     )
-    groups = help_groups(run)
+    groups = _flags.help_groups(run)
     essentials = groups["essentials"]
     essentials.add_argument(
         "--progress-dir",
@@ -85,7 +65,7 @@ def register(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="set a variable in the command's environment (repeatable)",
     )
-    add_soak_limits(groups)
+    _flags.add_soak_limits(groups)
     groups["gpu"].add_argument(
         "--nvidia-smi", default="nvidia-smi", metavar="PATH", help="nvidia-smi to sample GPUs with"
     )
@@ -108,12 +88,12 @@ def register(subparsers: Any) -> None:
     )
     outputs.add_argument(
         "--status-interval",
-        type=seconds_arg,
+        type=_flags.seconds_arg,
         default=60.0,
         metavar="S",
         help="seconds between status lines when stderr is not a terminal (default 60)",
     )
-    add_metrics_flags(outputs)
+    _flags.add_metrics_flags(outputs)
     outputs.add_argument(
         "--metrics-textfile",
         type=Path,
@@ -122,13 +102,13 @@ def register(subparsers: Any) -> None:
     )
     outputs.add_argument(
         "--metrics-linger",
-        type=seconds_arg,
+        type=_flags.seconds_arg,
         default=0.0,
         metavar="S",
         help="after the soak, keep serving metrics until one scrape read the final status, "
         "at most S seconds (default 0)",
     )
-    add_scheduler_options(groups["scheduler"])
+    _container.add_scheduler_options(groups["scheduler"])
     groups["advanced"].add_argument(
         "--stop-mode",
         choices=STOP_MODES,
@@ -145,42 +125,43 @@ def register(subparsers: Any) -> None:
     demo.add_argument(
         "--dir", type=Path, default=Path("asyncsoak-demo"), help="where the run and artifact go"
     )
-    demo.add_argument("--seconds", type=seconds_arg, default=15.0, help="how long the demo trains")
+    demo.add_argument(
+        "--seconds", type=_flags.seconds_arg, default=15.0, help="how long the demo trains"
+    )
     demo.set_defaults(handler=demo_command)
 
 
 def check_run_flags(args: argparse.Namespace) -> dict[str, Any]:
     """``run``'s flags checked as the soak would check them, as :func:`supervise`'s keywords
     (but the paths); a :class:`UsageError` for the first bad one, nothing started."""
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
     if not command:
         raise UsageError("no command given: asyncsoak run [options] -- COMMAND [ARG...]")
     env = dict(os.environ)
-    env.update(parse_pairs("--env", args.env))
+    env.update(_flags.parse_pairs("--env", args.env))
     with refused():
         status_interval = seconds("--status-interval", args.status_interval, allow_zero=False)
-        limits = soak_limits(args)
+        limits = _flags.soak_limits(args)
         SoakLimits(**limits)  # each limit within its bounds, named by its flag's field
     return {
         "command": command,
         "env": env,
         **limits,
-        "metadata": parse_pairs("--metadata", args.metadata),
+        "metadata": _flags.parse_pairs("--metadata", args.metadata),
         "status_interval": status_interval,
-        "metrics": metrics_from_args(args, args.metrics_textfile),
-        "termination_log": termination_log_path(args.termination_log),
-        "scheduler_grace_seconds": scheduler_grace(args.scheduler_grace),
+        "metrics": _flags.metrics_from_args(args, args.metrics_textfile),
+        "termination_log": _container.termination_log_path(args.termination_log),
+        "scheduler_grace_seconds": _container.scheduler_grace(args.scheduler_grace),
     }
 
 
 def run_command(args: argparse.Namespace) -> int:
     soak = check_run_flags(args)
-    progress_dir, output = scheduler_paths(args.progress_dir, args.output)
-    hold_forwarded_signals(args)
+    progress_dir, output = _container.scheduler_paths(args.progress_dir, args.output)
+    _container.hold_forwarded_signals(args)
     status_interval = soak.pop("status_interval")
-    return supervise(
+    termination_log = soak.pop("termination_log")
+    ending = supervise(
         **soak,
         progress_dir=progress_dir,
         output_path=output,
@@ -190,8 +171,13 @@ def run_command(args: argparse.Namespace) -> int:
         forward_signals=args.forward_signal,
         requeue_on=args.requeue_on,
         status=None if args.quiet else _live_status(status_interval, args.view),
-        detailed_exit_codes=args.detailed_exit_codes,
+        detailed=args.detailed_exit_codes,
     )
+    if termination_log is not None:
+        error = _container.write_termination_log(termination_log, ending)
+        if error is not None:
+            tell(f"asyncsoak: termination message not written: {error}")
+    return ending.exit_code
 
 
 def _live_status(status_interval: float = 60.0, mode: str = "line") -> Any:
@@ -205,28 +191,12 @@ def supervise(
     *,
     report: Callable[[dict[str, Any]], None] | None = None,
     status: Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Any]]] | None = None,
-    detailed_exit_codes: bool = False,
-    termination_log: Path | None = None,
+    detailed: bool = False,
     **soak: Any,
-) -> int:
+) -> _container.Ending:
     """Run one soak that SIGINT, SIGTERM or SIGHUP stops (a second one kills the tree at once);
-    the exit status says how it ended.  ``status`` (the live view) gets the soak's control
-    and returns a task run beside the soak; ``termination_log`` gets the verdict."""
-    ending = _supervise(report=report, status=status, detailed=detailed_exit_codes, soak=soak)
-    if termination_log is not None:
-        error = write_termination_log(termination_log, ending)
-        if error is not None:
-            tell(f"asyncsoak: termination message not written: {error}")
-    return ending.exit_code
-
-
-def _supervise(
-    *,
-    report: Callable[[dict[str, Any]], None] | None,
-    status: Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Any]]] | None,
-    detailed: bool,
-    soak: dict[str, Any],
-) -> Ending:
+    how it ended gives the exit status.  ``status`` (the live view) gets the soak's control
+    and returns a task run beside the soak."""
     from .._supervisor import SoakControl, run_soak
 
     control = soak.setdefault("control", SoakControl())
@@ -251,15 +221,12 @@ def _supervise(
                         received.append(signum)
                         name = exits.signal_name(signum)
                         if len(received) > 1:
-                            print(f"asyncsoak: {name} again: killing the tree now", file=sys.stderr)
+                            tell(f"asyncsoak: {name} again: killing the tree now")
                             control.kill_now()
                             return
-                        if not stop_by_scheduler(signum, control):
+                        if not _container.stop_by_scheduler(signum, control):
                             soak_scope.cancel()
-                        print(
-                            f"asyncsoak: {name}: stopping the command (again to kill it now)",
-                            file=sys.stderr,
-                        )
+                        tell(f"asyncsoak: {name}: stopping the command (again to kill it now)")
 
                 tg.start_soon(stop_on_signal)
                 tg.start_soon(_release_collector_once_started, control)
@@ -281,7 +248,7 @@ def _supervise(
     try:
         anyio.run(main)
     except ValidationError as exc:
-        raise flag_error(exc) from None
+        raise _flags.flag_error(exc) from None
     except SoakFailureError as exc:
         first = f"asyncsoak: soak failed: {exc.reason}: {exc.failures[0]['message']}"
         tell(first)
@@ -293,12 +260,12 @@ def _supervise(
         code = exits.verdict_exit_code(
             exc.artifact["status"], [f["reason"] for f in exc.failures], detailed=detailed
         )
-        return Ending(first, code, exc.reason, Path(exc.artifact_path))
+        return _container.Ending(first, code, exc.reason, Path(exc.artifact_path))
     except OSError as exc:
         # The artifact could not be written (the disk filled up during the run): the tree was
         # stopped and the message says where the journal is.
         tell(f"asyncsoak: {exc}")
-        return Ending(f"asyncsoak: {exc}", exits.EXIT_FAILED, None, None)
+        return _container.Ending(f"asyncsoak: {exc}", exits.EXIT_FAILED, None, None)
     except Exception as exc:
         # Not the input: the monitor itself broke.  Its artifact says ``error``.
         traceback.print_exc()
@@ -309,7 +276,7 @@ def _supervise(
             tell(f"asyncsoak: artifact: {output}")
         reason = FailureReason.MONITOR_ERROR
         code = exits.verdict_exit_code(SoakStatus.ERROR, [reason], detailed=detailed)
-        return Ending(first, code, reason, output if written else None)
+        return _container.Ending(first, code, reason, output if written else None)
     if received:
         reasons = [] if artifact is None else [f["reason"] for f in artifact["failures"]]
         name = exits.signal_name(received[0])
@@ -320,13 +287,13 @@ def _supervise(
         tell(f"{line}; artifact: {output}")
         # 128 + its number, as shells report a process a signal stopped.
         code = exits.SHELL_SIGNAL_BASE + received[0]
-        return Ending(line, code, reasons[0] if reasons else None, output)
+        return _container.Ending(line, code, reasons[0] if reasons else None, output)
     assert artifact is not None
     line = verdict_line(artifact, output)
     tell(line)
     if report is not None:
         report(artifact)
-    return Ending(line, exits.EXIT_PASSED, None, output)
+    return _container.Ending(line, exits.EXIT_PASSED, None, output)
 
 
 async def _release_collector_once_started(control: SoakControl) -> None:
@@ -378,7 +345,7 @@ def demo_command(args: argparse.Namespace) -> int:
         metadata={"demo": "logistic regression, pure Python"},
         report=print_demo_summary,
         status=_live_status(),
-    )
+    ).exit_code
     if status == exits.EXIT_PASSED:
         print(f"\nThe artifact explains the run: {output}")
         print(f"The training loop's own output: {output.with_suffix('.log')}")

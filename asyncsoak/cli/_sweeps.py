@@ -79,34 +79,16 @@ def add_submit_flags(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="GPUs the job needs on one worker (default: all of the worker's)",
     )
-    p.add_argument(
-        "--retry-on",
-        type=_names,
-        action="extend",
-        default=[],
-        metavar="REASON[,...]",
-        help="retry failures with these reasons (or classes: infrastructure, job, run) even "
-        "when their cause repeats",
-    )
-    p.add_argument(
-        "--no-retry-on",
-        type=_names,
-        action="extend",
-        default=[],
-        metavar="REASON[,...]",
-        help="never retry failures with these reasons (or classes)",
-    )
-
-
-def add_worker_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--clear-fault",
-        nargs="?",
-        const="",
-        metavar="GPU[,GPU]",
-        help="put this host's GPUs that had a fault back in service (all of them without a "
-        "list), then exit",
-    )
+    for flag, help in (
+        (
+            "--retry-on",
+            "retry failures with these reasons (or classes: infrastructure, job, run) "
+            "even when their cause repeats",
+        ),
+        ("--no-retry-on", "never retry failures with these reasons (or classes)"),
+    ):
+        kinds: dict[str, Any] = {"type": _names, "action": "extend", "metavar": "REASON[,...]"}
+        p.add_argument(flag, default=[], help=help, **kinds)
 
 
 def parse_not_before(
@@ -164,12 +146,6 @@ def sweep_options(args: argparse.Namespace) -> dict[str, Any]:
         if args.not_before is not None:
             parse_not_before(args.not_before, time.time)
     return {**options, "array": args.array}
-
-
-def print_submitted(store: JobStore, job_id: int, array: str | None) -> None:
-    """The new job's id, or every id of a new array (the first is the array's)."""
-    for member in [job_id] if array is None else store.array_members(job_id):
-        print(member)
 
 
 def clear_faults(args: argparse.Namespace, store: JobStore) -> int:
@@ -241,16 +217,12 @@ def why_not_retried(job: Job, attempts: Sequence[Attempt]) -> str | None:
 def plan_dict(plan: Plan | None) -> dict[str, Any]:
     """The plan's keys in ``--json`` listings."""
     plan = plan or Plan()
-    return {
+    same = ("array_id", "array_index", "not_before", "gpus", "retry_at")
+    return {key: getattr(plan, key) for key in same} | {
         "after": list(plan.after),
-        "array_id": plan.array_id,
-        "array_index": plan.array_index,
-        "not_before": plan.not_before,
-        "gpus": plan.gpus,
         "retry_on": sorted(plan.retry_on),
         "no_retry_on": sorted(plan.no_retry_on),
         "infrastructure_failures": plan.infra_failures,
-        "retry_at": plan.retry_at,
     }
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import os
 import signal
 import socket
 import sys
@@ -84,6 +82,7 @@ def register(subparsers: Any) -> None:
 
 
 def watch_command(args: argparse.Namespace) -> int:
+    from .._contract import BlockingCallTimeout
     from .._supervisor import seconds
 
     with refused():
@@ -98,6 +97,9 @@ def watch_command(args: argparse.Namespace) -> int:
         return anyio.run(_watch, journal, args.once, args.view, interval)
     except KeyboardInterrupt:  # as shells report SIGINT
         return exits.SHELL_SIGNAL_BASE + signal.SIGINT
+    except BlockingCallTimeout as exc:  # catching up with (or reading) the journal
+        print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
+        return exits.EXIT_FAILED
 
 
 def job_journal(args: argparse.Namespace) -> Path:
@@ -125,13 +127,8 @@ def find_journal(target: Path) -> Path:
 
     if target.is_dir():
         attempts = target / "attempts"
-        numbered = (
-            sorted((p for p in attempts.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-            if attempts.is_dir()
-            else []
-        )
-        if numbered:
-            return find_journal(numbered[-1])
+        if attempts.is_dir() and (numbered := [p for p in attempts.iterdir() if p.name.isdigit()]):
+            return find_journal(max(numbered, key=lambda p: int(p.name)))
         journals = [p for p in target.glob("*.jsonl") if p.is_file() and is_journal(p)]
         if not journals:
             raise UsageError(f"{target}: no soak journal (*.jsonl) in it")
@@ -164,29 +161,23 @@ def _catch_up(journal: Path) -> tuple[LiveState, JournalTail]:
 
 
 async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
-    from .._contract import BlockingCallTimeout, run_blocking
+    from .._contract import run_blocking
     from .._record import monitor_holds
-    from .._view import VIEW_CALL_TIMEOUT_SECONDS, watch_journal
+    from .._view import VIEW_CALL_TIMEOUT_SECONDS, make_view, watch_journal
 
-    try:
-        state, tail = await run_blocking(
-            _catch_up, journal, timeout=CATCH_UP_SECONDS, what="reading the journal's segments"
-        )
-    except BlockingCallTimeout as exc:
-        print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
-        return exits.EXIT_FAILED
+    state, tail = await run_blocking(
+        _catch_up, journal, timeout=CATCH_UP_SECONDS, what="reading the journal's segments"
+    )
     try:
         if once:
-            try:
-                status = await run_blocking(
-                    _read_all, tail, state, timeout=CATCH_UP_SECONDS, what="reading the journal"
-                )
-            except BlockingCallTimeout as exc:
-                print(terminal_text(f"asyncsoak: {exc}"), file=sys.stderr)
-                return exits.EXIT_FAILED
+            status = await run_blocking(
+                _read_all, tail, state, timeout=CATCH_UP_SECONDS, what="reading the journal"
+            )
             if status is None:
                 raise UsageError(f"{journal}: no soak has started there yet")
-            _print_frame(status, mode)
+            frame = make_view(sys.stdout, 0.0, mode)
+            frame.show(status)
+            frame.close(None)
             return exits.EXIT_PASSED
         monitor_gone = False
         async with anyio.create_task_group() as tg:
@@ -237,13 +228,9 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
             tg.start_soon(check_monitor)
         if state.finished is None:
             if monitor_gone:
-                print(
-                    terminal_text(
-                        f"asyncsoak: the monitor of {journal} is gone and never gave a verdict; "
-                        f"rebuild its artifact with: asyncsoak recover {journal}"
-                    ),
-                    flush=True,
-                )
+                gone = f"asyncsoak: the monitor of {journal} is gone and never gave a verdict; "
+                gone += f"rebuild its artifact with: asyncsoak recover {journal}"
+                print(terminal_text(gone), flush=True)
             return exits.EXIT_FAILED
         return await _verdict(journal, state)
     finally:
@@ -262,25 +249,19 @@ def _read_all(tail: JournalTail, state: LiveState) -> Status | None:
     return state.status(time.time(), time.monotonic(), current=False)
 
 
-def _print_frame(status: Status, mode: str) -> None:
-    from .._view import make_view
-
-    view = make_view(sys.stdout, 0.0, mode)
-    view.show(status)
-    view.close(None)
-
-
 async def _verdict(journal: Path, state: LiveState) -> int:
     """The soak's verdict, from its artifact once the monitor wrote it (else the journal's)."""
     from .._contract import BlockingCallTimeout, run_blocking
+    from .._record import monitor_holds
     from .._view import is_pass, status_words
 
     artifact_path = journal.with_suffix(".json")
     # The monitor lets go of its journal once the artifact is written.
     with contextlib.suppress(BlockingCallTimeout):
         await run_blocking(
-            wait_for_monitor,
+            monitor_holds,
             journal,
+            True,
             timeout=ARTIFACT_WAIT_SECONDS,
             what="waiting for the monitor to write the artifact",
         )
@@ -293,20 +274,6 @@ async def _verdict(journal: Path, state: LiveState) -> int:
         line, shown = found
     print(terminal_text(f"asyncsoak: {line}"), flush=True)
     return exits.EXIT_PASSED if is_pass(shown) else exits.EXIT_FAILED
-
-
-def wait_for_monitor(journal: Path) -> None:
-    """Block until no monitor holds ``journal`` (run it in a thread, under a deadline)."""
-    try:
-        fd = os.open(journal, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    except OSError:
-        return
-    finally:
-        os.close(fd)
 
 
 def _artifact_line(path: Path) -> tuple[str, str] | None:
