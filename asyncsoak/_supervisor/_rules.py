@@ -1,5 +1,5 @@
 """The soak's rules: pure functions of a folded event, the run's state and the config that
-return what fired; the serializer folds it, the supervisor ends on the first failure."""
+return the events that fired (the serializer folds them)."""
 
 from __future__ import annotations
 
@@ -32,10 +32,10 @@ from .._record import RunState, overdue_message
 from ._config import SoakConfig
 from ._stop import HANG_REASONS
 
-#: Trends are judged every this many sample intervals (at least every ``TREND_MIN_PERIOD``
-#: seconds apart): the estimator is cheap, but not free at 1 s over a day.
+#: Trends are judged every this many sample intervals, at least ``TREND_MIN_PERIOD_SECONDS``
+#: apart, then every fiftieth of the run's age: the estimator is not free at 1 s over a day.
 TREND_EVERY_INTERVALS = 5
-TREND_MIN_PERIOD = 1.0
+TREND_MIN_PERIOD_SECONDS = 1.0
 TREND_LAG_FRACTION = 0.02
 #: A leak projected to reach a limit within this long (or ``stale_progress_seconds`` x 10,
 #: whichever is longer) is a warning at once.
@@ -48,12 +48,11 @@ LEAK_TRANSIENT_EVALUATIONS = 3
 
 def trend_period_seconds(cfg: SoakConfig) -> float:
     """Seconds between two live evaluations of the trends (early in the run)."""
-    return max(TREND_MIN_PERIOD, TREND_EVERY_INTERVALS * cfg.sample_interval_seconds)
+    return max(TREND_MIN_PERIOD_SECONDS, TREND_EVERY_INTERVALS * cfg.sample_interval_seconds)
 
 
 def trend_due(cfg: SoakConfig, before: float, t: float) -> bool:
-    """Whether a sample at ``t`` (the one before at ``before``) is judged for trends: every
-    period, then every fiftieth of the run's age (a day of samples costs milliseconds)."""
+    """Whether a sample at ``t`` (the one before at ``before``) is judged for trends."""
     period = trend_period_seconds(cfg)
     linear = period / TREND_LAG_FRACTION
 
@@ -64,21 +63,10 @@ def trend_due(cfg: SoakConfig, before: float, t: float) -> bool:
     return ticks(t) > ticks(before)
 
 
-def leak_transient_seconds(cfg: SoakConfig) -> float:
-    """How long a live leak call may last and still be withdrawn without a warning."""
-    return max(
-        LEAK_TRANSIENT_INTERVALS * cfg.sample_interval_seconds,
-        LEAK_TRANSIENT_EVALUATIONS * trend_period_seconds(cfg),
-    )
-
-
 #: The ``sampler`` of the notes telling a rule or an estimator that raised.
 JUDGE = "judge"
-
 #: Series of the whole machine (``/dev/shm``): maybe another process's, so never the failure.
 MACHINE_WIDE = "machine."
-
-
 #: Series whose confident rise is a leak, in the order their warnings are preferred: a
 #: process's own series names the culprit, so the tree's is only reported without one.
 LEAK_GROUPS: tuple[tuple[str, ...], ...] = (
@@ -100,7 +88,7 @@ LEAK_GROUPS: tuple[tuple[str, ...], ...] = (
 
 
 class Finding(NamedTuple):
-    """One confident trend: the series, its verdict, its trend entry and the message."""
+    """One confident trend."""
 
     series: str
     verdict: str
@@ -241,8 +229,10 @@ def trend_events(
         if verdict != "leak":
             if first_time:
                 if verdict == "slowing":
-                    held = held_back or state.gpu_health.held_back
-                    message = _slowdown_with_gpus(held, message, entry, t)
+                    # Whether the GPUs were held back over the slowdown's last quarter, by what.
+                    span = entry.get("span_seconds") or t
+                    held = (held_back or state.gpu_health.held_back)(t - span / 4, t)
+                    message = f"{message}; {held}" if held else message
                 events.append(WarningEvent(t=t, message=message))
             continue
         seen = live.get(key, t)
@@ -257,18 +247,6 @@ def trend_events(
             # ``trend`` event marks when) that turned out to be a long cycle is no leak.
             events.append(WarningEvent(t=t, message=message))
     return events
-
-
-def _slowdown_with_gpus(
-    held_back: Callable[[float, float], str | None],
-    message: str,
-    entry: Mapping[str, Any],
-    t: float,
-) -> str:
-    """A slowdown says whether the GPUs were held back over its last quarter, and by what."""
-    span = entry.get("span_seconds") or t
-    held = held_back(t - span / 4, t)
-    return f"{message}; {held}" if held else message
 
 
 def _withdrawn(
@@ -292,7 +270,11 @@ def _withdrawn(
             message=message,
         )
     ]
-    if t - seen >= leak_transient_seconds(cfg):
+    transient = max(
+        LEAK_TRANSIENT_INTERVALS * cfg.sample_interval_seconds,
+        LEAK_TRANSIENT_EVALUATIONS * trend_period_seconds(cfg),
+    )
+    if t - seen >= transient:
         longer = f"{message}, longer than a transient: a leak that stopped, or a long warm-up"
         withdrawn.append(WarningEvent(t=t, message=longer))
     return withdrawn
@@ -341,8 +323,7 @@ def gpu_fault_rule(state: RunState, event: EventJson) -> list[Event]:
     one ending already (a trainer killed by it exits first); any other fault is a warning."""
     if event["kind"] != EventKind.GPU_FAULT:
         return []
-    fault = event
-    t = fault["t"]
+    fault, t = event, event["t"]
     if fault["fails"] and fault["used"]:
         # Imported here: a run without GPUs pays nothing for the GPU modules.
         from .._sampling import fault_gpu
@@ -373,13 +354,13 @@ def _broken_failure(
     state: RunState, broken: RuleBrokenJson, t: float, dump: Mapping[str, Any] | None
 ) -> FailureEvent:
     """The failure a broken rule calls for, told with the tree's activity when it broke."""
-    reason, message = FailureReason(broken["reason"]), broken["message"]
-    culprit = (dump or {}).get("ranks") or {}
+    reason, message, dump = FailureReason(broken["reason"]), broken["message"], dump or {}
+    culprit = dump.get("ranks") or {}
     if culprit.get("text"):
         message = f"{culprit['text']}; {message}"
     activity = state.broken_activity if broken == state.broken_rule else None
     if activity is not None:
-        activity = agreeing(activity, (dump or {}).get("processes") or [])
+        activity = agreeing(activity, dump.get("processes") or [])
         said = describe_activity(activity)
         message += "" if said is None else f"; the tree was {said}"
     return _failure(state, t, reason, message, activity=activity)
