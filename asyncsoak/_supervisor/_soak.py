@@ -45,10 +45,9 @@ from .._sampling import ScanResult, latest_change_age, skipped_message
 from . import _slurm
 from ._config import SoakConfig
 from ._control import SoakControl
-from ._judge import RunJudge
+from ._judge import RunJudge, gpu_fault_rule
 from ._outputs import CHECK_TIMEOUT_SECONDS, SoakFiles, check_outputs
 from ._producers import Producers, ProgressWatch, import_samplers
-from ._rules import gpu_fault_rule
 from ._stop import (
     HANG_REASONS,
     REAPER_LOST,
