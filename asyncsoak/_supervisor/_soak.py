@@ -150,12 +150,7 @@ class _Soak:
         self._spawner = Spawner()
         self._state = control.state = RunState()
         self._tree_stop = TreeStop(
-            cfg,
-            control,
-            masker=self._masker,
-            marker=self.soak_id,
-            limiter=self.limiter,
-            fail=self._fail,
+            cfg, control, self._masker, self.soak_id, self.limiter, self._fail
         )
         self._exit_judge = ExitJudge(self._tree_stop, self._state)
         self._producers = Producers(self._tree_stop, self._state, host_ended=self._host_ended)
@@ -174,27 +169,11 @@ class _Soak:
         self.end(StopCause.REQUESTED)
         self._tree_stop.kill_now()
 
-    async def _fail(
-        self,
-        reason: FailureReason,
-        message: str,
-        gpu: dict[str, Any] | None = None,
-        *,
-        activity: dict[str, Any] | None = None,
-    ) -> None:
+    async def _fail(self, reason: FailureReason, message: str) -> None:
         assert self._sink is not None
         self._failures.append(reason)
-        at = iso(datetime.now(UTC))
-        await self._sink.emit(
-            events.FailureEvent(
-                t=self._sink.elapsed(),
-                reason=reason,
-                message=message,
-                at=at,
-                gpu=gpu,
-                activity=activity,
-            )
-        )
+        at, t = iso(datetime.now(UTC)), self._sink.elapsed()
+        await self._sink.emit(events.FailureEvent(t=t, reason=reason, message=message, at=at))
 
     def _host_ended(self) -> bool:
         """In an ``except CancelledError``: whether the host's loop ended (the soak's cause)."""

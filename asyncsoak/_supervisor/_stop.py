@@ -76,7 +76,6 @@ class TreeStop:
         self,
         cfg: SoakConfig,
         control: SoakControl,
-        *,
         masker: Masker,
         marker: str,
         limiter: anyio.CapacityLimiter,
