@@ -54,13 +54,9 @@ def in_pod(
 
 
 def _podinfo(environ: Mapping[str, str], name: str) -> dict[str, str]:
-    return read_podinfo(Path(environ.get(PODINFO_VARIABLE) or PODINFO_DIR) / name)
-
-
-def read_podinfo(path: Path) -> dict[str, str]:
     """A downward API file of ``key="value"`` lines (Go-quoted); empty when not there."""
     try:
-        text = path.read_text()
+        text = (Path(environ.get(PODINFO_VARIABLE) or PODINFO_DIR) / name).read_text()
     except (OSError, UnicodeDecodeError):
         return {}
     out: dict[str, str] = {}
@@ -75,14 +71,12 @@ def read_podinfo(path: Path) -> dict[str, str]:
     return out
 
 
-def termination_grace(
-    given: float | None, env: Mapping[str, str] | None = None
-) -> tuple[float | None, str]:
+def termination_grace(given: float | None, environ: Mapping[str, str]) -> tuple[float | None, str]:
     """The pod's ``terminationGracePeriodSeconds`` and its source: ``given``, the annotation,
     else (None, "default")."""
     if given is not None:
         return given, "--scheduler-grace"
-    annotations = _podinfo(os.environ if env is None else env, "annotations")
+    annotations = _podinfo(environ, "annotations")
     try:
         value = float(annotations.get(GRACE_ANNOTATION, "").strip())
     except ValueError:
