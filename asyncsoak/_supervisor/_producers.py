@@ -120,7 +120,10 @@ class Producers:
             baseline={name: state.size for name, state in baseline.files.items()},
         )
 
-    def progress_tracker(self, baseline: ScanResult, steps: StepReader | None) -> ProgressTracker:
+    def watch(
+        self, baseline: ScanResult, steps: StepReader | None, ignore: set[tuple[int, int]]
+    ) -> ProgressWatch:
+        """The progress dir's watch, from its baseline on."""
         cfg = self.cfg
         stale, startup = cfg.stale_progress_seconds, cfg.startup_timeout_seconds
         auto = StaleLimit(startup_limit=startup, carried=cfg.stale_progress_carried_seconds)
@@ -135,7 +138,7 @@ class Producers:
         )
         tracker.skipped_dirs = baseline.errors
         tracker.named_globs = (*(cfg.expect_every or ()), *cfg.checkpoint_globs)
-        return tracker
+        return ProgressWatch(tracker, steps, ignore, self.also_watched())
 
     def start(
         self, producers: TaskGroup, sink: EventSink, spawner: Spawner, watch: ProgressWatch

@@ -423,12 +423,7 @@ class _Soak:
             assert spawner.pid is not None
             self.control._set_started(spawner.pid)
             self._tree_stop.seen_pids.add(spawner.pid)
-            watch = ProgressWatch(
-                tracker=self._producers.progress_tracker(baseline, steps),
-                steps=steps,
-                ignore=ignore,
-                also=self._producers.also_watched(),
-            )
+            watch = self._producers.watch(baseline, steps, ignore)
             self.control.progress_age = partial(
                 latest_change_age, watch.tracker, self.cfg.progress_dir, ignore
             )
