@@ -290,11 +290,9 @@ class SoakConfig(SoakLimits):
         if log_max_bytes < 4096:
             raise ValidationError("log_max_bytes must be at least 4096")
         _check_bool("forensics", given.forensics)
-        snapshot_root = given.snapshot_root
-        if snapshot_root is None:
-            norm("snapshot_root", work_dir or Path.cwd())
-        else:
-            norm("snapshot_root", check_path("snapshot_root", snapshot_root))
+        root = given.snapshot_root
+        root = (work_dir or Path.cwd()) if root is None else check_path("snapshot_root", root)
+        norm("snapshot_root", root)
         checks: tuple[tuple[str, Callable[[Any], object]], ...] = (
             ("env", check_env),
             ("metadata", check_metadata),
