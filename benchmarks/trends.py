@@ -33,7 +33,7 @@ from asyncsoak._contract._vocabulary import EventKind
 from asyncsoak._record._artifact import RunState
 from asyncsoak._record._serializer import journal_line
 from asyncsoak._sampling._proc_sampler import ProcSampler
-from asyncsoak._supervisor._rules import TREND_EVERY_INTERVALS, TREND_LAG_FRACTION
+from asyncsoak._supervisor._judge import TREND_EVERY_INTERVALS, TREND_LAG_FRACTION
 from benchmarks._common import Figure, Section
 from benchmarks.proc_sampling import sleeping_tree
 from tests.trend_shapes import BASE, STABLE, GiB, MiB, times

@@ -15,7 +15,7 @@ from asyncsoak import run_soak
 from asyncsoak._contract import events
 from asyncsoak._record import RunState
 from asyncsoak._sampling._progress_rules import PATHS_PER_EVENT, named_paths
-from asyncsoak._supervisor._rules import overdue_failure
+from asyncsoak._supervisor._judge import overdue_failure
 from asyncsoak._view._live_state import LiveState
 
 from .conftest import asyncsoak_cli, asyncsoak_main, fast_limits, py

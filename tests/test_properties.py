@@ -247,7 +247,7 @@ def test_the_trends_and_rules_judge_any_fold_and_never_raise(
 
     from asyncsoak._analysis import TrendWatch, describe_activity
     from asyncsoak._supervisor._config import SoakConfig
-    from asyncsoak._supervisor._rules import budget_breach, trend_findings
+    from asyncsoak._supervisor._judge import budget_breach, trend_findings
 
     cfg = SoakConfig(
         command=("true",),

@@ -9,9 +9,9 @@ from typing import Any
 from asyncsoak._contract import events
 from asyncsoak._record import RunState
 from asyncsoak._supervisor._config import SoakConfig
-from asyncsoak._supervisor._judge import RunJudge
-from asyncsoak._supervisor._rules import (
+from asyncsoak._supervisor._judge import (
     Finding,
+    RunJudge,
     broken_rule,
     gpu_fault_rule,
     trend_due,

@@ -27,7 +27,7 @@ from asyncsoak._sampling._step_rules import (
     StepTracker,
 )
 from asyncsoak._sampling._steps import StepReader
-from asyncsoak._supervisor._rules import slowdown
+from asyncsoak._supervisor._judge import slowdown
 from asyncsoak._view._training import loss_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_trainer"

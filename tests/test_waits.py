@@ -40,7 +40,9 @@ from asyncsoak._sampling import _proc_sampler, _proc_task, _progress_scan
 from asyncsoak._sampling._gpu_sample import GpuSample
 from asyncsoak._sampling._inotify import Inotify
 from asyncsoak._sampling._nvidia_smi import GpuProcess
-from asyncsoak._supervisor import _command, _finish, _outputs, _producers
+from asyncsoak._supervisor import _outputs, _producers
+from asyncsoak._supervisor import _soak as _finish
+from asyncsoak._supervisor import _stop as _command
 
 from .conftest import REPO, ReadyFifo, alive, fast_limits
 from .gpu_support import install_fake_nvidia_smi

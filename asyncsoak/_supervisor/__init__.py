@@ -1,9 +1,5 @@
-"""The supervisor.
-
-``run_soak`` and its task group, its validated configuration, the caller's control handle, the
-stop sequence, the verdict on the command's exit, the runtime snapshot task, the soak's own
-files and the artifact's write, and the scheduler it may run under.
-"""
+"""The supervisor: ``run_soak`` and its task group, its checked configuration, the caller's
+control, the stop, the verdict, the soak's own files, and the scheduler it may run under."""
 
 from __future__ import annotations
 

@@ -56,7 +56,9 @@ def _limit(
     choices: tuple[str, ...] = (),
     auto: bool = False,
 ) -> Any:
-    """A job-settable soak limit: its default, CLI flag and help, kind, and how it is checked."""
+    """A job-settable soak limit: its default, CLI flag and help, kind (a bool's is a switch,
+    one with choices a choice), and how it is checked."""
+    kind = "switch" if isinstance(default, bool) else "choice" if choices else kind
     checks = {"allow_zero": allow_zero, "minimum": minimum, "auto": auto, "choices": choices}
     return field(default=default, metadata={"flag": flag, "help": help, "kind": kind, **checks})
 
@@ -99,7 +101,6 @@ class SoakLimits:
         False,
         "--output-is-progress",
         "count the command's printed output as progress",
-        kind="switch",
     )
     warm_up_seconds: float | None = _limit(
         None,
@@ -110,7 +111,6 @@ class SoakLimits:
         "warn",
         "--leak-check",
         "a confident leak is a warning (default), fails the soak, or is not checked",
-        kind="choice",
         choices=LEAK_CHECKS,
     )
     max_rss_bytes: int | None = _limit(
@@ -129,7 +129,6 @@ class SoakLimits:
         False,
         "--detailed-memory",
         "also read USS/PSS (reads smaps; can stall on a CUDA process)",
-        kind="switch",
     )
     progress_source: ProgressSource = _limit(
         "auto",
@@ -137,7 +136,6 @@ class SoakLimits:
         "what counts as progress: training steps (from metrics files, trainer_state.json, "
         "metrics.csv, asyncsoak.trainer.report), file changes, or auto (steps once a step "
         "source is found, file changes until then)",
-        kind="choice",
         choices=PROGRESS_SOURCES,
     )
     step_key: str | None = _limit(
@@ -150,7 +148,6 @@ class SoakLimits:
         "fail",
         "--loss-check",
         "a NaN or infinite loss fails the soak (default), is a warning, or is not checked",
-        kind="choice",
         choices=LOSS_CHECKS,
     )
     dump_signal: int | None = _limit(
@@ -184,35 +181,30 @@ class SoakLimits:
 
 def _check_limit(spec: Field[Any], value: object) -> object:
     """One job-settable limit checked as its kind says; sizes become bytes (``"2GiB"`` too)."""
-    kind = spec.metadata["kind"]
-    if kind in _KIND_CHECKS:
-        return _KIND_CHECKS[kind](spec.name, value)
-    if kind == "switch":
-        return _check_bool(spec.name, value)
-    if kind == "choice":
-        return check_choice(spec.name, value, spec.metadata["choices"])
-    if value is None and spec.default is None:
-        return None
-    if value == "auto" and spec.metadata["auto"]:
-        return "auto"
-    return seconds(
-        spec.name, value, allow_zero=spec.metadata["allow_zero"], minimum=spec.metadata["minimum"]
-    )
-
-
-_KIND_CHECKS: dict[str, Callable[[str, Any], object]] = {
-    "size": check_size,
-    "signal": check_signal,
-    "key": check_record_key,
-    "deadlines": check_deadlines,
-    "globs": check_globs,
-}
+    name, meta = spec.name, spec.metadata
+    if meta["kind"] in _KIND_CHECKS:
+        return _KIND_CHECKS[meta["kind"]](name, value)
+    if meta["kind"] == "choice":
+        return check_choice(name, value, meta["choices"])
+    if (value is None and spec.default is None) or (value == "auto" and meta["auto"]):
+        return value
+    return seconds(name, value, allow_zero=meta["allow_zero"], minimum=meta["minimum"])
 
 
 def _check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ValidationTypeError(f"{name} must be a bool")
     return value
+
+
+_KIND_CHECKS: dict[str, Callable[[str, Any], object]] = {
+    "switch": _check_bool,
+    "size": check_size,
+    "signal": check_signal,
+    "key": check_record_key,
+    "deadlines": check_deadlines,
+    "globs": check_globs,
+}
 
 
 #: The default of a field that None leaves to the check to fill (``log_path`` beside the artifact).
@@ -298,11 +290,9 @@ class SoakConfig(SoakLimits):
         if log_max_bytes < 4096:
             raise ValidationError("log_max_bytes must be at least 4096")
         _check_bool("forensics", given.forensics)
-        snapshot_root = given.snapshot_root
-        if snapshot_root is None:
-            norm("snapshot_root", work_dir or Path.cwd())
-        else:
-            norm("snapshot_root", check_path("snapshot_root", snapshot_root))
+        root = given.snapshot_root
+        root = (work_dir or Path.cwd()) if root is None else check_path("snapshot_root", root)
+        norm("snapshot_root", root)
         checks: tuple[tuple[str, Callable[[Any], object]], ...] = (
             ("env", check_env),
             ("metadata", check_metadata),

@@ -4,7 +4,7 @@ is imported in a thread at the first call, so a host's loop never stalls on it."
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 import functools
 import importlib
 import inspect
@@ -42,30 +42,22 @@ async def _import_supervisor() -> None:
         raise
     if _imported:
         return
-    imported: asyncio.Future[None] = loop.create_future()
-
-    def settle(error: BaseException | None) -> None:
-        if imported.done():
-            return
-        if error is None:
-            imported.set_result(None)
-        else:
-            imported.set_exception(error)
+    imported: concurrent.futures.Future[None] = concurrent.futures.Future()
+    imported.set_running_or_notify_cancel()  # a caller's timeout must not cancel the thread's
 
     def work() -> None:
-        error = None
         try:
             # anyio loads its asyncio backend at its first call: here too, not on the loop.
             importlib.import_module("anyio._backends._asyncio")
             importlib.import_module(_SUPERVISOR)
         except BaseException as exc:  # handed to the caller
-            error = exc
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(settle, error)
+            imported.set_exception(exc)
+        else:
+            imported.set_result(None)
 
     threading.Thread(target=work, name="asyncsoak-import", daemon=True).start()
     async with asyncio.timeout(IMPORT_TIMEOUT_SECONDS):
-        await imported
+        await asyncio.wrap_future(imported, loop=loop)
     _imported.append(_SUPERVISOR)
 
 

@@ -1,5 +1,5 @@
-"""Soaks inside a Kubernetes pod: who the pod is (from local files, no API server), and its
-grace under which the kubelet's SIGTERM stops it.  More: docs/kubernetes.md."""
+"""Soaks inside a Kubernetes pod: who the pod is (local files, no API server), and the grace
+its kubelet's SIGTERM leaves (docs/kubernetes.md)."""
 
 from __future__ import annotations
 
@@ -26,31 +26,23 @@ GRACE_ANNOTATION = "asyncsoak.dev/termination-grace-period-seconds"
 #: Kubernetes' default ``terminationGracePeriodSeconds``, assumed when nothing says.
 DEFAULT_TERMINATION_GRACE_SECONDS = 30.0
 
-#: ``snapshot.scheduler`` key → (the variable, then the labels, that may say it; integer?).
-_IDENTITY: tuple[tuple[str, str, tuple[str, ...], bool], ...] = (
-    ("pod_name", "POD_NAME", (), False),
-    ("namespace", "POD_NAMESPACE", (), False),
-    ("node", "NODE_NAME", (), False),
-    ("pod_uid", "POD_UID", (), False),
-    ("pod_ip", "POD_IP", (), False),
-    ("service_account", "POD_SERVICE_ACCOUNT", (), False),
-    ("hostname", "HOSTNAME", (), False),
-    ("job_name", "JOB_NAME", ("batch.kubernetes.io/job-name", "job-name"), False),
-    (
-        "completion_index",
-        "JOB_COMPLETION_INDEX",
-        ("batch.kubernetes.io/job-completion-index",),
-        True,
-    ),
-    ("jobset_name", "JOBSET_NAME", ("jobset.sigs.k8s.io/jobset-name",), False),
-    (
-        "replicated_job_name",
-        "REPLICATED_JOB_NAME",
-        ("jobset.sigs.k8s.io/replicatedjob-name",),
-        False,
-    ),
-    ("job_index", "JOB_INDEX", ("jobset.sigs.k8s.io/job-index",), True),
-)
+#: ``snapshot.scheduler`` key → the variable, then the labels, that may say it.
+_IDENTITY: dict[str, tuple[str, ...]] = {
+    "pod_name": ("POD_NAME",),
+    "namespace": ("POD_NAMESPACE",),
+    "node": ("NODE_NAME",),
+    "pod_uid": ("POD_UID",),
+    "pod_ip": ("POD_IP",),
+    "service_account": ("POD_SERVICE_ACCOUNT",),
+    "hostname": ("HOSTNAME",),
+    "job_name": ("JOB_NAME", "batch.kubernetes.io/job-name", "job-name"),
+    "completion_index": ("JOB_COMPLETION_INDEX", "batch.kubernetes.io/job-completion-index"),
+    "jobset_name": ("JOBSET_NAME", "jobset.sigs.k8s.io/jobset-name"),
+    "replicated_job_name": ("REPLICATED_JOB_NAME", "jobset.sigs.k8s.io/replicatedjob-name"),
+    "job_index": ("JOB_INDEX", "jobset.sigs.k8s.io/job-index"),
+}
+#: The keys whose values are integers.
+_INTEGERS = frozenset({"completion_index", "job_index"})
 
 
 def in_pod(
@@ -61,15 +53,10 @@ def in_pod(
     return bool(environ.get(SERVICE_HOST_VARIABLE)) or service_account.is_dir()
 
 
-def podinfo_dir(env: Mapping[str, str] | None = None) -> Path:
-    environ = os.environ if env is None else env
-    return Path(environ.get(PODINFO_VARIABLE) or PODINFO_DIR)
-
-
-def read_podinfo(path: Path) -> dict[str, str]:
+def _podinfo(environ: Mapping[str, str], name: str) -> dict[str, str]:
     """A downward API file of ``key="value"`` lines (Go-quoted); empty when not there."""
     try:
-        text = path.read_text()
+        text = (Path(environ.get(PODINFO_VARIABLE) or PODINFO_DIR) / name).read_text()
     except (OSError, UnicodeDecodeError):
         return {}
     out: dict[str, str] = {}
@@ -84,14 +71,12 @@ def read_podinfo(path: Path) -> dict[str, str]:
     return out
 
 
-def termination_grace(
-    given: float | None, env: Mapping[str, str] | None = None
-) -> tuple[float | None, str]:
+def termination_grace(given: float | None, environ: Mapping[str, str]) -> tuple[float | None, str]:
     """The pod's ``terminationGracePeriodSeconds`` and its source: ``given``, the annotation,
     else (None, "default")."""
     if given is not None:
         return given, "--scheduler-grace"
-    annotations = read_podinfo(podinfo_dir(env) / "annotations")
+    annotations = _podinfo(environ, "annotations")
     try:
         value = float(annotations.get(GRACE_ANNOTATION, "").strip())
     except ValueError:
@@ -125,11 +110,11 @@ def pod_identity(
 
 def _names(environ: Mapping[str, str], service_account: Path) -> dict[str, Any]:
     """The pod's names and indexes, for the snapshot and the ``--output`` patterns."""
-    labels = read_podinfo(podinfo_dir(environ) / "labels")
+    labels = _podinfo(environ, "labels")
     out: dict[str, Any] = {}
-    for key, variable, label_names, integer in _IDENTITY:
+    for key, (variable, *label_names) in _IDENTITY.items():
         value = environ.get(variable) or next(filter(None, map(labels.get, label_names)), None)
-        out[key] = int(value) if integer and value is not None and value.isdigit() else value
+        out[key] = int(value) if key in _INTEGERS and value and value.isdigit() else value
     if out["hostname"] is None:
         out["hostname"] = socket.gethostname()
     # A pod's hostname is its name unless the pod spec sets one (a JobSet's, say).

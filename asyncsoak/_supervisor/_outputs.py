@@ -143,21 +143,18 @@ def lock_journal(path: Path) -> int:
     Raises :class:`ValidationError` when another soak holds it (the same output path)."""
     fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
-        for tries_left in reversed(range(LOCK_TRIES)):
-            try:
+        for _ in range(LOCK_TRIES):
+            with contextlib.suppress(BlockingIOError):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return fd
-            except BlockingIOError:
-                if not tries_left:
-                    raise _another_soak(path) from None
-                # Another soak's or recover's probe (monitor_holds) holds a shared lock for
-                # microseconds: the soak that created the journal must not lose to it.
-                time.sleep(LOCK_RETRY_SECONDS)
+            # Another soak's or recover's probe (monitor_holds) holds a shared lock for
+            # microseconds: the soak that created the journal must not lose to it.
+            time.sleep(LOCK_RETRY_SECONDS)
+        raise _another_soak(path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.close(fd)
         raise
-    raise AssertionError("unreachable")
 
 
 @dataclass

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import stat
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,7 +28,7 @@ from .._sampling import (
     scan_progress_dir,
 )
 from ._outputs import SoakFiles
-from ._stop import TreeStop
+from ._stop import TreeStop, produce
 
 #: Bound on the scan of the progress dir once the command has exited.
 FINAL_SCAN_TIMEOUT_SECONDS = 10.0
@@ -65,17 +65,19 @@ class Producers:
         self._tree_stop = tree_stop
         self._state = state
         self._host_ended = host_ended
-        self._masker = tree_stop.masker
-        self._limiter = tree_stop.limiter
-        self._fail = tree_stop.fail
 
     def own_files(self, files: SoakFiles) -> set[tuple[int, int]]:
         """What the progress scans skip, as (device, inode): the journal, the log unless its
         output is progress, the excluded directories."""
-        ignore = {_file_key(files.journal_fd)}
+        keys = {os.fstat(files.journal_fd)}
         if not self.cfg.output_is_progress:
-            ignore.add(_file_key(files.log_fd))
-        return ignore | _dir_keys(self.cfg.progress_exclude)
+            keys.add(os.fstat(files.log_fd))
+        for path in self.cfg.progress_exclude:
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                if stat.S_ISDIR(st.st_mode):
+                    keys.add(st)
+        return {(st.st_dev, st.st_ino) for st in keys}
 
     def also_watched(self) -> list[Path]:
         """Watched by path besides the progress dir: the log may live outside it."""
@@ -87,17 +89,15 @@ class Producers:
         try:
             with self._tree_stop.given_up_on_caller_stop():
                 try:
-                    baseline = await run_blocking(
+                    return await run_blocking(
                         partial(scan_progress_dir, cfg.progress_dir, ignore, self.also_watched()),
                         timeout=BASELINE_TIMEOUT_SECONDS,
                         what=f"the first scan of {cfg.progress_dir}",
-                        limiter=self._limiter,
-                    )
+                        limiter=self._tree_stop.limiter,
+                    ), None
                 except BlockingCallTimeout as exc:
                     # Every file will then count as new: the watchdog's bounded scans decide.
                     return ScanResult(files={}), str(exc)
-                else:
-                    return baseline, None
         except asyncio.CancelledError:
             # Outside the scope: the caller's stop may have cancelled it at the same instant.
             if not self._host_ended():
@@ -120,7 +120,10 @@ class Producers:
             baseline={name: state.size for name, state in baseline.files.items()},
         )
 
-    def progress_tracker(self, baseline: ScanResult, steps: StepReader | None) -> ProgressTracker:
+    def watch(
+        self, baseline: ScanResult, steps: StepReader | None, ignore: set[tuple[int, int]]
+    ) -> ProgressWatch:
+        """The progress dir's watch, from its baseline on."""
         cfg = self.cfg
         stale, startup = cfg.stale_progress_seconds, cfg.startup_timeout_seconds
         auto = StaleLimit(startup_limit=startup, carried=cfg.stale_progress_carried_seconds)
@@ -135,7 +138,7 @@ class Producers:
         )
         tracker.skipped_dirs = baseline.errors
         tracker.named_globs = (*(cfg.expect_every or ()), *cfg.checkpoint_globs)
-        return tracker
+        return ProgressWatch(tracker, steps, ignore, self.also_watched())
 
     def start(
         self, producers: TaskGroup, sink: EventSink, spawner: Spawner, watch: ProgressWatch
@@ -144,49 +147,44 @@ class Producers:
         :func:`import_samplers` has them ready while the command starts)."""
         from .._sampling import run_proc_sampler, run_watchdog
 
-        cfg = self.cfg
+        cfg, limiter = self.cfg, self._tree_stop.limiter
         assert spawner.reaper_pid is not None
         produce(producers, sink, spawner.watch)
-        produce(
-            producers,
-            sink,
-            partial(
-                run_watchdog,
-                progress_dir=cfg.progress_dir,
-                tracker=watch.tracker,
-                ignore=lambda: watch.ignore,
-                also=watch.also,
-                scan_interval=cfg.sample_interval_seconds,
-                limiter=self._limiter,
-                steps=watch.steps,
-            ),
+        watchdog = partial(
+            run_watchdog,
+            progress_dir=cfg.progress_dir,
+            tracker=watch.tracker,
+            ignore=lambda: watch.ignore,
+            also=watch.also,
+            scan_interval=cfg.sample_interval_seconds,
+            limiter=limiter,
+            steps=watch.steps,
         )
-        produce(
-            producers,
-            sink,
-            partial(
-                run_proc_sampler,
-                root_pid=spawner.reaper_pid,
-                interval=cfg.sample_interval_seconds,
-                disk_paths={"progress": cfg.progress_dir, "output": cfg.output_path.parent},
-                detailed_memory=cfg.detailed_memory,
-                masker=self._masker,
-                members_file=None if spawner.cgroup is None else spawner.cgroup.procs_file,
-                tree_gone=spawner.tree_gone,
-            ),
+        produce(producers, sink, watchdog)
+        proc_sampler = partial(
+            run_proc_sampler,
+            root_pid=spawner.reaper_pid,
+            interval=cfg.sample_interval_seconds,
+            disk_paths={"progress": cfg.progress_dir, "output": cfg.output_path.parent},
+            detailed_memory=cfg.detailed_memory,
+            masker=self._tree_stop.masker,
+            members_file=None if spawner.cgroup is None else spawner.cgroup.procs_file,
+            tree_gone=spawner.tree_gone,
         )
+        produce(producers, sink, proc_sampler)
         if cfg.nvidia_smi is not None:
             produce(producers, sink, self._sample_gpus)
 
     async def _sample_gpus(self, sink: EventSink) -> None:
         """The GPU sampler, its modules imported only once ``nvidia-smi`` is found."""
-        cfg = self.cfg
+        cfg, limiter = self.cfg, self._tree_stop.limiter
         assert cfg.nvidia_smi is not None
-        call_timeout = gpu_call_timeout(cfg.sample_interval_seconds)
+        # nvidia-smi answers in tens of milliseconds: silent for a few periods, it is degraded.
+        call_timeout = min(10.0, max(2.0, 4 * cfg.sample_interval_seconds))
         from .._sampling import find_nvidia_smi
 
         found = await find_nvidia_smi(
-            sink, cfg.nvidia_smi, call_timeout=call_timeout, limiter=self._limiter
+            sink, cfg.nvidia_smi, call_timeout=call_timeout, limiter=limiter
         )
         if found is None:
             return
@@ -198,7 +196,7 @@ class Producers:
             tree_pids=lambda: self._state.tree_pids,
             nvidia_smi=found,
             call_timeout=call_timeout,
-            limiter=self._limiter,
+            limiter=limiter,
             visible_devices=(os.environ if cfg.env is None else cfg.env).get(
                 "CUDA_VISIBLE_DEVICES"
             ),
@@ -212,43 +210,10 @@ class Producers:
             tracker=watch.tracker,
             ignore=watch.ignore,
             also=watch.also,
-            limiter=self._limiter,
+            limiter=self._tree_stop.limiter,
             scan_timeout=FINAL_SCAN_TIMEOUT_SECONDS,
             steps=watch.steps,
         )
         if broken is not None:  # the loss went NaN in the last steps
             reason, message = broken
-            await self._fail(FailureReason(reason), message)
-
-
-def produce(
-    tg: TaskGroup, sink: EventSink, producer: Callable[[EventSink], Awaitable[None]]
-) -> None:
-    """Run a producer with its own clone of the sink, closed when it returns."""
-
-    async def run(clone: EventSink) -> None:
-        async with clone:
-            await producer(clone)
-
-    tg.start_soon(run, sink.clone())
-
-
-def gpu_call_timeout(interval: float) -> float:
-    """How long nvidia-smi may stay silent before the GPU sampler is degraded: a few sampling
-    periods (it answers in tens of milliseconds), 2 s to 10 s."""
-    return min(10.0, max(2.0, 4 * interval))
-
-
-def _dir_keys(paths: Sequence[Path]) -> set[tuple[int, int]]:
-    keys = set()
-    for path in paths:
-        with contextlib.suppress(OSError):
-            st = os.stat(path)
-            if stat.S_ISDIR(st.st_mode):
-                keys.add((st.st_dev, st.st_ino))
-    return keys
-
-
-def _file_key(fd: int) -> tuple[int, int]:
-    st = os.fstat(fd)
-    return (st.st_dev, st.st_ino)
+            await self._tree_stop.fail(FailureReason(reason), message)

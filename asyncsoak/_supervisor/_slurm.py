@@ -85,13 +85,8 @@ def job_identity(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {"kind": "slurm"}
     for key, variable, integer in _IDENTITY:
-        value = environ.get(variable)
-        if value is None or value == "":
-            out[key] = 0 if key == "restart_count" else None
-        elif integer:
-            out[key] = int(value) if value.isdigit() else value
-        else:
-            out[key] = value
+        value = environ.get(variable) or (0 if key == "restart_count" else None)
+        out[key] = int(value) if integer and isinstance(value, str) and value.isdigit() else value
     return out
 
 
@@ -136,13 +131,10 @@ def parse_kill_wait(config_text: str) -> float | None:
 
 
 def parse_fields(text: str) -> dict[str, str]:
-    """``Key=Value`` pairs of ``scontrol -o show job`` (values never hold spaces there)."""
-    fields: dict[str, str] = {}
-    for item in text.split():
-        key, sep, value = item.partition("=")
-        if sep and key not in fields:
-            fields[key] = value
-    return fields
+    """``Key=Value`` pairs of ``scontrol -o show job`` (values never hold spaces there); the
+    first of a key wins."""
+    pairs = reversed([item.partition("=") for item in text.split()])
+    return {key: value for key, sep, value in pairs if sep}
 
 
 def parse_time(text: str | None) -> datetime | None:
@@ -238,18 +230,13 @@ def expand_path(
 
 
 async def relay_signals(
-    sink: EventSink,
-    spawner: Spawner,
-    *,
-    signals: Sequence[int],
-    stop_mode: str,
-    requeue_on: int | None,
-    on_requeue: Callable[[], None],
+    sink: EventSink, spawner: Spawner, cfg: SoakConfig, on_requeue: Callable[[], None]
 ) -> None:
-    """Pass each of ``signals`` the monitor receives on to the command (its group, or its leader
-    in stop modes ``leader`` and ``stdin``); ``requeue_on`` then ends the soak as ``requeued``.
-    Signal handlers belong to the main thread: run the soak there to forward signals."""
-    numbers = [*signals, *([] if requeue_on is None else [requeue_on])]
+    """Pass each signal of ``forward_signals`` the monitor receives on to the command (its
+    group, or its leader in stop modes ``leader`` and ``stdin``); ``requeue_on`` then ends the
+    soak as ``requeued``.  Signal handlers belong to the main thread: run the soak there."""
+    requeue_on = cfg.requeue_on
+    numbers = [*cfg.forward_signals, *([] if requeue_on is None else [requeue_on])]
     wanted = [signal.Signals(n) for n in dict.fromkeys(numbers)]
 
     async def relay(signum: int) -> None:
@@ -257,7 +244,7 @@ async def relay_signals(
         # The requeue signal is the monitor's graceful request; a forwarded warning is not a
         # stop, and a trainer that dies of it has failed.
         stopping = signum == requeue_on
-        if stop_mode == "group":
+        if cfg.stop_mode == "group":
             sent, target = spawner.signal_group(signum, stopping=stopping), "group"
         else:
             sent, target = spawner.signal_leader(signum, stopping=stopping), "leader"
@@ -358,17 +345,7 @@ class SoakJob:
         """Signal forwarding, and the stop before a scheduler's job runs out of time."""
         cfg = self.cfg
         if cfg.forward_signals or cfg.requeue_on is not None:
-            tg.start_soon(
-                partial(
-                    relay_signals,
-                    sink,
-                    spawner,
-                    signals=cfg.forward_signals,
-                    stop_mode=cfg.stop_mode,
-                    requeue_on=cfg.requeue_on,
-                    on_requeue=partial(end, StopCause.REQUEUED),
-                )
-            )
+            tg.start_soon(relay_signals, sink, spawner, cfg, partial(end, StopCause.REQUEUED))
         if in_job():
             tg.start_soon(self._end_before_job_end, end)
 

@@ -1,11 +1,11 @@
-"""``run_soak``: supervise one command and always leave an artifact that explains it.
-
-The shape: DESIGN.md, "The shape"; docs/architecture.md, "The flow of a soak"."""
+"""``run_soak``: supervise one command and always leave an artifact that explains it
+(docs/architecture.md, "The flow of a soak")."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -19,6 +19,7 @@ from anyio.abc import TaskGroup
 
 from .._contract import (
     EXECUTOR,
+    BlockingCallTimeout,
     EventSink,
     FailureReason,
     Masker,
@@ -39,31 +40,25 @@ from .._contract import (
     secret_values,
 )
 from .._process import REAPER_CLOSE_TIMEOUT_SECONDS, Spawner, cgroups, prefetch_oom_records
-from .._record import Observer, RunState, Serializer
+from .._record import Observer, RunState, Serializer, read_log_tail, write_artifact
 from .._sampling import ScanResult, latest_change_age, skipped_message
 from . import _slurm
-from ._command import (
+from ._config import SoakConfig
+from ._control import SoakControl
+from ._judge import RunJudge, gpu_fault_rule
+from ._outputs import CHECK_TIMEOUT_SECONDS, SoakFiles, check_outputs
+from ._producers import Producers, ProgressWatch, import_samplers
+from ._stop import (
+    HANG_REASONS,
+    REAPER_LOST,
+    EndCause,
+    TreeStop,
     create_cgroup,
     leave_nothing_behind,
     spawn_request,
     start_command,
     stop_for_the_host,
 )
-from ._config import SoakConfig
-from ._control import SoakControl
-from ._finish import (
-    bound_drain,
-    build_artifact,
-    monitor_section,
-    note_drain,
-    write_soak_artifact,
-)
-from ._judge import RunJudge
-from ._outputs import CHECK_TIMEOUT_SECONDS, SoakFiles, check_outputs
-from ._producers import Producers, ProgressWatch, import_samplers
-from ._rules import gpu_fault_rule
-from ._snapshot_task import SNAPSHOT_TIMEOUT_SECONDS, take_snapshot
-from ._stop import HANG_REASONS, REAPER_LOST, EndCause, TreeStop
 from ._verdict import ExitJudge, soak_status
 
 if TYPE_CHECKING:
@@ -74,7 +69,14 @@ if TYPE_CHECKING:
 THREADS = 4
 #: Bound on waiting for the serializer to fold what is queued before the status is decided.
 FOLD_WAIT_SECONDS = 2.0
-
+#: Bound on each external call of the snapshot (git, nvidia-smi, another interpreter).
+SNAPSHOT_CALL_TIMEOUT_SECONDS = 5.0
+#: Bound on the runtime snapshot as a whole.
+SNAPSHOT_TIMEOUT_SECONDS = 30.0
+#: Bound on writing the last queued events to the journal.
+DRAIN_TIMEOUT_SECONDS = 10.0
+#: Bound on writing the artifact (and on reading the log's tail for it).
+ARTIFACT_WRITE_TIMEOUT_SECONDS = 10.0
 
 _T = TypeVar("_T")
 
@@ -83,11 +85,10 @@ async def run_configured(
     cfg: SoakConfig, control: SoakControl | None, metrics: Metrics | None
 ) -> Artifact:
     """``run_soak`` with its settings checked: the soak, beside its live metrics if asked."""
-    metrics_config = None
     if metrics is not None:  # the metrics' modules only for a soak that serves them
-        from .._export import validate_metrics
+        from .._export import open_soak_metrics, validate_metrics
 
-        metrics_config = validate_metrics(metrics)
+        metrics = validate_metrics(metrics)
     if control is not None and not isinstance(control, SoakControl):
         raise ValidationTypeError(f"control must be a SoakControl, not {type(control).__name__}")
     await run_blocking(
@@ -98,15 +99,11 @@ async def run_configured(
     )
     soak = _Soak(cfg, control if control is not None else SoakControl())
     live = None
-    if metrics_config is not None:
-        from .._export import open_soak_metrics
-
+    if metrics is not None:
         # Bound before anything starts: a port in use is refused with nothing launched.
-        live = await open_soak_metrics(
-            metrics_config, soak.soak_id, soak.limiter, soak.control.state
-        )
+        live = await open_soak_metrics(metrics, soak.soak_id, soak.limiter, soak.control.state)
         soak.observers.append(live.soak.observe)
-        soak.trend_observers.append(live.soak.observe_trends)
+        soak.run_judge.trend_observers.append(live.soak.observe_trends)
     cancelled = True
     try:
         async with anyio.create_task_group() as tg:
@@ -150,22 +147,15 @@ class _Soak:
         self._artifact: Artifact | None = None
         self._error: BaseException | None = None
         self._sink: EventSink | None = None
-        self._spawner: Spawner | None = None
-        self._builder = control.state = RunState()
+        self._spawner = Spawner()
+        self._state = control.state = RunState()
         self._tree_stop = TreeStop(
-            cfg,
-            control,
-            masker=self._masker,
-            marker=self.soak_id,
-            limiter=self.limiter,
-            fail=self._fail,
+            cfg, control, self._masker, self.soak_id, self.limiter, self._fail
         )
-        self._exit_judge = ExitJudge(self._tree_stop, self._builder)
-        self._producers = Producers(self._tree_stop, self._builder, host_ended=self._host_ended)
+        self._exit_judge = ExitJudge(self._tree_stop, self._state)
+        self._producers = Producers(self._tree_stop, self._state, host_ended=self._host_ended)
         self._job = _slurm.SoakJob(cfg, self.limiter)
-        self._run_judge = RunJudge(cfg, self._builder, ended=lambda: self.cause is not None)
-        #: Called with every evaluation of the trends (the artifact's ``trends`` shape).
-        self.trend_observers = self._run_judge.trend_observers
+        self.run_judge = RunJudge(cfg, self._state, ended=lambda: self.cause is not None)
 
     def end(self, cause: EndCause) -> None:
         """The first end cause wins; a caller's stop also cuts short the phase under way."""
@@ -176,34 +166,17 @@ class _Soak:
             self._tree_stop.caller_stopped()
 
     def kill_now(self) -> None:
-        """The caller wants the tree killed at once: every graceful wait ends now."""
         self.end(StopCause.REQUESTED)
         self._tree_stop.kill_now()
 
-    async def _fail(
-        self,
-        reason: FailureReason,
-        message: str,
-        gpu: dict[str, Any] | None = None,
-        *,
-        activity: dict[str, Any] | None = None,
-    ) -> None:
+    async def _fail(self, reason: FailureReason, message: str) -> None:
         assert self._sink is not None
         self._failures.append(reason)
-        await self._sink.emit(
-            events.FailureEvent(
-                t=self._sink.elapsed(),
-                reason=reason,
-                message=message,
-                at=iso(datetime.now(UTC)),
-                gpu=gpu,
-                activity=activity,
-            )
-        )
+        at, t = iso(datetime.now(UTC)), self._sink.elapsed()
+        await self._sink.emit(events.FailureEvent(t=t, reason=reason, message=message, at=at))
 
     def _host_ended(self) -> bool:
-        """In an ``except CancelledError``: whether the host's loop ended (the soak then ends
-        as cancelled)."""
+        """In an ``except CancelledError``: whether the host's loop ended (the soak's cause)."""
         if not host_cancelled():
             return False
         self.end(StopCause.CANCELLED)
@@ -240,11 +213,10 @@ class _Soak:
     async def _run(self) -> None:
         files = SoakFiles.open(self.cfg)
         spawner = self.control._take_reaper()
-        if spawner is None or spawner.stop_mode != self.cfg.stop_mode:
-            if spawner is not None:  # launched for another stop mode (or not at all)
-                await spawner.close(REAPER_CLOSE_TIMEOUT_SECONDS)
-            spawner = Spawner()
-        self._spawner = spawner
+        if spawner is not None and spawner.stop_mode != self.cfg.stop_mode:
+            await spawner.close(REAPER_CLOSE_TIMEOUT_SECONDS)  # launched for another stop mode
+            spawner = None
+        self._spawner = spawner = spawner or self._spawner
         try:
             if spawner.stop_mode is None:
                 with contextlib.suppress(OSError):  # tried again, and told, at the start
@@ -257,19 +229,17 @@ class _Soak:
 
     async def _record(self, files: SoakFiles) -> None:
         """The soak, its events drained into the journal and the state; then the artifact."""
-        cfg = self.cfg
-        cpu_start = time.process_time()
-        abandoned_at_start = abandoned_calls()
+        cfg, judge = self.cfg, self.run_judge
+        cpu_start, abandoned_at_start = time.process_time(), abandoned_calls()
         ignore = self._producers.own_files(files)
         baseline, baseline_error = await self._producers.scan_baseline(ignore)
         clock = SoakClock()
         started_at = datetime.now(UTC)
         sink, receive = open_event_queue(clock)
         self._sink = sink
-        judge = self._run_judge
         serializer = Serializer(
             files.take_journal(),
-            self._builder,
+            self._state,
             self.observers,
             journal_path=cfg.journal_path,
             flush_interval=cfg.sample_interval_seconds,
@@ -293,9 +263,18 @@ class _Soak:
                         await sink.emit(
                             events.WarningEvent(t=sink.elapsed(), message=baseline_error)
                         )
-                    error = await self._supervise_beside_snapshot(
-                        tg, sink, files.log_fd, baseline, ignore
-                    )
+                    # The snapshot runs beside: a hung nvidia-smi must not delay the start.
+                    snapshot_scope, snapshot_done = anyio.CancelScope(), anyio.Event()
+                    tg.start_soon(self._snapshot, sink.clone(), snapshot_scope, snapshot_done)
+                    try:
+                        await self._supervise(sink, files.log_fd, baseline, ignore)
+                    except Exception as exc:
+                        error = _unwrap(exc)
+                        message = f"{type(error).__name__}: {error}"
+                        await self._fail(FailureReason.MONITOR_ERROR, message)
+                    with anyio.move_on_after(SNAPSHOT_TIMEOUT_SECONDS):
+                        await snapshot_done.wait()
+                    snapshot_scope.cancel()
                 except asyncio.CancelledError:
                     if not self._host_ended():
                         raise
@@ -305,74 +284,102 @@ class _Soak:
                 status = soak_status(
                     error,
                     self.cause,
-                    [*self._failures, *(f["reason"] for f in self._builder.failures)],
+                    [*self._failures, *(f["reason"] for f in self._state.failures)],
                     caller_stopped=self._tree_stop.caller_stop.is_set(),
                 )
                 await self._despite_host(
                     partial(sink.emit, events.Finished(t=sink.elapsed(), status=status))
                 )
-            # The last events are queued; a journal on a hung filesystem must not hold the
-            # soak forever: the drain gets a deadline, and the artifact is built regardless.
-            bound_drain(tg.cancel_scope, serializer)
+            # A journal on a hung filesystem must not hold the soak forever: the drain (and
+            # the journal's shielded close) get a deadline; the artifact is built regardless.
+            deadline = anyio.current_time() + DRAIN_TIMEOUT_SECONDS
+            tg.cancel_scope.deadline = serializer.close_deadline = deadline
             await self._despite_host(serializer.drained.wait)
-        note_drain(tg.cancel_scope, serializer)
-        monitor = monitor_section(
-            serializer,
-            sink.counters,
-            cpu_start=cpu_start,
-            abandoned_at_start=abandoned_at_start,
-            reaper_pid=self._spawner.reaper_pid if self._spawner else None,
-        )
-        artifact = await self._despite_host(
-            partial(
-                build_artifact,
-                self._builder,
-                cfg,
-                self._masker,
-                status=status,
-                clock=clock,
-                monitor=monitor,
+        if tg.cancel_scope.cancelled_caught and not serializer.journal_error:
+            serializer.journal_error = (
+                f"the journal did not drain within {DRAIN_TIMEOUT_SECONDS:g}s"
             )
-        )
-        self._artifact = artifact
-        await self._despite_host(partial(write_soak_artifact, artifact, cfg))
+        counters = sink.counters
+        monitor = {
+            "cpu_seconds": round(time.process_time() - cpu_start, 3),
+            "events": serializer.events,
+            "dropped_samples": counters.dropped_samples,
+            "sampler_errors": counters.sampler_errors,
+            "journal_error": serializer.journal_error,
+            "journal_segments": serializer.segments + 1,
+            "journal_rotation_error": serializer.rotation_error,
+            "events_not_folded": serializer.fold_errors,
+            "fold_error": serializer.fold_error,
+            "events_with_nonfinite_numbers": serializer.nonfinite_events,
+            "reaper_pid": self._spawner.reaper_pid,
+            "pid": os.getpid(),
+            # Blocking calls given up at their deadline (a hung disk, a wedged process).
+            "abandoned_calls": abandoned_calls() - abandoned_at_start,
+        }
+        build = partial(self._build_artifact, status, clock.elapsed(), monitor)
+        self._artifact = artifact = await self._despite_host(build)
+        await self._despite_host(partial(_write_artifact, artifact, cfg))
         if error is not None:
             raise error
 
-    async def _supervise_beside_snapshot(
-        self,
-        tg: TaskGroup,
-        sink: EventSink,
-        log_fd: int,
-        baseline: ScanResult,
-        ignore: set[tuple[int, int]],
-    ) -> Exception | None:
-        """Supervise beside the runtime snapshot (a hung nvidia-smi must not delay the start);
-        returns the monitor's own error, recorded as its failure."""
-        snapshot_scope = anyio.CancelScope()
-        snapshot_done = anyio.Event()
-        tg.start_soon(
-            partial(
-                take_snapshot,
-                sink.clone(),
-                snapshot_scope,
-                snapshot_done,
-                cfg=self.cfg,
-                env=self._child_env,
-                job=self._job,
-                limiter=self.limiter,
+    async def _build_artifact(
+        self, status: SoakStatus, ended_t: float, monitor: dict[str, Any]
+    ) -> Artifact:
+        """The artifact ending now, with the log's tail (empty when the bounded read fails)."""
+        log_tail = ""
+        with contextlib.suppress(BlockingCallTimeout):
+            log_tail = await run_blocking(
+                read_log_tail,
+                self.cfg.log_path,
+                timeout=ARTIFACT_WRITE_TIMEOUT_SECONDS,
+                what="reading the log's tail",
             )
+        return self._state.build_typed(
+            status=status, ended_t=ended_t, log_tail=self._masker(log_tail), monitor=monitor
         )
-        error: Exception | None = None
+
+    async def _snapshot(self, sink: EventSink, scope: anyio.CancelScope, done: anyio.Event) -> None:
+        """The runtime snapshot in a thread, after the scheduler's job's facts (the stop needs
+        them), sent as an event (bounded)."""
+        data: dict[str, Any] = {"error": f"snapshot took longer than {SNAPSHOT_TIMEOUT_SECONDS:g}s"}
+        # The host's cancel (its loop ending) is taken back: this task's end would cancel the
+        # serializer beside it, which still has the soak's end to write.
+        ended = False
+        cfg, job = self.cfg, self._job
         try:
-            await self._supervise(sink, log_fd, baseline, ignore)
-        except Exception as exc:
-            error = _unwrap(exc)
-            await self._fail(FailureReason.MONITOR_ERROR, f"{type(error).__name__}: {error}")
-        with anyio.move_on_after(SNAPSHOT_TIMEOUT_SECONDS):
-            await snapshot_done.wait()
-        snapshot_scope.cancel()
-        return error
+            async with sink:
+                with scope, anyio.move_on_after(SNAPSHOT_TIMEOUT_SECONDS):
+                    try:
+                        await job.query()
+                        data = await run_blocking(
+                            partial(
+                                _collect_snapshot,
+                                cfg.snapshot_root,
+                                command=cfg.command,
+                                env=self._child_env,
+                                nvidia_smi=cfg.nvidia_smi or "nvidia-smi",
+                                timeout=SNAPSHOT_CALL_TIMEOUT_SECONDS,
+                            ),
+                            timeout=SNAPSHOT_TIMEOUT_SECONDS,
+                            what="the runtime snapshot",
+                            limiter=self.limiter,
+                        )
+                    except Exception as exc:
+                        data = {"error": f"snapshot failed: {type(exc).__name__}: {exc}"}
+                    except asyncio.CancelledError:
+                        if not host_cancelled():
+                            raise
+                        ended = True
+                if ended or scope.cancelled_caught:
+                    data = {"error": "the soak ended before the snapshot was taken"}
+                data["scheduler"] = job.facts
+                job.known.set()
+                await sink.emit(events.Snapshot(t=sink.elapsed(), data=data))
+        except asyncio.CancelledError:
+            if not host_cancelled():
+                raise
+        finally:
+            done.set()
 
     def _header(self, clock: SoakClock, started_at: datetime) -> events.Header:
         cfg = self.cfg
@@ -391,11 +398,7 @@ class _Soak:
         )
 
     async def _supervise(
-        self,
-        sink: EventSink,
-        log_fd: int,
-        baseline: ScanResult,
-        ignore: set[tuple[int, int]],
+        self, sink: EventSink, log_fd: int, baseline: ScanResult, ignore: set[tuple[int, int]]
     ) -> None:
         """Start the command, produce events until the first end cause, stop, clean up."""
         if self.cause is not None:
@@ -407,25 +410,20 @@ class _Soak:
             message = skipped_message(self.cfg.progress_dir, baseline)
             await sink.emit(events.WarningEvent(t=sink.elapsed(), message=message))
         steps = self._producers.step_reader(baseline)
+        spawner = self._spawner
         cgroup: cgroups.TreeCgroup | None = None
-        spawner: Spawner | None = None
+        started = False
         try:
             cgroup = await create_cgroup(self.soak_id)
             request = spawn_request(self.cfg, self._child_env, self.soak_id, log_fd, steps, cgroup)
-            spawner = self._spawner
-            assert spawner is not None
+            started = True
             EXECUTOR.submit(_while_the_command_starts)
             if not await start_command(sink, spawner, request, cgroup, self._fail):
                 return
             assert spawner.pid is not None
             self.control._set_started(spawner.pid)
             self._tree_stop.seen_pids.add(spawner.pid)
-            watch = ProgressWatch(
-                tracker=self._producers.progress_tracker(baseline, steps),
-                steps=steps,
-                ignore=ignore,
-                also=self._producers.also_watched(),
-            )
+            watch = self._producers.watch(baseline, steps, ignore)
             self.control.progress_age = partial(
                 latest_change_age, watch.tracker, self.cfg.progress_dir, ignore
             )
@@ -434,18 +432,18 @@ class _Soak:
                 await self._ended.wait()
                 await self._stop_after_end(sink, spawner, watch)
                 producers.cancel_scope.cancel()
-            self._failures += await self._run_judge.judge_final(sink)
+            self._failures += await self.run_judge.judge_final(sink)
         except asyncio.CancelledError:
             if not self._host_ended():
                 raise
-            if spawner is not None:
+            if started:
                 if spawner.pid is None and spawner.starting:
                     # The command was starting: its start is taken in first.
                     await spawner.take_first_report(sink, REAPER_CLOSE_TIMEOUT_SECONDS)
                 await stop_for_the_host(sink, spawner, self._tree_stop, self._job.facts)
         finally:
             with anyio.CancelScope(shield=True):
-                await leave_nothing_behind(spawner, cgroup, self._tree_stop)
+                await leave_nothing_behind(spawner if started else None, cgroup, self._tree_stop)
 
     async def _start_tasks(
         self, producers: TaskGroup, sink: EventSink, spawner: Spawner, watch: ProgressWatch
@@ -453,17 +451,17 @@ class _Soak:
         """The producers and the limits they are judged against; the tasks that end the soak."""
         assert spawner.pid is not None
         self._producers.start(producers, sink, spawner, watch)
-        self._exit_judge.memory_cgroup = await self._run_judge.emit_limits(sink, spawner.pid)
+        self._exit_judge.memory_cgroup = await self.run_judge.emit_limits(sink, spawner.pid)
         control = self.control
         for event, then in (
             (spawner.exited, partial(self.end, StopCause.EXITED)),
             (spawner.reaper_lost, partial(self.end, REAPER_LOST)),
             (control.stop_requested, lambda: self.end(control.cause)),
+            (control.kill_requested, self.kill_now),
         ):
             producers.start_soon(_after, event, then)
         producers.start_soon(self._end_on_failure)
         producers.start_soon(self._forensics_on_stall, sink, spawner)
-        producers.start_soon(_after, control.kill_requested, self.kill_now)
         self._job.start_tasks(producers, sink, spawner, self.end)
         if self.cfg.max_duration_seconds is not None:
             producers.start_soon(self._end_after_max_duration, sink)
@@ -499,11 +497,11 @@ class _Soak:
         await self._exit_judge.report_oom_kills(sink)
         if self.cause == StopCause.EXITED and spawner.tree_gone.is_set():
             # A run that ended by itself; a stop (a scheduler's) has no time to spare.
-            await self._run_judge.check_gpus_released(sink)
+            await self.run_judge.check_gpus_released(sink)
 
     async def _end_on_failure(self) -> None:
         """The run's state has folded a failure (a rule's): the run ends."""
-        failure = await self._builder.wait_failed()
+        failure = await self._state.wait_failed()
         if not self._failures:
             self._failures.append(failure["reason"])
         self.end(StopCause.FAILURE)
@@ -511,7 +509,7 @@ class _Soak:
     async def _forensics_on_stall(self, sink: EventSink, spawner: Spawner) -> None:
         """A stall's forensics, taken before the tree is told (the cause claimed first, so an
         exit meanwhile does not take it); the rules make the failure once folded."""
-        broken = await self._builder.wait_for(lambda: self._builder.broken_rule)
+        broken = await self._state.wait_for(lambda: self._state.broken_rule)
         reason = FailureReason(broken["reason"])
         if self.cause is not None or reason not in HANG_REASONS or not self.cfg.forensics:
             return
@@ -519,7 +517,7 @@ class _Soak:
         try:
             await self._tree_stop.hang_forensics(sink, spawner, reason)
             with anyio.move_on_after(FOLD_WAIT_SECONDS):
-                await self._builder.wait_failed(reason)
+                await self._state.wait_failed(reason)
         finally:
             self._failures.append(reason)
             self._ended.set()
@@ -530,11 +528,44 @@ class _Soak:
         self.end(StopCause.MAX_DURATION)
 
 
+async def _write_artifact(artifact: Artifact, cfg: SoakConfig) -> None:
+    """Write the artifact to ``cfg.output_path``; an ``OSError`` naming the journal if not."""
+    path, journal = cfg.output_path, cfg.journal_path
+    try:
+        await run_blocking(
+            write_artifact,
+            artifact,
+            path,
+            timeout=ARTIFACT_WRITE_TIMEOUT_SECONDS,
+            what=f"writing the artifact {path}",
+        )
+    except BlockingCallTimeout as exc:
+        raise OSError(
+            errno.ETIMEDOUT,
+            f"could not write the soak artifact within {ARTIFACT_WRITE_TIMEOUT_SECONDS:g}s "
+            f"(a hung filesystem? the tree was stopped; the journal is {journal})",
+            str(path),
+        ) from exc
+    except OSError as exc:
+        raise OSError(
+            exc.errno,
+            "could not write the soak artifact (the tree was stopped; the journal "
+            f"is {journal}): {exc.strerror}",
+            str(path),
+        ) from exc
+
+
+def _collect_snapshot(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """The snapshot, its module imported here in the thread: never on the host's loop."""
+    from .._sampling import collect_snapshot
+
+    return collect_snapshot(*args, **kwargs)
+
+
 def _while_the_command_starts() -> None:
-    """What comes next, made ready in a thread while the command starts (the reaper's fork and
-    the cgroup's join leave the monitor waiting): the samplers' modules, the kernel log so far
-    (the OOM check at the end reads on from there, not from the boot), and the exit statuses'
-    modules.  Not waited for: a failure here only leaves the work to its first use."""
+    """Made ready in a thread while the command starts (the monitor only waits): the samplers'
+    modules, the kernel log so far (the OOM check reads on from there), the exits' modules.
+    Not waited for: a failure here only leaves the work to its first use."""
     import_samplers()
     prefetch_oom_records()
     exits.decode, exits.verdict_exit_code  # noqa: B018 (their modules' import is the point)

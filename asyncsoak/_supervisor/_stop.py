@@ -1,6 +1,7 @@
-"""The stop sequence of a soak's tree: ask, bounded grace, SIGKILL, bounded reap (as trio's
-``_subprocess.py``).  Graceful waits end when the caller asks to kill now, the monitor's own when
-the caller stops the soak; a stall's forensics are taken before the first signal."""
+"""The soak's command as a process tree: its cgroup, its start, its stop (ask, bounded grace,
+SIGKILL, bounded reap, as trio's ``_subprocess.py``) and the clean-up that leaves nothing behind.
+Graceful waits end when the caller asks to kill now, the monitor's own when the caller stops the
+soak; a stall's forensics are taken before the first signal."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from functools import partial
 from typing import Any, Final, Literal
 
 import anyio
+from anyio.abc import TaskGroup
 
 from .._contract import (
     BlockingCallTimeout,
@@ -23,7 +25,17 @@ from .._contract import (
     exits,
     run_blocking,
 )
-from .._process import Spawner, collect_forensics, process_tree, stall_culprit
+from .._process import (
+    REAPER_CLOSE_TIMEOUT_SECONDS,
+    Spawner,
+    SpawnRequest,
+    cgroups,
+    collect_forensics,
+    process_tree,
+    stall_culprit,
+)
+from .._sampling import StepReader
+from ..trainer import STEPS_FILE_VARIABLE
 from . import _slurm
 from ._config import SoakConfig
 from ._control import SoakControl
@@ -46,10 +58,11 @@ MIN_KILL_WAIT_SECONDS = 0.5
 HANG_REASONS = frozenset({FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT})
 #: Environment marker that lets the monitor recognise processes of this soak's tree.
 SOAK_ID_VARIABLE = "ASYNCSOAK_SOAK_ID"
+#: Give each soak's tree a cgroup where allowed; tests turn it off for the marker fallback.
+USE_CGROUP = True
 
 #: Records a failure (reason, message) in the soak's artifact.
 Fail = Callable[[FailureReason, str], Awaitable[None]]
-
 #: The soak's end cause when its reaper died: the tree is killed at once (never a ``stop.cause``).
 REAPER_LOST: Final = "reaper_lost"
 #: What ended the soak: a stop cause, or the reaper's loss.
@@ -63,7 +76,6 @@ class TreeStop:
         self,
         cfg: SoakConfig,
         control: SoakControl,
-        *,
         masker: Masker,
         marker: str,
         limiter: anyio.CapacityLimiter,
@@ -84,19 +96,15 @@ class TreeStop:
         self.seen_pids: set[int] = set()
         #: In a scheduler's stop: when (``anyio.current_time()``) the waits on the tree end.
         self.deadline: float | None = None
-        self.forensics_taken = False
-        #: The processes of the hang forensics, once taken.
-        self.dumped: list[dict[str, Any]] = []
+        self._forensics_taken = False
 
     def caller_stopped(self) -> None:
-        """The caller stopped the soak: the waits not needed to stop the tree end now."""
         if not self.caller_stop.is_set():
             self.caller_stop.set()
             for scope in list(self._stop_scopes):
                 scope.cancel()
 
     def kill_now(self) -> None:
-        """The caller wants the tree killed at once: every graceful wait ends now."""
         for scope in list(self._grace_scopes | self._stop_scopes):
             scope.cancel()
 
@@ -133,18 +141,39 @@ class TreeStop:
         scheduler: dict[str, Any] | None,
     ) -> None:
         """The monitor ends the run: graceful request, grace, SIGKILL, bounded reap."""
-        grace = self._grace(cause, scheduler)
+        cfg, control = self.cfg, self.control
+        grace = cfg.post_shutdown_grace_seconds
+        if control.stop_requested.is_set() and control.grace_seconds is not None:
+            grace = control.grace_seconds
+        if cause == StopCause.SCHEDULER and control.stop_requested.is_set():
+            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.  Facts not known
+            # yet (a SIGTERM in the first instants): the caller's figure, else the default.
+            known = scheduler or {"kill_wait_seconds": cfg.scheduler_grace_seconds}
+            grace = _slurm.stop_grace(grace, known)
+            kill_wait = _slurm.kill_wait_of(known)
+            self.deadline = anyio.current_time() + kill_wait - FINISH_RESERVE_SECONDS
         await sink.emit(
             events.StopRequested(
-                t=sink.elapsed(), cause=cause, mode=self.cfg.stop_mode, grace_seconds=grace
+                t=sink.elapsed(), cause=cause, mode=cfg.stop_mode, grace_seconds=grace
             )
         )
         if cause == StopCause.FAILURE and first_failure in HANG_REASONS:
             await self.hang_forensics(sink, spawner, first_failure)
-        if cause == StopCause.REQUEUED:
-            pass  # the graceful request was the forwarded signal: the trainer is saving
-        elif not spawner.exited.is_set():
-            await self._ask_to_stop(sink, spawner)
+        # A requeue's graceful request was the forwarded signal: the trainer is saving.
+        if cause != StopCause.REQUEUED and not spawner.exited.is_set():
+            if cfg.stop_mode == "stdin":
+                if spawner.close_stdin():
+                    await sink.emit(events.StdinClosed(t=sink.elapsed()))
+            else:
+                pids = await self._walk(spawner)
+                group = cfg.stop_mode == "group"
+                sig = signal.SIGTERM
+                if spawner.signal_group(sig) if group else spawner.signal_leader(sig):
+                    await sink.emit(
+                        events.SignalSent(
+                            t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids
+                        )
+                    )
         await self.wait_tree_gone(spawner, grace, cause)
         if spawner.tree_gone.is_set():
             return
@@ -154,40 +183,6 @@ class TreeStop:
         # The command is gone but some of its tree outlived it by the grace.
         counted = cause in (StopCause.FAILURE, StopCause.MAX_DURATION)
         await self.kill_leftovers(sink, spawner, f"{grace:g}s", lambda: counted)
-
-    def _grace(self, cause: StopCause, scheduler: dict[str, Any] | None) -> float:
-        """The soak's grace, the caller's, or what a scheduler's stop leaves under its SIGKILL
-        (which also sets :attr:`deadline`)."""
-        cfg = self.cfg
-        grace = cfg.post_shutdown_grace_seconds
-        if self.control.stop_requested.is_set() and self.control.grace_seconds is not None:
-            grace = self.control.grace_seconds
-        if cause == StopCause.SCHEDULER and self.control.stop_requested.is_set():
-            # SIGTERM from the scheduler: its SIGKILL follows KillWait later.  Facts not known
-            # yet (a SIGTERM in the first instants): the caller's figure, else the default.
-            known = scheduler or {"kill_wait_seconds": cfg.scheduler_grace_seconds}
-            grace = _slurm.stop_grace(grace, known)
-            self.deadline = (
-                anyio.current_time() + _slurm.kill_wait_of(known) - FINISH_RESERVE_SECONDS
-            )
-        return grace
-
-    async def _ask_to_stop(self, sink: EventSink, spawner: Spawner) -> None:
-        """The graceful request: close stdin, or SIGTERM to the group or the leader."""
-        cfg = self.cfg
-        if cfg.stop_mode == "stdin":
-            if spawner.close_stdin():
-                await sink.emit(events.StdinClosed(t=sink.elapsed()))
-            return
-        pids = await self._walk(spawner)
-        sig = signal.SIGTERM
-        sent = spawner.signal_group(sig) if cfg.stop_mode == "group" else spawner.signal_leader(sig)
-        if sent:
-            await sink.emit(
-                events.SignalSent(
-                    t=sink.elapsed(), signal="SIGTERM", target=cfg.stop_mode, pids=pids
-                )
-            )
 
     async def after_reaper_lost(self, sink: EventSink, spawner: Spawner) -> None:
         """The reaper died: nothing reports the tree any more, so it is killed at once, every
@@ -237,7 +232,6 @@ class TreeStop:
 
     @staticmethod
     async def _walk(spawner: Spawner) -> list[int]:
-        """The tree below the reaper (bounded: empty past the bound)."""
         with contextlib.suppress(BlockingCallTimeout):
             return await run_blocking(
                 spawner.tree_pids, timeout=TREE_WALK_TIMEOUT_SECONDS, what="walking the tree"
@@ -293,7 +287,6 @@ class TreeStop:
         await self._abandon(sink, spawner, pids)
 
     async def _announce_kill(self, sink: EventSink, spawner: Spawner) -> list[int]:
-        """The tree's pids, told as the SIGKILL's targets."""
         pids = await self.tree_pids(spawner)
         await sink.emit(
             events.SignalSent(t=sink.elapsed(), signal="SIGKILL", target="tree", pids=pids)
@@ -301,7 +294,6 @@ class TreeStop:
         return pids
 
     async def _abandon(self, sink: EventSink, spawner: Spawner, pids: list[int]) -> None:
-        """Each process the kill could not end, told as abandoned."""
         for info in await self._describe(pids, spawner.pid):
             await sink.emit(events.Abandoned(t=sink.elapsed(), process=self.masker.data(info)))
 
@@ -313,12 +305,12 @@ class TreeStop:
 
     async def hang_forensics(
         self, sink: EventSink, spawner: Spawner, reason: FailureReason
-    ) -> dict[str, Any] | None:
-        """Before the first signal, once: ask for a stack dump, record what the tree is doing;
-        returns which rank(s) a distributed run's stall waits on, or None."""
-        if self.forensics_taken:
-            return None
-        self.forensics_taken = True
+    ) -> None:
+        """Before the first signal, once: ask for a stack dump, record what the tree is doing
+        (and which rank(s) a distributed run's stall waits on)."""
+        if self._forensics_taken:
+            return
+        self._forensics_taken = True
         cfg = self.cfg
         if cfg.dump_signal is not None and spawner.signal_leader(cfg.dump_signal):
             name = exits.signal_name(cfg.dump_signal)
@@ -330,7 +322,7 @@ class TreeStop:
             with self.given_up_on_caller_stop():
                 await anyio.sleep(DUMP_WAIT_SECONDS)
         if not cfg.forensics:
-            return None
+            return
         pids = await self.tree_pids(spawner)
         data: dict[str, Any] = {"error": f"forensics took longer than {FORENSICS_SECONDS:g}s"}
         with self.given_up_on_caller_stop() as scope, contextlib.suppress(BlockingCallTimeout):
@@ -342,15 +334,125 @@ class TreeStop:
             )
         if scope.cancelled_caught:
             data = {"error": "the caller stopped the soak during the forensics"}
-        self.dumped = data.get("processes") or []
-        culprit = stall_culprit(self.dumped)
+        culprit = stall_culprit(data.get("processes") or [])
         if culprit is not None:
             data["ranks"] = culprit
         # Command lines and py-spy's headers carry argv: masked like argv everywhere else.
         await sink.emit(
             events.Forensics(t=sink.elapsed(), reason=reason, data=self.masker.data(data))
         )
-        return culprit
+
+
+def produce(
+    tg: TaskGroup, sink: EventSink, producer: Callable[[EventSink], Awaitable[None]]
+) -> None:
+    """Run a producer with its own clone of the sink, closed when it returns."""
+
+    async def run(clone: EventSink) -> None:
+        async with clone:
+            await producer(clone)
+
+    tg.start_soon(run, sink.clone())
+
+
+async def _bounded(call: Callable[..., Any], *args: Any, what: str) -> Any:
+    """A short blocking call on the tree's cgroup or processes; None past its bound."""
+    with contextlib.suppress(BlockingCallTimeout):
+        return await run_blocking(call, *args, timeout=TREE_LOOK_TIMEOUT_SECONDS, what=what)
+    return None
+
+
+async def create_cgroup(soak_id: str) -> cgroups.TreeCgroup | None:
+    """The tree's own cgroup where the kernel allows one (None past the bound)."""
+    if not USE_CGROUP:
+        return None
+    created: cgroups.TreeCgroup | None
+    created = await _bounded(
+        cgroups.create, f"asyncsoak-{soak_id}", what="creating the tree's cgroup"
+    )
+    return created
+
+
+def spawn_request(
+    cfg: SoakConfig,
+    env: dict[str, str],
+    marker: str,
+    log_fd: int,
+    steps: StepReader | None,
+    cgroup: cgroups.TreeCgroup | None,
+) -> SpawnRequest:
+    child_env = {**env, SOAK_ID_VARIABLE: marker}
+    if steps is not None:
+        child_env[STEPS_FILE_VARIABLE] = str(cfg.steps_path)
+    return SpawnRequest(
+        argv=cfg.command,
+        cwd=None if cfg.cwd is None else str(cfg.cwd),
+        env=child_env,
+        log_fd=log_fd,
+        log_max_bytes=cfg.log_max_bytes,
+        stop_mode=cfg.stop_mode,
+        grace_seconds=cfg.post_shutdown_grace_seconds,
+        cgroup=None if cgroup is None else str(cgroup.path),
+        kill_wait_seconds=cfg.kill_wait_seconds,
+    )
+
+
+async def start_command(
+    sink: EventSink,
+    spawner: Spawner,
+    request: SpawnRequest,
+    cgroup: cgroups.TreeCgroup | None,
+    fail: Fail,
+) -> bool:
+    """Start the command; False (its failure recorded) when it could not be started."""
+    if not await spawner.start(sink, request):
+        await fail(
+            FailureReason.SPAWN_FAILED,
+            f"could not start {request.argv[0]!r}: {spawner.spawn_error}",
+        )
+        return False
+    # Membership decides only if the command really joined the group.
+    pid = spawner.pid
+    if (
+        cgroup is not None
+        and pid is not None
+        and await _bounded(cgroup.holds, pid, what="a cgroup")
+    ):
+        spawner.cgroup = cgroup
+    return True
+
+
+async def stop_for_the_host(
+    sink: EventSink, spawner: Spawner, tree_stop: TreeStop, scheduler: dict[str, Any] | None
+) -> None:
+    """The host's loop ended, cancelling every task: the tree is stopped as on any cancel,
+    beside a watch of its own on the reaper's reports."""
+    if spawner.pid is None or spawner.tree_gone.is_set():
+        return
+    async with anyio.create_task_group() as watch:
+        produce(watch, sink, spawner.watch)
+        await tree_stop.stop(
+            sink, spawner, StopCause.CANCELLED, first_failure=None, scheduler=scheduler
+        )
+        watch.cancel_scope.cancel()
+
+
+async def leave_nothing_behind(
+    spawner: Spawner | None, cgroup: cgroups.TreeCgroup | None, tree_stop: TreeStop
+) -> None:
+    """Bounded clean-up: the tree killed if the supervisor broke, the reaper closed, the cgroup
+    removed."""
+    if spawner is not None:
+        if not spawner.tree_gone.is_set() and spawner.pid is not None:
+            with contextlib.suppress(BlockingCallTimeout):
+                await run_blocking(
+                    spawner.kill_tree, timeout=TREE_WALK_TIMEOUT_SECONDS, what="killing the tree"
+                )
+        # A reaper still waiting on a tree SIGKILL cannot end (uninterruptible sleep)
+        # is not waited for past a scheduler's deadline: the artifact comes first.
+        await spawner.close(tree_stop.within_deadline(REAPER_CLOSE_TIMEOUT_SECONDS))
+    if cgroup is not None:
+        await _bounded(cgroup.remove, what="removing a cgroup")
 
 
 def _kill_all(spawner: Spawner, pids: list[int]) -> None:

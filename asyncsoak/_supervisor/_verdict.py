@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,8 @@ class ExitJudge:
     """Judges how the command ended by itself, and reports the tree's OOM kills once each."""
 
     def __init__(self, tree_stop: TreeStop, state: RunState) -> None:
-        self.cfg = tree_stop.cfg
-        self._state = state
-        self._tree_stop = tree_stop
-        self._masker = tree_stop.masker
-        self._limiter = tree_stop.limiter
-        self._fail = tree_stop.fail
+        self.cfg, self._state, self._tree_stop = tree_stop.cfg, state, tree_stop
+        self._masker, self._fail = tree_stop.masker, tree_stop.fail
         self._oom_reported: dict[int, events.OomKill] = {}
         #: The tree's memory cgroup as read at the start (its OOM-kill counter then), if known.
         self.memory_cgroup: MemoryCgroup | None = None
@@ -123,12 +118,11 @@ class ExitJudge:
 
     async def crash_cause(self, sink: EventSink) -> str | None:
         """Lift the cause of a crash from the end of the log into ``exit.exception``."""
-        try:
+        rank_crash, cause = None, None
+        with contextlib.suppress(BlockingCallTimeout):
             rank_crash, cause = await run_blocking(
                 _read_crash, self.cfg.log_path, timeout=5.0, what="reading the log's tail"
             )
-        except BlockingCallTimeout:
-            return None
         if cause is None:
             return None
         await sink.emit(
@@ -156,15 +150,12 @@ class ExitJudge:
         ``command_pid`` (a command SIGKILLed by no one), else, at the end, a warning.
         """
         cgroup = self.memory_cgroup
-        kernel_records = partial(
-            oom_kills,
-            self._tree_stop.seen_pids | self._state.seen_pids,
-            since_boot_seconds=self._boot_seconds_at_start - KMSG_SLACK_SECONDS,
-        )
+        seen = self._tree_stop.seen_pids | self._state.seen_pids
+        since = self._boot_seconds_at_start - KMSG_SLACK_SECONDS
 
         def read_both() -> tuple[list[dict[str, Any]] | None, int | None]:
             counted = None if cgroup is None else cgroup.read_oom_kills()
-            return kernel_records(), counted
+            return oom_kills(seen, since_boot_seconds=since), counted
 
         found, now = None, None
         with contextlib.suppress(BlockingCallTimeout):
@@ -172,7 +163,7 @@ class ExitJudge:
                 read_both,
                 timeout=5.0,
                 what="reading the kernel's OOM records and the cgroup's OOM-kill counter",
-                limiter=self._limiter,
+                limiter=self._tree_stop.limiter,
             )
         counter = None
         if cgroup is not None and cgroup.oom_kills is not None and now is not None:
@@ -219,11 +210,7 @@ class ExitJudge:
             pid=kill["pid"],
             name=kill["name"],
             message=kill["message"],
-            detected_by=tuple(
-                witness
-                for witness, saw in (("kernel_log", kernel_log), ("cgroup_counter", counted))
-                if saw
-            ),
+            detected_by=("kernel_log",) * kernel_log + ("cgroup_counter",) * counted,
             cgroup_path=None if cgroup is None else cgroup.path,
             cgroup_memory_limit_bytes=None if cgroup is None else cgroup.hard_bytes,
         )
