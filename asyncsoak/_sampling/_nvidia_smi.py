@@ -99,41 +99,48 @@ class SmiParseError(ValueError):
     """A line that is not a row of the query (an error message, garbage, a torn line)."""
 
 
+def _asked(query: str) -> Any:
+    """A :class:`GpuReading` attribute that the GPU query's field ``query`` gives."""
+    return field(default=None, metadata={"query": query})
+
+
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     """One GPU in one iteration.  ``errors`` maps a query field to why its value is None;
     ``index`` is -1 when it could not be read (the GPU is known by ``uuid`` or ``bus_id``)."""
 
-    index: int
-    uuid: str | None = None
-    name: str | None = None
-    bus_id: str | None = None
-    pstate: str | None = None
-    utilization_gpu_percent: float | None = None
-    utilization_memory_percent: float | None = None
-    memory_total_mib: float | None = None
-    memory_used_mib: float | None = None
-    memory_free_mib: float | None = None
-    temperature_gpu_c: float | None = None
-    temperature_memory_c: float | None = None
-    power_draw_w: float | None = None
-    power_limit_w: float | None = None
-    clocks_sm_mhz: float | None = None
-    clocks_mem_mhz: float | None = None
-    clocks_max_sm_mhz: float | None = None
-    fan_speed_percent: float | None = None
-    clock_event_reasons: list[str] | None = None
-    ecc_uncorrected_volatile: int | None = None
-    ecc_corrected_volatile: int | None = None
-    remapped_rows_pending: bool | None = None
-    remapped_rows_failure: bool | None = None
-    remapped_rows_correctable: int | None = None
-    remapped_rows_uncorrectable: int | None = None
-    retired_pages_pending: bool | None = None
-    pcie_link_gen_current: int | None = None
-    pcie_link_gen_max: int | None = None
-    pcie_link_width_current: int | None = None
-    pcie_link_width_max: int | None = None
+    index: int = field(metadata={"query": "index"})
+    uuid: str | None = _asked("uuid")
+    name: str | None = _asked("name")
+    bus_id: str | None = _asked("pci.bus_id")
+    pstate: str | None = _asked("pstate")
+    utilization_gpu_percent: float | None = _asked("utilization.gpu")
+    utilization_memory_percent: float | None = _asked("utilization.memory")
+    memory_total_mib: float | None = _asked("memory.total")
+    memory_used_mib: float | None = _asked("memory.used")
+    memory_free_mib: float | None = _asked("memory.free")
+    temperature_gpu_c: float | None = _asked("temperature.gpu")
+    temperature_memory_c: float | None = _asked("temperature.memory")
+    power_draw_w: float | None = _asked("power.draw")
+    power_limit_w: float | None = _asked("power.limit")
+    clocks_sm_mhz: float | None = _asked("clocks.sm")
+    clocks_mem_mhz: float | None = _asked("clocks.mem")
+    clocks_max_sm_mhz: float | None = _asked("clocks.max.sm")
+    fan_speed_percent: float | None = _asked("fan.speed")
+    clock_event_reasons: list[str] | None = field(
+        default=None, metadata={"query": "clocks_event_reasons.active"}
+    )
+    ecc_uncorrected_volatile: int | None = _asked("ecc.errors.uncorrected.volatile.total")
+    ecc_corrected_volatile: int | None = _asked("ecc.errors.corrected.volatile.total")
+    remapped_rows_pending: bool | None = _asked("remapped_rows.pending")
+    remapped_rows_failure: bool | None = _asked("remapped_rows.failure")
+    remapped_rows_correctable: int | None = _asked("remapped_rows.correctable")
+    remapped_rows_uncorrectable: int | None = _asked("remapped_rows.uncorrectable")
+    retired_pages_pending: bool | None = _asked("retired_pages.pending")
+    pcie_link_gen_current: int | None = _asked("pcie.link.gen.gpucurrent")
+    pcie_link_gen_max: int | None = _asked("pcie.link.gen.max")
+    pcie_link_width_current: int | None = _asked("pcie.link.width.current")
+    pcie_link_width_max: int | None = _asked("pcie.link.width.max")
     errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -186,42 +193,20 @@ def decode_clock_event_reasons(mask: int) -> list[str]:
 
 _Spec = dict[str, tuple[str, Callable[[str], Any]]]
 
-#: Each GPU field asked, in the order asked and of :class:`GpuReading`'s attributes: its converter.
-_GPU_CONVERTERS: dict[str, Callable[[str], Any]] = {
-    "index": _integer,
-    "uuid": str,
-    "name": str,
-    "pci.bus_id": str,
-    "pstate": str,
-    "utilization.gpu": _number,
-    "utilization.memory": _number,
-    "memory.total": _number,
-    "memory.used": _number,
-    "memory.free": _number,
-    "temperature.gpu": _number,
-    "temperature.memory": _number,
-    "power.draw": _number,
-    "power.limit": _number,
-    "clocks.sm": _number,
-    "clocks.mem": _number,
-    "clocks.max.sm": _number,
-    "fan.speed": _number,
-    "clocks_event_reasons.active": lambda raw: decode_clock_event_reasons(int(raw, 16)),
-    "ecc.errors.uncorrected.volatile.total": _integer,
-    "ecc.errors.corrected.volatile.total": _integer,
-    "remapped_rows.pending": _yes_no,
-    "remapped_rows.failure": _yes_no,
-    "remapped_rows.correctable": _integer,
-    "remapped_rows.uncorrectable": _integer,
-    "retired_pages.pending": _yes_no,
-    "pcie.link.gen.gpucurrent": _integer,
-    "pcie.link.gen.max": _integer,
-    "pcie.link.width.current": _integer,
-    "pcie.link.width.max": _integer,
+_CONVERTERS: dict[str, Callable[[str], Any]] = {
+    "int": _integer,
+    "int | None": _integer,
+    "str | None": str,
+    "float | None": _number,
+    "bool | None": _yes_no,
+    "list[str] | None": lambda raw: decode_clock_event_reasons(int(raw, 16)),
 }
+#: Each GPU field asked, in the order asked: its attribute of :class:`GpuReading`, read as
+#: the attribute's type says.
 _GPU_SPEC: _Spec = {
-    name: (f.name, convert)
-    for (name, convert), f in zip(_GPU_CONVERTERS.items(), fields(GpuReading), strict=False)
+    f.metadata["query"]: (f.name, _CONVERTERS[str(f.type)])
+    for f in fields(GpuReading)
+    if f.metadata
 }
 GPU_FIELDS: tuple[str, ...] = tuple(_GPU_SPEC)
 #: Each GPU field's attribute of :class:`GpuReading`.
