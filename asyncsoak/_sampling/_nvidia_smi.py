@@ -370,18 +370,13 @@ def _inventory_entry(line: str, fields: Sequence[str]) -> dict[str, Any]:
         name: None if value in UNAVAILABLE else value
         for name, value in zip(fields, _split(line, fields, None), strict=True)
     }
+    read = ("uuid", "name", "bus_id", "memory_total_mib", "power_limit_w", "clocks_max_sm_mhz")
+    texts["mig_mode"] = texts.get("mig.mode.current")
+    told = ("driver_version", "compute_mode", "persistence_mode", "mig_mode")
     return {
         "index": None if reading.index < 0 else reading.index,
-        "uuid": reading.uuid,
-        "name": reading.name,
-        "bus_id": reading.bus_id,
-        "memory_total_mib": reading.memory_total_mib,
-        "power_limit_w": reading.power_limit_w,
-        "clocks_max_sm_mhz": reading.clocks_max_sm_mhz,
-        "driver_version": texts.get("driver_version"),
-        "compute_mode": texts.get("compute_mode"),
-        "persistence_mode": texts.get("persistence_mode"),
-        "mig_mode": texts.get("mig.mode.current"),
+        **{name: getattr(reading, name) for name in read},
+        **{name: texts.get(name) for name in told},
     }
 
 

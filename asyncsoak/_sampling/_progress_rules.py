@@ -398,11 +398,10 @@ async def report_steps(
     update = tracker.observe_steps(reading, now)
     for note in update.notes:
         tracker.step_notes += 1
-        if tracker.step_notes < STEP_NOTES_MAX:
+        if tracker.step_notes == STEP_NOTES_MAX:
+            note += " (and no further notes about the step sources)"
+        if tracker.step_notes <= STEP_NOTES_MAX:
             await sink.emit(events.SamplerNote(t=now, sampler="steps", message=note))
-        elif tracker.step_notes == STEP_NOTES_MAX:
-            message = f"{note} (and no further notes about the step sources)"
-            await sink.emit(events.SamplerNote(t=now, sampler="steps", message=message))
     for warning in update.warnings:
         await sink.emit(events.WarningEvent(t=now, message=warning))
     if (update.advanced or update.changed) and steps.step is not None:
