@@ -39,6 +39,8 @@ JUDGE_GRACE_SECONDS = 2.0
 HEARD_WAIT_SECONDS = 1.0
 #: The share of a core the full scans of a huge tree may take (where inotify watches it).
 SCAN_CPU_SHARE = 0.02
+#: Bound on a scan, a stat or the placing of watches (a hung filesystem: fail closed).
+SCAN_TIMEOUT_SECONDS = 60.0
 #: Full scans are never further apart than this, however costly.
 MAX_FULL_SCAN_PERIOD_SECONDS = 60.0
 
@@ -55,19 +57,16 @@ async def run_watchdog(
     also: Collection[Path] = (),
     scan_interval: float,
     limiter: anyio.CapacityLimiter,
-    scan_timeout: float = 60.0,
-    use_inotify: bool = True,
     steps: StepReader | None = None,
 ) -> None:
     """Watch until a rule fires (then post it, a ``rule_broken`` event) or the task is cancelled:
     a scan every ``scan_interval`` and at each deadline (with ``steps``, reading what the step
     sources wrote in the same thread hop), inotify between them."""
     watcher = None
-    if use_inotify:
-        with contextlib.suppress(OSError):  # no inotify here: the scans alone keep watch
-            watcher = Inotify()
+    with contextlib.suppress(OSError):  # no inotify here: the scans alone keep watch
+        watcher = Inotify()
     scanner = Scanner(progress_dir, ignore, also, steps)
-    loop = _WatchLoop(sink, watcher, scanner, tracker, scan_interval, scan_timeout, limiter)
+    loop = _WatchLoop(sink, watcher, scanner, tracker, scan_interval, limiter)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(loop.judge_on_time, tg.cancel_scope)
@@ -98,7 +97,6 @@ class _WatchLoop:
         scanner: Scanner,
         tracker: ProgressTracker,
         scan_interval: float,
-        scan_timeout: float,
         limiter: anyio.CapacityLimiter,
     ) -> None:
         self.sink = sink
@@ -109,7 +107,6 @@ class _WatchLoop:
         self.ignore = scanner.ignore
         self.tracker = tracker
         self.scan_interval = scan_interval
-        self.scan_timeout = scan_timeout
         self.watches_placed = anyio.Event()
         self.fired = False
         self.next_scan = _next_on_grid(sink.elapsed(), scan_interval)
@@ -324,7 +321,7 @@ class _WatchLoop:
     ) -> _T | None:
         """``call(*args)`` in a thread under the scan timeout; None if it did not come back."""
         with contextlib.suppress(BlockingCallTimeout):
-            timeout = self.scan_timeout
+            timeout = SCAN_TIMEOUT_SECONDS
             return await run_blocking(call, *args, timeout=timeout, what=what, limiter=limiter)
         return None
 
