@@ -100,7 +100,7 @@ class SmiParseError(ValueError):
 
 
 def _asked(query: str) -> Any:
-    """A :class:`GpuReading` attribute that the GPU query's field ``query`` gives."""
+    """An attribute that the query field ``query`` gives."""
     return field(default=None, metadata={"query": query})
 
 
@@ -149,11 +149,11 @@ class GpuProcess:
     """One process holding GPU memory, as ``--query-compute-apps`` reports it (``pid`` is the
     host's: ``in_tree`` is decided by pid only)."""
 
-    pid: int
-    name: str | None = None
-    used_gpu_memory_mib: float | None = None
-    gpu_uuid: str | None = None
-    gpu_bus_id: str | None = None
+    pid: int = field(metadata={"query": "pid"})
+    name: str | None = _asked("process_name")
+    used_gpu_memory_mib: float | None = _asked("used_gpu_memory")
+    gpu_uuid: str | None = _asked("gpu_uuid")
+    gpu_bus_id: str | None = _asked("gpu_bus_id")
     #: The label (``gpu0``) of the GPU that ``gpu_uuid`` or ``gpu_bus_id`` names.
     gpu_index: int | None = None
     in_tree: bool = False
@@ -201,13 +201,16 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
     "bool | None": _yes_no,
     "list[str] | None": lambda raw: decode_clock_event_reasons(int(raw, 16)),
 }
-#: Each GPU field asked, in the order asked: its attribute of :class:`GpuReading`, read as
-#: the attribute's type says.
-_GPU_SPEC: _Spec = {
-    f.metadata["query"]: (f.name, _CONVERTERS[str(f.type)])
-    for f in fields(GpuReading)
-    if f.metadata
-}
+
+
+def _spec(cls: type) -> _Spec:
+    """Each field a query asks, in the order asked: its attribute of ``cls``, read as the
+    attribute's type says."""
+    asked = (f for f in fields(cls) if f.metadata)
+    return {f.metadata["query"]: (f.name, _CONVERTERS[str(f.type)]) for f in asked}
+
+
+_GPU_SPEC = _spec(GpuReading)
 GPU_FIELDS: tuple[str, ...] = tuple(_GPU_SPEC)
 #: Each GPU field's attribute of :class:`GpuReading`.
 GPU_ATTRIBUTES = {name: attribute for name, (attribute, _) in _GPU_SPEC.items()}
@@ -224,13 +227,7 @@ _GPU_ALIASES = {
     "remapped_rows.sbe": "remapped_rows.correctable",
     "remapped_rows.dbe": "remapped_rows.uncorrectable",
 }
-_APP_SPEC: _Spec = {
-    "pid": ("pid", _integer),
-    "process_name": ("name", str),
-    "used_gpu_memory": ("used_gpu_memory_mib", _number),
-    "gpu_uuid": ("gpu_uuid", str),
-    "gpu_bus_id": ("gpu_bus_id", str),
-}
+_APP_SPEC = _spec(GpuProcess)
 _APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
 
 
