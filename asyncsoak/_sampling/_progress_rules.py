@@ -265,18 +265,13 @@ def changed_at(
     return at if since <= at <= now else now
 
 
-def _coarse_clock_resolution() -> float:
-    try:
-        return time.clock_getres(_CLOCK_REALTIME_COARSE)
-    except OSError:
-        return 0.01
-
-
-#: ``CLOCK_REALTIME_COARSE`` of <linux/time.h>, which Python's time module does not name.
-_CLOCK_REALTIME_COARSE = 5
 #: How far behind a file's mtime may be (the kernel dates writes with its coarse clock, one
 #: scheduler tick at most): added, so that a change is never dated before it happened.
-MTIME_LATENESS_SECONDS = _coarse_clock_resolution()
+try:
+    # CLOCK_REALTIME_COARSE of <linux/time.h>, which Python's time module does not name.
+    MTIME_LATENESS_SECONDS = time.clock_getres(5)
+except OSError:
+    MTIME_LATENESS_SECONDS = 0.01
 
 
 #: How many changed paths a progress event names.
