@@ -1,7 +1,5 @@
 """What a GPU says about its own health, judged: Xid errors, ECC, row remaps, a GPU lost or
-needing a reset, a slow PCIe link.  How GPUs are identified and which count as the run's:
-docs/architecture.md, "The GPU sampler and GPU health".
-"""
+needing a reset, a slow PCIe link (docs/architecture.md, "The GPU sampler and GPU health")."""
 
 from __future__ import annotations
 

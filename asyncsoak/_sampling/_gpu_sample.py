@@ -1,7 +1,5 @@
 """The GPU sample and its records: readings placed on their GPUs, processes on the tree (by pid
-only: a container's ``nvidia-smi`` reports host pids, recorded as not the tree's, never guessed),
-notes said once, degraded and recovered episodes, health faults reported.
-"""
+only), notes said once, degraded and recovered episodes, health faults reported."""
 
 from __future__ import annotations
 
@@ -118,9 +116,8 @@ def _state(pid: int) -> str | None:
 
 def outside_tree(pid: int, tree: Collection[int], proc: Path = Path("/proc")) -> bool:
     """Whether ``pid`` is proven other work's: found in this PID namespace, with no process of
-    ``tree`` among it and its ancestors.  A pid not found here (a container's ``nvidia-smi``
-    reports the host's) or an ancestry that cannot be followed proves nothing: False.  (``stat``
-    takes none of the locks that can make ``cmdline`` hang.)"""
+    ``tree`` among it and its ancestors (a pid not found here, a host's, proves nothing).
+    ``stat`` takes none of the locks that can make ``cmdline`` hang."""
     for _ in range(MAX_ANCESTRY):
         if pid in tree:
             return False

@@ -1,7 +1,5 @@
 """The GPU sampler task: ``nvidia-smi`` through long-lived loop processes, every read bounded,
-one call per sample while the loops keep ending.  Mechanism: docs/architecture.md, "The GPU
-sampler and GPU health".
-"""
+one call per sample while the loops keep ending (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -335,11 +333,9 @@ class _GpuSampler(SampleRecorder):
         return bool(lines)
 
     def _starts_iteration(self, line: str, group: list[str]) -> bool:
-        """Whether a GPU row begins the loop's next iteration.  nvidia-smi lists the GPUs in
-        index order, and may stamp each row as it reads it (the stamps of one iteration then
-        differ by a millisecond or so): a row whose index is not above the last readable one
-        of ``group`` begins one.  A row whose index cannot be read stays in ``group`` (which
-        is then not whole: see :meth:`_emit`)."""
+        """Whether a GPU row begins the loop's next iteration: its index is not above the last
+        readable one of ``group`` (nvidia-smi lists the GPUs in index order, and may stamp
+        each row as it reads it, so the stamps of one iteration differ)."""
         fields = self._fields[GPU_QUERY]
         index = line_gpu_index(line, fields)
         if index is None:

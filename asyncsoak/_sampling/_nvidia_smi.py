@@ -1,7 +1,5 @@
 """Talking to ``nvidia-smi`` and reading what it prints (CSV without units, read by position;
-an odd value is None and an entry in ``errors``).  Details: docs/architecture.md, "The GPU
-sampler and GPU health".
-"""
+an odd value is None and an entry in ``errors``)."""
 
 from __future__ import annotations
 

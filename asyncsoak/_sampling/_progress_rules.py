@@ -1,7 +1,5 @@
 """The progress rules: :class:`ProgressTracker` judges startup and staleness over successive
-scans (``now`` is an argument, so tests drive it with any clock); and what the watchdog tells
-of them: progress and step events, notes, the final scan.
-"""
+scans (``now`` is an argument); and what the watchdog tells of them, in events."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The step files trainers write, each read incrementally and bounded (a replaced or truncated
-one again from its start, past the step it had reached; NaN and infinities read as such).
-Kinds, by precedence: ``asyncsoak.trainer.report``'s file, JSON Lines, Lightning's
-``metrics.csv``, Hugging Face's ``trainer_state.json``.
-"""
+"""The step files trainers write, each read incrementally and bounded.  Kinds, by precedence:
+``asyncsoak.trainer.report``'s file, JSON Lines, ``metrics.csv``, ``trainer_state.json``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The rules over the steps a trainer writes: advance, rate, ETA, loss, and a learned limit.
-
-Clock-free: every call takes ``now``.  The learned limit's rule: docs/progress.md ("A learned
-stall limit"); its mechanism: docs/architecture.md, "The watchdog".
-"""
+"""The rules over the steps a trainer writes: advance, rate, ETA, loss, and a learned limit
+(docs/progress.md, "A learned stall limit").  Clock-free: every call takes ``now``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The watchdog: file growth in the progress directory is the run's sign of life.
-
-It wakes at the next scan or deadline and judges on time even when a scan does not come back
-(fail closed).  When inotify is listened to, and how scans are spaced: docs/architecture.md,
-"The watchdog".
-"""
+"""The watchdog: file growth in the progress directory is the run's sign of life, judged on
+time even when a scan does not come back (docs/architecture.md, "The watchdog")."""
 
 from __future__ import annotations
 
