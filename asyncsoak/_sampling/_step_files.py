@@ -156,113 +156,34 @@ def _first(data: Mapping[str, Any], keys: Sequence[str], convert: Any) -> Any:
     return None
 
 
-class _Tail:
-    """A file read line by line as it grows: offset, inode, the partial last line.  Lines
+class JsonLinesSource:
+    """A JSON Lines metrics file (or the report file), read line by line as it grows.  Lines
     ending within ``start_size`` (its size at the start; None: read from its start) were
     written before the soak started."""
-
-    def __init__(self, path: Path, name: str, start_size: int | None = None) -> None:
-        self.path = path
-        self.name = name
-        self.ino: int | None = None
-        self.offset = 0
-        self.line_no = 0
-        self._partial = b""
-        self._skipping = False  # inside a line longer than MAX_LINE_BYTES
-        self._from_start = start_size is None
-        self._start_size = start_size or 0
-        self.huge = 0
-        #: Read again from its start, and no line read since: the lines may be a replay.
-        self.restarted = False
-        self._noted: set[str] = set()
-
-    def read(self, notes: list[str]) -> Lines:
-        """The complete lines written since the last read, numbered (bounded), each with
-        whether it was written before the soak started."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            return []
-        try:
-            st = os.fstat(fd)
-            if self.ino is None:
-                self.ino = st.st_ino
-                if not self._from_start and st.st_size > TAIL_START_BYTES:
-                    self._restart(st.st_size - TAIL_START_BYTES, mid_line=True)
-            elif st.st_ino != self.ino or st.st_size < self.offset:
-                how = "replaced" if st.st_ino != self.ino else "truncated"
-                if how not in self._noted:
-                    self._noted.add(how)
-                    notes.append(
-                        f"{self.name} was {how}: read again from its start, past the steps "
-                        "already read (said once)"
-                    )
-                self.ino = st.st_ino
-                self._start_size = 0
-                self._restart(0)
-                self.restarted = True
-            if st.st_size - self.offset > MAX_READ_BYTES:
-                skip_to = st.st_size - MAX_READ_BYTES
-                notes.append(
-                    f"{self.name}: {skip_to - self.offset} bytes written faster than read "
-                    "were skipped (their steps are not seen)"
-                )
-                self._restart(skip_to, mid_line=True)
-            if st.st_size <= self.offset:
-                return []
-            data = os.pread(fd, st.st_size - self.offset, self.offset)
-        finally:
-            os.close(fd)
-        start = self.offset
-        self.offset += len(data)
-        return self._lines(data, start)
-
-    def _restart(self, offset: int, *, mid_line: bool = False) -> None:
-        self.offset = offset
-        self._partial = b""
-        # Mid-line: the bytes up to the next newline are the end of a line not read whole.
-        self._skipping = mid_line
-        if offset == 0:
-            self.line_no = 0
-
-    def _lines(self, data: bytes, offset: int) -> Lines:
-        out: Lines = []
-        *pieces, rest = data.split(b"\n")
-        end = offset - 1  # where each piece's newline is in the file
-        for piece in pieces:
-            end += len(piece) + 1
-            line, self._partial = self._partial + piece, b""
-            if self._skipping:
-                self._skipping = False
-                continue
-            self.line_no += 1
-            if len(line) > MAX_LINE_BYTES:
-                self.huge += 1
-            else:
-                out.append((self.line_no, line, end < self._start_size))
-        if not self._skipping:
-            if len(self._partial) + len(rest) > MAX_LINE_BYTES:
-                self.huge += 1
-                self.line_no += 1
-                self._partial = b""
-                self._skipping = True
-            else:
-                self._partial += rest
-        return out
-
-
-class JsonLinesSource:
-    """A JSON Lines metrics file (or the report file)."""
 
     def __init__(self, path: Path, name: str, kind: int, start_size: int | None = None) -> None:
         self.name = name
         self.kind = kind
         self._path = path
-        self._tail = _Tail(path, name, start_size)
         #: The highest step the file gave (see :meth:`_fresh`).
         self._high: int | None = None
         #: Lines (rows) skipped as unreadable.
         self.garbage = 0
+        self._begin(start_size)
+
+    def _begin(self, start_size: int | None) -> None:
+        """Follow the file anew: offset, inode, the partial last line."""
+        self._ino: int | None = None
+        self._offset = 0
+        self._line_no = 0
+        self._partial = b""
+        self._skipping = False  # inside a line longer than MAX_LINE_BYTES
+        self._from_start = start_size is None
+        self._start_size = start_size or 0
+        self._huge = 0
+        #: Read again from its start, and no line read since: the lines may be a replay.
+        self._restarted = False
+        self._noted: set[str] = set()
 
     def read(self, keys: KeyChoice, reading: StepReading) -> None:
         lines = self._new_lines(reading)
@@ -281,17 +202,91 @@ class JsonLinesSource:
             elif any(number(v) is not None for v in data.values()):
                 reading.without_step[self.name] = sorted(str(k) for k in data)[:20]
         reading.records += self._fresh(records)
-        if self._tail.huge and self.kind != KIND_CSV:  # a CSV's long rows: counted, no note
+        if self._huge and self.kind != KIND_CSV:  # a CSV's long rows: counted, no note
             reading.notes.append(
-                f"{self.name}: {self._tail.huge} line(s) longer than {MAX_LINE_BYTES} bytes skipped"
+                f"{self.name}: {self._huge} line(s) longer than {MAX_LINE_BYTES} bytes skipped"
             )
-        self._tail.huge = 0
+        self._huge = 0
+
+    def _tail(self, notes: list[str]) -> Lines:
+        """The complete lines written since the last read, numbered (bounded), each with
+        whether it was written before the soak started."""
+        try:
+            fd = os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return []
+        try:
+            st = os.fstat(fd)
+            if self._ino is None:
+                self._ino = st.st_ino
+                if not self._from_start and st.st_size > TAIL_START_BYTES:
+                    self._restart(st.st_size - TAIL_START_BYTES, mid_line=True)
+            elif st.st_ino != self._ino or st.st_size < self._offset:
+                how = "replaced" if st.st_ino != self._ino else "truncated"
+                if how not in self._noted:
+                    self._noted.add(how)
+                    notes.append(
+                        f"{self.name} was {how}: read again from its start, past the steps "
+                        "already read (said once)"
+                    )
+                self._ino = st.st_ino
+                self._start_size = 0
+                self._restart(0)
+                self._restarted = True
+            if st.st_size - self._offset > MAX_READ_BYTES:
+                skip_to = st.st_size - MAX_READ_BYTES
+                notes.append(
+                    f"{self.name}: {skip_to - self._offset} bytes written faster than read "
+                    "were skipped (their steps are not seen)"
+                )
+                self._restart(skip_to, mid_line=True)
+            if st.st_size <= self._offset:
+                return []
+            data = os.pread(fd, st.st_size - self._offset, self._offset)
+        finally:
+            os.close(fd)
+        start = self._offset
+        self._offset += len(data)
+        return self._lines(data, start)
+
+    def _restart(self, offset: int, *, mid_line: bool = False) -> None:
+        self._offset = offset
+        self._partial = b""
+        # Mid-line: the bytes up to the next newline are the end of a line not read whole.
+        self._skipping = mid_line
+        if offset == 0:
+            self._line_no = 0
+
+    def _lines(self, data: bytes, offset: int) -> Lines:
+        out: Lines = []
+        *pieces, rest = data.split(b"\n")
+        end = offset - 1  # where each piece's newline is in the file
+        for piece in pieces:
+            end += len(piece) + 1
+            line, self._partial = self._partial + piece, b""
+            if self._skipping:
+                self._skipping = False
+                continue
+            self._line_no += 1
+            if len(line) > MAX_LINE_BYTES:
+                self._huge += 1
+            else:
+                out.append((self._line_no, line, end < self._start_size))
+        if not self._skipping:
+            if len(self._partial) + len(rest) > MAX_LINE_BYTES:
+                self._huge += 1
+                self._line_no += 1
+                self._partial = b""
+                self._skipping = True
+            else:
+                self._partial += rest
+        return out
 
     def _fresh(self, records: list[StepRecord]) -> list[StepRecord]:
         """A file read again from its start (replaced, truncated, rewritten with a new column)
         gives only its records past its highest step, unless all of them are below it (a run
         that started its log over at an earlier step: a resume)."""
-        restarted, self._tail.restarted = self._tail.restarted, False
+        restarted, self._restarted = self._restarted, False
         if not records:
             return records
         newest = max(r.step for r in records)
@@ -304,7 +299,7 @@ class JsonLinesSource:
         return records
 
     def _new_lines(self, reading: StepReading) -> Lines:
-        return self._tail.read(reading.notes)
+        return self._tail(reading.notes)
 
     def _parse(self, line: bytes, line_no: int, reading: StepReading) -> dict[str, Any] | None:
         data = _json_object(line)
@@ -356,11 +351,11 @@ class CsvSource(JsonLinesSource):
         columns = _split_csv(head.split(b"\n", 1)[0])
         if self._columns and columns != self._columns:
             # Lightning rewrites the whole file when a new metric appears.
-            self._tail = _Tail(self._path, self.name)
-            self._tail.restarted = True
+            self._begin(None)
+            self._restarted = True
         self._columns = columns
         # The header is read on its own: among the lines, it is the one that matches it.
-        lines = self._tail.read(reading.notes)
+        lines = self._tail(reading.notes)
         return [(n, line, before) for n, line, before in lines if _split_csv(line) != columns]
 
     def _parse(self, line: bytes, line_no: int, reading: StepReading) -> dict[str, Any] | None:
