@@ -1,7 +1,5 @@
 """What a GPU says about its own health, judged: Xid errors, ECC, row remaps, a GPU lost or
-needing a reset, a slow PCIe link.  How GPUs are identified and which count as the run's:
-docs/architecture.md, "The GPU sampler and GPU health".
-"""
+needing a reset, a slow PCIe link (docs/architecture.md, "The GPU sampler and GPU health")."""
 
 from __future__ import annotations
 
@@ -114,12 +112,9 @@ class GpuHealthWatch:
 
     def __init__(self, visible: VisibleDevices) -> None:
         self._visible = visible
-        #: Every GPU by its label (the index of its first reading).
-        self._gpus: dict[int, _Gpu] = {}
-        #: Every GPU by its UUID and by its bus id.
-        self._by_id: dict[str, _Gpu] = {}
-        #: GPUs on which a process of the tree held memory.
-        self._tree_gpus: set[int] = set()
+        self._gpus: dict[int, _Gpu] = {}  # by label (the index of its first reading)
+        self._by_id: dict[str, _Gpu] = {}  # by UUID and by bus id
+        self._tree_gpus: set[int] = set()  # where a process of the tree held memory
         #: GPUs held by other work only: not the run's while ``CUDA_VISIBLE_DEVICES`` is unset
         #: and the tree is on none.  Kept once seen: the fault that ends the other job also
         #: takes its process off the list.
@@ -323,17 +318,12 @@ class GpuHealthWatch:
         what = f"Xid {record.code}: {info.meaning}" + (
             f" ({record.detail})" if record.detail else ""
         )
-        return self._fault(
-            t,
-            gpu,
-            GpuFaultKind.XID,
-            what,
-            info.fails,
-            info.action,
-            xid=record.code,
-            meaning=info.meaning,
-            kernel_seconds=record.kernel_seconds,
-        )
+        extra = {
+            "xid": record.code,
+            "meaning": info.meaning,
+            "kernel_seconds": record.kernel_seconds,
+        }
+        return self._fault(t, gpu, GpuFaultKind.XID, what, info.fails, info.action, **extra)
 
     def _fault(
         self,

@@ -1,12 +1,10 @@
 """The GPU sample and its records: readings placed on their GPUs, processes on the tree (by pid
-only: a container's ``nvidia-smi`` reports host pids, recorded as not the tree's, never guessed),
-notes said once, degraded and recovered episodes, health faults reported.
-"""
+only), notes said once, degraded and recovered episodes, health faults reported."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -118,9 +116,8 @@ def _state(pid: int) -> str | None:
 
 def outside_tree(pid: int, tree: Collection[int], proc: Path = Path("/proc")) -> bool:
     """Whether ``pid`` is proven other work's: found in this PID namespace, with no process of
-    ``tree`` among it and its ancestors.  A pid not found here (a container's ``nvidia-smi``
-    reports the host's) or an ancestry that cannot be followed proves nothing: False.  (``stat``
-    takes none of the locks that can make ``cmdline`` hang.)"""
+    ``tree`` among it and its ancestors (a pid not found here, a host's, proves nothing).
+    ``stat`` takes none of the locks that can make ``cmdline`` hang."""
     for _ in range(MAX_ANCESTRY):
         if pid in tree:
             return False
@@ -134,41 +131,34 @@ def outside_tree(pid: int, tree: Collection[int], proc: Path = Path("/proc")) ->
     return False
 
 
+def _first_fields() -> dict[str, list[str]]:
+    return {GPU_QUERY: list(GPU_SAMPLE_FIELDS), APPS_QUERY: list(APP_FIELDS)}
+
+
+@dataclass(eq=False)
 class SampleRecorder:
     """What the GPU sampler keeps between samples, and how it records them."""
 
-    def __init__(
-        self,
-        sink: EventSink,
-        *,
-        interval: float,
-        tree_pids: Callable[[], Collection[int]],
-        call_timeout: float,
-        limiter: anyio.CapacityLimiter,
-        health: GpuHealthWatch,
-        kernel_log: KernelLogFollower | None,
-        kernel_log_path: Path | None,
-    ) -> None:
-        self._sink = sink
-        self._interval = interval
-        self._tree_pids = tree_pids
-        self._call_timeout = call_timeout
-        self._limiter = limiter
-        self._health = health
-        self.kernel_log = kernel_log
-        self.kernel_log_path = kernel_log_path
-        self._executable = ""
-        self._fields = {GPU_QUERY: list(GPU_SAMPLE_FIELDS), APPS_QUERY: list(APP_FIELDS)}
-        self._gpu_lines = 1
-        #: The latest complete process list and when it arrived (monotonic).
-        self._apps: tuple[float, list[GpuProcess] | None] | None = None
-        self._degraded_since: float | None = None
-        self._failures = 0
-        self._loop_ends = 0
-        self._noted: set[str] = set()
-        self._ecc = EccWatch()
-        #: Pids proven another's stay so (the tree's own are in the tree's pids first).
-        self._other_work_pids: set[int] = set()
+    sink: EventSink
+    interval: float
+    tree_pids: Callable[[], Collection[int]]
+    call_timeout: float
+    limiter: anyio.CapacityLimiter
+    health: GpuHealthWatch
+    kernel_log: KernelLogFollower | None
+    kernel_log_path: Path | None
+    _executable: str = field(default="", init=False)
+    _fields: dict[str, list[str]] = field(init=False, default_factory=_first_fields)
+    _gpu_lines: int = field(default=1, init=False)
+    #: The latest complete process list and when it arrived (monotonic).
+    _apps: tuple[float, list[GpuProcess] | None] | None = field(default=None, init=False)
+    _degraded_since: float | None = field(default=None, init=False)
+    _failures: int = field(default=0, init=False)
+    _loop_ends: int = field(default=0, init=False)
+    _noted: set[str] = field(init=False, default_factory=set)
+    _ecc: EccWatch = field(init=False, default_factory=EccWatch)
+    #: Pids proven another's stay so (the tree's own are in the tree's pids first).
+    _other_work_pids: set[int] = field(init=False, default_factory=set)
 
     async def _parse_gpus(self, lines: list[str]) -> list[GpuReading]:
         readings = []
@@ -188,7 +178,7 @@ class SampleRecorder:
             return None
 
     async def _unparsable(self, exc: SmiParseError) -> None:
-        self._sink.counters.sampler_errors += 1
+        self.sink.counters.sampler_errors += 1
         await self._note(f"unreadable nvidia-smi output: {exc}", once="unparsable")
 
     async def _emit(
@@ -201,12 +191,12 @@ class SampleRecorder:
         """One sample; ``whole``: every row of the iteration could be read (a GPU missing
         from it is then missing from nvidia-smi's list, not from what could be parsed).  Each
         process is placed on its GPU by the GPU's UUID or bus id."""
-        health = self._health
+        health = self.health
         readings = health.identify(readings)
         if processes:
             # No trip to a worker thread: waking one costs more than this call (see
             # benchmarks/monitor_overhead.py), and this runs at every sample.
-            tree = set(self._tree_pids())
+            tree = set(self.tree_pids())
             processes = [
                 replace(
                     p, in_tree=p.pid in tree, gpu_index=health.gpu_index(p.gpu_uuid, p.gpu_bus_id)
@@ -220,8 +210,8 @@ class SampleRecorder:
         health.tree_on(
             p.gpu_index for p in processes or () if p.in_tree and p.gpu_index is not None
         )
-        t = self._sink.elapsed()
-        self._sink.offer(GpuSample(t=t, gpus=readings, processes=processes, source=source))
+        t = self.sink.elapsed()
+        self.sink.offer(GpuSample(t=t, gpus=readings, processes=processes, source=source))
         try:
             faults = health.readings(t, readings, whole=whole)
         except Exception as exc:  # a rule's bug: said once, and the GPUs are still sampled
@@ -250,7 +240,7 @@ class SampleRecorder:
         for r in readings:
             for name, message in r.errors.items():
                 if is_error_value(message):
-                    self._sink.counters.sampler_errors += 1
+                    self.sink.counters.sampler_errors += 1
                 await self._note(
                     f"gpu{r.index} {name}: {message} (recorded as null)",
                     once=f"value {r.index} {name} {message}",
@@ -279,12 +269,12 @@ class SampleRecorder:
             if lost is None:
                 kept.append(line)
             else:
-                await self._report(self._health.lost_line(self._sink.elapsed(), *lost))
+                await self._report(self.health.lost_line(self.sink.elapsed(), *lost))
         return kept
 
     async def _read_kernel_log(self) -> None:
         """The Xid errors logged since the previous tick, on this soak's GPUs."""
-        if self.kernel_log is None or not self._health.known:
+        if self.kernel_log is None or not self.health.known:
             return
         for kernel_seconds, message in self.kernel_log.new_records():
             try:
@@ -294,7 +284,7 @@ class SampleRecorder:
                 continue
             if record is None:
                 continue
-            fault = self._health.xid(self._sink.elapsed(), record)
+            fault = self.health.xid(self.sink.elapsed(), record)
             if fault is not None:
                 await self._report([fault])
             else:
@@ -309,7 +299,7 @@ class SampleRecorder:
     async def _report(self, faults: list[events.GpuFault]) -> None:
         """Record each fault: the run's GPU fault rule fails the run or warns."""
         for fault in faults:
-            await self._sink.emit(fault)
+            await self.sink.emit(fault)
 
     async def _note(
         self, message: str, data: dict[str, Any] | None = None, *, once: str = ""
@@ -318,13 +308,13 @@ class SampleRecorder:
             return
         if once:
             self._noted.add(once)
-        note = events.SamplerNote(self._sink.elapsed(), SAMPLER, message, data or {})
-        await self._sink.emit(note)
+        note = events.SamplerNote(self.sink.elapsed(), SAMPLER, message, data or {})
+        await self.sink.emit(note)
 
     async def _abandoned(self, pid: int) -> None:
         try:
             state = await run_blocking(
-                _state, pid, timeout=self._call_timeout, what="reading a process state"
+                _state, pid, timeout=self.call_timeout, what="reading a process state"
             )
         except BlockingCallTimeout:
             state = "unknown"
@@ -335,10 +325,10 @@ class SampleRecorder:
 
     async def _failed(self, message: str) -> None:
         self._failures += 1
-        self._sink.counters.sampler_errors += 1
+        self.sink.counters.sampler_errors += 1
         if self._degraded_since is None:
             self._degraded_since = anyio.current_time()
-            await self._sink.emit(events.SamplerDegraded(self._sink.elapsed(), SAMPLER, message))
+            await self.sink.emit(events.SamplerDegraded(self.sink.elapsed(), SAMPLER, message))
 
     async def _recovered(self) -> None:
         self._failures = 0
@@ -346,4 +336,4 @@ class SampleRecorder:
             gap = anyio.current_time() - self._degraded_since
             self._degraded_since = None
             message = f"nvidia-smi answers again after {gap:.1f} s"
-            await self._sink.emit(events.SamplerRecovered(self._sink.elapsed(), SAMPLER, message))
+            await self.sink.emit(events.SamplerRecovered(self.sink.elapsed(), SAMPLER, message))

@@ -1,7 +1,5 @@
 """The GPU sampler task: ``nvidia-smi`` through long-lived loop processes, every read bounded,
-one call per sample while the loops keep ending.  Mechanism: docs/architecture.md, "The GPU
-sampler and GPU health".
-"""
+one call per sample while the loops keep ending (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -57,10 +55,8 @@ class _LineReader:
         self.process = process
         self._fd = fd
         self._buffer = b""
-        #: The lines of the iteration being gathered (kept across ticks).
-        self.group: list[str] = []
-        #: The pipe reached its end: the loop process has exited.
-        self.ended = False
+        self.group: list[str] = []  # the lines of the iteration being gathered
+        self.ended = False  # the pipe reached its end: the loop process has exited
 
     def lines(self) -> list[str]:
         """The whole lines printed since the previous call (a pipe read never blocks)."""
@@ -117,14 +113,9 @@ async def run_gpu_sampler(
     visible_devices: str | None = None,
     kmsg: Path | None = KMSG,
 ) -> None:
-    """Offer a :class:`GpuSample` every ``interval`` seconds, and each GPU fault, until cancelled.
-
-    ``tree_pids`` (called on the event loop: must not block) gives the tree's pids;
-    ``call_timeout`` bounds every ``nvidia-smi`` call and how late a loop's line may be;
-    ``visible_devices`` is the command's ``CUDA_VISIBLE_DEVICES``; ``kmsg`` the kernel log
-    followed for Xid errors (None: not read).  Returns by itself only where there is no GPU
-    data (a note).  The sampler owns ``sink`` (give it a clone) and closes it.
-    """
+    """Offer a :class:`GpuSample` every ``interval`` seconds, and each GPU fault, until cancelled
+    (or, with a note, where there is no GPU data).  ``tree_pids`` must not block; ``kmsg`` is
+    followed for Xid errors.  The sampler owns ``sink`` (give it a clone) and closes it."""
     async with sink:
         require_positive("interval", interval)
         require_positive("call_timeout", call_timeout)
@@ -151,7 +142,7 @@ async def run_gpu_sampler(
 class _GpuSampler(SampleRecorder):
     async def run(self, nvidia_smi: str) -> None:
         executable = await find_nvidia_smi(
-            self._sink, nvidia_smi, call_timeout=self._call_timeout, limiter=self._limiter
+            self.sink, nvidia_smi, call_timeout=self.call_timeout, limiter=self.limiter
         )
         if executable is None:
             return
@@ -163,10 +154,10 @@ class _GpuSampler(SampleRecorder):
                 f"the kernel log ({self.kernel_log_path}) cannot be read here: GPU Xid errors "
                 "are not watched (run as root, or with CAP_SYSLOG)"
             )
-            await self._sink.emit(events.WarningEvent(t=self._sink.elapsed(), message=message))
+            await self.sink.emit(events.WarningEvent(t=self.sink.elapsed(), message=message))
         await self._read_kernel_log()
         loop_at = anyio.current_time()
-        next_call = loop_at + self._interval
+        next_call = loop_at + self.interval
         while True:
             if self._failures == 0 and anyio.current_time() >= loop_at:
                 loop_at, next_call = await self._loop_until_it_ends()
@@ -174,8 +165,7 @@ class _GpuSampler(SampleRecorder):
                 next_call = await self._sample_by_call_at(next_call)
 
     async def _first_sample(self) -> bool:
-        """Call until a first sample comes, backing off after each failure; False where
-        there is no GPU."""
+        """Call until a first sample comes, backing off; False where there is no GPU."""
         while True:
             first = await self._sample_by_call(first=True)
             if first is None:
@@ -192,14 +182,14 @@ class _GpuSampler(SampleRecorder):
         now = anyio.current_time()
         self._loop_ends = 1 if now - started >= MAX_LOOP_RETRY else self._loop_ends + 1
         retry = min(
-            MAX_LOOP_RETRY, LOOP_RETRY_INTERVALS * self._interval * 2 ** (self._loop_ends - 1)
+            MAX_LOOP_RETRY, LOOP_RETRY_INTERVALS * self.interval * 2 ** (self._loop_ends - 1)
         )
         if end is not None:
             await self._note(
                 f"{end}; one nvidia-smi call per sample until the loop is "
                 f"tried again in {retry:.3g} s"
             )
-        return now + retry, now + (self._backoff() if end is None else self._interval)
+        return now + retry, now + (self._backoff() if end is None else self.interval)
 
     async def _sample_by_call_at(self, due: float) -> float:
         """One sample by one call of each query at ``due``; when the next one is due."""
@@ -208,13 +198,11 @@ class _GpuSampler(SampleRecorder):
         await self._read_kernel_log()
         if sampled:
             # A fixed schedule, not "interval after the call", without catching up bursts.
-            return max(due + self._interval, anyio.current_time())
+            return max(due + self.interval, anyio.current_time())
         return anyio.current_time() + self._backoff()
 
     def _backoff(self) -> float:
-        return min(
-            max(MAX_BACKOFF, self._interval), self._interval * 2.0 ** min(self._failures, 16)
-        )
+        return min(max(MAX_BACKOFF, self.interval), self.interval * 2.0 ** min(self._failures, 16))
 
     async def _sample_by_call(self, first: bool = False) -> bool | None:
         """One sample from one call of each query: True, False (failed), None (no GPU here)."""
@@ -224,8 +212,8 @@ class _GpuSampler(SampleRecorder):
             return None
         every_line = data_lines(gpu.output, self._fields[GPU_QUERY])
         lines = await self._without_lost(every_line)
-        if no_devices(gpu) and self._health.known:
-            await self._report(self._health.all_lost(self._sink.elapsed(), gpu.describe()))
+        if no_devices(gpu) and self.health.known:
+            await self._report(self.health.all_lost(self.sink.elapsed(), gpu.describe()))
         # A GPU lost among others: nvidia-smi fails, yet the others' rows are good.
         if not gpu.ok and not (lines and len(lines) < len(every_line)):
             await self._failed(f"nvidia-smi failed: {gpu.describe()}")
@@ -243,7 +231,7 @@ class _GpuSampler(SampleRecorder):
             )
             self._apps = (anyio.current_time(), processes)
         else:
-            self._sink.counters.sampler_errors += 1
+            self.sink.counters.sampler_errors += 1
             await self._note(
                 f"nvidia-smi could not list GPU processes: {apps.describe()}", once="apps-call"
             )
@@ -255,7 +243,7 @@ class _GpuSampler(SampleRecorder):
         while True:
             fields = self._fields[query]
             result = await run_command(
-                [self._executable, *query_args(query, fields)], time_limit=self._call_timeout
+                [self._executable, *query_args(query, fields)], time_limit=self.call_timeout
             )
             if result.abandoned_pid is not None:
                 await self._abandoned(result.abandoned_pid)
@@ -269,27 +257,26 @@ class _GpuSampler(SampleRecorder):
             await self._note(f"nvidia-smi does not know the field {rejected!r}; {instead}")
 
     async def _run_loops(self) -> str | None:
-        """Sample from the two loop processes until one ends (why: returned) or the GPU loop
-        hangs (None).  Taken at the soak's ticks, the process list first: each GPU sample
-        carries the freshest one."""
-        loop_ms = str(max(1, round(self._interval * 1000)))
+        """Sample from the two loop processes, at the soak's ticks, until one ends (why:
+        returned) or the GPU loop hangs (None)."""
+        loop_ms = max(1, round(self.interval * 1000))
         readers: list[_LineReader] = []
         try:
             for query in (GPU_QUERY, APPS_QUERY):
-                argv = [self._executable, *query_args(query, self._fields[query]), "-lms", loop_ms]
+                argv = [self._executable, *query_args(query, self._fields[query], loop_ms)]
                 try:
                     readers.append(await _open_loop(argv))
                 except OSError as exc:
                     return f"could not start nvidia-smi: {exc.strerror or exc}"
             gpu, apps = readers
             heard = anyio.current_time()
-            deadline = self._call_timeout  # the first line may take as long as a call
-            tick = self._sink.clock.start
+            deadline = self.call_timeout  # the first line may take as long as a call
+            tick = self.sink.clock.start
             while True:
-                # On the soak's grid, as the proc sampler.
-                tick = next_tick(tick, self._interval, anyio.current_time())
+                tick = next_tick(tick, self.interval, anyio.current_time())
                 await anyio.sleep_until(tick)
                 await self._read_kernel_log()
+                # The process list first: each GPU sample carries the freshest one.
                 end = await self._take_apps(apps)
                 if end is not None:
                     return end
@@ -300,7 +287,7 @@ class _GpuSampler(SampleRecorder):
                 now = anyio.current_time()
                 if got:
                     heard = now
-                    deadline = self._interval + self._call_timeout
+                    deadline = self.interval + self.call_timeout
                 elif gpu.ended:
                     status = await gpu.exit_status()
                     return f"the nvidia-smi GPU loop ended ({status})"
@@ -329,8 +316,8 @@ class _GpuSampler(SampleRecorder):
                     await self._abandoned(pid)
 
     async def _take_gpus(self, reader: _LineReader) -> bool:
-        """The GPU loop's lines since the previous tick, each whole iteration emitted; whether
-        any line came."""
+        """Emit each whole iteration the GPU loop printed since the previous tick; whether any
+        line came."""
         lines = reader.lines()
         for line in await self._without_lost(lines):
             if not line.strip():
@@ -346,11 +333,9 @@ class _GpuSampler(SampleRecorder):
         return bool(lines)
 
     def _starts_iteration(self, line: str, group: list[str]) -> bool:
-        """Whether a GPU row begins the loop's next iteration.  nvidia-smi lists the GPUs in
-        index order, and may stamp each row as it reads it (the stamps of one iteration then
-        differ by a millisecond or so): a row whose index is not above the last readable one
-        of ``group`` begins one.  A row whose index cannot be read stays in ``group`` (which
-        is then not whole: see :meth:`_emit`)."""
+        """Whether a GPU row begins the loop's next iteration: its index is not above the last
+        readable one of ``group`` (nvidia-smi lists the GPUs in index order, and may stamp
+        each row as it reads it, so the stamps of one iteration differ)."""
         fields = self._fields[GPU_QUERY]
         index = line_gpu_index(line, fields)
         if index is None:
@@ -400,6 +385,6 @@ class _GpuSampler(SampleRecorder):
         if self._apps is None:
             return []
         at, processes = self._apps
-        if anyio.current_time() - at > self._interval + APPS_SLACK:
+        if anyio.current_time() - at > self.interval + APPS_SLACK:
             return []
         return processes

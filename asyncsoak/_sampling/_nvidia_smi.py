@@ -1,7 +1,5 @@
 """Talking to ``nvidia-smi`` and reading what it prints (CSV without units, read by position;
-an odd value is None and an entry in ``errors``).  Details: docs/architecture.md, "The GPU
-sampler and GPU health".
-"""
+an odd value is None and an entry in ``errors``)."""
 
 from __future__ import annotations
 
@@ -99,41 +97,48 @@ class SmiParseError(ValueError):
     """A line that is not a row of the query (an error message, garbage, a torn line)."""
 
 
+def _asked(query: str) -> Any:
+    """An attribute that the query field ``query`` gives."""
+    return field(default=None, metadata={"query": query})
+
+
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     """One GPU in one iteration.  ``errors`` maps a query field to why its value is None;
     ``index`` is -1 when it could not be read (the GPU is known by ``uuid`` or ``bus_id``)."""
 
-    index: int
-    uuid: str | None = None
-    name: str | None = None
-    bus_id: str | None = None
-    pstate: str | None = None
-    utilization_gpu_percent: float | None = None
-    utilization_memory_percent: float | None = None
-    memory_total_mib: float | None = None
-    memory_used_mib: float | None = None
-    memory_free_mib: float | None = None
-    temperature_gpu_c: float | None = None
-    temperature_memory_c: float | None = None
-    power_draw_w: float | None = None
-    power_limit_w: float | None = None
-    clocks_sm_mhz: float | None = None
-    clocks_mem_mhz: float | None = None
-    clocks_max_sm_mhz: float | None = None
-    fan_speed_percent: float | None = None
-    clock_event_reasons: list[str] | None = None
-    ecc_uncorrected_volatile: int | None = None
-    ecc_corrected_volatile: int | None = None
-    remapped_rows_pending: bool | None = None
-    remapped_rows_failure: bool | None = None
-    remapped_rows_correctable: int | None = None
-    remapped_rows_uncorrectable: int | None = None
-    retired_pages_pending: bool | None = None
-    pcie_link_gen_current: int | None = None
-    pcie_link_gen_max: int | None = None
-    pcie_link_width_current: int | None = None
-    pcie_link_width_max: int | None = None
+    index: int = field(metadata={"query": "index"})
+    uuid: str | None = _asked("uuid")
+    name: str | None = _asked("name")
+    bus_id: str | None = _asked("pci.bus_id")
+    pstate: str | None = _asked("pstate")
+    utilization_gpu_percent: float | None = _asked("utilization.gpu")
+    utilization_memory_percent: float | None = _asked("utilization.memory")
+    memory_total_mib: float | None = _asked("memory.total")
+    memory_used_mib: float | None = _asked("memory.used")
+    memory_free_mib: float | None = _asked("memory.free")
+    temperature_gpu_c: float | None = _asked("temperature.gpu")
+    temperature_memory_c: float | None = _asked("temperature.memory")
+    power_draw_w: float | None = _asked("power.draw")
+    power_limit_w: float | None = _asked("power.limit")
+    clocks_sm_mhz: float | None = _asked("clocks.sm")
+    clocks_mem_mhz: float | None = _asked("clocks.mem")
+    clocks_max_sm_mhz: float | None = _asked("clocks.max.sm")
+    fan_speed_percent: float | None = _asked("fan.speed")
+    clock_event_reasons: list[str] | None = field(
+        default=None, metadata={"query": "clocks_event_reasons.active"}
+    )
+    ecc_uncorrected_volatile: int | None = _asked("ecc.errors.uncorrected.volatile.total")
+    ecc_corrected_volatile: int | None = _asked("ecc.errors.corrected.volatile.total")
+    remapped_rows_pending: bool | None = _asked("remapped_rows.pending")
+    remapped_rows_failure: bool | None = _asked("remapped_rows.failure")
+    remapped_rows_correctable: int | None = _asked("remapped_rows.correctable")
+    remapped_rows_uncorrectable: int | None = _asked("remapped_rows.uncorrectable")
+    retired_pages_pending: bool | None = _asked("retired_pages.pending")
+    pcie_link_gen_current: int | None = _asked("pcie.link.gen.gpucurrent")
+    pcie_link_gen_max: int | None = _asked("pcie.link.gen.max")
+    pcie_link_width_current: int | None = _asked("pcie.link.width.current")
+    pcie_link_width_max: int | None = _asked("pcie.link.width.max")
     errors: dict[str, str] = field(default_factory=dict)
 
 
@@ -142,11 +147,11 @@ class GpuProcess:
     """One process holding GPU memory, as ``--query-compute-apps`` reports it (``pid`` is the
     host's: ``in_tree`` is decided by pid only)."""
 
-    pid: int
-    name: str | None = None
-    used_gpu_memory_mib: float | None = None
-    gpu_uuid: str | None = None
-    gpu_bus_id: str | None = None
+    pid: int = field(metadata={"query": "pid"})
+    name: str | None = _asked("process_name")
+    used_gpu_memory_mib: float | None = _asked("used_gpu_memory")
+    gpu_uuid: str | None = _asked("gpu_uuid")
+    gpu_bus_id: str | None = _asked("gpu_bus_id")
     #: The label (``gpu0``) of the GPU that ``gpu_uuid`` or ``gpu_bus_id`` names.
     gpu_index: int | None = None
     in_tree: bool = False
@@ -186,43 +191,24 @@ def decode_clock_event_reasons(mask: int) -> list[str]:
 
 _Spec = dict[str, tuple[str, Callable[[str], Any]]]
 
-#: Each GPU field asked, in the order asked and of :class:`GpuReading`'s attributes: its converter.
-_GPU_CONVERTERS: dict[str, Callable[[str], Any]] = {
-    "index": _integer,
-    "uuid": str,
-    "name": str,
-    "pci.bus_id": str,
-    "pstate": str,
-    "utilization.gpu": _number,
-    "utilization.memory": _number,
-    "memory.total": _number,
-    "memory.used": _number,
-    "memory.free": _number,
-    "temperature.gpu": _number,
-    "temperature.memory": _number,
-    "power.draw": _number,
-    "power.limit": _number,
-    "clocks.sm": _number,
-    "clocks.mem": _number,
-    "clocks.max.sm": _number,
-    "fan.speed": _number,
-    "clocks_event_reasons.active": lambda raw: decode_clock_event_reasons(int(raw, 16)),
-    "ecc.errors.uncorrected.volatile.total": _integer,
-    "ecc.errors.corrected.volatile.total": _integer,
-    "remapped_rows.pending": _yes_no,
-    "remapped_rows.failure": _yes_no,
-    "remapped_rows.correctable": _integer,
-    "remapped_rows.uncorrectable": _integer,
-    "retired_pages.pending": _yes_no,
-    "pcie.link.gen.gpucurrent": _integer,
-    "pcie.link.gen.max": _integer,
-    "pcie.link.width.current": _integer,
-    "pcie.link.width.max": _integer,
+_CONVERTERS: dict[str, Callable[[str], Any]] = {
+    "int": _integer,
+    "int | None": _integer,
+    "str | None": str,
+    "float | None": _number,
+    "bool | None": _yes_no,
+    "list[str] | None": lambda raw: decode_clock_event_reasons(int(raw, 16)),
 }
-_GPU_SPEC: _Spec = {
-    name: (f.name, convert)
-    for (name, convert), f in zip(_GPU_CONVERTERS.items(), fields(GpuReading), strict=False)
-}
+
+
+def _spec(cls: type) -> _Spec:
+    """Each field a query asks, in the order asked: its attribute of ``cls``, read as the
+    attribute's type says."""
+    asked = (f for f in fields(cls) if f.metadata)
+    return {f.metadata["query"]: (f.name, _CONVERTERS[str(f.type)]) for f in asked}
+
+
+_GPU_SPEC = _spec(GpuReading)
 GPU_FIELDS: tuple[str, ...] = tuple(_GPU_SPEC)
 #: Each GPU field's attribute of :class:`GpuReading`.
 GPU_ATTRIBUTES = {name: attribute for name, (attribute, _) in _GPU_SPEC.items()}
@@ -239,13 +225,7 @@ _GPU_ALIASES = {
     "remapped_rows.sbe": "remapped_rows.correctable",
     "remapped_rows.dbe": "remapped_rows.uncorrectable",
 }
-_APP_SPEC: _Spec = {
-    "pid": ("pid", _integer),
-    "process_name": ("name", str),
-    "used_gpu_memory": ("used_gpu_memory_mib", _number),
-    "gpu_uuid": ("gpu_uuid", str),
-    "gpu_bus_id": ("gpu_bus_id", str),
-}
+_APP_SPEC = _spec(GpuProcess)
 _APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
 
 
@@ -385,18 +365,13 @@ def _inventory_entry(line: str, fields: Sequence[str]) -> dict[str, Any]:
         name: None if value in UNAVAILABLE else value
         for name, value in zip(fields, _split(line, fields, None), strict=True)
     }
+    read = ("uuid", "name", "bus_id", "memory_total_mib", "power_limit_w", "clocks_max_sm_mhz")
+    texts["mig_mode"] = texts.get("mig.mode.current")
+    told = ("driver_version", "compute_mode", "persistence_mode", "mig_mode")
     return {
         "index": None if reading.index < 0 else reading.index,
-        "uuid": reading.uuid,
-        "name": reading.name,
-        "bus_id": reading.bus_id,
-        "memory_total_mib": reading.memory_total_mib,
-        "power_limit_w": reading.power_limit_w,
-        "clocks_max_sm_mhz": reading.clocks_max_sm_mhz,
-        "driver_version": texts.get("driver_version"),
-        "compute_mode": texts.get("compute_mode"),
-        "persistence_mode": texts.get("persistence_mode"),
-        "mig_mode": texts.get("mig.mode.current"),
+        **{name: getattr(reading, name) for name in read},
+        **{name: texts.get(name) for name in told},
     }
 
 

@@ -1,8 +1,5 @@
 """The progress rules: :class:`ProgressTracker` judges startup and staleness over successive
-scans, on the monitor's clock (``now`` is an argument, so tests drive it with any clock); what
-the watchdog tells of them (progress and step events, notes, the final scan).  How a change is
-dated: :func:`changed_at`.
-"""
+scans (``now`` is an argument); and what the watchdog tells of them, in events."""
 
 from __future__ import annotations
 
@@ -50,22 +47,19 @@ class ProgressTracker:
         self.auto = auto
         self.steps = steps
         self.source: ProgressSource = source if steps is not None else "files"
-        #: Step notes emitted so far (they are bounded: see :data:`STEP_NOTES_MAX`).
-        self.step_notes = 0
+        self.step_notes = 0  # emitted so far (bounded: see STEP_NOTES_MAX)
         self.first_change: float | None = None
         self.last_change: float | None = None
         self.longest_gap = 0.0
-        #: Bytes the files changed by the last observation grew by.
+        #: Bytes the files changed by the last observation grew by, and by rank for the files
+        #: that name one (``rank1.jsonl``).
         self.grown_bytes = 0
-        #: The same, for the files that name a rank (``rank1.jsonl``), by rank.
         self.rank_grown_bytes: dict[str, int] = {}
-        #: Directories a scan could not read, as last reported in a warning.
-        self.skipped_dirs = 0
-        #: The paths that changed last, the newest first (:func:`latest_change_age` looks
-        #: at them); replaced whole, never changed in place: a thread reads it.
+        self.skipped_dirs = 0  # directories a scan could not read, as last warned of
+        #: The paths that changed last, the newest first; replaced whole, never changed in
+        #: place: a thread reads it.
         self.recent: tuple[str, ...] = ()
-        #: The progress directory while it does not exist (as last looked at), else None.
-        self.missing_dir: Path | None = None
+        self.missing_dir: Path | None = None  # the progress directory while it is missing
         #: ``--expect-every``'s and ``--checkpoint-glob``'s GLOBs: a progress event names a
         #: match of each (see ``named_paths``).
         self.named_globs: tuple[str, ...] = ()
@@ -77,43 +71,38 @@ class ProgressTracker:
     def observe(self, files: dict[str, FileState], now: float) -> list[str]:
         """Record a full scan; return the paths that changed since they were last seen."""
         changed = self.changed(files)
-        self.grown_bytes = 0
-        self.rank_grown_bytes = {}
-        for path in changed:
-            self._count_growth(path, files[path])
+        self._count_growth({path: files[path] for path in changed})
         self._files = files
         return self._record(changed, now)
 
     def observe_some(self, updates: dict[str, FileState | None], now: float) -> list[str]:
         """Record fresh states of a few paths (None: gone); return those that changed."""
-        changed = []
-        self.grown_bytes = 0
-        self.rank_grown_bytes = {}
+        changed = {p: s for p, s in updates.items() if s is not None and self._differs(p, s)}
+        self._count_growth(changed)
         for path, state in updates.items():
             if state is None:
                 self._files.pop(path, None)
-            elif self._differs(path, state):
-                changed.append(path)
-                self._count_growth(path, state)
-                self._files[path] = state
+        self._files.update(changed)
         return self._record(sorted(changed), now)
 
     def _differs(self, path: str, state: FileState) -> bool:
         old = self._files.get(path)
-        return (
-            old is None
-            or old.ino != state.ino
-            or old.size != state.size
-            or old.mtime_ns != state.mtime_ns
-        )
+        if old is None or old.ino != state.ino:
+            return True
+        return old.size != state.size or old.mtime_ns != state.mtime_ns
 
-    def _count_growth(self, path: str, state: FileState) -> None:
-        old = self._files.get(path)
-        grown = state.size if old is None or old.ino != state.ino else max(0, state.size - old.size)
-        self.grown_bytes += grown
-        rank = rank_of_path(path)
-        if rank is not None:
-            self.rank_grown_bytes[rank] = self.rank_grown_bytes.get(rank, 0) + grown
+    def _count_growth(self, changed: dict[str, FileState]) -> None:
+        self.grown_bytes = 0
+        self.rank_grown_bytes = {}
+        for path, state in changed.items():
+            old = self._files.get(path)
+            grown = state.size
+            if old is not None and old.ino == state.ino:
+                grown = max(0, state.size - old.size)
+            self.grown_bytes += grown
+            rank = rank_of_path(path)
+            if rank is not None:
+                self.rank_grown_bytes[rank] = self.rank_grown_bytes.get(rank, 0) + grown
 
     def _record(self, changed: list[str], now: float) -> list[str]:
         if changed:
@@ -178,9 +167,8 @@ class ProgressTracker:
         )
 
     def _cadence_hint(self) -> str:
-        """Why a fixed limit may be shorter than the trainer's logging interval, when the
-        steps seen say so (one step only, or steps nearly a limit apart, and nothing logged
-        since): a hang after steady steps, or lines logged at a frozen step, get no such hint."""
+        """Why a fixed limit may be shorter than the trainer's logging interval, when the steps
+        seen say so (one step only, or steps nearly a limit apart, and nothing logged since)."""
         assert self.steps is not None
         if self.auto is not None or any(self.steps.lines_since_advance.values()):
             return ""
@@ -238,9 +226,7 @@ def latest_change_age(
     tracker: ProgressTracker, root: Path, ignore: Collection[FileKey]
 ) -> float | None:
     """Seconds since the newest change to the files that changed last, by their mtimes, or
-    None (a stat of a few files: run it in a thread).  The live view's look between scans;
-    nothing is recorded.  More: docs/architecture.md, "The flow of a soak" (``progress_age``).
-    """
+    None: the live view's look between scans (a stat of a few files: run it in a thread)."""
     if tracker.stepping():
         return None
     now = time.time()
@@ -266,10 +252,9 @@ def changed_at(
     now: float,
     clock: SoakClock,
 ) -> float:
-    """When the newest of the changes a scan found happened, in the soak's seconds: its file's
-    mtime (late by the kernel's coarse clock at most, so never early) if it falls between the
-    previous scan (``since``) and this one (``now``), when the monitor saw the change happen;
-    else (a wall clock that jumped, a file server's clock that lies) when the scan saw it."""
+    """When the newest change a scan found happened, in the soak's seconds: its file's mtime
+    if it falls between the previous scan (``since``) and this one (``now``); else (a clock
+    that jumped, or lies) when the scan saw it."""
     newest = max((files[key].mtime_ns for key in tracker.changed(files)), default=None)
     if newest is None:
         return now
@@ -278,18 +263,13 @@ def changed_at(
     return at if since <= at <= now else now
 
 
-def _coarse_clock_resolution() -> float:
-    try:
-        return time.clock_getres(_CLOCK_REALTIME_COARSE)
-    except OSError:
-        return 0.01
-
-
-#: ``CLOCK_REALTIME_COARSE`` of <linux/time.h>, which Python's time module does not name.
-_CLOCK_REALTIME_COARSE = 5
 #: How far behind a file's mtime may be (the kernel dates writes with its coarse clock, one
 #: scheduler tick at most): added, so that a change is never dated before it happened.
-MTIME_LATENESS_SECONDS = _coarse_clock_resolution()
+try:
+    # CLOCK_REALTIME_COARSE of <linux/time.h>, which Python's time module does not name.
+    MTIME_LATENESS_SECONDS = time.clock_getres(5)
+except OSError:
+    MTIME_LATENESS_SECONDS = 0.01
 
 
 #: How many changed paths a progress event names.
@@ -308,25 +288,24 @@ async def report_progress(
     stale_limit: float | None = None,
 ) -> None:
     """A ``progress`` event for the paths the tracker's last observation found changed."""
-    if changed:
-        gap = None if previous is None else now - previous
-        await sink.emit(
-            events.Progress(
-                t=now,
-                changed=len(changed),
-                paths=named_paths(changed, tracker.named_globs),
-                gap_seconds=gap,
-                grown_bytes=tracker.grown_bytes,
-                rank_grown_bytes=dict(tracker.rank_grown_bytes),
-                stale_limit_seconds=stale_limit,
-            )
+    if not changed:
+        return
+    await sink.emit(
+        events.Progress(
+            t=now,
+            changed=len(changed),
+            paths=named_paths(changed, tracker.named_globs),
+            gap_seconds=None if previous is None else now - previous,
+            grown_bytes=tracker.grown_bytes,
+            rank_grown_bytes=dict(tracker.rank_grown_bytes),
+            stale_limit_seconds=stale_limit,
         )
+    )
 
 
 def named_paths(changed: list[str], globs: Collection[str]) -> list[str]:
-    """The paths a progress event names: the first :data:`PATHS_PER_EVENT`, and the first
-    match of each GLOB they leave out (``--expect-every``'s, ``--checkpoint-glob``'s), so that
-    the deadline and the goodput ledger see it."""
+    """The first :data:`PATHS_PER_EVENT` paths, and the first match of each GLOB they leave
+    out, so that the deadline and the goodput ledger see it."""
     named = changed[:PATHS_PER_EVENT]
     for glob in globs:
         if not any(path_matches(glob, path) for path in named):
@@ -337,8 +316,7 @@ def named_paths(changed: list[str], globs: Collection[str]) -> list[str]:
 async def note_missing_dir(
     sink: EventSink, tracker: ProgressTracker, progress_dir: Path, *, missing: bool
 ) -> None:
-    """Tell (a ``sampler_note``, which the live line shows) when the progress directory is
-    found missing, or found created after that."""
+    """A ``sampler_note`` when the progress directory is found missing, or created after that."""
     if missing == (tracker.missing_dir is not None):
         return
     tracker.missing_dir = progress_dir if missing else None
@@ -369,9 +347,8 @@ async def final_scan(
     scan_timeout: float,
     steps: StepReader | None = None,
 ) -> tuple[str, str] | None:
-    """One last scan when the command has exited: what it wrote since the last scan counts,
-    even when it lived less than one scan interval (its last steps too).  Returns the rule
-    its last steps broke (a non-finite loss), if any."""
+    """One last scan when the command has exited: what it wrote since the last scan counts
+    (its last steps too).  Returns the rule its last steps broke (a non-finite loss), if any."""
     previous = tracker.last_change
     # A scan of the watchdog's still stuck holds the step reader: not waited for long.
     scan = Scanner(progress_dir, lambda: ignore, also, steps, wait=scan_timeout / 2)
@@ -414,11 +391,10 @@ async def report_steps(
     update = tracker.observe_steps(reading, now)
     for note in update.notes:
         tracker.step_notes += 1
-        if tracker.step_notes < STEP_NOTES_MAX:
+        if tracker.step_notes == STEP_NOTES_MAX:
+            note += " (and no further notes about the step sources)"
+        if tracker.step_notes <= STEP_NOTES_MAX:
             await sink.emit(events.SamplerNote(t=now, sampler="steps", message=note))
-        elif tracker.step_notes == STEP_NOTES_MAX:
-            message = f"{note} (and no further notes about the step sources)"
-            await sink.emit(events.SamplerNote(t=now, sampler="steps", message=message))
     for warning in update.warnings:
         await sink.emit(events.WarningEvent(t=now, message=warning))
     if (update.advanced or update.changed) and steps.step is not None:

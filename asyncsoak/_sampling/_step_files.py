@@ -1,8 +1,5 @@
-"""The step files trainers write, each read incrementally and bounded (a replaced or truncated
-one again from its start, past the step it had reached; NaN and infinities read as such).
-Kinds, by precedence: ``asyncsoak.trainer.report``'s file, JSON Lines, Lightning's
-``metrics.csv``, Hugging Face's ``trainer_state.json``.
-"""
+"""The step files trainers write, each read incrementally and bounded.  Kinds, by precedence:
+``asyncsoak.trainer.report``'s file, JSON Lines, ``metrics.csv``, ``trainer_state.json``."""
 
 from __future__ import annotations
 
@@ -10,32 +7,19 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._contract import STEP_TIME_FIELDS, trainer_seconds
 
-#: Keys that carry the step, in the order they are looked for.
+#: Keys that carry the step, and the training loss, in the order they are looked for.
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "trainer/global_step")
-#: Keys that carry the training loss, in the order they are looked for.
 LOSS_KEYS = ("loss", "train_loss", "train/loss")
-#: Else a key ending so carries it (Lightning's ``train_loss_step``, ``train/loss_step``,
+#: Else a key ending so carries the loss (Lightning's ``train_loss_step``, ``train/loss_step``,
 #: ``train_loss_epoch``), the first suffix first.
 LOSS_SUFFIXES = ("loss_step", "_loss_epoch")
-#: Keys that carry the gradient norm (non-finite for 5 logged steps in a row: a failure).
-GRAD_NORM_KEYS = ("grad_norm", "train/grad_norm")
-#: Cumulative counts of tokens and samples (their rate is computed) ...
-TOKEN_KEYS = ("tokens", "num_tokens", "tokens_seen", "num_input_tokens_seen")
-SAMPLE_KEYS = ("samples", "num_samples", "samples_seen")
-#: ... or rates logged as such (taken as they are).
-TOKEN_RATE_KEYS = ("tokens_per_second", "train_tokens_per_second")
-SAMPLE_RATE_KEYS = ("samples_per_second", "train_samples_per_second")
-#: The key of the epoch: a step that restarts when it advances is counted within each epoch.
-EPOCH_KEY = "epoch"
-#: Keys that carry the total number of steps.
-MAX_STEP_KEYS = ("max_steps", "total_steps")
 
 #: The most bytes read from one file in one scan.
 MAX_READ_BYTES = 1024 * 1024
@@ -51,6 +35,8 @@ BARE_NONFINITE = re.compile(r"([:\[,]\s*)([-+]?)(nan|inf(?:inity)?)(?=\s*[,}\]])
 #: Source kinds, in order of precedence (lower first).
 KIND_REPORT, KIND_JSONL, KIND_CSV, KIND_STATE = 0, 1, 2, 3
 KIND_NAMES = ("asyncsoak.trainer.report", "json_lines", "lightning_csv", "trainer_state")
+
+Lines = list[tuple[int, bytes, bool]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +102,22 @@ def as_step(value: object) -> int | None:
     return int(figure)
 
 
+#: The figures a record carries besides its step and loss: the keys of each (the first
+#: found), and how a value is read.  Cumulative tokens and samples have their rate computed;
+#: a gradient norm non-finite for 5 logged steps in a row is a failure.
+_FIGURES: tuple[tuple[str, Sequence[str], Callable[[object], Any]], ...] = (
+    ("tokens", ("tokens", "num_tokens", "tokens_seen", "num_input_tokens_seen"), number),
+    ("samples", ("samples", "num_samples", "samples_seen"), number),
+    ("tokens_per_second", ("tokens_per_second", "train_tokens_per_second"), number),
+    ("samples_per_second", ("samples_per_second", "train_samples_per_second"), number),
+    ("max_steps", ("max_steps", "total_steps"), as_step),
+    # A step that restarts when the epoch advances is counted within each epoch.
+    ("epoch", ("epoch",), number),
+    ("grad_norm", ("grad_norm", "train/grad_norm"), number),
+    ("trainer_time", STEP_TIME_FIELDS, trainer_seconds),
+)
+
+
 class KeyChoice:
     """Which keys carry the step and the loss: ``--step-key``/``--loss-key``, or the known ones."""
 
@@ -136,30 +138,13 @@ class KeyChoice:
         step = _first(data, self.step_keys, as_step)
         if step is None:
             return None
-        return StepRecord(
-            step=step,
-            source=source,
-            kind=kind,
-            loss=self._loss(data),
-            where=where,
-            tokens=_first(data, TOKEN_KEYS, number),
-            samples=_first(data, SAMPLE_KEYS, number),
-            tokens_per_second=_first(data, TOKEN_RATE_KEYS, number),
-            samples_per_second=_first(data, SAMPLE_RATE_KEYS, number),
-            max_steps=_first(data, MAX_STEP_KEYS, as_step),
-            epoch=_first(data, (EPOCH_KEY,), number),
-            grad_norm=_first(data, GRAD_NORM_KEYS, number),
-            before_start=before_start,
-            trainer_time=_first(data, STEP_TIME_FIELDS, trainer_seconds),
-        )
-
-    def _loss(self, data: Mapping[str, Any]) -> float | None:
-        loss: float | None = _first(data, self.loss_keys, number)
+        loss = _first(data, self.loss_keys, number)
         for suffix in self._suffixes if loss is None else ():
             loss = _first(data, [k for k in data if str(k).endswith(suffix)], number)
             if loss is not None:
                 break
-        return loss
+        figures = {name: _first(data, keys, read) for name, keys, read in _FIGURES}
+        return StepRecord(step, source, kind, loss, where, before_start=before_start, **figures)
 
 
 def _first(data: Mapping[str, Any], keys: Sequence[str], convert: Any) -> Any:
@@ -171,114 +156,34 @@ def _first(data: Mapping[str, Any], keys: Sequence[str], convert: Any) -> Any:
     return None
 
 
-class _Tail:
-    """A file read line by line as it grows: offset, inode, the partial last line."""
-
-    def __init__(self, path: Path, name: str, start_size: int | None = None) -> None:
-        self.path = path
-        self.name = name
-        self.ino: int | None = None
-        self.offset = 0
-        self.line_no = 0
-        self._partial = b""
-        self._skipping = False  # inside a line longer than MAX_LINE_BYTES
-        #: The file's size when the soak started (None: it did not exist, read from its start):
-        #: lines ending within it were written before.
-        self._from_start = start_size is None
-        self._start_size = start_size or 0
-        self.huge = 0
-        #: Read again from its start, and no line read since: the lines may be a replay.
-        self.restarted = False
-        self._noted: set[str] = set()
-
-    def read(self, notes: list[str]) -> list[tuple[int, bytes, bool]]:
-        """The complete lines written since the last read, numbered (bounded), each with
-        whether it was written before the soak started."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            return []
-        try:
-            st = os.fstat(fd)
-            if self.ino is None:
-                self.ino = st.st_ino
-                if not self._from_start and st.st_size > TAIL_START_BYTES:
-                    self._restart(st.st_size - TAIL_START_BYTES, mid_line=True)
-            elif st.st_ino != self.ino or st.st_size < self.offset:
-                how = "replaced" if st.st_ino != self.ino else "truncated"
-                if how not in self._noted:
-                    self._noted.add(how)
-                    notes.append(
-                        f"{self.name} was {how}: read again from its start, past the steps "
-                        "already read (said once)"
-                    )
-                self.ino = st.st_ino
-                self._start_size = 0
-                self._restart(0)
-                self.restarted = True
-            pending = st.st_size - self.offset
-            if pending <= 0:
-                return []
-            if pending > MAX_READ_BYTES:
-                skip_to = st.st_size - MAX_READ_BYTES
-                notes.append(
-                    f"{self.name}: {skip_to - self.offset} bytes written faster than read "
-                    "were skipped (their steps are not seen)"
-                )
-                self._restart(skip_to, mid_line=True)
-            data = os.pread(fd, min(st.st_size - self.offset, MAX_READ_BYTES), self.offset)
-        finally:
-            os.close(fd)
-        start = self.offset
-        self.offset += len(data)
-        return self._lines(data, start)
-
-    def _restart(self, offset: int, *, mid_line: bool = False) -> None:
-        self.offset = offset
-        self._partial = b""
-        # Mid-line: the bytes up to the next newline are the end of a line not read whole.
-        self._skipping = mid_line
-        if offset == 0:
-            self.line_no = 0
-
-    def _lines(self, data: bytes, offset: int) -> list[tuple[int, bytes, bool]]:
-        out: list[tuple[int, bytes, bool]] = []
-        *pieces, rest = data.split(b"\n")
-        end = offset - 1  # where each piece's newline is in the file
-        for piece in pieces:
-            end += len(piece) + 1
-            line, self._partial = self._partial + piece, b""
-            if self._skipping:
-                self._skipping = False
-                continue
-            self.line_no += 1
-            if len(line) > MAX_LINE_BYTES:
-                self.huge += 1
-            else:
-                out.append((self.line_no, line, end < self._start_size))
-        if not self._skipping:
-            if len(self._partial) + len(rest) > MAX_LINE_BYTES:
-                self.huge += 1
-                self.line_no += 1
-                self._partial = b""
-                self._skipping = True
-            else:
-                self._partial += rest
-        return out
-
-
 class JsonLinesSource:
-    """A JSON Lines metrics file (or the report file)."""
+    """A JSON Lines metrics file (or the report file), read line by line as it grows.  Lines
+    ending within ``start_size`` (its size at the start; None: read from its start) were
+    written before the soak started."""
 
     def __init__(self, path: Path, name: str, kind: int, start_size: int | None = None) -> None:
         self.name = name
         self.kind = kind
         self._path = path
-        self._tail = _Tail(path, name, start_size)
         #: The highest step the file gave (see :meth:`_fresh`).
         self._high: int | None = None
         #: Lines (rows) skipped as unreadable.
         self.garbage = 0
+        self._begin(start_size)
+
+    def _begin(self, start_size: int | None) -> None:
+        """Follow the file anew: offset, inode, the partial last line."""
+        self._ino: int | None = None
+        self._offset = 0
+        self._line_no = 0
+        self._partial = b""
+        self._skipping = False  # inside a line longer than MAX_LINE_BYTES
+        self._from_start = start_size is None
+        self._start_size = start_size or 0
+        self._huge = 0
+        #: Read again from its start, and no line read since: the lines may be a replay.
+        self._restarted = False
+        self._noted: set[str] = set()
 
     def read(self, keys: KeyChoice, reading: StepReading) -> None:
         lines = self._new_lines(reading)
@@ -295,19 +200,93 @@ class JsonLinesSource:
             if record is not None:
                 records.append(record)
             elif any(number(v) is not None for v in data.values()):
-                reading.without_step[self.name] = self._keys(data)
+                reading.without_step[self.name] = sorted(str(k) for k in data)[:20]
         reading.records += self._fresh(records)
-        if self._tail.huge and self.kind != KIND_CSV:  # a CSV's long rows: counted, no note
+        if self._huge and self.kind != KIND_CSV:  # a CSV's long rows: counted, no note
             reading.notes.append(
-                f"{self.name}: {self._tail.huge} line(s) longer than {MAX_LINE_BYTES} bytes skipped"
+                f"{self.name}: {self._huge} line(s) longer than {MAX_LINE_BYTES} bytes skipped"
             )
-        self._tail.huge = 0
+        self._huge = 0
+
+    def _tail(self, notes: list[str]) -> Lines:
+        """The complete lines written since the last read, numbered (bounded), each with
+        whether it was written before the soak started."""
+        try:
+            fd = os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return []
+        try:
+            st = os.fstat(fd)
+            if self._ino is None:
+                self._ino = st.st_ino
+                if not self._from_start and st.st_size > TAIL_START_BYTES:
+                    self._restart(st.st_size - TAIL_START_BYTES, mid_line=True)
+            elif st.st_ino != self._ino or st.st_size < self._offset:
+                how = "replaced" if st.st_ino != self._ino else "truncated"
+                if how not in self._noted:
+                    self._noted.add(how)
+                    notes.append(
+                        f"{self.name} was {how}: read again from its start, past the steps "
+                        "already read (said once)"
+                    )
+                self._ino = st.st_ino
+                self._start_size = 0
+                self._restart(0)
+                self._restarted = True
+            if st.st_size - self._offset > MAX_READ_BYTES:
+                skip_to = st.st_size - MAX_READ_BYTES
+                notes.append(
+                    f"{self.name}: {skip_to - self._offset} bytes written faster than read "
+                    "were skipped (their steps are not seen)"
+                )
+                self._restart(skip_to, mid_line=True)
+            if st.st_size <= self._offset:
+                return []
+            data = os.pread(fd, st.st_size - self._offset, self._offset)
+        finally:
+            os.close(fd)
+        start = self._offset
+        self._offset += len(data)
+        return self._lines(data, start)
+
+    def _restart(self, offset: int, *, mid_line: bool = False) -> None:
+        self._offset = offset
+        self._partial = b""
+        # Mid-line: the bytes up to the next newline are the end of a line not read whole.
+        self._skipping = mid_line
+        if offset == 0:
+            self._line_no = 0
+
+    def _lines(self, data: bytes, offset: int) -> Lines:
+        out: Lines = []
+        *pieces, rest = data.split(b"\n")
+        end = offset - 1  # where each piece's newline is in the file
+        for piece in pieces:
+            end += len(piece) + 1
+            line, self._partial = self._partial + piece, b""
+            if self._skipping:
+                self._skipping = False
+                continue
+            self._line_no += 1
+            if len(line) > MAX_LINE_BYTES:
+                self._huge += 1
+            else:
+                out.append((self._line_no, line, end < self._start_size))
+        if not self._skipping:
+            if len(self._partial) + len(rest) > MAX_LINE_BYTES:
+                self._huge += 1
+                self._line_no += 1
+                self._partial = b""
+                self._skipping = True
+            else:
+                self._partial += rest
+        return out
 
     def _fresh(self, records: list[StepRecord]) -> list[StepRecord]:
         """A file read again from its start (replaced, truncated, rewritten with a new column)
         gives only its records past its highest step, unless all of them are below it (a run
         that started its log over at an earlier step: a resume)."""
-        restarted, self._tail.restarted = self._tail.restarted, False
+        restarted, self._restarted = self._restarted, False
         if not records:
             return records
         newest = max(r.step for r in records)
@@ -319,8 +298,8 @@ class JsonLinesSource:
         self._high = newest if self._high is None else max(self._high, newest)
         return records
 
-    def _new_lines(self, reading: StepReading) -> list[tuple[int, bytes, bool]]:
-        return self._tail.read(reading.notes)
+    def _new_lines(self, reading: StepReading) -> Lines:
+        return self._tail(reading.notes)
 
     def _parse(self, line: bytes, line_no: int, reading: StepReading) -> dict[str, Any] | None:
         data = _json_object(line)
@@ -332,9 +311,6 @@ class JsonLinesSource:
                     "(later ones too, counted)"
                 )
         return data
-
-    def _keys(self, data: dict[str, Any]) -> list[str]:
-        return sorted(str(k) for k in data)[:20]
 
 
 def _json_object(line: bytes) -> dict[str, Any] | None:
@@ -364,18 +340,22 @@ class CsvSource(JsonLinesSource):
         super().__init__(path, name, KIND_CSV, start_size)
         self._columns: list[str] = []
 
-    def _new_lines(self, reading: StepReading) -> list[tuple[int, bytes, bool]]:
-        header = _first_line(self._path)
-        if header is None:
+    def _new_lines(self, reading: StepReading) -> Lines:
+        try:
+            with open(self._path, "rb") as handle:
+                head = handle.read(MAX_LINE_BYTES)
+        except OSError:
             return []
-        columns = _split_csv(header)
+        if b"\n" not in head:
+            return []
+        columns = _split_csv(head.split(b"\n", 1)[0])
         if self._columns and columns != self._columns:
             # Lightning rewrites the whole file when a new metric appears.
-            self._tail = _Tail(self._path, self.name)
-            self._tail.restarted = True
+            self._begin(None)
+            self._restarted = True
         self._columns = columns
         # The header is read on its own: among the lines, it is the one that matches it.
-        lines = self._tail.read(reading.notes)
+        lines = self._tail(reading.notes)
         return [(n, line, before) for n, line, before in lines if _split_csv(line) != columns]
 
     def _parse(self, line: bytes, line_no: int, reading: StepReading) -> dict[str, Any] | None:
@@ -385,42 +365,26 @@ class CsvSource(JsonLinesSource):
             return None
         return dict(zip(self._columns, cells, strict=True))
 
-    def _keys(self, data: dict[str, Any]) -> list[str]:
-        return self._columns[:20]
 
-
-def _first_line(path: Path) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(MAX_LINE_BYTES)
-    except OSError:
-        return None
-    end = head.find(b"\n")
-    if end < 0:
-        return None
-    return head[:end].decode("utf-8", "replace").rstrip("\r")
-
-
-def _split_csv(line: bytes | str) -> list[str]:
-    text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+def _split_csv(line: bytes) -> list[str]:
     # Lightning writes plain numbers and metric names: no quoting to undo.
-    return [cell.strip().strip('"') for cell in text.rstrip("\r").split(",")]
+    text = line.decode("utf-8", "replace").rstrip("\r")
+    return [cell.strip().strip('"') for cell in text.split(",")]
 
 
 class TrainerStateSource:
-    """A ``trainer_state.json``, read whole (bounded) each time it changes."""
+    """A ``trainer_state.json``, read whole (bounded) each time it changes.  ``before_start``:
+    present at the start, so what its first read finds is an earlier run's."""
 
     def __init__(self, path: Path, name: str, *, before_start: bool = False) -> None:
         self.name = name
         self.kind = KIND_STATE
-        #: Present at the start: what its first read finds is an earlier run's.
         self._before_start = before_start
         self._path = path
         self._seen: tuple[int, int, int] | None = None
         #: ``log_history`` entries already read (a rewritten file holds them again).
         self._history_read = 0
         self._noted = False
-        self.global_step: int | None = None
         self.garbage = 0
 
     def read(self, keys: KeyChoice, reading: StepReading) -> None:
@@ -436,14 +400,26 @@ class TrainerStateSource:
             reading.max_steps = max_steps
         history = data.get("log_history")
         if isinstance(history, list):
-            self._read_history(history, keys, reading, before_start)
+            # Entries not read before (all of them if the file was rewritten shorter).
+            start = self._history_read if len(history) >= self._history_read else 0
+            for index, entry in enumerate(history[start:], start):
+                # The end-of-training entry holds the run's mean loss (train_loss) and its
+                # runtime: a summary, not a step's loss.
+                if isinstance(entry, dict) and "train_runtime" not in entry:
+                    where = f"log_history[{index}]"
+                    record = keys.record(
+                        entry, self.name, KIND_STATE, where, before_start=before_start
+                    )
+                    if record is not None:
+                        reading.records.append(record)
+            reading.lines[self.name] = reading.lines.get(self.name, 0) + len(history) - start
+            self._history_read = len(history)
         if global_step is not None:
-            self.global_step = global_step
             reading.records.append(
                 StepRecord(
-                    step=global_step,
-                    source=self.name,
-                    kind=self.kind,
+                    global_step,
+                    self.name,
+                    KIND_STATE,
                     where="global_step",
                     max_steps=max_steps or None,
                     before_start=before_start,
@@ -479,24 +455,6 @@ class TrainerStateSource:
             return None
         self._seen = seen
         return data
-
-    def _read_history(
-        self, history: list[Any], keys: KeyChoice, reading: StepReading, before_start: bool
-    ) -> None:
-        """The ``log_history`` entries not read before (all of them if the file was rewritten
-        shorter): a record for each step's entry."""
-        start = self._history_read if len(history) >= self._history_read else 0
-        for index, entry in enumerate(history[start:], start):
-            # The end-of-training entry holds the run's mean loss (train_loss) and its
-            # runtime: a summary, not a step's loss.
-            if isinstance(entry, dict) and "train_runtime" not in entry:
-                record = keys.record(
-                    entry, self.name, self.kind, f"log_history[{index}]", before_start=before_start
-                )
-                if record is not None:
-                    reading.records.append(record)
-        reading.lines[self.name] = reading.lines.get(self.name, 0) + len(history) - start
-        self._history_read = len(history)
 
 
 Source = JsonLinesSource | CsvSource | TrainerStateSource

@@ -1,8 +1,5 @@
-"""The rules over the steps a trainer writes: advance, rate, ETA, loss, and a learned limit.
-
-Clock-free: every call takes ``now``.  The learned limit's rule: docs/progress.md ("A learned
-stall limit"); its mechanism: docs/architecture.md, "The watchdog".
-"""
+"""The rules over the steps a trainer writes: advance, rate, ETA, loss, and a learned limit
+(docs/progress.md, "A learned stall limit").  Clock-free: every call takes ``now``."""
 
 from __future__ import annotations
 
@@ -19,17 +16,14 @@ PROGRESS_SOURCES: tuple[ProgressSource, ...] = ("auto", "files", "steps")
 LossCheck = Literal["fail", "warn", "off"]
 LOSS_CHECKS: tuple[LossCheck, ...] = ("fail", "warn", "off")
 
-#: The learned limit is this many times the high quantile of the gaps.
+#: The learned limit: this factor times the time-weighted quantile of the gaps, within the
+#: floor and cap, after a warm-up of at least AUTO_MIN_GAPS gaps.  Gaps are kept in
+#: logarithmic buckets _BUCKET_RATIO wide: bounded memory, 5 % resolution.
 AUTO_SAFETY_FACTOR = 3.0
-#: The time-weighted quantile of the gaps the limit is learned from.
 AUTO_QUANTILE = 0.99
-#: The learned limit is never below this ...
 AUTO_FLOOR_SECONDS = 10.0
-#: ... nor above this (six hours).
 AUTO_CAP_SECONDS = 6 * 3600.0
-#: The warm-up lasts at least this many gaps.
 AUTO_MIN_GAPS = 10
-#: Gaps are kept in logarithmic buckets this wide (a ratio): bounded memory, 5 % resolution.
 _BUCKET_RATIO = 1.05
 
 #: Steps per second over the last RATE_WINDOW_SECONDS or RATE_WINDOW_STEPS steps, whichever
@@ -65,12 +59,10 @@ class StaleLimit:
         """Start over (the run's progress signal changed from file changes to steps)."""
         self._first: float | None = None
         self._gaps = 0
-        #: The longest gap seen (since the last reset).
         self.longest = 0.0
         self._buckets: dict[int, float] = {}
-        #: The limit in force for the gap under way.
+        #: The limit in force for the gap under way; the learned one after the warm-up.
         self.limit = self.carried if self.carried is not None else self.startup_limit
-        #: The learned limit once the warm-up is over (None before).
         self.learned: float | None = None
 
     def advance(self, now: float, gap: float | None) -> None:
@@ -106,12 +98,10 @@ class StepUpdate:
     """What one reading changed, for the watchdog to emit."""
 
     advanced: bool = False
-    #: The gap since the advance before (None for the first step).
-    gap: float | None = None
+    gap: float | None = None  # since the advance before (None for the first step)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    #: The first non-finite loss: its message.
-    nonfinite: str | None = None
+    nonfinite: str | None = None  # the first non-finite loss: its message
     #: Whether the figures (loss, max_steps) changed without an advance.
     changed: bool = False
     #: (step, the trainer's own time or None) of each record that raised its source's step.
@@ -125,10 +115,8 @@ class StepTracker:
         self.loss_check = loss_check
         self.step_key = step_key
         self.step: int | None = None
-        #: The kind of the step source (see ``_steps.KIND_*``) and its file.
-        self.kind: int | None = None
+        self.kind: int | None = None  # the step source's (``_step_files.KIND_*``)
         self.source: str | None = None
-        self.first_at: float | None = None
         self.last_advance: float | None = None
         self.longest_gap = 0.0
         self.max_steps: int | None = None
@@ -139,16 +127,13 @@ class StepTracker:
         self.steps_per_second: float | None = None
         self.tokens_per_second: float | None = None
         self.samples_per_second: float | None = None
-        #: Lines each source grew by since the step last advanced.
-        self.lines_since_advance: dict[str, int] = {}
+        self.lines_since_advance: dict[str, int] = {}  # per source, since the last advance
         self.nonfinite_seen = False
         self.diverged = False
-        #: Non-finite gradient norms logged (isolated ones: counted, not failed).
-        self.nonfinite_grad_norms = 0
+        self.nonfinite_grad_norms = 0  # isolated ones: counted, not failed
         #: Per history (all trainer_state.json copies are one): (non-finite norms in a row,
-        #: the first's step).
+        #: the first's step); and those that logged a finite one (a streak counts from then).
         self._grad_run: dict[str, tuple[int, int]] = {}
-        #: The histories that have logged a finite gradient norm (a streak counts from then).
         self._grad_finite: set[str] = set()
         #: Sources that gave this run a step, and those that gave a loss.
         self._stepped: set[str] = set()
@@ -159,12 +144,11 @@ class StepTracker:
         self._high_by_source: dict[str, int] = {}
         #: The newest step an earlier run left in each source (where this one resumes from).
         self._before_start: dict[str, int] = {}
-        #: Each source's newest epoch, and the sources that count their step per epoch.
         self._epoch_by_source: dict[str, float] = {}
-        self._per_epoch: set[str] = set()
-        #: Sources that went back while another was ahead: their own counter (said once each).
+        self._per_epoch: set[str] = set()  # sources that count their step per epoch
+        #: Sources that went back while another was ahead: their own counter (said once each);
+        #: sources that have held the run's step (a resume of one of those is the run's).
         self._own_counter: set[str] = set()
-        #: Sources that have held the run's step (a resume of one of those is the run's).
         self._led: set[str] = set()
         self._state_high = -1
         self._window: deque[tuple[float, int, float | None, float | None]] = deque()
@@ -173,10 +157,8 @@ class StepTracker:
         self._best_median = math.inf
         self._first_median: float | None = None
         self._warned_keys: set[str] = set()
-        #: The newest cumulative (tokens, samples) counts, for their rates.
-        self._counts: tuple[float | None, float | None] = (None, None)
-        #: What the rules raised (each said once).
-        self._raised: frozenset[str] = frozenset()
+        self._counts: tuple[float | None, float | None] = (None, None)  # tokens, samples
+        self._raised: frozenset[str] = frozenset()  # what the rules raised (said once)
 
     @property
     def source_kind(self) -> str | None:
@@ -256,10 +238,7 @@ class StepTracker:
             # Any source's step rising is progress: one that stopped higher (a prep file, an
             # eval loop's own counter) never freezes the run.
             update.advanced = True
-            if self.first_at is None:
-                self.first_at = now
-            else:
-                assert self.last_advance is not None
+            if self.last_advance is not None:
                 update.gap = now - self.last_advance
                 self.longest_gap = max(self.longest_gap, update.gap)
             self.last_advance = now

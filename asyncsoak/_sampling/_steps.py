@@ -1,7 +1,5 @@
-"""The step sources below a progress directory, followed and read at each scan: of
-``checkpoint-N/trainer_state.json`` the highest N's, at most :data:`MAX_SOURCES` (the newest).
-The run's step is the highest any file of the highest kind that gave one reached.
-"""
+"""The step sources below a progress directory, read at each scan: of
+``checkpoint-N/trainer_state.json`` the highest N's, at most :data:`MAX_SOURCES` (the newest)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The watchdog: file growth in the progress directory is the run's sign of life.
-
-It wakes at the next scan or deadline and judges on time even when a scan does not come back
-(fail closed).  When inotify is listened to, and how scans are spaced: docs/architecture.md,
-"The watchdog".
-"""
+"""The watchdog: file growth in the progress directory is the run's sign of life, judged on
+time even when a scan does not come back (docs/architecture.md, "The watchdog")."""
 
 from __future__ import annotations
 
@@ -39,6 +35,8 @@ JUDGE_GRACE_SECONDS = 2.0
 HEARD_WAIT_SECONDS = 1.0
 #: The share of a core the full scans of a huge tree may take (where inotify watches it).
 SCAN_CPU_SHARE = 0.02
+#: Bound on a scan, a stat or the placing of watches (a hung filesystem: fail closed).
+SCAN_TIMEOUT_SECONDS = 60.0
 #: Full scans are never further apart than this, however costly.
 MAX_FULL_SCAN_PERIOD_SECONDS = 60.0
 
@@ -55,21 +53,16 @@ async def run_watchdog(
     also: Collection[Path] = (),
     scan_interval: float,
     limiter: anyio.CapacityLimiter,
-    scan_timeout: float = 60.0,
-    use_inotify: bool = True,
     steps: StepReader | None = None,
 ) -> None:
-    """Watch until a rule fires (then post it, a ``rule_broken`` event) or the task is cancelled.
-
-    Between scans it waits on inotify, so a change is dated when it happens; a scan runs every
-    ``scan_interval`` and at each deadline.  With ``steps``, each scan also reads what the step
-    sources wrote, in the same thread hop."""
+    """Watch until a rule fires (then post it, a ``rule_broken`` event) or the task is cancelled:
+    a scan every ``scan_interval`` and at each deadline (with ``steps``, reading what the step
+    sources wrote in the same thread hop), inotify between them."""
     watcher = None
-    if use_inotify:
-        with contextlib.suppress(OSError):  # no inotify here: the scans alone keep watch
-            watcher = Inotify()
+    with contextlib.suppress(OSError):  # no inotify here: the scans alone keep watch
+        watcher = Inotify()
     scanner = Scanner(progress_dir, ignore, also, steps)
-    loop = _WatchLoop(sink, watcher, scanner, tracker, scan_interval, scan_timeout)
+    loop = _WatchLoop(sink, watcher, scanner, tracker, scan_interval, limiter)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(loop.judge_on_time, tg.cancel_scope)
@@ -77,7 +70,7 @@ async def run_watchdog(
                 # The first walk of a big (or hung) tree must not hold up the scans, which
                 # are the authority: the watches are put in place beside them.
                 tg.start_soon(loop.first_watches)
-            broken = await loop.run(limiter)
+            broken = await loop.run()
             if broken is not None:
                 await loop.fail(*broken)
             tg.cancel_scope.cancel()
@@ -91,8 +84,7 @@ async def run_watchdog(
 
 class _WatchLoop:
     """The watchdog's loop: wait for the next scan (or the deadline), listening to inotify
-    when the scan is far off; take the scan's result, report what changed and judge the
-    rules, until a rule is broken or the task is cancelled."""
+    when the scan is far off; report what changed and judge the rules."""
 
     def __init__(
         self,
@@ -101,30 +93,27 @@ class _WatchLoop:
         scanner: Scanner,
         tracker: ProgressTracker,
         scan_interval: float,
-        scan_timeout: float,
+        limiter: anyio.CapacityLimiter,
     ) -> None:
         self.sink = sink
+        self.limiter = limiter
         self.watcher = watcher
         self.scanner = scanner
         self.progress_dir = scanner.progress_dir
         self.ignore = scanner.ignore
         self.tracker = tracker
         self.scan_interval = scan_interval
-        self.scan_timeout = scan_timeout
         self.watches_placed = anyio.Event()
         self.fired = False
         self.next_scan = _next_on_grid(sink.elapsed(), scan_interval)
-        #: Whether the progress directory exists (and so is watched, with inotify).
-        self.root_watched = False
+        self.root_watched = False  # the progress directory exists (and so is watched)
         #: Scan key -> when inotify last told of a change to it, since the last scan.
         self.heard: dict[str, float] = {}
-        #: inotify lost events: scan at once rather than at the next tick.
-        self.rescan = False
+        self.rescan = False  # inotify lost events: scan at once, not at the next tick
         #: The wait on inotify under way: the first watches' look at the files cuts it short
         #: when it moved the deadline (it runs beside the loop), and sets ``replan``.
         self.waiting: anyio.CancelScope | None = None
         self.replan = False
-        #: When the last scan came back: a change a scan finds happened after it.
         self.scanned_at = sink.elapsed()
 
     async def fail(self, reason: str, message: str) -> None:
@@ -134,8 +123,7 @@ class _WatchLoop:
 
     async def judge_on_time(self, scope: anyio.CancelScope) -> None:
         """The stall rules on their own clock: a grace after the deadline, a rule the scans
-        have not settled (no progress seen meanwhile, no verdict of their own: a scan or a
-        stat that did not come back) fires, and the watchdog ends.  One wake-up a deadline."""
+        have not settled (a scan that did not come back) fires, and the watchdog ends."""
         tracker, sink = self.tracker, self.sink
         while True:
             deadline = tracker.deadline()
@@ -171,9 +159,9 @@ class _WatchLoop:
                 return watcher.watch_tree(self.progress_dir)
             return []
 
-        with contextlib.suppress(BlockingCallTimeout):
-            what = f"watching {self.progress_dir} with inotify"
-            found = await run_blocking(watch, self.ignore(), timeout=self.scan_timeout, what=what)
+        what = f"watching {self.progress_dir} with inotify"
+        found = await self._blocking(watch, what, self.ignore())
+        if found is not None:
             self.watches_placed.set()
             await self._seed(found)
 
@@ -183,21 +171,17 @@ class _WatchLoop:
             return
         now = self.sink.elapsed()
         previous = self.tracker.last_change
-        updates = await run_blocking(
-            stat_keys,
-            self.progress_dir,
-            found,
-            self.ignore(),
-            timeout=self.scan_timeout,
-            what="a stat of the files found",
-        )
+        what = "a stat of the files found"
+        updates = await self._blocking(stat_keys, what, self.progress_dir, found, self.ignore())
+        if updates is None:
+            return
         changed = self.tracker.observe_some(updates, now)
         await report_progress(self.sink, self.tracker, changed, now, previous)
         if changed and self.waiting is not None:
             self.replan = True
             self.waiting.cancel()
 
-    async def run(self, limiter: anyio.CapacityLimiter) -> Verdict:
+    async def run(self) -> Verdict:
         exists = await self._progress_dir_exists(f"a stat of {self.progress_dir}")
         self.root_watched = bool(exists)
         if exists is not None:
@@ -225,7 +209,11 @@ class _WatchLoop:
             else:
                 # A plain sleep until the next scan or the deadline: no scope to cancel.
                 await anyio.sleep(max(0.0, wake - self.sink.elapsed()))
-            result = await self._scan(limiter)
+            result = None
+            if self.scanner.running_since is None:  # else the last scan is stuck: none
+                result = await self._blocking(
+                    self.scanner, f"the scan of {self.progress_dir}", limiter=self.limiter
+                )
             now = self.sink.elapsed()
             self._plan_next_scan(now)
             if self.watcher is not None:
@@ -277,19 +265,6 @@ class _WatchLoop:
             return await report_steps(self.sink, tracker, reading, now)
         return None
 
-    async def _scan(self, limiter: anyio.CapacityLimiter) -> ScanResult | None:
-        """The scan of this interval, in a thread; None if it did not come back in time, or if
-        the last scan is still stuck (this interval has no scan: the deadline is judged as if
-        nothing changed)."""
-        if self.scanner.running_since is not None:
-            return None
-        with contextlib.suppress(BlockingCallTimeout):
-            what = f"the scan of {self.progress_dir}"
-            return await run_blocking(
-                self.scanner, timeout=self.scan_timeout, what=what, limiter=limiter
-            )
-        return None
-
     def _plan_next_scan(self, now: float) -> None:
         """The next scan on the sampler's grid: one interval on, or a longer period (see
         :func:`full_scan_period`) where inotify watches the whole tree."""
@@ -333,10 +308,17 @@ class _WatchLoop:
         # Judged after every scan, changes or not: files that grow do not hide a frozen step.
         return tracker.verdict(now)
 
-    async def _blocking(self, call: Callable[..., _T], what: str, *args: object) -> _T | None:
+    async def _blocking(
+        self,
+        call: Callable[..., _T],
+        what: str,
+        *args: object,
+        limiter: anyio.CapacityLimiter | None = None,
+    ) -> _T | None:
         """``call(*args)`` in a thread under the scan timeout; None if it did not come back."""
         with contextlib.suppress(BlockingCallTimeout):
-            return await run_blocking(call, *args, timeout=self.scan_timeout, what=what)
+            timeout = SCAN_TIMEOUT_SECONDS
+            return await run_blocking(call, *args, timeout=timeout, what=what, limiter=limiter)
         return None
 
     async def _progress_dir_exists(self, what: str) -> bool | None:
@@ -354,8 +336,7 @@ class _WatchLoop:
         watcher.pending.append((self.progress_dir, ""))
         found = await self._blocking(watcher.watch_pending, "inotify watches")
         if found is not None:
-            with contextlib.suppress(BlockingCallTimeout):
-                await self._seed(found)
+            await self._seed(found)
 
 
 def full_scan_period(cost: float, interval: float) -> float:

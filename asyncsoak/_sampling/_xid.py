@@ -22,114 +22,59 @@ _DEBUG = "debug the application (compute-sanitizer); if it repeats across applic
 _RESET = "drain the node and reset the GPU"
 _REBOOT = f"{_RESET} (or reboot)"
 
-#: The Xid codes asyncsoak knows (NVIDIA's catalogue).  ``fails``: the documented default of
-#: which fail the run (the hardware, the driver or its firmware broke) and which warn (most
-#: often the application's own error, which its exit status reports anyway).
+#: The Xid codes asyncsoak knows (NVIDIA's catalogue): what each means, and what to do.
+_MEANINGS = {
+    13: "graphics engine exception (an illegal memory access or instruction in a kernel)",
+    31: "GPU memory page fault (a kernel touched an invalid address)",
+    43: "GPU stopped processing (a channel was reset after an application fault)",
+    45: "preemptive cleanup after earlier errors (a process was ended on the GPU)",
+    48: "double-bit (uncorrectable) ECC error",
+    61: "internal micro-controller breakpoint or warning",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "video processor (NVDEC) exception",
+    69: "graphics engine class error",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error (the applications that touched the memory were stopped)",
+    95: "uncontained ECC error (every application on the GPU is affected)",
+    119: "GSP RPC timeout (the GPU's system processor did not answer)",
+    120: "GSP error (the GPU's system processor failed)",
+    140: "unrecovered ECC error",
+    154: "GPU recovery action changed (a reset or reboot is required)",
+}
+_ACTIONS = {
+    13: _DEBUG + "the GPU diagnostics (dcgmi diag)",
+    31: _DEBUG + "the GPU diagnostics",
+    43: "the application's error: read its log; the GPU stays usable",
+    45: "look for the Xid logged before it: that one is the cause",
+    48: f"{_RESET}; if it repeats, have the GPU replaced",
+    61: "reset the GPU; report it to the administrator if it repeats",
+    62: _REBOOT,
+    63: "reset the GPU when convenient so the retirement or remap takes effect",
+    64: "drain the node, reset the GPU and run the diagnostics; have the GPU replaced if it "
+    "repeats",
+    68: "debug the application's video decoding; reset the GPU if it repeats",
+    69: "debug the application; run the GPU diagnostics if it repeats",
+    74: "drain the node, check the NVLink connections and reset the GPUs on that link",
+    79: "drain the node; check the GPU's power and PCIe seating, then reboot",
+    92: "watch the GPU's ECC counters; reset it and run the diagnostics when convenient",
+    94: "restart the run from its checkpoint; reset the GPU when it is free",
+    95: f"{_RESET} before any further work",
+    119: _REBOOT,
+    120: _REBOOT,
+    140: _RESET,
+    154: "drain the node and do the recovery action the driver names (reset or reboot)",
+}
+#: The documented default of which fail the run (the hardware, the driver or its firmware
+#: broke); the others warn (most often the application's own error, which its exit status
+#: reports anyway).
+_FAILING = frozenset({48, 61, 62, 64, 74, 79, 94, 95, 119, 120, 140, 154})
 XID_CODES: dict[int, Xid] = {
-    x.code: x
-    for x in (
-        Xid(
-            13,
-            "graphics engine exception (an illegal memory access or instruction in a kernel)",
-            _DEBUG + "the GPU diagnostics (dcgmi diag)",
-            False,
-        ),
-        Xid(
-            31,
-            "GPU memory page fault (a kernel touched an invalid address)",
-            _DEBUG + "the GPU diagnostics",
-            False,
-        ),
-        Xid(
-            43,
-            "GPU stopped processing (a channel was reset after an application fault)",
-            "the application's error: read its log; the GPU stays usable",
-            False,
-        ),
-        Xid(
-            45,
-            "preemptive cleanup after earlier errors (a process was ended on the GPU)",
-            "look for the Xid logged before it: that one is the cause",
-            False,
-        ),
-        Xid(
-            48,
-            "double-bit (uncorrectable) ECC error",
-            f"{_RESET}; if it repeats, have the GPU replaced",
-            True,
-        ),
-        Xid(
-            61,
-            "internal micro-controller breakpoint or warning",
-            "reset the GPU; report it to the administrator if it repeats",
-            True,
-        ),
-        Xid(62, "internal micro-controller halt", _REBOOT, True),
-        Xid(
-            63,
-            "ECC page retirement or row remapping recorded",
-            "reset the GPU when convenient so the retirement or remap takes effect",
-            False,
-        ),
-        Xid(
-            64,
-            "ECC page retirement or row remapper recording failure",
-            "drain the node, reset the GPU and run the diagnostics; have the GPU replaced if "
-            "it repeats",
-            True,
-        ),
-        Xid(
-            68,
-            "video processor (NVDEC) exception",
-            "debug the application's video decoding; reset the GPU if it repeats",
-            False,
-        ),
-        Xid(
-            69,
-            "graphics engine class error",
-            "debug the application; run the GPU diagnostics if it repeats",
-            False,
-        ),
-        Xid(
-            74,
-            "NVLink error",
-            "drain the node, check the NVLink connections and reset the GPUs on that link",
-            True,
-        ),
-        Xid(
-            79,
-            "GPU has fallen off the bus",
-            "drain the node; check the GPU's power and PCIe seating, then reboot",
-            True,
-        ),
-        Xid(
-            92,
-            "high single-bit ECC error rate",
-            "watch the GPU's ECC counters; reset it and run the diagnostics when convenient",
-            False,
-        ),
-        Xid(
-            94,
-            "contained ECC error (the applications that touched the memory were stopped)",
-            "restart the run from its checkpoint; reset the GPU when it is free",
-            True,
-        ),
-        Xid(
-            95,
-            "uncontained ECC error (every application on the GPU is affected)",
-            f"{_RESET} before any further work",
-            True,
-        ),
-        Xid(119, "GSP RPC timeout (the GPU's system processor did not answer)", _REBOOT, True),
-        Xid(120, "GSP error (the GPU's system processor failed)", _REBOOT, True),
-        Xid(140, "unrecovered ECC error", _RESET, True),
-        Xid(
-            154,
-            "GPU recovery action changed (a reset or reboot is required)",
-            "drain the node and do the recovery action the driver names (reset or reboot)",
-            True,
-        ),
-    )
+    code: Xid(code, meaning, _ACTIONS[code], code in _FAILING)
+    for code, meaning in _MEANINGS.items()
 }
 
 
