@@ -11,16 +11,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from .._analysis import TREE_MEMORY_SERIES
-from .._contract import Artifact, SoakStatus, format_duration, terminal_text
+from .._contract import Artifact, SoakStatus, format_duration, schema, terminal_text
 from ._evidence import gpu_faults, leaking_series, rate_text
 from ._fields import format_value, gpu_index
 from ._sections import (
     column,
     config_value,
-    gpu_health,
     series_group,
     summary_figure,
-    training_steps,
     trend_verdicts,
 )
 from ._status import PASSED_WITH_WARNINGS, shown_status
@@ -168,7 +166,7 @@ def compare(
 
 def _gpu_fault_count(artifact: Artifact) -> float | None:
     """How many GPU faults the run saw; None without GPU health."""
-    return float(len(gpu_faults(artifact))) if gpu_health(artifact) else None
+    return float(len(gpu_faults(artifact))) if artifact.get("gpu_health") else None
 
 
 def _row(
@@ -274,7 +272,7 @@ def _file_changes_comparable(baseline: Artifact, candidate: Artifact) -> bool:
     """File changes are counted once a scan: comparable only at one sample interval, and
     never when both runs have steps (their rate is the progress)."""
     intervals = {config_value(a, "sample_interval_seconds") for a in (baseline, candidate)}
-    stepped = training_steps(baseline) is not None and training_steps(candidate) is not None
+    stepped = _steps(baseline) is not None and _steps(candidate) is not None
     return len(intervals) == 1 and not stepped
 
 
@@ -297,16 +295,20 @@ def _step_rate(artifact: Artifact) -> float | None:
     ]
     if rates:
         return float(statistics.median(rates))
-    steps = training_steps(artifact)
+    steps = _steps(artifact)
     rate = None if steps is None else steps["steps_per_second"]
     return None if rate is None else float(rate)
 
 
 def _final_loss(artifact: Artifact) -> float | None:
     """The last finite loss the trainer wrote."""
-    steps = training_steps(artifact)
+    steps = _steps(artifact)
     loss = None if steps is None else steps["loss"]
     return None if loss is None else float(loss)
+
+
+def _steps(artifact: Artifact) -> schema.StepsProgress | None:
+    return artifact["progress"].get("steps")
 
 
 def _gpu_groups(artifact: Artifact) -> set[str]:

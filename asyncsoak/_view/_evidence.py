@@ -7,7 +7,7 @@ from __future__ import annotations
 import linecache
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -15,11 +15,9 @@ from .._analysis import GpuActivity, median, recorded_gpus, tree_verdict
 from .._contract import Artifact, EventKind, FailureReason, exits, format_duration, schema
 from ._fields import format_bytes, format_value
 from ._sections import (
-    config_setting,
     config_value,
     counted_steps,
     event_times,
-    gpu_health,
     oom_kills,
     process_role,
     python_stack,
@@ -74,10 +72,7 @@ class Evidence:
     log_lines: list[str]
     traceback: tuple[int, int] | None
     #: The ``trends`` entries judged leaks, the worst first.
-    leaks: list[Leak] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+    leaks: list[Leak]
 
 
 def gather(artifact: Artifact) -> Evidence:
@@ -132,7 +127,7 @@ def gpu_faults(artifact: Artifact) -> list[dict[str, Any]]:
     """Every GPU fault of the run, those that failed it first, with its GPU's identity."""
     found = [
         {**fault, "gpu": health["index"], "uuid": health["uuid"], "bus_id": health["bus_id"]}
-        for health in gpu_health(artifact).values()
+        for health in artifact.get("gpu_health", {}).values()
         for fault in health["faults"]
     ]
     return sorted(found, key=lambda f: (not (f["fails"] and f["used"]), f["t"]))
@@ -438,7 +433,7 @@ def _next_steps(
             )
         if resume:
             steps.append(resume[:1].upper() + resume[1:] + ".")
-        if not config_setting(artifact, "dump_signal"):
+        if not artifact["config"].get("dump_signal"):
             steps.append(
                 "Rerun with --dump-signal SIGUSR1 for every thread's stack, native frames too "
                 "(the trainer calls faulthandler.register(signal.SIGUSR1))."

@@ -5,7 +5,7 @@ a sampler records."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from .._contract import format_duration, parse_iso
@@ -168,6 +168,15 @@ def format_bytes(value: float, *, like: float | None = None) -> str:
         if reference >= scale:
             return f"{value / scale:.1f} {unit}"
     return f"{value:.0f} B"
+
+
+def format_table(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
+    """``rows`` as lines of left-aligned columns, two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def format_clock(iso_time: str | None) -> str:

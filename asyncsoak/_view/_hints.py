@@ -37,7 +37,6 @@ from ._sections import (
     process_role,
     sampler_notes,
     stall_forensics,
-    summary_entry,
     summary_figure,
 )
 
@@ -293,5 +292,5 @@ def process_name(process: schema.ProcessRecord) -> str:
 def throttled(artifact: Artifact, group: str) -> list[str]:
     """The reasons a group's GPU clocks were held back over the run (those that mean
     nothing is held back left out); none for a group without them."""
-    reasons = summary_entry(artifact, group, "throttle_reasons")
+    reasons = artifact["summary"].get(group, {}).get("throttle_reasons")
     return [r for r in reasons if r not in IDLE_THROTTLE] if isinstance(reasons, list) else []
