@@ -211,7 +211,7 @@ class RichView:
     def _render(self, status: Status, *, last: bool = False) -> Any:
         width, height = self._console.size
         if self._screen:
-            from ._screen import render_screen
+            from ._live_line import render_screen
 
             # The last frame stays on the terminal with the verdict printed below it: it
             # leaves that room, so its first rows (the verdict so far) are not scrolled off.
