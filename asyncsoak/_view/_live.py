@@ -50,8 +50,7 @@ class JournalTail:
         #: In the middle of a line longer than any event, dropped up to its end.
         self._skipping = False
         self._decoder = JournalDecoder()
-        #: Reads begun, and the last one that found nothing new at the journal's end: all
-        #: written before such a read began was read (and folded).
+        #: Reads begun, and the last that found nothing new at the end (all before it was read).
         self.reads_begun = 0
         self.last_read_to_end = 0
         #: Whether the last chunk read reached the end of the file.
@@ -115,8 +114,7 @@ class JournalTail:
         assert self._file is not None
         self._file.seek(self._offset)
         data = self._file.read(READ_CHUNK)
-        # A last line without its end yet (or ever, from a monitor that died mid-write) is
-        # the end too: nothing more can be read now.
+        # A last line without its end yet (or ever: a monitor died mid-write) is the end too.
         self._at_end = len(data) < READ_CHUNK
         if self._skipping:
             end = data.find(b"\n") + 1
@@ -133,8 +131,7 @@ class JournalTail:
             if data.endswith(b"\n"):
                 complete = data
             elif len(data) > bounded.MAX_LINE_BYTES:
-                # Longer than any event (the bound every journal reader keeps): dropped, so
-                # the view goes on with the events after it instead of waiting on it for ever.
+                # Longer than any event: dropped, so the view does not wait on it for ever.
                 self._offset += len(data)
                 self._skipping = True
                 return []
@@ -203,8 +200,7 @@ class RichView:
         width, height = self._console.size
         if not self._screen:
             return render_rich(status, width)
-        # The last frame stays on the terminal with the verdict printed below it: it leaves
-        # that room, so its first rows (the verdict so far) are not scrolled off.
+        # The last frame leaves room for the verdict below it: its first rows stay in view.
         return render_screen(status, width, height - FINAL_VERDICT_ROWS if last else height)
 
     def show(self, status: Status) -> None:
@@ -216,10 +212,8 @@ class RichView:
         self._live.stop()
 
 
-#: The full screen needs at least this many rows (else ``auto`` keeps the line).
-SCREEN_MIN_ROWS = 20
-#: ... and this many columns.
-SCREEN_MIN_COLUMNS = 60
+#: The terminal ``auto`` draws the full screen on, at least (else it keeps the line).
+SCREEN_MIN_ROWS, SCREEN_MIN_COLUMNS = 20, 60
 
 
 def make_view(stream: TextIO, status_interval: float, mode: str = "line") -> PlainView | RichView:
@@ -281,8 +275,7 @@ async def _drive(
                     return last
             await anyio.sleep(refresh)
     except Exception as exc:
-        # The view is a convenience: a broken terminal or an unreadable journal ends it, and
-        # the soak goes on untouched; the user is told why the view went away.
+        # A broken terminal or an unreadable journal ends the view, never the soak.
         line = terminal_text(f"asyncsoak: the live view stopped: {type(exc).__name__}: {exc}")
         with contextlib.suppress(Exception):
             await in_thread(partial(print, line + "\n", end="", file=stream, flush=True))
@@ -359,8 +352,8 @@ def live_status(
                     state.run = control.state
                 state.add(event)
             except Exception as exc:
-                # A bug of the view's must not reach the serializer (it would count it against
-                # the soak's own folding): the view says so and stops.
+                # A bug of the view's must not reach the serializer (it counts it against the
+                # soak's own folding): the view says so and stops.
                 broken.append(f"{type(exc).__name__}: {exc}")
 
         control.observers.append(observe)
@@ -373,8 +366,7 @@ def live_status(
             return state.status(time.time(), time.monotonic(), current=True)
 
         def refine(status: Status) -> Status:
-            # A stat of the files that changed last, on the draw's own thread hop: the
-            # changes of the last scan interval are known when the line is drawn.
+            # A stat of the files that changed last, on the draw's own thread hop.
             look = control.progress_age
             return status if look is None else status.with_progress_age(look())
 

@@ -14,8 +14,7 @@ from .._contract import format_duration, terminal_text
 from .._record import read_log_tail
 from ._fields import format_value
 
-#: The line's pieces, from the one kept longest to the one dropped first when the width is
-#: short.  A new piece takes its place here and in :meth:`Status.pieces`.
+#: The line's pieces, from the one kept longest to the one dropped first when the width is short.
 PIECE_IMPORTANCE = (
     "phase",
     "alert",
@@ -34,8 +33,7 @@ LAST_DROPPED = frozenset({"phase", "alert", "stall"})
 NOT_SAMPLED_YET = "CPU/RSS starting"
 #: ``watch`` says how old what it shows is once the journal's last line is this old.
 AS_OF_SHOWN_SECONDS = 1.0
-#: Rows the full screen's last frame leaves below it for the verdict printed after it (the
-#: line of ``run`` or ``watch``, wrapped on a narrow terminal) and the shell's prompt.
+#: Rows the full screen's last frame leaves below it for the verdict line and the prompt.
 FINAL_VERDICT_ROWS = 4
 #: Columns of the line's bar of the quiet time against its limit (the screen's: 20).
 BAR_WIDTH = 16
@@ -45,8 +43,7 @@ PROCESS_ROWS = 5
 
 
 class Piece(NamedTuple):
-    """One piece of the line: its name (in :data:`PIECE_IMPORTANCE`) and its wordings, safe
-    to print, the longest first."""
+    """One piece of the line: its name and its wordings, safe to print, the longest first."""
 
     name: str
     forms: tuple[str, ...]
@@ -72,7 +69,6 @@ class Process:
     trend: str | None
 
 
-#: (group, utilisation percent, memory used MiB) of each GPU.
 Gpus = tuple[tuple[str, float | None, float | None], ...]
 
 
@@ -82,10 +78,8 @@ class Status:
 
     elapsed: float
     phase: str
-    #: Seconds without progress (since the start before the first one), as of the knowledge
-    #: the view has: now in ``run``, the journal's last line in ``watch``.
+    #: Seconds without progress (since the start before the first), held against ``limit``.
     quiet_for: float | None
-    #: The limit ``quiet_for`` is held against, and its name (``stale``, ``startup``).
     limit: float | None
     limit_name: str
     changes: int
@@ -93,14 +87,13 @@ class Status:
     tree_rss_bytes: float | None
     gpus: Gpus
     finished: bool
-    #: The tree's memory trend so far (``+12.0 MiB/min``), when one is known.
     memory_trend: str | None = None
     #: What the trends said during the run: a leak, a projected breach (short texts).
     alerts: tuple[str, ...] = ()
     peak_cpu_percent: float | None = None
     peak_rss_bytes: float | None = None
     peak_gpus: Gpus = ()
-    #: Warnings so far, and the one the last frame names (:func:`named_warning`).
+    #: Warnings so far, and the one the last frame names.
     warnings: int = 0
     warning: str | None = None
     #: Whether the tree has been sampled with its figures (a CPU rate) yet.
@@ -108,22 +101,17 @@ class Status:
     #: How old the knowledge shown is (``watch``: the journal's last line), None when current.
     behind: float | None = None
     changes_per_minute: float | None = None
-    #: The tree's processes by memory, the largest first.
     processes: tuple[Process, ...] = ()
     log_path: str | None = None
-    #: The artifact's status once finished (``passed``...), None before.
     status: str | None = None
-    #: The training's step, rate, loss and ETA, when a step source says them.
     training: str = ""
     #: Whether the step's advances are the progress (the changes are then file growth).
     steps_count: bool = False
     #: ``--expect-every``'s next deadline (GLOB, seconds left), when nearer than the stall's.
     deadline: tuple[str, float] | None = None
-    #: The last frame's goodput line, when the run wrote steps.
     goodput: str = ""
 
     def pieces(self) -> list[Piece]:
-        """The line's pieces in the order shown."""
         pieces = [
             _piece("phase", f"{format_duration(self.elapsed)} {self.phase}"),
             _piece("training", self.training),
@@ -217,7 +205,6 @@ class Status:
         return [_piece("warnings", count)]
 
     def parts(self) -> list[str]:
-        """The pieces' wordings in order."""
         return [piece.text for piece in self.pieces()]
 
     def plain(self) -> str:
@@ -244,9 +231,8 @@ def _gpu_figures(util: float | None, memory: float | None) -> str:
 def fit_pieces(
     pieces: Sequence[Piece], width: int, separator: str = " | "
 ) -> list[tuple[Piece, str]]:
-    """The pieces that fit in ``width`` columns, each with the wording chosen, in their order
-    (the order of choice is in docs/architecture.md): a piece is left out, never cut mid-word,
-    except the first, alone too wide."""
+    """The pieces that fit in ``width`` columns with the wording chosen (docs/architecture.md):
+    a piece is left out, never cut mid-word, except the first, alone too wide."""
     chosen: dict[int, str] = {}
 
     def room_for(text: str, reserve: int = 0) -> bool:
@@ -279,7 +265,6 @@ def fit_pieces(
 
 
 def _shorten_words(text: str, width: int) -> str:
-    """``text`` cut at a word boundary to fit ``width`` with an ellipsis."""
     if len(text) <= width:
         return text
     return text[: max(0, width - 1)].rsplit(" ", 1)[0] + "…"
@@ -314,8 +299,7 @@ def quiet_bar(status: Status, width: int, finished_style: str = "bar.finished") 
 
 
 def render_rich(status: Status, width: int = 80) -> Any:
-    """One line of at most ``width`` columns: whole pieces only, the bar dropped first, then
-    the pieces by :data:`PIECE_IMPORTANCE`."""
+    """One line of at most ``width`` columns: the bar dropped first, then whole pieces."""
     from rich.table import Table
     from rich.text import Text
 
@@ -343,8 +327,7 @@ def render_rich(status: Status, width: int = 80) -> Any:
 
 
 def log_tail(path: str | None, lines: int) -> list[str]:
-    """The last ``lines`` lines of the log at ``path`` (from the same tail the artifact
-    keeps), safe to print; nothing when it cannot be read."""
+    """The last ``lines`` lines of the log (the artifact's tail), safe to print."""
     if not path or lines <= 0:
         return []
     text = read_log_tail(Path(path)).replace("\r", "\n")
