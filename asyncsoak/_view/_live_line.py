@@ -220,8 +220,8 @@ def _alert_piece(alert: str) -> Piece:
     return _piece("alert", alert, short, " ".join(words[:who]) if words[0] == "LEAK" else "")
 
 
-def _figures(cpu: float | None, rss: float | None) -> str:
-    return f"CPU {format_value(cpu, '%')} RSS {format_value(rss, 'bytes')}"
+def _figures(cpu: float | None, rss: float | None, gap: str = " ") -> str:
+    return f"CPU {format_value(cpu, '%')}{gap}RSS {format_value(rss, 'bytes')}"
 
 
 def _gpu_figures(util: float | None, memory: float | None) -> str:
@@ -384,20 +384,14 @@ def render_screen(status: Status, width: int, height: int) -> Any:
     if finished:
         # A run shorter than a sample has no peaks: no placeholder figures for them.
         if status.peak_cpu_percent is not None or status.peak_rss_bytes is not None:
-            progress.add_row(
-                "peaks",
-                f"CPU {format_value(status.peak_cpu_percent, '%')}  "
-                f"RSS {format_value(status.peak_rss_bytes, 'bytes')}",
-            )
+            peaks = _figures(status.peak_cpu_percent, status.peak_rss_bytes, "  ")
+            progress.add_row("peaks", peaks)
     elif not status.sampled:
         progress.add_row("tree", "starting")
     else:
         trend = f"  ({status.memory_trend})" if status.memory_trend else ""
-        progress.add_row(
-            "tree",
-            f"CPU {format_value(status.tree_cpu_percent, '%')}  "
-            f"RSS {format_value(status.tree_rss_bytes, 'bytes')}{trend}",
-        )
+        figures = _figures(status.tree_cpu_percent, status.tree_rss_bytes, "  ")
+        progress.add_row("tree", figures + trend)
     parts.append(progress)
 
     def table(*columns: tuple[str, dict[str, Any]]) -> Any:
