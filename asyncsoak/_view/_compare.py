@@ -85,13 +85,7 @@ class Comparison:
         return [row for row in self.rows if row.regressed]
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "baseline": self.baseline,
-            "candidate": self.candidate,
-            "rows": [asdict(row) for row in self.rows],
-            "regressions": [row.key for row in self.regressions],
-            "notes": self.notes,
-        }
+        return asdict(self) | {"regressions": [row.key for row in self.regressions]}
 
 
 def compare(
