@@ -40,19 +40,16 @@ class JournalTail:
     def __init__(
         self, path: Path, monitor_pid: int | None = None, *, header_first: bool = True
     ) -> None:
-        self.path = path
-        self.monitor_pid = monitor_pid
+        self.path, self.monitor_pid = path, monitor_pid
         #: False when attaching to a journal whose earlier segments were read already.
         self.header_first = header_first
         self._file: BinaryIO | None = None
-        self._offset = 0
-        self._ours = False
+        self._offset, self._ours = 0, False
         #: In the middle of a line longer than any event, dropped up to its end.
         self._skipping = False
         self._decoder = JournalDecoder()
         #: Reads begun, and the last that found nothing new at the end (all before it was read).
-        self.reads_begun = 0
-        self.last_read_to_end = 0
+        self.reads_begun = self.last_read_to_end = 0
         #: Whether the last chunk read reached the end of the file.
         self._at_end = True
 
@@ -70,13 +67,12 @@ class JournalTail:
         return found
 
     def _read(self) -> list[events.EventJson]:
-        found: list[events.EventJson] = []
         if self._file is not None and os.fstat(self._file.fileno()).st_size < self._offset:
             # Truncated: a new soak took the path over.
             self.close()
             self._ours = False
         if self._file is None and not self._open():
-            return found
+            return []
         assert self._file is not None
         if not self._ours:
             self._decoder = JournalDecoder()
@@ -84,9 +80,9 @@ class JournalTail:
             first = self._file.readline(bounded.MAX_LINE_BYTES + 1)
             if not first.endswith(b"\n") or (self.header_first and not self._is_our_header(first)):
                 self.close()  # not ours (yet): look again at the path next time
-                return found
+                return []
             self._ours = True
-        found += self._read_on()
+        found = self._read_on()
         try:
             current = os.stat(self.path)
         except FileNotFoundError:
@@ -106,8 +102,7 @@ class JournalTail:
             self._file = open(self.path, "rb")  # noqa: SIM115 (held until close())
         except FileNotFoundError:
             return False
-        self._offset = 0
-        self._skipping = False
+        self._offset, self._skipping = 0, False
         return True
 
     def _read_on(self) -> list[events.EventJson]:

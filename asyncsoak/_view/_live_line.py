@@ -103,7 +103,6 @@ class Status:
     changes_per_minute: float | None = None
     processes: tuple[Process, ...] = ()
     log_path: str | None = None
-    status: str | None = None
     training: str = ""
     #: Whether the step's advances are the progress (the changes are then file growth).
     steps_count: bool = False

@@ -289,7 +289,6 @@ class LiveState:
                 for pid, name, memory in self.processes[:PROCESSES_FOLLOWED]
             ),
             log_path=self._header.get("log_path"),
-            status=self.finished,
             training=training_line(run.step),
             steps_count=run.steps_count,
             deadline=deadline,
