@@ -125,15 +125,7 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
         s = _slurm_task(artifact) or _rendezvous_task(artifact)
         failures = artifact["failures"]
         stop = stop_section(artifact)
-        first = [
-            {
-                "reason": f["reason"],
-                "message": f["message"],
-                "at": f["at"],
-                "offset_seconds": offset(f["at"]),
-            }
-            for f in failures[:1]
-        ]
+        first = failures[0] if failures else None
         soaks.append(
             {
                 "path": path,
@@ -142,7 +134,14 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
                 "status": artifact["status"],
                 "stop_cause": None if stop is None else stop["cause"],
                 "reasons": [f["reason"] for f in failures],
-                "first_failure": first[0] if first else None,
+                "first_failure": None
+                if first is None
+                else {
+                    "reason": first["reason"],
+                    "message": first["message"],
+                    "at": first["at"],
+                    "offset_seconds": offset(first["at"]),
+                },
                 "started_at": artifact["started_at"],
                 "ended_at": artifact["ended_at"],
                 "start_offset_seconds": offset(artifact["started_at"]),
