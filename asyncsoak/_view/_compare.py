@@ -174,7 +174,7 @@ def _status_row(baseline: Artifact, candidate: Artifact) -> Row:
         if shown_status(artifact["status"], count) == PASSED_WITH_WARNINGS:
             return f"passed with {count} warning{'s' if count > 1 else ''}"
         reasons = ", ".join(f["reason"] for f in artifact["failures"])
-        return artifact["status"] + (f" ({reasons})" if reasons else "")
+        return str(artifact["status"]) + (f" ({reasons})" if reasons else "")
 
     def rank(artifact: Artifact) -> int:
         return STATUS_RANK[shown_status(artifact["status"], len(artifact["warnings"]))]
