@@ -318,7 +318,7 @@ NOT_ON_A_QUIET_RUN = (
     "asyncsoak.trainer._jobs",
     "asyncsoak._export._",
     "asyncsoak._view._live",
-    "asyncsoak._view._screen",
+    "asyncsoak._view._live_line",
     "asyncsoak._contract._schema",
     "asyncsoak.queue",
 )

@@ -140,8 +140,8 @@ def test_the_full_screen_fits_the_terminal_and_shows_what_matters(tmp_path: Path
     their trends, GPUs, and the log's last lines (as many as fit), never taller than 30."""
     from rich.console import Console
 
+    from asyncsoak._view._live_line import render_screen
     from asyncsoak._view._live_state import LiveState
-    from asyncsoak._view._screen import render_screen
 
     from .soak_runs import sample_lines
 
@@ -310,8 +310,8 @@ def test_the_full_screen_shows_the_trainings_step_loss_and_rate() -> None:
     the line does, running and in its last frame (a NaN as ``loss nan``)."""
     from rich.console import Console
 
+    from asyncsoak._view._live_line import render_screen
     from asyncsoak._view._live_state import LiveState
-    from asyncsoak._view._screen import render_screen
 
     state = LiveState()
     header = {"t": 0, "kind": "header", "started_at": "2026-01-01T00:00:00Z", "config": {}}
@@ -344,8 +344,8 @@ def test_the_full_screen_counts_down_to_the_nearest_deadline_then_ends_with_the_
     as the line does; its last frame starts with the verdict and the failure's reason."""
     from rich.console import Console
 
+    from asyncsoak._view._live_line import render_screen
     from asyncsoak._view._live_state import LiveState
-    from asyncsoak._view._screen import render_screen
 
     state = LiveState()
     config = {"stale_progress_seconds": 120.0, "expect_every": {"checkpoint-*": 62.0}}
@@ -380,8 +380,8 @@ def test_the_full_screen_at_its_narrowest_keeps_its_row_labels_whole() -> None:
     from rich.console import Console
 
     from asyncsoak._view._live import SCREEN_MIN_COLUMNS
+    from asyncsoak._view._live_line import render_screen
     from asyncsoak._view._live_state import LiveState
-    from asyncsoak._view._screen import render_screen
 
     state = LiveState()
     header = {"t": 0, "kind": "header", "started_at": "2026-01-01T00:00:00Z"}

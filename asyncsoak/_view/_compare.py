@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import shlex
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from .._analysis import TREE_MEMORY_SERIES
 from .._contract import Artifact, SoakStatus, format_duration, terminal_text
 from ._evidence import gpu_faults, leaking_series, rate_text
-from ._fields import format_value, gpu_index
+from ._fields import format_table, format_value, gpu_index
 from ._sections import (
     column,
     config_value,
-    gpu_health,
     series_group,
     summary_figure,
-    training_steps,
     trend_verdicts,
 )
 from ._status import PASSED_WITH_WARNINGS, shown_status
@@ -87,13 +85,7 @@ class Comparison:
         return [row for row in self.rows if row.regressed]
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "baseline": self.baseline,
-            "candidate": self.candidate,
-            "rows": [asdict(row) for row in self.rows],
-            "regressions": [row.key for row in self.regressions],
-            "notes": self.notes,
-        }
+        return asdict(self) | {"regressions": [row.key for row in self.regressions]}
 
 
 def compare(
@@ -105,7 +97,7 @@ def compare(
     threshold: float = DEFAULT_THRESHOLD,
 ) -> Comparison:
     """The figures of two artifacts side by side; ``threshold`` is a fraction (0.1 = 10 %)."""
-    rows: list[Row] = []
+    rows = [_status_row(baseline, candidate)]
 
     def figure(
         key: str,
@@ -115,48 +107,53 @@ def compare(
         better: Better,
         floor: float = 0.0,
     ) -> None:
-        rows.append(
-            _row(key, label, unit, read(baseline), read(candidate), better, threshold, floor)
-        )
+        before, after = read(baseline), read(candidate)
+        change = after / before - 1.0 if before and after is not None else None
+        note = ""
+        if before is not None and after is not None and better != "none":
+            worse_by = (after - before) if better == "lower" else (before - after)
+            relative = worse_by / abs(before) if before else (1.0 if worse_by > 0 else 0.0)
+            if worse_by > floor and relative > threshold:
+                note = (
+                    f"{label}: none in the baseline"
+                    if before == 0
+                    else f"{label} {'rose' if after > before else 'fell'} by {abs(relative):.0%}"
+                )
+        rows.append(Row(key, label, unit, before, after, change, bool(note), note))
 
-    rows.append(_status_row(baseline, candidate))
-    figure("duration", "duration", "s", _duration, "none")
+    def stat(group: str, name: str, key: str) -> Callable[[Artifact], float | None]:
+        return lambda artifact: summary_figure(artifact, group, name, key)
+
+    figure("duration", "duration", "s", lambda a: float(a["duration_seconds"]), "none")
     figure("warnings", "warnings", "", lambda a: float(len(a["warnings"])), "lower")
-    peak_rss = _stat("tree", "rss_bytes", "max")
+    peak_rss = stat("tree", "rss_bytes", "max")
     figure("tree.rss.peak", "peak tree RSS", "bytes", peak_rss, "lower", MEMORY_FLOOR_BYTES)
     figure("tree.rss.final", "final tree RSS", "bytes", _final_rss, "lower", MEMORY_FLOOR_BYTES)
     rows.append(_leak_row(baseline, candidate, threshold))
-    if _file_changes_comparable(baseline, candidate):
+    # File changes are counted once a scan: comparable only at one sample interval, and
+    # never when both runs have steps (their rate is the progress).
+    intervals = {config_value(a, "sample_interval_seconds") for a in (baseline, candidate)}
+    if len(intervals) == 1 and not (_steps(baseline) and _steps(candidate)):
         figure("progress.rate", "file changes", "per_minute", _progress_rate, "higher")
     figure("steps.rate", "step rate", "steps_per_second", _step_rate, "higher")
     figure("steps.loss.final", "final loss", "loss", _final_loss, "lower")
     figure("gpu.faults", "GPU faults", "", _gpu_fault_count, "lower")
-    for group in sorted(
-        _gpu_groups(baseline) | _gpu_groups(candidate), key=lambda g: gpu_index(g) or 0
-    ):
-        figure(
-            f"{group}.utilization.mean",
-            f"{group} utilisation mean",
-            "%",
-            _stat(group, "utilization_gpu_percent", "mean"),
-            "higher",
+    groups = {g for a in (baseline, candidate) for g in a["summary"] if gpu_index(g) is not None}
+    for g in sorted(groups, key=lambda g: gpu_index(g) or 0):
+        util = stat(g, "utilization_gpu_percent", "mean")
+        figure(f"{g}.utilization.mean", f"{g} utilisation mean", "%", util, "higher")
+        memory = stat(g, "memory_used_mib", "max")
+        floor = MEMORY_FLOOR_BYTES / 2**20
+        figure(f"{g}.memory.peak", f"{g} memory peak", "MiB", memory, "lower", floor)
+    notes = [
+        f"{name}: {len(faults)} GPU fault(s), the machine's rather than the code's; "
+        f"first: {faults[0]['message']}"
+        for name, faults in (
+            (baseline_name, gpu_faults(baseline)),
+            (candidate_name, gpu_faults(candidate)),
         )
-        figure(
-            f"{group}.memory.peak",
-            f"{group} memory peak",
-            "MiB",
-            _stat(group, "memory_used_mib", "max"),
-            "lower",
-            MEMORY_FLOOR_BYTES / 2**20,
-        )
-    notes = []
-    for name, artifact in ((baseline_name, baseline), (candidate_name, candidate)):
-        faults = gpu_faults(artifact)
-        if faults:
-            notes.append(
-                f"{name}: {len(faults)} GPU fault(s), the machine's rather than the code's; "
-                f"first: {faults[0]['message']}"
-            )
+        if faults
+    ]
     if baseline["command"] != candidate["command"]:
         notes.append(
             "the commands differ: "
@@ -168,114 +165,65 @@ def compare(
 
 def _gpu_fault_count(artifact: Artifact) -> float | None:
     """How many GPU faults the run saw; None without GPU health."""
-    return float(len(gpu_faults(artifact))) if gpu_health(artifact) else None
-
-
-def _row(
-    key: str,
-    label: str,
-    unit: str,
-    before: float | None,
-    after: float | None,
-    better: Better,
-    threshold: float,
-    floor: float,
-) -> Row:
-    change = None
-    if before is not None and after is not None and before != 0:
-        change = after / before - 1.0
-    regressed = False
-    note = ""
-    if before is not None and after is not None and better != "none":
-        worse_by = (after - before) if better == "lower" else (before - after)
-        relative = worse_by / abs(before) if before else (1.0 if worse_by > 0 else 0.0)
-        if worse_by > floor and relative > threshold:
-            regressed = True
-            note = (
-                f"{label}: none in the baseline"
-                if before == 0
-                else f"{label} {'rose' if after > before else 'fell'} by {abs(relative):.0%}"
-            )
-    return Row(key, label, unit, before, after, change, regressed, note)
+    return float(len(gpu_faults(artifact))) if artifact.get("gpu_health") else None
 
 
 def _status_row(baseline: Artifact, candidate: Artifact) -> Row:
-    def shown(artifact: Artifact) -> str:
-        return shown_status(artifact["status"], len(artifact["warnings"]))
-
     def verdict(artifact: Artifact) -> str:
-        reasons = [f["reason"] for f in artifact["failures"]]
-        status = shown(artifact)
-        if status == PASSED_WITH_WARNINGS:
-            count = len(artifact["warnings"])
+        count = len(artifact["warnings"])
+        if shown_status(artifact["status"], count) == PASSED_WITH_WARNINGS:
             return f"passed with {count} warning{'s' if count > 1 else ''}"
-        return status + (f" ({', '.join(reasons)})" if reasons else "")
+        reasons = ", ".join(f["reason"] for f in artifact["failures"])
+        return str(artifact["status"]) + (f" ({reasons})" if reasons else "")
 
-    before, after = shown(baseline), shown(candidate)
-    regressed = STATUS_RANK[after] > STATUS_RANK[before]
-    note = f"the verdict went from {verdict(baseline)} to {verdict(candidate)}" if regressed else ""
-    return Row(
-        "verdict", "verdict", "", verdict(baseline), verdict(candidate), None, regressed, note
-    )
+    def rank(artifact: Artifact) -> int:
+        return STATUS_RANK[shown_status(artifact["status"], len(artifact["warnings"]))]
+
+    before, after = verdict(baseline), verdict(candidate)
+    regressed = rank(candidate) > rank(baseline)
+    note = f"the verdict went from {before} to {after}" if regressed else ""
+    return Row("verdict", "verdict", "", before, after, None, regressed, note)
 
 
 def _leak_row(baseline: Artifact, candidate: Artifact, threshold: float) -> Row:
     """The tree's memory slope; a regression when the candidate leaks and the baseline did not,
     or leaks faster by more than the threshold."""
 
-    def slope(artifact: Artifact) -> tuple[float | None, bool]:
-        # A series judged too short has no entry.
+    def slope(artifact: Artifact) -> float | None:
         trends = trend_verdicts(artifact)
         trend = next((trends[k] for k, _ in TREE_MEMORY_SERIES if k in trends), None)
-        leaks = leaking_series(artifact)
         value = None if trend is None else trend["slope_per_hour"]
-        return (float(value) if isinstance(value, int | float) else None), bool(leaks)
+        return float(value) if isinstance(value, int | float) else None
 
-    (before, before_leaks), (after, after_leaks) = slope(baseline), slope(candidate)
+    before, after = slope(baseline), slope(candidate)
+    before_leaks, leaks = leaking_series(baseline), leaking_series(candidate)
     change = after / before - 1.0 if before and after is not None else None
-    regressed = after_leaks and (
+    regressed = bool(leaks) and (
         not before_leaks
         or (before is not None and after is not None and after > before * (1 + threshold))
     )
     note = ""
     if regressed:
-        who = leaking_series(candidate)[0]
-        what = who["label"] or who["series"]
         than = "leaked less" if before_leaks else "did not leak"
-        note = f"memory leak: {what} (the baseline {than})"
+        note = f"memory leak: {leaks[0]['label'] or leaks[0]['series']} (the baseline {than})"
     return Row(
         "tree.rss.slope", "tree RSS slope", "slope_bytes", before, after, change, regressed, note
     )
 
 
-def _duration(artifact: Artifact) -> float | None:
-    return float(artifact["duration_seconds"])
-
-
-def _stat(group: str, name: str, key: str) -> Callable[[Artifact], float | None]:
-    def read(artifact: Artifact) -> float | None:
-        return summary_figure(artifact, group, name, key)
-
-    return read
+def _numbers(artifact: Artifact, group: str, name: str) -> list[float]:
+    return [
+        float(v) for v in column(series_group(artifact, group), name) if isinstance(v, int | float)
+    ]
 
 
 def _final_rss(artifact: Artifact) -> float | None:
     """The tree's memory as the run ended: the median of its last quarter of samples (the
     very last may be a process freeing everything as it exits)."""
-    values = [
-        v for v in column(series_group(artifact, "tree"), "rss_bytes") if isinstance(v, int | float)
-    ]
+    values = _numbers(artifact, "tree", "rss_bytes")
     if not values:
-        return _stat("tree", "rss_bytes", "last")(artifact)
+        return summary_figure(artifact, "tree", "rss_bytes", "last")
     return float(statistics.median(values[-max(3, len(values) // 4) :]))
-
-
-def _file_changes_comparable(baseline: Artifact, candidate: Artifact) -> bool:
-    """File changes are counted once a scan: comparable only at one sample interval, and
-    never when both runs have steps (their rate is the progress)."""
-    intervals = {config_value(a, "sample_interval_seconds") for a in (baseline, candidate)}
-    stepped = training_steps(baseline) is not None and training_steps(candidate) is not None
-    return len(intervals) == 1 and not stepped
 
 
 def _progress_rate(artifact: Artifact) -> float | None:
@@ -284,56 +232,45 @@ def _progress_rate(artifact: Artifact) -> float | None:
     rates = [] if series is None else [v for v in series["changes_per_minute"] if v is not None]
     if rates:
         return sum(rates) / len(rates)
-    duration = _duration(artifact)
+    duration = float(artifact["duration_seconds"])
     return artifact["progress"]["changes"] / duration * 60.0 if duration else None
 
 
 def _step_rate(artifact: Artifact) -> float | None:
     """Training steps per second: the median of the run's step-rate series."""
-    rates = [
-        v
-        for v in column(series_group(artifact, "steps"), "steps_per_second")
-        if isinstance(v, int | float)
-    ]
+    rates = _numbers(artifact, "steps", "steps_per_second")
     if rates:
         return float(statistics.median(rates))
-    steps = training_steps(artifact)
-    rate = None if steps is None else steps["steps_per_second"]
+    rate = _steps(artifact).get("steps_per_second")
     return None if rate is None else float(rate)
 
 
 def _final_loss(artifact: Artifact) -> float | None:
     """The last finite loss the trainer wrote."""
-    steps = training_steps(artifact)
-    loss = None if steps is None else steps["loss"]
+    loss = _steps(artifact).get("loss")
     return None if loss is None else float(loss)
 
 
-def _gpu_groups(artifact: Artifact) -> set[str]:
-    return {g for g in artifact["summary"] if gpu_index(g) is not None}
+def _steps(artifact: Artifact) -> Mapping[str, Any]:
+    return artifact["progress"].get("steps") or {}
 
 
 def format_comparison(comparison: Comparison) -> str:
     """A table safe to print: each figure, both values, the change, REGRESSED where worse."""
-    header = ("", "baseline", "candidate", "change", "")
-    table = [header]
-    for row in comparison.rows:
-        change = f"{row.change:+.0%}" if row.change is not None else ""
-        table.append(
-            (
-                row.label,
-                row.text(row.baseline),
-                row.text(row.candidate),
-                change,
-                "REGRESSED" if row.regressed else "",
-            )
+    table = [("", "baseline", "candidate", "change", "")]
+    table += [
+        (
+            row.label,
+            row.text(row.baseline),
+            row.text(row.candidate),
+            f"{row.change:+.0%}" if row.change is not None else "",
+            "REGRESSED" if row.regressed else "",
         )
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        for row in comparison.rows
+    ]
     lines = [f"baseline:  {comparison.baseline}", f"candidate: {comparison.candidate}", ""]
-    lines.extend(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in table
-    )
-    lines.extend(f"note: {note}" for note in comparison.notes)
+    lines += format_table(table)
+    lines += [f"note: {note}" for note in comparison.notes]
     regressions = comparison.regressions
     lines.append("")
     if regressions:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import linecache
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -15,11 +15,9 @@ from .._analysis import GpuActivity, median, recorded_gpus, tree_verdict
 from .._contract import Artifact, EventKind, FailureReason, exits, format_duration, schema
 from ._fields import format_bytes, format_value
 from ._sections import (
-    config_setting,
     config_value,
     counted_steps,
     event_times,
-    gpu_health,
     oom_kills,
     process_role,
     python_stack,
@@ -36,10 +34,24 @@ LOG_LINES = 14
 #: Names that make a changed path a checkpoint to resume from.
 CHECKPOINT_WORDS = ("checkpoint", "ckpt")
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".pkl")
+#: The reasons of a stall, and those under which a leak is the cause.
+STALLS = (FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT)
+LEAK_REASONS = (None, FailureReason.MEMORY_LEAK, FailureReason.MEMORY_BUDGET)
+_COMMAND_ENDS = (EventKind.FAILURE, EventKind.EXITED)
 
 _TRACEBACK = "Traceback (most recent call last):"
 _FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 _FRAME = re.compile(r"^(?P<func>.+) \((?P<file>[^()]+):(?P<line>\d+)\)$")
+#: The next step of a reason that needs no figure of the run.
+_FIXED_STEPS = {
+    FailureReason.NONFINITE_LOSS: "Resume from a checkpoint before the loss went bad with a "
+    "lower learning rate, gradient clipping or a loss scale, and check the batch at that "
+    "step; --loss-check warn lets such a run go on.",
+    FailureReason.TOO_SHORT: "Read the log's end below: the command ended before "
+    "min_duration_seconds.",
+    FailureReason.LEFTOVER_PROCESSES: "Make the trainer wait for (join) the processes it "
+    "starts before it exits.",
+}
 
 
 class Leak(schema.Trend):
@@ -74,10 +86,7 @@ class Evidence:
     log_lines: list[str]
     traceback: tuple[int, int] | None
     #: The ``trends`` entries judged leaks, the worst first.
-    leaks: list[Leak] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+    leaks: list[Leak]
 
 
 def gather(artifact: Artifact) -> Evidence:
@@ -86,7 +95,7 @@ def gather(artifact: Artifact) -> Evidence:
     log_lines, traceback = log_end(artifact["log"]["tail"])
     leaks = leaking_series(artifact)
     last = last_progress(artifact)
-    cause, where, source = _cause(artifact, primary, failures, leaks, log_lines, traceback)
+    cause, where, source = _cause(artifact, primary, leaks, log_lines, traceback)
     steps = _next_steps(artifact, primary, where, last, leaks)
     return Evidence(cause, where, source, last, steps, log_lines, traceback, leaks)
 
@@ -94,9 +103,7 @@ def gather(artifact: Artifact) -> Evidence:
 def last_progress_at(artifact: Artifact) -> str | None:
     """When the progress that counted was last seen: the step's last advance, or file change."""
     steps = counted_steps(artifact)
-    if steps is not None:
-        return steps["last_step_at"]
-    return artifact["progress"]["last_change_at"]
+    return artifact["progress"]["last_change_at"] if steps is None else steps["last_step_at"]
 
 
 def stall_window(artifact: Artifact) -> tuple[float, float] | None:
@@ -107,9 +114,7 @@ def stall_window(artifact: Artifact) -> tuple[float, float] | None:
     if FailureReason.STALE_PROGRESS in reasons:
         last = seconds_at(artifact, last_progress_at(artifact))
         return (last, end) if last is not None else None
-    if FailureReason.STARTUP_TIMEOUT in reasons:
-        return (0.0, end)
-    return None
+    return (0.0, end) if FailureReason.STARTUP_TIMEOUT in reasons else None
 
 
 def series_typical(
@@ -132,7 +137,7 @@ def gpu_faults(artifact: Artifact) -> list[dict[str, Any]]:
     """Every GPU fault of the run, those that failed it first, with its GPU's identity."""
     found = [
         {**fault, "gpu": health["index"], "uuid": health["uuid"], "bus_id": health["bus_id"]}
-        for health in gpu_health(artifact).values()
+        for health in artifact.get("gpu_health", {}).values()
         for fault in health["faults"]
     ]
     return sorted(found, key=lambda f: (not (f["fails"] and f["used"]), f["t"]))
@@ -151,35 +156,27 @@ class StallVerdict:
 def stall_verdict(artifact: Artifact) -> StallVerdict | None:
     """The stall's verdict; None when the run did not stall."""
     window = stall_window(artifact)
+    gpus = [] if window is None else stall_gpus(artifact, *window)
     for failure in artifact["failures"]:
         recorded = failure.get("activity")
         if isinstance(recorded, dict):
             # A monitor without GPU data records none; an artifact given GPU series since
             # (merged from another source) still says what they show.
-            gpus = recorded_gpus(recorded) or (
-                stall_gpus(artifact, *window) if window is not None else []
-            )
-            return StallVerdict(str(recorded["tree"]), recorded.get("cpu_percent"), gpus)
+            cpu = recorded.get("cpu_percent")
+            return StallVerdict(str(recorded["tree"]), cpu, recorded_gpus(recorded) or gpus)
     if window is None:
         return None
     cpu = series_typical(artifact, "tree", "cpu_percent", *window)
-    return StallVerdict(tree_verdict(cpu), cpu, stall_gpus(artifact, *window))
+    return StallVerdict(tree_verdict(cpu), cpu, gpus)
 
 
 def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity]:
     """Each GPU's typical utilisation and power over a stall (the tree's GPUs when known)."""
-    groups = sorted(
-        (g for g in artifact["series"] if g.startswith("gpu") and g[3:].isdigit()),
-        key=lambda g: int(g[3:]),
-    )
+    groups = [g for g in artifact["series"] if g.startswith("gpu") and g[3:].isdigit()]
+    fields = ("utilization_gpu_percent", "power_draw_w", "power_limit_w")
     return [
-        GpuActivity(
-            int(group[3:]),
-            series_typical(artifact, group, "utilization_gpu_percent", start, end),
-            series_typical(artifact, group, "power_draw_w", start, end),
-            series_typical(artifact, group, "power_limit_w", start, end),
-        )
-        for group in groups
+        GpuActivity(int(g[3:]), *(series_typical(artifact, g, name, start, end) for name in fields))
+        for g in sorted(groups, key=lambda g: int(g[3:]))
     ]
 
 
@@ -191,16 +188,10 @@ def is_launcher(process: schema.ForensicsProcess) -> bool:
 
 def innermost_python_frame(process: schema.ForensicsProcess) -> str | None:
     """The innermost frame of the first thread in a py-spy dump (``func (file:line)``)."""
-    stack = python_stack(process)
-    if not stack:
-        return None
-    in_thread = False
-    for line in str(stack).splitlines():
-        if line.startswith("Thread "):
-            in_thread = True
-        elif in_thread and line.strip():
-            return line.strip()
-    return None
+    lines = (python_stack(process) or "").splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Thread ")), len(lines))
+    frames = (line.strip() for line in lines[start + 1 :] if not line.startswith("Thread "))
+    return next((frame for frame in frames if frame), None)
 
 
 def log_end(tail: str, lines: int = LOG_LINES) -> tuple[list[str], tuple[int, int] | None]:
@@ -208,31 +199,12 @@ def log_end(tail: str, lines: int = LOG_LINES) -> tuple[list[str], tuple[int, in
     (shown whole even when it ends earlier, its end kept when longer than ``lines``)."""
     every = tail.rstrip("\n").splitlines()
     found = exits.last_traceback(every)
-    span = None if found is None else found[:2]
     start = max(0, len(every) - lines)
-    if span is not None and span[0] < start:
-        start = max(span[0], span[1] - lines)
-    shown = every[start:]
-    if span is None:
-        return shown, None
-    return shown, (max(0, span[0] - start), span[1] - start)
-
-
-def _traceback_exception(
-    log_lines: Sequence[str], span: tuple[int, int] | None
-) -> tuple[str, str | None] | None:
-    """The exception line of a traceback and its raising frame (``file:line in func``)."""
-    if span is None:
-        return None
-    frames = [m for m in map(_FILE_LINE.match, log_lines[span[0] : span[1]]) if m]
-    exception = log_lines[span[1] - 1].strip()
-    if not exception or exception.startswith(("File ", _TRACEBACK)):
-        return None
-    where = None
-    if frames:
-        last = frames[-1]
-        where = f"{PurePath(last['file']).name}:{last['line']} in {last['func']}"
-    return exception, where
+    if found is None:
+        return every[start:], None
+    if found[0] < start:
+        start = max(found[0], found[1] - lines)
+    return every[start:], (max(0, found[0] - start), found[1] - start)
 
 
 def last_progress(artifact: Artifact) -> LastProgress | None:
@@ -247,14 +219,18 @@ def last_progress(artifact: Artifact) -> LastProgress | None:
         (e["paths"] for e in reversed(progress_events) if float(e["t"]) <= at + 0.001),
         [steps["source"]] if steps is not None else [],
     )
-    checkpoint = None
-    for event in reversed(progress_events):
-        found = [p for p in event["paths"] if _is_checkpoint(str(p))]
-        if found:
-            checkpoint = _checkpoint_root(artifact, str(found[0]))
-            break
-    end = max(0.0, _end_of_command(artifact) - at)
-    return LastProgress(float(at), [str(p) for p in paths], end, checkpoint)
+    found = (p for e in reversed(progress_events) for p in e["paths"] if _is_checkpoint(str(p)))
+    checkpoint = next(found, None)
+    end = next(
+        (float(e["t"]) for e in artifact["events"] if e["kind"] in _COMMAND_ENDS),
+        float(artifact["duration_seconds"]),
+    )
+    return LastProgress(
+        float(at),
+        [str(p) for p in paths],
+        max(0.0, end - at),
+        None if checkpoint is None else _checkpoint_root(artifact, str(checkpoint)),
+    )
 
 
 def _is_checkpoint(path: str) -> bool:
@@ -265,25 +241,14 @@ def _is_checkpoint(path: str) -> bool:
 def _checkpoint_root(artifact: Artifact, path: str) -> str:
     """``checkpoint-280`` for ``checkpoint-280/trainer_state.json``, under the progress dir."""
     parts = PurePath(path).parts
-    root = next(
-        (
-            PurePath(*parts[: i + 1])
-            for i, part in enumerate(parts)
-            if any(w in part.lower() for w in CHECKPOINT_WORDS)
-        ),
-        PurePath(path),
+    at = next(
+        (i for i, p in enumerate(parts) if any(w in p.lower() for w in CHECKPOINT_WORDS)), None
     )
+    root = PurePath(path) if at is None else PurePath(*parts[: at + 1])
     progress_dir = artifact["progress"]["dir"]
-    return (
-        str(PurePath(progress_dir) / root) if progress_dir and not root.is_absolute() else str(root)
-    )
-
-
-def _end_of_command(artifact: Artifact) -> float:
-    for event in artifact["events"]:
-        if event["kind"] in (EventKind.FAILURE, EventKind.EXITED):
-            return float(event["t"])
-    return float(artifact["duration_seconds"])
+    if progress_dir and not root.is_absolute():
+        return str(PurePath(progress_dir) / root)
+    return str(root)
 
 
 def leaking_series(artifact: Artifact) -> list[Leak]:
@@ -301,15 +266,12 @@ def leaking_series(artifact: Artifact) -> list[Leak]:
 
 def trend_text(entry: Leak) -> str:
     """``memory of pid 29987 (python) grew 1.0 GiB in 1m10s (+0.9 GiB/min)``, and the limit."""
-    unit = entry["unit"]
-    key = entry["series"]
+    unit, key = entry["unit"], entry["series"]
     pid, name = entry.get("pid"), entry.get("name")  # a process's trend only
+    what = entry["label"] or key
     if pid is not None:
-        what = f"{'GPU memory' if 'gpu' in key else 'memory'} of pid {pid}" + (
-            f" ({name})" if name else ""
-        )
-    else:
-        what = entry["label"] or key
+        what = f"{'GPU memory' if 'gpu' in key else 'memory'} of pid {pid}"
+        what += f" ({name})" if name else ""
     span = float(entry["span_seconds"])
     text = f"{what} grew {_amount(entry['growth'], unit)} in {format_duration(span)}"
     slope = entry["slope_per_hour"]
@@ -340,12 +302,12 @@ def _amount(value: object, unit: str, *, like: float | None = None) -> str:
 def _cause(
     artifact: Artifact,
     primary: str | None,
-    failures: Sequence[schema.Failure],
     leaks: Sequence[Leak],
     log_lines: Sequence[str],
     traceback: tuple[int, int] | None,
 ) -> tuple[str | None, str | None, str | None]:
     """(the cause in one line, where, the source line there)."""
+    failures = artifact["failures"]
     if primary in (FailureReason.NONZERO_EXIT, FailureReason.SIGNALED, FailureReason.TOO_SHORT):
         exception = artifact["exit"].get("exception")  # a version 2 key
         if exception is not None and exception["type"]:
@@ -354,24 +316,27 @@ def _cause(
             if rank is not None:
                 pid = exception["rank_pid"]  # written with the rank
                 text = f"rank {rank}{f' (pid {pid})' if pid else ''} failed first: {text}"
-            where = exception["where"]
-            return text, where, _source_line(artifact, where)
-        found = _traceback_exception(log_lines, traceback)
-        if found is not None:
-            return found[0], found[1], _source_line(artifact, found[1])
+            return text, exception["where"], _source_line(artifact, exception["where"])
+        frames = [] if traceback is None else log_lines[traceback[0] : traceback[1]]
+        exception_line = frames[-1].strip() if frames else ""
+        if exception_line and not exception_line.startswith(("File ", _TRACEBACK)):
+            found = [m for m in map(_FILE_LINE.match, frames) if m]
+            where = None
+            if found:
+                where = f"{PurePath(found[-1]['file']).name}:{found[-1]['line']} in "
+                where += found[-1]["func"]
+            return exception_line, where, _source_line(artifact, where)
         return failures[0]["message"], None, None
-    if primary in (FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT):
-        return _stall_cause(artifact, failures)
-    if leaks and primary in (None, FailureReason.MEMORY_LEAK, FailureReason.MEMORY_BUDGET):
+    if primary in STALLS:
+        return _stall_cause(artifact)
+    if leaks and primary in LEAK_REASONS:
         return trend_text(leaks[0]), None, None
     if primary is not None:
         return failures[0]["message"], None, None
     return named_warning(artifact["warnings"]), None, None
 
 
-def _stall_cause(
-    artifact: Artifact, failures: Sequence[schema.Failure]
-) -> tuple[str, str | None, str | None]:
+def _stall_cause(artifact: Artifact) -> tuple[str, str | None, str | None]:
     forensics = stall_forensics(artifact)
     processes = [] if forensics is None else schema.readable_processes(forensics)
     ranks = stall_ranks(artifact)
@@ -381,42 +346,35 @@ def _stall_cause(
         culprit = next((p for p in processes if p["pid"] == ranks["pid"]), None)
         return ranks["text"], where, _source_line(artifact, where, culprit)
     for process in processes:
-        if is_launcher(process):
-            continue  # it only waits for its ranks
         frame = innermost_python_frame(process)
-        if not frame:
+        if not frame or is_launcher(process):  # a launcher only waits for its ranks
             continue
         match = _FRAME.match(frame)
         where = f"{match['file']}:{match['line']} in {match['func']}" if match else frame
         state = "idle" if "(idle)" in (python_stack(process) or "") else process["state"]
         text = f"pid {process['pid']} ({process['name']}) {state} at {where}"
         return text, where, _source_line(artifact, where, process)
-    return failures[0]["message"], None, None
+    return artifact["failures"][0]["message"], None, None
 
 
 def _source_line(
     artifact: Artifact, where: str | None, process: schema.ForensicsProcess | None = None
 ) -> str | None:
     """The line ``file:line`` names, read from the file when it is on this machine."""
-    if not where:
-        return None
-    match = re.match(r"^(?P<file>[^:]+):(?P<line>\d+)", where)
+    match = re.match(r"^(?P<file>[^:]+):(?P<line>\d+)", where or "")
     if match is None:
         return None
     name, number = match["file"], int(match["line"])
-    candidates = [Path(name)]
     # py-spy and tracebacks may name a script by its base name: find it on the command line.
     argv = [*(process["cmdline"] if process is not None else []), *artifact["command"]]
-    candidates.extend(Path(a) for a in argv if isinstance(a, str) and Path(a).name == name)
-    cwd = artifact["cwd"]
-    if cwd:
-        candidates.append(Path(str(cwd)) / name)
-    for path in candidates:
-        if path.is_file():
-            text = linecache.getline(str(path), number).strip()
-            if text:
-                return text
-    return None
+    candidates = [
+        Path(name),
+        *(Path(a) for a in argv if isinstance(a, str) and Path(a).name == name),
+    ]
+    if artifact["cwd"]:
+        candidates.append(Path(str(artifact["cwd"])) / name)
+    lines = (linecache.getline(str(p), number).strip() for p in candidates if p.is_file())
+    return next((line for line in lines if line), None)
 
 
 def _next_steps(
@@ -428,7 +386,7 @@ def _next_steps(
 ) -> list[str]:
     resume = f"resume from {last.checkpoint}" if last and last.checkpoint else None
     steps: list[str] = []
-    if primary in (FailureReason.STALE_PROGRESS, FailureReason.STARTUP_TIMEOUT):
+    if primary in STALLS:
         ranks = stall_ranks(artifact)
         if ranks is not None and ranks["culprits"] and where:
             waits = f" in {ranks['waiting']}" if ranks["waiting"] else ""
@@ -438,18 +396,17 @@ def _next_steps(
             )
         if resume:
             steps.append(resume[:1].upper() + resume[1:] + ".")
-        if not config_setting(artifact, "dump_signal"):
+        if not artifact["config"].get("dump_signal"):
             steps.append(
                 "Rerun with --dump-signal SIGUSR1 for every thread's stack, native frames too "
                 "(the trainer calls faulthandler.register(signal.SIGUSR1))."
             )
         verdict = stall_verdict(artifact)
-        option, name = (
-            ("--stale-progress", "stale_progress_seconds")
-            if primary == FailureReason.STALE_PROGRESS
-            else ("--startup-timeout", "startup_timeout_seconds")
+        stale = primary == FailureReason.STALE_PROGRESS
+        option = "--stale-progress" if stale else "--startup-timeout"
+        limit = config_value(
+            artifact, "stale_progress_seconds" if stale else "startup_timeout_seconds"
         )
-        limit = config_value(artifact, name)
         if verdict is not None and verdict.tree == "busy":
             cpu = verdict.cpu_percent or 0.0
             steps.append(
@@ -459,8 +416,7 @@ def _next_steps(
     elif primary == FailureReason.GPU_FAULT:
         faults = gpu_faults(artifact)
         if faults and faults[0].get("action"):
-            action = str(faults[0]["action"])
-            steps.append(f"GPU {faults[0]['gpu']} ({faults[0]['bus_id']}): {action}.")
+            steps.append(f"GPU {faults[0]['gpu']} ({faults[0]['bus_id']}): {faults[0]['action']}.")
         steps.append(
             "The fault is the machine's, not the training's: rerun on a healthy GPU"
             + (f", and {resume}." if resume else ".")
@@ -486,17 +442,9 @@ def _next_steps(
             + (f" {format_bytes(floor)}" if floor is not None else "")
             + ": clear old checkpoints, or write them elsewhere."
         )
-    elif primary == FailureReason.NONFINITE_LOSS:
-        steps.append(
-            "Resume from a checkpoint before the loss went bad with a lower learning rate, "
-            "gradient clipping or a loss scale, and check the batch at that step; "
-            "--loss-check warn lets such a run go on."
-        )
-    elif primary == FailureReason.TOO_SHORT:
-        steps.append("Read the log's end below: the command ended before min_duration_seconds.")
-    elif primary == FailureReason.LEFTOVER_PROCESSES:
-        steps.append("Make the trainer wait for (join) the processes it starts before it exits.")
-    if leaks and primary in (None, FailureReason.MEMORY_LEAK, FailureReason.MEMORY_BUDGET):
+    elif primary in _FIXED_STEPS:
+        steps.append(_FIXED_STEPS[FailureReason(primary)])
+    if leaks and primary in LEAK_REASONS:
         leak = leaks[0]
         who = f"pid {leak['pid']}" if leak.get("pid") is not None else "the tree"
         steps.append(

@@ -5,7 +5,7 @@ a sampler records."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from .._contract import format_duration, parse_iso
@@ -21,30 +21,21 @@ UNIT_TOKENS = {
     "seconds": "s",
 }
 
+#: The labels a field's name does not say by itself.
 _KNOWN_LABELS = {
-    ("tree", "cpu_percent"): "CPU",
-    ("tree", "rss_bytes"): "RSS",
     ("tree", "anon_bytes"): "anonymous + shared (judged)",
     ("tree", "anon_pss_bytes"): "anonymous + shared, PSS (judged)",
     ("tree", "uss_bytes"): "USS",
     ("tree", "pss_bytes"): "PSS",
-    ("tree", "processes"): "processes",
-    ("tree", "threads"): "threads",
     ("tree", "fds"): "open files",
     ("tree", "read_bytes"): "bytes read",
     ("tree", "write_bytes"): "bytes written",
     ("machine", "cpu_percent"): "CPU (all cores)",
-    ("machine", "memory_used_bytes"): "memory used",
     ("machine", "shm_used_bytes"): "shared memory in /dev/shm",
-    ("machine", "memory_available_bytes"): "memory available",
     ("machine", "load1"): "load (1 min)",
     ("gpu", "utilization_gpu_percent"): "utilisation",
     ("gpu", "utilization_memory_percent"): "memory bandwidth use",
-    ("gpu", "memory_used_mib"): "memory used",
-    ("gpu", "memory_free_mib"): "memory free",
-    ("gpu", "memory_total_mib"): "memory total",
     ("gpu", "power_draw_w"): "power",
-    ("gpu", "power_limit_w"): "power limit",
     ("gpu", "temperature_gpu_c"): "temperature",
     ("gpu", "temperature_memory_c"): "memory temperature",
     ("gpu", "clocks_sm_mhz"): "SM clock",
@@ -114,15 +105,9 @@ def group_rank(group: str) -> int:
 def describe(group: str, name: str) -> Field:
     kind = group_kind(group)
     tokens = name.split("_")
-    unit_at = next((i for i in range(len(tokens) - 1, -1, -1) if tokens[i] in UNIT_TOKENS), None)
-    if unit_at is None:
-        unit, words, qualifier = "", tokens, []
-    else:
-        unit, words, qualifier = (
-            UNIT_TOKENS[tokens[unit_at]],
-            tokens[:unit_at],
-            tokens[unit_at + 1 :],
-        )
+    at = next((i for i in reversed(range(len(tokens))) if tokens[i] in UNIT_TOKENS), len(tokens))
+    unit = UNIT_TOKENS[tokens[at]] if at < len(tokens) else ""
+    words, qualifier = tokens[:at], tokens[at + 1 :]
     label = _KNOWN_LABELS.get((kind, name)) or " ".join(_WORDS.get(w, w) for w in words) or name
     return Field(group, name, kind, label, unit, " ".join(qualifier))
 
@@ -168,6 +153,15 @@ def format_bytes(value: float, *, like: float | None = None) -> str:
         if reference >= scale:
             return f"{value / scale:.1f} {unit}"
     return f"{value:.0f} B"
+
+
+def format_table(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
+    """``rows`` as lines of left-aligned columns, two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def format_clock(iso_time: str | None) -> str:

@@ -17,7 +17,6 @@ from .._contract import (
     schema,
 )
 from ._evidence import (
-    Leak,
     gather,
     gpu_faults,
     innermost_python_frame,
@@ -37,7 +36,6 @@ from ._sections import (
     process_role,
     sampler_notes,
     stall_forensics,
-    summary_entry,
     summary_figure,
 )
 
@@ -58,81 +56,77 @@ def oom_killer(kill: schema.OomKillEntry) -> str:
 
 def exit_text(artifact: Artifact) -> str:
     """How the command ended, decoded: ``killed by SIGTERM (signal 15, sent by the monitor)``."""
-    a = artifact
-    if a["exit"]["returncode"] is None and any(
-        f["reason"] == FailureReason.SPAWN_FAILED for f in a["failures"]
+    returncode = artifact["exit"]["returncode"]
+    if returncode is None and any(
+        f["reason"] == FailureReason.SPAWN_FAILED for f in artifact["failures"]
     ):
         return "never started"
     return exits.describe_exit_status(
-        a["exit"]["returncode"],
+        returncode,
         sent=exits.signals_sent(artifact) or [],
         forwarded=exits.forwarded_signals(artifact),
     )
 
 
+#: What to look at first for a reason whose words need no figure of the run.
+_FIXED_HINTS = {
+    FailureReason.OVERDUE: "The training kept stepping but wrote nothing new matching a "
+    "pattern of --expect-every in time: compare how often it saves (its save interval) with "
+    "the deadline, and look in the log below for a save that failed (a full or slow disk).",
+    FailureReason.MONITOR_LOST: "This artifact was rebuilt from the journal: the figures stop "
+    "where the monitor died. Its reaper stops the command's tree when the monitor goes; look "
+    "at the machine's logs (dmesg, the scheduler) for why the monitor was killed.",
+}
+
+
 def look_first(artifact: Artifact) -> list[str]:
     """Plain sentences: what happened and where to look, most important first."""
-    hints: list[str] = []
-    a = artifact
-    failures = a["failures"]
-    primary = failures[0]["reason"] if failures else None
+    a, hints = artifact, []
+    primary = a["failures"][0]["reason"] if a["failures"] else None
     progress = a["progress"]
     if primary == FailureReason.STALE_PROGRESS:
-        hints.extend(_stall_hints(artifact))
-        hints.extend(_forensics_hints(artifact))
+        hints += _stall_hints(a) + _forensics_hints(a)
     elif primary == FailureReason.STARTUP_TIMEOUT:
-        limit = config_value(artifact, "startup_timeout_seconds") or 0.0
+        limit = config_value(a, "startup_timeout_seconds") or 0.0
         hints.append(
             f"No file in the progress dir {progress['dir']} changed within "
             f"{format_duration(limit)} of the start. Check that the trainer writes its metrics "
             "or checkpoints there (or use --output-is-progress if it only prints)."
         )
-        hints.extend(_stall_cpu_hints(artifact))
-        hints.extend(_forensics_hints(artifact))
+        hints += _stall_cpu_hints(a) + _forensics_hints(a)
     elif primary in (
         FailureReason.NONZERO_EXIT,
         FailureReason.SPAWN_FAILED,
         FailureReason.MONITOR_ERROR,
     ):
-        if gather(artifact).traceback is None:
+        if gather(a).traceback is None:
             hints.append("The last lines of the log, below, usually say why.")
     elif primary == FailureReason.SIGNALED:
-        hints.append(f"The command was {exit_text(artifact)}.")
+        hints.append(f"The command was {exit_text(a)}.")
         if not oom_kills(a):
-            rss = summary_figure(artifact, "tree", "rss_bytes", "max")
+            rss = summary_figure(a, "tree", "rss_bytes", "max")
             dmesg = "the kernel log (dmesg) for the OOM killer."
-            if rss is None:
-                hints.append(f"Check {dmesg}")
-            else:
-                hints.append(
-                    f"Peak memory of the tree was {format_value(rss, 'bytes')}: check {dmesg}"
-                )
+            peak = (
+                "" if rss is None else f"Peak memory of the tree was {format_value(rss, 'bytes')}: "
+            )
+            hints.append(f"{peak}{'check' if peak else 'Check'} {dmesg}")
     elif primary == FailureReason.TOO_SHORT:
         hints.append(
             f"It ran {format_duration(float(a['duration_seconds']))}, less than "
-            f"min_duration_seconds={config_value(artifact, 'min_duration_seconds') or 0:g}: "
+            f"min_duration_seconds={config_value(a, 'min_duration_seconds') or 0:g}: "
             "a crash early on, or a run configured to finish too soon."
         )
     elif primary == FailureReason.GPU_FAULT:
-        for fault in gpu_faults(artifact)[:3]:
-            when = format_duration(float(fault["t"]))
-            hints.append(f"GPU fault {when} into the run: {fault['message']}")
-    elif primary == FailureReason.OVERDUE:
-        hints.append(
-            "The training kept stepping but wrote nothing new matching a pattern of "
-            "--expect-every in time: compare how often it saves (its save interval) with the "
-            "deadline, and look in the log below for a save that failed (a full or slow disk)."
-        )
-    elif primary == FailureReason.MONITOR_LOST:
-        hints.append(
-            "This artifact was rebuilt from the journal: the figures stop where the monitor "
-            "died. Its reaper stops the command's tree when the monitor goes; look at the "
-            "machine's logs (dmesg, the scheduler) for why the monitor was killed."
-        )
-    for kill in oom_kills(a):
-        hints.append(
-            f"{oom_killer(kill)} killed pid {kill['pid']} ({kill['name']}): {kill['message']}"
-        )
+        hints += [
+            f"GPU fault {format_duration(float(fault['t']))} into the run: {fault['message']}"
+            for fault in gpu_faults(a)[:3]
+        ]
+    elif primary in _FIXED_HINTS:
+        hints.append(_FIXED_HINTS[FailureReason(primary)])
+    hints += [
+        f"{oom_killer(kill)} killed pid {kill['pid']} ({kill['name']}): {kill['message']}"
+        for kill in oom_kills(a)
+    ]
     leftovers = a["leftover_processes"]
     if leftovers:
         names = ", ".join(process_name(p) for p in leftovers[:4])
@@ -149,20 +143,21 @@ def look_first(artifact: Artifact) -> list[str]:
     held = [f"{g}: {', '.join(throttled(a, g))}" for g in sorted(a["summary"]) if throttled(a, g)]
     if held:
         hints.append("GPU clocks were held back: " + "; ".join(held) + ".")
-    monitor = a["monitor"]
-    if monitor.get("dropped_samples"):
+    dropped = a["monitor"].get("dropped_samples")
+    if dropped:
         hints.append(
-            f"{monitor['dropped_samples']} samples were dropped (the monitor fell behind): "
-            "the plots have gaps."
+            f"{dropped} samples were dropped (the monitor fell behind): the plots have gaps."
         )
-    hints.extend(_step_hints(progress.get("steps")))
-    for note in sampler_notes(a):
-        if note["kind"] == EventKind.SAMPLER_DEGRADED:
-            hints.append(f"The {note['sampler']} sampler degraded: {note['message']}.")
+    hints += _step_hints(progress.get("steps"))
+    hints += [
+        f"The {note['sampler']} sampler degraded: {note['message']}."
+        for note in sampler_notes(a)
+        if note["kind"] == EventKind.SAMPLER_DEGRADED
+    ]
     if a["status"] == SoakStatus.PASSED:
-        steps = counted_steps(artifact)
+        steps = counted_steps(a)
         gap = progress["longest_gap_seconds"] if steps is None else steps["longest_gap_seconds"]
-        stale = config_value(artifact, "stale_progress_seconds")
+        stale = config_value(a, "stale_progress_seconds")
         against = f" (limit {format_duration(stale)})" if stale else ""
         what = (
             f"{progress['changes']} progress changes"
@@ -170,26 +165,29 @@ def look_first(artifact: Artifact) -> list[str]:
             else f"Step {steps['step']:,} reached"
         )
         hints.insert(0, f"{what}; the longest quiet gap was {format_duration(gap)}{against}.")
-    leaks = leaking_series(artifact)
+    leaks = leaking_series(a)
     # The leak's own warnings (when it became confident, its projection) are said better by
     # its hint: the final figures.
     labels = tuple(leak["label"] for leak in leaks if leak["label"])
-    hints.extend(f"Warning: {w}" for w in a["warnings"] if not w.startswith(labels or ("\0",)))
-    # A leak is what a soak exists to catch: it leads, whatever else happened.
-    return [f"Memory leak: {trend_text(leak)}." for leak in _worth_saying(leaks)] + hints
+    hints += [f"Warning: {w}" for w in a["warnings"] if not w.startswith(labels or ("\0",))]
+    # A leak is what a soak exists to catch: it leads, whatever else happened (a process's
+    # leak says more than the tree's, which it explains).
+    if any(leak["series"].startswith("process.") for leak in leaks):
+        leaks = [leak for leak in leaks if not leak["series"].startswith("tree.")]
+    return [f"Memory leak: {trend_text(leak)}." for leak in leaks] + hints
 
 
 def _step_hints(steps: Mapping[str, Any] | None) -> list[str]:
     """What the step sources said beside the verdict: isolated non-finite gradient norms,
     files that gave steps but never a loss."""
-    hints: list[str] = []
-    norms = (steps or {}).get("nonfinite_grad_norms") or 0
+    hints, steps = [], steps or {}
+    norms = steps.get("nonfinite_grad_norms") or 0
     if norms:
         hints.append(
             f"grad_norm was non-finite at {norms} logged step{'s' if norms > 1 else ''}, "
             "never 5 in a row (steps fp16 loss scaling skips): counted, not failed."
         )
-    lossless = (steps or {}).get("sources_without_loss") or []
+    lossless = steps.get("sources_without_loss") or []
     if lossless:
         more = f" and {len(lossless) - 3} more" if len(lossless) > 3 else ""
         hints.append(
@@ -197,13 +195,6 @@ def _step_hints(steps: Mapping[str, Any] | None) -> list[str]:
             "checked there (--loss-key names the key a file logs its loss under)."
         )
     return hints
-
-
-def _worth_saying(leaks: list[Leak]) -> list[Leak]:
-    """The leaks to name: a process's leak says more than the tree's, which it explains."""
-    if not any(leak["series"].startswith("process.") for leak in leaks):
-        return leaks
-    return [leak for leak in leaks if not leak["series"].startswith("tree.")]
 
 
 def _stall_hints(artifact: Artifact) -> list[str]:
@@ -230,23 +221,23 @@ def _stall_hints(artifact: Artifact) -> list[str]:
     return hints + _stall_cpu_hints(artifact)
 
 
+#: What a stalled tree's CPU says it was doing.
+_TREE_WHILE_STALLED = {
+    "idle": "The process tree was idle while stalled (CPU about {cpu:.0f}%): it was waiting "
+    "(a deadlock, a hung collective, blocked I/O), not computing.",
+    "busy": "The process tree kept busy while stalled (CPU about {cpu:.0f}%): a busy loop, "
+    "or work that no longer writes to the progress dir.",
+}
+
+
 def _stall_cpu_hints(artifact: Artifact) -> list[str]:
     """What the tree and its GPUs were doing while stalled: the verdict the stall's headline
     gives (recorded with the failure; see ``_activity``)."""
     verdict = stall_verdict(artifact)
     if verdict is None:
         return []
-    hints, cpu = [], verdict.cpu_percent or 0.0
-    if verdict.tree == "idle":
-        hints.append(
-            f"The process tree was idle while stalled (CPU about {cpu:.0f}%): it was waiting "
-            "(a deadlock, a hung collective, blocked I/O), not computing."
-        )
-    elif verdict.tree == "busy":
-        hints.append(
-            f"The process tree kept busy while stalled (CPU about {cpu:.0f}%): a busy loop, "
-            "or work that no longer writes to the progress dir."
-        )
+    tree = _TREE_WHILE_STALLED.get(verdict.tree)
+    hints = [] if tree is None else [tree.format(cpu=verdict.cpu_percent or 0.0)]
     gpus = describe_gpus(verdict.gpus)
     return hints + ([f"GPUs while stalled: {gpus}."] if gpus else [])
 
@@ -293,5 +284,5 @@ def process_name(process: schema.ProcessRecord) -> str:
 def throttled(artifact: Artifact, group: str) -> list[str]:
     """The reasons a group's GPU clocks were held back over the run (those that mean
     nothing is held back left out); none for a group without them."""
-    reasons = summary_entry(artifact, group, "throttle_reasons")
+    reasons = artifact["summary"].get(group, {}).get("throttle_reasons")
     return [r for r in reasons if r not in IDLE_THROTTLE] if isinstance(reasons, list) else []

@@ -5,13 +5,12 @@ each ran on one wall-clock axis (``summary`` and ``report`` given several artifa
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .._contract import Artifact, SoakStatus, format_duration, parse_iso_or_none, terminal_text
 from .._process import judge_ranks, states_from_json
 from ._evidence import last_progress_at
-from ._sections import Recorded, host_probe, probes, stall_ranks, stop_section
+from ._sections import host_probe, stall_ranks, stop_section
 
 #: Width of the text timeline's bars, in characters.
 TIMELINE_WIDTH = 48
@@ -23,61 +22,37 @@ class NotOneJobError(ValueError):
     """The artifacts given together are not all soaks of one scheduler job."""
 
 
-@dataclass(frozen=True, slots=True)
-class JobTask(Recorded):
-    """One soak's place in its job: its SLURM task (a key missing from ``snapshot.scheduler``
-    is null, as SLURM leaves a variable unset), or a torchrun job's host and lowest rank."""
-
-    job_id: int | str | None = None
-    cluster: str | None = None
-    node: str | None = None
-    rank: int | str | None = None
-    local_rank: int | str | None = None
-    num_tasks: int | str | None = None
-    step_id: int | str | None = None
-    restart_count: int | str | None = 0
-    array_job_id: int | str | None = None
-    array_task_id: int | str | None = None
-    partition: str | None = None
+def _scheduler(artifact: Artifact) -> Mapping[str, Any]:
+    """``snapshot.scheduler`` (any key may be missing, as SLURM leaves a variable unset)."""
+    snapshot: Mapping[str, Any] = artifact["snapshot"]
+    return snapshot.get("scheduler") or {}
 
 
-@dataclass(frozen=True, slots=True)
-class PodTask(Recorded):
-    """The Kubernetes pod a soak ran in, and its place in its Job or JobSet."""
-
-    pod_name: str | None = None
-    namespace: str | None = None
-    node: str | None = None
-    job_name: str | None = None
-    completion_index: int | str | None = None
-    jobset_name: str | None = None
-    replicated_job_name: str | None = None
-    job_index: int | str | None = None
+def _slurm_task(artifact: Artifact) -> Mapping[str, Any] | None:
+    task = _scheduler(artifact)
+    return task if task.get("job_id") else None
 
 
-def scheduler_of(artifact: Artifact) -> JobTask | None:
-    """The SLURM task a soak ran as; None outside a SLURM job."""
-    task = JobTask.of(probes(artifact).scheduler or {})
-    return task if task.job_id else None
+def _details(*parts: tuple[object, str]) -> str:
+    """`` (a, b)`` of the parts whose value is set; empty when none is."""
+    shown = [text for value, text in parts if value]
+    return f" ({', '.join(shown)})" if shown else ""
 
 
 def scheduler_line(artifact: Artifact) -> str | None:
     """``12 on node1 (rank 0 of 2, restart 1)`` for a soak that ran in a SLURM job."""
-    s = scheduler_of(artifact)
+    s = _slurm_task(artifact)
     if s is None:
         return None
-    job = str(s.job_id)
-    if s.array_job_id is not None:
-        job += f" (array {s.array_job_id}_{s.array_task_id})"
-    details = []
-    if s.rank is not None:
-        of = f" of {s.num_tasks}" if s.num_tasks else ""
-        details.append(f"rank {s.rank}{of}")
-    if s.restart_count:
-        details.append(f"restart {s.restart_count}")
-    if s.partition:
-        details.append(f"partition {s.partition}")
-    return f"{job} on {s.node or '?'}" + (f" ({', '.join(details)})" if details else "")
+    job = str(s["job_id"])
+    if s.get("array_job_id") is not None:
+        job += f" (array {s['array_job_id']}_{s.get('array_task_id')})"
+    of = f" of {s['num_tasks']}" if s.get("num_tasks") else ""
+    return f"{job} on {s.get('node') or '?'}" + _details(
+        (s.get("rank") is not None, f"rank {s.get('rank')}{of}"),
+        (s.get("restart_count"), f"restart {s.get('restart_count')}"),
+        (s.get("partition"), f"partition {s.get('partition')}"),
+    )
 
 
 def _ranks(artifact: Artifact) -> list[Any]:
@@ -91,33 +66,30 @@ def rendezvous_of(artifact: Artifact) -> str | None:
     return ids.pop() if len(ids) == 1 and ids != {"none"} else None
 
 
-def _rendezvous_task(artifact: Artifact) -> JobTask:
+def _rendezvous_task(artifact: Artifact) -> dict[str, Any]:
     """A soak of a torchrun job as the job view lists it: its host and its lowest rank."""
     host = host_probe(artifact)
-    lowest = min(_ranks(artifact), key=lambda r: int(r["rank"]), default=None)
-    return JobTask(
-        node=None if host is None else host["hostname"],
-        rank=None if lowest is None else lowest["rank"],
-        local_rank=None if lowest is None else lowest["local_rank"],
-    )
+    lowest: Mapping[str, Any] = min(_ranks(artifact), key=lambda r: int(r["rank"]), default={})
+    return {
+        "node": None if host is None else host["hostname"],
+        "rank": lowest.get("rank"),
+        "local_rank": lowest.get("local_rank"),
+    }
 
 
 def pod_line(artifact: Artifact) -> str | None:
     """``ml/train-2-x7k2p on gpu-node-7 (job train, index 2)`` for a soak run in a pod."""
-    scheduler = probes(artifact).scheduler
-    if scheduler is None or scheduler["kind"] != "kubernetes":
+    s = _scheduler(artifact)
+    if s.get("kind") != "kubernetes":
         return None
-    s = PodTask.of(scheduler)
-    name = f"{s.namespace}/{s.pod_name}" if s.namespace else s.pod_name
-    details = []
-    if s.jobset_name:
-        details.append(f"jobset {s.jobset_name}, {s.replicated_job_name} {s.job_index}")
-    if s.job_name:
-        details.append(f"job {s.job_name}")
-    if s.completion_index is not None:
-        details.append(f"index {s.completion_index}")
-    where = f" on {s.node}" if s.node else ""
-    return f"{name or '?'}{where}" + (f" ({', '.join(details)})" if details else "")
+    name = f"{s.get('namespace')}/{s.get('pod_name')}" if s.get("namespace") else s.get("pod_name")
+    where = f" on {s['node']}" if s.get("node") else ""
+    jobset = f"jobset {s.get('jobset_name')}, {s.get('replicated_job_name')} {s.get('job_index')}"
+    return f"{name or '?'}{where}" + _details(
+        (s.get("jobset_name"), jobset),
+        (s.get("job_name"), f"job {s.get('job_name')}"),
+        (s.get("completion_index") is not None, f"index {s.get('completion_index')}"),
+    )
 
 
 def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
@@ -125,10 +97,9 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     :class:`NotOneJobError` when one ran outside a job, or they come from different jobs."""
     keys = set()
     for path, artifact in artifacts:
-        s = scheduler_of(artifact)
-        run_id = rendezvous_of(artifact)
+        s, run_id = _slurm_task(artifact), rendezvous_of(artifact)
         if s is not None:
-            keys.add(("slurm", s.cluster, str(s.job_id)))
+            keys.add(("slurm", s.get("cluster"), str(s["job_id"])))
         elif run_id is not None:
             keys.add(("torchrun", None, run_id))
         else:
@@ -151,18 +122,15 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
 
     soaks: list[dict[str, Any]] = []
     for path, artifact in artifacts:
-        s = scheduler_of(artifact) or _rendezvous_task(artifact)
+        s = _slurm_task(artifact) or _rendezvous_task(artifact)
         failures = artifact["failures"]
-        first = failures[0] if failures else None
         stop = stop_section(artifact)
+        first = failures[0] if failures else None
         soaks.append(
             {
                 "path": path,
-                "node": s.node,
-                "rank": s.rank,
-                "local_rank": s.local_rank,
-                "step_id": s.step_id,
-                "restart_count": s.restart_count or 0,
+                **{key: s.get(key) for key in ("node", "rank", "local_rank", "step_id")},
+                "restart_count": s.get("restart_count") or 0,
                 "status": artifact["status"],
                 "stop_cause": None if stop is None else stop["cause"],
                 "reasons": [f["reason"] for f in failures],
@@ -182,18 +150,18 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
                 "returncode": artifact["exit"]["returncode"],
             }
         )
-    soaks.sort(key=lambda x: (x["restart_count"], _rank_key(x["rank"]), x["path"]))
+    soaks.sort(
+        key=lambda x: (
+            x["restart_count"],
+            (x["rank"], "") if isinstance(x["rank"], int) else (1 << 30, str(x["rank"])),
+            x["path"],
+        )
+    )
     failed = [x for x in soaks if x["first_failure"] is not None]
     first_failure = None
     if failed:
-        earliest = min(failed, key=lambda x: _sort_time(x["first_failure"]["offset_seconds"]))
-        first_failure = {
-            "rank": earliest["rank"],
-            "node": earliest["node"],
-            "restart_count": earliest["restart_count"],
-            "path": earliest["path"],
-            **earliest["first_failure"],
-        }
+        earliest = min(failed, key=lambda x: _or_inf(x["first_failure"]["offset_seconds"]))
+        first_failure = {**_place(earliest), **earliest["first_failure"]}
     latest = max(x["restart_count"] for x in soaks)
     statuses = [str(x["status"]) for x in soaks if x["restart_count"] == latest]
     status = min(statuses, key=lambda st: _SEVERITY.index(st) if st in _SEVERITY else 0)
@@ -202,11 +170,12 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
         and status == SoakStatus.PASSED
     ):
         status = SoakStatus.FAILED
+    by_path = dict(artifacts)
     return {
         "kind": kind,
         "cluster": cluster,
-        "culprit": _culprit_across(soaks, artifacts),
-        "first_stalled": _first_stalled(soaks, artifacts, offset),
+        "culprit": _culprit_across(soaks, by_path),
+        "first_stalled": _first_stalled(soaks, by_path, offset),
         "job_id": int(job_id) if job_id.isdigit() else job_id,
         "status": status,
         "started_at": None if origin is None else origin.isoformat(),
@@ -217,34 +186,42 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     }
 
 
+def _or_inf(value: float | None) -> float:
+    return float("inf") if value is None else value
+
+
+def _place(soak: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: soak[key] for key in ("rank", "node", "restart_count", "path")}
+
+
 def _latest_attempt(
     soaks: Sequence[Mapping[str, Any]], wanted: Callable[[Mapping[str, Any]], object]
 ) -> list[Mapping[str, Any]]:
     """The soaks ``wanted`` keeps of their latest attempt (restart): different attempts'
     stacks and progress are never judged together."""
     kept = [soak for soak in soaks if wanted(soak)]
-    if not kept:
-        return []
-    latest = max(soak["restart_count"] for soak in kept)
+    latest = max((soak["restart_count"] for soak in kept), default=0)
     return [soak for soak in kept if soak["restart_count"] == latest]
 
 
 def _culprit_across(
-    soaks: Sequence[Mapping[str, Any]], artifacts: Sequence[tuple[str, Artifact]]
+    soaks: Sequence[Mapping[str, Any]], by_path: Mapping[str, Artifact]
 ) -> dict[str, Any] | None:
     """The rank every node's ranks wait for, judged from all nodes' stall stacks together
     (a rank fine on its own node may be the one every other node waits for)."""
-    by_path = dict(artifacts)
 
     def ranks_of(soak: Mapping[str, Any]) -> Any:
         ranks = stall_ranks(by_path[soak["path"]])
         return None if ranks is None else ranks["ranks"]
 
-    states = []
     attempt = _latest_attempt(soaks, ranks_of)
-    for soak in attempt:
-        node = soak["node"]
-        states.extend(states_from_json(ranks_of(soak), None if node is None else str(node)))
+    states = [
+        state
+        for soak in attempt
+        for state in states_from_json(
+            ranks_of(soak), None if soak["node"] is None else str(soak["node"])
+        )
+    ]
     culprit = judge_ranks(states)
     if culprit is None or culprit["text"] is None:
         return None
@@ -253,11 +230,10 @@ def _culprit_across(
 
 def _first_stalled(
     soaks: Sequence[Mapping[str, Any]],
-    artifacts: Sequence[tuple[str, Artifact]],
-    offset: Any,
+    by_path: Mapping[str, Artifact],
+    offset: Callable[[object], float | None],
 ) -> dict[str, Any] | None:
     """The node whose progress stopped first on the wall clock, in the latest attempt."""
-    by_path = dict(artifacts)
     stalled = []
     for soak in _latest_attempt(
         soaks, lambda soak: {"stale_progress", "startup_timeout"} & set(soak["reasons"])
@@ -271,27 +247,15 @@ def _first_stalled(
     _, soak, last = min(stalled, key=lambda item: item[0])
     return {
         "node": soak["node"],
-        "rank": soak["rank"],
-        "restart_count": soak["restart_count"],
-        "path": soak["path"],
+        **_place(soak),
         "last_progress_at": last,
         "offset_seconds": offset(last),
     }
 
 
-def _rank_key(rank: object) -> tuple[int, str]:
-    return (rank, "") if isinstance(rank, int) else (1 << 30, str(rank))
-
-
-def _sort_time(value: float | None) -> float:
-    return float("inf") if value is None else value
-
-
 def soak_label(soak: Mapping[str, Any]) -> str:
     label = f"rank {soak['rank']}" if soak["rank"] is not None else "task ?"
-    if soak["restart_count"]:
-        label += f" restart {soak['restart_count']}"
-    return label
+    return label + (f" restart {soak['restart_count']}" if soak["restart_count"] else "")
 
 
 def offset_text(value: float | None) -> str:
@@ -309,9 +273,8 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
     ]
     first = combined["first_failure"]
     if first is not None:
-        label = soak_label(first)
         lines.append(
-            f"  first failure: {label} on {first['node']} at {first['at']} "
+            f"  first failure: {soak_label(first)} on {first['node']} at {first['at']} "
             f"({offset_text(first['offset_seconds'])}): {first['reason']}: {first['message']}"
         )
     culprit = combined["culprit"]
@@ -325,7 +288,7 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
             f"progress at {stalled['last_progress_at']} ({offset_text(stalled['offset_seconds'])})"
         )
     labels = [soak_label(x) for x in soaks]
-    pad = max(len(label) for label in labels)
+    pad = max(map(len, labels))
     for label, soak in zip(labels, soaks, strict=True):
         why = ", ".join(soak["reasons"]) or f"stop: {soak['stop_cause']}"
         lines.append(
@@ -334,16 +297,16 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
             f"ran {format_duration(float(soak['duration_seconds'] or 0))}, "
             f"exit {soak['returncode']}; {why}"
         )
-    ends = [x["end_offset_seconds"] for x in soaks if x["end_offset_seconds"] is not None]
-    span = max(ends, default=0.0)
+    span = max((x["end_offset_seconds"] or 0.0 for x in soaks), default=0.0)
     if span > 0:
         lines.append(
             f"timeline (wall clock, from {combined['started_at']}, {format_duration(span)} across):"
         )
-        for label, soak in zip(labels, soaks, strict=True):
-            lines.append(f"  {label.ljust(pad)}  |{_bar(soak, span, width)}|")
-    for soak in soaks:
-        lines.append(f"  {soak_label(soak)}: asyncsoak summary {soak['path']}")
+        lines += [
+            f"  {label.ljust(pad)}  |{_bar(soak, span, width)}|"
+            for label, soak in zip(labels, soaks, strict=True)
+        ]
+    lines += [f"  {soak_label(soak)}: asyncsoak summary {soak['path']}" for soak in soaks]
     return terminal_text("\n".join(lines), one_line=False)
 
 
@@ -351,13 +314,12 @@ def _bar(soak: Mapping[str, Any], span: float, width: int) -> str:
     """``   =====X`` : when the soak ran on the job's time axis, X where it first failed."""
     start = soak["start_offset_seconds"] or 0.0
     end = soak["end_offset_seconds"] if soak["end_offset_seconds"] is not None else start
-    cells = [" "] * width
 
     def cell(t: float) -> int:
         return min(width - 1, max(0, int(t / span * (width - 1))))
 
-    for i in range(cell(start), cell(end) + 1):
-        cells[i] = "="
+    cells = [" "] * width
+    cells[cell(start) : cell(end) + 1] = "=" * (cell(end) + 1 - cell(start))
     failure = soak["first_failure"]
     if failure is not None and failure["offset_seconds"] is not None:
         cells[cell(failure["offset_seconds"])] = "X"

@@ -11,13 +11,13 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 import anyio
 
 from .._contract import EventKind, bounded, events, run_blocking, terminal_text
 from .._record import JournalDecoder
-from ._live_line import FINAL_VERDICT_ROWS, Status, render_rich
+from ._live_line import FINAL_VERDICT_ROWS, Status, render_rich, render_screen
 from ._live_state import LiveState
 
 if TYPE_CHECKING:
@@ -40,20 +40,16 @@ class JournalTail:
     def __init__(
         self, path: Path, monitor_pid: int | None = None, *, header_first: bool = True
     ) -> None:
-        self.path = path
-        self.monitor_pid = monitor_pid
+        self.path, self.monitor_pid = path, monitor_pid
         #: False when attaching to a journal whose earlier segments were read already.
         self.header_first = header_first
         self._file: BinaryIO | None = None
-        self._offset = 0
-        self._ours = False
+        self._offset, self._ours = 0, False
         #: In the middle of a line longer than any event, dropped up to its end.
         self._skipping = False
         self._decoder = JournalDecoder()
-        #: Reads begun, and the last one that found nothing new at the journal's end: all
-        #: written before such a read began was read (and folded).
-        self.reads_begun = 0
-        self.last_read_to_end = 0
+        #: Reads begun, and the last that found nothing new at the end (all before it was read).
+        self.reads_begun = self.last_read_to_end = 0
         #: Whether the last chunk read reached the end of the file.
         self._at_end = True
 
@@ -64,21 +60,19 @@ class JournalTail:
 
     def read(self) -> list[events.EventJson]:
         self.reads_begun += 1
-        number = self.reads_begun
         self._at_end = True
         found = self._read()
         if not found and self._at_end:
-            self.last_read_to_end = number
+            self.last_read_to_end = self.reads_begun
         return found
 
     def _read(self) -> list[events.EventJson]:
-        found: list[events.EventJson] = []
         if self._file is not None and os.fstat(self._file.fileno()).st_size < self._offset:
             # Truncated: a new soak took the path over.
             self.close()
             self._ours = False
         if self._file is None and not self._open():
-            return found
+            return []
         assert self._file is not None
         if not self._ours:
             self._decoder = JournalDecoder()
@@ -86,9 +80,9 @@ class JournalTail:
             first = self._file.readline(bounded.MAX_LINE_BYTES + 1)
             if not first.endswith(b"\n") or (self.header_first and not self._is_our_header(first)):
                 self.close()  # not ours (yet): look again at the path next time
-                return found
+                return []
             self._ours = True
-        found += self._read_on()
+        found = self._read_on()
         try:
             current = os.stat(self.path)
         except FileNotFoundError:
@@ -108,16 +102,14 @@ class JournalTail:
             self._file = open(self.path, "rb")  # noqa: SIM115 (held until close())
         except FileNotFoundError:
             return False
-        self._offset = 0
-        self._skipping = False
+        self._offset, self._skipping = 0, False
         return True
 
     def _read_on(self) -> list[events.EventJson]:
         assert self._file is not None
         self._file.seek(self._offset)
         data = self._file.read(READ_CHUNK)
-        # A last line without its end yet (or ever, from a monitor that died mid-write) is
-        # the end too: nothing more can be read now.
+        # A last line without its end yet (or ever: a monitor died mid-write) is the end too.
         self._at_end = len(data) < READ_CHUNK
         if self._skipping:
             end = data.find(b"\n") + 1
@@ -134,8 +126,7 @@ class JournalTail:
             if data.endswith(b"\n"):
                 complete = data
             elif len(data) > bounded.MAX_LINE_BYTES:
-                # Longer than any event (the bound every journal reader keeps): dropped, so
-                # the view goes on with the events after it instead of waiting on it for ever.
+                # Longer than any event: dropped, so the view does not wait on it for ever.
                 self._offset += len(data)
                 self._skipping = True
                 return []
@@ -151,19 +142,12 @@ class JournalTail:
         return found
 
     def _is_our_header(self, line: bytes) -> bool:
-        try:
-            header = JournalDecoder().decode(line)
-        except bounded.UnreadableFileError:
-            return False
-        if header is None or header.get("kind") != EventKind.HEADER:
-            return False
-        return self.monitor_pid is None or header.get("monitor_pid") == self.monitor_pid
-
-
-class _View(Protocol):
-    def show(self, status: Status) -> None: ...
-
-    def close(self, status: Status | None) -> None: ...
+        with contextlib.suppress(bounded.UnreadableFileError):
+            header: Mapping[str, Any] = JournalDecoder().decode(line) or {}
+            pid = header.get("monitor_pid")
+            ours = self.monitor_pid is None or pid == self.monitor_pid
+            return header.get("kind") == EventKind.HEADER and ours
+        return False
 
 
 class PlainView:
@@ -178,8 +162,7 @@ class PlainView:
     def show(self, status: Status) -> None:
         now = time.monotonic()
         if status.phase != self._phase or now - self._last_line >= self._interval:
-            self._phase = status.phase
-            self._last_line = now
+            self._phase, self._last_line = status.phase, now
             self._stream.write(status.plain() + "\n")
             self._stream.flush()
 
@@ -210,13 +193,10 @@ class RichView:
 
     def _render(self, status: Status, *, last: bool = False) -> Any:
         width, height = self._console.size
-        if self._screen:
-            from ._screen import render_screen
-
-            # The last frame stays on the terminal with the verdict printed below it: it
-            # leaves that room, so its first rows (the verdict so far) are not scrolled off.
-            return render_screen(status, width, height - FINAL_VERDICT_ROWS if last else height)
-        return render_rich(status, width)
+        if not self._screen:
+            return render_rich(status, width)
+        # The last frame leaves room for the verdict below it: its first rows stay in view.
+        return render_screen(status, width, height - FINAL_VERDICT_ROWS if last else height)
 
     def show(self, status: Status) -> None:
         self._live.update(self._render(status), refresh=True)
@@ -227,35 +207,26 @@ class RichView:
         self._live.stop()
 
 
-def rich_available() -> bool:
+#: The terminal ``auto`` draws the full screen on, at least (else it keeps the line).
+SCREEN_MIN_ROWS, SCREEN_MIN_COLUMNS = 20, 60
+
+
+def make_view(stream: TextIO, status_interval: float, mode: str = "line") -> PlainView | RichView:
+    """``rich`` on a terminal when it is installed (the full screen when ``mode`` asks for it
+    and the terminal is big enough), plain lines otherwise."""
+    if not stream.isatty():
+        return PlainView(stream, status_interval)
     try:
         import rich  # noqa: F401
     except ImportError:
-        return False
-    return True
-
-
-#: The full screen needs at least this many rows (else ``auto`` keeps the line).
-SCREEN_MIN_ROWS = 20
-#: ... and this many columns.
-SCREEN_MIN_COLUMNS = 60
-
-
-def make_view(stream: TextIO, status_interval: float, mode: str = "line") -> _View:
-    """``rich`` on a terminal when it is installed (the full screen when ``mode`` asks for it
-    and the terminal is big enough), plain lines otherwise."""
-    if not (stream.isatty() and rich_available()):
         return PlainView(stream, status_interval)
-    screen = False
-    if mode != "line":
-        try:
-            size = os.get_terminal_size(stream.fileno())
-        except (OSError, ValueError):
-            size = None
-        screen = size is not None and (
-            mode == "screen"
-            or (size.lines >= SCREEN_MIN_ROWS and size.columns >= SCREEN_MIN_COLUMNS)
-        )
+    try:
+        size = os.get_terminal_size(stream.fileno()) if mode != "line" else None
+    except (OSError, ValueError):
+        size = None
+    screen = size is not None and (
+        mode == "screen" or (size.lines >= SCREEN_MIN_ROWS and size.columns >= SCREEN_MIN_COLUMNS)
+    )
     return RichView(stream, screen=screen)
 
 
@@ -264,22 +235,27 @@ async def _drive(
     *,
     stream: TextIO,
     status_interval: float,
-    refresh: float,
-    mode: str = "line",
+    mode: str,
+    refresh: float = REFRESH_SECONDS,
     until_finished: bool = False,
-    refine: Callable[[Status], Status] | None = None,
+    refine: Callable[[Status], Status] = lambda status: status,
 ) -> Status | None:
     """Draw ``step``'s frame every ``refresh`` seconds until cancelled (or finished, with
     ``until_finished``); the last frame.  ``refine`` (blocking) runs on the drawing thread; a
     failure of the view ends it with one line on ``stream``: only cancellation propagates."""
     limiter = anyio.CapacityLimiter(1)
-    view: _View | None = None
+    view: PlainView | RichView | None = None
     last: Status | None = None
 
     async def in_thread(func: Callable[[], Any]) -> Any:
         return await run_blocking(
             func, timeout=VIEW_CALL_TIMEOUT_SECONDS, what="the live view", limiter=limiter
         )
+
+    def draw(view: PlainView | RichView, status: Status) -> Status:
+        status = refine(status)
+        view.show(status)
+        return status
 
     try:
         while True:
@@ -289,16 +265,15 @@ async def _drive(
                 if view is None:
                     # Only once the soak has started: a run refused at once draws nothing.
                     view = await in_thread(partial(make_view, stream, status_interval, mode))
-                last = await in_thread(partial(_show, view, status, refine))
+                last = await in_thread(partial(draw, view, status))
                 if until_finished and status.finished:
                     return last
             await anyio.sleep(refresh)
     except Exception as exc:
-        # The view is a convenience: a broken terminal or an unreadable journal ends it, and
-        # the soak goes on untouched; the user is told why the view went away.
+        # A broken terminal or an unreadable journal ends the view, never the soak.
         line = terminal_text(f"asyncsoak: the live view stopped: {type(exc).__name__}: {exc}")
         with contextlib.suppress(Exception):
-            await in_thread(partial(_say, stream, line + "\n"))
+            await in_thread(partial(print, line + "\n", end="", file=stream, flush=True))
         view = None  # nothing more is drawn on it
         return last
     finally:
@@ -326,88 +301,67 @@ async def watch_journal(
 ) -> Status | None:
     """Show the soak whose journal is ``journal_path`` on ``stream`` as it grows, as of the
     journal's last line (the line says how old), as :func:`_drive` does."""
-    own_tail = tail is None
-    tail = tail if tail is not None else JournalTail(journal_path, monitor_pid)
-    state = state if state is not None else LiveState()
+    own = JournalTail(journal_path, monitor_pid) if tail is None else tail
+    live = LiveState() if state is None else state
     limiter = anyio.CapacityLimiter(1)
 
     async def step() -> Status | None:
-        events = await run_blocking(
-            tail.read, timeout=VIEW_CALL_TIMEOUT_SECONDS, what="the live view", limiter=limiter
-        )
-        for event in events:
-            state.add(event)
-        if state.started_at is None:
+        for event in await run_blocking(
+            own.read, timeout=VIEW_CALL_TIMEOUT_SECONDS, what="the live view", limiter=limiter
+        ):
+            live.add(event)
+        if live.started_at is None:
             return None
-        return state.status(time.time(), time.monotonic(), current=False)
+        return live.status(time.time(), time.monotonic(), current=False)
 
     try:
         return await _drive(
             step,
             stream=stream,
             status_interval=status_interval,
-            refresh=refresh,
             mode=mode,
+            refresh=refresh,
             until_finished=until_finished,
         )
     finally:
-        if own_tail:
-            tail.close()
-
-
-def _show(view: _View, status: Status, refine: Callable[[Status], Status] | None) -> Status:
-    status = refine(status) if refine is not None else status
-    view.show(status)
-    return status
-
-
-def _say(stream: TextIO, line: str) -> None:
-    stream.write(line)
-    stream.flush()
-
-
-class _Feed:
-    """The monitor's events as the serializer passes them on, read from the soak's own
-    ``RunState`` (which the serializer folded them into)."""
-
-    def __init__(self, control: SoakControl) -> None:
-        self.state = LiveState(feed_run=False)
-        self.control = control
-        self.broken: str | None = None
-
-    def observe(self, event: Mapping[str, Any]) -> None:
-        if self.broken is not None:
-            return
-        try:
-            if self.control.state is not None:  # set as the soak starts, before any event
-                self.state.run = self.control.state
-            self.state.add(event)
-        except Exception as exc:
-            # A bug of the view's must not reach the serializer (it would count it against
-            # the soak's own folding): the view says so and stops.
-            self.broken = f"{type(exc).__name__}: {exc}"
+        if tail is None:
+            own.close()
 
 
 def live_status(
     *, stream: TextIO | None = None, status_interval: float = 60.0, mode: str = "line"
 ) -> Callable[[SoakControl], Callable[[], Coroutine[Any, Any, Status | None]]]:
     """The live view of a soak run by this process, as ``supervise(status=...)`` takes it: an
-    observer of the soak's events that returns the task drawing them."""
+    observer of the soak's events (folded into the soak's own ``RunState`` by its serializer)
+    that returns the task drawing them."""
 
     def attach(control: SoakControl) -> Callable[[], Coroutine[Any, Any, Status | None]]:
-        feed = _Feed(control)
-        control.observers.append(feed.observe)
+        state = LiveState(feed_run=False)
+        broken: list[str] = []
+
+        def observe(event: Mapping[str, Any]) -> None:
+            if broken:
+                return
+            try:
+                if control.state is not None:  # set as the soak starts, before any event
+                    state.run = control.state
+                state.add(event)
+            except Exception as exc:
+                # A bug of the view's must not reach the serializer (it counts it against the
+                # soak's own folding): the view says so and stops.
+                broken.append(f"{type(exc).__name__}: {exc}")
+
+        control.observers.append(observe)
 
         async def step() -> Status | None:
-            if feed.broken is not None:
-                raise RuntimeError(feed.broken)
-            if feed.state.started_at is None:
+            if broken:
+                raise RuntimeError(broken[0])
+            if state.started_at is None:
                 return None
-            return feed.state.status(time.time(), time.monotonic(), current=True)
+            return state.status(time.time(), time.monotonic(), current=True)
 
         def refine(status: Status) -> Status:
-            # A stat of the files that changed last, on the draw's own thread hop: the
-            # changes of the last scan interval are known when the line is drawn.
+            # A stat of the files that changed last, on the draw's own thread hop.
             look = control.progress_age
             return status if look is None else status.with_progress_age(look())
 
@@ -417,7 +371,6 @@ def live_status(
             refine=refine,
             stream=stream if stream is not None else sys.stderr,
             status_interval=status_interval,
-            refresh=REFRESH_SECONDS,
             mode=mode,
         )
 

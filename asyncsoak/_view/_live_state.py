@@ -1,35 +1,23 @@
 """The live view's fold: the soak's events so far and the :class:`~._live_line.Status` they make
-at a moment, the run's figures from a ``RunState``, plus the history the memory trends need."""
+at a moment, the run's figures from a ``RunState``, plus the history the memory trends need.
+Journal lines are read with ``.get``: a journal is not checked against a schema as an artifact
+is, and it may come from another asyncsoak."""
 
 from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypedDict, cast
+from typing import Any, ClassVar
 
 from .._analysis import MAX_WINDOWS, SAMPLES_PER_WINDOW, theil_sen, windowed_minima
 from .._contract import EventKind, epoch, events, format_duration
 from .._record import RunState
 from ._fields import format_value, gpu_index
-from ._live_line import Process, Status
+from ._live_line import Gpus, Process, Status
 from ._status import named_warning, shown_status
 from ._training import goodput_line, training_line
-
-# The live view reads journal lines as their kinds' JSON forms (``_contract._events``), every
-# key with ``.get``: a journal is not checked against a schema as an artifact is, and it may
-# come from another asyncsoak.
-
-
-class _ProcessEntry(TypedDict, total=False):
-    """A process of a sample (``SampleJson.processes``), as far as the view reads it."""
-
-    pid: int
-    name: str
-    rss_bytes: float | None
-    anon_bytes: float | None
-
 
 #: Samples of the tree's memory kept for its live trend (the last ones; about 10 minutes at 1 s).
 TREND_POINTS = 600
@@ -43,6 +31,8 @@ PROCESSES_FOLLOWED = 8
 #: wall clock within this (same host, same boot); else the wall clock is used.
 SAME_CLOCK_TOLERANCE_SECONDS = 30.0
 
+Points = deque[tuple[float, float]]
+
 
 @dataclass(slots=True)
 class LiveState:
@@ -53,19 +43,18 @@ class LiveState:
     run: RunState = field(default_factory=RunState)
     feed_run: bool = True
     #: (t, tree memory) of the last samples, for the memory trend.
-    rss: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
+    rss: Points = field(default_factory=lambda: deque(maxlen=TREND_POINTS))
     #: (series key, verdict) -> the ``trend`` event that said it.
     trends: dict[tuple[str, str], events.TrendJson] = field(default_factory=dict)
-    #: The last sample's processes: (pid, name, memory).
+    #: The last sample's processes: (pid, name, memory), the largest first.
     processes: list[tuple[int, str, float | None]] = field(default_factory=list)
     #: pid -> (t, memory) of its last samples, for the largest processes only.
-    process_memory: dict[int, deque[tuple[float, float]]] = field(default_factory=dict)
+    process_memory: dict[int, Points] = field(default_factory=dict)
     #: Series (``tree``, or a pid) -> (its last sample's t, its trend text): a frame is drawn
     #: twice a second on the event loop, a trend changes only with a new sample.
     _trends_shown: dict[object, tuple[float, str | None]] = field(
         default_factory=dict, init=False, repr=False
     )
-
     _goodput_shown: str | None = field(default=None, init=False, repr=False)
 
     _fold: ClassVar[events.EventFold[LiveState]] = events.EventFold()
@@ -79,15 +68,9 @@ class LiveState:
                 self.run.add(event)
         self._fold.dispatch(self, event)
 
-    # -- the run's figures, as the RunState holds them -----------------------------------------
-
     @property
     def _header(self) -> Mapping[str, Any]:
         return self.run.header or {}
-
-    @property
-    def _config(self) -> Mapping[str, Any]:
-        return self._header.get("config") or {}
 
     @property
     def started_at(self) -> float | None:
@@ -108,30 +91,6 @@ class LiveState:
     def warnings(self) -> int:
         return len(self.run.warnings)
 
-    @property
-    def stale_limit(self) -> float | None:
-        """``--stale-progress auto``'s learned limit, else the header's."""
-        if self.run.stale_limit is not None:
-            return self.run.stale_limit
-        stale = self._config.get("stale_progress_seconds")
-        return stale if isinstance(stale, int | float) else None
-
-    def _missing_dir(self) -> str | None:
-        """The progress directory while the watchdog's newest word is that it does not exist."""
-        for note in reversed(self.run.sampler_notes):
-            data: Mapping[str, Any] = note.get("data") or {}
-            if note.get("sampler") == "watchdog" and "exists" in data:
-                return None if data["exists"] else str(data.get("progress_dir"))
-        return None
-
-    def _points(self) -> dict[str, Mapping[str, float | None]]:
-        """The newest sample's and GPU sample's figures, by group."""
-        latest = self.run.latest
-        return {
-            **((latest.get("gpu_sample") or {}).get("points") or {}),
-            **((latest.get("sample") or {}).get("points") or {}),
-        }
-
     @_fold.on(EventKind.SAMPLE)
     def _on_sample(self, t: float, sample: events.SampleJson) -> None:
         # The memory that is judged (anonymous + shared), RSS in older journals.
@@ -139,7 +98,25 @@ class LiveState:
         memory = tree.get("anon_bytes", tree.get("rss_bytes"))
         if isinstance(memory, int | float):
             self.rss.append((t, float(memory)))
-        self._fold_processes(t, sample.get("processes"))
+        entries: Any = sample.get("processes")
+        if not isinstance(entries, list):
+            return
+        processes = []
+        for entry in entries:
+            if isinstance(entry, dict) and isinstance(entry.get("pid"), int):
+                memory = entry.get("anon_bytes", entry.get("rss_bytes"))
+                number = float(memory) if isinstance(memory, int | float) else None
+                processes.append((int(entry["pid"]), str(entry.get("name") or "?"), number))
+        processes.sort(key=lambda p: -(p[2] or 0.0))
+        self.processes = processes
+        followed = {pid: memory for pid, _, memory in processes[:PROCESSES_FOLLOWED]}
+        for pid in [pid for pid in self.process_memory if pid not in followed]:
+            del self.process_memory[pid]
+            self._trends_shown.pop(pid, None)
+        for pid, memory in followed.items():
+            if memory is not None:
+                history = self.process_memory.setdefault(pid, deque(maxlen=TREND_POINTS))
+                history.append((t, memory))
 
     @_fold.on(EventKind.TREND)
     def _on_trend(self, t: float, trend: events.TrendJson) -> None:
@@ -151,49 +128,21 @@ class LiveState:
         else:
             self.trends[(series, verdict)] = trend
 
-    def _fold_processes(self, t: float, entries: object) -> None:
-        if not isinstance(entries, list):
-            return
-        processes: list[tuple[int, str, float | None]] = []
-        for entry in cast(list[_ProcessEntry], entries):
-            if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int):
-                continue
-            memory = entry.get("anon_bytes", entry.get("rss_bytes"))
-            processes.append(
-                (
-                    int(entry["pid"]),
-                    str(entry.get("name") or "?"),
-                    float(memory) if isinstance(memory, int | float) else None,
-                )
-            )
-        processes.sort(key=lambda p: -(p[2] or 0.0))
-        self.processes = processes
-        followed = {pid: memory for pid, _, memory in processes[:PROCESSES_FOLLOWED]}
-        for pid in list(self.process_memory):
-            if pid not in followed:
-                del self.process_memory[pid]
-                self._trends_shown.pop(pid, None)
-        for pid, memory in followed.items():
-            if memory is not None:
-                history = self.process_memory.setdefault(pid, deque(maxlen=TREND_POINTS))
-                history.append((t, memory))
-
     def memory_trend(self) -> str | None:
         """The tree's memory per minute over the recent samples: the trends' estimator (the
         Theil-Sen slope of windowed minima), so a cache filling and emptying reads flat."""
         return self._trend("tree", self.rss)
 
-    def _trend(self, series: object, points: deque[tuple[float, float]] | tuple[()]) -> str | None:
+    def _trend(self, series: object, points: Points | tuple[()]) -> str | None:
         last = points[-1][0] if points else -1.0
         shown = self._trends_shown.get(series)
         if shown is None or shown[0] != last:
-            shown = (last, _trend_text(points))
-            self._trends_shown[series] = shown
+            shown = self._trends_shown[series] = (last, _trend_text(points))
         return shown[1]
 
     def alerts(self, now_epoch: float | None) -> tuple[str, ...]:
-        """Short texts for the leaks and projected breaches the trends reported, one per
-        series: ``LEAK pid 29987 +921.6 MiB/min, limit in 41m00s``."""
+        """Short texts for the GPU faults, leaks and projected breaches the run reported, one
+        per series: ``LEAK pid 29987 +921.6 MiB/min, limit in 41m00s``."""
         faults = sorted(
             (fault["t"], index, fault)
             for index, gpu in self.run.gpu_health.gpus.items()
@@ -228,29 +177,32 @@ class LiveState:
 
     def verdict(self) -> str | None:
         """The status as the views show it once finished (``passed_with_warnings``...)."""
-        if self.finished is None:
-            return None
-        return shown_status(self.finished, self.warnings)
+        return None if self.finished is None else shown_status(self.finished, self.warnings)
 
     def phase(self) -> str:
-        verdict = self.verdict()
+        verdict, run = self.verdict(), self.run
         if verdict is not None:
             reasons = f" ({', '.join(self.failures)})" if self.failures else ""
             return f"finished: {verdict.replace('_', ' ')}{reasons}"
         if self.failures:
             return f"stopping: {self.failures[0]}"
-        if self.run.stop["mode"] is not None:  # a stop event (an exit alone sets the cause)
-            return f"stopping: {self.run.stop['cause']}"
-        if self.run.exit_t is not None:
+        if run.stop["mode"] is not None:  # a stop event (an exit alone sets the cause)
+            return f"stopping: {run.stop['cause']}"
+        if run.exit_t is not None:
             return "command exited, waiting for its tree"
-        if self.run.started_t is None:
+        if run.started_t is None:
             return "starting"
-        missing = self._missing_dir() if self.run.last_progress is None else None
-        if missing is not None:
-            return f"waiting for the first progress: {missing} does not exist (yet)"
-        if self.run.last_progress is None:
-            return "waiting for the first progress"
-        return "running"
+        if run.last_progress is not None:
+            return "running"
+        # The progress directory, while the watchdog's newest word is that it does not exist.
+        for note in reversed(run.sampler_notes):
+            data: Mapping[str, Any] = note.get("data") or {}
+            if note.get("sampler") == "watchdog" and "exists" in data:
+                if not data["exists"]:
+                    missing = data.get("progress_dir")
+                    return f"waiting for the first progress: {missing} does not exist (yet)"
+                break
+        return "waiting for the first progress"
 
     def elapsed(self, now: float, monotonic_now: float | None = None) -> float:
         """Seconds since the start at ``now`` (Unix time): on the monitor's own monotonic
@@ -271,60 +223,65 @@ class LiveState:
         """The frame at ``now`` (Unix time); ``current``: the events are the monitor's knowledge
         up to now (``run``), else they stop at the journal's last line (``watch``): the quiet
         time is as of that line, with how old it is."""
-        finished = self.finished is not None
+        run, finished = self.run, self.finished is not None
         elapsed = self.elapsed(now, monotonic_now)
-        known_until = elapsed if current or finished else self.run.last_t
-        if self.run.last_progress is None:
+        known_until = elapsed if current or finished else run.last_t
+        config: Mapping[str, Any] = self._header.get("config") or {}
+        if run.last_progress is None:
             quiet_for, name = known_until, "startup"
-            limit = self._config.get("startup_timeout_seconds")
+            limit = config.get("startup_timeout_seconds")
         else:
-            quiet_for = max(0.0, known_until - self.run.last_progress)
-            limit, name = self.stale_limit, "stale"
-        deadline = self._nearest_deadline(known_until, quiet_for, limit)
-        points, peak = self._points(), self.run.peak
-        rate = self.run.trends.rate.column("changes_per_minute")
-        tree = points.get("tree") or {}
-        gpu_groups = sorted(
-            (group for group in points if gpu_index(group) is not None),
-            key=lambda group: gpu_index(group) or 0,
+            # ``--stale-progress auto``'s learned limit, else the header's.
+            quiet_for, name = max(0.0, known_until - run.last_progress), "stale"
+            stale = config.get("stale_progress_seconds")
+            limit = run.stale_limit
+            if limit is None and isinstance(stale, int | float):
+                limit = stale
+        # ``--expect-every``'s next deadline as (GLOB, seconds left), before the stall limit's.
+        pending = run.deadlines.pending(run.steps_started)
+        deadline = None
+        if pending and run.started_t is not None:
+            left = pending[0].due - known_until
+            if limit is None or left < limit - quiet_for:
+                deadline = (pending[0].glob, left)
+        latest = run.latest
+        points: dict[str, Mapping[str, float | None]] = {
+            **((latest.get("gpu_sample") or {}).get("points") or {}),
+            **((latest.get("sample") or {}).get("points") or {}),
+        }
+        tree, rate = points.get("tree") or {}, run.trends.rate.column("changes_per_minute")
+        groups = sorted(
+            (g for g in points if gpu_index(g) is not None), key=lambda g: gpu_index(g) or 0
         )
-        gpus = tuple(
-            (
-                group,
-                points[group].get("utilization_gpu_percent"),
-                points[group].get("memory_used_mib"),
+
+        def gpus(read: Callable[[str, str], float | None]) -> Gpus:
+            return tuple(
+                (g, read(g, "utilization_gpu_percent"), read(g, "memory_used_mib")) for g in groups
             )
-            for group in gpu_groups
-        )
+
         return Status(
             elapsed=elapsed,
             phase=self.phase(),
-            quiet_for=quiet_for if self.run.started_t is not None else None,
+            quiet_for=quiet_for if run.started_t is not None else None,
             limit=limit,
             limit_name=name,
-            changes=self.run.progress_changes,
+            changes=run.progress_changes,
             tree_cpu_percent=tree.get("cpu_percent"),
             tree_rss_bytes=tree.get("rss_bytes"),
-            gpus=gpus,
+            gpus=gpus(lambda group, figure: points[group].get(figure)),
             finished=finished,
             memory_trend=self.memory_trend(),
             alerts=self.alerts(now),
-            peak_cpu_percent=peak("tree", "cpu_percent"),
-            peak_rss_bytes=peak("tree", "rss_bytes"),
-            peak_gpus=tuple(
-                (
-                    group,
-                    peak(group, "utilization_gpu_percent"),
-                    peak(group, "memory_used_mib"),
-                )
-                for group in gpu_groups
-            ),
+            peak_cpu_percent=run.peak("tree", "cpu_percent"),
+            peak_rss_bytes=run.peak("tree", "rss_bytes"),
+            peak_gpus=gpus(run.peak),
             warnings=self.warnings,
-            warning=named_warning(self.run.warnings),
+            warning=named_warning(run.warnings),
             # A tree's first sample has no CPU rate, and its memory is the command's before it
             # loaded anything: no figure is shown until one with a rate.
-            sampled=tree.get("cpu_percent") is not None or peak("tree", "cpu_percent") is not None,
-            behind=None if current or finished else max(0.0, elapsed - self.run.last_t),
+            sampled=tree.get("cpu_percent") is not None
+            or run.peak("tree", "cpu_percent") is not None,
+            behind=None if current or finished else max(0.0, elapsed - run.last_t),
             # The progress rate's newest point (the artifact's ``series.progress_rate``).
             changes_per_minute=rate[-1] if rate else None,
             processes=tuple(
@@ -332,23 +289,11 @@ class LiveState:
                 for pid, name, memory in self.processes[:PROCESSES_FOLLOWED]
             ),
             log_path=self._header.get("log_path"),
-            status=self.finished,
-            training=training_line(self.run.step),
-            steps_count=self.run.steps_count,
+            training=training_line(run.step),
+            steps_count=run.steps_count,
             deadline=deadline,
             goodput=self._goodput() if finished else "",
         )
-
-    def _nearest_deadline(
-        self, now: float, quiet_for: float, limit: float | None
-    ) -> tuple[str, float] | None:
-        """``--expect-every``'s next deadline as (GLOB, seconds left, below 0 when late), when
-        it falls before the stall limit's."""
-        pending = self.run.deadlines.pending(self.run.steps_started)
-        if not pending or self.run.started_t is None:
-            return None
-        left = pending[0].due - now
-        return (pending[0].glob, left) if limit is None or left < limit - quiet_for else None
 
     def _goodput(self) -> str:
         """The finished run's goodput line (worked out once: a long run has many steps)."""
@@ -359,7 +304,7 @@ class LiveState:
         return self._goodput_shown
 
 
-def _trend_text(points: Sequence[tuple[float, float]] | deque[tuple[float, float]]) -> str | None:
+def _trend_text(points: Sequence[tuple[float, float]] | Points) -> str | None:
     """Memory per minute over ``points`` (t, bytes): the Theil-Sen slope of their windowed
     minima, the trends' estimator; ``steady`` under 1 MiB a minute."""
     if len(points) < TREND_MIN_POINTS:
@@ -372,5 +317,4 @@ def _trend_text(points: Sequence[tuple[float, float]] | deque[tuple[float, float
     per_minute = theil_sen(wt, wv)[0] * 60.0
     if abs(per_minute) < 2**20:
         return "steady"
-    sign = "+" if per_minute > 0 else "-"
-    return f"{sign}{format_value(abs(per_minute), 'bytes')}/min"
+    return f"{'+' if per_minute > 0 else '-'}{format_value(abs(per_minute), 'bytes')}/min"

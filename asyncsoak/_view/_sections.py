@@ -4,22 +4,10 @@ view says the same about a missing section (an older writer, a path that never w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
 from datetime import UTC, timedelta
-from typing import Any, Self
+from typing import Any
 
 from .._contract import Artifact, parse_iso, schema
-
-
-@dataclass(frozen=True, slots=True)
-class Recorded:
-    """A record the schema leaves open, read into the fields a subclass names: a missing key
-    reads as its field's default, a key the subclass does not name is left out."""
-
-    @classmethod
-    def of(cls, recorded: Mapping[str, Any]) -> Self:
-        names = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in recorded.items() if key in names})
 
 
 def trend_verdicts(artifact: Artifact) -> dict[str, schema.Trend]:
@@ -38,10 +26,6 @@ def abandoned_processes(artifact: Artifact) -> list[schema.ProcessRecord]:
 
 def oom_kills(artifact: Artifact) -> list[schema.OomKillEntry]:
     return artifact.get("oom_kills", [])
-
-
-def gpu_health(artifact: Artifact) -> dict[str, schema.GpuHealth]:
-    return artifact.get("gpu_health", {})
 
 
 def events_dropped(artifact: Artifact) -> int:
@@ -68,15 +52,10 @@ def stall_ranks(artifact: Artifact) -> schema.StallCulprit | None:
     return None if section is None else section.get("ranks")
 
 
-def training_steps(artifact: Artifact) -> schema.StepsProgress | None:
-    """``progress.steps``; None when the trainer wrote no step."""
-    return artifact["progress"].get("steps")
-
-
 def counted_steps(artifact: Artifact) -> schema.StepsProgress | None:
     """The training steps when they were the progress that counted (else None)."""
-    steps = training_steps(artifact)
-    return steps if steps is not None and artifact["progress"].get("source") == "steps" else None
+    progress = artifact["progress"]
+    return progress.get("steps") if progress.get("source") == "steps" else None
 
 
 def process_role(process: schema.ForensicsProcess | schema.ProcessEntry) -> dict[str, Any] | None:
@@ -105,42 +84,16 @@ def column(series: Mapping[str, Sequence[Any]] | None, name: str) -> Sequence[An
     return [] if series is None else series.get(name, [])
 
 
-def summary_entry(artifact: Artifact, group: str, name: str) -> object:
-    """``summary[group][name]``; None when the run never sampled it."""
-    return artifact["summary"].get(group, {}).get(name)
-
-
-@dataclass(frozen=True, slots=True)
-class Probes(Recorded):
-    """The runtime snapshot's probes, each what it found or why not; None where missing."""
-
-    source: schema.SourceProbe | schema.ProbeFailure | None = None
-    gpus: schema.GpuProbe | schema.ProbeFailure | None = None
-    software: schema.SoftwareProbe | schema.ProbeFailure | None = None
-    host: schema.HostProbe | schema.ProbeFailure | None = None
-    #: The SLURM job or Kubernetes pod the soak ran in.
-    scheduler: schema.SlurmJob | schema.KubernetesPod | None = None
-    #: Why the snapshot was not taken.
-    error: str | None = None
-
-
-def probes(artifact: Artifact) -> Probes:
-    return Probes.of(artifact["snapshot"])
-
-
-def snapshot_gpus(artifact: Artifact) -> list[schema.SnapshotGpu]:
-    probe = probes(artifact).gpus
-    return [] if probe is None or "error" in probe else probe["gpus"]
-
-
-def software_probe(artifact: Artifact) -> schema.SoftwareProbe | None:
-    software = probes(artifact).software
-    return None if software is None or "error" in software else software
+def found_probe(artifact: Artifact, name: str) -> Any:
+    """A runtime snapshot probe's finding; None when it is missing or failed."""
+    snapshot: Mapping[str, Any] = artifact["snapshot"]
+    probe = snapshot.get(name)
+    return None if probe is None or "error" in probe else probe
 
 
 def host_probe(artifact: Artifact) -> schema.HostProbe | None:
-    host = probes(artifact).host
-    return None if host is None or "error" in host else host
+    host: schema.HostProbe | None = found_probe(artifact, "host")
+    return host
 
 
 def seconds_at(artifact: Artifact, iso_time: str | None) -> float | None:
@@ -162,14 +115,10 @@ def wall_clock(artifact: Artifact, t: float, form: str = "%H:%M:%S UTC") -> str:
     return (parse_iso(started) + timedelta(seconds=t)).astimezone(UTC).strftime(form)
 
 
-def config_setting(artifact: Artifact, name: str) -> object:
-    """A setting of the run; None when the artifact lacks it (added since version 1)."""
-    settings: Mapping[str, object] = artifact["config"]
-    return settings.get(name)
-
-
 def config_value(artifact: Artifact, name: str) -> float | None:
-    value = config_setting(artifact, name)
+    """A number setting of the run; None when the artifact lacks it (added since version 1)."""
+    settings: Mapping[str, object] = artifact["config"]
+    value = settings.get(name)
     return float(value) if isinstance(value, int | float) else None
 
 
@@ -179,6 +128,6 @@ def event_times(artifact: Artifact, kind: str) -> list[float]:
 
 def summary_figure(artifact: Artifact, group: str, name: str, key: str) -> float | None:
     """``key`` (max, mean, min, last) of a field over the run; None when never sampled."""
-    stats = summary_entry(artifact, group, name)
+    stats = artifact["summary"].get(group, {}).get(name)
     value = stats[key] if isinstance(stats, dict) else None
     return float(value) if isinstance(value, int | float) else None

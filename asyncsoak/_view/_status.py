@@ -15,9 +15,7 @@ PASSED_WITH_WARNINGS = "passed_with_warnings"
 
 def shown_status(status: str, warnings: int) -> str:
     """``status`` as the views show it, given how many warnings the run carries."""
-    if status == SoakStatus.PASSED and warnings > 0:
-        return PASSED_WITH_WARNINGS
-    return str(status)
+    return PASSED_WITH_WARNINGS if status == SoakStatus.PASSED and warnings > 0 else str(status)
 
 
 def status_words(status: str) -> str:
@@ -26,13 +24,11 @@ def status_words(status: str) -> str:
 
 
 def is_pass(status: str) -> bool:
-    """Whether a shown status is a pass (with or without warnings)."""
     return status in (SoakStatus.PASSED, PASSED_WITH_WARNINGS)
 
 
 def named_warning(warnings: Sequence[str]) -> str | None:
     """The warning a view names beside ``passed with warnings``: the leak check's that could
     not judge (a check asked to fail the run that judged nothing), else the first."""
-    return next((w for w in warnings if w.startswith(MEMORY_NOT_JUDGED)), None) or (
-        warnings[0] if warnings else None
-    )
+    unjudged = (w for w in warnings if w.startswith(MEMORY_NOT_JUDGED))
+    return next(unjudged, None) or (warnings[0] if warnings else None)

@@ -7,22 +7,29 @@ import shlex
 import textwrap
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from .._analysis import TREE_MEMORY_SERIES, memory_not_judged
 from .._contract import Artifact, FailureReason, SoakStatus, format_duration, terminal_text
 from ._evidence import gather, gpu_faults
-from ._fields import describe, format_clock, format_value, group_kind, group_rank, merge_twins
+from ._fields import (
+    describe,
+    format_clock,
+    format_table,
+    format_value,
+    group_kind,
+    group_rank,
+    merge_twins,
+)
 from ._hints import exit_text, look_first, process_name, throttled
 from ._job_view import pod_line, scheduler_line
 from ._sections import (
     abandoned_processes,
     counted_steps,
+    found_probe,
     host_probe,
-    probes,
     seconds_at,
-    snapshot_gpus,
-    software_probe,
     summary_figure,
 )
 from ._status import is_pass, shown_status, status_words
@@ -87,12 +94,11 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
         headline += f", with {warnings} warning{'s' if warnings > 1 else ''}"
     goodput = a.get("goodput")  # None in an artifact from before the ledger
     return {
-        # What a person reads: a pass with warnings is ``passed_with_warnings`` (the
-        # artifact's own status stays ``passed``; ``artifact_status`` keeps it).
+        # ``passed_with_warnings`` for a pass with warnings; ``artifact_status`` keeps ``passed``.
         "status": shown_status(a["status"], warnings),
         "artifact_status": a["status"],
         "headline": headline,
-        "evidence": evidence.as_json(),
+        "evidence": asdict(evidence),
         "reasons": reasons,
         "warnings": list(a["warnings"]),
         "started_at": a["started_at"],
@@ -101,13 +107,13 @@ def summarize(artifact: Artifact) -> dict[str, Any]:
         "command": list(a["command"]),
         "exit": {**a["exit"], "text": exit_text(a)},
         "progress": progress,
-        "look_first": look_first(artifact),
-        "peaks": peaks(artifact),
-        "gpus": gpu_table(artifact),
-        "gpu_faults": gpu_faults(artifact),
+        "look_first": look_first(a),
+        "peaks": peaks(a),
+        "gpus": gpu_table(a),
+        "gpu_faults": gpu_faults(a),
         "leftovers": list(a["leftover_processes"]),
         "abandoned": list(abandoned_processes(a)),
-        "provenance": provenance(artifact),
+        "provenance": provenance(a),
         "log": {"path": a["log"]["path"], "last_lines": evidence.log_lines},
         "journal_path": a["monitor"]["journal_path"],
         "goodput": None if goodput is None else {"text": goodput_line(goodput), **goodput},
@@ -188,7 +194,7 @@ def peaks(artifact: Artifact) -> list[dict[str, Any]]:
 def gpu_table(artifact: Artifact) -> list[dict[str, Any]]:
     """One row per GPU: name, utilisation, memory, power, temperature, throttle reasons."""
     summary = artifact["summary"]
-    names = {g["index"]: g["name"] for g in snapshot_gpus(artifact)}
+    names = {g["index"]: g["name"] for g in _snapshot_gpus(artifact)}
     return [
         {
             "gpu": group,
@@ -211,11 +217,16 @@ GPU_FIGURES = (
 )
 
 
+def _snapshot_gpus(artifact: Artifact) -> list[dict[str, Any]]:
+    probe = found_probe(artifact, "gpus")
+    return [] if probe is None else list(probe["gpus"])
+
+
 def provenance(artifact: Artifact) -> dict[str, str]:
     """Source revision, GPUs, driver, Python and host from the runtime snapshot."""
     out: dict[str, str] = {}
-    snapshot = probes(artifact)
-    source, gpus = snapshot.source, snapshot.gpus
+    snapshot = artifact["snapshot"]
+    source, gpus = snapshot.get("source"), snapshot.get("gpus")
     if source is not None and "error" in source:
         if source["error"]:
             out["revision"] = f"unknown: {source['error']}"
@@ -225,7 +236,7 @@ def provenance(artifact: Artifact) -> dict[str, str]:
             out["revision"] += f" ({source['branch']})"
         if source["dirty"]:
             out["revision"] += f", {source['changed_files'] or 'some'} uncommitted change(s)"
-    names = Counter(g["name"] for g in snapshot_gpus(artifact) if g["name"])
+    names = Counter(g["name"] for g in _snapshot_gpus(artifact) if g["name"])
     if names:
         out["GPU"] = ", ".join(f"{n} x {name}" if n > 1 else name for name, n in names.items())
     elif gpus is not None and "error" in gpus and gpus["error"]:
@@ -239,7 +250,7 @@ def provenance(artifact: Artifact) -> dict[str, str]:
         "host": host["hostname"] if host is not None else None,
         "slurm job": scheduler_line(artifact),
         "pod": pod_line(artifact),
-        "snapshot": snapshot.error,
+        "snapshot": snapshot.get("error"),
     }
     return out | {key: value for key, value in found.items() if value}
 
@@ -247,16 +258,13 @@ def provenance(artifact: Artifact) -> dict[str, str]:
 def _python_version(artifact: Artifact) -> str | None:
     """The command's Python: its own interpreter's when it ran another one than the
     monitor's (and that one answered), else the monitor's."""
-    software = software_probe(artifact)
+    software = found_probe(artifact, "software")
     if software is None:
         return None
     command_python = software.get("command_python")  # another interpreter than the monitor's
     if command_python is not None and "error" not in command_python and command_python["version"]:
-        return command_python["version"]
-    return software["python"]["version"]
-
-
-# -- text ------------------------------------------------------------------------------------
+        return str(command_python["version"])
+    return str(software["python"]["version"])
 
 
 def format_summary(
@@ -288,19 +296,21 @@ def format_summary(
         for hint in summary["look_first"]:
             lines.extend(_wrap(hint, width, "  - "))
     if summary["peaks"]:
-        lines += ["", "Peaks:"]
-        width = max(len(p["name"]) for p in summary["peaks"])
-        lines.extend(f"  {p['name'].ljust(width)}  {p['text']}" for p in summary["peaks"])
+        pad = max(len(p["name"]) for p in summary["peaks"])
+        lines += [
+            "",
+            "Peaks:",
+            *(f"  {p['name'].ljust(pad)}  {p['text']}" for p in summary["peaks"]),
+        ]
     if summary["gpus"]:
-        lines += ["", _gpu_lines(summary["gpus"])]
+        lines += ["", *_gpu_lines(summary["gpus"])]
     if summary["leftovers"]:
         lines += ["", "Leftover processes (killed):"]
         lines.extend(f"  {process_name(p)} state {p['state']}" for p in summary["leftovers"][:8])
     log = summary["log"]
     if log["last_lines"]:
-        # The log's tail gives way first when the rest is long: the summary is one screen
-        # (SCREEN_LINES), and the newest lines are the ones that explain the end.  Some
-        # entries hold several lines (the GPU table): count what will be printed.
+        # The log's tail gives way first: the summary is one screen, and the newest lines
+        # are the ones that explain the end (an entry may hold several lines).
         used = sum(entry.count("\n") + 1 for entry in lines)
         room = SCREEN_LINES - used - 2 - (2 if artifact_path else 0)
         lines += ["", f"Last log lines ({log['path']}):"]
@@ -332,8 +342,8 @@ def evidence_lines(summary: Mapping[str, Any], width: int = 100) -> list[str]:
     """The cause, its source line, the last progress and the next steps: the first screen."""
     evidence, width = summary["evidence"], max(width, 40)
     lines: list[str] = []
-    if evidence["cause"]:
-        where, cause = evidence["where"], evidence["cause"]
+    cause, where = evidence["cause"], evidence["where"]
+    if cause:
         label = "warning" if is_pass(summary["status"]) else "cause"
         lines += _wrap(
             cause + (f" ({where})" if where and where not in cause else ""), width, label
@@ -365,7 +375,7 @@ def _wrap(text: str, width: int, label: str) -> list[str]:
     )
 
 
-def _gpu_lines(gpus: list[dict[str, Any]]) -> str:
+def _gpu_lines(gpus: list[dict[str, Any]]) -> list[str]:
     rows = [("GPU", "name", "util mean/max", "memory max", "power max", "temp max", "throttled")]
     rows += [
         (
@@ -380,11 +390,7 @@ def _gpu_lines(gpus: list[dict[str, Any]]) -> str:
         )
         for g in gpus
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
+    return format_table(rows, "  ")
 
 
 def _shorten(text: str, limit: int) -> str:

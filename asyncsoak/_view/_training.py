@@ -17,16 +17,6 @@ def step_text(steps: Mapping[str, Any]) -> str:
     return f"step {step:,}" + (f" of {total:,}" if isinstance(total, int) and total else "")
 
 
-def rate_text(steps: Mapping[str, Any]) -> str:
-    """``55 steps/s`` (``0.021 steps/s``, ``1.2e+04 tokens/s`` beside it when logged)."""
-    rates = ((steps.get(f"{what}_per_second"), what) for what in ("steps", "tokens", "samples"))
-    return ", ".join(
-        f"{v:,.0f} {what}/s" if v >= 100 else f"{v:.3g} {what}/s"
-        for v, what in rates
-        if isinstance(v, int | float)
-    )
-
-
 def loss_text(steps: Mapping[str, Any]) -> str:
     """``loss 6.15``; ``loss nan`` for a run that failed on that loss (whatever came after)."""
     loss = steps.get("nonfinite_loss") or steps.get("loss")
@@ -35,20 +25,21 @@ def loss_text(steps: Mapping[str, Any]) -> str:
     return f"loss {loss:.4g}" if isinstance(loss, int | float) else ""
 
 
-def eta_text(steps: Mapping[str, Any]) -> str:
-    eta = steps.get("eta_seconds")
-    return f"ETA {format_duration(eta)}" if isinstance(eta, int | float) else ""
-
-
-def training_parts(steps: Mapping[str, Any] | None) -> list[str]:
-    """The pieces that are known: step, rate, loss, ETA."""
-    parts = (step_text(steps), rate_text(steps), loss_text(steps), eta_text(steps)) if steps else ()
-    return [part for part in parts if part]
-
-
 def training_line(steps: Mapping[str, Any] | None, separator: str = ", ") -> str:
-    """``step 1,150 of 1,200, 55 steps/s, loss 6.15, ETA 1m00s``; empty without steps."""
-    return separator.join(training_parts(steps))
+    """``step 1,150 of 1,200, 55 steps/s, loss 6.15, ETA 1m00s``: the pieces that are known
+    (``1.2e+04 tokens/s`` beside the step rate when logged); empty without steps."""
+    if not steps:
+        return ""
+    rates = ((steps.get(f"{what}_per_second"), what) for what in ("steps", "tokens", "samples"))
+    rate = ", ".join(
+        f"{v:,.0f} {what}/s" if v >= 100 else f"{v:.3g} {what}/s"
+        for v, what in rates
+        if isinstance(v, int | float)
+    )
+    eta = steps.get("eta_seconds")
+    eta_text = f"ETA {format_duration(eta)}" if isinstance(eta, int | float) else ""
+    parts = (step_text(steps), rate, loss_text(steps), eta_text)
+    return separator.join(part for part in parts if part)
 
 
 #: The badput kinds as the goodput line names them.
