@@ -14,12 +14,12 @@ from typing import Any, Literal
 
 from .._contract import ValidationError, ValidationTypeError
 from .._supervisor import seconds
-from ._models import MAX_TRIES
-from ._retry import INFRASTRUCTURE_BACKOFF_S
+from ._models import MAX_TRIES, whole
 from ._status import (
     CANCEL_GRACE_S,
     FINISH_RETRIES,
     FINISH_RETRY_WAIT_S,
+    INFRASTRUCTURE_BACKOFF_S,
     KILL_WAIT_S,
     POLL_S,
     STALE_AFTER_S,
@@ -143,7 +143,7 @@ def checked(label: str, spec: dataclasses.Field[Any], value: Any) -> Any:
     if kind == "seconds":
         return seconds(label, value, allow_zero=spec.metadata["allow_zero"])
     if kind == "count":
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not whole(value):
             raise ValidationTypeError(f"{label} must be an integer, not {type(value).__name__}")
         if value < 0:
             raise ValidationError(f"{label} must be zero or more, got {value!r}")
