@@ -1,9 +1,7 @@
-"""The durable training-job queue: a store (SQLite on one host, PostgreSQL for many), a
-worker that runs each job under ``run_soak``, and the final status rules.
-
-Its names load on first use, so the store and the command line's read-only commands do not
-import the soak core.  The worker's defaults (``POLL_S``, ``STALE_AFTER_S``, ``TRAIN_CMD``...)
-stay importable here: they are :class:`WorkerConfig`'s defaults, not names in ``__all__``.
+"""The durable training-job queue: a store (SQLite on one host, PostgreSQL for many), a worker
+that runs each job under ``run_soak``, and the final status rules.  Names load on first use, so
+the store and the read-only commands skip the soak core; the worker's defaults (``POLL_S``...)
+are importable here, outside ``__all__``.
 """
 
 from __future__ import annotations

@@ -357,7 +357,8 @@ class Runner:
         else:
             detail = f"the monitor could not run the attempt: {problem!r}"
             outcome = Outcome(status, None, MONITOR_ERROR, detail)
-        return masked(outcome, masker)
+        # The secrets in its error masked.
+        return dataclasses.replace(outcome, error=outcome.error and masker(outcome.error))
 
     def _command(self, job: Job, run_dir: Path) -> list[str]:
         db = self.store.location
@@ -497,13 +498,6 @@ class Runner:
         finish = partial(self.store.finish, backoff=self.settings.retry_backoff_seconds)
         e = entry
         return await self._call(finish, e.job_id, e.attempt, e.worker, e.outcome, e.summary, e.note)
-
-
-def masked(outcome: Outcome, masker: Callable[[str], str]) -> Outcome:
-    """``outcome`` with the secrets in its error masked."""
-    if outcome.error is None:
-        return outcome
-    return dataclasses.replace(outcome, error=masker(outcome.error))
 
 
 def gpu_list(gpus: str | None) -> list[str]:

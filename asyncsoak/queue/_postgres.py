@@ -98,7 +98,6 @@ class PostgresStore(JobStore):
         *,
         create: bool = True,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         try:
             import psycopg
@@ -107,7 +106,6 @@ class PostgresStore(JobStore):
                 public_conninfo(db), "PostgreSQL needs psycopg: pip install 'asyncsoak[postgres]'"
             ) from exc
         self._psycopg = psycopg
-        self.clock = clock
         self.busy_timeout = busy_timeout
         self._params = _conninfo(db)
         self.password = self._params.get("password")
@@ -203,15 +201,13 @@ class PostgresStore(JobStore):
 
     def child_environment(self) -> dict[str, str]:
         password = {} if self.password is None else {"PGPASSWORD": self.password}
-        return {"ASYNCSOAK_DB": self.location, **password}
+        return super().child_environment() | password
 
     def default_runs_dir(self) -> Path:
         return default_data_dir() / "queue.runs"
 
     def now(self) -> float:
-        with self._session() as conn:
-            now: float = conn.execute(f"SELECT {_NOW}").fetchone()[0]
-        return now
+        return float(self._rows(f"SELECT {_NOW}")[0][0])
 
     def _schema_version(self, conn: Any, create: bool) -> int:
         """The schema version (0: none yet, to be created), after refusing a database this

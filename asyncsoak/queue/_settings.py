@@ -1,7 +1,5 @@
-"""A worker's settings: :class:`WorkerConfig`, the one place they are spelled.
-
-``run_worker`` and ``run_job`` take one; ``asyncsoak worker`` derives its flags (spelling,
-help, default) from its fields' metadata and builds one from them.
+"""A worker's settings, :class:`WorkerConfig`: the one place they are spelled, from whose
+fields' metadata ``asyncsoak worker`` derives its flags (spelling, help, default).
 """
 
 from __future__ import annotations
@@ -46,13 +44,10 @@ def _setting(
 ) -> Any:
     """A worker setting: its default, its ``asyncsoak worker`` flag and help (the CLI adds
     the default of a number), its kind, and for seconds whether zero is allowed."""
-    metadata = {
-        "flag": flag,
-        "help": help,
-        "kind": kind,
-        "allow_zero": allow_zero,
-        "metavar": metavar or ("S" if kind == "seconds" else "N" if kind == "count" else None),
-    }
+    metadata = {"flag": flag, "help": help, "kind": kind, "allow_zero": allow_zero}
+    metadata["metavar"] = metavar or (
+        "S" if kind == "seconds" else "N" if kind == "count" else None
+    )
     if isinstance(default, list):
         return dataclasses.field(default_factory=partial(list, default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)

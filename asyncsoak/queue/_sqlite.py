@@ -164,23 +164,21 @@ class SqliteStore(JobStore):
         """Build the schema in a temporary file, then link it into place: the database never
         exists half-made, and of two processes creating it at once the first link wins."""
         try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(
                 prefix=f".{self.path.name}.", suffix=".new", dir=self.path.parent
             )
             os.close(fd)
+            try:
+                self._connect(Path(name)).close()
+                with contextlib.suppress(FileExistsError):
+                    os.link(name, self.path)
+            finally:
+                for leftover in (name, f"{name}-wal", f"{name}-shm"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(leftover)
         except OSError as exc:
             raise self._refuse(f"cannot create: {exc.strerror}") from exc
-        tmp = Path(name)
-        try:
-            self._connect(tmp).close()
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, self.path)
-        except OSError as exc:
-            raise self._refuse(f"cannot create: {exc.strerror}") from exc
-        finally:
-            for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
-                with contextlib.suppress(OSError):
-                    leftover.unlink()
 
     def _check_location(self, create: bool, mountinfo: Path) -> bool:
         """Refuse an unusable path; True when the database must be created."""
@@ -201,13 +199,7 @@ class SqliteStore(JobStore):
                 f"is on a network filesystem ({fstype}); SQLite's WAL needs a local "
                 "filesystem: put the database on a local disk (--db or ASYNCSOAK_DB)"
             )
-        if exists:
-            return False
-        try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise self._refuse(f"cannot create: {exc.strerror}") from exc
-        return True
+        return not exists
 
     def _migrate(self) -> None:
         """Bring the schema and the sweeps' tables up to date (no lock when they are)."""

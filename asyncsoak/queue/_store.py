@@ -50,7 +50,6 @@ class JobStore(SweepStore):
     busy_timeout: float = BUSY_TIMEOUT_SECONDS
     #: How child processes and messages name this database (never with a password).
     location: str
-    clock: Callable[[], float]
     #: The backend's SQL for: a job's ``max_duration_seconds``; the end of a claim's choice
     #: (PostgreSQL skips locked rows); two values being the same, NULL included.
     _soak_max_duration: str

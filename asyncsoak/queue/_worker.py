@@ -20,13 +20,13 @@ from .._export import Metrics, WorkerMetrics, new_registry, render, validate_met
 from .._process import start_time_ticks
 from .._supervisor import slurm
 from ..trainer import Job
-from ._attempt import UNAVAILABLE, Runner, default_worker_name, masked
+from ._attempt import UNAVAILABLE, Runner, _JobState, default_worker_name
 from ._goodput import read_artifact
 from ._models import QueueDatabaseLostError, QueueError, WorkerInfo
 from ._orphans import kill_leftovers, process_alive
 from ._settings import WorkerConfig
 from ._spool import pending
-from ._status import CANCELLED, FAILED, ORPHANED, Outcome, outcome_from_artifact, tail
+from ._status import CANCELLED, FAILED, ORPHANED, Outcome
 from ._store import JobStore
 from ._sweeps import GpuOffer, Plan, pick_gpus
 
@@ -55,24 +55,22 @@ async def run_worker(
     name: str | None = None,
     metrics: Metrics | None = None,
 ) -> int:
-    """Take and run jobs with ``config``'s settings until ``stop_event`` is set (or, ``once``,
-    the queue is drained); returns how many ran.  ``stop_event`` stops the running jobs the
-    graceful way (requeued ``interrupted``), ``kill_event`` kills them at once.  Raises
-    :class:`QueueError` or :class:`ValidationError` before any job is claimed."""
+    """Take and run jobs until ``stop_event`` (running jobs stopped gracefully) or
+    ``kill_event`` (killed at once) is set, or, ``once``, the queue is drained; returns how
+    many ran.  Raises :class:`QueueError` or ``ValidationError`` before any claim."""
     require_asyncio("run_worker")
     name = name or default_worker_name(config.gpus)
     worker = _Worker(store, config, stop_event or anyio.Event(), kill_event or anyio.Event(), name)
     metrics_config = validate_metrics(metrics)
-    if metrics_config is None:
-        return await worker.run(once)
-    from .._export import MetricsServer, open_listener
-
-    worker.metrics = WorkerMetrics(worker.name, host=worker.host)
-    worker.registry = new_registry(worker.metrics)
     server = None
-    if metrics_config.port is not None:
-        listener = await open_listener(metrics_config.address, metrics_config.port)
-        server = MetricsServer(listener, partial(render, worker.registry))
+    if metrics_config is not None:
+        worker.metrics = WorkerMetrics(worker.name, host=worker.host)
+        worker.registry = new_registry(worker.metrics)
+        if metrics_config.port is not None:
+            from .._export import MetricsServer, open_listener
+
+            listener = await open_listener(metrics_config.address, metrics_config.port)
+            server = MetricsServer(listener, partial(render, worker.registry))
     async with anyio.create_task_group() as tg:
         if server is not None:
             tg.start_soon(server.serve)
@@ -342,14 +340,9 @@ class _Worker(Runner):
         cancel = await self._cancel_requested(job)
         if artifact is not None and output_path is not None:
             stop_cause = (artifact.get("stop") or {}).get("cause")
-            outcome = outcome_from_artifact(
-                artifact,
-                cancel_requested=cancel,
-                stopping=stop_cause in ("requested", "cancelled"),
-                log_tail=tail(output_path.parent / "train.log"),
-            )
-            env = self._environment(job, self.runs_dir / str(job.id))
-            outcome = masked(outcome, Masker(secret_values(env)))
+            state = _JobState(stopping=stop_cause in ("requested", "cancelled"))
+            masker = Masker(secret_values(self._environment(job, self.runs_dir / str(job.id))))
+            outcome = self._outcome(artifact, None, state, cancel, masker, output_path.parent)
         else:
             heartbeat = "never"
             if job.heartbeat_at:
