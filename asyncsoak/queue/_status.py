@@ -17,31 +17,25 @@ from .._contract import FailureReason, StopCause, ValidationError, exits
 from .._record import read_log_tail
 from ..trainer import EXIT_INTERRUPTED
 
-#: Period of polling and of heartbeats, in seconds.
+#: The worker's defaults (:class:`~asyncsoak.queue.WorkerConfig`'s fields say what each is).
 POLL_S = 5.0
-#: Heartbeat age beyond which a running job is an orphan.
 STALE_AFTER_S = 60.0
-#: Time the child gets to save once asked to stop, before its tree is killed.
 STOP_TIMEOUT_S = 60.0
-#: Time a job whose cancellation was requested gets to stop by itself.
 CANCEL_GRACE_S = 60.0
-#: Longest wait for the child to end after it is killed, in seconds.
 KILL_WAIT_S = 10.0
+FINISH_RETRIES = 5
+FINISH_RETRY_WAIT_S = 2.0
 #: Lines of ``train.log`` copied into a failed job's error.
 ERROR_TAIL_LINES = 20
 #: Bytes read at the end of ``train.log`` to find its last lines.
 TAIL_BYTES = 64 * 1024
 #: Longest step (seconds) between two checks of the child's end.
 SLICE_S = 0.25
-#: Attempts at writing the final status when the database is locked.
-FINISH_RETRIES = 5
-#: Wait (seconds) between two attempts at writing the final status.
-FINISH_RETRY_WAIT_S = 2.0
 
 
 class JobStatus(StrEnum):
-    """A job's status, and an attempt's outcome: stored and printed, so they never change.
-    Each member is its string, so a status read from a database compares equal."""
+    """A job's status, and an attempt's outcome: stored and printed, so they never change;
+    each member is its string (a status read from a database compares equal)."""
 
     QUEUED = "queued"
     RUNNING = "running"

@@ -33,7 +33,7 @@ from ._models import (
     validate_submission,
 )
 from ._status import INTERRUPTED, QUEUED, RUNNING, Outcome
-from ._sweeps import GpuOffer, SweepStore, array_member, check_plan, claim_filter, parse_array
+from ._sweeps import GpuOffer, Plan, SweepStore, array_member, check_plan, claim_filter, parse_array
 
 
 def default_data_dir() -> Path:
@@ -142,7 +142,7 @@ class JobStore(SweepStore):
                     tuple(values.values()),
                 ).fetchone()
                 ids.append(int(row[0]))
-                if indices is not None or not plan.is_plain():
+                if indices is not None or plan != Plan():
                     self._insert_plan(sql, ids[-1], plan, ids[0], index, after_ids)
                 self._announce(sql, f"submit {ids[-1]}")
         self._after_submit()

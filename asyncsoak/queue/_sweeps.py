@@ -79,9 +79,6 @@ class Plan:
     def policy(self) -> RetryPolicy:
         return RetryPolicy(self.retry_on, self.no_retry_on)
 
-    def is_plain(self) -> bool:
-        return self == Plan()
-
 
 @dataclass(frozen=True, slots=True)
 class AttemptCause:

@@ -62,15 +62,16 @@ async def run_worker(
     name = name or default_worker_name(config.gpus)
     worker = _Worker(store, config, stop_event or anyio.Event(), kill_event or anyio.Event(), name)
     metrics_config = validate_metrics(metrics)
-    server = None
-    if metrics_config is not None:
-        worker.metrics = WorkerMetrics(worker.name, host=worker.host)
-        worker.registry = new_registry(worker.metrics)
-        if metrics_config.port is not None:
-            from .._export import MetricsServer, open_listener
+    if metrics_config is None:
+        return await worker.run(once)
+    from .._export import MetricsServer, open_listener
 
-            listener = await open_listener(metrics_config.address, metrics_config.port)
-            server = MetricsServer(listener, partial(render, worker.registry))
+    worker.metrics = WorkerMetrics(worker.name, host=worker.host)
+    worker.registry = new_registry(worker.metrics)
+    server = None
+    if metrics_config.port is not None:
+        listener = await open_listener(metrics_config.address, metrics_config.port)
+        server = MetricsServer(listener, partial(render, worker.registry))
     async with anyio.create_task_group() as tg:
         if server is not None:
             tg.start_soon(server.serve)
