@@ -93,14 +93,12 @@ def job_parts(
         queued = requeued.get(a.attempt - 1)
         if a.attempt == first:
             queued = max(submitted_at, plan.not_before or 0.0)
-        cause = causes.get(a.attempt)
-        gpus = len(cause.gpus) if cause is not None and cause.gpus else None
-        kept = (a.summary or {}).get("gpus")
-        if gpus is None and isinstance(kept, int):
-            gpus = kept
+        cause, kept = causes.get(a.attempt), (a.summary or {}).get("gpus")
+        gpus = len(cause.gpus) if cause and cause.gpus else kept if isinstance(kept, int) else None
         label = f"attempt {a.attempt}" + ("" if a.outcome else " (running)")
-        section = attempt_section(a)
-        parts.append(AttemptPart(label, section, a.started_at, a.finished_at, queued, gpus))
+        parts.append(
+            AttemptPart(label, attempt_section(a), a.started_at, a.finished_at, queued, gpus)
+        )
     return parts
 
 
