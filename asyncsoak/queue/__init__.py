@@ -1,9 +1,7 @@
-"""The durable training-job queue: a store (SQLite on one host, PostgreSQL for many), a
-worker that runs each job under ``run_soak``, and the final status rules.
-
-Its names load on first use, so the store and the command line's read-only commands do not
-import the soak core.  The worker's defaults (``POLL_S``, ``STALE_AFTER_S``, ``TRAIN_CMD``...)
-stay importable here: they are :class:`WorkerConfig`'s defaults, not names in ``__all__``.
+"""The durable training-job queue: a store (SQLite on one host, PostgreSQL for many), a worker
+that runs each job under ``run_soak``, and the final status rules.  Names load on first use, so
+the store and the read-only commands skip the soak core; the worker's defaults (``POLL_S``...)
+are importable here, outside ``__all__``.
 """
 
 from __future__ import annotations
@@ -48,23 +46,23 @@ if TYPE_CHECKING:
     from ._models import validate_submission as validate_submission
     from ._orphans import process_alive as process_alive
     from ._postgres import PostgresStore as PostgresStore
-    from ._retry import DEPENDENCY_FAILED as DEPENDENCY_FAILED
-    from ._retry import INFRASTRUCTURE_BACKOFF_S as INFRASTRUCTURE_BACKOFF_S
-    from ._retry import MAX_INFRASTRUCTURE_RETRIES as MAX_INFRASTRUCTURE_RETRIES
-    from ._retry import RETRY_NAMES as RETRY_NAMES
     from ._settings import TRAIN_CMD as TRAIN_CMD
     from ._settings import WorkerConfig as WorkerConfig
     from ._settings import checked as checked
     from ._sqlite import SqliteStore as SqliteStore
     from ._status import CANCEL_GRACE_S as CANCEL_GRACE_S
+    from ._status import DEPENDENCY_FAILED as DEPENDENCY_FAILED
     from ._status import ERROR_TAIL_LINES as ERROR_TAIL_LINES
     from ._status import FAILED as FAILED
     from ._status import FINISH_RETRIES as FINISH_RETRIES
     from ._status import FINISH_RETRY_WAIT_S as FINISH_RETRY_WAIT_S
+    from ._status import INFRASTRUCTURE_BACKOFF_S as INFRASTRUCTURE_BACKOFF_S
     from ._status import KILL_WAIT_S as KILL_WAIT_S
     from ._status import KILLED_BEFORE_SAVING as KILLED_BEFORE_SAVING
     from ._status import LOG_TAIL_HEADER as LOG_TAIL_HEADER
+    from ._status import MAX_INFRASTRUCTURE_RETRIES as MAX_INFRASTRUCTURE_RETRIES
     from ._status import POLL_S as POLL_S
+    from ._status import RETRY_NAMES as RETRY_NAMES
     from ._status import SLICE_S as SLICE_S
     from ._status import STALE_AFTER_S as STALE_AFTER_S
     from ._status import STOP_TIMEOUT_S as STOP_TIMEOUT_S

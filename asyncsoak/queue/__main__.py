@@ -1,7 +1,5 @@
-"""``python -m asyncsoak.queue [--poll S] [--once] [--db PATH] ...``: ``asyncsoak worker``.
-
-The one module of the queue that may use the command line: it is a program, imported by no room.
-"""
+"""``python -m asyncsoak.queue [--poll S] [--once] [--db PATH] ...``: ``asyncsoak worker``, a
+program imported by no room (so the one module of the queue that may use the command line)."""
 
 from __future__ import annotations
 

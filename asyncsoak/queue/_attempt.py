@@ -1,9 +1,6 @@
-"""One attempt of a job: run it under ``run_soak`` and write its final status.
-
-Each attempt runs in ``<runs>/<id>/attempts/<k>/`` (``train.log``, ``soak.json``, its journal),
-with ``<runs>/<id>/`` as the run directory kept across attempts.  Beside the soak, a task
-heartbeats the job and turns a cancellation, a lost fence or the worker's stop into a stop
-request to the soak.  A final write the database refuses for now is retried, then spooled.
+"""One attempt of a job, in ``<runs>/<id>/attempts/<k>/``: run it under ``run_soak`` beside a
+heartbeat that turns a cancellation, a lost fence or the worker's stop into a stop request,
+then write its final status (retried while the database is away, then spooled).
 """
 
 from __future__ import annotations
@@ -39,10 +36,20 @@ from ..trainer import Job
 from ._goodput import earlier_highest_step, read_artifact
 from ._learned import carried_limit, remember_limit
 from ._models import QueueUnavailableError, artifact_summary
-from ._retry import GPU_FAULT, INVALID_JOB, MONITOR_ERROR, WORKER_CANCELLED, outcome_from_artifact
 from ._settings import WorkerConfig
-from ._spool import Spool
-from ._status import CANCELLED, FAILED, INTERRUPTED, Outcome, tail
+from ._spool import SpoolEntry
+from ._status import (
+    CANCELLED,
+    FAILED,
+    GPU_FAULT,
+    INTERRUPTED,
+    INVALID_JOB,
+    MONITOR_ERROR,
+    WORKER_CANCELLED,
+    Outcome,
+    outcome_from_artifact,
+    tail,
+)
 from ._store import JobStore
 
 if TYPE_CHECKING:
@@ -116,10 +123,8 @@ class Runner:
         #: Set by ``run_worker`` when the worker serves metrics.
         self.metrics: WorkerMetrics | None = None
         self.registry: CollectorRegistry | None = None
-        self.spool = Spool(self.runs_dir)
         self._unreachable = False
-        # The worker's (``_worker.py``): the jobs running, each with the GPUs it was given;
-        # set when a job ends (its GPUs may take another), and when a job may be waiting.
+        # The worker's (``_worker.py``): the jobs running, each with its GPUs.
         self.running: dict[int, list[str]] = {}
         self.job_done = anyio.Event()
         self.wake = anyio.Event()
@@ -284,8 +289,7 @@ class Runner:
         cancel = await self._cancel_requested(job)
         outcome = self._outcome(artifact, problem, state, cancel, masker, attempt_dir)
         note = await self._take_out_faulted(job, artifact, devices)
-        with anyio.move_on_after(self._finish_bound, shield=True):
-            await self._finish(job, outcome, artifact, note)
+        await self._finish(job, outcome, artifact, note)
         reason = f" ({outcome.reason})" if outcome.reason else ""
         _log.info("job %d attempt %d: %s%s", job.id, job.attempt, outcome.status, reason)
         return outcome.status
@@ -295,8 +299,8 @@ class Runner:
     ) -> str | None:
         """After an attempt that failed ``gpu_fault``: take the GPU it names (else every GPU
         the job had) out of service on this host; the note saying so, or None."""
-        failures = [f for f in (artifact or {}).get("failures") or [] if isinstance(f, dict)]
-        faults = [f for f in failures if f.get("reason") == GPU_FAULT]
+        failures = (artifact or {}).get("failures") or []
+        faults = [f for f in failures if isinstance(f, dict) and f.get("reason") == GPU_FAULT]
         if not faults:
             return None
         owned = self.devices if devices is None else list(devices)
@@ -353,7 +357,8 @@ class Runner:
         else:
             detail = f"the monitor could not run the attempt: {problem!r}"
             outcome = Outcome(status, None, MONITOR_ERROR, detail)
-        return masked(outcome, masker)
+        # The secrets in its error masked.
+        return dataclasses.replace(outcome, error=outcome.error and masker(outcome.error))
 
     def _command(self, job: Job, run_dir: Path) -> list[str]:
         db = self.store.location
@@ -437,66 +442,62 @@ class Runner:
         outcome: Outcome,
         artifact: dict[str, Any] | None = None,
         note: str | None = None,
-    ) -> bool:
-        """Write the final status, retrying while the database is unavailable, then keeping
-        it in the spool for later delivery; warns, never raises."""
-        summary = artifact_summary(artifact)
+    ) -> None:
+        """Write the final status (shielded, bounded), retrying while the database is
+        unavailable, then keeping it in the spool for later delivery; warns, never raises."""
+        entry = SpoolEntry(
+            job.id, job.attempt, self.name, outcome, artifact_summary(artifact), note
+        )
         retries = self.settings.finish_retries
-        finish = partial(self.store.finish, backoff=self.settings.retry_backoff_seconds)
-        for attempt in range(1, retries + 1):
-            try:
-                written = await self._call(
-                    finish, job.id, job.attempt, self.name, outcome, summary, note
-                )
-                if written and self.metrics is not None:
+        with anyio.move_on_after(self._finish_bound, shield=True):
+            for attempt in range(1, retries + 1):
+                try:
+                    written = await self._deliver(entry)
+                except UNAVAILABLE as exc:
+                    _log.warning(
+                        "job %d: final status not written (%s), try %d of %d",
+                        job.id,
+                        exc,
+                        attempt,
+                        retries,
+                    )
+                    if attempt < retries:
+                        await anyio.sleep(self.settings.finish_retry_wait_seconds)
+                    continue
+                except Exception as exc:  # never raise from here: the job becomes an orphan
+                    _log.warning("job %d: final status not written: %r", job.id, exc)
+                    return
+                if not written:
+                    _log.warning(
+                        "job %d attempt %d: final status refused: another worker holds it now",
+                        job.id,
+                        job.attempt,
+                    )
+                elif self.metrics is not None:
                     self.metrics.outcome(outcome.status, outcome.reason)
-            except UNAVAILABLE as exc:
+                return
+            try:
+                path = await self._call(entry.keep, self.runs_dir)
+            except OSError as exc:
                 _log.warning(
-                    "job %d: final status not written (%s), try %d of %d",
+                    "job %d: final status neither written nor spooled (%s); it will be handled "
+                    "as an orphan",
                     job.id,
                     exc,
-                    attempt,
-                    retries,
                 )
-                if attempt < retries:
-                    await anyio.sleep(self.settings.finish_retry_wait_seconds)
-                continue
-            except Exception as exc:  # never raise from here: the job becomes an orphan instead
-                _log.warning("job %d: final status not written: %r", job.id, exc)
-                return False
-            if not written:
+            else:
                 _log.warning(
-                    "job %d attempt %d: final status refused: another worker holds it now",
+                    "job %d: final status kept in %s; a worker on this host delivers it when "
+                    "the database is back",
                     job.id,
-                    job.attempt,
+                    path,
                 )
-            return written
-        try:
-            path = await self._call(
-                self.spool.keep, job.id, job.attempt, self.name, outcome, summary, note
-            )
-        except OSError as exc:
-            _log.warning(
-                "job %d: final status neither written nor spooled (%s); it will be handled as "
-                "an orphan",
-                job.id,
-                exc,
-            )
-        else:
-            _log.warning(
-                "job %d: final status kept in %s; a worker on this host delivers it when the "
-                "database is back",
-                job.id,
-                path,
-            )
-        return False
 
-
-def masked(outcome: Outcome, masker: Callable[[str], str]) -> Outcome:
-    """``outcome`` with the secrets in its error masked."""
-    if outcome.error is None:
-        return outcome
-    return dataclasses.replace(outcome, error=masker(outcome.error))
+    async def _deliver(self, entry: SpoolEntry) -> bool:
+        """One fenced final write (False: another worker holds the attempt now)."""
+        finish = partial(self.store.finish, backoff=self.settings.retry_backoff_seconds)
+        e = entry
+        return await self._call(finish, e.job_id, e.attempt, e.worker, e.outcome, e.summary, e.note)
 
 
 def gpu_list(gpus: str | None) -> list[str]:

@@ -1,5 +1,5 @@
-"""Opening the queue (the backend a ``db`` names, a server not up yet waited for, a worker's
-queue created), and what ``asyncsoak workers`` shows of a fleet."""
+"""Opening the queue (its backend, a server not up yet waited for, a worker's queue created),
+and what ``asyncsoak workers`` shows of a fleet."""
 
 from __future__ import annotations
 
@@ -32,11 +32,9 @@ DB_WAIT_REPORT_SECONDS = 30.0
 #: that cannot be reached (``--wait-for-db``); a worker waits for ever by default.
 COMMAND_WAIT_FOR_DB_S = 5.0
 WORKER_WAIT_FOR_DB_S = math.inf
-#: A worker whose heartbeat is older than this is ``lost`` (it heartbeats every ``--poll``
-#: seconds, 5 by default): the orphan limit of its jobs, ``--stale-after``.
+#: A worker whose heartbeat is older than this is ``lost``: its jobs' orphan limit.
 LOST_AFTER_S = STALE_AFTER_S
-#: Lost and stopped workers last seen longer ago than this are left out of ``asyncsoak
-#: workers`` (``--all`` lists them).
+#: Gone workers last seen longer ago than this are left out of ``asyncsoak workers``.
 PRUNE_AFTER_S = 24 * 3600.0
 
 ALIVE = "alive"
@@ -52,8 +50,7 @@ _KEYWORD_CONNINFO = re.compile(
 
 
 def is_postgres(db: str | os.PathLike[str]) -> bool:
-    """Whether ``db`` names a PostgreSQL database (a ``postgresql://`` / ``postgres://`` URL,
-    ``postgresql:`` for libpq's ``PG*`` variables, a keyword string) rather than an SQLite file."""
+    """Whether ``db`` names a PostgreSQL database (a URL, ``postgresql:``, a keyword string)."""
     return isinstance(db, str) and (
         db.startswith(("postgresql:", "postgres:")) or bool(_KEYWORD_CONNINFO.match(db))
     )
@@ -70,24 +67,16 @@ def open_store(db: str | os.PathLike[str], **options: Any) -> JobStore:
     return SqliteStore(db, **options)
 
 
-def open_when_reachable(
-    db: str,
-    *,
-    wait: float,
-    create: bool = False,
-    sleep: Callable[[float], None] = time.sleep,
-    **options: Any,
-) -> JobStore:
+def open_when_reachable(db: str, *, wait: float, create: bool = False) -> JobStore:
     """Open ``db``, waiting up to ``wait`` seconds (``math.inf``: for ever), with a growing
-    backoff, for a server that cannot be reached yet: the last
-    :class:`DatabaseUnreachableError` when the wait is over, any other refusal at once."""
+    backoff, for a server that cannot be reached yet; any other refusal raises at once."""
     deadline = time.monotonic() + wait
     backoff = BACKOFF_MIN_SECONDS
     first_failure: float | None = None
     next_report = 0.0
     while True:
         try:
-            store = open_store(db, create=create, **options)
+            store = open_store(db, create=create)
         except DatabaseUnreachableError as exc:
             now = time.monotonic()
             if first_failure is None:
@@ -105,11 +94,10 @@ def open_when_reachable(
                     now - first_failure,
                 )
                 next_report = now + DB_WAIT_REPORT_SECONDS
-            sleep(min(backoff, max(0.0, deadline - now)))
+            time.sleep(min(backoff, max(0.0, deadline - now)))
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
             continue
         except QueueDatabaseError as exc:
-            # Reached, and refused (no queue there yet, a newer schema...): it came all the same.
             _say_reached(exc.path, first_failure)
             raise
         _say_reached(store.location, first_failure)
@@ -123,12 +111,9 @@ def _say_reached(where: object, first_failure: float | None) -> None:
 
 
 def open_for_worker(db: str, *, wait: float, default_location: bool = False) -> JobStore:
-    """The queue a worker serves, created if it does not exist yet (saying so, so that a typo
-    in ``--db`` still shows).  An SQLite path is created only where its directory exists
-    (``default_location``: the default path, whose directory is made)."""
+    """The queue a worker serves, created (saying so: a typo in ``--db`` shows) where missing;
+    an SQLite file only in an existing directory, unless it is the ``default_location``."""
     if is_postgres(db):
-        # Every worker of a fleet may get here at once: the store creates the schema under an
-        # advisory lock, once; the others find it made.
         store = open_when_reachable(db, wait=wait, create=True)
         made = "held no job queue: created its schema" if getattr(store, "created", 0) else ""
     else:
@@ -173,9 +158,8 @@ def worker_views(
     this_host: str | None = None,
     process_alive: Callable[[int, int | None], bool] | None = None,
 ) -> tuple[list[WorkerView], int]:
-    """The workers to show, and how many were left out as gone for longer than
-    :data:`PRUNE_AFTER_S`.  A worker is lost once its heartbeat is older than ``lost_after``,
-    or at once when it ran on ``this_host`` and its process is gone."""
+    """The workers to show, and how many were left out (gone past :data:`PRUNE_AFTER_S`).
+    A worker is lost once silent past ``lost_after``, or its process on ``this_host`` is gone."""
     held: dict[str, list[int]] = {}
     for job in running:
         if job.worker is not None:

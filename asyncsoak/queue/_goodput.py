@@ -1,9 +1,6 @@
-"""A queue job's goodput (``asyncsoak goodput``, ``job N``): its attempts' ledgers, the waits
-before and between them, and the GPUs each had, from what the store keeps.
-
-An attempt's ledger is its artifact's ``goodput`` section as the store's summary of it keeps
-it (every host reads it), else the artifact on this host, else rebuilt from its journal, else
-unknown.  Its GPUs: those the worker gave it (``--gpus``), else those its artifact says.
+"""A queue job's goodput (``asyncsoak goodput``, ``job N``): its attempts' ledgers (as the
+store's summary keeps them, else from the artifact or journal on this host), the waits before
+and between them, and the GPUs each had (the worker's ``--gpus``, else the artifact's).
 """
 
 from __future__ import annotations
@@ -96,41 +93,39 @@ def job_parts(
         queued = requeued.get(a.attempt - 1)
         if a.attempt == first:
             queued = max(submitted_at, plan.not_before or 0.0)
-        cause = causes.get(a.attempt)
-        gpus = len(cause.gpus) if cause is not None and cause.gpus else None
-        kept = (a.summary or {}).get("gpus")
-        if gpus is None and isinstance(kept, int):
-            gpus = kept
+        cause, kept = causes.get(a.attempt), (a.summary or {}).get("gpus")
+        gpus = len(cause.gpus) if cause and cause.gpus else kept if isinstance(kept, int) else None
         label = f"attempt {a.attempt}" + ("" if a.outcome else " (running)")
-        section = attempt_section(a)
-        parts.append(AttemptPart(label, section, a.started_at, a.finished_at, queued, gpus))
+        parts.append(
+            AttemptPart(label, attempt_section(a), a.started_at, a.finished_at, queued, gpus)
+        )
     return parts
 
 
-def _ledger(
+def job_goodput(
     store: JobStore,
     job: Job,
     attempts: Sequence[Attempt],
-    requeued: Mapping[int, float],
-    plan: Plan,
+    *,
+    requeues: Mapping[int, Mapping[int, float]] | None = None,
+    plans: Mapping[int, Plan] | None = None,
 ) -> JobLedger:
-    causes = store.attempt_causes(job.id)
+    """One job's ledger, read from ``store`` (``requeues``, ``plans``: every job's, read once)."""
+    requeues = store.requeue_times() if requeues is None else requeues
+    plan = store.plan(job.id) if plans is None else plans.get(job.id, Plan())
     parts = job_parts(
-        attempts, submitted_at=job.created_at, causes=causes, requeued=requeued, plan=plan
+        attempts,
+        submitted_at=job.created_at,
+        causes=store.attempt_causes(job.id),
+        requeued=requeues.get(job.id, {}),
+        plan=plan,
     )
     return job_ledger(f"job {job.id}" + (f" {job.name}" if job.name else ""), parts)
 
 
-def job_goodput(store: JobStore, job: Job, attempts: Sequence[Attempt]) -> JobLedger:
-    """One job's ledger, read from ``store``."""
-    requeued = store.requeue_times().get(job.id, {})
-    return _ledger(store, job, attempts, requeued, store.plan(job.id))
-
-
 def queue_goodput(store: JobStore, since: float | None = None) -> list[JobLedger]:
     """The ledger of every job that ran (and, with ``since``, ran at or after it)."""
-    requeues = store.requeue_times()
-    plans = store.plans()
+    requeues, plans = store.requeue_times(), store.plans()
     out = []
     for job in store.jobs():
         attempts = store.attempts(job.id)
@@ -138,6 +133,5 @@ def queue_goodput(store: JobStore, since: float | None = None) -> list[JobLedger
             a.finished_at is None or a.finished_at >= since for a in attempts
         )
         if attempts and recent:
-            plan = plans.get(job.id, Plan())
-            out.append(_ledger(store, job, attempts, requeues.get(job.id, {}), plan))
+            out.append(job_goodput(store, job, attempts, requeues=requeues, plans=plans))
     return out

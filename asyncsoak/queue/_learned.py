@@ -1,9 +1,6 @@
-"""``--stale-progress auto`` across a job's runs: the limit one run learned, carried by name.
-
-A run that learned its stall limit (its checkpoints every 6 minutes, say) leaves it in
-``<runs>/stale-limits/<hash of the job's name>.json``; the next job of that name starts from
-it instead of the startup limit (see :class:`asyncsoak._sampling._step_rules.StaleLimit`).
-The file's name is a hash, so no path is ever built from the name itself.
+"""``--stale-progress auto`` across a job's runs: the stall limit one run learned, kept in
+``<runs>/stale-limits/<hash of the job's name>.json`` (no path is built from the name), is
+where the next job of that name starts instead of the startup limit.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""The job queue's records, errors and schema, shared by both stores: jobs, attempts, workers,
-each backend's DDL derived from the records' fields, and the checks of a submission."""
+"""The job queue's records, errors and schema (each backend's DDL derived from the records'
+fields), and the checks of a submission, shared by both stores."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,14 +29,11 @@ from ._status import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
 JOB_STATUSES: tuple[str, ...] = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 TERMINAL_STATUSES: tuple[str, ...] = (SUCCEEDED, FAILED, CANCELLED)
 DEFAULT_MAX_ATTEMPTS = 3
-#: Priorities and job ids are SQLite INTEGERs: signed 64-bit (PostgreSQL's bigint too).
+#: Priorities and job ids are signed 64-bit (SQLite's INTEGER, PostgreSQL's bigint).
 INTEGER_MAX = 2**63 - 1
-#: The most attempts a job may have (``--max-attempts``), and the most times a worker retries
-#: a final write (``--finish-retries``).
+#: The most ``--max-attempts`` and ``--finish-retries``.
 MAX_TRIES = 1000
-#: How long a statement waits for another connection's write lock, in seconds.
 BUSY_TIMEOUT_SECONDS = 5.0
-#: The version of the queue's schema this code reads and writes (every backend has it).
 SCHEMA_VERSION = 2
 #: First and longest wait before reconnecting to a database that went away, in seconds.
 BACKOFF_MIN_SECONDS = 0.5
@@ -105,8 +103,7 @@ class WorkerNameInUseError(QueueError):
 
 
 def public_job(job: Job) -> dict[str, Any]:
-    """The job for printing: environment values are never shown, only their names, and
-    secrets are masked in the command and redacted in the config."""
+    """The job for printing: its environment's names only, secrets masked and redacted."""
     data = dataclasses.asdict(job)
     data["env"] = sorted(job.env)
     if job.argv is not None:
@@ -138,9 +135,9 @@ class Attempt:
     returncode: int | None = column("int")
     error: str | None = column("text")
     artifact: str = column("text", required=True)
-    #: What the attempt's artifact said (:func:`artifact_summary`), for every host to show.
+    #: What its artifact said (:func:`artifact_summary`), for every host to show.
     summary: dict[str, Any] | None = column("json", since=2)
-    #: What the worker that ended the attempt wants a reader to know (a takeover, a late spool).
+    #: What the worker that ended it wants a reader to know (a takeover, a late spool).
     note: str | None = column("text", since=2)
 
     @property
@@ -167,10 +164,9 @@ class WorkerInfo:
 JOB_COLUMNS = select_list(Job)
 ATTEMPT_COLUMNS = select_list(Attempt)
 WORKER_COLUMNS = select_list(WorkerInfo)
-#: Each column's kind (``json`` columns are written through the backend's ``_json``).
 JOB_KINDS = {f.name: f.metadata.get("kind") for f in dataclasses.fields(Job)}
 
-#: The SQL type of a column's kind: (SQLite's, PostgreSQL's).
+#: A column kind's SQL type: (SQLite's, PostgreSQL's).
 SQL_TYPES = {
     "key": ("INTEGER PRIMARY KEY AUTOINCREMENT", "bigserial PRIMARY KEY"),
     "text": ("TEXT", "text"),
@@ -204,8 +200,7 @@ def _column_ddl(spec: dataclasses.Field[Any], postgres: bool, prefix: str) -> st
 
 def schema_statements(dialect: str, version: int, prefix: str = "") -> list[str]:
     """What brings the queue's tables from schema ``version`` (0: none yet) to
-    :data:`SCHEMA_VERSION` on ``dialect`` (``sqlite``, ``postgres``), tables named with
-    ``prefix`` (PostgreSQL's schema)."""
+    :data:`SCHEMA_VERSION` on ``dialect``, tables named with ``prefix``."""
     postgres = dialect == "postgres"
     statements = []
     for record in (Job, Attempt, WorkerInfo):
@@ -228,9 +223,8 @@ def schema_statements(dialect: str, version: int, prefix: str = "") -> list[str]
 
 @dataclasses.dataclass(slots=True)
 class Sql:
-    """One transaction's connection, for SQL written with ``?`` placeholders, and its time.
-    ``for_share`` / ``for_update`` end a SELECT whose rows must stay / will change until it
-    ends (PostgreSQL's row locks; SQLite's ``BEGIN IMMEDIATE`` already holds everything)."""
+    """One transaction's connection, for SQL with ``?`` placeholders, and its time;
+    ``for_share`` / ``for_update``: PostgreSQL's row locks (SQLite holds everything)."""
 
     conn: Any
     placeholder: str
@@ -261,15 +255,15 @@ def artifact_summary(artifact: Mapping[str, Any] | None) -> dict[str, Any] | Non
         "failures": failures,
         "warnings": [str(w) for w in artifact.get("warnings") or []],
         "trends": trends,
-        # What a job's ledger adds up (``asyncsoak goodput``), and the next attempt's start.
         "goodput": artifact.get("goodput"),
         "step": highest_step(artifact),
         "gpus": artifact_gpus(artifact),
     }
 
 
-def _integer(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def whole(value: object, low: float = -math.inf, high: float = math.inf) -> bool:
+    """Whether ``value`` is an integer (not a bool) from ``low`` to ``high``."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 class JobOptions(TypedDict, total=False):
@@ -287,8 +281,7 @@ class JobOptions(TypedDict, total=False):
 
 
 def validate_submission(**options: Unpack[JobOptions]) -> dict[str, Any]:
-    """Refuse, at submit time, what ``run_soak`` would refuse when the job runs (the same
-    checks); returns the job's columns, the soak limits checked."""
+    """Refuse at submit time what ``run_soak`` would refuse; returns the job's columns."""
     if unknown := sorted(options.keys() - JobOptions.__annotations__.keys()):
         raise TypeError(f"submit() got an unexpected keyword argument {unknown[0]!r}")
     argv, config = options.get("argv"), options.get("config")
@@ -308,11 +301,11 @@ def validate_submission(**options: Unpack[JobOptions]) -> dict[str, Any]:
         stop_mode=stop_mode,
         limits=options.get("soak") or {},
     )
-    if not _integer(priority):
+    if not whole(priority):
         raise ValidationError("the priority must be an integer")
     if not -INTEGER_MAX <= priority <= INTEGER_MAX:
         raise ValidationError(f"the priority must be between {-INTEGER_MAX} and {INTEGER_MAX}")
-    if not _integer(max_attempts) or max_attempts < 1:
+    if not whole(max_attempts) or max_attempts < 1:
         raise ValidationError("max attempts must be an integer >= 1")
     if max_attempts > MAX_TRIES:
         raise ValidationError(f"--max-attempts must be at most {MAX_TRIES}, got {max_attempts}")

@@ -1,7 +1,5 @@
-"""What is left of an orphaned attempt on this host: finding its processes and killing them.
-
-Only a worker on the host the attempt ran on may do this: process ids mean nothing elsewhere.
-"""
+"""What is left of an orphaned attempt on this host (process ids mean nothing elsewhere):
+finding its processes and killing them."""
 
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ from .._process import (
 )
 from ._status import SLICE_S
 
-#: In the reaper's command line (``_spawn`` starts it as ``python -I -S REAPER_SCRIPT``).  The
-#: ``python -m`` module names of earlier releases are matched too, for one release, so a worker
-#: upgraded while an older one's reaper outlived it still recognises that reaper.
+#: In the reaper's command line; earlier releases' ``python -m`` module names too, so that a
+#: worker upgraded while an older reaper outlived its worker still recognises it.
 _REAPER_ARGS = frozenset({REAPER_SCRIPT.encode(), REAPER_MODULE.encode(), b"asyncsoak._reaper"})
 
 
@@ -46,11 +43,8 @@ def kill_leftovers(
     """SIGKILL what is left of an orphaned attempt on this host, scanning again until a scan
     finds nothing alive (at most ``timeout``): its tree by the markers in its environment, its
     reaper by the ``train.log`` it holds open (docs/architecture.md says why)."""
-    markers = {
-        f"ASYNCSOAK_DB={db}".encode(),
-        f"ASYNCSOAK_JOB_ID={job_id}".encode(),
-        f"ASYNCSOAK_ATTEMPT={attempt}".encode(),
-    }
+    pairs = (("DB", db), ("JOB_ID", job_id), ("ATTEMPT", attempt))
+    markers = {f"ASYNCSOAK_{name}={value}".encode() for name, value in pairs}
     log_file: tuple[int, int] | None = None
     with contextlib.suppress(OSError):  # never created: no reaper was started
         st = log.stat() if log is not None else None
@@ -59,7 +53,11 @@ def kill_leftovers(
     deadline = time.monotonic() + timeout
     quiet = False
     while True:
-        found = [(pid, start_time_ticks(pid)) for pid in _attempt_processes(markers, log_file)]
+        found = [
+            (pid, start_time_ticks(pid))
+            for pid, environ in environments(skip=os.getpid())
+            if markers <= set(environ) or (log_file is not None and _reaper_holding(pid, log_file))
+        ]
         targets = [(pid, ticks) for pid, ticks in found if process_alive(pid, ticks)]
         # After a kill, one more quiet scan: a command the killed reaper had just forked may
         # have been between closing the fds it inherited and its exec.
@@ -75,16 +73,6 @@ def kill_leftovers(
         if time.monotonic() >= deadline:
             return killed
         time.sleep(SLICE_S)
-
-
-def _attempt_processes(markers: set[bytes], log_file: tuple[int, int] | None) -> list[int]:
-    """Processes carrying all ``markers`` in their environment, and reapers (with the
-    commands they are forking) holding ``log_file`` (device, inode) open."""
-    return [
-        pid
-        for pid, environ in environments(skip=os.getpid())
-        if markers <= set(environ) or (log_file is not None and _reaper_holding(pid, log_file))
-    ]
 
 
 def _reaper_holding(pid: int, log_file: tuple[int, int]) -> bool:

@@ -1,10 +1,6 @@
-"""The job queue on PostgreSQL: one database shared by workers on many hosts.
-
-The SQLite store's tables and rules, in their own schema (``asyncsoak``).  What differs:
-claims take ``FOR UPDATE SKIP LOCKED``; every time is the database's ``now()``, never a
-host's clock; submit, cancel and requeue send ``NOTIFY asyncsoak_queue``, which
-:meth:`PostgresStore.listen` turns into wake-ups; a lost connection is reopened after a growing
-backoff, calls meanwhile failing at once with :class:`QueueUnavailableError`.
+"""The job queue on PostgreSQL, shared by workers on many hosts: the SQLite store's tables in
+schema ``asyncsoak``, claims ``FOR UPDATE SKIP LOCKED``, the database's ``now()`` as the clock,
+``NOTIFY asyncsoak_queue`` as wake-ups, a lost connection reopened after a growing backoff.
 """
 
 from __future__ import annotations
@@ -39,21 +35,17 @@ from ._sweeps import EXTENSION_DDL, LAST_TABLE
 
 _log = logging.getLogger("asyncsoak.queue")
 
-#: The channel of the queue's wake-ups.
 CHANNEL = "asyncsoak_queue"
-#: Seconds a connection attempt may take.
 CONNECT_TIMEOUT_SECONDS = 10
 #: Longest a statement may run (none of the queue's take more than a few).
 STATEMENT_TIMEOUT_SECONDS = 30.0
-#: The schema holding the queue's tables.
 SCHEMA = PG_SCHEMA
 #: Key of the advisory lock that serialises migrations between workers starting at once.
 _MIGRATION_LOCK = 0x61736F6B
 _NOW = "extract(epoch FROM now())::float8"
 _QUOTED = re.compile(r'"[^"]*"')
-#: What a server says while it cannot take connections for now: worth waiting for.  Any
-#: other refusal from the server itself ("FATAL:": no such database or role, a bad password)
-#: needs a person, not a retry.
+#: What a server says while it cannot take connections for now; any other "FATAL:" refusal
+#: (no such database or role, a bad password) needs a person, not a retry.
 _TRANSIENT_REFUSALS = (
     "starting up",
     "shutting down",
@@ -92,12 +84,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 class PostgresStore(JobStore):
-    """The queue in a PostgreSQL database (psycopg 3: ``pip install 'asyncsoak[postgres]'``).
-
-    ``db`` is a ``postgresql://`` / ``postgres://`` URL, or ``postgresql:`` to take every
-    parameter from libpq's ``PG*`` environment variables.  A password in the URL is kept out
-    of :attr:`location` (which child processes see) and handed to them as ``PGPASSWORD``.
-    """
+    """The queue in a PostgreSQL database (psycopg 3) that ``db`` names: a ``postgresql://``
+    URL, or ``postgresql:`` for libpq's ``PG*`` variables.  Its password is kept out of
+    :attr:`location` (which children see) and handed to them as ``PGPASSWORD``."""
 
     _soak_max_duration = "soak->>'max_duration_seconds'"
     _claim_lock = " FOR UPDATE SKIP LOCKED"
@@ -109,7 +98,6 @@ class PostgresStore(JobStore):
         *,
         create: bool = True,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         try:
             import psycopg
@@ -118,7 +106,6 @@ class PostgresStore(JobStore):
                 public_conninfo(db), "PostgreSQL needs psycopg: pip install 'asyncsoak[postgres]'"
             ) from exc
         self._psycopg = psycopg
-        self.clock = clock
         self.busy_timeout = busy_timeout
         self._params = _conninfo(db)
         self.password = self._params.get("password")
@@ -143,8 +130,6 @@ class PostgresStore(JobStore):
         except psycopg.Error as exc:
             self.close()
             raise QueueDatabaseError(self.location, f"cannot be used as a queue ({exc})") from exc
-
-    # --- connections -------------------------------------------------------------------------
 
     def _connect_kwargs(self) -> dict[str, Any]:
         options = [
@@ -216,17 +201,13 @@ class PostgresStore(JobStore):
 
     def child_environment(self) -> dict[str, str]:
         password = {} if self.password is None else {"PGPASSWORD": self.password}
-        return {"ASYNCSOAK_DB": self.location, **password}
+        return super().child_environment() | password
 
     def default_runs_dir(self) -> Path:
         return default_data_dir() / "queue.runs"
 
     def now(self) -> float:
-        with self._session() as conn:
-            now: float = conn.execute(f"SELECT {_NOW}").fetchone()[0]
-        return now
-
-    # --- schema --------------------------------------------------------------------------
+        return float(self._rows(f"SELECT {_NOW}")[0][0])
 
     def _schema_version(self, conn: Any, create: bool) -> int:
         """The schema version (0: none yet, to be created), after refusing a database this
@@ -251,18 +232,16 @@ class PostgresStore(JobStore):
         return version
 
     def _migrate(self, conn: Any, create: bool) -> None:
-        """Bring the schema and the sweeps' tables up to date.  Reading the version needs no
-        lock; only a database that needs migrating waits for the advisory lock, then reads the
-        version again (another worker may have done it)."""
+        """Bring the schema and the sweeps' tables up to date; only a database that needs it
+        waits for the advisory lock, then reads the version again."""
         last = f"{SCHEMA}.{LAST_TABLE}"
         if (
             self._schema_version(conn, create) == SCHEMA_VERSION
             and conn.execute("SELECT to_regclass(%s)", (last,)).fetchone()[0]
         ):
             return
-        # The session's lock, taken before the transaction: a transaction that began before
-        # the lock was granted could read the catalog as it was then (a schema just created
-        # by another worker not seen) and create it again.
+        # Before the transaction: one begun before the lock was granted could read the catalog
+        # as it was then (not seeing a schema just created) and create it again.
         conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
         try:
             with conn.transaction():
@@ -302,8 +281,6 @@ class PostgresStore(JobStore):
 
         return Jsonb(value)
 
-    # --- wake-ups --------------------------------------------------------------------------
-
     async def listen(
         self,
         wake: Callable[[str], None],
@@ -317,6 +294,7 @@ class PostgresStore(JobStore):
         backoff = BACKOFF_MIN_SECONDS
         started = False
         while True:
+            conn: Any = None
             try:
                 # Shielded from the worker's stop (still bounded): a connect cancelled once the
                 # server has answered leaves an open connection nobody can close.
@@ -324,14 +302,6 @@ class PostgresStore(JobStore):
                     conn = await psycopg.AsyncConnection.connect(
                         autocommit=True, **self._connect_kwargs()
                     )
-            except (psycopg.Error, TimeoutError):
-                if not started:
-                    started = True
-                    task_status.started()
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
-                continue
-            try:
                 with anyio.fail_after(self.busy_timeout + 1):
                     await conn.execute(f"LISTEN {CHANNEL}")
                 backoff = BACKOFF_MIN_SECONDS
@@ -344,11 +314,14 @@ class PostgresStore(JobStore):
                 async for notify in conn.notifies():
                     wake(notify.payload)
             except (psycopg.Error, TimeoutError):
-                pass
+                if conn is None and not started:
+                    started = True
+                    task_status.started()
             finally:
                 # Shielded: once the worker stops, every await of its scope is cancelled, and
                 # an unshielded close (``async with``'s) left the connection open.
-                with anyio.move_on_after(CONNECT_TIMEOUT_SECONDS, shield=True):
-                    await conn.close()
+                if conn is not None:
+                    with anyio.move_on_after(CONNECT_TIMEOUT_SECONDS, shield=True):
+                        await conn.close()
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)

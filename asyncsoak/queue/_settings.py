@@ -1,7 +1,5 @@
-"""A worker's settings: :class:`WorkerConfig`, the one place they are spelled.
-
-``run_worker`` and ``run_job`` take one; ``asyncsoak worker`` derives its flags (spelling,
-help, default) from its fields' metadata and builds one from them.
+"""A worker's settings, :class:`WorkerConfig`: the one place they are spelled, from whose
+fields' metadata ``asyncsoak worker`` derives its flags (spelling, help, default).
 """
 
 from __future__ import annotations
@@ -14,12 +12,12 @@ from typing import Any, Literal
 
 from .._contract import ValidationError, ValidationTypeError
 from .._supervisor import seconds
-from ._models import MAX_TRIES
-from ._retry import INFRASTRUCTURE_BACKOFF_S
+from ._models import MAX_TRIES, whole
 from ._status import (
     CANCEL_GRACE_S,
     FINISH_RETRIES,
     FINISH_RETRY_WAIT_S,
+    INFRASTRUCTURE_BACKOFF_S,
     KILL_WAIT_S,
     POLL_S,
     STALE_AFTER_S,
@@ -46,13 +44,10 @@ def _setting(
 ) -> Any:
     """A worker setting: its default, its ``asyncsoak worker`` flag and help (the CLI adds
     the default of a number), its kind, and for seconds whether zero is allowed."""
-    metadata = {
-        "flag": flag,
-        "help": help,
-        "kind": kind,
-        "allow_zero": allow_zero,
-        "metavar": metavar or ("S" if kind == "seconds" else "N" if kind == "count" else None),
-    }
+    metadata = {"flag": flag, "help": help, "kind": kind, "allow_zero": allow_zero}
+    metadata["metavar"] = metavar or (
+        "S" if kind == "seconds" else "N" if kind == "count" else None
+    )
     if isinstance(default, list):
         return dataclasses.field(default_factory=partial(list, default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -143,7 +138,7 @@ def checked(label: str, spec: dataclasses.Field[Any], value: Any) -> Any:
     if kind == "seconds":
         return seconds(label, value, allow_zero=spec.metadata["allow_zero"])
     if kind == "count":
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not whole(value):
             raise ValidationTypeError(f"{label} must be an integer, not {type(value).__name__}")
         if value < 0:
             raise ValidationError(f"{label} must be zero or more, got {value!r}")

@@ -1,9 +1,6 @@
-"""The job queue in one SQLite file, shared by the workers and the command line of one host.
-
-WAL lets readers run beside a writer, but needs a local filesystem, so a database on a network
-filesystem is refused.  Every read-then-write runs inside ``BEGIN IMMEDIATE`` (two workers can
-never both see a job as free), and a submit touches ``queue.db-wake``, which idle workers of
-the host watch with inotify (docs/architecture.md tells the mechanism).
+"""The job queue in one SQLite file (WAL, so on a local filesystem), shared by one host's
+workers and command line; every write is one ``BEGIN IMMEDIATE`` transaction, and a submit
+touches ``queue.db-wake``, which idle workers watch (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -102,11 +99,8 @@ def filesystem_type(path: Path, mountinfo: Path = MOUNTINFO) -> str | None:
 
 
 class SqliteStore(JobStore):
-    """The queue in an SQLite file.
-
-    ``create=False`` refuses a missing file instead of creating it.  ``clock`` (wall-clock
-    seconds; heartbeats are compared across processes of this host) is injectable for tests.
-    """
+    """The queue in an SQLite file; ``create=False`` refuses a missing one.  ``clock``: wall-clock
+    seconds (heartbeats are compared across this host's processes), injectable for tests."""
 
     _soak_max_duration = "json_extract(soak, '$.max_duration_seconds')"
 
@@ -167,27 +161,24 @@ class SqliteStore(JobStore):
         return conn
 
     def _create(self) -> None:
-        """Build the schema in a temporary file beside the database, then link it into place:
-        the database never exists half-made (a zero-byte file there is not asyncsoak's), and
-        of two processes creating it at once the first link wins."""
+        """Build the schema in a temporary file, then link it into place: the database never
+        exists half-made, and of two processes creating it at once the first link wins."""
         try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(
                 prefix=f".{self.path.name}.", suffix=".new", dir=self.path.parent
             )
             os.close(fd)
+            try:
+                self._connect(Path(name)).close()
+                with contextlib.suppress(FileExistsError):
+                    os.link(name, self.path)
+            finally:
+                for leftover in (name, f"{name}-wal", f"{name}-shm"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(leftover)
         except OSError as exc:
             raise self._refuse(f"cannot create: {exc.strerror}") from exc
-        tmp = Path(name)
-        try:
-            self._connect(tmp).close()
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, self.path)
-        except OSError as exc:
-            raise self._refuse(f"cannot create: {exc.strerror}") from exc
-        finally:
-            for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
-                with contextlib.suppress(OSError):
-                    leftover.unlink()
 
     def _check_location(self, create: bool, mountinfo: Path) -> bool:
         """Refuse an unusable path; True when the database must be created."""
@@ -208,17 +199,10 @@ class SqliteStore(JobStore):
                 f"is on a network filesystem ({fstype}); SQLite's WAL needs a local "
                 "filesystem: put the database on a local disk (--db or ASYNCSOAK_DB)"
             )
-        if exists:
-            return False
-        try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise self._refuse(f"cannot create: {exc.strerror}") from exc
-        return True
+        return not exists
 
     def _migrate(self) -> None:
-        """Bring the schema and the sweeps' tables up to date.  An up-to-date database needs
-        no write lock: opening one never waits on a writer."""
+        """Bring the schema and the sweeps' tables up to date (no lock when they are)."""
         query = "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
         current = self._schema_state(self._conn) == SCHEMA_VERSION
         if current and self._conn.execute(query, (LAST_TABLE,)).fetchone()[0]:
@@ -232,7 +216,6 @@ class SqliteStore(JobStore):
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _schema_state(self, conn: sqlite3.Connection) -> int:
-        """The schema version, after refusing databases this code must not touch."""
         version: int = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise self._refuse(
@@ -282,7 +265,6 @@ class SqliteStore(JobStore):
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction: the write lock is held from the first read."""
         with self._unavailable():
             self._conn.execute("BEGIN IMMEDIATE")
             try:
@@ -308,12 +290,10 @@ class SqliteStore(JobStore):
 
     @property
     def wake_path(self) -> Path:
-        """The file whose touch wakes this queue's idle workers (see the module docstring)."""
         return self.path.with_name(self.path.name + WAKE_SUFFIX)
 
     def _after_submit(self) -> None:
-        """Touch the wake-up file (opened for writing and closed: inotify's CLOSE_WRITE).
-        A file that cannot be touched costs only promptness: the workers' poll finds the job."""
+        """Touch the wake-up file (inotify's CLOSE_WRITE); failing costs only promptness."""
         with contextlib.suppress(OSError):
             os.close(os.open(self.wake_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
 
@@ -328,7 +308,7 @@ class SqliteStore(JobStore):
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Call ``wake("submit")`` whenever the wake-up file is touched, until cancelled;
-        returns at once (the poll alone finds jobs) where it cannot be watched."""
+        returns at once where it cannot be watched (the poll finds jobs)."""
         from .._sampling import Inotify
 
         try:
@@ -340,8 +320,7 @@ class SqliteStore(JobStore):
             task_status.started()
             return
         try:
-            # The file must exist to be watched; both touch the filesystem, so they run in
-            # asyncsoak's threads under a deadline (a hung disk costs only promptness).
+            # Under a deadline: a hung disk costs only promptness.
             try:
                 watched = await run_blocking(
                     self._watch,

@@ -1,9 +1,6 @@
-"""The queue's store: the one interface the worker and the command line use.
-
-Two backends implement it: :class:`SqliteStore` (one file on one host) and
-:class:`PostgresStore` (one database for many hosts).  Every method is one short transaction,
-none is held while a child runs, and every write a worker makes about an attempt is fenced on
-``(id, attempt, worker)``.
+"""The queue's store, the worker's and the command line's one interface, implemented by
+:class:`SqliteStore` (one host) and :class:`PostgresStore` (many): every method is one short
+transaction, and every write about an attempt is fenced on ``(id, attempt, worker)``.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from ._models import (
     validate_submission,
 )
 from ._status import INTERRUPTED, QUEUED, RUNNING, Outcome
-from ._sweeps import GpuOffer, SweepStore, array_member, check_plan, claim_filter, parse_array
+from ._sweeps import GpuOffer, Plan, SweepStore, array_member, check_plan, claim_filter, parse_array
 
 
 def default_data_dir() -> Path:
@@ -46,21 +43,15 @@ def default_data_dir() -> Path:
 
 
 class JobStore(SweepStore):
-    """The queue database.  Methods are thread-safe; each is one short transaction.
+    """The queue database; thread-safe methods, each one short transaction.  Driver errors
+    never escape: an unreachable or locked database raises ``QueueUnavailableError`` (nothing
+    changed; try again), bad input or state the other ``QueueError`` subclasses."""
 
-    Driver errors never escape: a database that cannot be reached or is locked too long
-    raises :class:`~asyncsoak.queue.QueueUnavailableError` (nothing was changed; try again),
-    bad input or state the other :class:`~asyncsoak.queue.QueueError` subclasses.
-    """
-
-    #: How long a statement waits for another connection's lock, in seconds.
     busy_timeout: float = BUSY_TIMEOUT_SECONDS
     #: How child processes and messages name this database (never with a password).
     location: str
-    clock: Callable[[], float]
-    #: The backend's SQL for: a job's ``soak`` ``max_duration_seconds``; what ends a claim's
-    #: choice of job (PostgreSQL skips rows other claims lock); two values being the same,
-    #: NULL included.
+    #: The backend's SQL for: a job's ``max_duration_seconds``; the end of a claim's choice
+    #: (PostgreSQL skips locked rows); two values being the same, NULL included.
     _soak_max_duration: str
     _claim_lock: str = ""
     _same: str = "IS"
@@ -106,13 +97,10 @@ class JobStore(SweepStore):
         """``value`` as the backend's JSON columns take it."""
 
     def _announce(self, sql: Sql, event: str) -> None:
-        """Tell idle workers ``event`` (``submit 7``...) within ``sql``'s transaction, where
-        the backend has a channel for it (PostgreSQL's NOTIFY)."""
+        """Tell idle workers ``event`` (``submit 7``...) in ``sql``'s transaction (NOTIFY)."""
 
     def _after_submit(self) -> None:
-        """After a submission committed: a wake-up that must follow it (SQLite's)."""
-
-    # --- the command line's side ---------------------------------------------------------
+        """A wake-up that must follow a committed submission (SQLite's)."""
 
     def submit(
         self,
@@ -127,10 +115,7 @@ class JobStore(SweepStore):
         **options: Unpack[JobOptions],
     ) -> int:
         """Queue a job (an array of jobs: the first's id, the array's); returns its id.
-
-        ``argv`` may contain ``{job_id}``, ``{db}`` and ``{run_dir}``, replaced when it runs,
-        and ``%a`` in an array (``START-END[:STEP]``); docs/sweeps.md tells the sweep options.
-        """
+        ``argv`` may contain ``{job_id}``, ``{db}``, ``{run_dir}`` and in an array ``%a``."""
         plan = check_plan(
             after=after,
             not_before=not_before,
@@ -157,7 +142,7 @@ class JobStore(SweepStore):
                     tuple(values.values()),
                 ).fetchone()
                 ids.append(int(row[0]))
-                if indices is not None or not plan.is_plain():
+                if indices is not None or plan != Plan():
                     self._insert_plan(sql, ids[-1], plan, ids[0], index, after_ids)
                 self._announce(sql, f"submit {ids[-1]}")
         self._after_submit()
@@ -183,24 +168,18 @@ class JobStore(SweepStore):
             )
         elif status is not None:
             where, params = " WHERE status = ?", (status,)
-        with self._reading() as sql:
-            rows = sql(f"SELECT {JOB_COLUMNS} FROM jobs{where} ORDER BY id", params).fetchall()
+        rows = self._rows(f"SELECT {JOB_COLUMNS} FROM jobs{where} ORDER BY id", params)
         return [Job(*decoded(Job, row)) for row in rows]
 
     def count_by_status(self) -> dict[str, int]:
         """How many jobs are in each status (every status present, 0 when none)."""
-        with self._reading() as sql:
-            rows = sql("SELECT status, count(*) FROM jobs GROUP BY status").fetchall()
+        rows = self._rows("SELECT status, count(*) FROM jobs GROUP BY status")
         return dict.fromkeys(JOB_STATUSES, 0) | {str(s): int(n) for s, n in rows}
 
     def attempts(self, job_id: int) -> list[Attempt]:
         """A job's attempts, first first."""
-        with self._reading() as sql:
-            rows = sql(
-                f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt",
-                (job_id,),
-            ).fetchall()
-        return [Attempt(*decoded(Attempt, row)) for row in rows]
+        query = f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY attempt"
+        return [Attempt(*decoded(Attempt, row)) for row in self._rows(query, (job_id,))]
 
     def _status_for_update(self, sql: Sql, job_id: int) -> str:
         """A job's status, its row locked for the rest of the transaction."""
@@ -252,20 +231,15 @@ class JobStore(SweepStore):
 
     def requeue_times(self) -> dict[int, dict[int, float]]:
         """When each finished job was queued again, by job and the attempt it followed."""
-        with self._reading() as sql:
-            rows = sql("SELECT job_id, attempt, at FROM job_requeues").fetchall()
         out: dict[int, dict[int, float]] = {}
-        for job_id, attempt, at in rows:
+        for job_id, attempt, at in self._rows("SELECT job_id, attempt, at FROM job_requeues"):
             out.setdefault(int(job_id), {})[int(attempt)] = float(at)
         return out
 
     def workers(self) -> list[WorkerInfo]:
         """Every worker that ever registered, by name."""
-        with self._reading() as sql:
-            rows = sql(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY name").fetchall()
+        rows = self._rows(f"SELECT {WORKER_COLUMNS} FROM workers ORDER BY name")
         return [WorkerInfo(*row) for row in rows]
-
-    # --- the worker's side -----------------------------------------------------------------
 
     def register_worker(
         self,
@@ -315,9 +289,8 @@ class JobStore(SweepStore):
         max_duration: float | None = None,
         offer: GpuOffer | None = None,
     ) -> Job | None:
-        """Take the next queued job (highest priority, then lowest id) that may run now
-        (``claim_filter``) and whose ``max_duration_seconds`` is at most ``max_duration``
-        (a SLURM allocation that ends soon), or None; its attempt number goes up by one."""
+        """Take the next queued job (highest priority, then lowest id) that may run now and
+        fits in ``max_duration`` seconds (a SLURM allocation), or None; its attempt goes up."""
         # Typed casts: PostgreSQL cannot infer the type of a parameter that may be NULL.
         limit = f"CAST({self._soak_max_duration} AS double precision)"
         with self._transaction() as sql:
@@ -360,9 +333,8 @@ class JobStore(SweepStore):
 
     def cancel_requested(self, job_id: int) -> bool:
         """Whether the job's cancellation was asked for."""
-        with self._reading() as sql:
-            row = sql("SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return bool(row and row[0])
+        rows = self._rows("SELECT cancel_requested FROM jobs WHERE id = ?", (job_id,))
+        return bool(rows and rows[0][0])
 
     def finish(
         self,
@@ -375,9 +347,8 @@ class JobStore(SweepStore):
         *,
         backoff: float = 0.0,
     ) -> bool:
-        """Record how an attempt ended (its artifact's ``summary``, a ``note``); False
-        (nothing written) when fenced.  The job's next status follows the retry rules
-        (``_retry.decide``, whose note is added); ``backoff``: an infrastructure retry's."""
+        """Record how an attempt ended; False (nothing written) when fenced.  The job's next
+        status follows ``_retry.decide`` (whose note is added) with ``backoff``."""
         with self._transaction() as sql:
             row = sql(
                 "SELECT attempts, max_attempts, cancel_requested, host FROM jobs "
@@ -416,8 +387,8 @@ class JobStore(SweepStore):
         return [(job, by_name.get(job.worker or "")) for job in jobs]
 
     def take_over(self, job: Job, worker: str) -> bool:
-        """Take an orphan from its silent worker, if its heartbeat has not moved since ``job``
-        was read (compare and swap); the silent worker is fenced out from then on."""
+        """Take an orphan from its silent worker if its heartbeat has not moved since ``job``
+        was read (compare and swap), fencing that worker out."""
         same = self._same
         with self._transaction() as sql:
             row = sql(

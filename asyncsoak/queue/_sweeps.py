@@ -1,9 +1,6 @@
-"""Sweeps and retries in the store: what a job waits for (``--after``, ``--not-before``, a
-retry's backoff, ``--gpus N``), arrays, the retry decision of each attempt, and the GPUs a
-fault took out of service.  One implementation for both backends.
-
-Its tables sit beside the queue's, created when missing each time a store opens, so the
-queue's numbered schema is left alone.
+"""Sweeps and retries in the store, for both backends: what a job waits for (``--after``,
+``--not-before``, a retry's backoff, ``--gpus N``), arrays, each attempt's retry decision, and
+faulted GPUs.  Its tables are created when missing, leaving the numbered schema alone.
 """
 
 from __future__ import annotations
@@ -16,11 +13,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._contract import ValidationError
-from ._models import INTEGER_MAX, JobNotFoundError, QueueError, Sql
-from ._retry import DEPENDENCY_FAILED, Decision, RetryPolicy, check_retry_names, decide
-from ._status import CANCELLED, FAILED, QUEUED, Outcome
+from ._models import INTEGER_MAX, JobNotFoundError, QueueError, Sql, whole
+from ._status import (
+    CANCELLED,
+    DEPENDENCY_FAILED,
+    FAILED,
+    QUEUED,
+    Decision,
+    Outcome,
+    RetryPolicy,
+    check_retry_names,
+    decide,
+)
 
-#: The tables, each created when missing (the same text runs on SQLite and PostgreSQL).
+#: The same text runs on SQLite and PostgreSQL.
 EXTENSION_DDL: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS job_plans (job_id BIGINT PRIMARY KEY REFERENCES jobs (id), "
     "array_id BIGINT, array_index BIGINT, not_before DOUBLE PRECISION, "
@@ -36,7 +42,6 @@ EXTENSION_DDL: tuple[str, ...] = (
     "CREATE TABLE IF NOT EXISTS gpu_faults (host TEXT NOT NULL, gpu TEXT NOT NULL, worker TEXT, "
     "job_id BIGINT, attempt INTEGER, at DOUBLE PRECISION NOT NULL, detail TEXT, "
     "PRIMARY KEY (host, gpu))",
-    # When a finished job was requeued after its attempt ``attempt`` (``JobStore.requeue``).
     "CREATE TABLE IF NOT EXISTS job_requeues (job_id BIGINT NOT NULL, attempt INTEGER NOT NULL, "
     "at DOUBLE PRECISION NOT NULL, PRIMARY KEY (job_id, attempt))",
 )
@@ -44,13 +49,11 @@ EXTENSION_DDL: tuple[str, ...] = (
 LAST_TABLE = "job_requeues"
 #: Largest array (``--array START-END[:STEP]``) one submission may make.
 MAX_ARRAY_JOBS = 10_000
-#: The most GPUs one job may ask for (``--gpus N``), and one more than the highest GPU index
-#: a worker may own (``worker --gpus 0,1``).
+#: The most GPUs one job may ask for (``--gpus N``), and one more than a worker's highest.
 MAX_GPUS = 1024
 #: The latest ``--not-before``: the last second of the year 9999 (epoch seconds).
 LATEST_TIME = 253_402_300_799.0
-#: How long a retried job waits for a worker with a GPU other than the one it failed on,
-#: before any worker takes it (seconds after its retry became due).
+#: How long a retried job waits for a worker with a GPU other than the one it failed on.
 PREFER_OTHER_GPU_S = 30.0
 
 
@@ -75,9 +78,6 @@ class Plan:
     @property
     def policy(self) -> RetryPolicy:
         return RetryPolicy(self.retry_on, self.no_retry_on)
-
-    def is_plain(self) -> bool:
-        return self == Plan()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +105,8 @@ class GpuFault:
 
 @dataclass(frozen=True, slots=True)
 class GpuOffer:
-    """What a claiming worker can give a job: how many of its healthy GPUs are free, whether
-    all of them are (a job without ``--gpus`` takes them all), and which (``host:gpu``)."""
+    """What a claiming worker can give a job: its free healthy GPUs (``host:gpu``), and whether
+    all of them are free (a job without ``--gpus`` takes them all)."""
 
     free: int = 0
     all_free: bool = True
@@ -135,16 +135,11 @@ def parse_array(text: str) -> range:
 
 
 def array_member(job: dict[str, Any], index: int) -> dict[str, Any]:
-    """An array's job ``index``: ``%a`` in its command (``%%`` is a literal ``%``), and
-    ``ASYNCSOAK_ARRAY_INDEX`` in its environment."""
+    """An array's job ``index``: ``%a`` in its command (``%%``: ``%``), and in its environment."""
     argv = job["argv"]
     if argv is not None:
         argv = [a.replace("%%", "\0").replace("%a", str(index)).replace("\0", "%") for a in argv]
     return {**job, "argv": argv, "env": {**job["env"], "ASYNCSOAK_ARRAY_INDEX": str(index)}}
-
-
-def _whole(value: object, low: int, high: float) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def check_plan(
@@ -157,9 +152,9 @@ def check_plan(
 ) -> Plan:
     """A submission's sweep options, checked (a clear ``ValidationError``)."""
     for job_id in after:
-        if not _whole(job_id, 1, INTEGER_MAX):
+        if not whole(job_id, 1, INTEGER_MAX):
             raise ValidationError(f"--after: {job_id!r} is not a job id")
-    if gpus is not None and not _whole(gpus, 1, MAX_GPUS):
+    if gpus is not None and not whole(gpus, 1, MAX_GPUS):
         raise ValidationError(f"--gpus: the number of GPUs must be an integer from 1 to {MAX_GPUS}")
     if not_before is not None and (
         not isinstance(not_before, int | float) or not 0 <= not_before <= LATEST_TIME
@@ -208,8 +203,8 @@ def _plan_from_row(row: Sequence[Any], after: Sequence[int]) -> Plan:
 
 
 def claim_filter(offer: GpuOffer, now: float) -> tuple[str, list[Any]]:
-    """The condition (``?`` placeholders, on the ``jobs`` row) a claimable job meets: its
-    ``--after`` jobs succeeded, its time came, its retry's backoff passed, its GPUs fit."""
+    """The SQL condition (and its parameters) a claimable ``jobs`` row meets: its ``--after``
+    jobs succeeded, its time came, its retry's backoff passed, its GPUs fit."""
     plan = "SELECT 1 FROM job_plans AS p WHERE p.job_id = jobs.id AND "
     sql = (
         " AND NOT EXISTS (SELECT 1 FROM job_deps AS d JOIN jobs AS dep ON dep.id = d.after_id "
@@ -219,8 +214,7 @@ def claim_filter(offer: GpuOffer, now: float) -> tuple[str, list[Any]]:
         f" AND (? = 1 OR EXISTS ({plan}p.gpus IS NOT NULL))"
     )
     params: list[Any] = [now, now, offer.free, 1 if offer.all_free else 0]
-    # A retry after an infrastructure failure waits PREFER_OTHER_GPU_S for a worker with other
-    # GPUs free; workers with only the GPUs it failed on leave it meanwhile.
+    # Workers with only the GPUs a retry failed on leave it for PREFER_OTHER_GPU_S.
     if offer.names:
         like = "".join(" AND p.avoid LIKE ?" for _ in offer.names)
         sql += (
@@ -232,8 +226,7 @@ def claim_filter(offer: GpuOffer, now: float) -> tuple[str, list[Any]]:
 
 
 def pick_gpus(need: int | None, free: Sequence[str], avoid: Sequence[str], host: str) -> list[str]:
-    """The GPUs a claimed job gets: ``need`` of ``free`` (all of them when None), those it
-    did not fail on first."""
+    """``need`` of ``free`` (all when None) for a claimed job, those it did not fail on first."""
     if need is None:
         return list(free)
     ranked = sorted(free, key=lambda gpu: f"{host}:{gpu}" in avoid)
@@ -251,13 +244,17 @@ class SweepStore(abc.ABC):
     def _reading(self) -> contextlib.AbstractContextManager[Sql]:
         """The connection for reads, outside any write transaction (``now`` unused)."""
 
+    def _rows(self, query: str, params: Sequence[Any] = ()) -> list[Any]:
+        """What one read returns, outside any write transaction."""
+        with self._reading() as sql:
+            return list(sql(query, params).fetchall())
+
     def _check_after(self, sql: Sql, after: Sequence[int]) -> list[int]:
-        """The jobs a submission waits for: an array's id stands for all its jobs (as SLURM's
-        dependency on an array).  One missing, failed or cancelled refuses the submission."""
+        """The jobs a submission waits for (an array's id: all its jobs); one missing, failed
+        or cancelled refuses it."""
         ids: list[int] = []
         for after_id in after:
-            # Held until the dependents are in: a job failing meanwhile waits, then
-            # cancels them (its finish reads them after this commits).
+            # Held until the dependents are in: a job failing meanwhile then cancels them.
             row = sql(
                 f"SELECT status FROM jobs WHERE id = ?{sql.for_share}", (after_id,)
             ).fetchone()
@@ -295,16 +292,12 @@ class SweepStore(abc.ABC):
         for after_id in after:
             sql("INSERT INTO job_deps (job_id, after_id) VALUES (?, ?)", (job_id, after_id))
 
-    # --- reading ---------------------------------------------------------------------------
-
     def plans(self, job_ids: Sequence[int] | None = None) -> dict[int, Plan]:
-        """The plans of these jobs (every job that has one when None); a job without one
-        (submitted plain) is absent."""
-        with self._reading() as sql:
-            rows = sql(f"SELECT {_PLAN_COLUMNS} FROM job_plans").fetchall()
-            deps: dict[int, list[int]] = {}
-            for job_id, after_id in sql("SELECT job_id, after_id FROM job_deps").fetchall():
-                deps.setdefault(int(job_id), []).append(int(after_id))
+        """The plans of these jobs (of all when None); a job submitted plain has none."""
+        rows = self._rows(f"SELECT {_PLAN_COLUMNS} FROM job_plans")
+        deps: dict[int, list[int]] = {}
+        for job_id, after_id in self._rows("SELECT job_id, after_id FROM job_deps"):
+            deps.setdefault(int(job_id), []).append(int(after_id))
         return {
             int(row[0]): _plan_from_row(row, deps.get(int(row[0]), ()))
             for row in rows
@@ -317,26 +310,20 @@ class SweepStore(abc.ABC):
 
     def array_members(self, array_id: int) -> list[int]:
         """The jobs of an array, by index; [] when ``array_id`` is not an array's."""
-        with self._reading() as sql:
-            rows = sql(
-                "SELECT job_id FROM job_plans WHERE array_id = ? ORDER BY array_index", (array_id,)
-            ).fetchall()
-        return [int(row[0]) for row in rows]
+        query = "SELECT job_id FROM job_plans WHERE array_id = ? ORDER BY array_index"
+        return [int(row[0]) for row in self._rows(query, (array_id,))]
 
     def attempt_causes(self, job_id: int) -> dict[int, AttemptCause]:
         """How each attempt of a job was judged, by attempt number."""
-        with self._reading() as sql:
-            rows = sql(
-                "SELECT attempt, gpus, failure_class, cause, counted FROM attempt_causes "
-                "WHERE job_id = ?",
-                (job_id,),
-            ).fetchall()
+        rows = self._rows(
+            "SELECT attempt, gpus, failure_class, cause, counted FROM attempt_causes "
+            "WHERE job_id = ?",
+            (job_id,),
+        )
         return {
             int(n): AttemptCause(tuple(_names(gpus)), kind, cause, None if c is None else bool(c))
             for n, gpus, kind, cause, c in rows
         }
-
-    # --- GPUs --------------------------------------------------------------------------------
 
     def set_worker_gpus(self, name: str, gpus: Sequence[str]) -> None:
         """Record the GPUs a worker owns (shown by ``workers``)."""
@@ -346,8 +333,7 @@ class SweepStore(abc.ABC):
                 sql("INSERT INTO worker_gpus (name, gpus) VALUES (?, ?)", (name, _names_json(gpus)))
 
     def worker_gpus(self) -> dict[str, list[str]]:
-        with self._reading() as sql:
-            rows = sql("SELECT name, gpus FROM worker_gpus").fetchall()
+        rows = self._rows("SELECT name, gpus FROM worker_gpus")
         return {str(name): [str(g) for g in _names(gpus)] for name, gpus in rows}
 
     def record_attempt_gpus(self, job_id: int, attempt: int, gpus: Sequence[str]) -> None:
@@ -382,28 +368,20 @@ class SweepStore(abc.ABC):
 
     def gpu_faults(self, host: str | None = None) -> list[GpuFault]:
         """GPUs out of service (on ``host``, or everywhere), by host and GPU."""
-        query = "SELECT host, gpu, worker, job_id, attempt, at, detail FROM gpu_faults"
-        with self._reading() as sql:
-            if host is None:
-                rows = sql(f"{query} ORDER BY host, gpu").fetchall()
-            else:
-                rows = sql(f"{query} WHERE host = ? ORDER BY gpu", (host,)).fetchall()
-        return [GpuFault(*row) for row in rows]
+        where, params = ("", ()) if host is None else (" WHERE host = ?", (host,))
+        query = f"SELECT host, gpu, worker, job_id, attempt, at, detail FROM gpu_faults{where}"
+        return [GpuFault(*row) for row in self._rows(f"{query} ORDER BY host, gpu", params)]
 
     def clear_gpu_faults(self, host: str, gpus: Sequence[str] | None = None) -> list[GpuFault]:
-        """Put ``gpus`` of ``host`` (all of its faulted ones when None) back in service;
-        returns the faults cleared."""
+        """Put ``gpus`` of ``host`` (all when None) back in service; returns the faults cleared."""
         cleared = [f for f in self.gpu_faults(host) if gpus is None or f.gpu in gpus]
         with self._transaction() as sql:
             for fault in cleared:
                 sql("DELETE FROM gpu_faults WHERE host = ? AND gpu = ?", (host, fault.gpu))
         return cleared
 
-    # --- inside a backend's requeue and finish -----------------------------------------------
-
     def _requeued(self, sql: Sql, job_id: int) -> None:
-        """Refuse a job whose ``--after`` job did not succeed (it would wait for ever), and
-        give the job a fresh infrastructure budget."""
+        """Refuse a job whose ``--after`` job did not succeed; reset its infrastructure budget."""
         row = sql(
             "SELECT d.after_id, j.status FROM job_deps AS d JOIN jobs AS j ON j.id = d.after_id "
             "WHERE d.job_id = ? AND j.status IN ('failed', 'cancelled') ORDER BY d.after_id",
@@ -429,9 +407,8 @@ class SweepStore(abc.ABC):
         job: Sequence[Any],
         backoff: float,
     ) -> Decision:
-        """The retry rules' decision on an attempt (``job``: the job's attempts, max_attempts,
-        cancel_requested and host), written: the attempt's class and cause, the job's retry
-        state, the cancellation of the jobs that waited for one that will not succeed."""
+        """The retry rules' decision on an attempt (``job``: its attempts, max_attempts,
+        cancel_requested and host), written with what follows from it."""
         attempts, max_attempts, cancel_requested, host = job
         row = sql(f"SELECT {_PLAN_COLUMNS} FROM job_plans WHERE job_id = ?", (job_id,)).fetchone()
         plan = Plan() if row is None else _plan_from_row(row, ())
@@ -477,8 +454,7 @@ class SweepStore(abc.ABC):
         return decision
 
     def _cancel_dependents(self, sql: Sql, job_id: int, status: str) -> None:
-        """Cancel the queued jobs that run ``--after`` ``job_id`` (which ended ``status``),
-        and theirs in turn."""
+        """Cancel the queued jobs ``--after`` ``job_id`` (ended ``status``), theirs in turn."""
         pending = [(job_id, status)]
         while pending:
             ended, how = pending.pop()

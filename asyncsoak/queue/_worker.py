@@ -1,14 +1,11 @@
-"""The worker: takes queued jobs and runs each under ``run_soak`` (``_attempt.py``).
-
-A worker without GPUs runs one job at a time; one owning several runs jobs side by side, each
-on its own GPUs.  It heartbeats, delivers spooled final writes, and takes over orphans: a
-running job whose heartbeat is older than ``orphan_after_seconds`` (or whose worker process is
-gone, on this host) is taken by compare and swap on its heartbeat, its leftovers on this host
-killed, and its outcome written from its artifact, or as a failure that requeues it.
+"""The worker: claims queued jobs and runs each under ``run_soak`` (one at a time, or side by
+side on its own GPUs); it heartbeats, delivers spooled final writes, and takes over orphans
+(silent past ``orphan_after_seconds``, or their worker gone on this host), killing leftovers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -23,13 +20,13 @@ from .._export import Metrics, WorkerMetrics, new_registry, render, validate_met
 from .._process import start_time_ticks
 from .._supervisor import slurm
 from ..trainer import Job
-from ._attempt import UNAVAILABLE, Runner, default_worker_name, masked
+from ._attempt import UNAVAILABLE, Runner, _JobState, default_worker_name
 from ._goodput import read_artifact
 from ._models import QueueDatabaseLostError, QueueError, WorkerInfo
 from ._orphans import kill_leftovers, process_alive
-from ._retry import ORPHANED, outcome_from_artifact
 from ._settings import WorkerConfig
-from ._status import CANCELLED, FAILED, Outcome, tail
+from ._spool import pending
+from ._status import CANCELLED, FAILED, ORPHANED, Outcome
 from ._store import JobStore
 from ._sweeps import GpuOffer, Plan, pick_gpus
 
@@ -58,10 +55,9 @@ async def run_worker(
     name: str | None = None,
     metrics: Metrics | None = None,
 ) -> int:
-    """Take and run jobs with ``config``'s settings until ``stop_event`` is set (or, ``once``,
-    the queue is drained); returns how many ran.  ``stop_event`` stops the running jobs the
-    graceful way (requeued ``interrupted``), ``kill_event`` kills them at once.  Raises
-    :class:`QueueError` or :class:`ValidationError` before any job is claimed."""
+    """Take and run jobs until ``stop_event`` (running jobs stopped gracefully) or
+    ``kill_event`` (killed at once) is set, or, ``once``, the queue is drained; returns how
+    many ran.  Raises :class:`QueueError` or ``ValidationError`` before any claim."""
     require_asyncio("run_worker")
     name = name or default_worker_name(config.gpus)
     worker = _Worker(store, config, stop_event or anyio.Event(), kill_event or anyio.Event(), name)
@@ -107,7 +103,6 @@ class _Worker(Runner):
             async with anyio.create_task_group() as tg:
                 if not once:  # a draining worker never waits for a job: nothing to hear
                     await tg.start(self.store.listen, lambda _: self.wake.set())
-                # Said once it can hear a submission (its listener has tried the database).
                 _log.info(
                     "worker %s started on %s (pid %d, runs in %s)",
                     self.name,
@@ -119,8 +114,7 @@ class _Worker(Runner):
                 async with anyio.create_task_group() as jobs:
                     ending = (self.stop_event, self.kill_event, self.db_lost)
                     while not any(event.is_set() for event in ending):
-                        # Fresh events before the claim: a job submitted (or ended) after the
-                        # claim found nothing wakes the wait below.
+                        # Fresh before the claim: a job submitted after it wakes the wait.
                         self.wake = anyio.Event()
                         self.job_done = anyio.Event()
                         await self._deliver_spool()
@@ -158,7 +152,7 @@ class _Worker(Runner):
 
     async def _idle(self) -> None:
         """Wait for a stop, a job's end, a wake-up or the poll (sooner while the database is
-        away); busy on every GPU (or its one job), for a stop or a job's end only."""
+        away); with no room for another job, for a stop or a job's end only."""
         wait = self.settings.poll_seconds
         if self._unreachable:
             wait = min(wait, _UNAVAILABLE_RETRY_SECONDS)
@@ -173,8 +167,7 @@ class _Worker(Runner):
                     waits.start_soon(_set_then_cancel, event, waits.cancel_scope)
 
     async def _offer(self) -> GpuOffer | None:
-        """What this worker can give a job now, or None when it can take none: a worker
-        without GPUs runs one job at a time; one with GPUs offers its free, healthy ones."""
+        """What this worker can give a job now (its free healthy GPUs), or None."""
         faults = await self._try("reading GPU faults", self.store.gpu_faults, self.host)
         if faults is None:
             return None
@@ -192,7 +185,7 @@ class _Worker(Runner):
             _log.warning("worker %s: GPU %s cleared; back in service", self.name, gpu)
         self._faulted = faulted
         if not self.devices:
-            # Its jobs see every GPU of the host: a fault on any of them stops its claims.
+            # Its job sees every GPU of the host: a fault on any stops its claims.
             return None if self.running or faulted else GpuOffer()
         taken = faulted.union(*self.running.values())
         free = [gpu for gpu in self.devices if gpu not in taken]
@@ -200,8 +193,8 @@ class _Worker(Runner):
         return GpuOffer(len(free), not self.running, names) if free else None
 
     def _full(self) -> bool:
-        """Whether every job this worker can run at once is running.  A faulted GPU is not
-        busy: a GPU an operator clears takes a job at once, not only once a job ends."""
+        """Whether every job this worker can run at once is running (a faulted GPU is not
+        busy: once cleared, it takes a job at once)."""
         busy = {gpu for devices in self.running.values() for gpu in devices}
         return bool(self.running) and all(gpu in busy for gpu in self.devices)
 
@@ -274,27 +267,18 @@ class _Worker(Runner):
 
     async def _deliver_spool(self) -> None:
         """Deliver final writes kept while the database was away (fenced like any other)."""
-        finish = partial(self.store.finish, backoff=self.settings.retry_backoff_seconds)
         late = (
             f"final status delivered late, from the spool on {self.host}: the database was "
             "unavailable when the attempt ended"
         )
-        for entry in await self._call(self.spool.pending):
+        for path, entry in await self._call(pending, self.runs_dir):
             note = "; ".join(n for n in (entry.note, late) if n)
             try:
-                written = await self._call(
-                    finish,
-                    entry.job_id,
-                    entry.attempt,
-                    entry.worker,
-                    entry.outcome,
-                    entry.summary,
-                    note,
-                )
+                written = await self._deliver(dataclasses.replace(entry, note=note))
             except UNAVAILABLE as exc:
                 self._lost_database("delivering a spooled outcome", exc)
                 return
-            await self._call(self.spool.remove, entry)
+            await self._call(partial(path.unlink, missing_ok=True))
             if written:
                 what = f"outcome {entry.outcome.status} delivered from the spool"
             else:
@@ -318,8 +302,7 @@ class _Worker(Runner):
                 job.heartbeat_at is None
                 or now - job.heartbeat_at > self.settings.orphan_after_seconds
             )
-            # A worker's own name on a job it is not running: left by a dead worker of the
-            # same name (registration refuses the name while that one lives).
+            # Its own name on a job it is not running: left by a dead worker of that name.
             gone = (
                 holder is not None
                 and holder.host == self.host
@@ -349,8 +332,7 @@ class _Worker(Runner):
                     "job %d: killed %d unsupervised process(es): %s", job.id, len(killed), killed
                 )
         else:
-            # Process ids mean nothing on another host: what is left there is its own
-            # worker's to kill (in stop mode stdin the trainer saw its stdin close already).
+            # Process ids mean nothing on another host: what is left there is not ours to kill.
             note = (
                 f"orphan taken over by worker {self.name} on {self.host}; the attempt ran on "
                 f"{job.host}, whose processes were not touched from {self.host}"
@@ -359,14 +341,9 @@ class _Worker(Runner):
         cancel = await self._cancel_requested(job)
         if artifact is not None and output_path is not None:
             stop_cause = (artifact.get("stop") or {}).get("cause")
-            outcome = outcome_from_artifact(
-                artifact,
-                cancel_requested=cancel,
-                stopping=stop_cause in ("requested", "cancelled"),
-                log_tail=tail(output_path.parent / "train.log"),
-            )
-            env = self._environment(job, self.runs_dir / str(job.id))
-            outcome = masked(outcome, Masker(secret_values(env)))
+            state = _JobState(stopping=stop_cause in ("requested", "cancelled"))
+            masker = Masker(secret_values(self._environment(job, self.runs_dir / str(job.id))))
+            outcome = self._outcome(artifact, None, state, cancel, masker, output_path.parent)
         else:
             heartbeat = "never"
             if job.heartbeat_at:
@@ -378,8 +355,7 @@ class _Worker(Runner):
                 f"worker {job.worker} went silent (last heartbeat {heartbeat}) before the "
                 "attempt finished; its outcome is lost",
             )
-        with anyio.move_on_after(self._finish_bound, shield=True):
-            await self._finish(job, outcome, artifact, note)
+        await self._finish(job, outcome, artifact, note)
 
 
 async def _set_then_cancel(event: anyio.Event, scope: anyio.CancelScope) -> None:

@@ -1,11 +1,7 @@
-"""The job queue's side of a training script: stop requests, cancellation, config, steps.
-
-Standard library only (psycopg for a queue on PostgreSQL), so a training script imports it
-without anyio or psutil.  A trainer saves and exits with :data:`EXIT_INTERRUPTED` once
-``stop_requested().is_set() or cancel_requested()``, reads a ``--config`` job's JSON with
-:func:`load_config`, and may say its step itself with :func:`report`; the worker sets
-``ASYNCSOAK_JOB_ID``, ``ASYNCSOAK_DB``, ``ASYNCSOAK_RUN_DIR`` (checkpoints belong there),
-``ASYNCSOAK_ATTEMPT`` and ``ASYNCSOAK_STOP_MODE`` (docs/queue.md shows the three lines).
+"""The job queue's side of a training script, standard library only (psycopg on PostgreSQL):
+a trainer saves and exits :data:`EXIT_INTERRUPTED` once ``stop_requested().is_set() or
+cancel_requested()``, reads its ``--config`` with :func:`load_config`, says its step with
+:func:`report` (docs/queue.md).
 """
 
 from __future__ import annotations
@@ -44,8 +40,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The job table's public names, imported when the queue first asks: a soak's start and a
-    trainer outside a queue do without them."""
+    """The job table's names, imported on the queue's first use (a trainer needs none)."""
     if not name.startswith("_"):
         from . import _jobs
 
@@ -63,7 +58,7 @@ _cancel_checked_at = float("-inf")
 _cancel_seen = False
 
 
-#: Where :func:`report` appends (set by the monitor: the artifact's ``.steps.jsonl``).
+#: Where :func:`report` appends (the monitor sets it: the artifact's ``.steps.jsonl``).
 STEPS_FILE_VARIABLE = "ASYNCSOAK_STEPS_FILE"
 #: :func:`report` writes at most one line per this many seconds (the newest step wins; a
 #: non-finite loss and the last step at exit are written at once).
@@ -77,13 +72,8 @@ _report_pending: bytes | None = None
 
 def report(step: int, **metrics: float) -> None:
     """Tell the monitor this process is at ``step``, with figures such as ``loss``,
-    ``tokens`` or ``samples`` (cumulative counts), ``learning_rate``.
-
-    Cheap enough for every step: one short line at most every
-    :data:`REPORT_MIN_INTERVAL_SECONDS` (the newest kept meanwhile, written at exit), at once
-    for a NaN or infinite loss; nothing outside asyncsoak.  A bad step or figure raises
-    ``TypeError``/``ValueError``; a file that cannot be written is ignored.
-    """
+    ``tokens`` or ``samples`` (cumulative), ``learning_rate``.  Cheap enough for every step;
+    a bad step or figure raises ``TypeError``/``ValueError``, a write failure is ignored."""
     global _report_written_at, _report_pending
     if isinstance(step, bool) or not isinstance(step, int):
         raise TypeError(f"step must be an int, not {type(step).__name__}")
@@ -149,9 +139,8 @@ def run_dir() -> Path | None:
 
 
 def stop_requested() -> threading.Event:
-    """The one event set when the worker asks this process to save and stop: when stdin
-    reaches end of file under the queue's stdin protocol (``ASYNCSOAK_STOP_MODE=stdin`` or
-    ``--watch-stdin``), else when SIGTERM arrives (stop modes ``group`` and ``leader``)."""
+    """The one event set when the worker asks this process to save and stop: stdin's end of
+    file (``ASYNCSOAK_STOP_MODE=stdin`` or ``--watch-stdin``), else SIGTERM."""
     global _stop_event
     with _stop_lock:
         if _stop_event is not None:
@@ -176,9 +165,8 @@ def _watch_stdin(event: threading.Event) -> None:
 
 
 def cancel_requested(min_interval: float = 1.0) -> bool:
-    """Whether this job's cancellation was requested (False outside the queue): the database
-    read at most once per ``min_interval`` seconds; once True it stays True.  An unreadable
-    database reads as False (the worker still enforces the cancellation)."""
+    """Whether this job's cancellation was requested (False outside the queue, or while the
+    database is unreadable), read at most once per ``min_interval`` seconds; stays True."""
     global _cancel_checked_at, _cancel_seen
     if _cancel_seen:
         return True
@@ -189,11 +177,11 @@ def cancel_requested(min_interval: float = 1.0) -> bool:
     ident, db = job_id(), os.environ.get("ASYNCSOAK_DB")
     if ident is None or not db:
         return False
-    from ._jobs import read_job  # here: a soak's start and a trainer outside a queue skip it
+    from ._jobs import read_job
 
     try:
         _cancel_seen = read_job(db, ident).cancel_requested
-    except Exception:  # sqlite3 or psycopg: unreadable for now; the worker still enforces it
+    except Exception:  # sqlite3 or psycopg: the worker still enforces it
         return False
     return _cancel_seen
 

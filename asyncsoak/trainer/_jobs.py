@@ -1,6 +1,5 @@
-"""The queue's jobs table, defined once: :class:`Job`'s fields are its columns (each with its
-SQL kind, default and check), from which the stores derive each backend's DDL, and
-:func:`select_job` is the one read of a row, the stores' and a training script's.
+"""The queue's jobs table, defined once: :class:`Job`'s fields are its columns (from which the
+stores derive each backend's DDL), and :func:`select_job` reads a row for stores and trainers.
 """
 
 from __future__ import annotations
@@ -26,10 +25,8 @@ def column(
     references: str | None = None,
     since: int = 1,
 ) -> Any:
-    """A record's field that is a column: ``kind`` is ``key`` (the row id), ``text``, ``json``,
-    ``int``, ``bigint``, ``real`` or ``bool``; ``required`` or a ``default`` make it NOT NULL;
-    ``references`` names the table whose ``id`` it holds; ``since`` is the schema version that
-    added it (the field then defaults to None)."""
+    """A record's field that is a column of ``kind`` (``key``, ``text``, ``json``, ``int``,
+    ``bigint``, ``real``, ``bool``); ``since``: the schema version that added it (then None)."""
     metadata = {
         "kind": kind,
         "required": required or default is not None,
@@ -54,8 +51,7 @@ def select_list(record: type) -> str:
 
 
 def decoded(record: type, row: Sequence[Any]) -> list[Any]:
-    """A row's values as ``record``'s fields take them: JSON decoded (SQLite keeps it as text,
-    PostgreSQL's jsonb arrives decoded), booleans as bool (SQLite keeps integers)."""
+    """A row's values as ``record``'s fields take them: JSON decoded, booleans as bool."""
     values = []
     for spec, value in zip(dataclasses.fields(record), row, strict=True):
         kind = spec.metadata.get("kind")
@@ -123,8 +119,8 @@ def select_job(execute: Callable[[str, tuple[Any, ...]], Any], job_id: int) -> J
 
 
 def read_job(db: str, job_id: int) -> Job:
-    """Job ``job_id`` of the queue ``db`` (an SQLite path opened read-only, or a PostgreSQL
-    URL whose password is in ``PGPASSWORD``); RuntimeError when it holds no such job."""
+    """Job ``job_id`` of the queue ``db`` (an SQLite path, read-only, or a PostgreSQL URL);
+    RuntimeError when it holds no such job."""
     if db.startswith(("postgresql:", "postgres:")):
         import psycopg
 

@@ -31,7 +31,7 @@ from asyncsoak._process._spawn import REAPER_SCRIPT
 from asyncsoak.queue import Attempt, Job, JobStore, open_store
 from asyncsoak.queue._fleet import is_postgres
 from asyncsoak.queue._models import TERMINAL_STATUSES
-from asyncsoak.queue._retry import INFRASTRUCTURE_REASONS
+from asyncsoak.queue._status import INFRASTRUCTURE_REASONS
 
 from ..conftest import REPO, ReadyFifo, alive
 from .helpers import FAST_SOAK

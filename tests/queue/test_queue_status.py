@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from asyncsoak.queue import describe_exit, final_status, tail, with_soak_verdict
-from asyncsoak.queue._retry import outcome_from_artifact
-from asyncsoak.queue._status import TAIL_BYTES
+from asyncsoak.queue._status import TAIL_BYTES, outcome_from_artifact
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from asyncsoak.cli import main
 from asyncsoak.cli._sweeps import plan_note
 from asyncsoak.queue import JobStore, Outcome, open_store, run_worker
 from asyncsoak.queue._attempt import faulted_gpus
-from asyncsoak.queue._retry import (
+from asyncsoak.queue._status import (
     INFRASTRUCTURE,
     JOB,
     MAX_INFRASTRUCTURE_RETRIES,
@@ -207,7 +207,7 @@ def test_a_progress_dir_that_never_existed_is_the_jobs_failure_like_a_bad_input(
 def test_causes_read_from_the_artifact() -> None:
     """The artifact names the cause: a GPU fault and a scheduler's stop are the
     infrastructure's, an OOM in CUDA the run's, a Python exception the job's."""
-    from asyncsoak.queue._retry import classify
+    from asyncsoak.queue._status import classify
 
     def outcome(**artifact: object) -> Outcome:
         base: dict[str, object] = {"status": "failed", "exit": {"returncode": 1, "pid": 9}}

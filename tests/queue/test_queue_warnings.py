@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncsoak.queue._retry import outcome_from_artifact
-from asyncsoak.queue._status import WARNINGS_HEADER
+from asyncsoak.queue._status import WARNINGS_HEADER, outcome_from_artifact
 
 from ..conftest import REPO
 from .test_queue_cli import LIMIT_S, cli
