@@ -15,16 +15,17 @@ from ._worker_metrics import WORKER_METRIC_NAMES
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-
+Labels = tuple[tuple[str, str], ...]
 #: A sample: its name, its labels, its value.
-Sample = tuple[str, tuple[tuple[str, str], ...], float]
+Sample = tuple[str, Labels, float]
 #: A family: its name, type and help, and its samples.
 Row = tuple[str, str, str, list[Sample]]
 
 #: The soak's phases, exported one-hot as ``asyncsoak_soak_phase{phase}``.
 PHASES = ("starting", "waiting_for_progress", "running", "stopping", "finished")
-#: The step event's figures exported as gauges: (metric, event key, help).
+#: The step event's figures exported as gauges once the trainer wrote a step: (metric, key, help).
 _STEP_METRICS = (
+    ("asyncsoak_step", "step", "The training step, as the trainer's files say."),
     ("asyncsoak_max_steps", "max_steps", "The training's total steps, when known."),
     (
         "asyncsoak_steps_per_second",
@@ -38,76 +39,72 @@ _STEP_METRICS = (
         "Seconds until max_steps at the current step rate, when both are known.",
     ),
 )
-
-_SOAK_INFO = "asyncsoak_soak_info"
-
+#: The tree's figures from the newest sample, and a GPU's from its reading: (metric, key, scale).
 _TREE_METRICS = (
-    ("asyncsoak_tree_processes", "processes", 1.0, "Processes in the supervised tree."),
-    ("asyncsoak_tree_threads", "threads", 1.0, "Threads of the supervised tree."),
-    ("asyncsoak_tree_open_fds", "fds", 1.0, "Open file descriptors of the supervised tree."),
-    ("asyncsoak_tree_cpu_cores", "cpu_percent", 0.01, "CPU the tree uses, in cores."),
-    (
-        "asyncsoak_tree_resident_memory_bytes",
-        "rss_bytes",
-        1.0,
-        "Resident memory of the supervised tree.",
-    ),
-    (
-        "asyncsoak_tree_anonymous_memory_bytes",
-        "anon_bytes",
-        1.0,
-        "Anonymous and shared memory of the supervised tree: what can run out (resident "
-        "memory less clean file-backed pages).",
-    ),
+    ("asyncsoak_tree_processes", "processes", 1.0),
+    ("asyncsoak_tree_threads", "threads", 1.0),
+    ("asyncsoak_tree_open_fds", "fds", 1.0),
+    ("asyncsoak_tree_cpu_cores", "cpu_percent", 0.01),
+    ("asyncsoak_tree_resident_memory_bytes", "rss_bytes", 1.0),
+    ("asyncsoak_tree_anonymous_memory_bytes", "anon_bytes", 1.0),
 )
-#: A GPU's figures: (metric, reading key, scale, help).
 _GPU_METRICS = (
-    (
-        "asyncsoak_gpu_utilization_ratio",
-        "utilization_gpu_percent",
-        0.01,
-        "GPU utilisation (0 to 1).",
-    ),
-    (
-        "asyncsoak_gpu_memory_used_bytes",
-        "memory_used_mib",
-        2**20,
-        "GPU memory used (by every process).",
-    ),
-    ("asyncsoak_gpu_power_watts", "power_draw_w", 1.0, "GPU power draw."),
-    ("asyncsoak_gpu_temperature_celsius", "temperature_gpu_c", 1.0, "GPU temperature."),
+    ("asyncsoak_gpu_utilization_ratio", "utilization_gpu_percent", 0.01),
+    ("asyncsoak_gpu_memory_used_bytes", "memory_used_mib", 2**20),
+    ("asyncsoak_gpu_power_watts", "power_draw_w", 1.0),
+    ("asyncsoak_gpu_temperature_celsius", "temperature_gpu_c", 1.0),
 )
-_TREE_GPU = "asyncsoak_tree_gpu_memory_bytes"
-_THROTTLE = "asyncsoak_gpu_throttle"
+
+#: Each soak metric's help, by the name a scrape shows (a counter's ``_total``, the info's
+#: ``_info``), in the order they are exported.
+_HELP = {
+    "asyncsoak_soak_info": "The supervised soak.",
+    "asyncsoak_soak_phase": "The soak's phase (one-hot).",
+    "asyncsoak_soak_status": "The soak's verdict once it ended (one-hot).",
+    "asyncsoak_soak_exit_code": "The soak's status under --detailed-exit-codes once it ended: "
+    "0 passed, else its primary reason's (see asyncsoak exit-codes); absent when cancelled.",
+    "asyncsoak_progress_changes_total": "File changes seen in the progress directory.",
+    "asyncsoak_progress_last_change_timestamp_seconds": "When progress was last seen (Unix time).",
+    "asyncsoak_last_sample_timestamp_seconds": "When the monitor last sampled the tree (Unix "
+    "time): its heartbeat, which stops moving when the monitor dies or hangs (a textfile keeps "
+    "its last values).",
+    "asyncsoak_seconds_since_progress": "Seconds since the last progress (since the start "
+    "before the first one); absent once the soak ended.",
+    "asyncsoak_stale_limit_seconds": "The limit asyncsoak_seconds_since_progress is held "
+    "against (the startup timeout before the first progress, 0 for none).",
+    "asyncsoak_productive_seconds_total": "Seconds of the run spent in productive training "
+    "steps (the ideal step x the new steps), counted when each step is final.",
+    "asyncsoak_badput_seconds_total": "Seconds of the run lost, by kind (startup, slow_steps, "
+    "checkpoint, stall, wasted, shutdown, other), counted when final.",
+    "asyncsoak_tree_processes": "Processes in the supervised tree.",
+    "asyncsoak_tree_threads": "Threads of the supervised tree.",
+    "asyncsoak_tree_open_fds": "Open file descriptors of the supervised tree.",
+    "asyncsoak_tree_cpu_cores": "CPU the tree uses, in cores.",
+    "asyncsoak_tree_resident_memory_bytes": "Resident memory of the supervised tree.",
+    "asyncsoak_tree_anonymous_memory_bytes": "Anonymous and shared memory of the supervised "
+    "tree: what can run out (resident memory less clean file-backed pages).",
+    "asyncsoak_tree_memory_growth_bytes_per_second": "The trend of the tree's memory that can "
+    "run out (anonymous + shared: the soak's trend estimate, after its warm-up).",
+    "asyncsoak_memory_projected_exhaustion_timestamp_seconds": "When the tree's memory is "
+    "projected to reach its limit (Unix time).",
+    "asyncsoak_ranks": "Ranks of a distributed run in the supervised tree (RANK and its kin in "
+    "their environment).",
+    "asyncsoak_rank_cpu_cores": "CPU each rank uses (its process and its workers), in cores.",
+    "asyncsoak_gpu_utilization_ratio": "GPU utilisation (0 to 1).",
+    "asyncsoak_gpu_memory_used_bytes": "GPU memory used (by every process).",
+    "asyncsoak_gpu_power_watts": "GPU power draw.",
+    "asyncsoak_gpu_temperature_celsius": "GPU temperature.",
+    "asyncsoak_tree_gpu_memory_bytes": "GPU memory held by the supervised tree's processes.",
+    "asyncsoak_gpu_throttle": "1 for each clock event reason active on the GPU (NVML's names).",
+    "asyncsoak_gpu_fault": "1 once the GPU reported a fault that fails a run (an Xid that "
+    "fails, an uncorrectable ECC error, a row remap pending or failed, the GPU lost).",
+    "asyncsoak_gpu_xid_errors_total": "Xid errors the kernel logged for the GPU, by Xid code.",
+    "asyncsoak_sampler_degraded": "1 while a sampler is degraded (its readings missing or late).",
+}
 
 #: Every metric name asyncsoak exports (as a scrape shows them), the soak's and the worker's,
-#: for the shipped rules.
-METRIC_NAMES = WORKER_METRIC_NAMES | frozenset(
-    {
-        "asyncsoak_soak_info",
-        "asyncsoak_soak_phase",
-        "asyncsoak_soak_status",
-        "asyncsoak_soak_exit_code",
-        "asyncsoak_progress_changes_total",
-        "asyncsoak_progress_last_change_timestamp_seconds",
-        "asyncsoak_last_sample_timestamp_seconds",
-        "asyncsoak_seconds_since_progress",
-        "asyncsoak_stale_limit_seconds",
-        *(name for name, *_ in _TREE_METRICS),
-        "asyncsoak_ranks",
-        "asyncsoak_rank_cpu_cores",
-        "asyncsoak_tree_memory_growth_bytes_per_second",
-        "asyncsoak_memory_projected_exhaustion_timestamp_seconds",
-        *(name for name, *_ in _GPU_METRICS),
-        _TREE_GPU,
-        "asyncsoak_gpu_throttle",
-        "asyncsoak_gpu_fault",
-        "asyncsoak_gpu_xid_errors_total",
-        "asyncsoak_sampler_degraded",
-        "asyncsoak_productive_seconds_total",
-        "asyncsoak_badput_seconds_total",
-    }
-)
+#: for the shipped rules (the step's figures aside).
+METRIC_NAMES = WORKER_METRIC_NAMES | frozenset(_HELP)
 
 
 class SoakMetrics(SoakFold):
@@ -115,205 +112,113 @@ class SoakMetrics(SoakFold):
 
     def rows(self) -> list[Row]:
         """Every family as plain rows, which :meth:`collect` hands to ``prometheus_client``."""
-        soak = (("soak_id", self.soak_id),)
         rows: list[Row] = []
+        run, goodput = self.run, self.run.goodput_fold
 
-        def gauge(name: str, help_text: str, value: float | None) -> None:
+        def add(
+            name: str, samples: Iterable[tuple[Mapping[str, Any], float]], text: str = ""
+        ) -> None:
+            """A family of (labels, value) samples, by the name a scrape shows."""
+            kind = "counter" if name.endswith("_total") else "gauge"
+            kind = "info" if name.endswith("_info") else kind
+            family = name if kind == "gauge" else name.rsplit("_", 1)[0]
+            rows.append(
+                (
+                    family,
+                    kind,
+                    text or _HELP[name],
+                    [
+                        (name, _labels(labels, self.soak_id), float(value))
+                        for labels, value in samples
+                    ],
+                )
+            )
+
+        def gauge(name: str, value: float | None, text: str = "") -> None:
             if value is not None:
-                rows.append((name, "gauge", help_text, [(name, soak, value)]))
+                add(name, [({}, value)], text)
 
-        def labelled(name: str, help_text: str, label: str, values: Iterable[Any]) -> None:
-            """A gauge by ``label``: a sample per ``(label value, value)``."""
-            samples = [
-                (name, tuple(sorted(((label, str(key)), *soak))), float(value))
-                for key, value in values
-            ]
-            rows.append((name, "gauge", help_text, samples))
+        def one_hot(name: str, label: str, values: Iterable[str], chosen: str) -> None:
+            add(name, [({label: value}, value == chosen) for value in values])
 
-        run = self.run
         info = self.info()
         if info is not None:
-            rows.append(
-                ("asyncsoak_soak", "info", "The supervised soak.", [(_SOAK_INFO, info, 1.0)])
-            )
-        phase = self.phase()
-        labelled(
-            "asyncsoak_soak_phase",
-            "The soak's phase (one-hot).",
-            "phase",
-            ((name, name == phase) for name in PHASES),
-        )
+            add("asyncsoak_soak_info", [(dict(info), 1.0)])
+        one_hot("asyncsoak_soak_phase", "phase", PHASES, self.phase())
         if run.status is not None:
-            labelled(
-                "asyncsoak_soak_status",
-                "The soak's verdict once it ended (one-hot).",
-                "status",
-                ((name, name == run.status) for name in SoakStatus),
-            )
+            one_hot("asyncsoak_soak_status", "status", SoakStatus, run.status)
         if run.status is not None and run.status != SoakStatus.CANCELLED:
             reasons = [failure["reason"] for failure in run.failures[:1]]
-            gauge(
-                "asyncsoak_soak_exit_code",
-                "The soak's status under --detailed-exit-codes once it ended: 0 passed, else "
-                "its primary reason's (see asyncsoak exit-codes); absent when cancelled.",
-                float(exits.verdict_exit_code(run.status, reasons, detailed=True)),
-            )
-        rows.append(
-            _counter(
-                "asyncsoak_progress_changes",
-                "File changes seen in the progress directory.",
-                [(soak, float(run.progress_changes))],
-            )
-        )
+            code = exits.verdict_exit_code(run.status, reasons, detailed=True)
+            gauge("asyncsoak_soak_exit_code", code)
+        add("asyncsoak_progress_changes_total", [({}, run.progress_changes)])
         start, sampled = self.started_epoch, self.sample_t()
         if run.last_progress is not None and start is not None:
-            gauge(
-                "asyncsoak_progress_last_change_timestamp_seconds",
-                "When progress was last seen (Unix time).",
-                start + run.last_progress,
-            )
-        gauge(
-            "asyncsoak_last_sample_timestamp_seconds",
-            "When the monitor last sampled the tree (Unix time): its heartbeat, which stops "
-            "moving when the monitor dies or hangs (a textfile keeps its last values).",
-            None if start is None or sampled is None else start + sampled,
-        )
-        gauge(
-            "asyncsoak_seconds_since_progress",
-            "Seconds since the last progress (since the start before the first one); "
-            "absent once the soak ended.",
-            self.seconds_since_progress(),
-        )
-        gauge(
-            "asyncsoak_stale_limit_seconds",
-            "The limit asyncsoak_seconds_since_progress is held against (the startup "
-            "timeout before the first progress, 0 for none).",
-            self.stale_limit_seconds(),
-        )
-        step: Mapping[str, Any] | None = run.step
-        if step is not None:  # the training's own figures, once the trainer wrote a step
-            gauge("asyncsoak_step", "The training step, as the trainer's files say.", step["step"])
-            for name, key, help_text in _STEP_METRICS:
-                gauge(name, help_text, number(step.get(key)))
+            gauge("asyncsoak_progress_last_change_timestamp_seconds", start + run.last_progress)
+        sample_at = None if start is None or sampled is None else start + sampled
+        gauge("asyncsoak_last_sample_timestamp_seconds", sample_at)
+        gauge("asyncsoak_seconds_since_progress", self.seconds_since_progress())
+        gauge("asyncsoak_stale_limit_seconds", self.stale_limit_seconds())
+        if run.step is not None:  # the training's own figures, once the trainer wrote a step
+            for name, key, text in _STEP_METRICS:
+                gauge(name, number(run.step.get(key)), text)
         # The run's time so far as productive and lost (docs/goodput.md), counted once final:
         # 0 until the trainer's second step.
-        goodput = run.goodput_fold
-        rows.append(
-            _counter(
-                "asyncsoak_productive_seconds",
-                "Seconds of the run spent in productive training steps (the ideal step x the "
-                "new steps), counted when each step is final.",
-                [(soak, goodput.productive_seconds)],
-            )
-        )
-        rows.append(
-            _counter(
-                "asyncsoak_badput_seconds",
-                "Seconds of the run lost, by kind (startup, slow_steps, checkpoint, stall, "
-                "wasted, shutdown, other), counted when final.",
-                [((("kind", k), *soak), v) for k, v in goodput.badput_seconds.items()],
-            )
-        )
+        add("asyncsoak_productive_seconds_total", [({}, goodput.productive_seconds)])
+        badput = [({"kind": kind}, v) for kind, v in goodput.badput_seconds.items()]
+        add("asyncsoak_badput_seconds_total", badput)
         tree = self.tree()
-        for name, key, scale, help_text in _TREE_METRICS:
-            gauge(name, help_text, scaled(tree.get(key), scale))
-        gauge(
-            "asyncsoak_tree_memory_growth_bytes_per_second",
-            "The trend of the tree's memory that can run out (anonymous + shared: the soak's "
-            "trend estimate, after its warm-up).",
-            self.growth_bytes_per_second,
-        )
-        gauge(
-            "asyncsoak_memory_projected_exhaustion_timestamp_seconds",
-            "When the tree's memory is projected to reach its limit (Unix time).",
-            self.projected_exhaustion,
-        )
+        for name, key, scale in _TREE_METRICS:
+            gauge(name, scaled(tree.get(key), scale))
+        gauge("asyncsoak_tree_memory_growth_bytes_per_second", self.growth_bytes_per_second)
+        gauge("asyncsoak_memory_projected_exhaustion_timestamp_seconds", self.projected_exhaustion)
         if self.rank_cpu:
-            gauge(
-                "asyncsoak_ranks",
-                "Ranks of a distributed run in the supervised tree (RANK and its kin in "
-                "their environment).",
-                float(len(self.rank_cpu)),
-            )
-            labelled(
-                "asyncsoak_rank_cpu_cores",
-                "CPU each rank uses (its process and its workers), in cores.",
-                "rank",
-                sorted(self.rank_cpu.items()),
-            )
-        rows.extend(self._gpu_rows())
-        rows.extend(self._gpu_health_rows())
-        labelled(
-            "asyncsoak_sampler_degraded",
-            "1 while a sampler is degraded (its readings missing or late).",
-            "sampler",
-            sorted(self.degraded().items()),
-        )
+            gauge("asyncsoak_ranks", len(self.rank_cpu))
+            ranks = sorted(self.rank_cpu.items())
+            add("asyncsoak_rank_cpu_cores", [({"rank": rank}, cpu) for rank, cpu in ranks])
+        for name, samples in self._gpu_samples().items():
+            present = [(labels, value) for labels, value in samples if value is not None]
+            if present:
+                add(name, present)
+        degraded = sorted(self.degraded().items())
+        add("asyncsoak_sampler_degraded", [({"sampler": s}, down) for s, down in degraded])
         return rows
 
-    def _gpu_rows(self) -> list[Row]:
-        samples: dict[str, list[Sample]] = {name: [] for name, *_ in _GPU_METRICS}
-        samples[_TREE_GPU], samples[_THROTTLE] = [], []
-        for index, (uuid, reading, tree_bytes) in sorted(self.gpus().items()):
-            key = (("gpu", index), ("soak_id", self.soak_id), ("uuid", uuid))
-            for name, field, scale, _ in _GPU_METRICS:
-                value = scaled(reading.get(field), scale)
-                if value is not None:
-                    samples[name].append((name, key, value))
-            if tree_bytes is not None:
-                samples[_TREE_GPU].append((_TREE_GPU, key, tree_bytes))
-            reasons = reading.get("clock_event_reasons")
-            if reasons is not None:
-                active = {str(r) for r in reasons}
-                for reason in sorted(set(CLOCK_EVENT_REASONS.values()) | active):
-                    labels = (key[0], ("reason", reason), key[1], key[2])
-                    samples[_THROTTLE].append((_THROTTLE, labels, float(reason in active)))
-        helps = [(name, help_text) for name, _, _, help_text in _GPU_METRICS]
-        helps += [
-            (_TREE_GPU, "GPU memory held by the supervised tree's processes."),
-            (_THROTTLE, "1 for each clock event reason active on the GPU (NVML's names)."),
+    def _gpu_samples(self) -> dict[str, list[tuple[dict[str, str], float | None]]]:
+        """The GPU families' samples (None where a GPU lacks the figure); the Xid counter and
+        the fault gauge labelled as dcgm-exporter labels GPUs (``gpu``, ``UUID``), so PromQL
+        joins with its series."""
+        gpus = sorted(self.gpus().items())
+        at = [
+            ({"gpu": index, "uuid": uuid}, reading, held) for index, (uuid, reading, held) in gpus
         ]
-        return [(name, "gauge", text, samples[name]) for name, text in helps if samples[name]]
-
-    def _gpu_health_rows(self) -> list[Row]:
-        """The Xid counter by code and the fault gauge per GPU, labelled as dcgm-exporter
-        labels GPUs (``gpu``, ``UUID``), so PromQL joins with its series."""
-        soak = ("soak_id", self.soak_id)
-        faulted = {(index, uuid): False for index, (uuid, _, _) in self.gpus().items()}
+        samples = {
+            name: [(labels, scaled(reading.get(key), scale)) for labels, reading, _ in at]
+            for name, key, scale in _GPU_METRICS
+        }
+        samples["asyncsoak_tree_gpu_memory_bytes"] = [(labels, held) for labels, _, held in at]
+        samples["asyncsoak_gpu_throttle"] = [
+            ({**labels, "reason": reason}, reason in active)
+            for labels, reading, _ in at
+            if reading.get("clock_event_reasons") is not None
+            for active in [{str(r) for r in reading["clock_event_reasons"]}]
+            for reason in sorted(set(CLOCK_EVENT_REASONS.values()) | active)
+        ]
         health = {
             ("" if i < 0 else str(i), gpu.uuid or ""): gpu
             for i, gpu in self.run.gpu_health.gpus.items()
         }
+        faulted = {(index, uuid): False for index, (uuid, _, _) in gpus}
         faulted.update({key: True for key, gpu in health.items() if gpu.failed})
-        xids = {
-            (*key, xid): count for key, gpu in health.items() for xid, count in gpu.xids.items()
-        }
-        rows: list[Row] = []
-        if faulted:
-            rows.append(
-                (
-                    "asyncsoak_gpu_fault",
-                    "gauge",
-                    "1 once the GPU reported a fault that fails a run (an Xid that fails, an "
-                    "uncorrectable ECC error, a row remap pending or failed, the GPU lost).",
-                    [
-                        ("asyncsoak_gpu_fault", (("UUID", uuid), ("gpu", index), soak), float(bad))
-                        for (index, uuid), bad in sorted(faulted.items())
-                    ],
-                )
-            )
-        if xids:
-            rows.append(
-                _counter(
-                    "asyncsoak_gpu_xid_errors",
-                    "Xid errors the kernel logged for the GPU, by Xid code.",
-                    [
-                        ((("UUID", uuid), ("gpu", index), soak, ("xid", xid)), float(count))
-                        for (index, uuid, xid), count in sorted(xids.items())
-                    ],
-                )
-            )
-        return rows
+        samples["asyncsoak_gpu_fault"] = [
+            ({"UUID": uuid, "gpu": index}, bad) for (index, uuid), bad in sorted(faulted.items())
+        ]
+        samples["asyncsoak_gpu_xid_errors_total"] = [
+            ({"UUID": uuid, "gpu": index, "xid": xid}, count)
+            for (index, uuid), gpu in sorted(health.items())
+            for xid, count in sorted(gpu.xids.items())
+        ]
+        return samples
 
     def collect(self) -> Iterator[Metric]:
         """The families for a ``prometheus_client`` registry."""
@@ -326,8 +231,6 @@ class SoakMetrics(SoakFold):
             yield family
 
 
-def _counter(
-    name: str, help_text: str, samples: list[tuple[tuple[tuple[str, str], ...], float]]
-) -> Row:
-    """A counter's row: its samples are ``NAME_total``."""
-    return (name, "counter", help_text, [(f"{name}_total", labels, v) for labels, v in samples])
+def _labels(labels: Mapping[str, Any], soak_id: str) -> Labels:
+    """A sample's labels, the soak's id among them, sorted by name."""
+    return tuple(sorted({**{k: str(v) for k, v in labels.items()}, "soak_id": soak_id}.items()))
