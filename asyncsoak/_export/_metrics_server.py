@@ -11,6 +11,7 @@ import socket
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -280,11 +281,6 @@ def _parse_head(head: bytes) -> tuple[str, dict[str, str]]:
     return lines[0].strip(), headers
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
-_REASONS[431] = "Request Header Fields Too Large"
-_REASONS[503] = "Service Unavailable"
-
-
 def _response(
     status: int,
     body: bytes,
@@ -294,7 +290,7 @@ def _response(
     head_only: str = "GET",
 ) -> bytes:
     head = (
-        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
         f"Content-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\n"
         "Connection: close\r\n"
@@ -337,19 +333,13 @@ class SoakMetricsRuntime:
         self.server = (
             None if listener is None else MetricsServer(listener, self._render, soak.health)
         )
-        self.textfile = (
-            None
-            if config.textfile_dir is None
-            else config.textfile_dir / f"asyncsoak_{soak.soak_id}.prom"
-        )
+        folder = config.textfile_dir
+        self.textfile = None if folder is None else folder / f"asyncsoak_{soak.soak_id}.prom"
         self.textfile_error: str | None = None
         self._dirty = anyio.Event()
         self._final_scraped = anyio.Event()
         self._write_lock = anyio.Lock()
-        soak.on_change = self._changed
-
-    def _changed(self) -> None:
-        self._dirty.set()
+        soak.on_change = lambda: self._dirty.set()
 
     def _render(self, accept: str) -> tuple[bytes, str]:
         page = render(self.registry, accept)
@@ -412,7 +402,6 @@ async def open_soak_metrics(
     config: Metrics, soak_id: str, limiter: anyio.CapacityLimiter, run: RunState | None
 ) -> SoakMetricsRuntime:
     """Bind what the soak's metrics (read from ``run``) need before anything is launched."""
-    listener = None
-    if config.port is not None:
-        listener = await open_listener(config.address, config.port)
+    port = config.port
+    listener = None if port is None else await open_listener(config.address, port)
     return SoakMetricsRuntime(config, listener, SoakMetrics(soak_id, run=run), limiter)
