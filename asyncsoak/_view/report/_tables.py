@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import shlex
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..._contract import Artifact, FailureReason, SoakStatus, format_duration
@@ -21,6 +20,7 @@ from .._sections import (
     summary_figure,
     top_processes,
     trend_verdicts,
+    wall_clock,
 )
 from .._status import is_pass, status_words
 from .._summary import progress_text
@@ -139,7 +139,7 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
         files = ", ".join(f"<code>{html.escape(p)}</code>" for p in last["paths"][:4])
         rows.append(
             f"<dt>Last progress</dt><dd>{format_duration(last['t'])} "
-            f"({html.escape(_wall_clock(artifact, last['t']))}), "
+            f"({html.escape(wall_clock(artifact, last['t']) or '?')}), "
             f"{format_duration(last['before_end'])} before {end}{': ' if files else ''}{files}</dd>"
         )
     elif artifact["status"] != SoakStatus.PASSED:
@@ -179,14 +179,6 @@ def _log_excerpt_html(lines: Sequence[str], traceback: Sequence[int] | None) -> 
         + ' (<a href="#log">all of it</a>):</p>'
         + f'<pre class="log excerpt">{chr(10).join(shown)}</pre>'
     )
-
-
-def _wall_clock(artifact: Artifact, t: float) -> str:
-    started = artifact["started_at"]
-    if not started:
-        return "?"
-    moment = datetime.fromisoformat(started.replace("Z", "+00:00")) + timedelta(seconds=t)
-    return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
 
 
 def role_text(role: object) -> str:
