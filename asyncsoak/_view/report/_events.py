@@ -26,7 +26,7 @@ from .._sections import (
     stop_section,
     wall_clock,
 )
-from ._text import head_row, table_row
+from ._assets import head_row, table_row
 
 #: Characters of the command shown before it is folded.
 COMMAND_SHOWN = 240

@@ -11,10 +11,9 @@ from typing import Any
 from ..._contract import Artifact, format_duration, parse_iso
 from .._evidence import leaking_series, stall_window
 from .._fields import gpu_index
-from ._assets import READOUT_SCRIPT, RENDERED_SCRIPT, figure_html
+from ._assets import READOUT_SCRIPT, RENDERED_SCRIPT, figure_html, plot_text
 from ._detail import RunDetail
 from ._panels import Panel, axis_title, group_sort_key, is_reference, scale_for
-from ._text import plot_text
 from ._timeline import COLORS, SPARSE_POINTS, TimelineModel
 
 #: Behind a note on a panel: the lines show through, faintly.

@@ -21,7 +21,7 @@ from .._job_view import job_word, offset_text, soak_label
 from .._sections import column, series_group
 from .._status import status_words
 from .._summary import summarize
-from ._assets import PLOTLY_LOADER, STYLE, figure_html
+from ._assets import PLOTLY_LOADER, STYLE, figure_html, head_row, plot_text, table_row
 from ._detail import detail_for
 from ._events import events_html, forensics_html, leftovers_html, log_html
 from ._figure import Timeline
@@ -35,7 +35,6 @@ from ._tables import (
     steady_html,
     verdict_html,
 )
-from ._text import head_row, plot_text, table_row
 
 
 class ReportUnavailableError(AsyncsoakError):

@@ -25,8 +25,8 @@ from .._sections import (
 from .._status import is_pass, status_words
 from .._summary import progress_text
 from .._training import training_line
+from ._assets import head_row, table_row
 from ._events import COMMAND_SHOWN
-from ._text import head_row, table_row
 
 if TYPE_CHECKING:
     from ._timeline import TimelineModel
