@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._contract import Artifact, FailureReason, SoakStatus, format_duration
@@ -203,28 +203,26 @@ def processes_html(artifact: Artifact) -> str:
     rows = []
     for p in processes:
         # A series judged too short has no trend.
-        trend = trends.get(f"process.{p['pid']}.anon_bytes") or trends.get(
-            f"process.{p['pid']}.rss_bytes"
+        key = f"process.{p['pid']}"
+        trend: Mapping[str, Any] = (
+            trends.get(f"{key}.anon_bytes") or trends.get(f"{key}.rss_bytes") or {}
         )
-        first, peak, last = p["first_rss_bytes"], p["peak_rss_bytes"], p["last_rss_bytes"]
-        rss = " → ".join(format_value(v, "bytes", like=peak) for v in (first, peak, last))
-        slope = None if trend is None else trend["slope_per_hour"]
-        verdict = "" if trend is None else trend["verdict"]
+        peak, gpu = p["peak_rss_bytes"], p["peak_gpu_memory_bytes"]
+        rss = (p["first_rss_bytes"], peak, p["last_rss_bytes"])
+        slope, verdict = trend.get("slope_per_hour"), trend.get("verdict", "")
         growth = (
             rate_text(float(slope), "bytes", float(trend["span_seconds"]), like=peak)
-            if trend is not None and isinstance(slope, int | float)
+            if isinstance(slope, int | float)
             else ""
         )
         cells = [
             p["pid"],
             p["name"] or "?",
             role_text(process_role(p)),
-            rss,
+            " → ".join(format_value(v, "bytes", like=peak) for v in rss),
             f"{growth} ({verdict})" if growth else verdict or "-",
             format_value(p["mean_cpu_percent"], "%"),
-            format_value(p["peak_gpu_memory_bytes"], "bytes")
-            if p["peak_gpu_memory_bytes"]
-            else "-",
+            format_value(gpu, "bytes") if gpu else "-",
             p["peak_threads"],
         ]
         rows.append(table_row(cells, "leak" if verdict == "leak" else ""))
@@ -240,17 +238,17 @@ def processes_html(artifact: Artifact) -> str:
     )
     notes = [
         "The tree's RSS adds up each process's resident memory: pages that forked workers "
-        "share are counted once per process, so it can exceed the machine's used memory."
+        "share are counted once per process, so it can exceed the machine's used memory.",
+        _cpu_competition(artifact),
     ]
-    competing = _cpu_competition(artifact)
-    if competing:
-        notes.append(competing)
     return (
         '<section id="processes"><h2>Processes</h2>'
-        f'<table class="processes">{head}{"".join(rows)}</table>'
-        + "".join(f'<p class="help">{html.escape(n)}</p>' for n in notes)
-        + "</section>"
+        f'<table class="processes">{head}{"".join(rows)}</table>{_helps(notes)}</section>'
     )
+
+
+def _helps(notes: Iterable[str | None]) -> str:
+    return "".join(f'<p class="help">{html.escape(n)}</p>' for n in notes if n is not None)
 
 
 def _cpu_competition(artifact: Artifact) -> str | None:
@@ -292,7 +290,7 @@ def compare_html(artifact: Artifact, baseline: Artifact | None, name: str | None
         else "no regression against the baseline"
     )
     head = head_row("", "baseline", "this run", "change", "")
-    notes = "".join(f'<p class="help">{html.escape(n)}</p>' for n in comparison.notes)
+    notes = _helps(comparison.notes)
     return (
         f'<section id="compare"><h2>Against the baseline {html.escape(name or "")}</h2>'
         f"<p><b>{html.escape(verdict)}</b>. Its lines are dashed beneath this run's.</p>"
