@@ -8,11 +8,10 @@ import json
 from collections import Counter
 from typing import Any
 
-from ..._contract import Artifact, format_duration, parse_iso
+from ..._contract import format_duration, parse_iso
 from .._evidence import leaking_series, stall_window
 from .._fields import gpu_index
 from ._assets import READOUT_SCRIPT, RENDERED_SCRIPT, figure_html, plot_text
-from ._detail import RunDetail
 from ._panels import Panel, axis_title, group_sort_key, is_reference, scale_for
 from ._timeline import COLORS, SPARSE_POINTS, TimelineModel
 
@@ -25,13 +24,9 @@ class Timeline(TimelineModel):
     """One plotly figure of a :class:`TimelineModel` (plotly ships no types: figures are
     ``Any``)."""
 
-    def __init__(
-        self, artifact: Artifact, detail: RunDetail | None, baseline: Artifact | None = None
-    ) -> None:
-        super().__init__(artifact, detail, baseline)
-        #: The unit each drawn panel's axis got, by panel key.
-        self.panel_units: dict[str, str] = {}
-        self._scatter: Any = None  # plotly's Scatter, once drawing
+    #: The unit each drawn panel's axis got, by panel key, once drawn.
+    panel_units: dict[str, str]
+    _scatter: Any  # plotly's Scatter
 
     def to_html(self) -> str:
         import plotly.graph_objects as go
@@ -51,7 +46,7 @@ class Timeline(TimelineModel):
             vertical_spacing=gap / plot_height,
             subplot_titles=[plot_text(title) for title in titles],
         )
-        self._scatter = go.Scatter
+        self._scatter, self.panel_units = go.Scatter, {}
         self._draw_lanes(fig, lanes)
         self._draw_progress(fig)
         for row, panel in enumerate(self.panels, start=3):
