@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -79,10 +78,9 @@ class MetricsServer:
         self._active = 0
         self._waiting: dict[_Waiting, None] = {}
         self._failures = 0
-        self._handoff: deque[
-            tuple[Callable[..., Coroutine[Any, Any, None]], tuple[object, ...]]
-        ] = deque()
-        self._handoff_ready: asyncio.Event
+        self._handoff: asyncio.Queue[
+            tuple[Callable[..., Coroutine[Any, Any, None]], tuple[Any, ...]]
+        ]
         self._tg: anyio.abc.TaskGroup
         self._stopped: anyio.Event
         self._loop: asyncio.AbstractEventLoop
@@ -99,7 +97,7 @@ class MetricsServer:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._stopped = anyio.Event()
-                self._handoff_ready = asyncio.Event()
+                self._handoff = asyncio.Queue()
                 tg.start_soon(self._start_handed_off)
                 self._loop.add_reader(self.listener, self._on_readable)
                 try:
@@ -132,17 +130,13 @@ class MetricsServer:
     def _spawn(self, func: Callable[..., Coroutine[Any, Any, None]], *args: object) -> None:
         """Start ``func(*args)`` in a task, from the reader callback: outside any task anyio
         cannot start one (with trio's ``sniffio`` it cannot even tell the loop), so a task of
-        the server does, woken through a plain asyncio event."""
-        self._handoff.append((func, args))
-        self._handoff_ready.set()
+        the server does, woken through a plain asyncio queue."""
+        self._handoff.put_nowait((func, args))
 
     async def _start_handed_off(self) -> None:
         while True:
-            await self._handoff_ready.wait()
-            self._handoff_ready.clear()
-            while self._handoff:
-                func, args = self._handoff.popleft()
-                self._tg.start_soon(func, *args)
+            func, args = await self._handoff.get()
+            self._tg.start_soon(func, *args)
 
     def _resume(self) -> None:
         if not self._stopped.is_set():

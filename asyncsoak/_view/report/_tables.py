@@ -344,6 +344,16 @@ def look_first_html(summary: Mapping[str, Any]) -> str:
     return f'<section class="look"><h2>What to look at first</h2><ul>{items}</ul></section>'
 
 
+#: The GPU table's figures: (summary key, unit, column).
+GPU_COLUMNS = (
+    ("utilization_mean_percent", "%", "utilisation mean"),
+    ("utilization_max_percent", "%", "max"),
+    ("memory_used_max_mib", "MiB", "memory used max"),
+    ("power_max_w", "W", "power max"),
+    ("temperature_max_c", "°C", "temperature max"),
+)
+
+
 def gpu_html(summary: Mapping[str, Any], timeline: TimelineModel) -> str:
     gpus = summary["gpus"]
     if not gpus:
@@ -353,25 +363,7 @@ def gpu_html(summary: Mapping[str, Any], timeline: TimelineModel) -> str:
         throttled = ", ".join(g["throttle_reasons"]) or "-"
         if g["throttle_reasons"] and g["gpu"] not in timeline.throttle:
             throttled += " (when: in the journal)"
-        figures = [
-            format_value(g[key], unit)
-            for key, unit in (
-                ("utilization_mean_percent", "%"),
-                ("utilization_max_percent", "%"),
-                ("memory_used_max_mib", "MiB"),
-                ("power_max_w", "W"),
-                ("temperature_max_c", "°C"),
-            )
-        ]
+        figures = [format_value(g[key], unit) for key, unit, _ in GPU_COLUMNS]
         rows.append(table_row([g["gpu"], g["name"] or "n/a", *figures, throttled]))
-    head = head_row(
-        "GPU",
-        "name",
-        "utilisation mean",
-        "max",
-        "memory used max",
-        "power max",
-        "temperature max",
-        "clocks held back by",
-    )
+    head = head_row("GPU", "name", *(column for *_, column in GPU_COLUMNS), "clocks held back by")
     return f'<section id="gpus"><h2>GPUs</h2><table>{head}{"".join(rows)}</table></section>'
