@@ -163,16 +163,9 @@ def render_job_report(
         xs = [start + timedelta(seconds=float(t)) for t in schema.series_times(tree)]
         label = plot_text(f"{soak_label(soak)} ({soak['node']})")
         rss = [None if v is None else v / 2**20 for v in column(tree, "rss_bytes")]
-        figure.add_scatter(x=xs, y=rss, name=label, legendgroup=label, row=1, col=1)
-        figure.add_scatter(
-            x=xs,
-            y=column(tree, "cpu_percent"),
-            name=label,
-            legendgroup=label,
-            showlegend=False,
-            row=2,
-            col=1,
-        )
+        trace = {"x": xs, "name": label, "legendgroup": label, "col": 1}
+        figure.add_scatter(y=rss, row=1, **trace)
+        figure.add_scatter(y=column(tree, "cpu_percent"), showlegend=False, row=2, **trace)
         failure = soak["first_failure"]
         moment = None if failure is None else parse_iso_or_none(failure["at"])
         if moment is not None:
