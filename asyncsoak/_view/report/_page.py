@@ -65,6 +65,7 @@ def render_report(
     summary = summarize(artifact)
     timeline = Timeline(artifact, detail, baseline)
     figure_html = timeline.to_html()
+    made_from = f" from {html.escape(source)}" if source else ""
     body = [
         verdict_html(summary),
         evidence_html(artifact, summary),
@@ -86,7 +87,8 @@ def render_report(
         leftovers_html(artifact),
         forensics_html(artifact),
         log_html(artifact),
-        _footer_html(artifact, source),
+        f"<footer>asyncsoak {VERSION} report{made_from}; "
+        f"journal {html.escape(str(artifact['monitor']['journal_path']))}.</footer>",
     ]
     title = f"{status_words(summary['status'])}: {summary['headline']}"
     return PAGE.format(
@@ -127,15 +129,6 @@ window.addEventListener("unhandledrejection", function (e) {{
 {body}
 </body></html>
 """
-
-
-def _footer_html(artifact: Artifact, source: str | None) -> str:
-    made_from = f" from {html.escape(source)}" if source else ""
-    journal = artifact["monitor"]["journal_path"]
-    return (
-        f"<footer>asyncsoak {VERSION} report{made_from}; journal "
-        f"{html.escape(str(journal))}.</footer>"
-    )
 
 
 def render_job_report(
