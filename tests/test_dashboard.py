@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from asyncsoak._export._soak_fold import program_name
-from asyncsoak._export._soak_metrics import SoakMetrics
+from asyncsoak._export._soak_metrics import SoakMetrics, program_name
 from asyncsoak._export._worker_metrics import WorkerMetrics
 
 from .conftest import REPO

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,13 +76,7 @@ def validate_metrics(metrics: object) -> Metrics | None:
         import prometheus_client  # noqa: F401
     except ImportError:
         raise MetricsUnavailableError() from None
-    return Metrics(
-        port=port,
-        address=metrics.address,
-        textfile_dir=textfile_dir,
-        linger_seconds=float(linger),
-        registry=metrics.registry,
-    )
+    return replace(metrics, textfile_dir=textfile_dir, linger_seconds=float(linger))
 
 
 def new_registry(*collectors: Any) -> CollectorRegistry:

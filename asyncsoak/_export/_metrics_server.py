@@ -8,9 +8,9 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -78,10 +78,9 @@ class MetricsServer:
         self._active = 0
         self._waiting: dict[_Waiting, None] = {}
         self._failures = 0
-        self._handoff: deque[
-            tuple[Callable[..., Coroutine[Any, Any, None]], tuple[object, ...]]
-        ] = deque()
-        self._handoff_ready: asyncio.Event
+        self._handoff: asyncio.Queue[
+            tuple[Callable[..., Coroutine[Any, Any, None]], tuple[Any, ...]]
+        ]
         self._tg: anyio.abc.TaskGroup
         self._stopped: anyio.Event
         self._loop: asyncio.AbstractEventLoop
@@ -98,7 +97,7 @@ class MetricsServer:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 self._stopped = anyio.Event()
-                self._handoff_ready = asyncio.Event()
+                self._handoff = asyncio.Queue()
                 tg.start_soon(self._start_handed_off)
                 self._loop.add_reader(self.listener, self._on_readable)
                 try:
@@ -131,17 +130,13 @@ class MetricsServer:
     def _spawn(self, func: Callable[..., Coroutine[Any, Any, None]], *args: object) -> None:
         """Start ``func(*args)`` in a task, from the reader callback: outside any task anyio
         cannot start one (with trio's ``sniffio`` it cannot even tell the loop), so a task of
-        the server does, woken through a plain asyncio event."""
-        self._handoff.append((func, args))
-        self._handoff_ready.set()
+        the server does, woken through a plain asyncio queue."""
+        self._handoff.put_nowait((func, args))
 
     async def _start_handed_off(self) -> None:
         while True:
-            await self._handoff_ready.wait()
-            self._handoff_ready.clear()
-            while self._handoff:
-                func, args = self._handoff.popleft()
-                self._tg.start_soon(func, *args)
+            func, args = await self._handoff.get()
+            self._tg.start_soon(func, *args)
 
     def _resume(self) -> None:
         if not self._stopped.is_set():
@@ -280,11 +275,6 @@ def _parse_head(head: bytes) -> tuple[str, dict[str, str]]:
     return lines[0].strip(), headers
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
-_REASONS[431] = "Request Header Fields Too Large"
-_REASONS[503] = "Service Unavailable"
-
-
 def _response(
     status: int,
     body: bytes,
@@ -294,7 +284,7 @@ def _response(
     head_only: str = "GET",
 ) -> bytes:
     head = (
-        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
         f"Content-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\n"
         "Connection: close\r\n"
@@ -337,19 +327,13 @@ class SoakMetricsRuntime:
         self.server = (
             None if listener is None else MetricsServer(listener, self._render, soak.health)
         )
-        self.textfile = (
-            None
-            if config.textfile_dir is None
-            else config.textfile_dir / f"asyncsoak_{soak.soak_id}.prom"
-        )
+        folder = config.textfile_dir
+        self.textfile = None if folder is None else folder / f"asyncsoak_{soak.soak_id}.prom"
         self.textfile_error: str | None = None
         self._dirty = anyio.Event()
         self._final_scraped = anyio.Event()
         self._write_lock = anyio.Lock()
-        soak.on_change = self._changed
-
-    def _changed(self) -> None:
-        self._dirty.set()
+        soak.on_change = lambda: self._dirty.set()
 
     def _render(self, accept: str) -> tuple[bytes, str]:
         page = render(self.registry, accept)
@@ -412,7 +396,6 @@ async def open_soak_metrics(
     config: Metrics, soak_id: str, limiter: anyio.CapacityLimiter, run: RunState | None
 ) -> SoakMetricsRuntime:
     """Bind what the soak's metrics (read from ``run``) need before anything is launched."""
-    listener = None
-    if config.port is not None:
-        listener = await open_listener(config.address, config.port)
+    port = config.port
+    listener = None if port is None else await open_listener(config.address, port)
     return SoakMetricsRuntime(config, listener, SoakMetrics(soak_id, run=run), limiter)

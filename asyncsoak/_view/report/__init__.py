@@ -3,6 +3,7 @@ happened, and when; ``_page`` lists its sections in order, ``_figure`` draws its
 (plotly, an optional extra, imported only there)."""
 
 from ._assets import STYLE as STYLE
+from ._assets import plot_text as plot_text
 from ._detail import RunDetail as RunDetail
 from ._detail import detail_for as detail_for
 from ._detail import read_journal_detail as read_journal_detail
@@ -10,7 +11,6 @@ from ._page import PAGE as PAGE
 from ._page import ReportUnavailableError as ReportUnavailableError
 from ._page import render_report as render_report
 from ._page import write_report as write_report
-from ._text import plot_text as plot_text
 
 __all__ = [
     "PAGE",

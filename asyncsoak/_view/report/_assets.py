@@ -1,11 +1,13 @@
-"""The page's stylesheet and scripts, shipped as package files in ``assets/``, and the figure's
-embedding: the vendored plotly.js bundle inlined compressed, each figure drawn once it is loaded."""
+"""The page's pieces: its stylesheet and scripts, shipped as package files in ``assets/``; the
+figure's embedding (the vendored plotly.js bundle inlined compressed, each figure drawn once it
+is loaded); table rows; and text as plotly draws it."""
 
 from __future__ import annotations
 
 import base64
+import html
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -13,30 +15,27 @@ from typing import Any
 PLOTLY_JS_VERSION = "4.1.1"
 
 
-def _asset_bytes(name: str) -> bytes:
+def _asset(name: str) -> bytes:
+    """A file of the page (its stylesheet, its scripts), shipped in ``assets/``."""
     return (resources.files(__package__) / "assets" / name).read_bytes()
 
 
-def _asset(name: str) -> str:
-    """A file of the page (its stylesheet, its scripts), shipped in ``assets/``."""
-    return _asset_bytes(name).decode("utf-8")
-
-
 #: The page's stylesheet.
-STYLE = _asset("report.css")
+STYLE = _asset("report.css").decode()
 
 #: One readout for every panel at the pointer's time, a line across all panels there, and
 #: y axes that follow a zoom on the shared time axis.  Plain DOM, offline, after the plot.
-READOUT_SCRIPT = _asset("readout.js")
+READOUT_SCRIPT = _asset("readout.js").decode()
 
 #: After the figure is drawn: what it holds, where the verdict and evidence end, and when,
 #: in the render marker (for the tests and the benchmark).
-RENDERED_SCRIPT = _asset("rendered.js")
+RENDERED_SCRIPT = _asset("rendered.js").decode()
 
 #: The page's head script that defines ``window.asyncsoakPlotly``: plotly.js, inlined gzip'd
 #: and base64'd (a third of its size) and decompressed by the browser.
-PLOTLY_LOADER = _asset("plotly-loader.js").replace(
-    "__PLOTLY_GZIP_BASE64__", base64.b64encode(_asset_bytes("plotly-basic.min.js.gz")).decode()
+_PLOTLY_GZIP_BASE64 = base64.b64encode(_asset("plotly-basic.min.js.gz")).decode()
+PLOTLY_LOADER = (
+    _asset("plotly-loader.js").decode().replace("__PLOTLY_GZIP_BASE64__", _PLOTLY_GZIP_BASE64)
 )
 
 
@@ -60,3 +59,20 @@ def figure_html(
         f'  return Plotly.newPlot("{div_id}", figure.data, figure.layout, {json.dumps(config)});\n'
         f"}}){then};\n</script>"
     )
+
+
+def plot_text(text: object) -> str:
+    """``text`` as plotly draws it literally (plotly reads every string as a small HTML):
+    ``<``, ``>`` and ``&`` as entities (plotly decodes those, not ``&quot;``), and each newline
+    as plotly's line break."""
+    return html.escape(str(text), quote=False).replace("\n", "<br>")
+
+
+def table_row(cells: Iterable[object], cls: str = "") -> str:
+    """One HTML table row of ``cells``, each escaped; ``cls``: the row's class."""
+    attr = f' class="{cls}"' if cls else ""
+    return f"<tr{attr}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>"
+
+
+def head_row(*names: str) -> str:
+    return "<tr>" + "".join(f"<th>{name}</th>" for name in names) + "</tr>"

@@ -125,9 +125,8 @@ class _DetailFold:
             reasons = set(labels.get("throttle_reasons") or []) - IDLE_THROTTLE
             current = self.open_spans.get(group)
             if current is not None and current[1] != reasons:
-                self.detail.throttle_spans.setdefault(group, []).append(
-                    (current[0], t, sorted(current[1]))
-                )
+                spans = self.detail.throttle_spans.setdefault(group, [])
+                spans.append((current[0], t, sorted(current[1])))
                 current = None
                 del self.open_spans[group]
             if reasons and current is None:
@@ -136,9 +135,8 @@ class _DetailFold:
     def end(self) -> RunDetail:
         """The detail, the throttling still going on at the last event closed there."""
         for group, (start, reasons) in self.open_spans.items():
-            self.detail.throttle_spans.setdefault(group, []).append(
-                (start, self.last_t, sorted(reasons))
-            )
+            spans = self.detail.throttle_spans.setdefault(group, [])
+            spans.append((start, self.last_t, sorted(reasons)))
         self.detail.progress = one_change_bins(self.changes)
         return self.detail
 

@@ -7,7 +7,6 @@ import html
 import json
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
 from itertools import groupby
 from typing import Any
 
@@ -25,8 +24,9 @@ from .._sections import (
     sampler_notes,
     stall_forensics,
     stop_section,
+    wall_clock,
 )
-from ._text import head_row, table_row
+from ._assets import head_row, table_row
 
 #: Characters of the command shown before it is folded.
 COMMAND_SHOWN = 240
@@ -48,24 +48,21 @@ def exit_label(artifact: Artifact) -> str:
 
 
 def events_html(artifact: Artifact) -> str:
-    kept = artifact["events"]
-    started = artifact["started_at"]
-    start = datetime.fromisoformat(started.replace("Z", "+00:00")) if started else None
     dropped = events_dropped(artifact)
     rows: list[str] = []
 
     def row(kind: str, t: float, what: str, cell: str) -> None:
-        wall = start and (start + timedelta(seconds=t)).astimezone(UTC).strftime("%H:%M:%S.%f")
+        wall = wall_clock(artifact, t, "%H:%M:%S.%f")[:-3]
         rows.append(
             f'<tr class="{html.escape(kind)}"><td>{format_duration(t)}</td>'
-            f"<td>{wall[:-3] if wall else ''}</td><td>{html.escape(what)}</td><td>{cell}</td></tr>"
+            f"<td>{wall}</td><td>{html.escape(what)}</td><td>{cell}</td></tr>"
         )
 
     # Progress events in a row are one line; the events the artifact dropped split them.
     def key(item: tuple[int, Mapping[str, Any]]) -> tuple[bool, bool]:
         return item[1]["kind"] == EventKind.PROGRESS, bool(dropped) and item[0] >= EVENTS_HEAD
 
-    for (is_progress, _), group in groupby(enumerate(kept), key):
+    for (is_progress, _), group in groupby(enumerate(artifact["events"]), key):
         indexed = list(group)
         run: list[Mapping[str, Any]] = [event for _, event in indexed]
         if dropped and indexed[0][0] == EVENTS_HEAD:

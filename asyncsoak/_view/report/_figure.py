@@ -8,13 +8,11 @@ import json
 from collections import Counter
 from typing import Any
 
-from ..._contract import Artifact, format_duration, parse_iso
+from ..._contract import format_duration, parse_iso
 from .._evidence import leaking_series, stall_window
 from .._fields import gpu_index
-from ._assets import READOUT_SCRIPT, RENDERED_SCRIPT, figure_html
-from ._detail import RunDetail
+from ._assets import READOUT_SCRIPT, RENDERED_SCRIPT, figure_html, plot_text
 from ._panels import Panel, axis_title, group_sort_key, is_reference, scale_for
-from ._text import plot_text
 from ._timeline import COLORS, SPARSE_POINTS, TimelineModel
 
 #: Behind a note on a panel: the lines show through, faintly.
@@ -26,13 +24,9 @@ class Timeline(TimelineModel):
     """One plotly figure of a :class:`TimelineModel` (plotly ships no types: figures are
     ``Any``)."""
 
-    def __init__(
-        self, artifact: Artifact, detail: RunDetail | None, baseline: Artifact | None = None
-    ) -> None:
-        super().__init__(artifact, detail, baseline)
-        #: The unit each drawn panel's axis got, by panel key.
-        self.panel_units: dict[str, str] = {}
-        self._scatter: Any = None  # plotly's Scatter, once drawing
+    #: The unit each drawn panel's axis got, by panel key, once drawn.
+    panel_units: dict[str, str]
+    _scatter: Any  # plotly's Scatter
 
     def to_html(self) -> str:
         import plotly.graph_objects as go
@@ -52,7 +46,7 @@ class Timeline(TimelineModel):
             vertical_spacing=gap / plot_height,
             subplot_titles=[plot_text(title) for title in titles],
         )
-        self._scatter = go.Scatter
+        self._scatter, self.panel_units = go.Scatter, {}
         self._draw_lanes(fig, lanes)
         self._draw_progress(fig)
         for row, panel in enumerate(self.panels, start=3):
@@ -75,17 +69,10 @@ class Timeline(TimelineModel):
         window = stall_window(self.artifact)
         if window is not None and window[0] > 0:
             left = window[0] > self.duration * 0.6
-            _note(
-                fig,
-                f"last progress {format_duration(window[0])}",
-                COLORS["progress"],
-                x=self.x(window[0]),
-                y=y_of["progress"],
-                xref="x",
-                yref="y",
-                xanchor="right" if left else "left",
-                xshift=-8 if left else 8,
-            )
+            at = (self.x(window[0]), y_of["progress"], "x", "y")
+            text = f"last progress {format_duration(window[0])}"
+            side, shift = ("right", -8) if left else ("left", 8)
+            _note(fig, text, at, COLORS["progress"], xanchor=side, xshift=shift)
         if self.progress:
             ticks = self._progress_ticks()
             xs = [self.x(t) for t, _ in ticks]
@@ -194,16 +181,8 @@ class Timeline(TimelineModel):
             )
         if off_scale:
             # A limit far above every gap would flatten the curve: name it instead.
-            _note(
-                fig,
-                f"{' and '.join(off_scale)}: far above every gap",
-                x=1,
-                y=1,
-                xref="x2 domain",
-                yref="y2 domain",
-                xanchor="right",
-                yanchor="top",
-            )
+            text = f"{' and '.join(off_scale)}: far above every gap"
+            _note(fig, text, (1, 1, "x2 domain", "y2 domain"), xanchor="right", yanchor="top")
         top = max([peak] + [limit.value for limit in limits]) * 1.25 or 1.0
         fig.update_yaxes(row=2, col=1, range=[0, top], title_text="since progress (s)")
 
@@ -289,19 +268,15 @@ class Timeline(TimelineModel):
         lines = self.slope_lines()
         if not lines:
             return
-        _note(
-            fig,
-            plot_text("\n".join(lines)),
-            COLORS["failure"] if leaking_series(self.artifact) else "#333",
-            x=0.01,
-            y=0.98,
-            xref=f"x{row} domain",
-            yref=f"y{row} domain",
-            xanchor="left",
-            yanchor="top",
-            align="left",
-            bgcolor=_VEIL,
-        )
+        color = COLORS["failure"] if leaking_series(self.artifact) else "#333"
+        at = (0.01, 0.98, f"x{row} domain", f"y{row} domain")
+        style: dict[str, Any] = {
+            "xanchor": "left",
+            "yanchor": "top",
+            "align": "left",
+            "bgcolor": _VEIL,
+        }
+        _note(fig, plot_text("\n".join(lines)), at, color, **style)
 
     def _mark_nonfinite(self, fig: Any, row: int) -> None:
         """Each NaN or infinite loss on the loss panel, where it came: a line and its words."""
@@ -310,17 +285,10 @@ class Timeline(TimelineModel):
             fig.add_vline(
                 x=self.x(t), line={"color": COLORS["failure"], "dash": "dot"}, row=row, col=1
             )
+            at = (self.x(t), 0.95, f"x{row}", f"y{row} domain")
+            side, shift = ("right", -4) if left else ("left", 4)
             _note(
-                fig,
-                plot_text(text),
-                x=self.x(t),
-                y=0.95,
-                xref=f"x{row}",
-                yref=f"y{row} domain",
-                xanchor="right" if left else "left",
-                yanchor="top",
-                xshift=-4 if left else 4,
-                bgcolor=_VEIL,
+                fig, plot_text(text), at, xanchor=side, xshift=shift, yanchor="top", bgcolor=_VEIL
             )
 
     def _draw_marks_across(self, fig: Any) -> None:
@@ -329,16 +297,9 @@ class Timeline(TimelineModel):
         if window is not None:
             start, end = self.x(window[0]), self.x(window[1])
             shapes.append(_across("rect", start, end, fillcolor=COLORS["stall"], line={"width": 0}))
-            _note(
-                fig,
-                f"<b>no progress for {format_duration(window[1] - window[0])}</b>",
-                size=13,
-                x=self.x((window[0] + window[1]) / 2),
-                y=0.98,
-                xref="x",
-                yref="y2 domain",
-                yanchor="top",
-            )
+            text = f"<b>no progress for {format_duration(window[1] - window[0])}</b>"
+            at = (self.x((window[0] + window[1]) / 2), 0.98, "x", "y2 domain")
+            _note(fig, text, at, size=13, yanchor="top")
         shapes.extend(
             _across(
                 "line",
@@ -380,9 +341,8 @@ class Timeline(TimelineModel):
             if i >= rows:
                 break
             # Subplot titles: left-aligned above their panel, bold, like section headings.
-            annotation.update(
-                x=0, xanchor="left", font={"size": 14}, text=f"<b>{annotation.text}</b>"
-            )
+            bold = f"<b>{annotation.text}</b>"
+            annotation.update(x=0, xanchor="left", font={"size": 14}, text=bold)
         for row in range(3, rows + 1):
             top = fig.get_subplot(row, 1).yaxis.domain[1]
             legend = {"x": 1, "xanchor": "right", "y": top, "yanchor": "top", "orientation": "h"}
@@ -401,14 +361,11 @@ class Timeline(TimelineModel):
     def help_text(self) -> str:
         lanes = {m.lane for m in self.marks}
         dashed = {m.lane for m in self.marks if m.dash}
+        stalled = stall_window(self.artifact) is not None
         keys = [
             (color, text)
             for shown, color, text in (
-                (
-                    stall_window(self.artifact) is not None,
-                    "rgba(214, 39, 40, 0.3)",
-                    "no progress before the failure",
-                ),
+                (stalled, "rgba(214, 39, 40, 0.3)", "no progress before the failure"),
                 (bool(self.progress), COLORS["progress"], "a progress change"),
                 ("failure" in lanes, COLORS["failure"], "the failure"),
                 ("monitor" in dashed, COLORS["signal"], "a signal sent by the monitor"),
@@ -422,23 +379,26 @@ class Timeline(TimelineModel):
             for color, text in keys
         )
         lost = self.detail is None and self._events_lost() is not None
+        said = " Some events in the middle of the run were not kept in the artifact: keep the "
+        said = f"{said}journal beside it to see them." if lost else ""
         return (
             "Every panel shares one time axis: drag to zoom (all panels follow), "
-            "double-click to reset, hover for values."
-            + (
-                " Some events in the middle of the run were not kept in the artifact: keep the "
-                "journal beside it to see them."
-                if lost
-                else ""
-            )
-            + "<br>"
-            + legend
+            f"double-click to reset, hover for values.{said}<br>{legend}"
         )
 
 
-def _note(fig: Any, text: str, color: str = COLORS["failure"], size: int = 12, **at: Any) -> None:
-    """Words on the figure, no arrow, in ``color``."""
-    fig.add_annotation(text=text, showarrow=False, font={"color": color, "size": size}, **at)
+def _note(
+    fig: Any,
+    text: str,
+    at: tuple[float, float, str, str],
+    color: str = COLORS["failure"],
+    size: int = 12,
+    **style: Any,
+) -> None:
+    """Words on the figure at ``at`` (x, y, xref, yref), no arrow, in ``color``."""
+    place = dict(zip(("x", "y", "xref", "yref"), at, strict=True))
+    font = {"color": color, "size": size}
+    fig.add_annotation(text=text, showarrow=False, font=font, **place, **style)
 
 
 def _across(kind: str, x0: float, x1: float, **style: Any) -> dict[str, Any]:

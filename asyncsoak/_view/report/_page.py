@@ -21,7 +21,7 @@ from .._job_view import job_word, offset_text, soak_label
 from .._sections import column, series_group
 from .._status import status_words
 from .._summary import summarize
-from ._assets import PLOTLY_LOADER, STYLE, figure_html
+from ._assets import PLOTLY_LOADER, STYLE, figure_html, head_row, plot_text, table_row
 from ._detail import detail_for
 from ._events import events_html, forensics_html, leftovers_html, log_html
 from ._figure import Timeline
@@ -35,7 +35,6 @@ from ._tables import (
     steady_html,
     verdict_html,
 )
-from ._text import head_row, plot_text, table_row
 
 
 class ReportUnavailableError(AsyncsoakError):
@@ -66,6 +65,7 @@ def render_report(
     summary = summarize(artifact)
     timeline = Timeline(artifact, detail, baseline)
     figure_html = timeline.to_html()
+    made_from = f" from {html.escape(source)}" if source else ""
     body = [
         verdict_html(summary),
         evidence_html(artifact, summary),
@@ -87,7 +87,8 @@ def render_report(
         leftovers_html(artifact),
         forensics_html(artifact),
         log_html(artifact),
-        _footer_html(artifact, source),
+        f"<footer>asyncsoak {VERSION} report{made_from}; "
+        f"journal {html.escape(str(artifact['monitor']['journal_path']))}.</footer>",
     ]
     title = f"{status_words(summary['status'])}: {summary['headline']}"
     return PAGE.format(
@@ -130,15 +131,6 @@ window.addEventListener("unhandledrejection", function (e) {{
 """
 
 
-def _footer_html(artifact: Artifact, source: str | None) -> str:
-    made_from = f" from {html.escape(source)}" if source else ""
-    journal = artifact["monitor"]["journal_path"]
-    return (
-        f"<footer>asyncsoak {VERSION} report{made_from}; journal "
-        f"{html.escape(str(journal))}.</footer>"
-    )
-
-
 def render_job_report(
     combined: Mapping[str, Any], artifacts: Sequence[tuple[str, Artifact]]
 ) -> str:
@@ -164,16 +156,9 @@ def render_job_report(
         xs = [start + timedelta(seconds=float(t)) for t in schema.series_times(tree)]
         label = plot_text(f"{soak_label(soak)} ({soak['node']})")
         rss = [None if v is None else v / 2**20 for v in column(tree, "rss_bytes")]
-        figure.add_scatter(x=xs, y=rss, name=label, legendgroup=label, row=1, col=1)
-        figure.add_scatter(
-            x=xs,
-            y=column(tree, "cpu_percent"),
-            name=label,
-            legendgroup=label,
-            showlegend=False,
-            row=2,
-            col=1,
-        )
+        trace = {"x": xs, "name": label, "legendgroup": label, "col": 1}
+        figure.add_scatter(y=rss, row=1, **trace)
+        figure.add_scatter(y=column(tree, "cpu_percent"), showlegend=False, row=2, **trace)
         failure = soak["first_failure"]
         moment = None if failure is None else parse_iso_or_none(failure["at"])
         if moment is not None:

@@ -18,79 +18,66 @@ from .._fields import (
     merge_twins,
 )
 
-
-@dataclass(frozen=True, slots=True)
-class _PanelSpec:
-    key: str
-    title: str
-    unit: str
-    #: ``kind.pattern`` of its fields (group kind, field name pattern), space-separated.
-    fields: str
-    #: What its y axis measures, titled with the unit drawn: ``memory (GiB)``, ``loss``.
-    quantity: str
-
-
 _TREE_MEMORY = "tree.rss_bytes tree.anon_bytes tree.anon_pss_bytes tree.pss_bytes tree.uss_bytes"
 _MACHINE_MEMORY = "machine.memory_used_bytes machine.memory_available_bytes machine.swap_used_bytes"
-PANELS = tuple(
-    _PanelSpec(*spec)
-    for spec in (
-        ("tree_cpu", "Process tree CPU (100% = one core)", "%", "tree.cpu_percent", "CPU"),
-        ("tree_memory", "Process tree memory", "bytes", _TREE_MEMORY, "memory"),
-        (
-            "tree_counts",
-            "Processes and threads in the tree",
-            "",
-            "tree.processes tree.threads",
-            "processes, threads",
-        ),
-        ("machine_cpu", "Machine CPU (100% = every core)", "%", "machine.cpu_percent", "CPU"),
-        ("machine_memory", "Machine memory", "bytes", _MACHINE_MEMORY, "memory"),
-        (
-            "tree_io",
-            "Process tree I/O: reads and writes per second",
-            "bytes/s",
-            "tree.read_bytes tree.write_bytes",
-            "I/O",
-        ),
-        (
-            "progress_rate",
-            "Progress rate: file changes per minute",
-            "changes/min",
-            "progress_rate.changes_per_minute",
-            "rate",
-        ),
-        (
-            "progress_bytes",
-            "Progress: bytes written to the progress directory per minute",
-            "bytes/min",
-            "progress_rate.bytes_per_minute",
-            "written",
-        ),
-        # The training's own figures, as the trainer's files say (the ``steps`` series).
-        ("loss", "Training loss", "", "steps.loss", "loss"),
-        ("step_rate", "Training steps per second", "", "steps.steps_per_second", "steps/s"),
-        (
-            "throughput",
-            "Tokens and samples per second",
-            "",
-            "steps.tokens_per_second steps.samples_per_second",
-            "tokens, samples/s",
-        ),
-        ("step", "Training step", "", "steps.step", "step"),
-        ("stale_limit", "Learned stale-progress limit", "s", "stale_limit.seconds", "limit"),
-        ("disk_free", "Disk free", "bytes", "machine.disk_free_bytes*", "free"),
-        ("gpu_util", "GPU utilisation", "%", "gpu.utilization_gpu_percent", "utilisation"),
-        (
-            "gpu_memory",
-            "GPU memory used",
-            "MiB",
-            "gpu.memory_used_mib gpu.memory_total_mib",
-            "memory",
-        ),
-        ("gpu_power", "GPU power", "W", "gpu.power_draw_w gpu.power_limit_w", "power"),
-        ("gpu_temp", "GPU temperature", "°C", "gpu.temperature_gpu_c", "temperature"),
-    )
+#: The known panels: (key, title, unit, the ``kind.pattern`` of its fields (group kind, field
+#: name pattern) space-separated, and what its y axis measures, titled with the unit drawn).
+PANELS = (
+    ("tree_cpu", "Process tree CPU (100% = one core)", "%", "tree.cpu_percent", "CPU"),
+    ("tree_memory", "Process tree memory", "bytes", _TREE_MEMORY, "memory"),
+    (
+        "tree_counts",
+        "Processes and threads in the tree",
+        "",
+        "tree.processes tree.threads",
+        "processes, threads",
+    ),
+    ("machine_cpu", "Machine CPU (100% = every core)", "%", "machine.cpu_percent", "CPU"),
+    ("machine_memory", "Machine memory", "bytes", _MACHINE_MEMORY, "memory"),
+    (
+        "tree_io",
+        "Process tree I/O: reads and writes per second",
+        "bytes/s",
+        "tree.read_bytes tree.write_bytes",
+        "I/O",
+    ),
+    (
+        "progress_rate",
+        "Progress rate: file changes per minute",
+        "changes/min",
+        "progress_rate.changes_per_minute",
+        "rate",
+    ),
+    (
+        "progress_bytes",
+        "Progress: bytes written to the progress directory per minute",
+        "bytes/min",
+        "progress_rate.bytes_per_minute",
+        "written",
+    ),
+    # The training's own figures, as the trainer's files say (the ``steps`` series).
+    ("loss", "Training loss", "", "steps.loss", "loss"),
+    ("step_rate", "Training steps per second", "", "steps.steps_per_second", "steps/s"),
+    (
+        "throughput",
+        "Tokens and samples per second",
+        "",
+        "steps.tokens_per_second steps.samples_per_second",
+        "tokens, samples/s",
+    ),
+    ("step", "Training step", "", "steps.step", "step"),
+    ("stale_limit", "Learned stale-progress limit", "s", "stale_limit.seconds", "limit"),
+    ("disk_free", "Disk free", "bytes", "machine.disk_free_bytes*", "free"),
+    ("gpu_util", "GPU utilisation", "%", "gpu.utilization_gpu_percent", "utilisation"),
+    (
+        "gpu_memory",
+        "GPU memory used",
+        "MiB",
+        "gpu.memory_used_mib gpu.memory_total_mib",
+        "memory",
+    ),
+    ("gpu_power", "GPU power", "W", "gpu.power_draw_w gpu.power_limit_w", "power"),
+    ("gpu_temp", "GPU temperature", "°C", "gpu.temperature_gpu_c", "temperature"),
 )
 
 
@@ -140,14 +127,14 @@ def plan_panels(series: Mapping[str, Mapping[str, Sequence[Any]]]) -> list[Panel
     fields = merge_twins(candidates)
     panels: dict[str, Panel] = {}
     placed: set[tuple[str, str]] = set()
-    for spec in PANELS:
-        for kind, _, pattern in (f.partition(".") for f in spec.fields.split()):
+    for key, title, unit, patterns, quantity in PANELS:
+        for kind, _, pattern in (f.partition(".") for f in patterns.split()):
             for f in fields:
                 if f.kind == kind and fnmatch.fnmatchcase(f.name, pattern):
-                    new = Panel(spec.key, spec.title, spec.unit, [], kind == "gpu", spec.quantity)
-                    panels.setdefault(spec.key, new).fields.append(f)
+                    new = Panel(key, title, unit, [], kind == "gpu", quantity)
+                    panels.setdefault(key, new).fields.append(f)
                     placed.add((f.group, f.name))
-    ordered = [panels[spec.key] for spec in PANELS if spec.key in panels]
+    ordered = [panels[key] for key, *_ in PANELS if key in panels]
     others: dict[tuple[str, str], Panel] = {}
     for f in fields:
         if (f.group, f.name) not in placed:

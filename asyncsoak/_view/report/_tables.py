@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import html
 import shlex
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._contract import Artifact, FailureReason, SoakStatus, format_duration
@@ -21,12 +20,13 @@ from .._sections import (
     summary_figure,
     top_processes,
     trend_verdicts,
+    wall_clock,
 )
 from .._status import is_pass, status_words
 from .._summary import progress_text
 from .._training import training_line
+from ._assets import head_row, table_row
 from ._events import COMMAND_SHOWN
-from ._text import head_row, table_row
 
 if TYPE_CHECKING:
     from ._timeline import TimelineModel
@@ -139,7 +139,7 @@ def evidence_html(artifact: Artifact, summary: Mapping[str, Any]) -> str:
         files = ", ".join(f"<code>{html.escape(p)}</code>" for p in last["paths"][:4])
         rows.append(
             f"<dt>Last progress</dt><dd>{format_duration(last['t'])} "
-            f"({html.escape(_wall_clock(artifact, last['t']))}), "
+            f"({html.escape(wall_clock(artifact, last['t']) or '?')}), "
             f"{format_duration(last['before_end'])} before {end}{': ' if files else ''}{files}</dd>"
         )
     elif artifact["status"] != SoakStatus.PASSED:
@@ -181,14 +181,6 @@ def _log_excerpt_html(lines: Sequence[str], traceback: Sequence[int] | None) -> 
     )
 
 
-def _wall_clock(artifact: Artifact, t: float) -> str:
-    started = artifact["started_at"]
-    if not started:
-        return "?"
-    moment = datetime.fromisoformat(started.replace("Z", "+00:00")) + timedelta(seconds=t)
-    return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
-
-
 def role_text(role: object) -> str:
     """``rank 1 (local 1 of 2)``, ``torchrun (launcher)``, or ``-``."""
     if not isinstance(role, dict):
@@ -211,28 +203,26 @@ def processes_html(artifact: Artifact) -> str:
     rows = []
     for p in processes:
         # A series judged too short has no trend.
-        trend = trends.get(f"process.{p['pid']}.anon_bytes") or trends.get(
-            f"process.{p['pid']}.rss_bytes"
+        key = f"process.{p['pid']}"
+        trend: Mapping[str, Any] = (
+            trends.get(f"{key}.anon_bytes") or trends.get(f"{key}.rss_bytes") or {}
         )
-        first, peak, last = p["first_rss_bytes"], p["peak_rss_bytes"], p["last_rss_bytes"]
-        rss = " → ".join(format_value(v, "bytes", like=peak) for v in (first, peak, last))
-        slope = None if trend is None else trend["slope_per_hour"]
-        verdict = "" if trend is None else trend["verdict"]
+        peak, gpu = p["peak_rss_bytes"], p["peak_gpu_memory_bytes"]
+        rss = (p["first_rss_bytes"], peak, p["last_rss_bytes"])
+        slope, verdict = trend.get("slope_per_hour"), trend.get("verdict", "")
         growth = (
             rate_text(float(slope), "bytes", float(trend["span_seconds"]), like=peak)
-            if trend is not None and isinstance(slope, int | float)
+            if isinstance(slope, int | float)
             else ""
         )
         cells = [
             p["pid"],
             p["name"] or "?",
             role_text(process_role(p)),
-            rss,
+            " → ".join(format_value(v, "bytes", like=peak) for v in rss),
             f"{growth} ({verdict})" if growth else verdict or "-",
             format_value(p["mean_cpu_percent"], "%"),
-            format_value(p["peak_gpu_memory_bytes"], "bytes")
-            if p["peak_gpu_memory_bytes"]
-            else "-",
+            format_value(gpu, "bytes") if gpu else "-",
             p["peak_threads"],
         ]
         rows.append(table_row(cells, "leak" if verdict == "leak" else ""))
@@ -248,17 +238,17 @@ def processes_html(artifact: Artifact) -> str:
     )
     notes = [
         "The tree's RSS adds up each process's resident memory: pages that forked workers "
-        "share are counted once per process, so it can exceed the machine's used memory."
+        "share are counted once per process, so it can exceed the machine's used memory.",
+        _cpu_competition(artifact),
     ]
-    competing = _cpu_competition(artifact)
-    if competing:
-        notes.append(competing)
     return (
         '<section id="processes"><h2>Processes</h2>'
-        f'<table class="processes">{head}{"".join(rows)}</table>'
-        + "".join(f'<p class="help">{html.escape(n)}</p>' for n in notes)
-        + "</section>"
+        f'<table class="processes">{head}{"".join(rows)}</table>{_helps(notes)}</section>'
     )
+
+
+def _helps(notes: Iterable[str | None]) -> str:
+    return "".join(f'<p class="help">{html.escape(n)}</p>' for n in notes if n is not None)
 
 
 def _cpu_competition(artifact: Artifact) -> str | None:
@@ -300,7 +290,7 @@ def compare_html(artifact: Artifact, baseline: Artifact | None, name: str | None
         else "no regression against the baseline"
     )
     head = head_row("", "baseline", "this run", "change", "")
-    notes = "".join(f'<p class="help">{html.escape(n)}</p>' for n in comparison.notes)
+    notes = _helps(comparison.notes)
     return (
         f'<section id="compare"><h2>Against the baseline {html.escape(name or "")}</h2>'
         f"<p><b>{html.escape(verdict)}</b>. Its lines are dashed beneath this run's.</p>"
@@ -354,6 +344,16 @@ def look_first_html(summary: Mapping[str, Any]) -> str:
     return f'<section class="look"><h2>What to look at first</h2><ul>{items}</ul></section>'
 
 
+#: The GPU table's figures: (summary key, unit, column).
+GPU_COLUMNS = (
+    ("utilization_mean_percent", "%", "utilisation mean"),
+    ("utilization_max_percent", "%", "max"),
+    ("memory_used_max_mib", "MiB", "memory used max"),
+    ("power_max_w", "W", "power max"),
+    ("temperature_max_c", "°C", "temperature max"),
+)
+
+
 def gpu_html(summary: Mapping[str, Any], timeline: TimelineModel) -> str:
     gpus = summary["gpus"]
     if not gpus:
@@ -363,25 +363,7 @@ def gpu_html(summary: Mapping[str, Any], timeline: TimelineModel) -> str:
         throttled = ", ".join(g["throttle_reasons"]) or "-"
         if g["throttle_reasons"] and g["gpu"] not in timeline.throttle:
             throttled += " (when: in the journal)"
-        figures = [
-            format_value(g[key], unit)
-            for key, unit in (
-                ("utilization_mean_percent", "%"),
-                ("utilization_max_percent", "%"),
-                ("memory_used_max_mib", "MiB"),
-                ("power_max_w", "W"),
-                ("temperature_max_c", "°C"),
-            )
-        ]
+        figures = [format_value(g[key], unit) for key, unit, _ in GPU_COLUMNS]
         rows.append(table_row([g["gpu"], g["name"] or "n/a", *figures, throttled]))
-    head = head_row(
-        "GPU",
-        "name",
-        "utilisation mean",
-        "max",
-        "memory used max",
-        "power max",
-        "temperature max",
-        "clocks held back by",
-    )
+    head = head_row("GPU", "name", *(column for *_, column in GPU_COLUMNS), "clocks held back by")
     return f'<section id="gpus"><h2>GPUs</h2><table>{head}{"".join(rows)}</table></section>'
