@@ -106,7 +106,7 @@ class Outcome:
     reason: str | None
     error: str | None
     #: What exactly failed (``ValueError at train.py:12``, ``scheduler``...), for the retry
-    #: rules of ``_retry.py``; None when nothing more precise than the reason is known.
+    #: rules below; None when nothing more precise than the reason is known.
     cause: str | None = None
 
 
