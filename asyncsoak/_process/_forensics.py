@@ -115,7 +115,7 @@ def collect_forensics(pids: Iterable[int], *, timeout: float) -> dict[str, Any]:
             processes.append({"pid": pid, "error": "access denied"})
             continue
         info["cmdline"] = cmdline
-        info["role"] = role(name, cmdline, read_rank(pid))
+        info["role"] = role(name, cmdline, read_rank(f"/proc/{pid}/environ"))
         info["wchan"] = _read(f"/proc/{pid}/wchan")
         info["kernel_stack"] = _read(f"/proc/{pid}/stack")
         info["threads"] = _thread_info(pid)

@@ -108,10 +108,11 @@ def read_environ(path: str) -> bytes:
         return f.read(ENVIRON_BYTES)
 
 
-def read_rank(pid: int) -> dict[str, Any] | None:
-    """The rank of ``pid`` from its environment; None when it has none or may not be read."""
+def read_rank(environ: str) -> dict[str, Any] | None:
+    """The rank an ``environ`` file gives its process; None when it has none or may not be
+    read (another user's, or gone)."""
     try:
-        return parse_rank_environ(read_environ(f"/proc/{pid}/environ"))
+        return parse_rank_environ(read_environ(environ))
     except OSError:
         return None
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .._contract import Masker
-from .._process import launcher_of, parse_rank_environ, read_environ, role
+from .._process import launcher_of, read_rank
 from ._proc_sample import DiskFigures, MachineFigures, ProcessFigures, percent_of
 
 PROC = Path("/proc")
@@ -200,13 +200,8 @@ def describe(base: str, name: bytes, masker: Masker) -> tuple[list[str] | None, 
         # Each argument ends with a NUL; an empty last argument is a NUL of its own.
         args = data.removesuffix(b"\0").split(b"\0")
         cmdline = masker.argv(arg.decode(errors="replace") for arg in args) if data else []
-    text = name.decode("utf-8", "replace")
-    rank = None
-    if launcher_of(text, cmdline) is None:
-        # Another user's (EACCES), or gone since its stat was read: no rank to tell.
-        with contextlib.suppress(OSError):
-            rank = parse_rank_environ(read_environ(base + "environ"))
-    return cmdline, role(text, cmdline, rank)
+    launcher = launcher_of(name.decode("utf-8", "replace"), cmdline)
+    return cmdline, read_rank(base + "environ") if launcher is None else {"launcher": launcher}
 
 
 #: What the previous sample read of a single-threaded process: its ``schedstat`` run time,
