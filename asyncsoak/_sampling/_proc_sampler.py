@@ -220,16 +220,40 @@ class ProcSampler:
         base = f"{self._proc}/{pid}/"
         files: list[int] | None = None
         open_files = self._open_files
+        kept = self._ran.get(pid)
+        idle: Kept | None = None
         try:
             kept_before = open_files is not None and pid in open_files.by_pid
             files = None if open_files is None else open_files.get(pid)
-            idle = self._idle_since_last_sample(pid, files, walk)
-            if idle is not None and self._same_again(pid, base, files, idle, walk):
-                return
+            # What the previous sample read of a single-threaded process stands (never on a
+            # full read) if its schedstat run time has not moved: it has changed neither its
+            # stat nor its children, done no IO and opened no file.
+            if kept is not None and files is not None and not walk.full and files[SCHEDSTAT] >= 0:
+                try:
+                    moved = run_time(files[SCHEDSTAT]) != kept[0]
+                except ProcessLookupError:
+                    moved = True  # gone, or its pid is another's: read afresh
+                if not moved:
+                    idle = kept
+                    if self._same_again(pid, base, files, kept, walk):
+                        return
             if idle is not None:
                 stat, statm = idle[4], idle[6]
+            elif files is None:
+                stat = read_proc_file(base + "stat", one_piece=True)
             else:
-                stat, files = self._read_stat(pid, base, files, kept_before)
+                try:
+                    stat = os.pread(files[STAT], CHUNK, 0)
+                except ProcessLookupError:
+                    # The kept files were a process that is gone: the pid, found again in a
+                    # children file, is another's now.  Its files are opened afresh.
+                    if not kept_before or open_files is None:
+                        raise
+                    open_files.drop(pid)
+                    files = open_files.get(pid)
+                    assert files is not None
+                    stat = os.pread(files[STAT], CHUNK, 0)
+            if idle is None:
                 statm = read_file(base, files, STATM, "statm", 128)
             read_at = self._clock()
             # comm (field 2) may hold spaces and parentheses: it ends at the last ')'.
@@ -237,11 +261,17 @@ class ProcSampler:
             fields = stat[name_end + 2 :].split(None, 22)
             start_ticks = int(fields[19])  # field 22
             thread_count = int(fields[17])  # field 20
-            ran, unchanged = (
-                (idle[0], idle)
-                if idle is not None
-                else self._ran_since_last_sample(pid, base, files, thread_count, start_ticks)
-            )
+            # The run time of a single-threaded process with kept files, and what the previous
+            # sample read of it if it has not run since: its IO and open files stand.
+            ran: bytes | None = None
+            unchanged = idle
+            if idle is not None:
+                ran = idle[0]
+            elif files is not None and thread_count == 1:
+                fd = OpenFiles.open(files, SCHEDSTAT, base + "schedstat")
+                ran = run_time(fd) if fd >= 0 else None
+                if kept is not None and kept[0] == ran and kept[1] == start_ticks:
+                    unchanged = kept
             if unchanged is None:
                 io = read_file(base, files, IO, "io", CHUNK).split()
                 fds = count_fds(base, files, self.counts_fds_by_size)
@@ -310,51 +340,6 @@ class ProcSampler:
         walk.ran[pid] = idle
         walk.add(figures)
         return True
-
-    def _idle_since_last_sample(self, pid: int, files: list[int] | None, walk: Walk) -> Kept | None:
-        """What the previous sample read of ``pid`` if it still stands (never on a full read):
-        a single-threaded process whose schedstat run time has not moved has changed neither
-        its stat nor its children, done no IO and opened no file."""
-        if files is None or walk.full:
-            return None
-        kept = self._ran.get(pid)
-        if kept is None or files[SCHEDSTAT] < 0:
-            return None
-        try:
-            return kept if run_time(files[SCHEDSTAT]) == kept[0] else None
-        except ProcessLookupError:
-            return None  # gone, or its pid is another's: read afresh
-
-    def _read_stat(
-        self, pid: int, base: str, files: list[int] | None, kept_before: bool
-    ) -> tuple[bytes, list[int] | None]:
-        """The ``stat`` of ``pid``, and its files: opened afresh when the kept ones were a
-        process that is gone (the pid, found again in a children file, is another's now)."""
-        if files is None:
-            return read_proc_file(base + "stat", one_piece=True), files
-        try:
-            return os.pread(files[STAT], CHUNK, 0), files
-        except ProcessLookupError:
-            if not kept_before or self._open_files is None:
-                raise
-            self._open_files.drop(pid)
-            files = self._open_files.get(pid)
-            assert files is not None
-            return os.pread(files[STAT], CHUNK, 0), files
-
-    def _ran_since_last_sample(
-        self, pid: int, base: str, files: list[int] | None, thread_count: int, start_ticks: int
-    ) -> tuple[bytes | None, Kept | None]:
-        """The run time of a single-threaded process with kept files (else None), and what the
-        previous sample read of it if it has not run since: its IO and open files stand."""
-        if files is None or thread_count != 1:
-            return None, None
-        fd = OpenFiles.open(files, SCHEDSTAT, base + "schedstat")
-        ran = run_time(fd) if fd >= 0 else None
-        kept = self._ran.get(pid)
-        if ran is not None and kept is not None and kept[0] == ran and kept[1] == start_ticks:
-            return ran, kept
-        return ran, None
 
     def _push_children(
         self,
