@@ -6,6 +6,7 @@ Synchronous (the soak runs it in a thread); every external command runs under a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -360,14 +361,10 @@ def host_info() -> dict[str, Any]:
 
 
 def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    return value.strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for key, _, value in (line.partition(":") for line in f):
+            if key.strip() == "model name":
+                return value.strip()
     return None
 
 
