@@ -190,56 +190,41 @@ def run_command_sync(
     out, err = bytearray(), bytearray()
     timed_out = True
     try:
-        if not _read_until(proc, deadline, out, err, consume):
+        # Both pipes read to their end, or to the deadline.
+        with selectors.DefaultSelector() as selector:
+            for pipe, buffer in ((proc.stdout, out), (proc.stderr, err)):
+                if pipe is not None:
+                    selector.register(pipe, selectors.EVENT_READ, buffer)
+            while selector.get_map() and (remaining := deadline - time.monotonic()) > 0:
+                for key, _ in selector.select(remaining):
+                    chunk = os.read(key.fd, _READ_CHUNK)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                    elif consume is not None and key.data is out:
+                        consume(chunk)
+                    elif len(key.data) < MAX_OUTPUT:
+                        key.data.extend(chunk)
+            drained = not selector.get_map()
+        if drained:
             proc.wait(max(0.0, deadline - time.monotonic()))
             timed_out = False
     except subprocess.TimeoutExpired:
         pass
     finally:
-        # Also reached when ``consume`` raises: the command never outlives this call.
-        gone = not timed_out or _kill_group(proc)
+        # Also reached when ``consume`` raises: the command never outlives this call.  Its
+        # group is killed; one that outlives SIGKILL is abandoned.
+        gone = not timed_out
+        if timed_out:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(COMMAND_KILL_WAIT_SECONDS)
+                gone = True
+            except subprocess.TimeoutExpired:
+                with _abandoned_sync_lock:
+                    _abandoned_sync.append(proc)
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
     limit = timeout if timed_out else None
     return _finished(argv, proc.returncode, out, err, limit, None if gone else proc.pid)
-
-
-def _read_until(
-    proc: subprocess.Popen[bytes],
-    deadline: float,
-    out: bytearray,
-    err: bytearray,
-    consume: Callable[[bytes], None] | None,
-) -> bool:
-    """Read both pipes to EOF; True when the deadline came first."""
-    with selectors.DefaultSelector() as selector:
-        for pipe, buffer in ((proc.stdout, out), (proc.stderr, err)):
-            if pipe is not None:
-                selector.register(pipe, selectors.EVENT_READ, buffer)
-        while selector.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return True
-            for key, _ in selector.select(remaining):
-                chunk = os.read(key.fd, _READ_CHUNK)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                elif consume is not None and key.data is out:
-                    consume(chunk)
-                elif len(key.data) < MAX_OUTPUT:
-                    key.data.extend(chunk)
-    return False
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> bool:
-    """SIGKILL the command's process group; False when the command had to be abandoned."""
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    try:
-        proc.wait(COMMAND_KILL_WAIT_SECONDS)
-    except subprocess.TimeoutExpired:
-        with _abandoned_sync_lock:
-            _abandoned_sync.append(proc)
-        return False
-    return True
