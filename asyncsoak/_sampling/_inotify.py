@@ -95,10 +95,10 @@ class Inotify:
         """Watch the parent of a progress dir the trainer has not created yet."""
         self._parent_wd = self._add(str(root.parent), "", is_dir=True)
 
-    def watch_file(self, path: Path) -> None:
-        """Watch one file (unless missing, or past the watch limit); its events are reported
-        under ``str(path)``."""
-        self._add(str(path), str(path), is_dir=False)
+    def watch_file(self, path: Path) -> bool:
+        """Watch one file; its events are reported under ``str(path)``.  False when it
+        cannot be watched (missing, the watch limit reached)."""
+        return self._add(str(path), str(path), is_dir=False) is not None
 
     def watch_tree(self, root: Path, prefix: str = "") -> list[str]:
         """Watch ``root`` and its subdirectories (symlinks not followed); the keys of the files
