@@ -235,8 +235,17 @@ class ProcSampler:
                     moved = True  # gone, or its pid is another's: read afresh
                 if not moved:
                     idle = kept
-                    if self._same_again(pid, base, files, kept, walk):
-                        return
+                    # Asleep through the previous sample too (0 % CPU), described and needing
+                    # no smaps: added with that sample's figures, unchanged.
+                    figures = kept[7]
+                    if figures.cpu_percent == 0.0 and figures.role is None and walk.uss is None:
+                        start_ticks, cpu_ticks, _, name, shmem = self._seen[pid]
+                        if name is not None and figures.cmdline is None:
+                            self._push_children(pid, base, files, figures.threads, kept[5], walk)
+                            walk.seen[pid] = (start_ticks, cpu_ticks, self._clock(), name, shmem)
+                            walk.ran[pid] = kept
+                            walk.add(figures)
+                            return
             if idle is not None:
                 stat, statm = idle[4], idle[6]
             elif files is None:
@@ -323,23 +332,6 @@ class ProcSampler:
         walk.add(figures)
         if ran is not None:
             walk.ran[pid] = (ran, start_ticks, io, fds, stat, children, statm, figures)
-
-    def _same_again(
-        self, pid: int, base: str, files: list[int] | None, idle: Kept, walk: Walk
-    ) -> bool:
-        """Whether an idle process that slept through the previous sample too (0 % CPU), was
-        described and needs no smaps is added with that sample's figures, unchanged."""
-        figures = idle[7]
-        if figures.cpu_percent != 0.0 or figures.cmdline is not None or figures.role is not None:
-            return False
-        start_ticks, cpu_ticks, _, name, shmem = self._seen[pid]
-        if name is None or walk.uss is not None:
-            return False
-        self._push_children(pid, base, files, figures.threads, idle[5], walk)
-        walk.seen[pid] = (start_ticks, cpu_ticks, self._clock(), name, shmem)
-        walk.ran[pid] = idle
-        walk.add(figures)
-        return True
 
     def _push_children(
         self,
