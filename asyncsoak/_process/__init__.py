@@ -26,10 +26,7 @@ if TYPE_CHECKING:
     from ._ranks import RoleFold as RoleFold
     from ._ranks import judge_ranks as judge_ranks
     from ._ranks import launcher_of as launcher_of
-    from ._ranks import parse_rank_environ as parse_rank_environ
-    from ._ranks import ranks_section as ranks_section
-    from ._ranks import read_environ as read_environ
-    from ._ranks import role as role
+    from ._ranks import read_rank as read_rank
     from ._ranks import stall_culprit as stall_culprit
     from ._ranks import states_from_json as states_from_json
     from ._spawn import REAPER_CLOSE_TIMEOUT_SECONDS as REAPER_CLOSE_TIMEOUT_SECONDS

@@ -69,14 +69,13 @@ class TreeCgroup:
         while True:
             try:
                 self.path.rmdir()
+                return True
             except FileNotFoundError:
                 return True
             except OSError:
                 if time.monotonic() >= deadline:
                     return False
                 time.sleep(0.02)  # the last members are being reaped
-            else:
-                return True
 
 
 def create(name: str, root: Path = CGROUP_ROOT) -> TreeCgroup | None:
@@ -111,41 +110,22 @@ def _sweep(parent: Path) -> None:
 
 
 def _candidates(root: Path) -> list[tuple[int, Path]]:
-    """Where a child group may go: this process's own v2 cgroup, then the v1 freezer's root."""
-    out: list[tuple[int, Path]] = []
-    own = _own_v2_path()
-    mount = _v2_mount(root)
-    if own is not None and mount is not None:
-        parent = mount / own.lstrip("/")
-        if (parent / "cgroup.procs").exists() and os.access(parent, os.W_OK):
-            out.append((2, parent))
-    freezer = root / "freezer"
-    if (freezer / "cgroup.procs").exists() and os.access(freezer, os.W_OK):
-        out.append((1, freezer))
-    return out
-
-
-def _own_v2_path() -> str | None:
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip()
-    except OSError:
-        pass
-    return None
-
-
-def _v2_mount(root: Path) -> Path | None:
-    """The mount point of the cgroup v2 hierarchy (``root`` itself, or its ``unified``)."""
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "cgroup2":
-                    mount = Path(left.split()[4])
-                    if mount == root or root in mount.parents:
-                        return mount
-    except OSError:
-        pass
-    return None
+    """Where a child group may go: this process's own v2 cgroup (under the v2 mount: ``root``
+    itself, or its ``unified``), then the v1 freezer's root."""
+    parents: list[tuple[int, Path]] = []
+    own = None
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
+        own = next((line[3:].strip() for line in f if line.startswith("0::")), None)
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for left, _, right in (line.partition(" - ") for line in f):
+            mount = Path(left.split()[4])
+            if right.split(" ", 1)[0] == "cgroup2" and (mount == root or root in mount.parents):
+                if own is not None:
+                    parents.append((2, mount / own.lstrip("/")))
+                break
+    parents.append((1, root / "freezer"))
+    return [
+        (version, parent)
+        for version, parent in parents
+        if (parent / "cgroup.procs").exists() and os.access(parent, os.W_OK)
+    ]

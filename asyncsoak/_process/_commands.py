@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 import anyio.lowlevel
@@ -46,7 +46,6 @@ class CommandResult:
     timed_out: bool = False
     #: Pid of a process that would not die after SIGKILL.
     abandoned_pid: int | None = None
-    duration: float = field(default=0.0, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -61,36 +60,30 @@ class CommandResult:
         return f"exit status {self.returncode}" + (f": {first}" if first else "")
 
 
-def _start_error(argv: Sequence[str], exc: OSError) -> str:
-    return f"could not run {argv[0]!r}: {exc.strerror or exc}"
+def _not_started(argv: list[str], exc: OSError) -> CommandResult:
+    error = f"could not run {argv[0]!r}: {exc.strerror or exc}"
+    missing = isinstance(exc, FileNotFoundError | NotADirectoryError)
+    return CommandResult(argv, None, "", error=error, missing=missing)
 
 
 def _finished(
     argv: list[str],
     returncode: int | None,
-    output: str,
-    *,
-    limit: float,
-    timed_out: bool,
-    abandoned_pid: int | None,
-    duration: float,
-    stderr: str = "",
+    out: bytes | bytearray,
+    err: bytes | bytearray,
+    limit: float | None,
+    abandoned: int | None,
 ) -> CommandResult:
-    """The result of a command that started: its status, or why it has none."""
+    """The result of a command that started: its status, or why it has none (``limit``: it
+    timed out after so many seconds; ``abandoned``: the pid that outlived SIGKILL)."""
     error = None
-    if timed_out:
+    if limit is not None:
         error = f"no answer within {limit:g} s; killed"
-        if abandoned_pid is not None:
+        if abandoned is not None:
             error += ", but it did not exit after SIGKILL (abandoned)"
+    output, stderr = (data.decode(errors="replace") for data in (out, err))
     return CommandResult(
-        argv,
-        None if timed_out else returncode,
-        output,
-        stderr=stderr,
-        error=error,
-        timed_out=timed_out,
-        abandoned_pid=abandoned_pid,
-        duration=duration,
+        argv, None if error else returncode, output, stderr, error, False, bool(error), abandoned
     )
 
 
@@ -103,7 +96,9 @@ async def stop_process(
     """SIGTERM, bounded wait, SIGKILL, bounded wait, shielded; False when abandoned.  anyio's
     ``aclose()`` waits unbounded when cancelled: only called once the process is reaped."""
     with anyio.CancelScope(shield=True):
-        await _close_reaped_abandoned()
+        for reaped in [p for p in _abandoned_async if p.returncode is not None]:
+            _abandoned_async.remove(reaped)
+            await reaped.aclose()
         if process.returncode is None and terminate_grace_seconds > 0:
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
@@ -120,12 +115,6 @@ async def stop_process(
         else:
             _abandoned_async.append(process)
     return gone
-
-
-async def _close_reaped_abandoned() -> None:
-    for process in [p for p in _abandoned_async if p.returncode is not None]:
-        _abandoned_async.remove(process)
-        await process.aclose()
 
 
 async def open_command(argv: Sequence[str], *, stdout: int = subprocess.PIPE) -> Process:
@@ -146,13 +135,10 @@ async def open_command(argv: Sequence[str], *, stdout: int = subprocess.PIPE) ->
 async def run_command(argv: Sequence[str], *, time_limit: float) -> CommandResult:
     """Run a command to its end or its deadline; stdout and stderr together in ``output``."""
     argv = list(argv)
-    started = anyio.current_time()
     try:
         process = await open_command(argv)
     except OSError as exc:
-        return CommandResult(
-            argv, None, "", error=_start_error(argv, exc), missing=_is_missing(exc)
-        )
+        return _not_started(argv, exc)
     chunks: list[bytes] = []
     kept = 0
     timed_out = False
@@ -169,19 +155,9 @@ async def run_command(argv: Sequence[str], *, time_limit: float) -> CommandResul
     finally:
         # A one-shot query that overran is not asked politely: it gets SIGKILL at once.
         gone = await stop_process(process, terminate_grace_seconds=0)
-    return _finished(
-        argv,
-        process.returncode,
-        b"".join(chunks).decode(errors="replace"),
-        limit=time_limit,
-        timed_out=timed_out,
-        abandoned_pid=None if gone else process.pid,
-        duration=anyio.current_time() - started,
-    )
-
-
-def _is_missing(exc: OSError) -> bool:
-    return isinstance(exc, FileNotFoundError | NotADirectoryError)
+    limit = time_limit if timed_out else None
+    abandoned = None if gone else process.pid
+    return _finished(argv, process.returncode, b"".join(chunks), b"", limit, abandoned)
 
 
 def run_command_sync(
@@ -195,9 +171,10 @@ def run_command_sync(
     """Run a command to its end or its deadline (then its group is killed); ``consume`` gets
     stdout chunk by chunk instead of ``output`` (a large diff hashed, not held)."""
     argv = list(argv)
-    started = time.monotonic()
-    deadline = started + timeout
-    _reap_abandoned_sync()
+    deadline = time.monotonic() + timeout
+    with _abandoned_sync_lock:
+        for reaped in [p for p in _abandoned_sync if p.poll() is not None]:
+            _abandoned_sync.remove(reaped)
     try:
         proc = subprocess.Popen(
             argv,
@@ -209,77 +186,45 @@ def run_command_sync(
             start_new_session=True,
         )
     except OSError as exc:
-        return CommandResult(
-            argv, None, "", error=_start_error(argv, exc), missing=_is_missing(exc)
-        )
-    out = bytearray()
-    err = bytearray()
+        return _not_started(argv, exc)
+    out, err = bytearray(), bytearray()
     timed_out = True
     try:
-        if not _read_until(proc, deadline, out, err, consume):
+        # Both pipes read to their end, or to the deadline.
+        with selectors.DefaultSelector() as selector:
+            for pipe, buffer in ((proc.stdout, out), (proc.stderr, err)):
+                if pipe is not None:
+                    selector.register(pipe, selectors.EVENT_READ, buffer)
+            while selector.get_map() and (remaining := deadline - time.monotonic()) > 0:
+                for key, _ in selector.select(remaining):
+                    chunk = os.read(key.fd, _READ_CHUNK)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                    elif consume is not None and key.data is out:
+                        consume(chunk)
+                    elif len(key.data) < MAX_OUTPUT:
+                        key.data.extend(chunk)
+            drained = not selector.get_map()
+        if drained:
             proc.wait(max(0.0, deadline - time.monotonic()))
             timed_out = False
     except subprocess.TimeoutExpired:
         pass
     finally:
-        # Also reached when ``consume`` raises: the command never outlives this call.
-        gone = not timed_out or _kill_group(proc)
+        # Also reached when ``consume`` raises: the command never outlives this call.  Its
+        # group is killed; one that outlives SIGKILL is abandoned.
+        gone = not timed_out
+        if timed_out:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(COMMAND_KILL_WAIT_SECONDS)
+                gone = True
+            except subprocess.TimeoutExpired:
+                with _abandoned_sync_lock:
+                    _abandoned_sync.append(proc)
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
-    return _finished(
-        argv,
-        proc.returncode,
-        out.decode(errors="replace"),
-        stderr=err.decode(errors="replace"),
-        limit=timeout,
-        timed_out=timed_out,
-        abandoned_pid=None if gone else proc.pid,
-        duration=time.monotonic() - started,
-    )
-
-
-def _read_until(
-    proc: subprocess.Popen[bytes],
-    deadline: float,
-    out: bytearray,
-    err: bytearray,
-    consume: Callable[[bytes], None] | None,
-) -> bool:
-    """Read both pipes to EOF; True when the deadline came first."""
-    with selectors.DefaultSelector() as selector:
-        for pipe, buffer in ((proc.stdout, out), (proc.stderr, err)):
-            if pipe is not None:
-                selector.register(pipe, selectors.EVENT_READ, buffer)
-        while selector.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return True
-            for key, _ in selector.select(remaining):
-                chunk = os.read(key.fd, _READ_CHUNK)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                elif consume is not None and key.data is out:
-                    consume(chunk)
-                elif len(key.data) < MAX_OUTPUT:
-                    key.data.extend(chunk)
-    return False
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> bool:
-    """SIGKILL the command's process group; False when the command had to be abandoned."""
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    try:
-        proc.wait(COMMAND_KILL_WAIT_SECONDS)
-    except subprocess.TimeoutExpired:
-        with _abandoned_sync_lock:
-            _abandoned_sync.append(proc)
-        return False
-    return True
-
-
-def _reap_abandoned_sync() -> None:
-    with _abandoned_sync_lock:
-        for proc in [p for p in _abandoned_sync if p.poll() is not None]:
-            _abandoned_sync.remove(proc)
+    limit = timeout if timed_out else None
+    return _finished(argv, proc.returncode, out, err, limit, None if gone else proc.pid)

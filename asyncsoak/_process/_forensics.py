@@ -3,6 +3,7 @@ process cannot hold up the stop), and the kernel log's word on OOM kills and Xid
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -42,29 +43,19 @@ def _read(path: str, limit: int = 64 * 1024) -> str | None:
 
 
 def _thread_info(pid: int) -> list[dict[str, Any]]:
-    threads: list[dict[str, Any]] = []
     try:
         tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
     except OSError:
-        return threads
+        return []
+    threads: list[dict[str, Any]] = []
     for tid in tids[:MAX_THREADS]:
         stat = _read(f"/proc/{pid}/task/{tid}/stat") or ""
-        comm = stat[stat.find("(") + 1 : stat.rfind(")")] if "(" in stat else None
-        state = stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] if ")" in stat else None
+        end = stat.rfind(")")
+        comm = stat[stat.find("(") + 1 : end] if "(" in stat else None
+        state = stat[end + 2 : end + 3] if end >= 0 else None
         wchan = _read(f"/proc/{pid}/task/{tid}/wchan")
         threads.append({"tid": tid, "name": comm, "state": state, "wchan": wchan})
     return threads
-
-
-def _looks_like_python(name: str, cmdline: list[str]) -> bool:
-    program = os.path.basename(cmdline[0]) if cmdline else ""
-    return "python" in name.lower() or "python" in program.lower()
-
-
-def find_py_spy() -> str | None:
-    """py-spy on PATH, or beside this interpreter (installed in a venv not activated)."""
-    beside = Path(sys.executable).with_name("py-spy")
-    return shutil.which("py-spy") or (str(beside) if os.access(beside, os.X_OK) else None)
 
 
 #: How py-spy (and the kernel under it) says that ptrace was refused.
@@ -94,10 +85,11 @@ def py_spy_dump(py_spy: str, pid: int, timeout: float = PY_SPY_TIMEOUT_SECONDS) 
 def collect_forensics(pids: Iterable[int], *, timeout: float) -> dict[str, Any]:
     """What every process was doing, within ``timeout`` seconds in all."""
     deadline = time.monotonic() + timeout
-    py_spy = find_py_spy()
+    # py-spy on PATH, or beside this interpreter (installed in a venv not activated).
+    beside = Path(sys.executable).with_name("py-spy")
+    py_spy = shutil.which("py-spy") or (str(beside) if os.access(beside, os.X_OK) else None)
     processes: list[dict[str, Any]] = []
-    skipped = 0
-    dumped = 0
+    skipped = dumped = 0
     for pid in pids:
         if time.monotonic() >= deadline:
             skipped += 1
@@ -123,11 +115,12 @@ def collect_forensics(pids: Iterable[int], *, timeout: float) -> dict[str, Any]:
             processes.append({"pid": pid, "error": "access denied"})
             continue
         info["cmdline"] = cmdline
-        info["role"] = role(name, cmdline, read_rank(pid))
+        info["role"] = role(name, cmdline, read_rank(f"/proc/{pid}/environ"))
         info["wchan"] = _read(f"/proc/{pid}/wchan")
         info["kernel_stack"] = _read(f"/proc/{pid}/stack")
         info["threads"] = _thread_info(pid)
-        if _looks_like_python(name, cmdline):
+        program = os.path.basename(cmdline[0]) if cmdline else ""
+        if "python" in name.lower() or "python" in program.lower():
             left = deadline - time.monotonic()
             if py_spy is None:
                 info["python_stack"] = {"error": "py-spy is not installed (pip install py-spy)"}
@@ -202,27 +195,20 @@ def _oom_records(kmsg: Path, asked_at: float) -> list[_OomRecord] | None:
         if began < asked_at:
             began = time.monotonic()
             if fd is None:
-                try:
+                with contextlib.suppress(OSError):
                     fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-                except OSError:
-                    fd = None
                 records = None if fd is None else []
             if fd is not None and records is not None:
-                records = [*records, *_read_oom_records(fd)][-MAX_KMSG_RECORDS:]
+                # Read on from where the previous read stopped.
+                new = kernel_log_records(fd, MAX_KMSG_RECORDS, containing=_KILLED_WORDS)
+                found = [
+                    (at, int(m["pid"]), m["name"], message.strip().splitlines()[0][:500])
+                    for at, message in new
+                    if (m := _KILLED.search(message))
+                ]
+                records = [*records, *found][-MAX_KMSG_RECORDS:]
             _OOM_READS[key] = (began, fd, records)
         return records
-
-
-def _read_oom_records(fd: int) -> list[_OomRecord]:
-    """The OOM-kill records readable now from ``fd`` (a kernel log), from where it stands."""
-    found: list[_OomRecord] = []
-    for at, message in kernel_log_records(fd, MAX_KMSG_RECORDS, containing=_KILLED_WORDS):
-        match = _KILLED.search(message)
-        if match:
-            found.append(
-                (at, int(match["pid"]), match["name"], message.strip().splitlines()[0][:500])
-            )
-    return found
 
 
 def kernel_log_records(
@@ -253,7 +239,7 @@ class KernelLogFollower:
     never block (called on the event loop)."""
 
     def __init__(self, fd: int) -> None:
-        self._fd: int | None = fd
+        self._fd = fd
 
     @classmethod
     def open(cls, kmsg: Path = Path("/dev/kmsg")) -> KernelLogFollower | None:
@@ -271,14 +257,14 @@ class KernelLogFollower:
 
     def new_records(self) -> list[tuple[float, str]]:
         """The records logged since the previous call (a bounded number; the rest wait)."""
-        if self._fd is None:
-            return []
-        return list(kernel_log_records(self._fd, MAX_KMSG_RECORDS_PER_READ))
+        return (
+            list(kernel_log_records(self._fd, MAX_KMSG_RECORDS_PER_READ)) if self._fd >= 0 else []
+        )
 
     def close(self) -> None:
-        if self._fd is not None:
+        if self._fd >= 0:
             os.close(self._fd)
-            self._fd = None
+            self._fd = -1
 
 
 def seconds_since_boot() -> float:

@@ -18,7 +18,7 @@ from typing import Any
 #: by family, the most specific first: under ``srun torchrun`` a worker holds both families'.
 _RANK_KEYS = ("rank", "local_rank", "world_size", "group_rank")
 RANK_VARIABLES: tuple[tuple[str, Mapping[str, str]], ...] = tuple(
-    (family, {key: name for key, name in zip(_RANK_KEYS, names.split(), strict=False)})
+    (family, dict(zip(_RANK_KEYS, names.split(), strict=False)))
     for family, names in (
         ("torch", "RANK LOCAL_RANK WORLD_SIZE GROUP_RANK"),
         ("openmpi", "OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_LOCAL_RANK OMPI_COMM_WORLD_SIZE"),
@@ -55,91 +55,6 @@ LAUNCHER_MODULES: Mapping[str, str] = {
 }
 #: The process name torchrun's elastic agent gives itself.
 LAUNCHER_NAMES: Mapping[str, str] = {"pt_elastic": "torchrun"}
-
-
-def parse_rank_environ(environ: bytes) -> dict[str, Any] | None:
-    """The rank a process's environment (``/proc/PID/environ``) gives it, or None: only the
-    rank variables are looked at, and only whole integers kept."""
-    found: dict[str, int] = {}
-    run_id: str | None = None
-    for entry in environ.split(b"\0"):
-        name, sep, value = entry.partition(b"=")
-        if sep and name in _WANTED and value.isdigit() and len(value) < 10:
-            found[name.decode()] = int(value)
-        elif name == RUN_ID_VARIABLE and _RUN_ID.fullmatch(value):
-            run_id = value.decode()
-    for source, names in RANK_VARIABLES:
-        if names["rank"] in found:
-            rank: dict[str, Any] = {"rank": found[names["rank"]], "source": source}
-            for key in _RANK_KEYS[1:]:
-                variable = names.get(key)
-                rank[key] = found.get(variable) if variable else None
-            if source == "torch" and run_id is not None:
-                rank["run_id"] = run_id
-            return rank
-    return None
-
-
-def read_environ(path: str) -> bytes:
-    """At most ``ENVIRON_BYTES`` of an ``environ`` file (raises OSError as ``open`` does)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks: list[bytes] = []
-        size = 0
-        while size < ENVIRON_BYTES:
-            chunk = os.read(fd, min(65536, ENVIRON_BYTES - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def read_rank(pid: int) -> dict[str, Any] | None:
-    """The rank of ``pid`` from its environment; None when it has none or may not be read."""
-    try:
-        return parse_rank_environ(read_environ(f"/proc/{pid}/environ"))
-    except OSError:
-        return None
-
-
-def launcher_of(name: str, cmdline: Sequence[str] | None) -> str | None:
-    """Which launcher a process is (``torchrun``, ``srun``...), from its name and arguments."""
-    if name in LAUNCHER_NAMES:
-        return LAUNCHER_NAMES[name]
-    args = list(cmdline or [])
-    if not args:
-        return None
-    program = os.path.basename(args[0])
-    if program in LAUNCHER_PROGRAMS:
-        return LAUNCHER_PROGRAMS[program]
-    if "python" not in program:
-        return None
-    # python [options] (-m MODULE | SCRIPT) ...: the first argument that is not an option.
-    rest = args[1:]
-    for index, arg in enumerate(rest):
-        if arg == "-m" and index + 1 < len(rest):
-            return LAUNCHER_MODULES.get(rest[index + 1])
-        if arg.startswith("-m") and len(arg) > 2:
-            return LAUNCHER_MODULES.get(arg[2:])
-        if arg in ("-c", "-"):
-            return None
-        if not arg.startswith("-"):
-            return LAUNCHER_PROGRAMS.get(os.path.basename(arg))
-    return None
-
-
-def role(name: str, cmdline: Sequence[str] | None, rank: Mapping[str, Any] | None) -> Any:
-    """A process's role: ``{"launcher": "torchrun"}`` (whatever its environment says), its
-    rank, or None."""
-    launcher = launcher_of(name, cmdline)
-    if launcher is not None:
-        return {"launcher": launcher}
-    return dict(rank) if rank is not None else None
-
-
 #: Shells and exec helpers that start a rank's program (``srun bash -c 'python train.py'``):
 #: they hold the rank's variables too, but the rank runs in the process they start.
 WRAPPER_NAMES = frozenset(
@@ -162,29 +77,92 @@ WRAPPER_NAMES = frozenset(
         "chrt",
     }
 )
+#: Processes whose role is kept at most (a rank's data-loader workers come and go each epoch).
+MAX_ROLES = 4096
+
+
+def parse_rank_environ(environ: bytes) -> dict[str, Any] | None:
+    """The rank a process's environment (``/proc/PID/environ``) gives it, or None: only the
+    rank variables are looked at, and only whole integers kept."""
+    found: dict[str, int] = {}
+    run_id: str | None = None
+    for entry in environ.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name in _WANTED and value.isdigit() and len(value) < 10:
+            found[name.decode()] = int(value)
+        elif name == RUN_ID_VARIABLE and _RUN_ID.fullmatch(value):
+            run_id = value.decode()
+    for source, names in RANK_VARIABLES:
+        if names["rank"] in found:
+            rank: dict[str, Any] = {"rank": found[names["rank"]], "source": source}
+            rank.update((key, found.get(names.get(key, ""))) for key in _RANK_KEYS[1:])
+            if source == "torch" and run_id is not None:
+                rank["run_id"] = run_id
+            return rank
+    return None
+
+
+def read_environ(path: str) -> bytes:
+    """At most ``ENVIRON_BYTES`` of an ``environ`` file (raises OSError as ``open`` does)."""
+    with open(path, "rb") as f:
+        return f.read(ENVIRON_BYTES)
+
+
+def read_rank(environ: str) -> dict[str, Any] | None:
+    """The rank an ``environ`` file gives its process; None when it has none or may not be
+    read (another user's, or gone)."""
+    try:
+        return parse_rank_environ(read_environ(environ))
+    except OSError:
+        return None
+
+
+def launcher_of(name: str, cmdline: Sequence[str] | None) -> str | None:
+    """Which launcher a process is (``torchrun``, ``srun``...), from its name and arguments."""
+    if name in LAUNCHER_NAMES:
+        return LAUNCHER_NAMES[name]
+    if not cmdline:
+        return None
+    program = os.path.basename(cmdline[0])
+    if program in LAUNCHER_PROGRAMS or "python" not in program:
+        return LAUNCHER_PROGRAMS.get(program)
+    # python [options] (-m MODULE | SCRIPT) ...: the first argument that is not an option.
+    rest = list(cmdline[1:])
+    for index, arg in enumerate(rest):
+        if arg == "-m" and index + 1 < len(rest):
+            return LAUNCHER_MODULES.get(rest[index + 1])
+        if arg.startswith("-m") and len(arg) > 2:
+            return LAUNCHER_MODULES.get(arg[2:])
+        if arg in ("-c", "-"):
+            return None
+        if not arg.startswith("-"):
+            return LAUNCHER_PROGRAMS.get(os.path.basename(arg))
+    return None
+
+
+def role(name: str, cmdline: Sequence[str] | None, rank: Mapping[str, Any] | None) -> Any:
+    """``{"launcher": "torchrun"}`` (whatever its environment says), its rank, or None."""
+    launcher = launcher_of(name, cmdline)
+    if launcher is not None:
+        return {"launcher": launcher}
+    return dict(rank) if rank is not None else None
 
 
 def rank_leaders(processes: Iterable[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
     """The process of each rank: of those holding one rank, the one whose parent does not (its
     data-loader workers inherit it), past the wrappers that started it."""
     by_pid = {int(p["pid"]): p for p in processes if p.get("pid") is not None}
-    ranked_children: set[tuple[int, int]] = set()  # (parent pid, rank)
-    for process in by_pid.values():
-        rank = _rank_number(process)
-        if rank is not None:
-            ranked_children.add((int(process.get("ppid") or 0), rank))
+    ranked = {pid: rank for pid, p in by_pid.items() if (rank := _rank_number(p)) is not None}
+    ranked_children = {(int(by_pid[pid].get("ppid") or 0), rank) for pid, rank in ranked.items()}
     leaders: dict[int, Mapping[str, Any]] = {}
-    for pid, process in by_pid.items():
-        rank = _rank_number(process)
-        if rank is None:
-            continue
+    for pid, rank in ranked.items():
+        process = by_pid[pid]
         if _is_wrapper(process) and (pid, rank) in ranked_children:
             continue  # the rank runs in the process it started
         parent = by_pid.get(int(process.get("ppid") or 0))
         if parent is not None and _rank_number(parent) == rank and not _is_wrapper(parent):
             continue
-        current = leaders.get(rank)
-        if current is None or pid < int(current["pid"]):
+        if rank not in leaders or pid < int(leaders[rank]["pid"]):
             leaders[rank] = process
     return dict(sorted(leaders.items()))
 
@@ -193,10 +171,16 @@ def _is_wrapper(process: Mapping[str, Any]) -> bool:
     return str(process.get("name") or "") in WRAPPER_NAMES
 
 
+def _rank_number(process: Mapping[str, Any]) -> int | None:
+    role = process.get("role")
+    if not isinstance(role, Mapping) or "launcher" in role:
+        return None
+    rank = role.get("rank")
+    return rank if isinstance(rank, int) else None
+
+
 def ranks_section(
-    roles: Mapping[int, Mapping[str, Any]],
-    parents: Mapping[int, int],
-    names: Mapping[int, str],
+    roles: Mapping[int, Mapping[str, Any]], parents: Mapping[int, int], names: Mapping[int, str]
 ) -> dict[str, Any] | None:
     """The artifact's ``ranks``: each rank's process and the launchers; None without either."""
     if not roles:
@@ -216,10 +200,6 @@ def ranks_section(
             if "launcher" in r
         ],
     }
-
-
-#: Processes whose role is kept at most (a rank's data-loader workers come and go each epoch).
-MAX_ROLES = 4096
 
 
 class RoleFold:
@@ -260,11 +240,10 @@ class RoleFold:
                     cpu.setdefault(rank, None)
                 else:
                     cpu[rank] = (cpu.get(rank) or 0.0) + float(figure)
-        if not roles:
-            return cpu
-        alive = {int(proc["pid"]) for proc in processes}
-        for pid in [p for p in roles if p not in alive and self._inherited(p)]:
-            del self.roles[pid], self.parents[pid], self.names[pid]
+        if roles:
+            alive = {int(proc["pid"]) for proc in processes}
+            for pid in [p for p in roles if p not in alive and self._inherited(p)]:
+                del self.roles[pid], self.parents[pid], self.names[pid]
         return cpu
 
     def is_rank(self, pid: int) -> bool:
@@ -281,14 +260,6 @@ class RoleFold:
     def section(self) -> dict[str, Any] | None:
         """The artifact's ``ranks`` (see :func:`ranks_section`)."""
         return ranks_section(self.roles, self.parents, self.names)
-
-
-def _rank_number(process: Mapping[str, Any]) -> int | None:
-    role = process.get("role")
-    if not isinstance(role, Mapping) or "launcher" in role:
-        return None
-    rank = role.get("rank")
-    return rank if isinstance(rank, int) else None
 
 
 _PY_SPY_FRAME = re.compile(r"^\s+(?P<func>.+?) \((?P<file>[^()]+):(?P<line>\d+)\)$")
@@ -336,51 +307,42 @@ COMMUNICATION_PATHS = (
 )
 #: Path fragments of installed code, passed over when naming where a rank stopped.
 LIBRARY_PATHS = ("site-packages/", "dist-packages/", "/lib/python", "torch/", "threading.py")
+_STOPPED = ("stopped", "tracing-stop")
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    func: str
-    file: str
-    line: int
-
-    def where(self) -> str:
-        return f"{os.path.basename(self.file)}:{self.line} in {self.func}"
-
-
-def main_thread_frames(stack: str) -> list[Frame]:
-    """The frames of the first thread of a ``py-spy dump``, innermost first."""
-    frames: list[Frame] = []
+def main_thread_frames(stack: str) -> list[tuple[str, str, int]]:
+    """The (function, file, line) frames of the first thread of a ``py-spy dump``, innermost
+    first."""
+    frames: list[tuple[str, str, int]] = []
     in_thread = False
     for line in stack.splitlines():
         if line.startswith("Thread "):
             if in_thread:
                 break
             in_thread = True
-            continue
-        match = _PY_SPY_FRAME.match(line) if in_thread else None
-        if match is not None:
-            frames.append(Frame(match["func"], match["file"], int(match["line"])))
+        elif in_thread and (match := _PY_SPY_FRAME.match(line)) is not None:
+            frames.append((match["func"], match["file"], int(match["line"])))
     return frames
 
 
-def collective_of(frames: Sequence[Frame]) -> str | None:
+def collective_of(frames: Sequence[tuple[str, str, int]]) -> str | None:
     """The collective a stack waits in (the innermost one named), or None."""
-    for frame in frames:
-        name = frame.func.rsplit(".", 1)[-1]
-        if name in COLLECTIVES:
-            return name
-        if name in LIBRARY_COLLECTIVES and any(p in frame.file for p in COMMUNICATION_PATHS):
+    for func, file, _ in frames:
+        name = func.rsplit(".", 1)[-1]
+        if name in COLLECTIVES or (
+            name in LIBRARY_COLLECTIVES and any(p in file for p in COMMUNICATION_PATHS)
+        ):
             return name
     return None
 
 
-def stopped_frame(frames: Sequence[Frame]) -> Frame | None:
-    """Where a stack stands: its innermost frame of the trainer's own code, else its innermost."""
-    for frame in frames:
-        if not any(p in frame.file for p in LIBRARY_PATHS):
-            return frame
-    return frames[0] if frames else None
+def stopped_at(frames: Sequence[tuple[str, str, int]]) -> str | None:
+    """Where a stack stands (``train.py:88 in load_batch``): its innermost frame of the
+    trainer's own code, else its innermost."""
+    own = [f for f in frames if not any(p in f[1] for p in LIBRARY_PATHS)]
+    for func, file, line in (own or frames)[:1]:
+        return f"{os.path.basename(file)}:{line} in {func}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,26 +358,6 @@ class RankState:
     has_stack: bool = True
     #: The node it ran on, when several nodes' soaks are judged together.
     node: str | None = None
-
-
-def rank_states(processes: Iterable[Mapping[str, Any]]) -> list[RankState]:
-    """Each rank's process, as the forensics saw it."""
-    states = []
-    for rank, process in rank_leaders(processes).items():
-        dump = process.get("python_stack") or {}
-        frames = main_thread_frames(str(dump.get("stack") or ""))
-        frame = stopped_frame(frames)
-        states.append(
-            RankState(
-                rank=rank,
-                pid=int(process["pid"]),
-                state=str(process.get("state") or "?"),
-                collective=collective_of(frames),
-                where=None if frame is None else frame.where(),
-                has_stack=bool(frames),
-            )
-        )
-    return states
 
 
 def states_from_json(ranks: Iterable[Mapping[str, Any]], node: str | None) -> list[RankState]:
@@ -436,7 +378,16 @@ def states_from_json(ranks: Iterable[Mapping[str, Any]], node: str | None) -> li
 
 def stall_culprit(processes: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     """Which rank(s) the others wait for, from the forensics' processes; None without ranks."""
-    return judge_ranks(rank_states(processes))
+    states = []
+    for rank, process in rank_leaders(processes).items():
+        dump = process.get("python_stack") or {}
+        frames = main_thread_frames(str(dump.get("stack") or ""))
+        state = str(process.get("state") or "?")
+        where = stopped_at(frames)
+        states.append(
+            RankState(rank, int(process["pid"]), state, collective_of(frames), where, bool(frames))
+        )
+    return judge_ranks(states)
 
 
 def judge_ranks(states: Sequence[RankState]) -> dict[str, Any] | None:
@@ -446,24 +397,27 @@ def judge_ranks(states: Sequence[RankState]) -> dict[str, Any] | None:
     if not states:
         return None
     states = sorted(states, key=lambda s: s.rank)
+    ranks = [{k: v for k, v in asdict(s).items() if k != "node"} for s in states]
     counts = Counter(s.collective for s in states if s.collective is not None)
-    stopped = [s for s in states if s.state in ("stopped", "tracing-stop")]
+    stopped = [s for s in states if s.state in _STOPPED]
     if not counts and not stopped:
-        return {"culprits": [], "text": None, "waiting": None, "ranks": _json(states)}
+        return {"culprits": [], "text": None, "waiting": None, "ranks": ranks}
     common = counts.most_common(1)[0][0] if counts else None
     culprits = [s for s in states if s in stopped or (s.has_stack and s.collective != common)]
     waiting = [s for s in states if s not in culprits and s.collective == common]
+    listed = ", ".join(str(s.rank) for s in waiting)
+    wait_text = (
+        f"rank {listed} waits in {common}"
+        if len(waiting) == 1
+        else (f"ranks {listed} wait in {common}")
+    )
     if culprits:
-        text = "; ".join(_culprit_text(s) for s in culprits)
-        if waiting:
-            text += f"; {_waiting_text(waiting, common)}"
+        text = "; ".join([*map(_culprit_text, culprits), *([wait_text] if waiting else [])])
     elif len(waiting) == len(states):
-        text = (
-            f"every rank ({_ranks_list(waiting)}) waits in {common}: a hung communicator, "
-            "or a dead peer on another node"
-        )
+        text = f"every rank ({listed}) waits in {common}: a hung communicator, or a dead peer on "
+        text += "another node"
     else:
-        text = _waiting_text(waiting, common)
+        text = wait_text
     first = culprits[0] if culprits else None
     return {
         "culprits": [s.rank for s in culprits],
@@ -472,7 +426,7 @@ def judge_ranks(states: Sequence[RankState]) -> dict[str, Any] | None:
         "where": None if first is None else first.where,
         "pid": None if first is None else first.pid,
         "node": None if first is None else first.node,
-        "ranks": _json(states),
+        "ranks": ranks,
     }
 
 
@@ -480,24 +434,8 @@ def _culprit_text(state: RankState) -> str:
     node = f" on {state.node}" if state.node else ""
     head = f"rank {state.rank} (pid {state.pid}{node})"
     at = f" at {state.where}" if state.where else ""
-    if state.state in ("stopped", "tracing-stop"):
+    if state.state in _STOPPED:
         return f"{head} is stopped (SIGSTOP or a debugger){at}"
     if state.collective is not None:
         return f"{head} waits in {state.collective}{at}"
-    if state.where is None:
-        return f"{head} stopped outside any collective"
-    return f"{head} stopped{at}"
-
-
-def _ranks_list(states: Sequence[RankState]) -> str:
-    return ", ".join(str(s.rank) for s in states)
-
-
-def _waiting_text(states: Sequence[RankState], collective: str | None) -> str:
-    """``rank 0 waits in all_reduce``, ``ranks 0, 2 wait in all_reduce``."""
-    ranks, verb = ("rank", "waits") if len(states) == 1 else ("ranks", "wait")
-    return f"{ranks} {_ranks_list(states)} {verb} in {collective}"
-
-
-def _json(states: Sequence[RankState]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in asdict(s).items() if k != "node"} for s in states]
+    return f"{head} stopped{at or ' outside any collective'}"

@@ -120,8 +120,8 @@ class Reaper:
         self.pid: int | None = None
         self.exited = False
         self.empty_reported = False
-        self.lifeline_open = True
         self.stop_deadline: float | None = None
+        #: Set once the lifeline is lost: the reaper ends by then at the latest.
         self.kill_deadline: float | None = None
         self.log = CappedLog(config["log_fd"], config["log_max_bytes"])
 
@@ -142,12 +142,8 @@ class Reaper:
             # Joined before exec: every descendant is born in the cgroup, the reaper stays out.
             # A refused join only costs the monitor its membership check.
             if cgroup_procs is not None:
-                with contextlib.suppress(OSError):
-                    fd = os.open(cgroup_procs, os.O_WRONLY)
-                    try:
-                        os.write(fd, b"0")  # "0": the writing process itself
-                    finally:
-                        os.close(fd)
+                with contextlib.suppress(OSError), open(cgroup_procs, "wb", buffering=0) as f:
+                    f.write(b"0")  # "0": the writing process itself
             # If the reaper is SIGKILLed, the command's leader goes with it; the rest of the
             # tree is in its process group and is reached by the monitor's group kill.
             _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -203,7 +199,6 @@ class Reaper:
 
     def lifeline_lost(self) -> None:
         """The monitor closed our stdin (done, or dead): stop what is left of the tree."""
-        self.lifeline_open = False
         now = time.monotonic()
         if not self.has_children():
             self.kill_deadline = now
@@ -218,9 +213,8 @@ class Reaper:
                 # "stdin": the kernel closed the command's stdin with the monitor's end.
         self.stop_deadline = now + float(self.config["grace_seconds"])
         kill_wait = self.config.get("kill_wait_seconds")
-        if kill_wait is None:
-            kill_wait = _LIFELINE_KILL_WAIT_SECONDS
-        self.kill_deadline = self.stop_deadline + float(kill_wait)
+        kill_wait = _LIFELINE_KILL_WAIT_SECONDS if kill_wait is None else float(kill_wait)
+        self.kill_deadline = self.stop_deadline + kill_wait
 
     def kill_everything(self) -> None:
         if self.pid is not None:
@@ -261,17 +255,15 @@ class Reaper:
 
         while True:
             now = time.monotonic()
-            if not self.lifeline_open:
+            if self.kill_deadline is not None:
                 if self.stop_deadline is not None and now >= self.stop_deadline:
                     self.kill_everything()
-                if not self.has_children() or (
-                    self.kill_deadline is not None and now >= self.kill_deadline
-                ):
+                if not self.has_children() or now >= self.kill_deadline:
                     break
             # Every wake-up has a cause (output, SIGCHLD, the lifeline, a deadline): until the
             # lifeline closes the reaper sleeps without a timer.
             timeout: float | None = None
-            if not self.lifeline_open:
+            if self.kill_deadline is not None:
                 timeout = 0.05
                 if self.stop_deadline is not None and now < self.stop_deadline:
                     timeout = max(timeout, self.stop_deadline - now)

@@ -14,18 +14,8 @@ _HAS_CHILDREN_FILES = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").e
 def children(pid: int) -> list[int]:
     """Direct children of ``pid`` (empty when it is gone)."""
     if not _HAS_CHILDREN_FILES:
-        try:
-            import psutil  # the fallback only: the reaper starts without it
-        except ImportError:
-            return [
-                p
-                for p in map(int, filter(str.isdigit, os.listdir("/proc")))
-                if _stat_field(p, 1) == pid  # its ppid
-            ]
-        try:
-            return [c.pid for c in psutil.Process(pid).children()]
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            return []
+        pids = map(int, filter(str.isdigit, os.listdir("/proc")))
+        return [p for p in pids if _stat_field(p, 1) == pid]  # field 1: its ppid
     out: list[int] = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -95,18 +85,16 @@ def describe(pid: int, *, leader_pgid: int | None = None) -> dict[str, Any] | No
     except psutil.AccessDenied:
         return {"pid": pid, "name": None, "state": "unknown", "cmdline": None}
     if leader_pgid is not None:
-        info["left_group"] = how_it_left(info, leader_pgid)
+        # How it left the command's process group (the command's pid is its session's and
+        # group's id), or that it did not.
+        info["left_group"] = (
+            "still in the command's process group"
+            if info["pgid"] == leader_pgid
+            else "left the command's session (setsid / daemonised)"
+            if info["sid"] != leader_pgid
+            else "moved to another process group (setpgid)"
+        )
     return info
-
-
-def how_it_left(info: dict[str, Any], leader_pgid: int) -> str:
-    """In words, how a process left the command's process group (the command's pid is also
-    its session's and group's id), or that it did not."""
-    if info.get("pgid") == leader_pgid:
-        return "still in the command's process group"
-    if info.get("sid") != leader_pgid:
-        return "left the command's session (setsid / daemonised)"
-    return "moved to another process group (setpgid)"
 
 
 def find_marked(variable: str, value: str) -> list[int]:

@@ -128,8 +128,7 @@ class Inotify:
         """Watch the directories :meth:`read` saw created; the keys of the files inside."""
         found: list[str] = []
         while self.pending:
-            root, prefix = self.pending.pop()
-            found.extend(self.watch_tree(root, prefix))
+            found.extend(self.watch_tree(*self.pending.pop()))
         return found
 
     def _skipped(self, entry: os.DirEntry[str]) -> bool:

@@ -17,12 +17,12 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 SLURM_JOB_VARIABLE = "SLURM_JOB_ID"
 _SLURM_JOB_DIRECTORY = re.compile(r"(?:^|/)job_(\d+)(?:/|$)")
 
-# Per version: the files of the hard limit, the usage, and the OOM-kill counter.
-_HARD_LIMIT_FILE = {2: "memory.max", 1: "memory.limit_in_bytes"}
-_USAGE_FILE = {2: "memory.current", 1: "memory.usage_in_bytes"}
-_OOM_KILL_FILE = {2: "memory.events", 1: "memory.oom_control"}
-#: v2's soft limit: above it the kernel throttles and reclaims hard; v1 has none to match.
-_HIGH_LIMIT_FILE = "memory.high"
+#: Per version: the files of the hard limit, the usage, the OOM-kill counter, and the soft
+#: limit (v2's ``memory.high``: above it the kernel throttles and reclaims hard; v1 has none).
+_FILES = {
+    2: ("memory.max", "memory.current", "memory.events", "memory.high"),
+    1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control", None),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +63,14 @@ class MemoryCgroup:
 
     def read_oom_kills(self) -> int | None:
         """The cgroup's OOM-kill counter now (blocking)."""
-        return _oom_kill_counter(self.directory / _OOM_KILL_FILE[self.version])
+        return _oom_kill_counter(self.directory / _FILES[self.version][2])
 
 
 def memory_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
+    for line in (_read_text(meminfo) or "").splitlines():
+        if line.startswith("MemTotal:"):
+            words = line.split()
+            return int(words[1]) * 1024 if len(words) > 1 and words[1].isdigit() else None
     return None
 
 
@@ -89,21 +87,18 @@ def memory_cgroup(
     if found is None:
         return None
     version, hierarchy, relative = found
+    hard_file, usage_file, oom_kill_file, high_file = _FILES[version]
     # The nearest cgroup that holds the usage and counter files: a v2 group (the soak's own
     # tree group, say) whose parent did not enable the memory controller for it has none.
-    directory = hierarchy.nearest(relative, _USAGE_FILE[version])
-    hard = hierarchy.tightest(directory, _HARD_LIMIT_FILE[version], machine_bytes)
-    high = None
-    if version == 2:
-        high = hierarchy.tightest(directory, _HIGH_LIMIT_FILE, machine_bytes)
+    directory = hierarchy.nearest(relative, usage_file)
     return MemoryCgroup(
         version=version,
         path=hierarchy.name(directory),
         directory=directory,
-        hard=hard,
-        high=high,
-        current_bytes=_read_int(directory / _USAGE_FILE[version]),
-        oom_kills=_oom_kill_counter(directory / _OOM_KILL_FILE[version]),
+        hard=hierarchy.tightest(directory, hard_file, machine_bytes),
+        high=None if high_file is None else hierarchy.tightest(directory, high_file, machine_bytes),
+        current_bytes=_read_int(directory / usage_file),
+        oom_kills=_oom_kill_counter(directory / oom_kill_file),
     )
 
 

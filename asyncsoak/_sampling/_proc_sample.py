@@ -1,7 +1,5 @@
-"""The proc sampler's sample: the figures of each process, the tree, the machine and its disks.
-
-One :class:`ProcSample` a reading, built whole in the thread that read it (``_proc_sampler``).
-"""
+"""The proc sampler's sample: the figures of each process, the tree, the machine and its disks,
+built whole in the thread that read them."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ _NOTABLE_STATES = frozenset({"disk-sleep", "zombie", "stopped", "tracing-stop"})
 
 
 def percent_of(part: float, whole: float) -> float:
-    # Two decimals are more than /proc's precision and keep the journal short.
+    """Two decimals: more than /proc's precision, and the journal stays short."""
     return round(100.0 * part / whole, 2)
 
 
@@ -116,8 +114,7 @@ class ProcSample(events.Event):
         return frozenset(p.pid for p in self.processes)
 
     def series_points(self) -> events.SeriesPoints:
-        tree = self.tree
-        machine = self.machine
+        tree, machine = self.tree, self.machine
         machine_points: dict[str, float | None] = {
             "cpu_percent": machine.cpu_percent,
             "memory_used_bytes": machine.memory_used_bytes,
@@ -138,8 +135,7 @@ class ProcSample(events.Event):
             "read_bytes": tree.read_bytes,
             "write_bytes": tree.write_bytes,
         }
-        if tree.pss_bytes is not None:
-            # --detailed-memory: shared pages counted once, the tree's honest figure.
+        if tree.pss_bytes is not None:  # --detailed-memory
             tree_points["pss_bytes"] = tree.pss_bytes
             tree_points["anon_pss_bytes"] = tree.anon_pss_bytes
         return {"tree": tree_points, "machine": machine_points}

@@ -17,27 +17,31 @@ from pathlib import Path
 from .._contract import Masker
 from ._proc_sample import ProcessFigures, ProcSample, TreeFigures, percent_of
 from ._procfs import (
+    CHILDREN,
+    CHUNK,
     FD_DIR_SIZE_IS_COUNT,
+    IO,
     PROC,
     SCHEDSTAT,
+    STAT,
+    STATM,
+    STATUS,
     VANISHED,
     Kept,
     MachineReader,
     OpenFiles,
+    Seen,
     Walk,
     count_fds,
     describe,
     descriptor_budget,
     find_children,
+    kb_field,
     pread_all,
-    read_children,
     read_disks,
-    read_io,
+    read_file,
     read_memory_shares,
-    read_run_time,
-    read_shmem,
-    read_stat,
-    read_statm,
+    read_proc_file,
     run_time,
     scan_parents,
 )
@@ -98,22 +102,17 @@ class ProcSampler:
         #: Count open files with one stat() of /proc/PID/fd rather than listing it.
         self.counts_fds_by_size = FD_DIR_SIZE_IS_COUNT and proc == PROC
         self._lock = threading.Lock()
-        #: Files kept open between samples, only on the real /proc (a test's fake tree
-        #: replaces its files).
+        #: Files are kept open only on the real /proc (a test's fake tree replaces its files).
         self._open_files = OpenFiles(self._proc, descriptor_budget()) if proc == PROC else None
         self._machine = MachineReader(self._proc, keep_open=proc == PROC)
         self._closed = False
-        #: pid -> (start time, CPU ticks, when read) at the previous sample.
-        self._history: dict[int, tuple[int, int, float]] = {}
-        #: pid -> what the previous sample read of each single-threaded process.
+        #: pid -> what the previous sample saw of each process, and read of each
+        #: single-threaded one.  ``status`` (for ``RssShmem``) costs five times ``statm``: it
+        #: is read when a process is first seen and at every full read.
+        self._seen: dict[int, Seen] = {}
         self._ran: dict[int, Kept] = {}
         #: When the last full read (or the first read) began, by ``clock``.
         self._full_at: float | None = None
-        #: pid -> its ``RssShmem`` bytes: ``status`` costs five times ``statm``, so it is read
-        #: when a process is first seen and at every full read.
-        self._shmem: dict[int, int] = {}
-        #: pid -> (start time, name) of the processes whose cmdline has been handed out.
-        self._described: dict[int, tuple[int, bytes]] = {}
         self._previous_walk: float | None = None
         # /proc/PID/task/TID/children needs CONFIG_PROC_CHILDREN (on in common distribution
         # kernels); without it each reading scans every process's parent, as psutil does.
@@ -127,9 +126,7 @@ class ProcSampler:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            if self._closed:
-                return None
-            return self._read(t)
+            return None if self._closed else self._read(t)
         finally:
             if self._closed:
                 self._close_files()  # closed while this read ran: the files are ours to close
@@ -147,7 +144,7 @@ class ProcSampler:
 
     def _close_files(self) -> None:
         if self._open_files is not None:
-            self._open_files.close()
+            self._open_files.keep_only(set())
         self._machine.close()
         if self._members_fd is not None:
             os.close(self._members_fd)
@@ -159,8 +156,9 @@ class ProcSampler:
             return  # A read is running; describing a process twice is harmless.
         try:
             for process in sample.processes:
-                if process.cmdline is not None:
-                    self._described.pop(process.pid, None)
+                seen = self._seen.get(process.pid)
+                if process.cmdline is not None and seen is not None:
+                    self._seen[process.pid] = (*seen[:3], None, seen[4])
         finally:
             self._lock.release()
 
@@ -172,14 +170,13 @@ class ProcSampler:
         full = walk_started - self._full_at >= FULL_READ_SECONDS
         if full:
             self._full_at = walk_started
-        walk = Walk(self._previous_walk, self.detailed_memory, children_of, full)
+        walk = Walk(self.detailed_memory, children_of, full)
         members = self._members()
-        if members is not None:
-            # Every member at once: the walk reads no children files (see _read_process).
-            walk.by_membership = True
-            walk.stack = members
-        else:
-            walk.stack = find_children(self._proc, self.root_pid, walk)
+        # Every member at once: the walk reads no children files (see _push_children).
+        walk.by_membership = members is not None
+        walk.stack = (
+            members if members is not None else find_children(self._proc, self.root_pid, walk)
+        )
         seen = {self.root_pid}
         while walk.stack:
             pid = walk.stack.pop()
@@ -189,21 +186,18 @@ class ProcSampler:
         if self._open_files is not None:
             self._open_files.keep_only(seen)
 
-        processes = walk.processes
         tree_cpu: float | None = None
-        if walk.previous_walk is not None and walk_started > walk.previous_walk:
+        if self._previous_walk is not None and walk_started > self._previous_walk:
             seconds = walk.cpu_ticks / CLOCK_TICKS
-            tree_cpu = percent_of(seconds, walk_started - walk.previous_walk)
-        self._history = walk.history
+            tree_cpu = percent_of(seconds, walk_started - self._previous_walk)
+        self._seen = walk.seen
         self._ran = walk.ran
-        self._described = walk.described
-        self._shmem = walk.shmem
         self._previous_walk = walk_started
         return ProcSample(
             t=t,
             root_pid=self.root_pid,
             tree=TreeFigures(
-                processes=len(processes),
+                processes=len(walk.processes),
                 cpu_percent=tree_cpu,
                 rss_bytes=walk.rss_bytes,
                 anon_bytes=walk.anon_bytes,
@@ -215,7 +209,7 @@ class ProcSampler:
                 read_bytes=walk.read_bytes,
                 write_bytes=walk.write_bytes,
             ),
-            processes=processes,
+            processes=walk.processes,
             machine=self._machine.read(),
             disks=read_disks(self.disk_paths),
         )
@@ -225,31 +219,70 @@ class ProcSampler:
         the walk's stack.  Written for speed: it runs for every process at every sample."""
         base = f"{self._proc}/{pid}/"
         files: list[int] | None = None
+        open_files = self._open_files
+        kept = self._ran.get(pid)
+        idle: Kept | None = None
         try:
-            open_files = self._open_files
             kept_before = open_files is not None and pid in open_files.by_pid
             files = None if open_files is None else open_files.get(pid)
-            idle = self._idle_since_last_sample(pid, files, walk)
-            if idle is not None and self._same_again(pid, base, files, idle, walk):
-                return
-            if idle is None:
-                stat, files = self._read_stat(pid, base, files, kept_before)
+            # What the previous sample read of a single-threaded process stands (never on a
+            # full read) if its schedstat run time has not moved: it has changed neither its
+            # stat nor its children, done no IO and opened no file.
+            if kept is not None and files is not None and not walk.full and files[SCHEDSTAT] >= 0:
+                try:
+                    moved = run_time(files[SCHEDSTAT]) != kept[0]
+                except ProcessLookupError:
+                    moved = True  # gone, or its pid is another's: read afresh
+                if not moved:
+                    idle = kept
+                    # Asleep through the previous sample too (0 % CPU), described and needing
+                    # no smaps: added with that sample's figures, unchanged.
+                    figures = kept[7]
+                    if figures.cpu_percent == 0.0 and figures.role is None and walk.uss is None:
+                        start_ticks, cpu_ticks, _, name, shmem = self._seen[pid]
+                        if name is not None and figures.cmdline is None:
+                            self._push_children(pid, base, files, figures.threads, kept[5], walk)
+                            walk.seen[pid] = (start_ticks, cpu_ticks, self._clock(), name, shmem)
+                            walk.ran[pid] = kept
+                            walk.add(figures)
+                            return
+            if idle is not None:
+                stat, statm = idle[4], idle[6]
+            elif files is None:
+                stat = read_proc_file(base + "stat", one_piece=True)
             else:
-                stat = idle[4]
+                try:
+                    stat = os.pread(files[STAT], CHUNK, 0)
+                except ProcessLookupError:
+                    # The kept files were a process that is gone: the pid, found again in a
+                    # children file, is another's now.  Its files are opened afresh.
+                    if not kept_before or open_files is None:
+                        raise
+                    open_files.drop(pid)
+                    files = open_files.get(pid)
+                    assert files is not None
+                    stat = os.pread(files[STAT], CHUNK, 0)
+            if idle is None:
+                statm = read_file(base, files, STATM, "statm", 128)
             read_at = self._clock()
             # comm (field 2) may hold spaces and parentheses: it ends at the last ')'.
             name_end = stat.rfind(b")")
             fields = stat[name_end + 2 :].split(None, 22)
             start_ticks = int(fields[19])  # field 22
             thread_count = int(fields[17])  # field 20
-            statm = read_statm(base, files) if idle is None else idle[6]
-            ran, unchanged = (
-                (idle[0], idle)
-                if idle is not None
-                else self._ran_since_last_sample(pid, base, files, thread_count, start_ticks)
-            )
+            # The run time of a single-threaded process with kept files, and what the previous
+            # sample read of it if it has not run since: its IO and open files stand.
+            ran: bytes | None = None
+            unchanged = idle
+            if idle is not None:
+                ran = idle[0]
+            elif files is not None and thread_count == 1:
+                fd = OpenFiles.open(files, SCHEDSTAT, base + "schedstat")
+                ran = run_time(fd) if fd >= 0 else None
+                if kept is not None and kept[0] == ran and kept[1] == start_ticks:
+                    unchanged = kept
             if unchanged is None:
-                io = read_io(base, files)
+                io = read_file(base, files, IO, "io", CHUNK).split()
                 fds = count_fds(base, files, self.counts_fds_by_size)
             else:
                 io, fds = unchanged[2], unchanged[3]
@@ -258,24 +291,26 @@ class ProcSampler:
             )
             memory = read_memory_shares(base) if walk.uss is not None else None
             name = stat[stat.find(b"(") + 1 : name_end]
+            previous = self._seen.get(pid)
             # Described again after an exec (a new name): a forked launcher becomes a rank.
-            described = self._described.get(pid) == (start_ticks, name)
+            same = previous is not None and previous[0] == start_ticks and previous[3] == name
+            described = previous if same else None
             cmdline, role = (None, None) if described else describe(base, name, self._masker)
-            shmem = self._shmem.get(pid)
-            if shmem is None or not described or walk.full:
-                shmem = read_shmem(base, files)
+            if described is not None and not walk.full:
+                shmem = described[4]
+            else:
+                status = read_file(base, files, STATUS, "status", CHUNK)
+                shmem = kb_field(status, b"\nRssShmem:") or 0
         except VANISHED:
-            if files is not None and self._open_files is not None:
-                self._open_files.drop(pid)
+            if files is not None and open_files is not None:
+                open_files.drop(pid)
             return
 
         cpu_ticks = int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15)
-        cpu_percent = self._cpu_percent(pid, start_ticks, cpu_ticks, read_at, walk)
+        cpu_percent = self._cpu_percent(previous, start_ticks, cpu_ticks, read_at, walk)
         if walk.uss is not None:
             walk.add_memory_shares(memory)
-        walk.history[pid] = (start_ticks, cpu_ticks, read_at)
-        walk.described[pid] = (start_ticks, name)
-        walk.shmem[pid] = shmem
+        walk.seen[pid] = (start_ticks, cpu_ticks, read_at, name, shmem)
         read_bytes, write_bytes = _io_bytes(io)
         rss = int(fields[21]) * PAGE_SIZE  # field 24
         figures = ProcessFigures(  # positional, in field order: keywords cost more at this rate
@@ -298,68 +333,6 @@ class ProcSampler:
         if ran is not None:
             walk.ran[pid] = (ran, start_ticks, io, fds, stat, children, statm, figures)
 
-    def _same_again(
-        self, pid: int, base: str, files: list[int] | None, idle: Kept, walk: Walk
-    ) -> bool:
-        """Whether an idle process that slept through the previous sample too (0 % CPU), was
-        described and needs no smaps is added with that sample's figures, unchanged."""
-        figures = idle[7]
-        if figures.cpu_percent != 0.0 or figures.cmdline is not None or figures.role is not None:
-            return False
-        described = self._described.get(pid)
-        if described is None or walk.uss is not None:
-            return False
-        self._push_children(pid, base, files, figures.threads, idle[5], walk)
-        start_ticks, cpu_ticks, _ = self._history[pid]
-        walk.history[pid] = (start_ticks, cpu_ticks, self._clock())
-        walk.described[pid] = described
-        walk.ran[pid] = idle
-        walk.shmem[pid] = self._shmem[pid]
-        walk.add(figures)
-        return True
-
-    def _idle_since_last_sample(self, pid: int, files: list[int] | None, walk: Walk) -> Kept | None:
-        """What the previous sample read of ``pid`` if it still stands (never on a full read):
-        a single-threaded process whose schedstat run time has not moved has changed neither
-        its stat nor its children, done no IO and opened no file."""
-        if files is None or walk.full:
-            return None
-        kept = self._ran.get(pid)
-        if kept is None or files[SCHEDSTAT] < 0:
-            return None
-        try:
-            return kept if run_time(files[SCHEDSTAT]) == kept[0] else None
-        except ProcessLookupError:
-            return None  # gone, or its pid is another's: read afresh
-
-    def _read_stat(
-        self, pid: int, base: str, files: list[int] | None, kept_before: bool
-    ) -> tuple[bytes, list[int] | None]:
-        """The ``stat`` of ``pid``, and its files: opened afresh when the kept ones were a
-        process that is gone (the pid, found again in a children file, is another's now)."""
-        try:
-            return read_stat(base, files), files
-        except ProcessLookupError:
-            if not kept_before or self._open_files is None:
-                raise
-            self._open_files.drop(pid)
-            files = self._open_files.get(pid)
-            assert files is not None
-            return read_stat(base, files), files
-
-    def _ran_since_last_sample(
-        self, pid: int, base: str, files: list[int] | None, thread_count: int, start_ticks: int
-    ) -> tuple[bytes | None, Kept | None]:
-        """The run time of a single-threaded process with kept files (else None), and what the
-        previous sample read of it if it has not run since: its IO and open files stand."""
-        if files is None or thread_count != 1:
-            return None, None
-        ran = read_run_time(base, files)
-        kept = self._ran.get(pid)
-        if ran is not None and kept is not None and kept[0] == ran and kept[1] == start_ticks:
-            return ran, kept
-        return ran, None
-
     def _push_children(
         self,
         pid: int,
@@ -376,17 +349,18 @@ class ProcSampler:
         if thread_count != 1 or walk.children_of is not None:
             walk.stack.extend(find_children(self._proc, pid, walk))
             return None
-        children = kept_children if kept_children is not None else read_children(base, pid, files)
+        children = kept_children
+        if children is None:
+            children = read_file(base, files, CHILDREN, f"task/{pid}/children", 0)
         if children:  # most processes of a tree are leaves
             walk.stack.extend(map(int, children.split()))
         return children
 
     def _cpu_percent(
-        self, pid: int, start_ticks: int, cpu_ticks: int, read_at: float, walk: Walk
+        self, previous: Seen | None, start_ticks: int, cpu_ticks: int, read_at: float, walk: Walk
     ) -> float | None:
         """The process's CPU since the previous sample (None the first time); its ticks since
         then go to the tree's total."""
-        previous = self._history.get(pid)
         if previous is not None and previous[0] == start_ticks:
             walk.cpu_ticks += cpu_ticks - previous[1]
             if read_at > previous[2]:
@@ -394,7 +368,7 @@ class ProcSampler:
                 return round(
                     100.0 * (cpu_ticks - previous[1]) / CLOCK_TICKS / (read_at - previous[2]), 2
                 )
-        elif walk.previous_walk is not None and start_ticks / CLOCK_TICKS >= walk.previous_walk:
+        elif self._previous_walk is not None and start_ticks / CLOCK_TICKS >= self._previous_walk:
             # Born since the previous walk: all of its CPU time counts in the tree's total,
             # but a percentage of its own needs two readings (a few ms of life say nothing).
             walk.cpu_ticks += cpu_ticks

@@ -37,11 +37,6 @@ BLIND_SECONDS = 20.0
 BLIND_INTERVALS = 4
 
 
-def blind_limit(interval: float) -> float:
-    """How long the sampler may go without a sample before the soak fails closed."""
-    return max(BLIND_SECONDS, BLIND_INTERVALS * interval)
-
-
 async def run_proc_sampler(
     sink: EventSink,
     *,
@@ -57,8 +52,8 @@ async def run_proc_sampler(
 ) -> None:
     """Offer a :class:`ProcSample` at each tick of the soak's grid until cancelled, or until the
     tree is gone (``tree_gone`` set, and a read finds it empty).  A read that outlives
-    ``read_timeout`` degrades the sampler; no sample for :func:`blind_limit` seconds posts a
-    ``rule_broken`` (``monitor_error``).  The sampler owns ``sink`` and closes it."""
+    ``read_timeout`` degrades the sampler; no sample for a while posts a ``rule_broken``
+    (``monitor_error``).  The sampler owns ``sink`` and closes it."""
     async with sink:
         require_positive("interval", interval)
         require_positive("read_timeout", read_timeout)
@@ -72,7 +67,7 @@ async def run_proc_sampler(
         )
         start = tick = sink.clock.start
         reading = threading.Event()
-        blind_after = blind_limit(interval)
+        blind_after = max(BLIND_SECONDS, BLIND_INTERVALS * interval)
         degraded = error_told = blind_told = False
         last_sample_at = sink.elapsed()
         #: The position of the last sample queued (see :meth:`EventSink.taken`).
@@ -85,37 +80,39 @@ async def run_proc_sampler(
             finally:
                 reading.clear()
 
-        async def deliver(sample: ProcSample) -> None:
-            nonlocal degraded, queued_at
-            if degraded:
-                degraded = False
-                message = "/proc reads are back"
-                await sink.emit(events.SamplerRecovered(sink.elapsed(), SAMPLER_NAME, message))
-            if not sink.taken(queued_at):
-                # While the serializer has not taken the sample before (a huge tree, a starved
-                # machine), a new one is dropped and counted, never queued up behind it; the
-                # other producers' events of a tick are no backlog.
-                sink.counters.dropped_samples += 1
-                sampler.forget_descriptions(sample)
-            elif sink.offer(sample):
-                queued_at = sink.counters.sent
-            else:
-                sampler.forget_descriptions(sample)
-
         # The files kept open are closed however the sampler ends.
         with contextlib.closing(sampler):
             while True:
-                sampled = False
-                error: Exception | None = None
+                sample: ProcSample | None = None
                 try:
                     # A read still stuck in its thread is never joined by another; one that
                     # times out is abandoned, not stopped: the next reads return None at once
                     # until it comes back, so stuck threads never pile up.
-                    sample = None
                     if not reading.is_set():
                         sample = await run_blocking(
                             read, timeout=read_timeout, what="reading /proc"
                         )
+                    if sample is not None:
+                        if not sample.processes and tree_gone is not None and tree_gone.is_set():
+                            # Read after the reaper's last child went: an empty tree, not a
+                            # sample of the run (its "0 processes" would end every series).
+                            return
+                        if degraded:
+                            degraded = False
+                            message = "/proc reads are back"
+                            await sink.emit(
+                                events.SamplerRecovered(sink.elapsed(), SAMPLER_NAME, message)
+                            )
+                        # While the serializer has not taken the sample before (a huge tree, a
+                        # starved machine), a new one is dropped and counted, never queued up
+                        # behind it; the other producers' events of a tick are no backlog.
+                        if not sink.taken(queued_at):
+                            sink.counters.dropped_samples += 1
+                            sampler.forget_descriptions(sample)
+                        elif sink.offer(sample):
+                            queued_at = sink.counters.sent
+                        else:
+                            sampler.forget_descriptions(sample)
                 except BlockingCallTimeout:
                     if not degraded:
                         degraded = True
@@ -128,29 +125,16 @@ async def run_proc_sampler(
                             events.SamplerDegraded(sink.elapsed(), SAMPLER_NAME, message)
                         )
                 except Exception as exc:
-                    error = exc
-                else:
-                    if sample is not None:
-                        if not sample.processes and tree_gone is not None and tree_gone.is_set():
-                            # Read after the reaper's last child went: an empty tree, not a
-                            # sample of the run (its "0 processes" would end every series).
-                            return
-                        sampled = True
-                        try:
-                            await deliver(sample)
-                        except Exception as exc:
-                            error = exc
-                if error is not None:
                     sink.counters.sampler_errors += 1
                     if not error_told:
                         error_told = True
-                        message = f"proc sampler error (later ones are only counted): {error!r}"
-                        data = {"error": repr(error), "type": type(error).__name__}
+                        message = f"proc sampler error (later ones are only counted): {exc!r}"
+                        data = {"error": repr(exc), "type": type(exc).__name__}
                         await sink.emit(
                             events.SamplerNote(sink.elapsed(), SAMPLER_NAME, message, data)
                         )
                 now = sink.elapsed()
-                if sampled:
+                if sample is not None:
                     last_sample_at = now
                 elif not blind_told and now - last_sample_at >= blind_after:
                     blind_told = True

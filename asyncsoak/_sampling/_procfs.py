@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from .._contract import Masker
-from .._process import launcher_of, parse_rank_environ, read_environ, role
+from .._process import launcher_of, read_rank
 from ._proc_sample import DiskFigures, MachineFigures, ProcessFigures, percent_of
 
 PROC = Path("/proc")
 VANISHED = (FileNotFoundError, ProcessLookupError)
 CHUNK = 8192
+#: Where POSIX shared memory lives (``shm_open``, a data loader's segments).
+SHM_DIR = "/dev/shm"
 
 
 def _fd_dir_size_is_count() -> bool:
@@ -50,6 +52,17 @@ def read_proc_file(path: str, *, one_piece: bool = False) -> bytes:
         os.close(fd)
 
 
+def pread_all(fd: int) -> bytes:
+    """The whole of an open procfs file, read again from its start until a read returns
+    nothing (a ``children`` file comes a page at a time)."""
+    chunks = [os.pread(fd, CHUNK, 0)]
+    offset = len(chunks[0])
+    while chunks[-1] and (chunk := os.pread(fd, CHUNK, offset)):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 def descriptor_budget() -> int:
     """Descriptors the sampler may keep open: a quarter of the soft limit, 4096 at most (the
     rest is the host application's)."""
@@ -57,15 +70,11 @@ def descriptor_budget() -> int:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (OSError, ValueError):
         return 0
-    if soft == resource.RLIM_INFINITY:
-        return 4096
-    return min(soft // 4, 4096)
+    return 4096 if soft == resource.RLIM_INFINITY else min(soft // 4, 4096)
 
 
-#: The files of one process kept open: stat, io, the fd directory, the main thread's children,
-#: its schedstat, statm and status.
+#: The files of one process kept open, at these indices of its list in OpenFiles.by_pid.
 FILES_PER_PROCESS = 7
-#: Where each of those files is in a process's list of descriptors (:attr:`OpenFiles.by_pid`).
 STAT, IO, FD_DIR, CHILDREN, SCHEDSTAT, STATM, STATUS = range(FILES_PER_PROCESS)
 #: A file that could not be opened for want of permission (``io`` of another user's process).
 DENIED = -1
@@ -80,8 +89,7 @@ class OpenFiles:
     def __init__(self, proc: str, budget: int) -> None:
         self._proc = proc
         self._max_processes = budget // FILES_PER_PROCESS
-        #: pid -> [stat, io, fd directory, children, schedstat, statm, status] descriptors (or
-        #: DENIED, CLOSED), at the indices STAT, IO, FD_DIR, CHILDREN, SCHEDSTAT, STATM, STATUS.
+        #: pid -> its descriptors (or DENIED, CLOSED), ``stat`` opened first.
         self.by_pid: dict[int, list[int]] = {}
 
     def get(self, pid: int) -> list[int] | None:
@@ -116,64 +124,28 @@ class OpenFiles:
         for pid in [pid for pid in self.by_pid if pid not in pids]:
             self.drop(pid)
 
-    def close(self) -> None:
-        self.keep_only(set())
 
-
-def pread_all(fd: int) -> bytes:
-    """The whole of an open procfs file, read again from its start until a read returns
-    nothing (a ``children`` file comes a page at a time)."""
-    data = os.pread(fd, CHUNK, 0)
-    if not data:
-        return data
-    chunks = [data]
-    offset = len(data)
-    while chunk := os.pread(fd, CHUNK, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
-# Per file of a process: ``base`` is its directory with a trailing slash, ``files`` its kept
-# descriptors or None to read by path.  A process that is gone raises one of VANISHED.
-
-
-def read_stat(base: str, files: list[int] | None) -> bytes:
-    """``stat``: state, parent, CPU ticks, threads, start time, RSS."""
-    if files is None:
-        return read_proc_file(base + "stat", one_piece=True)
-    return os.pread(files[STAT], CHUNK, 0)
-
-
-def read_statm(base: str, files: list[int] | None) -> bytes:
-    """``statm``: sizes in pages (resident and shared are fields 2 and 3); empty if denied."""
-    if files is None:
-        return read_proc_file(base + "statm", one_piece=True)
-    fd = OpenFiles.open(files, STATM, base + "statm")
-    return os.pread(fd, 128, 0) if fd >= 0 else b""
+def read_file(base: str, files: list[int] | None, which: int, name: str, size: int) -> bytes:
+    """The file ``name`` of the process whose directory is ``base`` (a trailing slash), from
+    its kept descriptor ``which`` of ``files`` (None: by path); empty where it may not be read.
+    ``size``: procfs builds the file in one go, so a shorter read is its end; 0: it comes a
+    page at a time (``children``).  A process that is gone raises one of VANISHED."""
+    try:
+        if files is None:
+            return read_proc_file(base + name, one_piece=size > 0)
+        fd = OpenFiles.open(files, which, base + name)
+        if fd < 0:
+            return b""
+        data = os.pread(fd, size, 0) if size else b""
+        return data if 0 < len(data) < size else pread_all(fd)
+    except PermissionError:
+        return b""
 
 
 def run_time(schedstat_fd: int) -> bytes:
     """The first field of an open ``schedstat``: the nanoseconds the process ran on a CPU
     (its one thread's, exact: unchanged means it has not run)."""
     return os.pread(schedstat_fd, 128, 0).split(None, 1)[0]
-
-
-def read_run_time(base: str, files: list[int]) -> bytes | None:
-    """:func:`run_time` of a process whose files are kept open; None if denied."""
-    fd = OpenFiles.open(files, SCHEDSTAT, base + "schedstat")
-    return run_time(fd) if fd >= 0 else None
-
-
-def read_io(base: str, files: list[int] | None) -> list[bytes]:
-    """The words of ``io``; none where it may not be read (another user's process)."""
-    try:
-        if files is None:
-            return read_proc_file(base + "io", one_piece=True).split()
-        fd = OpenFiles.open(files, IO, base + "io")
-        return os.pread(fd, CHUNK, 0).split() if fd >= 0 else []
-    except PermissionError:
-        return []
 
 
 def count_fds(base: str, files: list[int] | None, by_size: bool) -> int | None:
@@ -184,9 +156,7 @@ def count_fds(base: str, files: list[int] | None, by_size: bool) -> int | None:
         if fd >= 0:
             return os.fstat(fd).st_size
     try:
-        if by_size:
-            return os.stat(base + "fd").st_size
-        return len(os.listdir(base + "fd"))
+        return os.stat(base + "fd").st_size if by_size else len(os.listdir(base + "fd"))
     except PermissionError:
         return None
 
@@ -199,31 +169,6 @@ def kb_field(text: bytes, needle: bytes) -> int | None:
         return None
     start = at + len(needle)
     return int(text[start : text.index(b"kB", start)]) * 1024
-
-
-def read_children(base: str, pid: int, files: list[int] | None) -> bytes:
-    """The ``children`` file of the process's main thread: the pids it forked, by spaces."""
-    path = f"{base}task/{pid}/children"
-    if files is None:
-        return read_proc_file(path)
-    fd = OpenFiles.open(files, CHILDREN, path)
-    return pread_all(fd) if fd >= 0 else b""
-
-
-def read_shmem(base: str, files: list[int] | None = None) -> int:
-    """``RssShmem`` of ``status`` in bytes (0 where the kernel does not say, or if denied);
-    read from the kept descriptor when there is one (a full read reads every process's)."""
-    try:
-        if files is None:
-            status = read_proc_file(base + "status", one_piece=True)
-        else:
-            fd = OpenFiles.open(files, STATUS, base + "status")
-            status = os.pread(fd, CHUNK, 0) if fd >= 0 else b""
-            if len(status) == CHUNK:  # built in one go: a short read is its end
-                status = pread_all(fd)
-    except PermissionError:
-        return 0
-    return kb_field(status, b"\nRssShmem:") or 0
 
 
 def read_memory_shares(base: str) -> tuple[int, int, int] | None:
@@ -255,21 +200,17 @@ def describe(base: str, name: bytes, masker: Masker) -> tuple[list[str] | None, 
         # Each argument ends with a NUL; an empty last argument is a NUL of its own.
         args = data.removesuffix(b"\0").split(b"\0")
         cmdline = masker.argv(arg.decode(errors="replace") for arg in args) if data else []
-    text = name.decode("utf-8", "replace")
-    if launcher_of(text, cmdline) is not None:
-        return cmdline, role(text, cmdline, None)
-    try:
-        rank = parse_rank_environ(read_environ(base + "environ"))
-    except OSError:
-        # Another user's (EACCES), or gone since its stat was read: no rank to tell.
-        rank = None
-    return cmdline, role(text, cmdline, rank)
+    launcher = launcher_of(name.decode("utf-8", "replace"), cmdline)
+    return cmdline, read_rank(base + "environ") if launcher is None else {"launcher": launcher}
 
 
 #: What the previous sample read of a single-threaded process: its ``schedstat`` run time,
-#: start time, ``io`` fields, open files, ``stat``, ``children`` (None when not read),
+#: start time, ``io`` words, open files, ``stat``, ``children`` (None when not read),
 #: ``statm`` and the figures it gave.
 Kept = tuple[bytes, int, list[bytes], int | None, bytes, bytes | None, bytes, ProcessFigures]
+#: What a walk keeps of each process for the next: start time, CPU ticks, when read, its name
+#: when described (None: to describe again) and its ``RssShmem`` bytes.
+Seen = tuple[int, int, float, bytes | None, int]
 
 
 class Walk:
@@ -282,17 +223,14 @@ class Walk:
         "by_membership",
         "children_of",
         "cpu_ticks",
-        "described",
         "fds",
         "full",
-        "history",
-        "previous_walk",
         "processes",
         "pss",
         "ran",
         "read_bytes",
         "rss_bytes",
-        "shmem",
+        "seen",
         "stack",
         "threads",
         "uss",
@@ -300,13 +238,8 @@ class Walk:
     )
 
     def __init__(
-        self,
-        previous_walk: float | None,
-        detailed_memory: bool,
-        children_of: dict[int, list[int]] | None,
-        full: bool,
+        self, detailed_memory: bool, children_of: dict[int, list[int]] | None, full: bool
     ) -> None:
-        self.previous_walk = previous_walk
         #: Read every process whole (see FULL_READ_SECONDS).
         self.full = full
         #: parent pid -> children, from a scan of /proc when there are no ``children`` files.
@@ -315,21 +248,12 @@ class Walk:
         self.by_membership = False
         self.stack: list[int] = []
         self.processes: list[ProcessFigures] = []
-        #: pid -> (start time, CPU ticks, when read): the next walk's history.
-        self.history: dict[int, tuple[int, int, float]] = {}
+        self.seen: dict[int, Seen] = {}
         self.ran: dict[int, Kept] = {}
-        self.described: dict[int, tuple[int, bytes]] = {}
-        #: CPU ticks the tree used since the previous walk.
-        self.cpu_ticks = 0
-        #: The tree's totals, added up as the processes are read (cheaper than summing after).
-        self.rss_bytes = 0
-        self.anon_bytes = 0
-        #: pid -> ``RssShmem`` bytes: the next walk's (see ProcSampler._shmem).
-        self.shmem: dict[int, int] = {}
-        self.threads = 0
-        self.fds = 0
-        self.read_bytes = 0
-        self.write_bytes = 0
+        #: CPU ticks the tree used since the previous walk, and the tree's totals (added up
+        #: as the processes are read: cheaper than summing after).
+        self.cpu_ticks = self.rss_bytes = self.anon_bytes = self.threads = self.fds = 0
+        self.read_bytes = self.write_bytes = 0
         self.uss: int | None = 0 if detailed_memory else None
         self.pss: int | None = 0 if detailed_memory else None
         self.anon_pss: int | None = 0 if detailed_memory else None
@@ -349,7 +273,7 @@ class Walk:
 
     def add_memory_shares(self, shares: tuple[int, int, int] | None) -> None:
         """A process's USS, PSS and anonymous PSS (``--detailed-memory``); None: unreadable."""
-        if self.uss is None or self.pss is None:
+        if self.uss is None or self.pss is None or self.anon_pss is None:
             return
         if shares is None:
             # Unreadable smaps: a partial total would mislead.
@@ -357,8 +281,7 @@ class Walk:
             return
         self.uss += shares[0]
         self.pss += shares[1]
-        if self.anon_pss is not None:
-            self.anon_pss += shares[2]
+        self.anon_pss += shares[2]
 
 
 def find_children(proc: str, pid: int, walk: Walk) -> list[int]:
@@ -373,19 +296,16 @@ def find_children(proc: str, pid: int, walk: Walk) -> list[int]:
         return []
     out: list[int] = []
     for tid in tids:
-        try:
+        # A thread that has ended: its children moved to another thread.
+        with contextlib.suppress(*VANISHED):
             out.extend(map(int, read_proc_file(f"{task}{tid}/children").split()))
-        except VANISHED:
-            continue  # That thread has ended; its children moved to another thread.
     return out
 
 
 def scan_parents(proc: str) -> dict[int, list[int]]:
     """parent pid -> children, for every process on the machine."""
     children_of: dict[int, list[int]] = {}
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
+    for name in filter(str.isdigit, os.listdir(proc)):
         try:
             stat = read_proc_file(f"{proc}/{name}/stat", one_piece=True)
         except VANISHED:
@@ -395,55 +315,35 @@ def scan_parents(proc: str) -> dict[int, list[int]]:
     return children_of
 
 
-#: Where POSIX shared memory lives (``shm_open``, a data loader's segments).
-SHM_DIR = "/dev/shm"
-
-
-def _shm_used_bytes() -> int | None:
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return None
-    return (st.f_blocks - st.f_bfree) * st.f_frsize
-
-
 class MachineReader:
-    """The machine's CPU (since the previous reading), memory, swap, load and ``/dev/shm``."""
+    """The machine's CPU (since the previous reading), memory, swap, load and ``/dev/shm``;
+    its files kept open on the real /proc, as a process's."""
 
     def __init__(self, proc: str, keep_open: bool) -> None:
-        self._paths = tuple(f"{proc}/{name}" for name in ("stat", "meminfo", "loadavg"))
+        self._paths = [f"{proc}/{name}" for name in ("stat", "meminfo", "loadavg")]
         self._keep_open = keep_open
-        self._fds: list[int] | None = None
+        self._fds: list[int] = []
         self._previous_cpu: tuple[int, int] | None = None
 
     def close(self) -> None:
-        if self._fds is not None:
-            for fd in self._fds:
-                os.close(fd)
-            self._fds = None
-
-    def _read_files(self) -> tuple[bytes, bytes, bytes]:
-        """/proc/stat, meminfo and loadavg: kept open on the real /proc, as a process's."""
-        if not self._keep_open:
-            stat, meminfo, loadavg = (read_proc_file(p, one_piece=True) for p in self._paths)
-            return stat, meminfo, loadavg
-        if self._fds is None:
-            self._fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in self._paths]
-        stat, meminfo, loadavg = (pread_all(fd) for fd in self._fds)
-        return stat, meminfo, loadavg
+        while self._fds:
+            os.close(self._fds.pop())
 
     def read(self) -> MachineFigures:
-        machine_stat, meminfo_file, loadavg = self._read_files()
-        cpu_line = machine_stat[: machine_stat.find(b"\n")]
+        if not self._keep_open:
+            files = [read_proc_file(path, one_piece=True) for path in self._paths]
+        else:
+            if not self._fds:
+                self._fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in self._paths]
+            files = [pread_all(fd) for fd in self._fds]
+        machine_stat, meminfo_file, loadavg = files
         # user nice system idle iowait irq softirq steal (guest time is inside user and nice)
-        ticks = list(map(int, cpu_line.split()[1:9]))
+        ticks = list(map(int, machine_stat[: machine_stat.find(b"\n")].split()[1:9]))
         total = sum(ticks)
         busy = total - ticks[3] - ticks[4]
         cpu: float | None = None
-        if self._previous_cpu is not None:
-            previous_busy, previous_total = self._previous_cpu
-            if total > previous_total:
-                cpu = percent_of(busy - previous_busy, total - previous_total)
+        if self._previous_cpu is not None and total > self._previous_cpu[1]:
+            cpu = percent_of(busy - self._previous_cpu[0], total - self._previous_cpu[1])
         self._previous_cpu = (busy, total)
 
         # A leading newline lets every key be found as "\nKey:", the first one too.
@@ -460,8 +360,11 @@ class MachineReader:
         if swap_total is not None and swap_free is not None:
             swap_used = swap_total - swap_free
             swap_percent = percent_of(swap_used, swap_total) if swap_total else 0.0
-
-        loads = loadavg.split()
+        shm_used = None
+        with contextlib.suppress(OSError):
+            st = os.statvfs(SHM_DIR)
+            shm_used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        load1, load5, load15 = map(float, loadavg.split()[:3])
         return MachineFigures(
             cpu_percent=cpu,
             memory_used_bytes=mem_used,
@@ -469,10 +372,10 @@ class MachineReader:
             memory_percent=mem_percent,
             swap_used_bytes=swap_used,
             swap_percent=swap_percent,
-            shm_used_bytes=_shm_used_bytes(),
-            load1=float(loads[0]),
-            load5=float(loads[1]),
-            load15=float(loads[2]),
+            shm_used_bytes=shm_used,
+            load1=load1,
+            load5=load5,
+            load15=load15,
         )
 
 
@@ -492,11 +395,11 @@ def read_disks(paths: Mapping[str, Path]) -> dict[str, DiskFigures]:
             if st is None:
                 st = by_device[device] = os.statvfs(existing)
         except OSError:
-            disks[label] = DiskFigures(path=str(path), free_bytes=None, percent_used=None)
+            disks[label] = DiskFigures(str(path), None, None)
             continue
         free = st.f_bavail * st.f_frsize
         used = (st.f_blocks - st.f_bfree) * st.f_frsize
         # As df and psutil: the share of what an unprivileged user could fill.
         percent = percent_of(used, used + free) if used + free else 0.0
-        disks[label] = DiskFigures(path=str(path), free_bytes=free, percent_used=percent)
+        disks[label] = DiskFigures(str(path), free, percent)
     return disks

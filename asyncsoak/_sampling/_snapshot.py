@@ -6,6 +6,7 @@ Synchronous (the soak runs it in a thread); every external command runs under a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -138,46 +139,32 @@ def _section(build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-class _Git:
-    """``git`` in one repository, configured so that the repository cannot run code."""
-
-    def __init__(self, executable: str, root: Path, timeout: float) -> None:
-        self._base = [executable, "--no-pager", "--no-optional-locks", "-c", "core.fsmonitor=false"]
-        self._base += ["-c", "core.hooksPath=/dev/null", "-C", str(root)]
-        self._timeout = timeout
-        self._env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-        self._env.update(GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", LC_ALL="C")
-
-    def __call__(self, *args: str, consume: Callable[[bytes], None] | None = None) -> CommandResult:
-        return run_command_sync(
-            [*self._base, *args], timeout=self._timeout, env=self._env, consume=consume
-        )
-
-    def disable_filters(self) -> None:
-        """Blank every filter driver the repository's config defines."""
-        listed = self("config", "--get-regexp", r"^filter\..*\.(clean|smudge|process)$")
-        names = set()
-        for line in listed.output.splitlines():
-            key = line.split(" ", 1)[0]
-            names.add(key[len("filter.") : key.rindex(".")])
-        for name in sorted(names):
-            for key in ("clean", "smudge", "process"):
-                self._base[1:1] = ["-c", f"filter.{name}.{key}="]
-            self._base[1:1] = ["-c", f"filter.{name}.required=false"]
-
-
 def source_info(root: Path, timeout: float = 10.0) -> dict[str, Any]:
-    """Revision, branch and dirtiness of the git repository containing ``root``."""
+    """Revision, branch and dirtiness of the git repository containing ``root``; ``git`` is
+    configured so that the repository cannot run code (no hooks, fsmonitor or filters)."""
     executable = shutil.which("git")
     if executable is None:
         return {"repository": None, "error": "git not found"}
-    git = _Git(executable, root, timeout)
+    base = [executable, "--no-pager", "--no-optional-locks", "-c", "core.fsmonitor=false"]
+    base += ["-c", "core.hooksPath=/dev/null", "-C", str(root)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", LC_ALL="C")
+
+    def git(*args: str, consume: Callable[[bytes], None] | None = None) -> CommandResult:
+        return run_command_sync([*base, *args], timeout=timeout, env=env, consume=consume)
+
     top = git("rev-parse", "--show-toplevel")
     if not top.ok:
         if "not a git repository" in top.stderr:
             return {"repository": None, "error": "not a git repository"}
         return {"repository": None, "error": f"git rev-parse: {_git_error(top)}"}
-    git.disable_filters()
+    # Blank every filter driver the repository's config defines.
+    listed = git("config", "--get-regexp", r"^filter\..*\.(clean|smudge|process)$")
+    keys = (line.split(" ", 1)[0] for line in listed.output.splitlines())
+    for name in sorted({key[len("filter.") : key.rindex(".")] for key in keys}):
+        for key in ("clean", "smudge", "process"):
+            base[1:1] = ["-c", f"filter.{name}.{key}="]
+        base[1:1] = ["-c", f"filter.{name}.required=false"]
     errors: list[str] = []
     head = git("rev-parse", "--verify", "-q", "HEAD")
     revision = head.output.strip() if head.ok else None
@@ -374,14 +361,10 @@ def host_info() -> dict[str, Any]:
 
 
 def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    return value.strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for key, _, value in (line.partition(":") for line in f):
+            if key.strip() == "model name":
+                return value.strip()
     return None
 
 
