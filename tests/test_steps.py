@@ -196,6 +196,18 @@ def test_explicit_keys_override_the_detection(tmp_path: Path) -> None:
     )
 
 
+def test_an_unknown_step_key_names_a_csvs_columns_in_the_files_order(tmp_path: Path) -> None:
+    """A CSV's keys are named as its header lists them (the first 20 of a wide log), not sorted."""
+    columns = ["train_loss", "epoch", "lr", *(f"col{i:02d}" for i in range(20)), "a_last"]
+    rows = ",".join(columns) + "\n" + ",".join(str(i) for i in range(len(columns))) + "\n"
+    (tmp_path / "metrics.csv").write_text(rows)
+    tracker = StepTracker(step_key="nope")
+    update = tracker.observe(read(StepReader(tmp_path, keys=KeyChoice("nope"))), now=1.0)
+    assert update.warnings == [
+        f"no record of metrics.csv carries 'nope' (its keys: {', '.join(columns[:20])})"
+    ]
+
+
 def test_the_report_file_comes_first_and_is_not_read_twice(tmp_path: Path) -> None:
     """asyncsoak.trainer.report's file outranks metrics files, even inside the progress dir."""
     report = tmp_path / "soak.steps.jsonl"

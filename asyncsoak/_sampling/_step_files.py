@@ -200,7 +200,10 @@ class JsonLinesSource:
             if record is not None:
                 records.append(record)
             elif any(number(v) is not None for v in data.values()):
-                reading.without_step[self.name] = sorted(str(k) for k in data)[:20]
+                named = [str(k) for k in data]  # a CSV's in its header's order
+                reading.without_step[self.name] = (
+                    named if self.kind == KIND_CSV else sorted(named)
+                )[:20]
         reading.records += self._fresh(records)
         if self._huge and self.kind != KIND_CSV:  # a CSV's long rows: counted, no note
             reading.notes.append(

@@ -67,16 +67,17 @@ def open_store(db: str | os.PathLike[str], **options: Any) -> JobStore:
     return SqliteStore(db, **options)
 
 
-def open_when_reachable(db: str, *, wait: float, create: bool = False) -> JobStore:
+def open_when_reachable(db: str, *, wait: float, create: bool = False, **options: Any) -> JobStore:
     """Open ``db``, waiting up to ``wait`` seconds (``math.inf``: for ever), with a growing
-    backoff, for a server that cannot be reached yet; any other refusal raises at once."""
+    backoff, for a server that cannot be reached yet; any other refusal raises at once.
+    ``options`` go to :func:`open_store`."""
     deadline = time.monotonic() + wait
     backoff = BACKOFF_MIN_SECONDS
     first_failure: float | None = None
     next_report = 0.0
     while True:
         try:
-            store = open_store(db, create=create)
+            store = open_store(db, create=create, **options)
         except DatabaseUnreachableError as exc:
             now = time.monotonic()
             if first_failure is None:

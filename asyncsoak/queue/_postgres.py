@@ -98,6 +98,7 @@ class PostgresStore(JobStore):
         *,
         create: bool = True,
         busy_timeout: float = BUSY_TIMEOUT_SECONDS,
+        clock: Callable[[], float] | None = None,  # SqliteStore's; here the database's now()
     ) -> None:
         try:
             import psycopg

@@ -27,7 +27,7 @@ from anyio.abc import Process
 
 from asyncsoak._contract._redact import public_conninfo, redact_url_passwords, secret_values
 from asyncsoak.queue import JobStore, SqliteStore, open_store
-from asyncsoak.queue._fleet import open_for_worker
+from asyncsoak.queue._fleet import open_for_worker, open_when_reachable
 
 from ..conftest import CLI_ENV, REPO, ReadyFifo, asyncsoak_cli
 from .helpers import FAST_SOAK, JOB_ENV, write_script
@@ -152,6 +152,15 @@ def test_worker_refuses_an_sqlite_path_whose_directory_does_not_exist(tmp_path: 
 
 
 @pytest.mark.slow
+def test_every_backend_opens_with_the_same_options(db: str) -> None:
+    """open_store and open_when_reachable hand their options to either backend: code written
+    against SQLite (a clock, a busy timeout) opens a PostgreSQL queue unchanged."""
+    with open_store(db, clock=time.time, busy_timeout=5.0) as store:
+        assert store.jobs() == []
+    with open_when_reachable(db, wait=0.0, clock=time.time, busy_timeout=5.0) as store:
+        assert store.jobs() == []
+
+
 def test_readers_list_an_absent_queue_as_empty(tmp_path: Path, db: str) -> None:
     """jobs and workers on a queue that does not exist yet list nothing, job says there is no
     such job; none of them creates the queue."""
