@@ -278,3 +278,21 @@ async def test_a_kernel_oom_record_logged_after_a_read_is_seen_by_the_next_call(
     found = oom_kills({pid}, since_boot_seconds=since)
     assert found is not None
     assert [(k["pid"], k["name"]) for k in found] == [(pid, "fake-trainer")]
+
+
+async def test_a_soak_reads_the_kernel_log_from_its_commands_start_only() -> None:
+    """The OOM check opens the kernel log at its end before the command starts: a record logged
+    before is never read (a boot's log costs nothing), one logged after is found."""
+    if not os.access("/dev/kmsg", os.W_OK | os.R_OK):
+        pytest.skip("the kernel log cannot be read and written here (not root, or a container)")
+    from asyncsoak._process._forensics import oom_kills, prefetch_oom_records
+
+    kmsg = Path("/dev/../dev/kmsg")  # the same log, read apart from this process's soaks
+    before, after = (4_000_000 + (os.getpid() + n) % 100_000 for n in (1, 2))
+    for pid in (before, after):
+        if pid == after:
+            prefetch_oom_records(kmsg)
+        Path("/dev/kmsg").write_text(f"<3>Out of memory: Killed process {pid} (trainer) x\n")
+    found = oom_kills({before, after}, since_boot_seconds=0.0, kmsg=kmsg)
+    assert found is not None
+    assert [k["pid"] for k in found] == [after]

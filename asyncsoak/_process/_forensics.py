@@ -16,8 +16,6 @@ from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from ._ranks import read_rank, role
 
 #: Threads listed per process.
@@ -84,6 +82,8 @@ def py_spy_dump(py_spy: str, pid: int, timeout: float = PY_SPY_TIMEOUT_SECONDS) 
 
 def collect_forensics(pids: Iterable[int], *, timeout: float) -> dict[str, Any]:
     """What every process was doing, within ``timeout`` seconds in all."""
+    import psutil  # here: a soak that needs no forensics starts without it
+
     deadline = time.monotonic() + timeout
     # py-spy on PATH, or beside this interpreter (installed in a venv not activated).
     beside = Path(sys.executable).with_name("py-spy")
@@ -175,15 +175,23 @@ def _new_oom_lock() -> None:
 
 os.register_at_fork(after_in_child=_new_oom_lock)
 #: Per kernel log and process (a forked child reads on its own): when its last read began,
-#: its descriptor (read on from there: a boot's thousands of records are read once) and the
+#: its descriptor (read on from there: opened at its end before a soak's command starts) and the
 #: OOM-kill records found so far (None: unreadable).
 _OOM_READS: dict[tuple[Path, int], tuple[float, int | None, list[_OomRecord] | None]] = {}
 
 
 def prefetch_oom_records(kmsg: Path = Path("/dev/kmsg")) -> None:
-    """Read the kernel log's records so far (blocking), so that :func:`oom_kills` at a run's
-    end reads only those logged since: a soak does it while its command starts."""
-    _oom_records(kmsg, time.monotonic())
+    """Open the kernel log at its end just before a soak's command starts: every OOM record of
+    its tree comes after, so :func:`oom_kills` reads only those (a boot's log is never read)."""
+    key = (kmsg, os.getpid())
+    with _OOM_LOCK:
+        if key in _OOM_READS:
+            return  # read on from where the previous soak's read stopped
+        fd = None
+        with contextlib.suppress(OSError):
+            fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            os.lseek(fd, 0, os.SEEK_END)
+        _OOM_READS[key] = (time.monotonic(), fd, None if fd is None else [])
 
 
 def _oom_records(kmsg: Path, asked_at: float) -> list[_OomRecord] | None:

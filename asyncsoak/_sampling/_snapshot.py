@@ -18,8 +18,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from .._contract import VERSION, redact_env
 from .._process import CommandResult, run_command_sync
 
@@ -356,7 +354,7 @@ def host_info() -> dict[str, Any]:
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)),
-        "memory_total_bytes": psutil.virtual_memory().total,
+        "memory_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
     }
 
 

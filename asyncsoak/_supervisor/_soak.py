@@ -417,6 +417,7 @@ class _Soak:
             cgroup = await create_cgroup(self.soak_id)
             request = spawn_request(self.cfg, self._child_env, self.soak_id, log_fd, steps, cgroup)
             started = True
+            prefetch_oom_records()
             EXECUTOR.submit(_while_the_command_starts)
             if not await start_command(sink, spawner, request, cgroup, self._fail):
                 return
@@ -564,10 +565,8 @@ def _collect_snapshot(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 def _while_the_command_starts() -> None:
     """Made ready in a thread while the command starts (the monitor only waits): the samplers'
-    modules, the kernel log so far (the OOM check reads on from there), the exits' modules.
-    Not waited for: a failure here only leaves the work to its first use."""
+    modules and the exits' modules. Not waited for: a failure only leaves the work to its use."""
     import_samplers()
-    prefetch_oom_records()
     exits.decode, exits.verdict_exit_code  # noqa: B018 (their modules' import is the point)
 
 
