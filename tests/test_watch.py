@@ -51,6 +51,9 @@ def test_watch_shows_a_running_soak_then_ends_with_its_verdict(
     args = [a for a in run_args(tmp_path) if a != "--sample-interval"]
     args[args.index("0.1")] = "--sample-interval=0.2"
     end = tmp_path / "end"
+    # Made before the soak starts: the watchdog's first word is then that it exists (made by
+    # the child, a frame at the first flush may still say "does not exist (yet)").
+    (tmp_path / "progress").mkdir()
     soak = subprocess.Popen(
         [
             sys.executable,
