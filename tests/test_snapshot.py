@@ -90,6 +90,37 @@ def test_editing_a_file_makes_the_repository_dirty(tmp_path: Path) -> None:
     assert source["diff_sha256"] == hashlib.sha256(diff).hexdigest()
 
 
+def test_a_detached_head_a_repository_without_commits_and_a_rename(tmp_path: Path) -> None:
+    """A detached HEAD has a revision and no branch; a repository without commits has its
+    branch and no revision; a staged rename is one changed file."""
+    repo = make_repo(tmp_path / "repo")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-q", "--detach")
+    git(repo, "mv", "train.py", "main.py")
+    source = quiet_snapshot(repo)["source"]
+    assert (source["revision"], source["branch"]) == (head, None)
+    assert (source["dirty"], source["changed_files"], source["untracked_files"]) == (True, 1, 0)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    git(empty, "init", "-q", "-b", "trunk")
+    (empty / "new.py").write_text("pass\n")
+    source = quiet_snapshot(empty)["source"]
+    assert (source["revision"], source["branch"]) == (None, "trunk")
+    assert (source["changed_files"], source["untracked_files"]) == (0, 1)
+    assert source["errors"] == []
+
+
+def test_an_unreadable_index_still_gives_the_revision_and_branch(tmp_path: Path) -> None:
+    """`git status` refused (a corrupt index): its error is recorded, and HEAD's revision and
+    branch are still read."""
+    repo = make_repo(tmp_path / "repo")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    (repo / ".git" / "index").write_bytes(b"not an index")
+    source = quiet_snapshot(repo)["source"]
+    assert (source["revision"], source["branch"], source["dirty"]) == (head, "main", None)
+    assert [e.split(":")[0] for e in source["errors"]] == ["git status"]
+
+
 def test_directory_outside_git(tmp_path: Path) -> None:
     """A directory that is no repository says so instead of failing."""
     plain = tmp_path / "plain"

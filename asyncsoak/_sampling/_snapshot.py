@@ -164,17 +164,23 @@ def source_info(root: Path, timeout: float = 10.0) -> dict[str, Any]:
             base[1:1] = ["-c", f"filter.{name}.{key}="]
         base[1:1] = ["-c", f"filter.{name}.required=false"]
     errors: list[str] = []
-    head = git("rev-parse", "--verify", "-q", "HEAD")
-    revision = head.output.strip() if head.ok else None
-    branch = git("symbolic-ref", "--short", "-q", "HEAD")
     status = git(
-        "status", "--porcelain=v1", "-z", "--untracked-files=normal", "--ignore-submodules=dirty"
+        "status",
+        "--porcelain=v2",
+        "--branch",
+        "-z",
+        "--untracked-files=normal",
+        "--ignore-submodules=dirty",
     )
-    changed = untracked = None
-    if status.ok:
-        changed, untracked = _count_status(status.output)
+    revision = branch = changed = untracked = None
+    if status.ok:  # HEAD's revision and branch too: one git run instead of three
+        revision, branch, changed, untracked = _read_status(status.output)
     else:
         errors.append(f"git status: {_git_error(status)}")
+        head = git("rev-parse", "--verify", "-q", "HEAD")
+        revision = head.output.strip() if head.ok else None
+        named = git("symbolic-ref", "--short", "-q", "HEAD")
+        branch = named.output.strip() if named.ok else None
     diff_sha256 = None
     if changed and revision is not None:
         import hashlib  # here: its OpenSSL load is paid only for a changed tree
@@ -196,7 +202,7 @@ def source_info(root: Path, timeout: float = 10.0) -> dict[str, Any]:
     return {
         "repository": top.output.strip(),
         "revision": revision,
-        "branch": branch.output.strip() if branch.ok else None,
+        "branch": branch,
         "dirty": None if changed is None else changed > 0,
         "changed_files": changed,
         "untracked_files": untracked,
@@ -213,21 +219,27 @@ def _git_error(result: CommandResult) -> str:
     return lines[0] if lines else result.describe()
 
 
-def _count_status(porcelain: str) -> tuple[int, int]:
-    """Tracked files changed (staged or not) and untracked files, from ``status -z``."""
+def _read_status(porcelain: str) -> tuple[str | None, str | None, int, int]:
+    """HEAD's revision and branch (None: no commit yet, detached), tracked files changed
+    (staged or not) and untracked files, from ``status --porcelain=v2 --branch -z``."""
+    revision = branch = None
     changed = untracked = 0
     entries = iter(porcelain.split("\0"))
     for entry in entries:
-        if len(entry) < 4:
-            continue
-        code = entry[:2]
-        if code == "??":
+        kind, _, rest = entry.partition(" ")
+        if kind == "#":
+            key, _, value = rest.partition(" ")
+            if key == "branch.oid" and value != "(initial)":
+                revision = value
+            elif key == "branch.head" and value != "(detached)":
+                branch = value
+        elif kind == "?":
             untracked += 1
-            continue
-        changed += 1
-        if code[0] in "RC":
-            next(entries, None)  # a rename or copy is followed by its source path
-    return changed, untracked
+        elif kind in ("1", "2", "u"):
+            changed += 1
+            if kind == "2":
+                next(entries, None)  # a rename or copy is followed by its source path
+    return revision, branch, changed, untracked
 
 
 def software_info(
