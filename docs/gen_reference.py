@@ -242,9 +242,8 @@ def metrics_reference() -> str:
 
 def _scraped_families() -> Iterator[tuple[str, str, str, tuple[str, ...]]]:
     """(sample name, type, help, labels) of every family a busy soak and worker export."""
-    from asyncsoak._export._metrics import new_registry
+    from asyncsoak._export._metrics import WorkerMetrics, new_registry
     from asyncsoak._export._soak_metrics import SoakMetrics
-    from asyncsoak._export._worker_metrics import WorkerMetrics
 
     # One soak running (its live gauges), one finished (its verdict).
     running = SoakMetrics("1-2", now=lambda: 100.0, host="node")

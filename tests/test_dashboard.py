@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from asyncsoak._export._metrics import WorkerMetrics
 from asyncsoak._export._soak_metrics import SoakMetrics, program_name
-from asyncsoak._export._worker_metrics import WorkerMetrics
 
 from .conftest import REPO
 from .metrics_support import exposition, samples

@@ -12,7 +12,7 @@ from asyncsoak._contract import events
 from asyncsoak._contract._vocabulary import EventKind
 from asyncsoak._record._artifact import RunState
 from asyncsoak._view._live_state import LiveState
-from asyncsoak._view.report._detail import _DetailFold
+from asyncsoak._view.report._timeline import _DetailFold
 
 from .test_vocabulary import _event_classes
 

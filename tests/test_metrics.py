@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 from asyncsoak import Metrics, run_soak
+from asyncsoak._export._metrics import WorkerMetrics
 from asyncsoak._export._soak_metrics import SoakMetrics
-from asyncsoak._export._worker_metrics import WorkerMetrics
 
 from .conftest import ReadyFifo, asyncsoak_cli, fast_limits, journal, py
 from .gpu_support import install_fake_nvidia_smi

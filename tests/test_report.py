@@ -17,9 +17,9 @@ from jsonschema import Draft202012Validator
 from asyncsoak._contract import EventKind
 from asyncsoak._record._recover import JournalError, artifact_from_journal
 from asyncsoak._view.report import detail_for, read_journal_detail, render_report
-from asyncsoak._view.report._detail import artifact_detail
 from asyncsoak._view.report._figure import Timeline
 from asyncsoak._view.report._panels import plan_panels
+from asyncsoak._view.report._timeline import artifact_detail
 
 from .conftest import CLI_ENV, assert_valid, asyncsoak_cli
 from .soak_runs import Runs, make_runs

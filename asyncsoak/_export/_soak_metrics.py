@@ -20,7 +20,7 @@ from .._contract import EventKind, SoakStatus, epoch, exits, redact_url_password
 from .._process import RoleFold
 from .._record import RunState
 from .._sampling import CLOCK_EVENT_REASONS
-from ._worker_metrics import WORKER_METRIC_NAMES
+from ._metrics import WORKER_METRIC_NAMES
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

@@ -4,13 +4,13 @@ happened, and when; ``_page`` lists its sections in order, ``_figure`` draws its
 
 from ._assets import STYLE as STYLE
 from ._assets import plot_text as plot_text
-from ._detail import RunDetail as RunDetail
-from ._detail import detail_for as detail_for
-from ._detail import read_journal_detail as read_journal_detail
 from ._page import PAGE as PAGE
 from ._page import ReportUnavailableError as ReportUnavailableError
 from ._page import render_report as render_report
 from ._page import write_report as write_report
+from ._timeline import RunDetail as RunDetail
+from ._timeline import detail_for as detail_for
+from ._timeline import read_journal_detail as read_journal_detail
 
 __all__ = [
     "PAGE",

@@ -22,7 +22,6 @@ from .._sections import column, series_group
 from .._status import status_words
 from .._summary import summarize
 from ._assets import PLOTLY_LOADER, STYLE, figure_html, head_row, plot_text, table_row
-from ._detail import detail_for
 from ._events import events_html, forensics_html, leftovers_html, log_html
 from ._figure import Timeline
 from ._tables import (
@@ -35,6 +34,7 @@ from ._tables import (
     steady_html,
     verdict_html,
 )
+from ._timeline import detail_for
 
 
 class ReportUnavailableError(AsyncsoakError):
