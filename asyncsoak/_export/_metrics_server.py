@@ -265,14 +265,9 @@ async def _send_all(conn: socket.socket, data: bytes) -> None:
 
 
 def _parse_head(head: bytes) -> tuple[str, dict[str, str]]:
-    text = head.decode("latin-1")
-    lines = text.replace("\r\n", "\n").split("\n")
-    headers = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
-    return lines[0].strip(), headers
+    request_line, *lines = head.decode("latin-1").replace("\r\n", "\n").split("\n")
+    fields = (line.partition(":") for line in lines)
+    return request_line.strip(), {k.strip().lower(): v.strip() for k, sep, v in fields if sep}
 
 
 def _response(
