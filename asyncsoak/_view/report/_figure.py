@@ -270,13 +270,8 @@ class Timeline(TimelineModel):
             return
         color = COLORS["failure"] if leaking_series(self.artifact) else "#333"
         at = (0.01, 0.98, f"x{row} domain", f"y{row} domain")
-        style: dict[str, Any] = {
-            "xanchor": "left",
-            "yanchor": "top",
-            "align": "left",
-            "bgcolor": _VEIL,
-        }
-        _note(fig, plot_text("\n".join(lines)), at, color, **style)
+        text = plot_text("\n".join(lines))
+        _note(fig, text, at, color, xanchor="left", yanchor="top", align="left", bgcolor=_VEIL)
 
     def _mark_nonfinite(self, fig: Any, row: int) -> None:
         """Each NaN or infinite loss on the loss panel, where it came: a line and its words."""
@@ -337,9 +332,7 @@ class Timeline(TimelineModel):
         )
         fig.update_xaxes(title_text=f"{self.x_unit} since the start", row=rows, col=1)
         fig.update_yaxes(showgrid=True, gridcolor="#eef0f3")
-        for i, annotation in enumerate(fig.layout.annotations):
-            if i >= rows:
-                break
+        for annotation in fig.layout.annotations[:rows]:
             # Subplot titles: left-aligned above their panel, bold, like section headings.
             bold = f"<b>{annotation.text}</b>"
             annotation.update(x=0, xanchor="left", font={"size": 14}, text=bold)
