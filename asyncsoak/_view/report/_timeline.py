@@ -152,14 +152,7 @@ class TimelineModel:
         self.series: Mapping[str, Mapping[str, Sequence[Any]]] = artifact["series"]
         self.steady: list[Field] = []
         self.panels = self._fold_steady(plan_panels(self.series))
-        if self.detail is not None:
-            self.progress = self.detail.progress
-        else:  # the changes of the events kept
-            self.progress = one_change_bins(
-                (float(e["t"]), file_names(e["paths"]))
-                for e in artifact["events"]
-                if e["kind"] == EventKind.PROGRESS
-            )
+        self.progress = self.detail.progress if self.detail is not None else kept_bins(artifact)
         self.marks = self._marks()
         self.throttle = self.detail.throttle_spans if self.detail is not None else {}
 
@@ -466,6 +459,12 @@ def one_change_bins(changes: Iterable[tuple[float, str]]) -> list[ProgressBin]:
     return bins
 
 
+def kept_bins(artifact: Artifact) -> list[ProgressBin]:
+    """A bin per progress change the artifact's events kept."""
+    kept = (e for e in artifact["events"] if e["kind"] == EventKind.PROGRESS)
+    return one_change_bins((float(e["t"]), file_names(e["paths"])) for e in kept)
+
+
 def in_slices(bins: Sequence[ProgressBin], count: int) -> list[ProgressBin]:
     """``bins`` merged into at most ``count`` slices of the run's time, each keeping its
     longest gap (a day of changes every second would not draw in time)."""
@@ -573,7 +572,6 @@ def detail_for(artifact: Artifact, journal: Path | None) -> RunDetail | None:
     path = journal or (Path(recorded) if recorded else None)
     if path is None or not path.is_file():
         return None
-    kept = [e for e in artifact["events"] if e["kind"] == EventKind.PROGRESS]
     dropped = events_dropped(artifact) > 0
     kinds = {EventKind.PROGRESS} if dropped else set()
     if any(throttled(artifact, group) for group in artifact["summary"]):
@@ -584,5 +582,5 @@ def detail_for(artifact: Artifact, journal: Path | None) -> RunDetail | None:
     except (OSError, bounded.UnreadableFileError):
         return None
     if not dropped:
-        detail.progress = one_change_bins((float(e["t"]), file_names(e["paths"])) for e in kept)
+        detail.progress = kept_bins(artifact)
     return detail
