@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from .._fields import (
@@ -224,12 +225,8 @@ def is_reference(f: Field) -> bool:
 def rates(times: Sequence[float], counter: Sequence[float | None]) -> list[float | None]:
     """A counter's rate per second between samples; a counter that went down (a process
     left the tree, taking its count) gives no rate there."""
-    out: list[float | None] = [None]
-    for i in range(1, len(counter)):
-        before, after = counter[i - 1], counter[i]
-        dt = times[i] - times[i - 1]
-        if before is None or after is None or dt <= 0 or after < before:
-            out.append(None)
-        else:
-            out.append((after - before) / dt)
-    return out
+    steps = zip(pairwise(times), pairwise(counter), strict=False)
+    return [None] + [
+        None if b is None or a is None or t1 <= t0 or a < b else (a - b) / (t1 - t0)
+        for (t0, t1), (b, a) in steps
+    ]
