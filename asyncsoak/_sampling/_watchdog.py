@@ -8,6 +8,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -82,39 +83,33 @@ async def run_watchdog(
             EXECUTOR.submit(watcher.close)
 
 
+@dataclass(eq=False)
 class _WatchLoop:
     """Wait for the next scan (or the deadline), listening to inotify when the scan is far
     off; report what changed and judge the rules."""
 
-    def __init__(
-        self,
-        sink: EventSink,
-        watcher: Inotify | None,
-        scanner: Scanner,
-        tracker: ProgressTracker,
-        scan_interval: float,
-        limiter: anyio.CapacityLimiter,
-    ) -> None:
-        self.sink = sink
-        self.limiter = limiter
-        self.watcher = watcher
-        self.scanner = scanner
-        self.progress_dir = scanner.progress_dir
-        self.ignore = scanner.ignore
-        self.tracker = tracker
-        self.scan_interval = scan_interval
-        self.watches_placed = anyio.Event()
-        self.fired = False
-        self.next_scan = _next_on_grid(sink.elapsed(), scan_interval)
-        self.root_watched = False  # the progress directory exists (and so is watched)
-        #: Scan key -> when inotify last told of a change to it, since the last scan.
-        self.heard: dict[str, float] = {}
-        self.rescan = False  # inotify lost events: scan at once, not at the next tick
-        #: The wait on inotify under way: cut short (setting ``replan``) when the first
-        #: watches' look at the files moved the deadline.
-        self.waiting: anyio.CancelScope | None = None
-        self.replan = False
-        self.scanned_at = sink.elapsed()
+    sink: EventSink
+    watcher: Inotify | None
+    scanner: Scanner
+    tracker: ProgressTracker
+    scan_interval: float
+    limiter: anyio.CapacityLimiter
+    watches_placed: anyio.Event = field(default_factory=anyio.Event)
+    fired: bool = False
+    root_watched: bool = False  # the progress directory exists (and so is watched)
+    #: Scan key -> when inotify last told of a change to it, since the last scan.
+    heard: dict[str, float] = field(default_factory=dict)
+    rescan: bool = False  # inotify lost events: scan at once, not at the next tick
+    #: The wait on inotify under way: cut short (setting ``replan``) when the first watches'
+    #: look at the files moved the deadline.
+    waiting: anyio.CancelScope | None = None
+    replan: bool = False
+
+    def __post_init__(self) -> None:
+        self.progress_dir = self.scanner.progress_dir
+        self.ignore = self.scanner.ignore
+        self.next_scan = _next_on_grid(self.sink.elapsed(), self.scan_interval)
+        self.scanned_at = self.sink.elapsed()
 
     async def fail(self, reason: str, message: str) -> None:
         if not self.fired:
