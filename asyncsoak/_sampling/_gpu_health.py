@@ -100,10 +100,8 @@ class _Gpu:
     flags: dict[str, bool | None] = field(default_factory=dict)
     link_noted: bool = False
     lost: bool = False
-    #: Whether its first reading (the baseline) was judged.
-    seen: bool = False
-    #: Samples in a row reading nothing but :data:`RESET_VALUES`.
-    unreadable: int = 0
+    seen: bool = False  # its first reading (the baseline) was judged
+    unreadable: int = 0  # samples in a row reading nothing but RESET_VALUES
 
 
 class GpuHealthWatch:
@@ -115,9 +113,8 @@ class GpuHealthWatch:
         self._gpus: dict[int, _Gpu] = {}  # by label (the index of its first reading)
         self._by_id: dict[str, _Gpu] = {}  # by UUID and by bus id
         self._tree_gpus: set[int] = set()  # where a process of the tree held memory
-        #: GPUs held by other work only: not the run's while ``CUDA_VISIBLE_DEVICES`` is unset
-        #: and the tree is on none.  Kept once seen: the fault that ends the other job also
-        #: takes its process off the list.
+        #: GPUs held by other work only, kept once seen (the fault that ends the other job
+        #: also takes its process off the list).
         self._other_gpus: set[int] = set()
         #: The labels listed by the first complete reading: a GPU missing later is lost.
         self._listed: frozenset[int] | None = None
@@ -155,9 +152,8 @@ class GpuHealthWatch:
         return bool(self._gpus)
 
     def identify(self, readings: Sequence[GpuReading]) -> list[GpuReading]:
-        """``readings`` under their GPUs' labels: a GPU is found by UUID, else by bus id (an
-        index read as -1 included); one never seen keeps its index as its label (the next
-        free label when that is taken, or unread)."""
+        """``readings`` under their GPUs' labels: a GPU is found by UUID, else by bus id; one
+        never seen keeps its index as its label (else the next free one)."""
         out = []
         for reading in readings:
             gpu = self._by_id.get(reading.uuid or "")
@@ -184,18 +180,16 @@ class GpuHealthWatch:
         return None if gpu is None else gpu.index
 
     def _find(self, uuid: str | None, bus_id: str | None, index: int = -1) -> _Gpu | None:
-        if uuid and uuid in self._by_id:
-            return self._by_id[uuid]
-        if bus_id and bus_id in self._by_id:
-            return self._by_id[bus_id]
+        for key in (uuid, bus_id):
+            if key and key in self._by_id:
+                return self._by_id[key]
         return None if uuid or bus_id else self._gpus.get(index)
 
     def readings(
         self, t: float, readings: Sequence[GpuReading], *, whole: bool = True
     ) -> list[events.GpuFault]:
         """Faults in one iteration's readings: counts that rose, flags set, GPUs missing or
-        needing a reset.  ``whole``: every row of the iteration was read (a row that could
-        not be parsed is no GPU missing from the list: then none is judged missing)."""
+        needing a reset.  ``whole``: every row was read (else none is judged missing)."""
         faults: list[events.GpuFault] = []
         readings = self.identify(readings)
         for reading in readings:
@@ -227,8 +221,7 @@ class GpuHealthWatch:
         if gpu is None:
             if pci is None or self._gpus or pci in self._lost_unlisted:
                 return []  # an address that is no GPU of this soak, or said already
-            # Lost before nvidia-smi ever listed it: the run cannot be using it (CUDA does not
-            # list it either), so it is a warning, whichever GPU it was.
+            # Lost before nvidia-smi ever listed it: the run cannot be using it (a warning).
             self._lost_unlisted.add(pci)
             gpu = _Gpu(-1, None, address, lost=True)
             what = f"GPU is lost already at the start ({said})"

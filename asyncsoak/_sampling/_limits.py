@@ -1,7 +1,6 @@
-"""What a run's memory and disks cannot exceed, read once at the start (blocking: use a thread):
-the machine's memory, the command's memory cgroup and its OOM-kill counter, the filesystems.
-Which cgroup and which files: docs/architecture.md, "The proc sampler and the limits".
-"""
+"""What a run's memory and disks cannot exceed, read once at the start (blocking): the
+machine's memory, the command's memory cgroup and its OOM-kill counter, the filesystems
+(docs/architecture.md, "The proc sampler and the limits")."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 SLURM_JOB_VARIABLE = "SLURM_JOB_ID"
 _SLURM_JOB_DIRECTORY = re.compile(r"(?:^|/)job_(\d+)(?:/|$)")
 
-#: Per version: the files of the hard limit, the usage, the OOM-kill counter, and the soft
-#: limit (v2's ``memory.high``: above it the kernel throttles and reclaims hard; v1 has none).
+#: Per version: the files of the hard limit, the usage, the OOM-kill counter, the soft limit.
 _FILES = {
     2: ("memory.max", "memory.current", "memory.events", "memory.high"),
     1: ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.oom_control", None),
@@ -30,10 +28,8 @@ class CgroupLimit:
     """One limit of a memory cgroup: its value, the file it is read from, the cgroup setting it."""
 
     bytes: int
-    #: ``memory.max``, ``memory.high`` or ``memory.limit_in_bytes``.
-    file: str
-    #: The cgroup that sets it, as ``/proc/PID/cgroup`` names cgroups (``/slurm/job_123``).
-    path: str
+    file: str  # ``memory.max``, ``memory.high`` or ``memory.limit_in_bytes``
+    path: str  # the cgroup that sets it, as ``/proc/PID/cgroup`` names it
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,17 +37,12 @@ class MemoryCgroup:
     """The memory cgroup a process runs in, the limits that apply to it, its OOM-kill counter."""
 
     version: int
-    #: As ``/proc/PID/cgroup`` names it (``/`` for the hierarchy's root).
-    path: str
-    #: Where its files are (under the cgroup filesystem's mount point).
-    directory: Path
-    #: The hard limit (``memory.max``, ``memory.limit_in_bytes``): the OOM killer's.
-    hard: CgroupLimit | None
-    #: ``memory.high`` (v2 only).
-    high: CgroupLimit | None
+    path: str  # as ``/proc/PID/cgroup`` names it
+    directory: Path  # where its files are
+    hard: CgroupLimit | None  # the OOM killer's
+    high: CgroupLimit | None  # ``memory.high`` (v2 only)
     current_bytes: int | None
-    #: The OOM-kill counter when read (None where the file is missing or unreadable).
-    oom_kills: int | None
+    oom_kills: int | None  # the OOM-kill counter when read
 
     @property
     def hard_bytes(self) -> int | None:
@@ -80,16 +71,15 @@ def memory_cgroup(
     *,
     machine_bytes: int | None = None,
 ) -> MemoryCgroup | None:
-    """The memory cgroup named by ``proc_cgroup`` (a ``/proc/PID/cgroup``), or None.  ``root``:
-    where cgroup filesystems are mounted.  A limit at or above ``machine_bytes`` is no limit (v1
-    writes "none" as a huge number, 9223372036854771712)."""
+    """The memory cgroup named by ``proc_cgroup`` (a ``/proc/PID/cgroup``), or None.  A limit
+    at or above ``machine_bytes`` is no limit (v1 writes "none" as a huge number)."""
     found = _controller_hierarchy(proc_cgroup, root, "memory")
     if found is None:
         return None
     version, hierarchy, relative = found
     hard_file, usage_file, oom_kill_file, high_file = _FILES[version]
-    # The nearest cgroup that holds the usage and counter files: a v2 group (the soak's own
-    # tree group, say) whose parent did not enable the memory controller for it has none.
+    # The nearest cgroup with a usage file: a v2 group whose parent did not enable the
+    # memory controller for it (the soak's own tree group, say) has none.
     directory = hierarchy.nearest(relative, usage_file)
     return MemoryCgroup(
         version=version,
@@ -115,9 +105,8 @@ def memory_limit(
     cgroup: MemoryCgroup | None,
     environ: Mapping[str, str] = os.environ,
 ) -> tuple[int | None, str | None, str | None]:
-    """The lowest memory limit that applies: (bytes, what it is, the cgroup that sets it); what
-    it is reads "machine memory", "cgroup memory.limit_in_bytes" or, with its owner, "cgroup
-    memory.max (SLURM job 123)", "cgroup memory.high (Kubernetes pod)"."""
+    """The lowest memory limit that applies: (bytes, what it is, the cgroup that sets it), what
+    it is as "machine memory" or "cgroup memory.max (SLURM job 123)"."""
     candidates: list[tuple[int, str, str | None]] = []
     if machine_bytes is not None:
         candidates.append((machine_bytes, "machine memory", None))
@@ -163,8 +152,8 @@ def read_limits(
     environ: Mapping[str, str] = os.environ,
     root: Path = CGROUP_ROOT,
 ) -> tuple[dict[str, Any], MemoryCgroup | None]:
-    """The ``limits`` event's fields, and the memory cgroup of process ``pid``: the command's,
-    not the monitor's (the soak may have made one for its tree); this process's once it is gone."""
+    """The ``limits`` event's fields, and the memory cgroup of process ``pid`` (the command),
+    else this process's."""
     machine = memory_total_bytes()
     cgroup = None
     if pid is not None:
@@ -216,8 +205,7 @@ def cgroup_cpu_limit_cores(
     proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGROUP_ROOT
 ) -> float | None:
     """The tightest CPU quota of the cgroup ``proc_cgroup`` names, in cores (a container's
-    ``resources.limits.cpu``), or None: v2's ``cpu.max`` ("max" for none), v1's
-    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` (-1 for none), inherited."""
+    ``resources.limits.cpu``), or None."""
     found = _controller_hierarchy(proc_cgroup, root, "cpu")
     if found is None:
         return None
@@ -270,8 +258,8 @@ class _Hierarchy:
         return [directory, *directory.parents[: len(directory.relative_to(self.mount).parts)]]
 
     def tightest(self, directory: Path, file: str, machine_bytes: int | None) -> CgroupLimit | None:
-        """The lowest limit in ``file`` from ``directory`` up to the root.  "max" (v2's "no
-        limit") and a value at or above the machine's memory are no limit."""
+        """The lowest limit in ``file`` from ``directory`` up to the root ("max", or the
+        machine's memory or more, is none)."""
         limits = [
             CgroupLimit(value, file, self.name(cgroup))
             for cgroup in self.up(directory)

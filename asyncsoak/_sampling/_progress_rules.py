@@ -51,17 +51,14 @@ class ProgressTracker:
         self.first_change: float | None = None
         self.last_change: float | None = None
         self.longest_gap = 0.0
-        #: Bytes the files changed by the last observation grew by, and by rank for the files
-        #: that name one (``rank1.jsonl``).
+        #: Bytes the last observation's changed files grew by, in all and per rank.
         self.grown_bytes = 0
         self.rank_grown_bytes: dict[str, int] = {}
         self.skipped_dirs = 0  # directories a scan could not read, as last warned of
-        #: The paths that changed last, the newest first; replaced whole, never changed in
-        #: place: a thread reads it.
+        #: The paths that changed last, newest first; replaced whole, as a thread reads it.
         self.recent: tuple[str, ...] = ()
         self.missing_dir: Path | None = None  # the progress directory while it is missing
-        #: ``--expect-every``'s and ``--checkpoint-glob``'s GLOBs: a progress event names a
-        #: match of each (see ``named_paths``).
+        #: ``--expect-every``'s and ``--checkpoint-glob``'s GLOBs (see ``named_paths``).
         self.named_globs: tuple[str, ...] = ()
 
     def changed(self, files: dict[str, FileState]) -> list[str]:
@@ -168,7 +165,7 @@ class ProgressTracker:
 
     def _cadence_hint(self) -> str:
         """Why a fixed limit may be shorter than the trainer's logging interval, when the steps
-        seen say so (one step only, or steps nearly a limit apart, and nothing logged since)."""
+        seen say so."""
         assert self.steps is not None
         if self.auto is not None or any(self.steps.lines_since_advance.values()):
             return ""
@@ -226,7 +223,7 @@ def latest_change_age(
     tracker: ProgressTracker, root: Path, ignore: Collection[FileKey]
 ) -> float | None:
     """Seconds since the newest change to the files that changed last, by their mtimes, or
-    None: the live view's look between scans (a stat of a few files: run it in a thread)."""
+    None: the live view's look between scans (blocking)."""
     if tracker.stepping():
         return None
     now = time.time()
@@ -253,8 +250,7 @@ def changed_at(
     clock: SoakClock,
 ) -> float:
     """When the newest change a scan found happened, in the soak's seconds: its file's mtime
-    if it falls between the previous scan (``since``) and this one (``now``); else (a clock
-    that jumped, or lies) when the scan saw it."""
+    if between the previous scan (``since``) and ``now``, else (a lying clock) ``now``."""
     newest = max((files[key].mtime_ns for key in tracker.changed(files)), default=None)
     if newest is None:
         return now
@@ -274,8 +270,7 @@ except OSError:
 
 #: How many changed paths a progress event names.
 PATHS_PER_EVENT = 5
-#: How many step marks a step event carries (the newest): a scan that read more (a trainer
-#: far faster than the scans, or a backlog) gives the ledger only its newest steps.
+#: How many step marks a step event carries (the newest).
 MARKS_PER_EVENT = 256
 
 
@@ -347,8 +342,8 @@ async def final_scan(
     scan_timeout: float,
     steps: StepReader | None = None,
 ) -> tuple[str, str] | None:
-    """One last scan when the command has exited: what it wrote since the last scan counts
-    (its last steps too).  Returns the rule its last steps broke (a non-finite loss), if any."""
+    """One last scan once the command exited, so that its last writes count; the rule its
+    last steps broke (a non-finite loss), if any."""
     previous = tracker.last_change
     # A scan of the watchdog's still stuck holds the step reader: not waited for long.
     scan = Scanner(progress_dir, lambda: ignore, also, steps, wait=scan_timeout / 2)
@@ -369,8 +364,7 @@ async def final_scan(
     return None
 
 
-#: Notes about the step sources (garbage, a step going back, a skipped backlog) a soak
-#: records at most; the rest are counted in the last one.
+#: Notes about the step sources a soak records at most.
 STEP_NOTES_MAX = 20
 
 
@@ -384,8 +378,7 @@ def auto_limit(tracker: ProgressTracker, steps: bool) -> float | None:
 async def report_steps(
     sink: EventSink, tracker: ProgressTracker, reading: StepReading, now: float
 ) -> tuple[str, str] | None:
-    """Fold and emit what the step sources wrote; a non-finite loss under
-    ``--loss-check fail`` is returned as the rule it broke."""
+    """Fold and emit what the step sources wrote; the rule a non-finite loss broke, if any."""
     steps = tracker.steps
     assert steps is not None
     update = tracker.observe_steps(reading, now)

@@ -29,10 +29,8 @@ class FileState:
 class ScanResult:
     files: dict[str, FileState]
     errors: int = 0
-    #: What the step sources wrote since the last scan (None without a step reader).
-    steps: StepReading | None = None
-    #: Whether the progress directory was not there to scan.
-    missing: bool = False
+    steps: StepReading | None = None  # what the step sources wrote since the last scan
+    missing: bool = False  # the progress directory was not there to scan
 
 
 def path_matches(glob: str, path: str) -> bool:
@@ -45,8 +43,7 @@ def scan_progress_dir(
     root: Path, ignore: Collection[FileKey] = (), also: Collection[Path] = ()
 ) -> ScanResult:
     """Every regular file below ``root`` by relative path, plus the files in ``also``, less the
-    (device, inode) keys in ``ignore`` (files, and directories skipped whole).  A directory that
-    cannot be listed (``/proc/1/map_files``) is counted in ``errors``: the scan goes on."""
+    (device, inode) keys in ``ignore``; a directory that cannot be listed counts in ``errors``."""
     result = ScanResult(files={})
     for path in also:
         try:
@@ -99,9 +96,8 @@ def scan_progress_dir(
 
 
 class Scanner:
-    """The watchdog's scan of the progress tree, with whether one is running (in a thread)
-    and since when: a scan that hangs is not joined by another, so one soak over a dead mount
-    holds one thread, not one more per interval."""
+    """The watchdog's scan of the progress tree, and since when one runs: a hung scan is not
+    joined by another, so a soak over a dead mount holds one thread, not one per interval."""
 
     def __init__(
         self,
@@ -115,12 +111,9 @@ class Scanner:
         self.ignore = ignore
         self.also = also
         self.steps = steps
-        #: How long the step reads wait for a read that holds the reader (forever if < 0).
-        self.wait = wait
-        #: ``time.monotonic()`` when the scan under way started; None when none runs.
-        self.running_since: float | None = None
-        #: The CPU time (of its thread) the last scan took.
-        self.last_cost = 0.0
+        self.wait = wait  # for a read that holds the step reader (forever if < 0)
+        self.running_since: float | None = None  # time.monotonic() at the running scan's start
+        self.last_cost = 0.0  # the last scan's CPU time
 
     def __call__(self) -> ScanResult:
         self.running_since = time.monotonic()
@@ -128,7 +121,6 @@ class Scanner:
         try:
             result = scan_progress_dir(self.progress_dir, self.ignore(), self.also)
             if self.steps is not None:
-                # In the same thread hop as the scan.
                 result.steps = self.steps.read(result.files, wait=self.wait)
             return result
         finally:
@@ -155,8 +147,8 @@ def stat_keys(
 def stat_and_read(
     root: Path, keys: Collection[str], ignore: Collection[FileKey], steps: StepReader | None
 ) -> tuple[dict[str, FileState | None], StepReading | None]:
-    """Fresh states of the files inotify told of, and, when one of them is a step source,
-    what the step sources wrote (not waiting for a scan that holds the reader)."""
+    """Fresh states of the files inotify told of, and what the step sources wrote when one
+    of them is one (not waiting for a scan that holds the reader)."""
     updates = stat_keys(root, keys, ignore)
     if steps is None or not any(source_kind(key) is not None for key in keys):
         return updates, None

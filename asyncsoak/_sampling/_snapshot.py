@@ -113,8 +113,7 @@ def collect_snapshot(
     timeout: float = 10.0,
 ) -> dict[str, Any]:
     """The snapshot of ``root``'s source and of this machine for a run of ``command`` in ``env``
-    (default: this process's); ``timeout`` bounds each external command.  Another Python that
-    ``command`` runs (itself or by its ``#!`` line) has its packages recorded too."""
+    (default: this process's); ``timeout`` bounds each external command."""
     root = Path(root)
     environ: Mapping[str, str] = os.environ if env is None else env
     return {
@@ -129,8 +128,7 @@ def collect_snapshot(
 
 
 def _section(build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    # Provenance is best effort: a section that breaks in an unforeseen way is recorded as
-    # such, and the other sections (and the soak) go on.
+    # Best effort: a section that breaks is recorded as such; the others go on.
     try:
         return build()
     except Exception as exc:
@@ -220,8 +218,8 @@ def _git_error(result: CommandResult) -> str:
 
 
 def _read_status(porcelain: str) -> tuple[str | None, str | None, int, int]:
-    """HEAD's revision and branch (None: no commit yet, detached), tracked files changed
-    (staged or not) and untracked files, from ``status --porcelain=v2 --branch -z``."""
+    """HEAD's revision and branch (None: no commit yet, detached), tracked files changed and
+    untracked files, from ``status --porcelain=v2 --branch -z``."""
     revision = branch = None
     changed = untracked = 0
     entries = iter(porcelain.split("\0"))
@@ -263,10 +261,9 @@ def software_info(
 
 
 def distributions(paths: Sequence[str] = ()) -> dict[str, str]:
-    """Installed distributions and their versions, from the names of their ``NAME-VERSION
-    .dist-info`` (or ``.egg-info``) directories on ``paths`` (default: ``sys.path``), the first
-    found winning as in an import; names in their normal form (``charset-normalizer``).  The
-    names alone: parsing every distribution's metadata was most of the snapshot's time."""
+    """Installed distributions and their versions, from their ``.dist-info`` (``.egg-info``)
+    directories' names on ``paths`` (default: ``sys.path``), the first found winning; the
+    names alone, as parsing every metadata file was most of the snapshot's time."""
     found: dict[str, str] = {}
     for entry in paths or sys.path:
         try:

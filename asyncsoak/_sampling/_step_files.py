@@ -14,11 +14,10 @@ from typing import Any
 
 from .._contract import STEP_TIME_FIELDS, trainer_seconds
 
-#: Keys that carry the step, and the training loss, in the order they are looked for.
+#: Keys that carry the step, and the loss, in the order they are looked for; else a key
+#: ending in one of LOSS_SUFFIXES (Lightning's ``train_loss_step``) carries the loss.
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "trainer/global_step")
 LOSS_KEYS = ("loss", "train_loss", "train/loss")
-#: Else a key ending so carries the loss (Lightning's ``train_loss_step``, ``train/loss_step``,
-#: ``train_loss_epoch``), the first suffix first.
 LOSS_SUFFIXES = ("loss_step", "_loss_epoch")
 
 #: The most bytes read from one file in one scan.
@@ -47,8 +46,7 @@ class StepRecord:
     source: str
     kind: int
     loss: float | None = None
-    #: Where in its source (``line 31``, ``log_history[4]``).
-    where: str = ""
+    where: str = ""  # ``line 31``, ``log_history[4]``
     tokens: float | None = None
     samples: float | None = None
     tokens_per_second: float | None = None
@@ -56,10 +54,8 @@ class StepRecord:
     max_steps: int | None = None
     epoch: float | None = None
     grad_norm: float | None = None
-    #: Written before the soak started (an earlier run's, in a file it left): it tells where
-    #: the run resumes from, but is neither this run's progress nor its loss.
+    #: An earlier run's (written before the soak started): where the run resumes from only.
     before_start: bool = False
-    #: The trainer's own time of the record (seconds since the epoch), when it carries one.
     trainer_time: float | None = None
 
 
@@ -68,15 +64,11 @@ class StepReading:
     """What one read found: records in the order written, and what was odd."""
 
     records: list[StepRecord] = field(default_factory=list)
-    #: Lines (rows) read per source, records or not: "metrics.jsonl grew 300 lines".
     lines: dict[str, int] = field(default_factory=dict)
-    #: Things worth a note (garbage, a skipped backlog, a file replaced); each said once.
     notes: list[str] = field(default_factory=list)
-    #: ``max_steps`` as the newest source that gives it says.
     max_steps: int | None = None
     #: Sources whose records carry numbers but no step key (with the keys seen).
     without_step: dict[str, list[str]] = field(default_factory=dict)
-    #: Things the run is warned of (the bound on the sources followed reached).
     warnings: list[str] = field(default_factory=list)
     #: Sources no longer followed (their file gone, or a higher checkpoint's read instead).
     gone: list[str] = field(default_factory=list)
@@ -103,8 +95,7 @@ def as_step(value: object) -> int | None:
 
 
 #: The figures a record carries besides its step and loss: the keys of each (the first
-#: found), and how a value is read.  Cumulative tokens and samples have their rate computed;
-#: a gradient norm non-finite for 5 logged steps in a row is a failure.
+#: found), and how a value is read.
 _FIGURES: tuple[tuple[str, Sequence[str], Callable[[object], Any]], ...] = (
     ("tokens", ("tokens", "num_tokens", "tokens_seen", "num_input_tokens_seen"), number),
     ("samples", ("samples", "num_samples", "samples_seen"), number),
@@ -157,22 +148,18 @@ def _first(data: Mapping[str, Any], keys: Sequence[str], convert: Any) -> Any:
 
 
 class JsonLinesSource:
-    """A JSON Lines metrics file (or the report file), read line by line as it grows.  Lines
-    ending within ``start_size`` (its size at the start; None: read from its start) were
-    written before the soak started."""
+    """A JSON Lines metrics file (or the report file), read as it grows; lines within
+    ``start_size`` (its size at the start) were written before the soak started."""
 
     def __init__(self, path: Path, name: str, kind: int, start_size: int | None = None) -> None:
         self.name = name
         self.kind = kind
         self._path = path
-        #: The highest step the file gave (see :meth:`_fresh`).
         self._high: int | None = None
-        #: Lines (rows) skipped as unreadable.
-        self.garbage = 0
+        self.garbage = 0  # lines (rows) skipped as unreadable
         self._begin(start_size)
 
     def _begin(self, start_size: int | None) -> None:
-        """Follow the file anew: offset, inode, the partial last line."""
         self._ino: int | None = None
         self._offset = 0
         self._line_no = 0
@@ -212,8 +199,8 @@ class JsonLinesSource:
         self._huge = 0
 
     def _tail(self, notes: list[str]) -> Lines:
-        """The complete lines written since the last read, numbered (bounded), each with
-        whether it was written before the soak started."""
+        """The complete lines written since the last read (bounded): (number, line, before
+        the start)."""
         try:
             fd = os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
@@ -286,9 +273,8 @@ class JsonLinesSource:
         return out
 
     def _fresh(self, records: list[StepRecord]) -> list[StepRecord]:
-        """A file read again from its start (replaced, truncated, rewritten with a new column)
-        gives only its records past its highest step, unless all of them are below it (a run
-        that started its log over at an earlier step: a resume)."""
+        """A file read again from its start gives only its records past its highest step,
+        unless all are below it (a resume)."""
         restarted, self._restarted = self._restarted, False
         if not records:
             return records
@@ -317,8 +303,7 @@ class JsonLinesSource:
 
 
 def _json_object(line: bytes) -> dict[str, Any] | None:
-    """A line's JSON object; bare ``nan``/``inf`` tokens (an f-string's) read as ``json``'s
-    ``NaN``/``Infinity`` when the line is not JSON as it stands.  None when not an object."""
+    """A line's JSON object, bare ``nan``/``inf`` tokens (an f-string's) read; else None."""
     try:
         data = json.loads(line)
     except (ValueError, RecursionError):
@@ -336,8 +321,8 @@ def _spelled(match: re.Match[str]) -> str:
 
 
 class CsvSource(JsonLinesSource):
-    """Lightning's ``metrics.csv``: a header, then one row per logging call (empty cells
-    for metrics not logged at that step).  A rewritten file (new columns) is read again."""
+    """Lightning's ``metrics.csv``: a header, then a row per logging call; a rewritten file
+    (new columns) is read again."""
 
     def __init__(self, path: Path, name: str, start_size: int | None = None) -> None:
         super().__init__(path, name, KIND_CSV, start_size)
@@ -377,7 +362,7 @@ def _split_csv(line: bytes) -> list[str]:
 
 class TrainerStateSource:
     """A ``trainer_state.json``, read whole (bounded) each time it changes.  ``before_start``:
-    present at the start, so what its first read finds is an earlier run's."""
+    its first read is an earlier run's."""
 
     def __init__(self, path: Path, name: str, *, before_start: bool = False) -> None:
         self.name = name
@@ -385,7 +370,6 @@ class TrainerStateSource:
         self._before_start = before_start
         self._path = path
         self._seen: tuple[int, int, int] | None = None
-        #: ``log_history`` entries already read (a rewritten file holds them again).
         self._history_read = 0
         self._noted = False
         self.garbage = 0
@@ -430,8 +414,8 @@ class TrainerStateSource:
             )
 
     def _load(self, reading: StepReading) -> object | None:
-        """The file's JSON if it changed since it was last read whole (bounded); None if it
-        did not, is too large (noted once), cannot be read, or is being written."""
+        """The file's JSON if it changed since read whole; None if not, too large, unreadable,
+        or being written."""
         try:
             st = os.stat(self._path)
         except OSError:

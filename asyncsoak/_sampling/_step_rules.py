@@ -16,9 +16,8 @@ PROGRESS_SOURCES: tuple[ProgressSource, ...] = ("auto", "files", "steps")
 LossCheck = Literal["fail", "warn", "off"]
 LOSS_CHECKS: tuple[LossCheck, ...] = ("fail", "warn", "off")
 
-#: The learned limit: this factor times the time-weighted quantile of the gaps, within the
-#: floor and cap, after a warm-up of at least AUTO_MIN_GAPS gaps.  Gaps are kept in
-#: logarithmic buckets _BUCKET_RATIO wide: bounded memory, 5 % resolution.
+#: The learned limit: this factor times the time-weighted quantile of the gaps (kept in
+#: logarithmic buckets), within the floor and cap, after at least AUTO_MIN_GAPS gaps.
 AUTO_SAFETY_FACTOR = 3.0
 AUTO_QUANTILE = 0.99
 AUTO_FLOOR_SECONDS = 10.0
@@ -27,23 +26,19 @@ AUTO_MIN_GAPS = 10
 _BUCKET_RATIO = 1.05
 
 #: Steps per second over the last RATE_WINDOW_SECONDS or RATE_WINDOW_STEPS steps, whichever
-#: is shorter (two advances at least); 0 once no step came for RATE_STALE_GAPS x the median
-#: gap between those advances.
+#: is shorter; 0 once no step came for RATE_STALE_GAPS x the window's median gap.
 RATE_WINDOW_SECONDS = 30.0
 RATE_WINDOW_STEPS = 10
 RATE_STALE_GAPS = 3.0
 #: Divergence: the median of the last DIVERGENCE_WINDOW losses above DIVERGENCE_FACTOR x the
-#: run's best such median (a positive one), after DIVERGENCE_MIN_LOSSES losses, and having
-#: given back more than DIVERGENCE_GIVEN_BACK of what the run learned (its first such median
-#: less its best): a loss trained down near zero may wobble to twice its best in noise.
+#: run's best such median, after DIVERGENCE_MIN_LOSSES losses, having given back more than
+#: DIVERGENCE_GIVEN_BACK of what it learned (a loss near zero may wobble to twice its best).
 DIVERGENCE_WINDOW = 10
 DIVERGENCE_FACTOR = 2.0
 DIVERGENCE_MIN_LOSSES = 20
 DIVERGENCE_GIVEN_BACK = 0.1
-#: A gradient norm non-finite at this many logged steps in a row (of one file, once it has
-#: logged a finite one) is a failure, as a non-finite loss is (a Trainer's NaN filter logs
-#: such a run's loss as 0.0); fewer, or those before the first finite one (fp16 loss
-#: scaling's start-up search), are the steps loss scaling skips in healthy runs: counted only.
+#: A gradient norm non-finite at this many logged steps in a row (after a finite one) fails
+#: the run, as a NaN filter logs its loss as 0.0; fewer are loss scaling's skips: counted.
 NONFINITE_GRAD_NORM_STEPS = 5
 
 
@@ -56,12 +51,11 @@ class StaleLimit:
         self.reset()
 
     def reset(self) -> None:
-        """Start over (the run's progress signal changed from file changes to steps)."""
+        """Start over (the progress signal changed from file changes to steps)."""
         self._first: float | None = None
         self._gaps = 0
         self.longest = 0.0
         self._buckets: dict[int, float] = {}
-        #: The limit in force for the gap under way; the learned one after the warm-up.
         self.limit = self.carried if self.carried is not None else self.startup_limit
         self.learned: float | None = None
 
@@ -102,9 +96,8 @@ class StepUpdate:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     nonfinite: str | None = None  # the first non-finite loss: its message
-    #: Whether the figures (loss, max_steps) changed without an advance.
-    changed: bool = False
-    #: (step, the trainer's own time or None) of each record that raised its source's step.
+    changed: bool = False  # the figures (loss, max_steps) changed without an advance
+    #: (step, trainer time) of each record that raised its source's step.
     marks: list[tuple[int, float | None]] = field(default_factory=list)
 
 
@@ -122,7 +115,6 @@ class StepTracker:
         self.max_steps: int | None = None
         self.loss: float | None = None
         self.loss_step: int | None = None
-        #: The non-finite loss (or grad_norm) the run failed on: its headline loss.
         self.nonfinite_loss: str | None = None
         self.steps_per_second: float | None = None
         self.tokens_per_second: float | None = None
@@ -172,8 +164,8 @@ class StepTracker:
         return max(0.0, (total - step) / rate)
 
     def observe(self, reading: StepReading, now: float) -> StepUpdate:
-        """Fold one reading.  A rule that raises on it (a bug, never the run's fault) leaves
-        it unjudged, with a note naming the exception: the run goes on, judged by the rest."""
+        """Fold one reading; one a rule raises on (a bug, not the run's fault) goes unjudged,
+        with a note once."""
         try:
             return self._observe(reading, now)
         except Exception as exc:
@@ -251,8 +243,7 @@ class StepTracker:
         return update
 
     def _rate_is_stale(self, now: float) -> bool:
-        """No step for RATE_STALE_GAPS x the median gap of the rate's window: a rate still
-        above 0 is one from before."""
+        """No step for RATE_STALE_GAPS x the median gap of the rate's window."""
         times = [t for t, *_ in self._window]
         if not self.steps_per_second or len(times) < 2:
             return False
@@ -390,8 +381,7 @@ class StepTracker:
             self._fail(norm, message + beside, update)
 
     def _fail(self, value: float, message: str, update: StepUpdate) -> None:
-        """The run's first non-finite loss (or grad_norm streak): its headline is the value
-        ("loss nan", not a NaN filter's 0.0)."""
+        """The run's first non-finite loss (or grad_norm streak)."""
         if not self.nonfinite_seen:
             self.nonfinite_seen = True
             if self.loss_check == "fail":
@@ -400,7 +390,6 @@ class StepTracker:
             update.nonfinite = message
 
     def _forget(self, name: str) -> None:
-        """A source no longer read (its file gone): what was kept of it goes."""
         kept = (self._last_by_source, self._high_by_source, self._epoch_by_source, self._grad_run)
         for values in kept:
             values.pop(name, None)
@@ -409,7 +398,7 @@ class StepTracker:
             held.discard(name)
 
     def sources_without_loss(self) -> list[str]:
-        """The files that gave this run steps but never a loss (``--loss-key`` wrong?)."""
+        """The files that gave steps but never a loss (``--loss-key`` wrong?)."""
         return sorted(self._stepped - self._lossy)
 
     def _warn_keys(self, reading: StepReading, update: StepUpdate) -> None:
@@ -422,7 +411,7 @@ class StepTracker:
             (update.warnings if self.step_key else update.notes).append(message)
 
     def sources_without_step(self) -> list[str]:
-        """The files whose records carry figures but no step key (``--step-key`` wrong?)."""
+        """The files whose records carry no step key (``--step-key`` wrong?)."""
         return sorted(self._warned_keys)
 
     def stall_message(self, now: float) -> str:

@@ -32,8 +32,7 @@ CHECKPOINT_STATE = re.compile(r"(?:^|/)checkpoint-(\d+)/trainer_state\.json$")
 
 class StepReader:
     """The step sources below a progress directory, read at each scan.  ``baseline``: the
-    files present at the start and their sizes, read from their newest part (what they held
-    then is :attr:`StepRecord.before_start`)."""
+    files present at the start and their sizes (what they held then is ``before_start``)."""
 
     def __init__(
         self,
@@ -56,13 +55,12 @@ class StepReader:
                 self._report_key = (st.st_dev, st.st_ino)
             except OSError:
                 pass
-        #: The step sources present, followed or not: name -> (mtime when found, the
-        #: directory of its checkpoints and N, for a checkpoint's trainer_state.json).
+        #: The step sources present: name -> (mtime when found, checkpoint directory, N).
         self._present: dict[str, tuple[int, str | None, int]] = {}
         self._warned_bound = False
         #: Every name of the tree looked at once (a 100,000-file tree is not sorted per scan).
         self._examined: set[str] = set()
-        #: (inode, size, mtime) of each source as the scan last saw it, when read.
+        #: (inode, size, mtime) of each source when last read.
         self._read_at: dict[str, tuple[int, int, int]] = {}
         self._lock = threading.Lock()
 
@@ -74,10 +72,9 @@ class StepReader:
         whole_tree: bool = True,
         gone: Collection[str] = (),
     ) -> StepReading | None:
-        """Read every step source once; None when another read holds the reader (a hung
-        one) for longer than ``wait`` seconds (forever when negative).  ``files`` is a full
-        scan's, or (``whole_tree=False``) the few files inotify told of (then only those are
-        read, and ``gone`` names those it found deleted)."""
+        """Read every step source once; None when another (hung) read holds the reader past
+        ``wait`` seconds.  ``whole_tree=False``: ``files`` are those inotify told of, ``gone``
+        those it found deleted."""
         if not self._lock.acquire(timeout=wait):
             return None
         try:
@@ -134,8 +131,8 @@ class StepReader:
         return found or bool(left)
 
     def _choose(self, files: Mapping[str, Any], reading: StepReading) -> None:
-        """Follow the sources to read: every one present, of each directory's checkpoints
-        the highest; past :data:`MAX_SOURCES`, the newest (a warning, once)."""
+        """Follow every source present (of each directory's checkpoints, the highest); past
+        :data:`MAX_SOURCES`, the newest (a warning, once)."""
         wanted: list[str] = []
         highest: dict[str, tuple[int, str]] = {}
         for name, (_, group, n) in self._present.items():

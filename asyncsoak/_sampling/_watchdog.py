@@ -8,6 +8,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -55,9 +56,9 @@ async def run_watchdog(
     limiter: anyio.CapacityLimiter,
     steps: StepReader | None = None,
 ) -> None:
-    """Watch until a rule fires (then post it, a ``rule_broken`` event) or the task is cancelled:
-    a scan every ``scan_interval`` and at each deadline (with ``steps``, reading what the step
-    sources wrote in the same thread hop), inotify between them."""
+    """Watch until a rule fires (a ``rule_broken`` event) or the task is cancelled: a scan
+    every ``scan_interval`` and at each deadline (with ``steps``, the step sources read in the
+    same thread hop), inotify between them."""
     watcher = None
     with contextlib.suppress(OSError):  # no inotify here: the scans alone keep watch
         watcher = Inotify()
@@ -82,39 +83,33 @@ async def run_watchdog(
             EXECUTOR.submit(watcher.close)
 
 
+@dataclass(eq=False)
 class _WatchLoop:
-    """The watchdog's loop: wait for the next scan (or the deadline), listening to inotify
-    when the scan is far off; report what changed and judge the rules."""
+    """Wait for the next scan (or the deadline), listening to inotify when the scan is far
+    off; report what changed and judge the rules."""
 
-    def __init__(
-        self,
-        sink: EventSink,
-        watcher: Inotify | None,
-        scanner: Scanner,
-        tracker: ProgressTracker,
-        scan_interval: float,
-        limiter: anyio.CapacityLimiter,
-    ) -> None:
-        self.sink = sink
-        self.limiter = limiter
-        self.watcher = watcher
-        self.scanner = scanner
-        self.progress_dir = scanner.progress_dir
-        self.ignore = scanner.ignore
-        self.tracker = tracker
-        self.scan_interval = scan_interval
-        self.watches_placed = anyio.Event()
-        self.fired = False
-        self.next_scan = _next_on_grid(sink.elapsed(), scan_interval)
-        self.root_watched = False  # the progress directory exists (and so is watched)
-        #: Scan key -> when inotify last told of a change to it, since the last scan.
-        self.heard: dict[str, float] = {}
-        self.rescan = False  # inotify lost events: scan at once, not at the next tick
-        #: The wait on inotify under way: the first watches' look at the files cuts it short
-        #: when it moved the deadline (it runs beside the loop), and sets ``replan``.
-        self.waiting: anyio.CancelScope | None = None
-        self.replan = False
-        self.scanned_at = sink.elapsed()
+    sink: EventSink
+    watcher: Inotify | None
+    scanner: Scanner
+    tracker: ProgressTracker
+    scan_interval: float
+    limiter: anyio.CapacityLimiter
+    watches_placed: anyio.Event = field(default_factory=anyio.Event)
+    fired: bool = False
+    root_watched: bool = False  # the progress directory exists (and so is watched)
+    #: Scan key -> when inotify last told of a change to it, since the last scan.
+    heard: dict[str, float] = field(default_factory=dict)
+    rescan: bool = False  # inotify lost events: scan at once, not at the next tick
+    #: The wait on inotify under way: cut short (setting ``replan``) when the first watches'
+    #: look at the files moved the deadline.
+    waiting: anyio.CancelScope | None = None
+    replan: bool = False
+
+    def __post_init__(self) -> None:
+        self.progress_dir = self.scanner.progress_dir
+        self.ignore = self.scanner.ignore
+        self.next_scan = _next_on_grid(self.sink.elapsed(), self.scan_interval)
+        self.scanned_at = self.sink.elapsed()
 
     async def fail(self, reason: str, message: str) -> None:
         if not self.fired:
@@ -123,7 +118,7 @@ class _WatchLoop:
 
     async def judge_on_time(self, scope: anyio.CancelScope) -> None:
         """The stall rules on their own clock: a grace after the deadline, a rule the scans
-        have not settled (a scan that did not come back) fires, and the watchdog ends."""
+        have not settled (a scan did not come back) fires."""
         tracker, sink = self.tracker, self.sink
         while True:
             deadline = tracker.deadline()
@@ -166,7 +161,6 @@ class _WatchLoop:
             await self._seed(found)
 
     async def _seed(self, found: Collection[str]) -> None:
-        """Look once at the files found while placing watches: written before their watch."""
         if not found:
             return
         now = self.sink.elapsed()
@@ -182,15 +176,15 @@ class _WatchLoop:
             self.waiting.cancel()
 
     async def run(self) -> Verdict:
-        exists = await self._progress_dir_exists(f"a stat of {self.progress_dir}")
+        what = f"a stat of {self.progress_dir}"
+        exists = await self._blocking(os.path.isdir, what, self.progress_dir)
         self.root_watched = bool(exists)
         if exists is not None:
             await note_missing_dir(self.sink, self.tracker, self.progress_dir, missing=not exists)
         while True:
             wake = min(self.next_scan, self.tracker.deadline())
-            # Not listening to inotify with the next scan near (an interval of a second or
-            # less): what it has is read as the scan comes back, a change dated by its file's
-            # mtime, so a trainer's every write does not wake the monitor.
+            # With the next scan near, inotify is read as the scan comes back (a change dated
+            # by its mtime), so that a trainer's every write does not wake the monitor.
             near = self.next_scan - self.sink.elapsed() <= HEARD_WAIT_SECONDS
             if self.watcher is not None and (self.rescan or not near):
                 with anyio.move_on_after(max(0.0, wake - self.sink.elapsed())) as waiting:
@@ -207,7 +201,6 @@ class _WatchLoop:
                     self.replan = False
                     continue  # a new deadline: wait for it instead
             else:
-                # A plain sleep until the next scan or the deadline: no scope to cancel.
                 await anyio.sleep(max(0.0, wake - self.sink.elapsed()))
             result = None
             if self.scanner.running_since is None:  # else the last scan is stuck: none
@@ -217,8 +210,7 @@ class _WatchLoop:
             now = self.sink.elapsed()
             self._plan_next_scan(now)
             if self.watcher is not None:
-                # What inotify told meanwhile, unheard: new directories to watch, lost events
-                # (the changes themselves the scan has seen).
+                # New directories to watch, lost events (the scan saw the changes).
                 self.watcher.read(self.progress_dir)
                 await self._catch_up(now)
             broken = await self._take_scan(result, now)
@@ -229,7 +221,7 @@ class _WatchLoop:
 
     async def _catch_up(self, now: float) -> list[str]:
         """Rescan at ``now`` if inotify lost events; watch the new directories it saw (the
-        keys of the files found in them)."""
+        keys of their files)."""
         assert self.watcher is not None
         if self.watcher.overflowed:
             self.watcher.overflowed = False
@@ -240,14 +232,13 @@ class _WatchLoop:
         return await self._blocking(self.watcher.watch_pending, "watching new directories") or []
 
     async def _hear_inotify(self) -> Verdict:
-        """Take what inotify told: near the next scan, left for it (dated now); else the
-        files are looked at now.  Returns the rule their steps broke, if any."""
+        """Take what inotify told: near the next scan, left for it (dated now); else looked
+        at now.  The rule their steps broke, if any."""
         assert self.watcher is not None
         touched = self.watcher.read(self.progress_dir)
         now = self.sink.elapsed()  # the change is dated when it was heard of
         touched.update(await self._catch_up(now))
         if self.next_scan - now <= HEARD_WAIT_SECONDS:
-            # Looked at by the next scan, not by a thread hop of its own for every write.
             self.heard.update(dict.fromkeys(touched, now))
             return None
         if not touched:
@@ -261,13 +252,12 @@ class _WatchLoop:
         updates, reading = looked
         await report_progress(self.sink, tracker, tracker.observe_some(updates, now), now, previous)
         if reading is not None and tracker.steps is not None:
-            # Scans far apart (a huge tree): the steps are read when written.
             return await report_steps(self.sink, tracker, reading, now)
         return None
 
     def _plan_next_scan(self, now: float) -> None:
-        """The next scan on the sampler's grid: one interval on, or a longer period (see
-        :func:`full_scan_period`) where inotify watches the whole tree."""
+        """The next scan on the grid: one interval on, or :func:`full_scan_period` where
+        inotify watches the whole tree."""
         period = self.scan_interval
         watcher = self.watcher
         if watcher and not watcher.full and self.root_watched and self.watches_placed.is_set():
@@ -280,8 +270,7 @@ class _WatchLoop:
         # A scan that cannot finish (a hung network filesystem) sees no progress: fail closed.
         tracker, sink = self.tracker, self.sink
         if result is not None:
-            # What inotify heard of since the last scan, as the scan found the files: dated
-            # (and reported) when heard, one event per hearing.
+            # What inotify heard of since the last scan: dated when heard, an event each.
             by_time: dict[float, list[str]] = {}
             for key, at in self.heard.items():
                 by_time.setdefault(at, []).append(key)
@@ -290,7 +279,6 @@ class _WatchLoop:
                 some = tracker.observe_some({k: result.files.get(k) for k in by_time[at]}, at)
                 await report_progress(sink, tracker, some, at, previous)
             self.heard.clear()
-            # The rest, dated by changed_at.
             previous = tracker.last_change
             at = changed_at(tracker, result.files, since=self.scanned_at, now=now, clock=sink.clock)
             changed = tracker.observe(result.files, at)
@@ -321,16 +309,12 @@ class _WatchLoop:
             return await run_blocking(call, *args, timeout=timeout, what=what, limiter=limiter)
         return None
 
-    async def _progress_dir_exists(self, what: str) -> bool | None:
-        """Whether the progress directory exists; None when the stat did not come back."""
-        return await self._blocking(os.path.isdir, what, self.progress_dir)
-
     async def _watch_progress_dir_once_created(self) -> None:
-        """The trainer created the progress dir after the start: watch it from now on (what
-        is already in it was seen by the scan; what came between, seen now)."""
+        """Watch the progress dir the trainer created after the start (what came between
+        the scan and the watch is looked at now)."""
         watcher = self.watcher
         assert watcher is not None
-        self.root_watched = bool(await self._progress_dir_exists("a stat"))
+        self.root_watched = bool(await self._blocking(os.path.isdir, "a stat", self.progress_dir))
         if not self.root_watched:
             return
         watcher.pending.append((self.progress_dir, ""))
@@ -340,14 +324,13 @@ class _WatchLoop:
 
 
 def full_scan_period(cost: float, interval: float) -> float:
-    """The period of full scans of a tree whose scan costs ``cost`` seconds of CPU: one
-    interval, or as many as keep the scans within :data:`SCAN_CPU_SHARE` of a core (on the
-    sampler's grid), at most :data:`MAX_FULL_SCAN_PERIOD_SECONDS`."""
+    """The period of full scans costing ``cost`` CPU seconds each: whole intervals, enough to
+    keep within :data:`SCAN_CPU_SHARE` of a core, at most the maximum period."""
     wanted = min(cost / SCAN_CPU_SHARE, MAX_FULL_SCAN_PERIOD_SECONDS)
     return max(1, math.ceil(wanted / interval)) * interval
 
 
 def _next_on_grid(now: float, interval: float) -> float:
-    """The first multiple of ``interval`` (seconds since the start) after ``now``: the proc
-    sampler ticks on the same grid, so a scan and a sample wake the event loop once."""
+    """The first multiple of ``interval`` after ``now``: the proc sampler's grid, so that a
+    scan and a sample wake the event loop once."""
     return (math.floor(now / interval) + 1) * interval
