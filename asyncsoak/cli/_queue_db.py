@@ -109,6 +109,15 @@ def _open_existing(args: argparse.Namespace) -> JobStore | None:
         raise
 
 
+def _read_queue(args: argparse.Namespace, read: Callable[[JobStore], _T]) -> _T | None:
+    """``read(store)`` of the queue, or None when there is no queue yet."""
+    store = _open_existing(args)
+    if store is None:
+        return None
+    with store:
+        return _queue_call(lambda: read(store))
+
+
 def _queue_call(
     fn: Callable[[], _T], unavailable: tuple[type[QueueError], ...] = (QueueUnavailableError,)
 ) -> _T:
