@@ -133,6 +133,11 @@ def _refuse_unknown(parser: argparse.ArgumentParser, command: str, unknown: list
     raise AssertionError("argparse's error() exits")
 
 
+def quiet_stdout() -> None:
+    """Stdout to /dev/null: its reader went away (``jobs | head -1``) having what it wanted."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def entry() -> NoReturn:
     """The program: :func:`main`, then out without the interpreter's teardown (a short soak
     would pay for it in wall time); every stream is flushed first.  The start-up's imports
@@ -143,8 +148,7 @@ def entry() -> NoReturn:
     try:
         status = main()
     except BrokenPipeError:
-        # The reader went away (``asyncsoak jobs | head -1``): it had what it wanted.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        quiet_stdout()
         status = 0
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say

@@ -16,7 +16,7 @@ from .._view import goodput_line
 from ..artifact import load
 from ..queue import artifact_section, queue_goodput
 from . import UsageError
-from ._queue_db import _guarded, _open_existing, _queue_call, db_parser
+from ._queue_db import _guarded, _read_queue, db_parser
 from ._sweeps import parse_not_before
 
 #: How many jobs the table of those that lost most shows.
@@ -63,11 +63,7 @@ def _goodput(args: argparse.Namespace) -> int:
 
 
 def _from_queue(args: argparse.Namespace, since: float | None) -> list[JobLedger]:
-    store = _open_existing(args)
-    if store is None:
-        return []
-    with store:
-        return _queue_call(lambda: queue_goodput(store, since))
+    return _read_queue(args, lambda store: queue_goodput(store, since)) or []
 
 
 def _artifact_files(paths: Sequence[str]) -> list[Path]:

@@ -25,7 +25,6 @@ from ..queue import (
     MAX_TRIES,
     PRUNE_AFTER_S,
     WORKER_WAIT_FOR_DB_S,
-    DatabaseUnreachableError,
     JobOptions,
     JobStatus,
     JobStore,
@@ -40,6 +39,7 @@ from ..queue import (
 from . import UsageError, _flags, refused
 from ._container import worker_in_allocation
 from ._queue_db import (
+    UNAVAILABLE,
     _count_arg,
     _existing_for,
     _guarded,
@@ -329,18 +329,13 @@ def _worker(args: argparse.Namespace) -> int:
     from ..queue import prepare_runs_dir
 
     db = args.db or default_db()
+    default_location = args.db is None and not os.environ.get("ASYNCSOAK_DB")
+    wait = _wait_for_db(args, WORKER_WAIT_FOR_DB_S)
     try:
         # Workers first: a queue that does not exist yet is created, a server that is not
         # up yet waited for.
-        store = open_for_worker(
-            db,
-            wait=_wait_for_db(args, WORKER_WAIT_FOR_DB_S),
-            default_location=args.db is None and not os.environ.get("ASYNCSOAK_DB"),
-        )
-    except (DatabaseUnreachableError, QueueUnavailableError):
-        raise
-    except QueueError as exc:
-        raise UsageError(str(exc)) from exc
+        opened = partial(open_for_worker, db, wait=wait, default_location=default_location)
+        store = _queue_call(opened, UNAVAILABLE)
     except KeyboardInterrupt:
         return exits.SHELL_SIGNAL_BASE + signal.SIGINT
     with store:

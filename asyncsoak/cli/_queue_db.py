@@ -32,6 +32,8 @@ from . import UsageError, typed
 EXIT_DB_UNAVAILABLE = 75
 
 _T = TypeVar("_T")
+#: The queue's errors that mean "try again later" (exit :data:`EXIT_DB_UNAVAILABLE`).
+UNAVAILABLE = (DatabaseUnreachableError, QueueUnavailableError)
 
 
 def default_db() -> str:
@@ -91,12 +93,9 @@ def _open(args: argparse.Namespace, *, create: bool = False) -> JobStore:
         raise UsageError(
             f"--db {redact_url_passwords(db)!r}: expected an SQLite file or a postgresql:// URL"
         )
-    try:
-        return open_when_reachable(db, wait=_wait_for_db(args), create=create)
-    except (DatabaseUnreachableError, QueueUnavailableError):
-        raise
-    except QueueError as exc:
-        raise UsageError(str(exc)) from exc
+    return _queue_call(
+        lambda: open_when_reachable(db, wait=_wait_for_db(args), create=create), UNAVAILABLE
+    )
 
 
 def _open_existing(args: argparse.Namespace) -> JobStore | None:
@@ -110,10 +109,22 @@ def _open_existing(args: argparse.Namespace) -> JobStore | None:
         raise
 
 
-def _queue_call(fn: Callable[[], _T]) -> _T:
+def _read_queue(args: argparse.Namespace, read: Callable[[JobStore], _T]) -> _T | None:
+    """``read(store)`` of the queue, or None when there is no queue yet."""
+    store = _open_existing(args)
+    if store is None:
+        return None
+    with store:
+        return _queue_call(lambda: read(store))
+
+
+def _queue_call(
+    fn: Callable[[], _T], unavailable: tuple[type[QueueError], ...] = (QueueUnavailableError,)
+) -> _T:
+    """``fn()``, a queue error as a usage error but ``unavailable`` (the caller's to tell)."""
     try:
         return fn()
-    except QueueUnavailableError:
+    except unavailable:
         raise
     except QueueError as exc:
         raise UsageError(str(exc)) from exc
@@ -126,7 +137,7 @@ def _guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     def guarded(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except (DatabaseUnreachableError, QueueUnavailableError) as exc:
+        except UNAVAILABLE as exc:
             print(terminal_text(f"asyncsoak: error: {exc}"), file=sys.stderr)
             return EXIT_DB_UNAVAILABLE
 

@@ -33,6 +33,7 @@ from ..queue import (
     Job,
     JobStore,
     Plan,
+    WorkerInfo,
     WorkerView,
     describe_exit,
     job_goodput,
@@ -41,7 +42,7 @@ from ..queue import (
     worker_views,
 )
 from . import UsageError, _sweeps, refused
-from ._queue_db import _existing_for, _open_existing, _queue_call
+from ._queue_db import _existing_for, _queue_call, _read_queue
 
 _FOLLOW_INTERVAL_SECONDS = 0.5
 _NAME_WIDTH = 28
@@ -54,11 +55,8 @@ def _age(ts: float | None, now: float) -> str:
     seconds = max(0.0, now - ts)
     if seconds < 60:
         return f"{seconds:.0f}s ago"
-    unit, size = next((u, s) for u, s, below in _AGE_UNITS if seconds < below)
+    unit, size = ("m", 60) if seconds < 3600 else ("h", 3600) if seconds < 86400 else ("d", 86400)
     return f"{seconds // size:.0f}{unit} ago"
-
-
-_AGE_UNITS = (("m", 60, 3600), ("h", 3600, 86400), ("d", 86400, float("inf")))
 
 
 def _indented(text: str) -> str:
@@ -144,19 +142,13 @@ def _print_json(data: Any) -> int:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    store = _open_existing(args)
-    plans: dict[int, Plan] = {}
-    by_id: dict[int, Job] = {}
-    if store is None:
-        jobs: list[Job] = []
-        now = time.time()
-    else:
-        with store:
-            jobs = _queue_call(lambda: store.jobs(args.status))
-            # Ages against the queue's clock (the database's on PostgreSQL), not this host's.
-            now = _queue_call(store.now)
-            plans = _queue_call(store.plans)
-            by_id = {job.id: job for job in _queue_call(store.jobs)} if plans else {}
+    def read(store: JobStore) -> tuple[list[Job], float, dict[int, Plan], dict[int, Job]]:
+        # Ages against the queue's clock (the database's on PostgreSQL), not this host's.
+        plans = store.plans()
+        by_id = {job.id: job for job in store.jobs()} if plans else {}
+        return store.jobs(args.status), store.now(), plans, by_id
+
+    jobs, now, plans, by_id = _read_queue(args, read) or ([], time.time(), {}, {})
     if args.array is not None:
         jobs = [job for job in jobs if job.id in plans and plans[job.id].array_id == args.array]
     if args.json:
@@ -435,30 +427,27 @@ def _follow(f: Any, masker: Masker, running: Callable[[], bool]) -> None:
             time.sleep(_FOLLOW_INTERVAL_SECONDS)
 
 
+_Fleet = tuple[list[WorkerInfo], list[Job], float, dict[str, list[str]], list[GpuFault]]
+
+
 def _workers(args: argparse.Namespace) -> int:
     with refused():
         seconds("--stale-after", args.stale_after)
-    views: list[WorkerView] = []
-    pruned, now = 0, time.time()
-    owned: dict[str, list[str]] = {}
-    faults: list[GpuFault] = []
-    store = _open_existing(args)
-    if store is not None:
-        with store:
-            workers = _queue_call(store.workers)
-            running = [job for job, _holder in _queue_call(store.running)]
-            now = _queue_call(store.now)
-            owned = _queue_call(store.worker_gpus)
-            faults = _queue_call(store.gpu_faults)
-        views, pruned = worker_views(
-            workers,
-            running,
-            now,
-            lost_after=args.stale_after,
-            show_all=args.all,
-            this_host=socket.gethostname(),
-            process_alive=process_alive,
-        )
+
+    def read(store: JobStore) -> _Fleet:
+        running = [job for job, _holder in store.running()]
+        return store.workers(), running, store.now(), store.worker_gpus(), store.gpu_faults()
+
+    workers, running, now, owned, faults = _read_queue(args, read) or ([], [], time.time(), {}, [])
+    views, pruned = worker_views(
+        workers,
+        running,
+        now,
+        lost_after=args.stale_after,
+        show_all=args.all,
+        this_host=socket.gethostname(),
+        process_alive=process_alive,
+    )
     on_host = {v.info.host: [f for f in faults if f.host == v.info.host] for v in views}
     if args.json:
         return _print_json(

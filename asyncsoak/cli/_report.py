@@ -7,7 +7,6 @@ import argparse
 import functools
 import json
 import math
-import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._contract import exits, terminal_text
-from . import UsageError, unwritable
+from . import UsageError, quiet_stdout, unwritable
 
 if TYPE_CHECKING:
     from .._contract import Artifact
@@ -202,10 +201,8 @@ def summary_command(args: argparse.Namespace) -> int:
 def print_text(text: str) -> None:
     try:
         print(text, flush=True)
-    except BrokenPipeError:
-        # Read through `head`: the reader has what it wanted.  Point stdout at /dev/null so
-        # the interpreter's final flush does not fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except BrokenPipeError:  # handled here: compare's exit status still says what regressed
+        quiet_stdout()
 
 
 def recover_command(args: argparse.Namespace) -> int:

@@ -194,21 +194,15 @@ async def _watch(journal: Path, once: bool, mode: str, interval: float) -> int:
                 )
                 tg.cancel_scope.cancel()
 
-            async def held() -> bool:
-                return await run_blocking(
-                    monitor_holds,
-                    journal,
-                    timeout=VIEW_CALL_TIMEOUT_SECONDS,
-                    what="a look at the journal's lock",
-                )
-
             async def check_monitor() -> None:
                 nonlocal monitor_gone
                 #: The view's reads begun when the monitor was first seen gone.
                 released: int | None = None
                 while True:
                     await anyio.sleep(MONITOR_CHECK_SECONDS)
-                    if await held():
+                    look = "a look at the journal's lock"
+                    timeout = VIEW_CALL_TIMEOUT_SECONDS
+                    if await run_blocking(monitor_holds, journal, timeout=timeout, what=look):
                         released = None
                         continue
                     if released is None:
