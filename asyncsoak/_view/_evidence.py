@@ -13,7 +13,7 @@ from typing import Any
 
 from .._analysis import GpuActivity, median, recorded_gpus, tree_verdict
 from .._contract import Artifact, EventKind, FailureReason, exits, format_duration, schema
-from ._fields import format_bytes, format_value
+from ._fields import format_bytes, format_value, gpu_index
 from ._sections import (
     config_value,
     counted_steps,
@@ -172,11 +172,11 @@ def stall_verdict(artifact: Artifact) -> StallVerdict | None:
 
 def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity]:
     """Each GPU's typical utilisation and power over a stall (the tree's GPUs when known)."""
-    groups = [g for g in artifact["series"] if g.startswith("gpu") and g[3:].isdigit()]
+    indexed = sorted((i, g) for g in artifact["series"] if (i := gpu_index(g)) is not None)
     fields = ("utilization_gpu_percent", "power_draw_w", "power_limit_w")
     return [
-        GpuActivity(int(g[3:]), *(series_typical(artifact, g, name, start, end) for name in fields))
-        for g in sorted(groups, key=lambda g: int(g[3:]))
+        GpuActivity(i, *(series_typical(artifact, g, name, start, end) for name in fields))
+        for i, g in indexed
     ]
 
 
