@@ -14,13 +14,7 @@ from .._analysis import TREE_MEMORY_SERIES
 from .._contract import Artifact, SoakStatus, format_duration, terminal_text
 from ._evidence import gpu_faults, leaking_series, rate_text
 from ._fields import format_table, format_value, gpu_index
-from ._sections import (
-    column,
-    config_value,
-    series_group,
-    summary_figure,
-    trend_verdicts,
-)
+from ._sections import column, config_value, series_group, summary_figure, trend_verdicts
 from ._status import PASSED_WITH_WARNINGS, shown_status
 
 #: Relative change (fraction) beyond which a worse figure is a regression.
@@ -136,8 +130,12 @@ def compare(
     if len(intervals) == 1 and not (_steps(baseline) and _steps(candidate)):
         figure("progress.rate", "file changes", "per_minute", _progress_rate, "higher")
     figure("steps.rate", "step rate", "steps_per_second", _step_rate, "higher")
-    figure("steps.loss.final", "final loss", "loss", _final_loss, "lower")
-    figure("gpu.faults", "GPU faults", "", _gpu_fault_count, "lower")
+    figure("steps.loss.final", "final loss", "loss", lambda a: _step_figure(a, "loss"), "lower")
+
+    def fault_count(a: Artifact) -> float | None:
+        return float(len(gpu_faults(a))) if a.get("gpu_health") else None
+
+    figure("gpu.faults", "GPU faults", "", fault_count, "lower")
     groups = {g for a in (baseline, candidate) for g in a["summary"] if gpu_index(g) is not None}
     for g in sorted(groups, key=lambda g: gpu_index(g) or 0):
         util = stat(g, "utilization_gpu_percent", "mean")
@@ -161,11 +159,6 @@ def compare(
         )
     shown = [r for r in rows if r.baseline is not None or r.candidate is not None]
     return Comparison(baseline_name, candidate_name, shown, notes)
-
-
-def _gpu_fault_count(artifact: Artifact) -> float | None:
-    """How many GPU faults the run saw; None without GPU health."""
-    return float(len(gpu_faults(artifact))) if artifact.get("gpu_health") else None
 
 
 def _status_row(baseline: Artifact, candidate: Artifact) -> Row:
@@ -241,18 +234,16 @@ def _step_rate(artifact: Artifact) -> float | None:
     rates = _numbers(artifact, "steps", "steps_per_second")
     if rates:
         return float(statistics.median(rates))
-    rate = _steps(artifact).get("steps_per_second")
-    return None if rate is None else float(rate)
-
-
-def _final_loss(artifact: Artifact) -> float | None:
-    """The last finite loss the trainer wrote."""
-    loss = _steps(artifact).get("loss")
-    return None if loss is None else float(loss)
+    return _step_figure(artifact, "steps_per_second")
 
 
 def _steps(artifact: Artifact) -> Mapping[str, Any]:
     return artifact["progress"].get("steps") or {}
+
+
+def _step_figure(artifact: Artifact, key: str) -> float | None:
+    value = _steps(artifact).get(key)
+    return None if value is None else float(value)
 
 
 def format_comparison(comparison: Comparison) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._analysis import GpuActivity, median, recorded_gpus, tree_verdict
 from .._contract import Artifact, EventKind, FailureReason, exits, format_duration, schema
-from ._fields import format_bytes, format_value
+from ._fields import format_bytes, format_value, gpu_index
 from ._sections import (
     config_value,
     counted_steps,
@@ -172,11 +172,11 @@ def stall_verdict(artifact: Artifact) -> StallVerdict | None:
 
 def stall_gpus(artifact: Artifact, start: float, end: float) -> list[GpuActivity]:
     """Each GPU's typical utilisation and power over a stall (the tree's GPUs when known)."""
-    groups = [g for g in artifact["series"] if g.startswith("gpu") and g[3:].isdigit()]
+    indexed = sorted((i, g) for g in artifact["series"] if (i := gpu_index(g)) is not None)
     fields = ("utilization_gpu_percent", "power_draw_w", "power_limit_w")
     return [
-        GpuActivity(int(g[3:]), *(series_typical(artifact, g, name, start, end) for name in fields))
-        for g in sorted(groups, key=lambda g: int(g[3:]))
+        GpuActivity(i, *(series_typical(artifact, g, name, start, end) for name in fields))
+        for i, g in indexed
     ]
 
 
@@ -225,25 +225,22 @@ def last_progress(artifact: Artifact) -> LastProgress | None:
         (float(e["t"]) for e in artifact["events"] if e["kind"] in _COMMAND_ENDS),
         float(artifact["duration_seconds"]),
     )
-    return LastProgress(
-        float(at),
-        [str(p) for p in paths],
-        max(0.0, end - at),
-        None if checkpoint is None else _checkpoint_root(artifact, str(checkpoint)),
-    )
+    root = None if checkpoint is None else _checkpoint_root(artifact, str(checkpoint))
+    return LastProgress(float(at), [str(p) for p in paths], max(0.0, end - at), root)
+
+
+def _names_checkpoint(text: str) -> bool:
+    return any(w in text.lower() for w in CHECKPOINT_WORDS)
 
 
 def _is_checkpoint(path: str) -> bool:
-    lowered = path.lower()
-    return any(w in lowered for w in CHECKPOINT_WORDS) or lowered.endswith(CHECKPOINT_SUFFIXES)
+    return _names_checkpoint(path) or path.lower().endswith(CHECKPOINT_SUFFIXES)
 
 
 def _checkpoint_root(artifact: Artifact, path: str) -> str:
     """``checkpoint-280`` for ``checkpoint-280/trainer_state.json``, under the progress dir."""
     parts = PurePath(path).parts
-    at = next(
-        (i for i, p in enumerate(parts) if any(w in p.lower() for w in CHECKPOINT_WORDS)), None
-    )
+    at = next((i for i, p in enumerate(parts) if _names_checkpoint(p)), None)
     root = PurePath(path) if at is None else PurePath(*parts[: at + 1])
     progress_dir = artifact["progress"]["dir"]
     if progress_dir and not root.is_absolute():
@@ -320,11 +317,8 @@ def _cause(
         frames = [] if traceback is None else log_lines[traceback[0] : traceback[1]]
         exception_line = frames[-1].strip() if frames else ""
         if exception_line and not exception_line.startswith(("File ", _TRACEBACK)):
-            found = [m for m in map(_FILE_LINE.match, frames) if m]
-            where = None
-            if found:
-                where = f"{PurePath(found[-1]['file']).name}:{found[-1]['line']} in "
-                where += found[-1]["func"]
+            m = next((m for m in map(_FILE_LINE.match, reversed(frames)) if m), None)
+            where = None if m is None else f"{PurePath(m['file']).name}:{m['line']} in {m['func']}"
             return exception_line, where, _source_line(artifact, where)
         return failures[0]["message"], None, None
     if primary in STALLS:
@@ -427,20 +421,17 @@ def _next_steps(
         if artifact["exit"]["signal"] == "SIGKILL" and not oom_kills(artifact):
             steps.append("Check the kernel log (dmesg) for the OOM killer.")
     elif primary == FailureReason.MEMORY_BUDGET:
-        budget = config_value(artifact, "max_rss_bytes") or config_value(
-            artifact, "max_gpu_memory_bytes"
-        )
-        crossed = f" {format_bytes(budget)}" if budget is not None else ""
+        rss = config_value(artifact, "max_rss_bytes")
+        budget = _space_bytes(rss or config_value(artifact, "max_gpu_memory_bytes"))
         steps.append(
-            f"The memory budget{crossed} was crossed: raise --max-rss / --max-gpu-memory if "
+            f"The memory budget{budget} was crossed: raise --max-rss / --max-gpu-memory if "
             "the run needs more, or find what grew in the per-process table."
         )
     elif primary == FailureReason.DISK_LOW:
-        floor = config_value(artifact, "min_disk_free_bytes")
+        floor = _space_bytes(config_value(artifact, "min_disk_free_bytes"))
         steps.append(
-            "Free disk space fell below --min-disk-free"
-            + (f" {format_bytes(floor)}" if floor is not None else "")
-            + ": clear old checkpoints, or write them elsewhere."
+            f"Free disk space fell below --min-disk-free{floor}: clear old checkpoints, or "
+            "write them elsewhere."
         )
     elif primary in _FIXED_STEPS:
         steps.append(_FIXED_STEPS[FailureReason(primary)])
@@ -452,3 +443,7 @@ def _next_steps(
             + ("; rerun with --leak-check fail to stop on it." if primary is None else ".")
         )
     return steps
+
+
+def _space_bytes(value: float | None) -> str:
+    return "" if value is None else f" {format_bytes(value)}"

@@ -105,11 +105,10 @@ def look_first(artifact: Artifact) -> list[str]:
         hints.append(f"The command was {exit_text(a)}.")
         if not oom_kills(a):
             rss = summary_figure(a, "tree", "rss_bytes", "max")
-            dmesg = "the kernel log (dmesg) for the OOM killer."
-            peak = (
-                "" if rss is None else f"Peak memory of the tree was {format_value(rss, 'bytes')}: "
-            )
-            hints.append(f"{peak}{'check' if peak else 'Check'} {dmesg}")
+            hint = "Check the kernel log (dmesg) for the OOM killer."
+            if rss is not None:
+                hint = f"Peak memory of the tree was {format_value(rss, 'bytes')}: c{hint[1:]}"
+            hints.append(hint)
     elif primary == FailureReason.TOO_SHORT:
         hints.append(
             f"It ran {format_duration(float(a['duration_seconds']))}, less than "

@@ -160,7 +160,8 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
     failed = [x for x in soaks if x["first_failure"] is not None]
     first_failure = None
     if failed:
-        earliest = min(failed, key=lambda x: _or_inf(x["first_failure"]["offset_seconds"]))
+        timed = [x for x in failed if x["first_failure"]["offset_seconds"] is not None]
+        earliest = min(timed, key=lambda x: x["first_failure"]["offset_seconds"], default=failed[0])
         first_failure = {**_place(earliest), **earliest["first_failure"]}
     latest = max(x["restart_count"] for x in soaks)
     statuses = [str(x["status"]) for x in soaks if x["restart_count"] == latest]
@@ -184,10 +185,6 @@ def combine(artifacts: Sequence[tuple[str, Artifact]]) -> dict[str, Any]:
         "nodes": sorted({str(x["node"]) for x in soaks if x["node"]}),
         "restarts": latest,
     }
-
-
-def _or_inf(value: float | None) -> float:
-    return float("inf") if value is None else value
 
 
 def _place(soak: Mapping[str, Any]) -> dict[str, Any]:
@@ -262,7 +259,7 @@ def offset_text(value: float | None) -> str:
     return "?" if value is None else f"+{format_duration(value)}"
 
 
-def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH) -> str:
+def format_combined(combined: Mapping[str, Any]) -> str:
     """The combined view as text safe to print: verdicts, the first failure, a timeline."""
     soaks = combined["soaks"]
     lines = [
@@ -303,22 +300,22 @@ def format_combined(combined: Mapping[str, Any], *, width: int = TIMELINE_WIDTH)
             f"timeline (wall clock, from {combined['started_at']}, {format_duration(span)} across):"
         )
         lines += [
-            f"  {label.ljust(pad)}  |{_bar(soak, span, width)}|"
+            f"  {label.ljust(pad)}  |{_bar(soak, span)}|"
             for label, soak in zip(labels, soaks, strict=True)
         ]
     lines += [f"  {soak_label(soak)}: asyncsoak summary {soak['path']}" for soak in soaks]
     return terminal_text("\n".join(lines), one_line=False)
 
 
-def _bar(soak: Mapping[str, Any], span: float, width: int) -> str:
+def _bar(soak: Mapping[str, Any], span: float) -> str:
     """``   =====X`` : when the soak ran on the job's time axis, X where it first failed."""
     start = soak["start_offset_seconds"] or 0.0
     end = soak["end_offset_seconds"] if soak["end_offset_seconds"] is not None else start
 
     def cell(t: float) -> int:
-        return min(width - 1, max(0, int(t / span * (width - 1))))
+        return min(TIMELINE_WIDTH - 1, max(0, int(t / span * (TIMELINE_WIDTH - 1))))
 
-    cells = [" "] * width
+    cells = [" "] * TIMELINE_WIDTH
     cells[cell(start) : cell(end) + 1] = "=" * (cell(end) + 1 - cell(start))
     failure = soak["first_failure"]
     if failure is not None and failure["offset_seconds"] is not None:
