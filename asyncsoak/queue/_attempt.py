@@ -34,10 +34,9 @@ from .._export import Metrics, WorkerMetrics
 from .._supervisor import SOAK_LIMITS, OutputLocationError, SoakControl, StopMode, run_soak
 from ..trainer import Job
 from ._goodput import earlier_highest_step, read_artifact
-from ._learned import carried_limit, remember_limit
+from ._kept import SpoolEntry, carried_limit, remember_limit
 from ._models import QueueUnavailableError, artifact_summary
 from ._settings import WorkerConfig
-from ._spool import SpoolEntry
 from ._status import (
     CANCELLED,
     FAILED,

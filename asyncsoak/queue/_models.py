@@ -221,6 +221,17 @@ def schema_statements(dialect: str, version: int, prefix: str = "") -> list[str]
     return statements
 
 
+def known_version(version: int, where: Path | str) -> int:
+    """``version``, or a :class:`QueueDatabaseError` when newer than this code's schema."""
+    if version > SCHEMA_VERSION:
+        raise QueueDatabaseError(
+            where,
+            f"has schema version {version}, newer than this asyncsoak understands "
+            f"({SCHEMA_VERSION}); upgrade asyncsoak",
+        )
+    return version
+
+
 @dataclasses.dataclass(slots=True)
 class Sql:
     """One transaction's connection, for SQL with ``?`` placeholders, and its time;
@@ -234,6 +245,16 @@ class Sql:
 
     def __call__(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self.conn.execute(sql.replace("?", self.placeholder), tuple(params))
+
+    def upsert(self, table: str, columns: str, keys: int, params: Sequence[Any]) -> None:
+        """Insert a row into ``table``, or update the one whose first ``keys`` columns match."""
+        names = columns.split(", ")
+        update = ", ".join(f"{c} = excluded.{c}" for c in names[keys:])
+        self(
+            f"INSERT INTO {table} ({columns}) VALUES ({', '.join('?' * len(names))}) "
+            f"ON CONFLICT ({', '.join(names[:keys])}) DO UPDATE SET {update}",
+            params,
+        )
 
 
 def artifact_summary(artifact: Mapping[str, Any] | None) -> dict[str, Any] | None:

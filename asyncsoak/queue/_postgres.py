@@ -28,6 +28,7 @@ from ._models import (
     QueueMissingError,
     QueueUnavailableError,
     Sql,
+    known_version,
     schema_statements,
 )
 from ._store import JobStore, default_data_dir
@@ -223,14 +224,8 @@ class PostgresStore(JobStore):
             raise QueueDatabaseError(
                 self.location, f"has a schema {SCHEMA!r} that is not asyncsoak's job queue"
             )
-        version: int = conn.execute(f"SELECT version FROM {SCHEMA}.schema_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise QueueDatabaseError(
-                self.location,
-                f"has schema version {version}, newer than this asyncsoak understands "
-                f"({SCHEMA_VERSION}); upgrade asyncsoak",
-            )
-        return version
+        version = conn.execute(f"SELECT version FROM {SCHEMA}.schema_version").fetchone()[0]
+        return known_version(version, self.location)
 
     def _migrate(self, conn: Any, create: bool) -> None:
         """Bring the schema and the sweeps' tables up to date; only a database that needs it

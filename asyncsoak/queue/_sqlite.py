@@ -30,6 +30,7 @@ from ._models import (
     QueueMissingError,
     QueueUnavailableError,
     Sql,
+    known_version,
     schema_statements,
 )
 from ._store import JobStore
@@ -216,12 +217,7 @@ class SqliteStore(JobStore):
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _schema_state(self, conn: sqlite3.Connection) -> int:
-        version: int = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise self._refuse(
-                f"has schema version {version}, newer than this asyncsoak understands "
-                f"({SCHEMA_VERSION}); upgrade asyncsoak"
-            )
+        version = known_version(conn.execute("PRAGMA user_version").fetchone()[0], self.path)
         if version == 0:
             foreign = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
         else:

@@ -214,11 +214,8 @@ class JobStore(SweepStore):
                 raise JobStateError(job_id, status, "requeued", TERMINAL_STATUSES)
             self._requeued(sql, job_id)
             # The job's next wait (its ledger's queue_wait) starts now.
-            sql(
-                "INSERT INTO job_requeues (job_id, attempt, at) SELECT id, attempt, ? FROM jobs "
-                "WHERE id = ? ON CONFLICT (job_id, attempt) DO UPDATE SET at = excluded.at",
-                (sql.now, job_id),
-            )
+            attempt = sql("SELECT attempt FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+            sql.upsert("job_requeues", "job_id, attempt, at", 2, (job_id, attempt, sql.now))
             sql(
                 "UPDATE jobs SET status = 'queued', cancel_requested = FALSE, attempts = 0, "
                 "finished_at = NULL, returncode = NULL, reason = NULL, error = NULL "
@@ -259,13 +256,8 @@ class JobStore(SweepStore):
                 previous = WorkerInfo(*row)
                 if previous.stopped_at is None and alive(previous):
                     raise WorkerNameInUseError(name, previous.host, previous.pid)
-            sql(
-                f"INSERT INTO workers ({WORKER_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, NULL) "
-                "ON CONFLICT (name) DO UPDATE SET host = excluded.host, pid = excluded.pid, "
-                "pid_start = excluded.pid_start, started_at = excluded.started_at, "
-                "heartbeat_at = excluded.heartbeat_at, stopped_at = NULL, job_id = NULL",
-                (name, host, pid, pid_start, sql.now, sql.now),
-            )
+            row = (name, host, pid, pid_start, sql.now, sql.now, None, None)
+            sql.upsert("workers", WORKER_COLUMNS, 1, row)
 
     def worker_heartbeat(self, name: str) -> None:
         """Refresh a worker's heartbeat (its current job is set by claim and finish)."""

@@ -339,11 +339,8 @@ class SweepStore(abc.ABC):
     def record_attempt_gpus(self, job_id: int, attempt: int, gpus: Sequence[str]) -> None:
         """The GPUs an attempt runs on (an infrastructure retry prefers others)."""
         with self._transaction() as sql:
-            sql(
-                "INSERT INTO attempt_causes (job_id, attempt, gpus) VALUES (?, ?, ?) "
-                "ON CONFLICT (job_id, attempt) DO UPDATE SET gpus = excluded.gpus",
-                (job_id, attempt, json.dumps(list(gpus))),
-            )
+            row = (job_id, attempt, json.dumps(list(gpus)))
+            sql.upsert("attempt_causes", "job_id, attempt, gpus", 2, row)
 
     def record_gpu_fault(
         self,
@@ -358,13 +355,8 @@ class SweepStore(abc.ABC):
         """Take ``gpus`` of ``host`` out of service until :meth:`clear_gpu_faults`."""
         with self._transaction() as sql:
             for gpu in gpus:
-                sql(
-                    "INSERT INTO gpu_faults (host, gpu, worker, job_id, attempt, at, detail) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (host, gpu) DO UPDATE SET "
-                    "worker = excluded.worker, job_id = excluded.job_id, "
-                    "attempt = excluded.attempt, at = excluded.at, detail = excluded.detail",
-                    (host, gpu, worker, job_id, attempt, sql.now, detail),
-                )
+                row = (host, gpu, worker, job_id, attempt, sql.now, detail)
+                sql.upsert("gpu_faults", "host, gpu, worker, job_id, attempt, at, detail", 2, row)
 
     def gpu_faults(self, host: str | None = None) -> list[GpuFault]:
         """GPUs out of service (on ``host``, or everywhere), by host and GPU."""
@@ -428,27 +420,16 @@ class SweepStore(abc.ABC):
             backoff=backoff,
         )
         if decision.failure_class is not None:
-            sql(
-                "INSERT INTO attempt_causes (job_id, attempt, failure_class, cause, counted) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (job_id, attempt) DO UPDATE SET "
-                "failure_class = excluded.failure_class, cause = excluded.cause, "
-                "counted = excluded.counted",
-                (job_id, attempt, decision.failure_class, decision.cause, int(decision.counted)),
-            )
+            row = (job_id, attempt, decision.failure_class, decision.cause, int(decision.counted))
+            sql.upsert("attempt_causes", "job_id, attempt, failure_class, cause, counted", 2, row)
         if decision.failure_class == "infrastructure":
             gpus = sql(
                 "SELECT gpus FROM attempt_causes WHERE job_id = ? AND attempt = ?",
                 (job_id, attempt),
             ).fetchone()
             avoid = _names_json([f"{host}:{gpu}" for gpu in _names(gpus[0] if gpus else None)])
-            retry_at = sql.now + decision.retry_in
-            sql(
-                "INSERT INTO job_plans (job_id, infra_failures, retry_at, avoid) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (job_id) DO UPDATE SET "
-                "infra_failures = excluded.infra_failures, retry_at = excluded.retry_at, "
-                "avoid = excluded.avoid",
-                (job_id, decision.infrastructure_failures, retry_at, avoid),
-            )
+            row = (job_id, decision.infrastructure_failures, sql.now + decision.retry_in, avoid)
+            sql.upsert("job_plans", "job_id, infra_failures, retry_at, avoid", 1, row)
         if decision.status in (FAILED, CANCELLED):
             self._cancel_dependents(sql, job_id, decision.status)
         return decision

@@ -22,10 +22,10 @@ from .._supervisor import slurm
 from ..trainer import Job
 from ._attempt import UNAVAILABLE, Runner, _JobState, default_worker_name
 from ._goodput import read_artifact
+from ._kept import pending
 from ._models import QueueDatabaseLostError, QueueError, WorkerInfo
 from ._orphans import kill_leftovers, process_alive
 from ._settings import WorkerConfig
-from ._spool import pending
 from ._status import CANCELLED, FAILED, ORPHANED, Outcome
 from ._store import JobStore
 from ._sweeps import GpuOffer, Plan, pick_gpus

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from asyncsoak.queue._learned import LEARNED_DIR, carried_limit, remember_limit
+from asyncsoak.queue._kept import LEARNED_DIR, carried_limit, remember_limit
 
 from .test_queue_cli import cli
 

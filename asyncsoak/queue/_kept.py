@@ -1,10 +1,14 @@
-"""``--stale-progress auto`` across a job's runs: the stall limit one run learned, kept in
-``<runs>/stale-limits/<hash of the job's name>.json`` (no path is built from the name), is
-where the next job of that name starts instead of the startup limit.
+"""What a worker keeps in its runs directory.  Final writes that could not reach the database
+wait in ``<runs>/.spool/`` (one JSON file per attempt) for a worker with the same runs directory
+to deliver them through the same fenced ``finish`` (an attempt taken over meanwhile: dropped).
+``--stale-progress auto``'s learned stall limit is kept in ``<runs>/stale-limits/<hash of the
+job's name>.json`` (no path is built from the name): the next job of that name starts there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -13,6 +17,43 @@ from pathlib import Path
 from typing import Any
 
 from .._record import write_artifact
+from ._status import Outcome
+
+SPOOL_DIR = ".spool"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpoolEntry:
+    """One attempt's final write: what ``JobStore.finish`` takes."""
+
+    job_id: int
+    attempt: int
+    worker: str
+    outcome: Outcome
+    summary: dict[str, Any] | None
+    note: str | None
+
+    def keep(self, runs_dir: Path) -> Path:
+        """Keep this write in ``runs_dir``'s spool; returns the file holding it."""
+        path = runs_dir / SPOOL_DIR / f"{self.job_id}.{self.attempt}.json"
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_artifact(dataclasses.asdict(self), path)
+        return path
+
+
+def pending(runs_dir: Path) -> list[tuple[Path, SpoolEntry]]:
+    """The kept writes, oldest attempt first; unreadable files are left for a person."""
+    entries = []
+    with contextlib.suppress(OSError):
+        for path in sorted((runs_dir / SPOOL_DIR).glob("*.json")):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                data = json.loads(path.read_text())
+                ids = (int(data["job_id"]), int(data["attempt"]), str(data["worker"]))
+                outcome = Outcome(**data["outcome"])
+                kept = (data.get("summary"), data.get("note"))
+                entries.append((path, SpoolEntry(*ids, outcome, *kept)))
+    return entries
+
 
 #: Below the runs directory: one small file per job name.
 LEARNED_DIR = "stale-limits"
