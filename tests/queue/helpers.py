@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ..conftest import REPO
 
 #: Environment for jobs whose scripts import asyncsoak from this checkout.
@@ -29,3 +31,13 @@ def write_script(directory: Path, name: str, body: str) -> list[str]:
     path = directory / name
     path.write_text(CHILD_PRELUDE + body)
     return [sys.executable, str(path)]
+
+
+def kill_worker_and_its_reapers(pid: int) -> None:
+    """SIGKILL the worker ``pid`` and its reapers together, as a lost host would.  The worker
+    is frozen first: alive, it would see its reaper die and stop the tree itself."""
+    worker = psutil.Process(pid)
+    worker.suspend()
+    for reaper in worker.children():
+        reaper.kill()
+    worker.kill()

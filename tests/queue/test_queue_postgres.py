@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import psutil
 import psycopg
 import pytest
 
@@ -38,6 +37,7 @@ from asyncsoak.queue import (
 from asyncsoak.queue._models import SCHEMA_VERSION
 
 from ..conftest import CLI_ENV, REPO, ReadyFifo, alive, asyncsoak_cli
+from .helpers import kill_worker_and_its_reapers
 from .pg_cluster import PgCluster
 from .test_queue_worker import LIMIT_S, runs_of, submit_trainer, worker_kwargs
 
@@ -215,9 +215,7 @@ async def test_orphan_of_another_host_is_requeued_without_touching_its_processes
         ) as worker_a:
             assert await ready.line() == "started 1"
             helper_pid = int(await ready.line())
-            for reaper in psutil.Process(worker_a.pid).children():
-                reaper.send_signal(signal.SIGKILL)
-            worker_a.send_signal(signal.SIGKILL)
+            kill_worker_and_its_reapers(worker_a.pid)
             with anyio.fail_after(LIMIT_S):
                 await worker_a.wait()
         assert store.get(job_id).host == "host-a"

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import psutil
 import pytest
 from anyio.abc import Process
 
@@ -32,7 +31,7 @@ from asyncsoak.queue import (
 )
 
 from ..conftest import REPO, ReadyFifo, alive
-from .helpers import FAST_SOAK, JOB_ENV, write_script
+from .helpers import FAST_SOAK, JOB_ENV, kill_worker_and_its_reapers, write_script
 
 #: Generous bound for any one test's waits on a loaded two-core machine.
 LIMIT_S = 60.0
@@ -188,9 +187,7 @@ async def test_orphan_sweep_kills_the_unsupervised_tree(
     async with await start_worker_process(store, tmp_path, "doomed") as worker:
         assert await ready.line() == "started 1"
         helper_pid = int(await ready.line())
-        for reaper in psutil.Process(worker.pid).children():
-            reaper.send_signal(signal.SIGKILL)
-        worker.send_signal(signal.SIGKILL)
+        kill_worker_and_its_reapers(worker.pid)
         with anyio.fail_after(LIMIT_S):
             await worker.wait()
     assert alive(helper_pid)
