@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import psutil
 import psycopg
 import pytest
 from anyio.abc import Process
@@ -30,7 +29,7 @@ from asyncsoak.queue import JobStore, SqliteStore, open_store
 from asyncsoak.queue._fleet import open_for_worker, open_when_reachable
 
 from ..conftest import CLI_ENV, REPO, ReadyFifo, asyncsoak_cli
-from .helpers import FAST_SOAK, JOB_ENV, write_script
+from .helpers import FAST_SOAK, JOB_ENV, kill_worker_and_its_reapers, write_script
 from .pg_cluster import PgCluster
 from .test_queue_postgres import host_argv, second_hosts
 from .test_queue_worker import LIMIT_S
@@ -337,9 +336,7 @@ async def test_sigkilled_worker_is_lost_and_its_job_shown_under_the_new_worker_o
         async with worker_process(str(db), tmp_path, "--poll", "0.1", "--name", "a") as a:
             assert await ready.line() == "started 1"
             assert (await workers("--json"))["a"]["state"] == "alive"
-            for reaper in psutil.Process(a.process.pid).children():
-                reaper.send_signal(signal.SIGKILL)
-            a.process.send_signal(signal.SIGKILL)
+            kill_worker_and_its_reapers(a.process.pid)
             with anyio.fail_after(LIMIT_S):
                 await a.process.wait()
         killed_at = time.time()
