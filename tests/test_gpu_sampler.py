@@ -130,7 +130,14 @@ async def test_loaded_gpu_sample_matches_the_child_process(tmp_path: Path) -> No
     """Under load, loop samples show GPU series and the tree's process and its GPU memory."""
     async with child_process() as child:
         fake = install_fake_nvidia_smi(tmp_path, "load", pid=child.pid)
-        events, counters, _ = await sample(fake, has_loop_samples(3), tree=lambda: {child.pid})
+        # Until both loops (GPUs, processes) have started too: a loaded machine starts the
+        # second one's interpreter after the first loop's samples.
+        three_loop_samples = has_loop_samples(3)
+        events, counters, _ = await sample(
+            fake,
+            lambda got: three_loop_samples(got) and len(fake.loops()) >= 2,
+            tree=lambda: {child.pid},
+        )
     first = samples(events)[0]
     assert first.source == "call"
     loop = samples(events, "loop")[-1]
