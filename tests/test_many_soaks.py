@@ -21,10 +21,10 @@ import asyncsoak
 
 pytestmark = pytest.mark.slow
 
-#: Write one step, then stop writing for longer than the stall limit, then exit 0: a soak
-#: that cannot watch (or judge) passes it; a soak that watches fails it ``stale_progress``
-#: and stops it before it exits by itself.
-WRITE_THEN_STALL = 'mkdir -p "$1" && echo step > "$1/metrics" && sleep 12'
+#: Write one step, then stop writing for ten times the stall limit, then exit 0: a soak that
+#: cannot watch (or judge) passes it; a soak that watches fails it ``stale_progress`` and
+#: stops it before it exits by itself (however slowly a loaded machine starts 64 soaks).
+WRITE_THEN_STALL = 'mkdir -p "$1" && echo step > "$1/metrics" && sleep 30'
 #: Write a step twice a second for about three seconds, then exit 0.
 WRITE_A_FEW_STEPS = 'mkdir -p "$1" && for i in 1 2 3 4 5 6; do echo $i >> "$1/m"; sleep 0.5; done'
 

@@ -327,14 +327,15 @@ async def test_a_busy_process_shows_high_cpu_and_idle_ones_low(
     [burner] = tree.pids("burner")
     spinning = by_pid(last)[burner].cpu_percent
     assert spinning is not None
-    # One thread spinning on a shared machine: well above idle, at most one core.
-    assert 20 <= spinning <= 105
+    # One thread spinning on a shared machine (two cores under a loaded suite gave it under a
+    # fifth of one): well above idle, at most one core.
+    assert 10 <= spinning <= 105
     for idle in tree.pids("idle"):
         idle_cpu = by_pid(last)[idle].cpu_percent
         assert idle_cpu is not None
         assert idle_cpu < 5
     assert last.tree.cpu_percent is not None
-    assert last.tree.cpu_percent >= 20
+    assert last.tree.cpu_percent >= 10
 
 
 @pytest.mark.asyncio
