@@ -9,7 +9,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._trends import median
 
@@ -24,8 +24,7 @@ AHEAD_SECONDS = 1.0
 NO_STEPS = "goodput needs training steps: write a step (and its time) in the progress directory"
 
 
-@dataclass(frozen=True, slots=True)
-class StepMark:
+class StepMark(NamedTuple):
     """A step as the monitor saw it (seconds since launch) and the trainer's time of it."""
 
     step: int
@@ -33,8 +32,7 @@ class StepMark:
     trainer_time: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RunEnds:
+class RunEnds(NamedTuple):
     """The instants the ledger divides by (seconds since launch): the tree's end, the failure
     (and whether it was a stall) and a stop request."""
 

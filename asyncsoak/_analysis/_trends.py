@@ -3,12 +3,10 @@ functions, so every view judges alike (the method: docs/architecture.md, "Trends
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from .._contract import format_duration
 
@@ -33,8 +31,7 @@ SAMPLES_PER_WINDOW = 2
 RECENT_FRACTIONS = (0.75, 0.5, 0.375, 0.25)
 
 
-@dataclass(frozen=True, slots=True)
-class Trend:
+class Trend(NamedTuple):
     """The judgement of one series: slopes per hour in its unit, ``growth`` over the judged span,
     ``first`` and ``last`` its first and last window's floor (sample, when too few), ``onset``
     where the judged rise starts, ``reason`` why, for people."""
@@ -152,8 +149,7 @@ def estimate_trend(
             )
             if part.verdict == "leak":
                 # Growth, slope and span are the recent part's: what the leak did.
-                trend = dataclasses.replace(
-                    part,
+                trend = part._replace(
                     analysed_from=trend.analysed_from,
                     reason="the floor rose steadily through the last "
                     f"{format_duration(part.span_seconds)} of the analysed span",
@@ -161,8 +157,7 @@ def estimate_trend(
                 break
     if sign < 0:
         interval = trend.slope_interval_per_hour
-        trend = dataclasses.replace(
-            trend,
+        trend = trend._replace(
             slope_per_hour=_negated(trend.slope_per_hour),
             slope_interval_per_hour=None if interval is None else (-interval[1], -interval[0]),
             growth=_negated(trend.growth),

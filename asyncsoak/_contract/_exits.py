@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 #: A shell reports a child killed by signal N as exit status ``SHELL_SIGNAL_BASE + N``.
 SHELL_SIGNAL_BASE = 128
 
 
-@dataclass(frozen=True, slots=True)
-class ExitStatus:
+class ExitStatus(NamedTuple):
     """What a returncode says: the signal that ended the process, or the one a shell saw."""
 
     returncode: int | None

@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import anyio
 import anyio.lowlevel
@@ -32,8 +32,7 @@ _abandoned_sync: list[subprocess.Popen[bytes]] = []
 _abandoned_sync_lock = threading.Lock()
 
 
-@dataclass(frozen=True, slots=True)
-class CommandResult:
+class CommandResult(NamedTuple):
     """What one command did.  ``error`` says why it gave no normal result."""
 
     argv: list[str]

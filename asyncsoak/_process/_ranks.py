@@ -11,8 +11,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 #: The variables that say which rank a process is (rank, local rank, world size, group rank),
 #: by family, the most specific first: under ``srun torchrun`` a worker holds both families'.
@@ -345,8 +344,7 @@ def stopped_at(frames: Sequence[tuple[str, str, int]]) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class RankState:
+class RankState(NamedTuple):
     rank: int
     pid: int
     #: ``sleeping``, ``stopped`` (SIGSTOP), ``disk-sleep``...
@@ -397,7 +395,7 @@ def judge_ranks(states: Sequence[RankState]) -> dict[str, Any] | None:
     if not states:
         return None
     states = sorted(states, key=lambda s: s.rank)
-    ranks = [{k: v for k, v in asdict(s).items() if k != "node"} for s in states]
+    ranks = [{k: v for k, v in s._asdict().items() if k != "node"} for s in states]
     counts = Counter(s.collective for s in states if s.collective is not None)
     stopped = [s for s in states if s.state in _STOPPED]
     if not counts and not stopped:

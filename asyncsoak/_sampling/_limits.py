@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: The environment variable that names a SLURM job (the cgroup path says it too: ``job_123``).
@@ -23,8 +22,7 @@ _FILES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class CgroupLimit:
+class CgroupLimit(NamedTuple):
     """One limit of a memory cgroup: its value, the file it is read from, the cgroup setting it."""
 
     bytes: int
@@ -32,8 +30,7 @@ class CgroupLimit:
     path: str  # the cgroup that sets it, as ``/proc/PID/cgroup`` names it
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryCgroup:
+class MemoryCgroup(NamedTuple):
     """The memory cgroup a process runs in, the limits that apply to it, its OOM-kill counter."""
 
     version: int

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ._step_files import StepReading, source_kind
 from ._steps import StepReader
@@ -17,8 +18,7 @@ from ._steps import StepReader
 FileKey = tuple[int, int]  # (st_dev, st_ino)
 
 
-@dataclass(frozen=True, slots=True)
-class FileState:
+class FileState(NamedTuple):
     dev: int
     ino: int
     size: int

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._contract import STEP_TIME_FIELDS, trainer_seconds
 
@@ -38,8 +38,7 @@ KIND_NAMES = ("asyncsoak.trainer.report", "json_lines", "lightning_csv", "traine
 Lines = list[tuple[int, bytes, bool]]
 
 
-@dataclass(frozen=True, slots=True)
-class StepRecord:
+class StepRecord(NamedTuple):
     """One record that carries a step: from a line, a CSV row, a ``log_history`` entry."""
 
     step: int
