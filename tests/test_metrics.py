@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+from anyio.abc import SocketStream
 
 from asyncsoak import Metrics, run_soak
 from asyncsoak._export._metrics import WorkerMetrics
@@ -206,30 +207,36 @@ async def test_bad_and_slow_clients_never_delay_the_soak(tmp_path: Path, ready: 
     port = free_port()
     command = trainer(tmp_path, ready)
     limits = fast_limits(tmp_path)
-    with anyio.fail_after(LIMIT_S):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: run_soak(command=command, metrics=Metrics(port=port), **limits))
-            assert await ready.line() == "ready"
-            await scrape_until(port, lambda t: "asyncsoak_soak_phase" in t)
-            silent = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(8)]
-            dribbler = await anyio.connect_tcp("127.0.0.1", port)
-            await dribbler.send(b"GE")
-            started = anyio.current_time()
-            assert (await http_get(port, raw=b"garbage\r\n\r\n")).status == 400
-            assert (await http_get(port, raw=b"POST /metrics HTTP/1.1\r\n\r\n")).status == 405
-            assert (await http_get(port, "/nope")).status == 404
-            assert (await http_get(port, raw=b"GET /" + b"x" * 8995)).status == 431
-            good = await http_get(port)
-            assert good.status == 200
-            assert "asyncsoak_tree_processes" in good.text
-            for _ in range(20):
-                await dribbler.send(b"T")
-                await anyio.sleep(0.05)
-            held_for = anyio.current_time() - started
-            (tmp_path / "control" / "grow").touch()
-            (tmp_path / "control" / "end").touch()
+    clients: list[SocketStream] = []
+    try:
+        with anyio.fail_after(LIMIT_S):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(
+                    lambda: run_soak(command=command, metrics=Metrics(port=port), **limits)
+                )
+                assert await ready.line() == "ready"
+                # Once the first sample is served (a loaded machine takes its time to it).
+                await scrape_until(port, lambda t: "asyncsoak_tree_processes" in t)
+                clients += [await anyio.connect_tcp("127.0.0.1", port) for _ in range(9)]
+                dribbler = clients[-1]  # the others stay silent
+                await dribbler.send(b"GE")
+                started = anyio.current_time()
+                assert (await http_get(port, raw=b"garbage\r\n\r\n")).status == 400
+                assert (await http_get(port, raw=b"POST /metrics HTTP/1.1\r\n\r\n")).status == 405
+                assert (await http_get(port, "/nope")).status == 404
+                assert (await http_get(port, raw=b"GET /" + b"x" * 8995)).status == 431
+                good = await http_get(port)
+                assert good.status == 200
+                assert "asyncsoak_tree_processes" in good.text
+                for _ in range(20):
+                    await dribbler.send(b"T")
+                    await anyio.sleep(0.05)
+                held_for = anyio.current_time() - started
+                (tmp_path / "control" / "grow").touch()
+                (tmp_path / "control" / "end").touch()
+    finally:
         # The soak ended with the silent clients still connected.
-        for stream in [*silent, dribbler]:
+        for stream in clients:
             await stream.aclose()
     sample_t = [e["t"] for e in journal(tmp_path / "out" / "soak.jsonl") if e["kind"] == "sample"]
     gaps = [b - a for a, b in itertools.pairwise(sample_t)]
