@@ -30,13 +30,18 @@ LIMIT_S = 90.0
 RULES = REPO / "deploy" / "prometheus" / "asyncsoak-alerts.yml"
 DASHBOARD = REPO / "deploy" / "grafana" / "asyncsoak-dashboard.json"
 
-#: Progress, "ready", then hold on until the ``end`` file exists.
+#: Progress, "ready", then a step every half second until the ``end`` file exists: the run
+#: lives as long as the queries take, never stalled however loaded the machine.
 HOLD = """
 from pathlib import Path
+step, written = 1, time.monotonic()
 Path(sys.argv[1], "step").write_text("1")
 tell("ready")
 while not Path(sys.argv[2]).exists():
     time.sleep(0.02)
+    if time.monotonic() - written >= 0.5:
+        step, written = step + 1, time.monotonic()
+        Path(sys.argv[1], "step").write_text(str(step))
 """
 
 
