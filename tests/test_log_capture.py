@@ -163,3 +163,43 @@ def test_output_under_the_cap_is_kept_whole(tmp_path: Path) -> None:
     assert len(data) == chunks * CHUNK + len(b"THE END\n")
     assert OMITTED.search(data) is None
     assert data.endswith(b"THE END\n")
+
+
+#: Run alone (its ``waitpid(-1)`` must reap no other test's child): the real reaper's reap of
+#: a command that printed and exited, the log as each report found it.
+REAP_AFTER_OUTPUT = """
+import json, os, subprocess, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import _reaper
+log_path = sys.argv[2]
+reaper = _reaper.Reaper({"log_fd": os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o600),
+                         "log_max_bytes": 1 << 20})
+r, w = os.pipe()
+os.set_blocking(r, False)
+reaper.output = r
+child = subprocess.Popen([sys.executable, "-c", "print('step 1')"], stdout=w)
+os.close(w)
+# Exited, not reaped: as when the reaper was descheduled while a short command ran to its end.
+os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+child.returncode = 0  # the reaper reaps it, not the Popen
+reaper.pid = child.pid
+told = []
+reaper.report = lambda **event: told.append([event["event"], open(log_path).read()])
+reaper.reap()
+print(json.dumps(told))
+"""
+
+
+def test_a_commands_output_is_in_the_log_before_its_exit_is_told(tmp_path: Path) -> None:
+    """The reaper copies what the command wrote before it exited into the log before it reports
+    the exit: the monitor's last look at a short command's output (``--output-is-progress``)
+    follows the report at once, and found an empty log on a loaded machine."""
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", REAP_AFTER_OUTPUT, REAPER_SCRIPT, str(tmp_path / "log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    # Then "empty": the reaper has no child left.
+    assert json.loads(done.stdout) == [["exited", "step 1\n"], ["empty", "step 1\n"]]

@@ -124,6 +124,10 @@ class Reaper:
         #: Set once the lifeline is lost: the reaper ends by then at the latest.
         self.kill_deadline: float | None = None
         self.log = CappedLog(config["log_fd"], config["log_max_bytes"])
+        #: The output pipe's read end (non-blocking), once the command is spawned.
+        self.output: int | None = None
+        # One buffer for every read: a fresh megabyte per read would be fresh pages each time.
+        self._buffer = bytearray(_READ_CHUNK)
 
     def report(self, **event: Any) -> None:
         try:
@@ -187,7 +191,26 @@ class Reaper:
                 return
             if pid == self.pid:
                 self.exited = True
+                # What the command wrote before it exited is in the log before its exit is told:
+                # the monitor's last look at a short command's output comes right after.
+                self.copy_output()
                 self.report(event="exited", pid=pid, status=status)
+
+    def copy_output(self) -> bool:
+        """Copy what the output pipe holds now into the log (a pipe's worth at most: its writers
+        may go on); False once every writer has closed it."""
+        if self.output is None:
+            return False
+        view = memoryview(self._buffer)
+        for _ in range(_PIPE_SIZE // _READ_CHUNK):
+            try:
+                got = os.readv(self.output, [self._buffer])
+            except BlockingIOError:
+                return True
+            if not got:
+                return False
+            self.log.write(view[:got])
+        return True
 
     def has_children(self) -> bool:
         """Whether any process is left to reap (a subreaper's descendants become its children)."""
@@ -239,6 +262,8 @@ class Reaper:
         with contextlib.suppress(OSError):
             # EPERM past the user's pipe quota: the default size only costs more wake-ups.
             fcntl.fcntl(output_r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+        os.set_blocking(output_r, False)
+        self.output = output_r
         self.spawn(output_w)
         os.close(output_w)
 
@@ -249,9 +274,6 @@ class Reaper:
         self.reap()
         output_open = True
         log_error_reported = False
-        # One buffer for every read: a fresh megabyte per read would be fresh pages each time.
-        read_buffer = bytearray(_READ_CHUNK)
-        read_view = memoryview(read_buffer)
 
         while True:
             now = time.monotonic()
@@ -273,13 +295,9 @@ class Reaper:
                         while os.read(wake_r, 512):
                             pass
                     self.reap()
-                elif key.data == "output":
-                    got = os.readv(output_r, [read_buffer])
-                    if got:
-                        self.log.write(read_view[:got])
-                    else:
-                        sel.unregister(output_r)
-                        output_open = False
+                elif key.data == "output" and not self.copy_output():
+                    sel.unregister(output_r)
+                    output_open = False
                 elif key.data == "lifeline" and not os.read(lifeline, 4096):
                     sel.unregister(lifeline)
                     self.lifeline_lost()
@@ -290,10 +308,7 @@ class Reaper:
 
         # Whatever is still readable from processes that just died belongs in the log.
         if output_open:
-            os.set_blocking(output_r, False)
-            with contextlib.suppress(BlockingIOError):
-                while got := os.readv(output_r, [read_buffer]):
-                    self.log.write(read_view[:got])
+            self.copy_output()
         self.reap()
         return 0
 
