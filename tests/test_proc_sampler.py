@@ -467,6 +467,12 @@ def test_files_kept_open_give_the_same_figures_and_close_with_the_tree(
     of processes that leave the tree, and all of them at close, are closed."""
     tree = spawn_tree(["idle"] * 6 + ["parent"])
     pids = tree.pids()
+    # The two readings compare states: every process blocked in its read first (one that has
+    # just said it is ready may still be running on a loaded machine).
+    deadline = time.monotonic() + 10
+    while any(psutil.Process(pid).status() != psutil.STATUS_SLEEPING for pid in pids):
+        assert time.monotonic() < deadline, "the tree's processes did not block"
+        time.sleep(0.01)
     sampler = ProcSampler(tree.pid)
     plain = ProcSampler(tree.pid)
     plain._open_files = None  # read by path, as on a fake /proc
